@@ -1,0 +1,70 @@
+// Command local serves every route and runs the sweeper on a ticker, with
+// migrations applied at start: the whole service on one port for
+// development (scripts/dev starts a Postgres for it when DATABASE_URL is unset).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/getratchet/ratchet/lib/app"
+	"github.com/getratchet/ratchet/lib/config"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Stderr, nil); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+// run starts the server and blocks until ctx ends. ready, when set, receives
+// the listening address (tests use it).
+func run(ctx context.Context, logOut io.Writer, ready chan<- string) error {
+	os.Setenv("AUTO_MIGRATE", "true")
+	cfg, err := config.Load()
+	if err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if os.Getenv("LOG_REQUESTS") != "" {
+		logger = slog.New(slog.NewTextHandler(logOut, nil))
+	}
+	a, err := app.New(ctx, cfg, app.Options{Logger: logger})
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+
+	ln, err := net.Listen("tcp", fmt.Sprintf(":%d", cfg.Port))
+	if err != nil {
+		return fmt.Errorf("listen on PORT %d: %w", cfg.Port, err)
+	}
+	srv := &http.Server{Handler: a.Server, ReadHeaderTimeout: 10 * time.Second}
+	go a.Sweeper.Loop(ctx, cfg.SweepInterval)
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	fmt.Fprintf(logOut, "ratchet: listening on http://localhost:%d (sweeping every %s)\n", cfg.Port, cfg.SweepInterval)
+	if ready != nil {
+		ready <- ln.Addr().String()
+	}
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

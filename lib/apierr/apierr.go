@@ -1,0 +1,254 @@
+// Package apierr is the one error type the HTTP API speaks. Every failure a
+// client can see carries a stable code from the wire contract (API.md) and the
+// HTTP status that goes with it; anything that is not an *Error surfaces as a
+// 500 internal_error that carries only the request id.
+package apierr
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+)
+
+// Stable error codes. Clients branch on these; never rename one.
+const (
+	CodeInvalidRequest         = "invalid_request"
+	CodeCostRequired           = "cost_required"
+	CodeDimensionRequired      = "dimension_required"
+	CodeApprovalAboveCeiling   = "approval_threshold_above_ceiling"
+	CodeUnauthorized           = "unauthorized"
+	CodeInsufficientCredit     = "insufficient_credit"
+	CodeQuotaExhausted         = "quota_exhausted"
+	CodeForbidden              = "forbidden"
+	CodeBudgetExceeded         = "budget_exceeded"
+	CodeCostCeilingExceeded    = "cost_ceiling_exceeded"
+	CodeRunBudgetExceeded      = "run_budget_exceeded"
+	CodeKeyBudgetExceeded      = "key_budget_exceeded"
+	CodeDimensionLimitExceeded = "dimension_limit_exceeded"
+	CodePolicyDenied           = "policy_denied"
+	CodeMaxAttemptsExceeded    = "max_attempts_exceeded"
+	CodeApprovalRejected       = "approval_rejected"
+	CodeCircuitOpen            = "circuit_open"
+	CodeNotFound               = "not_found"
+	CodeIdempotencyKeyReuse    = "idempotency_key_reuse"
+	CodeInvalidState           = "invalid_state"
+	CodeLeaseExpired           = "lease_expired"
+	CodeLeaseLost              = "lease_lost"
+	CodeRetryRequest           = "retry_request"
+	CodeGroupUnwinding         = "group_unwinding"
+	CodeVersionConflict        = "version_conflict"
+	CodePayloadTooLarge        = "payload_too_large"
+	CodeRateLimited            = "rate_limited"
+	CodeInternal               = "internal_error"
+	CodeBillingUnavailable     = "billing_unavailable"
+	CodeDatabaseUnavailable    = "database_unavailable"
+	CodeMethodNotAllowed       = "method_not_allowed"
+)
+
+// Error is a failure with a stable code, an HTTP status, a human message and
+// optional structured detail. Messages must never echo request payloads, keys
+// or secrets: they are returned to callers and may be logged.
+type Error struct {
+	Status  int
+	Code    string
+	Message string
+	Detail  map[string]any
+	cause   error
+}
+
+func (e *Error) Error() string {
+	if e.cause != nil {
+		return fmt.Sprintf("%s: %s: %v", e.Code, e.Message, e.cause)
+	}
+	return e.Code + ": " + e.Message
+}
+
+// Unwrap exposes the underlying cause (never sent to clients).
+func (e *Error) Unwrap() error { return e.cause }
+
+// WithDetail returns a copy of e with key set in its detail map.
+func (e *Error) WithDetail(key string, value any) *Error {
+	c := *e
+	c.Detail = make(map[string]any, len(e.Detail)+1)
+	for k, v := range e.Detail {
+		c.Detail[k] = v
+	}
+	c.Detail[key] = value
+	return &c
+}
+
+// Wrap attaches an internal cause to e for logs and errors.Is; the cause is
+// never serialised.
+func (e *Error) Wrap(cause error) *Error {
+	c := *e
+	c.cause = cause
+	return &c
+}
+
+// New builds an error with an explicit status and code.
+func New(status int, code, format string, args ...any) *Error {
+	return &Error{Status: status, Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// As reports whether err is (or wraps) an *Error and returns it.
+func As(err error) (*Error, bool) {
+	var e *Error
+	if errors.As(err, &e) {
+		return e, true
+	}
+	return nil, false
+}
+
+// HasCode reports whether err carries the given API error code.
+func HasCode(err error, code string) bool {
+	e, ok := As(err)
+	return ok && e.Code == code
+}
+
+// FieldError names one invalid request field by its dotted path from the body
+// root (for example "retryPolicy.maxAttempts") or by its query parameter name.
+type FieldError struct {
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}
+
+// Invalid is a 400 invalid_request listing every problem found.
+func Invalid(problems ...FieldError) *Error {
+	msg := "The request is invalid."
+	if len(problems) > 0 {
+		msg = fmt.Sprintf("The request is invalid: %s %s.", problems[0].Field, problems[0].Message)
+	}
+	if problems == nil {
+		problems = []FieldError{}
+	}
+	return &Error{Status: http.StatusBadRequest, Code: CodeInvalidRequest, Message: msg,
+		Detail: map[string]any{"validation": problems}}
+}
+
+// InvalidField is Invalid with a single problem.
+func InvalidField(field, format string, args ...any) *Error {
+	return Invalid(FieldError{Field: field, Message: fmt.Sprintf(format, args...)})
+}
+
+// Problems collects field errors while validating a request, so one response
+// can name every problem rather than the first.
+type Problems []FieldError
+
+// Add records a problem with field.
+func (p *Problems) Add(field, format string, args ...any) {
+	*p = append(*p, FieldError{Field: field, Message: fmt.Sprintf(format, args...)})
+}
+
+// Err returns a 400 invalid_request for the collected problems, or nil.
+func (p Problems) Err() error {
+	if len(p) == 0 {
+		return nil
+	}
+	return Invalid(p...)
+}
+
+// NotFound is the answer for unknown and cross-tenant ids alike, so a caller
+// learns nothing about other workspaces.
+func NotFound(what string) *Error {
+	return New(http.StatusNotFound, CodeNotFound, "No such %s in this workspace.", what)
+}
+
+// Unauthorized never echoes the presented key.
+func Unauthorized(reason string) *Error {
+	return New(http.StatusUnauthorized, CodeUnauthorized, "%s", reason)
+}
+
+// Forbidden names what the caller lacks in detail.required (scope names, or
+// tool:<name>@<version> entries).
+func Forbidden(required ...string) *Error {
+	if required == nil {
+		required = []string{}
+	}
+	return &Error{Status: http.StatusForbidden, Code: CodeForbidden,
+		Message: "This key may not do that.", Detail: map[string]any{"required": required}}
+}
+
+// InvalidState is a 409 for a transition that is not legal from the current state.
+func InvalidState(format string, args ...any) *Error {
+	return New(http.StatusConflict, CodeInvalidState, format, args...)
+}
+
+// Conflict is a 409 with the given code.
+func Conflict(code, format string, args ...any) *Error {
+	return New(http.StatusConflict, code, format, args...)
+}
+
+// VersionConflict is a 409 version_conflict for a stale expected version.
+func VersionConflict(current int64) *Error {
+	return New(http.StatusConflict, CodeVersionConflict,
+		"The expected version is stale; re-read and try again.").WithDetail("current_version", current)
+}
+
+// RateLimited is a 429 telling the caller how long to wait.
+func RateLimited(retryAfterSeconds int) *Error {
+	return New(http.StatusTooManyRequests, CodeRateLimited, "Too many requests for this key.").
+		WithDetail("retry_after_seconds", retryAfterSeconds)
+}
+
+// PayloadTooLarge is a 413.
+func PayloadTooLarge(limit int64) *Error {
+	return New(http.StatusRequestEntityTooLarge, CodePayloadTooLarge,
+		"The body or result exceeds the published limit.").WithDetail("limit_bytes", limit)
+}
+
+// DatabaseUnavailable is a 503 returned when Postgres cannot be reached; the
+// request changed nothing.
+func DatabaseUnavailable(cause error) *Error {
+	return New(http.StatusServiceUnavailable, CodeDatabaseUnavailable,
+		"The database is unavailable; nothing was changed. Retry with backoff.").Wrap(cause)
+}
+
+// Internal hides cause behind a generic 500.
+func Internal(cause error) *Error {
+	return New(http.StatusInternalServerError, CodeInternal, "Internal error.").Wrap(cause)
+}
+
+// Statuses maps every code to its HTTP status, for documentation (OpenAPI)
+// and for tests that check the table is honoured.
+var Statuses = map[string]int{
+	CodeInvalidRequest:         400,
+	CodeCostRequired:           400,
+	CodeDimensionRequired:      400,
+	CodeApprovalAboveCeiling:   400,
+	CodeUnauthorized:           401,
+	CodeInsufficientCredit:     402,
+	CodeQuotaExhausted:         402,
+	CodeForbidden:              403,
+	CodeBudgetExceeded:         403,
+	CodeCostCeilingExceeded:    403,
+	CodeRunBudgetExceeded:      403,
+	CodeKeyBudgetExceeded:      403,
+	CodeDimensionLimitExceeded: 403,
+	CodePolicyDenied:           403,
+	CodeMaxAttemptsExceeded:    403,
+	CodeApprovalRejected:       403,
+	CodeCircuitOpen:            403,
+	CodeNotFound:               404,
+	CodeMethodNotAllowed:       405,
+	CodeIdempotencyKeyReuse:    409,
+	CodeInvalidState:           409,
+	CodeLeaseExpired:           409,
+	CodeLeaseLost:              409,
+	CodeRetryRequest:           409,
+	CodeGroupUnwinding:         409,
+	CodeVersionConflict:        409,
+	CodePayloadTooLarge:        413,
+	CodeRateLimited:            429,
+	CodeInternal:               500,
+	CodeBillingUnavailable:     503,
+	CodeDatabaseUnavailable:    503,
+}
+
+// Of builds an error with code's documented status.
+func Of(code, format string, args ...any) *Error {
+	status, ok := Statuses[code]
+	if !ok {
+		status = http.StatusInternalServerError
+	}
+	return New(status, code, format, args...)
+}

@@ -1,0 +1,109 @@
+// Package app wires one instance of the service: configuration, the pool,
+// the domain services, the HTTP server and the sweeper. Every entry point
+// (Vercel files, Lambda, the local server, tests) builds the same App.
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/config"
+	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/httpapi"
+	"github.com/getratchet/ratchet/lib/seal"
+	"github.com/getratchet/ratchet/lib/sweep"
+	"github.com/getratchet/ratchet/migrations"
+)
+
+// App is one wired instance.
+type App struct {
+	Config  *config.Config
+	Pool    *pgxpool.Pool
+	Server  *httpapi.Server
+	Sweeper *sweep.Sweeper
+	Logger  *slog.Logger
+}
+
+// Options tune New for tests.
+type Options struct {
+	Logger *slog.Logger
+	Now    func() time.Time
+}
+
+// New builds an App. It applies migrations first when cfg.AutoMigrate is set.
+func New(ctx context.Context, cfg *config.Config, opts Options) (*App, error) {
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	if cfg.AutoMigrate {
+		if _, err := db.MigrateURL(ctx, cfg.MigrationURL(), migrations.FS); err != nil {
+			return nil, fmt.Errorf("migrate: %w", err)
+		}
+	}
+	pool, err := db.Open(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	key, _ := config.DecodeKey(cfg.ResultEncryptionKey)
+	var older [][]byte
+	for _, k := range cfg.ResultEncryptionKeys {
+		b, _ := config.DecodeKey(k)
+		older = append(older, b)
+	}
+	sealer, err := seal.New(key, older...)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	authSvc := auth.NewService(pool, cfg.KeyHashSecret, cfg.KeyCacheTTL, now)
+	sweeper := sweep.New(now, logger, sweep.Task{
+		Name: "rate_counters.prune",
+		Run: func(ctx context.Context, now time.Time) (int, error) {
+			n, err := auth.PruneCounters(ctx, pool, now.Add(-2*time.Hour))
+			return int(n), err
+		},
+	})
+	deps := httpapi.Deps{
+		Config: cfg, Pool: pool, Auth: authSvc, Sealer: sealer, Sweeper: sweeper, Logger: logger, Now: now,
+	}
+	if err := wireDomain(&deps, sweeper); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &App{Config: cfg, Pool: pool, Server: httpapi.New(deps), Sweeper: sweeper, Logger: logger}, nil
+}
+
+// Close releases the pool.
+func (a *App) Close() { a.Pool.Close() }
+
+var (
+	defaultOnce sync.Once
+	defaultApp  *App
+	defaultErr  error
+)
+
+// Default returns the instance's App, built once from the environment and
+// reused across invocations (the serverless pattern: one pool per instance).
+func Default() (*App, error) {
+	defaultOnce.Do(func() {
+		cfg, err := config.Load()
+		if err != nil {
+			defaultErr = err
+			return
+		}
+		defaultApp, defaultErr = New(context.Background(), cfg, Options{})
+	})
+	return defaultApp, defaultErr
+}

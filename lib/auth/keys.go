@@ -1,0 +1,442 @@
+package auth
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/ids"
+)
+
+// A secret reads rk_<key id body>_<64 hex chars>. Embedding the id makes
+// authentication a primary-key lookup followed by a constant-time comparison,
+// rather than an index probe keyed by the secret itself.
+const secretPrefix = "rk_"
+
+// Key is an API key as the API shows it (never with its hash).
+type Key struct {
+	ID                      string     `json:"id"`
+	Name                    string     `json:"name"`
+	Scopes                  []string   `json:"scopes"`
+	Tools                   []string   `json:"tools"`
+	DailySpendCeilingMicros *int64     `json:"daily_spend_ceiling_micros"`
+	RateLimitPerMinute      *int       `json:"rate_limit_per_minute"`
+	CreatedAt               time.Time  `json:"created_at"`
+	RevokedAt               *time.Time `json:"revoked_at"`
+}
+
+// NewKey is what creating a key returns: the key with its secret, shown once.
+type NewKey struct {
+	Key
+	Secret string `json:"secret"`
+}
+
+// Service authenticates and manages keys.
+type Service struct {
+	pool       *pgxpool.Pool
+	hashSecret []byte
+	limiter    *Limiter
+	now        func() time.Time
+
+	cacheTTL time.Duration
+	mu       sync.Mutex
+	cache    map[string]cachedKey // by key id
+}
+
+type cachedKey struct {
+	hash      []byte
+	principal *Principal
+	expires   time.Time
+}
+
+// maxCachedKeys bounds the cache; beyond it entries are dropped wholesale,
+// which costs at most one extra lookup per key.
+const maxCachedKeys = 10_000
+
+// NewService returns a key service. cacheTTL bounds how long a key revoked on
+// another instance may still be accepted here (zero disables caching).
+func NewService(pool *pgxpool.Pool, hashSecret string, cacheTTL time.Duration, now func() time.Time) *Service {
+	return &Service{
+		pool: pool, hashSecret: []byte(hashSecret), limiter: NewLimiter(pool, now), now: now,
+		cacheTTL: cacheTTL, cache: map[string]cachedKey{},
+	}
+}
+
+// Limiter exposes the shared rate limiter.
+func (s *Service) Limiter() *Limiter { return s.limiter }
+
+// Hash is HMAC-SHA-256 with KEY_HASH_SECRET; also used for values that must be
+// matched but never stored in clear (dimension values).
+func (s *Service) Hash(v string) []byte {
+	m := hmac.New(sha256.New, s.hashSecret)
+	m.Write([]byte(v))
+	return m.Sum(nil)
+}
+
+func errBadKey() error {
+	return apierr.Unauthorized("Missing, malformed, or revoked key.")
+}
+
+// parseSecret splits rk_<id body>_<hex>.
+func parseSecret(secret string) (keyID string, ok bool) {
+	rest, ok := strings.CutPrefix(secret, secretPrefix)
+	if !ok {
+		return "", false
+	}
+	body, random, ok := strings.Cut(rest, "_")
+	if !ok || len(random) != 64 {
+		return "", false
+	}
+	id := ids.Key + "_" + body
+	return id, ids.Valid(ids.Key, id)
+}
+
+const authSQL = `
+WITH k AS (
+    SELECT id, workspace_id, secret_hash, scopes, tools, daily_spend_ceiling_micros,
+           rate_limit_per_minute, revoked_at
+    FROM api_keys WHERE id = $1
+), inc AS (
+    INSERT INTO rate_counters (bucket, window_start, shard, count)
+    SELECT 'key:' || k.id, $3, $4, 1 FROM k
+    WHERE k.rate_limit_per_minute IS NOT NULL AND k.revoked_at IS NULL AND k.secret_hash = $2
+    ON CONFLICT (bucket, window_start, shard) DO UPDATE SET count = rate_counters.count + 1
+    RETURNING 1
+)
+SELECT k.workspace_id, k.secret_hash, k.scopes, k.tools, k.daily_spend_ceiling_micros,
+       k.rate_limit_per_minute, k.revoked_at IS NOT NULL,
+       coalesce((SELECT sum(count) FROM rate_counters
+                 WHERE bucket = 'key:' || k.id AND window_start = $3), 0)::bigint + (SELECT count(*) FROM inc)
+FROM k`
+
+// Authenticate resolves a bearer secret to its principal and counts the
+// request against the key's rate limit. A cached key costs no round trip
+// unless it is rate limited; an uncached key costs exactly one, which both
+// looks it up and counts it.
+func (s *Service) Authenticate(ctx context.Context, secret string) (*Principal, error) {
+	keyID, ok := parseSecret(secret)
+	if !ok {
+		return nil, errBadKey()
+	}
+	hash := s.Hash(secret)
+	now := s.now().UTC()
+	window := now.Truncate(time.Minute)
+
+	if p := s.cached(keyID, hash, now); p != nil {
+		if p.RateLimitPerMinute == nil {
+			return p, nil
+		}
+		ok, retry, err := s.limiter.Allow(ctx, "key:"+keyID, *p.RateLimitPerMinute, time.Minute)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, apierr.RateLimited(retry)
+		}
+		return p, nil
+	}
+
+	var (
+		p       = &Principal{KeyID: keyID}
+		stored  []byte
+		rate    *int32
+		revoked bool
+		count   int64
+	)
+	err := s.pool.QueryRow(ctx, authSQL, keyID, hash, window, int16(now.UnixNano()%counterShards)).Scan(
+		&p.WorkspaceID, &stored, &p.Scopes, &p.Tools, &p.DailySpendCeilingMicros, &rate, &revoked, &count)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, errBadKey()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("authenticate key: %w", err)
+	}
+	if subtle.ConstantTimeCompare(stored, hash) != 1 || revoked {
+		return nil, errBadKey()
+	}
+	if rate != nil {
+		r := int(*rate)
+		p.RateLimitPerMinute = &r
+	}
+	s.store(keyID, hash, p, now)
+	if p.RateLimitPerMinute != nil && count > int64(*p.RateLimitPerMinute) {
+		return nil, apierr.RateLimited(retryAfterSeconds(now, window.Add(time.Minute)))
+	}
+	return p, nil
+}
+
+func (s *Service) cached(keyID string, hash []byte, now time.Time) *Principal {
+	if s.cacheTTL <= 0 {
+		return nil
+	}
+	s.mu.Lock()
+	c, ok := s.cache[keyID]
+	s.mu.Unlock()
+	if !ok || now.After(c.expires) || subtle.ConstantTimeCompare(c.hash, hash) != 1 {
+		return nil
+	}
+	return c.principal
+}
+
+func (s *Service) store(keyID string, hash []byte, p *Principal, now time.Time) {
+	if s.cacheTTL <= 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.cache) >= maxCachedKeys {
+		clear(s.cache)
+	}
+	s.cache[keyID] = cachedKey{hash: hash, principal: p, expires: now.Add(s.cacheTTL)}
+}
+
+func (s *Service) forget(keyID string) {
+	s.mu.Lock()
+	delete(s.cache, keyID)
+	s.mu.Unlock()
+}
+
+// CreateKeyRequest is the body of POST /api/v1/keys.
+type CreateKeyRequest struct {
+	Name                    string   `json:"name"`
+	Scopes                  []string `json:"scopes,omitempty"`
+	Preset                  string   `json:"preset,omitempty"`
+	Tools                   []string `json:"tools,omitempty"`
+	DailySpendCeilingMicros *int64   `json:"daily_spend_ceiling_micros,omitempty"`
+	RateLimitPerMinute      *int     `json:"rate_limit_per_minute,omitempty"`
+}
+
+// resolve validates the request against the creator's own powers and returns
+// the new key's scopes and tools.
+func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, err error) {
+	var pr apierr.Problems
+	if strings.TrimSpace(r.Name) == "" || len(r.Name) > 100 {
+		pr.Add("name", "must be 1-100 characters")
+	}
+	switch {
+	case r.Preset != "" && r.Scopes != nil:
+		pr.Add("preset", "give either preset or scopes, not both")
+	case r.Preset != "":
+		ps, ok := Presets[r.Preset]
+		if !ok {
+			pr.Add("preset", "must be one of OPERATOR, AGENT, INGEST, WORKER")
+		}
+		scopes = ps
+	case len(r.Scopes) == 0:
+		pr.Add("scopes", "give at least one scope, or a preset")
+	default:
+		for i, sc := range r.Scopes {
+			if !KnownScope(sc) {
+				pr.Add(fmt.Sprintf("scopes.%d", i), "is not a known scope")
+			}
+		}
+		scopes = r.Scopes
+	}
+	for i, t := range r.Tools {
+		if !validToolRef(t) {
+			pr.Add(fmt.Sprintf("tools.%d", i), "must be name@version")
+		}
+	}
+	if r.Preset == "WORKER" && len(r.Tools) == 0 {
+		pr.Add("tools", "a WORKER key must list the exact name@version pairs it may register")
+	}
+	if r.Tools != nil && !slices.Contains(scopes, ScopeJobsWork) {
+		pr.Add("tools", "only keys with jobs:work take a tools list")
+	}
+	if r.DailySpendCeilingMicros != nil && *r.DailySpendCeilingMicros < 0 {
+		pr.Add("daily_spend_ceiling_micros", "must be a non-negative integer")
+	}
+	if r.RateLimitPerMinute != nil && (*r.RateLimitPerMinute < 1 || *r.RateLimitPerMinute > 1_000_000) {
+		pr.Add("rate_limit_per_minute", "must be 1-1000000")
+	}
+	if err := pr.Err(); err != nil {
+		return nil, nil, err
+	}
+	scopes = normalizeScopes(scopes)
+	// A key can never mint a key with powers it does not hold.
+	if err := creator.Require(scopes...); err != nil {
+		return nil, nil, err
+	}
+	if r.Tools != nil {
+		tools = normalizeScopes(r.Tools)
+		if creator.Tools != nil {
+			var missing []string
+			for _, t := range tools {
+				if !slices.Contains(creator.Tools, t) {
+					missing = append(missing, "tool:"+t)
+				}
+			}
+			if missing != nil {
+				return nil, nil, apierr.Forbidden(missing...)
+			}
+		}
+	} else if creator.Tools != nil && slices.Contains(scopes, ScopeJobsWork) {
+		// An unrestricted worker key would be wider than its creator.
+		tools = slices.Clone(creator.Tools)
+	}
+	return scopes, tools, nil
+}
+
+const keyColumns = `id, name, scopes, tools, daily_spend_ceiling_micros, rate_limit_per_minute, created_at, revoked_at`
+
+func scanKey(row pgx.Row) (Key, error) {
+	var k Key
+	var rate *int32
+	err := row.Scan(&k.ID, &k.Name, &k.Scopes, &k.Tools, &k.DailySpendCeilingMicros, &rate, &k.CreatedAt, &k.RevokedAt)
+	if rate != nil {
+		r := int(*rate)
+		k.RateLimitPerMinute = &r
+	}
+	return k, err
+}
+
+// mint generates a key id and secret and inserts it through q.
+func (s *Service) mint(ctx context.Context, q pgx.Tx, workspaceID, creatorKeyID, name string, scopes, tools []string,
+	ceiling *int64, rate *int) (NewKey, error) {
+	id := ids.NewAt(ids.Key, s.now())
+	secret := secretPrefix + strings.TrimPrefix(id, ids.Key+"_") + "_" + ids.Random(32)
+	var creator *string
+	if creatorKeyID != "" {
+		creator = &creatorKeyID
+	}
+	k, err := scanKey(q.QueryRow(ctx, `
+		INSERT INTO api_keys (id, workspace_id, name, secret_hash, scopes, tools,
+		                      daily_spend_ceiling_micros, rate_limit_per_minute, created_by_key_id, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+		RETURNING `+keyColumns,
+		id, workspaceID, name, s.Hash(secret), scopes, tools, ceiling, rate, creator, s.now()))
+	if err != nil {
+		return NewKey{}, fmt.Errorf("insert key: %w", err)
+	}
+	return NewKey{Key: k, Secret: secret}, nil
+}
+
+// CreateKey mints a key in the caller's workspace.
+func (s *Service) CreateKey(ctx context.Context, creator *Principal, req CreateKeyRequest) (NewKey, error) {
+	scopes, tools, err := req.resolve(creator)
+	if err != nil {
+		return NewKey{}, err
+	}
+	var out NewKey
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		out, err = s.mint(ctx, tx, creator.WorkspaceID, creator.KeyID, strings.TrimSpace(req.Name), scopes, tools,
+			req.DailySpendCeilingMicros, req.RateLimitPerMinute)
+		return err
+	})
+	return out, err
+}
+
+// ListKeys pages through the workspace's keys by id.
+func (s *Service) ListKeys(ctx context.Context, workspaceID, cursor string, limit int) ([]Key, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+keyColumns+` FROM api_keys
+		WHERE workspace_id = $1 AND id > $2 ORDER BY id LIMIT $3`, workspaceID, cursor, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list keys: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Key, error) { return scanKey(r) })
+}
+
+// RevokeKey revokes a key for good and returns it; revoking twice answers the
+// same key. Another instance may accept the key for up to KEY_CACHE_TTL.
+func (s *Service) RevokeKey(ctx context.Context, workspaceID, keyID string) (Key, error) {
+	if !ids.Valid(ids.Key, keyID) {
+		return Key{}, apierr.NotFound("key")
+	}
+	k, err := scanKey(s.pool.QueryRow(ctx, `
+		UPDATE api_keys SET revoked_at = coalesce(revoked_at, $3)
+		WHERE id = $1 AND workspace_id = $2
+		RETURNING `+keyColumns, keyID, workspaceID, s.now()))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Key{}, apierr.NotFound("key")
+	}
+	if err != nil {
+		return Key{}, fmt.Errorf("revoke key: %w", err)
+	}
+	s.forget(keyID)
+	return k, nil
+}
+
+// Workspace is a tenant.
+type Workspace struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Seeder prepares a new workspace inside the signup transaction (starter
+// policies, for example).
+type Seeder func(ctx context.Context, tx pgx.Tx, workspaceID string) error
+
+// Signup creates a workspace and its first OPERATOR key in one transaction,
+// running every seeder in it, so a workspace never exists half-made.
+func (s *Service) Signup(ctx context.Context, name string, seeders ...Seeder) (Workspace, NewKey, error) {
+	name = strings.TrimSpace(name)
+	if name == "" || len(name) > 100 {
+		return Workspace{}, NewKey{}, apierr.InvalidField("name", "must be 1-100 characters")
+	}
+	ws := Workspace{ID: ids.NewAt(ids.Workspace, s.now()), Name: name, CreatedAt: s.now().UTC()}
+	var key NewKey
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO workspaces (id, name, created_at) VALUES ($1, $2, $3)`,
+			ws.ID, ws.Name, ws.CreatedAt); err != nil {
+			return fmt.Errorf("insert workspace: %w", err)
+		}
+		var err error
+		key, err = s.mint(ctx, tx, ws.ID, "", "operator", Presets["OPERATOR"], nil, nil, nil)
+		if err != nil {
+			return err
+		}
+		for _, seed := range seeders {
+			if err := seed(ctx, tx, ws.ID); err != nil {
+				return fmt.Errorf("seed workspace: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return Workspace{}, NewKey{}, err
+	}
+	return ws, key, nil
+}
+
+// SignupGate enforces SIGNUP_MODE and SIGNUP_RATE_PER_HOUR.
+type SignupGate struct {
+	Mode        string
+	Token       string
+	RatePerHour int
+}
+
+// Check admits or refuses a signup attempt carrying token.
+func (s *Service) CheckSignup(ctx context.Context, g SignupGate, token string) error {
+	switch g.Mode {
+	case "closed":
+		return apierr.New(http.StatusForbidden, apierr.CodeForbidden, "Signup is closed on this server.").
+			WithDetail("required", []string{"signup"})
+	case "token":
+		if subtle.ConstantTimeCompare([]byte(token), []byte(g.Token)) != 1 {
+			return apierr.Unauthorized("Signup needs a valid Ratchet-Signup-Token header.")
+		}
+	}
+	if g.RatePerHour > 0 {
+		ok, retry, err := s.limiter.Allow(ctx, "signup", g.RatePerHour, time.Hour)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return apierr.RateLimited(retry)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,153 @@
+// Package config reads the service's settings from the environment with
+// envconfig. Start-up fails with one line naming the first missing or
+// malformed setting, never with a stack of unrelated errors.
+package config
+
+import (
+	"encoding/base64"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+)
+
+// Config holds every setting. Defaults suit a serverless instance: a tiny
+// pool, short idle time and a query mode that works behind transaction-mode
+// poolers.
+type Config struct {
+	DatabaseURL string `envconfig:"DATABASE_URL" required:"true"`
+	// MigrationDatabaseURL is a direct (non-pooled) URL for migrations;
+	// defaults to DatabaseURL.
+	MigrationDatabaseURL string `envconfig:"MIGRATION_DATABASE_URL"`
+
+	// ResultEncryptionKey is the current AES-256 key (base64, 32 bytes).
+	ResultEncryptionKey string `envconfig:"RESULT_ENCRYPTION_KEY" required:"true"`
+	// ResultEncryptionKeys are older keys, comma separated, still accepted for
+	// decryption during rotation.
+	ResultEncryptionKeys []string `envconfig:"RESULT_ENCRYPTION_KEYS"`
+	// KeyHashSecret keys the HMAC under which API keys (and dimension values)
+	// are stored.
+	KeyHashSecret string `envconfig:"KEY_HASH_SECRET" required:"true"`
+	CronSecret    string `envconfig:"CRON_SECRET"`
+
+	SignupMode        string `envconfig:"SIGNUP_MODE" default:"open"`
+	SignupToken       string `envconfig:"SIGNUP_TOKEN"`
+	SignupRatePerHour int    `envconfig:"SIGNUP_RATE_PER_HOUR"`
+	BillingMode       string `envconfig:"BILLING_MODE" default:"off"`
+
+	Port int `envconfig:"PORT" default:"8787"`
+
+	DBMaxConns        int32         `envconfig:"DB_MAX_CONNS" default:"4"`
+	DBMaxConnIdleTime time.Duration `envconfig:"DB_MAX_CONN_IDLE_TIME" default:"30s"`
+	// DBQueryExecMode: exec (default; one round trip, no server-side prepared
+	// statements, safe behind PgBouncer/Neon/Supabase transaction poolers),
+	// simple_protocol, or cache_statement (fastest on a direct connection).
+	DBQueryExecMode   string        `envconfig:"DB_QUERY_EXEC_MODE" default:"exec"`
+	DBConnectTimeout  time.Duration `envconfig:"DB_CONNECT_TIMEOUT" default:"5s"`
+	DBStatementTimeout time.Duration `envconfig:"DB_STATEMENT_TIMEOUT" default:"10s"`
+
+	// KeyCacheTTL bounds how long a revoked key may still be accepted by an
+	// instance that had it cached. Zero disables the cache.
+	KeyCacheTTL time.Duration `envconfig:"KEY_CACHE_TTL" default:"5s"`
+
+	SweepInterval   time.Duration `envconfig:"SWEEP_INTERVAL" default:"5s"`
+	JobLeaseGraceMs int64         `envconfig:"JOB_LEASE_GRACE_MS" default:"10000"`
+	// AutoMigrate applies pending migrations on start (local server: on).
+	AutoMigrate bool `envconfig:"AUTO_MIGRATE" default:"false"`
+}
+
+// Load reads the environment.
+func Load() (*Config, error) {
+	var c Config
+	if err := envconfig.Process("", &c); err != nil {
+		return nil, oneLine(err)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// oneLine turns envconfig's error into "config: SETTING: problem".
+func oneLine(err error) error {
+	var pe *envconfig.ParseError
+	if ok := asParseError(err, &pe); ok {
+		return fmt.Errorf("config: %s is malformed (%v)", pe.KeyName, pe.Err)
+	}
+	msg := err.Error()
+	if strings.HasPrefix(msg, "required key ") {
+		name := strings.TrimSuffix(strings.TrimPrefix(msg, "required key "), " missing value")
+		return fmt.Errorf("config: %s is required but not set", name)
+	}
+	return fmt.Errorf("config: %w", err)
+}
+
+func asParseError(err error, target **envconfig.ParseError) bool {
+	pe, ok := err.(*envconfig.ParseError)
+	if ok {
+		*target = pe
+	}
+	return ok
+}
+
+// Validate checks values envconfig cannot.
+func (c *Config) Validate() error {
+	u, err := url.Parse(c.DatabaseURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return fmt.Errorf("config: DATABASE_URL is malformed (want postgres://user@host:port/db)")
+	}
+	if _, err := DecodeKey(c.ResultEncryptionKey); err != nil {
+		return fmt.Errorf("config: RESULT_ENCRYPTION_KEY is malformed (%v)", err)
+	}
+	for i, k := range c.ResultEncryptionKeys {
+		if _, err := DecodeKey(k); err != nil {
+			return fmt.Errorf("config: RESULT_ENCRYPTION_KEYS entry %d is malformed (%v)", i+1, err)
+		}
+	}
+	if len(c.KeyHashSecret) < 16 {
+		return fmt.Errorf("config: KEY_HASH_SECRET is malformed (at least 16 characters)")
+	}
+	switch c.SignupMode {
+	case "open", "closed":
+	case "token":
+		if c.SignupToken == "" {
+			return fmt.Errorf("config: SIGNUP_TOKEN is required when SIGNUP_MODE=token")
+		}
+	default:
+		return fmt.Errorf("config: SIGNUP_MODE is malformed (open, token or closed)")
+	}
+	switch c.DBQueryExecMode {
+	case "exec", "simple_protocol", "cache_statement", "cache_describe", "describe_exec":
+	default:
+		return fmt.Errorf("config: DB_QUERY_EXEC_MODE is malformed (exec, simple_protocol or cache_statement)")
+	}
+	if c.DBMaxConns < 1 {
+		return fmt.Errorf("config: DB_MAX_CONNS is malformed (at least 1)")
+	}
+	if c.Port < 1 || c.Port > 65535 {
+		return fmt.Errorf("config: PORT is malformed (1-65535)")
+	}
+	return nil
+}
+
+// DecodeKey decodes a base64 AES-256 key.
+func DecodeKey(s string) ([]byte, error) {
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(s))
+	if err != nil {
+		return nil, fmt.Errorf("not base64")
+	}
+	if len(b) != 32 {
+		return nil, fmt.Errorf("want 32 bytes, got %d", len(b))
+	}
+	return b, nil
+}
+
+// MigrationURL is the URL migrations run over.
+func (c *Config) MigrationURL() string {
+	if c.MigrationDatabaseURL != "" {
+		return c.MigrationDatabaseURL
+	}
+	return c.DatabaseURL
+}

@@ -1,0 +1,136 @@
+// Package db owns Postgres access: the per-instance pool, migrations and the
+// classification of driver errors the API must answer specially.
+//
+// Serverless sizing: every function instance holds its own pool, so the pool
+// is tiny (DB_MAX_CONNS, default 4), idle connections are closed quickly, and
+// no session state is relied upon. The default query mode is QueryExecModeExec:
+// one round trip per query with the extended protocol and unnamed statements,
+// which works behind transaction-mode poolers (PgBouncer, Neon, Supabase port
+// 6543) where named prepared statements would leak between clients. Locks are
+// transaction-scoped (pg_advisory_xact_lock, FOR UPDATE); nothing uses
+// LISTEN/NOTIFY or session advisory locks.
+package db
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/getratchet/ratchet/lib/config"
+)
+
+// Open creates a pool from the configuration. It does not connect until the
+// first query, so a cold start pays for the connection only when needed.
+func Open(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("config: DATABASE_URL is malformed (%v)", redactURLError(err))
+	}
+	pc.MaxConns = cfg.DBMaxConns
+	pc.MinConns = 0
+	pc.MaxConnIdleTime = cfg.DBMaxConnIdleTime
+	pc.MaxConnLifetime = 30 * time.Minute
+	pc.HealthCheckPeriod = time.Minute
+	pc.ConnConfig.ConnectTimeout = cfg.DBConnectTimeout
+	pc.ConnConfig.DefaultQueryExecMode = execMode(cfg.DBQueryExecMode)
+	if pc.ConnConfig.RuntimeParams == nil {
+		pc.ConnConfig.RuntimeParams = map[string]string{}
+	}
+	// Startup parameters, not SET: they survive transaction-mode poolers that
+	// forward them, and cost no round trip.
+	pc.ConnConfig.RuntimeParams["application_name"] = "ratchet"
+	if cfg.DBStatementTimeout > 0 {
+		pc.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(cfg.DBStatementTimeout.Milliseconds(), 10)
+	}
+	pc.ConnConfig.RuntimeParams["timezone"] = "UTC"
+	return pgxpool.NewWithConfig(ctx, pc)
+}
+
+func execMode(s string) pgx.QueryExecMode {
+	switch s {
+	case "simple_protocol":
+		return pgx.QueryExecModeSimpleProtocol
+	case "cache_statement":
+		return pgx.QueryExecModeCacheStatement
+	case "cache_describe":
+		return pgx.QueryExecModeCacheDescribe
+	case "describe_exec":
+		return pgx.QueryExecModeDescribeExec
+	default:
+		return pgx.QueryExecModeExec
+	}
+}
+
+// redactURLError keeps pgx's parse errors from echoing a password.
+func redactURLError(err error) string {
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		return "cannot parse connection string"
+	}
+	return "cannot parse connection string"
+}
+
+// IsUnavailable reports whether err means the database could not be reached
+// (connect failure, network error, server shutting down, or the acquire timed
+// out), as opposed to a query that Postgres rejected.
+func IsUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "57P01", "57P02", "57P03", "53300", "08000", "08003", "08006", "08001", "08004":
+			return true
+		}
+		return false
+	}
+	return pgconn.SafeToRetry(err)
+}
+
+// Unique-violation and friends, for callers that turn constraint errors into
+// API answers.
+const (
+	CodeUniqueViolation      = "23505"
+	CodeSerializationFailure = "40001"
+	CodeDeadlockDetected     = "40P01"
+	CodeForeignKeyViolation  = "23503"
+	CodeCheckViolation       = "23514"
+)
+
+// HasCode reports whether err is a Postgres error with the given SQLSTATE.
+func HasCode(err error, code string) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == code
+}
+
+// ConstraintName returns the violated constraint's name, or "".
+func ConstraintName(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.ConstraintName
+	}
+	return ""
+}
+
+// Tx runs fn in a transaction, committing when fn returns nil. It is the only
+// place transactions are begun, so every caller gets the same rollback
+// discipline.
+func Tx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, pool, fn)
+}

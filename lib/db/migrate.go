@@ -1,0 +1,114 @@
+package db
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Migration is one numbered SQL file.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string
+}
+
+var migrationName = regexp.MustCompile(`^(\d{4})_([a-z0-9_]+)\.sql$`)
+
+// LoadMigrations reads NNNN_name.sql files from fsys in version order and
+// rejects gaps or duplicates, which would otherwise apply out of order on
+// some instance.
+func LoadMigrations(fsys fs.FS) ([]Migration, error) {
+	entries, err := fs.ReadDir(fsys, ".")
+	if err != nil {
+		return nil, fmt.Errorf("read migrations: %w", err)
+	}
+	var out []Migration
+	for _, e := range entries {
+		m := migrationName.FindStringSubmatch(e.Name())
+		if m == nil {
+			continue
+		}
+		v, _ := strconv.Atoi(m[1])
+		body, err := fs.ReadFile(fsys, e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("read migration %s: %w", e.Name(), err)
+		}
+		out = append(out, Migration{Version: v, Name: m[2], SQL: string(body)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	for i, m := range out {
+		if m.Version != i+1 {
+			return nil, fmt.Errorf("migrations: expected version %04d, found %04d_%s", i+1, m.Version, m.Name)
+		}
+	}
+	return out, nil
+}
+
+// Migrate applies every pending migration in one transaction under a
+// transaction-scoped advisory lock, so instances that start together apply
+// each file exactly once and a failure leaves nothing half-applied. It works
+// through transaction-mode poolers because it holds no session state, but a
+// direct URL (MIGRATION_DATABASE_URL) is preferred for long migrations.
+func Migrate(ctx context.Context, conn *pgx.Conn, fsys fs.FS) (applied []int, err error) {
+	migs, err := LoadMigrations(fsys)
+	if err != nil {
+		return nil, err
+	}
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		// 0x72617463 = "ratc": one fixed lock id for schema changes.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(1918989411)`); err != nil {
+			return fmt.Errorf("take migration lock: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+			version    integer PRIMARY KEY,
+			name       text NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return fmt.Errorf("create schema_migrations: %w", err)
+		}
+		done := map[int]bool{}
+		rows, err := tx.Query(ctx, `SELECT version FROM schema_migrations`)
+		if err != nil {
+			return fmt.Errorf("read schema_migrations: %w", err)
+		}
+		vs, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			return fmt.Errorf("read schema_migrations: %w", err)
+		}
+		for _, v := range vs {
+			done[int(v)] = true
+		}
+		for _, m := range migs {
+			if done[m.Version] {
+				continue
+			}
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return fmt.Errorf("apply migration %04d_%s: %w", m.Version, m.Name, err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+				return fmt.Errorf("record migration %04d_%s: %w", m.Version, m.Name, err)
+			}
+			applied = append(applied, m.Version)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return applied, nil
+}
+
+// MigrateURL connects to url, applies pending migrations and disconnects.
+func MigrateURL(ctx context.Context, url string, fsys fs.FS) ([]int, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("connect for migrations: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return Migrate(ctx, conn, fsys)
+}

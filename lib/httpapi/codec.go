@@ -1,0 +1,212 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/ids"
+)
+
+// MaxBodyBytes is the published request body limit.
+const MaxBodyBytes = 1 << 20
+
+// Decode reads the JSON body into dst strictly: unknown fields, trailing
+// data, wrong types and malformed JSON are 400 invalid_request naming the
+// field; an oversized body is 413. An empty body decodes as {}.
+func (c *Call) Decode(dst any) error {
+	body, err := io.ReadAll(c.R.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return apierr.PayloadTooLarge(MaxBodyBytes)
+		}
+		return apierr.InvalidField("body", "could not be read")
+	}
+	return DecodeJSON(body, dst)
+}
+
+// DecodeJSON is Decode over bytes.
+func DecodeJSON(body []byte, dst any) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		body = []byte("{}")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return decodeError(err)
+	}
+	if dec.More() {
+		return apierr.InvalidField("body", "must be a single JSON object")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return apierr.InvalidField("body", "must be a single JSON object")
+	}
+	return nil
+}
+
+func decodeError(err error) error {
+	var (
+		syn *json.SyntaxError
+		typ *json.UnmarshalTypeError
+	)
+	switch {
+	case errors.As(err, &syn):
+		return apierr.InvalidField("body", "is not valid JSON (offset %d)", syn.Offset)
+	case errors.As(err, &typ):
+		field := typ.Field
+		if field == "" {
+			field = "body"
+		}
+		return apierr.InvalidField(field, "must be %s", jsonKind(typ.Type.Kind().String()))
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return apierr.InvalidField("body", "is not valid JSON (unexpected end)")
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		name, _ := strconv.Unquote(strings.TrimPrefix(err.Error(), "json: unknown field "))
+		return apierr.InvalidField(name, "is not a known field")
+	default:
+		var ae *apierr.Error
+		if errors.As(err, &ae) {
+			return ae
+		}
+		return apierr.InvalidField("body", "is invalid: %s", safeMessage(err))
+	}
+}
+
+// safeMessage keeps custom unmarshalers' messages short and free of input.
+func safeMessage(err error) string {
+	m := err.Error()
+	if len(m) > 120 {
+		m = m[:120]
+	}
+	return m
+}
+
+func jsonKind(goKind string) string {
+	switch goKind {
+	case "string":
+		return "a string"
+	case "bool":
+		return "a boolean"
+	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64":
+		return "an integer"
+	case "float32", "float64":
+		return "a number"
+	case "slice", "array":
+		return "an array"
+	case "map", "struct":
+		return "an object"
+	default:
+		return "of another type"
+	}
+}
+
+// PathID returns path parameter name, answering 404 when it is not a
+// well-formed id with prefix (so malformed ids cost no query).
+func (c *Call) PathID(name, prefix string) (string, error) {
+	v := c.R.PathValue(name)
+	if !ids.Valid(prefix, v) {
+		return "", apierr.NotFound(strings.TrimSuffix(name, "Id"))
+	}
+	return v, nil
+}
+
+// ListParams parses ?limit= (1-200, default 50) and ?cursor=.
+func (c *Call) ListParams() (limit int, cursor string, err error) {
+	q := c.R.URL.Query()
+	limit = 50
+	if s := q.Get("limit"); s != "" || q.Has("limit") {
+		n, perr := strconv.Atoi(s)
+		if perr != nil || n < 1 || n > 200 {
+			return 0, "", apierr.InvalidField("limit", "must be an integer from 1 to 200")
+		}
+		limit = n
+	}
+	cursor = q.Get("cursor")
+	if len(cursor) > 200 {
+		return 0, "", apierr.InvalidField("cursor", "is not a cursor from this API")
+	}
+	return limit, cursor, nil
+}
+
+// Page is the list envelope of snake_case routes.
+type Page[T any] struct {
+	Data       []T     `json:"data"`
+	NextCursor *string `json:"next_cursor"`
+}
+
+// CamelPage is the list envelope of camelCase (durable-job) routes.
+type CamelPage[T any] struct {
+	Data       []T     `json:"data"`
+	NextCursor *string `json:"nextCursor"`
+}
+
+// NewPage builds a page from items fetched with limit+1, using cursorOf on
+// the last returned item when there are more.
+func NewPage[T any](items []T, limit int, cursorOf func(T) string) Page[T] {
+	p := Page[T]{Data: items}
+	if p.Data == nil {
+		p.Data = []T{}
+	}
+	if len(items) > limit {
+		p.Data = items[:limit]
+		next := cursorOf(items[limit-1])
+		p.NextCursor = &next
+	}
+	return p
+}
+
+// NewCamelPage is NewPage for camelCase routes.
+func NewCamelPage[T any](items []T, limit int, cursorOf func(T) string) CamelPage[T] {
+	p := NewPage(items, limit, cursorOf)
+	return CamelPage[T]{Data: p.Data, NextCursor: p.NextCursor}
+}
+
+// errorBody is the envelope of every failure.
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Code    string         `json:"code"`
+	Message string         `json:"message"`
+	Detail  map[string]any `json:"detail"`
+}
+
+// ErrorEnvelope returns the wire form of e, for handlers that must embed an
+// error beside other fields (a denied begin).
+func ErrorEnvelope(e *apierr.Error) any {
+	d := e.Detail
+	if d == nil {
+		d = map[string]any{}
+	}
+	return errorDetail{Code: e.Code, Message: e.Message, Detail: d}
+}
+
+func writeJSON(w http.ResponseWriter, status int, body any) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":{"code":"internal_error","message":"Internal error.","detail":{}}}`)
+	}
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+	_, _ = w.Write([]byte("\n"))
+}
+
+func writeError(w http.ResponseWriter, e *apierr.Error) {
+	if e.Status == http.StatusTooManyRequests {
+		if s, ok := e.Detail["retry_after_seconds"].(int); ok {
+			w.Header().Set("Retry-After", fmt.Sprint(s))
+		}
+	}
+	writeJSON(w, e.Status, errorBody{Error: ErrorEnvelope(e).(errorDetail)})
+}

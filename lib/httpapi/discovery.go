@@ -1,0 +1,134 @@
+package httpapi
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
+)
+
+// Manifest is the capability manifest at /.well-known/ratchet.json.
+type Manifest struct {
+	Name      string              `json:"name"`
+	Version   string              `json:"version"`
+	APIBase   string              `json:"api_base"`
+	OpenAPI   string              `json:"openapi"`
+	LLMsTxt   string              `json:"llms_txt"`
+	Routes    []ManifestRoute     `json:"routes"`
+	Decisions []string            `json:"decisions"`
+	Scopes    []string            `json:"scopes"`
+	Presets   map[string][]string `json:"presets"`
+	Errors    map[string]int      `json:"errors"`
+	Limits    map[string]int64    `json:"limits"`
+}
+
+// ManifestRoute is one route in the manifest.
+type ManifestRoute struct {
+	Method string   `json:"method"`
+	Path   string   `json:"path"`
+	Name   string   `json:"name"`
+	Scopes []string `json:"scopes"`
+	Public bool     `json:"public"`
+}
+
+// Decisions are begin's answers (API.md §2.1).
+var Decisions = []string{"execute", "duplicate", "in_flight", "blocked", "approval_required", "denied"}
+
+// Limits published by the API.
+var Limits = map[string]int64{
+	"request_body_bytes":     MaxBodyBytes,
+	"result_bytes":           256 << 10,
+	"list_limit_max":         200,
+	"list_limit_default":     50,
+	"idempotency_key_max":    255,
+	"lease_seconds_min":      5,
+	"lease_seconds_max":      3600,
+	"effect_max_attempts":    50,
+	"job_max_attempts":       10,
+	"claim_batch_max":        100,
+	"claim_wait_seconds_max": 20,
+	"retry_after_ms_min":     1000,
+	"retry_after_ms_max":     86_400_000,
+}
+
+// NewManifest builds the manifest from the route table.
+func NewManifest() Manifest {
+	m := Manifest{
+		Name: "ratchet", Version: Version, APIBase: "/api/v1",
+		OpenAPI: "/api/v1/openapi.json", LLMsTxt: "/llms.txt",
+		Decisions: Decisions, Scopes: auth.AllScopes, Presets: auth.Presets,
+		Errors: apierr.Statuses, Limits: Limits,
+	}
+	for _, r := range Routes() {
+		scopes := r.Scopes
+		if scopes == nil {
+			scopes = []string{}
+		}
+		m.Routes = append(m.Routes, ManifestRoute{Method: r.Method, Path: r.Pattern, Name: r.Name,
+			Scopes: scopes, Public: r.Auth == AuthNone})
+	}
+	return m
+}
+
+const llmsIntro = `# Ratchet
+
+> Ratchet is the reliability layer an agent or a job asks before a side effect
+> (an email, a charge, a vendor call): retries never double-act, crashes never
+> lose the record, runaway loops are stopped before they cost money.
+
+## Get a key
+
+POST /api/v1/workspaces {"name": "acme"} returns {"workspace_id", "key": {"id", "secret", "scopes"}}.
+The secret is shown once. Send it as Authorization: Bearer <secret>.
+Give an agent a narrower key: POST /api/v1/keys {"name": "agent", "preset": "AGENT"}.
+
+## Ask before you act
+
+POST /api/v1/effects/begin {"effect_type": "email.send", "idempotency_key": "welcome-email:user_123", "payload": {...}}
+Branch on "decision":
+- execute: you hold the lease. Perform the action, then report.
+- duplicate: already completed. Use "result". Do not act.
+- in_flight: someone else holds a live lease. Wait retry_after_seconds, ask again.
+- blocked: a prior attempt's outcome is unknown. Verify at the vendor, then resolve.
+- approval_required: an operator decision is pending. Poll, or wait for the webhook.
+- denied (HTTP 403): policy, budget or rejection. Report the reason. Do not work around it.
+
+## Report what happened
+
+POST /api/v1/effects/{id}/report {"lease_token", "outcome": "succeeded"|"failed", "result": {...}}
+Report failed only when you know the action did not reach the outside world.
+If you are unsure (a timeout, a dropped connection) report nothing: the lease
+lapses and Ratchet records an honest indeterminate. A false failed licenses a duplicate.
+
+## Idempotency keys
+
+Derive the key from the work, deterministically (refund:order_551:full), never
+from a UUID, a clock or an attempt number. Reusing a key for different arguments
+is 409 idempotency_key_reuse. For sensitive results, blind the key:
+hex(hmac_sha256(your_secret, key))[:32].
+
+## Errors
+
+Every failure is {"error": {"code", "message", "detail"}}. Branch on code.
+
+## Routes
+`
+
+// LLMsText is the plain-text guide served at /llms.txt.
+func LLMsText() string {
+	var b strings.Builder
+	b.WriteString(llmsIntro)
+	routes := Routes()
+	sort.SliceStable(routes, func(i, j int) bool { return routes[i].Pattern < routes[j].Pattern })
+	for _, r := range routes {
+		scopes := ""
+		if len(r.Scopes) > 0 {
+			scopes = " [" + strings.Join(r.Scopes, ", ") + "]"
+		}
+		fmt.Fprintf(&b, "- %s %s%s: %s\n", r.Method, r.Pattern, scopes, r.Summary)
+	}
+	b.WriteString("\nFull schemas: /api/v1/openapi.json. Capabilities: /.well-known/ratchet.json.\n")
+	return b.String()
+}

@@ -1,0 +1,5 @@
+package httpapi
+
+// Domain holds the domain services the routes call. Each feature adds its
+// service here and its routes in routes_<feature>.go.
+type Domain struct{}

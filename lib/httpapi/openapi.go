@@ -1,0 +1,225 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/jsonschema-go/jsonschema"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+)
+
+// Version is the API and manifest version.
+const Version = "1.0.0"
+
+var (
+	openapiOnce sync.Once
+	openapiDoc  map[string]any
+)
+
+// OpenAPI returns the OpenAPI 3.1 document generated from the route table.
+func OpenAPI() map[string]any {
+	openapiOnce.Do(func() { openapiDoc = buildOpenAPI(Routes()) })
+	return openapiDoc
+}
+
+// commonErrors apply to every authenticated route.
+var commonErrors = []string{apierr.CodeUnauthorized, apierr.CodeForbidden, apierr.CodeRateLimited,
+	apierr.CodePayloadTooLarge, apierr.CodeInternal, apierr.CodeDatabaseUnavailable}
+
+func buildOpenAPI(routes []Route) map[string]any {
+	paths := map[string]map[string]any{}
+	for _, r := range routes {
+		ops, ok := paths[r.OpenAPIPath()]
+		if !ok {
+			ops = map[string]any{}
+			paths[r.OpenAPIPath()] = ops
+		}
+		ops[strings.ToLower(r.Method)] = operation(r)
+	}
+	return map[string]any{
+		"openapi": "3.1.0",
+		"info": map[string]any{
+			"title":   "Ratchet API",
+			"version": Version,
+			"description": "Ratchet is a reliability layer for side effects: ask POST /api/v1/effects/begin before " +
+				"acting, then report. Durable jobs run customer-owned workers over leases. Every failure is " +
+				"{\"error\": {\"code\", \"message\", \"detail\"}}; branch on code.",
+		},
+		"servers": []any{map[string]any{"url": "/"}},
+		"paths":   paths,
+		"components": map[string]any{
+			"securitySchemes": map[string]any{
+				"bearer": map[string]any{"type": "http", "scheme": "bearer", "description": "An API key (rk_...)."},
+				"cron":   map[string]any{"type": "http", "scheme": "bearer", "description": "CRON_SECRET."},
+			},
+			"schemas": map[string]any{"Error": errorSchema()},
+		},
+	}
+}
+
+func errorSchema() map[string]any {
+	codes := make([]string, 0, len(apierr.Statuses))
+	for c := range apierr.Statuses {
+		codes = append(codes, c)
+	}
+	sort.Strings(codes)
+	return map[string]any{
+		"type":     "object",
+		"required": []string{"error"},
+		"properties": map[string]any{
+			"error": map[string]any{
+				"type":     "object",
+				"required": []string{"code", "message", "detail"},
+				"properties": map[string]any{
+					"code":    map[string]any{"type": "string", "enum": codes},
+					"message": map[string]any{"type": "string"},
+					"detail":  map[string]any{"type": "object"},
+				},
+			},
+		},
+	}
+}
+
+func operation(r Route) map[string]any {
+	op := map[string]any{
+		"operationId": r.Name,
+		"summary":     r.Summary,
+		"tags":        []string{r.Tag},
+	}
+	switch r.Auth {
+	case AuthKey:
+		op["security"] = []any{map[string]any{"bearer": []string{}}}
+		if len(r.Scopes) > 0 {
+			op["x-required-scopes"] = r.Scopes
+		}
+	case AuthCron:
+		op["security"] = []any{map[string]any{"cron": []string{}}}
+	default:
+		op["security"] = []any{}
+	}
+	var params []any
+	for _, p := range r.PathParams() {
+		params = append(params, map[string]any{"name": p, "in": "path", "required": true, "schema": map[string]any{"type": "string"}})
+	}
+	for _, p := range r.Query {
+		t := p.Type
+		if t == "" {
+			t = "string"
+		}
+		params = append(params, map[string]any{"name": p.Name, "in": "query", "description": p.Description, "schema": map[string]any{"type": t}})
+	}
+	if params != nil {
+		op["parameters"] = params
+	}
+	if r.Request != nil {
+		op["requestBody"] = map[string]any{
+			"required": true,
+			"content":  map[string]any{"application/json": map[string]any{"schema": schemaOf(r.Request)}},
+		}
+	}
+	responses := map[string]any{}
+	status := r.Status
+	if status == 0 {
+		status = 200
+	}
+	success := map[string]any{"description": http.StatusText(status)}
+	switch {
+	case r.ContentType != "":
+		success["content"] = map[string]any{strings.Split(r.ContentType, ";")[0]: map[string]any{"schema": map[string]any{"type": "string"}}}
+	case r.Response != nil:
+		success["content"] = map[string]any{"application/json": map[string]any{"schema": schemaOf(r.Response)}}
+	}
+	responses[fmt.Sprint(status)] = success
+	codes := append([]string{}, r.Errors...)
+	if r.Auth == AuthKey {
+		codes = append(codes, commonErrors...)
+	} else {
+		codes = append(codes, apierr.CodeInternal)
+	}
+	byStatus := map[int][]string{}
+	for _, c := range codes {
+		st := apierr.Statuses[c]
+		if st == 0 || contains(byStatus[st], c) {
+			continue
+		}
+		byStatus[st] = append(byStatus[st], c)
+	}
+	for st, cs := range byStatus {
+		sort.Strings(cs)
+		responses[fmt.Sprint(st)] = map[string]any{
+			"description": strings.Join(cs, ", "),
+			"content": map[string]any{"application/json": map[string]any{
+				"schema": map[string]any{"$ref": "#/components/schemas/Error"},
+			}},
+			"x-error-codes": cs,
+		}
+	}
+	op["responses"] = responses
+	return op
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// schemaOf reflects a Go body type into JSON Schema, mapping time.Time to a
+// date-time string, raw JSON to any value, and Optional[T] to T-or-null.
+func schemaOf(v any) any {
+	t := reflect.TypeOf(v)
+	opts := &jsonschema.ForOptions{IgnoreInvalidTypes: true, TypeSchemas: map[reflect.Type]*jsonschema.Schema{
+		reflect.TypeFor[time.Time]():       {Type: "string", Format: "date-time"},
+		reflect.TypeFor[json.RawMessage](): {},
+	}}
+	collectOptionals(t, opts.TypeSchemas, map[reflect.Type]bool{})
+	s, err := jsonschema.ForType(t, opts)
+	if err != nil {
+		return map[string]any{"type": "object", "description": "schema unavailable: " + err.Error()}
+	}
+	var out any
+	b, _ := json.Marshal(s)
+	_ = json.Unmarshal(b, &out)
+	return out
+}
+
+// collectOptionals registers a schema for each jsonx.Optional[T] reachable
+// from t: T's schema, also allowing null.
+func collectOptionals(t reflect.Type, into map[reflect.Type]*jsonschema.Schema, seen map[reflect.Type]bool) {
+	if t == nil || seen[t] {
+		return
+	}
+	seen[t] = true
+	switch t.Kind() {
+	case reflect.Pointer, reflect.Slice, reflect.Array, reflect.Map:
+		collectOptionals(t.Elem(), into, seen)
+	case reflect.Struct:
+		if strings.HasPrefix(t.Name(), "Optional[") && t.NumField() == 3 {
+			inner := t.Field(2).Type
+			collectOptionals(inner, into, seen)
+			s, err := jsonschema.ForType(inner, &jsonschema.ForOptions{IgnoreInvalidTypes: true, TypeSchemas: into})
+			if err == nil {
+				typ := s.Type
+				if typ != "" {
+					s.Type = ""
+					s.Types = []string{typ, "null"}
+				}
+				into[t] = s
+			}
+			return
+		}
+		for i := 0; i < t.NumField(); i++ {
+			collectOptionals(t.Field(i).Type, into, seen)
+		}
+	}
+}

@@ -1,0 +1,94 @@
+// Package httpapi is the HTTP surface of Ratchet: one route table from which
+// the router, the Vercel entry files, vercel.json, the OpenAPI document, the
+// capability manifest and llms.txt are all derived, so none can drift.
+package httpapi
+
+import (
+	"context"
+	"net/http"
+	"regexp"
+	"strings"
+
+	"github.com/getratchet/ratchet/lib/auth"
+)
+
+// AuthMode says how a route authenticates its caller.
+type AuthMode int
+
+const (
+	// AuthKey requires a bearer API key (the default).
+	AuthKey AuthMode = iota
+	// AuthNone is public: signup, health, discovery.
+	AuthNone
+	// AuthCron requires Authorization: Bearer $CRON_SECRET.
+	AuthCron
+)
+
+// Param documents a query parameter.
+type Param struct {
+	Name        string
+	Description string
+	Type        string // "string" or "integer"
+}
+
+// Route is one method on one path.
+type Route struct {
+	Method  string
+	Pattern string // Go ServeMux path pattern, e.g. /api/v1/effects/{id}/report
+	Name    string // stable operation id, e.g. effects.report
+	Summary string
+	Tag     string
+	Auth    AuthMode
+	Scopes  []string // every one is required
+	Query   []Param
+	// Request and Response are zero values of the body types, used for the
+	// OpenAPI schemas; nil means no body. Text responses set ContentType.
+	Request     any
+	Response    any
+	ContentType string
+	Status      int      // success status
+	Errors      []string // error codes this route can answer beyond the common ones
+	Handle      HandlerFunc
+}
+
+// HandlerFunc does a route's work. It returns the body to encode with the
+// route's status, a Reply to choose another status, or an error.
+type HandlerFunc func(ctx context.Context, c *Call) (any, error)
+
+// Reply overrides a route's success status (for example 200 for a deduplicated
+// create, or 403 for a denied begin that still carries a decision body).
+type Reply struct {
+	Status int
+	Body   any
+}
+
+// Text is a non-JSON response body.
+type Text struct {
+	ContentType string
+	Body        string
+}
+
+// Call is one request as a handler sees it.
+type Call struct {
+	R         *http.Request
+	Principal *auth.Principal // nil on AuthNone and AuthCron routes
+	RequestID string
+	Route     *Route
+}
+
+var pathParam = regexp.MustCompile(`\{([a-zA-Z]+)\}`)
+
+// PathParams lists the pattern's parameter names in order.
+func (r *Route) PathParams() []string {
+	var out []string
+	for _, m := range pathParam.FindAllStringSubmatch(r.Pattern, -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+// OpenAPIPath is the pattern in OpenAPI form (the same braces).
+func (r *Route) OpenAPIPath() string { return r.Pattern }
+
+// IsAPI reports whether the route lives under /api/v1.
+func (r *Route) IsAPI() bool { return strings.HasPrefix(r.Pattern, "/api/v1/") }

@@ -1,0 +1,15 @@
+package httpapi
+
+// routes is the one route table. Every feature keeps its routes in its own
+// routes_<feature>.go; this list only concatenates them.
+func (s *Server) routes() []Route {
+	var all []Route
+	for _, part := range [][]Route{
+		s.coreRoutes(),
+		s.gateRoutes(),
+		s.jobsRoutes(),
+	} {
+		all = append(all, part...)
+	}
+	return all
+}

@@ -1,0 +1,162 @@
+package httpapi
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/sweep"
+)
+
+// SignupRequest is the body of POST /api/v1/workspaces.
+type SignupRequest struct {
+	Name string `json:"name"`
+}
+
+// SignupResponse returns the workspace and its operator key, secret shown once.
+type SignupResponse struct {
+	WorkspaceID string      `json:"workspace_id"`
+	Name        string      `json:"name"`
+	Key         auth.NewKey `json:"key"`
+}
+
+// HealthResponse answers GET /api/v1/health.
+type HealthResponse struct {
+	OK bool `json:"ok"`
+}
+
+func (s *Server) coreRoutes() []Route {
+	return []Route{
+		{
+			Method: "GET", Pattern: "/api/v1/health", Name: "health", Tag: "operations", Auth: AuthNone,
+			Summary:  "Liveness and database reachability: 200 when Postgres answers, 503 otherwise.",
+			Response: HealthResponse{}, Status: 200, Errors: []string{apierr.CodeDatabaseUnavailable},
+			Handle: s.health,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/workspaces", Name: "workspaces.create", Tag: "workspaces", Auth: AuthNone,
+			Summary: "Create a workspace with starter policies and return an OPERATOR key (secret shown once). " +
+				"SIGNUP_MODE=token requires the Ratchet-Signup-Token header.",
+			Request: SignupRequest{}, Response: SignupResponse{}, Status: 201,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeForbidden, apierr.CodeUnauthorized, apierr.CodeRateLimited},
+			Handle: s.signup,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/keys", Name: "keys.create", Tag: "keys", Scopes: []string{auth.ScopeKeysWrite},
+			Summary: "Mint a key with scopes (or a preset) no wider than the caller's own; the secret is shown once.",
+			Request: auth.CreateKeyRequest{}, Response: auth.NewKey{}, Status: 201,
+			Errors: []string{apierr.CodeInvalidRequest},
+			Handle: s.createKey,
+		},
+		{
+			Method: "GET", Pattern: "/api/v1/keys", Name: "keys.list", Tag: "keys", Scopes: []string{auth.ScopeKeysWrite},
+			Summary: "List the workspace's keys (never their secrets).", Query: listParams,
+			Response: Page[auth.Key]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
+			Handle: s.listKeys,
+		},
+		{
+			Method: "DELETE", Pattern: "/api/v1/keys/{id}", Name: "keys.revoke", Tag: "keys", Scopes: []string{auth.ScopeKeysWrite},
+			Summary:  "Revoke a key for good; returns the revoked key. Other instances honour it within KEY_CACHE_TTL.",
+			Response: auth.Key{}, Status: 200, Errors: []string{apierr.CodeNotFound},
+			Handle: s.revokeKey,
+		},
+		{
+			Method: "GET", Pattern: "/api/v1/openapi.json", Name: "discovery.openapi", Tag: "discovery", Auth: AuthNone,
+			Summary: "This API's OpenAPI 3.1 document.", Response: map[string]any{}, Status: 200,
+			Handle: func(context.Context, *Call) (any, error) { return OpenAPI(), nil },
+		},
+		{
+			Method: "GET", Pattern: "/llms.txt", Name: "discovery.llms", Tag: "discovery", Auth: AuthNone,
+			Summary: "A plain-text guide for agents.", ContentType: "text/plain; charset=utf-8", Status: 200,
+			Handle: func(context.Context, *Call) (any, error) {
+				return Text{ContentType: "text/plain; charset=utf-8", Body: LLMsText()}, nil
+			},
+		},
+		{
+			Method: "GET", Pattern: "/.well-known/ratchet.json", Name: "discovery.manifest", Tag: "discovery", Auth: AuthNone,
+			Summary: "Capability manifest: version, routes, decisions, scopes, limits.", Response: Manifest{}, Status: 200,
+			Handle: func(context.Context, *Call) (any, error) { return NewManifest(), nil },
+		},
+		{
+			Method: "GET", Pattern: "/api/cron/sweep", Name: "cron.sweep", Tag: "operations", Auth: AuthCron,
+			Summary:  "One bounded, idempotent sweeper pass (Authorization: Bearer $CRON_SECRET).",
+			Response: sweep.Result{}, Status: 200, Errors: []string{apierr.CodeUnauthorized},
+			Handle: s.cronSweep,
+		},
+		{
+			Method: "POST", Pattern: "/api/cron/sweep", Name: "cron.sweep.post", Tag: "operations", Auth: AuthCron,
+			Summary:  "Same as GET /api/cron/sweep.",
+			Response: sweep.Result{}, Status: 200, Errors: []string{apierr.CodeUnauthorized},
+			Handle: s.cronSweep,
+		},
+	}
+}
+
+var listParams = []Param{
+	{Name: "limit", Type: "integer", Description: "1-200, default 50"},
+	{Name: "cursor", Type: "string", Description: "next_cursor from the previous page"},
+}
+
+func (s *Server) health(ctx context.Context, _ *Call) (any, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := s.Pool.Exec(ctx, "SELECT 1"); err != nil {
+		s.Logger.Warn("health: database unavailable", "err", err.Error())
+		return Reply{Status: http.StatusServiceUnavailable, Body: map[string]any{
+			"ok":    false,
+			"error": ErrorEnvelope(apierr.DatabaseUnavailable(nil)),
+		}}, nil
+	}
+	return HealthResponse{OK: true}, nil
+}
+
+func (s *Server) signup(ctx context.Context, c *Call) (any, error) {
+	var req SignupRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	gate := auth.SignupGate{Mode: s.Config.SignupMode, Token: s.Config.SignupToken, RatePerHour: s.Config.SignupRatePerHour}
+	if err := s.Auth.CheckSignup(ctx, gate, c.R.Header.Get("Ratchet-Signup-Token")); err != nil {
+		return nil, err
+	}
+	ws, key, err := s.Auth.Signup(ctx, req.Name, s.signupSeeders()...)
+	if err != nil {
+		return nil, err
+	}
+	return SignupResponse{WorkspaceID: ws.ID, Name: ws.Name, Key: key}, nil
+}
+
+func (s *Server) createKey(ctx context.Context, c *Call) (any, error) {
+	var req auth.CreateKeyRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	return s.Auth.CreateKey(ctx, c.Principal, req)
+}
+
+func (s *Server) listKeys(ctx context.Context, c *Call) (any, error) {
+	limit, cursor, err := c.ListParams()
+	if err != nil {
+		return nil, err
+	}
+	keys, err := s.Auth.ListKeys(ctx, c.Principal.WorkspaceID, cursor, limit+1)
+	if err != nil {
+		return nil, err
+	}
+	return NewPage(keys, limit, func(k auth.Key) string { return k.ID }), nil
+}
+
+func (s *Server) revokeKey(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Key)
+	if err != nil {
+		return nil, err
+	}
+	return s.Auth.RevokeKey(ctx, c.Principal.WorkspaceID, id)
+}
+
+func (s *Server) cronSweep(ctx context.Context, _ *Call) (any, error) {
+	return s.Sweeper.RunOnce(ctx), nil
+}

@@ -1,0 +1,6 @@
+package httpapi
+
+import "github.com/getratchet/ratchet/lib/auth"
+
+// signupSeeders prepare a new workspace inside the signup transaction.
+func (s *Server) signupSeeders() []auth.Seeder { return nil }

@@ -1,0 +1,255 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/config"
+	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/seal"
+	"github.com/getratchet/ratchet/lib/sweep"
+)
+
+// Deps are everything the routes need. Each domain service is built once per
+// instance (lib/app) and shared by all requests.
+type Deps struct {
+	Config  *config.Config
+	Pool    *pgxpool.Pool
+	Auth    *auth.Service
+	Sealer  *seal.Sealer
+	Sweeper *sweep.Sweeper
+	Logger  *slog.Logger
+	Now     func() time.Time
+	Domain
+}
+
+// Server routes requests to handlers.
+type Server struct {
+	Deps
+	mux    *http.ServeMux
+	groups map[string]*group // by pattern
+}
+
+// group is every route sharing one path pattern: the unit of a Vercel
+// function file and of one ServeMux registration.
+type group struct {
+	pattern string
+	params  []string
+	routes  map[string]*Route // by method
+}
+
+// New builds the server and its router from the route table.
+func New(d Deps) *Server {
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	s := &Server{Deps: d, mux: http.NewServeMux(), groups: map[string]*group{}}
+	for _, r := range s.routes() {
+		r := r
+		g, ok := s.groups[r.Pattern]
+		if !ok {
+			g = &group{pattern: r.Pattern, params: r.PathParams(), routes: map[string]*Route{}}
+			s.groups[r.Pattern] = g
+			s.mux.Handle(r.Pattern, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+				s.serveGroup(w, req, g)
+			}))
+		}
+		g.routes[r.Method] = &r
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
+		s.serveGroup(w, req, nil)
+	})
+	return s
+}
+
+// Routes returns the route table (handlers unbound), for documentation and
+// drift checks.
+func Routes() []Route { return (&Server{}).routes() }
+
+// ServeHTTP serves /api/v1/... and the legacy /v1/... alias.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, "/v1/") {
+		r2 := r.Clone(r.Context())
+		r2.URL.Path = "/api" + r.URL.Path
+		r2.URL.RawPath = ""
+		r = r2
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// ServeRoute serves one path pattern directly, taking path parameters from
+// the query string. Vercel entry files use it: Go cannot name a directory
+// [id], so vercel.json rewrites /api/v1/effects/:id/report to the report
+// file with ?id=:id.
+func (s *Server) ServeRoute(w http.ResponseWriter, r *http.Request, pattern string) {
+	g := s.groups[pattern]
+	if g != nil {
+		q := r.URL.Query()
+		for _, p := range g.params {
+			r.SetPathValue(p, q.Get(p))
+		}
+	}
+	s.serveGroup(w, r, g)
+}
+
+func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
+	start := s.Now()
+	reqID := ids.NewAt(ids.Request, start)
+	w.Header().Set("X-Request-Id", reqID)
+	sw := &statusWriter{ResponseWriter: w}
+	var route *Route
+	defer func() {
+		if p := recover(); p != nil {
+			// Log the panic and stack, never the request body.
+			s.Logger.Error("panic", "request_id", reqID, "panic", p, "stack", string(debug.Stack()))
+			if sw.status == 0 {
+				writeError(sw, internalError(reqID))
+			}
+		}
+		name := ""
+		if route != nil {
+			name = route.Name
+		}
+		s.Logger.Info("request", "request_id", reqID, "method", r.Method, "route", name,
+			"status", sw.status, "ms", s.Now().Sub(start).Milliseconds())
+	}()
+
+	if g == nil {
+		writeError(sw, apierr.NotFound("route"))
+		return
+	}
+	route = g.routes[r.Method]
+	if route == nil && r.Method == http.MethodHead {
+		route = g.routes[http.MethodGet]
+	}
+	if route == nil {
+		allow := make([]string, 0, len(g.routes))
+		for m := range g.routes {
+			allow = append(allow, m)
+		}
+		sort.Strings(allow)
+		sw.Header().Set("Allow", strings.Join(allow, ", "))
+		writeError(sw, apierr.New(http.StatusMethodNotAllowed, apierr.CodeMethodNotAllowed,
+			"Method not allowed; use %s.", strings.Join(allow, " or ")))
+		return
+	}
+	r.Body = http.MaxBytesReader(sw, r.Body, MaxBodyBytes)
+	call := &Call{R: r, RequestID: reqID, Route: route}
+	body, err := s.run(r.Context(), call)
+	if err != nil {
+		s.fail(sw, reqID, route, err)
+		return
+	}
+	status := route.Status
+	if rep, ok := body.(Reply); ok {
+		status, body = rep.Status, rep.Body
+	}
+	if t, ok := body.(Text); ok {
+		sw.Header().Set("Content-Type", t.ContentType)
+		sw.WriteHeader(status)
+		_, _ = sw.Write([]byte(t.Body))
+		return
+	}
+	writeJSON(sw, status, body)
+}
+
+func (s *Server) run(ctx context.Context, c *Call) (any, error) {
+	switch c.Route.Auth {
+	case AuthKey:
+		secret, ok := bearer(c.R)
+		if !ok {
+			return nil, apierr.Unauthorized("Missing, malformed, or revoked key.")
+		}
+		p, err := s.Auth.Authenticate(ctx, secret)
+		if err != nil {
+			return nil, err
+		}
+		if err := p.Require(c.Route.Scopes...); err != nil {
+			return nil, err
+		}
+		c.Principal = p
+	case AuthCron:
+		secret, ok := bearer(c.R)
+		want := s.Config.CronSecret
+		if !ok || want == "" || subtle.ConstantTimeCompare([]byte(secret), []byte(want)) != 1 {
+			return nil, apierr.Unauthorized("The cron route needs Authorization: Bearer $CRON_SECRET.")
+		}
+	}
+	return c.Route.Handle(ctx, c)
+}
+
+func bearer(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	scheme, token, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
+}
+
+func internalError(reqID string) *apierr.Error {
+	return apierr.Internal(nil).WithDetail("request_id", reqID)
+}
+
+// fail writes err as the envelope. Anything that is not an *apierr.Error is
+// logged (message only: driver errors do not carry parameter values) and
+// answered as a bare internal_error.
+func (s *Server) fail(w http.ResponseWriter, reqID string, route *Route, err error) {
+	if e, ok := apierr.As(err); ok && e.Code != apierr.CodeInternal && e.Code != apierr.CodeDatabaseUnavailable {
+		writeError(w, e)
+		return
+	}
+	if db.IsUnavailable(err) || apierr.HasCode(err, apierr.CodeDatabaseUnavailable) {
+		s.Logger.Warn("database unavailable", "request_id", reqID, "route", route.Name, "err", err.Error())
+		writeError(w, apierr.DatabaseUnavailable(err).WithDetail("request_id", reqID))
+		return
+	}
+	if errors.Is(err, context.Canceled) {
+		// The client went away; nothing useful can be written.
+		writeError(w, apierr.New(499, "client_closed_request", "The client closed the request."))
+		return
+	}
+	s.Logger.Error("internal error", "request_id", reqID, "route", route.Name, "err", err.Error())
+	writeError(w, internalError(reqID))
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}

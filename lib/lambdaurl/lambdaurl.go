@@ -1,0 +1,84 @@
+// Package lambdaurl serves an http.Handler behind an AWS Lambda Function URL
+// in buffered mode. aws-lambda-go's own lambdaurl package only supports the
+// streaming invoke mode, so this small adapter converts the Function URL
+// event into a request and the recorded response back into the event reply.
+package lambdaurl
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/aws/aws-lambda-go/events"
+)
+
+// Handler returns a Lambda handler function serving h.
+func Handler(h http.Handler) func(context.Context, events.LambdaFunctionURLRequest) (events.LambdaFunctionURLResponse, error) {
+	return func(ctx context.Context, ev events.LambdaFunctionURLRequest) (events.LambdaFunctionURLResponse, error) {
+		req, err := toRequest(ctx, ev)
+		if err != nil {
+			return events.LambdaFunctionURLResponse{StatusCode: http.StatusBadRequest,
+				Headers: map[string]string{"Content-Type": "application/json"},
+				Body:    `{"error":{"code":"invalid_request","message":"Malformed request event.","detail":{}}}`}, nil
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return toResponse(rec), nil
+	}
+}
+
+func toRequest(ctx context.Context, ev events.LambdaFunctionURLRequest) (*http.Request, error) {
+	body := []byte(ev.Body)
+	if ev.IsBase64Encoded {
+		b, err := base64.StdEncoding.DecodeString(ev.Body)
+		if err != nil {
+			return nil, fmt.Errorf("decode body: %w", err)
+		}
+		body = b
+	}
+	url := ev.RawPath
+	if url == "" {
+		url = "/"
+	}
+	if ev.RawQueryString != "" {
+		url += "?" + ev.RawQueryString
+	}
+	req, err := http.NewRequestWithContext(ctx, ev.RequestContext.HTTP.Method, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range ev.Headers {
+		req.Header.Set(k, v)
+	}
+	if len(ev.Cookies) > 0 {
+		req.Header.Set("Cookie", strings.Join(ev.Cookies, "; "))
+	}
+	req.RemoteAddr = ev.RequestContext.HTTP.SourceIP
+	req.Host = ev.RequestContext.DomainName
+	req.ContentLength = int64(len(body))
+	return req, nil
+}
+
+func toResponse(rec *httptest.ResponseRecorder) events.LambdaFunctionURLResponse {
+	res := events.LambdaFunctionURLResponse{StatusCode: rec.Code, Headers: map[string]string{}}
+	for k, vs := range rec.Header() {
+		if strings.EqualFold(k, "Set-Cookie") {
+			res.Cookies = append(res.Cookies, vs...)
+			continue
+		}
+		res.Headers[k] = strings.Join(vs, ", ")
+	}
+	b := rec.Body.Bytes()
+	if utf8.Valid(b) {
+		res.Body = string(b)
+	} else {
+		res.Body = base64.StdEncoding.EncodeToString(b)
+		res.IsBase64Encoded = true
+	}
+	return res
+}

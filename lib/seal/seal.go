@@ -1,0 +1,114 @@
+// Package seal encrypts payloads, inputs, outputs and results at rest with
+// AES-256-GCM. Each ciphertext names the key that sealed it, so keys can be
+// rotated: the current key seals, every configured key opens.
+//
+// Format: 1 version byte (1) | 4-byte key id | 12-byte nonce | ciphertext+tag.
+// The key id is the first 4 bytes of SHA-256 over the key. Callers pass
+// associated data (for example the row id and column) so a ciphertext copied
+// into another row fails to open instead of disclosing the wrong record.
+package seal
+
+import (
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+)
+
+const version = 1
+
+// ErrUnknownKey means the ciphertext was sealed with a key that is no longer
+// configured (see the rotation procedure in README.md).
+var ErrUnknownKey = errors.New("seal: ciphertext sealed with a key that is not configured")
+
+// Sealer seals with the current key and opens with any configured key.
+type Sealer struct {
+	current [4]byte
+	aeads   map[[4]byte]cipher.AEAD
+}
+
+// New builds a Sealer. current seals; older keys only open.
+func New(current []byte, older ...[]byte) (*Sealer, error) {
+	s := &Sealer{aeads: map[[4]byte]cipher.AEAD{}}
+	add := func(k []byte) ([4]byte, error) {
+		if len(k) != 32 {
+			return [4]byte{}, fmt.Errorf("seal: key must be 32 bytes, got %d", len(k))
+		}
+		block, err := aes.NewCipher(k)
+		if err != nil {
+			return [4]byte{}, fmt.Errorf("seal: %w", err)
+		}
+		aead, err := cipher.NewGCM(block)
+		if err != nil {
+			return [4]byte{}, fmt.Errorf("seal: %w", err)
+		}
+		id := KeyID(k)
+		s.aeads[id] = aead
+		return id, nil
+	}
+	id, err := add(current)
+	if err != nil {
+		return nil, err
+	}
+	s.current = id
+	for _, k := range older {
+		if _, err := add(k); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// KeyID identifies a key without revealing it.
+func KeyID(key []byte) [4]byte {
+	sum := sha256.Sum256(key)
+	return [4]byte(sum[:4])
+}
+
+// Seal encrypts plaintext bound to aad. A nil plaintext seals to nil, so
+// optional columns stay NULL.
+func (s *Sealer) Seal(plaintext, aad []byte) []byte {
+	if plaintext == nil {
+		return nil
+	}
+	aead := s.aeads[s.current]
+	out := make([]byte, 5+aead.NonceSize(), 5+aead.NonceSize()+len(plaintext)+aead.Overhead())
+	out[0] = version
+	copy(out[1:5], s.current[:])
+	if _, err := rand.Read(out[5:]); err != nil {
+		panic("seal: crypto/rand failed: " + err.Error())
+	}
+	return aead.Seal(out, out[5:5+aead.NonceSize()], plaintext, aad)
+}
+
+// Open decrypts a value sealed by Seal with the same aad. A nil ciphertext
+// opens to nil.
+func (s *Sealer) Open(ciphertext, aad []byte) ([]byte, error) {
+	if ciphertext == nil {
+		return nil, nil
+	}
+	if len(ciphertext) < 5 || ciphertext[0] != version {
+		return nil, errors.New("seal: malformed ciphertext")
+	}
+	aead, ok := s.aeads[[4]byte(ciphertext[1:5])]
+	if !ok {
+		return nil, ErrUnknownKey
+	}
+	ns := aead.NonceSize()
+	if len(ciphertext) < 5+ns+aead.Overhead() {
+		return nil, errors.New("seal: malformed ciphertext")
+	}
+	pt, err := aead.Open(nil, ciphertext[5:5+ns], ciphertext[5+ns:], aad)
+	if err != nil {
+		return nil, errors.New("seal: ciphertext failed authentication")
+	}
+	return pt, nil
+}
+
+// IsCurrent reports whether ciphertext was sealed with the current key; the
+// rotation command re-seals the rest.
+func (s *Sealer) IsCurrent(ciphertext []byte) bool {
+	return len(ciphertext) >= 5 && [4]byte(ciphertext[1:5]) == s.current
+}

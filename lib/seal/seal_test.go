@@ -1,0 +1,66 @@
+package seal
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func key(b byte) []byte { return bytes.Repeat([]byte{b}, 32) }
+
+func TestSealOpenRoundTrip(t *testing.T) {
+	t.Parallel()
+	s, err := New(key(1))
+	require.NoError(t, err)
+	ct := s.Seal([]byte(`{"card":"4242"}`), []byte("eff_1/result"))
+	require.NotContains(t, string(ct), "4242")
+	pt, err := s.Open(ct, []byte("eff_1/result"))
+	require.NoError(t, err)
+	require.Equal(t, `{"card":"4242"}`, string(pt))
+}
+
+func TestOpenRejectsOtherAssociatedData(t *testing.T) {
+	t.Parallel()
+	s, err := New(key(1))
+	require.NoError(t, err)
+	ct := s.Seal([]byte("x"), []byte("eff_1/result"))
+	_, err = s.Open(ct, []byte("eff_2/result"))
+	require.Error(t, err)
+}
+
+func TestRotationOpensOldAndSealsNew(t *testing.T) {
+	t.Parallel()
+	old, err := New(key(1))
+	require.NoError(t, err)
+	ct := old.Seal([]byte("secret"), nil)
+
+	rotated, err := New(key(2), key(1))
+	require.NoError(t, err)
+	pt, err := rotated.Open(ct, nil)
+	require.NoError(t, err)
+	require.Equal(t, "secret", string(pt))
+	require.False(t, rotated.IsCurrent(ct))
+	require.True(t, rotated.IsCurrent(rotated.Seal([]byte("n"), nil)))
+
+	withoutOld, err := New(key(2))
+	require.NoError(t, err)
+	_, err = withoutOld.Open(ct, nil)
+	require.ErrorIs(t, err, ErrUnknownKey)
+}
+
+func TestNilStaysNil(t *testing.T) {
+	t.Parallel()
+	s, err := New(key(1))
+	require.NoError(t, err)
+	require.Nil(t, s.Seal(nil, nil))
+	pt, err := s.Open(nil, nil)
+	require.NoError(t, err)
+	require.Nil(t, pt)
+}
+
+func TestNewRejectsShortKey(t *testing.T) {
+	t.Parallel()
+	_, err := New([]byte("short"))
+	require.Error(t, err)
+}

@@ -1,0 +1,92 @@
+// Package sweep runs the periodic backstop pass: every transition the API
+// makes inline when a request can decide it (lapsed leases, due retries,
+// dependency releases, run completion, breaker cooldowns, reminders, webhook
+// deliveries, retention) is also made here, boundedly, for the cases no
+// request touched. Each task must be idempotent and safe to run concurrently
+// with itself (row locks with SKIP LOCKED, conditional updates), because
+// Vercel cron, the Lambda schedule and the local ticker may overlap.
+package sweep
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Task is one bounded unit of the pass. It returns how many rows it changed.
+type Task struct {
+	Name string
+	Run  func(ctx context.Context, now time.Time) (int, error)
+}
+
+// Result reports one pass.
+type Result struct {
+	Changed map[string]int    `json:"changed"`
+	Errors  map[string]string `json:"errors"`
+	Ms      int64             `json:"ms"`
+}
+
+// Sweeper runs its tasks in order.
+type Sweeper struct {
+	tasks  []Task
+	now    func() time.Time
+	logger *slog.Logger
+}
+
+// New returns a sweeper over tasks.
+func New(now func() time.Time, logger *slog.Logger, tasks ...Task) *Sweeper {
+	return &Sweeper{tasks: tasks, now: now, logger: logger}
+}
+
+// Add appends tasks.
+func (s *Sweeper) Add(tasks ...Task) { s.tasks = append(s.tasks, tasks...) }
+
+// Tasks lists the task names.
+func (s *Sweeper) Tasks() []string {
+	out := make([]string, len(s.tasks))
+	for i, t := range s.tasks {
+		out[i] = t.Name
+	}
+	return out
+}
+
+// RunOnce runs every task once. One failing task does not stop the others;
+// the failure is reported (task name and error text, no data) and the next
+// pass retries it.
+func (s *Sweeper) RunOnce(ctx context.Context) Result {
+	start := s.now()
+	res := Result{Changed: map[string]int{}, Errors: map[string]string{}}
+	for _, t := range s.tasks {
+		n, err := t.Run(ctx, s.now())
+		res.Changed[t.Name] = n
+		if err != nil {
+			res.Errors[t.Name] = "failed"
+			s.logger.Error("sweep task failed", "task", t.Name, "err", err.Error())
+		}
+	}
+	res.Ms = s.now().Sub(start).Milliseconds()
+	return res
+}
+
+// Loop runs a pass every interval until ctx ends.
+func (s *Sweeper) Loop(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.RunOnce(ctx)
+		}
+	}
+}
+
+// Error is returned when a pass had failures.
+func (r Result) Error() error {
+	if len(r.Errors) == 0 {
+		return nil
+	}
+	return fmt.Errorf("sweep: %d task(s) failed", len(r.Errors))
+}

@@ -1,0 +1,231 @@
+package testpg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// uniqueName returns a database name that does not collide with other tests
+// or test processes sharing the same server (DATABASE_URL). It contains a
+// quote, a space and upper case letters to exercise identifier quoting and
+// URL escaping.
+func uniqueName(prefix string) string {
+	return fmt.Sprintf(`%s "Q" %d_%d`, prefix, os.Getpid(), rand.Uint32())
+}
+
+// queryOne runs a single-value query against connString.
+func queryOne[T any](t *testing.T, ctx context.Context, connString, sql string) T {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, connString)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var v T
+	require.NoError(t, conn.QueryRow(ctx, sql).Scan(&v))
+	return v
+}
+
+func databaseExists(t *testing.T, ctx context.Context, adminURL, name string) bool {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, adminURL)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var exists bool
+	require.NoError(t, conn.QueryRow(ctx, "select exists(select 1 from pg_database where datname = $1)", name).Scan(&exists))
+	return exists
+}
+
+// exerciseCluster creates a database, uses it and drops it again, including
+// while a session is still connected (DROP ... WITH (FORCE)).
+func exerciseCluster(t *testing.T, ctx context.Context, adminURL string) {
+	t.Helper()
+	name := uniqueName("testpg")
+	dbURL, err := CreateDatabase(ctx, adminURL, name)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = DropDatabase(context.Background(), adminURL, name) })
+
+	require.Equal(t, 1, queryOne[int](t, ctx, dbURL, "select 1"))
+	require.Equal(t, name, queryOne[string](t, ctx, dbURL, "select current_database()"))
+
+	held, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer held.Close(context.Background())
+
+	require.NoError(t, DropDatabase(ctx, adminURL, name))
+	require.False(t, databaseExists(t, ctx, adminURL, name))
+	require.NoError(t, DropDatabase(ctx, adminURL, name), "dropping a missing database is not an error")
+}
+
+func TestProvision(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	c, err := Provision(ctx, Options{Logf: t.Logf})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	if os.Getenv("DATABASE_URL") != "" {
+		require.Equal(t, "env", c.source)
+		require.Equal(t, os.Getenv("DATABASE_URL"), c.URL)
+	}
+	exerciseCluster(t, ctx, c.URL)
+}
+
+func TestCreateDatabaseRejectsBadNames(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"", "x\x00y", strings.Repeat("a", 64)} {
+		_, err := CreateDatabase(context.Background(), "postgres://127.0.0.1:1/x", name)
+		require.Error(t, err, "name %q", name)
+	}
+}
+
+func TestWithDatabase(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ in, name, want string }{
+		{"postgres://u:p@h:5432/postgres?sslmode=disable", "app_test", "postgres://u:p@h:5432/app_test?sslmode=disable"},
+		{"postgresql://h/db?dbname=other&sslmode=disable", "n", "postgresql://h/n?sslmode=disable"},
+		{"postgres://h/postgres", `a "b"/c`, "postgres://h/a%20%22b%22%2Fc"},
+		{"host=h user=u dbname=postgres", "it's", `host=h user=u dbname=postgres dbname='it\'s'`},
+	}
+	for _, tt := range tests {
+		got, err := withDatabase(tt.in, tt.name)
+		require.NoError(t, err)
+		require.Equal(t, tt.want, got)
+		cfg, err := pgx.ParseConfig(got)
+		require.NoError(t, err)
+		require.Equal(t, tt.name, cfg.Database, "pgx must see the new database in %q", got)
+	}
+}
+
+// requireBinaries skips the local-binaries tests on machines without a
+// PostgreSQL server installation; every other test still runs there through
+// DATABASE_URL or Docker.
+func requireBinaries(t *testing.T) {
+	t.Helper()
+	if _, err := findBinaries(0); errors.Is(err, errNoBinaries) {
+		t.Skipf("local-binaries path not testable: %v", err)
+	}
+}
+
+// TestProvisionLocal forces the local-binaries path even when DATABASE_URL
+// is set.
+func TestProvisionLocal(t *testing.T) {
+	t.Parallel()
+	requireBinaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	c, err := provisionLocal(ctx, Options{Logf: t.Logf})
+	require.NoError(t, err)
+	defer c.Close()
+	require.Equal(t, "local", c.source)
+	require.NotEmpty(t, c.tmpDir)
+
+	require.Equal(t, "off", queryOne[string](t, ctx, c.URL, "show fsync"))
+	require.Equal(t, "200", queryOne[string](t, ctx, c.URL, "show max_connections"))
+	require.Equal(t, "127.0.0.1", queryOne[string](t, ctx, c.URL, "show listen_addresses"))
+	require.True(t, queryOne[bool](t, ctx, c.URL, "select rolsuper from pg_roles where rolname = current_user"))
+	exerciseCluster(t, ctx, c.URL)
+
+	require.NoError(t, c.Close())
+	require.NoError(t, c.Close(), "Close is idempotent")
+	_, err = os.Stat(c.tmpDir)
+	require.ErrorIs(t, err, os.ErrNotExist, "temporary directory must be removed")
+	_, err = pgx.Connect(ctx, c.URL)
+	require.Error(t, err, "server must be stopped")
+}
+
+// TestProvisionLocalConcurrent starts several clusters at once, as parallel
+// test packages do; they must not collide on ports or directories.
+func TestProvisionLocalConcurrent(t *testing.T) {
+	t.Parallel()
+	requireBinaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	const n = 4
+	clusters := make([]*Cluster, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			clusters[i], errs[i] = provisionLocal(ctx, Options{})
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		if clusters[i] != nil {
+			defer clusters[i].Close()
+		}
+	}
+	seen := map[string]bool{}
+	for i := range n {
+		require.NoError(t, errs[i])
+		require.False(t, seen[clusters[i].URL], "duplicate URL %s", clusters[i].URL)
+		seen[clusters[i].URL] = true
+		require.Equal(t, clusters[i].dataDir, queryOne[string](t, ctx, clusters[i].URL, "show data_directory"))
+	}
+	for i := range n {
+		require.NoError(t, clusters[i].Close())
+	}
+}
+
+// TestProvisionLocalPersistent checks the DataDir mode used by scripts/dev:
+// data survives a restart and durability settings stay at their defaults.
+func TestProvisionLocalPersistent(t *testing.T) {
+	t.Parallel()
+	requireBinaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	// Not t.TempDir(): that is a 0700 directory owned by us, which the
+	// postgres user cannot enter when the tests run as root.
+	parent, err := os.MkdirTemp("", "testpg-persist-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(parent) })
+	require.NoError(t, os.Chmod(parent, 0o755))
+	dataDir := filepath.Join(parent, "pg")
+
+	c, err := provisionLocal(ctx, Options{DataDir: dataDir, Logf: t.Logf})
+	require.NoError(t, err)
+	defer c.Close()
+	require.Equal(t, "on", queryOne[string](t, ctx, c.URL, "show fsync"))
+	conn, err := pgx.Connect(ctx, c.URL)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "create table kept (v text); insert into kept values ('hello')")
+	require.NoError(t, err)
+	require.NoError(t, conn.Close(ctx))
+	require.NoError(t, c.Close())
+	_, err = os.Stat(filepath.Join(dataDir, "PG_VERSION"))
+	require.NoError(t, err, "data directory must be kept")
+
+	c2, err := provisionLocal(ctx, Options{DataDir: dataDir, Logf: t.Logf})
+	require.NoError(t, err)
+	defer c2.Close()
+	require.Equal(t, "hello", queryOne[string](t, ctx, c2.URL, "select v from kept"))
+	require.NoError(t, c2.Close())
+}
+
+// TestProvisionLocalCancelled makes sure a cancelled start leaves nothing
+// behind.
+func TestProvisionLocalCancelled(t *testing.T) {
+	t.Parallel()
+	requireBinaries(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c, err := provisionLocal(ctx, Options{})
+	require.Error(t, err)
+	require.Nil(t, c)
+}
