@@ -44,8 +44,8 @@ type Config struct {
 	// DBQueryExecMode: exec (default; one round trip, no server-side prepared
 	// statements, safe behind PgBouncer/Neon/Supabase transaction poolers),
 	// simple_protocol, or cache_statement (fastest on a direct connection).
-	DBQueryExecMode   string        `envconfig:"DB_QUERY_EXEC_MODE" default:"exec"`
-	DBConnectTimeout  time.Duration `envconfig:"DB_CONNECT_TIMEOUT" default:"5s"`
+	DBQueryExecMode    string        `envconfig:"DB_QUERY_EXEC_MODE" default:"exec"`
+	DBConnectTimeout   time.Duration `envconfig:"DB_CONNECT_TIMEOUT" default:"5s"`
 	DBStatementTimeout time.Duration `envconfig:"DB_STATEMENT_TIMEOUT" default:"10s"`
 
 	// KeyCacheTTL bounds how long a revoked key may still be accepted by an

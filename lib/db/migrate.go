@@ -21,8 +21,8 @@ type Migration struct {
 var migrationName = regexp.MustCompile(`^(\d{4})_([a-z0-9_]+)\.sql$`)
 
 // LoadMigrations reads NNNN_name.sql files from fsys in version order and
-// rejects gaps or duplicates, which would otherwise apply out of order on
-// some instance.
+// rejects duplicate versions, which would otherwise apply in a different
+// order on different instances.
 func LoadMigrations(fsys fs.FS) ([]Migration, error) {
 	entries, err := fs.ReadDir(fsys, ".")
 	if err != nil {
@@ -42,9 +42,9 @@ func LoadMigrations(fsys fs.FS) ([]Migration, error) {
 		out = append(out, Migration{Version: v, Name: m[2], SQL: string(body)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
-	for i, m := range out {
-		if m.Version != i+1 {
-			return nil, fmt.Errorf("migrations: expected version %04d, found %04d_%s", i+1, m.Version, m.Name)
+	for i := 1; i < len(out); i++ {
+		if out[i].Version == out[i-1].Version {
+			return nil, fmt.Errorf("migrations: version %04d is used by both %s and %s", out[i].Version, out[i-1].Name, out[i].Name)
 		}
 	}
 	return out, nil
