@@ -94,6 +94,13 @@ func asParseError(err error, target **envconfig.ParseError) bool {
 
 // Validate checks values envconfig cannot.
 func (c *Config) Validate() error {
+	// A variable set to the empty string counts as not set.
+	for _, s := range [][2]string{{"DATABASE_URL", c.DatabaseURL},
+		{"RESULT_ENCRYPTION_KEY", c.ResultEncryptionKey}, {"KEY_HASH_SECRET", c.KeyHashSecret}} {
+		if strings.TrimSpace(s[1]) == "" {
+			return fmt.Errorf("config: %s is required but not set", s[0])
+		}
+	}
 	u, err := url.Parse(c.DatabaseURL)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		return fmt.Errorf("config: DATABASE_URL is malformed (want postgres://user@host:port/db)")
@@ -126,8 +133,8 @@ func (c *Config) Validate() error {
 	if c.DBMaxConns < 1 {
 		return fmt.Errorf("config: DB_MAX_CONNS is malformed (at least 1)")
 	}
-	if c.Port < 1 || c.Port > 65535 {
-		return fmt.Errorf("config: PORT is malformed (1-65535)")
+	if c.Port < 0 || c.Port > 65535 {
+		return fmt.Errorf("config: PORT is malformed (0-65535; 0 picks a free port)")
 	}
 	return nil
 }

@@ -51,7 +51,10 @@ type group struct {
 }
 
 // New builds the server and its router from the route table.
-func New(d Deps) *Server {
+func New(d Deps) *Server { return newWithRoutes(d, (*Server).routes) }
+
+// newWithRoutes builds a server over another table (tests add failing routes).
+func newWithRoutes(d Deps, table func(*Server) []Route) *Server {
 	if d.Logger == nil {
 		d.Logger = slog.Default()
 	}
@@ -59,8 +62,7 @@ func New(d Deps) *Server {
 		d.Now = time.Now
 	}
 	s := &Server{Deps: d, mux: http.NewServeMux(), groups: map[string]*group{}}
-	for _, r := range s.routes() {
-		r := r
+	for _, r := range table(s) {
 		g, ok := s.groups[r.Pattern]
 		if !ok {
 			g = &group{pattern: r.Pattern, params: r.PathParams(), routes: map[string]*Route{}}
