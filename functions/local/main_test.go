@@ -75,6 +75,8 @@ func TestLocalServerServesEveryDoor(t *testing.T) {
 
 func TestLocalServerRefusesBadConfig(t *testing.T) {
 	t.Setenv("DATABASE_URL", "")
+	t.Setenv("RESULT_ENCRYPTION_KEY", base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 32)))
+	t.Setenv("KEY_HASH_SECRET", "local-test-secret-0123456789")
 	err := run(context.Background(), io.Discard, nil)
 	require.ErrorContains(t, err, "DATABASE_URL is required")
 }
