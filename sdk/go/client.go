@@ -1,0 +1,278 @@
+package ratchet
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Version is this SDK's version, sent in the User-Agent header.
+const Version = "0.1.0"
+
+// DefaultBaseURL is the hosted service.
+const DefaultBaseURL = "https://getratchet.app"
+
+// Config configures a Client.
+type Config struct {
+	// BaseURL is the service's origin, e.g. "http://localhost:8787" for
+	// scripts/dev. A trailing "/api/v1" is accepted. Empty means
+	// DefaultBaseURL.
+	BaseURL string
+	// APIKey is the bearer secret. Read it from the environment or a secret
+	// store; never commit it. Producers use an INGEST key, workers a WORKER
+	// key listing their exact name@version pairs, agents an AGENT key.
+	APIKey string
+	// HTTPClient sends the requests. Nil means a client with a 60 second
+	// timeout (long enough for a claim's waitSeconds). Replace it to add
+	// proxies, tracing or test transports.
+	HTTPClient *http.Client
+	// MaxRetries bounds how often one call is repeated after a retryable
+	// failure (429, 5xx, network error, retry_request). Zero means 3;
+	// negative disables retries.
+	MaxRetries int
+	// UserAgent is prepended to the SDK's own User-Agent.
+	UserAgent string
+}
+
+// Client calls the Ratchet API. It is safe for concurrent use.
+//
+// Retries: a 429 is repeated after the server's retry_after_seconds, a 409
+// retry_request at once, and 5xx responses and network errors with capped
+// exponential backoff and jitter, but only for calls that are idempotent
+// (every effect-gate and job call is, by idempotency key or lease token;
+// StartRun and Replay are not, so they are never repeated after an
+// ambiguous failure). Every wait ends with ctx.
+type Client struct {
+	base       string
+	key        string
+	hc         *http.Client
+	maxRetries int
+	ua         string
+
+	// Test seams: how to wait and how to draw jitter.
+	sleep  func(ctx context.Context, d time.Duration) error
+	jitter func() float64
+}
+
+// NewClient returns a Client for cfg. It fails when the base URL does not
+// parse or the key is empty.
+func NewClient(cfg Config) (*Client, error) {
+	base := strings.TrimRight(cfg.BaseURL, "/")
+	if base == "" {
+		base = DefaultBaseURL
+	}
+	base = strings.TrimSuffix(base, "/api/v1")
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("ratchet: base URL %q is not an http(s) origin", cfg.BaseURL)
+	}
+	if strings.TrimSpace(cfg.APIKey) == "" {
+		return nil, errors.New("ratchet: an API key is required (read it from the environment)")
+	}
+	hc := cfg.HTTPClient
+	if hc == nil {
+		hc = &http.Client{Timeout: 60 * time.Second}
+	}
+	retries := cfg.MaxRetries
+	switch {
+	case retries == 0:
+		retries = 3
+	case retries < 0:
+		retries = 0
+	}
+	ua := "ratchet-go/" + Version
+	if cfg.UserAgent != "" {
+		ua = cfg.UserAgent + " " + ua
+	}
+	return &Client{base: base + "/api/v1", key: cfg.APIKey, hc: hc, maxRetries: retries, ua: ua,
+		sleep: sleepCtx, jitter: rand.Float64}, nil
+}
+
+// sleepCtx waits d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// idempotency says whether a call may be repeated after an ambiguous
+// failure (a 5xx or a network error), where the server may have acted.
+type idempotency bool
+
+const (
+	idempotent    idempotency = true
+	notIdempotent idempotency = false
+)
+
+// Backoff bounds for 5xx and network errors.
+const (
+	backoffBase = 500 * time.Millisecond
+	backoffCap  = 8 * time.Second
+)
+
+// do sends one API call, repeating it as the retry rules allow, and decodes
+// a 2xx body into out (when out is non-nil).
+func (c *Client) do(ctx context.Context, method, path string, in, out any, safe idempotency) error {
+	var body []byte
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("ratchet: encode request: %w", err)
+		}
+		body = b
+	}
+	for attempt := 0; ; attempt++ {
+		err := c.once(ctx, method, path, body, out)
+		if err == nil {
+			return nil
+		}
+		wait, retry := c.retryDelay(err, attempt, safe)
+		if !retry || attempt >= c.maxRetries || ctx.Err() != nil {
+			return err
+		}
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+			return err // waiting would outlive the caller; give them the real answer now
+		}
+		if c.sleep(ctx, wait) != nil {
+			return err
+		}
+	}
+}
+
+// retryDelay decides whether err (after attempt retries so far) is worth
+// repeating and after how long.
+func (c *Client) retryDelay(err error, attempt int, safe idempotency) (time.Duration, bool) {
+	var apiErr *Error
+	if errors.As(err, &apiErr) {
+		switch {
+		case apiErr.StatusCode == http.StatusTooManyRequests:
+			// The limiter refused before acting, so any call may repeat.
+			secs := apiErr.RetryAfterSeconds()
+			if secs < 1 {
+				secs = 1
+			}
+			return time.Duration(secs) * time.Second, true
+		case apiErr.Code == CodeRetryRequest:
+			return 0, true
+		case apiErr.StatusCode >= 500:
+			return c.backoff(attempt), bool(safe)
+		}
+		return 0, false
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return 0, false
+	}
+	var ne *netError
+	if errors.As(err, &ne) {
+		return c.backoff(attempt), bool(safe)
+	}
+	return 0, false
+}
+
+// backoff is capped exponential backoff with "equal jitter": half the step
+// is fixed, half random, so waits never collapse to zero.
+func (c *Client) backoff(attempt int) time.Duration {
+	d := backoffBase << min(attempt, 10)
+	if d > backoffCap {
+		d = backoffCap
+	}
+	return d/2 + time.Duration(c.jitter()*float64(d/2))
+}
+
+// netError marks a transport failure (the request may or may not have
+// reached the server).
+type netError struct{ err error }
+
+func (e *netError) Error() string { return "ratchet: " + e.err.Error() }
+func (e *netError) Unwrap() error { return e.err }
+
+// once sends a single request.
+func (c *Client) once(ctx context.Context, method, path string, body []byte, out any) error {
+	var rdr io.Reader
+	if body != nil {
+		rdr = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rdr)
+	if err != nil {
+		return fmt.Errorf("ratchet: build request: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+c.key)
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("User-Agent", c.ua)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := c.hc.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return &netError{err: err}
+	}
+	defer res.Body.Close()
+	// Bound what we read: API responses are small, and an error page from a
+	// proxy must not exhaust memory.
+	raw, err := io.ReadAll(io.LimitReader(res.Body, 32<<20))
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return &netError{err: err}
+	}
+	if res.StatusCode < 200 || res.StatusCode > 299 {
+		return decodeError(res, raw)
+	}
+	if out == nil || len(bytes.TrimSpace(raw)) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return fmt.Errorf("ratchet: decode %s %s response: %w", method, path, err)
+	}
+	return nil
+}
+
+// decodeError turns a non-2xx response into *Error.
+func decodeError(res *http.Response, raw []byte) *Error {
+	e := &Error{StatusCode: res.StatusCode, RequestID: res.Header.Get("X-Request-Id"), body: raw}
+	var env struct {
+		Error *struct {
+			Code    string         `json:"code"`
+			Message string         `json:"message"`
+			Detail  map[string]any `json:"detail"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(raw, &env) == nil && env.Error != nil {
+		e.Code, e.Message, e.Detail = env.Error.Code, env.Error.Message, env.Error.Detail
+	} else {
+		e.Message = http.StatusText(res.StatusCode)
+	}
+	if res.StatusCode == http.StatusTooManyRequests && e.RetryAfterSeconds() == 0 {
+		if s, err := strconv.Atoi(strings.TrimSpace(res.Header.Get("Retry-After"))); err == nil && s > 0 {
+			if e.Detail == nil {
+				e.Detail = map[string]any{}
+			}
+			e.Detail["retry_after_seconds"] = float64(s)
+		}
+	}
+	return e
+}
+
+// pathID escapes an id for use as one path segment.
+func pathID(id string) string { return url.PathEscape(id) }

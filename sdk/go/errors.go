@@ -1,0 +1,191 @@
+package ratchet
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Stable error codes of the API (API.md "Errors"). Branch on these, never on
+// messages.
+const (
+	CodeInvalidRequest         = "invalid_request"
+	CodeCostRequired           = "cost_required"
+	CodeDimensionRequired      = "dimension_required"
+	CodeUnauthorized           = "unauthorized"
+	CodeInsufficientCredit     = "insufficient_credit"
+	CodeQuotaExhausted         = "quota_exhausted"
+	CodeForbidden              = "forbidden"
+	CodeBudgetExceeded         = "budget_exceeded"
+	CodeCostCeilingExceeded    = "cost_ceiling_exceeded"
+	CodeRunBudgetExceeded      = "run_budget_exceeded"
+	CodeKeyBudgetExceeded      = "key_budget_exceeded"
+	CodeDimensionLimitExceeded = "dimension_limit_exceeded"
+	CodePolicyDenied           = "policy_denied"
+	CodeMaxAttemptsExceeded    = "max_attempts_exceeded"
+	CodeApprovalRejected       = "approval_rejected"
+	CodeCircuitOpen            = "circuit_open"
+	CodeNotFound               = "not_found"
+	CodeIdempotencyKeyReuse    = "idempotency_key_reuse"
+	CodeInvalidState           = "invalid_state"
+	CodeLeaseExpired           = "lease_expired"
+	CodeLeaseLost              = "lease_lost"
+	CodeRetryRequest           = "retry_request"
+	CodeGroupUnwinding         = "group_unwinding"
+	CodeVersionConflict        = "version_conflict"
+	CodePayloadTooLarge        = "payload_too_large"
+	CodeRateLimited            = "rate_limited"
+	CodeInternal               = "internal_error"
+	CodeBillingUnavailable     = "billing_unavailable"
+)
+
+// Error is a failure answered by the API: the HTTP status and the error
+// envelope's stable code, message and detail. Match it with errors.As:
+//
+//	var apiErr *ratchet.Error
+//	if errors.As(err, &apiErr) && apiErr.Code == ratchet.CodeLeaseLost { ... }
+//
+// A response that is not a Ratchet error envelope (a proxy's 502 page, say)
+// yields an Error with an empty Code and the status text as Message.
+type Error struct {
+	// StatusCode is the HTTP status of the response.
+	StatusCode int
+	// Code is the stable error code, e.g. "lease_lost".
+	Code string
+	// Message is the server's human-readable explanation.
+	Message string
+	// Detail holds structured detail such as "validation", "required" or
+	// "retry_after_seconds".
+	Detail map[string]any
+	// RequestID is the response's X-Request-Id; quote it when reporting a 500.
+	RequestID string
+
+	body []byte // the raw response, for begin's 403 decision body
+}
+
+// Error implements error.
+func (e *Error) Error() string {
+	s := "ratchet: " + strconv.Itoa(e.StatusCode)
+	if e.Code != "" {
+		s += " " + e.Code
+	}
+	if e.Message != "" {
+		s += ": " + e.Message
+	}
+	if e.RequestID != "" {
+		s += " (request " + e.RequestID + ")"
+	}
+	return s
+}
+
+// RetryAfterSeconds returns detail.retry_after_seconds when the server sent
+// it (rate_limited), and 0 otherwise.
+func (e *Error) RetryAfterSeconds() int {
+	switch v := e.Detail["retry_after_seconds"].(type) {
+	case float64:
+		return int(v)
+	case int:
+		return v
+	}
+	return 0
+}
+
+// Validation returns detail.validation as field/message pairs for an
+// invalid_request error.
+func (e *Error) Validation() []FieldError {
+	raw, _ := e.Detail["validation"].([]any)
+	out := make([]FieldError, 0, len(raw))
+	for _, item := range raw {
+		m, _ := item.(map[string]any)
+		f, _ := m["field"].(string)
+		msg, _ := m["message"].(string)
+		out = append(out, FieldError{Field: f, Message: msg})
+	}
+	return out
+}
+
+// FieldError is one entry of an invalid_request error's detail.validation.
+type FieldError struct {
+	// Field is the dotted path of the offending request field.
+	Field string
+	// Message says what is wrong with it.
+	Message string
+}
+
+// ErrorCode returns the API error code carried by err (or anything it
+// wraps), or "" when err did not come from the API.
+func ErrorCode(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}
+
+// IsCode reports whether err carries the API error code code.
+func IsCode(err error, code string) bool { return err != nil && ErrorCode(err) == code }
+
+// RetryableError is returned by a tool handler to ask for another attempt.
+// RetryAfter, when positive, is a minimum wait before that attempt; the
+// server waits the longer of it and the job's jittered policy delay. It is
+// sent as whole milliseconds, clamped to the API's range of 1 second to
+// 24 hours. Message is sent to the API (bounded and redacted), so keep it
+// free of payloads and credentials.
+type RetryableError struct {
+	Message    string
+	RetryAfter time.Duration
+}
+
+// Error implements error.
+func (e *RetryableError) Error() string { return "retryable: " + e.Message }
+
+// NonRetryableError is returned by a tool handler to fail the job for good:
+// it is exhausted at once, whatever attempts remain. Message is sent to the
+// API (bounded and redacted).
+type NonRetryableError struct {
+	Message string
+}
+
+// Error implements error.
+func (e *NonRetryableError) Error() string { return "non-retryable: " + e.Message }
+
+// Retryable returns a *RetryableError with the given message and minimum
+// delay (0 for the policy's own delay).
+func Retryable(message string, retryAfter time.Duration) error {
+	return &RetryableError{Message: message, RetryAfter: retryAfter}
+}
+
+// NonRetryable returns a *NonRetryableError with the given message.
+func NonRetryable(message string) error { return &NonRetryableError{Message: message} }
+
+// Sentinel causes a handler's context is cancelled with; read them with
+// context.Cause(ctx).
+var (
+	// ErrTimeout: the job's timeoutMs elapsed. The attempt is reported as a
+	// retryable failure unless the handler returned an explicit SDK error.
+	ErrTimeout = errors.New("ratchet: job timed out")
+	// ErrCancelRequested: the server asked for the job to be cancelled
+	// (heartbeat cancelRequested). The attempt is reported non-retryable.
+	ErrCancelRequested = errors.New("ratchet: job cancellation requested")
+	// ErrLeaseLost: the server no longer recognises this worker's lease
+	// (another worker reclaimed the job, or it ended). Nothing is reported.
+	ErrLeaseLost = errors.New("ratchet: job lease lost")
+	// ErrWorkerStopped: the worker stopped before the handler finished. The
+	// attempt is reported as a retryable failure.
+	ErrWorkerStopped = errors.New("ratchet: worker stopped")
+)
+
+// PanicError is passed to a worker's OnError when a handler or classifier
+// panics. It stays in the process: only a fixed message reaches the API.
+type PanicError struct {
+	// Where names what panicked ("handler send_welcome_email@1").
+	Where string
+	// Value is the recovered value.
+	Value any
+	// Stack is the goroutine's stack at the panic.
+	Stack []byte
+}
+
+// Error implements error.
+func (e *PanicError) Error() string { return fmt.Sprintf("ratchet: %s panicked: %v", e.Where, e.Value) }

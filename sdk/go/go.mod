@@ -1,0 +1,3 @@
+module github.com/getratchet/ratchet/sdk/go
+
+go 1.22

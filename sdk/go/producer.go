@@ -1,0 +1,261 @@
+package ratchet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// Run statuses.
+const (
+	RunRunning   = "RUNNING"
+	RunSucceeded = "SUCCEEDED"
+	RunFailed    = "FAILED"
+)
+
+// Job (and step) statuses.
+const (
+	JobWaiting        = "WAITING"
+	JobQueued         = "QUEUED"
+	JobRunning        = "RUNNING"
+	JobRetryScheduled = "RETRY_SCHEDULED"
+	JobSucceeded      = "SUCCEEDED"
+	JobExhausted      = "EXHAUSTED"
+	JobCancelled      = "CANCELLED"
+	JobSkipped        = "SKIPPED"
+)
+
+// Run is a durable run with its steps (GET /api/v1/runs/{id}).
+type Run struct {
+	ID                  string     `json:"id"`
+	Name                string     `json:"name"`
+	Status              string     `json:"status"`
+	CompletionRequested bool       `json:"completionRequested"`
+	CreatedAt           time.Time  `json:"createdAt"`
+	FinishedAt          *time.Time `json:"finishedAt"`
+	Steps               []Step     `json:"steps"`
+}
+
+// Step is one step of a run. Its Status equals DurableJob.Status.
+type Step struct {
+	ID             string     `json:"id"`
+	Name           string     `json:"name"`
+	Version        string     `json:"version"`
+	Endpoint       string     `json:"endpoint"`
+	Status         string     `json:"status"`
+	IdempotencyKey string     `json:"idempotencyKey"`
+	AfterStepID    *string    `json:"afterStepId"`
+	AfterStatus    *string    `json:"afterStatus"`
+	DurableJob     DurableJob `json:"durableJob"`
+}
+
+// DurableJob is the job behind a step.
+type DurableJob struct {
+	ID          string      `json:"id"`
+	Status      string      `json:"status"`
+	Attempt     int         `json:"attempt"`
+	MaxAttempts int         `json:"maxAttempts"`
+	DueAt       *time.Time  `json:"dueAt"`
+	Policy      RetryPolicy `json:"policy"`
+}
+
+// RetryPolicy is a job's snapshot of its retry schedule.
+type RetryPolicy struct {
+	Preset         string  `json:"preset"`
+	MaxAttempts    int     `json:"maxAttempts"`
+	InitialDelayMs int64   `json:"initialDelayMs"`
+	Multiplier     float64 `json:"multiplier"`
+	MaxDelayMs     int64   `json:"maxDelayMs"`
+	JitterPercent  float64 `json:"jitterPercent"`
+	TimeoutMs      int64   `json:"timeoutMs"`
+}
+
+// StartRun creates a run (POST /api/v1/runs). It is not repeated after an
+// ambiguous failure, since a repeat would create a second run.
+func (c *Client) StartRun(ctx context.Context, name string) (*Run, error) {
+	var run Run
+	err := c.do(ctx, "POST", "/runs", map[string]string{"name": name}, &run, notIdempotent)
+	if err != nil {
+		return nil, err
+	}
+	return &run, nil
+}
+
+// GetRun reads a run with its steps.
+func (c *Client) GetRun(ctx context.Context, runID string) (*Run, error) {
+	var run Run
+	if err := c.do(ctx, "GET", "/runs/"+pathID(runID), nil, &run, idempotent); err != nil {
+		return nil, err
+	}
+	return &run, nil
+}
+
+// FinishRun requests completion of a run: it becomes SUCCEEDED once every
+// step ended well, FAILED when any step is EXHAUSTED or CANCELLED. New steps
+// are refused afterwards (409 invalid_state). It returns the run as the
+// server answers it.
+func (c *Client) FinishRun(ctx context.Context, runID string) (*Run, error) {
+	var run Run
+	if err := c.do(ctx, "POST", "/runs/"+pathID(runID)+"/finish", struct{}{}, &run, idempotent); err != nil {
+		return nil, err
+	}
+	return &run, nil
+}
+
+// Dependency outcomes for EnqueueOptions.AfterStatus.
+const (
+	AfterSucceeded = "SUCCEEDED"
+	AfterFailed    = "FAILED"
+)
+
+// EnqueueOptions are a step's options (API.md §3). Name and Version are
+// required; zero values of the others are omitted so the server's defaults
+// apply.
+type EnqueueOptions struct {
+	// Name and Version select the exact handler (name@version) that runs it.
+	Name    string
+	Version string
+	// Endpoint is the endpoint (service) name whose policy and gates apply;
+	// empty means the tool name.
+	Endpoint string
+	// IdempotencyKey identifies the operation. Empty lets the server derive
+	// one from the run, name, version, contract version, endpoint,
+	// dependency and canonical input, so an identical enqueue deduplicates.
+	// Use an explicit key when producers in different languages must agree.
+	IdempotencyKey string
+	// Timeout bounds one attempt; sent as whole milliseconds.
+	Timeout time.Duration
+	// MaxAttempts (1–10) overrides only the policy's attempt count.
+	MaxAttempts int
+	// ContractVersion pins a published tool contract (from 1).
+	ContractVersion int
+	// AfterStepID makes the step wait for another step of the run, and
+	// AfterStatus says which ending releases it (AfterSucceeded or
+	// AfterFailed); the other ending skips it.
+	AfterStepID string
+	AfterStatus string
+}
+
+// EnqueueResult is the answer to an enqueue. Deduplicated is true when the
+// same key and operation already existed (nothing new was created).
+type EnqueueResult struct {
+	StepID         string     `json:"stepId"`
+	JobID          string     `json:"jobId"`
+	IdempotencyKey string     `json:"idempotencyKey"`
+	Status         string     `json:"status"`
+	DueAt          *time.Time `json:"dueAt"`
+	Deduplicated   bool       `json:"deduplicated"`
+}
+
+type enqueueRequest struct {
+	Name            string          `json:"name"`
+	Version         string          `json:"version"`
+	Input           json.RawMessage `json:"input"`
+	Endpoint        string          `json:"endpoint,omitempty"`
+	IdempotencyKey  string          `json:"idempotencyKey,omitempty"`
+	TimeoutMs       int64           `json:"timeoutMs,omitempty"`
+	MaxAttempts     int             `json:"maxAttempts,omitempty"`
+	ContractVersion int             `json:"contractVersion,omitempty"`
+	AfterStepID     string          `json:"afterStepId,omitempty"`
+	AfterStatus     string          `json:"afterStatus,omitempty"`
+}
+
+// Enqueue adds a step to a run (POST /api/v1/runs/{id}/steps). input is
+// marshalled to JSON. Enqueue is idempotent (by explicit or server-derived
+// key), so it is retried after ambiguous failures.
+func (c *Client) Enqueue(ctx context.Context, runID string, input any, opts EnqueueOptions) (*EnqueueResult, error) {
+	if opts.Name == "" || opts.Version == "" {
+		return nil, errors.New("ratchet: enqueue needs a tool name and version")
+	}
+	raw, err := json.Marshal(input)
+	if err != nil {
+		return nil, err
+	}
+	req := enqueueRequest{Name: opts.Name, Version: opts.Version, Input: raw, Endpoint: opts.Endpoint,
+		IdempotencyKey: opts.IdempotencyKey, MaxAttempts: opts.MaxAttempts,
+		ContractVersion: opts.ContractVersion, AfterStepID: opts.AfterStepID, AfterStatus: opts.AfterStatus}
+	if opts.Timeout > 0 {
+		req.TimeoutMs = max(1, opts.Timeout.Milliseconds())
+	}
+	var out EnqueueResult
+	if err := c.do(ctx, "POST", "/runs/"+pathID(runID)+"/steps", req, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// CancelStep cancels a step's job (POST /api/v1/steps/{id}/cancel). A
+// running handler learns of it at its next heartbeat. It returns the step as
+// the server answers it.
+func (c *Client) CancelStep(ctx context.Context, stepID string) (*Step, error) {
+	var out Step
+	if err := c.do(ctx, "POST", "/steps/"+pathID(stepID)+"/cancel", struct{}{}, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ReplayPreview says whether a step can be replayed and to which contract
+// versions it could be upgraded.
+type ReplayPreview struct {
+	Eligible bool `json:"eligible"`
+	// HandlerVersion is the step's current handler version: pass it as
+	// ReplayOptions.ExpectedHandlerVersion for an upgrade.
+	HandlerVersion string          `json:"handlerVersion"`
+	Upgrades       []ReplayUpgrade `json:"upgrades"`
+}
+
+// ReplayUpgrade is one contract a replay could move to. Compatible means the
+// saved input validates against its input schema.
+type ReplayUpgrade struct {
+	ContractVersion int    `json:"contractVersion"`
+	HandlerVersion  string `json:"handlerVersion"`
+	Compatible      bool   `json:"compatible"`
+	Forbidden       bool   `json:"forbidden"`
+}
+
+// ReplayPreview reads GET /api/v1/steps/{id}/replay (scope steps:replay).
+func (c *Client) ReplayPreview(ctx context.Context, stepID string) (*ReplayPreview, error) {
+	var out ReplayPreview
+	if err := c.do(ctx, "GET", "/steps/"+pathID(stepID)+"/replay", nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ReplayOptions are the body of a replay. AcknowledgeDuplicateRisk must be
+// true: the previous worker may have completed a side effect whose result
+// was never recorded. For a version upgrade set TargetContractVersion,
+// ExpectedHandlerVersion (the preview's HandlerVersion) and
+// AcknowledgeVersionChange.
+type ReplayOptions struct {
+	AcknowledgeDuplicateRisk bool   `json:"acknowledgeDuplicateRisk"`
+	MaxAttempts              int    `json:"maxAttempts,omitempty"`
+	Reason                   string `json:"reason,omitempty"`
+	TargetContractVersion    int    `json:"targetContractVersion,omitempty"`
+	ExpectedHandlerVersion   string `json:"expectedHandlerVersion,omitempty"`
+	AcknowledgeVersionChange bool   `json:"acknowledgeVersionChange,omitempty"`
+}
+
+// ReplayResult is the answer to a replay: the same job, QUEUED again.
+// Attempt is the last attempt made so far; MaxAttempts the lifetime ceiling.
+type ReplayResult struct {
+	StepID         string `json:"stepId"`
+	JobID          string `json:"jobId"`
+	Status         string `json:"status"`
+	Attempt        int    `json:"attempt"`
+	MaxAttempts    int    `json:"maxAttempts"`
+	HandlerVersion string `json:"handlerVersion"`
+}
+
+// Replay re-queues an exhausted or cancelled step (POST
+// /api/v1/steps/{id}/replay, scope steps:replay). It is not repeated after
+// an ambiguous failure: read the run to see whether it took effect.
+func (c *Client) Replay(ctx context.Context, stepID string, opts ReplayOptions) (*ReplayResult, error) {
+	var out ReplayResult
+	if err := c.do(ctx, "POST", "/steps/"+pathID(stepID)+"/replay", opts, &out, notIdempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
