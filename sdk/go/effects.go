@@ -1,0 +1,197 @@
+package ratchet
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// Begin decisions (API.md §2.1).
+const (
+	DecisionExecute          = "execute"
+	DecisionDuplicate        = "duplicate"
+	DecisionInFlight         = "in_flight"
+	DecisionBlocked          = "blocked"
+	DecisionApprovalRequired = "approval_required"
+	DecisionDenied           = "denied"
+)
+
+// Effect states.
+const (
+	EffectLeased           = "leased"
+	EffectSucceeded        = "succeeded"
+	EffectFailed           = "failed"
+	EffectIndeterminate    = "indeterminate"
+	EffectAwaitingApproval = "awaiting_approval"
+	EffectDenied           = "denied"
+)
+
+// Report outcomes for an effect.
+const (
+	OutcomeSucceeded = "succeeded"
+	OutcomeFailed    = "failed"
+)
+
+// BeginRequest asks the gate for permission to perform one side effect.
+type BeginRequest struct {
+	// EffectType names the kind of action ("email.send"); its policy applies.
+	EffectType string `json:"effect_type"`
+	// IdempotencyKey identifies the logical action: derive it from the work
+	// ("welcome-email:user_123"), never from time or randomness. Blind it
+	// with BlindKey when the recorded result is sensitive.
+	IdempotencyKey string `json:"idempotency_key"`
+	// Payload describes the action; with EffectType, CostMicros and
+	// Dimensions it forms the fingerprint a reused key must match.
+	Payload any `json:"payload"`
+	// CostMicros is the declared cost in micros of USD (Micros helps); nil
+	// declares none.
+	CostMicros *int64 `json:"cost_micros,omitempty"`
+	// Dimensions name counterparties for per-dimension ceilings.
+	Dimensions map[string]string `json:"dimensions,omitempty"`
+	RunID      string            `json:"run_id,omitempty"`
+	GroupID    string            `json:"group_id,omitempty"`
+	// Compensation declares how to undo this effect within its group.
+	Compensation        *Compensation `json:"compensation,omitempty"`
+	CompensatesEffectID string        `json:"compensates_effect_id,omitempty"`
+	// LeaseSeconds may shorten the policy's lease (a longer one is capped).
+	LeaseSeconds int `json:"lease_seconds,omitempty"`
+}
+
+// Compensation is the undo action declared for a grouped effect.
+type Compensation struct {
+	EffectType string `json:"effect_type"`
+	Payload    any    `json:"payload"`
+}
+
+// Micros returns a pointer to n, for BeginRequest.CostMicros.
+func Micros(n int64) *int64 { return &n }
+
+// PriorAttempt describes the earlier attempt behind a blocked or probe
+// decision.
+type PriorAttempt struct {
+	Attempt        int        `json:"attempt"`
+	StartedAt      *time.Time `json:"started_at"`
+	LeaseExpiredAt *time.Time `json:"lease_expired_at"`
+}
+
+// BeginResponse is the gate's decision. Which fields are set depends on
+// Decision (API.md §2.1). For DecisionDenied, Denial holds the error
+// envelope the server sent along with HTTP 403.
+type BeginResponse struct {
+	Decision          string          `json:"decision"`
+	EffectID          string          `json:"effect_id"`
+	State             string          `json:"state"`
+	Attempt           int             `json:"attempt"`
+	LeaseToken        string          `json:"lease_token,omitempty"`
+	LeaseExpiresAt    *time.Time      `json:"lease_expires_at,omitempty"`
+	Probe             bool            `json:"probe,omitempty"`
+	PriorAttempt      *PriorAttempt   `json:"prior_attempt,omitempty"`
+	Result            json.RawMessage `json:"result,omitempty"`
+	RetryAfterSeconds int             `json:"retry_after_seconds,omitempty"`
+	ApprovalID        string          `json:"approval_id,omitempty"`
+	Denial            *Error          `json:"-"`
+}
+
+// Begin asks before acting (POST /api/v1/effects/begin). A denial is not an
+// error here: it comes back as Decision "denied" with Denial set. Begin is
+// idempotent by key and retried (409 retry_request at once).
+func (c *Client) Begin(ctx context.Context, req BeginRequest) (*BeginResponse, error) {
+	var out BeginResponse
+	err := c.do(ctx, "POST", "/effects/begin", req, &out, idempotent)
+	if err == nil {
+		return &out, nil
+	}
+	var apiErr *Error
+	if errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusForbidden {
+		var denied BeginResponse
+		if json.Unmarshal(apiErr.body, &denied) == nil && denied.Decision == DecisionDenied {
+			denied.Denial = apiErr
+			return &denied, nil
+		}
+	}
+	return nil, err
+}
+
+// EffectAttempt is one attempt in an effect's history.
+type EffectAttempt struct {
+	Attempt        int        `json:"attempt"`
+	Outcome        *string    `json:"outcome"`
+	StartedAt      time.Time  `json:"started_at"`
+	LeaseExpiresAt *time.Time `json:"lease_expires_at"`
+	ReportedAt     *time.Time `json:"reported_at"`
+}
+
+// Effect is the gate's record of one idempotency key.
+type Effect struct {
+	ID             string          `json:"id"`
+	EffectType     string          `json:"effect_type"`
+	IdempotencyKey string          `json:"idempotency_key"`
+	State          string          `json:"state"`
+	Attempt        int             `json:"attempt"`
+	Attempts       []EffectAttempt `json:"attempts"`
+	Result         json.RawMessage `json:"result"`
+	PayloadPreview json.RawMessage `json:"payload_preview"`
+	CostMicros     *int64          `json:"cost_micros"`
+	RunID          *string         `json:"run_id"`
+	GroupID        *string         `json:"group_id"`
+	DenialCode     *string         `json:"denial_code"`
+	CreatedAt      time.Time       `json:"created_at"`
+	UpdatedAt      time.Time       `json:"updated_at"`
+}
+
+// ReportEffect records what happened (POST /api/v1/effects/{id}/report).
+// Report OutcomeFailed only when the action surely did not reach the outside
+// world; when unsure, report nothing. Repeating the same report with the
+// same token is answered the same, so it is retried.
+func (c *Client) ReportEffect(ctx context.Context, effectID, leaseToken, outcome string, result any) (*Effect, error) {
+	body := struct {
+		LeaseToken string          `json:"lease_token"`
+		Outcome    string          `json:"outcome"`
+		Result     json.RawMessage `json:"result,omitempty"`
+	}{LeaseToken: leaseToken, Outcome: outcome}
+	if result != nil {
+		raw, err := json.Marshal(result)
+		if err != nil {
+			return nil, err
+		}
+		body.Result = raw
+	}
+	var out Effect
+	if err := c.do(ctx, "POST", "/effects/"+pathID(effectID)+"/report", body, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// HeartbeatEffect extends an effect's lease and returns its new expiry.
+func (c *Client) HeartbeatEffect(ctx context.Context, effectID, leaseToken string) (time.Time, error) {
+	var out struct {
+		LeaseExpiresAt time.Time `json:"lease_expires_at"`
+	}
+	err := c.do(ctx, "POST", "/effects/"+pathID(effectID)+"/heartbeat", map[string]string{"lease_token": leaseToken}, &out, idempotent)
+	return out.LeaseExpiresAt, err
+}
+
+// GetEffect reads an effect with its attempts (scope effects:read).
+func (c *Client) GetEffect(ctx context.Context, effectID string) (*Effect, error) {
+	var out Effect
+	if err := c.do(ctx, "GET", "/effects/"+pathID(effectID), nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// BlindKey derives an idempotency key that is still deterministic but not
+// guessable: hex HMAC-SHA-256 of key under secret, first 32 characters. Use
+// it when a duplicate's recorded result must not be readable by anyone who
+// can guess the meaningful key. Keep secret out of source.
+func BlindKey(secret, key string) string {
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write([]byte(key))
+	return hex.EncodeToString(mac.Sum(nil))[:32]
+}

@@ -1,0 +1,252 @@
+package ratchet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Errors DoEffect returns for decisions that forbid acting now; match them
+// with errors.Is, or errors.As the typed forms for their fields.
+var (
+	// ErrBlocked: a prior attempt's outcome is unknown. Verify at the vendor,
+	// then have an operator resolve the effect.
+	ErrBlocked = errors.New("ratchet: effect blocked: a prior attempt is indeterminate")
+	// ErrApprovalRequired: an operator decision is pending.
+	ErrApprovalRequired = errors.New("ratchet: effect awaits approval")
+	// ErrDenied: policy, budget, breaker or rejection. Report the reason;
+	// do not work around it.
+	ErrDenied = errors.New("ratchet: effect denied")
+	// ErrInFlight: another caller held a live lease until ctx ended.
+	ErrInFlight = errors.New("ratchet: effect in flight elsewhere")
+)
+
+// BlockedError is returned for a blocked decision.
+type BlockedError struct {
+	EffectID     string
+	PriorAttempt *PriorAttempt
+}
+
+// Error implements error.
+func (e *BlockedError) Error() string { return ErrBlocked.Error() + " (" + e.EffectID + ")" }
+
+// Is makes errors.Is(err, ErrBlocked) true.
+func (e *BlockedError) Is(target error) bool { return target == ErrBlocked }
+
+// ApprovalRequiredError is returned for an approval_required decision. Call
+// DoEffect again with the same key after approval to get execute.
+type ApprovalRequiredError struct {
+	EffectID   string
+	ApprovalID string
+}
+
+// Error implements error.
+func (e *ApprovalRequiredError) Error() string {
+	return ErrApprovalRequired.Error() + " (approval " + e.ApprovalID + ")"
+}
+
+// Is makes errors.Is(err, ErrApprovalRequired) true.
+func (e *ApprovalRequiredError) Is(target error) bool { return target == ErrApprovalRequired }
+
+// DeniedError is returned for a denied decision. Code is the reason
+// (policy_denied, budget_exceeded, circuit_open, ...); the API error is
+// wrapped, so ErrorCode(err) returns it too.
+type DeniedError struct {
+	EffectID string
+	Code     string
+	Err      *Error
+}
+
+// Error implements error.
+func (e *DeniedError) Error() string { return ErrDenied.Error() + ": " + e.Code }
+
+// Is makes errors.Is(err, ErrDenied) true.
+func (e *DeniedError) Is(target error) bool { return target == ErrDenied }
+
+// Unwrap returns the API error that carried the denial.
+func (e *DeniedError) Unwrap() error { return e.Err }
+
+// InFlightError is returned when ctx ended while another caller held the
+// lease. It wraps the context's error.
+type InFlightError struct {
+	EffectID string
+	Err      error
+}
+
+// Error implements error.
+func (e *InFlightError) Error() string {
+	return ErrInFlight.Error() + " (" + e.EffectID + "): " + e.Err.Error()
+}
+
+// Is makes errors.Is(err, ErrInFlight) true.
+func (e *InFlightError) Is(target error) bool { return target == ErrInFlight }
+
+// Unwrap returns the context error.
+func (e *InFlightError) Unwrap() error { return e.Err }
+
+// NotPerformedError marks an action error as certain not to have reached the
+// outside world; DoEffect then reports the attempt failed, which allows a
+// new attempt.
+type NotPerformedError struct{ Err error }
+
+// Error implements error.
+func (e *NotPerformedError) Error() string { return "not performed: " + e.Err.Error() }
+
+// Unwrap returns the action's error.
+func (e *NotPerformedError) Unwrap() error { return e.Err }
+
+// NotPerformed wraps err to say the action definitely did not happen (the
+// request was never sent, validation failed locally, the vendor refused it
+// before acting). Only then is "failed" reported: a false "failed" licenses
+// a duplicate. Any other error reports nothing and the effect becomes
+// indeterminate when its lease lapses.
+func NotPerformed(err error) error {
+	if err == nil {
+		err = errors.New("action not performed")
+	}
+	return &NotPerformedError{Err: err}
+}
+
+// Lease is what an action knows about its attempt.
+type Lease struct {
+	EffectID       string
+	Attempt        int
+	LeaseExpiresAt time.Time
+	// Probe is true when a prior attempt's outcome is unknown and the policy
+	// is on_indeterminate: probe. Check the vendor for PriorAttempt first:
+	// if it happened, return what you found instead of acting again.
+	Probe        bool
+	PriorAttempt *PriorAttempt
+}
+
+// EffectOutcome is the result of DoEffect.
+type EffectOutcome[T any] struct {
+	EffectID string
+	Attempt  int
+	// Result is the action's result, or the recorded one for a duplicate.
+	Result T
+	// Duplicate is true when the effect had already succeeded: the action
+	// was not run and Result is the recorded result.
+	Duplicate bool
+}
+
+// DoEffect wraps action in the gate's begin/report protocol:
+//
+//   - execute: run action, then report succeeded with its result. If the
+//     action returns an error wrapped by NotPerformed, report failed; any
+//     other error reports nothing (the lease lapses and the effect is
+//     recorded indeterminate, which is the honest answer when unsure).
+//   - duplicate: return the recorded result without acting.
+//   - in_flight: wait retry_after_seconds and ask again until ctx ends
+//     (then *InFlightError).
+//   - blocked, approval_required, denied: *BlockedError,
+//     *ApprovalRequiredError, *DeniedError.
+//
+// While the action runs its lease is heartbeated; if the server says the
+// lease is gone, ctx passed to the action is cancelled with cause
+// ErrLeaseLost. If the action succeeded but the report was refused (say,
+// 409 lease_expired), DoEffect returns the outcome and the error.
+func DoEffect[T any](ctx context.Context, c *Client, req BeginRequest, action func(ctx context.Context, lease Lease) (T, error)) (*EffectOutcome[T], error) {
+	for {
+		b, err := c.Begin(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		switch b.Decision {
+		case DecisionExecute:
+			return runLeased(ctx, c, b, action)
+		case DecisionDuplicate:
+			out := &EffectOutcome[T]{EffectID: b.EffectID, Attempt: b.Attempt, Duplicate: true}
+			if len(b.Result) > 0 {
+				if err := json.Unmarshal(b.Result, &out.Result); err != nil {
+					return out, fmt.Errorf("ratchet: decode recorded result of %s: %w", b.EffectID, err)
+				}
+			}
+			return out, nil
+		case DecisionInFlight:
+			wait := time.Duration(max(b.RetryAfterSeconds, 1)) * time.Second
+			if err := c.sleep(ctx, wait); err != nil {
+				return nil, &InFlightError{EffectID: b.EffectID, Err: err}
+			}
+		case DecisionBlocked:
+			return nil, &BlockedError{EffectID: b.EffectID, PriorAttempt: b.PriorAttempt}
+		case DecisionApprovalRequired:
+			return nil, &ApprovalRequiredError{EffectID: b.EffectID, ApprovalID: b.ApprovalID}
+		case DecisionDenied:
+			d := &DeniedError{EffectID: b.EffectID, Err: b.Denial}
+			if b.Denial != nil {
+				d.Code = b.Denial.Code
+			}
+			return nil, d
+		default:
+			return nil, fmt.Errorf("ratchet: unknown begin decision %q", b.Decision)
+		}
+	}
+}
+
+// runLeased performs the action under a heartbeated lease and reports.
+func runLeased[T any](ctx context.Context, c *Client, b *BeginResponse, action func(context.Context, Lease) (T, error)) (*EffectOutcome[T], error) {
+	lease := Lease{EffectID: b.EffectID, Attempt: b.Attempt, Probe: b.Probe, PriorAttempt: b.PriorAttempt}
+	if b.LeaseExpiresAt != nil {
+		lease.LeaseExpiresAt = *b.LeaseExpiresAt
+	}
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	hbCtx, stopHB := context.WithCancel(ctx)
+	hbDone := make(chan struct{})
+	go func() {
+		defer close(hbDone)
+		heartbeatEffect(hbCtx, c, b.EffectID, b.LeaseToken, lease.LeaseExpiresAt, cancel)
+	}()
+	result, err := action(actx, lease)
+	stopHB()
+	<-hbDone
+
+	// Reports must be sent even if the caller's ctx just ended: an unsent
+	// report after a performed action costs an indeterminate effect.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
+	defer rcancel()
+	out := &EffectOutcome[T]{EffectID: b.EffectID, Attempt: b.Attempt}
+	if err != nil {
+		var np *NotPerformedError
+		if errors.As(err, &np) {
+			if _, rerr := c.ReportEffect(rctx, b.EffectID, b.LeaseToken, OutcomeFailed, nil); rerr != nil {
+				return nil, errors.Join(err, fmt.Errorf("ratchet: report failed outcome: %w", rerr))
+			}
+		}
+		return nil, err
+	}
+	out.Result = result
+	if _, rerr := c.ReportEffect(rctx, b.EffectID, b.LeaseToken, OutcomeSucceeded, result); rerr != nil {
+		return out, fmt.Errorf("ratchet: the action succeeded but its report was not recorded: %w", rerr)
+	}
+	return out, nil
+}
+
+// heartbeatEffect extends the effect lease at a third of what is left; when
+// the server says the lease is gone it cancels the action.
+func heartbeatEffect(ctx context.Context, c *Client, id, token string, expires time.Time, cancel context.CancelCauseFunc) {
+	if expires.IsZero() {
+		return
+	}
+	for {
+		d := min(max(time.Until(expires)/3, minHeartbeat), maxHeartbeat)
+		if sleepCtx(ctx, d) != nil {
+			return
+		}
+		next, err := c.HeartbeatEffect(ctx, id, token)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			if IsCode(err, CodeLeaseExpired) || IsCode(err, CodeLeaseLost) || IsCode(err, CodeInvalidState) {
+				cancel(ErrLeaseLost)
+				return
+			}
+			continue // transient: try again sooner, as the lease shrinks
+		}
+		expires = next
+	}
+}

@@ -1,0 +1,120 @@
+package ratchet
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// ToolRef names one exact handler: a tool name and handler version.
+type ToolRef struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+}
+
+// RegisterWorker registers a worker for the exact tools it serves (POST
+// /api/v1/workers/register, a WORKER key listing each name@version) and
+// returns its worker id, bound to the registering key. Most code uses Worker,
+// which calls this for you.
+func (c *Client) RegisterWorker(ctx context.Context, tools []ToolRef) (string, error) {
+	var out struct {
+		WorkerID string `json:"workerId"`
+	}
+	// A repeat after an ambiguous failure registers a second, idle worker id:
+	// harmless, so registration is retried.
+	err := c.do(ctx, "POST", "/workers/register", map[string]any{"tools": tools}, &out, idempotent)
+	return out.WorkerID, err
+}
+
+// ClaimedJob is a job leased to this worker by a claim.
+type ClaimedJob struct {
+	JobID          string          `json:"jobId"`
+	StepID         string          `json:"stepId"`
+	RunID          string          `json:"runId"`
+	Name           string          `json:"name"`
+	Version        string          `json:"version"`
+	Attempt        int             `json:"attempt"`
+	LeaseToken     string          `json:"leaseToken"`
+	LeaseExpiresAt time.Time       `json:"leaseExpiresAt"`
+	TimeoutMs      int64           `json:"timeoutMs"`
+	IdempotencyKey string          `json:"idempotencyKey"`
+	Input          json.RawMessage `json:"input"`
+}
+
+// Claim leases up to limit (1–100) due jobs for workerID, waiting up to
+// waitSeconds (0–20) for one to appear.
+func (c *Client) Claim(ctx context.Context, workerID string, limit, waitSeconds int) ([]ClaimedJob, error) {
+	var out struct {
+		Jobs []ClaimedJob `json:"jobs"`
+	}
+	body := map[string]int{"limit": limit, "waitSeconds": waitSeconds}
+	// A repeated claim after a lost response leases other jobs; the lost
+	// ones are reclaimed when their leases lapse, retry or not, so retrying
+	// only saves time.
+	if err := c.do(ctx, "POST", "/workers/"+pathID(workerID)+"/claim", body, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return out.Jobs, nil
+}
+
+// JobHeartbeat is the answer to a job heartbeat.
+type JobHeartbeat struct {
+	LeaseExpiresAt time.Time `json:"leaseExpiresAt"`
+	// CancelRequested is true when the job was cancelled: stop working on it.
+	CancelRequested bool `json:"cancelRequested"`
+}
+
+// HeartbeatJob extends a job's lease (POST /api/v1/jobs/{id}/heartbeat). A
+// superseded token answers 409 lease_lost.
+func (c *Client) HeartbeatJob(ctx context.Context, jobID, leaseToken string) (*JobHeartbeat, error) {
+	var out JobHeartbeat
+	err := c.do(ctx, "POST", "/jobs/"+pathID(jobID)+"/heartbeat", map[string]string{"leaseToken": leaseToken}, &out, idempotent)
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Job report statuses.
+const (
+	ReportSucceeded = "SUCCEEDED"
+	ReportFailed    = "FAILED"
+)
+
+// JobReport is the body of a job report. Build it with care: the worker
+// runtime does, enforcing that Error.RetryAfterMs is 1000–86400000 and only
+// present on a retryable failure.
+type JobReport struct {
+	LeaseToken string          `json:"leaseToken"`
+	Status     string          `json:"status"`
+	Output     json.RawMessage `json:"output,omitempty"`
+	Error      *JobError       `json:"error,omitempty"`
+}
+
+// JobError is a failed attempt's error as the API stores it: a bounded,
+// redacted message and the retry decision, nothing else.
+type JobError struct {
+	Message      string `json:"message"`
+	Retryable    bool   `json:"retryable"`
+	RetryAfterMs *int64 `json:"retryAfterMs,omitempty"`
+}
+
+// JobReportResult is the answer to a job report; NextDueAt is set when a
+// retry was scheduled.
+type JobReportResult struct {
+	JobID     string     `json:"jobId"`
+	Status    string     `json:"status"`
+	Attempt   int        `json:"attempt"`
+	NextDueAt *time.Time `json:"nextDueAt"`
+}
+
+// ReportJob records an attempt's outcome (POST /api/v1/jobs/{id}/report).
+// Repeating the same report with the same token answers the same result, so
+// it is retried after ambiguous failures.
+func (c *Client) ReportJob(ctx context.Context, jobID string, report JobReport) (*JobReportResult, error) {
+	var out JobReportResult
+	if err := c.do(ctx, "POST", "/jobs/"+pathID(jobID)+"/report", report, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

@@ -1,0 +1,55 @@
+package ratchet
+
+import (
+	"regexp"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// MaxErrorMessageBytes bounds the error message a worker sends to the API.
+const MaxErrorMessageBytes = 500
+
+// redactions mask what commonly leaks into error text: credentials, e-mail
+// addresses, URL query strings, long tokens and long digit runs (card or
+// phone numbers). Order matters: specific patterns before generic ones.
+var redactions = []struct {
+	re   *regexp.Regexp
+	with string
+}{
+	{regexp.MustCompile(`(?i)\b(bearer|basic)\s+[^\s,;]+`), "$1 [redacted]"},
+	{regexp.MustCompile(`(?i)\b(password|passwd|secret|token|api[_-]?key|authorization|cookie)(["']?\s*[=:]\s*)("[^"]*"|'[^']*'|[^\s,;&]+)`), "$1$2[redacted]"},
+	{regexp.MustCompile(`://[^/\s:@]+:[^/\s@]+@`), "://[redacted]@"},
+	{regexp.MustCompile(`\?[^\s"']+`), "?[redacted]"},
+	{regexp.MustCompile(`[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(\.[A-Za-z0-9\-]+)+`), "[email]"},
+	{regexp.MustCompile(`[A-Za-z0-9_\-+/=]{32,}`), "[redacted]"},
+	{regexp.MustCompile(`\d[\d \-]{7,}\d`), "[number]"},
+}
+
+// RedactMessage returns the form of msg that may leave the process: control
+// characters flattened, likely secrets and personal data masked, and at most
+// MaxErrorMessageBytes long. Workers apply it to every error message they
+// report; use it for your own logs too.
+func RedactMessage(msg string) string {
+	msg = strings.Map(func(r rune) rune {
+		if r == utf8.RuneError || unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, strings.ToValidUTF8(msg, " "))
+	for _, r := range redactions {
+		msg = r.re.ReplaceAllString(msg, r.with)
+	}
+	msg = strings.Join(strings.Fields(msg), " ")
+	if len(msg) > MaxErrorMessageBytes {
+		cut := MaxErrorMessageBytes - len("…")
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut] + "…"
+	}
+	if msg == "" {
+		msg = "error"
+	}
+	return msg
+}

@@ -1,0 +1,206 @@
+package ratchet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"runtime/debug"
+	"time"
+)
+
+// JobContext describes the attempt a handler is running. Pass
+// IdempotencyKey to the destination service (as its Idempotency-Key, say):
+// execution is at least once, and the key stays the same across attempts,
+// so destination-side deduplication is what keeps a retried side effect
+// from happening twice.
+type JobContext struct {
+	JobID          string
+	StepID         string
+	RunID          string
+	Name           string
+	Version        string
+	Attempt        int
+	IdempotencyKey string
+	// Timeout is the attempt's timeout; the handler's context ends then.
+	Timeout time.Duration
+}
+
+// Decision is a classifier's verdict on a handler error. RetryAfter, when
+// set, must be between 1 second and 24 hours and only with Retryable; any
+// other combination is invalid and falls back to a plain retryable failure.
+type Decision struct {
+	Retryable  bool
+	RetryAfter time.Duration
+}
+
+// Tool is a handler for one exact name@version. In is decoded from the job's
+// JSON input and Out encoded as its output; a decode or encode failure is a
+// schema failure and fails the job without retry.
+type Tool[In, Out any] struct {
+	Name    string
+	Version string
+	// Handler runs one attempt. Honour ctx: it ends at the job's timeout
+	// (cause ErrTimeout), when the server asks for cancellation
+	// (ErrCancelRequested), when the lease is lost (ErrLeaseLost) and when
+	// the worker stops (ErrWorkerStopped); see context.Cause. Return a
+	// *RetryableError or *NonRetryableError to decide the retry yourself;
+	// any other error goes to ClassifyError, else counts as retryable.
+	Handler func(ctx context.Context, in In, job JobContext) (Out, error)
+	// ClassifyError decides retryability of errors that are not explicit SDK
+	// errors (third-party error types). It never sees successes, schema
+	// failures, cancellations or panics. If it panics or returns an invalid
+	// Decision the failure is retryable and the problem goes to OnError.
+	ClassifyError func(err error, job JobContext) Decision
+}
+
+// registeredTool is a Tool with its types erased.
+type registeredTool struct {
+	ref      ToolRef
+	run      func(ctx context.Context, input json.RawMessage, job JobContext) (json.RawMessage, error)
+	classify func(err error, job JobContext) Decision
+}
+
+// schemaError marks input that does not decode into the handler's type or
+// output that does not encode.
+type schemaError struct {
+	what string
+	err  error
+}
+
+func (e *schemaError) Error() string { return e.what + ": " + e.err.Error() }
+func (e *schemaError) Unwrap() error { return e.err }
+
+// RegisterTool adds a typed handler to w. It must be called before Start;
+// registering the same name@version twice is an error.
+func RegisterTool[In, Out any](w *Worker, t Tool[In, Out]) error {
+	if t.Name == "" || t.Version == "" || t.Handler == nil {
+		return errors.New("ratchet: a tool needs a name, a version and a handler")
+	}
+	rt := &registeredTool{ref: ToolRef{Name: t.Name, Version: t.Version}, classify: t.ClassifyError}
+	rt.run = func(ctx context.Context, input json.RawMessage, job JobContext) (json.RawMessage, error) {
+		var in In
+		if len(input) > 0 {
+			if err := json.Unmarshal(input, &in); err != nil {
+				return nil, &schemaError{what: "input does not match the handler's input type", err: err}
+			}
+		}
+		out, err := t.Handler(ctx, in, job)
+		if err != nil {
+			return nil, err
+		}
+		raw, err := json.Marshal(out)
+		if err != nil {
+			return nil, &schemaError{what: "output cannot be encoded as JSON", err: err}
+		}
+		return raw, nil
+	}
+	return w.add(rt)
+}
+
+// invoke runs the handler, turning a panic into a *PanicError.
+func (rt *registeredTool) invoke(ctx context.Context, input json.RawMessage, job JobContext) (out json.RawMessage, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			out, err = nil, &PanicError{Where: "handler " + rt.ref.Name + "@" + rt.ref.Version, Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return rt.run(ctx, input, job)
+}
+
+// Retry hint bounds (API.md §3.1): integer milliseconds 1000–86400000.
+const (
+	minRetryAfterMs = 1000
+	maxRetryAfterMs = 86_400_000
+)
+
+// clampRetryAfter turns a RetryableError's hint into whole milliseconds
+// within the API's range; a zero or negative hint means none.
+func clampRetryAfter(d time.Duration) *int64 {
+	if d <= 0 {
+		return nil
+	}
+	ms := int64(math.Ceil(float64(d) / float64(time.Millisecond)))
+	ms = min(max(ms, minRetryAfterMs), maxRetryAfterMs)
+	return &ms
+}
+
+// InvalidDecisionError goes to OnError when a classifier returns a Decision
+// the API cannot accept; the failure is then reported as plainly retryable.
+type InvalidDecisionError struct {
+	Tool     ToolRef
+	Decision Decision
+}
+
+// Error implements error.
+func (e *InvalidDecisionError) Error() string {
+	return fmt.Sprintf("ratchet: classifier for %s@%s returned an invalid decision (retryable=%v, retryAfter=%s); treated as retryable",
+		e.Tool.Name, e.Tool.Version, e.Decision.Retryable, e.Decision.RetryAfter)
+}
+
+// decide maps a failed attempt to the error the API is told. cause is
+// context.Cause of the handler's context (nil while it was live). Order, per
+// the SDK contract: server-requested cancellation; explicit SDK errors;
+// schema failures; panics; timeout and worker stop; the tool's classifier;
+// retryable by default. Only a redacted message leaves the process.
+func (rt *registeredTool) decide(err, cause error, job JobContext, onError func(error)) JobError {
+	var (
+		re *RetryableError
+		ne *NonRetryableError
+		se *schemaError
+		pe *PanicError
+	)
+	switch {
+	case errors.Is(cause, ErrCancelRequested):
+		return JobError{Message: "cancelled at the server's request", Retryable: false}
+	case errors.As(err, &re):
+		return JobError{Message: RedactMessage(re.Message), Retryable: true, RetryAfterMs: clampRetryAfter(re.RetryAfter)}
+	case errors.As(err, &ne):
+		return JobError{Message: RedactMessage(ne.Message), Retryable: false}
+	case errors.As(err, &se):
+		return JobError{Message: RedactMessage(se.Error()), Retryable: false}
+	case errors.As(err, &pe):
+		onError(pe)
+		return JobError{Message: "handler panicked", Retryable: true}
+	case errors.Is(cause, ErrTimeout):
+		return JobError{Message: fmt.Sprintf("handler timed out after %dms", job.Timeout.Milliseconds()), Retryable: true}
+	case errors.Is(cause, ErrWorkerStopped):
+		return JobError{Message: "worker stopped before the handler finished", Retryable: true}
+	}
+	msg := RedactMessage(err.Error())
+	if rt.classify == nil {
+		return JobError{Message: msg, Retryable: true}
+	}
+	d, ok := rt.runClassifier(err, job, onError)
+	if !ok {
+		return JobError{Message: msg, Retryable: true}
+	}
+	if !d.Retryable {
+		return JobError{Message: msg, Retryable: false}
+	}
+	out := JobError{Message: msg, Retryable: true}
+	if d.RetryAfter > 0 {
+		out.RetryAfterMs = clampRetryAfter(d.RetryAfter)
+	}
+	return out
+}
+
+// runClassifier calls the tool's classifier, reporting a panic or an
+// invalid decision to onError; ok is false in those cases.
+func (rt *registeredTool) runClassifier(err error, job JobContext, onError func(error)) (d Decision, ok bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			onError(&PanicError{Where: "classifier " + rt.ref.Name + "@" + rt.ref.Version, Value: v, Stack: debug.Stack()})
+			d, ok = Decision{Retryable: true}, false
+		}
+	}()
+	d = rt.classify(err, job)
+	valid := d.RetryAfter == 0 ||
+		(d.Retryable && d.RetryAfter >= minRetryAfterMs*time.Millisecond && d.RetryAfter <= maxRetryAfterMs*time.Millisecond)
+	if !valid {
+		onError(&InvalidDecisionError{Tool: rt.ref, Decision: d})
+		return Decision{Retryable: true}, false
+	}
+	return d, true
+}

@@ -1,0 +1,397 @@
+package ratchet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand"
+	"sync"
+	"time"
+)
+
+// DefaultPollInterval is how long an idle worker waits between claims.
+// Shorter intervals cost database operations and (on serverless hosting)
+// function invocations; budget for them before lowering it.
+const DefaultPollInterval = 30 * time.Second
+
+// Heartbeat pacing: a third of the remaining lease, within these bounds, so
+// a heartbeat lands well inside the lease and a cancellation request is
+// seen within a minute.
+const (
+	minHeartbeat = time.Second
+	maxHeartbeat = time.Minute
+)
+
+// reportTimeout bounds one report (with its retries) after the handler
+// returned; stopGrace is how long Stop waits, after its deadline cancelled
+// the handlers, for them to return and be reported.
+const (
+	reportTimeout = 30 * time.Second
+	stopGrace     = 10 * time.Second
+)
+
+// StartOptions configure a running worker.
+type StartOptions struct {
+	// Concurrency is the number of jobs run at once (default 1). Claims ask
+	// for as many jobs as there are free slots, at most 100.
+	Concurrency int
+	// PollInterval is the wait between claims while the queue is empty
+	// (default DefaultPollInterval, with ±10% jitter). After a full batch
+	// the worker claims again at once.
+	PollInterval time.Duration
+	// OnError receives problems that stay in the process: failed claims,
+	// heartbeats and reports, handler and classifier panics, invalid
+	// classifier decisions. It may be called from several goroutines at
+	// once. Errors may hold payload details: do not ship them anywhere you
+	// would not ship the payload.
+	OnError func(error)
+}
+
+// Worker claims jobs for its registered tools and runs them. Create it with
+// NewWorker, add handlers with RegisterTool, then Start and eventually Stop.
+//
+// Delivery is at least once: a crash after a side effect but before the
+// report repeats the effect on another worker, so handlers must pass
+// JobContext.IdempotencyKey to their destinations.
+type Worker struct {
+	c *Client
+
+	mu       sync.Mutex
+	tools    map[ToolRef]*registeredTool
+	started  bool
+	workerID string
+	active   int
+	opts     StartOptions
+
+	stopping   chan struct{} // closed by Stop: claim no more
+	stopOnce   sync.Once
+	slotFreed  chan struct{} // a handler finished (buffered, 1)
+	loopDone   chan struct{}
+	jobs       sync.WaitGroup
+	cancelJobs context.CancelCauseFunc // ends every handler's context
+
+	// Test seams.
+	clock  clock
+	jitter func() float64
+}
+
+// clock is the worker's time source; tests replace it to pace the poll loop
+// without sleeping.
+type clock interface {
+	Now() time.Time
+	// Timer returns a channel that fires after d and a function stopping it.
+	Timer(d time.Duration) (<-chan time.Time, func())
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+func (realClock) Timer(d time.Duration) (<-chan time.Time, func()) {
+	t := time.NewTimer(d)
+	return t.C, func() { t.Stop() }
+}
+
+// NewWorker returns a worker that uses c (configured with a WORKER key).
+func NewWorker(c *Client) *Worker {
+	return &Worker{c: c, tools: map[ToolRef]*registeredTool{}, clock: realClock{}, jitter: rand.Float64}
+}
+
+func (w *Worker) add(rt *registeredTool) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.started {
+		return errors.New("ratchet: register tools before Start")
+	}
+	if _, dup := w.tools[rt.ref]; dup {
+		return fmt.Errorf("ratchet: %s@%s is already registered", rt.ref.Name, rt.ref.Version)
+	}
+	w.tools[rt.ref] = rt
+	return nil
+}
+
+// ID returns the worker id the server assigned at Start ("" before).
+func (w *Worker) ID() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.workerID
+}
+
+// Start registers the worker's tools and starts polling in the background.
+// It returns once registration succeeded (or failed). ctx bounds the
+// worker's whole life: cancelling it stops claiming and cancels running
+// handlers at once (cause ErrWorkerStopped; their attempts are reported as
+// retryable). For a graceful shutdown call Stop instead.
+func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
+	w.mu.Lock()
+	if w.started {
+		w.mu.Unlock()
+		return errors.New("ratchet: worker already started")
+	}
+	if len(w.tools) == 0 {
+		w.mu.Unlock()
+		return errors.New("ratchet: register at least one tool before Start")
+	}
+	refs := make([]ToolRef, 0, len(w.tools))
+	for ref := range w.tools {
+		refs = append(refs, ref)
+	}
+	w.started = true
+	w.mu.Unlock()
+
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = 1
+	}
+	if opts.PollInterval <= 0 {
+		opts.PollInterval = DefaultPollInterval
+	}
+	if opts.OnError == nil {
+		opts.OnError = func(error) {}
+	}
+	id, err := w.c.RegisterWorker(ctx, refs)
+	if err != nil {
+		w.mu.Lock()
+		w.started = false
+		w.mu.Unlock()
+		return err
+	}
+	// Handlers get a context that outlives nothing but is ended by Stop's
+	// deadline or by ctx, always with ErrWorkerStopped as the cause.
+	jobsCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	unhook := context.AfterFunc(ctx, func() { cancel(ErrWorkerStopped) })
+	cancelJobs := func(cause error) { unhook(); cancel(cause) }
+
+	w.mu.Lock()
+	w.workerID, w.opts, w.cancelJobs = id, opts, cancelJobs
+	w.stopping, w.slotFreed, w.loopDone = make(chan struct{}), make(chan struct{}, 1), make(chan struct{})
+	w.mu.Unlock()
+	go w.loop(ctx, jobsCtx)
+	return nil
+}
+
+// Stop stops claiming and waits for running handlers to finish and be
+// reported. If ctx ends first, their contexts are cancelled (cause
+// ErrWorkerStopped); handlers that then return within a short grace are
+// reported as retryable failures, and Stop returns an error saying so.
+// A handler that ignores its context is left running unreported: its lease
+// lapses and another worker reclaims the job.
+func (w *Worker) Stop(ctx context.Context) error {
+	w.mu.Lock()
+	stopping := w.stopping
+	w.mu.Unlock()
+	if stopping == nil {
+		return nil // never started
+	}
+	w.stopOnce.Do(func() { close(w.stopping) })
+	// The loop exits at once unless a claim is in flight; its jobs are then
+	// dispatched (their leases are ours) before it returns.
+	<-w.loopDone
+	done := make(chan struct{})
+	go func() { w.jobs.Wait(); close(done) }()
+	select {
+	case <-done:
+		w.cancelJobs(ErrWorkerStopped)
+		return nil
+	case <-ctx.Done():
+	}
+	w.mu.Lock()
+	n := w.active
+	w.mu.Unlock()
+	w.cancelJobs(ErrWorkerStopped)
+	grace, stop := w.clock.Timer(stopGrace)
+	defer stop()
+	select {
+	case <-done:
+		return fmt.Errorf("ratchet: stop deadline passed; %d handler(s) cancelled and reported retryable: %w", n, ctx.Err())
+	case <-grace:
+		w.mu.Lock()
+		left := w.active
+		w.mu.Unlock()
+		return fmt.Errorf("ratchet: stop deadline passed; %d handler(s) ignored cancellation and were left unreported: %w", left, ctx.Err())
+	}
+}
+
+// loop claims and dispatches until Stop or ctx.
+func (w *Worker) loop(ctx, jobsCtx context.Context) {
+	defer close(w.loopDone)
+	for {
+		if w.stopped(ctx) {
+			return
+		}
+		free := w.free()
+		if free == 0 {
+			select {
+			case <-w.slotFreed:
+				continue
+			case <-w.stopping:
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+		limit := min(free, 100)
+		jobs, err := w.c.Claim(ctx, w.workerID, limit, 0)
+		if err != nil && ctx.Err() == nil {
+			w.opts.OnError(fmt.Errorf("ratchet: claim: %w", err))
+		}
+		for _, j := range jobs {
+			w.dispatch(ctx, jobsCtx, j)
+		}
+		if err == nil && len(jobs) >= limit {
+			continue // a full batch: more are likely waiting
+		}
+		if !w.idle(ctx) {
+			return
+		}
+	}
+}
+
+// stopped reports whether Stop was called or ctx ended.
+func (w *Worker) stopped(ctx context.Context) bool {
+	select {
+	case <-w.stopping:
+		return true
+	default:
+		return ctx.Err() != nil
+	}
+}
+
+// free returns the number of idle slots.
+func (w *Worker) free() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.opts.Concurrency - w.active
+}
+
+// idle waits one jittered poll interval; false means stop.
+func (w *Worker) idle(ctx context.Context) bool {
+	d := w.opts.PollInterval
+	d = time.Duration(float64(d) * (0.9 + 0.2*w.jitter()))
+	fire, stop := w.clock.Timer(d)
+	defer stop()
+	select {
+	case <-fire:
+		return true
+	case <-w.stopping:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// dispatch runs one claimed job in its own goroutine.
+func (w *Worker) dispatch(ctx, jobsCtx context.Context, j ClaimedJob) {
+	w.mu.Lock()
+	w.active++
+	rt := w.tools[ToolRef{Name: j.Name, Version: j.Version}]
+	w.mu.Unlock()
+	w.jobs.Add(1)
+	go func() {
+		defer func() {
+			w.mu.Lock()
+			w.active--
+			w.mu.Unlock()
+			select {
+			case w.slotFreed <- struct{}{}:
+			default:
+			}
+			w.jobs.Done()
+		}()
+		w.execute(ctx, jobsCtx, rt, j)
+	}()
+}
+
+// execute runs a handler under its timeout with heartbeats and reports the
+// outcome.
+func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j ClaimedJob) {
+	job := JobContext{JobID: j.JobID, StepID: j.StepID, RunID: j.RunID, Name: j.Name, Version: j.Version,
+		Attempt: j.Attempt, IdempotencyKey: j.IdempotencyKey, Timeout: time.Duration(j.TimeoutMs) * time.Millisecond}
+	reportCtx, cancelReport := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
+	defer cancelReport()
+	if rt == nil {
+		// The server only hands out registered pairs; if it ever does not,
+		// give the job back for a worker that has the handler.
+		w.report(reportCtx, j, JobReport{Status: ReportFailed,
+			Error: &JobError{Message: "worker has no handler for this name@version", Retryable: true}})
+		return
+	}
+
+	hctx, cancel := context.WithCancelCause(jobsCtx)
+	defer cancel(nil)
+	if job.Timeout > 0 {
+		var cancelTimeout context.CancelFunc
+		hctx, cancelTimeout = context.WithTimeoutCause(hctx, job.Timeout, ErrTimeout)
+		defer cancelTimeout()
+	}
+	hbCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
+	hbDone := make(chan struct{})
+	go func() {
+		defer close(hbDone)
+		w.heartbeat(hbCtx, j, cancel)
+	}()
+
+	out, err := rt.invoke(hctx, j.Input, job)
+	stopHeartbeat()
+	<-hbDone
+	cause := context.Cause(hctx)
+	if hctx.Err() == nil {
+		cause = nil
+	}
+	if errors.Is(cause, ErrLeaseLost) {
+		return // someone else owns the job now; a report would be refused
+	}
+	if err == nil {
+		w.report(reportCtx, j, JobReport{Status: ReportSucceeded, Output: out})
+		return
+	}
+	e := rt.decide(err, cause, job, w.opts.OnError)
+	w.report(reportCtx, j, JobReport{Status: ReportFailed, Error: &e})
+}
+
+// report sends a report; failures go to OnError and the lease lapses.
+func (w *Worker) report(ctx context.Context, j ClaimedJob, r JobReport) {
+	r.LeaseToken = j.LeaseToken
+	if _, err := w.c.ReportJob(ctx, j.JobID, r); err != nil {
+		w.opts.OnError(fmt.Errorf("ratchet: report job %s attempt %d: %w", j.JobID, j.Attempt, err))
+	}
+}
+
+// heartbeat extends the lease well before it lapses until ctx ends, and
+// cancels the handler when the server asks or the lease is gone.
+func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.CancelCauseFunc) {
+	expires := j.LeaseExpiresAt
+	for {
+		fire, stop := w.clock.Timer(w.heartbeatEvery(expires))
+		select {
+		case <-ctx.Done():
+			stop()
+			return
+		case <-fire:
+		}
+		hb, err := w.c.HeartbeatJob(ctx, j.JobID, j.LeaseToken)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			var apiErr *Error
+			if errors.As(err, &apiErr) && (apiErr.StatusCode == 404 || apiErr.StatusCode == 409) {
+				cancel(ErrLeaseLost)
+				w.opts.OnError(fmt.Errorf("ratchet: job %s attempt %d no longer holds its lease: %w", j.JobID, j.Attempt, err))
+				return
+			}
+			w.opts.OnError(fmt.Errorf("ratchet: heartbeat job %s: %w", j.JobID, err))
+			continue
+		}
+		if hb.CancelRequested {
+			cancel(ErrCancelRequested)
+			return
+		}
+		expires = hb.LeaseExpiresAt
+	}
+}
+
+// heartbeatEvery is a third of the lease left, within [minHeartbeat,
+// maxHeartbeat].
+func (w *Worker) heartbeatEvery(expires time.Time) time.Duration {
+	d := expires.Sub(w.clock.Now()) / 3
+	return min(max(d, minHeartbeat), maxHeartbeat)
+}
