@@ -1,0 +1,366 @@
+package ratchet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// testClient returns a client for srv whose waits are recorded, not slept.
+func testClient(t *testing.T, h http.Handler) (*Client, *sleepLog) {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	c, err := NewClient(Config{BaseURL: srv.URL, APIKey: "test-key", HTTPClient: srv.Client()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &sleepLog{}
+	c.sleep = log.sleep
+	c.jitter = func() float64 { return 0.5 }
+	return c, log
+}
+
+type sleepLog struct {
+	mu     sync.Mutex
+	sleeps []time.Duration
+}
+
+func (l *sleepLog) sleep(ctx context.Context, d time.Duration) error {
+	l.mu.Lock()
+	l.sleeps = append(l.sleeps, d)
+	l.mu.Unlock()
+	return ctx.Err()
+}
+
+func (l *sleepLog) all() []time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]time.Duration(nil), l.sleeps...)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func apiError(w http.ResponseWriter, status int, code string, detail map[string]any) {
+	if detail == nil {
+		detail = map[string]any{}
+	}
+	w.Header().Set("X-Request-Id", "req_1")
+	writeJSON(w, status, map[string]any{"error": map[string]any{"code": code, "message": "msg " + code, "detail": detail}})
+}
+
+// sequence answers each request with the next responder, counting calls.
+type sequence struct {
+	calls atomic.Int32
+	steps []func(w http.ResponseWriter, r *http.Request)
+}
+
+func (s *sequence) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	i := int(s.calls.Add(1)) - 1
+	if i >= len(s.steps) {
+		i = len(s.steps) - 1
+	}
+	s.steps[i](w, r)
+}
+
+func TestNewClientValidates(t *testing.T) {
+	t.Parallel()
+	if _, err := NewClient(Config{BaseURL: "http://localhost:8787"}); err == nil {
+		t.Fatal("missing key accepted")
+	}
+	if _, err := NewClient(Config{BaseURL: "localhost:8787", APIKey: "k"}); err == nil {
+		t.Fatal("base URL without scheme accepted")
+	}
+	c, err := NewClient(Config{BaseURL: "http://localhost:8787/api/v1/", APIKey: "k"})
+	if err != nil || c.base != "http://localhost:8787/api/v1" {
+		t.Fatalf("base = %q, err = %v", c.base, err)
+	}
+}
+
+func TestRequestShape(t *testing.T) {
+	t.Parallel()
+	var got *http.Request
+	var body map[string]any
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = r
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		writeJSON(w, 201, map[string]any{"stepId": "stp_1", "jobId": "job_1", "idempotencyKey": "k", "status": "QUEUED", "deduplicated": false})
+	}))
+	res, err := c.Enqueue(context.Background(), "run_1", map[string]string{"customerId": "cus_1"}, EnqueueOptions{
+		Name: "send_welcome_email", Version: "1", Endpoint: "Email service", Timeout: 30 * time.Second,
+		MaxAttempts: 5, ContractVersion: 2, AfterStepID: "stp_0", AfterStatus: AfterFailed,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.JobID != "job_1" || res.Deduplicated {
+		t.Fatalf("result %+v", res)
+	}
+	if got.URL.Path != "/api/v1/runs/run_1/steps" || got.Header.Get("Authorization") != "Bearer test-key" {
+		t.Fatalf("request %s %v", got.URL.Path, got.Header)
+	}
+	want := map[string]any{"name": "send_welcome_email", "version": "1", "endpoint": "Email service",
+		"timeoutMs": 30000.0, "maxAttempts": 5.0, "contractVersion": 2.0, "afterStepId": "stp_0", "afterStatus": "FAILED",
+		"input": map[string]any{"customerId": "cus_1"}}
+	if len(body) != len(want) {
+		t.Fatalf("body %v", body)
+	}
+	for k, v := range want {
+		if !jsonEqual(body[k], v) {
+			t.Fatalf("body[%s] = %v, want %v", k, body[k], v)
+		}
+	}
+}
+
+func TestEnqueueOmitsKeyForServerToGenerate(t *testing.T) {
+	t.Parallel()
+	var body map[string]any
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		writeJSON(w, 201, map[string]any{"idempotencyKey": "generated"})
+	}))
+	res, err := c.Enqueue(context.Background(), "run_1", nil, EnqueueOptions{Name: "t", Version: "1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, sent := body["idempotencyKey"]; sent || res.IdempotencyKey != "generated" {
+		t.Fatalf("body %v result %+v", body, res)
+	}
+}
+
+func jsonEqual(a, b any) bool {
+	ra, _ := json.Marshal(a)
+	rb, _ := json.Marshal(b)
+	return string(ra) == string(rb)
+}
+
+func TestErrorDecoding(t *testing.T) {
+	t.Parallel()
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		apiError(w, 400, CodeInvalidRequest, map[string]any{"validation": []any{map[string]any{"field": "maxAttempts", "message": "must be 1–10"}}})
+	}))
+	_, err := c.Enqueue(context.Background(), "run_1", 1, EnqueueOptions{Name: "t", Version: "1", MaxAttempts: 11})
+	var apiErr *Error
+	if !errors.As(err, &apiErr) {
+		t.Fatalf("err %T %v", err, err)
+	}
+	if apiErr.StatusCode != 400 || apiErr.Code != CodeInvalidRequest || apiErr.RequestID != "req_1" {
+		t.Fatalf("decoded %+v", apiErr)
+	}
+	if v := apiErr.Validation(); len(v) != 1 || v[0].Field != "maxAttempts" {
+		t.Fatalf("validation %+v", v)
+	}
+	if ErrorCode(err) != CodeInvalidRequest || !IsCode(err, CodeInvalidRequest) {
+		t.Fatal("ErrorCode")
+	}
+}
+
+func TestNonEnvelopeError(t *testing.T) {
+	t.Parallel()
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(418)
+		_, _ = io.WriteString(w, "<html>teapot</html>")
+	}))
+	_, err := c.GetRun(context.Background(), "run_1")
+	var apiErr *Error
+	if !errors.As(err, &apiErr) || apiErr.Code != "" || apiErr.StatusCode != 418 {
+		t.Fatalf("err %v", err)
+	}
+}
+
+func TestRateLimitedWaitsRetryAfter(t *testing.T) {
+	t.Parallel()
+	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
+		func(w http.ResponseWriter, r *http.Request) {
+			apiError(w, 429, CodeRateLimited, map[string]any{"retry_after_seconds": 7})
+		},
+		func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 201, map[string]any{"id": "run_1"}) },
+	}}
+	c, log := testClient(t, seq)
+	// StartRun is not idempotent, but a 429 was refused before acting.
+	run, err := c.StartRun(context.Background(), "x")
+	if err != nil || run.ID != "run_1" {
+		t.Fatalf("run %+v err %v", run, err)
+	}
+	if got := log.all(); len(got) != 1 || got[0] != 7*time.Second {
+		t.Fatalf("sleeps %v", got)
+	}
+}
+
+func TestRateLimitedRetryAfterHeader(t *testing.T) {
+	t.Parallel()
+	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
+		func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Retry-After", "3")
+			apiError(w, 429, CodeRateLimited, nil)
+		},
+		func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]any{"id": "run_1"}) },
+	}}
+	c, log := testClient(t, seq)
+	if _, err := c.GetRun(context.Background(), "run_1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := log.all(); len(got) != 1 || got[0] != 3*time.Second {
+		t.Fatalf("sleeps %v", got)
+	}
+}
+
+func TestRateLimitBeyondDeadlineReturnsAtOnce(t *testing.T) {
+	t.Parallel()
+	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
+		func(w http.ResponseWriter, r *http.Request) {
+			apiError(w, 429, CodeRateLimited, map[string]any{"retry_after_seconds": 3600})
+		},
+	}}
+	c, log := testClient(t, seq)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := c.GetRun(ctx, "run_1")
+	if !IsCode(err, CodeRateLimited) || len(log.all()) != 0 || seq.calls.Load() != 1 {
+		t.Fatalf("err %v sleeps %v calls %d", err, log.all(), seq.calls.Load())
+	}
+}
+
+func TestServerErrorsRetriedWithCappedBackoff(t *testing.T) {
+	t.Parallel()
+	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
+		func(w http.ResponseWriter, r *http.Request) { apiError(w, 500, CodeInternal, nil) },
+	}}
+	c, log := testClient(t, seq)
+	c.maxRetries = 8
+	_, err := c.GetRun(context.Background(), "run_1")
+	if !IsCode(err, CodeInternal) || seq.calls.Load() != 9 {
+		t.Fatalf("err %v calls %d", err, seq.calls.Load())
+	}
+	sleeps := log.all()
+	if len(sleeps) != 8 {
+		t.Fatalf("sleeps %v", sleeps)
+	}
+	for i, d := range sleeps {
+		step := min(backoffBase<<i, backoffCap)
+		if d < step/2 || d > step {
+			t.Fatalf("sleep %d = %v, outside [%v, %v]", i, d, step/2, step)
+		}
+	}
+	if sleeps[7] > backoffCap {
+		t.Fatalf("not capped: %v", sleeps)
+	}
+}
+
+func TestNonIdempotentCallsNotRetriedOnAmbiguousFailure(t *testing.T) {
+	t.Parallel()
+	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
+		func(w http.ResponseWriter, r *http.Request) { apiError(w, 503, "database_unavailable", nil) },
+		func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 201, map[string]any{"id": "run_2"}) },
+	}}
+	c, _ := testClient(t, seq)
+	if _, err := c.StartRun(context.Background(), "x"); !IsCode(err, "database_unavailable") {
+		t.Fatalf("err %v", err)
+	}
+	if _, err := c.Replay(context.Background(), "stp_1", ReplayOptions{AcknowledgeDuplicateRisk: true}); err != nil {
+		t.Fatalf("second call answered by the next step: %v", err)
+	}
+	if seq.calls.Load() != 2 {
+		t.Fatalf("calls %d", seq.calls.Load())
+	}
+}
+
+func TestClientErrorsNotRetried(t *testing.T) {
+	t.Parallel()
+	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
+		func(w http.ResponseWriter, r *http.Request) { apiError(w, 409, CodeLeaseLost, nil) },
+	}}
+	c, _ := testClient(t, seq)
+	_, err := c.ReportJob(context.Background(), "job_1", JobReport{LeaseToken: "t", Status: ReportSucceeded})
+	if !IsCode(err, CodeLeaseLost) || seq.calls.Load() != 1 {
+		t.Fatalf("err %v calls %d", err, seq.calls.Load())
+	}
+}
+
+func TestRetryRequestRetriedAtOnce(t *testing.T) {
+	t.Parallel()
+	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
+		func(w http.ResponseWriter, r *http.Request) { apiError(w, 409, CodeRetryRequest, nil) },
+		func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, 200, map[string]any{"decision": "duplicate", "effect_id": "eff_1", "result": map[string]any{"ok": true}})
+		},
+	}}
+	c, log := testClient(t, seq)
+	b, err := c.Begin(context.Background(), BeginRequest{EffectType: "email.send", IdempotencyKey: "k"})
+	if err != nil || b.Decision != DecisionDuplicate {
+		t.Fatalf("begin %+v err %v", b, err)
+	}
+	if got := log.all(); len(got) != 1 || got[0] != 0 {
+		t.Fatalf("sleeps %v", got)
+	}
+}
+
+// failingTransport fails the first n requests with a network error.
+type failingTransport struct {
+	n     atomic.Int32
+	calls atomic.Int32
+	next  http.RoundTripper
+}
+
+func (f *failingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	f.calls.Add(1)
+	if f.n.Add(-1) >= 0 {
+		return nil, errors.New("connection reset by peer")
+	}
+	return f.next.RoundTrip(r)
+}
+
+func TestNetworkErrorsRetriedForIdempotentCalls(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, 200, map[string]any{"leaseExpiresAt": time.Now().Add(time.Minute), "cancelRequested": false})
+	}))
+	defer srv.Close()
+	ft := &failingTransport{next: srv.Client().Transport}
+	ft.n.Store(2)
+	c, err := NewClient(Config{BaseURL: srv.URL, APIKey: "k", HTTPClient: &http.Client{Transport: ft}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &sleepLog{}
+	c.sleep = log.sleep
+	if _, err := c.HeartbeatJob(context.Background(), "job_1", "tok"); err != nil {
+		t.Fatal(err)
+	}
+	if ft.calls.Load() != 3 || len(log.all()) != 2 {
+		t.Fatalf("calls %d sleeps %v", ft.calls.Load(), log.all())
+	}
+	// A non-idempotent call surfaces the network error instead.
+	ft.n.Store(1)
+	if _, err := c.StartRun(context.Background(), "x"); err == nil || !strings.Contains(err.Error(), "connection reset") {
+		t.Fatalf("err %v", err)
+	}
+}
+
+func TestContextCancelStopsRetries(t *testing.T) {
+	t.Parallel()
+	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
+		func(w http.ResponseWriter, r *http.Request) { apiError(w, 500, CodeInternal, nil) },
+	}}
+	c, _ := testClient(t, seq)
+	ctx, cancel := context.WithCancel(context.Background())
+	c.sleep = func(context.Context, time.Duration) error { cancel(); return context.Canceled }
+	if _, err := c.GetRun(ctx, "run_1"); !IsCode(err, CodeInternal) {
+		t.Fatalf("err %v", err)
+	}
+	if seq.calls.Load() != 1 {
+		t.Fatalf("calls %d", seq.calls.Load())
+	}
+}

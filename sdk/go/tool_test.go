@@ -1,0 +1,176 @@
+package ratchet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestBlindKey(t *testing.T) {
+	t.Parallel()
+	// hmac.new(b"YOUR_SECRET", b"refund:order_551:full", sha256).hexdigest()[:32]
+	if got := BlindKey("YOUR_SECRET", "refund:order_551:full"); got != "f241db595ef043342a1ce7c8df205f1d" {
+		t.Fatalf("BlindKey = %s", got)
+	}
+	if BlindKey("a", "k") == BlindKey("b", "k") || BlindKey("a", "k") != BlindKey("a", "k") {
+		t.Fatal("BlindKey must depend on the secret and be deterministic")
+	}
+}
+
+func TestClampRetryAfter(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		in   time.Duration
+		want int64 // 0 = omitted
+	}{
+		{0, 0}, {-time.Second, 0}, {time.Nanosecond, 1000}, {500 * time.Millisecond, 1000},
+		{1500*time.Millisecond + time.Microsecond, 1501}, {time.Minute, 60000},
+		{24 * time.Hour, 86_400_000}, {48 * time.Hour, 86_400_000},
+	}
+	for _, c := range cases {
+		got := clampRetryAfter(c.in)
+		if (got == nil) != (c.want == 0) || (got != nil && *got != c.want) {
+			t.Fatalf("clampRetryAfter(%v) = %v, want %d", c.in, got, c.want)
+		}
+	}
+}
+
+type providerError struct{ status int }
+
+func (e *providerError) Error() string { return fmt.Sprintf("provider status %d", e.status) }
+
+// errSink collects OnError calls.
+type errSink struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+func (s *errSink) add(err error) {
+	s.mu.Lock()
+	s.errs = append(s.errs, err)
+	s.mu.Unlock()
+}
+
+func (s *errSink) list() []error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]error(nil), s.errs...)
+}
+
+func TestClassifierPrecedence(t *testing.T) {
+	t.Parallel()
+	ms := func(n int64) *int64 { return &n }
+	nonRetryableClassifier := func(error, JobContext) Decision { return Decision{Retryable: false} }
+	panicking := func(error, JobContext) Decision { panic("classifier bug") }
+	cases := []struct {
+		name     string
+		err      error
+		cause    error
+		classify func(error, JobContext) Decision
+		want     JobError
+		onError  bool
+	}{
+		{name: "unknown error defaults to retryable", err: errors.New("boom"),
+			want: JobError{Message: "boom", Retryable: true}},
+		{name: "explicit retryable beats classifier", err: Retryable("busy", 2*time.Second), classify: nonRetryableClassifier,
+			want: JobError{Message: "busy", Retryable: true, RetryAfterMs: ms(2000)}},
+		{name: "wrapped explicit non-retryable beats classifier", err: fmt.Errorf("ctx: %w", NonRetryable("invalid recipient")),
+			classify: func(error, JobContext) Decision { return Decision{Retryable: true} },
+			want:     JobError{Message: "invalid recipient", Retryable: false}},
+		{name: "schema failure is non-retryable before the classifier",
+			err:      &schemaError{what: "input does not match the handler's input type", err: errors.New("json: bad")},
+			classify: func(error, JobContext) Decision { return Decision{Retryable: true} },
+			want:     JobError{Message: "input does not match the handler's input type: json: bad", Retryable: false}},
+		{name: "server cancellation is non-retryable even over explicit retryable", err: Retryable("x", 0), cause: ErrCancelRequested,
+			want: JobError{Message: "cancelled at the server's request", Retryable: false}},
+		{name: "classifier decides third-party errors", err: &providerError{400}, classify: func(err error, _ JobContext) Decision {
+			var pe *providerError
+			if errors.As(err, &pe) && pe.status == 400 {
+				return Decision{Retryable: false}
+			}
+			return Decision{Retryable: true}
+		}, want: JobError{Message: "provider status 400", Retryable: false}},
+		{name: "classifier retry hint", err: &providerError{429},
+			classify: func(error, JobContext) Decision { return Decision{Retryable: true, RetryAfter: 90 * time.Second} },
+			want:     JobError{Message: "provider status 429", Retryable: true, RetryAfterMs: ms(90000)}},
+		{name: "classifier panic falls back to retryable", err: errors.New("x"), classify: panicking,
+			want: JobError{Message: "x", Retryable: true}, onError: true},
+		{name: "non-retryable with hint is invalid", err: errors.New("x"),
+			classify: func(error, JobContext) Decision { return Decision{Retryable: false, RetryAfter: time.Minute} },
+			want:     JobError{Message: "x", Retryable: true}, onError: true},
+		{name: "hint beyond 24h is invalid", err: errors.New("x"),
+			classify: func(error, JobContext) Decision { return Decision{Retryable: true, RetryAfter: 25 * time.Hour} },
+			want:     JobError{Message: "x", Retryable: true}, onError: true},
+		{name: "hint below 1s is invalid", err: errors.New("x"),
+			classify: func(error, JobContext) Decision { return Decision{Retryable: true, RetryAfter: time.Millisecond} },
+			want:     JobError{Message: "x", Retryable: true}, onError: true},
+		{name: "timeout is retryable without the classifier", err: context.DeadlineExceeded, cause: ErrTimeout, classify: panicking,
+			want: JobError{Message: "handler timed out after 1500ms", Retryable: true}},
+		{name: "explicit error beats timeout", err: NonRetryable("gave up"), cause: ErrTimeout,
+			want: JobError{Message: "gave up", Retryable: false}},
+		{name: "handler panic is retryable and skips the classifier", err: &PanicError{Where: "handler", Value: "secret payload"},
+			classify: panicking, want: JobError{Message: "handler panicked", Retryable: true}, onError: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			sink := &errSink{}
+			rt := &registeredTool{ref: ToolRef{Name: "t", Version: "1"}, classify: c.classify}
+			got := rt.decide(c.err, c.cause, JobContext{Timeout: 1500 * time.Millisecond}, sink.add)
+			if got.Message != c.want.Message || got.Retryable != c.want.Retryable ||
+				(got.RetryAfterMs == nil) != (c.want.RetryAfterMs == nil) ||
+				(got.RetryAfterMs != nil && *got.RetryAfterMs != *c.want.RetryAfterMs) {
+				t.Fatalf("got %+v (retryAfterMs %v), want %+v", got, got.RetryAfterMs, c.want)
+			}
+			if got.RetryAfterMs != nil && !got.Retryable {
+				t.Fatal("retryAfterMs with retryable:false")
+			}
+			if (len(sink.list()) > 0) != c.onError {
+				t.Fatalf("OnError calls %v, want some: %v", sink.list(), c.onError)
+			}
+		})
+	}
+}
+
+func TestRedactMessage(t *testing.T) {
+	t.Parallel()
+	in := "POST https://api.example.com/send?to=ann@example.com&key=abc failed for ann@example.com: " +
+		"Authorization: Bearer sk_live_0123456789abcdefghijklmnopqrstuv password=hunter2 card 4242 4242 4242 4242\nline2\x00"
+	got := RedactMessage(in)
+	for _, leak := range []string{"ann@example.com", "sk_live", "hunter2", "4242", "\n", "\x00", "key=abc"} {
+		if strings.Contains(got, leak) {
+			t.Fatalf("%q leaks %q", got, leak)
+		}
+	}
+	if !strings.Contains(got, "failed for") {
+		t.Fatalf("lost the message: %q", got)
+	}
+	long := RedactMessage(strings.Repeat("é ", 1000))
+	if len(long) > MaxErrorMessageBytes || !strings.HasSuffix(long, "…") || !json.Valid([]byte(`"`+long+`"`)) {
+		t.Fatalf("not bounded: %d bytes", len(long))
+	}
+	if RedactMessage("  ") != "error" {
+		t.Fatal("empty message")
+	}
+}
+
+func TestRegisterToolValidates(t *testing.T) {
+	t.Parallel()
+	c, _ := NewClient(Config{BaseURL: "http://localhost:1", APIKey: "k"})
+	w := NewWorker(c)
+	h := func(context.Context, struct{}, JobContext) (struct{}, error) { return struct{}{}, nil }
+	if err := RegisterTool(w, Tool[struct{}, struct{}]{Name: "a", Handler: h}); err == nil {
+		t.Fatal("missing version accepted")
+	}
+	if err := RegisterTool(w, Tool[struct{}, struct{}]{Name: "a", Version: "1", Handler: h}); err != nil {
+		t.Fatal(err)
+	}
+	if err := RegisterTool(w, Tool[struct{}, struct{}]{Name: "a", Version: "1", Handler: h}); err == nil {
+		t.Fatal("duplicate accepted")
+	}
+}
