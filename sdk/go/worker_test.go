@@ -1,0 +1,533 @@
+package ratchet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeJobs speaks the worker half of API.md §3.1 from memory.
+type fakeJobs struct {
+	mu         sync.Mutex
+	queue      []ClaimedJob
+	claims     int
+	limits     []int
+	heartbeats int
+	cancel     map[string]bool
+	heartbeat  func(jobID string) (status int, code string) // optional failure
+	leaseFor   time.Duration
+	reports    map[string]json.RawMessage
+	reported   chan string
+	onClaim    func(limit, got int) // called inside the lock
+}
+
+func newFakeJobs() *fakeJobs {
+	return &fakeJobs{cancel: map[string]bool{}, reports: map[string]json.RawMessage{},
+		reported: make(chan string, 100), leaseFor: 10 * time.Minute}
+}
+
+func (f *fakeJobs) add(name, version string, input any, timeoutMs int64) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	raw, _ := json.Marshal(input)
+	id := fmt.Sprintf("job_%d", len(f.queue)+len(f.reports)+f.claims*1000)
+	f.queue = append(f.queue, ClaimedJob{JobID: id, StepID: "stp_" + id, RunID: "run_1", Name: name, Version: version,
+		Attempt: 1, LeaseToken: "tok_" + id, LeaseExpiresAt: time.Now().Add(f.leaseFor), TimeoutMs: timeoutMs,
+		IdempotencyKey: "key_" + id, Input: raw})
+	return id
+}
+
+func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p := strings.TrimPrefix(r.URL.Path, "/api/v1")
+	var body map[string]any
+	raw := json.RawMessage{}
+	_ = json.NewDecoder(r.Body).Decode(&raw)
+	_ = json.Unmarshal(raw, &body)
+	switch {
+	case p == "/workers/register":
+		writeJSON(w, 201, map[string]any{"workerId": "wkr_1"})
+	case p == "/workers/wkr_1/claim":
+		f.mu.Lock()
+		limit := int(body["limit"].(float64))
+		f.claims++
+		f.limits = append(f.limits, limit)
+		n := min(limit, len(f.queue))
+		jobs := append([]ClaimedJob{}, f.queue[:n]...)
+		f.queue = f.queue[n:]
+		if f.onClaim != nil {
+			f.onClaim(limit, n)
+		}
+		f.mu.Unlock()
+		writeJSON(w, 200, map[string]any{"jobs": jobs})
+	case strings.HasSuffix(p, "/heartbeat"):
+		id := strings.Split(p, "/")[2]
+		f.mu.Lock()
+		f.heartbeats++
+		cancel := f.cancel[id]
+		hb := f.heartbeat
+		f.mu.Unlock()
+		if hb != nil {
+			if status, code := hb(id); status != 0 {
+				apiError(w, status, code, nil)
+				return
+			}
+		}
+		writeJSON(w, 200, map[string]any{"leaseExpiresAt": time.Now().Add(f.leaseFor), "cancelRequested": cancel})
+	case strings.HasSuffix(p, "/report"):
+		id := strings.Split(p, "/")[2]
+		f.mu.Lock()
+		f.reports[id] = raw
+		f.mu.Unlock()
+		f.reported <- id
+		writeJSON(w, 200, map[string]any{"jobId": id, "status": "SUCCEEDED", "attempt": 1})
+	default:
+		apiError(w, 404, CodeNotFound, nil)
+	}
+}
+
+func (f *fakeJobs) report(t *testing.T, id string) map[string]any {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var m map[string]any
+	if err := json.Unmarshal(f.reports[id], &m); err != nil {
+		t.Fatalf("report of %s: %v (%s)", id, err, f.reports[id])
+	}
+	return m
+}
+
+func (f *fakeJobs) waitReport(t *testing.T, id string) map[string]any {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		f.mu.Lock()
+		_, ok := f.reports[id]
+		f.mu.Unlock()
+		if ok {
+			return f.report(t, id)
+		}
+		select {
+		case <-f.reported:
+		case <-timeout:
+			t.Fatalf("job %s never reported", id)
+		}
+	}
+}
+
+type welcomeIn struct {
+	CustomerID string `json:"customerId"`
+}
+
+type welcomeOut struct {
+	Sent bool   `json:"sent"`
+	Key  string `json:"key"`
+}
+
+func startWorker(t *testing.T, f *fakeJobs, register func(w *Worker), opts StartOptions) (*Worker, *errSink) {
+	t.Helper()
+	c, _ := testClient(t, f)
+	w := NewWorker(c)
+	register(w)
+	sink := &errSink{}
+	if opts.OnError == nil {
+		opts.OnError = sink.add
+	}
+	if opts.PollInterval == 0 {
+		opts.PollInterval = 20 * time.Millisecond
+	}
+	if err := w.Start(context.Background(), opts); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = w.Stop(ctx)
+	})
+	return w, sink
+}
+
+func TestWorkerRunsHandlerAndReportsSuccess(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	id := f.add("send_welcome_email", "1", welcomeIn{CustomerID: "cus_1"}, 30000)
+	var seen JobContext
+	startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "send_welcome_email", Version: "1",
+			Handler: func(ctx context.Context, in welcomeIn, job JobContext) (welcomeOut, error) {
+				seen = job
+				return welcomeOut{Sent: in.CustomerID == "cus_1", Key: job.IdempotencyKey}, nil
+			}}))
+	}, StartOptions{})
+	rep := f.waitReport(t, id)
+	if rep["status"] != "SUCCEEDED" || rep["leaseToken"] != "tok_"+id || rep["error"] != nil {
+		t.Fatalf("report %v", rep)
+	}
+	if out := rep["output"].(map[string]any); out["sent"] != true || out["key"] != "key_"+id {
+		t.Fatalf("output %v", out)
+	}
+	if seen.JobID != id || seen.StepID != "stp_"+id || seen.RunID != "run_1" || seen.Attempt != 1 || seen.Timeout != 30*time.Second {
+		t.Fatalf("job context %+v", seen)
+	}
+}
+
+func TestWorkerFailureReports(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	panicky := f.add("panic", "1", welcomeIn{CustomerID: "cus_secret_payload"}, 0)
+	leaky := f.add("leaky", "1", welcomeIn{}, 0)
+	schema := f.add("typed", "1", map[string]any{"customerId": 42}, 0)
+	hinted := f.add("hinted", "1", welcomeIn{}, 0)
+	_, sink := startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "panic", Version: "1",
+			Handler: func(_ context.Context, in welcomeIn, _ JobContext) (welcomeOut, error) { panic(in.CustomerID) }}))
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "leaky", Version: "1",
+			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) {
+				return welcomeOut{}, errors.New("send to bob@example.com failed: api_key=sk_abc123")
+			}}))
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "typed", Version: "1",
+			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) {
+				t.Error("handler ran on input of the wrong shape")
+				return welcomeOut{}, nil
+			}}))
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "hinted", Version: "1",
+			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) {
+				return welcomeOut{}, Retryable("provider rate limited", 1500*time.Millisecond)
+			}}))
+	}, StartOptions{Concurrency: 4})
+
+	rep := f.waitReport(t, panicky)
+	e := rep["error"].(map[string]any)
+	if rep["status"] != "FAILED" || e["retryable"] != true || e["message"] != "handler panicked" {
+		t.Fatalf("panic report %v", rep)
+	}
+	if raw := string(mustJSON(t, rep)); strings.Contains(raw, "cus_secret_payload") || strings.Contains(raw, "goroutine") {
+		t.Fatalf("panic value or stack left the process: %s", raw)
+	}
+	var pe *PanicError
+	if errs := sink.list(); len(errs) == 0 || !errors.As(errs[0], &pe) || len(pe.Stack) == 0 {
+		t.Fatalf("OnError %v", errs)
+	}
+
+	e = f.waitReport(t, leaky)["error"].(map[string]any)
+	if msg := e["message"].(string); strings.Contains(msg, "bob@example.com") || strings.Contains(msg, "sk_abc123") || e["retryable"] != true {
+		t.Fatalf("leaky report %v", e)
+	}
+	if _, ok := e["retryAfterMs"]; ok {
+		t.Fatalf("retryAfterMs without a hint: %v", e)
+	}
+
+	e = f.waitReport(t, schema)["error"].(map[string]any)
+	if e["retryable"] != false || !strings.Contains(e["message"].(string), "input") {
+		t.Fatalf("schema report %v", e)
+	}
+	if _, ok := e["retryAfterMs"]; ok {
+		t.Fatal("retryAfterMs with retryable:false")
+	}
+
+	e = f.waitReport(t, hinted)["error"].(map[string]any)
+	if e["retryable"] != true || e["retryAfterMs"] != 1500.0 {
+		t.Fatalf("hinted report %v", e)
+	}
+}
+
+func TestWorkerTimeoutCancelsHandler(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	id := f.add("slow", "1", welcomeIn{}, 50)
+	causes := make(chan error, 1)
+	startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "slow", Version: "1",
+			Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+				<-ctx.Done()
+				causes <- context.Cause(ctx)
+				return welcomeOut{}, ctx.Err()
+			}}))
+	}, StartOptions{})
+	if cause := <-causes; !errors.Is(cause, ErrTimeout) {
+		t.Fatalf("cause %v", cause)
+	}
+	e := f.waitReport(t, id)["error"].(map[string]any)
+	if e["retryable"] != true || !strings.Contains(e["message"].(string), "timed out") {
+		t.Fatalf("report %v", e)
+	}
+}
+
+func TestWorkerHeartbeatCancelRequested(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.leaseFor = 3 * time.Second // heartbeat after a second
+	id := f.add("long", "1", welcomeIn{}, 60000)
+	f.cancel[id] = true
+	causes := make(chan error, 1)
+	startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
+			Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+				<-ctx.Done()
+				causes <- context.Cause(ctx)
+				return welcomeOut{}, Retryable("interrupted", 0)
+			}}))
+	}, StartOptions{})
+	if cause := <-causes; !errors.Is(cause, ErrCancelRequested) {
+		t.Fatalf("cause %v", cause)
+	}
+	e := f.waitReport(t, id)["error"].(map[string]any)
+	if e["retryable"] != false {
+		t.Fatalf("report %v", e)
+	}
+}
+
+func TestWorkerLeaseLostStopsWithoutReport(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.leaseFor = 3 * time.Second
+	f.heartbeat = func(string) (int, string) { return 409, CodeLeaseLost }
+	f.add("long", "1", welcomeIn{}, 60000)
+	canary := make(chan error, 1)
+	w, sink := startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
+			Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+				<-ctx.Done()
+				canary <- context.Cause(ctx)
+				return welcomeOut{}, nil
+			}}))
+	}, StartOptions{})
+	if cause := <-canary; !errors.Is(cause, ErrLeaseLost) {
+		t.Fatalf("cause %v", cause)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.reports) != 0 {
+		t.Fatalf("reported after losing the lease: %v", f.reports)
+	}
+	if len(sink.list()) == 0 || !IsCode(sink.list()[0], CodeLeaseLost) {
+		t.Fatalf("OnError %v", sink.list())
+	}
+}
+
+func TestWorkerGracefulStop(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	id := f.add("gated", "1", welcomeIn{}, 60000)
+	started, release := make(chan struct{}), make(chan struct{})
+	w, _ := startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "gated", Version: "1",
+			Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+				close(started)
+				<-release
+				return welcomeOut{Sent: true}, ctx.Err()
+			}}))
+	}, StartOptions{})
+	<-started
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		stopped <- w.Stop(ctx)
+	}()
+	<-w.loopDone // polling has ended while the handler still runs
+	f.mu.Lock()
+	claims := f.claims
+	f.mu.Unlock()
+	late := f.add("gated", "1", welcomeIn{}, 60000)
+	close(release)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
+		t.Fatalf("report %v", rep)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.claims != claims || len(f.queue) != 1 || f.queue[0].JobID != late {
+		t.Fatalf("claimed after Stop: claims %d→%d, queue %v", claims, f.claims, f.queue)
+	}
+}
+
+func TestWorkerStopDeadlineCancelsHandlers(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	id := f.add("stubborn", "1", welcomeIn{}, 60000)
+	started := make(chan struct{})
+	w, _ := startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "stubborn", Version: "1",
+			Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+				close(started)
+				<-ctx.Done()
+				return welcomeOut{}, ctx.Err()
+			}}))
+	}, StartOptions{})
+	<-started
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // no patience at all
+	if err := w.Stop(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Stop = %v", err)
+	}
+	e := f.report(t, id)["error"].(map[string]any)
+	if e["retryable"] != true || !strings.Contains(e["message"].(string), "worker stopped") {
+		t.Fatalf("report %v", e)
+	}
+}
+
+// fakeClock fires every timer at once and advances time by its duration,
+// except timers whose duration fails fires (those never fire). After limit
+// it stops firing and closes done.
+type fakeClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	end    time.Time
+	fires  func(time.Duration) bool
+	done   chan struct{}
+	once   sync.Once
+	waits  []time.Duration
+	onWait func()
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Timer(d time.Duration) (<-chan time.Time, func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	if c.fires != nil && !c.fires(d) {
+		return ch, func() {}
+	}
+	if !c.now.Add(d).Before(c.end) {
+		c.once.Do(func() { close(c.done) })
+		return ch, func() {}
+	}
+	c.waits = append(c.waits, d)
+	if c.onWait != nil {
+		c.onWait()
+	}
+	c.now = c.now.Add(d)
+	ch <- c.now
+	return ch, func() {}
+}
+
+func TestIdleWorkerPollPacing(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	c, _ := testClient(t, f)
+	w := NewWorker(c)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := &fakeClock{now: start, end: start.Add(10 * time.Minute), done: make(chan struct{})}
+	w.clock = clk // real jitter: the pacing must hold whatever it draws
+	if err := w.Start(context.Background(), StartOptions{Concurrency: 4}); err != nil {
+		t.Fatal(err)
+	}
+	<-clk.done
+	must(t, w.Stop(context.Background()))
+	f.mu.Lock()
+	claims := f.claims
+	f.mu.Unlock()
+	// Default 30 s ± 10 %: 10 minutes hold 18–23 claims (one at start).
+	if claims < 18 || claims > 23 {
+		t.Fatalf("%d claims in 10 idle minutes (waits %v)", claims, clk.waits)
+	}
+	for _, d := range clk.waits {
+		if d < 27*time.Second || d > 33*time.Second {
+			t.Fatalf("idle wait %v outside 30s ± 10%%", d)
+		}
+	}
+}
+
+func TestFullBatchClaimsAgainAtOnce(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	for range 10 {
+		f.add("t", "1", welcomeIn{}, 0)
+	}
+	c, _ := testClient(t, f)
+	w := NewWorker(c)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+	var (
+		mu  sync.Mutex
+		log []string // "full", "partial", "wait" in order
+	)
+	f.onClaim = func(limit, got int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if got == limit {
+			log = append(log, "full")
+		} else {
+			log = append(log, "partial")
+		}
+	}
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	// Only poll waits fire (heartbeats at a 10 minute lease wait 60 s).
+	clk := &fakeClock{now: start, end: start.Add(5 * time.Minute), done: make(chan struct{}),
+		fires: func(d time.Duration) bool { return d != maxHeartbeat },
+		onWait: func() {
+			mu.Lock()
+			log = append(log, "wait")
+			mu.Unlock()
+		}}
+	w.clock = clk
+	if err := w.Start(context.Background(), StartOptions{Concurrency: 4}); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		select {
+		case <-f.reported:
+		case <-time.After(30 * time.Second):
+			t.Fatal("jobs not all reported")
+		}
+	}
+	<-clk.done
+	must(t, w.Stop(context.Background()))
+	f.mu.Lock()
+	for i, l := range f.limits {
+		if l < 1 || l > 4 {
+			t.Fatalf("claim %d asked for %d jobs with concurrency 4", i, l)
+		}
+	}
+	f.mu.Unlock()
+	mu.Lock()
+	defer mu.Unlock()
+	// Every idle wait follows a partial batch; a full one is followed by
+	// another claim at once (or by waiting for a free slot).
+	last := ""
+	for i, e := range log {
+		if e == "wait" && last != "partial" {
+			t.Fatalf("idle wait after a %q claim at %d: %v", last, i, log)
+		}
+		if e != "wait" {
+			last = e
+		}
+	}
+	if log[0] != "full" {
+		t.Fatalf("log %v", log)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	must(t, err)
+	return b
+}
