@@ -1,0 +1,215 @@
+package ratchet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeGate answers begin with scripted decisions and records reports.
+type fakeGate struct {
+	mu      sync.Mutex
+	begins  []map[string]any
+	answers []func(w http.ResponseWriter)
+	reports []map[string]any
+}
+
+func (g *fakeGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var body map[string]any
+	_ = json.NewDecoder(r.Body).Decode(&body)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case r.URL.Path == "/api/v1/effects/begin":
+		g.begins = append(g.begins, body)
+		i := min(len(g.begins), len(g.answers)) - 1
+		g.answers[i](w)
+	case strings.HasSuffix(r.URL.Path, "/report"):
+		g.reports = append(g.reports, body)
+		writeJSON(w, 200, map[string]any{"id": "eff_1", "state": body["outcome"]})
+	default:
+		apiError(w, 404, CodeNotFound, nil)
+	}
+}
+
+func decision(status int, body map[string]any) func(w http.ResponseWriter) {
+	return func(w http.ResponseWriter) { writeJSON(w, status, body) }
+}
+
+func execute() func(w http.ResponseWriter) {
+	return decision(200, map[string]any{"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
+		"lease_token": "lt_1", "lease_expires_at": time.Now().Add(time.Minute), "probe": false})
+}
+
+type sendResult struct {
+	MessageID string `json:"message_id"`
+}
+
+var beginReq = BeginRequest{EffectType: "email.send", IdempotencyKey: "welcome-email:user_123",
+	Payload: map[string]string{"to": "user_123"}, CostMicros: Micros(0), Dimensions: map[string]string{"recipient": "user_123"}}
+
+func TestDoEffectExecuteReportsSucceeded(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){execute()}}
+	c, _ := testClient(t, g)
+	out, err := DoEffect(context.Background(), c, beginReq, func(ctx context.Context, l Lease) (sendResult, error) {
+		if l.EffectID != "eff_1" || l.Attempt != 1 || l.Probe {
+			t.Errorf("lease %+v", l)
+		}
+		return sendResult{MessageID: "msg_1"}, nil
+	})
+	if err != nil || out.Result.MessageID != "msg_1" || out.Duplicate {
+		t.Fatalf("out %+v err %v", out, err)
+	}
+	if len(g.reports) != 1 || g.reports[0]["outcome"] != "succeeded" || g.reports[0]["lease_token"] != "lt_1" ||
+		g.reports[0]["result"].(map[string]any)["message_id"] != "msg_1" {
+		t.Fatalf("reports %v", g.reports)
+	}
+	b := g.begins[0]
+	if b["effect_type"] != "email.send" || b["idempotency_key"] != "welcome-email:user_123" || b["cost_micros"] != 0.0 ||
+		b["dimensions"].(map[string]any)["recipient"] != "user_123" {
+		t.Fatalf("begin body %v", b)
+	}
+	for _, absent := range []string{"run_id", "group_id", "compensation", "lease_seconds"} {
+		if _, ok := b[absent]; ok {
+			t.Fatalf("sent %s unasked: %v", absent, b)
+		}
+	}
+}
+
+func TestDoEffectNotPerformedReportsFailed(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){execute()}}
+	c, _ := testClient(t, g)
+	cause := errors.New("recipient invalid")
+	_, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
+		return sendResult{}, NotPerformed(cause)
+	})
+	if !errors.Is(err, cause) {
+		t.Fatalf("err %v", err)
+	}
+	if len(g.reports) != 1 || g.reports[0]["outcome"] != "failed" {
+		t.Fatalf("reports %v", g.reports)
+	}
+}
+
+func TestDoEffectUnsureErrorReportsNothing(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){execute()}}
+	c, _ := testClient(t, g)
+	cause := errors.New("timeout talking to vendor")
+	_, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
+		return sendResult{}, cause
+	})
+	if !errors.Is(err, cause) || len(g.reports) != 0 {
+		t.Fatalf("err %v reports %v", err, g.reports)
+	}
+}
+
+func TestDoEffectDuplicateReturnsRecordedResult(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){decision(200, map[string]any{"decision": "duplicate",
+		"effect_id": "eff_1", "state": "succeeded", "attempt": 1, "result": map[string]any{"message_id": "msg_0"}})}}
+	c, _ := testClient(t, g)
+	out, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
+		t.Error("acted on a duplicate")
+		return sendResult{}, nil
+	})
+	if err != nil || !out.Duplicate || out.Result.MessageID != "msg_0" || len(g.reports) != 0 {
+		t.Fatalf("out %+v err %v", out, err)
+	}
+}
+
+func TestDoEffectInFlightWaitsAndAsksAgain(t *testing.T) {
+	t.Parallel()
+	inFlight := decision(200, map[string]any{"decision": "in_flight", "effect_id": "eff_1", "state": "leased",
+		"attempt": 1, "retry_after_seconds": 4})
+	g := &fakeGate{answers: []func(http.ResponseWriter){inFlight, inFlight, decision(200, map[string]any{
+		"decision": "duplicate", "effect_id": "eff_1", "state": "succeeded", "attempt": 1, "result": map[string]any{"message_id": "m"}})}}
+	c, log := testClient(t, g)
+	out, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
+		return sendResult{}, errors.New("must not run")
+	})
+	if err != nil || !out.Duplicate {
+		t.Fatalf("out %+v err %v", out, err)
+	}
+	if got := log.all(); len(got) != 2 || got[0] != 4*time.Second || got[1] != 4*time.Second || len(g.begins) != 3 {
+		t.Fatalf("sleeps %v begins %d", got, len(g.begins))
+	}
+}
+
+func TestDoEffectInFlightUntilContextEnds(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){decision(200, map[string]any{"decision": "in_flight",
+		"effect_id": "eff_1", "state": "leased", "attempt": 1, "retry_after_seconds": 4})}}
+	c, _ := testClient(t, g)
+	ctx, cancel := context.WithCancel(context.Background())
+	c.sleep = func(context.Context, time.Duration) error { cancel(); return context.Canceled }
+	_, err := DoEffect(ctx, c, beginReq, func(context.Context, Lease) (sendResult, error) { return sendResult{}, nil })
+	var ife *InFlightError
+	if !errors.Is(err, ErrInFlight) || !errors.As(err, &ife) || !errors.Is(err, context.Canceled) || ife.EffectID != "eff_1" {
+		t.Fatalf("err %v", err)
+	}
+}
+
+func TestDoEffectRefusals(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		answer func(http.ResponseWriter)
+		check  func(t *testing.T, err error)
+	}{
+		{"blocked", decision(200, map[string]any{"decision": "blocked", "effect_id": "eff_1", "state": "indeterminate",
+			"attempt": 1, "prior_attempt": map[string]any{"attempt": 1, "started_at": time.Now(), "lease_expired_at": time.Now()}}),
+			func(t *testing.T, err error) {
+				var be *BlockedError
+				if !errors.Is(err, ErrBlocked) || !errors.As(err, &be) || be.PriorAttempt == nil || be.PriorAttempt.Attempt != 1 {
+					t.Fatalf("err %v", err)
+				}
+			}},
+		{"approval_required", decision(200, map[string]any{"decision": "approval_required", "effect_id": "eff_1",
+			"state": "awaiting_approval", "attempt": 0, "approval_id": "apr_1"}),
+			func(t *testing.T, err error) {
+				var ae *ApprovalRequiredError
+				if !errors.Is(err, ErrApprovalRequired) || !errors.As(err, &ae) || ae.ApprovalID != "apr_1" {
+					t.Fatalf("err %v", err)
+				}
+			}},
+		{"denied", decision(403, map[string]any{"decision": "denied", "effect_id": "eff_1", "state": "denied", "attempt": 0,
+			"error": map[string]any{"code": "budget_exceeded", "message": "over", "detail": map[string]any{"resets_at": "2026-01-02T00:00:00Z"}}}),
+			func(t *testing.T, err error) {
+				var de *DeniedError
+				if !errors.Is(err, ErrDenied) || !errors.As(err, &de) || de.Code != CodeBudgetExceeded ||
+					ErrorCode(err) != CodeBudgetExceeded || de.Err.Detail["resets_at"] == nil {
+					t.Fatalf("err %v", err)
+				}
+			}},
+		{"forbidden is an API error, not a denial", func(w http.ResponseWriter) {
+			apiError(w, 403, CodeForbidden, map[string]any{"required": []string{"effects:begin"}})
+		}, func(t *testing.T, err error) {
+			if errors.Is(err, ErrDenied) || !IsCode(err, CodeForbidden) {
+				t.Fatalf("err %v", err)
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			g := &fakeGate{answers: []func(http.ResponseWriter){tc.answer}}
+			c, _ := testClient(t, g)
+			_, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
+				t.Error("acted")
+				return sendResult{}, nil
+			})
+			tc.check(t, err)
+			if len(g.reports) != 0 {
+				t.Fatalf("reported %v", g.reports)
+			}
+		})
+	}
+}
