@@ -1,0 +1,398 @@
+package sdktest
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
+	ratchet "github.com/getratchet/ratchet/sdk/go"
+)
+
+type welcomeIn struct {
+	CustomerID string `json:"customerId"`
+	Mode       string `json:"mode,omitempty"`
+}
+
+type welcomeOut struct {
+	MessageID string `json:"messageId"`
+}
+
+func TestProducerWorkerRunSucceeds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	w := ratchet.NewWorker(b.client(t, b.workerKey(t, "send_welcome_email@1", "log_signup@1"), nil))
+	keys := make(chan string, 4)
+	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "send_welcome_email", Version: "1",
+		Handler: func(ctx context.Context, in welcomeIn, job ratchet.JobContext) (welcomeOut, error) {
+			keys <- job.IdempotencyKey
+			return welcomeOut{MessageID: "msg_" + in.CustomerID}, nil
+		}}))
+	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, struct{}]{Name: "log_signup", Version: "1",
+		Handler: func(context.Context, welcomeIn, ratchet.JobContext) (struct{}, error) { return struct{}{}, nil }}))
+	start(t, w, 4)
+	require.NotEmpty(t, w.ID())
+
+	run, err := b.producer.StartRun(ctx, "Customer onboarding")
+	require.NoError(t, err)
+	require.Equal(t, ratchet.RunRunning, run.Status)
+	first, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "cus_2048"}, ratchet.EnqueueOptions{
+		Name: "send_welcome_email", Version: "1", Endpoint: "Email service",
+		IdempotencyKey: "welcome:cus_2048", Timeout: 30 * time.Second, MaxAttempts: 5})
+	require.NoError(t, err)
+	require.Equal(t, "welcome:cus_2048", first.IdempotencyKey)
+	require.False(t, first.Deduplicated)
+	// A dependent step with a server-generated key.
+	second, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "cus_2048"}, ratchet.EnqueueOptions{
+		Name: "log_signup", Version: "1", AfterStepID: first.StepID, AfterStatus: ratchet.AfterSucceeded})
+	require.NoError(t, err)
+	require.NotEmpty(t, second.IdempotencyKey)
+	again, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "cus_2048"}, ratchet.EnqueueOptions{
+		Name: "log_signup", Version: "1", AfterStepID: first.StepID, AfterStatus: ratchet.AfterSucceeded})
+	require.NoError(t, err)
+	require.True(t, again.Deduplicated)
+	require.Equal(t, second.StepID, again.StepID)
+	require.Equal(t, second.IdempotencyKey, again.IdempotencyKey)
+
+	_, err = b.producer.FinishRun(ctx, run.ID)
+	require.NoError(t, err)
+	done := waitRun(t, b.producer, run.ID, func(r *ratchet.Run) bool { return r.Status != ratchet.RunRunning })
+	require.Equal(t, ratchet.RunSucceeded, done.Status, "%+v", done)
+	require.True(t, done.CompletionRequested)
+	s := step(t, done, first.StepID)
+	require.Equal(t, ratchet.JobSucceeded, s.Status)
+	require.Equal(t, "Email service", s.Endpoint)
+	require.Equal(t, 5, s.DurableJob.MaxAttempts)
+	require.Equal(t, 1, s.DurableJob.Attempt)
+	require.Equal(t, "welcome:cus_2048", <-keys)
+
+	// After finish, a new step is refused; the identical one deduplicates.
+	_, err = b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "other"}, ratchet.EnqueueOptions{Name: "log_signup", Version: "1"})
+	require.True(t, ratchet.IsCode(err, ratchet.CodeInvalidState), "%v", err)
+	dup, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "cus_2048"}, ratchet.EnqueueOptions{
+		Name: "send_welcome_email", Version: "1", Endpoint: "Email service",
+		IdempotencyKey: "welcome:cus_2048", Timeout: 30 * time.Second, MaxAttempts: 5})
+	require.NoError(t, err)
+	require.True(t, dup.Deduplicated)
+}
+
+func TestRetryableThenSuccess(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	// A one-second CUSTOM schedule so the retry comes due quickly.
+	b.env.Must(http.StatusCreated, "POST", "/api/v1/endpoints", b.ws.Key, map[string]any{
+		"name": "fast", "preset": "CUSTOM", "maxAttempts": 3, "initialDelayMs": 1000, "multiplier": 1,
+		"maxDelayMs": 1000, "jitterPercent": 0})
+	w := ratchet.NewWorker(b.client(t, b.workerKey(t, "flaky@1"), nil))
+	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "flaky", Version: "1",
+		Handler: func(_ context.Context, _ welcomeIn, job ratchet.JobContext) (welcomeOut, error) {
+			if job.Attempt == 1 {
+				return welcomeOut{}, ratchet.Retryable("provider busy", time.Second)
+			}
+			return welcomeOut{MessageID: "ok"}, nil
+		}}))
+	start(t, w, 1)
+	run, err := b.producer.StartRun(ctx, "retry")
+	require.NoError(t, err)
+	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"}, ratchet.EnqueueOptions{Name: "flaky", Version: "1", Endpoint: "fast"})
+	require.NoError(t, err)
+	_, err = b.producer.FinishRun(ctx, run.ID)
+	require.NoError(t, err)
+	done := waitRun(t, b.producer, run.ID, func(r *ratchet.Run) bool { return r.Status != ratchet.RunRunning })
+	require.Equal(t, ratchet.RunSucceeded, done.Status)
+	s := step(t, done, st.StepID)
+	require.Equal(t, 2, s.DurableJob.Attempt)
+	require.Equal(t, "CUSTOM", s.DurableJob.Policy.Preset)
+}
+
+func TestNonRetryableExhausts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	w := ratchet.NewWorker(b.client(t, b.workerKey(t, "strict@1"), nil))
+	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "strict", Version: "1",
+		Handler: func(context.Context, welcomeIn, ratchet.JobContext) (welcomeOut, error) {
+			return welcomeOut{}, ratchet.NonRetryable("invalid recipient")
+		}}))
+	start(t, w, 1)
+	run, err := b.producer.StartRun(ctx, "strict")
+	require.NoError(t, err)
+	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"}, ratchet.EnqueueOptions{Name: "strict", Version: "1", MaxAttempts: 5})
+	require.NoError(t, err)
+	_, err = b.producer.FinishRun(ctx, run.ID)
+	require.NoError(t, err)
+	done := waitRun(t, b.producer, run.ID, func(r *ratchet.Run) bool { return r.Status != ratchet.RunRunning })
+	require.Equal(t, ratchet.RunFailed, done.Status)
+	s := step(t, done, st.StepID)
+	require.Equal(t, ratchet.JobExhausted, s.Status)
+	require.Equal(t, 1, s.DurableJob.Attempt, "a non-retryable failure exhausts at once")
+
+	// Replay: preview, then re-queue the same job for one more attempt.
+	preview, err := b.operator.ReplayPreview(ctx, st.StepID)
+	require.NoError(t, err)
+	require.True(t, preview.Eligible)
+	require.Equal(t, "1", preview.HandlerVersion)
+	_, err = b.operator.Replay(ctx, st.StepID, ratchet.ReplayOptions{MaxAttempts: 1, Reason: "test"})
+	require.True(t, ratchet.IsCode(err, ratchet.CodeInvalidRequest), "replay without acknowledging the risk: %v", err)
+	res, err := b.operator.Replay(ctx, st.StepID, ratchet.ReplayOptions{AcknowledgeDuplicateRisk: true, MaxAttempts: 1, Reason: "test"})
+	require.NoError(t, err)
+	require.Equal(t, s.DurableJob.ID, res.JobID)
+	require.Equal(t, ratchet.JobQueued, res.Status)
+	require.Equal(t, 1, res.Attempt)
+	require.Equal(t, "1", res.HandlerVersion)
+	again := stepIs(t, b.producer, run.ID, st.StepID, ratchet.JobExhausted)
+	require.Equal(t, 2, again.DurableJob.Attempt)
+}
+
+type providerError struct{ status int }
+
+func (e *providerError) Error() string { return "provider said no" }
+
+func TestClassifierPrecedence(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	w := ratchet.NewWorker(b.client(t, b.workerKey(t, "classified@1", "shaky@1"), nil))
+	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "classified", Version: "1",
+		Handler: func(_ context.Context, in welcomeIn, _ ratchet.JobContext) (welcomeOut, error) {
+			switch in.Mode {
+			case "provider-400":
+				return welcomeOut{}, &providerError{400}
+			case "explicit-retryable":
+				return welcomeOut{}, ratchet.Retryable("explicit wins", 0)
+			}
+			return welcomeOut{}, errors.New("unknown failure")
+		},
+		ClassifyError: func(err error, _ ratchet.JobContext) ratchet.Decision {
+			var pe *providerError
+			if errors.As(err, &pe) && pe.status == 400 {
+				return ratchet.Decision{Retryable: false}
+			}
+			if err.Error() == "explicit wins" {
+				return ratchet.Decision{Retryable: false} // must never be asked
+			}
+			return ratchet.Decision{Retryable: true, RetryAfter: 2 * time.Hour}
+		}}))
+	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "shaky", Version: "1",
+		Handler: func(context.Context, welcomeIn, ratchet.JobContext) (welcomeOut, error) {
+			return welcomeOut{}, errors.New("boom")
+		},
+		ClassifyError: func(error, ratchet.JobContext) ratchet.Decision { panic("classifier bug") }}))
+	onError := start(t, w, 4)
+
+	run, err := b.producer.StartRun(ctx, "classify")
+	require.NoError(t, err)
+	enqueue := func(name, mode string) string {
+		st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c", Mode: mode}, ratchet.EnqueueOptions{Name: name, Version: "1", MaxAttempts: 3})
+		require.NoError(t, err)
+		return st.StepID
+	}
+	provider := enqueue("classified", "provider-400")
+	explicit := enqueue("classified", "explicit-retryable")
+	hinted := enqueue("classified", "unknown")
+	panicked := enqueue("shaky", "")
+
+	s := stepIs(t, b.producer, run.ID, provider, ratchet.JobExhausted, ratchet.JobRetryScheduled)
+	require.Equal(t, ratchet.JobExhausted, s.Status, "classifier said non-retryable")
+	require.Equal(t, 1, s.DurableJob.Attempt)
+
+	s = stepIs(t, b.producer, run.ID, explicit, ratchet.JobExhausted, ratchet.JobRetryScheduled)
+	require.Equal(t, ratchet.JobRetryScheduled, s.Status, "an explicit RetryableError beats the classifier")
+
+	// The classifier's two-hour hint is honoured: the retry is due no sooner.
+	s = stepIs(t, b.producer, run.ID, hinted, ratchet.JobExhausted, ratchet.JobRetryScheduled)
+	require.Equal(t, ratchet.JobRetryScheduled, s.Status)
+	require.NotNil(t, s.DurableJob.DueAt)
+	require.WithinDuration(t, time.Now().Add(2*time.Hour), *s.DurableJob.DueAt, 10*time.Minute)
+
+	s = stepIs(t, b.producer, run.ID, panicked, ratchet.JobExhausted, ratchet.JobRetryScheduled)
+	require.Equal(t, ratchet.JobRetryScheduled, s.Status, "a panicking classifier falls back to retryable")
+	var pe *ratchet.PanicError
+	require.True(t, onError.find(&pe), "the classifier panic reaches OnError")
+
+	// Cancel the scheduled retries so the run can end.
+	for _, id := range []string{explicit, hinted, panicked} {
+		_, err := b.producer.CancelStep(ctx, id)
+		require.NoError(t, err)
+		stepIs(t, b.producer, run.ID, id, ratchet.JobCancelled)
+	}
+}
+
+func TestTimeoutCancelsHandlerContext(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	w := ratchet.NewWorker(b.client(t, b.workerKey(t, "slow@1"), nil))
+	causes := make(chan error, 1)
+	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "slow", Version: "1",
+		Handler: func(ctx context.Context, _ welcomeIn, _ ratchet.JobContext) (welcomeOut, error) {
+			<-ctx.Done()
+			causes <- context.Cause(ctx)
+			return welcomeOut{}, ctx.Err()
+		}}))
+	start(t, w, 1)
+	run, err := b.producer.StartRun(ctx, "timeout")
+	require.NoError(t, err)
+	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"}, ratchet.EnqueueOptions{
+		Name: "slow", Version: "1", Timeout: time.Second, MaxAttempts: 1})
+	require.NoError(t, err)
+	select {
+	case cause := <-causes:
+		require.ErrorIs(t, cause, ratchet.ErrTimeout)
+	case <-time.After(time.Minute):
+		t.Fatal("handler context never ended")
+	}
+	s := stepIs(t, b.producer, run.ID, st.StepID, ratchet.JobExhausted)
+	require.Equal(t, 1, s.DurableJob.Attempt)
+}
+
+func TestCancelStepReachesHandler(t *testing.T) {
+	t.Parallel()
+	// A short lease grace makes the worker heartbeat (and so see the
+	// cancellation) within a few seconds.
+	b := setup(t, apitest.WithConfig(func(c *config.Config) { c.JobLeaseGraceMs = 1000 }))
+	ctx := context.Background()
+	w := ratchet.NewWorker(b.client(t, b.workerKey(t, "long@1"), nil))
+	started, causes := make(chan struct{}), make(chan error, 1)
+	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
+		Handler: func(ctx context.Context, _ welcomeIn, _ ratchet.JobContext) (welcomeOut, error) {
+			close(started)
+			<-ctx.Done()
+			causes <- context.Cause(ctx)
+			return welcomeOut{}, ctx.Err()
+		}}))
+	start(t, w, 1)
+	run, err := b.producer.StartRun(ctx, "cancel")
+	require.NoError(t, err)
+	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"}, ratchet.EnqueueOptions{
+		Name: "long", Version: "1", Timeout: 5 * time.Second})
+	require.NoError(t, err)
+	<-started
+	_, err = b.producer.CancelStep(ctx, st.StepID)
+	require.NoError(t, err)
+	select {
+	case cause := <-causes:
+		// The server either flags cancelRequested or refuses the heartbeat
+		// of a cancelled job; both stop the handler before its timeout.
+		require.True(t, errors.Is(cause, ratchet.ErrCancelRequested) || errors.Is(cause, ratchet.ErrLeaseLost), "%v", cause)
+	case <-time.After(time.Minute):
+		t.Fatal("handler context never ended")
+	}
+	stepIs(t, b.producer, run.ID, st.StepID, ratchet.JobCancelled)
+}
+
+func TestGracefulStopLeavesNothingHalfReported(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	w := ratchet.NewWorker(b.client(t, b.workerKey(t, "gated@1"), nil))
+	started, release := make(chan struct{}, 4), make(chan struct{})
+	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "gated", Version: "1",
+		Handler: func(ctx context.Context, in welcomeIn, _ ratchet.JobContext) (welcomeOut, error) {
+			started <- struct{}{}
+			<-release
+			return welcomeOut{MessageID: in.CustomerID}, nil
+		}}))
+	require.NoError(t, w.Start(ctx, ratchet.StartOptions{Concurrency: 2, PollInterval: 100 * time.Millisecond}))
+	run, err := b.producer.StartRun(ctx, "stop")
+	require.NoError(t, err)
+	var ids []string
+	for _, c := range []string{"a", "b"} {
+		st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: c}, ratchet.EnqueueOptions{Name: "gated", Version: "1", Timeout: time.Minute})
+		require.NoError(t, err)
+		ids = append(ids, st.StepID)
+	}
+	<-started
+	<-started
+	stopped := make(chan error, 1)
+	go func() {
+		sctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		stopped <- w.Stop(sctx)
+	}()
+	// Work enqueued after Stop began is not claimed by this worker.
+	late, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "late"}, ratchet.EnqueueOptions{Name: "gated", Version: "1"})
+	require.NoError(t, err)
+	time.Sleep(300 * time.Millisecond) // several poll intervals
+	close(release)
+	require.NoError(t, <-stopped)
+	r, err := b.producer.GetRun(ctx, run.ID)
+	require.NoError(t, err)
+	for _, id := range ids {
+		require.Equal(t, ratchet.JobSucceeded, step(t, r, id).Status, "every claimed job was reported before Stop returned")
+	}
+	require.Equal(t, ratchet.JobQueued, step(t, r, late.StepID).Status)
+}
+
+func TestKilledWorkerJobIsReclaimed(t *testing.T) {
+	t.Parallel()
+	// Lease = timeout + grace; keep both short so the lapse comes quickly.
+	b := setup(t, apitest.WithConfig(func(c *config.Config) { c.JobLeaseGraceMs = 500 }))
+	ctx := context.Background()
+	key := b.workerKey(t, "fragile@1")
+
+	cut := &severable{}
+	doomed := ratchet.NewWorker(b.client(t, key, func(next http.RoundTripper) http.RoundTripper { cut.next = next; return cut }))
+	started, hang := make(chan ratchet.JobContext, 1), make(chan struct{})
+	t.Cleanup(func() { close(hang) })
+	require.NoError(t, ratchet.RegisterTool(doomed, ratchet.Tool[welcomeIn, welcomeOut]{Name: "fragile", Version: "1",
+		Handler: func(_ context.Context, _ welcomeIn, job ratchet.JobContext) (welcomeOut, error) {
+			cut.cut.Store(true) // the process "dies": nothing more reaches the server
+			started <- job
+			<-hang // and this handler never finishes
+			return welcomeOut{}, nil
+		}}))
+	start(t, doomed, 1)
+
+	run, err := b.producer.StartRun(ctx, "reclaim")
+	require.NoError(t, err)
+	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"}, ratchet.EnqueueOptions{
+		Name: "fragile", Version: "1", Timeout: time.Second, MaxAttempts: 3})
+	require.NoError(t, err)
+	first := <-started
+	require.Equal(t, 1, first.Attempt)
+
+	rescuer := ratchet.NewWorker(b.client(t, key, nil))
+	attempts := make(chan int, 1)
+	require.NoError(t, ratchet.RegisterTool(rescuer, ratchet.Tool[welcomeIn, welcomeOut]{Name: "fragile", Version: "1",
+		Handler: func(_ context.Context, _ welcomeIn, job ratchet.JobContext) (welcomeOut, error) {
+			attempts <- job.Attempt
+			return welcomeOut{MessageID: "rescued"}, nil
+		}}))
+	start(t, rescuer, 1)
+	select {
+	case a := <-attempts:
+		require.Equal(t, 2, a)
+	case <-time.After(time.Minute):
+		t.Fatal("the lapsed job was never reclaimed")
+	}
+	s := stepIs(t, b.producer, run.ID, st.StepID, ratchet.JobSucceeded)
+	require.Equal(t, 2, s.DurableJob.Attempt)
+	require.NotEqual(t, doomed.ID(), rescuer.ID())
+}
+
+func TestIdleWorkerClaimsAtThePollInterval(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cnt := &counting{}
+	w := ratchet.NewWorker(b.client(t, b.workerKey(t, "idle@1"), func(next http.RoundTripper) http.RoundTripper { cnt.next = next; return cnt }))
+	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "idle", Version: "1",
+		Handler: func(context.Context, welcomeIn, ratchet.JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+	// Scaled down 100×: 6 s at a 300 ms interval stands for 10 minutes at
+	// the default 30 s (the unscaled pacing is unit-tested with a fake
+	// clock in sdk/go). Expect about 20 claims, never hundreds.
+	require.NoError(t, w.Start(context.Background(), ratchet.StartOptions{PollInterval: 300 * time.Millisecond}))
+	time.Sleep(6 * time.Second)
+	require.NoError(t, w.Stop(context.Background()))
+	cnt.mu.Lock()
+	defer cnt.mu.Unlock()
+	require.LessOrEqual(t, cnt.claims, 25)
+	require.GreaterOrEqual(t, cnt.claims, 1)
+}
