@@ -170,21 +170,25 @@ func TestGateInFlightWaitsForTheHolder(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, err, ratchet.ErrInFlight)
 	// ...and with patience it waits, asks again and sees the holder's result.
-	second := make(chan *ratchet.EffectOutcome[sent], 1)
+	type answer struct {
+		out *ratchet.EffectOutcome[sent]
+		err error
+	}
+	second := make(chan answer, 1)
 	go func() {
 		out, err := ratchet.DoEffect(ctx, g.agent, req("email.send", "k-race"), func(context.Context, ratchet.Lease) (sent, error) {
 			return sent{}, errors.New("must not run")
 		})
-		require.NoError(t, err)
-		second <- out
+		second <- answer{out, err}
 	}()
 	time.Sleep(100 * time.Millisecond)
 	close(release)
 	require.NoError(t, <-first)
 	select {
-	case out := <-second:
-		require.True(t, out.Duplicate)
-		require.Equal(t, "by-holder", out.Result.MessageID)
+	case a := <-second:
+		require.NoError(t, a.err)
+		require.True(t, a.out.Duplicate)
+		require.Equal(t, "by-holder", a.out.Result.MessageID)
 	case <-time.After(time.Minute):
 		t.Fatal("the waiting caller never got an answer")
 	}
