@@ -1,0 +1,121 @@
+// Command onboarding-worker serves send_welcome_email@1 until interrupted,
+// then stops gracefully: it claims nothing more and lets running handlers
+// finish (up to 30 seconds) and report.
+//
+//	RATCHET_BASE_URL=http://localhost:8787 RATCHET_WORKER_KEY=... go run ./examples/onboarding-worker
+package main
+
+import (
+	"context"
+	"errors"
+	"log"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	ratchet "github.com/getratchet/ratchet/sdk/go"
+)
+
+type welcomeInput struct {
+	CustomerID string `json:"customerId"`
+}
+
+type welcomeOutput struct {
+	MessageID string `json:"messageId"`
+}
+
+func main() {
+	if err := run(); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run() error {
+	client, err := ratchet.NewClient(ratchet.Config{
+		BaseURL: envOr("RATCHET_BASE_URL", "http://localhost:8787"),
+		// A WORKER key whose tools list "send_welcome_email@1"; never in source.
+		APIKey: os.Getenv("RATCHET_WORKER_KEY"),
+	})
+	if err != nil {
+		return err
+	}
+	worker := ratchet.NewWorker(client)
+	err = ratchet.RegisterTool(worker, ratchet.Tool[welcomeInput, welcomeOutput]{
+		Name: "send_welcome_email", Version: "1",
+		Handler: sendWelcomeEmail,
+	})
+	if err != nil {
+		return err
+	}
+	err = worker.Start(context.Background(), ratchet.StartOptions{
+		Concurrency: 4,
+		// PollInterval defaults to 30 s; an idle worker claims about twice a minute.
+		OnError: func(err error) {
+			// Local diagnostics only. Errors can carry payload details, so keep
+			// them out of shared logs; RedactMessage bounds and masks the text.
+			log.Printf("worker: %s", ratchet.RedactMessage(err.Error()))
+		},
+	})
+	if err != nil {
+		return err
+	}
+	log.Printf("worker %s serving send_welcome_email@1; Ctrl-C to stop", worker.ID())
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	<-sig
+	log.Print("stopping: finishing running jobs")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return worker.Stop(ctx)
+}
+
+// sendWelcomeEmail stands in for a call to an e-mail provider. It passes the
+// job's idempotency key on, so a repeated attempt (execution is at least
+// once) is deduplicated by the provider, and it honours ctx, which ends at
+// the job's timeout or when the step is cancelled.
+func sendWelcomeEmail(ctx context.Context, in welcomeInput, job ratchet.JobContext) (welcomeOutput, error) {
+	if in.CustomerID == "" {
+		return welcomeOutput{}, ratchet.NonRetryable("customerId is required")
+	}
+	select {
+	case <-time.After(200 * time.Millisecond): // the provider call
+	case <-ctx.Done():
+		return welcomeOutput{}, ctx.Err()
+	}
+	status := providerStatus(in.CustomerID)
+	switch {
+	case status == 429:
+		return welcomeOutput{}, ratchet.Retryable("provider rate limited", 30*time.Second)
+	case status == 503:
+		return welcomeOutput{}, ratchet.Retryable("provider unavailable", 0)
+	case status == 400:
+		return welcomeOutput{}, ratchet.NonRetryable("provider rejected validation")
+	case status >= 300:
+		return welcomeOutput{}, errors.New("provider request failed") // unknown: retryable
+	}
+	log.Printf("sent welcome e-mail (attempt %d, idempotency key %s)", job.Attempt, job.IdempotencyKey)
+	return welcomeOutput{MessageID: "msg_" + job.IdempotencyKey}, nil
+}
+
+// providerStatus fakes the provider's answer; CUSTOMER_ID=fail-<status> in
+// the producer lets you try the error paths.
+func providerStatus(customerID string) int {
+	switch customerID {
+	case "fail-429":
+		return 429
+	case "fail-503":
+		return 503
+	case "fail-400":
+		return 400
+	}
+	return 200
+}
+
+func envOr(name, fallback string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return fallback
+}
