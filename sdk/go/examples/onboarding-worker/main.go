@@ -95,7 +95,7 @@ func sendWelcomeEmail(ctx context.Context, in welcomeInput, job ratchet.JobConte
 	case status >= 300:
 		return welcomeOutput{}, errors.New("provider request failed") // unknown: retryable
 	}
-	log.Printf("sent welcome e-mail (attempt %d, idempotency key %s)", job.Attempt, job.IdempotencyKey)
+	log.Printf("sent welcome e-mail for job %s (attempt %d)", job.JobID, job.Attempt)
 	return welcomeOutput{MessageID: "msg_" + job.IdempotencyKey}, nil
 }
 
