@@ -85,7 +85,10 @@ type clock interface {
 
 type realClock struct{}
 
+// Now returns the wall clock.
 func (realClock) Now() time.Time { return time.Now() }
+
+// Timer wraps time.NewTimer.
 func (realClock) Timer(d time.Duration) (<-chan time.Time, func()) {
 	t := time.NewTimer(d)
 	return t.C, func() { t.Stop() }
@@ -360,7 +363,7 @@ func (w *Worker) report(ctx context.Context, j ClaimedJob, r JobReport) {
 func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.CancelCauseFunc) {
 	expires := j.LeaseExpiresAt
 	for {
-		fire, stop := w.clock.Timer(w.heartbeatEvery(expires))
+		fire, stop := w.clock.Timer(w.heartbeatEvery(expires, time.Duration(j.TimeoutMs)*time.Millisecond))
 		select {
 		case <-ctx.Done():
 			stop()
@@ -390,8 +393,13 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 }
 
 // heartbeatEvery is a third of the lease left, within [minHeartbeat,
-// maxHeartbeat].
-func (w *Worker) heartbeatEvery(expires time.Time) time.Duration {
-	d := expires.Sub(w.clock.Now()) / 3
-	return min(max(d, minHeartbeat), maxHeartbeat)
+// maxHeartbeat]. The lease is never shorter than the job's timeout, so the
+// timeout also bounds it: that keeps heartbeats inside the lease even when
+// the server's clock runs ahead of ours.
+func (w *Worker) heartbeatEvery(expires time.Time, timeout time.Duration) time.Duration {
+	left := expires.Sub(w.clock.Now())
+	if timeout > 0 && timeout < left {
+		left = timeout
+	}
+	return min(max(left/3, minHeartbeat), maxHeartbeat)
 }
