@@ -133,8 +133,26 @@ func TestNonRetryableExhausts(t *testing.T) {
 	s := step(t, done, st.StepID)
 	require.Equal(t, ratchet.JobExhausted, s.Status)
 	require.Equal(t, 1, s.DurableJob.Attempt, "a non-retryable failure exhausts at once")
+}
 
-	// Replay: preview, then re-queue the same job for one more attempt.
+func TestReplayAfterExhaustion(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	requireRoute(t, b, "/api/v1/steps/{id}/replay")
+	ctx := context.Background()
+	w := ratchet.NewWorker(b.client(t, b.workerKey(t, "strict@1"), nil))
+	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "strict", Version: "1",
+		Handler: func(context.Context, welcomeIn, ratchet.JobContext) (welcomeOut, error) {
+			return welcomeOut{}, ratchet.NonRetryable("invalid recipient")
+		}}))
+	start(t, w, 1)
+	run, err := b.producer.StartRun(ctx, "replay")
+	require.NoError(t, err)
+	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"}, ratchet.EnqueueOptions{Name: "strict", Version: "1"})
+	require.NoError(t, err)
+	s := stepIs(t, b.producer, run.ID, st.StepID, ratchet.JobExhausted)
+
+	// Preview, then re-queue the same job for one more attempt.
 	preview, err := b.operator.ReplayPreview(ctx, st.StepID)
 	require.NoError(t, err)
 	require.True(t, preview.Eligible)
