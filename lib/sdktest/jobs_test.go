@@ -359,7 +359,6 @@ func TestKilledWorkerJobIsReclaimed(t *testing.T) {
 	cut := &severable{}
 	doomed := ratchet.NewWorker(b.client(t, key, func(next http.RoundTripper) http.RoundTripper { cut.next = next; return cut }))
 	started, hang := make(chan ratchet.JobContext, 1), make(chan struct{})
-	t.Cleanup(func() { close(hang) })
 	require.NoError(t, ratchet.RegisterTool(doomed, ratchet.Tool[welcomeIn, welcomeOut]{Name: "fragile", Version: "1",
 		Handler: func(_ context.Context, _ welcomeIn, job ratchet.JobContext) (welcomeOut, error) {
 			cut.cut.Store(true) // the process "dies": nothing more reaches the server
@@ -368,6 +367,9 @@ func TestKilledWorkerJobIsReclaimed(t *testing.T) {
 			return welcomeOut{}, nil
 		}}))
 	start(t, doomed, 1)
+	// Cleanups run last-in first-out: let the hung handler go before the
+	// doomed worker's Stop waits for it.
+	t.Cleanup(func() { close(hang) })
 
 	run, err := b.producer.StartRun(ctx, "reclaim")
 	require.NoError(t, err)
