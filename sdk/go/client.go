@@ -200,7 +200,9 @@ func (c *Client) backoff(attempt int) time.Duration {
 // reached the server).
 type netError struct{ err error }
 
+// Error implements error.
 func (e *netError) Error() string { return "ratchet: " + e.err.Error() }
+// Unwrap returns the transport's error.
 func (e *netError) Unwrap() error { return e.err }
 
 // once sends a single request.

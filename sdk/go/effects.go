@@ -53,19 +53,23 @@ type BeginRequest struct {
 	CostMicros *int64 `json:"cost_micros,omitempty"`
 	// Dimensions name counterparties for per-dimension ceilings.
 	Dimensions map[string]string `json:"dimensions,omitempty"`
-	RunID      string            `json:"run_id,omitempty"`
-	GroupID    string            `json:"group_id,omitempty"`
+	// RunID ties the effect to a run (and its budget).
+	RunID string `json:"run_id,omitempty"`
+	// GroupID joins an effect group (see Compensation).
+	GroupID string `json:"group_id,omitempty"`
 	// Compensation declares how to undo this effect within its group.
-	Compensation        *Compensation `json:"compensation,omitempty"`
-	CompensatesEffectID string        `json:"compensates_effect_id,omitempty"`
+	Compensation *Compensation `json:"compensation,omitempty"`
+	// CompensatesEffectID marks this effect as the undo of another; use it
+	// with the unwind plan's suggested key so a retried rollback is deduplicated.
+	CompensatesEffectID string `json:"compensates_effect_id,omitempty"`
 	// LeaseSeconds may shorten the policy's lease (a longer one is capped).
 	LeaseSeconds int `json:"lease_seconds,omitempty"`
 }
 
 // Compensation is the undo action declared for a grouped effect.
 type Compensation struct {
-	EffectType string `json:"effect_type"`
-	Payload    any    `json:"payload"`
+	EffectType string `json:"effect_type"` // the undo action's effect type
+	Payload    any    `json:"payload"`     // the undo action's payload
 }
 
 // Micros returns a pointer to n, for BeginRequest.CostMicros.
@@ -74,27 +78,34 @@ func Micros(n int64) *int64 { return &n }
 // PriorAttempt describes the earlier attempt behind a blocked or probe
 // decision.
 type PriorAttempt struct {
-	Attempt        int        `json:"attempt"`
-	StartedAt      *time.Time `json:"started_at"`
-	LeaseExpiredAt *time.Time `json:"lease_expired_at"`
+	Attempt        int        `json:"attempt"`          // its attempt number
+	StartedAt      *time.Time `json:"started_at"`       // when it was granted execute
+	LeaseExpiredAt *time.Time `json:"lease_expired_at"` // when its lease lapsed unreported
 }
 
 // BeginResponse is the gate's decision. Which fields are set depends on
 // Decision (API.md §2.1). For DecisionDenied, Denial holds the error
 // envelope the server sent along with HTTP 403.
 type BeginResponse struct {
-	Decision          string          `json:"decision"`
-	EffectID          string          `json:"effect_id"`
-	State             string          `json:"state"`
-	Attempt           int             `json:"attempt"`
-	LeaseToken        string          `json:"lease_token,omitempty"`
-	LeaseExpiresAt    *time.Time      `json:"lease_expires_at,omitempty"`
-	Probe             bool            `json:"probe,omitempty"`
-	PriorAttempt      *PriorAttempt   `json:"prior_attempt,omitempty"`
-	Result            json.RawMessage `json:"result,omitempty"`
-	RetryAfterSeconds int             `json:"retry_after_seconds,omitempty"`
-	ApprovalID        string          `json:"approval_id,omitempty"`
-	Denial            *Error          `json:"-"`
+	Decision string `json:"decision"` // one of the Decision* constants
+	EffectID string `json:"effect_id"`
+	State    string `json:"state"`   // one of the Effect* state constants
+	Attempt  int    `json:"attempt"` // execute grants so far
+	// LeaseToken and LeaseExpiresAt come with execute: report with the token.
+	LeaseToken     string     `json:"lease_token,omitempty"`
+	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
+	// Probe (execute) asks the holder to check the vendor for PriorAttempt
+	// first; PriorAttempt also comes with blocked.
+	Probe        bool          `json:"probe,omitempty"`
+	PriorAttempt *PriorAttempt `json:"prior_attempt,omitempty"`
+	// Result is the recorded result (duplicate).
+	Result json.RawMessage `json:"result,omitempty"`
+	// RetryAfterSeconds is how long to wait before asking again (in_flight).
+	RetryAfterSeconds int `json:"retry_after_seconds,omitempty"`
+	// ApprovalID names the pending approval (approval_required).
+	ApprovalID string `json:"approval_id,omitempty"`
+	// Denial is the error sent with a denied decision (HTTP 403).
+	Denial *Error `json:"-"`
 }
 
 // Begin asks before acting (POST /api/v1/effects/begin). A denial is not an
@@ -119,11 +130,11 @@ func (c *Client) Begin(ctx context.Context, req BeginRequest) (*BeginResponse, e
 
 // EffectAttempt is one attempt in an effect's history.
 type EffectAttempt struct {
-	Attempt        int        `json:"attempt"`
-	Outcome        *string    `json:"outcome"`
-	StartedAt      time.Time  `json:"started_at"`
-	LeaseExpiresAt *time.Time `json:"lease_expires_at"`
-	ReportedAt     *time.Time `json:"reported_at"`
+	Attempt        int        `json:"attempt"`          // from 1
+	Outcome        *string    `json:"outcome"`          // succeeded, failed, indeterminate or null while leased
+	StartedAt      time.Time  `json:"started_at"`       // when execute was granted
+	LeaseExpiresAt *time.Time `json:"lease_expires_at"` // the lease's (last) expiry
+	ReportedAt     *time.Time `json:"reported_at"`      // when a report or resolve recorded it
 }
 
 // Effect is the gate's record of one idempotency key.
@@ -131,15 +142,16 @@ type Effect struct {
 	ID             string          `json:"id"`
 	EffectType     string          `json:"effect_type"`
 	IdempotencyKey string          `json:"idempotency_key"`
-	State          string          `json:"state"`
-	Attempt        int             `json:"attempt"`
-	Attempts       []EffectAttempt `json:"attempts"`
-	Result         json.RawMessage `json:"result"`
+	State          string          `json:"state"`    // one of the Effect* state constants
+	Attempt        int             `json:"attempt"`  // execute grants so far
+	Attempts       []EffectAttempt `json:"attempts"` // the history, oldest first
+	Result         json.RawMessage `json:"result"`   // the recorded result, if succeeded
+	// PayloadPreview shows the payload's shape with values redacted.
 	PayloadPreview json.RawMessage `json:"payload_preview"`
 	CostMicros     *int64          `json:"cost_micros"`
 	RunID          *string         `json:"run_id"`
 	GroupID        *string         `json:"group_id"`
-	DenialCode     *string         `json:"denial_code"`
+	DenialCode     *string         `json:"denial_code"` // why it was denied, if it was
 	CreatedAt      time.Time       `json:"created_at"`
 	UpdatedAt      time.Time       `json:"updated_at"`
 }

@@ -133,8 +133,8 @@ func IsCode(err error, code string) bool { return err != nil && ErrorCode(err) =
 // 24 hours. Message is sent to the API (bounded and redacted), so keep it
 // free of payloads and credentials.
 type RetryableError struct {
-	Message    string
-	RetryAfter time.Duration
+	Message    string        // sent to the API, redacted
+	RetryAfter time.Duration // optional minimum wait
 }
 
 // Error implements error.
@@ -144,7 +144,7 @@ func (e *RetryableError) Error() string { return "retryable: " + e.Message }
 // it is exhausted at once, whatever attempts remain. Message is sent to the
 // API (bounded and redacted).
 type NonRetryableError struct {
-	Message string
+	Message string // sent to the API, redacted
 }
 
 // Error implements error.

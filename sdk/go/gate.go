@@ -26,7 +26,7 @@ var (
 // BlockedError is returned for a blocked decision.
 type BlockedError struct {
 	EffectID     string
-	PriorAttempt *PriorAttempt
+	PriorAttempt *PriorAttempt // the attempt whose outcome is unknown
 }
 
 // Error implements error.
@@ -39,7 +39,7 @@ func (e *BlockedError) Is(target error) bool { return target == ErrBlocked }
 // DoEffect again with the same key after approval to get execute.
 type ApprovalRequiredError struct {
 	EffectID   string
-	ApprovalID string
+	ApprovalID string // the pending approval an operator decides
 }
 
 // Error implements error.
@@ -55,8 +55,8 @@ func (e *ApprovalRequiredError) Is(target error) bool { return target == ErrAppr
 // wrapped, so ErrorCode(err) returns it too.
 type DeniedError struct {
 	EffectID string
-	Code     string
-	Err      *Error
+	Code     string // the denial reason, an API error code
+	Err      *Error // the full error, with Detail (resets_at, dimension, ...)
 }
 
 // Error implements error.
@@ -72,7 +72,7 @@ func (e *DeniedError) Unwrap() error { return e.Err }
 // lease. It wraps the context's error.
 type InFlightError struct {
 	EffectID string
-	Err      error
+	Err      error // the context's error
 }
 
 // Error implements error.
@@ -89,7 +89,9 @@ func (e *InFlightError) Unwrap() error { return e.Err }
 // NotPerformedError marks an action error as certain not to have reached the
 // outside world; DoEffect then reports the attempt failed, which allows a
 // new attempt.
-type NotPerformedError struct{ Err error }
+type NotPerformedError struct {
+	Err error // the action's error
+}
 
 // Error implements error.
 func (e *NotPerformedError) Error() string { return "not performed: " + e.Err.Error() }
@@ -112,8 +114,8 @@ func NotPerformed(err error) error {
 // Lease is what an action knows about its attempt.
 type Lease struct {
 	EffectID       string
-	Attempt        int
-	LeaseExpiresAt time.Time
+	Attempt        int       // this attempt's number, from 1
+	LeaseExpiresAt time.Time // heartbeated by DoEffect while the action runs
 	// Probe is true when a prior attempt's outcome is unknown and the policy
 	// is on_indeterminate: probe. Check the vendor for PriorAttempt first:
 	// if it happened, return what you found instead of acting again.
@@ -124,7 +126,7 @@ type Lease struct {
 // EffectOutcome is the result of DoEffect.
 type EffectOutcome[T any] struct {
 	EffectID string
-	Attempt  int
+	Attempt  int // the attempt that produced Result
 	// Result is the action's result, or the recorded one for a duplicate.
 	Result T
 	// Duplicate is true when the effect had already succeeded: the action

@@ -8,8 +8,8 @@ import (
 
 // ToolRef names one exact handler: a tool name and handler version.
 type ToolRef struct {
-	Name    string `json:"name"`
-	Version string `json:"version"`
+	Name    string `json:"name"`    // the tool name, e.g. "send_welcome_email"
+	Version string `json:"version"` // the exact handler version, e.g. "1"
 }
 
 // RegisterWorker registers a worker for the exact tools it serves (POST
@@ -28,17 +28,19 @@ func (c *Client) RegisterWorker(ctx context.Context, tools []ToolRef) (string, e
 
 // ClaimedJob is a job leased to this worker by a claim.
 type ClaimedJob struct {
-	JobID          string          `json:"jobId"`
-	StepID         string          `json:"stepId"`
-	RunID          string          `json:"runId"`
-	Name           string          `json:"name"`
-	Version        string          `json:"version"`
-	Attempt        int             `json:"attempt"`
-	LeaseToken     string          `json:"leaseToken"`
-	LeaseExpiresAt time.Time       `json:"leaseExpiresAt"`
-	TimeoutMs      int64           `json:"timeoutMs"`
+	JobID   string `json:"jobId"`
+	StepID  string `json:"stepId"`
+	RunID   string `json:"runId"`
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	Attempt int    `json:"attempt"` // this execution's number, from 1
+	// LeaseToken proves this claim in heartbeats and the report.
+	LeaseToken     string    `json:"leaseToken"`
+	LeaseExpiresAt time.Time `json:"leaseExpiresAt"`
+	TimeoutMs      int64     `json:"timeoutMs"` // the attempt's timeout
+	// IdempotencyKey is stable across attempts: pass it to the destination.
 	IdempotencyKey string          `json:"idempotencyKey"`
-	Input          json.RawMessage `json:"input"`
+	Input          json.RawMessage `json:"input"` // the step's input, decrypted
 }
 
 // Claim leases up to limit (1–100) due jobs for workerID, waiting up to
@@ -59,7 +61,7 @@ func (c *Client) Claim(ctx context.Context, workerID string, limit, waitSeconds 
 
 // JobHeartbeat is the answer to a job heartbeat.
 type JobHeartbeat struct {
-	LeaseExpiresAt time.Time `json:"leaseExpiresAt"`
+	LeaseExpiresAt time.Time `json:"leaseExpiresAt"` // the extended expiry
 	// CancelRequested is true when the job was cancelled: stop working on it.
 	CancelRequested bool `json:"cancelRequested"`
 }
@@ -85,17 +87,19 @@ const (
 // runtime does, enforcing that Error.RetryAfterMs is 1000–86400000 and only
 // present on a retryable failure.
 type JobReport struct {
-	LeaseToken string          `json:"leaseToken"`
-	Status     string          `json:"status"`
-	Output     json.RawMessage `json:"output,omitempty"`
-	Error      *JobError       `json:"error,omitempty"`
+	LeaseToken string          `json:"leaseToken"`       // the claim's token
+	Status     string          `json:"status"`           // ReportSucceeded or ReportFailed
+	Output     json.RawMessage `json:"output,omitempty"` // JSON output of a success
+	Error      *JobError       `json:"error,omitempty"`  // what failed
 }
 
 // JobError is a failed attempt's error as the API stores it: a bounded,
 // redacted message and the retry decision, nothing else.
 type JobError struct {
-	Message      string `json:"message"`
-	Retryable    bool   `json:"retryable"`
+	Message   string `json:"message"`   // bounded and redacted
+	Retryable bool   `json:"retryable"` // false exhausts the job at once
+	// RetryAfterMs is a minimum wait before the retry (1000–86400000), only
+	// with Retryable.
 	RetryAfterMs *int64 `json:"retryAfterMs,omitempty"`
 }
 
@@ -103,9 +107,9 @@ type JobError struct {
 // retry was scheduled.
 type JobReportResult struct {
 	JobID     string     `json:"jobId"`
-	Status    string     `json:"status"`
-	Attempt   int        `json:"attempt"`
-	NextDueAt *time.Time `json:"nextDueAt"`
+	Status    string     `json:"status"`    // the job's status after the report
+	Attempt   int        `json:"attempt"`   // the reported attempt
+	NextDueAt *time.Time `json:"nextDueAt"` // when a scheduled retry is due
 }
 
 // ReportJob records an attempt's outcome (POST /api/v1/jobs/{id}/report).

@@ -28,9 +28,10 @@ const (
 
 // Run is a durable run with its steps (GET /api/v1/runs/{id}).
 type Run struct {
-	ID                  string     `json:"id"`
-	Name                string     `json:"name"`
-	Status              string     `json:"status"`
+	ID     string `json:"id"`
+	Name   string `json:"name"`
+	Status string `json:"status"` // RunRunning, RunSucceeded or RunFailed
+	// CompletionRequested is set by FinishRun; the run ends once its steps do.
 	CompletionRequested bool       `json:"completionRequested"`
 	CreatedAt           time.Time  `json:"createdAt"`
 	FinishedAt          *time.Time `json:"finishedAt"`
@@ -39,30 +40,45 @@ type Run struct {
 
 // Step is one step of a run. Its Status equals DurableJob.Status.
 type Step struct {
-	ID             string     `json:"id"`
-	Name           string     `json:"name"`
-	Version        string     `json:"version"`
-	Endpoint       string     `json:"endpoint"`
-	Status         string     `json:"status"`
-	IdempotencyKey string     `json:"idempotencyKey"`
-	AfterStepID    *string    `json:"afterStepId"`
-	AfterStatus    *string    `json:"afterStatus"`
-	DurableJob     DurableJob `json:"durableJob"`
+	ID      string `json:"id"`
+	RunID   string `json:"runId,omitempty"`
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	// Endpoint is the endpoint's name.
+	Endpoint       string `json:"endpoint"`
+	Status         string `json:"status"`
+	IdempotencyKey string `json:"idempotencyKey"`
+	// AfterStepID and AfterStatus are the step's dependency, if any.
+	AfterStepID     *string `json:"afterStepId"`
+	AfterStatus     *string `json:"afterStatus"`
+	ContractVersion *int    `json:"contractVersion,omitempty"`
+	// InputPreview and OutputPreview are redacted previews (shape only),
+	// when the server provides them.
+	InputPreview  json.RawMessage `json:"inputPreview,omitempty"`
+	OutputPreview json.RawMessage `json:"outputPreview,omitempty"`
+	CreatedAt     *time.Time      `json:"createdAt,omitempty"`
+	FinishedAt    *time.Time      `json:"finishedAt,omitempty"`
+	DurableJob    DurableJob      `json:"durableJob"`
 }
 
 // DurableJob is the job behind a step.
 type DurableJob struct {
-	ID          string      `json:"id"`
-	Status      string      `json:"status"`
-	Attempt     int         `json:"attempt"`
-	MaxAttempts int         `json:"maxAttempts"`
-	DueAt       *time.Time  `json:"dueAt"`
-	Policy      RetryPolicy `json:"policy"`
+	ID     string `json:"id"`
+	Status string `json:"status"`
+	// Attempt is the number of executions so far; MaxAttempts the ceiling.
+	Attempt     int `json:"attempt"`
+	MaxAttempts int `json:"maxAttempts"`
+	// DueAt is when the job may next be claimed (a scheduled retry included).
+	DueAt           *time.Time  `json:"dueAt"`
+	LeaseExpiresAt  *time.Time  `json:"leaseExpiresAt,omitempty"`
+	CancelRequested bool        `json:"cancelRequested,omitempty"`
+	Policy          RetryPolicy `json:"policy"`
 }
 
-// RetryPolicy is a job's snapshot of its retry schedule.
+// RetryPolicy is a job's snapshot of its retry schedule: after failure n the
+// wait is min(MaxDelayMs, InitialDelayMs × Multiplier^(n-1)) ± JitterPercent.
 type RetryPolicy struct {
-	Preset         string  `json:"preset"`
+	Preset         string  `json:"preset"` // STANDARD, AGGRESSIVE, RELAXED or CUSTOM
 	MaxAttempts    int     `json:"maxAttempts"`
 	InitialDelayMs int64   `json:"initialDelayMs"`
 	Multiplier     float64 `json:"multiplier"`
@@ -115,7 +131,7 @@ const (
 type EnqueueOptions struct {
 	// Name and Version select the exact handler (name@version) that runs it.
 	Name    string
-	Version string
+	Version string // see Name
 	// Endpoint is the endpoint (service) name whose policy and gates apply;
 	// empty means the tool name.
 	Endpoint string
@@ -134,7 +150,7 @@ type EnqueueOptions struct {
 	// AfterStatus says which ending releases it (AfterSucceeded or
 	// AfterFailed); the other ending skips it.
 	AfterStepID string
-	AfterStatus string
+	AfterStatus string // see AfterStepID
 }
 
 // EnqueueResult is the answer to an enqueue. Deduplicated is true when the
@@ -142,8 +158,8 @@ type EnqueueOptions struct {
 type EnqueueResult struct {
 	StepID         string     `json:"stepId"`
 	JobID          string     `json:"jobId"`
-	IdempotencyKey string     `json:"idempotencyKey"`
-	Status         string     `json:"status"`
+	IdempotencyKey string     `json:"idempotencyKey"` // explicit or generated
+	Status         string     `json:"status"`         // QUEUED, or WAITING on a dependency
 	DueAt          *time.Time `json:"dueAt"`
 	Deduplicated   bool       `json:"deduplicated"`
 }
@@ -199,20 +215,20 @@ func (c *Client) CancelStep(ctx context.Context, stepID string) (*Step, error) {
 // ReplayPreview says whether a step can be replayed and to which contract
 // versions it could be upgraded.
 type ReplayPreview struct {
-	Eligible bool `json:"eligible"`
+	Eligible bool `json:"eligible"` // exhausted or cancelled, so replayable
 	// HandlerVersion is the step's current handler version: pass it as
 	// ReplayOptions.ExpectedHandlerVersion for an upgrade.
 	HandlerVersion string          `json:"handlerVersion"`
-	Upgrades       []ReplayUpgrade `json:"upgrades"`
+	Upgrades       []ReplayUpgrade `json:"upgrades"` // contracts it could move to
 }
 
 // ReplayUpgrade is one contract a replay could move to. Compatible means the
 // saved input validates against its input schema.
 type ReplayUpgrade struct {
-	ContractVersion int    `json:"contractVersion"`
-	HandlerVersion  string `json:"handlerVersion"`
-	Compatible      bool   `json:"compatible"`
-	Forbidden       bool   `json:"forbidden"`
+	ContractVersion int    `json:"contractVersion"` // pass as TargetContractVersion
+	HandlerVersion  string `json:"handlerVersion"`  // the handler that would run
+	Compatible      bool   `json:"compatible"`      // saved input fits its schema
+	Forbidden       bool   `json:"forbidden"`       // status FORBIDDEN: not selectable
 }
 
 // ReplayPreview reads GET /api/v1/steps/{id}/replay (scope steps:replay).
@@ -230,10 +246,10 @@ func (c *Client) ReplayPreview(ctx context.Context, stepID string) (*ReplayPrevi
 // ExpectedHandlerVersion (the preview's HandlerVersion) and
 // AcknowledgeVersionChange.
 type ReplayOptions struct {
-	AcknowledgeDuplicateRisk bool   `json:"acknowledgeDuplicateRisk"`
-	MaxAttempts              int    `json:"maxAttempts,omitempty"`
-	Reason                   string `json:"reason,omitempty"`
-	TargetContractVersion    int    `json:"targetContractVersion,omitempty"`
+	AcknowledgeDuplicateRisk bool   `json:"acknowledgeDuplicateRisk"`        // must be true
+	MaxAttempts              int    `json:"maxAttempts,omitempty"`           // additional executions allowed
+	Reason                   string `json:"reason,omitempty"`                // recorded in the replay event
+	TargetContractVersion    int    `json:"targetContractVersion,omitempty"` // upgrade target
 	ExpectedHandlerVersion   string `json:"expectedHandlerVersion,omitempty"`
 	AcknowledgeVersionChange bool   `json:"acknowledgeVersionChange,omitempty"`
 }
@@ -243,10 +259,10 @@ type ReplayOptions struct {
 type ReplayResult struct {
 	StepID         string `json:"stepId"`
 	JobID          string `json:"jobId"`
-	Status         string `json:"status"`
-	Attempt        int    `json:"attempt"`
-	MaxAttempts    int    `json:"maxAttempts"`
-	HandlerVersion string `json:"handlerVersion"`
+	Status         string `json:"status"`         // QUEUED
+	Attempt        int    `json:"attempt"`        // the last attempt so far
+	MaxAttempts    int    `json:"maxAttempts"`    // the lifetime ceiling
+	HandlerVersion string `json:"handlerVersion"` // the handler the replay runs
 }
 
 // Replay re-queues an exhausted or cancelled step (POST

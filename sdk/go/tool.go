@@ -16,12 +16,13 @@ import (
 // so destination-side deduplication is what keeps a retried side effect
 // from happening twice.
 type JobContext struct {
-	JobID          string
-	StepID         string
-	RunID          string
-	Name           string
-	Version        string
-	Attempt        int
+	JobID   string
+	StepID  string
+	RunID   string
+	Name    string // the tool name
+	Version string // the handler version
+	Attempt int    // this execution's number, from 1
+	// IdempotencyKey is the step's key, the same on every attempt.
 	IdempotencyKey string
 	// Timeout is the attempt's timeout; the handler's context ends then.
 	Timeout time.Duration
@@ -31,16 +32,16 @@ type JobContext struct {
 // set, must be between 1 second and 24 hours and only with Retryable; any
 // other combination is invalid and falls back to a plain retryable failure.
 type Decision struct {
-	Retryable  bool
-	RetryAfter time.Duration
+	Retryable  bool          // whether another attempt may run
+	RetryAfter time.Duration // optional minimum wait before it
 }
 
 // Tool is a handler for one exact name@version. In is decoded from the job's
 // JSON input and Out encoded as its output; a decode or encode failure is a
 // schema failure and fails the job without retry.
 type Tool[In, Out any] struct {
-	Name    string
-	Version string
+	Name    string // the tool name jobs are enqueued with
+	Version string // the exact handler version this code implements
 	// Handler runs one attempt. Honour ctx: it ends at the job's timeout
 	// (cause ErrTimeout), when the server asks for cancellation
 	// (ErrCancelRequested), when the lease is lost (ErrLeaseLost) and when
@@ -69,7 +70,9 @@ type schemaError struct {
 	err  error
 }
 
+// Error implements error.
 func (e *schemaError) Error() string { return e.what + ": " + e.err.Error() }
+// Unwrap returns the JSON error.
 func (e *schemaError) Unwrap() error { return e.err }
 
 // RegisterTool adds a typed handler to w. It must be called before Start;
@@ -129,8 +132,8 @@ func clampRetryAfter(d time.Duration) *int64 {
 // InvalidDecisionError goes to OnError when a classifier returns a Decision
 // the API cannot accept; the failure is then reported as plainly retryable.
 type InvalidDecisionError struct {
-	Tool     ToolRef
-	Decision Decision
+	Tool     ToolRef  // whose classifier
+	Decision Decision // what it returned
 }
 
 // Error implements error.
