@@ -202,6 +202,7 @@ type netError struct{ err error }
 
 // Error implements error.
 func (e *netError) Error() string { return "ratchet: " + e.err.Error() }
+
 // Unwrap returns the transport's error.
 func (e *netError) Unwrap() error { return e.err }
 

@@ -72,6 +72,7 @@ type schemaError struct {
 
 // Error implements error.
 func (e *schemaError) Error() string { return e.what + ": " + e.err.Error() }
+
 // Unwrap returns the JSON error.
 func (e *schemaError) Unwrap() error { return e.err }
 
