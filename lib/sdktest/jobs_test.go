@@ -112,16 +112,22 @@ func TestRetryableThenSuccess(t *testing.T) {
 	require.Equal(t, "CUSTOM", s.DurableJob.Policy.Preset)
 }
 
-func TestNonRetryableExhausts(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := context.Background()
+// serveStrict runs a worker whose strict@1 handler always fails for good.
+func serveStrict(t *testing.T, b *bundle) {
+	t.Helper()
 	w := ratchet.NewWorker(b.client(t, b.workerKey(t, "strict@1"), nil))
 	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "strict", Version: "1",
 		Handler: func(context.Context, welcomeIn, ratchet.JobContext) (welcomeOut, error) {
 			return welcomeOut{}, ratchet.NonRetryable("invalid recipient")
 		}}))
 	start(t, w, 1)
+}
+
+func TestNonRetryableExhausts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	serveStrict(t, b)
 	run, err := b.producer.StartRun(ctx, "strict")
 	require.NoError(t, err)
 	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"}, ratchet.EnqueueOptions{Name: "strict", Version: "1", MaxAttempts: 5})
@@ -140,12 +146,7 @@ func TestReplayAfterExhaustion(t *testing.T) {
 	b := setup(t)
 	requireRoute(t, b, "/api/v1/steps/{id}/replay")
 	ctx := context.Background()
-	w := ratchet.NewWorker(b.client(t, b.workerKey(t, "strict@1"), nil))
-	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "strict", Version: "1",
-		Handler: func(context.Context, welcomeIn, ratchet.JobContext) (welcomeOut, error) {
-			return welcomeOut{}, ratchet.NonRetryable("invalid recipient")
-		}}))
-	start(t, w, 1)
+	serveStrict(t, b)
 	run, err := b.producer.StartRun(ctx, "replay")
 	require.NoError(t, err)
 	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"}, ratchet.EnqueueOptions{Name: "strict", Version: "1"})
