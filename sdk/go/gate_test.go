@@ -13,10 +13,13 @@ import (
 
 // fakeGate answers begin with scripted decisions and records reports.
 type fakeGate struct {
-	mu      sync.Mutex
-	begins  []map[string]any
-	answers []func(w http.ResponseWriter)
-	reports []map[string]any
+	mu         sync.Mutex
+	begins     []map[string]any
+	answers    []func(w http.ResponseWriter)
+	reports    []map[string]any
+	report     func(w http.ResponseWriter) // optional: answers reports
+	heartbeat  func(w http.ResponseWriter) // optional: answers heartbeats
+	heartbeats int
 }
 
 func (g *fakeGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -29,8 +32,15 @@ func (g *fakeGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.begins = append(g.begins, body)
 		i := min(len(g.begins), len(g.answers)) - 1
 		g.answers[i](w)
+	case strings.HasSuffix(r.URL.Path, "/heartbeat") && g.heartbeat != nil:
+		g.heartbeats++
+		g.heartbeat(w)
 	case strings.HasSuffix(r.URL.Path, "/report"):
 		g.reports = append(g.reports, body)
+		if g.report != nil {
+			g.report(w)
+			return
+		}
 		writeJSON(w, 200, map[string]any{"id": "eff_1", "state": body["outcome"]})
 	default:
 		apiError(w, 404, CodeNotFound, nil)
@@ -211,5 +221,45 @@ func TestDoEffectRefusals(t *testing.T) {
 				t.Fatalf("reported %v", g.reports)
 			}
 		})
+	}
+}
+
+func TestDoEffectReportRefusedReturnsOutcomeAndError(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){execute()},
+		report: func(w http.ResponseWriter) { apiError(w, 409, CodeLeaseExpired, nil) }}
+	c, _ := testClient(t, g)
+	out, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
+		return sendResult{MessageID: "msg_late"}, nil
+	})
+	if !IsCode(err, CodeLeaseExpired) || out == nil || out.Result.MessageID != "msg_late" {
+		t.Fatalf("out %+v err %v", out, err)
+	}
+}
+
+func TestDoEffectHeartbeatsAndStopsOnLostLease(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){decision(200, map[string]any{"decision": "execute",
+		"effect_id": "eff_1", "state": "leased", "attempt": 1, "lease_token": "lt_1",
+		"lease_expires_at": time.Now().Add(3 * time.Second)})}}
+	g.heartbeat = func(w http.ResponseWriter) {
+		if g.heartbeats == 1 {
+			writeJSON(w, 200, map[string]any{"effect_id": "eff_1", "lease_expires_at": time.Now().Add(3 * time.Second)})
+			return
+		}
+		apiError(w, 409, CodeLeaseLost, nil)
+	}
+	c, _ := testClient(t, g)
+	var cause error
+	_, err := DoEffect(context.Background(), c, beginReq, func(ctx context.Context, _ Lease) (sendResult, error) {
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		return sendResult{}, ctx.Err()
+	})
+	if !errors.Is(cause, ErrLeaseLost) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("cause %v err %v", cause, err)
+	}
+	if g.heartbeats != 2 || len(g.reports) != 0 {
+		t.Fatalf("heartbeats %d reports %v", g.heartbeats, g.reports)
 	}
 }

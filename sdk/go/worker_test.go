@@ -531,3 +531,48 @@ func mustJSON(t *testing.T, v any) []byte {
 	must(t, err)
 	return b
 }
+
+func TestWorkerStartContextCancelStopsAtOnce(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	id := f.add("long", "1", welcomeIn{}, 60000)
+	c, _ := testClient(t, f)
+	w := NewWorker(c)
+	started, causes := make(chan struct{}), make(chan error, 1)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
+		Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+			close(started)
+			<-ctx.Done()
+			causes <- context.Cause(ctx)
+			return welcomeOut{}, ctx.Err()
+		}}))
+	ctx, cancel := context.WithCancel(context.Background())
+	must(t, w.Start(ctx, StartOptions{PollInterval: 10 * time.Millisecond}))
+	<-started
+	cancel()
+	if cause := <-causes; !errors.Is(cause, ErrWorkerStopped) {
+		t.Fatalf("cause %v", cause)
+	}
+	e := f.waitReport(t, id)["error"].(map[string]any)
+	if e["retryable"] != true {
+		t.Fatalf("report %v", e)
+	}
+	must(t, w.Stop(context.Background()))
+}
+
+func TestWorkerStartErrors(t *testing.T) {
+	t.Parallel()
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		apiError(w, 403, CodeForbidden, map[string]any{"required": []string{"tool:t@2"}})
+	}))
+	w := NewWorker(c)
+	if err := w.Start(context.Background(), StartOptions{}); err == nil {
+		t.Fatal("started without tools")
+	}
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "2",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+	if err := w.Start(context.Background(), StartOptions{}); !IsCode(err, CodeForbidden) {
+		t.Fatalf("err %v", err)
+	}
+	must(t, w.Stop(context.Background())) // never started: nothing to do
+}
