@@ -54,6 +54,9 @@ type Config struct {
 
 	SweepInterval   time.Duration `envconfig:"SWEEP_INTERVAL" default:"5s"`
 	JobLeaseGraceMs int64         `envconfig:"JOB_LEASE_GRACE_MS" default:"10000"`
+	// WebhookAllowPrivateNetworks lets webhooks target loopback and private
+	// addresses (self-hosting, tests). Off, such deliveries are refused.
+	WebhookAllowPrivateNetworks bool `envconfig:"WEBHOOK_ALLOW_PRIVATE_NETWORKS" default:"false"`
 	// AutoMigrate applies pending migrations on start (local server: on).
 	AutoMigrate bool `envconfig:"AUTO_MIGRATE" default:"false"`
 }

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -153,3 +154,22 @@ func TestErrorStatusesMatchTable(t *testing.T) {
 }
 
 func newRecorder() *httptest.ResponseRecorder { return httptest.NewRecorder() }
+
+func TestRouteTimeoutIs503(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	srv := httptest.NewServer(httpapi.NewWithExtraRoutes(env.App.Server.Deps, []httpapi.Route{
+		{Method: "GET", Pattern: "/api/v1/test/slow", Name: "test.slow", Auth: httpapi.AuthNone, Status: 200,
+			Timeout: 20 * time.Millisecond,
+			Handle: func(ctx context.Context, _ *httpapi.Call) (any, error) {
+				<-ctx.Done()
+				return nil, ctx.Err()
+			}},
+	}))
+	defer srv.Close()
+	res, err := http.Get(srv.URL + "/api/v1/test/slow")
+	require.NoError(t, err)
+	body := readAll(t, res)
+	require.Equal(t, http.StatusServiceUnavailable, res.StatusCode)
+	require.Contains(t, body, "database_unavailable")
+}

@@ -151,8 +151,15 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 		return
 	}
 	r.Body = http.MaxBytesReader(sw, r.Body, MaxBodyBytes)
+	timeout := route.Timeout
+	if timeout == 0 {
+		timeout = DefaultTimeout
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	defer cancel()
+	r = r.WithContext(ctx)
 	call := &Call{R: r, RequestID: reqID, Route: route}
-	body, err := s.run(r.Context(), call)
+	body, err := s.run(ctx, call)
 	if err != nil {
 		s.fail(sw, reqID, route, err)
 		return
@@ -219,6 +226,11 @@ func (s *Server) fail(w http.ResponseWriter, reqID string, route *Route, err err
 	}
 	if db.IsUnavailable(err) || apierr.HasCode(err, apierr.CodeDatabaseUnavailable) {
 		s.Logger.Warn("database unavailable", "request_id", reqID, "route", route.Name, "err", err.Error())
+		writeError(w, apierr.DatabaseUnavailable(err).WithDetail("request_id", reqID))
+		return
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		s.Logger.Warn("request timed out", "request_id", reqID, "route", route.Name)
 		writeError(w, apierr.DatabaseUnavailable(err).WithDetail("request_id", reqID))
 		return
 	}
