@@ -417,3 +417,65 @@ func TestIdleWorkerClaimsAtThePollInterval(t *testing.T) {
 	require.LessOrEqual(t, cnt.claims, 25)
 	require.GreaterOrEqual(t, cnt.claims, 1)
 }
+
+// TestLowLevelWorkerCallsAreRetrySafe checks what the SDK's retries rely on:
+// a repeated report with the same token and outcome answers the same, and a
+// superseded token is refused (lease_lost) for heartbeats and reports alike.
+func TestLowLevelWorkerCallsAreRetrySafe(t *testing.T) {
+	t.Parallel()
+	b := setup(t, apitest.WithConfig(func(c *config.Config) { c.JobLeaseGraceMs = 200 }))
+	ctx := context.Background()
+	wc := b.client(t, b.workerKey(t, "manual@1"), nil)
+	workerID, err := wc.RegisterWorker(ctx, []ratchet.ToolRef{{Name: "manual", Version: "1"}})
+	require.NoError(t, err)
+	run, err := b.producer.StartRun(ctx, "manual")
+	require.NoError(t, err)
+	enq := func(customer string, timeout time.Duration) *ratchet.EnqueueResult {
+		st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: customer}, ratchet.EnqueueOptions{
+			Name: "manual", Version: "1", Timeout: timeout, MaxAttempts: 3})
+		require.NoError(t, err)
+		return st
+	}
+	claimOne := func() ratchet.ClaimedJob {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for {
+			jobs, err := wc.Claim(ctx, workerID, 1, 0)
+			require.NoError(t, err)
+			if len(jobs) == 1 {
+				return jobs[0]
+			}
+			require.True(t, time.Now().Before(deadline), "nothing to claim")
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	enq("a", 30*time.Second)
+	j := claimOne()
+	require.Equal(t, "manual", j.Name)
+	require.Equal(t, 1, j.Attempt)
+	require.JSONEq(t, `{"customerId":"a"}`, string(j.Input))
+	hb, err := wc.HeartbeatJob(ctx, j.JobID, j.LeaseToken)
+	require.NoError(t, err)
+	require.False(t, hb.CancelRequested)
+	report := ratchet.JobReport{LeaseToken: j.LeaseToken, Status: ratchet.ReportSucceeded, Output: []byte(`{"messageId":"m"}`)}
+	first, err := wc.ReportJob(ctx, j.JobID, report)
+	require.NoError(t, err)
+	again, err := wc.ReportJob(ctx, j.JobID, report)
+	require.NoError(t, err, "a repeated report is answered, so the SDK may retry it")
+	require.Equal(t, first, again)
+
+	// A lapsed lease reclaimed by a newer claim: the old token is lease_lost.
+	enq("b", time.Second)
+	old := claimOne()
+	time.Sleep(1500 * time.Millisecond) // timeout 1 s + grace 0.2 s
+	fresh := claimOne()
+	require.Equal(t, old.JobID, fresh.JobID)
+	require.Equal(t, 2, fresh.Attempt)
+	_, err = wc.HeartbeatJob(ctx, old.JobID, old.LeaseToken)
+	require.True(t, ratchet.IsCode(err, ratchet.CodeLeaseLost), "%v", err)
+	_, err = wc.ReportJob(ctx, old.JobID, ratchet.JobReport{LeaseToken: old.LeaseToken, Status: ratchet.ReportSucceeded})
+	require.True(t, ratchet.IsCode(err, ratchet.CodeLeaseLost), "%v", err)
+	_, err = wc.ReportJob(ctx, fresh.JobID, ratchet.JobReport{LeaseToken: fresh.LeaseToken, Status: ratchet.ReportSucceeded})
+	require.NoError(t, err)
+}
