@@ -197,6 +197,9 @@ func runLeased[T any](ctx context.Context, c *Client, b *BeginResponse, action f
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	hbCtx, stopHB := context.WithCancel(ctx)
+	// Deferred too: if the action panics, the heartbeats must stop so the
+	// lease lapses (an honest indeterminate) instead of being kept alive.
+	defer stopHB()
 	hbDone := make(chan struct{})
 	go func() {
 		defer close(hbDone)

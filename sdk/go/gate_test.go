@@ -263,3 +263,24 @@ func TestDoEffectHeartbeatsAndStopsOnLostLease(t *testing.T) {
 		t.Fatalf("heartbeats %d reports %v", g.heartbeats, g.reports)
 	}
 }
+
+func TestDoEffectActionPanicReportsNothing(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){execute()}}
+	c, _ := testClient(t, g)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("the action's panic was swallowed")
+			}
+		}()
+		_, _ = DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
+			panic("vendor SDK bug")
+		})
+	}()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.reports) != 0 {
+		t.Fatalf("reported %v", g.reports)
+	}
+}
