@@ -168,8 +168,9 @@ var (
 	// ErrCancelRequested: the server asked for the job to be cancelled
 	// (heartbeat cancelRequested). The attempt is reported non-retryable.
 	ErrCancelRequested = errors.New("ratchet: job cancellation requested")
-	// ErrLeaseLost: the server no longer recognises this worker's lease
-	// (another worker reclaimed the job, or it ended). Nothing is reported.
+	// ErrLeaseLost: the server no longer recognises the lease (another
+	// worker reclaimed the job or it ended; for DoEffect, the effect lease
+	// expired or was superseded). Nothing is reported for a job.
 	ErrLeaseLost = errors.New("ratchet: job lease lost")
 	// ErrWorkerStopped: the worker stopped before the handler finished. The
 	// attempt is reported as a retryable failure.

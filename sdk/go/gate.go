@@ -149,7 +149,8 @@ type EffectOutcome[T any] struct {
 // While the action runs its lease is heartbeated; if the server says the
 // lease is gone, ctx passed to the action is cancelled with cause
 // ErrLeaseLost. If the action succeeded but the report was refused (say,
-// 409 lease_expired), DoEffect returns the outcome and the error.
+// 409 lease_expired), DoEffect returns the outcome and the error. A panic in
+// the action propagates to the caller with nothing reported.
 func DoEffect[T any](ctx context.Context, c *Client, req BeginRequest, action func(ctx context.Context, lease Lease) (T, error)) (*EffectOutcome[T], error) {
 	for {
 		b, err := c.Begin(ctx, req)
