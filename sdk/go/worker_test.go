@@ -576,3 +576,22 @@ func TestWorkerStartErrors(t *testing.T) {
 	}
 	must(t, w.Stop(context.Background())) // never started: nothing to do
 }
+
+func TestHeartbeatEvery(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	w := &Worker{clock: &fakeClock{now: now}}
+	cases := []struct {
+		left, timeout, want time.Duration
+	}{
+		{40 * time.Second, 30 * time.Second, 10 * time.Second}, // the timeout bounds a lease skewed long
+		{12 * time.Second, 30 * time.Second, 4 * time.Second},  // a third of what is left
+		{time.Hour, 0, time.Minute},                            // at most a minute
+		{-time.Second, 30 * time.Second, time.Second},          // already lapsed: at least a second
+	}
+	for _, c := range cases {
+		if got := w.heartbeatEvery(now.Add(c.left), c.timeout); got != c.want {
+			t.Fatalf("heartbeatEvery(%v left, timeout %v) = %v, want %v", c.left, c.timeout, got, c.want)
+		}
+	}
+}
