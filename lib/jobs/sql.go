@@ -340,3 +340,20 @@ WITH q AS (
 SELECT q.name, q.version, q.queued, q.oldest, coalesce(w.seen, 0)
 FROM q LEFT JOIN w ON w.name = q.name AND w.version = q.version
 ORDER BY q.name, q.version`
+
+// sqlCloneQueued copies a QUEUED job n times (new ids and keys, the same
+// run, endpoint, tool and policy snapshot, no input) in one statement. It
+// exists for load tests and benchmarks that need deep queues fast.
+const sqlCloneQueued = `
+INSERT INTO jobs (id, step_id, workspace_id, run_id, name, version, contract_version, endpoint_id, idempotency_key,
+                  request_hash, status, policy_version, policy_preset, max_attempts, initial_delay_ms, multiplier,
+                  max_delay_ms, jitter_percent, timeout_ms, due_at, ready_at, input_preview, created_at, updated_at)
+SELECT 'job_' || $2::text || lpad(g::text, 26 - length($2::text), '0'),
+       'stp_' || $2::text || lpad(g::text, 26 - length($2::text), '0'),
+       t.workspace_id, t.run_id, t.name, t.version, t.contract_version, t.endpoint_id,
+       'clone:' || $2::text || ':' || g, t.request_hash, 'QUEUED', t.policy_version, t.policy_preset, t.max_attempts,
+       t.initial_delay_ms, t.multiplier, t.max_delay_ms, t.jitter_percent, t.timeout_ms,
+       t.due_at, t.ready_at, t.input_preview,
+       t.created_at, t.updated_at
+FROM jobs t, generate_series(1, $3::int) AS g
+WHERE t.id = $1::text AND t.status = 'QUEUED'`

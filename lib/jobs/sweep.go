@@ -102,3 +102,14 @@ func (s *Service) settleRuns(ctx context.Context, limit int) (int, error) {
 	}
 	return len(runs), nil
 }
+
+// CloneQueued copies the QUEUED job templateJobID n times with ids built from
+// tag (lowercase base32 characters, unique per call), for load tests and
+// benchmarks. It is not used by the API.
+func (s *Service) CloneQueued(ctx context.Context, templateJobID, tag string, n int) (int64, error) {
+	ct, err := s.pool.Exec(ctx, sqlCloneQueued, templateJobID, tag, n)
+	if err != nil {
+		return 0, fmt.Errorf("clone queued: %w", err)
+	}
+	return ct.RowsAffected(), nil
+}
