@@ -99,3 +99,13 @@ func (s *Service) open(jobID, column string, sealed []byte) (json.RawMessage, er
 	}
 	return json.RawMessage(b), nil
 }
+
+// utc normalises a time read from Postgres (the driver answers in the local
+// zone) so that a repeated answer equals the first one.
+func utc(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}

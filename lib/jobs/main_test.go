@@ -12,6 +12,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/jobs"
+	"github.com/getratchet/ratchet/lib/jsonx"
 )
 
 func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
@@ -75,3 +76,7 @@ func (b *bundle) register(t testing.TB, tools ...jobs.Tool) string {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func opt[T any](v T) jsonx.Optional[T] { return jsonx.Optional[T]{Set: true, Value: v} }
+
+func null[T any]() jsonx.Optional[T] { return jsonx.Optional[T]{Set: true, Null: true} }

@@ -174,6 +174,7 @@ func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID str
 		if err != nil {
 			return j, err
 		}
+		j.LeaseExpiresAt = j.LeaseExpiresAt.UTC()
 		j.Input, err = s.open(j.JobID, "input", sealed)
 		return j, err
 	})
@@ -203,6 +204,7 @@ func (s *Service) Heartbeat(ctx context.Context, workspaceID, jobID string, req 
 	err := s.pool.QueryRow(ctx, sqlHeartbeat, jobID, workspaceID, req.LeaseToken, s.now(),
 		s.leaseGrace.Milliseconds()).Scan(&out.LeaseExpiresAt, &out.CancelRequested)
 	if err == nil {
+		out.LeaseExpiresAt = utc(out.LeaseExpiresAt)
 		return out, nil
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {
@@ -338,7 +340,7 @@ func (s *Service) report(ctx context.Context, tx pgx.Tx, workspaceID, jobID stri
 		if *xOutcome != req.Status {
 			return ReportResult{}, apierr.InvalidState("This attempt was already reported as %s.", *xOutcome)
 		}
-		return ReportResult{JobID: jobID, Status: *xResult, Attempt: xa, NextDueAt: xNext}, nil
+		return ReportResult{JobID: jobID, Status: *xResult, Attempt: xa, NextDueAt: utc(xNext)}, nil
 	case xa < attempt:
 		return ReportResult{}, errLeaseLost()
 	case status == StatusCancelled:
