@@ -175,9 +175,8 @@ func TestRetryScheduleAndRetryAfterFloor(t *testing.T) {
 	ep, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "send_email"})
 	require.NoError(t, err)
 	_, err = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1),
-		PolicyFields: jobs.PolicyFields{Preset: opt("CUSTOM"), MaxAttempts: opt[int64](6),
-			InitialDelayMs: opt[int64](10_000), Multiplier: opt(2.0), MaxDelayMs: opt[int64](600_000),
-			JitterPercent: opt(20.0)}})
+		Preset: opt("CUSTOM"), MaxAttempts: opt[int64](6), InitialDelayMs: opt[int64](10_000), Multiplier: opt(2.0),
+		MaxDelayMs: opt[int64](600_000), JitterPercent: opt(20.0)})
 	require.NoError(t, err)
 	runID := b.run(t)
 	enq := b.enqueue(t, runID, jobs.EnqueueRequest{})
@@ -316,7 +315,7 @@ func TestPolicyEditsDoNotChangeExistingJobs(t *testing.T) {
 	require.Len(t, eps, 1)
 	require.Equal(t, "send_email", eps[0].Name)
 	_, err = b.svc.UpdatePolicy(ctx, b.ws, eps[0].ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1),
-		PolicyFields: jobs.PolicyFields{Preset: opt("RELAXED"), DefaultTimeoutMs: opt[int64](90_000)}})
+		Preset: opt("RELAXED"), DefaultTimeoutMs: opt[int64](90_000)})
 	require.NoError(t, err)
 
 	after := b.step(t, old.StepID)
@@ -361,7 +360,7 @@ func TestMaxConcurrentAndRateLimitGateClaims(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ep, created, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "send_email",
-		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](2)}})
+		MaxConcurrent: opt[int64](2)})
 	require.NoError(t, err)
 	require.True(t, created)
 	runID := b.run(t)
@@ -380,10 +379,10 @@ func TestMaxConcurrentAndRateLimitGateClaims(t *testing.T) {
 
 	// Now a rate limit of 4 per minute and no concurrency limit.
 	_, err = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1),
-		PolicyFields: jobs.PolicyFields{RateLimitPerMinute: opt[int64](4)}})
+		RateLimitPerMinute: opt[int64](4)})
 	require.NoError(t, err)
 	ep, err = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](2),
-		PolicyFields: jobs.PolicyFields{MaxConcurrent: null[int64]()}})
+		MaxConcurrent: null[int64]()})
 	require.NoError(t, err)
 	require.Nil(t, ep.MaxConcurrent)
 	require.Equal(t, 4, *ep.RateLimitPerMinute)
