@@ -20,9 +20,11 @@ CREATE TABLE job_endpoints (
     paused                boolean NOT NULL DEFAULT false,
     circuit_state         text NOT NULL DEFAULT 'closed',
     circuit_opened_at     timestamptz,
-    -- Gate counters, changed only under this row's lock by the claim statement
-    -- and by transitions out of RUNNING, so maxConcurrent and
-    -- rateLimitPerMinute hold across concurrent claimers.
+    -- Gate counters, changed only under this row's lock, so maxConcurrent and
+    -- rateLimitPerMinute hold across concurrent claimers. running_count is
+    -- kept only while max_concurrent is set (an unlimited endpoint's reports
+    -- then never touch this row); setting a limit recounts it (see
+    -- lib/jobs/sql.go, "endpoint gate protocol").
     running_count         integer NOT NULL DEFAULT 0,
     rate_window_start     timestamptz,
     rate_window_count     integer NOT NULL DEFAULT 0,
@@ -97,6 +99,8 @@ CREATE INDEX jobs_claim_idx ON jobs (workspace_id, name, version, ready_at)
     WHERE status IN ('QUEUED', 'RETRY_SCHEDULED', 'RUNNING');
 CREATE INDEX jobs_run_idx ON jobs (run_id, step_id);
 CREATE INDEX jobs_waiting_idx ON jobs (after_step_id) WHERE status = 'WAITING';
+-- Recounting an endpoint's leased jobs when a concurrency limit is set.
+CREATE INDEX jobs_running_idx ON jobs (endpoint_id) WHERE status = 'RUNNING';
 -- The sweeper's lapsed-lease scan.
 CREATE INDEX jobs_lapsed_idx ON jobs (ready_at) WHERE status = 'RUNNING';
 

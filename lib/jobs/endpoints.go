@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jsonx"
 )
@@ -343,9 +344,24 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 	if req.ExpectedVersion.Value != cur.Version {
 		return Endpoint{}, apierr.VersionConflict(cur.Version)
 	}
-	e, err := scanEndpoint(s.pool.QueryRow(ctx, sqlUpdatePolicy, id, workspaceID, pol.Preset, pol.MaxAttempts,
-		pol.InitialDelayMs, pol.Multiplier, pol.MaxDelayMs, pol.JitterPercent, pol.DefaultTimeoutMs, pol.MaxConcurrent,
-		pol.RateLimitPerMinute, s.now(), req.ExpectedVersion.Value))
+	var e Endpoint
+	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		// The gate protocol (sql.go): wait for in-flight transitions out of
+		// RUNNING, then recount under the row lock the update takes.
+		if _, err := tx.Exec(ctx, sqlEndpointGateExclusive, id); err != nil {
+			return fmt.Errorf("lock endpoint gate: %w", err)
+		}
+		e, err = scanEndpoint(tx.QueryRow(ctx, sqlUpdatePolicy, id, workspaceID, pol.Preset, pol.MaxAttempts,
+			pol.InitialDelayMs, pol.Multiplier, pol.MaxDelayMs, pol.JitterPercent, pol.DefaultTimeoutMs,
+			pol.MaxConcurrent, pol.RateLimitPerMinute, s.now(), req.ExpectedVersion.Value))
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlRecountRunning, id); err != nil {
+			return fmt.Errorf("recount running: %w", err)
+		}
+		return nil
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		latest, gerr := s.GetEndpoint(ctx, workspaceID, id)
 		if gerr != nil {

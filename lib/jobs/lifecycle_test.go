@@ -554,3 +554,29 @@ func requireTime(t testing.TB, want, got time.Time, msg ...any) {
 	t.Helper()
 	require.True(t, want.Equal(got), append([]any{"want %s, got %s", want, got}, msg...)...)
 }
+
+func TestSettingAConcurrencyLimitCountsJobsAlreadyRunning(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	for i := range 5 {
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage([]byte{byte('0' + i)})})
+	}
+	w := b.register(t)
+	running := b.claim(t, w, 3) // unlimited: nothing is counted yet
+	require.Len(t, running, 3)
+	eps, err := b.svc.ListEndpoints(ctx, b.ws, "", 1)
+	require.NoError(t, err)
+	_, err = b.svc.UpdatePolicy(ctx, b.ws, eps[0].ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1),
+		MaxConcurrent: opt[int64](2)})
+	require.NoError(t, err)
+	require.Empty(t, b.claim(t, w, 5), "3 running ≥ limit 2")
+	b.succeed(t, running[0])
+	require.Empty(t, b.claim(t, w, 5), "2 running = limit 2")
+	b.fail(t, running[1], &jobs.ReportError{Retryable: ptr(false)})
+	require.Len(t, b.claim(t, w, 5), 1)
+	var count int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT running_count FROM job_endpoints WHERE id = $1`,
+		eps[0].ID).Scan(&count))
+	require.Equal(t, 2, count)
+}

@@ -425,7 +425,7 @@ func (s *Service) CancelStep(ctx context.Context, workspaceID, stepID string) (S
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		var jobID, status, runID, endpointID string
 		var attempt int
-		err := tx.QueryRow(ctx, sqlCancelLock, stepID, workspaceID).Scan(&jobID, &status, &runID, &attempt, &endpointID)
+		err := tx.QueryRow(ctx, sqlCancelLock, stepID, workspaceID).Scan(nil, &jobID, &status, &runID, &attempt, &endpointID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return apierr.NotFound("step")
 		}

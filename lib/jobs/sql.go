@@ -3,6 +3,21 @@ package jobs
 // Every statement of the package. Parameters are cast explicitly because the
 // pool runs in QueryExecModeExec (types come from Go values, not from a
 // server-side describe).
+//
+// Endpoint gate protocol. job_endpoints.running_count counts an endpoint's
+// RUNNING jobs only while max_concurrent is set, so that reports to an
+// unlimited endpoint never write (and queue on) its row:
+//   - a claim locks its endpoints' rows and increments the count when a limit
+//     is set (it reads the locked rows at their latest version);
+//   - a transaction moving a job out of RUNNING first takes a shared
+//     transaction-scoped advisory lock on the endpoint (sqlEndpointGateShared,
+//     or inside its locking read), then, in a later statement, decrements the
+//     count if a limit is set;
+//   - a policy write takes that advisory lock exclusively, so it waits for
+//     those transactions, and then recounts (sqlRecountRunning) whenever a
+//     limit is set.
+// A count can therefore never miss a transition that raced with a limit
+// being set.
 
 const endpointColumns = `id, name, version, preset, max_attempts, initial_delay_ms, multiplier, max_delay_ms,
 	jitter_percent, default_timeout_ms, max_concurrent, rate_limit_per_minute, paused, circuit_state,
@@ -170,9 +185,27 @@ WITH lapsed AS (
     FROM upd WHERE x.job_id = upd.id AND x.attempt = upd.attempt AND x.outcome IS NULL
 ), e AS (
     UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - c.n)
-    FROM (SELECT endpoint_id, count(*)::int AS n FROM upd GROUP BY endpoint_id) c WHERE e.id = c.endpoint_id
+    FROM (SELECT endpoint_id, count(*)::int AS n FROM upd GROUP BY endpoint_id) c
+    WHERE e.id = c.endpoint_id AND e.max_concurrent IS NOT NULL
 )
 SELECT step_id, run_id, workspace_id, id, status, attempt FROM upd`
+
+// sqlLapsedGates takes the gate protocol's shared lock on the endpoints of
+// the jobs sqlExhaustLapsed is about to end (a separate, earlier statement,
+// so that the ending statement reads max_concurrent after the lock).
+const sqlLapsedGates = `
+SELECT count(pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0)))
+FROM (SELECT DISTINCT endpoint_id FROM jobs
+      WHERE status = 'RUNNING' AND ready_at <= $1::timestamptz AND attempt >= max_attempts
+        AND ($3::text IS NULL OR run_id = $3::text)
+      LIMIT $2::int) e`
+
+const (
+	sqlEndpointGateExclusive = `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`
+	sqlRecountRunning        = `
+UPDATE job_endpoints SET running_count = (SELECT count(*) FROM jobs WHERE endpoint_id = $1::text AND status = 'RUNNING')
+WHERE id = $1::text AND max_concurrent IS NOT NULL`
+)
 
 const sqlInsertWorker = `
 INSERT INTO job_workers (id, workspace_id, key_id, names, versions, created_at, last_seen_at)
@@ -235,11 +268,13 @@ WITH wk AS (
     FROM room
 ), bump AS (
     UPDATE job_endpoints e SET
-        running_count = e.running_count + g.g_new,
+        running_count = e.running_count + CASE WHEN e.max_concurrent IS NULL THEN 0 ELSE g.g_new END,
         rate_window_count = CASE WHEN e.rate_window_start = $7::timestamptz THEN e.rate_window_count ELSE 0 END
                             + g.g_re + g.g_new,
         rate_window_start = $7::timestamptz
-    FROM grants g WHERE e.id = g.id AND g.g_re + g.g_new > 0
+    FROM grants g
+    WHERE e.id = g.id AND ((e.max_concurrent IS NOT NULL AND g.g_new > 0)
+                           OR (e.rate_limit_per_minute IS NOT NULL AND g.g_re + g.g_new > 0))
 ), pick AS (
     SELECT c.id, c.reclaim FROM (
         SELECT cand.*, row_number() OVER (PARTITION BY endpoint_id, reclaim ORDER BY ready_at, id) AS rn FROM cand
@@ -282,9 +317,10 @@ const sqlLeaseState = `
 SELECT j.status, j.lease_token = $3::text, j.lease_expires_at, j.cancel_requested
 FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
 
-// sqlReportLock locks the job and finds the execution its token belongs to.
+// sqlReportLock locks the job, takes the endpoint gate's shared lock and
+// finds the execution its token belongs to.
 const sqlReportLock = `
-SELECT j.status, j.attempt, j.max_attempts, j.step_id, j.run_id, j.endpoint_id, j.policy_preset, j.initial_delay_ms,
+SELECT pg_advisory_xact_lock_shared(hashtextextended(j.endpoint_id, 0))::text, j.status, j.attempt, j.max_attempts, j.step_id, j.run_id, j.endpoint_id, j.policy_preset, j.initial_delay_ms,
        j.multiplier, j.max_delay_ms, j.jitter_percent, r.completion_requested,
        x.attempt, x.outcome, x.reported_at, x.result_status, x.next_due_at
 FROM jobs j
@@ -308,10 +344,11 @@ WITH j AS (
         result_status = $3::text, next_due_at = $4::timestamptz
     WHERE job_id = $1::text AND attempt = $14::int
 )
-UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - 1) FROM j WHERE e.id = j.endpoint_id`
+UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - 1)
+FROM j WHERE e.id = j.endpoint_id AND e.max_concurrent IS NOT NULL`
 
 const sqlCancelLock = `
-SELECT id, status, run_id, attempt, endpoint_id FROM jobs WHERE step_id = $1::text AND workspace_id = $2::text FOR UPDATE`
+SELECT pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0))::text, id, status, run_id, attempt, endpoint_id FROM jobs WHERE step_id = $1::text AND workspace_id = $2::text FOR UPDATE`
 
 const sqlCancel = `
 WITH j AS (
@@ -321,7 +358,7 @@ WITH j AS (
     RETURNING endpoint_id
 )
 UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - 1) FROM j
-WHERE e.id = j.endpoint_id AND $3::bool`
+WHERE e.id = j.endpoint_id AND $3::bool AND e.max_concurrent IS NOT NULL`
 
 // sqlQueueHealth summarises queued work per exact name@version, with the
 // workers that polled for it recently.

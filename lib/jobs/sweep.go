@@ -37,7 +37,15 @@ func (s *Service) SweepTasks() []sweep.Task {
 func (s *Service) exhaustLapsed(ctx context.Context, runID *string, limit int) (int, error) {
 	n := 0
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, sqlExhaustLapsed, s.now(), limit, runID, LapseWarning)
+		now := s.now()
+		var gates int
+		if err := tx.QueryRow(ctx, sqlLapsedGates, now, limit, runID).Scan(&gates); err != nil {
+			return fmt.Errorf("exhaust lapsed: %w", err)
+		}
+		if gates == 0 {
+			return nil
+		}
+		rows, err := tx.Query(ctx, sqlExhaustLapsed, now, limit, runID, LapseWarning)
 		if err != nil {
 			return fmt.Errorf("exhaust lapsed: %w", err)
 		}
@@ -101,15 +109,4 @@ func (s *Service) settleRuns(ctx context.Context, limit int) (int, error) {
 		}
 	}
 	return len(runs), nil
-}
-
-// CloneQueued copies the QUEUED job templateJobID n times with ids built from
-// tag (lowercase base32 characters, unique per call), for load tests and
-// benchmarks. It is not used by the API.
-func (s *Service) CloneQueued(ctx context.Context, templateJobID, tag string, n int) (int64, error) {
-	ct, err := s.pool.Exec(ctx, sqlCloneQueued, templateJobID, tag, n)
-	if err != nil {
-		return 0, fmt.Errorf("clone queued: %w", err)
-	}
-	return ct.RowsAffected(), nil
 }

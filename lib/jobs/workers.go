@@ -321,7 +321,7 @@ func (s *Service) report(ctx context.Context, tx pgx.Tx, workspaceID, jobID stri
 		xOutcome, xResult                 *string
 		xReported, xNext                  *time.Time
 	)
-	err := tx.QueryRow(ctx, sqlReportLock, jobID, workspaceID, req.LeaseToken).Scan(&status, &attempt, &pol.MaxAttempts,
+	err := tx.QueryRow(ctx, sqlReportLock, jobID, workspaceID, req.LeaseToken).Scan(nil, &status, &attempt, &pol.MaxAttempts,
 		&stepID, &runID, &endpointID, &pol.Preset, &pol.InitialDelayMs, &pol.Multiplier, &pol.MaxDelayMs,
 		&pol.JitterPercent, &requested, &xAttempt, &xOutcome, &xReported, &xResult, &xNext)
 	if errors.Is(err, pgx.ErrNoRows) {
