@@ -84,6 +84,9 @@ CREATE TABLE jobs (
     lease_expires_at timestamptz,
     worker_id        text,
     cancel_requested boolean NOT NULL DEFAULT false,
+    -- Set (under this row's lock) when a step names this one as afterStepId,
+    -- so a report knows whether it has dependents to release.
+    has_dependents   boolean NOT NULL DEFAULT false,
     input_sealed     bytea,
     output_sealed    bytea,
     input_preview    jsonb,

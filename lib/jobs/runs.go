@@ -440,7 +440,7 @@ func (s *Service) CancelStep(ctx context.Context, workspaceID, stepID string) (S
 			return fmt.Errorf("cancel: %w", err)
 		}
 		return s.afterEnded(ctx, tx, []endedStep{{stepID: stepID, runID: runID, workspaceID: workspaceID,
-			jobID: jobID, status: StatusCancelled, attempt: attempt}}, false)
+			jobID: jobID, status: StatusCancelled, attempt: attempt}})
 	})
 	if err != nil {
 		return Step{}, err
@@ -468,9 +468,23 @@ const maxReleaseDepth = 32
 
 // afterEnded makes the transitions a step's ending causes, inside the
 // caller's transaction: step.exhausted events, dependents released (and the
-// cascade of skips), and completion of the affected runs. requested says the
-// caller already saw completion requested on the (single) run.
-func (s *Service) afterEnded(ctx context.Context, tx pgx.Tx, done []endedStep, requested bool) error {
+// cascade of skips), and completion of the affected runs.
+func (s *Service) afterEnded(ctx context.Context, tx pgx.Tx, done []endedStep) error {
+	runs, err := s.release(ctx, tx, done, true)
+	if err != nil {
+		return err
+	}
+	for _, runID := range slices.Sorted(maps.Keys(runs)) {
+		if err := s.lockAndSettle(ctx, tx, runID, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// release records step.exhausted events and, when dependents may exist,
+// releases them, following the cascade of skips. It returns the runs touched.
+func (s *Service) release(ctx context.Context, tx pgx.Tx, done []endedStep, dependents bool) (map[string]bool, error) {
 	now := s.now()
 	runs := map[string]bool{}
 	var events []event
@@ -487,13 +501,16 @@ func (s *Service) afterEnded(ctx context.Context, tx pgx.Tx, done []endedStep, r
 					data: fmt.Sprintf(`{"jobId":%q,"attempt":%d}`, e.jobID, e.attempt), dedupe: strconv.Itoa(e.attempt)})
 			}
 		}
+		if !dependents && depth == 0 {
+			break
+		}
 		rows, err := tx.Query(ctx, sqlReleaseDependents, stepIDs, now)
 		if err != nil {
-			return fmt.Errorf("release dependents: %w", err)
+			return nil, fmt.Errorf("release dependents: %w", err)
 		}
 		released, err := scanEnded(rows)
 		if err != nil {
-			return fmt.Errorf("release dependents: %w", err)
+			return nil, fmt.Errorf("release dependents: %w", err)
 		}
 		frontier = frontier[:0:0]
 		for _, r := range released {
@@ -503,22 +520,21 @@ func (s *Service) afterEnded(ctx context.Context, tx pgx.Tx, done []endedStep, r
 			}
 		}
 	}
-	if err := s.recordEvents(ctx, tx, events); err != nil {
-		return err
-	}
-	for _, runID := range slices.Sorted(maps.Keys(runs)) {
-		lock := sqlRunLockShared
-		if requested {
-			lock = sqlRunLockExclusive
-		}
-		if _, err := tx.Exec(ctx, lock, runID); err != nil {
+	return runs, s.recordEvents(ctx, tx, events)
+}
+
+// lockAndSettle checks a run's completion under the run locks (see sql.go).
+// shared says the caller does not hold the run's shared lock yet.
+func (s *Service) lockAndSettle(ctx context.Context, tx pgx.Tx, runID string, shared bool) error {
+	if shared {
+		if _, err := tx.Exec(ctx, sqlRunLockShared, runID); err != nil {
 			return fmt.Errorf("lock run: %w", err)
 		}
-		if err := s.settleRun(ctx, tx, runID); err != nil {
-			return err
-		}
 	}
-	return nil
+	if _, err := tx.Exec(ctx, sqlRunSettleExclusive, runID); err != nil {
+		return fmt.Errorf("lock run: %w", err)
+	}
+	return s.settleRun(ctx, tx, runID)
 }
 
 func (s *Service) settleRun(ctx context.Context, tx pgx.Tx, runID string) error {

@@ -83,10 +83,14 @@ FOR SHARE OF r`
 const sqlEnqueueExisting = `
 SELECT step_id, id, status, due_at, request_hash FROM jobs WHERE workspace_id = $1::text AND idempotency_key = $2::text`
 
-// sqlDependency locks the dependency so that its ending waits for this
-// enqueue to commit, and the release that follows then sees the new step.
+// sqlDependency marks the dependency as having dependents, under its row
+// lock: its ending (which locks the row too) either happens first, and this
+// returns the ended status, or waits for this enqueue and then sees
+// has_dependents and the new step.
 const sqlDependency = `
-SELECT status FROM jobs WHERE step_id = $1::text AND run_id = $2::text AND workspace_id = $3::text FOR SHARE`
+UPDATE jobs SET has_dependents = true
+WHERE step_id = $1::text AND run_id = $2::text AND workspace_id = $3::text
+RETURNING status`
 
 const sqlInsertJob = `
 INSERT INTO jobs (id, step_id, workspace_id, run_id, name, version, contract_version, endpoint_id, idempotency_key,
@@ -100,13 +104,16 @@ VALUES ($1::text, $2::text, $3::text, $4::text, $5::text, $6::text, $7::int, $8:
 ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
 RETURNING id`
 
-// Run completion is serialised per run with a transaction-scoped advisory
-// lock: finish takes it exclusively; a transaction ending a step takes it
-// exclusively when completion was already requested, shared otherwise (so a
-// concurrent finish waits for it and then sees its step ended).
+// Run completion uses two transaction-scoped advisory locks per run. Finish
+// takes the run key exclusively; every transaction that ends a step holds it
+// shared (so finish waits for in-flight endings, and its own check then sees
+// them). A transaction that checks completion after finish was requested
+// first takes the run's settle key exclusively, so concurrent last steps are
+// checked one after the other, each seeing the other's commit.
 const (
-	sqlRunLockExclusive = `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`
-	sqlRunLockShared    = `SELECT pg_advisory_xact_lock_shared(hashtextextended($1::text, 0))`
+	sqlRunLockExclusive   = `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`
+	sqlRunLockShared      = `SELECT pg_advisory_xact_lock_shared(hashtextextended($1::text, 0))`
+	sqlRunSettleExclusive = `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 1))`
 )
 
 const sqlRequestCompletion = `
@@ -317,10 +324,13 @@ const sqlLeaseState = `
 SELECT j.status, j.lease_token = $3::text, j.lease_expires_at, j.cancel_requested
 FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
 
-// sqlReportLock locks the job, takes the endpoint gate's shared lock and
-// finds the execution its token belongs to.
+// sqlReportLock locks the job, takes the endpoint gate's shared lock, tries
+// the run's shared lock without waiting (a report that had to wait for a
+// finish checks completion afterwards) and finds the execution its token
+// belongs to.
 const sqlReportLock = `
-SELECT pg_advisory_xact_lock_shared(hashtextextended(j.endpoint_id, 0))::text, j.status, j.attempt, j.max_attempts, j.step_id, j.run_id, j.endpoint_id, j.policy_preset, j.initial_delay_ms,
+SELECT pg_advisory_xact_lock_shared(hashtextextended(j.endpoint_id, 0))::text,
+       pg_try_advisory_xact_lock_shared(hashtextextended(j.run_id, 0)), j.has_dependents, j.status, j.attempt, j.max_attempts, j.step_id, j.run_id, j.endpoint_id, j.policy_preset, j.initial_delay_ms,
        j.multiplier, j.max_delay_ms, j.jitter_percent, r.completion_requested,
        x.attempt, x.outcome, x.reported_at, x.result_status, x.next_due_at
 FROM jobs j

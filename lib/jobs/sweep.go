@@ -57,7 +57,7 @@ func (s *Service) exhaustLapsed(ctx context.Context, runID *string, limit int) (
 		if n == 0 {
 			return nil
 		}
-		return s.afterEnded(ctx, tx, done, false)
+		return s.afterEnded(ctx, tx, done)
 	})
 	return n, err
 }
@@ -77,7 +77,7 @@ func (s *Service) releaseStranded(ctx context.Context, limit int) (int, error) {
 		err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 			// Passing the dependency as an "ended" frontier releases its
 			// dependents and settles their runs; its own status is not used.
-			return s.afterEnded(ctx, tx, []endedStep{{stepID: d}}, false)
+			return s.afterEnded(ctx, tx, []endedStep{{stepID: d}})
 		})
 		if err != nil {
 			return 0, err

@@ -316,12 +316,12 @@ func (s *Service) report(ctx context.Context, tx pgx.Tx, workspaceID, jobID stri
 		status, stepID, runID, endpointID string
 		attempt                           int
 		pol                               RetryPolicy
-		requested                         bool
+		requested, runLocked, dependents  bool
 		xAttempt                          *int32
 		xOutcome, xResult                 *string
 		xReported, xNext                  *time.Time
 	)
-	err := tx.QueryRow(ctx, sqlReportLock, jobID, workspaceID, req.LeaseToken).Scan(nil, &status, &attempt, &pol.MaxAttempts,
+	err := tx.QueryRow(ctx, sqlReportLock, jobID, workspaceID, req.LeaseToken).Scan(nil, &runLocked, &dependents, &status, &attempt, &pol.MaxAttempts,
 		&stepID, &runID, &endpointID, &pol.Preset, &pol.InitialDelayMs, &pol.Multiplier, &pol.MaxDelayMs,
 		&pol.JitterPercent, &requested, &xAttempt, &xOutcome, &xReported, &xResult, &xNext)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -373,9 +373,16 @@ func (s *Service) report(ctx context.Context, tx pgx.Tx, workspaceID, jobID stri
 		return ReportResult{}, err
 	}
 	if ended(next) {
-		if err := s.afterEnded(ctx, tx, []endedStep{{stepID: stepID, runID: runID, workspaceID: workspaceID,
-			jobID: jobID, status: next, attempt: attempt}}, requested); err != nil {
+		// The common case costs no statement here: no dependents, and
+		// completion not requested when the run lock was taken unopposed.
+		if _, err := s.release(ctx, tx, []endedStep{{stepID: stepID, runID: runID, workspaceID: workspaceID,
+			jobID: jobID, status: next, attempt: attempt}}, dependents); err != nil {
 			return ReportResult{}, err
+		}
+		if requested || !runLocked {
+			if err := s.lockAndSettle(ctx, tx, runID, !runLocked); err != nil {
+				return ReportResult{}, err
+			}
 		}
 	}
 	return ReportResult{JobID: jobID, Status: next, Attempt: attempt, NextDueAt: due}, nil
