@@ -474,3 +474,56 @@ func TestHTTPConcurrentWorkersEachJobOnce(t *testing.T) {
 	require.Equal(t, "SUCCEEDED", run["status"])
 	require.Len(t, run["steps"], n)
 }
+
+func TestBatchReport(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	for i := range 4 {
+		e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": i, "maxAttempts": 2})
+	}
+	wid := e.register("send_email@1")
+	js := e.claim(wid, 4)
+	require.Len(t, js, 4)
+	body := map[string]any{"reports": []map[string]any{
+		{"jobId": js[0]["jobId"], "leaseToken": js[0]["leaseToken"], "status": "SUCCEEDED", "output": map[string]any{"id": 1}},
+		{"jobId": js[1]["jobId"], "leaseToken": js[1]["leaseToken"], "status": "FAILED", "error": map[string]any{"message": "x", "retryAfterMs": 5000}},
+		{"jobId": js[2]["jobId"], "leaseToken": "stale", "status": "SUCCEEDED"},
+		{"jobId": js[3]["jobId"], "leaseToken": js[3]["leaseToken"], "status": "FAILED", "error": map[string]any{"retryable": false}},
+	}}
+	r := e.Must(http.StatusOK, "POST", "/api/v1/jobs/report", e.worker, body)
+	var out struct {
+		Results []struct {
+			JobID  string `json:"jobId"`
+			Status string `json:"status"`
+			Error  *struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		} `json:"results"`
+	}
+	r.Decode(t, &out)
+	require.Len(t, out.Results, 4)
+	require.Equal(t, "SUCCEEDED", out.Results[0].Status)
+	require.Equal(t, "RETRY_SCHEDULED", out.Results[1].Status)
+	require.Equal(t, "lease_lost", out.Results[2].Error.Code)
+	require.Equal(t, "EXHAUSTED", out.Results[3].Status)
+	for i, res := range out.Results {
+		require.Equal(t, js[i]["jobId"], res.JobID)
+	}
+	// Repeating the batch answers the same outcomes (the stale one still lost).
+	r2 := e.Must(http.StatusOK, "POST", "/api/v1/jobs/report", e.worker, body)
+	require.JSONEq(t, string(r.Body), string(r2.Body))
+	// The single report of a batched attempt agrees.
+	single := e.report(js[0], map[string]any{"status": "SUCCEEDED", "output": map[string]any{"id": 1}})
+	require.Equal(t, "SUCCEEDED", single.JSON()["status"])
+
+	require.Equal(t, []string{"reports.1.jobId"}, validationFields(t, e.Do("POST", "/api/v1/jobs/report", e.worker,
+		map[string]any{"reports": []map[string]any{
+			{"jobId": js[0]["jobId"], "leaseToken": "a", "status": "SUCCEEDED"},
+			{"jobId": js[0]["jobId"], "leaseToken": "a", "status": "SUCCEEDED"}}})))
+	require.Equal(t, []string{"reports.0.error.retryAfterMs"}, validationFields(t, e.Do("POST", "/api/v1/jobs/report", e.worker,
+		map[string]any{"reports": []map[string]any{
+			{"jobId": js[0]["jobId"], "leaseToken": "a", "status": "SUCCEEDED", "error": map[string]any{"retryAfterMs": 2000}}}})))
+	require.Equal(t, []string{"reports"}, validationFields(t, e.Do("POST", "/api/v1/jobs/report", e.worker,
+		map[string]any{"reports": []map[string]any{}})))
+}

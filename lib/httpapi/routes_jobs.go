@@ -91,6 +91,13 @@ func (s *Server) jobsRoutes() []Route {
 			Handle: s.report,
 		},
 		{
+			Method: "POST", Pattern: "/api/v1/jobs/report", Name: "jobs.report.batch", Tag: "workers", Scopes: work,
+			Summary: "Report up to 100 attempts in one request and one transaction, each fenced by its own lease " +
+				"token; results come back in request order, a refused report carrying its error code.",
+			Request: jobs.BatchReportRequest{}, Response: jobs.BatchReportResponse{}, Status: 200,
+			Errors: []string{apierr.CodeInvalidRequest}, Handle: s.reportBatch,
+		},
+		{
 			Method: "GET", Pattern: "/api/v1/endpoints", Name: "endpoints.list", Tag: "endpoints", Scopes: runsRead,
 			Summary: "List endpoints (services) with their policies.", Query: listParams,
 			Response: CamelPage[jobs.Endpoint]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
@@ -236,6 +243,14 @@ func (s *Server) report(ctx context.Context, c *Call) (any, error) {
 		return nil, err
 	}
 	return s.Jobs.Report(ctx, c.Principal.WorkspaceID, id, req)
+}
+
+func (s *Server) reportBatch(ctx context.Context, c *Call) (any, error) {
+	var req jobs.BatchReportRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	return s.Jobs.ReportBatch(ctx, c.Principal.WorkspaceID, req)
 }
 
 func (s *Server) listEndpoints(ctx context.Context, c *Call) (any, error) {

@@ -139,3 +139,24 @@ func TestTwoConcurrentClaimersNeverShareAJob(t *testing.T) {
 		require.False(t, mine[j.JobID], "job %s claimed by both workers", j.JobID)
 	}
 }
+
+// After finish, concurrent workers finishing the last steps complete the run
+// inline (no sweeper pass), exactly once.
+func TestConcurrentLastStepsCompleteTheRunInline(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for range 3 {
+		runID := b.run(t)
+		b.fill(t, runID, 40)
+		_, err := b.svc.FinishRun(context.Background(), b.ws, runID)
+		require.NoError(t, err)
+		b.drain(t, 8, 1)
+		var status string
+		var events int
+		require.NoError(t, b.env.App.Pool.QueryRow(context.Background(), `SELECT status,
+			(SELECT count(*) FROM events WHERE subject_id = $1 AND type = 'run.finished') FROM job_runs WHERE id = $1`,
+			runID).Scan(&status, &events))
+		require.Equal(t, "SUCCEEDED", status)
+		require.Equal(t, 1, events)
+	}
+}

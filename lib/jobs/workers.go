@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -413,4 +415,96 @@ func (s *Service) applyReport(ctx context.Context, tx pgx.Tx, workspaceID, jobID
 		return fmt.Errorf("report apply: %w", err)
 	}
 	return nil
+}
+
+// BatchReportItem is one job's report in a batch: a single report's fields
+// plus jobId (spelled out so decoding errors name wire paths).
+type BatchReportItem struct {
+	JobID      string          `json:"jobId"`
+	LeaseToken string          `json:"leaseToken"`
+	Status     string          `json:"status"`
+	Output     json.RawMessage `json:"output,omitempty"`
+	Error      *ReportError    `json:"error,omitempty"`
+}
+
+func (b BatchReportItem) report() ReportRequest {
+	return ReportRequest{LeaseToken: b.LeaseToken, Status: b.Status, Output: b.Output, Error: b.Error}
+}
+
+// BatchReportRequest is the body of POST /api/v1/jobs/report.
+type BatchReportRequest struct {
+	Reports []BatchReportItem `json:"reports"`
+}
+
+// BatchReportError is a refused report in a batch (the same code and
+// message a single report would answer).
+type BatchReportError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// BatchReportResult is one report's answer: the single report's object, or
+// its error.
+type BatchReportResult struct {
+	JobID     string            `json:"jobId"`
+	Status    string            `json:"status,omitempty"`
+	Attempt   int               `json:"attempt,omitempty"`
+	NextDueAt *time.Time        `json:"nextDueAt,omitempty"`
+	Error     *BatchReportError `json:"error,omitempty"`
+}
+
+// BatchReportResponse answers a batch in request order.
+type BatchReportResponse struct {
+	Results []BatchReportResult `json:"results"`
+}
+
+const maxBatchReports = 100
+
+// ReportBatch applies several reports, each fenced by its own lease token, in
+// one transaction (one commit for the batch). A report refused for its own
+// reason (lease_lost, invalid_state, not_found) is answered in its slot and
+// does not affect the others.
+func (s *Service) ReportBatch(ctx context.Context, workspaceID string, req BatchReportRequest) (BatchReportResponse, error) {
+	var p apierr.Problems
+	if len(req.Reports) == 0 || len(req.Reports) > maxBatchReports {
+		p.Add("reports", "must hold 1-100 reports")
+	}
+	seen := map[string]bool{}
+	for i, r := range req.Reports {
+		prefix := fmt.Sprintf("reports.%d.", i)
+		if !ids.Valid(ids.Job, r.JobID) {
+			p.Add(prefix+"jobId", "must be a job id")
+		} else if seen[r.JobID] {
+			p.Add(prefix+"jobId", "appears twice in the batch")
+		}
+		seen[r.JobID] = true
+		r.report().validate(prefix, &p)
+	}
+	if err := p.Err(); err != nil {
+		return BatchReportResponse{}, err
+	}
+	// Lock jobs in id order so concurrent batches cannot deadlock.
+	order := make([]int, len(req.Reports))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(req.Reports[a].JobID, req.Reports[b].JobID) })
+	out := BatchReportResponse{Results: make([]BatchReportResult, len(req.Reports))}
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		for _, i := range order {
+			r := req.Reports[i]
+			res, err := s.report(ctx, tx, workspaceID, r.JobID, r.report())
+			if e, ok := apierr.As(err); ok {
+				out.Results[i] = BatchReportResult{JobID: r.JobID, Error: &BatchReportError{Code: e.Code, Message: e.Message}}
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			out.Results[i] = BatchReportResult{JobID: res.JobID, Status: res.Status, Attempt: res.Attempt,
+				NextDueAt: res.NextDueAt}
+		}
+		return nil
+	})
+	return out, err
 }
