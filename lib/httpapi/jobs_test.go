@@ -527,3 +527,38 @@ func TestBatchReport(t *testing.T) {
 	require.Equal(t, []string{"reports"}, validationFields(t, e.Do("POST", "/api/v1/jobs/report", e.worker,
 		map[string]any{"reports": []map[string]any{}})))
 }
+
+func TestEnqueueStatusCodesOverHTTP(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	body := map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"customerId": "c1"},
+		"idempotencyKey": "welcome:c1", "timeoutMs": 30000, "maxAttempts": 5, "endpoint": "Email service"}
+	first := e.Must(http.StatusCreated, "POST", "/api/v1/runs/"+runID+"/steps", e.ingest, body).JSON()
+	dup := e.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/steps", e.ingest, body).JSON()
+	require.Equal(t, true, dup["deduplicated"])
+	require.Equal(t, first["stepId"], dup["stepId"])
+	body["input"] = map[string]any{"customerId": "c2"}
+	r := e.Do("POST", "/api/v1/runs/"+runID+"/steps", e.ingest, body)
+	require.Equal(t, http.StatusConflict, r.Status)
+	require.Equal(t, "idempotency_key_reuse", r.ErrorCode())
+
+	e.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/finish", e.ingest, nil)
+	r = e.Do("POST", "/api/v1/runs/"+runID+"/steps", e.ingest, map[string]any{"name": "send_email", "version": "1"})
+	require.Equal(t, http.StatusConflict, r.Status)
+	require.Equal(t, "invalid_state", r.ErrorCode())
+	require.Equal(t, http.StatusNotFound, e.Do("GET", "/api/v1/runs/run_nope", e.ingest, nil).Status)
+
+	run := e.getRun(runID)
+	require.Equal(t, "Email service", step(run, 0)["endpoint"])
+	require.Equal(t, map[string]any{"preset": "STANDARD", "maxAttempts": 5.0, "initialDelayMs": 30000.0,
+		"multiplier": 2.0, "maxDelayMs": 900000.0, "jitterPercent": 20.0, "timeoutMs": 30000.0}, durable(run, 0)["policy"])
+	require.NotNil(t, durable(run, 0)["dueAt"])
+
+	doc := e.Must(http.StatusOK, "GET", "/api/v1/openapi.json", "", nil).JSON()
+	paths := doc["paths"].(map[string]any)
+	for _, p := range []string{"/api/v1/runs/{id}/steps", "/api/v1/workers/{workerId}/claim", "/api/v1/jobs/{id}/report",
+		"/api/v1/endpoints/{id}/policy", "/api/v1/queue/health", "/api/v1/jobs/report"} {
+		require.Contains(t, paths, p)
+	}
+}

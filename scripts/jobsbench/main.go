@@ -162,76 +162,62 @@ func run(admin, mode string, depth, enqueueN, workN, workers, batch, latencyN in
 	fmt.Printf("claim latency (limit 1, sequential, %d claims): p50 %s  p95 %s  p99 %s  max %s\n", latencyN,
 		pct(lat, 50), pct(lat, 95), pct(lat, 99), lat[len(lat)-1].Round(time.Microsecond))
 
-	// 4. Claim + report throughput: concurrent workers.
-	var done atomic.Int64
-	start = time.Now()
-	if err := parallel(workers, func() error {
-		w, err := register()
+	// 4. Claim + report throughput: concurrent workers, one report per job,
+	// then one batched report per claim.
+	single := func(c jobs.ClaimResult) error {
+		for _, j := range c.Jobs {
+			if err := report(ctx, svc, p, j); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	batched := func(c jobs.ClaimResult) error {
+		var req jobs.BatchReportRequest
+		for _, j := range c.Jobs {
+			req.Reports = append(req.Reports, jobs.BatchReportItem{JobID: j.JobID, LeaseToken: j.LeaseToken,
+				Status: jobs.StatusSucceeded, Output: json.RawMessage(`{"ok":true}`)})
+		}
+		res, err := svc.ReportBatch(ctx, p.WorkspaceID, req)
 		if err != nil {
 			return err
 		}
-		for done.Load() < int64(workN) {
-			c, err := svc.Claim(ctx, p, w, jobs.ClaimRequest{Limit: &batch})
+		for _, r := range res.Results {
+			if r.Error != nil {
+				return fmt.Errorf("batch report: %s", r.Error.Code)
+			}
+		}
+		return nil
+	}
+	for _, phase := range []struct {
+		label  string
+		report func(jobs.ClaimResult) error
+	}{{"claim+report (one report per job)", single}, {"claim+batch report (one batched report per claim)", batched}} {
+		var done atomic.Int64
+		start = time.Now()
+		if err := parallel(workers, func() error {
+			w, err := register()
 			if err != nil {
 				return err
 			}
-			if len(c.Jobs) == 0 {
-				return nil
-			}
-			for _, j := range c.Jobs {
-				if err := report(ctx, svc, p, j); err != nil {
+			for done.Load() < int64(workN) {
+				c, err := svc.Claim(ctx, p, w, jobs.ClaimRequest{Limit: &batch})
+				if err != nil || len(c.Jobs) == 0 {
 					return err
 				}
+				if err := phase.report(c); err != nil {
+					return err
+				}
+				done.Add(int64(len(c.Jobs)))
 			}
-			done.Add(int64(len(c.Jobs)))
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	el = time.Since(start)
-	fmt.Printf("claim+report: %d jobs in %s = %.0f jobs/s (%d workers, claim limit %d, one report per job)\n",
-		done.Load(), el.Round(time.Millisecond), float64(done.Load())/el.Seconds(), workers, batch)
-
-	// 5. The same with one batched report per claim.
-	done.Store(0)
-	start = time.Now()
-	if err := parallel(workers, func() error {
-		w, err := register()
-		if err != nil {
+			return nil
+		}); err != nil {
 			return err
 		}
-		for done.Load() < int64(workN) {
-			c, err := svc.Claim(ctx, p, w, jobs.ClaimRequest{Limit: &batch})
-			if err != nil {
-				return err
-			}
-			if len(c.Jobs) == 0 {
-				return nil
-			}
-			var req jobs.BatchReportRequest
-			for _, j := range c.Jobs {
-				req.Reports = append(req.Reports, jobs.BatchReportItem{JobID: j.JobID, LeaseToken: j.LeaseToken,
-					Status: jobs.StatusSucceeded, Output: json.RawMessage(`{"ok":true}`)})
-			}
-			res, err := svc.ReportBatch(ctx, p.WorkspaceID, req)
-			if err != nil {
-				return err
-			}
-			for _, r := range res.Results {
-				if r.Error != nil {
-					return fmt.Errorf("batch report: %s", r.Error.Code)
-				}
-			}
-			done.Add(int64(len(c.Jobs)))
-		}
-		return nil
-	}); err != nil {
-		return err
+		el = time.Since(start)
+		fmt.Printf("%s: %d jobs in %s = %.0f jobs/s (%d workers, claim limit %d)\n", phase.label, done.Load(),
+			el.Round(time.Millisecond), float64(done.Load())/el.Seconds(), workers, batch)
 	}
-	el = time.Since(start)
-	fmt.Printf("claim+batch report: %d jobs in %s = %.0f jobs/s (%d workers, claim limit %d, one batched report per claim)\n",
-		done.Load(), el.Round(time.Millisecond), float64(done.Load())/el.Seconds(), workers, batch)
 	return nil
 }
 
