@@ -298,7 +298,10 @@ WITH wk AS (
               j.lease_expires_at, j.timeout_ms, j.idempotency_key, j.input_sealed, p.reclaim
 ), lapsed AS (
     UPDATE job_executions x SET outcome = 'FAILED', warning = $8::text, ended_at = $3::timestamptz
-    FROM claimed c WHERE c.reclaim AND x.job_id = c.id AND x.attempt = c.attempt - 1 AND x.outcome IS NULL
+    FROM claimed c
+    -- The array keeps this a primary-key probe however the planner sizes claimed.
+    WHERE x.job_id = ANY (ARRAY(SELECT id FROM claimed WHERE reclaim))
+      AND c.reclaim AND x.job_id = c.id AND x.attempt = c.attempt - 1 AND x.outcome IS NULL
 ), exe AS (
     INSERT INTO job_executions (job_id, attempt, workspace_id, worker_id, lease_token, started_at, lease_expires_at)
     SELECT id, attempt, $2::text, $1::text, lease_token, $3::timestamptz, lease_expires_at FROM claimed

@@ -135,12 +135,6 @@ func run(admin, mode string, depth, enqueueN, workN, workers, batch, latencyN in
 	if err != nil {
 		return err
 	}
-	plan, err := svc.ExplainClaim(ctx, p, wid, batch)
-	if err != nil {
-		return err
-	}
-	fmt.Println("claim plan (EXPLAIN ANALYZE, rolled back):")
-	fmt.Println("  " + strings.ReplaceAll(plan, "\n", "\n  "))
 
 	// 3. Claim latency: one worker, sequential single-job claims.
 	lat := make([]time.Duration, 0, latencyN)
@@ -218,6 +212,17 @@ func run(admin, mode string, depth, enqueueN, workN, workers, batch, latencyN in
 		fmt.Printf("%s: %d jobs in %s = %.0f jobs/s (%d workers, claim limit %d)\n", phase.label, done.Load(),
 			el.Round(time.Millisecond), float64(done.Load())/el.Seconds(), workers, batch)
 	}
+
+	// 5. The claim's plan, with the executions written above analysed too.
+	if _, err := a.Pool.Exec(ctx, "ANALYZE"); err != nil {
+		return err
+	}
+	plan, err := svc.ExplainClaim(ctx, p, wid, batch)
+	if err != nil {
+		return err
+	}
+	fmt.Println("claim plan (EXPLAIN ANALYZE, rolled back):")
+	fmt.Println("  " + strings.ReplaceAll(plan, "\n", "\n  "))
 	return nil
 }
 
