@@ -580,3 +580,40 @@ func TestSettingAConcurrencyLimitCountsJobsAlreadyRunning(t *testing.T) {
 		eps[0].ID).Scan(&count))
 	require.Equal(t, 2, count)
 }
+
+func TestCancelWaitingAndRetryScheduledSteps(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	a := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"a"`)})
+	waiting := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"w"`), AfterStepID: &a.StepID,
+		AfterStatus: ptr("SUCCEEDED")})
+	after := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"x"`), AfterStepID: &waiting.StepID,
+		AfterStatus: ptr("SUCCEEDED")})
+	st, err := b.svc.CancelStep(ctx, b.ws, waiting.StepID)
+	require.NoError(t, err)
+	require.Equal(t, "CANCELLED", st.Status)
+	require.Equal(t, "SKIPPED", b.step(t, after.StepID).Status, "a cancelled dependency skips its dependents")
+
+	w := b.register(t)
+	j := b.claimOne(t, w)
+	require.Equal(t, a.JobID, j.JobID)
+	require.Equal(t, "RETRY_SCHEDULED", b.fail(t, j, nil).Status)
+	st, err = b.svc.CancelStep(ctx, b.ws, a.StepID)
+	require.NoError(t, err)
+	require.Equal(t, "CANCELLED", st.Status)
+	require.Nil(t, st.DurableJob.DueAt)
+	b.clock.Advance(time.Hour)
+	require.Empty(t, b.claim(t, w, 5), "a cancelled retry is never claimed")
+}
+
+func TestCronSweepRunsTheJobTasks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.env.Must(200, "POST", "/api/cron/sweep", "test-cron-secret", nil).JSON()
+	changed := r["changed"].(map[string]any)
+	for _, task := range []string{"jobs.lapsed_leases", "jobs.dependencies", "jobs.run_completion"} {
+		require.Contains(t, changed, task)
+	}
+	require.Empty(t, r["errors"])
+}
