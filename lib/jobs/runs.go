@@ -305,7 +305,21 @@ func (s *Service) Enqueue(ctx context.Context, workspaceID, runID string, req En
 			exStep, exJob, exStatus *string
 			exDue                   *time.Time
 			exHash                  []byte
+			dep                     *string
 		)
+		// The dependency's row is locked before the run's, the order a
+		// report follows too (job row, then run locks), so an enqueue, a
+		// report and a finish cannot wait on each other in a cycle.
+		if op.afterStepID != nil {
+			var st string
+			err := tx.QueryRow(ctx, sqlDependency, *op.afterStepID, op.runID, workspaceID).Scan(&st)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("enqueue dependency: %w", err)
+			}
+			if err == nil {
+				dep = &st
+			}
+		}
 		err := tx.QueryRow(ctx, sqlEnqueueLookup, runID, workspaceID, op.key).Scan(&runStatus, &requested,
 			&exStep, &exJob, &exStatus, &exDue, &exHash)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -321,7 +335,10 @@ func (s *Service) Enqueue(ctx context.Context, workspaceID, runID string, req En
 		if requested || runStatus != RunRunning {
 			return apierr.InvalidState("The run's completion was requested; it takes no new steps.")
 		}
-		out, err = s.insertStep(ctx, tx, workspaceID, op, hash)
+		if op.afterStepID != nil && dep == nil {
+			return apierr.InvalidField("afterStepId", "must be a step id of this run")
+		}
+		out, err = s.insertStep(ctx, tx, workspaceID, op, hash, dep)
 		return err
 	})
 	return out, err
@@ -336,7 +353,8 @@ func dedupe(key string, hash []byte, stepID, jobID, status string, due *time.Tim
 		Deduplicated: true}, nil
 }
 
-func (s *Service) insertStep(ctx context.Context, tx pgx.Tx, workspaceID string, op enqueueOp, hash []byte) (EnqueueResult, error) {
+func (s *Service) insertStep(ctx context.Context, tx pgx.Tx, workspaceID string, op enqueueOp, hash []byte,
+	dep *string) (EnqueueResult, error) {
 	now := s.now()
 	ep, err := s.endpointForEnqueue(ctx, tx, workspaceID, op.endpoint)
 	if err != nil {
@@ -345,19 +363,11 @@ func (s *Service) insertStep(ctx context.Context, tx pgx.Tx, workspaceID string,
 	status := StatusQueued
 	due := &now
 	var finished *time.Time
-	if op.afterStepID != nil {
-		var dep string
-		err := tx.QueryRow(ctx, sqlDependency, *op.afterStepID, op.runID, workspaceID).Scan(&dep)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return EnqueueResult{}, apierr.InvalidField("afterStepId", "must be a step id of this run")
-		}
-		if err != nil {
-			return EnqueueResult{}, fmt.Errorf("enqueue dependency: %w", err)
-		}
+	if dep != nil {
 		switch {
-		case !ended(dep):
+		case !ended(*dep):
 			status, due = StatusWaiting, nil
-		case dependencyMet(*op.afterStatus, dep):
+		case dependencyMet(*op.afterStatus, *dep):
 		default:
 			status, due, finished = StatusSkipped, nil, &now
 		}

@@ -323,8 +323,8 @@ func (s *Service) report(ctx context.Context, tx pgx.Tx, workspaceID, jobID stri
 		xOutcome, xResult                 *string
 		xReported, xNext                  *time.Time
 	)
-	err := tx.QueryRow(ctx, sqlReportLock, jobID, workspaceID, req.LeaseToken).Scan(nil, &runLocked, &dependents, &status, &attempt, &pol.MaxAttempts,
-		&stepID, &runID, &endpointID, &pol.Preset, &pol.InitialDelayMs, &pol.Multiplier, &pol.MaxDelayMs,
+	err := tx.QueryRow(ctx, sqlReportLock, jobID, workspaceID, req.LeaseToken).Scan(nil, &runLocked, &dependents,
+		&status, &attempt, &pol.MaxAttempts, &stepID, &runID, &endpointID, &pol.Preset, &pol.InitialDelayMs, &pol.Multiplier, &pol.MaxDelayMs,
 		&pol.JitterPercent, &requested, &xAttempt, &xOutcome, &xReported, &xResult, &xNext)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ReportResult{}, apierr.NotFound("job")
