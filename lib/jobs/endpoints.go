@@ -305,7 +305,7 @@ func (s *Service) endpointForEnqueue(ctx context.Context, q querier, workspaceID
 			return e, err
 		}
 	}
-	return Endpoint{}, fmt.Errorf("endpoint %q neither found nor created", "…")
+	return Endpoint{}, errors.New("enqueue endpoint: neither found nor created")
 }
 
 // ListEndpoints pages through the workspace's endpoints by id.

@@ -145,22 +145,19 @@ func (s *Service) CreateRun(ctx context.Context, workspaceID string, req CreateR
 // GetRun reads a run with its steps. Leases that lapsed on their last
 // attempt are settled first, so the read never shows a dead job as RUNNING.
 func (s *Service) GetRun(ctx context.Context, workspaceID, runID string) (Run, error) {
-	var r Run
-	err := s.pool.QueryRow(ctx, sqlGetRun, runID, workspaceID).Scan(&r.ID, &r.Name, &r.Status, &r.CompletionRequested,
-		&r.CreatedAt, &r.FinishedAt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Run{}, apierr.NotFound("run")
-	}
+	r, err := s.readRun(ctx, workspaceID, runID)
 	if err != nil {
-		return Run{}, fmt.Errorf("get run: %w", err)
+		return Run{}, err
 	}
 	if r.Status == RunRunning {
-		if _, err := s.exhaustLapsed(ctx, &runID, 1000); err != nil {
+		n, err := s.exhaustLapsed(ctx, &runID, 1000)
+		if err != nil {
 			return Run{}, err
 		}
-		if err := s.pool.QueryRow(ctx, sqlGetRun, runID, workspaceID).Scan(&r.ID, &r.Name, &r.Status,
-			&r.CompletionRequested, &r.CreatedAt, &r.FinishedAt); err != nil {
-			return Run{}, fmt.Errorf("get run: %w", err)
+		if n > 0 {
+			if r, err = s.readRun(ctx, workspaceID, runID); err != nil {
+				return Run{}, err
+			}
 		}
 	}
 	rows, err := s.pool.Query(ctx, sqlRunSteps, runID)
@@ -173,6 +170,19 @@ func (s *Service) GetRun(ctx context.Context, workspaceID, runID string) (Run, e
 	}
 	if r.Steps == nil {
 		r.Steps = []Step{}
+	}
+	return r, nil
+}
+
+func (s *Service) readRun(ctx context.Context, workspaceID, runID string) (Run, error) {
+	var r Run
+	err := s.pool.QueryRow(ctx, sqlGetRun, runID, workspaceID).Scan(&r.ID, &r.Name, &r.Status, &r.CompletionRequested,
+		&r.CreatedAt, &r.FinishedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Run{}, apierr.NotFound("run")
+	}
+	if err != nil {
+		return Run{}, fmt.Errorf("get run: %w", err)
 	}
 	return r, nil
 }
