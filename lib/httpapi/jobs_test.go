@@ -2,8 +2,8 @@ package httpapi_test
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -71,13 +71,7 @@ func (e *jobsEnv) register(tools ...string) string {
 	e.T.Helper()
 	var ts []map[string]string
 	for _, t := range tools {
-		var name, version string
-		_, _ = fmt.Sscanf(t, "%s", &name)
-		for i := range t {
-			if t[i] == '@' {
-				name, version = t[:i], t[i+1:]
-			}
-		}
+		name, version, _ := strings.Cut(t, "@")
 		ts = append(ts, map[string]string{"name": name, "version": version})
 	}
 	return e.Must(http.StatusCreated, "POST", "/api/v1/workers/register", e.worker,
@@ -548,6 +542,13 @@ func TestEnqueueStatusCodesOverHTTP(t *testing.T) {
 	require.Equal(t, http.StatusConflict, r.Status)
 	require.Equal(t, "invalid_state", r.ErrorCode())
 	require.Equal(t, http.StatusNotFound, e.Do("GET", "/api/v1/runs/run_nope", e.ingest, nil).Status)
+	r = e.Do("POST", "/api/v1/runs/"+runID+"/steps", "", map[string]any{"name": "send_email", "version": "1"})
+	require.Equal(t, http.StatusUnauthorized, r.Status)
+	require.Equal(t, "unauthorized", r.ErrorCode())
+	huge := `{"name":"send_email","version":"1","input":"` + strings.Repeat("x", 1<<20) + `"}`
+	r = e.Do("POST", "/api/v1/runs/"+e.run()+"/steps", e.ingest, huge)
+	require.Equal(t, http.StatusRequestEntityTooLarge, r.Status)
+	require.Equal(t, "payload_too_large", r.ErrorCode())
 
 	run := e.getRun(runID)
 	require.Equal(t, "Email service", step(run, 0)["endpoint"])
