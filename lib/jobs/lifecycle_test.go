@@ -3,6 +3,7 @@ package jobs_test
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"testing"
 	"time"
 
@@ -616,4 +617,79 @@ func TestCronSweepRunsTheJobTasks(t *testing.T) {
 		require.Contains(t, changed, task)
 	}
 	require.Empty(t, r["errors"])
+}
+
+func TestInputsAndOutputsAreSealedAndBoundToTheirJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	a := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`{"card":"4242-secret"}`)})
+	other := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`{"card":"other"}`)})
+	w := b.register(t)
+	j := b.claimOne(t, w)
+	require.Equal(t, a.JobID, j.JobID)
+	require.JSONEq(t, `{"card":"4242-secret"}`, string(j.Input))
+	_, err := b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED",
+		Output: json.RawMessage(`{"receipt":"r-secret"}`)})
+	require.NoError(t, err)
+
+	var in, out []byte
+	var preview string
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT input_sealed, output_sealed, input_preview::text
+		FROM jobs WHERE id = $1`, a.JobID).Scan(&in, &out, &preview))
+	require.NotContains(t, string(in), "4242")
+	require.NotContains(t, string(out), "r-secret")
+	require.JSONEq(t, `{"card":"<string>"}`, preview)
+
+	// A ciphertext moved to another job's row does not open there.
+	_, err = b.env.App.Pool.Exec(ctx, `UPDATE jobs SET input_sealed = $1 WHERE id = $2`, in, other.JobID)
+	require.NoError(t, err)
+	_, err = b.svc.Claim(ctx, b.worker, w, jobs.ClaimRequest{Limit: ptr(1)})
+	require.Error(t, err)
+}
+
+func TestOnlyExactRegisteredVersionsAreClaimed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "send_email@1", "send_email@2")
+	runID := b.run(t)
+	v2 := b.enqueue(t, runID, jobs.EnqueueRequest{Name: "send_email", Version: "2"})
+	w1 := b.register(t, jobs.Tool{Name: "send_email", Version: "1"})
+	require.Empty(t, b.claim(t, w1, 10))
+	w2 := b.register(t, jobs.Tool{Name: "send_email", Version: "2"})
+	require.Equal(t, v2.JobID, b.claimOne(t, w2).JobID)
+}
+
+func TestConcurrentSweepsEndEachLapsedJobOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	for i := range 30 {
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(strconv.Itoa(i)),
+			MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
+	}
+	w := b.register(t)
+	require.Len(t, b.claim(t, w, 30), 30)
+	_, err := b.svc.FinishRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+	b.clock.Advance(time.Minute)
+	done := make(chan struct{})
+	for range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			b.env.App.Sweeper.RunOnce(ctx)
+		}()
+	}
+	for range 4 {
+		<-done
+	}
+	b.sweep(t)
+	var exhausted, events, runEvents int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM jobs WHERE run_id = $1 AND status = 'EXHAUSTED'),
+		(SELECT count(*) FROM events e JOIN jobs j ON j.step_id = e.subject_id WHERE j.run_id = $1 AND e.type = 'step.exhausted'),
+		(SELECT count(*) FROM events WHERE subject_id = $1 AND type = 'run.finished')`, runID).Scan(&exhausted, &events, &runEvents))
+	require.Equal(t, 30, exhausted)
+	require.Equal(t, 30, events)
+	require.Equal(t, 1, runEvents)
+	require.Equal(t, "FAILED", b.getRun(t, runID).Status)
 }
