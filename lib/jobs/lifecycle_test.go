@@ -136,7 +136,16 @@ func TestKilledWorkerJobIsReclaimedAfterLease(t *testing.T) {
 	require.False(t, xs[0].Reported)
 	require.Equal(t, "SUCCEEDED", *xs[1].Outcome)
 	require.Nil(t, xs[1].Warning)
-	require.Equal(t, 2, b.step(t, enq.StepID).DurableJob.Attempt)
+	dj := b.step(t, enq.StepID).DurableJob
+	require.Equal(t, 2, dj.Attempt)
+	require.Len(t, dj.Attempts, 2)
+	require.Equal(t, "FAILED", *dj.Attempts[0].Outcome)
+	require.Contains(t, *dj.Attempts[0].Warning, "side effect")
+	require.Nil(t, dj.Attempts[0].ReportedAt)
+	require.Equal(t, "SUCCEEDED", *dj.Attempts[1].Outcome)
+	require.Equal(t, w2, dj.Attempts[1].WorkerID)
+	run := b.getRun(t, runID)
+	require.Equal(t, dj.Attempts, run.Steps[0].DurableJob.Attempts)
 }
 
 func TestHeartbeatExtendsLease(t *testing.T) {

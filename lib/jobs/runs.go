@@ -62,6 +62,21 @@ type DurableJob struct {
 	CancelRequested bool           `json:"cancelRequested"`
 	PolicyVersion   int64          `json:"policyVersion"`
 	Policy          PolicySnapshot `json:"policy"`
+	Attempts        []Attempt      `json:"attempts"`
+}
+
+// Attempt is one execution of a job (one claim). A lease that lapsed without
+// a report reads outcome FAILED with a warning and no reportedAt.
+type Attempt struct {
+	Attempt        int        `json:"attempt"`
+	WorkerID       string     `json:"workerId"`
+	Outcome        *string    `json:"outcome"`
+	Warning        *string    `json:"warning"`
+	Retryable      *bool      `json:"retryable"`
+	RetryAfterMs   *int64     `json:"retryAfterMs"`
+	StartedAt      time.Time  `json:"startedAt"`
+	LeaseExpiresAt time.Time  `json:"leaseExpiresAt"`
+	ReportedAt     *time.Time `json:"reportedAt"`
 }
 
 // PolicySnapshot is the complete effective policy a job was enqueued with;
@@ -171,7 +186,40 @@ func (s *Service) GetRun(ctx context.Context, workspaceID, runID string) (Run, e
 	if r.Steps == nil {
 		r.Steps = []Step{}
 	}
+	if err := s.attachAttempts(ctx, r.Steps, sqlRunAttempts, runID); err != nil {
+		return Run{}, err
+	}
 	return r, nil
+}
+
+// attachAttempts reads the executions of steps (selected by sql over arg,
+// ordered by job and attempt) into their durable jobs.
+func (s *Service) attachAttempts(ctx context.Context, steps []Step, sql, arg string) error {
+	byJob := make(map[string]*DurableJob, len(steps))
+	for i := range steps {
+		steps[i].DurableJob.Attempts = []Attempt{}
+		byJob[steps[i].DurableJob.ID] = &steps[i].DurableJob
+	}
+	rows, err := s.pool.Query(ctx, sql, arg)
+	if err != nil {
+		return fmt.Errorf("attempts: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var jobID string
+		var a Attempt
+		if err := rows.Scan(&jobID, &a.Attempt, &a.WorkerID, &a.Outcome, &a.Warning, &a.Retryable, &a.RetryAfterMs,
+			&a.StartedAt, &a.LeaseExpiresAt, &a.ReportedAt); err != nil {
+			return fmt.Errorf("attempts: %w", err)
+		}
+		if j := byJob[jobID]; j != nil {
+			j.Attempts = append(j.Attempts, a)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("attempts: %w", err)
+	}
+	return nil
 }
 
 func (s *Service) readRun(ctx context.Context, workspaceID, runID string) (Run, error) {
@@ -435,7 +483,14 @@ func (s *Service) GetStep(ctx context.Context, workspaceID, stepID string) (Step
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Step{}, apierr.NotFound("step")
 	}
-	return st, err
+	if err != nil {
+		return Step{}, err
+	}
+	steps := []Step{st}
+	if err := s.attachAttempts(ctx, steps, sqlJobAttempts, st.DurableJob.ID); err != nil {
+		return Step{}, err
+	}
+	return steps[0], nil
 }
 
 // CancelStep cancels a step that has not ended. A RUNNING job is cancelled at

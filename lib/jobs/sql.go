@@ -71,6 +71,14 @@ WHERE j.run_id = $1::text ORDER BY j.step_id`
 const sqlStepByID = `SELECT ` + stepColumns + ` FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
 WHERE j.step_id = $1::text AND j.workspace_id = $2::text`
 
+const attemptColumns = `x.job_id, x.attempt, x.worker_id, x.outcome, x.warning, x.retryable, x.retry_after_ms,
+	x.started_at, x.lease_expires_at, x.reported_at`
+
+const sqlRunAttempts = `SELECT ` + attemptColumns + ` FROM job_executions x JOIN jobs j ON j.id = x.job_id
+WHERE j.run_id = $1::text ORDER BY x.job_id, x.attempt`
+
+const sqlJobAttempts = `SELECT ` + attemptColumns + ` FROM job_executions x WHERE x.job_id = $1::text ORDER BY x.attempt`
+
 // sqlEnqueueLookup locks the run against a concurrent finish (FOR SHARE:
 // enqueues do not block each other) and finds an existing step with the key.
 const sqlEnqueueLookup = `
