@@ -10,9 +10,9 @@ package jobs
 //   - a claim locks its endpoints' rows and increments the count when a limit
 //     is set (it reads the locked rows at their latest version);
 //   - a transaction moving a job out of RUNNING first takes a shared
-//     transaction-scoped advisory lock on the endpoint (sqlEndpointGateShared,
-//     or inside its locking read), then, in a later statement, decrements the
-//     count if a limit is set;
+//     transaction-scoped advisory lock on the endpoint (in sqlReportLock,
+//     sqlCancelLock or sqlLapsedGates), then, in a later statement,
+//     decrements the count if a limit is set;
 //   - a policy write takes that advisory lock exclusively, so it waits for
 //     those transactions, and then recounts (sqlRecountRunning) whenever a
 //     limit is set.
