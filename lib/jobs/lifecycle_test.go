@@ -306,6 +306,12 @@ func TestLapsedOnLastAttemptIsExhaustedAtRunRead(t *testing.T) {
 	b.clock.Advance(20 * time.Second)
 	run := b.getRun(t, runID)
 	require.Equal(t, "EXHAUSTED", run.Steps[0].Status)
+
+	other := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`2`), MaxAttempts: ptr[int64](1),
+		TimeoutMs: ptr[int64](1_000)})
+	b.claimOne(t, w)
+	b.clock.Advance(20 * time.Second)
+	require.Equal(t, "EXHAUSTED", b.step(t, other.StepID).Status, "at step read too")
 }
 
 func TestPolicyEditsDoNotChangeExistingJobs(t *testing.T) {

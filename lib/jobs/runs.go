@@ -486,6 +486,16 @@ func (s *Service) GetStep(ctx context.Context, workspaceID, stepID string) (Step
 	if err != nil {
 		return Step{}, err
 	}
+	if j := st.DurableJob; j.Status == StatusRunning && j.Attempt >= j.MaxAttempts && j.LeaseExpiresAt != nil &&
+		!j.LeaseExpiresAt.After(s.now()) {
+		// A lease that lapsed on the last attempt ends the job at read.
+		if _, err := s.exhaustLapsed(ctx, &st.RunID, 1000); err != nil {
+			return Step{}, err
+		}
+		if st, err = scanStep(s.pool.QueryRow(ctx, sqlStepByID, stepID, workspaceID)); err != nil {
+			return Step{}, err
+		}
+	}
 	steps := []Step{st}
 	if err := s.attachAttempts(ctx, steps, sqlJobAttempts, st.DurableJob.ID); err != nil {
 		return Step{}, err
