@@ -1,5 +1,9 @@
 package httpapi
 
+import "github.com/getratchet/ratchet/lib/gate"
+
 // Domain holds the domain services the routes call. Each feature adds its
 // service here and its routes in routes_<feature>.go.
-type Domain struct{}
+type Domain struct {
+	Gate *gate.Service
+}
