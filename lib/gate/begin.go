@@ -75,17 +75,17 @@ const (
 // beginInput is a validated request with everything begin's SQL needs.
 type beginInput struct {
 	ws, keyID, effectType, key, fingerprint string
-	effectID, approvalID, eventID            string
-	now                                      time.Time
-	cost                                     *int64
-	dimNames                                 []string
-	dims                                     string // jsonb: name -> keyed hash
-	payload, compensation                    []byte // sealed
-	preview                                  string // jsonb
-	lease                                    *int32
-	token                                    string
-	tokenHash                                []byte
-	runID, groupID, compensates              *string
+	effectID, approvalID, eventID           string
+	now                                     time.Time
+	cost                                    *int64
+	dimNames                                []string
+	dims                                    string // jsonb: name -> keyed hash
+	payload, compensation                   []byte // sealed
+	preview                                 string // jsonb
+	lease                                   *int32
+	token                                   string
+	tokenHash                               []byte
+	runID, groupID, compensates             *string
 }
 
 func (in *beginInput) args() []any {

@@ -82,24 +82,24 @@ type Policy struct {
 // PutPolicyRequest is the body of PUT /api/v1/policies/{effect_type}: omitted
 // fields keep their value, null clears a nullable field.
 type PutPolicyRequest struct {
-	ExpectedVersion            *int64                                   `json:"expected_version,omitempty"`
-	Mode                       jsonx.Optional[string]                   `json:"mode"`
-	OnIndeterminate            jsonx.Optional[string]                   `json:"on_indeterminate"`
-	LeaseSeconds               jsonx.Optional[int]                      `json:"lease_seconds"`
-	MaxAttempts                jsonx.Optional[int]                      `json:"max_attempts"`
-	MaxCostMicros              jsonx.Optional[int64]                    `json:"max_cost_micros"`
-	ApprovalAboveMicros        jsonx.Optional[int64]                    `json:"approval_above_micros"`
-	DailyBudgetMicros          jsonx.Optional[int64]                    `json:"daily_budget_micros"`
-	ReconcileEveryHours        jsonx.Optional[int]                      `json:"reconcile_every_hours"`
-	RequireCost                jsonx.Optional[bool]                     `json:"require_cost"`
-	RequiredDimensions         jsonx.Optional[[]string]                 `json:"required_dimensions"`
+	ExpectedVersion            *int64                                     `json:"expected_version,omitempty"`
+	Mode                       jsonx.Optional[string]                     `json:"mode"`
+	OnIndeterminate            jsonx.Optional[string]                     `json:"on_indeterminate"`
+	LeaseSeconds               jsonx.Optional[int]                        `json:"lease_seconds"`
+	MaxAttempts                jsonx.Optional[int]                        `json:"max_attempts"`
+	MaxCostMicros              jsonx.Optional[int64]                      `json:"max_cost_micros"`
+	ApprovalAboveMicros        jsonx.Optional[int64]                      `json:"approval_above_micros"`
+	DailyBudgetMicros          jsonx.Optional[int64]                      `json:"daily_budget_micros"`
+	ReconcileEveryHours        jsonx.Optional[int]                        `json:"reconcile_every_hours"`
+	RequireCost                jsonx.Optional[bool]                       `json:"require_cost"`
+	RequiredDimensions         jsonx.Optional[[]string]                   `json:"required_dimensions"`
 	DimensionLimits            jsonx.Optional[map[string]json.RawMessage] `json:"dimension_limits"`
-	StructuringThresholdMicros jsonx.Optional[int64]                    `json:"structuring_threshold_micros"`
-	SurgePerHour               jsonx.Optional[int]                      `json:"surge_per_hour"`
-	SurgeMultiplier            jsonx.Optional[int]                      `json:"surge_multiplier"`
-	SurgeAction                jsonx.Optional[string]                   `json:"surge_action"`
-	SurgeCooldownSeconds       jsonx.Optional[int]                      `json:"surge_cooldown_seconds"`
-	RetentionDays              jsonx.Optional[int]                      `json:"retention_days"`
+	StructuringThresholdMicros jsonx.Optional[int64]                      `json:"structuring_threshold_micros"`
+	SurgePerHour               jsonx.Optional[int]                        `json:"surge_per_hour"`
+	SurgeMultiplier            jsonx.Optional[int]                        `json:"surge_multiplier"`
+	SurgeAction                jsonx.Optional[string]                     `json:"surge_action"`
+	SurgeCooldownSeconds       jsonx.Optional[int]                        `json:"surge_cooldown_seconds"`
+	RetentionDays              jsonx.Optional[int]                        `json:"retention_days"`
 }
 
 // required sets a non-nullable field: null is refused, omitted keeps.

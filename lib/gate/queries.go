@@ -240,7 +240,7 @@ RETURNING ` + effectCols("", false)
 // condition state = 'leased' AND lease_expires_at <= now is re-checked under
 // the row lock, so a report that won the race is never overwritten and a
 // lapse is recorded once. $1 now, $2 limit, $3 event ids (one per row),
-// $4 one effect id or ''.
+// $4 one effect id or ”.
 const sqlLapse = `
 WITH cand AS (
     SELECT id FROM effects
@@ -283,8 +283,8 @@ var sqlLockEffect = `SELECT ` + effectCols("e", false) + ` FROM effects e
 WHERE e.id = $1 AND e.workspace_id = $2 FOR UPDATE`
 
 // sqlListEffects pages newest first. A lapsed lease is indeterminate here too.
-// $1 workspace, $2 cursor ('' for the first page), $3 limit, $4 state filter
-// (''), $5 effect type filter (''), $6 now.
+// $1 workspace, $2 cursor (” for the first page), $3 limit, $4 state filter
+// (”), $5 effect type filter (”), $6 now.
 var sqlListEffects = `SELECT ` + effectCols("e", false) + `, ` + attemptsJSON + `
 FROM effects e
 WHERE e.workspace_id = $1 AND ($2::text = '' OR e.id < $2)
@@ -379,7 +379,7 @@ SELECT ` + approvalCols + ` FROM a`
 // $1 approval id, $2 workspace.
 const sqlGetApproval = `SELECT ` + approvalCols + ` FROM approvals WHERE id = $1 AND workspace_id = $2`
 
-// $1 workspace, $2 cursor, $3 limit, $4 state ('' for any).
+// $1 workspace, $2 cursor, $3 limit, $4 state (” for any).
 const sqlListApprovals = `SELECT ` + approvalCols + ` FROM approvals
 WHERE workspace_id = $1 AND ($2::text = '' OR id < $2) AND ($4::text = '' OR state = $4)
 ORDER BY id DESC LIMIT $3`
