@@ -89,9 +89,9 @@ type beginInput struct {
 }
 
 func (in *beginInput) args() []any {
-	return []any{in.ws, in.effectType, in.key, in.fingerprint, in.now, in.effectID, in.cost, in.dimNames,
-		in.dims, in.payload, in.preview, in.lease, in.tokenHash, in.keyID, in.approvalID, in.runID, in.groupID,
-		in.compensation, in.compensates, in.eventID}
+	return []any{in.ws, in.effectType, in.key, in.cost, in.dimNames, in.lease, in.fingerprint, in.now,
+		in.effectID, in.dims, in.payload, in.preview, in.tokenHash, in.keyID, in.approvalID, in.runID,
+		in.groupID, in.compensation, in.compensates, in.eventID}
 }
 
 func validIdempotencyKey(k string) bool {
@@ -377,7 +377,7 @@ func denial(code string, ev *eval, row *effectRow) *apierr.Error {
 func (s *Service) beginLocked(ctx context.Context, in *beginInput) (Decision, error) {
 	var d Decision
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		ev, _, _, row, err := scanBegin(tx.QueryRow(ctx, sqlBeginLocked, in.args()...))
+		ev, _, _, row, err := scanBegin(tx.QueryRow(ctx, sqlBeginLocked, in.args()[:6]...))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return retryRequest()
 		}

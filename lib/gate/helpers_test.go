@@ -99,3 +99,32 @@ func email(k string) map[string]any {
 }
 
 func str(v any) string { return fmt.Sprint(v) }
+
+// keyID recovers a key's id from its secret (rk_<id body>_<random>).
+func keyID(secret string) string {
+	body := secret[len("rk_"):]
+	return "key_" + body[:26]
+}
+
+func (b *bundle) agent() string {
+	b.t.Helper()
+	return b.env.Key(b.ws, map[string]any{"name": "agent", "preset": "AGENT"})
+}
+
+// errCode requires an error envelope with status and code and returns it.
+func errCode(t *testing.T, r *apitest.Response, status int, code string) map[string]any {
+	t.Helper()
+	require.Equal(t, status, r.Status, "%s", r.Body)
+	require.Equal(t, code, r.ErrorCode(), "%s", r.Body)
+	return r.JSON()["error"].(map[string]any)
+}
+
+func validationFields(t *testing.T, r *apitest.Response) []string {
+	t.Helper()
+	e := errCode(t, r, http.StatusBadRequest, "invalid_request")
+	var fields []string
+	for _, v := range e["detail"].(map[string]any)["validation"].([]any) {
+		fields = append(fields, v.(map[string]any)["field"].(string))
+	}
+	return fields
+}

@@ -96,12 +96,13 @@ func effectCols(alias string, nullSafe bool) string {
 // Begin's parameters, shared by the one-statement path and the locked path
 // so that both evaluate the policy with the same SQL:
 //
-//	$1 workspace  $2 effect type  $3 idempotency key  $4 fingerprint  $5 now
-//	$6 new effect id  $7 cost_micros  $8 declared dimension names
-//	$9 hashed dimensions (jsonb)  $10 sealed payload  $11 payload preview (jsonb)
-//	$12 requested lease seconds  $13 lease token hash  $14 key id
-//	$15 new approval id  $16 run id  $17 group id  $18 sealed compensation
-//	$19 compensates effect id  $20 new event id
+//	$1 workspace  $2 effect type  $3 idempotency key  $4 cost_micros
+//	$5 declared dimension names  $6 requested lease seconds  (the locked path
+//	takes only these six)  $7 fingerprint  $8 now  $9 new effect id
+//	$10 hashed dimensions (jsonb)  $11 sealed payload  $12 payload preview (jsonb)
+//	$13 lease token hash  $14 key id  $15 new approval id  $16 run id
+//	$17 group id  $18 sealed compensation  $19 compensates effect id
+//	$20 new event id
 //
 // evalCTE evaluates the policy against the request: precheck is a 400 that
 // changes nothing (cost_required, dimension_required with the missing names),
@@ -113,21 +114,21 @@ const evalCTE = `
 pol AS (` + sqlEffectivePolicy + `),
 ev AS (
     SELECT pol.on_indeterminate, pol.max_attempts, pol.max_cost_micros, pol.approval_above_micros,
-        CASE WHEN (pol.require_cost OR pol.approval_above_micros IS NOT NULL) AND $7::bigint IS NULL THEN 'cost_required'
+        CASE WHEN (pol.require_cost OR pol.approval_above_micros IS NOT NULL) AND $4::bigint IS NULL THEN 'cost_required'
              WHEN cardinality(m.missing) > 0 THEN 'dimension_required' END AS precheck,
         m.missing AS missing_dimensions,
         CASE WHEN pol.mode = 'deny' THEN 'policy_denied'
-             WHEN $7::bigint > pol.max_cost_micros THEN 'cost_ceiling_exceeded'
+             WHEN $4::bigint > pol.max_cost_micros THEN 'cost_ceiling_exceeded'
              WHEN pol.mode = 'require_approval' THEN 'approval'
-             WHEN $7::bigint >= pol.approval_above_micros THEN 'approval'
+             WHEN $4::bigint >= pol.approval_above_micros THEN 'approval'
              ELSE 'execute' END AS fresh,
         CASE WHEN pol.mode = 'require_approval' THEN 'policy_requires_approval'
              ELSE 'cost_at_or_above_threshold' END AS approval_reason,
-        least(pol.lease_seconds, coalesce($12::int, pol.lease_seconds)) AS eff_lease
+        least(pol.lease_seconds, coalesce($6::int, pol.lease_seconds)) AS eff_lease
     FROM pol, LATERAL (
         SELECT coalesce(array_agg(d ORDER BY d), '{}') AS missing
         FROM (SELECT unnest(pol.required_dimensions) UNION SELECT jsonb_object_keys(pol.dimension_limits)) x(d)
-        WHERE NOT d = ANY($8::text[])
+        WHERE NOT d = ANY($5::text[])
     ) m
 )`
 
@@ -146,18 +147,18 @@ ins AS (
         attempt, lease_token_hash, lease_seconds, lease_expires_at, attempt_started_at, probe, approval_id,
         approval_state, payload, payload_preview, cost_micros, dimensions, run_id, group_id, compensation,
         compensates_effect_id, created_by_key_id, created_at, updated_at)
-    SELECT $6, $1, $2, $3, $4,
+    SELECT $9, $1, $2, $3, $7,
         CASE ev.fresh WHEN 'execute' THEN 'leased' WHEN 'approval' THEN 'awaiting_approval' ELSE 'denied' END,
         CASE WHEN ev.fresh NOT IN ('execute', 'approval') THEN ev.fresh END,
         CASE ev.fresh WHEN 'execute' THEN 1 ELSE 0 END,
         CASE ev.fresh WHEN 'execute' THEN $13::bytea END,
         ev.eff_lease,
-        CASE ev.fresh WHEN 'execute' THEN $5::timestamptz + make_interval(secs => ev.eff_lease) END,
-        CASE ev.fresh WHEN 'execute' THEN $5::timestamptz END,
+        CASE ev.fresh WHEN 'execute' THEN $8::timestamptz + make_interval(secs => ev.eff_lease) END,
+        CASE ev.fresh WHEN 'execute' THEN $8::timestamptz END,
         false,
         CASE ev.fresh WHEN 'approval' THEN $15::text END,
         CASE ev.fresh WHEN 'approval' THEN 'pending' END,
-        $10, $11::jsonb, $7, $9::jsonb, $16, $17, $18, $19, $14, $5, $5
+        $11, $12::jsonb, $4, $10::jsonb, $16, $17, $18, $19, $14, $8, $8
     FROM ev WHERE ev.precheck IS NULL
     ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
     RETURNING ` + effectCols("", false) + `
@@ -165,17 +166,17 @@ ins AS (
 att AS (
     INSERT INTO effect_attempts (effect_id, attempt, workspace_id, lease_token_hash, probe, started_at,
         lease_expires_at, began_by_key_id)
-    SELECT ins.id, 1, $1, $13, false, $5, ins.lease_expires_at, $14 FROM ins WHERE ins.state = 'leased'
+    SELECT ins.id, 1, $1, $13, false, $8, ins.lease_expires_at, $14 FROM ins WHERE ins.state = 'leased'
 ),
 apr AS (
     INSERT INTO approvals (id, workspace_id, effect_id, effect_type, state, reason, created_at)
-    SELECT $15, $1, ins.id, $2, 'pending', ev.approval_reason, $5 FROM ins, ev WHERE ins.state = 'awaiting_approval'
+    SELECT $15, $1, ins.id, $2, 'pending', ev.approval_reason, $8 FROM ins, ev WHERE ins.state = 'awaiting_approval'
 ),
 evt AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at)
     SELECT $20, $1, 'approval.requested', $15,
         jsonb_build_object('approval_id', $15::text, 'effect_id', ins.id, 'effect_type', $2::text,
-                           'reason', ev.approval_reason), $5
+                           'reason', ev.approval_reason), $8
     FROM ins, ev WHERE ins.state = 'awaiting_approval'
 ),
 cur AS (
