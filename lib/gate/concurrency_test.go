@@ -48,12 +48,12 @@ func post(env *apitest.Env, path, key string, body any) (int, map[string]any, er
 func raceBegins(t *testing.T, n int, key string, body map[string]any, envs ...*apitest.Env) (map[string]int, []map[string]any) {
 	t.Helper()
 	var (
-		wg      sync.WaitGroup
-		start   = make(chan struct{})
-		mu      sync.Mutex
-		counts  = map[string]int{}
-		execs   []map[string]any
-		errs    []error
+		wg     sync.WaitGroup
+		start  = make(chan struct{})
+		mu     sync.Mutex
+		counts = map[string]int{}
+		execs  []map[string]any
+		errs   []error
 	)
 	for i := 0; i < n; i++ {
 		wg.Add(1)

@@ -102,8 +102,14 @@ func TestSweeperAndLapseRaces(t *testing.T) {
 				sweepErr         error
 			)
 			wg.Add(3)
-			go func() { defer wg.Done(); liveCode, _, liveErr = post(envLive, "/api/v1/effects/"+id+"/report", ws.Key, body) }()
-			go func() { defer wg.Done(); lateCd, _, lateErr = post(envLate, "/api/v1/effects/"+id+"/report", ws.Key, body) }()
+			go func() {
+				defer wg.Done()
+				liveCode, _, liveErr = post(envLive, "/api/v1/effects/"+id+"/report", ws.Key, body)
+			}()
+			go func() {
+				defer wg.Done()
+				lateCd, _, lateErr = post(envLate, "/api/v1/effects/"+id+"/report", ws.Key, body)
+			}()
 			go func() {
 				defer wg.Done()
 				sweptN, sweepErr = envLate.App.Server.Gate.SweepLapsed(ctx, late.Now(), 500)
