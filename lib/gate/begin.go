@@ -404,8 +404,8 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 		return Decision{}, precheckError(ev)
 	}
 	wasIndeterminate := row.effectiveState(in.now) == StateIndeterminate
-	if row.State == StateLeased && wasIndeterminate {
-		if _, err := s.lapse(ctx, tx, in.now, row.ID, 1); err != nil {
+	if wasIndeterminate {
+		if err := s.recordLapse(ctx, tx, row, in.now); err != nil {
 			return Decision{}, err
 		}
 	}

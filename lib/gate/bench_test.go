@@ -30,20 +30,25 @@ func benchReq(k string) gate.BeginRequest {
 		Payload: []byte(`{"to":"user_123","template":"welcome"}`), Dimensions: map[string]string{"recipient": "user_123"}}
 }
 
+// beginReport is one full cycle on a new key: execute, then succeeded.
+func beginReport(b *testing.B, g *gate.Service, p *auth.Principal, req gate.BeginRequest) {
+	ctx := context.Background()
+	d, err := g.Begin(ctx, p, req)
+	if err != nil || d.Decision != gate.DecisionExecute {
+		b.Fatal(d.Decision, err)
+	}
+	if _, err := g.Report(ctx, p, d.EffectID, gate.ReportRequest{LeaseToken: d.LeaseToken, Outcome: "succeeded",
+		Result: []byte(`{"message_id":"m_1"}`)}); err != nil {
+		b.Fatal(err)
+	}
+}
+
 func BenchmarkServiceBeginReportNewKey(b *testing.B) {
 	_, p, g, _ := benchSetup(b)
-	ctx := context.Background()
 	prefix := key("bench")
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		d, err := g.Begin(ctx, p, benchReq(prefix+strconv.Itoa(i)))
-		if err != nil || d.Decision != gate.DecisionExecute {
-			b.Fatal(d.Decision, err)
-		}
-		if _, err := g.Report(ctx, p, d.EffectID, gate.ReportRequest{LeaseToken: d.LeaseToken, Outcome: "succeeded",
-			Result: []byte(`{"message_id":"m_1"}`)}); err != nil {
-			b.Fatal(err)
-		}
+		beginReport(b, g, p, benchReq(prefix+strconv.Itoa(i)))
 	}
 }
 
@@ -51,14 +56,7 @@ func BenchmarkServiceBeginDuplicate(b *testing.B) {
 	_, p, g, _ := benchSetup(b)
 	ctx := context.Background()
 	req := benchReq(key("dup"))
-	d, err := g.Begin(ctx, p, req)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := g.Report(ctx, p, d.EffectID, gate.ReportRequest{LeaseToken: d.LeaseToken, Outcome: "succeeded",
-		Result: []byte(`{"message_id":"m_1"}`)}); err != nil {
-		b.Fatal(err)
-	}
+	beginReport(b, g, p, req)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		d, err := g.Begin(ctx, p, req)
@@ -72,13 +70,7 @@ func BenchmarkServiceBeginDuplicateParallel(b *testing.B) {
 	_, p, g, _ := benchSetup(b)
 	ctx := context.Background()
 	req := benchReq(key("dup"))
-	d, err := g.Begin(ctx, p, req)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := g.Report(ctx, p, d.EffectID, gate.ReportRequest{LeaseToken: d.LeaseToken, Outcome: "succeeded"}); err != nil {
-		b.Fatal(err)
-	}
+	beginReport(b, g, p, req)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {

@@ -145,24 +145,18 @@ func (s *Service) Report(ctx context.Context, p *auth.Principal, id string, req 
 		if err != nil {
 			return err
 		}
-		switch {
-		case att.reportedAt != nil:
+		switch holdingOf(&row, &att, now) {
+		case holdReported:
 			// A repeated report is safe to retry; a different outcome is not.
-			if att.outcome == nil || *att.outcome != req.Outcome {
-				return apierr.InvalidState("This attempt was already reported %s.", deref(att.outcome))
+			if *att.outcome != req.Outcome {
+				return apierr.InvalidState("This attempt was already reported %s.", *att.outcome)
 			}
 			out, err = s.getEffect(ctx, tx, p.WorkspaceID, id, now)
 			return err
-		case att.outcome != nil || row.effectiveState(now) == StateIndeterminate:
-			// Lapsed (resolved or not): record it durably, then refuse.
-			if row.State == StateLeased {
-				if _, err := s.lapse(ctx, tx, now, id, 1); err != nil {
-					return err
-				}
-			}
+		case holdExpired:
 			after = leaseExpired()
-			return nil
-		case row.State == StateLeased:
+			return s.recordLapse(ctx, tx, &row, now)
+		case holdLive:
 			row, atts, err := scanReport(tx.QueryRow(ctx, sqlReport, args...))
 			if err != nil {
 				return fmt.Errorf("report: %w", err)
@@ -178,11 +172,36 @@ func (s *Service) Report(ctx context.Context, p *auth.Principal, id string, req 
 	return out, after
 }
 
-func deref(s *string) string {
-	if s == nil {
-		return ""
+// holding is what a current lease token still holds, under the row lock.
+type holding int
+
+const (
+	holdNone     holding = iota
+	holdReported         // its attempt was reported
+	holdExpired          // its lease lapsed (resolved or not): lease_expired
+	holdLive             // its lease is live
+)
+
+func holdingOf(row *effectRow, att *tokenAttempt, now time.Time) holding {
+	switch {
+	case att.reportedAt != nil:
+		return holdReported
+	case att.outcome != nil || row.effectiveState(now) == StateIndeterminate:
+		return holdExpired
+	case row.State == StateLeased:
+		return holdLive
 	}
-	return *s
+	return holdNone
+}
+
+// recordLapse makes a locked effect's lapse durable, once: the callers answer
+// lease_expired after committing it.
+func (s *Service) recordLapse(ctx context.Context, tx pgx.Tx, row *effectRow, now time.Time) error {
+	if row.State != StateLeased {
+		return nil
+	}
+	_, err := s.lapse(ctx, tx, now, row.ID, 1)
+	return err
 }
 
 func scanReport(row pgx.Row) (effectRow, []byte, error) {
@@ -228,18 +247,13 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, id string, r
 		if err != nil {
 			return err
 		}
-		switch {
-		case att.reportedAt != nil:
+		switch holdingOf(&row, &att, now) {
+		case holdReported:
 			return apierr.InvalidState("This attempt was already reported; its lease is over.")
-		case att.outcome != nil || row.effectiveState(now) == StateIndeterminate:
-			if row.State == StateLeased {
-				if _, err := s.lapse(ctx, tx, now, id, 1); err != nil {
-					return err
-				}
-			}
+		case holdExpired:
 			after = leaseExpired()
-			return nil
-		case row.State == StateLeased:
+			return s.recordLapse(ctx, tx, &row, now)
+		case holdLive:
 			return tx.QueryRow(ctx, sqlHeartbeat, id, p.WorkspaceID, th, now).Scan(&out.LeaseExpiresAt)
 		}
 		return apierr.InvalidState("The effect is %s; there is no lease to extend.", row.effectiveState(now))
@@ -281,10 +295,8 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 			return apierr.InvalidState("Only an indeterminate effect can be resolved; this one is %s.", st).
 				WithDetail("state", st)
 		}
-		if row.State == StateLeased {
-			if _, err := s.lapse(ctx, tx, now, id, 1); err != nil {
-				return err
-			}
+		if err := s.recordLapse(ctx, tx, &row, now); err != nil {
+			return err
 		}
 		var note *string
 		if req.Note != "" {
