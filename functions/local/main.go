@@ -32,11 +32,11 @@ func main() {
 // run starts the server and blocks until ctx ends. ready, when set, receives
 // the listening address (tests use it).
 func run(ctx context.Context, logOut io.Writer, ready chan<- string) error {
-	os.Setenv("AUTO_MIGRATE", "true")
 	cfg, err := config.Load()
 	if err != nil {
 		return err
 	}
+	cfg.AutoMigrate = true // the local server always brings its schema up to date
 	logger := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if os.Getenv("LOG_REQUESTS") != "" {
 		logger = slog.New(slog.NewTextHandler(logOut, nil))

@@ -1,5 +1,7 @@
-// Command migrate applies pending migrations to DATABASE_URL (or
-// MIGRATION_DATABASE_URL, which should be a direct, non-pooled URL).
+// Command migrate applies pending migrations to MIGRATION_DATABASE_URL (a
+// direct, non-pooled URL) or DATABASE_URL. It runs as a CLI
+// (go run ./functions/migrate) or, inside Lambda, as a function to invoke
+// once per deploy.
 package main
 
 import (
@@ -8,27 +10,43 @@ import (
 	"os"
 	"os/signal"
 
-	"github.com/getratchet/ratchet/lib/config"
+	"github.com/aws/aws-lambda-go/lambda"
+
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/migrations"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
+// Result reports what one run applied.
+type Result struct {
+	Applied []int `json:"applied"`
+}
+
+func migrate(ctx context.Context) (Result, error) {
 	url := os.Getenv("MIGRATION_DATABASE_URL")
 	if url == "" {
 		url = os.Getenv("DATABASE_URL")
 	}
 	if url == "" {
-		fmt.Fprintln(os.Stderr, "migrate: config: DATABASE_URL is required but not set")
-		os.Exit(2)
+		return Result{}, fmt.Errorf("config: DATABASE_URL is required but not set")
 	}
-	cfg := &config.Config{DatabaseURL: url}
-	applied, err := db.MigrateURL(ctx, cfg.MigrationURL(), migrations.FS)
+	applied, err := db.MigrateURL(ctx, url, migrations.FS)
+	if applied == nil {
+		applied = []int{}
+	}
+	return Result{Applied: applied}, err
+}
+
+func main() {
+	if os.Getenv("AWS_LAMBDA_RUNTIME_API") != "" {
+		lambda.Start(migrate)
+		return
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	res, err := migrate(ctx)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "migrate:", err)
 		os.Exit(1)
 	}
-	fmt.Printf("migrate: applied %d migration(s) %v\n", len(applied), applied)
+	fmt.Printf("migrate: applied %d migration(s) %v\n", len(res.Applied), res.Applied)
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/sweep"
+	"github.com/getratchet/ratchet/lib/webhooks"
 )
 
 // lapsedLeasesPerPass bounds one sweeper pass over lapsed effect leases.
@@ -15,6 +16,13 @@ const lapsedLeasesPerPass = 500
 // wireDomain builds the domain services into deps and registers their sweep
 // tasks. Each feature adds its own lines here.
 func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
+	deps.Webhooks = webhooks.New(deps.Pool, deps.Sealer, deps.Now, deps.Config.WebhookAllowPrivateNetworks)
+	// Webhook tasks run last, so events recorded earlier in the same pass go out in it.
+	defer sweeper.Add(
+		sweep.Task{Name: "webhooks.dispatch", Run: deps.Webhooks.Dispatch},
+		sweep.Task{Name: "webhooks.deliver", Run: deps.Webhooks.Deliver},
+	)
+
 	deps.Gate = gate.New(deps.Pool, deps.Sealer, deps.Auth.Hash, deps.Now)
 	sweeper.Add(sweep.Task{
 		Name: "effects.lapsed_leases",

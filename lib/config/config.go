@@ -54,6 +54,9 @@ type Config struct {
 
 	SweepInterval   time.Duration `envconfig:"SWEEP_INTERVAL" default:"5s"`
 	JobLeaseGraceMs int64         `envconfig:"JOB_LEASE_GRACE_MS" default:"10000"`
+	// WebhookAllowPrivateNetworks lets webhooks target loopback and private
+	// addresses (self-hosting, tests). Off, such deliveries are refused.
+	WebhookAllowPrivateNetworks bool `envconfig:"WEBHOOK_ALLOW_PRIVATE_NETWORKS" default:"false"`
 	// AutoMigrate applies pending migrations on start (local server: on).
 	AutoMigrate bool `envconfig:"AUTO_MIGRATE" default:"false"`
 }
@@ -94,6 +97,13 @@ func asParseError(err error, target **envconfig.ParseError) bool {
 
 // Validate checks values envconfig cannot.
 func (c *Config) Validate() error {
+	// A variable set to the empty string counts as not set.
+	for _, s := range [][2]string{{"DATABASE_URL", c.DatabaseURL},
+		{"RESULT_ENCRYPTION_KEY", c.ResultEncryptionKey}, {"KEY_HASH_SECRET", c.KeyHashSecret}} {
+		if strings.TrimSpace(s[1]) == "" {
+			return fmt.Errorf("config: %s is required but not set", s[0])
+		}
+	}
 	u, err := url.Parse(c.DatabaseURL)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		return fmt.Errorf("config: DATABASE_URL is malformed (want postgres://user@host:port/db)")
@@ -126,8 +136,8 @@ func (c *Config) Validate() error {
 	if c.DBMaxConns < 1 {
 		return fmt.Errorf("config: DB_MAX_CONNS is malformed (at least 1)")
 	}
-	if c.Port < 1 || c.Port > 65535 {
-		return fmt.Errorf("config: PORT is malformed (1-65535)")
+	if c.Port < 0 || c.Port > 65535 {
+		return fmt.Errorf("config: PORT is malformed (0-65535; 0 picks a free port)")
 	}
 	return nil
 }

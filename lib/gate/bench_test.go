@@ -3,12 +3,14 @@ package gate_test
 import (
 	"context"
 	"net/http"
+	"os"
 	"strconv"
 	"sync/atomic"
 	"testing"
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/gate"
 )
 
@@ -17,10 +19,16 @@ import (
 //	DATABASE_URL=... go test ./lib/gate/ -run '^$' -bench . -benchtime 3s
 //
 // The Service ones measure the gate and its SQL; the HTTP ones add auth,
-// JSON and the loopback server.
+// JSON and the loopback server. DB_QUERY_EXEC_MODE picks the pool's query
+// mode (exec, the default, plans every statement; cache_statement reuses
+// server-side prepared statements where no transaction pooler is in between).
 
 func benchSetup(b *testing.B) (*apitest.Env, *auth.Principal, *gate.Service, string) {
-	env := apitest.Start(b)
+	env := apitest.Start(b, apitest.WithConfig(func(c *config.Config) {
+		if m := os.Getenv("DB_QUERY_EXEC_MODE"); m != "" {
+			c.DBQueryExecMode = m
+		}
+	}))
 	ws := env.Signup()
 	return env, &auth.Principal{WorkspaceID: ws.ID, KeyID: keyID(ws.Key)}, env.App.Server.Gate, ws.Key
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/getratchet/ratchet/lib/auth"
 )
@@ -48,8 +49,14 @@ type Route struct {
 	ContentType string
 	Status      int      // success status
 	Errors      []string // error codes this route can answer beyond the common ones
-	Handle      HandlerFunc
+	// Timeout bounds the whole request, database work included; zero means
+	// DefaultTimeout. Long-polling routes set their own.
+	Timeout time.Duration
+	Handle  HandlerFunc
 }
+
+// DefaultTimeout bounds a request that names no Timeout.
+const DefaultTimeout = 15 * time.Second
 
 // HandlerFunc does a route's work. It returns the body to encode with the
 // route's status, a Reply to choose another status, or an error.

@@ -8,6 +8,7 @@ func (s *Server) routes() []Route {
 		s.coreRoutes(),
 		s.gateRoutes(),
 		s.jobsRoutes(),
+		s.webhookRoutes(),
 	} {
 		all = append(all, part...)
 	}

@@ -51,7 +51,10 @@ type group struct {
 }
 
 // New builds the server and its router from the route table.
-func New(d Deps) *Server {
+func New(d Deps) *Server { return newWithRoutes(d, (*Server).routes) }
+
+// newWithRoutes builds a server over another table (tests add failing routes).
+func newWithRoutes(d Deps, table func(*Server) []Route) *Server {
 	if d.Logger == nil {
 		d.Logger = slog.Default()
 	}
@@ -59,8 +62,7 @@ func New(d Deps) *Server {
 		d.Now = time.Now
 	}
 	s := &Server{Deps: d, mux: http.NewServeMux(), groups: map[string]*group{}}
-	for _, r := range s.routes() {
-		r := r
+	for _, r := range table(s) {
 		g, ok := s.groups[r.Pattern]
 		if !ok {
 			g = &group{pattern: r.Pattern, params: r.PathParams(), routes: map[string]*Route{}}
@@ -149,8 +151,15 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 		return
 	}
 	r.Body = http.MaxBytesReader(sw, r.Body, MaxBodyBytes)
+	timeout := route.Timeout
+	if timeout == 0 {
+		timeout = DefaultTimeout
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	defer cancel()
+	r = r.WithContext(ctx)
 	call := &Call{R: r, RequestID: reqID, Route: route}
-	body, err := s.run(r.Context(), call)
+	body, err := s.run(ctx, call)
 	if err != nil {
 		s.fail(sw, reqID, route, err)
 		return
@@ -217,6 +226,11 @@ func (s *Server) fail(w http.ResponseWriter, reqID string, route *Route, err err
 	}
 	if db.IsUnavailable(err) || apierr.HasCode(err, apierr.CodeDatabaseUnavailable) {
 		s.Logger.Warn("database unavailable", "request_id", reqID, "route", route.Name, "err", err.Error())
+		writeError(w, apierr.DatabaseUnavailable(err).WithDetail("request_id", reqID))
+		return
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		s.Logger.Warn("request timed out", "request_id", reqID, "route", route.Name)
 		writeError(w, apierr.DatabaseUnavailable(err).WithDetail("request_id", reqID))
 		return
 	}

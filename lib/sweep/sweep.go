@@ -27,6 +27,10 @@ type Result struct {
 	Ms      int64             `json:"ms"`
 }
 
+// TaskTimeout bounds one task in one pass, so a stuck task cannot hold the
+// scheduled function until its platform kills it.
+const TaskTimeout = 20 * time.Second
+
 // Sweeper runs its tasks in order.
 type Sweeper struct {
 	tasks  []Task
@@ -58,7 +62,9 @@ func (s *Sweeper) RunOnce(ctx context.Context) Result {
 	start := s.now()
 	res := Result{Changed: map[string]int{}, Errors: map[string]string{}}
 	for _, t := range s.tasks {
-		n, err := t.Run(ctx, s.now())
+		taskCtx, cancel := context.WithTimeout(ctx, TaskTimeout)
+		n, err := t.Run(taskCtx, s.now())
+		cancel()
 		res.Changed[t.Name] = n
 		if err != nil {
 			res.Errors[t.Name] = "failed"

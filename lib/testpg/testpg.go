@@ -187,7 +187,12 @@ func Provision(ctx context.Context, opts Options) (*Cluster, error) {
 	if ctx.Err() != nil {
 		return nil, err
 	}
-	return nil, fmt.Errorf("testpg: no PostgreSQL available (local: %v; docker: %v): %s", localErr, err, installHint)
+	return nil, noPostgresError(localErr, err)
+}
+
+// noPostgresError explains why every source failed and what to install.
+func noPostgresError(localErr, dockerErr error) error {
+	return fmt.Errorf("testpg: no PostgreSQL available (local: %v; docker: %v): %s", localErr, dockerErr, installHint)
 }
 
 // CreateDatabase creates database name on the server behind adminURL and
@@ -541,9 +546,22 @@ type localPlan struct {
 	dataDir    string
 	socketDir  string // "" disables unix sockets
 	logPath    string
-	workDir    string // cwd of the server; must be reachable by user
-	tmpDir     string // removed on failure/Close; "" for persistent
+	workDir    string   // cwd of the server; must be reachable by user
+	tmpDir     string   // removed on failure/Close; "" for persistent
+	tmpLock    *os.File // flock'ed while tmpDir is in use; see sweepStale
 	persistent bool
+}
+
+// removeTmp deletes the throwaway directory, then releases its lock.
+func (p *localPlan) removeTmp() error {
+	if p.tmpDir == "" {
+		return nil
+	}
+	err := os.RemoveAll(p.tmpDir)
+	if p.tmpLock != nil {
+		_ = p.tmpLock.Close()
+	}
+	return err
 }
 
 // provisionLocal starts a cluster from local binaries. It is the code path
@@ -580,8 +598,8 @@ func provisionLocal(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return nil, err
 	}
 	defer func() {
-		if err != nil && plan.tmpDir != "" {
-			_ = os.RemoveAll(plan.tmpDir)
+		if err != nil {
+			_ = plan.removeTmp()
 		}
 	}()
 
@@ -624,10 +642,8 @@ func provisionLocal(ctx context.Context, opts Options) (c *Cluster, err error) {
 					// Immediate shutdown: the data is thrown away.
 					stopErr = srv.stop(syscall.SIGQUIT, 15*time.Second)
 				}
-				if plan.tmpDir != "" {
-					if err := os.RemoveAll(plan.tmpDir); err != nil && stopErr == nil {
-						stopErr = err
-					}
+				if err := plan.removeTmp(); err != nil && stopErr == nil {
+					stopErr = err
 				}
 				return stopErr
 			},
@@ -635,17 +651,27 @@ func provisionLocal(ctx context.Context, opts Options) (c *Cluster, err error) {
 	}
 }
 
+const (
+	tmpPattern = "testpg-"
+	lockName   = ".testpg.lock"
+)
+
 // prepareThrowaway creates the temporary directory holding data, socket and
 // log of a throwaway cluster.
 func prepareThrowaway(bin pgBinaries, su *serverUser) (*localPlan, error) {
 	var lastErr error
 	for _, parent := range []string{os.TempDir(), "/tmp"} {
-		tmp, err := os.MkdirTemp(parent, "testpg-")
+		sweepStale(parent)
+		tmp, err := os.MkdirTemp(parent, tmpPattern)
 		if err != nil {
 			lastErr = err
 			continue
 		}
+		var lock *os.File
 		if tmp, err = filepath.EvalSymlinks(tmp); err == nil {
+			lock, err = lockDir(tmp)
+		}
+		if err == nil {
 			err = su.chown(tmp)
 		}
 		if err == nil {
@@ -656,10 +682,14 @@ func prepareThrowaway(bin pgBinaries, su *serverUser) (*localPlan, error) {
 		}
 		if err != nil {
 			_ = os.RemoveAll(tmp)
+			if lock != nil {
+				_ = lock.Close()
+			}
 			lastErr = err
 			continue
 		}
 		return &localPlan{
+			tmpLock:   lock,
 			bin:       bin,
 			user:      su,
 			dataDir:   filepath.Join(tmp, "data"),
@@ -670,6 +700,48 @@ func prepareThrowaway(bin pgBinaries, su *serverUser) (*localPlan, error) {
 		}, nil
 	}
 	return nil, fmt.Errorf("create temporary directory: %w", lastErr)
+}
+
+// lockDir takes an exclusive flock on a file in dir for as long as the
+// returned file stays open. The kernel drops it when the process dies, however
+// it dies, which is how sweepStale tells abandoned directories from live ones.
+// (The descriptor is close-on-exec, so postgres does not inherit it.)
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, lockName), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	return f, nil
+}
+
+// sweepStale removes throwaway directories left behind by processes that were
+// killed before they could clean up (SIGKILL, go test -timeout), so they do
+// not pile up in /tmp. A directory is stale when nobody holds its lock; very
+// young directories are skipped because their creator may not have locked
+// them yet. Errors are ignored: this is best-effort housekeeping.
+func sweepStale(parent string) {
+	dirs, _ := filepath.Glob(filepath.Join(parent, tmpPattern+"*"))
+	for _, dir := range dirs {
+		fi, err := os.Lstat(dir)
+		if err != nil || !fi.IsDir() || time.Since(fi.ModTime()) < time.Minute {
+			continue
+		}
+		f, err := os.Open(filepath.Join(dir, lockName))
+		if err != nil {
+			continue // not ours, or not readable by us
+		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
+			// A postmaster that survived its parent (no parent-death
+			// signal outside Linux) notices its removed data
+			// directory and shuts itself down.
+			_ = os.RemoveAll(dir)
+		}
+		f.Close()
+	}
 }
 
 // preparePersistent checks (and if needed creates) a persistent data

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -107,125 +108,186 @@ func TestWithDatabase(t *testing.T) {
 	}
 }
 
-// requireBinaries skips the local-binaries tests on machines without a
-// PostgreSQL server installation; every other test still runs there through
-// DATABASE_URL or Docker.
-func requireBinaries(t *testing.T) {
-	t.Helper()
-	if _, err := findBinaries(0); errors.Is(err, errNoBinaries) {
-		t.Skipf("local-binaries path not testable: %v", err)
-	}
-}
-
-// TestProvisionLocal forces the local-binaries path even when DATABASE_URL
-// is set.
+// TestProvisionLocal exercises the local-binaries path directly, even when
+// DATABASE_URL is set. It is the only test that may skip: on a machine
+// without a PostgreSQL server installation this path cannot run, while every
+// other test still gets a server through DATABASE_URL or Docker.
 func TestProvisionLocal(t *testing.T) {
 	t.Parallel()
-	requireBinaries(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-
-	c, err := provisionLocal(ctx, Options{Logf: t.Logf})
-	require.NoError(t, err)
-	defer c.Close()
-	require.Equal(t, "local", c.source)
-	require.NotEmpty(t, c.tmpDir)
-
-	require.Equal(t, "off", queryOne[string](t, ctx, c.URL, "show fsync"))
-	require.Equal(t, "200", queryOne[string](t, ctx, c.URL, "show max_connections"))
-	require.Equal(t, "127.0.0.1", queryOne[string](t, ctx, c.URL, "show listen_addresses"))
-	require.True(t, queryOne[bool](t, ctx, c.URL, "select rolsuper from pg_roles where rolname = current_user"))
-	exerciseCluster(t, ctx, c.URL)
-
-	require.NoError(t, c.Close())
-	require.NoError(t, c.Close(), "Close is idempotent")
-	_, err = os.Stat(c.tmpDir)
-	require.ErrorIs(t, err, os.ErrNotExist, "temporary directory must be removed")
-	_, err = pgx.Connect(ctx, c.URL)
-	require.Error(t, err, "server must be stopped")
-}
-
-// TestProvisionLocalConcurrent starts several clusters at once, as parallel
-// test packages do; they must not collide on ports or directories.
-func TestProvisionLocalConcurrent(t *testing.T) {
-	t.Parallel()
-	requireBinaries(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-
-	const n = 4
-	clusters := make([]*Cluster, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			clusters[i], errs[i] = provisionLocal(ctx, Options{})
-		}()
+	bin, err := findBinaries(0)
+	if errors.Is(err, errNoBinaries) {
+		t.Skipf("local-binaries path not testable: %v", err)
 	}
-	wg.Wait()
-	for i := range n {
-		if clusters[i] != nil {
-			defer clusters[i].Close()
+	require.NoError(t, err)
+	t.Logf("using PostgreSQL %d binaries in %s", bin.major, bin.dir)
+
+	t.Run("throwaway", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+
+		c, err := provisionLocal(ctx, Options{Logf: t.Logf})
+		require.NoError(t, err)
+		defer c.Close()
+		require.Equal(t, "local", c.source)
+		require.NotEmpty(t, c.tmpDir)
+
+		require.Equal(t, "off", queryOne[string](t, ctx, c.URL, "show fsync"))
+		require.Equal(t, "200", queryOne[string](t, ctx, c.URL, "show max_connections"))
+		require.Equal(t, "127.0.0.1", queryOne[string](t, ctx, c.URL, "show listen_addresses"))
+		require.Equal(t, c.tmpDir, queryOne[string](t, ctx, c.URL, "show unix_socket_directories"))
+		require.True(t, queryOne[bool](t, ctx, c.URL, "select rolsuper from pg_roles where rolname = current_user"))
+		exerciseCluster(t, ctx, c.URL)
+
+		require.NoError(t, c.Close())
+		require.NoError(t, c.Close(), "Close is idempotent")
+		_, err = os.Stat(c.tmpDir)
+		require.ErrorIs(t, err, os.ErrNotExist, "temporary directory must be removed")
+		_, err = pgx.Connect(ctx, c.URL)
+		require.Error(t, err, "server must be stopped")
+	})
+
+	// Several clusters at once, as parallel test packages do: they must
+	// not collide on ports or directories.
+	t.Run("concurrent", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+
+		const n = 4
+		clusters := make([]*Cluster, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				clusters[i], errs[i] = provisionLocal(ctx, Options{})
+			}()
 		}
-	}
-	seen := map[string]bool{}
-	for i := range n {
-		require.NoError(t, errs[i])
-		require.False(t, seen[clusters[i].URL], "duplicate URL %s", clusters[i].URL)
-		seen[clusters[i].URL] = true
-		require.Equal(t, clusters[i].dataDir, queryOne[string](t, ctx, clusters[i].URL, "show data_directory"))
-	}
-	for i := range n {
-		require.NoError(t, clusters[i].Close())
+		wg.Wait()
+		for i := range n {
+			if clusters[i] != nil {
+				defer clusters[i].Close()
+			}
+		}
+		seen := map[string]bool{}
+		for i := range n {
+			require.NoError(t, errs[i])
+			require.False(t, seen[clusters[i].URL], "duplicate URL %s", clusters[i].URL)
+			seen[clusters[i].URL] = true
+			require.Equal(t, clusters[i].dataDir, queryOne[string](t, ctx, clusters[i].URL, "show data_directory"))
+		}
+		for i := range n {
+			require.NoError(t, clusters[i].Close())
+		}
+	})
+
+	// A port taken between picking and binding must be reported as
+	// errPortInUse (which provisionLocal retries) and leave no server.
+	t.Run("port in use", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+
+		su, err := lookupServerUser()
+		require.NoError(t, err)
+		plan, err := prepareThrowaway(bin, su)
+		require.NoError(t, err)
+		defer plan.removeTmp()
+		require.NoError(t, runInitdb(ctx, plan))
+
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer l.Close()
+		srv, err := startServer(ctx, plan, l.Addr().(*net.TCPAddr).Port)
+		require.ErrorIs(t, err, errPortInUse)
+		require.Nil(t, srv)
+	})
+
+	// The DataDir mode used by scripts/dev: data survives a restart and
+	// durability settings stay at their defaults.
+	t.Run("persistent", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+
+		// Not t.TempDir(): that is a 0700 directory owned by us, which
+		// the postgres user cannot enter when the tests run as root.
+		parent, err := os.MkdirTemp("", "testpg-persist-")
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = os.RemoveAll(parent) })
+		require.NoError(t, os.Chmod(parent, 0o755))
+		dataDir := filepath.Join(parent, "pg")
+
+		c, err := provisionLocal(ctx, Options{DataDir: dataDir, Logf: t.Logf})
+		require.NoError(t, err)
+		defer c.Close()
+		require.Equal(t, "on", queryOne[string](t, ctx, c.URL, "show fsync"))
+		conn, err := pgx.Connect(ctx, c.URL)
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, "create table kept (v text); insert into kept values ('hello')")
+		require.NoError(t, err)
+		require.NoError(t, conn.Close(ctx))
+		require.NoError(t, c.Close())
+		_, err = os.Stat(filepath.Join(dataDir, "PG_VERSION"))
+		require.NoError(t, err, "data directory must be kept")
+
+		c2, err := provisionLocal(ctx, Options{DataDir: dataDir, Logf: t.Logf})
+		require.NoError(t, err)
+		defer c2.Close()
+		require.Equal(t, "hello", queryOne[string](t, ctx, c2.URL, "select v from kept"))
+		require.NoError(t, c2.Close())
+	})
+
+	t.Run("cancelled", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		c, err := provisionLocal(ctx, Options{})
+		require.ErrorIs(t, err, context.Canceled)
+		require.Nil(t, c)
+	})
+}
+
+func TestNoPostgresError(t *testing.T) {
+	t.Parallel()
+	err := noPostgresError(errNoBinaries, errors.New("docker daemon not reachable"))
+	for _, want := range []string{"apt-get install postgresql", "Docker", "DATABASE_URL", "initdb", "docker daemon not reachable"} {
+		require.Contains(t, err.Error(), want)
 	}
 }
 
-// TestProvisionLocalPersistent checks the DataDir mode used by scripts/dev:
-// data survives a restart and durability settings stay at their defaults.
-func TestProvisionLocalPersistent(t *testing.T) {
+// TestSweepStale checks that directories abandoned by killed processes are
+// removed while live and freshly created ones are kept.
+func TestSweepStale(t *testing.T) {
 	t.Parallel()
-	requireBinaries(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	parent := t.TempDir()
+	old := time.Now().Add(-time.Hour)
+	mk := func(name string, lock, age bool) string {
+		dir := filepath.Join(parent, name)
+		require.NoError(t, os.Mkdir(dir, 0o700))
+		if lock {
+			f, err := lockDir(dir)
+			require.NoError(t, err)
+			t.Cleanup(func() { f.Close() })
+		} else {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, lockName), nil, 0o600))
+		}
+		if age {
+			require.NoError(t, os.Chtimes(dir, old, old))
+		}
+		return dir
+	}
+	stale := mk(tmpPattern+"stale", false, true)
+	live := mk(tmpPattern+"live", true, true)
+	young := mk(tmpPattern+"young", false, false)
+	other := mk("other-stale", false, true)
 
-	// Not t.TempDir(): that is a 0700 directory owned by us, which the
-	// postgres user cannot enter when the tests run as root.
-	parent, err := os.MkdirTemp("", "testpg-persist-")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(parent) })
-	require.NoError(t, os.Chmod(parent, 0o755))
-	dataDir := filepath.Join(parent, "pg")
+	sweepStale(parent)
 
-	c, err := provisionLocal(ctx, Options{DataDir: dataDir, Logf: t.Logf})
-	require.NoError(t, err)
-	defer c.Close()
-	require.Equal(t, "on", queryOne[string](t, ctx, c.URL, "show fsync"))
-	conn, err := pgx.Connect(ctx, c.URL)
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, "create table kept (v text); insert into kept values ('hello')")
-	require.NoError(t, err)
-	require.NoError(t, conn.Close(ctx))
-	require.NoError(t, c.Close())
-	_, err = os.Stat(filepath.Join(dataDir, "PG_VERSION"))
-	require.NoError(t, err, "data directory must be kept")
-
-	c2, err := provisionLocal(ctx, Options{DataDir: dataDir, Logf: t.Logf})
-	require.NoError(t, err)
-	defer c2.Close()
-	require.Equal(t, "hello", queryOne[string](t, ctx, c2.URL, "select v from kept"))
-	require.NoError(t, c2.Close())
-}
-
-// TestProvisionLocalCancelled makes sure a cancelled start leaves nothing
-// behind.
-func TestProvisionLocalCancelled(t *testing.T) {
-	t.Parallel()
-	requireBinaries(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	c, err := provisionLocal(ctx, Options{})
-	require.Error(t, err)
-	require.Nil(t, c)
+	for dir, want := range map[string]bool{stale: false, live: true, young: true, other: true} {
+		_, err := os.Stat(dir)
+		require.Equal(t, want, err == nil, "%s exists", dir)
+	}
 }

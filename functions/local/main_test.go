@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+)
+
+func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
+
+// TestLocalServerServesEveryDoor runs the real entry point on a free port:
+// migrations applied, health, signup, key minting and the /v1 alias.
+func TestLocalServerServesEveryDoor(t *testing.T) {
+	t.Setenv("DATABASE_URL", apitest.DatabaseURL(t))
+	t.Setenv("RESULT_ENCRYPTION_KEY", base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 32)))
+	t.Setenv("KEY_HASH_SECRET", "local-test-secret-0123456789")
+	t.Setenv("PORT", "0")
+	t.Setenv("SWEEP_INTERVAL", "50ms")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, io.Discard, ready) }()
+	var addr string
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		t.Fatalf("server exited: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("server did not start")
+	}
+	base := "http://" + addr
+
+	res, err := http.Get(base + "/api/v1/health")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	res.Body.Close()
+
+	res, err = http.Post(base+"/v1/workspaces", "application/json", bytes.NewReader([]byte(`{"name":"local"}`)))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, res.StatusCode)
+	var signup struct {
+		Key struct {
+			Secret string `json:"secret"`
+		} `json:"key"`
+	}
+	require.NoError(t, json.NewDecoder(res.Body).Decode(&signup))
+	res.Body.Close()
+
+	req, _ := http.NewRequest("POST", base+"/api/v1/keys", bytes.NewReader([]byte(`{"name":"agent","preset":"AGENT"}`)))
+	req.Header.Set("Authorization", "Bearer "+signup.Key.Secret)
+	res, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, res.StatusCode)
+	res.Body.Close()
+
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("server did not stop")
+	}
+}
+
+func TestLocalServerRefusesBadConfig(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("RESULT_ENCRYPTION_KEY", base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 32)))
+	t.Setenv("KEY_HASH_SECRET", "local-test-secret-0123456789")
+	err := run(context.Background(), io.Discard, nil)
+	require.ErrorContains(t, err, "DATABASE_URL is required")
+}

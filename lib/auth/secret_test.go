@@ -1,0 +1,38 @@
+package auth
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/ids"
+)
+
+func TestParseSecret(t *testing.T) {
+	t.Parallel()
+	id := ids.New(ids.Key)
+	secret := secretPrefix + strings.TrimPrefix(id, "key_") + "_" + ids.Random(32)
+	got, ok := parseSecret(secret)
+	require.True(t, ok)
+	require.Equal(t, id, got)
+
+	for _, bad := range []string{"", "rk_", "rk_x_y", secret[:len(secret)-1], "xx" + secret[2:], strings.Replace(secret, "rk_", "rk_!", 1)} {
+		_, ok := parseSecret(bad)
+		require.False(t, ok, bad)
+	}
+}
+
+func TestPrincipalToolRules(t *testing.T) {
+	t.Parallel()
+	operator := &Principal{Scopes: AllScopes}
+	require.True(t, operator.MayWorkTool("send", "1"), "jobs:work without a tools list works any tool")
+	worker := &Principal{Scopes: []string{ScopeJobsWork}, Tools: []string{"send@1"}}
+	require.True(t, worker.MayWorkTool("send", "1"))
+	require.False(t, worker.MayWorkTool("send", "2"))
+	err := worker.RequireTools([2]string{"send", "1"}, [2]string{"charge", "3"})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "forbidden")
+	agent := &Principal{Scopes: Presets["AGENT"]}
+	require.False(t, agent.MayWorkTool("send", "1"))
+}

@@ -1,0 +1,68 @@
+package config
+
+import (
+	"encoding/base64"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func validEnv(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://u@localhost:5432/db")
+	t.Setenv("RESULT_ENCRYPTION_KEY", base64.StdEncoding.EncodeToString(make([]byte, 32)))
+	t.Setenv("KEY_HASH_SECRET", "0123456789abcdef0123")
+	for _, name := range []string{"RESULT_ENCRYPTION_KEYS", "SIGNUP_MODE", "SIGNUP_TOKEN", "PORT", "DB_QUERY_EXEC_MODE", "DB_MAX_CONNS"} {
+		unset(t, name)
+	}
+}
+
+// unset removes name for the test and restores it afterwards.
+func unset(t *testing.T, name string) {
+	t.Setenv(name, "")
+	require.NoError(t, os.Unsetenv(name))
+}
+
+func TestLoadDefaults(t *testing.T) {
+	validEnv(t)
+	c, err := Load()
+	require.NoError(t, err)
+	require.Equal(t, 8787, c.Port)
+	require.Equal(t, "open", c.SignupMode)
+	require.Equal(t, "exec", c.DBQueryExecMode)
+	require.EqualValues(t, 4, c.DBMaxConns)
+	require.Equal(t, c.DatabaseURL, c.MigrationURL())
+}
+
+func TestLoadNamesTheBadSetting(t *testing.T) {
+	cases := map[string]struct{ name, value, want string }{
+		"missing db":      {"DATABASE_URL", "", "DATABASE_URL is required"},
+		"bad db":          {"DATABASE_URL", "mysql://x", "DATABASE_URL is malformed"},
+		"missing enc":     {"RESULT_ENCRYPTION_KEY", "", "RESULT_ENCRYPTION_KEY is required"},
+		"short enc":       {"RESULT_ENCRYPTION_KEY", base64.StdEncoding.EncodeToString(make([]byte, 16)), "RESULT_ENCRYPTION_KEY is malformed"},
+		"bad old enc":     {"RESULT_ENCRYPTION_KEYS", "nope", "RESULT_ENCRYPTION_KEYS entry 1 is malformed"},
+		"short hash":      {"KEY_HASH_SECRET", "short", "KEY_HASH_SECRET is malformed"},
+		"bad port":        {"PORT", "eighty", "PORT is malformed"},
+		"bad signup":      {"SIGNUP_MODE", "maybe", "SIGNUP_MODE is malformed"},
+		"token no secret": {"SIGNUP_MODE", "token", "SIGNUP_TOKEN is required"},
+		"bad mode":        {"DB_QUERY_EXEC_MODE", "fast", "DB_QUERY_EXEC_MODE is malformed"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			validEnv(t)
+			if tc.value == "" {
+				unset(t, tc.name)
+			} else {
+				t.Setenv(tc.name, tc.value)
+			}
+			_, err := Load()
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tc.want)
+			require.NotContains(t, err.Error(), "\n", "one line")
+			if tc.value != "" && len(tc.value) > 6 {
+				require.False(t, strings.Contains(err.Error(), tc.value), "never echo the value")
+			}
+		})
+	}
+}

@@ -1,0 +1,136 @@
+package httpapi_test
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/httpapi"
+)
+
+func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	doc := env.Must(http.StatusOK, "GET", "/api/v1/openapi.json", "", nil).JSON()
+	require.Equal(t, "3.1.0", doc["openapi"])
+	paths := doc["paths"].(map[string]any)
+	for _, r := range httpapi.Routes() {
+		ops, ok := paths[r.Pattern].(map[string]any)
+		require.True(t, ok, "path %s missing from OpenAPI", r.Pattern)
+		op, ok := ops[strings.ToLower(r.Method)].(map[string]any)
+		require.True(t, ok, "%s %s missing from OpenAPI", r.Method, r.Pattern)
+		require.Equal(t, r.Name, op["operationId"])
+		if r.Request != nil {
+			require.Contains(t, op, "requestBody", r.Name)
+		}
+		responses := op["responses"].(map[string]any)
+		for _, code := range r.Errors {
+			found := false
+			for _, resp := range responses {
+				codes, _ := resp.(map[string]any)["x-error-codes"].([]any)
+				for _, c := range codes {
+					found = found || c == code
+				}
+			}
+			require.True(t, found, "%s does not document %s", r.Name, code)
+		}
+	}
+	for p := range paths {
+		require.True(t, strings.HasPrefix(p, "/api/") || !strings.HasPrefix(p, "/v1/"), "paths are written in full: %s", p)
+	}
+}
+
+func TestManifestAndLLMsListEveryRoute(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	var m httpapi.Manifest
+	env.Must(http.StatusOK, "GET", "/.well-known/ratchet.json", "", nil).Decode(t, &m)
+	require.Equal(t, httpapi.Decisions, m.Decisions)
+	llms := env.Must(http.StatusOK, "GET", "/llms.txt", "", nil)
+	require.True(t, strings.HasPrefix(llms.Header.Get("Content-Type"), "text/plain"))
+	listed := map[string]bool{}
+	for _, r := range m.Routes {
+		listed[r.Method+" "+r.Path] = true
+	}
+	for _, r := range httpapi.Routes() {
+		require.True(t, listed[r.Method+" "+r.Pattern], "manifest lacks %s %s", r.Method, r.Pattern)
+		require.Contains(t, string(llms.Body), r.Method+" "+r.Pattern)
+	}
+}
+
+func TestRouteTableIsWellFormed(t *testing.T) {
+	t.Parallel()
+	names := map[string]bool{}
+	seen := map[string]bool{}
+	for _, r := range httpapi.Routes() {
+		require.NotEmpty(t, r.Name)
+		require.False(t, names[r.Name], "duplicate route name %s", r.Name)
+		names[r.Name] = true
+		require.False(t, seen[r.Method+" "+r.Pattern], "duplicate route %s %s", r.Method, r.Pattern)
+		seen[r.Method+" "+r.Pattern] = true
+		require.NotEmpty(t, r.Summary, r.Name)
+		require.NotZero(t, r.Status, r.Name)
+		require.NotNil(t, r.Handle, r.Name)
+	}
+}
+
+// TestVercelFilesMatchRouteTable fails when a route exists in the router but
+// not in api/ or vercel.json, or the reverse. Fix: go run ./scripts/genvercel.
+func TestVercelFilesMatchRouteTable(t *testing.T) {
+	t.Parallel()
+	root := filepath.Join("..", "..")
+	want := map[string]string{}
+	for _, f := range httpapi.VercelFunctions() {
+		want[f.File] = httpapi.VercelFileSource(f)
+	}
+	var have []string
+	err := filepath.WalkDir(filepath.Join(root, "api"), func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".go") {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		have = append(have, filepath.ToSlash(rel))
+		return nil
+	})
+	require.NoError(t, err)
+	sort.Strings(have)
+	wantFiles := make([]string, 0, len(want))
+	for f := range want {
+		wantFiles = append(wantFiles, f)
+	}
+	sort.Strings(wantFiles)
+	require.Equal(t, wantFiles, have, "api/ is out of step with the route table: run go run ./scripts/genvercel")
+	for f, src := range want {
+		got, err := os.ReadFile(filepath.Join(root, f))
+		require.NoError(t, err)
+		require.Equal(t, src, string(got), "%s is stale: run go run ./scripts/genvercel", f)
+	}
+	vj, err := os.ReadFile(filepath.Join(root, "vercel.json"))
+	require.NoError(t, err)
+	require.Equal(t, string(httpapi.VercelJSON()), string(vj), "vercel.json is stale: run go run ./scripts/genvercel")
+}
+
+// TestVercelEntryServesItsRoute drives a generated entry point the way
+// Vercel does after a rewrite: the pattern's file with ?id= in the query.
+func TestVercelEntryServesRewrittenPath(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	a, b := env.Signup(), env.Signup()
+	id := env.Must(http.StatusCreated, "POST", "/api/v1/keys", a.Key, map[string]any{"name": "x", "preset": "AGENT"}).JSON()["id"].(string)
+	for _, tc := range []struct {
+		key    string
+		status int
+	}{{b.Key, http.StatusNotFound}, {a.Key, http.StatusOK}} {
+		req, _ := http.NewRequest("DELETE", "/api/v1/keys/id?id="+id, nil)
+		req.Header.Set("Authorization", "Bearer "+tc.key)
+		rec := newRecorder()
+		env.App.Server.ServeRoute(rec, req, "/api/v1/keys/{id}")
+		require.Equal(t, tc.status, rec.Code, rec.Body.String())
+	}
+}

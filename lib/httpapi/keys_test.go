@@ -1,0 +1,310 @@
+package httpapi_test
+
+import (
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
+	"github.com/getratchet/ratchet/lib/httpapi"
+)
+
+func readAll(t *testing.T, res *http.Response) string {
+	t.Helper()
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return string(b)
+}
+
+func TestBadKeysAre401WithoutEcho(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	revoked := env.Key(ws, map[string]any{"name": "r", "preset": "AGENT"})
+	var revokedID string
+	for _, k := range env.Must(http.StatusOK, "GET", "/api/v1/keys", ws.Key, nil).JSON()["data"].([]any) {
+		if k.(map[string]any)["name"] == "r" {
+			revokedID = k.(map[string]any)["id"].(string)
+		}
+	}
+	r := env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+revokedID, ws.Key, nil)
+	require.NotNil(t, r.JSON()["revoked_at"])
+	// Revoking again answers the same key.
+	again := env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+revokedID, ws.Key, nil)
+	require.Equal(t, r.JSON()["revoked_at"], again.JSON()["revoked_at"])
+
+	wrong := ws.Key[:len(ws.Key)-1] + "0"
+	if wrong == ws.Key {
+		wrong = ws.Key[:len(ws.Key)-1] + "1"
+	}
+	cases := map[string]string{
+		"missing":   "",
+		"malformed": "not-a-key",
+		"wrong":     wrong,
+		"revoked":   revoked,
+		"unknown":   "rk_00000000000000000000000000_" + strings.Repeat("a", 64),
+	}
+	for name, key := range cases {
+		res := env.Do("GET", "/api/v1/keys", key, nil)
+		require.Equal(t, http.StatusUnauthorized, res.Status, name)
+		require.Equal(t, "unauthorized", res.ErrorCode(), name)
+		if key != "" {
+			require.NotContains(t, string(res.Body), key, name)
+		}
+	}
+	// A non-Bearer scheme is no key at all.
+	req, _ := http.NewRequest("GET", env.Server.URL+"/api/v1/keys", nil)
+	req.Header.Set("Authorization", "Basic "+ws.Key)
+	res, err := env.Client.Do(req)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusUnauthorized, res.StatusCode)
+	res.Body.Close()
+}
+
+func TestScopeMatrix(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	keys := map[string]string{
+		"OPERATOR": ws.Key,
+		"AGENT":    env.Key(ws, map[string]any{"name": "a", "preset": "AGENT"}),
+		"INGEST":   env.Key(ws, map[string]any{"name": "i", "preset": "INGEST"}),
+		"WORKER":   env.Key(ws, map[string]any{"name": "w", "preset": "WORKER", "tools": []string{"send@1"}}),
+	}
+	// Every authenticated route answers 403 forbidden naming the missing
+	// scopes when the key lacks them, before touching anything else.
+	checked := 0
+	for _, route := range httpapi.Routes() {
+		if route.Auth != httpapi.AuthKey || len(route.Scopes) == 0 {
+			continue
+		}
+		path := pathFor(route.Pattern)
+		for preset, key := range keys {
+			res := env.Do(route.Method, path, key, "{}")
+			if hasAll(preset, route.Scopes) {
+				if res.Status == http.StatusForbidden && res.ErrorCode() == "forbidden" {
+					require.False(t, containsAny(requiredOf(res), route.Scopes), "%s %s as %s: %s", route.Method, path, preset, res.Body)
+				}
+				continue
+			}
+			checked++
+			require.Equal(t, http.StatusForbidden, res.Status, "%s %s as %s: %s", route.Method, path, preset, res.Body)
+			require.Equal(t, "forbidden", res.ErrorCode())
+			require.ElementsMatch(t, missing(preset, route.Scopes), requiredOf(res))
+		}
+	}
+	require.Positive(t, checked)
+}
+
+var presetScopes = map[string][]string{
+	"AGENT":  {"effects:begin", "effects:report"},
+	"INGEST": {"runs:write", "runs:read"},
+	"WORKER": {"jobs:work"},
+}
+
+func hasAll(preset string, scopes []string) bool { return len(missing(preset, scopes)) == 0 }
+
+func missing(preset string, scopes []string) []string {
+	if preset == "OPERATOR" {
+		return nil
+	}
+	var out []string
+	for _, s := range scopes {
+		found := false
+		for _, h := range presetScopes[preset] {
+			found = found || h == s
+		}
+		if !found {
+			out = append(out, s)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func requiredOf(r *apitest.Response) []string {
+	e, _ := r.JSON()["error"].(map[string]any)
+	d, _ := e["detail"].(map[string]any)
+	raw, _ := d["required"].([]any)
+	var out []string
+	for _, v := range raw {
+		out = append(out, v.(string))
+	}
+	return out
+}
+
+func containsAny(have, want []string) bool {
+	for _, h := range have {
+		for _, w := range want {
+			if h == w {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// pathFor fills path parameters with well-formed but unknown ids.
+func pathFor(pattern string) string {
+	out := pattern
+	for {
+		i := strings.Index(out, "{")
+		if i < 0 {
+			return out
+		}
+		j := strings.Index(out[i:], "}")
+		out = out[:i] + "x_00000000000000000000000000" + out[i+j+1:]
+	}
+}
+
+func TestKeysCannotMintWiderScopes(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	minter := env.Key(ws, map[string]any{"name": "m", "scopes": []string{"keys:write", "effects:begin"}})
+	r := env.Must(http.StatusForbidden, "POST", "/api/v1/keys", minter, map[string]any{"name": "x", "preset": "AGENT"})
+	require.Equal(t, []string{"effects:report"}, requiredOf(r))
+	env.Must(http.StatusCreated, "POST", "/api/v1/keys", minter, map[string]any{"name": "x", "scopes": []string{"effects:begin"}})
+
+	// A tools-restricted worker minter cannot widen the tools list either.
+	wm := env.Key(ws, map[string]any{"name": "wm", "scopes": []string{"keys:write", "jobs:work"}, "tools": []string{"a@1"}})
+	r = env.Must(http.StatusForbidden, "POST", "/api/v1/keys", wm, map[string]any{"name": "x", "preset": "WORKER", "tools": []string{"a@1", "b@2"}})
+	require.Equal(t, []string{"tool:b@2"}, requiredOf(r))
+	r = env.Must(http.StatusCreated, "POST", "/api/v1/keys", wm, map[string]any{"name": "x", "scopes": []string{"jobs:work"}})
+	require.Equal(t, []any{"a@1"}, r.JSON()["tools"], "an unlisted child inherits its creator's tools")
+}
+
+func TestKeyValidation(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	cases := map[string]struct {
+		body  map[string]any
+		field string
+	}{
+		"no name":           {map[string]any{"preset": "AGENT"}, "name"},
+		"unknown preset":    {map[string]any{"name": "a", "preset": "ROOT"}, "preset"},
+		"preset and scopes": {map[string]any{"name": "a", "preset": "AGENT", "scopes": []string{"effects:begin"}}, "preset"},
+		"no scopes":         {map[string]any{"name": "a"}, "scopes"},
+		"unknown scope":     {map[string]any{"name": "a", "scopes": []string{"root"}}, "scopes.0"},
+		"worker no tools":   {map[string]any{"name": "a", "preset": "WORKER"}, "tools"},
+		"bad tool ref":      {map[string]any{"name": "a", "preset": "WORKER", "tools": []string{"send"}}, "tools.0"},
+		"tools w/o work":    {map[string]any{"name": "a", "preset": "AGENT", "tools": []string{"a@1"}}, "tools"},
+		"negative ceiling":  {map[string]any{"name": "a", "preset": "AGENT", "daily_spend_ceiling_micros": -1}, "daily_spend_ceiling_micros"},
+		"zero rate":         {map[string]any{"name": "a", "preset": "AGENT", "rate_limit_per_minute": 0}, "rate_limit_per_minute"},
+	}
+	for name, tc := range cases {
+		r := env.Do("POST", "/api/v1/keys", ws.Key, tc.body)
+		require.Equal(t, http.StatusBadRequest, r.Status, "%s: %s", name, r.Body)
+		fields := []string{}
+		for _, v := range r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["validation"].([]any) {
+			fields = append(fields, v.(map[string]any)["field"].(string))
+		}
+		require.Contains(t, fields, tc.field, name)
+	}
+	// Nothing was created by any of them.
+	require.Len(t, env.Must(http.StatusOK, "GET", "/api/v1/keys", ws.Key, nil).JSON()["data"], 1)
+}
+
+func TestCrossTenantIsNotFound(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	a, b := env.Signup(), env.Signup()
+	r := env.Must(http.StatusCreated, "POST", "/api/v1/keys", a.Key, map[string]any{"name": "a", "preset": "AGENT"})
+	id := r.JSON()["id"].(string)
+	res := env.Must(http.StatusNotFound, "DELETE", "/api/v1/keys/"+id, b.Key, nil)
+	require.Equal(t, "not_found", res.ErrorCode())
+	env.Must(http.StatusNotFound, "DELETE", "/api/v1/keys/not-an-id", b.Key, nil)
+	// And b's listing never shows a's keys.
+	require.NotContains(t, string(env.Must(http.StatusOK, "GET", "/api/v1/keys", b.Key, nil).Body), id)
+}
+
+func TestRateLimitHoldsAcrossInstancesAndCountsRefusals(t *testing.T) {
+	t.Parallel()
+	// Freeze the clock mid-minute so the window cannot roll during the test.
+	now := time.Date(2030, 1, 1, 12, 0, 30, 0, time.UTC)
+	clock := apitest.WithNow(func() time.Time { return now })
+	a := apitest.Start(t, clock)
+	b := apitest.Start(t, clock)
+	ws := a.Signup()
+	limited := a.Key(ws, map[string]any{"name": "l", "preset": "OPERATOR", "rate_limit_per_minute": 3})
+	require.Equal(t, http.StatusOK, a.Do("GET", "/api/v1/keys", limited, nil).Status)
+	require.Equal(t, http.StatusOK, b.Do("GET", "/api/v1/keys", limited, nil).Status)
+	require.Equal(t, http.StatusOK, a.Do("GET", "/api/v1/keys", limited, nil).Status)
+	r := b.Do("GET", "/api/v1/keys", limited, nil)
+	require.Equal(t, http.StatusTooManyRequests, r.Status)
+	require.Equal(t, "rate_limited", r.ErrorCode())
+	detail := r.JSON()["error"].(map[string]any)["detail"].(map[string]any)
+	require.Equal(t, float64(30), detail["retry_after_seconds"])
+	require.Equal(t, "30", r.Header.Get("Retry-After"))
+	// Unlimited keys in the same workspace are unaffected.
+	require.Equal(t, http.StatusOK, a.Do("GET", "/api/v1/keys", ws.Key, nil).Status)
+	// The next window admits again.
+	now = now.Add(time.Minute)
+	require.Equal(t, http.StatusOK, a.Do("GET", "/api/v1/keys", limited, nil).Status)
+}
+
+func TestRevocationReachesOtherInstancesWithinCacheTTL(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := apitest.WithNow(func() time.Time { return now })
+	a := apitest.Start(t, clock)
+	b := apitest.Start(t, clock, apitest.WithConfig(func(c *config.Config) { c.KeyCacheTTL = 5 * time.Second }))
+	ws := a.Signup()
+	r := a.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key, map[string]any{"name": "x", "preset": "OPERATOR"})
+	secret, id := r.JSON()["secret"].(string), r.JSON()["id"].(string)
+	require.Equal(t, http.StatusOK, b.Do("GET", "/api/v1/keys", secret, nil).Status) // b caches it
+	a.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+id, ws.Key, nil)
+	require.Equal(t, http.StatusUnauthorized, a.Do("GET", "/api/v1/keys", secret, nil).Status, "the revoking instance forgets at once")
+	require.Equal(t, http.StatusOK, b.Do("GET", "/api/v1/keys", secret, nil).Status, "within the documented bound")
+	now = now.Add(6 * time.Second)
+	require.Equal(t, http.StatusUnauthorized, b.Do("GET", "/api/v1/keys", secret, nil).Status, "after KEY_CACHE_TTL")
+}
+
+func TestSignupModes(t *testing.T) {
+	t.Parallel()
+	closed := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.SignupMode = "closed" }))
+	r := closed.Must(http.StatusForbidden, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
+	require.Equal(t, "forbidden", r.ErrorCode())
+
+	token := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.SignupMode = "token"; c.SignupToken = "let-me-in" }))
+	token.Must(http.StatusUnauthorized, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
+	req, _ := http.NewRequest("POST", token.Server.URL+"/api/v1/workspaces", strings.NewReader(`{"name":"a"}`))
+	req.Header.Set("Ratchet-Signup-Token", "let-me-in")
+	res, err := token.Client.Do(req)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, res.StatusCode)
+	res.Body.Close()
+
+	now := time.Date(2030, 1, 1, 0, 30, 0, 0, time.UTC)
+	// A unique rate keeps this test's bucket apart from parallel tests.
+	limited := apitest.Start(t, apitest.WithNow(func() time.Time { return now }),
+		apitest.WithConfig(func(c *config.Config) { c.SignupRatePerHour = 2 }))
+	limited.Must(http.StatusCreated, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
+	limited.Must(http.StatusCreated, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
+	r = limited.Must(http.StatusTooManyRequests, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
+	require.Equal(t, "rate_limited", r.ErrorCode())
+}
+
+func TestCronSweepNeedsSecret(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	for _, key := range []string{"", "wrong"} {
+		r := env.Do("GET", "/api/cron/sweep", key, nil)
+		require.Equal(t, http.StatusUnauthorized, r.Status)
+		require.Equal(t, "unauthorized", r.ErrorCode())
+	}
+	r := env.Must(http.StatusOK, "POST", "/api/cron/sweep", "test-cron-secret", nil)
+	require.Contains(t, r.JSON(), "changed")
+	require.Empty(t, r.JSON()["errors"])
+
+	unset := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.CronSecret = "" }))
+	require.Equal(t, http.StatusUnauthorized, unset.Do("GET", "/api/cron/sweep", "", nil).Status)
+}

@@ -1,0 +1,175 @@
+package httpapi_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/httpapi"
+)
+
+func TestUnknownRouteIsNotFoundEnvelope(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	r := env.Must(http.StatusNotFound, "GET", "/api/v1/nope", "", nil)
+	require.Equal(t, "not_found", r.ErrorCode())
+	require.NotEmpty(t, r.Header.Get("X-Request-Id"))
+	detail := r.JSON()["error"].(map[string]any)["detail"]
+	require.NotNil(t, detail, "detail is always an object")
+}
+
+func TestWrongMethodIsEnvelopeWithAllow(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	r := env.Must(http.StatusMethodNotAllowed, "PUT", "/api/v1/workspaces", "", nil)
+	require.Equal(t, "method_not_allowed", r.ErrorCode())
+	require.Equal(t, "POST", r.Header.Get("Allow"))
+}
+
+func TestV1AliasServesSameRoutes(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	a := env.Must(http.StatusOK, "GET", "/v1/keys", ws.Key, nil)
+	b := env.Must(http.StatusOK, "GET", "/api/v1/keys", ws.Key, nil)
+	require.JSONEq(t, string(b.Body), string(a.Body))
+	env.Must(http.StatusCreated, "POST", "/v1/workspaces", "", map[string]any{"name": "via-alias"})
+}
+
+func TestStrictDecoding(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	cases := []struct {
+		name, body, field string
+	}{
+		{"unknown field", `{"name":"a","nmae":"b"}`, "nmae"},
+		{"wrong type", `{"name": 5}`, "name"},
+		{"malformed", `{"name":`, "body"},
+		{"trailing data", `{"name":"a"} {"name":"b"}`, "body"},
+		{"not an object", `[1,2]`, "body"},
+		{"blank name", `{"name":"  "}`, "name"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := env.Do("POST", "/api/v1/workspaces", "", tc.body)
+			require.Equal(t, http.StatusBadRequest, r.Status, "%s", r.Body)
+			require.Equal(t, "invalid_request", r.ErrorCode())
+			validation := r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["validation"].([]any)
+			require.Equal(t, tc.field, validation[0].(map[string]any)["field"])
+		})
+	}
+}
+
+func TestOversizedBodyIs413AndChangesNothing(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	before := env.Must(http.StatusOK, "GET", "/api/v1/keys", ws.Key, nil)
+	big := `{"name":"` + strings.Repeat("x", httpapi.MaxBodyBytes) + `","preset":"AGENT"}`
+	r := env.Do("POST", "/api/v1/keys", ws.Key, big)
+	require.Equal(t, http.StatusRequestEntityTooLarge, r.Status)
+	require.Equal(t, "payload_too_large", r.ErrorCode())
+	after := env.Must(http.StatusOK, "GET", "/api/v1/keys", ws.Key, nil)
+	require.JSONEq(t, string(before.Body), string(after.Body))
+}
+
+func TestListLimitValidation(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	for _, q := range []string{"limit=0", "limit=201", "limit=abc", "limit="} {
+		r := env.Do("GET", "/api/v1/keys?"+q, ws.Key, nil)
+		require.Equal(t, http.StatusBadRequest, r.Status, q)
+		require.Equal(t, "invalid_request", r.ErrorCode(), q)
+	}
+}
+
+func TestKeyListPaginates(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	for i := 0; i < 4; i++ {
+		env.Key(ws, map[string]any{"name": "k", "preset": "AGENT"})
+	}
+	seen := map[string]bool{}
+	cursor := ""
+	pages := 0
+	for {
+		r := env.Must(http.StatusOK, "GET", "/api/v1/keys?limit=2&cursor="+cursor, ws.Key, nil)
+		body := r.JSON()
+		for _, k := range body["data"].([]any) {
+			id := k.(map[string]any)["id"].(string)
+			require.False(t, seen[id], "key %s listed twice", id)
+			seen[id] = true
+		}
+		pages++
+		next, ok := body["next_cursor"].(string)
+		if !ok {
+			break
+		}
+		cursor = next
+	}
+	require.Len(t, seen, 5)
+	require.Equal(t, 3, pages)
+}
+
+func TestPanicIs500WithRequestIDOnly(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	d := env.App.Server.Deps
+	srv := httptest.NewServer(httpapi.NewWithExtraRoutes(d, []httpapi.Route{
+		{Method: "GET", Pattern: "/api/v1/test/panic", Name: "test.panic", Auth: httpapi.AuthNone, Status: 200,
+			Handle: func(context.Context, *httpapi.Call) (any, error) { panic("secret-payload-value") }},
+		{Method: "GET", Pattern: "/api/v1/test/fail", Name: "test.fail", Auth: httpapi.AuthNone, Status: 200,
+			Handle: func(context.Context, *httpapi.Call) (any, error) {
+				return nil, errors.New("pq: password=hunter2 relation does not exist")
+			}},
+	}))
+	defer srv.Close()
+	for _, path := range []string{"/api/v1/test/panic", "/api/v1/test/fail"} {
+		res, err := http.Get(srv.URL + path)
+		require.NoError(t, err)
+		body := readAll(t, res)
+		require.Equal(t, http.StatusInternalServerError, res.StatusCode)
+		require.NotContains(t, body, "secret-payload-value")
+		require.NotContains(t, body, "hunter2")
+		require.Contains(t, body, `"internal_error"`)
+		require.Contains(t, body, res.Header.Get("X-Request-Id"))
+	}
+}
+
+func TestErrorStatusesMatchTable(t *testing.T) {
+	t.Parallel()
+	for code, status := range apierr.Statuses {
+		require.Equal(t, status, apierr.Of(code, "x").Status, code)
+	}
+}
+
+func newRecorder() *httptest.ResponseRecorder { return httptest.NewRecorder() }
+
+func TestRouteTimeoutIs503(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	srv := httptest.NewServer(httpapi.NewWithExtraRoutes(env.App.Server.Deps, []httpapi.Route{
+		{Method: "GET", Pattern: "/api/v1/test/slow", Name: "test.slow", Auth: httpapi.AuthNone, Status: 200,
+			Timeout: 20 * time.Millisecond,
+			Handle: func(ctx context.Context, _ *httpapi.Call) (any, error) {
+				<-ctx.Done()
+				return nil, ctx.Err()
+			}},
+	}))
+	defer srv.Close()
+	res, err := http.Get(srv.URL + "/api/v1/test/slow")
+	require.NoError(t, err)
+	body := readAll(t, res)
+	require.Equal(t, http.StatusServiceUnavailable, res.StatusCode)
+	require.Contains(t, body, "database_unavailable")
+}

@@ -1,0 +1,80 @@
+package httpapi
+
+import (
+	"context"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/webhooks"
+)
+
+// webhookRoutes are the webhook subscription routes (API.md §2.7).
+func (s *Server) webhookRoutes() []Route {
+	scopes := []string{auth.ScopeWebhooksWrite}
+	return []Route{
+		{
+			Method: "POST", Pattern: "/api/v1/webhooks", Name: "webhooks.create", Tag: "webhooks", Scopes: scopes,
+			Summary: "Subscribe a URL to events; returns the signing secret once. Deliveries are signed " +
+				"Ratchet-Signature: t=<unix>,v1=<hex hmac-sha256(secret, \"<t>.<body>\")> and retried with backoff.",
+			Request: webhooks.CreateRequest{}, Response: webhooks.NewWebhook{}, Status: 201,
+			Errors: []string{apierr.CodeInvalidRequest},
+			Handle: func(ctx context.Context, c *Call) (any, error) {
+				var req webhooks.CreateRequest
+				if err := c.Decode(&req); err != nil {
+					return nil, err
+				}
+				return s.Webhooks.Create(ctx, c.Principal.WorkspaceID, req)
+			},
+		},
+		{
+			Method: "GET", Pattern: "/api/v1/webhooks", Name: "webhooks.list", Tag: "webhooks", Scopes: scopes,
+			Summary: "List webhook subscriptions (never their secrets).", Query: listParams,
+			Response: Page[webhooks.Webhook]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
+			Handle: func(ctx context.Context, c *Call) (any, error) {
+				limit, cursor, err := c.ListParams()
+				if err != nil {
+					return nil, err
+				}
+				list, err := s.Webhooks.List(ctx, c.Principal.WorkspaceID, cursor, limit+1)
+				if err != nil {
+					return nil, err
+				}
+				return NewPage(list, limit, func(w webhooks.Webhook) string { return w.ID }), nil
+			},
+		},
+		{
+			Method: "DELETE", Pattern: "/api/v1/webhooks/{id}", Name: "webhooks.delete", Tag: "webhooks", Scopes: scopes,
+			Summary:  "End a subscription; its pending deliveries are abandoned. Returns the subscription.",
+			Response: webhooks.Webhook{}, Status: 200, Errors: []string{apierr.CodeNotFound},
+			Handle: func(ctx context.Context, c *Call) (any, error) {
+				id, err := c.PathID("id", ids.Webhook)
+				if err != nil {
+					return nil, err
+				}
+				return s.Webhooks.Delete(ctx, c.Principal.WorkspaceID, id)
+			},
+		},
+		{
+			Method: "GET", Pattern: "/api/v1/webhooks/{id}/deliveries", Name: "webhooks.deliveries", Tag: "webhooks",
+			Scopes: scopes, Summary: "A subscription's deliveries, newest first: state, attempts, last status code.",
+			Query: listParams, Response: Page[webhooks.Delivery]{}, Status: 200,
+			Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidRequest},
+			Handle: func(ctx context.Context, c *Call) (any, error) {
+				id, err := c.PathID("id", ids.Webhook)
+				if err != nil {
+					return nil, err
+				}
+				limit, cursor, err := c.ListParams()
+				if err != nil {
+					return nil, err
+				}
+				list, err := s.Webhooks.Deliveries(ctx, c.Principal.WorkspaceID, id, cursor, limit+1)
+				if err != nil {
+					return nil, err
+				}
+				return NewPage(list, limit, webhooks.DeliveryCursor), nil
+			},
+		},
+	}
+}

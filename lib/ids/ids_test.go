@@ -1,0 +1,37 @@
+package ids
+
+import (
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestNewIsPrefixedValidAndTimeOrdered(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	var got []string
+	for i := 0; i < 100; i++ {
+		id := NewAt(Effect, base.Add(time.Duration(i)*time.Millisecond))
+		require.True(t, Valid(Effect, id), id)
+		require.False(t, Valid(Run, id))
+		got = append(got, id)
+	}
+	require.True(t, sort.StringsAreSorted(got), "ids sort by creation time")
+	require.NotEqual(t, NewAt(Effect, base), NewAt(Effect, base), "random tail differs")
+}
+
+func TestValidRejectsMalformed(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"", "eff_", "eff_abc", "eff-0000000000000000000000000a", "eff_000000000000000000000000ui", "EFF_00000000000000000000000000"} {
+		require.False(t, Valid(Effect, s), s)
+	}
+}
+
+func TestRandomIsHex(t *testing.T) {
+	t.Parallel()
+	r := Random(16)
+	require.Len(t, r, 32)
+	require.Regexp(t, `^[0-9a-f]+$`, r)
+}

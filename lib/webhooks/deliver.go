@@ -1,0 +1,233 @@
+package webhooks
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+const (
+	// MaxAttempts bounds retries of one delivery (about two days of backoff).
+	MaxAttempts = 12
+	// dispatchBatch and deliverBatch bound one sweeper pass.
+	dispatchBatch = 500
+	deliverBatch  = 25
+	// claimHold keeps a claimed delivery invisible to other sweepers while it
+	// is being sent; longer than sendTimeout.
+	claimHold   = 60 * time.Second
+	sendTimeout = 10 * time.Second
+)
+
+// Backoff is the wait after failed attempt n (1-based): 30 s doubling, capped
+// at 6 h, with ±20% jitter.
+func Backoff(n int) time.Duration {
+	d := 30 * time.Second << min(n-1, 10)
+	if d > 6*time.Hour {
+		d = 6 * time.Hour
+	}
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
+
+// Sign returns the Ratchet-Signature header value for body at t:
+// t=<unix>,v1=<hex hmac-sha256(secret, "<t>.<body>")>.
+func Sign(secret string, t time.Time, body []byte) string {
+	ts := strconv.FormatInt(t.Unix(), 10)
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write([]byte(ts))
+	m.Write([]byte("."))
+	m.Write(body)
+	return "t=" + ts + ",v1=" + hex.EncodeToString(m.Sum(nil))
+}
+
+// Dispatch fans undispatched outbox events out into one pending delivery per
+// matching subscription, in one statement. Events nobody subscribes to are
+// marked dispatched too.
+func (s *Service) Dispatch(ctx context.Context, now time.Time) (int, error) {
+	tag, err := s.pool.Exec(ctx, `
+		WITH ev AS (
+		    SELECT id, workspace_id, type FROM events
+		    WHERE dispatched_at IS NULL ORDER BY created_at LIMIT $2
+		    FOR UPDATE SKIP LOCKED
+		), fan AS (
+		    INSERT INTO webhook_deliveries (id, webhook_id, workspace_id, event_id, event_type, state, next_attempt_at, created_at)
+		    SELECT 'dlv_' || substr(md5(w.id || ev.id), 1, 26), w.id, ev.workspace_id, ev.id, ev.type, 'pending', $1, $1
+		    FROM ev JOIN webhooks w ON w.workspace_id = ev.workspace_id AND w.deleted_at IS NULL AND ev.type = ANY (w.events)
+		    ON CONFLICT (webhook_id, event_id) DO NOTHING
+		)
+		UPDATE events SET dispatched_at = $1 WHERE id IN (SELECT id FROM ev)`, now, dispatchBatch)
+	if err != nil {
+		return 0, fmt.Errorf("dispatch events: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+type claimed struct {
+	id, url      string
+	secret       []byte
+	webhookID    string
+	attempts     int
+	eventID      string
+	eventType    string
+	eventData    []byte
+	eventCreated time.Time
+	workspaceID  string
+}
+
+// Deliver sends due deliveries. Each is claimed and pushed claimHold into the
+// future in one statement before anything is sent, so concurrent sweepers
+// send disjoint sets; the outcome is then recorded per delivery.
+func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
+	rows, err := s.pool.Query(ctx, `
+		WITH due AS (
+		    SELECT id FROM webhook_deliveries
+		    WHERE state = 'pending' AND next_attempt_at <= $1
+		    ORDER BY next_attempt_at LIMIT $2
+		    FOR UPDATE SKIP LOCKED
+		)
+		UPDATE webhook_deliveries d
+		SET next_attempt_at = $1 + make_interval(secs => $3), attempts = d.attempts + 1
+		FROM due, webhooks w, events e
+		WHERE d.id = due.id AND w.id = d.webhook_id AND e.id = d.event_id
+		RETURNING d.id, w.url, w.secret, w.id, d.attempts, e.id, e.type, e.data::text, e.created_at, e.workspace_id`,
+		now, deliverBatch, claimHold.Seconds())
+	if err != nil {
+		return 0, fmt.Errorf("claim deliveries: %w", err)
+	}
+	var batch []claimed
+	for rows.Next() {
+		var c claimed
+		var data string
+		if err := rows.Scan(&c.id, &c.url, &c.secret, &c.webhookID, &c.attempts, &c.eventID, &c.eventType,
+			&data, &c.eventCreated, &c.workspaceID); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("scan delivery: %w", err)
+		}
+		c.eventData = []byte(data)
+		batch = append(batch, c)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("claim deliveries: %w", err)
+	}
+
+	var (
+		wg       sync.WaitGroup
+		sem      = make(chan struct{}, 4)
+		mu       sync.Mutex
+		firstErr error
+	)
+	for _, c := range batch {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(c claimed) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := s.deliverOne(ctx, c); err != nil {
+				mu.Lock()
+				if firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+			}
+		}(c)
+	}
+	wg.Wait()
+	return len(batch), firstErr
+}
+
+// deliverOne sends one delivery and records the outcome. Only the status code
+// and a short fixed reason are stored, never the receiver's response body.
+func (s *Service) deliverOne(ctx context.Context, c claimed) error {
+	secret, err := s.sealer.Open(c.secret, secretAAD(c.webhookID))
+	if err != nil {
+		return s.record(ctx, c, nil, "cannot open signing secret")
+	}
+	body, err := json.Marshal(map[string]any{
+		"id": c.eventID, "type": c.eventType, "created_at": c.eventCreated.UTC(),
+		"workspace_id": c.workspaceID, "data": json.RawMessage(c.eventData),
+	})
+	if err != nil {
+		return fmt.Errorf("encode delivery: %w", err)
+	}
+	sendCtx, cancel := context.WithTimeout(ctx, sendTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(sendCtx, http.MethodPost, c.url, bytes.NewReader(body))
+	if err != nil {
+		return s.record(ctx, c, nil, "invalid url")
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "Ratchet-Webhooks/1")
+	req.Header.Set("Ratchet-Event-Id", c.eventID)
+	req.Header.Set("Ratchet-Signature", Sign(string(secret), s.now(), body))
+	res, err := s.client.Do(req)
+	if err != nil {
+		return s.record(ctx, c, nil, "request failed")
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
+	res.Body.Close()
+	code := res.StatusCode
+	if code >= 200 && code < 300 {
+		return s.record(ctx, c, &code, "")
+	}
+	return s.record(ctx, c, &code, "non-2xx response")
+}
+
+func (s *Service) record(ctx context.Context, c claimed, code *int, failure string) error {
+	now := s.now()
+	var err error
+	switch {
+	case failure == "":
+		_, err = s.pool.Exec(ctx, `UPDATE webhook_deliveries SET state = 'delivered', delivered_at = $2,
+			last_status_code = $3, last_error = NULL WHERE id = $1 AND state = 'pending'`, c.id, now, code)
+	case c.attempts >= MaxAttempts:
+		_, err = s.pool.Exec(ctx, `UPDATE webhook_deliveries SET state = 'failed', last_status_code = $2,
+			last_error = $3 WHERE id = $1 AND state = 'pending'`, c.id, code, failure)
+	default:
+		_, err = s.pool.Exec(ctx, `UPDATE webhook_deliveries SET next_attempt_at = $2, last_status_code = $3,
+			last_error = $4 WHERE id = $1 AND state = 'pending'`, c.id, now.Add(Backoff(c.attempts)), code, failure)
+	}
+	if err != nil && err != pgx.ErrNoRows {
+		return fmt.Errorf("record delivery: %w", err)
+	}
+	return nil
+}
+
+// newClient returns the delivery client. Unless allowPrivate, its dialer
+// refuses loopback, private, link-local and unspecified addresses after DNS
+// resolution, which also defeats DNS rebinding.
+func newClient(allowPrivate bool) *http.Client {
+	dialer := &net.Dialer{Timeout: 5 * time.Second}
+	if !allowPrivate {
+		dialer.Control = func(_, address string, _ syscall.RawConn) error {
+			host, _, err := net.SplitHostPort(address)
+			if err != nil {
+				return err
+			}
+			ip := net.ParseIP(host)
+			if ip == nil || ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() ||
+				ip.IsLinkLocalMulticast() || ip.IsUnspecified() || ip.IsMulticast() {
+				return fmt.Errorf("webhooks: refusing to deliver to a non-public address")
+			}
+			return nil
+		}
+	}
+	return &http.Client{
+		Timeout:   sendTimeout,
+		Transport: &http.Transport{DialContext: dialer.DialContext, MaxIdleConnsPerHost: 2, IdleConnTimeout: 30 * time.Second},
+		// Redirects are not followed: a receiver must answer at the URL it registered.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}

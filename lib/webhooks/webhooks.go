@@ -1,0 +1,212 @@
+// Package webhooks manages subscriptions and delivers outbox events to them,
+// signed and retried with backoff. Delivery is at least once: a receiver must
+// deduplicate by the event id it is sent.
+package webhooks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/events"
+	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/seal"
+)
+
+// Webhook is a subscription as the API shows it.
+type Webhook struct {
+	ID        string    `json:"id"`
+	URL       string    `json:"url"`
+	Events    []string  `json:"events"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// NewWebhook is a created subscription with its signing secret, shown once.
+type NewWebhook struct {
+	Webhook
+	Secret string `json:"secret"`
+}
+
+// Delivery is one attempt record of sending one event to one subscription.
+type Delivery struct {
+	ID             string     `json:"id"`
+	EventID        string     `json:"event_id"`
+	EventType      string     `json:"event_type"`
+	State          string     `json:"state"`
+	Attempts       int        `json:"attempts"`
+	LastStatusCode *int       `json:"last_status_code"`
+	LastError      *string    `json:"last_error"`
+	NextAttemptAt  *time.Time `json:"next_attempt_at"`
+	CreatedAt      time.Time  `json:"created_at"`
+	DeliveredAt    *time.Time `json:"delivered_at"`
+}
+
+// CreateRequest is the body of POST /api/v1/webhooks.
+type CreateRequest struct {
+	URL    string   `json:"url"`
+	Events []string `json:"events"`
+}
+
+// Service stores subscriptions and sends deliveries.
+type Service struct {
+	pool   *pgxpool.Pool
+	sealer *seal.Sealer
+	now    func() time.Time
+	client *http.Client
+}
+
+// New returns a Service. allowPrivate permits receivers on loopback and
+// private networks (tests, self-hosting); otherwise the dialer refuses them,
+// so a webhook cannot be aimed at the service's own network.
+func New(pool *pgxpool.Pool, sealer *seal.Sealer, now func() time.Time, allowPrivate bool) *Service {
+	return &Service{pool: pool, sealer: sealer, now: now, client: newClient(allowPrivate)}
+}
+
+func secretAAD(id string) []byte { return []byte(id + "/secret") }
+
+func (r *CreateRequest) validate() error {
+	var pr apierr.Problems
+	u, err := url.Parse(r.URL)
+	switch {
+	case r.URL == "":
+		pr.Add("url", "is required")
+	case err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil:
+		pr.Add("url", "must be an absolute http(s) URL without credentials")
+	case len(r.URL) > 2000:
+		pr.Add("url", "must be at most 2000 characters")
+	}
+	if len(r.Events) == 0 {
+		pr.Add("events", "name at least one event type")
+	}
+	for i, e := range r.Events {
+		if !slices.Contains(events.Types, e) {
+			pr.Add(fmt.Sprintf("events.%d", i), "must be one of %s", strings.Join(events.Types, ", "))
+		}
+	}
+	return pr.Err()
+}
+
+// Create stores a subscription and returns its secret once.
+func (s *Service) Create(ctx context.Context, workspaceID string, req CreateRequest) (NewWebhook, error) {
+	if err := req.validate(); err != nil {
+		return NewWebhook{}, err
+	}
+	evs := slices.Clone(req.Events)
+	slices.Sort(evs)
+	evs = slices.Compact(evs)
+	now := s.now().UTC()
+	w := NewWebhook{Webhook: Webhook{ID: ids.NewAt(ids.Webhook, now), URL: req.URL, Events: evs, CreatedAt: now},
+		Secret: "whsec_" + ids.Random(32)}
+	_, err := s.pool.Exec(ctx, `INSERT INTO webhooks (id, workspace_id, url, events, secret, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6)`,
+		w.ID, workspaceID, w.URL, w.Events, s.sealer.Seal([]byte(w.Secret), secretAAD(w.ID)), now)
+	if err != nil {
+		return NewWebhook{}, fmt.Errorf("insert webhook: %w", err)
+	}
+	return w, nil
+}
+
+// List pages through live subscriptions.
+func (s *Service) List(ctx context.Context, workspaceID, cursor string, limit int) ([]Webhook, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, url, events, created_at FROM webhooks
+		WHERE workspace_id = $1 AND deleted_at IS NULL AND id > $2 ORDER BY id LIMIT $3`, workspaceID, cursor, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list webhooks: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[Webhook])
+}
+
+// Delete ends a subscription; pending deliveries to it are abandoned.
+func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, error) {
+	rows, err := s.pool.Query(ctx, `UPDATE webhooks SET deleted_at = $3
+		WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NULL
+		RETURNING id, url, events, created_at`, id, workspaceID, s.now())
+	if err != nil {
+		return Webhook{}, fmt.Errorf("delete webhook: %w", err)
+	}
+	w, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Webhook])
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Webhook{}, apierr.NotFound("webhook")
+	}
+	if err != nil {
+		return Webhook{}, fmt.Errorf("delete webhook: %w", err)
+	}
+	_, err = s.pool.Exec(ctx, `UPDATE webhook_deliveries SET state = 'failed', last_error = 'webhook deleted'
+		WHERE webhook_id = $1 AND state = 'pending'`, id)
+	if err != nil {
+		return Webhook{}, fmt.Errorf("abandon deliveries: %w", err)
+	}
+	return w, nil
+}
+
+// DeliveryCursor is the page cursor after d: deliveries page newest first
+// by (created_at, id).
+func DeliveryCursor(d Delivery) string {
+	return d.CreatedAt.UTC().Format(time.RFC3339Nano) + "|" + d.ID
+}
+
+// Deliveries pages through one subscription's deliveries, newest first.
+func (s *Service) Deliveries(ctx context.Context, workspaceID, webhookID, cursor string, limit int) ([]Delivery, error) {
+	after, afterID := time.Time{}, ""
+	if cursor != "" {
+		ts, id, ok := strings.Cut(cursor, "|")
+		t, err := time.Parse(time.RFC3339Nano, ts)
+		if !ok || err != nil {
+			return nil, apierr.InvalidField("cursor", "is not a cursor from this API")
+		}
+		after, afterID = t, id
+	}
+	rows, err := s.pool.Query(ctx, `
+		SELECT d.id, d.event_id, d.event_type, d.state, d.attempts, d.last_status_code, d.last_error,
+		       CASE WHEN d.state = 'pending' THEN d.next_attempt_at END, d.created_at, d.delivered_at
+		FROM webhooks w
+		LEFT JOIN webhook_deliveries d ON d.webhook_id = w.id AND ($3 = '' OR (d.created_at, d.id) < ($4, $3))
+		WHERE w.id = $1 AND w.workspace_id = $2
+		ORDER BY d.created_at DESC, d.id DESC LIMIT $5`, webhookID, workspaceID, afterID, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list deliveries: %w", err)
+	}
+	type row struct {
+		ID             *string
+		EventID        *string
+		EventType      *string
+		State          *string
+		Attempts       *int32
+		LastStatusCode *int32
+		LastError      *string
+		NextAttemptAt  *time.Time
+		CreatedAt      *time.Time
+		DeliveredAt    *time.Time
+	}
+	raw, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	if err != nil {
+		return nil, fmt.Errorf("list deliveries: %w", err)
+	}
+	if len(raw) == 0 {
+		return nil, apierr.NotFound("webhook")
+	}
+	out := make([]Delivery, 0, len(raw))
+	for _, r := range raw {
+		if r.ID == nil { // the webhook exists but has no deliveries
+			continue
+		}
+		d := Delivery{ID: *r.ID, EventID: *r.EventID, EventType: *r.EventType, State: *r.State,
+			Attempts: int(*r.Attempts), LastError: r.LastError, NextAttemptAt: r.NextAttemptAt,
+			CreatedAt: *r.CreatedAt, DeliveredAt: r.DeliveredAt}
+		if r.LastStatusCode != nil {
+			c := int(*r.LastStatusCode)
+			d.LastStatusCode = &c
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}

@@ -1,0 +1,283 @@
+package webhooks_test
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
+	"github.com/getratchet/ratchet/lib/events"
+	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/webhooks"
+)
+
+// Tests here share one outbox and sweep it with different clocks, so they
+// run one at a time rather than in parallel.
+func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
+
+type receiver struct {
+	*httptest.Server
+	mu       sync.Mutex
+	bodies   [][]byte
+	sigs     []string
+	statuses []int // answered in order; 200 once exhausted
+}
+
+func newReceiver(t *testing.T, statuses ...int) *receiver {
+	r := &receiver{statuses: statuses}
+	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		b, _ := io.ReadAll(req.Body)
+		r.mu.Lock()
+		r.bodies = append(r.bodies, b)
+		r.sigs = append(r.sigs, req.Header.Get("Ratchet-Signature"))
+		status := http.StatusOK
+		if len(r.statuses) > 0 {
+			status, r.statuses = r.statuses[0], r.statuses[1:]
+		}
+		r.mu.Unlock()
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte("receiver-body-never-stored"))
+	}))
+	t.Cleanup(r.Close)
+	return r
+}
+
+func (r *receiver) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.bodies)
+}
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func start(t *testing.T, allowPrivate bool) (*apitest.Env, *clock) {
+	c := &clock{t: time.Now().UTC()}
+	env := apitest.Start(t, apitest.WithNow(c.now),
+		apitest.WithConfig(func(cfg *config.Config) { cfg.WebhookAllowPrivateNetworks = allowPrivate }))
+	return env, c
+}
+
+func record(t *testing.T, env *apitest.Env, ws, typ string, at time.Time) string {
+	subject := ids.New(ids.Effect)
+	require.NoError(t, events.Record(context.Background(), env.App.Pool, events.Event{
+		WorkspaceID: ws, Type: typ, SubjectID: subject, Data: map[string]any{"effect_id": subject}, At: at,
+	}))
+	return subject
+}
+
+func deliveries(t *testing.T, env *apitest.Env, key, id string) []map[string]any {
+	var page struct {
+		Data []map[string]any `json:"data"`
+	}
+	env.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+id+"/deliveries", key, nil).Decode(t, &page)
+	return page.Data
+}
+
+func TestCreateValidatesAndShowsSecretOnce(t *testing.T) {
+	env, _ := start(t, true)
+	ws := env.Signup()
+	for name, body := range map[string]map[string]any{
+		"no url":        {"events": []string{"run.finished"}},
+		"relative url":  {"url": "/hook", "events": []string{"run.finished"}},
+		"ftp url":       {"url": "ftp://example.com/x", "events": []string{"run.finished"}},
+		"credentials":   {"url": "https://u:p@example.com/x", "events": []string{"run.finished"}},
+		"no events":     {"url": "https://example.com/x", "events": []string{}},
+		"unknown event": {"url": "https://example.com/x", "events": []string{"effect.exploded"}},
+	} {
+		r := env.Do("POST", "/api/v1/webhooks", ws.Key, body)
+		require.Equal(t, http.StatusBadRequest, r.Status, name)
+		require.Equal(t, "invalid_request", r.ErrorCode(), name)
+	}
+	require.Empty(t, env.Must(http.StatusOK, "GET", "/api/v1/webhooks", ws.Key, nil).JSON()["data"])
+
+	r := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": "https://example.com/x", "events": []string{"run.finished", "run.finished", "effect.indeterminate"}})
+	secret := r.JSON()["secret"].(string)
+	require.True(t, strings.HasPrefix(secret, "whsec_"))
+	require.Equal(t, []any{"effect.indeterminate", "run.finished"}, r.JSON()["events"])
+	list := env.Must(http.StatusOK, "GET", "/api/v1/webhooks", ws.Key, nil)
+	require.NotContains(t, string(list.Body), secret)
+
+	// Scope and tenancy.
+	agent := env.Key(ws, map[string]any{"name": "a", "preset": "AGENT"})
+	require.Equal(t, http.StatusForbidden, env.Do("GET", "/api/v1/webhooks", agent, nil).Status)
+	other := env.Signup()
+	id := r.JSON()["id"].(string)
+	require.Equal(t, http.StatusNotFound, env.Do("DELETE", "/api/v1/webhooks/"+id, other.Key, nil).Status)
+	require.Equal(t, http.StatusNotFound, env.Do("GET", "/api/v1/webhooks/"+id+"/deliveries", other.Key, nil).Status)
+	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil)
+	require.Equal(t, http.StatusNotFound, env.Do("DELETE", "/api/v1/webhooks/"+id, ws.Key, nil).Status)
+}
+
+func TestDeliveryIsSignedAndRecorded(t *testing.T) {
+	env, clk := start(t, true)
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	r := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.EffectIndeterminate}})
+	secret, id := r.JSON()["secret"].(string), r.JSON()["id"].(string)
+
+	subject := record(t, env, ws.ID, events.EffectIndeterminate, clk.now())
+	record(t, env, ws.ID, events.RunFinished, clk.now()) // not subscribed
+	env.App.Sweeper.RunOnce(context.Background())
+
+	require.Equal(t, 1, rcv.count())
+	body := rcv.bodies[0]
+	var got map[string]any
+	require.NoError(t, json.Unmarshal(body, &got))
+	require.Equal(t, events.EffectIndeterminate, got["type"])
+	require.Equal(t, subject, got["data"].(map[string]any)["effect_id"])
+
+	// Verify the signature as a receiver would.
+	parts := strings.Split(rcv.sigs[0], ",")
+	require.Len(t, parts, 2)
+	ts := strings.TrimPrefix(parts[0], "t=")
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write([]byte(ts + "." + string(body)))
+	require.Equal(t, "v1="+hex.EncodeToString(m.Sum(nil)), parts[1])
+
+	ds := deliveries(t, env, ws.Key, id)
+	require.Len(t, ds, 1)
+	require.Equal(t, "delivered", ds[0]["state"])
+	require.EqualValues(t, 200, ds[0]["last_status_code"])
+	require.NotContains(t, ds[0], "receiver-body-never-stored")
+
+	// A second pass sends nothing more.
+	env.App.Sweeper.RunOnce(context.Background())
+	require.Equal(t, 1, rcv.count())
+}
+
+func TestFailedDeliveryRetriesWithBackoffThenGivesUp(t *testing.T) {
+	env, clk := start(t, true)
+	ws := env.Signup()
+	rcv := newReceiver(t, 500, 503)
+	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()["id"].(string)
+	record(t, env, ws.ID, events.RunFinished, clk.now())
+
+	env.App.Sweeper.RunOnce(context.Background())
+	ds := deliveries(t, env, ws.Key, id)
+	require.Equal(t, "pending", ds[0]["state"])
+	require.EqualValues(t, 1, ds[0]["attempts"])
+	require.EqualValues(t, 500, ds[0]["last_status_code"])
+
+	env.App.Sweeper.RunOnce(context.Background())
+	require.Equal(t, 1, rcv.count(), "not due again before its backoff")
+
+	clk.add(time.Minute)
+	env.App.Sweeper.RunOnce(context.Background())
+	clk.add(2 * time.Minute)
+	env.App.Sweeper.RunOnce(context.Background())
+	require.Equal(t, 3, rcv.count())
+	ds = deliveries(t, env, ws.Key, id)
+	require.Equal(t, "delivered", ds[0]["state"])
+	require.EqualValues(t, 3, ds[0]["attempts"])
+
+	// A receiver that never succeeds is given up on after MaxAttempts.
+	dead := newReceiver(t, repeat(500, webhooks.MaxAttempts)...)
+	deadID := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": dead.URL, "events": []string{events.StepExhausted}}).JSON()["id"].(string)
+	record(t, env, ws.ID, events.StepExhausted, clk.now())
+	for i := 0; i < webhooks.MaxAttempts+2; i++ {
+		env.App.Sweeper.RunOnce(context.Background())
+		clk.add(8 * time.Hour) // beyond the 6 h cap plus 20% jitter
+	}
+	require.Equal(t, webhooks.MaxAttempts, dead.count())
+	ds = deliveries(t, env, ws.Key, deadID)
+	require.Equal(t, "failed", ds[0]["state"])
+}
+
+func repeat(v, n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = v
+	}
+	return out
+}
+
+func TestConcurrentSweepersSendEachDeliveryOnce(t *testing.T) {
+	env, clk := start(t, true)
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.ApprovalRequested}})
+	const n = 40
+	for i := 0; i < n; i++ {
+		record(t, env, ws.ID, events.ApprovalRequested, clk.now())
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < 3; j++ {
+				env.App.Sweeper.RunOnce(context.Background())
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, n, rcv.count())
+	seen := map[string]bool{}
+	for _, b := range rcv.bodies {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal(b, &m))
+		require.False(t, seen[m["id"].(string)], "event %s sent twice", m["id"])
+		seen[m["id"].(string)] = true
+	}
+}
+
+func TestPrivateAddressesAreRefusedByDefault(t *testing.T) {
+	env, clk := start(t, false)
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.CircuitTripped}}).JSON()["id"].(string)
+	record(t, env, ws.ID, events.CircuitTripped, clk.now())
+	env.App.Sweeper.RunOnce(context.Background())
+	require.Zero(t, rcv.count())
+	ds := deliveries(t, env, ws.Key, id)
+	require.Equal(t, "pending", ds[0]["state"])
+	require.Equal(t, "request failed", ds[0]["last_error"])
+}
+
+func TestSignKnownVector(t *testing.T) {
+	got := webhooks.Sign("whsec_test", time.Unix(1700000000, 0), []byte(`{"a":1}`))
+	m := hmac.New(sha256.New, []byte("whsec_test"))
+	m.Write([]byte(`1700000000.{"a":1}`))
+	require.Equal(t, "t=1700000000,v1="+hex.EncodeToString(m.Sum(nil)), got)
+}
+
+func TestBackoffGrowsAndCaps(t *testing.T) {
+	for n := 1; n <= 20; n++ {
+		d := webhooks.Backoff(n)
+		nominal := 30 * time.Second << min(n-1, 10)
+		if nominal > 6*time.Hour {
+			nominal = 6 * time.Hour
+		}
+		require.GreaterOrEqual(t, d, time.Duration(float64(nominal)*0.8))
+		require.LessOrEqual(t, d, time.Duration(float64(nominal)*1.2))
+	}
+}
