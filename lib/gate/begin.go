@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sort"
 	"strings"
 	"time"
 	"unicode"
@@ -445,19 +444,4 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 	}
 	return Decision{Decision: DecisionDenied, EffectID: out.ID, State: out.State, Attempt: out.Attempt,
 		Denial: denial(code, ev, &out)}, nil
-}
-
-// lapse makes lapsed leases durable (one effect when effectID is set, else up
-// to limit of them) and records effect.indeterminate for each.
-func (s *Service) lapse(ctx context.Context, q querier, now time.Time, effectID string, limit int) (int, error) {
-	eventIDs := make([]string, limit)
-	for i := range eventIDs {
-		eventIDs[i] = ids.NewAt(ids.Event, now)
-	}
-	sort.Strings(eventIDs)
-	var n int
-	if err := q.QueryRow(ctx, sqlLapse, now, limit, eventIDs, effectID).Scan(&n); err != nil {
-		return 0, fmt.Errorf("lapse leases: %w", err)
-	}
-	return n, nil
 }

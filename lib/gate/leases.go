@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 	"unicode/utf8"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/redact"
 )
 
@@ -309,6 +311,25 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 		return err
 	})
 	return out, err
+}
+
+// lapse makes lapsed leases durable (one effect when effectID is set, else up
+// to limit of them, oldest first) and records effect.indeterminate for each.
+func (s *Service) lapse(ctx context.Context, q querier, now time.Time, effectID string, limit int) (int, error) {
+	eventIDs := make([]string, limit)
+	for i := range eventIDs {
+		eventIDs[i] = ids.NewAt(ids.Event, now)
+	}
+	sort.Strings(eventIDs)
+	sql, args := sqlLapseDue, []any{now, limit, eventIDs}
+	if effectID != "" {
+		sql, args = sqlLapseOne, append(args, effectID)
+	}
+	var n int
+	if err := q.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("lapse leases: %w", err)
+	}
+	return n, nil
 }
 
 // SweepLapsed is the sweeper's backstop: it makes up to limit lapsed leases

@@ -236,16 +236,17 @@ UPDATE effects SET state = 'awaiting_approval', approval_id = $3, approval_state
 WHERE id = $1
 RETURNING ` + effectCols("", false)
 
-// sqlLapse makes lapsed leases durably indeterminate: the effect, its current
+// lapseSQL makes lapsed leases durably indeterminate: the effect, its current
 // attempt, and one effect.indeterminate event per attempt in the outbox. The
 // condition state = 'leased' AND lease_expires_at <= now is re-checked under
 // the row lock, so a report that won the race is never overwritten and a
-// lapse is recorded once. $1 now, $2 limit, $3 event ids (one per row),
-// $4 one effect id or ”.
-const sqlLapse = `
+// lapse is recorded once. $1 now, $2 limit, $3 event ids (one per row), and
+// what filter names.
+func lapseSQL(filter string) string {
+	return `
 WITH cand AS (
     SELECT id FROM effects
-    WHERE state = 'leased' AND lease_expires_at <= $1 AND ($4::text = '' OR id = $4)
+    WHERE state = 'leased' AND lease_expires_at <= $1 AND ` + filter + `
     ORDER BY lease_expires_at LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), e AS (
@@ -266,6 +267,14 @@ WITH cand AS (
     ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
 )
 SELECT count(*) FROM e`
+}
+
+// sqlLapseDue is the sweeper's pass over every workspace; sqlLapseOne makes
+// one effect's lapse durable inline ($4 its id), through its primary key.
+var (
+	sqlLapseDue = lapseSQL("true")
+	sqlLapseOne = lapseSQL("id = $4")
+)
 
 // attemptsJSON aggregates an effect's attempts (alias e) in order.
 const attemptsJSON = `(SELECT coalesce(jsonb_agg(jsonb_build_object(
