@@ -369,28 +369,28 @@ func (s *Service) writePolicy(ctx context.Context, q querier, workspaceID string
 }
 
 // starterPolicies are seeded into every new workspace: money-moving types
-// must declare their cost, so a spend ceiling set later cannot be bypassed.
-func starterPolicies() []PutPolicyRequest {
-	set := func(b bool) jsonx.Optional[bool] { return jsonx.Optional[bool]{Set: true, Value: b} }
-	n := func(v int) jsonx.Optional[int] { return jsonx.Optional[int]{Set: true, Value: v} }
-	return []PutPolicyRequest{
-		{RequireCost: set(true), MaxAttempts: n(3)}, // payment.charge
-		{RequireCost: set(true), MaxAttempts: n(3)}, // refund.issue
-	}
+// must declare their cost, so a spend ceiling set later cannot be bypassed,
+// and get fewer attempts than the default.
+var starterPolicies = []struct {
+	effectType string
+	req        PutPolicyRequest
+}{
+	{"payment.charge", PutPolicyRequest{RequireCost: jsonx.Optional[bool]{Set: true, Value: true},
+		MaxAttempts: jsonx.Optional[int]{Set: true, Value: 3}}},
+	{"refund.issue", PutPolicyRequest{RequireCost: jsonx.Optional[bool]{Set: true, Value: true},
+		MaxAttempts: jsonx.Optional[int]{Set: true, Value: 3}}},
 }
-
-var starterTypes = []string{"payment.charge", "refund.issue"}
 
 // SeedStarterPolicies writes the starter policies inside the signup
 // transaction (an auth.Seeder).
 func (s *Service) SeedStarterPolicies(ctx context.Context, tx pgx.Tx, workspaceID string) error {
 	now := s.clock()
-	for i, req := range starterPolicies() {
-		p, err := scanPolicy(tx.QueryRow(ctx, sqlGetPolicy, workspaceID, starterTypes[i]), starterTypes[i])
+	for _, sp := range starterPolicies {
+		p, err := scanPolicy(tx.QueryRow(ctx, sqlGetPolicy, workspaceID, sp.effectType), sp.effectType)
 		if err != nil {
 			return err
 		}
-		if err := req.merge(&p); err != nil {
+		if err := sp.req.merge(&p); err != nil {
 			return err
 		}
 		if _, err := s.writePolicy(ctx, tx, workspaceID, p, now); err != nil {
