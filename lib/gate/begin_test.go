@@ -186,3 +186,14 @@ func TestMaxAttemptsIsFinal(t *testing.T) {
 	require.Equal(t, "denied", e["state"])
 	require.Equal(t, "max_attempts_exceeded", e["denial_code"])
 }
+
+func TestDuplicateReturnsTheRecordedResultVerbatim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := key("verbatim")
+	d := b.mustBegin("execute", email(k))
+	raw := `{"lease_token":"` + str(d["lease_token"]) + `","outcome":"succeeded","result":{"z":1,"a":[3,2,1],"m":{"y":"é","b":null}}}`
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+str(d["effect_id"])+"/report", b.ws.Key, raw)
+	r := b.begin(email(k))
+	require.Contains(t, string(r.Body), `"result":{"z":1,"a":[3,2,1],"m":{"y":"é","b":null}}`)
+}

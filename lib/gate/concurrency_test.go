@@ -152,3 +152,70 @@ func TestTwoInstancesAgree(t *testing.T) {
 	require.Equal(t, map[string]any{"id": 7.0}, dup["result"])
 	require.Equal(t, "succeeded", env2.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(d["effect_id"]), ws.Key, nil).JSON()["state"])
 }
+
+func TestConcurrentReportsAgree(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	env2 := apitest.Start(t, apitest.WithNow(b.clock.Now))
+	const n = 40
+	for _, mixed := range []bool{false, true} {
+		d := b.mustBegin("execute", email(key("reports")))
+		id := str(d["effect_id"])
+		var (
+			wg    sync.WaitGroup
+			mu    sync.Mutex
+			codes = map[string]int{}
+			start = make(chan struct{})
+		)
+		for i := 0; i < n; i++ {
+			outcome := "succeeded"
+			if mixed && i%2 == 1 {
+				outcome = "failed"
+			}
+			env := b.env
+			if i%3 == 0 {
+				env = env2
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				status, out, err := post(env, "/api/v1/effects/"+id+"/report", b.ws.Key,
+					map[string]any{"lease_token": d["lease_token"], "outcome": outcome})
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					codes["error"]++
+					return
+				}
+				if status == http.StatusOK {
+					codes[outcome+":200:"+str(out["state"])]++
+				} else {
+					codes[outcome+":"+str(out["error"].(map[string]any)["code"])]++
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		state := str(b.get(id)["state"])
+		if !mixed {
+			require.Equal(t, map[string]int{"succeeded:200:succeeded": n}, codes)
+			continue
+		}
+		// One outcome won; every report of it is answered 200, the other outcome 409.
+		other := map[string]string{"succeeded": "failed", "failed": "succeeded"}[state]
+		require.Equal(t, map[string]int{state + ":200:" + state: n / 2, other + ":invalid_state": n / 2}, codes)
+	}
+}
+
+func TestConcurrentBeginsAfterApprovalExecuteOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval"})
+	body := wire(key("approved-race"))
+	a := b.mustBegin("approval_required", body)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(a["approval_id"])+"/approve", b.ws.Key, nil)
+	counts, execs := raceBegins(t, 100, b.ws.Key, body, b.env)
+	require.Equal(t, map[string]int{"execute": 1, "in_flight": 99}, counts)
+	require.EqualValues(t, 1, execs[0]["attempt"])
+}
