@@ -1,11 +1,16 @@
 package gate_test
 
 import (
+	"context"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/gate"
 )
 
 func TestBeginExecuteReportDuplicate(t *testing.T) {
@@ -196,4 +201,16 @@ func TestDuplicateReturnsTheRecordedResultVerbatim(t *testing.T) {
 	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+str(d["effect_id"])+"/report", b.ws.Key, raw)
 	r := b.begin(email(k))
 	require.Contains(t, string(r.Body), `"result":{"z":1,"a":[3,2,1],"m":{"y":"é","b":null}}`)
+}
+
+func TestLockedPathAnswersRetryRequestWhenTheKeyVanished(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := &auth.Principal{WorkspaceID: b.ws.ID, KeyID: keyID(b.ws.Key)}
+	_, err := b.env.App.Server.Gate.BeginLocked(context.Background(), p, gate.BeginRequest{
+		EffectType: "email.send", IdempotencyKey: key("vanished")})
+	e, ok := apierr.As(err)
+	require.True(t, ok, "%v", err)
+	require.Equal(t, apierr.CodeRetryRequest, e.Code)
+	require.Equal(t, http.StatusConflict, e.Status)
 }
