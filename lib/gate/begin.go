@@ -116,7 +116,7 @@ func optionalID(pr *apierr.Problems, field, prefix string, v *string) {
 func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, error) {
 	var pr apierr.Problems
 	if !ValidEffectType(req.EffectType) {
-		pr.Add("effect_type", "must be 1-100 characters: letters, digits, . _ : / -")
+		pr.Add("effect_type", effectTypeRule)
 	}
 	if !validIdempotencyKey(req.IdempotencyKey) {
 		pr.Add("idempotency_key", "must be 1-255 printable characters")

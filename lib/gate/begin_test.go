@@ -58,6 +58,7 @@ func TestBeginValidation(t *testing.T) {
 	}{
 		{"no type", map[string]any{"idempotency_key": "k"}, "effect_type"},
 		{"bad type", map[string]any{"effect_type": "a b", "idempotency_key": "k"}, "effect_type"},
+		{"slash type", map[string]any{"effect_type": "a/b", "idempotency_key": "k"}, "effect_type"},
 		{"no key", map[string]any{"effect_type": "email.send"}, "idempotency_key"},
 		{"long key", map[string]any{"effect_type": "email.send", "idempotency_key": string(long)}, "idempotency_key"},
 		{"control key", map[string]any{"effect_type": "email.send", "idempotency_key": "a\nb"}, "idempotency_key"},

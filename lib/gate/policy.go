@@ -39,11 +39,15 @@ var (
 	onIndeterminate = []string{OnIndeterminateBlock, OnIndeterminateRetry, OnIndeterminateProbe}
 	surgeActions    = []string{"monitor", "require_approval", "deny"}
 
-	// Effect types look like email.send or stripe:refund.create.
-	effectTypeRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}$`)
+	// Effect types look like email.send or stripe:refund.create; no slash, so
+	// that a type is always one path segment of /api/v1/policies/{type}.
+	effectTypeRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$`)
 	// Dimension names look like recipient or customer_id.
 	dimensionRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 )
+
+// effectTypeRule is the message for a malformed effect type.
+const effectTypeRule = "must be 1-100 characters: letters, digits, . _ : -"
 
 // ValidEffectType reports whether s is a well-formed effect type.
 func ValidEffectType(s string) bool { return effectTypeRe.MatchString(s) }
@@ -326,7 +330,7 @@ func (r prefixedRow) Scan(dest ...any) error { return r.rows.Scan(append([]any{r
 // so a concurrent write makes this one re-read and merge again.
 func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string, req PutPolicyRequest) (Policy, error) {
 	if !ValidEffectType(effectType) {
-		return Policy{}, apierr.InvalidField("effect_type", "must be 1-100 characters: letters, digits, . _ : / -")
+		return Policy{}, apierr.InvalidField("effect_type", effectTypeRule)
 	}
 	for try := 0; ; try++ {
 		p, err := scanPolicy(s.pool.QueryRow(ctx, sqlGetPolicy, workspaceID, effectType), effectType)
