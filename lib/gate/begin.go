@@ -171,7 +171,7 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 		ws: p.WorkspaceID, keyID: p.KeyID, effectType: req.EffectType, key: req.IdempotencyKey, fingerprint: fp,
 		effectID: ids.NewAt(ids.Effect, now), approvalID: ids.NewAt(ids.Approval, now),
 		eventID: ids.NewAt(ids.Event, now), now: now, cost: req.CostMicros, dimNames: names,
-		dims: string(hashedJSON), preview: string(redact.Preview(payload)),
+		dims: string(hashedJSON), preview: string(redact.PreviewJSON(payload)),
 		runID: req.RunID, groupID: req.GroupID, compensates: req.CompensatesEffectID,
 		token: ids.Random(24),
 	}

@@ -66,7 +66,7 @@ func (s *Service) sealedResult(effectID string, result json.RawMessage) (sealed 
 	if res == nil {
 		return nil, nil, nil
 	}
-	p := string(redact.Preview(res))
+	p := string(redact.PreviewJSON(res))
 	return s.sealJSON(effectID, "result", res), &p, nil
 }
 

@@ -17,19 +17,20 @@ const (
 	MaxKeys  = 50
 )
 
-// Preview returns the redacted preview of a JSON document: object keys are
-// kept, every other value is replaced by a placeholder naming its type
-// ("<string>", "<number>", "<boolean>", "<array>"), null stays null. Invalid
-// JSON and an empty document preview as null.
-func Preview(doc []byte) json.RawMessage {
+// PreviewJSON returns the redacted preview of a JSON document, as JSON (for
+// a jsonb column or a response): object keys are kept, every other value is
+// replaced by a placeholder naming its type ("<string>", "<number>",
+// "<boolean>", "<array>"), null stays null. Invalid JSON and an empty
+// document preview as null.
+func PreviewJSON(doc []byte) []byte {
 	if len(bytes.TrimSpace(doc)) == 0 {
-		return json.RawMessage("null")
+		return []byte("null")
 	}
 	dec := json.NewDecoder(bytes.NewReader(doc))
 	dec.UseNumber()
 	var buf bytes.Buffer
 	if err := preview(dec, &buf, 0); err != nil {
-		return json.RawMessage("null")
+		return []byte("null")
 	}
 	return buf.Bytes()
 }

@@ -10,7 +10,7 @@ import (
 
 func TestPreviewKeepsKeysAndHidesValues(t *testing.T) {
 	t.Parallel()
-	got := Preview([]byte(`{"to":"alice@example.com","amount":12.5,"ok":true,"n":null,
+	got := PreviewJSON([]byte(`{"to":"alice@example.com","amount":12.5,"ok":true,"n":null,
 		"tags":["a","b"],"addr":{"street":"1 Main","zip":12345}}`))
 	require.JSONEq(t, `{"to":"<string>","amount":"<number>","ok":"<boolean>","n":null,
 		"tags":"<array>","addr":{"street":"<string>","zip":"<number>"}}`, string(got))
@@ -20,15 +20,15 @@ func TestPreviewKeepsKeysAndHidesValues(t *testing.T) {
 
 func TestPreviewScalarsAndInvalid(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, `"<string>"`, string(Preview([]byte(`"secret"`))))
-	require.Equal(t, `"<array>"`, string(Preview([]byte(`[1,{"a":2}]`))))
-	require.Equal(t, `null`, string(Preview(nil)))
-	require.Equal(t, `null`, string(Preview([]byte(`{"a":`))))
+	require.Equal(t, `"<string>"`, string(PreviewJSON([]byte(`"secret"`))))
+	require.Equal(t, `"<array>"`, string(PreviewJSON([]byte(`[1,{"a":2}]`))))
+	require.Equal(t, `null`, string(PreviewJSON(nil)))
+	require.Equal(t, `null`, string(PreviewJSON([]byte(`{"a":`))))
 }
 
 func TestPreviewBoundsDepthAndKeys(t *testing.T) {
 	t.Parallel()
-	got := Preview([]byte(`{"a":{"b":{"c":{"d":{"e":"x"}}}}}`))
+	got := PreviewJSON([]byte(`{"a":{"b":{"c":{"d":{"e":"x"}}}}}`))
 	require.JSONEq(t, `{"a":{"b":{"c":{"d":"<object>"}}}}`, string(got))
 
 	var sb strings.Builder
@@ -40,7 +40,7 @@ func TestPreviewBoundsDepthAndKeys(t *testing.T) {
 		fmt.Fprintf(&sb, `"k%03d":%d`, i, i)
 	}
 	sb.WriteString("}")
-	got = Preview([]byte(sb.String()))
+	got = PreviewJSON([]byte(sb.String()))
 	require.Contains(t, string(got), `"<3 more keys>"`)
 	require.NotContains(t, string(got), `"k050"`)
 }
