@@ -1,6 +1,10 @@
 package gate
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/getratchet/ratchet/lib/events"
+)
 
 // All of the gate's SQL. Every statement takes the service clock as a
 // parameter; none calls now().
@@ -174,7 +178,7 @@ apr AS (
 ),
 evt AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at)
-    SELECT $20, $1, 'approval.requested', $15,
+    SELECT $20, $1, '` + events.ApprovalRequested + `', $15,
         jsonb_build_object('approval_id', $15::text, 'effect_id', ins.id, 'effect_type', $2::text,
                            'reason', ev.approval_reason), $8
     FROM ins, ev WHERE ins.state = 'awaiting_approval'
@@ -226,7 +230,7 @@ WITH a AS (
     RETURNING id, workspace_id, effect_id, effect_type
 ), evt AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at)
-    SELECT $5, a.workspace_id, 'approval.requested', a.id,
+    SELECT $5, a.workspace_id, '` + events.ApprovalRequested + `', a.id,
         jsonb_build_object('approval_id', a.id, 'effect_id', a.effect_id, 'effect_type', a.effect_type,
                            'reason', $4::text), $2
     FROM a
@@ -260,7 +264,7 @@ WITH cand AS (
     SELECT e.*, row_number() OVER (ORDER BY e.id) AS i FROM e
 ), evt AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
-    SELECT ($3::text[])[n.i], n.workspace_id, 'effect.indeterminate', n.id,
+    SELECT ($3::text[])[n.i], n.workspace_id, '` + events.EffectIndeterminate + `', n.id,
         jsonb_build_object('effect_id', n.id, 'effect_type', n.effect_type, 'attempt', n.attempt,
                            'lease_expired_at', n.lease_expires_at), $1, n.attempt::text
     FROM n
@@ -379,7 +383,7 @@ WITH a AS (
     FROM a WHERE e.id = a.effect_id AND e.approval_id = a.id
 ), evt AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at)
-    SELECT $7, $2, 'approval.decided', a.id,
+    SELECT $7, $2, '` + events.ApprovalDecided + `', a.id,
         jsonb_build_object('approval_id', a.id, 'effect_id', a.effect_id, 'effect_type', a.effect_type,
                            'state', a.state), $4
     FROM a
