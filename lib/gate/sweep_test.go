@@ -83,6 +83,9 @@ func TestSweeperAndLapseRaces(t *testing.T) {
 		envLive := apitest.Start(t, apitest.WithNow(live.Now))
 		envLate := apitest.Start(t, apitest.WithNow(late.Now))
 		ws := envLive.Signup()
+		// The outbox feeds webhooks: a subscriber gets every effect.indeterminate.
+		hook := envLive.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+			map[string]any{"url": "https://hooks.example.com/ratchet", "events": []string{"effect.indeterminate"}}).JSON()
 		live.Add(-time.Millisecond)
 		outcomes := map[string]int{}
 		for i := 0; i < 30; i++ {
@@ -145,5 +148,12 @@ func TestSweeperAndLapseRaces(t *testing.T) {
 			late.Add(2 * time.Minute)
 		}
 		t.Logf("outcomes over 30 races: %v", outcomes)
+
+		_, err := envLate.App.Server.Webhooks.Dispatch(ctx, late.Now())
+		require.NoError(t, err)
+		var deliveries int
+		require.NoError(t, envLive.App.Pool.QueryRow(ctx, `SELECT count(*) FROM webhook_deliveries
+			WHERE webhook_id = $1 AND event_type = 'effect.indeterminate'`, hook["id"]).Scan(&deliveries))
+		require.Equal(t, outcomes["indeterminate"], deliveries)
 	})
 }
