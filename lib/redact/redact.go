@@ -1,7 +1,6 @@
-// Package redact turns stored JSON (inputs, outputs, payloads) into previews
-// that are safe to list and show: the shape stays (object keys, array
-// lengths up to a bound), every value becomes a type placeholder. Keys are
-// kept because they name fields, not data; values never leave in clear.
+// Package redact turns sensitive JSON documents (effect payloads, job inputs
+// and outputs) into previews that listings and dashboards may show: the shape
+// survives, the values do not.
 package redact
 
 import (
@@ -10,72 +9,118 @@ import (
 	"fmt"
 )
 
+// Limits keep a preview small whatever the document: deeper objects collapse
+// to "<object>", and an object with more keys keeps only the first ones in
+// document order plus a "…" entry counting the rest.
 const (
-	maxDepth = 8
-	maxItems = 20
-	maxKeys  = 50
+	MaxDepth = 4
+	MaxKeys  = 50
 )
 
-// Preview returns the redacted form of raw JSON. Invalid JSON previews as
-// "<invalid>" rather than failing, since a preview is informational.
-func Preview(raw []byte) any {
-	if len(bytes.TrimSpace(raw)) == 0 {
-		return nil
+// PreviewJSON returns the redacted preview of a JSON document, as JSON (for
+// a jsonb column or a response): object keys are kept, every other value is
+// replaced by a placeholder naming its type ("<string>", "<number>",
+// "<boolean>", "<array>"), null stays null. Invalid JSON and an empty
+// document preview as null.
+func PreviewJSON(doc []byte) []byte {
+	if len(bytes.TrimSpace(doc)) == 0 {
+		return []byte("null")
 	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec := json.NewDecoder(bytes.NewReader(doc))
 	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return "<invalid>"
+	var buf bytes.Buffer
+	if err := preview(dec, &buf, 0); err != nil {
+		return []byte("null")
 	}
-	return value(v, 0)
+	return buf.Bytes()
 }
 
-// PreviewJSON is Preview encoded as JSON (for storing in a jsonb column).
-func PreviewJSON(raw []byte) []byte {
-	b, _ := json.Marshal(Preview(raw))
-	return b
-}
-
-func value(v any, depth int) any {
-	switch t := v.(type) {
-	case nil:
-		return nil
-	case bool:
-		return "<boolean>"
-	case json.Number:
-		return "<number>"
+// preview reads one value from dec and writes its redaction to buf.
+func preview(dec *json.Decoder, buf *bytes.Buffer, depth int) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		switch t {
+		case '{':
+			if depth >= MaxDepth {
+				buf.WriteString(`"<object>"`)
+				return skipRest(dec)
+			}
+			return previewObject(dec, buf, depth)
+		case '[':
+			buf.WriteString(`"<array>"`)
+			return skipRest(dec)
+		}
+		return fmt.Errorf("redact: unexpected %v", t)
 	case string:
-		return "<string>"
-	case []any:
-		if depth >= maxDepth {
-			return "<array>"
-		}
-		out := make([]any, 0, min(len(t), maxItems+1))
-		for i, e := range t {
-			if i == maxItems {
-				out = append(out, fmt.Sprintf("<%d more>", len(t)-maxItems))
-				break
-			}
-			out = append(out, value(e, depth+1))
-		}
-		return out
-	case map[string]any:
-		if depth >= maxDepth {
-			return "<object>"
-		}
-		out := make(map[string]any, min(len(t), maxKeys))
-		n := 0
-		for k, e := range t {
-			if n == maxKeys {
-				out["…"] = fmt.Sprintf("<%d more keys>", len(t)-maxKeys)
-				break
-			}
-			out[k] = value(e, depth+1)
-			n++
-		}
-		return out
-	default:
-		return "<value>"
+		buf.WriteString(`"<string>"`)
+	case json.Number:
+		buf.WriteString(`"<number>"`)
+	case bool:
+		buf.WriteString(`"<boolean>"`)
+	case nil:
+		buf.WriteString("null")
 	}
+	return nil
+}
+
+func previewObject(dec *json.Decoder, buf *bytes.Buffer, depth int) error {
+	buf.WriteByte('{')
+	n := 0
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		key, _ := tok.(string)
+		if n >= MaxKeys {
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				return err
+			}
+			n++
+			continue
+		}
+		if n > 0 {
+			buf.WriteByte(',')
+		}
+		kb, _ := json.Marshal(key)
+		buf.Write(kb)
+		buf.WriteByte(':')
+		if err := preview(dec, buf, depth+1); err != nil {
+			return err
+		}
+		n++
+	}
+	if n > MaxKeys {
+		fmt.Fprintf(buf, `,"…":"<%d more keys>"`, n-MaxKeys)
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return err
+	}
+	buf.WriteByte('}')
+	return nil
+}
+
+// skipRest consumes the rest of the object or array whose opening delimiter
+// was just read.
+func skipRest(dec *json.Decoder) error {
+	for depth := 1; depth > 0; {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		if d, ok := tok.(json.Delim); ok {
+			switch d {
+			case '{', '[':
+				depth++
+			default:
+				depth--
+			}
+		}
+	}
+	return nil
 }

@@ -1,7 +1,8 @@
 package redact
 
 import (
-	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -9,12 +10,37 @@ import (
 
 func TestPreviewKeepsKeysAndHidesValues(t *testing.T) {
 	t.Parallel()
-	got := Preview([]byte(`{"email":"a@b.c","n":4,"ok":true,"tags":["x",1],"nested":{"card":"4242"},"z":null}`))
-	b, _ := json.Marshal(got)
-	require.JSONEq(t, `{"email":"<string>","n":"<number>","ok":"<boolean>","tags":["<string>","<number>"],
-		"nested":{"card":"<string>"},"z":null}`, string(b))
-	require.NotContains(t, string(b), "4242")
-	require.Equal(t, "<string>", Preview([]byte(`"secret"`)))
-	require.Nil(t, Preview(nil))
-	require.Equal(t, "<invalid>", Preview([]byte(`{`)))
+	got := PreviewJSON([]byte(`{"to":"alice@example.com","amount":12.5,"ok":true,"n":null,
+		"tags":["a","b"],"addr":{"street":"1 Main","zip":12345}}`))
+	require.JSONEq(t, `{"to":"<string>","amount":"<number>","ok":"<boolean>","n":null,
+		"tags":"<array>","addr":{"street":"<string>","zip":"<number>"}}`, string(got))
+	require.NotContains(t, string(got), "alice")
+	require.NotContains(t, string(got), "12345")
+}
+
+func TestPreviewScalarsAndInvalid(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, `"<string>"`, string(PreviewJSON([]byte(`"secret"`))))
+	require.Equal(t, `"<array>"`, string(PreviewJSON([]byte(`[1,{"a":2}]`))))
+	require.Equal(t, `null`, string(PreviewJSON(nil)))
+	require.Equal(t, `null`, string(PreviewJSON([]byte(`{"a":`))))
+}
+
+func TestPreviewBoundsDepthAndKeys(t *testing.T) {
+	t.Parallel()
+	got := PreviewJSON([]byte(`{"a":{"b":{"c":{"d":{"e":"x"}}}}}`))
+	require.JSONEq(t, `{"a":{"b":{"c":{"d":"<object>"}}}}`, string(got))
+
+	var sb strings.Builder
+	sb.WriteString("{")
+	for i := 0; i < MaxKeys+3; i++ {
+		if i > 0 {
+			sb.WriteString(",")
+		}
+		fmt.Fprintf(&sb, `"k%03d":%d`, i, i)
+	}
+	sb.WriteString("}")
+	got = PreviewJSON([]byte(sb.String()))
+	require.Contains(t, string(got), `"<3 more keys>"`)
+	require.NotContains(t, string(got), `"k050"`)
 }
