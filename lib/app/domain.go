@@ -1,17 +1,36 @@
 package app
 
 import (
+	"context"
+	"time"
+
+	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/httpapi"
+	"github.com/getratchet/ratchet/lib/jobs"
 	"github.com/getratchet/ratchet/lib/sweep"
 	"github.com/getratchet/ratchet/lib/webhooks"
 )
 
+// lapsedLeasesPerPass bounds one sweeper pass over lapsed effect leases.
+const lapsedLeasesPerPass = 500
+
 // wireDomain builds the domain services into deps and registers their sweep
 // tasks. Each feature adds its own lines here.
 func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
+	deps.Gate = gate.New(deps.Pool, deps.Sealer, deps.Auth.Hash, deps.Now)
+	sweeper.Add(sweep.Task{
+		Name: "effects.lapsed_leases",
+		Run: func(ctx context.Context, now time.Time) (int, error) {
+			return deps.Gate.SweepLapsed(ctx, now, lapsedLeasesPerPass)
+		},
+	})
+
+	deps.Jobs = jobs.New(deps.Pool, deps.Sealer, deps.Config.KeyHashSecret, deps.Config.JobLeaseGraceMs, deps.Now)
+	sweeper.Add(deps.Jobs.SweepTasks()...)
+
 	deps.Webhooks = webhooks.New(deps.Pool, deps.Sealer, deps.Now, deps.Config.WebhookAllowPrivateNetworks)
 	// Webhook tasks run last, so events recorded earlier in the same pass go out in it.
-	defer sweeper.Add(
+	sweeper.Add(
 		sweep.Task{Name: "webhooks.dispatch", Run: deps.Webhooks.Dispatch},
 		sweep.Task{Name: "webhooks.deliver", Run: deps.Webhooks.Deliver},
 	)

@@ -1,4 +1,325 @@
 package httpapi
 
+import (
+	"context"
+	"net/http"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/jobs"
+)
+
+// QueueHealthResponse answers GET /api/v1/queue/health.
+type QueueHealthResponse struct {
+	Data []jobs.QueueHealth `json:"data"`
+}
+
 // jobsRoutes are the durable-job routes (API.md §3).
-func (s *Server) jobsRoutes() []Route { return nil }
+func (s *Server) jobsRoutes() []Route {
+	runsWrite, runsRead := []string{auth.ScopeRunsWrite}, []string{auth.ScopeRunsRead}
+	work, endpointsWrite := []string{auth.ScopeJobsWork}, []string{auth.ScopeEndpointsWrite}
+	return []Route{
+		{
+			Method: "POST", Pattern: "/api/v1/runs", Name: "runs.create", Tag: "jobs", Scopes: runsWrite,
+			Summary: "Start a run (status RUNNING) to which durable steps are enqueued.",
+			Request: jobs.CreateRunRequest{}, Response: jobs.Run{}, Status: 201,
+			Errors: []string{apierr.CodeInvalidRequest}, Handle: s.createRun,
+		},
+		{
+			Method: "GET", Pattern: "/api/v1/runs/{id}", Name: "runs.get", Tag: "jobs", Scopes: runsRead,
+			Summary: "Read a run with its steps, each with durableJob (status, attempt, maxAttempts, dueAt, " +
+				"policy snapshot) and redacted input/output previews.",
+			Response: jobs.Run{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.getRun,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/runs/{id}/steps", Name: "runs.enqueue", Tag: "jobs", Scopes: runsWrite,
+			Summary: "Enqueue a durable step. An omitted idempotencyKey is generated from the operation; the same key " +
+				"and operation answers 200 with deduplicated: true, another operation 409 idempotency_key_reuse.",
+			Request: jobs.EnqueueRequest{}, Response: jobs.EnqueueResult{}, Status: 201,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeIdempotencyKeyReuse,
+				apierr.CodeInvalidState},
+			Handle: s.enqueue,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/runs/{id}/finish", Name: "runs.finish", Tag: "jobs", Scopes: runsWrite,
+			Summary: "Request completion: the run becomes SUCCEEDED when every step ended well, FAILED when a step " +
+				"is EXHAUSTED or CANCELLED; new steps are then refused.",
+			Response: jobs.Run{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.finishRun,
+		},
+		{
+			Method: "GET", Pattern: "/api/v1/steps/{id}", Name: "steps.get", Tag: "jobs", Scopes: runsRead,
+			Summary:  "Read one step and its durable job.",
+			Response: jobs.Step{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.getStep,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/steps/{id}/cancel", Name: "steps.cancel", Tag: "jobs", Scopes: runsWrite,
+			Summary:  "Cancel a step that has not ended. A running job's worker sees cancelRequested on its next heartbeat.",
+			Response: jobs.Step{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidState},
+			Handle: s.cancelStep,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/workers/register", Name: "workers.register", Tag: "workers", Scopes: work,
+			Summary: "Register a worker for exact name@version pairs the key may work; the worker id stays bound " +
+				"to this key.",
+			Request: jobs.RegisterRequest{}, Response: jobs.RegisterResult{}, Status: 201,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeForbidden}, Handle: s.registerWorker,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/workers/{workerId}/claim", Name: "workers.claim", Tag: "workers",
+			Scopes: work,
+			Summary: "Lease up to limit (1-100) due jobs of the worker's exact versions in one statement, honouring " +
+				"pause, maxConcurrent and rateLimitPerMinute; waitSeconds (0-20) long-polls.",
+			Request: jobs.ClaimRequest{}, Response: jobs.ClaimResult{}, Status: 200,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.claim,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/jobs/{id}/heartbeat", Name: "jobs.heartbeat", Tag: "workers", Scopes: work,
+			Summary: "Extend the lease by the job's timeout plus the grace; returns cancelRequested.",
+			Request: jobs.HeartbeatRequest{}, Response: jobs.HeartbeatResult{}, Status: 200,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeLeaseLost,
+				apierr.CodeInvalidState},
+			Handle: s.heartbeat,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/jobs/{id}/report", Name: "jobs.report", Tag: "workers", Scopes: work,
+			Summary: "Report an attempt: SUCCEEDED with output, or FAILED with error {message, retryable, " +
+				"retryAfterMs}. A superseded lease token is 409 lease_lost; a repeat answers the same object.",
+			Request: jobs.ReportRequest{}, Response: jobs.ReportResult{}, Status: 200,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeLeaseLost,
+				apierr.CodeInvalidState},
+			Handle: s.report,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/jobs/report", Name: "jobs.report.batch", Tag: "workers", Scopes: work,
+			Summary: "Report up to 100 attempts in one request and one transaction, each fenced by its own lease " +
+				"token; results come back in request order, a refused report carrying its error code.",
+			Request: jobs.BatchReportRequest{}, Response: jobs.BatchReportResponse{}, Status: 200,
+			Errors: []string{apierr.CodeInvalidRequest}, Handle: s.reportBatch,
+		},
+		{
+			Method: "GET", Pattern: "/api/v1/endpoints", Name: "endpoints.list", Tag: "endpoints", Scopes: runsRead,
+			Summary: "List endpoints (services) with their policies.", Query: listParams,
+			Response: CamelPage[jobs.Endpoint]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
+			Handle: s.listEndpoints,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/endpoints", Name: "endpoints.create", Tag: "endpoints",
+			Scopes:  endpointsWrite,
+			Summary: "Create an endpoint ahead of its first job (201); an existing name answers 200 unchanged.",
+			Request: jobs.CreateEndpointRequest{}, Response: jobs.Endpoint{}, Status: 201,
+			Errors: []string{apierr.CodeInvalidRequest}, Handle: s.createEndpoint,
+		},
+		{
+			Method: "GET", Pattern: "/api/v1/endpoints/{id}/policy", Name: "endpoints.policy.get", Tag: "endpoints",
+			Scopes: runsRead, Summary: "Read an endpoint's policy (policyPreset, retryPolicy, gates).",
+			Response: jobs.Endpoint{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.getEndpoint,
+		},
+		{
+			Method: "PUT", Pattern: "/api/v1/endpoints/{id}/policy", Name: "endpoints.policy.put", Tag: "endpoints",
+			Scopes:  endpointsWrite,
+			Summary: "Merge policy fields (expectedVersion required). Existing jobs keep their policy snapshot and dueAt.",
+			Request: jobs.UpdatePolicyRequest{}, Response: jobs.Endpoint{}, Status: 200,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeVersionConflict},
+			Handle: s.updatePolicy,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/endpoints/{id}/pause", Name: "endpoints.pause", Tag: "endpoints",
+			Scopes: endpointsWrite, Summary: "Pause: jobs are accepted but not claimed, consuming no attempts.",
+			Response: jobs.Endpoint{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.pauseEndpoint,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/endpoints/{id}/resume", Name: "endpoints.resume", Tag: "endpoints",
+			Scopes: endpointsWrite, Summary: "Resume a paused endpoint.",
+			Response: jobs.Endpoint{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.resumeEndpoint,
+		},
+		{
+			Method: "GET", Pattern: "/api/v1/queue/health", Name: "queue.health", Tag: "operations", Scopes: runsRead,
+			Summary: "Per exact name@version: queued count, oldest queued age, workers seen recently, and a plain " +
+				"message when no worker serves a queued version.",
+			Response: QueueHealthResponse{}, Status: 200, Handle: s.queueHealth,
+		},
+	}
+}
+
+func (s *Server) createRun(ctx context.Context, c *Call) (any, error) {
+	var req jobs.CreateRunRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	return s.Jobs.CreateRun(ctx, c.Principal.WorkspaceID, req)
+}
+
+func (s *Server) getRun(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Run)
+	if err != nil {
+		return nil, err
+	}
+	return s.Jobs.GetRun(ctx, c.Principal.WorkspaceID, id)
+}
+
+func (s *Server) enqueue(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Run)
+	if err != nil {
+		return nil, err
+	}
+	var req jobs.EnqueueRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	res, err := s.Jobs.Enqueue(ctx, c.Principal.WorkspaceID, id, req)
+	if err != nil {
+		return nil, err
+	}
+	if res.Deduplicated {
+		return Reply{Status: http.StatusOK, Body: res}, nil
+	}
+	return res, nil
+}
+
+func (s *Server) finishRun(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Run)
+	if err != nil {
+		return nil, err
+	}
+	return s.Jobs.FinishRun(ctx, c.Principal.WorkspaceID, id)
+}
+
+func (s *Server) getStep(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Step)
+	if err != nil {
+		return nil, err
+	}
+	return s.Jobs.GetStep(ctx, c.Principal.WorkspaceID, id)
+}
+
+func (s *Server) cancelStep(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Step)
+	if err != nil {
+		return nil, err
+	}
+	return s.Jobs.CancelStep(ctx, c.Principal.WorkspaceID, id)
+}
+
+func (s *Server) registerWorker(ctx context.Context, c *Call) (any, error) {
+	var req jobs.RegisterRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	return s.Jobs.RegisterWorker(ctx, c.Principal, req)
+}
+
+func (s *Server) claim(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("workerId", ids.Worker)
+	if err != nil {
+		return nil, err
+	}
+	var req jobs.ClaimRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	return s.Jobs.Claim(ctx, c.Principal, id, req)
+}
+
+func (s *Server) heartbeat(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Job)
+	if err != nil {
+		return nil, err
+	}
+	var req jobs.HeartbeatRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	return s.Jobs.Heartbeat(ctx, c.Principal.WorkspaceID, id, req)
+}
+
+func (s *Server) report(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Job)
+	if err != nil {
+		return nil, err
+	}
+	var req jobs.ReportRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	return s.Jobs.Report(ctx, c.Principal.WorkspaceID, id, req)
+}
+
+func (s *Server) reportBatch(ctx context.Context, c *Call) (any, error) {
+	var req jobs.BatchReportRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	return s.Jobs.ReportBatch(ctx, c.Principal.WorkspaceID, req)
+}
+
+func (s *Server) listEndpoints(ctx context.Context, c *Call) (any, error) {
+	limit, cursor, err := c.ListParams()
+	if err != nil {
+		return nil, err
+	}
+	eps, err := s.Jobs.ListEndpoints(ctx, c.Principal.WorkspaceID, cursor, limit+1)
+	if err != nil {
+		return nil, err
+	}
+	return NewCamelPage(eps, limit, func(e jobs.Endpoint) string { return e.ID }), nil
+}
+
+func (s *Server) createEndpoint(ctx context.Context, c *Call) (any, error) {
+	var req jobs.CreateEndpointRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	e, created, err := s.Jobs.CreateEndpoint(ctx, c.Principal.WorkspaceID, req)
+	if err != nil {
+		return nil, err
+	}
+	if !created {
+		return Reply{Status: http.StatusOK, Body: e}, nil
+	}
+	return e, nil
+}
+
+func (s *Server) getEndpoint(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	return s.Jobs.GetEndpoint(ctx, c.Principal.WorkspaceID, id)
+}
+
+func (s *Server) updatePolicy(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	var req jobs.UpdatePolicyRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	return s.Jobs.UpdatePolicy(ctx, c.Principal.WorkspaceID, id, req)
+}
+
+func (s *Server) pauseEndpoint(ctx context.Context, c *Call) (any, error) {
+	return s.setPaused(ctx, c, true)
+}
+
+func (s *Server) resumeEndpoint(ctx context.Context, c *Call) (any, error) {
+	return s.setPaused(ctx, c, false)
+}
+
+func (s *Server) setPaused(ctx context.Context, c *Call, paused bool) (any, error) {
+	id, err := c.PathID("id", ids.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	return s.Jobs.SetPaused(ctx, c.Principal.WorkspaceID, id, paused)
+}
+
+func (s *Server) queueHealth(ctx context.Context, c *Call) (any, error) {
+	data, err := s.Jobs.QueueHealth(ctx, c.Principal.WorkspaceID)
+	if err != nil {
+		return nil, err
+	}
+	return QueueHealthResponse{Data: data}, nil
+}

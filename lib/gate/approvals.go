@@ -1,0 +1,91 @@
+package gate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/ids"
+)
+
+// Approval states.
+const (
+	ApprovalPending  = "pending"
+	ApprovalApproved = "approved"
+	ApprovalRejected = "rejected"
+)
+
+// Approval is an operator decision on one effect (API.md §5).
+type Approval struct {
+	ID         string     `json:"id"`
+	EffectID   string     `json:"effect_id"`
+	EffectType string     `json:"effect_type"`
+	State      string     `json:"state"`
+	Reason     string     `json:"reason"`
+	CreatedAt  time.Time  `json:"created_at"`
+	DecidedAt  *time.Time `json:"decided_at"`
+	Note       *string    `json:"note"`
+}
+
+// DecideRequest is the body of approve and reject.
+type DecideRequest struct {
+	Note string `json:"note"`
+}
+
+func scanApproval(row pgx.Row) (Approval, error) {
+	var a Approval
+	err := row.Scan(&a.ID, &a.EffectID, &a.EffectType, &a.State, &a.Reason, &a.CreatedAt, &a.DecidedAt, &a.Note)
+	return a, err
+}
+
+// ListApprovals pages newest first, optionally by state.
+func (s *Service) ListApprovals(ctx context.Context, workspaceID, state, cursor string, limit int) ([]Approval, error) {
+	if state != "" && state != ApprovalPending && state != ApprovalApproved && state != ApprovalRejected {
+		return nil, apierr.InvalidField("state", "must be pending, approved or rejected")
+	}
+	rows, err := s.pool.Query(ctx, sqlListApprovals, workspaceID, cursor, limit, state)
+	if err != nil {
+		return nil, fmt.Errorf("list approvals: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Approval, error) { return scanApproval(r) })
+}
+
+// Decide approves or rejects a pending approval. After approval the next
+// begin on the key executes; after rejection every begin on it is denied
+// (approval_rejected is final). Repeating the same decision answers the
+// approval unchanged; the other decision is 409 invalid_state.
+func (s *Service) Decide(ctx context.Context, p *auth.Principal, id, state string, req DecideRequest) (Approval, error) {
+	if utf8.RuneCountInString(req.Note) > maxNoteRunes {
+		return Approval{}, apierr.InvalidField("note", "must be at most %d characters", maxNoteRunes)
+	}
+	var note *string
+	if req.Note != "" {
+		note = &req.Note
+	}
+	now := s.clock()
+	a, err := scanApproval(s.pool.QueryRow(ctx, sqlDecideApproval, id, p.WorkspaceID, state, now, p.KeyID, note,
+		ids.NewAt(ids.Event, now)))
+	if err == nil {
+		return a, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return Approval{}, fmt.Errorf("decide approval: %w", err)
+	}
+	a, err = scanApproval(s.pool.QueryRow(ctx, sqlGetApproval, id, p.WorkspaceID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Approval{}, apierr.NotFound("approval")
+	}
+	if err != nil {
+		return Approval{}, fmt.Errorf("decide approval: %w", err)
+	}
+	if a.State == state {
+		return a, nil
+	}
+	return Approval{}, apierr.InvalidState("This approval was already %s.", a.State).WithDetail("state", a.State)
+}

@@ -1,0 +1,154 @@
+package gate_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func wire(k string) map[string]any {
+	return map[string]any{"effect_type": "wire.send", "idempotency_key": k, "payload": map[string]any{"iban": "DE00"},
+		"cost_micros": 2_000_000}
+}
+
+func TestApprovalApproveThenExecute(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval"})
+	k := key("wire")
+	d := b.mustBegin("approval_required", wire(k))
+	aid := str(d["approval_id"])
+	require.Regexp(t, `^apr_`, aid)
+	again := b.mustBegin("approval_required", wire(k))
+	require.Equal(t, aid, again["approval_id"])
+	require.EqualValues(t, 0, again["attempt"])
+
+	list := b.env.Must(http.StatusOK, "GET", "/api/v1/approvals?state=pending", b.ws.Key, nil).JSON()["data"].([]any)
+	require.Len(t, list, 1)
+	a := list[0].(map[string]any)
+	require.Equal(t, aid, a["id"])
+	require.Equal(t, d["effect_id"], a["effect_id"])
+	require.Equal(t, "wire.send", a["effect_type"])
+	require.Equal(t, "pending", a["state"])
+	require.Equal(t, "policy_requires_approval", a["reason"])
+	require.Nil(t, a["decided_at"])
+	require.Empty(t, b.env.Must(http.StatusOK, "GET", "/api/v1/approvals?state=approved", b.ws.Key, nil).JSON()["data"])
+	errCode(t, b.env.Do("GET", "/api/v1/approvals?state=maybe", b.ws.Key, nil), http.StatusBadRequest, "invalid_request")
+
+	r := b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+aid+"/approve", b.ws.Key, map[string]any{"note": "ok by finance"})
+	ap := r.JSON()
+	require.Equal(t, "approved", ap["state"])
+	require.Equal(t, "ok by finance", ap["note"])
+	require.NotNil(t, ap["decided_at"])
+	// Approving again answers the same approval; rejecting it now is illegal.
+	require.Equal(t, ap, b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+aid+"/approve", b.ws.Key, nil).JSON())
+	errCode(t, b.env.Do("POST", "/api/v1/approvals/"+aid+"/reject", b.ws.Key, nil), http.StatusConflict, "invalid_state")
+
+	ex := b.mustBegin("execute", wire(k))
+	require.EqualValues(t, 1, ex["attempt"]) // the wait consumed no attempt
+	require.Equal(t, d["effect_id"], ex["effect_id"])
+	// A failed attempt may retry without a second approval.
+	require.Equal(t, http.StatusOK, b.report(str(ex["effect_id"]), str(ex["lease_token"]), "failed", nil).Status)
+	ex2 := b.mustBegin("execute", wire(k))
+	require.EqualValues(t, 2, ex2["attempt"])
+}
+
+func TestApprovalRejectIsFinal(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("wire.send", map[string]any{"approval_above_micros": 1_000_000})
+	k := key("wire")
+	d := b.mustBegin("approval_required", wire(k))
+	aid := str(d["approval_id"])
+	ap := b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+aid+"/reject", b.ws.Key, map[string]any{"note": "no"}).JSON()
+	require.Equal(t, "rejected", ap["state"])
+	require.Equal(t, "cost_at_or_above_threshold", ap["reason"])
+	errCode(t, b.env.Do("POST", "/api/v1/approvals/"+aid+"/approve", b.ws.Key, nil), http.StatusConflict, "invalid_state")
+
+	for i := 0; i < 2; i++ {
+		den := b.mustBegin("denied", wire(k))
+		require.Equal(t, "approval_rejected", den["error"].(map[string]any)["code"])
+		require.Equal(t, d["effect_id"], den["effect_id"])
+		require.EqualValues(t, 0, den["attempt"])
+	}
+	// Final even once the policy no longer asks for approval.
+	b.putPolicy("wire.send", map[string]any{"approval_above_micros": nil})
+	b.mustBegin("denied", wire(k))
+	e := b.get(str(d["effect_id"]))
+	require.Equal(t, "denied", e["state"])
+	require.Equal(t, "approval_rejected", e["denial_code"])
+	require.Equal(t, aid, e["approval_id"])
+
+	errCode(t, b.env.Do("POST", "/api/v1/approvals/apr_00000000000000000000000000/approve", b.ws.Key, nil),
+		http.StatusNotFound, "not_found")
+	errCode(t, b.env.Do("POST", "/api/v1/approvals/nope/approve", b.ws.Key, nil), http.StatusNotFound, "not_found")
+}
+
+func TestScopes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	agent := b.agent()
+	r := b.env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", agent, email(key("agent")))
+	d := r.JSON()
+	require.Equal(t, "execute", d["decision"])
+	id := str(d["effect_id"])
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/heartbeat", agent, map[string]any{"lease_token": d["lease_token"]})
+
+	forbidden := func(method, path string, body any, scope string) {
+		t.Helper()
+		e := errCode(t, b.env.Do(method, path, agent, body), http.StatusForbidden, "forbidden")
+		require.Equal(t, []any{scope}, e["detail"].(map[string]any)["required"])
+	}
+	forbidden("PUT", "/api/v1/policies/email.send", map[string]any{"mode": "deny"}, "policies:write")
+	forbidden("GET", "/api/v1/policies/email.send", nil, "policies:read")
+	forbidden("GET", "/api/v1/policies", nil, "policies:read")
+	forbidden("GET", "/api/v1/effects/"+id, nil, "effects:read")
+	forbidden("GET", "/api/v1/effects", nil, "effects:read")
+	forbidden("POST", "/api/v1/effects/"+id+"/resolve", map[string]any{"outcome": "failed"}, "effects:resolve")
+	forbidden("GET", "/api/v1/approvals", nil, "approvals:write")
+	forbidden("POST", "/api/v1/approvals/apr_00000000000000000000000000/approve", nil, "approvals:write")
+
+	r = b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/report", agent,
+		map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded"})
+	require.Equal(t, "succeeded", r.JSON()["state"])
+	// The policy is untouched.
+	require.EqualValues(t, 0, b.env.Must(http.StatusOK, "GET", "/api/v1/policies/email.send", b.ws.Key, nil).JSON()["version"])
+
+	// A key with only effects:read may read but not begin.
+	reader := b.env.Key(b.ws, map[string]any{"name": "reader", "scopes": []string{"effects:read"}})
+	b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+id, reader, nil)
+	e := errCode(t, b.env.Do("POST", "/api/v1/effects/begin", reader, email(key("r"))), http.StatusForbidden, "forbidden")
+	require.Equal(t, []any{"effects:begin"}, e["detail"].(map[string]any)["required"])
+}
+
+func TestCrossTenantIsNotFound(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval"})
+	d := b.mustBegin("execute", email(key("mine")))
+	id := str(d["effect_id"])
+	a := b.mustBegin("approval_required", wire(key("w")))
+	other := b.env.Signup()
+
+	for _, c := range []struct {
+		method, path string
+		body         any
+	}{
+		{"GET", "/api/v1/effects/" + id, nil},
+		{"POST", "/api/v1/effects/" + id + "/report", map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded"}},
+		{"POST", "/api/v1/effects/" + id + "/heartbeat", map[string]any{"lease_token": d["lease_token"]}},
+		{"POST", "/api/v1/effects/" + id + "/resolve", map[string]any{"outcome": "succeeded"}},
+		{"POST", "/api/v1/approvals/" + str(a["approval_id"]) + "/approve", nil},
+		{"POST", "/api/v1/approvals/" + str(a["approval_id"]) + "/reject", nil},
+	} {
+		errCode(t, b.env.Do(c.method, c.path, other.Key, c.body), http.StatusNotFound, "not_found")
+	}
+	require.Empty(t, b.env.Must(http.StatusOK, "GET", "/api/v1/effects", other.Key, nil).JSON()["data"])
+	require.Empty(t, b.env.Must(http.StatusOK, "GET", "/api/v1/approvals", other.Key, nil).JSON()["data"])
+	// The other tenant's policy for the same type is its own default.
+	require.EqualValues(t, 0, b.env.Must(http.StatusOK, "GET", "/api/v1/policies/wire.send", other.Key, nil).JSON()["version"])
+	// Nothing changed for the owner.
+	require.Equal(t, "leased", b.get(id)["state"])
+	require.Equal(t, "pending", b.env.Must(http.StatusOK, "GET", "/api/v1/approvals", b.ws.Key, nil).JSON()["data"].([]any)[0].(map[string]any)["state"])
+}

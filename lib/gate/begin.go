@@ -1,0 +1,447 @@
+package gate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/canonjson"
+	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/redact"
+)
+
+// BeginRequest is the body of POST /api/v1/effects/begin.
+type BeginRequest struct {
+	EffectType          string            `json:"effect_type"`
+	IdempotencyKey      string            `json:"idempotency_key"`
+	Payload             json.RawMessage   `json:"payload"`
+	CostMicros          *int64            `json:"cost_micros"`
+	Dimensions          map[string]string `json:"dimensions"`
+	RunID               *string           `json:"run_id"`
+	GroupID             *string           `json:"group_id"`
+	Compensation        *Compensation     `json:"compensation"`
+	CompensatesEffectID *string           `json:"compensates_effect_id"`
+	LeaseSeconds        *int              `json:"lease_seconds"`
+}
+
+// Compensation is how to undo an effect of a group.
+type Compensation struct {
+	EffectType string          `json:"effect_type"`
+	Payload    json.RawMessage `json:"payload"`
+}
+
+// PriorAttempt describes the attempt whose outcome is unknown.
+type PriorAttempt struct {
+	Attempt        int        `json:"attempt"`
+	StartedAt      *time.Time `json:"started_at"`
+	LeaseExpiredAt *time.Time `json:"lease_expired_at"`
+}
+
+// Decision is begin's answer. Denial is set for the denied decision, which
+// the API answers with HTTP 403 and the error envelope beside these fields.
+type Decision struct {
+	Decision          string           `json:"decision"`
+	EffectID          string           `json:"effect_id"`
+	State             string           `json:"state"`
+	Attempt           int              `json:"attempt"`
+	LeaseToken        string           `json:"lease_token,omitempty"`
+	LeaseExpiresAt    *time.Time       `json:"lease_expires_at,omitempty"`
+	Probe             *bool            `json:"probe,omitempty"`
+	PriorAttempt      *PriorAttempt    `json:"prior_attempt,omitempty"`
+	Result            *json.RawMessage `json:"result,omitempty"`
+	RetryAfterSeconds *int             `json:"retry_after_seconds,omitempty"`
+	ApprovalID        string           `json:"approval_id,omitempty"`
+	Denial            *apierr.Error    `json:"-"`
+}
+
+const (
+	maxDimensions       = 16
+	maxDimensionValue   = 255
+	maxIdempotencyRunes = 255
+)
+
+// beginInput is a validated request with everything begin's SQL needs.
+type beginInput struct {
+	ws, keyID, effectType, key, fingerprint string
+	effectID, approvalID, eventID           string
+	now                                     time.Time
+	cost                                    *int64
+	dimNames                                []string
+	dims                                    string // jsonb: name -> keyed hash
+	payload, compensation                   []byte // sealed
+	preview                                 string // jsonb
+	lease                                   *int32
+	token                                   string
+	tokenHash                               []byte
+	runID, groupID, compensates             *string
+}
+
+func (in *beginInput) args() []any {
+	return []any{in.ws, in.effectType, in.key, in.cost, in.dimNames, in.lease, in.fingerprint, in.now,
+		in.effectID, in.dims, in.payload, in.preview, in.tokenHash, in.keyID, in.approvalID, in.runID,
+		in.groupID, in.compensation, in.compensates, in.eventID}
+}
+
+func validIdempotencyKey(k string) bool {
+	n := utf8.RuneCountInString(k)
+	if n < 1 || n > maxIdempotencyRunes || !utf8.ValidString(k) {
+		return false
+	}
+	for _, r := range k {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}
+
+func optionalID(pr *apierr.Problems, field, prefix string, v *string) {
+	if v != nil && !ids.Valid(prefix, *v) {
+		pr.Add(field, "must be a %s_ id or null", prefix)
+	}
+}
+
+// prepare validates the request, fingerprints it and seals what is stored.
+func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, error) {
+	var pr apierr.Problems
+	if !ValidEffectType(req.EffectType) {
+		pr.Add("effect_type", effectTypeRule)
+	}
+	if !validIdempotencyKey(req.IdempotencyKey) {
+		pr.Add("idempotency_key", "must be 1-255 printable characters")
+	}
+	if req.CostMicros != nil && *req.CostMicros < 0 {
+		pr.Add("cost_micros", "must be a non-negative integer (micros of USD)")
+	}
+	if len(req.Dimensions) > maxDimensions {
+		pr.Add("dimensions", "may hold at most %d dimensions", maxDimensions)
+	}
+	names := sortedKeys(req.Dimensions)
+	for _, name := range names {
+		if !dimensionRe.MatchString(name) {
+			pr.Add("dimensions."+name, "must be keyed by a dimension name (letters, digits, . _ -; up to 64)")
+		}
+		if v := req.Dimensions[name]; v == "" || utf8.RuneCountInString(v) > maxDimensionValue {
+			pr.Add("dimensions."+name, "must be a string of 1-%d characters", maxDimensionValue)
+		}
+	}
+	optionalID(&pr, "run_id", ids.Run, req.RunID)
+	optionalID(&pr, "group_id", ids.Group, req.GroupID)
+	optionalID(&pr, "compensates_effect_id", ids.Effect, req.CompensatesEffectID)
+	if c := req.Compensation; c != nil && !ValidEffectType(c.EffectType) {
+		pr.Add("compensation.effect_type", "must be an effect type")
+	}
+	if req.LeaseSeconds != nil && (*req.LeaseSeconds < 1 || *req.LeaseSeconds > 3600) {
+		pr.Add("lease_seconds", "must be from 1 to 3600 (the policy's lease caps it)")
+	}
+	if err := pr.Err(); err != nil {
+		return nil, err
+	}
+
+	payload := nullJSON(req.Payload)
+	dims := req.Dimensions
+	if dims == nil {
+		dims = map[string]string{}
+	}
+	fp, err := canonjson.Hash(map[string]any{
+		"effect_type": req.EffectType, "payload": rawOrNull(payload), "cost_micros": req.CostMicros, "dimensions": dims,
+	})
+	if err != nil {
+		return nil, apierr.InvalidField("payload", "must be valid JSON")
+	}
+	hashed := make(map[string]string, len(dims))
+	for k, v := range dims {
+		hashed[k] = fmt.Sprintf("%x", s.hash("dimension:"+k+":"+v))
+	}
+	hashedJSON, _ := json.Marshal(hashed)
+
+	now := s.clock()
+	in := &beginInput{
+		ws: p.WorkspaceID, keyID: p.KeyID, effectType: req.EffectType, key: req.IdempotencyKey, fingerprint: fp,
+		effectID: ids.NewAt(ids.Effect, now), approvalID: ids.NewAt(ids.Approval, now),
+		eventID: ids.NewAt(ids.Event, now), now: now, cost: req.CostMicros, dimNames: names,
+		dims: string(hashedJSON), preview: string(redact.PreviewJSON(payload)),
+		runID: req.RunID, groupID: req.GroupID, compensates: req.CompensatesEffectID,
+		token: ids.Random(24),
+	}
+	if in.dimNames == nil {
+		in.dimNames = []string{}
+	}
+	in.tokenHash = tokenHash(in.token)
+	in.payload = s.sealJSON(in.effectID, "payload", payload)
+	if req.Compensation != nil {
+		comp, err := json.Marshal(req.Compensation)
+		if err != nil {
+			return nil, apierr.InvalidField("compensation", "must be valid JSON")
+		}
+		in.compensation = s.sealJSON(in.effectID, "compensation", comp)
+	}
+	if req.LeaseSeconds != nil {
+		l := int32(*req.LeaseSeconds)
+		in.lease = &l
+	}
+	return in, nil
+}
+
+func rawOrNull(doc json.RawMessage) json.RawMessage {
+	if doc == nil {
+		return json.RawMessage("null")
+	}
+	return doc
+}
+
+// eval is the policy's verdict on a request (evalCTE).
+type eval struct {
+	onIndeterminate   string
+	maxAttempts       int
+	maxCost           *int64
+	approvalAbove     *int64
+	precheck          *string
+	missingDimensions []string
+	fresh             string
+	approvalReason    string
+	lease             int
+}
+
+// effectRow is an effects row as effectColumns lists it.
+type effectRow struct {
+	ID, WorkspaceID, EffectType, IdempotencyKey, Fingerprint, State string
+	DenialCode                                                      *string
+	Attempt, LeaseSeconds                                           int
+	LeaseExpiresAt, AttemptStartedAt                                *time.Time
+	Probe                                                           bool
+	ApprovalID, ApprovalState                                       *string
+	Result, ResultPreview, PayloadPreview                           []byte
+	CostMicros                                                      *int64
+	RunID, GroupID, CompensatesEffectID                             *string
+	CreatedAt, UpdatedAt                                            time.Time
+}
+
+func (r *effectRow) dest() []any {
+	return []any{&r.ID, &r.WorkspaceID, &r.EffectType, &r.IdempotencyKey, &r.Fingerprint, &r.State,
+		&r.DenialCode, &r.Attempt, &r.LeaseSeconds, &r.LeaseExpiresAt, &r.AttemptStartedAt, &r.Probe,
+		&r.ApprovalID, &r.ApprovalState, &r.Result, &r.ResultPreview, &r.PayloadPreview, &r.CostMicros,
+		&r.RunID, &r.GroupID, &r.CompensatesEffectID, &r.CreatedAt, &r.UpdatedAt}
+}
+
+// effectiveState is the state as callers see it: a lapsed lease is
+// indeterminate at once, before any sweeper runs.
+func (r *effectRow) effectiveState(now time.Time) string {
+	if r.State == StateLeased && lapsed(r.LeaseExpiresAt, now) {
+		return StateIndeterminate
+	}
+	return r.State
+}
+
+func scanBegin(row pgx.Row) (ev eval, found, inserted bool, e effectRow, err error) {
+	dest := []any{&ev.onIndeterminate, &ev.maxAttempts, &ev.maxCost, &ev.approvalAbove, &ev.precheck,
+		&ev.missingDimensions, &ev.fresh, &ev.approvalReason, &ev.lease, &found, &inserted}
+	err = row.Scan(append(dest, e.dest()...)...)
+	return
+}
+
+// Begin asks before a side effect (API.md §2.1). A new key and a repeated
+// key cost one statement; a transition (a new attempt, an approval, a
+// re-evaluated denial) one short transaction holding the effect row.
+func (s *Service) Begin(ctx context.Context, p *auth.Principal, req BeginRequest) (Decision, error) {
+	in, err := s.prepare(p, req)
+	if err != nil {
+		return Decision{}, err
+	}
+	ev, found, inserted, row, err := scanBegin(s.pool.QueryRow(ctx, sqlBeginFast, in.args()...))
+	if err != nil {
+		return Decision{}, fmt.Errorf("begin: %w", err)
+	}
+	switch {
+	case inserted:
+		return s.fresh(in, &ev, &row), nil
+	case !found && ev.precheck != nil:
+		return Decision{}, precheckError(&ev)
+	case !found:
+		// Another begin inserted the key after this statement's snapshot.
+		return s.beginLocked(ctx, in)
+	}
+	if row.Fingerprint != in.fingerprint {
+		return Decision{}, keyReuse()
+	}
+	if d, ok, err := s.settled(&row, &ev, in.now); ok || err != nil {
+		return d, err
+	}
+	return s.beginLocked(ctx, in)
+}
+
+func keyReuse() error {
+	return apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
+		"This idempotency key was used with a different payload fingerprint.")
+}
+
+func precheckError(ev *eval) error {
+	if *ev.precheck == apierr.CodeCostRequired {
+		return apierr.Of(apierr.CodeCostRequired, "This effect type requires a declared cost_micros.")
+	}
+	return apierr.Of(apierr.CodeDimensionRequired, "The policy requires dimensions that were not declared: %s.",
+		strings.Join(ev.missingDimensions, ", ")).WithDetail("dimensions", ev.missingDimensions)
+}
+
+// fresh answers for an effect the statement just inserted.
+func (s *Service) fresh(in *beginInput, ev *eval, row *effectRow) Decision {
+	d := Decision{EffectID: row.ID, State: row.State, Attempt: row.Attempt}
+	switch row.State {
+	case StateLeased:
+		probe := false
+		d.Decision, d.LeaseToken, d.LeaseExpiresAt, d.Probe = DecisionExecute, in.token, row.LeaseExpiresAt, &probe
+	case StateAwaitingApproval:
+		d.Decision, d.ApprovalID = DecisionApprovalRequired, *row.ApprovalID
+	default:
+		d.Decision, d.Denial = DecisionDenied, denial(*row.DenialCode, ev, row)
+	}
+	return d
+}
+
+// settled answers without changing anything when the effect's state decides
+// the request by itself; ok is false when begin must take the locked path.
+func (s *Service) settled(row *effectRow, ev *eval, now time.Time) (d Decision, ok bool, err error) {
+	d = Decision{EffectID: row.ID, State: row.effectiveState(now), Attempt: row.Attempt}
+	switch d.State {
+	case StateSucceeded:
+		res, err := s.openJSON(row.ID, "result", row.Result)
+		if err != nil {
+			return d, true, err
+		}
+		res = rawOrNull(res)
+		d.Decision, d.Result = DecisionDuplicate, &res
+		return d, true, nil
+	case StateLeased:
+		secs := int(math.Ceil(row.LeaseExpiresAt.Sub(now).Seconds()))
+		d.Decision, d.RetryAfterSeconds = DecisionInFlight, &secs
+		return d, true, nil
+	case StateAwaitingApproval:
+		if row.ApprovalState != nil && *row.ApprovalState == "pending" {
+			d.Decision, d.ApprovalID = DecisionApprovalRequired, *row.ApprovalID
+			return d, true, nil
+		}
+	case StateDenied:
+		if code := *row.DenialCode; code == apierr.CodeApprovalRejected || code == apierr.CodeMaxAttemptsExceeded {
+			d.Decision, d.Denial = DecisionDenied, denial(code, ev, row)
+			return d, true, nil
+		}
+	case StateIndeterminate:
+		if ev.onIndeterminate == OnIndeterminateBlock {
+			d.Decision, d.PriorAttempt = DecisionBlocked, prior(row)
+			return d, true, nil
+		}
+	}
+	return d, false, nil
+}
+
+func prior(row *effectRow) *PriorAttempt {
+	return &PriorAttempt{Attempt: row.Attempt, StartedAt: row.AttemptStartedAt, LeaseExpiredAt: row.LeaseExpiresAt}
+}
+
+func denial(code string, ev *eval, row *effectRow) *apierr.Error {
+	switch code {
+	case apierr.CodePolicyDenied:
+		return apierr.Of(code, "The policy for this effect type denies it.")
+	case apierr.CodeCostCeilingExceeded:
+		e := apierr.Of(code, "The declared cost is above the per-effect maximum.")
+		if ev.maxCost != nil {
+			e = e.WithDetail("max_cost_micros", *ev.maxCost)
+		}
+		return e
+	case apierr.CodeMaxAttemptsExceeded:
+		return apierr.Of(code, "This key has used its attempt ceiling.").WithDetail("attempts", row.Attempt)
+	case apierr.CodeApprovalRejected:
+		e := apierr.Of(code, "An operator rejected this effect.")
+		if row.ApprovalID != nil {
+			e = e.WithDetail("approval_id", *row.ApprovalID)
+		}
+		return e
+	}
+	return apierr.Of(code, "Denied.")
+}
+
+// beginLocked decides under the effect's row lock, so concurrent callers
+// serialise: exactly one is granted a new attempt, the rest see its lease.
+func (s *Service) beginLocked(ctx context.Context, in *beginInput) (Decision, error) {
+	var d Decision
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		ev, _, _, row, err := scanBegin(tx.QueryRow(ctx, sqlBeginLocked, in.args()[:6]...))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return retryRequest()
+		}
+		if err != nil {
+			return fmt.Errorf("begin: lock effect: %w", err)
+		}
+		if row.Fingerprint != in.fingerprint {
+			return keyReuse()
+		}
+		var ok bool
+		if d, ok, err = s.settled(&row, &ev, in.now); ok || err != nil {
+			return err
+		}
+		d, err = s.transition(ctx, tx, in, &ev, &row)
+		return err
+	})
+	return d, err
+}
+
+// transition re-evaluates a locked effect whose state allows another try.
+// Attempts count execute grants only: a denial or an approval wait uses none.
+func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev *eval, row *effectRow) (Decision, error) {
+	if ev.precheck != nil {
+		return Decision{}, precheckError(ev)
+	}
+	wasIndeterminate := row.effectiveState(in.now) == StateIndeterminate
+	if wasIndeterminate {
+		if err := s.recordLapse(ctx, tx, row, in.now); err != nil {
+			return Decision{}, err
+		}
+	}
+	before := *row
+	approved := row.ApprovalState != nil && *row.ApprovalState == "approved"
+	var (
+		out  effectRow
+		code string
+	)
+	switch {
+	case ev.fresh == apierr.CodePolicyDenied || ev.fresh == apierr.CodeCostCeilingExceeded:
+		code = ev.fresh
+	case row.Attempt >= ev.maxAttempts:
+		code = apierr.CodeMaxAttemptsExceeded
+	case ev.fresh == "approval" && !approved:
+		if err := tx.QueryRow(ctx, sqlRequestApproval, row.ID, in.now, in.approvalID, ev.approvalReason,
+			in.eventID).Scan(out.dest()...); err != nil {
+			return Decision{}, fmt.Errorf("begin: request approval: %w", err)
+		}
+		return Decision{Decision: DecisionApprovalRequired, EffectID: out.ID, State: out.State,
+			Attempt: out.Attempt, ApprovalID: in.approvalID}, nil
+	default:
+		probe := wasIndeterminate && ev.onIndeterminate == OnIndeterminateProbe
+		if err := tx.QueryRow(ctx, sqlGrant, row.ID, in.now, in.tokenHash, ev.lease, probe, in.keyID).
+			Scan(out.dest()...); err != nil {
+			return Decision{}, fmt.Errorf("begin: grant: %w", err)
+		}
+		d := Decision{Decision: DecisionExecute, EffectID: out.ID, State: out.State, Attempt: out.Attempt,
+			LeaseToken: in.token, LeaseExpiresAt: out.LeaseExpiresAt, Probe: &probe}
+		if probe {
+			d.PriorAttempt = prior(&before)
+		}
+		return d, nil
+	}
+	if err := tx.QueryRow(ctx, sqlDeny, row.ID, in.now, code).Scan(out.dest()...); err != nil {
+		return Decision{}, fmt.Errorf("begin: deny: %w", err)
+	}
+	return Decision{Decision: DecisionDenied, EffectID: out.ID, State: out.State, Attempt: out.Attempt,
+		Denial: denial(code, ev, &out)}, nil
+}

@@ -1,0 +1,221 @@
+package gate_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+)
+
+// post sends a request without touching testing.T, for use from goroutines.
+func post(env *apitest.Env, path, key string, body any) (int, map[string]any, error) {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return 0, nil, err
+	}
+	req, err := http.NewRequest("POST", env.Server.URL+path, bytes.NewReader(raw))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := env.Client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		return 0, nil, err
+	}
+	var out map[string]any
+	if err := json.Unmarshal(b, &out); err != nil {
+		return res.StatusCode, nil, fmt.Errorf("decode %q: %w", b, err)
+	}
+	return res.StatusCode, out, nil
+}
+
+// raceBegins fires n begins at once, spread over envs, and counts decisions.
+func raceBegins(t *testing.T, n int, key string, body map[string]any, envs ...*apitest.Env) (map[string]int, []map[string]any) {
+	t.Helper()
+	var (
+		wg     sync.WaitGroup
+		start  = make(chan struct{})
+		mu     sync.Mutex
+		counts = map[string]int{}
+		execs  []map[string]any
+		errs   []error
+	)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		env := envs[i%len(envs)]
+		go func() {
+			defer wg.Done()
+			<-start
+			status, out, err := post(env, "/api/v1/effects/begin", key, body)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			d, _ := out["decision"].(string)
+			if d == "" {
+				d = fmt.Sprintf("%d:%v", status, out["error"])
+			}
+			counts[d]++
+			if d == "execute" {
+				execs = append(execs, out)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	require.Empty(t, errs)
+	return counts, execs
+}
+
+func TestConcurrentBeginsOnNewKeyExecuteOnce(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	env1 := apitest.Start(t, apitest.WithNow(c.Now))
+	env2 := apitest.Start(t, apitest.WithNow(c.Now))
+	ws := env1.Signup()
+	const n = 200
+	counts, execs := raceBegins(t, n, ws.Key, email(key("race")), env1, env2)
+	require.Equal(t, map[string]int{"execute": 1, "in_flight": n - 1}, counts)
+	require.EqualValues(t, 1, execs[0]["attempt"])
+
+	var effects, attempts int
+	require.NoError(t, env1.App.Pool.QueryRow(context.Background(),
+		`SELECT count(*), (SELECT count(*) FROM effect_attempts WHERE workspace_id = $1) FROM effects WHERE workspace_id = $1`,
+		ws.ID).Scan(&effects, &attempts))
+	require.Equal(t, 1, effects)
+	require.Equal(t, 1, attempts)
+}
+
+func TestConcurrentBeginsAfterLapseUnderRetryExecuteOnce(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	env1 := apitest.Start(t, apitest.WithNow(c.Now))
+	env2 := apitest.Start(t, apitest.WithNow(c.Now))
+	ws := env1.Signup()
+	env1.Must(http.StatusOK, "PUT", "/api/v1/policies/email.send", ws.Key, map[string]any{"on_indeterminate": "retry"})
+	body := email(key("lapse-race"))
+	first := env2.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, body).JSON()
+	require.Equal(t, "execute", first["decision"])
+	c.Add(61 * time.Second)
+
+	const n = 200
+	counts, execs := raceBegins(t, n, ws.Key, body, env1, env2)
+	require.Equal(t, map[string]int{"execute": 1, "in_flight": n - 1}, counts)
+	require.EqualValues(t, 2, execs[0]["attempt"])
+
+	e := env1.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(first["effect_id"]), ws.Key, nil).JSON()
+	attempts := e["attempts"].([]any)
+	require.Len(t, attempts, 2)
+	require.Equal(t, "indeterminate", attempts[0].(map[string]any)["outcome"])
+	var events int
+	require.NoError(t, env1.App.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM events WHERE workspace_id = $1 AND type = 'effect.indeterminate'`, ws.ID).Scan(&events))
+	require.Equal(t, 1, events)
+}
+
+func TestTwoInstancesAgree(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	env1 := apitest.Start(t, apitest.WithNow(c.Now))
+	env2 := apitest.Start(t, apitest.WithNow(c.Now))
+	ws := env1.Signup()
+	env2.Must(http.StatusOK, "PUT", "/api/v1/policies/email.send", ws.Key, map[string]any{"max_cost_micros": 10})
+	over := email(key("over"))
+	over["cost_micros"] = 11
+	require.Equal(t, http.StatusForbidden, env1.Do("POST", "/api/v1/effects/begin", ws.Key, over).Status)
+
+	body := email(key("two"))
+	d := env1.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, body).JSON()
+	require.Equal(t, "execute", d["decision"])
+	require.Equal(t, "in_flight", env2.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, body).JSON()["decision"])
+	env2.Must(http.StatusOK, "POST", "/api/v1/effects/"+str(d["effect_id"])+"/report", ws.Key,
+		map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded", "result": map[string]any{"id": 7}})
+	dup := env1.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, body).JSON()
+	require.Equal(t, "duplicate", dup["decision"])
+	require.Equal(t, map[string]any{"id": 7.0}, dup["result"])
+	require.Equal(t, "succeeded", env2.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(d["effect_id"]), ws.Key, nil).JSON()["state"])
+}
+
+func TestConcurrentReportsAgree(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	env2 := apitest.Start(t, apitest.WithNow(b.clock.Now))
+	const n = 40
+	for _, mixed := range []bool{false, true} {
+		d := b.mustBegin("execute", email(key("reports")))
+		id := str(d["effect_id"])
+		var (
+			wg    sync.WaitGroup
+			mu    sync.Mutex
+			codes = map[string]int{}
+			start = make(chan struct{})
+		)
+		for i := 0; i < n; i++ {
+			outcome := "succeeded"
+			if mixed && i%2 == 1 {
+				outcome = "failed"
+			}
+			env := b.env
+			if i%3 == 0 {
+				env = env2
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				status, out, err := post(env, "/api/v1/effects/"+id+"/report", b.ws.Key,
+					map[string]any{"lease_token": d["lease_token"], "outcome": outcome})
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					codes["error"]++
+					return
+				}
+				if status == http.StatusOK {
+					codes[outcome+":200:"+str(out["state"])]++
+				} else {
+					codes[outcome+":"+str(out["error"].(map[string]any)["code"])]++
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		state := str(b.get(id)["state"])
+		if !mixed {
+			require.Equal(t, map[string]int{"succeeded:200:succeeded": n}, codes)
+			continue
+		}
+		// One outcome won; every report of it is answered 200, the other outcome 409.
+		other := map[string]string{"succeeded": "failed", "failed": "succeeded"}[state]
+		require.Equal(t, map[string]int{state + ":200:" + state: n / 2, other + ":invalid_state": n / 2}, codes)
+	}
+}
+
+func TestConcurrentBeginsAfterApprovalExecuteOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval"})
+	body := wire(key("approved-race"))
+	a := b.mustBegin("approval_required", body)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(a["approval_id"])+"/approve", b.ws.Key, nil)
+	counts, execs := raceBegins(t, 100, b.ws.Key, body, b.env)
+	require.Equal(t, map[string]int{"execute": 1, "in_flight": 99}, counts)
+	require.EqualValues(t, 1, execs[0]["attempt"])
+}

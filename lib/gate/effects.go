@@ -1,0 +1,148 @@
+package gate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+)
+
+// Attempt is one execute grant and what became of it.
+type Attempt struct {
+	Attempt         int        `json:"attempt"`
+	Outcome         *string    `json:"outcome"`
+	Probe           bool       `json:"probe"`
+	StartedAt       time.Time  `json:"started_at"`
+	LeaseExpiresAt  time.Time  `json:"lease_expires_at"`
+	ReportedAt      *time.Time `json:"reported_at"`
+	BeganByKeyID    string     `json:"began_by_key_id"`
+	ReportedByKeyID *string    `json:"reported_by_key_id"`
+	ResolvedByKeyID *string    `json:"resolved_by_key_id"`
+	ResolvedAt      *time.Time `json:"resolved_at"`
+}
+
+// Effect is the effect object (API.md §5). Result is the recorded result on
+// single reads; listings carry only the redacted result_preview.
+type Effect struct {
+	ID                  string          `json:"id"`
+	EffectType          string          `json:"effect_type"`
+	IdempotencyKey      string          `json:"idempotency_key"`
+	State               string          `json:"state"`
+	Attempt             int             `json:"attempt"`
+	Attempts            []Attempt       `json:"attempts"`
+	Result              json.RawMessage `json:"result"`
+	ResultPreview       json.RawMessage `json:"result_preview"`
+	PayloadPreview      json.RawMessage `json:"payload_preview"`
+	CostMicros          *int64          `json:"cost_micros"`
+	RunID               *string         `json:"run_id"`
+	GroupID             *string         `json:"group_id"`
+	CompensatesEffectID *string         `json:"compensates_effect_id"`
+	DenialCode          *string         `json:"denial_code"`
+	ApprovalID          *string         `json:"approval_id"`
+	LeaseExpiresAt      *time.Time      `json:"lease_expires_at"`
+	CreatedAt           time.Time       `json:"created_at"`
+	UpdatedAt           time.Time       `json:"updated_at"`
+}
+
+// view builds the effect object as seen at now; withResult opens the sealed
+// result (single reads only).
+func (s *Service) view(row *effectRow, attempts []byte, now time.Time, withResult bool) (Effect, error) {
+	e := Effect{
+		ID: row.ID, EffectType: row.EffectType, IdempotencyKey: row.IdempotencyKey,
+		State: row.effectiveState(now), Attempt: row.Attempt, ResultPreview: row.ResultPreview,
+		PayloadPreview: row.PayloadPreview, CostMicros: row.CostMicros, RunID: row.RunID, GroupID: row.GroupID,
+		CompensatesEffectID: row.CompensatesEffectID, DenialCode: row.DenialCode, ApprovalID: row.ApprovalID,
+		CreatedAt: row.CreatedAt, UpdatedAt: row.UpdatedAt, Attempts: []Attempt{},
+	}
+	if row.State == StateLeased {
+		e.LeaseExpiresAt = row.LeaseExpiresAt
+	}
+	if len(attempts) > 0 {
+		if err := json.Unmarshal(attempts, &e.Attempts); err != nil {
+			return Effect{}, fmt.Errorf("effect attempts: %w", err)
+		}
+	}
+	for i := range e.Attempts {
+		a := &e.Attempts[i]
+		if a.Outcome == nil && !a.LeaseExpiresAt.After(now) {
+			ind := StateIndeterminate
+			a.Outcome = &ind
+		}
+	}
+	if withResult {
+		res, err := s.openJSON(row.ID, "result", row.Result)
+		if err != nil {
+			return Effect{}, err
+		}
+		e.Result = res
+	}
+	return e, nil
+}
+
+// GetEffect reads one effect with its attempts.
+func (s *Service) GetEffect(ctx context.Context, workspaceID, id string) (Effect, error) {
+	return s.getEffect(ctx, s.pool, workspaceID, id, s.clock())
+}
+
+func (s *Service) getEffect(ctx context.Context, q querier, workspaceID, id string, now time.Time) (Effect, error) {
+	var (
+		row      effectRow
+		attempts []byte
+	)
+	err := q.QueryRow(ctx, sqlGetEffect, id, workspaceID).Scan(append(row.dest(), &attempts)...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Effect{}, apierr.NotFound("effect")
+	}
+	if err != nil {
+		return Effect{}, fmt.Errorf("get effect: %w", err)
+	}
+	return s.view(&row, attempts, now, true)
+}
+
+// ListFilter narrows ListEffects.
+type ListFilter struct {
+	State, EffectType, Cursor string
+	Limit                     int
+}
+
+// ListEffects pages newest first; results appear only as redacted previews.
+func (s *Service) ListEffects(ctx context.Context, workspaceID string, f ListFilter) ([]Effect, error) {
+	var pr apierr.Problems
+	if f.State != "" && !slices.Contains(States, f.State) {
+		pr.Add("state", "must be one of %v", States)
+	}
+	if f.EffectType != "" && !ValidEffectType(f.EffectType) {
+		pr.Add("effect_type", "must be an effect type")
+	}
+	if err := pr.Err(); err != nil {
+		return nil, err
+	}
+	now := s.clock()
+	rows, err := s.pool.Query(ctx, sqlListEffects, workspaceID, f.Cursor, f.Limit, f.State, f.EffectType, now)
+	if err != nil {
+		return nil, fmt.Errorf("list effects: %w", err)
+	}
+	defer rows.Close()
+	var out []Effect
+	for rows.Next() {
+		var (
+			row      effectRow
+			attempts []byte
+		)
+		if err := rows.Scan(append(row.dest(), &attempts)...); err != nil {
+			return nil, fmt.Errorf("list effects: %w", err)
+		}
+		e, err := s.view(&row, attempts, now, false)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}

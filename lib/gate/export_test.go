@@ -1,0 +1,18 @@
+package gate
+
+import (
+	"context"
+
+	"github.com/getratchet/ratchet/lib/auth"
+)
+
+// BeginLocked runs only begin's locked path, so a test can show its answer
+// when the key it was sent to lock is not there (the fast statement lost a
+// race with an insert that then rolled back).
+func (s *Service) BeginLocked(ctx context.Context, p *auth.Principal, req BeginRequest) (Decision, error) {
+	in, err := s.prepare(p, req)
+	if err != nil {
+		return Decision{}, err
+	}
+	return s.beginLocked(ctx, in)
+}

@@ -1,0 +1,122 @@
+// Package gate is the effect gate (API.md §2): an agent asks before a side
+// effect (begin), holds a lease while acting, and reports what happened.
+// Every decision is made by Postgres from the rows of this workspace, with
+// unique constraints and row locks; nothing is remembered in process memory,
+// so any number of instances agree. Time is always the service's injected
+// clock passed into SQL, so a lapsed lease is detected by comparison at read
+// time and tests move the clock instead of sleeping.
+//
+// The package knows nothing of HTTP; its SQL lives in queries.go.
+package gate
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/seal"
+)
+
+// Effect states (API.md §2.2). A stored 'leased' whose lease lapsed reads as
+// indeterminate.
+const (
+	StateLeased           = "leased"
+	StateSucceeded        = "succeeded"
+	StateFailed           = "failed"
+	StateIndeterminate    = "indeterminate"
+	StateAwaitingApproval = "awaiting_approval"
+	StateDenied           = "denied"
+)
+
+// States lists every effect state, for validating ?state=.
+var States = []string{StateLeased, StateSucceeded, StateFailed, StateIndeterminate, StateAwaitingApproval, StateDenied}
+
+// Decisions of begin (API.md §2.1).
+const (
+	DecisionExecute          = "execute"
+	DecisionDuplicate        = "duplicate"
+	DecisionInFlight         = "in_flight"
+	DecisionBlocked          = "blocked"
+	DecisionApprovalRequired = "approval_required"
+	DecisionDenied           = "denied"
+)
+
+// MaxResultBytes is the published limit on a reported or resolved result.
+const MaxResultBytes = 256 << 10
+
+// Service is the gate over one pool. It is safe for concurrent use and holds
+// no per-effect state.
+type Service struct {
+	pool   *pgxpool.Pool
+	sealer *seal.Sealer
+	hash   func(string) []byte
+	now    func() time.Time
+}
+
+// New returns the gate. hash is the keyed hash used for dimension values
+// (auth.Service.Hash); now is the clock every decision uses.
+func New(pool *pgxpool.Pool, sealer *seal.Sealer, hash func(string) []byte, now func() time.Time) *Service {
+	if now == nil {
+		now = time.Now
+	}
+	return &Service{pool: pool, sealer: sealer, hash: hash, now: now}
+}
+
+// clock is now in UTC at Postgres' precision, so a time written and read back
+// compares equal to the one the service decided with.
+func (s *Service) clock() time.Time { return s.now().UTC().Truncate(time.Microsecond) }
+
+// querier is a pool or a transaction.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// tokenHash is how a lease token is stored: a holder proves the lease by
+// presenting the token, and a database reader cannot forge a report.
+func tokenHash(token string) []byte {
+	sum := sha256.Sum256([]byte(token))
+	return sum[:]
+}
+
+func aad(effectID, column string) []byte { return []byte(effectID + "/" + column) }
+
+// sealJSON seals a JSON document (nil stays nil, so the column stays NULL).
+func (s *Service) sealJSON(effectID, column string, doc json.RawMessage) []byte {
+	if doc == nil {
+		return nil
+	}
+	return s.sealer.Seal(doc, aad(effectID, column))
+}
+
+func (s *Service) openJSON(effectID, column string, ct []byte) (json.RawMessage, error) {
+	pt, err := s.sealer.Open(ct, aad(effectID, column))
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", column, err)
+	}
+	return pt, nil
+}
+
+// nullJSON treats an absent document and JSON null alike.
+func nullJSON(doc json.RawMessage) json.RawMessage {
+	if len(doc) == 0 || string(doc) == "null" {
+		return nil
+	}
+	return doc
+}
+
+// lapsed reports whether a lease that expires at exp has lapsed at now.
+func lapsed(exp *time.Time, now time.Time) bool { return exp != nil && !exp.After(now) }
+
+// retryRequest is begin's answer to a lost optimistic race.
+func retryRequest() error {
+	return apierr.Conflict(apierr.CodeRetryRequest, "The effect changed concurrently; retry at once.")
+}

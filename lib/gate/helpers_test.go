@@ -1,0 +1,130 @@
+package gate_test
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/ids"
+)
+
+func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
+
+// clock is a test clock shared by every instance of one test.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *clock { return &clock{t: time.Now().UTC().Truncate(time.Second)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// bundle is one test's service instance, workspace and clock.
+type bundle struct {
+	t     *testing.T
+	env   *apitest.Env
+	ws    apitest.Workspace
+	clock *clock
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	c := newClock()
+	env := apitest.Start(t, apitest.WithNow(c.Now))
+	return &bundle{t: t, env: env, ws: env.Signup(), clock: c}
+}
+
+// key returns a fresh idempotency key unique to the test.
+func key(prefix string) string { return prefix + ":" + ids.Random(8) }
+
+func (b *bundle) begin(body map[string]any) *apitest.Response {
+	b.t.Helper()
+	return b.env.Do("POST", "/api/v1/effects/begin", b.ws.Key, body)
+}
+
+// mustBegin begins and requires the decision, returning the body.
+func (b *bundle) mustBegin(decision string, body map[string]any) map[string]any {
+	b.t.Helper()
+	r := b.begin(body)
+	status := http.StatusOK
+	if decision == "denied" {
+		status = http.StatusForbidden
+	}
+	require.Equal(b.t, status, r.Status, "begin: %s", r.Body)
+	out := r.JSON()
+	require.Equal(b.t, decision, out["decision"], "begin: %s", r.Body)
+	return out
+}
+
+func (b *bundle) report(id, token, outcome string, result any) *apitest.Response {
+	b.t.Helper()
+	body := map[string]any{"lease_token": token, "outcome": outcome}
+	if result != nil {
+		body["result"] = result
+	}
+	return b.env.Do("POST", "/api/v1/effects/"+id+"/report", b.ws.Key, body)
+}
+
+func (b *bundle) putPolicy(effectType string, body map[string]any) map[string]any {
+	b.t.Helper()
+	return b.env.Must(http.StatusOK, "PUT", "/api/v1/policies/"+effectType, b.ws.Key, body).JSON()
+}
+
+func (b *bundle) get(id string) map[string]any {
+	b.t.Helper()
+	return b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+id, b.ws.Key, nil).JSON()
+}
+
+func email(k string) map[string]any {
+	return map[string]any{"effect_type": "email.send", "idempotency_key": k,
+		"payload": map[string]any{"to": "user_123", "template": "welcome"}, "cost_micros": 0,
+		"dimensions": map[string]any{"recipient": "user_123"}}
+}
+
+func str(v any) string { return fmt.Sprint(v) }
+
+// keyID recovers a key's id from its secret (rk_<id body>_<random>).
+func keyID(secret string) string {
+	body := secret[len("rk_"):]
+	return "key_" + body[:26]
+}
+
+func (b *bundle) agent() string {
+	b.t.Helper()
+	return b.env.Key(b.ws, map[string]any{"name": "agent", "preset": "AGENT"})
+}
+
+// errCode requires an error envelope with status and code and returns it.
+func errCode(t *testing.T, r *apitest.Response, status int, code string) map[string]any {
+	t.Helper()
+	require.Equal(t, status, r.Status, "%s", r.Body)
+	require.Equal(t, code, r.ErrorCode(), "%s", r.Body)
+	return r.JSON()["error"].(map[string]any)
+}
+
+func validationFields(t *testing.T, r *apitest.Response) []string {
+	t.Helper()
+	e := errCode(t, r, http.StatusBadRequest, "invalid_request")
+	var fields []string
+	for _, v := range e["detail"].(map[string]any)["validation"].([]any) {
+		fields = append(fields, v.(map[string]any)["field"].(string))
+	}
+	return fields
+}

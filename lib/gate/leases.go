@@ -1,0 +1,340 @@
+package gate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/redact"
+)
+
+// ReportRequest is the body of POST /api/v1/effects/{id}/report.
+type ReportRequest struct {
+	LeaseToken string          `json:"lease_token"`
+	Outcome    string          `json:"outcome"`
+	Result     json.RawMessage `json:"result"`
+}
+
+// HeartbeatRequest is the body of POST /api/v1/effects/{id}/heartbeat.
+type HeartbeatRequest struct {
+	LeaseToken string `json:"lease_token"`
+}
+
+// HeartbeatResponse carries the extended lease.
+type HeartbeatResponse struct {
+	EffectID       string    `json:"effect_id"`
+	LeaseExpiresAt time.Time `json:"lease_expires_at"`
+}
+
+// ResolveRequest is the body of POST /api/v1/effects/{id}/resolve.
+type ResolveRequest struct {
+	Outcome string          `json:"outcome"`
+	Result  json.RawMessage `json:"result"`
+	Note    string          `json:"note"`
+}
+
+const maxNoteRunes = 2000
+
+func checkOutcome(pr *apierr.Problems, outcome string) {
+	if outcome != StateSucceeded && outcome != StateFailed {
+		pr.Add("outcome", "must be succeeded or failed")
+	}
+}
+
+func checkToken(pr *apierr.Problems, token string) {
+	if token == "" || len(token) > 200 {
+		pr.Add("lease_token", "must be the lease_token begin returned")
+	}
+}
+
+// sealedResult validates and seals a result; a missing result stays NULL.
+func (s *Service) sealedResult(effectID string, result json.RawMessage) (sealed []byte, preview *string, err error) {
+	res := nullJSON(result)
+	if len(res) > MaxResultBytes {
+		return nil, nil, apierr.PayloadTooLarge(MaxResultBytes)
+	}
+	if res == nil {
+		return nil, nil, nil
+	}
+	p := string(redact.PreviewJSON(res))
+	return s.sealJSON(effectID, "result", res), &p, nil
+}
+
+func leaseExpired() error {
+	return apierr.Conflict(apierr.CodeLeaseExpired,
+		"The lease expired, so the attempt is recorded indeterminate. Call begin again.")
+}
+
+func leaseLost() error {
+	return apierr.Conflict(apierr.CodeLeaseLost,
+		"This lease token does not hold the effect's current attempt; a newer attempt superseded it.")
+}
+
+// tokenAttempt is the attempt a presented lease token belongs to.
+type tokenAttempt struct {
+	attempt    int
+	outcome    *string
+	reportedAt *time.Time
+}
+
+// lockForToken locks the effect and finds the token's attempt: unknown
+// effect → 404, a token of no attempt or of a superseded one → lease_lost
+// (even if that lease also lapsed).
+func lockForToken(ctx context.Context, tx pgx.Tx, workspaceID, id string, th []byte) (effectRow, tokenAttempt, error) {
+	var (
+		row effectRow
+		att tokenAttempt
+	)
+	err := tx.QueryRow(ctx, sqlLockEffect, id, workspaceID).Scan(row.dest()...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return row, att, apierr.NotFound("effect")
+	}
+	if err != nil {
+		return row, att, fmt.Errorf("lock effect: %w", err)
+	}
+	err = tx.QueryRow(ctx, sqlTokenAttempt, id, th).Scan(&att.attempt, &att.outcome, &att.reportedAt)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && att.attempt < row.Attempt) {
+		return row, att, leaseLost()
+	}
+	if err != nil {
+		return row, att, fmt.Errorf("find attempt: %w", err)
+	}
+	return row, att, nil
+}
+
+// Report records what the holder of the current lease did. The common case
+// is one statement; anything else is classified under the effect's row lock,
+// so a report racing the lease's expiry is either accepted or lease_expired,
+// never both.
+func (s *Service) Report(ctx context.Context, p *auth.Principal, id string, req ReportRequest) (Effect, error) {
+	var pr apierr.Problems
+	checkToken(&pr, req.LeaseToken)
+	checkOutcome(&pr, req.Outcome)
+	if err := pr.Err(); err != nil {
+		return Effect{}, err
+	}
+	sealed, preview, err := s.sealedResult(id, req.Result)
+	if err != nil {
+		return Effect{}, err
+	}
+	now := s.clock()
+	th := tokenHash(req.LeaseToken)
+	args := []any{id, p.WorkspaceID, th, req.Outcome, sealed, preview, now, p.KeyID}
+	row, atts, err := scanReport(s.pool.QueryRow(ctx, sqlReport, args...))
+	if err == nil {
+		return s.reported(&row, atts, now, req.Result)
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return Effect{}, fmt.Errorf("report: %w", err)
+	}
+
+	var (
+		out   Effect
+		after error // answered after the transaction commits
+	)
+	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		row, att, err := lockForToken(ctx, tx, p.WorkspaceID, id, th)
+		if err != nil {
+			return err
+		}
+		switch holdingOf(&row, &att, now) {
+		case holdReported:
+			// A repeated report is safe to retry; a different outcome is not.
+			if *att.outcome != req.Outcome {
+				return apierr.InvalidState("This attempt was already reported %s.", *att.outcome)
+			}
+			out, err = s.getEffect(ctx, tx, p.WorkspaceID, id, now)
+			return err
+		case holdExpired:
+			after = leaseExpired()
+			return s.recordLapse(ctx, tx, &row, now)
+		case holdLive:
+			row, atts, err := scanReport(tx.QueryRow(ctx, sqlReport, args...))
+			if err != nil {
+				return fmt.Errorf("report: %w", err)
+			}
+			out, err = s.reported(&row, atts, now, req.Result)
+			return err
+		}
+		return apierr.InvalidState("The effect is %s; this attempt cannot be reported.", row.effectiveState(now))
+	})
+	if err != nil {
+		return Effect{}, err
+	}
+	return out, after
+}
+
+// holding is what a current lease token still holds, under the row lock.
+type holding int
+
+const (
+	holdNone     holding = iota
+	holdReported         // its attempt was reported
+	holdExpired          // its lease lapsed (resolved or not): lease_expired
+	holdLive             // its lease is live
+)
+
+func holdingOf(row *effectRow, att *tokenAttempt, now time.Time) holding {
+	switch {
+	case att.reportedAt != nil:
+		return holdReported
+	case att.outcome != nil || row.effectiveState(now) == StateIndeterminate:
+		return holdExpired
+	case row.State == StateLeased:
+		return holdLive
+	}
+	return holdNone
+}
+
+// recordLapse makes a locked effect's lapse durable, once: the callers answer
+// lease_expired after committing it.
+func (s *Service) recordLapse(ctx context.Context, tx pgx.Tx, row *effectRow, now time.Time) error {
+	if row.State != StateLeased {
+		return nil
+	}
+	_, err := s.lapse(ctx, tx, now, row.ID, 1)
+	return err
+}
+
+func scanReport(row pgx.Row) (effectRow, []byte, error) {
+	var (
+		e    effectRow
+		atts []byte
+	)
+	err := row.Scan(append(e.dest(), &atts)...)
+	return e, atts, err
+}
+
+// reported builds the answer to an accepted report; the result is the one
+// just recorded, so it need not be opened again.
+func (s *Service) reported(row *effectRow, atts []byte, now time.Time, result json.RawMessage) (Effect, error) {
+	e, err := s.view(row, atts, now, false)
+	if err != nil {
+		return Effect{}, err
+	}
+	e.Result = nullJSON(result)
+	return e, nil
+}
+
+// Heartbeat extends a live lease by its length from now.
+func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, id string, req HeartbeatRequest) (HeartbeatResponse, error) {
+	var pr apierr.Problems
+	checkToken(&pr, req.LeaseToken)
+	if err := pr.Err(); err != nil {
+		return HeartbeatResponse{}, err
+	}
+	now := s.clock()
+	th := tokenHash(req.LeaseToken)
+	out := HeartbeatResponse{EffectID: id}
+	err := s.pool.QueryRow(ctx, sqlHeartbeat, id, p.WorkspaceID, th, now).Scan(&out.LeaseExpiresAt)
+	if err == nil {
+		return out, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return out, fmt.Errorf("heartbeat: %w", err)
+	}
+	var after error
+	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		row, att, err := lockForToken(ctx, tx, p.WorkspaceID, id, th)
+		if err != nil {
+			return err
+		}
+		switch holdingOf(&row, &att, now) {
+		case holdReported:
+			return apierr.InvalidState("This attempt was already reported; its lease is over.")
+		case holdExpired:
+			after = leaseExpired()
+			return s.recordLapse(ctx, tx, &row, now)
+		case holdLive:
+			return tx.QueryRow(ctx, sqlHeartbeat, id, p.WorkspaceID, th, now).Scan(&out.LeaseExpiresAt)
+		}
+		return apierr.InvalidState("The effect is %s; there is no lease to extend.", row.effectiveState(now))
+	})
+	if err != nil {
+		return HeartbeatResponse{}, err
+	}
+	return out, after
+}
+
+// Resolve records what an operator found at the vendor for an indeterminate
+// effect, which unblocks its key: succeeded makes later begins duplicates,
+// failed allows a new attempt.
+func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req ResolveRequest) (Effect, error) {
+	var pr apierr.Problems
+	checkOutcome(&pr, req.Outcome)
+	if utf8.RuneCountInString(req.Note) > maxNoteRunes {
+		pr.Add("note", "must be at most %d characters", maxNoteRunes)
+	}
+	if err := pr.Err(); err != nil {
+		return Effect{}, err
+	}
+	sealed, preview, err := s.sealedResult(id, req.Result)
+	if err != nil {
+		return Effect{}, err
+	}
+	now := s.clock()
+	var out Effect
+	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		var row effectRow
+		err := tx.QueryRow(ctx, sqlLockEffect, id, p.WorkspaceID).Scan(row.dest()...)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return apierr.NotFound("effect")
+		}
+		if err != nil {
+			return fmt.Errorf("resolve: %w", err)
+		}
+		if st := row.effectiveState(now); st != StateIndeterminate {
+			return apierr.InvalidState("Only an indeterminate effect can be resolved; this one is %s.", st).
+				WithDetail("state", st)
+		}
+		if err := s.recordLapse(ctx, tx, &row, now); err != nil {
+			return err
+		}
+		var note *string
+		if req.Note != "" {
+			note = &req.Note
+		}
+		if _, err := tx.Exec(ctx, sqlResolve, id, req.Outcome, sealed, preview, now, p.KeyID, note); err != nil {
+			return fmt.Errorf("resolve: %w", err)
+		}
+		out, err = s.getEffect(ctx, tx, p.WorkspaceID, id, now)
+		return err
+	})
+	return out, err
+}
+
+// lapse makes lapsed leases durable (one effect when effectID is set, else up
+// to limit of them, oldest first) and records effect.indeterminate for each.
+func (s *Service) lapse(ctx context.Context, q querier, now time.Time, effectID string, limit int) (int, error) {
+	eventIDs := make([]string, limit)
+	for i := range eventIDs {
+		eventIDs[i] = ids.NewAt(ids.Event, now)
+	}
+	sort.Strings(eventIDs)
+	sql, args := sqlLapseDue, []any{now, limit, eventIDs}
+	if effectID != "" {
+		sql, args = sqlLapseOne, append(args, effectID)
+	}
+	var n int
+	if err := q.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("lapse leases: %w", err)
+	}
+	return n, nil
+}
+
+// SweepLapsed is the sweeper's backstop: it makes up to limit lapsed leases
+// durably indeterminate and records their events. Concurrent passes skip
+// each other's rows.
+func (s *Service) SweepLapsed(ctx context.Context, now time.Time, limit int) (int, error) {
+	return s.lapse(ctx, s.pool, now.UTC().Truncate(time.Microsecond), "", limit)
+}

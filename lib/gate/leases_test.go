@@ -1,0 +1,210 @@
+package gate_test
+
+import (
+	"bytes"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestLapsedLeaseBlocksUntilResolved(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := key("blocked")
+	d := b.mustBegin("execute", email(k))
+	id, token := str(d["effect_id"]), str(d["lease_token"])
+	started := b.clock.Now()
+
+	b.clock.Add(59 * time.Second)
+	b.mustBegin("in_flight", email(k))
+	b.clock.Add(time.Second) // lease_expires_at == now: lapsed
+
+	// Indeterminate at once, with no sweeper having run.
+	e := b.get(id)
+	require.Equal(t, "indeterminate", e["state"])
+	require.Equal(t, "indeterminate", e["attempts"].([]any)[0].(map[string]any)["outcome"])
+	list := b.env.Must(http.StatusOK, "GET", "/api/v1/effects?state=indeterminate", b.ws.Key, nil).JSON()
+	require.Len(t, list["data"], 1)
+	require.Empty(t, b.env.Must(http.StatusOK, "GET", "/api/v1/effects?state=leased", b.ws.Key, nil).JSON()["data"])
+
+	blocked := b.mustBegin("blocked", email(k))
+	require.Equal(t, "indeterminate", blocked["state"])
+	require.Equal(t, map[string]any{"attempt": 1.0, "started_at": started.Format(time.RFC3339),
+		"lease_expired_at": started.Add(60 * time.Second).Format(time.RFC3339)}, blocked["prior_attempt"])
+	b.mustBegin("blocked", email(k)) // blocking consumes no attempt
+
+	// The late report is refused and the attempt stays indeterminate.
+	errCode(t, b.report(id, token, "succeeded", nil), http.StatusConflict, "lease_expired")
+	errCode(t, b.env.Do("POST", "/api/v1/effects/"+id+"/heartbeat", b.ws.Key, map[string]any{"lease_token": token}),
+		http.StatusConflict, "lease_expired")
+	require.Equal(t, "indeterminate", b.get(id)["state"])
+
+	result := map[string]any{"message_id": "found-at-vendor"}
+	r := b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key,
+		map[string]any{"outcome": "succeeded", "result": result, "note": "checked the vendor dashboard"})
+	e = r.JSON()
+	require.Equal(t, "succeeded", e["state"])
+	require.Equal(t, result, e["result"])
+	a := e["attempts"].([]any)[0].(map[string]any)
+	require.Equal(t, "succeeded", a["outcome"])
+	require.Equal(t, keyID(b.ws.Key), a["resolved_by_key_id"])
+	require.Nil(t, a["reported_at"])
+
+	dup := b.mustBegin("duplicate", email(k))
+	require.Equal(t, result, dup["result"])
+	// Late report on the lapsed attempt stays lease_expired, resolved or not.
+	errCode(t, b.report(id, token, "succeeded", nil), http.StatusConflict, "lease_expired")
+	errCode(t, b.report(id, token, "failed", nil), http.StatusConflict, "lease_expired")
+	// Resolving again is an illegal transition.
+	errCode(t, b.env.Do("POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"}),
+		http.StatusConflict, "invalid_state")
+}
+
+func TestResolveFailedAllowsNewAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := key("resolve-failed")
+	d := b.mustBegin("execute", email(k))
+	id := str(d["effect_id"])
+	b.clock.Add(61 * time.Second)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"})
+	d2 := b.mustBegin("execute", email(k))
+	require.EqualValues(t, 2, d2["attempt"])
+	require.Equal(t, false, d2["probe"])
+}
+
+func TestOnIndeterminateRetry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("email.send", map[string]any{"on_indeterminate": "retry", "max_attempts": 2})
+	k := key("retry")
+	d1 := b.mustBegin("execute", email(k))
+	b.clock.Add(61 * time.Second)
+	d2 := b.mustBegin("execute", email(k))
+	require.EqualValues(t, 2, d2["attempt"])
+	require.Equal(t, false, d2["probe"])
+	require.Nil(t, d2["prior_attempt"])
+	// The first holder was superseded: lease_lost, even though its lease also lapsed.
+	errCode(t, b.report(str(d1["effect_id"]), str(d1["lease_token"]), "succeeded", nil), http.StatusConflict, "lease_lost")
+	e := b.get(str(d1["effect_id"]))
+	require.Equal(t, "indeterminate", e["attempts"].([]any)[0].(map[string]any)["outcome"])
+	require.Nil(t, e["attempts"].([]any)[1].(map[string]any)["outcome"])
+
+	// A second lapse exhausts max_attempts (2): denied, final.
+	b.clock.Add(61 * time.Second)
+	d3 := b.mustBegin("denied", email(k))
+	require.Equal(t, "max_attempts_exceeded", d3["error"].(map[string]any)["code"])
+}
+
+func TestOnIndeterminateProbe(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("email.send", map[string]any{"on_indeterminate": "probe"})
+	k := key("probe")
+	d1 := b.mustBegin("execute", email(k))
+	started := b.clock.Now()
+	b.clock.Add(90 * time.Second)
+	d2 := b.mustBegin("execute", email(k))
+	require.Equal(t, true, d2["probe"])
+	require.EqualValues(t, 2, d2["attempt"])
+	require.Equal(t, map[string]any{"attempt": 1.0, "started_at": started.Format(time.RFC3339),
+		"lease_expired_at": started.Add(60 * time.Second).Format(time.RFC3339)}, d2["prior_attempt"])
+	b.mustBegin("in_flight", email(k))
+	r := b.report(str(d1["effect_id"]), str(d2["lease_token"]), "succeeded", map[string]any{"found": true})
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	attempts := r.JSON()["attempts"].([]any)
+	require.Equal(t, true, attempts[1].(map[string]any)["probe"])
+	require.Equal(t, "indeterminate", attempts[0].(map[string]any)["outcome"])
+}
+
+func TestReportRules(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := key("rules")
+	d := b.mustBegin("execute", email(k))
+	id, token := str(d["effect_id"]), str(d["lease_token"])
+
+	errCode(t, b.report(id, "not-a-token", "succeeded", nil), http.StatusConflict, "lease_lost")
+	require.Contains(t, validationFields(t, b.report(id, token, "maybe", nil)), "outcome")
+	require.Contains(t, validationFields(t, b.report(id, "", "failed", nil)), "lease_token")
+	big := map[string]any{"blob": string(bytes.Repeat([]byte("x"), 256<<10))}
+	errCode(t, b.report(id, token, "succeeded", big), http.StatusRequestEntityTooLarge, "payload_too_large")
+	errCode(t, b.report("eff_nope", token, "succeeded", nil), http.StatusNotFound, "not_found")
+	errCode(t, b.report("eff_00000000000000000000000000", token, "succeeded", nil), http.StatusNotFound, "not_found")
+	// Nothing above changed the effect.
+	require.Equal(t, "leased", b.get(id)["state"])
+
+	first := b.report(id, token, "failed", map[string]any{"why": "rejected by vendor"})
+	require.Equal(t, http.StatusOK, first.Status, "%s", first.Body)
+	b.clock.Add(time.Second)
+	// Repeating the same outcome with the same token: 200 and the same object.
+	again := b.report(id, token, "failed", map[string]any{"ignored": true})
+	require.Equal(t, http.StatusOK, again.Status, "%s", again.Body)
+	require.JSONEq(t, string(first.Body), string(again.Body))
+	// A different outcome on a reported attempt is invalid_state and changes nothing.
+	errCode(t, b.report(id, token, "succeeded", nil), http.StatusConflict, "invalid_state")
+	require.Equal(t, "failed", b.get(id)["state"])
+	errCode(t, b.env.Do("POST", "/api/v1/effects/"+id+"/heartbeat", b.ws.Key, map[string]any{"lease_token": token}),
+		http.StatusConflict, "invalid_state")
+
+	// A newer attempt supersedes the token.
+	d2 := b.mustBegin("execute", email(k))
+	errCode(t, b.report(id, token, "failed", nil), http.StatusConflict, "lease_lost")
+	errCode(t, b.env.Do("POST", "/api/v1/effects/"+id+"/heartbeat", b.ws.Key, map[string]any{"lease_token": token}),
+		http.StatusConflict, "lease_lost")
+	require.Equal(t, http.StatusOK, b.report(id, str(d2["lease_token"]), "succeeded", nil).Status)
+}
+
+func TestHeartbeatExtendsLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := key("heartbeat")
+	d := b.mustBegin("execute", email(k))
+	id, token := str(d["effect_id"]), str(d["lease_token"])
+	b.clock.Add(50 * time.Second)
+	r := b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/heartbeat", b.ws.Key, map[string]any{"lease_token": token})
+	want := b.clock.Now().Add(60 * time.Second).Format(time.RFC3339)
+	require.Equal(t, map[string]any{"effect_id": id, "lease_expires_at": want}, r.JSON())
+	b.clock.Add(50 * time.Second) // 100 s after begin, alive thanks to the heartbeat
+	require.Equal(t, "in_flight", b.begin(email(k)).JSON()["decision"])
+	e := b.get(id)
+	require.Equal(t, want, e["attempts"].([]any)[0].(map[string]any)["lease_expires_at"])
+	require.Equal(t, http.StatusOK, b.report(id, token, "succeeded", nil).Status)
+}
+
+func TestResolveOnlyFromIndeterminate(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	resolve := func(id string) {
+		t.Helper()
+		before := b.get(id)
+		errCode(t, b.env.Do("POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "succeeded"}),
+			http.StatusConflict, "invalid_state")
+		require.Equal(t, before, b.get(id))
+	}
+	leased := b.mustBegin("execute", email(key("leased")))
+	resolve(str(leased["effect_id"]))
+
+	done := b.mustBegin("execute", email(key("done")))
+	require.Equal(t, http.StatusOK, b.report(str(done["effect_id"]), str(done["lease_token"]), "succeeded", nil).Status)
+	resolve(str(done["effect_id"]))
+
+	failed := b.mustBegin("execute", email(key("failed")))
+	require.Equal(t, http.StatusOK, b.report(str(failed["effect_id"]), str(failed["lease_token"]), "failed", nil).Status)
+	resolve(str(failed["effect_id"]))
+
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval"})
+	waiting := b.mustBegin("approval_required", map[string]any{"effect_type": "wire.send", "idempotency_key": key("w")})
+	resolve(str(waiting["effect_id"]))
+
+	b.putPolicy("fax.send", map[string]any{"mode": "deny"})
+	denied := b.mustBegin("denied", map[string]any{"effect_type": "fax.send", "idempotency_key": key("f")})
+	resolve(str(denied["effect_id"]))
+
+	errCode(t, b.env.Do("POST", "/api/v1/effects/eff_00000000000000000000000000/resolve", b.ws.Key,
+		map[string]any{"outcome": "succeeded"}), http.StatusNotFound, "not_found")
+	require.Contains(t, validationFields(t, b.env.Do("POST", "/api/v1/effects/"+str(leased["effect_id"])+"/resolve",
+		b.ws.Key, map[string]any{"outcome": "indeterminate"})), "outcome")
+}

@@ -1,0 +1,405 @@
+package gate
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/jsonx"
+)
+
+// Policy modes, indeterminate handling and surge actions (seed 003, "Policy").
+const (
+	ModeAllow           = "allow"
+	ModeRequireApproval = "require_approval"
+	ModeDeny            = "deny"
+
+	OnIndeterminateBlock = "block"
+	OnIndeterminateRetry = "retry"
+	OnIndeterminateProbe = "probe"
+)
+
+// Limits of the policy table.
+const (
+	maxRequiredDimensions = 8
+	maxDimensionLimits    = 8
+)
+
+var (
+	modes           = []string{ModeAllow, ModeRequireApproval, ModeDeny}
+	onIndeterminate = []string{OnIndeterminateBlock, OnIndeterminateRetry, OnIndeterminateProbe}
+	surgeActions    = []string{"monitor", "require_approval", "deny"}
+
+	// Effect types look like email.send or stripe:refund.create; no slash, so
+	// that a type is always one path segment of /api/v1/policies/{type}.
+	effectTypeRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$`)
+	// Dimension names look like recipient or customer_id.
+	dimensionRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+)
+
+// effectTypeRule is the message for a malformed effect type.
+const effectTypeRule = "must be 1-100 characters: letters, digits, . _ : -"
+
+// ValidEffectType reports whether s is a well-formed effect type.
+func ValidEffectType(s string) bool { return effectTypeRe.MatchString(s) }
+
+// DimensionLimit is one per-counterparty ceiling per UTC day.
+type DimensionLimit struct {
+	DailyMicros *int64 `json:"daily_micros"`
+	DailyCount  *int64 `json:"daily_count"`
+}
+
+// Policy is an effect type's policy. An unconfigured type reads as the safe
+// default with version 0.
+type Policy struct {
+	EffectType                 string                    `json:"effect_type"`
+	Version                    int64                     `json:"version"`
+	Mode                       string                    `json:"mode"`
+	OnIndeterminate            string                    `json:"on_indeterminate"`
+	LeaseSeconds               int                       `json:"lease_seconds"`
+	MaxAttempts                int                       `json:"max_attempts"`
+	MaxCostMicros              *int64                    `json:"max_cost_micros"`
+	ApprovalAboveMicros        *int64                    `json:"approval_above_micros"`
+	DailyBudgetMicros          *int64                    `json:"daily_budget_micros"`
+	ReconcileEveryHours        *int                      `json:"reconcile_every_hours"`
+	RequireCost                bool                      `json:"require_cost"`
+	RequiredDimensions         []string                  `json:"required_dimensions"`
+	DimensionLimits            map[string]DimensionLimit `json:"dimension_limits"`
+	StructuringThresholdMicros *int64                    `json:"structuring_threshold_micros"`
+	SurgePerHour               *int                      `json:"surge_per_hour"`
+	SurgeMultiplier            *int                      `json:"surge_multiplier"`
+	SurgeAction                string                    `json:"surge_action"`
+	SurgeCooldownSeconds       int                       `json:"surge_cooldown_seconds"`
+	RetentionDays              int                       `json:"retention_days"`
+	UpdatedAt                  *time.Time                `json:"updated_at"`
+}
+
+// PutPolicyRequest is the body of PUT /api/v1/policies/{effect_type}: omitted
+// fields keep their value, null clears a nullable field.
+type PutPolicyRequest struct {
+	ExpectedVersion            *int64                                     `json:"expected_version,omitempty"`
+	Mode                       jsonx.Optional[string]                     `json:"mode"`
+	OnIndeterminate            jsonx.Optional[string]                     `json:"on_indeterminate"`
+	LeaseSeconds               jsonx.Optional[int]                        `json:"lease_seconds"`
+	MaxAttempts                jsonx.Optional[int]                        `json:"max_attempts"`
+	MaxCostMicros              jsonx.Optional[int64]                      `json:"max_cost_micros"`
+	ApprovalAboveMicros        jsonx.Optional[int64]                      `json:"approval_above_micros"`
+	DailyBudgetMicros          jsonx.Optional[int64]                      `json:"daily_budget_micros"`
+	ReconcileEveryHours        jsonx.Optional[int]                        `json:"reconcile_every_hours"`
+	RequireCost                jsonx.Optional[bool]                       `json:"require_cost"`
+	RequiredDimensions         jsonx.Optional[[]string]                   `json:"required_dimensions"`
+	DimensionLimits            jsonx.Optional[map[string]json.RawMessage] `json:"dimension_limits"`
+	StructuringThresholdMicros jsonx.Optional[int64]                      `json:"structuring_threshold_micros"`
+	SurgePerHour               jsonx.Optional[int]                        `json:"surge_per_hour"`
+	SurgeMultiplier            jsonx.Optional[int]                        `json:"surge_multiplier"`
+	SurgeAction                jsonx.Optional[string]                     `json:"surge_action"`
+	SurgeCooldownSeconds       jsonx.Optional[int]                        `json:"surge_cooldown_seconds"`
+	RetentionDays              jsonx.Optional[int]                        `json:"retention_days"`
+}
+
+// required sets a non-nullable field: null is refused, omitted keeps.
+func required[T any](pr *apierr.Problems, field string, o jsonx.Optional[T], dst *T) {
+	switch {
+	case !o.Set:
+	case o.Null:
+		pr.Add(field, "may not be null")
+	default:
+		*dst = o.Value
+	}
+}
+
+// merge applies the request onto p and validates the result, naming every
+// problem. approval_threshold_above_ceiling is its own error code, reported
+// only when the rest is valid.
+func (r *PutPolicyRequest) merge(p *Policy) error {
+	var pr apierr.Problems
+	required(&pr, "mode", r.Mode, &p.Mode)
+	required(&pr, "on_indeterminate", r.OnIndeterminate, &p.OnIndeterminate)
+	required(&pr, "lease_seconds", r.LeaseSeconds, &p.LeaseSeconds)
+	required(&pr, "max_attempts", r.MaxAttempts, &p.MaxAttempts)
+	required(&pr, "require_cost", r.RequireCost, &p.RequireCost)
+	required(&pr, "surge_action", r.SurgeAction, &p.SurgeAction)
+	required(&pr, "surge_cooldown_seconds", r.SurgeCooldownSeconds, &p.SurgeCooldownSeconds)
+	required(&pr, "retention_days", r.RetentionDays, &p.RetentionDays)
+	r.MaxCostMicros.Apply(&p.MaxCostMicros)
+	r.ApprovalAboveMicros.Apply(&p.ApprovalAboveMicros)
+	r.DailyBudgetMicros.Apply(&p.DailyBudgetMicros)
+	r.ReconcileEveryHours.Apply(&p.ReconcileEveryHours)
+	r.StructuringThresholdMicros.Apply(&p.StructuringThresholdMicros)
+	r.SurgePerHour.Apply(&p.SurgePerHour)
+	r.SurgeMultiplier.Apply(&p.SurgeMultiplier)
+	if r.RequiredDimensions.Set {
+		p.RequiredDimensions = r.RequiredDimensions.Value // null clears
+	}
+	if r.DimensionLimits.Set {
+		p.DimensionLimits = map[string]DimensionLimit{}
+		for _, name := range sortedKeys(r.DimensionLimits.Value) {
+			lim, err := decodeDimensionLimit(r.DimensionLimits.Value[name])
+			if err != nil {
+				pr.Add("dimension_limits."+name, "%s", err.Error())
+				continue
+			}
+			p.DimensionLimits[name] = lim
+		}
+	}
+	if p.RequiredDimensions == nil {
+		p.RequiredDimensions = []string{}
+	}
+	if p.DimensionLimits == nil {
+		p.DimensionLimits = map[string]DimensionLimit{}
+	}
+	p.validate(&pr)
+	if err := pr.Err(); err != nil {
+		return err
+	}
+	if p.ApprovalAboveMicros != nil && p.MaxCostMicros != nil && *p.ApprovalAboveMicros > *p.MaxCostMicros {
+		return apierr.Of(apierr.CodeApprovalAboveCeiling,
+			"approval_above_micros sits above max_cost_micros, so it could never fire.").
+			WithDetail("validation", []apierr.FieldError{{Field: "approval_above_micros",
+				Message: "must not exceed max_cost_micros"}})
+	}
+	return nil
+}
+
+// decodeDimensionLimit reads {"daily_micros": n|null, "daily_count": n|null}
+// strictly: an unknown field is a typo that would silently lift a ceiling.
+func decodeDimensionLimit(raw json.RawMessage) (DimensionLimit, error) {
+	var lim DimensionLimit
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&lim); err != nil || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+		return lim, errors.New(`must be {"daily_micros": integer|null, "daily_count": integer|null}`)
+	}
+	return lim, nil
+}
+
+func (p *Policy) validate(pr *apierr.Problems) {
+	oneOf := func(field, v string, allowed []string) {
+		for _, a := range allowed {
+			if v == a {
+				return
+			}
+		}
+		pr.Add(field, "must be one of %v", allowed)
+	}
+	between := func(field string, v *int, lo, hi int) {
+		if v != nil && (*v < lo || *v > hi) {
+			pr.Add(field, "must be from %d to %d", lo, hi)
+		}
+	}
+	nonNegative := func(field string, v *int64) {
+		if v != nil && *v < 0 {
+			pr.Add(field, "must be a non-negative integer (micros of USD)")
+		}
+	}
+	oneOf("mode", p.Mode, modes)
+	oneOf("on_indeterminate", p.OnIndeterminate, onIndeterminate)
+	oneOf("surge_action", p.SurgeAction, surgeActions)
+	between("lease_seconds", &p.LeaseSeconds, 5, 3600)
+	between("max_attempts", &p.MaxAttempts, 1, 50)
+	between("reconcile_every_hours", p.ReconcileEveryHours, 1, 8760)
+	between("surge_cooldown_seconds", &p.SurgeCooldownSeconds, 60, 86400)
+	between("retention_days", &p.RetentionDays, 1, 400)
+	if p.SurgePerHour != nil && *p.SurgePerHour < 1 {
+		pr.Add("surge_per_hour", "must be at least 1")
+	}
+	if p.SurgeMultiplier != nil && *p.SurgeMultiplier < 2 {
+		pr.Add("surge_multiplier", "must be at least 2")
+	}
+	nonNegative("max_cost_micros", p.MaxCostMicros)
+	nonNegative("approval_above_micros", p.ApprovalAboveMicros)
+	nonNegative("daily_budget_micros", p.DailyBudgetMicros)
+	nonNegative("structuring_threshold_micros", p.StructuringThresholdMicros)
+	if len(p.RequiredDimensions) > maxRequiredDimensions {
+		pr.Add("required_dimensions", "may list at most %d dimensions", maxRequiredDimensions)
+	}
+	seen := map[string]bool{}
+	for i, d := range p.RequiredDimensions {
+		if !dimensionRe.MatchString(d) {
+			pr.Add(fmt.Sprintf("required_dimensions.%d", i), "must be a dimension name (letters, digits, . _ -; up to 64)")
+		}
+		if seen[d] {
+			pr.Add(fmt.Sprintf("required_dimensions.%d", i), "is listed twice")
+		}
+		seen[d] = true
+	}
+	if len(p.DimensionLimits) > maxDimensionLimits {
+		pr.Add("dimension_limits", "may hold at most %d dimensions", maxDimensionLimits)
+	}
+	for _, name := range sortedKeys(p.DimensionLimits) {
+		lim := p.DimensionLimits[name]
+		if !dimensionRe.MatchString(name) {
+			pr.Add("dimension_limits."+name, "must be keyed by a dimension name (letters, digits, . _ -; up to 64)")
+		}
+		if lim.DailyMicros != nil && *lim.DailyMicros < 0 {
+			pr.Add("dimension_limits."+name+".daily_micros", "must be a non-negative integer")
+		}
+		if lim.DailyCount != nil && *lim.DailyCount < 1 {
+			pr.Add("dimension_limits."+name+".daily_count", "must be at least 1")
+		}
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func scanPolicy(row pgx.Row, effectType string) (Policy, error) {
+	p := Policy{EffectType: effectType}
+	var limits []byte
+	err := row.Scan(&p.Version, &p.Mode, &p.OnIndeterminate, &p.LeaseSeconds, &p.MaxAttempts,
+		&p.MaxCostMicros, &p.ApprovalAboveMicros, &p.DailyBudgetMicros, &p.ReconcileEveryHours,
+		&p.RequireCost, &p.RequiredDimensions, &limits, &p.StructuringThresholdMicros,
+		&p.SurgePerHour, &p.SurgeMultiplier, &p.SurgeAction, &p.SurgeCooldownSeconds, &p.RetentionDays,
+		&p.UpdatedAt)
+	if err != nil {
+		return p, err
+	}
+	if err := json.Unmarshal(limits, &p.DimensionLimits); err != nil {
+		return p, fmt.Errorf("policy dimension_limits: %w", err)
+	}
+	if p.RequiredDimensions == nil {
+		p.RequiredDimensions = []string{}
+	}
+	return p, nil
+}
+
+func checkEffectType(effectType string) error {
+	if !ValidEffectType(effectType) {
+		return apierr.NotFound("effect type")
+	}
+	return nil
+}
+
+// GetPolicy returns the effect type's policy, or the safe default (version 0).
+func (s *Service) GetPolicy(ctx context.Context, workspaceID, effectType string) (Policy, error) {
+	if err := checkEffectType(effectType); err != nil {
+		return Policy{}, err
+	}
+	p, err := scanPolicy(s.pool.QueryRow(ctx, sqlGetPolicy, workspaceID, effectType), effectType)
+	if err != nil {
+		return Policy{}, fmt.Errorf("get policy: %w", err)
+	}
+	return p, nil
+}
+
+// ListPolicies pages through the configured policies by effect type.
+func (s *Service) ListPolicies(ctx context.Context, workspaceID, cursor string, limit int) ([]Policy, error) {
+	rows, err := s.pool.Query(ctx, sqlListPolicies, workspaceID, cursor, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list policies: %w", err)
+	}
+	defer rows.Close()
+	var out []Policy
+	for rows.Next() {
+		var et string
+		p, err := scanPolicy(prefixedRow{rows, &et}, "")
+		if err != nil {
+			return nil, fmt.Errorf("list policies: %w", err)
+		}
+		p.EffectType = et
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// prefixedRow scans a leading column into first, then the rest as usual.
+type prefixedRow struct {
+	rows  pgx.Rows
+	first any
+}
+
+func (r prefixedRow) Scan(dest ...any) error { return r.rows.Scan(append([]any{r.first}, dest...)...) }
+
+// PutPolicy merges req into the type's policy (or the default) and bumps its
+// version. The write is optimistic (the version read must still be current),
+// so a concurrent write makes this one re-read and merge again.
+func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string, req PutPolicyRequest) (Policy, error) {
+	if !ValidEffectType(effectType) {
+		return Policy{}, apierr.InvalidField("effect_type", effectTypeRule)
+	}
+	for try := 0; ; try++ {
+		p, err := scanPolicy(s.pool.QueryRow(ctx, sqlGetPolicy, workspaceID, effectType), effectType)
+		if err != nil {
+			return Policy{}, fmt.Errorf("read policy: %w", err)
+		}
+		if req.ExpectedVersion != nil && *req.ExpectedVersion != p.Version {
+			return Policy{}, apierr.VersionConflict(p.Version)
+		}
+		if err := req.merge(&p); err != nil {
+			return Policy{}, err
+		}
+		out, err := s.writePolicy(ctx, s.pool, workspaceID, p, s.clock())
+		if (errors.Is(err, pgx.ErrNoRows) || db.HasCode(err, db.CodeUniqueViolation)) && try < 5 {
+			continue
+		}
+		return out, err
+	}
+}
+
+// writePolicy upserts p as version p.Version+1.
+func (s *Service) writePolicy(ctx context.Context, q querier, workspaceID string, p Policy, now time.Time) (Policy, error) {
+	limits, err := json.Marshal(p.DimensionLimits)
+	if err != nil {
+		return Policy{}, err
+	}
+	var sql = sqlUpdatePolicy
+	if p.Version == 0 {
+		sql = sqlInsertPolicy
+	}
+	out, err := scanPolicy(q.QueryRow(ctx, sql, workspaceID, p.EffectType, p.Version, p.Mode, p.OnIndeterminate,
+		p.LeaseSeconds, p.MaxAttempts, p.MaxCostMicros, p.ApprovalAboveMicros, p.DailyBudgetMicros,
+		p.ReconcileEveryHours, p.RequireCost, p.RequiredDimensions, string(limits),
+		p.StructuringThresholdMicros, p.SurgePerHour, p.SurgeMultiplier, p.SurgeAction,
+		p.SurgeCooldownSeconds, p.RetentionDays, now), p.EffectType)
+	if err != nil {
+		return Policy{}, fmt.Errorf("write policy: %w", err)
+	}
+	return out, nil
+}
+
+// starterPolicies are seeded into every new workspace: money-moving types
+// must declare their cost, so a spend ceiling set later cannot be bypassed,
+// and get fewer attempts than the default.
+var starterPolicies = []struct {
+	effectType string
+	req        PutPolicyRequest
+}{
+	{"payment.charge", PutPolicyRequest{RequireCost: jsonx.Optional[bool]{Set: true, Value: true},
+		MaxAttempts: jsonx.Optional[int]{Set: true, Value: 3}}},
+	{"refund.issue", PutPolicyRequest{RequireCost: jsonx.Optional[bool]{Set: true, Value: true},
+		MaxAttempts: jsonx.Optional[int]{Set: true, Value: 3}}},
+}
+
+// SeedStarterPolicies writes the starter policies inside the signup
+// transaction (an auth.Seeder).
+func (s *Service) SeedStarterPolicies(ctx context.Context, tx pgx.Tx, workspaceID string) error {
+	now := s.clock()
+	for _, sp := range starterPolicies {
+		p, err := scanPolicy(tx.QueryRow(ctx, sqlGetPolicy, workspaceID, sp.effectType), sp.effectType)
+		if err != nil {
+			return err
+		}
+		if err := sp.req.merge(&p); err != nil {
+			return err
+		}
+		if _, err := s.writePolicy(ctx, tx, workspaceID, p, now); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,218 @@
+package gate_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestPolicyDefaultAndStarters(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.env.Must(http.StatusOK, "GET", "/api/v1/policies/never.configured", b.ws.Key, nil).JSON()
+	require.Equal(t, map[string]any{
+		"effect_type": "never.configured", "version": 0.0, "mode": "allow", "on_indeterminate": "block",
+		"lease_seconds": 60.0, "max_attempts": 5.0, "max_cost_micros": nil, "approval_above_micros": nil,
+		"daily_budget_micros": nil, "reconcile_every_hours": nil, "require_cost": false,
+		"required_dimensions": []any{}, "dimension_limits": map[string]any{}, "structuring_threshold_micros": nil,
+		"surge_per_hour": nil, "surge_multiplier": nil, "surge_action": "require_approval",
+		"surge_cooldown_seconds": 3600.0, "retention_days": 90.0, "updated_at": nil,
+	}, p)
+
+	list := b.env.Must(http.StatusOK, "GET", "/api/v1/policies", b.ws.Key, nil).JSON()
+	var types []string
+	for _, x := range list["data"].([]any) {
+		types = append(types, x.(map[string]any)["effect_type"].(string))
+		require.EqualValues(t, 1, x.(map[string]any)["version"])
+		require.Equal(t, true, x.(map[string]any)["require_cost"])
+	}
+	require.Equal(t, []string{"payment.charge", "refund.issue"}, types)
+	page := b.env.Must(http.StatusOK, "GET", "/api/v1/policies?limit=1", b.ws.Key, nil).JSON()
+	require.Len(t, page["data"], 1)
+	require.Equal(t, "payment.charge", page["next_cursor"])
+	page = b.env.Must(http.StatusOK, "GET", "/api/v1/policies?limit=1&cursor=payment.charge", b.ws.Key, nil).JSON()
+	require.Equal(t, "refund.issue", page["data"].([]any)[0].(map[string]any)["effect_type"])
+	require.Nil(t, page["next_cursor"])
+
+	// A starter policy is enforced: a charge must declare its cost.
+	errCode(t, b.begin(map[string]any{"effect_type": "payment.charge", "idempotency_key": key("c")}),
+		http.StatusBadRequest, "cost_required")
+}
+
+func TestPolicyPutMergesAndVersions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := b.putPolicy("sms.send", map[string]any{"mode": "require_approval", "max_cost_micros": 5_000_000,
+		"required_dimensions": []string{"recipient"}, "dimension_limits": map[string]any{
+			"recipient": map[string]any{"daily_micros": 1_000_000, "daily_count": 20}},
+		"reconcile_every_hours": 24, "surge_multiplier": 3, "surge_per_hour": 100, "structuring_threshold_micros": 900,
+		"daily_budget_micros": 50_000_000, "retention_days": 30, "surge_cooldown_seconds": 600, "surge_action": "deny"})
+	require.EqualValues(t, 1, p["version"])
+	require.Equal(t, "require_approval", p["mode"])
+	require.Equal(t, "block", p["on_indeterminate"])
+	require.EqualValues(t, 5_000_000, p["max_cost_micros"])
+	require.Equal(t, map[string]any{"recipient": map[string]any{"daily_micros": 1e6, "daily_count": 20.0}}, p["dimension_limits"])
+
+	// Omitted keeps, null clears, expected_version must match.
+	p = b.putPolicy("sms.send", map[string]any{"expected_version": 1, "max_cost_micros": nil, "lease_seconds": 30,
+		"required_dimensions": nil})
+	require.EqualValues(t, 2, p["version"])
+	require.Nil(t, p["max_cost_micros"])
+	require.EqualValues(t, 30, p["lease_seconds"])
+	require.Equal(t, "require_approval", p["mode"])
+	require.Equal(t, []any{}, p["required_dimensions"])
+	require.EqualValues(t, 24, p["reconcile_every_hours"])
+	require.Equal(t, "deny", p["surge_action"])
+
+	r := b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key, map[string]any{"expected_version": 1, "mode": "deny"})
+	e := errCode(t, r, http.StatusConflict, "version_conflict")
+	require.EqualValues(t, 2, e["detail"].(map[string]any)["current_version"])
+	require.Equal(t, "require_approval", b.env.Must(http.StatusOK, "GET", "/api/v1/policies/sms.send", b.ws.Key, nil).JSON()["mode"])
+
+	// expected_version 0 creates only when unconfigured.
+	p = b.putPolicy("push.send", map[string]any{"expected_version": 0})
+	require.EqualValues(t, 1, p["version"])
+	errCode(t, b.env.Do("PUT", "/api/v1/policies/push.send", b.ws.Key, map[string]any{"expected_version": 0}),
+		http.StatusConflict, "version_conflict")
+}
+
+func TestPolicyValidation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	nine := []string{"a", "b", "c", "d", "e", "f", "g", "h", "i"}
+	limits := map[string]any{}
+	for _, d := range nine {
+		limits[d] = map[string]any{"daily_count": 1}
+	}
+	cases := []struct {
+		body  map[string]any
+		field string
+	}{
+		{map[string]any{"mode": "sometimes"}, "mode"},
+		{map[string]any{"mode": nil}, "mode"},
+		{map[string]any{"on_indeterminate": "guess"}, "on_indeterminate"},
+		{map[string]any{"lease_seconds": 4}, "lease_seconds"},
+		{map[string]any{"lease_seconds": 3601}, "lease_seconds"},
+		{map[string]any{"lease_seconds": nil}, "lease_seconds"},
+		{map[string]any{"max_attempts": 0}, "max_attempts"},
+		{map[string]any{"max_attempts": 51}, "max_attempts"},
+		{map[string]any{"max_cost_micros": -1}, "max_cost_micros"},
+		{map[string]any{"approval_above_micros": -1}, "approval_above_micros"},
+		{map[string]any{"daily_budget_micros": -5}, "daily_budget_micros"},
+		{map[string]any{"reconcile_every_hours": 0}, "reconcile_every_hours"},
+		{map[string]any{"reconcile_every_hours": 8761}, "reconcile_every_hours"},
+		{map[string]any{"require_cost": nil}, "require_cost"},
+		{map[string]any{"require_cost": "yes"}, "require_cost"},
+		{map[string]any{"required_dimensions": nine}, "required_dimensions"},
+		{map[string]any{"required_dimensions": []string{"ok", "bad name"}}, "required_dimensions.1"},
+		{map[string]any{"required_dimensions": []string{"a", "a"}}, "required_dimensions.1"},
+		{map[string]any{"dimension_limits": limits}, "dimension_limits"},
+		{map[string]any{"dimension_limits": map[string]any{"r": map[string]any{"daily_count": 0}}}, "dimension_limits.r.daily_count"},
+		{map[string]any{"dimension_limits": map[string]any{"r": map[string]any{"daily_micros": -1}}}, "dimension_limits.r.daily_micros"},
+		{map[string]any{"dimension_limits": map[string]any{"r": map[string]any{"daily_microz": 1}}}, "dimension_limits.r"},
+		{map[string]any{"dimension_limits": map[string]any{"r": 5}}, "dimension_limits.r"},
+		{map[string]any{"structuring_threshold_micros": -1}, "structuring_threshold_micros"},
+		{map[string]any{"surge_per_hour": 0}, "surge_per_hour"},
+		{map[string]any{"surge_multiplier": 1}, "surge_multiplier"},
+		{map[string]any{"surge_action": "panic"}, "surge_action"},
+		{map[string]any{"surge_cooldown_seconds": 59}, "surge_cooldown_seconds"},
+		{map[string]any{"surge_cooldown_seconds": 86401}, "surge_cooldown_seconds"},
+		{map[string]any{"retention_days": 0}, "retention_days"},
+		{map[string]any{"retention_days": 401}, "retention_days"},
+		{map[string]any{"colour": "red"}, "colour"},
+	}
+	for _, c := range cases {
+		r := b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key, c.body)
+		require.Contains(t, validationFields(t, r), c.field, "%v", c.body)
+	}
+	// Several problems are named at once.
+	fields := validationFields(t, b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key,
+		map[string]any{"lease_seconds": 1, "max_attempts": 99}))
+	require.ElementsMatch(t, []string{"lease_seconds", "max_attempts"}, fields)
+	// A malformed effect type in the path.
+	require.Contains(t, validationFields(t, b.env.Do("PUT", "/api/v1/policies/bad%20type", b.ws.Key,
+		map[string]any{})), "effect_type")
+
+	// Approval threshold above the ceiling is its own code, also across PUTs.
+	r := b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key,
+		map[string]any{"max_cost_micros": 100, "approval_above_micros": 101})
+	errCode(t, r, http.StatusBadRequest, "approval_threshold_above_ceiling")
+	b.putPolicy("sms.send", map[string]any{"max_cost_micros": 100, "approval_above_micros": 100}) // equal is allowed
+	errCode(t, b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key, map[string]any{"max_cost_micros": 99}),
+		http.StatusBadRequest, "approval_threshold_above_ceiling")
+
+	// None of the refusals changed the policy.
+	p := b.env.Must(http.StatusOK, "GET", "/api/v1/policies/sms.send", b.ws.Key, nil).JSON()
+	require.EqualValues(t, 1, p["version"])
+	require.EqualValues(t, 100, p["max_cost_micros"])
+}
+
+func TestPolicyEnforcement(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	begin := func(typ string, cost any, dims map[string]any) map[string]any {
+		body := map[string]any{"effect_type": typ, "idempotency_key": key(typ), "payload": map[string]any{"n": 1}}
+		if cost != nil {
+			body["cost_micros"] = cost
+		}
+		if dims != nil {
+			body["dimensions"] = dims
+		}
+		return body
+	}
+
+	// mode deny: 403 with the decision; the effect is stored, and re-evaluated afresh later.
+	b.putPolicy("fax.send", map[string]any{"mode": "deny"})
+	body := begin("fax.send", nil, nil)
+	d := b.mustBegin("denied", body)
+	require.Equal(t, "policy_denied", d["error"].(map[string]any)["code"])
+	require.Equal(t, "denied", d["state"])
+	require.EqualValues(t, 0, d["attempt"])
+	e := b.get(str(d["effect_id"]))
+	require.Equal(t, "denied", e["state"])
+	require.Equal(t, "policy_denied", e["denial_code"])
+	b.putPolicy("fax.send", map[string]any{"mode": "allow"})
+	d = b.mustBegin("execute", body)
+	require.EqualValues(t, 1, d["attempt"]) // the denial consumed no attempt
+
+	// max_cost_micros.
+	b.putPolicy("charge", map[string]any{"max_cost_micros": 1000})
+	d = b.mustBegin("denied", begin("charge", 1001, nil))
+	require.Equal(t, "cost_ceiling_exceeded", d["error"].(map[string]any)["code"])
+	b.mustBegin("execute", begin("charge", 1000, nil))
+	b.mustBegin("execute", begin("charge", nil, nil))
+
+	// require_cost: 400, nothing stored.
+	b.putPolicy("api.call", map[string]any{"require_cost": true})
+	body = begin("api.call", nil, nil)
+	errCode(t, b.begin(body), http.StatusBadRequest, "cost_required")
+	list := b.env.Must(http.StatusOK, "GET", "/api/v1/effects?effect_type=api.call", b.ws.Key, nil).JSON()
+	require.Empty(t, list["data"])
+	b.mustBegin("execute", begin("api.call", 0, nil))
+
+	// required_dimensions, plus any dimension a limit is keyed on.
+	b.putPolicy("email.bulk", map[string]any{"required_dimensions": []string{"recipient"},
+		"dimension_limits": map[string]any{"domain": map[string]any{"daily_count": 5}}})
+	r := b.begin(begin("email.bulk", nil, map[string]any{"other": "x"}))
+	e = errCode(t, r, http.StatusBadRequest, "dimension_required")
+	require.Equal(t, []any{"domain", "recipient"}, e["detail"].(map[string]any)["dimensions"])
+	r = b.begin(begin("email.bulk", nil, map[string]any{"recipient": "x"}))
+	e = errCode(t, r, http.StatusBadRequest, "dimension_required")
+	require.Equal(t, []any{"domain"}, e["detail"].(map[string]any)["dimensions"])
+	b.mustBegin("execute", begin("email.bulk", nil, map[string]any{"recipient": "x", "domain": "example.com"}))
+
+	// approval_above_micros: cost becomes mandatory; at or above holds; below allows.
+	b.putPolicy("refund", map[string]any{"max_cost_micros": 500, "approval_above_micros": 100})
+	errCode(t, b.begin(begin("refund", nil, nil)), http.StatusBadRequest, "cost_required")
+	b.mustBegin("execute", begin("refund", 99, nil))
+	a := b.mustBegin("approval_required", begin("refund", 100, nil))
+	require.NotEmpty(t, a["approval_id"])
+	require.Equal(t, "awaiting_approval", a["state"])
+	require.EqualValues(t, 0, a["attempt"])
+	d = b.mustBegin("denied", begin("refund", 501, nil)) // refuse wins over hold
+	require.Equal(t, "cost_ceiling_exceeded", d["error"].(map[string]any)["code"])
+	// A low amount never turns require_approval back into an allow.
+	b.putPolicy("refund", map[string]any{"mode": "require_approval"})
+	b.mustBegin("approval_required", begin("refund", 1, nil))
+}

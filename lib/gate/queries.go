@@ -1,0 +1,399 @@
+package gate
+
+import (
+	"strings"
+
+	"github.com/getratchet/ratchet/lib/events"
+)
+
+// All of the gate's SQL. Every statement takes the service clock as a
+// parameter; none calls now().
+
+// policyCols are the effective policy's columns in scanPolicy order.
+const policyCols = `version, mode, on_indeterminate, lease_seconds, max_attempts,
+	max_cost_micros, approval_above_micros, daily_budget_micros, reconcile_every_hours,
+	require_cost, required_dimensions, dimension_limits, structuring_threshold_micros,
+	surge_per_hour, surge_multiplier, surge_action, surge_cooldown_seconds, retention_days, updated_at`
+
+// sqlEffectivePolicy is the type's policy row, or the safe default with
+// version 0 (API.md §2.3). The defaults live here and nowhere else.
+// $1 workspace, $2 effect type.
+const sqlEffectivePolicy = `
+SELECT coalesce(p.version, 0) AS version,
+       coalesce(p.mode, 'allow') AS mode,
+       coalesce(p.on_indeterminate, 'block') AS on_indeterminate,
+       coalesce(p.lease_seconds, 60) AS lease_seconds,
+       coalesce(p.max_attempts, 5) AS max_attempts,
+       p.max_cost_micros, p.approval_above_micros, p.daily_budget_micros, p.reconcile_every_hours,
+       coalesce(p.require_cost, false) AS require_cost,
+       coalesce(p.required_dimensions, '{}') AS required_dimensions,
+       coalesce(p.dimension_limits, '{}') AS dimension_limits,
+       p.structuring_threshold_micros, p.surge_per_hour, p.surge_multiplier,
+       coalesce(p.surge_action, 'require_approval') AS surge_action,
+       coalesce(p.surge_cooldown_seconds, 3600) AS surge_cooldown_seconds,
+       coalesce(p.retention_days, 90) AS retention_days,
+       p.updated_at
+FROM (SELECT 1) AS one
+LEFT JOIN gate_policies p ON p.workspace_id = $1 AND p.effect_type = $2`
+
+const sqlGetPolicy = `SELECT ` + policyCols + ` FROM (` + sqlEffectivePolicy + `) pol`
+
+const sqlListPolicies = `SELECT effect_type, ` + policyCols + ` FROM gate_policies
+WHERE workspace_id = $1 AND effect_type > $2 ORDER BY effect_type LIMIT $3`
+
+// The policy writes take $1 workspace, $2 type, $3 the version read, every
+// field, $21 now. The update is optimistic: it changes nothing when another
+// write bumped the version since the read.
+const sqlInsertPolicy = `
+INSERT INTO gate_policies (workspace_id, effect_type, version, mode, on_indeterminate, lease_seconds,
+    max_attempts, max_cost_micros, approval_above_micros, daily_budget_micros, reconcile_every_hours,
+    require_cost, required_dimensions, dimension_limits, structuring_threshold_micros, surge_per_hour,
+    surge_multiplier, surge_action, surge_cooldown_seconds, retention_days, created_at, updated_at)
+VALUES ($1, $2, $3::bigint + 1, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13::text[], $14::jsonb, $15, $16, $17,
+    $18, $19, $20, $21, $21)
+RETURNING ` + policyCols
+
+const sqlUpdatePolicy = `
+UPDATE gate_policies SET version = version + 1, mode = $4, on_indeterminate = $5, lease_seconds = $6,
+    max_attempts = $7, max_cost_micros = $8, approval_above_micros = $9, daily_budget_micros = $10,
+    reconcile_every_hours = $11, require_cost = $12, required_dimensions = $13::text[],
+    dimension_limits = $14::jsonb, structuring_threshold_micros = $15, surge_per_hour = $16,
+    surge_multiplier = $17, surge_action = $18, surge_cooldown_seconds = $19, retention_days = $20,
+    updated_at = $21
+WHERE workspace_id = $1 AND effect_type = $2 AND version = $3
+RETURNING ` + policyCols
+
+// effectColumn is one column of effectRow, with the value that stands for it
+// when a LEFT JOIN found no effect (NOT NULL columns only).
+type effectColumn struct{ name, zero string }
+
+var effectColumns = []effectColumn{
+	{"id", "''"}, {"workspace_id", "''"}, {"effect_type", "''"}, {"idempotency_key", "''"},
+	{"fingerprint", "''"}, {"state", "''"}, {"denial_code", ""}, {"attempt", "0"},
+	{"lease_seconds", "0"}, {"lease_expires_at", ""}, {"attempt_started_at", ""}, {"probe", "false"},
+	{"approval_id", ""}, {"approval_state", ""}, {"result", ""}, {"result_preview", ""},
+	{"payload_preview", ""}, {"cost_micros", ""}, {"run_id", ""}, {"group_id", ""},
+	{"compensates_effect_id", ""}, {"created_at", "'epoch'"}, {"updated_at", "'epoch'"},
+}
+
+// effectCols lists the effect columns qualified by alias ("" for none);
+// nullSafe wraps NOT NULL ones in coalesce for outer joins.
+func effectCols(alias string, nullSafe bool) string {
+	var b strings.Builder
+	for i, c := range effectColumns {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		name := c.name
+		if alias != "" {
+			name = alias + "." + name
+		}
+		if nullSafe && c.zero != "" {
+			b.WriteString("coalesce(" + name + ", " + c.zero + ")")
+		} else {
+			b.WriteString(name)
+		}
+	}
+	return b.String()
+}
+
+// Begin's parameters, shared by the one-statement path and the locked path
+// so that both evaluate the policy with the same SQL:
+//
+//	$1 workspace  $2 effect type  $3 idempotency key  $4 cost_micros
+//	$5 declared dimension names  $6 requested lease seconds  (the locked path
+//	takes only these six)  $7 fingerprint  $8 now  $9 new effect id
+//	$10 hashed dimensions (jsonb)  $11 sealed payload  $12 payload preview (jsonb)
+//	$13 lease token hash  $14 key id  $15 new approval id  $16 run id
+//	$17 group id  $18 sealed compensation  $19 compensates effect id
+//	$20 new event id
+//
+// evalCTE evaluates the policy against the request: precheck is a 400 that
+// changes nothing (cost_required, dimension_required with the missing names),
+// fresh is what a fresh evaluation grants (policy_denied,
+// cost_ceiling_exceeded, approval, execute). A dimension with a ceiling is
+// required even when the policy forgot to list it: a ceiling keyed on an
+// undeclared dimension would otherwise be evaded.
+const evalCTE = `
+pol AS (` + sqlEffectivePolicy + `),
+ev AS (
+    SELECT pol.on_indeterminate, pol.max_attempts, pol.max_cost_micros, pol.approval_above_micros,
+        CASE WHEN (pol.require_cost OR pol.approval_above_micros IS NOT NULL) AND $4::bigint IS NULL THEN 'cost_required'
+             WHEN cardinality(m.missing) > 0 THEN 'dimension_required' END AS precheck,
+        m.missing AS missing_dimensions,
+        CASE WHEN pol.mode = 'deny' THEN 'policy_denied'
+             WHEN $4::bigint > pol.max_cost_micros THEN 'cost_ceiling_exceeded'
+             WHEN pol.mode = 'require_approval' THEN 'approval'
+             WHEN $4::bigint >= pol.approval_above_micros THEN 'approval'
+             ELSE 'execute' END AS fresh,
+        CASE WHEN pol.mode = 'require_approval' THEN 'policy_requires_approval'
+             ELSE 'cost_at_or_above_threshold' END AS approval_reason,
+        least(pol.lease_seconds, coalesce($6::int, pol.lease_seconds)) AS eff_lease
+    FROM pol, LATERAL (
+        SELECT coalesce(array_agg(d ORDER BY d), '{}') AS missing
+        FROM (SELECT unnest(pol.required_dimensions) UNION SELECT jsonb_object_keys(pol.dimension_limits)) x(d)
+        WHERE NOT d = ANY($5::text[])
+    ) m
+)`
+
+const evalCols = `ev.on_indeterminate, ev.max_attempts, ev.max_cost_micros, ev.approval_above_micros,
+	ev.precheck, ev.missing_dimensions, ev.fresh, ev.approval_reason, ev.eff_lease`
+
+// sqlBeginFast is begin in one round trip for a new key (insert the effect,
+// its first attempt or its approval) and for an existing one (read it back).
+// The fallback read uses the statement's snapshot, so when another begin
+// inserted the key concurrently neither branch returns a row and the caller
+// takes the locked path.
+var sqlBeginFast = `
+WITH ` + evalCTE + `,
+ins AS (
+    INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state, denial_code,
+        attempt, lease_token_hash, lease_seconds, lease_expires_at, attempt_started_at, probe, approval_id,
+        approval_state, payload, payload_preview, cost_micros, dimensions, run_id, group_id, compensation,
+        compensates_effect_id, created_by_key_id, created_at, updated_at)
+    SELECT $9, $1, $2, $3, $7,
+        CASE ev.fresh WHEN 'execute' THEN 'leased' WHEN 'approval' THEN 'awaiting_approval' ELSE 'denied' END,
+        CASE WHEN ev.fresh NOT IN ('execute', 'approval') THEN ev.fresh END,
+        CASE ev.fresh WHEN 'execute' THEN 1 ELSE 0 END,
+        CASE ev.fresh WHEN 'execute' THEN $13::bytea END,
+        ev.eff_lease,
+        CASE ev.fresh WHEN 'execute' THEN $8::timestamptz + make_interval(secs => ev.eff_lease) END,
+        CASE ev.fresh WHEN 'execute' THEN $8::timestamptz END,
+        false,
+        CASE ev.fresh WHEN 'approval' THEN $15::text END,
+        CASE ev.fresh WHEN 'approval' THEN 'pending' END,
+        $11, $12::jsonb, $4, $10::jsonb, $16, $17, $18, $19, $14, $8, $8
+    FROM ev WHERE ev.precheck IS NULL
+    ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
+    RETURNING ` + effectCols("", false) + `
+),
+att AS (
+    INSERT INTO effect_attempts (effect_id, attempt, workspace_id, lease_token_hash, probe, started_at,
+        lease_expires_at, began_by_key_id)
+    SELECT ins.id, 1, $1, $13, false, $8, ins.lease_expires_at, $14 FROM ins WHERE ins.state = 'leased'
+),
+apr AS (
+    INSERT INTO approvals (id, workspace_id, effect_id, effect_type, state, reason, created_at)
+    SELECT $15, $1, ins.id, $2, 'pending', ev.approval_reason, $8 FROM ins, ev WHERE ins.state = 'awaiting_approval'
+),
+evt AS (
+    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at)
+    SELECT $20, $1, '` + events.ApprovalRequested + `', $15,
+        jsonb_build_object('approval_id', $15::text, 'effect_id', ins.id, 'effect_type', $2::text,
+                           'reason', ev.approval_reason), $8
+    FROM ins, ev WHERE ins.state = 'awaiting_approval'
+),
+cur AS (
+    SELECT true AS inserted, ins.* FROM ins
+    UNION ALL
+    SELECT false, ` + effectCols("e", false) + ` FROM effects e
+    WHERE e.workspace_id = $1 AND e.idempotency_key = $3 AND NOT EXISTS (SELECT 1 FROM ins)
+)
+SELECT ` + evalCols + `, cur.inserted IS NOT NULL, coalesce(cur.inserted, false), ` + effectCols("cur", true) + `
+FROM ev LEFT JOIN cur ON true`
+
+// sqlBeginLocked reads the effect with the same evaluation, holding its row
+// until the transaction ends. Under READ COMMITTED a waiter gets the newest
+// version of the row once the holder commits.
+var sqlBeginLocked = `
+WITH ` + evalCTE + `
+SELECT ` + evalCols + `, true, false, ` + effectCols("e", false) + `
+FROM ev, effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $3
+FOR UPDATE OF e`
+
+// sqlGrant starts a new attempt on a locked effect.
+// $1 effect id, $2 now, $3 token hash, $4 lease seconds, $5 probe, $6 key id.
+var sqlGrant = `
+WITH e AS (
+    UPDATE effects SET state = 'leased', attempt = attempt + 1, lease_token_hash = $3, lease_seconds = $4,
+        lease_expires_at = $2::timestamptz + make_interval(secs => $4::int), attempt_started_at = $2,
+        probe = $5, denial_code = NULL, updated_at = $2
+    WHERE id = $1
+    RETURNING ` + effectCols("", false) + `
+), a AS (
+    INSERT INTO effect_attempts (effect_id, attempt, workspace_id, lease_token_hash, probe, started_at,
+        lease_expires_at, began_by_key_id)
+    SELECT e.id, e.attempt, e.workspace_id, $3, $5, $2, e.lease_expires_at, $6 FROM e
+)
+SELECT ` + effectCols("e", false) + ` FROM e`
+
+// sqlDeny records a denial. $1 effect id, $2 now, $3 code.
+var sqlDeny = `UPDATE effects SET state = 'denied', denial_code = $3, updated_at = $2 WHERE id = $1
+RETURNING ` + effectCols("", false)
+
+// sqlRequestApproval holds a locked effect for an operator.
+// $1 effect id, $2 now, $3 approval id, $4 reason, $5 event id.
+var sqlRequestApproval = `
+WITH a AS (
+    INSERT INTO approvals (id, workspace_id, effect_id, effect_type, state, reason, created_at)
+    SELECT $3, workspace_id, id, effect_type, 'pending', $4, $2 FROM effects WHERE id = $1
+    RETURNING id, workspace_id, effect_id, effect_type
+), evt AS (
+    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at)
+    SELECT $5, a.workspace_id, '` + events.ApprovalRequested + `', a.id,
+        jsonb_build_object('approval_id', a.id, 'effect_id', a.effect_id, 'effect_type', a.effect_type,
+                           'reason', $4::text), $2
+    FROM a
+)
+UPDATE effects SET state = 'awaiting_approval', approval_id = $3, approval_state = 'pending',
+    denial_code = NULL, updated_at = $2
+WHERE id = $1
+RETURNING ` + effectCols("", false)
+
+// lapseSQL makes lapsed leases durably indeterminate: the effect, its current
+// attempt, and one effect.indeterminate event per attempt in the outbox. The
+// condition state = 'leased' AND lease_expires_at <= now is re-checked under
+// the row lock, so a report that won the race is never overwritten and a
+// lapse is recorded once. $1 now, $2 limit, $3 event ids (one per row), and
+// what filter names.
+func lapseSQL(filter string) string {
+	return `
+WITH cand AS (
+    SELECT id FROM effects
+    WHERE state = 'leased' AND lease_expires_at <= $1 AND ` + filter + `
+    ORDER BY lease_expires_at LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), e AS (
+    UPDATE effects e SET state = 'indeterminate', updated_at = $1
+    FROM cand WHERE e.id = cand.id AND e.state = 'leased' AND e.lease_expires_at <= $1
+    RETURNING e.id, e.workspace_id, e.effect_type, e.attempt, e.lease_expires_at
+), a AS (
+    UPDATE effect_attempts a SET outcome = 'indeterminate'
+    FROM e WHERE a.effect_id = e.id AND a.attempt = e.attempt AND a.outcome IS NULL
+), n AS (
+    SELECT e.*, row_number() OVER (ORDER BY e.id) AS i FROM e
+), evt AS (
+    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
+    SELECT ($3::text[])[n.i], n.workspace_id, '` + events.EffectIndeterminate + `', n.id,
+        jsonb_build_object('effect_id', n.id, 'effect_type', n.effect_type, 'attempt', n.attempt,
+                           'lease_expired_at', n.lease_expires_at), $1, n.attempt::text
+    FROM n
+    ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
+)
+SELECT count(*) FROM e`
+}
+
+// sqlLapseDue is the sweeper's pass over every workspace; sqlLapseOne makes
+// one effect's lapse durable inline ($4 its id), through its primary key.
+var (
+	sqlLapseDue = lapseSQL("true")
+	sqlLapseOne = lapseSQL("id = $4")
+)
+
+// attemptsJSON aggregates an effect's attempts (alias e) in order.
+const attemptsJSON = `(SELECT coalesce(jsonb_agg(jsonb_build_object(
+    'attempt', a.attempt, 'outcome', a.outcome, 'probe', a.probe, 'started_at', a.started_at,
+    'lease_expires_at', a.lease_expires_at, 'reported_at', a.reported_at,
+    'began_by_key_id', a.began_by_key_id, 'reported_by_key_id', a.reported_by_key_id,
+    'resolved_by_key_id', a.resolved_by_key_id, 'resolved_at', a.resolved_at) ORDER BY a.attempt), '[]')
+  FROM effect_attempts a WHERE a.effect_id = e.id)`
+
+// sqlGetEffect reads one effect with its attempts. $1 id, $2 workspace.
+var sqlGetEffect = `SELECT ` + effectCols("e", false) + `, ` + attemptsJSON + `
+FROM effects e WHERE e.id = $1 AND e.workspace_id = $2`
+
+// sqlLockEffect reads and locks one effect. $1 id, $2 workspace.
+var sqlLockEffect = `SELECT ` + effectCols("e", false) + ` FROM effects e
+WHERE e.id = $1 AND e.workspace_id = $2 FOR UPDATE`
+
+// sqlListEffects pages newest first. A lapsed lease is indeterminate here too.
+// $1 workspace, $2 cursor (” for the first page), $3 limit, $4 state filter
+// (”), $5 effect type filter (”), $6 now.
+var sqlListEffects = `SELECT ` + effectCols("e", false) + `, ` + attemptsJSON + `
+FROM effects e
+WHERE e.workspace_id = $1 AND ($2::text = '' OR e.id < $2)
+  AND ($5::text = '' OR e.effect_type = $5)
+  AND CASE $4::text
+        WHEN '' THEN true
+        WHEN 'indeterminate' THEN e.state = 'indeterminate' OR (e.state = 'leased' AND e.lease_expires_at <= $6)
+        WHEN 'leased' THEN e.state = 'leased' AND e.lease_expires_at > $6
+        ELSE e.state = $4 END
+ORDER BY e.id DESC LIMIT $3`
+
+// sqlTokenAttempt finds the attempt a lease token belongs to.
+// $1 effect id, $2 token hash.
+const sqlTokenAttempt = `SELECT attempt, outcome, reported_at FROM effect_attempts
+WHERE effect_id = $1 AND lease_token_hash = $2`
+
+// sqlReport records the outcome of the current, live attempt in one
+// statement, and returns the effect with its attempts as they now are.
+// $1 effect id, $2 workspace, $3 token hash, $4 outcome, $5 sealed result,
+// $6 result preview, $7 now, $8 key id.
+var sqlReport = `
+WITH upd AS (
+    UPDATE effects SET state = $4, result = $5, result_preview = $6::jsonb, updated_at = $7
+    WHERE id = $1 AND workspace_id = $2 AND state = 'leased' AND lease_token_hash = $3 AND lease_expires_at > $7
+    RETURNING ` + effectCols("", false) + `
+), upa AS (
+    UPDATE effect_attempts a SET outcome = $4, reported_at = $7, reported_by_key_id = $8
+    FROM upd WHERE a.effect_id = upd.id AND a.attempt = upd.attempt
+    RETURNING a.*
+)
+SELECT ` + effectCols("e", false) + `,
+  (SELECT jsonb_agg(jsonb_build_object(
+      'attempt', a.attempt, 'outcome', a.outcome, 'probe', a.probe, 'started_at', a.started_at,
+      'lease_expires_at', a.lease_expires_at, 'reported_at', a.reported_at,
+      'began_by_key_id', a.began_by_key_id, 'reported_by_key_id', a.reported_by_key_id,
+      'resolved_by_key_id', a.resolved_by_key_id, 'resolved_at', a.resolved_at) ORDER BY a.attempt)
+   FROM (SELECT * FROM effect_attempts WHERE effect_id = $1 AND attempt <> e.attempt
+         UNION ALL SELECT * FROM upa) a)
+FROM upd e`
+
+// sqlHeartbeat extends a live lease by its length from now.
+// $1 effect id, $2 workspace, $3 token hash, $4 now.
+const sqlHeartbeat = `
+WITH upd AS (
+    UPDATE effects SET lease_expires_at = $4::timestamptz + make_interval(secs => lease_seconds), updated_at = $4
+    WHERE id = $1 AND workspace_id = $2 AND state = 'leased' AND lease_token_hash = $3 AND lease_expires_at > $4
+    RETURNING id, attempt, lease_expires_at
+), upa AS (
+    UPDATE effect_attempts a SET lease_expires_at = upd.lease_expires_at
+    FROM upd WHERE a.effect_id = upd.id AND a.attempt = upd.attempt
+)
+SELECT lease_expires_at FROM upd`
+
+// sqlResolve records what an operator found for an indeterminate effect.
+// $1 effect id, $2 outcome, $3 sealed result, $4 result preview, $5 now,
+// $6 key id, $7 note.
+const sqlResolve = `
+WITH upd AS (
+    UPDATE effects SET state = $2, result = $3, result_preview = $4::jsonb, updated_at = $5
+    WHERE id = $1 AND state = 'indeterminate'
+    RETURNING id, attempt
+)
+UPDATE effect_attempts a SET outcome = $2, resolved_by_key_id = $6, resolved_at = $5, resolve_note = $7
+FROM upd WHERE a.effect_id = upd.id AND a.attempt = upd.attempt`
+
+const approvalCols = `id, effect_id, effect_type, state, reason, created_at, decided_at, note`
+
+// sqlDecideApproval approves or rejects a pending approval and updates its
+// effect in one statement: a rejection is a final denial for the key.
+// $1 approval id, $2 workspace, $3 'approved'|'rejected', $4 now, $5 key id,
+// $6 note, $7 event id.
+const sqlDecideApproval = `
+WITH a AS (
+    UPDATE approvals SET state = $3, decided_at = $4, decided_by_key_id = $5, note = $6
+    WHERE id = $1 AND workspace_id = $2 AND state = 'pending'
+    RETURNING ` + approvalCols + `
+), e AS (
+    UPDATE effects e SET approval_state = $3, updated_at = $4,
+        state = CASE WHEN $3 = 'rejected' AND e.state = 'awaiting_approval' THEN 'denied' ELSE e.state END,
+        denial_code = CASE WHEN $3 = 'rejected' AND e.state = 'awaiting_approval' THEN 'approval_rejected'
+                           ELSE e.denial_code END
+    FROM a WHERE e.id = a.effect_id AND e.approval_id = a.id
+), evt AS (
+    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at)
+    SELECT $7, $2, '` + events.ApprovalDecided + `', a.id,
+        jsonb_build_object('approval_id', a.id, 'effect_id', a.effect_id, 'effect_type', a.effect_type,
+                           'state', a.state), $4
+    FROM a
+)
+SELECT ` + approvalCols + ` FROM a`
+
+// $1 approval id, $2 workspace.
+const sqlGetApproval = `SELECT ` + approvalCols + ` FROM approvals WHERE id = $1 AND workspace_id = $2`
+
+// $1 workspace, $2 cursor, $3 limit, $4 state (” for any).
+const sqlListApprovals = `SELECT ` + approvalCols + ` FROM approvals
+WHERE workspace_id = $1 AND ($2::text = '' OR id < $2) AND ($4::text = '' OR state = $4)
+ORDER BY id DESC LIMIT $3`

@@ -1,0 +1,565 @@
+package httpapi_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+)
+
+// clock is an injectable, advanceable test clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *clock { return &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// jobsEnv is a workspace with an operator, an INGEST and a WORKER key.
+type jobsEnv struct {
+	*apitest.Env
+	ws     apitest.Workspace
+	ingest string
+	worker string
+	clock  *clock
+}
+
+func newJobsEnv(t *testing.T, tools ...string) *jobsEnv {
+	t.Helper()
+	c := newClock()
+	env := apitest.Start(t, apitest.WithNow(c.Now))
+	ws := env.Signup()
+	if tools == nil {
+		tools = []string{"send_email@1"}
+	}
+	return &jobsEnv{
+		Env: env, ws: ws, clock: c,
+		ingest: env.Key(ws, map[string]any{"name": "producer", "preset": "INGEST"}),
+		worker: env.Key(ws, map[string]any{"name": "worker", "preset": "WORKER", "tools": tools}),
+	}
+}
+
+func (e *jobsEnv) run() string {
+	e.T.Helper()
+	return e.Must(http.StatusCreated, "POST", "/api/v1/runs", e.ingest, map[string]any{"name": "onboarding"}).JSON()["id"].(string)
+}
+
+func (e *jobsEnv) enqueue(runID string, body map[string]any) map[string]any {
+	e.T.Helper()
+	return e.Must(http.StatusCreated, "POST", "/api/v1/runs/"+runID+"/steps", e.ingest, body).JSON()
+}
+
+func (e *jobsEnv) register(tools ...string) string {
+	e.T.Helper()
+	var ts []map[string]string
+	for _, t := range tools {
+		name, version, _ := strings.Cut(t, "@")
+		ts = append(ts, map[string]string{"name": name, "version": version})
+	}
+	return e.Must(http.StatusCreated, "POST", "/api/v1/workers/register", e.worker,
+		map[string]any{"tools": ts}).JSON()["workerId"].(string)
+}
+
+func (e *jobsEnv) claim(workerID string, limit int) []map[string]any {
+	e.T.Helper()
+	r := e.Must(http.StatusOK, "POST", "/api/v1/workers/"+workerID+"/claim", e.worker, map[string]any{"limit": limit})
+	var out struct {
+		Jobs []map[string]any `json:"jobs"`
+	}
+	r.Decode(e.T, &out)
+	return out.Jobs
+}
+
+func (e *jobsEnv) report(job map[string]any, body map[string]any) *apitest.Response {
+	e.T.Helper()
+	body["leaseToken"] = job["leaseToken"]
+	return e.Do("POST", "/api/v1/jobs/"+job["jobId"].(string)+"/report", e.worker, body)
+}
+
+func (e *jobsEnv) getRun(runID string) map[string]any {
+	e.T.Helper()
+	return e.Must(http.StatusOK, "GET", "/api/v1/runs/"+runID, e.ingest, nil).JSON()
+}
+
+func step(run map[string]any, i int) map[string]any {
+	return run["steps"].([]any)[i].(map[string]any)
+}
+
+func durable(run map[string]any, i int) map[string]any {
+	return step(run, i)["durableJob"].(map[string]any)
+}
+
+func TestJobHappyPath(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	enq := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1",
+		"input": map[string]any{"customerId": "cus_secret_77"}, "idempotencyKey": "welcome:cus_2048"})
+	require.Equal(t, "QUEUED", enq["status"])
+	require.Equal(t, false, enq["deduplicated"])
+	require.NotNil(t, enq["dueAt"])
+
+	wid := e.register("send_email@1")
+	jobs := e.claim(wid, 10)
+	require.Len(t, jobs, 1)
+	j := jobs[0]
+	require.Equal(t, enq["jobId"], j["jobId"])
+	require.EqualValues(t, 1, j["attempt"])
+	require.Equal(t, map[string]any{"customerId": "cus_secret_77"}, j["input"])
+	require.Equal(t, "welcome:cus_2048", j["idempotencyKey"])
+	// Lease = claim time + timeout (30 s default) + grace (10 s).
+	require.Equal(t, e.clock.Now().Add(40*time.Second).Format(time.RFC3339Nano), j["leaseExpiresAt"])
+	require.Empty(t, e.claim(wid, 10))
+
+	r := e.report(j, map[string]any{"status": "SUCCEEDED", "output": map[string]any{"messageId": "m_1"}})
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	require.Equal(t, "SUCCEEDED", r.JSON()["status"])
+
+	run := e.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/finish", e.ingest, nil).JSON()
+	require.Equal(t, "SUCCEEDED", run["status"])
+	require.Equal(t, true, run["completionRequested"])
+	s := step(run, 0)
+	require.Equal(t, "SUCCEEDED", s["status"])
+	require.Equal(t, map[string]any{"customerId": "<string>"}, s["inputPreview"])
+	require.Equal(t, map[string]any{"messageId": "<string>"}, s["outputPreview"])
+	require.NotContains(t, string(e.Must(200, "GET", "/api/v1/runs/"+runID, e.ingest, nil).Body), "cus_secret_77")
+}
+
+func validationFields(t *testing.T, r *apitest.Response) []string {
+	t.Helper()
+	require.Equal(t, http.StatusBadRequest, r.Status, "%s", r.Body)
+	require.Equal(t, "invalid_request", r.ErrorCode())
+	var out []string
+	for _, v := range r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["validation"].([]any) {
+		out = append(out, v.(map[string]any)["field"].(string))
+	}
+	return out
+}
+
+func (e *jobsEnv) endpoint(name string) map[string]any {
+	e.T.Helper()
+	return e.Must(http.StatusCreated, "POST", "/api/v1/endpoints", e.ws.Key, map[string]any{"name": name}).JSON()
+}
+
+func TestEndpointPolicyValidation(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	ep := e.endpoint("Email service")
+	require.Equal(t, "STANDARD", ep["policyPreset"])
+	require.Nil(t, ep["retryPolicy"])
+	require.EqualValues(t, 5, ep["maxAttempts"])
+	require.EqualValues(t, 30000, ep["defaultTimeoutMs"])
+	require.Nil(t, ep["maxConcurrent"])
+	require.Nil(t, ep["rateLimitPerMinute"])
+	require.Equal(t, false, ep["paused"])
+	require.Equal(t, "closed", ep["circuit"].(map[string]any)["state"])
+	// An existing name answers 200, unchanged.
+	again := e.Must(http.StatusOK, "POST", "/api/v1/endpoints", e.ws.Key,
+		map[string]any{"name": "Email service", "preset": "RELAXED"}).JSON()
+	require.Equal(t, ep["id"], again["id"])
+	require.Equal(t, "STANDARD", again["policyPreset"])
+
+	path := "/api/v1/endpoints/" + ep["id"].(string) + "/policy"
+	put := func(body map[string]any) *apitest.Response { return e.Do("PUT", path, e.ws.Key, body) }
+	custom := func(over map[string]any) map[string]any {
+		b := map[string]any{"expectedVersion": 1, "preset": "CUSTOM", "maxAttempts": 6, "initialDelayMs": 10000,
+			"multiplier": 2, "maxDelayMs": 600000, "jitterPercent": 20, "defaultTimeoutMs": 30000,
+			"maxConcurrent": 4, "rateLimitPerMinute": nil}
+		for k, v := range over {
+			if v == "<omit>" {
+				delete(b, k)
+			} else {
+				b[k] = v
+			}
+		}
+		return b
+	}
+	for name, tc := range map[string]struct {
+		body   map[string]any
+		fields []string
+	}{
+		"unknown field":              {custom(map[string]any{"backoff": "fast"}), []string{"backoff"}},
+		"incomplete CUSTOM":          {custom(map[string]any{"multiplier": "<omit>", "jitterPercent": "<omit>"}), []string{"multiplier", "jitterPercent"}},
+		"custom field on built-in":   {map[string]any{"expectedVersion": 1, "preset": "STANDARD", "initialDelayMs": 1000}, []string{"initialDelayMs"}},
+		"attempts on built-in":       {map[string]any{"expectedVersion": 1, "preset": "AGGRESSIVE", "maxAttempts": 3}, []string{"maxAttempts"}},
+		"custom field, no preset":    {map[string]any{"expectedVersion": 1, "jitterPercent": 5}, []string{"jitterPercent"}},
+		"maxDelayMs < initial":       {custom(map[string]any{"initialDelayMs": 60000, "maxDelayMs": 1000}), []string{"maxDelayMs"}},
+		"maxAttempts 0":              {custom(map[string]any{"maxAttempts": 0}), []string{"maxAttempts"}},
+		"maxAttempts 11":             {custom(map[string]any{"maxAttempts": 11}), []string{"maxAttempts"}},
+		"fractional attempts":        {custom(map[string]any{"maxAttempts": 2.5}), []string{"maxAttempts"}},
+		"fractional ms":              {custom(map[string]any{"initialDelayMs": 1000.5}), []string{"initialDelayMs"}},
+		"delay beyond 24 h":          {custom(map[string]any{"maxDelayMs": 86400001}), []string{"maxDelayMs"}},
+		"multiplier below 1":         {custom(map[string]any{"multiplier": 0.5}), []string{"multiplier"}},
+		"jitter over 100":            {custom(map[string]any{"jitterPercent": 101}), []string{"jitterPercent"}},
+		"unknown preset":             {map[string]any{"expectedVersion": 1, "preset": "FAST"}, []string{"preset"}},
+		"expectedVersion required":   {custom(map[string]any{"expectedVersion": "<omit>"}), []string{"expectedVersion"}},
+		"maxConcurrent 0":            {custom(map[string]any{"maxConcurrent": 0}), []string{"maxConcurrent"}},
+		"maxConcurrent 1001":         {custom(map[string]any{"maxConcurrent": 1001}), []string{"maxConcurrent"}},
+		"rateLimitPerMinute 100001":  {custom(map[string]any{"rateLimitPerMinute": 100001}), []string{"rateLimitPerMinute"}},
+		"defaultTimeoutMs too small": {custom(map[string]any{"defaultTimeoutMs": 10}), []string{"defaultTimeoutMs"}},
+		"null preset":                {map[string]any{"expectedVersion": 1, "preset": nil}, []string{"preset"}},
+	} {
+		r := put(tc.body)
+		require.Equal(t, tc.fields, validationFields(t, r), name)
+	}
+	// Nothing changed.
+	require.EqualValues(t, 1, e.Must(200, "GET", path, e.ws.Key, nil).JSON()["version"])
+
+	ok := e.Must(http.StatusOK, "PUT", path, e.ws.Key, custom(nil)).JSON()
+	require.Equal(t, "CUSTOM", ok["policyPreset"])
+	require.EqualValues(t, 2, ok["version"])
+	require.EqualValues(t, 6, ok["maxAttempts"])
+	require.EqualValues(t, 4, ok["maxConcurrent"])
+	require.Equal(t, map[string]any{"preset": "CUSTOM", "maxAttempts": 6.0, "initialDelayMs": 10000.0,
+		"multiplier": 2.0, "maxDelayMs": 600000.0, "jitterPercent": 20.0}, ok["retryPolicy"])
+
+	stale := put(custom(nil))
+	require.Equal(t, http.StatusConflict, stale.Status)
+	require.Equal(t, "version_conflict", stale.ErrorCode())
+
+	// An existing CUSTOM policy merges field by field; null clears a gate.
+	merged := e.Must(http.StatusOK, "PUT", path, e.ws.Key, map[string]any{"expectedVersion": 2, "maxAttempts": 3,
+		"maxConcurrent": nil, "rateLimitPerMinute": 600}).JSON()
+	require.EqualValues(t, 3, merged["maxAttempts"])
+	require.EqualValues(t, 10000, merged["retryPolicy"].(map[string]any)["initialDelayMs"])
+	require.Nil(t, merged["maxConcurrent"])
+	require.EqualValues(t, 600, merged["rateLimitPerMinute"])
+	back := e.Must(http.StatusOK, "PUT", path, e.ws.Key, map[string]any{"expectedVersion": 3, "preset": "RELAXED"}).JSON()
+	require.Nil(t, back["retryPolicy"])
+	require.EqualValues(t, 3, back["maxAttempts"])
+
+	list := e.Must(http.StatusOK, "GET", "/api/v1/endpoints?limit=1", e.ingest, nil).JSON()
+	require.Len(t, list["data"], 1)
+	require.Nil(t, list["nextCursor"])
+	// Creating with policy fields validates them too.
+	require.Equal(t, []string{"maxDelayMs"}, validationFields(t, e.Do("POST", "/api/v1/endpoints", e.ws.Key,
+		map[string]any{"name": "x", "preset": "CUSTOM", "maxAttempts": 2, "initialDelayMs": 5000, "multiplier": 2,
+			"maxDelayMs": 10, "jitterPercent": 0})))
+	require.Equal(t, []string{"name"}, validationFields(t, e.Do("POST", "/api/v1/endpoints", e.ws.Key, map[string]any{"name": ""})))
+}
+
+func TestReportAndEnqueueValidation(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	steps := "/api/v1/runs/" + runID + "/steps"
+	for name, tc := range map[string]struct {
+		body   map[string]any
+		fields []string
+	}{
+		"missing name and version": {map[string]any{"input": 1}, []string{"name", "version"}},
+		"maxAttempts 11":           {map[string]any{"name": "a", "version": "1", "maxAttempts": 11}, []string{"maxAttempts"}},
+		"maxAttempts 0":            {map[string]any{"name": "a", "version": "1", "maxAttempts": 0}, []string{"maxAttempts"}},
+		"timeoutMs small":          {map[string]any{"name": "a", "version": "1", "timeoutMs": 5}, []string{"timeoutMs"}},
+		"afterStatus alone":        {map[string]any{"name": "a", "version": "1", "afterStatus": "FAILED"}, []string{"afterStepId"}},
+		"afterStatus bad":          {map[string]any{"name": "a", "version": "1", "afterStepId": "stp_01m8kjt9g002extbwvcndh4bkd", "afterStatus": "DONE"}, []string{"afterStatus"}},
+		"afterStepId unknown":      {map[string]any{"name": "a", "version": "1", "afterStepId": "stp_01m8kjt9g002extbwvcndh4bkd", "afterStatus": "FAILED"}, []string{"afterStepId"}},
+		"unknown field":            {map[string]any{"name": "a", "version": "1", "priority": 1}, []string{"priority"}},
+	} {
+		require.Equal(t, tc.fields, validationFields(t, e.Do("POST", steps, e.ingest, tc.body)), name)
+	}
+
+	e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": 1})
+	wid := e.register("send_email@1")
+	job := e.claim(wid, 1)[0]
+	for name, tc := range map[string]struct {
+		body   map[string]any
+		fields []string
+	}{
+		"bad status":                 {map[string]any{"status": "DONE"}, []string{"status"}},
+		"retryAfterMs with success":  {map[string]any{"status": "SUCCEEDED", "error": map[string]any{"retryAfterMs": 5000}}, []string{"error.retryAfterMs"}},
+		"error with success":         {map[string]any{"status": "SUCCEEDED", "error": map[string]any{"message": "x"}}, []string{"error"}},
+		"retryAfterMs not retryable": {map[string]any{"status": "FAILED", "error": map[string]any{"retryable": false, "retryAfterMs": 5000}}, []string{"error.retryAfterMs"}},
+		"retryAfterMs too small":     {map[string]any{"status": "FAILED", "error": map[string]any{"retryAfterMs": 999}}, []string{"error.retryAfterMs"}},
+		"retryAfterMs too large":     {map[string]any{"status": "FAILED", "error": map[string]any{"retryAfterMs": 86400001}}, []string{"error.retryAfterMs"}},
+		"retryAfterMs fractional":    {map[string]any{"status": "FAILED", "error": map[string]any{"retryAfterMs": 1500.5}}, []string{"error.retryAfterMs"}},
+		"output with failure":        {map[string]any{"status": "FAILED", "output": map[string]any{"a": 1}}, []string{"output"}},
+	} {
+		require.Equal(t, tc.fields, validationFields(t, e.report(job, tc.body)), name)
+	}
+	// Bad reports changed nothing: the attempt is still open.
+	r := e.report(job, map[string]any{"status": "FAILED", "error": map[string]any{"message": "busy", "retryAfterMs": 60000}})
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	require.Equal(t, "RETRY_SCHEDULED", r.JSON()["status"])
+	require.Equal(t, e.clock.Now().Add(time.Minute).Format(time.RFC3339), r.JSON()["nextDueAt"])
+	stale := e.report(map[string]any{"jobId": job["jobId"], "leaseToken": "0123"}, map[string]any{"status": "SUCCEEDED"})
+	require.Equal(t, http.StatusConflict, stale.Status)
+	require.Equal(t, "lease_lost", stale.ErrorCode())
+	// A malformed id is 404 without a query.
+	require.Equal(t, http.StatusNotFound, e.Do("POST", "/api/v1/jobs/nope/report", e.worker, map[string]any{}).Status)
+	require.Equal(t, []string{"limit"}, validationFields(t, e.Do("POST", "/api/v1/workers/"+wid+"/claim", e.worker, map[string]any{"limit": 101})))
+	require.Equal(t, []string{"waitSeconds"}, validationFields(t, e.Do("POST", "/api/v1/workers/"+wid+"/claim", e.worker, map[string]any{"waitSeconds": 21})))
+}
+
+func TestJobScopesAndTenancy(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t, "send_email@1")
+	runID := e.run()
+	e.enqueue(runID, map[string]any{"name": "send_email", "version": "1"})
+
+	// INGEST can enqueue but not claim or register.
+	r := e.Do("POST", "/api/v1/workers/register", e.ingest, map[string]any{"tools": []map[string]string{{"name": "send_email", "version": "1"}}})
+	require.Equal(t, http.StatusForbidden, r.Status)
+	require.Equal(t, []any{"jobs:work"}, r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["required"])
+	wid := e.register("send_email@1")
+	r = e.Do("POST", "/api/v1/workers/"+wid+"/claim", e.ingest, map[string]any{})
+	require.Equal(t, http.StatusForbidden, r.Status)
+	// A WORKER key may not enqueue, and may register only its listed pairs.
+	require.Equal(t, http.StatusForbidden, e.Do("POST", "/api/v1/runs", e.worker, map[string]any{"name": "x"}).Status)
+	r = e.Do("POST", "/api/v1/workers/register", e.worker, map[string]any{"tools": []map[string]string{
+		{"name": "send_email", "version": "1"}, {"name": "send_email", "version": "2"}, {"name": "charge", "version": "1"}}})
+	require.Equal(t, http.StatusForbidden, r.Status)
+	require.Equal(t, []any{"tool:send_email@2", "tool:charge@1"},
+		r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["required"])
+	// The operator key (no tools list) may register any tool.
+	e.Must(http.StatusCreated, "POST", "/api/v1/workers/register", e.ws.Key,
+		map[string]any{"tools": []map[string]string{{"name": "anything", "version": "9"}}})
+
+	// Another key's worker id is 404, even in the same workspace.
+	other := e.Key(e.ws, map[string]any{"name": "w2", "preset": "WORKER", "tools": []string{"send_email@1"}})
+	r = e.Do("POST", "/api/v1/workers/"+wid+"/claim", other, map[string]any{})
+	require.Equal(t, http.StatusNotFound, r.Status)
+	require.Equal(t, "not_found", r.ErrorCode())
+
+	// Cross-tenant: every id of this workspace is 404 from another one.
+	jobs := e.claim(wid, 1)
+	require.Len(t, jobs, 1)
+	ws2 := e.Signup()
+	ingest2 := e.Key(ws2, map[string]any{"name": "p", "preset": "INGEST"})
+	worker2 := e.Key(ws2, map[string]any{"name": "w", "preset": "WORKER", "tools": []string{"send_email@1"}})
+	require.Equal(t, http.StatusNotFound, e.Do("GET", "/api/v1/runs/"+runID, ingest2, nil).Status)
+	require.Equal(t, http.StatusNotFound, e.Do("POST", "/api/v1/runs/"+runID+"/steps", ingest2,
+		map[string]any{"name": "send_email", "version": "1"}).Status)
+	require.Equal(t, http.StatusNotFound, e.Do("POST", "/api/v1/runs/"+runID+"/finish", ingest2, nil).Status)
+	require.Equal(t, http.StatusNotFound, e.Do("POST", "/api/v1/steps/"+jobs[0]["stepId"].(string)+"/cancel", ingest2, nil).Status)
+	require.Equal(t, http.StatusNotFound, e.Do("POST", "/api/v1/workers/"+wid+"/claim", worker2, map[string]any{}).Status)
+	for p, body := range map[string]map[string]any{
+		"report":    {"leaseToken": jobs[0]["leaseToken"], "status": "SUCCEEDED"},
+		"heartbeat": {"leaseToken": jobs[0]["leaseToken"]},
+	} {
+		r := e.Do("POST", "/api/v1/jobs/"+jobs[0]["jobId"].(string)+"/"+p, worker2, body)
+		require.Equal(t, http.StatusNotFound, r.Status, p)
+	}
+	ep := e.Must(200, "GET", "/api/v1/endpoints", e.ws.Key, nil).JSON()["data"].([]any)[0].(map[string]any)
+	op2 := ws2.Key
+	require.Equal(t, http.StatusNotFound, e.Do("GET", "/api/v1/endpoints/"+ep["id"].(string)+"/policy", op2, nil).Status)
+	require.Equal(t, http.StatusNotFound, e.Do("PUT", "/api/v1/endpoints/"+ep["id"].(string)+"/policy", op2,
+		map[string]any{"expectedVersion": 1}).Status)
+	require.Equal(t, http.StatusNotFound, e.Do("POST", "/api/v1/endpoints/"+ep["id"].(string)+"/pause", op2, nil).Status)
+	require.Empty(t, e.Must(200, "GET", "/api/v1/endpoints", op2, nil).JSON()["data"])
+	// The job is still ours to finish.
+	require.Equal(t, http.StatusOK, e.report(jobs[0], map[string]any{"status": "SUCCEEDED"}).Status)
+}
+
+func TestQueueHealthSaysWhenNoWorkerServesAVersion(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t, "send_email@1", "send_email@2")
+	runID := e.run()
+	e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": 1})
+	e.enqueue(runID, map[string]any{"name": "send_email", "version": "2", "input": 2})
+	e.enqueue(runID, map[string]any{"name": "send_email", "version": "2", "input": 3})
+	wid := e.register("send_email@1")
+	require.Empty(t, e.claim(wid, 1)[0]["input"] == nil)
+	e.clock.Advance(90 * time.Second)
+	var h struct {
+		Data []struct {
+			Name                   string  `json:"name"`
+			Version                string  `json:"version"`
+			Queued                 int     `json:"queued"`
+			OldestQueuedAgeSeconds int     `json:"oldestQueuedAgeSeconds"`
+			WorkersSeen            int     `json:"workersSeen"`
+			Message                *string `json:"message"`
+		} `json:"data"`
+	}
+	e.Must(http.StatusOK, "GET", "/api/v1/queue/health", e.ws.Key, nil).Decode(t, &h)
+	require.Len(t, h.Data, 1)
+	v2 := h.Data[0]
+	require.Equal(t, "2", v2.Version)
+	require.Equal(t, 2, v2.Queued)
+	require.Equal(t, 90, v2.OldestQueuedAgeSeconds)
+	require.Equal(t, 0, v2.WorkersSeen)
+	require.NotNil(t, v2.Message)
+	require.Contains(t, *v2.Message, "send_email@2")
+
+	e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": 4})
+	e.Must(http.StatusOK, "GET", "/api/v1/queue/health", e.ws.Key, nil).Decode(t, &h)
+	require.Len(t, h.Data, 2)
+	require.Equal(t, 1, h.Data[0].WorkersSeen)
+	require.Nil(t, h.Data[0].Message)
+}
+
+func TestClaimLongPollsUntilAJobArrives(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	wid := e.register("send_email@1")
+	done := make(chan *apitest.Response, 1)
+	go func() {
+		done <- e.Do("POST", "/api/v1/workers/"+wid+"/claim", e.worker, map[string]any{"limit": 5, "waitSeconds": 20})
+	}()
+	time.Sleep(300 * time.Millisecond)
+	enq := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": 1})
+	r := <-done
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	jobs := r.JSON()["jobs"].([]any)
+	require.Len(t, jobs, 1)
+	require.Equal(t, enq["jobId"], jobs[0].(map[string]any)["jobId"])
+}
+
+func TestHTTPConcurrentWorkersEachJobOnce(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	const n = 200
+	for i := range n {
+		e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": i})
+	}
+	var mu sync.Mutex
+	seen := map[string]int{}
+	var wg sync.WaitGroup
+	for range 4 {
+		wid := e.register("send_email@1")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				r := e.Do("POST", "/api/v1/workers/"+wid+"/claim", e.worker, map[string]any{"limit": 7})
+				var out struct {
+					Jobs []map[string]any `json:"jobs"`
+				}
+				if r.Status != http.StatusOK || json.Unmarshal(r.Body, &out) != nil || len(out.Jobs) == 0 {
+					return
+				}
+				for _, j := range out.Jobs {
+					mu.Lock()
+					seen[j["jobId"].(string)]++
+					mu.Unlock()
+					if rr := e.report(j, map[string]any{"status": "SUCCEEDED"}); rr.Status != http.StatusOK {
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.Len(t, seen, n)
+	for id, c := range seen {
+		require.Equal(t, 1, c, id)
+	}
+	run := e.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/finish", e.ingest, nil).JSON()
+	require.Equal(t, "SUCCEEDED", run["status"])
+	require.Len(t, run["steps"], n)
+}
+
+func TestBatchReport(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	for i := range 4 {
+		e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": i, "maxAttempts": 2})
+	}
+	wid := e.register("send_email@1")
+	js := e.claim(wid, 4)
+	require.Len(t, js, 4)
+	body := map[string]any{"reports": []map[string]any{
+		{"jobId": js[0]["jobId"], "leaseToken": js[0]["leaseToken"], "status": "SUCCEEDED", "output": map[string]any{"id": 1}},
+		{"jobId": js[1]["jobId"], "leaseToken": js[1]["leaseToken"], "status": "FAILED", "error": map[string]any{"message": "x", "retryAfterMs": 5000}},
+		{"jobId": js[2]["jobId"], "leaseToken": "stale", "status": "SUCCEEDED"},
+		{"jobId": js[3]["jobId"], "leaseToken": js[3]["leaseToken"], "status": "FAILED", "error": map[string]any{"retryable": false}},
+	}}
+	r := e.Must(http.StatusOK, "POST", "/api/v1/jobs/report", e.worker, body)
+	var out struct {
+		Results []struct {
+			JobID  string `json:"jobId"`
+			Status string `json:"status"`
+			Error  *struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		} `json:"results"`
+	}
+	r.Decode(t, &out)
+	require.Len(t, out.Results, 4)
+	require.Equal(t, "SUCCEEDED", out.Results[0].Status)
+	require.Equal(t, "RETRY_SCHEDULED", out.Results[1].Status)
+	require.Equal(t, "lease_lost", out.Results[2].Error.Code)
+	require.Equal(t, "EXHAUSTED", out.Results[3].Status)
+	for i, res := range out.Results {
+		require.Equal(t, js[i]["jobId"], res.JobID)
+	}
+	// Repeating the batch answers the same outcomes (the stale one still lost).
+	r2 := e.Must(http.StatusOK, "POST", "/api/v1/jobs/report", e.worker, body)
+	require.JSONEq(t, string(r.Body), string(r2.Body))
+	// The single report of a batched attempt agrees.
+	single := e.report(js[0], map[string]any{"status": "SUCCEEDED", "output": map[string]any{"id": 1}})
+	require.Equal(t, "SUCCEEDED", single.JSON()["status"])
+
+	require.Equal(t, []string{"reports.1.jobId"}, validationFields(t, e.Do("POST", "/api/v1/jobs/report", e.worker,
+		map[string]any{"reports": []map[string]any{
+			{"jobId": js[0]["jobId"], "leaseToken": "a", "status": "SUCCEEDED"},
+			{"jobId": js[0]["jobId"], "leaseToken": "a", "status": "SUCCEEDED"}}})))
+	require.Equal(t, []string{"reports.0.error.retryAfterMs"}, validationFields(t, e.Do("POST", "/api/v1/jobs/report", e.worker,
+		map[string]any{"reports": []map[string]any{
+			{"jobId": js[0]["jobId"], "leaseToken": "a", "status": "SUCCEEDED", "error": map[string]any{"retryAfterMs": 2000}}}})))
+	require.Equal(t, []string{"reports"}, validationFields(t, e.Do("POST", "/api/v1/jobs/report", e.worker,
+		map[string]any{"reports": []map[string]any{}})))
+}
+
+func TestEnqueueStatusCodesOverHTTP(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	body := map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"customerId": "c1"},
+		"idempotencyKey": "welcome:c1", "timeoutMs": 30000, "maxAttempts": 5, "endpoint": "Email service"}
+	first := e.Must(http.StatusCreated, "POST", "/api/v1/runs/"+runID+"/steps", e.ingest, body).JSON()
+	dup := e.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/steps", e.ingest, body).JSON()
+	require.Equal(t, true, dup["deduplicated"])
+	require.Equal(t, first["stepId"], dup["stepId"])
+	body["input"] = map[string]any{"customerId": "c2"}
+	r := e.Do("POST", "/api/v1/runs/"+runID+"/steps", e.ingest, body)
+	require.Equal(t, http.StatusConflict, r.Status)
+	require.Equal(t, "idempotency_key_reuse", r.ErrorCode())
+
+	e.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/finish", e.ingest, nil)
+	r = e.Do("POST", "/api/v1/runs/"+runID+"/steps", e.ingest, map[string]any{"name": "send_email", "version": "1"})
+	require.Equal(t, http.StatusConflict, r.Status)
+	require.Equal(t, "invalid_state", r.ErrorCode())
+	require.Equal(t, http.StatusNotFound, e.Do("GET", "/api/v1/runs/run_nope", e.ingest, nil).Status)
+	r = e.Do("POST", "/api/v1/runs/"+runID+"/steps", "", map[string]any{"name": "send_email", "version": "1"})
+	require.Equal(t, http.StatusUnauthorized, r.Status)
+	require.Equal(t, "unauthorized", r.ErrorCode())
+	huge := `{"name":"send_email","version":"1","input":"` + strings.Repeat("x", 1<<20) + `"}`
+	r = e.Do("POST", "/api/v1/runs/"+e.run()+"/steps", e.ingest, huge)
+	require.Equal(t, http.StatusRequestEntityTooLarge, r.Status)
+	require.Equal(t, "payload_too_large", r.ErrorCode())
+
+	run := e.getRun(runID)
+	require.Equal(t, "Email service", step(run, 0)["endpoint"])
+	require.Equal(t, map[string]any{"preset": "STANDARD", "maxAttempts": 5.0, "initialDelayMs": 30000.0,
+		"multiplier": 2.0, "maxDelayMs": 900000.0, "jitterPercent": 20.0, "timeoutMs": 30000.0}, durable(run, 0)["policy"])
+	require.NotNil(t, durable(run, 0)["dueAt"])
+
+	doc := e.Must(http.StatusOK, "GET", "/api/v1/openapi.json", "", nil).JSON()
+	paths := doc["paths"].(map[string]any)
+	for _, p := range []string{"/api/v1/runs/{id}/steps", "/api/v1/workers/{workerId}/claim", "/api/v1/jobs/{id}/report",
+		"/api/v1/endpoints/{id}/policy", "/api/v1/queue/health", "/api/v1/jobs/report"} {
+		require.Contains(t, paths, p)
+	}
+}

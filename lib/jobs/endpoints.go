@@ -1,0 +1,386 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/jsonx"
+)
+
+// Endpoint is a service that jobs are sent to, with its retry policy and
+// gates (API.md §5). The policy routes read and write this object.
+type Endpoint struct {
+	ID                 string       `json:"id"`
+	Name               string       `json:"name"`
+	Version            int64        `json:"version"`
+	PolicyPreset       string       `json:"policyPreset"`
+	RetryPolicy        *RetryPolicy `json:"retryPolicy"` // the complete CUSTOM object, null for built-ins
+	MaxAttempts        int          `json:"maxAttempts"`
+	DefaultTimeoutMs   int64        `json:"defaultTimeoutMs"`
+	MaxConcurrent      *int         `json:"maxConcurrent"`
+	RateLimitPerMinute *int         `json:"rateLimitPerMinute"`
+	Paused             bool         `json:"paused"`
+	Circuit            Circuit      `json:"circuit"`
+	CreatedAt          time.Time    `json:"createdAt"`
+	UpdatedAt          time.Time    `json:"updatedAt"`
+
+	policy RetryPolicy
+}
+
+// Circuit is the endpoint's breaker state.
+type Circuit struct {
+	State    string     `json:"state"`
+	OpenedAt *time.Time `json:"openedAt"`
+}
+
+// endpointPolicy is everything a policy PUT can change.
+type endpointPolicy struct {
+	RetryPolicy
+	DefaultTimeoutMs   int64
+	MaxConcurrent      *int
+	RateLimitPerMinute *int
+}
+
+func defaultEndpointPolicy() endpointPolicy {
+	return endpointPolicy{RetryPolicy: Presets[PresetStandard], DefaultTimeoutMs: DefaultTimeoutMs}
+}
+
+// PolicyFields are the policy fields shared by POST /endpoints and PUT …/policy.
+// Omitted fields keep their value; null clears a nullable field.
+type PolicyFields struct {
+	Preset             jsonx.Optional[string]  `json:"preset"`
+	MaxAttempts        jsonx.Optional[int64]   `json:"maxAttempts"`
+	InitialDelayMs     jsonx.Optional[int64]   `json:"initialDelayMs"`
+	Multiplier         jsonx.Optional[float64] `json:"multiplier"`
+	MaxDelayMs         jsonx.Optional[int64]   `json:"maxDelayMs"`
+	JitterPercent      jsonx.Optional[float64] `json:"jitterPercent"`
+	DefaultTimeoutMs   jsonx.Optional[int64]   `json:"defaultTimeoutMs"`
+	MaxConcurrent      jsonx.Optional[int64]   `json:"maxConcurrent"`
+	RateLimitPerMinute jsonx.Optional[int64]   `json:"rateLimitPerMinute"`
+}
+
+// UpdatePolicyRequest is the body of PUT /api/v1/endpoints/{id}/policy. The
+// fields are spelled out (not embedded) so that decoding errors name them by
+// their wire path.
+type UpdatePolicyRequest struct {
+	ExpectedVersion    jsonx.Optional[int64]   `json:"expectedVersion"`
+	Preset             jsonx.Optional[string]  `json:"preset"`
+	MaxAttempts        jsonx.Optional[int64]   `json:"maxAttempts"`
+	InitialDelayMs     jsonx.Optional[int64]   `json:"initialDelayMs"`
+	Multiplier         jsonx.Optional[float64] `json:"multiplier"`
+	MaxDelayMs         jsonx.Optional[int64]   `json:"maxDelayMs"`
+	JitterPercent      jsonx.Optional[float64] `json:"jitterPercent"`
+	DefaultTimeoutMs   jsonx.Optional[int64]   `json:"defaultTimeoutMs"`
+	MaxConcurrent      jsonx.Optional[int64]   `json:"maxConcurrent"`
+	RateLimitPerMinute jsonx.Optional[int64]   `json:"rateLimitPerMinute"`
+}
+
+// CreateEndpointRequest is the body of POST /api/v1/endpoints.
+type CreateEndpointRequest struct {
+	Name               string                  `json:"name"`
+	Preset             jsonx.Optional[string]  `json:"preset"`
+	MaxAttempts        jsonx.Optional[int64]   `json:"maxAttempts"`
+	InitialDelayMs     jsonx.Optional[int64]   `json:"initialDelayMs"`
+	Multiplier         jsonx.Optional[float64] `json:"multiplier"`
+	MaxDelayMs         jsonx.Optional[int64]   `json:"maxDelayMs"`
+	JitterPercent      jsonx.Optional[float64] `json:"jitterPercent"`
+	DefaultTimeoutMs   jsonx.Optional[int64]   `json:"defaultTimeoutMs"`
+	MaxConcurrent      jsonx.Optional[int64]   `json:"maxConcurrent"`
+	RateLimitPerMinute jsonx.Optional[int64]   `json:"rateLimitPerMinute"`
+}
+
+// Fields returns the request's policy fields.
+func (r UpdatePolicyRequest) Fields() PolicyFields {
+	return PolicyFields{r.Preset, r.MaxAttempts, r.InitialDelayMs, r.Multiplier, r.MaxDelayMs, r.JitterPercent,
+		r.DefaultTimeoutMs, r.MaxConcurrent, r.RateLimitPerMinute}
+}
+
+// Fields returns the request's policy fields.
+func (r CreateEndpointRequest) Fields() PolicyFields {
+	return PolicyFields{r.Preset, r.MaxAttempts, r.InitialDelayMs, r.Multiplier, r.MaxDelayMs, r.JitterPercent,
+		r.DefaultTimeoutMs, r.MaxConcurrent, r.RateLimitPerMinute}
+}
+
+// merge applies f to cur and validates the result, naming every problem.
+func (f PolicyFields) merge(cur endpointPolicy, p *apierr.Problems) endpointPolicy {
+	notNull := func(field string, set, null bool) bool {
+		if set && null {
+			p.Add(field, "must not be null")
+			return false
+		}
+		return set
+	}
+	preset := cur.Preset
+	if notNull("preset", f.Preset.Set, f.Preset.Null) {
+		switch f.Preset.Value {
+		case PresetStandard, PresetAggressive, PresetRelaxed, PresetCustom:
+			preset = f.Preset.Value
+		default:
+			p.Add("preset", "must be one of STANDARD, AGGRESSIVE, RELAXED, CUSTOM")
+			return cur
+		}
+	}
+	out := cur
+	type custom struct {
+		name string
+		set  bool
+		null bool
+	}
+	customs := []custom{
+		{"maxAttempts", f.MaxAttempts.Set, f.MaxAttempts.Null},
+		{"initialDelayMs", f.InitialDelayMs.Set, f.InitialDelayMs.Null},
+		{"multiplier", f.Multiplier.Set, f.Multiplier.Null},
+		{"maxDelayMs", f.MaxDelayMs.Set, f.MaxDelayMs.Null},
+		{"jitterPercent", f.JitterPercent.Set, f.JitterPercent.Null},
+	}
+	if preset != PresetCustom {
+		for _, c := range customs {
+			if c.set {
+				p.Add(c.name, "is only allowed with preset CUSTOM; built-in presets take no custom fields")
+			}
+		}
+		out.RetryPolicy = Presets[preset]
+	} else {
+		// A policy becoming CUSTOM must be complete; an existing CUSTOM
+		// policy merges field by field.
+		for _, c := range customs {
+			if notNull(c.name, c.set, c.null) || cur.Preset == PresetCustom {
+				continue
+			}
+			p.Add(c.name, "is required for a CUSTOM policy")
+		}
+		out.Preset = PresetCustom
+		if f.MaxAttempts.Set && !f.MaxAttempts.Null {
+			out.MaxAttempts = int(max(min(f.MaxAttempts.Value, math.MaxInt32), math.MinInt32))
+			if f.MaxAttempts.Value < MinAttempts || f.MaxAttempts.Value > MaxAttemptsLimit {
+				p.Add("maxAttempts", "must be an integer from 1 to 10")
+			}
+		}
+		if f.InitialDelayMs.Set && !f.InitialDelayMs.Null {
+			out.InitialDelayMs = f.InitialDelayMs.Value
+			if out.InitialDelayMs < 1 || out.InitialDelayMs > MaxDelayLimitMs {
+				p.Add("initialDelayMs", "must be an integer from 1 to 86400000 (milliseconds)")
+			}
+		}
+		if f.Multiplier.Set && !f.Multiplier.Null {
+			out.Multiplier = f.Multiplier.Value
+			if math.IsNaN(out.Multiplier) || out.Multiplier < 1 || out.Multiplier > MaxMultiplier {
+				p.Add("multiplier", "must be a number from 1 to 10")
+			}
+		}
+		if f.MaxDelayMs.Set && !f.MaxDelayMs.Null {
+			out.MaxDelayMs = f.MaxDelayMs.Value
+			if out.MaxDelayMs < 1 || out.MaxDelayMs > MaxDelayLimitMs {
+				p.Add("maxDelayMs", "must be an integer from 1 to 86400000 (milliseconds; the final delay is at most 24 hours)")
+			}
+		}
+		if f.JitterPercent.Set && !f.JitterPercent.Null {
+			out.JitterPercent = f.JitterPercent.Value
+			if math.IsNaN(out.JitterPercent) || out.JitterPercent < 0 || out.JitterPercent > MaxJitterPercent {
+				p.Add("jitterPercent", "must be a number from 0 to 100")
+			}
+		}
+		if out.MaxDelayMs < out.InitialDelayMs && out.InitialDelayMs > 0 {
+			p.Add("maxDelayMs", "must be at least initialDelayMs")
+		}
+	}
+	if notNull("defaultTimeoutMs", f.DefaultTimeoutMs.Set, f.DefaultTimeoutMs.Null) {
+		out.DefaultTimeoutMs = f.DefaultTimeoutMs.Value
+		if out.DefaultTimeoutMs < MinTimeoutMs || out.DefaultTimeoutMs > MaxTimeoutMs {
+			p.Add("defaultTimeoutMs", "must be an integer from 1000 to 86400000 (milliseconds)")
+		}
+	}
+	out.MaxConcurrent = nullableInt(p, "maxConcurrent", f.MaxConcurrent, 1, MaxConcurrentMax, cur.MaxConcurrent)
+	out.RateLimitPerMinute = nullableInt(p, "rateLimitPerMinute", f.RateLimitPerMinute, 1, RateLimitMax, cur.RateLimitPerMinute)
+	return out
+}
+
+func nullableInt(p *apierr.Problems, field string, o jsonx.Optional[int64], lo, hi int64, cur *int) *int {
+	switch {
+	case !o.Set:
+		return cur
+	case o.Null:
+		return nil
+	case o.Value < lo || o.Value > hi:
+		p.Add(field, "must be null or an integer from %d to %d", lo, hi)
+		return cur
+	}
+	v := int(o.Value)
+	return &v
+}
+
+func validEndpointName(name string) bool {
+	return strings.TrimSpace(name) != "" && len(name) <= 200
+}
+
+func scanEndpoint(row pgx.Row) (Endpoint, error) {
+	var e Endpoint
+	var mc, rl *int32
+	err := row.Scan(&e.ID, &e.Name, &e.Version, &e.policy.Preset, &e.policy.MaxAttempts, &e.policy.InitialDelayMs,
+		&e.policy.Multiplier, &e.policy.MaxDelayMs, &e.policy.JitterPercent, &e.DefaultTimeoutMs, &mc, &rl,
+		&e.Paused, &e.Circuit.State, &e.Circuit.OpenedAt, &e.CreatedAt, &e.UpdatedAt)
+	if err != nil {
+		return e, err
+	}
+	e.MaxConcurrent, e.RateLimitPerMinute = intPtr(mc), intPtr(rl)
+	e.PolicyPreset = e.policy.Preset
+	e.MaxAttempts = e.policy.MaxAttempts
+	if e.policy.Preset == PresetCustom {
+		rp := e.policy
+		e.RetryPolicy = &rp
+	}
+	return e, nil
+}
+
+func intPtr(v *int32) *int {
+	if v == nil {
+		return nil
+	}
+	i := int(*v)
+	return &i
+}
+
+func (e Endpoint) current() endpointPolicy {
+	return endpointPolicy{RetryPolicy: e.policy, DefaultTimeoutMs: e.DefaultTimeoutMs,
+		MaxConcurrent: e.MaxConcurrent, RateLimitPerMinute: e.RateLimitPerMinute}
+}
+
+// CreateEndpoint creates an endpoint ahead of its first job. An existing name
+// answers the endpoint unchanged with created=false.
+func (s *Service) CreateEndpoint(ctx context.Context, workspaceID string, req CreateEndpointRequest) (Endpoint, bool, error) {
+	var p apierr.Problems
+	if !validEndpointName(req.Name) {
+		p.Add("name", "must be 1-200 characters")
+	}
+	pol := req.Fields().merge(defaultEndpointPolicy(), &p)
+	if err := p.Err(); err != nil {
+		return Endpoint{}, false, err
+	}
+	if e, err := s.endpointByName(ctx, s.pool, workspaceID, req.Name); err == nil {
+		return e, false, nil
+	} else if !errors.Is(err, pgx.ErrNoRows) {
+		return Endpoint{}, false, err
+	}
+	e, err := scanEndpoint(s.pool.QueryRow(ctx, sqlInsertEndpoint, policyArgs(ids.NewAt(ids.Endpoint, s.now()),
+		workspaceID, req.Name, pol, s.now())...))
+	if errors.Is(err, pgx.ErrNoRows) { // created concurrently
+		e, err = s.endpointByName(ctx, s.pool, workspaceID, req.Name)
+		return e, false, err
+	}
+	if err != nil {
+		return Endpoint{}, false, fmt.Errorf("create endpoint: %w", err)
+	}
+	return e, true, nil
+}
+
+func policyArgs(id, workspaceID, name string, pol endpointPolicy, now time.Time) []any {
+	return []any{id, workspaceID, name, pol.Preset, pol.MaxAttempts, pol.InitialDelayMs, pol.Multiplier,
+		pol.MaxDelayMs, pol.JitterPercent, pol.DefaultTimeoutMs, pol.MaxConcurrent, pol.RateLimitPerMinute, now}
+}
+
+func (s *Service) endpointByName(ctx context.Context, q querier, workspaceID, name string) (Endpoint, error) {
+	return scanEndpoint(q.QueryRow(ctx, sqlEndpointByName, workspaceID, name))
+}
+
+// endpointForEnqueue returns the named endpoint, creating it with the
+// STANDARD preset on first use.
+func (s *Service) endpointForEnqueue(ctx context.Context, q querier, workspaceID, name string) (Endpoint, error) {
+	for range 2 {
+		e, err := s.endpointByName(ctx, q, workspaceID, name)
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return e, err
+		}
+		e, err = scanEndpoint(q.QueryRow(ctx, sqlInsertEndpoint, policyArgs(ids.NewAt(ids.Endpoint, s.now()),
+			workspaceID, name, defaultEndpointPolicy(), s.now())...))
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return e, err
+		}
+	}
+	return Endpoint{}, errors.New("enqueue endpoint: neither found nor created")
+}
+
+// ListEndpoints pages through the workspace's endpoints by id.
+func (s *Service) ListEndpoints(ctx context.Context, workspaceID, cursor string, limit int) ([]Endpoint, error) {
+	rows, err := s.pool.Query(ctx, sqlListEndpoints, workspaceID, cursor, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list endpoints: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Endpoint, error) { return scanEndpoint(r) })
+}
+
+// GetEndpoint reads one endpoint.
+func (s *Service) GetEndpoint(ctx context.Context, workspaceID, id string) (Endpoint, error) {
+	e, err := scanEndpoint(s.pool.QueryRow(ctx, sqlEndpointByID, workspaceID, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Endpoint{}, apierr.NotFound("endpoint")
+	}
+	return e, err
+}
+
+// UpdatePolicy merges req into the endpoint's policy when expectedVersion is
+// current. Existing jobs keep their snapshots.
+func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req UpdatePolicyRequest) (Endpoint, error) {
+	var p apierr.Problems
+	if !req.ExpectedVersion.Set || req.ExpectedVersion.Null {
+		p.Add("expectedVersion", "is required (the version you last read)")
+	}
+	cur, err := s.GetEndpoint(ctx, workspaceID, id)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	pol := req.Fields().merge(cur.current(), &p)
+	if err := p.Err(); err != nil {
+		return Endpoint{}, err
+	}
+	if req.ExpectedVersion.Value != cur.Version {
+		return Endpoint{}, apierr.VersionConflict(cur.Version)
+	}
+	var e Endpoint
+	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		// The gate protocol (sql.go): wait for in-flight transitions out of
+		// RUNNING, then recount under the row lock the update takes.
+		if _, err := tx.Exec(ctx, sqlEndpointGateExclusive, id); err != nil {
+			return fmt.Errorf("lock endpoint gate: %w", err)
+		}
+		e, err = scanEndpoint(tx.QueryRow(ctx, sqlUpdatePolicy, id, workspaceID, pol.Preset, pol.MaxAttempts,
+			pol.InitialDelayMs, pol.Multiplier, pol.MaxDelayMs, pol.JitterPercent, pol.DefaultTimeoutMs,
+			pol.MaxConcurrent, pol.RateLimitPerMinute, s.now(), req.ExpectedVersion.Value))
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlRecountRunning, id); err != nil {
+			return fmt.Errorf("recount running: %w", err)
+		}
+		return nil
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		latest, gerr := s.GetEndpoint(ctx, workspaceID, id)
+		if gerr != nil {
+			return Endpoint{}, gerr
+		}
+		return Endpoint{}, apierr.VersionConflict(latest.Version)
+	}
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("update endpoint policy: %w", err)
+	}
+	return e, nil
+}
+
+// SetPaused pauses or resumes an endpoint. A paused endpoint accepts jobs but
+// none is claimed, so no attempt is consumed; in-flight jobs may finish.
+func (s *Service) SetPaused(ctx context.Context, workspaceID, id string, paused bool) (Endpoint, error) {
+	e, err := scanEndpoint(s.pool.QueryRow(ctx, sqlSetPaused, workspaceID, id, paused, s.now()))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Endpoint{}, apierr.NotFound("endpoint")
+	}
+	return e, err
+}

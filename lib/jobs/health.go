@@ -1,0 +1,57 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// workerSeenWindow is how recently a worker must have polled to count as
+// serving its versions (workers poll every 30 s by default).
+const workerSeenWindow = 2 * time.Minute
+
+// QueueHealth is one exact name@version with queued work.
+type QueueHealth struct {
+	Name                   string  `json:"name"`
+	Version                string  `json:"version"`
+	Queued                 int64   `json:"queued"`
+	OldestQueuedAgeSeconds int64   `json:"oldestQueuedAgeSeconds"`
+	WorkersSeen            int64   `json:"workersSeen"`
+	Message                *string `json:"message"`
+}
+
+// QueueHealth reports queued work per exact name@version and whether any
+// worker serves it.
+func (s *Service) QueueHealth(ctx context.Context, workspaceID string) ([]QueueHealth, error) {
+	now := s.now()
+	rows, err := s.pool.Query(ctx, sqlQueueHealth, workspaceID, now, now.Add(-workerSeenWindow))
+	if err != nil {
+		return nil, fmt.Errorf("queue health: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (QueueHealth, error) {
+		var h QueueHealth
+		var oldest *time.Time
+		if err := r.Scan(&h.Name, &h.Version, &h.Queued, &oldest, &h.WorkersSeen); err != nil {
+			return h, err
+		}
+		if oldest != nil {
+			h.OldestQueuedAgeSeconds = int64(now.Sub(*oldest).Seconds())
+		}
+		if h.WorkersSeen == 0 {
+			m := fmt.Sprintf("No worker serving %s@%s has polled in the last %d minutes; %d job(s) are waiting. "+
+				"Start a worker whose WORKER key lists %s@%s and that registers exactly that version.",
+				h.Name, h.Version, int(workerSeenWindow.Minutes()), h.Queued, h.Name, h.Version)
+			h.Message = &m
+		}
+		return h, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("queue health: %w", err)
+	}
+	if out == nil {
+		out = []QueueHealth{}
+	}
+	return out, nil
+}

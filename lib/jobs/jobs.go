@@ -1,0 +1,111 @@
+// Package jobs is Ratchet's durable job queue on Postgres: runs and their
+// steps, endpoints with retry policies and gates, workers that claim jobs
+// under leases, and the transitions between job statuses. It knows nothing
+// of HTTP; lib/httpapi/routes_jobs.go is its thin HTTP door.
+//
+// Correctness under concurrency comes from Postgres: a batch is claimed by
+// one statement with FOR UPDATE SKIP LOCKED, every report is fenced by its
+// lease token under the job's row lock, endpoint gates are counters changed
+// under the endpoint's row lock, and idempotency keys are unique per
+// workspace. All SQL lives in sql.go.
+package jobs
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/json"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/getratchet/ratchet/lib/seal"
+)
+
+// Job statuses (API.md §3).
+const (
+	StatusWaiting        = "WAITING"
+	StatusQueued         = "QUEUED"
+	StatusRunning        = "RUNNING"
+	StatusRetryScheduled = "RETRY_SCHEDULED"
+	StatusSucceeded      = "SUCCEEDED"
+	StatusExhausted      = "EXHAUSTED"
+	StatusCancelled      = "CANCELLED"
+	StatusSkipped        = "SKIPPED"
+)
+
+// Run statuses.
+const (
+	RunRunning   = "RUNNING"
+	RunSucceeded = "SUCCEEDED"
+	RunFailed    = "FAILED"
+)
+
+// Event types written to the outbox.
+const (
+	EventStepExhausted = "step.exhausted"
+	EventRunFinished   = "run.finished"
+)
+
+// LapseWarning is recorded on an execution whose lease lapsed without a report.
+const LapseWarning = "Lease expired without a report; the worker may have completed an external side effect before it stopped."
+
+// Service is the durable job domain.
+type Service struct {
+	pool       *pgxpool.Pool
+	sealer     *seal.Sealer
+	hashKey    []byte
+	now        func() time.Time
+	leaseGrace time.Duration
+	// jitter returns a uniform value in [0,1) for retry jitter.
+	jitter func() float64
+}
+
+// New builds the service. hashSecret keys the HMAC of stored operation
+// fingerprints; leaseGraceMs is JOB_LEASE_GRACE_MS.
+func New(pool *pgxpool.Pool, sealer *seal.Sealer, hashSecret string, leaseGraceMs int64, now func() time.Time) *Service {
+	if now == nil {
+		now = time.Now
+	}
+	return &Service{pool: pool, sealer: sealer, hashKey: []byte(hashSecret), now: func() time.Time { return now().UTC() },
+		leaseGrace: time.Duration(leaseGraceMs) * time.Millisecond, jitter: rand.Float64}
+}
+
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+func (s *Service) mac(b []byte) []byte {
+	m := hmac.New(sha256.New, s.hashKey)
+	m.Write(b)
+	return m.Sum(nil)
+}
+
+func aad(jobID, column string) []byte { return []byte(jobID + "/" + column) }
+
+// open decrypts a sealed JSON column, answering null for an empty one.
+func (s *Service) open(jobID, column string, sealed []byte) (json.RawMessage, error) {
+	if sealed == nil {
+		return json.RawMessage("null"), nil
+	}
+	b, err := s.sealer.Open(sealed, aad(jobID, column))
+	if err != nil {
+		return nil, err
+	}
+	return json.RawMessage(b), nil
+}
+
+// utc normalises a time read from Postgres (the driver answers in the local
+// zone) so that a repeated answer equals the first one.
+func utc(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}

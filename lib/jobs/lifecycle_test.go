@@ -1,0 +1,710 @@
+package jobs_test
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/jobs"
+)
+
+var ctx = context.Background()
+
+func (b *bundle) enqueue(t testing.TB, runID string, req jobs.EnqueueRequest) jobs.EnqueueResult {
+	t.Helper()
+	if req.Name == "" {
+		req.Name, req.Version = "send_email", "1"
+	}
+	res, err := b.svc.Enqueue(ctx, b.ws, runID, req)
+	require.NoError(t, err)
+	return res
+}
+
+func (b *bundle) claim(t testing.TB, wid string, limit int) []jobs.ClaimedJob {
+	t.Helper()
+	c, err := b.svc.Claim(ctx, b.worker, wid, jobs.ClaimRequest{Limit: &limit})
+	require.NoError(t, err)
+	return c.Jobs
+}
+
+func (b *bundle) claimOne(t testing.TB, wid string) jobs.ClaimedJob {
+	t.Helper()
+	js := b.claim(t, wid, 1)
+	require.Len(t, js, 1)
+	return js[0]
+}
+
+func (b *bundle) succeed(t testing.TB, j jobs.ClaimedJob) jobs.ReportResult {
+	t.Helper()
+	r, err := b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
+	require.NoError(t, err)
+	return r
+}
+
+func (b *bundle) fail(t testing.TB, j jobs.ClaimedJob, e *jobs.ReportError) jobs.ReportResult {
+	t.Helper()
+	r, err := b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "FAILED", Error: e})
+	require.NoError(t, err)
+	return r
+}
+
+func (b *bundle) step(t testing.TB, stepID string) jobs.Step {
+	t.Helper()
+	st, err := b.svc.GetStep(ctx, b.ws, stepID)
+	require.NoError(t, err)
+	return st
+}
+
+func (b *bundle) getRun(t testing.TB, runID string) jobs.Run {
+	t.Helper()
+	r, err := b.svc.GetRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+	return r
+}
+
+func (b *bundle) sweep(t testing.TB) {
+	t.Helper()
+	res := b.env.App.Sweeper.RunOnce(ctx)
+	require.NoError(t, res.Error())
+}
+
+func code(t testing.TB, err error) string {
+	t.Helper()
+	e, ok := apierr.As(err)
+	require.True(t, ok, "want an API error, got %v", err)
+	return e.Code
+}
+
+func (b *bundle) executions(t testing.TB, jobID string) []struct {
+	Outcome, Warning *string
+	Reported         bool
+} {
+	t.Helper()
+	rows, err := b.env.App.Pool.Query(ctx, `SELECT outcome, warning, reported_at IS NOT NULL FROM job_executions
+		WHERE job_id = $1 ORDER BY attempt`, jobID)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []struct {
+		Outcome, Warning *string
+		Reported         bool
+	}
+	for rows.Next() {
+		var x struct {
+			Outcome, Warning *string
+			Reported         bool
+		}
+		require.NoError(t, rows.Scan(&x.Outcome, &x.Warning, &x.Reported))
+		out = append(out, x)
+	}
+	return out
+}
+
+func TestKilledWorkerJobIsReclaimedAfterLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	enq := b.enqueue(t, runID, jobs.EnqueueRequest{TimeoutMs: ptr[int64](5_000)})
+	w1, w2 := b.register(t), b.register(t)
+
+	first := b.claimOne(t, w1)
+	requireTime(t, b.clock.Now().Add(15*time.Second), first.LeaseExpiresAt, "timeout 5 s + grace 10 s")
+	// w1 dies without reporting. Until the lease lapses nobody else gets it.
+	b.clock.Advance(14 * time.Second)
+	require.Empty(t, b.claim(t, w2, 1))
+	b.clock.Advance(2 * time.Second)
+	second := b.claimOne(t, w2)
+	require.Equal(t, enq.JobID, second.JobID)
+	require.Equal(t, 2, second.Attempt)
+	require.NotEqual(t, first.LeaseToken, second.LeaseToken)
+
+	// The dead worker's late report is fenced off.
+	_, err := b.svc.Report(ctx, b.ws, first.JobID, jobs.ReportRequest{LeaseToken: first.LeaseToken, Status: "SUCCEEDED"})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+	_, err = b.svc.Heartbeat(ctx, b.ws, first.JobID, jobs.HeartbeatRequest{LeaseToken: first.LeaseToken})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+
+	require.Equal(t, "SUCCEEDED", b.succeed(t, second).Status)
+	xs := b.executions(t, enq.JobID)
+	require.Len(t, xs, 2)
+	require.Equal(t, "FAILED", *xs[0].Outcome)
+	require.Contains(t, *xs[0].Warning, "side effect")
+	require.False(t, xs[0].Reported)
+	require.Equal(t, "SUCCEEDED", *xs[1].Outcome)
+	require.Nil(t, xs[1].Warning)
+	dj := b.step(t, enq.StepID).DurableJob
+	require.Equal(t, 2, dj.Attempt)
+	require.Len(t, dj.Attempts, 2)
+	require.Equal(t, "FAILED", *dj.Attempts[0].Outcome)
+	require.Contains(t, *dj.Attempts[0].Warning, "side effect")
+	require.Nil(t, dj.Attempts[0].ReportedAt)
+	require.Equal(t, "SUCCEEDED", *dj.Attempts[1].Outcome)
+	require.Equal(t, w2, dj.Attempts[1].WorkerID)
+	run := b.getRun(t, runID)
+	require.Equal(t, dj.Attempts, run.Steps[0].DurableJob.Attempts)
+}
+
+func TestHeartbeatExtendsLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	b.enqueue(t, runID, jobs.EnqueueRequest{TimeoutMs: ptr[int64](5_000)})
+	w1, w2 := b.register(t), b.register(t)
+	j := b.claimOne(t, w1)
+	b.clock.Advance(10 * time.Second)
+	hb, err := b.svc.Heartbeat(ctx, b.ws, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+	require.NoError(t, err)
+	requireTime(t, b.clock.Now().Add(15*time.Second), *hb.LeaseExpiresAt)
+	require.False(t, hb.CancelRequested)
+	b.clock.Advance(10 * time.Second) // past the original lease, within the extended one
+	require.Empty(t, b.claim(t, w2, 1))
+	_, err = b.svc.Heartbeat(ctx, b.ws, j.JobID, jobs.HeartbeatRequest{LeaseToken: "nope"})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+	_, err = b.svc.Heartbeat(ctx, b.ws, "job_01m8kjt9g002extbwvcndh4bkd", jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+	require.Equal(t, apierr.CodeNotFound, code(t, err))
+}
+
+func TestLapsedReportWithCurrentTokenIsAcceptedUntilSuperseded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	b.enqueue(t, runID, jobs.EnqueueRequest{TimeoutMs: ptr[int64](5_000)})
+	w := b.register(t)
+	j := b.claimOne(t, w)
+	b.clock.Advance(time.Minute) // lapsed, nobody reclaimed
+	require.Equal(t, "SUCCEEDED", b.succeed(t, j).Status)
+}
+
+func TestRetryScheduleAndRetryAfterFloor(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ep, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "send_email"})
+	require.NoError(t, err)
+	_, err = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1),
+		Preset: opt("CUSTOM"), MaxAttempts: opt[int64](6), InitialDelayMs: opt[int64](10_000), Multiplier: opt(2.0),
+		MaxDelayMs: opt[int64](600_000), JitterPercent: opt(20.0)})
+	require.NoError(t, err)
+	runID := b.run(t)
+	enq := b.enqueue(t, runID, jobs.EnqueueRequest{})
+	w := b.register(t)
+
+	nominal := []time.Duration{10, 20, 40, 80, 160}
+	for n := 1; n <= 5; n++ {
+		j := b.claimOne(t, w)
+		require.Equal(t, n, j.Attempt)
+		now := b.clock.Now()
+		r := b.fail(t, j, &jobs.ReportError{Message: "provider unavailable"})
+		require.Equal(t, "RETRY_SCHEDULED", r.Status)
+		wait := r.NextDueAt.Sub(now)
+		lo, hi := nominal[n-1]*time.Second*8/10, nominal[n-1]*time.Second*12/10
+		require.True(t, wait >= lo && wait <= hi, "failure %d: wait %s outside [%s, %s]", n, wait, lo, hi)
+		st := b.step(t, enq.StepID)
+		requireTime(t, *r.NextDueAt, *st.DurableJob.DueAt)
+		// Not claimable before it is due.
+		b.clock.Advance(wait - time.Millisecond)
+		require.Empty(t, b.claim(t, w, 1))
+		b.clock.Advance(time.Millisecond)
+	}
+	j := b.claimOne(t, w)
+	require.Equal(t, 6, j.Attempt)
+	r := b.fail(t, j, nil)
+	require.Equal(t, "EXHAUSTED", r.Status)
+	require.Nil(t, r.NextDueAt)
+
+	// retryAfterMs is a floor, without jitter.
+	enq2 := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`2`)})
+	j = b.claimOne(t, w)
+	require.Equal(t, enq2.JobID, j.JobID)
+	now := b.clock.Now()
+	r = b.fail(t, j, &jobs.ReportError{Message: "429", RetryAfterMs: ptr[int64](120_000)})
+	requireTime(t, now.Add(2*time.Minute), *r.NextDueAt)
+	requireTime(t, now.Add(2*time.Minute), *b.step(t, enq2.StepID).DurableJob.DueAt)
+}
+
+func TestNonRetryableFailureExhaustsAtOnceAndRecordsEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	enq := b.enqueue(t, runID, jobs.EnqueueRequest{})
+	w := b.register(t)
+	j := b.claimOne(t, w)
+	r := b.fail(t, j, &jobs.ReportError{Message: "invalid recipient", Retryable: ptr(false)})
+	require.Equal(t, "EXHAUSTED", r.Status)
+	require.Equal(t, 1, r.Attempt)
+	var n int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE type = 'step.exhausted'
+		AND subject_id = $1`, enq.StepID).Scan(&n))
+	require.Equal(t, 1, n)
+
+	run, err := b.svc.FinishRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+	require.Equal(t, "FAILED", run.Status)
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE type = 'run.finished'
+		AND subject_id = $1 AND data->>'status' = 'FAILED'`, runID).Scan(&n))
+	require.Equal(t, 1, n)
+}
+
+func TestReportRepeatsAndConflicts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	b.enqueue(t, runID, jobs.EnqueueRequest{})
+	w := b.register(t)
+	j := b.claimOne(t, w)
+	first := b.fail(t, j, &jobs.ReportError{Message: "x"})
+	again := b.fail(t, j, &jobs.ReportError{Message: "x"})
+	require.Equal(t, first, again, "a repeated report answers the same object")
+	_, err := b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
+	require.Equal(t, apierr.CodeInvalidState, code(t, err))
+	_, err = b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: "unknown", Status: "SUCCEEDED"})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+
+	// After the next claim the old attempt's repeat still answers the same
+	// object, but any other use of its token is lease_lost.
+	b.clock.Advance(time.Hour)
+	j2 := b.claimOne(t, w)
+	require.Equal(t, 2, j2.Attempt)
+	require.Equal(t, first, b.fail(t, j, &jobs.ReportError{Message: "x"}))
+	_, err = b.svc.Heartbeat(ctx, b.ws, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+	require.Equal(t, "SUCCEEDED", b.succeed(t, j2).Status)
+}
+
+func TestLapsedOnLastAttemptIsExhaustedBySweeper(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	enq := b.enqueue(t, runID, jobs.EnqueueRequest{MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
+	w := b.register(t)
+	j := b.claimOne(t, w)
+	b.clock.Advance(20 * time.Second)
+	b.sweep(t)
+	st := b.step(t, enq.StepID)
+	require.Equal(t, "EXHAUSTED", st.Status)
+	xs := b.executions(t, enq.JobID)
+	require.Len(t, xs, 1)
+	require.Equal(t, "FAILED", *xs[0].Outcome)
+	require.Contains(t, *xs[0].Warning, "side effect")
+	// The sweeper ended the job: the current token's report is refused.
+	_, err := b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
+	require.Equal(t, apierr.CodeInvalidState, code(t, err))
+	b.sweep(t) // idempotent
+	require.Equal(t, "EXHAUSTED", b.step(t, enq.StepID).Status)
+}
+
+func TestLapsedOnLastAttemptIsExhaustedAtRunRead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	b.enqueue(t, runID, jobs.EnqueueRequest{MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
+	w := b.register(t)
+	b.claimOne(t, w)
+	b.clock.Advance(20 * time.Second)
+	run := b.getRun(t, runID)
+	require.Equal(t, "EXHAUSTED", run.Steps[0].Status)
+
+	other := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`2`), MaxAttempts: ptr[int64](1),
+		TimeoutMs: ptr[int64](1_000)})
+	b.claimOne(t, w)
+	b.clock.Advance(20 * time.Second)
+	require.Equal(t, "EXHAUSTED", b.step(t, other.StepID).Status, "at step read too")
+}
+
+func TestPolicyEditsDoNotChangeExistingJobs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	old := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`1`)})
+	w := b.register(t)
+	j := b.claimOne(t, w)
+	r := b.fail(t, j, nil)
+	due := *r.NextDueAt
+	before := b.step(t, old.StepID)
+	require.Equal(t, "STANDARD", before.DurableJob.Policy.Preset)
+
+	eps, err := b.svc.ListEndpoints(ctx, b.ws, "", 10)
+	require.NoError(t, err)
+	require.Len(t, eps, 1)
+	require.Equal(t, "send_email", eps[0].Name)
+	_, err = b.svc.UpdatePolicy(ctx, b.ws, eps[0].ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1),
+		Preset: opt("RELAXED"), DefaultTimeoutMs: opt[int64](90_000)})
+	require.NoError(t, err)
+
+	after := b.step(t, old.StepID)
+	require.Equal(t, before.DurableJob, after.DurableJob, "snapshot and dueAt unchanged")
+	requireTime(t, due, *after.DurableJob.DueAt)
+
+	fresh := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`2`), MaxAttempts: ptr[int64](7)})
+	p := b.step(t, fresh.StepID).DurableJob.Policy
+	require.Equal(t, jobs.PolicySnapshot{RetryPolicy: jobs.RetryPolicy{Preset: "RELAXED", MaxAttempts: 7,
+		InitialDelayMs: 120_000, Multiplier: 2, MaxDelayMs: 1_800_000, JitterPercent: 20}, TimeoutMs: 90_000}, p,
+		"the enqueue override changes only the count")
+	require.EqualValues(t, 2, b.step(t, fresh.StepID).DurableJob.PolicyVersion)
+}
+
+func TestPausedEndpointHoldsJobsWithoutConsumingAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	enq := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("Email service")})
+	eps, err := b.svc.ListEndpoints(ctx, b.ws, "", 10)
+	require.NoError(t, err)
+	ep, err := b.svc.SetPaused(ctx, b.ws, eps[0].ID, true)
+	require.NoError(t, err)
+	require.True(t, ep.Paused)
+	w := b.register(t)
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("Email service"), Input: json.RawMessage(`2`)})
+	for range 3 {
+		require.Empty(t, b.claim(t, w, 10))
+		b.clock.Advance(time.Hour)
+	}
+	st := b.step(t, enq.StepID)
+	require.Equal(t, "QUEUED", st.Status)
+	require.Equal(t, 0, st.DurableJob.Attempt)
+	_, err = b.svc.SetPaused(ctx, b.ws, eps[0].ID, false)
+	require.NoError(t, err)
+	got := b.claim(t, w, 10)
+	require.Len(t, got, 2)
+	require.Equal(t, 1, got[0].Attempt)
+}
+
+func TestMaxConcurrentAndRateLimitGateClaims(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ep, created, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "send_email",
+		MaxConcurrent: opt[int64](2)})
+	require.NoError(t, err)
+	require.True(t, created)
+	runID := b.run(t)
+	for i := range 6 {
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage([]byte{byte('0' + i)})})
+	}
+	w := b.register(t)
+	got := b.claim(t, w, 10)
+	require.Len(t, got, 2)
+	require.Empty(t, b.claim(t, w, 10))
+	b.succeed(t, got[0])
+	got2 := b.claim(t, w, 10)
+	require.Len(t, got2, 1)
+	b.succeed(t, got[1])
+	b.succeed(t, got2[0])
+
+	// Now a rate limit of 4 per minute and no concurrency limit.
+	_, err = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1),
+		RateLimitPerMinute: opt[int64](4)})
+	require.NoError(t, err)
+	ep, err = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](2),
+		MaxConcurrent: null[int64]()})
+	require.NoError(t, err)
+	require.Nil(t, ep.MaxConcurrent)
+	require.Equal(t, 4, *ep.RateLimitPerMinute)
+	b.clock.Advance(time.Minute) // a fresh window
+	batch := b.claim(t, w, 10)
+	require.Len(t, batch, 3, "the 3 queued jobs, within the rate")
+	b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"late"`)})
+	b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"later"`)})
+	last := b.claim(t, w, 10)
+	require.Len(t, last, 1, "the 4th claim of the minute")
+	require.Empty(t, b.claim(t, w, 10))
+	for _, j := range append(batch, last...) {
+		b.succeed(t, j)
+	}
+	b.clock.Advance(time.Minute)
+	require.Len(t, b.claim(t, w, 10), 1)
+}
+
+func TestDependencies(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	a := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"a"`)})
+	onOK := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"ok"`), AfterStepID: &a.StepID,
+		AfterStatus: ptr("SUCCEEDED")})
+	onFail := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"fail"`), AfterStepID: &a.StepID,
+		AfterStatus: ptr("FAILED")})
+	chained := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"chain"`), AfterStepID: &onFail.StepID,
+		AfterStatus: ptr("SUCCEEDED")})
+	require.Equal(t, "WAITING", onOK.Status)
+	require.Nil(t, onOK.DueAt)
+	require.Equal(t, "WAITING", chained.Status)
+
+	w := b.register(t)
+	j := b.claimOne(t, w)
+	require.Equal(t, a.JobID, j.JobID, "waiting steps are not claimable")
+	require.Empty(t, b.claim(t, w, 5))
+	b.succeed(t, j)
+	require.Equal(t, "QUEUED", b.step(t, onOK.StepID).Status)
+	require.Equal(t, "SKIPPED", b.step(t, onFail.StepID).Status)
+	require.Equal(t, "SKIPPED", b.step(t, chained.StepID).Status, "skips cascade")
+
+	// A dependency that already ended decides at enqueue.
+	late := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"late"`), AfterStepID: &a.StepID,
+		AfterStatus: ptr("FAILED")})
+	require.Equal(t, "SKIPPED", late.Status)
+
+	run, err := b.svc.FinishRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+	require.Equal(t, "RUNNING", run.Status, "onOK still queued")
+	b.succeed(t, b.claimOne(t, w))
+	require.Equal(t, "SUCCEEDED", b.getRun(t, runID).Status, "SKIPPED counts as ended well")
+
+	_, err = b.svc.Enqueue(ctx, b.ws, runID, jobs.EnqueueRequest{Name: "send_email", Version: "1",
+		AfterStepID: ptr("stp_01m8kjt9g002extbwvcndh4bkd"), AfterStatus: ptr("SUCCEEDED")})
+	require.Equal(t, apierr.CodeInvalidState, code(t, err))
+}
+
+func TestDependencyOnFailureRunsCompensation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	a := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"a"`), MaxAttempts: ptr[int64](1)})
+	comp := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"c"`), AfterStepID: &a.StepID,
+		AfterStatus: ptr("FAILED")})
+	w := b.register(t)
+	b.fail(t, b.claimOne(t, w), nil)
+	require.Equal(t, "QUEUED", b.step(t, comp.StepID).Status)
+}
+
+func TestCancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	queued := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`1`)})
+	st, err := b.svc.CancelStep(ctx, b.ws, queued.StepID)
+	require.NoError(t, err)
+	require.Equal(t, "CANCELLED", st.Status)
+	_, err = b.svc.CancelStep(ctx, b.ws, queued.StepID)
+	require.Equal(t, apierr.CodeInvalidState, code(t, err))
+
+	running := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`2`)})
+	w := b.register(t)
+	j := b.claimOne(t, w)
+	require.Equal(t, running.JobID, j.JobID)
+	_, err = b.svc.CancelStep(ctx, b.ws, running.StepID)
+	require.NoError(t, err)
+	hb, err := b.svc.Heartbeat(ctx, b.ws, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+	require.NoError(t, err)
+	require.True(t, hb.CancelRequested)
+	r := b.succeed(t, j)
+	require.Equal(t, "CANCELLED", r.Status)
+	run, err := b.svc.FinishRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+	require.Equal(t, "FAILED", run.Status)
+	_, err = b.svc.CancelStep(ctx, b.ws, "stp_01m8kjt9g002extbwvcndh4bkd")
+	require.Equal(t, apierr.CodeNotFound, code(t, err))
+}
+
+func TestEnqueueIdempotency(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	req := jobs.EnqueueRequest{Name: "send_email", Version: "1", Input: json.RawMessage(`{"b":1,"a":[1,2]}`),
+		IdempotencyKey: ptr("welcome:1")}
+	first := b.enqueue(t, runID, req)
+	require.False(t, first.Deduplicated)
+	dup := b.enqueue(t, runID, req)
+	require.True(t, dup.Deduplicated)
+	require.Equal(t, first.StepID, dup.StepID)
+	require.Equal(t, first.JobID, dup.JobID)
+
+	other := req
+	other.Input = json.RawMessage(`{"b":2}`)
+	_, err := b.svc.Enqueue(ctx, b.ws, runID, other)
+	require.Equal(t, apierr.CodeIdempotencyKeyReuse, code(t, err))
+	// Explicit keys are unique per workspace, across runs.
+	run2 := b.run(t)
+	_, err = b.svc.Enqueue(ctx, b.ws, run2, req)
+	require.Equal(t, apierr.CodeIdempotencyKeyReuse, code(t, err))
+
+	// Generated keys: the same operation in another key order is a duplicate.
+	gen := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`{"x":{"q":1,"p":2},"y":[3,1]}`)})
+	require.Len(t, gen.IdempotencyKey, 64)
+	same := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`{"y":[3,1],"x":{"p":2,"q":1}}`)})
+	require.True(t, same.Deduplicated)
+	require.Equal(t, gen.IdempotencyKey, same.IdempotencyKey)
+	diff := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`{"y":[1,3],"x":{"p":2,"q":1}}`)})
+	require.False(t, diff.Deduplicated, "array order is significant")
+	viaEndpoint := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`{"x":{"q":1,"p":2},"y":[3,1]}`),
+		Endpoint: ptr("send_email")})
+	require.True(t, viaEndpoint.Deduplicated, "the endpoint defaults to the tool name")
+
+	// After finish: an identical enqueue still deduplicates; a new one is refused.
+	_, err = b.svc.FinishRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+	again := b.enqueue(t, runID, req)
+	require.True(t, again.Deduplicated)
+	_, err = b.svc.Enqueue(ctx, b.ws, runID, jobs.EnqueueRequest{Name: "send_email", Version: "1",
+		Input: json.RawMessage(`"new"`)})
+	require.Equal(t, apierr.CodeInvalidState, code(t, err))
+}
+
+func TestSweeperReleasesStrandedDependentsAndSettlesRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	a := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"a"`)})
+	dep := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"d"`), AfterStepID: &a.StepID,
+		AfterStatus: ptr("SUCCEEDED")})
+	// Simulate a transition no request made: end the dependency behind the
+	// service's back and request completion directly.
+	_, err := b.env.App.Pool.Exec(ctx, `UPDATE jobs SET status = 'SUCCEEDED', due_at = NULL, ready_at = NULL
+		WHERE step_id = $1`, a.StepID)
+	require.NoError(t, err)
+	_, err = b.env.App.Pool.Exec(ctx, `UPDATE job_runs SET completion_requested = true WHERE id = $1`, runID)
+	require.NoError(t, err)
+	b.sweep(t)
+	require.Equal(t, "QUEUED", b.step(t, dep.StepID).Status)
+	w := b.register(t)
+	j := b.claimOne(t, w)
+	_, err = b.env.App.Pool.Exec(ctx, `UPDATE jobs SET status = 'SUCCEEDED' WHERE id = $1`, j.JobID)
+	require.NoError(t, err)
+	b.sweep(t)
+	require.Equal(t, "SUCCEEDED", b.getRun(t, runID).Status)
+}
+
+func requireTime(t testing.TB, want, got time.Time, msg ...any) {
+	t.Helper()
+	require.True(t, want.Equal(got), append([]any{"want %s, got %s", want, got}, msg...)...)
+}
+
+func TestSettingAConcurrencyLimitCountsJobsAlreadyRunning(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	for i := range 5 {
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage([]byte{byte('0' + i)})})
+	}
+	w := b.register(t)
+	running := b.claim(t, w, 3) // unlimited: nothing is counted yet
+	require.Len(t, running, 3)
+	eps, err := b.svc.ListEndpoints(ctx, b.ws, "", 1)
+	require.NoError(t, err)
+	_, err = b.svc.UpdatePolicy(ctx, b.ws, eps[0].ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1),
+		MaxConcurrent: opt[int64](2)})
+	require.NoError(t, err)
+	require.Empty(t, b.claim(t, w, 5), "3 running ≥ limit 2")
+	b.succeed(t, running[0])
+	require.Empty(t, b.claim(t, w, 5), "2 running = limit 2")
+	b.fail(t, running[1], &jobs.ReportError{Retryable: ptr(false)})
+	require.Len(t, b.claim(t, w, 5), 1)
+	var count int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT running_count FROM job_endpoints WHERE id = $1`,
+		eps[0].ID).Scan(&count))
+	require.Equal(t, 2, count)
+}
+
+func TestCancelWaitingAndRetryScheduledSteps(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	a := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"a"`)})
+	waiting := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"w"`), AfterStepID: &a.StepID,
+		AfterStatus: ptr("SUCCEEDED")})
+	after := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"x"`), AfterStepID: &waiting.StepID,
+		AfterStatus: ptr("SUCCEEDED")})
+	st, err := b.svc.CancelStep(ctx, b.ws, waiting.StepID)
+	require.NoError(t, err)
+	require.Equal(t, "CANCELLED", st.Status)
+	require.Equal(t, "SKIPPED", b.step(t, after.StepID).Status, "a cancelled dependency skips its dependents")
+
+	w := b.register(t)
+	j := b.claimOne(t, w)
+	require.Equal(t, a.JobID, j.JobID)
+	require.Equal(t, "RETRY_SCHEDULED", b.fail(t, j, nil).Status)
+	st, err = b.svc.CancelStep(ctx, b.ws, a.StepID)
+	require.NoError(t, err)
+	require.Equal(t, "CANCELLED", st.Status)
+	require.Nil(t, st.DurableJob.DueAt)
+	b.clock.Advance(time.Hour)
+	require.Empty(t, b.claim(t, w, 5), "a cancelled retry is never claimed")
+}
+
+func TestCronSweepRunsTheJobTasks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.env.Must(200, "POST", "/api/cron/sweep", "test-cron-secret", nil).JSON()
+	changed := r["changed"].(map[string]any)
+	for _, task := range []string{"jobs.lapsed_leases", "jobs.dependencies", "jobs.run_completion"} {
+		require.Contains(t, changed, task)
+	}
+	require.Empty(t, r["errors"])
+}
+
+func TestInputsAndOutputsAreSealedAndBoundToTheirJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	a := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`{"card":"4242-secret"}`)})
+	other := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`{"card":"other"}`)})
+	w := b.register(t)
+	j := b.claimOne(t, w)
+	require.Equal(t, a.JobID, j.JobID)
+	require.JSONEq(t, `{"card":"4242-secret"}`, string(j.Input))
+	_, err := b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED",
+		Output: json.RawMessage(`{"receipt":"r-secret"}`)})
+	require.NoError(t, err)
+
+	var in, out []byte
+	var preview string
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT input_sealed, output_sealed, input_preview::text
+		FROM jobs WHERE id = $1`, a.JobID).Scan(&in, &out, &preview))
+	require.NotContains(t, string(in), "4242")
+	require.NotContains(t, string(out), "r-secret")
+	require.JSONEq(t, `{"card":"<string>"}`, preview)
+
+	// A ciphertext moved to another job's row does not open there.
+	_, err = b.env.App.Pool.Exec(ctx, `UPDATE jobs SET input_sealed = $1 WHERE id = $2`, in, other.JobID)
+	require.NoError(t, err)
+	_, err = b.svc.Claim(ctx, b.worker, w, jobs.ClaimRequest{Limit: ptr(1)})
+	require.Error(t, err)
+}
+
+func TestOnlyExactRegisteredVersionsAreClaimed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "send_email@1", "send_email@2")
+	runID := b.run(t)
+	v2 := b.enqueue(t, runID, jobs.EnqueueRequest{Name: "send_email", Version: "2"})
+	w1 := b.register(t, jobs.Tool{Name: "send_email", Version: "1"})
+	require.Empty(t, b.claim(t, w1, 10))
+	w2 := b.register(t, jobs.Tool{Name: "send_email", Version: "2"})
+	require.Equal(t, v2.JobID, b.claimOne(t, w2).JobID)
+}
+
+func TestConcurrentSweepsEndEachLapsedJobOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	for i := range 30 {
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(strconv.Itoa(i)),
+			MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
+	}
+	w := b.register(t)
+	require.Len(t, b.claim(t, w, 30), 30)
+	_, err := b.svc.FinishRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+	b.clock.Advance(time.Minute)
+	done := make(chan struct{})
+	for range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			b.env.App.Sweeper.RunOnce(ctx)
+		}()
+	}
+	for range 4 {
+		<-done
+	}
+	b.sweep(t)
+	var exhausted, events, runEvents int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM jobs WHERE run_id = $1 AND status = 'EXHAUSTED'),
+		(SELECT count(*) FROM events e JOIN jobs j ON j.step_id = e.subject_id WHERE j.run_id = $1 AND e.type = 'step.exhausted'),
+		(SELECT count(*) FROM events WHERE subject_id = $1 AND type = 'run.finished')`, runID).Scan(&exhausted, &events, &runEvents))
+	require.Equal(t, 30, exhausted)
+	require.Equal(t, 30, events)
+	require.Equal(t, 1, runEvents)
+	require.Equal(t, "FAILED", b.getRun(t, runID).Status)
+}

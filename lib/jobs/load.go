@@ -1,0 +1,47 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/auth"
+)
+
+// Load-testing helpers: used by tests and scripts/jobsbench, never by the API.
+
+// CloneQueued copies the QUEUED job templateJobID n times with ids built from
+// tag (lowercase base32 characters, unique per call), for load tests and
+// benchmarks. It is not used by the API.
+func (s *Service) CloneQueued(ctx context.Context, templateJobID, tag string, n int) (int64, error) {
+	ct, err := s.pool.Exec(ctx, sqlCloneQueued, templateJobID, tag, n)
+	if err != nil {
+		return 0, fmt.Errorf("clone queued: %w", err)
+	}
+	return ct.RowsAffected(), nil
+}
+
+// ExplainClaim runs the claim statement under EXPLAIN ANALYZE in a
+// transaction that is rolled back, and returns the plan, so a benchmark can
+// show that the claim reads only the head of the claim index.
+func (s *Service) ExplainClaim(ctx context.Context, p *auth.Principal, workerID string, limit int) (string, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	now := s.now()
+	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+sqlClaim, workerID, p.WorkspaceID, now, p.KeyID,
+		limit, s.leaseGrace.Milliseconds(), now.Truncate(time.Minute), LapseWarning)
+	if err != nil {
+		return "", fmt.Errorf("explain claim: %w", err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return "", fmt.Errorf("explain claim: %w", err)
+	}
+	return strings.Join(lines, "\n"), nil
+}

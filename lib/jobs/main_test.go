@@ -1,0 +1,82 @@
+package jobs_test
+
+import (
+	"context"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/jobs"
+	"github.com/getratchet/ratchet/lib/jsonx"
+)
+
+func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
+
+// clock is an injectable, advanceable test clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// bundle is one workspace over the real service, driven without HTTP.
+type bundle struct {
+	env    *apitest.Env
+	svc    *jobs.Service
+	clock  *clock
+	ws     string
+	worker *auth.Principal
+}
+
+func setup(t testing.TB, tools ...string) *bundle {
+	t.Helper()
+	c := &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	env := apitest.Start(t, apitest.WithNow(c.Now))
+	ws := env.Signup()
+	if tools == nil {
+		tools = []string{"send_email@1"}
+	}
+	secret := env.Key(ws, map[string]any{"name": "worker", "preset": "WORKER", "tools": tools})
+	p, err := env.App.Server.Auth.Authenticate(context.Background(), secret)
+	require.NoError(t, err)
+	return &bundle{env: env, svc: env.App.Server.Jobs, clock: c, ws: ws.ID, worker: p}
+}
+
+func (b *bundle) run(t testing.TB) string {
+	t.Helper()
+	r, err := b.svc.CreateRun(context.Background(), b.ws, jobs.CreateRunRequest{Name: "r"})
+	require.NoError(t, err)
+	return r.ID
+}
+
+func (b *bundle) register(t testing.TB, tools ...jobs.Tool) string {
+	t.Helper()
+	if tools == nil {
+		tools = []jobs.Tool{{Name: "send_email", Version: "1"}}
+	}
+	r, err := b.svc.RegisterWorker(context.Background(), b.worker, jobs.RegisterRequest{Tools: tools})
+	require.NoError(t, err)
+	return r.WorkerID
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func opt[T any](v T) jsonx.Optional[T] { return jsonx.Optional[T]{Set: true, Value: v} }
+
+func null[T any]() jsonx.Optional[T] { return jsonx.Optional[T]{Set: true, Null: true} }

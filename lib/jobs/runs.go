@@ -1,0 +1,651 @@
+package jobs
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/canonjson"
+	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/redact"
+)
+
+// Run is a group of steps that completes as a whole (API.md §5).
+type Run struct {
+	ID                  string     `json:"id"`
+	Name                string     `json:"name"`
+	Status              string     `json:"status"`
+	CompletionRequested bool       `json:"completionRequested"`
+	CreatedAt           time.Time  `json:"createdAt"`
+	FinishedAt          *time.Time `json:"finishedAt"`
+	Steps               []Step     `json:"steps"`
+}
+
+// Step is one enqueued operation and its durable job.
+type Step struct {
+	ID              string     `json:"id"`
+	RunID           string     `json:"runId"`
+	Name            string     `json:"name"`
+	Version         string     `json:"version"`
+	Endpoint        string     `json:"endpoint"`
+	Status          string     `json:"status"`
+	IdempotencyKey  string     `json:"idempotencyKey"`
+	AfterStepID     *string    `json:"afterStepId"`
+	AfterStatus     *string    `json:"afterStatus"`
+	ContractVersion *int       `json:"contractVersion"`
+	InputPreview    any        `json:"inputPreview"`
+	OutputPreview   any        `json:"outputPreview"`
+	CreatedAt       time.Time  `json:"createdAt"`
+	FinishedAt      *time.Time `json:"finishedAt"`
+	DurableJob      DurableJob `json:"durableJob"`
+}
+
+// DurableJob is a step's job: its status, attempts and policy snapshot.
+type DurableJob struct {
+	ID              string         `json:"id"`
+	Status          string         `json:"status"`
+	Attempt         int            `json:"attempt"`
+	MaxAttempts     int            `json:"maxAttempts"`
+	DueAt           *time.Time     `json:"dueAt"`
+	LeaseExpiresAt  *time.Time     `json:"leaseExpiresAt"`
+	CancelRequested bool           `json:"cancelRequested"`
+	PolicyVersion   int64          `json:"policyVersion"`
+	Policy          PolicySnapshot `json:"policy"`
+	Attempts        []Attempt      `json:"attempts"`
+}
+
+// Attempt is one execution of a job (one claim). A lease that lapsed without
+// a report reads outcome FAILED with a warning and no reportedAt.
+type Attempt struct {
+	Attempt        int        `json:"attempt"`
+	WorkerID       string     `json:"workerId"`
+	Outcome        *string    `json:"outcome"`
+	Warning        *string    `json:"warning"`
+	Retryable      *bool      `json:"retryable"`
+	RetryAfterMs   *int64     `json:"retryAfterMs"`
+	StartedAt      time.Time  `json:"startedAt"`
+	LeaseExpiresAt time.Time  `json:"leaseExpiresAt"`
+	ReportedAt     *time.Time `json:"reportedAt"`
+}
+
+// PolicySnapshot is the complete effective policy a job was enqueued with;
+// maxAttempts includes an enqueue override.
+type PolicySnapshot struct {
+	RetryPolicy
+	TimeoutMs int64 `json:"timeoutMs"`
+}
+
+// CreateRunRequest is the body of POST /api/v1/runs.
+type CreateRunRequest struct {
+	Name string `json:"name"`
+}
+
+// EnqueueRequest is the body of POST /api/v1/runs/{id}/steps.
+type EnqueueRequest struct {
+	Name            string          `json:"name"`
+	Version         string          `json:"version"`
+	Input           json.RawMessage `json:"input,omitempty"`
+	Endpoint        *string         `json:"endpoint,omitempty"`
+	IdempotencyKey  *string         `json:"idempotencyKey,omitempty"`
+	TimeoutMs       *int64          `json:"timeoutMs,omitempty"`
+	MaxAttempts     *int64          `json:"maxAttempts,omitempty"`
+	ContractVersion *int64          `json:"contractVersion,omitempty"`
+	AfterStepID     *string         `json:"afterStepId,omitempty"`
+	AfterStatus     *string         `json:"afterStatus,omitempty"`
+}
+
+// EnqueueResult answers an enqueue (201, or 200 when deduplicated).
+type EnqueueResult struct {
+	StepID         string     `json:"stepId"`
+	JobID          string     `json:"jobId"`
+	IdempotencyKey string     `json:"idempotencyKey"`
+	Status         string     `json:"status"`
+	DueAt          *time.Time `json:"dueAt"`
+	Deduplicated   bool       `json:"deduplicated"`
+}
+
+func scanStep(row pgx.Row) (Step, error) {
+	var st Step
+	var cv *int32
+	var inPrev, outPrev []byte
+	j := &st.DurableJob
+	err := row.Scan(&st.ID, &j.ID, &st.Name, &st.Version, &st.Endpoint, &j.Status, &st.IdempotencyKey, &st.AfterStepID,
+		&st.AfterStatus, &cv, &j.Attempt, &j.MaxAttempts, &j.DueAt, &j.LeaseExpiresAt, &j.CancelRequested,
+		&j.Policy.Preset, &j.Policy.InitialDelayMs, &j.Policy.Multiplier, &j.Policy.MaxDelayMs,
+		&j.Policy.JitterPercent, &j.Policy.TimeoutMs, &j.PolicyVersion, &inPrev, &outPrev, &st.CreatedAt,
+		&st.FinishedAt, &st.RunID)
+	if err != nil {
+		return st, err
+	}
+	st.Status = j.Status
+	j.Policy.MaxAttempts = j.MaxAttempts
+	st.ContractVersion = intPtr(cv)
+	st.InputPreview = rawOrNil(inPrev)
+	st.OutputPreview = rawOrNil(outPrev)
+	return st, nil
+}
+
+func rawOrNil(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return json.RawMessage(b)
+}
+
+// CreateRun starts a run.
+func (s *Service) CreateRun(ctx context.Context, workspaceID string, req CreateRunRequest) (Run, error) {
+	name := strings.TrimSpace(req.Name)
+	if name == "" || len(name) > 200 {
+		return Run{}, apierr.InvalidField("name", "must be 1-200 characters")
+	}
+	now := s.now()
+	r := Run{ID: ids.NewAt(ids.Run, now), Name: name, Status: RunRunning, CreatedAt: now, Steps: []Step{}}
+	if _, err := s.pool.Exec(ctx, sqlInsertRun, r.ID, workspaceID, r.Name, now); err != nil {
+		return Run{}, fmt.Errorf("create run: %w", err)
+	}
+	return r, nil
+}
+
+// GetRun reads a run with its steps. Leases that lapsed on their last
+// attempt are settled first, so the read never shows a dead job as RUNNING.
+func (s *Service) GetRun(ctx context.Context, workspaceID, runID string) (Run, error) {
+	r, err := s.readRun(ctx, workspaceID, runID)
+	if err != nil {
+		return Run{}, err
+	}
+	if r.Status == RunRunning {
+		n, err := s.exhaustLapsed(ctx, &runID, 1000)
+		if err != nil {
+			return Run{}, err
+		}
+		if n > 0 {
+			if r, err = s.readRun(ctx, workspaceID, runID); err != nil {
+				return Run{}, err
+			}
+		}
+	}
+	rows, err := s.pool.Query(ctx, sqlRunSteps, runID)
+	if err != nil {
+		return Run{}, fmt.Errorf("run steps: %w", err)
+	}
+	r.Steps, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Step, error) { return scanStep(row) })
+	if err != nil {
+		return Run{}, fmt.Errorf("run steps: %w", err)
+	}
+	if r.Steps == nil {
+		r.Steps = []Step{}
+	}
+	if err := s.attachAttempts(ctx, r.Steps, sqlRunAttempts, runID); err != nil {
+		return Run{}, err
+	}
+	return r, nil
+}
+
+// attachAttempts reads the executions of steps (selected by sql over arg,
+// ordered by job and attempt) into their durable jobs.
+func (s *Service) attachAttempts(ctx context.Context, steps []Step, sql, arg string) error {
+	byJob := make(map[string]*DurableJob, len(steps))
+	for i := range steps {
+		steps[i].DurableJob.Attempts = []Attempt{}
+		byJob[steps[i].DurableJob.ID] = &steps[i].DurableJob
+	}
+	rows, err := s.pool.Query(ctx, sql, arg)
+	if err != nil {
+		return fmt.Errorf("attempts: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var jobID string
+		var a Attempt
+		if err := rows.Scan(&jobID, &a.Attempt, &a.WorkerID, &a.Outcome, &a.Warning, &a.Retryable, &a.RetryAfterMs,
+			&a.StartedAt, &a.LeaseExpiresAt, &a.ReportedAt); err != nil {
+			return fmt.Errorf("attempts: %w", err)
+		}
+		if j := byJob[jobID]; j != nil {
+			j.Attempts = append(j.Attempts, a)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("attempts: %w", err)
+	}
+	return nil
+}
+
+func (s *Service) readRun(ctx context.Context, workspaceID, runID string) (Run, error) {
+	var r Run
+	err := s.pool.QueryRow(ctx, sqlGetRun, runID, workspaceID).Scan(&r.ID, &r.Name, &r.Status, &r.CompletionRequested,
+		&r.CreatedAt, &r.FinishedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Run{}, apierr.NotFound("run")
+	}
+	if err != nil {
+		return Run{}, fmt.Errorf("get run: %w", err)
+	}
+	return r, nil
+}
+
+// FinishRun requests completion: the run ends as soon as its steps decide it.
+func (s *Service) FinishRun(ctx context.Context, workspaceID, runID string) (Run, error) {
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlRunLockExclusive, runID); err != nil {
+			return fmt.Errorf("lock run: %w", err)
+		}
+		var id string
+		if err := tx.QueryRow(ctx, sqlRequestCompletion, runID, workspaceID).Scan(&id); errors.Is(err, pgx.ErrNoRows) {
+			return apierr.NotFound("run")
+		} else if err != nil {
+			return fmt.Errorf("finish run: %w", err)
+		}
+		return s.settleRun(ctx, tx, runID)
+	})
+	if err != nil {
+		return Run{}, err
+	}
+	return s.GetRun(ctx, workspaceID, runID)
+}
+
+// enqueueOp is the validated operation of an enqueue.
+type enqueueOp struct {
+	runID, name, version, endpoint string
+	input                          []byte // canonical JSON
+	key                            string
+	timeoutMs, maxAttempts         *int64
+	contractVersion                *int64
+	afterStepID, afterStatus       *string
+}
+
+func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
+	var p apierr.Problems
+	op := enqueueOp{runID: runID, name: req.Name, version: req.Version, timeoutMs: req.TimeoutMs,
+		maxAttempts: req.MaxAttempts, contractVersion: req.ContractVersion, afterStepID: req.AfterStepID,
+		afterStatus: req.AfterStatus}
+	if !validToolPart(req.Name, 200) {
+		p.Add("name", "must be 1-200 characters without spaces or '@'")
+	}
+	if !validToolPart(req.Version, 100) {
+		p.Add("version", "must be 1-100 characters without spaces or '@'")
+	}
+	op.endpoint = req.Name
+	if req.Endpoint != nil {
+		op.endpoint = *req.Endpoint
+		if !validEndpointName(op.endpoint) {
+			p.Add("endpoint", "must be 1-200 characters")
+		}
+	}
+	raw := req.Input
+	if len(bytes.TrimSpace(raw)) == 0 {
+		raw = json.RawMessage("null")
+	}
+	canon, err := canonjson.Marshal(raw)
+	if err != nil {
+		p.Add("input", "must be JSON")
+	}
+	op.input = canon
+	if req.IdempotencyKey != nil && (len(*req.IdempotencyKey) < 1 || len(*req.IdempotencyKey) > 255) {
+		p.Add("idempotencyKey", "must be 1-255 characters")
+	}
+	if t := req.TimeoutMs; t != nil && (*t < MinTimeoutMs || *t > MaxTimeoutMs) {
+		p.Add("timeoutMs", "must be an integer from 1000 to 86400000 (milliseconds)")
+	}
+	if m := req.MaxAttempts; m != nil && (*m < MinAttempts || *m > MaxAttemptsLimit) {
+		p.Add("maxAttempts", "must be an integer from 1 to 10")
+	}
+	if c := req.ContractVersion; c != nil && *c < 1 {
+		p.Add("contractVersion", "must be an integer from 1")
+	}
+	switch {
+	case req.AfterStepID == nil && req.AfterStatus != nil:
+		p.Add("afterStepId", "is required with afterStatus")
+	case req.AfterStepID != nil && req.AfterStatus == nil:
+		p.Add("afterStatus", "is required with afterStepId (SUCCEEDED or FAILED)")
+	case req.AfterStepID != nil:
+		if !ids.Valid(ids.Step, *req.AfterStepID) {
+			p.Add("afterStepId", "must be a step id of this run")
+		}
+		if *req.AfterStatus != StatusSucceeded && *req.AfterStatus != "FAILED" {
+			p.Add("afterStatus", "must be SUCCEEDED or FAILED")
+		}
+	}
+	if err := p.Err(); err != nil {
+		return op, err
+	}
+	if req.IdempotencyKey != nil {
+		op.key = *req.IdempotencyKey
+	} else {
+		// The generated key hashes the operation's identity (seed 000):
+		// run, tool, handler version, contract version, effective endpoint,
+		// dependency and canonical input.
+		op.key, err = canonjson.Hash([]any{runID, op.name, op.version, op.contractVersion, op.endpoint,
+			op.afterStepID, op.afterStatus, json.RawMessage(op.input)})
+		if err != nil {
+			return op, apierr.InvalidField("input", "must be JSON")
+		}
+	}
+	return op, nil
+}
+
+// fingerprint identifies the whole operation, so a repeated key with a
+// different operation is told apart from a duplicate.
+func (op enqueueOp) fingerprint() []byte {
+	b, _ := canonjson.Marshal([]any{op.runID, op.name, op.version, op.contractVersion, op.endpoint, op.afterStepID,
+		op.afterStatus, json.RawMessage(op.input), op.timeoutMs, op.maxAttempts, op.key})
+	return b
+}
+
+func validToolPart(s string, maxLen int) bool {
+	return s != "" && len(s) <= maxLen && !strings.ContainsAny(s, " \t\r\n@")
+}
+
+// Enqueue adds a step to a run. A known key with the same operation answers
+// the existing step (deduplicated); with another operation it is 409.
+func (s *Service) Enqueue(ctx context.Context, workspaceID, runID string, req EnqueueRequest) (EnqueueResult, error) {
+	op, err := req.validate(runID)
+	if err != nil {
+		return EnqueueResult{}, err
+	}
+	hash := s.mac(op.fingerprint())
+	var out EnqueueResult
+	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		var (
+			runStatus               string
+			requested               bool
+			exStep, exJob, exStatus *string
+			exDue                   *time.Time
+			exHash                  []byte
+			dep                     *string
+		)
+		// The dependency's row is locked before the run's, the order a
+		// report follows too (job row, then run locks), so an enqueue, a
+		// report and a finish cannot wait on each other in a cycle.
+		if op.afterStepID != nil {
+			var st string
+			err := tx.QueryRow(ctx, sqlDependency, *op.afterStepID, op.runID, workspaceID).Scan(&st)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("enqueue dependency: %w", err)
+			}
+			if err == nil {
+				dep = &st
+			}
+		}
+		err := tx.QueryRow(ctx, sqlEnqueueLookup, runID, workspaceID, op.key).Scan(&runStatus, &requested,
+			&exStep, &exJob, &exStatus, &exDue, &exHash)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return apierr.NotFound("run")
+		}
+		if err != nil {
+			return fmt.Errorf("enqueue lookup: %w", err)
+		}
+		if exStep != nil {
+			out, err = dedupe(op.key, hash, *exStep, *exJob, *exStatus, exDue, exHash)
+			return err
+		}
+		if requested || runStatus != RunRunning {
+			return apierr.InvalidState("The run's completion was requested; it takes no new steps.")
+		}
+		if op.afterStepID != nil && dep == nil {
+			return apierr.InvalidField("afterStepId", "must be a step id of this run")
+		}
+		out, err = s.insertStep(ctx, tx, workspaceID, op, hash, dep)
+		return err
+	})
+	return out, err
+}
+
+func dedupe(key string, hash []byte, stepID, jobID, status string, due *time.Time, stored []byte) (EnqueueResult, error) {
+	if !bytes.Equal(hash, stored) {
+		return EnqueueResult{}, apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
+			"This idempotency key was used for a different operation in this workspace.")
+	}
+	return EnqueueResult{StepID: stepID, JobID: jobID, IdempotencyKey: key, Status: status, DueAt: due,
+		Deduplicated: true}, nil
+}
+
+func (s *Service) insertStep(ctx context.Context, tx pgx.Tx, workspaceID string, op enqueueOp, hash []byte,
+	dep *string) (EnqueueResult, error) {
+	now := s.now()
+	ep, err := s.endpointForEnqueue(ctx, tx, workspaceID, op.endpoint)
+	if err != nil {
+		return EnqueueResult{}, fmt.Errorf("enqueue endpoint: %w", err)
+	}
+	status := StatusQueued
+	due := &now
+	var finished *time.Time
+	if dep != nil {
+		switch {
+		case !ended(*dep):
+			status, due = StatusWaiting, nil
+		case dependencyMet(*op.afterStatus, *dep):
+		default:
+			status, due, finished = StatusSkipped, nil, &now
+		}
+	}
+	pol := ep.policy
+	if op.maxAttempts != nil {
+		pol.MaxAttempts = int(*op.maxAttempts)
+	}
+	timeout := ep.DefaultTimeoutMs
+	if op.timeoutMs != nil {
+		timeout = *op.timeoutMs
+	}
+	jobID := ids.NewAt(ids.Job, now)
+	stepID := ids.NewAt(ids.Step, now)
+	var inserted string
+	err = tx.QueryRow(ctx, sqlInsertJob, jobID, stepID, workspaceID, op.runID, op.name, op.version, op.contractVersion,
+		ep.ID, op.key, hash, op.afterStepID, op.afterStatus, status, ep.Version, pol.Preset, pol.MaxAttempts,
+		pol.InitialDelayMs, pol.Multiplier, pol.MaxDelayMs, pol.JitterPercent, timeout, due,
+		s.sealer.Seal(op.input, aad(jobID, "input")), string(redact.PreviewJSON(op.input)), now, finished).Scan(&inserted)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// A concurrent enqueue with the same key committed first.
+		var (
+			st, jb, stat string
+			d            *time.Time
+			h            []byte
+		)
+		if err := tx.QueryRow(ctx, sqlEnqueueExisting, workspaceID, op.key).Scan(&st, &jb, &stat, &d, &h); err != nil {
+			return EnqueueResult{}, fmt.Errorf("enqueue existing: %w", err)
+		}
+		return dedupe(op.key, hash, st, jb, stat, d, h)
+	}
+	if err != nil {
+		return EnqueueResult{}, fmt.Errorf("insert job: %w", err)
+	}
+	return EnqueueResult{StepID: stepID, JobID: jobID, IdempotencyKey: op.key, Status: status, DueAt: due}, nil
+}
+
+func ended(status string) bool {
+	switch status {
+	case StatusSucceeded, StatusExhausted, StatusCancelled, StatusSkipped:
+		return true
+	}
+	return false
+}
+
+// dependencyMet: afterStatus SUCCEEDED waits for a success, FAILED for an
+// exhausted dependency; any other ending skips the dependent.
+func dependencyMet(afterStatus, dep string) bool {
+	return (afterStatus == StatusSucceeded && dep == StatusSucceeded) || (afterStatus == "FAILED" && dep == StatusExhausted)
+}
+
+// GetStep reads one step.
+func (s *Service) GetStep(ctx context.Context, workspaceID, stepID string) (Step, error) {
+	st, err := scanStep(s.pool.QueryRow(ctx, sqlStepByID, stepID, workspaceID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Step{}, apierr.NotFound("step")
+	}
+	if err != nil {
+		return Step{}, err
+	}
+	if j := st.DurableJob; j.Status == StatusRunning && j.Attempt >= j.MaxAttempts && j.LeaseExpiresAt != nil &&
+		!j.LeaseExpiresAt.After(s.now()) {
+		// A lease that lapsed on the last attempt ends the job at read.
+		if _, err := s.exhaustLapsed(ctx, &st.RunID, 1000); err != nil {
+			return Step{}, err
+		}
+		if st, err = scanStep(s.pool.QueryRow(ctx, sqlStepByID, stepID, workspaceID)); err != nil {
+			return Step{}, err
+		}
+	}
+	steps := []Step{st}
+	if err := s.attachAttempts(ctx, steps, sqlJobAttempts, st.DurableJob.ID); err != nil {
+		return Step{}, err
+	}
+	return steps[0], nil
+}
+
+// CancelStep cancels a step that has not ended. A RUNNING job is cancelled at
+// once and its worker learns it from its next heartbeat; its report is still
+// recorded on the execution.
+func (s *Service) CancelStep(ctx context.Context, workspaceID, stepID string) (Step, error) {
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		var jobID, status, runID, endpointID string
+		var attempt int
+		err := tx.QueryRow(ctx, sqlCancelLock, stepID, workspaceID).Scan(nil, &jobID, &status, &runID, &attempt, &endpointID)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return apierr.NotFound("step")
+		}
+		if err != nil {
+			return fmt.Errorf("cancel lock: %w", err)
+		}
+		if ended(status) {
+			return apierr.InvalidState("The step already ended (%s).", status)
+		}
+		now := s.now()
+		if _, err := tx.Exec(ctx, sqlCancel, jobID, now, status == StatusRunning); err != nil {
+			return fmt.Errorf("cancel: %w", err)
+		}
+		return s.afterEnded(ctx, tx, []endedStep{{stepID: stepID, runID: runID, workspaceID: workspaceID,
+			jobID: jobID, status: StatusCancelled, attempt: attempt}})
+	})
+	if err != nil {
+		return Step{}, err
+	}
+	return s.GetStep(ctx, workspaceID, stepID)
+}
+
+// endedStep is a step that just reached an ending status.
+type endedStep struct {
+	stepID, runID, workspaceID, jobID, status string
+	attempt                                   int
+}
+
+func scanEnded(rows pgx.Rows) ([]endedStep, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (endedStep, error) {
+		var e endedStep
+		err := r.Scan(&e.stepID, &e.runID, &e.workspaceID, &e.jobID, &e.status, &e.attempt)
+		return e, err
+	})
+}
+
+// maxReleaseDepth bounds the inline cascade of SKIPPED dependents; the
+// sweeper continues deeper chains.
+const maxReleaseDepth = 32
+
+// afterEnded makes the transitions a step's ending causes, inside the
+// caller's transaction: step.exhausted events, dependents released (and the
+// cascade of skips), and completion of the affected runs.
+func (s *Service) afterEnded(ctx context.Context, tx pgx.Tx, done []endedStep) error {
+	runs, err := s.release(ctx, tx, done, true)
+	if err != nil {
+		return err
+	}
+	for _, runID := range slices.Sorted(maps.Keys(runs)) {
+		if err := s.lockAndSettle(ctx, tx, runID, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// release records step.exhausted events and, when dependents may exist,
+// releases them, following the cascade of skips. It returns the runs touched.
+func (s *Service) release(ctx context.Context, tx pgx.Tx, done []endedStep, dependents bool) (map[string]bool, error) {
+	now := s.now()
+	runs := map[string]bool{}
+	var events []event
+	frontier := done
+	for depth := 0; len(frontier) > 0 && depth < maxReleaseDepth; depth++ {
+		stepIDs := make([]string, 0, len(frontier))
+		for _, e := range frontier {
+			if e.runID != "" {
+				runs[e.runID] = true
+			}
+			stepIDs = append(stepIDs, e.stepID)
+			if e.status == StatusExhausted {
+				events = append(events, event{workspaceID: e.workspaceID, typ: EventStepExhausted, subject: e.stepID,
+					data: fmt.Sprintf(`{"jobId":%q,"attempt":%d}`, e.jobID, e.attempt), dedupe: strconv.Itoa(e.attempt)})
+			}
+		}
+		if !dependents && depth == 0 {
+			break
+		}
+		rows, err := tx.Query(ctx, sqlReleaseDependents, stepIDs, now)
+		if err != nil {
+			return nil, fmt.Errorf("release dependents: %w", err)
+		}
+		released, err := scanEnded(rows)
+		if err != nil {
+			return nil, fmt.Errorf("release dependents: %w", err)
+		}
+		frontier = frontier[:0:0]
+		for _, r := range released {
+			runs[r.runID] = true
+			if r.status == StatusSkipped {
+				frontier = append(frontier, r)
+			}
+		}
+	}
+	return runs, s.recordEvents(ctx, tx, events)
+}
+
+// lockAndSettle checks a run's completion under the run locks (see sql.go).
+// shared says the caller does not hold the run's shared lock yet.
+func (s *Service) lockAndSettle(ctx context.Context, tx pgx.Tx, runID string, shared bool) error {
+	if shared {
+		if _, err := tx.Exec(ctx, sqlRunLockShared, runID); err != nil {
+			return fmt.Errorf("lock run: %w", err)
+		}
+	}
+	if _, err := tx.Exec(ctx, sqlRunSettleExclusive, runID); err != nil {
+		return fmt.Errorf("lock run: %w", err)
+	}
+	return s.settleRun(ctx, tx, runID)
+}
+
+func (s *Service) settleRun(ctx context.Context, tx pgx.Tx, runID string) error {
+	if _, err := tx.Exec(ctx, sqlSettleRun, runID, s.now(), ids.NewAt(ids.Event, s.now())); err != nil {
+		return fmt.Errorf("settle run: %w", err)
+	}
+	return nil
+}
+
+type event struct {
+	workspaceID, typ, subject, data, dedupe string
+}
+
+func (s *Service) recordEvents(ctx context.Context, q querier, events []event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	n := len(events)
+	idv, ws, typ, sub, data, dd := make([]string, n), make([]string, n), make([]string, n), make([]string, n),
+		make([]string, n), make([]string, n)
+	now := s.now()
+	for i, e := range events {
+		idv[i], ws[i], typ[i], sub[i], data[i], dd[i] = ids.NewAt(ids.Event, now), e.workspaceID, e.typ, e.subject, e.data, e.dedupe
+	}
+	if _, err := q.Exec(ctx, sqlInsertEvents, idv, ws, typ, sub, data, now, dd); err != nil {
+		return fmt.Errorf("record events: %w", err)
+	}
+	return nil
+}

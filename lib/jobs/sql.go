@@ -1,0 +1,417 @@
+package jobs
+
+// Every statement of the package. Parameters are cast explicitly because the
+// pool runs in QueryExecModeExec (types come from Go values, not from a
+// server-side describe).
+//
+// Endpoint gate protocol. job_endpoints.running_count counts an endpoint's
+// RUNNING jobs only while max_concurrent is set, so that reports to an
+// unlimited endpoint never write (and queue on) its row:
+//   - a claim locks its endpoints' rows and increments the count when a limit
+//     is set (it reads the locked rows at their latest version);
+//   - a transaction moving a job out of RUNNING first takes a shared
+//     transaction-scoped advisory lock on the endpoint (in sqlReportLock,
+//     sqlCancelLock or sqlLapsedGates), then, in a later statement,
+//     decrements the count if a limit is set;
+//   - a policy write takes that advisory lock exclusively, so it waits for
+//     those transactions, and then recounts (sqlRecountRunning) whenever a
+//     limit is set.
+// A count can therefore never miss a transition that raced with a limit
+// being set.
+
+const endpointColumns = `id, name, version, preset, max_attempts, initial_delay_ms, multiplier, max_delay_ms,
+	jitter_percent, default_timeout_ms, max_concurrent, rate_limit_per_minute, paused, circuit_state,
+	circuit_opened_at, created_at, updated_at`
+
+const sqlInsertEndpoint = `
+INSERT INTO job_endpoints (id, workspace_id, name, preset, max_attempts, initial_delay_ms, multiplier, max_delay_ms,
+                           jitter_percent, default_timeout_ms, max_concurrent, rate_limit_per_minute, created_at, updated_at)
+VALUES ($1::text, $2::text, $3::text, $4::text, $5::int, $6::bigint, $7::float8, $8::bigint, $9::float8, $10::bigint,
+        $11::int, $12::int, $13::timestamptz, $13::timestamptz)
+ON CONFLICT (workspace_id, name) DO NOTHING
+RETURNING ` + endpointColumns
+
+const sqlEndpointByName = `SELECT ` + endpointColumns + ` FROM job_endpoints WHERE workspace_id = $1::text AND name = $2::text`
+
+const sqlEndpointByID = `SELECT ` + endpointColumns + ` FROM job_endpoints WHERE workspace_id = $1::text AND id = $2::text`
+
+const sqlListEndpoints = `SELECT ` + endpointColumns + ` FROM job_endpoints
+WHERE workspace_id = $1::text AND id > $2::text ORDER BY id LIMIT $3::int`
+
+// sqlUpdatePolicy is an optimistic write: it changes nothing unless the
+// version is still the expected one ($13).
+const sqlUpdatePolicy = `
+UPDATE job_endpoints SET preset = $3::text, max_attempts = $4::int, initial_delay_ms = $5::bigint,
+    multiplier = $6::float8, max_delay_ms = $7::bigint, jitter_percent = $8::float8, default_timeout_ms = $9::bigint,
+    max_concurrent = $10::int, rate_limit_per_minute = $11::int, updated_at = $12::timestamptz, version = version + 1
+WHERE id = $1::text AND workspace_id = $2::text AND version = $13::bigint
+RETURNING ` + endpointColumns
+
+const sqlSetPaused = `
+UPDATE job_endpoints SET paused = $3::bool, updated_at = $4::timestamptz
+WHERE workspace_id = $1::text AND id = $2::text
+RETURNING ` + endpointColumns
+
+const sqlInsertRun = `
+INSERT INTO job_runs (id, workspace_id, name, status, created_at)
+VALUES ($1::text, $2::text, $3::text, 'RUNNING', $4::timestamptz)`
+
+const runColumns = `id, name, status, completion_requested, created_at, finished_at`
+
+const sqlGetRun = `SELECT ` + runColumns + ` FROM job_runs WHERE id = $1::text AND workspace_id = $2::text`
+
+const stepColumns = `j.step_id, j.id, j.name, j.version, e.name, j.status, j.idempotency_key, j.after_step_id,
+	j.after_status, j.contract_version, j.attempt, j.max_attempts, j.due_at, j.lease_expires_at, j.cancel_requested,
+	j.policy_preset, j.initial_delay_ms, j.multiplier, j.max_delay_ms, j.jitter_percent, j.timeout_ms,
+	j.policy_version, j.input_preview, j.output_preview, j.created_at, j.finished_at, j.run_id`
+
+const sqlRunSteps = `SELECT ` + stepColumns + ` FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
+WHERE j.run_id = $1::text ORDER BY j.step_id`
+
+const sqlStepByID = `SELECT ` + stepColumns + ` FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
+WHERE j.step_id = $1::text AND j.workspace_id = $2::text`
+
+const attemptColumns = `x.job_id, x.attempt, x.worker_id, x.outcome, x.warning, x.retryable, x.retry_after_ms,
+	x.started_at, x.lease_expires_at, x.reported_at`
+
+const sqlRunAttempts = `SELECT ` + attemptColumns + ` FROM job_executions x JOIN jobs j ON j.id = x.job_id
+WHERE j.run_id = $1::text ORDER BY x.job_id, x.attempt`
+
+const sqlJobAttempts = `SELECT ` + attemptColumns + ` FROM job_executions x WHERE x.job_id = $1::text ORDER BY x.attempt`
+
+// sqlEnqueueLookup locks the run against a concurrent finish (FOR SHARE:
+// enqueues do not block each other) and finds an existing step with the key.
+const sqlEnqueueLookup = `
+SELECT r.status, r.completion_requested, j.step_id, j.id, j.status, j.due_at, j.request_hash
+FROM job_runs r
+LEFT JOIN jobs j ON j.workspace_id = r.workspace_id AND j.idempotency_key = $3::text
+WHERE r.id = $1::text AND r.workspace_id = $2::text
+FOR SHARE OF r`
+
+const sqlEnqueueExisting = `
+SELECT step_id, id, status, due_at, request_hash FROM jobs WHERE workspace_id = $1::text AND idempotency_key = $2::text`
+
+// sqlDependency marks the dependency as having dependents, under its row
+// lock: its ending (which locks the row too) either happens first, and this
+// returns the ended status, or waits for this enqueue and then sees
+// has_dependents and the new step.
+const sqlDependency = `
+UPDATE jobs SET has_dependents = true
+WHERE step_id = $1::text AND run_id = $2::text AND workspace_id = $3::text
+RETURNING status`
+
+const sqlInsertJob = `
+INSERT INTO jobs (id, step_id, workspace_id, run_id, name, version, contract_version, endpoint_id, idempotency_key,
+                  request_hash, after_step_id, after_status, status, policy_version, policy_preset, max_attempts,
+                  initial_delay_ms, multiplier, max_delay_ms, jitter_percent, timeout_ms, due_at, ready_at,
+                  input_sealed, input_preview, created_at, updated_at, finished_at)
+VALUES ($1::text, $2::text, $3::text, $4::text, $5::text, $6::text, $7::int, $8::text, $9::text, $10::bytea,
+        $11::text, $12::text, $13::text, $14::bigint, $15::text, $16::int, $17::bigint, $18::float8, $19::bigint,
+        $20::float8, $21::bigint, $22::timestamptz, $22::timestamptz, $23::bytea, $24::jsonb, $25::timestamptz,
+        $25::timestamptz, $26::timestamptz)
+ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
+RETURNING id`
+
+// Run completion uses two transaction-scoped advisory locks per run. Finish
+// takes the run key exclusively; every transaction that ends a step holds it
+// shared (so finish waits for in-flight endings, and its own check then sees
+// them). A transaction that checks completion after finish was requested
+// first takes the run's settle key exclusively, so concurrent last steps are
+// checked one after the other, each seeing the other's commit.
+const (
+	sqlRunLockExclusive   = `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`
+	sqlRunLockShared      = `SELECT pg_advisory_xact_lock_shared(hashtextextended($1::text, 0))`
+	sqlRunSettleExclusive = `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 1))`
+)
+
+const sqlRequestCompletion = `
+UPDATE job_runs SET completion_requested = true WHERE id = $1::text AND workspace_id = $2::text RETURNING id`
+
+// sqlSettleRun finishes a run whose completion was requested: FAILED as soon
+// as a step is EXHAUSTED or CANCELLED, SUCCEEDED once every step ended well
+// (SKIPPED counts as well), and records run.finished once.
+const sqlSettleRun = `
+WITH r AS (
+    UPDATE job_runs r SET
+        status = CASE WHEN EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND status IN ('EXHAUSTED', 'CANCELLED'))
+                      THEN 'FAILED' ELSE 'SUCCEEDED' END,
+        finished_at = $2::timestamptz
+    WHERE r.id = $1::text AND r.status = 'RUNNING' AND r.completion_requested
+      AND (EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND status IN ('EXHAUSTED', 'CANCELLED'))
+           OR NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND status NOT IN ('SUCCEEDED', 'SKIPPED')))
+    RETURNING r.id, r.workspace_id, r.status
+)
+INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
+SELECT $3::text, workspace_id, 'run.finished', id, jsonb_build_object('status', status), $2::timestamptz, '' FROM r
+ON CONFLICT DO NOTHING`
+
+const sqlRunsToSettle = `
+SELECT id FROM job_runs WHERE status = 'RUNNING' AND completion_requested ORDER BY id LIMIT $1::int`
+
+// sqlReleaseDependents moves WAITING steps whose dependency has ended:
+// QUEUED when it ended the requested way, SKIPPED otherwise.
+const sqlReleaseDependents = `
+UPDATE jobs j SET
+    status = CASE WHEN (j.after_status = 'SUCCEEDED' AND d.status = 'SUCCEEDED')
+                    OR (j.after_status = 'FAILED' AND d.status = 'EXHAUSTED') THEN 'QUEUED' ELSE 'SKIPPED' END,
+    due_at = CASE WHEN (j.after_status = 'SUCCEEDED' AND d.status = 'SUCCEEDED')
+                    OR (j.after_status = 'FAILED' AND d.status = 'EXHAUSTED') THEN $2::timestamptz END,
+    ready_at = CASE WHEN (j.after_status = 'SUCCEEDED' AND d.status = 'SUCCEEDED')
+                    OR (j.after_status = 'FAILED' AND d.status = 'EXHAUSTED') THEN $2::timestamptz END,
+    finished_at = CASE WHEN (j.after_status = 'SUCCEEDED' AND d.status = 'SUCCEEDED')
+                    OR (j.after_status = 'FAILED' AND d.status = 'EXHAUSTED') THEN NULL ELSE $2::timestamptz END,
+    updated_at = $2::timestamptz
+FROM jobs d
+WHERE j.status = 'WAITING' AND j.after_step_id = ANY($1::text[]) AND d.step_id = j.after_step_id
+  AND d.status IN ('SUCCEEDED', 'EXHAUSTED', 'CANCELLED', 'SKIPPED')
+RETURNING j.step_id, j.run_id, j.workspace_id, j.id, j.status, j.attempt`
+
+// sqlStrandedDependents finds WAITING steps whose dependency already ended
+// (the sweeper's backstop for a release no request made).
+const sqlStrandedDependents = `
+SELECT DISTINCT w.after_step_id FROM jobs w JOIN jobs d ON d.step_id = w.after_step_id
+WHERE w.status = 'WAITING' AND d.status IN ('SUCCEEDED', 'EXHAUSTED', 'CANCELLED', 'SKIPPED')
+LIMIT $1::int`
+
+const sqlInsertEvents = `
+INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
+SELECT u.id, u.ws, u.type, u.subject, u.data::jsonb, $6::timestamptz, u.dedupe
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $7::text[]) AS u(id, ws, type, subject, data, dedupe)
+ON CONFLICT DO NOTHING`
+
+// sqlExhaustLapsed ends jobs whose lease lapsed on their last attempt; the
+// lapsed execution is marked failed with the side-effect warning. $3 limits
+// it to one run (inline at read) or, when NULL, to a bounded sweep.
+const sqlExhaustLapsed = `
+WITH lapsed AS (
+    SELECT id FROM jobs
+    WHERE status = 'RUNNING' AND ready_at <= $1::timestamptz AND attempt >= max_attempts
+      AND ($3::text IS NULL OR run_id = $3::text)
+    ORDER BY ready_at
+    LIMIT $2::int
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE jobs j SET status = 'EXHAUSTED', due_at = NULL, ready_at = NULL, finished_at = $1::timestamptz,
+        updated_at = $1::timestamptz
+    FROM lapsed WHERE j.id = lapsed.id
+    RETURNING j.step_id, j.run_id, j.workspace_id, j.id, j.status, j.attempt, j.endpoint_id
+), x AS (
+    UPDATE job_executions x SET outcome = 'FAILED', warning = $4::text, ended_at = $1::timestamptz
+    FROM upd WHERE x.job_id = upd.id AND x.attempt = upd.attempt AND x.outcome IS NULL
+), e AS (
+    UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - c.n)
+    FROM (SELECT endpoint_id, count(*)::int AS n FROM upd GROUP BY endpoint_id) c
+    WHERE e.id = c.endpoint_id AND e.max_concurrent IS NOT NULL
+)
+SELECT step_id, run_id, workspace_id, id, status, attempt FROM upd`
+
+// sqlLapsedGates takes the gate protocol's shared lock on the endpoints of
+// the jobs sqlExhaustLapsed is about to end (a separate, earlier statement,
+// so that the ending statement reads max_concurrent after the lock).
+const sqlLapsedGates = `
+SELECT count(pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0)))
+FROM (SELECT DISTINCT endpoint_id FROM jobs
+      WHERE status = 'RUNNING' AND ready_at <= $1::timestamptz AND attempt >= max_attempts
+        AND ($3::text IS NULL OR run_id = $3::text)
+      LIMIT $2::int) e`
+
+const (
+	sqlEndpointGateExclusive = `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`
+	sqlRecountRunning        = `
+UPDATE job_endpoints SET running_count = (SELECT count(*) FROM jobs WHERE endpoint_id = $1::text AND status = 'RUNNING')
+WHERE id = $1::text AND max_concurrent IS NOT NULL`
+)
+
+const sqlInsertWorker = `
+INSERT INTO job_workers (id, workspace_id, key_id, names, versions, created_at, last_seen_at)
+VALUES ($1::text, $2::text, $3::text, $4::text[], $5::text[], $6::timestamptz, $6::timestamptz)`
+
+const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND workspace_id = $2::text AND key_id = $3::text`
+
+// sqlClaim claims up to $5 due jobs of the worker's exact name@version pairs
+// in one statement. Jobs are locked with SKIP LOCKED (claimers never wait on
+// each other's jobs); their endpoints are then locked in id order, and the
+// gates are computed from the locked rows' current values (a locked row is
+// re-read at its latest version), so pause, maxConcurrent and
+// rateLimitPerMinute hold across concurrent claimers. A RUNNING job is due
+// when its lease lapsed: its reclaim needs no new concurrency slot, and its
+// lapsed execution is marked failed with the warning.
+//
+// $1 worker, $2 workspace, $3 now, $4 key, $5 limit, $6 lease grace ms,
+// $7 rate window (minute), $8 warning.
+const sqlClaim = `
+WITH wk AS (
+    UPDATE job_workers SET last_seen_at = $3::timestamptz
+    WHERE id = $1::text AND workspace_id = $2::text AND key_id = $4::text
+    RETURNING names, versions
+), tools AS (
+    SELECT DISTINCT t.name, t.version FROM wk, unnest(wk.names, wk.versions) AS t(name, version)
+), cand AS (
+    SELECT c.id, c.endpoint_id, c.ready_at, c.status = 'RUNNING' AS reclaim
+    FROM tools t
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.endpoint_id, j.ready_at, j.status FROM jobs j
+        WHERE j.workspace_id = $2::text AND j.name = t.name AND j.version = t.version
+          AND j.status IN ('QUEUED', 'RETRY_SCHEDULED', 'RUNNING') AND j.ready_at <= $3::timestamptz
+          AND NOT EXISTS (SELECT 1 FROM job_endpoints p WHERE p.id = j.endpoint_id AND p.paused)
+        ORDER BY j.ready_at
+        LIMIT $5::int
+        FOR UPDATE OF j SKIP LOCKED
+    ) c
+    ORDER BY c.ready_at
+    LIMIT $5::int
+), eps AS (
+    SELECT e.id, e.paused, e.running_count, e.max_concurrent, e.rate_limit_per_minute,
+           CASE WHEN e.rate_window_start = $7::timestamptz THEN e.rate_window_count ELSE 0 END AS window_count
+    FROM job_endpoints e WHERE e.id IN (SELECT endpoint_id FROM cand)
+    ORDER BY e.id
+    FOR UPDATE
+), room AS (
+    SELECT e.id, c.n_re, c.n_new,
+           CASE WHEN e.paused THEN 0
+                WHEN e.rate_limit_per_minute IS NULL THEN 2147483647
+                ELSE GREATEST(0, e.rate_limit_per_minute - e.window_count) END AS rate_left,
+           CASE WHEN e.max_concurrent IS NULL THEN 2147483647
+                ELSE GREATEST(0, e.max_concurrent - e.running_count) END AS conc_left
+    FROM eps e
+    JOIN (SELECT endpoint_id, count(*) FILTER (WHERE reclaim)::int AS n_re,
+                 count(*) FILTER (WHERE NOT reclaim)::int AS n_new
+          FROM cand GROUP BY endpoint_id) c ON c.endpoint_id = e.id
+), grants AS (
+    SELECT id, LEAST(n_re, rate_left) AS g_re,
+           LEAST(n_new, rate_left - LEAST(n_re, rate_left), conc_left) AS g_new
+    FROM room
+), bump AS (
+    UPDATE job_endpoints e SET
+        running_count = e.running_count + CASE WHEN e.max_concurrent IS NULL THEN 0 ELSE g.g_new END,
+        rate_window_count = CASE WHEN e.rate_window_start = $7::timestamptz THEN e.rate_window_count ELSE 0 END
+                            + g.g_re + g.g_new,
+        rate_window_start = $7::timestamptz
+    FROM grants g
+    WHERE e.id = g.id AND ((e.max_concurrent IS NOT NULL AND g.g_new > 0)
+                           OR (e.rate_limit_per_minute IS NOT NULL AND g.g_re + g.g_new > 0))
+), pick AS (
+    SELECT c.id, c.reclaim FROM (
+        SELECT cand.*, row_number() OVER (PARTITION BY endpoint_id, reclaim ORDER BY ready_at, id) AS rn FROM cand
+    ) c JOIN grants g ON g.id = c.endpoint_id
+    WHERE c.rn <= CASE WHEN c.reclaim THEN g.g_re ELSE g.g_new END
+), claimed AS (
+    UPDATE jobs j SET status = 'RUNNING', attempt = j.attempt + 1,
+        lease_token = replace(gen_random_uuid()::text, '-', ''),
+        lease_expires_at = $3::timestamptz + (j.timeout_ms + $6::bigint) * interval '1 millisecond',
+        ready_at = $3::timestamptz + (j.timeout_ms + $6::bigint) * interval '1 millisecond',
+        worker_id = $1::text, updated_at = $3::timestamptz
+    FROM pick p WHERE j.id = p.id
+    RETURNING j.id, j.step_id, j.run_id, j.name, j.version, j.attempt, j.max_attempts, j.lease_token,
+              j.lease_expires_at, j.timeout_ms, j.idempotency_key, j.input_sealed, p.reclaim
+), lapsed AS (
+    UPDATE job_executions x SET outcome = 'FAILED', warning = $8::text, ended_at = $3::timestamptz
+    FROM claimed c
+    -- The array keeps this a primary-key probe however the planner sizes claimed.
+    WHERE x.job_id = ANY (ARRAY(SELECT id FROM claimed WHERE reclaim))
+      AND c.reclaim AND x.job_id = c.id AND x.attempt = c.attempt - 1 AND x.outcome IS NULL
+), exe AS (
+    INSERT INTO job_executions (job_id, attempt, workspace_id, worker_id, lease_token, started_at, lease_expires_at)
+    SELECT id, attempt, $2::text, $1::text, lease_token, $3::timestamptz, lease_expires_at FROM claimed
+)
+SELECT id, step_id, run_id, name, version, attempt, max_attempts, lease_token, lease_expires_at, timeout_ms,
+       idempotency_key, input_sealed
+FROM claimed ORDER BY lease_expires_at, id`
+
+// sqlHeartbeat extends a current lease by the job's timeout plus the grace.
+const sqlHeartbeat = `
+WITH j AS (
+    UPDATE jobs SET lease_expires_at = $4::timestamptz + (timeout_ms + $5::bigint) * interval '1 millisecond',
+        ready_at = $4::timestamptz + (timeout_ms + $5::bigint) * interval '1 millisecond', updated_at = $4::timestamptz
+    WHERE id = $1::text AND workspace_id = $2::text AND lease_token = $3::text AND status = 'RUNNING'
+    RETURNING id, attempt, lease_expires_at, cancel_requested
+), x AS (
+    UPDATE job_executions x SET lease_expires_at = j.lease_expires_at FROM j WHERE x.job_id = j.id AND x.attempt = j.attempt
+)
+SELECT lease_expires_at, cancel_requested FROM j`
+
+// sqlLeaseState explains why a heartbeat did not extend a lease.
+const sqlLeaseState = `
+SELECT j.status, j.lease_token = $3::text, j.lease_expires_at, j.cancel_requested
+FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
+
+// sqlReportLock locks the job, takes the endpoint gate's shared lock, tries
+// the run's shared lock without waiting (a report that had to wait for a
+// finish checks completion afterwards) and finds the execution its token
+// belongs to.
+const sqlReportLock = `
+SELECT pg_advisory_xact_lock_shared(hashtextextended(j.endpoint_id, 0))::text,
+       pg_try_advisory_xact_lock_shared(hashtextextended(j.run_id, 0)), j.has_dependents, j.status, j.attempt, j.max_attempts, j.step_id, j.run_id, j.endpoint_id, j.policy_preset, j.initial_delay_ms,
+       j.multiplier, j.max_delay_ms, j.jitter_percent, r.completion_requested,
+       x.attempt, x.outcome, x.reported_at, x.result_status, x.next_due_at
+FROM jobs j
+JOIN job_runs r ON r.id = j.run_id
+LEFT JOIN job_executions x ON x.job_id = j.id AND x.lease_token = $3::text
+WHERE j.id = $1::text AND j.workspace_id = $2::text
+FOR UPDATE OF j`
+
+// sqlReportApply records an attempt's outcome and the job's next status, and
+// frees the endpoint's concurrency slot.
+const sqlReportApply = `
+WITH j AS (
+    UPDATE jobs SET status = $3::text, due_at = $4::timestamptz, ready_at = $4::timestamptz,
+        finished_at = $5::timestamptz, output_sealed = $6::bytea, output_preview = $7::jsonb,
+        updated_at = $8::timestamptz
+    WHERE id = $1::text AND workspace_id = $2::text AND $13::bool
+    RETURNING endpoint_id
+), x AS (
+    UPDATE job_executions SET outcome = $9::text, retryable = $10::bool, retry_after_ms = $11::bigint,
+        error_sealed = $12::bytea, reported_at = $8::timestamptz, ended_at = $8::timestamptz,
+        result_status = $3::text, next_due_at = $4::timestamptz
+    WHERE job_id = $1::text AND attempt = $14::int
+)
+UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - 1)
+FROM j WHERE e.id = j.endpoint_id AND e.max_concurrent IS NOT NULL`
+
+const sqlCancelLock = `
+SELECT pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0))::text, id, status, run_id, attempt, endpoint_id FROM jobs WHERE step_id = $1::text AND workspace_id = $2::text FOR UPDATE`
+
+const sqlCancel = `
+WITH j AS (
+    UPDATE jobs SET status = 'CANCELLED', cancel_requested = true, due_at = NULL, ready_at = NULL,
+        finished_at = $2::timestamptz, updated_at = $2::timestamptz
+    WHERE id = $1::text
+    RETURNING endpoint_id
+)
+UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - 1) FROM j
+WHERE e.id = j.endpoint_id AND $3::bool AND e.max_concurrent IS NOT NULL`
+
+// sqlQueueHealth summarises queued work per exact name@version, with the
+// workers that polled for it recently.
+const sqlQueueHealth = `
+WITH q AS (
+    SELECT name, version, count(*)::bigint AS queued, min(ready_at) FILTER (WHERE ready_at <= $2::timestamptz) AS oldest
+    FROM jobs
+    WHERE workspace_id = $1::text AND status IN ('QUEUED', 'RETRY_SCHEDULED')
+    GROUP BY name, version
+), w AS (
+    SELECT t.name, t.version, count(DISTINCT wk.id)::bigint AS seen
+    FROM job_workers wk, unnest(wk.names, wk.versions) AS t(name, version)
+    WHERE wk.workspace_id = $1::text AND wk.last_seen_at > $3::timestamptz
+    GROUP BY t.name, t.version
+)
+SELECT q.name, q.version, q.queued, q.oldest, coalesce(w.seen, 0)
+FROM q LEFT JOIN w ON w.name = q.name AND w.version = q.version
+ORDER BY q.name, q.version`
+
+// sqlCloneQueued copies a QUEUED job n times (new ids and keys, the same
+// run, endpoint, tool and policy snapshot, no input) in one statement. It
+// exists for load tests and benchmarks that need deep queues fast.
+const sqlCloneQueued = `
+INSERT INTO jobs (id, step_id, workspace_id, run_id, name, version, contract_version, endpoint_id, idempotency_key,
+                  request_hash, status, policy_version, policy_preset, max_attempts, initial_delay_ms, multiplier,
+                  max_delay_ms, jitter_percent, timeout_ms, due_at, ready_at, input_preview, created_at, updated_at)
+SELECT 'job_' || $2::text || lpad(g::text, 26 - length($2::text), '0'),
+       'stp_' || $2::text || lpad(g::text, 26 - length($2::text), '0'),
+       t.workspace_id, t.run_id, t.name, t.version, t.contract_version, t.endpoint_id,
+       'clone:' || $2::text || ':' || g, t.request_hash, 'QUEUED', t.policy_version, t.policy_preset, t.max_attempts,
+       t.initial_delay_ms, t.multiplier, t.max_delay_ms, t.jitter_percent, t.timeout_ms,
+       t.due_at, t.ready_at, t.input_preview,
+       t.created_at, t.updated_at
+FROM jobs t, generate_series(1, $3::int) AS g
+WHERE t.id = $1::text AND t.status = 'QUEUED'`

@@ -1,0 +1,112 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/sweep"
+)
+
+// sweepBatch bounds each sweeper task's work per pass.
+const sweepBatch = 500
+
+// SweepTasks are the durable-job backstops. Each is bounded, idempotent and
+// safe to run concurrently with itself and with requests (SKIP LOCKED and
+// conditional updates).
+func (s *Service) SweepTasks() []sweep.Task {
+	return []sweep.Task{
+		{Name: "jobs.lapsed_leases", Run: func(ctx context.Context, _ time.Time) (int, error) {
+			return s.exhaustLapsed(ctx, nil, sweepBatch)
+		}},
+		{Name: "jobs.dependencies", Run: func(ctx context.Context, _ time.Time) (int, error) {
+			return s.releaseStranded(ctx, sweepBatch)
+		}},
+		{Name: "jobs.run_completion", Run: func(ctx context.Context, _ time.Time) (int, error) {
+			return s.settleRuns(ctx, sweepBatch)
+		}},
+	}
+}
+
+// exhaustLapsed ends jobs whose lease lapsed on their last attempt (a lapsed
+// lease with attempts left stays claimable: the next claim takes it at once)
+// and makes the transitions that follows from it. runID limits it to one run.
+func (s *Service) exhaustLapsed(ctx context.Context, runID *string, limit int) (int, error) {
+	n := 0
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		now := s.now()
+		var gates int
+		if err := tx.QueryRow(ctx, sqlLapsedGates, now, limit, runID).Scan(&gates); err != nil {
+			return fmt.Errorf("exhaust lapsed: %w", err)
+		}
+		if gates == 0 {
+			return nil
+		}
+		rows, err := tx.Query(ctx, sqlExhaustLapsed, now, limit, runID, LapseWarning)
+		if err != nil {
+			return fmt.Errorf("exhaust lapsed: %w", err)
+		}
+		done, err := scanEnded(rows)
+		if err != nil {
+			return fmt.Errorf("exhaust lapsed: %w", err)
+		}
+		n = len(done)
+		if n == 0 {
+			return nil
+		}
+		return s.afterEnded(ctx, tx, done)
+	})
+	return n, err
+}
+
+// releaseStranded releases WAITING steps whose dependency ended without a
+// request releasing them.
+func (s *Service) releaseStranded(ctx context.Context, limit int) (int, error) {
+	rows, err := s.pool.Query(ctx, sqlStrandedDependents, limit)
+	if err != nil {
+		return 0, fmt.Errorf("stranded dependents: %w", err)
+	}
+	deps, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, fmt.Errorf("stranded dependents: %w", err)
+	}
+	for _, d := range deps {
+		err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+			// Passing the dependency as an "ended" frontier releases its
+			// dependents and settles their runs; its own status is not used.
+			return s.afterEnded(ctx, tx, []endedStep{{stepID: d}})
+		})
+		if err != nil {
+			return 0, err
+		}
+	}
+	return len(deps), nil
+}
+
+// settleRuns completes runs whose completion was requested and whose steps
+// decided them, for the cases no request settled.
+func (s *Service) settleRuns(ctx context.Context, limit int) (int, error) {
+	rows, err := s.pool.Query(ctx, sqlRunsToSettle, limit)
+	if err != nil {
+		return 0, fmt.Errorf("runs to settle: %w", err)
+	}
+	runs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, fmt.Errorf("runs to settle: %w", err)
+	}
+	for _, id := range runs {
+		err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, sqlRunLockExclusive, id); err != nil {
+				return fmt.Errorf("lock run: %w", err)
+			}
+			return s.settleRun(ctx, tx, id)
+		})
+		if err != nil {
+			return 0, err
+		}
+	}
+	return len(runs), nil
+}

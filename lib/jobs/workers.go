@@ -1,0 +1,510 @@
+package jobs
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/redact"
+)
+
+// Tool is an exact handler a worker serves.
+type Tool struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+}
+
+// RegisterRequest is the body of POST /api/v1/workers/register.
+type RegisterRequest struct {
+	Tools []Tool `json:"tools"`
+}
+
+// RegisterResult answers a registration.
+type RegisterResult struct {
+	WorkerID string `json:"workerId"`
+}
+
+// maxTools bounds one worker's registration.
+const maxTools = 100
+
+// RegisterWorker registers a worker for exact name@version pairs the key may
+// work; the worker id stays bound to the key.
+func (s *Service) RegisterWorker(ctx context.Context, p *auth.Principal, req RegisterRequest) (RegisterResult, error) {
+	var pr apierr.Problems
+	if len(req.Tools) == 0 || len(req.Tools) > maxTools {
+		pr.Add("tools", "must list 1-100 {name, version} pairs")
+	}
+	names, versions := make([]string, 0, len(req.Tools)), make([]string, 0, len(req.Tools))
+	refs := make([][2]string, 0, len(req.Tools))
+	for i, t := range req.Tools {
+		if !validToolPart(t.Name, 200) {
+			pr.Add(fmt.Sprintf("tools.%d.name", i), "must be 1-200 characters without spaces or '@'")
+		}
+		if !validToolPart(t.Version, 100) {
+			pr.Add(fmt.Sprintf("tools.%d.version", i), "must be 1-100 characters without spaces or '@'")
+		}
+		names, versions = append(names, t.Name), append(versions, t.Version)
+		refs = append(refs, [2]string{t.Name, t.Version})
+	}
+	if err := pr.Err(); err != nil {
+		return RegisterResult{}, err
+	}
+	if err := p.RequireTools(refs...); err != nil {
+		return RegisterResult{}, err
+	}
+	id := ids.NewAt(ids.Worker, s.now())
+	if _, err := s.pool.Exec(ctx, sqlInsertWorker, id, p.WorkspaceID, p.KeyID, names, versions, s.now()); err != nil {
+		return RegisterResult{}, fmt.Errorf("register worker: %w", err)
+	}
+	return RegisterResult{WorkerID: id}, nil
+}
+
+// ClaimRequest is the body of POST /api/v1/workers/{workerId}/claim.
+type ClaimRequest struct {
+	Limit       *int `json:"limit,omitempty"`
+	WaitSeconds *int `json:"waitSeconds,omitempty"`
+}
+
+// ClaimedJob is one leased job.
+type ClaimedJob struct {
+	JobID          string          `json:"jobId"`
+	StepID         string          `json:"stepId"`
+	RunID          string          `json:"runId"`
+	Name           string          `json:"name"`
+	Version        string          `json:"version"`
+	Attempt        int             `json:"attempt"`
+	MaxAttempts    int             `json:"maxAttempts"`
+	LeaseToken     string          `json:"leaseToken"`
+	LeaseExpiresAt time.Time       `json:"leaseExpiresAt"`
+	TimeoutMs      int64           `json:"timeoutMs"`
+	IdempotencyKey string          `json:"idempotencyKey"`
+	Input          json.RawMessage `json:"input"`
+}
+
+// ClaimResult answers a claim.
+type ClaimResult struct {
+	Jobs []ClaimedJob `json:"jobs"`
+}
+
+// Long-poll pacing: polls start fast and back off, bounded by the request.
+const (
+	pollMin = 50 * time.Millisecond
+	pollMax = time.Second
+)
+
+// Claim leases up to limit due jobs for the worker in one statement. With
+// waitSeconds it polls (short sleeps, bounded by ctx) until a job is claimed
+// or the wait ends; it never holds a connection while sleeping.
+func (s *Service) Claim(ctx context.Context, p *auth.Principal, workerID string, req ClaimRequest) (ClaimResult, error) {
+	var pr apierr.Problems
+	limit, wait := 1, 0
+	if req.Limit != nil {
+		limit = *req.Limit
+		if limit < 1 || limit > 100 {
+			pr.Add("limit", "must be an integer from 1 to 100")
+		}
+	}
+	if req.WaitSeconds != nil {
+		wait = *req.WaitSeconds
+		if wait < 0 || wait > 20 {
+			pr.Add("waitSeconds", "must be an integer from 0 to 20")
+		}
+	}
+	if err := pr.Err(); err != nil {
+		return ClaimResult{}, err
+	}
+	deadline := time.Now().Add(time.Duration(wait) * time.Second)
+	pause := pollMin
+	for checked := false; ; checked = true {
+		jobs, err := s.claimOnce(ctx, p, workerID, limit)
+		if err != nil {
+			return ClaimResult{}, err
+		}
+		if len(jobs) > 0 {
+			return ClaimResult{Jobs: jobs}, nil
+		}
+		if !checked {
+			// An empty claim may mean an unknown worker or another key's
+			// worker: both are 404, never a hint.
+			var ok bool
+			err := s.pool.QueryRow(ctx, sqlWorkerExists, workerID, p.WorkspaceID, p.KeyID).Scan(&ok)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return ClaimResult{}, apierr.NotFound("worker")
+			}
+			if err != nil {
+				return ClaimResult{}, fmt.Errorf("worker lookup: %w", err)
+			}
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return ClaimResult{Jobs: []ClaimedJob{}}, nil
+		}
+		t := time.NewTimer(min(pause, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ClaimResult{Jobs: []ClaimedJob{}}, nil
+		case <-t.C:
+		}
+		pause = min(pause*2, pollMax)
+	}
+}
+
+func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID string, limit int) ([]ClaimedJob, error) {
+	now := s.now()
+	rows, err := s.pool.Query(ctx, sqlClaim, workerID, p.WorkspaceID, now, p.KeyID, limit,
+		s.leaseGrace.Milliseconds(), now.Truncate(time.Minute), LapseWarning)
+	if err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ClaimedJob, error) {
+		var j ClaimedJob
+		var sealed []byte
+		err := r.Scan(&j.JobID, &j.StepID, &j.RunID, &j.Name, &j.Version, &j.Attempt, &j.MaxAttempts, &j.LeaseToken,
+			&j.LeaseExpiresAt, &j.TimeoutMs, &j.IdempotencyKey, &sealed)
+		if err != nil {
+			return j, err
+		}
+		j.LeaseExpiresAt = j.LeaseExpiresAt.UTC()
+		j.Input, err = s.open(j.JobID, "input", sealed)
+		return j, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	return jobs, nil
+}
+
+// HeartbeatRequest is the body of POST /api/v1/jobs/{id}/heartbeat.
+type HeartbeatRequest struct {
+	LeaseToken string `json:"leaseToken"`
+}
+
+// HeartbeatResult answers a heartbeat.
+type HeartbeatResult struct {
+	LeaseExpiresAt  *time.Time `json:"leaseExpiresAt"`
+	CancelRequested bool       `json:"cancelRequested"`
+}
+
+// Heartbeat extends the current lease by the job's timeout plus the grace.
+func (s *Service) Heartbeat(ctx context.Context, workspaceID, jobID string, req HeartbeatRequest) (HeartbeatResult, error) {
+	if req.LeaseToken == "" {
+		return HeartbeatResult{}, apierr.InvalidField("leaseToken", "is required")
+	}
+	var out HeartbeatResult
+	err := s.pool.QueryRow(ctx, sqlHeartbeat, jobID, workspaceID, req.LeaseToken, s.now(),
+		s.leaseGrace.Milliseconds()).Scan(&out.LeaseExpiresAt, &out.CancelRequested)
+	if err == nil {
+		out.LeaseExpiresAt = utc(out.LeaseExpiresAt)
+		return out, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return out, fmt.Errorf("heartbeat: %w", err)
+	}
+	var status string
+	var current bool
+	err = s.pool.QueryRow(ctx, sqlLeaseState, jobID, workspaceID, req.LeaseToken).Scan(&status, &current,
+		&out.LeaseExpiresAt, &out.CancelRequested)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return out, apierr.NotFound("job")
+	case err != nil:
+		return out, fmt.Errorf("heartbeat: %w", err)
+	case !current:
+		return out, errLeaseLost()
+	case status == StatusCancelled:
+		return out, nil // the worker should stop; cancelRequested is true
+	default:
+		return out, apierr.InvalidState("The job already ended (%s).", status)
+	}
+}
+
+func errLeaseLost() error {
+	return apierr.Conflict(apierr.CodeLeaseLost, "This lease token is no longer current; another attempt holds the job.")
+}
+
+// ReportRequest is the body of POST /api/v1/jobs/{id}/report.
+type ReportRequest struct {
+	LeaseToken string          `json:"leaseToken"`
+	Status     string          `json:"status"`
+	Output     json.RawMessage `json:"output,omitempty"`
+	Error      *ReportError    `json:"error,omitempty"`
+}
+
+// ReportError is a failed attempt's bounded, redacted error and the worker's
+// retry decision.
+type ReportError struct {
+	Message      string `json:"message"`
+	Retryable    *bool  `json:"retryable,omitempty"`
+	RetryAfterMs *int64 `json:"retryAfterMs,omitempty"`
+}
+
+// ReportResult answers a report.
+type ReportResult struct {
+	JobID     string     `json:"jobId"`
+	Status    string     `json:"status"`
+	Attempt   int        `json:"attempt"`
+	NextDueAt *time.Time `json:"nextDueAt"`
+}
+
+const maxErrorMessage = 2000
+
+// validate checks a report, prefixing fields with prefix (for batches).
+func (r ReportRequest) validate(prefix string, p *apierr.Problems) {
+	if r.LeaseToken == "" {
+		p.Add(prefix+"leaseToken", "is required")
+	}
+	hasOutput := len(bytes.TrimSpace(r.Output)) > 0 && !bytes.Equal(bytes.TrimSpace(r.Output), []byte("null"))
+	switch r.Status {
+	case StatusSucceeded:
+		switch {
+		case r.Error != nil && r.Error.RetryAfterMs != nil:
+			p.Add(prefix+"error.retryAfterMs", "is refused with a successful result")
+		case r.Error != nil:
+			p.Add(prefix+"error", "is only allowed with status FAILED")
+		}
+	case "FAILED":
+		if hasOutput {
+			p.Add(prefix+"output", "is only allowed with status SUCCEEDED")
+		}
+		if e := r.Error; e != nil {
+			if len(e.Message) > maxErrorMessage {
+				p.Add(prefix+"error.message", "must be at most %d characters", maxErrorMessage)
+			}
+			if e.RetryAfterMs != nil {
+				switch {
+				case e.Retryable != nil && !*e.Retryable:
+					p.Add(prefix+"error.retryAfterMs", "is refused with retryable: false")
+				case *e.RetryAfterMs < MinRetryAfterMs || *e.RetryAfterMs > MaxRetryAfterMs:
+					p.Add(prefix+"error.retryAfterMs", "must be an integer from 1000 to 86400000")
+				}
+			}
+		}
+	default:
+		p.Add(prefix+"status", "must be SUCCEEDED or FAILED")
+	}
+}
+
+// Report records an attempt's outcome, fenced by its lease token.
+func (s *Service) Report(ctx context.Context, workspaceID, jobID string, req ReportRequest) (ReportResult, error) {
+	var p apierr.Problems
+	req.validate("", &p)
+	if err := p.Err(); err != nil {
+		return ReportResult{}, err
+	}
+	var out ReportResult
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = s.report(ctx, tx, workspaceID, jobID, req)
+		return err
+	})
+	return out, err
+}
+
+// report applies one validated report inside tx.
+func (s *Service) report(ctx context.Context, tx pgx.Tx, workspaceID, jobID string, req ReportRequest) (ReportResult, error) {
+	var (
+		status, stepID, runID, endpointID string
+		attempt                           int
+		pol                               RetryPolicy
+		requested, runLocked, dependents  bool
+		xAttempt                          *int32
+		xOutcome, xResult                 *string
+		xReported, xNext                  *time.Time
+	)
+	err := tx.QueryRow(ctx, sqlReportLock, jobID, workspaceID, req.LeaseToken).Scan(nil, &runLocked, &dependents,
+		&status, &attempt, &pol.MaxAttempts, &stepID, &runID, &endpointID, &pol.Preset, &pol.InitialDelayMs, &pol.Multiplier, &pol.MaxDelayMs,
+		&pol.JitterPercent, &requested, &xAttempt, &xOutcome, &xReported, &xResult, &xNext)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ReportResult{}, apierr.NotFound("job")
+	}
+	if err != nil {
+		return ReportResult{}, fmt.Errorf("report lock: %w", err)
+	}
+	if xAttempt == nil {
+		return ReportResult{}, errLeaseLost()
+	}
+	xa := int(*xAttempt)
+	switch {
+	case xReported != nil:
+		// Already reported: the same outcome answers the same object.
+		if *xOutcome != req.Status {
+			return ReportResult{}, apierr.InvalidState("This attempt was already reported as %s.", *xOutcome)
+		}
+		return ReportResult{JobID: jobID, Status: *xResult, Attempt: xa, NextDueAt: utc(xNext)}, nil
+	case xa < attempt:
+		return ReportResult{}, errLeaseLost()
+	case status == StatusCancelled:
+		// Cancelled while running: keep the attempt's record, not the job's.
+		return ReportResult{JobID: jobID, Status: status, Attempt: xa},
+			s.applyReport(ctx, tx, workspaceID, jobID, xa, req, status, nil, nil, false)
+	case status != StatusRunning:
+		return ReportResult{}, apierr.InvalidState("The job already ended (%s); this report was not recorded.", status)
+	}
+
+	now := s.now()
+	next, finished := status, &now
+	var due *time.Time
+	if req.Status == StatusSucceeded {
+		next = StatusSucceeded
+	} else {
+		retryable := req.Error == nil || req.Error.Retryable == nil || *req.Error.Retryable
+		if retryable && attempt < pol.MaxAttempts {
+			var floor *int64
+			if req.Error != nil {
+				floor = req.Error.RetryAfterMs
+			}
+			d := pol.NextDue(now, attempt, floor, s.jitter())
+			next, due, finished = StatusRetryScheduled, &d, nil
+		} else {
+			next = StatusExhausted
+		}
+	}
+	if err := s.applyReport(ctx, tx, workspaceID, jobID, attempt, req, next, due, finished, true); err != nil {
+		return ReportResult{}, err
+	}
+	if ended(next) {
+		// The common case costs no statement here: no dependents, and
+		// completion not requested when the run lock was taken unopposed.
+		if _, err := s.release(ctx, tx, []endedStep{{stepID: stepID, runID: runID, workspaceID: workspaceID,
+			jobID: jobID, status: next, attempt: attempt}}, dependents); err != nil {
+			return ReportResult{}, err
+		}
+		if requested || !runLocked {
+			if err := s.lockAndSettle(ctx, tx, runID, !runLocked); err != nil {
+				return ReportResult{}, err
+			}
+		}
+	}
+	return ReportResult{JobID: jobID, Status: next, Attempt: attempt, NextDueAt: due}, nil
+}
+
+func (s *Service) applyReport(ctx context.Context, tx pgx.Tx, workspaceID, jobID string, attempt int, req ReportRequest,
+	next string, due, finished *time.Time, updateJob bool) error {
+	var (
+		output, errSealed []byte
+		preview           *string
+		retryable         *bool
+		retryAfter        *int64
+	)
+	if req.Status == StatusSucceeded && len(bytes.TrimSpace(req.Output)) > 0 {
+		output = s.sealer.Seal(req.Output, aad(jobID, "output"))
+		pv := string(redact.PreviewJSON(req.Output))
+		preview = &pv
+	}
+	if req.Error != nil {
+		t := req.Error.Retryable == nil || *req.Error.Retryable
+		retryable, retryAfter = &t, req.Error.RetryAfterMs
+		if req.Error.Message != "" {
+			errSealed = s.sealer.Seal([]byte(req.Error.Message), aad(jobID, fmt.Sprintf("error/%d", attempt)))
+		}
+	}
+	if _, err := tx.Exec(ctx, sqlReportApply, jobID, workspaceID, next, due, finished, output, preview, s.now(),
+		req.Status, retryable, retryAfter, errSealed, updateJob, attempt); err != nil {
+		return fmt.Errorf("report apply: %w", err)
+	}
+	return nil
+}
+
+// BatchReportItem is one job's report in a batch: a single report's fields
+// plus jobId (spelled out so decoding errors name wire paths).
+type BatchReportItem struct {
+	JobID      string          `json:"jobId"`
+	LeaseToken string          `json:"leaseToken"`
+	Status     string          `json:"status"`
+	Output     json.RawMessage `json:"output,omitempty"`
+	Error      *ReportError    `json:"error,omitempty"`
+}
+
+func (b BatchReportItem) report() ReportRequest {
+	return ReportRequest{LeaseToken: b.LeaseToken, Status: b.Status, Output: b.Output, Error: b.Error}
+}
+
+// BatchReportRequest is the body of POST /api/v1/jobs/report.
+type BatchReportRequest struct {
+	Reports []BatchReportItem `json:"reports"`
+}
+
+// BatchReportError is a refused report in a batch (the same code and
+// message a single report would answer).
+type BatchReportError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// BatchReportResult is one report's answer: the single report's object, or
+// its error.
+type BatchReportResult struct {
+	JobID     string            `json:"jobId"`
+	Status    string            `json:"status,omitempty"`
+	Attempt   int               `json:"attempt,omitempty"`
+	NextDueAt *time.Time        `json:"nextDueAt,omitempty"`
+	Error     *BatchReportError `json:"error,omitempty"`
+}
+
+// BatchReportResponse answers a batch in request order.
+type BatchReportResponse struct {
+	Results []BatchReportResult `json:"results"`
+}
+
+const maxBatchReports = 100
+
+// ReportBatch applies several reports, each fenced by its own lease token, in
+// one transaction (one commit for the batch). A report refused for its own
+// reason (lease_lost, invalid_state, not_found) is answered in its slot and
+// does not affect the others.
+func (s *Service) ReportBatch(ctx context.Context, workspaceID string, req BatchReportRequest) (BatchReportResponse, error) {
+	var p apierr.Problems
+	if len(req.Reports) == 0 || len(req.Reports) > maxBatchReports {
+		p.Add("reports", "must hold 1-100 reports")
+	}
+	seen := map[string]bool{}
+	for i, r := range req.Reports {
+		prefix := fmt.Sprintf("reports.%d.", i)
+		if !ids.Valid(ids.Job, r.JobID) {
+			p.Add(prefix+"jobId", "must be a job id")
+		} else if seen[r.JobID] {
+			p.Add(prefix+"jobId", "appears twice in the batch")
+		}
+		seen[r.JobID] = true
+		r.report().validate(prefix, &p)
+	}
+	if err := p.Err(); err != nil {
+		return BatchReportResponse{}, err
+	}
+	// Lock jobs in id order so concurrent batches cannot deadlock.
+	order := make([]int, len(req.Reports))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(req.Reports[a].JobID, req.Reports[b].JobID) })
+	out := BatchReportResponse{Results: make([]BatchReportResult, len(req.Reports))}
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		for _, i := range order {
+			r := req.Reports[i]
+			res, err := s.report(ctx, tx, workspaceID, r.JobID, r.report())
+			if e, ok := apierr.As(err); ok {
+				out.Results[i] = BatchReportResult{JobID: r.JobID, Error: &BatchReportError{Code: e.Code, Message: e.Message}}
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			out.Results[i] = BatchReportResult{JobID: res.JobID, Status: res.Status, Attempt: res.Attempt,
+				NextDueAt: res.NextDueAt}
+		}
+		return nil
+	})
+	return out, err
+}
