@@ -46,11 +46,12 @@ type Config struct {
 // Client calls the Ratchet API. It is safe for concurrent use.
 //
 // Retries: a 429 is repeated after the server's retry_after_seconds, a 409
-// retry_request at once, and 5xx responses and network errors with capped
+// retry_request at once, a 503 database_unavailable (which changed nothing)
+// with backoff, and other 5xx responses and network errors with capped
 // exponential backoff and jitter, but only for calls that are idempotent
 // (every effect-gate and job call is, by idempotency key or lease token;
-// StartRun and Replay are not, so they are never repeated after an
-// ambiguous failure). Every wait ends with ctx.
+// StartRun, CancelStep and Replay are not, so they are never repeated after
+// an ambiguous failure). Every wait ends with ctx.
 type Client struct {
 	base       string
 	key        string
@@ -121,6 +122,10 @@ const (
 	notIdempotent idempotency = false
 )
 
+// codeDatabaseUnavailable is the 503 the server answers when Postgres is
+// unreachable; it guarantees that the request changed nothing.
+const codeDatabaseUnavailable = "database_unavailable"
+
 // Backoff bounds for 5xx and network errors.
 const (
 	backoffBase = 500 * time.Millisecond
@@ -171,6 +176,9 @@ func (c *Client) retryDelay(err error, attempt int, safe idempotency) (time.Dura
 			return time.Duration(secs) * time.Second, true
 		case apiErr.Code == CodeRetryRequest:
 			return 0, true
+		case apiErr.Code == codeDatabaseUnavailable:
+			// The server promises nothing was changed, so any call may repeat.
+			return c.backoff(attempt), true
 		case apiErr.StatusCode >= 500:
 			return c.backoff(attempt), bool(safe)
 		}

@@ -262,11 +262,11 @@ func TestServerErrorsRetriedWithCappedBackoff(t *testing.T) {
 func TestNonIdempotentCallsNotRetriedOnAmbiguousFailure(t *testing.T) {
 	t.Parallel()
 	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
-		func(w http.ResponseWriter, r *http.Request) { apiError(w, 503, "database_unavailable", nil) },
+		func(w http.ResponseWriter, r *http.Request) { apiError(w, 500, CodeInternal, nil) },
 		func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 201, map[string]any{"id": "run_2"}) },
 	}}
 	c, _ := testClient(t, seq)
-	if _, err := c.StartRun(context.Background(), "x"); !IsCode(err, "database_unavailable") {
+	if _, err := c.StartRun(context.Background(), "x"); !IsCode(err, CodeInternal) {
 		t.Fatalf("err %v", err)
 	}
 	if _, err := c.Replay(context.Background(), "stp_1", ReplayOptions{AcknowledgeDuplicateRisk: true}); err != nil {
@@ -362,5 +362,18 @@ func TestContextCancelStopsRetries(t *testing.T) {
 	}
 	if seq.calls.Load() != 1 {
 		t.Fatalf("calls %d", seq.calls.Load())
+	}
+}
+
+func TestDatabaseUnavailableRetriedForAnyCall(t *testing.T) {
+	t.Parallel()
+	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
+		func(w http.ResponseWriter, r *http.Request) { apiError(w, 503, "database_unavailable", nil) },
+		func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 201, map[string]any{"id": "run_2"}) },
+	}}
+	c, log := testClient(t, seq)
+	run, err := c.StartRun(context.Background(), "x")
+	if err != nil || run.ID != "run_2" || len(log.all()) != 1 {
+		t.Fatalf("run %+v err %v sleeps %v", run, err, log.all())
 	}
 }
