@@ -357,7 +357,7 @@ func describeEnvironment(ctx context.Context, adminURL, clusterKind string, o op
 	}
 	env := []string{
 		"date: " + time.Now().UTC().Format(time.RFC3339),
-		"command: scripts/bench " + strings.Join(o.args, " "),
+		"command: " + shellQuote(append([]string{"scripts/bench"}, o.args...)),
 		fmt.Sprintf("rounds: %d; suites: %s; scale: %s", o.rounds, strings.Join(o.suites, ","), map[bool]string{true: "quick (smoke run, not for publishing)", false: "default"}[o.quick]),
 		"commit: " + commit,
 		fmt.Sprintf("machine: %d CPUs (nproc), %s; %s", runtime.NumCPU(), memTotal(), strings.TrimSpace(commandOutput("uname", "-srm"))),
@@ -371,6 +371,22 @@ func describeEnvironment(ctx context.Context, adminURL, clusterKind string, o op
 		env = append(env, "note: "+o.note)
 	}
 	return env, nil
+}
+
+// shellQuote renders argv so it can be pasted back into a shell.
+func shellQuote(argv []string) string {
+	out := make([]string, len(argv))
+	for i, a := range argv {
+		if a != "" && strings.IndexFunc(a, func(r rune) bool {
+			return !(r == '-' || r == '_' || r == '.' || r == '/' || r == ',' || r == ':' || r == '=' ||
+				(r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z'))
+		}) < 0 {
+			out[i] = a
+		} else {
+			out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+	}
+	return strings.Join(out, " ")
 }
 
 func memTotal() string {

@@ -84,3 +84,8 @@ func TestSuiteCommandsPassQuick(t *testing.T) {
 		require.Greater(t, len(quick), len(full), name)
 	}
 }
+
+func TestShellQuoteRoundTrips(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, `scripts/bench -rounds 5 -note 'it'\''s noisy'`, shellQuote([]string{"scripts/bench", "-rounds", "5", "-note", "it's noisy"}))
+}
