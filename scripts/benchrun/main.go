@@ -283,7 +283,7 @@ func runSuite(ctx context.Context, adminURL, suite string, round int, quick bool
 	defer cancel()
 	argv := suiteCommands[suite](dbURL, quick)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = append(withoutVar(os.Environ(), "DATABASE_URL"), "DATABASE_URL="+dbURL)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL) // the last value of a key wins
 	var stdout bytes.Buffer
 	cmd.Stdout = io.MultiWriter(&stdout, prefixWriter{os.Stderr, "  " + suite + "| "})
 	cmd.Stderr = prefixWriter{os.Stderr, "  " + suite + "| "}
@@ -307,16 +307,6 @@ func (p prefixWriter) Write(b []byte) (int, error) {
 		fmt.Fprintln(p.w, p.prefix+line)
 	}
 	return len(b), nil
-}
-
-func withoutVar(env []string, name string) []string {
-	out := env[:0:0]
-	for _, kv := range env {
-		if !strings.HasPrefix(kv, name+"=") {
-			out = append(out, kv)
-		}
-	}
-	return out
 }
 
 func loadavg() string {
