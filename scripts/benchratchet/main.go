@@ -63,7 +63,7 @@ type scale struct {
 
 var (
 	fullScale = scale{
-		Clients: 16, Requests: 20_000, Jobs: 50_000, Workers: 100, InsertJobs: 10_000,
+		Clients: 16, Requests: 10_000, Jobs: 50_000, Workers: 100, InsertJobs: 10_000,
 		ClaimQueued: []int{10_000, 1_000_000}, History: 100_000, ColdStarts: 5, Burst: 64,
 		IdleWindow: 10 * time.Minute, LambdaBuild: true, ProcessStart: true,
 	}
