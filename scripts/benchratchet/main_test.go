@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
@@ -23,7 +24,7 @@ func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
 // left to scripts/test, which runs scripts/build-lambda itself.
 var tinyScale = scale{
 	Clients: 4, Requests: 40, Jobs: 50, Workers: 4, InsertJobs: 20,
-	ClaimQueued: []int{10, 100}, History: 100, ColdStarts: 1, Burst: 8,
+	ClaimQueued: []int{10, 100}, History: 300, ColdStarts: 1, Burst: 8,
 	IdleWindow: time.Second, LambdaBuild: false, ProcessStart: true,
 }
 
@@ -90,4 +91,38 @@ func TestPercentileNearestRank(t *testing.T) {
 	require.Equal(t, 99*time.Millisecond, percentile(d, 99))
 	require.Equal(t, 100*time.Millisecond, percentile(d, 100))
 	require.Equal(t, time.Duration(0), percentile(nil, 50))
+}
+
+// cloneRows copies every column it is not told to override, whatever the
+// table's columns are, so seeds stay right when migrations add columns.
+func TestCloneRowsKeepsEveryOtherColumn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, apitest.DatabaseURL(t))
+	require.NoError(t, err)
+	defer pool.Close()
+	_, err = pool.Exec(ctx, `CREATE TABLE bench_clone_test (id text PRIMARY KEY, ws text NOT NULL, key text NOT NULL,
+		sealed bytea, doc jsonb, n int NOT NULL, at timestamptz NOT NULL DEFAULT now(), UNIQUE (ws, key));
+		INSERT INTO bench_clone_test (id, ws, key, sealed, doc, n) VALUES
+		('a', 'w1', 'k1', '\x0102', '{"x":1}', 1), ('b', 'w1', 'k2', NULL, NULL, 2), ('c', 'w2', 'k1', '\x03', '[]', 3)`)
+	require.NoError(t, err)
+
+	n, err := cloneRows(ctx, pool, "bench_clone_test", 3, "s.ws = $1",
+		map[string]string{"id": "s.id || '-h' || g", "key": "s.key || ':h' || g"}, "w1")
+	require.NoError(t, err)
+	require.EqualValues(t, 6, n)
+	require.NoError(t, analyze(ctx, pool, "bench_clone_test"))
+
+	var sealed []byte
+	var doc string
+	var num int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT sealed, doc::text, n FROM bench_clone_test WHERE id = 'a-h3' AND key = 'k1:h3'`).
+		Scan(&sealed, &doc, &num))
+	require.Equal(t, []byte{1, 2}, sealed)
+	require.Equal(t, `{"x": 1}`, doc)
+	require.Equal(t, 1, num)
+	var total, w2 int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE ws = 'w2') FROM bench_clone_test`).Scan(&total, &w2))
+	require.Equal(t, 9, total)
+	require.Equal(t, 1, w2, "rows outside the filter are not copied")
 }
