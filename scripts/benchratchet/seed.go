@@ -34,20 +34,39 @@ func cloneRows(ctx context.Context, pool *pgxpool.Pool, table string, copies int
 	t := pgx.Identifier{table}.Sanitize()
 	sql := fmt.Sprintf(`INSERT INTO %s SELECT (jsonb_populate_record(s, jsonb_build_object(%s))).*
 		FROM %s s CROSS JOIN generate_series(1, %d) g WHERE %s`, t, strings.Join(pairs, ", "), t, copies, where)
-	tag, err := pool.Exec(ctx, sql, args...)
+	var n int64
+	err := unbounded(ctx, pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, sql, args...)
+		n = tag.RowsAffected()
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("seed %s: %w", table, err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
+}
+
+// unbounded runs fn in a transaction without the app's statement timeout
+// (DB_STATEMENT_TIMEOUT protects requests; a seed of a million rows on a
+// loaded machine may take longer and is not a request).
+func unbounded(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
 }
 
 // analyze refreshes planner statistics after seeding: a plan made for an
 // empty table is not the plan a real deployment runs.
 func analyze(ctx context.Context, pool *pgxpool.Pool, tables ...string) error {
-	for _, t := range tables {
-		if _, err := pool.Exec(ctx, "ANALYZE "+pgx.Identifier{t}.Sanitize()); err != nil {
-			return err
+	return unbounded(ctx, pool, func(tx pgx.Tx) error {
+		for _, t := range tables {
+			if _, err := tx.Exec(ctx, "ANALYZE "+pgx.Identifier{t}.Sanitize()); err != nil {
+				return err
+			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
