@@ -163,17 +163,26 @@ type bench struct {
 	log   io.Writer
 }
 
+// runFigures runs every selected figure. A figure that fails is reported
+// (a `# FAILED` comment, and the returned error) without stopping the
+// others, so one broken figure does not cost a round all of its figures.
 func (b *bench) runFigures(ctx context.Context, prefixes []string) error {
+	var errs []error
 	for _, f := range figures() {
 		if !selected(f.name, prefixes) {
 			continue
 		}
+		if ctx.Err() != nil {
+			return errors.Join(append(errs, ctx.Err())...)
+		}
 		fmt.Fprintf(b.log, "benchratchet: %s\n", f.name)
 		if err := f.run(ctx, b); err != nil {
-			return fmt.Errorf("%s: %w", f.name, err)
+			err = fmt.Errorf("%s: %w", f.name, err)
+			fmt.Fprintf(b.out, "# FAILED %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+			errs = append(errs, err)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func selected(name string, prefixes []string) bool {
