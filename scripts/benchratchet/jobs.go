@@ -17,6 +17,15 @@ import "context"
 // figure; time wall-clock over the whole batch (first request → last job
 // recorded SUCCEEDED in the database), never a trimmed window; and check
 // afterwards that exactly the expected jobs are SUCCEEDED.
+//
+// Tools that arrive with the merges: the jobs branch's lib/jobs
+// Service.CloneQueued (bulk-loads a deep queue from one real job, as its
+// scripts/jobsbench does for 10 k / 1 M claim latency) and, for the history,
+// cloneRows/analyze in seed.go (see gate.go for the pattern: real rows made
+// over HTTP, then cloned). The Go SDK is its own module (sdk/go); the SDK
+// branch adds it to the main go.mod with a replace directive, after which
+// this package can import it. Count claim calls at the server (wrap
+// in.App.Server in a counting http.Handler) rather than trusting the SDK.
 
 // jobsEnqueue: POST /api/v1/runs/{id}/steps, one job per request, from
 // b.scale.Clients clients, b.scale.InsertJobs (or Requests) jobs.
