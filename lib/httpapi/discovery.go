@@ -7,6 +7,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
 // Manifest is the capability manifest at /.well-known/ratchet.json.
@@ -22,6 +23,15 @@ type Manifest struct {
 	Presets   map[string][]string `json:"presets"`
 	Errors    map[string]int      `json:"errors"`
 	Limits    map[string]int64    `json:"limits"`
+	MCP       ManifestMCP         `json:"mcp"`
+}
+
+// ManifestMCP says where the MCP tools are.
+type ManifestMCP struct {
+	Endpoint  string   `json:"endpoint"`
+	Transport string   `json:"transport"`
+	Stdio     string   `json:"stdio"`
+	Tools     []string `json:"tools"`
 }
 
 // ManifestRoute is one route in the manifest.
@@ -60,6 +70,8 @@ func NewManifest() Manifest {
 		OpenAPI: "/api/v1/openapi.json", LLMsTxt: "/llms.txt",
 		Decisions: Decisions, Scopes: auth.AllScopes, Presets: auth.Presets,
 		Errors: apierr.Statuses, Limits: Limits,
+		MCP: ManifestMCP{Endpoint: "/api/v1/mcp", Transport: "streamable-http (stateless, JSON responses)",
+			Stdio: "go run ./functions/mcp (RATCHET_BASE_URL, RATCHET_API_KEY)", Tools: mcpserver.ToolNames()},
 	}
 	for _, r := range Routes() {
 		scopes := r.Scopes
@@ -108,6 +120,11 @@ Derive the key from the work, deterministically (refund:order_551:full), never
 from a UUID, a clock or an attempt number. Reusing a key for different arguments
 is 409 idempotency_key_reuse. For sensitive results, blind the key:
 hex(hmac_sha256(your_secret, key))[:32].
+
+## MCP
+
+Nine tools (ratchet_begin, ratchet_report, ...) at /api/v1/mcp over streamable HTTP
+(send your key as Authorization: Bearer), or over stdio with go run ./functions/mcp.
 
 ## Errors
 

@@ -76,7 +76,7 @@ func TestRouteTableIsWellFormed(t *testing.T) {
 		seen[r.Method+" "+r.Pattern] = true
 		require.NotEmpty(t, r.Summary, r.Name)
 		require.NotZero(t, r.Status, r.Name)
-		require.NotNil(t, r.Handle, r.Name)
+		require.True(t, r.Handle != nil || r.Raw != nil, r.Name)
 	}
 }
 

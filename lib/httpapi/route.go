@@ -53,6 +53,10 @@ type Route struct {
 	// DefaultTimeout. Long-polling routes set their own.
 	Timeout time.Duration
 	Handle  HandlerFunc
+	// Raw serves the request itself instead of Handle (a protocol endpoint
+	// such as MCP that speaks its own framing). The request id, body limit
+	// and logging still apply; authentication is the raw handler's job.
+	Raw http.Handler
 }
 
 // DefaultTimeout bounds a request that names no Timeout.

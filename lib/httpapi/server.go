@@ -40,6 +40,7 @@ type Server struct {
 	Deps
 	mux    *http.ServeMux
 	groups map[string]*group // by pattern
+	mcp    mcpEndpoint
 }
 
 // group is every route sharing one path pattern: the unit of a Vercel
@@ -151,6 +152,10 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 		return
 	}
 	r.Body = http.MaxBytesReader(sw, r.Body, MaxBodyBytes)
+	if route.Raw != nil {
+		route.Raw.ServeHTTP(sw, r)
+		return
+	}
 	timeout := route.Timeout
 	if timeout == 0 {
 		timeout = DefaultTimeout

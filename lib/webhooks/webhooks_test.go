@@ -61,21 +61,9 @@ func (r *receiver) count() int {
 	return len(r.bodies)
 }
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
-func start(t *testing.T, allowPrivate bool) (*apitest.Env, *clock) {
-	c := &clock{t: time.Now().UTC()}
-	env := apitest.Start(t, apitest.WithNow(c.now),
+func start(t *testing.T, allowPrivate bool) (*apitest.Env, *apitest.Clock) {
+	c := apitest.NewClock(time.Now())
+	env := apitest.Start(t, apitest.WithNow(c.Now),
 		apitest.WithConfig(func(cfg *config.Config) { cfg.WebhookAllowPrivateNetworks = allowPrivate }))
 	return env, c
 }
@@ -140,8 +128,8 @@ func TestDeliveryIsSignedAndRecorded(t *testing.T) {
 		map[string]any{"url": rcv.URL, "events": []string{events.EffectIndeterminate}})
 	secret, id := r.JSON()["secret"].(string), r.JSON()["id"].(string)
 
-	subject := record(t, env, ws.ID, events.EffectIndeterminate, clk.now())
-	record(t, env, ws.ID, events.RunFinished, clk.now()) // not subscribed
+	subject := record(t, env, ws.ID, events.EffectIndeterminate, clk.Now())
+	record(t, env, ws.ID, events.RunFinished, clk.Now()) // not subscribed
 	env.App.Sweeper.RunOnce(context.Background())
 
 	require.Equal(t, 1, rcv.count())
@@ -176,7 +164,7 @@ func TestFailedDeliveryRetriesWithBackoffThenGivesUp(t *testing.T) {
 	rcv := newReceiver(t, 500, 503)
 	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
 		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()["id"].(string)
-	record(t, env, ws.ID, events.RunFinished, clk.now())
+	record(t, env, ws.ID, events.RunFinished, clk.Now())
 
 	env.App.Sweeper.RunOnce(context.Background())
 	ds := deliveries(t, env, ws.Key, id)
@@ -187,9 +175,9 @@ func TestFailedDeliveryRetriesWithBackoffThenGivesUp(t *testing.T) {
 	env.App.Sweeper.RunOnce(context.Background())
 	require.Equal(t, 1, rcv.count(), "not due again before its backoff")
 
-	clk.add(time.Minute)
+	clk.Add(time.Minute)
 	env.App.Sweeper.RunOnce(context.Background())
-	clk.add(2 * time.Minute)
+	clk.Add(2 * time.Minute)
 	env.App.Sweeper.RunOnce(context.Background())
 	require.Equal(t, 3, rcv.count())
 	ds = deliveries(t, env, ws.Key, id)
@@ -200,10 +188,10 @@ func TestFailedDeliveryRetriesWithBackoffThenGivesUp(t *testing.T) {
 	dead := newReceiver(t, repeat(500, webhooks.MaxAttempts)...)
 	deadID := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
 		map[string]any{"url": dead.URL, "events": []string{events.StepExhausted}}).JSON()["id"].(string)
-	record(t, env, ws.ID, events.StepExhausted, clk.now())
+	record(t, env, ws.ID, events.StepExhausted, clk.Now())
 	for i := 0; i < webhooks.MaxAttempts+2; i++ {
 		env.App.Sweeper.RunOnce(context.Background())
-		clk.add(8 * time.Hour) // beyond the 6 h cap plus 20% jitter
+		clk.Add(8 * time.Hour) // beyond the 6 h cap plus 20% jitter
 	}
 	require.Equal(t, webhooks.MaxAttempts, dead.count())
 	ds = deliveries(t, env, ws.Key, deadID)
@@ -226,7 +214,7 @@ func TestConcurrentSweepersSendEachDeliveryOnce(t *testing.T) {
 		map[string]any{"url": rcv.URL, "events": []string{events.ApprovalRequested}})
 	const n = 40
 	for i := 0; i < n; i++ {
-		record(t, env, ws.ID, events.ApprovalRequested, clk.now())
+		record(t, env, ws.ID, events.ApprovalRequested, clk.Now())
 	}
 	var wg sync.WaitGroup
 	for i := 0; i < 4; i++ {
@@ -255,7 +243,7 @@ func TestPrivateAddressesAreRefusedByDefault(t *testing.T) {
 	rcv := newReceiver(t)
 	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
 		map[string]any{"url": rcv.URL, "events": []string{events.CircuitTripped}}).JSON()["id"].(string)
-	record(t, env, ws.ID, events.CircuitTripped, clk.now())
+	record(t, env, ws.ID, events.CircuitTripped, clk.Now())
 	env.App.Sweeper.RunOnce(context.Background())
 	require.Zero(t, rcv.count())
 	ds := deliveries(t, env, ws.Key, id)

@@ -1,0 +1,128 @@
+// Package mcpserver exposes the effect gate to MCP clients (Claude Code,
+// Claude Desktop, Cursor, any MCP client) as nine tools. Every tool is one
+// REST call made through a Caller — in-process through the same router for
+// the streamable-HTTP endpoint, or over HTTP for the stdio binary — so
+// authentication, scopes, validation and error codes are exactly the REST
+// API's, written once.
+package mcpserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Version is reported to MCP clients.
+const Version = "1.0.0"
+
+// Caller performs one REST call on behalf of an MCP client.
+type Caller interface {
+	Call(ctx context.Context, method, path, authorization string, body []byte) (status int, resp []byte, err error)
+}
+
+// HandlerCaller serves calls in-process through the REST router.
+type HandlerCaller struct{ Handler http.Handler }
+
+// Call implements Caller.
+func (c HandlerCaller) Call(ctx context.Context, method, path, authorization string, body []byte) (int, []byte, error) {
+	req := httptest.NewRequest(method, path, bytes.NewReader(body)).WithContext(ctx)
+	if authorization != "" {
+		req.Header.Set("Authorization", authorization)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	c.Handler.ServeHTTP(rec, req)
+	return rec.Code, rec.Body.Bytes(), nil
+}
+
+// HTTPCaller sends calls to a Ratchet server (the stdio binary's mode).
+type HTTPCaller struct {
+	BaseURL string
+	Client  *http.Client
+}
+
+// Call implements Caller.
+func (c HTTPCaller) Call(ctx context.Context, method, path, authorization string, body []byte) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.BaseURL, "/")+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, fmt.Errorf("build request: %w", err)
+	}
+	if authorization != "" {
+		req.Header.Set("Authorization", authorization)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	client := c.Client
+	if client == nil {
+		client = http.DefaultClient
+	}
+	res, err := client.Do(req)
+	if err != nil {
+		return 0, nil, fmt.Errorf("call %s %s: %w", method, path, err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(res.Body, 8<<20))
+	return res.StatusCode, b, err
+}
+
+// New builds the MCP server. defaultAuth (for example "Bearer rk_…" from the
+// environment of the stdio binary) is used when a call carries no
+// Authorization header of its own.
+func New(c Caller, defaultAuth string) *mcp.Server {
+	s := mcp.NewServer(&mcp.Implementation{Name: "ratchet", Version: Version}, &mcp.ServerOptions{
+		Instructions: "Ask ratchet_begin before any side effect (email, charge, vendor call) and branch on " +
+			"decision: execute → act, then ratchet_report; duplicate → use result, do not act; in_flight → wait " +
+			"retry_after_seconds; blocked → verify at the vendor, then ratchet_resolve; approval_required → wait; " +
+			"denied → stop and report why. Report failed only when the action surely did not happen; if unsure, " +
+			"report nothing.",
+	})
+	for _, t := range tools {
+		t.add(s, c, defaultAuth)
+	}
+	return s
+}
+
+// Handler serves MCP over streamable HTTP, statelessly with JSON responses,
+// which suits serverless: any instance can answer any request.
+func Handler(s *mcp.Server) http.Handler {
+	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s },
+		&mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
+}
+
+// call runs one REST call and turns its answer into a tool result: the API's
+// JSON as text and structured content, an error result for non-2xx answers.
+func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, method, path string, body any) (*mcp.CallToolResult, error) {
+	auth := defaultAuth
+	if req != nil && req.Extra != nil && req.Extra.Header != nil {
+		if h := req.Extra.Header.Get("Authorization"); h != "" {
+			auth = h
+		}
+	}
+	var raw []byte
+	if body != nil {
+		var err error
+		if raw, err = json.Marshal(body); err != nil {
+			return nil, fmt.Errorf("encode arguments: %w", err)
+		}
+	}
+	status, resp, err := c.Call(ctx, method, path, auth, raw)
+	if err != nil {
+		return nil, err
+	}
+	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(resp)}}, IsError: status >= 400}
+	var structured map[string]any
+	if json.Unmarshal(resp, &structured) == nil {
+		res.StructuredContent = structured
+	}
+	return res, nil
+}
+
+// pathEscape keeps user-supplied path segments inside their segment.
+func pathEscape(s string) string { return url.PathEscape(s) }
