@@ -477,8 +477,9 @@ func TestCancel(t *testing.T) {
 	st, err := b.svc.CancelStep(ctx, b.ws, queued.StepID)
 	require.NoError(t, err)
 	require.Equal(t, "CANCELLED", st.Status)
-	_, err = b.svc.CancelStep(ctx, b.ws, queued.StepID)
-	require.Equal(t, apierr.CodeInvalidState, code(t, err))
+	again, err := b.svc.CancelStep(ctx, b.ws, queued.StepID)
+	require.NoError(t, err, "a repeated cancel is safe")
+	require.Equal(t, "CANCELLED", again.Status)
 
 	running := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`2`)})
 	w := b.register(t)
@@ -491,6 +492,12 @@ func TestCancel(t *testing.T) {
 	require.True(t, hb.CancelRequested)
 	r := b.succeed(t, j)
 	require.Equal(t, "CANCELLED", r.Status)
+
+	done := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`3`)})
+	b.succeed(t, b.claimOne(t, w))
+	_, err = b.svc.CancelStep(ctx, b.ws, done.StepID)
+	require.Equal(t, apierr.CodeInvalidState, code(t, err), "a step that ended otherwise cannot be cancelled")
+
 	run, err := b.svc.FinishRun(ctx, b.ws, runID)
 	require.NoError(t, err)
 	require.Equal(t, "FAILED", run.Status)

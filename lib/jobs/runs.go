@@ -517,6 +517,9 @@ func (s *Service) CancelStep(ctx context.Context, workspaceID, stepID string) (S
 		if err != nil {
 			return fmt.Errorf("cancel lock: %w", err)
 		}
+		if status == StatusCancelled {
+			return nil // cancelling twice answers the cancelled step, so a retried cancel is safe
+		}
 		if ended(status) {
 			return apierr.InvalidState("The step already ended (%s).", status)
 		}

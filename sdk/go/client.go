@@ -50,7 +50,7 @@ type Config struct {
 // with backoff, and other 5xx responses and network errors with capped
 // exponential backoff and jitter, but only for calls that are idempotent
 // (every effect-gate and job call is, by idempotency key or lease token;
-// StartRun, CancelStep and Replay are not, so they are never repeated after
+// StartRun and Replay are not, so they are never repeated after
 // an ambiguous failure). Every wait ends with ctx.
 type Client struct {
 	base       string

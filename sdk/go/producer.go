@@ -203,13 +203,12 @@ func (c *Client) Enqueue(ctx context.Context, runID string, input any, opts Enqu
 
 // CancelStep cancels a step's job (POST /api/v1/steps/{id}/cancel). A
 // running handler learns of it at its next heartbeat. It returns the step as
-// the server answers it. Cancelling a step that already ended is 409
-// invalid_state, so CancelStep is not repeated after an ambiguous failure
-// (the repeat could report a successful cancel as invalid_state): read the
-// run to see whether it took effect.
+// the server answers it. Cancelling an already cancelled step answers it
+// again, so the call is retried safely; a step that ended otherwise is 409
+// invalid_state.
 func (c *Client) CancelStep(ctx context.Context, stepID string) (*Step, error) {
 	var out Step
-	if err := c.do(ctx, "POST", "/steps/"+pathID(stepID)+"/cancel", struct{}{}, &out, notIdempotent); err != nil {
+	if err := c.do(ctx, "POST", "/steps/"+pathID(stepID)+"/cancel", struct{}{}, &out, idempotent); err != nil {
 		return nil, err
 	}
 	return &out, nil
