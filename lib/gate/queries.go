@@ -411,7 +411,7 @@ const sqlSetGroupState = `UPDATE effect_groups SET state = $2, updated_at = $3,
 WHERE id = $1 RETURNING ` + groupCols
 
 // sqlLockUnwinding takes an unwinding group for settling; the sweeper's
-// variant skips a group another settle holds. $1 id, $2 workspace ('' for any).
+// variant skips a group another settle holds. $1 id, $2 workspace (” for any).
 const (
 	sqlLockUnwinding     = `SELECT ` + groupCols + ` FROM effect_groups WHERE id = $1 AND ($2::text = '' OR workspace_id = $2) AND state = 'unwinding' FOR UPDATE`
 	sqlLockUnwindingSkip = sqlLockUnwinding + ` SKIP LOCKED`
