@@ -395,11 +395,13 @@ const sqlCompensationTarget = `SELECT group_id, state, lease_expires_at, compens
 FROM effects WHERE id = $1 AND workspace_id = $2`
 
 // sqlGroupSteps lists a group's effects, forward and compensating, with the
-// time each succeeded (its current attempt's report or resolution).
+// time each succeeded: its report, or for an outcome found later (resolve,
+// reconcile) the end of its lease, the latest it could have acted, which is
+// also where the step sat in the order while its outcome was unknown.
 // $1 group id.
 const sqlGroupSteps = `SELECT e.id, e.effect_type, e.idempotency_key, e.state, e.denial_code, e.lease_expires_at,
     e.compensation, e.compensates_effect_id, e.created_at, e.updated_at,
-    (SELECT coalesce(a.reported_at, a.resolved_at) FROM effect_attempts a
+    (SELECT coalesce(a.reported_at, a.lease_expires_at) FROM effect_attempts a
       WHERE a.effect_id = e.id AND a.attempt = e.attempt AND e.state = 'succeeded')
 FROM effects e WHERE e.group_id = $1 ORDER BY e.id`
 
