@@ -333,8 +333,10 @@ func TestUnwindFailed(t *testing.T) {
 	require.Equal(t, "unwound", f.unwind(g)["state"])
 }
 
+// TestGroupSweeperBackstop sweeps, which acts on every workspace of the
+// package database; like every sweeping test here it is not parallel, so no
+// other test runs while it does.
 func TestGroupSweeperBackstop(t *testing.T) {
-	t.Parallel()
 	f := setup(t)
 	g := f.group()
 	f.done(g, true)

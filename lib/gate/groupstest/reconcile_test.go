@@ -205,10 +205,9 @@ func TestReconcileValidationAndScope(t *testing.T) {
 	f.env.Must(http.StatusOK, "POST", "/api/v1/reconcile", rec, ok())
 }
 
-// TestReconciliationReminders is the only test of this package whose clock
-// is far from the wall clock: its sweeps cannot lapse the other tests' leases.
+// TestReconciliationReminders sweeps, so it is not parallel (see
+// TestGroupSweeperBackstop).
 func TestReconciliationReminders(t *testing.T) {
-	t.Parallel()
 	f := setupAt(t, time.Date(1991, 3, 1, 12, 0, 0, 0, time.UTC))
 	start := f.clock.Now()
 	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.charge", map[string]any{"reconcile_every_hours": 24})
