@@ -158,7 +158,7 @@ func (s *Service) GetGroup(ctx context.Context, workspaceID, id string) (Group, 
 		return Group{}, fmt.Errorf("get group: %w", err)
 	}
 	if g.State == GroupUnwinding {
-		if err := s.settleGroup(ctx, workspaceID, id, false); err != nil {
+		if _, err := s.settleGroup(ctx, workspaceID, id, false); err != nil {
 			return Group{}, err
 		}
 		if g, err = scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, workspaceID)); err != nil {
@@ -245,13 +245,13 @@ func (s *Service) UnwindGroup(ctx context.Context, workspaceID, id string) (Unwi
 // skip makes it pass over a group another settle holds (the sweeper);
 // inline callers wait, because the holder may have read the steps before
 // the caller's own change committed.
-func (s *Service) settleGroup(ctx context.Context, workspaceID, id string, skip bool) error {
+func (s *Service) settleGroup(ctx context.Context, workspaceID, id string, skip bool) (ended bool, err error) {
 	now := s.clock()
 	sql := sqlLockUnwinding
 	if skip {
 		sql = sqlLockUnwindingSkip
 	}
-	return db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		g, err := scanGroup(tx.QueryRow(ctx, sql, id, workspaceID))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil // not unwinding (or held by another settle)
@@ -259,9 +259,11 @@ func (s *Service) settleGroup(ctx context.Context, workspaceID, id string, skip 
 		if err != nil {
 			return fmt.Errorf("settle group: %w", err)
 		}
-		_, err = s.settleLocked(ctx, tx, g, now, false)
+		u, err := s.settleLocked(ctx, tx, g, now, false)
+		ended = u.State != GroupUnwinding
 		return err
 	})
+	return ended && err == nil, err
 }
 
 // afterStep settles the group of an effect whose outcome just became known.
@@ -269,7 +271,8 @@ func (s *Service) afterStep(ctx context.Context, workspaceID string, groupID *st
 	if groupID == nil {
 		return nil
 	}
-	return s.settleGroup(ctx, workspaceID, *groupID, false)
+	_, err := s.settleGroup(ctx, workspaceID, *groupID, false)
+	return err
 }
 
 // SweepGroups is the sweeper's backstop: it settles up to limit unwinding
@@ -285,17 +288,11 @@ func (s *Service) SweepGroups(ctx context.Context, now time.Time, limit int) (in
 	}
 	changed := 0
 	for _, id := range groups {
-		var before, after string
-		if err := s.pool.QueryRow(ctx, `SELECT state FROM effect_groups WHERE id = $1`, id).Scan(&before); err != nil {
-			return changed, fmt.Errorf("sweep groups: %w", err)
-		}
-		if err := s.settleGroup(ctx, "", id, true); err != nil {
+		ended, err := s.settleGroup(ctx, "", id, true)
+		if err != nil {
 			return changed, err
 		}
-		if err := s.pool.QueryRow(ctx, `SELECT state FROM effect_groups WHERE id = $1`, id).Scan(&after); err != nil {
-			return changed, fmt.Errorf("sweep groups: %w", err)
-		}
-		if before != after {
+		if ended {
 			changed++
 		}
 	}

@@ -285,7 +285,7 @@ func (s *Service) Reconcile(ctx context.Context, p *auth.Principal, req Reconcil
 		return Reconciliation{}, err
 	}
 	for _, g := range groups {
-		if err := s.settleGroup(ctx, p.WorkspaceID, g, false); err != nil {
+		if _, err := s.settleGroup(ctx, p.WorkspaceID, g, false); err != nil {
 			return Reconciliation{}, err
 		}
 	}
