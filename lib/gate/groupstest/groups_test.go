@@ -352,3 +352,26 @@ func TestGroupSweeperBackstop(t *testing.T) {
 	require.NoError(t, f.env.App.Pool.QueryRow(ctx, `SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&state))
 	require.Equal(t, "unwound", state)
 }
+
+// A compensation that can never run again (its key used its attempts) makes
+// its step irreversible: the rollback ends unwind_failed instead of waiting.
+func TestFinallyDeniedCompensationIsIrreversible(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"max_attempts": 1})
+	g := f.group()
+	a := f.done(g, true)
+	u := f.unwind(g)
+	item := u["plan"].([]any)[0].(map[string]any)
+	f.compensate(item, "failed")
+	comp := item["compensation"].(map[string]any)
+	r := f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": comp["effect_type"],
+		"payload": comp["payload"], "cost_micros": 0, "idempotency_key": item["suggested_idempotency_key"],
+		"compensates_effect_id": a})
+	errCode(t, r, http.StatusForbidden, "max_attempts_exceeded")
+	require.Equal(t, "unwind_failed", f.state(g)) // GET settles
+	u = f.unwind(g)
+	require.Equal(t, "unwind_failed", u["state"])
+	require.Equal(t, []string{a}, strs(u["irreversible"]))
+	require.Empty(t, u["plan"])
+}
