@@ -114,11 +114,12 @@ type Unwind struct {
 
 // CreateGroup opens a group.
 func (s *Service) CreateGroup(ctx context.Context, p *auth.Principal, req CreateGroupRequest) (Group, error) {
-	if n := utf8.RuneCountInString(strings.TrimSpace(req.Name)); n < 1 || n > maxGroupNameRunes {
+	name := strings.TrimSpace(req.Name)
+	if n := utf8.RuneCountInString(name); n < 1 || n > maxGroupNameRunes {
 		return Group{}, apierr.InvalidField("name", "must be 1-%d characters", maxGroupNameRunes)
 	}
 	now := s.clock()
-	g, err := scanGroup(s.pool.QueryRow(ctx, sqlCreateGroup, ids.NewAt(ids.Group, now), p.WorkspaceID, req.Name,
+	g, err := scanGroup(s.pool.QueryRow(ctx, sqlCreateGroup, ids.NewAt(ids.Group, now), p.WorkspaceID, name,
 		p.KeyID, now))
 	if err != nil {
 		return Group{}, fmt.Errorf("create group: %w", err)

@@ -375,3 +375,21 @@ func TestFinallyDeniedCompensationIsIrreversible(t *testing.T) {
 	require.Equal(t, []string{a}, strs(u["irreversible"]))
 	require.Empty(t, u["plan"])
 }
+
+// A replayed begin changes nothing, so an unwinding group does not refuse
+// it: a succeeded step's retry still gets its recorded result.
+func TestReplayIntoUnwindingGroup(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	g := f.group()
+	body := map[string]any{"effect_type": "payment.charge", "idempotency_key": "charge:" + ids.Random(6),
+		"cost_micros": 10, "group_id": g, "compensation": map[string]any{"effect_type": "payment.refund"}}
+	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
+	f.must(http.StatusOK, "POST", "/api/v1/effects/"+d["effect_id"].(string)+"/report",
+		map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded", "result": map[string]any{"charge": "ch_1"}})
+	require.Equal(t, "unwinding", f.unwind(g)["state"])
+	dup := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
+	require.Equal(t, "duplicate", dup["decision"])
+	require.Equal(t, map[string]any{"charge": "ch_1"}, dup["result"])
+	require.Equal(t, "checkout", f.must(http.StatusCreated, "POST", "/api/v1/groups", map[string]any{"name": "  checkout "})["name"])
+}
