@@ -441,7 +441,11 @@ func planRollback(steps []groupStep, now time.Time) rollback {
 			}
 			walk = append(walk, e)
 		case StateLeased, StateIndeterminate:
-			walk = append(walk, planEntry{step: st, at: *st.leaseExpiresAt, maybe: true})
+			at := st.updatedAt
+			if st.leaseExpiresAt != nil {
+				at = *st.leaseExpiresAt
+			}
+			walk = append(walk, planEntry{step: st, at: at, maybe: true})
 		}
 	}
 	sort.SliceStable(walk, func(i, j int) bool {
