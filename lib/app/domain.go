@@ -14,6 +14,13 @@ import (
 // lapsedLeasesPerPass bounds one sweeper pass over lapsed effect leases.
 const lapsedLeasesPerPass = 500
 
+// groupsPerPass and remindersPerPass bound the effect-group backstop and the
+// reconciliation reminders in one pass.
+const (
+	groupsPerPass    = 100
+	remindersPerPass = 500
+)
+
 // wireDomain builds the domain services into deps and registers their sweep
 // tasks. Each feature adds its own lines here.
 func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
@@ -24,6 +31,21 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 			return deps.Gate.SweepLapsed(ctx, now, lapsedLeasesPerPass)
 		},
 	})
+
+	sweeper.Add(
+		sweep.Task{
+			Name: "groups.settle",
+			Run: func(ctx context.Context, now time.Time) (int, error) {
+				return deps.Gate.SweepGroups(ctx, now, groupsPerPass)
+			},
+		},
+		sweep.Task{
+			Name: "reconciliation.due",
+			Run: func(ctx context.Context, now time.Time) (int, error) {
+				return deps.Gate.SweepReconcileDue(ctx, now, remindersPerPass)
+			},
+		},
+	)
 
 	deps.Jobs = jobs.New(deps.Pool, deps.Sealer, deps.Config.KeyHashSecret, deps.Config.JobLeaseGraceMs, deps.Now)
 	sweeper.Add(deps.Jobs.SweepTasks()...)

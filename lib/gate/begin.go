@@ -259,7 +259,17 @@ func (s *Service) Begin(ctx context.Context, p *auth.Principal, req BeginRequest
 	if err != nil {
 		return Decision{}, err
 	}
-	ev, found, inserted, row, err := scanBegin(s.pool.QueryRow(ctx, sqlBeginFast, in.args()...))
+	if in.grouped() {
+		return s.beginInGroup(ctx, in)
+	}
+	return s.decide(ctx, s.pool, in, s.beginLocked)
+}
+
+// decide is begin's decision over q (the pool, or a grouped begin's
+// transaction); locked is its locked path.
+func (s *Service) decide(ctx context.Context, q querier, in *beginInput,
+	locked func(context.Context, *beginInput) (Decision, error)) (Decision, error) {
+	ev, found, inserted, row, err := scanBegin(q.QueryRow(ctx, sqlBeginFast, in.args()...))
 	if err != nil {
 		return Decision{}, fmt.Errorf("begin: %w", err)
 	}
@@ -270,7 +280,7 @@ func (s *Service) Begin(ctx context.Context, p *auth.Principal, req BeginRequest
 		return Decision{}, precheckError(&ev)
 	case !found:
 		// Another begin inserted the key after this statement's snapshot.
-		return s.beginLocked(ctx, in)
+		return locked(ctx, in)
 	}
 	if row.Fingerprint != in.fingerprint {
 		return Decision{}, keyReuse()
@@ -278,7 +288,7 @@ func (s *Service) Begin(ctx context.Context, p *auth.Principal, req BeginRequest
 	if d, ok, err := s.settled(&row, &ev, in.now); ok || err != nil {
 		return d, err
 	}
-	return s.beginLocked(ctx, in)
+	return locked(ctx, in)
 }
 
 func keyReuse() error {
@@ -376,24 +386,29 @@ func denial(code string, ev *eval, row *effectRow) *apierr.Error {
 func (s *Service) beginLocked(ctx context.Context, in *beginInput) (Decision, error) {
 	var d Decision
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		ev, _, _, row, err := scanBegin(tx.QueryRow(ctx, sqlBeginLocked, in.args()[:6]...))
-		if errors.Is(err, pgx.ErrNoRows) {
-			return retryRequest()
-		}
-		if err != nil {
-			return fmt.Errorf("begin: lock effect: %w", err)
-		}
-		if row.Fingerprint != in.fingerprint {
-			return keyReuse()
-		}
-		var ok bool
-		if d, ok, err = s.settled(&row, &ev, in.now); ok || err != nil {
-			return err
-		}
-		d, err = s.transition(ctx, tx, in, &ev, &row)
+		var err error
+		d, err = s.decideLocked(ctx, tx, in)
 		return err
 	})
 	return d, err
+}
+
+// decideLocked is the locked path's decision inside tx.
+func (s *Service) decideLocked(ctx context.Context, tx pgx.Tx, in *beginInput) (Decision, error) {
+	ev, _, _, row, err := scanBegin(tx.QueryRow(ctx, sqlBeginLocked, in.args()[:6]...))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Decision{}, retryRequest()
+	}
+	if err != nil {
+		return Decision{}, fmt.Errorf("begin: lock effect: %w", err)
+	}
+	if row.Fingerprint != in.fingerprint {
+		return Decision{}, keyReuse()
+	}
+	if d, ok, err := s.settled(&row, &ev, in.now); ok || err != nil {
+		return d, err
+	}
+	return s.transition(ctx, tx, in, &ev, &row)
 }
 
 // transition re-evaluates a locked effect whose state allows another try.
@@ -401,6 +416,9 @@ func (s *Service) beginLocked(ctx context.Context, in *beginInput) (Decision, er
 func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev *eval, row *effectRow) (Decision, error) {
 	if ev.precheck != nil {
 		return Decision{}, precheckError(ev)
+	}
+	if err := admitAttempt(ctx, tx, row); err != nil {
+		return Decision{}, err
 	}
 	wasIndeterminate := row.effectiveState(in.now) == StateIndeterminate
 	if wasIndeterminate {

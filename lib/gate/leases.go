@@ -132,7 +132,11 @@ func (s *Service) Report(ctx context.Context, p *auth.Principal, id string, req 
 	args := []any{id, p.WorkspaceID, th, req.Outcome, sealed, preview, now, p.KeyID}
 	row, atts, err := scanReport(s.pool.QueryRow(ctx, sqlReport, args...))
 	if err == nil {
-		return s.reported(&row, atts, now, req.Result)
+		e, err := s.reported(&row, atts, now, req.Result)
+		if err != nil {
+			return Effect{}, err
+		}
+		return e, s.afterStep(ctx, p.WorkspaceID, e.GroupID)
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return Effect{}, fmt.Errorf("report: %w", err)
@@ -170,6 +174,9 @@ func (s *Service) Report(ctx context.Context, p *auth.Principal, id string, req 
 	})
 	if err != nil {
 		return Effect{}, err
+	}
+	if after == nil {
+		after = s.afterStep(ctx, p.WorkspaceID, out.GroupID)
 	}
 	return out, after
 }
@@ -310,7 +317,10 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 		out, err = s.getEffect(ctx, tx, p.WorkspaceID, id, now)
 		return err
 	})
-	return out, err
+	if err != nil {
+		return Effect{}, err
+	}
+	return out, s.afterStep(ctx, p.WorkspaceID, out.GroupID)
 }
 
 // lapse makes lapsed leases durable (one effect when effectID is set, else up

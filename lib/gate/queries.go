@@ -364,6 +364,144 @@ WITH upd AS (
 UPDATE effect_attempts a SET outcome = $2, resolved_by_key_id = $6, resolved_at = $5, resolve_note = $7
 FROM upd WHERE a.effect_id = upd.id AND a.attempt = upd.attempt`
 
+// ---- Effect groups (groups.go) ----
+
+const groupCols = `id, name, state, created_at, updated_at, committed_at, unwind_started_at, finished_at`
+
+// sqlCreateGroup: $1 id, $2 workspace, $3 name, $4 key id, $5 now.
+const sqlCreateGroup = `INSERT INTO effect_groups (id, workspace_id, name, state, created_by_key_id, created_at, updated_at)
+VALUES ($1, $2, $3, 'open', $4, $5, $5) RETURNING ` + groupCols
+
+// sqlGetGroup: $1 id, $2 workspace.
+const sqlGetGroup = `SELECT ` + groupCols + ` FROM effect_groups WHERE id = $1 AND workspace_id = $2`
+
+// sqlLockGroup takes the group for a transition. $1 id, $2 workspace.
+const sqlLockGroup = sqlGetGroup + ` FOR UPDATE`
+
+// sqlAdmitGroup reads a group for begin, holding it shared so no commit or
+// unwind can change its state until the begin commits, and says whether
+// the idempotency key already names an effect (a replay, which the group's
+// state does not refuse). $1 group id, $2 workspace, $3 idempotency key.
+const sqlAdmitGroup = `SELECT g.state, EXISTS (SELECT 1 FROM effects e WHERE e.workspace_id = $2 AND e.idempotency_key = $3)
+FROM effect_groups g WHERE g.id = $1 AND g.workspace_id = $2 FOR SHARE`
+
+// sqlShareGroupState is a grouped effect's group state for a new attempt.
+// $1 group id.
+const sqlShareGroupState = `SELECT state FROM effect_groups WHERE id = $1 FOR SHARE`
+
+// sqlCompensationTarget reads the effect a compensating begin names.
+// $1 effect id, $2 workspace.
+const sqlCompensationTarget = `SELECT group_id, state, lease_expires_at, compensates_effect_id
+FROM effects WHERE id = $1 AND workspace_id = $2`
+
+// sqlGroupSteps lists a group's effects, forward and compensating, with the
+// time each succeeded: its report, or for an outcome found later (resolve,
+// reconcile) the end of its lease, the latest it could have acted, which is
+// also where the step sat in the order while its outcome was unknown.
+// $1 group id.
+const sqlGroupSteps = `SELECT e.id, e.effect_type, e.idempotency_key, e.state, e.denial_code, e.lease_expires_at,
+    e.compensation, e.compensates_effect_id, e.created_at, e.updated_at,
+    (SELECT coalesce(a.reported_at, a.lease_expires_at) FROM effect_attempts a
+      WHERE a.effect_id = e.id AND a.attempt = e.attempt AND e.state = 'succeeded')
+FROM effects e WHERE e.group_id = $1 ORDER BY e.id`
+
+// sqlSetGroupState moves a locked group. $1 id, $2 state, $3 now.
+const sqlSetGroupState = `UPDATE effect_groups SET state = $2, updated_at = $3,
+    committed_at = CASE WHEN $2 = 'committed' THEN $3 ELSE committed_at END,
+    unwind_started_at = CASE WHEN $2 = 'unwinding' THEN $3 ELSE unwind_started_at END,
+    finished_at = CASE WHEN $2 IN ('unwound', 'unwind_failed') THEN $3 ELSE finished_at END
+WHERE id = $1 RETURNING ` + groupCols
+
+// sqlLockUnwinding takes an unwinding group for settling; the sweeper's
+// variant skips a group another settle holds. $1 id, $2 workspace (” for any).
+const (
+	sqlLockUnwinding     = `SELECT ` + groupCols + ` FROM effect_groups WHERE id = $1 AND ($2::text = '' OR workspace_id = $2) AND state = 'unwinding' FOR UPDATE`
+	sqlLockUnwindingSkip = sqlLockUnwinding + ` SKIP LOCKED`
+)
+
+// sqlUnwindingDue picks the unwinding groups the sweeper checks this pass,
+// least recently checked first, and marks them checked. $1 now, $2 limit.
+const sqlUnwindingDue = `
+WITH c AS (
+    SELECT id FROM effect_groups WHERE state = 'unwinding'
+    ORDER BY swept_at NULLS FIRST LIMIT $2 FOR UPDATE SKIP LOCKED
+)
+UPDATE effect_groups g SET swept_at = $1 FROM c WHERE g.id = c.id RETURNING g.id`
+
+// ---- Reconciliation (reconcile.go) ----
+
+// sqlReconcileEffects reads the effects a reconciliation compares: those of
+// the type created in [from, to), and those the vendor's records name.
+// $1 workspace, $2 effect type, $3 from, $4 to, $5 vendor keys, $6 limit.
+const sqlReconcileEffects = `SELECT e.id, e.idempotency_key, e.state, e.lease_expires_at, e.cost_micros,
+    e.created_at >= $3 AND e.created_at < $4
+FROM effects e
+WHERE e.workspace_id = $1 AND e.effect_type = $2
+  AND ((e.created_at >= $3 AND e.created_at < $4) OR e.idempotency_key = ANY($5::text[]))
+ORDER BY e.id LIMIT $6`
+
+// sqlReconcileResolve settles indeterminate effects from the vendor's
+// records, like an operator's resolve. Lapsed leases were made durable first.
+// $1 workspace, $2 effect ids, $3 outcomes, $4 now, $5 key id.
+const sqlReconcileResolve = `
+WITH t AS (SELECT * FROM unnest($2::text[], $3::text[]) AS t(id, outcome)),
+upd AS (
+    UPDATE effects e SET state = t.outcome, updated_at = $4
+    FROM t WHERE e.id = t.id AND e.workspace_id = $1 AND e.state = 'indeterminate'
+    RETURNING e.id, e.attempt, e.group_id, t.outcome
+), upa AS (
+    UPDATE effect_attempts a SET outcome = upd.outcome, resolved_by_key_id = $5, resolved_at = $4,
+        resolve_note = 'reconciliation'
+    FROM upd WHERE a.effect_id = upd.id AND a.attempt = upd.attempt
+)
+SELECT id, group_id FROM upd`
+
+// sqlReconciled records when a type was last reconciled.
+// $1 workspace, $2 effect type, $3 now, $4 from, $5 to.
+const sqlReconciled = `INSERT INTO reconciliations (workspace_id, effect_type, last_reconciled_at, last_from, last_to)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (workspace_id, effect_type) DO UPDATE
+SET last_reconciled_at = $3, last_from = $4, last_to = $5`
+
+// sqlReconcileDue records one reconciliation.due event per overdue type and
+// due period. A type is due reconcile_every_hours after its last
+// reconciliation (or, never reconciled, after its policy was created); left
+// overdue it is reminded again each further period. The period's due time
+// is the event's dedupe key, so concurrent sweeps record it once, and types
+// already reminded for their current period are not picked again, so the
+// LIMIT reaches the others. $1 now, $2 limit, $3 event ids (one per row).
+var sqlReconcileDue = `
+WITH due AS (
+    SELECT p.workspace_id, p.effect_type, p.reconcile_every_hours AS h, r.last_reconciled_at,
+        coalesce(r.last_reconciled_at, p.created_at) + make_interval(hours => p.reconcile_every_hours) AS first_due
+    FROM gate_policies p
+    LEFT JOIN reconciliations r ON r.workspace_id = p.workspace_id AND r.effect_type = p.effect_type
+    WHERE p.reconcile_every_hours IS NOT NULL
+), per AS (
+    SELECT d.*, d.first_due + make_interval(hours => d.h *
+        floor(extract(epoch FROM ($1::timestamptz - d.first_due)) / (d.h * 3600))::int) AS period_due
+    FROM due d WHERE d.first_due <= $1
+), pick AS (
+    SELECT per.*, to_char(per.period_due AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS dedupe
+    FROM per
+), n AS (
+    SELECT pick.*, row_number() OVER (ORDER BY pick.workspace_id, pick.effect_type) AS i
+    FROM (SELECT * FROM pick WHERE NOT EXISTS (
+        SELECT 1 FROM events ev WHERE ev.workspace_id = pick.workspace_id
+          AND ev.type = '` + events.ReconciliationDue + `' AND ev.subject_id = pick.effect_type
+          AND ev.dedupe_key = pick.dedupe)
+        ORDER BY pick.period_due LIMIT $2) pick
+), ins AS (
+    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
+    SELECT ($3::text[])[n.i], n.workspace_id, '` + events.ReconciliationDue + `', n.effect_type,
+        jsonb_build_object('effect_type', n.effect_type, 'reconcile_every_hours', n.h,
+                           'last_reconciled_at', n.last_reconciled_at, 'due_at', n.period_due), $1, n.dedupe
+    FROM n
+    ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) FROM ins`
+
 const approvalCols = `id, effect_id, effect_type, state, reason, created_at, decided_at, note`
 
 // sqlDecideApproval approves or rejects a pending approval and updates its

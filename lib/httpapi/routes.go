@@ -9,6 +9,8 @@ func (s *Server) routes() []Route {
 		s.gateRoutes(),
 		s.jobsRoutes(),
 		s.webhookRoutes(),
+		s.groupRoutes(),
+		s.reconcileRoutes(),
 		s.mcpRoutes(),
 	} {
 		all = append(all, part...)

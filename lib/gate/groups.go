@@ -1,0 +1,595 @@
+package gate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/ids"
+)
+
+// Effect groups (API.md §2.6): several effects as one unit of work, each
+// forward step declaring how to undo it. Unwinding returns the exact
+// compensation plan, in reverse order of success, and stops at any step
+// whose outcome is unknown: rolling back past a maybe is how a half-undone
+// state is created.
+//
+// States:
+//   - open: accepting steps.
+//   - committed: every forward step succeeded; no new forward steps; can still
+//     be unwound later.
+//   - unwinding: rolling back; refuses new forward steps (group_unwinding),
+//     admits compensating effects.
+//   - unwound: the rollback ended and every succeeded step was reversed (its
+//     compensating effect succeeded).
+//   - unwind_failed: the rollback ended, but some succeeded step could not be
+//     reversed (it declared no compensation, or its compensating effect was
+//     finally denied). Not a clean rollback, and it does not claim to be.
+//
+// A rollback "ends" when nothing is left to do: no plan and nothing
+// unresolved. The end is decided inline by unwind, by the report or resolve
+// that settles a group's last step, by GET, and by the sweeper as a backstop.
+const (
+	GroupOpen         = "open"
+	GroupCommitted    = "committed"
+	GroupUnwinding    = "unwinding"
+	GroupUnwound      = "unwound"
+	GroupUnwindFailed = "unwind_failed"
+)
+
+// CompensationKeyPrefix makes a plan's suggested idempotency key: derived
+// from the step alone, so every retried rollback suggests the same key and
+// the gate answers duplicate instead of compensating twice.
+const CompensationKeyPrefix = "compensate:"
+
+const maxGroupNameRunes = 200
+
+// CreateGroupRequest is the body of POST /api/v1/groups.
+type CreateGroupRequest struct {
+	Name string `json:"name"`
+}
+
+// GroupStep is one effect of a group as GET shows it. Compensation payloads
+// are never shown here; only the unwind plan opens them.
+type GroupStep struct {
+	EffectID            string  `json:"effect_id"`
+	EffectType          string  `json:"effect_type"`
+	IdempotencyKey      string  `json:"idempotency_key"`
+	State               string  `json:"state"`
+	HasCompensation     bool    `json:"has_compensation"`
+	CompensatesEffectID *string `json:"compensates_effect_id"`
+}
+
+// Group is the group object.
+type Group struct {
+	ID              string      `json:"id"`
+	Name            string      `json:"name"`
+	State           string      `json:"state"`
+	CreatedAt       time.Time   `json:"created_at"`
+	UpdatedAt       time.Time   `json:"updated_at"`
+	CommittedAt     *time.Time  `json:"committed_at"`
+	UnwindStartedAt *time.Time  `json:"unwind_started_at"`
+	FinishedAt      *time.Time  `json:"finished_at"`
+	Steps           []GroupStep `json:"steps"`
+}
+
+// PlanItem is one compensation to perform: begin compensation.effect_type
+// with compensation.payload, idempotency_key suggested_idempotency_key and
+// compensates_effect_id, then report as usual.
+type PlanItem struct {
+	EffectID                string          `json:"effect_id"`
+	Compensation            json.RawMessage `json:"compensation"`
+	SuggestedIdempotencyKey string          `json:"suggested_idempotency_key"`
+	CompensatesEffectID     string          `json:"compensates_effect_id"`
+	// The compensating effect already begun for this step, if any, and its state.
+	CompensationEffectID *string `json:"compensation_effect_id"`
+	CompensationState    *string `json:"compensation_state"`
+}
+
+// Unwind is the answer of POST /api/v1/groups/{id}/unwind.
+type Unwind struct {
+	GroupID string     `json:"group_id"`
+	State   string     `json:"state"`
+	Plan    []PlanItem `json:"plan"`
+	// Effects whose outcome is unknown (a live lease, or indeterminate): the
+	// plan stops where the first of them would come, until each is verified
+	// (resolve, reconcile) or reported.
+	Unresolved []string `json:"unresolved"`
+	// Succeeded steps that cannot be reversed: no compensation was declared,
+	// or their compensating effect was finally denied.
+	Irreversible []string `json:"irreversible"`
+	// Succeeded steps whose compensating effect has succeeded.
+	Reversed []string `json:"reversed"`
+}
+
+// CreateGroup opens a group.
+func (s *Service) CreateGroup(ctx context.Context, p *auth.Principal, req CreateGroupRequest) (Group, error) {
+	name := strings.TrimSpace(req.Name)
+	if n := utf8.RuneCountInString(name); n < 1 || n > maxGroupNameRunes {
+		return Group{}, apierr.InvalidField("name", "must be 1-%d characters", maxGroupNameRunes)
+	}
+	now := s.clock()
+	g, err := scanGroup(s.pool.QueryRow(ctx, sqlCreateGroup, ids.NewAt(ids.Group, now), p.WorkspaceID, name,
+		p.KeyID, now))
+	if err != nil {
+		return Group{}, fmt.Errorf("create group: %w", err)
+	}
+	g.Steps = []GroupStep{}
+	return g, nil
+}
+
+func scanGroup(row pgx.Row) (Group, error) {
+	var g Group
+	err := row.Scan(&g.ID, &g.Name, &g.State, &g.CreatedAt, &g.UpdatedAt, &g.CommittedAt, &g.UnwindStartedAt,
+		&g.FinishedAt)
+	return g, err
+}
+
+// lockGroup takes a group of the workspace for a transition.
+func lockGroup(ctx context.Context, tx pgx.Tx, workspaceID, id string) (Group, error) {
+	g, err := scanGroup(tx.QueryRow(ctx, sqlLockGroup, id, workspaceID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return g, apierr.NotFound("group")
+	}
+	if err != nil {
+		return g, fmt.Errorf("lock group: %w", err)
+	}
+	return g, nil
+}
+
+// GetGroup reads a group and its steps. An unwinding group whose rollback
+// has ended is settled first, so a read never shows a finished rollback as
+// still running.
+func (s *Service) GetGroup(ctx context.Context, workspaceID, id string) (Group, error) {
+	g, err := scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, workspaceID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Group{}, apierr.NotFound("group")
+	}
+	if err != nil {
+		return Group{}, fmt.Errorf("get group: %w", err)
+	}
+	if g.State == GroupUnwinding {
+		if _, err := s.settleGroup(ctx, workspaceID, id, false); err != nil {
+			return Group{}, err
+		}
+		if g, err = scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, workspaceID)); err != nil {
+			return Group{}, fmt.Errorf("get group: %w", err)
+		}
+	}
+	steps, err := groupSteps(ctx, s.pool, id)
+	if err != nil {
+		return Group{}, err
+	}
+	now := s.clock()
+	g.Steps = make([]GroupStep, len(steps))
+	for i, st := range steps {
+		g.Steps[i] = GroupStep{EffectID: st.id, EffectType: st.effectType, IdempotencyKey: st.key,
+			State: st.effectiveState(now), HasCompensation: st.compensation != nil, CompensatesEffectID: st.compensates}
+	}
+	return g, nil
+}
+
+// CommitGroup closes an open group whose every forward step succeeded.
+// Committing a committed group answers it unchanged.
+func (s *Service) CommitGroup(ctx context.Context, workspaceID, id string) (Group, error) {
+	now := s.clock()
+	var out Group
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		g, err := lockGroup(ctx, tx, workspaceID, id)
+		if err != nil {
+			return err
+		}
+		switch g.State {
+		case GroupCommitted:
+			out = g
+			return nil
+		case GroupOpen:
+		default:
+			return apierr.InvalidState("Only an open group can be committed; this one is %s.", g.State).
+				WithDetail("state", g.State)
+		}
+		steps, err := groupSteps(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		var pending []map[string]string
+		for _, st := range steps {
+			if state := st.effectiveState(now); st.compensates == nil && state != StateSucceeded {
+				pending = append(pending, map[string]string{"effect_id": st.id, "state": state})
+			}
+		}
+		if pending != nil {
+			return apierr.InvalidState("A group commits only when every step succeeded.").WithDetail("steps", pending)
+		}
+		out, err = scanGroup(tx.QueryRow(ctx, sqlSetGroupState, id, GroupCommitted, now))
+		return err
+	})
+	if err != nil {
+		return Group{}, err
+	}
+	return s.GetGroup(ctx, workspaceID, out.ID)
+}
+
+// UnwindGroup starts (or, called again, re-reads) a group's rollback and
+// returns what remains to do. It is safe to repeat: the plan is derived from
+// the steps as they stand, with the same suggested keys every time.
+func (s *Service) UnwindGroup(ctx context.Context, workspaceID, id string) (Unwind, error) {
+	now := s.clock()
+	var out Unwind
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		g, err := lockGroup(ctx, tx, workspaceID, id)
+		if err != nil {
+			return err
+		}
+		if g.State == GroupOpen || g.State == GroupCommitted {
+			if g, err = scanGroup(tx.QueryRow(ctx, sqlSetGroupState, id, GroupUnwinding, now)); err != nil {
+				return fmt.Errorf("unwind group: %w", err)
+			}
+		}
+		out, err = s.settleLocked(ctx, tx, g, now, true)
+		return err
+	})
+	return out, err
+}
+
+// settleGroup ends an unwinding group's rollback when nothing is left to do.
+// skip makes it pass over a group another settle holds (the sweeper);
+// inline callers wait, because the holder may have read the steps before
+// the caller's own change committed.
+func (s *Service) settleGroup(ctx context.Context, workspaceID, id string, skip bool) (ended bool, err error) {
+	now := s.clock()
+	sql := sqlLockUnwinding
+	if skip {
+		sql = sqlLockUnwindingSkip
+	}
+	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		g, err := scanGroup(tx.QueryRow(ctx, sql, id, workspaceID))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // not unwinding (or held by another settle)
+		}
+		if err != nil {
+			return fmt.Errorf("settle group: %w", err)
+		}
+		u, err := s.settleLocked(ctx, tx, g, now, false)
+		ended = u.State != GroupUnwinding
+		return err
+	})
+	return ended && err == nil, err
+}
+
+// afterStep settles the group of an effect whose outcome just became known.
+func (s *Service) afterStep(ctx context.Context, workspaceID string, groupID *string) error {
+	if groupID == nil {
+		return nil
+	}
+	_, err := s.settleGroup(ctx, workspaceID, *groupID, false)
+	return err
+}
+
+// SweepGroups is the sweeper's backstop: it settles up to limit unwinding
+// groups, least recently checked first.
+func (s *Service) SweepGroups(ctx context.Context, now time.Time, limit int) (int, error) {
+	rows, err := s.pool.Query(ctx, sqlUnwindingDue, now.UTC(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("sweep groups: %w", err)
+	}
+	groups, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, fmt.Errorf("sweep groups: %w", err)
+	}
+	changed := 0
+	for _, id := range groups {
+		ended, err := s.settleGroup(ctx, "", id, true)
+		if err != nil {
+			return changed, err
+		}
+		if ended {
+			changed++
+		}
+	}
+	return changed, nil
+}
+
+// settleLocked computes the rollback of a locked group and, when it is
+// unwinding and nothing is left to do, ends it. withPlan opens the
+// compensations into the plan (unwind's answer only).
+func (s *Service) settleLocked(ctx context.Context, tx pgx.Tx, g Group, now time.Time, withPlan bool) (Unwind, error) {
+	steps, err := groupSteps(ctx, tx, g.ID)
+	if err != nil {
+		return Unwind{}, err
+	}
+	r := planRollback(steps, now)
+	if g.State == GroupUnwinding && len(r.plan) == 0 && len(r.unresolved) == 0 {
+		end := GroupUnwound
+		if len(r.irreversible) > 0 {
+			end = GroupUnwindFailed
+		}
+		if g, err = scanGroup(tx.QueryRow(ctx, sqlSetGroupState, g.ID, end, now)); err != nil {
+			return Unwind{}, fmt.Errorf("settle group: %w", err)
+		}
+	}
+	out := Unwind{GroupID: g.ID, State: g.State, Plan: []PlanItem{}, Unresolved: r.unresolved,
+		Irreversible: r.irreversible, Reversed: r.reversed}
+	if !withPlan {
+		return out, nil
+	}
+	for _, e := range r.plan {
+		comp, err := s.openJSON(e.step.id, "compensation", e.step.compensation)
+		if err != nil {
+			return Unwind{}, err
+		}
+		item := PlanItem{EffectID: e.step.id, Compensation: comp,
+			SuggestedIdempotencyKey: CompensationKeyPrefix + e.step.id, CompensatesEffectID: e.step.id}
+		if c := e.comp; c != nil {
+			st := c.effectiveState(now)
+			item.CompensationEffectID, item.CompensationState = &c.id, &st
+		}
+		out.Plan = append(out.Plan, item)
+	}
+	return out, nil
+}
+
+// groupStep is one effect of a group as the rollback sees it.
+type groupStep struct {
+	id, effectType, key, state string
+	denialCode                 *string
+	leaseExpiresAt             *time.Time
+	compensation               []byte // sealed
+	compensates                *string
+	createdAt, updatedAt       time.Time
+	succeededAt                *time.Time
+}
+
+func (st *groupStep) effectiveState(now time.Time) string {
+	if st.state == StateLeased && lapsed(st.leaseExpiresAt, now) {
+		return StateIndeterminate
+	}
+	return st.state
+}
+
+func groupSteps(ctx context.Context, q querier, groupID string) ([]groupStep, error) {
+	rows, err := q.Query(ctx, sqlGroupSteps, groupID)
+	if err != nil {
+		return nil, fmt.Errorf("group steps: %w", err)
+	}
+	defer rows.Close()
+	var out []groupStep
+	for rows.Next() {
+		var st groupStep
+		if err := rows.Scan(&st.id, &st.effectType, &st.key, &st.state, &st.denialCode, &st.leaseExpiresAt,
+			&st.compensation, &st.compensates, &st.createdAt, &st.updatedAt, &st.succeededAt); err != nil {
+			return nil, fmt.Errorf("group steps: %w", err)
+		}
+		out = append(out, st)
+	}
+	return out, rows.Err()
+}
+
+// rollback is what remains of a group's rollback.
+type rollback struct {
+	plan                               []planEntry
+	unresolved, irreversible, reversed []string
+}
+
+// planEntry is a forward step in the rollback's walk: a compensation to
+// perform, or (maybe) a step whose outcome is unknown.
+type planEntry struct {
+	step  *groupStep
+	comp  *groupStep // its compensating effect, if begun
+	at    time.Time  // where it falls in the order of success
+	maybe bool       // the step's own outcome is unknown: the walk stops here
+	stop  bool       // its compensation's outcome is unknown: the walk stops after it
+}
+
+// finalDenial is a denial that a later begin on the same key cannot lift.
+func finalDenial(st *groupStep) bool {
+	return st.state == StateDenied && st.denialCode != nil &&
+		(*st.denialCode == apierr.CodeApprovalRejected || *st.denialCode == apierr.CodeMaxAttemptsExceeded)
+}
+
+// planRollback walks the forward steps in reverse order of success. A step
+// whose outcome is unknown sits where it could have succeeded at the latest
+// (its lease's end: a live lease is later than every known success), and
+// the plan stops there: what succeeded before it is not compensated until it
+// is known. A compensation whose own outcome is unknown stays in the plan
+// (retrying its suggested key is safe) but nothing after it is offered.
+// Failed, denied and approval-waiting steps never happened: nothing to undo.
+func planRollback(steps []groupStep, now time.Time) rollback {
+	comps := map[string]*groupStep{}
+	for i := range steps {
+		if c := steps[i].compensates; c != nil {
+			comps[*c] = &steps[i]
+		}
+	}
+	r := rollback{unresolved: []string{}, irreversible: []string{}, reversed: []string{}}
+	var walk []planEntry
+	for i := range steps {
+		st := &steps[i]
+		if st.compensates != nil {
+			continue
+		}
+		switch st.effectiveState(now) {
+		case StateSucceeded:
+			c := comps[st.id]
+			switch {
+			case st.compensation == nil || (c != nil && finalDenial(c)):
+				r.irreversible = append(r.irreversible, st.id)
+				continue
+			case c != nil && c.state == StateSucceeded:
+				r.reversed = append(r.reversed, st.id)
+				continue
+			}
+			at := st.updatedAt
+			if st.succeededAt != nil {
+				at = *st.succeededAt
+			}
+			e := planEntry{step: st, comp: c, at: at}
+			if c != nil {
+				if cs := c.effectiveState(now); cs == StateLeased || cs == StateIndeterminate {
+					e.stop = true
+				}
+			}
+			walk = append(walk, e)
+		case StateLeased, StateIndeterminate:
+			at := st.updatedAt
+			if st.leaseExpiresAt != nil {
+				at = *st.leaseExpiresAt
+			}
+			walk = append(walk, planEntry{step: st, at: at, maybe: true})
+		}
+	}
+	sort.SliceStable(walk, func(i, j int) bool {
+		if !walk[i].at.Equal(walk[j].at) {
+			return walk[i].at.After(walk[j].at)
+		}
+		return walk[i].step.id > walk[j].step.id
+	})
+	stopped := false
+	for _, e := range walk {
+		switch {
+		case e.maybe:
+			r.unresolved = append(r.unresolved, e.step.id)
+			stopped = true
+		case e.stop:
+			r.unresolved = append(r.unresolved, e.comp.id)
+			if !stopped {
+				r.plan = append(r.plan, e)
+			}
+			stopped = true
+		case !stopped:
+			r.plan = append(r.plan, e)
+		}
+	}
+	return r
+}
+
+// grouped reports whether begin must consult a group.
+func (in *beginInput) grouped() bool { return in.groupID != nil || in.compensates != nil }
+
+// beginInGroup is begin for a request naming a group or a step to
+// compensate. The group is held shared for the whole begin, so a commit or
+// an unwind (which take it exclusively) orders strictly before or after it:
+// no forward step slips into a group whose rollback has started. The rest
+// of the decision is begin's own, in the same transaction.
+func (s *Service) beginInGroup(ctx context.Context, in *beginInput) (Decision, error) {
+	var d Decision
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := s.admit(ctx, tx, in); err != nil {
+			return err
+		}
+		var err error
+		d, err = s.decide(ctx, tx, in, func(ctx context.Context, in *beginInput) (Decision, error) {
+			return s.decideLocked(ctx, tx, in)
+		})
+		return err
+	})
+	if db.ConstraintName(err) == "effects_compensates_idx" {
+		return Decision{}, apierr.InvalidState("That step already has a compensating effect; " +
+			"begin it again with the idempotency key it was begun with (the plan's suggested key).")
+	}
+	return d, err
+}
+
+// admit checks a grouped begin: the group is in the workspace (404
+// otherwise); a compensating effect names a step of that group that
+// succeeded (the group is then taken from the step when omitted) and the
+// group's rollback has started; a forward step needs an open group
+// (group_unwinding once a rollback started, invalid_state once committed).
+// A key that already names an effect is a replay: its state answers it, and
+// a new attempt on it is checked by admitAttempt instead.
+func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
+	var targetState string
+	if in.compensates != nil {
+		if in.compensation != nil {
+			return apierr.InvalidField("compensation", "a compensating effect cannot declare its own compensation")
+		}
+		var (
+			group, target *string
+			state         string
+			exp           *time.Time
+		)
+		err := tx.QueryRow(ctx, sqlCompensationTarget, *in.compensates, in.ws).Scan(&group, &state, &exp, &target)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return apierr.NotFound("effect")
+		}
+		if err != nil {
+			return fmt.Errorf("begin: compensation target: %w", err)
+		}
+		switch {
+		case group == nil || target != nil:
+			return apierr.InvalidField("compensates_effect_id", "must name a forward step of an effect group")
+		case in.groupID != nil && *in.groupID != *group:
+			return apierr.InvalidField("compensates_effect_id", "must name a step of group_id's group")
+		}
+		in.groupID = group
+		targetState = state
+		if state == StateLeased && lapsed(exp, in.now) {
+			targetState = StateIndeterminate
+		}
+	}
+	var (
+		state  string
+		replay bool
+	)
+	err := tx.QueryRow(ctx, sqlAdmitGroup, *in.groupID, in.ws, in.key).Scan(&state, &replay)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return apierr.NotFound("group")
+	}
+	if err != nil {
+		return fmt.Errorf("begin: group: %w", err)
+	}
+	if replay {
+		return nil
+	}
+	if in.compensates == nil {
+		return forwardAdmitted(state)
+	}
+	if state == GroupOpen || state == GroupCommitted {
+		return apierr.InvalidState("Compensating effects join a group once its rollback started; call unwind first.").
+			WithDetail("state", state)
+	}
+	if targetState != StateSucceeded {
+		return apierr.InvalidState("Only a step that succeeded can be compensated; this one is %s.", targetState).
+			WithDetail("state", targetState)
+	}
+	return nil
+}
+
+// forwardAdmitted is whether a group in state takes a new forward step (or
+// a new attempt at one).
+func forwardAdmitted(state string) error {
+	switch state {
+	case GroupOpen:
+		return nil
+	case GroupCommitted:
+		return apierr.InvalidState("The group is committed; start a new group for new work.").
+			WithDetail("state", state)
+	}
+	return apierr.Conflict(apierr.CodeGroupUnwinding,
+		"The effect group is being compensated; start a new group if the work is genuinely new.").
+		WithDetail("state", state)
+}
+
+// admitAttempt checks a new attempt (or a fresh evaluation) of an existing
+// effect against its group: a forward step needs an open group. The group is
+// held shared until the attempt commits.
+func admitAttempt(ctx context.Context, tx pgx.Tx, row *effectRow) error {
+	if row.GroupID == nil || row.CompensatesEffectID != nil {
+		return nil
+	}
+	var state string
+	if err := tx.QueryRow(ctx, sqlShareGroupState, *row.GroupID).Scan(&state); err != nil {
+		return fmt.Errorf("begin: group state: %w", err)
+	}
+	return forwardAdmitted(state)
+}

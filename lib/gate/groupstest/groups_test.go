@@ -1,0 +1,395 @@
+package groupstest
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/ids"
+)
+
+func TestGroupCommit(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	g := f.group()
+	a := f.done(g, true)
+	b := f.done(g, false)
+
+	got := f.must(http.StatusOK, "GET", "/api/v1/groups/"+g, nil)
+	require.Equal(t, "open", got["state"])
+	steps := got["steps"].([]any)
+	require.Len(t, steps, 2)
+	first := steps[0].(map[string]any)
+	require.Equal(t, a, first["effect_id"])
+	require.Equal(t, true, first["has_compensation"])
+	require.NotContains(t, first, "compensation") // payloads only in the unwind plan
+	require.Equal(t, false, steps[1].(map[string]any)["has_compensation"])
+	require.Equal(t, g, f.must(http.StatusOK, "GET", "/api/v1/effects/"+b, nil)["group_id"])
+
+	c := f.must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", nil)
+	require.Equal(t, "committed", c["state"])
+	require.NotNil(t, c["committed_at"])
+	// Committing again answers the same; a committed group takes no new step.
+	require.Equal(t, "committed", f.must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", nil)["state"])
+	r := f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": "payment.charge",
+		"idempotency_key": "late:" + ids.Random(4), "group_id": g})
+	errCode(t, r, http.StatusConflict, "invalid_state")
+
+	// A committed group can still be unwound.
+	u := f.unwind(g)
+	require.Equal(t, "unwinding", u["state"])
+	require.Equal(t, []string{a}, planIDs(u))
+	require.Equal(t, []string{b}, strs(u["irreversible"]))
+	errCode(t, f.do("POST", "/api/v1/groups/"+g+"/commit", nil), http.StatusConflict, "invalid_state")
+}
+
+func TestGroupCommitRefusedUntilEveryStepSucceeded(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	g := f.group()
+	f.done(g, true)
+	live, tok := f.step(g, true)
+	r := f.do("POST", "/api/v1/groups/"+g+"/commit", nil)
+	errCode(t, r, http.StatusConflict, "invalid_state")
+	detail := r.JSON()["error"].(map[string]any)["detail"].(map[string]any)
+	require.Equal(t, []any{map[string]any{"effect_id": live, "state": "leased"}}, detail["steps"])
+
+	f.report(live, tok, "failed")
+	errCode(t, f.do("POST", "/api/v1/groups/"+g+"/commit", nil), http.StatusConflict, "invalid_state")
+	require.Equal(t, "open", f.state(g))
+
+	// An empty group commits: every one of its (no) steps succeeded.
+	require.Equal(t, "committed", f.must(http.StatusOK, "POST", "/api/v1/groups/"+f.group()+"/commit", nil)["state"])
+}
+
+func TestGroupValidationAndTenancy(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	errCode(t, f.do("POST", "/api/v1/groups", map[string]any{"name": ""}), http.StatusBadRequest, "invalid_request")
+	errCode(t, f.do("POST", "/api/v1/groups", map[string]any{"name": "x", "colour": 1}), http.StatusBadRequest, "invalid_request")
+	g := f.group()
+
+	other := f.env.Signup()
+	unknown := ids.New(ids.Group)
+	for _, path := range []string{"/api/v1/groups/" + g, "/api/v1/groups/" + unknown, "/api/v1/groups/nope"} {
+		errCode(t, f.env.Do("GET", path, other.Key, nil), http.StatusNotFound, "not_found")
+		errCode(t, f.env.Do("POST", path+"/commit", other.Key, nil), http.StatusNotFound, "not_found")
+		errCode(t, f.env.Do("POST", path+"/unwind", other.Key, nil), http.StatusNotFound, "not_found")
+	}
+	// Joining another workspace's group or an unknown one: 404, nothing stored.
+	for _, grp := range []string{g, unknown} {
+		r := f.env.Do("POST", "/api/v1/effects/begin", other.Key, map[string]any{"effect_type": "payment.charge",
+			"idempotency_key": "k:" + grp, "group_id": grp})
+		errCode(t, r, http.StatusNotFound, "not_found")
+	}
+	list := f.env.Must(http.StatusOK, "GET", "/api/v1/effects", other.Key, nil).JSON()
+	require.Empty(t, list["data"])
+	// Compensating another workspace's step: 404.
+	a := f.done(g, true)
+	r := f.env.Do("POST", "/api/v1/effects/begin", other.Key, map[string]any{"effect_type": "payment.refund",
+		"idempotency_key": "compensate:" + a, "compensates_effect_id": a})
+	errCode(t, r, http.StatusNotFound, "not_found")
+	require.Equal(t, "open", f.state(g))
+}
+
+func TestGroupScopes(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	agent := f.env.Key(f.ws, map[string]any{"name": "agent", "preset": "AGENT"})
+	ingest := f.env.Key(f.ws, map[string]any{"name": "ingest", "preset": "INGEST"})
+	reader := f.env.Key(f.ws, map[string]any{"name": "reader", "scopes": []string{"effects:read"}})
+
+	// An agent key runs its own unit of work end to end.
+	g := f.env.Must(http.StatusCreated, "POST", "/api/v1/groups", agent, map[string]any{"name": "a"}).JSON()["id"].(string)
+	f.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, agent, nil)
+	f.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", agent, nil)
+	f.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", agent, nil)
+	// effects:read may read, not act.
+	f.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, reader, nil)
+	for _, c := range []struct{ method, path, key string }{
+		{"POST", "/api/v1/groups", reader}, {"POST", "/api/v1/groups/" + g + "/commit", reader},
+		{"POST", "/api/v1/groups/" + g + "/unwind", reader},
+		{"POST", "/api/v1/groups", ingest}, {"GET", "/api/v1/groups/" + g, ingest},
+		{"POST", "/api/v1/groups/" + g + "/unwind", ingest},
+	} {
+		r := f.env.Do(c.method, c.path, c.key, map[string]any{"name": "x"})
+		errCode(t, r, http.StatusForbidden, "forbidden")
+		require.NotEmpty(t, r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["required"])
+	}
+	r := f.env.Do("POST", "/api/v1/groups", "", map[string]any{"name": "x"})
+	errCode(t, r, http.StatusUnauthorized, "unauthorized")
+}
+
+func TestUnwindPlanAndCompensation(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	g := f.group()
+	a := f.done(g, true)
+	b := f.done(g, true)
+	f.clock.Add(time.Second)
+	failedBody := map[string]any{"effect_type": "payment.charge", "idempotency_key": "charge:" + ids.Random(6),
+		"payload": map[string]any{"order": "o_1"}, "cost_micros": 1000, "group_id": g}
+	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", failedBody)
+	f.report(d["effect_id"].(string), d["lease_token"].(string), "failed")
+	c := f.done(g, true)
+
+	u := f.unwind(g)
+	require.Equal(t, "unwinding", u["state"])
+	require.Equal(t, g, u["group_id"])
+	require.Equal(t, []string{c, b, a}, planIDs(u)) // reverse order of success; the failed step needs nothing
+	require.Empty(t, u["unresolved"])
+	require.Empty(t, u["irreversible"])
+	item := u["plan"].([]any)[0].(map[string]any)
+	require.Equal(t, "compensate:"+c, item["suggested_idempotency_key"])
+	require.Equal(t, c, item["compensates_effect_id"])
+	comp := item["compensation"].(map[string]any)
+	require.Equal(t, "payment.refund", comp["effect_type"])
+	require.Contains(t, comp["payload"], "refund_of")
+	require.Nil(t, item["compensation_effect_id"])
+
+	// Unwinding refuses new forward steps, and new attempts at old ones.
+	r := f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": "payment.charge",
+		"idempotency_key": "new:" + ids.Random(4), "group_id": g})
+	errCode(t, r, http.StatusConflict, "group_unwinding")
+	require.Equal(t, "unwinding", r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["state"])
+	errCode(t, f.do("POST", "/api/v1/effects/begin", failedBody), http.StatusConflict, "group_unwinding")
+	delete(failedBody, "group_id") // the stored effect's group decides, named or not
+	errCode(t, f.do("POST", "/api/v1/effects/begin", failedBody), http.StatusConflict, "group_unwinding")
+
+	// Repeating unwind is safe and says the same.
+	require.Equal(t, u, f.unwind(g))
+
+	// Compensate c: the group is inferred from the step.
+	cc := f.compensate(item, "succeeded")
+	got := f.must(http.StatusOK, "GET", "/api/v1/effects/"+cc, nil)
+	require.Equal(t, g, got["group_id"])
+	require.Equal(t, c, got["compensates_effect_id"])
+	// A retried compensation is a duplicate, never a second refund.
+	d = f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{
+		"effect_type": comp["effect_type"], "payload": comp["payload"], "cost_micros": 0,
+		"idempotency_key": "compensate:" + c, "compensates_effect_id": c})
+	require.Equal(t, "duplicate", d["decision"])
+	// Another key for an already compensated step is refused.
+	r = f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": "payment.refund",
+		"idempotency_key": "my-own-key:" + c, "compensates_effect_id": c})
+	errCode(t, r, http.StatusConflict, "invalid_state")
+
+	u = f.unwind(g)
+	require.Equal(t, []string{b, a}, planIDs(u))
+	require.Equal(t, []string{c}, strs(u["reversed"]))
+
+	// b's compensation fails (surely not done): it stays in the plan with its state.
+	bi := u["plan"].([]any)[0].(map[string]any)
+	bc := f.compensate(bi, "failed")
+	u = f.unwind(g)
+	require.Equal(t, []string{b, a}, planIDs(u))
+	require.Equal(t, bc, u["plan"].([]any)[0].(map[string]any)["compensation_effect_id"])
+	require.Equal(t, "failed", u["plan"].([]any)[0].(map[string]any)["compensation_state"])
+	// Retrying it with the same key gets a new attempt.
+	d = f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{
+		"effect_type": "payment.refund", "payload": bi["compensation"].(map[string]any)["payload"], "cost_micros": 0,
+		"idempotency_key": "compensate:" + b, "compensates_effect_id": b})
+	require.Equal(t, "execute", d["decision"])
+	f.report(bc, d["lease_token"].(string), "succeeded")
+	require.Equal(t, "unwinding", f.state(g))
+
+	// The last compensation's report ends the rollback inline.
+	f.compensate(u["plan"].([]any)[1].(map[string]any), "succeeded")
+	var state string
+	require.NoError(t, f.env.App.Pool.QueryRow(context.Background(),
+		`SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&state))
+	require.Equal(t, "unwound", state)
+	u = f.unwind(g)
+	require.Equal(t, "unwound", u["state"])
+	require.Empty(t, u["plan"])
+	require.ElementsMatch(t, []string{a, b, c}, strs(u["reversed"]))
+	errCode(t, f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": "payment.charge",
+		"idempotency_key": "after:" + ids.Random(4), "group_id": g}), http.StatusConflict, "group_unwinding")
+}
+
+func TestCompensationAdmission(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	g := f.group()
+	a := f.done(g, true)
+	failed, tok := f.step(g, true)
+	f.report(failed, tok, "failed")
+	refund := func(target string, extra map[string]any) map[string]any {
+		body := map[string]any{"effect_type": "payment.refund", "idempotency_key": "compensate:" + target + ids.Random(3),
+			"compensates_effect_id": target}
+		for k, v := range extra {
+			body[k] = v
+		}
+		return body
+	}
+	// Before unwind: not yet.
+	errCode(t, f.do("POST", "/api/v1/effects/begin", refund(a, nil)), http.StatusConflict, "invalid_state")
+	f.unwind(g)
+	// A step that did not succeed has nothing to undo.
+	errCode(t, f.do("POST", "/api/v1/effects/begin", refund(failed, nil)), http.StatusConflict, "invalid_state")
+	// Unknown step: 404. Another group's step, or a mismatched group_id: 400.
+	errCode(t, f.do("POST", "/api/v1/effects/begin", refund(ids.New(ids.Effect), nil)), http.StatusNotFound, "not_found")
+	g2 := f.group()
+	other := f.done(g2, true)
+	errCode(t, f.do("POST", "/api/v1/effects/begin", refund(other, map[string]any{"group_id": g})),
+		http.StatusBadRequest, "invalid_request")
+	// A compensating effect declares no compensation of its own.
+	errCode(t, f.do("POST", "/api/v1/effects/begin", refund(a, map[string]any{
+		"compensation": map[string]any{"effect_type": "x"}})), http.StatusBadRequest, "invalid_request")
+	// An ungrouped effect cannot be compensated through a group.
+	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{"effect_type": "email.send",
+		"idempotency_key": "solo:" + ids.Random(4)})
+	errCode(t, f.do("POST", "/api/v1/effects/begin", refund(d["effect_id"].(string), nil)),
+		http.StatusBadRequest, "invalid_request")
+	// With the right group named explicitly it is admitted.
+	r := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", refund(a, map[string]any{"group_id": g}))
+	require.Equal(t, "execute", r["decision"])
+}
+
+func TestUnwindStopsAtUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	g := f.group()
+	a := f.done(g, true)
+	f.clock.Add(time.Second)
+	maybe, _ := f.step(g, true) // lease of 60 s, never reported
+	f.clock.Add(70 * time.Second)
+	c := f.done(g, true) // succeeded after maybe's lease ended
+
+	// While maybe's lease is live nothing can be ordered after it... it is
+	// lapsed now: the plan holds only what succeeded after it.
+	u := f.unwind(g)
+	require.Equal(t, "unwinding", u["state"])
+	require.Equal(t, []string{c}, planIDs(u))
+	require.Equal(t, []string{maybe}, strs(u["unresolved"]))
+
+	// Compensating c does not end the rollback: maybe is still unknown.
+	f.compensate(u["plan"].([]any)[0].(map[string]any), "succeeded")
+	require.Equal(t, "unwinding", f.state(g))
+	u = f.unwind(g)
+	require.Empty(t, u["plan"])
+	require.Equal(t, []string{maybe}, strs(u["unresolved"]))
+
+	// Verified at the vendor: it happened. Now it and a are to be undone, in order.
+	f.must(http.StatusOK, "POST", "/api/v1/effects/"+maybe+"/resolve", map[string]any{"outcome": "succeeded"})
+	u = f.unwind(g)
+	require.Equal(t, []string{maybe, a}, planIDs(u))
+	require.Empty(t, u["unresolved"])
+
+	// A compensation whose own outcome is unknown stays in the plan and stops it.
+	mc := f.compensate(u["plan"].([]any)[0].(map[string]any), "")
+	u = f.unwind(g)
+	require.Equal(t, []string{maybe}, planIDs(u))
+	require.Equal(t, []string{mc}, strs(u["unresolved"]))
+}
+
+func TestUnwindWithLiveLease(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	g := f.group()
+	f.done(g, true)
+	live, tok := f.step(g, true)
+	u := f.unwind(g)
+	require.Equal(t, "unwinding", u["state"])
+	require.Empty(t, u["plan"]) // a live lease could still succeed after everything
+	require.Equal(t, []string{live}, strs(u["unresolved"]))
+	// The holder reports failed: nothing to undo there, and the rest is offered.
+	f.report(live, tok, "failed")
+	u = f.unwind(g)
+	require.Len(t, u["plan"], 1)
+	require.Empty(t, u["unresolved"])
+}
+
+func TestUnwindFailed(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	// Only an irreversible step: the rollback ends at once, and says it is not clean.
+	g := f.group()
+	x := f.done(g, false)
+	u := f.unwind(g)
+	require.Equal(t, "unwind_failed", u["state"])
+	require.Equal(t, []string{x}, strs(u["irreversible"]))
+	require.Empty(t, u["plan"])
+	require.Equal(t, "unwind_failed", f.state(g))
+
+	// Mixed: the reversible step is still offered; the end is unwind_failed.
+	g = f.group()
+	y := f.done(g, false)
+	z := f.done(g, true)
+	u = f.unwind(g)
+	require.Equal(t, "unwinding", u["state"])
+	require.Equal(t, []string{z}, planIDs(u))
+	require.Equal(t, []string{y}, strs(u["irreversible"]))
+	f.compensate(u["plan"].([]any)[0].(map[string]any), "succeeded")
+	require.Equal(t, "unwind_failed", f.state(g))
+
+	// A group with nothing that happened unwinds cleanly at once.
+	g = f.group()
+	n, tok := f.step(g, true)
+	f.report(n, tok, "failed")
+	require.Equal(t, "unwound", f.unwind(g)["state"])
+}
+
+// TestGroupSweeperBackstop sweeps, which acts on every workspace of the
+// package database; like every sweeping test here it is not parallel, so no
+// other test runs while it does.
+func TestGroupSweeperBackstop(t *testing.T) {
+	f := setup(t)
+	g := f.group()
+	f.done(g, true)
+	u := f.unwind(g)
+	f.compensate(u["plan"].([]any)[0].(map[string]any), "succeeded")
+	// Pretend the settle after the report never ran (a crash between the two).
+	ctx := context.Background()
+	_, err := f.env.App.Pool.Exec(ctx, `UPDATE effect_groups SET state = 'unwinding', finished_at = NULL WHERE id = $1`, g)
+	require.NoError(t, err)
+	r := f.env.Do("GET", "/api/cron/sweep", "test-cron-secret", nil)
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	var state string
+	require.NoError(t, f.env.App.Pool.QueryRow(ctx, `SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&state))
+	require.Equal(t, "unwound", state)
+}
+
+// A compensation that can never run again (its key used its attempts) makes
+// its step irreversible: the rollback ends unwind_failed instead of waiting.
+func TestFinallyDeniedCompensationIsIrreversible(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"max_attempts": 1})
+	g := f.group()
+	a := f.done(g, true)
+	u := f.unwind(g)
+	item := u["plan"].([]any)[0].(map[string]any)
+	f.compensate(item, "failed")
+	comp := item["compensation"].(map[string]any)
+	r := f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": comp["effect_type"],
+		"payload": comp["payload"], "cost_micros": 0, "idempotency_key": item["suggested_idempotency_key"],
+		"compensates_effect_id": a})
+	errCode(t, r, http.StatusForbidden, "max_attempts_exceeded")
+	require.Equal(t, "unwind_failed", f.state(g)) // GET settles
+	u = f.unwind(g)
+	require.Equal(t, "unwind_failed", u["state"])
+	require.Equal(t, []string{a}, strs(u["irreversible"]))
+	require.Empty(t, u["plan"])
+}
+
+// A replayed begin changes nothing, so an unwinding group does not refuse
+// it: a succeeded step's retry still gets its recorded result.
+func TestReplayIntoUnwindingGroup(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	g := f.group()
+	body := map[string]any{"effect_type": "payment.charge", "idempotency_key": "charge:" + ids.Random(6),
+		"cost_micros": 10, "group_id": g, "compensation": map[string]any{"effect_type": "payment.refund"}}
+	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
+	f.must(http.StatusOK, "POST", "/api/v1/effects/"+d["effect_id"].(string)+"/report",
+		map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded", "result": map[string]any{"charge": "ch_1"}})
+	require.Equal(t, "unwinding", f.unwind(g)["state"])
+	dup := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
+	require.Equal(t, "duplicate", dup["decision"])
+	require.Equal(t, map[string]any{"charge": "ch_1"}, dup["result"])
+	require.Equal(t, "checkout", f.must(http.StatusCreated, "POST", "/api/v1/groups", map[string]any{"name": "  checkout "})["name"])
+}

@@ -1,0 +1,146 @@
+package groupstest
+
+import (
+	"net/http"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/ids"
+)
+
+func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// fx is one test's app, workspace and clock.
+type fx struct {
+	t     *testing.T
+	env   *apitest.Env
+	ws    apitest.Workspace
+	clock *clock
+}
+
+func setupAt(t *testing.T, at time.Time) *fx {
+	t.Helper()
+	c := &clock{t: at}
+	env := apitest.Start(t, apitest.WithNow(c.Now))
+	return &fx{t: t, env: env, ws: env.Signup(), clock: c}
+}
+
+func setup(t *testing.T) *fx { return setupAt(t, time.Now().UTC().Truncate(time.Second)) }
+
+func (f *fx) do(method, path string, body any) *apitest.Response {
+	f.t.Helper()
+	return f.env.Do(method, path, f.ws.Key, body)
+}
+
+func (f *fx) must(status int, method, path string, body any) map[string]any {
+	f.t.Helper()
+	return f.env.Must(status, method, path, f.ws.Key, body).JSON()
+}
+
+func (f *fx) group() string {
+	f.t.Helper()
+	g := f.must(http.StatusCreated, "POST", "/api/v1/groups", map[string]any{"name": "checkout"})
+	require.Equal(f.t, "open", g["state"])
+	require.True(f.t, ids.Valid(ids.Group, g["id"].(string)))
+	return g["id"].(string)
+}
+
+// step begins a forward step of group (with a compensation unless comp is
+// false) and returns the effect id and lease token.
+func (f *fx) step(group string, comp bool) (string, string) {
+	f.t.Helper()
+	body := map[string]any{"effect_type": "payment.charge", "idempotency_key": "charge:" + ids.Random(6),
+		"payload": map[string]any{"order": ids.Random(4)}, "cost_micros": 1000, "group_id": group}
+	if comp {
+		body["compensation"] = map[string]any{"effect_type": "payment.refund",
+			"payload": map[string]any{"refund_of": body["idempotency_key"]}}
+	}
+	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
+	require.Equal(f.t, "execute", d["decision"])
+	return d["effect_id"].(string), d["lease_token"].(string)
+}
+
+func (f *fx) report(id, token, outcome string) map[string]any {
+	f.t.Helper()
+	return f.must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/report",
+		map[string]any{"lease_token": token, "outcome": outcome})
+}
+
+// done begins a step and reports it succeeded, one second after the last.
+func (f *fx) done(group string, comp bool) string {
+	f.t.Helper()
+	f.clock.Add(time.Second)
+	id, tok := f.step(group, comp)
+	f.report(id, tok, "succeeded")
+	return id
+}
+
+func (f *fx) unwind(group string) map[string]any {
+	f.t.Helper()
+	return f.must(http.StatusOK, "POST", "/api/v1/groups/"+group+"/unwind", nil)
+}
+
+func (f *fx) state(group string) string {
+	f.t.Helper()
+	return f.must(http.StatusOK, "GET", "/api/v1/groups/"+group, nil)["state"].(string)
+}
+
+// planIDs lists the effect ids of an unwind's plan in order.
+func planIDs(u map[string]any) []string {
+	out := []string{}
+	for _, it := range u["plan"].([]any) {
+		out = append(out, it.(map[string]any)["effect_id"].(string))
+	}
+	return out
+}
+
+func strs(v any) []string {
+	out := []string{}
+	for _, s := range v.([]any) {
+		out = append(out, s.(string))
+	}
+	return out
+}
+
+// compensate performs one plan item: begin it as the plan says, and report
+// outcome (nothing when outcome is "").
+func (f *fx) compensate(item map[string]any, outcome string) string {
+	f.t.Helper()
+	comp := item["compensation"].(map[string]any)
+	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{
+		"effect_type": comp["effect_type"], "payload": comp["payload"], "cost_micros": 0,
+		"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": item["compensates_effect_id"]})
+	require.Equal(f.t, "execute", d["decision"])
+	if outcome != "" {
+		f.report(d["effect_id"].(string), d["lease_token"].(string), outcome)
+	}
+	return d["effect_id"].(string)
+}
+
+func errCode(t *testing.T, r *apitest.Response, status int, code string) {
+	t.Helper()
+	require.Equal(t, status, r.Status, "%s", r.Body)
+	require.Equal(t, code, r.ErrorCode(), "%s", r.Body)
+}

@@ -1,0 +1,266 @@
+package groupstest
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// eff begins an effect of type typ and key k with cost, and reports outcome
+// ("" leaves it leased).
+func (f *fx) eff(typ, k string, cost int64, outcome string) string {
+	f.t.Helper()
+	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{"effect_type": typ,
+		"idempotency_key": k, "cost_micros": cost})
+	require.Equal(f.t, "execute", d["decision"])
+	if outcome != "" {
+		f.report(d["effect_id"].(string), d["lease_token"].(string), outcome)
+	}
+	return d["effect_id"].(string)
+}
+
+func keysOf(v any) []string {
+	out := []string{}
+	for _, it := range v.([]any) {
+		out = append(out, it.(map[string]any)["idempotency_key"].(string))
+	}
+	return out
+}
+
+func rfc(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+func TestReconcileClassifiesAndResolves(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	start := f.clock.Now()
+	const typ = "payment.charge"
+	f.eff(typ, "ok", 100, "succeeded")
+	f.eff(typ, "amount", 100, "succeeded")
+	f.eff(typ, "missing", 100, "succeeded")
+	f.eff(typ, "failed-here-done-there", 100, "failed")
+	f.eff(typ, "failed-both", 100, "failed")
+	f.eff(typ, "refunded", 100, "succeeded")
+	happened := f.eff(typ, "ind-happened", 100, "")
+	notHappened := f.eff(typ, "ind-failed", 100, "")
+	f.eff(typ, "ind-unknown", 100, "")
+	f.eff(typ, "ind-pending", 100, "")
+	f.eff("email.send", "other-type", 0, "succeeded")
+	f.clock.Add(2 * time.Minute) // the leases lapse: indeterminate
+	f.eff(typ, "live", 100, "")
+
+	records := []map[string]any{
+		{"idempotency_key": "ok", "status": "succeeded", "amount_micros": 100},
+		{"idempotency_key": "amount", "status": "succeeded", "amount_micros": 90},
+		{"idempotency_key": "failed-here-done-there", "status": "succeeded", "amount_micros": 100},
+		{"idempotency_key": "failed-both", "status": "failed", "amount_micros": nil},
+		{"idempotency_key": "refunded", "status": "refunded", "amount_micros": 100},
+		{"idempotency_key": "ind-happened", "status": "succeeded", "amount_micros": 100},
+		{"idempotency_key": "ind-failed", "status": "failed", "amount_micros": 100},
+		{"idempotency_key": "ind-pending", "status": "pending", "amount_micros": 100},
+		{"idempotency_key": "live", "status": "succeeded", "amount_micros": 100},
+		{"idempotency_key": "vendor-only", "status": "succeeded", "amount_micros": 5},
+		{"idempotency_key": "other-type", "status": "succeeded", "amount_micros": 0},
+	}
+	body := map[string]any{"effect_type": typ, "from": rfc(start.Add(-time.Hour)), "to": rfc(start.Add(time.Hour)),
+		"records": records}
+	r := f.must(http.StatusOK, "POST", "/api/v1/reconcile", body)
+	require.ElementsMatch(t, []string{"ok", "failed-both", "refunded"}, keysOf(r["matched"]))
+	require.Equal(t, []string{"amount"}, keysOf(r["amount_mismatch"]))
+	mm := r["amount_mismatch"].([]any)[0].(map[string]any)
+	require.EqualValues(t, 100, mm["ratchet_amount_micros"])
+	require.EqualValues(t, 90, mm["vendor_amount_micros"])
+	require.Equal(t, []string{"missing"}, keysOf(r["missing_at_vendor"]))
+	require.ElementsMatch(t, []string{"vendor-only", "other-type"}, keysOf(r["unknown_to_ratchet"]))
+	require.Equal(t, []string{"failed-here-done-there"}, keysOf(r["status_mismatch"]))
+	require.ElementsMatch(t, []string{"ind-happened", "ind-failed"}, keysOf(r["resolved"]))
+	require.ElementsMatch(t, []string{"ind-pending", "live", "ind-unknown"}, keysOf(r["unsettled"]))
+	counts := r["counts"].(map[string]any)
+	require.EqualValues(t, 3, counts["matched"])
+	require.EqualValues(t, 2, counts["resolved"])
+	require.EqualValues(t, 1, counts["missing_at_vendor"])
+	require.EqualValues(t, 2, counts["unknown_to_ratchet"])
+	require.EqualValues(t, 1, counts["amount_mismatch"])
+
+	// Resolved like an operator's resolve: succeeded replays, failed allows a new attempt.
+	e := f.must(http.StatusOK, "GET", "/api/v1/effects/"+happened, nil)
+	require.Equal(t, "succeeded", e["state"])
+	a := e["attempts"].([]any)[0].(map[string]any)
+	require.Equal(t, "succeeded", a["outcome"])
+	require.NotNil(t, a["resolved_at"])
+	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{"effect_type": typ,
+		"idempotency_key": "ind-happened", "cost_micros": 100})
+	require.Equal(t, "duplicate", d["decision"])
+	require.Equal(t, "failed", f.must(http.StatusOK, "GET", "/api/v1/effects/"+notHappened, nil)["state"])
+	// No record is no proof: the unknown one stays indeterminate (and its lapse was recorded once).
+	list := f.must(http.StatusOK, "GET", "/api/v1/effects?state=indeterminate", nil)["data"].([]any)
+	var still []string
+	for _, it := range list {
+		still = append(still, it.(map[string]any)["idempotency_key"].(string))
+	}
+	require.ElementsMatch(t, []string{"ind-unknown", "ind-pending"}, still)
+	var events int
+	require.NoError(t, f.env.App.Pool.QueryRow(context.Background(), `SELECT count(*) FROM events
+		WHERE workspace_id = $1 AND type = 'effect.indeterminate' AND subject_id IN ($2, $3)`,
+		f.ws.ID, happened, notHappened).Scan(&events))
+	require.Equal(t, 2, events)
+
+	// The calendar restarted for this type.
+	var last time.Time
+	require.NoError(t, f.env.App.Pool.QueryRow(context.Background(), `SELECT last_reconciled_at FROM reconciliations
+		WHERE workspace_id = $1 AND effect_type = $2`, f.ws.ID, typ).Scan(&last))
+	require.True(t, last.Equal(f.clock.Now()))
+
+	// Reconciling again resolves nothing twice.
+	r = f.must(http.StatusOK, "POST", "/api/v1/reconcile", body)
+	require.Empty(t, r["resolved"])
+	require.ElementsMatch(t, []string{"ok", "failed-both", "refunded", "ind-happened", "ind-failed"}, keysOf(r["matched"]))
+
+	// A window that holds none of our effects: vendor records are still matched by key.
+	r = f.must(http.StatusOK, "POST", "/api/v1/reconcile", map[string]any{"effect_type": typ,
+		"from": rfc(start.Add(-48 * time.Hour)), "to": rfc(start.Add(-24 * time.Hour)), "records": []any{}})
+	require.Empty(t, r["missing_at_vendor"])
+	require.Empty(t, r["matched"])
+}
+
+func TestReconcileResolvesAGroupStep(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	g := f.group()
+	a := f.done(g, true)
+	f.clock.Add(time.Second)
+	maybe, _ := f.step(g, true)
+	f.clock.Add(2 * time.Minute)
+	u := f.unwind(g)
+	require.Equal(t, []string{maybe}, strs(u["unresolved"]))
+	require.Empty(t, u["plan"])
+	key := f.must(http.StatusOK, "GET", "/api/v1/effects/"+maybe, nil)["idempotency_key"]
+	f.must(http.StatusOK, "POST", "/api/v1/reconcile", map[string]any{"effect_type": "payment.charge",
+		"from": rfc(f.clock.Now().Add(-time.Hour)), "to": rfc(f.clock.Now()),
+		"records": []any{map[string]any{"idempotency_key": key, "status": "failed"}}})
+	// The vendor never did it: only a is left to undo.
+	u = f.unwind(g)
+	require.Equal(t, []string{a}, planIDs(u))
+	f.compensate(u["plan"].([]any)[0].(map[string]any), "succeeded")
+	require.Equal(t, "unwound", f.state(g))
+}
+
+func TestReconcileValidationAndScope(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	now := f.clock.Now()
+	ok := func() map[string]any {
+		return map[string]any{"effect_type": "payment.charge", "from": rfc(now.Add(-time.Hour)), "to": rfc(now),
+			"records": []any{}}
+	}
+	big := make([]any, 10_001)
+	for i := range big {
+		big[i] = map[string]any{"idempotency_key": "k" + strings.Repeat("x", i%7) + string(rune('a'+i%26)), "status": "succeeded"}
+	}
+	cases := []struct {
+		set   map[string]any
+		field string
+	}{
+		{map[string]any{"effect_type": "a b"}, "effect_type"},
+		{map[string]any{"from": "yesterday"}, "from"},
+		{map[string]any{"to": "2026-01-01"}, "to"},
+		{map[string]any{"to": rfc(now.Add(-2 * time.Hour))}, "to"},
+		{map[string]any{"to": rfc(now.Add(-time.Hour))}, "to"},
+		{map[string]any{"records": nil}, "records"},
+		{map[string]any{"records": big}, "records"},
+		{map[string]any{"records": []any{map[string]any{"idempotency_key": "k", "status": "lost"}}}, "records.0.status"},
+		{map[string]any{"records": []any{map[string]any{"idempotency_key": "", "status": "failed"}}}, "records.0.idempotency_key"},
+		{map[string]any{"records": []any{map[string]any{"idempotency_key": "k", "status": "failed", "amount_micros": -1}}}, "records.0.amount_micros"},
+		{map[string]any{"records": []any{map[string]any{"idempotency_key": "k", "status": "failed"},
+			map[string]any{"idempotency_key": "k", "status": "failed"}}}, "records.1.idempotency_key"},
+		{map[string]any{"extra": 1}, "extra"},
+	}
+	for _, c := range cases {
+		body := ok()
+		for k, v := range c.set {
+			body[k] = v
+		}
+		r := f.do("POST", "/api/v1/reconcile", body)
+		errCode(t, r, http.StatusBadRequest, "invalid_request")
+		var fields []string
+		for _, v := range r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["validation"].([]any) {
+			fields = append(fields, v.(map[string]any)["field"].(string))
+		}
+		require.Contains(t, fields, c.field, "%v", c.set)
+	}
+	// Nothing was recorded by the refusals.
+	var n int
+	require.NoError(t, f.env.App.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM reconciliations WHERE workspace_id = $1`, f.ws.ID).Scan(&n))
+	require.Zero(t, n)
+
+	agent := f.env.Key(f.ws, map[string]any{"name": "agent", "preset": "AGENT"})
+	r := f.env.Do("POST", "/api/v1/reconcile", agent, ok())
+	errCode(t, r, http.StatusForbidden, "forbidden")
+	require.Equal(t, []any{"reconcile:write"}, r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["required"])
+	rec := f.env.Key(f.ws, map[string]any{"name": "rec", "scopes": []string{"reconcile:write"}})
+	f.env.Must(http.StatusOK, "POST", "/api/v1/reconcile", rec, ok())
+}
+
+// TestReconciliationReminders sweeps, so it is not parallel (see
+// TestGroupSweeperBackstop).
+func TestReconciliationReminders(t *testing.T) {
+	f := setupAt(t, time.Date(1991, 3, 1, 12, 0, 0, 0, time.UTC))
+	start := f.clock.Now()
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.charge", map[string]any{"reconcile_every_hours": 24})
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/email.send", map[string]any{"mode": "allow"}) // no reminders
+	sweep := func() {
+		r := f.env.Do("GET", "/api/cron/sweep", "test-cron-secret", nil)
+		require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+		require.Empty(t, r.JSON()["errors"])
+	}
+	type reminder struct{ subject, dedupe, due string }
+	reminders := func() []reminder {
+		rows, err := f.env.App.Pool.Query(context.Background(), `SELECT subject_id, dedupe_key, data->>'due_at'
+			FROM events WHERE workspace_id = $1 AND type = 'reconciliation.due' ORDER BY id`, f.ws.ID)
+		require.NoError(t, err)
+		defer rows.Close()
+		out := []reminder{}
+		for rows.Next() {
+			var r reminder
+			require.NoError(t, rows.Scan(&r.subject, &r.dedupe, &r.due))
+			out = append(out, r)
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+
+	f.clock.Add(23 * time.Hour)
+	sweep()
+	require.Empty(t, reminders())
+	f.clock.Add(2 * time.Hour) // 25 h: overdue
+	sweep()
+	sweep()
+	got := reminders()
+	require.Len(t, got, 1)
+	require.Equal(t, "payment.charge", got[0].subject)
+	due, err := time.Parse(time.RFC3339Nano, got[0].due)
+	require.NoError(t, err)
+	require.True(t, due.Equal(start.Add(24*time.Hour)), "%s", got[0].due)
+
+	// Left overdue, it is reminded once per further period.
+	f.clock.Add(12 * time.Hour)
+	sweep()
+	require.Len(t, reminders(), 1)
+	f.clock.Add(12 * time.Hour) // 49 h
+	sweep()
+	require.Len(t, reminders(), 2)
+
+	// A reconciliation restarts the calendar.
+	f.must(http.StatusOK, "POST", "/api/v1/reconcile", map[string]any{"effect_type": "payment.charge",
+		"from": rfc(start), "to": rfc(f.clock.Now()), "records": []any{}})
+	f.clock.Add(23 * time.Hour)
+	sweep()
+	require.Len(t, reminders(), 2)
+	f.clock.Add(2 * time.Hour)
+	sweep()
+	require.Len(t, reminders(), 3)
+}

@@ -1,0 +1,77 @@
+package httpapi
+
+import (
+	"context"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/gate"
+	"github.com/getratchet/ratchet/lib/ids"
+)
+
+// groupRoutes are the effect-group routes (API.md §2.6). A key that may
+// begin effects may create, commit and unwind the groups its effects join
+// (effects:begin), so an agent can roll back its own unit of work; reading a
+// group takes effects:read or effects:begin.
+func (s *Server) groupRoutes() []Route {
+	begin := []string{auth.ScopeEffectsBegin}
+	return []Route{
+		{
+			Method: "POST", Pattern: "/api/v1/groups", Name: "groups.create", Tag: "groups", Scopes: begin,
+			Summary: "Open an effect group. Begin effects with its group_id, each declaring compensation " +
+				"{effect_type, payload}; then commit, or unwind to get the compensation plan.",
+			Request: gate.CreateGroupRequest{}, Response: gate.Group{}, Status: 201,
+			Errors: []string{apierr.CodeInvalidRequest},
+			Handle: func(ctx context.Context, c *Call) (any, error) {
+				var req gate.CreateGroupRequest
+				if err := c.Decode(&req); err != nil {
+					return nil, err
+				}
+				return s.Gate.CreateGroup(ctx, c.Principal, req)
+			},
+		},
+		{
+			Method: "GET", Pattern: "/api/v1/groups/{id}", Name: "groups.get", Tag: "groups",
+			Summary: "Read a group and its steps (needs effects:read or effects:begin). Compensation payloads " +
+				"appear only in the unwind plan.",
+			Response: gate.Group{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeForbidden},
+			Handle: func(ctx context.Context, c *Call) (any, error) {
+				if !c.Principal.Has(auth.ScopeEffectsRead) && !c.Principal.Has(auth.ScopeEffectsBegin) {
+					return nil, apierr.Forbidden(auth.ScopeEffectsRead)
+				}
+				id, err := c.PathID("id", ids.Group)
+				if err != nil {
+					return nil, err
+				}
+				return s.Gate.GetGroup(ctx, c.Principal.WorkspaceID, id)
+			},
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/groups/{id}/commit", Name: "groups.commit", Tag: "groups", Scopes: begin,
+			Summary: "Commit an open group whose every step succeeded (409 invalid_state otherwise). A committed " +
+				"group takes no new steps and can still be unwound.",
+			Response: gate.Group{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidState},
+			Handle: func(ctx context.Context, c *Call) (any, error) {
+				id, err := c.PathID("id", ids.Group)
+				if err != nil {
+					return nil, err
+				}
+				return s.Gate.CommitGroup(ctx, c.Principal.WorkspaceID, id)
+			},
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/groups/{id}/unwind", Name: "groups.unwind", Tag: "groups", Scopes: begin,
+			Summary: "Start (or re-read) the rollback: the compensation plan in reverse order of success, with " +
+				"deterministic suggested idempotency keys. Read unresolved first: the plan stops at any step " +
+				"whose outcome is unknown. Safe to repeat.",
+			Response: gate.Unwind{}, Status: 200, Errors: []string{apierr.CodeNotFound},
+			Handle: func(ctx context.Context, c *Call) (any, error) {
+				id, err := c.PathID("id", ids.Group)
+				if err != nil {
+					return nil, err
+				}
+				return s.Gate.UnwindGroup(ctx, c.Principal.WorkspaceID, id)
+			},
+		},
+	}
+}

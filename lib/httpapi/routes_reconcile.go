@@ -1,0 +1,31 @@
+package httpapi
+
+import (
+	"context"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/gate"
+)
+
+// reconcileRoutes is reconciliation (API.md §2.7).
+func (s *Server) reconcileRoutes() []Route {
+	return []Route{
+		{
+			Method: "POST", Pattern: "/api/v1/reconcile", Name: "reconcile", Tag: "reconcile",
+			Scopes: []string{auth.ScopeReconcileWrite},
+			Summary: "Compare the vendor's records (at most 10 000; status succeeded, refunded, failed or pending) " +
+				"with Ratchet's effects of one type created in [from, to). Indeterminate effects a record settles " +
+				"are resolved; a missing record proves nothing. Restarts the reconcile_every_hours calendar.",
+			Request: gate.ReconcileRequest{}, Response: gate.Reconciliation{}, Status: 200,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodePayloadTooLarge},
+			Handle: func(ctx context.Context, c *Call) (any, error) {
+				var req gate.ReconcileRequest
+				if err := c.Decode(&req); err != nil {
+					return nil, err
+				}
+				return s.Gate.Reconcile(ctx, c.Principal, req)
+			},
+		},
+	}
+}
