@@ -113,6 +113,8 @@ type EnqueueResult struct {
 	Status         string     `json:"status"`
 	DueAt          *time.Time `json:"dueAt"`
 	Deduplicated   bool       `json:"deduplicated"`
+
+	contractVersion *int64 // the contract selected for a new step
 }
 
 func scanStep(row pgx.Row) (Step, error) {
@@ -124,12 +126,11 @@ func scanStep(row pgx.Row) (Step, error) {
 		&st.AfterStatus, &cv, &j.Attempt, &j.MaxAttempts, &j.DueAt, &j.LeaseExpiresAt, &j.CancelRequested,
 		&j.Policy.Preset, &j.Policy.InitialDelayMs, &j.Policy.Multiplier, &j.Policy.MaxDelayMs,
 		&j.Policy.JitterPercent, &j.Policy.TimeoutMs, &j.PolicyVersion, &inPrev, &outPrev, &st.CreatedAt,
-		&st.FinishedAt, &st.RunID)
+		&st.FinishedAt, &st.RunID, &j.Policy.MaxAttempts)
 	if err != nil {
 		return st, err
 	}
 	st.Status = j.Status
-	j.Policy.MaxAttempts = j.MaxAttempts
 	st.ContractVersion = intPtr(cv)
 	st.InputPreview = rawOrNil(inPrev)
 	st.OutputPreview = rawOrNil(outPrev)
@@ -430,18 +431,29 @@ func (s *Service) insertStep(ctx context.Context, tx pgx.Tx, workspaceID string,
 			status, due, finished = StatusSkipped, nil, &now
 		}
 	}
-	pol := ep.policy
+	pol, timeout := ep.policy, ep.DefaultTimeoutMs
+	// A selected contract overrides the endpoint policy, even when it uses
+	// STANDARD (seed 000); enqueue overrides still apply on top.
+	contract, err := s.selectContract(ctx, tx, workspaceID, op)
+	if err != nil {
+		return EnqueueResult{}, err
+	}
+	var contractVersion *int64
+	if contract != nil {
+		pol, timeout = contract.policy, contract.TimeoutMs
+		cv := int64(contract.ContractVersion)
+		contractVersion = &cv
+	}
 	if op.maxAttempts != nil {
 		pol.MaxAttempts = int(*op.maxAttempts)
 	}
-	timeout := ep.DefaultTimeoutMs
 	if op.timeoutMs != nil {
 		timeout = *op.timeoutMs
 	}
 	jobID := ids.NewAt(ids.Job, now)
 	stepID := ids.NewAt(ids.Step, now)
 	var inserted string
-	err = tx.QueryRow(ctx, sqlInsertJob, jobID, stepID, workspaceID, op.runID, op.name, op.version, op.contractVersion,
+	err = tx.QueryRow(ctx, sqlInsertJob, jobID, stepID, workspaceID, op.runID, op.name, op.version, contractVersion,
 		ep.ID, op.key, hash, op.afterStepID, op.afterStatus, status, ep.Version, pol.Preset, pol.MaxAttempts,
 		pol.InitialDelayMs, pol.Multiplier, pol.MaxDelayMs, pol.JitterPercent, timeout, due,
 		s.sealer.Seal(op.input, aad(jobID, "input")), string(redact.PreviewJSON(op.input)), now, finished).Scan(&inserted)
@@ -460,7 +472,8 @@ func (s *Service) insertStep(ctx context.Context, tx pgx.Tx, workspaceID string,
 	if err != nil {
 		return EnqueueResult{}, fmt.Errorf("insert job: %w", err)
 	}
-	return EnqueueResult{StepID: stepID, JobID: jobID, IdempotencyKey: op.key, Status: status, DueAt: due}, nil
+	return EnqueueResult{StepID: stepID, JobID: jobID, IdempotencyKey: op.key, Status: status, DueAt: due,
+		contractVersion: contractVersion}, nil
 }
 
 func ended(status string) bool {
