@@ -51,21 +51,17 @@ const sqlInsertSyntheticRun = `
 INSERT INTO job_runs (id, workspace_id, name, status, completion_requested, synthetic, created_at)
 VALUES ($1::text, $2::text, $3::text, 'RUNNING', true, true, $4::timestamptz)`
 
-// sqlReplayLock locks the step's job row (a replay, a report, a cancel and
-// a claim of one job are serialised by it) and reads what a replay decides on.
-const sqlReplayLock = `
-SELECT j.id, j.run_id, j.name, j.version, j.contract_version, j.status, j.attempt, j.max_attempts,
-       coalesce(j.policy_max_attempts, j.max_attempts), j.input_sealed, e.paused
-FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
-WHERE j.step_id = $1::text AND j.workspace_id = $2::text
-FOR UPDATE OF j`
-
-// sqlReplayPreview reads the same without a lock.
+// sqlReplayPreview reads what a replay decides on; sqlReplayLock reads it
+// under the job's row lock (a replay, a report, a cancel and a claim of one
+// job are serialised by it).
 const sqlReplayPreview = `
 SELECT j.id, j.run_id, j.name, j.version, j.contract_version, j.status, j.attempt, j.max_attempts,
        coalesce(j.policy_max_attempts, j.max_attempts), j.input_sealed, e.paused
 FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
 WHERE j.step_id = $1::text AND j.workspace_id = $2::text`
+
+const sqlReplayLock = sqlReplayPreview + `
+FOR UPDATE OF j`
 
 // sqlReplaySameVersion re-queues an ended job with a higher lifetime
 // ceiling, keeping its handler version, contract and policy snapshot (the
