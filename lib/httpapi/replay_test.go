@@ -319,3 +319,24 @@ func TestReplayScopesAndTenancy(t *testing.T) {
 	replayer := e.Key(e.ws, map[string]any{"name": "ops", "scopes": []string{"steps:replay"}})
 	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+stepID+"/replay", replayer, ack)
 }
+
+func TestConcurrentReplaysReplayOnce(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	wid := e.register("send_email@1")
+	_, stepID := e.exhausted(wid, 1, 2)
+	const n = 6
+	statuses := make(chan int, n)
+	for range n {
+		go func() {
+			statuses <- e.replay(stepID, map[string]any{"acknowledgeDuplicateRisk": true, "maxAttempts": 3}).Status
+		}()
+	}
+	got := map[int]int{}
+	for range n {
+		got[<-statuses]++
+	}
+	require.Equal(t, map[int]int{http.StatusOK: 1, http.StatusConflict: n - 1}, got, "the job row lock admits one replay")
+	require.EqualValues(t, 5, e.stepOf(stepID)["durableJob"].(map[string]any)["maxAttempts"])
+	require.Equal(t, 1, e.count(`SELECT count(*) FROM job_replays WHERE step_id = $1`, stepID))
+}
