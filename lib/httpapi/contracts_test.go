@@ -291,6 +291,9 @@ func TestContractPolicyOverridesEndpointPolicy(t *testing.T) {
 	require.EqualValues(t, 2, count["maxAttempts"], "enqueue maxAttempts overrides only the count")
 	require.Equal(t, "STANDARD", count["preset"])
 	require.EqualValues(t, 30000, count["initialDelayMs"])
+	tm := policy(map[string]any{"name": "send_email", "version": "1", "input": in, "timeoutMs": 2000, "idempotencyKey": "k3"})
+	require.EqualValues(t, 2000, tm["timeoutMs"], "enqueue timeoutMs overrides only the timeout")
+	require.Equal(t, "STANDARD", tm["preset"])
 	custom := policy(map[string]any{"name": "send_email", "version": "2", "input": in})
 	require.Equal(t, map[string]any{"preset": "CUSTOM", "maxAttempts": 4.0, "initialDelayMs": 2000.0,
 		"multiplier": 1.5, "maxDelayMs": 9000.0, "jitterPercent": 0.0, "timeoutMs": 30000.0}, custom)

@@ -340,3 +340,21 @@ func TestConcurrentReplaysReplayOnce(t *testing.T) {
 	require.EqualValues(t, 5, e.stepOf(stepID)["durableJob"].(map[string]any)["maxAttempts"])
 	require.Equal(t, 1, e.count(`SELECT count(*) FROM job_replays WHERE step_id = $1`, stepID))
 }
+
+func TestReplayOfAJobWhoseLastLeaseLapsed(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	wid := e.register("send_email@1")
+	runID := e.run()
+	enq := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": 1, "maxAttempts": 1,
+		"timeoutMs": 5000})
+	e.claim(wid, 1) // the worker dies with the job
+	e.clock.Advance(time.Minute)
+	require.Equal(t, true, e.preview(enq["stepId"].(string))["eligible"], "a lapsed last attempt ends the job at read")
+	res := e.Must(http.StatusOK, "POST", "/api/v1/steps/"+enq["stepId"].(string)+"/replay", e.ws.Key, ack).JSON()
+	require.EqualValues(t, 1, res["attempt"])
+	require.EqualValues(t, 2, e.claim(wid, 1)[0]["attempt"])
+	att := e.stepOf(enq["stepId"].(string))["durableJob"].(map[string]any)["attempts"].([]any)
+	require.Len(t, att, 2)
+	require.NotNil(t, att[0].(map[string]any)["warning"], "the lapsed execution keeps its side-effect warning")
+}

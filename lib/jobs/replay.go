@@ -101,12 +101,9 @@ func replayable(status string) bool { return status == StatusExhausted || status
 // contract of its tool, whether the saved input fits it. The saved input is
 // decrypted here and never returned.
 func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string) (ReplayPreview, error) {
-	j, err := scanReplayJob(s.pool.QueryRow(ctx, sqlReplayPreview, stepID, workspaceID))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return ReplayPreview{}, apierr.NotFound("step")
-	}
+	j, err := s.readReplayJob(ctx, workspaceID, stepID)
 	if err != nil {
-		return ReplayPreview{}, fmt.Errorf("replay preview: %w", err)
+		return ReplayPreview{}, err
 	}
 	input, err := s.open(j.id, "input", j.inputSealed)
 	if err != nil {
@@ -139,6 +136,27 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 			Forbidden: c.Status == ContractForbidden, Validation: problems})
 	}
 	return out, nil
+}
+
+// readReplayJob reads the step's job without a lock. A job whose lease
+// lapsed on its last attempt is ended first (as a read of the step does), so
+// a dead job reads EXHAUSTED and is replayable at once.
+func (s *Service) readReplayJob(ctx context.Context, workspaceID, stepID string) (replayJob, error) {
+	for settled := false; ; settled = true {
+		j, err := scanReplayJob(s.pool.QueryRow(ctx, sqlReplayPreview, stepID, workspaceID))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return j, apierr.NotFound("step")
+		}
+		if err != nil {
+			return j, fmt.Errorf("replay read: %w", err)
+		}
+		if settled || j.status != StatusRunning || j.attempt < j.maxAttempts {
+			return j, nil
+		}
+		if n, err := s.exhaustLapsed(ctx, &j.runID, 1000); err != nil || n == 0 {
+			return j, err
+		}
+	}
 }
 
 func (req ReplayRequest) validate() (additional int, err error) {
@@ -186,6 +204,9 @@ func (req ReplayRequest) validate() (additional int, err error) {
 func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, req ReplayRequest) (ReplayResult, error) {
 	additional, err := req.validate()
 	if err != nil {
+		return ReplayResult{}, err
+	}
+	if _, err := s.readReplayJob(ctx, p.WorkspaceID, stepID); err != nil {
 		return ReplayResult{}, err
 	}
 	var out ReplayResult
