@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"math/big"
 	"slices"
 	"strings"
 	"sync"
@@ -143,9 +144,9 @@ func collectProblems(ve *jsonschema.ValidationError, root string, out *[]apierr.
 	case *kind.MaxLength:
 		*out = append(*out, apierr.FieldError{Field: field, Message: fmt.Sprintf("must be at most %d characters", k.Want)})
 	case *kind.Minimum:
-		*out = append(*out, apierr.FieldError{Field: field, Message: "must be at least " + k.Want.FloatString(6)})
+		*out = append(*out, apierr.FieldError{Field: field, Message: "must be at least " + ratString(k.Want)})
 	case *kind.Maximum:
-		*out = append(*out, apierr.FieldError{Field: field, Message: "must be at most " + k.Want.FloatString(6)})
+		*out = append(*out, apierr.FieldError{Field: field, Message: "must be at most " + ratString(k.Want)})
 	case *kind.Enum, *kind.Const:
 		*out = append(*out, apierr.FieldError{Field: field, Message: "must be one of the values the schema allows"})
 	case *kind.FalseSchema:
@@ -154,6 +155,14 @@ func collectProblems(ve *jsonschema.ValidationError, root string, out *[]apierr.
 		kw := strings.Join(ve.ErrorKind.KeywordPath(), "/")
 		*out = append(*out, apierr.FieldError{Field: field, Message: fmt.Sprintf("fails the schema's %q rule", kw)})
 	}
+}
+
+// ratString writes a schema bound as a plain number.
+func ratString(r *big.Rat) string {
+	if r.IsInt() {
+		return r.Num().String()
+	}
+	return strings.TrimRight(strings.TrimRight(r.FloatString(9), "0"), ".")
 }
 
 func dotted(root string, loc []string) string {
