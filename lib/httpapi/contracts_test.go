@@ -96,6 +96,8 @@ func TestContractPublicationAndList(t *testing.T) {
 	require.Len(t, page["data"], 1)
 	require.Nil(t, page["nextCursor"])
 	require.Empty(t, e.contracts("unknown_tool"))
+	require.Equal(t, []string{"cursor"}, validationFields(t, e.Do("GET",
+		"/api/v1/tools/send_email/contracts?cursor=99999999999", e.ws.Key, nil)))
 
 	// Another workspace sees none of them and numbers its own from 1.
 	ws2 := e.Signup()
@@ -242,6 +244,8 @@ func TestEnqueueSelectsContract(t *testing.T) {
 		"contractVersion": 2}).fields)
 	require.Equal(t, []string{"contractVersion"}, enqueue(map[string]any{"name": "send_email", "version": "1",
 		"input": in, "contractVersion": 99}).fields)
+	require.Equal(t, []string{"contractVersion"}, enqueue(map[string]any{"name": "send_email", "version": "1",
+		"input": in, "contractVersion": int64(1) << 31}).fields)
 	require.Len(t, e.getRun(runID)["steps"], 3, "refused enqueues stored nothing")
 }
 

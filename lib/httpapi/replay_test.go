@@ -219,6 +219,8 @@ func TestReplayUpgrade(t *testing.T) {
 		up(map[string]any{"expectedHandlerVersion": nil}))))
 	require.Equal(t, []string{"targetContractVersion"}, validationFields(t, e.replay(stepID,
 		up(map[string]any{"targetContractVersion": 99}))))
+	require.Equal(t, []string{"targetContractVersion"}, validationFields(t, e.replay(stepID,
+		up(map[string]any{"targetContractVersion": int64(1) << 31}))))
 	r := e.replay(stepID, up(map[string]any{"expectedHandlerVersion": "2"}))
 	require.Equal(t, http.StatusConflict, r.Status)
 	require.Equal(t, "version_conflict", r.ErrorCode())

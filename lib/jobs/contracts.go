@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -172,7 +173,7 @@ func (s *Service) ListContracts(ctx context.Context, workspaceID, name, cursor s
 	after := 0
 	if cursor != "" {
 		n, err := strconv.Atoi(cursor)
-		if err != nil || n < 0 {
+		if err != nil || n < 0 || n > math.MaxInt32 {
 			return nil, apierr.InvalidField("cursor", "is not a cursor from this API")
 		}
 		after = n

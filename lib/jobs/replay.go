@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -180,7 +181,7 @@ func (req ReplayRequest) validate() (additional int, err error) {
 		p.Add("expectedHandlerVersion", "must be 1-100 characters without spaces or '@'")
 	}
 	if t := req.TargetContractVersion; t != nil {
-		if *t < 1 || *t > 1<<31-1 {
+		if *t < 1 || *t > math.MaxInt32 {
 			p.Add("targetContractVersion", "must be an integer from 1")
 		}
 		if req.ExpectedHandlerVersion == nil {

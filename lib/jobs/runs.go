@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -302,7 +303,7 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 	if m := req.MaxAttempts; m != nil && (*m < MinAttempts || *m > MaxAttemptsLimit) {
 		p.Add("maxAttempts", "must be an integer from 1 to 10")
 	}
-	if c := req.ContractVersion; c != nil && *c < 1 {
+	if c := req.ContractVersion; c != nil && (*c < 1 || *c > math.MaxInt32) {
 		p.Add("contractVersion", "must be an integer from 1")
 	}
 	switch {
