@@ -386,6 +386,8 @@ func TestSyntheticToolTest(t *testing.T) {
 	}
 	run := e.getRun(res["runId"].(string))
 	require.Equal(t, true, run["completionRequested"])
+	require.Equal(t, true, run["synthetic"])
+	require.Equal(t, false, e.getRun(e.run())["synthetic"])
 	require.Len(t, run["steps"], 1)
 	dj := durable(run, 0)
 	require.EqualValues(t, 1, dj["maxAttempts"], "synthetic tests always have one attempt")

@@ -30,6 +30,7 @@ type Run struct {
 	CompletionRequested bool       `json:"completionRequested"`
 	CreatedAt           time.Time  `json:"createdAt"`
 	FinishedAt          *time.Time `json:"finishedAt"`
+	Synthetic           bool       `json:"synthetic"` // made by POST /tools/{name}/test
 	Steps               []Step     `json:"steps"`
 }
 
@@ -227,7 +228,7 @@ func (s *Service) attachAttempts(ctx context.Context, steps []Step, sql, arg str
 func (s *Service) readRun(ctx context.Context, workspaceID, runID string) (Run, error) {
 	var r Run
 	err := s.pool.QueryRow(ctx, sqlGetRun, runID, workspaceID).Scan(&r.ID, &r.Name, &r.Status, &r.CompletionRequested,
-		&r.CreatedAt, &r.FinishedAt)
+		&r.CreatedAt, &r.FinishedAt, &r.Synthetic)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Run{}, apierr.NotFound("run")
 	}

@@ -56,7 +56,7 @@ const sqlInsertRun = `
 INSERT INTO job_runs (id, workspace_id, name, status, created_at)
 VALUES ($1::text, $2::text, $3::text, 'RUNNING', $4::timestamptz)`
 
-const runColumns = `id, name, status, completion_requested, created_at, finished_at`
+const runColumns = `id, name, status, completion_requested, created_at, finished_at, synthetic`
 
 const sqlGetRun = `SELECT ` + runColumns + ` FROM job_runs WHERE id = $1::text AND workspace_id = $2::text`
 
