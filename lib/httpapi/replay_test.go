@@ -360,3 +360,24 @@ func TestReplayOfAJobWhoseLastLeaseLapsed(t *testing.T) {
 	require.Len(t, att, 2)
 	require.NotNil(t, att[0].(map[string]any)["warning"], "the lapsed execution keeps its side-effect warning")
 }
+
+func TestReplayWaitsForTheDependency(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	wid := e.register("send_email@1")
+	runID := e.run()
+	a := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": "a"})
+	b := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": "b",
+		"afterStepId": a["stepId"], "afterStatus": "SUCCEEDED"})
+	require.Equal(t, "WAITING", b["status"])
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+b["stepId"].(string)+"/cancel", e.ingest, nil)
+	require.Equal(t, false, e.preview(b["stepId"].(string))["eligible"])
+	r := e.replay(b["stepId"].(string), ack)
+	require.Equal(t, http.StatusConflict, r.Status)
+	require.Equal(t, "invalid_state", r.ErrorCode())
+	job := e.claim(wid, 1)[0]
+	require.Equal(t, a["jobId"], job["jobId"])
+	e.report(job, map[string]any{"status": "SUCCEEDED"})
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+b["stepId"].(string)+"/replay", e.ws.Key, ack)
+	require.Equal(t, b["jobId"], e.claim(wid, 1)[0]["jobId"])
+}

@@ -87,16 +87,22 @@ type replayJob struct {
 	attempt, maxAttempts, policyMax  int
 	inputSealed                      []byte
 	paused                           bool
+	dependency                       *string // the afterStepId step's status
 }
 
 func scanReplayJob(row pgx.Row) (replayJob, error) {
 	var j replayJob
 	err := row.Scan(&j.id, &j.runID, &j.name, &j.version, &j.contractVersion, &j.status, &j.attempt, &j.maxAttempts,
-		&j.policyMax, &j.inputSealed, &j.paused)
+		&j.policyMax, &j.inputSealed, &j.paused, &j.dependency)
 	return j, err
 }
 
-func replayable(status string) bool { return status == StatusExhausted || status == StatusCancelled }
+// replayable: only an ended-badly job is replayed, and not while the step
+// it depends on is still running (a step cancelled while WAITING would
+// otherwise run before its dependency decided it).
+func (j replayJob) replayable() bool {
+	return (j.status == StatusExhausted || j.status == StatusCancelled) && (j.dependency == nil || ended(*j.dependency))
+}
 
 // PreviewReplay says whether a step may be replayed and, for every other
 // contract of its tool, whether the saved input fits it. The saved input is
@@ -118,7 +124,7 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 	if err != nil {
 		return ReplayPreview{}, fmt.Errorf("replay targets: %w", err)
 	}
-	out := ReplayPreview{StepID: stepID, JobID: j.id, Name: j.name, Status: j.status, Eligible: replayable(j.status),
+	out := ReplayPreview{StepID: stepID, JobID: j.id, Name: j.name, Status: j.status, Eligible: j.replayable(),
 		HandlerVersion: j.version, ContractVersion: intPtr(j.contractVersion), Attempt: j.attempt,
 		MaxAttempts: j.maxAttempts, EndpointPaused: j.paused, Upgrades: []ReplayUpgrade{}}
 	for _, c := range targets {
@@ -219,7 +225,10 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 		if err != nil {
 			return fmt.Errorf("replay lock: %w", err)
 		}
-		if !replayable(j.status) {
+		if !j.replayable() {
+			if j.status == StatusExhausted || j.status == StatusCancelled {
+				return apierr.InvalidState("The step this one depends on (afterStepId) has not ended; replay after it.")
+			}
 			return apierr.InvalidState("Only an EXHAUSTED or CANCELLED step can be replayed; this one is %s.", j.status)
 		}
 		if h := req.ExpectedHandlerVersion; h != nil && *h != j.version {

@@ -366,7 +366,8 @@ WITH j AS (
 ), x AS (
     UPDATE job_executions SET outcome = $9::text, retryable = $10::bool, retry_after_ms = $11::bigint,
         error_sealed = $12::bytea, reported_at = $8::timestamptz, ended_at = $8::timestamptz,
-        result_status = $3::text, next_due_at = $4::timestamptz, warning = $15::text, output_rejected = $16::bool
+        result_status = $3::text, next_due_at = $4::timestamptz, warning = coalesce($15::text, warning),
+        output_rejected = $16::bool
     WHERE job_id = $1::text AND attempt = $14::int
 )
 UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - 1)
