@@ -24,11 +24,12 @@ const (
 	ReconciliationDue   = "reconciliation.due"
 	RunFinished         = "run.finished"
 	StepExhausted       = "step.exhausted"
+	StepReplayed        = "step.replayed"
 )
 
 // Types lists every event type a webhook may subscribe to.
 var Types = []string{EffectIndeterminate, CircuitTripped, CircuitClosed, ApprovalRequested,
-	ApprovalDecided, ReconciliationDue, RunFinished, StepExhausted}
+	ApprovalDecided, ReconciliationDue, RunFinished, StepExhausted, StepReplayed}
 
 // Execer is satisfied by a pool, a connection or a transaction.
 type Execer interface {

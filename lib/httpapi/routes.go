@@ -12,6 +12,7 @@ func (s *Server) routes() []Route {
 		s.groupRoutes(),
 		s.reconcileRoutes(),
 		s.mcpRoutes(),
+		s.contractsRoutes(),
 	} {
 		all = append(all, part...)
 	}

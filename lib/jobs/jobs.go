@@ -7,7 +7,8 @@
 // one statement with FOR UPDATE SKIP LOCKED, every report is fenced by its
 // lease token under the job's row lock, endpoint gates are counters changed
 // under the endpoint's row lock, and idempotency keys are unique per
-// workspace. All SQL lives in sql.go.
+// workspace. All SQL lives in sql.go and, for tool contracts, synthetic
+// tests and replay, in sql_contracts.go.
 package jobs
 
 import (

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,6 +30,7 @@ type Run struct {
 	CompletionRequested bool       `json:"completionRequested"`
 	CreatedAt           time.Time  `json:"createdAt"`
 	FinishedAt          *time.Time `json:"finishedAt"`
+	Synthetic           bool       `json:"synthetic"` // made by POST /tools/{name}/test
 	Steps               []Step     `json:"steps"`
 }
 
@@ -113,6 +115,8 @@ type EnqueueResult struct {
 	Status         string     `json:"status"`
 	DueAt          *time.Time `json:"dueAt"`
 	Deduplicated   bool       `json:"deduplicated"`
+
+	contractVersion *int64 // the contract selected for a new step
 }
 
 func scanStep(row pgx.Row) (Step, error) {
@@ -124,12 +128,11 @@ func scanStep(row pgx.Row) (Step, error) {
 		&st.AfterStatus, &cv, &j.Attempt, &j.MaxAttempts, &j.DueAt, &j.LeaseExpiresAt, &j.CancelRequested,
 		&j.Policy.Preset, &j.Policy.InitialDelayMs, &j.Policy.Multiplier, &j.Policy.MaxDelayMs,
 		&j.Policy.JitterPercent, &j.Policy.TimeoutMs, &j.PolicyVersion, &inPrev, &outPrev, &st.CreatedAt,
-		&st.FinishedAt, &st.RunID)
+		&st.FinishedAt, &st.RunID, &j.Policy.MaxAttempts)
 	if err != nil {
 		return st, err
 	}
 	st.Status = j.Status
-	j.Policy.MaxAttempts = j.MaxAttempts
 	st.ContractVersion = intPtr(cv)
 	st.InputPreview = rawOrNil(inPrev)
 	st.OutputPreview = rawOrNil(outPrev)
@@ -225,7 +228,7 @@ func (s *Service) attachAttempts(ctx context.Context, steps []Step, sql, arg str
 func (s *Service) readRun(ctx context.Context, workspaceID, runID string) (Run, error) {
 	var r Run
 	err := s.pool.QueryRow(ctx, sqlGetRun, runID, workspaceID).Scan(&r.ID, &r.Name, &r.Status, &r.CompletionRequested,
-		&r.CreatedAt, &r.FinishedAt)
+		&r.CreatedAt, &r.FinishedAt, &r.Synthetic)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Run{}, apierr.NotFound("run")
 	}
@@ -301,7 +304,7 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 	if m := req.MaxAttempts; m != nil && (*m < MinAttempts || *m > MaxAttemptsLimit) {
 		p.Add("maxAttempts", "must be an integer from 1 to 10")
 	}
-	if c := req.ContractVersion; c != nil && *c < 1 {
+	if c := req.ContractVersion; c != nil && (*c < 1 || *c > math.MaxInt32) {
 		p.Add("contractVersion", "must be an integer from 1")
 	}
 	switch {
@@ -430,18 +433,29 @@ func (s *Service) insertStep(ctx context.Context, tx pgx.Tx, workspaceID string,
 			status, due, finished = StatusSkipped, nil, &now
 		}
 	}
-	pol := ep.policy
+	pol, timeout := ep.policy, ep.DefaultTimeoutMs
+	// A selected contract overrides the endpoint policy, even when it uses
+	// STANDARD (seed 000); enqueue overrides still apply on top.
+	contract, err := s.selectContract(ctx, tx, workspaceID, op)
+	if err != nil {
+		return EnqueueResult{}, err
+	}
+	var contractVersion *int64
+	if contract != nil {
+		pol, timeout = contract.policy, contract.TimeoutMs
+		cv := int64(contract.ContractVersion)
+		contractVersion = &cv
+	}
 	if op.maxAttempts != nil {
 		pol.MaxAttempts = int(*op.maxAttempts)
 	}
-	timeout := ep.DefaultTimeoutMs
 	if op.timeoutMs != nil {
 		timeout = *op.timeoutMs
 	}
 	jobID := ids.NewAt(ids.Job, now)
 	stepID := ids.NewAt(ids.Step, now)
 	var inserted string
-	err = tx.QueryRow(ctx, sqlInsertJob, jobID, stepID, workspaceID, op.runID, op.name, op.version, op.contractVersion,
+	err = tx.QueryRow(ctx, sqlInsertJob, jobID, stepID, workspaceID, op.runID, op.name, op.version, contractVersion,
 		ep.ID, op.key, hash, op.afterStepID, op.afterStatus, status, ep.Version, pol.Preset, pol.MaxAttempts,
 		pol.InitialDelayMs, pol.Multiplier, pol.MaxDelayMs, pol.JitterPercent, timeout, due,
 		s.sealer.Seal(op.input, aad(jobID, "input")), string(redact.PreviewJSON(op.input)), now, finished).Scan(&inserted)
@@ -460,7 +474,8 @@ func (s *Service) insertStep(ctx context.Context, tx pgx.Tx, workspaceID string,
 	if err != nil {
 		return EnqueueResult{}, fmt.Errorf("insert job: %w", err)
 	}
-	return EnqueueResult{StepID: stepID, JobID: jobID, IdempotencyKey: op.key, Status: status, DueAt: due}, nil
+	return EnqueueResult{StepID: stepID, JobID: jobID, IdempotencyKey: op.key, Status: status, DueAt: due,
+		contractVersion: contractVersion}, nil
 }
 
 func ended(status string) bool {

@@ -56,14 +56,15 @@ const sqlInsertRun = `
 INSERT INTO job_runs (id, workspace_id, name, status, created_at)
 VALUES ($1::text, $2::text, $3::text, 'RUNNING', $4::timestamptz)`
 
-const runColumns = `id, name, status, completion_requested, created_at, finished_at`
+const runColumns = `id, name, status, completion_requested, created_at, finished_at, synthetic`
 
 const sqlGetRun = `SELECT ` + runColumns + ` FROM job_runs WHERE id = $1::text AND workspace_id = $2::text`
 
 const stepColumns = `j.step_id, j.id, j.name, j.version, e.name, j.status, j.idempotency_key, j.after_step_id,
 	j.after_status, j.contract_version, j.attempt, j.max_attempts, j.due_at, j.lease_expires_at, j.cancel_requested,
 	j.policy_preset, j.initial_delay_ms, j.multiplier, j.max_delay_ms, j.jitter_percent, j.timeout_ms,
-	j.policy_version, j.input_preview, j.output_preview, j.created_at, j.finished_at, j.run_id`
+	j.policy_version, j.input_preview, j.output_preview, j.created_at, j.finished_at, j.run_id,
+	coalesce(j.policy_max_attempts, j.max_attempts)`
 
 const sqlRunSteps = `SELECT ` + stepColumns + ` FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
 WHERE j.run_id = $1::text ORDER BY j.step_id`
@@ -139,10 +140,12 @@ WITH r AS (
     WHERE r.id = $1::text AND r.status = 'RUNNING' AND r.completion_requested
       AND (EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND status IN ('EXHAUSTED', 'CANCELLED'))
            OR NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND status NOT IN ('SUCCEEDED', 'SKIPPED')))
-    RETURNING r.id, r.workspace_id, r.status
+    RETURNING r.id, r.workspace_id, r.status, r.reopened
 )
 INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
-SELECT $3::text, workspace_id, 'run.finished', id, jsonb_build_object('status', status), $2::timestamptz, '' FROM r
+SELECT $3::text, workspace_id, 'run.finished', id, jsonb_build_object('status', status), $2::timestamptz,
+       -- A run reopened by a replay finishes again: one event per finish.
+       CASE WHEN reopened = 0 THEN '' ELSE 'reopened:' || reopened END FROM r
 ON CONFLICT DO NOTHING`
 
 const sqlRunsToSettle = `
@@ -343,7 +346,8 @@ const sqlReportLock = `
 SELECT pg_advisory_xact_lock_shared(hashtextextended(j.endpoint_id, 0))::text,
        pg_try_advisory_xact_lock_shared(hashtextextended(j.run_id, 0)), j.has_dependents, j.status, j.attempt, j.max_attempts, j.step_id, j.run_id, j.endpoint_id, j.policy_preset, j.initial_delay_ms,
        j.multiplier, j.max_delay_ms, j.jitter_percent, r.completion_requested,
-       x.attempt, x.outcome, x.reported_at, x.result_status, x.next_due_at
+       x.attempt, x.outcome, x.reported_at, x.result_status, x.next_due_at,
+       j.name, j.contract_version, coalesce(x.output_rejected, false)
 FROM jobs j
 JOIN job_runs r ON r.id = j.run_id
 LEFT JOIN job_executions x ON x.job_id = j.id AND x.lease_token = $3::text
@@ -362,7 +366,8 @@ WITH j AS (
 ), x AS (
     UPDATE job_executions SET outcome = $9::text, retryable = $10::bool, retry_after_ms = $11::bigint,
         error_sealed = $12::bytea, reported_at = $8::timestamptz, ended_at = $8::timestamptz,
-        result_status = $3::text, next_due_at = $4::timestamptz
+        result_status = $3::text, next_due_at = $4::timestamptz, warning = coalesce($15::text, warning),
+        output_rejected = $16::bool
     WHERE job_id = $1::text AND attempt = $14::int
 )
 UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - 1)

@@ -322,10 +322,14 @@ func (s *Service) report(ctx context.Context, tx pgx.Tx, workspaceID, jobID stri
 		xAttempt                          *int32
 		xOutcome, xResult                 *string
 		xReported, xNext                  *time.Time
+		name                              string
+		contractVersion                   *int32
+		xRejected                         bool
 	)
 	err := tx.QueryRow(ctx, sqlReportLock, jobID, workspaceID, req.LeaseToken).Scan(nil, &runLocked, &dependents,
 		&status, &attempt, &pol.MaxAttempts, &stepID, &runID, &endpointID, &pol.Preset, &pol.InitialDelayMs, &pol.Multiplier, &pol.MaxDelayMs,
-		&pol.JitterPercent, &requested, &xAttempt, &xOutcome, &xReported, &xResult, &xNext)
+		&pol.JitterPercent, &requested, &xAttempt, &xOutcome, &xReported, &xResult, &xNext, &name, &contractVersion,
+		&xRejected)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ReportResult{}, apierr.NotFound("job")
 	}
@@ -338,8 +342,9 @@ func (s *Service) report(ctx context.Context, tx pgx.Tx, workspaceID, jobID stri
 	xa := int(*xAttempt)
 	switch {
 	case xReported != nil:
-		// Already reported: the same outcome answers the same object.
-		if *xOutcome != req.Status {
+		// Already reported: the same outcome answers the same object (a
+		// success the contract refused is recorded as FAILED).
+		if *xOutcome != req.Status && (!xRejected || req.Status != StatusSucceeded) {
 			return ReportResult{}, apierr.InvalidState("This attempt was already reported as %s.", *xOutcome)
 		}
 		return ReportResult{JobID: jobID, Status: *xResult, Attempt: xa, NextDueAt: utc(xNext)}, nil
@@ -356,9 +361,19 @@ func (s *Service) report(ctx context.Context, tx pgx.Tx, workspaceID, jobID stri
 	now := s.now()
 	next, finished := status, &now
 	var due *time.Time
-	if req.Status == StatusSucceeded {
+	var rejection string
+	if req.Status == StatusSucceeded && contractVersion != nil {
+		if rejection, err = s.checkOutput(ctx, tx, workspaceID, name, int(*contractVersion), req.Output); err != nil {
+			return ReportResult{}, err
+		}
+	}
+	switch {
+	case rejection != "":
+		// An output schema rejection is a non-retryable failure (seed 000).
+		next = StatusExhausted
+	case req.Status == StatusSucceeded:
 		next = StatusSucceeded
-	} else {
+	default:
 		retryable := req.Error == nil || req.Error.Retryable == nil || *req.Error.Retryable
 		if retryable && attempt < pol.MaxAttempts {
 			var floor *int64
@@ -371,7 +386,12 @@ func (s *Service) report(ctx context.Context, tx pgx.Tx, workspaceID, jobID stri
 			next = StatusExhausted
 		}
 	}
-	if err := s.applyReport(ctx, tx, workspaceID, jobID, attempt, req, next, due, finished, true); err != nil {
+	if rejection != "" {
+		err = s.applyRejection(ctx, tx, workspaceID, jobID, attempt, rejection, finished)
+	} else {
+		err = s.applyReport(ctx, tx, workspaceID, jobID, attempt, req, next, due, finished, true)
+	}
+	if err != nil {
 		return ReportResult{}, err
 	}
 	if ended(next) {
@@ -411,7 +431,7 @@ func (s *Service) applyReport(ctx context.Context, tx pgx.Tx, workspaceID, jobID
 		}
 	}
 	if _, err := tx.Exec(ctx, sqlReportApply, jobID, workspaceID, next, due, finished, output, preview, s.now(),
-		req.Status, retryable, retryAfter, errSealed, updateJob, attempt); err != nil {
+		req.Status, retryable, retryAfter, errSealed, updateJob, attempt, nil, false); err != nil {
 		return fmt.Errorf("report apply: %w", err)
 	}
 	return nil

@@ -1,0 +1,383 @@
+package httpapi_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+)
+
+// exhausted enqueues one send_email@1 step with maxAttempts attempts, fails
+// every one of them non-retryably on the last, and requests run completion,
+// so the run ends FAILED. It answers the run and step ids.
+func (e *jobsEnv) exhausted(wid string, input any, maxAttempts int) (string, string) {
+	e.T.Helper()
+	runID := e.run()
+	enq := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": input, "maxAttempts": maxAttempts})
+	for i := range maxAttempts {
+		if i > 0 {
+			e.clock.Advance(time.Hour) // beyond any backoff these tests use
+		}
+		job := e.claim(wid, 1)[0]
+		require.Equal(e.T, enq["jobId"], job["jobId"])
+		e.report(job, map[string]any{"status": "FAILED", "error": map[string]any{"message": "provider down"}})
+	}
+	e.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/finish", e.ingest, nil)
+	require.Equal(e.T, "FAILED", e.getRun(runID)["status"])
+	return runID, enq["stepId"].(string)
+}
+
+func (e *jobsEnv) replay(stepID string, body map[string]any) *apitest.Response {
+	e.T.Helper()
+	return e.Do("POST", "/api/v1/steps/"+stepID+"/replay", e.ws.Key, body)
+}
+
+func (e *jobsEnv) preview(stepID string) map[string]any {
+	e.T.Helper()
+	return e.Must(http.StatusOK, "GET", "/api/v1/steps/"+stepID+"/replay", e.ws.Key, nil).JSON()
+}
+
+func (e *jobsEnv) count(sql string, args ...any) int {
+	e.T.Helper()
+	var n int
+	require.NoError(e.T, e.App.Pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+var ack = map[string]any{"acknowledgeDuplicateRisk": true}
+
+func TestReplaySameVersion(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	wid := e.register("send_email@1")
+	runID, stepID := e.exhausted(wid, map[string]any{"customerId": "cus_secret_77"}, 2)
+
+	p := e.preview(stepID)
+	require.Equal(t, true, p["eligible"])
+	require.Equal(t, "EXHAUSTED", p["status"])
+	require.Equal(t, "1", p["handlerVersion"])
+	require.EqualValues(t, 2, p["attempt"])
+	require.Empty(t, p["upgrades"])
+
+	// acknowledgeDuplicateRisk is required, maxAttempts is 1-10.
+	require.Equal(t, []string{"acknowledgeDuplicateRisk"}, validationFields(t, e.replay(stepID, map[string]any{})))
+	require.Equal(t, []string{"acknowledgeDuplicateRisk"}, validationFields(t, e.replay(stepID,
+		map[string]any{"acknowledgeDuplicateRisk": false})))
+	require.Equal(t, []string{"maxAttempts"}, validationFields(t, e.replay(stepID,
+		map[string]any{"acknowledgeDuplicateRisk": true, "maxAttempts": 11})))
+	require.Equal(t, []string{"maxAttempts"}, validationFields(t, e.replay(stepID,
+		map[string]any{"acknowledgeDuplicateRisk": true, "maxAttempts": 0})))
+	// A stale expectedHandlerVersion is refused even on a same-version replay.
+	r := e.replay(stepID, map[string]any{"acknowledgeDuplicateRisk": true, "expectedHandlerVersion": "0"})
+	require.Equal(t, http.StatusConflict, r.Status)
+	require.Equal(t, "version_conflict", r.ErrorCode())
+
+	before := durable(e.getRun(runID), 0)
+	res := e.Must(http.StatusOK, "POST", "/api/v1/steps/"+stepID+"/replay", e.ws.Key,
+		map[string]any{"acknowledgeDuplicateRisk": true, "maxAttempts": 2, "reason": "provider fixed"}).JSON()
+	require.Equal(t, map[string]any{"stepId": stepID, "jobId": before["id"], "status": "QUEUED", "attempt": 2.0,
+		"maxAttempts": 4.0, "handlerVersion": "1"}, res)
+
+	run := e.getRun(runID)
+	require.Equal(t, "RUNNING", run["status"], "the run reflects the replayed step")
+	require.Nil(t, run["finishedAt"])
+	dj := durable(run, 0)
+	require.Equal(t, "QUEUED", dj["status"])
+	require.EqualValues(t, 4, dj["maxAttempts"], "lifetime ceiling = prior attempts + maxAttempts")
+	require.Equal(t, before["policy"], dj["policy"], "a same-version replay keeps its policy snapshot")
+	require.Len(t, dj["attempts"], 2)
+	require.Equal(t, before["attempts"], dj["attempts"], "previous executions are unchanged")
+	// Only once: a queued job is not eligible.
+	r = e.replay(stepID, ack)
+	require.Equal(t, http.StatusConflict, r.Status)
+	require.Equal(t, "invalid_state", r.ErrorCode())
+	require.Equal(t, false, e.preview(stepID)["eligible"])
+
+	job := e.claim(wid, 1)[0]
+	require.EqualValues(t, 3, job["attempt"])
+	require.Equal(t, map[string]any{"customerId": "cus_secret_77"}, job["input"], "the original input is kept")
+	require.Equal(t, "SUCCEEDED", e.report(job, map[string]any{"status": "SUCCEEDED"}).JSON()["status"])
+	run = e.getRun(runID)
+	require.Equal(t, "SUCCEEDED", run["status"])
+	require.Len(t, durable(run, 0)["attempts"], 3)
+	require.Equal(t, 2, e.count(`SELECT count(*) FROM events WHERE subject_id = $1 AND type = 'run.finished'`, runID),
+		"each finish records its event")
+
+	// The audit row and the replay event carry the actor key and versions.
+	var keyID, reason, oldV, newV string
+	require.NoError(t, e.App.Pool.QueryRow(context.Background(), `SELECT key_id, reason, old_handler_version,
+		new_handler_version FROM job_replays WHERE step_id = $1`, stepID).Scan(&keyID, &reason, &oldV, &newV))
+	require.Contains(t, keyID, "key_")
+	require.Equal(t, "provider fixed", reason)
+	require.Equal(t, []string{"1", "1"}, []string{oldV, newV})
+	require.Equal(t, 1, e.count(`SELECT count(*) FROM events WHERE subject_id = $1 AND type = 'step.replayed'
+		AND data->>'keyId' = $2 AND data->>'oldHandlerVersion' = '1'`, stepID, keyID))
+	// A succeeded step is not replayable either.
+	r = e.replay(stepID, ack)
+	require.Equal(t, http.StatusConflict, r.Status)
+	require.Equal(t, "invalid_state", r.ErrorCode())
+}
+
+func TestReplayKeepsRunFailedWhileAnotherStepFailed(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	wid := e.register("send_email@1")
+	runID := e.run()
+	var steps []string
+	for _, in := range []string{"a", "b"} {
+		steps = append(steps, e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": in,
+			"maxAttempts": 1})["stepId"].(string))
+	}
+	for _, j := range e.claim(wid, 2) {
+		e.report(j, map[string]any{"status": "FAILED", "error": map[string]any{"message": "x", "retryable": false}})
+	}
+	e.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/finish", e.ingest, nil)
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+steps[0]+"/replay", e.ws.Key, ack)
+	require.Equal(t, "FAILED", e.getRun(runID)["status"], "the other exhausted step still decides the run")
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+steps[1]+"/replay", e.ws.Key, ack)
+	require.Equal(t, "RUNNING", e.getRun(runID)["status"])
+	for _, j := range e.claim(wid, 2) {
+		e.report(j, map[string]any{"status": "SUCCEEDED"})
+	}
+	require.Equal(t, "SUCCEEDED", e.getRun(runID)["status"])
+}
+
+func TestReplayCancelledStepAndPausedEndpoint(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	wid := e.register("send_email@1")
+	runID := e.run()
+	enq := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": 1})
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+enq["stepId"].(string)+"/cancel", e.ingest, nil)
+	ep := e.Must(http.StatusOK, "GET", "/api/v1/endpoints", e.ws.Key, nil).JSON()["data"].([]any)[0].(map[string]any)
+	e.Must(http.StatusOK, "POST", "/api/v1/endpoints/"+ep["id"].(string)+"/pause", e.ws.Key, nil)
+	require.Equal(t, true, e.preview(enq["stepId"].(string))["endpointPaused"])
+	res := e.Must(http.StatusOK, "POST", "/api/v1/steps/"+enq["stepId"].(string)+"/replay", e.ws.Key, ack).JSON()
+	require.EqualValues(t, 0, res["attempt"])
+	require.EqualValues(t, 1, res["maxAttempts"])
+	require.Empty(t, e.claim(wid, 1), "a paused endpoint holds the replay")
+	e.Must(http.StatusOK, "POST", "/api/v1/endpoints/"+ep["id"].(string)+"/resume", e.ws.Key, nil)
+	job := e.claim(wid, 1)[0]
+	require.EqualValues(t, 1, job["attempt"])
+	require.Equal(t, false, e.Must(http.StatusOK, "POST", "/api/v1/jobs/"+job["jobId"].(string)+"/heartbeat", e.worker,
+		map[string]any{"leaseToken": job["leaseToken"]}).JSON()["cancelRequested"], "the replay clears the cancel flag")
+}
+
+func TestReplayUpgrade(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t, "send_email@1", "send_email@2")
+	e.publish("send_email", contractBody("1", nil)) // 1: current
+	e.publish("send_email", contractBody("2", map[string]any{"timeoutMs": 9000, "retryPreset": "CUSTOM",
+		"retryPolicy": map[string]any{"maxAttempts": 3, "initialDelayMs": 1000, "multiplier": 2, "maxDelayMs": 4000,
+			"jitterPercent": 0}})) // 2: compatible
+	e.publish("send_email", contractBody("3", map[string]any{"status": "FORBIDDEN"})) // 3: forbidden
+	e.publish("send_email", contractBody("4", map[string]any{"inputSchema": map[string]any{"type": "object",
+		"required": []string{"email"}}})) // 4: incompatible
+	w1 := e.register("send_email@1")
+	secret := "cus_secret_4242"
+	runID, stepID := e.exhausted(w1, map[string]any{"customerId": secret}, 1)
+
+	pr := e.Must(http.StatusOK, "GET", "/api/v1/steps/"+stepID+"/replay", e.ws.Key, nil)
+	require.NotContains(t, string(pr.Body), secret, "the preview never returns the saved input")
+	p := pr.JSON()
+	require.Equal(t, "1", p["handlerVersion"])
+	require.EqualValues(t, 1, p["contractVersion"])
+	ups := map[float64]map[string]any{}
+	for _, u := range p["upgrades"].([]any) {
+		m := u.(map[string]any)
+		ups[m["contractVersion"].(float64)] = m
+	}
+	require.Len(t, ups, 3, "every other contract of the tool")
+	require.Equal(t, true, ups[2]["compatible"])
+	require.Equal(t, false, ups[2]["forbidden"])
+	require.Equal(t, "2", ups[2]["handlerVersion"])
+	require.Equal(t, true, ups[3]["forbidden"])
+	require.Equal(t, false, ups[4]["compatible"])
+	require.Equal(t, "input.email", ups[4]["validation"].([]any)[0].(map[string]any)["field"])
+
+	up := func(extra map[string]any) map[string]any {
+		b := map[string]any{"acknowledgeDuplicateRisk": true, "targetContractVersion": 2,
+			"expectedHandlerVersion": "1", "acknowledgeVersionChange": true}
+		for k, v := range extra {
+			if v == nil {
+				delete(b, k)
+			} else {
+				b[k] = v
+			}
+		}
+		return b
+	}
+	require.Equal(t, []string{"acknowledgeVersionChange"}, validationFields(t, e.replay(stepID,
+		up(map[string]any{"acknowledgeVersionChange": nil}))))
+	require.Equal(t, []string{"acknowledgeVersionChange"}, validationFields(t, e.replay(stepID,
+		up(map[string]any{"acknowledgeVersionChange": false}))))
+	require.Equal(t, []string{"expectedHandlerVersion"}, validationFields(t, e.replay(stepID,
+		up(map[string]any{"expectedHandlerVersion": nil}))))
+	require.Equal(t, []string{"targetContractVersion"}, validationFields(t, e.replay(stepID,
+		up(map[string]any{"targetContractVersion": 99}))))
+	require.Equal(t, []string{"targetContractVersion"}, validationFields(t, e.replay(stepID,
+		up(map[string]any{"targetContractVersion": int64(1) << 31}))))
+	r := e.replay(stepID, up(map[string]any{"expectedHandlerVersion": "2"}))
+	require.Equal(t, http.StatusConflict, r.Status)
+	require.Equal(t, "version_conflict", r.ErrorCode())
+	require.Equal(t, "1", errorDetail(r)["currentHandlerVersion"])
+	for _, target := range []int{3, 4} {
+		r := e.replay(stepID, up(map[string]any{"targetContractVersion": target}))
+		require.Equal(t, http.StatusConflict, r.Status, "target %d: %s", target, r.Body)
+		require.Equal(t, "invalid_state", r.ErrorCode())
+		require.NotContains(t, string(r.Body), secret)
+	}
+	require.Equal(t, "EXHAUSTED", e.stepOf(stepID)["status"], "refused replays change nothing")
+	require.Equal(t, 0, e.count(`SELECT count(*) FROM job_replays WHERE step_id = $1`, stepID))
+
+	res := e.Must(http.StatusOK, "POST", "/api/v1/steps/"+stepID+"/replay", e.ws.Key, up(map[string]any{"maxAttempts": 2})).JSON()
+	require.Equal(t, "2", res["handlerVersion"])
+	require.EqualValues(t, 1, res["attempt"])
+	require.EqualValues(t, 3, res["maxAttempts"])
+	st := e.stepOf(stepID)
+	require.Equal(t, "2", st["version"])
+	require.EqualValues(t, 2, st["contractVersion"])
+	dj := st["durableJob"].(map[string]any)
+	require.EqualValues(t, 3, dj["maxAttempts"])
+	require.Equal(t, map[string]any{"preset": "CUSTOM", "maxAttempts": 3.0, "initialDelayMs": 1000.0,
+		"multiplier": 2.0, "maxDelayMs": 4000.0, "jitterPercent": 0.0, "timeoutMs": 9000.0}, dj["policy"],
+		"the target contract's timeout and complete retry policy")
+	require.Equal(t, "RUNNING", e.getRun(runID)["status"])
+	var oldC, newC *int
+	require.NoError(t, e.App.Pool.QueryRow(context.Background(), `SELECT old_contract_version, new_contract_version
+		FROM job_replays WHERE step_id = $1`, stepID).Scan(&oldC, &newC))
+	require.Equal(t, 1, *oldC)
+	require.Equal(t, 2, *newC)
+
+	// Only a worker registered for the target version claims it.
+	require.Empty(t, e.claim(w1, 1), "the old version's worker does not get the upgraded job")
+	w2 := e.register("send_email@2")
+	job := e.claim(w2, 1)[0]
+	require.Equal(t, "2", job["version"])
+	require.EqualValues(t, 2, job["attempt"])
+	require.EqualValues(t, 9000, job["timeoutMs"])
+	require.Equal(t, map[string]any{"customerId": secret}, job["input"])
+	// Its output is checked against the target contract; backoff uses the
+	// lifetime attempt number under the new policy (1000 * 2^(2-1)).
+	r = e.report(job, map[string]any{"status": "FAILED", "error": map[string]any{"message": "again"}})
+	require.Equal(t, "RETRY_SCHEDULED", r.JSON()["status"])
+	due, err := time.Parse(time.RFC3339Nano, e.stepOf(stepID)["durableJob"].(map[string]any)["dueAt"].(string))
+	require.NoError(t, err)
+	require.True(t, e.clock.Now().Add(2*time.Second).Equal(due), "due %s", due)
+	e.clock.Advance(2 * time.Second)
+	job = e.claim(w2, 1)[0]
+	require.EqualValues(t, 3, job["attempt"])
+	require.Equal(t, "SUCCEEDED", e.report(job, map[string]any{"status": "SUCCEEDED",
+		"output": map[string]any{"messageId": "m"}}).JSON()["status"])
+	require.Equal(t, "SUCCEEDED", e.getRun(runID)["status"])
+}
+
+func TestReplayUpgradePolicyCountIsCappedAtTen(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t, "send_email@1", "send_email@2")
+	e.publish("send_email", contractBody("2", nil))
+	wid := e.register("send_email@1")
+	_, stepID := e.exhausted(wid, map[string]any{"customerId": "cus_1"}, 1)
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+stepID+"/replay", e.ws.Key,
+		map[string]any{"acknowledgeDuplicateRisk": true, "maxAttempts": 10})
+	st := e.stepOf(stepID)
+	require.EqualValues(t, 1, st["durableJob"].(map[string]any)["policy"].(map[string]any)["maxAttempts"],
+		"same version: the original snapshot's count")
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+stepID+"/cancel", e.ingest, nil)
+	res := e.Must(http.StatusOK, "POST", "/api/v1/steps/"+stepID+"/replay", e.ws.Key, map[string]any{
+		"acknowledgeDuplicateRisk": true, "maxAttempts": 10, "targetContractVersion": 1,
+		"expectedHandlerVersion": "1", "acknowledgeVersionChange": true}).JSON()
+	require.EqualValues(t, 11, res["maxAttempts"])
+	dj := e.stepOf(stepID)["durableJob"].(map[string]any)
+	require.EqualValues(t, 11, dj["maxAttempts"], "the job's ceiling stays authoritative")
+	require.EqualValues(t, 10, dj["policy"].(map[string]any)["maxAttempts"], "the upgraded policy's count caps at 10")
+	require.Equal(t, "STANDARD", dj["policy"].(map[string]any)["preset"])
+	// The old handler version is now stale for another replay.
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+stepID+"/cancel", e.ingest, nil)
+	r := e.replay(stepID, map[string]any{"acknowledgeDuplicateRisk": true, "expectedHandlerVersion": "1"})
+	require.Equal(t, http.StatusConflict, r.Status)
+	require.Equal(t, "version_conflict", r.ErrorCode())
+}
+
+func TestReplayScopesAndTenancy(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	wid := e.register("send_email@1")
+	_, stepID := e.exhausted(wid, 1, 1)
+	for _, m := range []string{"GET", "POST"} {
+		r := e.Do(m, "/api/v1/steps/"+stepID+"/replay", e.ingest, ack)
+		require.Equal(t, http.StatusForbidden, r.Status)
+		require.Equal(t, []any{"steps:replay"}, errorDetail(r)["required"])
+		ws2 := e.Signup()
+		r = e.Do(m, "/api/v1/steps/"+stepID+"/replay", ws2.Key, ack)
+		require.Equal(t, http.StatusNotFound, r.Status, m)
+		require.Equal(t, "not_found", r.ErrorCode())
+		require.Equal(t, http.StatusNotFound, e.Do(m, "/api/v1/steps/stp_nope/replay", e.ws.Key, ack).Status)
+	}
+	replayer := e.Key(e.ws, map[string]any{"name": "ops", "scopes": []string{"steps:replay"}})
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+stepID+"/replay", replayer, ack)
+}
+
+func TestConcurrentReplaysReplayOnce(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	wid := e.register("send_email@1")
+	_, stepID := e.exhausted(wid, 1, 2)
+	const n = 6
+	statuses := make(chan int, n)
+	for range n {
+		go func() {
+			statuses <- e.replay(stepID, map[string]any{"acknowledgeDuplicateRisk": true, "maxAttempts": 3}).Status
+		}()
+	}
+	got := map[int]int{}
+	for range n {
+		got[<-statuses]++
+	}
+	require.Equal(t, map[int]int{http.StatusOK: 1, http.StatusConflict: n - 1}, got, "the job row lock admits one replay")
+	require.EqualValues(t, 5, e.stepOf(stepID)["durableJob"].(map[string]any)["maxAttempts"])
+	require.Equal(t, 1, e.count(`SELECT count(*) FROM job_replays WHERE step_id = $1`, stepID))
+}
+
+func TestReplayOfAJobWhoseLastLeaseLapsed(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	wid := e.register("send_email@1")
+	runID := e.run()
+	enq := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": 1, "maxAttempts": 1,
+		"timeoutMs": 5000})
+	e.claim(wid, 1) // the worker dies with the job
+	e.clock.Advance(time.Minute)
+	require.Equal(t, true, e.preview(enq["stepId"].(string))["eligible"], "a lapsed last attempt ends the job at read")
+	res := e.Must(http.StatusOK, "POST", "/api/v1/steps/"+enq["stepId"].(string)+"/replay", e.ws.Key, ack).JSON()
+	require.EqualValues(t, 1, res["attempt"])
+	require.EqualValues(t, 2, e.claim(wid, 1)[0]["attempt"])
+	att := e.stepOf(enq["stepId"].(string))["durableJob"].(map[string]any)["attempts"].([]any)
+	require.Len(t, att, 2)
+	require.NotNil(t, att[0].(map[string]any)["warning"], "the lapsed execution keeps its side-effect warning")
+}
+
+func TestReplayWaitsForTheDependency(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	wid := e.register("send_email@1")
+	runID := e.run()
+	a := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": "a"})
+	b := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": "b",
+		"afterStepId": a["stepId"], "afterStatus": "SUCCEEDED"})
+	require.Equal(t, "WAITING", b["status"])
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+b["stepId"].(string)+"/cancel", e.ingest, nil)
+	require.Equal(t, false, e.preview(b["stepId"].(string))["eligible"])
+	r := e.replay(b["stepId"].(string), ack)
+	require.Equal(t, http.StatusConflict, r.Status)
+	require.Equal(t, "invalid_state", r.ErrorCode())
+	job := e.claim(wid, 1)[0]
+	require.Equal(t, a["jobId"], job["jobId"])
+	e.report(job, map[string]any{"status": "SUCCEEDED"})
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+b["stepId"].(string)+"/replay", e.ws.Key, ack)
+	require.Equal(t, b["jobId"], e.claim(wid, 1)[0]["jobId"])
+}

@@ -1,0 +1,116 @@
+package httpapi
+
+import (
+	"context"
+	"strconv"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/jobs"
+)
+
+// contractsRoutes are tool contracts, synthetic tool tests and step replay
+// (API.md §3.2). Scopes: publishing and testing need contracts:write;
+// listing contracts needs runs:read, so producers (INGEST keys) can pin a
+// contractVersion; the replay preview and replay need steps:replay (the
+// preview decrypts saved input to check it against each target).
+func (s *Server) contractsRoutes() []Route {
+	write, read := []string{auth.ScopeContractsWrite}, []string{auth.ScopeRunsRead}
+	replay := []string{auth.ScopeStepsReplay}
+	return []Route{
+		{
+			Method: "POST", Pattern: "/api/v1/tools/{name}/contracts", Name: "contracts.publish", Tag: "contracts",
+			Scopes: write,
+			Summary: "Publish the tool's next contract version (from 1, per tool): handlerVersion, JSON Schema " +
+				"2020-12 inputSchema and outputSchema (compiled now; external $refs refused), timeoutMs (default " +
+				"30000), retryPreset (default STANDARD; CUSTOM needs the complete retryPolicy, built-ins take none) " +
+				"and status ACTIVE (default) or FORBIDDEN. Contracts are immutable.",
+			Request: jobs.PublishContractRequest{}, Response: jobs.Contract{}, Status: 201,
+			Errors: []string{apierr.CodeInvalidRequest}, Handle: s.publishContract,
+		},
+		{
+			Method: "GET", Pattern: "/api/v1/tools/{name}/contracts", Name: "contracts.list", Tag: "contracts",
+			Scopes: read, Query: listParams,
+			Summary:  "List the tool's contracts by ascending contractVersion (cursor: the last contractVersion).",
+			Response: CamelPage[jobs.Contract]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
+			Handle: s.listContracts,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/tools/{name}/test", Name: "tools.test", Tag: "contracts", Scopes: write,
+			Summary: "Enqueue a synthetic one-attempt job of name@version in a new synthetic run (completion already " +
+				"requested). The implicit contract of name@version applies: input and output are validated, its " +
+				"timeout is used, maxAttempts is always 1. Answers the run, step and job ids.",
+			Request: jobs.ToolTestRequest{}, Response: jobs.ToolTestResult{}, Status: 201,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeInvalidState}, Handle: s.testTool,
+		},
+		{
+			Method: "GET", Pattern: "/api/v1/steps/{id}/replay", Name: "steps.replay.preview", Tag: "jobs",
+			Scopes: replay,
+			Summary: "Preview a replay: eligible (job EXHAUSTED or CANCELLED), the current handlerVersion (send it " +
+				"back as expectedHandlerVersion) and upgrades[]: every other contract of the tool with compatible " +
+				"(the saved input validates against its inputSchema; the input is never returned) and forbidden.",
+			Response: jobs.ReplayPreview{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.previewReplay,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/steps/{id}/replay", Name: "steps.replay", Tag: "jobs", Scopes: replay,
+			Summary: "Replay an EXHAUSTED or CANCELLED step's job (the same job) with maxAttempts (1-10, default 1) " +
+				"additional executions; acknowledgeDuplicateRisk: true is required. targetContractVersion upgrades " +
+				"it (expectedHandlerVersion and acknowledgeVersionChange: true required; a FORBIDDEN or incompatible " +
+				"target is 409 invalid_state). A FAILED run whose only failed step this was goes back to RUNNING; a " +
+				"paused endpoint holds the job.",
+			Request: jobs.ReplayRequest{}, Response: jobs.ReplayResult{}, Status: 200,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeInvalidState,
+				apierr.CodeVersionConflict},
+			Handle: s.replayStep,
+		},
+	}
+}
+
+func (s *Server) publishContract(ctx context.Context, c *Call) (any, error) {
+	var req jobs.PublishContractRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	return s.Jobs.PublishContract(ctx, c.Principal.WorkspaceID, c.Principal.KeyID, c.R.PathValue("name"), req)
+}
+
+func (s *Server) listContracts(ctx context.Context, c *Call) (any, error) {
+	limit, cursor, err := c.ListParams()
+	if err != nil {
+		return nil, err
+	}
+	cs, err := s.Jobs.ListContracts(ctx, c.Principal.WorkspaceID, c.R.PathValue("name"), cursor, limit+1)
+	if err != nil {
+		return nil, err
+	}
+	return NewCamelPage(cs, limit, func(x jobs.Contract) string { return strconv.Itoa(x.ContractVersion) }), nil
+}
+
+func (s *Server) testTool(ctx context.Context, c *Call) (any, error) {
+	var req jobs.ToolTestRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	return s.Jobs.TestTool(ctx, c.Principal.WorkspaceID, c.R.PathValue("name"), req)
+}
+
+func (s *Server) previewReplay(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Step)
+	if err != nil {
+		return nil, err
+	}
+	return s.Jobs.PreviewReplay(ctx, c.Principal.WorkspaceID, id)
+}
+
+func (s *Server) replayStep(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Step)
+	if err != nil {
+		return nil, err
+	}
+	var req jobs.ReplayRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	return s.Jobs.Replay(ctx, c.Principal, id, req)
+}

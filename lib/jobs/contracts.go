@@ -1,0 +1,312 @@
+package jobs
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/jsonx"
+)
+
+// Contract statuses. A FORBIDDEN contract cannot be selected explicitly at
+// enqueue nor chosen as a replay target; implicit selection skips it.
+const (
+	ContractActive    = "ACTIVE"
+	ContractForbidden = "FORBIDDEN"
+)
+
+// maxSchemaBytes bounds one published schema.
+const maxSchemaBytes = 256 << 10
+
+// Contract is a published, immutable version of a tool's contract (API.md §5).
+type Contract struct {
+	Name            string          `json:"name"`
+	ContractVersion int             `json:"contractVersion"`
+	HandlerVersion  string          `json:"handlerVersion"`
+	InputSchema     json.RawMessage `json:"inputSchema"`
+	OutputSchema    json.RawMessage `json:"outputSchema"`
+	TimeoutMs       int64           `json:"timeoutMs"`
+	RetryPreset     string          `json:"retryPreset"`
+	RetryPolicy     *RetryPolicy    `json:"retryPolicy"` // the complete CUSTOM object, null for built-ins
+	Status          string          `json:"status"`
+	CreatedAt       time.Time       `json:"createdAt"`
+
+	policy RetryPolicy // the expanded schedule, built-ins included
+}
+
+// ContractRetryPolicy is a contract's CUSTOM retry policy as sent.
+type ContractRetryPolicy struct {
+	Preset         jsonx.Optional[string]  `json:"preset"`
+	MaxAttempts    jsonx.Optional[int64]   `json:"maxAttempts"`
+	InitialDelayMs jsonx.Optional[int64]   `json:"initialDelayMs"`
+	Multiplier     jsonx.Optional[float64] `json:"multiplier"`
+	MaxDelayMs     jsonx.Optional[int64]   `json:"maxDelayMs"`
+	JitterPercent  jsonx.Optional[float64] `json:"jitterPercent"`
+}
+
+// PublishContractRequest is the body of POST /api/v1/tools/{name}/contracts.
+// retryPreset defaults to STANDARD, timeoutMs to 30000, status to ACTIVE.
+type PublishContractRequest struct {
+	HandlerVersion string               `json:"handlerVersion"`
+	InputSchema    json.RawMessage      `json:"inputSchema"`
+	OutputSchema   json.RawMessage      `json:"outputSchema"`
+	TimeoutMs      *int64               `json:"timeoutMs,omitempty"`
+	RetryPreset    *string              `json:"retryPreset,omitempty"`
+	RetryPolicy    *ContractRetryPolicy `json:"retryPolicy,omitempty"`
+	Status         *string              `json:"status,omitempty"`
+}
+
+// contractRetryPolicy validates retryPreset and retryPolicy with the
+// endpoint policy rules (one implementation): CUSTOM needs the complete
+// policy, built-in presets take none.
+func contractRetryPolicy(preset *string, rp *ContractRetryPolicy, p *apierr.Problems) RetryPolicy {
+	name := PresetStandard
+	if preset != nil {
+		name = *preset
+	}
+	f := PolicyFields{Preset: jsonx.Optional[string]{Set: true, Value: name}}
+	switch {
+	case rp != nil && name != PresetCustom:
+		p.Add("retryPolicy", "must be omitted unless retryPreset is CUSTOM")
+	case rp == nil && name == PresetCustom:
+		p.Add("retryPolicy", "is required with retryPreset CUSTOM (maxAttempts, initialDelayMs, multiplier, maxDelayMs, jitterPercent)")
+	case rp != nil:
+		if rp.Preset.Set && (rp.Preset.Null || rp.Preset.Value != PresetCustom) {
+			p.Add("retryPolicy.preset", "must be CUSTOM")
+		}
+		f.MaxAttempts, f.InitialDelayMs, f.Multiplier = rp.MaxAttempts, rp.InitialDelayMs, rp.Multiplier
+		f.MaxDelayMs, f.JitterPercent = rp.MaxDelayMs, rp.JitterPercent
+	}
+	var sub apierr.Problems
+	pol := f.merge(defaultEndpointPolicy(), &sub)
+	for _, e := range sub {
+		switch {
+		case e.Field == "preset":
+			p.Add("retryPreset", "%s", e.Message)
+		case rp != nil:
+			p.Add("retryPolicy."+e.Field, "%s", e.Message)
+		}
+	}
+	return pol.RetryPolicy
+}
+
+// checkSchema validates one schema field of a publication.
+func checkSchema(field string, raw json.RawMessage, p *apierr.Problems) json.RawMessage {
+	doc := bytes.TrimSpace(raw)
+	switch {
+	case len(doc) == 0 || bytes.Equal(doc, []byte("null")):
+		p.Add(field, "is required (a JSON Schema 2020-12 object or boolean)")
+		return nil
+	case len(doc) > maxSchemaBytes:
+		p.Add(field, "must be at most %d bytes", maxSchemaBytes)
+		return nil
+	case doc[0] != '{' && doc[0] != 't' && doc[0] != 'f':
+		p.Add(field, "must be a JSON Schema object or boolean")
+		return nil
+	}
+	if _, err := compileSchema(doc); err != nil {
+		p.Add(field, "%s", schemaCompileProblem(err))
+		return nil
+	}
+	return json.RawMessage(doc)
+}
+
+// ValidToolName reports whether name can name a tool.
+func ValidToolName(name string) bool { return validToolPart(name, 200) }
+
+// PublishContract publishes the next contract version of a tool. Versions
+// are assigned per tool from 1 by one statement (an upsert of the tool's
+// counter), so concurrent publications never share or skip a number.
+func (s *Service) PublishContract(ctx context.Context, workspaceID, keyID, name string,
+	req PublishContractRequest) (Contract, error) {
+	var p apierr.Problems
+	if !ValidToolName(name) {
+		p.Add("name", "must be 1-200 characters without spaces or '@'")
+	}
+	if !validToolPart(req.HandlerVersion, 100) {
+		p.Add("handlerVersion", "must be 1-100 characters without spaces or '@'")
+	}
+	in := checkSchema("inputSchema", req.InputSchema, &p)
+	out := checkSchema("outputSchema", req.OutputSchema, &p)
+	timeout := int64(DefaultTimeoutMs)
+	if req.TimeoutMs != nil {
+		timeout = *req.TimeoutMs
+		if timeout < MinTimeoutMs || timeout > MaxTimeoutMs {
+			p.Add("timeoutMs", "must be an integer from 1000 to 86400000 (milliseconds)")
+		}
+	}
+	pol := contractRetryPolicy(req.RetryPreset, req.RetryPolicy, &p)
+	status := ContractActive
+	if req.Status != nil {
+		status = *req.Status
+		if status != ContractActive && status != ContractForbidden {
+			p.Add("status", "must be ACTIVE or FORBIDDEN")
+		}
+	}
+	if err := p.Err(); err != nil {
+		return Contract{}, err
+	}
+	c, err := scanContract(s.pool.QueryRow(ctx, sqlPublishContract, workspaceID, name, req.HandlerVersion,
+		string(in), string(out), timeout, pol.Preset, pol.MaxAttempts, pol.InitialDelayMs, pol.Multiplier,
+		pol.MaxDelayMs, pol.JitterPercent, status, keyID, s.now()))
+	if err != nil {
+		return Contract{}, fmt.Errorf("publish contract: %w", err)
+	}
+	return c, nil
+}
+
+// ListContracts pages through a tool's contracts by ascending
+// contractVersion; cursor is the last version of the previous page.
+func (s *Service) ListContracts(ctx context.Context, workspaceID, name, cursor string, limit int) ([]Contract, error) {
+	if !ValidToolName(name) {
+		return nil, apierr.InvalidField("name", "must be 1-200 characters without spaces or '@'")
+	}
+	after := 0
+	if cursor != "" {
+		n, err := strconv.Atoi(cursor)
+		if err != nil || n < 0 || n > math.MaxInt32 {
+			return nil, apierr.InvalidField("cursor", "is not a cursor from this API")
+		}
+		after = n
+	}
+	rows, err := s.pool.Query(ctx, sqlListContracts, workspaceID, name, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list contracts: %w", err)
+	}
+	cs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Contract, error) { return scanContract(r) })
+	if err != nil {
+		return nil, fmt.Errorf("list contracts: %w", err)
+	}
+	return cs, nil
+}
+
+func scanContract(row pgx.Row) (Contract, error) {
+	var c Contract
+	var in, out []byte
+	err := row.Scan(&c.Name, &c.ContractVersion, &c.HandlerVersion, &in, &out, &c.TimeoutMs, &c.policy.Preset,
+		&c.policy.MaxAttempts, &c.policy.InitialDelayMs, &c.policy.Multiplier, &c.policy.MaxDelayMs,
+		&c.policy.JitterPercent, &c.Status, &c.CreatedAt)
+	if err != nil {
+		return c, err
+	}
+	c.CreatedAt = c.CreatedAt.UTC()
+	c.InputSchema, c.OutputSchema = in, out
+	c.RetryPreset = c.policy.Preset
+	if c.policy.Preset == PresetCustom {
+		rp := c.policy
+		c.RetryPolicy = &rp
+	}
+	return c, nil
+}
+
+// contractByVersion reads one contract; nil when there is none.
+func (s *Service) contractByVersion(ctx context.Context, q querier, workspaceID, name string, version int64) (*Contract, error) {
+	c, err := scanContract(q.QueryRow(ctx, sqlContractByVersion, workspaceID, name, version))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read contract: %w", err)
+	}
+	return &c, nil
+}
+
+// selectContract picks an enqueue's contract: the explicit version (which
+// must be ACTIVE and for this handler version), else the latest ACTIVE
+// contract of name whose handlerVersion is version, else none. The saved
+// input must then validate against its inputSchema.
+func (s *Service) selectContract(ctx context.Context, q querier, workspaceID string, op enqueueOp) (*Contract, error) {
+	var c *Contract
+	if op.contractVersion != nil {
+		var err error
+		if c, err = s.contractByVersion(ctx, q, workspaceID, op.name, *op.contractVersion); err != nil {
+			return nil, err
+		}
+		switch {
+		case c == nil:
+			return nil, apierr.InvalidField("contractVersion", "no contract %d is published for tool %s",
+				*op.contractVersion, op.name)
+		case c.HandlerVersion != op.version:
+			return nil, apierr.InvalidField("version", "must be %s, the handlerVersion of contract %d",
+				c.HandlerVersion, c.ContractVersion)
+		case c.Status == ContractForbidden:
+			return nil, apierr.InvalidState("Contract %d of tool %s is FORBIDDEN; it cannot be used.",
+				c.ContractVersion, op.name)
+		}
+	} else {
+		got, err := scanContract(q.QueryRow(ctx, sqlImplicitContract, workspaceID, op.name, op.version))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("select contract: %w", err)
+		}
+		c = &got
+	}
+	problems, err := validateDoc(c.InputSchema, op.input, "input")
+	if err != nil {
+		return nil, err
+	}
+	if problems != nil {
+		return nil, apierr.Invalid(problems...)
+	}
+	return c, nil
+}
+
+// outputRejection validates a SUCCEEDED report's output against the job's
+// contract; it answers the warning recorded on the execution when the
+// output is refused, or "" when it is accepted.
+func outputRejection(outputSchema []byte, contractVersion int, output json.RawMessage) (string, error) {
+	doc := bytes.TrimSpace(output)
+	if len(doc) == 0 {
+		doc = []byte("null")
+	}
+	problems, err := validateDoc(outputSchema, doc, "output")
+	if err != nil || problems == nil {
+		return "", err
+	}
+	parts := make([]string, 0, len(problems))
+	for _, pr := range problems {
+		parts = append(parts, pr.Field+" "+pr.Message)
+	}
+	return fmt.Sprintf("Output rejected by contract %d's outputSchema (%s); not retried.", contractVersion,
+		strings.Join(parts, "; ")), nil
+}
+
+// checkOutput validates a SUCCEEDED report's output against the job's
+// contract (under the job's row lock) and answers the rejection, or "".
+func (s *Service) checkOutput(ctx context.Context, q querier, workspaceID, name string, contractVersion int,
+	output json.RawMessage) (string, error) {
+	var schema []byte
+	err := q.QueryRow(ctx, sqlOutputSchema, workspaceID, name, contractVersion).Scan(&schema)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("output schema: %w", err)
+	}
+	return outputRejection(schema, contractVersion, output)
+}
+
+// applyRejection records a success whose output the contract refused: the
+// execution fails, non-retryable, with the rejection as its warning and
+// error, the output is not stored, and the job is EXHAUSTED.
+func (s *Service) applyRejection(ctx context.Context, tx pgx.Tx, workspaceID, jobID string, attempt int,
+	rejection string, finished *time.Time) error {
+	retryable := false
+	errSealed := s.sealer.Seal([]byte(rejection), aad(jobID, fmt.Sprintf("error/%d", attempt)))
+	if _, err := tx.Exec(ctx, sqlReportApply, jobID, workspaceID, StatusExhausted, nil, finished, nil, nil, s.now(),
+		"FAILED", &retryable, nil, errSealed, true, attempt, rejection, true); err != nil {
+		return fmt.Errorf("report apply: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,325 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/events"
+	"github.com/getratchet/ratchet/lib/ids"
+)
+
+// Replay re-queues a step's ended durable job (the same job, its attempt
+// history kept) after an operator acknowledged the duplicate risk, optionally
+// upgrading it to another contract of the same tool (seed 000, "Replaying a
+// failed step"; API.md §5).
+
+// replayIDPrefix prefixes the ids of replay audit rows.
+const replayIDPrefix = "rpl"
+
+// maxReplayTargets bounds the preview's upgrades list (newest first).
+const maxReplayTargets = 100
+
+const maxReplayReason = 1000
+
+// ReplayUpgrade is one contract a replay may target. compatible says the
+// step's saved input validates against its inputSchema; validation says why
+// not (field paths and rules, never values).
+type ReplayUpgrade struct {
+	ContractVersion int                 `json:"contractVersion"`
+	HandlerVersion  string              `json:"handlerVersion"`
+	Status          string              `json:"status"`
+	Compatible      bool                `json:"compatible"`
+	Forbidden       bool                `json:"forbidden"`
+	Validation      []apierr.FieldError `json:"validation"`
+}
+
+// ReplayPreview answers GET /api/v1/steps/{id}/replay. handlerVersion is the
+// step's current handler version: a version change sends it back as
+// expectedHandlerVersion.
+type ReplayPreview struct {
+	StepID          string          `json:"stepId"`
+	JobID           string          `json:"jobId"`
+	Name            string          `json:"name"`
+	Status          string          `json:"status"`
+	Eligible        bool            `json:"eligible"`
+	HandlerVersion  string          `json:"handlerVersion"`
+	ContractVersion *int            `json:"contractVersion"`
+	Attempt         int             `json:"attempt"`
+	MaxAttempts     int             `json:"maxAttempts"`
+	EndpointPaused  bool            `json:"endpointPaused"`
+	Upgrades        []ReplayUpgrade `json:"upgrades"`
+}
+
+// ReplayRequest is the body of POST /api/v1/steps/{id}/replay.
+type ReplayRequest struct {
+	AcknowledgeDuplicateRisk *bool   `json:"acknowledgeDuplicateRisk"`
+	MaxAttempts              *int64  `json:"maxAttempts,omitempty"`
+	Reason                   *string `json:"reason,omitempty"`
+	TargetContractVersion    *int64  `json:"targetContractVersion,omitempty"`
+	ExpectedHandlerVersion   *string `json:"expectedHandlerVersion,omitempty"`
+	AcknowledgeVersionChange *bool   `json:"acknowledgeVersionChange,omitempty"`
+}
+
+// ReplayResult answers a replay: the same job, QUEUED, with attempt the last
+// attempt made so far and maxAttempts its lifetime ceiling.
+type ReplayResult struct {
+	StepID         string `json:"stepId"`
+	JobID          string `json:"jobId"`
+	Status         string `json:"status"`
+	Attempt        int    `json:"attempt"`
+	MaxAttempts    int    `json:"maxAttempts"`
+	HandlerVersion string `json:"handlerVersion"`
+}
+
+// replayJob is the job row a replay decides on.
+type replayJob struct {
+	id, runID, name, version, status string
+	contractVersion                  *int32
+	attempt, maxAttempts, policyMax  int
+	inputSealed                      []byte
+	paused                           bool
+	dependency                       *string // the afterStepId step's status
+}
+
+func scanReplayJob(row pgx.Row) (replayJob, error) {
+	var j replayJob
+	err := row.Scan(&j.id, &j.runID, &j.name, &j.version, &j.contractVersion, &j.status, &j.attempt, &j.maxAttempts,
+		&j.policyMax, &j.inputSealed, &j.paused, &j.dependency)
+	return j, err
+}
+
+// replayable: only an ended-badly job is replayed, and not while the step
+// it depends on is still running (a step cancelled while WAITING would
+// otherwise run before its dependency decided it).
+func (j replayJob) replayable() bool {
+	return (j.status == StatusExhausted || j.status == StatusCancelled) && (j.dependency == nil || ended(*j.dependency))
+}
+
+// PreviewReplay says whether a step may be replayed and, for every other
+// contract of its tool, whether the saved input fits it. The saved input is
+// decrypted here and never returned.
+func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string) (ReplayPreview, error) {
+	j, err := s.readReplayJob(ctx, workspaceID, stepID)
+	if err != nil {
+		return ReplayPreview{}, err
+	}
+	input, err := s.open(j.id, "input", j.inputSealed)
+	if err != nil {
+		return ReplayPreview{}, fmt.Errorf("replay preview: %w", err)
+	}
+	rows, err := s.pool.Query(ctx, sqlReplayTargets, workspaceID, j.name, maxReplayTargets)
+	if err != nil {
+		return ReplayPreview{}, fmt.Errorf("replay targets: %w", err)
+	}
+	targets, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Contract, error) { return scanContract(r) })
+	if err != nil {
+		return ReplayPreview{}, fmt.Errorf("replay targets: %w", err)
+	}
+	out := ReplayPreview{StepID: stepID, JobID: j.id, Name: j.name, Status: j.status, Eligible: j.replayable(),
+		HandlerVersion: j.version, ContractVersion: intPtr(j.contractVersion), Attempt: j.attempt,
+		MaxAttempts: j.maxAttempts, EndpointPaused: j.paused, Upgrades: []ReplayUpgrade{}}
+	for _, c := range targets {
+		if j.contractVersion != nil && int(*j.contractVersion) == c.ContractVersion {
+			continue // the current contract is a same-version replay, not a target
+		}
+		problems, err := validateDoc(c.InputSchema, input, "input")
+		if err != nil {
+			return ReplayPreview{}, err
+		}
+		if problems == nil {
+			problems = []apierr.FieldError{}
+		}
+		out.Upgrades = append(out.Upgrades, ReplayUpgrade{ContractVersion: c.ContractVersion,
+			HandlerVersion: c.HandlerVersion, Status: c.Status, Compatible: len(problems) == 0,
+			Forbidden: c.Status == ContractForbidden, Validation: problems})
+	}
+	return out, nil
+}
+
+// readReplayJob reads the step's job without a lock. A job whose lease
+// lapsed on its last attempt is ended first (as a read of the step does), so
+// a dead job reads EXHAUSTED and is replayable at once.
+func (s *Service) readReplayJob(ctx context.Context, workspaceID, stepID string) (replayJob, error) {
+	for settled := false; ; settled = true {
+		j, err := scanReplayJob(s.pool.QueryRow(ctx, sqlReplayPreview, stepID, workspaceID))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return j, apierr.NotFound("step")
+		}
+		if err != nil {
+			return j, fmt.Errorf("replay read: %w", err)
+		}
+		if settled || j.status != StatusRunning || j.attempt < j.maxAttempts {
+			return j, nil
+		}
+		if n, err := s.exhaustLapsed(ctx, &j.runID, 1000); err != nil || n == 0 {
+			return j, err
+		}
+	}
+}
+
+func (req ReplayRequest) validate() (additional int, err error) {
+	var p apierr.Problems
+	if req.AcknowledgeDuplicateRisk == nil || !*req.AcknowledgeDuplicateRisk {
+		p.Add("acknowledgeDuplicateRisk", "must be true: the previous worker may have completed an external "+
+			"side effect even though its result was not recorded")
+	}
+	additional = 1
+	if m := req.MaxAttempts; m != nil {
+		if *m < MinAttempts || *m > MaxAttemptsLimit {
+			p.Add("maxAttempts", "must be an integer from 1 to 10 (additional executions)")
+		} else {
+			additional = int(*m)
+		}
+	}
+	if r := req.Reason; r != nil && len(*r) > maxReplayReason {
+		p.Add("reason", "must be at most %d characters", maxReplayReason)
+	}
+	if h := req.ExpectedHandlerVersion; h != nil && !validToolPart(*h, 100) {
+		p.Add("expectedHandlerVersion", "must be 1-100 characters without spaces or '@'")
+	}
+	if t := req.TargetContractVersion; t != nil {
+		if *t < 1 || *t > math.MaxInt32 {
+			p.Add("targetContractVersion", "must be an integer from 1")
+		}
+		if req.ExpectedHandlerVersion == nil {
+			p.Add("expectedHandlerVersion", "is required with targetContractVersion (the preview's handlerVersion)")
+		}
+		if req.AcknowledgeVersionChange == nil || !*req.AcknowledgeVersionChange {
+			p.Add("acknowledgeVersionChange", "must be true to replay under another contract: review its schema "+
+				"and side-effect changes first")
+		}
+	}
+	return additional, p.Err()
+}
+
+// Replay re-queues the step's EXHAUSTED or CANCELLED job under its row lock.
+// maxAttempts more executions are allowed (the lifetime ceiling becomes the
+// attempts made so far plus maxAttempts). The same version keeps its retry
+// policy snapshot; a target contract replaces the handler version, contract,
+// timeout and complete retry policy (its attempt count capped at 10; the
+// ceiling still decides exhaustion). A FAILED run whose only failed step
+// this was goes back to RUNNING. A paused endpoint holds the job.
+func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, req ReplayRequest) (ReplayResult, error) {
+	additional, err := req.validate()
+	if err != nil {
+		return ReplayResult{}, err
+	}
+	if _, err := s.readReplayJob(ctx, p.WorkspaceID, stepID); err != nil {
+		return ReplayResult{}, err
+	}
+	var out ReplayResult
+	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		j, err := scanReplayJob(tx.QueryRow(ctx, sqlReplayLock, stepID, p.WorkspaceID))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return apierr.NotFound("step")
+		}
+		if err != nil {
+			return fmt.Errorf("replay lock: %w", err)
+		}
+		if !j.replayable() {
+			if j.status == StatusExhausted || j.status == StatusCancelled {
+				return apierr.InvalidState("The step this one depends on (afterStepId) has not ended; replay after it.")
+			}
+			return apierr.InvalidState("Only an EXHAUSTED or CANCELLED step can be replayed; this one is %s.", j.status)
+		}
+		if h := req.ExpectedHandlerVersion; h != nil && *h != j.version {
+			return apierr.Conflict(apierr.CodeVersionConflict,
+				"expectedHandlerVersion is stale: the step's handler version is %s. Re-read the preview.", j.version).
+				WithDetail("currentHandlerVersion", j.version)
+		}
+		now := s.now()
+		ceiling := j.attempt + additional
+		newVersion, newContract := j.version, intPtr(j.contractVersion)
+		upgrade := req.TargetContractVersion != nil &&
+			(j.contractVersion == nil || int64(*j.contractVersion) != *req.TargetContractVersion)
+		if upgrade {
+			c, err := s.replayTarget(ctx, tx, p.WorkspaceID, j, *req.TargetContractVersion)
+			if err != nil {
+				return err
+			}
+			newVersion, newContract = c.HandlerVersion, &c.ContractVersion
+			pol := c.policy
+			_, err = tx.Exec(ctx, sqlReplayUpgrade, j.id, ceiling, now, c.HandlerVersion, c.ContractVersion,
+				c.TimeoutMs, pol.Preset, min(ceiling, MaxAttemptsLimit), pol.InitialDelayMs, pol.Multiplier,
+				pol.MaxDelayMs, pol.JitterPercent)
+			if err != nil {
+				return fmt.Errorf("replay: %w", err)
+			}
+		} else if _, err := tx.Exec(ctx, sqlReplaySameVersion, j.id, ceiling, now); err != nil {
+			return fmt.Errorf("replay: %w", err)
+		}
+		// The run's exclusive lock (after the job row, the order every
+		// transaction ending a step follows) orders this with finish, with
+		// reports settling the run and with replays of its other steps.
+		if _, err := tx.Exec(ctx, sqlRunLockExclusive, j.runID); err != nil {
+			return fmt.Errorf("lock run: %w", err)
+		}
+		if _, err := tx.Exec(ctx, sqlReopenRun, j.runID, stepID); err != nil {
+			return fmt.Errorf("reopen run: %w", err)
+		}
+		replayID := ids.NewAt(replayIDPrefix, now)
+		if _, err := tx.Exec(ctx, sqlInsertReplay, replayID, p.WorkspaceID, j.id, stepID, p.KeyID, req.Reason,
+			j.status, j.attempt, additional, ceiling, j.version, newVersion, intPtr(j.contractVersion), newContract,
+			now); err != nil {
+			return fmt.Errorf("replay audit: %w", err)
+		}
+		data, err := json.Marshal(map[string]any{"jobId": j.id, "replayId": replayID, "keyId": p.KeyID,
+			"priorStatus": j.status, "attempt": j.attempt, "maxAttempts": ceiling,
+			"oldHandlerVersion": j.version, "newHandlerVersion": newVersion,
+			"oldContractVersion": intPtr(j.contractVersion), "newContractVersion": newContract})
+		if err != nil {
+			return fmt.Errorf("replay event: %w", err)
+		}
+		if err := s.recordEvents(ctx, tx, []event{{workspaceID: p.WorkspaceID, typ: events.StepReplayed,
+			subject: stepID, data: string(data), dedupe: replayID}}); err != nil {
+			return err
+		}
+		out = ReplayResult{StepID: stepID, JobID: j.id, Status: StatusQueued, Attempt: j.attempt,
+			MaxAttempts: ceiling, HandlerVersion: newVersion}
+		return nil
+	})
+	return out, err
+}
+
+// replayTarget reads and rechecks a replay's target contract under the job
+// lock: it must exist for the tool, not be FORBIDDEN, and accept the saved
+// input.
+func (s *Service) replayTarget(ctx context.Context, q querier, workspaceID string, j replayJob, version int64) (*Contract, error) {
+	c, err := s.contractByVersion(ctx, q, workspaceID, j.name, version)
+	if err != nil {
+		return nil, err
+	}
+	if c == nil {
+		return nil, apierr.InvalidField("targetContractVersion", "no contract %d is published for tool %s", version, j.name)
+	}
+	if c.Status == ContractForbidden {
+		return nil, apierr.InvalidState("Contract %d of tool %s is FORBIDDEN; it cannot be a replay target.",
+			c.ContractVersion, j.name)
+	}
+	input, err := s.open(j.id, "input", j.inputSealed)
+	if err != nil {
+		return nil, fmt.Errorf("replay input: %w", err)
+	}
+	problems, err := validateDoc(c.InputSchema, input, "input")
+	if err != nil {
+		return nil, err
+	}
+	if problems != nil {
+		fields := make([]string, 0, len(problems))
+		for _, pr := range problems {
+			fields = append(fields, pr.Field)
+		}
+		return nil, apierr.InvalidState("The step's saved input does not validate against contract %d's inputSchema (%s).",
+			c.ContractVersion, strings.Join(fields, ", ")).WithDetail("validation", problems)
+	}
+	return c, nil
+}

@@ -1,0 +1,187 @@
+package jobs
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"math/big"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/santhosh-tekuri/jsonschema/v6/kind"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+)
+
+// Contract schemas are JSON Schema 2020-12 (a schema may name another draft
+// with $schema). They are compiled at publication, so a stored schema always
+// compiles; enqueue, report and replay compile them again through a small
+// content-addressed cache (a schema's compiled form depends only on its bytes).
+
+// schemaURL is the base URL a contract schema is compiled under. References
+// resolve only inside the document: remote and file URLs are refused.
+const schemaURL = "urn:ratchet:contract-schema"
+
+// maxValidationProblems bounds detail.validation for one document.
+const maxValidationProblems = 20
+
+// noLoader refuses every external reference: a schema must be self-contained
+// (the compiler's default would read local files).
+type noLoader struct{}
+
+func (noLoader) Load(url string) (any, error) {
+	return nil, fmt.Errorf("external references are not allowed (%s)", url)
+}
+
+// compileSchema compiles a schema document given as JSON.
+func compileSchema(doc []byte) (*jsonschema.Schema, error) {
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
+	if err != nil {
+		return nil, fmt.Errorf("not JSON: %w", err)
+	}
+	c := jsonschema.NewCompiler()
+	c.DefaultDraft(jsonschema.Draft2020)
+	c.UseLoader(noLoader{})
+	if err := c.AddResource(schemaURL, v); err != nil {
+		return nil, err
+	}
+	return c.Compile(schemaURL)
+}
+
+// schemaCache holds compiled schemas by the SHA-256 of their JSON. It is an
+// optimisation only: a miss recompiles. It is cleared when full.
+type schemaCache struct {
+	mu sync.Mutex
+	m  map[[32]byte]*jsonschema.Schema
+}
+
+const schemaCacheMax = 512
+
+var schemas = &schemaCache{m: map[[32]byte]*jsonschema.Schema{}}
+
+func (c *schemaCache) get(doc []byte) (*jsonschema.Schema, error) {
+	k := sha256.Sum256(doc)
+	c.mu.Lock()
+	s := c.m[k]
+	c.mu.Unlock()
+	if s != nil {
+		return s, nil
+	}
+	s, err := compileSchema(doc)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if len(c.m) >= schemaCacheMax {
+		clear(c.m)
+	}
+	c.m[k] = s
+	c.mu.Unlock()
+	return s, nil
+}
+
+// validateDoc checks the JSON document doc against a stored schema and
+// answers the problems with fields rooted at root ("input", "output"). The
+// messages name the rule broken and never quote the document's values, so
+// they are safe to return and to store.
+func validateDoc(schema, doc []byte, root string) ([]apierr.FieldError, error) {
+	s, err := schemas.get(schema)
+	if err != nil {
+		return nil, fmt.Errorf("stored contract schema does not compile: %w", err)
+	}
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
+	if err != nil {
+		return []apierr.FieldError{{Field: root, Message: "must be JSON"}}, nil
+	}
+	err = s.Validate(v)
+	if err == nil {
+		return nil, nil
+	}
+	var ve *jsonschema.ValidationError
+	if !errors.As(err, &ve) {
+		return nil, fmt.Errorf("validate: %w", err)
+	}
+	var out []apierr.FieldError
+	collectProblems(ve, root, &out)
+	if len(out) == 0 {
+		out = append(out, apierr.FieldError{Field: root, Message: "does not match the schema"})
+	}
+	slices.SortStableFunc(out, func(a, b apierr.FieldError) int { return strings.Compare(a.Field, b.Field) })
+	out = slices.CompactFunc(out, func(a, b apierr.FieldError) bool { return a == b })
+	if len(out) > maxValidationProblems {
+		out = out[:maxValidationProblems]
+	}
+	return out, nil
+}
+
+// collectProblems flattens the leaves of a validation error tree.
+func collectProblems(ve *jsonschema.ValidationError, root string, out *[]apierr.FieldError) {
+	if len(ve.Causes) > 0 {
+		for _, c := range ve.Causes {
+			collectProblems(c, root, out)
+		}
+		return
+	}
+	field := dotted(root, ve.InstanceLocation)
+	switch k := ve.ErrorKind.(type) {
+	case *kind.Required:
+		for _, m := range k.Missing {
+			*out = append(*out, apierr.FieldError{Field: dotted(field, []string{m}), Message: "is required"})
+		}
+	case *kind.AdditionalProperties:
+		for _, p := range k.Properties {
+			*out = append(*out, apierr.FieldError{Field: dotted(field, []string{p}),
+				Message: "is not allowed by the schema"})
+		}
+	case *kind.Type:
+		*out = append(*out, apierr.FieldError{Field: field,
+			Message: fmt.Sprintf("must be of type %s (got %s)", strings.Join(k.Want, " or "), k.Got)})
+	case *kind.MinLength:
+		*out = append(*out, apierr.FieldError{Field: field, Message: fmt.Sprintf("must be at least %d characters", k.Want)})
+	case *kind.MaxLength:
+		*out = append(*out, apierr.FieldError{Field: field, Message: fmt.Sprintf("must be at most %d characters", k.Want)})
+	case *kind.Minimum:
+		*out = append(*out, apierr.FieldError{Field: field, Message: "must be at least " + ratString(k.Want)})
+	case *kind.Maximum:
+		*out = append(*out, apierr.FieldError{Field: field, Message: "must be at most " + ratString(k.Want)})
+	case *kind.Enum, *kind.Const:
+		*out = append(*out, apierr.FieldError{Field: field, Message: "must be one of the values the schema allows"})
+	case *kind.FalseSchema:
+		*out = append(*out, apierr.FieldError{Field: field, Message: "is not allowed by the schema"})
+	default:
+		kw := strings.Join(ve.ErrorKind.KeywordPath(), "/")
+		*out = append(*out, apierr.FieldError{Field: field, Message: fmt.Sprintf("fails the schema's %q rule", kw)})
+	}
+}
+
+// ratString writes a schema bound as a plain number.
+func ratString(r *big.Rat) string {
+	if r.IsInt() {
+		return r.Num().String()
+	}
+	return strings.TrimRight(strings.TrimRight(r.FloatString(9), "0"), ".")
+}
+
+func dotted(root string, loc []string) string {
+	if len(loc) == 0 {
+		return root
+	}
+	return root + "." + strings.Join(loc, ".")
+}
+
+// schemaCompileProblem describes why a schema does not compile without
+// quoting it.
+func schemaCompileProblem(err error) string {
+	msg := err.Error()
+	if i := strings.Index(msg, "\n"); i > 0 {
+		msg = msg[:i]
+	}
+	msg = strings.ReplaceAll(msg, schemaURL, "schema")
+	if len(msg) > 300 {
+		msg = msg[:300]
+	}
+	return "must be a valid JSON Schema (2020-12): " + msg
+}

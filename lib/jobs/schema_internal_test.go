@@ -1,0 +1,49 @@
+package jobs
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+)
+
+func TestValidateDocPointsIntoTheDocumentWithoutQuotingIt(t *testing.T) {
+	t.Parallel()
+	schema := []byte(`{"type":"object","required":["items","email"],"properties":{
+		"email":{"type":"string","pattern":"^[^@]+@[^@]+$"},
+		"items":{"type":"array","items":{"type":"object","required":["sku"],"properties":{"qty":{"type":"integer","minimum":1}}}}}}`)
+	problems, err := validateDoc(schema, []byte(`{"email":"secret-value","items":[{"sku":"a","qty":1},{"qty":0}]}`), "input")
+	require.NoError(t, err)
+	require.Equal(t, []apierr.FieldError{
+		{Field: "input.email", Message: `fails the schema's "pattern" rule`},
+		{Field: "input.items.1.qty", Message: "must be at least 1"},
+		{Field: "input.items.1.sku", Message: "is required"},
+	}, problems)
+	for _, p := range problems {
+		require.NotContains(t, p.Message, "secret-value")
+	}
+	ok, err := validateDoc(schema, []byte(`{"email":"a@b","items":[]}`), "input")
+	require.NoError(t, err)
+	require.Nil(t, ok)
+	// The cache answers the same compiled schema for the same bytes.
+	a, err := schemas.get(schema)
+	require.NoError(t, err)
+	b, err := schemas.get(schema)
+	require.NoError(t, err)
+	require.Same(t, a, b)
+}
+
+func TestCompileSchemaRefusesExternalReferences(t *testing.T) {
+	t.Parallel()
+	for _, doc := range []string{`{"$ref":"file:///etc/hostname"}`, `{"$ref":"https://example.com/x.json"}`,
+		`{"$schema":"https://example.com/meta.json"}`} {
+		_, err := compileSchema([]byte(doc))
+		require.Error(t, err, doc)
+	}
+	for _, doc := range []string{`true`, `{}`, `{"$defs":{"a":{"type":"string"}},"$ref":"#/$defs/a"}`,
+		`{"$schema":"http://json-schema.org/draft-07/schema#","type":"string"}`} {
+		_, err := compileSchema([]byte(doc))
+		require.NoError(t, err, doc)
+	}
+}

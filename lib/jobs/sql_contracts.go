@@ -1,0 +1,104 @@
+package jobs
+
+// The statements of tool contracts, synthetic tests and replay (the rest of
+// the package's SQL is in sql.go, with the locking protocols it documents).
+
+const contractColumns = `name, contract_version, handler_version, input_schema, output_schema, timeout_ms,
+	retry_preset, max_attempts, initial_delay_ms, multiplier, max_delay_ms, jitter_percent, status, created_at`
+
+// sqlPublishContract bumps the tool's version counter and inserts the
+// contract under the number it returned, in one statement: the counter row's
+// lock orders concurrent publications of a tool.
+const sqlPublishContract = `
+WITH head AS (
+    INSERT INTO tool_contract_heads (workspace_id, name, last_version)
+    VALUES ($1::text, $2::text, 1)
+    ON CONFLICT (workspace_id, name) DO UPDATE SET last_version = tool_contract_heads.last_version + 1
+    RETURNING last_version
+)
+INSERT INTO tool_contracts (workspace_id, name, contract_version, handler_version, input_schema, output_schema,
+                            timeout_ms, retry_preset, max_attempts, initial_delay_ms, multiplier, max_delay_ms,
+                            jitter_percent, status, created_by, created_at)
+SELECT $1::text, $2::text, head.last_version, $3::text, $4::jsonb, $5::jsonb, $6::bigint, $7::text, $8::int,
+       $9::bigint, $10::float8, $11::bigint, $12::float8, $13::text, $14::text, $15::timestamptz
+FROM head
+RETURNING ` + contractColumns
+
+const sqlListContracts = `SELECT ` + contractColumns + ` FROM tool_contracts
+WHERE workspace_id = $1::text AND name = $2::text AND contract_version > $3::int
+ORDER BY contract_version LIMIT $4::int`
+
+const sqlContractByVersion = `SELECT ` + contractColumns + ` FROM tool_contracts
+WHERE workspace_id = $1::text AND name = $2::text AND contract_version = $3::int`
+
+// sqlImplicitContract is the latest ACTIVE contract of name@version.
+const sqlImplicitContract = `SELECT ` + contractColumns + ` FROM tool_contracts
+WHERE workspace_id = $1::text AND name = $2::text AND handler_version = $3::text AND status = 'ACTIVE'
+ORDER BY contract_version DESC LIMIT 1`
+
+// sqlReplayTargets lists a tool's contracts, newest first, for the replay
+// preview.
+const sqlReplayTargets = `SELECT ` + contractColumns + ` FROM tool_contracts
+WHERE workspace_id = $1::text AND name = $2::text
+ORDER BY contract_version DESC LIMIT $3::int`
+
+// sqlOutputSchema is the output schema a SUCCEEDED report is checked
+// against (none for a job without a contract).
+const sqlOutputSchema = `SELECT c.output_schema FROM tool_contracts c
+WHERE c.workspace_id = $1::text AND c.name = $2::text AND c.contract_version = $3::int`
+
+const sqlInsertSyntheticRun = `
+INSERT INTO job_runs (id, workspace_id, name, status, completion_requested, synthetic, created_at)
+VALUES ($1::text, $2::text, $3::text, 'RUNNING', true, true, $4::timestamptz)`
+
+// sqlReplayPreview reads what a replay decides on; sqlReplayLock reads it
+// under the job's row lock (a replay, a report, a cancel and a claim of one
+// job are serialised by it).
+const sqlReplayPreview = `
+SELECT j.id, j.run_id, j.name, j.version, j.contract_version, j.status, j.attempt, j.max_attempts,
+       coalesce(j.policy_max_attempts, j.max_attempts), j.input_sealed, e.paused,
+       (SELECT d.status FROM jobs d WHERE d.step_id = j.after_step_id)
+FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
+WHERE j.step_id = $1::text AND j.workspace_id = $2::text`
+
+const sqlReplayLock = sqlReplayPreview + `
+FOR UPDATE OF j`
+
+// sqlReplaySameVersion re-queues an ended job with a higher lifetime
+// ceiling, keeping its handler version, contract and policy snapshot (the
+// policy's own count is pinned before the ceiling moves).
+const sqlReplaySameVersion = `
+UPDATE jobs SET status = 'QUEUED', max_attempts = $2::int,
+    policy_max_attempts = coalesce(policy_max_attempts, max_attempts),
+    due_at = $3::timestamptz, ready_at = $3::timestamptz, finished_at = NULL, cancel_requested = false,
+    updated_at = $3::timestamptz
+WHERE id = $1::text`
+
+// sqlReplayUpgrade re-queues an ended job under the target contract: its
+// handler version, contract version, timeout and complete retry policy.
+const sqlReplayUpgrade = `
+UPDATE jobs SET status = 'QUEUED', max_attempts = $2::int, due_at = $3::timestamptz, ready_at = $3::timestamptz,
+    finished_at = NULL, cancel_requested = false, updated_at = $3::timestamptz,
+    version = $4::text, contract_version = $5::int, timeout_ms = $6::bigint, policy_preset = $7::text,
+    policy_max_attempts = $8::int, initial_delay_ms = $9::bigint, multiplier = $10::float8,
+    max_delay_ms = $11::bigint, jitter_percent = $12::float8
+WHERE id = $1::text`
+
+// sqlReopenRun takes a FAILED run back to RUNNING when no other step of it
+// is EXHAUSTED or CANCELLED (otherwise the run stays FAILED: the other step
+// still decides it). The caller holds the run's exclusive lock.
+const sqlReopenRun = `
+UPDATE job_runs r SET status = 'RUNNING', finished_at = NULL, reopened = r.reopened + 1
+WHERE r.id = $1::text AND r.status = 'FAILED'
+  AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND step_id <> $2::text
+                  AND status IN ('EXHAUSTED', 'CANCELLED'))
+RETURNING r.status`
+
+const sqlRunStatus = `SELECT status FROM job_runs WHERE id = $1::text`
+
+const sqlInsertReplay = `
+INSERT INTO job_replays (id, workspace_id, job_id, step_id, key_id, reason, prior_status, prior_attempt,
+                         additional_attempts, max_attempts, old_handler_version, new_handler_version,
+                         old_contract_version, new_contract_version, created_at)
+VALUES ($1::text, $2::text, $3::text, $4::text, $5::text, $6::text, $7::text, $8::int, $9::int, $10::int,
+        $11::text, $12::text, $13::int, $14::int, $15::timestamptz)`

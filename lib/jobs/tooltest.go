@@ -1,0 +1,66 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/ids"
+)
+
+// ToolTestRequest is the body of POST /api/v1/tools/{name}/test.
+type ToolTestRequest struct {
+	Version string          `json:"version"`
+	Input   json.RawMessage `json:"input,omitempty"`
+}
+
+// ToolTestResult answers a synthetic test: the run made for it (synthetic,
+// completion already requested, so it ends with its one step) and the step's
+// job, which has exactly one attempt.
+type ToolTestResult struct {
+	RunID           string     `json:"runId"`
+	StepID          string     `json:"stepId"`
+	JobID           string     `json:"jobId"`
+	Name            string     `json:"name"`
+	Version         string     `json:"version"`
+	ContractVersion *int64     `json:"contractVersion"`
+	Status          string     `json:"status"`
+	MaxAttempts     int        `json:"maxAttempts"`
+	DueAt           *time.Time `json:"dueAt"`
+}
+
+// TestTool enqueues a synthetic one-attempt job of name@version in a new
+// synthetic run. Contract selection, input validation and output
+// validation are those of a normal enqueue (the implicit contract of
+// name@version); the attempt count is always 1 (seed 000).
+func (s *Service) TestTool(ctx context.Context, workspaceID, name string, req ToolTestRequest) (ToolTestResult, error) {
+	now := s.now()
+	runID := ids.NewAt(ids.Run, now)
+	one := int64(1)
+	op, err := EnqueueRequest{Name: name, Version: req.Version, Input: req.Input, MaxAttempts: &one}.validate(runID)
+	if err != nil {
+		return ToolTestResult{}, err
+	}
+	out := ToolTestResult{RunID: runID, Name: name, Version: req.Version, MaxAttempts: 1}
+	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlInsertSyntheticRun, runID, workspaceID, "Synthetic test of "+name+"@"+req.Version,
+			now); err != nil {
+			return fmt.Errorf("synthetic run: %w", err)
+		}
+		res, err := s.insertStep(ctx, tx, workspaceID, op, s.mac(op.fingerprint()), nil)
+		if err != nil {
+			return err
+		}
+		out.StepID, out.JobID, out.Status, out.DueAt = res.StepID, res.JobID, res.Status, res.DueAt
+		out.ContractVersion = res.contractVersion
+		return nil
+	})
+	if err != nil {
+		return ToolTestResult{}, err
+	}
+	return out, nil
+}
