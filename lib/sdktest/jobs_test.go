@@ -144,7 +144,6 @@ func TestNonRetryableExhausts(t *testing.T) {
 func TestReplayAfterExhaustion(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	requireRoute(t, b, "/api/v1/steps/{id}/replay")
 	ctx := context.Background()
 	serveStrict(t, b)
 	run, err := b.producer.StartRun(ctx, "replay")

@@ -174,16 +174,3 @@ func (c *counting) RoundTrip(r *http.Request) (*http.Response, error) {
 	return c.next.RoundTrip(r)
 }
 
-// requireRoute skips the test, saying why, when the server does not serve
-// path yet (API.md lists routes that may land after the SDK). The skip is
-// reported as a skip, never as a pass.
-func requireRoute(t *testing.T, b *bundle, path string) {
-	t.Helper()
-	var doc struct {
-		Paths map[string]any `json:"paths"`
-	}
-	b.env.Must(http.StatusOK, "GET", "/api/v1/openapi.json", "", nil).Decode(t, &doc)
-	if _, ok := doc.Paths[path]; !ok {
-		t.Skipf("the server does not implement %s yet (API.md); the SDK method is written to the contract", path)
-	}
-}
