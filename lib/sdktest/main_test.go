@@ -173,4 +173,3 @@ func (c *counting) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	return c.next.RoundTrip(r)
 }
-
