@@ -13,25 +13,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 )
 
-// clock is an injectable, advanceable test clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock { return &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func newClock() *apitest.Clock { return apitest.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)) }
 
 // jobsEnv is a workspace with an operator, an INGEST and a WORKER key.
 type jobsEnv struct {
@@ -39,7 +21,7 @@ type jobsEnv struct {
 	ws     apitest.Workspace
 	ingest string
 	worker string
-	clock  *clock
+	clock  *apitest.Clock
 }
 
 func newJobsEnv(t *testing.T, tools ...string) *jobsEnv {
@@ -378,7 +360,7 @@ func TestQueueHealthSaysWhenNoWorkerServesAVersion(t *testing.T) {
 	e.enqueue(runID, map[string]any{"name": "send_email", "version": "2", "input": 3})
 	wid := e.register("send_email@1")
 	require.Empty(t, e.claim(wid, 1)[0]["input"] == nil)
-	e.clock.Advance(90 * time.Second)
+	e.clock.Add(90 * time.Second)
 	var h struct {
 		Data []struct {
 			Name                   string  `json:"name"`

@@ -20,7 +20,7 @@ func (e *jobsEnv) exhausted(wid string, input any, maxAttempts int) (string, str
 	enq := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": input, "maxAttempts": maxAttempts})
 	for i := range maxAttempts {
 		if i > 0 {
-			e.clock.Advance(time.Hour) // beyond any backoff these tests use
+			e.clock.Add(time.Hour) // beyond any backoff these tests use
 		}
 		job := e.claim(wid, 1)[0]
 		require.Equal(e.T, enq["jobId"], job["jobId"])
@@ -268,7 +268,7 @@ func TestReplayUpgrade(t *testing.T) {
 	due, err := time.Parse(time.RFC3339Nano, e.stepOf(stepID)["durableJob"].(map[string]any)["dueAt"].(string))
 	require.NoError(t, err)
 	require.True(t, e.clock.Now().Add(2*time.Second).Equal(due), "due %s", due)
-	e.clock.Advance(2 * time.Second)
+	e.clock.Add(2 * time.Second)
 	job = e.claim(w2, 1)[0]
 	require.EqualValues(t, 3, job["attempt"])
 	require.Equal(t, "SUCCEEDED", e.report(job, map[string]any{"status": "SUCCEEDED",
@@ -351,7 +351,7 @@ func TestReplayOfAJobWhoseLastLeaseLapsed(t *testing.T) {
 	enq := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": 1, "maxAttempts": 1,
 		"timeoutMs": 5000})
 	e.claim(wid, 1) // the worker dies with the job
-	e.clock.Advance(time.Minute)
+	e.clock.Add(time.Minute)
 	require.Equal(t, true, e.preview(enq["stepId"].(string))["eligible"], "a lapsed last attempt ends the job at read")
 	res := e.Must(http.StatusOK, "POST", "/api/v1/steps/"+enq["stepId"].(string)+"/replay", e.ws.Key, ack).JSON()
 	require.EqualValues(t, 1, res["attempt"])

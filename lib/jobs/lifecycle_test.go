@@ -114,9 +114,9 @@ func TestKilledWorkerJobIsReclaimedAfterLease(t *testing.T) {
 	first := b.claimOne(t, w1)
 	requireTime(t, b.clock.Now().Add(15*time.Second), first.LeaseExpiresAt, "timeout 5 s + grace 10 s")
 	// w1 dies without reporting. Until the lease lapses nobody else gets it.
-	b.clock.Advance(14 * time.Second)
+	b.clock.Add(14 * time.Second)
 	require.Empty(t, b.claim(t, w2, 1))
-	b.clock.Advance(2 * time.Second)
+	b.clock.Add(2 * time.Second)
 	second := b.claimOne(t, w2)
 	require.Equal(t, enq.JobID, second.JobID)
 	require.Equal(t, 2, second.Attempt)
@@ -155,12 +155,12 @@ func TestHeartbeatExtendsLease(t *testing.T) {
 	b.enqueue(t, runID, jobs.EnqueueRequest{TimeoutMs: ptr[int64](5_000)})
 	w1, w2 := b.register(t), b.register(t)
 	j := b.claimOne(t, w1)
-	b.clock.Advance(10 * time.Second)
+	b.clock.Add(10 * time.Second)
 	hb, err := b.svc.Heartbeat(ctx, b.ws, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
 	require.NoError(t, err)
 	requireTime(t, b.clock.Now().Add(15*time.Second), *hb.LeaseExpiresAt)
 	require.False(t, hb.CancelRequested)
-	b.clock.Advance(10 * time.Second) // past the original lease, within the extended one
+	b.clock.Add(10 * time.Second) // past the original lease, within the extended one
 	require.Empty(t, b.claim(t, w2, 1))
 	_, err = b.svc.Heartbeat(ctx, b.ws, j.JobID, jobs.HeartbeatRequest{LeaseToken: "nope"})
 	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
@@ -175,7 +175,7 @@ func TestLapsedReportWithCurrentTokenIsAcceptedUntilSuperseded(t *testing.T) {
 	b.enqueue(t, runID, jobs.EnqueueRequest{TimeoutMs: ptr[int64](5_000)})
 	w := b.register(t)
 	j := b.claimOne(t, w)
-	b.clock.Advance(time.Minute) // lapsed, nobody reclaimed
+	b.clock.Add(time.Minute) // lapsed, nobody reclaimed
 	require.Equal(t, "SUCCEEDED", b.succeed(t, j).Status)
 }
 
@@ -205,9 +205,9 @@ func TestRetryScheduleAndRetryAfterFloor(t *testing.T) {
 		st := b.step(t, enq.StepID)
 		requireTime(t, *r.NextDueAt, *st.DurableJob.DueAt)
 		// Not claimable before it is due.
-		b.clock.Advance(wait - time.Millisecond)
+		b.clock.Add(wait - time.Millisecond)
 		require.Empty(t, b.claim(t, w, 1))
-		b.clock.Advance(time.Millisecond)
+		b.clock.Add(time.Millisecond)
 	}
 	j := b.claimOne(t, w)
 	require.Equal(t, 6, j.Attempt)
@@ -265,7 +265,7 @@ func TestReportRepeatsAndConflicts(t *testing.T) {
 
 	// After the next claim the old attempt's repeat still answers the same
 	// object, but any other use of its token is lease_lost.
-	b.clock.Advance(time.Hour)
+	b.clock.Add(time.Hour)
 	j2 := b.claimOne(t, w)
 	require.Equal(t, 2, j2.Attempt)
 	require.Equal(t, first, b.fail(t, j, &jobs.ReportError{Message: "x"}))
@@ -281,7 +281,7 @@ func TestLapsedOnLastAttemptIsExhaustedBySweeper(t *testing.T) {
 	enq := b.enqueue(t, runID, jobs.EnqueueRequest{MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
 	w := b.register(t)
 	j := b.claimOne(t, w)
-	b.clock.Advance(20 * time.Second)
+	b.clock.Add(20 * time.Second)
 	b.sweep(t)
 	st := b.step(t, enq.StepID)
 	require.Equal(t, "EXHAUSTED", st.Status)
@@ -303,14 +303,14 @@ func TestLapsedOnLastAttemptIsExhaustedAtRunRead(t *testing.T) {
 	b.enqueue(t, runID, jobs.EnqueueRequest{MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
 	w := b.register(t)
 	b.claimOne(t, w)
-	b.clock.Advance(20 * time.Second)
+	b.clock.Add(20 * time.Second)
 	run := b.getRun(t, runID)
 	require.Equal(t, "EXHAUSTED", run.Steps[0].Status)
 
 	other := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`2`), MaxAttempts: ptr[int64](1),
 		TimeoutMs: ptr[int64](1_000)})
 	b.claimOne(t, w)
-	b.clock.Advance(20 * time.Second)
+	b.clock.Add(20 * time.Second)
 	require.Equal(t, "EXHAUSTED", b.step(t, other.StepID).Status, "at step read too")
 }
 
@@ -360,7 +360,7 @@ func TestPausedEndpointHoldsJobsWithoutConsumingAttempts(t *testing.T) {
 	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("Email service"), Input: json.RawMessage(`2`)})
 	for range 3 {
 		require.Empty(t, b.claim(t, w, 10))
-		b.clock.Advance(time.Hour)
+		b.clock.Add(time.Hour)
 	}
 	st := b.step(t, enq.StepID)
 	require.Equal(t, "QUEUED", st.Status)
@@ -402,7 +402,7 @@ func TestMaxConcurrentAndRateLimitGateClaims(t *testing.T) {
 	require.NoError(t, err)
 	require.Nil(t, ep.MaxConcurrent)
 	require.Equal(t, 4, *ep.RateLimitPerMinute)
-	b.clock.Advance(time.Minute) // a fresh window
+	b.clock.Add(time.Minute) // a fresh window
 	batch := b.claim(t, w, 10)
 	require.Len(t, batch, 3, "the 3 queued jobs, within the rate")
 	b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"late"`)})
@@ -413,7 +413,7 @@ func TestMaxConcurrentAndRateLimitGateClaims(t *testing.T) {
 	for _, j := range append(batch, last...) {
 		b.succeed(t, j)
 	}
-	b.clock.Advance(time.Minute)
+	b.clock.Add(time.Minute)
 	require.Len(t, b.claim(t, w, 10), 1)
 }
 
@@ -626,7 +626,7 @@ func TestCancelWaitingAndRetryScheduledSteps(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "CANCELLED", st.Status)
 	require.Nil(t, st.DurableJob.DueAt)
-	b.clock.Advance(time.Hour)
+	b.clock.Add(time.Hour)
 	require.Empty(t, b.claim(t, w, 5), "a cancelled retry is never claimed")
 }
 
@@ -693,7 +693,7 @@ func TestConcurrentSweepsEndEachLapsedJobOnce(t *testing.T) {
 	require.Len(t, b.claim(t, w, 30), 30)
 	_, err := b.svc.FinishRun(ctx, b.ws, runID)
 	require.NoError(t, err)
-	b.clock.Advance(time.Minute)
+	b.clock.Add(time.Minute)
 	done := make(chan struct{})
 	for range 4 {
 		go func() {

@@ -3,7 +3,6 @@ package jobs_test
 import (
 	"context"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,36 +16,18 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
 
-// clock is an injectable, advanceable test clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // bundle is one workspace over the real service, driven without HTTP.
 type bundle struct {
 	env    *apitest.Env
 	svc    *jobs.Service
-	clock  *clock
+	clock  *apitest.Clock
 	ws     string
 	worker *auth.Principal
 }
 
 func setup(t testing.TB, tools ...string) *bundle {
 	t.Helper()
-	c := &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	c := apitest.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	env := apitest.Start(t, apitest.WithNow(c.Now))
 	ws := env.Signup()
 	if tools == nil {
