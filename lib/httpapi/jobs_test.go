@@ -13,7 +13,9 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 )
 
-func newClock() *apitest.Clock { return apitest.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)) }
+func newClock() *apitest.Clock {
+	return apitest.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+}
 
 // jobsEnv is a workspace with an operator, an INGEST and a WORKER key.
 type jobsEnv struct {
