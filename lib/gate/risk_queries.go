@@ -1,0 +1,194 @@
+package gate
+
+import "github.com/getratchet/ratchet/lib/events"
+
+// The SQL of the risk controls: daily ceilings (charged with a grant,
+// released with a failed report) and circuits. Fragments here are spliced
+// into begin's statements in queries.go, so a begin with nothing configured
+// stays one statement.
+
+// utcDay is the UTC day of a timestamptz expression: ceilings roll at UTC
+// midnight whatever the session's time zone.
+func utcDay(ts string) string { return `((` + ts + `)::timestamptz AT TIME ZONE 'UTC')::date` }
+
+// chargeCTEs charges an execute grant against every ceiling that applies to
+// it. src names a relation with at most one row (the grant) and columns
+// workspace_id, effect_type, cost, key_id, key_ceiling, dims (name → keyed
+// hash), daily_budget_micros, dimension_limits, day.
+//
+// plan lists the scopes to charge; chg upserts their counters in scope
+// order (one lock order for every charge and release, so no deadlock), each
+// only if it still fits under the row lock; refused calls gate_refuse, which
+// aborts the whole statement, when any scope did not fit. The caller reads
+// refused (so it runs) and records the denial in a new statement. Every grant
+// counts 1 towards daily_count, including one that declares no cost at all
+// (which is what makes daily_count usable for messaging); an undeclared
+// cost is 0 micros.
+func chargeCTEs(src string) string {
+	return `
+plan AS (
+    SELECT s.workspace_id, s.day, p.scope, p.label, coalesce(s.cost, 0)::bigint AS micros, 1::bigint AS count,
+        p.cap_micros, p.cap_count
+    FROM ` + src + ` s, LATERAL (
+        SELECT 'type:' || s.effect_type AS scope, 'type' AS label, s.daily_budget_micros AS cap_micros,
+            NULL::bigint AS cap_count
+        WHERE s.daily_budget_micros IS NOT NULL
+        UNION ALL
+        SELECT 'key:' || s.key_id, 'key', s.key_ceiling, NULL WHERE s.key_ceiling IS NOT NULL
+        UNION ALL
+        SELECT 'dim:' || s.effect_type || ':' || l.key || ':' || coalesce(s.dims ->> l.key, ''), 'dim:' || l.key,
+            (l.value ->> 'daily_micros')::bigint, (l.value ->> 'daily_count')::bigint
+        FROM jsonb_each(s.dimension_limits) l
+        WHERE l.value ->> 'daily_micros' IS NOT NULL OR l.value ->> 'daily_count' IS NOT NULL
+    ) p
+),
+chg AS (
+    INSERT INTO gate_spend AS g (workspace_id, scope, day, micros, count, cap_micros, cap_count)
+    SELECT workspace_id, scope, day, micros, count, cap_micros, cap_count FROM plan
+    WHERE (cap_micros IS NULL OR micros <= cap_micros) AND (cap_count IS NULL OR count <= cap_count)
+    ORDER BY scope
+    ON CONFLICT (workspace_id, scope, day) DO UPDATE
+    SET micros = g.micros + excluded.micros, count = g.count + excluded.count,
+        cap_micros = excluded.cap_micros, cap_count = excluded.cap_count
+    WHERE (excluded.cap_micros IS NULL OR g.micros + excluded.micros <= excluded.cap_micros)
+      AND (excluded.cap_count IS NULL OR g.count + excluded.count <= excluded.cap_count)
+    RETURNING scope
+),
+refused AS (
+    SELECT gate_refuse(min(label)) AS refused FROM plan WHERE scope NOT IN (SELECT scope FROM chg)
+    HAVING count(*) > 0
+)`
+}
+
+// chargesJSON and chargedOn are what the attempt row records of plan.
+const (
+	chargesJSON = `(SELECT jsonb_agg(jsonb_build_object('scope', scope, 'micros', micros, 'count', count)
+    ORDER BY scope) FROM plan)`
+	chargedOn = `(SELECT max(day) FROM plan)`
+)
+
+// releaseCTEs gives back what the attempts of src (columns workspace_id,
+// charges, charged_on) were charged, on the day they were charged, locking
+// the counters in scope order like a charge does.
+func releaseCTEs(src, where string) string {
+	return `
+rel_rows AS (
+    SELECT g.workspace_id, g.scope, g.day, c.micros, c.count
+    FROM ` + src + ` a, jsonb_to_recordset(a.charges) AS c(scope text, micros bigint, count bigint), gate_spend g
+    WHERE ` + where + ` AND g.workspace_id = a.workspace_id AND g.scope = c.scope AND g.day = a.charged_on
+    ORDER BY g.scope
+    FOR UPDATE OF g
+),
+rel AS (
+    UPDATE gate_spend g SET micros = g.micros - r.micros, count = g.count - r.count
+    FROM rel_rows r WHERE g.workspace_id = r.workspace_id AND g.scope = r.scope AND g.day = r.day
+)`
+}
+
+// hourUTC truncates a timestamptz expression to its UTC hour.
+func hourUTC(ts string) string { return `date_trunc('hour', (` + ts + `)::timestamptz, 'UTC')` }
+
+// baselineSQL is the median hourly volume of an effect type over the last 7
+// days: complete UTC hours from its first sighting (at most 7 days back) to
+// the hour before now, quiet hours counting as 0. A median, so one runaway
+// hour cannot raise the ceiling meant to catch the next.
+func baselineSQL(ws, typ, now, firstSeen string) string {
+	return `(SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY coalesce(n.c, 0))
+    FROM generate_series(greatest(` + hourUTC(firstSeen) + `, ` + hourUTC(now) + ` - interval '7 days'),
+                         ` + hourUTC(now) + ` - interval '1 hour', interval '1 hour') h(hr)
+    LEFT JOIN (SELECT ` + hourUTC("x.created_at") + ` AS hr, count(*) AS c FROM effects x
+               WHERE x.workspace_id = ` + ws + ` AND x.effect_type = ` + typ + `
+                 AND x.created_at >= ` + hourUTC(now) + ` - interval '7 days' AND x.created_at < ` + hourUTC(now) + `
+               GROUP BY 1) n ON n.hr = h.hr)`
+}
+
+// volumeSQL counts keys of an effect type first begun in (from, now].
+func volumeSQL(ws, typ, from, now string) string {
+	return `(SELECT count(*) FROM effects x WHERE x.workspace_id = ` + ws + ` AND x.effect_type = ` + typ + `
+    AND x.created_at > ` + from + ` AND x.created_at <= ` + now + `)`
+}
+
+// Surge constants of seed 003: a learned ceiling never drops below 30 and
+// waits for 6 hours of history.
+const (
+	surgeFloor        = `30`
+	surgeHistoryHours = `6`
+)
+
+// thresholdSQL is the surge threshold of a policy p for a type first seen at
+// firstSeen: surge_per_hour when set, else the learned ceiling, NULL while
+// inert or off. The median is only computed when volume (an expression, or
+// NULL to always compute) exceeds the floor, the only case it can matter.
+func thresholdSQL(p, ws, typ, now, firstSeen, volume string) string {
+	median := baselineSQL(ws, typ, now, firstSeen)
+	return `CASE WHEN ` + p + `.surge_per_hour IS NOT NULL THEN ` + p + `.surge_per_hour::bigint
+     WHEN ` + p + `.surge_multiplier IS NOT NULL AND ` + firstSeen + ` <= ` + now + ` - interval '` + surgeHistoryHours + ` hours'
+          AND (` + volume + ` IS NULL OR ` + volume + ` > ` + surgeFloor + `)
+     THEN greatest(` + surgeFloor + `, floor(` + p + `.surge_multiplier * ` + median + `))::bigint END`
+}
+
+// breakerCTEs evaluate the circuits holding a begin ($1 workspace, $2 type,
+// $3 idempotency key, $8 now; after pol). cbs reads the type's breaker and
+// the stop (two primary-key probes on every begin). srg counts the surge
+// volume only when the policy configures surge, the type's breaker is not
+// already open and the key is new (a surge counts keys begun for the first
+// time); the count starts at the breaker's last close, so a closed breaker
+// grants a fresh allowance. brk is the strictest action holding the begin.
+var breakerCTEs = `
+cbs AS (
+    SELECT (SELECT s.action FROM gate_circuits s
+            WHERE s.workspace_id = $1 AND s.effect_type = '*' AND s.state = 'open') AS stop_action,
+        CASE WHEN c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at > $8) THEN c.action END AS own_action,
+        CASE WHEN c.state = 'open' AND c.closes_at <= $8 THEN c.closes_at ELSE c.allowance_from END AS allowance_from,
+        (SELECT t.first_seen_at FROM gate_effect_types t WHERE t.workspace_id = $1 AND t.effect_type = $2) AS first_seen
+    FROM (SELECT 1) one LEFT JOIN gate_circuits c ON c.workspace_id = $1 AND c.effect_type = $2
+),
+srg AS (
+    SELECT v.volume, v.threshold, v.threshold IS NOT NULL AND v.volume > v.threshold AS trips
+    FROM (
+        SELECT w.volume, ` + thresholdSQL("pol", "$1", "$2", "$8::timestamptz", "cbs.first_seen", "w.volume") + ` AS threshold
+        FROM pol, cbs, LATERAL (SELECT 1 + ` + volumeSQL("$1", "$2",
+	"greatest($8::timestamptz - interval '1 hour', cbs.allowance_from)", "$8::timestamptz") + ` AS volume) w
+        WHERE (pol.surge_per_hour IS NOT NULL OR pol.surge_multiplier IS NOT NULL) AND cbs.own_action IS NULL
+          AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $3)
+    ) v
+),
+brk AS (
+    SELECT CASE WHEN 'deny' IN (a.stop_action, a.own_action, a.trip_action) THEN 'deny'
+                WHEN 'require_approval' IN (a.stop_action, a.own_action, a.trip_action) THEN 'require_approval'
+                WHEN 'monitor' IN (a.stop_action, a.own_action, a.trip_action) THEN 'monitor' END AS action
+    FROM (SELECT cbs.stop_action, cbs.own_action,
+                 CASE WHEN (SELECT trips FROM srg) THEN pol.surge_action END AS trip_action
+          FROM cbs, pol) a
+)`
+
+// tripCTEs open the type's breaker when this begin's new key tripped it,
+// once however many begins race (the upsert re-checks the row it locks), and
+// record circuit.tripped ($23 event id) in the same statement.
+var tripCTEs = `
+trip AS (
+    INSERT INTO gate_circuits AS c (workspace_id, effect_type, state, opened_by, action, reason, opened_at,
+        closes_at, allowance_from, updated_at)
+    SELECT $1, $2, 'open', 'surge', pol.surge_action, NULL, $8,
+        $8::timestamptz + make_interval(secs => pol.surge_cooldown_seconds), NULL, $8
+    FROM srg, pol, ins WHERE srg.trips
+    ON CONFLICT (workspace_id, effect_type) DO UPDATE
+    SET state = 'open', opened_by = 'surge', action = excluded.action, reason = NULL,
+        opened_at = excluded.opened_at, closes_at = excluded.closes_at, updated_at = excluded.updated_at
+    WHERE c.state = 'closed' OR c.closes_at <= excluded.opened_at
+    RETURNING c.action, c.opened_at, c.closes_at
+),
+trip_evt AS (
+    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
+    SELECT $23, $1, '` + events.CircuitTripped + `', $2,
+        jsonb_build_object('effect_type', $2::text, 'opened_by', 'surge', 'action', trip.action,
+            'volume_last_hour', srg.volume, 'threshold', srg.threshold, 'opened_at', trip.opened_at,
+            'closes_at', trip.closes_at), $8, 'surge:' || extract(epoch FROM trip.opened_at)::text
+    FROM trip, srg
+    ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
+),
+seen AS (
+    INSERT INTO gate_effect_types (workspace_id, effect_type, first_seen_at)
+    SELECT $1, $2, $8 FROM ins
+    ON CONFLICT (workspace_id, effect_type) DO NOTHING
+)`
