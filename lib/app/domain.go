@@ -14,6 +14,12 @@ import (
 // lapsedLeasesPerPass bounds one sweeper pass over lapsed effect leases.
 const lapsedLeasesPerPass = 500
 
+// circuitsPerPass and spendCountersPerPass bound the risk controls' passes.
+const (
+	circuitsPerPass      = 500
+	spendCountersPerPass = 1000
+)
+
 // wireDomain builds the domain services into deps and registers their sweep
 // tasks. Each feature adds its own lines here.
 func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
@@ -24,6 +30,15 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 			return deps.Gate.SweepLapsed(ctx, now, lapsedLeasesPerPass)
 		},
 	})
+
+	sweeper.Add(
+		sweep.Task{Name: "circuits.cooled_down", Run: func(ctx context.Context, now time.Time) (int, error) {
+			return deps.Gate.SweepCircuits(ctx, now, circuitsPerPass)
+		}},
+		sweep.Task{Name: "gate.spend_counters", Run: func(ctx context.Context, now time.Time) (int, error) {
+			return deps.Gate.SweepSpend(ctx, now, spendCountersPerPass)
+		}},
+	)
 
 	deps.Jobs = jobs.New(deps.Pool, deps.Sealer, deps.Config.KeyHashSecret, deps.Config.JobLeaseGraceMs, deps.Now)
 	sweeper.Add(deps.Jobs.SweepTasks()...)

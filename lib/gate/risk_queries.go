@@ -93,7 +93,7 @@ func hourUTC(ts string) string { return `date_trunc('hour', (` + ts + `)::timest
 // the hour before now, quiet hours counting as 0. A median, so one runaway
 // hour cannot raise the ceiling meant to catch the next.
 func baselineSQL(ws, typ, now, firstSeen string) string {
-	return `(SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY coalesce(n.c, 0))
+	return `(SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY coalesce(n.c, 0)) FILTER (WHERE ` + firstSeen + ` IS NOT NULL)
     FROM generate_series(greatest(` + hourUTC(firstSeen) + `, ` + hourUTC(now) + ` - interval '7 days'),
                          ` + hourUTC(now) + ` - interval '1 hour', interval '1 hour') h(hr)
     LEFT JOIN (SELECT ` + hourUTC("x.created_at") + ` AS hr, count(*) AS c FROM effects x
@@ -192,3 +192,102 @@ seen AS (
     SELECT $1, $2, $8 FROM ins
     ON CONFLICT (workspace_id, effect_type) DO NOTHING
 )`
+
+// sqlListCircuits reads the circuits of every effect type seen (begun),
+// configured (a policy) or given a breaker, by type; with $5 set, of that
+// one type. $1 workspace, $2 cursor, $3 limit, $4 now, $5 one type (”).
+var sqlListCircuits = `
+WITH types AS (
+    SELECT effect_type FROM gate_policies WHERE workspace_id = $1
+    UNION SELECT effect_type FROM gate_effect_types WHERE workspace_id = $1
+    UNION SELECT effect_type FROM gate_circuits WHERE workspace_id = $1 AND effect_type <> '*'
+), page AS (
+    SELECT $5::text AS effect_type WHERE $5::text <> ''
+    UNION ALL
+    (SELECT effect_type FROM types WHERE $5::text = '' AND effect_type > $2 ORDER BY effect_type LIMIT $3)
+), stop AS (
+    SELECT action, reason, opened_at FROM gate_circuits
+    WHERE workspace_id = $1 AND effect_type = '*' AND state = 'open'
+)
+SELECT t.effect_type, c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at > $4), c.opened_by, c.action,
+    c.reason, c.opened_at, c.closes_at,
+    (SELECT action FROM stop), (SELECT reason FROM stop), (SELECT opened_at FROM stop),
+    v.volume, ` + baselineSQL("$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at") + `,
+    ` + thresholdSQL("p", "$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at", "NULL") + `
+FROM page t
+LEFT JOIN gate_circuits c ON c.workspace_id = $1 AND c.effect_type = t.effect_type
+LEFT JOIN gate_effect_types f ON f.workspace_id = $1 AND f.effect_type = t.effect_type
+LEFT JOIN gate_policies p ON p.workspace_id = $1 AND p.effect_type = t.effect_type
+CROSS JOIN LATERAL (SELECT ` + volumeSQL("$1", "t.effect_type", "$4::timestamptz - interval '1 hour'", "$4::timestamptz") + ` AS volume) v
+ORDER BY t.effect_type`
+
+// sqlOpenCircuit opens a breaker by hand (opened_by manual, or stop for the
+// '*' row): no cooldown. Re-opening an open one changes its action and
+// reason and keeps when it opened. Records circuit.tripped once per opening.
+// $1 workspace, $2 type or '*', $3 opened_by, $4 action, $5 reason, $6 now,
+// $7 event id.
+var sqlOpenCircuit = `
+WITH up AS (
+    INSERT INTO gate_circuits AS c (workspace_id, effect_type, state, opened_by, action, reason, opened_at,
+        closes_at, allowance_from, updated_at)
+    VALUES ($1, $2, 'open', $3, $4, $5, $6, NULL, NULL, $6)
+    ON CONFLICT (workspace_id, effect_type) DO UPDATE
+    SET state = 'open', opened_by = excluded.opened_by, action = excluded.action, reason = excluded.reason,
+        opened_at = CASE WHEN c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at > excluded.opened_at)
+                         THEN c.opened_at ELSE excluded.opened_at END,
+        closes_at = NULL, updated_at = excluded.updated_at
+    RETURNING c.opened_at, c.action
+), evt AS (
+    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
+    SELECT $7, $1, '` + events.CircuitTripped + `', $2,
+        jsonb_build_object('effect_type', CASE WHEN $2::text <> '*' THEN $2::text END, 'opened_by', $3::text,
+            'action', up.action, 'opened_at', up.opened_at, 'closes_at', NULL), $6,
+        $3::text || ':' || extract(epoch FROM up.opened_at)::text
+    FROM up
+    ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
+)
+SELECT count(*) FROM up`
+
+// closeCTEs close the open breakers of cand (workspace_id, effect_type),
+// measuring the next surge allowance from when each closed (its cooldown's
+// end if that came first), and record circuit.closed for each ($E is the
+// event id array parameter, $N now).
+func closeSQL(cand, now, eventIDs string) string {
+	return `
+WITH cand AS (` + cand + `), up AS (
+    UPDATE gate_circuits c SET state = 'closed', updated_at = ` + now + `,
+        allowance_from = CASE WHEN c.closes_at <= ` + now + ` THEN c.closes_at ELSE ` + now + ` END
+    FROM cand WHERE c.workspace_id = cand.workspace_id AND c.effect_type = cand.effect_type AND c.state = 'open'
+    RETURNING c.workspace_id, c.effect_type, c.opened_by, c.opened_at, c.allowance_from
+), n AS (
+    SELECT up.*, row_number() OVER (ORDER BY up.workspace_id, up.effect_type) AS i FROM up
+), evt AS (
+    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
+    SELECT (` + eventIDs + `::text[])[n.i], n.workspace_id, '` + events.CircuitClosed + `', n.effect_type,
+        jsonb_build_object('effect_type', CASE WHEN n.effect_type <> '*' THEN n.effect_type END,
+            'opened_by', n.opened_by, 'opened_at', n.opened_at, 'closed_at', n.allowance_from), ` + now + `,
+        'closed:' || extract(epoch FROM n.opened_at)::text
+    FROM n
+    ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
+)
+SELECT count(*) FROM up`
+}
+
+var (
+	// sqlCloseCircuit closes one breaker ('*' lifts the stop).
+	// $1 workspace, $2 type or '*', $3 now, $4 event ids.
+	sqlCloseCircuit = closeSQL(`SELECT $1::text AS workspace_id, $2::text AS effect_type`, "$3::timestamptz", "$4")
+	// sqlSweepCircuits closes surge breakers whose cooldown has passed.
+	// $1 now, $2 limit, $3 event ids.
+	sqlSweepCircuits = closeSQL(`SELECT workspace_id, effect_type FROM gate_circuits
+    WHERE state = 'open' AND closes_at <= $1 ORDER BY closes_at LIMIT $2 FOR UPDATE SKIP LOCKED`,
+		"$1::timestamptz", "$3")
+)
+
+// sqlPruneSpend deletes counters of days no grant can be charged to any
+// more; a failure reported later than that releases nothing.
+// $1 oldest day kept, $2 limit.
+const sqlPruneSpend = `
+DELETE FROM gate_spend g USING (
+    SELECT workspace_id, scope, day FROM gate_spend WHERE day < $1 LIMIT $2 FOR UPDATE SKIP LOCKED
+) old WHERE g.workspace_id = old.workspace_id AND g.scope = old.scope AND g.day = old.day`

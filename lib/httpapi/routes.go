@@ -9,6 +9,7 @@ func (s *Server) routes() []Route {
 		s.gateRoutes(),
 		s.jobsRoutes(),
 		s.webhookRoutes(),
+		s.circuitRoutes(),
 	} {
 		all = append(all, part...)
 	}
