@@ -37,7 +37,7 @@ func (s *Server) circuitRoutes() []Route {
 			Handle: s.releaseCircuits,
 		},
 		{
-			Method: "POST", Pattern: "/api/v1/circuits/{type}/open", Name: "circuits.open", Tag: "circuits",
+			Method: "POST", Pattern: "/api/v1/circuits/{effect_type}/open", Name: "circuits.open", Tag: "circuits",
 			Scopes: write,
 			Summary: "Open an effect type's breaker by hand with action monitor, require_approval (default) or " +
 				"deny. It has no cooldown: it stays open until closed.",
@@ -46,7 +46,7 @@ func (s *Server) circuitRoutes() []Route {
 			Handle: s.openCircuit,
 		},
 		{
-			Method: "POST", Pattern: "/api/v1/circuits/{type}/close", Name: "circuits.close", Tag: "circuits",
+			Method: "POST", Pattern: "/api/v1/circuits/{effect_type}/close", Name: "circuits.close", Tag: "circuits",
 			Scopes: write,
 			Summary: "Close an effect type's breaker: a fresh surge allowance counted from now; the breaker stays " +
 				"armed. Does not lift the emergency stop.",
@@ -93,9 +93,9 @@ func (s *Server) openCircuit(ctx context.Context, c *Call) (any, error) {
 	if err := c.Decode(&req); err != nil {
 		return nil, err
 	}
-	return s.Gate.OpenCircuit(ctx, c.Principal, c.R.PathValue("type"), req)
+	return s.Gate.OpenCircuit(ctx, c.Principal, c.R.PathValue("effect_type"), req)
 }
 
 func (s *Server) closeCircuit(ctx context.Context, c *Call) (any, error) {
-	return s.Gate.CloseCircuit(ctx, c.Principal, c.R.PathValue("type"))
+	return s.Gate.CloseCircuit(ctx, c.Principal, c.R.PathValue("effect_type"))
 }
