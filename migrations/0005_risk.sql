@@ -49,10 +49,15 @@ CREATE INDEX gate_circuits_cooling_idx ON gate_circuits (closes_at) WHERE state 
 
 -- Every effect type a workspace has begun, with when it was first seen (the
 -- start of its surge history). Written by begin with ON CONFLICT DO NOTHING.
+-- baseline_median caches the learned surge baseline (median hourly volume
+-- over 7 days) for the UTC hour baseline_for: it only changes when an hour
+-- completes, so begin computes it once an hour, not once a begin.
 CREATE TABLE gate_effect_types (
-    workspace_id  text NOT NULL REFERENCES workspaces(id),
-    effect_type   text NOT NULL,
-    first_seen_at timestamptz NOT NULL,
+    workspace_id    text NOT NULL REFERENCES workspaces(id),
+    effect_type     text NOT NULL,
+    first_seen_at   timestamptz NOT NULL,
+    baseline_for    timestamptz,
+    baseline_median double precision,
     PRIMARY KEY (workspace_id, effect_type)
 );
 INSERT INTO gate_effect_types (workspace_id, effect_type, first_seen_at)

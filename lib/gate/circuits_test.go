@@ -257,6 +257,13 @@ func TestLearnedSurgeCeiling(t *testing.T) {
 	}
 	b.denialOf("circuit_open", sms(key("surge")))
 	require.Equal(t, "surge", b.circuit("sms.send")["opened_by"])
+	// Begin computed the baseline once for this hour and cached it.
+	var median float64
+	var hour time.Time
+	require.NoError(t, b.env.App.Pool.QueryRow(context.Background(), `SELECT baseline_median, baseline_for
+		FROM gate_effect_types WHERE workspace_id = $1 AND effect_type = 'sms.send'`, b.ws.ID).Scan(&median, &hour))
+	require.EqualValues(t, 20, median)
+	require.True(t, hour.Equal(b.clock.Now().Truncate(time.Hour)), "%v", hour)
 	// The median ignores one runaway hour, and the ceiling never drops below 30.
 	b.putPolicy("email.send", map[string]any{"surge_multiplier": 2})
 	b.mustBegin("execute", email(key("one")))

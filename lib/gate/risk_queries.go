@@ -116,41 +116,61 @@ const (
 )
 
 // thresholdSQL is the surge threshold of a policy p for a type first seen at
-// firstSeen: surge_per_hour when set, else the learned ceiling, NULL while
-// inert or off. The median is only computed when volume (an expression, or
-// NULL to always compute) exceeds the floor, the only case it can matter.
-func thresholdSQL(p, ws, typ, now, firstSeen, volume string) string {
-	median := baselineSQL(ws, typ, now, firstSeen)
+// firstSeen whose baseline is median: surge_per_hour when set, else the
+// learned ceiling, NULL while inert or off.
+func thresholdSQL(p, now, firstSeen, median string) string {
 	return `CASE WHEN ` + p + `.surge_per_hour IS NOT NULL THEN ` + p + `.surge_per_hour::bigint
      WHEN ` + p + `.surge_multiplier IS NOT NULL AND ` + firstSeen + ` <= ` + now + ` - interval '` + surgeHistoryHours + ` hours'
-          AND (` + volume + ` IS NULL OR ` + volume + ` > ` + surgeFloor + `)
      THEN greatest(` + surgeFloor + `, floor(` + p + `.surge_multiplier * ` + median + `))::bigint END`
 }
 
 // breakerCTEs evaluate the circuits holding a begin ($1 workspace, $2 type,
-// $3 idempotency key, $8 now; after pol). cbs reads the type's breaker and
-// the stop (two primary-key probes on every begin). srg counts the surge
-// volume only when the policy configures surge, the type's breaker is not
+// $3 idempotency key, $8 now; after pol). cbs reads the type's breaker, the
+// stop and the type's sighting (three primary-key probes on every begin).
+// srg runs only when the policy configures surge, the type's breaker is not
 // already open and the key is new (a surge counts keys begun for the first
-// time); the count starts at the breaker's last close, so a closed breaker
-// grants a fresh allowance. brk is the strictest action holding the begin.
+// time). Its cost is bounded:
+//   - the learned baseline is cached per UTC hour on gate_effect_types (it
+//     only changes when an hour completes), so the 7-day median is computed
+//     by the first new key of an hour and read back by the rest;
+//   - the volume counts at most threshold rows of the effects index, from
+//     the later of an hour ago and the breaker's last close (a closed
+//     breaker grants a fresh allowance): a closed breaker has never seen
+//     more, or it would have opened.
+//
+// brk is the strictest action holding the begin.
 var breakerCTEs = `
 cbs AS (
     SELECT (SELECT s.action FROM gate_circuits s
             WHERE s.workspace_id = $1 AND s.effect_type = '*' AND s.state = 'open') AS stop_action,
         CASE WHEN c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at > $8) THEN c.action END AS own_action,
         CASE WHEN c.state = 'open' AND c.closes_at <= $8 THEN c.closes_at ELSE c.allowance_from END AS allowance_from,
-        (SELECT t.first_seen_at FROM gate_effect_types t WHERE t.workspace_id = $1 AND t.effect_type = $2) AS first_seen
-    FROM (SELECT 1) one LEFT JOIN gate_circuits c ON c.workspace_id = $1 AND c.effect_type = $2
+        t.first_seen_at AS first_seen, t.baseline_for, t.baseline_median
+    FROM (SELECT 1) one
+    LEFT JOIN gate_circuits c ON c.workspace_id = $1 AND c.effect_type = $2
+    LEFT JOIN gate_effect_types t ON t.workspace_id = $1 AND t.effect_type = $2
+),
+srg_base AS (
+    SELECT b.median, b.stale, ` + thresholdSQL("pol", "$8::timestamptz", "cbs.first_seen", "b.median") + ` AS threshold
+    FROM pol, cbs, LATERAL (
+        SELECT CASE WHEN NOT stale.v THEN cbs.baseline_median
+                    WHEN pol.surge_per_hour IS NULL AND cbs.first_seen IS NOT NULL
+                    THEN ` + baselineSQL("$1", "$2", "$8::timestamptz", "cbs.first_seen") + ` END AS median,
+            stale.v AND pol.surge_per_hour IS NULL AND cbs.first_seen IS NOT NULL AS stale
+        FROM (SELECT cbs.baseline_for IS DISTINCT FROM ` + hourUTC("$8") + ` AS v) stale
+    ) b
+    WHERE (pol.surge_per_hour IS NOT NULL OR pol.surge_multiplier IS NOT NULL) AND cbs.own_action IS NULL
+      AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $3)
 ),
 srg AS (
-    SELECT v.volume, v.threshold, v.threshold IS NOT NULL AND v.volume > v.threshold AS trips
+    SELECT v.median, v.stale, v.volume, v.threshold, v.threshold IS NOT NULL AND v.volume > v.threshold AS trips
     FROM (
-        SELECT w.volume, ` + thresholdSQL("pol", "$1", "$2", "$8::timestamptz", "cbs.first_seen", "w.volume") + ` AS threshold
-        FROM pol, cbs, LATERAL (SELECT 1 + ` + volumeSQL("$1", "$2",
-	"greatest($8::timestamptz - interval '1 hour', cbs.allowance_from)", "$8::timestamptz") + ` AS volume) w
-        WHERE (pol.surge_per_hour IS NOT NULL OR pol.surge_multiplier IS NOT NULL) AND cbs.own_action IS NULL
-          AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $3)
+        SELECT b.median, b.stale, b.threshold, 1 + (SELECT count(*) FROM (
+            SELECT 1 FROM effects x, cbs
+            WHERE x.workspace_id = $1 AND x.effect_type = $2 AND x.created_at <= $8
+              AND x.created_at > greatest($8::timestamptz - interval '1 hour', cbs.allowance_from)
+            LIMIT coalesce(b.threshold, 0)) q) AS volume
+        FROM srg_base b
     ) v
 ),
 brk AS (
@@ -191,6 +211,11 @@ seen AS (
     INSERT INTO gate_effect_types (workspace_id, effect_type, first_seen_at)
     SELECT $1, $2, $8 FROM ins
     ON CONFLICT (workspace_id, effect_type) DO NOTHING
+),
+baseline_cache AS (
+    UPDATE gate_effect_types t SET baseline_for = ` + hourUTC("$8") + `, baseline_median = srg.median
+    FROM srg WHERE srg.stale AND srg.median IS NOT NULL AND t.workspace_id = $1 AND t.effect_type = $2
+      AND t.baseline_for IS DISTINCT FROM ` + hourUTC("$8") + `
 )`
 
 // sqlListCircuits reads the circuits of every effect type seen (begun),
@@ -213,7 +238,8 @@ SELECT t.effect_type, c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at >
     c.reason, c.opened_at, c.closes_at,
     (SELECT action FROM stop), (SELECT reason FROM stop), (SELECT opened_at FROM stop),
     v.volume, ` + baselineSQL("$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at") + `,
-    ` + thresholdSQL("p", "$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at", "NULL") + `
+    ` + thresholdSQL("p", "$4::timestamptz", "f.first_seen_at",
+	baselineSQL("$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at")) + `
 FROM page t
 LEFT JOIN gate_circuits c ON c.workspace_id = $1 AND c.effect_type = t.effect_type
 LEFT JOIN gate_effect_types f ON f.workspace_id = $1 AND f.effect_type = t.effect_type
