@@ -221,3 +221,23 @@ func TestConcurrentBeginsGrantExactlyWhatTheBudgetAdmits(t *testing.T) {
 		FROM effects WHERE workspace_id = $1`, ws.ID).Scan(&effects, &attempts, &denied))
 	require.Equal(t, []int{racers, admits, racers - admits}, []int{effects, attempts, denied})
 }
+
+func TestApprovedEffectIsChargedWhenGranted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval", "daily_budget_micros": 3_000_000})
+	approve := func(body map[string]any) {
+		a := b.mustBegin("approval_required", body)
+		b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(a["approval_id"])+"/approve", b.ws.Key, nil)
+	}
+	first, second := wire(key("w1")), wire(key("w2"))
+	// Waiting for a human charges nothing: both fit until granted.
+	approve(first)
+	approve(second)
+	b.mustBegin("execute", first)
+	e := b.denialOf("budget_exceeded", second)
+	require.NotNil(t, e["detail"].(map[string]any)["resets_at"])
+	// Not final: the next window grants it.
+	b.clock.Add(24 * time.Hour)
+	require.EqualValues(t, 1, b.mustBegin("execute", second)["attempt"])
+}
