@@ -3,7 +3,6 @@ package gate_test
 import (
 	"context"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
@@ -177,36 +176,12 @@ func TestConcurrentBeginsGrantExactlyWhatTheBudgetAdmits(t *testing.T) {
 		"dimension_limits":    map[string]any{"vendor": map[string]any{"daily_count": admits + 5}},
 	})
 	agent := env1.Key(ws, map[string]any{"name": "capped", "preset": "AGENT", "daily_spend_ceiling_micros": (admits + 3) * 10})
-	var (
-		wg     sync.WaitGroup
-		mu     sync.Mutex
-		counts = map[string]int{}
-		start  = make(chan struct{})
-	)
-	for i := 0; i < racers; i++ {
-		env := []*apitest.Env{env1, env2}[i%2]
+	counts, _ := raceBodies(t, racers, agent, func(int) map[string]any {
 		body := charge(key("race"), 10)
 		body["dimensions"] = map[string]any{"vendor": "acme"}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			status, out, err := post(env, "/api/v1/effects/begin", agent, body)
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case err != nil:
-				counts["error"]++
-			case status == http.StatusOK:
-				counts[str(out["decision"])]++
-			default:
-				counts[str(out["error"].(map[string]any)["code"])]++
-			}
-		}()
-	}
-	close(start)
-	wg.Wait()
-	require.Equal(t, map[string]int{"execute": admits, "budget_exceeded": racers - admits}, counts)
+		return body
+	}, env1, env2)
+	require.Equal(t, map[string]int{"execute": admits, "403:budget_exceeded": racers - admits}, counts)
 	var micros, count int64
 	require.NoError(t, env1.App.Pool.QueryRow(context.Background(),
 		`SELECT micros, count FROM gate_spend WHERE workspace_id = $1 AND scope = 'type:api.call'`, ws.ID).
