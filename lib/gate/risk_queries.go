@@ -150,7 +150,7 @@ cbs AS (
     LEFT JOIN gate_circuits c ON c.workspace_id = $1 AND c.effect_type = $2
     LEFT JOIN gate_effect_types t ON t.workspace_id = $1 AND t.effect_type = $2
 ),
-srg_base AS (
+srg_base AS MATERIALIZED (
     SELECT b.median, b.stale, ` + thresholdSQL("pol", "$8::timestamptz", "cbs.first_seen", "b.median") + ` AS threshold
     FROM pol, cbs, LATERAL (
         SELECT CASE WHEN NOT stale.v THEN cbs.baseline_median
@@ -158,6 +158,7 @@ srg_base AS (
                     THEN ` + baselineSQL("$1", "$2", "$8::timestamptz", "cbs.first_seen") + ` END AS median,
             stale.v AND pol.surge_per_hour IS NULL AND cbs.first_seen IS NOT NULL AS stale
         FROM (SELECT cbs.baseline_for IS DISTINCT FROM ` + hourUTC("$8") + ` AS v) stale
+        OFFSET 0 -- not pulled up, so the median is one subplan, evaluated once
     ) b
     WHERE (pol.surge_per_hour IS NOT NULL OR pol.surge_multiplier IS NOT NULL) AND cbs.own_action IS NULL
       AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $3)
@@ -174,12 +175,12 @@ srg AS (
     ) v
 ),
 brk AS (
-    SELECT CASE WHEN 'deny' IN (a.stop_action, a.own_action, a.trip_action) THEN 'deny'
-                WHEN 'require_approval' IN (a.stop_action, a.own_action, a.trip_action) THEN 'require_approval'
-                WHEN 'monitor' IN (a.stop_action, a.own_action, a.trip_action) THEN 'monitor' END AS action
-    FROM (SELECT cbs.stop_action, cbs.own_action,
-                 CASE WHEN (SELECT trips FROM srg) THEN pol.surge_action END AS trip_action
-          FROM cbs, pol) a
+    SELECT (ARRAY['monitor', 'require_approval', 'deny'])[greatest(
+               array_position(ARRAY['monitor', 'require_approval', 'deny'], cbs.stop_action),
+               array_position(ARRAY['monitor', 'require_approval', 'deny'], cbs.own_action),
+               array_position(ARRAY['monitor', 'require_approval', 'deny'],
+                              CASE WHEN srg.trips THEN pol.surge_action END))] AS action
+    FROM cbs, pol LEFT JOIN srg ON true
 )`
 
 // tripCTEs open the type's breaker when this begin's new key tripped it,
