@@ -216,3 +216,29 @@ func TestApprovedEffectIsChargedWhenGranted(t *testing.T) {
 	b.clock.Add(24 * time.Hour)
 	require.EqualValues(t, 1, b.mustBegin("execute", second)["attempt"])
 }
+
+// TestSweepSpendCounters is not parallel: the sweep acts on every workspace.
+func TestSweepSpendCounters(t *testing.T) {
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"daily_budget_micros": 1000})
+	d := b.mustBegin("execute", charge(key("old"), 100))
+	count := func() (n int) {
+		require.NoError(t, b.env.App.Pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM gate_spend WHERE workspace_id = $1`, b.ws.ID).Scan(&n))
+		return n
+	}
+	g := b.env.App.Server.Gate
+	n, err := g.SweepSpend(context.Background(), b.clock.Now().Add(48*time.Hour), 100)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Equal(t, 1, count())
+	// Kept two days, so a late failure still releases.
+	b.clock.Add(72 * time.Hour)
+	_, err = g.SweepSpend(context.Background(), b.clock.Now(), 100)
+	require.NoError(t, err)
+	require.Zero(t, count())
+	// A failure found after its day's counter is gone releases nothing, harmlessly.
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+str(d["effect_id"])+"/resolve", b.ws.Key,
+		map[string]any{"outcome": "failed"})
+	require.Zero(t, count())
+}
