@@ -234,7 +234,7 @@ const spendDaysKept = 2
 func (s *Service) SweepSpend(ctx context.Context, now time.Time, limit int) (int, error) {
 	y, m, d := now.UTC().Date()
 	oldest := time.Date(y, m, d-spendDaysKept, 0, 0, 0, 0, time.UTC)
-	tag, err := s.pool.Exec(ctx, sqlPruneSpend, oldest, limit)
+	tag, err := s.pool.Exec(ctx, sqlPruneSpend, oldest.Format(time.DateOnly), limit)
 	if err != nil {
 		return 0, fmt.Errorf("sweep spend counters: %w", err)
 	}

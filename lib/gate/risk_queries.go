@@ -94,11 +94,11 @@ func hourUTC(ts string) string { return `date_trunc('hour', (` + ts + `)::timest
 // hour cannot raise the ceiling meant to catch the next.
 func baselineSQL(ws, typ, now, firstSeen string) string {
 	return `(SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY coalesce(n.c, 0)) FILTER (WHERE ` + firstSeen + ` IS NOT NULL)
-    FROM generate_series(greatest(` + hourUTC(firstSeen) + `, ` + hourUTC(now) + ` - interval '7 days'),
+    FROM generate_series(greatest(` + hourUTC(firstSeen) + `, ` + hourUTC(now) + ` - interval '168 hours'),
                          ` + hourUTC(now) + ` - interval '1 hour', interval '1 hour') h(hr)
     LEFT JOIN (SELECT ` + hourUTC("x.created_at") + ` AS hr, count(*) AS c FROM effects x
                WHERE x.workspace_id = ` + ws + ` AND x.effect_type = ` + typ + `
-                 AND x.created_at >= ` + hourUTC(now) + ` - interval '7 days' AND x.created_at < ` + hourUTC(now) + `
+                 AND x.created_at >= ` + hourUTC(now) + ` - interval '168 hours' AND x.created_at < ` + hourUTC(now) + `
                GROUP BY 1) n ON n.hr = h.hr)`
 }
 
@@ -313,8 +313,8 @@ var (
 
 // sqlPruneSpend deletes counters of days no grant can be charged to any
 // more; a failure reported later than that releases nothing.
-// $1 oldest day kept, $2 limit.
+// $1 oldest day kept ('YYYY-MM-DD'), $2 limit.
 const sqlPruneSpend = `
 DELETE FROM gate_spend g USING (
-    SELECT workspace_id, scope, day FROM gate_spend WHERE day < $1 LIMIT $2 FOR UPDATE SKIP LOCKED
+    SELECT workspace_id, scope, day FROM gate_spend WHERE day < $1::date LIMIT $2 FOR UPDATE SKIP LOCKED
 ) old WHERE g.workspace_id = old.workspace_id AND g.scope = old.scope AND g.day = old.day`
