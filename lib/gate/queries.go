@@ -106,9 +106,10 @@ func effectCols(alias string, nullSafe bool) string {
 //	$10 hashed dimensions (jsonb)  $11 sealed payload  $12 payload preview (jsonb)
 //	$13 lease token hash  $14 key id  $15 new approval id  $16 run id
 //	$17 group id  $18 sealed compensation  $19 compensates effect id
-//	$20 new event id  $21 the key's daily spend ceiling  $22 a ceiling's
-//	denial code that replaces execute (after a refused charge, see Begin)
-//	$23 new circuit event id
+//	$20 new event id  then riskInput.args(): $21 the key's daily spend
+//	ceiling  $22 a ceiling's denial code that replaces execute (after a
+//	refused charge, see Begin)  $23 new circuit event id (argKeyCeiling,
+//	argRefused, argTripEvent)
 //
 // The locked path takes $1-$8 ($7 unused); the circuits need the clock.
 //
@@ -171,7 +172,8 @@ ins AS (
         CASE ev.fresh WHEN 'approval' THEN 'pending' END,
         $11, $12::jsonb, $4, $10::jsonb, $16, $17, $18, $19, $14, $8, $8
     FROM (SELECT e.precheck, e.eff_lease, e.approval_reason,
-              CASE WHEN e.fresh = 'execute' AND $22::text IS NOT NULL THEN $22::text ELSE e.fresh END AS fresh
+              CASE WHEN e.fresh = 'execute' AND ` + argRefused + `::text IS NOT NULL THEN ` + argRefused + `::text
+                   ELSE e.fresh END AS fresh
           FROM ev e) ev
     WHERE ev.precheck IS NULL
     ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
@@ -179,7 +181,7 @@ ins AS (
 ),
 grant_src AS (
     SELECT $1::text AS workspace_id, $2::text AS effect_type, $4::bigint AS cost, $14::text AS key_id,
-        $21::bigint AS key_ceiling, $10::jsonb AS dims, pol.daily_budget_micros, pol.dimension_limits,
+        ` + argKeyCeiling + `::bigint AS key_ceiling, $10::jsonb AS dims, pol.daily_budget_micros, pol.dimension_limits,
         ` + utcDay("$8") + ` AS day
     FROM pol, ins WHERE ins.state = 'leased'
 ),` + chargeCTEs("grant_src") + `,

@@ -2,6 +2,15 @@ package gate
 
 import "github.com/getratchet/ratchet/lib/events"
 
+// Begin's parameters of the risk controls (riskInput.args, appended after
+// begin's own): named here so that begin can grow parameters of its own by
+// renumbering these three and nothing else.
+const (
+	argKeyCeiling = "$21"
+	argRefused    = "$22"
+	argTripEvent  = "$23"
+)
+
 // The SQL of the risk controls: daily ceilings (charged with a grant,
 // released with a failed report) and circuits. Fragments here are spliced
 // into begin's statements in queries.go, so a begin with nothing configured
@@ -185,7 +194,7 @@ brk AS (
 
 // tripCTEs open the type's breaker when this begin's new key tripped it,
 // once however many begins race (the upsert re-checks the row it locks), and
-// record circuit.tripped ($23 event id) in the same statement.
+// record circuit.tripped (argTripEvent) in the same statement.
 var tripCTEs = `
 trip AS (
     INSERT INTO gate_circuits AS c (workspace_id, effect_type, state, opened_by, action, reason, opened_at,
@@ -201,7 +210,7 @@ trip AS (
 ),
 trip_evt AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
-    SELECT $23, $1, '` + events.CircuitTripped + `', $2,
+    SELECT ` + argTripEvent + `, $1, '` + events.CircuitTripped + `', $2,
         jsonb_build_object('effect_type', $2::text, 'opened_by', 'surge', 'action', trip.action,
             'volume_last_hour', srg.volume, 'threshold', srg.threshold, 'opened_at', trip.opened_at,
             'closes_at', trip.closes_at), $8, 'surge:' || extract(epoch FROM trip.opened_at)::text
