@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
 )
 
 func (b *bundle) circuits() map[string]map[string]any {
@@ -269,4 +271,24 @@ func TestLearnedSurgeCeiling(t *testing.T) {
 	b.mustBegin("execute", email(key("one")))
 	b.clock.Add(7 * time.Hour)
 	require.EqualValues(t, 30, b.circuit("email.send")["threshold"])
+}
+
+// TestConcurrentSurgeTripsOnce races new keys past the threshold from two
+// instances: the breaker opens once (one event), every begin after it has
+// seen the threshold is held, and at least the threshold's worth executes.
+// Containment is a rate alarm, so begins racing at the line may overshoot.
+func TestConcurrentSurgeTripsOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	env2 := apitest.Start(t, apitest.WithNow(b.clock.Now))
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 10, "surge_action": "deny"})
+	const racers = 60
+	counts, _ := raceBodies(t, racers, b.ws.Key, func(int) map[string]any { return sms(key("surge")) }, b.env, env2)
+	require.GreaterOrEqual(t, counts["execute"], 10, "%v", counts)
+	require.Equal(t, racers, counts["execute"]+counts["403:circuit_open"], "%v", counts)
+	require.Equal(t, 1, b.events("circuit.tripped"))
+	c := b.circuit("sms.send")
+	require.Equal(t, "open", c["state"])
+	require.EqualValues(t, racers, c["volume_last_hour"])
+	b.denialOf("circuit_open", sms(key("after")))
 }
