@@ -3,6 +3,7 @@ package gate_test
 import (
 	"context"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -241,4 +242,78 @@ func TestSweepSpendCounters(t *testing.T) {
 	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+str(d["effect_id"])+"/resolve", b.ws.Key,
 		map[string]any{"outcome": "failed"})
 	require.Zero(t, count())
+}
+
+// TestConcurrentChargesAndReleasesAgree races grants and failed reports over
+// three ceilings at once: no deadlock, nothing lost, and every counter ends
+// equal to what the attempts that did not fail were charged.
+func TestConcurrentChargesAndReleasesAgree(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	env1 := apitest.Start(t, apitest.WithNow(c.Now))
+	env2 := apitest.Start(t, apitest.WithNow(c.Now))
+	ws := env1.Signup()
+	env1.Must(http.StatusOK, "PUT", "/api/v1/policies/api.call", ws.Key, map[string]any{
+		"daily_budget_micros": 500, "dimension_limits": map[string]any{"vendor": map[string]any{"daily_count": 40}}})
+	agent := env1.Key(ws, map[string]any{"name": "capped", "preset": "AGENT", "daily_spend_ceiling_micros": 450})
+	const racers = 80
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		codes = map[string]int{}
+		start = make(chan struct{})
+	)
+	for i := 0; i < racers; i++ {
+		env := []*apitest.Env{env1, env2}[i%2]
+		outcome := []string{"succeeded", "failed"}[i%2]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			body := charge(key("mix"), 10)
+			body["dimensions"] = map[string]any{"vendor": "acme"}
+			status, out, err := post(env, "/api/v1/effects/begin", agent, body)
+			note := func(s string) { mu.Lock(); codes[s]++; mu.Unlock() }
+			if err != nil || status == http.StatusInternalServerError {
+				note("error")
+				return
+			}
+			if out["decision"] != "execute" {
+				e, _ := out["error"].(map[string]any)
+				note(str(e["code"]))
+				return
+			}
+			status, _, err = post(env, "/api/v1/effects/"+str(out["effect_id"])+"/report", agent,
+				map[string]any{"lease_token": out["lease_token"], "outcome": outcome})
+			if err != nil || status != http.StatusOK {
+				note("report error")
+				return
+			}
+			note(outcome)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	t.Logf("outcomes: %v", codes)
+	require.Zero(t, codes["error"]+codes["report error"], "%v", codes)
+	var kept int64
+	require.NoError(t, env1.App.Pool.QueryRow(context.Background(), `SELECT count(*) FROM effect_attempts
+		WHERE workspace_id = $1 AND outcome = 'succeeded'`, ws.ID).Scan(&kept))
+	require.EqualValues(t, codes["succeeded"], kept)
+	rows, err := env1.App.Pool.Query(context.Background(),
+		`SELECT scope, micros, count FROM gate_spend WHERE workspace_id = $1`, ws.ID)
+	require.NoError(t, err)
+	n := 0
+	for rows.Next() {
+		var (
+			scope         string
+			micros, count int64
+		)
+		require.NoError(t, rows.Scan(&scope, &micros, &count))
+		require.Equal(t, kept*10, micros, scope)
+		require.Equal(t, kept, count, scope)
+		n++
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, 3, n)
 }
