@@ -31,8 +31,8 @@ CREATE INDEX effects_group_idx ON effects (group_id, id) WHERE group_id IS NOT N
 -- At most one compensating effect per step, whatever idempotency key it was
 -- begun with: this is what stops a retried rollback from refunding twice.
 CREATE UNIQUE INDEX effects_compensates_idx ON effects (compensates_effect_id) WHERE compensates_effect_id IS NOT NULL;
--- Reconciliation compares one effect type's effects created in [from, to).
-CREATE INDEX effects_type_created_idx ON effects (workspace_id, effect_type, created_at);
+-- Reconciliation compares one effect type's effects created in [from, to),
+-- served by effects_type_created_idx (0005).
 
 -- The reconciliation calendar: when each effect type was last compared
 -- against the vendor's records.

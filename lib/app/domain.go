@@ -11,14 +11,13 @@ import (
 	"github.com/getratchet/ratchet/lib/webhooks"
 )
 
-// lapsedLeasesPerPass bounds one sweeper pass over lapsed effect leases.
-const lapsedLeasesPerPass = 500
-
-// groupsPerPass and remindersPerPass bound the effect-group backstop and the
-// reconciliation reminders in one pass.
+// Bounds on one sweeper pass of each gate task.
 const (
-	groupsPerPass    = 100
-	remindersPerPass = 500
+	lapsedLeasesPerPass  = 500
+	groupsPerPass        = 100
+	remindersPerPass     = 500
+	circuitsPerPass      = 500
+	spendCountersPerPass = 1000
 )
 
 // wireDomain builds the domain services into deps and registers their sweep
@@ -33,18 +32,18 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 	})
 
 	sweeper.Add(
-		sweep.Task{
-			Name: "groups.settle",
-			Run: func(ctx context.Context, now time.Time) (int, error) {
-				return deps.Gate.SweepGroups(ctx, now, groupsPerPass)
-			},
-		},
-		sweep.Task{
-			Name: "reconciliation.due",
-			Run: func(ctx context.Context, now time.Time) (int, error) {
-				return deps.Gate.SweepReconcileDue(ctx, now, remindersPerPass)
-			},
-		},
+		sweep.Task{Name: "groups.settle", Run: func(ctx context.Context, now time.Time) (int, error) {
+			return deps.Gate.SweepGroups(ctx, now, groupsPerPass)
+		}},
+		sweep.Task{Name: "reconciliation.due", Run: func(ctx context.Context, now time.Time) (int, error) {
+			return deps.Gate.SweepReconcileDue(ctx, now, remindersPerPass)
+		}},
+		sweep.Task{Name: "circuits.cooled_down", Run: func(ctx context.Context, now time.Time) (int, error) {
+			return deps.Gate.SweepCircuits(ctx, now, circuitsPerPass)
+		}},
+		sweep.Task{Name: "gate.spend_counters", Run: func(ctx context.Context, now time.Time) (int, error) {
+			return deps.Gate.SweepSpend(ctx, now, spendCountersPerPass)
+		}},
 	)
 
 	deps.Jobs = jobs.New(deps.Pool, deps.Sealer, deps.Config.KeyHashSecret, deps.Config.JobLeaseGraceMs, deps.Now)

@@ -85,13 +85,17 @@ type beginInput struct {
 	token                                   string
 	tokenHash                               []byte
 	runID, groupID, compensates             *string
+	risk                                    riskInput
 }
 
 func (in *beginInput) args() []any {
-	return []any{in.ws, in.effectType, in.key, in.cost, in.dimNames, in.lease, in.fingerprint, in.now,
+	return append([]any{in.ws, in.effectType, in.key, in.cost, in.dimNames, in.lease, in.fingerprint, in.now,
 		in.effectID, in.dims, in.payload, in.preview, in.tokenHash, in.keyID, in.approvalID, in.runID,
-		in.groupID, in.compensation, in.compensates, in.eventID}
+		in.groupID, in.compensation, in.compensates, in.eventID}, in.risk.args()...)
 }
+
+// lockedArgs are the locked path's parameters ($1-$8).
+func (in *beginInput) lockedArgs() []any { return in.args()[:8] }
 
 func validIdempotencyKey(k string) bool {
 	n := utf8.RuneCountInString(k)
@@ -174,6 +178,7 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 		dims: string(hashedJSON), preview: string(redact.PreviewJSON(payload)),
 		runID: req.RunID, groupID: req.GroupID, compensates: req.CompensatesEffectID,
 		token: ids.Random(24),
+		risk:  newRiskInput(p, now),
 	}
 	if in.dimNames == nil {
 		in.dimNames = []string{}
@@ -260,9 +265,21 @@ func (s *Service) Begin(ctx context.Context, p *auth.Principal, req BeginRequest
 		return Decision{}, err
 	}
 	if in.grouped() {
-		return s.beginInGroup(ctx, in)
+		return s.refusingOnce(in, func() (Decision, error) { return s.beginInGroup(ctx, in) })
 	}
-	return s.decide(ctx, s.pool, in, s.beginLocked)
+	return s.refusingOnce(in, func() (Decision, error) { return s.decide(ctx, s.pool, in, s.beginLocked) })
+}
+
+// refusingOnce runs a begin, and when its grant did not fit a ceiling — the
+// statement aborted through gate_refuse() and its transaction kept nothing —
+// runs it once more, storing the denial instead of granting.
+func (s *Service) refusingOnce(in *beginInput, begin func() (Decision, error)) (Decision, error) {
+	d, err := begin()
+	if label, ok := refusedCeiling(err); ok && in.risk.refused == nil {
+		in.risk.refuse(label, in.now)
+		return begin()
+	}
+	return d, err
 }
 
 // decide is begin's decision over q (the pool, or a grouped begin's
@@ -314,7 +331,7 @@ func (s *Service) fresh(in *beginInput, ev *eval, row *effectRow) Decision {
 	case StateAwaitingApproval:
 		d.Decision, d.ApprovalID = DecisionApprovalRequired, *row.ApprovalID
 	default:
-		d.Decision, d.Denial = DecisionDenied, denial(*row.DenialCode, ev, row)
+		d.Decision, d.Denial = DecisionDenied, in.risk.denial(*row.DenialCode, ev, row)
 	}
 	return d
 }
@@ -371,6 +388,8 @@ func denial(code string, ev *eval, row *effectRow) *apierr.Error {
 		return e
 	case apierr.CodeMaxAttemptsExceeded:
 		return apierr.Of(code, "This key has used its attempt ceiling.").WithDetail("attempts", row.Attempt)
+	case apierr.CodeCircuitOpen:
+		return apierr.Of(code, "A circuit breaker holding this effect type is open with action deny.")
 	case apierr.CodeApprovalRejected:
 		e := apierr.Of(code, "An operator rejected this effect.")
 		if row.ApprovalID != nil {
@@ -395,7 +414,7 @@ func (s *Service) beginLocked(ctx context.Context, in *beginInput) (Decision, er
 
 // decideLocked is the locked path's decision inside tx.
 func (s *Service) decideLocked(ctx context.Context, tx pgx.Tx, in *beginInput) (Decision, error) {
-	ev, _, _, row, err := scanBegin(tx.QueryRow(ctx, sqlBeginLocked, in.args()[:6]...))
+	ev, _, _, row, err := scanBegin(tx.QueryRow(ctx, sqlBeginLocked, in.lockedArgs()...))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Decision{}, retryRequest()
 	}
@@ -433,7 +452,8 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 		code string
 	)
 	switch {
-	case ev.fresh == apierr.CodePolicyDenied || ev.fresh == apierr.CodeCostCeilingExceeded:
+	case ev.fresh == apierr.CodePolicyDenied || ev.fresh == apierr.CodeCostCeilingExceeded ||
+		ev.fresh == apierr.CodeCircuitOpen:
 		code = ev.fresh
 	case row.Attempt >= ev.maxAttempts:
 		code = apierr.CodeMaxAttemptsExceeded
@@ -444,10 +464,12 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 		}
 		return Decision{Decision: DecisionApprovalRequired, EffectID: out.ID, State: out.State,
 			Attempt: out.Attempt, ApprovalID: in.approvalID}, nil
+	case in.risk.refused != nil:
+		code = in.risk.refused.Code
 	default:
 		probe := wasIndeterminate && ev.onIndeterminate == OnIndeterminateProbe
-		if err := tx.QueryRow(ctx, sqlGrant, row.ID, in.now, in.tokenHash, ev.lease, probe, in.keyID).
-			Scan(out.dest()...); err != nil {
+		if err := tx.QueryRow(ctx, sqlGrant, row.ID, in.now, in.tokenHash, ev.lease, probe, in.keyID,
+			in.risk.keyCeiling).Scan(out.dest()...); err != nil {
 			return Decision{}, fmt.Errorf("begin: grant: %w", err)
 		}
 		d := Decision{Decision: DecisionExecute, EffectID: out.ID, State: out.State, Attempt: out.Attempt,
@@ -461,5 +483,5 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 		return Decision{}, fmt.Errorf("begin: deny: %w", err)
 	}
 	return Decision{Decision: DecisionDenied, EffectID: out.ID, State: out.State, Attempt: out.Attempt,
-		Denial: denial(code, ev, &out)}, nil
+		Denial: in.risk.denial(code, ev, &out)}, nil
 }

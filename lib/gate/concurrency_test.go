@@ -47,6 +47,12 @@ func post(env *apitest.Env, path, key string, body any) (int, map[string]any, er
 // raceBegins fires n begins at once, spread over envs, and counts decisions.
 func raceBegins(t *testing.T, n int, key string, body map[string]any, envs ...*apitest.Env) (map[string]int, []map[string]any) {
 	t.Helper()
+	return raceBodies(t, n, key, func(int) map[string]any { return body }, envs...)
+}
+
+// raceBodies is raceBegins with a body per racer; a denial counts by its code.
+func raceBodies(t *testing.T, n int, key string, bodyOf func(i int) map[string]any, envs ...*apitest.Env) (map[string]int, []map[string]any) {
+	t.Helper()
 	var (
 		wg     sync.WaitGroup
 		start  = make(chan struct{})
@@ -57,7 +63,7 @@ func raceBegins(t *testing.T, n int, key string, body map[string]any, envs ...*a
 	)
 	for i := 0; i < n; i++ {
 		wg.Add(1)
-		env := envs[i%len(envs)]
+		env, body := envs[i%len(envs)], bodyOf(i)
 		go func() {
 			defer wg.Done()
 			<-start
@@ -69,8 +75,9 @@ func raceBegins(t *testing.T, n int, key string, body map[string]any, envs ...*a
 				return
 			}
 			d, _ := out["decision"].(string)
-			if d == "" {
-				d = fmt.Sprintf("%d:%v", status, out["error"])
+			if d == "" || d == "denied" {
+				e, _ := out["error"].(map[string]any)
+				d = fmt.Sprintf("%d:%v", status, e["code"])
 			}
 			counts[d]++
 			if d == "execute" {

@@ -106,7 +106,12 @@ func effectCols(alias string, nullSafe bool) string {
 //	$10 hashed dimensions (jsonb)  $11 sealed payload  $12 payload preview (jsonb)
 //	$13 lease token hash  $14 key id  $15 new approval id  $16 run id
 //	$17 group id  $18 sealed compensation  $19 compensates effect id
-//	$20 new event id
+//	$20 new event id  then riskInput.args(): $21 the key's daily spend
+//	ceiling  $22 a ceiling's denial code that replaces execute (after a
+//	refused charge, see Begin)  $23 new circuit event id (argKeyCeiling,
+//	argRefused, argTripEvent)
+//
+// The locked path takes $1-$8 ($7 unused); the circuits need the clock.
 //
 // evalCTE evaluates the policy against the request: precheck is a 400 that
 // changes nothing (cost_required, dimension_required with the missing names),
@@ -114,8 +119,8 @@ func effectCols(alias string, nullSafe bool) string {
 // cost_ceiling_exceeded, approval, execute). A dimension with a ceiling is
 // required even when the policy forgot to list it: a ceiling keyed on an
 // undeclared dimension would otherwise be evaded.
-const evalCTE = `
-pol AS (` + sqlEffectivePolicy + `),
+var evalCTE = `
+pol AS (` + sqlEffectivePolicy + `),` + breakerCTEs + `,
 ev AS (
     SELECT pol.on_indeterminate, pol.max_attempts, pol.max_cost_micros, pol.approval_above_micros,
         CASE WHEN (pol.require_cost OR pol.approval_above_micros IS NOT NULL) AND $4::bigint IS NULL THEN 'cost_required'
@@ -123,20 +128,23 @@ ev AS (
         m.missing AS missing_dimensions,
         CASE WHEN pol.mode = 'deny' THEN 'policy_denied'
              WHEN $4::bigint > pol.max_cost_micros THEN 'cost_ceiling_exceeded'
+             WHEN brk.action = 'deny' THEN 'circuit_open'
              WHEN pol.mode = 'require_approval' THEN 'approval'
+             WHEN brk.action = 'require_approval' THEN 'approval'
              WHEN $4::bigint >= pol.approval_above_micros THEN 'approval'
              ELSE 'execute' END AS fresh,
         CASE WHEN pol.mode = 'require_approval' THEN 'policy_requires_approval'
+             WHEN brk.action = 'require_approval' THEN 'circuit_open'
              ELSE 'cost_at_or_above_threshold' END AS approval_reason,
         least(pol.lease_seconds, coalesce($6::int, pol.lease_seconds)) AS eff_lease
-    FROM pol, LATERAL (
+    FROM pol, brk, LATERAL (
         SELECT coalesce(array_agg(d ORDER BY d), '{}') AS missing
         FROM (SELECT unnest(pol.required_dimensions) UNION SELECT jsonb_object_keys(pol.dimension_limits)) x(d)
         WHERE NOT d = ANY($5::text[])
     ) m
 )`
 
-const evalCols = `ev.on_indeterminate, ev.max_attempts, ev.max_cost_micros, ev.approval_above_micros,
+var evalCols = `ev.on_indeterminate, ev.max_attempts, ev.max_cost_micros, ev.approval_above_micros,
 	ev.precheck, ev.missing_dimensions, ev.fresh, ev.approval_reason, ev.eff_lease`
 
 // sqlBeginFast is begin in one round trip for a new key (insert the effect,
@@ -163,15 +171,26 @@ ins AS (
         CASE ev.fresh WHEN 'approval' THEN $15::text END,
         CASE ev.fresh WHEN 'approval' THEN 'pending' END,
         $11, $12::jsonb, $4, $10::jsonb, $16, $17, $18, $19, $14, $8, $8
-    FROM ev WHERE ev.precheck IS NULL
+    FROM (SELECT e.precheck, e.eff_lease, e.approval_reason,
+              CASE WHEN e.fresh = 'execute' AND ` + argRefused + `::text IS NOT NULL THEN ` + argRefused + `::text
+                   ELSE e.fresh END AS fresh
+          FROM ev e) ev
+    WHERE ev.precheck IS NULL
     ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
     RETURNING ` + effectCols("", false) + `
 ),
+grant_src AS (
+    SELECT $1::text AS workspace_id, $2::text AS effect_type, $4::bigint AS cost, $14::text AS key_id,
+        ` + argKeyCeiling + `::bigint AS key_ceiling, $10::jsonb AS dims, pol.daily_budget_micros, pol.dimension_limits,
+        ` + utcDay("$8") + ` AS day
+    FROM pol, ins WHERE ins.state = 'leased'
+),` + chargeCTEs("grant_src") + `,
 att AS (
     INSERT INTO effect_attempts (effect_id, attempt, workspace_id, lease_token_hash, probe, started_at,
-        lease_expires_at, began_by_key_id)
-    SELECT ins.id, 1, $1, $13, false, $8, ins.lease_expires_at, $14 FROM ins WHERE ins.state = 'leased'
-),
+        lease_expires_at, began_by_key_id, charges, charged_on)
+    SELECT ins.id, 1, $1, $13, false, $8, ins.lease_expires_at, $14, ` + chargesJSON + `, ` + chargedOn + `
+    FROM ins WHERE ins.state = 'leased'
+),` + tripCTEs + `,
 apr AS (
     INSERT INTO approvals (id, workspace_id, effect_id, effect_type, state, reason, created_at)
     SELECT $15, $1, ins.id, $2, 'pending', ev.approval_reason, $8 FROM ins, ev WHERE ins.state = 'awaiting_approval'
@@ -190,7 +209,8 @@ cur AS (
     WHERE e.workspace_id = $1 AND e.idempotency_key = $3 AND NOT EXISTS (SELECT 1 FROM ins)
 )
 SELECT ` + evalCols + `, cur.inserted IS NOT NULL, coalesce(cur.inserted, false), ` + effectCols("cur", true) + `
-FROM ev LEFT JOIN cur ON true`
+FROM ev LEFT JOIN cur ON true
+WHERE NOT EXISTS (SELECT 1 FROM refused)`
 
 // sqlBeginLocked reads the effect with the same evaluation, holding its row
 // until the transaction ends. Under READ COMMITTED a waiter gets the newest
@@ -199,23 +219,33 @@ var sqlBeginLocked = `
 WITH ` + evalCTE + `
 SELECT ` + evalCols + `, true, false, ` + effectCols("e", false) + `
 FROM ev, effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $3
+    AND $7::text IS NOT NULL -- types the fingerprint, which this statement does not use
 FOR UPDATE OF e`
 
-// sqlGrant starts a new attempt on a locked effect.
-// $1 effect id, $2 now, $3 token hash, $4 lease seconds, $5 probe, $6 key id.
+// sqlGrant starts a new attempt on a locked effect and charges its ceilings
+// (gate_refuse aborts it when one does not fit).
+// $1 effect id, $2 now, $3 token hash, $4 lease seconds, $5 probe, $6 key id,
+// $7 the key's daily spend ceiling.
 var sqlGrant = `
 WITH e AS (
     UPDATE effects SET state = 'leased', attempt = attempt + 1, lease_token_hash = $3, lease_seconds = $4,
         lease_expires_at = $2::timestamptz + make_interval(secs => $4::int), attempt_started_at = $2,
         probe = $5, denial_code = NULL, updated_at = $2
     WHERE id = $1
-    RETURNING ` + effectCols("", false) + `
-), a AS (
+    RETURNING ` + effectCols("", false) + `, dimensions
+), grant_src AS (
+    SELECT e.workspace_id, e.effect_type, e.cost_micros AS cost, $6::text AS key_id, $7::bigint AS key_ceiling,
+        e.dimensions AS dims, p.daily_budget_micros, coalesce(p.dimension_limits, '{}') AS dimension_limits,
+        ` + utcDay("$2") + ` AS day
+    FROM e LEFT JOIN gate_policies p ON p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type
+),` + chargeCTEs("grant_src") + `,
+a AS (
     INSERT INTO effect_attempts (effect_id, attempt, workspace_id, lease_token_hash, probe, started_at,
-        lease_expires_at, began_by_key_id)
-    SELECT e.id, e.attempt, e.workspace_id, $3, $5, $2, e.lease_expires_at, $6 FROM e
+        lease_expires_at, began_by_key_id, charges, charged_on)
+    SELECT e.id, e.attempt, e.workspace_id, $3, $5, $2, e.lease_expires_at, $6, ` + chargesJSON + `, ` + chargedOn + `
+    FROM e
 )
-SELECT ` + effectCols("e", false) + ` FROM e`
+SELECT ` + effectCols("e", false) + ` FROM e WHERE NOT EXISTS (SELECT 1 FROM refused)`
 
 // sqlDeny records a denial. $1 effect id, $2 now, $3 code.
 var sqlDeny = `UPDATE effects SET state = 'denied', denial_code = $3, updated_at = $2 WHERE id = $1
@@ -328,7 +358,7 @@ WITH upd AS (
     UPDATE effect_attempts a SET outcome = $4, reported_at = $7, reported_by_key_id = $8
     FROM upd WHERE a.effect_id = upd.id AND a.attempt = upd.attempt
     RETURNING a.*
-)
+),` + releaseCTEs("upa", "a.outcome = 'failed'") + `
 SELECT ` + effectCols("e", false) + `,
   (SELECT jsonb_agg(jsonb_build_object(
       'attempt', a.attempt, 'outcome', a.outcome, 'probe', a.probe, 'started_at', a.started_at,
@@ -352,17 +382,22 @@ WITH upd AS (
 )
 SELECT lease_expires_at FROM upd`
 
-// sqlResolve records what an operator found for an indeterminate effect.
+// sqlResolve records what an operator found for an indeterminate effect. A
+// failed one is a known failure, so its ceilings are released like a failed
+// report's.
 // $1 effect id, $2 outcome, $3 sealed result, $4 result preview, $5 now,
 // $6 key id, $7 note.
-const sqlResolve = `
+var sqlResolve = `
 WITH upd AS (
     UPDATE effects SET state = $2, result = $3, result_preview = $4::jsonb, updated_at = $5
     WHERE id = $1 AND state = 'indeterminate'
     RETURNING id, attempt
-)
-UPDATE effect_attempts a SET outcome = $2, resolved_by_key_id = $6, resolved_at = $5, resolve_note = $7
-FROM upd WHERE a.effect_id = upd.id AND a.attempt = upd.attempt`
+), upa AS (
+    UPDATE effect_attempts a SET outcome = $2, resolved_by_key_id = $6, resolved_at = $5, resolve_note = $7
+    FROM upd WHERE a.effect_id = upd.id AND a.attempt = upd.attempt
+    RETURNING a.*
+),` + releaseCTEs("upa", "a.outcome = 'failed'") + `
+SELECT count(*) FROM upa`
 
 // ---- Effect groups (groups.go) ----
 

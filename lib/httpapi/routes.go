@@ -13,6 +13,7 @@ func (s *Server) routes() []Route {
 		s.reconcileRoutes(),
 		s.mcpRoutes(),
 		s.contractsRoutes(),
+		s.circuitRoutes(),
 	} {
 		all = append(all, part...)
 	}

@@ -29,7 +29,9 @@ func (s *Server) gateRoutes() []Route {
 			Request: gate.BeginRequest{}, Response: gate.Decision{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeCostRequired, apierr.CodeDimensionRequired,
 				apierr.CodeIdempotencyKeyReuse, apierr.CodeRetryRequest, apierr.CodePolicyDenied,
-				apierr.CodeCostCeilingExceeded, apierr.CodeMaxAttemptsExceeded, apierr.CodeApprovalRejected},
+				apierr.CodeCostCeilingExceeded, apierr.CodeMaxAttemptsExceeded, apierr.CodeApprovalRejected,
+				apierr.CodeBudgetExceeded, apierr.CodeKeyBudgetExceeded, apierr.CodeDimensionLimitExceeded,
+				apierr.CodeCircuitOpen},
 			Handle: s.beginEffect,
 		},
 		{

@@ -3,7 +3,6 @@ package groupstest
 import (
 	"net/http"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,34 +14,17 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // fx is one test's app, workspace and clock.
 type fx struct {
 	t     *testing.T
 	env   *apitest.Env
 	ws    apitest.Workspace
-	clock *clock
+	clock *apitest.Clock
 }
 
 func setupAt(t *testing.T, at time.Time) *fx {
 	t.Helper()
-	c := &clock{t: at}
+	c := apitest.NewClock(at)
 	env := apitest.Start(t, apitest.WithNow(c.Now))
 	return &fx{t: t, env: env, ws: env.Signup(), clock: c}
 }

@@ -1,0 +1,319 @@
+package gate_test
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+)
+
+func charge(k string, cost any) map[string]any {
+	body := map[string]any{"effect_type": "api.call", "idempotency_key": k, "payload": map[string]any{"n": 1}}
+	if cost != nil {
+		body["cost_micros"] = cost
+	}
+	return body
+}
+
+// denialOf requires a denied begin with code and returns its error.
+func (b *bundle) denialOf(code string, body map[string]any) map[string]any {
+	b.t.Helper()
+	d := b.mustBegin("denied", body)
+	require.Equal(b.t, "denied", d["state"])
+	e := d["error"].(map[string]any)
+	require.Equal(b.t, code, e["code"], "%v", d)
+	return e
+}
+
+func midnightAfter(t time.Time) string {
+	y, m, d := t.UTC().Date()
+	return time.Date(y, m, d+1, 0, 0, 0, 0, time.UTC).Format(time.RFC3339)
+}
+
+func TestDailyBudgetCountsGrantsAndReleasesFailures(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"daily_budget_micros": 1000})
+
+	a := b.mustBegin("execute", charge(key("a"), 600))
+	over := charge(key("over"), 500)
+	e := b.denialOf("budget_exceeded", over)
+	require.Equal(t, midnightAfter(b.clock.Now()), e["detail"].(map[string]any)["resets_at"])
+	require.Equal(t, "budget_exceeded", b.get(str(b.mustBegin("denied", over)["effect_id"]))["denial_code"])
+	// What fits still fits: 600 + 400 = 1000.
+	c := b.mustBegin("execute", charge(key("c"), 400))
+	b.denialOf("budget_exceeded", charge(key("one"), 1))
+	// An undeclared cost counts 0 and fits at the brim.
+	b.mustBegin("execute", charge(key("free"), nil))
+
+	// A failed attempt gives its spend back; the denied key is evaluated afresh.
+	require.Equal(t, http.StatusOK, b.report(str(a["effect_id"]), str(a["lease_token"]), "failed", nil).Status)
+	retried := b.mustBegin("execute", over)
+	require.EqualValues(t, 1, retried["attempt"])
+	// Succeeded and indeterminate attempts keep counting.
+	require.Equal(t, http.StatusOK, b.report(str(c["effect_id"]), str(c["lease_token"]), "succeeded", nil).Status)
+	b.clock.Add(2 * time.Minute) // retried's lease lapses: indeterminate
+	b.denialOf("budget_exceeded", charge(key("two"), 101))
+	b.mustBegin("execute", charge(key("three"), 100))
+
+	// A new UTC day is a new window.
+	b.clock.Add(24 * time.Hour)
+	b.mustBegin("execute", charge(key("tomorrow"), 1000))
+	b.denialOf("budget_exceeded", charge(key("tomorrow2"), 1))
+}
+
+func TestBudgetRetryAfterFailureIsChargedAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"daily_budget_micros": 1000, "on_indeterminate": "retry"})
+	k := charge(key("retry"), 700)
+	d := b.mustBegin("execute", k)
+	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
+	// The second attempt (locked path) is charged; while it holds 700, 301 does not fit.
+	d2 := b.mustBegin("execute", k)
+	require.EqualValues(t, 2, d2["attempt"])
+	b.denialOf("budget_exceeded", charge(key("x"), 301))
+	// A lapsed attempt keeps counting, so the retry after it does not fit.
+	b.clock.Add(2 * time.Minute)
+	e := b.denialOf("budget_exceeded", k)
+	require.NotNil(t, e["detail"].(map[string]any)["resets_at"])
+	got := b.get(str(d["effect_id"]))
+	require.Equal(t, "denied", got["state"])
+	require.EqualValues(t, 2, got["attempt"])
+}
+
+func TestResolveFailedReleasesSpend(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"daily_budget_micros": 1000})
+	d := b.mustBegin("execute", charge(key("lapse"), 700))
+	b.clock.Add(2 * time.Minute)
+	b.denialOf("budget_exceeded", charge(key("x"), 301))
+	// An operator found it failed at the vendor: a known failure releases.
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+str(d["effect_id"])+"/resolve", b.ws.Key,
+		map[string]any{"outcome": "failed"})
+	b.mustBegin("execute", charge(key("y"), 1000))
+}
+
+func TestKeyDailySpendCeiling(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	agent := b.env.Key(b.ws, map[string]any{"name": "capped", "preset": "AGENT", "daily_spend_ceiling_micros": 1000})
+	do := func(body map[string]any) *apitest.Response {
+		return b.env.Do("POST", "/api/v1/effects/begin", agent, body)
+	}
+	require.Equal(t, "execute", do(charge(key("k1"), 600)).JSON()["decision"])
+	other := charge(key("k2"), 500)
+	other["effect_type"] = "sms.send" // the ceiling spans every type
+	r := do(other)
+	require.Equal(t, http.StatusForbidden, r.Status, "%s", r.Body)
+	e := r.JSON()["error"].(map[string]any)
+	require.Equal(t, "key_budget_exceeded", e["code"])
+	require.Equal(t, midnightAfter(b.clock.Now()), e["detail"].(map[string]any)["resets_at"])
+	// Another key is not held by this key's ceiling.
+	b.mustBegin("execute", charge(key("k3"), 500))
+	require.Equal(t, "execute", do(charge(key("k4"), 400)).JSON()["decision"])
+}
+
+func TestDimensionLimits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("email.send", map[string]any{"dimension_limits": map[string]any{
+		"recipient": map[string]any{"daily_count": 2, "daily_micros": nil}}})
+	msg := func(k, to string) map[string]any {
+		return map[string]any{"effect_type": "email.send", "idempotency_key": k, "payload": map[string]any{"to": to},
+			"dimensions": map[string]any{"recipient": to}}
+	}
+	// daily_count applies to effects that declare no cost at all.
+	first := b.mustBegin("execute", msg(key("m1"), "user_1"))
+	b.mustBegin("execute", msg(key("m2"), "user_1"))
+	third := msg(key("m3"), "user_1")
+	e := b.denialOf("dimension_limit_exceeded", third)
+	detail := e["detail"].(map[string]any)
+	require.Equal(t, "recipient", detail["dimension"])
+	require.Equal(t, midnightAfter(b.clock.Now()), detail["resets_at"])
+	// Per value: another recipient has its own count.
+	b.mustBegin("execute", msg(key("m4"), "user_2"))
+	// A failure releases the count.
+	require.Equal(t, http.StatusOK, b.report(str(first["effect_id"]), str(first["lease_token"]), "failed", nil).Status)
+	b.mustBegin("execute", third)
+	// Only a keyed hash of the value is stored.
+	var n int
+	require.NoError(t, b.env.App.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM gate_spend WHERE workspace_id = $1 AND scope LIKE '%user_%'`, b.ws.ID).Scan(&n))
+	require.Zero(t, n)
+
+	b.putPolicy("wire.send", map[string]any{"dimension_limits": map[string]any{
+		"account": map[string]any{"daily_micros": 1000}}})
+	pay := func(k, acct string, cost int) map[string]any {
+		return map[string]any{"effect_type": "wire.send", "idempotency_key": k, "cost_micros": cost,
+			"dimensions": map[string]any{"account": acct}}
+	}
+	b.mustBegin("execute", pay(key("p1"), "acct_1", 900))
+	e = b.denialOf("dimension_limit_exceeded", pay(key("p2"), "acct_1", 200))
+	require.Equal(t, "account", e["detail"].(map[string]any)["dimension"])
+	b.mustBegin("execute", pay(key("p3"), "acct_2", 1000))
+	// A limited dimension must be declared.
+	r := b.begin(map[string]any{"effect_type": "wire.send", "idempotency_key": key("p4"), "cost_micros": 1})
+	errCode(t, r, http.StatusBadRequest, "dimension_required")
+}
+
+// TestConcurrentBeginsGrantExactlyWhatTheBudgetAdmits races distinct keys
+// from two instances against budgets that admit exactly n of them.
+func TestConcurrentBeginsGrantExactlyWhatTheBudgetAdmits(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	env1 := apitest.Start(t, apitest.WithNow(c.Now))
+	env2 := apitest.Start(t, apitest.WithNow(c.Now))
+	ws := env1.Signup()
+	const admits, racers = 37, 100
+	env1.Must(http.StatusOK, "PUT", "/api/v1/policies/api.call", ws.Key, map[string]any{
+		"daily_budget_micros": admits * 10,
+		"dimension_limits":    map[string]any{"vendor": map[string]any{"daily_count": admits + 5}},
+	})
+	agent := env1.Key(ws, map[string]any{"name": "capped", "preset": "AGENT", "daily_spend_ceiling_micros": (admits + 3) * 10})
+	counts, _ := raceBodies(t, racers, agent, func(int) map[string]any {
+		body := charge(key("race"), 10)
+		body["dimensions"] = map[string]any{"vendor": "acme"}
+		return body
+	}, env1, env2)
+	require.Equal(t, map[string]int{"execute": admits, "403:budget_exceeded": racers - admits}, counts)
+	var micros, count int64
+	require.NoError(t, env1.App.Pool.QueryRow(context.Background(),
+		`SELECT micros, count FROM gate_spend WHERE workspace_id = $1 AND scope = 'type:api.call'`, ws.ID).
+		Scan(&micros, &count))
+	require.EqualValues(t, admits*10, micros)
+	require.EqualValues(t, admits, count)
+	// A refused grant kept nothing but its denial.
+	var effects, attempts, denied int
+	require.NoError(t, env1.App.Pool.QueryRow(context.Background(), `SELECT count(*),
+		(SELECT count(*) FROM effect_attempts WHERE workspace_id = $1),
+		count(*) FILTER (WHERE state = 'denied' AND denial_code = 'budget_exceeded')
+		FROM effects WHERE workspace_id = $1`, ws.ID).Scan(&effects, &attempts, &denied))
+	require.Equal(t, []int{racers, admits, racers - admits}, []int{effects, attempts, denied})
+}
+
+func TestApprovedEffectIsChargedWhenGranted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval", "daily_budget_micros": 3_000_000})
+	approve := func(body map[string]any) {
+		a := b.mustBegin("approval_required", body)
+		b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(a["approval_id"])+"/approve", b.ws.Key, nil)
+	}
+	first, second := wire(key("w1")), wire(key("w2"))
+	// Waiting for a human charges nothing: both fit until granted.
+	approve(first)
+	approve(second)
+	b.mustBegin("execute", first)
+	e := b.denialOf("budget_exceeded", second)
+	require.NotNil(t, e["detail"].(map[string]any)["resets_at"])
+	// Not final: the next window grants it.
+	b.clock.Add(24 * time.Hour)
+	require.EqualValues(t, 1, b.mustBegin("execute", second)["attempt"])
+}
+
+// TestSweepSpendCounters is not parallel: the sweep acts on every workspace.
+func TestSweepSpendCounters(t *testing.T) {
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"daily_budget_micros": 1000})
+	d := b.mustBegin("execute", charge(key("old"), 100))
+	count := func() (n int) {
+		require.NoError(t, b.env.App.Pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM gate_spend WHERE workspace_id = $1`, b.ws.ID).Scan(&n))
+		return n
+	}
+	g := b.env.App.Server.Gate
+	n, err := g.SweepSpend(context.Background(), b.clock.Now().Add(48*time.Hour), 100)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Equal(t, 1, count())
+	// Kept two days, so a late failure still releases.
+	b.clock.Add(72 * time.Hour)
+	_, err = g.SweepSpend(context.Background(), b.clock.Now(), 100)
+	require.NoError(t, err)
+	require.Zero(t, count())
+	// A failure found after its day's counter is gone releases nothing, harmlessly.
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+str(d["effect_id"])+"/resolve", b.ws.Key,
+		map[string]any{"outcome": "failed"})
+	require.Zero(t, count())
+}
+
+// TestConcurrentChargesAndReleasesAgree races grants and failed reports over
+// three ceilings at once: no deadlock, nothing lost, and every counter ends
+// equal to what the attempts that did not fail were charged.
+func TestConcurrentChargesAndReleasesAgree(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	env1 := apitest.Start(t, apitest.WithNow(c.Now))
+	env2 := apitest.Start(t, apitest.WithNow(c.Now))
+	ws := env1.Signup()
+	env1.Must(http.StatusOK, "PUT", "/api/v1/policies/api.call", ws.Key, map[string]any{
+		"daily_budget_micros": 500, "dimension_limits": map[string]any{"vendor": map[string]any{"daily_count": 40}}})
+	agent := env1.Key(ws, map[string]any{"name": "capped", "preset": "AGENT", "daily_spend_ceiling_micros": 450})
+	const racers = 80
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		codes = map[string]int{}
+		start = make(chan struct{})
+	)
+	for i := 0; i < racers; i++ {
+		env := []*apitest.Env{env1, env2}[i%2]
+		outcome := []string{"succeeded", "failed"}[i%2]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			body := charge(key("mix"), 10)
+			body["dimensions"] = map[string]any{"vendor": "acme"}
+			status, out, err := post(env, "/api/v1/effects/begin", agent, body)
+			note := func(s string) { mu.Lock(); codes[s]++; mu.Unlock() }
+			if err != nil || status == http.StatusInternalServerError {
+				note("error")
+				return
+			}
+			if out["decision"] != "execute" {
+				e, _ := out["error"].(map[string]any)
+				note(str(e["code"]))
+				return
+			}
+			status, _, err = post(env, "/api/v1/effects/"+str(out["effect_id"])+"/report", agent,
+				map[string]any{"lease_token": out["lease_token"], "outcome": outcome})
+			if err != nil || status != http.StatusOK {
+				note("report error")
+				return
+			}
+			note(outcome)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	t.Logf("outcomes: %v", codes)
+	require.Zero(t, codes["error"]+codes["report error"], "%v", codes)
+	var kept int64
+	require.NoError(t, env1.App.Pool.QueryRow(context.Background(), `SELECT count(*) FROM effect_attempts
+		WHERE workspace_id = $1 AND outcome = 'succeeded'`, ws.ID).Scan(&kept))
+	require.EqualValues(t, codes["succeeded"], kept)
+	rows, err := env1.App.Pool.Query(context.Background(),
+		`SELECT scope, micros, count FROM gate_spend WHERE workspace_id = $1`, ws.ID)
+	require.NoError(t, err)
+	n := 0
+	for rows.Next() {
+		var (
+			scope         string
+			micros, count int64
+		)
+		require.NoError(t, rows.Scan(&scope, &micros, &count))
+		require.Equal(t, kept*10, micros, scope)
+		require.Equal(t, kept, count, scope)
+		n++
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, 3, n)
+}

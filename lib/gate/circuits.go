@@ -1,0 +1,242 @@
+package gate
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/ids"
+)
+
+// Circuits (API.md §2.5): surge containment per effect type and the
+// workspace's emergency stop. Begin evaluates them in its own statement
+// (breakerCTEs, tripCTEs in risk_queries.go): the breaker row and the stop
+// are two primary-key probes, and the surge volume is counted from the
+// effects index only when the policy configures surge and the key is new.
+
+// Circuit states, openers and actions.
+const (
+	CircuitClosed = "closed"
+	CircuitOpen   = "open"
+
+	OpenedBySurge  = "surge"
+	OpenedByManual = "manual"
+	OpenedByStop   = "stop"
+
+	ActionMonitor         = "monitor"
+	ActionRequireApproval = "require_approval"
+	ActionDeny            = "deny"
+)
+
+// stopType is the gate_circuits row of the emergency stop ('*' is never a
+// valid effect type).
+const stopType = "*"
+
+const maxReasonRunes = 500
+
+// Circuit is one effect type's breaker as it reads now (API.md §5). Every
+// field is always present, null where not applicable.
+type Circuit struct {
+	EffectType           string     `json:"effect_type"`
+	State                string     `json:"state"`
+	OpenedBy             *string    `json:"opened_by"`
+	Action               *string    `json:"action"`
+	Reason               *string    `json:"reason"`
+	VolumeLastHour       int64      `json:"volume_last_hour"`
+	BaselineMedianHourly *float64   `json:"baseline_median_hourly"`
+	Threshold            *int64     `json:"threshold"`
+	OpenedAt             *time.Time `json:"opened_at"`
+	ClosesAt             *time.Time `json:"closes_at"`
+}
+
+// OpenCircuitRequest is the body of POST /api/v1/circuits/{type}/open and of
+// POST /api/v1/circuits/stop; action defaults to require_approval.
+type OpenCircuitRequest struct {
+	Action *string `json:"action"`
+	Reason *string `json:"reason"`
+}
+
+// actionRank orders actions by strictness: the strictest breaker holding a
+// type is the one it reads as (and the one begin applies).
+func actionRank(a *string) int {
+	if a == nil {
+		return -1
+	}
+	return slices.Index([]string{ActionMonitor, ActionRequireApproval, ActionDeny}, *a)
+}
+
+func scanCircuit(row pgx.Row) (Circuit, error) {
+	var (
+		c                        Circuit
+		ownOpen                  *bool
+		ownBy, ownAction, ownWhy *string
+		ownAt, ownCloses         *time.Time
+		stopAction, stopWhy      *string
+		stopAt                   *time.Time
+	)
+	err := row.Scan(&c.EffectType, &ownOpen, &ownBy, &ownAction, &ownWhy, &ownAt, &ownCloses,
+		&stopAction, &stopWhy, &stopAt, &c.VolumeLastHour, &c.BaselineMedianHourly, &c.Threshold)
+	if err != nil {
+		return c, err
+	}
+	c.State = CircuitClosed
+	if ownOpen != nil && *ownOpen && actionRank(ownAction) > actionRank(stopAction) {
+		c.State, c.OpenedBy, c.Action, c.Reason, c.OpenedAt, c.ClosesAt =
+			CircuitOpen, ownBy, ownAction, ownWhy, ownAt, ownCloses
+	} else if stopAction != nil {
+		by := OpenedByStop
+		c.State, c.OpenedBy, c.Action, c.Reason, c.OpenedAt = CircuitOpen, &by, stopAction, stopWhy, stopAt
+	}
+	return c, nil
+}
+
+// ListCircuits pages through the circuits of every effect type seen or
+// configured, by type.
+func (s *Service) ListCircuits(ctx context.Context, workspaceID, cursor string, limit int) ([]Circuit, error) {
+	return s.circuits(ctx, workspaceID, cursor, limit, "")
+}
+
+func (s *Service) circuits(ctx context.Context, workspaceID, cursor string, limit int, one string) ([]Circuit, error) {
+	rows, err := s.pool.Query(ctx, sqlListCircuits, workspaceID, cursor, limit, s.clock(), one)
+	if err != nil {
+		return nil, fmt.Errorf("list circuits: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Circuit, error) { return scanCircuit(r) })
+	if err != nil {
+		return nil, fmt.Errorf("list circuits: %w", err)
+	}
+	return out, nil
+}
+
+// GetCircuit reads one effect type's circuit.
+func (s *Service) GetCircuit(ctx context.Context, workspaceID, effectType string) (Circuit, error) {
+	if err := checkEffectType(effectType); err != nil {
+		return Circuit{}, err
+	}
+	cs, err := s.circuits(ctx, workspaceID, "", 1, effectType)
+	if err != nil {
+		return Circuit{}, err
+	}
+	return cs[0], nil
+}
+
+func (r *OpenCircuitRequest) validate() (action string, reason *string, err error) {
+	var pr apierr.Problems
+	action = ActionRequireApproval
+	if r.Action != nil {
+		action = *r.Action
+		if !slices.Contains(surgeActions, action) {
+			pr.Add("action", "must be one of %v", surgeActions)
+		}
+	}
+	if r.Reason != nil && utf8.RuneCountInString(*r.Reason) > maxReasonRunes {
+		pr.Add("reason", "must be at most %d characters", maxReasonRunes)
+	}
+	return action, r.Reason, pr.Err()
+}
+
+// OpenCircuit opens an effect type's breaker by hand. It has no cooldown:
+// it stays open until closed.
+func (s *Service) OpenCircuit(ctx context.Context, p *auth.Principal, effectType string, req OpenCircuitRequest) (Circuit, error) {
+	if err := checkEffectType(effectType); err != nil {
+		return Circuit{}, err
+	}
+	if err := s.open(ctx, p, effectType, OpenedByManual, req); err != nil {
+		return Circuit{}, err
+	}
+	return s.GetCircuit(ctx, p.WorkspaceID, effectType)
+}
+
+// Stop opens the emergency stop: every effect type, including types first
+// seen while it is on, is held until Release.
+func (s *Service) Stop(ctx context.Context, p *auth.Principal, req OpenCircuitRequest) ([]Circuit, error) {
+	if err := s.open(ctx, p, stopType, OpenedByStop, req); err != nil {
+		return nil, err
+	}
+	return s.ListCircuits(ctx, p.WorkspaceID, "", maxCircuitsAnswered)
+}
+
+// maxCircuitsAnswered bounds the list stop and release answer with.
+const maxCircuitsAnswered = 200
+
+func (s *Service) open(ctx context.Context, p *auth.Principal, effectType, by string, req OpenCircuitRequest) error {
+	action, reason, err := req.validate()
+	if err != nil {
+		return err
+	}
+	now := s.clock()
+	if _, err := s.pool.Exec(ctx, sqlOpenCircuit, p.WorkspaceID, effectType, by, action, reason, now,
+		ids.NewAt(ids.Event, now)); err != nil {
+		return fmt.Errorf("open circuit: %w", err)
+	}
+	return nil
+}
+
+// CloseCircuit closes an effect type's breaker (surge or manual). The next
+// surge count starts from here, a fresh allowance; the breaker stays armed.
+// It does not lift the emergency stop. Closing a closed breaker is a no-op.
+func (s *Service) CloseCircuit(ctx context.Context, p *auth.Principal, effectType string) (Circuit, error) {
+	if err := checkEffectType(effectType); err != nil {
+		return Circuit{}, err
+	}
+	if err := s.close(ctx, p.WorkspaceID, effectType); err != nil {
+		return Circuit{}, err
+	}
+	return s.GetCircuit(ctx, p.WorkspaceID, effectType)
+}
+
+// Release lifts the emergency stop; breakers of single types stay as they are.
+func (s *Service) Release(ctx context.Context, p *auth.Principal) ([]Circuit, error) {
+	if err := s.close(ctx, p.WorkspaceID, stopType); err != nil {
+		return nil, err
+	}
+	return s.ListCircuits(ctx, p.WorkspaceID, "", maxCircuitsAnswered)
+}
+
+func (s *Service) close(ctx context.Context, workspaceID, effectType string) error {
+	now := s.clock()
+	if _, err := s.pool.Exec(ctx, sqlCloseCircuit, workspaceID, effectType, now,
+		[]string{ids.NewAt(ids.Event, now)}); err != nil {
+		return fmt.Errorf("close circuit: %w", err)
+	}
+	return nil
+}
+
+// SweepCircuits closes up to limit surge breakers whose cooldown has passed
+// and records circuit.closed for each. Begin already reads them as closed;
+// this makes it durable and tells subscribers.
+func (s *Service) SweepCircuits(ctx context.Context, now time.Time, limit int) (int, error) {
+	now = now.UTC().Truncate(time.Microsecond)
+	eventIDs := make([]string, limit)
+	for i := range eventIDs {
+		eventIDs[i] = ids.NewAt(ids.Event, now)
+	}
+	sort.Strings(eventIDs)
+	var n int
+	if err := s.pool.QueryRow(ctx, sqlSweepCircuits, now, limit, eventIDs).Scan(&n); err != nil {
+		return 0, fmt.Errorf("sweep circuits: %w", err)
+	}
+	return n, nil
+}
+
+// spendDaysKept is how many past UTC days of ceiling counters are kept, so a
+// failure reported a day late still releases its spend.
+const spendDaysKept = 2
+
+// SweepSpend deletes up to limit ceiling counters of days past.
+func (s *Service) SweepSpend(ctx context.Context, now time.Time, limit int) (int, error) {
+	y, m, d := now.UTC().Date()
+	oldest := time.Date(y, m, d-spendDaysKept, 0, 0, 0, 0, time.UTC)
+	tag, err := s.pool.Exec(ctx, sqlPruneSpend, oldest.Format(time.DateOnly), limit)
+	if err != nil {
+		return 0, fmt.Errorf("sweep spend counters: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}

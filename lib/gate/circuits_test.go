@@ -1,0 +1,294 @@
+package gate_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+)
+
+func (b *bundle) circuits() map[string]map[string]any {
+	b.t.Helper()
+	out := map[string]map[string]any{}
+	list := b.env.Must(http.StatusOK, "GET", "/api/v1/circuits?limit=200", b.ws.Key, nil).JSON()
+	for _, x := range list["data"].([]any) {
+		c := x.(map[string]any)
+		out[str(c["effect_type"])] = c
+	}
+	return out
+}
+
+func (b *bundle) circuit(effectType string) map[string]any {
+	b.t.Helper()
+	c, ok := b.circuits()[effectType]
+	require.True(b.t, ok, "no circuit for %s", effectType)
+	return c
+}
+
+func (b *bundle) events(typ string) int {
+	b.t.Helper()
+	var n int
+	require.NoError(b.t, b.env.App.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM events WHERE workspace_id = $1 AND type = $2`, b.ws.ID, typ).Scan(&n))
+	return n
+}
+
+func sms(k string) map[string]any {
+	return map[string]any{"effect_type": "sms.send", "idempotency_key": k, "payload": map[string]any{"to": "+1"}}
+}
+
+func TestCircuitRoutesNeedPoliciesWrite(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	agent := b.agent()
+	for _, r := range []struct{ method, path string }{
+		{"GET", "/api/v1/circuits"}, {"POST", "/api/v1/circuits/stop"}, {"POST", "/api/v1/circuits/release"},
+		{"POST", "/api/v1/circuits/sms.send/open"}, {"POST", "/api/v1/circuits/sms.send/close"},
+	} {
+		e := errCode(t, b.env.Do(r.method, r.path, agent, nil), http.StatusForbidden, "forbidden")
+		require.Equal(t, []any{"policies:write"}, e["detail"].(map[string]any)["required"], r.path)
+	}
+	// The agent cannot have closed anything: its begins still meet the breaker.
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key, map[string]any{"action": "deny"})
+	errCode(t, b.env.Do("POST", "/api/v1/circuits/sms.send/close", agent, nil), http.StatusForbidden, "forbidden")
+	r := b.env.Do("POST", "/api/v1/effects/begin", agent, sms(key("a")))
+	require.Equal(t, http.StatusForbidden, r.Status)
+	require.Equal(t, "circuit_open", r.JSON()["error"].(map[string]any)["code"])
+}
+
+func TestCircuitListShapeAndVolume(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cs := b.circuits()
+	// Starter policies are configured types.
+	require.Contains(t, cs, "payment.charge")
+	require.Equal(t, map[string]any{"effect_type": "payment.charge", "state": "closed", "opened_by": nil,
+		"action": nil, "reason": nil, "volume_last_hour": 0.0, "baseline_median_hourly": nil, "threshold": nil,
+		"opened_at": nil, "closes_at": nil}, cs["payment.charge"])
+
+	for i := 0; i < 3; i++ {
+		b.mustBegin("execute", sms(key("v")))
+	}
+	require.EqualValues(t, 3, b.circuit("sms.send")["volume_last_hour"])
+	// A repeated key is not a new key.
+	k := sms(key("again"))
+	b.mustBegin("execute", k)
+	b.mustBegin("in_flight", k)
+	require.EqualValues(t, 4, b.circuit("sms.send")["volume_last_hour"])
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 10})
+	require.EqualValues(t, 10, b.circuit("sms.send")["threshold"])
+	b.clock.Add(59 * time.Minute)
+	require.EqualValues(t, 4, b.circuit("sms.send")["volume_last_hour"])
+	b.clock.Add(2 * time.Minute)
+	c := b.circuit("sms.send")
+	require.EqualValues(t, 0, c["volume_last_hour"])
+	require.EqualValues(t, 4, c["baseline_median_hourly"])
+
+	errCode(t, b.env.Do("POST", "/api/v1/circuits/a%20b/open", b.ws.Key, nil), http.StatusNotFound, "not_found")
+	require.Contains(t, validationFields(t, b.env.Do("POST", "/api/v1/circuits/sms.send/open", b.ws.Key,
+		map[string]any{"action": "explode"})), "action")
+	require.Contains(t, validationFields(t, b.env.Do("POST", "/api/v1/circuits/stop", b.ws.Key,
+		map[string]any{"action": "halt"})), "action")
+}
+
+func TestSurgeRequireApprovalCooldownAndFreshAllowance(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 3, "surge_cooldown_seconds": 60})
+	for i := 0; i < 3; i++ {
+		b.mustBegin("execute", sms(key("ok")))
+	}
+	tripped := b.mustBegin("approval_required", sms(key("trip")))
+	opened := b.clock.Now()
+	c := b.circuit("sms.send")
+	require.Equal(t, "open", c["state"])
+	require.Equal(t, "surge", c["opened_by"])
+	require.Equal(t, "require_approval", c["action"])
+	require.EqualValues(t, 3, c["threshold"])
+	require.EqualValues(t, 4, c["volume_last_hour"])
+	require.Equal(t, opened.Format(time.RFC3339), c["opened_at"])
+	require.Equal(t, opened.Add(time.Minute).Format(time.RFC3339), c["closes_at"])
+	require.Equal(t, 1, b.events("circuit.tripped"))
+	// The work waits for a human through the ordinary approvals.
+	a := b.env.Must(http.StatusOK, "GET", "/api/v1/approvals?state=pending", b.ws.Key, nil).JSON()["data"].([]any)
+	require.Len(t, a, 1)
+	require.Equal(t, "circuit_open", a[0].(map[string]any)["reason"])
+	require.Equal(t, tripped["approval_id"], a[0].(map[string]any)["id"])
+	b.mustBegin("approval_required", sms(key("held")))
+	require.Equal(t, 1, b.events("circuit.tripped"))
+
+	// The cooldown closes it: a fresh allowance of 3, then it trips again.
+	b.clock.Add(61 * time.Second)
+	require.Equal(t, "closed", b.circuit("sms.send")["state"])
+	for i := 0; i < 3; i++ {
+		b.mustBegin("execute", sms(key("second-chance")))
+	}
+	b.mustBegin("approval_required", sms(key("again")))
+	require.Equal(t, 2, b.events("circuit.tripped"))
+
+	// The sweeper makes a cooldown durable and tells subscribers.
+	b.clock.Add(61 * time.Second)
+	_, err := b.env.App.Server.Gate.SweepCircuits(context.Background(), b.clock.Now(), 500)
+	require.NoError(t, err)
+	require.Equal(t, 1, b.events("circuit.closed"))
+	require.Equal(t, "closed", b.circuit("sms.send")["state"])
+}
+
+func TestSurgeDenyAndMonitor(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 2, "surge_action": "deny"})
+	b.mustBegin("execute", sms(key("a")))
+	b.mustBegin("execute", sms(key("b")))
+	e := b.denialOf("circuit_open", sms(key("c")))
+	require.Equal(t, "circuit_open", e["code"])
+	c := b.circuit("sms.send")
+	require.Equal(t, "deny", c["action"])
+	require.Equal(t, b.clock.Now().Add(time.Hour).Format(time.RFC3339), c["closes_at"]) // default cooldown 3600
+
+	b.putPolicy("email.send", map[string]any{"surge_per_hour": 2, "surge_action": "monitor"})
+	for i := 0; i < 5; i++ {
+		b.mustBegin("execute", email(key("m")))
+	}
+	c = b.circuit("email.send")
+	require.Equal(t, "open", c["state"])
+	require.Equal(t, "monitor", c["action"])
+	require.EqualValues(t, 5, c["volume_last_hour"])
+	require.Equal(t, 2, b.events("circuit.tripped"))
+}
+
+func TestManualBreakerHasNoCooldownAndCloseDoesNotDisarm(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key,
+		map[string]any{"action": "deny", "reason": "runaway loop"}).JSON()
+	require.Equal(t, "open", c["state"])
+	require.Equal(t, "manual", c["opened_by"])
+	require.Equal(t, "runaway loop", c["reason"])
+	require.Nil(t, c["closes_at"])
+	require.Equal(t, 1, b.events("circuit.tripped"))
+	b.denialOf("circuit_open", sms(key("x")))
+	b.clock.Add(48 * time.Hour)
+	b.denialOf("circuit_open", sms(key("y")))
+
+	c = b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil).JSON()
+	require.Equal(t, "closed", c["state"])
+	require.Nil(t, c["action"])
+	require.Equal(t, 1, b.events("circuit.closed"))
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
+	require.Equal(t, 1, b.events("circuit.closed"))
+
+	// Closing a surge breaker grants a fresh allowance measured from the close.
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 2})
+	// y, begun in the same hour before the close, is not counted against it.
+	b.clock.Add(time.Second)
+	b.mustBegin("execute", sms(key("a")))
+	b.mustBegin("execute", sms(key("b")))
+	b.mustBegin("approval_required", sms(key("c")))
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
+	b.clock.Add(time.Second)
+	b.mustBegin("execute", sms(key("d")))
+	b.mustBegin("execute", sms(key("e")))
+	b.mustBegin("approval_required", sms(key("f")))
+	require.Equal(t, "surge", b.circuit("sms.send")["opened_by"])
+}
+
+func TestEmergencyStop(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.mustBegin("execute", sms(key("before")))
+	list := b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key,
+		map[string]any{"reason": "incident"}).JSON()
+	for _, x := range list["data"].([]any) {
+		c := x.(map[string]any)
+		require.Equal(t, "open", c["state"], "%v", c)
+		require.Equal(t, "stop", c["opened_by"])
+		require.Equal(t, "require_approval", c["action"])
+		require.Nil(t, c["closes_at"])
+	}
+	require.Equal(t, 1, b.events("circuit.tripped"))
+	b.mustBegin("approval_required", sms(key("held")))
+	// A type first seen while the stop is on is held too.
+	first := map[string]any{"effect_type": "brand.new", "idempotency_key": key("new")}
+	b.mustBegin("approval_required", first)
+	require.Equal(t, "stop", b.circuit("brand.new")["opened_by"])
+	// Closing one type does not lift the stop.
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
+	b.mustBegin("approval_required", sms(key("still")))
+	// A stricter stop denies.
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"action": "deny"})
+	b.denialOf("circuit_open", sms(key("denied")))
+	// A type's own stricter breaker outlives the release.
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/email.send/open", b.ws.Key, map[string]any{"action": "deny"})
+
+	list = b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/release", b.ws.Key, nil).JSON()
+	require.NotEmpty(t, list["data"])
+	require.Equal(t, 1, b.events("circuit.closed"))
+	b.mustBegin("execute", sms(key("after")))
+	b.mustBegin("execute", map[string]any{"effect_type": "brand.new", "idempotency_key": key("new2")})
+	b.denialOf("circuit_open", email(key("own")))
+	require.Equal(t, "manual", b.circuit("email.send")["opened_by"])
+}
+
+func TestLearnedSurgeCeiling(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	now := b.clock.Now()
+	b.clock.Add(now.Truncate(time.Hour).Add(time.Hour).Sub(now)) // on an hour boundary
+	b.putPolicy("sms.send", map[string]any{"surge_multiplier": 2, "surge_action": "deny"})
+	// Six hours of 20 an hour. Until 6 hours of history exist the ceiling is inert.
+	for h := 0; h < 6; h++ {
+		for i := 0; i < 20; i++ {
+			b.mustBegin("execute", sms(key("base")))
+		}
+		c := b.circuit("sms.send")
+		require.Nil(t, c["threshold"], "hour %d", h)
+		require.Equal(t, "closed", c["state"])
+		b.clock.Add(time.Hour)
+	}
+	c := b.circuit("sms.send")
+	require.EqualValues(t, 20, c["baseline_median_hourly"])
+	require.EqualValues(t, 40, c["threshold"])
+	require.EqualValues(t, 0, c["volume_last_hour"])
+	for i := 0; i < 40; i++ {
+		b.mustBegin("execute", sms(key("busy")))
+	}
+	b.denialOf("circuit_open", sms(key("surge")))
+	require.Equal(t, "surge", b.circuit("sms.send")["opened_by"])
+	// Begin computed the baseline once for this hour and cached it.
+	var median float64
+	var hour time.Time
+	require.NoError(t, b.env.App.Pool.QueryRow(context.Background(), `SELECT baseline_median, baseline_for
+		FROM gate_effect_types WHERE workspace_id = $1 AND effect_type = 'sms.send'`, b.ws.ID).Scan(&median, &hour))
+	require.EqualValues(t, 20, median)
+	require.True(t, hour.Equal(b.clock.Now().Truncate(time.Hour)), "%v", hour)
+	// The median ignores one runaway hour, and the ceiling never drops below 30.
+	b.putPolicy("email.send", map[string]any{"surge_multiplier": 2})
+	b.mustBegin("execute", email(key("one")))
+	b.clock.Add(7 * time.Hour)
+	require.EqualValues(t, 30, b.circuit("email.send")["threshold"])
+}
+
+// TestConcurrentSurgeTripsOnce races new keys past the threshold from two
+// instances: the breaker opens once (one event), every begin after it has
+// seen the threshold is held, and at least the threshold's worth executes.
+// Containment is a rate alarm, so begins racing at the line may overshoot.
+func TestConcurrentSurgeTripsOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	env2 := apitest.Start(t, apitest.WithNow(b.clock.Now))
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 10, "surge_action": "deny"})
+	const racers = 60
+	counts, _ := raceBodies(t, racers, b.ws.Key, func(int) map[string]any { return sms(key("surge")) }, b.env, env2)
+	require.GreaterOrEqual(t, counts["execute"], 10, "%v", counts)
+	require.Equal(t, racers, counts["execute"]+counts["403:circuit_open"], "%v", counts)
+	require.Equal(t, 1, b.events("circuit.tripped"))
+	c := b.circuit("sms.send")
+	require.Equal(t, "open", c["state"])
+	require.EqualValues(t, racers, c["volume_last_hour"])
+	b.denialOf("circuit_open", sms(key("after")))
+}

@@ -1,0 +1,329 @@
+package gate
+
+import "github.com/getratchet/ratchet/lib/events"
+
+// Begin's parameters of the risk controls (riskInput.args, appended after
+// begin's own): named here so that begin can grow parameters of its own by
+// renumbering these three and nothing else.
+const (
+	argKeyCeiling = "$21"
+	argRefused    = "$22"
+	argTripEvent  = "$23"
+)
+
+// The SQL of the risk controls: daily ceilings (charged with a grant,
+// released with a failed report) and circuits. Fragments here are spliced
+// into begin's statements in queries.go, so a begin with nothing configured
+// stays one statement.
+
+// utcDay is the UTC day of a timestamptz expression: ceilings roll at UTC
+// midnight whatever the session's time zone.
+func utcDay(ts string) string { return `((` + ts + `)::timestamptz AT TIME ZONE 'UTC')::date` }
+
+// chargeCTEs charges an execute grant against every ceiling that applies to
+// it. src names a relation with at most one row (the grant) and columns
+// workspace_id, effect_type, cost, key_id, key_ceiling, dims (name → keyed
+// hash), daily_budget_micros, dimension_limits, day.
+//
+// plan lists the scopes to charge; chg upserts their counters in scope
+// order (one lock order for every charge and release, so no deadlock), each
+// only if it still fits under the row lock; refused calls gate_refuse, which
+// aborts the whole statement, when any scope did not fit. The caller reads
+// refused (so it runs) and records the denial in a new statement. Every grant
+// counts 1 towards daily_count, including one that declares no cost at all
+// (which is what makes daily_count usable for messaging); an undeclared
+// cost is 0 micros.
+func chargeCTEs(src string) string {
+	return `
+plan AS (
+    SELECT s.workspace_id, s.day, p.scope, p.label, coalesce(s.cost, 0)::bigint AS micros, 1::bigint AS count,
+        p.cap_micros, p.cap_count
+    FROM ` + src + ` s, LATERAL (
+        SELECT 'type:' || s.effect_type AS scope, 'type' AS label, s.daily_budget_micros AS cap_micros,
+            NULL::bigint AS cap_count
+        WHERE s.daily_budget_micros IS NOT NULL
+        UNION ALL
+        SELECT 'key:' || s.key_id, 'key', s.key_ceiling, NULL WHERE s.key_ceiling IS NOT NULL
+        UNION ALL
+        SELECT 'dim:' || s.effect_type || ':' || l.key || ':' || coalesce(s.dims ->> l.key, ''), 'dim:' || l.key,
+            (l.value ->> 'daily_micros')::bigint, (l.value ->> 'daily_count')::bigint
+        FROM jsonb_each(s.dimension_limits) l
+        WHERE l.value ->> 'daily_micros' IS NOT NULL OR l.value ->> 'daily_count' IS NOT NULL
+    ) p
+),
+chg AS (
+    INSERT INTO gate_spend AS g (workspace_id, scope, day, micros, count, cap_micros, cap_count)
+    SELECT workspace_id, scope, day, micros, count, cap_micros, cap_count FROM plan
+    WHERE (cap_micros IS NULL OR micros <= cap_micros) AND (cap_count IS NULL OR count <= cap_count)
+    ORDER BY scope
+    ON CONFLICT (workspace_id, scope, day) DO UPDATE
+    SET micros = g.micros + excluded.micros, count = g.count + excluded.count,
+        cap_micros = excluded.cap_micros, cap_count = excluded.cap_count
+    WHERE (excluded.cap_micros IS NULL OR g.micros + excluded.micros <= excluded.cap_micros)
+      AND (excluded.cap_count IS NULL OR g.count + excluded.count <= excluded.cap_count)
+    RETURNING scope
+),
+refused AS (
+    SELECT gate_refuse(min(label)) AS refused FROM plan WHERE scope NOT IN (SELECT scope FROM chg)
+    HAVING count(*) > 0
+)`
+}
+
+// chargesJSON and chargedOn are what the attempt row records of plan.
+const (
+	chargesJSON = `(SELECT jsonb_agg(jsonb_build_object('scope', scope, 'micros', micros, 'count', count)
+    ORDER BY scope) FROM plan)`
+	chargedOn = `(SELECT max(day) FROM plan)`
+)
+
+// releaseCTEs gives back what the attempts of src (columns workspace_id,
+// charges, charged_on) were charged, on the day they were charged, locking
+// the counters in scope order like a charge does.
+func releaseCTEs(src, where string) string {
+	return `
+rel_rows AS (
+    SELECT g.workspace_id, g.scope, g.day, c.micros, c.count
+    FROM ` + src + ` a, jsonb_to_recordset(a.charges) AS c(scope text, micros bigint, count bigint), gate_spend g
+    WHERE ` + where + ` AND g.workspace_id = a.workspace_id AND g.scope = c.scope AND g.day = a.charged_on
+    ORDER BY g.scope
+    FOR UPDATE OF g
+),
+rel AS (
+    UPDATE gate_spend g SET micros = g.micros - r.micros, count = g.count - r.count
+    FROM rel_rows r WHERE g.workspace_id = r.workspace_id AND g.scope = r.scope AND g.day = r.day
+)`
+}
+
+// hourUTC truncates a timestamptz expression to its UTC hour.
+func hourUTC(ts string) string { return `date_trunc('hour', (` + ts + `)::timestamptz, 'UTC')` }
+
+// baselineSQL is the median hourly volume of an effect type over the last 7
+// days: complete UTC hours from its first sighting (at most 7 days back) to
+// the hour before now, quiet hours counting as 0. A median, so one runaway
+// hour cannot raise the ceiling meant to catch the next.
+func baselineSQL(ws, typ, now, firstSeen string) string {
+	return `(SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY coalesce(n.c, 0)) FILTER (WHERE ` + firstSeen + ` IS NOT NULL)
+    FROM generate_series(greatest(` + hourUTC(firstSeen) + `, ` + hourUTC(now) + ` - interval '168 hours'),
+                         ` + hourUTC(now) + ` - interval '1 hour', interval '1 hour') h(hr)
+    LEFT JOIN (SELECT ` + hourUTC("x.created_at") + ` AS hr, count(*) AS c FROM effects x
+               WHERE x.workspace_id = ` + ws + ` AND x.effect_type = ` + typ + `
+                 AND x.created_at >= ` + hourUTC(now) + ` - interval '168 hours' AND x.created_at < ` + hourUTC(now) + `
+               GROUP BY 1) n ON n.hr = h.hr)`
+}
+
+// volumeSQL counts keys of an effect type first begun in (from, now].
+func volumeSQL(ws, typ, from, now string) string {
+	return `(SELECT count(*) FROM effects x WHERE x.workspace_id = ` + ws + ` AND x.effect_type = ` + typ + `
+    AND x.created_at > ` + from + ` AND x.created_at <= ` + now + `)`
+}
+
+// Surge constants of seed 003: a learned ceiling never drops below 30 and
+// waits for 6 hours of history.
+const (
+	surgeFloor        = `30`
+	surgeHistoryHours = `6`
+)
+
+// thresholdSQL is the surge threshold of a policy p for a type first seen at
+// firstSeen whose baseline is median: surge_per_hour when set, else the
+// learned ceiling, NULL while inert or off.
+func thresholdSQL(p, now, firstSeen, median string) string {
+	return `CASE WHEN ` + p + `.surge_per_hour IS NOT NULL THEN ` + p + `.surge_per_hour::bigint
+     WHEN ` + p + `.surge_multiplier IS NOT NULL AND ` + firstSeen + ` <= ` + now + ` - interval '` + surgeHistoryHours + ` hours'
+     THEN greatest(` + surgeFloor + `, floor(` + p + `.surge_multiplier * ` + median + `))::bigint END`
+}
+
+// breakerCTEs evaluate the circuits holding a begin ($1 workspace, $2 type,
+// $3 idempotency key, $8 now; after pol). cbs reads the type's breaker, the
+// stop and the type's sighting (three primary-key probes on every begin).
+// srg runs only when the policy configures surge, the type's breaker is not
+// already open and the key is new (a surge counts keys begun for the first
+// time). Its cost is bounded:
+//   - the learned baseline is cached per UTC hour on gate_effect_types (it
+//     only changes when an hour completes), so the 7-day median is computed
+//     by the first new key of an hour and read back by the rest;
+//   - the volume counts at most threshold rows of the effects index, from
+//     the later of an hour ago and the breaker's last close (a closed
+//     breaker grants a fresh allowance): a closed breaker has never seen
+//     more, or it would have opened.
+//
+// brk is the strictest action holding the begin.
+var breakerCTEs = `
+cbs AS (
+    SELECT (SELECT s.action FROM gate_circuits s
+            WHERE s.workspace_id = $1 AND s.effect_type = '*' AND s.state = 'open') AS stop_action,
+        CASE WHEN c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at > $8) THEN c.action END AS own_action,
+        CASE WHEN c.state = 'open' AND c.closes_at <= $8 THEN c.closes_at ELSE c.allowance_from END AS allowance_from,
+        t.first_seen_at AS first_seen, t.baseline_for, t.baseline_median
+    FROM (SELECT 1) one
+    LEFT JOIN gate_circuits c ON c.workspace_id = $1 AND c.effect_type = $2
+    LEFT JOIN gate_effect_types t ON t.workspace_id = $1 AND t.effect_type = $2
+),
+srg_base AS MATERIALIZED (
+    SELECT b.median, b.stale, ` + thresholdSQL("pol", "$8::timestamptz", "cbs.first_seen", "b.median") + ` AS threshold
+    FROM pol, cbs, LATERAL (
+        SELECT CASE WHEN NOT stale.v THEN cbs.baseline_median
+                    WHEN pol.surge_per_hour IS NULL AND cbs.first_seen IS NOT NULL
+                    THEN ` + baselineSQL("$1", "$2", "$8::timestamptz", "cbs.first_seen") + ` END AS median,
+            stale.v AND pol.surge_per_hour IS NULL AND cbs.first_seen IS NOT NULL AS stale
+        FROM (SELECT cbs.baseline_for IS DISTINCT FROM ` + hourUTC("$8") + ` AS v) stale
+        OFFSET 0 -- not pulled up, so the median is one subplan, evaluated once
+    ) b
+    WHERE (pol.surge_per_hour IS NOT NULL OR pol.surge_multiplier IS NOT NULL) AND cbs.own_action IS NULL
+      AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $3)
+),
+srg AS (
+    SELECT v.median, v.stale, v.volume, v.threshold, v.threshold IS NOT NULL AND v.volume > v.threshold AS trips
+    FROM (
+        SELECT b.median, b.stale, b.threshold, 1 + (SELECT count(*) FROM (
+            SELECT 1 FROM effects x, cbs
+            WHERE x.workspace_id = $1 AND x.effect_type = $2 AND x.created_at <= $8
+              AND x.created_at > greatest($8::timestamptz - interval '1 hour', cbs.allowance_from)
+            LIMIT coalesce(b.threshold, 0)) q) AS volume
+        FROM srg_base b
+    ) v
+),
+brk AS (
+    SELECT (ARRAY['monitor', 'require_approval', 'deny'])[greatest(
+               array_position(ARRAY['monitor', 'require_approval', 'deny'], cbs.stop_action),
+               array_position(ARRAY['monitor', 'require_approval', 'deny'], cbs.own_action),
+               array_position(ARRAY['monitor', 'require_approval', 'deny'],
+                              CASE WHEN srg.trips THEN pol.surge_action END))] AS action
+    FROM cbs, pol LEFT JOIN srg ON true
+)`
+
+// tripCTEs open the type's breaker when this begin's new key tripped it,
+// once however many begins race (the upsert re-checks the row it locks), and
+// record circuit.tripped (argTripEvent) in the same statement.
+var tripCTEs = `
+trip AS (
+    INSERT INTO gate_circuits AS c (workspace_id, effect_type, state, opened_by, action, reason, opened_at,
+        closes_at, allowance_from, updated_at)
+    SELECT $1, $2, 'open', 'surge', pol.surge_action, NULL, $8,
+        $8::timestamptz + make_interval(secs => pol.surge_cooldown_seconds), NULL, $8
+    FROM srg, pol, ins WHERE srg.trips
+    ON CONFLICT (workspace_id, effect_type) DO UPDATE
+    SET state = 'open', opened_by = 'surge', action = excluded.action, reason = NULL,
+        opened_at = excluded.opened_at, closes_at = excluded.closes_at, updated_at = excluded.updated_at
+    WHERE c.state = 'closed' OR c.closes_at <= excluded.opened_at
+    RETURNING c.action, c.opened_at, c.closes_at
+),
+trip_evt AS (
+    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
+    SELECT ` + argTripEvent + `, $1, '` + events.CircuitTripped + `', $2,
+        jsonb_build_object('effect_type', $2::text, 'opened_by', 'surge', 'action', trip.action,
+            'volume_last_hour', srg.volume, 'threshold', srg.threshold, 'opened_at', trip.opened_at,
+            'closes_at', trip.closes_at), $8, 'surge:' || extract(epoch FROM trip.opened_at)::text
+    FROM trip, srg
+    ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
+),
+seen AS (
+    INSERT INTO gate_effect_types (workspace_id, effect_type, first_seen_at)
+    SELECT $1, $2, $8 FROM ins
+    ON CONFLICT (workspace_id, effect_type) DO NOTHING
+),
+baseline_cache AS (
+    UPDATE gate_effect_types t SET baseline_for = ` + hourUTC("$8") + `, baseline_median = srg.median
+    FROM srg WHERE srg.stale AND srg.median IS NOT NULL AND t.workspace_id = $1 AND t.effect_type = $2
+      AND t.baseline_for IS DISTINCT FROM ` + hourUTC("$8") + `
+)`
+
+// sqlListCircuits reads the circuits of every effect type seen (begun),
+// configured (a policy) or given a breaker, by type; with $5 set, of that
+// one type. $1 workspace, $2 cursor, $3 limit, $4 now, $5 one type (”).
+var sqlListCircuits = `
+WITH types AS (
+    SELECT effect_type FROM gate_policies WHERE workspace_id = $1
+    UNION SELECT effect_type FROM gate_effect_types WHERE workspace_id = $1
+    UNION SELECT effect_type FROM gate_circuits WHERE workspace_id = $1 AND effect_type <> '*'
+), page AS (
+    SELECT $5::text AS effect_type WHERE $5::text <> ''
+    UNION ALL
+    (SELECT effect_type FROM types WHERE $5::text = '' AND effect_type > $2 ORDER BY effect_type LIMIT $3)
+), stop AS (
+    SELECT action, reason, opened_at FROM gate_circuits
+    WHERE workspace_id = $1 AND effect_type = '*' AND state = 'open'
+)
+SELECT t.effect_type, c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at > $4), c.opened_by, c.action,
+    c.reason, c.opened_at, c.closes_at,
+    (SELECT action FROM stop), (SELECT reason FROM stop), (SELECT opened_at FROM stop),
+    v.volume, ` + baselineSQL("$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at") + `,
+    ` + thresholdSQL("p", "$4::timestamptz", "f.first_seen_at",
+	baselineSQL("$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at")) + `
+FROM page t
+LEFT JOIN gate_circuits c ON c.workspace_id = $1 AND c.effect_type = t.effect_type
+LEFT JOIN gate_effect_types f ON f.workspace_id = $1 AND f.effect_type = t.effect_type
+LEFT JOIN gate_policies p ON p.workspace_id = $1 AND p.effect_type = t.effect_type
+CROSS JOIN LATERAL (SELECT ` + volumeSQL("$1", "t.effect_type", "$4::timestamptz - interval '1 hour'", "$4::timestamptz") + ` AS volume) v
+ORDER BY t.effect_type`
+
+// sqlOpenCircuit opens a breaker by hand (opened_by manual, or stop for the
+// '*' row): no cooldown. Re-opening an open one changes its action and
+// reason and keeps when it opened. Records circuit.tripped once per opening.
+// $1 workspace, $2 type or '*', $3 opened_by, $4 action, $5 reason, $6 now,
+// $7 event id.
+var sqlOpenCircuit = `
+WITH up AS (
+    INSERT INTO gate_circuits AS c (workspace_id, effect_type, state, opened_by, action, reason, opened_at,
+        closes_at, allowance_from, updated_at)
+    VALUES ($1, $2, 'open', $3, $4, $5, $6, NULL, NULL, $6)
+    ON CONFLICT (workspace_id, effect_type) DO UPDATE
+    SET state = 'open', opened_by = excluded.opened_by, action = excluded.action, reason = excluded.reason,
+        opened_at = CASE WHEN c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at > excluded.opened_at)
+                         THEN c.opened_at ELSE excluded.opened_at END,
+        closes_at = NULL, updated_at = excluded.updated_at
+    RETURNING c.opened_at, c.action
+), evt AS (
+    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
+    SELECT $7, $1, '` + events.CircuitTripped + `', $2,
+        jsonb_build_object('effect_type', CASE WHEN $2::text <> '*' THEN $2::text END, 'opened_by', $3::text,
+            'action', up.action, 'opened_at', up.opened_at, 'closes_at', NULL), $6,
+        $3::text || ':' || extract(epoch FROM up.opened_at)::text
+    FROM up
+    ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
+)
+SELECT count(*) FROM up`
+
+// closeCTEs close the open breakers of cand (workspace_id, effect_type),
+// measuring the next surge allowance from when each closed (its cooldown's
+// end if that came first), and record circuit.closed for each ($E is the
+// event id array parameter, $N now).
+func closeSQL(cand, now, eventIDs string) string {
+	return `
+WITH cand AS (` + cand + `), up AS (
+    UPDATE gate_circuits c SET state = 'closed', updated_at = ` + now + `,
+        allowance_from = CASE WHEN c.closes_at <= ` + now + ` THEN c.closes_at ELSE ` + now + ` END
+    FROM cand WHERE c.workspace_id = cand.workspace_id AND c.effect_type = cand.effect_type AND c.state = 'open'
+    RETURNING c.workspace_id, c.effect_type, c.opened_by, c.opened_at, c.allowance_from
+), n AS (
+    SELECT up.*, row_number() OVER (ORDER BY up.workspace_id, up.effect_type) AS i FROM up
+), evt AS (
+    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
+    SELECT (` + eventIDs + `::text[])[n.i], n.workspace_id, '` + events.CircuitClosed + `', n.effect_type,
+        jsonb_build_object('effect_type', CASE WHEN n.effect_type <> '*' THEN n.effect_type END,
+            'opened_by', n.opened_by, 'opened_at', n.opened_at, 'closed_at', n.allowance_from), ` + now + `,
+        'closed:' || extract(epoch FROM n.opened_at)::text
+    FROM n
+    ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
+)
+SELECT count(*) FROM up`
+}
+
+var (
+	// sqlCloseCircuit closes one breaker ('*' lifts the stop).
+	// $1 workspace, $2 type or '*', $3 now, $4 event ids.
+	sqlCloseCircuit = closeSQL(`SELECT $1::text AS workspace_id, $2::text AS effect_type`, "$3::timestamptz", "$4")
+	// sqlSweepCircuits closes surge breakers whose cooldown has passed.
+	// $1 now, $2 limit, $3 event ids.
+	sqlSweepCircuits = closeSQL(`SELECT workspace_id, effect_type FROM gate_circuits
+    WHERE state = 'open' AND closes_at <= $1 ORDER BY closes_at LIMIT $2 FOR UPDATE SKIP LOCKED`,
+		"$1::timestamptz", "$3")
+)
+
+// sqlPruneSpend deletes counters of days no grant can be charged to any
+// more; a failure reported later than that releases nothing.
+// $1 oldest day kept ('YYYY-MM-DD'), $2 limit.
+const sqlPruneSpend = `
+DELETE FROM gate_spend g USING (
+    SELECT workspace_id, scope, day FROM gate_spend WHERE day < $1::date LIMIT $2 FOR UPDATE SKIP LOCKED
+) old WHERE g.workspace_id = old.workspace_id AND g.scope = old.scope AND g.day = old.day`

@@ -1,0 +1,101 @@
+package httpapi
+
+import (
+	"context"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/gate"
+)
+
+// circuitRoutes are surge containment and the emergency stop (API.md §2.5).
+// Every one needs policies:write, so an agent's key cannot close its own
+// breaker.
+func (s *Server) circuitRoutes() []Route {
+	write := []string{auth.ScopePoliciesWrite}
+	return []Route{
+		{
+			Method: "GET", Pattern: "/api/v1/circuits", Name: "circuits.list", Tag: "circuits", Scopes: write,
+			Summary: "Read the circuit of every effect type seen or configured: state, who opened it, its action, " +
+				"the volume of new keys in the trailing hour, the 7-day median hourly baseline and the threshold.",
+			Query: listParams, Response: Page[gate.Circuit]{}, Status: 200,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeForbidden},
+			Handle: s.listCircuits,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/circuits/stop", Name: "circuits.stop", Tag: "circuits", Scopes: write,
+			Summary: "Emergency stop: hold every effect type, including types first seen while it is on, with " +
+				"action (default require_approval) until released. Answers every circuit.",
+			Request: gate.OpenCircuitRequest{}, Response: Page[gate.Circuit]{}, Status: 200,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeForbidden},
+			Handle: s.stopCircuits,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/circuits/release", Name: "circuits.release", Tag: "circuits",
+			Scopes: write, Summary: "Lift the emergency stop. Breakers of single types stay as they are.",
+			Response: Page[gate.Circuit]{}, Status: 200, Errors: []string{apierr.CodeForbidden},
+			Handle: s.releaseCircuits,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/circuits/{effect_type}/open", Name: "circuits.open", Tag: "circuits",
+			Scopes: write,
+			Summary: "Open an effect type's breaker by hand with action monitor, require_approval (default) or " +
+				"deny. It has no cooldown: it stays open until closed.",
+			Request: gate.OpenCircuitRequest{}, Response: gate.Circuit{}, Status: 200,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeForbidden},
+			Handle: s.openCircuit,
+		},
+		{
+			Method: "POST", Pattern: "/api/v1/circuits/{effect_type}/close", Name: "circuits.close", Tag: "circuits",
+			Scopes: write,
+			Summary: "Close an effect type's breaker: a fresh surge allowance counted from now; the breaker stays " +
+				"armed. Does not lift the emergency stop.",
+			Response: gate.Circuit{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeForbidden},
+			Handle: s.closeCircuit,
+		},
+	}
+}
+
+func (s *Server) listCircuits(ctx context.Context, c *Call) (any, error) {
+	limit, cursor, err := c.ListParams()
+	if err != nil {
+		return nil, err
+	}
+	cs, err := s.Gate.ListCircuits(ctx, c.Principal.WorkspaceID, cursor, limit+1)
+	if err != nil {
+		return nil, err
+	}
+	return NewPage(cs, limit, func(x gate.Circuit) string { return x.EffectType }), nil
+}
+
+func (s *Server) stopCircuits(ctx context.Context, c *Call) (any, error) {
+	var req gate.OpenCircuitRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	cs, err := s.Gate.Stop(ctx, c.Principal, req)
+	if err != nil {
+		return nil, err
+	}
+	return NewPage(cs, len(cs), func(x gate.Circuit) string { return x.EffectType }), nil
+}
+
+func (s *Server) releaseCircuits(ctx context.Context, c *Call) (any, error) {
+	cs, err := s.Gate.Release(ctx, c.Principal)
+	if err != nil {
+		return nil, err
+	}
+	return NewPage(cs, len(cs), func(x gate.Circuit) string { return x.EffectType }), nil
+}
+
+func (s *Server) openCircuit(ctx context.Context, c *Call) (any, error) {
+	var req gate.OpenCircuitRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	return s.Gate.OpenCircuit(ctx, c.Principal, c.R.PathValue("effect_type"), req)
+}
+
+func (s *Server) closeCircuit(ctx context.Context, c *Call) (any, error) {
+	return s.Gate.CloseCircuit(ctx, c.Principal, c.R.PathValue("effect_type"))
+}
