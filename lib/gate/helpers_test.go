@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,31 +16,14 @@ import (
 func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
 
 // clock is a test clock shared by every instance of one test.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock { return &clock{t: time.Now().UTC().Truncate(time.Second)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func newClock() *apitest.Clock { return apitest.NewClock(time.Now().Truncate(time.Second)) }
 
 // bundle is one test's service instance, workspace and clock.
 type bundle struct {
 	t     *testing.T
 	env   *apitest.Env
 	ws    apitest.Workspace
-	clock *clock
+	clock *apitest.Clock
 }
 
 func setup(t *testing.T) *bundle {

@@ -22,7 +22,7 @@ func TestSweeperAndLapseRaces(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("sweeper makes lapses durable once", func(t *testing.T) {
-		c := &clock{t: era}
+		c := apitest.NewClock(era)
 		b := &bundle{t: t, clock: c, env: apitest.Start(t, apitest.WithNow(c.Now))}
 		b.ws = b.env.Signup()
 		pool := b.env.App.Pool
@@ -78,8 +78,8 @@ func TestSweeperAndLapseRaces(t *testing.T) {
 
 	t.Run("report racing expiry is accepted or lease_expired, never both", func(t *testing.T) {
 		// live answers from just before the lease lapses, late from just after.
-		live := &clock{t: era.Add(time.Hour)}
-		late := &clock{t: era.Add(time.Hour + 60*time.Second)}
+		live := apitest.NewClock(era.Add(time.Hour))
+		late := apitest.NewClock(era.Add(time.Hour + 60*time.Second))
 		envLive := apitest.Start(t, apitest.WithNow(live.Now))
 		envLate := apitest.Start(t, apitest.WithNow(late.Now))
 		ws := envLive.Signup()
