@@ -134,6 +134,12 @@ func (s *Server) jobsRoutes() []Route {
 			Response: jobs.Endpoint{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.resumeEndpoint,
 		},
 		{
+			Method: "POST", Pattern: "/api/v1/endpoints/{id}/circuit/close", Name: "endpoints.circuit.close",
+			Tag: "endpoints", Scopes: endpointsWrite,
+			Summary:  "Close the endpoint's circuit breaker; closing a closed circuit answers the endpoint unchanged.",
+			Response: jobs.Endpoint{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.closeEndpointCircuit,
+		},
+		{
 			Method: "GET", Pattern: "/api/v1/queue/health", Name: "queue.health", Tag: "operations", Scopes: runsRead,
 			Summary: "Per exact name@version: queued count, oldest queued age, workers seen recently, and a plain " +
 				"message when no worker serves a queued version.",
@@ -314,6 +320,14 @@ func (s *Server) setPaused(ctx context.Context, c *Call, paused bool) (any, erro
 		return nil, err
 	}
 	return s.Jobs.SetPaused(ctx, c.Principal.WorkspaceID, id, paused)
+}
+
+func (s *Server) closeEndpointCircuit(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	return s.Jobs.CloseCircuit(ctx, c.Principal.WorkspaceID, id)
 }
 
 func (s *Server) queueHealth(ctx context.Context, c *Call) (any, error) {

@@ -375,6 +375,16 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 	return e, nil
 }
 
+// CloseCircuit closes the endpoint's circuit breaker (API.md §3.2). Closing a
+// closed circuit is not an error: it answers the endpoint as it is.
+func (s *Service) CloseCircuit(ctx context.Context, workspaceID, id string) (Endpoint, error) {
+	e, err := scanEndpoint(s.pool.QueryRow(ctx, sqlCloseCircuit, workspaceID, id, s.now()))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Endpoint{}, apierr.NotFound("endpoint")
+	}
+	return e, err
+}
+
 // SetPaused pauses or resumes an endpoint. A paused endpoint accepts jobs but
 // none is claimed, so no attempt is consumed; in-flight jobs may finish.
 func (s *Service) SetPaused(ctx context.Context, workspaceID, id string, paused bool) (Endpoint, error) {

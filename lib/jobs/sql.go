@@ -52,6 +52,14 @@ UPDATE job_endpoints SET paused = $3::bool, updated_at = $4::timestamptz
 WHERE workspace_id = $1::text AND id = $2::text
 RETURNING ` + endpointColumns
 
+// sqlCloseCircuit closes the endpoint's breaker; closing a closed breaker
+// changes nothing (not even updated_at), so a repeat is a plain read.
+const sqlCloseCircuit = `
+UPDATE job_endpoints SET circuit_state = 'closed', circuit_opened_at = NULL,
+    updated_at = CASE WHEN circuit_state = 'closed' THEN updated_at ELSE $3::timestamptz END
+WHERE workspace_id = $1::text AND id = $2::text
+RETURNING ` + endpointColumns
+
 const sqlInsertRun = `
 INSERT INTO job_runs (id, workspace_id, name, status, created_at)
 VALUES ($1::text, $2::text, $3::text, 'RUNNING', $4::timestamptz)`
