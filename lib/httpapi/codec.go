@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -40,7 +42,7 @@ func DecodeJSON(body []byte, dst any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
-		return decodeError(err)
+		return decodeError(err, body, dst)
 	}
 	if dec.More() {
 		return apierr.InvalidField("body", "must be a single JSON object")
@@ -51,7 +53,7 @@ func DecodeJSON(body []byte, dst any) error {
 	return nil
 }
 
-func decodeError(err error) error {
+func decodeError(err error, body []byte, dst any) error {
 	var (
 		syn *json.SyntaxError
 		typ *json.UnmarshalTypeError
@@ -69,6 +71,11 @@ func decodeError(err error) error {
 		return apierr.InvalidField("body", "is not valid JSON (unexpected end)")
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		name, _ := strconv.Unquote(strings.TrimPrefix(err.Error(), "json: unknown field "))
+		// encoding/json names only the key; the contract wants its dotted
+		// path from the body root (retryPolicy.extra), so find it.
+		if path := unknownFieldPath(body, reflect.TypeOf(dst), name); path != "" {
+			name = path
+		}
 		return apierr.InvalidField(name, "is not a known field")
 	default:
 		var ae *apierr.Error
@@ -77,6 +84,132 @@ func decodeError(err error) error {
 		}
 		return apierr.InvalidField("body", "is invalid: %s", safeMessage(err))
 	}
+}
+
+// unknownFieldPath returns the dotted path (from the body root, array
+// elements by index) of the first object key named name that type t does not
+// declare, or "" when none is found. It only runs on a failed decode.
+func unknownFieldPath(body []byte, t reflect.Type, name string) string {
+	var v any
+	if json.Unmarshal(body, &v) != nil {
+		return ""
+	}
+	return walkUnknown(v, t, "", name)
+}
+
+var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+
+func walkUnknown(v any, t reflect.Type, prefix, name string) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	join := func(k string) string {
+		if prefix == "" {
+			return k
+		}
+		return prefix + "." + k
+	}
+	if reflect.PointerTo(t).Implements(unmarshalerType) {
+		// jsonx.Optional[T] decodes its Value strictly; other custom
+		// decoders are opaque.
+		f, ok := t.FieldByName("Value")
+		if _, set := t.FieldByName("Set"); !ok || !set || t.Kind() != reflect.Struct {
+			return ""
+		}
+		t = f.Type
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return ""
+		}
+		fields := jsonFields(t)
+		keys := make([]string, 0, len(obj))
+		for k := range obj {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			ft, ok := fields[k]
+			if !ok {
+				ft, ok = fields[strings.ToLower(k)]
+			}
+			if !ok {
+				if k == name {
+					return join(k)
+				}
+				continue
+			}
+			if p := walkUnknown(obj[k], ft, join(k), name); p != "" {
+				return p
+			}
+		}
+	case reflect.Map:
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return ""
+		}
+		for k, e := range obj {
+			if p := walkUnknown(e, t.Elem(), join(k), name); p != "" {
+				return p
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		arr, ok := v.([]any)
+		if !ok {
+			return ""
+		}
+		for i, e := range arr {
+			if p := walkUnknown(e, t.Elem(), join(strconv.Itoa(i)), name); p != "" {
+				return p
+			}
+		}
+	}
+	return ""
+}
+
+// jsonFields maps the JSON names of struct t (and, lower-cased, for
+// encoding/json's case-insensitive match) to their types, promoting the
+// fields of untagged embedded structs.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag := f.Tag.Get("json")
+		if tag == "-" {
+			continue
+		}
+		name, _, _ := strings.Cut(tag, ",")
+		if f.Anonymous && name == "" {
+			et := f.Type
+			for et.Kind() == reflect.Pointer {
+				et = et.Elem()
+			}
+			if et.Kind() == reflect.Struct {
+				for k, v := range jsonFields(et) {
+					if _, ok := out[k]; !ok {
+						out[k] = v
+					}
+				}
+				continue
+			}
+		}
+		if !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		out[name] = f.Type
+		if _, ok := out[strings.ToLower(name)]; !ok {
+			out[strings.ToLower(name)] = f.Type
+		}
+	}
+	return out
 }
 
 // safeMessage keeps custom unmarshalers' messages short and free of input.
