@@ -9,6 +9,15 @@ import (
 	"github.com/getratchet/ratchet/lib/ids"
 )
 
+// GroupCommit answers a commit: the group, plus the {state, plan,
+// unresolved} fields API.md §2.6 gives commit and unwind alike. A group
+// commits only when every step succeeded, so both lists are empty.
+type GroupCommit struct {
+	gate.Group
+	Plan       []gate.PlanItem `json:"plan"`
+	Unresolved []string        `json:"unresolved"`
+}
+
 // groupRoutes are the effect-group routes (API.md §2.6). A key that may
 // begin effects may create, commit and unwind the groups its effects join
 // (effects:begin), so an agent can roll back its own unit of work; reading a
@@ -50,13 +59,17 @@ func (s *Server) groupRoutes() []Route {
 			Method: "POST", Pattern: "/api/v1/groups/{id}/commit", Name: "groups.commit", Tag: "groups", Scopes: begin,
 			Summary: "Commit an open group whose every step succeeded (409 invalid_state otherwise). A committed " +
 				"group takes no new steps and can still be unwound.",
-			Response: gate.Group{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidState},
+			Response: GroupCommit{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidState},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
 				id, err := c.PathID("id", ids.Group)
 				if err != nil {
 					return nil, err
 				}
-				return s.Gate.CommitGroup(ctx, c.Principal.WorkspaceID, id)
+				g, err := s.Gate.CommitGroup(ctx, c.Principal.WorkspaceID, id)
+				if err != nil {
+					return nil, err
+				}
+				return GroupCommit{Group: g, Plan: []gate.PlanItem{}, Unresolved: []string{}}, nil
 			},
 		},
 		{
