@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"regexp"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -143,9 +145,9 @@ func (r *PutPolicyRequest) merge(p *Policy) error {
 	if r.DimensionLimits.Set {
 		p.DimensionLimits = map[string]DimensionLimit{}
 		for _, name := range sortedKeys(r.DimensionLimits.Value) {
-			lim, err := decodeDimensionLimit(r.DimensionLimits.Value[name])
+			lim, sub, err := decodeDimensionLimit(r.DimensionLimits.Value[name])
 			if err != nil {
-				pr.Add("dimension_limits."+name, "%s", err.Error())
+				pr.Add("dimension_limits."+name+sub, "%s", err.Error())
 				continue
 			}
 			p.DimensionLimits[name] = lim
@@ -172,14 +174,25 @@ func (r *PutPolicyRequest) merge(p *Policy) error {
 
 // decodeDimensionLimit reads {"daily_micros": n|null, "daily_count": n|null}
 // strictly: an unknown field is a typo that would silently lift a ceiling.
-func decodeDimensionLimit(raw json.RawMessage) (DimensionLimit, error) {
-	var lim DimensionLimit
+// sub is the offending inner field's path suffix (".bogus"), so the problem
+// is named by its dotted path from the body root (API.md §5); "" blames the
+// whole limit.
+func decodeDimensionLimit(raw json.RawMessage) (lim DimensionLimit, sub string, err error) {
+	const shape = `{"daily_micros": integer|null, "daily_count": integer|null}`
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&lim); err != nil || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
-		return lim, errors.New(`must be {"daily_micros": integer|null, "daily_count": integer|null}`)
+	derr := dec.Decode(&lim)
+	var typ *json.UnmarshalTypeError
+	switch {
+	case derr == nil && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")):
+		return lim, "", nil
+	case derr != nil && strings.HasPrefix(derr.Error(), "json: unknown field "):
+		name, _ := strconv.Unquote(strings.TrimPrefix(derr.Error(), "json: unknown field "))
+		return lim, "." + name, errors.New("is not a known field; a limit is " + shape)
+	case errors.As(derr, &typ) && typ.Field != "":
+		return lim, "." + typ.Field, errors.New("must be an integer or null")
 	}
-	return lim, nil
+	return lim, "", errors.New("must be " + shape)
 }
 
 func (p *Policy) validate(pr *apierr.Problems) {

@@ -65,6 +65,10 @@ func decodeError(err error, body []byte, dst any) error {
 		field := typ.Field
 		if field == "" {
 			field = "body"
+		} else if path := typeErrorPath(body, reflect.TypeOf(dst), field); path != "" {
+			// encoding/json's path leaves out array indices (tools.name);
+			// the contract's names the element (tools.0.name).
+			field = path
 		}
 		return apierr.InvalidField(field, "must be %s", jsonKind(typ.Type.Kind().String()))
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
@@ -90,36 +94,66 @@ func decodeError(err error, body []byte, dst any) error {
 // elements by index) of the first object key named name that type t does not
 // declare, or "" when none is found. It only runs on a failed decode.
 func unknownFieldPath(body []byte, t reflect.Type, name string) string {
+	return findPath(body, t, func(v any, t reflect.Type, path, plain string) bool {
+		return t == nil && (path == name || strings.HasSuffix(path, "."+name))
+	})
+}
+
+// typeErrorPath returns the indexed path of the value that encoding/json
+// reports as mistyped at field (its path without array indices), or "".
+func typeErrorPath(body []byte, t reflect.Type, field string) string {
+	return findPath(body, t, func(v any, t reflect.Type, path, plain string) bool {
+		return t != nil && plain == field && mistyped(v, t)
+	})
+}
+
+// findPath walks the body's JSON alongside type t and returns the path of
+// the first node (in key order) that match accepts. Unknown object keys are
+// visited with a nil type.
+func findPath(body []byte, t reflect.Type, match func(v any, t reflect.Type, path, plain string) bool) string {
 	var v any
 	if json.Unmarshal(body, &v) != nil {
 		return ""
 	}
-	return walkUnknown(v, t, "", name)
+	return walkPath(v, t, "", "", match)
 }
 
 var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
 
-func walkUnknown(v any, t reflect.Type, prefix, name string) string {
+// elemType strips pointers and jsonx.Optional (which decodes its Value);
+// other custom decoders are opaque (ok false).
+func elemType(t reflect.Type) (reflect.Type, bool) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	join := func(k string) string {
-		if prefix == "" {
+	if reflect.PointerTo(t).Implements(unmarshalerType) {
+		f, ok := t.FieldByName("Value")
+		if _, set := t.FieldByName("Set"); t.Kind() != reflect.Struct || !ok || !set {
+			return t, false
+		}
+		return elemType(f.Type)
+	}
+	return t, true
+}
+
+func walkPath(v any, t reflect.Type, path, plain string, match func(any, reflect.Type, string, string) bool) string {
+	join := func(base, k string) string {
+		if base == "" {
 			return k
 		}
-		return prefix + "." + k
+		return base + "." + k
 	}
-	if reflect.PointerTo(t).Implements(unmarshalerType) {
-		// jsonx.Optional[T] decodes its Value strictly; other custom
-		// decoders are opaque.
-		f, ok := t.FieldByName("Value")
-		if _, set := t.FieldByName("Set"); !ok || !set || t.Kind() != reflect.Struct {
+	if t != nil {
+		var ok bool
+		if t, ok = elemType(t); !ok {
 			return ""
 		}
-		t = f.Type
-		for t.Kind() == reflect.Pointer {
-			t = t.Elem()
-		}
+	}
+	if path != "" && match(v, t, path, plain) {
+		return path
+	}
+	if t == nil {
+		return ""
 	}
 	switch t.Kind() {
 	case reflect.Struct:
@@ -136,15 +170,9 @@ func walkUnknown(v any, t reflect.Type, prefix, name string) string {
 		for _, k := range keys {
 			ft, ok := fields[k]
 			if !ok {
-				ft, ok = fields[strings.ToLower(k)]
+				ft = fields[strings.ToLower(k)]
 			}
-			if !ok {
-				if k == name {
-					return join(k)
-				}
-				continue
-			}
-			if p := walkUnknown(obj[k], ft, join(k), name); p != "" {
+			if p := walkPath(obj[k], ft, join(path, k), join(plain, k), match); p != "" {
 				return p
 			}
 		}
@@ -153,8 +181,13 @@ func walkUnknown(v any, t reflect.Type, prefix, name string) string {
 		if !ok {
 			return ""
 		}
-		for k, e := range obj {
-			if p := walkUnknown(e, t.Elem(), join(k), name); p != "" {
+		keys := make([]string, 0, len(obj))
+		for k := range obj {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if p := walkPath(obj[k], t.Elem(), join(path, k), join(plain, k), match); p != "" {
 				return p
 			}
 		}
@@ -164,12 +197,48 @@ func walkUnknown(v any, t reflect.Type, prefix, name string) string {
 			return ""
 		}
 		for i, e := range arr {
-			if p := walkUnknown(e, t.Elem(), join(strconv.Itoa(i)), name); p != "" {
+			if p := walkPath(e, t.Elem(), join(path, strconv.Itoa(i)), plain, match); p != "" {
 				return p
 			}
 		}
 	}
 	return ""
+}
+
+// mistyped reports whether JSON value v cannot decode into t (null always can).
+func mistyped(v any, t reflect.Type) bool {
+	if v == nil {
+		return false
+	}
+	switch t.Kind() {
+	case reflect.String:
+		_, ok := v.(string)
+		return !ok
+	case reflect.Bool:
+		_, ok := v.(bool)
+		return !ok
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		f, ok := v.(float64)
+		return !ok || f != float64(int64(f))
+	case reflect.Float32, reflect.Float64:
+		_, ok := v.(float64)
+		return !ok
+	case reflect.Struct, reflect.Map:
+		_, ok := v.(map[string]any)
+		return !ok
+	case reflect.Slice:
+		if t.Elem().Kind() == reflect.Uint8 {
+			_, ok := v.(string)
+			return !ok
+		}
+		_, ok := v.([]any)
+		return !ok
+	case reflect.Array:
+		_, ok := v.([]any)
+		return !ok
+	}
+	return false
 }
 
 // jsonFields maps the JSON names of struct t (and, lower-cased, for

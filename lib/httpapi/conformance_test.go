@@ -35,6 +35,11 @@ func TestConformanceDecodePaths(t *testing.T) {
 		{&gate.PutPolicyRequest{}, `{"lease_seconds":"x"}`, "lease_seconds"},
 		{&gate.BeginRequest{}, `{"compensation":{"effect_type":"a","zz":1}}`, "compensation.zz"},
 		{&gate.BeginRequest{}, `{"compensation":{"effect_type":1}}`, "compensation.effect_type"},
+		{&jobs.RegisterRequest{}, `{"tools":[{"name":"a","version":"1"},{"name":2,"version":"1"}]}`, "tools.1.name"},
+		{&jobs.RegisterRequest{}, `{"tools":"send@1"}`, "tools"},
+		{&gate.PutPolicyRequest{}, `{"required_dimensions":["a",1]}`, "required_dimensions.1"},
+		{&jobs.ReportRequest{}, `{"error":{"retryAfterMs":1.5}}`, "error.retryAfterMs"},
+		{&gate.BeginRequest{}, `{"payload":{"anything":{"goes":1}},"bogus":true}`, "bogus"},
 	} {
 		err := httpapi.DecodeJSON([]byte(c.body), c.dst)
 		var ae *apierr.Error
