@@ -159,3 +159,187 @@ func openAPIPath(p string) string {
 	out = strings.Replace(out, "/circuits/email.send/", "/circuits/{effect_type}/", 1)
 	return strings.Replace(out, "/tools/send_email/", "/tools/{name}/", 1)
 }
+
+// requireFields asserts obj carries every field the contract lists (§5).
+func requireFields(t *testing.T, what string, obj map[string]any, fields ...string) {
+	t.Helper()
+	for _, f := range fields {
+		require.Contains(t, obj, f, "%s lacks %q: has %v", what, f, keysOf(obj))
+	}
+}
+
+func first(t *testing.T, page map[string]any) map[string]any {
+	t.Helper()
+	data, ok := page["data"].([]any)
+	require.True(t, ok, "page: %v", page)
+	require.NotEmpty(t, data)
+	return data[0].(map[string]any)
+}
+
+// TestConformanceGateShapes: the snake_case objects of §5 and the statuses
+// of the effect-gate routes.
+func TestConformanceGateShapes(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws, other := env.Signup(), env.Signup()
+	op := ws.Key
+
+	key := env.Must(http.StatusCreated, "POST", "/api/v1/keys", op, map[string]any{"name": "a", "preset": "AGENT"}).JSON()
+	keyFields := []string{"id", "name", "scopes", "tools", "daily_spend_ceiling_micros", "rate_limit_per_minute",
+		"created_at", "revoked_at"}
+	requireFields(t, "key", key, append(keyFields, "secret")...)
+	page := env.Must(http.StatusOK, "GET", "/api/v1/keys", op, nil).JSON()
+	requireFields(t, "keys page", page, "data", "next_cursor")
+	requireFields(t, "listed key", first(t, page), keyFields...)
+	env.Must(http.StatusNotFound, "DELETE", "/api/v1/keys/"+key["id"].(string), other.Key, nil)
+	revoked := env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+key["id"].(string), op, nil).JSON()
+	requireFields(t, "revoked key", revoked, keyFields...)
+	require.NotNil(t, revoked["revoked_at"])
+
+	begin := map[string]any{"effect_type": "email.send", "idempotency_key": "welcome:1", "payload": map[string]any{"to": "u"}}
+	b := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", op, begin).JSON()
+	requireFields(t, "execute", b, "decision", "effect_id", "state", "attempt", "lease_token", "lease_expires_at", "probe")
+	id := b["effect_id"].(string)
+	hb := env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/heartbeat", op, map[string]any{"lease_token": b["lease_token"]}).JSON()
+	require.Equal(t, []string{"effect_id", "lease_expires_at"}, keysOf(hb))
+	effectFields := []string{"id", "effect_type", "idempotency_key", "state", "attempt", "attempts", "result",
+		"payload_preview", "cost_micros", "run_id", "group_id", "denial_code", "created_at", "updated_at"}
+	report := map[string]any{"lease_token": b["lease_token"], "outcome": "succeeded", "result": map[string]any{"n": 1}}
+	eff := env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/report", op, report).JSON()
+	requireFields(t, "effect", eff, effectFields...)
+	requireFields(t, "attempt", eff["attempts"].([]any)[0].(map[string]any),
+		"attempt", "outcome", "started_at", "lease_expires_at", "reported_at")
+	require.Equal(t, eff, env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/report", op, report).JSON(),
+		"a repeated report answers the same object")
+	report["outcome"] = "failed"
+	require.Equal(t, apierr.CodeInvalidState, env.Must(http.StatusConflict, "POST", "/api/v1/effects/"+id+"/report", op, report).ErrorCode())
+	dup := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", op, begin).JSON()
+	require.Equal(t, "duplicate", dup["decision"])
+	require.Equal(t, map[string]any{"n": float64(1)}, dup["result"])
+	requireFields(t, "effect get", env.Must(http.StatusOK, "GET", "/api/v1/effects/"+id, op, nil).JSON(), effectFields...)
+	env.Must(http.StatusNotFound, "GET", "/api/v1/effects/"+id, other.Key, nil)
+	requireFields(t, "listed effect", first(t, env.Must(http.StatusOK, "GET", "/api/v1/effects", op, nil).JSON()), effectFields...)
+
+	policyFields := []string{"effect_type", "version", "mode", "on_indeterminate", "lease_seconds", "max_attempts",
+		"max_cost_micros", "approval_above_micros", "daily_budget_micros", "reconcile_every_hours", "require_cost",
+		"required_dimensions", "dimension_limits", "structuring_threshold_micros", "surge_per_hour",
+		"surge_multiplier", "surge_action", "surge_cooldown_seconds", "retention_days"}
+	def := env.Must(http.StatusOK, "GET", "/api/v1/policies/never.seen", op, nil).JSON()
+	requireFields(t, "policy", def, policyFields...)
+	require.Equal(t, float64(0), def["version"])
+	require.Equal(t, "allow", def["mode"])
+	require.Equal(t, "block", def["on_indeterminate"])
+	require.Equal(t, float64(60), def["lease_seconds"])
+	require.Equal(t, float64(5), def["max_attempts"])
+	put := env.Must(http.StatusOK, "PUT", "/api/v1/policies/pay.charge", op,
+		map[string]any{"max_cost_micros": 100, "approval_above_micros": 100}).JSON()
+	requireFields(t, "put policy", put, policyFields...)
+	above := env.Must(http.StatusBadRequest, "PUT", "/api/v1/policies/pay.charge", op, map[string]any{"approval_above_micros": 101})
+	require.Equal(t, apierr.CodeApprovalAboveCeiling, above.ErrorCode())
+	stale := env.Must(http.StatusConflict, "PUT", "/api/v1/policies/pay.charge", op, map[string]any{"expected_version": 0})
+	require.Equal(t, apierr.CodeVersionConflict, stale.ErrorCode())
+	requireFields(t, "policies page", env.Must(http.StatusOK, "GET", "/api/v1/policies", op, nil).JSON(), "data", "next_cursor")
+
+	env.Must(http.StatusOK, "PUT", "/api/v1/policies/x.deny", op, map[string]any{"mode": "deny"})
+	denied := env.Must(http.StatusForbidden, "POST", "/api/v1/effects/begin", op,
+		map[string]any{"effect_type": "x.deny", "idempotency_key": "d", "payload": map[string]any{}}).JSON()
+	requireFields(t, "denied", denied, "decision", "effect_id", "error")
+	require.Equal(t, "denied", denied["decision"])
+	require.Equal(t, apierr.CodePolicyDenied, denied["error"].(map[string]any)["code"])
+
+	env.Must(http.StatusOK, "PUT", "/api/v1/policies/x.appr", op, map[string]any{"mode": "require_approval"})
+	ab := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", op,
+		map[string]any{"effect_type": "x.appr", "idempotency_key": "a", "payload": map[string]any{}}).JSON()
+	require.Equal(t, "approval_required", ab["decision"])
+	approvalFields := []string{"id", "effect_id", "effect_type", "state", "reason", "created_at", "decided_at", "note"}
+	pending := first(t, env.Must(http.StatusOK, "GET", "/api/v1/approvals?state=pending", op, nil).JSON())
+	requireFields(t, "approval", pending, approvalFields...)
+	require.Equal(t, ab["approval_id"], pending["id"])
+	env.Must(http.StatusBadRequest, "GET", "/api/v1/approvals?state=maybe", op, nil)
+	env.Must(http.StatusNotFound, "POST", "/api/v1/approvals/"+pending["id"].(string)+"/approve", other.Key, nil)
+	decided := env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+pending["id"].(string)+"/approve", op, map[string]any{"note": "ok"}).JSON()
+	requireFields(t, "decided approval", decided, approvalFields...)
+	require.Equal(t, "approved", decided["state"])
+
+	circuitFields := []string{"effect_type", "state", "opened_by", "action", "volume_last_hour",
+		"baseline_median_hourly", "threshold", "opened_at", "closes_at"}
+	requireFields(t, "circuit", first(t, env.Must(http.StatusOK, "GET", "/api/v1/circuits", op, nil).JSON()), circuitFields...)
+	opened := env.Must(http.StatusOK, "POST", "/api/v1/circuits/email.send/open", op, map[string]any{"action": "monitor", "reason": "r"}).JSON()
+	requireFields(t, "opened circuit", opened, circuitFields...)
+	require.Equal(t, "open", opened["state"])
+	require.Nil(t, opened["closes_at"], "a manual breaker has no cooldown")
+	env.Must(http.StatusOK, "POST", "/api/v1/circuits/email.send/close", op, nil)
+
+	g := env.Must(http.StatusCreated, "POST", "/api/v1/groups", op, map[string]any{"name": "g"}).JSON()
+	requireFields(t, "group", g, "id", "state")
+	require.Equal(t, "open", g["state"])
+	gid := g["id"].(string)
+	env.Must(http.StatusNotFound, "GET", "/api/v1/groups/"+gid, other.Key, nil)
+	committed := env.Must(http.StatusOK, "POST", "/api/v1/groups/"+gid+"/commit", op, nil).JSON()
+	requireFields(t, "commit", committed, "state", "plan", "unresolved")
+	require.Equal(t, "committed", committed["state"])
+	unwound := env.Must(http.StatusOK, "POST", "/api/v1/groups/"+gid+"/unwind", op, nil).JSON()
+	requireFields(t, "unwind", unwound, "state", "plan", "unresolved")
+
+	wh := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", op,
+		map[string]any{"url": "https://example.com/h", "events": []string{"run.finished"}}).JSON()
+	requireFields(t, "webhook", wh, "id", "secret")
+	env.Must(http.StatusNotFound, "GET", "/api/v1/webhooks/"+wh["id"].(string)+"/deliveries", other.Key, nil)
+	requireFields(t, "deliveries", env.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+wh["id"].(string)+"/deliveries", op, nil).JSON(),
+		"data", "next_cursor")
+
+	rec := env.Must(http.StatusOK, "POST", "/api/v1/reconcile", op, map[string]any{"effect_type": "email.send",
+		"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z", "records": []any{}}).JSON()
+	requireFields(t, "reconcile", rec, "matched", "missing_at_vendor", "unknown_to_ratchet", "amount_mismatch", "resolved")
+}
+
+// TestConformanceErrors: §0 and §5 error rules shared by every route.
+func TestConformanceErrors(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	for _, path := range []string{"/api/v1/keys?limit=0", "/api/v1/effects?limit=abc", "/api/v1/endpoints?limit=201",
+		"/api/v1/policies?limit=-1", "/api/v1/approvals?limit=", "/api/v1/circuits?limit=1.5"} {
+		res := env.Do("GET", path, ws.Key, nil)
+		if strings.HasPrefix(path, "/api/v1/circuits") && res.Status == http.StatusOK {
+			continue // not paginated: one circuit per effect type
+		}
+		require.Equal(t, http.StatusBadRequest, res.Status, "%s: %s", path, res.Body)
+		require.Equal(t, apierr.CodeInvalidRequest, res.ErrorCode(), path)
+		var body struct {
+			Error struct {
+				Detail struct {
+					Validation []apierr.FieldError `json:"validation"`
+				} `json:"detail"`
+			} `json:"error"`
+		}
+		res.Decode(t, &body)
+		require.Equal(t, "limit", body.Error.Detail.Validation[0].Field, path)
+		require.NotEmpty(t, res.Header.Get("X-Request-Id"))
+	}
+	requireFields(t, "camel page", env.Must(http.StatusOK, "GET", "/api/v1/endpoints?limit=200", ws.Key, nil).JSON(),
+		"data", "nextCursor")
+
+	ingest := env.Key(ws, map[string]any{"name": "i", "preset": "INGEST"})
+	res := env.Must(http.StatusForbidden, "POST", "/api/v1/effects/begin", ingest,
+		map[string]any{"effect_type": "a.b", "idempotency_key": "k", "payload": map[string]any{}})
+	require.Equal(t, map[string]any{"required": []any{"effects:begin"}}, res.JSON()["error"].(map[string]any)["detail"])
+
+	rl := env.Key(ws, map[string]any{"name": "rl", "preset": "AGENT", "rate_limit_per_minute": 1})
+	body := map[string]any{"effect_type": "a.b", "idempotency_key": "r", "payload": map[string]any{}}
+	env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", rl, body)
+	limited := env.Must(http.StatusTooManyRequests, "POST", "/api/v1/effects/begin", rl, body)
+	require.Equal(t, apierr.CodeRateLimited, limited.ErrorCode())
+	require.Contains(t, limited.JSON()["error"].(map[string]any)["detail"], "retry_after_seconds")
+
+	big := env.Do("POST", "/api/v1/runs", ws.Key, `{"name":"`+strings.Repeat("a", httpapi.MaxBodyBytes)+`"}`)
+	require.Equal(t, http.StatusRequestEntityTooLarge, big.Status)
+	require.Equal(t, apierr.CodePayloadTooLarge, big.ErrorCode())
+
+	unknown := env.Must(http.StatusBadRequest, "POST", "/api/v1/runs", ws.Key, map[string]any{"name": "r", "nme": 1})
+	require.Equal(t, apierr.CodeInvalidRequest, unknown.ErrorCode())
+
+	dims := env.Must(http.StatusBadRequest, "PUT", "/api/v1/policies/t.x", ws.Key,
+		map[string]any{"dimension_limits": map[string]any{"recipient": map[string]any{"daily_micro": 5}}})
+	require.Contains(t, string(dims.Body), `"field":"dimension_limits.recipient.daily_micro"`)
+}
