@@ -5,10 +5,12 @@ package httpapi_test
 // binding sentence of the contract, so a regression names what it broke.
 
 import (
+	"context"
 	"net/http"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -342,4 +344,134 @@ func TestConformanceErrors(t *testing.T) {
 	dims := env.Must(http.StatusBadRequest, "PUT", "/api/v1/policies/t.x", ws.Key,
 		map[string]any{"dimension_limits": map[string]any{"recipient": map[string]any{"daily_micro": 5}}})
 	require.Contains(t, string(dims.Body), `"field":"dimension_limits.recipient.daily_micro"`)
+}
+
+// TestConformanceJobShapes: the camelCase objects of §5, job lease rules and
+// the endpoint routes (circuit/close included).
+func TestConformanceJobShapes(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	other := e.Signup()
+	op := e.ws.Key
+
+	run := e.Must(http.StatusCreated, "POST", "/api/v1/runs", e.ingest, map[string]any{"name": "r"}).JSON()
+	requireFields(t, "run", run, "id", "name", "status")
+	require.Equal(t, "RUNNING", run["status"])
+	runID := run["id"].(string)
+	enqueue := map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"a": 1}, "timeoutMs": 1000, "maxAttempts": 3}
+	st := e.enqueue(runID, enqueue)
+	requireFields(t, "enqueue", st, "stepId", "jobId", "idempotencyKey", "status", "dueAt", "deduplicated")
+	require.Equal(t, false, st["deduplicated"])
+	require.Equal(t, true, e.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/steps", e.ingest, enqueue).JSON()["deduplicated"])
+	for _, n := range []int{0, 11} {
+		bad := e.Must(http.StatusBadRequest, "POST", "/api/v1/runs/"+runID+"/steps", e.ingest,
+			map[string]any{"name": "send_email", "version": "1", "maxAttempts": n})
+		require.Contains(t, string(bad.Body), `"field":"maxAttempts"`)
+	}
+
+	got := e.Must(http.StatusOK, "GET", "/api/v1/runs/"+runID, e.ingest, nil).JSON()
+	requireFields(t, "run", got, "id", "name", "status", "completionRequested", "createdAt", "finishedAt", "steps")
+	step := got["steps"].([]any)[0].(map[string]any)
+	requireFields(t, "step", step, "id", "name", "version", "endpoint", "status", "idempotencyKey", "afterStepId",
+		"afterStatus", "durableJob")
+	dj := step["durableJob"].(map[string]any)
+	requireFields(t, "durableJob", dj, "id", "status", "attempt", "maxAttempts", "dueAt", "policy")
+	requireFields(t, "durableJob.policy", dj["policy"].(map[string]any), "preset", "maxAttempts", "initialDelayMs",
+		"multiplier", "maxDelayMs", "jitterPercent", "timeoutMs")
+	require.Equal(t, float64(3), dj["policy"].(map[string]any)["maxAttempts"], "the enqueue override is effective")
+	require.Equal(t, step["status"], dj["status"])
+	require.Equal(t, "send_email", step["endpoint"])
+	e.Must(http.StatusNotFound, "GET", "/api/v1/runs/"+runID, other.Key, nil)
+	e.Must(http.StatusNotFound, "GET", "/api/v1/steps/"+st["stepId"].(string), other.Key, nil)
+
+	health := e.Must(http.StatusOK, "GET", "/api/v1/queue/health", e.ingest, nil).JSON()
+	requireFields(t, "queue health", first(t, health), "name", "version", "queued", "oldestQueuedAgeSeconds",
+		"workersSeen", "message")
+
+	unlisted := e.Must(http.StatusForbidden, "POST", "/api/v1/workers/register", e.worker,
+		map[string]any{"tools": []any{map[string]any{"name": "other", "version": "2"}}})
+	require.Contains(t, unlisted.JSON()["error"].(map[string]any)["detail"].(map[string]any)["required"], "tool:other@2")
+	e.Must(http.StatusCreated, "POST", "/api/v1/workers/register", op,
+		map[string]any{"tools": []any{map[string]any{"name": "anything", "version": "9"}}})
+	w := e.register("send_email@1")
+	otherWorker := e.Key(e.ws, map[string]any{"name": "w2", "preset": "WORKER", "tools": []string{"send_email@1"}})
+	e.Must(http.StatusNotFound, "POST", "/api/v1/workers/"+w+"/claim", otherWorker, map[string]any{"limit": 1})
+
+	claimedAt := e.clock.Now()
+	j1 := e.claim(w, 1)[0]
+	requireFields(t, "claimed job", j1, "jobId", "stepId", "runId", "name", "version", "attempt", "leaseToken",
+		"leaseExpiresAt", "timeoutMs", "idempotencyKey", "input")
+	require.Equal(t, claimedAt.Add(11*time.Second).Format(time.RFC3339), j1["leaseExpiresAt"],
+		"lease = claim time + timeoutMs + 10 s grace")
+	hb := e.Must(http.StatusOK, "POST", "/api/v1/jobs/"+j1["jobId"].(string)+"/heartbeat", e.worker,
+		map[string]any{"leaseToken": j1["leaseToken"]}).JSON()
+	require.Equal(t, []string{"cancelRequested", "leaseExpiresAt"}, keysOf(hb))
+
+	e.clock.Add(12 * time.Second)
+	j2 := e.claim(w, 1)
+	require.Len(t, j2, 1, "a lapsed job is claimable again at once")
+	stale := e.Must(http.StatusConflict, "POST", "/api/v1/jobs/"+j1["jobId"].(string)+"/heartbeat", e.worker,
+		map[string]any{"leaseToken": j1["leaseToken"]})
+	require.Equal(t, apierr.CodeLeaseLost, stale.ErrorCode())
+	require.Equal(t, apierr.CodeLeaseLost, e.report(j1, map[string]any{"status": "SUCCEEDED"}).ErrorCode())
+	e.clock.Add(20 * time.Second)
+	rep := e.report(j2[0], map[string]any{"status": "FAILED", "error": map[string]any{"message": "x", "retryable": false}})
+	require.Equal(t, http.StatusOK, rep.Status, "the current token is accepted after its lease lapsed: %s", rep.Body)
+	require.Equal(t, []string{"attempt", "jobId", "nextDueAt", "status"}, keysOf(rep.JSON()))
+
+	preview := e.Must(http.StatusOK, "GET", "/api/v1/steps/"+st["stepId"].(string)+"/replay", op, nil).JSON()
+	requireFields(t, "replay preview", preview, "eligible", "handlerVersion", "upgrades")
+	replay := e.Must(http.StatusOK, "POST", "/api/v1/steps/"+st["stepId"].(string)+"/replay", op,
+		map[string]any{"acknowledgeDuplicateRisk": true, "maxAttempts": 1, "reason": "r"}).JSON()
+	require.Equal(t, []string{"attempt", "handlerVersion", "jobId", "maxAttempts", "status", "stepId"}, keysOf(replay))
+	require.Equal(t, st["jobId"], replay["jobId"])
+	require.Equal(t, "QUEUED", replay["status"])
+
+	contract := e.Must(http.StatusCreated, "POST", "/api/v1/tools/send_email/contracts", op,
+		map[string]any{"handlerVersion": "1", "inputSchema": map[string]any{}, "outputSchema": map[string]any{}}).JSON()
+	contractFields := []string{"name", "contractVersion", "handlerVersion", "inputSchema", "outputSchema", "timeoutMs",
+		"retryPreset", "retryPolicy", "status", "createdAt"}
+	requireFields(t, "contract", contract, contractFields...)
+	require.Equal(t, float64(1), contract["contractVersion"])
+	requireFields(t, "listed contract", first(t, e.Must(http.StatusOK, "GET", "/api/v1/tools/send_email/contracts", op, nil).JSON()),
+		contractFields...)
+
+	endpointFields := []string{"id", "name", "version", "policyPreset", "retryPolicy", "maxAttempts",
+		"defaultTimeoutMs", "maxConcurrent", "rateLimitPerMinute", "paused", "circuit"}
+	created := e.Must(http.StatusCreated, "POST", "/api/v1/endpoints", op, map[string]any{"name": "billing"}).JSON()
+	requireFields(t, "endpoint", created, endpointFields...)
+	require.Equal(t, map[string]any{"state": "closed", "openedAt": nil}, created["circuit"])
+	again := e.Must(http.StatusOK, "POST", "/api/v1/endpoints", op, map[string]any{"name": "billing", "preset": "RELAXED"}).JSON()
+	require.Equal(t, created, again, "an existing name answers 200 unchanged")
+	epID := created["id"].(string)
+	e.Must(http.StatusNotFound, "GET", "/api/v1/endpoints/"+epID+"/policy", other.Key, nil)
+	e.Must(http.StatusNotFound, "POST", "/api/v1/endpoints/"+epID+"/circuit/close", other.Key, nil)
+	noVersion := e.Must(http.StatusBadRequest, "PUT", "/api/v1/endpoints/"+epID+"/policy", op, map[string]any{"preset": "RELAXED"})
+	require.Contains(t, string(noVersion.Body), `"field":"expectedVersion"`)
+	rel := e.Must(http.StatusOK, "PUT", "/api/v1/endpoints/"+epID+"/policy", op,
+		map[string]any{"expectedVersion": created["version"], "preset": "RELAXED"}).JSON()
+	requireFields(t, "put endpoint", rel, endpointFields...)
+	require.Equal(t, "RELAXED", rel["policyPreset"])
+	paused := e.Must(http.StatusOK, "POST", "/api/v1/endpoints/"+epID+"/pause", op, nil).JSON()
+	require.Equal(t, true, paused["paused"])
+	closed := e.Must(http.StatusOK, "POST", "/api/v1/endpoints/"+epID+"/circuit/close", op, nil).JSON()
+	requireFields(t, "closed circuit endpoint", closed, endpointFields...)
+	require.Equal(t, "closed", closed["circuit"].(map[string]any)["state"])
+	require.Equal(t, paused, closed, "closing a closed circuit answers the endpoint unchanged")
+	require.Equal(t, false, e.Must(http.StatusOK, "POST", "/api/v1/endpoints/"+epID+"/resume", op, nil).JSON()["paused"])
+	// Nothing opens an endpoint breaker yet; when one is open, close clears it.
+	_, err := e.App.Pool.Exec(context.Background(),
+		`UPDATE job_endpoints SET circuit_state = 'open', circuit_opened_at = now() WHERE id = $1::text`, epID)
+	require.NoError(t, err)
+	open := e.Must(http.StatusOK, "GET", "/api/v1/endpoints/"+epID+"/policy", op, nil).JSON()
+	require.Equal(t, "open", open["circuit"].(map[string]any)["state"])
+	require.NotNil(t, open["circuit"].(map[string]any)["openedAt"])
+	reclosed := e.Must(http.StatusOK, "POST", "/api/v1/endpoints/"+epID+"/circuit/close", op, nil).JSON()
+	require.Equal(t, map[string]any{"state": "closed", "openedAt": nil}, reclosed["circuit"])
+
+	e.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/finish", e.ingest, nil)
+	require.Equal(t, true, e.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/steps", e.ingest, enqueue).JSON()["deduplicated"])
+	late := e.Must(http.StatusConflict, "POST", "/api/v1/runs/"+runID+"/steps", e.ingest,
+		map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"new": true}})
+	require.Equal(t, apierr.CodeInvalidState, late.ErrorCode())
 }
