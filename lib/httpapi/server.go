@@ -133,7 +133,7 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 	}()
 
 	if g == nil {
-		writeError(sw, apierr.NotFound("route"))
+		writeError(sw, apierr.New(http.StatusNotFound, apierr.CodeNotFound, "No such route; see /api/v1/openapi.json."))
 		return
 	}
 	route = g.routes[r.Method]
