@@ -110,7 +110,7 @@ func TestPolicyValidation(t *testing.T) {
 		{map[string]any{"dimension_limits": limits}, "dimension_limits"},
 		{map[string]any{"dimension_limits": map[string]any{"r": map[string]any{"daily_count": 0}}}, "dimension_limits.r.daily_count"},
 		{map[string]any{"dimension_limits": map[string]any{"r": map[string]any{"daily_micros": -1}}}, "dimension_limits.r.daily_micros"},
-		{map[string]any{"dimension_limits": map[string]any{"r": map[string]any{"daily_microz": 1}}}, "dimension_limits.r"},
+		{map[string]any{"dimension_limits": map[string]any{"r": map[string]any{"daily_microz": 1}}}, "dimension_limits.r.daily_microz"},
 		{map[string]any{"dimension_limits": map[string]any{"r": 5}}, "dimension_limits.r"},
 		{map[string]any{"structuring_threshold_micros": -1}, "structuring_threshold_micros"},
 		{map[string]any{"surge_per_hour": 0}, "surge_per_hour"},

@@ -127,8 +127,11 @@ func elemType(t reflect.Type) (reflect.Type, bool) {
 		t = t.Elem()
 	}
 	if reflect.PointerTo(t).Implements(unmarshalerType) {
+		if t.Kind() != reflect.Struct {
+			return t, false // json.RawMessage and other opaque decoders
+		}
 		f, ok := t.FieldByName("Value")
-		if _, set := t.FieldByName("Set"); t.Kind() != reflect.Struct || !ok || !set {
+		if _, set := t.FieldByName("Set"); !ok || !set {
 			return t, false
 		}
 		return elemType(f.Type)

@@ -44,6 +44,8 @@ func TestConformanceDecodePaths(t *testing.T) {
 		{&gate.PutPolicyRequest{}, `{"required_dimensions":["a",1]}`, "required_dimensions.1"},
 		{&jobs.ReportRequest{}, `{"error":{"retryAfterMs":1.5}}`, "error.retryAfterMs"},
 		{&gate.BeginRequest{}, `{"payload":{"anything":{"goes":1}},"bogus":true}`, "bogus"},
+		{&gate.BeginRequest{}, `{"compensation":{"payload":{"deep":[1]}},"lease_seconds":"x"}`, "lease_seconds"},
+		{&jobs.PublishContractRequest{}, `{"inputSchema":{"type":"object"},"retryPolicy":{"bogus":1}}`, "retryPolicy.bogus"},
 	} {
 		err := httpapi.DecodeJSON([]byte(c.body), c.dst)
 		var ae *apierr.Error
