@@ -110,7 +110,14 @@ func typeErrorPath(body []byte, t reflect.Type, field string) string {
 // findPath walks the body's JSON alongside type t and returns the path of
 // the first node (in key order) that match accepts. Unknown object keys are
 // visited with a nil type.
-func findPath(body []byte, t reflect.Type, match func(v any, t reflect.Type, path, plain string) bool) string {
+func findPath(body []byte, t reflect.Type, match func(v any, t reflect.Type, path, plain string) bool) (path string) {
+	// Only error messages depend on this walk: a type it cannot reflect on
+	// must cost the precise name, never the request.
+	defer func() {
+		if recover() != nil {
+			path = ""
+		}
+	}()
 	var v any
 	if json.Unmarshal(body, &v) != nil {
 		return ""
