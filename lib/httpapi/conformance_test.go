@@ -7,6 +7,7 @@ package httpapi_test
 import (
 	"context"
 	"net/http"
+	"reflect"
 	"sort"
 	"strings"
 	"testing"
@@ -342,6 +343,12 @@ func TestConformanceErrors(t *testing.T) {
 
 	unknown := env.Must(http.StatusBadRequest, "POST", "/api/v1/runs", ws.Key, map[string]any{"name": "r", "nme": 1})
 	require.Equal(t, apierr.CodeInvalidRequest, unknown.ErrorCode())
+	// A bodiless action refuses unknown fields too, and takes {} or nothing.
+	runID := env.Must(http.StatusCreated, "POST", "/api/v1/runs", ws.Key, map[string]any{"name": "r"}).JSON()["id"].(string)
+	extra := env.Must(http.StatusBadRequest, "POST", "/api/v1/runs/"+runID+"/finish", ws.Key, map[string]any{"force": true})
+	require.Contains(t, string(extra.Body), `"field":"force"`)
+	env.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/finish", ws.Key, map[string]any{})
+	env.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/finish", ws.Key, nil)
 
 	dims := env.Must(http.StatusBadRequest, "PUT", "/api/v1/policies/t.x", ws.Key,
 		map[string]any{"dimension_limits": map[string]any{"recipient": map[string]any{"daily_micro": 5}}})
@@ -476,4 +483,21 @@ func TestConformanceJobShapes(t *testing.T) {
 	late := e.Must(http.StatusConflict, "POST", "/api/v1/runs/"+runID+"/steps", e.ingest,
 		map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"new": true}})
 	require.Equal(t, apierr.CodeInvalidState, late.ErrorCode())
+}
+
+// TestConformanceEveryRequestRejectsUnknownFields: every route's request body
+// refuses an unknown field with 400 invalid_request naming it (§0).
+func TestConformanceEveryRequestRejectsUnknownFields(t *testing.T) {
+	t.Parallel()
+	for _, r := range httpapi.Routes() {
+		if r.Request == nil {
+			continue
+		}
+		dst := reflect.New(reflect.TypeOf(r.Request)).Interface()
+		err := httpapi.DecodeJSON([]byte(`{"zz_not_a_field":1}`), dst)
+		var ae *apierr.Error
+		require.ErrorAs(t, err, &ae, r.Name)
+		require.Equal(t, apierr.CodeInvalidRequest, ae.Code, r.Name)
+		require.Equal(t, "zz_not_a_field", ae.Detail["validation"].([]apierr.FieldError)[0].Field, r.Name)
+	}
 }

@@ -204,6 +204,15 @@ func (s *Server) run(ctx context.Context, c *Call) (any, error) {
 			return nil, apierr.Unauthorized("The cron route needs Authorization: Bearer $CRON_SECRET.")
 		}
 	}
+	if c.Route.Request == nil && c.Route.Auth == AuthKey && c.R.ContentLength != 0 &&
+		c.R.Method != http.MethodGet && c.R.Method != http.MethodHead {
+		// An action without a body (finish, cancel, pause, ...) still refuses
+		// unknown fields (API.md §0); an empty body or {} is fine.
+		var none struct{}
+		if err := c.Decode(&none); err != nil {
+			return nil, err
+		}
+	}
 	return c.Route.Handle(ctx, c)
 }
 
