@@ -501,3 +501,45 @@ func TestConformanceEveryRequestRejectsUnknownFields(t *testing.T) {
 		require.Equal(t, "zz_not_a_field", ae.Detail["validation"].([]apierr.FieldError)[0].Field, r.Name)
 	}
 }
+
+// TestConformanceDecisions: the extra fields of each begin decision (§2.1).
+func TestConformanceDecisions(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	op := e.ws.Key
+	begin := func(status int, body map[string]any) map[string]any {
+		t.Helper()
+		d := e.Must(status, "POST", "/api/v1/effects/begin", op, body).JSON()
+		requireFields(t, "decision", d, "decision", "effect_id", "state", "attempt")
+		return d
+	}
+	body := map[string]any{"effect_type": "e.x", "idempotency_key": "k", "payload": map[string]any{}, "lease_seconds": 5}
+	begin(http.StatusOK, body)
+	inFlight := begin(http.StatusOK, body)
+	require.Equal(t, "in_flight", inFlight["decision"])
+	requireFields(t, "in_flight", inFlight, "retry_after_seconds")
+	e.clock.Add(6 * time.Second)
+	blocked := begin(http.StatusOK, body)
+	require.Equal(t, "blocked", blocked["decision"])
+	require.Equal(t, []string{"attempt", "lease_expired_at", "started_at"}, keysOf(blocked["prior_attempt"].(map[string]any)))
+	e.Must(http.StatusOK, "PUT", "/api/v1/policies/e.x", op, map[string]any{"on_indeterminate": "probe"})
+	probe := begin(http.StatusOK, body)
+	require.Equal(t, "execute", probe["decision"])
+	require.Equal(t, true, probe["probe"])
+	requireFields(t, "probe", probe, "lease_token", "lease_expires_at", "prior_attempt")
+
+	e.Must(http.StatusOK, "PUT", "/api/v1/policies/p.a", op, map[string]any{"mode": "require_approval"})
+	held := map[string]any{"effect_type": "p.a", "idempotency_key": "z", "payload": map[string]any{}}
+	a := begin(http.StatusOK, held)
+	require.Equal(t, "approval_required", a["decision"])
+	require.Equal(t, float64(0), a["attempt"], "an approval wait consumes no attempt")
+	rejected := e.Must(http.StatusOK, "POST", "/api/v1/approvals/"+a["approval_id"].(string)+"/reject", op,
+		map[string]any{"note": "no"}).JSON()
+	require.Equal(t, "rejected", rejected["state"])
+	denied := begin(http.StatusForbidden, held)
+	require.Equal(t, "denied", denied["decision"])
+	require.Equal(t, apierr.CodeApprovalRejected, denied["error"].(map[string]any)["code"])
+	held["payload"] = map[string]any{"other": 1}
+	require.Equal(t, apierr.CodeIdempotencyKeyReuse,
+		e.Must(http.StatusConflict, "POST", "/api/v1/effects/begin", op, held).ErrorCode())
+}
