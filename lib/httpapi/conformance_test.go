@@ -251,6 +251,9 @@ func TestConformanceGateShapes(t *testing.T) {
 	requireFields(t, "denied", denied, "decision", "effect_id", "error")
 	require.Equal(t, "denied", denied["decision"])
 	require.Equal(t, apierr.CodePolicyDenied, denied["error"].(map[string]any)["code"])
+	stored := env.Must(http.StatusOK, "GET", "/api/v1/effects/"+denied["effect_id"].(string), op, nil).JSON()
+	require.Equal(t, "denied", stored["state"], "a denied effect is stored")
+	require.Equal(t, apierr.CodePolicyDenied, stored["denial_code"])
 
 	env.Must(http.StatusOK, "PUT", "/api/v1/policies/x.appr", op, map[string]any{"mode": "require_approval"})
 	ab := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", op,
