@@ -42,7 +42,6 @@ const (
 	CodeInternal               = "internal_error"
 	CodeBillingUnavailable     = "billing_unavailable"
 	CodeDatabaseUnavailable    = "database_unavailable"
-	CodeMethodNotAllowed       = "method_not_allowed"
 )
 
 // Error is a failure with a stable code, an HTTP status, a human message and
@@ -229,7 +228,6 @@ var Statuses = map[string]int{
 	CodeApprovalRejected:       403,
 	CodeCircuitOpen:            403,
 	CodeNotFound:               404,
-	CodeMethodNotAllowed:       405,
 	CodeIdempotencyKeyReuse:    409,
 	CodeInvalidState:           409,
 	CodeLeaseExpired:           409,

@@ -108,7 +108,7 @@ var contractRoutes = [][2]string{
 
 // TestConformanceRoutesExist: every route of API.md exists under /api/v1 and
 // the /v1 alias (an authenticated route answers 401 without a key, never
-// 404/405), and every response carries X-Request-Id.
+// 404), and every response carries X-Request-Id.
 func TestConformanceRoutesExist(t *testing.T) {
 	t.Parallel()
 	env := apitest.Start(t)

@@ -376,7 +376,7 @@ func TestSyntheticToolTest(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t)
 	e.publish("send_email", contractBody("1", map[string]any{"timeoutMs": 8000}))
-	res := e.Must(http.StatusCreated, "POST", "/api/v1/tools/send_email/test", e.ws.Key,
+	res := e.Must(http.StatusOK, "POST", "/api/v1/tools/send_email/test", e.ws.Key,
 		map[string]any{"version": "1", "input": map[string]any{"customerId": "cus_1"}}).JSON()
 	require.EqualValues(t, 1, res["maxAttempts"])
 	require.EqualValues(t, 1, res["contractVersion"])
@@ -405,7 +405,7 @@ func TestSyntheticToolTest(t *testing.T) {
 		e.ws.Key, map[string]any{"version": "1", "input": map[string]any{}})))
 	require.Equal(t, []string{"version"}, validationFields(t, e.Do("POST", "/api/v1/tools/send_email/test",
 		e.ws.Key, map[string]any{"input": 1})))
-	free := e.Must(http.StatusCreated, "POST", "/api/v1/tools/other/test", e.ws.Key, map[string]any{"version": "1"}).JSON()
+	free := e.Must(http.StatusOK, "POST", "/api/v1/tools/other/test", e.ws.Key, map[string]any{"version": "1"}).JSON()
 	require.Nil(t, free["contractVersion"])
 	// Scope: contracts:write.
 	r = e.Do("POST", "/api/v1/tools/send_email/test", e.ingest, map[string]any{"version": "1"})

@@ -26,11 +26,11 @@ func TestUnknownRouteIsNotFoundEnvelope(t *testing.T) {
 	require.NotNil(t, detail, "detail is always an object")
 }
 
-func TestWrongMethodIsEnvelopeWithAllow(t *testing.T) {
+func TestWrongMethodIsUnknownRouteWithAllow(t *testing.T) {
 	t.Parallel()
 	env := apitest.Start(t)
-	r := env.Must(http.StatusMethodNotAllowed, "PUT", "/api/v1/workspaces", "", nil)
-	require.Equal(t, "method_not_allowed", r.ErrorCode())
+	r := env.Must(http.StatusNotFound, "PUT", "/api/v1/workspaces", "", nil)
+	require.Equal(t, "not_found", r.ErrorCode())
 	require.Equal(t, "POST", r.Header.Get("Allow"))
 }
 

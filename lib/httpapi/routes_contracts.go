@@ -41,7 +41,7 @@ func (s *Server) contractsRoutes() []Route {
 			Summary: "Enqueue a synthetic one-attempt job of name@version in a new synthetic run (completion already " +
 				"requested). The implicit contract of name@version applies: input and output are validated, its " +
 				"timeout is used, maxAttempts is always 1. Answers the run, step and job ids.",
-			Request: jobs.ToolTestRequest{}, Response: jobs.ToolTestResult{}, Status: 201,
+			Request: jobs.ToolTestRequest{}, Response: jobs.ToolTestResult{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeInvalidState}, Handle: s.testTool,
 		},
 		{

@@ -146,9 +146,12 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 			allow = append(allow, m)
 		}
 		sort.Strings(allow)
+		// A route is a method on a path: API.md answers any other
+		// combination as an unknown route (404 not_found). Allow still says
+		// which methods the path takes.
 		sw.Header().Set("Allow", strings.Join(allow, ", "))
-		writeError(sw, apierr.New(http.StatusMethodNotAllowed, apierr.CodeMethodNotAllowed,
-			"Method not allowed; use %s.", strings.Join(allow, " or ")))
+		writeError(sw, apierr.New(http.StatusNotFound, apierr.CodeNotFound,
+			"No such route; this path takes %s.", strings.Join(allow, " or ")))
 		return
 	}
 	r.Body = http.MaxBytesReader(sw, r.Body, MaxBodyBytes)
