@@ -100,16 +100,19 @@ func effectCols(alias string, nullSafe bool) string {
 // ---- Begin, report and heartbeat: PL/pgSQL functions ----
 //
 // The hot statements live in migrations/0008_gate_functions.sql as the
-// functions gate_begin, gate_begin_locked, gate_report and gate_heartbeat;
-// this file holds only their calls. There is no Go copy of their SQL to edit:
-// a change is a new migration (CREATE OR REPLACE FUNCTION, same signature).
+// functions gate_begin and gate_begin_locked (both calling gate_evaluate, the
+// policy's and the circuits' verdict), gate_report and gate_heartbeat; this
+// file holds only their calls. There is no Go copy of their SQL to edit: a
+// change is a new migration (CREATE OR REPLACE FUNCTION; DROP and CREATE
+// when the parameters or the result columns change, with the call here).
 // Why functions: the pool's default exec mode plans every statement it
 // sends, and begin's statement cost more to plan than to run; PL/pgSQL
-// caches each statement's plan per server session, so only the one-line
-// call is planned per request. The fragments below that the functions also
-// use (sqlEffectivePolicy's defaults, chargeCTEs, releaseCTEs, the surge
-// threshold) were copied into 0008 as they stood; changing one of them
-// means a new migration too (TestGateFunctionsMatchFragments checks that).
+// caches each statement's plan per server connection, so only the one-line
+// call is planned per request. The fragments here that the functions also
+// hold (sqlEffectivePolicy's defaults, chargeCTEs, releaseCTEs, the surge
+// threshold and baseline) were copied into 0008 as they stood; changing one
+// of them means a new migration too (TestGateFunctionsMatchFragments fails
+// until the functions hold the new text).
 // Each call casts every parameter to the function's declared type, so the
 // call resolves to exactly one function whatever types pgx infers from Go.
 //
