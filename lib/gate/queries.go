@@ -97,6 +97,25 @@ func effectCols(alias string, nullSafe bool) string {
 	return b.String()
 }
 
+// ---- Begin, report and heartbeat: PL/pgSQL functions ----
+//
+// The hot statements live in migrations/0008_gate_functions.sql as the
+// functions gate_begin and gate_begin_locked (both calling gate_evaluate, the
+// policy's and the circuits' verdict), gate_report and gate_heartbeat; this
+// file holds only their calls. There is no Go copy of their SQL to edit: a
+// change is a new migration (CREATE OR REPLACE FUNCTION; DROP and CREATE
+// when the parameters or the result columns change, with the call here).
+// Why functions: the pool's default exec mode plans every statement it
+// sends, and begin's statement cost more to plan than to run; PL/pgSQL
+// caches each statement's plan per server connection, so only the one-line
+// call is planned per request. The fragments here that the functions also
+// hold (sqlEffectivePolicy's defaults, chargeCTEs, releaseCTEs, the surge
+// threshold and baseline) were copied into 0008 as they stood; changing one
+// of them means a new migration too (TestGateFunctionsMatchFragments fails
+// until the functions hold the new text).
+// Each call casts every parameter to the function's declared type, so the
+// call resolves to exactly one function whatever types pgx infers from Go.
+//
 // Begin's parameters, shared by the one-statement path and the locked path
 // so that both evaluate the policy with the same SQL:
 //
@@ -108,119 +127,37 @@ func effectCols(alias string, nullSafe bool) string {
 //	$17 group id  $18 sealed compensation  $19 compensates effect id
 //	$20 new event id  then riskInput.args(): $21 the key's daily spend
 //	ceiling  $22 a ceiling's denial code that replaces execute (after a
-//	refused charge, see Begin)  $23 new circuit event id (argKeyCeiling,
-//	argRefused, argTripEvent)
+//	refused charge, see Begin)  $23 new circuit event id
 //
 // The locked path takes $1-$8 ($7 unused); the circuits need the clock.
 //
-// evalCTE evaluates the policy against the request: precheck is a 400 that
-// changes nothing (cost_required, dimension_required with the missing names),
-// fresh is what a fresh evaluation grants (policy_denied,
-// cost_ceiling_exceeded, approval, execute). A dimension with a ceiling is
-// required even when the policy forgot to list it: a ceiling keyed on an
-// undeclared dimension would otherwise be evaded.
-var evalCTE = `
-pol AS (` + sqlEffectivePolicy + `),` + breakerCTEs + `,
-ev AS (
-    SELECT pol.on_indeterminate, pol.max_attempts, pol.max_cost_micros, pol.approval_above_micros,
-        CASE WHEN (pol.require_cost OR pol.approval_above_micros IS NOT NULL) AND $4::bigint IS NULL THEN 'cost_required'
-             WHEN cardinality(m.missing) > 0 THEN 'dimension_required' END AS precheck,
-        m.missing AS missing_dimensions,
-        CASE WHEN pol.mode = 'deny' THEN 'policy_denied'
-             WHEN $4::bigint > pol.max_cost_micros THEN 'cost_ceiling_exceeded'
-             WHEN brk.action = 'deny' THEN 'circuit_open'
-             WHEN pol.mode = 'require_approval' THEN 'approval'
-             WHEN brk.action = 'require_approval' THEN 'approval'
-             WHEN $4::bigint >= pol.approval_above_micros THEN 'approval'
-             ELSE 'execute' END AS fresh,
-        CASE WHEN pol.mode = 'require_approval' THEN 'policy_requires_approval'
-             WHEN brk.action = 'require_approval' THEN 'circuit_open'
-             ELSE 'cost_at_or_above_threshold' END AS approval_reason,
-        least(pol.lease_seconds, coalesce($6::int, pol.lease_seconds)) AS eff_lease
-    FROM pol, brk, LATERAL (
-        SELECT coalesce(array_agg(d ORDER BY d), '{}') AS missing
-        FROM (SELECT unnest(pol.required_dimensions) UNION SELECT jsonb_object_keys(pol.dimension_limits)) x(d)
-        WHERE NOT d = ANY($5::text[])
-    ) m
-)`
-
-var evalCols = `ev.on_indeterminate, ev.max_attempts, ev.max_cost_micros, ev.approval_above_micros,
-	ev.precheck, ev.missing_dimensions, ev.fresh, ev.approval_reason, ev.eff_lease`
+// Both answer the policy's evaluation (scanBegin: on_indeterminate,
+// max_attempts, max_cost_micros, approval_above_micros, precheck, the
+// missing dimensions, fresh, approval_reason, the effective lease), whether
+// an effect row follows, whether this call inserted it, then the effect's
+// columns (effectColumns). precheck is a 400 that changes nothing
+// (cost_required, dimension_required with the missing names), fresh is what
+// a fresh evaluation grants (policy_denied, cost_ceiling_exceeded,
+// circuit_open, approval, execute). A dimension with a ceiling is required
+// even when the policy forgot to list it: a ceiling keyed on an undeclared
+// dimension would otherwise be evaded.
 
 // sqlBeginFast is begin in one round trip for a new key (insert the effect,
-// its first attempt or its approval) and for an existing one (read it back).
-// The fallback read uses the statement's snapshot, so when another begin
+// its first attempt or its approval, charge its ceilings, count it towards
+// a surge and trip the breaker) and for an existing one (read it back). The
+// fallback read uses the statement's snapshot, so when another begin
 // inserted the key concurrently neither branch returns a row and the caller
-// takes the locked path.
-var sqlBeginFast = `
-WITH ` + evalCTE + `,
-ins AS (
-    INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state, denial_code,
-        attempt, lease_token_hash, lease_seconds, lease_expires_at, attempt_started_at, probe, approval_id,
-        approval_state, payload, payload_preview, cost_micros, dimensions, run_id, group_id, compensation,
-        compensates_effect_id, created_by_key_id, created_at, updated_at)
-    SELECT $9, $1, $2, $3, $7,
-        CASE ev.fresh WHEN 'execute' THEN 'leased' WHEN 'approval' THEN 'awaiting_approval' ELSE 'denied' END,
-        CASE WHEN ev.fresh NOT IN ('execute', 'approval') THEN ev.fresh END,
-        CASE ev.fresh WHEN 'execute' THEN 1 ELSE 0 END,
-        CASE ev.fresh WHEN 'execute' THEN $13::bytea END,
-        ev.eff_lease,
-        CASE ev.fresh WHEN 'execute' THEN $8::timestamptz + make_interval(secs => ev.eff_lease) END,
-        CASE ev.fresh WHEN 'execute' THEN $8::timestamptz END,
-        false,
-        CASE ev.fresh WHEN 'approval' THEN $15::text END,
-        CASE ev.fresh WHEN 'approval' THEN 'pending' END,
-        $11, $12::jsonb, $4, $10::jsonb, $16, $17, $18, $19, $14, $8, $8
-    FROM (SELECT e.precheck, e.eff_lease, e.approval_reason,
-              CASE WHEN e.fresh = 'execute' AND ` + argRefused + `::text IS NOT NULL THEN ` + argRefused + `::text
-                   ELSE e.fresh END AS fresh
-          FROM ev e) ev
-    WHERE ev.precheck IS NULL
-    ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
-    RETURNING ` + effectCols("", false) + `
-),
-grant_src AS (
-    SELECT $1::text AS workspace_id, $2::text AS effect_type, $4::bigint AS cost, $14::text AS key_id,
-        ` + argKeyCeiling + `::bigint AS key_ceiling, $10::jsonb AS dims, pol.daily_budget_micros, pol.dimension_limits,
-        ` + utcDay("$8") + ` AS day
-    FROM pol, ins WHERE ins.state = 'leased'
-),` + chargeCTEs("grant_src") + `,
-att AS (
-    INSERT INTO effect_attempts (effect_id, attempt, workspace_id, lease_token_hash, probe, started_at,
-        lease_expires_at, began_by_key_id, charges, charged_on)
-    SELECT ins.id, 1, $1, $13, false, $8, ins.lease_expires_at, $14, ` + chargesJSON + `, ` + chargedOn + `
-    FROM ins WHERE ins.state = 'leased'
-),` + tripCTEs + `,
-apr AS (
-    INSERT INTO approvals (id, workspace_id, effect_id, effect_type, state, reason, created_at)
-    SELECT $15, $1, ins.id, $2, 'pending', ev.approval_reason, $8 FROM ins, ev WHERE ins.state = 'awaiting_approval'
-),
-evt AS (
-    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at)
-    SELECT $20, $1, '` + events.ApprovalRequested + `', $15,
-        jsonb_build_object('approval_id', $15::text, 'effect_id', ins.id, 'effect_type', $2::text,
-                           'reason', ev.approval_reason), $8
-    FROM ins, ev WHERE ins.state = 'awaiting_approval'
-),
-cur AS (
-    SELECT true AS inserted, ins.* FROM ins
-    UNION ALL
-    SELECT false, ` + effectCols("e", false) + ` FROM effects e
-    WHERE e.workspace_id = $1 AND e.idempotency_key = $3 AND NOT EXISTS (SELECT 1 FROM ins)
-)
-SELECT ` + evalCols + `, cur.inserted IS NOT NULL, coalesce(cur.inserted, false), ` + effectCols("cur", true) + `
-FROM ev LEFT JOIN cur ON true
-WHERE NOT EXISTS (SELECT 1 FROM refused)`
+// takes the locked path. A charge that does not fit aborts it through
+// gate_refuse (SQLSTATE RTB01, the ceiling in DETAIL).
+const sqlBeginFast = `SELECT * FROM gate_begin($1::text, $2::text, $3::text, $4::bigint, $5::text[], $6::int,
+    $7::text, $8::timestamptz, $9::text, $10::jsonb, $11::bytea, $12::jsonb, $13::bytea, $14::text, $15::text,
+    $16::text, $17::text, $18::bytea, $19::text, $20::text, $21::bigint, $22::text, $23::text)`
 
 // sqlBeginLocked reads the effect with the same evaluation, holding its row
 // until the transaction ends. Under READ COMMITTED a waiter gets the newest
 // version of the row once the holder commits.
-var sqlBeginLocked = `
-WITH ` + evalCTE + `
-SELECT ` + evalCols + `, true, false, ` + effectCols("e", false) + `
-FROM ev, effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $3
-    AND $7::text IS NOT NULL -- types the fingerprint, which this statement does not use
-FOR UPDATE OF e`
+const sqlBeginLocked = `SELECT * FROM gate_begin_locked($1::text, $2::text, $3::text, $4::bigint, $5::text[],
+    $6::int, $7::text, $8::timestamptz)`
 
 // sqlGrant starts a new attempt on a locked effect and charges its ceilings
 // (gate_refuse aborts it when one does not fit).
@@ -346,41 +283,16 @@ const sqlTokenAttempt = `SELECT attempt, outcome, reported_at FROM effect_attemp
 WHERE effect_id = $1 AND lease_token_hash = $2`
 
 // sqlReport records the outcome of the current, live attempt in one
-// statement, and returns the effect with its attempts as they now are.
+// statement (releasing a failed attempt's charges), and returns the effect
+// with its attempts as they now are (gate_report, migration 0008).
 // $1 effect id, $2 workspace, $3 token hash, $4 outcome, $5 sealed result,
 // $6 result preview, $7 now, $8 key id.
-var sqlReport = `
-WITH upd AS (
-    UPDATE effects SET state = $4, result = $5, result_preview = $6::jsonb, updated_at = $7
-    WHERE id = $1 AND workspace_id = $2 AND state = 'leased' AND lease_token_hash = $3 AND lease_expires_at > $7
-    RETURNING ` + effectCols("", false) + `
-), upa AS (
-    UPDATE effect_attempts a SET outcome = $4, reported_at = $7, reported_by_key_id = $8
-    FROM upd WHERE a.effect_id = upd.id AND a.attempt = upd.attempt
-    RETURNING a.*
-),` + releaseCTEs("upa", "a.outcome = 'failed'") + `
-SELECT ` + effectCols("e", false) + `,
-  (SELECT jsonb_agg(jsonb_build_object(
-      'attempt', a.attempt, 'outcome', a.outcome, 'probe', a.probe, 'started_at', a.started_at,
-      'lease_expires_at', a.lease_expires_at, 'reported_at', a.reported_at,
-      'began_by_key_id', a.began_by_key_id, 'reported_by_key_id', a.reported_by_key_id,
-      'resolved_by_key_id', a.resolved_by_key_id, 'resolved_at', a.resolved_at) ORDER BY a.attempt)
-   FROM (SELECT * FROM effect_attempts WHERE effect_id = $1 AND attempt <> e.attempt
-         UNION ALL SELECT * FROM upa) a)
-FROM upd e`
+const sqlReport = `SELECT * FROM gate_report($1::text, $2::text, $3::bytea, $4::text, $5::bytea, $6::jsonb,
+    $7::timestamptz, $8::text)`
 
-// sqlHeartbeat extends a live lease by its length from now.
-// $1 effect id, $2 workspace, $3 token hash, $4 now.
-const sqlHeartbeat = `
-WITH upd AS (
-    UPDATE effects SET lease_expires_at = $4::timestamptz + make_interval(secs => lease_seconds), updated_at = $4
-    WHERE id = $1 AND workspace_id = $2 AND state = 'leased' AND lease_token_hash = $3 AND lease_expires_at > $4
-    RETURNING id, attempt, lease_expires_at
-), upa AS (
-    UPDATE effect_attempts a SET lease_expires_at = upd.lease_expires_at
-    FROM upd WHERE a.effect_id = upd.id AND a.attempt = upd.attempt
-)
-SELECT lease_expires_at FROM upd`
+// sqlHeartbeat extends a live lease by its length from now (gate_heartbeat,
+// migration 0008). $1 effect id, $2 workspace, $3 token hash, $4 now.
+const sqlHeartbeat = `SELECT * FROM gate_heartbeat($1::text, $2::text, $3::bytea, $4::timestamptz)`
 
 // sqlResolve records what an operator found for an indeterminate effect. A
 // failed one is a known failure, so its ceilings are released like a failed

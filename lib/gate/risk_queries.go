@@ -2,19 +2,13 @@ package gate
 
 import "github.com/getratchet/ratchet/lib/events"
 
-// Begin's parameters of the risk controls (riskInput.args, appended after
-// begin's own): named here so that begin can grow parameters of its own by
-// renumbering these three and nothing else.
-const (
-	argKeyCeiling = "$21"
-	argRefused    = "$22"
-	argTripEvent  = "$23"
-)
-
 // The SQL of the risk controls: daily ceilings (charged with a grant,
 // released with a failed report) and circuits. Fragments here are spliced
-// into begin's statements in queries.go, so a begin with nothing configured
-// stays one statement.
+// into the locked path's grant, resolve and the circuit statements; begin's
+// and report's copies live in gate_begin and gate_report (migration 0008),
+// so a begin with nothing configured stays one statement. How begin
+// evaluates the circuits, and what bounds its cost, is explained beside
+// gate_begin in that migration.
 
 // utcDay is the UTC day of a timestamptz expression: ceilings roll at UTC
 // midnight whatever the session's time zone.
@@ -132,101 +126,6 @@ func thresholdSQL(p, now, firstSeen, median string) string {
      WHEN ` + p + `.surge_multiplier IS NOT NULL AND ` + firstSeen + ` <= ` + now + ` - interval '` + surgeHistoryHours + ` hours'
      THEN greatest(` + surgeFloor + `, floor(` + p + `.surge_multiplier * ` + median + `))::bigint END`
 }
-
-// breakerCTEs evaluate the circuits holding a begin ($1 workspace, $2 type,
-// $3 idempotency key, $8 now; after pol). cbs reads the type's breaker, the
-// stop and the type's sighting (three primary-key probes on every begin).
-// srg runs only when the policy configures surge, the type's breaker is not
-// already open and the key is new (a surge counts keys begun for the first
-// time). Its cost is bounded:
-//   - the learned baseline is cached per UTC hour on gate_effect_types (it
-//     only changes when an hour completes), so the 7-day median is computed
-//     by the first new key of an hour and read back by the rest;
-//   - the volume counts at most threshold rows of the effects index, from
-//     the later of an hour ago and the breaker's last close (a closed
-//     breaker grants a fresh allowance): a closed breaker has never seen
-//     more, or it would have opened.
-//
-// brk is the strictest action holding the begin.
-var breakerCTEs = `
-cbs AS (
-    SELECT (SELECT s.action FROM gate_circuits s
-            WHERE s.workspace_id = $1 AND s.effect_type = '*' AND s.state = 'open') AS stop_action,
-        CASE WHEN c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at > $8) THEN c.action END AS own_action,
-        CASE WHEN c.state = 'open' AND c.closes_at <= $8 THEN c.closes_at ELSE c.allowance_from END AS allowance_from,
-        t.first_seen_at AS first_seen, t.baseline_for, t.baseline_median
-    FROM (SELECT 1) one
-    LEFT JOIN gate_circuits c ON c.workspace_id = $1 AND c.effect_type = $2
-    LEFT JOIN gate_effect_types t ON t.workspace_id = $1 AND t.effect_type = $2
-),
-srg_base AS MATERIALIZED (
-    SELECT b.median, b.stale, ` + thresholdSQL("pol", "$8::timestamptz", "cbs.first_seen", "b.median") + ` AS threshold
-    FROM pol, cbs, LATERAL (
-        SELECT CASE WHEN NOT stale.v THEN cbs.baseline_median
-                    WHEN pol.surge_per_hour IS NULL AND cbs.first_seen IS NOT NULL
-                    THEN ` + baselineSQL("$1", "$2", "$8::timestamptz", "cbs.first_seen") + ` END AS median,
-            stale.v AND pol.surge_per_hour IS NULL AND cbs.first_seen IS NOT NULL AS stale
-        FROM (SELECT cbs.baseline_for IS DISTINCT FROM ` + hourUTC("$8") + ` AS v) stale
-        OFFSET 0 -- not pulled up, so the median is one subplan, evaluated once
-    ) b
-    WHERE (pol.surge_per_hour IS NOT NULL OR pol.surge_multiplier IS NOT NULL) AND cbs.own_action IS NULL
-      AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $3)
-),
-srg AS (
-    SELECT v.median, v.stale, v.volume, v.threshold, v.threshold IS NOT NULL AND v.volume > v.threshold AS trips
-    FROM (
-        SELECT b.median, b.stale, b.threshold, 1 + (SELECT count(*) FROM (
-            SELECT 1 FROM effects x, cbs
-            WHERE x.workspace_id = $1 AND x.effect_type = $2 AND x.created_at <= $8
-              AND x.created_at > greatest($8::timestamptz - interval '1 hour', cbs.allowance_from)
-            LIMIT coalesce(b.threshold, 0)) q) AS volume
-        FROM srg_base b
-    ) v
-),
-brk AS (
-    SELECT (ARRAY['monitor', 'require_approval', 'deny'])[greatest(
-               array_position(ARRAY['monitor', 'require_approval', 'deny'], cbs.stop_action),
-               array_position(ARRAY['monitor', 'require_approval', 'deny'], cbs.own_action),
-               array_position(ARRAY['monitor', 'require_approval', 'deny'],
-                              CASE WHEN srg.trips THEN pol.surge_action END))] AS action
-    FROM cbs, pol LEFT JOIN srg ON true
-)`
-
-// tripCTEs open the type's breaker when this begin's new key tripped it,
-// once however many begins race (the upsert re-checks the row it locks), and
-// record circuit.tripped (argTripEvent) in the same statement.
-var tripCTEs = `
-trip AS (
-    INSERT INTO gate_circuits AS c (workspace_id, effect_type, state, opened_by, action, reason, opened_at,
-        closes_at, allowance_from, updated_at)
-    SELECT $1, $2, 'open', 'surge', pol.surge_action, NULL, $8,
-        $8::timestamptz + make_interval(secs => pol.surge_cooldown_seconds), NULL, $8
-    FROM srg, pol, ins WHERE srg.trips
-    ON CONFLICT (workspace_id, effect_type) DO UPDATE
-    SET state = 'open', opened_by = 'surge', action = excluded.action, reason = NULL,
-        opened_at = excluded.opened_at, closes_at = excluded.closes_at, updated_at = excluded.updated_at
-    WHERE c.state = 'closed' OR c.closes_at <= excluded.opened_at
-    RETURNING c.action, c.opened_at, c.closes_at
-),
-trip_evt AS (
-    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
-    SELECT ` + argTripEvent + `, $1, '` + events.CircuitTripped + `', $2,
-        jsonb_build_object('effect_type', $2::text, 'opened_by', 'surge', 'action', trip.action,
-            'volume_last_hour', srg.volume, 'threshold', srg.threshold, 'opened_at', trip.opened_at,
-            'closes_at', trip.closes_at), $8, 'surge:' || extract(epoch FROM trip.opened_at)::text
-    FROM trip, srg
-    ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
-),
-seen AS (
-    INSERT INTO gate_effect_types (workspace_id, effect_type, first_seen_at)
-    SELECT $1, $2, $8 FROM ins
-    ON CONFLICT (workspace_id, effect_type) DO NOTHING
-),
-baseline_cache AS (
-    UPDATE gate_effect_types t SET baseline_for = ` + hourUTC("$8") + `, baseline_median = srg.median
-    FROM srg WHERE srg.stale AND srg.median IS NOT NULL AND t.workspace_id = $1 AND t.effect_type = $2
-      AND t.baseline_for IS DISTINCT FROM ` + hourUTC("$8") + `
-)`
 
 // sqlListCircuits reads the circuits of every effect type seen (begun),
 // configured (a policy) or given a breaker, by type; with $5 set, of that

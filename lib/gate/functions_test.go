@@ -1,0 +1,86 @@
+package gate_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/gate"
+)
+
+// The hot statements run as PL/pgSQL functions (migration 0008) so that the
+// pool's default exec mode does not plan them on every call.
+func TestGateFunctionsExist(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rows, err := b.env.App.Pool.Query(context.Background(), `
+SELECT p.proname, l.lanname, p.provolatile::text, p.prosecdef,
+    EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
+FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+WHERE p.proname IN ('gate_evaluate', 'gate_begin', 'gate_begin_locked', 'gate_report', 'gate_heartbeat')
+  AND p.pronamespace = to_regnamespace(current_schema())
+ORDER BY p.proname`)
+	require.NoError(t, err)
+	type fn struct {
+		Name, Lang, Volatility string
+		SecurityDefiner        bool
+		SearchPath             bool
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[fn])
+	require.NoError(t, err)
+	var want []fn
+	for _, name := range []string{"gate_begin", "gate_begin_locked", "gate_evaluate", "gate_heartbeat", "gate_report"} {
+		v := "v"
+		if name == "gate_evaluate" {
+			v = "s" // reads with its caller's snapshot
+		}
+		want = append(want, fn{Name: name, Lang: "plpgsql", Volatility: v, SearchPath: true})
+	}
+	require.Equal(t, want, got)
+}
+
+// A Go fragment that a function also holds a copy of must not change without
+// a migration that replaces the function.
+func TestGateFunctionsMatchFragments(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for name, fragments := range gate.FunctionFragments {
+		var src string
+		require.NoError(t, b.env.App.Pool.QueryRow(context.Background(),
+			`SELECT prosrc FROM pg_proc WHERE proname = $1`, name).Scan(&src))
+		for _, f := range fragments {
+			require.True(t, strings.Contains(src, f),
+				"%s no longer holds this fragment; replace the function in a new migration:\n%s", name, f)
+		}
+	}
+}
+
+// Begin, heartbeat and report work through the functions in the pool's exec
+// mode, past the point (five executions on a connection) where PL/pgSQL
+// switches a statement to its cached generic plan, and a ceiling's refusal
+// still comes back through gate_begin as the denial it was.
+func TestBeginThroughFunctionsInExecMode(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	require.Equal(t, "exec", b.env.App.Config.DBQueryExecMode)
+	require.Equal(t, pgx.QueryExecModeExec, b.env.App.Pool.Config().ConnConfig.DefaultQueryExecMode)
+
+	for i := 0; i < 40; i++ {
+		k := key("fn")
+		d := b.mustBegin("execute", email(k))
+		id, token := str(d["effect_id"]), str(d["lease_token"])
+		b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/heartbeat", b.ws.Key, map[string]any{"lease_token": token})
+		require.Equal(t, http.StatusOK, b.report(id, token, "succeeded", map[string]any{"n": i}).Status)
+		dup := b.mustBegin("duplicate", email(k))
+		require.Equal(t, id, dup["effect_id"])
+		require.Equal(t, map[string]any{"n": float64(i)}, dup["result"])
+	}
+
+	b.putPolicy("api.call", map[string]any{"daily_budget_micros": 1000})
+	b.mustBegin("execute", charge(key("fits"), 1000))
+	b.denialOf("budget_exceeded", charge(key("over"), 1))
+}
