@@ -146,8 +146,8 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 	if c := req.Compensation; c != nil && !ValidEffectType(c.EffectType) {
 		pr.Add("compensation.effect_type", "must be an effect type")
 	}
-	if req.LeaseSeconds != nil && (*req.LeaseSeconds < 1 || *req.LeaseSeconds > 3600) {
-		pr.Add("lease_seconds", "must be from 1 to 3600 (the policy's lease caps it)")
+	if req.LeaseSeconds != nil && *req.LeaseSeconds < 1 {
+		pr.Add("lease_seconds", "must be a positive number of seconds (the policy's lease caps it)")
 	}
 	if err := pr.Err(); err != nil {
 		return nil, err
@@ -193,7 +193,9 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 		in.compensation = s.sealJSON(in.effectID, "compensation", comp)
 	}
 	if req.LeaseSeconds != nil {
-		l := int32(*req.LeaseSeconds)
+		// Request options only tighten: a larger lease is capped (API.md
+		// §2.1) — here at the policy maximum, in SQL at the type's lease.
+		l := int32(min(*req.LeaseSeconds, 3600))
 		in.lease = &l
 	}
 	return in, nil

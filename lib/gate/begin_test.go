@@ -121,6 +121,11 @@ func TestLeaseSecondsCanOnlyTighten(t *testing.T) {
 	d = b.mustBegin("execute", long)
 	require.Equal(t, now.Add(60*time.Second).Format(time.RFC3339), d["lease_expires_at"])
 
+	huge := email(key("huge"))
+	huge["lease_seconds"] = 1 << 40
+	d = b.mustBegin("execute", huge)
+	require.Equal(t, now.Add(60*time.Second).Format(time.RFC3339), d["lease_expires_at"], "capped, not refused")
+
 	b.putPolicy("email.send", map[string]any{"lease_seconds": 120})
 	d = b.mustBegin("execute", email(key("policy")))
 	require.Equal(t, now.Add(120*time.Second).Format(time.RFC3339), d["lease_expires_at"])
