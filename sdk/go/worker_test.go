@@ -25,6 +25,9 @@ type fakeJobs struct {
 	reports    map[string]json.RawMessage
 	reported   chan string
 	onClaim    func(limit, got int) // called inside the lock
+	batches    []int                // sizes of the batch reports received
+	refuse     map[string]string    // job id → error code a batch answers for it
+	noBatch    bool                 // answer the batch route 404, as an older server would
 }
 
 func newFakeJobs() *fakeJobs {
@@ -79,6 +82,10 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		writeJSON(w, 200, map[string]any{"leaseExpiresAt": time.Now().Add(f.leaseFor), "cancelRequested": cancel})
+	case p == "/jobs/report" && f.noBatch:
+		apiError(w, 404, CodeNotFound, nil)
+	case p == "/jobs/report":
+		f.batchReport(w, raw)
 	case strings.HasSuffix(p, "/report"):
 		id := strings.Split(p, "/")[2]
 		f.mu.Lock()
@@ -89,6 +96,37 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		apiError(w, 404, CodeNotFound, nil)
 	}
+}
+
+// batchReport serves POST /jobs/report: each report stored like a single
+// one (without jobId), answered in its slot; refused ones are not stored.
+func (f *fakeJobs) batchReport(w http.ResponseWriter, raw json.RawMessage) {
+	var body struct {
+		Reports []map[string]json.RawMessage `json:"reports"`
+	}
+	_ = json.Unmarshal(raw, &body)
+	var results []map[string]any
+	var stored []string
+	f.mu.Lock()
+	f.batches = append(f.batches, len(body.Reports))
+	for _, r := range body.Reports {
+		var id string
+		_ = json.Unmarshal(r["jobId"], &id)
+		if code := f.refuse[id]; code != "" {
+			results = append(results, map[string]any{"jobId": id, "error": map[string]any{"code": code, "message": "refused"}})
+			continue
+		}
+		delete(r, "jobId")
+		one, _ := json.Marshal(r)
+		f.reports[id] = one
+		stored = append(stored, id)
+		results = append(results, map[string]any{"jobId": id, "status": "SUCCEEDED", "attempt": 1})
+	}
+	f.mu.Unlock()
+	for _, id := range stored {
+		f.reported <- id
+	}
+	writeJSON(w, 200, map[string]any{"results": results})
 }
 
 func (f *fakeJobs) report(t *testing.T, id string) map[string]any {
