@@ -53,6 +53,8 @@ type scale struct {
 	Workers      int // SDK worker concurrency
 	InsertJobs   int // jobs enqueued by the insert-and-work figure
 	ClaimQueued  []int
+	ClaimSamples int // sequential claims timed at each depth
+	E2ESamples   int // jobs timed enqueue → handler start
 	History      int // completed rows seeded before a figure (then ANALYZE)
 	ColdStarts   int // process starts timed for the cold-start figure
 	Burst        int // concurrent requests in the connection burst
@@ -64,12 +66,12 @@ type scale struct {
 var (
 	fullScale = scale{
 		Clients: 16, Requests: 10_000, Jobs: 50_000, Workers: 100, InsertJobs: 10_000,
-		ClaimQueued: []int{10_000, 1_000_000}, History: 100_000, ColdStarts: 5, Burst: 64,
+		ClaimQueued: []int{10_000, 1_000_000}, ClaimSamples: 200, E2ESamples: 40, History: 100_000, ColdStarts: 5, Burst: 64,
 		IdleWindow: 10 * time.Minute, LambdaBuild: true, ProcessStart: true,
 	}
 	quickScale = scale{
 		Clients: 8, Requests: 1_000, Jobs: 2_000, Workers: 100, InsertJobs: 500,
-		ClaimQueued: []int{1_000, 10_000}, History: 5_000, ColdStarts: 2, Burst: 16,
+		ClaimQueued: []int{1_000, 10_000}, ClaimSamples: 50, E2ESamples: 10, History: 5_000, ColdStarts: 2, Burst: 16,
 		IdleWindow: 10 * time.Minute, LambdaBuild: true, ProcessStart: true,
 	}
 )

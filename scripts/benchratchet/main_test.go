@@ -24,7 +24,7 @@ func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
 // left to scripts/test, which runs scripts/build-lambda itself.
 var tinyScale = scale{
 	Clients: 4, Requests: 40, Jobs: 50, Workers: 4, InsertJobs: 20,
-	ClaimQueued: []int{10, 100}, History: 300, ColdStarts: 1, Burst: 8,
+	ClaimQueued: []int{10, 100}, ClaimSamples: 5, E2ESamples: 3, History: 300, ColdStarts: 1, Burst: 8,
 	IdleWindow: time.Second, LambdaBuild: false, ProcessStart: true,
 }
 

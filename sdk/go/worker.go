@@ -268,6 +268,11 @@ func (w *Worker) loop(ctx, jobsCtx context.Context) {
 		if err == nil && len(jobs) >= limit {
 			continue // a full batch: more are likely waiting
 		}
+		if err == nil && len(jobs) > 0 && w.opts.WaitSeconds > 0 {
+			// Long-polling: the next claim waits on the server anyway, and
+			// only empty claims count against the idle budget.
+			continue
+		}
 		var waited time.Duration
 		if w.opts.WaitSeconds > 0 && err == nil {
 			waited = w.clock.Now().Sub(began) // the long poll already waited this long
