@@ -264,7 +264,7 @@ func (s *jobsSession) preQueue(ctx context.Context, tag string, n int) (run stri
 // cloneQueued adds n copies of the QUEUED job jobID, in slices so no single
 // statement runs into the request statement timeout on a loaded machine.
 func (s *jobsSession) cloneQueued(ctx context.Context, jobID, tag string, n int) error {
-	const slice = 100_000
+	const slice = 25_000
 	for part := 0; n > 0; part++ {
 		k := min(n, slice)
 		if _, err := s.svc.CloneQueued(ctx, jobID, tag+strconv.FormatInt(int64(part), 32)+"x", k); err != nil {

@@ -25,6 +25,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -82,8 +83,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres `URL` (default $DATABASE_URL); migrated, then measured")
 	quick := fs.Bool("quick", false, "smoke-run scale")
 	only := fs.String("only", "", "comma-separated figure name `prefixes` to run (default all)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (server and clients) to `file`")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	if *dbURL == "" {
 		return errors.New("-database-url or DATABASE_URL is required")

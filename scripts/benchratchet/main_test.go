@@ -67,6 +67,9 @@ func TestFiguresSmoke(t *testing.T) {
 	for _, name := range []string{
 		"ratchet.serverless.cold_start_inprocess_ms", "ratchet.serverless.cold_start_ms",
 		"ratchet.serverless.db_conns_max", "ratchet.serverless.db_conns_burst",
+		"ratchet.jobs.enqueue_per_s", "ratchet.jobs.work_jobs_per_s", "ratchet.jobs.insert_and_work_jobs_per_s",
+		"ratchet.jobs.claim_p50_ms_10", "ratchet.jobs.claim_p50_ms_100", "ratchet.jobs.e2e_p50_ms", "ratchet.jobs.e2e_p99_ms",
+		"ratchet.serverless.idle_claims_10min",
 	} {
 		require.Contains(t, values, name)
 	}

@@ -15,13 +15,16 @@ import (
 // when the batch is full or reportLinger after its first report, whichever
 // comes first. Each report in a batch is still fenced by its own lease token
 // and answered in its own slot: a refused report (lease_lost, say) affects
-// only its job. Nothing is acknowledged to the handler early: a job's slot
-// is freed once its report is queued, and at most one batch is in flight
-// plus one gathering, so a slow server slows claiming instead of piling up
-// reports.
+// only its job. A job's slot is freed once its report is queued; at most
+// reportInFlight batches are in flight plus one gathering (and the queue
+// behind it), so a slow server slows claiming instead of piling up reports.
 const (
 	reportBatchMax   = 100       // the API's limit per batch
 	reportBatchBytes = 512 << 10 // well under the API's 1 MiB request limit
+	// reportInFlight bounds concurrent batch requests. The server applies a
+	// batch in one transaction, report by report; a few batches at once
+	// keep its connections busy while the next batch gathers.
+	reportInFlight = 3
 	// reportLinger is how long the first report of a batch waits for
 	// company. Short: it is added to every job's completion latency.
 	reportLinger = 10 * time.Millisecond
@@ -57,7 +60,9 @@ type reporter struct {
 	mu     sync.RWMutex // held (read) while queueing, (write) to close in
 	closed bool
 	in     chan queuedReport
-	done   chan struct{} // the flusher has sent everything and returned
+	slots  chan struct{}  // one per batch in flight
+	sends  sync.WaitGroup // batches in flight
+	done   chan struct{}  // the flusher has sent everything and returned
 	once   sync.Once
 }
 
@@ -66,7 +71,7 @@ func newReporter(ctx context.Context, c *Client, onErr func(error), linger time.
 		linger = reportLinger
 	}
 	r := &reporter{c: c, ctx: context.WithoutCancel(ctx), onErr: onErr, linger: linger,
-		in: make(chan queuedReport, reportBatchMax), done: make(chan struct{})}
+		in: make(chan queuedReport, reportBatchMax), slots: make(chan struct{}, reportInFlight), done: make(chan struct{})}
 	go r.run()
 	return r
 }
@@ -102,6 +107,7 @@ func (r *reporter) close() {
 // run is the flusher.
 func (r *reporter) run() {
 	defer close(r.done)
+	defer r.sends.Wait()
 	var carry *queuedReport // a report that did not fit the previous batch
 	for {
 		var first queuedReport
@@ -138,7 +144,12 @@ func (r *reporter) run() {
 			}
 		}
 		timer.Stop()
-		r.send(batch)
+		r.slots <- struct{}{} // wait for a free slot; meanwhile reports queue up
+		r.sends.Add(1)
+		go func() {
+			defer func() { <-r.slots; r.sends.Done() }()
+			r.send(batch)
+		}()
 	}
 }
 
