@@ -1,10 +1,12 @@
 package ratchet
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -632,4 +634,70 @@ func TestHeartbeatEvery(t *testing.T) {
 			t.Fatalf("heartbeatEvery(%v left, timeout %v) = %v, want %v", c.left, c.timeout, got, c.want)
 		}
 	}
+}
+
+// With WaitSeconds, an empty claim's long poll counts towards the poll
+// interval: an idle worker makes no more claim calls than without it.
+func TestLongPollKeepsIdleClaimBudget(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	var waits []int
+	cnt := &countingWaits{next: f, waits: &waits}
+	c, _ := testClient(t, cnt)
+	w := NewWorker(c)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := &fakeClock{now: start, end: start.Add(10 * time.Minute), done: make(chan struct{})}
+	w.clock = clk
+	f.onClaim = func(limit, got int) {
+		// The fake answers at once; advance the clock as a server holding
+		// an empty long poll for waitSeconds would.
+		clk.mu.Lock()
+		clk.now = clk.now.Add(20 * time.Second)
+		clk.mu.Unlock()
+	}
+	must(t, w.Start(context.Background(), StartOptions{WaitSeconds: 20}))
+	<-clk.done
+	must(t, w.Stop(context.Background()))
+	f.mu.Lock()
+	claims := f.claims
+	f.mu.Unlock()
+	if claims < 18 || claims > 23 {
+		t.Fatalf("%d claims in 10 idle minutes with long polls (waits %v)", claims, clk.waits)
+	}
+	cnt.mu.Lock()
+	defer cnt.mu.Unlock()
+	for _, ws := range waits {
+		if ws != 20 {
+			t.Fatalf("claim sent waitSeconds %d, want 20", ws)
+		}
+	}
+	for _, d := range clk.waits {
+		if d > 13*time.Second {
+			t.Fatalf("idle wait %v after a 20 s long poll; the interval is 30 s ± 10 %%", d)
+		}
+	}
+}
+
+// countingWaits records each claim's waitSeconds on the way to next.
+type countingWaits struct {
+	mu    sync.Mutex
+	next  http.Handler
+	waits *[]int
+}
+
+func (c *countingWaits) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasSuffix(r.URL.Path, "/claim") {
+		var body struct {
+			WaitSeconds int `json:"waitSeconds"`
+		}
+		raw, _ := io.ReadAll(r.Body)
+		_ = json.Unmarshal(raw, &body)
+		c.mu.Lock()
+		*c.waits = append(*c.waits, body.WaitSeconds)
+		c.mu.Unlock()
+		r.Body = io.NopCloser(bytes.NewReader(raw))
+	}
+	c.next.ServeHTTP(w, r)
 }
