@@ -539,3 +539,92 @@ func idleClaims(ctx context.Context, b *bench) error {
 	b.emit("ratchet.serverless.idle_claims_10min", float64(claims.Load()))
 	return nil
 }
+
+// severable is a transport that can be cut, as if the process holding it
+// died: every request after the cut fails without reaching the server.
+type severable struct {
+	next http.RoundTripper
+	cut  atomic.Bool
+}
+
+func (s *severable) RoundTrip(r *http.Request) (*http.Response, error) {
+	if s.cut.Load() {
+		return nil, errors.New("severed")
+	}
+	return s.next.RoundTrip(r)
+}
+
+// reclaimTimeout is the job timeout of the reclaim figure.
+const reclaimTimeout = time.Second
+
+// jobsReclaim: a worker claims a job (timeout 1 s) and dies (its transport
+// is cut: no heartbeat, no report); a second worker, long-polling, picks the
+// job up again. Emits how long after the timeout that happened:
+// ratchet.jobs.reclaim_after_timeout_s (issue 6: within the timeout plus
+// 30 s). The lease is the timeout plus JOB_LEASE_GRACE_MS (default 10 s).
+func jobsReclaim(ctx context.Context, b *bench) error {
+	s, err := b.jobsSetup(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	runs, err := s.startRuns(ctx, "reclaim", 1)
+	if err != nil {
+		return err
+	}
+	cut := &severable{next: s.in.Client.Transport}
+	dc, err := ratchet.NewClient(ratchet.Config{BaseURL: s.in.URL, APIKey: s.workerKey,
+		HTTPClient: &http.Client{Transport: cut, Timeout: time.Minute}, MaxRetries: -1})
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	doomed := ratchet.NewWorker(dc)
+	claimed := make(chan time.Time, 1)
+	if err := ratchet.RegisterTool(doomed, ratchet.Tool[benchInput, struct{}]{Name: benchTool, Version: benchVersion,
+		Handler: func(hctx context.Context, _ benchInput, _ ratchet.JobContext) (struct{}, error) {
+			cut.cut.Store(true) // the process "dies" holding the lease
+			claimed <- time.Now()
+			<-hctx.Done() // and this handler never finishes on its own
+			return struct{}{}, hctx.Err()
+		}}); err != nil {
+		return err
+	}
+	if err := doomed.Start(wctx, ratchet.StartOptions{WaitSeconds: 20, OnError: func(error) {}}); err != nil {
+		return err
+	}
+	if _, err := s.producer.Enqueue(ctx, runs[0], benchInput{N: 1}, ratchet.EnqueueOptions{
+		Name: benchTool, Version: benchVersion, Timeout: reclaimTimeout, MaxAttempts: 3}); err != nil {
+		return err
+	}
+	var t0 time.Time
+	select {
+	case t0 = <-claimed:
+	case <-time.After(time.Minute):
+		return errors.New("the job was not claimed within a minute")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	rescued := make(chan time.Time, 1)
+	_, werrs, err := s.startWorker(wctx, ratchet.StartOptions{WaitSeconds: 20}, func(benchInput) { rescued <- time.Now() })
+	if err != nil {
+		return err
+	}
+	var t1 time.Time
+	select {
+	case t1 = <-rescued:
+	case <-time.After(2 * time.Minute):
+		return errors.New("the job of the dead worker was not reclaimed within 2 minutes")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if _, err := s.waitSucceeded(ctx, runs, 1); err != nil {
+		return err
+	}
+	if err := werrs.err(); err != nil {
+		return err
+	}
+	b.emit("ratchet.jobs.reclaim_after_timeout_s", (t1.Sub(t0) - reclaimTimeout).Seconds())
+	return nil
+}
