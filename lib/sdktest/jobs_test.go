@@ -3,6 +3,7 @@ package sdktest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -482,4 +483,94 @@ func TestLowLevelWorkerCallsAreRetrySafe(t *testing.T) {
 	require.True(t, ratchet.IsCode(err, ratchet.CodeLeaseLost), "%v", err)
 	_, err = wc.ReportJob(ctx, fresh.JobID, ratchet.JobReport{LeaseToken: fresh.LeaseToken, Status: ratchet.ReportSucceeded})
 	require.NoError(t, err)
+}
+
+// TestBatchReportAgainstTheServer checks ReportJobs, which the worker's
+// batching relies on, on the real route: every report fenced by its own
+// token and answered in its own slot, a stale token refused for its job
+// alone, and a repeated batch answered the same.
+func TestBatchReportAgainstTheServer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	wc := b.client(t, b.workerKey(t, "batched@1"), nil)
+	workerID, err := wc.RegisterWorker(ctx, []ratchet.ToolRef{{Name: "batched", Version: "1"}})
+	require.NoError(t, err)
+	run, err := b.producer.StartRun(ctx, "batched")
+	require.NoError(t, err)
+	var steps []string
+	for i := range 3 {
+		st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: fmt.Sprint(i)}, ratchet.EnqueueOptions{
+			Name: "batched", Version: "1", MaxAttempts: 2})
+		require.NoError(t, err)
+		steps = append(steps, st.StepID)
+	}
+	var js []ratchet.ClaimedJob
+	for deadline := time.Now().Add(time.Minute); len(js) < 3; {
+		got, err := wc.Claim(ctx, workerID, 3-len(js), 0)
+		require.NoError(t, err)
+		js = append(js, got...)
+		require.True(t, time.Now().Before(deadline), "claimed %d of 3", len(js))
+	}
+	reports := []ratchet.BatchJobReport{
+		{JobID: js[0].JobID, JobReport: ratchet.JobReport{LeaseToken: js[0].LeaseToken, Status: ratchet.ReportSucceeded, Output: []byte(`{"ok":true}`)}},
+		{JobID: js[1].JobID, JobReport: ratchet.JobReport{LeaseToken: "stale", Status: ratchet.ReportSucceeded}},
+		{JobID: js[2].JobID, JobReport: ratchet.JobReport{LeaseToken: js[2].LeaseToken, Status: ratchet.ReportFailed,
+			Error: &ratchet.JobError{Message: "no", Retryable: false}}},
+	}
+	res, err := wc.ReportJobs(ctx, reports)
+	require.NoError(t, err)
+	require.Len(t, res, 3)
+	require.Nil(t, res[0].Err)
+	require.Equal(t, ratchet.JobSucceeded, res[0].Status)
+	require.True(t, ratchet.IsCode(res[1].Err, ratchet.CodeLeaseLost), "%v", res[1].Err)
+	require.Nil(t, res[2].Err)
+	require.Equal(t, ratchet.JobExhausted, res[2].Status)
+	again, err := wc.ReportJobs(ctx, reports)
+	require.NoError(t, err)
+	require.Equal(t, res, again, "a repeated batch answers the same, so the SDK may retry it")
+	// The refused job is untouched: still RUNNING under its real lease.
+	byJob := map[string]string{}
+	for i, j := range js {
+		byJob[j.JobID] = []string{ratchet.JobSucceeded, ratchet.JobRunning, ratchet.JobExhausted}[i]
+	}
+	got, err := b.producer.GetRun(ctx, run.ID)
+	require.NoError(t, err)
+	for _, id := range steps {
+		st := step(t, got, id)
+		require.Equal(t, byJob[st.DurableJob.ID], st.DurableJob.Status, "step %s", id)
+	}
+}
+
+// TestWorkerBatchesManyJobs runs enough jobs at once that reports travel in
+// batches, and checks each is recorded exactly once, on its first attempt.
+func TestWorkerBatchesManyJobs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	w := ratchet.NewWorker(b.client(t, b.workerKey(t, "many@1"), nil))
+	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "many", Version: "1",
+		Handler: func(_ context.Context, in welcomeIn, _ ratchet.JobContext) (welcomeOut, error) {
+			return welcomeOut{MessageID: "m_" + in.CustomerID}, nil
+		}}))
+	errs := start(t, w, 25)
+	run, err := b.producer.StartRun(ctx, "many")
+	require.NoError(t, err)
+	const n = 60
+	for i := range n {
+		_, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: fmt.Sprint(i)}, ratchet.EnqueueOptions{Name: "many", Version: "1"})
+		require.NoError(t, err)
+	}
+	_, err = b.producer.FinishRun(ctx, run.ID)
+	require.NoError(t, err)
+	done := waitRun(t, b.producer, run.ID, func(r *ratchet.Run) bool { return r.Status != ratchet.RunRunning })
+	require.Equal(t, ratchet.RunSucceeded, done.Status)
+	require.Len(t, done.Steps, n)
+	for _, s := range done.Steps {
+		require.Equal(t, ratchet.JobSucceeded, s.Status)
+		require.Equal(t, 1, s.DurableJob.Attempt)
+	}
+	errs.mu.Lock()
+	defer errs.mu.Unlock()
+	require.Empty(t, errs.list)
 }

@@ -31,6 +31,12 @@ type instance struct {
 // instance starts a fresh instance with the bench configuration, edited by
 // edit when set. Close it when the figure is done.
 func (b *bench) instance(ctx context.Context, edit func(*config.Config)) (*instance, error) {
+	return b.instanceWrapped(ctx, edit, nil)
+}
+
+// instanceWrapped is instance with the app's handler wrapped by wrap (when
+// set), e.g. to count requests where the server sees them.
+func (b *bench) instanceWrapped(ctx context.Context, edit func(*config.Config), wrap func(http.Handler) http.Handler) (*instance, error) {
 	cfg := *b.cfg
 	if edit != nil {
 		edit(&cfg)
@@ -44,7 +50,11 @@ func (b *bench) instance(ctx context.Context, edit func(*config.Config)) (*insta
 		a.Close()
 		return nil, err
 	}
-	srv := &http.Server{Handler: a.Server, ReadHeaderTimeout: 10 * time.Second}
+	var h http.Handler = a.Server
+	if wrap != nil {
+		h = wrap(h)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	// Enough idle connections that a burst of clients reuses them instead
 	// of exhausting ephemeral ports.

@@ -25,6 +25,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -53,6 +54,8 @@ type scale struct {
 	Workers      int // SDK worker concurrency
 	InsertJobs   int // jobs enqueued by the insert-and-work figure
 	ClaimQueued  []int
+	ClaimSamples int // sequential claims timed at each depth
+	E2ESamples   int // jobs timed enqueue → handler start
 	History      int // completed rows seeded before a figure (then ANALYZE)
 	ColdStarts   int // process starts timed for the cold-start figure
 	Burst        int // concurrent requests in the connection burst
@@ -64,12 +67,12 @@ type scale struct {
 var (
 	fullScale = scale{
 		Clients: 16, Requests: 10_000, Jobs: 50_000, Workers: 100, InsertJobs: 10_000,
-		ClaimQueued: []int{10_000, 1_000_000}, History: 100_000, ColdStarts: 5, Burst: 64,
+		ClaimQueued: []int{10_000, 1_000_000}, ClaimSamples: 200, E2ESamples: 40, History: 100_000, ColdStarts: 5, Burst: 64,
 		IdleWindow: 10 * time.Minute, LambdaBuild: true, ProcessStart: true,
 	}
 	quickScale = scale{
 		Clients: 8, Requests: 1_000, Jobs: 2_000, Workers: 100, InsertJobs: 500,
-		ClaimQueued: []int{1_000, 10_000}, History: 5_000, ColdStarts: 2, Burst: 16,
+		ClaimQueued: []int{1_000, 10_000}, ClaimSamples: 50, E2ESamples: 10, History: 5_000, ColdStarts: 2, Burst: 16,
 		IdleWindow: 10 * time.Minute, LambdaBuild: true, ProcessStart: true,
 	}
 )
@@ -80,8 +83,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres `URL` (default $DATABASE_URL); migrated, then measured")
 	quick := fs.Bool("quick", false, "smoke-run scale")
 	only := fs.String("only", "", "comma-separated figure name `prefixes` to run (default all)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (server and clients) to `file`")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	if *dbURL == "" {
 		return errors.New("-database-url or DATABASE_URL is required")
@@ -148,6 +163,7 @@ func figures() []figure {
 		{"ratchet.jobs.insert_and_work", jobsInsertAndWork},
 		{"ratchet.jobs.claim", jobsClaimLatency},
 		{"ratchet.jobs.e2e", jobsEndToEnd},
+		{"ratchet.jobs.reclaim", jobsReclaim},
 		{"ratchet.serverless.cold_start", coldStart},
 		{"ratchet.serverless.lambda", lambdaSize},
 		{"ratchet.serverless.idle_claims", idleClaims},

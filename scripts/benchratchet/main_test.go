@@ -24,7 +24,7 @@ func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
 // left to scripts/test, which runs scripts/build-lambda itself.
 var tinyScale = scale{
 	Clients: 4, Requests: 40, Jobs: 50, Workers: 4, InsertJobs: 20,
-	ClaimQueued: []int{10, 100}, History: 300, ColdStarts: 1, Burst: 8,
+	ClaimQueued: []int{10, 100}, ClaimSamples: 5, E2ESamples: 3, History: 300, ColdStarts: 1, Burst: 8,
 	IdleWindow: time.Second, LambdaBuild: false, ProcessStart: true,
 }
 
@@ -67,6 +67,9 @@ func TestFiguresSmoke(t *testing.T) {
 	for _, name := range []string{
 		"ratchet.serverless.cold_start_inprocess_ms", "ratchet.serverless.cold_start_ms",
 		"ratchet.serverless.db_conns_max", "ratchet.serverless.db_conns_burst",
+		"ratchet.jobs.enqueue_per_s", "ratchet.jobs.work_jobs_per_s", "ratchet.jobs.insert_and_work_jobs_per_s",
+		"ratchet.jobs.claim_p50_ms_10", "ratchet.jobs.claim_p50_ms_100", "ratchet.jobs.e2e_p50_ms", "ratchet.jobs.e2e_p99_ms",
+		"ratchet.serverless.idle_claims_10min", "ratchet.jobs.reclaim_after_timeout_s",
 	} {
 		require.Contains(t, values, name)
 	}

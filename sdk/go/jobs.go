@@ -3,6 +3,7 @@ package ratchet
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -121,4 +122,68 @@ func (c *Client) ReportJob(ctx context.Context, jobID string, report JobReport) 
 		return nil, err
 	}
 	return &out, nil
+}
+
+// BatchJobReport is one report in a batch: a JobReport for JobID.
+type BatchJobReport struct {
+	JobID string `json:"jobId"`
+	JobReport
+}
+
+// BatchJobResult is one report's answer in a batch: the result a single
+// report would answer, or Err with the error it would answer (lease_lost,
+// invalid_state, not_found). One report's error never affects the others.
+type BatchJobResult struct {
+	JobReportResult
+	Err *Error
+}
+
+// ReportJobs records several attempts' outcomes in one call (POST
+// /api/v1/jobs/report, 1–100 reports, one commit on the server). Each report
+// is fenced by its own lease token exactly as ReportJob is, and answered in
+// its own slot, in request order. Like ReportJob it is retried after
+// ambiguous failures: a repeated batch answers the same results.
+func (c *Client) ReportJobs(ctx context.Context, reports []BatchJobReport) ([]BatchJobResult, error) {
+	var out struct {
+		Results []struct {
+			JobID     string     `json:"jobId"`
+			Status    string     `json:"status"`
+			Attempt   int        `json:"attempt"`
+			NextDueAt *time.Time `json:"nextDueAt"`
+			Error     *struct {
+				Code    string `json:"code"`
+				Message string `json:"message"`
+			} `json:"error"`
+		} `json:"results"`
+	}
+	if err := c.do(ctx, "POST", "/jobs/report", map[string]any{"reports": reports}, &out, idempotent); err != nil {
+		return nil, err
+	}
+	if len(out.Results) != len(reports) {
+		return nil, fmt.Errorf("ratchet: batch report answered %d results for %d reports", len(out.Results), len(reports))
+	}
+	res := make([]BatchJobResult, len(out.Results))
+	for i, r := range out.Results {
+		if r.JobID != reports[i].JobID {
+			return nil, fmt.Errorf("ratchet: batch report result %d is for job %s, not %s", i, r.JobID, reports[i].JobID)
+		}
+		res[i].JobReportResult = JobReportResult{JobID: r.JobID, Status: r.Status, Attempt: r.Attempt, NextDueAt: r.NextDueAt}
+		if r.Error != nil {
+			res[i].Err = &Error{StatusCode: batchErrorStatus(r.Error.Code), Code: r.Error.Code, Message: r.Error.Message}
+		}
+	}
+	return res, nil
+}
+
+// batchErrorStatus is the status a single report would have answered with
+// code, so errors from a batch read like those of ReportJob.
+func batchErrorStatus(code string) int {
+	switch code {
+	case CodeNotFound:
+		return 404
+	case CodeLeaseLost, CodeLeaseExpired, CodeInvalidState:
+		return 409
+	default:
+		return 400
+	}
 }

@@ -22,8 +22,8 @@ const (
 	maxHeartbeat = time.Minute
 )
 
-// reportTimeout bounds one report (with its retries) after the handler
-// returned; stopGrace is how long Stop waits, after its deadline cancelled
+// reportTimeout bounds one report or batch of reports (with its retries);
+// stopGrace is how long Stop waits, after its deadline cancelled
 // the handlers, for them to return and be reported.
 const (
 	reportTimeout = 30 * time.Second
@@ -39,6 +39,15 @@ type StartOptions struct {
 	// (default DefaultPollInterval, with ±10% jitter). After a full batch
 	// the worker claims again at once.
 	PollInterval time.Duration
+	// WaitSeconds (0–20, default 0) makes each claim long-poll: the server
+	// holds an empty claim up to this long and answers as soon as a job is
+	// due, so a job enqueued while the worker is idle starts within about a
+	// second instead of up to PollInterval later. The time a claim spent
+	// waiting counts towards the poll interval, so an idle worker makes no
+	// more claim calls than without it; but each idle claim is then a
+	// request held open for WaitSeconds (billed time on serverless hosting),
+	// and Stop waits for a claim in flight. Values above 20 are clamped.
+	WaitSeconds int
 	// OnError receives problems that stay in the process: failed claims,
 	// heartbeats and reports, handler and classifier panics, invalid
 	// classifier decisions. It may be called from several goroutines at
@@ -69,10 +78,12 @@ type Worker struct {
 	loopDone   chan struct{}
 	jobs       sync.WaitGroup
 	cancelJobs context.CancelCauseFunc // ends every handler's context
+	reporter   *reporter               // batches the handlers' reports
 
 	// Test seams.
-	clock  clock
-	jitter func() float64
+	clock        clock
+	jitter       func() float64
+	reportLinger time.Duration // zero: reportLinger
 }
 
 // clock is the worker's time source; tests replace it to pace the poll loop
@@ -150,6 +161,7 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 	if opts.OnError == nil {
 		opts.OnError = func(error) {}
 	}
+	opts.WaitSeconds = min(max(opts.WaitSeconds, 0), 20)
 	id, err := w.c.RegisterWorker(ctx, refs)
 	if err != nil {
 		w.mu.Lock()
@@ -165,6 +177,7 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 
 	w.mu.Lock()
 	w.workerID, w.opts, w.cancelJobs = id, opts, cancelJobs
+	w.reporter = newReporter(ctx, w.c, opts.OnError, w.reportLinger)
 	w.stopping, w.slotFreed, w.loopDone = make(chan struct{}), make(chan struct{}, 1), make(chan struct{})
 	w.mu.Unlock()
 	go w.loop(ctx, jobsCtx)
@@ -193,6 +206,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	select {
 	case <-done:
 		w.cancelJobs(ErrWorkerStopped)
+		w.reporter.close() // every handler's report is queued: send them all
 		return nil
 	case <-ctx.Done():
 	}
@@ -202,6 +216,10 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.cancelJobs(ErrWorkerStopped)
 	grace, stop := w.clock.Timer(stopGrace)
 	defer stop()
+	// Reports queued so far (and those of handlers returning within the
+	// grace) are sent before Stop returns; a handler returning later sends
+	// its report on its own.
+	defer w.reporter.close()
 	select {
 	case <-done:
 		return fmt.Errorf("ratchet: stop deadline passed; %d handler(s) cancelled and reported retryable: %w", n, ctx.Err())
@@ -216,6 +234,13 @@ func (w *Worker) Stop(ctx context.Context) error {
 // loop claims and dispatches until Stop or ctx.
 func (w *Worker) loop(ctx, jobsCtx context.Context) {
 	defer close(w.loopDone)
+	defer func() {
+		if ctx.Err() != nil {
+			// Ended by ctx: nobody may call Stop, so send the last
+			// reports once the cancelled handlers have returned.
+			go func() { w.jobs.Wait(); w.reporter.close() }()
+		}
+	}()
 	for {
 		if w.stopped(ctx) {
 			return
@@ -232,7 +257,8 @@ func (w *Worker) loop(ctx, jobsCtx context.Context) {
 			}
 		}
 		limit := min(free, 100)
-		jobs, err := w.c.Claim(ctx, w.workerID, limit, 0)
+		began := w.clock.Now()
+		jobs, err := w.c.Claim(ctx, w.workerID, limit, w.opts.WaitSeconds)
 		if err != nil && ctx.Err() == nil {
 			w.opts.OnError(fmt.Errorf("ratchet: claim: %w", err))
 		}
@@ -242,7 +268,16 @@ func (w *Worker) loop(ctx, jobsCtx context.Context) {
 		if err == nil && len(jobs) >= limit {
 			continue // a full batch: more are likely waiting
 		}
-		if !w.idle(ctx) {
+		if err == nil && len(jobs) > 0 && w.opts.WaitSeconds > 0 {
+			// Long-polling: the next claim waits on the server anyway, and
+			// only empty claims count against the idle budget.
+			continue
+		}
+		var waited time.Duration
+		if w.opts.WaitSeconds > 0 && err == nil {
+			waited = w.clock.Now().Sub(began) // the long poll already waited this long
+		}
+		if !w.idle(ctx, waited) {
 			return
 		}
 	}
@@ -265,10 +300,14 @@ func (w *Worker) free() int {
 	return w.opts.Concurrency - w.active
 }
 
-// idle waits one jittered poll interval; false means stop.
-func (w *Worker) idle(ctx context.Context) bool {
+// idle waits one jittered poll interval, less what the claim already
+// waited; false means stop.
+func (w *Worker) idle(ctx context.Context, waited time.Duration) bool {
 	d := w.opts.PollInterval
-	d = time.Duration(float64(d) * (0.9 + 0.2*w.jitter()))
+	d = time.Duration(float64(d)*(0.9+0.2*w.jitter())) - waited
+	if d <= 0 {
+		return !w.stopped(ctx)
+	}
 	fire, stop := w.clock.Timer(d)
 	defer stop()
 	select {
@@ -308,12 +347,10 @@ func (w *Worker) dispatch(ctx, jobsCtx context.Context, j ClaimedJob) {
 func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j ClaimedJob) {
 	job := JobContext{JobID: j.JobID, StepID: j.StepID, RunID: j.RunID, Name: j.Name, Version: j.Version,
 		Attempt: j.Attempt, IdempotencyKey: j.IdempotencyKey, Timeout: time.Duration(j.TimeoutMs) * time.Millisecond}
-	reportCtx, cancelReport := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
-	defer cancelReport()
 	if rt == nil {
 		// The server only hands out registered pairs; if it ever does not,
 		// give the job back for a worker that has the handler.
-		w.report(reportCtx, j, JobReport{Status: ReportFailed,
+		w.report(j, j.LeaseExpiresAt, JobReport{Status: ReportFailed,
 			Error: &JobError{Message: "worker has no handler for this name@version", Retryable: true}})
 		return
 	}
@@ -327,9 +364,10 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 	}
 	hbCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
 	hbDone := make(chan struct{})
+	expires := j.LeaseExpiresAt // as extended by the heartbeats; read after hbDone
 	go func() {
 		defer close(hbDone)
-		w.heartbeat(hbCtx, j, cancel)
+		expires = w.heartbeat(hbCtx, j, cancel)
 	}()
 
 	out, err := rt.invoke(hctx, j.Input, job)
@@ -343,50 +381,49 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 		return // someone else owns the job now; a report would be refused
 	}
 	if err == nil {
-		w.report(reportCtx, j, JobReport{Status: ReportSucceeded, Output: out})
+		w.report(j, expires, JobReport{Status: ReportSucceeded, Output: out})
 		return
 	}
 	e := rt.decide(err, cause, job, w.opts.OnError)
-	w.report(reportCtx, j, JobReport{Status: ReportFailed, Error: &e})
+	w.report(j, expires, JobReport{Status: ReportFailed, Error: &e})
 }
 
-// report sends a report; failures go to OnError and the lease lapses.
-func (w *Worker) report(ctx context.Context, j ClaimedJob, r JobReport) {
-	r.LeaseToken = j.LeaseToken
-	if _, err := w.c.ReportJob(ctx, j.JobID, r); err != nil {
-		w.opts.OnError(fmt.Errorf("ratchet: report job %s attempt %d: %w", j.JobID, j.Attempt, err))
-	}
+// report queues a report for the next batch (sent before the lease that
+// expires then lapses); failures go to OnError and the lease lapses.
+func (w *Worker) report(j ClaimedJob, expires time.Time, r JobReport) {
+	w.reporter.enqueue(newQueuedReport(j, r, expires))
 }
 
 // heartbeat extends the lease well before it lapses until ctx ends, and
-// cancels the handler when the server asks or the lease is gone.
-func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.CancelCauseFunc) {
+// cancels the handler when the server asks or the lease is gone. It returns
+// the lease's expiry as last extended.
+func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.CancelCauseFunc) time.Time {
 	expires := j.LeaseExpiresAt
 	for {
 		fire, stop := w.clock.Timer(w.heartbeatEvery(expires, time.Duration(j.TimeoutMs)*time.Millisecond))
 		select {
 		case <-ctx.Done():
 			stop()
-			return
+			return expires
 		case <-fire:
 		}
 		hb, err := w.c.HeartbeatJob(ctx, j.JobID, j.LeaseToken)
 		if ctx.Err() != nil {
-			return
+			return expires
 		}
 		if err != nil {
 			var apiErr *Error
 			if errors.As(err, &apiErr) && (apiErr.StatusCode == 404 || apiErr.StatusCode == 409) {
 				cancel(ErrLeaseLost)
 				w.opts.OnError(fmt.Errorf("ratchet: job %s attempt %d no longer holds its lease: %w", j.JobID, j.Attempt, err))
-				return
+				return expires
 			}
 			w.opts.OnError(fmt.Errorf("ratchet: heartbeat job %s: %w", j.JobID, err))
 			continue
 		}
 		if hb.CancelRequested {
 			cancel(ErrCancelRequested)
-			return
+			return hb.LeaseExpiresAt
 		}
 		expires = hb.LeaseExpiresAt
 	}

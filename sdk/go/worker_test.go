@@ -1,10 +1,12 @@
 package ratchet
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -25,6 +27,9 @@ type fakeJobs struct {
 	reports    map[string]json.RawMessage
 	reported   chan string
 	onClaim    func(limit, got int) // called inside the lock
+	batches    []int                // sizes of the batch reports received
+	refuse     map[string]string    // job id → error code a batch answers for it
+	noBatch    bool                 // answer the batch route 404, as an older server would
 }
 
 func newFakeJobs() *fakeJobs {
@@ -79,6 +84,10 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		writeJSON(w, 200, map[string]any{"leaseExpiresAt": time.Now().Add(f.leaseFor), "cancelRequested": cancel})
+	case p == "/jobs/report" && f.noBatch:
+		apiError(w, 404, CodeNotFound, nil)
+	case p == "/jobs/report":
+		f.batchReport(w, raw)
 	case strings.HasSuffix(p, "/report"):
 		id := strings.Split(p, "/")[2]
 		f.mu.Lock()
@@ -89,6 +98,37 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		apiError(w, 404, CodeNotFound, nil)
 	}
+}
+
+// batchReport serves POST /jobs/report: each report stored like a single
+// one (without jobId), answered in its slot; refused ones are not stored.
+func (f *fakeJobs) batchReport(w http.ResponseWriter, raw json.RawMessage) {
+	var body struct {
+		Reports []map[string]json.RawMessage `json:"reports"`
+	}
+	_ = json.Unmarshal(raw, &body)
+	var results []map[string]any
+	var stored []string
+	f.mu.Lock()
+	f.batches = append(f.batches, len(body.Reports))
+	for _, r := range body.Reports {
+		var id string
+		_ = json.Unmarshal(r["jobId"], &id)
+		if code := f.refuse[id]; code != "" {
+			results = append(results, map[string]any{"jobId": id, "error": map[string]any{"code": code, "message": "refused"}})
+			continue
+		}
+		delete(r, "jobId")
+		one, _ := json.Marshal(r)
+		f.reports[id] = one
+		stored = append(stored, id)
+		results = append(results, map[string]any{"jobId": id, "status": "SUCCEEDED", "attempt": 1})
+	}
+	f.mu.Unlock()
+	for _, id := range stored {
+		f.reported <- id
+	}
+	writeJSON(w, 200, map[string]any{"results": results})
 }
 
 func (f *fakeJobs) report(t *testing.T, id string) map[string]any {
@@ -594,4 +634,70 @@ func TestHeartbeatEvery(t *testing.T) {
 			t.Fatalf("heartbeatEvery(%v left, timeout %v) = %v, want %v", c.left, c.timeout, got, c.want)
 		}
 	}
+}
+
+// With WaitSeconds, an empty claim's long poll counts towards the poll
+// interval: an idle worker makes no more claim calls than without it.
+func TestLongPollKeepsIdleClaimBudget(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	var waits []int
+	cnt := &countingWaits{next: f, waits: &waits}
+	c, _ := testClient(t, cnt)
+	w := NewWorker(c)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := &fakeClock{now: start, end: start.Add(10 * time.Minute), done: make(chan struct{})}
+	w.clock = clk
+	f.onClaim = func(limit, got int) {
+		// The fake answers at once; advance the clock as a server holding
+		// an empty long poll for waitSeconds would.
+		clk.mu.Lock()
+		clk.now = clk.now.Add(20 * time.Second)
+		clk.mu.Unlock()
+	}
+	must(t, w.Start(context.Background(), StartOptions{WaitSeconds: 20}))
+	<-clk.done
+	must(t, w.Stop(context.Background()))
+	f.mu.Lock()
+	claims := f.claims
+	f.mu.Unlock()
+	if claims < 18 || claims > 23 {
+		t.Fatalf("%d claims in 10 idle minutes with long polls (waits %v)", claims, clk.waits)
+	}
+	cnt.mu.Lock()
+	defer cnt.mu.Unlock()
+	for _, ws := range waits {
+		if ws != 20 {
+			t.Fatalf("claim sent waitSeconds %d, want 20", ws)
+		}
+	}
+	for _, d := range clk.waits {
+		if d > 13*time.Second {
+			t.Fatalf("idle wait %v after a 20 s long poll; the interval is 30 s ± 10 %%", d)
+		}
+	}
+}
+
+// countingWaits records each claim's waitSeconds on the way to next.
+type countingWaits struct {
+	mu    sync.Mutex
+	next  http.Handler
+	waits *[]int
+}
+
+func (c *countingWaits) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasSuffix(r.URL.Path, "/claim") {
+		var body struct {
+			WaitSeconds int `json:"waitSeconds"`
+		}
+		raw, _ := io.ReadAll(r.Body)
+		_ = json.Unmarshal(raw, &body)
+		c.mu.Lock()
+		*c.waits = append(*c.waits, body.WaitSeconds)
+		c.mu.Unlock()
+		r.Body = io.NopCloser(bytes.NewReader(raw))
+	}
+	c.next.ServeHTTP(w, r)
 }

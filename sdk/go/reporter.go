@@ -1,0 +1,213 @@
+package ratchet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Report batching. A worker at high concurrency finishes many jobs per
+// second; one HTTP request (and one commit) per report would cap it at the
+// request rate. So finished handlers hand their reports to one flusher,
+// which sends whatever has gathered as one batch (POST /api/v1/jobs/report)
+// when the batch is full or reportLinger after its first report, whichever
+// comes first. Each report in a batch is still fenced by its own lease token
+// and answered in its own slot: a refused report (lease_lost, say) affects
+// only its job. A job's slot is freed once its report is queued; at most
+// reportInFlight batches are in flight plus one gathering (and the queue
+// behind it), so a slow server slows claiming instead of piling up reports.
+const (
+	reportBatchMax   = 100       // the API's limit per batch
+	reportBatchBytes = 512 << 10 // well under the API's 1 MiB request limit
+	// reportInFlight bounds concurrent batch requests. The server applies a
+	// batch in one transaction, report by report; a few batches at once
+	// keep its connections busy while the next batch gathers.
+	reportInFlight = 3
+	// reportLinger is how long the first report of a batch waits for
+	// company. Short: it is added to every job's completion latency.
+	reportLinger = 10 * time.Millisecond
+	// reportLeaseMargin: a report is sent at least this long before its
+	// lease (as last extended by a heartbeat) lapses, whatever the linger.
+	reportLeaseMargin = 5 * time.Second
+)
+
+// queuedReport is one finished attempt waiting to be sent.
+type queuedReport struct {
+	job     ClaimedJob
+	report  JobReport // LeaseToken set
+	expires time.Time // the lease's expiry as last known
+	size    int       // approximate encoded size
+}
+
+func newQueuedReport(j ClaimedJob, r JobReport, expires time.Time) queuedReport {
+	r.LeaseToken = j.LeaseToken
+	size := 256 + len(j.JobID) + len(r.LeaseToken) + len(r.Output)
+	if r.Error != nil {
+		size += len(r.Error.Message)
+	}
+	return queuedReport{job: j, report: r, expires: expires, size: size}
+}
+
+// reporter gathers reports into batches and sends them.
+type reporter struct {
+	c      *Client
+	ctx    context.Context // outlives the worker's ctx: reports are sent after it ends
+	onErr  func(error)
+	linger time.Duration // reportLinger; tests lengthen it
+
+	mu     sync.RWMutex // held (read) while queueing, (write) to close in
+	closed bool
+	in     chan queuedReport
+	slots  chan struct{}  // one per batch in flight
+	sends  sync.WaitGroup // batches in flight
+	done   chan struct{}  // the flusher has sent everything and returned
+	once   sync.Once
+}
+
+func newReporter(ctx context.Context, c *Client, onErr func(error), linger time.Duration) *reporter {
+	if linger <= 0 {
+		linger = reportLinger
+	}
+	r := &reporter{c: c, ctx: context.WithoutCancel(ctx), onErr: onErr, linger: linger,
+		in: make(chan queuedReport, reportBatchMax), slots: make(chan struct{}, reportInFlight), done: make(chan struct{})}
+	go r.run()
+	return r
+}
+
+// enqueue queues a report; it blocks while a full batch is already waiting
+// behind the one in flight. After close, the report is sent at once on its
+// own.
+func (r *reporter) enqueue(q queuedReport) {
+	r.mu.RLock()
+	if r.closed {
+		r.mu.RUnlock()
+		ctx, cancel := context.WithTimeout(r.ctx, reportTimeout)
+		defer cancel()
+		r.single(ctx, q)
+		return
+	}
+	r.in <- q
+	r.mu.RUnlock()
+}
+
+// close stops gathering, sends what is queued without lingering, and waits
+// until it has been sent (each batch bounded by reportTimeout).
+func (r *reporter) close() {
+	r.once.Do(func() {
+		r.mu.Lock()
+		r.closed = true
+		close(r.in)
+		r.mu.Unlock()
+	})
+	<-r.done
+}
+
+// run is the flusher.
+func (r *reporter) run() {
+	defer close(r.done)
+	defer r.sends.Wait()
+	var carry *queuedReport // a report that did not fit the previous batch
+	for {
+		var first queuedReport
+		if carry != nil {
+			first, carry = *carry, nil
+		} else {
+			q, ok := <-r.in
+			if !ok {
+				return
+			}
+			first = q
+		}
+		batch, size := []queuedReport{first}, first.size
+		deadline := r.deadline(first)
+		timer := time.NewTimer(time.Until(deadline))
+	gather:
+		for len(batch) < reportBatchMax {
+			select {
+			case q, ok := <-r.in:
+				if !ok {
+					break gather // closed: send what there is at once
+				}
+				if size+q.size > reportBatchBytes {
+					carry = &q
+					break gather
+				}
+				batch, size = append(batch, q), size+q.size
+				if d := r.deadline(q); d.Before(deadline) {
+					deadline = d
+					timer.Reset(time.Until(d))
+				}
+			case <-timer.C:
+				break gather
+			}
+		}
+		timer.Stop()
+		r.slots <- struct{}{} // wait for a free slot; meanwhile reports queue up
+		r.sends.Add(1)
+		go func() {
+			defer func() { <-r.slots; r.sends.Done() }()
+			r.send(batch)
+		}()
+	}
+}
+
+// deadline is when a batch holding q must be sent: after the linger, but
+// never later than reportLeaseMargin before q's lease lapses.
+func (r *reporter) deadline(q queuedReport) time.Time {
+	d := time.Now().Add(r.linger)
+	if latest := q.expires.Add(-reportLeaseMargin); !q.expires.IsZero() && latest.Before(d) {
+		return latest
+	}
+	return d
+}
+
+// send delivers one batch. A lone report uses the single-report route. A
+// batch the server refuses as a whole (an older server without the batch
+// route, a body over its limit) is sent again report by report, so no
+// outcome depends on the batch route existing.
+func (r *reporter) send(batch []queuedReport) {
+	ctx, cancel := context.WithTimeout(r.ctx, reportTimeout)
+	defer cancel()
+	if len(batch) == 1 {
+		r.single(ctx, batch[0])
+		return
+	}
+	items := make([]BatchJobReport, len(batch))
+	for i, q := range batch {
+		items[i] = BatchJobReport{JobID: q.job.JobID, JobReport: q.report}
+	}
+	res, err := r.c.ReportJobs(ctx, items)
+	if err != nil {
+		var apiErr *Error
+		if errors.As(err, &apiErr) && apiErr.StatusCode >= 400 && apiErr.StatusCode < 500 && apiErr.StatusCode != 429 {
+			for _, q := range batch {
+				r.single(ctx, q)
+			}
+			return
+		}
+		for _, q := range batch {
+			r.fail(q, err)
+		}
+		return
+	}
+	for i, x := range res {
+		if x.Err != nil {
+			r.fail(batch[i], x.Err)
+		}
+	}
+}
+
+// single sends one report on its own.
+func (r *reporter) single(ctx context.Context, q queuedReport) {
+	if _, err := r.c.ReportJob(ctx, q.job.JobID, q.report); err != nil {
+		r.fail(q, err)
+	}
+}
+
+// fail reports a report that was not recorded; its lease lapses and the job
+// is claimed again.
+func (r *reporter) fail(q queuedReport, err error) {
+	r.onErr(fmt.Errorf("ratchet: report job %s attempt %d: %w", q.job.JobID, q.job.Attempt, err))
+}

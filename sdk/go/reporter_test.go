@@ -1,0 +1,162 @@
+package ratchet
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// queueReports queues n successful reports of fresh jobs (leases 10 minutes
+// out) and returns their ids.
+func queueReports(r *reporter, n int, expires time.Time) []string {
+	var ids []string
+	for i := range n {
+		id := fmt.Sprintf("job_r%d", i)
+		ids = append(ids, id)
+		r.enqueue(newQueuedReport(ClaimedJob{JobID: id, Attempt: 1, LeaseToken: "tok_" + id},
+			JobReport{Status: ReportSucceeded, Output: []byte(`{"n":1}`)}, expires))
+	}
+	return ids
+}
+
+// A batch that never fills is still sent: here its lease forces it out long
+// before the (hour-long) linger would.
+func TestReportSentBeforeLeaseWithoutFilling(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	c, _ := testClient(t, f)
+	sink := &errSink{}
+	r := newReporter(context.Background(), c, sink.add, time.Hour)
+	ids := queueReports(r, 3, time.Now().Add(reportLeaseMargin+50*time.Millisecond))
+	for _, id := range ids {
+		if rep := f.waitReport(t, id); rep["status"] != "SUCCEEDED" || rep["leaseToken"] != "tok_"+id {
+			t.Fatalf("report %v", rep)
+		}
+	}
+	r.close()
+	if errs := sink.list(); len(errs) != 0 {
+		t.Fatalf("OnError %v", errs)
+	}
+}
+
+// The default linger sends a batch that never fills, too.
+func TestReportSentAfterLinger(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	c, _ := testClient(t, f)
+	r := newReporter(context.Background(), c, func(err error) { t.Error(err) }, 0)
+	defer r.close()
+	for _, id := range queueReports(r, 5, time.Now().Add(10*time.Minute)) {
+		f.waitReport(t, id)
+	}
+}
+
+// close sends everything queued at once, however long the linger, and
+// reports queued after it are still sent (on their own).
+func TestReporterCloseFlushesEverything(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.reported = make(chan string, 1000)
+	c, _ := testClient(t, f)
+	r := newReporter(context.Background(), c, func(err error) { t.Error(err) }, time.Hour)
+	ids := queueReports(r, 150, time.Now().Add(10*time.Minute))
+	r.close()
+	f.mu.Lock()
+	got, batches := len(f.reports), append([]int(nil), f.batches...)
+	f.mu.Unlock()
+	if got != len(ids) {
+		t.Fatalf("%d of %d reports sent by close", got, len(ids))
+	}
+	sum := 0
+	for _, n := range batches {
+		if n > reportBatchMax {
+			t.Fatalf("batch of %d", n)
+		}
+		sum += n
+	}
+	if sum != len(ids) || len(batches) != 2 {
+		t.Fatalf("batches %v", batches)
+	}
+	late := newQueuedReport(ClaimedJob{JobID: "job_late", Attempt: 1, LeaseToken: "tok_job_late"},
+		JobReport{Status: ReportSucceeded}, time.Now().Add(time.Minute))
+	r.enqueue(late)
+	if rep := f.report(t, "job_late"); rep["status"] != "SUCCEEDED" {
+		t.Fatalf("late report %v", rep)
+	}
+}
+
+// A report the batch refuses (lease_lost) is that job's alone: the others
+// are recorded and OnError names only the refused job.
+func TestBatchLeaseLostAffectsOnlyThatJob(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.refuse = map[string]string{"job_r1": CodeLeaseLost}
+	c, _ := testClient(t, f)
+	sink := &errSink{}
+	r := newReporter(context.Background(), c, sink.add, time.Hour)
+	queueReports(r, 3, time.Now().Add(10*time.Minute))
+	r.close()
+	f.mu.Lock()
+	_, lost := f.reports["job_r1"]
+	_, a := f.reports["job_r0"]
+	_, b := f.reports["job_r2"]
+	batches := append([]int(nil), f.batches...)
+	f.mu.Unlock()
+	if lost || !a || !b || len(batches) != 1 || batches[0] != 3 {
+		t.Fatalf("recorded r0 %v r1 %v r2 %v, batches %v", a, lost, b, batches)
+	}
+	errs := sink.list()
+	if len(errs) != 1 || !IsCode(errs[0], CodeLeaseLost) || !strings.Contains(errs[0].Error(), "job_r1") {
+		t.Fatalf("OnError %v", errs)
+	}
+}
+
+// A server without the batch route still gets every report, one by one.
+func TestBatchRefusedFallsBackToSingleReports(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.noBatch = true
+	c, _ := testClient(t, f)
+	r := newReporter(context.Background(), c, func(err error) { t.Error(err) }, time.Hour)
+	ids := queueReports(r, 4, time.Now().Add(10*time.Minute))
+	r.close()
+	for _, id := range ids {
+		if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
+			t.Fatalf("report %v", rep)
+		}
+	}
+}
+
+// Stop sends the reports of every finished handler, however long the
+// linger: nothing finished is left unreported.
+func TestWorkerStopFlushesReports(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	var ids []string
+	for range 5 {
+		ids = append(ids, f.add("t", "1", welcomeIn{}, 60000))
+	}
+	c, _ := testClient(t, f)
+	w := NewWorker(c)
+	w.reportLinger = time.Hour
+	ran := make(chan struct{}, 5)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) {
+			ran <- struct{}{}
+			return welcomeOut{Sent: true}, nil
+		}}))
+	must(t, w.Start(context.Background(), StartOptions{Concurrency: 5, OnError: func(err error) { t.Error(err) }}))
+	for range 5 {
+		<-ran
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	must(t, w.Stop(ctx))
+	for _, id := range ids {
+		if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
+			t.Fatalf("report %v", rep)
+		}
+	}
+}
