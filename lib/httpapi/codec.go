@@ -62,7 +62,7 @@ func decodeError(err error, body []byte, dst any) error {
 	case errors.As(err, &syn):
 		return apierr.InvalidField("body", "is not valid JSON (offset %d)", syn.Offset)
 	case errors.As(err, &typ):
-		field := typ.Field
+		field := plainJSONPath(reflect.TypeOf(dst), typ.Field)
 		if field == "" {
 			field = "body"
 		} else if path := typeErrorPath(body, reflect.TypeOf(dst), field); path != "" {
@@ -88,6 +88,35 @@ func decodeError(err error, body []byte, dst any) error {
 		}
 		return apierr.InvalidField("body", "is invalid: %s", safeMessage(err))
 	}
+}
+
+// plainJSONPath drops from encoding/json's field path the Go names of
+// embedded structs (PolicyFields.maxAttempts → maxAttempts): their fields are
+// promoted, so on the wire they sit at the embedding struct's level.
+func plainJSONPath(t reflect.Type, field string) string {
+	if field == "" {
+		return ""
+	}
+	var out []string
+	for _, seg := range strings.Split(field, ".") {
+		if t != nil {
+			t, _ = elemType(t)
+			for t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Map {
+				t, _ = elemType(t.Elem())
+			}
+		}
+		if t != nil && t.Kind() == reflect.Struct {
+			if f, ok := t.FieldByName(seg); ok && f.Anonymous && f.Tag.Get("json") == "" {
+				t = f.Type
+				continue
+			}
+			t = jsonFields(t)[seg]
+		} else {
+			t = nil
+		}
+		out = append(out, seg)
+	}
+	return strings.Join(out, ".")
 }
 
 // unknownFieldPath returns the dotted path (from the body root, array

@@ -547,3 +547,19 @@ func TestEnqueueStatusCodesOverHTTP(t *testing.T) {
 		require.Contains(t, paths, p)
 	}
 }
+
+// TestEndpointPolicyTypeErrorsNameWireFields: the policy fields are an
+// embedded struct shared by both requests; a mistyped one is still named by
+// its wire path, never by the Go struct that holds it.
+func TestEndpointPolicyTypeErrorsNameWireFields(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	ep := e.endpoint("Typed service")
+	require.Equal(t, []string{"maxConcurrent"}, validationFields(t, e.Do("POST", "/api/v1/endpoints", e.ws.Key,
+		map[string]any{"name": "other", "maxConcurrent": "four"})))
+	require.Equal(t, []string{"maxAttempts"}, validationFields(t, e.Do("PUT",
+		"/api/v1/endpoints/"+ep["id"].(string)+"/policy", e.ws.Key,
+		map[string]any{"expectedVersion": 1, "maxAttempts": "six"})))
+	require.Equal(t, []string{"expectedVersion"}, validationFields(t, e.Do("PUT",
+		"/api/v1/endpoints/"+ep["id"].(string)+"/policy", e.ws.Key, map[string]any{"expectedVersion": "one"})))
+}

@@ -68,46 +68,16 @@ type PolicyFields struct {
 	RateLimitPerMinute jsonx.Optional[int64]   `json:"rateLimitPerMinute"`
 }
 
-// UpdatePolicyRequest is the body of PUT /api/v1/endpoints/{id}/policy. The
-// fields are spelled out (not embedded) so that decoding errors name them by
-// their wire path.
+// UpdatePolicyRequest is the body of PUT /api/v1/endpoints/{id}/policy.
 type UpdatePolicyRequest struct {
-	ExpectedVersion    jsonx.Optional[int64]   `json:"expectedVersion"`
-	Preset             jsonx.Optional[string]  `json:"preset"`
-	MaxAttempts        jsonx.Optional[int64]   `json:"maxAttempts"`
-	InitialDelayMs     jsonx.Optional[int64]   `json:"initialDelayMs"`
-	Multiplier         jsonx.Optional[float64] `json:"multiplier"`
-	MaxDelayMs         jsonx.Optional[int64]   `json:"maxDelayMs"`
-	JitterPercent      jsonx.Optional[float64] `json:"jitterPercent"`
-	DefaultTimeoutMs   jsonx.Optional[int64]   `json:"defaultTimeoutMs"`
-	MaxConcurrent      jsonx.Optional[int64]   `json:"maxConcurrent"`
-	RateLimitPerMinute jsonx.Optional[int64]   `json:"rateLimitPerMinute"`
+	ExpectedVersion jsonx.Optional[int64] `json:"expectedVersion"`
+	PolicyFields
 }
 
 // CreateEndpointRequest is the body of POST /api/v1/endpoints.
 type CreateEndpointRequest struct {
-	Name               string                  `json:"name"`
-	Preset             jsonx.Optional[string]  `json:"preset"`
-	MaxAttempts        jsonx.Optional[int64]   `json:"maxAttempts"`
-	InitialDelayMs     jsonx.Optional[int64]   `json:"initialDelayMs"`
-	Multiplier         jsonx.Optional[float64] `json:"multiplier"`
-	MaxDelayMs         jsonx.Optional[int64]   `json:"maxDelayMs"`
-	JitterPercent      jsonx.Optional[float64] `json:"jitterPercent"`
-	DefaultTimeoutMs   jsonx.Optional[int64]   `json:"defaultTimeoutMs"`
-	MaxConcurrent      jsonx.Optional[int64]   `json:"maxConcurrent"`
-	RateLimitPerMinute jsonx.Optional[int64]   `json:"rateLimitPerMinute"`
-}
-
-// Fields returns the request's policy fields.
-func (r UpdatePolicyRequest) Fields() PolicyFields {
-	return PolicyFields{r.Preset, r.MaxAttempts, r.InitialDelayMs, r.Multiplier, r.MaxDelayMs, r.JitterPercent,
-		r.DefaultTimeoutMs, r.MaxConcurrent, r.RateLimitPerMinute}
-}
-
-// Fields returns the request's policy fields.
-func (r CreateEndpointRequest) Fields() PolicyFields {
-	return PolicyFields{r.Preset, r.MaxAttempts, r.InitialDelayMs, r.Multiplier, r.MaxDelayMs, r.JitterPercent,
-		r.DefaultTimeoutMs, r.MaxConcurrent, r.RateLimitPerMinute}
+	Name string `json:"name"`
+	PolicyFields
 }
 
 // merge applies f to cur and validates the result, naming every problem.
@@ -261,7 +231,7 @@ func (s *Service) CreateEndpoint(ctx context.Context, workspaceID string, req Cr
 	if !validEndpointName(req.Name) {
 		p.Add("name", "must be 1-200 characters")
 	}
-	pol := req.Fields().merge(defaultEndpointPolicy(), &p)
+	pol := req.PolicyFields.merge(defaultEndpointPolicy(), &p)
 	if err := p.Err(); err != nil {
 		return Endpoint{}, false, err
 	}
@@ -337,7 +307,7 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 	if err != nil {
 		return Endpoint{}, err
 	}
-	pol := req.Fields().merge(cur.current(), &p)
+	pol := req.PolicyFields.merge(cur.current(), &p)
 	if err := p.Err(); err != nil {
 		return Endpoint{}, err
 	}

@@ -184,9 +184,9 @@ func TestRetryScheduleAndRetryAfterFloor(t *testing.T) {
 	b := setup(t)
 	ep, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "send_email"})
 	require.NoError(t, err)
-	_, err = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1),
+	_, err = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1), PolicyFields: jobs.PolicyFields{
 		Preset: opt("CUSTOM"), MaxAttempts: opt[int64](6), InitialDelayMs: opt[int64](10_000), Multiplier: opt(2.0),
-		MaxDelayMs: opt[int64](600_000), JitterPercent: opt(20.0)})
+		MaxDelayMs: opt[int64](600_000), JitterPercent: opt(20.0)}})
 	require.NoError(t, err)
 	runID := b.run(t)
 	enq := b.enqueue(t, runID, jobs.EnqueueRequest{})
@@ -330,8 +330,7 @@ func TestPolicyEditsDoNotChangeExistingJobs(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, eps, 1)
 	require.Equal(t, "send_email", eps[0].Name)
-	_, err = b.svc.UpdatePolicy(ctx, b.ws, eps[0].ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1),
-		Preset: opt("RELAXED"), DefaultTimeoutMs: opt[int64](90_000)})
+	_, err = b.svc.UpdatePolicy(ctx, b.ws, eps[0].ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1), PolicyFields: jobs.PolicyFields{Preset: opt("RELAXED"), DefaultTimeoutMs: opt[int64](90_000)}})
 	require.NoError(t, err)
 
 	after := b.step(t, old.StepID)
@@ -375,8 +374,7 @@ func TestPausedEndpointHoldsJobsWithoutConsumingAttempts(t *testing.T) {
 func TestMaxConcurrentAndRateLimitGateClaims(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ep, created, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "send_email",
-		MaxConcurrent: opt[int64](2)})
+	ep, created, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "send_email", PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](2)}})
 	require.NoError(t, err)
 	require.True(t, created)
 	runID := b.run(t)
@@ -394,11 +392,9 @@ func TestMaxConcurrentAndRateLimitGateClaims(t *testing.T) {
 	b.succeed(t, got2[0])
 
 	// Now a rate limit of 4 per minute and no concurrency limit.
-	_, err = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1),
-		RateLimitPerMinute: opt[int64](4)})
+	_, err = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1), PolicyFields: jobs.PolicyFields{RateLimitPerMinute: opt[int64](4)}})
 	require.NoError(t, err)
-	ep, err = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](2),
-		MaxConcurrent: null[int64]()})
+	ep, err = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](2), PolicyFields: jobs.PolicyFields{MaxConcurrent: null[int64]()}})
 	require.NoError(t, err)
 	require.Nil(t, ep.MaxConcurrent)
 	require.Equal(t, 4, *ep.RateLimitPerMinute)
@@ -590,8 +586,7 @@ func TestSettingAConcurrencyLimitCountsJobsAlreadyRunning(t *testing.T) {
 	require.Len(t, running, 3)
 	eps, err := b.svc.ListEndpoints(ctx, b.ws, "", 1)
 	require.NoError(t, err)
-	_, err = b.svc.UpdatePolicy(ctx, b.ws, eps[0].ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1),
-		MaxConcurrent: opt[int64](2)})
+	_, err = b.svc.UpdatePolicy(ctx, b.ws, eps[0].ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1), PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](2)}})
 	require.NoError(t, err)
 	require.Empty(t, b.claim(t, w, 5), "3 running ≥ limit 2")
 	b.succeed(t, running[0])

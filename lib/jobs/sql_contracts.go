@@ -94,8 +94,6 @@ WHERE r.id = $1::text AND r.status = 'FAILED'
                   AND status IN ('EXHAUSTED', 'CANCELLED'))
 RETURNING r.status`
 
-const sqlRunStatus = `SELECT status FROM job_runs WHERE id = $1::text`
-
 const sqlInsertReplay = `
 INSERT INTO job_replays (id, workspace_id, job_id, step_id, key_id, reason, prior_status, prior_attempt,
                          additional_attempts, max_attempts, old_handler_version, new_handler_version,

@@ -359,7 +359,8 @@ func (s *Service) report(ctx context.Context, tx pgx.Tx, workspaceID, jobID stri
 	}
 
 	now := s.now()
-	next, finished := status, &now
+	finished := &now
+	var next string
 	var due *time.Time
 	var rejection string
 	if req.Status == StatusSucceeded && contractVersion != nil {
