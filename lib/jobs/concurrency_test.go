@@ -3,8 +3,10 @@ package jobs_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -159,4 +161,121 @@ func TestConcurrentLastStepsCompleteTheRunInline(t *testing.T) {
 		require.Equal(t, "SUCCEEDED", status)
 		require.Equal(t, 1, events)
 	}
+}
+
+// Concurrent batch reports over two gated endpoints: every job succeeds once
+// (a retryable failure first for some), no batch deadlocks on the endpoint
+// rows, no claim ever exceeds maxConcurrent, and the running counts return
+// to zero.
+func TestConcurrentBatchReportsKeepEndpointGates(t *testing.T) {
+	t.Parallel()
+	const perTool, limit, claimers, maxConc = 300, 10, 6, 8
+	b := setup(t, "send_email@1", "send_sms@1")
+	ctx := context.Background()
+	tools := []jobs.Tool{{Name: "send_email", Version: "1"}, {Name: "send_sms", Version: "1"}}
+	var endpointIDs []string
+	for _, tool := range tools {
+		ep, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: tool.Name,
+			PolicyFields: jobs.PolicyFields{Preset: opt("CUSTOM"), MaxConcurrent: opt[int64](maxConc), MaxAttempts: opt[int64](3),
+				InitialDelayMs: opt[int64](1000), Multiplier: opt[float64](1), MaxDelayMs: opt[int64](1000), JitterPercent: opt[float64](0), DefaultTimeoutMs: opt[int64](3_600_000)}})
+		require.NoError(t, err)
+		endpointIDs = append(endpointIDs, ep.ID)
+	}
+	runID := b.run(t)
+	for _, tool := range tools {
+		res, err := b.svc.Enqueue(ctx, b.ws, runID, jobs.EnqueueRequest{Name: tool.Name, Version: tool.Version,
+			Input: json.RawMessage(`{"n":0}`)})
+		require.NoError(t, err)
+		_, err = b.svc.CloneQueued(ctx, res.JobID, ids.Random(3), perTool-1)
+		require.NoError(t, err)
+	}
+
+	var (
+		mu        sync.Mutex
+		inFlight  = map[string]int{} // tool name → claimed, not yet reported (a lower bound of RUNNING)
+		peak      int
+		succeeded = map[string]int{}
+		failedYet = map[string]bool{}
+	)
+	var wg sync.WaitGroup
+	errs := make(chan error, claimers)
+	for range claimers {
+		wid := b.register(t, tools...)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for empty := 0; empty < 3; {
+				c, err := b.svc.Claim(ctx, b.worker, wid, jobs.ClaimRequest{Limit: ptr(limit)})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if len(c.Jobs) == 0 {
+					// The gates or a retry's due time hold the rest back; a
+					// second is the retry delay, far from the hour's lease.
+					empty++
+					b.clock.Add(time.Second)
+					continue
+				}
+				empty = 0
+				var batch jobs.BatchReportRequest
+				mu.Lock()
+				for _, j := range c.Jobs {
+					inFlight[j.Name]++
+					peak = max(peak, inFlight[j.Name])
+				}
+				// Reported in reverse claim order: the server must lock in id order itself.
+				for i := len(c.Jobs) - 1; i >= 0; i-- {
+					j := c.Jobs[i]
+					item := jobs.BatchReportItem{JobID: j.JobID, LeaseToken: j.LeaseToken, Status: jobs.StatusSucceeded,
+						Output: json.RawMessage(`{"ok":true}`)}
+					if i%3 == 0 && !failedYet[j.JobID] {
+						failedYet[j.JobID] = true
+						item.Status, item.Output = "FAILED", nil
+						item.Error = &jobs.ReportError{Message: "try again"}
+					}
+					batch.Reports = append(batch.Reports, item)
+					inFlight[j.Name]--
+				}
+				mu.Unlock()
+				res, err := b.svc.ReportBatch(ctx, b.ws, batch)
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				for i, r := range res.Results {
+					if r.Error != nil {
+						mu.Unlock()
+						errs <- fmt.Errorf("report %s: %s", r.JobID, r.Error.Code)
+						return
+					}
+					if batch.Reports[i].Status == jobs.StatusSucceeded {
+						require.Equal(t, jobs.StatusSucceeded, r.Status)
+						succeeded[r.JobID]++
+					} else {
+						require.Equal(t, jobs.StatusRetryScheduled, r.Status)
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.LessOrEqual(t, peak, maxConc)
+	require.Len(t, succeeded, 2*perTool)
+	for id, n := range succeeded {
+		require.Equal(t, 1, n, id)
+	}
+	var running, notSucceeded int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT
+		(SELECT coalesce(sum(running_count), 0) FROM job_endpoints WHERE id = ANY($1)),
+		(SELECT count(*) FROM jobs WHERE run_id = $2 AND status <> 'SUCCEEDED')`, endpointIDs, runID).
+		Scan(&running, &notSucceeded))
+	require.Zero(t, running)
+	require.Zero(t, notSucceeded)
 }

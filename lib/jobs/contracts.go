@@ -296,17 +296,3 @@ func (s *Service) checkOutput(ctx context.Context, q querier, workspaceID, name 
 	}
 	return outputRejection(schema, contractVersion, output)
 }
-
-// applyRejection records a success whose output the contract refused: the
-// execution fails, non-retryable, with the rejection as its warning and
-// error, the output is not stored, and the job is EXHAUSTED.
-func (s *Service) applyRejection(ctx context.Context, tx pgx.Tx, workspaceID, jobID string, attempt int,
-	rejection string, finished *time.Time) error {
-	retryable := false
-	errSealed := s.sealer.Seal([]byte(rejection), aad(jobID, fmt.Sprintf("error/%d", attempt)))
-	if _, err := tx.Exec(ctx, sqlReportApply, jobID, workspaceID, StatusExhausted, nil, finished, nil, nil, s.now(),
-		"FAILED", &retryable, nil, errSealed, true, attempt, rejection, true); err != nil {
-		return fmt.Errorf("report apply: %w", err)
-	}
-	return nil
-}

@@ -346,40 +346,56 @@ const sqlLeaseState = `
 SELECT j.status, j.lease_token = $3::text, j.lease_expires_at, j.cancel_requested
 FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
 
-// sqlReportLock locks the job, takes the endpoint gate's shared lock, tries
-// the run's shared lock without waiting (a report that had to wait for a
-// finish checks completion afterwards) and finds the execution its token
+// sqlReportLock locks a batch's jobs in id order ($1 is sorted), takes the
+// endpoint gate's shared lock for each, tries each run's shared lock without
+// waiting (a report that had to wait for a finish checks completion
+// afterwards) and finds the execution each job's token ($3, parallel to $1)
 // belongs to.
 const sqlReportLock = `
 SELECT pg_advisory_xact_lock_shared(hashtextextended(j.endpoint_id, 0))::text,
        pg_try_advisory_xact_lock_shared(hashtextextended(j.run_id, 0)), j.has_dependents, j.status, j.attempt, j.max_attempts, j.step_id, j.run_id, j.endpoint_id, j.policy_preset, j.initial_delay_ms,
        j.multiplier, j.max_delay_ms, j.jitter_percent, r.completion_requested,
        x.attempt, x.outcome, x.reported_at, x.result_status, x.next_due_at,
-       j.name, j.contract_version, coalesce(x.output_rejected, false)
-FROM jobs j
+       j.name, j.contract_version, coalesce(x.output_rejected, false), j.id
+FROM unnest($1::text[], $3::text[]) AS u(job_id, lease_token)
+JOIN jobs j ON j.id = u.job_id AND j.workspace_id = $2::text
 JOIN job_runs r ON r.id = j.run_id
-LEFT JOIN job_executions x ON x.job_id = j.id AND x.lease_token = $3::text
-WHERE j.id = $1::text AND j.workspace_id = $2::text
+LEFT JOIN job_executions x ON x.job_id = j.id AND x.lease_token = u.lease_token
+ORDER BY j.id
 FOR UPDATE OF j`
 
-// sqlReportApply records an attempt's outcome and the job's next status, and
-// frees the endpoint's concurrency slot.
+// sqlReportApply records reports' outcomes (parallel arrays $3…$16, one
+// element per report), the jobs' next statuses where $14 says so, and frees
+// the endpoints' concurrency slots. The endpoints are locked in id order
+// first, the order claims lock them in.
 const sqlReportApply = `
-WITH j AS (
-    UPDATE jobs SET status = $3::text, due_at = $4::timestamptz, ready_at = $4::timestamptz,
-        finished_at = $5::timestamptz, output_sealed = $6::bytea, output_preview = $7::jsonb,
-        updated_at = $8::timestamptz
-    WHERE id = $1::text AND workspace_id = $2::text AND $13::bool
-    RETURNING endpoint_id
+WITH u AS (
+    SELECT * FROM unnest($3::text[], $4::int[], $5::text[], $6::timestamptz[], $7::timestamptz[], $8::bytea[],
+                         $9::text[], $10::text[], $11::bool[], $12::bigint[], $13::bytea[], $14::bool[], $15::text[],
+                         $16::bool[])
+        AS u(job_id, attempt, next, due, finished, output, preview, outcome, retryable, retry_after, err, update_job,
+             warning, rejected)
+), j AS (
+    UPDATE jobs SET status = u.next, due_at = u.due, ready_at = u.due, finished_at = u.finished,
+        output_sealed = u.output, output_preview = u.preview::jsonb, updated_at = $2::timestamptz
+    FROM u WHERE jobs.id = u.job_id AND jobs.workspace_id = $1::text AND u.update_job
+    RETURNING jobs.endpoint_id
 ), x AS (
-    UPDATE job_executions SET outcome = $9::text, retryable = $10::bool, retry_after_ms = $11::bigint,
-        error_sealed = $12::bytea, reported_at = $8::timestamptz, ended_at = $8::timestamptz,
-        result_status = $3::text, next_due_at = $4::timestamptz, warning = coalesce($15::text, warning),
-        output_rejected = $16::bool
-    WHERE job_id = $1::text AND attempt = $14::int
+    UPDATE job_executions x SET outcome = u.outcome, retryable = u.retryable, retry_after_ms = u.retry_after,
+        error_sealed = u.err, reported_at = $2::timestamptz, ended_at = $2::timestamptz, result_status = u.next,
+        next_due_at = u.due, warning = coalesce(u.warning, x.warning), output_rejected = u.rejected
+    FROM u WHERE x.job_id = u.job_id AND x.attempt = u.attempt
+), freed AS (
+    SELECT endpoint_id, count(*)::int AS n FROM j GROUP BY endpoint_id
+), gated AS (
+    SELECT e.id FROM job_endpoints e
+    WHERE e.id IN (SELECT endpoint_id FROM freed) AND e.max_concurrent IS NOT NULL
+    ORDER BY e.id
+    FOR UPDATE
 )
-UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - 1)
-FROM j WHERE e.id = j.endpoint_id AND e.max_concurrent IS NOT NULL`
+UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - f.n)
+FROM freed f JOIN gated g ON g.id = f.endpoint_id
+WHERE e.id = f.endpoint_id`
 
 const sqlCancelLock = `
 SELECT pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0))::text, id, status, run_id, attempt, endpoint_id FROM jobs WHERE step_id = $1::text AND workspace_id = $2::text FOR UPDATE`

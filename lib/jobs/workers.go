@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,7 +14,6 @@ import (
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
-	"github.com/getratchet/ratchet/lib/redact"
 )
 
 // Tool is an exact handler a worker serves.
@@ -303,139 +300,17 @@ func (s *Service) Report(ctx context.Context, workspaceID, jobID string, req Rep
 	if err := p.Err(); err != nil {
 		return ReportResult{}, err
 	}
-	var out ReportResult
+	var out reportOutcome
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		var err error
-		out, err = s.report(ctx, tx, workspaceID, jobID, req)
-		return err
+		res, err := s.reportMany(ctx, tx, workspaceID, []reportItem{{jobID: jobID, req: req}})
+		if err != nil {
+			return err
+		}
+		out = res[0]
+		// A refused report changed nothing: rolling back is the same.
+		return out.err
 	})
-	return out, err
-}
-
-// report applies one validated report inside tx.
-func (s *Service) report(ctx context.Context, tx pgx.Tx, workspaceID, jobID string, req ReportRequest) (ReportResult, error) {
-	var (
-		status, stepID, runID, endpointID string
-		attempt                           int
-		pol                               RetryPolicy
-		requested, runLocked, dependents  bool
-		xAttempt                          *int32
-		xOutcome, xResult                 *string
-		xReported, xNext                  *time.Time
-		name                              string
-		contractVersion                   *int32
-		xRejected                         bool
-	)
-	err := tx.QueryRow(ctx, sqlReportLock, jobID, workspaceID, req.LeaseToken).Scan(nil, &runLocked, &dependents,
-		&status, &attempt, &pol.MaxAttempts, &stepID, &runID, &endpointID, &pol.Preset, &pol.InitialDelayMs, &pol.Multiplier, &pol.MaxDelayMs,
-		&pol.JitterPercent, &requested, &xAttempt, &xOutcome, &xReported, &xResult, &xNext, &name, &contractVersion,
-		&xRejected)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return ReportResult{}, apierr.NotFound("job")
-	}
-	if err != nil {
-		return ReportResult{}, fmt.Errorf("report lock: %w", err)
-	}
-	if xAttempt == nil {
-		return ReportResult{}, errLeaseLost()
-	}
-	xa := int(*xAttempt)
-	switch {
-	case xReported != nil:
-		// Already reported: the same outcome answers the same object (a
-		// success the contract refused is recorded as FAILED).
-		if *xOutcome != req.Status && (!xRejected || req.Status != StatusSucceeded) {
-			return ReportResult{}, apierr.InvalidState("This attempt was already reported as %s.", *xOutcome)
-		}
-		return ReportResult{JobID: jobID, Status: *xResult, Attempt: xa, NextDueAt: utc(xNext)}, nil
-	case xa < attempt:
-		return ReportResult{}, errLeaseLost()
-	case status == StatusCancelled:
-		// Cancelled while running: keep the attempt's record, not the job's.
-		return ReportResult{JobID: jobID, Status: status, Attempt: xa},
-			s.applyReport(ctx, tx, workspaceID, jobID, xa, req, status, nil, nil, false)
-	case status != StatusRunning:
-		return ReportResult{}, apierr.InvalidState("The job already ended (%s); this report was not recorded.", status)
-	}
-
-	now := s.now()
-	finished := &now
-	var next string
-	var due *time.Time
-	var rejection string
-	if req.Status == StatusSucceeded && contractVersion != nil {
-		if rejection, err = s.checkOutput(ctx, tx, workspaceID, name, int(*contractVersion), req.Output); err != nil {
-			return ReportResult{}, err
-		}
-	}
-	switch {
-	case rejection != "":
-		// An output schema rejection is a non-retryable failure (seed 000).
-		next = StatusExhausted
-	case req.Status == StatusSucceeded:
-		next = StatusSucceeded
-	default:
-		retryable := req.Error == nil || req.Error.Retryable == nil || *req.Error.Retryable
-		if retryable && attempt < pol.MaxAttempts {
-			var floor *int64
-			if req.Error != nil {
-				floor = req.Error.RetryAfterMs
-			}
-			d := pol.NextDue(now, attempt, floor, s.jitter())
-			next, due, finished = StatusRetryScheduled, &d, nil
-		} else {
-			next = StatusExhausted
-		}
-	}
-	if rejection != "" {
-		err = s.applyRejection(ctx, tx, workspaceID, jobID, attempt, rejection, finished)
-	} else {
-		err = s.applyReport(ctx, tx, workspaceID, jobID, attempt, req, next, due, finished, true)
-	}
-	if err != nil {
-		return ReportResult{}, err
-	}
-	if ended(next) {
-		// The common case costs no statement here: no dependents, and
-		// completion not requested when the run lock was taken unopposed.
-		if _, err := s.release(ctx, tx, []endedStep{{stepID: stepID, runID: runID, workspaceID: workspaceID,
-			jobID: jobID, status: next, attempt: attempt}}, dependents); err != nil {
-			return ReportResult{}, err
-		}
-		if requested || !runLocked {
-			if err := s.lockAndSettle(ctx, tx, runID, !runLocked); err != nil {
-				return ReportResult{}, err
-			}
-		}
-	}
-	return ReportResult{JobID: jobID, Status: next, Attempt: attempt, NextDueAt: due}, nil
-}
-
-func (s *Service) applyReport(ctx context.Context, tx pgx.Tx, workspaceID, jobID string, attempt int, req ReportRequest,
-	next string, due, finished *time.Time, updateJob bool) error {
-	var (
-		output, errSealed []byte
-		preview           *string
-		retryable         *bool
-		retryAfter        *int64
-	)
-	if req.Status == StatusSucceeded && len(bytes.TrimSpace(req.Output)) > 0 {
-		output = s.sealer.Seal(req.Output, aad(jobID, "output"))
-		pv := string(redact.PreviewJSON(req.Output))
-		preview = &pv
-	}
-	if req.Error != nil {
-		t := req.Error.Retryable == nil || *req.Error.Retryable
-		retryable, retryAfter = &t, req.Error.RetryAfterMs
-		if req.Error.Message != "" {
-			errSealed = s.sealer.Seal([]byte(req.Error.Message), aad(jobID, fmt.Sprintf("error/%d", attempt)))
-		}
-	}
-	if _, err := tx.Exec(ctx, sqlReportApply, jobID, workspaceID, next, due, finished, output, preview, s.now(),
-		req.Status, retryable, retryAfter, errSealed, updateJob, attempt, nil, false); err != nil {
-		return fmt.Errorf("report apply: %w", err)
-	}
-	return nil
+	return out.res, err
 }
 
 // BatchReportItem is one job's report in a batch: a single report's fields
@@ -504,26 +379,23 @@ func (s *Service) ReportBatch(ctx context.Context, workspaceID string, req Batch
 	if err := p.Err(); err != nil {
 		return BatchReportResponse{}, err
 	}
-	// Lock jobs in id order so concurrent batches cannot deadlock.
-	order := make([]int, len(req.Reports))
-	for i := range order {
-		order[i] = i
+	items := make([]reportItem, len(req.Reports))
+	for i, r := range req.Reports {
+		items[i] = reportItem{jobID: r.JobID, req: r.report()}
 	}
-	slices.SortFunc(order, func(a, b int) int { return strings.Compare(req.Reports[a].JobID, req.Reports[b].JobID) })
 	out := BatchReportResponse{Results: make([]BatchReportResult, len(req.Reports))}
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		for _, i := range order {
-			r := req.Reports[i]
-			res, err := s.report(ctx, tx, workspaceID, r.JobID, r.report())
-			if e, ok := apierr.As(err); ok {
-				out.Results[i] = BatchReportResult{JobID: r.JobID, Error: &BatchReportError{Code: e.Code, Message: e.Message}}
+		res, err := s.reportMany(ctx, tx, workspaceID, items)
+		if err != nil {
+			return err
+		}
+		for i, r := range res {
+			if e, ok := apierr.As(r.err); ok {
+				out.Results[i] = BatchReportResult{JobID: items[i].jobID, Error: &BatchReportError{Code: e.Code, Message: e.Message}}
 				continue
 			}
-			if err != nil {
-				return err
-			}
-			out.Results[i] = BatchReportResult{JobID: res.JobID, Status: res.Status, Attempt: res.Attempt,
-				NextDueAt: res.NextDueAt}
+			out.Results[i] = BatchReportResult{JobID: r.res.JobID, Status: r.res.Status, Attempt: r.res.Attempt,
+				NextDueAt: r.res.NextDueAt}
 		}
 		return nil
 	})

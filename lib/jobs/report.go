@@ -1,0 +1,279 @@
+package jobs
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/redact"
+)
+
+// Reports are applied set-based: one statement locks every job of the batch
+// (in id order, so concurrent batches cannot deadlock) and reads the
+// execution each lease token names, Go decides each report's outcome, and one
+// statement records them all. A batch of a hundred successes therefore costs
+// the same four round trips as a single report (BEGIN, lock, apply, COMMIT);
+// only endings with consequences (released dependents, a run to settle, an
+// output contract to check) add statements, and those are set-based too.
+
+// reportItem is one validated report of a batch.
+type reportItem struct {
+	jobID string
+	req   ReportRequest
+}
+
+// reportOutcome is one report's answer: its result or its refusal.
+type reportOutcome struct {
+	res ReportResult
+	err error
+}
+
+// lockedJob is a job locked for a report, with the execution its lease token
+// names (the x fields are nil when the token names none).
+type lockedJob struct {
+	runLocked, dependents     bool
+	status                    string
+	attempt                   int
+	pol                       RetryPolicy
+	stepID, runID, endpointID string
+	requested                 bool
+	xAttempt                  *int32
+	xOutcome, xResult         *string
+	xReported, xNext          *time.Time
+	name                      string
+	contractVersion           *int32
+	xRejected                 bool
+	workspaceID, jobID        string
+}
+
+// applyRow is one report to record: the execution's outcome and, when
+// updateJob, the job's next status.
+type applyRow struct {
+	jobID      string
+	attempt    int
+	next       string
+	due        *time.Time
+	finished   *time.Time
+	output     []byte
+	preview    *string
+	outcome    string
+	retryable  *bool
+	retryAfter *int64
+	errSealed  []byte
+	updateJob  bool
+	warning    *string
+	rejected   bool
+}
+
+// reportMany applies validated reports (distinct job ids) inside tx and
+// answers each in its slot. A report refused for its own reason
+// (lease_lost, invalid_state, not_found) does not affect the others; any
+// other error aborts the transaction.
+func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, workspaceID string, items []reportItem) ([]reportOutcome, error) {
+	locked, err := s.lockForReport(ctx, tx, workspaceID, items)
+	if err != nil {
+		return nil, err
+	}
+	now := s.now()
+	out := make([]reportOutcome, len(items))
+	var (
+		apply      []applyRow
+		done       []endedStep
+		dependents bool
+		settle     = map[string]bool{} // run → its shared lock is still to be taken
+	)
+	for i, it := range items {
+		j, ok := locked[it.jobID]
+		if !ok {
+			out[i].err = apierr.NotFound("job")
+			continue
+		}
+		res, row, err := s.decideReport(ctx, tx, j, it.req, now)
+		if err != nil {
+			if _, ok := apierr.As(err); !ok {
+				return nil, err
+			}
+			out[i].err = err
+			continue
+		}
+		out[i].res = res
+		if row == nil {
+			continue
+		}
+		apply = append(apply, *row)
+		if row.updateJob && ended(row.next) {
+			done = append(done, endedStep{stepID: j.stepID, runID: j.runID, workspaceID: workspaceID,
+				jobID: j.jobID, status: row.next, attempt: row.attempt})
+			dependents = dependents || j.dependents
+			if j.requested || !j.runLocked {
+				settle[j.runID] = settle[j.runID] || !j.runLocked
+			}
+		}
+	}
+	if err := s.applyReports(ctx, tx, workspaceID, apply, now); err != nil {
+		return nil, err
+	}
+	if len(done) > 0 {
+		// The common case costs no statement here: no dependents, and
+		// completion not requested while the run lock was taken unopposed.
+		if _, err := s.release(ctx, tx, done, dependents); err != nil {
+			return nil, err
+		}
+		for _, runID := range slices.Sorted(maps.Keys(settle)) {
+			if err := s.lockAndSettle(ctx, tx, runID, settle[runID]); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
+}
+
+// lockForReport locks the items' jobs in id order and reads them with the
+// executions their tokens name.
+func (s *Service) lockForReport(ctx context.Context, tx pgx.Tx, workspaceID string, items []reportItem) (map[string]*lockedJob, error) {
+	sorted := slices.Clone(items)
+	slices.SortFunc(sorted, func(a, b reportItem) int { return strings.Compare(a.jobID, b.jobID) })
+	jobIDs, tokens := make([]string, len(sorted)), make([]string, len(sorted))
+	for i, it := range sorted {
+		jobIDs[i], tokens[i] = it.jobID, it.req.LeaseToken
+	}
+	rows, err := tx.Query(ctx, sqlReportLock, jobIDs, workspaceID, tokens)
+	if err != nil {
+		return nil, fmt.Errorf("report lock: %w", err)
+	}
+	defer rows.Close()
+	locked := make(map[string]*lockedJob, len(items))
+	for rows.Next() {
+		j := &lockedJob{workspaceID: workspaceID}
+		if err := rows.Scan(nil, &j.runLocked, &j.dependents, &j.status, &j.attempt, &j.pol.MaxAttempts, &j.stepID,
+			&j.runID, &j.endpointID, &j.pol.Preset, &j.pol.InitialDelayMs, &j.pol.Multiplier, &j.pol.MaxDelayMs,
+			&j.pol.JitterPercent, &j.requested, &j.xAttempt, &j.xOutcome, &j.xReported, &j.xResult, &j.xNext,
+			&j.name, &j.contractVersion, &j.xRejected, &j.jobID); err != nil {
+			return nil, fmt.Errorf("report lock: %w", err)
+		}
+		locked[j.jobID] = j
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("report lock: %w", err)
+	}
+	return locked, nil
+}
+
+// decideReport answers one report on its locked job: its result and the row
+// to record (nil when nothing is recorded), or its refusal.
+func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req ReportRequest, now time.Time) (ReportResult, *applyRow, error) {
+	if j.xAttempt == nil {
+		return ReportResult{}, nil, errLeaseLost()
+	}
+	xa := int(*j.xAttempt)
+	switch {
+	case j.xReported != nil:
+		// Already reported: the same outcome answers the same object (a
+		// success the contract refused is recorded as FAILED).
+		if *j.xOutcome != req.Status && (!j.xRejected || req.Status != StatusSucceeded) {
+			return ReportResult{}, nil, apierr.InvalidState("This attempt was already reported as %s.", *j.xOutcome)
+		}
+		return ReportResult{JobID: j.jobID, Status: *j.xResult, Attempt: xa, NextDueAt: utc(j.xNext)}, nil, nil
+	case xa < j.attempt:
+		return ReportResult{}, nil, errLeaseLost()
+	case j.status == StatusCancelled:
+		// Cancelled while running: keep the attempt's record, not the job's.
+		row := s.outcomeRow(j.jobID, xa, req, j.status, nil, nil)
+		row.updateJob = false
+		return ReportResult{JobID: j.jobID, Status: j.status, Attempt: xa}, &row, nil
+	case j.status != StatusRunning:
+		return ReportResult{}, nil, apierr.InvalidState("The job already ended (%s); this report was not recorded.", j.status)
+	}
+
+	if req.Status == StatusSucceeded && j.contractVersion != nil {
+		rejection, err := s.checkOutput(ctx, tx, j.workspaceID, j.name, int(*j.contractVersion), req.Output)
+		if err != nil {
+			return ReportResult{}, nil, err
+		}
+		if rejection != "" {
+			// An output schema rejection is a non-retryable failure (seed 000).
+			row := s.rejectionRow(j.jobID, j.attempt, rejection, &now)
+			return ReportResult{JobID: j.jobID, Status: StatusExhausted, Attempt: j.attempt}, &row, nil
+		}
+	}
+	next, due, finished := StatusSucceeded, (*time.Time)(nil), &now
+	if req.Status != StatusSucceeded {
+		next = StatusExhausted
+		retryable := req.Error == nil || req.Error.Retryable == nil || *req.Error.Retryable
+		if retryable && j.attempt < j.pol.MaxAttempts {
+			var floor *int64
+			if req.Error != nil {
+				floor = req.Error.RetryAfterMs
+			}
+			d := j.pol.NextDue(now, j.attempt, floor, s.jitter())
+			next, due, finished = StatusRetryScheduled, &d, nil
+		}
+	}
+	row := s.outcomeRow(j.jobID, j.attempt, req, next, due, finished)
+	return ReportResult{JobID: j.jobID, Status: next, Attempt: j.attempt, NextDueAt: due}, &row, nil
+}
+
+// outcomeRow is the row recording the worker's own outcome: the sealed
+// output or error as the worker sent them.
+func (s *Service) outcomeRow(jobID string, attempt int, req ReportRequest, next string, due, finished *time.Time) applyRow {
+	row := applyRow{jobID: jobID, attempt: attempt, next: next, due: due, finished: finished, outcome: req.Status,
+		updateJob: true}
+	if req.Status == StatusSucceeded && len(bytes.TrimSpace(req.Output)) > 0 {
+		row.output = s.sealer.Seal(req.Output, aad(jobID, "output"))
+		pv := string(redact.PreviewJSON(req.Output))
+		row.preview = &pv
+	}
+	if req.Error != nil {
+		t := req.Error.Retryable == nil || *req.Error.Retryable
+		row.retryable, row.retryAfter = &t, req.Error.RetryAfterMs
+		if req.Error.Message != "" {
+			row.errSealed = s.sealer.Seal([]byte(req.Error.Message), aad(jobID, fmt.Sprintf("error/%d", attempt)))
+		}
+	}
+	return row
+}
+
+// rejectionRow records a success whose output the contract refused: the
+// execution fails, non-retryable, with the rejection as its warning and
+// error, the output is not stored, and the job is EXHAUSTED.
+func (s *Service) rejectionRow(jobID string, attempt int, rejection string, finished *time.Time) applyRow {
+	retryable := false
+	return applyRow{jobID: jobID, attempt: attempt, next: StatusExhausted, finished: finished, outcome: "FAILED",
+		retryable: &retryable, errSealed: s.sealer.Seal([]byte(rejection), aad(jobID, fmt.Sprintf("error/%d", attempt))),
+		updateJob: true, warning: &rejection, rejected: true}
+}
+
+// applyReports records rows in one statement.
+func (s *Service) applyReports(ctx context.Context, tx pgx.Tx, workspaceID string, rows []applyRow, now time.Time) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	n := len(rows)
+	var (
+		jobIDs, next, outcome = make([]string, n), make([]string, n), make([]string, n)
+		attempts              = make([]int32, n)
+		due, finished         = make([]*time.Time, n), make([]*time.Time, n)
+		output, errSealed     = make([][]byte, n), make([][]byte, n)
+		preview, warning      = make([]*string, n), make([]*string, n)
+		retryable             = make([]*bool, n)
+		retryAfter            = make([]*int64, n)
+		updateJob, rejected   = make([]bool, n), make([]bool, n)
+	)
+	for i, r := range rows {
+		jobIDs[i], attempts[i], next[i], due[i], finished[i] = r.jobID, int32(r.attempt), r.next, r.due, r.finished
+		output[i], preview[i], outcome[i], retryable[i], retryAfter[i] = r.output, r.preview, r.outcome, r.retryable, r.retryAfter
+		errSealed[i], updateJob[i], warning[i], rejected[i] = r.errSealed, r.updateJob, r.warning, r.rejected
+	}
+	if _, err := tx.Exec(ctx, sqlReportApply, workspaceID, now, jobIDs, attempts, next, due, finished, output, preview,
+		outcome, retryable, retryAfter, errSealed, updateJob, warning, rejected); err != nil {
+		return fmt.Errorf("report apply: %w", err)
+	}
+	return nil
+}
