@@ -241,6 +241,7 @@ func (w *Worker) loop(ctx, jobsCtx context.Context) {
 			go func() { w.jobs.Wait(); w.reporter.close() }()
 		}
 	}()
+	full := false // the last claim filled every slot it asked for: work is waiting
 	for {
 		if w.stopped(ctx) {
 			return
@@ -256,6 +257,12 @@ func (w *Worker) loop(ctx, jobsCtx context.Context) {
 				return
 			}
 		}
+		if full && free < w.claimTarget() {
+			if !w.gather(ctx) {
+				return
+			}
+			free = w.free()
+		}
 		limit := min(free, 100)
 		began := w.clock.Now()
 		jobs, err := w.c.Claim(ctx, w.workerID, limit, w.opts.WaitSeconds)
@@ -265,7 +272,8 @@ func (w *Worker) loop(ctx, jobsCtx context.Context) {
 		for _, j := range jobs {
 			w.dispatch(ctx, jobsCtx, j)
 		}
-		if err == nil && len(jobs) >= limit {
+		full = err == nil && len(jobs) >= limit
+		if full {
 			continue // a full batch: more are likely waiting
 		}
 		if err == nil && len(jobs) > 0 && w.opts.WaitSeconds > 0 {
@@ -291,6 +299,39 @@ func (w *Worker) stopped(ctx context.Context) bool {
 	default:
 		return ctx.Err() != nil
 	}
+}
+
+// claimCooldown bounds how long a worker with work waiting lets finished
+// slots gather before it claims again. A claim of many jobs costs the
+// server about what a claim of one does, so a worker whose handlers finish
+// quickly claims in batches instead of a slot at a time (River's fetch
+// cooldown plays the same part). It only applies after a full claim, so it
+// never delays a job that arrives at an idle worker.
+const claimCooldown = 5 * time.Millisecond
+
+// claimTarget is the number of free slots worth a claim without waiting:
+// half of what one claim can take.
+func (w *Worker) claimTarget() int {
+	return max(1, min(w.opts.Concurrency, 100)/2)
+}
+
+// gather waits until claimTarget slots are free or claimCooldown has
+// passed, whichever comes first; false means stop.
+func (w *Worker) gather(ctx context.Context) bool {
+	t := time.NewTimer(claimCooldown)
+	defer t.Stop()
+	for w.free() < w.claimTarget() {
+		select {
+		case <-w.slotFreed:
+		case <-t.C:
+			return true
+		case <-w.stopping:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
 }
 
 // free returns the number of idle slots.
