@@ -32,16 +32,17 @@
 --               duplicate (same hash) from a key reuse;
 --   ended       the run's completion was requested, or the run ended;
 --   dependency  p_after_step_id is not a step of this run;
---   endpoint    no endpoint p_endpoint yet: the caller creates it and calls
---               again;
 --   contract    a contract applies (contract_version: the explicit
 --               p_contract_version, else the latest ACTIVE contract of
 --               p_name@p_version): the caller checks it and validates the
 --               input, then calls again with p_contract_checked;
+--   endpoint    no endpoint p_endpoint yet: the caller creates it and calls
+--               again (after the contract, so that a refused input does
+--               not leave a new endpoint behind);
 --   inserted    the new step: step_id, job_id, status, due_at and the
 --               contract_version it was enqueued under.
 -- The checks run in that order, which is the order of the errors a client
--- sees. The first four answer before anything is written except the
+-- sees. Every answer but inserted leaves nothing written except the
 -- dependency's has_dependents flag, which is only a hint (a report with it
 -- set looks for dependents to release) and was already left set by a
 -- deduplicated enqueue.
@@ -103,6 +104,20 @@ BEGIN
         RETURN;
     END IF;
 
+    IF NOT p_contract_checked THEN
+        -- The explicit contract, else the implicit one: the latest ACTIVE
+        -- contract of name@version (tool_contracts_implicit_idx).
+        contract_version := coalesce(p_contract_version, (
+            SELECT c.contract_version FROM tool_contracts c
+            WHERE c.workspace_id = p_workspace_id AND c.name = p_name AND c.handler_version = p_version
+              AND c.status = 'ACTIVE'
+            ORDER BY c.contract_version DESC LIMIT 1));
+        IF contract_version IS NOT NULL THEN
+            outcome := 'contract';
+            RETURN;
+        END IF;
+    END IF;
+
     -- The contract's columns are NOT NULL, so coalesce takes the whole
     -- policy from the contract when one is joined, else from the endpoint.
     SELECT e.id AS endpoint_id, e.version, c.contract_version,
@@ -121,21 +136,8 @@ BEGIN
     IF NOT FOUND THEN
         outcome := 'endpoint';
         RETURN;
-    END IF;
-    IF NOT p_contract_checked THEN
-        -- The explicit contract, else the implicit one: the latest ACTIVE
-        -- contract of name@version (tool_contracts_implicit_idx).
-        contract_version := coalesce(p_contract_version, (
-            SELECT c.contract_version FROM tool_contracts c
-            WHERE c.workspace_id = p_workspace_id AND c.name = p_name AND c.handler_version = p_version
-              AND c.status = 'ACTIVE'
-            ORDER BY c.contract_version DESC LIMIT 1));
-        IF contract_version IS NOT NULL THEN
-            outcome := 'contract';
-            RETURN;
-        END IF;
     ELSIF p_contract_version IS NOT NULL AND v_pol.contract_version IS NULL THEN
-        -- Contracts are never deleted: the caller read this one.
+        -- Contracts are never deleted, and the caller read this one.
         RAISE EXCEPTION 'jobs_enqueue: contract % of % not found', p_contract_version, p_name;
     END IF;
 

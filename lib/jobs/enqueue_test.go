@@ -94,9 +94,13 @@ func TestEnqueueRoundTrips(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, *b.step(t, res.StepID).ContractVersion)
 	require.EqualValues(t, 3, n)
-	_, n, err = trips(jobs.EnqueueRequest{Name: "send_email", Version: "2", Input: json.RawMessage(`[]`)})
+	_, n, err = trips(jobs.EnqueueRequest{Name: "send_email", Version: "2", Input: json.RawMessage(`[]`),
+		Endpoint: ptr("new endpoint")})
 	require.Equal(t, apierr.CodeInvalidRequest, code(t, err))
 	require.EqualValues(t, 2, n, "the input is refused before the second call")
+	eps, err := b.svc.ListEndpoints(ctx, b.ws, "", 10)
+	require.NoError(t, err)
+	require.Len(t, eps, 1, "a refused enqueue creates no endpoint")
 
 	_, err = svc.FinishRun(ctx, b.ws, runID)
 	require.NoError(t, err)

@@ -362,21 +362,21 @@ func (s *Service) Enqueue(ctx context.Context, workspaceID, runID string, req En
 
 // enqueue calls jobs_enqueue (sqlEnqueue) until it decides. The common
 // enqueue, whose endpoint exists and to which no contract applies, is that
-// one call: on the pool it is its own transaction, so one round trip. The
-// rest stays in Go and costs a call more each: a missing endpoint is created
-// (endpointForEnqueue), and a contract is checked and the input validated
-// against its inputSchema (checkContract), then the function is called
-// again, and checks everything again. Inside a transaction (q is a pgx.Tx)
-// the calls run in it.
+// one call: on the pool it is its own transaction, so one round trip. What
+// stays in Go costs a call more each: a contract is checked and the input
+// validated against its inputSchema (checkContract), a missing endpoint is
+// created (endpointForEnqueue), and the function is called again, which
+// checks everything again. Inside a transaction (q is a pgx.Tx) the calls
+// run in it.
 func (s *Service) enqueue(ctx context.Context, q querier, workspaceID string, op enqueueOp) (EnqueueResult, error) {
 	now := s.now()
 	jobID, stepID := ids.NewAt(ids.Job, now), ids.NewAt(ids.Step, now)
 	hash := s.mac(op.fingerprint())
 	sealed, preview := s.sealer.Seal(op.input, aad(jobID, "input")), string(redact.PreviewJSON(op.input))
 	contract, checked := op.contractVersion, false
-	// endpoint, contract, then the decision: three calls at most (endpoints
-	// and contracts are never deleted, and a checked contract is not
-	// selected again).
+	// The contract, the endpoint, then the decision: three calls at most
+	// (a checked contract is not selected again, and endpoints are never
+	// deleted).
 	for range 3 {
 		var (
 			outcome           string
