@@ -73,7 +73,6 @@ DECLARE
     v_dep          text;    -- the dependency's status, NULL when there is none
     v_run_status   text;
     v_requested    boolean;
-    v_endpoint_id  text;
     v_pol          record;  -- the endpoint, the selected contract and the policy snapshot
     v_status       text;
     v_due          timestamptz;

@@ -90,8 +90,8 @@ const sqlJobAttempts = `SELECT ` + attemptColumns + ` FROM job_executions x WHER
 
 // sqlEnqueue is an enqueue in one call of jobs_enqueue (migration 0009,
 // the only copy of its SQL, which documents its locks and answers): the
-// dependency, the run's shared lock and the key lookup, the endpoint, the
-// contract selection and the insert.
+// dependency, the run's shared lock and the key lookup, the contract
+// selection, the endpoint and the insert.
 //
 //	$1 workspace  $2 run  $3 idempotency key  $4 request hash  $5 tool name
 //	$6 handler version  $7 endpoint name  $8 afterStepId  $9 afterStatus

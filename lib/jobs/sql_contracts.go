@@ -42,9 +42,9 @@ ORDER BY contract_version DESC LIMIT $3::int`
 const sqlOutputSchema = `SELECT c.output_schema FROM tool_contracts c
 WHERE c.workspace_id = $1::text AND c.name = $2::text AND c.contract_version = $3::int`
 
-// sqlInsertSyntheticRun inserts a synthetic run without its completion
-// requested: an enqueue refuses such a run, so TestTool requests it once the
-// step is in, in the same transaction.
+// sqlInsertSyntheticRun inserts a synthetic run whose completion is not yet
+// requested: an enqueue refuses a run whose completion was requested, so
+// TestTool requests it once the step is in, in the same transaction.
 const sqlInsertSyntheticRun = `
 INSERT INTO job_runs (id, workspace_id, name, status, synthetic, created_at)
 VALUES ($1::text, $2::text, $3::text, 'RUNNING', true, $4::timestamptz)`
