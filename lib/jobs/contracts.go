@@ -220,37 +220,25 @@ func (s *Service) contractByVersion(ctx context.Context, q querier, workspaceID,
 	return &c, nil
 }
 
-// selectContract picks an enqueue's contract: the explicit version (which
-// must be ACTIVE and for this handler version), else the latest ACTIVE
-// contract of name whose handlerVersion is version, else none. The saved
-// input must then validate against its inputSchema.
-func (s *Service) selectContract(ctx context.Context, q querier, workspaceID string, op enqueueOp) (*Contract, error) {
-	var c *Contract
-	if op.contractVersion != nil {
-		var err error
-		if c, err = s.contractByVersion(ctx, q, workspaceID, op.name, *op.contractVersion); err != nil {
-			return nil, err
-		}
-		switch {
-		case c == nil:
-			return nil, apierr.InvalidField("contractVersion", "no contract %d is published for tool %s",
-				*op.contractVersion, op.name)
-		case c.HandlerVersion != op.version:
-			return nil, apierr.InvalidField("version", "must be %s, the handlerVersion of contract %d",
-				c.HandlerVersion, c.ContractVersion)
-		case c.Status == ContractForbidden:
-			return nil, apierr.InvalidState("Contract %d of tool %s is FORBIDDEN; it cannot be used.",
-				c.ContractVersion, op.name)
-		}
-	} else {
-		got, err := scanContract(q.QueryRow(ctx, sqlImplicitContract, workspaceID, op.name, op.version))
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("select contract: %w", err)
-		}
-		c = &got
+// checkContract reads the contract jobs_enqueue selected for an enqueue
+// (the explicit contractVersion, else the latest ACTIVE contract of
+// name@version) and checks it: it must exist, be for this handler version
+// and not be FORBIDDEN (which an implicit selection always is), and the
+// saved input must validate against its inputSchema.
+func (s *Service) checkContract(ctx context.Context, q querier, workspaceID string, op enqueueOp,
+	version int64) (*Contract, error) {
+	c, err := s.contractByVersion(ctx, q, workspaceID, op.name, version)
+	switch {
+	case err != nil:
+		return nil, err
+	case c == nil:
+		return nil, apierr.InvalidField("contractVersion", "no contract %d is published for tool %s", version, op.name)
+	case c.HandlerVersion != op.version:
+		return nil, apierr.InvalidField("version", "must be %s, the handlerVersion of contract %d",
+			c.HandlerVersion, c.ContractVersion)
+	case c.Status == ContractForbidden:
+		return nil, apierr.InvalidState("Contract %d of tool %s is FORBIDDEN; it cannot be used.",
+			c.ContractVersion, op.name)
 	}
 	problems, err := validateDoc(c.InputSchema, op.input, "input")
 	if err != nil {

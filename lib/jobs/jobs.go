@@ -8,7 +8,8 @@
 // lease token under the job's row lock, endpoint gates are counters changed
 // under the endpoint's row lock, and idempotency keys are unique per
 // workspace. All SQL lives in sql.go and, for tool contracts, synthetic
-// tests and replay, in sql_contracts.go.
+// tests and replay, in sql_contracts.go, except the enqueue's, which is the
+// PL/pgSQL function jobs_enqueue (migrations/0009_jobs_enqueue.sql).
 package jobs
 
 import (

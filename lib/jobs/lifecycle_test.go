@@ -463,6 +463,17 @@ func TestDependencyOnFailureRunsCompensation(t *testing.T) {
 	w := b.register(t)
 	b.fail(t, b.claimOne(t, w), nil)
 	require.Equal(t, "QUEUED", b.step(t, comp.StepID).Status)
+
+	// After the dependency ended, an enqueue decides at once.
+	late := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"c2"`), AfterStepID: &a.StepID,
+		AfterStatus: ptr("FAILED")})
+	require.Equal(t, "QUEUED", late.Status)
+	require.NotNil(t, late.DueAt)
+	skipped := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"ok"`), AfterStepID: &a.StepID,
+		AfterStatus: ptr("SUCCEEDED")})
+	require.Equal(t, "SKIPPED", skipped.Status)
+	require.Nil(t, skipped.DueAt)
+	require.NotNil(t, b.step(t, skipped.StepID).FinishedAt)
 }
 
 func TestCancel(t *testing.T) {

@@ -357,52 +357,79 @@ func (s *Service) Enqueue(ctx context.Context, workspaceID, runID string, req En
 	if err != nil {
 		return EnqueueResult{}, err
 	}
+	return s.enqueue(ctx, s.pool, workspaceID, op)
+}
+
+// enqueue calls jobs_enqueue (sqlEnqueue) until it decides. The common
+// enqueue, whose endpoint exists and to which no contract applies, is that
+// one call: on the pool it is its own transaction, so one round trip. What
+// stays in Go costs a call more each: a contract is checked and the input
+// validated against its inputSchema (checkContract), a missing endpoint is
+// created (endpointForEnqueue), and the function is called again, which
+// checks everything again. Inside a transaction (q is a pgx.Tx) the calls
+// run in it.
+func (s *Service) enqueue(ctx context.Context, q querier, workspaceID string, op enqueueOp) (EnqueueResult, error) {
+	now := s.now()
+	jobID, stepID := ids.NewAt(ids.Job, now), ids.NewAt(ids.Step, now)
 	hash := s.mac(op.fingerprint())
-	var out EnqueueResult
-	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+	sealed, preview := s.sealer.Seal(op.input, aad(jobID, "input")), string(redact.PreviewJSON(op.input))
+	contract, checked := op.contractVersion, false
+	// The contract, the endpoint, then the decision: three calls at most
+	// (a checked contract is not selected again, and endpoints are never
+	// deleted).
+	for range 3 {
 		var (
-			runStatus               string
-			requested               bool
-			exStep, exJob, exStatus *string
-			exDue                   *time.Time
-			exHash                  []byte
-			dep                     *string
+			outcome           string
+			step, job, status *string // set with inserted and existing
+			due               *time.Time
+			stored            []byte
+			cv                *int32
 		)
-		// The dependency's row is locked before the run's, the order a
-		// report follows too (job row, then run locks), so an enqueue, a
-		// report and a finish cannot wait on each other in a cycle.
-		if op.afterStepID != nil {
-			var st string
-			err := tx.QueryRow(ctx, sqlDependency, *op.afterStepID, op.runID, workspaceID).Scan(&st)
-			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-				return fmt.Errorf("enqueue dependency: %w", err)
-			}
-			if err == nil {
-				dep = &st
-			}
-		}
-		err := tx.QueryRow(ctx, sqlEnqueueLookup, runID, workspaceID, op.key).Scan(&runStatus, &requested,
-			&exStep, &exJob, &exStatus, &exDue, &exHash)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return apierr.NotFound("run")
-		}
+		err := q.QueryRow(ctx, sqlEnqueue, workspaceID, op.runID, op.key, hash, op.name, op.version, op.endpoint,
+			op.afterStepID, op.afterStatus, contract, checked, op.maxAttempts, op.timeoutMs, jobID, stepID, sealed,
+			preview, now).Scan(&outcome, &step, &job, &status, &due, &stored, &cv)
 		if err != nil {
-			return fmt.Errorf("enqueue lookup: %w", err)
+			return EnqueueResult{}, fmt.Errorf("enqueue: %w", err)
 		}
-		if exStep != nil {
-			out, err = dedupe(op.key, hash, *exStep, *exJob, *exStatus, exDue, exHash)
-			return err
+		switch outcome {
+		case "inserted":
+			if due != nil {
+				due = &now // the clock's reading, before Postgres rounded it to microseconds
+			}
+			return EnqueueResult{StepID: *step, JobID: *job, IdempotencyKey: op.key, Status: *status, DueAt: due,
+				contractVersion: int64Ptr(cv)}, nil
+		case "existing":
+			return dedupe(op.key, hash, *step, *job, *status, due, stored)
+		case "not_found":
+			return EnqueueResult{}, apierr.NotFound("run")
+		case "ended":
+			return EnqueueResult{}, apierr.InvalidState("The run's completion was requested; it takes no new steps.")
+		case "dependency":
+			return EnqueueResult{}, apierr.InvalidField("afterStepId", "must be a step id of this run")
+		case "endpoint":
+			if _, err := s.endpointForEnqueue(ctx, q, workspaceID, op.endpoint); err != nil {
+				return EnqueueResult{}, fmt.Errorf("enqueue endpoint: %w", err)
+			}
+		case "contract":
+			c, err := s.checkContract(ctx, q, workspaceID, op, int64(*cv))
+			if err != nil {
+				return EnqueueResult{}, err
+			}
+			v := int64(c.ContractVersion)
+			contract, checked = &v, true
+		default:
+			return EnqueueResult{}, fmt.Errorf("enqueue: unknown outcome %q", outcome)
 		}
-		if requested || runStatus != RunRunning {
-			return apierr.InvalidState("The run's completion was requested; it takes no new steps.")
-		}
-		if op.afterStepID != nil && dep == nil {
-			return apierr.InvalidField("afterStepId", "must be a step id of this run")
-		}
-		out, err = s.insertStep(ctx, tx, workspaceID, op, hash, dep)
-		return err
-	})
-	return out, err
+	}
+	return EnqueueResult{}, errors.New("enqueue: undecided after three calls")
+}
+
+func int64Ptr(v *int32) *int64 {
+	if v == nil {
+		return nil
+	}
+	i := int64(*v)
+	return &i
 }
 
 func dedupe(key string, hash []byte, stepID, jobID, status string, due *time.Time, stored []byte) (EnqueueResult, error) {
@@ -414,82 +441,12 @@ func dedupe(key string, hash []byte, stepID, jobID, status string, due *time.Tim
 		Deduplicated: true}, nil
 }
 
-func (s *Service) insertStep(ctx context.Context, tx pgx.Tx, workspaceID string, op enqueueOp, hash []byte,
-	dep *string) (EnqueueResult, error) {
-	now := s.now()
-	ep, err := s.endpointForEnqueue(ctx, tx, workspaceID, op.endpoint)
-	if err != nil {
-		return EnqueueResult{}, fmt.Errorf("enqueue endpoint: %w", err)
-	}
-	status := StatusQueued
-	due := &now
-	var finished *time.Time
-	if dep != nil {
-		switch {
-		case !ended(*dep):
-			status, due = StatusWaiting, nil
-		case dependencyMet(*op.afterStatus, *dep):
-		default:
-			status, due, finished = StatusSkipped, nil, &now
-		}
-	}
-	pol, timeout := ep.policy, ep.DefaultTimeoutMs
-	// A selected contract overrides the endpoint policy, even when it uses
-	// STANDARD (seed 000); enqueue overrides still apply on top.
-	contract, err := s.selectContract(ctx, tx, workspaceID, op)
-	if err != nil {
-		return EnqueueResult{}, err
-	}
-	var contractVersion *int64
-	if contract != nil {
-		pol, timeout = contract.policy, contract.TimeoutMs
-		cv := int64(contract.ContractVersion)
-		contractVersion = &cv
-	}
-	if op.maxAttempts != nil {
-		pol.MaxAttempts = int(*op.maxAttempts)
-	}
-	if op.timeoutMs != nil {
-		timeout = *op.timeoutMs
-	}
-	jobID := ids.NewAt(ids.Job, now)
-	stepID := ids.NewAt(ids.Step, now)
-	var inserted string
-	err = tx.QueryRow(ctx, sqlInsertJob, jobID, stepID, workspaceID, op.runID, op.name, op.version, contractVersion,
-		ep.ID, op.key, hash, op.afterStepID, op.afterStatus, status, ep.Version, pol.Preset, pol.MaxAttempts,
-		pol.InitialDelayMs, pol.Multiplier, pol.MaxDelayMs, pol.JitterPercent, timeout, due,
-		s.sealer.Seal(op.input, aad(jobID, "input")), string(redact.PreviewJSON(op.input)), now, finished).Scan(&inserted)
-	if errors.Is(err, pgx.ErrNoRows) {
-		// A concurrent enqueue with the same key committed first.
-		var (
-			st, jb, stat string
-			d            *time.Time
-			h            []byte
-		)
-		if err := tx.QueryRow(ctx, sqlEnqueueExisting, workspaceID, op.key).Scan(&st, &jb, &stat, &d, &h); err != nil {
-			return EnqueueResult{}, fmt.Errorf("enqueue existing: %w", err)
-		}
-		return dedupe(op.key, hash, st, jb, stat, d, h)
-	}
-	if err != nil {
-		return EnqueueResult{}, fmt.Errorf("insert job: %w", err)
-	}
-	return EnqueueResult{StepID: stepID, JobID: jobID, IdempotencyKey: op.key, Status: status, DueAt: due,
-		contractVersion: contractVersion}, nil
-}
-
 func ended(status string) bool {
 	switch status {
 	case StatusSucceeded, StatusExhausted, StatusCancelled, StatusSkipped:
 		return true
 	}
 	return false
-}
-
-// dependencyMet: afterStatus SUCCEEDED waits for a success, FAILED for an
-// exhausted dependency; any other ending skips the dependent.
-func dependencyMet(afterStatus, dep string) bool {
-	return (afterStatus == StatusSucceeded && dep == StatusSucceeded) || (afterStatus == "FAILED" && dep == StatusExhausted)
 }
 
 // GetStep reads one step.

@@ -88,38 +88,23 @@ WHERE j.run_id = $1::text ORDER BY x.job_id, x.attempt`
 
 const sqlJobAttempts = `SELECT ` + attemptColumns + ` FROM job_executions x WHERE x.job_id = $1::text ORDER BY x.attempt`
 
-// sqlEnqueueLookup locks the run against a concurrent finish (FOR SHARE:
-// enqueues do not block each other) and finds an existing step with the key.
-const sqlEnqueueLookup = `
-SELECT r.status, r.completion_requested, j.step_id, j.id, j.status, j.due_at, j.request_hash
-FROM job_runs r
-LEFT JOIN jobs j ON j.workspace_id = r.workspace_id AND j.idempotency_key = $3::text
-WHERE r.id = $1::text AND r.workspace_id = $2::text
-FOR SHARE OF r`
-
-const sqlEnqueueExisting = `
-SELECT step_id, id, status, due_at, request_hash FROM jobs WHERE workspace_id = $1::text AND idempotency_key = $2::text`
-
-// sqlDependency marks the dependency as having dependents, under its row
-// lock: its ending (which locks the row too) either happens first, and this
-// returns the ended status, or waits for this enqueue and then sees
-// has_dependents and the new step.
-const sqlDependency = `
-UPDATE jobs SET has_dependents = true
-WHERE step_id = $1::text AND run_id = $2::text AND workspace_id = $3::text
-RETURNING status`
-
-const sqlInsertJob = `
-INSERT INTO jobs (id, step_id, workspace_id, run_id, name, version, contract_version, endpoint_id, idempotency_key,
-                  request_hash, after_step_id, after_status, status, policy_version, policy_preset, max_attempts,
-                  initial_delay_ms, multiplier, max_delay_ms, jitter_percent, timeout_ms, due_at, ready_at,
-                  input_sealed, input_preview, created_at, updated_at, finished_at)
-VALUES ($1::text, $2::text, $3::text, $4::text, $5::text, $6::text, $7::int, $8::text, $9::text, $10::bytea,
-        $11::text, $12::text, $13::text, $14::bigint, $15::text, $16::int, $17::bigint, $18::float8, $19::bigint,
-        $20::float8, $21::bigint, $22::timestamptz, $22::timestamptz, $23::bytea, $24::jsonb, $25::timestamptz,
-        $25::timestamptz, $26::timestamptz)
-ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
-RETURNING id`
+// sqlEnqueue is an enqueue in one call of jobs_enqueue (migration 0009,
+// the only copy of its SQL, which documents its locks and answers): the
+// dependency, the run's shared lock and the key lookup, the contract
+// selection, the endpoint and the insert.
+//
+//	$1 workspace  $2 run  $3 idempotency key  $4 request hash  $5 tool name
+//	$6 handler version  $7 endpoint name  $8 afterStepId  $9 afterStatus
+//	$10 contract version (the explicit one, or the one checked)  $11 whether
+//	the caller checked it  $12 maxAttempts override  $13 timeoutMs override
+//	$14 new job id  $15 new step id  $16 sealed input  $17 input preview
+//	$18 now
+//
+// It answers outcome, step_id, job_id, status, due_at, request_hash and
+// contract_version.
+const sqlEnqueue = `SELECT * FROM jobs_enqueue($1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text,
+    $7::text, $8::text, $9::text, $10::int, $11::bool, $12::int, $13::bigint, $14::text, $15::text, $16::bytea,
+    $17::jsonb, $18::timestamptz)`
 
 // Run completion uses two transaction-scoped advisory locks per run. Finish
 // takes the run key exclusively; every transaction that ends a step holds it

@@ -31,11 +31,6 @@ ORDER BY contract_version LIMIT $4::int`
 const sqlContractByVersion = `SELECT ` + contractColumns + ` FROM tool_contracts
 WHERE workspace_id = $1::text AND name = $2::text AND contract_version = $3::int`
 
-// sqlImplicitContract is the latest ACTIVE contract of name@version.
-const sqlImplicitContract = `SELECT ` + contractColumns + ` FROM tool_contracts
-WHERE workspace_id = $1::text AND name = $2::text AND handler_version = $3::text AND status = 'ACTIVE'
-ORDER BY contract_version DESC LIMIT 1`
-
 // sqlReplayTargets lists a tool's contracts, newest first, for the replay
 // preview.
 const sqlReplayTargets = `SELECT ` + contractColumns + ` FROM tool_contracts
@@ -47,9 +42,12 @@ ORDER BY contract_version DESC LIMIT $3::int`
 const sqlOutputSchema = `SELECT c.output_schema FROM tool_contracts c
 WHERE c.workspace_id = $1::text AND c.name = $2::text AND c.contract_version = $3::int`
 
+// sqlInsertSyntheticRun inserts a synthetic run whose completion is not yet
+// requested: an enqueue refuses a run whose completion was requested, so
+// TestTool requests it once the step is in, in the same transaction.
 const sqlInsertSyntheticRun = `
-INSERT INTO job_runs (id, workspace_id, name, status, completion_requested, synthetic, created_at)
-VALUES ($1::text, $2::text, $3::text, 'RUNNING', true, true, $4::timestamptz)`
+INSERT INTO job_runs (id, workspace_id, name, status, synthetic, created_at)
+VALUES ($1::text, $2::text, $3::text, 'RUNNING', true, $4::timestamptz)`
 
 // sqlReplayPreview reads what a replay decides on; sqlReplayLock reads it
 // under the job's row lock (a replay, a report, a cancel and a claim of one

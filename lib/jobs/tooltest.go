@@ -51,9 +51,12 @@ func (s *Service) TestTool(ctx context.Context, workspaceID, name string, req To
 			now); err != nil {
 			return fmt.Errorf("synthetic run: %w", err)
 		}
-		res, err := s.insertStep(ctx, tx, workspaceID, op, s.mac(op.fingerprint()), nil)
+		res, err := s.enqueue(ctx, tx, workspaceID, op)
 		if err != nil {
 			return err
+		}
+		if _, err := tx.Exec(ctx, sqlRequestCompletion, runID, workspaceID); err != nil {
+			return fmt.Errorf("synthetic run: %w", err)
 		}
 		out.StepID, out.JobID, out.Status, out.DueAt = res.StepID, res.JobID, res.Status, res.DueAt
 		out.ContractVersion = res.contractVersion

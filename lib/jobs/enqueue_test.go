@@ -1,0 +1,243 @@
+package jobs_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/jobs"
+)
+
+// statementCounter counts the statements a pool sends, BEGIN and COMMIT
+// included (pgx sends them as statements too): each is a round trip.
+type statementCounter struct{ n atomic.Int64 }
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// counted answers a service over its own pool (the app's settings, exec
+// mode included) whose statements are counted.
+func (b *bundle) counted(t *testing.T) (*jobs.Service, *statementCounter) {
+	t.Helper()
+	cfg := b.env.App.Pool.Config()
+	require.Equal(t, pgx.QueryExecModeExec, cfg.ConnConfig.DefaultQueryExecMode)
+	c := &statementCounter{}
+	cfg.ConnConfig.Tracer = c
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	d := b.env.App.Server.Deps
+	return jobs.New(pool, d.Sealer, d.Config.KeyHashSecret, d.Config.JobLeaseGraceMs, b.clock.Now), c
+}
+
+// The common enqueue (the endpoint exists, no contract applies) is one
+// round trip, and so are a duplicate and each refusal the function decides.
+// A new endpoint and a contract cost what Go does for them, plus a call.
+func TestEnqueueRoundTrips(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	svc, c := b.counted(t)
+	runID := b.run(t)
+	trips := func(req jobs.EnqueueRequest) (jobs.EnqueueResult, int64, error) {
+		t.Helper()
+		if req.Name == "" {
+			req.Name, req.Version = "send_email", "1"
+		}
+		before := c.n.Load()
+		res, err := svc.Enqueue(ctx, b.ws, runID, req)
+		return res, c.n.Load() - before, err
+	}
+
+	// A new endpoint: the call, the endpoint's lookup and insert, the call.
+	first, n, err := trips(jobs.EnqueueRequest{Input: json.RawMessage(`1`)})
+	require.NoError(t, err)
+	require.EqualValues(t, 4, n)
+	// Past the point (five executions on a connection) where PL/pgSQL
+	// switches to its cached generic plans.
+	for i := range 10 {
+		res, n, err := trips(jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprint(i + 2))})
+		require.NoError(t, err)
+		require.False(t, res.Deduplicated)
+		require.EqualValues(t, 1, n, "one round trip")
+	}
+	dup, n, err := trips(jobs.EnqueueRequest{Input: json.RawMessage(`1`)})
+	require.NoError(t, err)
+	require.True(t, dup.Deduplicated)
+	require.Equal(t, first.StepID, dup.StepID)
+	require.EqualValues(t, 1, n)
+	dep, n, err := trips(jobs.EnqueueRequest{Input: json.RawMessage(`"d"`), AfterStepID: &first.StepID,
+		AfterStatus: ptr("SUCCEEDED")})
+	require.NoError(t, err)
+	require.Equal(t, "WAITING", dep.Status)
+	require.EqualValues(t, 1, n)
+	_, n, err = trips(jobs.EnqueueRequest{AfterStepID: ptr("stp_01m8kjt9g002extbwvcndh4bkd"), AfterStatus: ptr("FAILED")})
+	require.Equal(t, apierr.CodeInvalidRequest, code(t, err))
+	require.EqualValues(t, 1, n)
+
+	// A contract: the call, the contract's read, the call.
+	_, err = b.svc.PublishContract(ctx, b.ws, "key_test", "send_email", jobs.PublishContractRequest{
+		HandlerVersion: "2", InputSchema: json.RawMessage(`{"type":"object"}`), OutputSchema: json.RawMessage(`true`)})
+	require.NoError(t, err)
+	res, n, err := trips(jobs.EnqueueRequest{Name: "send_email", Version: "2", Input: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, *b.step(t, res.StepID).ContractVersion)
+	require.EqualValues(t, 3, n)
+	_, n, err = trips(jobs.EnqueueRequest{Name: "send_email", Version: "2", Input: json.RawMessage(`[]`),
+		Endpoint: ptr("new endpoint")})
+	require.Equal(t, apierr.CodeInvalidRequest, code(t, err))
+	require.EqualValues(t, 2, n, "the input is refused before the second call")
+	eps, err := b.svc.ListEndpoints(ctx, b.ws, "", 10)
+	require.NoError(t, err)
+	require.Len(t, eps, 1, "a refused enqueue creates no endpoint")
+
+	_, err = svc.FinishRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+	_, n, err = trips(jobs.EnqueueRequest{Input: json.RawMessage(`"late"`)})
+	require.Equal(t, apierr.CodeInvalidState, code(t, err))
+	require.EqualValues(t, 1, n)
+	before := c.n.Load()
+	_, err = svc.Enqueue(ctx, b.ws, "run_01m8kjt9g002extbwvcndh4bkd", jobs.EnqueueRequest{Name: "a", Version: "1"})
+	require.Equal(t, apierr.CodeNotFound, code(t, err))
+	require.EqualValues(t, 1, c.n.Load()-before)
+}
+
+// Concurrent enqueues of one key on an endpoint that does not exist yet
+// make exactly one step, and every other one answers it, deduplicated.
+func TestConcurrentEnqueuesOfOneKeyMakeOneStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	const n = 200
+	req := jobs.EnqueueRequest{Name: "send_email", Version: "1", Endpoint: ptr("fresh endpoint"),
+		IdempotencyKey: ptr("once"), Input: json.RawMessage(`{"a":1}`)}
+	res := make([]jobs.EnqueueResult, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { res[i], errs[i] = b.svc.Enqueue(ctx, b.ws, runID, req) })
+	}
+	wg.Wait()
+	created := 0
+	for i := range n {
+		require.NoError(t, errs[i])
+		require.Equal(t, res[0].StepID, res[i].StepID)
+		require.Equal(t, res[0].JobID, res[i].JobID)
+		if !res[i].Deduplicated {
+			created++
+		}
+	}
+	require.Equal(t, 1, created)
+	var steps, endpoints int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM jobs WHERE run_id = $1),
+		(SELECT count(*) FROM job_endpoints WHERE workspace_id = $2)`, runID, b.ws).Scan(&steps, &endpoints))
+	require.Equal(t, 1, steps)
+	require.Equal(t, 1, endpoints)
+}
+
+// An enqueue racing a finish either gets its step in before the finish
+// decides (and the run waits for it) or is refused: a run never completes
+// with a step that has not ended, and no accepted step is lost.
+func TestEnqueueRacingFinish(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.enqueue(t, b.run(t), jobs.EnqueueRequest{}) // the endpoint exists: enqueues are one call
+	for round := range 10 {
+		runID := b.run(t)
+		const n = 20
+		res := make([]jobs.EnqueueResult, n)
+		errs := make([]error, n)
+		var finished jobs.Run
+		var finishErr error
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				res[i], errs[i] = b.svc.Enqueue(ctx, b.ws, runID, jobs.EnqueueRequest{Name: "send_email", Version: "1",
+					Input: json.RawMessage(fmt.Sprintf(`[%d,%d]`, round, i))})
+			})
+			if i == n/2 {
+				wg.Go(func() { finished, finishErr = b.svc.FinishRun(ctx, b.ws, runID) })
+			}
+		}
+		wg.Wait()
+		require.NoError(t, finishErr)
+		accepted := map[string]bool{}
+		for i := range n {
+			if errs[i] != nil {
+				require.Equal(t, apierr.CodeInvalidState, code(t, errs[i]))
+				continue
+			}
+			accepted[res[i].StepID] = true
+		}
+		run := b.getRun(t, runID)
+		require.Len(t, run.Steps, len(accepted))
+		for _, st := range run.Steps {
+			require.True(t, accepted[st.ID])
+		}
+		if len(accepted) > 0 {
+			require.Equal(t, "RUNNING", run.Status, "the run waits for its accepted steps")
+			require.Equal(t, "RUNNING", finished.Status)
+		} else {
+			require.Equal(t, "SUCCEEDED", run.Status)
+		}
+	}
+}
+
+// A dependent enqueued while its dependency ends is never stranded WAITING:
+// either the enqueue sees the ending and decides at once, or the ending
+// waits for the enqueue and releases the new step.
+func TestDependentEnqueueRacingItsDependencyEnding(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	w := b.register(t)
+	for i := range 20 {
+		a := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprintf(`"a%d"`, i))})
+		j := b.claimOne(t, w)
+		require.Equal(t, a.JobID, j.JobID)
+		var dep jobs.EnqueueResult
+		var depErr, reportErr error
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			_, reportErr = b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+				Status: jobs.StatusSucceeded})
+		})
+		wg.Go(func() {
+			dep, depErr = b.svc.Enqueue(ctx, b.ws, runID, jobs.EnqueueRequest{Name: "send_email", Version: "1",
+				Input: json.RawMessage(fmt.Sprintf(`"d%d"`, i)), AfterStepID: &a.StepID, AfterStatus: ptr("SUCCEEDED")})
+		})
+		wg.Wait()
+		require.NoError(t, reportErr)
+		require.NoError(t, depErr)
+		require.Equal(t, "QUEUED", b.step(t, dep.StepID).Status, "round %d (answered %s)", i, dep.Status)
+		b.succeed(t, b.claimOne(t, w))
+	}
+}
+
+// jobs_enqueue is PL/pgSQL (its plans are cached per session), VOLATILE
+// (each statement sees what committed before it, which the fallback read
+// after a conflicting insert relies on) and pins its search_path.
+func TestEnqueueFunctionIsPLpgSQL(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var lang, volatility string
+	var searchPath bool
+	err := b.env.App.Pool.QueryRow(ctx, `
+SELECT l.lanname, p.provolatile::text, EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
+FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+WHERE p.proname = 'jobs_enqueue' AND p.pronamespace = to_regnamespace(current_schema())`).Scan(&lang, &volatility,
+		&searchPath)
+	require.NoError(t, err, "jobs_enqueue is missing")
+	require.Equal(t, []any{"plpgsql", "v", true}, []any{lang, volatility, searchPath})
+}
