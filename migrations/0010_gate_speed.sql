@@ -17,7 +17,7 @@
 -- effects_leased_idx, which the planner prices below the primary key because
 -- it is small at ANALYZE time. That scan visits every lease live or recently
 -- live (dead index entries included, until vacuum): 680 buffers and 12 ms for
--- one report after 10 000 cycles, and growing with the load.
+-- one report after some 13 000 leases, and growing with the load.
 --
 -- So:
 --   - every gate function sets plan_cache_mode = force_generic_plan for its
@@ -33,8 +33,9 @@
 --     index conditions instead of a filter after the join, and walks the
 --     index newest first: the generic plan was otherwise a sequential scan
 --     of effects that the LIMIT only cut short when the threshold was
---     reached. srg is MATERIALIZED, as it is referenced twice and was
---     counted twice. The answer is unchanged.
+--     reached (the whole table when the hour holds fewer keys). srg is
+--     MATERIALIZED, as it is referenced twice and was counted twice. The
+--     answer is unchanged.
 --   - gate_report and gate_heartbeat first lock the effect by its primary
 --     key alone (no state predicate, so no plan can take the partial index)
 --     and check the lease on the locked row, then update by primary key.
