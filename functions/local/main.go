@@ -37,6 +37,7 @@ func run(ctx context.Context, logOut io.Writer, ready chan<- string) error {
 		return err
 	}
 	cfg.AutoMigrate = true // the local server always brings its schema up to date
+	cfg.SizeForServer()    // one process serves every concurrent request
 	logger := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if os.Getenv("LOG_REQUESTS") != "" {
 		logger = slog.New(slog.NewTextHandler(logOut, nil))

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -59,6 +60,22 @@ type Config struct {
 	WebhookAllowPrivateNetworks bool `envconfig:"WEBHOOK_ALLOW_PRIVATE_NETWORKS" default:"false"`
 	// AutoMigrate applies pending migrations on start (local server: on).
 	AutoMigrate bool `envconfig:"AUTO_MIGRATE" default:"false"`
+}
+
+// ServerDBMaxConns is the pool of a long-running server (functions/local)
+// when DB_MAX_CONNS is not set. The default of 4 is sized for serverless,
+// where an instance serves one request at a time; one process serving many
+// concurrent requests needs a connection per request in flight, or requests
+// queue for the pool and each commit waits for its own WAL flush instead of
+// sharing one with the commits of other connections (group commit).
+const ServerDBMaxConns = 16
+
+// SizeForServer sizes the pool for a long-running server (ServerDBMaxConns)
+// unless DB_MAX_CONNS sets it.
+func (c *Config) SizeForServer() {
+	if os.Getenv("DB_MAX_CONNS") == "" {
+		c.DBMaxConns = ServerDBMaxConns
+	}
 }
 
 // Load reads the environment.

@@ -35,6 +35,22 @@ func TestLoadDefaults(t *testing.T) {
 	require.Equal(t, c.DatabaseURL, c.MigrationURL())
 }
 
+// A long-running server sizes its pool for concurrent requests unless
+// DB_MAX_CONNS says otherwise; serverless keeps the default of 4.
+func TestSizeForServer(t *testing.T) {
+	validEnv(t)
+	c, err := Load()
+	require.NoError(t, err)
+	c.SizeForServer()
+	require.EqualValues(t, ServerDBMaxConns, c.DBMaxConns)
+
+	t.Setenv("DB_MAX_CONNS", "4")
+	c, err = Load()
+	require.NoError(t, err)
+	c.SizeForServer()
+	require.EqualValues(t, 4, c.DBMaxConns)
+}
+
 func TestLoadNamesTheBadSetting(t *testing.T) {
 	cases := map[string]struct{ name, value, want string }{
 		"missing db":      {"DATABASE_URL", "", "DATABASE_URL is required"},

@@ -12,14 +12,17 @@ import (
 	"github.com/getratchet/ratchet/lib/gate"
 )
 
-// The hot statements run as PL/pgSQL functions (migration 0008) so that the
-// pool's default exec mode does not plan them on every call.
+// The hot statements run as PL/pgSQL functions (migrations 0008, 0010) so
+// that the pool's default exec mode does not plan them on every call, and
+// each forces its cached generic plan (0010): left to choose, Postgres
+// re-planned the large ones on every call.
 func TestGateFunctionsExist(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	rows, err := b.env.App.Pool.Query(context.Background(), `
 SELECT p.proname, l.lanname, p.provolatile::text, p.prosecdef,
-    EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
+    EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%'),
+    'plan_cache_mode=force_generic_plan' = ANY (p.proconfig)
 FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
 WHERE p.proname IN ('gate_evaluate', 'gate_begin', 'gate_begin_locked', 'gate_report', 'gate_heartbeat')
   AND p.pronamespace = to_regnamespace(current_schema())
@@ -29,6 +32,7 @@ ORDER BY p.proname`)
 		Name, Lang, Volatility string
 		SecurityDefiner        bool
 		SearchPath             bool
+		GenericPlans           bool
 	}
 	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[fn])
 	require.NoError(t, err)
@@ -38,7 +42,7 @@ ORDER BY p.proname`)
 		if name == "gate_evaluate" {
 			v = "s" // reads with its caller's snapshot
 		}
-		want = append(want, fn{Name: name, Lang: "plpgsql", Volatility: v, SearchPath: true})
+		want = append(want, fn{Name: name, Lang: "plpgsql", Volatility: v, SearchPath: true, GenericPlans: true})
 	}
 	require.Equal(t, want, got)
 }

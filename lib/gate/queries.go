@@ -99,18 +99,22 @@ func effectCols(alias string, nullSafe bool) string {
 
 // ---- Begin, report and heartbeat: PL/pgSQL functions ----
 //
-// The hot statements live in migrations/0008_gate_functions.sql as the
-// functions gate_begin and gate_begin_locked (both calling gate_evaluate, the
-// policy's and the circuits' verdict), gate_report and gate_heartbeat; this
-// file holds only their calls. There is no Go copy of their SQL to edit: a
+// The hot statements live in migrations as the functions gate_begin and
+// gate_begin_locked (0008; both calling gate_evaluate, the policy's and the
+// circuits' verdict, 0010), gate_report and gate_heartbeat (0010); this file
+// holds only their calls. There is no Go copy of their SQL to edit: a
 // change is a new migration (CREATE OR REPLACE FUNCTION; DROP and CREATE
 // when the parameters or the result columns change, with the call here).
 // Why functions: the pool's default exec mode plans every statement it
 // sends, and begin's statement cost more to plan than to run; PL/pgSQL
 // caches each statement's plan per server connection, so only the one-line
-// call is planned per request. The fragments here that the functions also
-// hold (sqlEffectivePolicy's defaults, chargeCTEs, releaseCTEs, the surge
-// threshold and baseline) were copied into 0008 as they stood; changing one
+// call is planned per request. Every gate function sets plan_cache_mode =
+// force_generic_plan (0010): left to choose, Postgres kept re-planning the
+// large statements on every call (their generic cost estimate is above the
+// custom one), and picked the wrong index for the report's where it did not.
+// The fragments here that the functions also hold (sqlEffectivePolicy's
+// defaults, chargeCTEs, releaseCTEs, the surge threshold and baseline) were
+// copied into 0008 (and 0010) as they stood; changing one
 // of them means a new migration too (TestGateFunctionsMatchFragments fails
 // until the functions hold the new text).
 // Each call casts every parameter to the function's declared type, so the
@@ -284,14 +288,14 @@ WHERE effect_id = $1 AND lease_token_hash = $2`
 
 // sqlReport records the outcome of the current, live attempt in one
 // statement (releasing a failed attempt's charges), and returns the effect
-// with its attempts as they now are (gate_report, migration 0008).
+// with its attempts as they now are (gate_report, migration 0010).
 // $1 effect id, $2 workspace, $3 token hash, $4 outcome, $5 sealed result,
 // $6 result preview, $7 now, $8 key id.
 const sqlReport = `SELECT * FROM gate_report($1::text, $2::text, $3::bytea, $4::text, $5::bytea, $6::jsonb,
     $7::timestamptz, $8::text)`
 
 // sqlHeartbeat extends a live lease by its length from now (gate_heartbeat,
-// migration 0008). $1 effect id, $2 workspace, $3 token hash, $4 now.
+// migration 0010). $1 effect id, $2 workspace, $3 token hash, $4 now.
 const sqlHeartbeat = `SELECT * FROM gate_heartbeat($1::text, $2::text, $3::bytea, $4::timestamptz)`
 
 // sqlResolve records what an operator found for an indeterminate effect. A
