@@ -6,8 +6,6 @@ import (
 	"net/http"
 	"strconv"
 	"time"
-
-	"github.com/getratchet/ratchet/lib/config"
 )
 
 // Gate figures (issue 6, item 1), measured over HTTP on the wire contract
@@ -60,18 +58,12 @@ func (s *gateSession) cycle(ctx context.Context, key string) (time.Duration, err
 // gateSetup starts an instance, signs up, and seeds b.scale.History finished
 // effects: gateWarm real cycles over HTTP, cloned with their attempts, then
 // ANALYZE. ok is false when this build has no gate routes.
-//
-// The instance is one long-running process serving b.scale.Clients clients
-// at once, as the local server does, so its pool is sized like the local
-// server's (config.ServerDBMaxConns unless DB_MAX_CONNS is set; the
-// serverless default of 4 is for an instance serving one request at a time).
-// Set DB_MAX_CONNS=4 for the figure at the serverless default.
+// The instance serves every client at once (b.serverInstance).
 func (b *bench) gateSetup(ctx context.Context) (s *gateSession, ok bool, err error) {
-	in, err := b.instance(ctx, (*config.Config).SizeForServer)
+	in, err := b.serverInstance(ctx, "ratchet.gate", nil)
 	if err != nil {
 		return nil, false, err
 	}
-	fmt.Fprintf(b.out, "# ratchet.gate db_max_conns=%d\n", in.App.Pool.Config().MaxConns)
 	defer func() {
 		if !ok || err != nil {
 			in.Close()

@@ -34,6 +34,23 @@ func (b *bench) instance(ctx context.Context, edit func(*config.Config)) (*insta
 	return b.instanceWrapped(ctx, edit, nil)
 }
 
+// serverInstance is instanceWrapped for the request-rate and job figures,
+// where one instance serves every client at once. That is the local server's
+// situation (or that of as many serverless instances as there are clients,
+// each with its own pool), so the pool is sized like the local server's:
+// config.ServerDBMaxConns unless DB_MAX_CONNS is set; the serverless default
+// of 4 is for an instance serving one request at a time. DB_MAX_CONNS=4
+// gives the figures at that default. The pool size is printed once per
+// figure under label.
+func (b *bench) serverInstance(ctx context.Context, label string, wrap func(http.Handler) http.Handler) (*instance, error) {
+	in, err := b.instanceWrapped(ctx, (*config.Config).SizeForServer, wrap)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(b.out, "# %s db_max_conns=%d\n", label, in.App.Pool.Config().MaxConns)
+	return in, nil
+}
+
 // instanceWrapped is instance with the app's handler wrapped by wrap (when
 // set), e.g. to count requests where the server sees them.
 func (b *bench) instanceWrapped(ctx context.Context, edit func(*config.Config), wrap func(http.Handler) http.Handler) (*instance, error) {

@@ -63,7 +63,7 @@ type jobsSession struct {
 }
 
 func (b *bench) jobsSetup(ctx context.Context, wrap func(http.Handler) http.Handler) (s *jobsSession, err error) {
-	in, err := b.instanceWrapped(ctx, nil, wrap)
+	in, err := b.serverInstance(ctx, "ratchet.jobs", wrap)
 	if err != nil {
 		return nil, err
 	}

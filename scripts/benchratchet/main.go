@@ -113,7 +113,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	b := &bench{scale: sc, cfg: cfg, out: stdout, log: stderr}
-	fmt.Fprintf(stdout, "# ratchet clients=%d requests=%d jobs=%d workers=%d insert_jobs=%d history=%d db_max_conns=%d query_exec_mode=%s\n",
+	fmt.Fprintf(stdout, "# ratchet clients=%d requests=%d jobs=%d workers=%d insert_jobs=%d history=%d default_db_max_conns=%d query_exec_mode=%s\n",
 		sc.Clients, sc.Requests, sc.Jobs, sc.Workers, sc.InsertJobs, sc.History, cfg.DBMaxConns, cfg.DBQueryExecMode)
 	var prefixes []string
 	if *only != "" {
