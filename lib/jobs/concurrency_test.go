@@ -279,3 +279,20 @@ func TestConcurrentBatchReportsKeepEndpointGates(t *testing.T) {
 	require.Zero(t, running)
 	require.Zero(t, notSucceeded)
 }
+
+// A clone tag outside the id alphabet would make jobs the API cannot name.
+func TestCloneQueuedRefusesTagsOutsideTheIDAlphabet(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	res, err := b.svc.Enqueue(context.Background(), b.ws, runID, jobs.EnqueueRequest{Name: "send_email", Version: "1",
+		Input: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	for _, tag := range []string{"", "cq1ix", "UPPER", "0123456789abcdefghjkm"} {
+		_, err := b.svc.CloneQueued(context.Background(), res.JobID, tag, 1)
+		require.Error(t, err, tag)
+	}
+	n, err := b.svc.CloneQueued(context.Background(), res.JobID, "cq1fx", 2)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+}

@@ -285,7 +285,9 @@ func (s *jobsSession) cloneQueued(ctx context.Context, jobID, tag string, n int)
 	const slice = 25_000
 	for part := 0; n > 0; part++ {
 		k := min(n, slice)
-		if _, err := s.svc.CloneQueued(ctx, jobID, tag+strconv.FormatInt(int64(part), 32)+"x", k); err != nil {
+		// Hex keeps the tag inside the id alphabet (Crockford base32 has
+		// no i, l, o or u): a clone the API cannot parse answers 404.
+		if _, err := s.svc.CloneQueued(ctx, jobID, tag+strconv.FormatInt(int64(part), 16)+"x", k); err != nil {
 			return err
 		}
 		n -= k
