@@ -38,19 +38,19 @@ type reportOutcome struct {
 // lockedJob is a job locked for a report, with the execution its lease token
 // names (the x fields are nil when the token names none).
 type lockedJob struct {
-	runLocked, dependents     bool
-	status                    string
-	attempt                   int
-	pol                       RetryPolicy
-	stepID, runID, endpointID string
-	requested                 bool
-	xAttempt                  *int32
-	xOutcome, xResult         *string
-	xReported, xNext          *time.Time
-	name                      string
-	contractVersion           *int32
-	xRejected                 bool
-	workspaceID, jobID        string
+	runLocked, dependents bool
+	status                string
+	attempt               int
+	pol                   RetryPolicy
+	stepID, runID         string
+	requested             bool
+	xAttempt              *int32
+	xOutcome, xResult     *string
+	xReported, xNext      *time.Time
+	name                  string
+	contractVersion       *int32
+	xRejected             bool
+	workspaceID, jobID    string
 }
 
 // applyRow is one report to record: the execution's outcome and, when
@@ -153,7 +153,7 @@ func (s *Service) lockForReport(ctx context.Context, tx pgx.Tx, workspaceID stri
 	for rows.Next() {
 		j := &lockedJob{workspaceID: workspaceID}
 		if err := rows.Scan(nil, &j.runLocked, &j.dependents, &j.status, &j.attempt, &j.pol.MaxAttempts, &j.stepID,
-			&j.runID, &j.endpointID, &j.pol.Preset, &j.pol.InitialDelayMs, &j.pol.Multiplier, &j.pol.MaxDelayMs,
+			&j.runID, nil, &j.pol.Preset, &j.pol.InitialDelayMs, &j.pol.Multiplier, &j.pol.MaxDelayMs,
 			&j.pol.JitterPercent, &j.requested, &j.xAttempt, &j.xOutcome, &j.xReported, &j.xResult, &j.xNext,
 			&j.name, &j.contractVersion, &j.xRejected, &j.jobID); err != nil {
 			return nil, fmt.Errorf("report lock: %w", err)
