@@ -18,6 +18,7 @@ const (
 	remindersPerPass     = 500
 	circuitsPerPass      = 500
 	spendCountersPerPass = 1000
+	retentionPerPass     = 1000
 )
 
 // wireDomain builds the domain services into deps and registers their sweep
@@ -43,6 +44,9 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 		}},
 		sweep.Task{Name: "gate.spend_counters", Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Gate.SweepSpend(ctx, now, spendCountersPerPass)
+		}},
+		sweep.Task{Name: "effects.retention", Run: func(ctx context.Context, now time.Time) (int, error) {
+			return deps.Gate.SweepRetention(ctx, now, retentionPerPass)
 		}},
 	)
 

@@ -13,10 +13,11 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 )
 
-// TestSweeperAndLapseRaces is the only test that sweeps. A sweep acts on
-// every workspace of the package database, so its clocks live in 1995, long
-// before any other test's leases (which follow the wall clock) could lapse;
-// its parts run in sequence for the same reason.
+// TestSweeperAndLapseRaces and TestRetentionPurgesEndedEffectsAfterTheirTypesDays
+// (in 1990, leaving no lease behind) are the only tests that sweep. A sweep
+// acts on every workspace of the package database, so its clocks live in
+// 1995, long before any other test's leases (which follow the wall clock)
+// could lapse; its parts run in sequence for the same reason.
 func TestSweeperAndLapseRaces(t *testing.T) {
 	era := time.Date(1995, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(rand.IntN(1e6)) * time.Second)
 	ctx := context.Background()

@@ -1,0 +1,74 @@
+package gate_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+)
+
+// Retention deletes ended effects once their type's retention_days have
+// passed (90 without a policy), never a live or unresolved one. The sweep
+// acts on every workspace of the package database, so the clock lives in
+// 1990, before any other test's effects (TestSweeperAndLapseRaces is in 1995,
+// the rest follow the wall clock).
+func TestRetentionPurgesEndedEffectsAfterTheirTypesDays(t *testing.T) {
+	era := time.Date(1990, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(rand.IntN(1e6)) * time.Second)
+	c := apitest.NewClock(era)
+	b := &bundle{t: t, clock: c, env: apitest.Start(t, apitest.WithNow(c.Now))}
+	b.ws = b.env.Signup()
+	ctx := context.Background()
+	sweep := func() int {
+		n, err := b.env.App.Server.Gate.SweepRetention(ctx, c.Now(), 1000)
+		require.NoError(t, err)
+		return n
+	}
+	exists := func(id string) bool {
+		r := b.env.Do("GET", "/api/v1/effects/"+id, b.ws.Key, nil)
+		require.Contains(t, []int{http.StatusOK, http.StatusNotFound}, r.Status)
+		return r.Status == http.StatusOK
+	}
+	b.putPolicy("sms.send", map[string]any{"retention_days": 1})
+
+	oldKey := key("kept-90-days")
+	old := b.mustBegin("execute", email(oldKey))
+	require.Equal(t, http.StatusOK, b.report(str(old["effect_id"]), str(old["lease_token"]), "succeeded",
+		map[string]any{"id": 1}).Status)
+	sms := email(key("kept-1-day"))
+	sms["effect_type"] = "sms.send"
+	short := b.mustBegin("execute", sms)
+	require.Equal(t, http.StatusOK, b.report(str(short["effect_id"]), str(short["lease_token"]), "failed", nil).Status)
+	live := b.mustBegin("execute", email(key("never-reported")))
+
+	require.Zero(t, sweep(), "nothing has passed its retention yet")
+	c.Add(25 * time.Hour)
+	require.Equal(t, 1, sweep())
+	require.False(t, exists(str(short["effect_id"])), "1-day retention passed")
+	require.True(t, exists(str(old["effect_id"])))
+	require.True(t, exists(str(live["effect_id"])))
+
+	c.Add(90 * 24 * time.Hour)
+	require.Equal(t, 1, sweep())
+	require.False(t, exists(str(old["effect_id"])), "the default 90 days passed")
+	require.True(t, exists(str(live["effect_id"])), "an unresolved outcome is never purged")
+	var attempts int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM effect_attempts WHERE effect_id = ANY($1)`,
+		[]string{str(old["effect_id"]), str(short["effect_id"])}).Scan(&attempts))
+	require.Zero(t, attempts)
+	require.Zero(t, sweep(), "a repeated pass finds nothing")
+
+	// Once purged, the key is new again.
+	again := b.mustBegin("execute", email(oldKey))
+	require.NotEqual(t, old["effect_id"], again["effect_id"])
+
+	// Leave no lease for TestSweeperAndLapseRaces's global sweep to count.
+	require.Equal(t, http.StatusOK, b.report(str(again["effect_id"]), str(again["lease_token"]), "succeeded", nil).Status)
+	lapsed, err := b.env.App.Server.Gate.SweepLapsed(ctx, c.Now(), 1000)
+	require.NoError(t, err)
+	require.Equal(t, 1, lapsed, "only this test's 1990 lease had lapsed")
+}
