@@ -487,28 +487,42 @@ const sqlListApprovals = `SELECT ` + approvalCols + ` FROM approvals
 WHERE workspace_id = $1 AND ($2::text = '' OR id < $2) AND ($4::text = '' OR state = $4)
 ORDER BY id DESC LIMIT $3`
 
-// sqlPurgeExpired deletes up to $3 effects whose retention has passed: the
+// sqlPurgeExpired deletes up to $2 effects whose retention has passed: the
 // effect type's retention_days (90 when the type has no policy) counted from
-// the effect's last change, for ended effects only (succeeded, failed,
-// denied; never a live lease, an unresolved indeterminate outcome or a
-// pending approval) outside any group still open or unwinding, with their
-// attempts and approvals. Effect ids are time-ordered, so the scan walks the
-// primary key from the oldest id and stops at ids younger than the shortest
-// retention ($2, one day before now), whatever the table's size. Once
-// deleted, a key is new again: its next begin executes (the policy's
-// "records and replayable results are kept" for retention_days).
+// the effect's creation, for ended effects only (succeeded, failed, denied;
+// never a live lease, an unresolved indeterminate outcome or a pending
+// approval) outside any group still open or unwinding, with their attempts
+// and approvals. It visits each (workspace, effect type) present with a loose
+// scan of effects_type_created_idx and reads each one's range of creation
+// times older than its retention, so a pass with nothing to delete costs one
+// index probe per pair, not a scan of the table. Once deleted, a key is new
+// again: its next begin executes.
 const sqlPurgeExpired = `
 WITH expired AS (
-    SELECT e.id FROM effects e
-    LEFT JOIN gate_policies p ON p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type
-    WHERE e.id < $2::text
-      AND e.state IN ('succeeded', 'failed', 'denied')
-      AND e.updated_at < $1::timestamptz - make_interval(days => coalesce(p.retention_days, 90))
-      AND NOT EXISTS (SELECT 1 FROM effect_groups g
-                      WHERE g.id = e.group_id AND g.state IN ('open', 'unwinding'))
-    ORDER BY e.id
-    LIMIT $3::int
-    FOR UPDATE OF e SKIP LOCKED
+    WITH RECURSIVE pairs AS (
+        (SELECT e.workspace_id, e.effect_type FROM effects e ORDER BY e.workspace_id, e.effect_type LIMIT 1)
+        UNION ALL
+        SELECT n.workspace_id, n.effect_type FROM pairs p CROSS JOIN LATERAL (
+            SELECT e.workspace_id, e.effect_type FROM effects e
+            WHERE (e.workspace_id, e.effect_type) > (p.workspace_id, p.effect_type)
+            ORDER BY e.workspace_id, e.effect_type
+            LIMIT 1
+        ) n
+    )
+    SELECT x.id FROM pairs p
+    LEFT JOIN gate_policies pol ON pol.workspace_id = p.workspace_id AND pol.effect_type = p.effect_type
+    CROSS JOIN LATERAL (
+        SELECT e.id FROM effects e
+        WHERE e.workspace_id = p.workspace_id AND e.effect_type = p.effect_type
+          AND e.created_at < $1::timestamptz - make_interval(days => coalesce(pol.retention_days, 90))
+          AND e.state IN ('succeeded', 'failed', 'denied')
+          AND NOT EXISTS (SELECT 1 FROM effect_groups g
+                          WHERE g.id = e.group_id AND g.state IN ('open', 'unwinding'))
+        ORDER BY e.created_at
+        LIMIT $2::int
+        FOR UPDATE OF e SKIP LOCKED
+    ) x
+    LIMIT $2::int
 ), attempts AS (
     DELETE FROM effect_attempts a USING expired x WHERE a.effect_id = x.id
 ), approvals AS (

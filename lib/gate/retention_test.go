@@ -44,11 +44,21 @@ func TestRetentionPurgesEndedEffectsAfterTheirTypesDays(t *testing.T) {
 	short := b.mustBegin("execute", sms)
 	require.Equal(t, http.StatusOK, b.report(str(short["effect_id"]), str(short["lease_token"]), "failed", nil).Status)
 	live := b.mustBegin("execute", email(key("never-reported")))
+	// A rejected approval: the effect ends denied and its approval goes with it.
+	b.putPolicy("wire.send", map[string]any{"approval_above_micros": 1_000_000, "retention_days": 1})
+	gated := b.mustBegin("approval_required", wire(key("rejected")))
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(gated["approval_id"])+"/reject", b.ws.Key, nil)
+	require.Equal(t, "denied", b.get(str(gated["effect_id"]))["state"])
 
 	require.Zero(t, sweep(), "nothing has passed its retention yet")
 	c.Add(25 * time.Hour)
-	require.Equal(t, 1, sweep())
+	require.Equal(t, 2, sweep())
 	require.False(t, exists(str(short["effect_id"])), "1-day retention passed")
+	require.False(t, exists(str(gated["effect_id"])))
+	var approvals int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM approvals WHERE effect_id = $1`,
+		str(gated["effect_id"])).Scan(&approvals))
+	require.Zero(t, approvals)
 	require.True(t, exists(str(old["effect_id"])))
 	require.True(t, exists(str(live["effect_id"])))
 
