@@ -235,8 +235,11 @@ const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND wo
 //
 // $1 worker, $2 workspace, $3 now, $4 key, $5 limit, $6 lease grace ms,
 // $7 rate window (minute), $8 warning. The statement is the PL/pgSQL
-// function jobs_claim (migrations/0011_jobs_claim_report.sql), planned once
-// per server connection instead of on every call.
+// function jobs_claim (migrations/0011_jobs_claim_report.sql): each server
+// connection parses it once, but it is still planned with each call's values,
+// on purpose: a generic plan cannot see the LIMIT and, with a million jobs
+// queued, reads and sorts every due one (BENCHMARKS.md, "What limits the
+// rest").
 const sqlClaim = `SELECT * FROM jobs_claim($1::text, $2::text, $3::timestamptz, $4::text, $5::int, $6::bigint, $7::timestamptz, $8::text)`
 
 // sqlHeartbeat extends a current lease by the job's timeout plus the grace.
