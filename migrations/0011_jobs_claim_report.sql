@@ -3,9 +3,12 @@
 -- DB_QUERY_EXEC_MODE=exec (unnamed statements, required behind
 -- transaction-mode poolers) Postgres parses and plans every statement it is
 -- sent, and the claim's statement (twelve CTEs) and the two statements of a
--- report batch cost more to plan than a batch of them costs to run. PL/pgSQL
--- keeps each body's plan for the life of the server session, so the client
--- sends a one-line call.
+-- report batch cost more to parse and plan than a batch of them costs to
+-- run. The client now sends a one-line call; PL/pgSQL parses each body once
+-- per server session and keeps its plan where the generic plan is no
+-- costlier than the custom ones. (The claim's is: a generic plan cannot see
+-- the LIMIT, so the claim is planned with each call's values, which stays
+-- right however deep the queue.)
 --
 -- Each body is the statement lib/jobs sent before this migration, verbatim,
 -- with $n now naming the function's parameters (declared with the types the
