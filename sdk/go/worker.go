@@ -320,12 +320,12 @@ func (w *Worker) claimTarget() int {
 // gather waits until claimTarget slots are free or claimCooldown has
 // passed, whichever comes first; false means stop.
 func (w *Worker) gather(ctx context.Context) bool {
-	t := time.NewTimer(claimCooldown)
-	defer t.Stop()
+	fire, stop := w.clock.Timer(claimCooldown)
+	defer stop()
 	for w.free() < w.claimTarget() {
 		select {
 		case <-w.slotFreed:
-		case <-t.C:
+		case <-fire:
 			return true
 		case <-w.stopping:
 			return false

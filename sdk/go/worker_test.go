@@ -512,9 +512,10 @@ func TestFullBatchClaimsAgainAtOnce(t *testing.T) {
 		}
 	}
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	// Only poll waits fire (heartbeats at a 10 minute lease wait 60 s).
+	// Only poll waits fire (heartbeats at a 10 minute lease wait 60 s; the
+	// claim cooldown never ends, so a busy worker waits for a full claim).
 	clk := &fakeClock{now: start, end: start.Add(5 * time.Minute), done: make(chan struct{}),
-		fires: func(d time.Duration) bool { return d != maxHeartbeat },
+		fires: func(d time.Duration) bool { return d != maxHeartbeat && d != claimCooldown },
 		onWait: func() {
 			mu.Lock()
 			log = append(log, "wait")
@@ -555,6 +556,46 @@ func TestFullBatchClaimsAgainAtOnce(t *testing.T) {
 	}
 	if log[0] != "full" {
 		t.Fatalf("log %v", log)
+	}
+}
+
+// After a full claim a busy worker claims again only once a full claim's
+// worth of slots is free (here the cooldown never ends), not slot by slot:
+// handlers finish one at a time, yet every claim asks for all four slots.
+func TestBusyWorkerGathersAFullClaim(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	const jobs = 12
+	for range jobs {
+		f.add("t", "1", welcomeIn{}, 0)
+	}
+	c, _ := testClient(t, f)
+	w := NewWorker(c)
+	release := make(chan struct{})
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { <-release; return welcomeOut{}, nil }}))
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	w.clock = &fakeClock{now: start, end: start.Add(time.Hour), done: make(chan struct{}),
+		fires: func(d time.Duration) bool { return d != maxHeartbeat && d != claimCooldown }}
+	must(t, w.Start(context.Background(), StartOptions{Concurrency: 4}))
+	for range jobs {
+		release <- struct{}{} // one handler finishes
+		select {
+		case <-f.reported:
+		case <-time.After(30 * time.Second):
+			t.Fatal("a finished job was not reported")
+		}
+	}
+	must(t, w.Stop(context.Background()))
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.limits) < jobs/4 {
+		t.Fatalf("claims %v", f.limits)
+	}
+	for i, l := range f.limits[:jobs/4] {
+		if l != 4 {
+			t.Fatalf("claim %d asked for %d slots, want a full claim of 4: %v", i, l, f.limits)
+		}
 	}
 }
 
