@@ -17,8 +17,8 @@ func (s *Service) BeginLocked(ctx context.Context, p *auth.Principal, req BeginR
 	return s.beginLocked(ctx, in)
 }
 
-// FunctionFragments are the SQL fragments that migrations 0008 and 0010
-// copied into the gate's functions and that Go statements still splice, by
+// FunctionFragments are the SQL fragments that migrations 0008, 0010 and
+// 0013 copied into the gate's functions and that Go statements still splice, by
 // the function that must contain each (see TestGateFunctionsMatchFragments).
 var FunctionFragments = map[string][]string{
 	"gate_evaluate": {sqlEffectivePolicy, thresholdSQL("pol", "$7::timestamptz", "cbs.first_seen", "b.median"),

@@ -99,10 +99,10 @@ func effectCols(alias string, nullSafe bool) string {
 
 // ---- Begin, report and heartbeat: PL/pgSQL functions ----
 //
-// The hot statements live in migrations as the functions gate_begin and
-// gate_begin_locked (0008; both calling gate_evaluate, the policy's and the
-// circuits' verdict, 0010), gate_report and gate_heartbeat (0010); this file
-// holds only their calls. There is no Go copy of their SQL to edit: a
+// The hot statements live in migrations as the functions gate_begin (0013,
+// as steps; 0008 before) and gate_begin_locked (0008), both calling
+// gate_evaluate, the policy's and the circuits' verdict (0010), gate_report
+// (0013) and gate_heartbeat (0010); this file holds only their calls. There is no Go copy of their SQL to edit: a
 // change is a new migration (CREATE OR REPLACE FUNCTION; DROP and CREATE
 // when the parameters or the result columns change, with the call here).
 // Why functions: the pool's default exec mode plans every statement it
@@ -114,7 +114,7 @@ func effectCols(alias string, nullSafe bool) string {
 // custom one), and picked the wrong index for the report's where it did not.
 // The fragments here that the functions also hold (sqlEffectivePolicy's
 // defaults, chargeCTEs, releaseCTEs, the surge threshold and baseline) were
-// copied into 0008 (and 0010) as they stood; changing one
+// copied into 0008 (and 0010, 0013) as they stood; changing one
 // of them means a new migration too (TestGateFunctionsMatchFragments fails
 // until the functions hold the new text).
 // Each call casts every parameter to the function's declared type, so the
@@ -149,9 +149,11 @@ func effectCols(alias string, nullSafe bool) string {
 // sqlBeginFast is begin in one round trip for a new key (insert the effect,
 // its first attempt or its approval, charge its ceilings, count it towards
 // a surge and trip the breaker) and for an existing one (read it back). The
-// fallback read uses the statement's snapshot, so when another begin
-// inserted the key concurrently neither branch returns a row and the caller
-// takes the locked path. A charge that does not fit aborts it through
+// fallback read is a statement of its own (0013), so it sees a key that a
+// concurrent begin inserted and committed while this one's insert waited;
+// when no row holds the key (that begin rolled back after this one's
+// evaluation, or a precheck failed on a new key) neither branch returns a
+// row and the caller takes the locked path or answers the precheck. A charge that does not fit aborts it through
 // gate_refuse (SQLSTATE RTB01, the ceiling in DETAIL).
 const sqlBeginFast = `SELECT * FROM gate_begin($1::text, $2::text, $3::text, $4::bigint, $5::text[], $6::int,
     $7::text, $8::timestamptz, $9::text, $10::jsonb, $11::bytea, $12::jsonb, $13::bytea, $14::text, $15::text,
@@ -288,7 +290,7 @@ WHERE effect_id = $1 AND lease_token_hash = $2`
 
 // sqlReport records the outcome of the current, live attempt in one
 // statement (releasing a failed attempt's charges), and returns the effect
-// with its attempts as they now are (gate_report, migration 0010).
+// with its attempts as they now are (gate_report, migration 0013).
 // $1 effect id, $2 workspace, $3 token hash, $4 outcome, $5 sealed result,
 // $6 result preview, $7 now, $8 key id.
 const sqlReport = `SELECT * FROM gate_report($1::text, $2::text, $3::bytea, $4::text, $5::bytea, $6::jsonb,

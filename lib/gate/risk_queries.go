@@ -5,10 +5,10 @@ import "github.com/getratchet/ratchet/lib/events"
 // The SQL of the risk controls: daily ceilings (charged with a grant,
 // released with a failed report) and circuits. Fragments here are spliced
 // into the locked path's grant, resolve and the circuit statements; begin's
-// and report's copies live in gate_begin (migration 0008) and gate_report (0010),
-// so a begin with nothing configured stays one statement. How begin
-// evaluates the circuits, and what bounds its cost, is explained beside
-// gate_begin in that migration.
+// and report's copies live in gate_begin and gate_report (migration 0013),
+// so a begin with nothing configured stays one round trip (and skips the
+// charge altogether). How begin evaluates the circuits, and what bounds its
+// cost, is explained beside gate_evaluate (0008, 0010).
 
 // utcDay is the UTC day of a timestamptz expression: ceilings roll at UTC
 // midnight whatever the session's time zone.

@@ -138,6 +138,7 @@ func gateCycles(ctx context.Context, b *bench) error {
 	if want := s.seeded + b.scale.Requests; succeeded != want {
 		return fmt.Errorf("%d effects succeeded after the run, want %d", succeeded, want)
 	}
+	res.CPU.report(b.out, "ratchet.gate.cycles", res.N)
 	b.emit("ratchet.gate.cycles_per_s", res.Rate())
 	b.emit("ratchet.gate.begin_p50_ms", ms(percentile(begins, 50)))
 	b.emit("ratchet.gate.begin_p99_ms", ms(percentile(begins, 99)))

@@ -167,6 +167,7 @@ type loadResult struct {
 	N         int
 	Elapsed   time.Duration
 	Latencies []time.Duration // one per operation, unsorted
+	CPU       cpuSpan
 }
 
 // Rate is operations per second over the whole batch.
@@ -188,6 +189,7 @@ func load(ctx context.Context, clients, n int, op func(ctx context.Context, i in
 		firstErr error
 		lat      = make([]time.Duration, n)
 	)
+	cpu := startCPUWindow()
 	start := time.Now()
 	for range clients {
 		wg.Go(func() {
@@ -206,7 +208,7 @@ func load(ctx context.Context, clients, n int, op func(ctx context.Context, i in
 		})
 	}
 	wg.Wait()
-	res := loadResult{N: n, Elapsed: time.Since(start), Latencies: lat}
+	res := loadResult{N: n, Elapsed: time.Since(start), Latencies: lat, CPU: cpu.stop()}
 	if firstErr == nil && ctx.Err() != nil {
 		firstErr = ctx.Err()
 	}

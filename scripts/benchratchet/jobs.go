@@ -321,6 +321,7 @@ func jobsEnqueue(ctx context.Context, b *bench) error {
 	if queued != b.scale.Requests {
 		return fmt.Errorf("%d jobs queued, want %d", queued, b.scale.Requests)
 	}
+	res.CPU.report(b.out, "ratchet.jobs.enqueue", res.N)
 	b.emit("ratchet.jobs.enqueue_per_s", res.Rate())
 	b.emit("ratchet.jobs.enqueue_p50_ms", ms(res.Percentile(50)))
 	b.emit("ratchet.jobs.enqueue_p99_ms", ms(res.Percentile(99)))
@@ -343,6 +344,7 @@ func jobsWork(ctx context.Context, b *bench) error {
 	}
 	claims.Store(0)
 	var handled atomic.Int64
+	cpu := startCPUWindow()
 	start := time.Now()
 	w, werrs, err := s.startWorker(ctx, ratchet.StartOptions{Concurrency: b.scale.Workers, PollInterval: benchPollInterval},
 		func(benchInput) { handled.Add(1) })
@@ -350,6 +352,7 @@ func jobsWork(ctx context.Context, b *bench) error {
 		return err
 	}
 	last, err := s.waitHandledThenSucceeded(ctx, []string{run}, b.scale.Jobs, &handled)
+	cpu.stop().report(b.out, "ratchet.jobs.work", b.scale.Jobs)
 	if err := errors.Join(err, stopWorker(w), werrs.err()); err != nil {
 		return err
 	}

@@ -1,0 +1,268 @@
+-- gate_begin as steps (issue 6). Until now its body was one statement of
+-- fourteen CTEs (0008): the effect, the ceilings' charge, the attempt, the
+-- surge breaker and its event, the type's sighting and baseline, the
+-- approval and its event, the fallback read. Postgres initialises every
+-- node of a plan before running any, and a data-modifying CTE opens its
+-- table and every index of it even when it writes nothing; a profile of the
+-- gate cycle benchmark (perf, 16 clients) had executor start-up at 31 % of
+-- the database's CPU and plan-cache revalidation (which locks every
+-- relation the plan names) at 9 %, for a begin that in the common case
+-- writes two rows. Each step is now its own statement, run only when it
+-- has something to do: a begin on a new key with no ceilings, no surge and
+-- no approval runs the evaluation, the effect's insert, the attempt's
+-- insert and the type's sighting.
+--
+-- What a caller sees is unchanged: the same parameters, result columns and
+-- answers, gate_refuse() still aborts the whole call (and with it the
+-- effect's insert) when a charge does not fit, and the writes happen in the
+-- same order (effect, charges in scope order, attempt, breaker, sighting,
+-- baseline, approval). One thing differs, for the better: the fallback read
+-- of an existing key is a statement of its own, so under READ COMMITTED it
+-- sees a key that a concurrent begin inserted and committed while this
+-- one's insert waited on it, where the single statement's snapshot could
+-- not (the caller then took the locked path, which it still does when the
+-- key is not there at all).
+--
+-- The fragments lib/gate splices into its own statements (chargeCTEs,
+-- chargesJSON, chargedOn, utcDay; TestGateFunctionsMatchFragments) are
+-- kept verbatim. gate_evaluate, gate_begin_locked, gate_report and
+-- gate_heartbeat are unchanged.
+CREATE OR REPLACE FUNCTION gate_begin(p_workspace_id text, p_effect_type text, p_idempotency_key text, p_cost_micros bigint,
+    p_dimension_names text[], p_lease_seconds integer, p_fingerprint text, p_now timestamptz,
+    p_effect_id text, p_dimensions jsonb, p_payload bytea, p_payload_preview jsonb, p_token_hash bytea,
+    p_key_id text, p_approval_id text, p_run_id text, p_group_id text, p_compensation bytea,
+    p_compensates_effect_id text, p_event_id text, p_key_ceiling bigint, p_refused text, p_trip_event_id text)
+RETURNS TABLE (on_indeterminate text, max_attempts integer, max_cost_micros bigint, approval_above_micros bigint,
+    precheck text, missing_dimensions text[], fresh text, approval_reason text, eff_lease integer,
+    key_found boolean, inserted boolean,
+    id text, workspace_id text, effect_type text, idempotency_key text, fingerprint text, state text,
+    denial_code text, attempt integer, lease_seconds integer, lease_expires_at timestamptz,
+    attempt_started_at timestamptz, probe boolean, approval_id text, approval_state text, result bytea,
+    result_preview jsonb, payload_preview jsonb, cost_micros bigint, run_id text, group_id text,
+    compensates_effect_id text, created_at timestamptz, updated_at timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    ev         record;           -- gate_evaluate's one row
+    v_grant    text;             -- what a new effect is given: ev.fresh, or a refused ceiling's denial
+    cur        effects%ROWTYPE;  -- the new effect, or the one that holds the key (all NULL: none)
+    v_found    boolean := false;
+    v_inserted boolean := false;
+    v_charges  jsonb;
+    v_day      date;
+BEGIN
+    SELECT * INTO ev FROM gate_evaluate($1, $2, $3, $4, $5, $6, $8);
+
+    IF ev.precheck IS NULL THEN
+        v_grant := CASE WHEN ev.fresh = 'execute' AND $22::text IS NOT NULL THEN $22::text ELSE ev.fresh END;
+        INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state, denial_code,
+            attempt, lease_token_hash, lease_seconds, lease_expires_at, attempt_started_at, probe, approval_id,
+            approval_state, payload, payload_preview, cost_micros, dimensions, run_id, group_id, compensation,
+            compensates_effect_id, created_by_key_id, created_at, updated_at)
+        VALUES ($9, $1, $2, $3, $7,
+            CASE v_grant WHEN 'execute' THEN 'leased' WHEN 'approval' THEN 'awaiting_approval' ELSE 'denied' END,
+            CASE WHEN v_grant NOT IN ('execute', 'approval') THEN v_grant END,
+            CASE v_grant WHEN 'execute' THEN 1 ELSE 0 END,
+            CASE v_grant WHEN 'execute' THEN $13::bytea END,
+            ev.eff_lease,
+            CASE v_grant WHEN 'execute' THEN $8::timestamptz + make_interval(secs => ev.eff_lease) END,
+            CASE v_grant WHEN 'execute' THEN $8::timestamptz END,
+            false,
+            CASE v_grant WHEN 'approval' THEN $15::text END,
+            CASE v_grant WHEN 'approval' THEN 'pending' END,
+            $11, $12::jsonb, $4, $10::jsonb, $16, $17, $18, $19, $14, $8, $8)
+        ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
+        RETURNING * INTO cur;
+        v_inserted := FOUND;
+    END IF;
+
+    IF v_inserted THEN
+        v_found := true;
+        IF cur.state = 'leased' THEN
+            -- The grant's charges, only when a ceiling applies: with none,
+            -- plan is empty, nothing is charged, and the attempt records
+            -- no charges (NULL), as before.
+            IF ev.daily_budget_micros IS NOT NULL OR $21::bigint IS NOT NULL
+               OR coalesce(ev.dimension_limits, '{}'::jsonb) <> '{}'::jsonb THEN
+                WITH grant_src AS (
+                    SELECT $1::text AS workspace_id, $2::text AS effect_type, $4::bigint AS cost, $14::text AS key_id,
+                        $21::bigint AS key_ceiling, $10::jsonb AS dims, ev.daily_budget_micros AS daily_budget_micros,
+                        ev.dimension_limits AS dimension_limits, ((($8)::timestamptz AT TIME ZONE 'UTC')::date) AS day
+                ),
+plan AS (
+    SELECT s.workspace_id, s.day, p.scope, p.label, coalesce(s.cost, 0)::bigint AS micros, 1::bigint AS count,
+        p.cap_micros, p.cap_count
+    FROM grant_src s, LATERAL (
+        SELECT 'type:' || s.effect_type AS scope, 'type' AS label, s.daily_budget_micros AS cap_micros,
+            NULL::bigint AS cap_count
+        WHERE s.daily_budget_micros IS NOT NULL
+        UNION ALL
+        SELECT 'key:' || s.key_id, 'key', s.key_ceiling, NULL WHERE s.key_ceiling IS NOT NULL
+        UNION ALL
+        SELECT 'dim:' || s.effect_type || ':' || l.key || ':' || coalesce(s.dims ->> l.key, ''), 'dim:' || l.key,
+            (l.value ->> 'daily_micros')::bigint, (l.value ->> 'daily_count')::bigint
+        FROM jsonb_each(s.dimension_limits) l
+        WHERE l.value ->> 'daily_micros' IS NOT NULL OR l.value ->> 'daily_count' IS NOT NULL
+    ) p
+),
+chg AS (
+    INSERT INTO gate_spend AS g (workspace_id, scope, day, micros, count, cap_micros, cap_count)
+    SELECT workspace_id, scope, day, micros, count, cap_micros, cap_count FROM plan
+    WHERE (cap_micros IS NULL OR micros <= cap_micros) AND (cap_count IS NULL OR count <= cap_count)
+    ORDER BY scope
+    ON CONFLICT (workspace_id, scope, day) DO UPDATE
+    SET micros = g.micros + excluded.micros, count = g.count + excluded.count,
+        cap_micros = excluded.cap_micros, cap_count = excluded.cap_count
+    WHERE (excluded.cap_micros IS NULL OR g.micros + excluded.micros <= excluded.cap_micros)
+      AND (excluded.cap_count IS NULL OR g.count + excluded.count <= excluded.cap_count)
+    RETURNING scope
+),
+refused AS (
+    SELECT gate_refuse(min(label)) AS refused FROM plan WHERE scope NOT IN (SELECT scope FROM chg)
+    HAVING count(*) > 0
+)
+                -- refused is read so that it runs: gate_refuse raises.
+                SELECT (SELECT jsonb_agg(jsonb_build_object('scope', scope, 'micros', micros, 'count', count)
+    ORDER BY scope) FROM plan), (SELECT max(day) FROM plan)
+                INTO v_charges, v_day
+                WHERE NOT EXISTS (SELECT 1 FROM refused);
+            END IF;
+            INSERT INTO effect_attempts (effect_id, attempt, workspace_id, lease_token_hash, probe, started_at,
+                lease_expires_at, began_by_key_id, charges, charged_on)
+            VALUES (cur.id, 1, $1, $13, false, $8, cur.lease_expires_at, $14, v_charges, v_day);
+        END IF;
+
+        IF ev.surge_trips THEN
+            WITH trip AS (
+                INSERT INTO gate_circuits AS c (workspace_id, effect_type, state, opened_by, action, reason, opened_at,
+                    closes_at, allowance_from, updated_at)
+                VALUES ($1, $2, 'open', 'surge', ev.surge_action, NULL, $8,
+                    $8::timestamptz + make_interval(secs => ev.surge_cooldown_seconds), NULL, $8)
+                ON CONFLICT (workspace_id, effect_type) DO UPDATE
+                SET state = 'open', opened_by = 'surge', action = excluded.action, reason = NULL,
+                    opened_at = excluded.opened_at, closes_at = excluded.closes_at, updated_at = excluded.updated_at
+                WHERE c.state = 'closed' OR c.closes_at <= excluded.opened_at
+                RETURNING c.action, c.opened_at, c.closes_at
+            )
+            INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
+            SELECT $23, $1, 'circuit.tripped', $2,
+                jsonb_build_object('effect_type', $2::text, 'opened_by', 'surge', 'action', trip.action,
+                    'volume_last_hour', ev.surge_volume, 'threshold', ev.surge_threshold, 'opened_at', trip.opened_at,
+                    'closes_at', trip.closes_at), $8, 'surge:' || extract(epoch FROM trip.opened_at)::text
+            FROM trip
+            ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING;
+        END IF;
+
+        INSERT INTO gate_effect_types (workspace_id, effect_type, first_seen_at)
+        VALUES ($1, $2, $8)
+        ON CONFLICT (workspace_id, effect_type) DO NOTHING;
+    END IF;
+
+    IF ev.surge_stale AND ev.surge_median IS NOT NULL THEN
+        UPDATE gate_effect_types t SET baseline_for = date_trunc('hour', ($8)::timestamptz, 'UTC'), baseline_median = ev.surge_median
+        WHERE t.workspace_id = $1 AND t.effect_type = $2
+          AND t.baseline_for IS DISTINCT FROM date_trunc('hour', ($8)::timestamptz, 'UTC');
+    END IF;
+
+    IF v_inserted AND cur.state = 'awaiting_approval' THEN
+        INSERT INTO approvals (id, workspace_id, effect_id, effect_type, state, reason, created_at)
+        VALUES ($15, $1, cur.id, $2, 'pending', ev.approval_reason, $8);
+        INSERT INTO events (id, workspace_id, type, subject_id, data, created_at)
+        VALUES ($20, $1, 'approval.requested', $15,
+            jsonb_build_object('approval_id', $15::text, 'effect_id', cur.id, 'effect_type', $2::text,
+                               'reason', ev.approval_reason), $8);
+    END IF;
+
+    IF NOT v_inserted THEN
+        SELECT * INTO cur FROM effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $3;
+        v_found := FOUND;
+    END IF;
+
+    RETURN QUERY
+    SELECT ev.on_indeterminate, ev.max_attempts, ev.max_cost_micros, ev.approval_above_micros,
+        ev.precheck, ev.missing_dimensions, ev.fresh, ev.approval_reason, ev.eff_lease, v_found, v_inserted,
+        coalesce(cur.id, ''), coalesce(cur.workspace_id, ''), coalesce(cur.effect_type, ''),
+        coalesce(cur.idempotency_key, ''), coalesce(cur.fingerprint, ''), coalesce(cur.state, ''), cur.denial_code,
+        coalesce(cur.attempt, 0), coalesce(cur.lease_seconds, 0), cur.lease_expires_at, cur.attempt_started_at,
+        coalesce(cur.probe, false), cur.approval_id, cur.approval_state, cur.result, cur.result_preview,
+        cur.payload_preview, cur.cost_micros, cur.run_id, cur.group_id, cur.compensates_effect_id,
+        coalesce(cur.created_at, 'epoch'), coalesce(cur.updated_at, 'epoch');
+END
+$fn$;
+
+-- gate_report as steps, likewise: the lease is checked on the row locked by
+-- primary key (as in 0010), then the effect and its attempt are updated by
+-- key, a failed attempt's charges are released only when it has any, and
+-- the attempts are read back in a statement of their own, which sees this
+-- call's update (the single statement needed a UNION with the update's
+-- RETURNING for that). Same answers; the release still locks the counters
+-- in scope order.
+CREATE OR REPLACE FUNCTION gate_report(p_effect_id text, p_workspace_id text, p_token_hash bytea, p_outcome text, p_result bytea,
+    p_result_preview jsonb, p_now timestamptz, p_key_id text)
+RETURNS TABLE (id text, workspace_id text, effect_type text, idempotency_key text, fingerprint text, state text,
+    denial_code text, attempt integer, lease_seconds integer, lease_expires_at timestamptz,
+    attempt_started_at timestamptz, probe boolean, approval_id text, approval_state text, result bytea,
+    result_preview jsonb, payload_preview jsonb, cost_micros bigint, run_id text, group_id text,
+    compensates_effect_id text, created_at timestamptz, updated_at timestamptz,
+    attempts jsonb)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    live       boolean;
+    v_eff      effects%ROWTYPE;
+    v_att      effect_attempts%ROWTYPE;
+    v_released bigint;
+BEGIN
+SELECT e.state = 'leased' AND e.lease_token_hash = $3 AND e.lease_expires_at > $7 INTO live
+FROM effects e WHERE e.id = $1 AND e.workspace_id = $2
+FOR UPDATE;
+IF live IS NOT TRUE THEN
+    RETURN;
+END IF;
+
+UPDATE effects SET state = $4, result = $5, result_preview = $6::jsonb, updated_at = $7
+WHERE id = $1
+RETURNING * INTO v_eff;
+
+UPDATE effect_attempts x SET outcome = $4, reported_at = $7, reported_by_key_id = $8
+WHERE x.effect_id = $1 AND x.attempt = v_eff.attempt
+RETURNING x.* INTO v_att;
+
+IF v_att.outcome = 'failed' AND v_att.charges IS NOT NULL THEN
+    WITH upa AS (
+        SELECT v_att.workspace_id AS workspace_id, v_att.charges AS charges, v_att.charged_on AS charged_on,
+            v_att.outcome AS outcome
+    ),
+rel_rows AS (
+    SELECT g.workspace_id, g.scope, g.day, c.micros, c.count
+    FROM upa a, jsonb_to_recordset(a.charges) AS c(scope text, micros bigint, count bigint), gate_spend g
+    WHERE a.outcome = 'failed' AND g.workspace_id = a.workspace_id AND g.scope = c.scope AND g.day = a.charged_on
+    ORDER BY g.scope
+    FOR UPDATE OF g
+),
+rel AS (
+    UPDATE gate_spend g SET micros = g.micros - r.micros, count = g.count - r.count
+    FROM rel_rows r WHERE g.workspace_id = r.workspace_id AND g.scope = r.scope AND g.day = r.day
+)
+    SELECT count(*) INTO v_released FROM rel_rows;
+END IF;
+
+RETURN QUERY
+SELECT v_eff.id, v_eff.workspace_id, v_eff.effect_type, v_eff.idempotency_key, v_eff.fingerprint, v_eff.state,
+  v_eff.denial_code, v_eff.attempt, v_eff.lease_seconds, v_eff.lease_expires_at, v_eff.attempt_started_at,
+  v_eff.probe, v_eff.approval_id, v_eff.approval_state, v_eff.result, v_eff.result_preview, v_eff.payload_preview,
+  v_eff.cost_micros, v_eff.run_id, v_eff.group_id, v_eff.compensates_effect_id, v_eff.created_at, v_eff.updated_at,
+  (SELECT jsonb_agg(jsonb_build_object(
+      'attempt', a.attempt, 'outcome', a.outcome, 'probe', a.probe, 'started_at', a.started_at,
+      'lease_expires_at', a.lease_expires_at, 'reported_at', a.reported_at,
+      'began_by_key_id', a.began_by_key_id, 'reported_by_key_id', a.reported_by_key_id,
+      'resolved_by_key_id', a.resolved_by_key_id, 'resolved_at', a.resolved_at) ORDER BY a.attempt)
+   FROM effect_attempts a WHERE a.effect_id = $1);
+END
+$fn$;
