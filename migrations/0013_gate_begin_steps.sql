@@ -266,3 +266,151 @@ SELECT v_eff.id, v_eff.workspace_id, v_eff.effect_type, v_eff.idempotency_key, v
    FROM effect_attempts a WHERE a.effect_id = $1);
 END
 $fn$;
+
+-- The surge count out of gate_evaluate (issue 6). Its CTEs (the learned
+-- baseline's median over generate_series, the volume's count) were part of
+-- every begin's plan and initialised on every call, though they run only
+-- when a policy configures a surge. They are now the function gate_surge,
+-- which gate_evaluate calls only then: its statement is prepared and
+-- started only by begins that need it. The CTEs are 0010's, verbatim (the
+-- fragments TestGateFunctionsMatchFragments checks now live in gate_surge),
+-- over two one-row CTEs that stand for gate_evaluate's pol and cbs; the key's
+-- novelty (a surge counts keys begun for the first time) is checked inside.
+-- STABLE, so it reads with the snapshot of the statement that calls it, as
+-- the inline CTEs did. gate_evaluate is 0010's otherwise.
+CREATE FUNCTION gate_surge(p_workspace_id text, p_effect_type text, p_idempotency_key text, p_surge_per_hour integer,
+    p_surge_multiplier integer, p_first_seen timestamptz, p_now timestamptz, p_baseline_for timestamptz,
+    p_baseline_median double precision, p_allowance_from timestamptz)
+RETURNS TABLE (median double precision, stale boolean, volume bigint, threshold bigint, trips boolean)
+LANGUAGE plpgsql STABLE ROWS 1
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+AS $fn$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
+WITH pol AS (SELECT $4 AS surge_per_hour, $5 AS surge_multiplier),
+cbs AS (SELECT $6 AS first_seen, $8 AS baseline_for, $9 AS baseline_median, $10 AS allowance_from),
+srg_base AS MATERIALIZED (
+    SELECT b.median, b.stale, CASE WHEN pol.surge_per_hour IS NOT NULL THEN pol.surge_per_hour::bigint
+     WHEN pol.surge_multiplier IS NOT NULL AND cbs.first_seen <= $7::timestamptz - interval '6 hours'
+     THEN greatest(30, floor(pol.surge_multiplier * b.median))::bigint END AS threshold
+    FROM pol, cbs, LATERAL (
+        SELECT CASE WHEN NOT stale.v THEN cbs.baseline_median
+                    WHEN pol.surge_per_hour IS NULL AND cbs.first_seen IS NOT NULL
+                    THEN (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY coalesce(n.c, 0)) FILTER (WHERE cbs.first_seen IS NOT NULL)
+    FROM generate_series(greatest(date_trunc('hour', (cbs.first_seen)::timestamptz, 'UTC'), date_trunc('hour', ($7::timestamptz)::timestamptz, 'UTC') - interval '168 hours'),
+                         date_trunc('hour', ($7::timestamptz)::timestamptz, 'UTC') - interval '1 hour', interval '1 hour') h(hr)
+    LEFT JOIN (SELECT date_trunc('hour', (x.created_at)::timestamptz, 'UTC') AS hr, count(*) AS c FROM effects x
+               WHERE x.workspace_id = $1 AND x.effect_type = $2
+                 AND x.created_at >= date_trunc('hour', ($7::timestamptz)::timestamptz, 'UTC') - interval '168 hours' AND x.created_at < date_trunc('hour', ($7::timestamptz)::timestamptz, 'UTC')
+               GROUP BY 1) n ON n.hr = h.hr) END AS median,
+            stale.v AND pol.surge_per_hour IS NULL AND cbs.first_seen IS NOT NULL AS stale
+        FROM (SELECT cbs.baseline_for IS DISTINCT FROM date_trunc('hour', ($7)::timestamptz, 'UTC') AS v) stale
+        OFFSET 0 -- not pulled up, so the median is one subplan, evaluated once
+    ) b
+    WHERE NOT EXISTS (SELECT 1 FROM effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $3)
+),
+srg AS MATERIALIZED (
+    SELECT v.median, v.stale, v.volume, v.threshold, v.threshold IS NOT NULL AND v.volume > v.threshold AS trips
+    FROM (
+        SELECT b.median, b.stale, b.threshold, 1 + (SELECT count(*) FROM (
+            SELECT 1 FROM effects x
+            WHERE x.workspace_id = $1 AND x.effect_type = $2 AND x.created_at <= $7
+              AND x.created_at > (SELECT greatest($7::timestamptz - interval '1 hour', cbs.allowance_from) FROM cbs)
+            ORDER BY x.created_at DESC
+            LIMIT coalesce(b.threshold, 0)) q) AS volume
+        FROM srg_base b
+    ) v
+)
+SELECT srg.median, srg.stale, srg.volume, srg.threshold, srg.trips FROM srg;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION gate_evaluate(p_workspace_id text, p_effect_type text, p_idempotency_key text, p_cost_micros bigint,
+    p_dimension_names text[], p_lease_seconds integer, p_now timestamptz)
+RETURNS TABLE (on_indeterminate text, max_attempts integer, max_cost_micros bigint, approval_above_micros bigint,
+    precheck text, missing_dimensions text[], fresh text, approval_reason text, eff_lease integer,
+    daily_budget_micros bigint, dimension_limits jsonb, surge_action text, surge_cooldown_seconds integer,
+    surge_trips boolean, surge_volume bigint, surge_threshold bigint, surge_median double precision,
+    surge_stale boolean)
+LANGUAGE plpgsql STABLE ROWS 1
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+AS $fn$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
+WITH pol AS (
+SELECT coalesce(p.version, 0) AS version,
+       coalesce(p.mode, 'allow') AS mode,
+       coalesce(p.on_indeterminate, 'block') AS on_indeterminate,
+       coalesce(p.lease_seconds, 60) AS lease_seconds,
+       coalesce(p.max_attempts, 5) AS max_attempts,
+       p.max_cost_micros, p.approval_above_micros, p.daily_budget_micros, p.reconcile_every_hours,
+       coalesce(p.require_cost, false) AS require_cost,
+       coalesce(p.required_dimensions, '{}') AS required_dimensions,
+       coalesce(p.dimension_limits, '{}') AS dimension_limits,
+       p.structuring_threshold_micros, p.surge_per_hour, p.surge_multiplier,
+       coalesce(p.surge_action, 'require_approval') AS surge_action,
+       coalesce(p.surge_cooldown_seconds, 3600) AS surge_cooldown_seconds,
+       coalesce(p.retention_days, 90) AS retention_days,
+       p.updated_at
+FROM (SELECT 1) AS one
+LEFT JOIN gate_policies p ON p.workspace_id = $1 AND p.effect_type = $2),
+cbs AS (
+    SELECT (SELECT s.action FROM gate_circuits s
+            WHERE s.workspace_id = $1 AND s.effect_type = '*' AND s.state = 'open') AS stop_action,
+        CASE WHEN c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at > $7) THEN c.action END AS own_action,
+        CASE WHEN c.state = 'open' AND c.closes_at <= $7 THEN c.closes_at ELSE c.allowance_from END AS allowance_from,
+        t.first_seen_at AS first_seen, t.baseline_for, t.baseline_median
+    FROM (SELECT 1) one
+    LEFT JOIN gate_circuits c ON c.workspace_id = $1 AND c.effect_type = $2
+    LEFT JOIN gate_effect_types t ON t.workspace_id = $1 AND t.effect_type = $2
+),
+srg AS MATERIALIZED (
+    -- gate_surge runs only when the policy configures a surge and the
+    -- type's breaker is not already open: these conditions filter pol and
+    -- cbs, the outer side of the lateral call.
+    SELECT s.median, s.stale, s.volume, s.threshold, s.trips
+    FROM pol, cbs, LATERAL gate_surge($1, $2, $3, pol.surge_per_hour, pol.surge_multiplier, cbs.first_seen, $7,
+        cbs.baseline_for, cbs.baseline_median, cbs.allowance_from) s
+    WHERE (pol.surge_per_hour IS NOT NULL OR pol.surge_multiplier IS NOT NULL) AND cbs.own_action IS NULL
+),
+brk AS (
+    SELECT (ARRAY['monitor', 'require_approval', 'deny'])[greatest(
+               array_position(ARRAY['monitor', 'require_approval', 'deny'], cbs.stop_action),
+               array_position(ARRAY['monitor', 'require_approval', 'deny'], cbs.own_action),
+               array_position(ARRAY['monitor', 'require_approval', 'deny'],
+                              CASE WHEN srg.trips THEN pol.surge_action END))] AS action
+    FROM cbs, pol LEFT JOIN srg ON true
+),
+ev AS (
+    SELECT pol.on_indeterminate, pol.max_attempts, pol.max_cost_micros, pol.approval_above_micros,
+        CASE WHEN (pol.require_cost OR pol.approval_above_micros IS NOT NULL) AND $4::bigint IS NULL THEN 'cost_required'
+             WHEN cardinality(m.missing) > 0 THEN 'dimension_required' END AS precheck,
+        m.missing AS missing_dimensions,
+        CASE WHEN pol.mode = 'deny' THEN 'policy_denied'
+             WHEN $4::bigint > pol.max_cost_micros THEN 'cost_ceiling_exceeded'
+             WHEN brk.action = 'deny' THEN 'circuit_open'
+             WHEN pol.mode = 'require_approval' THEN 'approval'
+             WHEN brk.action = 'require_approval' THEN 'approval'
+             WHEN $4::bigint >= pol.approval_above_micros THEN 'approval'
+             ELSE 'execute' END AS fresh,
+        CASE WHEN pol.mode = 'require_approval' THEN 'policy_requires_approval'
+             WHEN brk.action = 'require_approval' THEN 'circuit_open'
+             ELSE 'cost_at_or_above_threshold' END AS approval_reason,
+        least(pol.lease_seconds, coalesce($6::int, pol.lease_seconds)) AS eff_lease
+    FROM pol, brk, LATERAL (
+        SELECT coalesce(array_agg(d ORDER BY d), '{}') AS missing
+        FROM (SELECT unnest(pol.required_dimensions) UNION SELECT jsonb_object_keys(pol.dimension_limits)) x(d)
+        WHERE NOT d = ANY($5::text[])
+    ) m
+)
+SELECT ev.on_indeterminate, ev.max_attempts, ev.max_cost_micros, ev.approval_above_micros, ev.precheck,
+    ev.missing_dimensions, ev.fresh, ev.approval_reason, ev.eff_lease,
+    pol.daily_budget_micros, pol.dimension_limits, pol.surge_action, pol.surge_cooldown_seconds,
+    srg.trips, srg.volume, srg.threshold, srg.median, srg.stale
+FROM ev, pol LEFT JOIN srg ON true;
+END
+$fn$;

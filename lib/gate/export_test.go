@@ -21,7 +21,8 @@ func (s *Service) BeginLocked(ctx context.Context, p *auth.Principal, req BeginR
 // 0013 copied into the gate's functions and that Go statements still splice, by
 // the function that must contain each (see TestGateFunctionsMatchFragments).
 var FunctionFragments = map[string][]string{
-	"gate_evaluate": {sqlEffectivePolicy, thresholdSQL("pol", "$7::timestamptz", "cbs.first_seen", "b.median"),
+	"gate_evaluate": {sqlEffectivePolicy},
+	"gate_surge": {thresholdSQL("pol", "$7::timestamptz", "cbs.first_seen", "b.median"),
 		baselineSQL("$1", "$2", "$7::timestamptz", "cbs.first_seen")},
 	"gate_begin":  {chargeCTEs("grant_src"), chargesJSON, chargedOn, utcDay("$8")},
 	"gate_report": {releaseCTEs("upa", "a.outcome = 'failed'")},
