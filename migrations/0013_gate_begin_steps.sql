@@ -277,7 +277,18 @@ $fn$;
 -- over two one-row CTEs that stand for gate_evaluate's pol and cbs; the key's
 -- novelty (a surge counts keys begun for the first time) is checked inside.
 -- STABLE, so it reads with the snapshot of the statement that calls it, as
--- the inline CTEs did. gate_evaluate is 0010's otherwise.
+-- the inline CTEs did.
+--
+-- gate_evaluate as steps, too. Its one statement (pol, cbs, srg, brk, ev)
+-- is now: the effective policy (0010's pol, verbatim: sqlEffectivePolicy),
+-- the circuits (0010's cbs), the surge only when configured and the type's
+-- breaker is not open, the missing dimensions only when the policy requires
+-- or limits any, and the verdict (0010's brk and ev) as PL/pgSQL
+-- expressions, which Postgres evaluates without starting an executor.
+-- STABLE as before: every statement of the body reads with the snapshot of
+-- the statement that called gate_evaluate (a begin's, or the locked path's
+-- under its row lock), so the steps see one state, as the CTEs did. Same
+-- result columns and values.
 CREATE FUNCTION gate_surge(p_workspace_id text, p_effect_type text, p_idempotency_key text, p_surge_per_hour integer,
     p_surge_multiplier integer, p_first_seen timestamptz, p_now timestamptz, p_baseline_for timestamptz,
     p_baseline_median double precision, p_allowance_from timestamptz)
@@ -339,9 +350,12 @@ SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 AS $fn$
 #variable_conflict use_column
+DECLARE
+    pol      record;  -- the effective policy
+    cbs      record;  -- the circuits holding the type, and its sighting
+    v_action text;    -- the strictest breaker action
 BEGIN
-RETURN QUERY
-WITH pol AS (
+    SELECT * INTO pol FROM (
 SELECT coalesce(p.version, 0) AS version,
        coalesce(p.mode, 'allow') AS mode,
        coalesce(p.on_indeterminate, 'block') AS on_indeterminate,
@@ -357,60 +371,62 @@ SELECT coalesce(p.version, 0) AS version,
        coalesce(p.retention_days, 90) AS retention_days,
        p.updated_at
 FROM (SELECT 1) AS one
-LEFT JOIN gate_policies p ON p.workspace_id = $1 AND p.effect_type = $2),
-cbs AS (
+LEFT JOIN gate_policies p ON p.workspace_id = $1 AND p.effect_type = $2) x;
+
     SELECT (SELECT s.action FROM gate_circuits s
             WHERE s.workspace_id = $1 AND s.effect_type = '*' AND s.state = 'open') AS stop_action,
         CASE WHEN c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at > $7) THEN c.action END AS own_action,
         CASE WHEN c.state = 'open' AND c.closes_at <= $7 THEN c.closes_at ELSE c.allowance_from END AS allowance_from,
         t.first_seen_at AS first_seen, t.baseline_for, t.baseline_median
+    INTO cbs
     FROM (SELECT 1) one
     LEFT JOIN gate_circuits c ON c.workspace_id = $1 AND c.effect_type = $2
-    LEFT JOIN gate_effect_types t ON t.workspace_id = $1 AND t.effect_type = $2
-),
-srg AS MATERIALIZED (
-    -- gate_surge runs only when the policy configures a surge and the
-    -- type's breaker is not already open: these conditions filter pol and
-    -- cbs, the outer side of the lateral call.
-    SELECT s.median, s.stale, s.volume, s.threshold, s.trips
-    FROM pol, cbs, LATERAL gate_surge($1, $2, $3, pol.surge_per_hour, pol.surge_multiplier, cbs.first_seen, $7,
-        cbs.baseline_for, cbs.baseline_median, cbs.allowance_from) s
-    WHERE (pol.surge_per_hour IS NOT NULL OR pol.surge_multiplier IS NOT NULL) AND cbs.own_action IS NULL
-),
-brk AS (
-    SELECT (ARRAY['monitor', 'require_approval', 'deny'])[greatest(
+    LEFT JOIN gate_effect_types t ON t.workspace_id = $1 AND t.effect_type = $2;
+
+    -- A surge counts keys begun for the first time; gate_surge checks that.
+    IF (pol.surge_per_hour IS NOT NULL OR pol.surge_multiplier IS NOT NULL) AND cbs.own_action IS NULL THEN
+        SELECT s.trips, s.volume, s.threshold, s.median, s.stale
+        INTO surge_trips, surge_volume, surge_threshold, surge_median, surge_stale
+        FROM gate_surge($1, $2, $3, pol.surge_per_hour, pol.surge_multiplier, cbs.first_seen, $7,
+            cbs.baseline_for, cbs.baseline_median, cbs.allowance_from) s;
+    END IF;
+
+    v_action := (ARRAY['monitor', 'require_approval', 'deny'])[greatest(
                array_position(ARRAY['monitor', 'require_approval', 'deny'], cbs.stop_action),
                array_position(ARRAY['monitor', 'require_approval', 'deny'], cbs.own_action),
                array_position(ARRAY['monitor', 'require_approval', 'deny'],
-                              CASE WHEN srg.trips THEN pol.surge_action END))] AS action
-    FROM cbs, pol LEFT JOIN srg ON true
-),
-ev AS (
-    SELECT pol.on_indeterminate, pol.max_attempts, pol.max_cost_micros, pol.approval_above_micros,
-        CASE WHEN (pol.require_cost OR pol.approval_above_micros IS NOT NULL) AND $4::bigint IS NULL THEN 'cost_required'
-             WHEN cardinality(m.missing) > 0 THEN 'dimension_required' END AS precheck,
-        m.missing AS missing_dimensions,
-        CASE WHEN pol.mode = 'deny' THEN 'policy_denied'
-             WHEN $4::bigint > pol.max_cost_micros THEN 'cost_ceiling_exceeded'
-             WHEN brk.action = 'deny' THEN 'circuit_open'
-             WHEN pol.mode = 'require_approval' THEN 'approval'
-             WHEN brk.action = 'require_approval' THEN 'approval'
-             WHEN $4::bigint >= pol.approval_above_micros THEN 'approval'
-             ELSE 'execute' END AS fresh,
-        CASE WHEN pol.mode = 'require_approval' THEN 'policy_requires_approval'
-             WHEN brk.action = 'require_approval' THEN 'circuit_open'
-             ELSE 'cost_at_or_above_threshold' END AS approval_reason,
-        least(pol.lease_seconds, coalesce($6::int, pol.lease_seconds)) AS eff_lease
-    FROM pol, brk, LATERAL (
-        SELECT coalesce(array_agg(d ORDER BY d), '{}') AS missing
+                              CASE WHEN surge_trips THEN pol.surge_action END))];
+
+    -- A dimension with a ceiling is required even when the policy forgot to
+    -- list it.
+    missing_dimensions := '{}';
+    IF cardinality(pol.required_dimensions) > 0 OR pol.dimension_limits <> '{}'::jsonb THEN
+        SELECT coalesce(array_agg(d ORDER BY d), '{}') INTO missing_dimensions
         FROM (SELECT unnest(pol.required_dimensions) UNION SELECT jsonb_object_keys(pol.dimension_limits)) x(d)
-        WHERE NOT d = ANY($5::text[])
-    ) m
-)
-SELECT ev.on_indeterminate, ev.max_attempts, ev.max_cost_micros, ev.approval_above_micros, ev.precheck,
-    ev.missing_dimensions, ev.fresh, ev.approval_reason, ev.eff_lease,
-    pol.daily_budget_micros, pol.dimension_limits, pol.surge_action, pol.surge_cooldown_seconds,
-    srg.trips, srg.volume, srg.threshold, srg.median, srg.stale
-FROM ev, pol LEFT JOIN srg ON true;
+        WHERE NOT d = ANY($5::text[]);
+    END IF;
+
+    on_indeterminate := pol.on_indeterminate;
+    max_attempts := pol.max_attempts;
+    max_cost_micros := pol.max_cost_micros;
+    approval_above_micros := pol.approval_above_micros;
+    precheck := CASE WHEN (pol.require_cost OR pol.approval_above_micros IS NOT NULL) AND $4::bigint IS NULL THEN 'cost_required'
+             WHEN cardinality(missing_dimensions) > 0 THEN 'dimension_required' END;
+    fresh := CASE WHEN pol.mode = 'deny' THEN 'policy_denied'
+             WHEN $4::bigint > pol.max_cost_micros THEN 'cost_ceiling_exceeded'
+             WHEN v_action = 'deny' THEN 'circuit_open'
+             WHEN pol.mode = 'require_approval' THEN 'approval'
+             WHEN v_action = 'require_approval' THEN 'approval'
+             WHEN $4::bigint >= pol.approval_above_micros THEN 'approval'
+             ELSE 'execute' END;
+    approval_reason := CASE WHEN pol.mode = 'require_approval' THEN 'policy_requires_approval'
+             WHEN v_action = 'require_approval' THEN 'circuit_open'
+             ELSE 'cost_at_or_above_threshold' END;
+    eff_lease := least(pol.lease_seconds, coalesce($6::int, pol.lease_seconds));
+    daily_budget_micros := pol.daily_budget_micros;
+    dimension_limits := pol.dimension_limits;
+    surge_action := pol.surge_action;
+    surge_cooldown_seconds := pol.surge_cooldown_seconds;
+    RETURN NEXT;
 END
 $fn$;
