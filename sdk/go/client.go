@@ -32,7 +32,8 @@ type Config struct {
 	// key listing their exact name@version pairs, agents an AGENT key.
 	APIKey string
 	// HTTPClient sends the requests. Nil means a client with a 60 second
-	// timeout (long enough for a claim's waitSeconds). Replace it to add
+	// timeout (long enough for a claim's waitSeconds) that keeps up to 64
+	// idle connections to the API (see defaultHTTPClient). Replace it to add
 	// proxies, tracing or test transports.
 	HTTPClient *http.Client
 	// MaxRetries bounds how often one call is repeated after a retryable
@@ -81,7 +82,7 @@ func NewClient(cfg Config) (*Client, error) {
 	}
 	hc := cfg.HTTPClient
 	if hc == nil {
-		hc = &http.Client{Timeout: 60 * time.Second}
+		hc = defaultHTTPClient()
 	}
 	retries := cfg.MaxRetries
 	switch {
@@ -287,3 +288,28 @@ func decodeError(res *http.Response, raw []byte) *Error {
 
 // pathID escapes an id for use as one path segment.
 func pathID(id string) string { return url.PathEscape(id) }
+
+// idleConnsPerHost is how many idle connections the default client keeps to
+// the API: more than a worker's claim, report batches and heartbeats, or a
+// producer's goroutines, need at once.
+const idleConnsPerHost = 64
+
+// defaultHTTPClient is http.DefaultTransport's settings (proxy from the
+// environment, dial and TLS timeouts, HTTP/2) with idleConnsPerHost idle
+// connections kept per host instead of its 2. With 2, every request beyond
+// the second in flight at once opened a new connection, and over HTTPS did
+// a new TLS handshake: a worker at concurrency 100 (a claim, up to three
+// report batches and heartbeats at once) or a producer enqueuing from many
+// goroutines paid that on most requests.
+func defaultHTTPClient() *http.Client {
+	var tr http.RoundTripper = http.DefaultTransport
+	if t, ok := http.DefaultTransport.(*http.Transport); ok {
+		t = t.Clone()
+		t.MaxIdleConnsPerHost = idleConnsPerHost
+		if t.MaxIdleConns != 0 && t.MaxIdleConns < idleConnsPerHost {
+			t.MaxIdleConns = idleConnsPerHost
+		}
+		tr = t
+	}
+	return &http.Client{Timeout: 60 * time.Second, Transport: tr}
+}

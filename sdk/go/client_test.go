@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -375,5 +376,49 @@ func TestDatabaseUnavailableRetriedForAnyCall(t *testing.T) {
 	run, err := c.StartRun(context.Background(), "x")
 	if err != nil || run.ID != "run_2" || len(log.all()) != 1 {
 		t.Fatalf("run %+v err %v sleeps %v", run, err, log.all())
+	}
+}
+
+// The default client keeps a connection per concurrent caller: with
+// net/http's default of 2 idle connections per host, 16 goroutines enqueuing
+// in turn opened a new connection (a TLS handshake, over HTTPS) for most of
+// their requests.
+func TestDefaultClientReusesConnections(t *testing.T) {
+	t.Parallel()
+	var opened atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		writeJSON(w, 201, map[string]any{"idempotencyKey": "k"})
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			opened.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	c, err := NewClient(Config{BaseURL: srv.URL, APIKey: "test-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const goroutines, each = 16, 25
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				if _, err := c.Enqueue(context.Background(), "run_1", nil, EnqueueOptions{Name: "t", Version: "1"}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	// One per goroutine, and some slack: a request that finds no idle
+	// connection dials one, and keeps it even when another came free first.
+	if n := opened.Load(); n > 2*goroutines {
+		t.Fatalf("%d connections opened for %d requests from %d goroutines; want about one per goroutine", n, goroutines*each, goroutines)
 	}
 }
