@@ -259,8 +259,9 @@ func scanBegin(row pgx.Row) (ev eval, found, inserted bool, e effectRow, err err
 }
 
 // Begin asks before a side effect (API.md §2.1). A new key and a repeated
-// key cost one statement; a transition (a new attempt, an approval, a
-// re-evaluated denial) one short transaction holding the effect row.
+// key cost one round trip (one function call); a transition (a new attempt,
+// an approval, a re-evaluated denial) one short transaction holding the
+// effect row.
 func (s *Service) Begin(ctx context.Context, p *auth.Principal, req BeginRequest) (Decision, error) {
 	in, err := s.prepare(p, req)
 	if err != nil {

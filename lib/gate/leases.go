@@ -113,9 +113,9 @@ func lockForToken(ctx context.Context, tx pgx.Tx, workspaceID, id string, th []b
 }
 
 // Report records what the holder of the current lease did. The common case
-// is one statement; anything else is classified under the effect's row lock,
-// so a report racing the lease's expiry is either accepted or lease_expired,
-// never both.
+// is one round trip (one function call); anything else is classified under
+// the effect's row lock, so a report racing the lease's expiry is either
+// accepted or lease_expired, never both.
 func (s *Service) Report(ctx context.Context, p *auth.Principal, id string, req ReportRequest) (Effect, error) {
 	var pr apierr.Problems
 	checkToken(&pr, req.LeaseToken)
