@@ -14,9 +14,9 @@
 --
 -- What a caller sees is unchanged: the same parameters, result columns and
 -- answers, gate_refuse() still aborts the whole call (and with it the
--- effect's insert) when a charge does not fit, and the writes happen in the
--- same order (effect, charges in scope order, attempt, breaker, sighting,
--- baseline, approval). One thing differs, for the better: the fallback read
+-- effect's insert) when a charge does not fit, and the writes take the same
+-- locks, in a fixed order (effect, charges in scope order, attempt, breaker,
+-- sighting, baseline, approval). One thing differs, for the better: the fallback read
 -- of an existing key is a statement of its own, so under READ COMMITTED it
 -- sees a key that a concurrent begin inserted and committed while this
 -- one's insert waited on it, where the single statement's snapshot could
@@ -25,8 +25,9 @@
 --
 -- The fragments lib/gate splices into its own statements (chargeCTEs,
 -- chargesJSON, chargedOn, utcDay; TestGateFunctionsMatchFragments) are
--- kept verbatim. gate_evaluate, gate_begin_locked, gate_report and
--- gate_heartbeat are unchanged.
+-- kept verbatim. gate_report and gate_evaluate (with the new gate_surge)
+-- follow below, as steps too; gate_begin_locked and gate_heartbeat are
+-- unchanged.
 CREATE OR REPLACE FUNCTION gate_begin(p_workspace_id text, p_effect_type text, p_idempotency_key text, p_cost_micros bigint,
     p_dimension_names text[], p_lease_seconds integer, p_fingerprint text, p_now timestamptz,
     p_effect_id text, p_dimensions jsonb, p_payload bytea, p_payload_preview jsonb, p_token_hash bytea,
