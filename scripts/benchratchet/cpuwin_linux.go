@@ -25,7 +25,7 @@ func machineBusy() (time.Duration, bool) {
 		if i == 3 || i == 4 { // idle, iowait
 			continue
 		}
-		if i >= 8 { // guest time is already counted in user
+		if i >= 7 { // steal is another guest's time; guest time is already in user
 			break
 		}
 		v, err := strconv.ParseInt(s, 10, 64)
