@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"sort"
 	"strings"
@@ -283,8 +284,9 @@ func TestSignupModes(t *testing.T) {
 	require.Equal(t, http.StatusCreated, res.StatusCode)
 	res.Body.Close()
 
-	now := time.Date(2030, 1, 1, 0, 30, 0, 0, time.UTC)
-	// A unique rate keeps this test's bucket apart from parallel tests.
+	// A unique rate keeps this test's bucket apart from parallel tests, and
+	// an hour of its own apart from this test's earlier runs (go test -count).
+	now := time.Date(2030, 1, 1, 0, 30, 0, 0, time.UTC).Add(time.Duration(rand.N(1_000_000)) * time.Hour)
 	limited := apitest.Start(t, apitest.WithNow(func() time.Time { return now }),
 		apitest.WithConfig(func(c *config.Config) { c.SignupRatePerHour = 2 }))
 	limited.Must(http.StatusCreated, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
