@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jobs"
 	ratchet "github.com/getratchet/ratchet/sdk/go"
 )
@@ -60,6 +61,10 @@ type jobsSession struct {
 	producer  *ratchet.Client
 	workerKey string
 	svc       *jobs.Service
+	// cloneTag prefixes every clone's id tag, so that runs against the same
+	// database (benchratchet -database-url twice, go test -count) do not
+	// collide on the clones' ids.
+	cloneTag string
 }
 
 func (b *bench) jobsSetup(ctx context.Context, wrap func(http.Handler) http.Handler) (s *jobsSession, err error) {
@@ -85,7 +90,7 @@ func (b *bench) jobsSetup(ctx context.Context, wrap func(http.Handler) http.Hand
 	if err != nil {
 		return nil, err
 	}
-	s = &jobsSession{b: b, in: in, ws: ws, workerKey: wk, svc: in.App.Server.Jobs}
+	s = &jobsSession{b: b, in: in, ws: ws, workerKey: wk, svc: in.App.Server.Jobs, cloneTag: ids.Random(2)}
 	if s.producer, err = s.client(ingest); err != nil {
 		return nil, err
 	}
@@ -263,7 +268,7 @@ func (s *jobsSession) waitHandledThenSucceeded(ctx context.Context, runs []strin
 
 // preQueue enqueues one real job into a new run and clones it into n queued
 // jobs in all (lib/jobs CloneQueued, one INSERT … SELECT), then ANALYZEs.
-// tag must be unique in the database.
+// tag must be unique within the session (cloneTag sets sessions apart).
 func (s *jobsSession) preQueue(ctx context.Context, tag string, n int) (run string, err error) {
 	runs, err := s.startRuns(ctx, "queue-"+tag, 1)
 	if err != nil {
@@ -287,7 +292,7 @@ func (s *jobsSession) cloneQueued(ctx context.Context, jobID, tag string, n int)
 		k := min(n, slice)
 		// Hex keeps the tag inside the id alphabet (Crockford base32 has
 		// no i, l, o or u): a clone the API cannot parse answers 404.
-		if _, err := s.svc.CloneQueued(ctx, jobID, tag+strconv.FormatInt(int64(part), 16)+"x", k); err != nil {
+		if _, err := s.svc.CloneQueued(ctx, jobID, s.cloneTag+tag+strconv.FormatInt(int64(part), 16)+"x", k); err != nil {
 			return err
 		}
 		n -= k

@@ -104,7 +104,9 @@ func TestCloneRowsKeepsEveryOtherColumn(t *testing.T) {
 	pool, err := pgxpool.New(ctx, apitest.DatabaseURL(t))
 	require.NoError(t, err)
 	defer pool.Close()
-	_, err = pool.Exec(ctx, `CREATE TABLE bench_clone_test (id text PRIMARY KEY, ws text NOT NULL, key text NOT NULL,
+	// Dropped first too: go test -count runs this again in the same database.
+	_, err = pool.Exec(ctx, `DROP TABLE IF EXISTS bench_clone_test;
+		CREATE TABLE bench_clone_test (id text PRIMARY KEY, ws text NOT NULL, key text NOT NULL,
 		sealed bytea, doc jsonb, n int NOT NULL, at timestamptz NOT NULL DEFAULT now(), UNIQUE (ws, key));
 		INSERT INTO bench_clone_test (id, ws, key, sealed, doc, n) VALUES
 		('a', 'w1', 'k1', '\x0102', '{"x":1}', 1), ('b', 'w1', 'k2', NULL, NULL, 2), ('c', 'w2', 'k1', '\x03', '[]', 3)`)
@@ -128,4 +130,6 @@ func TestCloneRowsKeepsEveryOtherColumn(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE ws = 'w2') FROM bench_clone_test`).Scan(&total, &w2))
 	require.Equal(t, 9, total)
 	require.Equal(t, 1, w2, "rows outside the filter are not copied")
+	_, err = pool.Exec(ctx, `DROP TABLE bench_clone_test`)
+	require.NoError(t, err)
 }
