@@ -299,7 +299,10 @@ func (s *Service) decide(ctx context.Context, q querier, in *beginInput,
 	case !found && ev.precheck != nil:
 		return Decision{}, precheckError(&ev)
 	case !found:
-		// Another begin inserted the key after this statement's snapshot.
+		// The insert met the key but the read after it did not find the
+		// row (gone in between, e.g. purged by retention): the locked
+		// path decides, answering retry_request when the row is gone, so
+		// the client's retry inserts the key afresh.
 		return locked(ctx, in)
 	}
 	if row.Fingerprint != in.fingerprint {
