@@ -150,10 +150,11 @@ func effectCols(alias string, nullSafe bool) string {
 // its first attempt or its approval, charge its ceilings, count it towards
 // a surge and trip the breaker) and for an existing one (read it back). The
 // fallback read is a statement of its own (0013), so it sees a key that a
-// concurrent begin inserted and committed while this one's insert waited;
-// when no row holds the key (that begin rolled back after this one's
-// evaluation, or a precheck failed on a new key) neither branch returns a
-// row and the caller takes the locked path or answers the precheck. A charge that does not fit aborts it through
+// concurrent begin inserted and committed while this one's insert waited
+// (one that rolled back leaves the key to this insert). When no row holds
+// the key (a precheck failed on a new key, or the row went between the
+// insert and the read) neither branch returns a row and the caller answers
+// the precheck or takes the locked path. A charge that does not fit aborts it through
 // gate_refuse (SQLSTATE RTB01, the ceiling in DETAIL).
 const sqlBeginFast = `SELECT * FROM gate_begin($1::text, $2::text, $3::text, $4::bigint, $5::text[], $6::int,
     $7::text, $8::timestamptz, $9::text, $10::jsonb, $11::bytea, $12::jsonb, $13::bytea, $14::text, $15::text,
