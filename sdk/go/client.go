@@ -302,14 +302,22 @@ const idleConnsPerHost = 64
 // report batches and heartbeats at once) or a producer enqueuing from many
 // goroutines paid that on most requests.
 func defaultHTTPClient() *http.Client {
-	var tr http.RoundTripper = http.DefaultTransport
-	if t, ok := http.DefaultTransport.(*http.Transport); ok {
-		t = t.Clone()
-		t.MaxIdleConnsPerHost = idleConnsPerHost
-		if t.MaxIdleConns != 0 && t.MaxIdleConns < idleConnsPerHost {
-			t.MaxIdleConns = idleConnsPerHost
-		}
-		tr = t
+	return &http.Client{Timeout: 60 * time.Second, Transport: keepAlive(http.DefaultTransport)}
+}
+
+// keepAlive returns a copy of base keeping idleConnsPerHost idle connections
+// per host (and at least as many in all), or base itself when it is not an
+// *http.Transport (a program that replaced http.DefaultTransport chose its
+// own).
+func keepAlive(base http.RoundTripper) http.RoundTripper {
+	t, ok := base.(*http.Transport)
+	if !ok {
+		return base
 	}
-	return &http.Client{Timeout: 60 * time.Second, Transport: tr}
+	t = t.Clone()
+	t.MaxIdleConnsPerHost = idleConnsPerHost
+	if t.MaxIdleConns != 0 && t.MaxIdleConns < idleConnsPerHost {
+		t.MaxIdleConns = idleConnsPerHost
+	}
+	return t
 }

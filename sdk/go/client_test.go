@@ -422,3 +422,28 @@ func TestDefaultClientReusesConnections(t *testing.T) {
 		t.Fatalf("%d connections opened for %d requests from %d goroutines; want about one per goroutine", n, goroutines*each, goroutines)
 	}
 }
+
+func TestKeepAliveRaisesIdleLimitsOnACopy(t *testing.T) {
+	t.Parallel()
+	base := &http.Transport{MaxIdleConns: 10, MaxIdleConnsPerHost: 2}
+	got, ok := keepAlive(base).(*http.Transport)
+	if !ok || got == base {
+		t.Fatalf("keepAlive returned %T %p, want a copy of %p", got, got, base)
+	}
+	if got.MaxIdleConnsPerHost != idleConnsPerHost || got.MaxIdleConns != idleConnsPerHost {
+		t.Fatalf("copy keeps %d per host, %d in all; want %d and %d", got.MaxIdleConnsPerHost, got.MaxIdleConns,
+			idleConnsPerHost, idleConnsPerHost)
+	}
+	if base.MaxIdleConnsPerHost != 2 || base.MaxIdleConns != 10 {
+		t.Fatal("keepAlive changed the transport it was given")
+	}
+	unlimited := keepAlive(&http.Transport{}).(*http.Transport)
+	if unlimited.MaxIdleConns != 0 {
+		t.Fatalf("an unlimited pool (0) became %d", unlimited.MaxIdleConns)
+	}
+	// A replaced DefaultTransport that is not an *http.Transport is kept.
+	custom := &failingTransport{}
+	if keepAlive(custom) != custom {
+		t.Fatal("a custom RoundTripper was replaced")
+	}
+}
