@@ -11,26 +11,58 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"unicode/utf8"
 )
 
+// Canonical is JSON already in canonical form: a result of Marshal. Inside
+// a value given to Marshal or Hash (as the value itself or an element of a
+// []any) it is copied as it is rather than parsed again: canonical JSON is
+// its own canonical form, so the bytes are the same, and an input
+// canonicalised once is not re-parsed for every hash that includes it.
+// Bytes that are not a Marshal result must not be converted to Canonical.
+type Canonical []byte
+
 // Marshal returns the canonical encoding of v (any JSON-marshalable value,
-// including json.RawMessage).
+// including json.RawMessage and Canonical).
 func Marshal(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	if err := encode(&buf, v); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// encode writes the canonical encoding of v: a Canonical as it is, a []any
+// element by element, a valid string, a bool or nil directly, anything else
+// through encoding/json and back (so that object keys come out sorted and
+// numbers normalised).
+func encode(buf *bytes.Buffer, v any) error {
+	switch t := v.(type) {
+	case Canonical:
+		buf.Write(t)
+		return nil
+	case nil, bool:
+		return write(buf, t)
+	case string:
+		// encoding/json gives a valid string back unchanged (an invalid one
+		// comes back with U+FFFD in place of its bad bytes).
+		if utf8.ValidString(t) {
+			return write(buf, t)
+		}
+	case []any:
+		return writeArray(buf, t, encode)
+	}
 	raw, err := json.Marshal(v)
 	if err != nil {
-		return nil, fmt.Errorf("canonjson: %w", err)
+		return fmt.Errorf("canonjson: %w", err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var tree any
 	if err := dec.Decode(&tree); err != nil {
-		return nil, fmt.Errorf("canonjson: %w", err)
+		return fmt.Errorf("canonjson: %w", err)
 	}
-	var buf bytes.Buffer
-	if err := write(&buf, tree); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
+	return write(buf, tree)
 }
 
 func write(buf *bytes.Buffer, v any) error {
@@ -55,16 +87,7 @@ func write(buf *bytes.Buffer, v any) error {
 		}
 		buf.WriteByte('}')
 	case []any:
-		buf.WriteByte('[')
-		for i, e := range t {
-			if i > 0 {
-				buf.WriteByte(',')
-			}
-			if err := write(buf, e); err != nil {
-				return err
-			}
-		}
-		buf.WriteByte(']')
+		return writeArray(buf, t, write)
 	case json.Number:
 		buf.WriteString(normalizeNumber(t))
 	default:
@@ -74,6 +97,21 @@ func write(buf *bytes.Buffer, v any) error {
 		}
 		buf.Write(b)
 	}
+	return nil
+}
+
+// writeArray writes elems as a JSON array, each element with elem.
+func writeArray(buf *bytes.Buffer, elems []any, elem func(*bytes.Buffer, any) error) error {
+	buf.WriteByte('[')
+	for i, e := range elems {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		if err := elem(buf, e); err != nil {
+			return err
+		}
+	}
+	buf.WriteByte(']')
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package canonjson
 
 import (
+	"bytes"
 	"encoding/json"
 	"testing"
 
@@ -33,4 +34,86 @@ func TestLargeIntegersStayExact(t *testing.T) {
 	got, err := Marshal(json.RawMessage(`{"n": 9007199254740993}`))
 	require.NoError(t, err)
 	require.Equal(t, `{"n":9007199254740993}`, string(got))
+}
+
+// A Canonical element must hash exactly as the raw JSON it came from did:
+// generated idempotency keys already stored depend on it.
+func TestCanonicalEncodesAsItsSource(t *testing.T) {
+	t.Parallel()
+	for _, src := range []string{
+		`null`, `"x"`, `1.0`, `-0`, `1e3`, `9007199254740993`, `[]`, `{}`,
+		`{"b": [3, 1, {"z":1,"a":2}], "a": "x", "n": 1.50}`,
+		`{"html": "<a href=\"x\">&</a>", "u": "\u00e9\u2028", "e": "\ud83d\ude00"}`,
+		`[{"k": null}, true, false, 0.1, -2.5e-7]`,
+	} {
+		canon, err := Marshal(json.RawMessage(src))
+		require.NoError(t, err, src)
+		want, err := Hash([]any{"run", "tool", nil, json.RawMessage(src), 7})
+		require.NoError(t, err, src)
+		got, err := Hash([]any{"run", "tool", nil, Canonical(canon), 7})
+		require.NoError(t, err, src)
+		require.Equal(t, want, got, src)
+
+		again, err := Marshal(Canonical(canon))
+		require.NoError(t, err, src)
+		require.Equal(t, string(canon), string(again), src)
+	}
+}
+
+// legacyMarshal is Marshal as it was before encode's shortcuts: the whole
+// value through encoding/json and back. Stored keys were hashed this way.
+func legacyMarshal(t *testing.T, v any) string {
+	raw, err := json.Marshal(v)
+	require.NoError(t, err)
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var tree any
+	require.NoError(t, dec.Decode(&tree))
+	var buf bytes.Buffer
+	require.NoError(t, write(&buf, tree))
+	return buf.String()
+}
+
+func TestShortcutsEncodeAsBefore(t *testing.T) {
+	t.Parallel()
+	n, s := 3, "<b>&</b>"
+	for _, v := range []any{
+		[]any{"plain", "<b>&</b>", "\xff bad \xfe", "\u2028\u00e9", "", nil, true, false, 1, 2.50, int64(-7)},
+		[]any{&n, &s, (*string)(nil), []any{"nested", []any{}}, map[string]any{"b": 1, "a": []any{"x"}}},
+		[]any{json.RawMessage(`{"z": 1, "a": [1.0, "\u00e9"]}`), json.Number("1.0")},
+		"\xff", "ok", nil, true, []any{},
+	} {
+		got, err := Marshal(v)
+		require.NoError(t, err)
+		require.Equal(t, legacyMarshal(t, v), string(got), "%#v", v)
+	}
+}
+
+func TestMarshalRefusesInvalidJSONInsideArrays(t *testing.T) {
+	t.Parallel()
+	_, err := Marshal([]any{"a", json.RawMessage(`{"a":`)})
+	require.Error(t, err)
+}
+
+// The enqueue path hashes the canonical input twice (the generated key and
+// the fingerprint): passing it as Canonical skips parsing it again.
+func BenchmarkHashInput(b *testing.B) {
+	src := json.RawMessage(`{"to": "ada@example.com", "template": "welcome", "vars": {"name": "Ada", "plan": "pro",
+		"items": [1, 2, 3, 4, 5, 6, 7, 8], "nested": {"a": 1.5, "b": "two", "c": [true, false, null]}}}`)
+	canon, err := Marshal(src)
+	require.NoError(b, err)
+	b.Run("raw", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := Hash([]any{"run", "tool", "v1", nil, json.RawMessage(canon)}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("canonical", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := Hash([]any{"run", "tool", "v1", nil, Canonical(canon)}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

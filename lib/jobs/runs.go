@@ -330,7 +330,7 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 		// run, tool, handler version, contract version, effective endpoint,
 		// dependency and canonical input.
 		op.key, err = canonjson.Hash([]any{runID, op.name, op.version, op.contractVersion, op.endpoint,
-			op.afterStepID, op.afterStatus, json.RawMessage(op.input)})
+			op.afterStepID, op.afterStatus, canonjson.Canonical(op.input)})
 		if err != nil {
 			return op, apierr.InvalidField("input", "must be JSON")
 		}
@@ -342,7 +342,7 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 // different operation is told apart from a duplicate.
 func (op enqueueOp) fingerprint() []byte {
 	b, _ := canonjson.Marshal([]any{op.runID, op.name, op.version, op.contractVersion, op.endpoint, op.afterStepID,
-		op.afterStatus, json.RawMessage(op.input), op.timeoutMs, op.maxAttempts, op.key})
+		op.afterStatus, canonjson.Canonical(op.input), op.timeoutMs, op.maxAttempts, op.key})
 	return b
 }
 
