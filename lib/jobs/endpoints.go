@@ -362,5 +362,8 @@ func (s *Service) SetPaused(ctx context.Context, workspaceID, id string, paused 
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Endpoint{}, apierr.NotFound("endpoint")
 	}
+	if err == nil && !paused {
+		s.wake.wake(workspaceID) // its held jobs are claimable again
+	}
 	return e, err
 }

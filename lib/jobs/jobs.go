@@ -64,6 +64,10 @@ type Service struct {
 	leaseGrace time.Duration
 	// jitter returns a uniform value in [0,1) for retry jitter.
 	jitter func() float64
+	// Long-poll pacing (pollMin, pollMax) and the wake-up of parked
+	// long polls when this process queues work (wake.go).
+	pollMin, pollMax time.Duration
+	wake             *waker
 }
 
 // New builds the service. hashSecret keys the HMAC of stored operation
@@ -73,7 +77,8 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, hashSecret string, leaseGraceM
 		now = time.Now
 	}
 	return &Service{pool: pool, sealer: sealer, hashKey: []byte(hashSecret), now: func() time.Time { return now().UTC() },
-		leaseGrace: time.Duration(leaseGraceMs) * time.Millisecond, jitter: rand.Float64}
+		leaseGrace: time.Duration(leaseGraceMs) * time.Millisecond, jitter: rand.Float64,
+		pollMin: pollMin, pollMax: pollMax, wake: newWaker()}
 }
 
 type querier interface {

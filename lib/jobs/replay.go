@@ -287,6 +287,9 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 			MaxAttempts: ceiling, HandlerVersion: newVersion}
 		return nil
 	})
+	if err == nil {
+		s.wake.wake(p.WorkspaceID)
+	}
 	return out, err
 }
 

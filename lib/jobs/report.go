@@ -75,14 +75,17 @@ type applyRow struct {
 // reportMany applies validated reports (distinct job ids) inside tx and
 // answers each in its slot. A report refused for its own reason
 // (lease_lost, invalid_state, not_found) does not affect the others; any
-// other error aborts the transaction.
-func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, workspaceID string, items []reportItem) ([]reportOutcome, error) {
+// other error aborts the transaction. released says whether a step with
+// dependents ended, which may have queued them: once tx commits, parked
+// claims are worth waking.
+func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, workspaceID string, items []reportItem) (
+	out []reportOutcome, released bool, err error) {
 	locked, err := s.lockForReport(ctx, tx, workspaceID, items)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	now := s.now()
-	out := make([]reportOutcome, len(items))
+	out = make([]reportOutcome, len(items))
 	var (
 		apply      []applyRow
 		done       []endedStep
@@ -98,7 +101,7 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, workspaceID string,
 		res, row, err := s.decideReport(ctx, tx, j, it.req, now)
 		if err != nil {
 			if _, ok := apierr.As(err); !ok {
-				return nil, err
+				return nil, false, err
 			}
 			out[i].err = err
 			continue
@@ -118,21 +121,21 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, workspaceID string,
 		}
 	}
 	if err := s.applyReports(ctx, tx, workspaceID, apply, now); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if len(done) > 0 {
 		// The common case costs no statement here: no dependents, and
 		// completion not requested while the run lock was taken unopposed.
 		if _, err := s.release(ctx, tx, done, dependents); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		for _, runID := range slices.Sorted(maps.Keys(settle)) {
 			if err := s.lockAndSettle(ctx, tx, runID, settle[runID]); err != nil {
-				return nil, err
+				return nil, false, err
 			}
 		}
 	}
-	return out, nil
+	return out, dependents, nil
 }
 
 // lockForReport locks the items' jobs in id order and reads them with the

@@ -357,7 +357,11 @@ func (s *Service) Enqueue(ctx context.Context, workspaceID, runID string, req En
 	if err != nil {
 		return EnqueueResult{}, err
 	}
-	return s.enqueue(ctx, s.pool, workspaceID, op)
+	res, err := s.enqueue(ctx, s.pool, workspaceID, op)
+	if err == nil && res.Status == StatusQueued && !res.Deduplicated {
+		s.wake.wake(workspaceID) // the enqueue is its own transaction: committed
+	}
+	return res, err
 }
 
 // enqueue calls jobs_enqueue (sqlEnqueue) until it decides. The common

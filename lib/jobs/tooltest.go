@@ -65,5 +65,8 @@ func (s *Service) TestTool(ctx context.Context, workspaceID, name string, req To
 	if err != nil {
 		return ToolTestResult{}, err
 	}
+	if out.Status == StatusQueued {
+		s.wake.wake(workspaceID)
+	}
 	return out, nil
 }

@@ -102,7 +102,8 @@ const (
 
 // Claim leases up to limit due jobs for the worker in one statement. With
 // waitSeconds it polls (short sleeps, bounded by ctx) until a job is claimed
-// or the wait ends; it never holds a connection while sleeping.
+// or the wait ends; it never holds a connection while sleeping, and wakes
+// early when this process queues work in the workspace (waker).
 func (s *Service) Claim(ctx context.Context, p *auth.Principal, workerID string, req ClaimRequest) (ClaimResult, error) {
 	var pr apierr.Problems
 	limit, wait := 1, 0
@@ -122,40 +123,62 @@ func (s *Service) Claim(ctx context.Context, p *auth.Principal, workerID string,
 		return ClaimResult{}, err
 	}
 	deadline := time.Now().Add(time.Duration(wait) * time.Second)
-	pause := pollMin
-	for checked := false; ; checked = true {
-		jobs, err := s.claimOnce(ctx, p, workerID, limit)
+	pause := s.pollMin
+	for first := true; ; first = false {
+		jobs, again, err := s.claimOrWait(ctx, p, workerID, limit, wait > 0, first, deadline, &pause)
 		if err != nil {
 			return ClaimResult{}, err
 		}
-		if len(jobs) > 0 {
+		if !again {
 			return ClaimResult{Jobs: jobs}, nil
 		}
-		if !checked {
-			// An empty claim may mean an unknown worker or another key's
-			// worker: both are 404, never a hint.
-			var ok bool
-			err := s.pool.QueryRow(ctx, sqlWorkerExists, workerID, p.WorkspaceID, p.KeyID).Scan(&ok)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return ClaimResult{}, apierr.NotFound("worker")
-			}
-			if err != nil {
-				return ClaimResult{}, fmt.Errorf("worker lookup: %w", err)
-			}
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return ClaimResult{Jobs: []ClaimedJob{}}, nil
-		}
-		t := time.NewTimer(min(pause, left))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ClaimResult{Jobs: []ClaimedJob{}}, nil
-		case <-t.C:
-		}
-		pause = min(pause*2, pollMax)
 	}
+}
+
+// claimOrWait is one poll of Claim: it claims, and when nothing was claimed
+// and the deadline is still ahead, sleeps until the next poll (pause, then
+// doubled up to pollMax) or until this process queues work in the
+// workspace, and answers again. A long poll (parked) registers with the
+// waker before it claims, so a commit after the claim's snapshot still
+// wakes it.
+func (s *Service) claimOrWait(ctx context.Context, p *auth.Principal, workerID string, limit int, parked, first bool,
+	deadline time.Time, pause *time.Duration) (jobs []ClaimedJob, again bool, err error) {
+	var woken <-chan struct{}
+	if parked {
+		var leave func()
+		woken, leave = s.wake.park(p.WorkspaceID)
+		defer leave()
+	}
+	jobs, err = s.claimOnce(ctx, p, workerID, limit)
+	if err != nil || len(jobs) > 0 {
+		return jobs, false, err
+	}
+	if first {
+		// An empty claim may mean an unknown worker or another key's
+		// worker: both are 404, never a hint.
+		var ok bool
+		err := s.pool.QueryRow(ctx, sqlWorkerExists, workerID, p.WorkspaceID, p.KeyID).Scan(&ok)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, false, apierr.NotFound("worker")
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("worker lookup: %w", err)
+		}
+	}
+	left := time.Until(deadline)
+	if left <= 0 {
+		return []ClaimedJob{}, false, nil
+	}
+	t := time.NewTimer(min(*pause, left))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return []ClaimedJob{}, false, nil
+	case <-woken:
+	case <-t.C:
+		*pause = min(*pause*2, s.pollMax)
+	}
+	return nil, true, nil
 }
 
 func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID string, limit int) ([]ClaimedJob, error) {
@@ -300,16 +323,22 @@ func (s *Service) Report(ctx context.Context, workspaceID, jobID string, req Rep
 	if err := p.Err(); err != nil {
 		return ReportResult{}, err
 	}
-	var out reportOutcome
+	var (
+		out      reportOutcome
+		released bool
+	)
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		res, err := s.reportMany(ctx, tx, workspaceID, []reportItem{{jobID: jobID, req: req}})
+		res, rel, err := s.reportMany(ctx, tx, workspaceID, []reportItem{{jobID: jobID, req: req}})
 		if err != nil {
 			return err
 		}
-		out = res[0]
+		out, released = res[0], rel
 		// A refused report changed nothing: rolling back is the same.
 		return out.err
 	})
+	if err == nil && released {
+		s.wake.wake(workspaceID)
+	}
 	return out.res, err
 }
 
@@ -384,11 +413,13 @@ func (s *Service) ReportBatch(ctx context.Context, workspaceID string, req Batch
 		items[i] = reportItem{jobID: r.JobID, req: r.report()}
 	}
 	out := BatchReportResponse{Results: make([]BatchReportResult, len(req.Reports))}
+	released := false
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		res, err := s.reportMany(ctx, tx, workspaceID, items)
+		res, rel, err := s.reportMany(ctx, tx, workspaceID, items)
 		if err != nil {
 			return err
 		}
+		released = rel
 		for i, r := range res {
 			if e, ok := apierr.As(r.err); ok {
 				out.Results[i] = BatchReportResult{JobID: items[i].jobID, Error: &BatchReportError{Code: e.Code, Message: e.Message}}
@@ -399,5 +430,8 @@ func (s *Service) ReportBatch(ctx context.Context, workspaceID string, req Batch
 		}
 		return nil
 	})
+	if err == nil && released {
+		s.wake.wake(workspaceID)
+	}
 	return out, err
 }

@@ -190,7 +190,12 @@ func (e *errList) err() error {
 // startWorker starts an SDK worker for benchTool; onStart (optional) is
 // called at the start of every handler.
 func (s *jobsSession) startWorker(ctx context.Context, opts ratchet.StartOptions, onStart func(benchInput)) (*ratchet.Worker, *errList, error) {
-	c, err := s.client(s.workerKey)
+	return s.startWorkerOn(ctx, s.in, opts, onStart)
+}
+
+// startWorkerOn is startWorker with the worker talking to instance in.
+func (s *jobsSession) startWorkerOn(ctx context.Context, in *instance, opts ratchet.StartOptions, onStart func(benchInput)) (*ratchet.Worker, *errList, error) {
+	c, err := ratchet.NewClient(ratchet.Config{BaseURL: in.URL, APIKey: s.workerKey, HTTPClient: in.Client})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -488,8 +493,25 @@ func depthLabel(n int) string {
 // long-poll claim (WaitSeconds 20, the default 30 s poll interval), p50 and
 // p99 over b.scale.E2ESamples jobs enqueued one at a time after a random
 // pause of up to 250 ms, so they land at every point of the server's
-// long-poll schedule.
+// long-poll schedule. Producer and worker reach the same instance, so the
+// enqueue wakes the parked claim (a long-running server's case).
 func jobsEndToEnd(ctx context.Context, b *bench) error {
+	return endToEnd(ctx, b, "ratchet.jobs.e2e", false)
+}
+
+// jobsEndToEndAcrossInstances is jobsEndToEnd with the producer and the
+// worker on two instances, as on a serverless deployment where any request
+// may reach any instance: the worker's long poll is not woken by the
+// enqueue and finds the job at its next look.
+func jobsEndToEndAcrossInstances(ctx context.Context, b *bench) error {
+	return endToEnd(ctx, b, "ratchet.jobs.e2e_cross_instance", true)
+}
+
+// endToEnd times enqueue → handler start for b.scale.E2ESamples jobs, one
+// at a time at random intervals, and emits name_p50_ms and name_p99_ms. With
+// cross the worker talks to a second instance (the serverless default
+// configuration) over the same database.
+func endToEnd(ctx context.Context, b *bench, name string, cross bool) error {
 	s, err := b.jobsSetup(ctx, nil)
 	if err != nil {
 		return err
@@ -499,11 +521,18 @@ func jobsEndToEnd(ctx context.Context, b *bench) error {
 	if err != nil {
 		return err
 	}
+	workerIn := s.in
+	if cross {
+		if workerIn, err = b.instance(ctx, nil); err != nil {
+			return err
+		}
+		defer workerIn.Close()
+	}
 	started := make(chan benchInput, 1)
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// Ended by cancelling wctx, not Stop: Stop would wait out the long poll.
-	_, werrs, err := s.startWorker(wctx, ratchet.StartOptions{Concurrency: 10, WaitSeconds: 20},
+	_, werrs, err := s.startWorkerOn(wctx, workerIn, ratchet.StartOptions{Concurrency: 10, WaitSeconds: 20},
 		func(in benchInput) { started <- in })
 	if err != nil {
 		return err
@@ -537,8 +566,8 @@ func jobsEndToEnd(ctx context.Context, b *bench) error {
 	if err := werrs.err(); err != nil {
 		return err
 	}
-	b.emit("ratchet.jobs.e2e_p50_ms", ms(percentile(lat, 50)))
-	b.emit("ratchet.jobs.e2e_p99_ms", ms(percentile(lat, 99)))
+	b.emit(name+"_p50_ms", ms(percentile(lat, 50)))
+	b.emit(name+"_p99_ms", ms(percentile(lat, 99)))
 	return nil
 }
 

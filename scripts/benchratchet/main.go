@@ -163,6 +163,7 @@ func figures() []figure {
 		{"ratchet.jobs.insert_and_work", jobsInsertAndWork},
 		{"ratchet.jobs.claim", jobsClaimLatency},
 		{"ratchet.jobs.e2e", jobsEndToEnd},
+		{"ratchet.jobs.e2e_cross_instance", jobsEndToEndAcrossInstances},
 		{"ratchet.jobs.reclaim", jobsReclaim},
 		{"ratchet.serverless.cold_start", coldStart},
 		{"ratchet.serverless.lambda", lambdaSize},

@@ -69,6 +69,7 @@ func TestFiguresSmoke(t *testing.T) {
 		"ratchet.serverless.db_conns_max", "ratchet.serverless.db_conns_burst",
 		"ratchet.jobs.enqueue_per_s", "ratchet.jobs.work_jobs_per_s", "ratchet.jobs.insert_and_work_jobs_per_s",
 		"ratchet.jobs.claim_p50_ms_10", "ratchet.jobs.claim_p50_ms_100", "ratchet.jobs.e2e_p50_ms", "ratchet.jobs.e2e_p99_ms",
+		"ratchet.jobs.e2e_cross_instance_p50_ms", "ratchet.jobs.e2e_cross_instance_p99_ms",
 		"ratchet.serverless.idle_claims_10min", "ratchet.jobs.reclaim_after_timeout_s",
 	} {
 		require.Contains(t, values, name)

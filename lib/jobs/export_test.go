@@ -1,0 +1,7 @@
+package jobs
+
+import "time"
+
+// SetPolling sets a service's long-poll pacing, so a test can make the
+// poll pause longer than the test: a claim that returns then was woken.
+func SetPolling(s *Service, pause time.Duration) { s.pollMin, s.pollMax = pause, pause }

@@ -1,0 +1,138 @@
+package jobs_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/jobs"
+)
+
+// parkClaim starts a long-polling claim (waitSeconds 20) on a service whose
+// poll pause outlasts the claim's context, so the claim can only return a
+// job claimed by its first look or one that something woke it for. It
+// returns once that first look found nothing.
+func (b *bundle) parkClaim(t *testing.T, wid string) <-chan jobs.ClaimResult {
+	t.Helper()
+	jobs.SetPolling(b.svc, time.Hour)
+	c, cancel := context.WithTimeout(ctx, 10*time.Second)
+	out := make(chan jobs.ClaimResult, 1)
+	look := b.nextLook()
+	go func() {
+		defer cancel()
+		res, err := b.svc.Claim(c, b.worker, wid, jobs.ClaimRequest{Limit: ptr(10), WaitSeconds: ptr(20)})
+		if err != nil {
+			t.Errorf("claim: %v", err)
+		}
+		out <- res
+	}()
+	b.waitLook(t, wid, look)
+	return out
+}
+
+// nextLook moves the clock on, so that the worker's next claim stamps
+// last_seen_at with a time no earlier claim did.
+func (b *bundle) nextLook() time.Time {
+	b.clock.Add(time.Second)
+	return b.clock.Now()
+}
+
+// waitLook waits until a claim made at look has run (and found nothing:
+// the tests then expect the claim still waiting).
+func (b *bundle) waitLook(t *testing.T, wid string, look time.Time) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var seen time.Time
+		err := b.env.App.Pool.QueryRow(ctx, `SELECT last_seen_at FROM job_workers WHERE id = $1`, wid).Scan(&seen)
+		return err == nil && seen.Equal(look)
+	}, 5*time.Second, time.Millisecond)
+}
+
+func claimedSteps(res jobs.ClaimResult) []string {
+	var steps []string
+	for _, j := range res.Jobs {
+		steps = append(steps, j.StepID)
+	}
+	return steps
+}
+
+func TestLongPollClaimIsWokenByAnEnqueue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wid := b.register(t)
+	run := b.run(t)
+	parked := b.parkClaim(t, wid)
+
+	st := b.enqueue(t, run, jobs.EnqueueRequest{})
+	require.Equal(t, []string{st.StepID}, claimedSteps(<-parked))
+}
+
+func TestLongPollClaimIsWokenWhenADependencyIsReleased(t *testing.T) {
+	t.Parallel()
+	for name, report := range map[string]func(b *bundle, j jobs.ClaimedJob) error{
+		"single": func(b *bundle, j jobs.ClaimedJob) error {
+			_, err := b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
+			return err
+		},
+		"batch": func(b *bundle, j jobs.ClaimedJob) error {
+			_, err := b.svc.ReportBatch(ctx, b.ws, jobs.BatchReportRequest{Reports: []jobs.BatchReportItem{
+				{JobID: j.JobID, LeaseToken: j.LeaseToken, Status: "SUCCEEDED"}}})
+			return err
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			wid := b.register(t)
+			run := b.run(t)
+			first := b.enqueue(t, run, jobs.EnqueueRequest{})
+			second := b.enqueue(t, run, jobs.EnqueueRequest{IdempotencyKey: ptr("second"), AfterStepID: &first.StepID,
+				AfterStatus: ptr(jobs.StatusSucceeded)})
+			require.Equal(t, "WAITING", second.Status)
+			j := b.claimOne(t, wid)
+			parked := b.parkClaim(t, wid)
+
+			require.NoError(t, report(b, j))
+			require.Equal(t, []string{second.StepID}, claimedSteps(<-parked))
+		})
+	}
+}
+
+func TestLongPollClaimIsWokenByAToolTest(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wid := b.register(t)
+	parked := b.parkClaim(t, wid)
+
+	res, err := b.svc.TestTool(ctx, b.ws, "send_email", jobs.ToolTestRequest{Version: "1"})
+	require.NoError(t, err)
+	require.Equal(t, []string{res.StepID}, claimedSteps(<-parked))
+}
+
+func TestLongPollClaimIsWokenByAResumeAndAReplay(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wid := b.register(t)
+	run := b.run(t)
+	st := b.enqueue(t, run, jobs.EnqueueRequest{MaxAttempts: ptr(int64(1))})
+	b.fail(t, b.claimOne(t, wid), &jobs.ReportError{Message: "down", Retryable: ptr(false)})
+	require.Equal(t, jobs.StatusExhausted, b.step(t, st.StepID).Status)
+	eps, err := b.svc.ListEndpoints(ctx, b.ws, "", 10)
+	require.NoError(t, err)
+	_, err = b.svc.SetPaused(ctx, b.ws, eps[0].ID, true)
+	require.NoError(t, err)
+
+	// The replay wakes the claim, whose next look finds the endpoint
+	// paused; the resume wakes it once more.
+	parked := b.parkClaim(t, wid)
+	look := b.nextLook()
+	_, err = b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true),
+		MaxAttempts: ptr(int64(1))})
+	require.NoError(t, err)
+	b.waitLook(t, wid, look)
+	_, err = b.svc.SetPaused(ctx, b.ws, eps[0].ID, false)
+	require.NoError(t, err)
+	require.Equal(t, []string{st.StepID}, claimedSteps(<-parked))
+}
