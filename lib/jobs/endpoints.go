@@ -363,7 +363,7 @@ func (s *Service) SetPaused(ctx context.Context, workspaceID, id string, paused 
 		return Endpoint{}, apierr.NotFound("endpoint")
 	}
 	if err == nil && !paused {
-		s.wake.wake(workspaceID) // its held jobs are claimable again
+		s.wake.wakeAll(workspaceID) // its held jobs are claimable again
 	}
 	return e, err
 }

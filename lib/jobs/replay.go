@@ -288,7 +288,7 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 		return nil
 	})
 	if err == nil {
-		s.wake.wake(p.WorkspaceID)
+		s.wake.wakeOne(p.WorkspaceID)
 	}
 	return out, err
 }

@@ -359,7 +359,7 @@ func (s *Service) Enqueue(ctx context.Context, workspaceID, runID string, req En
 	}
 	res, err := s.enqueue(ctx, s.pool, workspaceID, op)
 	if err == nil && res.Status == StatusQueued && !res.Deduplicated {
-		s.wake.wake(workspaceID) // the enqueue is its own transaction: committed
+		s.wake.wakeOne(workspaceID) // the enqueue is its own transaction: committed
 	}
 	return res, err
 }

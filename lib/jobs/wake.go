@@ -11,50 +11,84 @@ import "sync"
 // pause on a long-running server (functions/local, a container) where the
 // producer and the waiting worker reach the same process: the job is
 // claimed as soon as its enqueue commits.
+//
+// One new job wakes one claim (wakeOne), the one parked longest, so that
+// many idle workers do not all query for every job (a thundering herd of
+// claims); changes that may free several jobs at once wake every claim
+// parked in the workspace (wakeAll). A woken claim that stops without
+// looking again (it claimed other jobs, or its wait ended) passes its wake
+// on to the next one, so the job it was meant for is not left to the poll.
 type waker struct {
 	mu     sync.Mutex
-	parked map[string]*parking // by workspace
+	parked map[string][]chan struct{} // by workspace, longest parked first
 }
 
-// parking is one workspace's waiting claims; ch is closed to wake them all.
-type parking struct {
-	ch chan struct{}
-	n  int
-}
-
-func newWaker() *waker { return &waker{parked: map[string]*parking{}} }
+func newWaker() *waker { return &waker{parked: map[string][]chan struct{}{}} }
 
 // park registers a claim about to look for work in workspace ws. It must be
 // called before the look, so that work committed after the look's snapshot
-// still wakes the claim. The channel is closed by the next wake of ws;
-// leave must be called once the claim stops waiting on it.
-func (w *waker) park(ws string) (woken <-chan struct{}, leave func()) {
+// still wakes the claim. The channel is closed when a wake picks the claim.
+// leave must be called once the claim stops waiting on it; last says the
+// claim will not look again, so a wake it received is passed on.
+func (w *waker) park(ws string) (woken <-chan struct{}, leave func(last bool)) {
+	ch := make(chan struct{})
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	p := w.parked[ws]
-	if p == nil {
-		p = &parking{ch: make(chan struct{})}
-		w.parked[ws] = p
-	}
-	p.n++
-	return p.ch, func() {
+	w.parked[ws] = append(w.parked[ws], ch)
+	w.mu.Unlock()
+	return ch, func(last bool) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		p.n--
-		// After a wake, p is no longer the workspace's parking.
-		if p.n == 0 && w.parked[ws] == p {
-			delete(w.parked, ws)
+		select {
+		case <-ch: // woken, so already off the list
+			if last {
+				w.wakeOneLocked(ws)
+			}
+			return
+		default:
 		}
+		q := w.parked[ws]
+		for i, c := range q {
+			if c == ch {
+				q = append(q[:i:i], q[i+1:]...)
+				break
+			}
+		}
+		w.store(ws, q)
 	}
 }
 
-// wake wakes every claim parked in workspace ws. Call it after the commit
-// that made work claimable.
-func (w *waker) wake(ws string) {
+// wakeOne wakes the claim parked longest in workspace ws, if any. Call it
+// after the commit that made one job claimable.
+func (w *waker) wakeOne(ws string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if p := w.parked[ws]; p != nil {
-		close(p.ch)
-		delete(w.parked, ws)
+	w.wakeOneLocked(ws)
+}
+
+func (w *waker) wakeOneLocked(ws string) {
+	if q := w.parked[ws]; len(q) > 0 {
+		close(q[0])
+		w.store(ws, q[1:])
 	}
+}
+
+// wakeAll wakes every claim parked in workspace ws. Call it after the
+// commit that may have made several jobs claimable.
+func (w *waker) wakeAll(ws string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, ch := range w.parked[ws] {
+		close(ch)
+	}
+	delete(w.parked, ws)
+}
+
+// store keeps q as ws's parked claims; an empty list is dropped, so a
+// workspace with no parked claim holds nothing.
+func (w *waker) store(ws string, q []chan struct{}) {
+	if len(q) == 0 {
+		delete(w.parked, ws)
+		return
+	}
+	w.parked[ws] = q
 }

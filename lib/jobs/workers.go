@@ -140,14 +140,15 @@ func (s *Service) Claim(ctx context.Context, p *auth.Principal, workerID string,
 // doubled up to pollMax) or until this process queues work in the
 // workspace, and answers again. A long poll (parked) registers with the
 // waker before it claims, so a commit after the claim's snapshot still
-// wakes it.
+// wakes it; when it stops without looking again, a wake it got is passed
+// on to the next parked claim.
 func (s *Service) claimOrWait(ctx context.Context, p *auth.Principal, workerID string, limit int, parked, first bool,
 	deadline time.Time, pause *time.Duration) (jobs []ClaimedJob, again bool, err error) {
 	var woken <-chan struct{}
 	if parked {
-		var leave func()
+		var leave func(last bool)
 		woken, leave = s.wake.park(p.WorkspaceID)
-		defer leave()
+		defer func() { leave(!again) }()
 	}
 	jobs, err = s.claimOnce(ctx, p, workerID, limit)
 	if err != nil || len(jobs) > 0 {
@@ -337,7 +338,7 @@ func (s *Service) Report(ctx context.Context, workspaceID, jobID string, req Rep
 		return out.err
 	})
 	if err == nil && released {
-		s.wake.wake(workspaceID)
+		s.wake.wakeAll(workspaceID)
 	}
 	return out.res, err
 }
@@ -431,7 +432,7 @@ func (s *Service) ReportBatch(ctx context.Context, workspaceID string, req Batch
 		return nil
 	})
 	if err == nil && released {
-		s.wake.wake(workspaceID)
+		s.wake.wakeAll(workspaceID)
 	}
 	return out, err
 }
