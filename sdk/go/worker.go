@@ -42,7 +42,9 @@ type StartOptions struct {
 	// WaitSeconds (0–20, default 0) makes each claim long-poll: the server
 	// holds an empty claim up to this long and answers as soon as a job is
 	// due, so a job enqueued while the worker is idle starts within about a
-	// second instead of up to PollInterval later. The time a claim spent
+	// second instead of up to PollInterval later (within milliseconds when
+	// the enqueue reaches the same server instance, which wakes the claim).
+	// The time a claim spent
 	// waiting counts towards the poll interval, so an idle worker makes no
 	// more claim calls than without it; but each idle claim is then a
 	// request held open for WaitSeconds (billed time on serverless hosting),
