@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -240,4 +241,26 @@ WHERE p.proname = 'jobs_enqueue' AND p.pronamespace = to_regnamespace(current_sc
 		&searchPath)
 	require.NoError(t, err, "jobs_enqueue is missing")
 	require.Equal(t, []any{"plpgsql", "v", true}, []any{lang, volatility, searchPath})
+}
+
+// A job's (run, workspace) must name a run of that workspace (migration
+// 0014): the database refuses to move a job into another workspace or onto
+// a run that does not exist, whatever the code above it does.
+func TestAJobStaysInItsRunsWorkspace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	other := b.env.Signup()
+	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{})
+
+	for name, sql := range map[string]string{
+		"another workspace": `UPDATE jobs SET workspace_id = $2 WHERE id = $1`,
+		"a missing run":     `UPDATE jobs SET run_id = 'run_' || $2 WHERE id = $1`,
+	} {
+		_, err := b.env.App.Pool.Exec(ctx, sql, st.JobID, other.ID)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, name)
+		require.Equal(t, "23503", pgErr.Code, name) // foreign_key_violation
+		require.Equal(t, "jobs_run_workspace_fkey", pgErr.ConstraintName, name)
+	}
+	require.Equal(t, jobs.StatusQueued, b.step(t, st.StepID).Status)
 }
