@@ -101,9 +101,10 @@ func effectCols(alias string, nullSafe bool) string {
 //
 // The hot statements live in migrations as the functions gate_begin (0013,
 // as steps; 0008 before) and gate_begin_locked (0008), both calling
-// gate_evaluate, the policy's and the circuits' verdict (0010), gate_report
-// (0013) and gate_heartbeat (0010); this file holds only their calls. There is no Go copy of their SQL to edit: a
-// change is a new migration (CREATE OR REPLACE FUNCTION; DROP and CREATE
+// gate_evaluate, the policy's and the circuits' verdict (0013; 0010
+// before), gate_report (0013) and gate_heartbeat (0010); this file holds
+// only their calls. There is no Go copy of their SQL to edit: a change is a
+// new migration (CREATE OR REPLACE FUNCTION; DROP and CREATE
 // when the parameters or the result columns change, with the call here).
 // Why functions: the pool's default exec mode plans every statement it
 // sends, and begin's statement cost more to plan than to run; PL/pgSQL

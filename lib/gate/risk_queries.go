@@ -8,7 +8,7 @@ import "github.com/getratchet/ratchet/lib/events"
 // and report's copies live in gate_begin and gate_report (migration 0013),
 // so a begin with nothing configured stays one round trip (and skips the
 // charge altogether). How begin evaluates the circuits, and what bounds its
-// cost, is explained beside gate_evaluate (0008, 0010).
+// cost, is explained beside gate_evaluate (0008, 0010, 0013).
 
 // utcDay is the UTC day of a timestamptz expression: ceilings roll at UTC
 // midnight whatever the session's time zone.

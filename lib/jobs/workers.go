@@ -122,10 +122,9 @@ func (s *Service) Claim(ctx context.Context, p *auth.Principal, workerID string,
 	if err := pr.Err(); err != nil {
 		return ClaimResult{}, err
 	}
-	deadline := time.Now().Add(time.Duration(wait) * time.Second)
-	pause := s.pollMin
+	poll := longPoll{parked: wait > 0, deadline: time.Now().Add(time.Duration(wait) * time.Second), pause: s.pollMin}
 	for first := true; ; first = false {
-		jobs, again, err := s.claimOrWait(ctx, p, workerID, limit, wait > 0, first, deadline, &pause)
+		jobs, again, err := s.claimOrWait(ctx, p, workerID, limit, first, &poll)
 		if err != nil {
 			return ClaimResult{}, err
 		}
@@ -135,17 +134,25 @@ func (s *Service) Claim(ctx context.Context, p *auth.Principal, workerID string,
 	}
 }
 
+// longPoll is a claim's wait: whether it parks with the waker (waitSeconds
+// above 0), when it ends, and the pause before its next look.
+type longPoll struct {
+	parked   bool
+	deadline time.Time
+	pause    time.Duration
+}
+
 // claimOrWait is one poll of Claim: it claims, and when nothing was claimed
-// and the deadline is still ahead, sleeps until the next poll (pause, then
-// doubled up to pollMax) or until this process queues work in the
-// workspace, and answers again. A long poll (parked) registers with the
-// waker before it claims, so a commit after the claim's snapshot still
-// wakes it; when it stops without looking again, a wake it got is passed
-// on to the next parked claim.
-func (s *Service) claimOrWait(ctx context.Context, p *auth.Principal, workerID string, limit int, parked, first bool,
-	deadline time.Time, pause *time.Duration) (jobs []ClaimedJob, again bool, err error) {
+// and the deadline is still ahead, sleeps until the next poll (the pause,
+// then doubled up to pollMax) or until this process queues work in the
+// workspace, and answers again. A parked poll registers with the waker
+// before it claims, so a commit after the claim's snapshot still wakes it;
+// when it stops without looking again, a wake it got is passed on to the
+// next parked claim.
+func (s *Service) claimOrWait(ctx context.Context, p *auth.Principal, workerID string, limit int, first bool,
+	poll *longPoll) (jobs []ClaimedJob, again bool, err error) {
 	var woken <-chan struct{}
-	if parked {
+	if poll.parked {
 		var leave func(last bool)
 		woken, leave = s.wake.park(p.WorkspaceID)
 		defer func() { leave(!again) }()
@@ -166,18 +173,18 @@ func (s *Service) claimOrWait(ctx context.Context, p *auth.Principal, workerID s
 			return nil, false, fmt.Errorf("worker lookup: %w", err)
 		}
 	}
-	left := time.Until(deadline)
+	left := time.Until(poll.deadline)
 	if left <= 0 {
 		return []ClaimedJob{}, false, nil
 	}
-	t := time.NewTimer(min(*pause, left))
+	t := time.NewTimer(min(poll.pause, left))
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return []ClaimedJob{}, false, nil
 	case <-woken:
 	case <-t.C:
-		*pause = min(*pause*2, s.pollMax)
+		poll.pause = min(poll.pause*2, s.pollMax)
 	}
 	return nil, true, nil
 }

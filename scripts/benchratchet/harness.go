@@ -16,6 +16,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/app"
 	"github.com/getratchet/ratchet/lib/config"
+	ratchet "github.com/getratchet/ratchet/sdk/go"
 )
 
 // instance is one Ratchet instance served over loopback HTTP: the same App
@@ -77,6 +78,11 @@ func (b *bench) instanceWrapped(ctx context.Context, edit func(*config.Config), 
 	// of exhausting ephemeral ports.
 	tr := &http.Transport{MaxIdleConns: 1024, MaxIdleConnsPerHost: 1024, IdleConnTimeout: time.Minute}
 	return &instance{App: a, URL: "http://" + ln.Addr().String(), Client: &http.Client{Transport: tr, Timeout: time.Minute}, srv: srv}, nil
+}
+
+// SDK is a Go SDK client for key over the instance's loopback transport.
+func (in *instance) SDK(key string) (*ratchet.Client, error) {
+	return ratchet.NewClient(ratchet.Config{BaseURL: in.URL, APIKey: key, HTTPClient: in.Client})
 }
 
 // Close stops the server, then the pool.

@@ -99,10 +99,8 @@ func (b *bench) jobsSetup(ctx context.Context, wrap func(http.Handler) http.Hand
 
 func (s *jobsSession) Close() { s.in.Close() }
 
-// client is an SDK client over the instance's loopback transport.
-func (s *jobsSession) client(key string) (*ratchet.Client, error) {
-	return ratchet.NewClient(ratchet.Config{BaseURL: s.in.URL, APIKey: key, HTTPClient: s.in.Client})
-}
+// client is an SDK client over the session's instance.
+func (s *jobsSession) client(key string) (*ratchet.Client, error) { return s.in.SDK(key) }
 
 // seedHistory works historyWarm real jobs to SUCCEEDED, clones them (with
 // their executions) into b.scale.History finished jobs, and ANALYZEs.
@@ -195,7 +193,7 @@ func (s *jobsSession) startWorker(ctx context.Context, opts ratchet.StartOptions
 
 // startWorkerOn is startWorker with the worker talking to instance in.
 func (s *jobsSession) startWorkerOn(ctx context.Context, in *instance, opts ratchet.StartOptions, onStart func(benchInput)) (*ratchet.Worker, *errList, error) {
-	c, err := ratchet.NewClient(ratchet.Config{BaseURL: in.URL, APIKey: s.workerKey, HTTPClient: in.Client})
+	c, err := in.SDK(s.workerKey)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -44,11 +44,11 @@ type StartOptions struct {
 	// due, so a job enqueued while the worker is idle starts within about a
 	// second instead of up to PollInterval later (within milliseconds when
 	// the enqueue reaches the same server instance, which wakes the claim).
-	// The time a claim spent
-	// waiting counts towards the poll interval, so an idle worker makes no
-	// more claim calls than without it; but each idle claim is then a
-	// request held open for WaitSeconds (billed time on serverless hosting),
-	// and Stop waits for a claim in flight. Values above 20 are clamped.
+	// The time a claim spent waiting counts towards the poll interval, so an
+	// idle worker makes no more claim calls than without it; but each idle
+	// claim is then a request held open for WaitSeconds (billed time on
+	// serverless hosting), and Stop waits for a claim in flight. Values above
+	// 20 are clamped.
 	WaitSeconds int
 	// OnError receives problems that stay in the process: failed claims,
 	// heartbeats and reports, handler and classifier panics, invalid
