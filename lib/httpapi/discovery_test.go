@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -133,4 +134,16 @@ func TestVercelEntryServesRewrittenPath(t *testing.T) {
 		env.App.Server.ServeRoute(rec, req, "/api/v1/keys/{id}")
 		require.Equal(t, tc.status, rec.Code, rec.Body.String())
 	}
+
+	// A parameter with an underscore in its name, as rewritten by vercel.json.
+	req, _ := http.NewRequest("POST", "/api/v1/circuits/effect_type/open?effect_type=email.send",
+		strings.NewReader(`{"action": "deny", "reason": "vendor outage"}`))
+	req.Header.Set("Authorization", "Bearer "+a.Key)
+	rec := newRecorder()
+	env.App.Server.ServeRoute(rec, req, "/api/v1/circuits/{effect_type}/open")
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	var c map[string]any
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &c))
+	require.Equal(t, "email.send", c["effect_type"])
+	require.Equal(t, "open", c["state"])
 }

@@ -54,8 +54,8 @@ type Route struct {
 	Timeout time.Duration
 	Handle  HandlerFunc
 	// Raw serves the request itself instead of Handle (a protocol endpoint
-	// such as MCP that speaks its own framing). The request id, body limit
-	// and logging still apply; authentication is the raw handler's job.
+	// such as MCP that speaks its own framing). The request id, body limit,
+	// logging and the route's Auth still apply.
 	Raw http.Handler
 }
 
@@ -87,7 +87,7 @@ type Call struct {
 	Route     *Route
 }
 
-var pathParam = regexp.MustCompile(`\{([a-zA-Z]+)\}`)
+var pathParam = regexp.MustCompile(`\{([a-zA-Z_]+)\}`)
 
 // PathParams lists the pattern's parameter names in order.
 func (r *Route) PathParams() []string {
