@@ -30,6 +30,7 @@ const (
 	CodeApprovalRejected       = "approval_rejected"
 	CodeCircuitOpen            = "circuit_open"
 	CodeNotFound               = "not_found"
+	CodeMethodNotAllowed       = "method_not_allowed"
 	CodeIdempotencyKeyReuse    = "idempotency_key_reuse"
 	CodeInvalidState           = "invalid_state"
 	CodeLeaseExpired           = "lease_expired"
@@ -228,6 +229,7 @@ var Statuses = map[string]int{
 	CodeApprovalRejected:       403,
 	CodeCircuitOpen:            403,
 	CodeNotFound:               404,
+	CodeMethodNotAllowed:       405,
 	CodeIdempotencyKeyReuse:    409,
 	CodeInvalidState:           409,
 	CodeLeaseExpired:           409,

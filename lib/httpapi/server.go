@@ -156,6 +156,10 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 	}
 	r.Body = http.MaxBytesReader(sw, r.Body, MaxBodyBytes)
 	if route.Raw != nil {
+		if err := s.authorize(r.Context(), &Call{R: r, RequestID: reqID, Route: route}); err != nil {
+			s.fail(sw, reqID, route, err)
+			return
+		}
 		route.Raw.ServeHTTP(sw, r)
 		return
 	}
@@ -186,26 +190,8 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 }
 
 func (s *Server) run(ctx context.Context, c *Call) (any, error) {
-	switch c.Route.Auth {
-	case AuthKey:
-		secret, ok := bearer(c.R)
-		if !ok {
-			return nil, apierr.Unauthorized("Missing, malformed, or revoked key.")
-		}
-		p, err := s.Auth.Authenticate(ctx, secret)
-		if err != nil {
-			return nil, err
-		}
-		if err := p.Require(c.Route.Scopes...); err != nil {
-			return nil, err
-		}
-		c.Principal = p
-	case AuthCron:
-		secret, ok := bearer(c.R)
-		want := s.Config.CronSecret
-		if !ok || want == "" || subtle.ConstantTimeCompare([]byte(secret), []byte(want)) != 1 {
-			return nil, apierr.Unauthorized("The cron route needs Authorization: Bearer $CRON_SECRET.")
-		}
+	if err := s.authorize(ctx, c); err != nil {
+		return nil, err
 	}
 	if c.Route.Request == nil && c.Route.Auth == AuthKey && c.R.ContentLength != 0 &&
 		c.R.Method != http.MethodGet && c.R.Method != http.MethodHead {
@@ -217,6 +203,32 @@ func (s *Server) run(ctx context.Context, c *Call) (any, error) {
 		}
 	}
 	return c.Route.Handle(ctx, c)
+}
+
+// authorize checks the route's credentials and sets c.Principal for a key.
+func (s *Server) authorize(ctx context.Context, c *Call) error {
+	switch c.Route.Auth {
+	case AuthKey:
+		secret, ok := bearer(c.R)
+		if !ok {
+			return apierr.Unauthorized("Missing, malformed, or revoked key.")
+		}
+		p, err := s.Auth.Authenticate(ctx, secret)
+		if err != nil {
+			return err
+		}
+		if err := p.Require(c.Route.Scopes...); err != nil {
+			return err
+		}
+		c.Principal = p
+	case AuthCron:
+		secret, ok := bearer(c.R)
+		want := s.Config.CronSecret
+		if !ok || want == "" || subtle.ConstantTimeCompare([]byte(secret), []byte(want)) != 1 {
+			return apierr.Unauthorized("The cron route needs Authorization: Bearer $CRON_SECRET.")
+		}
+	}
+	return nil
 }
 
 func bearer(r *http.Request) (string, bool) {

@@ -108,25 +108,51 @@ func TestStreamableHTTPEndpointUsesCallersKey(t *testing.T) {
 	env := apitest.Start(t)
 	ws := env.Signup()
 	agent := env.Key(ws, map[string]any{"name": "agent", "preset": "AGENT"})
-	for _, tc := range []struct {
-		key      string
-		decision string
-		code     string
-	}{{agent, "execute", ""}, {"", "", "unauthorized"}} {
-		ctx := context.Background()
-		cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.StreamableClientTransport{
-			Endpoint: env.Server.URL + "/api/v1/mcp", HTTPClient: &http.Client{Transport: bearerTransport{tc.key}},
-			DisableStandaloneSSE: true,
+	ctx := context.Background()
+	connectHTTP := func(key string) (*mcp.ClientSession, error) {
+		return mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.StreamableClientTransport{
+			Endpoint: env.Server.URL + "/api/v1/mcp", HTTPClient: &http.Client{Transport: bearerTransport{key}},
 		}, nil)
-		require.NoError(t, err)
-		body, isErr := callJSON(t, cs, "ratchet_begin", map[string]any{"effect_type": "email.send", "idempotency_key": "k-http"})
-		if tc.code != "" {
-			require.True(t, isErr)
-			require.Equal(t, tc.code, body["error"].(map[string]any)["code"])
-		} else {
-			require.False(t, isErr, "%v", body)
-			require.Equal(t, tc.decision, body["decision"])
-		}
-		require.NoError(t, cs.Close())
+	}
+	cs, err := connectHTTP(agent)
+	require.NoError(t, err)
+	body, isErr := callJSON(t, cs, "ratchet_begin", map[string]any{"effect_type": "email.send", "idempotency_key": "k-http"})
+	require.False(t, isErr, "%v", body)
+	require.Equal(t, "execute", body["decision"])
+	require.NoError(t, cs.Close())
+
+	// A key that cannot begin opens the endpoint, and the tool call answers
+	// with the REST call's own refusal.
+	reader := env.Key(ws, map[string]any{"name": "reader", "scopes": []string{"effects:read"}})
+	cs, err = connectHTTP(reader)
+	require.NoError(t, err)
+	body, isErr = callJSON(t, cs, "ratchet_begin", map[string]any{"effect_type": "email.send", "idempotency_key": "k-ro"})
+	require.True(t, isErr)
+	require.Equal(t, "forbidden", body["error"].(map[string]any)["code"])
+	require.NoError(t, cs.Close())
+
+	// Without a valid key the endpoint itself is closed (API.md §0: every
+	// route but signup, health and discovery needs one).
+	for _, key := range []string{"", "rk_not_a_key"} {
+		_, err := connectHTTP(key)
+		require.Error(t, err, "key %q", key)
+		r := env.Do("POST", "/api/v1/mcp", key, map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+		require.Equal(t, http.StatusUnauthorized, r.Status)
+		require.Equal(t, "unauthorized", r.ErrorCode())
+	}
+}
+
+// The endpoint is stateless: no event stream (GET) and no session to end
+// (DELETE), answered 405 in the API's envelope, which MCP clients read as
+// "not offered".
+func TestStreamableHTTPEndpointRefusesStreamsInTheEnvelope(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	key := env.Key(env.Signup(), map[string]any{"name": "agent", "preset": "AGENT"})
+	for _, m := range []string{"GET", "DELETE"} {
+		r := env.Do(m, "/api/v1/mcp", key, nil)
+		require.Equal(t, http.StatusMethodNotAllowed, r.Status, m)
+		require.Equal(t, "method_not_allowed", r.ErrorCode(), m)
+		require.Equal(t, "POST", r.Header.Get("Allow"), m)
 	}
 }
