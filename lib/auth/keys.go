@@ -386,7 +386,8 @@ func (s *Service) Signup(ctx context.Context, name string, seeders ...Seeder) (W
 	if name == "" || len(name) > 100 {
 		return Workspace{}, NewKey{}, apierr.InvalidField("name", "must be 1-100 characters")
 	}
-	ws := Workspace{ID: ids.NewAt(ids.Workspace, s.now()), Name: name, CreatedAt: s.now().UTC()}
+	now := s.now().UTC().Truncate(time.Microsecond) // as Postgres stores it
+	ws := Workspace{ID: ids.NewAt(ids.Workspace, now), Name: name, CreatedAt: now}
 	var key NewKey
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO workspaces (id, name, created_at) VALUES ($1, $2, $3)`,

@@ -546,3 +546,29 @@ func TestConformanceDecisions(t *testing.T) {
 	require.Equal(t, apierr.CodeIdempotencyKeyReuse,
 		e.Must(http.StatusConflict, "POST", "/api/v1/effects/begin", op, held).ErrorCode())
 }
+
+// TestTimestampsReadBackAsWritten: Postgres keeps microseconds, so a write's
+// answer carries the time at that precision too; otherwise a client that
+// compares the answer with a later read of the same object sees two times.
+func TestTimestampsReadBackAsWritten(t *testing.T) {
+	t.Parallel()
+	c := apitest.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 123456789, time.UTC))
+	env := apitest.Start(t, apitest.WithNow(c.Now))
+	ws := env.Signup()
+
+	run := env.Must(http.StatusCreated, "POST", "/api/v1/runs", ws.Key, map[string]any{"name": "r"}).JSON()
+	read := env.Must(http.StatusOK, "GET", "/api/v1/runs/"+run["id"].(string), ws.Key, nil).JSON()
+	require.Equal(t, read["createdAt"], run["createdAt"], "run")
+	require.Equal(t, "2026-11-29T12:00:00.123456Z", run["createdAt"])
+
+	step := map[string]any{"name": "send_email", "version": "1", "input": 1, "idempotencyKey": "k"}
+	first := env.Must(http.StatusCreated, "POST", "/api/v1/runs/"+run["id"].(string)+"/steps", ws.Key, step).JSON()
+	again := env.Must(http.StatusOK, "POST", "/api/v1/runs/"+run["id"].(string)+"/steps", ws.Key, step).JSON()
+	require.Equal(t, again["dueAt"], first["dueAt"], "enqueue and its duplicate")
+
+	wh := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": "https://example.com/h", "events": []string{"run.finished"}}).JSON()
+	list := env.Must(http.StatusOK, "GET", "/api/v1/webhooks", ws.Key, nil).JSON()["data"].([]any)
+	require.Len(t, list, 1)
+	require.Equal(t, list[0].(map[string]any)["created_at"], wh["created_at"], "webhook")
+}

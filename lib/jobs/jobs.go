@@ -76,7 +76,9 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, hashSecret string, leaseGraceM
 	if now == nil {
 		now = time.Now
 	}
-	return &Service{pool: pool, sealer: sealer, hashKey: []byte(hashSecret), now: func() time.Time { return now().UTC() },
+	// Postgres keeps microseconds: a write answers the time a read returns.
+	clock := func() time.Time { return now().UTC().Truncate(time.Microsecond) }
+	return &Service{pool: pool, sealer: sealer, hashKey: []byte(hashSecret), now: clock,
 		leaseGrace: time.Duration(leaseGraceMs) * time.Millisecond, jitter: rand.Float64,
 		pollMin: pollMin, pollMax: pollMax, wake: newWaker()}
 }

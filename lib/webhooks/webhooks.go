@@ -68,7 +68,9 @@ type Service struct {
 // private networks (tests, self-hosting); otherwise the dialer refuses them,
 // so a webhook cannot be aimed at the service's own network.
 func New(pool *pgxpool.Pool, sealer *seal.Sealer, now func() time.Time, allowPrivate bool) *Service {
-	return &Service{pool: pool, sealer: sealer, now: now, client: newClient(allowPrivate)}
+	// Postgres keeps microseconds: a write answers the time a read returns.
+	clock := func() time.Time { return now().UTC().Truncate(time.Microsecond) }
+	return &Service{pool: pool, sealer: sealer, now: clock, client: newClient(allowPrivate)}
 }
 
 func secretAAD(id string) []byte { return []byte(id + "/secret") }
@@ -103,7 +105,7 @@ func (s *Service) Create(ctx context.Context, workspaceID string, req CreateRequ
 	evs := slices.Clone(req.Events)
 	slices.Sort(evs)
 	evs = slices.Compact(evs)
-	now := s.now().UTC()
+	now := s.now()
 	w := NewWebhook{Webhook: Webhook{ID: ids.NewAt(ids.Webhook, now), URL: req.URL, Events: evs, CreatedAt: now},
 		Secret: "whsec_" + ids.Random(32)}
 	_, err := s.pool.Exec(ctx, `INSERT INTO webhooks (id, workspace_id, url, events, secret, created_at)
