@@ -318,6 +318,30 @@ func TestLapsedOnLastAttemptIsExhaustedAtRunRead(t *testing.T) {
 		5*time.Second, 10*time.Millisecond, "at step read too")
 }
 
+// A claim that comes before any sweep or read must not take a job whose
+// lease lapsed on its last attempt: that would run it past maxAttempts.
+func TestLapsedOnLastAttemptIsNotReclaimed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	last := b.enqueue(t, runID, jobs.EnqueueRequest{MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
+	more := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`2`), MaxAttempts: ptr[int64](2),
+		TimeoutMs: ptr[int64](1_000)})
+	w := b.register(t)
+	first := b.claim(t, w, 10)
+	require.Len(t, first, 2)
+	b.clock.Add(20 * time.Second)
+
+	again := b.claim(t, b.register(t), 10)
+	require.Len(t, again, 1, "only the job with an attempt left is reclaimed")
+	require.Equal(t, more.JobID, again[0].JobID)
+	require.Equal(t, 2, again[0].Attempt)
+	require.Len(t, b.executions(t, last.JobID), 1, "no second attempt of a one-attempt job")
+
+	b.sweep(t)
+	require.Equal(t, "EXHAUSTED", b.step(t, last.StepID).Status)
+}
+
 func TestPolicyEditsDoNotChangeExistingJobs(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
