@@ -2,6 +2,7 @@ package ratchet
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand"
@@ -415,9 +416,25 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 		expires = w.heartbeat(hbCtx, j, cancel)
 	}()
 
-	out, err := rt.invoke(hctx, j.Input, job)
+	done := make(chan handlerResult, 1)
+	go func() {
+		out, err := rt.invoke(hctx, j.Input, job)
+		done <- handlerResult{out, err}
+	}()
+	res, finished := w.await(hctx, done)
 	stopHeartbeat()
 	<-hbDone
+	if !finished {
+		// The handler ignored its timeout: the timeout is recorded now (the
+		// job retries per its policy) and whatever the handler returns later
+		// is dropped. Its slot stays taken until it returns, so Concurrency
+		// still bounds the handlers running in this process.
+		e := rt.decide(ErrTimeout, ErrTimeout, job, w.opts.OnError)
+		w.report(j, expires, JobReport{Status: ReportFailed, Error: &e})
+		<-done
+		return
+	}
+	out, err := res.out, res.err
 	cause := context.Cause(hctx)
 	if hctx.Err() == nil {
 		cause = nil
@@ -431,6 +448,42 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 	}
 	e := rt.decide(err, cause, job, w.opts.OnError)
 	w.report(j, expires, JobReport{Status: ReportFailed, Error: &e})
+}
+
+// handlerResult is what a handler returned.
+type handlerResult struct {
+	out json.RawMessage
+	err error
+}
+
+// timeoutGrace is how long a handler whose timeout passed has to return
+// before the worker records the timeout without it: long enough for a
+// handler that honours its context to unwind and report its own error,
+// short enough that one that ignores it cannot hold its job.
+const timeoutGrace = time.Second
+
+// await waits for the handler. Once its timeout has passed it waits at
+// most timeoutGrace more; finished is false when the handler did not return
+// by then. Other cancellations (a cancel request, a lost lease, a stopping
+// worker) wait for the handler as before: there is no outcome to record
+// without it.
+func (w *Worker) await(hctx context.Context, done <-chan handlerResult) (res handlerResult, finished bool) {
+	select {
+	case res = <-done:
+		return res, true
+	case <-hctx.Done():
+	}
+	if !errors.Is(context.Cause(hctx), ErrTimeout) {
+		return <-done, true
+	}
+	fire, stop := w.clock.Timer(timeoutGrace)
+	defer stop()
+	select {
+	case res = <-done:
+		return res, true
+	case <-fire:
+		return handlerResult{}, false
+	}
 }
 
 // report queues a report for the next batch (sent before the lease that

@@ -298,6 +298,49 @@ func TestWorkerTimeoutCancelsHandler(t *testing.T) {
 	}
 }
 
+// A handler that ignores its timeout does not hold its job: the worker
+// records the timeout a grace period after it (no more heartbeats), and what
+// the handler returns later is dropped.
+func TestWorkerRecordsTimeoutOfHandlerThatIgnoresIt(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.leaseFor = 3 * time.Second // a heartbeat a second would keep the lease forever
+	id := f.add("stuck", "1", welcomeIn{}, 50)
+	release := make(chan struct{})
+	returned := make(chan struct{})
+	w, _ := startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "stuck", Version: "1",
+			Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+				defer close(returned)
+				<-release // ignores ctx
+				return welcomeOut{Sent: true}, nil
+			}}))
+	}, StartOptions{})
+	e := f.waitReport(t, id)["error"].(map[string]any)
+	if e["retryable"] != true || !strings.Contains(e["message"].(string), "timed out") {
+		t.Fatalf("report %v", e)
+	}
+	select {
+	case <-returned:
+		t.Fatal("the timeout was recorded only after the handler returned")
+	default:
+	}
+	if n := w.free(); n != w.opts.Concurrency-1 {
+		t.Fatalf("free slots %d while the handler still runs, want %d", n, w.opts.Concurrency-1)
+	}
+	close(release)
+	// Stop waits for the handler and flushes every queued report.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-returned
+	if r := f.report(t, id); r["status"] != ReportFailed {
+		t.Fatalf("the late result replaced the timeout: %v", r)
+	}
+}
+
 func TestWorkerHeartbeatCancelRequested(t *testing.T) {
 	t.Parallel()
 	f := newFakeJobs()
