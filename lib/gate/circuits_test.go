@@ -273,6 +273,31 @@ func TestLearnedSurgeCeiling(t *testing.T) {
 	require.EqualValues(t, 30, b.circuit("email.send")["threshold"])
 }
 
+// Seed 003: "surge_per_hour wins if both are set", even where the learned
+// ceiling is live and lower.
+func TestSurgePerHourWinsOverMultiplier(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	now := b.clock.Now()
+	b.clock.Add(now.Truncate(time.Hour).Add(time.Hour).Sub(now)) // on an hour boundary
+	b.putPolicy("sms.send", map[string]any{"surge_multiplier": 2, "surge_per_hour": 50, "surge_action": "deny"})
+	for h := 0; h < 6; h++ {
+		for i := 0; i < 20; i++ {
+			b.mustBegin("execute", sms(key("base")))
+		}
+		b.clock.Add(time.Hour)
+	}
+	require.EqualValues(t, 50, b.circuit("sms.send")["threshold"], "not the learned 2 × 20")
+	for i := 0; i < 50; i++ {
+		b.mustBegin("execute", sms(key("busy")))
+	}
+	b.denialOf("circuit_open", sms(key("over")))
+
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": nil})
+	b.clock.Add(time.Hour)
+	require.EqualValues(t, 40, b.circuit("sms.send")["threshold"], "the learned ceiling once surge_per_hour is null")
+}
+
 // TestConcurrentSurgeTripsOnce races new keys past the threshold from two
 // instances: the breaker opens once (one event), every begin after it has
 // seen the threshold is held, and at least the threshold's worth executes.

@@ -342,6 +342,41 @@ func TestLapsedOnLastAttemptIsNotReclaimed(t *testing.T) {
 	require.Equal(t, "EXHAUSTED", b.step(t, last.StepID).Status)
 }
 
+// Seed 000: "A failed run does not automatically cancel other in-flight
+// steps": once a step is EXHAUSTED the run is FAILED, and its other steps
+// still run and report as before.
+func TestFailedRunLeavesItsOtherStepsAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	doomed := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`1`), MaxAttempts: ptr[int64](1)})
+	inFlight := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`2`)})
+	w := b.register(t)
+	claimed := b.claim(t, w, 2)
+	require.Len(t, claimed, 2)
+	queued := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`3`)})
+	_, err := b.svc.FinishRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+
+	for _, j := range claimed {
+		if j.JobID == doomed.JobID {
+			b.fail(t, j, &jobs.ReportError{Message: "bad request", Retryable: ptr(false)})
+		}
+	}
+	require.Equal(t, "EXHAUSTED", b.step(t, doomed.StepID).Status)
+	require.Equal(t, "FAILED", b.getRun(t, runID).Status)
+	require.Equal(t, "RUNNING", b.step(t, inFlight.StepID).Status, "not cancelled")
+	require.Equal(t, "QUEUED", b.step(t, queued.StepID).Status, "not cancelled")
+
+	for _, j := range claimed {
+		if j.JobID == inFlight.JobID {
+			require.Equal(t, "SUCCEEDED", b.succeed(t, j).Status)
+		}
+	}
+	require.Equal(t, queued.JobID, b.claimOne(t, w).JobID, "a queued step of a failed run is still claimed")
+	require.Equal(t, "FAILED", b.getRun(t, runID).Status)
+}
+
 func TestPolicyEditsDoNotChangeExistingJobs(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
