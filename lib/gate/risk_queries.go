@@ -226,3 +226,32 @@ const sqlPruneSpend = `
 DELETE FROM gate_spend g USING (
     SELECT workspace_id, scope, day FROM gate_spend WHERE day < $1::date LIMIT $2 FOR UPDATE SKIP LOCKED
 ) old WHERE g.workspace_id = old.workspace_id AND g.scope = old.scope AND g.day = old.day`
+
+// sqlStructuring measures how declared costs of a type sit against its
+// watch line: the policy's structuring_threshold_micros, else its
+// max_cost_micros (seed 003). One scan of the type's last 7 days by
+// effects_type_created_idx; a row of the last 24 hours counts in both
+// windows. Bands are fractions of the line, compared in numeric so that no
+// product overflows. $1 workspace, $2 type, $3 now.
+const sqlStructuring = `
+WITH pol AS (` + sqlEffectivePolicy + `),
+line AS (
+    SELECT coalesce(structuring_threshold_micros, max_cost_micros) AS micros,
+           CASE WHEN structuring_threshold_micros IS NOT NULL THEN 'structuring_threshold_micros'
+                WHEN max_cost_micros IS NOT NULL THEN 'max_cost_micros' END AS source
+    FROM pol
+)
+SELECT line.micros, line.source, w.hours, count(e.cost_micros),
+       count(*) FILTER (WHERE e.cost_micros::numeric < line.micros * 0.8),
+       count(*) FILTER (WHERE e.cost_micros::numeric >= line.micros * 0.8 AND e.cost_micros::numeric < line.micros * 0.9),
+       count(*) FILTER (WHERE e.cost_micros::numeric >= line.micros * 0.9 AND e.cost_micros < line.micros),
+       count(*) FILTER (WHERE e.cost_micros >= line.micros)
+FROM line
+LEFT JOIN effects e ON e.workspace_id = $1 AND e.effect_type = $2 AND e.cost_micros IS NOT NULL
+    AND e.created_at > $3::timestamptz - interval '168 hours' AND e.created_at <= $3::timestamptz
+LEFT JOIN LATERAL (
+    SELECT 168 WHERE e.id IS NOT NULL
+    UNION ALL
+    SELECT 24 WHERE e.created_at > $3::timestamptz - interval '24 hours'
+) w(hours) ON true
+GROUP BY line.micros, line.source, w.hours`

@@ -94,6 +94,15 @@ func (s *Server) gateRoutes() []Route {
 			Handle: s.getPolicy,
 		},
 		{
+			Method: "GET", Pattern: "/api/v1/policies/{type}/structuring", Name: "policies.structuring",
+			Tag: "policies", Scopes: []string{auth.ScopePoliciesRead},
+			Summary: "How closely the costs declared for the type crowd its watch line (structuring_threshold_micros, " +
+				"else max_cost_micros) over the last 24 hours and 7 days: declarations by band of the line, and the " +
+				"share just below it. A measure, never enforced.",
+			Response: gate.Structuring{}, Status: 200, Errors: []string{apierr.CodeNotFound},
+			Handle: s.policyStructuring,
+		},
+		{
 			Method: "PUT", Pattern: "/api/v1/policies/{type}", Name: "policies.put", Tag: "policies",
 			Scopes: []string{auth.ScopePoliciesWrite},
 			Summary: "Merge fields into an effect type's policy: omitted fields keep their value, null clears a " +
@@ -216,6 +225,10 @@ func (s *Server) listPolicies(ctx context.Context, c *Call) (any, error) {
 
 func (s *Server) getPolicy(ctx context.Context, c *Call) (any, error) {
 	return s.Gate.GetPolicy(ctx, c.Principal.WorkspaceID, c.R.PathValue("type"))
+}
+
+func (s *Server) policyStructuring(ctx context.Context, c *Call) (any, error) {
+	return s.Gate.Structuring(ctx, c.Principal.WorkspaceID, c.R.PathValue("type"))
 }
 
 func (s *Server) putPolicy(ctx context.Context, c *Call) (any, error) {
