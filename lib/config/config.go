@@ -145,6 +145,11 @@ func (c *Config) Validate() error {
 	default:
 		return fmt.Errorf("config: SIGNUP_MODE is malformed (open, token or closed)")
 	}
+	if c.BillingMode != "off" {
+		// Metering is not built: a deployment that asks for it is told at
+		// start rather than silently served for free (API.md §5).
+		return fmt.Errorf("config: BILLING_MODE is malformed (only off: this version does no metering)")
+	}
 	switch c.DBQueryExecMode {
 	case "exec", "simple_protocol", "cache_statement", "cache_describe", "describe_exec":
 	default:

@@ -13,7 +13,7 @@ func validEnv(t *testing.T) {
 	t.Setenv("DATABASE_URL", "postgres://u@localhost:5432/db")
 	t.Setenv("RESULT_ENCRYPTION_KEY", base64.StdEncoding.EncodeToString(make([]byte, 32)))
 	t.Setenv("KEY_HASH_SECRET", "0123456789abcdef0123")
-	for _, name := range []string{"RESULT_ENCRYPTION_KEYS", "SIGNUP_MODE", "SIGNUP_TOKEN", "PORT", "DB_QUERY_EXEC_MODE", "DB_MAX_CONNS"} {
+	for _, name := range []string{"RESULT_ENCRYPTION_KEYS", "SIGNUP_MODE", "SIGNUP_TOKEN", "PORT", "DB_QUERY_EXEC_MODE", "DB_MAX_CONNS", "BILLING_MODE"} {
 		unset(t, name)
 	}
 }
@@ -63,6 +63,7 @@ func TestLoadNamesTheBadSetting(t *testing.T) {
 		"bad signup":      {"SIGNUP_MODE", "maybe", "SIGNUP_MODE is malformed"},
 		"token no secret": {"SIGNUP_MODE", "token", "SIGNUP_TOKEN is required"},
 		"bad mode":        {"DB_QUERY_EXEC_MODE", "fast", "DB_QUERY_EXEC_MODE is malformed"},
+		"billing":         {"BILLING_MODE", "on", "BILLING_MODE is malformed"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
