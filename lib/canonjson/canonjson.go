@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"unicode/utf8"
 )
 
@@ -33,7 +34,8 @@ func Marshal(v any) ([]byte, error) {
 }
 
 // encode writes the canonical encoding of v: a Canonical as it is, a []any
-// element by element, a valid string, a bool or nil directly, anything else
+// element by element, a valid string, a bool, an integer (or a pointer to a
+// string or an integer) or nil directly, anything else
 // through encoding/json and back (so that object keys come out sorted and
 // numbers normalised).
 func encode(buf *bytes.Buffer, v any) error {
@@ -49,6 +51,23 @@ func encode(buf *bytes.Buffer, v any) error {
 		if utf8.ValidString(t) {
 			return write(buf, t)
 		}
+	case *string:
+		if t == nil {
+			return write(buf, nil)
+		}
+		return encode(buf, *t)
+	case int:
+		buf.WriteString(strconv.Itoa(t))
+		return nil
+	case int32:
+		buf.WriteString(strconv.FormatInt(int64(t), 10))
+		return nil
+	case int64:
+		buf.WriteString(strconv.FormatInt(t, 10))
+		return nil
+	case *int, *int32, *int64:
+		// An operation's optional numbers (a timeout, a contract version).
+		return encode(buf, derefInt(t))
 	case []any:
 		return writeArray(buf, t, encode)
 	}
@@ -63,6 +82,25 @@ func encode(buf *bytes.Buffer, v any) error {
 		return fmt.Errorf("canonjson: %w", err)
 	}
 	return write(buf, tree)
+}
+
+// derefInt is the integer p points to, or nil for a nil pointer.
+func derefInt(p any) any {
+	switch t := p.(type) {
+	case *int:
+		if t != nil {
+			return *t
+		}
+	case *int32:
+		if t != nil {
+			return *t
+		}
+	case *int64:
+		if t != nil {
+			return *t
+		}
+	}
+	return nil
 }
 
 func write(buf *bytes.Buffer, v any) error {

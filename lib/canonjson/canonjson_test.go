@@ -77,7 +77,10 @@ func legacyMarshal(t *testing.T, v any) string {
 func TestShortcutsEncodeAsBefore(t *testing.T) {
 	t.Parallel()
 	n, s := 3, "<b>&</b>"
+	n32, n64, big := int32(-12), int64(1)<<62, int64(-1)<<63
 	for _, v := range []any{
+		[]any{&n32, &n64, &big, n32, n64, big, (*int)(nil), (*int32)(nil), (*int64)(nil), 0, -0},
+		[]any{&s, (*string)(nil), strPtr("\xff"), strPtr("\u2028")},
 		[]any{"plain", "<b>&</b>", "\xff bad \xfe", "\u2028\u00e9", "", nil, true, false, 1, 2.50, int64(-7)},
 		[]any{&n, &s, (*string)(nil), []any{"nested", []any{}}, map[string]any{"b": 1, "a": []any{"x"}}},
 		[]any{json.RawMessage(`{"z": 1, "a": [1.0, "\u00e9"]}`), json.Number("1.0")},
@@ -88,6 +91,8 @@ func TestShortcutsEncodeAsBefore(t *testing.T) {
 		require.Equal(t, legacyMarshal(t, v), string(got), "%#v", v)
 	}
 }
+
+func strPtr(s string) *string { return &s }
 
 func TestMarshalRefusesInvalidJSONInsideArrays(t *testing.T) {
 	t.Parallel()
