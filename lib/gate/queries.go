@@ -396,9 +396,13 @@ WHERE e.workspace_id = $1 AND e.effect_type = $2
 ORDER BY e.id LIMIT $6`
 
 // sqlReconcileResolve settles indeterminate effects from the vendor's
-// records, like an operator's resolve. Lapsed leases were made durable first.
+// records, like an operator's resolve, releasing the ceilings of those that
+// failed as a resolve does. Several attempts may have charged one counter,
+// so freed sums their charges per counter and day before the release (an
+// UPDATE applies one joined row per target row). Lapsed leases were made
+// durable first.
 // $1 workspace, $2 effect ids, $3 outcomes, $4 now, $5 key id.
-const sqlReconcileResolve = `
+var sqlReconcileResolve = `
 WITH t AS (SELECT * FROM unnest($2::text[], $3::text[]) AS t(id, outcome)),
 upd AS (
     UPDATE effects e SET state = t.outcome, updated_at = $4
@@ -408,7 +412,16 @@ upd AS (
     UPDATE effect_attempts a SET outcome = upd.outcome, resolved_by_key_id = $5, resolved_at = $4,
         resolve_note = 'reconciliation'
     FROM upd WHERE a.effect_id = upd.id AND a.attempt = upd.attempt
-)
+    RETURNING a.workspace_id, a.charges, a.charged_on, a.outcome
+), freed AS (
+    SELECT c.workspace_id, c.charged_on, jsonb_agg(jsonb_build_object('scope', c.scope, 'micros', c.micros,
+        'count', c.count)) AS charges
+    FROM (SELECT a.workspace_id, a.charged_on, x.scope, sum(x.micros)::bigint AS micros, sum(x.count)::bigint AS count
+          FROM upa a, jsonb_to_recordset(a.charges) AS x(scope text, micros bigint, count bigint)
+          WHERE a.outcome = 'failed'
+          GROUP BY 1, 2, 3) c
+    GROUP BY c.workspace_id, c.charged_on
+),` + releaseCTEs("freed", "true") + `
 SELECT id, group_id FROM upd`
 
 // sqlReconciled records when a type was last reconciled.

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
 )
 
 // eff begins an effect of type typ and key k with cost, and reports outcome
@@ -124,6 +126,39 @@ func TestReconcileClassifiesAndResolves(t *testing.T) {
 		"from": rfc(start.Add(-48 * time.Hour)), "to": rfc(start.Add(-24 * time.Hour)), "records": []any{}})
 	require.Empty(t, r["missing_at_vendor"])
 	require.Empty(t, r["matched"])
+}
+
+// A reconcile that settles lapsed attempts as failed gives their ceilings
+// back, as an operator's resolve does: exactly once, summed when several
+// attempts charged one counter.
+func TestReconcileReleasesWhatFailedAttemptsCharged(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	start := f.clock.Now()
+	const typ = "payment.send"
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/"+typ, map[string]any{"daily_budget_micros": 1_000})
+	f.eff(typ, "a", 400, "")
+	f.eff(typ, "b", 500, "")
+	f.clock.Add(2 * time.Minute) // both leases lapse: indeterminate, still charged
+	begin := func(k string, cost int) *apitest.Response {
+		return f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": typ, "idempotency_key": k,
+			"cost_micros": cost})
+	}
+	require.Equal(t, "budget_exceeded", begin("c", 200).ErrorCode())
+
+	body := map[string]any{"effect_type": typ, "from": rfc(start.Add(-time.Hour)), "to": rfc(f.clock.Now()),
+		"records": []map[string]any{{"idempotency_key": "a", "status": "failed", "amount_micros": 400},
+			{"idempotency_key": "b", "status": "failed", "amount_micros": 500}}}
+	require.ElementsMatch(t, []string{"a", "b"}, keysOf(f.must(http.StatusOK, "POST", "/api/v1/reconcile", body)["resolved"]))
+	f.must(http.StatusOK, "POST", "/api/v1/reconcile", body) // settles nothing twice, releases nothing twice
+
+	var micros, count int64
+	require.NoError(t, f.env.App.Pool.QueryRow(context.Background(), `SELECT micros, count FROM gate_spend
+		WHERE workspace_id = $1 AND scope = $2`, f.ws.ID, "type:"+typ).Scan(&micros, &count))
+	require.EqualValues(t, 0, micros)
+	require.EqualValues(t, 0, count, "a and b released; the refused c was never charged")
+	require.Equal(t, http.StatusOK, begin("d", 1_000).Status, "the whole budget is back")
+	require.Equal(t, "budget_exceeded", begin("e", 1).ErrorCode())
 }
 
 func TestReconcileResolvesAGroupStep(t *testing.T) {
