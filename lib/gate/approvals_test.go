@@ -152,3 +152,42 @@ func TestCrossTenantIsNotFound(t *testing.T) {
 	require.Equal(t, "leased", b.get(id)["state"])
 	require.Equal(t, "pending", b.env.Must(http.StatusOK, "GET", "/api/v1/approvals", b.ws.Key, nil).JSON()["data"].([]any)[0].(map[string]any)["state"])
 }
+
+// An approval answers the question it was asked: one given for an amount
+// does not carry the key through the emergency stop or a breaker that holds
+// the type with require_approval; each needs an approval of its own, which
+// then carries the key's retries while the hold lasts.
+func TestApprovalForAnAmountDoesNotPassAHold(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("wire.send", map[string]any{"approval_above_micros": 1_000_000})
+	approve := func(d map[string]any) {
+		b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(d["approval_id"])+"/approve", b.ws.Key, nil)
+	}
+	fail := func(d map[string]any) {
+		require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
+	}
+	k := key("wire")
+	first := b.mustBegin("approval_required", wire(k))
+	approve(first)
+	fail(b.mustBegin("execute", wire(k)))
+
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"reason": "incident"})
+	held := b.mustBegin("approval_required", wire(k))
+	require.NotEqual(t, first["approval_id"], held["approval_id"], "a new question")
+	pending := b.env.Must(http.StatusOK, "GET", "/api/v1/approvals?state=pending", b.ws.Key, nil).JSON()["data"].([]any)
+	require.Len(t, pending, 1)
+	require.Equal(t, "circuit_open", pending[0].(map[string]any)["reason"])
+	approve(held)
+	fail(b.mustBegin("execute", wire(k)))
+	b.mustBegin("execute", wire(k)) // the stop's approval carries the retry
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/release", b.ws.Key, nil)
+
+	// A breaker on the type alone, likewise.
+	k2 := key("wire")
+	approve(b.mustBegin("approval_required", wire(k2)))
+	fail(b.mustBegin("execute", wire(k2)))
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/wire.send/open", b.ws.Key,
+		map[string]any{"action": "require_approval", "reason": "vendor incident"})
+	b.mustBegin("approval_required", wire(k2))
+}

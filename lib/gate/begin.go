@@ -453,6 +453,12 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 	}
 	before := *row
 	approved := row.ApprovalState != nil && *row.ApprovalState == "approved"
+	if approved && ev.fresh == "approval" {
+		var err error
+		if approved, err = s.approvalStillAnswers(ctx, tx, row, ev, in.now); err != nil {
+			return Decision{}, err
+		}
+	}
 	var (
 		out  effectRow
 		code string
@@ -490,4 +496,28 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 	}
 	return Decision{Decision: DecisionDenied, EffectID: out.ID, State: out.State, Attempt: out.Attempt,
 		Denial: in.risk.denial(code, ev, &out)}, nil
+}
+
+// Why an approval was asked for (approvals.reason; gate_evaluate's
+// approval_reason).
+const reasonCircuitOpen = "circuit_open"
+
+// approvalStillAnswers says whether the effect's earlier approval answers
+// the approval this begin needs. An approval answers the question it was
+// asked: one given for an amount or by a policy does not carry a key through
+// a breaker or the emergency stop holding the type with require_approval
+// (each such begin needs an operator's yes of its own), and one given for a
+// breaker does not approve an amount. When it does not, ev's reason becomes
+// the one to ask with.
+func (s *Service) approvalStillAnswers(ctx context.Context, tx pgx.Tx, row *effectRow, ev *eval, now time.Time) (bool, error) {
+	var given string
+	var circuitHolds bool
+	if err := tx.QueryRow(ctx, sqlApprovalAnswers, *row.ApprovalID, row.WorkspaceID, row.EffectType, now).
+		Scan(&given, &circuitHolds); err != nil {
+		return false, fmt.Errorf("begin: read approval: %w", err)
+	}
+	if circuitHolds {
+		ev.approvalReason = reasonCircuitOpen
+	}
+	return given == ev.approvalReason, nil
 }

@@ -215,6 +215,17 @@ UPDATE effects SET state = 'awaiting_approval', approval_id = $3, approval_state
 WHERE id = $1
 RETURNING ` + effectCols("", false)
 
+// sqlApprovalAnswers reads why an effect's approval was given, and whether
+// an open breaker or the emergency stop holds the type with
+// require_approval now (as gate_evaluate reads them: the stop has no
+// cooldown, a breaker holds until closes_at). $1 approval id, $2 workspace,
+// $3 effect type, $4 now.
+const sqlApprovalAnswers = `
+SELECT a.reason, EXISTS (SELECT 1 FROM gate_circuits c
+    WHERE c.workspace_id = $2 AND c.state = 'open' AND c.action = 'require_approval'
+      AND (c.effect_type = '*' OR (c.effect_type = $3 AND (c.closes_at IS NULL OR c.closes_at > $4))))
+FROM approvals a WHERE a.id = $1`
+
 // lapseSQL makes lapsed leases durably indeterminate: the effect, its current
 // attempt, and one effect.indeterminate event per attempt in the outbox. The
 // condition state = 'leased' AND lease_expires_at <= now is re-checked under
