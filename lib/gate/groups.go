@@ -505,8 +505,9 @@ func (s *Service) beginInGroup(ctx context.Context, in *beginInput) (Decision, e
 // succeeded (the group is then taken from the step when omitted) and the
 // group's rollback has started; a forward step needs an open group
 // (group_unwinding once a rollback started, invalid_state once committed).
-// A key that already names an effect is a replay: its state answers it, and
-// a new attempt on it is checked by admitAttempt instead.
+// A key that already names an effect of this group is a replay: its state
+// answers it, and a new attempt on it is checked by admitAttempt instead. A
+// key that names an effect outside the group is a reuse of the key.
 func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 	var targetState string
 	if in.compensates != nil {
@@ -538,10 +539,11 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 		}
 	}
 	var (
-		state  string
-		replay bool
+		state     string
+		replay    bool
+		keysGroup *string
 	)
-	err := tx.QueryRow(ctx, sqlAdmitGroup, *in.groupID, in.ws, in.key).Scan(&state, &replay)
+	err := tx.QueryRow(ctx, sqlAdmitGroup, *in.groupID, in.ws, in.key).Scan(&state, &replay, &keysGroup)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return apierr.NotFound("group")
 	}
@@ -549,6 +551,10 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 		return fmt.Errorf("begin: group: %w", err)
 	}
 	if replay {
+		if keysGroup == nil || *keysGroup != *in.groupID {
+			return apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
+				"This idempotency key was used outside this group; a group's steps need keys of their own.")
+		}
 		return nil
 	}
 	if in.compensates == nil {

@@ -347,9 +347,11 @@ const sqlLockGroup = sqlGetGroup + ` FOR UPDATE`
 // sqlAdmitGroup reads a group for begin, holding it shared so no commit or
 // unwind can change its state until the begin commits, and says whether
 // the idempotency key already names an effect (a replay, which the group's
-// state does not refuse). $1 group id, $2 workspace, $3 idempotency key.
-const sqlAdmitGroup = `SELECT g.state, EXISTS (SELECT 1 FROM effects e WHERE e.workspace_id = $2 AND e.idempotency_key = $3)
-FROM effect_groups g WHERE g.id = $1 AND g.workspace_id = $2 FOR SHARE`
+// state does not refuse) and that effect's group. $1 group id, $2
+// workspace, $3 idempotency key.
+const sqlAdmitGroup = `SELECT g.state, e.id IS NOT NULL, e.group_id
+FROM effect_groups g LEFT JOIN effects e ON e.workspace_id = $2 AND e.idempotency_key = $3
+WHERE g.id = $1 AND g.workspace_id = $2 FOR SHARE OF g`
 
 // sqlShareGroupState is a grouped effect's group state for a new attempt.
 // $1 group id.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/ids"
 )
 
@@ -392,4 +393,39 @@ func TestReplayIntoUnwindingGroup(t *testing.T) {
 	require.Equal(t, "duplicate", dup["decision"])
 	require.Equal(t, map[string]any{"charge": "ch_1"}, dup["result"])
 	require.Equal(t, "checkout", f.must(http.StatusCreated, "POST", "/api/v1/groups", map[string]any{"name": "  checkout "})["name"])
+}
+
+// A key that names an effect outside the group is not a replay into it: a
+// begin with it and the group's id is a reuse of the key, whether the group
+// is open or unwinding, and changes nothing.
+func TestKeyFromOutsideIsNotAGroupStep(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	begin := func(k, group string) *apitest.Response {
+		body := map[string]any{"effect_type": "payment.charge", "idempotency_key": k, "cost_micros": 10}
+		if group != "" {
+			body["group_id"] = group
+		}
+		return f.do("POST", "/api/v1/effects/begin", body)
+	}
+	loose := "charge:" + ids.Random(6)
+	d := begin(loose, "").JSON()
+	f.report(d["effect_id"].(string), d["lease_token"].(string), "failed")
+
+	open, other := f.group(), f.group()
+	inOther := "charge:" + ids.Random(6)
+	require.Equal(t, http.StatusOK, begin(inOther, other).Status)
+	for _, k := range []string{loose, inOther} {
+		r := begin(k, open)
+		require.Equal(t, http.StatusConflict, r.Status, "%s", r.Body)
+		require.Equal(t, "idempotency_key_reuse", r.ErrorCode())
+	}
+
+	unwinding := f.group()
+	f.done(unwinding, true)
+	require.Equal(t, "unwinding", f.unwind(unwinding)["state"])
+	require.Equal(t, "idempotency_key_reuse", begin(loose, unwinding).ErrorCode())
+	e := f.must(http.StatusOK, "GET", "/api/v1/effects/"+d["effect_id"].(string), nil)
+	require.Equal(t, "failed", e["state"], "not granted a new attempt")
+	require.Nil(t, e["group_id"])
 }
