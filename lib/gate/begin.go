@@ -491,6 +491,15 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 		}
 		return d, nil
 	}
+	if wasIndeterminate {
+		// The prior attempt's outcome is unknown, and refusing this begin
+		// must not bury it: the effect stays indeterminate (listed,
+		// resolvable, reconcilable, unresolved in its group's rollback)
+		// and each begin on the key is refused afresh until the outcome
+		// is settled or the refusal lifts.
+		return Decision{Decision: DecisionDenied, EffectID: row.ID, State: StateIndeterminate, Attempt: row.Attempt,
+			Denial: in.risk.denial(code, ev, row)}, nil
+	}
 	if err := tx.QueryRow(ctx, sqlDeny, row.ID, in.now, code).Scan(out.dest()...); err != nil {
 		return Decision{}, fmt.Errorf("begin: deny: %w", err)
 	}

@@ -23,8 +23,14 @@ func charge(k string, cost any) map[string]any {
 // denialOf requires a denied begin with code and returns its error.
 func (b *bundle) denialOf(code string, body map[string]any) map[string]any {
 	b.t.Helper()
+	return b.refusal(code, "denied", body)
+}
+
+// refusal requires a denied begin with code that leaves the effect in state.
+func (b *bundle) refusal(code, state string, body map[string]any) map[string]any {
+	b.t.Helper()
 	d := b.mustBegin("denied", body)
-	require.Equal(b.t, "denied", d["state"])
+	require.Equal(b.t, state, d["state"])
 	e := d["error"].(map[string]any)
 	require.Equal(b.t, code, e["code"], "%v", d)
 	return e
@@ -80,10 +86,10 @@ func TestBudgetRetryAfterFailureIsChargedAgain(t *testing.T) {
 	b.denialOf("budget_exceeded", charge(key("x"), 301))
 	// A lapsed attempt keeps counting, so the retry after it does not fit.
 	b.clock.Add(2 * time.Minute)
-	e := b.denialOf("budget_exceeded", k)
+	e := b.refusal("budget_exceeded", "indeterminate", k)
 	require.NotNil(t, e["detail"].(map[string]any)["resets_at"])
 	got := b.get(str(d["effect_id"]))
-	require.Equal(t, "denied", got["state"])
+	require.Equal(t, "indeterminate", got["state"], "the refusal does not bury the unknown outcome")
 	require.EqualValues(t, 2, got["attempt"])
 }
 

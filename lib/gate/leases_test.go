@@ -208,3 +208,35 @@ func TestResolveOnlyFromIndeterminate(t *testing.T) {
 	require.Contains(t, validationFields(t, b.env.Do("POST", "/api/v1/effects/"+str(leased["effect_id"])+"/resolve",
 		b.ws.Key, map[string]any{"outcome": "indeterminate"})), "outcome")
 }
+
+// A retry refused after a lapse (attempts used up, the policy now denying,
+// a breaker) answers denied but leaves the effect indeterminate: the prior
+// attempt's unknown outcome stays listed and resolvable, and once resolved
+// it answers for the key.
+func TestRefusedRetryKeepsTheUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("email.send", map[string]any{"on_indeterminate": "retry", "max_attempts": 2})
+	k := key("lapse")
+	d := b.mustBegin("execute", email(k))
+	b.clock.Add(2 * time.Minute)
+	d2 := b.mustBegin("execute", email(k))
+	require.EqualValues(t, 2, d2["attempt"])
+	b.clock.Add(2 * time.Minute)
+
+	refused := b.refusal("max_attempts_exceeded", "indeterminate", email(k))
+	require.EqualValues(t, 2, refused["detail"].(map[string]any)["attempts"])
+	b.putPolicy("email.send", map[string]any{"mode": "deny"})
+	b.refusal("policy_denied", "indeterminate", email(k))
+	id := str(d["effect_id"])
+	require.Equal(t, "indeterminate", b.get(id)["state"])
+	listed := b.env.Must(http.StatusOK, "GET", "/api/v1/effects?state=indeterminate", b.ws.Key, nil).JSON()["data"].([]any)
+	require.Len(t, listed, 1)
+	require.Equal(t, id, listed[0].(map[string]any)["id"])
+
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key,
+		map[string]any{"outcome": "succeeded", "result": map[string]any{"sent": true}})
+	b.putPolicy("email.send", map[string]any{"mode": "allow"})
+	dup := b.mustBegin("duplicate", email(k))
+	require.Equal(t, map[string]any{"sent": true}, dup["result"])
+}

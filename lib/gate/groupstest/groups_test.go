@@ -429,3 +429,28 @@ func TestKeyFromOutsideIsNotAGroupStep(t *testing.T) {
 	require.Equal(t, "failed", e["state"], "not granted a new attempt")
 	require.Nil(t, e["group_id"])
 }
+
+// A step whose outcome is unknown and whose retry was refused (attempts
+// used up) is still unknown: the rollback stops at it rather than undoing
+// what came before it as if it had never happened.
+func TestUnwindStopsAtUnknownOutcomeAfterARefusedRetry(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.charge", map[string]any{"on_indeterminate": "retry",
+		"max_attempts": 1})
+	g := f.group()
+	a := f.done(g, true)
+	f.clock.Add(time.Second)
+	body := map[string]any{"effect_type": "payment.charge", "idempotency_key": "charge:" + ids.Random(6),
+		"cost_micros": 1000, "group_id": g, "compensation": map[string]any{"effect_type": "payment.refund"}}
+	maybe := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)["effect_id"].(string)
+	f.clock.Add(2 * time.Minute)
+	refused := f.do("POST", "/api/v1/effects/begin", body)
+	require.Equal(t, "max_attempts_exceeded", refused.ErrorCode())
+
+	u := f.unwind(g)
+	require.Empty(t, planIDs(u), "nothing before the unknown step is undone yet")
+	require.Equal(t, []string{maybe}, strs(u["unresolved"]))
+	f.must(http.StatusOK, "POST", "/api/v1/effects/"+maybe+"/resolve", map[string]any{"outcome": "succeeded"})
+	require.Equal(t, []string{maybe, a}, planIDs(f.unwind(g)))
+}
