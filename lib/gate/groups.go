@@ -166,7 +166,12 @@ func (s *Service) GetGroup(ctx context.Context, workspaceID, id string) (Group, 
 			return Group{}, fmt.Errorf("get group: %w", err)
 		}
 	}
-	steps, err := groupSteps(ctx, s.pool, id)
+	return s.withSteps(ctx, s.pool, g)
+}
+
+// withSteps fills in g's steps as q reads them.
+func (s *Service) withSteps(ctx context.Context, q querier, g Group) (Group, error) {
+	steps, err := groupSteps(ctx, q, g.ID)
 	if err != nil {
 		return Group{}, err
 	}
@@ -191,8 +196,8 @@ func (s *Service) CommitGroup(ctx context.Context, workspaceID, id string) (Grou
 		}
 		switch g.State {
 		case GroupCommitted:
-			out = g
-			return nil
+			out, err = s.withSteps(ctx, tx, g)
+			return err
 		case GroupOpen:
 		default:
 			return apierr.InvalidState("Only an open group can be committed; this one is %s.", g.State).
@@ -211,13 +216,18 @@ func (s *Service) CommitGroup(ctx context.Context, workspaceID, id string) (Grou
 		if pending != nil {
 			return apierr.InvalidState("A group commits only when every step succeeded.").WithDetail("steps", pending)
 		}
-		out, err = scanGroup(tx.QueryRow(ctx, sqlSetGroupState, id, GroupCommitted, now))
+		if out, err = scanGroup(tx.QueryRow(ctx, sqlSetGroupState, id, GroupCommitted, now)); err != nil {
+			return err
+		}
+		// Read in the commit's transaction, so the answer is the commit's
+		// even when an unwind starts the moment it ends.
+		out, err = s.withSteps(ctx, tx, out)
 		return err
 	})
 	if err != nil {
 		return Group{}, err
 	}
-	return s.GetGroup(ctx, workspaceID, out.ID)
+	return out, nil
 }
 
 // UnwindGroup starts (or, called again, re-reads) a group's rollback and

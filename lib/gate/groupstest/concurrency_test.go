@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/ids"
 )
 
@@ -94,5 +95,42 @@ func TestConcurrentLastCompensations(t *testing.T) {
 		require.NoError(t, f.env.App.Pool.QueryRow(context.Background(),
 			`SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&state))
 		require.Equal(t, "unwound", state, "round %d", round)
+	}
+}
+
+// A commit racing an unwind answers what it did: a 200 from commit shows
+// the group committed, even when the unwind starts the moment it ends.
+func TestCommitRacingUnwindAnswersTheCommit(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	for round := 0; round < 20; round++ {
+		g := f.group()
+		f.done(g, true)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		commits := make(chan *apitest.Response, 8)
+		for i := 0; i < 8; i++ {
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				<-start
+				commits <- f.do("POST", "/api/v1/groups/"+g+"/commit", nil)
+			}()
+			go func() {
+				defer wg.Done()
+				<-start
+				f.do("POST", "/api/v1/groups/"+g+"/unwind", nil)
+			}()
+		}
+		close(start)
+		wg.Wait()
+		close(commits)
+		for r := range commits {
+			if r.Status == http.StatusOK {
+				require.Equal(t, "committed", r.JSON()["state"], "round %d", round)
+			} else {
+				require.Equal(t, "invalid_state", r.ErrorCode(), "round %d: %s", round, r.Body)
+			}
+		}
 	}
 }
