@@ -42,7 +42,7 @@ var (
 	surgeActions    = []string{"monitor", "require_approval", "deny"}
 
 	// Effect types look like email.send or stripe:refund.create; no slash, so
-	// that a type is always one path segment of /api/v1/policies/{type}.
+	// that a type is always one path segment of /api/v1/policies/{effect_type}.
 	effectTypeRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$`)
 	// Dimension names look like recipient or customer_id.
 	dimensionRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)

@@ -160,7 +160,7 @@ func openAPIPath(p string) string {
 		}
 	}
 	out := strings.Join(parts, "/")
-	out = strings.Replace(out, "/policies/email.send", "/policies/{type}", 1)
+	out = strings.Replace(out, "/policies/email.send", "/policies/{effect_type}", 1)
 	out = strings.Replace(out, "/circuits/email.send/", "/circuits/{effect_type}/", 1)
 	return strings.Replace(out, "/tools/send_email/", "/tools/{name}/", 1)
 }

@@ -87,14 +87,14 @@ func (s *Server) gateRoutes() []Route {
 			Handle: s.listPolicies,
 		},
 		{
-			Method: "GET", Pattern: "/api/v1/policies/{type}", Name: "policies.get", Tag: "policies",
+			Method: "GET", Pattern: "/api/v1/policies/{effect_type}", Name: "policies.get", Tag: "policies",
 			Scopes:   []string{auth.ScopePoliciesRead},
 			Summary:  "Read an effect type's policy; an unconfigured type reads as the safe default with version 0.",
 			Response: gate.Policy{}, Status: 200, Errors: []string{apierr.CodeNotFound},
 			Handle: s.getPolicy,
 		},
 		{
-			Method: "GET", Pattern: "/api/v1/policies/{type}/structuring", Name: "policies.structuring",
+			Method: "GET", Pattern: "/api/v1/policies/{effect_type}/structuring", Name: "policies.structuring",
 			Tag: "policies", Scopes: []string{auth.ScopePoliciesRead},
 			Summary: "How closely the costs declared for the type crowd its watch line (structuring_threshold_micros, " +
 				"else max_cost_micros) over the last 24 hours and 7 days: declarations by band of the line, and the " +
@@ -103,7 +103,7 @@ func (s *Server) gateRoutes() []Route {
 			Handle: s.policyStructuring,
 		},
 		{
-			Method: "PUT", Pattern: "/api/v1/policies/{type}", Name: "policies.put", Tag: "policies",
+			Method: "PUT", Pattern: "/api/v1/policies/{effect_type}", Name: "policies.put", Tag: "policies",
 			Scopes: []string{auth.ScopePoliciesWrite},
 			Summary: "Merge fields into an effect type's policy: omitted fields keep their value, null clears a " +
 				"nullable one; expected_version, when sent, must equal the current version.",
@@ -224,11 +224,11 @@ func (s *Server) listPolicies(ctx context.Context, c *Call) (any, error) {
 }
 
 func (s *Server) getPolicy(ctx context.Context, c *Call) (any, error) {
-	return s.Gate.GetPolicy(ctx, c.Principal.WorkspaceID, c.R.PathValue("type"))
+	return s.Gate.GetPolicy(ctx, c.Principal.WorkspaceID, c.R.PathValue("effect_type"))
 }
 
 func (s *Server) policyStructuring(ctx context.Context, c *Call) (any, error) {
-	return s.Gate.Structuring(ctx, c.Principal.WorkspaceID, c.R.PathValue("type"))
+	return s.Gate.Structuring(ctx, c.Principal.WorkspaceID, c.R.PathValue("effect_type"))
 }
 
 func (s *Server) putPolicy(ctx context.Context, c *Call) (any, error) {
@@ -236,7 +236,7 @@ func (s *Server) putPolicy(ctx context.Context, c *Call) (any, error) {
 	if err := c.Decode(&req); err != nil {
 		return nil, err
 	}
-	return s.Gate.PutPolicy(ctx, c.Principal.WorkspaceID, c.R.PathValue("type"), req)
+	return s.Gate.PutPolicy(ctx, c.Principal.WorkspaceID, c.R.PathValue("effect_type"), req)
 }
 
 func (s *Server) listApprovals(ctx context.Context, c *Call) (any, error) {
