@@ -297,3 +297,45 @@ func TestCloneQueuedRefusesTagsOutsideTheIDAlphabet(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)
 }
+
+// A report and its retry racing each other (a client that timed out and
+// sent it again) both answer the same result: the one that waited for the
+// job's lock reads the other's record instead of calling the job ended.
+func TestRepeatedReportRacingItsOriginal(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	runID := b.run(t)
+	const n = 60
+	b.fill(t, runID, n)
+	claimed := b.claim(t, b.register(t), n)
+	require.Len(t, claimed, n)
+	var wg sync.WaitGroup
+	results := make(chan error, 2*n)
+	start := make(chan struct{})
+	for i, j := range claimed {
+		req := jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: jobs.StatusSucceeded}
+		if i%2 == 1 {
+			req = jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "FAILED", Error: &jobs.ReportError{Message: "try again"}}
+		}
+		for range 2 {
+			wg.Go(func() {
+				<-start
+				r, err := b.svc.Report(ctx, b.ws, j.JobID, req)
+				if err == nil && r.Attempt != 1 {
+					err = fmt.Errorf("job %s answered attempt %d", j.JobID, r.Attempt)
+				}
+				results <- err
+			})
+		}
+	}
+	close(start)
+	wg.Wait()
+	close(results)
+	for err := range results {
+		require.NoError(t, err)
+	}
+	for _, j := range claimed {
+		require.Len(t, b.executions(t, j.JobID), 1)
+	}
+}

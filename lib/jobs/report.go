@@ -175,6 +175,11 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 	if j.xAttempt == nil {
 		return ReportResult{}, nil, errLeaseLost()
 	}
+	if j.status != StatusRunning && j.xReported == nil {
+		if err := s.rereadExecution(ctx, tx, j, req.LeaseToken); err != nil {
+			return ReportResult{}, nil, err
+		}
+	}
 	xa := int(*j.xAttempt)
 	switch {
 	case j.xReported != nil:
@@ -221,6 +226,21 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 	}
 	row := s.outcomeRow(j.jobID, j.attempt, req, next, due, finished)
 	return ReportResult{JobID: j.jobID, Status: next, Attempt: j.attempt, NextDueAt: due}, &row, nil
+}
+
+// rereadExecution reads j's execution again. jobs_report_lock reads the job
+// row as its lock was granted but the execution as the statement began, so
+// a report of the same attempt that committed while this one waited for
+// the lock (a client's retry racing its original) shows in the job's
+// status only; without this read it would be refused as too late, or
+// recorded a second time on a cancelled job.
+func (s *Service) rereadExecution(ctx context.Context, tx pgx.Tx, j *lockedJob, token string) error {
+	err := tx.QueryRow(ctx, sqlExecutionByToken, j.jobID, token).Scan(&j.xAttempt, &j.xOutcome, &j.xReported,
+		&j.xResult, &j.xNext, &j.xRejected)
+	if err != nil {
+		return fmt.Errorf("report: read execution: %w", err)
+	}
+	return nil
 }
 
 // outcomeRow is the row recording the worker's own outcome: the sealed

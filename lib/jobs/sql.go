@@ -266,6 +266,12 @@ FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
 // belongs to. The statement is jobs_report_lock (migration 0011).
 const sqlReportLock = `SELECT * FROM jobs_report_lock($1::text[], $2::text, $3::text[])`
 
+// sqlExecutionByToken reads the execution a lease token names, as
+// jobs_report_lock does. $1 job, $2 token.
+const sqlExecutionByToken = `
+SELECT attempt, outcome, reported_at, result_status, next_due_at, coalesce(output_rejected, false)
+FROM job_executions WHERE job_id = $1::text AND lease_token = $2::text`
+
 // sqlReportApply records reports' outcomes (parallel arrays $3…$16, one
 // element per report), the jobs' next statuses where $14 says so, and frees
 // the endpoints' concurrency slots. The endpoints are locked in id order
