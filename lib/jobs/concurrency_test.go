@@ -339,3 +339,50 @@ func TestRepeatedReportRacingItsOriginal(t *testing.T) {
 		require.Len(t, b.executions(t, j.JobID), 1)
 	}
 }
+
+// A finish racing the report that ends the run's last step completes the
+// run at once, whichever commits first: neither leaves it to the sweeper.
+func TestFinishRacingTheLastReportCompletesTheRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	w := b.register(t)
+	const runs = 60
+	type pending struct {
+		runID string
+		job   jobs.ClaimedJob
+	}
+	var all []pending
+	for i := range runs {
+		runID := b.run(t)
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprint(i))})
+		all = append(all, pending{runID, b.claimOne(t, w)})
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*runs)
+	start := make(chan struct{})
+	for _, p := range all {
+		wg.Go(func() {
+			<-start
+			_, err := b.svc.FinishRun(ctx, b.ws, p.runID)
+			errs <- err
+		})
+		wg.Go(func() {
+			<-start
+			_, err := b.svc.Report(ctx, b.ws, p.job.JobID, jobs.ReportRequest{LeaseToken: p.job.LeaseToken,
+				Status: jobs.StatusSucceeded})
+			errs <- err
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	for _, p := range all {
+		var status string
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT status FROM job_runs WHERE id = $1`, p.runID).Scan(&status))
+		require.Equal(t, "SUCCEEDED", status, "run %s", p.runID)
+	}
+}

@@ -91,6 +91,7 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, workspaceID string,
 		done       []endedStep
 		dependents bool
 		settle     = map[string]bool{} // run → its shared lock is still to be taken
+		unasked    []string            // runs read as not finishing, whose shared lock we hold
 	)
 	for i, it := range items {
 		j, ok := locked[it.jobID]
@@ -117,11 +118,19 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, workspaceID string,
 			dependents = dependents || j.dependents
 			if j.requested || !j.runLocked {
 				settle[j.runID] = settle[j.runID] || !j.runLocked
+			} else if !slices.Contains(unasked, j.runID) {
+				unasked = append(unasked, j.runID)
 			}
 		}
 	}
-	if err := s.applyReports(ctx, tx, workspaceID, apply, now); err != nil {
+	finishing, err := s.applyReports(ctx, tx, workspaceID, apply, now, unasked)
+	if err != nil {
 		return nil, false, err
+	}
+	for _, runID := range finishing {
+		if _, ok := settle[runID]; !ok {
+			settle[runID] = false
+		}
 	}
 	if len(done) > 0 {
 		// The common case costs no statement here: no dependents, and
@@ -274,9 +283,18 @@ func (s *Service) rejectionRow(jobID string, attempt int, rejection string, fini
 }
 
 // applyReports records rows in one statement.
-func (s *Service) applyReports(ctx context.Context, tx pgx.Tx, workspaceID string, rows []applyRow, now time.Time) error {
+//
+// unasked are runs whose completion jobs_report_lock read as not requested
+// while it took their shared lock unopposed. It read them as its statement
+// began, before the lock: a finish that committed in between is seen
+// neither by its own check (the step had not ended yet) nor by that read.
+// This statement begins after the lock, so the runs it answers as finishing
+// are complete: a finish it does not see waits for the lock, and its check
+// then sees these steps ended.
+func (s *Service) applyReports(ctx context.Context, tx pgx.Tx, workspaceID string, rows []applyRow, now time.Time,
+	unasked []string) (finishing []string, err error) {
 	if len(rows) == 0 {
-		return nil
+		return nil, nil
 	}
 	n := len(rows)
 	var (
@@ -294,9 +312,12 @@ func (s *Service) applyReports(ctx context.Context, tx pgx.Tx, workspaceID strin
 		output[i], preview[i], outcome[i], retryable[i], retryAfter[i] = r.output, r.preview, r.outcome, r.retryable, r.retryAfter
 		errSealed[i], updateJob[i], warning[i], rejected[i] = r.errSealed, r.updateJob, r.warning, r.rejected
 	}
-	if _, err := tx.Exec(ctx, sqlReportApply, workspaceID, now, jobIDs, attempts, next, due, finished, output, preview,
-		outcome, retryable, retryAfter, errSealed, updateJob, warning, rejected); err != nil {
-		return fmt.Errorf("report apply: %w", err)
+	if unasked == nil {
+		unasked = []string{}
 	}
-	return nil
+	if err := tx.QueryRow(ctx, sqlReportApply, workspaceID, now, jobIDs, attempts, next, due, finished, output, preview,
+		outcome, retryable, retryAfter, errSealed, updateJob, warning, rejected, unasked).Scan(nil, &finishing); err != nil {
+		return nil, fmt.Errorf("report apply: %w", err)
+	}
+	return finishing, nil
 }

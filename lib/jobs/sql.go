@@ -275,11 +275,13 @@ FROM job_executions WHERE job_id = $1::text AND lease_token = $2::text`
 // sqlReportApply records reports' outcomes (parallel arrays $3…$16, one
 // element per report), the jobs' next statuses where $14 says so, and frees
 // the endpoints' concurrency slots. The endpoints are locked in id order
-// first, the order claims lock them in. The statement is jobs_report_apply
-// (migration 0011).
+// first, the order claims lock them in. The call is jobs_report_apply
+// (migration 0011); beside it, which of the runs $17 have had completion
+// requested, read with this statement's snapshot (see applyReports).
 const sqlReportApply = `SELECT jobs_report_apply($1::text, $2::timestamptz, $3::text[], $4::int[], $5::text[], $6::timestamptz[],
     $7::timestamptz[], $8::bytea[], $9::text[], $10::text[], $11::bool[], $12::bigint[], $13::bytea[], $14::bool[], $15::text[],
-    $16::bool[])`
+    $16::bool[]),
+    ARRAY(SELECT r.id FROM job_runs r WHERE r.id = ANY($17::text[]) AND r.completion_requested AND r.status = 'RUNNING')`
 
 const sqlCancelLock = `
 SELECT pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0))::text, id, status, run_id, attempt, endpoint_id FROM jobs WHERE step_id = $1::text AND workspace_id = $2::text FOR UPDATE`
