@@ -3,6 +3,7 @@ package jobs_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -474,6 +475,62 @@ func TestMaxConcurrentAndRateLimitGateClaims(t *testing.T) {
 	}
 	b.clock.Add(time.Minute)
 	require.Len(t, b.claim(t, w, 10), 1)
+}
+
+// The rate window only moves forward: a claim that computed its window in
+// the minute before (it waited for its connection and the endpoint's lock
+// across the boundary) counts against the current window instead of
+// starting its own, so the boundary grants no second allowance.
+func TestRateWindowDoesNotMoveBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "send_email",
+		PolicyFields: jobs.PolicyFields{RateLimitPerMinute: opt[int64](2)}})
+	require.NoError(t, err)
+	runID := b.run(t)
+	for i := range 8 {
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage([]byte{byte('0' + i)})})
+	}
+	w := b.register(t)
+	b.clock.Add(time.Minute) // 12:01:00
+	require.Len(t, b.claim(t, w, 10), 2)
+	b.clock.Add(-time.Second) // a late claim, still in 12:00
+	require.Empty(t, b.claim(t, w, 10), "counted against 12:01's window")
+	b.clock.Add(31 * time.Second) // 12:01:30
+	require.Empty(t, b.claim(t, w, 10), "12:01's allowance is spent")
+	b.clock.Add(30 * time.Second) // 12:02:00
+	require.Len(t, b.claim(t, w, 10), 2)
+}
+
+// A claim skips endpoints that cannot take a job now: a saturated endpoint's
+// older backlog does not fill the candidates while other endpoints' jobs
+// are due.
+func TestSaturatedEndpointDoesNotHoldOthersJobs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "slow",
+		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](1)}})
+	require.NoError(t, err)
+	_, _, err = b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "limited",
+		PolicyFields: jobs.PolicyFields{RateLimitPerMinute: opt[int64](1)}})
+	require.NoError(t, err)
+	runID := b.run(t)
+	for i := range 6 {
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprint(100 + i)), Endpoint: ptr("slow")})
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprint(200 + i)), Endpoint: ptr("limited")})
+	}
+	b.clock.Add(time.Second)
+	fast := map[string]bool{}
+	for i := range 2 {
+		fast[b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprint(300 + i)), Endpoint: ptr("fast")}).JobID] = true
+	}
+	w := b.register(t)
+	require.Len(t, b.claim(t, w, 2), 2, "slow's one slot and limited's one claim this minute")
+	got := b.claim(t, w, 2)
+	require.Len(t, got, 2, "fast's jobs, past the gated backlog")
+	for _, j := range got {
+		require.True(t, fast[j.JobID])
+	}
 }
 
 func TestDependencies(t *testing.T) {
