@@ -18,6 +18,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/money"
 )
 
 // A secret reads rk_<key id body>_<64 hex chars>. Embedding the id makes
@@ -255,8 +256,8 @@ func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, 
 	if r.Tools != nil && !slices.Contains(scopes, ScopeJobsWork) {
 		pr.Add("tools", "only keys with jobs:work take a tools list")
 	}
-	if r.DailySpendCeilingMicros != nil && *r.DailySpendCeilingMicros < 0 {
-		pr.Add("daily_spend_ceiling_micros", "must be a non-negative integer")
+	if r.DailySpendCeilingMicros != nil && !money.Valid(*r.DailySpendCeilingMicros) {
+		pr.Add("daily_spend_ceiling_micros", money.Rule)
 	}
 	if r.RateLimitPerMinute != nil && (*r.RateLimitPerMinute < 1 || *r.RateLimitPerMinute > 1_000_000) {
 		pr.Add("rate_limit_per_minute", "must be 1-1000000")

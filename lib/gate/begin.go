@@ -18,6 +18,7 @@ import (
 	"github.com/getratchet/ratchet/lib/canonjson"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/money"
 	"github.com/getratchet/ratchet/lib/redact"
 )
 
@@ -125,8 +126,8 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 	if !validIdempotencyKey(req.IdempotencyKey) {
 		pr.Add("idempotency_key", "must be 1-255 printable characters")
 	}
-	if req.CostMicros != nil && *req.CostMicros < 0 {
-		pr.Add("cost_micros", "must be a non-negative integer (micros of USD)")
+	if req.CostMicros != nil && !money.Valid(*req.CostMicros) {
+		pr.Add("cost_micros", money.Rule)
 	}
 	if len(req.Dimensions) > maxDimensions {
 		pr.Add("dimensions", "may hold at most %d dimensions", maxDimensions)

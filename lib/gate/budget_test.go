@@ -323,3 +323,29 @@ func TestConcurrentChargesAndReleasesAgree(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Equal(t, 3, n)
 }
+
+// Amounts are bounded (10^18 micros) so that a ceiling's counter never
+// overflows: at the bound a second grant is refused as over budget, not
+// failed with an internal error, and beyond it the request is invalid.
+func TestAmountsAreBoundedSoCountersNeverOverflow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const max = 1_000_000_000_000_000_000
+	b.putPolicy("api.call", map[string]any{"daily_budget_micros": max})
+	agent := b.env.Key(b.ws, map[string]any{"name": "rich", "preset": "AGENT", "daily_spend_ceiling_micros": max})
+	do := func(body map[string]any) *apitest.Response {
+		return b.env.Do("POST", "/api/v1/effects/begin", agent, body)
+	}
+	require.Equal(t, "execute", do(charge(key("a"), max)).JSON()["decision"])
+	r := do(charge(key("b"), max))
+	require.Equal(t, http.StatusForbidden, r.Status, "%s", r.Body)
+	require.Equal(t, "key_budget_exceeded", r.ErrorCode(), "both ceilings refuse; the key's is named first")
+
+	require.Equal(t, []string{"cost_micros"}, validationFields(t, do(charge(key("c"), max+1))))
+	require.Equal(t, []string{"daily_budget_micros", "dimension_limits.to.daily_micros"}, validationFields(t,
+		b.env.Do("PUT", "/api/v1/policies/api.call", b.ws.Key, map[string]any{"daily_budget_micros": max + 1,
+			"dimension_limits": map[string]any{"to": map[string]any{"daily_micros": max + 1}}})))
+	require.Equal(t, []string{"daily_spend_ceiling_micros"}, validationFields(t,
+		b.env.Do("POST", "/api/v1/keys", b.ws.Key, map[string]any{"name": "richer", "preset": "AGENT",
+			"daily_spend_ceiling_micros": max + 1})))
+}

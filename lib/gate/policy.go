@@ -17,6 +17,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/jsonx"
+	"github.com/getratchet/ratchet/lib/money"
 )
 
 // Policy modes, indeterminate handling and surge actions (seed 003, "Policy").
@@ -209,9 +210,9 @@ func (p *Policy) validate(pr *apierr.Problems) {
 			pr.Add(field, "must be from %d to %d", lo, hi)
 		}
 	}
-	nonNegative := func(field string, v *int64) {
-		if v != nil && *v < 0 {
-			pr.Add(field, "must be a non-negative integer (micros of USD)")
+	amount := func(field string, v *int64) {
+		if v != nil && !money.Valid(*v) {
+			pr.Add(field, money.Rule)
 		}
 	}
 	oneOf("mode", p.Mode, modes)
@@ -228,10 +229,10 @@ func (p *Policy) validate(pr *apierr.Problems) {
 	if p.SurgeMultiplier != nil && *p.SurgeMultiplier < 2 {
 		pr.Add("surge_multiplier", "must be at least 2")
 	}
-	nonNegative("max_cost_micros", p.MaxCostMicros)
-	nonNegative("approval_above_micros", p.ApprovalAboveMicros)
-	nonNegative("daily_budget_micros", p.DailyBudgetMicros)
-	nonNegative("structuring_threshold_micros", p.StructuringThresholdMicros)
+	amount("max_cost_micros", p.MaxCostMicros)
+	amount("approval_above_micros", p.ApprovalAboveMicros)
+	amount("daily_budget_micros", p.DailyBudgetMicros)
+	amount("structuring_threshold_micros", p.StructuringThresholdMicros)
 	if len(p.RequiredDimensions) > maxRequiredDimensions {
 		pr.Add("required_dimensions", "may list at most %d dimensions", maxRequiredDimensions)
 	}
@@ -253,9 +254,7 @@ func (p *Policy) validate(pr *apierr.Problems) {
 		if !dimensionRe.MatchString(name) {
 			pr.Add("dimension_limits."+name, "must be keyed by a dimension name (letters, digits, . _ -; up to 64)")
 		}
-		if lim.DailyMicros != nil && *lim.DailyMicros < 0 {
-			pr.Add("dimension_limits."+name+".daily_micros", "must be a non-negative integer")
-		}
+		amount("dimension_limits."+name+".daily_micros", lim.DailyMicros)
 		if lim.DailyCount != nil && *lim.DailyCount < 1 {
 			pr.Add("dimension_limits."+name+".daily_count", "must be at least 1")
 		}
