@@ -470,6 +470,10 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 		code = ev.fresh
 	case row.Attempt >= ev.maxAttempts:
 		code = apierr.CodeMaxAttemptsExceeded
+	case row.ApprovalState != nil && *row.ApprovalState == ApprovalRejected:
+		// Final for the key; reached only by an effect a rejection left
+		// indeterminate (sqlDecideApproval), the rest are settled.
+		code = apierr.CodeApprovalRejected
 	case ev.fresh == "approval" && !approved:
 		if err := tx.QueryRow(ctx, sqlRequestApproval, row.ID, in.now, in.approvalID, ev.approvalReason,
 			in.eventID).Scan(out.dest()...); err != nil {

@@ -240,3 +240,28 @@ func TestRefusedRetryKeepsTheUnknownOutcome(t *testing.T) {
 	dup := b.mustBegin("duplicate", email(k))
 	require.Equal(t, map[string]any{"sent": true}, dup["result"])
 }
+
+// A retry after a lapse that needed an approval, then rejected: the
+// rejection is final for the key, and the earlier attempt's unknown outcome
+// is not buried under it.
+func TestRejectedRetryKeepsTheUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("email.send", map[string]any{"on_indeterminate": "retry"})
+	k := key("lapse")
+	d := b.mustBegin("execute", email(k))
+	id := str(d["effect_id"])
+	b.clock.Add(2 * time.Minute)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"reason": "incident"})
+	held := b.mustBegin("approval_required", email(k))
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(held["approval_id"])+"/reject", b.ws.Key, nil)
+
+	require.Equal(t, "indeterminate", b.get(id)["state"])
+	b.refusal("approval_rejected", "indeterminate", email(k))
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/release", b.ws.Key, nil)
+	b.refusal("approval_rejected", "indeterminate", email(k))
+
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"})
+	b.denialOf("approval_rejected", email(k)) // final: the effect is denied now
+	require.Equal(t, "denied", b.get(id)["state"])
+}

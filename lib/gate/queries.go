@@ -486,7 +486,10 @@ SELECT count(*) FROM ins`
 const approvalCols = `id, effect_id, effect_type, state, reason, created_at, decided_at, note`
 
 // sqlDecideApproval approves or rejects a pending approval and updates its
-// effect in one statement: a rejection is a final denial for the key.
+// effect in one statement: a rejection is a final denial for the key. An
+// effect whose last attempt's outcome is unknown (a retry after a lapse
+// that needed approval) goes back to indeterminate instead, so the unknown
+// outcome stays resolvable; begin still answers approval_rejected.
 // $1 approval id, $2 workspace, $3 'approved'|'rejected', $4 now, $5 key id,
 // $6 note, $7 event id.
 const sqlDecideApproval = `
@@ -496,10 +499,14 @@ WITH a AS (
     RETURNING ` + approvalCols + `
 ), e AS (
     UPDATE effects e SET approval_state = $3, updated_at = $4,
-        state = CASE WHEN $3 = 'rejected' AND e.state = 'awaiting_approval' THEN 'denied' ELSE e.state END,
-        denial_code = CASE WHEN $3 = 'rejected' AND e.state = 'awaiting_approval' THEN 'approval_rejected'
-                           ELSE e.denial_code END
-    FROM a WHERE e.id = a.effect_id AND e.approval_id = a.id
+        state = CASE WHEN $3 = 'rejected' AND e.state = 'awaiting_approval'
+                     THEN CASE WHEN u.unknown THEN 'indeterminate' ELSE 'denied' END ELSE e.state END,
+        denial_code = CASE WHEN $3 = 'rejected' AND e.state = 'awaiting_approval' AND NOT u.unknown
+                           THEN 'approval_rejected' ELSE e.denial_code END
+    FROM a, LATERAL (SELECT EXISTS (SELECT 1 FROM effect_attempts x WHERE x.effect_id = a.effect_id
+        AND x.attempt = (SELECT f.attempt FROM effects f WHERE f.id = a.effect_id) AND x.outcome = 'indeterminate')
+        AS unknown) u
+    WHERE e.id = a.effect_id AND e.approval_id = a.id
 ), evt AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at)
     SELECT $7, $2, '` + events.ApprovalDecided + `', a.id,
