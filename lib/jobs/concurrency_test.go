@@ -310,31 +310,22 @@ func TestRepeatedReportRacingItsOriginal(t *testing.T) {
 	b.fill(t, runID, n)
 	claimed := b.claim(t, b.register(t), n)
 	require.Len(t, claimed, n)
-	var wg sync.WaitGroup
-	results := make(chan error, 2*n)
-	start := make(chan struct{})
+	var reports []func() error
 	for i, j := range claimed {
 		req := jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: jobs.StatusSucceeded}
 		if i%2 == 1 {
 			req = jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "FAILED", Error: &jobs.ReportError{Message: "try again"}}
 		}
-		for range 2 {
-			wg.Go(func() {
-				<-start
-				r, err := b.svc.Report(ctx, b.ws, j.JobID, req)
-				if err == nil && r.Attempt != 1 {
-					err = fmt.Errorf("job %s answered attempt %d", j.JobID, r.Attempt)
-				}
-				results <- err
-			})
+		report := func() error {
+			r, err := b.svc.Report(ctx, b.ws, j.JobID, req)
+			if err == nil && r.Attempt != 1 {
+				err = fmt.Errorf("job %s answered attempt %d", j.JobID, r.Attempt)
+			}
+			return err
 		}
+		reports = append(reports, report, report)
 	}
-	close(start)
-	wg.Wait()
-	close(results)
-	for err := range results {
-		require.NoError(t, err)
-	}
+	race(t, reports)
 	for _, j := range claimed {
 		require.Len(t, b.executions(t, j.JobID), 1)
 	}
@@ -358,20 +349,35 @@ func TestFinishRacingTheLastReportCompletesTheRun(t *testing.T) {
 		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprint(i))})
 		all = append(all, pending{runID, b.claimOne(t, w)})
 	}
-	var wg sync.WaitGroup
-	errs := make(chan error, 2*runs)
-	start := make(chan struct{})
+	var calls []func() error
 	for _, p := range all {
-		wg.Go(func() {
-			<-start
+		calls = append(calls, func() error {
 			_, err := b.svc.FinishRun(ctx, b.ws, p.runID)
-			errs <- err
-		})
-		wg.Go(func() {
-			<-start
+			return err
+		}, func() error {
 			_, err := b.svc.Report(ctx, b.ws, p.job.JobID, jobs.ReportRequest{LeaseToken: p.job.LeaseToken,
 				Status: jobs.StatusSucceeded})
-			errs <- err
+			return err
+		})
+	}
+	race(t, calls)
+	for _, p := range all {
+		var status string
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT status FROM job_runs WHERE id = $1`, p.runID).Scan(&status))
+		require.Equal(t, "SUCCEEDED", status, "run %s", p.runID)
+	}
+}
+
+// race starts every call at the same moment and requires each to succeed.
+func race(t *testing.T, calls []func() error) {
+	t.Helper()
+	start := make(chan struct{})
+	errs := make(chan error, len(calls))
+	var wg sync.WaitGroup
+	for _, call := range calls {
+		wg.Go(func() {
+			<-start
+			errs <- call()
 		})
 	}
 	close(start)
@@ -379,10 +385,5 @@ func TestFinishRacingTheLastReportCompletesTheRun(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		require.NoError(t, err)
-	}
-	for _, p := range all {
-		var status string
-		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT status FROM job_runs WHERE id = $1`, p.runID).Scan(&status))
-		require.Equal(t, "SUCCEEDED", status, "run %s", p.runID)
 	}
 }
