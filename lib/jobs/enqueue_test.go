@@ -264,3 +264,23 @@ func TestAJobStaysInItsRunsWorkspace(t *testing.T) {
 	}
 	require.Equal(t, jobs.StatusQueued, b.step(t, st.StepID).Status)
 }
+
+// A worker receives the input as the producer sent it, numbers included:
+// the canonical form (which reads numbers as float64) is only hashed.
+func TestInputKeepsItsNumbersExactly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	in := `{"id":18446744073709551615,"amount":0.10000000000000001,"big":1e400,"n":[1.0,-0]}`
+	enq := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(" " + in + "\n")})
+	j := b.claimOne(t, b.register(t))
+	require.Equal(t, enq.JobID, j.JobID)
+	require.Equal(t, in, string(j.Input))
+
+	// The key is still the canonical one: the same numbers written another
+	// way are the same operation.
+	again := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(
+		`{"n":[1,0],"big":1e400,"amount":0.1,"id":18446744073709551615}`)})
+	require.True(t, again.Deduplicated)
+	require.Equal(t, enq.StepID, again.StepID)
+}

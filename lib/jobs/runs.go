@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -261,7 +262,8 @@ func (s *Service) FinishRun(ctx context.Context, workspaceID, runID string) (Run
 // enqueueOp is the validated operation of an enqueue.
 type enqueueOp struct {
 	runID, name, version, endpoint string
-	input                          []byte // canonical JSON
+	input                          []byte // as sent, compacted: what is validated, stored and claimed
+	canon                          []byte // canonical JSON: what the key and fingerprint hash
 	key                            string
 	timeoutMs, maxAttempts         *int64
 	contractVersion                *int64
@@ -294,7 +296,8 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 	if err != nil {
 		p.Add("input", "must be JSON")
 	}
-	op.input = canon
+	op.canon = canon
+	op.input = storedInput(raw, canon)
 	if req.IdempotencyKey != nil && (len(*req.IdempotencyKey) < 1 || len(*req.IdempotencyKey) > 255) {
 		p.Add("idempotencyKey", "must be 1-255 characters")
 	}
@@ -330,7 +333,7 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 		// run, tool, handler version, contract version, effective endpoint,
 		// dependency and canonical input.
 		op.key, err = canonjson.Hash([]any{runID, op.name, op.version, op.contractVersion, op.endpoint,
-			op.afterStepID, op.afterStatus, canonjson.Canonical(op.input)})
+			op.afterStepID, op.afterStatus, canonjson.Canonical(op.canon)})
 		if err != nil {
 			return op, apierr.InvalidField("input", "must be JSON")
 		}
@@ -338,11 +341,25 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 	return op, nil
 }
 
+// storedInput is the input a job keeps: the producer's JSON as sent, only
+// compacted. The canonical form is for hashing alone: it reads numbers as
+// JavaScript does (float64), so storing it would hand a worker
+// 18446744073709552000 for 18446744073709551615 and fail a schema that
+// the input meets. Input with invalid UTF-8 is stored canonical, with its
+// bad bytes replaced, as it always was.
+func storedInput(raw, canon []byte) []byte {
+	var buf bytes.Buffer
+	if !utf8.Valid(raw) || json.Compact(&buf, raw) != nil {
+		return canon
+	}
+	return buf.Bytes()
+}
+
 // fingerprint identifies the whole operation, so a repeated key with a
 // different operation is told apart from a duplicate.
 func (op enqueueOp) fingerprint() []byte {
 	b, _ := canonjson.Marshal([]any{op.runID, op.name, op.version, op.contractVersion, op.endpoint, op.afterStepID,
-		op.afterStatus, canonjson.Canonical(op.input), op.timeoutMs, op.maxAttempts, op.key})
+		op.afterStatus, canonjson.Canonical(op.canon), op.timeoutMs, op.maxAttempts, op.key})
 	return b
 }
 
