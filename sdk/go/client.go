@@ -99,19 +99,36 @@ func NewClient(cfg Config) (*Client, error) {
 		sleep: sleepCtx, jitter: rand.Float64}, nil
 }
 
-// sleepCtx waits d or until ctx ends.
+// sleepCtx waits d or until ctx ends, or until the channel of
+// withRetryCutoff closes.
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
+	cutoff, _ := ctx.Value(retryCutoffKey{}).(<-chan struct{})
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-cutoff:
+		return errRetryCutoff
 	case <-t.C:
 		return nil
 	}
+}
+
+type retryCutoffKey struct{}
+
+var errRetryCutoff = errors.New("ratchet: retry wait cut off")
+
+// withRetryCutoff returns ctx whose retry waits (a 429's Retry-After, a
+// backoff) end early once cutoff closes, while a request already sent runs
+// to its answer: a stopping worker does not wait out a rate limit to claim
+// work it will not run, yet never abandons a claim the server may have
+// made.
+func withRetryCutoff(ctx context.Context, cutoff <-chan struct{}) context.Context {
+	return context.WithValue(ctx, retryCutoffKey{}, cutoff)
 }
 
 // idempotency says whether a call may be repeated after an ambiguous

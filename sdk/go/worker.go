@@ -87,6 +87,7 @@ type Worker struct {
 	clock        clock
 	jitter       func() float64
 	reportLinger time.Duration // zero: reportLinger
+	stopGrace    time.Duration // zero: stopGrace; tests shorten it
 }
 
 // clock is the worker's time source; tests replace it to pace the poll loop
@@ -217,7 +218,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	n := w.active
 	w.mu.Unlock()
 	w.cancelJobs(ErrWorkerStopped)
-	grace, stop := w.clock.Timer(stopGrace)
+	grace, stop := w.clock.Timer(w.stopGraceOr())
 	defer stop()
 	// Reports queued so far (and those of handlers returning within the
 	// grace) are sent before Stop returns; a handler returning later sends
@@ -268,8 +269,8 @@ func (w *Worker) loop(ctx, jobsCtx context.Context) {
 		}
 		limit := min(free, 100)
 		began := w.clock.Now()
-		jobs, err := w.c.Claim(ctx, w.workerID, limit, w.opts.WaitSeconds)
-		if err != nil && ctx.Err() == nil {
+		jobs, err := w.c.Claim(withRetryCutoff(ctx, w.stopping), w.workerID, limit, w.opts.WaitSeconds)
+		if err != nil && !w.stopped(ctx) {
 			w.opts.OnError(fmt.Errorf("ratchet: claim: %w", err))
 		}
 		for _, j := range jobs {
@@ -425,12 +426,16 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 	stopHeartbeat()
 	<-hbDone
 	if !finished {
-		// The handler ignored its timeout: the timeout is recorded now (the
-		// job retries per its policy) and whatever the handler returns later
-		// is dropped. Its slot stays taken until it returns, so Concurrency
+		// The handler ignored its cancellation, and whatever it returns
+		// later is dropped. A timeout is recorded now (the job retries per
+		// its policy); a stopping worker leaves the job unreported and its
+		// lease, no longer extended, lapses for another worker to reclaim.
+		// The slot stays taken until the handler returns, so Concurrency
 		// still bounds the handlers running in this process.
-		e := rt.decide(ErrTimeout, ErrTimeout, job, w.opts.OnError)
-		w.report(j, expires, JobReport{Status: ReportFailed, Error: &e})
+		if errors.Is(context.Cause(hctx), ErrTimeout) {
+			e := rt.decide(ErrTimeout, ErrTimeout, job, w.opts.OnError)
+			w.report(j, expires, JobReport{Status: ReportFailed, Error: &e})
+		}
 		<-done
 		return
 	}
@@ -450,6 +455,14 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 	w.report(j, expires, JobReport{Status: ReportFailed, Error: &e})
 }
 
+// stopGraceOr is the worker's stop grace: stopGrace unless a test set one.
+func (w *Worker) stopGraceOr() time.Duration {
+	if w.stopGrace > 0 {
+		return w.stopGrace
+	}
+	return stopGrace
+}
+
 // handlerResult is what a handler returned.
 type handlerResult struct {
 	out json.RawMessage
@@ -463,20 +476,26 @@ type handlerResult struct {
 const timeoutGrace = time.Second
 
 // await waits for the handler. Once its timeout has passed it waits at
-// most timeoutGrace more; finished is false when the handler did not return
-// by then. Other cancellations (a cancel request, a lost lease, a stopping
-// worker) wait for the handler as before: there is no outcome to record
-// without it.
+// most timeoutGrace more, and once the worker is stopping (Stop's deadline,
+// or the end of Start's context) at most stopGrace; finished is false when
+// the handler did not return by then. A cancel request or a lost lease
+// waits for the handler as before: the heartbeats have already stopped, so
+// its lease lapses on its own.
 func (w *Worker) await(hctx context.Context, done <-chan handlerResult) (res handlerResult, finished bool) {
 	select {
 	case res = <-done:
 		return res, true
 	case <-hctx.Done():
 	}
-	if !errors.Is(context.Cause(hctx), ErrTimeout) {
+	grace := timeoutGrace
+	switch cause := context.Cause(hctx); {
+	case errors.Is(cause, ErrTimeout):
+	case errors.Is(cause, ErrWorkerStopped):
+		grace = w.stopGraceOr()
+	default:
 		return <-done, true
 	}
-	fire, stop := w.clock.Timer(timeoutGrace)
+	fire, stop := w.clock.Timer(grace)
 	defer stop()
 	select {
 	case res = <-done:

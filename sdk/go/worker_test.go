@@ -26,10 +26,11 @@ type fakeJobs struct {
 	leaseFor   time.Duration
 	reports    map[string]json.RawMessage
 	reported   chan string
-	onClaim    func(limit, got int) // called inside the lock
-	batches    []int                // sizes of the batch reports received
-	refuse     map[string]string    // job id → error code a batch answers for it
-	noBatch    bool                 // answer the batch route 404, as an older server would
+	onClaim    func(limit, got int)                                    // called inside the lock
+	batches    []int                                                   // sizes of the batch reports received
+	refuse     map[string]string                                       // job id → error code a batch answers for it
+	noBatch    bool                                                    // answer the batch route 404, as an older server would
+	claimError func() (status int, code string, detail map[string]any) // optional refusal of a claim
 }
 
 func newFakeJobs() *fakeJobs {
@@ -59,6 +60,14 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 201, map[string]any{"workerId": "wkr_1"})
 	case p == "/workers/wkr_1/claim":
 		f.mu.Lock()
+		if f.claimError != nil {
+			if status, code, detail := f.claimError(); status != 0 {
+				f.claims++
+				f.mu.Unlock()
+				apiError(w, status, code, detail)
+				return
+			}
+		}
 		limit := int(body["limit"].(float64))
 		f.claims++
 		f.limits = append(f.limits, limit)
@@ -459,6 +468,83 @@ func TestWorkerStopDeadlineCancelsHandlers(t *testing.T) {
 	e := f.report(t, id)["error"].(map[string]any)
 	if e["retryable"] != true || !strings.Contains(e["message"].(string), "worker stopped") {
 		t.Fatalf("report %v", e)
+	}
+}
+
+// A handler that ignores the cancellation of a stopping worker does not
+// keep its job: after the stop grace its heartbeats end and it is left
+// unreported, so its lease lapses for another worker.
+func TestWorkerStopLetsAnIgnoringHandlersLeaseLapse(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.leaseFor = 3 * time.Second // a heartbeat about every second
+	id := f.add("stuck", "1", welcomeIn{}, 60000)
+	started, release := make(chan struct{}), make(chan struct{})
+	w, _ := startWorker(t, f, func(w *Worker) {
+		w.stopGrace = 200 * time.Millisecond
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "stuck", Version: "1",
+			Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+				close(started)
+				<-release // ignores ctx
+				return welcomeOut{Sent: true}, nil
+			}}))
+	}, StartOptions{})
+	defer close(release)
+	<-started
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := w.Stop(ctx); err == nil || !strings.Contains(err.Error(), "left unreported") {
+		t.Fatalf("Stop = %v", err)
+	}
+	time.Sleep(300 * time.Millisecond) // the handler's own grace has passed too
+	f.mu.Lock()
+	before := f.heartbeats
+	f.mu.Unlock()
+	time.Sleep(2500 * time.Millisecond)
+	f.mu.Lock()
+	after := f.heartbeats
+	_, reported := f.reports[id]
+	f.mu.Unlock()
+	if after != before || reported {
+		t.Fatalf("heartbeats %d → %d after the grace, reported %v: the lease is still held", before, after, reported)
+	}
+}
+
+// Stop does not wait out a rate limit on a claim: the claim's retry wait
+// ends with Stop, and nothing is claimed after it.
+func TestWorkerStopCutsAClaimsRetryWait(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	limited := make(chan struct{}, 1)
+	f.claimError = func() (int, string, map[string]any) {
+		select {
+		case limited <- struct{}{}:
+		default:
+		}
+		return 429, "rate_limited", map[string]any{"retry_after_seconds": 60}
+	}
+	w, _ := startWorker(t, f, func(w *Worker) {
+		w.c.sleep = sleepCtx // really wait out the Retry-After
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "any", Version: "1",
+			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+	}, StartOptions{})
+	<-limited // the claim is waiting out its 60 s
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(ctx) }()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("Stop is waiting out the claim's Retry-After")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.claims != 1 {
+		t.Fatalf("%d claims, want the one refused", f.claims)
 	}
 }
 
