@@ -526,14 +526,19 @@ ORDER BY id DESC LIMIT $3`
 
 // sqlPurgeExpired deletes up to $2 effects whose retention has passed: the
 // effect type's retention_days (90 when the type has no policy) counted from
-// the effect's creation, for ended effects only (succeeded, failed, denied;
-// never a live lease, an unresolved indeterminate outcome or a pending
-// approval) outside any group still open or unwinding, with their attempts
-// and approvals. It visits each (workspace, effect type) present with a loose
-// scan of effects_type_created_idx and reads each one's range of creation
-// times older than its retention, so a pass with nothing to delete costs one
-// index probe per pair, not a scan of the table. Once deleted, a key is new
-// again: its next begin executes.
+// the effect's last change (updated_at: when it ended, for an ended one), so
+// an effect that waited days for a resolve or an approval keeps its record
+// that long after it ended, and its key keeps answering duplicate. Ended
+// effects only (succeeded, failed, denied; never a live lease, an unresolved
+// indeterminate outcome or a pending approval), outside any group that is
+// open, unwinding or committed (a committed group can still be unwound, and
+// its plan needs its steps), with their attempts and approvals. It visits
+// each (workspace, effect type) present with a loose scan of
+// effects_type_created_idx and reads each one's range of creation times
+// older than its retention (an effect changed last is never created later),
+// so a pass with nothing to delete costs one index probe per pair, not a
+// scan of the table. Once deleted, a key is new again: its next begin
+// executes.
 const sqlPurgeExpired = `
 WITH expired AS (
     WITH RECURSIVE pairs AS (
@@ -552,9 +557,10 @@ WITH expired AS (
         SELECT e.id FROM effects e
         WHERE e.workspace_id = p.workspace_id AND e.effect_type = p.effect_type
           AND e.created_at < $1::timestamptz - make_interval(days => coalesce(pol.retention_days, 90))
+          AND e.updated_at < $1::timestamptz - make_interval(days => coalesce(pol.retention_days, 90))
           AND e.state IN ('succeeded', 'failed', 'denied')
           AND NOT EXISTS (SELECT 1 FROM effect_groups g
-                          WHERE g.id = e.group_id AND g.state IN ('open', 'unwinding'))
+                          WHERE g.id = e.group_id AND g.state IN ('open', 'unwinding', 'committed'))
         ORDER BY e.created_at
         LIMIT $2::int
         FOR UPDATE OF e SKIP LOCKED

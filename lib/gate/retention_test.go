@@ -82,3 +82,44 @@ func TestRetentionPurgesEndedEffectsAfterTheirTypesDays(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, lapsed, "only this test's 1990 lease had lapsed")
 }
+
+// Retention counts from when an effect ended, not from when it began: an
+// effect resolved days after its begin keeps its record (and its key keeps
+// answering duplicate) for its whole retention. A committed group's steps
+// are kept: the group can still be unwound, and its plan needs them. Not
+// parallel, in its own era (1980), like the test above.
+func TestRetentionCountsFromTheEnd(t *testing.T) {
+	era := time.Date(1980, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(rand.IntN(1e6)) * time.Second)
+	c := apitest.NewClock(era)
+	b := &bundle{t: t, clock: c, env: apitest.Start(t, apitest.WithNow(c.Now))}
+	b.ws = b.env.Signup()
+	ctx := context.Background()
+	sweep := func() int {
+		n, err := b.env.App.Server.Gate.SweepRetention(ctx, c.Now(), 1000)
+		require.NoError(t, err)
+		return n
+	}
+	b.putPolicy("email.send", map[string]any{"retention_days": 1})
+	k := key("slow-resolve")
+	d := b.mustBegin("execute", email(k))
+	g := b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "order"}).JSON()
+	step := email(key("step"))
+	step["group_id"], step["compensation"] = g["id"], map[string]any{"effect_type": "email.retract"}
+	s := b.mustBegin("execute", step)
+	require.Equal(t, http.StatusOK, b.report(str(s["effect_id"]), str(s["lease_token"]), "succeeded", nil).Status)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+str(g["id"])+"/commit", b.ws.Key, nil)
+
+	c.Add(48 * time.Hour) // the first lease lapsed long ago
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+str(d["effect_id"])+"/resolve", b.ws.Key,
+		map[string]any{"outcome": "succeeded"})
+	require.Zero(t, sweep(), "resolved just now; the committed group's step is kept")
+	b.mustBegin("duplicate", email(k))
+
+	c.Add(25 * time.Hour)
+	require.Equal(t, 1, sweep(), "a day after it ended")
+	again := b.mustBegin("execute", email(k))
+	// Leave no lease for the other tests' global sweeps to count.
+	require.Equal(t, http.StatusOK, b.report(str(again["effect_id"]), str(again["lease_token"]), "succeeded", nil).Status)
+	u := b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+str(g["id"])+"/unwind", b.ws.Key, nil).JSON()
+	require.Len(t, u["plan"], 1, "the committed group's step is still there to undo")
+}
