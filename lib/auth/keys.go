@@ -112,7 +112,7 @@ WITH k AS (
 ), inc AS (
     INSERT INTO rate_counters (bucket, window_start, shard, count)
     SELECT 'key:' || k.id, $3, $4, 1 FROM k
-    WHERE k.rate_limit_per_minute IS NOT NULL AND k.revoked_at IS NULL AND k.secret_hash = $2
+    WHERE $5::bool AND k.rate_limit_per_minute IS NOT NULL AND k.revoked_at IS NULL AND k.secret_hash = $2
     ON CONFLICT (bucket, window_start, shard) DO UPDATE SET count = rate_counters.count + 1
     RETURNING 1
 )
@@ -127,6 +127,17 @@ FROM k`
 // unless it is rate limited; an uncached key costs exactly one, which both
 // looks it up and counts it.
 func (s *Service) Authenticate(ctx context.Context, secret string) (*Principal, error) {
+	return s.authenticate(ctx, secret, true)
+}
+
+// Verify resolves a bearer secret like Authenticate without counting the
+// request against the key's rate limit: for a protocol endpoint (MCP) whose
+// every tool call is a request of its own, counted when it runs.
+func (s *Service) Verify(ctx context.Context, secret string) (*Principal, error) {
+	return s.authenticate(ctx, secret, false)
+}
+
+func (s *Service) authenticate(ctx context.Context, secret string, count bool) (*Principal, error) {
 	keyID, ok := parseSecret(secret)
 	if !ok {
 		return nil, errBadKey()
@@ -136,7 +147,7 @@ func (s *Service) Authenticate(ctx context.Context, secret string) (*Principal, 
 	window := now.Truncate(time.Minute)
 
 	if p := s.cached(keyID, hash, now); p != nil {
-		if p.RateLimitPerMinute == nil {
+		if p.RateLimitPerMinute == nil || !count {
 			return p, nil
 		}
 		ok, retry, err := s.limiter.Allow(ctx, "key:"+keyID, *p.RateLimitPerMinute, time.Minute)
@@ -154,10 +165,10 @@ func (s *Service) Authenticate(ctx context.Context, secret string) (*Principal, 
 		stored  []byte
 		rate    *int32
 		revoked bool
-		count   int64
+		used    int64 // this window's requests, this one included
 	)
-	err := s.pool.QueryRow(ctx, authSQL, keyID, hash, window, int16(now.UnixNano()%counterShards)).Scan(
-		&p.WorkspaceID, &stored, &p.Scopes, &p.Tools, &p.DailySpendCeilingMicros, &rate, &revoked, &count)
+	err := s.pool.QueryRow(ctx, authSQL, keyID, hash, window, int16(now.UnixNano()%counterShards), count).Scan(
+		&p.WorkspaceID, &stored, &p.Scopes, &p.Tools, &p.DailySpendCeilingMicros, &rate, &revoked, &used)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, errBadKey()
 	}
@@ -172,7 +183,7 @@ func (s *Service) Authenticate(ctx context.Context, secret string) (*Principal, 
 		p.RateLimitPerMinute = &r
 	}
 	s.store(keyID, hash, p, now)
-	if p.RateLimitPerMinute != nil && count > int64(*p.RateLimitPerMinute) {
+	if count && p.RateLimitPerMinute != nil && used > int64(*p.RateLimitPerMinute) {
 		return nil, apierr.RateLimited(retryAfterSeconds(now, window.Add(time.Minute)))
 	}
 	return p, nil

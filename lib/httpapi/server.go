@@ -156,7 +156,9 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 	}
 	r.Body = http.MaxBytesReader(sw, r.Body, MaxBodyBytes)
 	if route.Raw != nil {
-		if err := s.authorize(r.Context(), &Call{R: r, RequestID: reqID, Route: route}); err != nil {
+		// A protocol endpoint's requests are not counted against the key's
+		// rate limit: each call it makes through the router is.
+		if err := s.authorize(r.Context(), &Call{R: r, RequestID: reqID, Route: route}, false); err != nil {
 			s.fail(sw, reqID, route, err)
 			return
 		}
@@ -190,7 +192,7 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 }
 
 func (s *Server) run(ctx context.Context, c *Call) (any, error) {
-	if err := s.authorize(ctx, c); err != nil {
+	if err := s.authorize(ctx, c, true); err != nil {
 		return nil, err
 	}
 	if c.Route.Request == nil && c.Route.Auth == AuthKey && c.R.ContentLength != 0 &&
@@ -205,15 +207,20 @@ func (s *Server) run(ctx context.Context, c *Call) (any, error) {
 	return c.Route.Handle(ctx, c)
 }
 
-// authorize checks the route's credentials and sets c.Principal for a key.
-func (s *Server) authorize(ctx context.Context, c *Call) error {
+// authorize checks the route's credentials and sets c.Principal for a key,
+// counting the request against the key's rate limit when count is set.
+func (s *Server) authorize(ctx context.Context, c *Call, count bool) error {
 	switch c.Route.Auth {
 	case AuthKey:
 		secret, ok := bearer(c.R)
 		if !ok {
 			return apierr.Unauthorized("Missing, malformed, or revoked key.")
 		}
-		p, err := s.Auth.Authenticate(ctx, secret)
+		verify := s.Auth.Authenticate
+		if !count {
+			verify = s.Auth.Verify
+		}
+		p, err := verify(ctx, secret)
 		if err != nil {
 			return err
 		}

@@ -3,9 +3,11 @@ package mcpserver_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
@@ -155,4 +157,28 @@ func TestStreamableHTTPEndpointRefusesStreamsInTheEnvelope(t *testing.T) {
 		require.Equal(t, "method_not_allowed", r.ErrorCode(), m)
 		require.Equal(t, "POST", r.Header.Get("Allow"), m)
 	}
+}
+
+// A tool call counts once against the key's rate limit: the MCP request
+// that carries it is not counted on top of the REST call it makes.
+func TestToolCallsCountOnceAgainstTheRateLimit(t *testing.T) {
+	t.Parallel()
+	clock := apitest.NewClock(time.Now().Truncate(time.Minute)) // one rate window throughout
+	env := apitest.Start(t, apitest.WithNow(clock.Now))
+	ws := env.Signup()
+	agent := env.Key(ws, map[string]any{"name": "agent", "preset": "AGENT", "rate_limit_per_minute": 4})
+	ctx := context.Background()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.StreamableClientTransport{
+		Endpoint: env.Server.URL + "/api/v1/mcp", HTTPClient: &http.Client{Transport: bearerTransport{agent}},
+	}, nil)
+	require.NoError(t, err)
+	defer cs.Close()
+	for i := range 4 {
+		body, isErr := callJSON(t, cs, "ratchet_begin", map[string]any{"effect_type": "email.send",
+			"idempotency_key": fmt.Sprintf("k-%d", i)})
+		require.False(t, isErr, "call %d: %v", i, body)
+	}
+	body, isErr := callJSON(t, cs, "ratchet_begin", map[string]any{"effect_type": "email.send", "idempotency_key": "k-5"})
+	require.True(t, isErr)
+	require.Equal(t, "rate_limited", body["error"].(map[string]any)["code"])
 }
