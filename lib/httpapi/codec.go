@@ -44,6 +44,11 @@ func DecodeJSON(body []byte, dst any) error {
 	if err := dec.Decode(dst); err != nil {
 		return decodeError(err, body, dst)
 	}
+	if escapesNUL(body) {
+		// PostgreSQL stores no NUL in text or jsonb: refused here, once,
+		// rather than failing the statement as an internal error.
+		return apierr.InvalidField("body", `must not contain NUL characters (\u0000) in any string`)
+	}
 	if dec.More() {
 		return apierr.InvalidField("body", "must be a single JSON object")
 	}
@@ -51,6 +56,24 @@ func DecodeJSON(body []byte, dst any) error {
 		return apierr.InvalidField("body", "must be a single JSON object")
 	}
 	return nil
+}
+
+// escapesNUL reports whether a JSON document holds a string with a NUL in
+// it, which JSON can only write as the escape \u0000.
+func escapesNUL(doc []byte) bool {
+	inString := false
+	for i := 0; i < len(doc); i++ {
+		switch b := doc[i]; {
+		case b == '"':
+			inString = !inString
+		case b == '\\' && inString:
+			if bytes.HasPrefix(doc[i+1:], []byte("u0000")) {
+				return true
+			}
+			i++ // the escaped character, whatever it is
+		}
+	}
+	return false
 }
 
 func decodeError(err error, body []byte, dst any) error {
@@ -370,7 +393,7 @@ func (c *Call) ListParams() (limit int, cursor string, err error) {
 		limit = n
 	}
 	cursor = q.Get("cursor")
-	if len(cursor) > 200 {
+	if len(cursor) > 200 || strings.ContainsRune(cursor, 0) {
 		return 0, "", apierr.InvalidField("cursor", "is not a cursor from this API")
 	}
 	return limit, cursor, nil

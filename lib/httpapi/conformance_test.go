@@ -572,3 +572,25 @@ func TestTimestampsReadBackAsWritten(t *testing.T) {
 	require.Len(t, list, 1)
 	require.Equal(t, list[0].(map[string]any)["created_at"], wh["created_at"], "webhook")
 }
+
+// A NUL in any string of a body (JSON's \u0000) is a bad request, not an
+// internal error: PostgreSQL stores no NUL in text or jsonb. An escaped
+// backslash before u0000 is not a NUL.
+func TestNULIsABadRequest(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	for _, tc := range []struct{ method, path, body string }{
+		{"POST", "/api/v1/keys", `{"name":"a\u0000b","preset":"AGENT"}`},
+		{"POST", "/api/v1/runs", `{"name":"\u0000"}`},
+		{"POST", "/api/v1/effects/begin", `{"effect_type":"email.send","idempotency_key":"k","payload":{"a\u0000":1}}`},
+		{"POST", "/api/v1/groups", `{"name":"x\"\u0000"}`},
+	} {
+		r := env.Do(tc.method, tc.path, ws.Key, tc.body)
+		require.Equal(t, http.StatusBadRequest, r.Status, "%s %s: %s", tc.method, tc.path, r.Body)
+		require.Equal(t, "invalid_request", r.ErrorCode())
+	}
+	r := env.Do("GET", "/api/v1/effects?cursor=%00", ws.Key, nil)
+	require.Equal(t, http.StatusBadRequest, r.Status, "%s", r.Body)
+	env.Must(http.StatusCreated, "POST", "/api/v1/runs", ws.Key, `{"name":"C:\\u0000dir"}`)
+}
