@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"sync"
 	"syscall"
@@ -30,6 +31,9 @@ const (
 	// is being sent; longer than sendTimeout.
 	claimHold   = 60 * time.Second
 	sendTimeout = 10 * time.Second
+	// recordTimeout bounds recording one outcome, which runs even when the
+	// pass's own time is up.
+	recordTimeout = 5 * time.Second
 )
 
 // Backoff is the wait after failed attempt n (1-based): 30 s doubling, capped
@@ -84,6 +88,7 @@ type claimed struct {
 	eventType    string
 	eventData    []byte
 	eventCreated time.Time
+	subjectID    string
 	workspaceID  string
 }
 
@@ -102,7 +107,8 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 		SET next_attempt_at = $1 + make_interval(secs => $3), attempts = d.attempts + 1
 		FROM due, webhooks w, events e
 		WHERE d.id = due.id AND w.id = d.webhook_id AND e.id = d.event_id
-		RETURNING d.id, w.url, w.secret, w.id, d.attempts, e.id, e.type, e.data::text, e.created_at, e.workspace_id`,
+		RETURNING d.id, w.url, w.secret, w.id, d.attempts, e.id, e.type, e.data::text, e.created_at, e.workspace_id,
+		    e.subject_id`,
 		now, deliverBatch, claimHold.Seconds())
 	if err != nil {
 		return 0, fmt.Errorf("claim deliveries: %w", err)
@@ -112,7 +118,7 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 		var c claimed
 		var data string
 		if err := rows.Scan(&c.id, &c.url, &c.secret, &c.webhookID, &c.attempts, &c.eventID, &c.eventType,
-			&data, &c.eventCreated, &c.workspaceID); err != nil {
+			&data, &c.eventCreated, &c.workspaceID, &c.subjectID); err != nil {
 			rows.Close()
 			return 0, fmt.Errorf("scan delivery: %w", err)
 		}
@@ -123,18 +129,21 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 		return 0, fmt.Errorf("claim deliveries: %w", err)
 	}
 
+	// Every delivery of the batch is sent at once, so the pass ends within
+	// one sendTimeout however slow the receivers (sent a few at a time, 25
+	// slow receivers outlasted the sweeper's time for the task, whose end
+	// then cut sends short and lost their outcomes: counted attempts never
+	// sent, successes sent again). Outcomes are recorded whatever is left
+	// of the pass's time: a delivery that was sent is recorded.
 	var (
 		wg       sync.WaitGroup
-		sem      = make(chan struct{}, 4)
 		mu       sync.Mutex
 		firstErr error
 	)
 	for _, c := range batch {
 		wg.Add(1)
-		sem <- struct{}{}
 		go func(c claimed) {
 			defer wg.Done()
-			defer func() { <-sem }()
 			if err := s.deliverOne(ctx, c); err != nil {
 				mu.Lock()
 				if firstErr == nil {
@@ -157,7 +166,7 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 	}
 	body, err := json.Marshal(map[string]any{
 		"id": c.eventID, "type": c.eventType, "created_at": c.eventCreated.UTC(),
-		"workspace_id": c.workspaceID, "data": json.RawMessage(c.eventData),
+		"workspace_id": c.workspaceID, "subject_id": c.subjectID, "data": json.RawMessage(c.eventData),
 	})
 	if err != nil {
 		return fmt.Errorf("encode delivery: %w", err)
@@ -186,6 +195,8 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 }
 
 func (s *Service) record(ctx context.Context, c claimed, code *int, failure string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
 	now := s.now()
 	var err error
 	switch {
@@ -205,9 +216,40 @@ func (s *Service) record(ctx context.Context, c claimed, code *int, failure stri
 	return nil
 }
 
+// nonPublic are the ranges beyond net.IP's own classes that no public
+// receiver lives in: carrier-grade NAT (cloud metadata services answer in
+// it, e.g. 100.100.100.200), benchmarking, the reserved class E, and NAT64,
+// which would reach any IPv4 address, private ones included.
+var nonPublic = []netip.Prefix{
+	netip.MustParsePrefix("100.64.0.0/10"),
+	netip.MustParsePrefix("198.18.0.0/15"),
+	netip.MustParsePrefix("240.0.0.0/4"),
+	netip.MustParsePrefix("64:ff9b::/96"),
+	netip.MustParsePrefix("64:ff9b:1::/48"),
+}
+
+// public reports whether ip may receive a webhook.
+func public(ip net.IP) bool {
+	if ip == nil || ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() ||
+		ip.IsLinkLocalMulticast() || ip.IsUnspecified() || ip.IsMulticast() {
+		return false
+	}
+	addr, ok := netip.AddrFromSlice(ip)
+	if !ok {
+		return false
+	}
+	addr = addr.Unmap()
+	for _, p := range nonPublic {
+		if p.Contains(addr) {
+			return false
+		}
+	}
+	return true
+}
+
 // newClient returns the delivery client. Unless allowPrivate, its dialer
-// refuses loopback, private, link-local and unspecified addresses after DNS
-// resolution, which also defeats DNS rebinding.
+// refuses every non-public address (public) after DNS resolution, which
+// also defeats DNS rebinding.
 func newClient(allowPrivate bool) *http.Client {
 	dialer := &net.Dialer{Timeout: 5 * time.Second}
 	if !allowPrivate {
@@ -216,9 +258,7 @@ func newClient(allowPrivate bool) *http.Client {
 			if err != nil {
 				return err
 			}
-			ip := net.ParseIP(host)
-			if ip == nil || ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() ||
-				ip.IsLinkLocalMulticast() || ip.IsUnspecified() || ip.IsMulticast() {
+			if !public(net.ParseIP(host)) {
 				return fmt.Errorf("webhooks: refusing to deliver to a non-public address")
 			}
 			return nil

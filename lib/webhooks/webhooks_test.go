@@ -138,6 +138,7 @@ func TestDeliveryIsSignedAndRecorded(t *testing.T) {
 	require.NoError(t, json.Unmarshal(body, &got))
 	require.Equal(t, events.EffectIndeterminate, got["type"])
 	require.Equal(t, subject, got["data"].(map[string]any)["effect_id"])
+	require.Equal(t, subject, got["subject_id"], "what the event is about, whatever its data says")
 
 	// Verify the signature as a receiver would.
 	parts := strings.Split(rcv.sigs[0], ",")
