@@ -362,19 +362,39 @@ func (s *Service) ListKeys(ctx context.Context, workspaceID, cursor string, limi
 
 // RevokeKey revokes a key for good and returns it; revoking twice answers the
 // same key. Another instance may accept the key for up to KEY_CACHE_TTL.
-func (s *Service) RevokeKey(ctx context.Context, workspaceID, keyID string) (Key, error) {
+//
+// A key may revoke only keys whose scopes it holds itself, the rule that
+// bounds the keys it may create: otherwise a key with keys:write alone could
+// revoke the workspace's OPERATOR key and lock its operators out.
+func (s *Service) RevokeKey(ctx context.Context, p *Principal, keyID string) (Key, error) {
 	if !ids.Valid(ids.Key, keyID) {
 		return Key{}, apierr.NotFound("key")
 	}
-	k, err := scanKey(s.pool.QueryRow(ctx, `
-		UPDATE api_keys SET revoked_at = coalesce(revoked_at, $3)
-		WHERE id = $1 AND workspace_id = $2
-		RETURNING `+keyColumns, keyID, workspaceID, s.now()))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Key{}, apierr.NotFound("key")
-	}
+	var (
+		k      Key
+		scopes []string
+	)
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `SELECT scopes FROM api_keys WHERE id = $1 AND workspace_id = $2 FOR UPDATE`,
+			keyID, p.WorkspaceID).Scan(&scopes)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return apierr.NotFound("key")
+		}
+		if err != nil {
+			return fmt.Errorf("revoke key: %w", err)
+		}
+		if err := p.Require(scopes...); err != nil {
+			return err
+		}
+		k, err = scanKey(tx.QueryRow(ctx, `UPDATE api_keys SET revoked_at = coalesce(revoked_at, $2)
+			WHERE id = $1 RETURNING `+keyColumns, keyID, s.now()))
+		if err != nil {
+			return fmt.Errorf("revoke key: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
-		return Key{}, fmt.Errorf("revoke key: %w", err)
+		return Key{}, err
 	}
 	s.forget(keyID)
 	return k, nil

@@ -182,6 +182,24 @@ func TestKeysCannotMintWiderScopes(t *testing.T) {
 	require.Equal(t, []any{"a@1"}, r.JSON()["tools"], "an unlisted child inherits its creator's tools")
 }
 
+// A key revokes only keys whose scopes it holds: one with keys:write alone
+// cannot lock the workspace's operators out by revoking their key.
+func TestKeysCannotRevokeWiderKeys(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	minter := env.Key(ws, map[string]any{"name": "m", "scopes": []string{"keys:write", "effects:begin"}})
+	keys := env.Must(http.StatusOK, "GET", "/api/v1/keys", ws.Key, nil).JSON()["data"].([]any)
+	operatorID := keys[0].(map[string]any)["id"].(string)
+	r := env.Must(http.StatusForbidden, "DELETE", "/api/v1/keys/"+operatorID, minter, nil)
+	require.Contains(t, requiredOf(r), "policies:write")
+	env.Must(http.StatusOK, "GET", "/api/v1/keys", ws.Key, nil) // the operator key still works
+
+	child := env.Must(http.StatusCreated, "POST", "/api/v1/keys", minter,
+		map[string]any{"name": "c", "scopes": []string{"effects:begin"}}).JSON()["id"].(string)
+	require.NotNil(t, env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+child, minter, nil).JSON()["revoked_at"])
+}
+
 func TestKeyValidation(t *testing.T) {
 	t.Parallel()
 	env := apitest.Start(t)

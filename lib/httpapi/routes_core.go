@@ -154,7 +154,7 @@ func (s *Server) revokeKey(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.Auth.RevokeKey(ctx, c.Principal.WorkspaceID, id)
+	return s.Auth.RevokeKey(ctx, c.Principal, id)
 }
 
 func (s *Server) cronSweep(ctx context.Context, _ *Call) (any, error) {
