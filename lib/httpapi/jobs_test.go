@@ -374,8 +374,15 @@ func TestQueueHealthSaysWhenNoWorkerServesAVersion(t *testing.T) {
 		} `json:"data"`
 	}
 	e.Must(http.StatusOK, "GET", "/api/v1/queue/health", e.ws.Key, nil).Decode(t, &h)
-	require.Len(t, h.Data, 1)
-	v2 := h.Data[0]
+	require.Len(t, h.Data, 2)
+	// v1's one job was claimed, and its lease (30 s + 10 s grace) lapsed 50 s
+	// ago: its worker is gone, so it is waiting again.
+	v1 := h.Data[0]
+	require.Equal(t, "1", v1.Version)
+	require.Equal(t, 1, v1.Queued)
+	require.Equal(t, 50, v1.OldestQueuedAgeSeconds)
+	require.Equal(t, 1, v1.WorkersSeen)
+	v2 := h.Data[1]
 	require.Equal(t, "2", v2.Version)
 	require.Equal(t, 2, v2.Queued)
 	require.Equal(t, 90, v2.OldestQueuedAgeSeconds)
@@ -388,6 +395,8 @@ func TestQueueHealthSaysWhenNoWorkerServesAVersion(t *testing.T) {
 	require.Len(t, h.Data, 2)
 	require.Equal(t, 1, h.Data[0].WorkersSeen)
 	require.Nil(t, h.Data[0].Message)
+	require.Equal(t, 2, h.Data[0].Queued, "v1: the lapsed job and the new one")
+	require.Equal(t, 50, h.Data[0].OldestQueuedAgeSeconds)
 }
 
 func TestClaimLongPollsUntilAJobArrives(t *testing.T) {

@@ -297,12 +297,15 @@ UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - 1) FROM
 WHERE e.id = j.endpoint_id AND $3::bool AND e.max_concurrent IS NOT NULL`
 
 // sqlQueueHealth summarises queued work per exact name@version, with the
-// workers that polled for it recently.
+// workers that polled for it recently. A RUNNING job whose lease lapsed is
+// waiting too (its worker is gone, and it is claimable again): it counts,
+// as of its lease's expiry.
 const sqlQueueHealth = `
 WITH q AS (
     SELECT name, version, count(*)::bigint AS queued, min(ready_at) FILTER (WHERE ready_at <= $2::timestamptz) AS oldest
     FROM jobs
-    WHERE workspace_id = $1::text AND status IN ('QUEUED', 'RETRY_SCHEDULED')
+    WHERE workspace_id = $1::text AND (status IN ('QUEUED', 'RETRY_SCHEDULED')
+                                       OR (status = 'RUNNING' AND ready_at <= $2::timestamptz))
     GROUP BY name, version
 ), w AS (
     SELECT t.name, t.version, count(DISTINCT wk.id)::bigint AS seen
