@@ -18,16 +18,8 @@ import (
 // 1990, before any other test's effects (TestSweeperAndLapseRaces is in 1995,
 // the rest follow the wall clock).
 func TestRetentionPurgesEndedEffectsAfterTheirTypesDays(t *testing.T) {
-	era := time.Date(1990, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(rand.IntN(1e6)) * time.Second)
-	c := apitest.NewClock(era)
-	b := &bundle{t: t, clock: c, env: apitest.Start(t, apitest.WithNow(c.Now))}
-	b.ws = b.env.Signup()
-	ctx := context.Background()
-	sweep := func() int {
-		n, err := b.env.App.Server.Gate.SweepRetention(ctx, c.Now(), 1000)
-		require.NoError(t, err)
-		return n
-	}
+	b, sweep := inEra(t, 1990)
+	c, ctx := b.clock, context.Background()
 	exists := func(id string) bool {
 		r := b.env.Do("GET", "/api/v1/effects/"+id, b.ws.Key, nil)
 		require.Contains(t, []int{http.StatusOK, http.StatusNotFound}, r.Status)
@@ -89,16 +81,8 @@ func TestRetentionPurgesEndedEffectsAfterTheirTypesDays(t *testing.T) {
 // are kept: the group can still be unwound, and its plan needs them. Not
 // parallel, in its own era (1980), like the test above.
 func TestRetentionCountsFromTheEnd(t *testing.T) {
-	era := time.Date(1980, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(rand.IntN(1e6)) * time.Second)
-	c := apitest.NewClock(era)
-	b := &bundle{t: t, clock: c, env: apitest.Start(t, apitest.WithNow(c.Now))}
-	b.ws = b.env.Signup()
-	ctx := context.Background()
-	sweep := func() int {
-		n, err := b.env.App.Server.Gate.SweepRetention(ctx, c.Now(), 1000)
-		require.NoError(t, err)
-		return n
-	}
+	b, sweep := inEra(t, 1980)
+	c := b.clock
 	b.putPolicy("email.send", map[string]any{"retention_days": 1})
 	k := key("slow-resolve")
 	d := b.mustBegin("execute", email(k))
@@ -122,4 +106,21 @@ func TestRetentionCountsFromTheEnd(t *testing.T) {
 	require.Equal(t, http.StatusOK, b.report(str(again["effect_id"]), str(again["lease_token"]), "succeeded", nil).Status)
 	u := b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+str(g["id"])+"/unwind", b.ws.Key, nil).JSON()
 	require.Len(t, u["plan"], 1, "the committed group's step is still there to undo")
+}
+
+// inEra is a workspace whose clock starts in year (at a random second of
+// its first days, so reruns do not meet), and a retention pass at its now.
+// The sweep acts on every workspace of the package database: each era
+// holds one test's effects only.
+func inEra(t *testing.T, year int) (*bundle, func() int) {
+	t.Helper()
+	era := time.Date(year, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(rand.IntN(1e6)) * time.Second)
+	c := apitest.NewClock(era)
+	b := &bundle{t: t, clock: c, env: apitest.Start(t, apitest.WithNow(c.Now))}
+	b.ws = b.env.Signup()
+	return b, func() int {
+		n, err := b.env.App.Server.Gate.SweepRetention(context.Background(), c.Now(), 1000)
+		require.NoError(t, err)
+		return n
+	}
 }
