@@ -83,9 +83,7 @@ func (r *reporter) enqueue(q queuedReport) {
 	r.mu.RLock()
 	if r.closed {
 		r.mu.RUnlock()
-		ctx, cancel := context.WithTimeout(r.ctx, reportTimeout)
-		defer cancel()
-		r.single(ctx, q)
+		r.send([]queuedReport{q})
 		return
 	}
 	r.in <- q
@@ -163,16 +161,45 @@ func (r *reporter) deadline(q queuedReport) time.Time {
 	return d
 }
 
-// send delivers one batch. A lone report uses the single-report route. A
-// batch the server refuses as a whole (an older server without the batch
-// route, a body over its limit) is sent again report by report, so no
-// outcome depends on the batch route existing.
+// send delivers one batch, and delivers it again while the server says a
+// retry may succeed (a 429, a 503, another 5xx, a network failure) and the
+// batch's leases still stand: a report never recorded lets its lease lapse
+// and the job run again, a second side effect. Reports are safe to repeat
+// (the same token and outcome answer the same result).
 func (r *reporter) send(batch []queuedReport) {
+	horizon := time.Now().Add(reportTimeout)
+	for _, q := range batch {
+		if q.expires.After(horizon) {
+			horizon = q.expires
+		}
+	}
+	for attempt := 0; ; attempt++ {
+		err := r.sendOnce(batch)
+		if err == nil {
+			return
+		}
+		wait, retry := r.c.retryDelay(err, attempt, idempotent)
+		if !retry || time.Now().Add(wait).After(horizon) {
+			for _, q := range batch {
+				r.fail(q, err)
+			}
+			return
+		}
+		time.Sleep(wait)
+	}
+}
+
+// sendOnce makes one delivery of batch, answering each report it settles
+// (recorded, or refused for itself) and the error worth a retry of the
+// rest. A lone report uses the single-report route. A batch the server
+// refuses as a whole (an older server without the batch route, a body over
+// its limit) is sent again report by report, so no outcome depends on the
+// batch route existing.
+func (r *reporter) sendOnce(batch []queuedReport) error {
 	ctx, cancel := context.WithTimeout(r.ctx, reportTimeout)
 	defer cancel()
 	if len(batch) == 1 {
-		r.single(ctx, batch[0])
-		return
+		return r.single(ctx, batch[0])
 	}
 	items := make([]BatchJobReport, len(batch))
 	for i, q := range batch {
@@ -183,27 +210,44 @@ func (r *reporter) send(batch []queuedReport) {
 		var apiErr *Error
 		if errors.As(err, &apiErr) && apiErr.StatusCode >= 400 && apiErr.StatusCode < 500 && apiErr.StatusCode != 429 {
 			for _, q := range batch {
-				r.single(ctx, q)
+				if err := r.single(ctx, q); err != nil {
+					r.fail(q, err)
+				}
 			}
-			return
+			return nil
 		}
-		for _, q := range batch {
-			r.fail(q, err)
-		}
-		return
+		return err
 	}
 	for i, x := range res {
 		if x.Err != nil {
 			r.fail(batch[i], x.Err)
 		}
 	}
+	return nil
 }
 
-// single sends one report on its own.
-func (r *reporter) single(ctx context.Context, q queuedReport) {
-	if _, err := r.c.ReportJob(ctx, q.job.JobID, q.report); err != nil {
-		r.fail(q, err)
+// single sends one report on its own, answering the error worth a retry.
+// A success whose output is over the server's request limit can never be
+// recorded: it is reported as a non-retryable failure instead, so the job
+// ends once rather than running again at every lapse.
+func (r *reporter) single(ctx context.Context, q queuedReport) error {
+	_, err := r.c.ReportJob(ctx, q.job.JobID, q.report)
+	var apiErr *Error
+	if errors.As(err, &apiErr) && apiErr.Code == CodePayloadTooLarge && q.report.Status == ReportSucceeded {
+		r.onErr(fmt.Errorf("ratchet: job %s attempt %d: output too large to report; reporting it failed: %w",
+			q.job.JobID, q.job.Attempt, err))
+		q.report = JobReport{LeaseToken: q.report.LeaseToken, Status: ReportFailed,
+			Error: &JobError{Message: "handler output exceeds the server's request size limit", Retryable: false}}
+		_, err = r.c.ReportJob(ctx, q.job.JobID, q.report)
 	}
+	if err == nil {
+		return nil
+	}
+	if _, retry := r.c.retryDelay(err, 0, idempotent); retry {
+		return err
+	}
+	r.fail(q, err)
+	return nil
 }
 
 // fail reports a report that was not recorded; its lease lapses and the job

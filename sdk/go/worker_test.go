@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -31,6 +32,9 @@ type fakeJobs struct {
 	refuse     map[string]string                                       // job id → error code a batch answers for it
 	noBatch    bool                                                    // answer the batch route 404, as an older server would
 	claimError func() (status int, code string, detail map[string]any) // optional refusal of a claim
+	// reportError optionally refuses a report request (single or batch)
+	// as a whole before looking at it.
+	reportError func(body json.RawMessage) (status int, code string)
 }
 
 func newFakeJobs() *fakeJobs {
@@ -93,6 +97,7 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		writeJSON(w, 200, map[string]any{"leaseExpiresAt": time.Now().Add(f.leaseFor), "cancelRequested": cancel})
+	case strings.HasSuffix(p, "/report") && f.reportError != nil && reportRefused(w, f, raw):
 	case p == "/jobs/report" && f.noBatch:
 		apiError(w, 404, CodeNotFound, nil)
 	case p == "/jobs/report":
@@ -545,6 +550,67 @@ func TestWorkerStopCutsAClaimsRetryWait(t *testing.T) {
 	defer f.mu.Unlock()
 	if f.claims != 1 {
 		t.Fatalf("%d claims, want the one refused", f.claims)
+	}
+}
+
+// reportRefused answers a report request with f.reportError's refusal, if any.
+func reportRefused(w http.ResponseWriter, f *fakeJobs, raw json.RawMessage) bool {
+	status, code := f.reportError(raw)
+	if status == 0 {
+		return false
+	}
+	apiError(w, status, code, nil)
+	return true
+}
+
+// A report the server cannot take for a while (503s beyond the client's own
+// retries) is sent again until it is recorded, while its lease stands: a
+// dropped report would let the job run again.
+func TestWorkerReportOutlastsAnOutage(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.leaseFor = time.Minute
+	var refused atomic.Int32
+	f.reportError = func(json.RawMessage) (int, string) {
+		if refused.Add(1) <= 8 {
+			return 503, "database_unavailable"
+		}
+		return 0, ""
+	}
+	id := f.add("quick", "1", welcomeIn{}, 30000)
+	_, sink := startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "quick", Version: "1",
+			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{Sent: true}, nil }}))
+	}, StartOptions{})
+	if rep := f.waitReport(t, id); rep["status"] != "SUCCEEDED" {
+		t.Fatalf("report %v", rep)
+	}
+	if errs := sink.list(); len(errs) != 0 {
+		t.Fatalf("errors reported: %v", errs)
+	}
+}
+
+// A success whose output the server refuses as too large is reported as a
+// non-retryable failure, so the job ends once instead of running again at
+// every lapse.
+func TestWorkerReportsAnOversizedOutputAsAFailure(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.reportError = func(body json.RawMessage) (int, string) {
+		if strings.Contains(string(body), `"SUCCEEDED"`) {
+			return 413, "payload_too_large"
+		}
+		return 0, ""
+	}
+	id := f.add("big", "1", welcomeIn{}, 30000)
+	startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "big", Version: "1",
+			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{Sent: true}, nil }}))
+	}, StartOptions{})
+	rep := f.waitReport(t, id)
+	e, _ := rep["error"].(map[string]any)
+	if rep["status"] != ReportFailed || e == nil || e["retryable"] != false {
+		t.Fatalf("report %v", rep)
 	}
 }
 
