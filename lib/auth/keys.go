@@ -298,7 +298,34 @@ func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, 
 		// An unrestricted worker key would be wider than its creator.
 		tools = slices.Clone(creator.Tools)
 	}
+	// Nor one with looser limits: a capped key's child is capped at least as
+	// tightly, inheriting the cap when it names none; otherwise an agent
+	// key allowed to mint keys could spend past its ceiling through them.
+	if err := capAtCreator("daily_spend_ceiling_micros", &r.DailySpendCeilingMicros, creator.DailySpendCeilingMicros); err != nil {
+		return nil, nil, err
+	}
+	if err := capAtCreator("rate_limit_per_minute", &r.RateLimitPerMinute, creator.RateLimitPerMinute); err != nil {
+		return nil, nil, err
+	}
 	return scopes, tools, nil
+}
+
+// capAtCreator holds a new key's limit *child to the creator's, when the
+// creator has one: inherited when unset, refused (403) when looser.
+func capAtCreator[T int | int64](field string, child **T, creator *T) error {
+	switch {
+	case creator == nil:
+		return nil
+	case *child == nil:
+		v := *creator
+		*child = &v
+		return nil
+	case **child > *creator:
+		e := apierr.Forbidden().WithDetail(field, *creator)
+		e.Message = fmt.Sprintf("A key may not mint a key with a looser %s than its own (%v).", field, *creator)
+		return e
+	}
+	return nil
 }
 
 const keyColumns = `id, name, scopes, tools, daily_spend_ceiling_micros, rate_limit_per_minute, created_at, revoked_at`

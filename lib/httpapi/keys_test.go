@@ -200,6 +200,33 @@ func TestKeysCannotRevokeWiderKeys(t *testing.T) {
 	require.NotNil(t, env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+child, minter, nil).JSON()["revoked_at"])
 }
 
+// A capped key's children are capped at least as tightly: they inherit its
+// spend ceiling and rate limit when they name none, and may not loosen them.
+func TestKeysCannotMintLooserLimits(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	capped := env.Key(ws, map[string]any{"name": "capped", "scopes": []string{"keys:write", "effects:begin"},
+		"daily_spend_ceiling_micros": 1000, "rate_limit_per_minute": 10})
+	child := env.Must(http.StatusCreated, "POST", "/api/v1/keys", capped,
+		map[string]any{"name": "c", "scopes": []string{"effects:begin"}}).JSON()
+	require.EqualValues(t, 1000, child["daily_spend_ceiling_micros"])
+	require.EqualValues(t, 10, child["rate_limit_per_minute"])
+	r := env.Must(http.StatusForbidden, "POST", "/api/v1/keys", capped,
+		map[string]any{"name": "c", "scopes": []string{"effects:begin"}, "daily_spend_ceiling_micros": 1001})
+	require.Equal(t, "forbidden", r.ErrorCode())
+	require.EqualValues(t, 1000, r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["daily_spend_ceiling_micros"])
+	env.Must(http.StatusForbidden, "POST", "/api/v1/keys", capped,
+		map[string]any{"name": "c", "scopes": []string{"effects:begin"}, "rate_limit_per_minute": 11})
+	tighter := env.Must(http.StatusCreated, "POST", "/api/v1/keys", capped, map[string]any{"name": "t",
+		"scopes": []string{"effects:begin"}, "daily_spend_ceiling_micros": 500, "rate_limit_per_minute": 5}).JSON()
+	require.EqualValues(t, 500, tighter["daily_spend_ceiling_micros"])
+	// An uncapped creator mints what it is asked for.
+	free := env.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key,
+		map[string]any{"name": "f", "preset": "AGENT"}).JSON()
+	require.Nil(t, free["daily_spend_ceiling_micros"])
+}
+
 func TestKeyValidation(t *testing.T) {
 	t.Parallel()
 	env := apitest.Start(t)
