@@ -325,6 +325,11 @@ func TestOutputIsValidatedAgainstContract(t *testing.T) {
 	again := e.report(job, map[string]any{"status": "SUCCEEDED", "output": map[string]any{"messageId": 42}})
 	require.Equal(t, http.StatusOK, again.Status, "%s", again.Body)
 	require.Equal(t, r.JSON(), again.JSON())
+	// The worker reported a success: a failure with the same token is
+	// another outcome, though the record says FAILED.
+	other := e.report(job, map[string]any{"status": "FAILED", "error": map[string]any{"message": "x"}})
+	require.Equal(t, http.StatusConflict, other.Status, "%s", other.Body)
+	require.Equal(t, "invalid_state", other.ErrorCode())
 	st := e.stepOf(enq["stepId"].(string))
 	require.Equal(t, "EXHAUSTED", st["status"])
 	require.Nil(t, st["outputPreview"], "a rejected output is not stored")

@@ -194,8 +194,12 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 	case j.xReported != nil:
 		// Already reported: the same outcome answers the same object (a
 		// success the contract refused is recorded as FAILED).
-		if *j.xOutcome != req.Status && (!j.xRejected || req.Status != StatusSucceeded) {
-			return ReportResult{}, nil, apierr.InvalidState("This attempt was already reported as %s.", *j.xOutcome)
+		sent := *j.xOutcome // what the worker reported: a refused success is recorded FAILED
+		if j.xRejected {
+			sent = StatusSucceeded
+		}
+		if sent != req.Status {
+			return ReportResult{}, nil, apierr.InvalidState("This attempt was already reported as %s.", sent)
 		}
 		return ReportResult{JobID: j.jobID, Status: *j.xResult, Attempt: xa, NextDueAt: utc(j.xNext)}, nil, nil
 	case xa < j.attempt:
