@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -43,6 +45,12 @@ func DecodeJSON(body []byte, dst any) error {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
 		return decodeError(err, body, dst)
+	}
+	var tree any
+	if err := json.Unmarshal(body, &tree); err == nil {
+		if path := inexactKey(tree, reflect.TypeOf(dst), ""); path != "" {
+			return apierr.InvalidField(path, "is not a known field (field names are case-sensitive)")
+		}
 	}
 	if escapesNUL(body) {
 		// PostgreSQL stores no NUL in text or jsonb: refused here, once,
@@ -307,6 +315,18 @@ func mistyped(v any, t reflect.Type) bool {
 // encoding/json's case-insensitive match) to their types, promoting the
 // fields of untagged embedded structs.
 func jsonFields(t reflect.Type) map[string]reflect.Type {
+	out := exactJSONFields(t)
+	for name, ft := range exactJSONFields(t) {
+		if _, ok := out[strings.ToLower(name)]; !ok {
+			out[strings.ToLower(name)] = ft
+		}
+	}
+	return out
+}
+
+// exactJSONFields maps the JSON names of t's fields (embedded structs'
+// promoted) to their types, spelled exactly as the tags spell them.
+func exactJSONFields(t reflect.Type) map[string]reflect.Type {
 	out := map[string]reflect.Type{}
 	for i := range t.NumField() {
 		f := t.Field(i)
@@ -321,7 +341,7 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 				et = et.Elem()
 			}
 			if et.Kind() == reflect.Struct {
-				for k, v := range jsonFields(et) {
+				for k, v := range exactJSONFields(et) {
 					if _, ok := out[k]; !ok {
 						out[k] = v
 					}
@@ -336,11 +356,53 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 			name = f.Name
 		}
 		out[name] = f.Type
-		if _, ok := out[strings.ToLower(name)]; !ok {
-			out[strings.ToLower(name)] = f.Type
-		}
 	}
 	return out
+}
+
+// inexactKey returns the path of the first object key in v that names a
+// field of t only by encoding/json's case-folding ("PRESET" for "preset"),
+// or "". The contract's field names are exact, so such a key is unknown.
+func inexactKey(v any, t reflect.Type, path string) string {
+	t, ok := elemType(t)
+	if !ok {
+		return ""
+	}
+	join := func(k string) string {
+		if path == "" {
+			return k
+		}
+		return path + "." + k
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		obj, _ := v.(map[string]any)
+		fields := exactJSONFields(t)
+		for _, k := range slices.Sorted(maps.Keys(obj)) {
+			ft, ok := fields[k]
+			if !ok {
+				return join(k)
+			}
+			if p := inexactKey(obj[k], ft, join(k)); p != "" {
+				return p
+			}
+		}
+	case reflect.Map:
+		obj, _ := v.(map[string]any)
+		for _, k := range slices.Sorted(maps.Keys(obj)) {
+			if p := inexactKey(obj[k], t.Elem(), join(k)); p != "" {
+				return p
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		arr, _ := v.([]any)
+		for i, e := range arr {
+			if p := inexactKey(e, t.Elem(), join(strconv.Itoa(i))); p != "" {
+				return p
+			}
+		}
+	}
+	return ""
 }
 
 // safeMessage keeps custom unmarshalers' messages short and free of input.

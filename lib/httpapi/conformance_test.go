@@ -594,3 +594,24 @@ func TestNULIsABadRequest(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, r.Status, "%s", r.Body)
 	env.Must(http.StatusCreated, "POST", "/api/v1/runs", ws.Key, `{"name":"C:\\u0000dir"}`)
 }
+
+// Field names are exact: a key that names a field only by encoding/json's
+// case-folding is unknown (400 with its path), wherever it sits; free-form
+// documents (payload, input) keep whatever keys they have.
+func TestFieldNamesAreCaseSensitive(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	for _, tc := range []struct{ method, path, body, field string }{
+		{"POST", "/api/v1/keys", `{"name":"a","PRESET":"AGENT"}`, "PRESET"},
+		{"POST", "/api/v1/effects/begin", `{"Effect_Type":"email.send","idempotency_key":"k"}`, "Effect_Type"},
+		{"POST", "/api/v1/effects/begin", `{"effect_type":"email.send","idempotency_key":"k","compensation":{"Effect_type":"x"}}`,
+			"compensation.Effect_type"},
+		{"POST", "/api/v1/workers/register", `{"tools":[{"name":"a","Version":"1"}]}`, "tools.0.Version"},
+	} {
+		require.Equal(t, []string{tc.field}, validationFields(t, env.Do(tc.method, tc.path, ws.Key, tc.body)), tc.body)
+	}
+	d := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key,
+		`{"effect_type":"email.send","idempotency_key":"k2","payload":{"Preset":1,"EFFECT_TYPE":2}}`).JSON()
+	require.Equal(t, "execute", d["decision"])
+}
