@@ -315,8 +315,9 @@ func mistyped(v any, t reflect.Type) bool {
 // encoding/json's case-insensitive match) to their types, promoting the
 // fields of untagged embedded structs.
 func jsonFields(t reflect.Type) map[string]reflect.Type {
-	out := exactJSONFields(t)
-	for name, ft := range exactJSONFields(t) {
+	exact := exactJSONFields(t)
+	out := maps.Clone(exact)
+	for name, ft := range exact {
 		if _, ok := out[strings.ToLower(name)]; !ok {
 			out[strings.ToLower(name)] = ft
 		}

@@ -185,7 +185,7 @@ func (r *reporter) send(batch []queuedReport) {
 			}
 			return
 		}
-		time.Sleep(wait)
+		_ = r.c.sleep(r.ctx, wait) // the client's own retry wait (r.ctx never ends)
 	}
 }
 
