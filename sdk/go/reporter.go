@@ -31,6 +31,9 @@ const (
 	// reportLeaseMargin: a report is sent at least this long before its
 	// lease (as last extended by a heartbeat) lapses, whatever the linger.
 	reportLeaseMargin = 5 * time.Second
+	// singleReportsInFlight bounds the single reports a refused batch is
+	// sent as.
+	singleReportsInFlight = 8
 )
 
 // queuedReport is one finished attempt waiting to be sent.
@@ -209,11 +212,7 @@ func (r *reporter) sendOnce(batch []queuedReport) error {
 	if err != nil {
 		var apiErr *Error
 		if errors.As(err, &apiErr) && apiErr.StatusCode >= 400 && apiErr.StatusCode < 500 && apiErr.StatusCode != 429 {
-			for _, q := range batch {
-				if err := r.single(ctx, q); err != nil {
-					r.fail(q, err)
-				}
-			}
+			r.sendEach(batch)
 			return nil
 		}
 		return err
@@ -224,6 +223,23 @@ func (r *reporter) sendOnce(batch []queuedReport) error {
 		}
 	}
 	return nil
+}
+
+// sendEach delivers a refused batch report by report, each with send's
+// retries (a single report can meet a 503 as well as the batch did), a few
+// at a time so that a hundred reports do not open a hundred connections.
+func (r *reporter) sendEach(batch []queuedReport) {
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, singleReportsInFlight)
+	for _, q := range batch {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			r.send([]queuedReport{q})
+		}()
+	}
+	wg.Wait()
 }
 
 // single sends one report on its own, answering the error worth a retry.

@@ -2,8 +2,10 @@ package ratchet
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -126,6 +128,44 @@ func TestBatchRefusedFallsBackToSingleReports(t *testing.T) {
 		if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
 			t.Fatalf("report %v", rep)
 		}
+	}
+}
+
+// The single reports a refused batch falls back to are retried like any
+// report: each meets a few 503s beyond the client's own retries and is
+// still recorded, and nothing is reported as lost.
+func TestBatchFallbackRetriesEachSingleReport(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.noBatch = true
+	var mu sync.Mutex
+	refusals := map[string]int{}
+	f.reportError = func(body json.RawMessage) (int, string) {
+		var single struct {
+			LeaseToken string `json:"leaseToken"`
+		}
+		if json.Unmarshal(body, &single) != nil || single.LeaseToken == "" {
+			return 0, "" // the batch: refused by noBatch
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if refusals[single.LeaseToken]++; refusals[single.LeaseToken] <= 8 {
+			return 503, "database_unavailable"
+		}
+		return 0, ""
+	}
+	c, _ := testClient(t, f)
+	sink := &errSink{}
+	r := newReporter(context.Background(), c, sink.add, time.Hour)
+	ids := queueReports(r, 4, time.Now().Add(10*time.Minute))
+	r.close()
+	for _, id := range ids {
+		if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
+			t.Fatalf("report %v", rep)
+		}
+	}
+	if errs := sink.list(); len(errs) != 0 {
+		t.Fatalf("OnError %v", errs)
 	}
 }
 
