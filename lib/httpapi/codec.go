@@ -9,7 +9,6 @@ import (
 	"maps"
 	"net/http"
 	"reflect"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -46,16 +45,8 @@ func DecodeJSON(body []byte, dst any) error {
 	if err := dec.Decode(dst); err != nil {
 		return decodeError(err, body, dst)
 	}
-	var tree any
-	if err := json.Unmarshal(body, &tree); err == nil {
-		if path := inexactKey(tree, reflect.TypeOf(dst), ""); path != "" {
-			return apierr.InvalidField(path, "is not a known field (field names are case-sensitive)")
-		}
-	}
-	if escapesNUL(body) {
-		// PostgreSQL stores no NUL in text or jsonb: refused here, once,
-		// rather than failing the statement as an internal error.
-		return apierr.InvalidField("body", `must not contain NUL characters (\u0000) in any string`)
+	if err := checkBody(body, reflect.TypeOf(dst)); err != nil {
+		return err
 	}
 	if dec.More() {
 		return apierr.InvalidField("body", "must be a single JSON object")
@@ -64,24 +55,6 @@ func DecodeJSON(body []byte, dst any) error {
 		return apierr.InvalidField("body", "must be a single JSON object")
 	}
 	return nil
-}
-
-// escapesNUL reports whether a JSON document holds a string with a NUL in
-// it, which JSON can only write as the escape \u0000.
-func escapesNUL(doc []byte) bool {
-	inString := false
-	for i := 0; i < len(doc); i++ {
-		switch b := doc[i]; {
-		case b == '"':
-			inString = !inString
-		case b == '\\' && inString:
-			if bytes.HasPrefix(doc[i+1:], []byte("u0000")) {
-				return true
-			}
-			i++ // the escaped character, whatever it is
-		}
-	}
-	return false
 }
 
 func decodeError(err error, body []byte, dst any) error {
@@ -359,51 +332,6 @@ func exactJSONFields(t reflect.Type) map[string]reflect.Type {
 		out[name] = f.Type
 	}
 	return out
-}
-
-// inexactKey returns the path of the first object key in v that names a
-// field of t only by encoding/json's case-folding ("PRESET" for "preset"),
-// or "". The contract's field names are exact, so such a key is unknown.
-func inexactKey(v any, t reflect.Type, path string) string {
-	t, ok := elemType(t)
-	if !ok {
-		return ""
-	}
-	join := func(k string) string {
-		if path == "" {
-			return k
-		}
-		return path + "." + k
-	}
-	switch t.Kind() {
-	case reflect.Struct:
-		obj, _ := v.(map[string]any)
-		fields := exactJSONFields(t)
-		for _, k := range slices.Sorted(maps.Keys(obj)) {
-			ft, ok := fields[k]
-			if !ok {
-				return join(k)
-			}
-			if p := inexactKey(obj[k], ft, join(k)); p != "" {
-				return p
-			}
-		}
-	case reflect.Map:
-		obj, _ := v.(map[string]any)
-		for _, k := range slices.Sorted(maps.Keys(obj)) {
-			if p := inexactKey(obj[k], t.Elem(), join(k)); p != "" {
-				return p
-			}
-		}
-	case reflect.Slice, reflect.Array:
-		arr, _ := v.([]any)
-		for i, e := range arr {
-			if p := inexactKey(e, t.Elem(), join(strconv.Itoa(i))); p != "" {
-				return p
-			}
-		}
-	}
-	return ""
 }
 
 // safeMessage keeps custom unmarshalers' messages short and free of input.

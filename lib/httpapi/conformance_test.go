@@ -615,3 +615,34 @@ func TestFieldNamesAreCaseSensitive(t *testing.T) {
 		`{"effect_type":"email.send","idempotency_key":"k2","payload":{"Preset":1,"EFFECT_TYPE":2}}`).JSON()
 	require.Equal(t, "execute", d["decision"])
 }
+
+// A key repeated in one object is refused with its path, wherever it sits,
+// free-form payloads and inputs included: encoding/json would keep the last,
+// other parsers (a proxy, a worker) the first. Nothing is written.
+func TestRepeatedKeysAreRefused(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	for _, tc := range []struct{ method, path, body, field string }{
+		{"POST", "/api/v1/effects/begin", `{"effect_type":"email.send","idempotency_key":"k","effect_type":"refund"}`,
+			"effect_type"},
+		{"POST", "/api/v1/effects/begin", `{"effect_type":"email.send","idempotency_key":"k","payload":{"to":"a","n":{"x":1,"x":2}}}`,
+			"payload.n.x"},
+		{"POST", "/api/v1/effects/begin", `{"effect_type":"email.send","idempotency_key":"k","dimensions":{"r":"a","r":"b"}}`,
+			"dimensions.r"},
+		// An escape spells the same key.
+		{"POST", "/api/v1/effects/begin", `{"effect_type":"email.send","idempotency_key":"k","effect\u005ftype":"x"}`,
+			"effect_type"},
+		{"POST", "/api/v1/workers/register", `{"tools":[{"name":"a","version":"1"},{"name":"b","name":"c","version":"1"}]}`,
+			"tools.1.name"},
+	} {
+		require.Equal(t, []string{tc.field}, validationFields(t, env.Do(tc.method, tc.path, ws.Key, tc.body)), tc.body)
+	}
+	list := env.Must(http.StatusOK, "GET", "/api/v1/effects", ws.Key, nil).JSON()["data"].([]any)
+	require.Empty(t, list, "a refused begin wrote nothing")
+	// The same key in two objects, and an escaped key that is another key,
+	// are fine.
+	d := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key,
+		`{"effect_type":"email.send","idempotency_key":"k2","payload":{"a":{"x":1},"b":{"x":1},"x\u0041":[{"y":1},{"y":2}]}}`).JSON()
+	require.Equal(t, "execute", d["decision"])
+}

@@ -1,0 +1,195 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"reflect"
+	"strconv"
+	"sync"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+)
+
+// checkBody refuses, in one pass over a body that has already decoded into
+// t, what encoding/json accepts and the contract does not:
+//   - a key that names a struct field only through encoding/json's
+//     case-folding ("PRESET" for "preset"): the contract's names are exact;
+//   - a key repeated in one object, at any depth, free-form payloads and
+//     inputs included: encoding/json keeps the last, other parsers the first,
+//     so the service and a worker or a proxy would each read another request;
+//   - a NUL in any string (JSON's \u0000): PostgreSQL stores no NUL in text
+//     or jsonb, so it is refused here rather than failing the statement.
+//
+// The body is well-formed up to the end of its first value (it decoded), so
+// the scan does not validate; it only reads keys and skips over values.
+func checkBody(body []byte, t reflect.Type) *apierr.Error {
+	s := bodyScan{b: body}
+	s.value(t, "")
+	return s.err
+}
+
+type bodyScan struct {
+	b   []byte
+	i   int
+	err *apierr.Error
+}
+
+func (s *bodyScan) space() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+// value scans one value of type t (nil: free-form) at path.
+func (s *bodyScan) value(t reflect.Type, path string) {
+	if t != nil {
+		var ok bool
+		if t, ok = elemType(t); !ok || t.Kind() == reflect.Interface {
+			t = nil // an opaque decoder (json.RawMessage) or any: free-form
+		}
+	}
+	s.space()
+	if s.i >= len(s.b) {
+		return
+	}
+	switch s.b[s.i] {
+	case '{':
+		s.object(t, path)
+	case '[':
+		s.array(t, path)
+	case '"':
+		s.str()
+	default:
+		for s.i < len(s.b) {
+			switch s.b[s.i] {
+			case ',', '}', ']', ' ', '\t', '\n', '\r':
+				return
+			}
+			s.i++
+		}
+	}
+}
+
+func (s *bodyScan) object(t reflect.Type, path string) {
+	var fields map[string]reflect.Type
+	if t != nil && t.Kind() == reflect.Struct {
+		fields = exactFieldsOf(t)
+	}
+	var seen []string // objects are small: a linear look beats a map
+	s.i++             // {
+	for s.err == nil {
+		s.space()
+		if s.i >= len(s.b) || s.b[s.i] == '}' {
+			s.i++
+			return
+		}
+		if s.b[s.i] == ',' {
+			s.i++
+			continue
+		}
+		key := s.str()
+		if s.err != nil {
+			return
+		}
+		at := joinPath(path, key)
+		for _, k := range seen {
+			if k == key {
+				s.err = apierr.InvalidField(at, "is repeated: an object may name each key once")
+				return
+			}
+		}
+		seen = append(seen, key)
+		var ft reflect.Type
+		switch {
+		case fields != nil:
+			var ok bool
+			if ft, ok = fields[key]; !ok {
+				// The body decoded with unknown fields disallowed, so the
+				// key matched a field only by case-folding.
+				s.err = apierr.InvalidField(at, "is not a known field (field names are case-sensitive)")
+				return
+			}
+		case t != nil && t.Kind() == reflect.Map:
+			ft = t.Elem()
+		}
+		s.space()
+		s.i++ // :
+		s.value(ft, at)
+	}
+}
+
+func (s *bodyScan) array(t reflect.Type, path string) {
+	var et reflect.Type
+	if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+		et = t.Elem()
+	}
+	s.i++ // [
+	for n := 0; s.err == nil; {
+		s.space()
+		if s.i >= len(s.b) || s.b[s.i] == ']' {
+			s.i++
+			return
+		}
+		if s.b[s.i] == ',' {
+			s.i++
+			continue
+		}
+		s.value(et, joinPath(path, strconv.Itoa(n)))
+		n++
+	}
+}
+
+// str reads the string at s.i and answers it decoded (only keys need the
+// text; a value's is discarded).
+func (s *bodyScan) str() string {
+	start := s.i
+	s.i++ // opening quote
+	escaped := false
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case '\\':
+			escaped = true
+			if s.i+5 < len(s.b) && string(s.b[s.i+1:s.i+6]) == "u0000" {
+				s.err = apierr.InvalidField("body", `must not contain NUL characters (\u0000) in any string`)
+				return ""
+			}
+			s.i += 2 // the escape and the character it escapes
+			continue
+		case '"':
+			s.i++
+			raw := s.b[start:s.i]
+			if !escaped {
+				return string(raw[1 : len(raw)-1])
+			}
+			var v string
+			_ = json.Unmarshal(raw, &v) // well-formed: the body decoded
+			return v
+		}
+		s.i++
+	}
+	return ""
+}
+
+func joinPath(base, k string) string {
+	if base == "" {
+		return k
+	}
+	return base + "." + k
+}
+
+// exactFields caches exactJSONFields per request type: the types are few and
+// fixed, and the walk runs on every request.
+var exactFields sync.Map // reflect.Type → map[string]reflect.Type
+
+func exactFieldsOf(t reflect.Type) map[string]reflect.Type {
+	if f, ok := exactFields.Load(t); ok {
+		return f.(map[string]reflect.Type)
+	}
+	f := exactJSONFields(t)
+	exactFields.Store(t, f)
+	return f
+}
