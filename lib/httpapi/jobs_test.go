@@ -2,7 +2,9 @@ package httpapi_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -397,6 +399,37 @@ func TestQueueHealthSaysWhenNoWorkerServesAVersion(t *testing.T) {
 	require.Nil(t, h.Data[0].Message)
 	require.Equal(t, 2, h.Data[0].Queued, "v1: the lapsed job and the new one")
 	require.Equal(t, 50, h.Data[0].OldestQueuedAgeSeconds)
+}
+
+// Queue health pages like every list: limit rows in name@version order, and
+// nextCursor until the last page.
+func TestQueueHealthPages(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t, "a@1", "a@2", "b@1")
+	runID := e.run()
+	for i, nv := range [][2]string{{"b", "1"}, {"a", "2"}, {"a", "1"}, {"a", "1"}} {
+		e.enqueue(runID, map[string]any{"name": nv[0], "version": nv[1], "input": i})
+	}
+	var got []string
+	path := "/api/v1/queue/health?limit=2"
+	for pages := 0; path != ""; pages++ {
+		require.Less(t, pages, 3)
+		page := e.Must(http.StatusOK, "GET", path, e.ws.Key, nil).JSON()
+		for _, row := range page["data"].([]any) {
+			r := row.(map[string]any)
+			got = append(got, fmt.Sprintf("%s@%s:%v", r["name"], r["version"], r["queued"]))
+		}
+		path = ""
+		if next, ok := page["nextCursor"].(string); ok {
+			path = "/api/v1/queue/health?limit=2&cursor=" + url.QueryEscape(next)
+		}
+	}
+	require.Equal(t, []string{"a@1:2", "a@2:1", "b@1:1"}, got)
+	for _, q := range []string{"limit=0", "limit=201", "cursor=nope", "cursor=a@b@c"} {
+		r := e.Do("GET", "/api/v1/queue/health?"+q, e.ws.Key, nil)
+		require.Equal(t, http.StatusBadRequest, r.Status, q)
+		require.Equal(t, "invalid_request", r.ErrorCode(), q)
+	}
 }
 
 func TestClaimLongPollsUntilAJobArrives(t *testing.T) {

@@ -10,11 +10,6 @@ import (
 	"github.com/getratchet/ratchet/lib/jobs"
 )
 
-// QueueHealthResponse answers GET /api/v1/queue/health.
-type QueueHealthResponse struct {
-	Data []jobs.QueueHealth `json:"data"`
-}
-
 // jobsRoutes are the durable-job routes (API.md §3).
 func (s *Server) jobsRoutes() []Route {
 	runsWrite, runsRead := []string{auth.ScopeRunsWrite}, []string{auth.ScopeRunsRead}
@@ -143,8 +138,10 @@ func (s *Server) jobsRoutes() []Route {
 		{
 			Method: "GET", Pattern: "/api/v1/queue/health", Name: "queue.health", Tag: "operations", Scopes: runsRead,
 			Summary: "Per exact name@version: queued count, oldest queued age, workers seen recently, and a plain " +
-				"message when no worker serves a queued version.",
-			Response: QueueHealthResponse{}, Status: 200, Handle: s.queueHealth,
+				"message when no worker serves a queued version; paged in name@version order.",
+			Query:    listParams,
+			Response: CamelPage[jobs.QueueHealth]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
+			Handle: s.queueHealth,
 		},
 	}
 }
@@ -332,9 +329,13 @@ func (s *Server) closeEndpointCircuit(ctx context.Context, c *Call) (any, error)
 }
 
 func (s *Server) queueHealth(ctx context.Context, c *Call) (any, error) {
-	data, err := s.Jobs.QueueHealth(ctx, c.Principal.WorkspaceID)
+	limit, cursor, err := c.ListParams()
 	if err != nil {
 		return nil, err
 	}
-	return QueueHealthResponse{Data: data}, nil
+	data, err := s.Jobs.QueueHealth(ctx, c.Principal.WorkspaceID, cursor, limit+1)
+	if err != nil {
+		return nil, err
+	}
+	return NewCamelPage(data, limit, jobs.QueueHealth.HealthCursor), nil
 }

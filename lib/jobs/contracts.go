@@ -121,7 +121,7 @@ func checkSchema(field string, raw json.RawMessage, p *apierr.Problems) json.Raw
 }
 
 // ValidToolName reports whether name can name a tool.
-func ValidToolName(name string) bool { return validToolPart(name, 200) }
+func ValidToolName(name string) bool { return validToolPart(name, maxToolName) }
 
 // PublishContract publishes the next contract version of a tool. Versions
 // are assigned per tool from 1 by one statement (an upsert of the tool's
@@ -132,7 +132,7 @@ func (s *Service) PublishContract(ctx context.Context, workspaceID, keyID, name 
 	if !ValidToolName(name) {
 		p.Add("name", "must be 1-200 characters without spaces or '@'")
 	}
-	if !validToolPart(req.HandlerVersion, 100) {
+	if !validToolPart(req.HandlerVersion, maxToolVersion) {
 		p.Add("handlerVersion", "must be 1-100 characters without spaces or '@'")
 	}
 	in := checkSchema("inputSchema", req.InputSchema, &p)

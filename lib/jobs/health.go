@@ -3,9 +3,12 @@ package jobs
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/apierr"
 )
 
 // workerSeenWindow is how recently a worker must have polled to count as
@@ -22,11 +25,23 @@ type QueueHealth struct {
 	Message                *string `json:"message"`
 }
 
+// HealthCursor is the cursor of the page that follows h.
+func (h QueueHealth) HealthCursor() string { return h.Name + "@" + h.Version }
+
 // QueueHealth reports queued work per exact name@version and whether any
-// worker serves it.
-func (s *Service) QueueHealth(ctx context.Context, workspaceID string) ([]QueueHealth, error) {
+// worker serves it: limit rows in name, version order after cursor (a
+// row's HealthCursor; "" for the first page).
+func (s *Service) QueueHealth(ctx context.Context, workspaceID, cursor string, limit int) ([]QueueHealth, error) {
+	after := []any{nil, nil}
+	if cursor != "" {
+		name, version, ok := strings.Cut(cursor, "@")
+		if !ok || !validToolPart(name, maxToolName) || !validToolPart(version, maxToolVersion) {
+			return nil, apierr.InvalidField("cursor", "is not a cursor from this API")
+		}
+		after = []any{name, version}
+	}
 	now := s.now()
-	rows, err := s.pool.Query(ctx, sqlQueueHealth, workspaceID, now, now.Add(-workerSeenWindow))
+	rows, err := s.pool.Query(ctx, sqlQueueHealth, workspaceID, now, now.Add(-workerSeenWindow), after[0], after[1], limit)
 	if err != nil {
 		return nil, fmt.Errorf("queue health: %w", err)
 	}

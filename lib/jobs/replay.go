@@ -183,7 +183,7 @@ func (req ReplayRequest) validate() (additional int, err error) {
 	if r := req.Reason; r != nil && len(*r) > maxReplayReason {
 		p.Add("reason", "must be at most %d characters", maxReplayReason)
 	}
-	if h := req.ExpectedHandlerVersion; h != nil && !validToolPart(*h, 100) {
+	if h := req.ExpectedHandlerVersion; h != nil && !validToolPart(*h, maxToolVersion) {
 		p.Add("expectedHandlerVersion", "must be 1-100 characters without spaces or '@'")
 	}
 	if t := req.TargetContractVersion; t != nil {

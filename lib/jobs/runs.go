@@ -275,10 +275,10 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 	op := enqueueOp{runID: runID, name: req.Name, version: req.Version, timeoutMs: req.TimeoutMs,
 		maxAttempts: req.MaxAttempts, contractVersion: req.ContractVersion, afterStepID: req.AfterStepID,
 		afterStatus: req.AfterStatus}
-	if !validToolPart(req.Name, 200) {
+	if !validToolPart(req.Name, maxToolName) {
 		p.Add("name", "must be 1-200 characters without spaces or '@'")
 	}
-	if !validToolPart(req.Version, 100) {
+	if !validToolPart(req.Version, maxToolVersion) {
 		p.Add("version", "must be 1-100 characters without spaces or '@'")
 	}
 	op.endpoint = req.Name
@@ -362,6 +362,12 @@ func (op enqueueOp) fingerprint() []byte {
 		op.afterStatus, canonjson.Canonical(op.canon), op.timeoutMs, op.maxAttempts, op.key})
 	return b
 }
+
+// The longest tool name and version, in bytes.
+const (
+	maxToolName    = 200
+	maxToolVersion = 100
+)
 
 func validToolPart(s string, maxLen int) bool {
 	return s != "" && len(s) <= maxLen && !strings.ContainsAny(s, " \t\r\n@")

@@ -299,14 +299,17 @@ WHERE e.id = j.endpoint_id AND $3::bool AND e.max_concurrent IS NOT NULL`
 // sqlQueueHealth summarises queued work per exact name@version, with the
 // workers that polled for it recently. A RUNNING job whose lease lapsed is
 // waiting too (its worker is gone, and it is claimable again): it counts,
-// as of its lease's expiry.
+// as of its lease's expiry. Pages go by (name, version): $4 and $5 are the
+// last row's (NULL for the first page), $6 the page's rows.
 const sqlQueueHealth = `
 WITH q AS (
     SELECT name, version, count(*)::bigint AS queued, min(ready_at) FILTER (WHERE ready_at <= $2::timestamptz) AS oldest
     FROM jobs
     WHERE workspace_id = $1::text AND (status IN ('QUEUED', 'RETRY_SCHEDULED')
                                        OR (status = 'RUNNING' AND ready_at <= $2::timestamptz))
+      AND ($4::text IS NULL OR (name, version) > ($4::text, $5::text))
     GROUP BY name, version
+    ORDER BY name, version LIMIT $6
 ), w AS (
     SELECT t.name, t.version, count(DISTINCT wk.id)::bigint AS seen
     FROM job_workers wk, unnest(wk.names, wk.versions) AS t(name, version)

@@ -45,10 +45,10 @@ func (s *Service) RegisterWorker(ctx context.Context, p *auth.Principal, req Reg
 	names, versions := make([]string, 0, len(req.Tools)), make([]string, 0, len(req.Tools))
 	refs := make([][2]string, 0, len(req.Tools))
 	for i, t := range req.Tools {
-		if !validToolPart(t.Name, 200) {
+		if !validToolPart(t.Name, maxToolName) {
 			pr.Add(fmt.Sprintf("tools.%d.name", i), "must be 1-200 characters without spaces or '@'")
 		}
-		if !validToolPart(t.Version, 100) {
+		if !validToolPart(t.Version, maxToolVersion) {
 			pr.Add(fmt.Sprintf("tools.%d.version", i), "must be 1-100 characters without spaces or '@'")
 		}
 		names, versions = append(names, t.Name), append(versions, t.Version)
