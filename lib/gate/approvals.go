@@ -35,7 +35,7 @@ type Approval struct {
 
 // DecideRequest is the body of approve and reject.
 type DecideRequest struct {
-	Note string `json:"note"`
+	Note string `json:"note,omitempty"`
 }
 
 func scanApproval(row pgx.Row) (Approval, error) {

@@ -40,7 +40,7 @@ type HeartbeatResponse struct {
 type ResolveRequest struct {
 	Outcome string          `json:"outcome"`
 	Result  json.RawMessage `json:"result"`
-	Note    string          `json:"note"`
+	Note    string          `json:"note,omitempty"`
 }
 
 const maxNoteRunes = 2000

@@ -47,6 +47,63 @@ func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
 	}
 }
 
+// A request schema requires only what a request must send; fields that may
+// be left out (null, a list, raw JSON, omitempty) are optional. A response
+// schema lists every field it always writes.
+func TestOpenAPIRequiresOnlyWhatARequestMustSend(t *testing.T) {
+	t.Parallel()
+	b, err := json.Marshal(httpapi.OpenAPI())
+	require.NoError(t, err)
+	var doc struct {
+		Paths map[string]map[string]struct {
+			RequestBody struct {
+				Content map[string]struct {
+					Schema struct {
+						Required []string `json:"required"`
+					} `json:"schema"`
+				} `json:"content"`
+			} `json:"requestBody"`
+			Responses map[string]struct {
+				Content map[string]struct {
+					Schema struct {
+						Required []string `json:"required"`
+					} `json:"schema"`
+				} `json:"content"`
+			} `json:"responses"`
+		} `json:"paths"`
+	}
+	require.NoError(t, json.Unmarshal(b, &doc))
+	required := func(path, method string) []string {
+		r := doc.Paths[path][method].RequestBody.Content["application/json"].Schema.Required
+		sort.Strings(r)
+		return r
+	}
+	require.Equal(t, []string{"effect_type", "idempotency_key"}, required("/api/v1/effects/begin", "post"))
+	require.Equal(t, []string{"lease_token", "outcome"}, required("/api/v1/effects/{id}/report", "post"))
+	require.Equal(t, []string{"outcome"}, required("/api/v1/effects/{id}/resolve", "post"))
+	require.Empty(t, required("/api/v1/policies/{effect_type}", "put"))
+	require.Empty(t, required("/api/v1/approvals/{id}/approve", "post"))
+	require.Equal(t, []string{"name"}, required("/api/v1/endpoints", "post"))
+	require.Equal(t, []string{"name", "version"}, required("/api/v1/runs/{id}/steps", "post"))
+	begun := doc.Paths["/api/v1/effects/{id}"]["get"].Responses["200"].Content["application/json"].Schema.Required
+	require.Contains(t, begun, "result", "a response writes every field, null or not")
+
+	// A duplicate's recorded result is any JSON value, not only null.
+	var full map[string]any
+	require.NoError(t, json.Unmarshal(b, &full))
+	decision := full["paths"].(map[string]any)["/api/v1/effects/begin"].(map[string]any)["post"].(map[string]any)["responses"].(map[string]any)["200"].(map[string]any)["content"].(map[string]any)["application/json"].(map[string]any)["schema"].(map[string]any)
+	require.NotEqual(t, map[string]any{"type": []any{"null"}}, decision["properties"].(map[string]any)["result"])
+	require.NotContains(t, string(b), `"type":["null"]`, "no field allows only null")
+	// A deduplicated create answers 200 with the same body.
+	for _, p := range []string{"/api/v1/runs/{id}/steps", "/api/v1/endpoints"} {
+		responses := doc.Paths[p]["post"].Responses
+		require.Contains(t, responses, "201", p)
+		require.Contains(t, responses, "200", p)
+		require.Equal(t, responses["201"].Content["application/json"].Schema.Required,
+			responses["200"].Content["application/json"].Schema.Required, p)
+	}
+}
+
 func TestManifestAndLLMsListEveryRoute(t *testing.T) {
 	t.Parallel()
 	env := apitest.Start(t)

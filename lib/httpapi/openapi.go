@@ -3,6 +3,7 @@ package httpapi
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"reflect"
 	"sort"
@@ -121,7 +122,7 @@ func operation(r Route) map[string]any {
 	if r.Request != nil {
 		op["requestBody"] = map[string]any{
 			"required": true,
-			"content":  map[string]any{"application/json": map[string]any{"schema": schemaOf(r.Request)}},
+			"content":  map[string]any{"application/json": map[string]any{"schema": requestSchemaOf(r.Request)}},
 		}
 	}
 	responses := map[string]any{}
@@ -137,6 +138,11 @@ func operation(r Route) map[string]any {
 		success["content"] = map[string]any{"application/json": map[string]any{"schema": schemaOf(r.Response)}}
 	}
 	responses[fmt.Sprint(status)] = success
+	if r.DedupOK {
+		dedup := maps.Clone(success)
+		dedup["description"] = "Found, not created: the existing one, unchanged"
+		responses["200"] = dedup
+	}
 	codes := append([]string{}, r.Errors...)
 	if r.Auth == AuthKey {
 		codes = append(codes, commonErrors...)
@@ -176,8 +182,15 @@ func contains(s []string, v string) bool {
 
 // schemaOf reflects a Go body type into JSON Schema, mapping time.Time to a
 // date-time string, raw JSON to any value, and Optional[T] to T-or-null.
-func schemaOf(v any) any {
-	t := reflect.TypeOf(v)
+// Every field of a response is required: it is always written, null or not.
+func schemaOf(v any) any { return schemaFor(reflect.TypeOf(v), nil) }
+
+// requestSchemaOf is schemaOf for a request body, where a field may be left
+// out when it can be null (a pointer, a map, a list, raw JSON, an Optional)
+// or is tagged omitempty; the others are required.
+func requestSchemaOf(v any) any { return schemaFor(reflect.TypeOf(v), relaxRequired) }
+
+func schemaFor(t reflect.Type, adjust func(reflect.Type, *jsonschema.Schema)) any {
 	opts := &jsonschema.ForOptions{IgnoreInvalidTypes: true, TypeSchemas: map[reflect.Type]*jsonschema.Schema{
 		reflect.TypeFor[time.Time]():       {Type: "string", Format: "date-time"},
 		reflect.TypeFor[json.RawMessage](): {},
@@ -186,6 +199,10 @@ func schemaOf(v any) any {
 	s, err := jsonschema.ForType(t, opts)
 	if err != nil {
 		return map[string]any{"type": "object", "description": "schema unavailable: " + err.Error()}
+	}
+	anyForNullOnly(s)
+	if adjust != nil {
+		adjust(t, s)
 	}
 	var out any
 	b, _ := json.Marshal(s)
@@ -222,4 +239,66 @@ func collectOptionals(t reflect.Type, into map[reflect.Type]*jsonschema.Schema, 
 			collectOptionals(t.Field(i).Type, into, seen)
 		}
 	}
+}
+
+// relaxRequired leaves in Required only the fields of struct t (and of the
+// structs below it) that a request must send: those that cannot be null.
+func relaxRequired(t reflect.Type, s *jsonschema.Schema) {
+	if s == nil {
+		return
+	}
+	for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Map {
+		if t.Kind() == reflect.Map {
+			relaxRequired(t.Elem(), s.AdditionalProperties)
+			return
+		}
+		t = t.Elem()
+		if s.Items != nil {
+			s = s.Items
+		}
+	}
+	if t.Kind() != reflect.Struct || s.Properties == nil {
+		return
+	}
+	fields := exactJSONFields(t)
+	required := s.Required[:0]
+	for _, name := range s.Required {
+		if ft, ok := fields[name]; ok && !nullable(ft) {
+			required = append(required, name)
+		}
+	}
+	s.Required = required
+	for name, ft := range fields {
+		relaxRequired(ft, s.Properties[name])
+	}
+}
+
+// nullable reports whether a request field of type t may be left out: it
+// decodes from null (or absence) to a value the handler reads as "not sent".
+func nullable(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Interface:
+		return true
+	case reflect.Struct:
+		return strings.HasPrefix(t.Name(), "Optional[")
+	}
+	return false
+}
+
+// anyForNullOnly undoes what inference makes of a pointer to raw JSON
+// (*json.RawMessage, "any value or null"): it adds null to the element's
+// types, and the element, any value, has none, so the result allowed only
+// null (a duplicate's recorded result is an object).
+func anyForNullOnly(s *jsonschema.Schema) {
+	if s == nil {
+		return
+	}
+	if s.Type == "" && len(s.Types) == 1 && s.Types[0] == "null" {
+		s.Types = nil
+	}
+	for _, p := range s.Properties {
+		anyForNullOnly(p)
+	}
+	anyForNullOnly(s.Items)
+	anyForNullOnly(s.AdditionalProperties)
 }

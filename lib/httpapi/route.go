@@ -47,8 +47,11 @@ type Route struct {
 	Request     any
 	Response    any
 	ContentType string
-	Status      int      // success status
-	Errors      []string // error codes this route can answer beyond the common ones
+	Status      int // success status
+	// DedupOK documents that a create (Status 201) answers 200 with the same
+	// body when it finds what it would create (a deduplicated enqueue).
+	DedupOK bool
+	Errors  []string // error codes this route can answer beyond the common ones
 	// Timeout bounds the whole request, database work included; zero means
 	// DefaultTimeout. Long-polling routes set their own.
 	Timeout time.Duration

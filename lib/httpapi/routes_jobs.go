@@ -34,7 +34,7 @@ func (s *Server) jobsRoutes() []Route {
 			Request: jobs.EnqueueRequest{}, Response: jobs.EnqueueResult{}, Status: 201,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeIdempotencyKeyReuse,
 				apierr.CodeInvalidState},
-			Handle: s.enqueue,
+			DedupOK: true, Handle: s.enqueue,
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/runs/{id}/finish", Name: "runs.finish", Tag: "jobs", Scopes: runsWrite,
@@ -104,7 +104,7 @@ func (s *Server) jobsRoutes() []Route {
 			Scopes:  endpointsWrite,
 			Summary: "Create an endpoint ahead of its first job (201); an existing name answers 200 unchanged.",
 			Request: jobs.CreateEndpointRequest{}, Response: jobs.Endpoint{}, Status: 201,
-			Errors: []string{apierr.CodeInvalidRequest}, Handle: s.createEndpoint,
+			Errors: []string{apierr.CodeInvalidRequest}, DedupOK: true, Handle: s.createEndpoint,
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/endpoints/{id}/policy", Name: "endpoints.policy.get", Tag: "endpoints",
