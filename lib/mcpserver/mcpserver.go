@@ -63,6 +63,11 @@ func (c HTTPCaller) Call(ctx context.Context, method, path, authorization string
 	if client == nil {
 		client = http.DefaultClient
 	}
+	// A redirect is answered as it is, never followed: following one would
+	// run a GET on another route and pass its answer off as this call's.
+	noRedirects := *client
+	noRedirects.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	client = &noRedirects
 	res, err := client.Do(req)
 	if err != nil {
 		return 0, nil, fmt.Errorf("call %s %s: %w", method, path, err)
@@ -116,13 +121,27 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 	if err != nil {
 		return nil, err
 	}
-	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(resp)}}, IsError: status >= 400}
+	// Only a 2xx is the tool's success; a redirect (which no route answers
+	// on purpose) is an error too.
+	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(resp)}},
+		IsError: status < 200 || status >= 300}
+	// Numbers stay as the API wrote them (json.Number), not float64s.
 	var structured map[string]any
-	if json.Unmarshal(resp, &structured) == nil {
+	dec := json.NewDecoder(bytes.NewReader(resp))
+	dec.UseNumber()
+	if dec.Decode(&structured) == nil {
 		res.StructuredContent = structured
 	}
 	return res, nil
 }
 
-// pathEscape keeps user-supplied path segments inside their segment.
-func pathEscape(s string) string { return url.PathEscape(s) }
+// pathEscape keeps user-supplied path segments inside their segment. "."
+// and ".." are escaped too: as they stand they would move the request to
+// another path (the router cleans /approvals/../approve), while escaped
+// they reach the route as an id that names nothing (404).
+func pathEscape(s string) string {
+	if strings.Trim(s, ".") == "" && s != "" {
+		return strings.Repeat("%2E", len(s))
+	}
+	return url.PathEscape(s)
+}

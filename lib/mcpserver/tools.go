@@ -1,11 +1,17 @@
 package mcpserver
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/url"
 	"strconv"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/getratchet/ratchet/lib/apierr"
 )
 
 // tool binds one MCP tool to one REST call.
@@ -14,16 +20,74 @@ type tool struct {
 	add  func(s *mcp.Server, c Caller, defaultAuth string)
 }
 
-// define registers a typed tool whose input maps to (method, path, body).
-func define[In any](name, description string, route func(In) (method, path string, body any)) tool {
+// define registers a tool whose input In maps to (method, path, body). The
+// input schema is inferred from In, and adjust (if any) refines it.
+//
+// The SDK's typed tools decode arguments through a map[string]any, which
+// reads every number as a float64: an integer above 2^53 in a payload, a
+// result or cost_micros would reach the API rounded, so the same begin
+// through MCP and through REST would fingerprint apart and the stored
+// result would not be the vendor's. So the arguments are validated against
+// the schema (on such a map, which is fine for validation) and then decoded
+// into In with numbers kept as written (json.Number in the free-form
+// fields), and the REST answer is relayed the same way.
+func define[In any](name, description string, route func(In) (method, path string, body any),
+	adjust ...func(*jsonschema.Schema)) tool {
+	schema, err := jsonschema.For[In](nil)
+	if err != nil {
+		panic(fmt.Sprintf("mcpserver: schema of %s: %v", name, err))
+	}
+	for _, a := range adjust {
+		a(schema)
+	}
+	resolved, err := schema.Resolve(nil)
+	if err != nil {
+		panic(fmt.Sprintf("mcpserver: resolve schema of %s: %v", name, err))
+	}
 	return tool{name: name, add: func(s *mcp.Server, c Caller, defaultAuth string) {
-		mcp.AddTool(s, &mcp.Tool{Name: name, Description: description},
-			func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, any, error) {
+		s.AddTool(&mcp.Tool{Name: name, Description: description, InputSchema: schema},
+			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				in, err := decodeArguments[In](req.Params.Arguments, resolved)
+				if err != nil {
+					return argumentsError(err), nil
+				}
 				method, path, body := route(in)
-				res, err := call(ctx, c, req, defaultAuth, method, path, body)
-				return res, nil, err
+				return call(ctx, c, req, defaultAuth, method, path, body)
 			})
 	}}
+}
+
+// argumentsError answers arguments the tool's schema refuses as the REST
+// API answers a bad body: the error envelope, code invalid_request.
+func argumentsError(err error) *mcp.CallToolResult {
+	e := apierr.InvalidField("arguments", "%s", err.Error())
+	body, _ := json.Marshal(map[string]any{"error": e})
+	var structured map[string]any
+	_ = json.Unmarshal(body, &structured)
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(body)}},
+		StructuredContent: structured, IsError: true}
+}
+
+// decodeArguments checks a tool call's arguments against the tool's schema
+// and decodes them into In, numbers as written.
+func decodeArguments[In any](args json.RawMessage, resolved *jsonschema.Resolved) (In, error) {
+	var in In
+	if len(args) == 0 {
+		args = json.RawMessage("{}")
+	}
+	var check map[string]any
+	if err := json.Unmarshal(args, &check); err != nil {
+		return in, fmt.Errorf("must be a JSON object: %w", err)
+	}
+	if err := resolved.Validate(&check); err != nil {
+		return in, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(args))
+	dec.UseNumber()
+	if err := dec.Decode(&in); err != nil {
+		return in, err
+	}
+	return in, nil
 }
 
 // BeginInput mirrors POST /api/v1/effects/begin.
@@ -71,8 +135,22 @@ type EffectInput struct {
 type ListEffectsInput struct {
 	State      string `json:"state,omitempty" jsonschema:"leased, succeeded, failed, indeterminate, awaiting_approval or denied"`
 	EffectType string `json:"effect_type,omitempty"`
-	Limit      int    `json:"limit,omitempty"`
-	Cursor     string `json:"cursor,omitempty"`
+	Page
+}
+
+// Page is a list's page: limit (1-200, default 50) rows after cursor (the
+// previous page's next_cursor).
+type Page struct {
+	Limit  *int   `json:"limit,omitempty" jsonschema:"rows per page, 1-200 (default 50)"`
+	Cursor string `json:"cursor,omitempty" jsonschema:"the previous page's next_cursor"`
+}
+
+func (p Page) params() map[string]string {
+	out := map[string]string{"cursor": p.Cursor}
+	if p.Limit != nil {
+		out["limit"] = strconv.Itoa(*p.Limit) // out of range: the API's 400
+	}
+	return out
 }
 
 // PolicyInput names an effect type.
@@ -83,6 +161,7 @@ type PolicyInput struct {
 // ListApprovalsInput filters GET /api/v1/approvals.
 type ListApprovalsInput struct {
 	State string `json:"state,omitempty" jsonschema:"pending, approved or rejected"`
+	Page
 }
 
 // DecideInput approves or rejects a held effect.
@@ -129,12 +208,9 @@ var tools = []tool{
 		}),
 	define("ratchet_list_effects", "List effects, e.g. state=indeterminate to find what needs verifying.",
 		func(in ListEffectsInput) (string, string, any) {
-			limit := ""
-			if in.Limit > 0 {
-				limit = strconv.Itoa(in.Limit)
-			}
-			return "GET", "/api/v1/effects" + query(map[string]string{"state": in.State, "effect_type": in.EffectType,
-				"limit": limit, "cursor": in.Cursor}), nil
+			q := in.params()
+			q["state"], q["effect_type"] = in.State, in.EffectType
+			return "GET", "/api/v1/effects" + query(q), nil
 		}),
 	define("ratchet_get_policy", "Read the policy that governs an effect type.",
 		func(in PolicyInput) (string, string, any) {
@@ -142,16 +218,19 @@ var tools = []tool{
 		}),
 	define("ratchet_list_approvals", "List approvals, e.g. state=pending.",
 		func(in ListApprovalsInput) (string, string, any) {
-			return "GET", "/api/v1/approvals" + query(map[string]string{"state": in.State}), nil
+			q := in.params()
+			q["state"] = in.State
+			return "GET", "/api/v1/approvals" + query(q), nil
 		}),
 	define("ratchet_decide_approval", "Approve or reject a held effect (operator keys only).",
 		func(in DecideInput) (string, string, any) {
-			verb := "approve"
-			if in.Decision == "reject" {
-				verb = "reject"
-			}
-			return "POST", "/api/v1/approvals/" + pathEscape(in.ApprovalID) + "/" + verb, map[string]any{"note": in.Note}
-		}),
+			// The decision names the route: nothing but the exact words
+			// reaches one (the schema refuses others, and the router would
+			// answer 404), so a misspelt "REJECT" never approves.
+			return "POST", "/api/v1/approvals/" + pathEscape(in.ApprovalID) + "/" + pathEscape(in.Decision),
+				map[string]any{"note": in.Note}
+		},
+		func(s *jsonschema.Schema) { s.Properties["decision"].Enum = []any{"approve", "reject"} }),
 }
 
 // ToolNames lists the tools (for the capability manifest and tests).

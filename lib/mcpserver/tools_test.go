@@ -1,0 +1,162 @@
+package mcpserver_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/mcpserver"
+)
+
+// callRaw calls a tool with arguments exactly as written.
+func callRaw(t *testing.T, cs *mcp.ClientSession, name, args string) (text string, isErr bool) {
+	t.Helper()
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: json.RawMessage(args)})
+	require.NoError(t, err)
+	require.Len(t, res.Content, 1)
+	return res.Content[0].(*mcp.TextContent).Text, res.IsError
+}
+
+func errorCode(t *testing.T, text string) string {
+	t.Helper()
+	var body struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(text), &body), text)
+	return body.Error.Code
+}
+
+// Integers beyond float64's precision reach the API as written: the same
+// begin through MCP and through REST is the same operation (one
+// fingerprint), and the cost and result are stored as sent.
+func TestToolsKeepNumbersAsWritten(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+
+	begin := `{"effect_type":"tweet.post","idempotency_key":"tw1","cost_micros":9007199254740993,` +
+		`"payload":{"reply_to":1234567890123456789}}`
+	text, isErr := callRaw(t, cs, "ratchet_begin", begin)
+	require.False(t, isErr, text)
+	var d struct {
+		Decision   string `json:"decision"`
+		EffectID   string `json:"effect_id"`
+		LeaseToken string `json:"lease_token"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(text), &d))
+	require.Equal(t, "execute", d.Decision)
+
+	again := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, begin).JSON()
+	require.Equal(t, "in_flight", again["decision"], "REST sees the same operation")
+
+	text, isErr = callRaw(t, cs, "ratchet_report", `{"effect_id":"`+d.EffectID+`","lease_token":"`+d.LeaseToken+
+		`","outcome":"succeeded","result":{"tweet_id":1234567890123456789}}`)
+	require.False(t, isErr, text)
+	stored := string(env.Must(http.StatusOK, "GET", "/api/v1/effects/"+d.EffectID, ws.Key, nil).Body)
+	require.Contains(t, stored, `"cost_micros":9007199254740993`)
+	require.Contains(t, stored, `"tweet_id":1234567890123456789`)
+}
+
+// decide_approval takes exactly "approve" or "reject": anything else is
+// refused before any call (it once approved on "REJECT"), and ids that are
+// path segments of their own ("..") name nothing.
+func TestDecideApprovalTakesOnlyItsTwoWords(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	env.Must(http.StatusOK, "PUT", "/api/v1/policies/wire.send", ws.Key, map[string]any{"mode": "require_approval"})
+	held := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key,
+		map[string]any{"effect_type": "wire.send", "idempotency_key": "w1"}).JSON()
+	require.Equal(t, "approval_required", held["decision"])
+	approval := held["approval_id"].(string)
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+
+	for _, word := range []string{"REJECT", "deny", "", "approve/../reject"} {
+		text, isErr := callRaw(t, cs, "ratchet_decide_approval", `{"approval_id":"`+approval+`","decision":"`+word+`"}`)
+		require.True(t, isErr, "%q: %s", word, text)
+		require.Equal(t, "invalid_request", errorCode(t, text), word)
+	}
+	for _, id := range []string{".", ".."} {
+		text, isErr := callRaw(t, cs, "ratchet_decide_approval", `{"approval_id":"`+id+`","decision":"approve"}`)
+		require.True(t, isErr, "%q: %s", id, text)
+		require.Equal(t, "not_found", errorCode(t, text), id)
+		text, isErr = callRaw(t, cs, "ratchet_get_effect", `{"effect_id":"`+id+`"}`)
+		require.True(t, isErr, "%q: %s", id, text)
+	}
+	approvals := func(state string) (ids []string) {
+		for _, a := range env.Must(http.StatusOK, "GET", "/api/v1/approvals?state="+state, ws.Key, nil).JSON()["data"].([]any) {
+			ids = append(ids, a.(map[string]any)["id"].(string))
+		}
+		return ids
+	}
+	require.Equal(t, []string{approval}, approvals("pending"), "nothing decided it")
+
+	text, isErr := callRaw(t, cs, "ratchet_decide_approval", `{"approval_id":"`+approval+`","decision":"reject"}`)
+	require.False(t, isErr, text)
+	require.Equal(t, []string{approval}, approvals("rejected"))
+}
+
+// Arguments the schema refuses (a missing field, a wrong type, an unknown
+// field) are answered like a bad REST body: invalid_request in the envelope.
+func TestToolArgumentErrorsUseTheEnvelope(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+	for _, args := range []string{
+		`{"idempotency_key":"k"}`,
+		`{"effect_type":7,"idempotency_key":"k"}`,
+		`{"effect_type":"a","idempotency_key":"k","surprise":1}`,
+	} {
+		text, isErr := callRaw(t, cs, "ratchet_begin", args)
+		require.True(t, isErr, "%s: %s", args, text)
+		require.Equal(t, "invalid_request", errorCode(t, text), args)
+	}
+	require.Empty(t, env.Must(http.StatusOK, "GET", "/api/v1/effects", ws.Key, nil).JSON()["data"])
+}
+
+// The list tools page like the API: limit and cursor, and a limit out of
+// range is the API's 400 rather than quietly ignored.
+func TestListToolsPage(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	env.Must(http.StatusOK, "PUT", "/api/v1/policies/wire.send", ws.Key, map[string]any{"mode": "require_approval"})
+	for _, k := range []string{"w1", "w2", "w3"} {
+		env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, map[string]any{"effect_type": "wire.send", "idempotency_key": k})
+	}
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+	seen := map[string]bool{}
+	cursor := ""
+	for range 3 {
+		text, isErr := callRaw(t, cs, "ratchet_list_approvals", `{"state":"pending","limit":1,"cursor":"`+cursor+`"}`)
+		require.False(t, isErr, text)
+		var page struct {
+			Data []struct {
+				ID string `json:"id"`
+			} `json:"data"`
+			NextCursor *string `json:"next_cursor"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(text), &page))
+		require.Len(t, page.Data, 1)
+		seen[page.Data[0].ID] = true
+		if page.NextCursor == nil {
+			break
+		}
+		cursor = *page.NextCursor
+	}
+	require.Len(t, seen, 3)
+	for _, tool := range []string{"ratchet_list_approvals", "ratchet_list_effects"} {
+		text, isErr := callRaw(t, cs, tool, `{"limit":0}`)
+		require.True(t, isErr, "%s: %s", tool, text)
+		require.Equal(t, "invalid_request", errorCode(t, text), tool)
+	}
+}
