@@ -223,12 +223,9 @@ func (p *Policy) validate(pr *apierr.Problems) {
 	between("reconcile_every_hours", p.ReconcileEveryHours, 1, 8760)
 	between("surge_cooldown_seconds", &p.SurgeCooldownSeconds, 60, 86400)
 	between("retention_days", &p.RetentionDays, 1, 400)
-	if p.SurgePerHour != nil && *p.SurgePerHour < 1 {
-		pr.Add("surge_per_hour", "must be at least 1")
-	}
-	if p.SurgeMultiplier != nil && *p.SurgeMultiplier < 2 {
-		pr.Add("surge_multiplier", "must be at least 2")
-	}
+	// The columns are integers: an unbounded value failed the write (500).
+	between("surge_per_hour", p.SurgePerHour, 1, 1_000_000_000)
+	between("surge_multiplier", p.SurgeMultiplier, 2, 1000)
 	amount("max_cost_micros", p.MaxCostMicros)
 	amount("approval_above_micros", p.ApprovalAboveMicros)
 	amount("daily_budget_micros", p.DailyBudgetMicros)
@@ -344,23 +341,28 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 	if !ValidEffectType(effectType) {
 		return Policy{}, apierr.InvalidField("effect_type", effectTypeRule)
 	}
-	for try := 0; ; try++ {
-		p, err := scanPolicy(s.pool.QueryRow(ctx, sqlGetPolicy, workspaceID, effectType), effectType)
+	// Concurrent writers of one type take turns: each merges into what the
+	// one before it wrote. (Optimistic retries gave up under contention
+	// and answered 500; a type's first write has no row to lock.)
+	var out Policy
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlLockPolicy, workspaceID, effectType); err != nil {
+			return fmt.Errorf("lock policy: %w", err)
+		}
+		p, err := scanPolicy(tx.QueryRow(ctx, sqlGetPolicy, workspaceID, effectType), effectType)
 		if err != nil {
-			return Policy{}, fmt.Errorf("read policy: %w", err)
+			return fmt.Errorf("read policy: %w", err)
 		}
 		if req.ExpectedVersion != nil && *req.ExpectedVersion != p.Version {
-			return Policy{}, apierr.VersionConflict(p.Version)
+			return apierr.VersionConflict(p.Version)
 		}
 		if err := req.merge(&p); err != nil {
-			return Policy{}, err
+			return err
 		}
-		out, err := s.writePolicy(ctx, s.pool, workspaceID, p, s.clock())
-		if (errors.Is(err, pgx.ErrNoRows) || db.HasCode(err, db.CodeUniqueViolation)) && try < 5 {
-			continue
-		}
-		return out, err
-	}
+		out, err = s.writePolicy(ctx, tx, workspaceID, p, s.clock())
+		return err
+	})
+	return out, err
 }
 
 // writePolicy upserts p as version p.Version+1.

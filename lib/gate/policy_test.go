@@ -1,7 +1,9 @@
 package gate_test
 
 import (
+	"fmt"
 	"net/http"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -97,6 +99,10 @@ func TestPolicyValidation(t *testing.T) {
 		{map[string]any{"lease_seconds": nil}, "lease_seconds"},
 		{map[string]any{"max_attempts": 0}, "max_attempts"},
 		{map[string]any{"max_attempts": 51}, "max_attempts"},
+		{map[string]any{"surge_per_hour": 0}, "surge_per_hour"},
+		{map[string]any{"surge_per_hour": 2147483648}, "surge_per_hour"},
+		{map[string]any{"surge_multiplier": 1}, "surge_multiplier"},
+		{map[string]any{"surge_multiplier": 2147483648}, "surge_multiplier"},
 		{map[string]any{"max_cost_micros": -1}, "max_cost_micros"},
 		{map[string]any{"approval_above_micros": -1}, "approval_above_micros"},
 		{map[string]any{"daily_budget_micros": -5}, "daily_budget_micros"},
@@ -215,4 +221,30 @@ func TestPolicyEnforcement(t *testing.T) {
 	// A low amount never turns require_approval back into an allow.
 	b.putPolicy("refund", map[string]any{"mode": "require_approval"})
 	b.mustBegin("approval_required", begin("refund", 1, nil))
+}
+
+// Concurrent writers of one policy without expected_version each merge into
+// what the one before wrote: every PUT answers 200 and the version counts
+// them all (optimistic retries gave up under contention and answered 500),
+// for a type's first write too.
+func TestPolicyConcurrentPutsAllLand(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const writers = 30
+	var wg sync.WaitGroup
+	statuses := make([]int, writers)
+	for i := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			statuses[i] = b.env.Do("PUT", "/api/v1/policies/race.type", b.ws.Key,
+				map[string]any{"max_attempts": 1 + i%50, "required_dimensions": []string{fmt.Sprintf("d%d", i)}}).Status
+		}()
+	}
+	wg.Wait()
+	for i, st := range statuses {
+		require.Equal(t, http.StatusOK, st, "writer %d", i)
+	}
+	p := b.env.Must(http.StatusOK, "GET", "/api/v1/policies/race.type", b.ws.Key, nil).JSON()
+	require.EqualValues(t, writers, p["version"])
 }

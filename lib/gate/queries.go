@@ -36,6 +36,10 @@ SELECT coalesce(p.version, 0) AS version,
 FROM (SELECT 1) AS one
 LEFT JOIN gate_policies p ON p.workspace_id = $1 AND p.effect_type = $2`
 
+// sqlLockPolicy serialises the writers of one type's policy until the end
+// of their transaction. $1 workspace, $2 effect type.
+const sqlLockPolicy = `SELECT pg_advisory_xact_lock(hashtextextended('gate_policy:' || $1::text || '/' || $2::text, 0))`
+
 const sqlGetPolicy = `SELECT ` + policyCols + ` FROM (` + sqlEffectivePolicy + `) pol`
 
 const sqlListPolicies = `SELECT effect_type, ` + policyCols + ` FROM gate_policies
