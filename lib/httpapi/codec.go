@@ -384,7 +384,7 @@ func (c *Call) ListParams() (limit int, cursor string, err error) {
 		limit = n
 	}
 	cursor = q.Get("cursor")
-	if len(cursor) > 200 || strings.ContainsRune(cursor, 0) {
+	if len(cursor) > 200 { // text without NUL: textParams
 		return 0, "", apierr.InvalidField("cursor", "is not a cursor from this API")
 	}
 	return limit, cursor, nil

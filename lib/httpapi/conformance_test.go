@@ -590,8 +590,15 @@ func TestNULIsABadRequest(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, r.Status, "%s %s: %s", tc.method, tc.path, r.Body)
 		require.Equal(t, "invalid_request", r.ErrorCode())
 	}
-	r := env.Do("GET", "/api/v1/effects?cursor=%00", ws.Key, nil)
-	require.Equal(t, http.StatusBadRequest, r.Status, "%s", r.Body)
+	// Query parameters too, and text that is not UTF-8 (PostgreSQL takes
+	// neither), on every list and filter.
+	for _, q := range []string{"/api/v1/effects?cursor=%00", "/api/v1/effects?cursor=%FF%FE",
+		"/api/v1/effects?effect_type=%C3", "/api/v1/approvals?state=%FF", "/api/v1/keys?cursor=%FF",
+		"/api/v1/webhooks?cursor=%FF", "/api/v1/endpoints?cursor=%FF", "/api/v1/policies?cursor=%FF"} {
+		r := env.Do("GET", q, ws.Key, nil)
+		require.Equal(t, http.StatusBadRequest, r.Status, "%s: %s", q, r.Body)
+		require.Equal(t, "invalid_request", r.ErrorCode(), q)
+	}
 	env.Must(http.StatusCreated, "POST", "/api/v1/runs", ws.Key, `{"name":"C:\\u0000dir"}`)
 }
 

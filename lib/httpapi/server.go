@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -195,6 +196,9 @@ func (s *Server) run(ctx context.Context, c *Call) (any, error) {
 	if err := s.authorize(ctx, c, true); err != nil {
 		return nil, err
 	}
+	if err := textParams(c.R); err != nil {
+		return nil, err
+	}
 	if c.Route.Request == nil && c.Route.Auth == AuthKey && c.R.ContentLength != 0 &&
 		c.R.Method != http.MethodGet && c.R.Method != http.MethodHead {
 		// An action without a body (finish, cancel, pause, ...) still refuses
@@ -205,6 +209,20 @@ func (s *Server) run(ctx context.Context, c *Call) (any, error) {
 		}
 	}
 	return c.Route.Handle(ctx, c)
+}
+
+// textParams refuses a query parameter that is not UTF-8 text or holds a
+// NUL, on every route at once: PostgreSQL stores neither in text, so a
+// cursor or a filter carrying one failed its statement (500).
+func textParams(r *http.Request) error {
+	for name, values := range r.URL.Query() {
+		for _, v := range values {
+			if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+				return apierr.InvalidField(strings.ToValidUTF8(name, "\uFFFD"), "must be UTF-8 text without NUL characters")
+			}
+		}
+	}
+	return nil
 }
 
 // authorize checks the route's credentials and sets c.Principal for a key,
