@@ -167,6 +167,10 @@ func TestHeartbeatExtendsLease(t *testing.T) {
 	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
 	_, err = b.svc.Heartbeat(ctx, b.ws, "job_01m8kjt9g002extbwvcndh4bkd", jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
 	require.Equal(t, apierr.CodeNotFound, code(t, err))
+	// A job never claimed has no lease to extend (it answered 500).
+	queued := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`{"n":2}`)})
+	_, err = b.svc.Heartbeat(ctx, b.ws, queued.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
 }
 
 func TestLapsedReportWithCurrentTokenIsAcceptedUntilSuperseded(t *testing.T) {

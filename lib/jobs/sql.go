@@ -254,9 +254,10 @@ WITH j AS (
 )
 SELECT lease_expires_at, cancel_requested FROM j`
 
-// sqlLeaseState explains why a heartbeat did not extend a lease.
+// sqlLeaseState explains why a heartbeat did not extend a lease. A job
+// never claimed has no token: no token is current.
 const sqlLeaseState = `
-SELECT j.status, j.lease_token = $3::text, j.lease_expires_at, j.cancel_requested
+SELECT j.status, coalesce(j.lease_token = $3::text, false), j.lease_expires_at, j.cancel_requested
 FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
 
 // sqlReportLock locks a batch's jobs in id order ($1 is sorted), takes the
