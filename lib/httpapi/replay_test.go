@@ -381,3 +381,39 @@ func TestReplayWaitsForTheDependency(t *testing.T) {
 	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+b["stepId"].(string)+"/replay", e.ws.Key, ack)
 	require.Equal(t, b["jobId"], e.claim(wid, 1)[0]["jobId"])
 }
+
+// A replay puts back to WAITING the steps its step's end skipped, down the
+// chain: when the replay succeeds they run, and the run finishes only then.
+// (They stayed SKIPPED, and the run finished SUCCEEDED without them.)
+func TestReplayRevivesTheStepsItsEndSkipped(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	wid := e.register("send_email@1")
+	runID := e.run()
+	a := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": "a", "maxAttempts": 1})
+	b := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": "b",
+		"afterStepId": a["stepId"], "afterStatus": "SUCCEEDED"})
+	c := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": "c",
+		"afterStepId": b["stepId"], "afterStatus": "SUCCEEDED"})
+	e.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/finish", e.ingest, nil)
+	job := e.claim(wid, 1)[0]
+	require.Equal(t, a["jobId"], job["jobId"])
+	e.report(job, map[string]any{"status": "FAILED", "error": map[string]any{"message": "down", "retryable": false}})
+	status := func(stepID any) string {
+		return e.Must(http.StatusOK, "GET", "/api/v1/steps/"+stepID.(string), e.ws.Key, nil).JSON()["status"].(string)
+	}
+	require.Equal(t, "SKIPPED", status(b["stepId"]))
+	require.Equal(t, "SKIPPED", status(c["stepId"]))
+	require.Equal(t, "FAILED", e.getRun(runID)["status"])
+
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+a["stepId"].(string)+"/replay", e.ws.Key, ack)
+	require.Equal(t, "WAITING", status(b["stepId"]))
+	require.Equal(t, "WAITING", status(c["stepId"]))
+	for _, want := range []map[string]any{a, b, c} {
+		job := e.claim(wid, 1)[0]
+		require.Equal(t, want["jobId"], job["jobId"])
+		require.Equal(t, "RUNNING", e.getRun(runID)["status"], "the run waits for its revived steps")
+		e.report(job, map[string]any{"status": "SUCCEEDED"})
+	}
+	require.Equal(t, "SUCCEEDED", e.getRun(runID)["status"])
+}

@@ -266,6 +266,9 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 		if _, err := tx.Exec(ctx, sqlReopenRun, j.runID, stepID); err != nil {
 			return fmt.Errorf("reopen run: %w", err)
 		}
+		if _, err := tx.Exec(ctx, sqlUnskipDependents, stepID, now); err != nil {
+			return fmt.Errorf("unskip dependents: %w", err)
+		}
 		replayID := ids.NewAt(replayIDPrefix, now)
 		if _, err := tx.Exec(ctx, sqlInsertReplay, replayID, p.WorkspaceID, j.id, stepID, p.KeyID, req.Reason,
 			j.status, j.attempt, additional, ceiling, j.version, newVersion, intPtr(j.contractVersion), newContract,
