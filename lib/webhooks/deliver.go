@@ -24,9 +24,13 @@ import (
 const (
 	// MaxAttempts bounds retries of one delivery (about two days of backoff).
 	MaxAttempts = 12
-	// dispatchBatch and deliverBatch bound one sweeper pass.
+	// dispatchBatch and deliverBatch bound one sweeper pass; perWebhook
+	// bounds one webhook's share of a pass, so that a receiver with a
+	// backlog (slow, or down and retried) cannot hold other webhooks'
+	// deliveries, another workspace's included, behind it.
 	dispatchBatch = 500
-	deliverBatch  = 25
+	deliverBatch  = 100
+	perWebhook    = 20
 	// claimHold keeps a claimed delivery invisible to other sweepers while it
 	// is being sent; longer than sendTimeout.
 	claimHold   = 60 * time.Second
@@ -98,10 +102,14 @@ type claimed struct {
 func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 	rows, err := s.pool.Query(ctx, `
 		WITH due AS (
-		    SELECT id FROM webhook_deliveries
-		    WHERE state = 'pending' AND next_attempt_at <= $1
-		    ORDER BY next_attempt_at LIMIT $2
-		    FOR UPDATE SKIP LOCKED
+		    SELECT d.id FROM webhooks hook
+		    CROSS JOIN LATERAL (
+		        SELECT id, next_attempt_at FROM webhook_deliveries
+		        WHERE webhook_id = hook.id AND state = 'pending' AND next_attempt_at <= $1
+		        ORDER BY next_attempt_at LIMIT $4
+		        FOR UPDATE SKIP LOCKED
+		    ) d
+		    ORDER BY d.next_attempt_at LIMIT $2
 		)
 		UPDATE webhook_deliveries d
 		SET next_attempt_at = $1 + make_interval(secs => $3), attempts = d.attempts + 1
@@ -109,7 +117,7 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 		WHERE d.id = due.id AND w.id = d.webhook_id AND e.id = d.event_id
 		RETURNING d.id, w.url, w.secret, w.id, d.attempts, e.id, e.type, e.data::text, e.created_at, e.workspace_id,
 		    e.subject_id`,
-		now, deliverBatch, claimHold.Seconds())
+		now, deliverBatch, claimHold.Seconds(), perWebhook)
 	if err != nil {
 		return 0, fmt.Errorf("claim deliveries: %w", err)
 	}

@@ -270,3 +270,32 @@ func TestBackoffGrowsAndCaps(t *testing.T) {
 		require.LessOrEqual(t, d, time.Duration(float64(nominal)*1.2))
 	}
 }
+
+// A webhook with a backlog takes a bounded share of a pass: a delivery due
+// to another webhook (here another workspace's) goes out in the same pass,
+// not after the backlog. (A pass took the 25 oldest due, whoever's.)
+func TestABacklogDoesNotHoldOtherWebhooks(t *testing.T) {
+	env, clk := start(t, true)
+	ctx := context.Background()
+	noisy, quiet := env.Signup(), env.Signup()
+	busy, other := newReceiver(t), newReceiver(t)
+	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", noisy.Key,
+		map[string]any{"url": busy.URL, "events": []string{events.StepExhausted}})
+	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", quiet.Key,
+		map[string]any{"url": other.URL, "events": []string{events.StepExhausted}})
+	for range 150 {
+		record(t, env, noisy.ID, events.StepExhausted, clk.Now())
+	}
+	_, err := env.App.Server.Webhooks.Dispatch(ctx, clk.Now())
+	require.NoError(t, err)
+	clk.Add(time.Second) // the backlog is older than the quiet workspace's one event
+	record(t, env, quiet.ID, events.StepExhausted, clk.Now())
+
+	env.App.Sweeper.RunOnce(ctx)
+	require.Equal(t, 1, other.count(), "the other webhook's delivery went out in the first pass")
+	require.Less(t, busy.count(), 150, "the backlog takes a share of a pass, not all of it")
+	for range 10 {
+		env.App.Sweeper.RunOnce(ctx)
+	}
+	require.Equal(t, 150, busy.count(), "and drains over the next passes")
+}
