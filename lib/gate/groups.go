@@ -343,6 +343,10 @@ func (s *Service) settleLocked(ctx context.Context, tx pgx.Tx, g Group, now time
 		if c := e.comp; c != nil {
 			st := c.effectiveState(now)
 			item.CompensationEffectID, item.CompensationState = &c.id, &st
+			// A compensation begun under a key of its own is continued
+			// under that key: the step takes one compensating effect, so
+			// the usual key would be refused.
+			item.SuggestedIdempotencyKey = c.key
 		}
 		out.Plan = append(out.Plan, item)
 	}
@@ -505,7 +509,7 @@ func (s *Service) beginInGroup(ctx context.Context, in *beginInput) (Decision, e
 	})
 	if db.ConstraintName(err) == "effects_compensates_idx" {
 		return Decision{}, apierr.InvalidState("That step already has a compensating effect; " +
-			"begin it again with the idempotency key it was begun with (the plan's suggested key).")
+			"begin it again with the idempotency key it was begun with (the unwind plan suggests it).")
 	}
 	return d, err
 }
@@ -528,8 +532,10 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 			group, target *string
 			state         string
 			exp           *time.Time
+			undoable      bool
 		)
-		err := tx.QueryRow(ctx, sqlCompensationTarget, *in.compensates, in.ws).Scan(&group, &state, &exp, &target)
+		err := tx.QueryRow(ctx, sqlCompensationTarget, *in.compensates, in.ws).Scan(&group, &state, &exp, &target,
+			&undoable)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return apierr.NotFound("effect")
 		}
@@ -541,6 +547,11 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 			return apierr.InvalidField("compensates_effect_id", "must name a forward step of an effect group")
 		case in.groupID != nil && *in.groupID != *group:
 			return apierr.InvalidField("compensates_effect_id", "must name a step of group_id's group")
+		case !undoable:
+			// The rollback lists such a step as irreversible; a compensation
+			// of it would be an effect no plan or settlement accounts for.
+			return apierr.InvalidState("That step declared no compensation: the rollback lists it as " +
+				"irreversible, so there is nothing to undo it with.")
 		}
 		in.groupID = group
 		targetState = state

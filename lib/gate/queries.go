@@ -363,7 +363,7 @@ const sqlShareGroupState = `SELECT state FROM effect_groups WHERE id = $1 FOR SH
 
 // sqlCompensationTarget reads the effect a compensating begin names.
 // $1 effect id, $2 workspace.
-const sqlCompensationTarget = `SELECT group_id, state, lease_expires_at, compensates_effect_id
+const sqlCompensationTarget = `SELECT group_id, state, lease_expires_at, compensates_effect_id, compensation IS NOT NULL
 FROM effects WHERE id = $1 AND workspace_id = $2`
 
 // sqlGroupSteps lists a group's effects, forward and compensating, with the

@@ -216,6 +216,7 @@ func TestCompensationAdmission(t *testing.T) {
 	f := setup(t)
 	g := f.group()
 	a := f.done(g, true)
+	irreversible := f.done(g, false)
 	failed, tok := f.step(g, true)
 	f.report(failed, tok, "failed")
 	refund := func(target string, extra map[string]any) map[string]any {
@@ -245,9 +246,26 @@ func TestCompensationAdmission(t *testing.T) {
 		"idempotency_key": "solo:" + ids.Random(4)})
 	errCode(t, f.do("POST", "/api/v1/effects/begin", refund(d["effect_id"].(string), nil)),
 		http.StatusBadRequest, "invalid_request")
+	// A step that declared no compensation is irreversible: nothing undoes
+	// it, and no compensation of it is taken (the rollback would not track
+	// it, and could end while it ran).
+	errCode(t, f.do("POST", "/api/v1/effects/begin", refund(irreversible, nil)), http.StatusConflict, "invalid_state")
+	require.Equal(t, []string{irreversible}, strs(f.unwind(g)["irreversible"]))
 	// With the right group named explicitly it is admitted.
-	r := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", refund(a, map[string]any{"group_id": g}))
+	own := refund(a, map[string]any{"group_id": g})
+	r := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", own)
 	require.Equal(t, "execute", r["decision"])
+	// Begun under a key of its own, it is continued under that key: the plan
+	// suggests it (the usual key would be refused, the step has its one
+	// compensating effect), and following the plan reaches it.
+	u := f.unwind(g)
+	require.Equal(t, []string{a}, planIDs(u))
+	item := u["plan"].([]any)[0].(map[string]any)
+	require.Equal(t, own["idempotency_key"], item["suggested_idempotency_key"])
+	again := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{"effect_type": "payment.refund",
+		"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": a})
+	require.Equal(t, "in_flight", again["decision"])
+	require.Equal(t, r["effect_id"], again["effect_id"])
 }
 
 func TestUnwindStopsAtUnknownOutcome(t *testing.T) {
