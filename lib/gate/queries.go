@@ -363,6 +363,12 @@ const sqlShareGroupState = `SELECT state FROM effect_groups WHERE id = $1 FOR SH
 
 // sqlCompensationTarget reads the effect a compensating begin names.
 // $1 effect id, $2 workspace.
+// sqlLockEffectStates locks effects (in id order, so that concurrent
+// reconciliations cannot deadlock) and reads their state as it now is.
+// $1 ids, $2 workspace.
+const sqlLockEffectStates = `SELECT id, state, lease_expires_at FROM effects
+WHERE id = ANY($1::text[]) AND workspace_id = $2 ORDER BY id FOR UPDATE`
+
 const sqlCompensationTarget = `SELECT group_id, state, lease_expires_at, compensates_effect_id, compensation IS NOT NULL
 FROM effects WHERE id = $1 AND workspace_id = $2`
 

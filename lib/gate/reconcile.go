@@ -13,6 +13,7 @@ import (
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/money"
 )
 
 // Reconciliation (API.md §2.7): the caller posts the vendor's own records
@@ -136,8 +137,8 @@ func validateReconcile(req ReconcileRequest) (from, to time.Time, err error) {
 		if !slices.Contains(VendorStatuses, r.Status) {
 			pr.Add(field+".status", "must be one of succeeded, refunded, failed, pending")
 		}
-		if r.AmountMicros != nil && *r.AmountMicros < 0 {
-			pr.Add(field+".amount_micros", "must be a non-negative integer (micros of USD) or null")
+		if r.AmountMicros != nil && !money.Valid(*r.AmountMicros) {
+			pr.Add(field+".amount_micros", money.Rule+" or null")
 		}
 	}
 	return from, to, pr.Err()
@@ -181,7 +182,6 @@ func (s *Service) Reconcile(ctx context.Context, p *auth.Principal, req Reconcil
 		for i := range effects {
 			byKey[effects[i].key] = &effects[i]
 		}
-		var resolveIDs, outcomes, lapsedIDs []string
 		var resolving []ReconcileItem
 		for _, r := range req.Records {
 			e := byKey[r.IdempotencyKey]
@@ -208,17 +208,9 @@ func (s *Service) Reconcile(ctx context.Context, p *auth.Principal, req Reconcil
 					outcome = StateSucceeded
 				}
 				item.Outcome = &outcome
-				resolveIDs, outcomes = append(resolveIDs, e.id), append(outcomes, outcome)
-				if e.state == StateLeased {
-					lapsedIDs = append(lapsedIDs, e.id)
-				}
 				resolving = append(resolving, item)
-			case happened != (state == StateSucceeded):
-				out.StatusMismatch = append(out.StatusMismatch, item)
-			case happened && e.cost != nil && r.AmountMicros != nil && *e.cost != *r.AmountMicros:
-				out.AmountMismatch = append(out.AmountMismatch, item)
 			default:
-				out.Matched = append(out.Matched, item)
+				out.classifySettled(item)
 			}
 		}
 		for i := range effects {
@@ -239,43 +231,11 @@ func (s *Service) Reconcile(ctx context.Context, p *auth.Principal, req Reconcil
 				out.Unsettled = append(out.Unsettled, item)
 			}
 		}
-		for _, id := range lapsedIDs {
-			if _, err := s.lapse(ctx, tx, now, id, 1); err != nil {
-				return err
-			}
+		resolved, err := s.reconcileResolve(ctx, tx, p, now, resolving, &out)
+		if err != nil {
+			return err
 		}
-		if len(resolveIDs) > 0 {
-			rows, err := tx.Query(ctx, sqlReconcileResolve, p.WorkspaceID, resolveIDs, outcomes, now, p.KeyID)
-			if err != nil {
-				return fmt.Errorf("reconcile: resolve: %w", err)
-			}
-			done := map[string]bool{}
-			for rows.Next() {
-				var (
-					id    string
-					group *string
-				)
-				if err := rows.Scan(&id, &group); err != nil {
-					rows.Close()
-					return fmt.Errorf("reconcile: resolve: %w", err)
-				}
-				done[id] = true
-				if group != nil && !slices.Contains(groups, *group) {
-					groups = append(groups, *group)
-				}
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				return fmt.Errorf("reconcile: resolve: %w", err)
-			}
-			for _, it := range resolving {
-				if done[*it.EffectID] {
-					out.Resolved = append(out.Resolved, it)
-				} else {
-					out.Unsettled = append(out.Unsettled, it) // settled by someone else meanwhile
-				}
-			}
-		}
+		groups = resolved
 		if _, err := tx.Exec(ctx, sqlReconciled, p.WorkspaceID, req.EffectType, now, from, to); err != nil {
 			return fmt.Errorf("reconcile: record: %w", err)
 		}
@@ -293,6 +253,112 @@ func (s *Service) Reconcile(ctx context.Context, p *auth.Principal, req Reconcil
 		UnknownToRatchet: len(out.UnknownToRatchet), AmountMismatch: len(out.AmountMismatch),
 		Resolved: len(out.Resolved), StatusMismatch: len(out.StatusMismatch), Unsettled: len(out.Unsettled)}
 	return out, nil
+}
+
+// reconcileResolve settles the indeterminate effects that vendor records
+// decide (items with an Outcome), filing each in out. The effects are locked
+// first, waiting for whoever holds them: a concurrent resolve, report or
+// reconciliation may have settled one since it was read, and it is then
+// filed by the outcome it now has (a lock-free look could still see its
+// lease and call it unsettled). It answers the groups whose steps it
+// settled.
+func (s *Service) reconcileResolve(ctx context.Context, tx pgx.Tx, p *auth.Principal, now time.Time,
+	items []ReconcileItem, out *Reconciliation) ([]string, error) {
+	if len(items) == 0 {
+		return nil, nil
+	}
+	ids := make([]string, len(items))
+	for i, it := range items {
+		ids[i] = *it.EffectID
+	}
+	rows, err := tx.Query(ctx, sqlLockEffectStates, ids, p.WorkspaceID)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: lock: %w", err)
+	}
+	type current struct {
+		state string
+		exp   *time.Time
+	}
+	locked := map[string]current{}
+	for rows.Next() {
+		var id string
+		var c current
+		if err := rows.Scan(&id, &c.state, &c.exp); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("reconcile: lock: %w", err)
+		}
+		locked[id] = c
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reconcile: lock: %w", err)
+	}
+	var resolveIDs, outcomes []string
+	var resolving []ReconcileItem
+	for _, it := range items {
+		c := locked[*it.EffectID]
+		switch {
+		case c.state == StateIndeterminate || (c.state == StateLeased && lapsed(c.exp, now)):
+			if c.state == StateLeased {
+				if _, err := s.lapse(ctx, tx, now, *it.EffectID, 1); err != nil {
+					return nil, err
+				}
+			}
+			resolveIDs, outcomes = append(resolveIDs, *it.EffectID), append(outcomes, *it.Outcome)
+			resolving = append(resolving, it)
+		case c.state == StateLeased: // a new attempt holds it
+			state := c.state
+			it.RatchetState, it.Outcome = &state, nil
+			out.Unsettled = append(out.Unsettled, it)
+		default: // settled meanwhile
+			state := c.state
+			it.RatchetState, it.Outcome = &state, nil
+			out.classifySettled(it)
+		}
+	}
+	if len(resolveIDs) == 0 {
+		return nil, nil
+	}
+	var groups []string
+	rows, err = tx.Query(ctx, sqlReconcileResolve, p.WorkspaceID, resolveIDs, outcomes, now, p.KeyID)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: resolve: %w", err)
+	}
+	for rows.Next() {
+		var (
+			id    string
+			group *string
+		)
+		if err := rows.Scan(&id, &group); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("reconcile: resolve: %w", err)
+		}
+		if group != nil && !slices.Contains(groups, *group) {
+			groups = append(groups, *group)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reconcile: resolve: %w", err)
+	}
+	// Every one was locked and indeterminate: every one was resolved.
+	out.Resolved = append(out.Resolved, resolving...)
+	return groups, nil
+}
+
+// classifySettled files a record whose effect has a known outcome: the
+// vendor's status against it, then the amounts of what happened.
+func (out *Reconciliation) classifySettled(item ReconcileItem) {
+	happened := *item.VendorStatus == VendorSucceeded || *item.VendorStatus == VendorRefunded
+	cost, amount := item.RatchetAmountMicros, item.VendorAmountMicros
+	switch {
+	case happened != (*item.RatchetState == StateSucceeded):
+		out.StatusMismatch = append(out.StatusMismatch, item)
+	case happened && cost != nil && amount != nil && *cost != *amount:
+		out.AmountMismatch = append(out.AmountMismatch, item)
+	default:
+		out.Matched = append(out.Matched, item)
+	}
 }
 
 func reconEffects(ctx context.Context, tx pgx.Tx, ws, effectType string, from, to time.Time, keys []string) ([]reconEffect, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -209,6 +210,8 @@ func TestReconcileValidationAndScope(t *testing.T) {
 		{map[string]any{"records": []any{map[string]any{"idempotency_key": "k", "status": "lost"}}}, "records.0.status"},
 		{map[string]any{"records": []any{map[string]any{"idempotency_key": "", "status": "failed"}}}, "records.0.idempotency_key"},
 		{map[string]any{"records": []any{map[string]any{"idempotency_key": "k", "status": "failed", "amount_micros": -1}}}, "records.0.amount_micros"},
+		{map[string]any{"records": []any{map[string]any{"idempotency_key": "k", "status": "failed",
+			"amount_micros": int64(1_000_000_000_000_000_001)}}}, "records.0.amount_micros"},
 		{map[string]any{"records": []any{map[string]any{"idempotency_key": "k", "status": "failed"},
 			map[string]any{"idempotency_key": "k", "status": "failed"}}}, "records.1.idempotency_key"},
 		{map[string]any{"extra": 1}, "extra"},
@@ -298,4 +301,51 @@ func TestReconciliationReminders(t *testing.T) {
 	f.clock.Add(2 * time.Hour)
 	sweep()
 	require.Len(t, reminders(), 3)
+}
+
+// A reconciliation racing a resolve of the same indeterminate effect files
+// it by its outcome, whoever settled it: resolved when this reconciliation
+// did, matched (or a mismatch) when the resolve did, never unsettled. The
+// ceiling is released once.
+func TestReconcileRacingResolveFilesTheOutcome(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	start := f.clock.Now()
+	const typ = "payment.charge"
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/"+typ, map[string]any{"daily_budget_micros": 10})
+	for round := range 5 {
+		key := "race-" + strings.Repeat("x", round+1)
+		id := f.eff(typ, key, 10, "")
+		f.clock.Add(2 * time.Minute) // indeterminate
+		var wg sync.WaitGroup
+		answers := make(chan map[string]any, 10)
+		for i := range 20 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if i%2 == 0 {
+					f.env.Do("POST", "/api/v1/effects/"+id+"/resolve", f.ws.Key, map[string]any{"outcome": "failed"})
+					return
+				}
+				r := f.env.Do("POST", "/api/v1/reconcile", f.ws.Key, map[string]any{"effect_type": typ,
+					"from": rfc(start.Add(-time.Hour)), "to": rfc(f.clock.Now().Add(time.Hour)),
+					"records": []any{map[string]any{"idempotency_key": key, "status": "failed", "amount_micros": 10}}})
+				if r.Status == http.StatusOK {
+					answers <- r.JSON()
+				}
+			}()
+		}
+		wg.Wait()
+		close(answers)
+		n := 0
+		for a := range answers {
+			n++
+			require.Empty(t, keysOf(a["unsettled"]), "round %d: a settled effect is not unsettled: %v", round, a)
+			require.Len(t, append(keysOf(a["resolved"]), keysOf(a["matched"])...), 1, "round %d", round)
+		}
+		require.Equal(t, 10, n)
+		// The failure released the budget (10 of 10) once: the next 10 fit
+		// (and fail, releasing them for the next round).
+		f.eff(typ, key+"-next", 10, "failed")
+	}
 }
