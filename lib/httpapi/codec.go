@@ -135,8 +135,16 @@ func unknownFieldPath(body []byte, t reflect.Type, name string) string {
 // typeErrorPath returns the indexed path of the value that encoding/json
 // reports as mistyped at field (its path without array indices), or "".
 func typeErrorPath(body []byte, t reflect.Type, field string) string {
-	return findPath(body, t, func(v any, t reflect.Type, path, plain string) bool {
+	if path := findPath(body, t, func(v any, t reflect.Type, path, plain string) bool {
 		return t != nil && plain == field && mistyped(v, t)
+	}); path != "" {
+		return path
+	}
+	// encoding/json names a map by its field alone ("dimensions" for a
+	// number in {"dimensions": {"to": 5}}): the mistyped value is one of its
+	// entries.
+	return findPath(body, t, func(v any, t reflect.Type, path, plain string) bool {
+		return t != nil && strings.HasPrefix(plain, field+".") && mistyped(v, t)
 	})
 }
 

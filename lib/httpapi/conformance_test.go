@@ -47,6 +47,9 @@ func TestConformanceDecodePaths(t *testing.T) {
 		{&gate.BeginRequest{}, `{"payload":{"anything":{"goes":1}},"bogus":true}`, "bogus"},
 		{&gate.BeginRequest{}, `{"compensation":{"payload":{"deep":[1]}},"lease_seconds":"x"}`, "lease_seconds"},
 		{&jobs.PublishContractRequest{}, `{"inputSchema":{"type":"object"},"retryPolicy":{"bogus":1}}`, "retryPolicy.bogus"},
+		// A map's entry is named by its key.
+		{&gate.BeginRequest{}, `{"dimensions":{"from":"a","to":5}}`, "dimensions.to"},
+		{&jobs.RegisterRequest{}, `{"tools":[{"name":"a","version":"1"},{"name":"b","version":[1]}]}`, "tools.1.version"},
 	} {
 		err := httpapi.DecodeJSON([]byte(c.body), c.dst)
 		var ae *apierr.Error
