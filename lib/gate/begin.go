@@ -147,6 +147,11 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 	if c := req.Compensation; c != nil && !ValidEffectType(c.EffectType) {
 		pr.Add("compensation.effect_type", "must be an effect type")
 	}
+	if req.Compensation != nil && req.GroupID == nil {
+		// Only a group's rollback uses a compensation: stored on an
+		// ungrouped effect it would promise an undo nothing performs.
+		pr.Add("compensation", "needs group_id: only an effect group's rollback uses it")
+	}
 	if req.LeaseSeconds != nil && *req.LeaseSeconds < 1 {
 		pr.Add("lease_seconds", "must be a positive number of seconds (the policy's lease caps it)")
 	}
@@ -267,6 +272,16 @@ func (s *Service) Begin(ctx context.Context, p *auth.Principal, req BeginRequest
 	in, err := s.prepare(p, req)
 	if err != nil {
 		return Decision{}, err
+	}
+	if in.runID != nil {
+		// A run of another workspace, or none, is unknown (404), as every id.
+		var known bool
+		if err := s.pool.QueryRow(ctx, sqlRunKnown, *in.runID, in.ws).Scan(&known); err != nil {
+			return Decision{}, fmt.Errorf("begin: run: %w", err)
+		}
+		if !known {
+			return Decision{}, apierr.NotFound("run")
+		}
 	}
 	if in.grouped() {
 		return s.refusingOnce(in, func() (Decision, error) { return s.beginInGroup(ctx, in) })

@@ -11,6 +11,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/gate"
+	"github.com/getratchet/ratchet/lib/ids"
 )
 
 func TestBeginExecuteReportDuplicate(t *testing.T) {
@@ -64,7 +65,9 @@ func TestBeginValidation(t *testing.T) {
 		{"control key", map[string]any{"effect_type": "email.send", "idempotency_key": "a\nb"}, "idempotency_key"},
 		{"negative cost", map[string]any{"effect_type": "email.send", "idempotency_key": "k", "cost_micros": -1}, "cost_micros"},
 		{"fractional cost", map[string]any{"effect_type": "email.send", "idempotency_key": "k", "cost_micros": 1.5}, "cost_micros"},
-		{"dimension type", map[string]any{"effect_type": "email.send", "idempotency_key": "k", "dimensions": map[string]any{"r": 1}}, "dimensions"},
+		{"dimension type", map[string]any{"effect_type": "email.send", "idempotency_key": "k", "dimensions": map[string]any{"r": 1}}, "dimensions.r"},
+		{"compensation outside a group", map[string]any{"effect_type": "email.send", "idempotency_key": "k",
+			"compensation": map[string]any{"effect_type": "email.retract"}}, "compensation"},
 		{"empty dimension", map[string]any{"effect_type": "email.send", "idempotency_key": "k", "dimensions": map[string]any{"r": ""}}, "dimensions.r"},
 		{"lease", map[string]any{"effect_type": "email.send", "idempotency_key": "k", "lease_seconds": 0}, "lease_seconds"},
 		{"run id", map[string]any{"effect_type": "email.send", "idempotency_key": "k", "run_id": "nope"}, "run_id"},
@@ -219,4 +222,24 @@ func TestLockedPathAnswersRetryRequestWhenTheKeyVanished(t *testing.T) {
 	require.True(t, ok, "%v", err)
 	require.Equal(t, apierr.CodeRetryRequest, e.Code)
 	require.Equal(t, http.StatusConflict, e.Status)
+}
+
+// run_id names a run of the workspace: another workspace's run, or one that
+// never existed, is 404 like every unknown id, and nothing is written.
+func TestBeginRunMustBeKnown(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mine := b.env.Must(http.StatusCreated, "POST", "/api/v1/runs", b.ws.Key, map[string]any{"name": "r"}).JSON()["id"].(string)
+	other := b.env.Signup()
+	theirs := b.env.Must(http.StatusCreated, "POST", "/api/v1/runs", other.Key, map[string]any{"name": "r"}).JSON()["id"].(string)
+	for _, run := range []string{theirs, ids.New(ids.Run)} {
+		body := email(key("run"))
+		body["run_id"] = run
+		errCode(t, b.begin(body), http.StatusNotFound, "not_found")
+	}
+	require.Empty(t, b.env.Must(http.StatusOK, "GET", "/api/v1/effects", b.ws.Key, nil).JSON()["data"])
+	body := email(key("run"))
+	body["run_id"] = mine
+	d := b.mustBegin("execute", body)
+	require.Equal(t, mine, b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(d["effect_id"]), b.ws.Key, nil).JSON()["run_id"])
 }

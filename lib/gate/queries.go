@@ -363,6 +363,10 @@ const sqlShareGroupState = `SELECT state FROM effect_groups WHERE id = $1 FOR SH
 
 // sqlCompensationTarget reads the effect a compensating begin names.
 // $1 effect id, $2 workspace.
+// sqlRunKnown is whether a durable-jobs run is the workspace's. $1 run id,
+// $2 workspace.
+const sqlRunKnown = `SELECT EXISTS (SELECT 1 FROM job_runs WHERE id = $1 AND workspace_id = $2)`
+
 // sqlLockEffectStates locks effects (in id order, so that concurrent
 // reconciliations cannot deadlock) and reads their state as it now is.
 // $1 ids, $2 workspace.
