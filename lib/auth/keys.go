@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -234,7 +235,7 @@ type CreateKeyRequest struct {
 // the new key's scopes and tools.
 func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, err error) {
 	var pr apierr.Problems
-	if strings.TrimSpace(r.Name) == "" || len(r.Name) > 100 {
+	if strings.TrimSpace(r.Name) == "" || utf8.RuneCountInString(r.Name) > 100 {
 		pr.Add("name", "must be 1-100 characters")
 	}
 	switch {
@@ -442,7 +443,7 @@ type Seeder func(ctx context.Context, tx pgx.Tx, workspaceID string) error
 // running every seeder in it, so a workspace never exists half-made.
 func (s *Service) Signup(ctx context.Context, name string, seeders ...Seeder) (Workspace, NewKey, error) {
 	name = strings.TrimSpace(name)
-	if name == "" || len(name) > 100 {
+	if name == "" || utf8.RuneCountInString(name) > 100 {
 		return Workspace{}, NewKey{}, apierr.InvalidField("name", "must be 1-100 characters")
 	}
 	now := s.now().UTC().Truncate(time.Microsecond) // as Postgres stores it

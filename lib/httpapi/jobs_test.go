@@ -605,3 +605,21 @@ func TestEndpointPolicyTypeErrorsNameWireFields(t *testing.T) {
 	require.Equal(t, []string{"expectedVersion"}, validationFields(t, e.Do("PUT",
 		"/api/v1/endpoints/"+ep["id"].(string)+"/policy", e.ws.Key, map[string]any{"expectedVersion": "one"})))
 }
+
+// Length limits count characters, as their messages say: a name of 200
+// "é" (400 bytes) is within "1-200 characters", 201 is not.
+func TestLengthLimitsCountCharacters(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t, "send_email@1")
+	e.Must(http.StatusCreated, "POST", "/api/v1/runs", e.ws.Key, map[string]any{"name": strings.Repeat("é", 200)})
+	require.Equal(t, []string{"name"}, validationFields(t, e.Do("POST", "/api/v1/runs", e.ws.Key,
+		map[string]any{"name": strings.Repeat("é", 201)})))
+	runID := e.run()
+	e.Must(http.StatusCreated, "POST", "/api/v1/runs/"+runID+"/steps", e.ingest, map[string]any{"name": "send_email",
+		"version": "1", "idempotencyKey": strings.Repeat("ü", 255)})
+	require.Equal(t, []string{"idempotencyKey"}, validationFields(t, e.Do("POST", "/api/v1/runs/"+runID+"/steps", e.ingest,
+		map[string]any{"name": "send_email", "version": "1", "idempotencyKey": strings.Repeat("ü", 256)})))
+	e.Must(http.StatusCreated, "POST", "/api/v1/keys", e.ws.Key, map[string]any{"name": strings.Repeat("名", 100), "preset": "AGENT"})
+	require.Equal(t, []string{"name"}, validationFields(t, e.Do("POST", "/api/v1/keys", e.ws.Key,
+		map[string]any{"name": strings.Repeat("名", 101), "preset": "AGENT"})))
+}

@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -189,7 +190,7 @@ func nullableInt(p *apierr.Problems, field string, o jsonx.Optional[int64], lo, 
 }
 
 func validEndpointName(name string) bool {
-	return strings.TrimSpace(name) != "" && len(name) <= 200
+	return strings.TrimSpace(name) != "" && utf8.RuneCountInString(name) <= 200
 }
 
 func scanEndpoint(row pgx.Row) (Endpoint, error) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -180,7 +181,7 @@ func (req ReplayRequest) validate() (additional int, err error) {
 			additional = int(*m)
 		}
 	}
-	if r := req.Reason; r != nil && len(*r) > maxReplayReason {
+	if r := req.Reason; r != nil && utf8.RuneCountInString(*r) > maxReplayReason {
 		p.Add("reason", "must be at most %d characters", maxReplayReason)
 	}
 	if h := req.ExpectedHandlerVersion; h != nil && !validToolPart(*h, maxToolVersion) {

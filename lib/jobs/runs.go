@@ -150,7 +150,7 @@ func rawOrNil(b []byte) any {
 // CreateRun starts a run.
 func (s *Service) CreateRun(ctx context.Context, workspaceID string, req CreateRunRequest) (Run, error) {
 	name := strings.TrimSpace(req.Name)
-	if name == "" || len(name) > 200 {
+	if name == "" || utf8.RuneCountInString(name) > 200 {
 		return Run{}, apierr.InvalidField("name", "must be 1-200 characters")
 	}
 	now := s.now()
@@ -298,7 +298,7 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 	}
 	op.canon = canon
 	op.input = storedInput(raw, canon)
-	if req.IdempotencyKey != nil && (len(*req.IdempotencyKey) < 1 || len(*req.IdempotencyKey) > 255) {
+	if k := req.IdempotencyKey; k != nil && (*k == "" || utf8.RuneCountInString(*k) > 255) {
 		p.Add("idempotencyKey", "must be 1-255 characters")
 	}
 	if t := req.TimeoutMs; t != nil && (*t < MinTimeoutMs || *t > MaxTimeoutMs) {
@@ -370,7 +370,7 @@ const (
 )
 
 func validToolPart(s string, maxLen int) bool {
-	return s != "" && len(s) <= maxLen && !strings.ContainsAny(s, " \t\r\n@")
+	return s != "" && utf8.RuneCountInString(s) <= maxLen && !strings.ContainsAny(s, " \t\r\n@")
 }
 
 // Enqueue adds a step to a run. A known key with the same operation answers

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -307,7 +308,7 @@ func (r ReportRequest) validate(prefix string, p *apierr.Problems) {
 			p.Add(prefix+"output", "is only allowed with status SUCCEEDED")
 		}
 		if e := r.Error; e != nil {
-			if len(e.Message) > maxErrorMessage {
+			if utf8.RuneCountInString(e.Message) > maxErrorMessage {
 				p.Add(prefix+"error.message", "must be at most %d characters", maxErrorMessage)
 			}
 			if e.RetryAfterMs != nil {
