@@ -1,6 +1,10 @@
 package httpapi
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -30,10 +34,26 @@ func (s *Server) mcpRoutes() []Route {
 				"This MCP endpoint is stateless: send each JSON-RPC message with POST."))
 			return
 		}
+		// The body is read here, within the API's limit, so that an
+		// oversized request gets the API's 413 envelope rather than the
+		// transport's plain text.
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			var tooLarge *http.MaxBytesError
+			if errors.As(err, &tooLarge) {
+				writeError(w, apierr.PayloadTooLarge(MaxBodyBytes))
+			} else {
+				writeError(w, apierr.InvalidField("body", "could not be read"))
+			}
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		s.mcp.once.Do(func() {
 			s.mcp.handler = mcpserver.Handler(mcpserver.New(mcpserver.HandlerCaller{Handler: s}, ""))
 		})
-		s.mcp.handler.ServeHTTP(w, r)
+		jw := &jsonRPCErrors{ResponseWriter: w, body: body}
+		s.mcp.handler.ServeHTTP(jw, r)
+		jw.finish()
 	})
 	summary := "MCP (streamable HTTP, stateless, JSON responses): the effect gate's nine tools. " +
 		"Send the API key as Authorization: Bearer on each request (any valid key opens the endpoint; " +
@@ -46,8 +66,78 @@ func (s *Server) mcpRoutes() []Route {
 		}
 		if m != http.MethodPost {
 			rt.Status, rt.Errors = http.StatusMethodNotAllowed, []string{apierr.CodeMethodNotAllowed}
+		} else {
+			// A message the transport cannot take is a JSON-RPC error
+			// response (HTTP 400); a wrong content type is the envelope's.
+			rt.Errors = []string{apierr.CodeInvalidRequest}
 		}
 		routes = append(routes, rt)
 	}
 	return routes
+}
+
+// jsonRPCErrors turns the transport's plain-text refusals into answers an
+// MCP client can read: a message it cannot take (malformed JSON, another
+// jsonrpc version, an unknown method) becomes a JSON-RPC error response, and
+// a refused content type the API's envelope. Everything else passes through.
+type jsonRPCErrors struct {
+	http.ResponseWriter
+	body      []byte // the request, for the id of the message refused
+	rewriting bool
+	status    int
+	text      bytes.Buffer
+}
+
+func (j *jsonRPCErrors) WriteHeader(status int) {
+	ct := j.Header().Get("Content-Type")
+	if status >= 400 && !strings.HasPrefix(ct, "application/json") {
+		j.rewriting, j.status = true, status
+		return
+	}
+	j.ResponseWriter.WriteHeader(status)
+}
+
+func (j *jsonRPCErrors) Write(b []byte) (int, error) {
+	if j.rewriting {
+		return j.text.Write(b)
+	}
+	return j.ResponseWriter.Write(b)
+}
+
+// Flush passes through, except for an answer being rewritten (written
+// whole by finish).
+func (j *jsonRPCErrors) Flush() {
+	if f, ok := j.ResponseWriter.(http.Flusher); ok && !j.rewriting {
+		f.Flush()
+	}
+}
+
+// finish writes the rewritten answer, if the transport refused the request.
+func (j *jsonRPCErrors) finish() {
+	if !j.rewriting {
+		return
+	}
+	j.rewriting = false
+	j.Header().Del("Content-Length")
+	msg := strings.TrimSpace(j.text.String())
+	if j.status == http.StatusUnsupportedMediaType {
+		writeError(j.ResponseWriter, apierr.InvalidField("Content-Type", "must be application/json"))
+		return
+	}
+	code := -32600 // Invalid Request
+	var probe struct {
+		ID json.RawMessage `json:"id"`
+	}
+	switch {
+	case !json.Valid(j.body):
+		code = -32700 // Parse error
+	case strings.Contains(msg, "unsupported") || strings.Contains(msg, "not handled"):
+		code = -32601 // Method not found
+	}
+	id := json.RawMessage("null")
+	if json.Unmarshal(j.body, &probe) == nil && len(probe.ID) > 0 && (probe.ID[0] == '"' || (probe.ID[0] >= '0' && probe.ID[0] <= '9') || probe.ID[0] == '-') {
+		id = probe.ID
+	}
+	writeJSON(j.ResponseWriter, j.status, map[string]any{"jsonrpc": "2.0", "id": id,
+		"error": map[string]any{"code": code, "message": msg}})
 }
