@@ -15,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/getratchet/ratchet/lib/ids"
 )
 
 // Handler returns a Lambda handler function serving h.
@@ -22,13 +24,20 @@ func Handler(h http.Handler) func(context.Context, events.LambdaFunctionURLReque
 	return func(ctx context.Context, ev events.LambdaFunctionURLRequest) (events.LambdaFunctionURLResponse, error) {
 		req, err := toRequest(ctx, ev)
 		if err != nil {
+			// Answered here, without the router: still with a request id,
+			// as every response carries one.
 			return events.LambdaFunctionURLResponse{StatusCode: http.StatusBadRequest,
-				Headers: map[string]string{"Content-Type": "application/json"},
+				Headers: map[string]string{"Content-Type": "application/json", "X-Request-Id": ids.New(ids.Request)},
 				Body:    `{"error":{"code":"invalid_request","message":"Malformed request event.","detail":{}}}`}, nil
 		}
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
-		return toResponse(rec), nil
+		res := toResponse(rec)
+		if req.Method == http.MethodHead {
+			// A server drops a HEAD answer's body; the recorder kept it.
+			res.Body, res.IsBase64Encoded = "", false
+		}
+		return res, nil
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/ids"
 )
 
 func TestHandlerRoundTrip(t *testing.T) {
@@ -43,4 +45,21 @@ func TestHandlerRejectsBadBase64(t *testing.T) {
 	res, err := Handler(http.NotFoundHandler())(context.Background(), ev)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusBadRequest, res.StatusCode)
+	require.True(t, ids.Valid(ids.Request, res.Headers["X-Request-Id"]), "every response carries a request id")
+}
+
+// A HEAD answer has no body, as a server would send it.
+func TestHandlerHeadHasNoBody(t *testing.T) {
+	t.Parallel()
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"ok":true}`))
+	})
+	ev := events.LambdaFunctionURLRequest{RawPath: "/api/v1/health"}
+	ev.RequestContext.HTTP.Method = "HEAD"
+	res, err := Handler(h)(context.Background(), ev)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Empty(t, res.Body)
+	require.Equal(t, "application/json", res.Headers["Content-Type"])
 }
