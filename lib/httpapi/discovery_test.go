@@ -174,6 +174,27 @@ func TestVercelFilesMatchRouteTable(t *testing.T) {
 	require.Equal(t, string(httpapi.VercelJSON()), string(vj), "vercel.json is stale: run go run ./scripts/genvercel")
 }
 
+// On Vercel a path no route serves reaches the catch-all entry (the last
+// rewrites) and is answered 404 in the envelope, as locally.
+func TestVercelCatchAllAnswersTheEnvelope(t *testing.T) {
+	t.Parallel()
+	var doc struct {
+		Rewrites []struct{ Source, Destination string } `json:"rewrites"`
+	}
+	require.NoError(t, json.Unmarshal(httpapi.VercelJSON(), &doc))
+	n := len(doc.Rewrites)
+	require.Equal(t, "/api/:path*", doc.Rewrites[n-2].Source)
+	require.Equal(t, "/v1/:path*", doc.Rewrites[n-1].Source)
+	require.Equal(t, "/api/not_found", doc.Rewrites[n-1].Destination)
+	env := apitest.Start(t)
+	req, _ := http.NewRequest("GET", "/api/v1/nope", nil)
+	rec := newRecorder()
+	env.App.Server.ServeRoute(rec, req, "")
+	require.Equal(t, http.StatusNotFound, rec.Code)
+	require.Contains(t, rec.Body.String(), `"code":"not_found"`)
+	require.NotEmpty(t, rec.Header().Get("X-Request-Id"))
+}
+
 // TestVercelEntryServesItsRoute drives a generated entry point the way
 // Vercel does after a rewrite: the pattern's file with ?id= in the query.
 func TestVercelEntryServesRewrittenPath(t *testing.T) {
