@@ -8,7 +8,6 @@ import (
 	"math"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -17,6 +16,7 @@ import (
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/canonjson"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/idemkey"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/money"
 	"github.com/getratchet/ratchet/lib/redact"
@@ -67,9 +67,8 @@ type Decision struct {
 }
 
 const (
-	maxDimensions       = 16
-	maxDimensionValue   = 255
-	maxIdempotencyRunes = 255
+	maxDimensions     = 16
+	maxDimensionValue = 255
 )
 
 // beginInput is a validated request with everything begin's SQL needs.
@@ -98,19 +97,6 @@ func (in *beginInput) args() []any {
 // lockedArgs are the locked path's parameters ($1-$8).
 func (in *beginInput) lockedArgs() []any { return in.args()[:8] }
 
-func validIdempotencyKey(k string) bool {
-	n := utf8.RuneCountInString(k)
-	if n < 1 || n > maxIdempotencyRunes || !utf8.ValidString(k) {
-		return false
-	}
-	for _, r := range k {
-		if !unicode.IsPrint(r) {
-			return false
-		}
-	}
-	return true
-}
-
 func optionalID(pr *apierr.Problems, field, prefix string, v *string) {
 	if v != nil && !ids.Valid(prefix, *v) {
 		pr.Add(field, "must be a %s_ id or null", prefix)
@@ -123,8 +109,8 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 	if !ValidEffectType(req.EffectType) {
 		pr.Add("effect_type", effectTypeRule)
 	}
-	if !validIdempotencyKey(req.IdempotencyKey) {
-		pr.Add("idempotency_key", "must be 1-255 printable characters")
+	if !idemkey.Valid(req.IdempotencyKey) {
+		pr.Add("idempotency_key", idemkey.Rule)
 	}
 	if req.CostMicros != nil && !money.Valid(*req.CostMicros) {
 		pr.Add("cost_micros", money.Rule)

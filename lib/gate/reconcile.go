@@ -12,6 +12,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/idemkey"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/money"
 )
@@ -128,8 +129,8 @@ func validateReconcile(req ReconcileRequest) (from, to time.Time, err error) {
 			break // enough to fix the request by
 		}
 		field := "records." + strconv.Itoa(i)
-		if !validIdempotencyKey(r.IdempotencyKey) {
-			pr.Add(field+".idempotency_key", "must be 1-255 printable characters")
+		if !idemkey.Valid(r.IdempotencyKey) {
+			pr.Add(field+".idempotency_key", idemkey.Rule)
 		} else if seen[r.IdempotencyKey] {
 			pr.Add(field+".idempotency_key", "appears twice; send one record per idempotency key")
 		}

@@ -617,8 +617,11 @@ func TestLengthLimitsCountCharacters(t *testing.T) {
 	runID := e.run()
 	e.Must(http.StatusCreated, "POST", "/api/v1/runs/"+runID+"/steps", e.ingest, map[string]any{"name": "send_email",
 		"version": "1", "idempotencyKey": strings.Repeat("ü", 255)})
-	require.Equal(t, []string{"idempotencyKey"}, validationFields(t, e.Do("POST", "/api/v1/runs/"+runID+"/steps", e.ingest,
-		map[string]any{"name": "send_email", "version": "1", "idempotencyKey": strings.Repeat("ü", 256)})))
+	// The same rule as the gate's keys: 1-255 printable characters.
+	for _, k := range []string{strings.Repeat("ü", 256), "", "a\nb", "\u0001"} {
+		require.Equal(t, []string{"idempotencyKey"}, validationFields(t, e.Do("POST", "/api/v1/runs/"+runID+"/steps", e.ingest,
+			map[string]any{"name": "send_email", "version": "1", "idempotencyKey": k})), "%q", k)
+	}
 	e.Must(http.StatusCreated, "POST", "/api/v1/keys", e.ws.Key, map[string]any{"name": strings.Repeat("名", 100), "preset": "AGENT"})
 	require.Equal(t, []string{"name"}, validationFields(t, e.Do("POST", "/api/v1/keys", e.ws.Key,
 		map[string]any{"name": strings.Repeat("名", 101), "preset": "AGENT"})))

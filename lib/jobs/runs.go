@@ -19,6 +19,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/canonjson"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/idemkey"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/redact"
 )
@@ -298,8 +299,8 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 	}
 	op.canon = canon
 	op.input = storedInput(raw, canon)
-	if k := req.IdempotencyKey; k != nil && (*k == "" || utf8.RuneCountInString(*k) > 255) {
-		p.Add("idempotencyKey", "must be 1-255 characters")
+	if k := req.IdempotencyKey; k != nil && !idemkey.Valid(*k) {
+		p.Add("idempotencyKey", idemkey.Rule)
 	}
 	if t := req.TimeoutMs; t != nil && (*t < MinTimeoutMs || *t > MaxTimeoutMs) {
 		p.Add("timeoutMs", "must be an integer from 1000 to 86400000 (milliseconds)")

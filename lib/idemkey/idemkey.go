@@ -1,0 +1,31 @@
+// Package idemkey is the one rule for a client's idempotency key, on the
+// effect gate and on durable jobs alike: 1-255 printable characters. A key
+// names an operation in logs, dashboards and reconciliations, so control
+// characters (a stray newline from a template, say) are refused rather than
+// stored.
+package idemkey
+
+import (
+	"unicode"
+	"unicode/utf8"
+)
+
+// MaxRunes is the longest key, in characters.
+const MaxRunes = 255
+
+// Rule is the validation message for a key field.
+const Rule = "must be 1-255 printable characters"
+
+// Valid reports whether k is a well-formed idempotency key.
+func Valid(k string) bool {
+	n := utf8.RuneCountInString(k)
+	if n < 1 || n > MaxRunes || !utf8.ValidString(k) {
+		return false
+	}
+	for _, r := range k {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}
