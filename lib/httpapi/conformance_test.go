@@ -645,6 +645,9 @@ func TestRepeatedKeysAreRefused(t *testing.T) {
 			"effect_type"},
 		{"POST", "/api/v1/workers/register", `{"tools":[{"name":"a","version":"1"},{"name":"b","name":"c","version":"1"}]}`,
 			"tools.1.name"},
+		// A number no float64 holds reads as Infinity in most languages.
+		{"POST", "/api/v1/effects/begin", `{"effect_type":"email.send","idempotency_key":"k","payload":{"n":[1,-1e400]}}`,
+			"payload.n.1"},
 	} {
 		require.Equal(t, []string{tc.field}, validationFields(t, env.Do(tc.method, tc.path, ws.Key, tc.body)), tc.body)
 	}
@@ -653,6 +656,7 @@ func TestRepeatedKeysAreRefused(t *testing.T) {
 	// The same key in two objects, and an escaped key that is another key,
 	// are fine.
 	d := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key,
-		`{"effect_type":"email.send","idempotency_key":"k2","payload":{"a":{"x":1},"b":{"x":1},"x\u0041":[{"y":1},{"y":2}]}}`).JSON()
+		`{"effect_type":"email.send","idempotency_key":"k2","payload":{"a":{"x":1},"b":{"x":1},"x\u0041":[{"y":1},{"y":2}],`+
+			`"big":18446744073709551615,"small":1e-400,"e":1.5e300}}`).JSON()
 	require.Equal(t, "execute", d["decision"])
 }

@@ -1,7 +1,9 @@
 package httpapi
 
 import (
+	"bytes"
 	"encoding/json"
+	"math"
 	"reflect"
 	"strconv"
 	"sync"
@@ -64,13 +66,33 @@ func (s *bodyScan) value(t reflect.Type, path string) {
 	case '"':
 		s.str()
 	default:
+		start := s.i
 		for s.i < len(s.b) {
 			switch s.b[s.i] {
 			case ',', '}', ']', ' ', '\t', '\n', '\r':
+				s.number(s.b[start:s.i], path)
 				return
 			}
 			s.i++
 		}
+		s.number(s.b[start:s.i], path)
+	}
+}
+
+// number refuses a number beyond float64's range (1e400): JSON allows it,
+// but a worker or client in most languages reads it as Infinity, or fails.
+// Only a literal with an exponent or more digits than any float64 holds is
+// parsed; true, false, null and ordinary numbers pass at a glance.
+func (s *bodyScan) number(lit []byte, path string) {
+	if len(lit) < 309 && !bytes.ContainsAny(lit, "eE") {
+		return
+	}
+	if f, err := strconv.ParseFloat(string(lit), 64); err != nil && math.IsInf(f, 0) {
+		at := path
+		if at == "" {
+			at = "body"
+		}
+		s.err = apierr.InvalidField(at, "is a number beyond the range of a 64-bit float")
 	}
 }
 
