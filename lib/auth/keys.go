@@ -112,15 +112,13 @@ WITH k AS (
     FROM api_keys WHERE id = $1
 ), inc AS (
     INSERT INTO rate_counters (bucket, window_start, shard, count)
-    SELECT 'key:' || k.id, $3, $4, 1 FROM k
-    WHERE $5::bool AND k.rate_limit_per_minute IS NOT NULL AND k.revoked_at IS NULL AND k.secret_hash = $2
+    SELECT 'key:' || k.id, $3, 0, 1 FROM k
+    WHERE $4::bool AND k.rate_limit_per_minute IS NOT NULL AND k.revoked_at IS NULL AND k.secret_hash = $2
     ON CONFLICT (bucket, window_start, shard) DO UPDATE SET count = rate_counters.count + 1
-    RETURNING 1
+    RETURNING count
 )
 SELECT k.workspace_id, k.secret_hash, k.scopes, k.tools, k.daily_spend_ceiling_micros,
-       k.rate_limit_per_minute, k.revoked_at IS NOT NULL,
-       coalesce((SELECT sum(count) FROM rate_counters
-                 WHERE bucket = 'key:' || k.id AND window_start = $3), 0)::bigint + (SELECT count(*) FROM inc)
+       k.rate_limit_per_minute, k.revoked_at IS NOT NULL, coalesce((SELECT count FROM inc), 0)::bigint
 FROM k`
 
 // Authenticate resolves a bearer secret to its principal and counts the
@@ -168,7 +166,7 @@ func (s *Service) authenticate(ctx context.Context, secret string, count bool) (
 		revoked bool
 		used    int64 // this window's requests, this one included
 	)
-	err := s.pool.QueryRow(ctx, authSQL, keyID, hash, window, int16(now.UnixNano()%counterShards), count).Scan(
+	err := s.pool.QueryRow(ctx, authSQL, keyID, hash, window, count).Scan(
 		&p.WorkspaceID, &stored, &p.Scopes, &p.Tools, &p.DailySpendCeilingMicros, &rate, &revoked, &used)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, errBadKey()

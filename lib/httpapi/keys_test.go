@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -295,6 +296,43 @@ func TestRateLimitHoldsAcrossInstancesAndCountsRefusals(t *testing.T) {
 	// The next window admits again.
 	now = now.Add(time.Minute)
 	require.Equal(t, http.StatusOK, a.Do("GET", "/api/v1/keys", limited, nil).Status)
+}
+
+// A burst against a rate limit admits exactly the limit, on a cold key
+// (its first request authenticates it) and on a cached one alike. (The
+// window was spread over rows whose sum each request read from its own
+// snapshot: 50 at once against 10 let about 20 through.)
+func TestRateLimitIsExactUnderABurst(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2030, 1, 1, 12, 0, 30, 0, time.UTC)
+	env := apitest.Start(t, apitest.WithNow(func() time.Time { return now }))
+	ws := env.Signup()
+	for _, warm := range []bool{false, true} {
+		limited := env.Key(ws, map[string]any{"name": "l", "preset": "OPERATOR", "rate_limit_per_minute": 10})
+		admitted := 0
+		if warm {
+			require.Equal(t, http.StatusOK, env.Do("GET", "/api/v1/policies", limited, nil).Status)
+			admitted++
+		}
+		statuses := make([]int, 50)
+		var wg sync.WaitGroup
+		for i := range statuses {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				statuses[i] = env.Do("GET", "/api/v1/policies", limited, nil).Status
+			}()
+		}
+		wg.Wait()
+		for _, st := range statuses {
+			if st == http.StatusOK {
+				admitted++
+			} else {
+				require.Equal(t, http.StatusTooManyRequests, st)
+			}
+		}
+		require.Equal(t, 10, admitted, "warm %v", warm)
+	}
 }
 
 func TestRevocationReachesOtherInstancesWithinCacheTTL(t *testing.T) {
