@@ -56,6 +56,22 @@ type Error struct {
 	cause   error
 }
 
+// Wire is an error as the API writes it: the value of a response's "error".
+type Wire struct {
+	Code    string         `json:"code"`
+	Message string         `json:"message"`
+	Detail  map[string]any `json:"detail"`
+}
+
+// Wire returns e's wire form (detail {} when e has none).
+func (e *Error) Wire() Wire {
+	d := e.Detail
+	if d == nil {
+		d = map[string]any{}
+	}
+	return Wire{Code: e.Code, Message: e.Message, Detail: d}
+}
+
 func (e *Error) Error() string {
 	if e.cause != nil {
 		return fmt.Sprintf("%s: %s: %v", e.Code, e.Message, e.cause)

@@ -433,24 +433,12 @@ func NewCamelPage[T any](items []T, limit int, cursorOf func(T) string) CamelPag
 
 // errorBody is the envelope of every failure.
 type errorBody struct {
-	Error errorDetail `json:"error"`
-}
-
-type errorDetail struct {
-	Code    string         `json:"code"`
-	Message string         `json:"message"`
-	Detail  map[string]any `json:"detail"`
+	Error apierr.Wire `json:"error"`
 }
 
 // ErrorEnvelope returns the wire form of e, for handlers that must embed an
-// error beside other fields (a denied begin).
-func ErrorEnvelope(e *apierr.Error) any {
-	d := e.Detail
-	if d == nil {
-		d = map[string]any{}
-	}
-	return errorDetail{Code: e.Code, Message: e.Message, Detail: d}
-}
+// error in another body (a denied begin).
+func ErrorEnvelope(e *apierr.Error) any { return e.Wire() }
 
 func writeJSON(w http.ResponseWriter, status int, body any) {
 	b, err := json.Marshal(body)
@@ -471,5 +459,5 @@ func writeError(w http.ResponseWriter, e *apierr.Error) {
 			w.Header().Set("Retry-After", fmt.Sprint(s))
 		}
 	}
-	writeJSON(w, e.Status, errorBody{Error: ErrorEnvelope(e).(errorDetail)})
+	writeJSON(w, e.Status, errorBody{Error: e.Wire()})
 }

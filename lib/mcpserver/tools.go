@@ -61,7 +61,7 @@ func define[In any](name, description string, route func(In) (method, path strin
 // API answers a bad body: the error envelope, code invalid_request.
 func argumentsError(err error) *mcp.CallToolResult {
 	e := apierr.InvalidField("arguments", "%s", err.Error())
-	body, _ := json.Marshal(map[string]any{"error": e})
+	body, _ := json.Marshal(map[string]any{"error": e.Wire()})
 	var structured map[string]any
 	_ = json.Unmarshal(body, &structured)
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(body)}},

@@ -22,15 +22,14 @@ func callRaw(t *testing.T, cs *mcp.ClientSession, name, args string) (text strin
 	return res.Content[0].(*mcp.TextContent).Text, res.IsError
 }
 
+// errorCode reads error.code exactly as spelt (a struct would also take
+// "Code": encoding/json matches names case-insensitively).
 func errorCode(t *testing.T, text string) string {
 	t.Helper()
-	var body struct {
-		Error struct {
-			Code string `json:"code"`
-		} `json:"error"`
-	}
+	var body map[string]map[string]any
 	require.NoError(t, json.Unmarshal([]byte(text), &body), text)
-	return body.Error.Code
+	code, _ := body["error"]["code"].(string)
+	return code
 }
 
 // Integers beyond float64's precision reach the API as written: the same
