@@ -275,6 +275,9 @@ func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, 
 	if err := pr.Err(); err != nil {
 		return nil, nil, err
 	}
+	if err := errCappedCreator(creator); err != nil {
+		return nil, nil, err
+	}
 	scopes = normalizeScopes(scopes)
 	// A key can never mint a key with powers it does not hold.
 	if err := creator.Require(scopes...); err != nil {
@@ -297,34 +300,21 @@ func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, 
 		// An unrestricted worker key would be wider than its creator.
 		tools = slices.Clone(creator.Tools)
 	}
-	// Nor one with looser limits: a capped key's child is capped at least as
-	// tightly, inheriting the cap when it names none; otherwise an agent
-	// key allowed to mint keys could spend past its ceiling through them.
-	if err := capAtCreator("daily_spend_ceiling_micros", &r.DailySpendCeilingMicros, creator.DailySpendCeilingMicros); err != nil {
-		return nil, nil, err
-	}
-	if err := capAtCreator("rate_limit_per_minute", &r.RateLimitPerMinute, creator.RateLimitPerMinute); err != nil {
-		return nil, nil, err
-	}
 	return scopes, tools, nil
 }
 
-// capAtCreator holds a new key's limit *child to the creator's, when the
-// creator has one: inherited when unset, refused (403) when looser.
-func capAtCreator[T int | int64](field string, child **T, creator *T) error {
-	switch {
-	case creator == nil:
+// errCappedCreator refuses a key with a spend ceiling or a rate limit the
+// minting of keys. Every key has counters of its own, so a capped key's
+// children, however capped each, would together spend and call past the
+// creator's ceiling and limit (three children of a key capped at 100 micros
+// spent 400). Capped keys are for agents; an uncapped key mints them.
+func errCappedCreator(creator *Principal) error {
+	if creator.DailySpendCeilingMicros == nil && creator.RateLimitPerMinute == nil {
 		return nil
-	case *child == nil:
-		v := *creator
-		*child = &v
-		return nil
-	case **child > *creator:
-		e := apierr.Forbidden().WithDetail(field, *creator)
-		e.Message = fmt.Sprintf("A key may not mint a key with a looser %s than its own (%v).", field, *creator)
-		return e
 	}
-	return nil
+	return apierr.New(http.StatusForbidden, apierr.CodeForbidden,
+		"A key with a daily_spend_ceiling_micros or rate_limit_per_minute cannot create keys: their spending "+
+			"and requests would not count against its own. Create them with an uncapped key.")
 }
 
 const keyColumns = `id, name, scopes, tools, daily_spend_ceiling_micros, rate_limit_per_minute, created_at, revoked_at`

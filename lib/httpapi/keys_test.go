@@ -201,28 +201,36 @@ func TestKeysCannotRevokeWiderKeys(t *testing.T) {
 	require.NotNil(t, env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+child, minter, nil).JSON()["revoked_at"])
 }
 
-// A capped key's children are capped at least as tightly: they inherit its
-// spend ceiling and rate limit when they name none, and may not loosen them.
-func TestKeysCannotMintLooserLimits(t *testing.T) {
+// A key with a spend ceiling or a rate limit cannot create keys: each key
+// has counters of its own, so its children would together spend and call
+// past its caps (inheriting the caps, three children of a key capped at 100
+// micros spent 400). An uncapped key mints capped ones.
+func TestCappedKeysCannotMintKeys(t *testing.T) {
 	t.Parallel()
 	env := apitest.Start(t)
 	ws := env.Signup()
-	capped := env.Key(ws, map[string]any{"name": "capped", "scopes": []string{"keys:write", "effects:begin"},
-		"daily_spend_ceiling_micros": 1000, "rate_limit_per_minute": 10})
-	child := env.Must(http.StatusCreated, "POST", "/api/v1/keys", capped,
-		map[string]any{"name": "c", "scopes": []string{"effects:begin"}}).JSON()
-	require.EqualValues(t, 1000, child["daily_spend_ceiling_micros"])
-	require.EqualValues(t, 10, child["rate_limit_per_minute"])
-	r := env.Must(http.StatusForbidden, "POST", "/api/v1/keys", capped,
-		map[string]any{"name": "c", "scopes": []string{"effects:begin"}, "daily_spend_ceiling_micros": 1001})
-	require.Equal(t, "forbidden", r.ErrorCode())
-	require.EqualValues(t, 1000, r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["daily_spend_ceiling_micros"])
-	env.Must(http.StatusForbidden, "POST", "/api/v1/keys", capped,
-		map[string]any{"name": "c", "scopes": []string{"effects:begin"}, "rate_limit_per_minute": 11})
-	tighter := env.Must(http.StatusCreated, "POST", "/api/v1/keys", capped, map[string]any{"name": "t",
-		"scopes": []string{"effects:begin"}, "daily_spend_ceiling_micros": 500, "rate_limit_per_minute": 5}).JSON()
-	require.EqualValues(t, 500, tighter["daily_spend_ceiling_micros"])
-	// An uncapped creator mints what it is asked for.
+	for _, caps := range []map[string]any{{"daily_spend_ceiling_micros": 1000}, {"rate_limit_per_minute": 10}} {
+		body := map[string]any{"name": "capped", "scopes": []string{"keys:write", "effects:begin"}}
+		for k, v := range caps {
+			body[k] = v
+		}
+		capped := env.Key(ws, body)
+		for _, child := range []map[string]any{
+			{"name": "c", "scopes": []string{"effects:begin"}},
+			{"name": "c", "scopes": []string{"effects:begin"}, "daily_spend_ceiling_micros": 1, "rate_limit_per_minute": 1},
+		} {
+			r := env.Do("POST", "/api/v1/keys", capped, child)
+			require.Equal(t, http.StatusForbidden, r.Status, "%v %v", caps, child)
+			require.Equal(t, "forbidden", r.ErrorCode())
+			require.NotContains(t, r.JSON()["error"].(map[string]any)["detail"], "required", "nothing is missing: no scope would help")
+		}
+		// It still reads and revokes what it may.
+		env.Must(http.StatusOK, "GET", "/api/v1/keys", capped, nil)
+	}
+	// An uncapped creator mints what it is asked for, capped or not.
+	capped := env.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key, map[string]any{"name": "a", "preset": "AGENT",
+		"daily_spend_ceiling_micros": 500, "rate_limit_per_minute": 5}).JSON()
+	require.EqualValues(t, 500, capped["daily_spend_ceiling_micros"])
 	free := env.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key,
 		map[string]any{"name": "f", "preset": "AGENT"}).JSON()
 	require.Nil(t, free["daily_spend_ceiling_micros"])
