@@ -60,7 +60,7 @@ func run(ctx context.Context, logOut io.Writer, ready chan<- string) error {
 		defer cancel()
 		_ = srv.Shutdown(shutdown)
 	}()
-	fmt.Fprintf(logOut, "ratchet: listening on http://localhost:%d (sweeping every %s)\n", cfg.Port, cfg.SweepInterval)
+	fmt.Fprintf(logOut, "ratchet: listening on http://localhost:%d (sweeping every %s)\n", ln.Addr().(*net.TCPAddr).Port, cfg.SweepInterval)
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}

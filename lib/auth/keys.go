@@ -484,7 +484,9 @@ func (s *Service) CheckSignup(ctx context.Context, g SignupGate, token string) e
 			return err
 		}
 		if !ok {
-			return apierr.RateLimited(retry)
+			e := apierr.RateLimited(retry)
+			e.Message = "Too many workspaces created lately; try again later."
+			return e
 		}
 	}
 	return nil

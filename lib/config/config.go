@@ -161,6 +161,30 @@ func (c *Config) Validate() error {
 	if c.Port < 0 || c.Port > 65535 {
 		return fmt.Errorf("config: PORT is malformed (0-65535; 0 picks a free port)")
 	}
+	// A non-positive interval panics the sweeper's ticker; negative waits,
+	// graces and rates mean nothing.
+	for _, d := range []struct {
+		name     string
+		v        time.Duration
+		positive bool
+	}{
+		{"SWEEP_INTERVAL", c.SweepInterval, true}, {"DB_CONNECT_TIMEOUT", c.DBConnectTimeout, true},
+		{"DB_MAX_CONN_IDLE_TIME", c.DBMaxConnIdleTime, true}, {"DB_STATEMENT_TIMEOUT", c.DBStatementTimeout, false},
+		{"KEY_CACHE_TTL", c.KeyCacheTTL, false},
+	} {
+		switch {
+		case d.positive && d.v <= 0:
+			return fmt.Errorf("config: %s is malformed (a positive duration, e.g. 5s)", d.name)
+		case d.v < 0:
+			return fmt.Errorf("config: %s is malformed (0 or a positive duration)", d.name)
+		}
+	}
+	if c.JobLeaseGraceMs < 0 {
+		return fmt.Errorf("config: JOB_LEASE_GRACE_MS is malformed (0 or more)")
+	}
+	if c.SignupRatePerHour < 0 {
+		return fmt.Errorf("config: SIGNUP_RATE_PER_HOUR is malformed (0 for no limit, or more)")
+	}
 	return nil
 }
 

@@ -13,7 +13,8 @@ func validEnv(t *testing.T) {
 	t.Setenv("DATABASE_URL", "postgres://u@localhost:5432/db")
 	t.Setenv("RESULT_ENCRYPTION_KEY", base64.StdEncoding.EncodeToString(make([]byte, 32)))
 	t.Setenv("KEY_HASH_SECRET", "0123456789abcdef0123")
-	for _, name := range []string{"RESULT_ENCRYPTION_KEYS", "SIGNUP_MODE", "SIGNUP_TOKEN", "PORT", "DB_QUERY_EXEC_MODE", "DB_MAX_CONNS", "BILLING_MODE"} {
+	for _, name := range []string{"RESULT_ENCRYPTION_KEYS", "SIGNUP_MODE", "SIGNUP_TOKEN", "PORT", "DB_QUERY_EXEC_MODE", "DB_MAX_CONNS", "BILLING_MODE",
+		"SWEEP_INTERVAL", "KEY_CACHE_TTL", "JOB_LEASE_GRACE_MS", "SIGNUP_RATE_PER_HOUR", "DB_STATEMENT_TIMEOUT"} {
 		unset(t, name)
 	}
 }
@@ -64,6 +65,12 @@ func TestLoadNamesTheBadSetting(t *testing.T) {
 		"token no secret": {"SIGNUP_MODE", "token", "SIGNUP_TOKEN is required"},
 		"bad mode":        {"DB_QUERY_EXEC_MODE", "fast", "DB_QUERY_EXEC_MODE is malformed"},
 		"billing":         {"BILLING_MODE", "on", "BILLING_MODE is malformed"},
+		"no sweep":        {"SWEEP_INTERVAL", "0s", "SWEEP_INTERVAL is malformed"},
+		"negative sweep":  {"SWEEP_INTERVAL", "-5s", "SWEEP_INTERVAL is malformed"},
+		"negative ttl":    {"KEY_CACHE_TTL", "-1s", "KEY_CACHE_TTL is malformed"},
+		"negative grace":  {"JOB_LEASE_GRACE_MS", "-1", "JOB_LEASE_GRACE_MS is malformed"},
+		"negative signup": {"SIGNUP_RATE_PER_HOUR", "-3", "SIGNUP_RATE_PER_HOUR is malformed"},
+		"no timeout":      {"DB_STATEMENT_TIMEOUT", "-1s", "DB_STATEMENT_TIMEOUT is malformed"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -384,6 +384,7 @@ func TestSignupModes(t *testing.T) {
 	limited.Must(http.StatusCreated, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
 	r = limited.Must(http.StatusTooManyRequests, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
 	require.Equal(t, "rate_limited", r.ErrorCode())
+	require.NotContains(t, r.JSON()["error"].(map[string]any)["message"], "key", "signup takes no key")
 }
 
 func TestCronSweepNeedsSecret(t *testing.T) {
@@ -397,6 +398,10 @@ func TestCronSweepNeedsSecret(t *testing.T) {
 	r := env.Must(http.StatusOK, "POST", "/api/cron/sweep", "test-cron-secret", nil)
 	require.Contains(t, r.JSON(), "changed")
 	require.Empty(t, r.JSON()["errors"])
+	// It takes no body: an unknown field is refused, as on every route.
+	r = env.Do("POST", "/api/cron/sweep", "test-cron-secret", map[string]any{"x": 1})
+	require.Equal(t, http.StatusBadRequest, r.Status)
+	require.Equal(t, "invalid_request", r.ErrorCode())
 
 	unset := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.CronSecret = "" }))
 	require.Equal(t, http.StatusUnauthorized, unset.Do("GET", "/api/cron/sweep", "", nil).Status)

@@ -143,8 +143,10 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 	}
 	if route == nil {
 		allow := make([]string, 0, len(g.routes))
-		for m := range g.routes {
-			allow = append(allow, m)
+		for m, rt := range g.routes {
+			if rt.Status != http.StatusMethodNotAllowed { // a route that only refuses is not allowed
+				allow = append(allow, m)
+			}
 		}
 		sort.Strings(allow)
 		// A route is a method on a path: API.md answers any other
@@ -199,10 +201,11 @@ func (s *Server) run(ctx context.Context, c *Call) (any, error) {
 	if err := textParams(c.R); err != nil {
 		return nil, err
 	}
-	if c.Route.Request == nil && c.Route.Auth == AuthKey && c.R.ContentLength != 0 &&
+	if c.Route.Request == nil && c.R.ContentLength != 0 &&
 		c.R.Method != http.MethodGet && c.R.Method != http.MethodHead {
-		// An action without a body (finish, cancel, pause, ...) still refuses
-		// unknown fields (API.md §0); an empty body or {} is fine.
+		// An action without a body (finish, cancel, pause, the cron sweep,
+		// ...) still refuses unknown fields (API.md §0); an empty body or {}
+		// is fine.
 		var none struct{}
 		if err := c.Decode(&none); err != nil {
 			return nil, err

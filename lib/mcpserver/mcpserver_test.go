@@ -157,6 +157,10 @@ func TestStreamableHTTPEndpointRefusesStreamsInTheEnvelope(t *testing.T) {
 		require.Equal(t, "method_not_allowed", r.ErrorCode(), m)
 		require.Equal(t, "POST", r.Header.Get("Allow"), m)
 	}
+	// Another method is no route; Allow names only the method that works.
+	r := env.Do("PUT", "/api/v1/mcp", key, nil)
+	require.Equal(t, http.StatusNotFound, r.Status)
+	require.Equal(t, "POST", r.Header.Get("Allow"))
 }
 
 // A tool call counts once against the key's rate limit: the MCP request
