@@ -18,7 +18,9 @@ var redactions = []struct {
 	with string
 }{
 	{regexp.MustCompile(`(?i)\b(bearer|basic)\s+[^\s,;]+`), "$1 [redacted]"},
-	{regexp.MustCompile(`(?i)\b(password|passwd|secret|token|api[_-]?key|authorization|cookie)(["']?\s*[=:]\s*)("[^"]*"|'[^']*'|[^\s,;&]+)`), "$1$2[redacted]"},
+	// A name that contains a secret's word, prefixed or suffixed
+	// (client_secret, access_token, AWS_SECRET_ACCESS_KEY, private_key).
+	{regexp.MustCompile(`(?i)\b([\w.-]*(?:password|passwd|secret|token|api[_-]?key|private[_-]?key|access[_-]?key|credential|authorization|cookie)[\w.-]*)(["']?\s*[=:]\s*)("[^"]*"|'[^']*'|[^\s,;&]+)`), "$1$2[redacted]"},
 	{regexp.MustCompile(`://[^/\s:@]+:[^/\s@]+@`), "://[redacted]@"},
 	{regexp.MustCompile(`\?[^\s"']+`), "?[redacted]"},
 	{regexp.MustCompile(`[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(\.[A-Za-z0-9\-]+)+`), "[email]"},

@@ -157,6 +157,15 @@ func TestRedactMessage(t *testing.T) {
 	if RedactMessage("  ") != "error" {
 		t.Fatal("empty message")
 	}
+	// Names that only contain a secret's word are secrets too.
+	for _, s := range []string{"client_secret=hunter2", "access_token=abc123", "AWS_SECRET_ACCESS_KEY=abcd",
+		"private_key=abc", "X-Api-Key: abc", `"refresh_token": "r1"`, "db.password=pw"} {
+		got := RedactMessage("failed: " + s)
+		value := s[strings.LastIndexAny(s, "=: ")+1:]
+		if strings.Contains(got, strings.Trim(value, `"`)) || !strings.Contains(got, "[redacted]") {
+			t.Errorf("%q → %q", s, got)
+		}
+	}
 }
 
 func TestRegisterToolValidates(t *testing.T) {

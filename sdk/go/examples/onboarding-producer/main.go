@@ -40,9 +40,13 @@ func run(ctx context.Context) error {
 	}
 	step, err := client.Enqueue(ctx, r.ID, map[string]string{"customerId": customer}, ratchet.EnqueueOptions{
 		Name: "send_welcome_email", Version: "1", Endpoint: "Email service",
-		// A stable key derived from the work: re-running this program for the
-		// same customer deduplicates instead of sending twice.
-		IdempotencyKey: "welcome:" + customer,
+		// A stable key derived from the work: an enqueue retried after a
+		// timeout or a lost answer deduplicates instead of sending twice.
+		// Keys are unique in the workspace and a step belongs to its run, so
+		// the key names the run too: re-running this program starts a new
+		// run, whose step is new work (the same key in another run would be
+		// 409 idempotency_key_reuse).
+		IdempotencyKey: "welcome:" + customer + ":" + r.ID,
 		Timeout:        30 * time.Second, MaxAttempts: 5,
 	})
 	if err != nil {
