@@ -603,6 +603,14 @@ func TestNULIsABadRequest(t *testing.T) {
 		require.Equal(t, "invalid_request", r.ErrorCode(), q)
 	}
 	env.Must(http.StatusCreated, "POST", "/api/v1/runs", ws.Key, `{"name":"C:\\u0000dir"}`)
+	// Bytes that are not UTF-8 are not JSON: encoding/json would read both
+	// keys below as "k\uFFFD1", one effect for two keys.
+	for _, body := range []string{"{\"effect_type\":\"u.x\",\"idempotency_key\":\"k\xff1\"}",
+		"{\"effect_type\":\"u.x\",\"idempotency_key\":\"k\xfe1\"}"} {
+		r := env.Do("POST", "/api/v1/effects/begin", ws.Key, body)
+		require.Equal(t, http.StatusBadRequest, r.Status, "%s", r.Body)
+		require.Equal(t, "invalid_request", r.ErrorCode())
+	}
 }
 
 // Field names are exact: a key that names a field only by encoding/json's

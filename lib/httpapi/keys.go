@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strconv"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 )
@@ -19,11 +20,17 @@ import (
 //     inputs included: encoding/json keeps the last, other parsers the first,
 //     so the service and a worker or a proxy would each read another request;
 //   - a NUL in any string (JSON's \u0000): PostgreSQL stores no NUL in text
-//     or jsonb, so it is refused here rather than failing the statement.
+//     or jsonb, so it is refused here rather than failing the statement;
+//   - bytes that are not UTF-8, which encoding/json would read as U+FFFD.
 //
 // The body is well-formed up to the end of its first value (it decoded), so
 // the scan does not validate; it only reads keys and skips over values.
 func checkBody(body []byte, t reflect.Type) *apierr.Error {
+	if !utf8.Valid(body) {
+		// encoding/json reads invalid bytes as U+FFFD, so two different
+		// keys ("k\xff1", "k\xfe1") would name one effect.
+		return apierr.InvalidField("body", "must be UTF-8 (JSON text is)")
+	}
 	s := bodyScan{b: body}
 	s.value(t, "")
 	return s.err
