@@ -101,15 +101,22 @@ type claimed struct {
 // send disjoint sets; the outcome is then recorded per delivery.
 func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 	rows, err := s.pool.Query(ctx, `
-		WITH due AS (
+		WITH cand AS (
+		    -- The pass's share of each live webhook's due deliveries, oldest
+		    -- first, chosen without locks: locking inside the lateral would
+		    -- hold perWebhook rows of every webhook to keep deliverBatch.
 		    SELECT d.id FROM webhooks hook
 		    CROSS JOIN LATERAL (
 		        SELECT id, next_attempt_at FROM webhook_deliveries
 		        WHERE webhook_id = hook.id AND state = 'pending' AND next_attempt_at <= $1
 		        ORDER BY next_attempt_at LIMIT $4
-		        FOR UPDATE SKIP LOCKED
 		    ) d
+		    WHERE hook.deleted_at IS NULL
 		    ORDER BY d.next_attempt_at LIMIT $2
+		), due AS (
+		    SELECT id FROM webhook_deliveries
+		    WHERE id IN (SELECT id FROM cand) AND state = 'pending' AND next_attempt_at <= $1
+		    FOR UPDATE SKIP LOCKED
 		)
 		UPDATE webhook_deliveries d
 		SET next_attempt_at = $1 + make_interval(secs => $3), attempts = d.attempts + 1

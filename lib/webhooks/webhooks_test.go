@@ -299,3 +299,20 @@ func TestABacklogDoesNotHoldOtherWebhooks(t *testing.T) {
 	}
 	require.Equal(t, 150, busy.count(), "and drains over the next passes")
 }
+
+// A webhook deleted while its deliveries wait sends none of them.
+func TestDeletedWebhookSendsNothingMore(t *testing.T) {
+	env, clk := start(t, true)
+	ctx := context.Background()
+	ws := env.Signup()
+	rcv := newReceiver(t, 500) // the first attempt fails: the delivery waits to be retried
+	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()["id"].(string)
+	record(t, env, ws.ID, events.RunFinished, clk.Now())
+	env.App.Sweeper.RunOnce(ctx)
+	require.Equal(t, 1, rcv.count())
+	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil)
+	clk.Add(time.Hour)
+	env.App.Sweeper.RunOnce(ctx)
+	require.Equal(t, 1, rcv.count(), "no retry to a deleted webhook")
+}
