@@ -597,7 +597,8 @@ func TestNULIsABadRequest(t *testing.T) {
 	// neither), on every list and filter.
 	for _, q := range []string{"/api/v1/effects?cursor=%00", "/api/v1/effects?cursor=%FF%FE",
 		"/api/v1/effects?effect_type=%C3", "/api/v1/approvals?state=%FF", "/api/v1/keys?cursor=%FF",
-		"/api/v1/webhooks?cursor=%FF", "/api/v1/endpoints?cursor=%FF", "/api/v1/policies?cursor=%FF"} {
+		"/api/v1/webhooks?cursor=%FF", "/api/v1/endpoints?cursor=%FF", "/api/v1/policies?cursor=%FF",
+		"/api/v1/tools/a%FFb/contracts", "/api/v1/tools/a%00b/contracts"} {
 		r := env.Do("GET", q, ws.Key, nil)
 		require.Equal(t, http.StatusBadRequest, r.Status, "%s: %s", q, r.Body)
 		require.Equal(t, "invalid_request", r.ErrorCode(), q)

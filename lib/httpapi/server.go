@@ -198,7 +198,7 @@ func (s *Server) run(ctx context.Context, c *Call) (any, error) {
 	if err := s.authorize(ctx, c, true); err != nil {
 		return nil, err
 	}
-	if err := textParams(c.R); err != nil {
+	if err := textParams(c.R, c.Route.PathParams()); err != nil {
 		return nil, err
 	}
 	if c.Route.Request == nil && c.R.ContentLength != 0 &&
@@ -214,10 +214,15 @@ func (s *Server) run(ctx context.Context, c *Call) (any, error) {
 	return c.Route.Handle(ctx, c)
 }
 
-// textParams refuses a query parameter that is not UTF-8 text or holds a
-// NUL, on every route at once: PostgreSQL stores neither in text, so a
-// cursor or a filter carrying one failed its statement (500).
-func textParams(r *http.Request) error {
+// textParams refuses a path or query parameter that is not UTF-8 text or
+// holds a NUL, on every route at once: PostgreSQL stores neither in text, so
+// a cursor, a filter or a tool name carrying one failed its statement (500).
+func textParams(r *http.Request, pathParams []string) error {
+	for _, name := range pathParams {
+		if v := r.PathValue(name); !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+			return apierr.InvalidField(name, "must be UTF-8 text without NUL characters")
+		}
+	}
 	for name, values := range r.URL.Query() {
 		for _, v := range values {
 			if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
