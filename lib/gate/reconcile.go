@@ -54,7 +54,7 @@ type ReconcileRequest struct {
 	EffectType string            `json:"effect_type"`
 	From       string            `json:"from"`
 	To         string            `json:"to"`
-	Records    []ReconcileRecord `json:"records"`
+	Records    []ReconcileRecord `json:"records" openapi:"required"`
 }
 
 // ReconcileItem is one classified record or effect. Fields that do not

@@ -85,6 +85,13 @@ func TestOpenAPIRequiresOnlyWhatARequestMustSend(t *testing.T) {
 	require.Empty(t, required("/api/v1/approvals/{id}/approve", "post"))
 	require.Equal(t, []string{"name"}, required("/api/v1/endpoints", "post"))
 	require.Equal(t, []string{"name", "version"}, required("/api/v1/runs/{id}/steps", "post"))
+	// Lists and raw JSON may be null in general, but these must be sent.
+	require.Equal(t, []string{"effect_type", "from", "records", "to"}, required("/api/v1/reconcile", "post"))
+	require.Equal(t, []string{"reports"}, required("/api/v1/jobs/report", "post"))
+	require.Equal(t, []string{"tools"}, required("/api/v1/workers/register", "post"))
+	require.Equal(t, []string{"events", "url"}, required("/api/v1/webhooks", "post"))
+	require.Equal(t, []string{"handlerVersion", "inputSchema", "outputSchema"}, required("/api/v1/tools/{name}/contracts", "post"))
+	require.Equal(t, []string{"acknowledgeDuplicateRisk"}, required("/api/v1/steps/{id}/replay", "post"))
 	begun := doc.Paths["/api/v1/effects/{id}"]["get"].Responses["200"].Content["application/json"].Schema.Required
 	require.Contains(t, begun, "result", "a response writes every field, null or not")
 

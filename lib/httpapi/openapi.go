@@ -261,9 +261,10 @@ func relaxRequired(t reflect.Type, s *jsonschema.Schema) {
 		return
 	}
 	fields := exactJSONFields(t)
+	must := mustSend(t)
 	required := s.Required[:0]
 	for _, name := range s.Required {
-		if ft, ok := fields[name]; ok && !nullable(ft) {
+		if ft, ok := fields[name]; ok && (!nullable(ft) || must[name]) {
 			required = append(required, name)
 		}
 	}
@@ -271,6 +272,21 @@ func relaxRequired(t reflect.Type, s *jsonschema.Schema) {
 	for name, ft := range fields {
 		relaxRequired(ft, s.Properties[name])
 	}
+}
+
+// mustSend lists the fields of struct t tagged openapi:"required": fields
+// that could hold null (a list, raw JSON, a pointer) but that the request
+// must send all the same (a batch's reports, a contract's schemas).
+func mustSend(t reflect.Type) map[string]bool {
+	out := map[string]bool{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Tag.Get("openapi") == "required" {
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			out[name] = true
+		}
+	}
+	return out
 }
 
 // nullable reports whether a request field of type t may be left out: it

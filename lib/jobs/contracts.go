@@ -57,8 +57,8 @@ type ContractRetryPolicy struct {
 // retryPreset defaults to STANDARD, timeoutMs to 30000, status to ACTIVE.
 type PublishContractRequest struct {
 	HandlerVersion string               `json:"handlerVersion"`
-	InputSchema    json.RawMessage      `json:"inputSchema"`
-	OutputSchema   json.RawMessage      `json:"outputSchema"`
+	InputSchema    json.RawMessage      `json:"inputSchema" openapi:"required"`
+	OutputSchema   json.RawMessage      `json:"outputSchema" openapi:"required"`
 	TimeoutMs      *int64               `json:"timeoutMs,omitempty"`
 	RetryPreset    *string              `json:"retryPreset,omitempty"`
 	RetryPolicy    *ContractRetryPolicy `json:"retryPolicy,omitempty"`

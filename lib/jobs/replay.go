@@ -62,7 +62,7 @@ type ReplayPreview struct {
 
 // ReplayRequest is the body of POST /api/v1/steps/{id}/replay.
 type ReplayRequest struct {
-	AcknowledgeDuplicateRisk *bool   `json:"acknowledgeDuplicateRisk"`
+	AcknowledgeDuplicateRisk *bool   `json:"acknowledgeDuplicateRisk" openapi:"required"`
 	MaxAttempts              *int64  `json:"maxAttempts,omitempty"`
 	Reason                   *string `json:"reason,omitempty"`
 	TargetContractVersion    *int64  `json:"targetContractVersion,omitempty"`

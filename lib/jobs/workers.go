@@ -25,7 +25,7 @@ type Tool struct {
 
 // RegisterRequest is the body of POST /api/v1/workers/register.
 type RegisterRequest struct {
-	Tools []Tool `json:"tools"`
+	Tools []Tool `json:"tools" openapi:"required"`
 }
 
 // RegisterResult answers a registration.
@@ -367,7 +367,7 @@ func (b BatchReportItem) report() ReportRequest {
 
 // BatchReportRequest is the body of POST /api/v1/jobs/report.
 type BatchReportRequest struct {
-	Reports []BatchReportItem `json:"reports"`
+	Reports []BatchReportItem `json:"reports" openapi:"required"`
 }
 
 // BatchReportError is a refused report in a batch (the same code and

@@ -53,7 +53,7 @@ type Delivery struct {
 // CreateRequest is the body of POST /api/v1/webhooks.
 type CreateRequest struct {
 	URL    string   `json:"url"`
-	Events []string `json:"events"`
+	Events []string `json:"events" openapi:"required"`
 }
 
 // Service stores subscriptions and sends deliveries.
