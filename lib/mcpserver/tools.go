@@ -79,6 +79,12 @@ func decodeArguments[In any](args json.RawMessage, resolved *jsonschema.Resolved
 	if err := json.Unmarshal(args, &check); err != nil {
 		return in, fmt.Errorf("must be a JSON object: %w", err)
 	}
+	// The REST call is made from the decoded arguments, where a repeated
+	// key has already lost one of its values; the API refuses repetition,
+	// so the tool does too, before anything is lost.
+	if path := repeatedKey(json.NewDecoder(bytes.NewReader(args)), ""); path != "" {
+		return in, fmt.Errorf("%s is repeated: an object may name each key once", path)
+	}
 	if err := resolved.Validate(&check); err != nil {
 		return in, err
 	}
@@ -240,4 +246,47 @@ func ToolNames() []string {
 		names[i] = t.name
 	}
 	return names
+}
+
+// repeatedKey walks one JSON value from dec and answers the path of the
+// first key an object names twice, or "". The value is well-formed (it
+// decoded), so token errors only end the walk.
+func repeatedKey(dec *json.Decoder, path string) string {
+	tok, err := dec.Token()
+	if err != nil {
+		return ""
+	}
+	join := func(k string) string {
+		if path == "" {
+			return k
+		}
+		return path + "." + k
+	}
+	switch tok {
+	case json.Delim('{'):
+		seen := map[string]bool{}
+		for dec.More() {
+			kt, err := dec.Token()
+			if err != nil {
+				return ""
+			}
+			k, _ := kt.(string)
+			if seen[k] {
+				return join(k)
+			}
+			seen[k] = true
+			if p := repeatedKey(dec, join(k)); p != "" {
+				return p
+			}
+		}
+		_, _ = dec.Token() // }
+	case json.Delim('['):
+		for i := 0; dec.More(); i++ {
+			if p := repeatedKey(dec, join(strconv.Itoa(i))); p != "" {
+				return p
+			}
+		}
+		_, _ = dec.Token() // ]
+	}
+	return ""
 }

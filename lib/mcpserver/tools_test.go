@@ -114,6 +114,9 @@ func TestToolArgumentErrorsUseTheEnvelope(t *testing.T) {
 		`{"idempotency_key":"k"}`,
 		`{"effect_type":7,"idempotency_key":"k"}`,
 		`{"effect_type":"a","idempotency_key":"k","surprise":1}`,
+		// A repeated key, as the REST route refuses it.
+		`{"effect_type":"m.x","effect_type":"m.y","idempotency_key":"k"}`,
+		`{"effect_type":"m.x","idempotency_key":"k","payload":{"a":[{"b":1,"b":2}]}}`,
 	} {
 		text, isErr := callRaw(t, cs, "ratchet_begin", args)
 		require.True(t, isErr, "%s: %s", args, text)
