@@ -132,6 +132,13 @@ func TestPolicyValidation(t *testing.T) {
 		r := b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key, c.body)
 		require.Contains(t, validationFields(t, r), c.field, "%v", c.body)
 	}
+	// A limit's names are exact and named once, as everywhere in a body.
+	for body, field := range map[string]string{
+		`{"dimension_limits":{"recipient":{"Daily_Micros":5}}}`:                  "dimension_limits.recipient.Daily_Micros",
+		`{"dimension_limits":{"recipient":{"daily_micros":5,"daily_micros":6}}}`: "dimension_limits.recipient.daily_micros",
+	} {
+		require.Equal(t, []string{field}, validationFields(t, b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key, body)), body)
+	}
 	// Several problems are named at once.
 	fields := validationFields(t, b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key,
 		map[string]any{"lease_seconds": 1, "max_attempts": 99}))
