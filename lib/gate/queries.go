@@ -361,8 +361,6 @@ WHERE g.id = $1 AND g.workspace_id = $2 FOR SHARE OF g`
 // $1 group id.
 const sqlShareGroupState = `SELECT state FROM effect_groups WHERE id = $1 FOR SHARE`
 
-// sqlCompensationTarget reads the effect a compensating begin names.
-// $1 effect id, $2 workspace.
 // sqlRunKnown is whether a durable-jobs run is the workspace's. $1 run id,
 // $2 workspace.
 const sqlRunKnown = `SELECT EXISTS (SELECT 1 FROM job_runs WHERE id = $1 AND workspace_id = $2)`
@@ -373,6 +371,8 @@ const sqlRunKnown = `SELECT EXISTS (SELECT 1 FROM job_runs WHERE id = $1 AND wor
 const sqlLockEffectStates = `SELECT id, state, lease_expires_at FROM effects
 WHERE id = ANY($1::text[]) AND workspace_id = $2 ORDER BY id FOR UPDATE`
 
+// sqlCompensationTarget reads the effect a compensating begin names, and
+// whether it declared a compensation. $1 effect id, $2 workspace.
 const sqlCompensationTarget = `SELECT group_id, state, lease_expires_at, compensates_effect_id, compensation IS NOT NULL
 FROM effects WHERE id = $1 AND workspace_id = $2`
 

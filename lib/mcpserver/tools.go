@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -77,6 +78,10 @@ func decodeArguments[In any](args json.RawMessage, resolved *jsonschema.Resolved
 	}
 	var check map[string]any
 	if err := json.Unmarshal(args, &check); err != nil {
+		var typ *json.UnmarshalTypeError
+		if errors.As(err, &typ) && typ.Value == "number" {
+			return in, fmt.Errorf("%s is a number beyond the range of a 64-bit float", typ.Field)
+		}
 		return in, fmt.Errorf("must be a JSON object: %w", err)
 	}
 	// The REST call is made from the decoded arguments, where a repeated

@@ -117,6 +117,7 @@ func TestToolArgumentErrorsUseTheEnvelope(t *testing.T) {
 		// A repeated key, as the REST route refuses it.
 		`{"effect_type":"m.x","effect_type":"m.y","idempotency_key":"k"}`,
 		`{"effect_type":"m.x","idempotency_key":"k","payload":{"a":[{"b":1,"b":2}]}}`,
+		`{"effect_type":"m.x","idempotency_key":"k","payload":{"n":1e400}}`,
 	} {
 		text, isErr := callRaw(t, cs, "ratchet_begin", args)
 		require.True(t, isErr, "%s: %s", args, text)

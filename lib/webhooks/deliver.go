@@ -112,10 +112,13 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 		        ORDER BY next_attempt_at LIMIT $4
 		    ) d
 		    WHERE hook.deleted_at IS NULL
-		    ORDER BY d.next_attempt_at LIMIT $2
+		    ORDER BY d.next_attempt_at LIMIT $2 * 3
 		), due AS (
+		    -- Three batches' worth of candidates, so that a pass running at
+		    -- the same moment takes the next ones rather than none.
 		    SELECT id FROM webhook_deliveries
 		    WHERE id IN (SELECT id FROM cand) AND state = 'pending' AND next_attempt_at <= $1
+		    ORDER BY next_attempt_at LIMIT $2
 		    FOR UPDATE SKIP LOCKED
 		)
 		UPDATE webhook_deliveries d
