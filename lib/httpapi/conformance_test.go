@@ -604,6 +604,13 @@ func TestNULIsABadRequest(t *testing.T) {
 		require.Equal(t, "invalid_request", r.ErrorCode(), q)
 	}
 	env.Must(http.StatusCreated, "POST", "/api/v1/runs", ws.Key, `{"name":"C:\\u0000dir"}`)
+	// A lone UTF-16 surrogate reads as U+FFFD too ("k\ud800" and "k\udbff"
+	// would be one key); a pair is a character like any other.
+	for _, k := range []string{`k\ud800`, `k\udbff`, `k\udc00x`, `k\ud800\u0041`} {
+		r := env.Do("POST", "/api/v1/effects/begin", ws.Key, `{"effect_type":"u.x","idempotency_key":"`+k+`"}`)
+		require.Equal(t, http.StatusBadRequest, r.Status, "%s: %s", k, r.Body)
+	}
+	env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, `{"effect_type":"u.x","idempotency_key":"k\ud83d\ude00"}`)
 	// Bytes that are not UTF-8 are not JSON: encoding/json would read both
 	// keys below as "k\uFFFD1", one effect for two keys.
 	for _, body := range []string{"{\"effect_type\":\"u.x\",\"idempotency_key\":\"k\xff1\"}",

@@ -182,9 +182,11 @@ func (s *bodyScan) str() string {
 		switch s.b[s.i] {
 		case '\\':
 			escaped = true
-			if s.i+5 < len(s.b) && string(s.b[s.i+1:s.i+6]) == "u0000" {
-				s.err = apierr.InvalidField("body", `must not contain NUL characters (\u0000) in any string`)
-				return ""
+			if s.i+1 < len(s.b) && s.b[s.i+1] == 'u' {
+				if s.err = s.unicodeEscape(); s.err != nil {
+					return ""
+				}
+				continue
 			}
 			s.i += 2 // the escape and the character it escapes
 			continue
@@ -201,6 +203,43 @@ func (s *bodyScan) str() string {
 		s.i++
 	}
 	return ""
+}
+
+// unicodeEscape reads the \uXXXX escape at s.i (a pair, for a surrogate
+// pair) and refuses what encoding/json would not read back as written: a
+// NUL, which PostgreSQL cannot store, and a lone surrogate, which it reads
+// as U+FFFD (so "k\ud800" and "k\udbff" would be one key).
+func (s *bodyScan) unicodeEscape() *apierr.Error {
+	r := s.hex4(s.i + 2)
+	s.i += 6
+	switch {
+	case r == 0:
+		return apierr.InvalidField("body", `must not contain NUL characters (\u0000) in any string`)
+	case r >= 0xDC00 && r <= 0xDFFF:
+		return apierr.InvalidField("body", "must not contain a lone UTF-16 surrogate (\\u%04x) in any string", r)
+	case r >= 0xD800 && r <= 0xDBFF:
+		if s.i+1 < len(s.b) && s.b[s.i] == '\\' && s.b[s.i+1] == 'u' {
+			if low := s.hex4(s.i + 2); low >= 0xDC00 && low <= 0xDFFF {
+				s.i += 6
+				return nil
+			}
+		}
+		return apierr.InvalidField("body", "must not contain a lone UTF-16 surrogate (\\u%04x) in any string", r)
+	}
+	return nil
+}
+
+// hex4 reads four hex digits at i (-1 when they are not there; the body
+// decoded, so they are).
+func (s *bodyScan) hex4(i int) rune {
+	if i+4 > len(s.b) {
+		return -1
+	}
+	v, err := strconv.ParseUint(string(s.b[i:i+4]), 16, 32)
+	if err != nil {
+		return -1
+	}
+	return rune(v)
 }
 
 func joinPath(base, k string) string {
