@@ -45,9 +45,13 @@ type Config struct {
 	// DBQueryExecMode: exec (default; one round trip, no server-side prepared
 	// statements, safe behind PgBouncer/Neon/Supabase transaction poolers),
 	// simple_protocol, or cache_statement (fastest on a direct connection).
-	DBQueryExecMode    string        `envconfig:"DB_QUERY_EXEC_MODE" default:"exec"`
-	DBConnectTimeout   time.Duration `envconfig:"DB_CONNECT_TIMEOUT" default:"5s"`
-	DBStatementTimeout time.Duration `envconfig:"DB_STATEMENT_TIMEOUT" default:"10s"`
+	DBQueryExecMode  string        `envconfig:"DB_QUERY_EXEC_MODE" default:"exec"`
+	DBConnectTimeout time.Duration `envconfig:"DB_CONNECT_TIMEOUT" default:"5s"`
+	// DBStatementTimeout is sent as the statement_timeout startup parameter
+	// when positive: for a direct connection (PgBouncer refuses it). Off by
+	// default; requests and sweep tasks are bounded by their deadlines,
+	// which cancel their statements on the server.
+	DBStatementTimeout time.Duration `envconfig:"DB_STATEMENT_TIMEOUT" default:"0s"`
 
 	// KeyCacheTTL bounds how long a revoked key may still be accepted by an
 	// instance that had it cached. Zero disables the cache.

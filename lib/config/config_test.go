@@ -33,6 +33,7 @@ func TestLoadDefaults(t *testing.T) {
 	require.Equal(t, "open", c.SignupMode)
 	require.Equal(t, "exec", c.DBQueryExecMode)
 	require.EqualValues(t, 4, c.DBMaxConns)
+	require.Zero(t, c.DBStatementTimeout, "no startup parameter a pooler would refuse")
 	require.Equal(t, c.DatabaseURL, c.MigrationURL())
 }
 
@@ -50,6 +51,7 @@ func TestSizeForServer(t *testing.T) {
 	require.NoError(t, err)
 	c.SizeForServer()
 	require.EqualValues(t, 4, c.DBMaxConns)
+	require.Zero(t, c.DBStatementTimeout, "no startup parameter a pooler would refuse")
 }
 
 func TestLoadNamesTheBadSetting(t *testing.T) {

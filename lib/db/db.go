@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/getratchet/ratchet/lib/config"
@@ -40,11 +41,25 @@ func Open(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
 	pc.HealthCheckPeriod = time.Minute
 	pc.ConnConfig.ConnectTimeout = cfg.DBConnectTimeout
 	pc.ConnConfig.DefaultQueryExecMode = execMode(cfg.DBQueryExecMode)
+	// Every request and sweep task runs under a deadline. When it passes,
+	// ask the server to cancel the statement (a cancel request, which
+	// PgBouncer forwards to the server connection serving us) and keep the
+	// connection; close it only if the cancel has not ended the statement
+	// within a second. pgx's default closes the connection at once (and
+	// cancels on the way out), so the pool reconnects after every request
+	// that ran out of time. The deadline is what bounds a statement behind
+	// a pooler, where statement_timeout cannot be sent (see below).
+	pc.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: time.Second}
+	}
 	if pc.ConnConfig.RuntimeParams == nil {
 		pc.ConnConfig.RuntimeParams = map[string]string{}
 	}
-	// Startup parameters, not SET: they survive transaction-mode poolers that
-	// forward them, and cost no round trip.
+	// Startup parameters, not SET: they cost no round trip. PgBouncer
+	// forwards application_name and TimeZone and refuses any other startup
+	// parameter (unless told to ignore it, and then drops it), so
+	// statement_timeout is sent only when DB_STATEMENT_TIMEOUT asks for it,
+	// for a direct connection; behind a pooler set it on the role instead.
 	pc.ConnConfig.RuntimeParams["application_name"] = "ratchet"
 	if cfg.DBStatementTimeout > 0 {
 		pc.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(cfg.DBStatementTimeout.Milliseconds(), 10)

@@ -1,0 +1,54 @@
+package db_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
+	"github.com/getratchet/ratchet/lib/db"
+)
+
+// A statement whose context ends is cancelled on the server, not only
+// abandoned by the client: behind a pooler, where no statement_timeout can
+// be sent, this is what bounds it (and frees its locks). The pool opens
+// without a statement_timeout by default.
+func TestAnEndedContextCancelsTheStatementOnTheServer(t *testing.T) {
+	t.Parallel()
+	url := apitest.DatabaseURL(t)
+	pool, err := db.Open(context.Background(), &config.Config{DatabaseURL: url, DBMaxConns: 2,
+		DBMaxConnIdleTime: time.Minute, DBConnectTimeout: 5 * time.Second, DBQueryExecMode: "exec"})
+	require.NoError(t, err)
+	defer pool.Close()
+
+	var timeout string
+	require.NoError(t, pool.QueryRow(context.Background(), `SHOW statement_timeout`).Scan(&timeout))
+	require.Equal(t, "0", timeout, "no startup parameter a pooler would refuse")
+
+	const marker = "ratchet_cancel_probe_7f3a"
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	opened := pool.Stat().NewConnsCount()
+	_, err = pool.Exec(ctx, `SELECT pg_sleep(30), '`+marker+`'`)
+	require.Error(t, err)
+	// The cancelled connection stays in use: a serverless instance's few
+	// connections are not torn down and reopened for every request that
+	// ran out of time.
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT 1`).Scan(new(int)))
+	require.Equal(t, opened, pool.Stat().NewConnsCount(), "no new connection was needed")
+
+	// The server stopped running it (it would otherwise sleep on for 30 s).
+	admin, err := db.Open(context.Background(), &config.Config{DatabaseURL: url, DBMaxConns: 1,
+		DBMaxConnIdleTime: time.Minute, DBConnectTimeout: 5 * time.Second, DBQueryExecMode: "exec"})
+	require.NoError(t, err)
+	defer admin.Close()
+	require.Eventually(t, func() bool {
+		var running int
+		err := admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE state = 'active' AND query LIKE '%'||$1||'%' AND pid <> pg_backend_pid()`, marker).Scan(&running)
+		return err == nil && running == 0
+	}, 5*time.Second, 50*time.Millisecond)
+}
