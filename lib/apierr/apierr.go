@@ -212,11 +212,30 @@ func PayloadTooLarge(limit int64) *Error {
 		"The body or result exceeds the published limit.").WithDetail("limit_bytes", limit)
 }
 
-// DatabaseUnavailable is a 503 returned when Postgres cannot be reached; the
-// request changed nothing.
+// Outcomes of a request the database failed, in a database_unavailable's
+// detail.outcome: whether a retry could repeat what it did.
+const (
+	OutcomeNotApplied = "not_applied" // nothing reached the database
+	OutcomeUnknown    = "unknown"     // a statement was sent; it may have committed
+)
+
+// DatabaseUnavailable is a 503 returned when Postgres could not be reached
+// before anything was sent: the request changed nothing.
 func DatabaseUnavailable(cause error) *Error {
 	return New(http.StatusServiceUnavailable, CodeDatabaseUnavailable,
-		"The database is unavailable; nothing was changed. Retry with backoff.").Wrap(cause)
+		"The database is unavailable; nothing was changed. Retry with backoff.").Wrap(cause).
+		WithDetail("outcome", OutcomeNotApplied)
+}
+
+// DatabaseLost is a 503 for a request whose database connection failed (or
+// whose time ran out) after a statement was sent: it may have been applied.
+// A retry under the same idempotency key or lease token answers what
+// happened; a call without one may already have taken effect.
+func DatabaseLost(cause error) *Error {
+	return New(http.StatusServiceUnavailable, CodeDatabaseUnavailable,
+		"The database became unavailable while the request ran, so it may have been applied. Retry with "+
+			"backoff under the same idempotency key or lease token, which answers what happened.").Wrap(cause).
+		WithDetail("outcome", OutcomeUnknown)
 }
 
 // Internal hides cause behind a generic 500.

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"time"
@@ -99,6 +100,12 @@ func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
 	}
+	// The connection ended while a statement was in flight (a restart, a
+	// network cut): pgx answers the read's end of file, or that the
+	// connection is closed.
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, pgconn.ErrConnClosed) {
+		return true
+	}
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) {
 		return true
@@ -116,6 +123,14 @@ func IsUnavailable(err error) bool {
 		return false
 	}
 	return pgconn.SafeToRetry(err)
+}
+
+// Unapplied reports whether a failed database call certainly changed
+// nothing: connecting failed, or pgx knows the statement was never sent.
+// Otherwise it may have committed before the failure reached us.
+func Unapplied(err error) bool {
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce) || pgconn.SafeToRetry(err)
 }
 
 // Unique-violation and friends, for callers that turn constraint errors into

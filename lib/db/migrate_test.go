@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -110,4 +111,53 @@ func TestIsUnavailable(t *testing.T) {
 	_, err = conn.Exec(context.Background(), `SELECT * FROM no_such_table`)
 	require.Error(t, err)
 	require.False(t, db.IsUnavailable(err), "a rejected query is not an outage")
+}
+
+// A connection that ends while a statement is in flight is an outage, and
+// one whose statement was sent may have been applied; a failed connect was
+// not.
+func TestConnectionLostMidStatement(t *testing.T) {
+	t.Parallel()
+	conn, err := pgx.Connect(context.Background(), apitest.DatabaseURL(t))
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	victim, err := pgx.Connect(context.Background(), apitest.DatabaseURL(t))
+	require.NoError(t, err)
+	defer victim.Close(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := victim.Exec(context.Background(), `SELECT pg_sleep(10)`)
+		done <- err
+	}()
+	pid := victim.PgConn().PID()
+	require.Eventually(t, func() bool {
+		var killed bool
+		_ = conn.QueryRow(context.Background(), `SELECT pg_terminate_backend($1::int)`, pid).Scan(&killed)
+		return killed
+	}, 5*time.Second, 20*time.Millisecond)
+	err = <-done
+	require.Error(t, err)
+	require.True(t, db.IsUnavailable(err), "%v", err)
+	require.False(t, db.Unapplied(err), "the statement was sent: %v", err)
+
+	u, _ := url.Parse(apitest.DatabaseURL(t))
+	u.Host = "127.0.0.1:1"
+	_, err = pgx.Connect(context.Background(), u.String())
+	require.True(t, db.Unapplied(err), "nothing was sent: %v", err)
+
+	// A network cut (no goodbye from the server): the read ends in EOF.
+	cut, err := testpg.StartCutProxy(apitest.DatabaseURL(t))
+	require.NoError(t, err)
+	t.Cleanup(cut.Close)
+	cfg, err := pgx.ParseConfig(cut.URL)
+	require.NoError(t, err)
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec // the service's mode
+	through, err := pgx.ConnectConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	go func() { time.Sleep(200 * time.Millisecond); cut.Cut() }()
+	_, err = through.Exec(context.Background(), `SELECT pg_sleep(10)`)
+	require.Error(t, err)
+
+	require.True(t, db.IsUnavailable(err), "%v", err)
+	require.False(t, db.Unapplied(err), "the statement was sent: %v", err)
 }

@@ -286,14 +286,21 @@ func (s *Server) fail(w http.ResponseWriter, reqID string, route *Route, err err
 		writeError(w, e)
 		return
 	}
-	if db.IsUnavailable(err) || apierr.HasCode(err, apierr.CodeDatabaseUnavailable) {
-		s.Logger.Warn("database unavailable", "request_id", reqID, "route", route.Name, "err", err.Error())
-		writeError(w, apierr.DatabaseUnavailable(err).WithDetail("request_id", reqID))
+	if e, ok := apierr.As(err); ok && e.Code == apierr.CodeDatabaseUnavailable {
+		writeError(w, e.WithDetail("request_id", reqID))
 		return
 	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		s.Logger.Warn("request timed out", "request_id", reqID, "route", route.Name)
-		writeError(w, apierr.DatabaseUnavailable(err).WithDetail("request_id", reqID))
+	if db.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded) {
+		// Say "nothing was changed" only when nothing was sent: a statement
+		// in flight when the connection failed, or when the request's time
+		// ran out, may have committed.
+		unavailable := apierr.DatabaseLost(err)
+		if db.Unapplied(err) {
+			unavailable = apierr.DatabaseUnavailable(err)
+		}
+		s.Logger.Warn("database unavailable", "request_id", reqID, "route", route.Name,
+			"outcome", unavailable.Detail["outcome"], "err", err.Error())
+		writeError(w, unavailable.WithDetail("request_id", reqID))
 		return
 	}
 	if errors.Is(err, context.Canceled) {

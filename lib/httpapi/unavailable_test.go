@@ -1,15 +1,18 @@
 package httpapi_test
 
 import (
+	"context"
 	"net/http"
 	"net/url"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/config"
+	"github.com/getratchet/ratchet/lib/testpg"
 )
 
 func TestDatabaseUnreachableIs503FailFast(t *testing.T) {
@@ -27,7 +30,54 @@ func TestDatabaseUnreachableIs503FailFast(t *testing.T) {
 	r := env.Do("POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
 	require.Equal(t, http.StatusServiceUnavailable, r.Status, "%s", r.Body)
 	require.Equal(t, "database_unavailable", r.ErrorCode())
+	require.Equal(t, "not_applied", r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["outcome"],
+		"nothing could be sent")
 
 	k := env.Do("GET", "/api/v1/keys", "rk_00000000000000000000000000_"+string(make([]byte, 0))+"0000000000000000000000000000000000000000000000000000000000000000", nil)
 	require.Equal(t, http.StatusServiceUnavailable, k.Status, "%s", k.Body)
+}
+
+// A connection lost while a statement was in flight is a 503 too (it was a
+// 500), but one that does not promise nothing changed: the statement may
+// have committed, and a retry under the same key or token says what
+// happened.
+func TestConnectionLostMidRequestIs503OutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	var direct string
+	var proxy *testpg.CutProxy
+	env := apitest.Start(t, apitest.WithConfig(func(c *config.Config) {
+		direct = c.DatabaseURL
+		p, err := testpg.StartCutProxy(c.DatabaseURL)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		proxy = p
+		c.DatabaseURL = p.URL
+	}))
+	ws := env.Signup()
+	d := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key,
+		map[string]any{"effect_type": "email.send", "idempotency_key": "lost"}).JSON()
+
+	// Hold the effect's row so that the report's statement waits in the
+	// database, then cut the connection under it.
+	ctx := context.Background()
+	holder, err := pgx.Connect(ctx, direct)
+	require.NoError(t, err)
+	defer holder.Close(ctx)
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM effects WHERE id = $1 FOR UPDATE`, d["effect_id"])
+	require.NoError(t, err)
+	go func() { time.Sleep(300 * time.Millisecond); proxy.Cut() }()
+	r := env.Do("POST", "/api/v1/effects/"+d["effect_id"].(string)+"/report", ws.Key,
+		map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded"})
+	require.Equal(t, http.StatusServiceUnavailable, r.Status, "%s", r.Body)
+	require.Equal(t, "database_unavailable", r.ErrorCode())
+	require.Equal(t, "unknown", r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["outcome"])
+	require.NoError(t, tx.Rollback(ctx))
+
+	// The retry the answer invites settles it: it records the report, or
+	// answers the one the lost request committed once the row was free.
+	rep := env.Must(http.StatusOK, "POST", "/api/v1/effects/"+d["effect_id"].(string)+"/report", ws.Key,
+		map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded"}).JSON()
+	require.Equal(t, "succeeded", rep["state"])
 }

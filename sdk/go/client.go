@@ -47,8 +47,9 @@ type Config struct {
 // Client calls the Ratchet API. It is safe for concurrent use.
 //
 // Retries: a 429 is repeated after the server's retry_after_seconds, a 409
-// retry_request at once, a 503 database_unavailable (which changed nothing)
-// with backoff, and other 5xx responses and network errors with capped
+// retry_request at once, a 503 database_unavailable that changed nothing
+// with backoff, and one whose outcome is unknown, other 5xx responses and
+// network errors with capped
 // exponential backoff and jitter, but only for calls that are idempotent
 // (every effect-gate and job call is, by idempotency key or lease token;
 // StartRun and Replay are not, so they are never repeated after
@@ -144,6 +145,10 @@ const (
 // unreachable; it guarantees that the request changed nothing.
 const codeDatabaseUnavailable = "database_unavailable"
 
+// outcomeUnknown is a database_unavailable's detail.outcome when the call
+// reached the database before it failed.
+const outcomeUnknown = "unknown"
+
 // Backoff bounds for 5xx and network errors.
 const (
 	backoffBase = 500 * time.Millisecond
@@ -194,9 +199,13 @@ func (c *Client) retryDelay(err error, attempt int, safe idempotency) (time.Dura
 			return time.Duration(secs) * time.Second, true
 		case apiErr.Code == CodeRetryRequest:
 			return 0, true
-		case apiErr.Code == codeDatabaseUnavailable:
-			// The server promises nothing was changed, so any call may repeat.
+		case apiErr.Code == codeDatabaseUnavailable && apiErr.Detail["outcome"] != outcomeUnknown:
+			// The server says nothing was changed, so any call may repeat.
 			return c.backoff(attempt), true
+		case apiErr.Code == codeDatabaseUnavailable:
+			// The database failed after the call was sent, so it may have
+			// been applied: repeat only what a key or token makes safe.
+			return c.backoff(attempt), bool(safe)
 		case apiErr.StatusCode >= 500:
 			return c.backoff(attempt), bool(safe)
 		}

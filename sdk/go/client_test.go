@@ -379,6 +379,33 @@ func TestDatabaseUnavailableRetriedForAnyCall(t *testing.T) {
 	}
 }
 
+// A database_unavailable whose outcome is unknown (the call reached the
+// database before it failed) is not repeated for a call without a key or
+// token: StartRun would start a second run. An idempotent call is.
+func TestDatabaseUnavailableWithUnknownOutcomeRetriedOnlyWhenSafe(t *testing.T) {
+	t.Parallel()
+	unknown := func(w http.ResponseWriter, r *http.Request) {
+		apiError(w, 503, "database_unavailable", map[string]any{"outcome": "unknown"})
+	}
+	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){unknown,
+		func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 201, map[string]any{"id": "run_2"}) },
+	}}
+	c, _ := testClient(t, seq)
+	if _, err := c.StartRun(context.Background(), "x"); !IsCode(err, "database_unavailable") || seq.calls.Load() != 1 {
+		t.Fatalf("err %v after %d calls", err, seq.calls.Load())
+	}
+	seq = &sequence{steps: []func(http.ResponseWriter, *http.Request){unknown,
+		func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, 200, map[string]any{"decision": "in_flight", "effect_id": "eff_1", "state": "leased", "attempt": 1})
+		},
+	}}
+	c, _ = testClient(t, seq)
+	if _, err := c.Begin(context.Background(), BeginRequest{EffectType: "email.send", IdempotencyKey: "k"}); err != nil ||
+		seq.calls.Load() != 2 {
+		t.Fatalf("err %v after %d calls", err, seq.calls.Load())
+	}
+}
+
 // The default client keeps a connection per concurrent caller: with
 // net/http's default of 2 idle connections per host, 16 goroutines enqueuing
 // in turn opened a new connection (a TLS handshake, over HTTPS) for most of

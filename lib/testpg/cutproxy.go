@@ -1,0 +1,76 @@
+package testpg
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+)
+
+// CutProxy is a TCP proxy in front of a test database whose connections can
+// be cut at once, as a network failure or a crashed server would: tests use
+// it to see what a statement in flight answers.
+type CutProxy struct {
+	// URL is the database's connection string through the proxy.
+	URL string
+
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+// StartCutProxy proxies the database that connString names.
+func StartCutProxy(connString string) (*CutProxy, error) {
+	u, err := url.Parse(connString)
+	if err != nil {
+		return nil, fmt.Errorf("cut proxy: %w", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("cut proxy: %w", err)
+	}
+	p := &CutProxy{ln: ln}
+	through := *u
+	through.Host = ln.Addr().String()
+	p.URL = through.String()
+	go p.serve(u.Host)
+	return p, nil
+}
+
+func (p *CutProxy) serve(upstream string) {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.Dial("tcp", upstream)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, up)
+		p.mu.Unlock()
+		// Either side's end ends both, as a TCP connection would.
+		go func() { _, _ = io.Copy(up, c); up.Close(); c.Close() }()
+		go func() { _, _ = io.Copy(c, up); c.Close(); up.Close() }()
+	}
+}
+
+// Cut closes every connection made so far, both ways, without a word to
+// either side. New connections are still accepted.
+func (p *CutProxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// Close cuts every connection and stops accepting.
+func (p *CutProxy) Close() {
+	p.ln.Close()
+	p.Cut()
+}
