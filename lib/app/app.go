@@ -89,21 +89,29 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*App, error) {
 func (a *App) Close() { a.Pool.Close() }
 
 var (
-	defaultOnce sync.Once
-	defaultApp  *App
-	defaultErr  error
+	defaultMu  sync.Mutex
+	defaultApp *App
 )
 
 // Default returns the instance's App, built once from the environment and
 // reused across invocations (the serverless pattern: one pool per instance).
+// A failed build is not kept: a database that was down at a cold start (with
+// AUTO_MIGRATE) must not fail every later invocation of the instance, so the
+// next call builds again.
 func Default() (*App, error) {
-	defaultOnce.Do(func() {
-		cfg, err := config.Load()
-		if err != nil {
-			defaultErr = err
-			return
-		}
-		defaultApp, defaultErr = New(context.Background(), cfg, Options{})
-	})
-	return defaultApp, defaultErr
+	defaultMu.Lock()
+	defer defaultMu.Unlock()
+	if defaultApp != nil {
+		return defaultApp, nil
+	}
+	cfg, err := config.Load()
+	if err != nil {
+		return nil, err
+	}
+	a, err := New(context.Background(), cfg, Options{})
+	if err != nil {
+		return nil, err
+	}
+	defaultApp = a
+	return a, nil
 }

@@ -157,7 +157,8 @@ func (c *Config) Validate() error {
 	switch c.DBQueryExecMode {
 	case "exec", "simple_protocol", "cache_statement", "cache_describe", "describe_exec":
 	default:
-		return fmt.Errorf("config: DB_QUERY_EXEC_MODE is malformed (exec, simple_protocol or cache_statement)")
+		return fmt.Errorf("config: DB_QUERY_EXEC_MODE is malformed (exec, simple_protocol, cache_describe, " +
+			"cache_statement or describe_exec)")
 	}
 	if c.DBMaxConns < 1 {
 		return fmt.Errorf("config: DB_MAX_CONNS is malformed (at least 1)")

@@ -117,7 +117,9 @@ func IsUnavailable(err error) bool {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		switch pe.Code {
-		case "57P01", "57P02", "57P03", "53300", "08000", "08003", "08006", "08001", "08004":
+		// 57014: cancelled by a statement timeout or by the request's
+		// deadline (a cancel request): the database was too slow to answer.
+		case "57014", "57P01", "57P02", "57P03", "53300", "08000", "08003", "08006", "08001", "08004":
 			return true
 		}
 		return false

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -103,9 +104,24 @@ func Migrate(ctx context.Context, conn *pgx.Conn, fsys fs.FS) (applied []int, er
 	return applied, nil
 }
 
-// MigrateURL connects to url, applies pending migrations and disconnects.
+// migrateConnectTimeout bounds connecting for migrations, which a start
+// waits for: an unreachable database fails the start instead of hanging it.
+const migrateConnectTimeout = 10 * time.Second
+
+// MigrateURL connects to url, applies pending migrations and disconnects. It
+// sends unnamed statements (exec mode): through a transaction-mode pooler a
+// named prepared statement outlives this connection on the server and
+// collides with the next migration's.
 func MigrateURL(ctx context.Context, url string, fsys fs.FS) ([]int, error) {
-	conn, err := pgx.Connect(ctx, url)
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("connect for migrations: %v", redactURLError(err))
+	}
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+	if cfg.ConnectTimeout == 0 || cfg.ConnectTimeout > migrateConnectTimeout {
+		cfg.ConnectTimeout = migrateConnectTimeout
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect for migrations: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -143,6 +144,19 @@ func TestRouteTableIsWellFormed(t *testing.T) {
 		require.NotZero(t, r.Status, r.Name)
 		require.True(t, r.Handle != nil || r.Raw != nil, r.Name)
 	}
+}
+
+// The claim's longest wait (20 s) and its last look fit in the route's
+// time: the default 15 s cut long polls short, sometimes during that look.
+func TestClaimRouteOutlastsTheLongestWait(t *testing.T) {
+	t.Parallel()
+	for _, r := range httpapi.Routes() {
+		if r.Name == "workers.claim" {
+			require.GreaterOrEqual(t, r.Timeout, 25*time.Second)
+			return
+		}
+	}
+	t.Fatal("no workers.claim route")
 }
 
 // TestVercelFilesMatchRouteTable fails when a route exists in the router but

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"net/http"
+	"time"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
@@ -68,6 +69,10 @@ func (s *Server) jobsRoutes() []Route {
 				"doubling to 1 s, and at once when the same instance queues work in the workspace).",
 			Request: jobs.ClaimRequest{}, Response: jobs.ClaimResult{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.claim,
+			// The longest wait (20 s) plus its last look, well inside the
+			// functions' 30 s: the default 15 s cut waits of 16-20 s short,
+			// sometimes during that look, whose leases were then lost.
+			Timeout: 28 * time.Second,
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/jobs/{id}/heartbeat", Name: "jobs.heartbeat", Tag: "workers", Scopes: work,

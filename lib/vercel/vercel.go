@@ -3,22 +3,39 @@
 package vercel
 
 import (
+	"encoding/json"
 	"log/slog"
 	"net/http"
 
+	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/app"
+	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/ids"
 )
 
 // Serve answers one request for the routes at pattern.
 func Serve(w http.ResponseWriter, r *http.Request, pattern string) {
 	a, err := app.Default()
 	if err != nil {
-		// The configuration error names the setting, never its value.
-		slog.Error("start-up failed", "err", err.Error())
-		w.Header().Set("Content-Type", "application/json; charset=utf-8")
-		w.WriteHeader(http.StatusInternalServerError)
-		_, _ = w.Write([]byte(`{"error":{"code":"internal_error","message":"The service is misconfigured; see the function logs.","detail":{}}}` + "\n"))
+		startFailed(w, err)
 		return
 	}
 	a.Server.ServeRoute(w, r, pattern)
+}
+
+// startFailed answers a request the instance could not start for: 503
+// database_unavailable when the database was out of reach (the next request
+// tries again), else 500 for a configuration to fix. The error names the
+// setting, never its value.
+func startFailed(w http.ResponseWriter, err error) {
+	slog.Error("start-up failed", "err", err.Error())
+	e := apierr.New(http.StatusInternalServerError, apierr.CodeInternal,
+		"The service is misconfigured; see the function logs.")
+	if db.IsUnavailable(err) {
+		e = apierr.DatabaseUnavailable(err)
+	}
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.Header().Set("X-Request-Id", ids.New(ids.Request))
+	w.WriteHeader(e.Status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": e.Wire()})
 }

@@ -100,6 +100,8 @@ type claimed struct {
 // future in one statement before anything is sent, so concurrent sweepers
 // send disjoint sets; the outcome is then recorded per delivery.
 func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
+	// Every parameter is cast: with DB_QUERY_EXEC_MODE=simple_protocol they
+	// arrive as untyped literals, and "$1 + interval" read $1 as an interval.
 	rows, err := s.pool.Query(ctx, `
 		WITH cand AS (
 		    -- The pass's share of each live webhook's due deliveries, oldest
@@ -108,21 +110,21 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 		    SELECT d.id FROM webhooks hook
 		    CROSS JOIN LATERAL (
 		        SELECT id, next_attempt_at FROM webhook_deliveries
-		        WHERE webhook_id = hook.id AND state = 'pending' AND next_attempt_at <= $1
-		        ORDER BY next_attempt_at LIMIT $4
+		        WHERE webhook_id = hook.id AND state = 'pending' AND next_attempt_at <= $1::timestamptz
+		        ORDER BY next_attempt_at LIMIT $4::int
 		    ) d
 		    WHERE hook.deleted_at IS NULL
-		    ORDER BY d.next_attempt_at LIMIT $2 * 3
+		    ORDER BY d.next_attempt_at LIMIT $2::int * 3
 		), due AS (
 		    -- Three batches' worth of candidates, so that a pass running at
 		    -- the same moment takes the next ones rather than none.
 		    SELECT id FROM webhook_deliveries
-		    WHERE id IN (SELECT id FROM cand) AND state = 'pending' AND next_attempt_at <= $1
-		    ORDER BY next_attempt_at LIMIT $2
+		    WHERE id IN (SELECT id FROM cand) AND state = 'pending' AND next_attempt_at <= $1::timestamptz
+		    ORDER BY next_attempt_at LIMIT $2::int
 		    FOR UPDATE SKIP LOCKED
 		)
 		UPDATE webhook_deliveries d
-		SET next_attempt_at = $1 + make_interval(secs => $3), attempts = d.attempts + 1
+		SET next_attempt_at = $1::timestamptz + make_interval(secs => $3::float8), attempts = d.attempts + 1
 		FROM due, webhooks w, events e
 		WHERE d.id = due.id AND w.id = d.webhook_id AND e.id = d.event_id
 		RETURNING d.id, w.url, w.secret, w.id, d.attempts, e.id, e.type, e.data::text, e.created_at, e.workspace_id,

@@ -316,3 +316,22 @@ func TestDeletedWebhookSendsNothingMore(t *testing.T) {
 	env.App.Sweeper.RunOnce(ctx)
 	require.Equal(t, 1, rcv.count(), "no retry to a deleted webhook")
 }
+
+// Delivery works in every query mode the service accepts; under
+// simple_protocol, parameters arrive untyped (an uncast time was read as an
+// interval, and no delivery was ever sent).
+func TestDeliveryInSimpleProtocolMode(t *testing.T) {
+	c := apitest.NewClock(time.Now())
+	env := apitest.Start(t, apitest.WithNow(c.Now), apitest.WithConfig(func(cfg *config.Config) {
+		cfg.WebhookAllowPrivateNetworks = true
+		cfg.DBQueryExecMode = "simple_protocol"
+	}))
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}})
+	record(t, env, ws.ID, events.RunFinished, c.Now())
+	sum := env.App.Sweeper.RunOnce(context.Background())
+	require.Empty(t, sum.Errors, "%v", sum.Errors)
+	require.Equal(t, 1, rcv.count())
+}

@@ -1,0 +1,37 @@
+package vercel
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A start that failed because the database was out of reach answers 503
+// database_unavailable (the next request builds again); a configuration
+// error answers 500. Both carry a request id and the envelope.
+func TestStartFailedAnswers(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		err    error
+		status int
+		code   string
+	}{
+		{fmt.Errorf("migrate: connect: %w", &net.OpError{Op: "dial", Err: errors.New("connection refused")}),
+			http.StatusServiceUnavailable, "database_unavailable"},
+		{errors.New("config: KEY_HASH_SECRET is required but not set"), http.StatusInternalServerError, "internal_error"},
+	} {
+		rec := httptest.NewRecorder()
+		startFailed(rec, c.err)
+		require.Equal(t, c.status, rec.Code)
+		require.NotEmpty(t, rec.Header().Get("X-Request-Id"))
+		var body map[string]map[string]any
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body))
+		require.Equal(t, c.code, body["error"]["code"])
+	}
+}
