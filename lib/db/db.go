@@ -119,7 +119,9 @@ func IsUnavailable(err error) bool {
 		switch pe.Code {
 		// 57014: cancelled by a statement timeout or by the request's
 		// deadline (a cancel request): the database was too slow to answer.
-		case "57014", "57P01", "57P02", "57P03", "53300", "08000", "08003", "08006", "08001", "08004":
+		// 08P01: what a pooler answers when it cannot serve the query in
+		// time (PgBouncer's query_wait_timeout) or lost its server.
+		case "57014", "08P01", "57P01", "57P02", "57P03", "53300", "08000", "08003", "08006", "08001", "08004":
 			return true
 		}
 		return false
