@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -33,6 +34,28 @@ func BenchmarkDecodeEnqueueLargeInput(b *testing.B) {
 		strings.Repeat(item, 3000) + `{"sku":"end"}]}}`)
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
+	for b.Loop() {
+		var req jobs.EnqueueRequest
+		if err := httpapi.DecodeJSON(body, &req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDecodeManyKeys decodes a 1 MiB input of one object with ~90 000
+// keys: the repeated-key check must stay linear in them.
+func BenchmarkDecodeManyKeys(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(`{"name":"send_email","version":"1","input":{`)
+	for i := 0; sb.Len() < httpapi.MaxBodyBytes-64; i++ {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		fmt.Fprintf(&sb, `"k%d":1`, i)
+	}
+	sb.WriteString(`}}`)
+	body := []byte(sb.String())
+	b.SetBytes(int64(len(body)))
 	for b.Loop() {
 		var req jobs.EnqueueRequest
 		if err := httpapi.DecodeJSON(body, &req); err != nil {

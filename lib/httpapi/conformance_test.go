@@ -6,6 +6,7 @@ package httpapi_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"reflect"
 	"sort"
@@ -661,6 +662,10 @@ func TestRepeatedKeysAreRefused(t *testing.T) {
 			"effect_type"},
 		{"POST", "/api/v1/workers/register", `{"tools":[{"name":"a","version":"1"},{"name":"b","name":"c","version":"1"}]}`,
 			"tools.1.name"},
+		// A large object (its keys are kept in a map past a few dozen):
+		// the last key repeats the first.
+		{"POST", "/api/v1/effects/begin", `{"effect_type":"email.send","idempotency_key":"k","payload":{` +
+			manyKeys(40) + `,"k0":2}}`, "payload.k0"},
 		// A number no float64 holds reads as Infinity in most languages.
 		{"POST", "/api/v1/effects/begin", `{"effect_type":"email.send","idempotency_key":"k","payload":{"n":[1,-1e400]}}`,
 			"payload.n.1"},
@@ -675,4 +680,13 @@ func TestRepeatedKeysAreRefused(t *testing.T) {
 		`{"effect_type":"email.send","idempotency_key":"k2","payload":{"a":{"x":1},"b":{"x":1},"x\u0041":[{"y":1},{"y":2}],`+
 			`"big":18446744073709551615,"small":1e-400,"e":1.5e300}}`).JSON()
 	require.Equal(t, "execute", d["decision"])
+}
+
+// manyKeys is n distinct members "k0":0, "k1":1, ... of a JSON object.
+func manyKeys(n int) string {
+	parts := make([]string, n)
+	for i := range parts {
+		parts[i] = fmt.Sprintf(`"k%d":%d`, i, i)
+	}
+	return strings.Join(parts, ",")
 }
