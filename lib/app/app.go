@@ -89,29 +89,38 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*App, error) {
 func (a *App) Close() { a.Pool.Close() }
 
 var (
-	defaultMu  sync.Mutex
-	defaultApp *App
+	defaultMu       sync.Mutex
+	defaultApp      *App
+	defaultErr      error
+	defaultFailedAt time.Time
 )
+
+// defaultRetryAfter is how long a failed build answers for itself before the
+// next call tries again: requests arriving during an outage fail at once
+// instead of each waiting out a migration's connect in turn.
+const defaultRetryAfter = 5 * time.Second
 
 // Default returns the instance's App, built once from the environment and
 // reused across invocations (the serverless pattern: one pool per instance).
-// A failed build is not kept: a database that was down at a cold start (with
-// AUTO_MIGRATE) must not fail every later invocation of the instance, so the
-// next call builds again.
+// A failed build is not kept for good: a database that was down at a cold
+// start (with AUTO_MIGRATE) must not fail every later invocation of the
+// instance, so a call defaultRetryAfter later builds again.
 func Default() (*App, error) {
 	defaultMu.Lock()
 	defer defaultMu.Unlock()
 	if defaultApp != nil {
 		return defaultApp, nil
 	}
+	if defaultErr != nil && time.Since(defaultFailedAt) < defaultRetryAfter {
+		return nil, defaultErr
+	}
 	cfg, err := config.Load()
+	if err == nil {
+		defaultApp, err = New(context.Background(), cfg, Options{})
+	}
 	if err != nil {
+		defaultErr, defaultFailedAt = err, time.Now()
 		return nil, err
 	}
-	a, err := New(context.Background(), cfg, Options{})
-	if err != nil {
-		return nil, err
-	}
-	defaultApp = a
-	return a, nil
+	return defaultApp, nil
 }

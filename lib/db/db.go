@@ -119,6 +119,8 @@ func IsUnavailable(err error) bool {
 		switch pe.Code {
 		// 57014: cancelled by a statement timeout or by the request's
 		// deadline (a cancel request): the database was too slow to answer.
+		// (A client that went away cancels too; the router tells that case
+		// by the request's context before asking here.)
 		// 08P01: what a pooler answers when it cannot serve the query in
 		// time (PgBouncer's query_wait_timeout) or lost its server.
 		case "57014", "08P01", "57P01", "57P02", "57P03", "53300", "08000", "08003", "08006", "08001", "08004":

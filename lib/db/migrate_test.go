@@ -145,7 +145,8 @@ func TestConnectionLostMidStatement(t *testing.T) {
 	_, err = pgx.Connect(context.Background(), u.String())
 	require.True(t, db.Unapplied(err), "nothing was sent: %v", err)
 
-	// A network cut (no goodbye from the server): the read ends in EOF.
+	// The connection ends under the statement with no word from the server
+	// (a crash, a reset): the read ends in EOF.
 	cut, err := testpg.StartCutProxy(apitest.DatabaseURL(t))
 	require.NoError(t, err)
 	t.Cleanup(cut.Close)

@@ -370,8 +370,8 @@ type prefixedRow struct {
 func (r prefixedRow) Scan(dest ...any) error { return r.rows.Scan(append([]any{r.first}, dest...)...) }
 
 // PutPolicy merges req into the type's policy (or the default) and bumps its
-// version. The write is optimistic (the version read must still be current),
-// so a concurrent write makes this one re-read and merge again.
+// version. Concurrent writers of one type take turns under a
+// transaction-scoped lock, so each reads what the one before it wrote.
 func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string, req PutPolicyRequest) (Policy, error) {
 	if !ValidEffectType(effectType) {
 		return Policy{}, apierr.InvalidField("effect_type", effectTypeRule)

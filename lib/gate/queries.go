@@ -46,8 +46,8 @@ const sqlListPolicies = `SELECT effect_type, ` + policyCols + ` FROM gate_polici
 WHERE workspace_id = $1 AND effect_type > $2 ORDER BY effect_type LIMIT $3`
 
 // The policy writes take $1 workspace, $2 type, $3 the version read, every
-// field, $21 now. The update is optimistic: it changes nothing when another
-// write bumped the version since the read.
+// field, $21 now. The update also checks the version read (it changes nothing
+// when it moved), a guard behind the lock PutPolicy takes.
 const sqlInsertPolicy = `
 INSERT INTO gate_policies (workspace_id, effect_type, version, mode, on_indeterminate, lease_seconds,
     max_attempts, max_cost_micros, approval_above_micros, daily_budget_micros, reconcile_every_hours,

@@ -146,6 +146,31 @@ func TestPanicIs500WithRequestIDOnly(t *testing.T) {
 	}
 }
 
+// A client that goes away while its statement runs is 499, not an outage:
+// the statement is cancelled on the server, whose "canceling statement"
+// (57014) must not read as database_unavailable (nor log as one).
+func TestClientGoneMidStatementIs499(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	h := httpapi.NewWithExtraRoutes(env.App.Server.Deps, []httpapi.Route{
+		{Method: "GET", Pattern: "/api/v1/test/sleep", Name: "test.sleep", Auth: httpapi.AuthNone, Status: 200,
+			Handle: func(ctx context.Context, _ *httpapi.Call) (any, error) {
+				_, err := env.App.Pool.Exec(ctx, `SELECT pg_sleep(10)`)
+				return nil, err
+			}},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	req := httptest.NewRequest("GET", "/api/v1/test/sleep", nil).WithContext(ctx)
+	rec := httptest.NewRecorder()
+	done := make(chan struct{})
+	go func() { h.ServeHTTP(rec, req); close(done) }()
+	time.Sleep(200 * time.Millisecond)
+	cancel()
+	<-done
+	require.Equal(t, 499, rec.Code, rec.Body.String())
+	require.Contains(t, rec.Body.String(), "client_closed_request")
+}
+
 func TestErrorStatusesMatchTable(t *testing.T) {
 	t.Parallel()
 	for code, status := range apierr.Statuses {

@@ -162,7 +162,7 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 		// A protocol endpoint's requests are not counted against the key's
 		// rate limit: each call it makes through the router is.
 		if err := s.authorize(r.Context(), &Call{R: r, RequestID: reqID, Route: route}, false); err != nil {
-			s.fail(sw, reqID, route, err)
+			s.fail(r.Context(), sw, reqID, route, err)
 			return
 		}
 		route.Raw.ServeHTTP(sw, r)
@@ -178,7 +178,7 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 	call := &Call{R: r, RequestID: reqID, Route: route}
 	body, err := s.run(ctx, call)
 	if err != nil {
-		s.fail(sw, reqID, route, err)
+		s.fail(ctx, sw, reqID, route, err)
 		return
 	}
 	status := route.Status
@@ -281,9 +281,16 @@ func internalError(reqID string) *apierr.Error {
 // fail writes err as the envelope. Anything that is not an *apierr.Error is
 // logged (message only: driver errors do not carry parameter values) and
 // answered as a bare internal_error.
-func (s *Server) fail(w http.ResponseWriter, reqID string, route *Route, err error) {
+func (s *Server) fail(ctx context.Context, w http.ResponseWriter, reqID string, route *Route, err error) {
 	if e, ok := apierr.As(err); ok && e.Code != apierr.CodeInternal && e.Code != apierr.CodeDatabaseUnavailable {
 		writeError(w, e)
+		return
+	}
+	if errors.Is(context.Cause(ctx), context.Canceled) || errors.Is(err, context.Canceled) {
+		// The client went away. Decided by the request's context, not the
+		// error: a statement cancelled for it answers the server's
+		// "canceling statement" (57014), which reads as an outage.
+		writeError(w, apierr.New(499, "client_closed_request", "The client closed the request."))
 		return
 	}
 	if e, ok := apierr.As(err); ok && e.Code == apierr.CodeDatabaseUnavailable {
@@ -301,11 +308,6 @@ func (s *Server) fail(w http.ResponseWriter, reqID string, route *Route, err err
 		s.Logger.Warn("database unavailable", "request_id", reqID, "route", route.Name,
 			"outcome", unavailable.Detail["outcome"], "err", err.Error())
 		writeError(w, unavailable.WithDetail("request_id", reqID))
-		return
-	}
-	if errors.Is(err, context.Canceled) {
-		// The client went away; nothing useful can be written.
-		writeError(w, apierr.New(499, "client_closed_request", "The client closed the request."))
 		return
 	}
 	s.Logger.Error("internal error", "request_id", reqID, "route", route.Name, "err", err.Error())

@@ -364,7 +364,7 @@ func (op enqueueOp) fingerprint() []byte {
 	return b
 }
 
-// The longest tool name and version, in bytes.
+// The longest tool name and version, in characters.
 const (
 	maxToolName    = 200
 	maxToolVersion = 100

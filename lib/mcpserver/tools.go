@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"strings"
 
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -79,7 +80,7 @@ func decodeArguments[In any](args json.RawMessage, resolved *jsonschema.Resolved
 	var check map[string]any
 	if err := json.Unmarshal(args, &check); err != nil {
 		var typ *json.UnmarshalTypeError
-		if errors.As(err, &typ) && typ.Value == "number" {
+		if errors.As(err, &typ) && strings.HasPrefix(typ.Value, "number") { // "number 1e400"
 			return in, fmt.Errorf("%s is a number beyond the range of a 64-bit float", typ.Field)
 		}
 		return in, fmt.Errorf("must be a JSON object: %w", err)

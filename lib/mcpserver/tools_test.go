@@ -123,6 +123,10 @@ func TestToolArgumentErrorsUseTheEnvelope(t *testing.T) {
 		require.True(t, isErr, "%s: %s", args, text)
 		require.Equal(t, "invalid_request", errorCode(t, text), args)
 	}
+	// The number is named for what it is, and its value is not echoed.
+	text, _ := callRaw(t, cs, "ratchet_begin", `{"effect_type":"m.x","idempotency_key":"k","payload":{"n":1e400}}`)
+	require.Contains(t, text, "beyond the range of a 64-bit float")
+	require.NotContains(t, text, "1e400")
 	require.Empty(t, env.Must(http.StatusOK, "GET", "/api/v1/effects", ws.Key, nil).JSON()["data"])
 }
 

@@ -9,8 +9,9 @@ import (
 )
 
 // CutProxy is a TCP proxy in front of a test database whose connections can
-// be cut at once, as a network failure or a crashed server would: tests use
-// it to see what a statement in flight answers.
+// be closed at once from the middle, as a crashed server or a reset network
+// path would end them (each side sees its connection end, with no word from
+// the other): tests use it to see what a statement in flight answers.
 type CutProxy struct {
 	// URL is the database's connection string through the proxy.
 	URL string

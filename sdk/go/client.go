@@ -142,7 +142,8 @@ const (
 )
 
 // codeDatabaseUnavailable is the 503 the server answers when Postgres is
-// unreachable; it guarantees that the request changed nothing.
+// unreachable; its detail.outcome says whether the request may have been
+// applied (outcomeUnknown) or certainly was not.
 const codeDatabaseUnavailable = "database_unavailable"
 
 // outcomeUnknown is a database_unavailable's detail.outcome when the call
