@@ -275,7 +275,7 @@ func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, 
 	if err := pr.Err(); err != nil {
 		return nil, nil, err
 	}
-	if err := errCappedCreator(creator); err != nil {
+	if err := refuseCappedCreator(creator); err != nil {
 		return nil, nil, err
 	}
 	scopes = normalizeScopes(scopes)
@@ -303,12 +303,12 @@ func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, 
 	return scopes, tools, nil
 }
 
-// errCappedCreator refuses a key with a spend ceiling or a rate limit the
+// refuseCappedCreator refuses a key with a spend ceiling or a rate limit the
 // minting of keys. Every key has counters of its own, so a capped key's
 // children, however capped each, would together spend and call past the
 // creator's ceiling and limit (three children of a key capped at 100 micros
 // spent 400). Capped keys are for agents; an uncapped key mints them.
-func errCappedCreator(creator *Principal) error {
+func refuseCappedCreator(creator *Principal) error {
 	if creator.DailySpendCeilingMicros == nil && creator.RateLimitPerMinute == nil {
 		return nil
 	}

@@ -395,6 +395,11 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 			return err
 		}
 		out, err = s.writePolicy(ctx, tx, workspaceID, p, s.clock())
+		if errors.Is(err, pgx.ErrNoRows) {
+			// The version moved under the lock: only a writer that skips
+			// it could cause that; answer the conflict, not a 500.
+			return apierr.VersionConflict(p.Version)
+		}
 		return err
 	})
 	return out, err

@@ -436,10 +436,6 @@ type errorBody struct {
 	Error apierr.Wire `json:"error"`
 }
 
-// ErrorEnvelope returns the wire form of e, for handlers that must embed an
-// error in another body (a denied begin).
-func ErrorEnvelope(e *apierr.Error) any { return e.Wire() }
-
 func writeJSON(w http.ResponseWriter, status int, body any) {
 	b, err := json.Marshal(body)
 	if err != nil {

@@ -224,7 +224,7 @@ func TestCappedKeysCannotMintKeys(t *testing.T) {
 			require.Equal(t, "forbidden", r.ErrorCode())
 			require.NotContains(t, r.JSON()["error"].(map[string]any)["detail"], "required", "nothing is missing: no scope would help")
 		}
-		// It still reads and revokes what it may.
+		// It still reads the keys.
 		env.Must(http.StatusOK, "GET", "/api/v1/keys", capped, nil)
 	}
 	// An uncapped creator mints what it is asked for, capped or not.

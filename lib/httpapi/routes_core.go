@@ -107,7 +107,7 @@ func (s *Server) health(ctx context.Context, _ *Call) (any, error) {
 		s.Logger.Warn("health: database unavailable", "err", err.Error())
 		return Reply{Status: http.StatusServiceUnavailable, Body: map[string]any{
 			"ok":    false,
-			"error": ErrorEnvelope(apierr.DatabaseUnavailable(nil)),
+			"error": apierr.DatabaseUnavailable(nil).Wire(),
 		}}, nil
 	}
 	return HealthResponse{OK: true}, nil

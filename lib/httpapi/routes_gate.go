@@ -14,7 +14,7 @@ import (
 // error envelope side by side.
 type DeniedDecision struct {
 	gate.Decision
-	Error any `json:"error"`
+	Error apierr.Wire `json:"error"`
 }
 
 // gateRoutes are the effect gate's routes (API.md §2).
@@ -148,7 +148,7 @@ func (s *Server) beginEffect(ctx context.Context, c *Call) (any, error) {
 		return nil, err
 	}
 	if d.Denial != nil {
-		return Reply{Status: http.StatusForbidden, Body: DeniedDecision{Decision: d, Error: ErrorEnvelope(d.Denial)}}, nil
+		return Reply{Status: http.StatusForbidden, Body: DeniedDecision{Decision: d, Error: d.Denial.Wire()}}, nil
 	}
 	return d, nil
 }

@@ -13,7 +13,8 @@ import (
 // MaxRunes is the longest key, in characters.
 const MaxRunes = 255
 
-// Rule is the validation message for a key field.
+// Rule is the validation message for a key field (a constant, for Problems'
+// format; TestRuleNamesTheLimit keeps it in step with MaxRunes).
 const Rule = "must be 1-255 printable characters"
 
 // Valid reports whether k is a well-formed idempotency key.

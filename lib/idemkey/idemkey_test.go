@@ -1,6 +1,7 @@
 package idemkey
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -23,5 +24,11 @@ func TestValid(t *testing.T) {
 		if got := Valid(k); got != want {
 			t.Errorf("Valid(%q) = %v, want %v", k, got, want)
 		}
+	}
+}
+
+func TestRuleNamesTheLimit(t *testing.T) {
+	if !strings.Contains(Rule, "1-"+strconv.Itoa(MaxRunes)+" ") {
+		t.Fatalf("Rule %q does not say %d", Rule, MaxRunes)
 	}
 }

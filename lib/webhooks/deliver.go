@@ -150,10 +150,10 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 	}
 
 	// Every delivery of the batch is sent at once, so the pass ends within
-	// one sendTimeout however slow the receivers (sent a few at a time, 25
-	// slow receivers outlasted the sweeper's time for the task, whose end
-	// then cut sends short and lost their outcomes: counted attempts never
-	// sent, successes sent again). Outcomes are recorded whatever is left
+	// one sendTimeout however slow the receivers. (Sent a few at a time,
+	// slow receivers once outlasted the sweeper's time for the task, whose
+	// end cut sends short and lost their outcomes: counted attempts never
+	// sent, successes sent again.) Outcomes are recorded whatever is left
 	// of the pass's time: a delivery that was sent is recorded.
 	var (
 		wg       sync.WaitGroup

@@ -319,12 +319,14 @@ func TestReconcileRacingResolveFilesTheOutcome(t *testing.T) {
 		f.clock.Add(2 * time.Minute) // indeterminate
 		var wg sync.WaitGroup
 		answers := make(chan map[string]any, 10)
+		resolves := make(chan int, 10)
 		for i := range 20 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				if i%2 == 0 {
-					f.env.Do("POST", "/api/v1/effects/"+id+"/resolve", f.ws.Key, map[string]any{"outcome": "failed"})
+					r := f.env.Do("POST", "/api/v1/effects/"+id+"/resolve", f.ws.Key, map[string]any{"outcome": "failed"})
+					resolves <- r.Status
 					return
 				}
 				r := f.env.Do("POST", "/api/v1/reconcile", f.ws.Key, map[string]any{"effect_type": typ,
@@ -337,6 +339,11 @@ func TestReconcileRacingResolveFilesTheOutcome(t *testing.T) {
 		}
 		wg.Wait()
 		close(answers)
+		close(resolves)
+		for st := range resolves {
+			// Settled by this resolve, or already settled: never a failure.
+			require.Contains(t, []int{http.StatusOK, http.StatusConflict}, st, "round %d", round)
+		}
 		n := 0
 		for a := range answers {
 			n++
