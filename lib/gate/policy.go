@@ -180,8 +180,9 @@ func (r *PutPolicyRequest) merge(p *Policy) error {
 // whole limit.
 func decodeDimensionLimit(raw json.RawMessage) (lim DimensionLimit, sub string, err error) {
 	const shape = `{"daily_micros": integer|null, "daily_count": integer|null}`
-	// Names are exact and named once, as everywhere in a body (encoding/json
-	// below would take DAILY_MICROS, and the last of two).
+	// Names are exact, as everywhere in a body (encoding/json below would
+	// take DAILY_MICROS). A repeated key never reaches here: the router's
+	// strict check refuses it in any object.
 	if sub, err := limitKeys(raw, shape); err != nil {
 		return lim, sub, err
 	}
@@ -202,27 +203,21 @@ func decodeDimensionLimit(raw json.RawMessage) (lim DimensionLimit, sub string, 
 }
 
 // limitKeys checks the keys of a limit object as written: each must be one
-// of the two fields, spelt exactly, and appear once. Anything that is not an
-// object is left to the decoder's shape check.
+// of the two fields, spelt exactly. Anything that is not an object is left
+// to the decoder's shape check.
 func limitKeys(raw json.RawMessage, shape string) (sub string, err error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return "", nil
 	}
-	seen := map[string]bool{}
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
 			return "", nil
 		}
-		k, _ := tok.(string)
-		switch {
-		case k != "daily_micros" && k != "daily_count":
+		if k, _ := tok.(string); k != "daily_micros" && k != "daily_count" {
 			return "." + k, errors.New("is not a known field (field names are case-sensitive); a limit is " + shape)
-		case seen[k]:
-			return "." + k, errors.New("is repeated: an object may name each key once")
 		}
-		seen[k] = true
 		var skip json.RawMessage
 		if dec.Decode(&skip) != nil {
 			return "", nil

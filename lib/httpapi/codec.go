@@ -15,6 +15,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/jsonstrict"
 )
 
 // MaxBodyBytes is the published request body limit.
@@ -45,7 +46,7 @@ func DecodeJSON(body []byte, dst any) error {
 	if err := dec.Decode(dst); err != nil {
 		return decodeError(err, body, dst)
 	}
-	if err := checkBody(body, reflect.TypeOf(dst)); err != nil {
+	if err := jsonstrict.Check(body, reflect.TypeOf(dst)); err != nil {
 		return err
 	}
 	if dec.More() {
@@ -104,9 +105,9 @@ func plainJSONPath(t reflect.Type, field string) string {
 	var out []string
 	for _, seg := range strings.Split(field, ".") {
 		if t != nil {
-			t, _ = elemType(t)
+			t, _ = jsonstrict.ElemType(t)
 			for t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Map {
-				t, _ = elemType(t.Elem())
+				t, _ = jsonstrict.ElemType(t.Elem())
 			}
 		}
 		if t != nil && t.Kind() == reflect.Struct {
@@ -166,37 +167,11 @@ func findPath(body []byte, t reflect.Type, match func(v any, t reflect.Type, pat
 	return walkPath(v, t, "", "", match)
 }
 
-var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
-
-// elemType strips pointers and jsonx.Optional (which decodes its Value);
-// other custom decoders are opaque (ok false).
-func elemType(t reflect.Type) (reflect.Type, bool) {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	if reflect.PointerTo(t).Implements(unmarshalerType) {
-		if t.Kind() != reflect.Struct {
-			return t, false // json.RawMessage and other opaque decoders
-		}
-		f, ok := t.FieldByName("Value")
-		if _, set := t.FieldByName("Set"); !ok || !set {
-			return t, false
-		}
-		return elemType(f.Type)
-	}
-	return t, true
-}
-
 func walkPath(v any, t reflect.Type, path, plain string, match func(any, reflect.Type, string, string) bool) string {
-	join := func(base, k string) string {
-		if base == "" {
-			return k
-		}
-		return base + "." + k
-	}
+	join := jsonstrict.JoinPath
 	if t != nil {
 		var ok bool
-		if t, ok = elemType(t); !ok {
+		if t, ok = jsonstrict.ElemType(t); !ok {
 			return ""
 		}
 	}
@@ -296,48 +271,12 @@ func mistyped(v any, t reflect.Type) bool {
 // encoding/json's case-insensitive match) to their types, promoting the
 // fields of untagged embedded structs.
 func jsonFields(t reflect.Type) map[string]reflect.Type {
-	exact := exactJSONFields(t)
+	exact := jsonstrict.ExactFields(t)
 	out := maps.Clone(exact)
 	for name, ft := range exact {
 		if _, ok := out[strings.ToLower(name)]; !ok {
 			out[strings.ToLower(name)] = ft
 		}
-	}
-	return out
-}
-
-// exactJSONFields maps the JSON names of t's fields (embedded structs'
-// promoted) to their types, spelled exactly as the tags spell them.
-func exactJSONFields(t reflect.Type) map[string]reflect.Type {
-	out := map[string]reflect.Type{}
-	for i := range t.NumField() {
-		f := t.Field(i)
-		tag := f.Tag.Get("json")
-		if tag == "-" {
-			continue
-		}
-		name, _, _ := strings.Cut(tag, ",")
-		if f.Anonymous && name == "" {
-			et := f.Type
-			for et.Kind() == reflect.Pointer {
-				et = et.Elem()
-			}
-			if et.Kind() == reflect.Struct {
-				for k, v := range exactJSONFields(et) {
-					if _, ok := out[k]; !ok {
-						out[k] = v
-					}
-				}
-				continue
-			}
-		}
-		if !f.IsExported() {
-			continue
-		}
-		if name == "" {
-			name = f.Name
-		}
-		out[name] = f.Type
 	}
 	return out
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/google/jsonschema-go/jsonschema"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/jsonstrict"
 )
 
 // Version is the API and manifest version.
@@ -260,7 +261,7 @@ func relaxRequired(t reflect.Type, s *jsonschema.Schema) {
 	if t.Kind() != reflect.Struct || s.Properties == nil {
 		return
 	}
-	fields := exactJSONFields(t)
+	fields := jsonstrict.ExactFields(t)
 	must := mustSend(t)
 	required := s.Required[:0]
 	for _, name := range s.Required {

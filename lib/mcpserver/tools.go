@@ -7,13 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"reflect"
 	"strconv"
-	"strings"
 
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/jsonstrict"
 )
 
 // tool binds one MCP tool to one REST call.
@@ -59,10 +60,14 @@ func define[In any](name, description string, route func(In) (method, path strin
 	}}
 }
 
-// argumentsError answers arguments the tool's schema refuses as the REST
-// API answers a bad body: the error envelope, code invalid_request.
+// argumentsError answers arguments the tool refuses as the REST API answers
+// a bad body: the error envelope, code invalid_request (with the offending
+// field's path when the strict check named one).
 func argumentsError(err error) *mcp.CallToolResult {
-	e := apierr.InvalidField("arguments", "%s", err.Error())
+	e, ok := apierr.As(err)
+	if !ok {
+		e = apierr.InvalidField("arguments", "%s", err.Error())
+	}
 	body, _ := json.Marshal(map[string]any{"error": e.Wire()})
 	var structured map[string]any
 	_ = json.Unmarshal(body, &structured)
@@ -70,26 +75,25 @@ func argumentsError(err error) *mcp.CallToolResult {
 		StructuredContent: structured, IsError: true}
 }
 
-// decodeArguments checks a tool call's arguments against the tool's schema
-// and decodes them into In, numbers as written.
+// decodeArguments checks a tool call's arguments as the REST API checks a
+// body (jsonstrict: repeated keys, which the decoded arguments would no
+// longer show, numbers beyond float64, NUL...) and against the tool's
+// schema, then decodes them into In, numbers as written.
 func decodeArguments[In any](args json.RawMessage, resolved *jsonschema.Resolved) (In, error) {
 	var in In
 	if len(args) == 0 {
 		args = json.RawMessage("{}")
 	}
-	var check map[string]any
-	if err := json.Unmarshal(args, &check); err != nil {
-		var typ *json.UnmarshalTypeError
-		if errors.As(err, &typ) && strings.HasPrefix(typ.Value, "number") { // "number 1e400"
-			return in, fmt.Errorf("%s is a number beyond the range of a 64-bit float", typ.Field)
-		}
-		return in, fmt.Errorf("must be a JSON object: %w", err)
+	var object map[string]json.RawMessage
+	if err := json.Unmarshal(args, &object); err != nil {
+		return in, errors.New("must be a JSON object")
 	}
-	// The REST call is made from the decoded arguments, where a repeated
-	// key has already lost one of its values; the API refuses repetition,
-	// so the tool does too, before anything is lost.
-	if path := repeatedKey(json.NewDecoder(bytes.NewReader(args)), ""); path != "" {
-		return in, fmt.Errorf("%s is repeated: an object may name each key once", path)
+	if err := jsonstrict.Check(args, reflect.TypeFor[In]()); err != nil {
+		return in, err
+	}
+	var check map[string]any // the schema validates plain values
+	if err := json.Unmarshal(args, &check); err != nil {
+		return in, errors.New("must be a JSON object")
 	}
 	if err := resolved.Validate(&check); err != nil {
 		return in, err
@@ -252,47 +256,4 @@ func ToolNames() []string {
 		names[i] = t.name
 	}
 	return names
-}
-
-// repeatedKey walks one JSON value from dec and answers the path of the
-// first key an object names twice, or "". The value is well-formed (it
-// decoded), so token errors only end the walk.
-func repeatedKey(dec *json.Decoder, path string) string {
-	tok, err := dec.Token()
-	if err != nil {
-		return ""
-	}
-	join := func(k string) string {
-		if path == "" {
-			return k
-		}
-		return path + "." + k
-	}
-	switch tok {
-	case json.Delim('{'):
-		seen := map[string]bool{}
-		for dec.More() {
-			kt, err := dec.Token()
-			if err != nil {
-				return ""
-			}
-			k, _ := kt.(string)
-			if seen[k] {
-				return join(k)
-			}
-			seen[k] = true
-			if p := repeatedKey(dec, join(k)); p != "" {
-				return p
-			}
-		}
-		_, _ = dec.Token() // }
-	case json.Delim('['):
-		for i := 0; dec.More(); i++ {
-			if p := repeatedKey(dec, join(strconv.Itoa(i))); p != "" {
-				return p
-			}
-		}
-		_, _ = dec.Token() // ]
-	}
-	return ""
 }

@@ -1,4 +1,10 @@
-package httpapi
+// Package jsonstrict checks a JSON request body against the Go type it
+// decoded into, for what encoding/json accepts and the API does not: field
+// names matched only by case-folding, keys repeated in one object, NUL and
+// lone surrogates, numbers beyond float64, bytes that are not UTF-8. The REST
+// router and the MCP tools both use it, so a body is refused the same way
+// whichever door it came in by.
+package jsonstrict
 
 import (
 	"bytes"
@@ -6,14 +12,15 @@ import (
 	"math"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"unicode/utf8"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 )
 
-// checkBody refuses, in one pass over a body that has already decoded into
-// t, what encoding/json accepts and the contract does not:
+// Check refuses, in one pass over a body that has already decoded into t,
+// what encoding/json accepts and the contract does not:
 //   - a key that names a struct field only through encoding/json's
 //     case-folding ("PRESET" for "preset"): the contract's names are exact;
 //   - a key repeated in one object, at any depth, free-form payloads and
@@ -25,7 +32,7 @@ import (
 //
 // The body is well-formed up to the end of its first value (it decoded), so
 // the scan does not validate; it only reads keys and skips over values.
-func checkBody(body []byte, t reflect.Type) *apierr.Error {
+func Check(body []byte, t reflect.Type) *apierr.Error {
 	if !utf8.Valid(body) {
 		// encoding/json reads invalid bytes as U+FFFD, so two different
 		// keys ("k\xff1", "k\xfe1") would name one effect.
@@ -57,7 +64,7 @@ func (s *bodyScan) space() {
 func (s *bodyScan) value(t reflect.Type, path string) {
 	if t != nil {
 		var ok bool
-		if t, ok = elemType(t); !ok || t.Kind() == reflect.Interface {
+		if t, ok = ElemType(t); !ok || t.Kind() == reflect.Interface {
 			t = nil // an opaque decoder (json.RawMessage) or any: free-form
 		}
 	}
@@ -109,7 +116,7 @@ func (s *bodyScan) number(lit []byte, path string) {
 func (s *bodyScan) object(t reflect.Type, path string) {
 	var fields map[string]reflect.Type
 	if t != nil && t.Kind() == reflect.Struct {
-		fields = exactFieldsOf(t)
+		fields = ExactFields(t)
 	}
 	var seen keySet
 	s.i++ // {
@@ -127,7 +134,7 @@ func (s *bodyScan) object(t reflect.Type, path string) {
 		if s.err != nil {
 			return
 		}
-		at := joinPath(path, key)
+		at := JoinPath(path, key)
 		if !seen.add(key) {
 			s.err = apierr.InvalidField(at, "is repeated: an object may name each key once")
 			return
@@ -167,7 +174,7 @@ func (s *bodyScan) array(t reflect.Type, path string) {
 			s.i++
 			continue
 		}
-		s.value(et, joinPath(path, strconv.Itoa(n)))
+		s.value(et, JoinPath(path, strconv.Itoa(n)))
 		n++
 	}
 }
@@ -278,22 +285,84 @@ func (ks *keySet) add(k string) bool {
 	return true
 }
 
-func joinPath(base, k string) string {
+// JoinPath joins a dotted path from the body root and one more key or
+// index ("tools" and "1" make "tools.1").
+func JoinPath(base, k string) string {
 	if base == "" {
 		return k
 	}
 	return base + "." + k
 }
 
-// exactFields caches exactJSONFields per request type: the types are few and
+// exactFields caches ExactFields per type: the request types are few and
 // fixed, and the walk runs on every request.
 var exactFields sync.Map // reflect.Type → map[string]reflect.Type
 
-func exactFieldsOf(t reflect.Type) map[string]reflect.Type {
+// ExactFields maps the JSON names of struct t's fields (embedded structs'
+// promoted) to their types, spelled exactly as the tags spell them. The map
+// is shared: do not change it.
+func ExactFields(t reflect.Type) map[string]reflect.Type {
 	if f, ok := exactFields.Load(t); ok {
 		return f.(map[string]reflect.Type)
 	}
 	f := exactJSONFields(t)
 	exactFields.Store(t, f)
 	return f
+}
+
+var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+
+// elemType strips pointers and jsonx.Optional (which decodes its Value);
+// other custom decoders are opaque (ok false).
+func ElemType(t reflect.Type) (reflect.Type, bool) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if reflect.PointerTo(t).Implements(unmarshalerType) {
+		if t.Kind() != reflect.Struct {
+			return t, false // json.RawMessage and other opaque decoders
+		}
+		f, ok := t.FieldByName("Value")
+		if _, set := t.FieldByName("Set"); !ok || !set {
+			return t, false
+		}
+		return ElemType(f.Type)
+	}
+	return t, true
+}
+
+// exactJSONFields maps the JSON names of t's fields (embedded structs'
+// promoted) to their types, spelled exactly as the tags spell them.
+func exactJSONFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag := f.Tag.Get("json")
+		if tag == "-" {
+			continue
+		}
+		name, _, _ := strings.Cut(tag, ",")
+		if f.Anonymous && name == "" {
+			et := f.Type
+			for et.Kind() == reflect.Pointer {
+				et = et.Elem()
+			}
+			if et.Kind() == reflect.Struct {
+				for k, v := range exactJSONFields(et) {
+					if _, ok := out[k]; !ok {
+						out[k] = v
+					}
+				}
+				continue
+			}
+		}
+		if !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		out[name] = f.Type
+	}
+	return out
 }
