@@ -388,6 +388,19 @@ func writeJSON(w http.ResponseWriter, status int, body any) {
 	_, _ = w.Write([]byte("\n"))
 }
 
+// WriteOutsideError answers e for an entry point that could not reach the
+// router (a Vercel instance that failed to start, a Lambda event that is not
+// a request): a fresh request id in the header, and in the body's detail for
+// a 5xx, as the router answers them.
+func WriteOutsideError(w http.ResponseWriter, e *apierr.Error) {
+	reqID := ids.New(ids.Request)
+	w.Header().Set("X-Request-Id", reqID)
+	if e.Status >= 500 {
+		e = e.WithDetail("request_id", reqID)
+	}
+	writeError(w, e)
+}
+
 func writeError(w http.ResponseWriter, e *apierr.Error) {
 	if e.Status == http.StatusTooManyRequests {
 		if s, ok := e.Detail["retry_after_seconds"].(int); ok {

@@ -16,21 +16,22 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
-	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/httpapi"
 )
 
 // Handler returns a Lambda handler function serving h.
 func Handler(h http.Handler) func(context.Context, events.LambdaFunctionURLRequest) (events.LambdaFunctionURLResponse, error) {
 	return func(ctx context.Context, ev events.LambdaFunctionURLRequest) (events.LambdaFunctionURLResponse, error) {
 		req, err := toRequest(ctx, ev)
-		if err != nil {
-			// Answered here, without the router: still with a request id,
-			// as every response carries one.
-			return events.LambdaFunctionURLResponse{StatusCode: http.StatusBadRequest,
-				Headers: map[string]string{"Content-Type": "application/json", "X-Request-Id": ids.New(ids.Request)},
-				Body:    `{"error":{"code":"invalid_request","message":"Malformed request event.","detail":{}}}`}, nil
-		}
 		rec := httptest.NewRecorder()
+		if err != nil {
+			// Answered here, without the router: the same envelope and
+			// request id as every response.
+			httpapi.WriteOutsideError(rec, apierr.New(http.StatusBadRequest, apierr.CodeInvalidRequest,
+				"Malformed request event."))
+			return toResponse(rec), nil
+		}
 		h.ServeHTTP(rec, req)
 		res := toResponse(rec)
 		if req.Method == http.MethodHead {

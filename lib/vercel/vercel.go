@@ -3,14 +3,13 @@
 package vercel
 
 import (
-	"encoding/json"
 	"log/slog"
 	"net/http"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/app"
 	"github.com/getratchet/ratchet/lib/db"
-	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/httpapi"
 )
 
 // Serve answers one request for the routes at pattern.
@@ -34,8 +33,5 @@ func startFailed(w http.ResponseWriter, err error) {
 	if db.IsUnavailable(err) {
 		e = apierr.DatabaseUnavailable(err)
 	}
-	w.Header().Set("Content-Type", "application/json; charset=utf-8")
-	w.Header().Set("X-Request-Id", ids.New(ids.Request))
-	w.WriteHeader(e.Status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": e.Wire()})
+	httpapi.WriteOutsideError(w, e)
 }

@@ -33,5 +33,7 @@ func TestStartFailedAnswers(t *testing.T) {
 		var body map[string]map[string]any
 		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body))
 		require.Equal(t, c.code, body["error"]["code"])
+		require.Equal(t, rec.Header().Get("X-Request-Id"), body["error"]["detail"].(map[string]any)["request_id"],
+			"a 5xx carries its request id, as the router's do")
 	}
 }
