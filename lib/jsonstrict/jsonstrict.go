@@ -78,7 +78,7 @@ func (s *bodyScan) value(t reflect.Type, path string) {
 	case '[':
 		s.array(t, path)
 	case '"':
-		s.str()
+		s.str(path)
 	default:
 		start := s.i
 		for s.i < len(s.b) {
@@ -130,7 +130,7 @@ func (s *bodyScan) object(t reflect.Type, path string) {
 			s.i++
 			continue
 		}
-		key := s.str()
+		key := s.str(path) // a bad key is named by its object
 		if s.err != nil {
 			return
 		}
@@ -180,8 +180,9 @@ func (s *bodyScan) array(t reflect.Type, path string) {
 }
 
 // str reads the string at s.i and answers it decoded (only keys need the
-// text; a value's is discarded).
-func (s *bodyScan) str() string {
+// text; a value's is discarded). A refusal inside it is named by path
+// ("body" at the root).
+func (s *bodyScan) str(path string) string {
 	start := s.i
 	s.i++ // opening quote
 	escaped := false
@@ -190,7 +191,7 @@ func (s *bodyScan) str() string {
 		case '\\':
 			escaped = true
 			if s.i+1 < len(s.b) && s.b[s.i+1] == 'u' {
-				if s.err = s.unicodeEscape(); s.err != nil {
+				if s.err = s.unicodeEscape(path); s.err != nil {
 					return ""
 				}
 				continue
@@ -216,14 +217,17 @@ func (s *bodyScan) str() string {
 // pair) and refuses what encoding/json would not read back as written: a
 // NUL, which PostgreSQL cannot store, and a lone surrogate, which it reads
 // as U+FFFD (so "k\ud800" and "k\udbff" would be one key).
-func (s *bodyScan) unicodeEscape() *apierr.Error {
+func (s *bodyScan) unicodeEscape(path string) *apierr.Error {
+	if path == "" {
+		path = "body"
+	}
 	r := s.hex4(s.i + 2)
 	s.i += 6
 	switch {
 	case r == 0:
-		return apierr.InvalidField("body", `must not contain NUL characters (\u0000) in any string`)
+		return apierr.InvalidField(path, `must not contain NUL characters (\u0000)`)
 	case r >= 0xDC00 && r <= 0xDFFF:
-		return apierr.InvalidField("body", "must not contain a lone UTF-16 surrogate (\\u%04x) in any string", r)
+		return apierr.InvalidField(path, "must not contain a lone UTF-16 surrogate (\\u%04x)", r)
 	case r >= 0xD800 && r <= 0xDBFF:
 		if s.i+1 < len(s.b) && s.b[s.i] == '\\' && s.b[s.i+1] == 'u' {
 			if low := s.hex4(s.i + 2); low >= 0xDC00 && low <= 0xDFFF {
@@ -231,7 +235,7 @@ func (s *bodyScan) unicodeEscape() *apierr.Error {
 				return nil
 			}
 		}
-		return apierr.InvalidField("body", "must not contain a lone UTF-16 surrogate (\\u%04x) in any string", r)
+		return apierr.InvalidField(path, "must not contain a lone UTF-16 surrogate (\\u%04x)", r)
 	}
 	return nil
 }

@@ -36,8 +36,9 @@ func TestCheck(t *testing.T) {
 		`{"extra":{` + many(40) + `,"k39":0}}`:              "extra.k39",
 		`{"extra":{"n":1e400}}`:                             "extra.n",
 		`{"extra":{"n":1e-400,"b":true,"f":false}}`:         "",
-		`{"extra":"a\u0000b"}`:                              "body",
-		`{"extra":"\ud800"}`:                                "body",
+		`{"extra":"a\u0000b"}`:                              "extra",
+		`{"extra":"\ud800"}`:                                "extra",
+		`{"extra":{"k\ud800":1}}`:                           "extra", // a bad key is named by its object
 		`{"extra":"\ud83d\ude00","name":"\\u0000 is text"}`: "",
 	} {
 		err := Check([]byte(body), reflect.TypeFor[limit]())
