@@ -142,13 +142,14 @@ const (
 )
 
 // codeDatabaseUnavailable is the 503 the server answers when Postgres is
-// unreachable; its detail.outcome says whether the request may have been
-// applied (outcomeUnknown) or certainly was not.
+// unreachable; its detail.outcome says whether the request certainly was not
+// applied (outcomeNotApplied) or may have been.
 const codeDatabaseUnavailable = "database_unavailable"
 
-// outcomeUnknown is a database_unavailable's detail.outcome when the call
-// reached the database before it failed.
-const outcomeUnknown = "unknown"
+// outcomeNotApplied is a database_unavailable's detail.outcome when the
+// call certainly changed nothing; anything else ("unknown", or none) may
+// have been applied.
+const outcomeNotApplied = "not_applied"
 
 // Backoff bounds for 5xx and network errors.
 const (
@@ -200,12 +201,13 @@ func (c *Client) retryDelay(err error, attempt int, safe idempotency) (time.Dura
 			return time.Duration(secs) * time.Second, true
 		case apiErr.Code == CodeRetryRequest:
 			return 0, true
-		case apiErr.Code == codeDatabaseUnavailable && apiErr.Detail["outcome"] != outcomeUnknown:
+		case apiErr.Code == codeDatabaseUnavailable && apiErr.Detail["outcome"] == outcomeNotApplied:
 			// The server says nothing was changed, so any call may repeat.
 			return c.backoff(attempt), true
 		case apiErr.Code == codeDatabaseUnavailable:
-			// The database failed after the call was sent, so it may have
-			// been applied: repeat only what a key or token makes safe.
+			// The database failed after the call was sent (or the server
+			// does not say): it may have been applied, so repeat only what
+			// a key or token makes safe.
 			return c.backoff(attempt), bool(safe)
 		case apiErr.StatusCode >= 500:
 			return c.backoff(attempt), bool(safe)

@@ -366,10 +366,14 @@ func TestContextCancelStopsRetries(t *testing.T) {
 	}
 }
 
+// A database_unavailable that changed nothing (detail.outcome
+// "not_applied") is repeated for any call, StartRun included.
 func TestDatabaseUnavailableRetriedForAnyCall(t *testing.T) {
 	t.Parallel()
 	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
-		func(w http.ResponseWriter, r *http.Request) { apiError(w, 503, "database_unavailable", nil) },
+		func(w http.ResponseWriter, r *http.Request) {
+			apiError(w, 503, "database_unavailable", map[string]any{"outcome": "not_applied"})
+		},
 		func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 201, map[string]any{"id": "run_2"}) },
 	}}
 	c, log := testClient(t, seq)
@@ -387,19 +391,23 @@ func TestDatabaseUnavailableWithUnknownOutcomeRetriedOnlyWhenSafe(t *testing.T) 
 	unknown := func(w http.ResponseWriter, r *http.Request) {
 		apiError(w, 503, "database_unavailable", map[string]any{"outcome": "unknown"})
 	}
-	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){unknown,
-		func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 201, map[string]any{"id": "run_2"}) },
-	}}
-	c, _ := testClient(t, seq)
-	if _, err := c.StartRun(context.Background(), "x"); !IsCode(err, "database_unavailable") || seq.calls.Load() != 1 {
-		t.Fatalf("err %v after %d calls", err, seq.calls.Load())
+	// Nor one that does not say (an older server): it may have been applied.
+	silent := func(w http.ResponseWriter, r *http.Request) { apiError(w, 503, "database_unavailable", nil) }
+	for _, first := range []func(http.ResponseWriter, *http.Request){unknown, silent} {
+		seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){first,
+			func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 201, map[string]any{"id": "run_2"}) },
+		}}
+		c, _ := testClient(t, seq)
+		if _, err := c.StartRun(context.Background(), "x"); !IsCode(err, "database_unavailable") || seq.calls.Load() != 1 {
+			t.Fatalf("err %v after %d calls", err, seq.calls.Load())
+		}
 	}
-	seq = &sequence{steps: []func(http.ResponseWriter, *http.Request){unknown,
+	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){unknown,
 		func(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, 200, map[string]any{"decision": "in_flight", "effect_id": "eff_1", "state": "leased", "attempt": 1})
 		},
 	}}
-	c, _ = testClient(t, seq)
+	c, _ := testClient(t, seq)
 	if _, err := c.Begin(context.Background(), BeginRequest{EffectType: "email.send", IdempotencyKey: "k"}); err != nil ||
 		seq.calls.Load() != 2 {
 		t.Fatalf("err %v after %d calls", err, seq.calls.Load())

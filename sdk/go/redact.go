@@ -17,15 +17,19 @@ var redactions = []struct {
 	re   *regexp.Regexp
 	with string
 }{
-	{regexp.MustCompile(`(?i)\b(bearer|basic)\s+[^\s,;]+`), "$1 [redacted]"},
+	// An Authorization header's whole value, whatever its scheme (Bearer,
+	// Basic, Token, ApiKey, Digest...).
+	{regexp.MustCompile(`(?i)\b((?:proxy-)?authorization)(\\?["']?\s*[=:]\s*)[^\r\n,;]+`), "$1$2[redacted]"},
+	{regexp.MustCompile(`(?i)\b(bearer|basic|token|apikey|digest)\s+[^\s,;]+`), "$1 [redacted]"},
 	// A name that contains a secret's word, prefixed or suffixed
-	// (client_secret, access_token, AWS_SECRET_ACCESS_KEY, private_key).
-	{regexp.MustCompile(`(?i)\b([\w.-]*(?:password|passwd|secret|token|api[_-]?key|private[_-]?key|access[_-]?key|credential|authorization|cookie)[\w.-]*)(["']?\s*[=:]\s*)("[^"]*"|'[^']*'|[^\s,;&]+)`), "$1$2[redacted]"},
+	// (client_secret, access_token, AWS_SECRET_ACCESS_KEY, private_key),
+	// also as JSON quoted inside a message ({\"password\":\"hunter2\"}).
+	{regexp.MustCompile(`(?i)\b([\w.-]*(?:password|passwd|passphrase|pwd|secret|token|api[_-]?key|private[_-]?key|access[_-]?key|credential|cookie)[\w.-]*)(\\?["']?\s*[=:]\s*)(\\"(?:[^"\\]|\\[^"])*\\"|"[^"]*"|'[^']*'|[^\s,;&]+)`), "$1$2[redacted]"},
 	{regexp.MustCompile(`://[^/\s:@]+:[^/\s@]+@`), "://[redacted]@"},
 	{regexp.MustCompile(`\?[^\s"']+`), "?[redacted]"},
 	{regexp.MustCompile(`[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(\.[A-Za-z0-9\-]+)+`), "[email]"},
 	{regexp.MustCompile(`[A-Za-z0-9_\-+/=]{32,}`), "[redacted]"},
-	{regexp.MustCompile(`\d[\d \-]{7,}\d`), "[number]"},
+	{regexp.MustCompile(`\(?\d[\d \-().]{7,}\d`), "[number]"},
 }
 
 // RedactMessage returns the form of msg that may leave the process: control

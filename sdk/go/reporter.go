@@ -57,6 +57,7 @@ func newQueuedReport(j ClaimedJob, r JobReport, expires time.Time) queuedReport 
 type reporter struct {
 	c      *Client
 	ctx    context.Context // outlives the worker's ctx: reports are sent after it ends
+	giveUp context.CancelFunc
 	onErr  func(error)
 	linger time.Duration // reportLinger; tests lengthen it
 
@@ -73,7 +74,8 @@ func newReporter(ctx context.Context, c *Client, onErr func(error), linger time.
 	if linger <= 0 {
 		linger = reportLinger
 	}
-	r := &reporter{c: c, ctx: context.WithoutCancel(ctx), onErr: onErr, linger: linger,
+	sendCtx, giveUp := context.WithCancel(context.WithoutCancel(ctx))
+	r := &reporter{c: c, ctx: sendCtx, giveUp: giveUp, onErr: onErr, linger: linger,
 		in: make(chan queuedReport, reportBatchMax), slots: make(chan struct{}, reportInFlight), done: make(chan struct{})}
 	go r.run()
 	return r
@@ -94,15 +96,24 @@ func (r *reporter) enqueue(q queuedReport) {
 }
 
 // close stops gathering, sends what is queued without lingering, and waits
-// until it has been sent (each batch bounded by reportTimeout).
-func (r *reporter) close() {
+// until it has been sent: each report retried while its lease stands, or
+// until ctx ends, when the reports still unsent are given up (OnError; their
+// leases lapse and the jobs run again). It reports whether all were sent.
+func (r *reporter) close(ctx context.Context) bool {
 	r.once.Do(func() {
 		r.mu.Lock()
 		r.closed = true
 		close(r.in)
 		r.mu.Unlock()
 	})
-	<-r.done
+	select {
+	case <-r.done:
+		return true
+	case <-ctx.Done():
+		r.giveUp() // ends the retries and the requests in flight
+		<-r.done
+		return false
+	}
 }
 
 // run is the flusher.
@@ -188,7 +199,12 @@ func (r *reporter) send(batch []queuedReport) {
 			}
 			return
 		}
-		_ = r.c.sleep(r.ctx, wait) // the client's own retry wait (r.ctx never ends)
+		if r.c.sleep(r.ctx, wait) != nil { // the client's own wait; r.ctx ends only when close gives up
+			for _, q := range batch {
+				r.fail(q, err)
+			}
+			return
+		}
 	}
 }
 

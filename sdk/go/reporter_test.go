@@ -2,6 +2,7 @@ package ratchet
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -37,7 +38,7 @@ func TestReportSentBeforeLeaseWithoutFilling(t *testing.T) {
 			t.Fatalf("report %v", rep)
 		}
 	}
-	r.close()
+	r.close(context.Background())
 	if errs := sink.list(); len(errs) != 0 {
 		t.Fatalf("OnError %v", errs)
 	}
@@ -49,7 +50,7 @@ func TestReportSentAfterLinger(t *testing.T) {
 	f := newFakeJobs()
 	c, _ := testClient(t, f)
 	r := newReporter(context.Background(), c, func(err error) { t.Error(err) }, 0)
-	defer r.close()
+	defer r.close(context.Background())
 	for _, id := range queueReports(r, 5, time.Now().Add(10*time.Minute)) {
 		f.waitReport(t, id)
 	}
@@ -64,7 +65,7 @@ func TestReporterCloseFlushesEverything(t *testing.T) {
 	c, _ := testClient(t, f)
 	r := newReporter(context.Background(), c, func(err error) { t.Error(err) }, time.Hour)
 	ids := queueReports(r, 150, time.Now().Add(10*time.Minute))
-	r.close()
+	r.close(context.Background())
 	f.mu.Lock()
 	got, batches := len(f.reports), append([]int(nil), f.batches...)
 	f.mu.Unlock()
@@ -99,7 +100,7 @@ func TestBatchLeaseLostAffectsOnlyThatJob(t *testing.T) {
 	sink := &errSink{}
 	r := newReporter(context.Background(), c, sink.add, time.Hour)
 	queueReports(r, 3, time.Now().Add(10*time.Minute))
-	r.close()
+	r.close(context.Background())
 	f.mu.Lock()
 	_, lost := f.reports["job_r1"]
 	_, a := f.reports["job_r0"]
@@ -123,7 +124,7 @@ func TestBatchRefusedFallsBackToSingleReports(t *testing.T) {
 	c, _ := testClient(t, f)
 	r := newReporter(context.Background(), c, func(err error) { t.Error(err) }, time.Hour)
 	ids := queueReports(r, 4, time.Now().Add(10*time.Minute))
-	r.close()
+	r.close(context.Background())
 	for _, id := range ids {
 		if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
 			t.Fatalf("report %v", rep)
@@ -158,7 +159,7 @@ func TestBatchFallbackRetriesEachSingleReport(t *testing.T) {
 	sink := &errSink{}
 	r := newReporter(context.Background(), c, sink.add, time.Hour)
 	ids := queueReports(r, 4, time.Now().Add(10*time.Minute))
-	r.close()
+	r.close(context.Background())
 	for _, id := range ids {
 		if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
 			t.Fatalf("report %v", rep)
@@ -198,5 +199,39 @@ func TestWorkerStopFlushesReports(t *testing.T) {
 		if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
 			t.Fatalf("report %v", rep)
 		}
+	}
+}
+
+// Stop keeps its deadline while reports cannot be delivered: it returns when
+// ctx ends, with an error, and the undelivered report goes to OnError (its
+// lease lapses and the job runs again). It waited out the whole lease.
+func TestWorkerStopKeepsItsDeadlineWhileReportsFail(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.reportError = func(json.RawMessage) (int, string) { return 503, "database_unavailable" }
+	f.add("t", "1", welcomeIn{}, 600000) // a ten-minute lease
+	ran := make(chan struct{}, 1)
+	w, sink := startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
+			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) {
+				ran <- struct{}{}
+				return welcomeOut{Sent: true}, nil
+			}}))
+	}, StartOptions{})
+	<-ran
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(ctx) }()
+	select {
+	case err := <-stopped:
+		if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Stop answered %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop outlived its deadline")
+	}
+	if errs := sink.list(); len(errs) == 0 || !strings.Contains(errs[len(errs)-1].Error(), "report job") {
+		t.Fatalf("OnError %v", errs)
 	}
 }

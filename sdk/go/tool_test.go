@@ -159,11 +159,25 @@ func TestRedactMessage(t *testing.T) {
 	}
 	// Names that only contain a secret's word are secrets too.
 	for _, s := range []string{"client_secret=hunter2", "access_token=abc123", "AWS_SECRET_ACCESS_KEY=abcd",
-		"private_key=abc", "X-Api-Key: abc", `"refresh_token": "r1"`, "db.password=pw"} {
+		"private_key=abc", "X-Api-Key: abc", `"refresh_token": "r1"`, "db.password=pw", "pwd=s3cr",
+		"passphrase=opensesame"} {
 		got := RedactMessage("failed: " + s)
 		value := s[strings.LastIndexAny(s, "=: ")+1:]
 		if strings.Contains(got, strings.Trim(value, `"`)) || !strings.Contains(got, "[redacted]") {
 			t.Errorf("%q → %q", s, got)
+		}
+	}
+	// Any Authorization scheme, JSON quoted inside a message, and a phone
+	// number with its area code in brackets.
+	for in, secret := range map[string]string{
+		"Authorization: Token tok_live_abc":       "tok_live_abc",
+		"authorization: ApiKey k-123":             "k-123",
+		"got ApiKey k-456 from env":               "k-456",
+		`body {\"password\":\"hunter2\",\"x\":1}`: "hunter2",
+		"call (555) 123-4567 now":                 "123-4567",
+	} {
+		if got := RedactMessage(in); strings.Contains(got, secret) {
+			t.Errorf("%q → %q", in, got)
 		}
 	}
 }

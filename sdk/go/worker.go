@@ -210,7 +210,11 @@ func (w *Worker) Stop(ctx context.Context) error {
 	select {
 	case <-done:
 		w.cancelJobs(ErrWorkerStopped)
-		w.reporter.close() // every handler's report is queued: send them all
+		// Every handler's report is queued: send them all, within ctx.
+		if !w.reporter.close(ctx) {
+			return fmt.Errorf("ratchet: stop deadline passed before every report was delivered "+
+				"(the rest went to OnError; their jobs will run again): %w", ctx.Err())
+		}
 		return nil
 	case <-ctx.Done():
 	}
@@ -221,9 +225,13 @@ func (w *Worker) Stop(ctx context.Context) error {
 	grace, stop := w.clock.Timer(w.stopGraceOr())
 	defer stop()
 	// Reports queued so far (and those of handlers returning within the
-	// grace) are sent before Stop returns; a handler returning later sends
-	// its report on its own.
-	defer w.reporter.close()
+	// grace) are sent before Stop returns, for at most another grace; a
+	// handler returning later sends its report on its own.
+	defer func() {
+		sendCtx, cancel := context.WithTimeout(context.Background(), w.stopGraceOr())
+		defer cancel()
+		w.reporter.close(sendCtx)
+	}()
 	select {
 	case <-done:
 		return fmt.Errorf("ratchet: stop deadline passed; %d handler(s) cancelled and reported retryable: %w", n, ctx.Err())
@@ -242,7 +250,7 @@ func (w *Worker) loop(ctx, jobsCtx context.Context) {
 		if ctx.Err() != nil {
 			// Ended by ctx: nobody may call Stop, so send the last
 			// reports once the cancelled handlers have returned.
-			go func() { w.jobs.Wait(); w.reporter.close() }()
+			go func() { w.jobs.Wait(); w.reporter.close(context.Background()) }()
 		}
 	}()
 	full := false // the last claim filled every slot it asked for: work is waiting
