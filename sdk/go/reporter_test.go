@@ -2,8 +2,8 @@ package ratchet
 
 import (
 	"context"
-	"errors"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
