@@ -7,6 +7,7 @@ package httpapi_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"reflect"
 	"sort"
@@ -575,6 +576,29 @@ func TestTimestampsReadBackAsWritten(t *testing.T) {
 	list := env.Must(http.StatusOK, "GET", "/api/v1/webhooks", ws.Key, nil).JSON()["data"].([]any)
 	require.Len(t, list, 1)
 	require.Equal(t, list[0].(map[string]any)["created_at"], wh["created_at"], "webhook")
+}
+
+// A path with an empty or dot segment (an id left blank) is an unknown
+// route: 404 in the envelope with a request id, not the mux's bare redirect
+// to some other path.
+func TestEmptyPathSegmentIs404(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	for _, p := range []string{"/api/v1/runs//steps", "/api/v1//queue/health", "/api/v1/effects/./report",
+		"/v1/runs//steps"} {
+		req, err := http.NewRequest("POST", env.Server.URL+p, strings.NewReader(`{}`))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+ws.Key)
+		client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		res, err := client.Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		require.Equal(t, http.StatusNotFound, res.StatusCode, "%s: %s", p, body)
+		require.Contains(t, string(body), `"not_found"`, p)
+		require.NotEmpty(t, res.Header.Get("X-Request-Id"), p)
+	}
 }
 
 // A NUL in any string of a body (JSON's \u0000) is a bad request, not an

@@ -220,6 +220,8 @@ func TestEndpointPolicyValidation(t *testing.T) {
 	stale := put(custom(nil))
 	require.Equal(t, http.StatusConflict, stale.Status)
 	require.Equal(t, "version_conflict", stale.ErrorCode())
+	// In this route's camelCase, as API.md never mixes the two in a route.
+	require.Equal(t, map[string]any{"currentVersion": 2.0}, stale.JSON()["error"].(map[string]any)["detail"])
 
 	// An existing CUSTOM policy merges field by field; null clears a gate.
 	merged := e.Must(http.StatusOK, "PUT", path, e.ws.Key, map[string]any{"expectedVersion": 2, "maxAttempts": 3,
@@ -530,6 +532,12 @@ func TestBatchReport(t *testing.T) {
 	for i, res := range out.Results {
 		require.Equal(t, js[i]["jobId"], res.JobID)
 	}
+	// A recorded slot has the single report's shape: nextDueAt is there,
+	// null unless a retry was scheduled.
+	slots := r.JSON()["results"].([]any)
+	require.Contains(t, slots[0].(map[string]any), "nextDueAt")
+	require.Nil(t, slots[0].(map[string]any)["nextDueAt"])
+	require.NotNil(t, slots[1].(map[string]any)["nextDueAt"])
 	// Repeating the batch answers the same outcomes (the stale one still lost).
 	r2 := e.Must(http.StatusOK, "POST", "/api/v1/jobs/report", e.worker, body)
 	require.JSONEq(t, string(r.Body), string(r2.Body))

@@ -87,6 +87,14 @@ func Routes() []Route { return (&Server{}).routes() }
 
 // ServeHTTP serves /api/v1/... and the legacy /v1/... alias.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if p := r.URL.Path; strings.Contains(p, "//") || strings.Contains(p, "/./") || strings.Contains(p, "/../") ||
+		strings.HasSuffix(p, "/.") || strings.HasSuffix(p, "/..") {
+		// An empty or dot segment (an id left blank: /runs//steps) names
+		// no route. The mux would redirect it to its cleaned path, a bare
+		// 307 to some other route; answer 404 in the envelope instead.
+		s.serveGroup(w, r, nil)
+		return
+	}
 	if strings.HasPrefix(r.URL.Path, "/v1/") {
 		r2 := r.Clone(r.Context())
 		r2.URL.Path = "/api" + r.URL.Path

@@ -313,7 +313,7 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 		return Endpoint{}, err
 	}
 	if req.ExpectedVersion.Value != cur.Version {
-		return Endpoint{}, apierr.VersionConflict(cur.Version)
+		return Endpoint{}, versionConflict(cur.Version)
 	}
 	var e Endpoint
 	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
@@ -338,7 +338,7 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 		if gerr != nil {
 			return Endpoint{}, gerr
 		}
-		return Endpoint{}, apierr.VersionConflict(latest.Version)
+		return Endpoint{}, versionConflict(latest.Version)
 	}
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("update endpoint policy: %w", err)
@@ -367,4 +367,12 @@ func (s *Service) SetPaused(ctx context.Context, workspaceID, id string, paused 
 		s.wake.wakeAll(workspaceID) // its held jobs are claimable again
 	}
 	return e, err
+}
+
+// versionConflict is apierr.VersionConflict with its detail in this route's
+// camelCase (currentVersion): API.md never mixes the two within a route.
+func versionConflict(current int64) *apierr.Error {
+	e := apierr.VersionConflict(current)
+	e.Detail = map[string]any{"currentVersion": current}
+	return e
 }

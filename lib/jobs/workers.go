@@ -383,7 +383,7 @@ type BatchReportResult struct {
 	JobID     string            `json:"jobId"`
 	Status    string            `json:"status,omitempty"`
 	Attempt   int               `json:"attempt,omitempty"`
-	NextDueAt *time.Time        `json:"nextDueAt,omitempty"`
+	NextDueAt *time.Time        `json:"nextDueAt"` // null unless a retry is scheduled, as the single report answers
 	Error     *BatchReportError `json:"error,omitempty"`
 }
 
