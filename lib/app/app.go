@@ -17,7 +17,6 @@ import (
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/httpapi"
-	"github.com/getratchet/ratchet/lib/seal"
 	"github.com/getratchet/ratchet/lib/sweep"
 	"github.com/getratchet/ratchet/migrations"
 )
@@ -56,13 +55,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	key, _ := config.DecodeKey(cfg.ResultEncryptionKey)
-	var older [][]byte
-	for _, k := range cfg.ResultEncryptionKeys {
-		b, _ := config.DecodeKey(k)
-		older = append(older, b)
-	}
-	sealer, err := seal.New(key, older...)
+	sealer, err := cfg.Sealer()
 	if err != nil {
 		pool.Close()
 		return nil, err

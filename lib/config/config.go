@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/kelseyhightower/envconfig"
+
+	"github.com/getratchet/ratchet/lib/seal"
 )
 
 // Config holds every setting. Defaults suit a serverless instance: a tiny
@@ -203,6 +205,24 @@ func DecodeKey(s string) ([]byte, error) {
 		return nil, fmt.Errorf("want 32 bytes, got %d", len(b))
 	}
 	return b, nil
+}
+
+// Sealer builds the sealer of RESULT_ENCRYPTION_KEY (which seals) and
+// RESULT_ENCRYPTION_KEYS (which only open). Call it after Validate.
+func (c *Config) Sealer() (*seal.Sealer, error) {
+	current, err := DecodeKey(c.ResultEncryptionKey)
+	if err != nil {
+		return nil, fmt.Errorf("config: RESULT_ENCRYPTION_KEY is malformed (%v)", err)
+	}
+	older := make([][]byte, 0, len(c.ResultEncryptionKeys))
+	for i, k := range c.ResultEncryptionKeys {
+		b, err := DecodeKey(k)
+		if err != nil {
+			return nil, fmt.Errorf("config: RESULT_ENCRYPTION_KEYS entry %d is malformed (%v)", i+1, err)
+		}
+		older = append(older, b)
+	}
+	return seal.New(current, older...)
 }
 
 // MigrationURL is the URL migrations run over.

@@ -87,18 +87,16 @@ func tokenHash(token string) []byte {
 	return sum[:]
 }
 
-func aad(effectID, column string) []byte { return []byte(effectID + "/" + column) }
-
 // sealJSON seals a JSON document (nil stays nil, so the column stays NULL).
 func (s *Service) sealJSON(effectID, column string, doc json.RawMessage) []byte {
 	if doc == nil {
 		return nil
 	}
-	return s.sealer.Seal(doc, aad(effectID, column))
+	return s.sealer.Seal(doc, seal.AAD(effectID, column))
 }
 
 func (s *Service) openJSON(effectID, column string, ct []byte) (json.RawMessage, error) {
-	pt, err := s.sealer.Open(ct, aad(effectID, column))
+	pt, err := s.sealer.Open(ct, seal.AAD(effectID, column))
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", column, err)
 	}

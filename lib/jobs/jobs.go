@@ -95,14 +95,12 @@ func (s *Service) mac(b []byte) []byte {
 	return m.Sum(nil)
 }
 
-func aad(jobID, column string) []byte { return []byte(jobID + "/" + column) }
-
 // open decrypts a sealed JSON column, answering null for an empty one.
 func (s *Service) open(jobID, column string, sealed []byte) (json.RawMessage, error) {
 	if sealed == nil {
 		return json.RawMessage("null"), nil
 	}
-	b, err := s.sealer.Open(sealed, aad(jobID, column))
+	b, err := s.sealer.Open(sealed, seal.AAD(jobID, column))
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/redact"
+	"github.com/getratchet/ratchet/lib/seal"
 )
 
 // Reports are applied set-based: one statement locks every job of the batch
@@ -262,7 +263,7 @@ func (s *Service) outcomeRow(jobID string, attempt int, req ReportRequest, next 
 	row := applyRow{jobID: jobID, attempt: attempt, next: next, due: due, finished: finished, outcome: req.Status,
 		updateJob: true}
 	if req.Status == StatusSucceeded && len(bytes.TrimSpace(req.Output)) > 0 {
-		row.output = s.sealer.Seal(req.Output, aad(jobID, "output"))
+		row.output = s.sealer.Seal(req.Output, seal.AAD(jobID, "output"))
 		pv := string(redact.PreviewJSON(req.Output))
 		row.preview = &pv
 	}
@@ -270,7 +271,7 @@ func (s *Service) outcomeRow(jobID string, attempt int, req ReportRequest, next 
 		t := req.Error.Retryable == nil || *req.Error.Retryable
 		row.retryable, row.retryAfter = &t, req.Error.RetryAfterMs
 		if req.Error.Message != "" {
-			row.errSealed = s.sealer.Seal([]byte(req.Error.Message), aad(jobID, fmt.Sprintf("error/%d", attempt)))
+			row.errSealed = s.sealer.Seal([]byte(req.Error.Message), seal.AAD(jobID, fmt.Sprintf("error/%d", attempt)))
 		}
 	}
 	return row
@@ -282,7 +283,7 @@ func (s *Service) outcomeRow(jobID string, attempt int, req ReportRequest, next 
 func (s *Service) rejectionRow(jobID string, attempt int, rejection string, finished *time.Time) applyRow {
 	retryable := false
 	return applyRow{jobID: jobID, attempt: attempt, next: StatusExhausted, finished: finished, outcome: "FAILED",
-		retryable: &retryable, errSealed: s.sealer.Seal([]byte(rejection), aad(jobID, fmt.Sprintf("error/%d", attempt))),
+		retryable: &retryable, errSealed: s.sealer.Seal([]byte(rejection), seal.AAD(jobID, fmt.Sprintf("error/%d", attempt))),
 		updateJob: true, warning: &rejection, rejected: true}
 }
 

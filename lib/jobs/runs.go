@@ -22,6 +22,7 @@ import (
 	"github.com/getratchet/ratchet/lib/idemkey"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/redact"
+	"github.com/getratchet/ratchet/lib/seal"
 )
 
 // Run is a group of steps that completes as a whole (API.md §5).
@@ -400,7 +401,7 @@ func (s *Service) enqueue(ctx context.Context, q querier, workspaceID string, op
 	now := s.now()
 	jobID, stepID := ids.NewAt(ids.Job, now), ids.NewAt(ids.Step, now)
 	hash := s.mac(op.fingerprint())
-	sealed, preview := s.sealer.Seal(op.input, aad(jobID, "input")), string(redact.PreviewJSON(op.input))
+	sealed, preview := s.sealer.Seal(op.input, seal.AAD(jobID, "input")), string(redact.PreviewJSON(op.input))
 	contract, checked := op.contractVersion, false
 	// The contract, the endpoint, then the decision: three calls at most
 	// (a checked contract is not selected again, and endpoints are never

@@ -61,6 +61,11 @@ func New(current []byte, older ...[]byte) (*Sealer, error) {
 	return s, nil
 }
 
+// AAD is the associated data every sealed column uses: the row's id and the
+// column's name, so a ciphertext moved to another row or column fails to
+// open. The rotation command (lib/reseal) derives it the same way.
+func AAD(rowID, column string) []byte { return []byte(rowID + "/" + column) }
+
 // KeyID identifies a key without revealing it.
 func KeyID(key []byte) [4]byte {
 	sum := sha256.Sum256(key)
@@ -105,6 +110,19 @@ func (s *Sealer) Open(ciphertext, aad []byte) ([]byte, error) {
 		return nil, errors.New("seal: ciphertext failed authentication")
 	}
 	return pt, nil
+}
+
+// CurrentKeyID is the id of the key that seals.
+func (s *Sealer) CurrentKeyID() [4]byte { return s.current }
+
+// CanOpen reports whether ciphertext names a configured key. It reads only
+// the header, so it also answers for a ciphertext's first five bytes.
+func (s *Sealer) CanOpen(ciphertext []byte) bool {
+	if len(ciphertext) < 5 || ciphertext[0] != version {
+		return false
+	}
+	_, ok := s.aeads[[4]byte(ciphertext[1:5])]
+	return ok
 }
 
 // IsCurrent reports whether ciphertext was sealed with the current key; the

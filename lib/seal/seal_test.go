@@ -43,10 +43,16 @@ func TestRotationOpensOldAndSealsNew(t *testing.T) {
 	require.False(t, rotated.IsCurrent(ct))
 	require.True(t, rotated.IsCurrent(rotated.Seal([]byte("n"), nil)))
 
+	require.True(t, rotated.CanOpen(ct[:5]), "the header alone names the key")
+	require.Equal(t, KeyID(key(2)), rotated.CurrentKeyID())
+
 	withoutOld, err := New(key(2))
 	require.NoError(t, err)
 	_, err = withoutOld.Open(ct, nil)
 	require.ErrorIs(t, err, ErrUnknownKey)
+	require.False(t, withoutOld.CanOpen(ct))
+	require.False(t, rotated.CanOpen(ct[:4]))
+	require.False(t, rotated.CanOpen(append([]byte{2}, ct[1:]...)), "another format version")
 }
 
 func TestNilStaysNil(t *testing.T) {

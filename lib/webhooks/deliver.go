@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/seal"
 )
 
 const (
@@ -180,7 +182,7 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 // deliverOne sends one delivery and records the outcome. Only the status code
 // and a short fixed reason are stored, never the receiver's response body.
 func (s *Service) deliverOne(ctx context.Context, c claimed) error {
-	secret, err := s.sealer.Open(c.secret, secretAAD(c.webhookID))
+	secret, err := s.sealer.Open(c.secret, seal.AAD(c.webhookID, "secret"))
 	if err != nil {
 		return s.record(ctx, c, nil, "cannot open signing secret")
 	}

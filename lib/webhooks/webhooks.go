@@ -73,8 +73,6 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, now func() time.Time, allowPri
 	return &Service{pool: pool, sealer: sealer, now: clock, client: newClient(allowPrivate)}
 }
 
-func secretAAD(id string) []byte { return []byte(id + "/secret") }
-
 func (r *CreateRequest) validate() error {
 	var pr apierr.Problems
 	u, err := url.Parse(r.URL)
@@ -110,7 +108,7 @@ func (s *Service) Create(ctx context.Context, workspaceID string, req CreateRequ
 		Secret: "whsec_" + ids.Random(32)}
 	_, err := s.pool.Exec(ctx, `INSERT INTO webhooks (id, workspace_id, url, events, secret, created_at)
 		VALUES ($1, $2, $3, $4, $5, $6)`,
-		w.ID, workspaceID, w.URL, w.Events, s.sealer.Seal([]byte(w.Secret), secretAAD(w.ID)), now)
+		w.ID, workspaceID, w.URL, w.Events, s.sealer.Seal([]byte(w.Secret), seal.AAD(w.ID, "secret")), now)
 	if err != nil {
 		return NewWebhook{}, fmt.Errorf("insert webhook: %w", err)
 	}

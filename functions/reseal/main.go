@@ -1,0 +1,108 @@
+// Command reseal completes a rotation of RESULT_ENCRYPTION_KEY: with the new
+// key in RESULT_ENCRYPTION_KEY and the old ones in RESULT_ENCRYPTION_KEYS
+// (the settings every instance already runs with), it re-seals everything
+// still sealed with an old key under the new one, and says whether the old
+// keys can now be removed. -check only counts. It runs as a CLI
+// (go run ./functions/reseal [-check]) or, inside Lambda, as a function to
+// invoke (event {"check": true} to count); a run cut short by its deadline
+// is continued by the next.
+//
+// Exit status (CLI): 0 when nothing is sealed with a key other than the
+// current one, 1 on an error, 2 when something still is.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+
+	"github.com/aws/aws-lambda-go/lambda"
+
+	"github.com/getratchet/ratchet/lib/config"
+	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/reseal"
+)
+
+// Event is the Lambda invocation's input.
+type Event struct {
+	Check bool `json:"check"`
+}
+
+func run(ctx context.Context, ev Event) (reseal.Report, error) {
+	cfg, err := config.Load()
+	if err != nil {
+		return reseal.Report{}, err
+	}
+	sealer, err := cfg.Sealer()
+	if err != nil {
+		return reseal.Report{}, err
+	}
+	pool, err := db.Open(ctx, cfg)
+	if err != nil {
+		return reseal.Report{}, err
+	}
+	defer pool.Close()
+	r := reseal.New(pool, sealer)
+	if ev.Check {
+		return r.Check(ctx)
+	}
+	return r.Run(ctx)
+}
+
+func main() {
+	if os.Getenv("AWS_LAMBDA_RUNTIME_API") != "" {
+		lambda.Start(run)
+		return
+	}
+	check := flag.Bool("check", false, "count ciphertexts by key, change nothing")
+	asJSON := flag.Bool("json", false, "print the report as JSON")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	rep, err := run(ctx, Event{Check: *check})
+	if err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Fprintln(os.Stderr, "reseal:", err)
+		os.Exit(1)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(rep)
+	} else {
+		printReport(os.Stdout, rep, *check)
+	}
+	switch {
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "reseal: interrupted; run it again to continue")
+		os.Exit(1)
+	case !rep.Complete:
+		os.Exit(2)
+	}
+}
+
+func printReport(w io.Writer, rep reseal.Report, check bool) {
+	fmt.Fprintf(w, "current key id %s\n", rep.CurrentKeyID)
+	for _, c := range rep.Columns {
+		if check {
+			fmt.Fprintf(w, "%-28s current %d, older %d, unknown key %d\n", c.Column, c.Current, c.Older, c.Unknown)
+			continue
+		}
+		fmt.Fprintf(w, "%-28s resealed %d, skipped (busy) %d, unknown key %d, corrupt %d\n",
+			c.Column, c.Resealed, c.Skipped, c.Unknown, c.Corrupt)
+	}
+	switch {
+	case rep.Complete:
+		fmt.Fprintln(w, "every ciphertext is sealed with the current key: older keys can be removed")
+	case check:
+		fmt.Fprintln(w, "some ciphertexts are not sealed with the current key: run reseal before removing older keys")
+	default:
+		fmt.Fprintln(w, "some ciphertexts are still not sealed with the current key: keep the older keys "+
+			"(rows busy or changed during the run are resealed by running it again; unknown-key and "+
+			"corrupt ones cannot be opened with the configured keys)")
+	}
+}

@@ -1,0 +1,309 @@
+// Package reseal completes a rotation of RESULT_ENCRYPTION_KEY. Sealing with
+// key ids (lib/seal) lets a new key take over at once while the old one still
+// opens what it sealed; this package re-seals, under the current key, every
+// ciphertext still sealed with another one, so the old key can then be
+// removed from RESULT_ENCRYPTION_KEYS without losing anything. Check reports
+// where each column's ciphertexts stand without changing them.
+//
+// A run is safe beside live traffic and safe to repeat or interrupt: it
+// walks each column in primary-key order, a batch at a time, and replaces a
+// ciphertext only while the row still holds the one it read (a row changed in
+// between is left for the next run, and was written under the current key
+// anyway). It takes each batch's rows with SKIP LOCKED, so it never waits for
+// a request, and a request waits at most for one batch's statement.
+package reseal
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/getratchet/ratchet/lib/seal"
+)
+
+// column is one column of ciphertexts: its table, its name, and the
+// primary-key columns its associated data is derived from.
+type column struct {
+	table string
+	name  string
+	// key is the primary key, in order; keyType the SQL type of each part.
+	key     []string
+	keyType []string
+	// aad derives the column's associated data from the key's values,
+	// exactly as the code that sealed it did.
+	aad func(key []string) []byte
+}
+
+// rowAAD is the associated data of a column sealed as seal.AAD(id, part).
+func rowAAD(part string) func([]string) []byte {
+	return func(key []string) []byte { return seal.AAD(key[0], part) }
+}
+
+// columns lists every sealed column. A new sealed column belongs here, or a
+// rotation would strand it (TestEveryByteaColumnIsKnown lists the rest).
+var columns = []column{
+	{table: "effects", name: "payload", key: []string{"id"}, keyType: []string{"text"}, aad: rowAAD("payload")},
+	{table: "effects", name: "result", key: []string{"id"}, keyType: []string{"text"}, aad: rowAAD("result")},
+	{table: "effects", name: "compensation", key: []string{"id"}, keyType: []string{"text"}, aad: rowAAD("compensation")},
+	{table: "jobs", name: "input_sealed", key: []string{"id"}, keyType: []string{"text"}, aad: rowAAD("input")},
+	{table: "jobs", name: "output_sealed", key: []string{"id"}, keyType: []string{"text"}, aad: rowAAD("output")},
+	// An attempt's error is sealed under the job's id and "error/<attempt>".
+	{table: "job_executions", name: "error_sealed", key: []string{"job_id", "attempt"},
+		keyType: []string{"text", "integer"}, aad: func(key []string) []byte {
+			return seal.AAD(key[0], "error/"+key[1])
+		}},
+	{table: "webhooks", name: "secret", key: []string{"id"}, keyType: []string{"text"}, aad: rowAAD("secret")},
+}
+
+// BatchSize is how many rows one statement re-seals. Ciphertexts are read
+// into memory a batch at a time; a sealed value is at most a request body.
+const BatchSize = 64
+
+// ColumnReport is what one column holds, or what a run did to it.
+type ColumnReport struct {
+	Column string `json:"column"` // table.column
+	// Run: Resealed counts ciphertexts moved to the current key; Skipped
+	// those a request held or changed while the run read them (a later run
+	// takes them); Corrupt those that fail to open under their key.
+	Resealed int64 `json:"resealed"`
+	Skipped  int64 `json:"skipped"`
+	Corrupt  int64 `json:"corrupt"`
+	// Check: Current and Older count ciphertexts under the current key and
+	// under an older configured one.
+	Current int64 `json:"current"`
+	Older   int64 `json:"older"`
+	// Unknown counts ciphertexts sealed with a key that is not configured,
+	// which nothing can open.
+	Unknown int64 `json:"unknown"`
+}
+
+// Report covers every sealed column.
+type Report struct {
+	CurrentKeyID string         `json:"currentKeyId"`
+	Columns      []ColumnReport `json:"columns"`
+	// Complete is true when nothing is sealed with a key other than the
+	// current one: the older keys can be removed.
+	Complete bool `json:"complete"`
+}
+
+func (r *Report) finish() {
+	r.Complete = true
+	for _, c := range r.Columns {
+		if c.Older+c.Skipped+c.Unknown+c.Corrupt > 0 {
+			r.Complete = false
+		}
+	}
+}
+
+// Resealer re-seals one database's ciphertexts with one Sealer's keys.
+type Resealer struct {
+	pool   *pgxpool.Pool
+	sealer *seal.Sealer
+	batch  int
+	// beforeWrite, when set (tests), runs between a batch's read and write.
+	beforeWrite func(column string)
+}
+
+// New returns a Resealer. The sealer's current key seals; its older keys
+// must include every key still in use, or those ciphertexts count as unknown.
+func New(pool *pgxpool.Pool, sealer *seal.Sealer) *Resealer {
+	return &Resealer{pool: pool, sealer: sealer, batch: BatchSize}
+}
+
+// Check counts each column's ciphertexts by the key that sealed them,
+// changing nothing. It reads every sealed value's 5-byte header only.
+func (r *Resealer) Check(ctx context.Context) (Report, error) {
+	rep := Report{CurrentKeyID: r.currentKeyID()}
+	for _, c := range columns {
+		cr := ColumnReport{Column: c.table + "." + c.name}
+		rows, err := r.pool.Query(ctx, c.countSQL())
+		if err != nil {
+			return rep, fmt.Errorf("reseal: count %s: %w", cr.Column, err)
+		}
+		var header []byte
+		var n int64
+		_, err = pgx.ForEachRow(rows, []any{&header, &n}, func() error {
+			switch {
+			case r.sealer.IsCurrent(header):
+				cr.Current += n
+			case r.sealer.CanOpen(header):
+				cr.Older += n
+			default:
+				cr.Unknown += n
+			}
+			return nil
+		})
+		if err != nil {
+			return rep, fmt.Errorf("reseal: count %s: %w", cr.Column, err)
+		}
+		rep.Columns = append(rep.Columns, cr)
+	}
+	rep.finish()
+	return rep, nil
+}
+
+// Run re-seals every ciphertext not sealed with the current key. It stops
+// at ctx's end with what it did so far (a later run continues: what is left
+// is found again). Ciphertexts under an unknown key, or that fail to open,
+// are counted and left as they are.
+func (r *Resealer) Run(ctx context.Context) (Report, error) {
+	rep := Report{CurrentKeyID: r.currentKeyID()}
+	for _, c := range columns {
+		cr, err := r.runColumn(ctx, c)
+		rep.Columns = append(rep.Columns, cr)
+		if err != nil {
+			return rep, err
+		}
+	}
+	rep.finish()
+	return rep, nil
+}
+
+// staleRow is one ciphertext not under the current key.
+type staleRow struct {
+	key []string
+	ct  []byte
+}
+
+func (r *Resealer) runColumn(ctx context.Context, c column) (ColumnReport, error) {
+	cr := ColumnReport{Column: c.table + "." + c.name}
+	current := r.sealer.CurrentKeyID()
+	// The last key read: before the first batch, a key below every real
+	// one (ids are never empty, attempts start at 1).
+	after := make([]string, len(c.key))
+	for i, t := range c.keyType {
+		if t == "integer" {
+			after[i] = "0"
+		}
+	}
+	for {
+		args := []any{current[:], r.batch}
+		for _, v := range after {
+			args = append(args, v)
+		}
+		rows, err := r.pool.Query(ctx, c.staleSQL(), args...)
+		if err != nil {
+			return cr, fmt.Errorf("reseal: read %s: %w", cr.Column, err)
+		}
+		stale, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (staleRow, error) {
+			s := staleRow{key: make([]string, len(c.key))}
+			dest := make([]any, 0, len(c.key)+1)
+			for i := range s.key {
+				dest = append(dest, &s.key[i])
+			}
+			return s, row.Scan(append(dest, &s.ct)...)
+		})
+		if err != nil {
+			return cr, fmt.Errorf("reseal: read %s: %w", cr.Column, err)
+		}
+		if len(stale) == 0 {
+			return cr, nil
+		}
+		after = stale[len(stale)-1].key
+
+		keys := make([][]string, len(c.key))
+		var olds, news [][]byte
+		for _, s := range stale {
+			pt, err := r.sealer.Open(s.ct, c.aad(s.key))
+			switch {
+			case errors.Is(err, seal.ErrUnknownKey):
+				cr.Unknown++
+				continue
+			case err != nil:
+				cr.Corrupt++
+				continue
+			}
+			for i := range keys {
+				keys[i] = append(keys[i], s.key[i])
+			}
+			olds = append(olds, s.ct)
+			news = append(news, r.sealer.Seal(pt, c.aad(s.key)))
+		}
+		if len(olds) == 0 {
+			continue
+		}
+		if r.beforeWrite != nil {
+			r.beforeWrite(c.table + "." + c.name)
+		}
+		args = args[:0]
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		tag, err := r.pool.Exec(ctx, c.replaceSQL(), append(args, olds, news)...)
+		if err != nil {
+			return cr, fmt.Errorf("reseal: write %s: %w", cr.Column, err)
+		}
+		cr.Resealed += tag.RowsAffected()
+		cr.Skipped += int64(len(olds)) - tag.RowsAffected()
+	}
+}
+
+func (r *Resealer) currentKeyID() string {
+	id := r.sealer.CurrentKeyID()
+	return hex.EncodeToString(id[:])
+}
+
+// The statements are built from the column list above, never from input.
+
+// countSQL groups a column's ciphertexts by their header (version and key
+// id): substring reads only the first bytes of an out-of-line value.
+func (c column) countSQL() string {
+	return fmt.Sprintf(`SELECT substring(%[2]s FROM 1 FOR 5), count(*) FROM %[1]s
+WHERE %[2]s IS NOT NULL GROUP BY 1`, c.table, c.name)
+}
+
+// staleSQL reads the next batch ($2 rows) of ciphertexts whose key id is
+// not the current one ($1), in primary-key order after the previous batch's
+// last key ($3…, each part sent as text).
+func (c column) staleSQL() string {
+	keyList := strings.Join(c.key, ", ")
+	after := make([]string, len(c.key))
+	for i, t := range c.keyType {
+		after[i] = fmt.Sprintf("$%d::text::%s", i+3, t)
+	}
+	casts := make([]string, len(c.key))
+	for i, k := range c.key {
+		casts[i] = k + "::text"
+	}
+	return fmt.Sprintf(`SELECT %[3]s, %[2]s FROM %[1]s
+WHERE %[2]s IS NOT NULL AND substring(%[2]s FROM 2 FOR 4) <> $1::bytea
+  AND (%[4]s) > (%[5]s)
+ORDER BY %[4]s LIMIT $2::int`,
+		c.table, c.name, strings.Join(casts, ", "), keyList, strings.Join(after, ", "))
+}
+
+// replaceSQL swaps each row's old ciphertext for its new one while the row
+// still holds the old one, taking the rows in key order and skipping any a
+// request holds. Its parameters are one array per key part, then the old
+// and the new ciphertexts.
+func (c column) replaceSQL() string {
+	n := len(c.key)
+	unnest := make([]string, 0, n+2)
+	names := make([]string, 0, n+2)
+	match := make([]string, 0, n)
+	for i, k := range c.key {
+		unnest = append(unnest, fmt.Sprintf("$%d::text[]", i+1))
+		names = append(names, "k"+fmt.Sprint(i))
+		match = append(match, fmt.Sprintf("t.%s = u.k%d::%s", k, i, c.keyType[i]))
+	}
+	unnest = append(unnest, fmt.Sprintf("$%d::bytea[]", n+1), fmt.Sprintf("$%d::bytea[]", n+2))
+	names = append(names, "old", "new")
+	order := make([]string, n)
+	for i, k := range c.key {
+		order[i] = "t." + k
+	}
+	return fmt.Sprintf(`WITH u AS (SELECT * FROM unnest(%[3]s) AS u(%[4]s)),
+locked AS (
+    SELECT t.ctid AS tid, u.new FROM %[1]s t JOIN u ON %[5]s AND t.%[2]s = u.old
+    ORDER BY %[6]s
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE %[1]s t SET %[2]s = locked.new FROM locked WHERE t.ctid = locked.tid`,
+		c.table, c.name, strings.Join(unnest, ", "), strings.Join(names, ", "),
+		strings.Join(match, " AND "), strings.Join(order, ", "))
+}
