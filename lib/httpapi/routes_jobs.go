@@ -76,7 +76,8 @@ func (s *Server) jobsRoutes() []Route {
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/jobs/{id}/heartbeat", Name: "jobs.heartbeat", Tag: "workers", Scopes: work,
-			Summary: "Extend the lease by the job's timeout plus the grace; returns cancelRequested.",
+			Summary: "Extend the lease by the job's timeout plus the grace; returns cancelRequested. A key " +
+				"restricted to tools may heartbeat only their jobs (403).",
 			Request: jobs.HeartbeatRequest{}, Response: jobs.HeartbeatResult{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeLeaseLost,
 				apierr.CodeInvalidState},
@@ -85,7 +86,8 @@ func (s *Server) jobsRoutes() []Route {
 		{
 			Method: "POST", Pattern: "/api/v1/jobs/{id}/report", Name: "jobs.report", Tag: "workers", Scopes: work,
 			Summary: "Report an attempt: SUCCEEDED with output, or FAILED with error {message, retryable, " +
-				"retryAfterMs}. A superseded lease token is 409 lease_lost; a repeat answers the same object.",
+				"retryAfterMs}. A superseded lease token is 409 lease_lost; a repeat answers the same object. A key " +
+				"restricted to tools may report only their jobs (403).",
 			Request: jobs.ReportRequest{}, Response: jobs.ReportResult{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeLeaseLost,
 				apierr.CodeInvalidState},
@@ -94,7 +96,8 @@ func (s *Server) jobsRoutes() []Route {
 		{
 			Method: "POST", Pattern: "/api/v1/jobs/report", Name: "jobs.report.batch", Tag: "workers", Scopes: work,
 			Summary: "Report up to 100 attempts in one request and one transaction, each fenced by its own lease " +
-				"token; results come back in request order, a refused report carrying its error code.",
+				"token; results come back in request order, a refused report carrying its error code (forbidden " +
+				"for a tool the key may not work).",
 			Request: jobs.BatchReportRequest{}, Response: jobs.BatchReportResponse{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest}, Handle: s.reportBatch,
 		},
@@ -239,7 +242,7 @@ func (s *Server) heartbeat(ctx context.Context, c *Call) (any, error) {
 	if err := c.Decode(&req); err != nil {
 		return nil, err
 	}
-	return s.Jobs.Heartbeat(ctx, c.Principal.WorkspaceID, id, req)
+	return s.Jobs.Heartbeat(ctx, c.Principal, id, req)
 }
 
 func (s *Server) report(ctx context.Context, c *Call) (any, error) {
@@ -251,7 +254,7 @@ func (s *Server) report(ctx context.Context, c *Call) (any, error) {
 	if err := c.Decode(&req); err != nil {
 		return nil, err
 	}
-	return s.Jobs.Report(ctx, c.Principal.WorkspaceID, id, req)
+	return s.Jobs.Report(ctx, c.Principal, id, req)
 }
 
 func (s *Server) reportBatch(ctx context.Context, c *Call) (any, error) {
@@ -259,7 +262,7 @@ func (s *Server) reportBatch(ctx context.Context, c *Call) (any, error) {
 	if err := c.Decode(&req); err != nil {
 		return nil, err
 	}
-	return s.Jobs.ReportBatch(ctx, c.Principal.WorkspaceID, req)
+	return s.Jobs.ReportBatch(ctx, c.Principal, req)
 }
 
 func (s *Server) listEndpoints(ctx context.Context, c *Call) (any, error) {

@@ -53,7 +53,7 @@ func (b *bundle) drain(t testing.TB, claimers, limit int) [][]string {
 				}
 				for _, j := range c.Jobs {
 					got[i] = append(got[i], j.JobID)
-					if _, err := b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+					if _, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
 						Status: jobs.StatusSucceeded, Output: json.RawMessage(`{"ok":true}`)}); err != nil {
 						errs <- err
 						return
@@ -238,7 +238,7 @@ func TestConcurrentBatchReportsKeepEndpointGates(t *testing.T) {
 					inFlight[j.Name]--
 				}
 				mu.Unlock()
-				res, err := b.svc.ReportBatch(ctx, b.ws, batch)
+				res, err := b.svc.ReportBatch(ctx, b.worker, batch)
 				if err != nil {
 					errs <- err
 					return
@@ -317,7 +317,7 @@ func TestRepeatedReportRacingItsOriginal(t *testing.T) {
 			req = jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "FAILED", Error: &jobs.ReportError{Message: "try again"}}
 		}
 		report := func() error {
-			r, err := b.svc.Report(ctx, b.ws, j.JobID, req)
+			r, err := b.svc.Report(ctx, b.worker, j.JobID, req)
 			if err == nil && r.Attempt != 1 {
 				err = fmt.Errorf("job %s answered attempt %d", j.JobID, r.Attempt)
 			}
@@ -355,7 +355,7 @@ func TestFinishRacingTheLastReportCompletesTheRun(t *testing.T) {
 			_, err := b.svc.FinishRun(ctx, b.ws, p.runID)
 			return err
 		}, func() error {
-			_, err := b.svc.Report(ctx, b.ws, p.job.JobID, jobs.ReportRequest{LeaseToken: p.job.LeaseToken,
+			_, err := b.svc.Report(ctx, b.worker, p.job.JobID, jobs.ReportRequest{LeaseToken: p.job.LeaseToken,
 				Status: jobs.StatusSucceeded})
 			return err
 		})

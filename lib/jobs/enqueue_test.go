@@ -211,7 +211,7 @@ func TestDependentEnqueueRacingItsDependencyEnding(t *testing.T) {
 		var depErr, reportErr error
 		var wg sync.WaitGroup
 		wg.Go(func() {
-			_, reportErr = b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+			_, reportErr = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
 				Status: jobs.StatusSucceeded})
 		})
 		wg.Go(func() {

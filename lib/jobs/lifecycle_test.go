@@ -42,14 +42,14 @@ func (b *bundle) claimOne(t testing.TB, wid string) jobs.ClaimedJob {
 
 func (b *bundle) succeed(t testing.TB, j jobs.ClaimedJob) jobs.ReportResult {
 	t.Helper()
-	r, err := b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
+	r, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
 	require.NoError(t, err)
 	return r
 }
 
 func (b *bundle) fail(t testing.TB, j jobs.ClaimedJob, e *jobs.ReportError) jobs.ReportResult {
 	t.Helper()
-	r, err := b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "FAILED", Error: e})
+	r, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "FAILED", Error: e})
 	require.NoError(t, err)
 	return r
 }
@@ -124,9 +124,9 @@ func TestKilledWorkerJobIsReclaimedAfterLease(t *testing.T) {
 	require.NotEqual(t, first.LeaseToken, second.LeaseToken)
 
 	// The dead worker's late report is fenced off.
-	_, err := b.svc.Report(ctx, b.ws, first.JobID, jobs.ReportRequest{LeaseToken: first.LeaseToken, Status: "SUCCEEDED"})
+	_, err := b.svc.Report(ctx, b.worker, first.JobID, jobs.ReportRequest{LeaseToken: first.LeaseToken, Status: "SUCCEEDED"})
 	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
-	_, err = b.svc.Heartbeat(ctx, b.ws, first.JobID, jobs.HeartbeatRequest{LeaseToken: first.LeaseToken})
+	_, err = b.svc.Heartbeat(ctx, b.worker, first.JobID, jobs.HeartbeatRequest{LeaseToken: first.LeaseToken})
 	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
 
 	require.Equal(t, "SUCCEEDED", b.succeed(t, second).Status)
@@ -157,19 +157,19 @@ func TestHeartbeatExtendsLease(t *testing.T) {
 	w1, w2 := b.register(t), b.register(t)
 	j := b.claimOne(t, w1)
 	b.clock.Add(10 * time.Second)
-	hb, err := b.svc.Heartbeat(ctx, b.ws, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+	hb, err := b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
 	require.NoError(t, err)
 	requireTime(t, b.clock.Now().Add(15*time.Second), *hb.LeaseExpiresAt)
 	require.False(t, hb.CancelRequested)
 	b.clock.Add(10 * time.Second) // past the original lease, within the extended one
 	require.Empty(t, b.claim(t, w2, 1))
-	_, err = b.svc.Heartbeat(ctx, b.ws, j.JobID, jobs.HeartbeatRequest{LeaseToken: "nope"})
+	_, err = b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: "nope"})
 	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
-	_, err = b.svc.Heartbeat(ctx, b.ws, "job_01m8kjt9g002extbwvcndh4bkd", jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+	_, err = b.svc.Heartbeat(ctx, b.worker, "job_01m8kjt9g002extbwvcndh4bkd", jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
 	require.Equal(t, apierr.CodeNotFound, code(t, err))
 	// A job never claimed has no lease to extend (it answered 500).
 	queued := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`{"n":2}`)})
-	_, err = b.svc.Heartbeat(ctx, b.ws, queued.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+	_, err = b.svc.Heartbeat(ctx, b.worker, queued.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
 	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
 }
 
@@ -263,9 +263,9 @@ func TestReportRepeatsAndConflicts(t *testing.T) {
 	first := b.fail(t, j, &jobs.ReportError{Message: "x"})
 	again := b.fail(t, j, &jobs.ReportError{Message: "x"})
 	require.Equal(t, first, again, "a repeated report answers the same object")
-	_, err := b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
+	_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
 	require.Equal(t, apierr.CodeInvalidState, code(t, err))
-	_, err = b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: "unknown", Status: "SUCCEEDED"})
+	_, err = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: "unknown", Status: "SUCCEEDED"})
 	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
 
 	// After the next claim the old attempt's repeat still answers the same
@@ -274,7 +274,7 @@ func TestReportRepeatsAndConflicts(t *testing.T) {
 	j2 := b.claimOne(t, w)
 	require.Equal(t, 2, j2.Attempt)
 	require.Equal(t, first, b.fail(t, j, &jobs.ReportError{Message: "x"}))
-	_, err = b.svc.Heartbeat(ctx, b.ws, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+	_, err = b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
 	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
 	require.Equal(t, "SUCCEEDED", b.succeed(t, j2).Status)
 }
@@ -295,7 +295,7 @@ func TestLapsedOnLastAttemptIsExhaustedBySweeper(t *testing.T) {
 	require.Equal(t, "FAILED", *xs[0].Outcome)
 	require.Contains(t, *xs[0].Warning, "side effect")
 	// The sweeper ended the job: the current token's report is refused.
-	_, err := b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
+	_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
 	require.Equal(t, apierr.CodeInvalidState, code(t, err))
 	b.sweep(t) // idempotent
 	require.Equal(t, "EXHAUSTED", b.step(t, enq.StepID).Status)
@@ -618,7 +618,7 @@ func TestCancel(t *testing.T) {
 	require.Equal(t, running.JobID, j.JobID)
 	_, err = b.svc.CancelStep(ctx, b.ws, running.StepID)
 	require.NoError(t, err)
-	hb, err := b.svc.Heartbeat(ctx, b.ws, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+	hb, err := b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
 	require.NoError(t, err)
 	require.True(t, hb.CancelRequested)
 	r := b.succeed(t, j)
@@ -783,7 +783,7 @@ func TestInputsAndOutputsAreSealedAndBoundToTheirJob(t *testing.T) {
 	j := b.claimOne(t, w)
 	require.Equal(t, a.JobID, j.JobID)
 	require.JSONEq(t, `{"card":"4242-secret"}`, string(j.Input))
-	_, err := b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED",
+	_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED",
 		Output: json.RawMessage(`{"receipt":"r-secret"}`)})
 	require.NoError(t, err)
 
@@ -846,4 +846,59 @@ func TestConcurrentSweepsEndEachLapsedJobOnce(t *testing.T) {
 	require.Equal(t, 30, events)
 	require.Equal(t, 1, runEvents)
 	require.Equal(t, "FAILED", b.getRun(t, runID).Status)
+}
+
+// A key restricted to some tools reports and heartbeats only their jobs,
+// even holding another tool's lease token: the token is a credential, and
+// a leaked one should not let any worker key in the workspace end the job.
+func TestRestrictedKeyReportsOnlyItsTools(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "send_email@1", "charge_card@1")
+	runID := b.run(t)
+	email := b.enqueue(t, runID, jobs.EnqueueRequest{})
+	charge := b.enqueue(t, runID, jobs.EnqueueRequest{Name: "charge_card", Version: "1"})
+	w := b.register(t, jobs.Tool{Name: "send_email", Version: "1"}, jobs.Tool{Name: "charge_card", Version: "1"})
+	claimed := b.claim(t, w, 2)
+	require.Len(t, claimed, 2)
+	token, leased := map[string]string{}, map[string]time.Time{}
+	for _, j := range claimed {
+		token[j.JobID], leased[j.JobID] = j.LeaseToken, j.LeaseExpiresAt
+	}
+
+	emailOnly := *b.worker
+	emailOnly.Tools = []string{"send_email@1"}
+	forbidden := func(err error) {
+		t.Helper()
+		e, ok := apierr.As(err)
+		require.True(t, ok, "%v", err)
+		require.Equal(t, apierr.CodeForbidden, e.Code)
+		require.Equal(t, []string{"tool:charge_card@1"}, e.Detail["required"])
+	}
+	before := b.step(t, charge.StepID)
+
+	_, err := b.svc.Heartbeat(ctx, &emailOnly, charge.JobID, jobs.HeartbeatRequest{LeaseToken: token[charge.JobID]})
+	forbidden(err)
+	_, err = b.svc.Report(ctx, &emailOnly, charge.JobID, jobs.ReportRequest{LeaseToken: token[charge.JobID], Status: "SUCCEEDED"})
+	forbidden(err)
+	batch, err := b.svc.ReportBatch(ctx, &emailOnly, jobs.BatchReportRequest{Reports: []jobs.BatchReportItem{
+		{JobID: charge.JobID, LeaseToken: token[charge.JobID], Status: "SUCCEEDED"},
+		{JobID: email.JobID, LeaseToken: token[email.JobID], Status: "SUCCEEDED"},
+	}})
+	require.NoError(t, err)
+	require.Equal(t, apierr.CodeForbidden, batch.Results[0].Error.Code)
+	require.Nil(t, batch.Results[1].Error)
+	require.Equal(t, "SUCCEEDED", batch.Results[1].Status)
+
+	// Nothing changed for the charge: still running under the same lease.
+	after := b.step(t, charge.StepID)
+	require.Equal(t, "RUNNING", after.Status)
+	require.Equal(t, before.DurableJob, after.DurableJob)
+	var lease time.Time
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT lease_expires_at FROM jobs WHERE id = $1`, charge.JobID).Scan(&lease))
+	requireTime(t, leased[charge.JobID], lease)
+
+	// The key that may work it still can.
+	_, err = b.svc.Heartbeat(ctx, b.worker, charge.JobID, jobs.HeartbeatRequest{LeaseToken: token[charge.JobID]})
+	require.NoError(t, err)
+	b.succeed(t, jobs.ClaimedJob{JobID: charge.JobID, LeaseToken: token[charge.JobID]})
 }

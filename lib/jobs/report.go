@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/seal"
 )
@@ -49,6 +50,7 @@ type lockedJob struct {
 	xOutcome, xResult     *string
 	xReported, xNext      *time.Time
 	name                  string
+	version               *string // read only for a key restricted to some tools
 	contractVersion       *int32
 	xRejected             bool
 	workspaceID, jobID    string
@@ -79,9 +81,10 @@ type applyRow struct {
 // other error aborts the transaction. released says whether a step with
 // dependents ended, which may have queued them: once tx commits, parked
 // claims are worth waking.
-func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, workspaceID string, items []reportItem) (
+func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, items []reportItem) (
 	out []reportOutcome, released bool, err error) {
-	locked, err := s.lockForReport(ctx, tx, workspaceID, items)
+	workspaceID := p.WorkspaceID
+	locked, err := s.lockForReport(ctx, tx, p, items)
 	if err != nil {
 		return nil, false, err
 	}
@@ -98,6 +101,10 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, workspaceID string,
 		j, ok := locked[it.jobID]
 		if !ok {
 			out[i].err = apierr.NotFound("job")
+			continue
+		}
+		if p.Tools != nil && !p.MayWorkTool(j.name, *j.version) {
+			out[i].err = p.RequireTools([2]string{j.name, *j.version})
 			continue
 		}
 		res, row, err := s.decideReport(ctx, tx, j, it.req, now)
@@ -150,14 +157,15 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, workspaceID string,
 
 // lockForReport locks the items' jobs in id order and reads them with the
 // executions their tokens name.
-func (s *Service) lockForReport(ctx context.Context, tx pgx.Tx, workspaceID string, items []reportItem) (map[string]*lockedJob, error) {
+func (s *Service) lockForReport(ctx context.Context, tx pgx.Tx, p *auth.Principal, items []reportItem) (map[string]*lockedJob, error) {
+	workspaceID := p.WorkspaceID
 	sorted := slices.Clone(items)
 	slices.SortFunc(sorted, func(a, b reportItem) int { return strings.Compare(a.jobID, b.jobID) })
 	jobIDs, tokens := make([]string, len(sorted)), make([]string, len(sorted))
 	for i, it := range sorted {
 		jobIDs[i], tokens[i] = it.jobID, it.req.LeaseToken
 	}
-	rows, err := tx.Query(ctx, sqlReportLock, jobIDs, workspaceID, tokens)
+	rows, err := tx.Query(ctx, sqlReportLock, jobIDs, workspaceID, tokens, p.Tools != nil)
 	if err != nil {
 		return nil, fmt.Errorf("report lock: %w", err)
 	}
@@ -168,7 +176,7 @@ func (s *Service) lockForReport(ctx context.Context, tx pgx.Tx, workspaceID stri
 		if err := rows.Scan(nil, &j.runLocked, &j.dependents, &j.status, &j.attempt, &j.pol.MaxAttempts, &j.stepID,
 			&j.runID, nil, &j.pol.Preset, &j.pol.InitialDelayMs, &j.pol.Multiplier, &j.pol.MaxDelayMs,
 			&j.pol.JitterPercent, &j.requested, &j.xAttempt, &j.xOutcome, &j.xReported, &j.xResult, &j.xNext,
-			&j.name, &j.contractVersion, &j.xRejected, &j.jobID); err != nil {
+			&j.name, &j.contractVersion, &j.xRejected, &j.jobID, &j.version); err != nil {
 			return nil, fmt.Errorf("report lock: %w", err)
 		}
 		locked[j.jobID] = j

@@ -242,12 +242,15 @@ const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND wo
 // rest").
 const sqlClaim = `SELECT * FROM jobs_claim($1::text, $2::text, $3::timestamptz, $4::text, $5::int, $6::bigint, $7::timestamptz, $8::text)`
 
-// sqlHeartbeat extends a current lease by the job's timeout plus the grace.
+// sqlHeartbeat extends a current lease by the job's timeout plus the grace,
+// when the key may work the job's tool ($6: its name@version list, NULL for
+// any tool).
 const sqlHeartbeat = `
 WITH j AS (
     UPDATE jobs SET lease_expires_at = $4::timestamptz + (timeout_ms + $5::bigint) * interval '1 millisecond',
         ready_at = $4::timestamptz + (timeout_ms + $5::bigint) * interval '1 millisecond', updated_at = $4::timestamptz
     WHERE id = $1::text AND workspace_id = $2::text AND lease_token = $3::text AND status = 'RUNNING'
+      AND ($6::text[] IS NULL OR name || '@' || version = ANY($6::text[]))
     RETURNING id, attempt, lease_expires_at, cancel_requested
 ), x AS (
     UPDATE job_executions x SET lease_expires_at = j.lease_expires_at FROM j WHERE x.job_id = j.id AND x.attempt = j.attempt
@@ -257,15 +260,19 @@ SELECT lease_expires_at, cancel_requested FROM j`
 // sqlLeaseState explains why a heartbeat did not extend a lease. A job
 // never claimed has no token: no token is current.
 const sqlLeaseState = `
-SELECT j.status, coalesce(j.lease_token = $3::text, false), j.lease_expires_at, j.cancel_requested
+SELECT j.status, coalesce(j.lease_token = $3::text, false), j.lease_expires_at, j.cancel_requested, j.name, j.version
 FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
 
 // sqlReportLock locks a batch's jobs in id order ($1 is sorted), takes the
 // endpoint gate's shared lock for each, tries each run's shared lock without
 // waiting (a report that had to wait for a finish checks completion
 // afterwards) and finds the execution each job's token ($3, parallel to $1)
-// belongs to. The statement is jobs_report_lock (migration 0011).
-const sqlReportLock = `SELECT * FROM jobs_report_lock($1::text[], $2::text, $3::text[])`
+// belongs to. The statement is jobs_report_lock (migration 0011); beside it,
+// for a key restricted to some tools ($4), each job's handler version, which
+// the key must be allowed to work (the name is in the function's answer).
+const sqlReportLock = `
+SELECT l.*, CASE WHEN $4::boolean THEN (SELECT j.version FROM jobs j WHERE j.id = l.id) END
+FROM jobs_report_lock($1::text[], $2::text, $3::text[]) l`
 
 // sqlExecutionByToken reads the execution a lease token names, as
 // jobs_report_lock does. $1 job, $2 token.

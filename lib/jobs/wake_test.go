@@ -73,11 +73,11 @@ func TestLongPollClaimIsWokenWhenADependencyIsReleased(t *testing.T) {
 	t.Parallel()
 	for name, report := range map[string]func(b *bundle, j jobs.ClaimedJob) error{
 		"single": func(b *bundle, j jobs.ClaimedJob) error {
-			_, err := b.svc.Report(ctx, b.ws, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
+			_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
 			return err
 		},
 		"batch": func(b *bundle, j jobs.ClaimedJob) error {
-			_, err := b.svc.ReportBatch(ctx, b.ws, jobs.BatchReportRequest{Reports: []jobs.BatchReportItem{
+			_, err := b.svc.ReportBatch(ctx, b.worker, jobs.BatchReportRequest{Reports: []jobs.BatchReportItem{
 				{JobID: j.JobID, LeaseToken: j.LeaseToken, Status: "SUCCEEDED"}}})
 			return err
 		},

@@ -227,13 +227,14 @@ type HeartbeatResult struct {
 }
 
 // Heartbeat extends the current lease by the job's timeout plus the grace.
-func (s *Service) Heartbeat(ctx context.Context, workspaceID, jobID string, req HeartbeatRequest) (HeartbeatResult, error) {
+// A key restricted to some tools may heartbeat only their jobs.
+func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string, req HeartbeatRequest) (HeartbeatResult, error) {
 	if req.LeaseToken == "" {
 		return HeartbeatResult{}, apierr.InvalidField("leaseToken", "is required")
 	}
 	var out HeartbeatResult
-	err := s.pool.QueryRow(ctx, sqlHeartbeat, jobID, workspaceID, req.LeaseToken, s.now(),
-		s.leaseGrace.Milliseconds()).Scan(&out.LeaseExpiresAt, &out.CancelRequested)
+	err := s.pool.QueryRow(ctx, sqlHeartbeat, jobID, p.WorkspaceID, req.LeaseToken, s.now(),
+		s.leaseGrace.Milliseconds(), p.Tools).Scan(&out.LeaseExpiresAt, &out.CancelRequested)
 	if err == nil {
 		out.LeaseExpiresAt = utc(out.LeaseExpiresAt)
 		return out, nil
@@ -241,15 +242,17 @@ func (s *Service) Heartbeat(ctx context.Context, workspaceID, jobID string, req 
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return out, fmt.Errorf("heartbeat: %w", err)
 	}
-	var status string
+	var status, name, version string
 	var current bool
-	err = s.pool.QueryRow(ctx, sqlLeaseState, jobID, workspaceID, req.LeaseToken).Scan(&status, &current,
-		&out.LeaseExpiresAt, &out.CancelRequested)
+	err = s.pool.QueryRow(ctx, sqlLeaseState, jobID, p.WorkspaceID, req.LeaseToken).Scan(&status, &current,
+		&out.LeaseExpiresAt, &out.CancelRequested, &name, &version)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return out, apierr.NotFound("job")
 	case err != nil:
 		return out, fmt.Errorf("heartbeat: %w", err)
+	case !p.MayWorkTool(name, version):
+		return HeartbeatResult{}, p.RequireTools([2]string{name, version})
 	case !current:
 		return out, errLeaseLost()
 	case status == StatusCancelled:
@@ -325,11 +328,12 @@ func (r ReportRequest) validate(prefix string, p *apierr.Problems) {
 	}
 }
 
-// Report records an attempt's outcome, fenced by its lease token.
-func (s *Service) Report(ctx context.Context, workspaceID, jobID string, req ReportRequest) (ReportResult, error) {
-	var p apierr.Problems
-	req.validate("", &p)
-	if err := p.Err(); err != nil {
+// Report records an attempt's outcome, fenced by its lease token. A key
+// restricted to some tools may report only their jobs.
+func (s *Service) Report(ctx context.Context, p *auth.Principal, jobID string, req ReportRequest) (ReportResult, error) {
+	var pr apierr.Problems
+	req.validate("", &pr)
+	if err := pr.Err(); err != nil {
 		return ReportResult{}, err
 	}
 	var (
@@ -337,7 +341,7 @@ func (s *Service) Report(ctx context.Context, workspaceID, jobID string, req Rep
 		released bool
 	)
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		res, rel, err := s.reportMany(ctx, tx, workspaceID, []reportItem{{jobID: jobID, req: req}})
+		res, rel, err := s.reportMany(ctx, tx, p, []reportItem{{jobID: jobID, req: req}})
 		if err != nil {
 			return err
 		}
@@ -346,7 +350,7 @@ func (s *Service) Report(ctx context.Context, workspaceID, jobID string, req Rep
 		return out.err
 	})
 	if err == nil && released {
-		s.wake.wakeAll(workspaceID)
+		s.wake.wakeAll(p.WorkspaceID)
 	}
 	return out.res, err
 }
@@ -397,24 +401,25 @@ const maxBatchReports = 100
 // ReportBatch applies several reports, each fenced by its own lease token, in
 // one transaction (one commit for the batch). A report refused for its own
 // reason (lease_lost, invalid_state, not_found) is answered in its slot and
-// does not affect the others.
-func (s *Service) ReportBatch(ctx context.Context, workspaceID string, req BatchReportRequest) (BatchReportResponse, error) {
-	var p apierr.Problems
+// does not affect the others; so is one for a tool a restricted key may not
+// work (forbidden).
+func (s *Service) ReportBatch(ctx context.Context, p *auth.Principal, req BatchReportRequest) (BatchReportResponse, error) {
+	var pr apierr.Problems
 	if len(req.Reports) == 0 || len(req.Reports) > maxBatchReports {
-		p.Add("reports", "must hold 1-100 reports")
+		pr.Add("reports", "must hold 1-100 reports")
 	}
 	seen := map[string]bool{}
 	for i, r := range req.Reports {
 		prefix := fmt.Sprintf("reports.%d.", i)
 		if !ids.Valid(ids.Job, r.JobID) {
-			p.Add(prefix+"jobId", "must be a job id")
+			pr.Add(prefix+"jobId", "must be a job id")
 		} else if seen[r.JobID] {
-			p.Add(prefix+"jobId", "appears twice in the batch")
+			pr.Add(prefix+"jobId", "appears twice in the batch")
 		}
 		seen[r.JobID] = true
-		r.report().validate(prefix, &p)
+		r.report().validate(prefix, &pr)
 	}
-	if err := p.Err(); err != nil {
+	if err := pr.Err(); err != nil {
 		return BatchReportResponse{}, err
 	}
 	items := make([]reportItem, len(req.Reports))
@@ -424,7 +429,7 @@ func (s *Service) ReportBatch(ctx context.Context, workspaceID string, req Batch
 	out := BatchReportResponse{Results: make([]BatchReportResult, len(req.Reports))}
 	released := false
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		res, rel, err := s.reportMany(ctx, tx, workspaceID, items)
+		res, rel, err := s.reportMany(ctx, tx, p, items)
 		if err != nil {
 			return err
 		}
@@ -440,7 +445,7 @@ func (s *Service) ReportBatch(ctx context.Context, workspaceID string, req Batch
 		return nil
 	})
 	if err == nil && released {
-		s.wake.wakeAll(workspaceID)
+		s.wake.wakeAll(p.WorkspaceID)
 	}
 	return out, err
 }

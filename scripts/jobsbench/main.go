@@ -172,7 +172,7 @@ func run(admin, mode string, depth, enqueueN, workN, workers, batch, latencyN in
 			req.Reports = append(req.Reports, jobs.BatchReportItem{JobID: j.JobID, LeaseToken: j.LeaseToken,
 				Status: jobs.StatusSucceeded, Output: json.RawMessage(`{"ok":true}`)})
 		}
-		res, err := svc.ReportBatch(ctx, p.WorkspaceID, req)
+		res, err := svc.ReportBatch(ctx, p, req)
 		if err != nil {
 			return err
 		}
@@ -227,7 +227,7 @@ func run(admin, mode string, depth, enqueueN, workN, workers, batch, latencyN in
 }
 
 func report(ctx context.Context, svc *jobs.Service, p *auth.Principal, j jobs.ClaimedJob) error {
-	_, err := svc.Report(ctx, p.WorkspaceID, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+	_, err := svc.Report(ctx, p, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
 		Status: jobs.StatusSucceeded, Output: json.RawMessage(`{"ok":true}`)})
 	return err
 }
