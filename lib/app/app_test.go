@@ -9,6 +9,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/app"
+	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/db"
 )
 
@@ -42,4 +43,22 @@ func TestDefaultStartsAgainAfterAFailedStart(t *testing.T) {
 	same, err := app.Default()
 	require.NoError(t, err)
 	require.Same(t, a, same, "built once, then reused")
+}
+
+// Retention of runs and events is a sweeper task when its period is set
+// (as by default) and absent at 0, which keeps those records for ever.
+func TestRetentionTasksFollowTheirSettings(t *testing.T) {
+	tasks := func(jobDays, eventDays int) []string {
+		env := apitest.Start(t, apitest.WithConfig(func(c *config.Config) {
+			c.JobRetentionDays, c.EventRetentionDays = jobDays, eventDays
+		}))
+		return env.App.Sweeper.Tasks()
+	}
+	all := tasks(90, 30)
+	require.Contains(t, all, "jobs.retention")
+	require.Contains(t, all, "events.retention")
+	none := tasks(0, 0)
+	require.NotContains(t, none, "jobs.retention")
+	require.NotContains(t, none, "events.retention")
+	require.Len(t, none, len(all)-2)
 }

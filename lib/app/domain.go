@@ -52,6 +52,11 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 
 	deps.Jobs = jobs.New(deps.Pool, deps.Sealer, deps.Config.KeyHashSecret, deps.Config.JobLeaseGraceMs, deps.Now)
 	sweeper.Add(deps.Jobs.SweepTasks()...)
+	if days := deps.Config.JobRetentionDays; days > 0 {
+		sweeper.Add(sweep.Task{Name: "jobs.retention", Run: func(ctx context.Context, now time.Time) (int, error) {
+			return deps.Jobs.PurgeRetired(ctx, now.AddDate(0, 0, -days), retentionPerPass)
+		}})
+	}
 
 	deps.Webhooks = webhooks.New(deps.Pool, deps.Sealer, deps.Now, deps.Config.WebhookAllowPrivateNetworks)
 	// Webhook tasks run last, so events recorded earlier in the same pass go out in it.
@@ -59,5 +64,10 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 		sweep.Task{Name: "webhooks.dispatch", Run: deps.Webhooks.Dispatch},
 		sweep.Task{Name: "webhooks.deliver", Run: deps.Webhooks.Deliver},
 	)
+	if days := deps.Config.EventRetentionDays; days > 0 {
+		sweeper.Add(sweep.Task{Name: "events.retention", Run: func(ctx context.Context, now time.Time) (int, error) {
+			return deps.Webhooks.PurgeDelivered(ctx, now.AddDate(0, 0, -days), retentionPerPass)
+		}})
+	}
 	return nil
 }

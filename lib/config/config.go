@@ -61,6 +61,12 @@ type Config struct {
 
 	SweepInterval   time.Duration `envconfig:"SWEEP_INTERVAL" default:"5s"`
 	JobLeaseGraceMs int64         `envconfig:"JOB_LEASE_GRACE_MS" default:"10000"`
+	// JobRetentionDays: a finished run, with its steps' jobs, executions and
+	// replays, is deleted this many days after its last step ended; 0 keeps
+	// runs for ever. EventRetentionDays does the same for the event outbox
+	// and webhook deliveries.
+	JobRetentionDays   int `envconfig:"JOB_RETENTION_DAYS" default:"90"`
+	EventRetentionDays int `envconfig:"EVENT_RETENTION_DAYS" default:"30"`
 	// WebhookAllowPrivateNetworks lets webhooks target loopback and private
 	// addresses (self-hosting, tests). Off, such deliveries are refused.
 	WebhookAllowPrivateNetworks bool `envconfig:"WEBHOOK_ALLOW_PRIVATE_NETWORKS" default:"false"`
@@ -117,6 +123,10 @@ func asParseError(err error, target **envconfig.ParseError) bool {
 	}
 	return ok
 }
+
+// maxRetentionDays bounds JOB_RETENTION_DAYS and EVENT_RETENTION_DAYS (ten
+// years; 0 keeps records for ever).
+const maxRetentionDays = 3650
 
 // Validate checks values envconfig cannot.
 func (c *Config) Validate() error {
@@ -188,6 +198,14 @@ func (c *Config) Validate() error {
 	}
 	if c.JobLeaseGraceMs < 0 {
 		return fmt.Errorf("config: JOB_LEASE_GRACE_MS is malformed (0 or more)")
+	}
+	for _, d := range []struct {
+		name string
+		v    int
+	}{{"JOB_RETENTION_DAYS", c.JobRetentionDays}, {"EVENT_RETENTION_DAYS", c.EventRetentionDays}} {
+		if d.v < 0 || d.v > maxRetentionDays {
+			return fmt.Errorf("config: %s is malformed (0 to keep for ever, or 1-%d days)", d.name, maxRetentionDays)
+		}
 	}
 	if c.SignupRatePerHour < 0 {
 		return fmt.Errorf("config: SIGNUP_RATE_PER_HOUR is malformed (0 for no limit, or more)")

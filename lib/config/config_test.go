@@ -14,7 +14,8 @@ func validEnv(t *testing.T) {
 	t.Setenv("RESULT_ENCRYPTION_KEY", base64.StdEncoding.EncodeToString(make([]byte, 32)))
 	t.Setenv("KEY_HASH_SECRET", "0123456789abcdef0123")
 	for _, name := range []string{"RESULT_ENCRYPTION_KEYS", "SIGNUP_MODE", "SIGNUP_TOKEN", "PORT", "DB_QUERY_EXEC_MODE", "DB_MAX_CONNS", "BILLING_MODE",
-		"SWEEP_INTERVAL", "KEY_CACHE_TTL", "JOB_LEASE_GRACE_MS", "SIGNUP_RATE_PER_HOUR", "DB_STATEMENT_TIMEOUT"} {
+		"SWEEP_INTERVAL", "KEY_CACHE_TTL", "JOB_LEASE_GRACE_MS", "SIGNUP_RATE_PER_HOUR", "DB_STATEMENT_TIMEOUT",
+		"JOB_RETENTION_DAYS", "EVENT_RETENTION_DAYS"} {
 		unset(t, name)
 	}
 }
@@ -35,6 +36,8 @@ func TestLoadDefaults(t *testing.T) {
 	require.EqualValues(t, 4, c.DBMaxConns)
 	require.Zero(t, c.DBStatementTimeout, "no startup parameter a pooler would refuse")
 	require.Equal(t, c.DatabaseURL, c.MigrationURL())
+	require.Equal(t, 90, c.JobRetentionDays)
+	require.Equal(t, 30, c.EventRetentionDays)
 }
 
 // A long-running server sizes its pool for concurrent requests unless
@@ -73,6 +76,8 @@ func TestLoadNamesTheBadSetting(t *testing.T) {
 		"negative grace":  {"JOB_LEASE_GRACE_MS", "-1", "JOB_LEASE_GRACE_MS is malformed"},
 		"negative signup": {"SIGNUP_RATE_PER_HOUR", "-3", "SIGNUP_RATE_PER_HOUR is malformed"},
 		"no timeout":      {"DB_STATEMENT_TIMEOUT", "-1s", "DB_STATEMENT_TIMEOUT is malformed"},
+		"negative runs":   {"JOB_RETENTION_DAYS", "-1", "JOB_RETENTION_DAYS is malformed"},
+		"eternal events":  {"EVENT_RETENTION_DAYS", "3651", "EVENT_RETENTION_DAYS is malformed"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -347,3 +347,56 @@ SELECT 'job_' || $2::text || lpad(g::text, 26 - length($2::text), '0'),
        t.created_at, t.updated_at
 FROM jobs t, generate_series(1, $3::int) AS g
 WHERE t.id = $1::text AND t.status = 'QUEUED'`
+
+// Retention (the sweeper's jobs.retention task). A run is deleted whole, with
+// its steps' jobs, their executions and replays, once it finished and every
+// one of its steps ended before the cut-off $1: a FAILED run's other steps
+// may run on, or be replayed, and the run is kept until the last of them has
+// been over for the whole period. A run never finished (completion not
+// requested) is kept. Three statements in one transaction:
+//
+// sqlRetiredRuns takes up to $2 candidates, oldest first
+// (job_runs_finished_idx), locking each run's row and skipping any a request
+// holds (an enqueue, a finish or a replay's reopening hold it);
+const sqlRetiredRuns = `
+SELECT r.id FROM job_runs r
+WHERE r.status IN ('SUCCEEDED', 'FAILED') AND r.finished_at < $1::timestamptz
+  AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = r.id
+                  AND (j.finished_at IS NULL OR j.finished_at >= $1::timestamptz))
+ORDER BY r.finished_at
+LIMIT $2::int
+FOR UPDATE OF r SKIP LOCKED`
+
+// sqlLockRetiredJobs locks the candidates' jobs ($1), skipping any a request
+// holds, and answers the runs whose every job it locked and still found
+// ended before $2 (a locked row is re-read at its latest version, so a
+// replay that committed in between shows as not ended). No job can be added
+// meanwhile: an enqueue needs the run's row, which is locked.
+const sqlLockRetiredJobs = `
+WITH locked AS (
+    SELECT j.run_id, j.finished_at FROM jobs j WHERE j.run_id = ANY($1::text[])
+    FOR UPDATE OF j SKIP LOCKED
+)
+SELECT r.id FROM unnest($1::text[]) AS r(id)
+WHERE (SELECT count(*) FROM jobs j WHERE j.run_id = r.id)
+    = (SELECT count(*) FROM locked l WHERE l.run_id = r.id AND l.finished_at < $2::timestamptz)`
+
+// sqlDeleteRuns deletes the runs $1 and everything of theirs, in one
+// statement (the foreign keys are checked at its end).
+const sqlDeleteRuns = `
+WITH x AS (
+    DELETE FROM job_executions x USING jobs j WHERE x.job_id = j.id AND j.run_id = ANY($1::text[])
+), p AS (
+    DELETE FROM job_replays p USING jobs j WHERE p.job_id = j.id AND j.run_id = ANY($1::text[])
+), j AS (
+    DELETE FROM jobs j WHERE j.run_id = ANY($1::text[])
+)
+DELETE FROM job_runs r WHERE r.id = ANY($1::text[])`
+
+// sqlDeleteIdleWorkers deletes up to $2 worker registrations not seen since
+// $1: a running worker is seen at every claim, long polls included, so these
+// are workers long gone (a claim under a deleted id answers 404, and the
+// SDK registers again at start).
+const sqlDeleteIdleWorkers = `
+DELETE FROM job_workers WHERE id IN (
+    SELECT id FROM job_workers WHERE last_seen_at < $1::timestamptz LIMIT $2::int)`

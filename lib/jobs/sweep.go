@@ -31,6 +31,46 @@ func (s *Service) SweepTasks() []sweep.Task {
 	}
 }
 
+// PurgeRetired deletes up to limit finished runs whose steps all ended
+// before cutoff, with their jobs, executions and replays, and up to limit
+// worker registrations not seen since cutoff. It answers how many runs and
+// workers it deleted. Once a run is gone its steps' idempotency keys are
+// new again: an enqueue with one creates a new step.
+func (s *Service) PurgeRetired(ctx context.Context, cutoff time.Time, limit int) (int, error) {
+	runs := 0
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		candidates, err := collectIDs(tx.Query(ctx, sqlRetiredRuns, cutoff, limit))
+		if err != nil || len(candidates) == 0 {
+			return err
+		}
+		retired, err := collectIDs(tx.Query(ctx, sqlLockRetiredJobs, candidates, cutoff))
+		if err != nil || len(retired) == 0 {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlDeleteRuns, retired); err != nil {
+			return err
+		}
+		runs = len(retired)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("purge runs: %w", err)
+	}
+	tag, err := s.pool.Exec(ctx, sqlDeleteIdleWorkers, cutoff, limit)
+	if err != nil {
+		return runs, fmt.Errorf("purge workers: %w", err)
+	}
+	return runs + int(tag.RowsAffected()), nil
+}
+
+// collectIDs reads a one-column result of ids.
+func collectIDs(rows pgx.Rows, err error) ([]string, error) {
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // exhaustLapsed ends jobs whose lease lapsed on their last attempt (a lapsed
 // lease with attempts left stays claimable: the next claim takes it at once)
 // and makes the transitions that follows from it. runID limits it to one run.

@@ -85,6 +85,29 @@ func (s *Service) Dispatch(ctx context.Context, now time.Time) (int, error) {
 	return int(tag.RowsAffected()), nil
 }
 
+// PurgeDelivered deletes up to limit outbox events recorded before cutoff,
+// with their deliveries, once they are dispatched and none of their
+// deliveries is still pending (retries end within about two days). It
+// answers how many events it deleted.
+func (s *Service) PurgeDelivered(ctx context.Context, cutoff time.Time, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, `
+		WITH old AS (
+		    SELECT e.id FROM events e
+		    WHERE e.created_at < $1::timestamptz AND e.dispatched_at IS NOT NULL
+		      AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id AND d.state = 'pending')
+		    ORDER BY e.created_at
+		    LIMIT $2::int
+		    FOR UPDATE OF e SKIP LOCKED
+		), d AS (
+		    DELETE FROM webhook_deliveries d USING old WHERE d.event_id = old.id
+		)
+		DELETE FROM events e USING old WHERE e.id = old.id`, cutoff, limit)
+	if err != nil {
+		return 0, fmt.Errorf("purge events: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
 type claimed struct {
 	id, url      string
 	secret       []byte

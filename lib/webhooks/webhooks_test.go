@@ -335,3 +335,42 @@ func TestDeliveryInSimpleProtocolMode(t *testing.T) {
 	require.Empty(t, sum.Errors, "%v", sum.Errors)
 	require.Equal(t, 1, rcv.count())
 }
+
+// With EVENT_RETENTION_DAYS set, the sweeper deletes an event and its
+// deliveries once the period has passed and none of them is pending; an
+// event still being retried is kept.
+func TestRetentionPurgesDeliveredEventsOnly(t *testing.T) {
+	clk := apitest.NewClock(time.Now())
+	env := apitest.Start(t, apitest.WithNow(clk.Now), apitest.WithConfig(func(cfg *config.Config) {
+		cfg.WebhookAllowPrivateNetworks, cfg.EventRetentionDays = true, 30
+	}))
+	ws := env.Signup()
+	ok, failing := newReceiver(t), newReceiver(t, repeat(500, 100)...)
+	okID := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": ok.URL, "events": []string{events.RunFinished}}).JSON()["id"].(string)
+	failingID := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": failing.URL, "events": []string{events.StepExhausted}}).JSON()["id"].(string)
+	record(t, env, ws.ID, events.RunFinished, clk.Now())
+	record(t, env, ws.ID, events.StepExhausted, clk.Now())
+	env.App.Sweeper.RunOnce(context.Background())
+	require.Equal(t, "delivered", deliveries(t, env, ws.Key, okID)[0]["state"])
+
+	eventsLeft := func() int {
+		var n int
+		require.NoError(t, env.App.Pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM events WHERE workspace_id = $1`, ws.ID).Scan(&n))
+		return n
+	}
+	clk.Add(29 * 24 * time.Hour)
+	env.App.Sweeper.RunOnce(context.Background())
+	require.Len(t, deliveries(t, env, ws.Key, okID), 1, "within the period")
+	require.Equal(t, 2, eventsLeft())
+
+	clk.Add(2 * 24 * time.Hour)
+	env.App.Sweeper.RunOnce(context.Background())
+	require.Empty(t, deliveries(t, env, ws.Key, okID))
+	pending := deliveries(t, env, ws.Key, failingID)
+	require.Len(t, pending, 1)
+	require.Equal(t, "pending", pending[0]["state"])
+	require.Equal(t, 1, eventsLeft())
+}

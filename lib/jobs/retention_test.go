@@ -1,0 +1,139 @@
+package jobs_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/jobs"
+)
+
+// Retention purges across workspaces, so these tests do not run in
+// parallel: while they run, no parallel test of the package has made a run.
+
+func (b *bundle) count(t testing.TB, query string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, query, args...).Scan(&n))
+	return n
+}
+
+// A finished run whose steps all ended before the cut-off goes, with its
+// jobs and executions; a FAILED run whose other step still runs, a run
+// finished within the period and a run never finished stay.
+func TestRetentionPurgesFinishedRunsWhole(t *testing.T) {
+	b := setup(t)
+	w := b.register(t)
+
+	done := b.run(t)
+	step := b.enqueue(t, done, jobs.EnqueueRequest{IdempotencyKey: ptr("welcome:1")})
+	b.succeed(t, b.claimOne(t, w))
+	_, err := b.svc.FinishRun(ctx, b.ws, done)
+	require.NoError(t, err)
+
+	failed := b.run(t)
+	doomed := b.enqueue(t, failed, jobs.EnqueueRequest{Input: json.RawMessage(`1`), MaxAttempts: ptr[int64](1)})
+	// Its last attempt: once its lease lapses it is not claimed again, and
+	// it stays RUNNING (no sweep here ends it).
+	b.enqueue(t, failed, jobs.EnqueueRequest{Input: json.RawMessage(`2`), MaxAttempts: ptr[int64](1)})
+	claimed := b.claim(t, w, 2)
+	require.Len(t, claimed, 2)
+	for _, j := range claimed {
+		if j.JobID == doomed.JobID {
+			b.fail(t, j, &jobs.ReportError{Message: "bad request", Retryable: ptr(false)})
+		}
+	}
+	_, err = b.svc.FinishRun(ctx, b.ws, failed)
+	require.NoError(t, err)
+	require.Equal(t, "FAILED", b.getRun(t, failed).Status)
+
+	open := b.run(t)
+	b.enqueue(t, open, jobs.EnqueueRequest{Input: json.RawMessage(`3`)})
+	b.succeed(t, b.claimOne(t, w))
+
+	b.clock.Add(89 * 24 * time.Hour)
+	recent := b.run(t)
+	b.enqueue(t, recent, jobs.EnqueueRequest{Input: json.RawMessage(`4`)})
+	b.succeed(t, b.claimOne(t, w))
+	_, err = b.svc.FinishRun(ctx, b.ws, recent)
+	require.NoError(t, err)
+
+	b.clock.Add(2 * 24 * time.Hour) // 91 days after the first runs ended
+	cutoff := b.clock.Now().AddDate(0, 0, -90)
+	_, err = b.svc.PurgeRetired(ctx, cutoff, 100)
+	require.NoError(t, err)
+
+	_, err = b.svc.GetRun(ctx, b.ws, done)
+	require.Equal(t, apierr.CodeNotFound, code(t, err))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM jobs WHERE run_id = $1`, done))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM job_executions WHERE job_id = $1`, step.JobID))
+	for _, kept := range []string{failed, open, recent} {
+		b.getRun(t, kept)
+	}
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM jobs WHERE run_id = $1`, failed))
+
+	// The purged step's key is new again.
+	again := b.enqueue(t, b.run(t), jobs.EnqueueRequest{IdempotencyKey: ptr("welcome:1")})
+	require.False(t, again.Deduplicated)
+	require.NotEqual(t, step.StepID, again.StepID)
+}
+
+// A run one of whose jobs a request holds is skipped whole, never waited
+// for, and purged by a later pass.
+func TestRetentionSkipsARunARequestHolds(t *testing.T) {
+	b := setup(t)
+	w := b.register(t)
+	runID := b.run(t)
+	first := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`1`)})
+	b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`2`)})
+	for range 2 {
+		b.succeed(t, b.claimOne(t, w))
+	}
+	_, err := b.svc.FinishRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+	b.clock.Add(91 * 24 * time.Hour)
+	cutoff := b.clock.Now().AddDate(0, 0, -90)
+
+	tx, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, first.JobID)
+	require.NoError(t, err)
+	_, err = b.svc.PurgeRetired(ctx, cutoff, 100)
+	require.NoError(t, err)
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM jobs WHERE run_id = $1`, runID), "not half a run")
+	b.getRun(t, runID)
+
+	require.NoError(t, tx.Rollback(ctx))
+	_, err = b.svc.PurgeRetired(ctx, cutoff, 100)
+	require.NoError(t, err)
+	_, err = b.svc.GetRun(ctx, b.ws, runID)
+	require.Equal(t, apierr.CodeNotFound, code(t, err))
+}
+
+// A replay reopens a run: it is kept for the whole period after the
+// replayed step ends again.
+func TestRetentionCountsFromTheLastStepToEnd(t *testing.T) {
+	b := setup(t)
+	w := b.register(t)
+	runID := b.run(t)
+	st := b.enqueue(t, runID, jobs.EnqueueRequest{MaxAttempts: ptr[int64](1)})
+	b.fail(t, b.claimOne(t, w), &jobs.ReportError{Message: "bad", Retryable: ptr(false)})
+	_, err := b.svc.FinishRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+
+	b.clock.Add(60 * 24 * time.Hour)
+	_, err = b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true),
+		MaxAttempts: ptr[int64](1), Reason: ptr("vendor fixed")})
+	require.NoError(t, err)
+	b.succeed(t, b.claimOne(t, w))
+	require.Equal(t, "SUCCEEDED", b.getRun(t, runID).Status)
+
+	b.clock.Add(60 * 24 * time.Hour) // 120 days after the first end, 60 after the last
+	_, err = b.svc.PurgeRetired(ctx, b.clock.Now().AddDate(0, 0, -90), 100)
+	require.NoError(t, err)
+	b.getRun(t, runID)
+}
