@@ -465,16 +465,25 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 		out  effectRow
 		code string
 	)
+	// The final refusals first: once answered they answer every later
+	// begin on the key, whatever the policy says by then.
 	switch {
+	case row.Attempt >= ev.maxAttempts || (row.DenialCode != nil && *row.DenialCode == apierr.CodeMaxAttemptsExceeded):
+		// An effect left indeterminate by this answer keeps the code
+		// (sqlDeny), so raising max_attempts later does not lift it.
+		code = apierr.CodeMaxAttemptsExceeded
+	case row.ApprovalState != nil && *row.ApprovalState == ApprovalRejected:
+		// Reached only by an effect a rejection left indeterminate
+		// (sqlDecideApproval), the rest are settled.
+		code = apierr.CodeApprovalRejected
 	case ev.fresh == apierr.CodePolicyDenied || ev.fresh == apierr.CodeCostCeilingExceeded ||
 		ev.fresh == apierr.CodeCircuitOpen:
 		code = ev.fresh
-	case row.Attempt >= ev.maxAttempts:
-		code = apierr.CodeMaxAttemptsExceeded
-	case row.ApprovalState != nil && *row.ApprovalState == ApprovalRejected:
-		// Final for the key; reached only by an effect a rejection left
-		// indeterminate (sqlDecideApproval), the rest are settled.
-		code = apierr.CodeApprovalRejected
+	case ev.fresh == "approval" && !approved && row.ApprovalState != nil && *row.ApprovalState == ApprovalPending:
+		// Still waiting on the approval an earlier begin asked for (an
+		// indeterminate effect waits in its own state, not awaiting_approval).
+		return Decision{Decision: DecisionApprovalRequired, EffectID: row.ID, State: row.effectiveState(in.now),
+			Attempt: row.Attempt, ApprovalID: *row.ApprovalID}, nil
 	case ev.fresh == "approval" && !approved:
 		if err := tx.QueryRow(ctx, sqlRequestApproval, row.ID, in.now, in.approvalID, ev.approvalReason,
 			in.eventID).Scan(out.dest()...); err != nil {
@@ -497,15 +506,9 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 		}
 		return d, nil
 	}
-	if wasIndeterminate {
-		// The prior attempt's outcome is unknown, and refusing this begin
-		// must not bury it: the effect stays indeterminate (listed,
-		// resolvable, reconcilable, unresolved in its group's rollback)
-		// and each begin on the key is refused afresh until the outcome
-		// is settled or the refusal lifts.
-		return Decision{Decision: DecisionDenied, EffectID: row.ID, State: StateIndeterminate, Attempt: row.Attempt,
-			Denial: in.risk.denial(code, ev, row)}, nil
-	}
+	// An indeterminate effect stays so (sqlDeny); each later begin on its
+	// key is evaluated afresh, except after max_attempts_exceeded or
+	// approval_rejected, until the outcome is settled.
 	if err := tx.QueryRow(ctx, sqlDeny, row.ID, in.now, code).Scan(out.dest()...); err != nil {
 		return Decision{}, fmt.Errorf("begin: deny: %w", err)
 	}

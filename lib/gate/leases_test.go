@@ -226,9 +226,14 @@ func TestRefusedRetryKeepsTheUnknownOutcome(t *testing.T) {
 
 	refused := b.refusal("max_attempts_exceeded", "indeterminate", email(k))
 	require.EqualValues(t, 2, refused["detail"].(map[string]any)["attempts"])
-	b.putPolicy("email.send", map[string]any{"mode": "deny"})
-	b.refusal("policy_denied", "indeterminate", email(k))
 	id := str(d["effect_id"])
+	require.Equal(t, "max_attempts_exceeded", b.get(id)["denial_code"], "stored beside the unknown outcome")
+	// Final for the key: neither a denying policy nor a raised ceiling
+	// changes the answer.
+	b.putPolicy("email.send", map[string]any{"mode": "deny"})
+	b.refusal("max_attempts_exceeded", "indeterminate", email(k))
+	b.putPolicy("email.send", map[string]any{"mode": "allow", "max_attempts": 5})
+	b.refusal("max_attempts_exceeded", "indeterminate", email(k))
 	require.Equal(t, "indeterminate", b.get(id)["state"])
 	listed := b.env.Must(http.StatusOK, "GET", "/api/v1/effects?state=indeterminate", b.ws.Key, nil).JSON()["data"].([]any)
 	require.Len(t, listed, 1)
@@ -236,9 +241,72 @@ func TestRefusedRetryKeepsTheUnknownOutcome(t *testing.T) {
 
 	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key,
 		map[string]any{"outcome": "succeeded", "result": map[string]any{"sent": true}})
-	b.putPolicy("email.send", map[string]any{"mode": "allow"})
 	dup := b.mustBegin("duplicate", email(k))
 	require.Equal(t, map[string]any{"sent": true}, dup["result"])
+
+	// A denial the policy can lift is stored beside the unknown outcome
+	// too, and lifts with it.
+	b.putPolicy("sms.send", map[string]any{"on_indeterminate": "retry"})
+	k2 := key("lapse")
+	d = b.mustBegin("execute", map[string]any{"effect_type": "sms.send", "idempotency_key": k2})
+	b.clock.Add(2 * time.Minute)
+	b.putPolicy("sms.send", map[string]any{"mode": "deny"})
+	b.refusal("policy_denied", "indeterminate", map[string]any{"effect_type": "sms.send", "idempotency_key": k2})
+	require.Equal(t, "policy_denied", b.get(str(d["effect_id"]))["denial_code"])
+	b.putPolicy("sms.send", map[string]any{"mode": "allow"})
+	b.mustBegin("execute", map[string]any{"effect_type": "sms.send", "idempotency_key": k2})
+	require.Nil(t, b.get(str(d["effect_id"]))["denial_code"])
+}
+
+// A retry after a lapse that waits for an approval keeps the unknown
+// outcome in view: the effect stays indeterminate (listed, resolvable,
+// unresolved in its group's rollback), one approval answers every begin
+// meanwhile, and once approved the retry is a probe when the policy asks
+// for one.
+func TestApprovalWaitKeepsTheUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("email.send", map[string]any{"on_indeterminate": "probe"})
+	group := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "g"}).JSON()["id"])
+	step := func(k string) map[string]any {
+		body := email(k)
+		body["group_id"], body["compensation"] = group, map[string]any{"effect_type": "email.retract"}
+		return body
+	}
+	first := b.mustBegin("execute", step(key("one")))
+	require.Equal(t, http.StatusOK, b.report(str(first["effect_id"]), str(first["lease_token"]), "succeeded", nil).Status)
+	k := key("two")
+	d := b.mustBegin("execute", step(k))
+	id := str(d["effect_id"])
+	b.clock.Add(2 * time.Minute)
+
+	b.putPolicy("email.send", map[string]any{"mode": "require_approval"})
+	held := b.mustBegin("approval_required", step(k))
+	require.Equal(t, "indeterminate", held["state"])
+	again := b.mustBegin("approval_required", step(k))
+	require.Equal(t, held["approval_id"], again["approval_id"], "one approval for the wait")
+	require.Equal(t, "indeterminate", b.get(id)["state"])
+	listed := b.env.Must(http.StatusOK, "GET", "/api/v1/effects?state=indeterminate", b.ws.Key, nil).JSON()["data"].([]any)
+	require.Len(t, listed, 1)
+	pending := b.env.Must(http.StatusOK, "GET", "/api/v1/approvals?state=pending", b.ws.Key, nil).JSON()["data"].([]any)
+	require.Len(t, pending, 1)
+
+	unwind := b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+group+"/unwind", b.ws.Key, nil).JSON()
+	require.Equal(t, []any{id}, unwind["unresolved"], "a maybe stops the rollback")
+
+	// Approved, the retry of an ungrouped key is the probe its policy
+	// asks for.
+	k = key("three")
+	b.putPolicy("email.send", map[string]any{"mode": "allow"})
+	b.mustBegin("execute", email(k))
+	b.clock.Add(2 * time.Minute)
+	b.putPolicy("email.send", map[string]any{"mode": "require_approval"})
+	held = b.mustBegin("approval_required", email(k))
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(held["approval_id"])+"/approve", b.ws.Key, nil)
+	probe := b.mustBegin("execute", email(k))
+	require.Equal(t, true, probe["probe"])
+	require.EqualValues(t, 1, probe["prior_attempt"].(map[string]any)["attempt"])
+	require.EqualValues(t, 2, probe["attempt"])
 }
 
 // A retry after a lapse that needed an approval, then rejected: the

@@ -196,11 +196,17 @@ a AS (
 )
 SELECT ` + effectCols("e", false) + ` FROM e WHERE NOT EXISTS (SELECT 1 FROM refused)`
 
-// sqlDeny records a denial. $1 effect id, $2 now, $3 code.
-var sqlDeny = `UPDATE effects SET state = 'denied', denial_code = $3, updated_at = $2 WHERE id = $1
+// sqlDeny records a denial. An effect whose last attempt's outcome is
+// unknown stays indeterminate (listed, resolvable, reconcilable, unresolved
+// in its group's rollback) with the denial's code beside it: refusing a
+// retry must not bury the unknown outcome. $1 effect id, $2 now, $3 code.
+var sqlDeny = `UPDATE effects SET state = CASE WHEN state = 'indeterminate' THEN state ELSE 'denied' END,
+    denial_code = $3, updated_at = $2 WHERE id = $1
 RETURNING ` + effectCols("", false)
 
-// sqlRequestApproval holds a locked effect for an operator.
+// sqlRequestApproval holds a locked effect for an operator. A retry of an
+// effect whose last attempt's outcome is unknown waits for its approval
+// still indeterminate, as sqlDeny keeps it.
 // $1 effect id, $2 now, $3 approval id, $4 reason, $5 event id.
 var sqlRequestApproval = `
 WITH a AS (
@@ -214,8 +220,8 @@ WITH a AS (
                            'reason', $4::text), $2
     FROM a
 )
-UPDATE effects SET state = 'awaiting_approval', approval_id = $3, approval_state = 'pending',
-    denial_code = NULL, updated_at = $2
+UPDATE effects SET state = CASE WHEN state = 'indeterminate' THEN state ELSE 'awaiting_approval' END,
+    approval_id = $3, approval_state = 'pending', denial_code = NULL, updated_at = $2
 WHERE id = $1
 RETURNING ` + effectCols("", false)
 
@@ -502,8 +508,9 @@ const approvalCols = `id, effect_id, effect_type, state, reason, created_at, dec
 // sqlDecideApproval approves or rejects a pending approval and updates its
 // effect in one statement: a rejection is a final denial for the key. An
 // effect whose last attempt's outcome is unknown (a retry after a lapse
-// that needed approval) goes back to indeterminate instead, so the unknown
-// outcome stays resolvable; begin still answers approval_rejected.
+// that needed approval) waited indeterminate and stays so, its unknown
+// outcome resolvable; begin still answers approval_rejected. (One that
+// waited as awaiting_approval before that rule goes back to indeterminate.)
 // $1 approval id, $2 workspace, $3 'approved'|'rejected', $4 now, $5 key id,
 // $6 note, $7 event id.
 const sqlDecideApproval = `
