@@ -312,9 +312,12 @@ func refuseCappedCreator(creator *Principal) error {
 	if creator.DailySpendCeilingMicros == nil && creator.RateLimitPerMinute == nil {
 		return nil
 	}
-	return apierr.New(http.StatusForbidden, apierr.CodeForbidden,
-		"A key with a daily_spend_ceiling_micros or rate_limit_per_minute cannot create keys: their spending "+
-			"and requests would not count against its own. Create them with an uncapped key.")
+	// No scope would lift it, so detail.required is empty (every 403
+	// forbidden carries the list, API.md §1).
+	e := apierr.Forbidden()
+	e.Message = "A key with a daily_spend_ceiling_micros or rate_limit_per_minute cannot create keys: their " +
+		"spending and requests would not count against its own. Create them with an uncapped key."
+	return e
 }
 
 const keyColumns = `id, name, scopes, tools, daily_spend_ceiling_micros, rate_limit_per_minute, created_at, revoked_at`
