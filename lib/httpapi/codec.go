@@ -319,8 +319,12 @@ func (c *Call) PathID(name, prefix string) (string, error) {
 	return v, nil
 }
 
-// ListParams parses ?limit= (1-200, default 50) and ?cursor=.
-func (c *Call) ListParams() (limit int, cursor string, err error) {
+// ListParams parses ?limit= (1-200, default 50) and ?cursor=. A cursor is
+// what the list's own nextCursor held: valid says whether it can be one
+// (an id of the listed kind, an effect type), so a mistyped cursor is 400
+// rather than a silently different page; nil where the list's service
+// parses its cursor itself.
+func (c *Call) ListParams(valid func(string) bool) (limit int, cursor string, err error) {
 	q := c.R.URL.Query()
 	limit = 50
 	if s := q.Get("limit"); s != "" || q.Has("limit") {
@@ -331,10 +335,15 @@ func (c *Call) ListParams() (limit int, cursor string, err error) {
 		limit = n
 	}
 	cursor = q.Get("cursor")
-	if len(cursor) > 200 { // text without NUL: textParams
+	if len(cursor) > 200 || (cursor != "" && valid != nil && !valid(cursor)) { // text without NUL: textParams
 		return 0, "", apierr.InvalidField("cursor", "is not a cursor from this API")
 	}
 	return limit, cursor, nil
+}
+
+// idCursor accepts an id of one kind as a cursor.
+func idCursor(prefix string) func(string) bool {
+	return func(s string) bool { return ids.Valid(prefix, s) }
 }
 
 // Page is the list envelope of snake_case routes.

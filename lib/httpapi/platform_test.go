@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/url"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -197,4 +198,43 @@ func TestRouteTimeoutIs503(t *testing.T) {
 	body := readAll(t, res)
 	require.Equal(t, http.StatusServiceUnavailable, res.StatusCode)
 	require.Contains(t, body, "database_unavailable")
+}
+
+// A cursor a list could never have handed out is 400 on every list (it
+// answered some other page), and every list pages on the cursor it hands out.
+func TestListCursorsAreChecked(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	env.Key(ws, map[string]any{"name": "k", "preset": "AGENT"})
+	env.Must(http.StatusOK, "PUT", "/api/v1/policies/email.send", ws.Key, map[string]any{"mode": "allow"})
+	env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key,
+		map[string]any{"effect_type": "email.send", "idempotency_key": "k1"})
+	env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key,
+		map[string]any{"effect_type": "sms.send", "idempotency_key": "k2"})
+	env.Must(http.StatusCreated, "POST", "/api/v1/endpoints", ws.Key, map[string]any{"name": "a"})
+	env.Must(http.StatusCreated, "POST", "/api/v1/endpoints", ws.Key, map[string]any{"name": "b"})
+	for list, bads := range map[string][]string{
+		"/api/v1/keys": nil, "/api/v1/effects": nil, "/api/v1/approvals": nil, "/api/v1/endpoints": nil,
+		"/api/v1/webhooks": nil,
+		// Effect types: any name the rule allows could be one.
+		"/api/v1/policies": {"a b", "-x", "email/send"}, "/api/v1/circuits": {"a b", "*", "é"},
+	} {
+		if bads == nil {
+			bads = []string{"garbage", "eff_", "job_01m8kjt9g002extbwvcndh4bkd", "a b"}
+		}
+		for _, bad := range bads {
+			r := env.Do("GET", list+"?cursor="+url.QueryEscape(bad), ws.Key, nil)
+			require.Equal(t, http.StatusBadRequest, r.Status, "%s %s: %s", list, bad, r.Body)
+			require.Equal(t, "invalid_request", r.ErrorCode())
+		}
+		first := env.Must(http.StatusOK, "GET", list+"?limit=1", ws.Key, nil).JSON()
+		next, _ := first["next_cursor"].(string)
+		if next == "" {
+			next, _ = first["nextCursor"].(string)
+		}
+		if next != "" {
+			env.Must(http.StatusOK, "GET", list+"?limit=1&cursor="+url.QueryEscape(next), ws.Key, nil)
+		}
+	}
 }

@@ -57,7 +57,7 @@ func (s *Server) circuitRoutes() []Route {
 }
 
 func (s *Server) listCircuits(ctx context.Context, c *Call) (any, error) {
-	limit, cursor, err := c.ListParams()
+	limit, cursor, err := c.ListParams(gate.ValidEffectType)
 	if err != nil {
 		return nil, err
 	}

@@ -76,7 +76,7 @@ func (s *Server) publishContract(ctx context.Context, c *Call) (any, error) {
 }
 
 func (s *Server) listContracts(ctx context.Context, c *Call) (any, error) {
-	limit, cursor, err := c.ListParams()
+	limit, cursor, err := c.ListParams(nil) // the service parses it
 	if err != nil {
 		return nil, err
 	}

@@ -138,7 +138,7 @@ func (s *Server) createKey(ctx context.Context, c *Call) (any, error) {
 }
 
 func (s *Server) listKeys(ctx context.Context, c *Call) (any, error) {
-	limit, cursor, err := c.ListParams()
+	limit, cursor, err := c.ListParams(idCursor(ids.Key))
 	if err != nil {
 		return nil, err
 	}

@@ -154,7 +154,7 @@ func (s *Server) beginEffect(ctx context.Context, c *Call) (any, error) {
 }
 
 func (s *Server) listEffects(ctx context.Context, c *Call) (any, error) {
-	limit, cursor, err := c.ListParams()
+	limit, cursor, err := c.ListParams(idCursor(ids.Effect))
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +212,7 @@ func (s *Server) resolveEffect(ctx context.Context, c *Call) (any, error) {
 }
 
 func (s *Server) listPolicies(ctx context.Context, c *Call) (any, error) {
-	limit, cursor, err := c.ListParams()
+	limit, cursor, err := c.ListParams(gate.ValidEffectType)
 	if err != nil {
 		return nil, err
 	}
@@ -240,7 +240,7 @@ func (s *Server) putPolicy(ctx context.Context, c *Call) (any, error) {
 }
 
 func (s *Server) listApprovals(ctx context.Context, c *Call) (any, error) {
-	limit, cursor, err := c.ListParams()
+	limit, cursor, err := c.ListParams(idCursor(ids.Approval))
 	if err != nil {
 		return nil, err
 	}

@@ -266,7 +266,7 @@ func (s *Server) reportBatch(ctx context.Context, c *Call) (any, error) {
 }
 
 func (s *Server) listEndpoints(ctx context.Context, c *Call) (any, error) {
-	limit, cursor, err := c.ListParams()
+	limit, cursor, err := c.ListParams(idCursor(ids.Endpoint))
 	if err != nil {
 		return nil, err
 	}
@@ -337,7 +337,7 @@ func (s *Server) closeEndpointCircuit(ctx context.Context, c *Call) (any, error)
 }
 
 func (s *Server) queueHealth(ctx context.Context, c *Call) (any, error) {
-	limit, cursor, err := c.ListParams()
+	limit, cursor, err := c.ListParams(nil) // the service parses it
 	if err != nil {
 		return nil, err
 	}

@@ -32,7 +32,7 @@ func (s *Server) webhookRoutes() []Route {
 			Summary: "List webhook subscriptions (never their secrets).", Query: listParams,
 			Response: Page[webhooks.Webhook]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
-				limit, cursor, err := c.ListParams()
+				limit, cursor, err := c.ListParams(idCursor(ids.Webhook))
 				if err != nil {
 					return nil, err
 				}
@@ -65,7 +65,7 @@ func (s *Server) webhookRoutes() []Route {
 				if err != nil {
 					return nil, err
 				}
-				limit, cursor, err := c.ListParams()
+				limit, cursor, err := c.ListParams(nil) // the service parses it
 				if err != nil {
 					return nil, err
 				}
