@@ -911,3 +911,58 @@ func TestRestrictedKeyReportsOnlyItsTools(t *testing.T) {
 	require.NoError(t, err)
 	b.succeed(t, jobs.ClaimedJob{JobID: charge.JobID, LeaseToken: token[charge.JobID]})
 }
+
+// A lapsed lease on an attempt that was not the job's last is reclaimable
+// at once by a worker of the job's version; with none left (a retired
+// version's crashed worker) it held its endpoint's maxConcurrent slot for
+// good. RequeueLapsedAfter past the lapse the sweeper queues the job again,
+// freeing the slot. Not parallel: the sweep is global and this test's
+// clock moves minutes past other tests' lapses.
+func TestSweeperRequeuesALongLapsedLease(t *testing.T) {
+	b := setup(t, "send_email@1", "send_email@2")
+	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "mailer",
+		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](1)}})
+	require.NoError(t, err)
+	runID := b.run(t)
+	old := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000)})
+	next := b.enqueue(t, runID, jobs.EnqueueRequest{Name: "send_email", Version: "2", Endpoint: ptr("mailer")})
+	v1 := b.register(t, jobs.Tool{Name: "send_email", Version: "1"})
+	v2 := b.register(t, jobs.Tool{Name: "send_email", Version: "2"})
+	lost := b.claimOne(t, v1) // its worker dies
+
+	// Within the window the lapsed lease keeps its slot and its token
+	// still reports (API.md §5).
+	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter - time.Second)
+	b.sweep(t)
+	require.Empty(t, b.claim(t, v2, 1))
+	require.Equal(t, "RUNNING", b.step(t, old.StepID).Status)
+	_, err = b.svc.Heartbeat(ctx, b.worker, lost.JobID, jobs.HeartbeatRequest{LeaseToken: lost.LeaseToken})
+	require.NoError(t, err, "a heartbeat revives a lapsed lease nobody took over")
+
+	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second) // from the heartbeat
+	b.sweep(t)
+	st := b.step(t, old.StepID)
+	require.Equal(t, "QUEUED", st.Status)
+	require.Equal(t, 1, st.DurableJob.Attempt)
+	xs := b.executions(t, old.JobID)
+	require.Len(t, xs, 1)
+	require.Equal(t, "FAILED", *xs[0].Outcome)
+	require.Contains(t, *xs[0].Warning, "side effect")
+	taken := b.claimOne(t, v2)
+	require.Equal(t, next.JobID, taken.JobID, "the slot is free")
+
+	// The lapsed attempt's token is superseded.
+	_, err = b.svc.Report(ctx, b.worker, lost.JobID, jobs.ReportRequest{LeaseToken: lost.LeaseToken, Status: "SUCCEEDED"})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+	_, err = b.svc.Heartbeat(ctx, b.worker, lost.JobID, jobs.HeartbeatRequest{LeaseToken: lost.LeaseToken})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+
+	// A worker of its version takes it as its next attempt once the slot
+	// is free again.
+	require.Empty(t, b.claim(t, v1, 1))
+	b.succeed(t, taken)
+	again := b.claimOne(t, v1)
+	require.Equal(t, old.JobID, again.JobID)
+	require.Equal(t, 2, again.Attempt)
+	require.Equal(t, "SUCCEEDED", b.succeed(t, again).Status)
+}

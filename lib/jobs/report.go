@@ -211,7 +211,10 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 			return ReportResult{}, nil, apierr.InvalidState("This attempt was already reported as %s.", sent)
 		}
 		return ReportResult{JobID: j.jobID, Status: *j.xResult, Attempt: xa, NextDueAt: utc(j.xNext)}, nil, nil
-	case xa < j.attempt:
+	case xa < j.attempt || j.status == StatusQueued:
+		// QUEUED with this token's attempt the latest: its lease lapsed and
+		// the sweeper queued the job again (or a replay did, after the
+		// attempt ended unreported): the next claim supersedes it.
 		return ReportResult{}, nil, errLeaseLost()
 	case j.status == StatusCancelled:
 		// Cancelled while running: keep the attempt's record, not the job's.

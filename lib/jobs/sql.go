@@ -211,6 +211,48 @@ FROM (SELECT DISTINCT endpoint_id FROM jobs
         AND ($3::text IS NULL OR run_id = $3::text)
       LIMIT $2::int) e`
 
+// Requeueing lapsed leases (the sweeper's backstop). A lapsed lease on an
+// attempt that was not the job's last leaves the job claimable at once by a
+// worker of its exact version, and until one claims it the job still counts
+// against its endpoint's maxConcurrent: with no such worker left (a crashed
+// worker of a version being retired) it held the slot for good, and every
+// other version's and tool's jobs on the endpoint waited. Once the lease
+// has been lapsed for $3 ms the job goes back to QUEUED (due when its lease
+// lapsed, so queue health shows its age), the lapsed execution is failed
+// with the warning, the slot is freed and the token forgotten (its
+// heartbeat and report answer lease_lost). A statement per step, as
+// sqlLapsedGates and sqlExhaustLapsed:
+const requeueCandidates = `status = 'RUNNING' AND attempt < max_attempts
+      AND ready_at <= $1::timestamptz - $3::bigint * interval '1 millisecond'`
+
+// sqlRequeueGates takes the gate protocol's shared lock on the endpoints of
+// up to $2 candidates.
+const sqlRequeueGates = `
+SELECT count(pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0)))
+FROM (SELECT DISTINCT endpoint_id FROM jobs WHERE ` + requeueCandidates + ` LIMIT $2::int) e`
+
+// sqlRequeueLapsed requeues up to $2 candidates; $4 is the warning.
+const sqlRequeueLapsed = `
+WITH lapsed AS (
+    SELECT id FROM jobs WHERE ` + requeueCandidates + `
+    ORDER BY ready_at
+    LIMIT $2::int
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE jobs j SET status = 'QUEUED', due_at = j.lease_expires_at, ready_at = j.lease_expires_at,
+        lease_token = NULL, updated_at = $1::timestamptz
+    FROM lapsed WHERE j.id = lapsed.id
+    RETURNING j.id, j.attempt, j.endpoint_id
+), x AS (
+    UPDATE job_executions x SET outcome = 'FAILED', warning = $4::text, ended_at = $1::timestamptz
+    FROM upd WHERE x.job_id = upd.id AND x.attempt = upd.attempt AND x.outcome IS NULL
+), e AS (
+    UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - c.n)
+    FROM (SELECT endpoint_id, count(*)::int AS n FROM upd GROUP BY endpoint_id) c
+    WHERE e.id = c.endpoint_id AND e.max_concurrent IS NOT NULL
+)
+SELECT count(*) FROM upd`
+
 const (
 	sqlEndpointGateExclusive = `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`
 	sqlRecountRunning        = `

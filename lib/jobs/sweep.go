@@ -20,7 +20,12 @@ const sweepBatch = 500
 func (s *Service) SweepTasks() []sweep.Task {
 	return []sweep.Task{
 		{Name: "jobs.lapsed_leases", Run: func(ctx context.Context, _ time.Time) (int, error) {
-			return s.exhaustLapsed(ctx, nil, sweepBatch)
+			ended, err := s.exhaustLapsed(ctx, nil, sweepBatch)
+			if err != nil {
+				return ended, err
+			}
+			requeued, err := s.requeueLapsed(ctx, sweepBatch)
+			return ended + requeued, err
 		}},
 		{Name: "jobs.dependencies", Run: func(ctx context.Context, _ time.Time) (int, error) {
 			return s.releaseStranded(ctx, sweepBatch)
@@ -100,6 +105,34 @@ func (s *Service) exhaustLapsed(ctx context.Context, runID *string, limit int) (
 		return s.afterEnded(ctx, tx, done)
 	})
 	return n, err
+}
+
+// RequeueLapsedAfter is how long a lapsed lease on an attempt that was not
+// the job's last may wait for a worker of its version to reclaim it before
+// the sweeper puts the job back in the queue, freeing its endpoint's
+// concurrency slot (sqlRequeueLapsed). Until then a report with its token
+// is still accepted (API.md §5).
+const RequeueLapsedAfter = 5 * time.Minute
+
+// requeueLapsed puts back in the queue jobs whose lease lapsed more than
+// RequeueLapsedAfter ago on an attempt that was not their last.
+func (s *Service) requeueLapsed(ctx context.Context, limit int) (int, error) {
+	n := 0
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		now, after := s.now(), RequeueLapsedAfter.Milliseconds()
+		var gates int
+		if err := tx.QueryRow(ctx, sqlRequeueGates, now, limit, after).Scan(&gates); err != nil {
+			return err
+		}
+		if gates == 0 {
+			return nil
+		}
+		return tx.QueryRow(ctx, sqlRequeueLapsed, now, limit, after, LapseWarning).Scan(&n)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("requeue lapsed: %w", err)
+	}
+	return n, nil
 }
 
 // releaseStranded releases WAITING steps whose dependency ended without a
