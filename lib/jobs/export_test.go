@@ -5,3 +5,6 @@ import "time"
 // SetPolling sets a service's long-poll pacing, so a test can make the
 // poll pause longer than the test: a claim that returns then was woken.
 func SetPolling(s *Service, pause time.Duration) { s.pollMin, s.pollMax = pause, pause }
+
+// SetPurgeSteps bounds the steps one retention pass deletes.
+func SetPurgeSteps(s *Service, n int) { s.purgeSteps = n }

@@ -68,6 +68,9 @@ type Service struct {
 	// long polls when this process queues work (wake.go).
 	pollMin, pollMax time.Duration
 	wake             *waker
+	// purgeSteps bounds the steps one retention pass deletes
+	// (purgeStepsPerPass; tests lower it).
+	purgeSteps int
 }
 
 // New builds the service. hashSecret keys the HMAC of stored operation
@@ -80,7 +83,7 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, hashSecret string, leaseGraceM
 	clock := func() time.Time { return now().UTC().Truncate(time.Microsecond) }
 	return &Service{pool: pool, sealer: sealer, hashKey: []byte(hashSecret), now: clock,
 		leaseGrace: time.Duration(leaseGraceMs) * time.Millisecond, jitter: rand.Float64,
-		pollMin: pollMin, pollMax: pollMax, wake: newWaker()}
+		pollMin: pollMin, pollMax: pollMax, wake: newWaker(), purgeSteps: purgeStepsPerPass}
 }
 
 type querier interface {

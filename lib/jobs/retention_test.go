@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -136,4 +137,40 @@ func TestRetentionCountsFromTheLastStepToEnd(t *testing.T) {
 	_, err = b.svc.PurgeRetired(ctx, b.clock.Now().AddDate(0, 0, -90), 100)
 	require.NoError(t, err)
 	b.getRun(t, runID)
+}
+
+// A pass deletes whole runs up to its budget of steps (one larger run goes
+// alone); the next pass takes the rest.
+func TestRetentionPassesAreBoundedBySteps(t *testing.T) {
+	b := setup(t)
+	w := b.register(t)
+	var runs []string
+	for i := range 3 {
+		runID := b.run(t)
+		for k := range 2 {
+			b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprint(10*i + k))})
+			b.succeed(t, b.claimOne(t, w))
+		}
+		_, err := b.svc.FinishRun(ctx, b.ws, runID)
+		require.NoError(t, err)
+		runs = append(runs, runID)
+		b.clock.Add(time.Second) // finished in this order
+	}
+	b.clock.Add(91 * 24 * time.Hour)
+	cutoff := b.clock.Now().AddDate(0, 0, -90)
+	left := func() int {
+		return b.count(t, `SELECT count(*) FROM job_runs WHERE id = ANY($1)`, runs)
+	}
+	jobs.SetPurgeSteps(b.svc, 3)
+	_, err := b.svc.PurgeRetired(ctx, cutoff, 100)
+	require.NoError(t, err)
+	require.Equal(t, 2, left(), "two steps fit, four do not")
+	jobs.SetPurgeSteps(b.svc, 1)
+	_, err = b.svc.PurgeRetired(ctx, cutoff, 100)
+	require.NoError(t, err)
+	require.Equal(t, 1, left(), "a run larger than the budget goes alone")
+	jobs.SetPurgeSteps(b.svc, 5000)
+	_, err = b.svc.PurgeRetired(ctx, cutoff, 100)
+	require.NoError(t, err)
+	require.Zero(t, left())
 }

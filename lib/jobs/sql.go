@@ -398,10 +398,11 @@ WHERE t.id = $1::text AND t.status = 'QUEUED'`
 // requested) is kept. Three statements in one transaction:
 //
 // sqlRetiredRuns takes up to $2 candidates, oldest first
-// (job_runs_finished_idx), locking each run's row and skipping any a request
-// holds (an enqueue, a finish or a replay's reopening hold it);
+// (job_runs_finished_idx), with how many steps each has, locking each run's
+// row and skipping any a request holds (an enqueue, a finish or a replay's
+// reopening hold it);
 const sqlRetiredRuns = `
-SELECT r.id FROM job_runs r
+SELECT r.id, (SELECT count(*) FROM jobs j WHERE j.run_id = r.id) FROM job_runs r
 WHERE r.status IN ('SUCCEEDED', 'FAILED') AND r.finished_at < $1::timestamptz
   AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = r.id
                   AND (j.finished_at IS NULL OR j.finished_at >= $1::timestamptz))

@@ -36,15 +36,34 @@ func (s *Service) SweepTasks() []sweep.Task {
 	}
 }
 
+// purgeStepsPerPass bounds the steps one retention pass deletes with their
+// runs (a run is never split: one larger than this goes alone).
+const purgeStepsPerPass = 5000
+
 // PurgeRetired deletes up to limit finished runs whose steps all ended
-// before cutoff, with their jobs, executions and replays, and up to limit
-// worker registrations not seen since cutoff. It answers how many runs and
-// workers it deleted. Once a run is gone its steps' idempotency keys are
-// new again: an enqueue with one creates a new step.
+// before cutoff (and no more than purgeStepsPerPass steps with them), with
+// their jobs, executions and replays, and up to limit worker registrations
+// not seen since cutoff. It answers how many runs and workers it deleted.
+// Once a run is gone its steps' idempotency keys are new again: an enqueue
+// with one creates a new step.
 func (s *Service) PurgeRetired(ctx context.Context, cutoff time.Time, limit int) (int, error) {
 	runs := 0
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		candidates, err := collectIDs(tx.Query(ctx, sqlRetiredRuns, cutoff, limit))
+		rows, err := tx.Query(ctx, sqlRetiredRuns, cutoff, limit)
+		if err != nil {
+			return err
+		}
+		var (
+			candidates []string
+			id         string
+			n, steps   int
+		)
+		_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error {
+			if len(candidates) == 0 || steps+n <= s.purgeSteps {
+				candidates, steps = append(candidates, id), steps+n
+			}
+			return nil
+		})
 		if err != nil || len(candidates) == 0 {
 			return err
 		}
