@@ -465,9 +465,17 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 		out  effectRow
 		code string
 	)
-	// The final refusals first: once answered they answer every later
-	// begin on the key, whatever the policy says by then.
+	// A pending approval first, then the final refusals: each answers
+	// every later begin on the key, whatever the policy says by then.
 	switch {
+	case row.ApprovalState != nil && *row.ApprovalState == ApprovalPending:
+		// Still waiting on the approval an earlier begin asked for (an
+		// indeterminate effect waits in its own state, not
+		// awaiting_approval). As for awaiting_approval, it holds the key
+		// until an operator decides it: granting past it would leave it
+		// pending, and deciding it later would still change the key.
+		return Decision{Decision: DecisionApprovalRequired, EffectID: row.ID, State: row.effectiveState(in.now),
+			Attempt: row.Attempt, ApprovalID: *row.ApprovalID}, nil
 	case row.Attempt >= ev.maxAttempts || (row.DenialCode != nil && *row.DenialCode == apierr.CodeMaxAttemptsExceeded):
 		// An effect left indeterminate by this answer keeps the code
 		// (sqlDeny), so raising max_attempts later does not lift it.
@@ -479,11 +487,6 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 	case ev.fresh == apierr.CodePolicyDenied || ev.fresh == apierr.CodeCostCeilingExceeded ||
 		ev.fresh == apierr.CodeCircuitOpen:
 		code = ev.fresh
-	case ev.fresh == "approval" && !approved && row.ApprovalState != nil && *row.ApprovalState == ApprovalPending:
-		// Still waiting on the approval an earlier begin asked for (an
-		// indeterminate effect waits in its own state, not awaiting_approval).
-		return Decision{Decision: DecisionApprovalRequired, EffectID: row.ID, State: row.effectiveState(in.now),
-			Attempt: row.Attempt, ApprovalID: *row.ApprovalID}, nil
 	case ev.fresh == "approval" && !approved:
 		if err := tx.QueryRow(ctx, sqlRequestApproval, row.ID, in.now, in.approvalID, ev.approvalReason,
 			in.eventID).Scan(out.dest()...); err != nil {

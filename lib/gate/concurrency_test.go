@@ -226,3 +226,74 @@ func TestConcurrentBeginsAfterApprovalExecuteOnce(t *testing.T) {
 	require.Equal(t, map[string]int{"execute": 1, "in_flight": 99}, counts)
 	require.EqualValues(t, 1, execs[0]["attempt"])
 }
+
+// Many concurrent begins on an indeterminate key whose retry needs an
+// approval yield exactly one pending approval; once approved, exactly one
+// execute.
+func TestConcurrentBeginsOnAnIndeterminateKeyAwaitingApproval(t *testing.T) {
+	for _, grouped := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "grouped"}[grouped], func(t *testing.T) {
+			t.Parallel()
+			concurrentAwaiting(t, grouped)
+		})
+	}
+}
+
+func concurrentAwaiting(t *testing.T, grouped bool) {
+	b := setup(t)
+	b.putPolicy("email.send", map[string]any{"on_indeterminate": "probe"})
+	k := key("conc")
+	email := email
+	if grouped {
+		group := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "g"}).JSON()["id"])
+		plain := email
+		email = func(k string) map[string]any {
+			body := plain(k)
+			body["group_id"], body["compensation"] = group, map[string]any{"effect_type": "email.retract"}
+			return body
+		}
+	}
+	d := b.mustBegin("execute", email(k))
+	id := str(d["effect_id"])
+	b.clock.Add(2 * time.Minute)
+	b.putPolicy("email.send", map[string]any{"mode": "require_approval", "on_indeterminate": "probe"})
+
+	const n = 24
+	run := func() []map[string]any {
+		out := make([]map[string]any, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				r := b.env.Do("POST", "/api/v1/effects/begin", b.ws.Key, email(k))
+				out[i] = r.JSON()
+				out[i]["_status"] = r.Status
+			})
+		}
+		wg.Wait()
+		return out
+	}
+	first := run()
+	approvals := map[string]int{}
+	for _, r := range first {
+		require.Equal(t, "approval_required", r["decision"], "%v", r)
+		require.Equal(t, "indeterminate", r["state"], "%v", r)
+		approvals[str(r["approval_id"])]++
+	}
+	require.Len(t, approvals, 1, "one approval for every begin")
+	pending := b.env.Must(http.StatusOK, "GET", "/api/v1/approvals?state=pending", b.ws.Key, nil).JSON()["data"].([]any)
+	require.Len(t, pending, 1)
+	var approvalID string
+	for a := range approvals {
+		approvalID = a
+	}
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+approvalID+"/approve", b.ws.Key, nil)
+
+	second := run()
+	decisions := map[string]int{}
+	for _, r := range second {
+		decisions[str(r["decision"])]++
+	}
+	require.Equal(t, 1, decisions["execute"], "%v", decisions)
+	require.Equal(t, n-1, decisions["in_flight"], "%v", decisions)
+	require.Equal(t, "leased", b.get(id)["state"])
+}

@@ -333,3 +333,21 @@ func TestRejectedRetryKeepsTheUnknownOutcome(t *testing.T) {
 	b.denialOf("approval_rejected", email(k)) // final: the effect is denied now
 	require.Equal(t, "denied", b.get(id)["state"])
 }
+
+// A pending approval holds an indeterminate key whatever the policy says
+// meanwhile, as it holds an awaiting_approval one: granting past it left it
+// pending, and a rejection decided later denied the key for good.
+func TestPendingApprovalHoldsAnIndeterminateKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("email.send", map[string]any{"on_indeterminate": "retry"})
+	k := key("stale")
+	b.mustBegin("execute", email(k))
+	b.clock.Add(2 * time.Minute)
+	b.putPolicy("email.send", map[string]any{"mode": "require_approval", "on_indeterminate": "retry"})
+	held := b.mustBegin("approval_required", email(k))
+	b.putPolicy("email.send", map[string]any{"mode": "allow", "on_indeterminate": "retry"})
+	b.mustBegin("approval_required", email(k))
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(held["approval_id"])+"/approve", b.ws.Key, nil)
+	b.mustBegin("execute", email(k))
+}
