@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/seal"
 )
 
@@ -87,14 +88,20 @@ func (s *Service) Dispatch(ctx context.Context, now time.Time) (int, error) {
 
 // PurgeDelivered deletes up to limit outbox events recorded before cutoff,
 // with their deliveries, once they are dispatched and none of their
-// deliveries is still pending (retries end within about two days). It
-// answers how many events it deleted.
+// deliveries is still pending (retries end within about two days). The
+// latest reconciliation.due of each effect type stays: its row is what
+// tells the sweeper the current period was reminded (a period can last up
+// to a year), so deleting it sent the same reminder again. It answers how
+// many events it deleted.
 func (s *Service) PurgeDelivered(ctx context.Context, cutoff time.Time, limit int) (int, error) {
 	tag, err := s.pool.Exec(ctx, `
 		WITH old AS (
 		    SELECT e.id FROM events e
 		    WHERE e.created_at < $1::timestamptz AND e.dispatched_at IS NOT NULL
 		      AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id AND d.state = 'pending')
+		      AND NOT (e.type = '`+events.ReconciliationDue+`' AND NOT EXISTS (
+		          SELECT 1 FROM events n WHERE n.workspace_id = e.workspace_id AND n.type = e.type
+		            AND n.subject_id = e.subject_id AND n.created_at > e.created_at))
 		    ORDER BY e.created_at
 		    LIMIT $2::int
 		    FOR UPDATE OF e SKIP LOCKED

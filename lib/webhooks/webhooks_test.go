@@ -374,3 +374,41 @@ func TestRetentionPurgesDeliveredEventsOnly(t *testing.T) {
 	require.Equal(t, "pending", pending[0]["state"])
 	require.Equal(t, 1, eventsLeft())
 }
+
+// The latest reconciliation.due of a type outlives EVENT_RETENTION_DAYS: its
+// row is what records that the current period was reminded (a period can
+// last up to a year), and deleting it sent the same reminder again.
+func TestRetentionKeepsTheCurrentReconcileReminder(t *testing.T) {
+	clk := apitest.NewClock(time.Now().Truncate(time.Second))
+	env := apitest.Start(t, apitest.WithNow(clk.Now), apitest.WithConfig(func(cfg *config.Config) {
+		cfg.WebhookAllowPrivateNetworks, cfg.EventRetentionDays = true, 30
+	}))
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.ReconciliationDue}})
+	env.Must(http.StatusOK, "PUT", "/api/v1/policies/payment.charge", ws.Key,
+		map[string]any{"reconcile_every_hours": 2000}) // about 83 days
+
+	ctx := context.Background()
+	clk.Add(2001 * time.Hour) // overdue: the period's reminder
+	env.App.Sweeper.RunOnce(ctx)
+	require.Equal(t, 1, rcv.count())
+	for range 2 { // 31 and 62 days on, still the same period
+		clk.Add(31 * 24 * time.Hour)
+		env.App.Sweeper.RunOnce(ctx)
+		env.App.Sweeper.RunOnce(ctx)
+	}
+	require.Equal(t, 1, rcv.count(), "the period was reminded once")
+
+	// The next period's reminder comes, and the earlier one can go.
+	clk.Add(30 * 24 * time.Hour)
+	env.App.Sweeper.RunOnce(ctx)
+	require.Equal(t, 2, rcv.count())
+	clk.Add(31 * 24 * time.Hour)
+	env.App.Sweeper.RunOnce(ctx)
+	var left int
+	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE workspace_id = $1 AND type = $2`,
+		ws.ID, events.ReconciliationDue).Scan(&left))
+	require.Equal(t, 1, left)
+}
