@@ -174,3 +174,23 @@ func TestRetentionPassesAreBoundedBySteps(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, left())
 }
+
+// A worker busy with long jobs does not claim, but its heartbeats count as
+// seen: retention does not take a live worker's registration.
+func TestRetentionKeepsABusyWorker(t *testing.T) {
+	b := setup(t)
+	w := b.register(t)
+	runID := b.run(t)
+	b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`1`), TimeoutMs: ptr[int64](86_400_000)})
+	j := b.claimOne(t, w)
+	for range 6 { // three days of heartbeats every 12 h
+		b.clock.Add(12 * time.Hour)
+		_, err := b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+		require.NoError(t, err)
+	}
+	_, err := b.svc.PurgeRetired(ctx, b.clock.Now().AddDate(0, 0, -1), 100)
+	require.NoError(t, err)
+	b.succeed(t, j)
+	_, err = b.svc.Claim(ctx, b.worker, w, jobs.ClaimRequest{Limit: ptr(1)})
+	require.NoError(t, err, "the live worker claims on")
+}

@@ -286,16 +286,22 @@ const sqlClaim = `SELECT * FROM jobs_claim($1::text, $2::text, $3::timestamptz, 
 
 // sqlHeartbeat extends a current lease by the job's timeout plus the grace,
 // when the key may work the job's tool ($6: its name@version list, NULL for
-// any tool).
+// any tool). The worker that holds it counts as seen (at most once a
+// minute): a worker whose slots are all busy does not claim, and one that
+// looked gone would be missing from queue health and, after
+// JOB_RETENTION_DAYS, deleted.
 const sqlHeartbeat = `
 WITH j AS (
     UPDATE jobs SET lease_expires_at = $4::timestamptz + (timeout_ms + $5::bigint) * interval '1 millisecond',
         ready_at = $4::timestamptz + (timeout_ms + $5::bigint) * interval '1 millisecond', updated_at = $4::timestamptz
     WHERE id = $1::text AND workspace_id = $2::text AND lease_token = $3::text AND status = 'RUNNING'
       AND ($6::text[] IS NULL OR name || '@' || version = ANY($6::text[]))
-    RETURNING id, attempt, lease_expires_at, cancel_requested
+    RETURNING id, attempt, lease_expires_at, cancel_requested, worker_id
 ), x AS (
     UPDATE job_executions x SET lease_expires_at = j.lease_expires_at FROM j WHERE x.job_id = j.id AND x.attempt = j.attempt
+), w AS (
+    UPDATE job_workers w SET last_seen_at = $4::timestamptz FROM j
+    WHERE w.id = j.worker_id AND w.last_seen_at < $4::timestamptz - interval '1 minute'
 )
 SELECT lease_expires_at, cancel_requested FROM j`
 

@@ -72,6 +72,7 @@ type Worker struct {
 	tools    map[ToolRef]*registeredTool
 	started  bool
 	workerID string
+	refs     []ToolRef // the registered pairs, to register again
 	active   int
 	opts     StartOptions
 
@@ -180,7 +181,7 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 	cancelJobs := func(cause error) { unhook(); cancel(cause) }
 
 	w.mu.Lock()
-	w.workerID, w.opts, w.cancelJobs = id, opts, cancelJobs
+	w.workerID, w.refs, w.opts, w.cancelJobs = id, refs, opts, cancelJobs
 	w.reporter = newReporter(ctx, w.c, opts.OnError, w.reportLinger)
 	w.stopping, w.slotFreed, w.loopDone = make(chan struct{}), make(chan struct{}, 1), make(chan struct{})
 	w.mu.Unlock()
@@ -277,9 +278,12 @@ func (w *Worker) loop(ctx, jobsCtx context.Context) {
 		}
 		limit := min(free, 100)
 		began := w.clock.Now()
-		jobs, err := w.c.Claim(withRetryCutoff(ctx, w.stopping), w.workerID, limit, w.opts.WaitSeconds)
+		jobs, err := w.c.Claim(withRetryCutoff(ctx, w.stopping), w.ID(), limit, w.opts.WaitSeconds)
 		if err != nil && !w.stopped(ctx) {
 			w.opts.OnError(fmt.Errorf("ratchet: claim: %w", err))
+			if IsCode(err, CodeNotFound) {
+				w.registerAgain(ctx)
+			}
 		}
 		for _, j := range jobs {
 			w.dispatch(ctx, jobsCtx, j)
@@ -301,6 +305,21 @@ func (w *Worker) loop(ctx, jobsCtx context.Context) {
 			return
 		}
 	}
+}
+
+// registerAgain registers the worker's tools under a new worker id, for a
+// server that no longer knows the old one (it deletes registrations not
+// seen for JOB_RETENTION_DAYS). Jobs already running keep their leases:
+// they are reported by lease token, not worker id.
+func (w *Worker) registerAgain(ctx context.Context) {
+	id, err := w.c.RegisterWorker(ctx, w.refs)
+	if err != nil {
+		w.opts.OnError(fmt.Errorf("ratchet: register again: %w", err))
+		return
+	}
+	w.mu.Lock()
+	w.workerID = id
+	w.mu.Unlock()
 }
 
 // stopped reports whether Stop was called or ctx ended.

@@ -17,21 +17,22 @@ import (
 
 // fakeJobs speaks the worker half of API.md §3.1 from memory.
 type fakeJobs struct {
-	mu         sync.Mutex
-	queue      []ClaimedJob
-	claims     int
-	limits     []int
-	heartbeats int
-	cancel     map[string]bool
-	heartbeat  func(jobID string) (status int, code string) // optional failure
-	leaseFor   time.Duration
-	reports    map[string]json.RawMessage
-	reported   chan string
-	onClaim    func(limit, got int)                                    // called inside the lock
-	batches    []int                                                   // sizes of the batch reports received
-	refuse     map[string]string                                       // job id → error code a batch answers for it
-	noBatch    bool                                                    // answer the batch route 404, as an older server would
-	claimError func() (status int, code string, detail map[string]any) // optional refusal of a claim
+	mu            sync.Mutex
+	queue         []ClaimedJob
+	claims        int
+	limits        []int
+	heartbeats    int
+	registrations int
+	cancel        map[string]bool
+	heartbeat     func(jobID string) (status int, code string) // optional failure
+	leaseFor      time.Duration
+	reports       map[string]json.RawMessage
+	reported      chan string
+	onClaim       func(limit, got int)                                    // called inside the lock
+	batches       []int                                                   // sizes of the batch reports received
+	refuse        map[string]string                                       // job id → error code a batch answers for it
+	noBatch       bool                                                    // answer the batch route 404, as an older server would
+	claimError    func() (status int, code string, detail map[string]any) // optional refusal of a claim
 	// reportError optionally refuses a report request (single or batch)
 	// as a whole before looking at it.
 	reportError func(body json.RawMessage) (status int, code string)
@@ -61,6 +62,9 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.Unmarshal(raw, &body)
 	switch {
 	case p == "/workers/register":
+		f.mu.Lock()
+		f.registrations++
+		f.mu.Unlock()
 		writeJSON(w, 201, map[string]any{"workerId": "wkr_1"})
 	case p == "/workers/wkr_1/claim":
 		f.mu.Lock()
@@ -936,4 +940,34 @@ func (c *countingWaits) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = io.NopCloser(bytes.NewReader(raw))
 	}
 	c.next.ServeHTTP(w, r)
+}
+
+// A server that no longer knows the worker (it deletes registrations long
+// unseen) answers its claim 404: the worker registers again and claims on.
+func TestWorkerRegistersAgainWhenForgotten(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	forgotten := true
+	f.claimError = func() (int, string, map[string]any) {
+		if forgotten {
+			forgotten = false
+			return http.StatusNotFound, CodeNotFound, nil
+		}
+		return 0, "", nil
+	}
+	id := f.add("send_welcome_email", "1", welcomeIn{CustomerID: "cus_1"}, 30000)
+	startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "send_welcome_email", Version: "1",
+			Handler: func(ctx context.Context, in welcomeIn, job JobContext) (welcomeOut, error) {
+				return welcomeOut{Sent: true}, nil
+			}}))
+	}, StartOptions{PollInterval: time.Millisecond})
+	if rep := f.waitReport(t, id); rep["status"] != "SUCCEEDED" {
+		t.Fatalf("report %v", rep)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.registrations != 2 {
+		t.Fatalf("registrations %d, want 2", f.registrations)
+	}
 }
