@@ -266,6 +266,11 @@ func (s *Service) Begin(ctx context.Context, p *auth.Principal, req BeginRequest
 			return Decision{}, fmt.Errorf("begin: run: %w", err)
 		}
 		if !known {
+			if err := s.pool.QueryRow(ctx, sqlKeyInRun, *in.runID, in.ws, in.key).Scan(&known); err != nil {
+				return Decision{}, fmt.Errorf("begin: run: %w", err)
+			}
+		}
+		if !known {
 			return Decision{}, apierr.NotFound("run")
 		}
 	}

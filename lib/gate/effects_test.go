@@ -136,3 +136,28 @@ func TestAttemptHistoryRecordsWhoAndWhen(t *testing.T) {
 	require.Equal(t, keyID(agent2), a2["began_by_key_id"])
 	require.Equal(t, t0.Add(10*time.Second).Format(time.RFC3339), a2["started_at"])
 }
+
+// A repeated begin under a run that retention has since deleted
+// (JOB_RETENTION_DAYS) answers its kept effect, not 404 run; a new key
+// under that run is 404. Not parallel: the purge is not per workspace.
+func TestBeginAnswersAKeptEffectOfAPurgedRun(t *testing.T) {
+	b := setup(t)
+	runID := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/runs", b.ws.Key, map[string]any{"name": "r"}).JSON()["id"])
+	b.env.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/finish", b.ws.Key, nil)
+	body := email(key("inrun"))
+	body["run_id"] = runID
+	d := b.mustBegin("execute", body)
+	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "succeeded",
+		map[string]any{"id": "msg_1"}).Status)
+
+	b.clock.Add(91 * 24 * time.Hour)
+	_, err := b.env.App.Server.Jobs.PurgeRetired(context.Background(), b.clock.Now().AddDate(0, 0, -90), 100)
+	require.NoError(t, err)
+	errCode(t, b.env.Do("GET", "/api/v1/runs/"+runID, b.ws.Key, nil), http.StatusNotFound, "not_found")
+
+	dup := b.mustBegin("duplicate", body)
+	require.Equal(t, map[string]any{"id": "msg_1"}, dup["result"])
+	other := email(key("new"))
+	other["run_id"] = runID
+	errCode(t, b.begin(other), http.StatusNotFound, "not_found")
+}

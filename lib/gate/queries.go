@@ -371,6 +371,11 @@ const sqlShareGroupState = `SELECT state FROM effect_groups WHERE id = $1 FOR SH
 // $2 workspace.
 const sqlRunKnown = `SELECT EXISTS (SELECT 1 FROM job_runs WHERE id = $1 AND workspace_id = $2)`
 
+// sqlKeyInRun is whether the key ($3) already names an effect begun under
+// the run ($1) in the workspace ($2): the run may be gone (JOB_RETENTION_DAYS)
+// while its effects are kept, and a repeated begin must still answer them.
+const sqlKeyInRun = `SELECT EXISTS (SELECT 1 FROM effects WHERE workspace_id = $2 AND idempotency_key = $3 AND run_id = $1)`
+
 // sqlLockEffectStates locks effects (in id order, so that concurrent
 // reconciliations cannot deadlock) and reads their state as it now is.
 // $1 ids, $2 workspace.
