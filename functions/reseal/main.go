@@ -92,8 +92,8 @@ func printReport(w io.Writer, rep reseal.Report, check bool) {
 			fmt.Fprintf(w, "%-28s current %d, older %d, unknown key %d\n", c.Column, c.Current, c.Older, c.Unknown)
 			continue
 		}
-		fmt.Fprintf(w, "%-28s resealed %d, skipped (busy) %d, unknown key %d, corrupt %d\n",
-			c.Column, c.Resealed, c.Skipped, c.Unknown, c.Corrupt)
+		fmt.Fprintf(w, "%-28s resealed %d, skipped (busy) %d; now current %d, older key %d, unknown key %d, corrupt %d\n",
+			c.Column, c.Resealed, c.Skipped, c.Current, c.Older, c.Unknown, c.Corrupt)
 	}
 	switch {
 	case rep.Complete:

@@ -73,12 +73,12 @@ type ColumnReport struct {
 	Resealed int64 `json:"resealed"`
 	Skipped  int64 `json:"skipped"`
 	Corrupt  int64 `json:"corrupt"`
-	// Check: Current and Older count ciphertexts under the current key and
-	// under an older configured one.
+	// Current and Older count ciphertexts under the current key and under
+	// an older configured one, Unknown those under a key that is not
+	// configured, which nothing can open: as Check finds them (at the end
+	// of a Run, after it).
 	Current int64 `json:"current"`
 	Older   int64 `json:"older"`
-	// Unknown counts ciphertexts sealed with a key that is not configured,
-	// which nothing can open.
 	Unknown int64 `json:"unknown"`
 }
 
@@ -94,7 +94,7 @@ type Report struct {
 func (r *Report) finish() {
 	r.Complete = true
 	for _, c := range r.Columns {
-		if c.Older+c.Skipped+c.Unknown+c.Corrupt > 0 {
+		if c.Older+c.Unknown+c.Corrupt > 0 {
 			r.Complete = false
 		}
 	}
@@ -151,6 +151,10 @@ func (r *Resealer) Check(ctx context.Context) (Report, error) {
 // at ctx's end with what it did so far (a later run continues: what is left
 // is found again). Ciphertexts under an unknown key, or that fail to open,
 // are counted and left as they are.
+//
+// Its verdict comes from a Check after the walk: a ciphertext sealed with
+// an older key behind the walk (by an instance still running the old
+// settings) is counted, not missed.
 func (r *Resealer) Run(ctx context.Context) (Report, error) {
 	rep := Report{CurrentKeyID: r.currentKeyID()}
 	for _, c := range columns {
@@ -159,6 +163,13 @@ func (r *Resealer) Run(ctx context.Context) (Report, error) {
 		if err != nil {
 			return rep, err
 		}
+	}
+	check, err := r.Check(ctx)
+	if err != nil {
+		return rep, err
+	}
+	for i, c := range check.Columns {
+		rep.Columns[i].Current, rep.Columns[i].Older, rep.Columns[i].Unknown = c.Current, c.Older, c.Unknown
 	}
 	rep.finish()
 	return rep, nil
@@ -212,8 +223,7 @@ func (r *Resealer) runColumn(ctx context.Context, c column) (ColumnReport, error
 			pt, err := r.sealer.Open(s.ct, c.aad(s.key))
 			switch {
 			case errors.Is(err, seal.ErrUnknownKey):
-				cr.Unknown++
-				continue
+				continue // counted by the Check that ends the run
 			case err != nil:
 				cr.Corrupt++
 				continue

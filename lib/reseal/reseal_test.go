@@ -269,11 +269,44 @@ func TestRowChangedMeanwhileKeepsItsNewValue(t *testing.T) {
 	run, err := r.Run(ctx)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), byColumn(run)["effects.result"].Skipped)
-	require.False(t, run.Complete)
+	require.True(t, run.Complete, "what was written meanwhile is under the current key")
 	var result []byte
 	require.NoError(t, pool.QueryRow(ctx, `SELECT result FROM effects WHERE id = $1`, effectID).Scan(&result))
 	require.Equal(t, written, result)
 	check, err := reseal.New(pool, rotated).Check(ctx)
 	require.NoError(t, err)
 	require.True(t, check.Complete)
+}
+
+// A ciphertext sealed with the old key behind the walk (an instance still
+// running the old settings) keeps the rotation incomplete: the verdict
+// comes from a count after the walk, not from what the walk met.
+func TestOldKeyWritesBehindTheWalkKeepItIncomplete(t *testing.T) {
+	ctx := context.Background()
+	env := fresh(t)
+	ws := env.Signup()
+	fill(t, env, ws)
+	pool := env.App.Pool
+	lagging, rotated := sealer(t, oldKey), sealer(t, newKey, oldKey)
+	r := reseal.New(pool, rotated)
+	var late string
+	r.BeforeWrite(func(column string) {
+		if column != "webhooks.secret" || late != "" {
+			return
+		}
+		d := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, map[string]any{
+			"effect_type": "email.send", "idempotency_key": "late:1", "payload": map[string]any{"to": "u"}}).JSON()
+		late = d["effect_id"].(string)
+		_, err := pool.Exec(ctx, `UPDATE effects SET result = $1 WHERE id = $2`,
+			lagging.Seal([]byte(`{"id":"late"}`), seal.AAD(late, "result")), late)
+		require.NoError(t, err)
+	})
+	run, err := r.Run(ctx)
+	require.NoError(t, err)
+	require.False(t, run.Complete)
+	require.Equal(t, int64(1), byColumn(run)["effects.result"].Older)
+	again, err := reseal.New(pool, rotated).Run(ctx)
+	require.NoError(t, err)
+	require.True(t, again.Complete)
+	require.Equal(t, int64(1), byColumn(again)["effects.result"].Resealed)
 }
