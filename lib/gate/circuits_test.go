@@ -70,6 +70,11 @@ func TestCircuitListShapeAndVolume(t *testing.T) {
 		"action": nil, "reason": nil, "volume_last_hour": 0.0, "baseline_median_hourly": nil, "threshold": nil,
 		"opened_at": nil, "closes_at": nil}, cs["payment.charge"])
 
+	// The baseline is a median of hourly volumes, so where the hour
+	// boundaries fall matters: begin five minutes into an hour (started
+	// near its end, the volume below straddled two hours, median 2).
+	next := b.clock.Now().Truncate(time.Hour).Add(time.Hour + 5*time.Minute)
+	b.clock.Add(next.Sub(b.clock.Now()))
 	for i := 0; i < 3; i++ {
 		b.mustBegin("execute", sms(key("v")))
 	}
