@@ -18,3 +18,7 @@ CREATE INDEX IF NOT EXISTS events_created_idx ON events (created_at);
 -- pending, and the foreign key from deliveries checks each deleted event;
 -- the unique (webhook_id, event_id) index leads with the webhook.
 CREATE INDEX IF NOT EXISTS webhook_deliveries_event_idx ON webhook_deliveries (event_id);
+-- Listing a workspace's runs newest first (GET /api/v1/runs), and those in
+-- one status (a FAILED run among many that succeeded).
+CREATE INDEX IF NOT EXISTS job_runs_workspace_idx ON job_runs (workspace_id, id);
+CREATE INDEX IF NOT EXISTS job_runs_workspace_status_idx ON job_runs (workspace_id, status, id);

@@ -8,7 +8,7 @@ import (
 	"github.com/getratchet/ratchet/lib/vercel"
 )
 
-// V1Runs serves POST /api/v1/runs on Vercel.
+// V1Runs serves GET, POST /api/v1/runs on Vercel.
 func V1Runs(w http.ResponseWriter, r *http.Request) {
 	vercel.Serve(w, r, "/api/v1/runs")
 }

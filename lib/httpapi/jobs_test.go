@@ -634,3 +634,78 @@ func TestLengthLimitsCountCharacters(t *testing.T) {
 	require.Equal(t, []string{"name"}, validationFields(t, e.Do("POST", "/api/v1/keys", e.ws.Key,
 		map[string]any{"name": strings.Repeat("名", 101), "preset": "AGENT"})))
 }
+
+// GET /api/v1/runs lists runs newest first, by status on request; GET
+// /api/v1/runs/{id}/steps pages a run's steps, each as GET /steps/{id}
+// reads it.
+func TestRunsAndStepsList(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	w := e.register("send_email@1")
+	failed := e.run()
+	e.enqueue(failed, map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"n": 0}, "maxAttempts": 1})
+	job := e.claim(w, 1)[0]
+	e.report(job, map[string]any{"status": "FAILED", "error": map[string]any{"message": "no", "retryable": false}})
+	e.Must(http.StatusOK, "POST", "/api/v1/runs/"+failed+"/finish", e.ingest, nil)
+	e.clock.Add(time.Millisecond) // ids order by their millisecond
+	running := e.run()
+	for n := 1; n <= 5; n++ {
+		e.enqueue(running, map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"n": n}})
+	}
+	e.clock.Add(time.Millisecond)
+	third := e.run()
+
+	list := func(q string) map[string]any {
+		return e.Must(http.StatusOK, "GET", "/api/v1/runs"+q, e.ingest, nil).JSON()
+	}
+	ids := func(page map[string]any) []any {
+		var out []any
+		for _, r := range page["data"].([]any) {
+			out = append(out, r.(map[string]any)["id"])
+		}
+		return out
+	}
+	first := list("?limit=2")
+	require.Equal(t, []any{third, running}, ids(first), "newest first")
+	require.NotContains(t, first["data"].([]any)[0], "steps")
+	require.Equal(t, []any{failed}, ids(list("?limit=2&cursor="+first["nextCursor"].(string))))
+	onlyFailed := list("?status=FAILED")
+	require.Equal(t, []any{failed}, ids(onlyFailed))
+	require.Equal(t, "FAILED", onlyFailed["data"].([]any)[0].(map[string]any)["status"])
+	require.Nil(t, onlyFailed["nextCursor"])
+	require.Contains(t, validationFields(t, e.Do("GET", "/api/v1/runs?status=DONE", e.ingest, nil)), "status")
+
+	steps := func(runID, q string) map[string]any {
+		return e.Must(http.StatusOK, "GET", "/api/v1/runs/"+runID+"/steps"+q, e.ingest, nil).JSON()
+	}
+	var seen []map[string]any
+	cursor := ""
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, 3)
+		page := steps(running, "?limit=2&cursor="+cursor)
+		for _, st := range page["data"].([]any) {
+			seen = append(seen, st.(map[string]any))
+		}
+		next, ok := page["nextCursor"].(string)
+		if !ok {
+			break
+		}
+		cursor = next
+	}
+	require.Len(t, seen, 5)
+	whole := e.getRun(running)["steps"].([]any)
+	for i, st := range seen {
+		require.Equal(t, whole[i], st, "as the run reads it")
+		require.Equal(t, e.Must(http.StatusOK, "GET", "/api/v1/steps/"+st["id"].(string), e.ingest, nil).JSON(), st)
+	}
+	exhausted := steps(failed, "?status=EXHAUSTED")["data"].([]any)
+	require.Len(t, exhausted, 1)
+	require.Len(t, exhausted[0].(map[string]any)["durableJob"].(map[string]any)["attempts"], 1)
+	require.Empty(t, steps(failed, "?status=QUEUED")["data"])
+	require.Contains(t, validationFields(t, e.Do("GET", "/api/v1/runs/"+failed+"/steps?status=done", e.ingest, nil)), "status")
+	require.Contains(t, validationFields(t, e.Do("GET", "/api/v1/runs/"+failed+"/steps?cursor="+failed, e.ingest, nil)), "cursor")
+	require.Equal(t, http.StatusNotFound, e.Do("GET", "/api/v1/runs/run_01m8kjt9g002extbwvcndh4bkd/steps", e.ingest, nil).Status)
+	other := e.Signup()
+	require.Equal(t, http.StatusNotFound, e.Do("GET", "/api/v1/runs/"+running+"/steps", other.Key, nil).Status)
+	require.Empty(t, e.Must(http.StatusOK, "GET", "/api/v1/runs", other.Key, nil).JSON()["data"])
+}

@@ -23,6 +23,24 @@ func (s *Server) jobsRoutes() []Route {
 			Errors: []string{apierr.CodeInvalidRequest}, Handle: s.createRun,
 		},
 		{
+			Method: "GET", Pattern: "/api/v1/runs", Name: "runs.list", Tag: "jobs", Scopes: runsRead,
+			Summary: "List runs newest first, without their steps; ?status= RUNNING, SUCCEEDED or FAILED " +
+				"(a FAILED run to inspect, say).",
+			Query: append([]Param{{Name: "status", Type: "string", Description: "RUNNING, SUCCEEDED or FAILED"}},
+				listParams...),
+			Response: CamelPage[jobs.RunSummary]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
+			Handle: s.listRuns,
+		},
+		{
+			Method: "GET", Pattern: "/api/v1/runs/{id}/steps", Name: "runs.steps", Tag: "jobs", Scopes: runsRead,
+			Summary: "Page a run's steps in id order, each as GET /api/v1/steps/{id} reads it; ?status= one job " +
+				"status. For runs too large to read whole with GET /api/v1/runs/{id}.",
+			Query: append([]Param{{Name: "status", Type: "string", Description: "WAITING, QUEUED, RUNNING, " +
+				"RETRY_SCHEDULED, SUCCEEDED, EXHAUSTED, CANCELLED or SKIPPED"}}, listParams...),
+			Response: CamelPage[jobs.Step]{}, Status: 200,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.listSteps,
+		},
+		{
 			Method: "GET", Pattern: "/api/v1/runs/{id}", Name: "runs.get", Tag: "jobs", Scopes: runsRead,
 			Summary: "Read a run with its steps, each with durableJob (status, attempt, maxAttempts, dueAt, " +
 				"policy snapshot) and redacted input/output previews.",
@@ -160,6 +178,34 @@ func (s *Server) createRun(ctx context.Context, c *Call) (any, error) {
 		return nil, err
 	}
 	return s.Jobs.CreateRun(ctx, c.Principal.WorkspaceID, req)
+}
+
+func (s *Server) listRuns(ctx context.Context, c *Call) (any, error) {
+	limit, cursor, err := c.ListParams(idCursor(ids.Run))
+	if err != nil {
+		return nil, err
+	}
+	runs, err := s.Jobs.ListRuns(ctx, c.Principal.WorkspaceID, c.R.URL.Query().Get("status"), cursor, limit+1)
+	if err != nil {
+		return nil, err
+	}
+	return NewCamelPage(runs, limit, func(r jobs.RunSummary) string { return r.ID }), nil
+}
+
+func (s *Server) listSteps(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Run)
+	if err != nil {
+		return nil, err
+	}
+	limit, cursor, err := c.ListParams(idCursor(ids.Step))
+	if err != nil {
+		return nil, err
+	}
+	steps, err := s.Jobs.ListSteps(ctx, c.Principal.WorkspaceID, id, c.R.URL.Query().Get("status"), cursor, limit+1)
+	if err != nil {
+		return nil, err
+	}
+	return NewCamelPage(steps, limit, func(st jobs.Step) string { return st.ID }), nil
 }
 
 func (s *Server) getRun(ctx context.Context, c *Call) (any, error) {

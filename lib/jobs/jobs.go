@@ -18,6 +18,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,6 +39,12 @@ const (
 	StatusCancelled      = "CANCELLED"
 	StatusSkipped        = "SKIPPED"
 )
+
+// validStatus reports whether s is a job status.
+func validStatus(s string) bool {
+	return slices.Contains([]string{StatusWaiting, StatusQueued, StatusRunning, StatusRetryScheduled,
+		StatusSucceeded, StatusExhausted, StatusCancelled, StatusSkipped}, s)
+}
 
 // Run statuses.
 const (

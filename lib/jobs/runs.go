@@ -166,20 +166,9 @@ func (s *Service) CreateRun(ctx context.Context, workspaceID string, req CreateR
 // GetRun reads a run with its steps. Leases that lapsed on their last
 // attempt are settled first, so the read never shows a dead job as RUNNING.
 func (s *Service) GetRun(ctx context.Context, workspaceID, runID string) (Run, error) {
-	r, err := s.readRun(ctx, workspaceID, runID)
+	r, err := s.readRunSettled(ctx, workspaceID, runID)
 	if err != nil {
 		return Run{}, err
-	}
-	if r.Status == RunRunning {
-		n, err := s.exhaustLapsed(ctx, &runID, 1000)
-		if err != nil {
-			return Run{}, err
-		}
-		if n > 0 {
-			if r, err = s.readRun(ctx, workspaceID, runID); err != nil {
-				return Run{}, err
-			}
-		}
 	}
 	rows, err := s.pool.Query(ctx, sqlRunSteps, runID)
 	if err != nil {
@@ -198,9 +187,77 @@ func (s *Service) GetRun(ctx context.Context, workspaceID, runID string) (Run, e
 	return r, nil
 }
 
+// RunSummary is a run without its steps, as GET /api/v1/runs lists it.
+type RunSummary struct {
+	ID                  string     `json:"id"`
+	Name                string     `json:"name"`
+	Status              string     `json:"status"`
+	CompletionRequested bool       `json:"completionRequested"`
+	CreatedAt           time.Time  `json:"createdAt"`
+	FinishedAt          *time.Time `json:"finishedAt"`
+	Synthetic           bool       `json:"synthetic"`
+}
+
+// ListRuns pages the workspace's runs newest first, optionally only those
+// in one status. cursor is the previous page's last run id.
+func (s *Service) ListRuns(ctx context.Context, workspaceID, status, cursor string, limit int) ([]RunSummary, error) {
+	if status != "" && status != RunRunning && status != RunSucceeded && status != RunFailed {
+		return nil, apierr.InvalidField("status", "must be RUNNING, SUCCEEDED or FAILED")
+	}
+	rows, err := s.pool.Query(ctx, sqlListRuns, workspaceID, cursor, status, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list runs: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RunSummary, error) {
+		var r RunSummary
+		err := row.Scan(&r.ID, &r.Name, &r.Status, &r.CompletionRequested, &r.CreatedAt, &r.FinishedAt, &r.Synthetic)
+		return r, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list runs: %w", err)
+	}
+	if out == nil {
+		out = []RunSummary{}
+	}
+	return out, nil
+}
+
+// ListSteps pages a run's steps in id order, each with its durable job and
+// attempts, optionally only those in one status. cursor is the previous
+// page's last step id. A run with many steps is read a page at a time here;
+// GET /api/v1/runs/{id} returns them all.
+func (s *Service) ListSteps(ctx context.Context, workspaceID, runID, status, cursor string, limit int) ([]Step, error) {
+	if status != "" && !validStatus(status) {
+		return nil, apierr.InvalidField("status", "must be a job status (WAITING, QUEUED, RUNNING, "+
+			"RETRY_SCHEDULED, SUCCEEDED, EXHAUSTED, CANCELLED or SKIPPED)")
+	}
+	if _, err := s.readRunSettled(ctx, workspaceID, runID); err != nil {
+		return nil, err
+	}
+	rows, err := s.pool.Query(ctx, sqlRunStepsPage, runID, cursor, status, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list steps: %w", err)
+	}
+	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Step, error) { return scanStep(row) })
+	if err != nil {
+		return nil, fmt.Errorf("list steps: %w", err)
+	}
+	if steps == nil {
+		return []Step{}, nil
+	}
+	jobIDs := make([]string, len(steps))
+	for i := range steps {
+		jobIDs[i] = steps[i].DurableJob.ID
+	}
+	if err := s.attachAttempts(ctx, steps, sqlJobsAttempts, jobIDs); err != nil {
+		return nil, err
+	}
+	return steps, nil
+}
+
 // attachAttempts reads the executions of steps (selected by sql over arg,
 // ordered by job and attempt) into their durable jobs.
-func (s *Service) attachAttempts(ctx context.Context, steps []Step, sql, arg string) error {
+func (s *Service) attachAttempts(ctx context.Context, steps []Step, sql string, arg any) error {
 	byJob := make(map[string]*DurableJob, len(steps))
 	for i := range steps {
 		steps[i].DurableJob.Attempts = []Attempt{}
@@ -226,6 +283,20 @@ func (s *Service) attachAttempts(ctx context.Context, steps []Step, sql, arg str
 		return fmt.Errorf("attempts: %w", err)
 	}
 	return nil
+}
+
+// readRunSettled reads a run after ending its jobs whose lease lapsed on
+// their last attempt (a transition a read can decide, API.md §5).
+func (s *Service) readRunSettled(ctx context.Context, workspaceID, runID string) (Run, error) {
+	r, err := s.readRun(ctx, workspaceID, runID)
+	if err != nil || r.Status != RunRunning {
+		return r, err
+	}
+	n, err := s.exhaustLapsed(ctx, &runID, 1000)
+	if err != nil || n == 0 {
+		return r, err
+	}
+	return s.readRun(ctx, workspaceID, runID)
 }
 
 func (s *Service) readRun(ctx context.Context, workspaceID, runID string) (Run, error) {

@@ -8,7 +8,7 @@ import (
 	"github.com/getratchet/ratchet/lib/vercel"
 )
 
-// V1RunsIdSteps serves POST /api/v1/runs/{id}/steps on Vercel.
+// V1RunsIdSteps serves GET, POST /api/v1/runs/{id}/steps on Vercel.
 func V1RunsIdSteps(w http.ResponseWriter, r *http.Request) {
 	vercel.Serve(w, r, "/api/v1/runs/{id}/steps")
 }
