@@ -89,14 +89,14 @@ WHERE j.run_id = $1::text ORDER BY x.job_id, x.attempt`
 const sqlJobAttempts = `SELECT ` + attemptColumns + ` FROM job_executions x WHERE x.job_id = $1::text ORDER BY x.attempt`
 
 // sqlListRuns pages a workspace's runs newest first: $2 the previous page's
-// last id ('' for the first page), $3 a status ('' for any), $4 the limit
+// last id (” for the first page), $3 a status (” for any), $4 the limit
 // (job_runs_workspace_idx, or job_runs_workspace_status_idx with a status).
 const sqlListRuns = `SELECT ` + runColumns + ` FROM job_runs
 WHERE workspace_id = $1::text AND ($2::text = '' OR id < $2::text) AND ($3::text = '' OR status = $3::text)
 ORDER BY id DESC LIMIT $4::int`
 
 // sqlRunStepsPage pages a run's steps in id order (jobs_run_idx): $2 the
-// previous page's last step id ('' for the first), $3 a status ('' for
+// previous page's last step id (” for the first), $3 a status (” for
 // any), $4 the limit.
 const sqlRunStepsPage = `SELECT ` + stepColumns + ` FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
 WHERE j.run_id = $1::text AND j.step_id > $2::text AND ($3::text = '' OR j.status = $3::text)
