@@ -193,6 +193,18 @@ SELECT u.id, u.ws, u.type, u.subject, u.data::jsonb, $6::timestamptz, u.dedupe
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $7::text[]) AS u(id, ws, type, subject, data, dedupe)
 ON CONFLICT DO NOTHING`
 
+// failLapsed follows a CTE upd of jobs a lapse just moved out of RUNNING
+// (id, attempt, endpoint_id): it fails their lapsed executions with the
+// warning ($4) and frees their endpoints' concurrency slots.
+const failLapsed = `), x AS (
+    UPDATE job_executions x SET outcome = 'FAILED', warning = $4::text, ended_at = $1::timestamptz
+    FROM upd WHERE x.job_id = upd.id AND x.attempt = upd.attempt AND x.outcome IS NULL
+), e AS (
+    UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - c.n)
+    FROM (SELECT endpoint_id, count(*)::int AS n FROM upd GROUP BY endpoint_id) c
+    WHERE e.id = c.endpoint_id AND e.max_concurrent IS NOT NULL
+)`
+
 // sqlExhaustLapsed ends jobs whose lease lapsed on their last attempt; the
 // lapsed execution is marked failed with the side-effect warning. $3 limits
 // it to one run (inline at read) or, when NULL, to a bounded sweep.
@@ -209,14 +221,7 @@ WITH lapsed AS (
         updated_at = $1::timestamptz
     FROM lapsed WHERE j.id = lapsed.id
     RETURNING j.step_id, j.run_id, j.workspace_id, j.id, j.status, j.attempt, j.endpoint_id
-), x AS (
-    UPDATE job_executions x SET outcome = 'FAILED', warning = $4::text, ended_at = $1::timestamptz
-    FROM upd WHERE x.job_id = upd.id AND x.attempt = upd.attempt AND x.outcome IS NULL
-), e AS (
-    UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - c.n)
-    FROM (SELECT endpoint_id, count(*)::int AS n FROM upd GROUP BY endpoint_id) c
-    WHERE e.id = c.endpoint_id AND e.max_concurrent IS NOT NULL
-)
+` + failLapsed + `
 SELECT step_id, run_id, workspace_id, id, status, attempt FROM upd`
 
 // sqlLapsedGates takes the gate protocol's shared lock on the endpoints of
@@ -261,14 +266,7 @@ WITH lapsed AS (
         lease_token = NULL, updated_at = $1::timestamptz
     FROM lapsed WHERE j.id = lapsed.id
     RETURNING j.id, j.attempt, j.endpoint_id
-), x AS (
-    UPDATE job_executions x SET outcome = 'FAILED', warning = $4::text, ended_at = $1::timestamptz
-    FROM upd WHERE x.job_id = upd.id AND x.attempt = upd.attempt AND x.outcome IS NULL
-), e AS (
-    UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - c.n)
-    FROM (SELECT endpoint_id, count(*)::int AS n FROM upd GROUP BY endpoint_id) c
-    WHERE e.id = c.endpoint_id AND e.max_concurrent IS NOT NULL
-)
+` + failLapsed + `
 SELECT count(*) FROM upd`
 
 const (
