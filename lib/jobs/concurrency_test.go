@@ -387,3 +387,91 @@ func race(t *testing.T, calls []func() error) {
 		require.NoError(t, err)
 	}
 }
+
+// An endpoint's running_count equals its RUNNING jobs after every round of
+// claims, reclaims, reports (late ones on requeued jobs included),
+// heartbeats, cancels and two concurrent sweeps, the clock moving minutes a
+// round so leases lapse and are requeued. Not parallel: the sweeps are
+// global.
+func TestRunningCountHoldsUnderRequeueRaces(t *testing.T) {
+	b := setup(t, "send_email@1", "send_email@2")
+	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "mailer",
+		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](6)}})
+	require.NoError(t, err)
+	runID := b.run(t)
+	var steps []string
+	for i := range 60 {
+		v := "1"
+		if i%3 == 0 {
+			v = "2"
+		}
+		e := b.enqueue(t, runID, jobs.EnqueueRequest{Name: "send_email", Version: v, Endpoint: ptr("mailer"),
+			TimeoutMs: ptr[int64](1_000), Input: json.RawMessage(fmt.Sprint(i))})
+		steps = append(steps, e.StepID)
+	}
+	var ws []string
+	for i := range 6 {
+		v := "1"
+		if i%2 == 0 {
+			v = "2"
+		}
+		ws = append(ws, b.register(t, jobs.Tool{Name: "send_email", Version: v}))
+	}
+	check := func(round int) {
+		var rc, actual int
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT e.running_count,
+			(SELECT count(*) FROM jobs j WHERE j.endpoint_id = e.id AND j.status = 'RUNNING')
+			FROM job_endpoints e WHERE e.workspace_id = $1 AND e.name = 'mailer'`, b.ws).Scan(&rc, &actual))
+		if rc != actual {
+			t.Fatalf("round %d: running_count %d, RUNNING jobs %d", round, rc, actual)
+		}
+	}
+	held := map[string]jobs.ClaimedJob{}
+	for round := range 40 {
+		done := make(chan []jobs.ClaimedJob, len(ws)+4)
+		for _, w := range ws {
+			go func(w string) {
+				lim := 3
+				c, err := b.svc.Claim(ctx, b.worker, w, jobs.ClaimRequest{Limit: &lim})
+				if err != nil {
+					t.Error(err)
+				}
+				done <- c.Jobs
+			}(w)
+		}
+		// Old holders report / heartbeat concurrently with the sweep.
+		olds := make([]jobs.ClaimedJob, 0, len(held))
+		for _, j := range held {
+			olds = append(olds, j)
+		}
+		go func() {
+			for i, j := range olds {
+				switch i % 4 {
+				case 0:
+					_, _ = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
+				case 1:
+					_, _ = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "FAILED"})
+				case 2:
+					_, _ = b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+				}
+			}
+			done <- nil
+		}()
+		go func() { b.env.App.Sweeper.RunOnce(ctx); done <- nil }()
+		go func() {
+			if round%5 == 0 {
+				_, _ = b.svc.CancelStep(ctx, b.ws, steps[round])
+			}
+			done <- nil
+		}()
+		go func() { b.env.App.Sweeper.RunOnce(ctx); done <- nil }()
+		held = map[string]jobs.ClaimedJob{}
+		for range len(ws) + 4 {
+			for _, j := range <-done {
+				held[j.JobID] = j
+			}
+		}
+		check(round)
+		b.clock.Add(time.Duration(round%4) * 3 * time.Minute)
+	}
+}

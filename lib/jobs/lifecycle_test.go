@@ -916,53 +916,106 @@ func TestRestrictedKeyReportsOnlyItsTools(t *testing.T) {
 // at once by a worker of the job's version; with none left (a retired
 // version's crashed worker) it held its endpoint's maxConcurrent slot for
 // good. RequeueLapsedAfter past the lapse the sweeper queues the job again,
-// freeing the slot. Not parallel: the sweep is global and this test's
-// clock moves minutes past other tests' lapses.
+// freeing the slot; until a new claim, the old token's report is still
+// recorded (API.md §5) and the slot count nets out. Not parallel: the sweep
+// is global and this test's clock moves minutes past other tests' lapses.
 func TestSweeperRequeuesALongLapsedLease(t *testing.T) {
 	b := setup(t, "send_email@1", "send_email@2")
 	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "mailer",
 		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](1)}})
 	require.NoError(t, err)
 	runID := b.run(t)
-	old := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000)})
+	late := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000)})
+	reclaimed := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000),
+		Input: json.RawMessage(`{"n":2}`)})
 	next := b.enqueue(t, runID, jobs.EnqueueRequest{Name: "send_email", Version: "2", Endpoint: ptr("mailer")})
 	v1 := b.register(t, jobs.Tool{Name: "send_email", Version: "1"})
 	v2 := b.register(t, jobs.Tool{Name: "send_email", Version: "2"})
-	lost := b.claimOne(t, v1) // its worker dies
+	running := func() int {
+		return b.count(t, `SELECT running_count FROM job_endpoints WHERE workspace_id = $1 AND name = 'mailer'`, b.ws)
+	}
+	lost := b.claimOne(t, v1) // its worker stalls
+	require.Equal(t, late.JobID, lost.JobID)
 
 	// Within the window the lapsed lease keeps its slot and its token
-	// still reports (API.md §5).
+	// still works.
 	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter - time.Second)
 	b.sweep(t)
 	require.Empty(t, b.claim(t, v2, 1))
-	require.Equal(t, "RUNNING", b.step(t, old.StepID).Status)
+	require.Equal(t, "RUNNING", b.step(t, late.StepID).Status)
 	_, err = b.svc.Heartbeat(ctx, b.worker, lost.JobID, jobs.HeartbeatRequest{LeaseToken: lost.LeaseToken})
 	require.NoError(t, err, "a heartbeat revives a lapsed lease nobody took over")
 
 	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second) // from the heartbeat
 	b.sweep(t)
-	st := b.step(t, old.StepID)
+	st := b.step(t, late.StepID)
 	require.Equal(t, "QUEUED", st.Status)
 	require.Equal(t, 1, st.DurableJob.Attempt)
-	xs := b.executions(t, old.JobID)
+	xs := b.executions(t, late.JobID)
 	require.Len(t, xs, 1)
 	require.Equal(t, "FAILED", *xs[0].Outcome)
 	require.Contains(t, *xs[0].Warning, "side effect")
 	taken := b.claimOne(t, v2)
 	require.Equal(t, next.JobID, taken.JobID, "the slot is free")
+	require.Equal(t, 1, running())
 
-	// The lapsed attempt's token is superseded.
-	_, err = b.svc.Report(ctx, b.worker, lost.JobID, jobs.ReportRequest{LeaseToken: lost.LeaseToken, Status: "SUCCEEDED"})
-	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+	// The stalled worker's lease is gone (a heartbeat says so), but no
+	// other attempt ran: its report is recorded, and the count nets out.
 	_, err = b.svc.Heartbeat(ctx, b.worker, lost.JobID, jobs.HeartbeatRequest{LeaseToken: lost.LeaseToken})
 	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
-
-	// A worker of its version takes it as its next attempt once the slot
-	// is free again.
-	require.Empty(t, b.claim(t, v1, 1))
+	r, err := b.svc.Report(ctx, b.worker, lost.JobID, jobs.ReportRequest{LeaseToken: lost.LeaseToken, Status: "SUCCEEDED"})
+	require.NoError(t, err)
+	require.Equal(t, "SUCCEEDED", r.Status)
+	require.Equal(t, 1, running(), "v2's job still holds the one slot")
+	xs = b.executions(t, late.JobID)
+	require.Equal(t, "SUCCEEDED", *xs[0].Outcome)
+	require.Contains(t, *xs[0].Warning, "queued again")
 	b.succeed(t, taken)
+	require.Zero(t, running())
+
+	// Requeued and claimed again: the old token is superseded.
+	lost = b.claimOne(t, v1)
+	require.Equal(t, reclaimed.JobID, lost.JobID)
+	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second)
+	b.sweep(t)
 	again := b.claimOne(t, v1)
-	require.Equal(t, old.JobID, again.JobID)
+	require.Equal(t, reclaimed.JobID, again.JobID)
 	require.Equal(t, 2, again.Attempt)
+	_, err = b.svc.Report(ctx, b.worker, lost.JobID, jobs.ReportRequest{LeaseToken: lost.LeaseToken, Status: "SUCCEEDED"})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
 	require.Equal(t, "SUCCEEDED", b.succeed(t, again).Status)
+	require.Zero(t, running())
+}
+
+// On an endpoint without a concurrency limit there is no slot to free: a
+// long-lapsed lease stays RUNNING, reclaimable, and its report recorded.
+func TestSweeperLeavesLapsedLeasesOfUnlimitedEndpoints(t *testing.T) {
+	b := setup(t)
+	runID := b.run(t)
+	st := b.enqueue(t, runID, jobs.EnqueueRequest{TimeoutMs: ptr[int64](1_000)})
+	j := b.claimOne(t, b.register(t))
+	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Minute)
+	b.sweep(t)
+	require.Equal(t, "RUNNING", b.step(t, st.StepID).Status)
+	require.Equal(t, "SUCCEEDED", b.succeed(t, j).Status)
+}
+
+// Listing runs settles the workspace's leases that lapsed on a last attempt
+// first, as a run's read does: a run the read answers FAILED is listed
+// FAILED.
+func TestRunListSettlesLapsedLastAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	b.enqueue(t, runID, jobs.EnqueueRequest{TimeoutMs: ptr[int64](1_000), MaxAttempts: ptr[int64](1)})
+	b.claimOne(t, b.register(t)) // its worker dies on the only attempt
+	_, err := b.svc.FinishRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+	b.clock.Add(time.Minute)
+
+	failed, err := b.svc.ListRuns(ctx, b.ws, "FAILED", "", 50)
+	require.NoError(t, err)
+	require.Len(t, failed, 1)
+	require.Equal(t, runID, failed[0].ID)
+	require.Equal(t, "FAILED", b.getRun(t, runID).Status)
 }

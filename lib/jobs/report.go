@@ -51,6 +51,7 @@ type lockedJob struct {
 	xReported, xNext      *time.Time
 	name                  string
 	version               *string // read only for a key restricted to some tools
+	requeued              bool    // QUEUED again by the sweeper after its lease lapsed
 	contractVersion       *int32
 	xRejected             bool
 	workspaceID, jobID    string
@@ -73,6 +74,7 @@ type applyRow struct {
 	updateJob  bool
 	warning    *string
 	rejected   bool
+	reheld     bool // a requeued job's late report: its slot is taken back first (sqlReholdSlots)
 }
 
 // reportMany applies validated reports (distinct job ids) inside tx and
@@ -131,6 +133,17 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, 
 			}
 		}
 	}
+	var reheld []string
+	for _, row := range apply {
+		if row.reheld {
+			reheld = append(reheld, row.jobID)
+		}
+	}
+	if reheld != nil {
+		if _, err := tx.Exec(ctx, sqlReholdSlots, reheld); err != nil {
+			return nil, false, fmt.Errorf("report: rehold slots: %w", err)
+		}
+	}
 	finishing, err := s.applyReports(ctx, tx, workspaceID, apply, now, unasked)
 	if err != nil {
 		return nil, false, err
@@ -176,7 +189,7 @@ func (s *Service) lockForReport(ctx context.Context, tx pgx.Tx, p *auth.Principa
 		if err := rows.Scan(nil, &j.runLocked, &j.dependents, &j.status, &j.attempt, &j.pol.MaxAttempts, &j.stepID,
 			&j.runID, nil, &j.pol.Preset, &j.pol.InitialDelayMs, &j.pol.Multiplier, &j.pol.MaxDelayMs,
 			&j.pol.JitterPercent, &j.requested, &j.xAttempt, &j.xOutcome, &j.xReported, &j.xResult, &j.xNext,
-			&j.name, &j.contractVersion, &j.xRejected, &j.jobID, &j.version); err != nil {
+			&j.name, &j.contractVersion, &j.xRejected, &j.jobID, &j.version, &j.requeued); err != nil {
 			return nil, fmt.Errorf("report lock: %w", err)
 		}
 		locked[j.jobID] = j
@@ -211,19 +224,22 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 			return ReportResult{}, nil, apierr.InvalidState("This attempt was already reported as %s.", sent)
 		}
 		return ReportResult{JobID: j.jobID, Status: *j.xResult, Attempt: xa, NextDueAt: utc(j.xNext)}, nil, nil
-	case xa < j.attempt || j.status == StatusQueued:
-		// QUEUED with this token's attempt the latest: its lease lapsed and
-		// the sweeper queued the job again (or a replay did, after the
-		// attempt ended unreported): the next claim supersedes it.
+	case xa < j.attempt:
 		return ReportResult{}, nil, errLeaseLost()
 	case j.status == StatusCancelled:
 		// Cancelled while running: keep the attempt's record, not the job's.
 		row := s.outcomeRow(j.jobID, xa, req, j.status, nil, nil)
 		row.updateJob = false
 		return ReportResult{JobID: j.jobID, Status: j.status, Attempt: xa}, &row, nil
-	case j.status != StatusRunning:
+	case j.status == StatusQueued && !j.requeued:
+		// A replay queued the job again after this attempt ended
+		// unreported: its next claim supersedes this token.
+		return ReportResult{}, nil, errLeaseLost()
+	case j.status != StatusRunning && j.status != StatusQueued:
 		return ReportResult{}, nil, apierr.InvalidState("The job already ended (%s); this report was not recorded.", j.status)
 	}
+	// RUNNING, or QUEUED by the sweeper after its lease lapsed and not
+	// claimed since: a report with the current token is recorded (API.md §5).
 
 	if req.Status == StatusSucceeded && j.contractVersion != nil {
 		rejection, err := s.checkOutput(ctx, tx, j.workspaceID, j.name, int(*j.contractVersion), req.Output)
@@ -233,6 +249,7 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 		if rejection != "" {
 			// An output schema rejection is a non-retryable failure (seed 000).
 			row := s.rejectionRow(j.jobID, j.attempt, rejection, &now)
+			row.reheld = j.status == StatusQueued
 			return ReportResult{JobID: j.jobID, Status: StatusExhausted, Attempt: j.attempt}, &row, nil
 		}
 	}
@@ -250,8 +267,15 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 		}
 	}
 	row := s.outcomeRow(j.jobID, j.attempt, req, next, due, finished)
+	if j.status == StatusQueued {
+		row.reheld, row.warning = true, &lateReportWarning
+	}
 	return ReportResult{JobID: j.jobID, Status: next, Attempt: j.attempt, NextDueAt: due}, &row, nil
 }
+
+// lateReportWarning marks an attempt reported after the sweeper had queued
+// its job again (sqlRequeueLapsed): recorded, since no other attempt ran.
+var lateReportWarning = "Reported after its lease lapsed and the job was queued again; no other attempt had run."
 
 // rereadExecution reads j's execution again. jobs_report_lock reads the job
 // row as its lock was granted but the execution as the statement began, so

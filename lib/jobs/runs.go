@@ -204,6 +204,12 @@ func (s *Service) ListRuns(ctx context.Context, workspaceID, status, cursor stri
 	if status != "" && status != RunRunning && status != RunSucceeded && status != RunFailed {
 		return nil, apierr.InvalidField("status", "must be RUNNING, SUCCEEDED or FAILED")
 	}
+	// Settle the workspace's leases that lapsed on a last attempt first, as
+	// a run's read does: the list must not show RUNNING a run the read
+	// answers FAILED.
+	if _, err := s.exhaustLapsedIn(ctx, nil, &workspaceID, 1000); err != nil {
+		return nil, err
+	}
 	rows, err := s.pool.Query(ctx, sqlListRuns, workspaceID, cursor, status, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list runs: %w", err)

@@ -207,12 +207,13 @@ const failLapsed = `), x AS (
 
 // sqlExhaustLapsed ends jobs whose lease lapsed on their last attempt; the
 // lapsed execution is marked failed with the side-effect warning. $3 limits
-// it to one run (inline at read) or, when NULL, to a bounded sweep.
+// it to one run (inline at a run's read), $5 to one workspace (at a list of
+// its runs), or, both NULL, to a bounded sweep.
 const sqlExhaustLapsed = `
 WITH lapsed AS (
     SELECT id FROM jobs
     WHERE status = 'RUNNING' AND ready_at <= $1::timestamptz AND attempt >= max_attempts
-      AND ($3::text IS NULL OR run_id = $3::text)
+      AND ($3::text IS NULL OR run_id = $3::text) AND ($5::text IS NULL OR workspace_id = $5::text)
     ORDER BY ready_at
     LIMIT $2::int
     FOR UPDATE SKIP LOCKED
@@ -231,7 +232,7 @@ const sqlLapsedGates = `
 SELECT count(pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0)))
 FROM (SELECT DISTINCT endpoint_id FROM jobs
       WHERE status = 'RUNNING' AND ready_at <= $1::timestamptz AND attempt >= max_attempts
-        AND ($3::text IS NULL OR run_id = $3::text)
+        AND ($3::text IS NULL OR run_id = $3::text) AND ($4::text IS NULL OR workspace_id = $4::text)
       LIMIT $2::int) e`
 
 // Requeueing lapsed leases (the sweeper's backstop). A lapsed lease on an
@@ -239,14 +240,17 @@ FROM (SELECT DISTINCT endpoint_id FROM jobs
 // worker of its exact version, and until one claims it the job still counts
 // against its endpoint's maxConcurrent: with no such worker left (a crashed
 // worker of a version being retired) it held the slot for good, and every
-// other version's and tool's jobs on the endpoint waited. Once the lease
-// has been lapsed for $3 ms the job goes back to QUEUED (due when its lease
-// lapsed, so queue health shows its age), the lapsed execution is failed
-// with the warning, the slot is freed and the token forgotten (its
-// heartbeat and report answer lease_lost). A statement per step, as
+// other version's and tool's jobs on the endpoint waited. So on an endpoint
+// with a limit (elsewhere there is no slot to free), once the lease has been
+// lapsed for $3 ms the job goes back to QUEUED (due when its lease lapsed,
+// so queue health shows its age), the lapsed execution is failed with the
+// warning, the slot is freed and the job's token cleared (a heartbeat
+// answers lease_lost). Until a new claim, a report with that token is still
+// recorded (API.md §5; see sqlReholdSlots). A statement per step, as
 // sqlLapsedGates and sqlExhaustLapsed:
 const requeueCandidates = `status = 'RUNNING' AND attempt < max_attempts
-      AND ready_at <= $1::timestamptz - $3::bigint * interval '1 millisecond'`
+      AND ready_at <= $1::timestamptz - $3::bigint * interval '1 millisecond'
+      AND EXISTS (SELECT 1 FROM job_endpoints e WHERE e.id = jobs.endpoint_id AND e.max_concurrent IS NOT NULL)`
 
 // sqlRequeueGates takes the gate protocol's shared lock on the endpoints of
 // up to $2 candidates.
@@ -333,10 +337,23 @@ FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
 // afterwards) and finds the execution each job's token ($3, parallel to $1)
 // belongs to. The statement is jobs_report_lock (migration 0011); beside it,
 // for a key restricted to some tools ($4), each job's handler version, which
-// the key must be allowed to work (the name is in the function's answer).
+// the key must be allowed to work (the name is in the function's answer),
+// and whether a QUEUED job was queued again by the sweeper after its lease
+// lapsed (sqlRequeueLapsed cleared its token; a replay keeps it).
 const sqlReportLock = `
-SELECT l.*, CASE WHEN $4::boolean THEN (SELECT j.version FROM jobs j WHERE j.id = l.id) END
+SELECT l.*, CASE WHEN $4::boolean THEN (SELECT j.version FROM jobs j WHERE j.id = l.id) END,
+       CASE WHEN l.status = 'QUEUED' THEN (SELECT j.lease_token IS NULL FROM jobs j WHERE j.id = l.id) ELSE false END
 FROM jobs_report_lock($1::text[], $2::text, $3::text[]) l`
+
+// sqlReholdSlots is for late reports on jobs the sweeper requeued ($1):
+// recording a report frees a concurrency slot for each job it ends
+// (jobs_report_apply), but the requeue freed theirs already, so it is taken
+// back first and the count nets out. Under the endpoints' shared gate lock,
+// which sqlReportLock took.
+const sqlReholdSlots = `
+UPDATE job_endpoints e SET running_count = e.running_count + c.n
+FROM (SELECT endpoint_id, count(*)::int AS n FROM jobs WHERE id = ANY($1::text[]) GROUP BY endpoint_id) c
+WHERE e.id = c.endpoint_id AND e.max_concurrent IS NOT NULL`
 
 // sqlExecutionByToken reads the execution a lease token names, as
 // jobs_report_lock does. $1 job, $2 token.

@@ -99,17 +99,23 @@ func collectIDs(rows pgx.Rows, err error) ([]string, error) {
 // lease with attempts left stays claimable: the next claim takes it at once)
 // and makes the transitions that follows from it. runID limits it to one run.
 func (s *Service) exhaustLapsed(ctx context.Context, runID *string, limit int) (int, error) {
+	return s.exhaustLapsedIn(ctx, runID, nil, limit)
+}
+
+// exhaustLapsedIn is exhaustLapsed limited to a run, a workspace, or (both
+// nil) neither.
+func (s *Service) exhaustLapsedIn(ctx context.Context, runID, workspaceID *string, limit int) (int, error) {
 	n := 0
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		now := s.now()
 		var gates int
-		if err := tx.QueryRow(ctx, sqlLapsedGates, now, limit, runID).Scan(&gates); err != nil {
+		if err := tx.QueryRow(ctx, sqlLapsedGates, now, limit, runID, workspaceID).Scan(&gates); err != nil {
 			return fmt.Errorf("exhaust lapsed: %w", err)
 		}
 		if gates == 0 {
 			return nil
 		}
-		rows, err := tx.Query(ctx, sqlExhaustLapsed, now, limit, runID, LapseWarning)
+		rows, err := tx.Query(ctx, sqlExhaustLapsed, now, limit, runID, LapseWarning, workspaceID)
 		if err != nil {
 			return fmt.Errorf("exhaust lapsed: %w", err)
 		}
