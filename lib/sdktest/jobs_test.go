@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -573,4 +574,39 @@ func TestWorkerBatchesManyJobs(t *testing.T) {
 	errs.mu.Lock()
 	defer errs.mu.Unlock()
 	require.Empty(t, errs.list)
+}
+
+// An output the server refuses by its rules (a NUL in a string) can never be
+// recorded: the worker reports a non-retryable failure naming the field, so
+// the handler runs once rather than at every lapse of an unrecorded lease.
+func TestRefusedOutputEndsTheJobOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var runs atomic.Int32
+	w := ratchet.NewWorker(b.client(t, b.workerKey(t, "nul@1"), nil))
+	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "nul", Version: "1",
+		Handler: func(context.Context, welcomeIn, ratchet.JobContext) (welcomeOut, error) {
+			runs.Add(1)
+			return welcomeOut{MessageID: "has\x00nul"}, nil
+		}}))
+	start(t, w, 1)
+	run, err := b.producer.StartRun(ctx, "nul")
+	require.NoError(t, err)
+	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"},
+		ratchet.EnqueueOptions{Name: "nul", Version: "1", MaxAttempts: 3, Timeout: time.Second})
+	require.NoError(t, err)
+	_, err = b.producer.FinishRun(ctx, run.ID)
+	require.NoError(t, err)
+	done := waitRun(t, b.producer, run.ID, func(r *ratchet.Run) bool { return r.Status != ratchet.RunRunning })
+	s := step(t, done, st.StepID)
+	require.Equal(t, ratchet.JobExhausted, s.Status)
+	require.Equal(t, 1, s.DurableJob.Attempt, "ran once")
+	require.EqualValues(t, 1, runs.Load())
+	var outcome string
+	var reported bool
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT outcome, reported_at IS NOT NULL FROM job_executions
+		WHERE job_id = $1`, s.DurableJob.ID).Scan(&outcome, &reported))
+	require.Equal(t, "FAILED", outcome)
+	require.True(t, reported, "reported, not lapsed")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 )
@@ -259,17 +260,18 @@ func (r *reporter) sendEach(batch []queuedReport) {
 }
 
 // single sends one report on its own, answering the error worth a retry.
-// A success whose output is over the server's request limit can never be
-// recorded: it is reported as a non-retryable failure instead, so the job
-// ends once rather than running again at every lapse.
+// A success whose output the server can never record (over its request
+// limit, or refused by its rules: a NUL in a string, a number beyond
+// float64, a repeated key in raw JSON) is reported as a non-retryable
+// failure instead, so the job ends once rather than running again at every
+// lapse.
 func (r *reporter) single(ctx context.Context, q queuedReport) error {
 	_, err := r.c.ReportJob(ctx, q.job.JobID, q.report)
-	var apiErr *Error
-	if errors.As(err, &apiErr) && apiErr.Code == CodePayloadTooLarge && q.report.Status == ReportSucceeded {
-		r.onErr(fmt.Errorf("ratchet: job %s attempt %d: output too large to report; reporting it failed: %w",
+	if why, ok := unrecordableOutput(err); ok && q.report.Status == ReportSucceeded {
+		r.onErr(fmt.Errorf("ratchet: job %s attempt %d: the server refused the output; reporting it failed: %w",
 			q.job.JobID, q.job.Attempt, err))
 		q.report = JobReport{LeaseToken: q.report.LeaseToken, Status: ReportFailed,
-			Error: &JobError{Message: "handler output exceeds the server's request size limit", Retryable: false}}
+			Error: &JobError{Message: why, Retryable: false}}
 		_, err = r.c.ReportJob(ctx, q.job.JobID, q.report)
 	}
 	if err == nil {
@@ -280,6 +282,27 @@ func (r *reporter) single(ctx context.Context, q queuedReport) error {
 	}
 	r.fail(q, err)
 	return nil
+}
+
+// unrecordableOutput says whether a success report's refusal is about its
+// output, and what to report instead: 413 for its size, or 400 naming a
+// field under output (the field path and rule, never the value).
+func unrecordableOutput(err error) (string, bool) {
+	var apiErr *Error
+	if !errors.As(err, &apiErr) {
+		return "", false
+	}
+	switch apiErr.Code {
+	case CodePayloadTooLarge:
+		return "handler output exceeds the server's request size limit", true
+	case CodeInvalidRequest:
+		for _, f := range apiErr.Validation() {
+			if f.Field == "output" || strings.HasPrefix(f.Field, "output.") {
+				return "handler output refused by the server at " + f.Field, true
+			}
+		}
+	}
+	return "", false
 }
 
 // fail reports a report that was not recorded; its lease lapses and the job

@@ -76,6 +76,25 @@ func (e *schemaError) Error() string { return e.what + ": " + e.err.Error() }
 // Unwrap returns the JSON error.
 func (e *schemaError) Unwrap() error { return e.err }
 
+// reported is what the API is told about the failure: what failed and, for
+// the errors that carry it as data, where and what was expected, never a
+// value. Decoders quote the values they refuse (time.Parse, a ,string tag,
+// a custom UnmarshalJSON), and an input is a payload: the full error goes
+// only to OnError.
+func (e *schemaError) reported() string {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(e.err, &typeErr) && typeErr.Field != "":
+		return fmt.Sprintf("%s: field %q: expected %s, got a JSON %s", e.what, typeErr.Field, typeErr.Type, typeErr.Value)
+	case errors.As(e.err, &typeErr):
+		return fmt.Sprintf("%s: expected %s, got a JSON %s", e.what, typeErr.Type, typeErr.Value)
+	case errors.As(e.err, &syntaxErr):
+		return fmt.Sprintf("%s: invalid JSON at offset %d", e.what, syntaxErr.Offset)
+	}
+	return e.what
+}
+
 // RegisterTool adds a typed handler to w. It must be called before Start;
 // registering the same name@version twice is an error.
 func RegisterTool[In, Out any](w *Worker, t Tool[In, Out]) error {
@@ -163,7 +182,8 @@ func (rt *registeredTool) decide(err, cause error, job JobContext, onError func(
 	case errors.As(err, &ne):
 		return JobError{Message: RedactMessage(ne.Message), Retryable: false}
 	case errors.As(err, &se):
-		return JobError{Message: RedactMessage(se.Error()), Retryable: false}
+		onError(fmt.Errorf("ratchet: job %s attempt %d: %w", job.JobID, job.Attempt, se)) // the full text stays local
+		return JobError{Message: RedactMessage(se.reported()), Retryable: false}
 	case errors.As(err, &pe):
 		onError(pe)
 		return JobError{Message: "handler panicked", Retryable: true}

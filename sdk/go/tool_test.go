@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -85,7 +86,12 @@ func TestClassifierPrecedence(t *testing.T) {
 		{name: "schema failure is non-retryable before the classifier",
 			err:      &schemaError{what: "input does not match the handler's input type", err: errors.New("json: bad")},
 			classify: func(error, JobContext) Decision { return Decision{Retryable: true} },
-			want:     JobError{Message: "input does not match the handler's input type: json: bad", Retryable: false}},
+			want:     JobError{Message: "input does not match the handler's input type", Retryable: false}, onError: true},
+		{name: "a schema failure names the field, never the value",
+			err: &schemaError{what: "input does not match the handler's input type",
+				err: &json.UnmarshalTypeError{Value: "string", Type: reflect.TypeFor[int](), Field: "amount"}},
+			want: JobError{Message: `input does not match the handler's input type: field "amount": expected int, got a JSON string`,
+				Retryable: false}, onError: true},
 		{name: "server cancellation is non-retryable even over explicit retryable", err: Retryable("x", 0), cause: ErrCancelRequested,
 			want: JobError{Message: "cancelled at the server's request", Retryable: false}},
 		{name: "classifier decides third-party errors", err: &providerError{400}, classify: func(err error, _ JobContext) Decision {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -268,7 +269,7 @@ func TestWorkerFailureReports(t *testing.T) {
 		t.Fatalf("panic value or stack left the process: %s", raw)
 	}
 	var pe *PanicError
-	if errs := sink.list(); len(errs) == 0 || !errors.As(errs[0], &pe) || len(pe.Stack) == 0 {
+	if errs := sink.list(); !slices.ContainsFunc(errs, func(err error) bool { return errors.As(err, &pe) && len(pe.Stack) > 0 }) {
 		t.Fatalf("OnError %v", errs)
 	}
 
@@ -969,5 +970,41 @@ func TestWorkerRegistersAgainWhenForgotten(t *testing.T) {
 	defer f.mu.Unlock()
 	if f.registrations != 2 {
 		t.Fatalf("registrations %d, want 2", f.registrations)
+	}
+}
+
+// Decoders quote the values they refuse (a ,string tag, time.Parse, a custom
+// UnmarshalJSON); an input is a payload, so a schema failure's report names
+// where and what was expected, never a value, and the full error stays local.
+func TestSchemaFailureReportsNoInputValue(t *testing.T) {
+	t.Parallel()
+	type amounts struct {
+		Amount int       `json:"amount,string"`
+		When   time.Time `json:"when"`
+		Count  int       `json:"count"`
+	}
+	f := newFakeJobs()
+	quoted := f.add("typed", "1", map[string]any{"amount": "salary 98000 for Jane Roe"}, 0)
+	parsed := f.add("typed", "1", map[string]any{"when": "Customer Jane Roe DOB"}, 0)
+	typed := f.add("typed", "1", map[string]any{"count": "Jane Roe"}, 0)
+	_, sink := startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[amounts, welcomeOut]{Name: "typed", Version: "1",
+			Handler: func(context.Context, amounts, JobContext) (welcomeOut, error) {
+				t.Error("handler ran on input of the wrong shape")
+				return welcomeOut{}, nil
+			}}))
+	}, StartOptions{Concurrency: 3})
+	for _, id := range []string{quoted, parsed} {
+		e := f.waitReport(t, id)["error"].(map[string]any)
+		if e["message"] != "input does not match the handler's input type" || e["retryable"] != false {
+			t.Fatalf("report %v", e)
+		}
+	}
+	e := f.waitReport(t, typed)["error"].(map[string]any)
+	if e["message"] != `input does not match the handler's input type: field "count": expected int, got a JSON string` {
+		t.Fatalf("report %v", e)
+	}
+	if errs := sink.list(); !slices.ContainsFunc(errs, func(err error) bool { return strings.Contains(err.Error(), "Jane Roe") }) {
+		t.Fatalf("the full error should reach OnError: %v", errs)
 	}
 }
