@@ -83,8 +83,8 @@ func newReporter(ctx context.Context, c *Client, onErr func(error), linger time.
 }
 
 // enqueue queues a report; it blocks while a full batch is already waiting
-// behind the one in flight. After close, the report is sent at once on its
-// own.
+// behind the one in flight, until the reporter gives up (its report then
+// goes to OnError). After close, the report is sent at once on its own.
 func (r *reporter) enqueue(q queuedReport) {
 	r.mu.RLock()
 	if r.closed {
@@ -92,8 +92,15 @@ func (r *reporter) enqueue(q queuedReport) {
 		r.send([]queuedReport{q})
 		return
 	}
-	r.in <- q
-	r.mu.RUnlock()
+	select {
+	case r.in <- q:
+		r.mu.RUnlock()
+	case <-r.ctx.Done():
+		// Given up (close's deadline passed while the server took no
+		// reports): waiting on would hold close, and Stop, past it.
+		r.mu.RUnlock()
+		r.fail(q, r.ctx.Err())
+	}
 }
 
 // close stops gathering, sends what is queued without lingering, and waits
@@ -101,6 +108,10 @@ func (r *reporter) enqueue(q queuedReport) {
 // until ctx ends, when the reports still unsent are given up (OnError; their
 // leases lapse and the jobs run again). It reports whether all were sent.
 func (r *reporter) close(ctx context.Context) bool {
+	// Giving up at ctx's end also releases handlers blocked queueing their
+	// reports, which close must wait for before it closes the queue.
+	stop := context.AfterFunc(ctx, r.giveUp)
+	defer stop()
 	r.once.Do(func() {
 		r.mu.Lock()
 		r.closed = true

@@ -80,7 +80,9 @@ type Worker struct {
 	stopOnce   sync.Once
 	slotFreed  chan struct{} // a handler finished (buffered, 1)
 	loopDone   chan struct{}
-	jobs       sync.WaitGroup
+	jobs       sync.WaitGroup          // dispatched jobs, until their report is queued
+	handlers   sync.WaitGroup          // handler calls in progress
+	running    int                     // handler calls in progress (mu), for Stop's error
 	cancelJobs context.CancelCauseFunc // ends every handler's context
 	reporter   *reporter               // batches the handlers' reports
 
@@ -220,27 +222,45 @@ func (w *Worker) Stop(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	w.mu.Lock()
-	n := w.active
+	n := w.running
 	w.mu.Unlock()
 	w.cancelJobs(ErrWorkerStopped)
+	// Handlers get a grace to return; a handler's report is queued once it
+	// returns, so what is counted here are handlers, not reports waiting
+	// for a server that takes none.
+	handlersDone := make(chan struct{})
+	go func() { w.handlers.Wait(); close(handlersDone) }()
 	grace, stop := w.clock.Timer(w.stopGraceOr())
 	defer stop()
-	// Reports queued so far (and those of handlers returning within the
-	// grace) are sent before Stop returns, for at most another grace; a
-	// handler returning later sends its report on its own.
-	defer func() {
-		sendCtx, cancel := context.WithTimeout(context.Background(), w.stopGraceOr())
-		defer cancel()
-		w.reporter.close(sendCtx)
-	}()
+	left := 0
 	select {
-	case <-done:
-		return fmt.Errorf("ratchet: stop deadline passed; %d handler(s) cancelled and reported retryable: %w", n, ctx.Err())
+	case <-handlersDone:
 	case <-grace:
 		w.mu.Lock()
-		left := w.active
+		left = w.running
 		w.mu.Unlock()
+	}
+	// Reports queued so far, those of handlers that returned within the
+	// grace included, are sent for at most another grace; then the rest go
+	// to OnError (giving up also frees handlers' reports waiting for room in
+	// a full queue). A handler returning later sends its report on its own.
+	sendCtx, cancel := context.WithTimeout(context.Background(), w.stopGraceOr())
+	defer cancel()
+	release := context.AfterFunc(sendCtx, w.reporter.giveUp)
+	defer release()
+	select {
+	case <-done: // every returned handler's report is queued
+	case <-sendCtx.Done():
+	}
+	sent := w.reporter.close(sendCtx)
+	switch {
+	case left > 0:
 		return fmt.Errorf("ratchet: stop deadline passed; %d handler(s) ignored cancellation and were left unreported: %w", left, ctx.Err())
+	case !sent:
+		return fmt.Errorf("ratchet: stop deadline passed; %d handler(s) cancelled, and reports the server did not take "+
+			"went to OnError (their jobs will run again): %w", n, ctx.Err())
+	default:
+		return fmt.Errorf("ratchet: stop deadline passed; %d handler(s) cancelled and reported retryable: %w", n, ctx.Err())
 	}
 }
 
@@ -445,7 +465,17 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 	}()
 
 	done := make(chan handlerResult, 1)
+	w.mu.Lock()
+	w.running++
+	w.mu.Unlock()
+	w.handlers.Add(1)
 	go func() {
+		defer func() {
+			w.mu.Lock()
+			w.running--
+			w.mu.Unlock()
+			w.handlers.Done()
+		}()
 		out, err := rt.invoke(hctx, j.Input, job)
 		done <- handlerResult{out, err}
 	}()

@@ -24,6 +24,7 @@ type fakeJobs struct {
 	limits        []int
 	heartbeats    int
 	registrations int
+	claimedJobs   int
 	cancel        map[string]bool
 	heartbeat     func(jobID string) (status int, code string) // optional failure
 	leaseFor      time.Duration
@@ -42,6 +43,13 @@ type fakeJobs struct {
 func newFakeJobs() *fakeJobs {
 	return &fakeJobs{cancel: map[string]bool{}, reports: map[string]json.RawMessage{},
 		reported: make(chan string, 100), leaseFor: 10 * time.Minute}
+}
+
+// claimed counts the jobs handed out so far.
+func (f *fakeJobs) claimed() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.claimedJobs
 }
 
 func (f *fakeJobs) add(name, version string, input any, timeoutMs int64) string {
@@ -82,6 +90,7 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.limits = append(f.limits, limit)
 		n := min(limit, len(f.queue))
 		jobs := append([]ClaimedJob{}, f.queue[:n]...)
+		f.claimedJobs += n
 		f.queue = f.queue[n:]
 		if f.onClaim != nil {
 			f.onClaim(limit, n)
@@ -1006,5 +1015,42 @@ func TestSchemaFailureReportsNoInputValue(t *testing.T) {
 	}
 	if errs := sink.list(); !slices.ContainsFunc(errs, func(err error) bool { return strings.Contains(err.Error(), "Jane Roe") }) {
 		t.Fatalf("the full error should reach OnError: %v", errs)
+	}
+}
+
+// A server that takes no reports does not hold Stop past its deadline and
+// graces: handlers that returned but whose reports could not be queued (the
+// queue full behind batches the server keeps refusing) are given up, and
+// Stop's error says reports went undelivered, not that handlers ignored
+// cancellation.
+func TestStopKeepsItsDeadlineWhenNoReportIsTaken(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.leaseFor = 10 * time.Minute // reports would be retried for that long
+	f.reportError = func(json.RawMessage) (int, string) { return 503, "database_unavailable" }
+	for i := range 700 {
+		f.add("quick", "1", welcomeIn{CustomerID: fmt.Sprint(i)}, 600_000)
+	}
+	c, _ := testClient(t, f)
+	w := NewWorker(c)
+	w.stopGrace = 200 * time.Millisecond
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "quick", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{Sent: true}, nil }}))
+	sink := &errSink{}
+	if err := w.Start(context.Background(), StartOptions{Concurrency: 700, OnError: sink.add}); err != nil {
+		t.Fatal(err)
+	}
+	for f.claimed() < 700 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	err := w.Stop(ctx)
+	if took := time.Since(began); took > 3*time.Second {
+		t.Fatalf("Stop took %v past a 300 ms deadline and 200 ms graces", took)
+	}
+	if err == nil || strings.Contains(err.Error(), "ignored cancellation") || !strings.Contains(err.Error(), "OnError") {
+		t.Fatalf("Stop: %v", err)
 	}
 }
