@@ -241,6 +241,7 @@ func TestRefusedRetryKeepsTheUnknownOutcome(t *testing.T) {
 
 	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key,
 		map[string]any{"outcome": "succeeded", "result": map[string]any{"sent": true}})
+	require.Nil(t, b.get(id)["denial_code"], "it succeeded: no denial stands")
 	dup := b.mustBegin("duplicate", email(k))
 	require.Equal(t, map[string]any{"sent": true}, dup["result"])
 
@@ -350,4 +351,20 @@ func TestPendingApprovalHoldsAnIndeterminateKey(t *testing.T) {
 	b.mustBegin("approval_required", email(k))
 	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(held["approval_id"])+"/approve", b.ws.Key, nil)
 	b.mustBegin("execute", email(k))
+}
+
+// Resolved failed, an indeterminate key refused with max_attempts_exceeded
+// stays refused: the code outlives the resolve, which clears any other.
+func TestResolvedFailureKeepsAFinalRefusal(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("email.send", map[string]any{"on_indeterminate": "retry", "max_attempts": 1})
+	k := key("final")
+	id := str(b.mustBegin("execute", email(k))["effect_id"])
+	b.clock.Add(2 * time.Minute)
+	b.refusal("max_attempts_exceeded", "indeterminate", email(k))
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"})
+	require.Equal(t, "max_attempts_exceeded", b.get(id)["denial_code"])
+	b.putPolicy("email.send", map[string]any{"max_attempts": 5})
+	b.denialOf("max_attempts_exceeded", email(k))
 }

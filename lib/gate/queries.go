@@ -323,6 +323,15 @@ const sqlReport = `SELECT * FROM gate_report($1::text, $2::text, $3::bytea, $4::
 // migration 0010). $1 effect id, $2 workspace, $3 token hash, $4 now.
 const sqlHeartbeat = `SELECT * FROM gate_heartbeat($1::text, $2::text, $3::bytea, $4::timestamptz)`
 
+// settledDenial is the denial_code an indeterminate effect keeps once its
+// outcome is settled to outcome (an SQL expression): none after a success
+// (it was not denied: a refused retry's code no longer says anything), and
+// after a failure only max_attempts_exceeded, which still answers the key
+// (approval_rejected is kept by the approval's state).
+func settledDenial(outcome string) string {
+	return `CASE WHEN ` + outcome + ` = 'failed' AND denial_code = 'max_attempts_exceeded' THEN denial_code END`
+}
+
 // sqlResolve records what an operator found for an indeterminate effect. A
 // failed one is a known failure, so its ceilings are released like a failed
 // report's.
@@ -330,7 +339,8 @@ const sqlHeartbeat = `SELECT * FROM gate_heartbeat($1::text, $2::text, $3::bytea
 // $6 key id, $7 note.
 var sqlResolve = `
 WITH upd AS (
-    UPDATE effects SET state = $2, result = $3, result_preview = $4::jsonb, updated_at = $5
+    UPDATE effects SET state = $2, result = $3, result_preview = $4::jsonb, updated_at = $5,
+        denial_code = ` + settledDenial("$2") + `
     WHERE id = $1 AND state = 'indeterminate'
     RETURNING id, attempt
 ), upa AS (
@@ -443,7 +453,7 @@ ORDER BY e.id LIMIT $6`
 var sqlReconcileResolve = `
 WITH t AS (SELECT * FROM unnest($2::text[], $3::text[]) AS t(id, outcome)),
 upd AS (
-    UPDATE effects e SET state = t.outcome, updated_at = $4
+    UPDATE effects e SET state = t.outcome, updated_at = $4, denial_code = ` + settledDenial("t.outcome") + `
     FROM t WHERE e.id = t.id AND e.workspace_id = $1 AND e.state = 'indeterminate'
     RETURNING e.id, e.attempt, e.group_id, t.outcome
 ), upa AS (
