@@ -985,6 +985,29 @@ func TestSweeperRequeuesALongLapsedLease(t *testing.T) {
 	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
 	require.Equal(t, "SUCCEEDED", b.succeed(t, again).Status)
 	require.Zero(t, running())
+
+	// Requeued, not claimed since, and the slot free: the stalled worker's
+	// heartbeat takes the job back (RUNNING, its lease renewed, its attempt
+	// open again), and its report ends it as any other.
+	stalled := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000),
+		Input: json.RawMessage(`{"n":3}`)})
+	lost = b.claimOne(t, v1)
+	require.Equal(t, stalled.JobID, lost.JobID)
+	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second)
+	b.sweep(t)
+	require.Equal(t, "QUEUED", b.step(t, stalled.StepID).Status)
+	require.Zero(t, running())
+	hb, err := b.svc.Heartbeat(ctx, b.worker, lost.JobID, jobs.HeartbeatRequest{LeaseToken: lost.LeaseToken})
+	require.NoError(t, err)
+	requireTime(t, b.clock.Now().Add(11*time.Second), *hb.LeaseExpiresAt)
+	require.Equal(t, "RUNNING", b.step(t, stalled.StepID).Status)
+	require.Equal(t, 1, running())
+	xs = b.executions(t, stalled.JobID)
+	require.Len(t, xs, 1)
+	require.Nil(t, xs[0].Outcome, "the attempt is open again")
+	require.Empty(t, b.claim(t, v1, 1), "held again")
+	require.Equal(t, "SUCCEEDED", b.succeed(t, lost).Status)
+	require.Zero(t, running())
 }
 
 // On an endpoint without a concurrency limit there is no slot to free: a

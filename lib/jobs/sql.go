@@ -326,10 +326,45 @@ WITH j AS (
 SELECT lease_expires_at, cancel_requested FROM j`
 
 // sqlLeaseState explains why a heartbeat did not extend a lease. A job
-// never claimed has no token: no token is current.
+// never claimed has no token: no token is current. Last, whether the job is
+// one the sweeper requeued (its token cleared) whose latest attempt is this
+// token's: no claim since, so the heartbeat may take it back
+// (sqlReviveRequeued).
 const sqlLeaseState = `
-SELECT j.status, coalesce(j.lease_token = $3::text, false), j.lease_expires_at, j.cancel_requested, j.name, j.version
+SELECT j.status, coalesce(j.lease_token = $3::text, false), j.lease_expires_at, j.cancel_requested, j.name, j.version,
+       j.status = 'QUEUED' AND j.lease_token IS NULL AND EXISTS (SELECT 1 FROM job_executions x
+           WHERE x.job_id = j.id AND x.attempt = j.attempt AND x.lease_token = $3::text)
 FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
+
+// sqlReviveRequeued gives a job the sweeper requeued back to the worker
+// whose heartbeat shows it still at work, when nothing claimed it since:
+// RUNNING again under its token with a fresh lease, its execution open
+// again, and its concurrency slot taken back, if the endpoint has room (the
+// requeue freed the slot for others, who may hold it now; no row then).
+// Locks as a claim does: the job's row, then its endpoint's.
+const sqlReviveRequeued = `
+WITH j0 AS (
+    SELECT j.id, j.attempt, j.endpoint_id FROM jobs j
+    WHERE j.id = $1::text AND j.workspace_id = $2::text AND j.status = 'QUEUED' AND j.lease_token IS NULL
+      AND EXISTS (SELECT 1 FROM job_executions x WHERE x.job_id = j.id AND x.attempt = j.attempt
+                  AND x.lease_token = $3::text)
+    FOR UPDATE OF j
+), room AS (
+    UPDATE job_endpoints e
+    SET running_count = e.running_count + CASE WHEN e.max_concurrent IS NULL THEN 0 ELSE 1 END
+    FROM j0 WHERE e.id = j0.endpoint_id AND (e.max_concurrent IS NULL OR e.running_count < e.max_concurrent)
+    RETURNING e.id
+), j AS (
+    UPDATE jobs SET status = 'RUNNING', lease_token = $3::text,
+        lease_expires_at = $4::timestamptz + (jobs.timeout_ms + $5::bigint) * interval '1 millisecond',
+        ready_at = $4::timestamptz + (jobs.timeout_ms + $5::bigint) * interval '1 millisecond', updated_at = $4::timestamptz
+    FROM j0, room WHERE jobs.id = j0.id
+    RETURNING jobs.id, jobs.attempt, jobs.lease_expires_at, jobs.cancel_requested
+), x AS (
+    UPDATE job_executions x SET outcome = NULL, warning = NULL, ended_at = NULL, lease_expires_at = j.lease_expires_at
+    FROM j WHERE x.job_id = j.id AND x.attempt = j.attempt
+)
+SELECT lease_expires_at, cancel_requested FROM j`
 
 // sqlReportLock locks a batch's jobs in id order ($1 is sorted), takes the
 // endpoint gate's shared lock for each, tries each run's shared lock without

@@ -243,9 +243,9 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 		return out, fmt.Errorf("heartbeat: %w", err)
 	}
 	var status, name, version string
-	var current bool
+	var current, requeued bool
 	err = s.pool.QueryRow(ctx, sqlLeaseState, jobID, p.WorkspaceID, req.LeaseToken).Scan(&status, &current,
-		&out.LeaseExpiresAt, &out.CancelRequested, &name, &version)
+		&out.LeaseExpiresAt, &out.CancelRequested, &name, &version, &requeued)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return out, apierr.NotFound("job")
@@ -253,6 +253,22 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 		return out, fmt.Errorf("heartbeat: %w", err)
 	case !p.MayWorkTool(name, version):
 		return HeartbeatResult{}, p.RequireTools([2]string{name, version})
+	case requeued:
+		// Its lease lapsed long enough for the sweeper to requeue the job,
+		// but nothing claimed it since: the worker is still at work, so it
+		// gets the job back if the endpoint has room. Otherwise the slot
+		// went to another job and the worker should stop.
+		err := s.pool.QueryRow(ctx, sqlReviveRequeued, jobID, p.WorkspaceID, req.LeaseToken, s.now(),
+			s.leaseGrace.Milliseconds()).Scan(&out.LeaseExpiresAt, &out.CancelRequested)
+		switch {
+		case err == nil:
+			out.LeaseExpiresAt = utc(out.LeaseExpiresAt)
+			return out, nil
+		case errors.Is(err, pgx.ErrNoRows):
+			return HeartbeatResult{}, errLeaseLost()
+		default:
+			return HeartbeatResult{}, fmt.Errorf("heartbeat: revive: %w", err)
+		}
 	case !current:
 		return out, errLeaseLost()
 	case status == StatusCancelled:
