@@ -25,8 +25,8 @@ import (
 	"github.com/getratchet/ratchet/lib/seal"
 )
 
-// Run is a group of steps that completes as a whole (API.md §5).
-type Run struct {
+// RunSummary is a run without its steps, as GET /api/v1/runs lists it.
+type RunSummary struct {
 	ID                  string     `json:"id"`
 	Name                string     `json:"name"`
 	Status              string     `json:"status"`
@@ -34,7 +34,13 @@ type Run struct {
 	CreatedAt           time.Time  `json:"createdAt"`
 	FinishedAt          *time.Time `json:"finishedAt"`
 	Synthetic           bool       `json:"synthetic"` // made by POST /tools/{name}/test
-	Steps               []Step     `json:"steps"`
+}
+
+// Run is a group of steps that completes as a whole (API.md §5): the run's
+// own fields and its steps.
+type Run struct {
+	RunSummary
+	Steps []Step `json:"steps"`
 }
 
 // Step is one enqueued operation and its durable job.
@@ -156,7 +162,8 @@ func (s *Service) CreateRun(ctx context.Context, workspaceID string, req CreateR
 		return Run{}, apierr.InvalidField("name", "must be 1-200 characters")
 	}
 	now := s.now()
-	r := Run{ID: ids.NewAt(ids.Run, now), Name: name, Status: RunRunning, CreatedAt: now, Steps: []Step{}}
+	r := Run{RunSummary: RunSummary{ID: ids.NewAt(ids.Run, now), Name: name, Status: RunRunning, CreatedAt: now},
+		Steps: []Step{}}
 	if _, err := s.pool.Exec(ctx, sqlInsertRun, r.ID, workspaceID, r.Name, now); err != nil {
 		return Run{}, fmt.Errorf("create run: %w", err)
 	}
@@ -187,17 +194,6 @@ func (s *Service) GetRun(ctx context.Context, workspaceID, runID string) (Run, e
 	return r, nil
 }
 
-// RunSummary is a run without its steps, as GET /api/v1/runs lists it.
-type RunSummary struct {
-	ID                  string     `json:"id"`
-	Name                string     `json:"name"`
-	Status              string     `json:"status"`
-	CompletionRequested bool       `json:"completionRequested"`
-	CreatedAt           time.Time  `json:"createdAt"`
-	FinishedAt          *time.Time `json:"finishedAt"`
-	Synthetic           bool       `json:"synthetic"`
-}
-
 // ListRuns pages the workspace's runs newest first, optionally only those
 // in one status. cursor is the previous page's last run id.
 func (s *Service) ListRuns(ctx context.Context, workspaceID, status, cursor string, limit int) ([]RunSummary, error) {
@@ -214,11 +210,7 @@ func (s *Service) ListRuns(ctx context.Context, workspaceID, status, cursor stri
 	if err != nil {
 		return nil, fmt.Errorf("list runs: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RunSummary, error) {
-		var r RunSummary
-		err := row.Scan(&r.ID, &r.Name, &r.Status, &r.CompletionRequested, &r.CreatedAt, &r.FinishedAt, &r.Synthetic)
-		return r, err
-	})
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RunSummary, error) { return scanRun(row) })
 	if err != nil {
 		return nil, fmt.Errorf("list runs: %w", err)
 	}
@@ -305,10 +297,16 @@ func (s *Service) readRunSettled(ctx context.Context, workspaceID, runID string)
 	return s.readRun(ctx, workspaceID, runID)
 }
 
+// scanRun reads a row of runColumns.
+func scanRun(row pgx.Row) (RunSummary, error) {
+	var r RunSummary
+	err := row.Scan(&r.ID, &r.Name, &r.Status, &r.CompletionRequested, &r.CreatedAt, &r.FinishedAt, &r.Synthetic)
+	return r, err
+}
+
 func (s *Service) readRun(ctx context.Context, workspaceID, runID string) (Run, error) {
-	var r Run
-	err := s.pool.QueryRow(ctx, sqlGetRun, runID, workspaceID).Scan(&r.ID, &r.Name, &r.Status, &r.CompletionRequested,
-		&r.CreatedAt, &r.FinishedAt, &r.Synthetic)
+	sum, err := scanRun(s.pool.QueryRow(ctx, sqlGetRun, runID, workspaceID))
+	r := Run{RunSummary: sum}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Run{}, apierr.NotFound("run")
 	}
