@@ -51,7 +51,7 @@ type lockedJob struct {
 	xReported, xNext      *time.Time
 	name                  string
 	version               *string // read only for a key restricted to some tools
-	requeued              bool    // QUEUED again by the sweeper after its lease lapsed
+	requeued              bool    // QUEUED again by the sweeper after its lease lapsed (read in decideReport)
 	contractVersion       *int32
 	xRejected             bool
 	workspaceID, jobID    string
@@ -189,7 +189,7 @@ func (s *Service) lockForReport(ctx context.Context, tx pgx.Tx, p *auth.Principa
 		if err := rows.Scan(nil, &j.runLocked, &j.dependents, &j.status, &j.attempt, &j.pol.MaxAttempts, &j.stepID,
 			&j.runID, nil, &j.pol.Preset, &j.pol.InitialDelayMs, &j.pol.Multiplier, &j.pol.MaxDelayMs,
 			&j.pol.JitterPercent, &j.requested, &j.xAttempt, &j.xOutcome, &j.xReported, &j.xResult, &j.xNext,
-			&j.name, &j.contractVersion, &j.xRejected, &j.jobID, &j.version, &j.requeued); err != nil {
+			&j.name, &j.contractVersion, &j.xRejected, &j.jobID, &j.version); err != nil {
 			return nil, fmt.Errorf("report lock: %w", err)
 		}
 		locked[j.jobID] = j
@@ -211,9 +211,16 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 			return ReportResult{}, nil, err
 		}
 	}
+	if j.status == StatusQueued {
+		// Read under the lock, like the execution: a requeue that committed
+		// while this report waited shows.
+		if err := tx.QueryRow(ctx, sqlRequeuedFor, j.jobID, req.LeaseToken).Scan(&j.requeued); err != nil {
+			return ReportResult{}, nil, fmt.Errorf("report: requeued: %w", err)
+		}
+	}
 	xa := int(*j.xAttempt)
 	switch {
-	case j.xReported != nil:
+	case j.xReported != nil && j.xOutcome != nil:
 		// Already reported: the same outcome answers the same object (a
 		// success the contract refused is recorded as FAILED).
 		sent := *j.xOutcome // what the worker reported: a refused success is recorded FAILED

@@ -325,16 +325,29 @@ WITH j AS (
 )
 SELECT lease_expires_at, cancel_requested FROM j`
 
+// requeuedFor is true of a job (alias j) that the sweeper requeued after its
+// lease lapsed (sqlRequeueLapsed) and nothing took since, for the attempt
+// whose token is token: QUEUED with its token cleared (a claim sets a new
+// one, a replay sets ”), and that attempt, the job's latest, never
+// reported (the lapse failed it).
+func requeuedFor(token string) string {
+	return `(j.status = 'QUEUED' AND j.lease_token IS NULL AND EXISTS (SELECT 1 FROM job_executions x
+    WHERE x.job_id = j.id AND x.attempt = j.attempt AND x.reported_at IS NULL AND x.lease_token = ` + token + `))`
+}
+
 // sqlLeaseState explains why a heartbeat did not extend a lease. A job
-// never claimed has no token: no token is current. Last, whether the job is
-// one the sweeper requeued (its token cleared) whose latest attempt is this
-// token's: no claim since, so the heartbeat may take it back
-// (sqlReviveRequeued).
-const sqlLeaseState = `
+// never claimed has no token: no token is current. Last, whether the job
+// was requeued under this token (requeuedFor): the heartbeat may take it
+// back (sqlReviveRequeued).
+var sqlLeaseState = `
 SELECT j.status, coalesce(j.lease_token = $3::text, false), j.lease_expires_at, j.cancel_requested, j.name, j.version,
-       j.status = 'QUEUED' AND j.lease_token IS NULL AND EXISTS (SELECT 1 FROM job_executions x
-           WHERE x.job_id = j.id AND x.attempt = j.attempt AND x.lease_token = $3::text)
+       ` + requeuedFor("$3::text") + `
 FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
+
+// sqlRequeuedFor says whether a job a report locked ($1) was requeued under
+// the report's token ($2), read after the lock: a requeue that committed
+// while the report waited for it is seen.
+var sqlRequeuedFor = `SELECT ` + requeuedFor("$2::text") + ` FROM jobs j WHERE j.id = $1::text`
 
 // sqlReviveRequeued gives a job the sweeper requeued back to the worker
 // whose heartbeat shows it still at work, when nothing claimed it since:
@@ -342,12 +355,10 @@ FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
 // again, and its concurrency slot taken back, if the endpoint has room (the
 // requeue freed the slot for others, who may hold it now; no row then).
 // Locks as a claim does: the job's row, then its endpoint's.
-const sqlReviveRequeued = `
+var sqlReviveRequeued = `
 WITH j0 AS (
     SELECT j.id, j.attempt, j.endpoint_id FROM jobs j
-    WHERE j.id = $1::text AND j.workspace_id = $2::text AND j.status = 'QUEUED' AND j.lease_token IS NULL
-      AND EXISTS (SELECT 1 FROM job_executions x WHERE x.job_id = j.id AND x.attempt = j.attempt
-                  AND x.lease_token = $3::text)
+    WHERE j.id = $1::text AND j.workspace_id = $2::text AND ` + requeuedFor("$3::text") + `
     FOR UPDATE OF j
 ), room AS (
     UPDATE job_endpoints e
@@ -372,12 +383,9 @@ SELECT lease_expires_at, cancel_requested FROM j`
 // afterwards) and finds the execution each job's token ($3, parallel to $1)
 // belongs to. The statement is jobs_report_lock (migration 0011); beside it,
 // for a key restricted to some tools ($4), each job's handler version, which
-// the key must be allowed to work (the name is in the function's answer),
-// and whether a QUEUED job was queued again by the sweeper after its lease
-// lapsed (sqlRequeueLapsed cleared its token; a replay keeps it).
+// the key must be allowed to work (the name is in the function's answer).
 const sqlReportLock = `
-SELECT l.*, CASE WHEN $4::boolean THEN (SELECT j.version FROM jobs j WHERE j.id = l.id) END,
-       CASE WHEN l.status = 'QUEUED' THEN (SELECT j.lease_token IS NULL FROM jobs j WHERE j.id = l.id) ELSE false END
+SELECT l.*, CASE WHEN $4::boolean THEN (SELECT j.version FROM jobs j WHERE j.id = l.id) END
 FROM jobs_report_lock($1::text[], $2::text, $3::text[]) l`
 
 // sqlReholdSlots is for late reports on jobs the sweeper requeued ($1):

@@ -62,11 +62,14 @@ WHERE j.step_id = $1::text AND j.workspace_id = $2::text`
 const sqlReplayLock = sqlReplayPreview + `
 FOR UPDATE OF j`
 
+// A replay sets the job's token to ” (no lease, and unlike a requeue's
+// NULL, no lapsed attempt to take back: see requeuedFor).
+
 // sqlReplaySameVersion re-queues an ended job with a higher lifetime
 // ceiling, keeping its handler version, contract and policy snapshot (the
 // policy's own count is pinned before the ceiling moves).
 const sqlReplaySameVersion = `
-UPDATE jobs SET status = 'QUEUED', max_attempts = $2::int,
+UPDATE jobs SET status = 'QUEUED', max_attempts = $2::int, lease_token = '',
     policy_max_attempts = coalesce(policy_max_attempts, max_attempts),
     due_at = $3::timestamptz, ready_at = $3::timestamptz, finished_at = NULL, cancel_requested = false,
     updated_at = $3::timestamptz
@@ -75,7 +78,7 @@ WHERE id = $1::text`
 // sqlReplayUpgrade re-queues an ended job under the target contract: its
 // handler version, contract version, timeout and complete retry policy.
 const sqlReplayUpgrade = `
-UPDATE jobs SET status = 'QUEUED', max_attempts = $2::int, due_at = $3::timestamptz, ready_at = $3::timestamptz,
+UPDATE jobs SET status = 'QUEUED', max_attempts = $2::int, lease_token = '', due_at = $3::timestamptz, ready_at = $3::timestamptz,
     finished_at = NULL, cancel_requested = false, updated_at = $3::timestamptz,
     version = $4::text, contract_version = $5::int, timeout_ms = $6::bigint, policy_preset = $7::text,
     policy_max_attempts = $8::int, initial_delay_ms = $9::bigint, multiplier = $10::float8,

@@ -1,0 +1,111 @@
+package jobs_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/jobs"
+)
+
+// The sweeper's requeue of a long-lapsed lease (sqlRequeueLapsed) and what
+// the old token may do after it. Not parallel: the sweeps are global and
+// these clocks move minutes past other tests' lapses.
+
+// limitedRequeued claims a job on an endpoint with a concurrency limit,
+// lets its lease lapse past RequeueLapsedAfter and sweeps: the job is
+// requeued, and the stalled attempt's claim is returned.
+func (b *bundle) limitedRequeued(t *testing.T) (jobs.EnqueueResult, jobs.ClaimedJob) {
+	t.Helper()
+	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "mailer",
+		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](2)}})
+	require.NoError(t, err)
+	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000)})
+	stale := b.claimOne(t, b.register(t))
+	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second)
+	b.sweep(t)
+	require.Equal(t, "QUEUED", b.step(t, st.StepID).Status)
+	return st, stale
+}
+
+// Cancelled and replayed after the requeue, the job is a new attempt's:
+// the stalled attempt's heartbeat and report are superseded, as after any
+// replay (they took the replayed job back, and its report ended it).
+func TestRequeuedCancelledAndReplayedSupersedesTheOldToken(t *testing.T) {
+	b := setup(t)
+	st, stale := b.limitedRequeued(t)
+	_, err := b.svc.CancelStep(ctx, b.ws, st.StepID)
+	require.NoError(t, err)
+	_, err = b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+	require.NoError(t, err)
+
+	_, err = b.svc.Heartbeat(ctx, b.worker, stale.JobID, jobs.HeartbeatRequest{LeaseToken: stale.LeaseToken})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+	_, err = b.svc.Report(ctx, b.worker, stale.JobID, jobs.ReportRequest{LeaseToken: stale.LeaseToken, Status: "SUCCEEDED"})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+	require.Equal(t, "QUEUED", b.step(t, st.StepID).Status)
+}
+
+// A late report on the requeued job is recorded; the heartbeat that comes
+// after it (here, after a replay) does not reopen the reported attempt.
+func TestReviveNeverReopensAReportedAttempt(t *testing.T) {
+	b := setup(t)
+	st, stale := b.limitedRequeued(t)
+	require.Equal(t, "EXHAUSTED", b.fail(t, stale, &jobs.ReportError{Message: "bad input", Retryable: ptr(false)}).Status)
+	_, err := b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+	require.NoError(t, err)
+	_, err = b.svc.Heartbeat(ctx, b.worker, stale.JobID, jobs.HeartbeatRequest{LeaseToken: stale.LeaseToken})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+	xs := b.executions(t, stale.JobID)
+	require.Equal(t, "FAILED", *xs[0].Outcome, "the reported outcome stands")
+	require.True(t, xs[0].Reported)
+	// Repeating the report answers what was recorded.
+	r, err := b.svc.Report(ctx, b.worker, stale.JobID, jobs.ReportRequest{LeaseToken: stale.LeaseToken, Status: "FAILED",
+		Error: &jobs.ReportError{Message: "bad input", Retryable: ptr(false)}})
+	require.NoError(t, err)
+	require.Equal(t, "EXHAUSTED", r.Status)
+}
+
+// A late report that waits for the job's row while the requeue commits is
+// recorded: the requeue is read after the lock (it was read from the
+// report statement's earlier snapshot, and such reports were refused).
+func TestReportRacingTheRequeueIsRecorded(t *testing.T) {
+	b := setup(t)
+	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "mailer",
+		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](2)}})
+	require.NoError(t, err)
+	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000)})
+	stale := b.claimOne(t, b.register(t))
+
+	// The requeue's change to the job, held open while the report comes.
+	tx, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `UPDATE jobs SET status = 'QUEUED', lease_token = NULL, ready_at = lease_expires_at,
+		due_at = lease_expires_at WHERE id = $1`, stale.JobID)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `UPDATE job_executions SET outcome = 'FAILED', warning = $2, ended_at = now()
+		WHERE job_id = $1`, stale.JobID, jobs.LapseWarning)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `UPDATE job_endpoints SET running_count = running_count - 1 WHERE workspace_id = $1`, b.ws)
+	require.NoError(t, err)
+
+	type answer struct {
+		r   jobs.ReportResult
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		r, err := b.svc.Report(ctx, b.worker, stale.JobID, jobs.ReportRequest{LeaseToken: stale.LeaseToken, Status: "SUCCEEDED"})
+		got <- answer{r, err}
+	}()
+	time.Sleep(300 * time.Millisecond) // the report waits for the job's row
+	require.NoError(t, tx.Commit(ctx))
+	a := <-got
+	require.NoError(t, a.err)
+	require.Equal(t, "SUCCEEDED", a.r.Status)
+	require.Equal(t, "SUCCEEDED", b.step(t, st.StepID).Status)
+	require.Zero(t, b.count(t, `SELECT running_count FROM job_endpoints WHERE workspace_id = $1 AND name = 'mailer'`, b.ws))
+}
