@@ -1,6 +1,9 @@
 package jobs_test
 
 import (
+	"encoding/json"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -107,5 +110,49 @@ func TestReportRacingTheRequeueIsRecorded(t *testing.T) {
 	require.NoError(t, a.err)
 	require.Equal(t, "SUCCEEDED", a.r.Status)
 	require.Equal(t, "SUCCEEDED", b.step(t, st.StepID).Status)
+	require.Zero(t, b.count(t, `SELECT running_count FROM job_endpoints WHERE workspace_id = $1 AND name = 'mailer'`, b.ws))
+}
+
+// Late reports sent while the sweeper requeues their jobs are all recorded
+// (no newer claim exists for any), and the endpoint's count ends right.
+func TestLateReportsRacingTheSweeperAreAllRecorded(t *testing.T) {
+	b := setup(t)
+	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "mailer",
+		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](1000)}})
+	require.NoError(t, err)
+	runID := b.run(t)
+	const n = 200
+	for i := range n {
+		b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000),
+			Input: json.RawMessage(fmt.Sprint(i))})
+	}
+	w := b.register(t)
+	var held []jobs.ClaimedJob
+	for len(held) < n {
+		held = append(held, b.claim(t, w, 100)...)
+	}
+	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second)
+
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	wg.Go(func() { <-start; b.env.App.Sweeper.RunOnce(ctx) })
+	errs := make(chan error, n)
+	for i := range 16 {
+		wg.Go(func() {
+			<-start
+			for k := i; k < n; k += 16 {
+				_, err := b.svc.Report(ctx, b.worker, held[k].JobID,
+					jobs.ReportRequest{LeaseToken: held[k].LeaseToken, Status: "SUCCEEDED"})
+				errs <- err
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Equal(t, n, b.count(t, `SELECT count(*) FROM jobs WHERE run_id = $1 AND status = 'SUCCEEDED'`, runID))
 	require.Zero(t, b.count(t, `SELECT running_count FROM job_endpoints WHERE workspace_id = $1 AND name = 'mailer'`, b.ws))
 }
