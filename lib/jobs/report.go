@@ -133,14 +133,17 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, 
 			}
 		}
 	}
-	var reheld []string
+	var reheld, recorded []string
 	for _, row := range apply {
 		if row.reheld {
 			reheld = append(reheld, row.jobID)
 		}
+		if row.updateJob {
+			recorded = append(recorded, row.jobID)
+		}
 	}
 	if reheld != nil {
-		if _, err := tx.Exec(ctx, sqlReholdSlots, reheld); err != nil {
+		if _, err := tx.Exec(ctx, sqlReholdSlots, reheld, recorded); err != nil {
 			return nil, false, fmt.Errorf("report: rehold slots: %w", err)
 		}
 	}

@@ -156,3 +156,109 @@ func TestLateReportsRacingTheSweeperAreAllRecorded(t *testing.T) {
 	require.Equal(t, n, b.count(t, `SELECT count(*) FROM jobs WHERE run_id = $1 AND status = 'SUCCEEDED'`, runID))
 	require.Zero(t, b.count(t, `SELECT running_count FROM job_endpoints WHERE workspace_id = $1 AND name = 'mailer'`, b.ws))
 }
+
+// requeuedOn enqueues a job on endpoint ep, claims it, lapses it past
+// RequeueLapsedAfter and sweeps: the job is requeued; the stalled claim is
+// returned.
+func (b *bundle) requeuedOn(t *testing.T, runID, ep string, wid string) (jobs.EnqueueResult, jobs.ClaimedJob) {
+	t.Helper()
+	st := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(ep), TimeoutMs: ptr[int64](1_000),
+		Input: json.RawMessage(fmt.Sprint(time.Now().UnixNano()))})
+	c := b.claimOne(t, wid)
+	require.Equal(t, st.JobID, c.JobID)
+	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second)
+	b.sweep(t)
+	require.Equal(t, "QUEUED", b.step(t, st.StepID).Status)
+	return st, c
+}
+
+func (b *bundle) limitedEndpoint(t *testing.T, name string, max int64) jobs.Endpoint {
+	t.Helper()
+	e, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: name,
+		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](max)}})
+	require.NoError(t, err)
+	return e
+}
+
+// A batch carrying a late report on a requeued job takes its endpoints in
+// id order, as every batch and claim does: it locked the requeued job's
+// endpoint first, and against another batch one of them deadlocked (500).
+// The endpoint row held below only lines up the two batches' waits.
+func TestLateReportBatchesLockEndpointsInOrder(t *testing.T) {
+	b := setup(t, "send_email@1", "send_email@2")
+	e1, e2 := b.limitedEndpoint(t, "a", 10), b.limitedEndpoint(t, "b", 10)
+	lo, hi := e1, e2
+	if lo.ID > hi.ID {
+		lo, hi = hi, lo
+	}
+	runID := b.run(t)
+	w := b.register(t)
+	_, late := b.requeuedOn(t, runID, hi.Name, w) // requeued, on the higher endpoint
+	w2 := b.register(t, jobs.Tool{Name: "send_email", Version: "2"})
+	enq := func(ep string) jobs.ClaimedJob {
+		st := b.enqueue(t, runID, jobs.EnqueueRequest{Name: "send_email", Version: "2", Endpoint: ptr(ep),
+			Input: json.RawMessage(fmt.Sprint(time.Now().UnixNano()))})
+		c := b.claimOne(t, w2)
+		require.Equal(t, st.JobID, c.JobID)
+		return c
+	}
+	loA, loB, hiB := enq(lo.Name), enq(lo.Name), enq(hi.Name)
+
+	// A claim-like holder of the lower endpoint's row, only to order the
+	// two batches' waits (any claim on it holds it the same way).
+	x, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = x.Exec(ctx, `SELECT 1 FROM job_endpoints WHERE id = $1 FOR UPDATE`, lo.ID)
+	require.NoError(t, err)
+
+	item := func(c jobs.ClaimedJob) jobs.BatchReportItem {
+		return jobs.BatchReportItem{JobID: c.JobID, LeaseToken: c.LeaseToken, Status: "SUCCEEDED"}
+	}
+	errs := make(chan error, 2)
+	go func() { // normal reports on lo and hi: apply locks lo, then hi
+		_, err := b.svc.ReportBatch(ctx, b.worker, jobs.BatchReportRequest{Reports: []jobs.BatchReportItem{item(loB), item(hiB)}})
+		errs <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	go func() { // late report on hi (rehold locks hi) + normal report on lo
+		_, err := b.svc.ReportBatch(ctx, b.worker, jobs.BatchReportRequest{Reports: []jobs.BatchReportItem{item(late), item(loA)}})
+		errs <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	require.NoError(t, x.Commit(ctx))
+	e1r, e2r := <-errs, <-errs
+	require.NoError(t, e1r)
+	require.NoError(t, e2r)
+}
+
+// Two heartbeats with the same token on a requeued job (a client's retry):
+// one takes the job back and the other extends it; the second answered
+// lease_lost though the job was RUNNING under that very token.
+func TestConcurrentRevivesOfOneTokenBothSucceed(t *testing.T) {
+	b := setup(t)
+	b.limitedEndpoint(t, "mailer", 2)
+	runID := b.run(t)
+	w := b.register(t)
+	st, stale := b.requeuedOn(t, runID, "mailer", w)
+
+	x, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = x.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, stale.JobID)
+	require.NoError(t, err)
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := b.svc.Heartbeat(ctx, b.worker, stale.JobID, jobs.HeartbeatRequest{LeaseToken: stale.LeaseToken})
+			errs <- err
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	require.NoError(t, x.Rollback(ctx))
+	e1, e2 := <-errs, <-errs
+	require.Equal(t, "RUNNING", b.step(t, st.StepID).Status)
+	var tok string
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT lease_token FROM jobs WHERE id = $1`, stale.JobID).Scan(&tok))
+	require.Equal(t, stale.LeaseToken, tok, "the job is RUNNING under the heartbeat's token")
+	require.NoError(t, e1)
+	require.NoError(t, e2)
+}

@@ -196,13 +196,21 @@ ON CONFLICT DO NOTHING`
 // failLapsed follows a CTE upd of jobs a lapse just moved out of RUNNING
 // (id, attempt, endpoint_id): it fails their lapsed executions with the
 // warning ($4) and frees their endpoints' concurrency slots.
+// The endpoints are locked in id order first, the order claims and
+// recorded reports take them in (jobs_claim, jobs_report_apply): locked as
+// the update met them, a sweep over two endpoints could deadlock with them.
 const failLapsed = `), x AS (
     UPDATE job_executions x SET outcome = 'FAILED', warning = $4::text, ended_at = $1::timestamptz
     FROM upd WHERE x.job_id = upd.id AND x.attempt = upd.attempt AND x.outcome IS NULL
+), gated AS (
+    SELECT e.id FROM job_endpoints e
+    WHERE e.id IN (SELECT endpoint_id FROM upd) AND e.max_concurrent IS NOT NULL
+    ORDER BY e.id
+    FOR UPDATE
 ), e AS (
     UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - c.n)
     FROM (SELECT endpoint_id, count(*)::int AS n FROM upd GROUP BY endpoint_id) c
-    WHERE e.id = c.endpoint_id AND e.max_concurrent IS NOT NULL
+    WHERE e.id = c.endpoint_id AND e.id IN (SELECT id FROM gated)
 )`
 
 // sqlExhaustLapsed ends jobs whose lease lapsed on their last attempt; the
@@ -392,11 +400,20 @@ FROM jobs_report_lock($1::text[], $2::text, $3::text[]) l`
 // recording a report frees a concurrency slot for each job it ends
 // (jobs_report_apply), but the requeue freed theirs already, so it is taken
 // back first and the count nets out. Under the endpoints' shared gate lock,
-// which sqlReportLock took.
+// which sqlReportLock took. It locks, in id order, every endpoint the
+// recording will ($2: all the jobs it records), as jobs_report_apply then
+// does: locking only these first, out of that order, deadlocked with claims
+// and other reports.
 const sqlReholdSlots = `
+WITH gated AS (
+    SELECT e.id FROM job_endpoints e
+    WHERE e.id IN (SELECT endpoint_id FROM jobs WHERE id = ANY($2::text[])) AND e.max_concurrent IS NOT NULL
+    ORDER BY e.id
+    FOR UPDATE
+)
 UPDATE job_endpoints e SET running_count = e.running_count + c.n
 FROM (SELECT endpoint_id, count(*)::int AS n FROM jobs WHERE id = ANY($1::text[]) GROUP BY endpoint_id) c
-WHERE e.id = c.endpoint_id AND e.max_concurrent IS NOT NULL`
+WHERE e.id = c.endpoint_id AND e.id IN (SELECT id FROM gated)`
 
 // sqlExecutionByToken reads the execution a lease token names, as
 // jobs_report_lock does. $1 job, $2 token.

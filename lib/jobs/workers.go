@@ -260,6 +260,13 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 		// went to another job and the worker should stop.
 		err := s.pool.QueryRow(ctx, sqlReviveRequeued, jobID, p.WorkspaceID, req.LeaseToken, s.now(),
 			s.leaseGrace.Milliseconds()).Scan(&out.LeaseExpiresAt, &out.CancelRequested)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// No room, or another heartbeat with this token (a client's
+			// retry) took the job back first: then it is this token's
+			// again, and an ordinary heartbeat extends it.
+			err = s.pool.QueryRow(ctx, sqlHeartbeat, jobID, p.WorkspaceID, req.LeaseToken, s.now(),
+				s.leaseGrace.Milliseconds(), p.Tools).Scan(&out.LeaseExpiresAt, &out.CancelRequested)
+		}
 		switch {
 		case err == nil:
 			out.LeaseExpiresAt = utc(out.LeaseExpiresAt)
