@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jobs"
 )
@@ -473,5 +474,50 @@ func TestRunningCountHoldsUnderRequeueRaces(t *testing.T) {
 		}
 		check(round)
 		b.clock.Add(time.Duration(round%4) * 3 * time.Minute)
+	}
+}
+
+// A report batch and a replay of one of its jobs, at the same moment, both
+// answer: the batch locks all its jobs before any run lock, so it never
+// holds the run's lock while waiting for a job the replay holds (the replay
+// waiting for that run's lock meanwhile: one of them failed, deadlocked).
+func TestBatchReportAndReplayDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "send_email@1", "send_email@2")
+	runID := b.run(t)
+	w1 := b.register(t)
+	w2 := b.register(t, jobs.Tool{Name: "send_email", Version: "2"})
+	for i := range 60 {
+		// Two jobs of one run, ids ascending: the first RUNNING, the second ended.
+		e1 := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprint(i))})
+		b.clock.Add(time.Millisecond)
+		e2 := b.enqueue(t, runID, jobs.EnqueueRequest{Name: "send_email", Version: "2", Input: json.RawMessage(fmt.Sprint(i))})
+		c2 := b.claimOne(t, w2)
+		b.fail(t, c2, &jobs.ReportError{Message: "no", Retryable: ptr(false)})
+		c1 := b.claimOne(t, w1)
+		require.Equal(t, e1.JobID, c1.JobID)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		var batchErr, replayErr error
+		wg.Go(func() {
+			<-start
+			_, batchErr = b.svc.ReportBatch(ctx, b.worker, jobs.BatchReportRequest{Reports: []jobs.BatchReportItem{
+				{JobID: c1.JobID, LeaseToken: c1.LeaseToken, Status: "SUCCEEDED"},
+				{JobID: c2.JobID, LeaseToken: c2.LeaseToken, Status: "FAILED",
+					Error: &jobs.ReportError{Message: "no", Retryable: ptr(false)}}}})
+		})
+		wg.Go(func() {
+			<-start
+			_, replayErr = b.svc.Replay(ctx, b.worker, e2.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+		})
+		close(start)
+		wg.Wait()
+		require.NoError(t, batchErr, "iteration %d", i)
+		if _, refused := apierr.As(replayErr); replayErr != nil && !refused {
+			t.Fatalf("iteration %d: replay: %v", i, replayErr)
+		}
+		if b.step(t, e2.StepID).Status == "QUEUED" { // replayed: end it again
+			b.fail(t, b.claimOne(t, w2), &jobs.ReportError{Message: "no", Retryable: ptr(false)})
+		}
 	}
 }

@@ -392,9 +392,23 @@ SELECT lease_expires_at, cancel_requested FROM j`
 // belongs to. The statement is jobs_report_lock (migration 0011); beside it,
 // for a key restricted to some tools ($4), each job's handler version, which
 // the key must be allowed to work (the name is in the function's answer).
+//
+// Every job's row is locked first (pre, in id order): the function takes a
+// job's run lock (shared) as it locks that job, so a batch would hold one
+// run's lock while waiting for its next job's row, which a replay of that
+// job holds while it waits for the same run's lock, exclusively — a
+// deadlock Postgres broke by failing one of them. The function then finds
+// the rows already locked. The lateral call's argument depends on pre's
+// count so that pre runs first.
 const sqlReportLock = `
+WITH pre AS (
+    SELECT j.id FROM jobs j WHERE j.id = ANY($1::text[]) AND j.workspace_id = $2::text
+    ORDER BY j.id
+    FOR UPDATE
+)
 SELECT l.*, CASE WHEN $4::boolean THEN (SELECT j.version FROM jobs j WHERE j.id = l.id) END
-FROM jobs_report_lock($1::text[], $2::text, $3::text[]) l`
+FROM (SELECT count(*) AS n FROM pre) p,
+     LATERAL jobs_report_lock(CASE WHEN p.n >= 0 THEN $1::text[] END, $2::text, $3::text[]) l`
 
 // sqlReholdSlots is for late reports on jobs the sweeper requeued ($1):
 // recording a report frees a concurrency slot for each job it ends
