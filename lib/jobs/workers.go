@@ -232,15 +232,9 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 	if req.LeaseToken == "" {
 		return HeartbeatResult{}, apierr.InvalidField("leaseToken", "is required")
 	}
-	var out HeartbeatResult
-	err := s.pool.QueryRow(ctx, sqlHeartbeat, jobID, p.WorkspaceID, req.LeaseToken, s.now(),
-		s.leaseGrace.Milliseconds(), p.Tools).Scan(&out.LeaseExpiresAt, &out.CancelRequested)
-	if err == nil {
-		out.LeaseExpiresAt = utc(out.LeaseExpiresAt)
-		return out, nil
-	}
+	out, err := s.extendLease(ctx, p, jobID, req.LeaseToken)
 	if !errors.Is(err, pgx.ErrNoRows) {
-		return out, fmt.Errorf("heartbeat: %w", err)
+		return out, err
 	}
 	var status, name, version string
 	var current, requeued bool
@@ -254,28 +248,7 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 	case !p.MayWorkTool(name, version):
 		return HeartbeatResult{}, p.RequireTools([2]string{name, version})
 	case requeued:
-		// Its lease lapsed long enough for the sweeper to requeue the job,
-		// but nothing claimed it since: the worker is still at work, so it
-		// gets the job back if the endpoint has room. Otherwise the slot
-		// went to another job and the worker should stop.
-		err := s.pool.QueryRow(ctx, sqlReviveRequeued, jobID, p.WorkspaceID, req.LeaseToken, s.now(),
-			s.leaseGrace.Milliseconds()).Scan(&out.LeaseExpiresAt, &out.CancelRequested)
-		if errors.Is(err, pgx.ErrNoRows) {
-			// No room, or another heartbeat with this token (a client's
-			// retry) took the job back first: then it is this token's
-			// again, and an ordinary heartbeat extends it.
-			err = s.pool.QueryRow(ctx, sqlHeartbeat, jobID, p.WorkspaceID, req.LeaseToken, s.now(),
-				s.leaseGrace.Milliseconds(), p.Tools).Scan(&out.LeaseExpiresAt, &out.CancelRequested)
-		}
-		switch {
-		case err == nil:
-			out.LeaseExpiresAt = utc(out.LeaseExpiresAt)
-			return out, nil
-		case errors.Is(err, pgx.ErrNoRows):
-			return HeartbeatResult{}, errLeaseLost()
-		default:
-			return HeartbeatResult{}, fmt.Errorf("heartbeat: revive: %w", err)
-		}
+		return s.revive(ctx, p, jobID, req.LeaseToken)
 	case !current:
 		return out, errLeaseLost()
 	case status == StatusCancelled:
@@ -283,6 +256,47 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 	default:
 		return out, apierr.InvalidState("The job already ended (%s).", status)
 	}
+}
+
+// extendLease extends a current lease (sqlHeartbeat); pgx.ErrNoRows when
+// the token holds no running job the key may work.
+func (s *Service) extendLease(ctx context.Context, p *auth.Principal, jobID, token string) (HeartbeatResult, error) {
+	var out HeartbeatResult
+	err := s.pool.QueryRow(ctx, sqlHeartbeat, jobID, p.WorkspaceID, token, s.now(),
+		s.leaseGrace.Milliseconds(), p.Tools).Scan(&out.LeaseExpiresAt, &out.CancelRequested)
+	switch {
+	case err == nil:
+		out.LeaseExpiresAt = utc(out.LeaseExpiresAt)
+		return out, nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return out, err
+	default:
+		return out, fmt.Errorf("heartbeat: %w", err)
+	}
+}
+
+// revive answers a heartbeat on a job the sweeper requeued, with nothing
+// claimed since: the worker is still at work, so it gets the job back if
+// the endpoint has room (sqlReviveRequeued); otherwise the slot went to
+// another job and the worker should stop. When another heartbeat with this
+// token (a client's retry) took it back first, it is this token's again and
+// an ordinary heartbeat extends it.
+func (s *Service) revive(ctx context.Context, p *auth.Principal, jobID, token string) (HeartbeatResult, error) {
+	var out HeartbeatResult
+	err := s.pool.QueryRow(ctx, sqlReviveRequeued, jobID, p.WorkspaceID, token, s.now(),
+		s.leaseGrace.Milliseconds()).Scan(&out.LeaseExpiresAt, &out.CancelRequested)
+	switch {
+	case err == nil:
+		out.LeaseExpiresAt = utc(out.LeaseExpiresAt)
+		return out, nil
+	case !errors.Is(err, pgx.ErrNoRows):
+		return HeartbeatResult{}, fmt.Errorf("heartbeat: revive: %w", err)
+	}
+	out, err = s.extendLease(ctx, p, jobID, token)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return HeartbeatResult{}, errLeaseLost()
+	}
+	return out, err
 }
 
 func errLeaseLost() error {
