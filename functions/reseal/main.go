@@ -65,24 +65,33 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	rep, err := run(ctx, Event{Check: *check})
+	os.Exit(answer(os.Stdout, os.Stderr, rep, err, *check, *asJSON))
+}
+
+// answer prints a run's report and returns the exit status: 0 when nothing
+// is sealed with a key other than the current one, 1 on an error (an
+// interrupted run's partial report is printed first), 2 when something
+// still is.
+func answer(stdout, stderr io.Writer, rep reseal.Report, err error, check, asJSON bool) int {
 	if err != nil && !errors.Is(err, context.Canceled) {
-		fmt.Fprintln(os.Stderr, "reseal:", err)
-		os.Exit(1)
+		fmt.Fprintln(stderr, "reseal:", err)
+		return 1
 	}
-	if *asJSON {
-		enc := json.NewEncoder(os.Stdout)
+	if asJSON {
+		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(rep)
 	} else {
-		printReport(os.Stdout, rep, *check)
+		printReport(stdout, rep, check)
 	}
 	switch {
 	case err != nil:
-		fmt.Fprintln(os.Stderr, "reseal: interrupted; run it again to continue")
-		os.Exit(1)
+		fmt.Fprintln(stderr, "reseal: interrupted; run it again to continue")
+		return 1
 	case !rep.Complete:
-		os.Exit(2)
+		return 2
 	}
+	return 0
 }
 
 func printReport(w io.Writer, rep reseal.Report, check bool) {

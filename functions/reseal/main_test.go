@@ -1,0 +1,65 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
+	"github.com/getratchet/ratchet/lib/reseal"
+)
+
+func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
+
+func key(b byte) string { return base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{b}, 32)) }
+
+// The command as an operator runs it after a rotation: -check says the old
+// key is still in use (exit 2), a run re-seals (exit 0), and -check agrees.
+func TestRotationCommand(t *testing.T) {
+	old := key(5)
+	env := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.ResultEncryptionKey = old }))
+	ws := env.Signup()
+	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": "https://example.com/hook", "events": []string{"run.finished"}})
+
+	t.Setenv("DATABASE_URL", apitest.DatabaseURL(t))
+	t.Setenv("KEY_HASH_SECRET", "reseal-test-secret-0123456789")
+	t.Setenv("RESULT_ENCRYPTION_KEY", key(6))
+	t.Setenv("RESULT_ENCRYPTION_KEYS", old)
+	ctx := context.Background()
+	do := func(check, asJSON bool) (int, string) {
+		rep, err := run(ctx, Event{Check: check})
+		var out, errOut bytes.Buffer
+		code := answer(&out, &errOut, rep, err, check, asJSON)
+		return code, out.String() + errOut.String()
+	}
+
+	code, out := do(true, false)
+	require.Equal(t, 2, code, out)
+	require.Contains(t, out, "run reseal before removing older keys")
+	code, out = do(false, true)
+	require.Equal(t, 0, code, out)
+	var rep reseal.Report
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	require.True(t, rep.Complete)
+	code, out = do(true, false)
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "older keys can be removed")
+
+	// A bad setting stops it with one line; an interrupted run says so.
+	t.Setenv("RESULT_ENCRYPTION_KEYS", "nope")
+	code, out = do(false, false)
+	require.Equal(t, 1, code)
+	require.True(t, strings.HasPrefix(out, "reseal: config: RESULT_ENCRYPTION_KEYS"), out)
+	var errOut bytes.Buffer
+	require.Equal(t, 1, answer(&bytes.Buffer{}, &errOut, reseal.Report{}, context.Canceled, false, false))
+	require.Contains(t, errOut.String(), "interrupted")
+}
