@@ -403,7 +403,7 @@ func TestConformanceJobShapes(t *testing.T) {
 
 	health := e.Must(http.StatusOK, "GET", "/api/v1/queue/health", e.ingest, nil).JSON()
 	requireFields(t, "queue health", first(t, health), "name", "version", "queued", "oldestQueuedAgeSeconds",
-		"workersSeen", "message")
+		"workersSeen", "openCircuitEndpoints", "pausedEndpoints", "message")
 
 	unlisted := e.Must(http.StatusForbidden, "POST", "/api/v1/workers/register", e.worker,
 		map[string]any{"tools": []any{map[string]any{"name": "other", "version": "2"}}})
@@ -454,10 +454,14 @@ func TestConformanceJobShapes(t *testing.T) {
 		contractFields...)
 
 	endpointFields := []string{"id", "name", "version", "policyPreset", "retryPolicy", "maxAttempts",
-		"defaultTimeoutMs", "maxConcurrent", "rateLimitPerMinute", "paused", "circuit"}
+		"defaultTimeoutMs", "maxConcurrent", "rateLimitPerMinute", "paused", "circuitFailureThreshold",
+		"circuitCooldownMs", "circuit"}
 	created := e.Must(http.StatusCreated, "POST", "/api/v1/endpoints", op, map[string]any{"name": "billing"}).JSON()
 	requireFields(t, "endpoint", created, endpointFields...)
-	require.Equal(t, map[string]any{"state": "closed", "openedAt": nil}, created["circuit"])
+	require.Equal(t, map[string]any{"state": "closed", "openedAt": nil, "probeAt": nil, "consecutiveFailures": float64(0)},
+		created["circuit"])
+	require.Nil(t, created["circuitFailureThreshold"], "the breaker is off until a threshold is set")
+	require.Equal(t, float64(60000), created["circuitCooldownMs"])
 	again := e.Must(http.StatusOK, "POST", "/api/v1/endpoints", op, map[string]any{"name": "billing", "preset": "RELAXED"}).JSON()
 	require.Equal(t, created, again, "an existing name answers 200 unchanged")
 	epID := created["id"].(string)
@@ -469,6 +473,14 @@ func TestConformanceJobShapes(t *testing.T) {
 		map[string]any{"expectedVersion": created["version"], "preset": "RELAXED"}).JSON()
 	requireFields(t, "put endpoint", rel, endpointFields...)
 	require.Equal(t, "RELAXED", rel["policyPreset"])
+	badCircuit := e.Must(http.StatusBadRequest, "PUT", "/api/v1/endpoints/"+epID+"/policy", op,
+		map[string]any{"expectedVersion": rel["version"], "circuitFailureThreshold": 0, "circuitCooldownMs": 500})
+	require.Contains(t, string(badCircuit.Body), `"field":"circuitFailureThreshold"`)
+	require.Contains(t, string(badCircuit.Body), `"field":"circuitCooldownMs"`)
+	breaker := e.Must(http.StatusOK, "PUT", "/api/v1/endpoints/"+epID+"/policy", op,
+		map[string]any{"expectedVersion": rel["version"], "circuitFailureThreshold": 5, "circuitCooldownMs": 30000}).JSON()
+	require.Equal(t, float64(5), breaker["circuitFailureThreshold"])
+	require.Equal(t, float64(30000), breaker["circuitCooldownMs"])
 	paused := e.Must(http.StatusOK, "POST", "/api/v1/endpoints/"+epID+"/pause", op, nil).JSON()
 	require.Equal(t, true, paused["paused"])
 	closed := e.Must(http.StatusOK, "POST", "/api/v1/endpoints/"+epID+"/circuit/close", op, nil).JSON()
@@ -476,15 +488,19 @@ func TestConformanceJobShapes(t *testing.T) {
 	require.Equal(t, "closed", closed["circuit"].(map[string]any)["state"])
 	require.Equal(t, paused, closed, "closing a closed circuit answers the endpoint unchanged")
 	require.Equal(t, false, e.Must(http.StatusOK, "POST", "/api/v1/endpoints/"+epID+"/resume", op, nil).JSON()["paused"])
-	// Nothing opens an endpoint breaker yet; when one is open, close clears it.
-	_, err := e.App.Pool.Exec(context.Background(),
-		`UPDATE job_endpoints SET circuit_state = 'open', circuit_opened_at = now() WHERE id = $1::text`, epID)
+	// An open circuit's shape (lib/jobs opens them by reported failures), and close clears it.
+	_, err := e.App.Pool.Exec(context.Background(), `UPDATE job_endpoints SET circuit_state = 'open',
+		circuit_opened_at = now(), circuit_probe_at = now() + interval '30 seconds', circuit_failures = 5
+		WHERE id = $1::text`, epID)
 	require.NoError(t, err)
 	open := e.Must(http.StatusOK, "GET", "/api/v1/endpoints/"+epID+"/policy", op, nil).JSON()
 	require.Equal(t, "open", open["circuit"].(map[string]any)["state"])
 	require.NotNil(t, open["circuit"].(map[string]any)["openedAt"])
+	require.NotNil(t, open["circuit"].(map[string]any)["probeAt"])
+	require.Equal(t, float64(5), open["circuit"].(map[string]any)["consecutiveFailures"])
 	reclosed := e.Must(http.StatusOK, "POST", "/api/v1/endpoints/"+epID+"/circuit/close", op, nil).JSON()
-	require.Equal(t, map[string]any{"state": "closed", "openedAt": nil}, reclosed["circuit"])
+	require.Equal(t, map[string]any{"state": "closed", "openedAt": nil, "probeAt": nil, "consecutiveFailures": float64(0)},
+		reclosed["circuit"])
 
 	e.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/finish", e.ingest, nil)
 	require.Equal(t, true, e.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/steps", e.ingest, enqueue).JSON()["deduplicated"])

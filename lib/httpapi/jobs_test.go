@@ -401,6 +401,21 @@ func TestQueueHealthSaysWhenNoWorkerServesAVersion(t *testing.T) {
 	require.Nil(t, h.Data[0].Message)
 	require.Equal(t, 2, h.Data[0].Queued, "v1: the lapsed job and the new one")
 	require.Equal(t, 50, h.Data[0].OldestQueuedAgeSeconds)
+
+	// A paused endpoint holds the queue too, and says so.
+	var eps struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	e.Must(http.StatusOK, "GET", "/api/v1/endpoints", e.ws.Key, nil).Decode(t, &eps)
+	require.Len(t, eps.Data, 1)
+	e.Must(http.StatusOK, "POST", "/api/v1/endpoints/"+eps.Data[0].ID+"/pause", e.ws.Key, nil)
+	held := e.Must(http.StatusOK, "GET", "/api/v1/queue/health", e.ws.Key, nil).JSON()
+	v1held := held["data"].([]any)[0].(map[string]any)
+	require.Equal(t, []any{"send_email"}, v1held["pausedEndpoints"])
+	require.Equal(t, []any{}, v1held["openCircuitEndpoints"])
+	require.Contains(t, v1held["message"], "Endpoint send_email is paused")
 }
 
 // Queue health pages like every list: limit rows in name@version order, and

@@ -30,29 +30,48 @@ type Endpoint struct {
 	MaxConcurrent      *int         `json:"maxConcurrent"`
 	RateLimitPerMinute *int         `json:"rateLimitPerMinute"`
 	Paused             bool         `json:"paused"`
-	Circuit            Circuit      `json:"circuit"`
-	CreatedAt          time.Time    `json:"createdAt"`
-	UpdatedAt          time.Time    `json:"updatedAt"`
+	// CircuitFailureThreshold consecutive retryable failures open the
+	// circuit (null: the breaker is off); CircuitCooldownMs later one claim
+	// may lease a probe.
+	CircuitFailureThreshold *int      `json:"circuitFailureThreshold"`
+	CircuitCooldownMs       int64     `json:"circuitCooldownMs"`
+	Circuit                 Circuit   `json:"circuit"`
+	CreatedAt               time.Time `json:"createdAt"`
+	UpdatedAt               time.Time `json:"updatedAt"`
 
 	policy RetryPolicy
 }
 
-// Circuit is the endpoint's breaker state.
+// Circuit is the endpoint's breaker state (migration 0018): closed, or open
+// since OpenedAt, when claims skip the endpoint's jobs but for one probe
+// lease at ProbeAt. ConsecutiveFailures counts retryable failures since the
+// endpoint's last success.
 type Circuit struct {
-	State    string     `json:"state"`
-	OpenedAt *time.Time `json:"openedAt"`
+	State               string     `json:"state"`
+	OpenedAt            *time.Time `json:"openedAt"`
+	ProbeAt             *time.Time `json:"probeAt"`
+	ConsecutiveFailures int        `json:"consecutiveFailures"`
 }
+
+// Circuit states.
+const (
+	CircuitClosed = "closed"
+	CircuitOpen   = "open"
+)
 
 // endpointPolicy is everything a policy PUT can change.
 type endpointPolicy struct {
 	RetryPolicy
-	DefaultTimeoutMs   int64
-	MaxConcurrent      *int
-	RateLimitPerMinute *int
+	DefaultTimeoutMs        int64
+	MaxConcurrent           *int
+	RateLimitPerMinute      *int
+	CircuitFailureThreshold *int
+	CircuitCooldownMs       int64
 }
 
 func defaultEndpointPolicy() endpointPolicy {
-	return endpointPolicy{RetryPolicy: Presets[PresetStandard], DefaultTimeoutMs: DefaultTimeoutMs}
+	return endpointPolicy{RetryPolicy: Presets[PresetStandard], DefaultTimeoutMs: DefaultTimeoutMs,
+		CircuitCooldownMs: DefaultCircuitCooldownMs}
 }
 
 // PolicyFields are the policy fields shared by POST /endpoints and PUT …/policy.
@@ -67,6 +86,9 @@ type PolicyFields struct {
 	DefaultTimeoutMs   jsonx.Optional[int64]   `json:"defaultTimeoutMs"`
 	MaxConcurrent      jsonx.Optional[int64]   `json:"maxConcurrent"`
 	RateLimitPerMinute jsonx.Optional[int64]   `json:"rateLimitPerMinute"`
+	// null turns the breaker off, closing an open circuit.
+	CircuitFailureThreshold jsonx.Optional[int64] `json:"circuitFailureThreshold"`
+	CircuitCooldownMs       jsonx.Optional[int64] `json:"circuitCooldownMs"`
 }
 
 // UpdatePolicyRequest is the body of PUT /api/v1/endpoints/{id}/policy.
@@ -172,6 +194,14 @@ func (f PolicyFields) merge(cur endpointPolicy, p *apierr.Problems) endpointPoli
 	}
 	out.MaxConcurrent = nullableInt(p, "maxConcurrent", f.MaxConcurrent, 1, MaxConcurrentMax, cur.MaxConcurrent)
 	out.RateLimitPerMinute = nullableInt(p, "rateLimitPerMinute", f.RateLimitPerMinute, 1, RateLimitMax, cur.RateLimitPerMinute)
+	out.CircuitFailureThreshold = nullableInt(p, "circuitFailureThreshold", f.CircuitFailureThreshold, 1,
+		CircuitThresholdMax, cur.CircuitFailureThreshold)
+	if notNull("circuitCooldownMs", f.CircuitCooldownMs.Set, f.CircuitCooldownMs.Null) {
+		out.CircuitCooldownMs = f.CircuitCooldownMs.Value
+		if out.CircuitCooldownMs < MinCircuitCooldownMs || out.CircuitCooldownMs > MaxDelayLimitMs {
+			p.Add("circuitCooldownMs", "must be an integer from 1000 to 86400000 (milliseconds)")
+		}
+	}
 	return out
 }
 
@@ -195,14 +225,18 @@ func validEndpointName(name string) bool {
 
 func scanEndpoint(row pgx.Row) (Endpoint, error) {
 	var e Endpoint
-	var mc, rl *int32
+	var mc, rl, ct *int32
+	var failures int32
 	err := row.Scan(&e.ID, &e.Name, &e.Version, &e.policy.Preset, &e.policy.MaxAttempts, &e.policy.InitialDelayMs,
 		&e.policy.Multiplier, &e.policy.MaxDelayMs, &e.policy.JitterPercent, &e.DefaultTimeoutMs, &mc, &rl,
-		&e.Paused, &e.Circuit.State, &e.Circuit.OpenedAt, &e.CreatedAt, &e.UpdatedAt)
+		&e.Paused, &e.Circuit.State, &e.Circuit.OpenedAt, &e.CreatedAt, &e.UpdatedAt, &ct, &e.CircuitCooldownMs,
+		&failures, &e.Circuit.ProbeAt)
 	if err != nil {
 		return e, err
 	}
-	e.MaxConcurrent, e.RateLimitPerMinute = intPtr(mc), intPtr(rl)
+	e.MaxConcurrent, e.RateLimitPerMinute, e.CircuitFailureThreshold = intPtr(mc), intPtr(rl), intPtr(ct)
+	e.Circuit.ConsecutiveFailures = int(failures)
+	e.Circuit.OpenedAt, e.Circuit.ProbeAt = utc(e.Circuit.OpenedAt), utc(e.Circuit.ProbeAt)
 	e.PolicyPreset = e.policy.Preset
 	e.MaxAttempts = e.policy.MaxAttempts
 	if e.policy.Preset == PresetCustom {
@@ -222,7 +256,8 @@ func intPtr(v *int32) *int {
 
 func (e Endpoint) current() endpointPolicy {
 	return endpointPolicy{RetryPolicy: e.policy, DefaultTimeoutMs: e.DefaultTimeoutMs,
-		MaxConcurrent: e.MaxConcurrent, RateLimitPerMinute: e.RateLimitPerMinute}
+		MaxConcurrent: e.MaxConcurrent, RateLimitPerMinute: e.RateLimitPerMinute,
+		CircuitFailureThreshold: e.CircuitFailureThreshold, CircuitCooldownMs: e.CircuitCooldownMs}
 }
 
 // CreateEndpoint creates an endpoint ahead of its first job. An existing name
@@ -255,7 +290,8 @@ func (s *Service) CreateEndpoint(ctx context.Context, workspaceID string, req Cr
 
 func policyArgs(id, workspaceID, name string, pol endpointPolicy, now time.Time) []any {
 	return []any{id, workspaceID, name, pol.Preset, pol.MaxAttempts, pol.InitialDelayMs, pol.Multiplier,
-		pol.MaxDelayMs, pol.JitterPercent, pol.DefaultTimeoutMs, pol.MaxConcurrent, pol.RateLimitPerMinute, now}
+		pol.MaxDelayMs, pol.JitterPercent, pol.DefaultTimeoutMs, pol.MaxConcurrent, pol.RateLimitPerMinute, now,
+		pol.CircuitFailureThreshold, pol.CircuitCooldownMs}
 }
 
 func (s *Service) endpointByName(ctx context.Context, q querier, workspaceID, name string) (Endpoint, error) {
@@ -324,12 +360,18 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 		}
 		e, err = scanEndpoint(tx.QueryRow(ctx, sqlUpdatePolicy, id, workspaceID, pol.Preset, pol.MaxAttempts,
 			pol.InitialDelayMs, pol.Multiplier, pol.MaxDelayMs, pol.JitterPercent, pol.DefaultTimeoutMs,
-			pol.MaxConcurrent, pol.RateLimitPerMinute, s.now(), req.ExpectedVersion.Value))
+			pol.MaxConcurrent, pol.RateLimitPerMinute, s.now(), req.ExpectedVersion.Value,
+			pol.CircuitFailureThreshold, pol.CircuitCooldownMs))
 		if err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, sqlRecountRunning, id); err != nil {
 			return fmt.Errorf("recount running: %w", err)
+		}
+		if cur.Circuit.State == CircuitOpen && e.Circuit.State == CircuitClosed && cur.Circuit.OpenedAt != nil {
+			// The breaker was turned off (null circuitFailureThreshold).
+			return s.recordEvents(ctx, tx, []event{closedEvent(workspaceID, e.ID, e.Name, *cur.Circuit.OpenedAt,
+				s.now(), "policy")})
 		}
 		return nil
 	})
@@ -343,17 +385,10 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("update endpoint policy: %w", err)
 	}
-	return e, nil
-}
-
-// CloseCircuit closes the endpoint's circuit breaker (API.md §3.2). Closing a
-// closed circuit is not an error: it answers the endpoint as it is.
-func (s *Service) CloseCircuit(ctx context.Context, workspaceID, id string) (Endpoint, error) {
-	e, err := scanEndpoint(s.pool.QueryRow(ctx, sqlCloseCircuit, workspaceID, id, s.now()))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Endpoint{}, apierr.NotFound("endpoint")
+	if cur.Circuit.State == CircuitOpen && e.Circuit.State == CircuitClosed {
+		s.wake.wakeAll(workspaceID)
 	}
-	return e, err
+	return e, nil
 }
 
 // SetPaused pauses or resumes an endpoint. A paused endpoint accepts jobs but

@@ -17,12 +17,16 @@ const workerSeenWindow = 2 * time.Minute
 
 // QueueHealth is one exact name@version with queued work.
 type QueueHealth struct {
-	Name                   string  `json:"name"`
-	Version                string  `json:"version"`
-	Queued                 int64   `json:"queued"`
-	OldestQueuedAgeSeconds int64   `json:"oldestQueuedAgeSeconds"`
-	WorkersSeen            int64   `json:"workersSeen"`
-	Message                *string `json:"message"`
+	Name                   string `json:"name"`
+	Version                string `json:"version"`
+	Queued                 int64  `json:"queued"`
+	OldestQueuedAgeSeconds int64  `json:"oldestQueuedAgeSeconds"`
+	WorkersSeen            int64  `json:"workersSeen"`
+	// The endpoints of its queued jobs that hold them: circuit open, paused.
+	OpenCircuitEndpoints []string `json:"openCircuitEndpoints"`
+	PausedEndpoints      []string `json:"pausedEndpoints"`
+	// Message says plainly what holds the queue, when something does.
+	Message *string `json:"message"`
 }
 
 // HealthCursor is the cursor of the page that follows h.
@@ -48,18 +52,14 @@ func (s *Service) QueueHealth(ctx context.Context, workspaceID, cursor string, l
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (QueueHealth, error) {
 		var h QueueHealth
 		var oldest *time.Time
-		if err := r.Scan(&h.Name, &h.Version, &h.Queued, &oldest, &h.WorkersSeen); err != nil {
+		if err := r.Scan(&h.Name, &h.Version, &h.Queued, &oldest, &h.WorkersSeen, &h.OpenCircuitEndpoints,
+			&h.PausedEndpoints); err != nil {
 			return h, err
 		}
 		if oldest != nil {
 			h.OldestQueuedAgeSeconds = int64(now.Sub(*oldest).Seconds())
 		}
-		if h.WorkersSeen == 0 {
-			m := fmt.Sprintf("No worker serving %s@%s has polled in the last %d minutes; %d job(s) are waiting. "+
-				"Start a worker whose WORKER key lists %s@%s and that registers exactly that version.",
-				h.Name, h.Version, int(workerSeenWindow.Minutes()), h.Queued, h.Name, h.Version)
-			h.Message = &m
-		}
+		h.Message = h.explain()
 		return h, nil
 	})
 	if err != nil {
@@ -69,4 +69,30 @@ func (s *Service) QueueHealth(ctx context.Context, workspaceID, cursor string, l
 		out = []QueueHealth{}
 	}
 	return out, nil
+}
+
+// explain says what holds h's queue, in seed 000's runbook order: no worker
+// serving the exact version, an open circuit, a pause. nil when nothing
+// does.
+func (h QueueHealth) explain() *string {
+	var parts []string
+	if h.WorkersSeen == 0 {
+		parts = append(parts, fmt.Sprintf("No worker serving %s@%s has polled in the last %d minutes; %d job(s) are "+
+			"waiting. Start a worker whose WORKER key lists %s@%s and that registers exactly that version.",
+			h.Name, h.Version, int(workerSeenWindow.Minutes()), h.Queued, h.Name, h.Version))
+	}
+	if len(h.OpenCircuitEndpoints) > 0 {
+		parts = append(parts, fmt.Sprintf("The circuit of endpoint %s is open: its jobs wait for one probe per "+
+			"cooldown. Inspect recent attempts and the external service before closing it.",
+			strings.Join(h.OpenCircuitEndpoints, ", ")))
+	}
+	if len(h.PausedEndpoints) > 0 {
+		parts = append(parts, fmt.Sprintf("Endpoint %s is paused: its jobs are held, consuming no attempts, "+
+			"until it is resumed.", strings.Join(h.PausedEndpoints, ", ")))
+	}
+	if parts == nil {
+		return nil
+	}
+	m := strings.Join(parts, " ")
+	return &m
 }

@@ -16,21 +16,25 @@ const (
 
 // Policy limits (API.md §3.2 and §5).
 const (
-	MinAttempts       = 1
-	MaxAttemptsLimit  = 10
-	MaxDelayLimitMs   = 86_400_000 // the final delay is never more than 24 h
-	MinRetryAfterMs   = 1_000
-	MaxRetryAfterMs   = 86_400_000
-	MinTimeoutMs      = 1_000
-	MaxTimeoutMs      = 86_400_000
-	DefaultTimeoutMs  = 30_000
-	MaxMultiplier     = 10
-	MaxJitterPercent  = 100
-	MaxConcurrentMax  = 1000
-	RateLimitMax      = 100_000
-	maxDelayDuration  = time.Duration(MaxDelayLimitMs) * time.Millisecond
-	defaultJitterPct  = 20
-	defaultMultiplier = 2
+	MinAttempts      = 1
+	MaxAttemptsLimit = 10
+	MaxDelayLimitMs  = 86_400_000 // the final delay is never more than 24 h
+	MinRetryAfterMs  = 1_000
+	MaxRetryAfterMs  = 86_400_000
+	MinTimeoutMs     = 1_000
+	MaxTimeoutMs     = 86_400_000
+	DefaultTimeoutMs = 30_000
+	MaxMultiplier    = 10
+	MaxJitterPercent = 100
+	MaxConcurrentMax = 1000
+	RateLimitMax     = 100_000
+	// The endpoint circuit breaker (migration 0018).
+	CircuitThresholdMax      = 1000
+	MinCircuitCooldownMs     = 1_000
+	DefaultCircuitCooldownMs = 60_000
+	maxDelayDuration         = time.Duration(MaxDelayLimitMs) * time.Millisecond
+	defaultJitterPct         = 20
+	defaultMultiplier        = 2
 )
 
 // RetryPolicy is a complete retry schedule. For built-in presets it is the

@@ -55,6 +55,8 @@ type lockedJob struct {
 	contractVersion       *int32
 	xRejected             bool
 	workspaceID, jobID    string
+	endpointID            string
+	circuitHint           bool // the endpoint's breaker is on or its circuit open (see sqlReportLock)
 }
 
 // applyRow is one report to record: the execution's outcome and, when
@@ -81,8 +83,8 @@ type applyRow struct {
 // answers each in its slot. A report refused for its own reason
 // (lease_lost, invalid_state, not_found) does not affect the others; any
 // other error aborts the transaction. released says whether a step with
-// dependents ended, which may have queued them: once tx commits, parked
-// claims are worth waking.
+// dependents ended, which may have queued them, or a circuit closed: once
+// tx commits, parked claims are worth waking.
 func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, items []reportItem) (
 	out []reportOutcome, released bool, err error) {
 	workspaceID := p.WorkspaceID
@@ -142,6 +144,11 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, 
 			recorded = append(recorded, row.jobID)
 		}
 	}
+	// First of the statements that lock endpoint rows (see recordCircuits).
+	circuitClosed, err := s.recordCircuits(ctx, tx, workspaceID, tallyCircuits(apply, locked), recorded, now)
+	if err != nil {
+		return nil, false, err
+	}
 	if reheld != nil {
 		if _, err := tx.Exec(ctx, sqlReholdSlots, reheld, recorded); err != nil {
 			return nil, false, fmt.Errorf("report: rehold slots: %w", err)
@@ -168,7 +175,7 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, 
 			}
 		}
 	}
-	return out, dependents, nil
+	return out, dependents || circuitClosed, nil
 }
 
 // lockForReport locks the items' jobs in id order and reads them with the
@@ -190,9 +197,9 @@ func (s *Service) lockForReport(ctx context.Context, tx pgx.Tx, p *auth.Principa
 	for rows.Next() {
 		j := &lockedJob{workspaceID: workspaceID}
 		if err := rows.Scan(nil, &j.runLocked, &j.dependents, &j.status, &j.attempt, &j.pol.MaxAttempts, &j.stepID,
-			&j.runID, nil, &j.pol.Preset, &j.pol.InitialDelayMs, &j.pol.Multiplier, &j.pol.MaxDelayMs,
+			&j.runID, &j.endpointID, &j.pol.Preset, &j.pol.InitialDelayMs, &j.pol.Multiplier, &j.pol.MaxDelayMs,
 			&j.pol.JitterPercent, &j.requested, &j.xAttempt, &j.xOutcome, &j.xReported, &j.xResult, &j.xNext,
-			&j.name, &j.contractVersion, &j.xRejected, &j.jobID, &j.version); err != nil {
+			&j.name, &j.contractVersion, &j.xRejected, &j.jobID, &j.version, &j.circuitHint); err != nil {
 			return nil, fmt.Errorf("report lock: %w", err)
 		}
 		locked[j.jobID] = j

@@ -21,13 +21,15 @@ package jobs
 
 const endpointColumns = `id, name, version, preset, max_attempts, initial_delay_ms, multiplier, max_delay_ms,
 	jitter_percent, default_timeout_ms, max_concurrent, rate_limit_per_minute, paused, circuit_state,
-	circuit_opened_at, created_at, updated_at`
+	circuit_opened_at, created_at, updated_at, circuit_failure_threshold, circuit_cooldown_ms, circuit_failures,
+	circuit_probe_at`
 
 const sqlInsertEndpoint = `
 INSERT INTO job_endpoints (id, workspace_id, name, preset, max_attempts, initial_delay_ms, multiplier, max_delay_ms,
-                           jitter_percent, default_timeout_ms, max_concurrent, rate_limit_per_minute, created_at, updated_at)
+                           jitter_percent, default_timeout_ms, max_concurrent, rate_limit_per_minute, created_at, updated_at,
+                           circuit_failure_threshold, circuit_cooldown_ms)
 VALUES ($1::text, $2::text, $3::text, $4::text, $5::int, $6::bigint, $7::float8, $8::bigint, $9::float8, $10::bigint,
-        $11::int, $12::int, $13::timestamptz, $13::timestamptz)
+        $11::int, $12::int, $13::timestamptz, $13::timestamptz, $14::int, $15::bigint)
 ON CONFLICT (workspace_id, name) DO NOTHING
 RETURNING ` + endpointColumns
 
@@ -39,11 +41,17 @@ const sqlListEndpoints = `SELECT ` + endpointColumns + ` FROM job_endpoints
 WHERE workspace_id = $1::text AND id > $2::text ORDER BY id LIMIT $3::int`
 
 // sqlUpdatePolicy is an optimistic write: it changes nothing unless the
-// version is still the expected one ($13).
+// version is still the expected one ($13). Turning the breaker off ($14
+// NULL) closes its circuit and forgets its count.
 const sqlUpdatePolicy = `
 UPDATE job_endpoints SET preset = $3::text, max_attempts = $4::int, initial_delay_ms = $5::bigint,
     multiplier = $6::float8, max_delay_ms = $7::bigint, jitter_percent = $8::float8, default_timeout_ms = $9::bigint,
-    max_concurrent = $10::int, rate_limit_per_minute = $11::int, updated_at = $12::timestamptz, version = version + 1
+    max_concurrent = $10::int, rate_limit_per_minute = $11::int, updated_at = $12::timestamptz, version = version + 1,
+    circuit_failure_threshold = $14::int, circuit_cooldown_ms = $15::bigint,
+    circuit_state = CASE WHEN $14::int IS NULL THEN 'closed' ELSE circuit_state END,
+    circuit_opened_at = CASE WHEN $14::int IS NULL THEN NULL ELSE circuit_opened_at END,
+    circuit_probe_at = CASE WHEN $14::int IS NULL THEN NULL ELSE circuit_probe_at END,
+    circuit_failures = CASE WHEN $14::int IS NULL THEN 0 ELSE circuit_failures END
 WHERE id = $1::text AND workspace_id = $2::text AND version = $13::bigint
 RETURNING ` + endpointColumns
 
@@ -52,13 +60,70 @@ UPDATE job_endpoints SET paused = $3::bool, updated_at = $4::timestamptz
 WHERE workspace_id = $1::text AND id = $2::text
 RETURNING ` + endpointColumns
 
-// sqlCloseCircuit closes the endpoint's breaker; closing a closed breaker
-// changes nothing (not even updated_at), so a repeat is a plain read.
+// sqlLockCircuit locks an endpoint's row for CloseCircuit and reads its
+// circuit as it was.
+const sqlLockCircuit = `
+SELECT circuit_state, circuit_opened_at FROM job_endpoints WHERE workspace_id = $1::text AND id = $2::text FOR UPDATE`
+
+// sqlCloseCircuit closes the endpoint's breaker and forgets its count;
+// closing a closed breaker with no failures counted changes nothing (not
+// even updated_at), so a repeat is a plain read.
 const sqlCloseCircuit = `
-UPDATE job_endpoints SET circuit_state = 'closed', circuit_opened_at = NULL,
-    updated_at = CASE WHEN circuit_state = 'closed' THEN updated_at ELSE $3::timestamptz END
+UPDATE job_endpoints SET circuit_state = 'closed', circuit_opened_at = NULL, circuit_probe_at = NULL,
+    circuit_failures = 0,
+    updated_at = CASE WHEN circuit_state = 'closed' AND circuit_failures = 0 THEN updated_at ELSE $3::timestamptz END
 WHERE workspace_id = $1::text AND id = $2::text
 RETURNING ` + endpointColumns
+
+// sqlCircuitRecord counts a report batch's outcomes on the endpoints whose
+// breaker is on (parallel arrays: $1 endpoint, $2 whether a success came,
+// $3 the retryable failures after the last one) at $5, and answers each
+// endpoint it counted on. Under the endpoint's row lock:
+//   - the count restarts from $3 after a success, else grows by it;
+//   - an open circuit stays open without a success, and a failure restarts
+//     its cooldown (a probe failed); a success closes it;
+//   - a closed circuit opens once the count reaches the threshold.
+//
+// It locks, in id order, these endpoints and those with a concurrency limit
+// among the endpoints of the jobs the report records ($4), the rows the
+// report's later statements update: see recordCircuits.
+const sqlCircuitRecord = `
+WITH t AS (
+    SELECT * FROM unnest($1::text[], $2::bool[], $3::int[]) AS t(endpoint_id, succeeded, failures)
+), locked AS (
+    SELECT e.id, e.name, e.circuit_state, e.circuit_failures, e.circuit_failure_threshold, e.circuit_opened_at,
+           e.circuit_probe_at
+    FROM job_endpoints e
+    WHERE e.id IN (SELECT endpoint_id FROM t)
+       OR (e.max_concurrent IS NOT NULL AND e.id IN (SELECT endpoint_id FROM jobs WHERE id = ANY($4::text[])))
+    ORDER BY e.id
+    FOR UPDATE
+), calc AS (
+    SELECT l.*, l.circuit_state = 'open' AS was_open, t.succeeded, t.failures,
+           CASE WHEN t.succeeded THEN t.failures ELSE l.circuit_failures + t.failures END AS n
+    FROM locked l JOIN t ON t.endpoint_id = l.id
+    WHERE l.circuit_failure_threshold IS NOT NULL OR l.circuit_state = 'open'
+), next AS (
+    SELECT c.*, c.circuit_failure_threshold IS NOT NULL
+                AND ((c.was_open AND NOT c.succeeded) OR c.n >= c.circuit_failure_threshold) AS open_now
+    FROM calc c
+), up AS (
+    UPDATE job_endpoints e SET circuit_failures = n.n,
+        circuit_state = CASE WHEN n.open_now THEN 'open' ELSE 'closed' END,
+        circuit_opened_at = CASE WHEN NOT n.open_now THEN NULL
+                                 WHEN n.was_open AND NOT n.succeeded THEN e.circuit_opened_at
+                                 ELSE $5::timestamptz END,
+        circuit_probe_at = CASE WHEN NOT n.open_now THEN NULL
+                                WHEN n.was_open AND NOT n.succeeded AND n.failures = 0 THEN e.circuit_probe_at
+                                ELSE $5::timestamptz + e.circuit_cooldown_ms * interval '1 millisecond' END,
+        updated_at = CASE WHEN n.open_now = n.was_open AND NOT (n.was_open AND n.succeeded) THEN e.updated_at
+                          ELSE $5::timestamptz END
+    FROM next n
+    WHERE e.id = n.id AND (n.n <> n.circuit_failures OR n.open_now OR n.was_open)
+    RETURNING e.id, n.name, n.was_open, n.succeeded, n.open_now, n.circuit_opened_at, e.circuit_probe_at,
+              e.circuit_failures
+)
+SELECT * FROM up`
 
 const sqlInsertRun = `
 INSERT INTO job_runs (id, workspace_id, name, status, created_at)
@@ -400,13 +465,20 @@ SELECT lease_expires_at, cancel_requested FROM j`
 // deadlock Postgres broke by failing one of them. The function then finds
 // the rows already locked. The lateral call's argument depends on pre's
 // count so that pre runs first.
+//
+// The last column says whether the job's endpoint counts failures
+// (circuitHint): only then does the report run sqlCircuitRecord. It is read
+// without a lock, so a breaker turned on meanwhile counts from the next
+// report on.
 const sqlReportLock = `
 WITH pre AS (
     SELECT j.id FROM jobs j WHERE j.id = ANY($1::text[]) AND j.workspace_id = $2::text
     ORDER BY j.id
     FOR UPDATE
 )
-SELECT l.*, CASE WHEN $4::boolean THEN (SELECT j.version FROM jobs j WHERE j.id = l.id) END
+SELECT l.*, CASE WHEN $4::boolean THEN (SELECT j.version FROM jobs j WHERE j.id = l.id) END,
+       (SELECT e.circuit_failure_threshold IS NOT NULL OR e.circuit_state = 'open' FROM job_endpoints e
+        WHERE e.id = l.endpoint_id)
 FROM (SELECT count(*) AS n FROM pre) p,
      LATERAL jobs_report_lock(CASE WHEN p.n >= 0 THEN $1::text[] END, $2::text, $3::text[]) l`
 
@@ -466,7 +538,8 @@ WHERE e.id = j.endpoint_id AND $3::bool AND e.max_concurrent IS NOT NULL`
 // last row's (NULL for the first page), $6 the page's rows.
 const sqlQueueHealth = `
 WITH q AS (
-    SELECT name, version, count(*)::bigint AS queued, min(ready_at) FILTER (WHERE ready_at <= $2::timestamptz) AS oldest
+    SELECT name, version, count(*)::bigint AS queued, min(ready_at) FILTER (WHERE ready_at <= $2::timestamptz) AS oldest,
+           array_agg(DISTINCT endpoint_id) AS endpoint_ids
     FROM jobs
     WHERE workspace_id = $1::text AND (status IN ('QUEUED', 'RETRY_SCHEDULED')
                                        OR (status = 'RUNNING' AND ready_at <= $2::timestamptz))
@@ -479,8 +552,14 @@ WITH q AS (
     WHERE wk.workspace_id = $1::text AND wk.last_seen_at > $3::timestamptz
     GROUP BY t.name, t.version
 )
-SELECT q.name, q.version, q.queued, q.oldest, coalesce(w.seen, 0)
+SELECT q.name, q.version, q.queued, q.oldest, coalesce(w.seen, 0),
+       coalesce(h.open_circuits, '{}'), coalesce(h.paused, '{}')
 FROM q LEFT JOIN w ON w.name = q.name AND w.version = q.version
+CROSS JOIN LATERAL (
+    SELECT array_agg(e.name ORDER BY e.name) FILTER (WHERE e.circuit_state = 'open') AS open_circuits,
+           array_agg(e.name ORDER BY e.name) FILTER (WHERE e.paused) AS paused
+    FROM job_endpoints e WHERE e.id = ANY (q.endpoint_ids)
+) h
 ORDER BY q.name, q.version`
 
 // sqlCloneQueued copies a QUEUED job n times (new ids and keys, the same
