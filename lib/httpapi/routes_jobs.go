@@ -57,8 +57,8 @@ func (s *Server) jobsRoutes() []Route {
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/runs/{id}/finish", Name: "runs.finish", Tag: "jobs", Scopes: runsWrite,
-			Summary: "Request completion: the run becomes SUCCEEDED when every step ended well, FAILED when a step " +
-				"is EXHAUSTED or CANCELLED; new steps are then refused.",
+			Summary: "Request completion: new steps are then refused, and the run becomes SUCCEEDED when every step " +
+				"ended well. A run is FAILED as soon as a step is EXHAUSTED or CANCELLED, requested or not.",
 			Response: jobs.Run{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.finishRun,
 		},
 		{

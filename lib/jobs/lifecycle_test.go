@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apierr"
@@ -1041,4 +1042,103 @@ func TestRunListSettlesLapsedLastAttempts(t *testing.T) {
 	require.Len(t, failed, 1)
 	require.Equal(t, runID, failed[0].ID)
 	require.Equal(t, "FAILED", b.getRun(t, runID).Status)
+}
+
+func (b *bundle) runFinishedEvents(t testing.TB, runID string) []string {
+	t.Helper()
+	rows, err := b.env.App.Pool.Query(ctx, `SELECT data->>'status' FROM events WHERE type = 'run.finished'
+		AND subject_id = $1 ORDER BY created_at, id`, runID)
+	require.NoError(t, err)
+	statuses, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return statuses
+}
+
+// Seed 000: "An exhausted or cancelled step makes the run FAILED" — at
+// once, without waiting for the producer to request completion; the failed
+// run still takes its failure branches until it does.
+func TestAnExhaustedStepFailsItsRunAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	doomed := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`1`)})
+	other := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`2`)})
+	w := b.register(t)
+	claimed := b.claim(t, w, 2)
+	require.Len(t, claimed, 2)
+	for _, j := range claimed {
+		if j.JobID == doomed.JobID {
+			require.Equal(t, "EXHAUSTED", b.fail(t, j, notRetryable).Status)
+		}
+	}
+	run := b.getRun(t, runID)
+	require.Equal(t, "FAILED", run.Status)
+	require.False(t, run.CompletionRequested)
+	require.NotNil(t, run.FinishedAt)
+	require.Equal(t, []string{"FAILED"}, b.runFinishedEvents(t, runID))
+	require.Equal(t, "RUNNING", b.step(t, other.StepID).Status, "a failed run cancels nothing")
+
+	// A failure branch is still enqueued, and runs.
+	comp := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"undo"`), AfterStepID: &doomed.StepID,
+		AfterStatus: ptr("FAILED")})
+	require.Equal(t, "QUEUED", comp.Status)
+	b.succeed(t, b.claimOne(t, w))
+
+	// Requesting completion closes it to new steps; it stays FAILED.
+	finished, err := b.svc.FinishRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+	require.Equal(t, "FAILED", finished.Status)
+	_, err = b.svc.Enqueue(ctx, b.ws, runID, jobs.EnqueueRequest{Name: "send_email", Version: "1",
+		Input: json.RawMessage(`3`)})
+	require.Equal(t, "invalid_state", code(t, err))
+	for _, j := range claimed {
+		if j.JobID == other.JobID {
+			b.succeed(t, j)
+		}
+	}
+	require.Equal(t, "FAILED", b.getRun(t, runID).Status)
+	require.Equal(t, []string{"FAILED"}, b.runFinishedEvents(t, runID), "one finish")
+}
+
+func TestACancelledOrLapsedLastStepFailsItsRunAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cancelled := b.run(t)
+	st := b.enqueue(t, cancelled, jobs.EnqueueRequest{Input: json.RawMessage(`1`)})
+	_, err := b.svc.CancelStep(ctx, b.ws, st.StepID)
+	require.NoError(t, err)
+	require.Equal(t, "FAILED", b.getRun(t, cancelled).Status)
+
+	lapsed := b.run(t)
+	b.enqueue(t, lapsed, jobs.EnqueueRequest{Input: json.RawMessage(`2`), MaxAttempts: ptr[int64](1)})
+	b.claimOne(t, b.register(t))
+	b.clock.Add(time.Hour)
+	b.sweep(t)
+	r, err := b.svc.GetRun(ctx, b.ws, lapsed)
+	require.NoError(t, err)
+	require.Equal(t, "FAILED", r.Status)
+	require.Equal(t, []string{"FAILED"}, b.runFinishedEvents(t, lapsed))
+}
+
+// A replay reopens a run its step failed; without a completion request the
+// run then stays RUNNING after the step succeeds, and finishes SUCCEEDED once
+// requested.
+func TestReplayReopensARunItsStepFailedBeforeFinish(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	st := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`1`)})
+	w := b.register(t)
+	b.fail(t, b.claimOne(t, w), notRetryable)
+	require.Equal(t, "FAILED", b.getRun(t, runID).Status)
+	b.clock.Add(time.Second) // the events' order
+	_, err := b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+	require.NoError(t, err)
+	require.Equal(t, "RUNNING", b.getRun(t, runID).Status)
+	b.succeed(t, b.claimOne(t, w))
+	require.Equal(t, "RUNNING", b.getRun(t, runID).Status, "completion was never requested")
+	run, err := b.svc.FinishRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+	require.Equal(t, "SUCCEEDED", run.Status)
+	require.Equal(t, []string{"FAILED", "SUCCEEDED"}, b.runFinishedEvents(t, runID))
 }

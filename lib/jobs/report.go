@@ -128,7 +128,9 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, 
 			done = append(done, endedStep{stepID: j.stepID, runID: j.runID, workspaceID: workspaceID,
 				jobID: j.jobID, status: row.next, attempt: row.attempt})
 			dependents = dependents || j.dependents
-			if j.requested || !j.runLocked {
+			// An exhausted step fails its run at once; otherwise only a
+			// run whose completion was requested may end.
+			if j.requested || !j.runLocked || row.next == StatusExhausted {
 				settle[j.runID] = settle[j.runID] || !j.runLocked
 			} else if !slices.Contains(unasked, j.runID) {
 				unasked = append(unasked, j.runID)

@@ -204,18 +204,20 @@ const (
 const sqlRequestCompletion = `
 UPDATE job_runs SET completion_requested = true WHERE id = $1::text AND workspace_id = $2::text RETURNING id`
 
-// sqlSettleRun finishes a run whose completion was requested: FAILED as soon
-// as a step is EXHAUSTED or CANCELLED, SUCCEEDED once every step ended well
-// (SKIPPED counts as well), and records run.finished once.
+// sqlSettleRun finishes a run: FAILED as soon as a step is EXHAUSTED or
+// CANCELLED, whether or not its completion was requested (migration 0019);
+// SUCCEEDED once its completion was requested and every step ended well
+// (SKIPPED counts as well). It records run.finished once.
 const sqlSettleRun = `
 WITH r AS (
     UPDATE job_runs r SET
         status = CASE WHEN EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND status IN ('EXHAUSTED', 'CANCELLED'))
                       THEN 'FAILED' ELSE 'SUCCEEDED' END,
         finished_at = $2::timestamptz
-    WHERE r.id = $1::text AND r.status = 'RUNNING' AND r.completion_requested
+    WHERE r.id = $1::text AND r.status = 'RUNNING'
       AND (EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND status IN ('EXHAUSTED', 'CANCELLED'))
-           OR NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND status NOT IN ('SUCCEEDED', 'SKIPPED')))
+           OR (r.completion_requested
+               AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND status NOT IN ('SUCCEEDED', 'SKIPPED'))))
     RETURNING r.id, r.workspace_id, r.status, r.reopened
 )
 INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
