@@ -81,7 +81,7 @@ WITH wk AS (
            CASE WHEN e.max_concurrent IS NULL THEN 2147483647
                 ELSE GREATEST(0, e.max_concurrent - e.running_count) END AS conc_left,
            CASE WHEN e.circuit_state <> 'open' THEN 2147483647
-                WHEN e.circuit_probe_at <= $3::timestamptz THEN 1
+                WHEN e.circuit_probe_at IS NULL OR e.circuit_probe_at <= $3::timestamptz THEN 1
                 ELSE 0 END AS probe_left
     FROM eps e
     JOIN (SELECT endpoint_id, count(*) FILTER (WHERE reclaim)::int AS n_re,

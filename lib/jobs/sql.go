@@ -469,20 +469,25 @@ SELECT lease_expires_at, cancel_requested FROM j`
 // count so that pre runs first.
 //
 // The last column says whether the job's endpoint counts failures
-// (circuitHint): only then does the report run sqlCircuitRecord. It is read
-// without a lock, so a breaker turned on meanwhile counts from the next
+// (circuitHint; one probe per endpoint, not per job): only then does the
+// report run sqlCircuitRecord. It is read without a lock, so a breaker turned on meanwhile counts from the next
 // report on.
 const sqlReportLock = `
 WITH pre AS (
     SELECT j.id FROM jobs j WHERE j.id = ANY($1::text[]) AND j.workspace_id = $2::text
     ORDER BY j.id
     FOR UPDATE
+), l AS (
+    SELECT l.* FROM (SELECT count(*) AS n FROM pre) p,
+         LATERAL jobs_report_lock(CASE WHEN p.n >= 0 THEN $1::text[] END, $2::text, $3::text[]) l
+), hinted AS (
+    SELECT e.id FROM job_endpoints e
+    WHERE e.id IN (SELECT endpoint_id FROM l)
+      AND (e.circuit_failure_threshold IS NOT NULL OR e.circuit_state = 'open')
 )
 SELECT l.*, CASE WHEN $4::boolean THEN (SELECT j.version FROM jobs j WHERE j.id = l.id) END,
-       (SELECT e.circuit_failure_threshold IS NOT NULL OR e.circuit_state = 'open' FROM job_endpoints e
-        WHERE e.id = l.endpoint_id)
-FROM (SELECT count(*) AS n FROM pre) p,
-     LATERAL jobs_report_lock(CASE WHEN p.n >= 0 THEN $1::text[] END, $2::text, $3::text[]) l`
+       l.endpoint_id IN (SELECT id FROM hinted)
+FROM l`
 
 // sqlReholdSlots is for late reports on jobs the sweeper requeued ($1):
 // recording a report frees a concurrency slot for each job it ends
