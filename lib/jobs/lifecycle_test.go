@@ -1142,3 +1142,72 @@ func TestReplayReopensARunItsStepFailedBeforeFinish(t *testing.T) {
 	require.Equal(t, "SUCCEEDED", run.Status)
 	require.Equal(t, []string{"FAILED", "SUCCEEDED"}, b.runFinishedEvents(t, runID))
 }
+
+// A replay runs a step only when its dependency ended the way it waits for:
+// once the dependency decided against it, the step would have been skipped.
+func TestReplayHonoursTheDependencyRule(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	a := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"a"`), MaxAttempts: ptr[int64](1)})
+	onSuccess := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"s"`), AfterStepID: &a.StepID,
+		AfterStatus: ptr("SUCCEEDED")})
+	onFailure := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"f"`), AfterStepID: &a.StepID,
+		AfterStatus: ptr("FAILED")})
+	for _, st := range []jobs.EnqueueResult{onSuccess, onFailure} {
+		_, err := b.svc.CancelStep(ctx, b.ws, st.StepID)
+		require.NoError(t, err)
+	}
+	w := b.register(t)
+	b.fail(t, b.claimOne(t, w), nil)
+	require.Equal(t, "EXHAUSTED", b.step(t, a.StepID).Status)
+
+	replay := func(stepID string) error {
+		_, err := b.svc.Replay(ctx, b.worker, stepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+		return err
+	}
+	preview, err := b.svc.PreviewReplay(ctx, b.ws, onSuccess.StepID)
+	require.NoError(t, err)
+	require.False(t, preview.Eligible)
+	err = replay(onSuccess.StepID)
+	require.Equal(t, "invalid_state", code(t, err))
+	require.Contains(t, err.Error(), "ended EXHAUSTED, so afterStatus SUCCEEDED will never hold")
+	require.Equal(t, "CANCELLED", b.step(t, onSuccess.StepID).Status, "a refused replay changes nothing")
+
+	preview, err = b.svc.PreviewReplay(ctx, b.ws, onFailure.StepID)
+	require.NoError(t, err)
+	require.True(t, preview.Eligible)
+	require.NoError(t, replay(onFailure.StepID))
+	require.Equal(t, "QUEUED", b.step(t, onFailure.StepID).Status)
+
+	// Replaying the dependency reopens the question; its success lets the
+	// other branch be replayed.
+	require.NoError(t, replay(a.StepID))
+	err = replay(onSuccess.StepID)
+	require.Equal(t, "invalid_state", code(t, err))
+	require.Contains(t, err.Error(), "has not ended")
+	for _, j := range b.claim(t, w, 10) {
+		b.succeed(t, j)
+	}
+	require.Equal(t, "SUCCEEDED", b.step(t, a.StepID).Status)
+	require.NoError(t, replay(onSuccess.StepID))
+	require.Equal(t, "QUEUED", b.step(t, onSuccess.StepID).Status)
+}
+
+// Queue health counts what a claim can take: a lapsed lease on a job's last
+// attempt is not waiting for a worker, it is about to be EXHAUSTED.
+func TestQueueHealthLeavesOutLapsedLastAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`1`), MaxAttempts: ptr[int64](1)})
+	b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`2`)})
+	w := b.register(t)
+	require.Len(t, b.claim(t, w, 2), 2)
+	b.clock.Add(time.Minute)
+	health, err := b.svc.QueueHealth(ctx, b.ws, "", 10)
+	require.NoError(t, err)
+	require.Len(t, health, 1)
+	require.Equal(t, int64(1), health[0].Queued, "only the lapsed job with attempts left")
+	require.Len(t, b.claim(t, w, 2), 1)
+}

@@ -89,20 +89,48 @@ type replayJob struct {
 	inputSealed                      []byte
 	paused                           bool
 	dependency                       *string // the afterStepId step's status
+	afterStatus                      *string
 }
 
 func scanReplayJob(row pgx.Row) (replayJob, error) {
 	var j replayJob
 	err := row.Scan(&j.id, &j.runID, &j.name, &j.version, &j.contractVersion, &j.status, &j.attempt, &j.maxAttempts,
-		&j.policyMax, &j.inputSealed, &j.paused, &j.dependency)
+		&j.policyMax, &j.inputSealed, &j.paused, &j.dependency, &j.afterStatus)
 	return j, err
 }
 
-// replayable: only an ended-badly job is replayed, and not while the step
-// it depends on is still running (a step cancelled while WAITING would
-// otherwise run before its dependency decided it).
+// replayable: only an ended-badly job is replayed, and only once the step
+// it depends on ended the way it waits for (a step cancelled while WAITING
+// would otherwise run before its dependency decided it, or after it decided
+// that the step must never run).
 func (j replayJob) replayable() bool {
-	return (j.status == StatusExhausted || j.status == StatusCancelled) && (j.dependency == nil || ended(*j.dependency))
+	return (j.status == StatusExhausted || j.status == StatusCancelled) && j.refusal() == ""
+}
+
+// refusal says why the step's dependency forbids a replay; "" when it does
+// not. The rule is the one an enqueue and a release apply: afterStatus
+// SUCCEEDED runs after a success, FAILED after an exhausted dependency, and
+// any other ending skips the step.
+func (j replayJob) refusal() string {
+	switch {
+	case j.dependency == nil:
+		return ""
+	case !ended(*j.dependency):
+		return "The step this one depends on (afterStepId) has not ended; replay after it."
+	case j.afterStatus != nil && !afterStatusHolds(*j.afterStatus, *j.dependency):
+		return fmt.Sprintf("The step this one depends on (afterStepId) ended %s, so afterStatus %s will never hold: "+
+			"this step would be skipped, not run.", *j.dependency, *j.afterStatus)
+	}
+	return ""
+}
+
+// afterStatusHolds says whether a dependency that ended in status lets a
+// step waiting for after run.
+func afterStatusHolds(after, status string) bool {
+	if after == StatusSucceeded {
+		return status == StatusSucceeded
+	}
+	return status == StatusExhausted
 }
 
 // PreviewReplay says whether a step may be replayed and, for every other
@@ -228,7 +256,7 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 		}
 		if !j.replayable() {
 			if j.status == StatusExhausted || j.status == StatusCancelled {
-				return apierr.InvalidState("The step this one depends on (afterStepId) has not ended; replay after it.")
+				return apierr.InvalidState("%s", j.refusal())
 			}
 			return apierr.InvalidState("Only an EXHAUSTED or CANCELLED step can be replayed; this one is %s.", j.status)
 		}

@@ -541,7 +541,8 @@ WHERE e.id = j.endpoint_id AND $3::bool AND e.max_concurrent IS NOT NULL`
 // sqlQueueHealth summarises queued work per exact name@version, with the
 // workers that polled for it recently. A RUNNING job whose lease lapsed is
 // waiting too (its worker is gone, and it is claimable again): it counts,
-// as of its lease's expiry. Pages go by (name, version): $4 and $5 are the
+// as of its lease's expiry, unless that was its last attempt (no claim takes
+// it; the sweeper or the next read of its run ends it EXHAUSTED). Pages go by (name, version): $4 and $5 are the
 // last row's (NULL for the first page), $6 the page's rows.
 const sqlQueueHealth = `
 WITH q AS (
@@ -549,7 +550,8 @@ WITH q AS (
            array_agg(DISTINCT endpoint_id) AS endpoint_ids
     FROM jobs
     WHERE workspace_id = $1::text AND (status IN ('QUEUED', 'RETRY_SCHEDULED')
-                                       OR (status = 'RUNNING' AND ready_at <= $2::timestamptz))
+                                       OR (status = 'RUNNING' AND ready_at <= $2::timestamptz
+                                           AND attempt < max_attempts))
       AND ($4::text IS NULL OR (name, version) > ($4::text, $5::text))
     GROUP BY name, version
     ORDER BY name, version LIMIT $6

@@ -55,7 +55,7 @@ VALUES ($1::text, $2::text, $3::text, 'RUNNING', true, $4::timestamptz)`
 const sqlReplayPreview = `
 SELECT j.id, j.run_id, j.name, j.version, j.contract_version, j.status, j.attempt, j.max_attempts,
        coalesce(j.policy_max_attempts, j.max_attempts), j.input_sealed, e.paused,
-       (SELECT d.status FROM jobs d WHERE d.step_id = j.after_step_id)
+       (SELECT d.status FROM jobs d WHERE d.step_id = j.after_step_id), j.after_status
 FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
 WHERE j.step_id = $1::text AND j.workspace_id = $2::text`
 
