@@ -80,6 +80,7 @@ type beginInput struct {
 	dimNames                                []string
 	dims                                    string // jsonb: name -> keyed hash
 	payload, compensation                   []byte // sealed
+	payloadHash                             string // canonical, for a compensating begin only (see admit)
 	preview                                 string // jsonb
 	lease                                   *int32
 	token                                   string
@@ -177,6 +178,10 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 	}
 	in.tokenHash = tokenHash(in.token)
 	in.payload = s.sealJSON(in.effectID, "payload", payload)
+	if in.compensates != nil {
+		// Valid JSON: the fingerprint above hashed it.
+		in.payloadHash, _ = canonjson.Hash(rawOrNull(payload))
+	}
 	if req.Compensation != nil {
 		comp, err := json.Marshal(req.Compensation)
 		if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/canonjson"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
 )
@@ -508,10 +509,43 @@ func (s *Service) beginInGroup(ctx context.Context, in *beginInput) (Decision, e
 		return err
 	})
 	if db.ConstraintName(err) == "effects_compensates_idx" {
-		return Decision{}, apierr.InvalidState("That step already has a compensating effect; " +
-			"begin it again with the idempotency key it was begun with (the unwind plan suggests it).")
+		return Decision{}, errAlreadyCompensated()
 	}
 	return d, err
+}
+
+func errAlreadyCompensated() error {
+	return apierr.InvalidState("That step already has a compensating effect; " +
+		"begin it again with the idempotency key it was begun with (the unwind plan suggests it).")
+}
+
+// matchesDeclared checks a compensating begin against the compensation its
+// step declared: the rollback will count the step as reversed once this
+// effect succeeds, and the step's one compensation slot is taken by it, so
+// it must be the declared undo (effect type and payload, compared
+// canonically), not any effect that names the step.
+func (s *Service) matchesDeclared(in *beginInput, declared []byte) error {
+	doc, err := s.openJSON(*in.compensates, "compensation", declared)
+	if err != nil {
+		return err
+	}
+	var c Compensation
+	if err := json.Unmarshal(doc, &c); err != nil {
+		return fmt.Errorf("begin: declared compensation: %w", err)
+	}
+	if c.EffectType != in.effectType {
+		return apierr.InvalidField("effect_type", "must be %q, the compensation step %s declared (see its unwind plan)",
+			c.EffectType, *in.compensates)
+	}
+	want, err := canonjson.Hash(rawOrNull(c.Payload))
+	if err != nil {
+		return fmt.Errorf("begin: declared compensation: %w", err)
+	}
+	if want != in.payloadHash {
+		return apierr.InvalidField("payload", "must be the payload the compensation of step %s declared (see its "+
+			"unwind plan)", *in.compensates)
+	}
+	return nil
 }
 
 // admit checks a grouped begin: the group is in the workspace (404
@@ -523,7 +557,10 @@ func (s *Service) beginInGroup(ctx context.Context, in *beginInput) (Decision, e
 // answers it, and a new attempt on it is checked by admitAttempt instead. A
 // key that names an effect outside the group is a reuse of the key.
 func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
-	var targetState string
+	var (
+		targetState string
+		declared    []byte // the target's declared compensation, sealed
+	)
 	if in.compensates != nil {
 		if in.compensation != nil {
 			return apierr.InvalidField("compensation", "a compensating effect cannot declare its own compensation")
@@ -532,10 +569,9 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 			group, target *string
 			state         string
 			exp           *time.Time
-			undoable      bool
 		)
 		err := tx.QueryRow(ctx, sqlCompensationTarget, *in.compensates, in.ws).Scan(&group, &state, &exp, &target,
-			&undoable)
+			&declared)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return apierr.NotFound("effect")
 		}
@@ -547,7 +583,7 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 			return apierr.InvalidField("compensates_effect_id", "must name a forward step of an effect group")
 		case in.groupID != nil && *in.groupID != *group:
 			return apierr.InvalidField("compensates_effect_id", "must name a step of group_id's group")
-		case !undoable:
+		case declared == nil:
 			// The rollback lists such a step as irreversible; a compensation
 			// of it would be an effect no plan or settlement accounts for.
 			return apierr.InvalidState("That step declared no compensation: the rollback lists it as " +
@@ -588,6 +624,18 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 	if targetState != StateSucceeded {
 		return apierr.InvalidState("Only a step that succeeded can be compensated; this one is %s.", targetState).
 			WithDetail("state", targetState)
+	}
+	if err := s.matchesDeclared(in, declared); err != nil {
+		// Another effect than the declared one: refused either way, but a
+		// step compensated already says so first, as the insert would.
+		var taken bool
+		if qerr := tx.QueryRow(ctx, sqlHasCompensation, *in.compensates).Scan(&taken); qerr != nil {
+			return fmt.Errorf("begin: compensation taken: %w", qerr)
+		}
+		if taken {
+			return errAlreadyCompensated()
+		}
+		return err
 	}
 	return nil
 }

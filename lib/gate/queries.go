@@ -393,9 +393,14 @@ const sqlLockEffectStates = `SELECT id, state, lease_expires_at FROM effects
 WHERE id = ANY($1::text[]) AND workspace_id = $2 ORDER BY id FOR UPDATE`
 
 // sqlCompensationTarget reads the effect a compensating begin names, and
-// whether it declared a compensation. $1 effect id, $2 workspace.
-const sqlCompensationTarget = `SELECT group_id, state, lease_expires_at, compensates_effect_id, compensation IS NOT NULL
+// the compensation it declared (sealed; NULL when none). $1 effect id, $2
+// workspace.
+const sqlCompensationTarget = `SELECT group_id, state, lease_expires_at, compensates_effect_id, compensation
 FROM effects WHERE id = $1 AND workspace_id = $2`
+
+// sqlHasCompensation says whether a step has a compensating effect. $1 the
+// step's effect id.
+const sqlHasCompensation = `SELECT EXISTS (SELECT 1 FROM effects WHERE compensates_effect_id = $1)`
 
 // sqlGroupSteps lists a group's effects, forward and compensating, with the
 // time each succeeded: its report, or for an outcome found later (resolve,

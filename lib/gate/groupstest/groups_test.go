@@ -221,7 +221,7 @@ func TestCompensationAdmission(t *testing.T) {
 	f.report(failed, tok, "failed")
 	refund := func(target string, extra map[string]any) map[string]any {
 		body := map[string]any{"effect_type": "payment.refund", "idempotency_key": "compensate:" + target + ids.Random(3),
-			"compensates_effect_id": target}
+			"compensates_effect_id": target, "payload": map[string]any{"refund_of": "charge"}}
 		for k, v := range extra {
 			body[k] = v
 		}
@@ -251,6 +251,15 @@ func TestCompensationAdmission(t *testing.T) {
 	// it, and could end while it ran).
 	errCode(t, f.do("POST", "/api/v1/effects/begin", refund(irreversible, nil)), http.StatusConflict, "invalid_state")
 	require.Equal(t, []string{irreversible}, strs(f.unwind(g)["irreversible"]))
+	// Only the declared compensation undoes a step: another effect type or
+	// payload would take its one compensation slot and let the rollback
+	// count it reversed (QA).
+	wrong := f.do("POST", "/api/v1/effects/begin", refund(a, map[string]any{"effect_type": "email.send"}))
+	errCode(t, wrong, http.StatusBadRequest, "invalid_request")
+	require.Contains(t, string(wrong.Body), `"field":"effect_type"`)
+	wrong = f.do("POST", "/api/v1/effects/begin", refund(a, map[string]any{"payload": map[string]any{"refund_of": "x"}}))
+	errCode(t, wrong, http.StatusBadRequest, "invalid_request")
+	require.Contains(t, string(wrong.Body), `"field":"payload"`)
 	// With the right group named explicitly it is admitted.
 	own := refund(a, map[string]any{"group_id": g})
 	r := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", own)
@@ -263,9 +272,13 @@ func TestCompensationAdmission(t *testing.T) {
 	item := u["plan"].([]any)[0].(map[string]any)
 	require.Equal(t, own["idempotency_key"], item["suggested_idempotency_key"])
 	again := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{"effect_type": "payment.refund",
-		"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": a})
+		"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": a,
+		"payload": map[string]any{"refund_of": "charge"}})
 	require.Equal(t, "in_flight", again["decision"])
 	require.Equal(t, r["effect_id"], again["effect_id"])
+	// Once it has one, another effect under another key says so first.
+	errCode(t, f.do("POST", "/api/v1/effects/begin", refund(a, map[string]any{"effect_type": "email.send"})),
+		http.StatusConflict, "invalid_state")
 }
 
 func TestUnwindStopsAtUnknownOutcome(t *testing.T) {

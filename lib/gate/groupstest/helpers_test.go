@@ -57,7 +57,7 @@ func (f *fx) step(group string, comp bool) (string, string) {
 		"payload": map[string]any{"order": ids.Random(4)}, "cost_micros": 1000, "group_id": group}
 	if comp {
 		body["compensation"] = map[string]any{"effect_type": "payment.refund",
-			"payload": map[string]any{"refund_of": body["idempotency_key"]}}
+			"payload": map[string]any{"refund_of": "charge"}}
 	}
 	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
 	require.Equal(f.t, "execute", d["decision"])
