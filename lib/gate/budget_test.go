@@ -2,6 +2,7 @@ package gate_test
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"sync"
 	"testing"
@@ -348,4 +349,27 @@ func TestAmountsAreBoundedSoCountersNeverOverflow(t *testing.T) {
 	require.Equal(t, []string{"daily_spend_ceiling_micros"}, validationFields(t,
 		b.env.Do("POST", "/api/v1/keys", b.ws.Key, map[string]any{"name": "richer", "preset": "AGENT",
 			"daily_spend_ceiling_micros": max + 1})))
+
+	// A scope with only a count ceiling has no micros ceiling to bound its
+	// sum: it saturates instead of overflowing (QA: the tenth grant of 10^18
+	// to one counterparty answered 500, and so did every later one that day).
+	b.putPolicy("wire.send", map[string]any{"dimension_limits": map[string]any{
+		"counterparty": map[string]any{"daily_count": 1000}}})
+	wire := func(k string) map[string]any {
+		body := charge(k, max)
+		body["effect_type"], body["dimensions"] = "wire.send", map[string]any{"counterparty": "acme"}
+		return body
+	}
+	for i := range 12 {
+		d := b.mustBegin("execute", wire(key("w")))
+		if i == 11 {
+			require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status,
+				"a release from a saturated counter")
+		}
+	}
+	var micros, count int64
+	require.NoError(t, b.env.App.Pool.QueryRow(context.Background(), `SELECT micros, count FROM gate_spend
+		WHERE workspace_id = $1 AND scope LIKE 'dim:wire.send:counterparty:%'`, b.ws.ID).Scan(&micros, &count))
+	require.Equal(t, int64(11), count)
+	require.Equal(t, int64(math.MaxInt64)-max, micros)
 }

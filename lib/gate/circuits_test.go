@@ -202,6 +202,55 @@ func TestManualBreakerHasNoCooldownAndCloseDoesNotDisarm(t *testing.T) {
 	require.Equal(t, "surge", b.circuit("sms.send")["opened_by"])
 }
 
+// A type's own open breaker of a weaker action does not disarm its surge
+// ceiling: the strictest action decides (QA). A surge breaker is raised to
+// the stricter action, keeping its opening and cooldown; a manual one stays
+// as the operator set it, while the surge's action holds each begin over
+// the ceiling.
+func TestAWeakerBreakerDoesNotDisarmTheSurge(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// "Watch before you enforce": a monitor trip, then the policy enforces.
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 2, "surge_action": "monitor"})
+	for range 3 {
+		b.mustBegin("execute", sms(key("watch")))
+	}
+	watched := b.circuit("sms.send")
+	require.Equal(t, "monitor", watched["action"])
+	b.clock.Add(time.Minute)
+	b.putPolicy("sms.send", map[string]any{"surge_action": "deny"})
+	b.denialOf("circuit_open", sms(key("enforced")))
+	enforced := b.circuit("sms.send")
+	require.Equal(t, "deny", enforced["action"])
+	require.Equal(t, "surge", enforced["opened_by"])
+	require.Equal(t, watched["opened_at"], enforced["opened_at"])
+	require.Equal(t, watched["closes_at"], enforced["closes_at"])
+	require.Equal(t, 2, b.events("circuit.tripped"), "the opening, then the stricter action")
+	b.denialOf("circuit_open", sms(key("again")))
+	require.Equal(t, 2, b.events("circuit.tripped"))
+
+	// A manual monitor breaker: the surge still denies over its ceiling.
+	b.putPolicy("email.send", map[string]any{"surge_per_hour": 2, "surge_action": "deny"})
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/email.send/open", b.ws.Key,
+		map[string]any{"action": "monitor", "reason": "watching"})
+	b.mustBegin("execute", email(key("m")))
+	b.mustBegin("execute", email(key("m")))
+	b.denialOf("circuit_open", email(key("m")))
+	manual := b.circuit("email.send")
+	require.Equal(t, "manual", manual["opened_by"])
+	require.Equal(t, "monitor", manual["action"], "the operator's breaker is left as set")
+	// Once the hour's volume is back under the ceiling, begins execute.
+	b.clock.Add(time.Hour + time.Second)
+	b.mustBegin("execute", email(key("m")))
+
+	// A breaker at least as strict as the surge decides alone.
+	b.putPolicy("push.send", map[string]any{"surge_per_hour": 1, "surge_action": "require_approval"})
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/push.send/open", b.ws.Key,
+		map[string]any{"action": "deny", "reason": "stop"})
+	push := map[string]any{"effect_type": "push.send", "idempotency_key": key("p"), "payload": map[string]any{}}
+	b.denialOf("circuit_open", push)
+}
+
 func TestEmergencyStop(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

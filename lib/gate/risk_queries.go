@@ -23,7 +23,12 @@ func utcDay(ts string) string { return `((` + ts + `)::timestamptz AT TIME ZONE 
 // order (one lock order for every charge and release, so no deadlock), each
 // only if it still fits under the row lock; refused calls gate_refuse, which
 // aborts the whole statement, when any scope did not fit. The caller reads
-// refused (so it runs) and records the denial in a new statement. Every grant
+// refused (so it runs) and records the denial in a new statement. The sum
+// is taken in numeric: a scope with only a count ceiling (a dimension's
+// daily_count) has no micros ceiling to bound its micros, which saturate
+// at the bigint maximum instead of overflowing (ten grants of 10^18 did,
+// and every begin charging that scope answered 500 until the day
+// rolled; migration 0020). Every grant
 // counts 1 towards daily_count, including one that declares no cost at all
 // (which is what makes daily_count usable for messaging); an undeclared
 // cost is 0 micros.
@@ -51,9 +56,9 @@ chg AS (
     WHERE (cap_micros IS NULL OR micros <= cap_micros) AND (cap_count IS NULL OR count <= cap_count)
     ORDER BY scope
     ON CONFLICT (workspace_id, scope, day) DO UPDATE
-    SET micros = g.micros + excluded.micros, count = g.count + excluded.count,
-        cap_micros = excluded.cap_micros, cap_count = excluded.cap_count
-    WHERE (excluded.cap_micros IS NULL OR g.micros + excluded.micros <= excluded.cap_micros)
+    SET micros = least(g.micros::numeric + excluded.micros, 9223372036854775807)::bigint,
+        count = g.count + excluded.count, cap_micros = excluded.cap_micros, cap_count = excluded.cap_count
+    WHERE (excluded.cap_micros IS NULL OR g.micros::numeric + excluded.micros <= excluded.cap_micros)
       AND (excluded.cap_count IS NULL OR g.count + excluded.count <= excluded.cap_count)
     RETURNING scope
 ),
