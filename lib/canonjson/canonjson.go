@@ -10,8 +10,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
+	"math/big"
 	"sort"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -153,20 +156,79 @@ func writeArray(buf *bytes.Buffer, elems []any, elem func(*bytes.Buffer, any) er
 	return nil
 }
 
-// normalizeNumber writes integers exactly and other numbers in Go's shortest
-// float form, so 1.0 and 1 hash alike (JavaScript's rule).
+// normalizeNumber writes a number so that every spelling of one value
+// hashes alike: integers within int64 exactly, other numbers in Go's
+// shortest float form, so 1.0, 1e3 and 1000 hash alike (JavaScript's rule)
+// — as long as the literal is one of its float64's own spellings (holds). A
+// literal no float64 holds (18446744073709551615, 0.10000000000000000001) is
+// written as its exact value instead: collapsed onto its nearest double it
+// hashed as another number, and a payload with another account or amount
+// read as the same operation (QA, session 8). Every number a float64 holds
+// keeps its former encoding, so stored fingerprints and keys stay valid.
 func normalizeNumber(n json.Number) string {
 	if i, err := n.Int64(); err == nil {
 		return fmt.Sprint(i)
 	}
-	if f, err := n.Float64(); err == nil {
-		if f == float64(int64(f)) && f < 1e18 && f > -1e18 {
-			return fmt.Sprint(int64(f))
-		}
-		b, _ := json.Marshal(f)
-		return string(b)
+	f, err := n.Float64()
+	if err != nil {
+		return n.String()
 	}
-	return n.String()
+	if !roundTrips(n.String(), f) {
+		if exact, ok := new(big.Rat).SetString(n.String()); ok && !holds(f, exact) {
+			return exactDecimal(exact)
+		}
+	}
+	if f == float64(int64(f)) && f < 1e18 && f > -1e18 {
+		return fmt.Sprint(int64(f))
+	}
+	b, _ := json.Marshal(f)
+	return string(b)
+}
+
+// roundTrips is a cheap sufficient test for holds: a decimal of at most 15
+// significant digits in float64's normal range is its double's shortest
+// spelling or has the same value (DBL_DIG), so most numbers skip big.Rat.
+func roundTrips(lit string, f float64) bool {
+	if f != 0 && math.Abs(f) < 0x1p-1022 {
+		return false // subnormal: fewer digits survive
+	}
+	mantissa, _, _ := strings.Cut(strings.ToLower(strings.TrimLeft(lit, "-")), "e")
+	digits := strings.Trim(strings.Replace(mantissa, ".", "", 1), "0")
+	return len(digits) <= 15
+}
+
+// holds says whether the literal whose value is exact is one of f's own
+// spellings: f's shortest decimal (0.1, 9.223372036854776e18) or f's exact
+// binary value (9223372036854775808).
+func holds(f float64, exact *big.Rat) bool {
+	if shortest, ok := new(big.Rat).SetString(strconv.FormatFloat(f, 'g', -1, 64)); ok && shortest.Cmp(exact) == 0 {
+		return true
+	}
+	binary := new(big.Rat).SetFloat64(f)
+	return binary != nil && binary.Cmp(exact) == 0
+}
+
+// exactDecimal writes r, the value of a decimal literal, as a plain decimal
+// with no trailing zeros: its denominator is 2^a·5^b, so max(a, b) fraction
+// digits hold it exactly.
+func exactDecimal(r *big.Rat) string {
+	if r.IsInt() {
+		return r.Num().String()
+	}
+	d := new(big.Int).Set(r.Denom())
+	digits := 0
+	for _, p := range []int64{2, 5} {
+		n, q, m := 0, big.NewInt(p), new(big.Int)
+		for {
+			quo, rem := new(big.Int).QuoRem(d, q, m)
+			if rem.Sign() != 0 {
+				break
+			}
+			d, n = quo, n+1
+		}
+		digits = max(digits, n)
+	}
+	return r.FloatString(digits)
 }
 
 // Hash returns hex SHA-256 of the canonical encoding of v.

@@ -3,6 +3,7 @@ package canonjson
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -121,4 +122,58 @@ func BenchmarkHashInput(b *testing.B) {
 			}
 		}
 	})
+}
+
+// legacyNormalize is normalizeNumber before exact decimals: every number
+// through its nearest float64. Stored fingerprints and keys were made so.
+func legacyNormalize(n json.Number) string {
+	if i, err := n.Int64(); err == nil {
+		return fmt.Sprint(i)
+	}
+	if f, err := n.Float64(); err == nil {
+		if f == float64(int64(f)) && f < 1e18 && f > -1e18 {
+			return fmt.Sprint(int64(f))
+		}
+		b, _ := json.Marshal(f)
+		return string(b)
+	}
+	return n.String()
+}
+
+// Numbers a float64 cannot hold keep their identity: two account ids or
+// amounts that differ only beyond double precision are two operations
+// (QA), while spellings of one value still hash alike.
+func TestNumbersBeyondDoublePrecisionStayDistinct(t *testing.T) {
+	t.Parallel()
+	for _, pair := range [][2]string{
+		{`0.1`, `0.10000000000000000001`},
+		{`18446744073709551615`, `18446744073709551614`},
+		{`12345678901234567890`, `12345678901234567891`},
+		{`1e400`, `1e401`},
+	} {
+		a, err := Hash(json.RawMessage(`{"n":` + pair[0] + `}`))
+		require.NoError(t, err)
+		b, err := Hash(json.RawMessage(`{"n":` + pair[1] + `}`))
+		require.NoError(t, err)
+		require.NotEqual(t, a, b, "%s vs %s", pair[0], pair[1])
+	}
+	for src, want := range map[string]string{
+		`0.10000000000000000001`:      `0.10000000000000000001`,
+		`1.000000000000000000010e2`:   `100.000000000000000001`,
+		`18446744073709551615`:        `18446744073709551615`,
+		`-1.8446744073709551615E19`:   `-18446744073709551615`,
+		`0.0000000000000000000000001`: `1e-25`, // a float64's own value: as before
+	} {
+		got, err := Marshal(json.RawMessage(src))
+		require.NoError(t, err)
+		require.Equal(t, want, string(got), src)
+	}
+	// Every number a float64 holds is encoded as before.
+	for _, src := range []string{`0.1`, `1.0`, `1.50`, `1e3`, `1e21`, `1E22`, `-2.5e-7`, `0.30000000000000004`,
+		`100000000000000000000`, `1.7976931348623157e308`, `5e-324`, `9007199254740993`, `-0`, `123.456`,
+		`9223372036854775808`, `1e18`, `-1e18`} {
+		got, err := Marshal(json.RawMessage(src))
+		require.NoError(t, err)
+		require.Equal(t, legacyNormalize(json.Number(src)), string(got), src)
+	}
 }
