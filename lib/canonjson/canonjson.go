@@ -10,7 +10,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"math"
 	"math/big"
 	"sort"
 	"strconv"
@@ -158,13 +157,16 @@ func writeArray(buf *bytes.Buffer, elems []any, elem func(*bytes.Buffer, any) er
 
 // normalizeNumber writes a number so that every spelling of one value
 // hashes alike: integers within int64 exactly, other numbers in Go's
-// shortest float form, so 1.0, 1e3 and 1000 hash alike (JavaScript's rule)
-// — as long as the literal is one of its float64's own spellings (holds). A
-// literal no float64 holds (18446744073709551615, 0.10000000000000000001) is
-// written as its exact value instead: collapsed onto its nearest double it
-// hashed as another number, and a payload with another account or amount
-// read as the same operation (QA, session 8). Every number a float64 holds
-// keeps its former encoding, so stored fingerprints and keys stay valid.
+// shortest float form, so 1.0, 1e3 and 1000 hash alike (JavaScript's rule),
+// and so does any literal of at most 17 significant digits that reads as
+// the same float64 (0.10000000000000001 is how some encoders print 0.1). A
+// longer literal carries more than a float64 holds: unless it spells its
+// float64 exactly (holds), it is written as its exact value. Collapsed onto
+// its nearest double it hashed as another number, and a payload with
+// another account id (18446744073709551615 and …614) or amount read as the
+// same operation (QA, session 8). Every number that reads as a float64 at
+// 17 digits or fewer keeps its former encoding, so stored fingerprints and
+// keys stay valid.
 func normalizeNumber(n json.Number) string {
 	if i, err := n.Int64(); err == nil {
 		return fmt.Sprint(i)
@@ -173,7 +175,7 @@ func normalizeNumber(n json.Number) string {
 	if err != nil {
 		return n.String()
 	}
-	if !roundTrips(n.String(), f) {
+	if significantDigits(n.String()) > 17 {
 		if exact, ok := new(big.Rat).SetString(n.String()); ok && !holds(f, exact) {
 			return exactDecimal(exact)
 		}
@@ -185,16 +187,10 @@ func normalizeNumber(n json.Number) string {
 	return string(b)
 }
 
-// roundTrips is a cheap sufficient test for holds: a decimal of at most 15
-// significant digits in float64's normal range is its double's shortest
-// spelling or has the same value (DBL_DIG), so most numbers skip big.Rat.
-func roundTrips(lit string, f float64) bool {
-	if f != 0 && math.Abs(f) < 0x1p-1022 {
-		return false // subnormal: fewer digits survive
-	}
+// significantDigits counts a JSON number literal's significant digits.
+func significantDigits(lit string) int {
 	mantissa, _, _ := strings.Cut(strings.ToLower(strings.TrimLeft(lit, "-")), "e")
-	digits := strings.Trim(strings.Replace(mantissa, ".", "", 1), "0")
-	return len(digits) <= 15
+	return len(strings.Trim(strings.Replace(mantissa, ".", "", 1), "0"))
 }
 
 // holds says whether the literal whose value is exact is one of f's own

@@ -157,8 +157,15 @@ func TestNumbersBeyondDoublePrecisionStayDistinct(t *testing.T) {
 		require.NoError(t, err)
 		require.NotEqual(t, a, b, "%s vs %s", pair[0], pair[1])
 	}
+	// Up to 17 digits, a literal is a spelling of its float64, as before.
+	a, err := Hash(json.RawMessage(`0.10000000000000001`))
+	require.NoError(t, err)
+	b, err := Hash(json.RawMessage(`0.1`))
+	require.NoError(t, err)
+	require.Equal(t, a, b)
 	for src, want := range map[string]string{
 		`0.10000000000000000001`:      `0.10000000000000000001`,
+		`9223372036854775808`:         `9223372036854776000`, // its float64's exact value: as before
 		`1.000000000000000000010e2`:   `100.000000000000000001`,
 		`18446744073709551615`:        `18446744073709551615`,
 		`-1.8446744073709551615E19`:   `-18446744073709551615`,

@@ -266,7 +266,8 @@ func TestAJobStaysInItsRunsWorkspace(t *testing.T) {
 }
 
 // A worker receives the input as the producer sent it, numbers included:
-// the canonical form (which reads numbers as float64) is only hashed.
+// the canonical form (numbers as float64 up to 17 significant digits) is
+// only hashed.
 func TestInputKeepsItsNumbersExactly(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
