@@ -363,6 +363,7 @@ type groupStep struct {
 	compensates                *string
 	createdAt, updatedAt       time.Time
 	succeededAt                *time.Time
+	spent                      bool // failed with every attempt its policy allows used
 }
 
 func (st *groupStep) effectiveState(now time.Time) string {
@@ -382,7 +383,7 @@ func groupSteps(ctx context.Context, q querier, groupID string) ([]groupStep, er
 	for rows.Next() {
 		var st groupStep
 		if err := rows.Scan(&st.id, &st.effectType, &st.key, &st.state, &st.denialCode, &st.leaseExpiresAt,
-			&st.compensation, &st.compensates, &st.createdAt, &st.updatedAt, &st.succeededAt); err != nil {
+			&st.compensation, &st.compensates, &st.createdAt, &st.updatedAt, &st.succeededAt, &st.spent); err != nil {
 			return nil, fmt.Errorf("group steps: %w", err)
 		}
 		out = append(out, st)
@@ -406,9 +407,11 @@ type planEntry struct {
 	stop  bool       // its compensation's outcome is unknown: the walk stops after it
 }
 
-// finalDenial is a denial that a later begin on the same key cannot lift.
+// finalDenial is a denial that a later begin on the same key cannot lift,
+// or a failure whose key has no attempt left (its next begin would be that
+// denial: waiting for it would hold the rollback open for nothing).
 func finalDenial(st *groupStep) bool {
-	return st.state == StateDenied && st.denialCode != nil &&
+	return st.spent || st.state == StateDenied && st.denialCode != nil &&
 		(*st.denialCode == apierr.CodeApprovalRejected || *st.denialCode == apierr.CodeMaxAttemptsExceeded)
 }
 

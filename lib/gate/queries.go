@@ -407,10 +407,16 @@ const sqlHasCompensation = `SELECT EXISTS (SELECT 1 FROM effects WHERE compensat
 // reconcile) the end of its lease, the latest it could have acted, which is
 // also where the step sat in the order while its outcome was unknown.
 // $1 group id.
+//
+// The last column says a failed effect used every attempt its type's policy
+// allows (5 unset, as in sqlEffectivePolicy): its key's next begin is
+// max_attempts_exceeded, final.
 const sqlGroupSteps = `SELECT e.id, e.effect_type, e.idempotency_key, e.state, e.denial_code, e.lease_expires_at,
     e.compensation, e.compensates_effect_id, e.created_at, e.updated_at,
     (SELECT coalesce(a.reported_at, a.lease_expires_at) FROM effect_attempts a
-      WHERE a.effect_id = e.id AND a.attempt = e.attempt AND e.state = 'succeeded')
+      WHERE a.effect_id = e.id AND a.attempt = e.attempt AND e.state = 'succeeded'),
+    e.state = 'failed' AND e.attempt >= coalesce((SELECT p.max_attempts FROM gate_policies p
+      WHERE p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type), 5)
 FROM effects e WHERE e.group_id = $1 ORDER BY e.id`
 
 // sqlSetGroupState moves a locked group. $1 id, $2 state, $3 now.
