@@ -1,6 +1,9 @@
 package jobs
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // SetPolling sets a service's long-poll pacing, so a test can make the
 // poll pause longer than the test: a claim that returns then was woken.
@@ -8,3 +11,6 @@ func SetPolling(s *Service, pause time.Duration) { s.pollMin, s.pollMax = pause,
 
 // SetPurgeSteps bounds the steps one retention pass deletes.
 func SetPurgeSteps(s *Service, n int) { s.purgeSteps = n }
+
+// SettleRuns runs the sweeper's run-settling backstop once.
+func SettleRuns(s *Service, limit int) (int, error) { return s.settleRuns(context.Background(), limit) }

@@ -1211,3 +1211,42 @@ func TestQueueHealthLeavesOutLapsedLastAttempts(t *testing.T) {
 	require.Equal(t, int64(1), health[0].Queued, "only the lapsed job with attempts left")
 	require.Len(t, b.claim(t, w, 2), 1)
 }
+
+// The sweeper's settling backstop takes only runs their steps decide: runs
+// still waiting for steps no longer fill its pass (QA: the 500 oldest open
+// runs were re-settled every pass and newer ones never reached). Not
+// parallel: the backstop sweeps every workspace.
+func TestSettleBackstopSkipsRunsStillWaiting(t *testing.T) {
+	b := setup(t)
+	var waiting []string
+	for i := range 3 {
+		runID := b.run(t)
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(strconv.Itoa(i))})
+		_, err := b.svc.FinishRun(ctx, b.ws, runID)
+		require.NoError(t, err)
+		waiting = append(waiting, runID)
+	}
+	b.clock.Add(time.Second) // ids follow the clock: the decided run sorts after the waiting ones
+	decided := b.run(t)
+	st := b.enqueue(t, decided, jobs.EnqueueRequest{Input: json.RawMessage(`"d"`)})
+	// Its step ended and its completion was requested behind the service's
+	// back, as a crash between the two would leave it.
+	_, err := b.env.App.Pool.Exec(ctx, `UPDATE jobs SET status = 'SUCCEEDED', finished_at = now() WHERE step_id = $1`,
+		st.StepID)
+	require.NoError(t, err)
+	_, err = b.env.App.Pool.Exec(ctx, `UPDATE job_runs SET completion_requested = true WHERE id = $1`, decided)
+	require.NoError(t, err)
+
+	// One run per pass: each pass settles a decided run until none is left.
+	for range 50 {
+		n, err := jobs.SettleRuns(b.svc, 1)
+		require.NoError(t, err)
+		if n == 0 {
+			break
+		}
+	}
+	require.Equal(t, "SUCCEEDED", b.getRun(t, decided).Status)
+	for _, id := range waiting {
+		require.Equal(t, "RUNNING", b.getRun(t, id).Status)
+	}
+}

@@ -214,10 +214,7 @@ WITH r AS (
         status = CASE WHEN EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND status IN ('EXHAUSTED', 'CANCELLED'))
                       THEN 'FAILED' ELSE 'SUCCEEDED' END,
         finished_at = $2::timestamptz
-    WHERE r.id = $1::text AND r.status = 'RUNNING'
-      AND (EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND status IN ('EXHAUSTED', 'CANCELLED'))
-           OR (r.completion_requested
-               AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND status NOT IN ('SUCCEEDED', 'SKIPPED'))))
+    WHERE r.id = $1::text AND r.status = 'RUNNING' AND ` + runDecided + `
     RETURNING r.id, r.workspace_id, r.status, r.reopened
 )
 INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
@@ -226,8 +223,17 @@ SELECT $3::text, workspace_id, 'run.finished', id, jsonb_build_object('status', 
        CASE WHEN reopened = 0 THEN '' ELSE 'reopened:' || reopened END FROM r
 ON CONFLICT DO NOTHING`
 
+// runDecided says whether the steps of run r decide it (see sqlSettleRun).
+const runDecided = `(EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND status IN ('EXHAUSTED', 'CANCELLED'))
+           OR (r.completion_requested
+               AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND status NOT IN ('SUCCEEDED', 'SKIPPED'))))`
+
+// sqlRunsToSettle finds, for the sweeper's backstop, runs whose completion
+// was requested and that their steps decide: only those, so that runs still
+// waiting for their steps neither fill every pass nor hide newer ones.
 const sqlRunsToSettle = `
-SELECT id FROM job_runs WHERE status = 'RUNNING' AND completion_requested ORDER BY id LIMIT $1::int`
+SELECT r.id FROM job_runs r WHERE r.status = 'RUNNING' AND r.completion_requested AND ` + runDecided + `
+ORDER BY r.id LIMIT $1::int`
 
 // sqlReleaseDependents moves WAITING steps whose dependency has ended:
 // QUEUED when it ended the requested way, SKIPPED otherwise.
