@@ -1250,3 +1250,30 @@ func TestSettleBackstopSkipsRunsStillWaiting(t *testing.T) {
 		require.Equal(t, "RUNNING", b.getRun(t, id).Status)
 	}
 }
+
+// A chain of skips of any depth is decided by the report that starts it
+// (QA: levels beyond 32 stayed WAITING until the sweeper ran).
+func TestADeepSkipChainIsDecidedInline(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	root := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"root"`)})
+	prev, steps := root.StepID, []string{}
+	for i := range 40 {
+		st := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(strconv.Itoa(i)), AfterStepID: &prev,
+			AfterStatus: ptr("FAILED")})
+		require.Equal(t, "WAITING", st.Status)
+		prev = st.StepID
+		steps = append(steps, st.StepID)
+	}
+	// A branch that waits for the root's success is queued, not skipped.
+	branch := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"b"`), AfterStepID: &root.StepID,
+		AfterStatus: ptr("SUCCEEDED")})
+	_, err := b.svc.FinishRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+	b.succeed(t, b.claimOne(t, b.register(t)))
+	for _, id := range steps {
+		require.Equal(t, "SKIPPED", b.step(t, id).Status)
+	}
+	require.Equal(t, "QUEUED", b.step(t, branch.StepID).Status)
+}

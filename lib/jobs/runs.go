@@ -626,10 +626,6 @@ func scanEnded(rows pgx.Rows) ([]endedStep, error) {
 	})
 }
 
-// maxReleaseDepth bounds the inline cascade of SKIPPED dependents; the
-// sweeper continues deeper chains.
-const maxReleaseDepth = 32
-
 // afterEnded makes the transitions a step's ending causes, inside the
 // caller's transaction: step.exhausted events, dependents released (and the
 // cascade of skips), and completion of the affected runs.
@@ -647,28 +643,24 @@ func (s *Service) afterEnded(ctx context.Context, tx pgx.Tx, done []endedStep) e
 }
 
 // release records step.exhausted events and, when dependents may exist,
-// releases them, following the cascade of skips. It returns the runs touched.
+// releases them with the whole cascade of skips (sqlReleaseDependents). It
+// returns the runs touched.
 func (s *Service) release(ctx context.Context, tx pgx.Tx, done []endedStep, dependents bool) (map[string]bool, error) {
-	now := s.now()
 	runs := map[string]bool{}
 	var events []event
-	frontier := done
-	for depth := 0; len(frontier) > 0 && depth < maxReleaseDepth; depth++ {
-		stepIDs := make([]string, 0, len(frontier))
-		for _, e := range frontier {
-			if e.runID != "" {
-				runs[e.runID] = true
-			}
-			stepIDs = append(stepIDs, e.stepID)
-			if e.status == StatusExhausted {
-				events = append(events, event{workspaceID: e.workspaceID, typ: EventStepExhausted, subject: e.stepID,
-					data: fmt.Sprintf(`{"jobId":%q,"attempt":%d}`, e.jobID, e.attempt), dedupe: strconv.Itoa(e.attempt)})
-			}
+	stepIDs := make([]string, 0, len(done))
+	for _, e := range done {
+		if e.runID != "" {
+			runs[e.runID] = true
 		}
-		if !dependents && depth == 0 {
-			break
+		stepIDs = append(stepIDs, e.stepID)
+		if e.status == StatusExhausted {
+			events = append(events, event{workspaceID: e.workspaceID, typ: EventStepExhausted, subject: e.stepID,
+				data: fmt.Sprintf(`{"jobId":%q,"attempt":%d}`, e.jobID, e.attempt), dedupe: strconv.Itoa(e.attempt)})
 		}
-		rows, err := tx.Query(ctx, sqlReleaseDependents, stepIDs, now)
+	}
+	if dependents {
+		rows, err := tx.Query(ctx, sqlReleaseDependents, stepIDs, s.now())
 		if err != nil {
 			return nil, fmt.Errorf("release dependents: %w", err)
 		}
@@ -676,12 +668,8 @@ func (s *Service) release(ctx context.Context, tx pgx.Tx, done []endedStep, depe
 		if err != nil {
 			return nil, fmt.Errorf("release dependents: %w", err)
 		}
-		frontier = frontier[:0:0]
 		for _, r := range released {
 			runs[r.runID] = true
-			if r.status == StatusSkipped {
-				frontier = append(frontier, r)
-			}
 		}
 	}
 	return runs, s.recordEvents(ctx, tx, events)

@@ -235,22 +235,33 @@ const sqlRunsToSettle = `
 SELECT r.id FROM job_runs r WHERE r.status = 'RUNNING' AND r.completion_requested AND ` + runDecided + `
 ORDER BY r.id LIMIT $1::int`
 
-// sqlReleaseDependents moves WAITING steps whose dependency has ended:
-// QUEUED when it ended the requested way, SKIPPED otherwise.
+// sqlReleaseDependents moves WAITING steps whose dependency ($1) has ended:
+// QUEUED when it ended the requested way, SKIPPED otherwise, and with a
+// skipped step every WAITING step below it, however deep the chain (a
+// skip decides its dependents at once: SKIPPED is neither a success nor an
+// exhaustion). One statement for the whole cascade, so a report decides a
+// chain of any depth inline (API.md §5); it used to take one statement per
+// level and leave levels beyond 32 to the sweeper.
 const sqlReleaseDependents = `
-UPDATE jobs j SET
-    status = CASE WHEN (j.after_status = 'SUCCEEDED' AND d.status = 'SUCCEEDED')
-                    OR (j.after_status = 'FAILED' AND d.status = 'EXHAUSTED') THEN 'QUEUED' ELSE 'SKIPPED' END,
-    due_at = CASE WHEN (j.after_status = 'SUCCEEDED' AND d.status = 'SUCCEEDED')
-                    OR (j.after_status = 'FAILED' AND d.status = 'EXHAUSTED') THEN $2::timestamptz END,
-    ready_at = CASE WHEN (j.after_status = 'SUCCEEDED' AND d.status = 'SUCCEEDED')
-                    OR (j.after_status = 'FAILED' AND d.status = 'EXHAUSTED') THEN $2::timestamptz END,
-    finished_at = CASE WHEN (j.after_status = 'SUCCEEDED' AND d.status = 'SUCCEEDED')
-                    OR (j.after_status = 'FAILED' AND d.status = 'EXHAUSTED') THEN NULL ELSE $2::timestamptz END,
+WITH RECURSIVE decided AS (
+    SELECT j.id, j.step_id,
+           CASE WHEN (j.after_status = 'SUCCEEDED' AND d.status = 'SUCCEEDED')
+                  OR (j.after_status = 'FAILED' AND d.status = 'EXHAUSTED') THEN 'QUEUED' ELSE 'SKIPPED' END AS next
+    FROM jobs j JOIN jobs d ON d.step_id = j.after_step_id
+    WHERE j.status = 'WAITING' AND j.after_step_id = ANY($1::text[])
+      AND d.status IN ('SUCCEEDED', 'EXHAUSTED', 'CANCELLED', 'SKIPPED')
+    UNION ALL
+    SELECT w.id, w.step_id, 'SKIPPED'
+    FROM decided s JOIN jobs w ON w.after_step_id = s.step_id
+    WHERE s.next = 'SKIPPED' AND w.status = 'WAITING'
+)
+UPDATE jobs j SET status = x.next,
+    due_at = CASE WHEN x.next = 'QUEUED' THEN $2::timestamptz END,
+    ready_at = CASE WHEN x.next = 'QUEUED' THEN $2::timestamptz END,
+    finished_at = CASE WHEN x.next = 'SKIPPED' THEN $2::timestamptz END,
     updated_at = $2::timestamptz
-FROM jobs d
-WHERE j.status = 'WAITING' AND j.after_step_id = ANY($1::text[]) AND d.step_id = j.after_step_id
-  AND d.status IN ('SUCCEEDED', 'EXHAUSTED', 'CANCELLED', 'SKIPPED')
+FROM decided x
+WHERE j.id = x.id AND j.status = 'WAITING'
 RETURNING j.step_id, j.run_id, j.workspace_id, j.id, j.status, j.attempt`
 
 // sqlStrandedDependents finds WAITING steps whose dependency already ended
