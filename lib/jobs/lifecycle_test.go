@@ -631,8 +631,14 @@ func TestCancel(t *testing.T) {
 	hb, err := b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
 	require.NoError(t, err)
 	require.True(t, hb.CancelRequested)
-	r := b.succeed(t, j)
+	r, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED",
+		Output: json.RawMessage(`{"sent":true}`)})
+	require.NoError(t, err)
 	require.Equal(t, "CANCELLED", r.Status)
+	// The output the worker was told was recorded is kept (QA: dropped).
+	cancelled := b.step(t, running.StepID)
+	require.Equal(t, "CANCELLED", cancelled.Status)
+	require.JSONEq(t, `{"sent": "<boolean>"}`, string(cancelled.OutputPreview.(json.RawMessage)), "its redacted preview")
 
 	done := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`3`)})
 	b.succeed(t, b.claimOne(t, w))

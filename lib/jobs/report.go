@@ -160,6 +160,9 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, 
 	if err != nil {
 		return nil, false, err
 	}
+	if err := s.keepCancelledOutputs(ctx, tx, apply, now); err != nil {
+		return nil, false, err
+	}
 	for _, runID := range finishing {
 		if _, ok := settle[runID]; !ok {
 			settle[runID] = false
@@ -339,6 +342,27 @@ func (s *Service) rejectionRow(jobID string, attempt int, rejection string, fini
 	return applyRow{jobID: jobID, attempt: attempt, next: StatusExhausted, finished: finished, outcome: "FAILED",
 		retryable: &retryable, errSealed: s.sealer.Seal([]byte(rejection), seal.AAD(jobID, fmt.Sprintf("error/%d", attempt))),
 		updateJob: true, warning: &rejection, rejected: true}
+}
+
+// keepCancelledOutputs stores the output of successes reported for jobs
+// cancelled while they ran: the job stays CANCELLED, but the result the
+// worker was told was recorded is kept (the step shows its preview), not
+// dropped with the status change the cancel already made.
+func (s *Service) keepCancelledOutputs(ctx context.Context, tx pgx.Tx, rows []applyRow, now time.Time) error {
+	var ids, previews []*string
+	var outputs [][]byte
+	for _, r := range rows {
+		if !r.updateJob && r.outcome == StatusSucceeded && r.output != nil {
+			ids, outputs, previews = append(ids, &r.jobID), append(outputs, r.output), append(previews, r.preview)
+		}
+	}
+	if ids == nil {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, sqlKeepCancelledOutputs, ids, outputs, previews, now); err != nil {
+		return fmt.Errorf("report: cancelled outputs: %w", err)
+	}
+	return nil
 }
 
 // applyReports records rows in one statement.

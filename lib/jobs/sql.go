@@ -542,6 +542,13 @@ const sqlReportApply = `SELECT jobs_report_apply($1::text, $2::timestamptz, $3::
     $16::bool[]),
     ARRAY(SELECT r.id FROM job_runs r WHERE r.id = ANY($17::text[]) AND r.completion_requested AND r.status = 'RUNNING')`
 
+// sqlKeepCancelledOutputs stores outputs ($2, previews $3) reported for
+// jobs ($1) cancelled while they ran; see keepCancelledOutputs.
+const sqlKeepCancelledOutputs = `
+UPDATE jobs j SET output_sealed = u.output, output_preview = u.preview::jsonb, updated_at = $4::timestamptz
+FROM unnest($1::text[], $2::bytea[], $3::text[]) AS u(id, output, preview)
+WHERE j.id = u.id AND j.status = 'CANCELLED'`
+
 const sqlCancelLock = `
 SELECT pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0))::text, id, status, run_id, attempt, endpoint_id FROM jobs WHERE step_id = $1::text AND workspace_id = $2::text FOR UPDATE`
 
