@@ -28,7 +28,9 @@ ALTER TABLE job_endpoints
 -- endpoint whose circuit is open until its probe time (a filter on the
 -- snapshot, as for the other gates); under the endpoint's lock an open
 -- circuit grants at most one job (probe_left), only once the probe time
--- has come, and a grant moves the probe time a cooldown on.
+-- has come, and a grant moves the probe time a cooldown on. And the
+-- endpoints are locked FOR NO KEY UPDATE instead of FOR UPDATE, like every
+-- endpoint lock from now on (see 0021).
 CREATE OR REPLACE FUNCTION jobs_claim(p_worker_id text, p_workspace_id text, p_now timestamptz, p_key_id text,
     p_limit integer, p_grace_ms bigint, p_rate_window timestamptz, p_warning text)
 RETURNS TABLE (id text, step_id text, run_id text, name text, version text, attempt integer, max_attempts integer,
@@ -72,7 +74,7 @@ WITH wk AS (
            CASE WHEN e.rate_window_start >= $7::timestamptz THEN e.rate_window_count ELSE 0 END AS window_count
     FROM job_endpoints e WHERE e.id IN (SELECT endpoint_id FROM cand)
     ORDER BY e.id
-    FOR UPDATE
+    FOR NO KEY UPDATE
 ), room AS (
     SELECT e.id, c.n_re, c.n_new,
            CASE WHEN e.paused THEN 0

@@ -131,3 +131,10 @@ BEGIN
     outcome := 'existing';
 END
 $fn$;
+
+-- Runs that already have such a step fail now, as they would have when it
+-- ended. No run.finished event is recorded for them (its step.exhausted was,
+-- when the step ended); README, "Upgrading".
+UPDATE job_runs r SET status = 'FAILED', finished_at = now()
+WHERE r.status = 'RUNNING'
+  AND EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = r.id AND j.status IN ('EXHAUSTED', 'CANCELLED'));

@@ -161,12 +161,12 @@ func writeArray(buf *bytes.Buffer, elems []any, elem func(*bytes.Buffer, any) er
 // and so does any literal of at most 17 significant digits that reads as
 // the same float64 (0.10000000000000001 is how some encoders print 0.1). A
 // longer literal carries more than a float64 holds: unless it spells its
-// float64 exactly (holds), it is written as its exact value. Collapsed onto
-// its nearest double it hashed as another number, and a payload with
-// another account id (18446744073709551615 and …614) or amount read as the
-// same operation (QA, session 8). Every number that reads as a float64 at
-// 17 digits or fewer keeps its former encoding, so stored fingerprints and
-// keys stay valid.
+// float64 exactly (holds), it is written as its exact value (decimal).
+// Collapsed onto its nearest double it hashed as another number, and a
+// payload with another account id (18446744073709551615 and …614) or amount
+// read as the same operation (QA, session 8). Every number that reads as a
+// float64 at 17 digits or fewer keeps its former encoding, so stored
+// fingerprints and keys stay valid.
 func normalizeNumber(n json.Number) string {
 	if i, err := n.Int64(); err == nil {
 		return fmt.Sprint(i)
@@ -175,10 +175,8 @@ func normalizeNumber(n json.Number) string {
 	if err != nil {
 		return n.String()
 	}
-	if significantDigits(n.String()) > 17 {
-		if exact, ok := new(big.Rat).SetString(n.String()); ok && !holds(f, exact) {
-			return exactDecimal(exact)
-		}
+	if d, ok := parseDecimal(n.String()); ok && len(d.digits) > 17 && !d.holds(f) {
+		return d.String()
 	}
 	if f == float64(int64(f)) && f < 1e18 && f > -1e18 {
 		return fmt.Sprint(int64(f))
@@ -187,44 +185,85 @@ func normalizeNumber(n json.Number) string {
 	return string(b)
 }
 
-// significantDigits counts a JSON number literal's significant digits.
-func significantDigits(lit string) int {
-	mantissa, _, _ := strings.Cut(strings.ToLower(strings.TrimLeft(lit, "-")), "e")
-	return len(strings.Trim(strings.Replace(mantissa, ".", "", 1), "0"))
+// decimal is the exact value of a number literal: its sign, its significant
+// digits (no leading or trailing zeros; "" for zero) and the power of ten of
+// the first of them. It is read and written by string operations only, so
+// its cost is linear in the literal whatever its exponent
+// (1.00000000000000000001e-100000 costs what 1.5 does).
+type decimal struct {
+	neg    bool
+	digits string
+	exp    int
 }
 
-// holds says whether the literal whose value is exact is one of f's own
-// spellings: f's shortest decimal (0.1, 9.223372036854776e18) or f's exact
-// binary value (9223372036854775808).
-func holds(f float64, exact *big.Rat) bool {
+// parseDecimal reads a JSON number literal; false when its exponent does
+// not fit an int.
+func parseDecimal(lit string) (decimal, bool) {
+	var d decimal
+	if rest, ok := strings.CutPrefix(lit, "-"); ok {
+		d.neg, lit = true, rest
+	}
+	mantissa, expPart, hasExp := strings.Cut(strings.ToLower(lit), "e")
+	exp := 0
+	if hasExp {
+		v, err := strconv.Atoi(expPart)
+		if err != nil {
+			return d, false
+		}
+		exp = v
+	}
+	whole, frac, _ := strings.Cut(mantissa, ".")
+	all := strings.TrimLeft(whole+frac, "0")
+	d.digits = strings.TrimRight(all, "0")
+	// The literal is whole+frac × 10^(exp - len(frac)); its first
+	// significant digit stands len(all)-1 places above the last of all.
+	d.exp = exp - len(frac) + len(all) - 1
+	return d, true
+}
+
+// String writes d in scientific form, [-]D[.DDD]e<exp>: one spelling per
+// value.
+func (d decimal) String() string {
+	if d.digits == "" {
+		return "0"
+	}
+	var b strings.Builder
+	if d.neg {
+		b.WriteByte('-')
+	}
+	b.WriteString(d.digits[:1])
+	if len(d.digits) > 1 {
+		b.WriteByte('.')
+		b.WriteString(d.digits[1:])
+	}
+	b.WriteByte('e')
+	b.WriteString(strconv.Itoa(d.exp))
+	return b.String()
+}
+
+// holds says whether d is one of f's own spellings: f's shortest decimal
+// (0.1, 9.223372036854776e18) or f's exact binary value
+// (9223372036854775808). Only a literal of at most 40 digits within ten
+// to the ±400 is compared (a bounded big.Rat); any other is written
+// exactly, which changes the encoding only of a literal that spells a
+// float64's binary value in more than 40 digits.
+func (d decimal) holds(f float64) bool {
+	if len(d.digits) > 40 || d.exp > 400 || d.exp < -400 {
+		return false
+	}
+	sign := ""
+	if d.neg {
+		sign = "-"
+	}
+	exact, ok := new(big.Rat).SetString(sign + d.digits + "e" + strconv.Itoa(d.exp-len(d.digits)+1))
+	if !ok {
+		return false
+	}
 	if shortest, ok := new(big.Rat).SetString(strconv.FormatFloat(f, 'g', -1, 64)); ok && shortest.Cmp(exact) == 0 {
 		return true
 	}
 	binary := new(big.Rat).SetFloat64(f)
 	return binary != nil && binary.Cmp(exact) == 0
-}
-
-// exactDecimal writes r, the value of a decimal literal, as a plain decimal
-// with no trailing zeros: its denominator is 2^a·5^b, so max(a, b) fraction
-// digits hold it exactly.
-func exactDecimal(r *big.Rat) string {
-	if r.IsInt() {
-		return r.Num().String()
-	}
-	d := new(big.Int).Set(r.Denom())
-	digits := 0
-	for _, p := range []int64{2, 5} {
-		n, q, m := 0, big.NewInt(p), new(big.Int)
-		for {
-			quo, rem := new(big.Int).QuoRem(d, q, m)
-			if rem.Sign() != 0 {
-				break
-			}
-			d, n = quo, n+1
-		}
-		digits = max(digits, n)
-	}
-	return r.FloatString(digits)
 }
 
 // Hash returns hex SHA-256 of the canonical encoding of v.

@@ -2,7 +2,9 @@ package db_test
 
 import (
 	"context"
+	"io/fs"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -161,4 +163,63 @@ func TestConnectionLostMidStatement(t *testing.T) {
 
 	require.True(t, db.IsUnavailable(err), "%v", err)
 	require.False(t, db.Unapplied(err), "the statement was sent: %v", err)
+}
+
+// upTo is the embedded migrations numbered up to last.
+func upTo(t *testing.T, last int) fstest.MapFS {
+	t.Helper()
+	all, err := fs.Glob(migrations.FS, "*.sql")
+	require.NoError(t, err)
+	out := fstest.MapFS{}
+	for _, name := range all {
+		n, err := strconv.Atoi(name[:4])
+		require.NoError(t, err)
+		if n <= last {
+			data, err := fs.ReadFile(migrations.FS, name)
+			require.NoError(t, err)
+			out[name] = &fstest.MapFile{Data: data}
+		}
+	}
+	return out
+}
+
+// 0019 fails the runs that already had an exhausted or cancelled step when
+// it is applied, as it fails runs from then on.
+func TestRunsWithAFailedStepFailOnUpgrade(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	target := freshDatabase(t)
+	_, err := db.MigrateURL(ctx, target, upTo(t, 18))
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, target)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `
+INSERT INTO workspaces (id, name) VALUES ('ws_1', 'w');
+INSERT INTO job_endpoints (id, workspace_id, name, preset, max_attempts, initial_delay_ms, multiplier, max_delay_ms,
+    jitter_percent, default_timeout_ms, created_at, updated_at)
+VALUES ('end_1', 'ws_1', 'mail', 'STANDARD', 5, 30000, 2, 900000, 20, 30000, now(), now());
+INSERT INTO job_runs (id, workspace_id, name, status, created_at)
+VALUES ('run_failed', 'ws_1', 'r', 'RUNNING', now()), ('run_fine', 'ws_1', 'r', 'RUNNING', now());
+INSERT INTO jobs (id, step_id, workspace_id, run_id, name, version, endpoint_id, idempotency_key, request_hash, status,
+    policy_version, policy_preset, max_attempts, initial_delay_ms, multiplier, max_delay_ms, jitter_percent, timeout_ms,
+    created_at, updated_at)
+SELECT 'job_' || r || s, 'stp_' || r || s, 'ws_1', r, 'mail', '1', 'end_1', r || s, '\x00', st,
+    1, 'STANDARD', 5, 30000, 2, 900000, 20, 30000, now(), now()
+FROM (VALUES ('run_failed', 'a', 'EXHAUSTED'), ('run_failed', 'b', 'QUEUED'), ('run_fine', 'a', 'SUCCEEDED'),
+             ('run_fine', 'b', 'QUEUED')) v(r, s, st);`)
+	require.NoError(t, err)
+
+	_, err = db.MigrateURL(ctx, target, migrations.FS)
+	require.NoError(t, err)
+	status := map[string]string{}
+	rows, err := conn.Query(ctx, `SELECT id, status FROM job_runs`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id, st string
+		require.NoError(t, rows.Scan(&id, &st))
+		status[id] = st
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, map[string]string{"run_failed": "FAILED", "run_fine": "RUNNING"}, status)
 }

@@ -521,3 +521,108 @@ func TestBatchReportAndReplayDoNotDeadlock(t *testing.T) {
 		}
 	}
 }
+
+// An enqueue holds its run's row (FOR SHARE) when its foreign-key check
+// locks the job's endpoint (KEY SHARE); a report that exhausts a step holds
+// endpoint rows (a breaker to count, a concurrency slot to free) when it
+// settles the run. Endpoint rows are locked FOR NO KEY UPDATE, which the
+// foreign-key check does not wait for, so the two cannot deadlock (review:
+// with FOR UPDATE one of them answered 500). Here the enqueue's two locks
+// are taken by hand, in its order, around a report waiting for the run.
+// Not parallel: it watches pg_stat_activity for the report's wait.
+func TestEnqueueAndAnExhaustingReportDoNotDeadlock(t *testing.T) {
+	for _, gate := range []string{"circuit", "maxConcurrent"} {
+		t.Run(gate, func(t *testing.T) {
+			b := setup(t)
+			fields := jobs.PolicyFields{MaxConcurrent: opt[int64](5)}
+			if gate == "circuit" {
+				fields = jobs.PolicyFields{CircuitFailureThreshold: opt[int64](100)}
+			}
+			ep, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "send_email",
+				PolicyFields: fields})
+			require.NoError(t, err)
+			runID := b.run(t)
+			b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`1`), MaxAttempts: ptr[int64](1)})
+			j := b.claimOne(t, b.register(t))
+
+			pool := b.env.App.Pool
+			enq, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = enq.Rollback(ctx) }()
+			_, err = enq.Exec(ctx, `SELECT 1 FROM job_runs WHERE id = $1 FOR SHARE`, runID)
+			require.NoError(t, err)
+
+			reported := make(chan error, 1)
+			go func() {
+				_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+					Status: "FAILED", Error: &jobs.ReportError{Message: "503"}})
+				reported <- err
+			}()
+			require.Eventually(t, func() bool {
+				var waiting bool
+				require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+					WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE job_runs r SET%')`).Scan(&waiting))
+				return waiting
+			}, 10*time.Second, 5*time.Millisecond, "the report settles the run, waiting for the enqueue")
+			_, err = enq.Exec(ctx, `SELECT 1 FROM job_endpoints WHERE id = $1 FOR KEY SHARE`, ep.ID)
+			require.NoError(t, err, "the foreign-key check does not wait for the report's endpoint lock")
+			require.NoError(t, enq.Commit(ctx))
+			require.NoError(t, <-reported)
+			require.Equal(t, "FAILED", b.getRun(t, runID).Status)
+		})
+	}
+}
+
+// The same race through the service alone: enqueues into a run while its
+// step is reported exhausted, on an endpoint whose breaker counts.
+func TestEnqueuesRacingAnExhaustingReport(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "send_email",
+		PolicyFields: jobs.PolicyFields{CircuitFailureThreshold: opt[int64](1000), MaxConcurrent: opt[int64](1000)}})
+	require.NoError(t, err)
+	w := b.register(t)
+	var (
+		mu   sync.Mutex
+		errs []error
+	)
+	keep := func(err error) {
+		if err != nil {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		}
+	}
+	for range 30 {
+		runID := b.run(t)
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`0`), MaxAttempts: ptr[int64](1)})
+		j := b.claimOne(t, w)
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				// Version 2: the same endpoint, never claimed by the v1 worker.
+				_, err := b.svc.Enqueue(ctx, b.ws, runID, jobs.EnqueueRequest{Name: "send_email", Version: "2",
+					Input: json.RawMessage(fmt.Sprint(i + 1))})
+				keep(err)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			defer close(done)
+			_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+				Status: "FAILED", Error: &jobs.ReportError{Message: "503"}})
+			keep(err)
+		}()
+		wg.Wait()
+		require.Equal(t, "FAILED", b.getRun(t, runID).Status)
+	}
+	require.Empty(t, errs)
+}

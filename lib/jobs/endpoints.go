@@ -351,12 +351,18 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 	if req.ExpectedVersion.Value != cur.Version {
 		return Endpoint{}, versionConflict(cur.Version)
 	}
-	var e Endpoint
+	var (
+		e   Endpoint
+		was Circuit // as the update found it: reports open and close it without a version
+	)
 	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		// The gate protocol (sql.go): wait for in-flight transitions out of
 		// RUNNING, then recount under the row lock the update takes.
 		if _, err := tx.Exec(ctx, sqlEndpointGateExclusive, id); err != nil {
 			return fmt.Errorf("lock endpoint gate: %w", err)
+		}
+		if err := tx.QueryRow(ctx, sqlLockCircuit, workspaceID, id).Scan(&was.State, &was.OpenedAt); err != nil {
+			return err
 		}
 		e, err = scanEndpoint(tx.QueryRow(ctx, sqlUpdatePolicy, id, workspaceID, pol.Preset, pol.MaxAttempts,
 			pol.InitialDelayMs, pol.Multiplier, pol.MaxDelayMs, pol.JitterPercent, pol.DefaultTimeoutMs,
@@ -368,9 +374,9 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 		if _, err := tx.Exec(ctx, sqlRecountRunning, id); err != nil {
 			return fmt.Errorf("recount running: %w", err)
 		}
-		if cur.Circuit.State == CircuitOpen && e.Circuit.State == CircuitClosed && cur.Circuit.OpenedAt != nil {
+		if was.State == CircuitOpen && e.Circuit.State == CircuitClosed && was.OpenedAt != nil {
 			// The breaker was turned off (null circuitFailureThreshold).
-			return s.recordEvents(ctx, tx, []event{closedEvent(workspaceID, e.ID, e.Name, *cur.Circuit.OpenedAt,
+			return s.recordEvents(ctx, tx, []event{closedEvent(workspaceID, e.ID, e.Name, *was.OpenedAt,
 				s.now(), "policy")})
 		}
 		return nil
@@ -385,7 +391,7 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("update endpoint policy: %w", err)
 	}
-	if cur.Circuit.State == CircuitOpen && e.Circuit.State == CircuitClosed {
+	if was.State == CircuitOpen && e.Circuit.State == CircuitClosed {
 		s.wake.wakeAll(workspaceID)
 	}
 	return e, nil

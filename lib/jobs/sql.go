@@ -4,6 +4,14 @@ package jobs
 // pool runs in QueryExecModeExec (types come from Go values, not from a
 // server-side describe).
 //
+// Endpoint rows are locked FOR NO KEY UPDATE, never FOR UPDATE: that still
+// orders claims, reports and sweeps among themselves (it conflicts with
+// itself and with every UPDATE of the row), but not with the KEY SHARE lock
+// an enqueue's foreign-key check takes on its job's endpoint. An enqueue
+// holds its run's row when it inserts, and a report that ends a step may
+// settle (lock) that run while it holds endpoint rows: with FOR UPDATE the
+// two deadlocked (migration 0021).
+//
 // Endpoint gate protocol. job_endpoints.running_count counts an endpoint's
 // RUNNING jobs only while max_concurrent is set, so that reports to an
 // unlimited endpoint never write (and queue on) its row:
@@ -63,7 +71,8 @@ RETURNING ` + endpointColumns
 // sqlLockCircuit locks an endpoint's row for CloseCircuit and reads its
 // circuit as it was.
 const sqlLockCircuit = `
-SELECT circuit_state, circuit_opened_at FROM job_endpoints WHERE workspace_id = $1::text AND id = $2::text FOR UPDATE`
+SELECT circuit_state, circuit_opened_at FROM job_endpoints WHERE workspace_id = $1::text AND id = $2::text
+FOR NO KEY UPDATE`
 
 // sqlCloseCircuit closes the endpoint's breaker and forgets its count;
 // closing a closed breaker with no failures counted changes nothing (not
@@ -97,7 +106,7 @@ WITH t AS (
     WHERE e.id IN (SELECT endpoint_id FROM t)
        OR (e.max_concurrent IS NOT NULL AND e.id IN (SELECT endpoint_id FROM jobs WHERE id = ANY($4::text[])))
     ORDER BY e.id
-    FOR UPDATE
+    FOR NO KEY UPDATE
 ), calc AS (
     SELECT l.*, l.circuit_state = 'open' AS was_open, t.succeeded, t.failures,
            CASE WHEN t.succeeded THEN t.failures ELSE l.circuit_failures + t.failures END AS n
@@ -290,7 +299,7 @@ const failLapsed = `), x AS (
     SELECT e.id FROM job_endpoints e
     WHERE e.id IN (SELECT endpoint_id FROM upd) AND e.max_concurrent IS NOT NULL
     ORDER BY e.id
-    FOR UPDATE
+    FOR NO KEY UPDATE
 ), e AS (
     UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - c.n)
     FROM (SELECT endpoint_id, count(*)::int AS n FROM upd GROUP BY endpoint_id) c
@@ -487,8 +496,8 @@ SELECT lease_expires_at, cancel_requested FROM j`
 //
 // The last column says whether the job's endpoint counts failures
 // (circuitHint; one probe per endpoint, not per job): only then does the
-// report run sqlCircuitRecord. It is read without a lock, so a breaker turned on meanwhile counts from the next
-// report on.
+// report run sqlCircuitRecord. It is read without a lock, so a breaker
+// turned on meanwhile counts from the next report on.
 const sqlReportLock = `
 WITH pre AS (
     SELECT j.id FROM jobs j WHERE j.id = ANY($1::text[]) AND j.workspace_id = $2::text
@@ -519,7 +528,7 @@ WITH gated AS (
     SELECT e.id FROM job_endpoints e
     WHERE e.id IN (SELECT endpoint_id FROM jobs WHERE id = ANY($2::text[])) AND e.max_concurrent IS NOT NULL
     ORDER BY e.id
-    FOR UPDATE
+    FOR NO KEY UPDATE
 )
 UPDATE job_endpoints e SET running_count = e.running_count + c.n
 FROM (SELECT endpoint_id, count(*)::int AS n FROM jobs WHERE id = ANY($1::text[]) GROUP BY endpoint_id) c
