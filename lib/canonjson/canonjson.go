@@ -156,7 +156,8 @@ func writeArray(buf *bytes.Buffer, elems []any, elem func(*bytes.Buffer, any) er
 }
 
 // normalizeNumber writes a number so that every spelling of one value
-// hashes alike: integers within int64 exactly, other numbers in Go's
+// hashes alike: integers within int64 exactly however they are spelled
+// (1.0 and 1e0 are 1), other numbers in Go's
 // shortest float form, so 1.0, 1e3 and 1000 hash alike (JavaScript's rule),
 // and so does any literal of at most 17 significant digits that reads as
 // the same float64 (0.10000000000000001 is how some encoders print 0.1). A
@@ -175,8 +176,14 @@ func normalizeNumber(n json.Number) string {
 	if err != nil {
 		return n.String()
 	}
-	if d, ok := parseDecimal(n.String()); ok && len(d.digits) > 17 && !d.holds(f) {
-		return d.String()
+	d, ok := parseDecimal(n.String())
+	if ok {
+		if i, isInt := d.int64(); isInt {
+			return fmt.Sprint(i) // 9007199254740993.0 is 9007199254740993, as that literal is
+		}
+		if len(d.digits) > 17 && !d.holds(f) {
+			return d.String()
+		}
 	}
 	if f == float64(int64(f)) && f < 1e18 && f > -1e18 {
 		return fmt.Sprint(int64(f))
@@ -219,6 +226,23 @@ func parseDecimal(lit string) (decimal, bool) {
 	// significant digit stands len(all)-1 places above the last of all.
 	d.exp = exp - len(frac) + len(all) - 1
 	return d, true
+}
+
+// int64 is d when it is an integer an int64 holds: the same integer
+// however it is spelled (9007199254740993, 9007199254740993.0, 9.007199254740993e15).
+func (d decimal) int64() (int64, bool) {
+	if d.digits == "" {
+		return 0, true
+	}
+	if d.exp < len(d.digits)-1 || d.exp > 18 {
+		return 0, false // a fraction, or beyond int64
+	}
+	text := d.digits + strings.Repeat("0", d.exp-len(d.digits)+1)
+	if d.neg {
+		text = "-" + text
+	}
+	i, err := strconv.ParseInt(text, 10, 64)
+	return i, err == nil
 }
 
 // String writes d in scientific form, [-]D[.DDD]e<exp>: one spelling per

@@ -150,12 +150,21 @@ func TestNumbersBeyondDoublePrecisionStayDistinct(t *testing.T) {
 		{`18446744073709551615`, `18446744073709551614`},
 		{`12345678901234567890`, `12345678901234567891`},
 		{`1e400`, `1e401`},
+		{`9007199254740992`, `9007199254740993.0`},
 	} {
 		a, err := Hash(json.RawMessage(`{"n":` + pair[0] + `}`))
 		require.NoError(t, err)
 		b, err := Hash(json.RawMessage(`{"n":` + pair[1] + `}`))
 		require.NoError(t, err)
 		require.NotEqual(t, a, b, "%s vs %s", pair[0], pair[1])
+	}
+	// An integer an int64 holds is itself however it is spelled (QA: the
+	// spellings with a fraction or an exponent read as the nearest float64).
+	for _, spelling := range []string{`9007199254740993.0`, `9007199254740993e0`, `9.007199254740993e15`,
+		`90071992547409930e-1`, `9007199254740993.000`} {
+		got, err := Marshal(json.RawMessage(spelling))
+		require.NoError(t, err)
+		require.Equal(t, `9007199254740993`, string(got), spelling)
 	}
 	// Up to 17 digits, a literal is a spelling of its float64, as before.
 	a, err := Hash(json.RawMessage(`0.10000000000000001`))

@@ -507,6 +507,9 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 	case in.risk.refused != nil:
 		code = in.risk.refused.Code
 	default:
+		if err := admitCompensationGrant(ctx, tx, row); err != nil {
+			return Decision{}, err
+		}
 		probe := wasIndeterminate && ev.onIndeterminate == OnIndeterminateProbe
 		if err := tx.QueryRow(ctx, sqlGrant, row.ID, in.now, in.tokenHash, ev.lease, probe, in.keyID,
 			in.risk.keyCeiling).Scan(out.dest()...); err != nil {

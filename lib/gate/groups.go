@@ -319,7 +319,7 @@ func (s *Service) settleLocked(ctx context.Context, tx pgx.Tx, g Group, now time
 	if err != nil {
 		return Unwind{}, err
 	}
-	r := planRollback(steps, now)
+	r := planRollback(steps, now, groupEnded(g.State))
 	if g.State == GroupUnwinding && len(r.plan) == 0 && len(r.unresolved) == 0 {
 		end := GroupUnwound
 		if len(r.irreversible) > 0 {
@@ -422,7 +422,11 @@ func finalDenial(st *groupStep) bool {
 // is known. A compensation whose own outcome is unknown stays in the plan
 // (retrying its suggested key is safe) but nothing after it is offered.
 // Failed, denied and approval-waiting steps never happened: nothing to undo.
-func planRollback(steps []groupStep, now time.Time) rollback {
+//
+// ended says the rollback ended: its record is final, so a compensation that
+// did not succeed is what made its step irreversible, whatever the policy
+// says now.
+func planRollback(steps []groupStep, now time.Time, ended bool) rollback {
 	comps := map[string]*groupStep{}
 	for i := range steps {
 		if c := steps[i].compensates; c != nil {
@@ -440,7 +444,7 @@ func planRollback(steps []groupStep, now time.Time) rollback {
 		case StateSucceeded:
 			c := comps[st.id]
 			switch {
-			case st.compensation == nil || (c != nil && finalDenial(c)):
+			case st.compensation == nil || (c != nil && (finalDenial(c) || ended && c.state != StateSucceeded)):
 				r.irreversible = append(r.irreversible, st.id)
 				continue
 			case c != nil && c.state == StateSucceeded:
@@ -671,3 +675,26 @@ func admitAttempt(ctx context.Context, tx pgx.Tx, row *effectRow) error {
 	}
 	return forwardAdmitted(state)
 }
+
+// admitCompensationGrant checks a new attempt of a compensating effect, at
+// the grant (a final refusal answers first): once its group's rollback
+// ended (unwound, unwind_failed) the record is final, and a compensation it
+// counted irreversible must not run after all (QA: raising the type's
+// max_attempts let it). The group is held shared until the grant commits.
+func admitCompensationGrant(ctx context.Context, tx pgx.Tx, row *effectRow) error {
+	if row.GroupID == nil || row.CompensatesEffectID == nil {
+		return nil
+	}
+	var state string
+	if err := tx.QueryRow(ctx, sqlShareGroupState, *row.GroupID).Scan(&state); err != nil {
+		return fmt.Errorf("begin: group state: %w", err)
+	}
+	if groupEnded(state) {
+		return apierr.InvalidState("The group's rollback ended (%s); its compensations take no new attempt.", state).
+			WithDetail("state", state)
+	}
+	return nil
+}
+
+// groupEnded says whether a group's rollback ended.
+func groupEnded(state string) bool { return state == GroupUnwound || state == GroupUnwindFailed }

@@ -411,6 +411,32 @@ func TestFinallyDeniedCompensationIsIrreversible(t *testing.T) {
 	require.Empty(t, u["plan"])
 }
 
+// An ended rollback is final: raising max_attempts afterwards neither
+// reopens the plan nor lets the compensation it counted irreversible run
+// (QA: it ran, and the group read unwind_failed with every step reversed).
+func TestAnEndedRollbackStaysEnded(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"max_attempts": 1})
+	g := f.group()
+	a := f.done(g, true)
+	item := f.unwind(g)["plan"].([]any)[0].(map[string]any)
+	f.compensate(item, "failed")
+	require.Equal(t, "unwind_failed", f.state(g))
+
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"max_attempts": 3})
+	u := f.unwind(g)
+	require.Equal(t, "unwind_failed", u["state"])
+	require.Equal(t, []string{a}, strs(u["irreversible"]))
+	require.Empty(t, u["plan"])
+	comp := item["compensation"].(map[string]any)
+	r := f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": comp["effect_type"],
+		"payload": comp["payload"], "cost_micros": 0, "idempotency_key": item["suggested_idempotency_key"],
+		"compensates_effect_id": a})
+	errCode(t, r, http.StatusConflict, "invalid_state")
+	require.Equal(t, []string{a}, strs(f.unwind(g)["irreversible"]))
+}
+
 // A replayed begin changes nothing, so an unwinding group does not refuse
 // it: a succeeded step's retry still gets its recorded result.
 func TestReplayIntoUnwindingGroup(t *testing.T) {
