@@ -18,11 +18,15 @@
 --    for it). A breaker opened by hand is left as the operator set it: the
 --    surge's action then holds each begin while the volume is over the
 --    ceiling.
--- 3. A ceiling's counter sums in numeric (gate_begin's chg, and
---    chargeCTEs in lib/gate): a scope with only a count ceiling had no
---    micros ceiling to bound its micros, and ten grants of 10^18 overflowed
+-- 3. A scope with only a count ceiling (a dimension's daily_count) is
+--    charged no micros (gate_begin's plan, and chargeCTEs in lib/gate):
+--    nothing bounded their sum there, and ten grants of 10^18 overflowed
 --    bigint, answering 500 to every begin charging that scope until the
---    UTC day rolled. Its micros now saturate at the bigint maximum.
+--    UTC day rolled. A scope with a micros ceiling (at most 10^18) holds at
+--    most that plus one amount, which fits. The attempt records what was
+--    charged, so a failure's release gives back exactly that and a counter
+--    never goes below zero (a sum saturating at the bigint maximum would
+--    have, on the releases that followed).
 
 CREATE OR REPLACE FUNCTION gate_begin(p_workspace_id text, p_effect_type text, p_idempotency_key text, p_cost_micros bigint,
     p_dimension_names text[], p_lease_seconds integer, p_fingerprint text, p_now timestamptz,
@@ -90,7 +94,8 @@ BEGIN
                         ev.dimension_limits AS dimension_limits, ((($8)::timestamptz AT TIME ZONE 'UTC')::date) AS day
                 ),
 plan AS (
-    SELECT s.workspace_id, s.day, p.scope, p.label, coalesce(s.cost, 0)::bigint AS micros, 1::bigint AS count,
+    SELECT s.workspace_id, s.day, p.scope, p.label,
+        CASE WHEN p.cap_micros IS NULL THEN 0 ELSE coalesce(s.cost, 0) END::bigint AS micros, 1::bigint AS count,
         p.cap_micros, p.cap_count
     FROM grant_src s, LATERAL (
         SELECT 'type:' || s.effect_type AS scope, 'type' AS label, s.daily_budget_micros AS cap_micros,
@@ -111,9 +116,9 @@ chg AS (
     WHERE (cap_micros IS NULL OR micros <= cap_micros) AND (cap_count IS NULL OR count <= cap_count)
     ORDER BY scope
     ON CONFLICT (workspace_id, scope, day) DO UPDATE
-    SET micros = least(g.micros::numeric + excluded.micros, 9223372036854775807)::bigint,
-        count = g.count + excluded.count, cap_micros = excluded.cap_micros, cap_count = excluded.cap_count
-    WHERE (excluded.cap_micros IS NULL OR g.micros::numeric + excluded.micros <= excluded.cap_micros)
+    SET micros = g.micros + excluded.micros, count = g.count + excluded.count,
+        cap_micros = excluded.cap_micros, cap_count = excluded.cap_count
+    WHERE (excluded.cap_micros IS NULL OR g.micros + excluded.micros <= excluded.cap_micros)
       AND (excluded.cap_count IS NULL OR g.count + excluded.count <= excluded.cap_count)
     RETURNING scope
 ),

@@ -23,19 +23,22 @@ func utcDay(ts string) string { return `((` + ts + `)::timestamptz AT TIME ZONE 
 // order (one lock order for every charge and release, so no deadlock), each
 // only if it still fits under the row lock; refused calls gate_refuse, which
 // aborts the whole statement, when any scope did not fit. The caller reads
-// refused (so it runs) and records the denial in a new statement. The sum
-// is taken in numeric: a scope with only a count ceiling (a dimension's
-// daily_count) has no micros ceiling to bound its micros, which saturate
-// at the bigint maximum instead of overflowing (ten grants of 10^18 did,
-// and every begin charging that scope answered 500 until the day
-// rolled; migration 0020). Every grant
+// refused (so it runs) and records the denial in a new statement. A scope
+// with only a count ceiling (a dimension's daily_count) is charged no
+// micros: nothing bounds their sum there, and ten grants of 10^18 overflowed
+// it, so that every begin charging that scope answered 500 until the day
+// rolled (migration 0020); a scope with a micros ceiling (at most 10^18) is
+// charged at most that plus one amount (at most 10^18), which fits. The
+// attempt records what was charged, so a release gives back exactly that.
+// Every grant
 // counts 1 towards daily_count, including one that declares no cost at all
 // (which is what makes daily_count usable for messaging); an undeclared
 // cost is 0 micros.
 func chargeCTEs(src string) string {
 	return `
 plan AS (
-    SELECT s.workspace_id, s.day, p.scope, p.label, coalesce(s.cost, 0)::bigint AS micros, 1::bigint AS count,
+    SELECT s.workspace_id, s.day, p.scope, p.label,
+        CASE WHEN p.cap_micros IS NULL THEN 0 ELSE coalesce(s.cost, 0) END::bigint AS micros, 1::bigint AS count,
         p.cap_micros, p.cap_count
     FROM ` + src + ` s, LATERAL (
         SELECT 'type:' || s.effect_type AS scope, 'type' AS label, s.daily_budget_micros AS cap_micros,
@@ -56,9 +59,9 @@ chg AS (
     WHERE (cap_micros IS NULL OR micros <= cap_micros) AND (cap_count IS NULL OR count <= cap_count)
     ORDER BY scope
     ON CONFLICT (workspace_id, scope, day) DO UPDATE
-    SET micros = least(g.micros::numeric + excluded.micros, 9223372036854775807)::bigint,
-        count = g.count + excluded.count, cap_micros = excluded.cap_micros, cap_count = excluded.cap_count
-    WHERE (excluded.cap_micros IS NULL OR g.micros::numeric + excluded.micros <= excluded.cap_micros)
+    SET micros = g.micros + excluded.micros, count = g.count + excluded.count,
+        cap_micros = excluded.cap_micros, cap_count = excluded.cap_count
+    WHERE (excluded.cap_micros IS NULL OR g.micros + excluded.micros <= excluded.cap_micros)
       AND (excluded.cap_count IS NULL OR g.count + excluded.count <= excluded.cap_count)
     RETURNING scope
 ),
