@@ -540,8 +540,9 @@ func (s *Service) matchesDeclared(in *beginInput, declared []byte) error {
 	if err := json.Unmarshal(doc, &c); err != nil {
 		return fmt.Errorf("begin: declared compensation: %w", err)
 	}
+	var p apierr.Problems
 	if c.EffectType != in.effectType {
-		return apierr.InvalidField("effect_type", "must be %q, the compensation step %s declared (see its unwind plan)",
+		p.Add("effect_type", "must be %q, the compensation step %s declared (see its unwind plan)",
 			c.EffectType, *in.compensates)
 	}
 	want, err := canonjson.Hash(rawOrNull(c.Payload))
@@ -549,10 +550,10 @@ func (s *Service) matchesDeclared(in *beginInput, declared []byte) error {
 		return fmt.Errorf("begin: declared compensation: %w", err)
 	}
 	if want != in.payloadHash {
-		return apierr.InvalidField("payload", "must be the payload the compensation of step %s declared (see its "+
-			"unwind plan)", *in.compensates)
+		p.Add("payload", "must be the payload the compensation of step %s declared (see its unwind plan)",
+			*in.compensates)
 	}
-	return nil
+	return p.Err()
 }
 
 // admit checks a grouped begin: the group is in the workspace (404

@@ -257,6 +257,12 @@ func TestCompensationAdmission(t *testing.T) {
 	wrong := f.do("POST", "/api/v1/effects/begin", refund(a, map[string]any{"effect_type": "email.send"}))
 	errCode(t, wrong, http.StatusBadRequest, "invalid_request")
 	require.Contains(t, string(wrong.Body), `"field":"effect_type"`)
+	require.NotContains(t, string(wrong.Body), `"field":"payload"`)
+	wrong = f.do("POST", "/api/v1/effects/begin", refund(a, map[string]any{"effect_type": "email.send",
+		"payload": map[string]any{"to": "x"}}))
+	errCode(t, wrong, http.StatusBadRequest, "invalid_request")
+	require.Contains(t, string(wrong.Body), `"field":"effect_type"`, "every problem is listed")
+	require.Contains(t, string(wrong.Body), `"field":"payload"`)
 	wrong = f.do("POST", "/api/v1/effects/begin", refund(a, map[string]any{"payload": map[string]any{"refund_of": "x"}}))
 	errCode(t, wrong, http.StatusBadRequest, "invalid_request")
 	require.Contains(t, string(wrong.Body), `"field":"payload"`)
