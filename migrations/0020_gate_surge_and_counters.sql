@@ -1,4 +1,4 @@
--- Three fixes to the gate's functions (issue 6's QA, session 8); each body
+-- Three fixes to the gate's functions (session 8's QA); each body
 -- is 0013's, verbatim but for the lines named here.
 --
 -- 1. An open breaker of a weaker action no longer disarms a surge ceiling
