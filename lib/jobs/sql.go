@@ -575,8 +575,9 @@ WHERE e.id = j.endpoint_id AND $3::bool AND e.max_concurrent IS NOT NULL`
 // workers that polled for it recently. A RUNNING job whose lease lapsed is
 // waiting too (its worker is gone, and it is claimable again): it counts,
 // as of its lease's expiry, unless that was its last attempt (no claim takes
-// it; the sweeper or the next read of its run ends it EXHAUSTED). Pages go by (name, version): $4 and $5 are the
-// last row's (NULL for the first page), $6 the page's rows.
+// it; the sweeper or the next read of its run ends it EXHAUSTED). Pages go
+// by (name, version): $4 and $5 are the last row's (NULL for the first
+// page), $6 the page's rows.
 const sqlQueueHealth = `
 WITH q AS (
     SELECT name, version, count(*)::bigint AS queued, min(ready_at) FILTER (WHERE ready_at <= $2::timestamptz) AS oldest,
