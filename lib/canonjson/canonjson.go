@@ -155,19 +155,18 @@ func writeArray(buf *bytes.Buffer, elems []any, elem func(*bytes.Buffer, any) er
 	return nil
 }
 
-// normalizeNumber writes a number so that every spelling of one value
-// hashes alike: integers within int64 exactly however they are spelled
-// (1.0 and 1e0 are 1), other numbers in Go's
-// shortest float form, so 1.0, 1e3 and 1000 hash alike (JavaScript's rule),
-// and so does any literal of at most 17 significant digits that reads as
-// the same float64 (0.10000000000000001 is how some encoders print 0.1). A
-// longer literal carries more than a float64 holds: unless it spells its
-// float64 exactly (holds), it is written as its exact value (decimal).
-// Collapsed onto its nearest double it hashed as another number, and a
-// payload with another account id (18446744073709551615 and …614) or amount
-// read as the same operation (QA, session 8). Every number that reads as a
-// float64 at 17 digits or fewer keeps its former encoding, so stored
-// fingerprints and keys stay valid.
+// normalizeNumber writes a number so that spellings of one value hash
+// alike: an integer literal within int64 exactly; any other literal of at
+// most 17 significant digits as its float64 in Go's shortest form, so 1.0,
+// 1e3 and 1000 hash alike (JavaScript's rule), and so do
+// 0.10000000000000001 (how some encoders print 0.1) and 0.1 — these keep
+// the encoding stored fingerprints and keys were made with. A longer
+// literal carries more than a float64 holds: unless it spells its float64
+// exactly (holds), it is written as its exact value (an integer within
+// int64 as that integer, else decimal). Collapsed onto its nearest double
+// it hashed as another number, and a payload with another account id
+// (18446744073709551615 and …614) or amount read as the same operation
+// (QA, session 8).
 func normalizeNumber(n json.Number) string {
 	if i, err := n.Int64(); err == nil {
 		return fmt.Sprint(i)
@@ -176,12 +175,11 @@ func normalizeNumber(n json.Number) string {
 	if err != nil {
 		return n.String()
 	}
-	d, ok := parseDecimal(n.String())
-	if ok {
+	if d, ok := parseDecimal(n.String()); ok && len(d.digits) > 17 {
 		if i, isInt := d.int64(); isInt {
-			return fmt.Sprint(i) // 9007199254740993.0 is 9007199254740993, as that literal is
+			return fmt.Sprint(i) // 1234567890123456789.0 is the integer 1234567890123456789 is
 		}
-		if len(d.digits) > 17 && !d.holds(f) {
+		if !d.holds(f) {
 			return d.String()
 		}
 	}
@@ -203,8 +201,12 @@ type decimal struct {
 	exp    int
 }
 
-// parseDecimal reads a JSON number literal; false when its exponent does
-// not fit an int.
+// maxExponent bounds the exponents parseDecimal reads, far beyond float64's
+// (±324) and far below int overflow however long the literal.
+const maxExponent = 1 << 40
+
+// parseDecimal reads a JSON number literal; false when its exponent is
+// beyond ±maxExponent.
 func parseDecimal(lit string) (decimal, bool) {
 	var d decimal
 	if rest, ok := strings.CutPrefix(lit, "-"); ok {
@@ -214,8 +216,8 @@ func parseDecimal(lit string) (decimal, bool) {
 	exp := 0
 	if hasExp {
 		v, err := strconv.Atoi(expPart)
-		if err != nil {
-			return d, false
+		if err != nil || v > maxExponent || v < -maxExponent {
+			return d, false // beyond any float64, and the sums below stay in range
 		}
 		exp = v
 	}

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math/rand"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -150,7 +153,8 @@ func TestNumbersBeyondDoublePrecisionStayDistinct(t *testing.T) {
 		{`18446744073709551615`, `18446744073709551614`},
 		{`12345678901234567890`, `12345678901234567891`},
 		{`1e400`, `1e401`},
-		{`9007199254740992`, `9007199254740993.0`},
+		{`1e-9223372036854775800`, `1e9223372036854775800`},
+		{`1.000000000000000000001e-9223372036854775808`, `1.000000000000000000001e9223372036854775808`},
 	} {
 		a, err := Hash(json.RawMessage(`{"n":` + pair[0] + `}`))
 		require.NoError(t, err)
@@ -158,13 +162,20 @@ func TestNumbersBeyondDoublePrecisionStayDistinct(t *testing.T) {
 		require.NoError(t, err)
 		require.NotEqual(t, a, b, "%s vs %s", pair[0], pair[1])
 	}
-	// An integer an int64 holds is itself however it is spelled (QA: the
-	// spellings with a fraction or an exponent read as the nearest float64).
-	for _, spelling := range []string{`9007199254740993.0`, `9007199254740993e0`, `9.007199254740993e15`,
-		`90071992547409930e-1`, `9007199254740993.000`} {
+	// Beyond 17 digits, an integer an int64 holds is itself however it is
+	// spelled; up to 17, a spelling with a fraction or an exponent stays its
+	// float64's, as stored keys were made (review: 3.7814675137385e+17 is
+	// Python's output for a float).
+	for _, spelling := range []string{`1234567890123456789.0`, `1.234567890123456789e18`,
+		`12345678901234567890e-1`} {
 		got, err := Marshal(json.RawMessage(spelling))
 		require.NoError(t, err)
-		require.Equal(t, `9007199254740993`, string(got), spelling)
+		require.Equal(t, `1234567890123456789`, string(got), spelling)
+	}
+	for _, src := range []string{`3.7814675137385e+17`, `9007199254740993.0`, `9.007199254740993e15`} {
+		got, err := Marshal(json.RawMessage(src))
+		require.NoError(t, err)
+		require.Equal(t, legacyNormalize(json.Number(src)), string(got), src)
 	}
 	// Up to 17 digits, a literal is a spelling of its float64, as before.
 	a, err := Hash(json.RawMessage(`0.10000000000000001`))
@@ -193,5 +204,41 @@ func TestNumbersBeyondDoublePrecisionStayDistinct(t *testing.T) {
 		got, err := Marshal(json.RawMessage(src))
 		require.NoError(t, err)
 		require.Equal(t, legacyNormalize(json.Number(src)), string(got), src)
+	}
+}
+
+// Random literals of at most 17 significant digits, spelled as encoders
+// print floats (mantissa and exponent, a trailing .0, a decimal point
+// anywhere), all encode as before: stored fingerprints and keys depend on
+// it (review: a first version changed 2 % of them).
+func TestShortLiteralsKeepTheirEncoding(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewSource(1))
+	for range 50_000 {
+		digits := strconv.FormatInt(1+rng.Int63n(1e17-1), 10)
+		digits = digits[:1+rng.Intn(len(digits))]
+		var lit string
+		switch rng.Intn(4) {
+		case 0:
+			lit = digits[:1] + "." + digits[1:] + "0e+" + strconv.Itoa(rng.Intn(30))
+		case 1:
+			lit = digits + ".0"
+		case 2:
+			p := rng.Intn(len(digits) + 1)
+			lit = "0" + digits[:p] + "." + digits[p:] + "0"
+			lit = strings.TrimLeft(lit[:len(lit)-1], "0")
+			if strings.HasPrefix(lit, ".") {
+				lit = "0" + lit
+			}
+			lit += "0"
+		case 3:
+			lit = digits + "e-" + strconv.Itoa(rng.Intn(30))
+		}
+		if rng.Intn(2) == 0 {
+			lit = "-" + lit
+		}
+		got, err := Marshal(json.RawMessage(lit))
+		require.NoError(t, err, lit)
+		require.Equal(t, legacyNormalize(json.Number(lit)), string(got), lit)
 	}
 }

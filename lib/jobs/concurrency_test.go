@@ -626,3 +626,89 @@ func TestEnqueuesRacingAnExhaustingReport(t *testing.T) {
 	}
 	require.Empty(t, errs)
 }
+
+// A replay unskips the failed step's dependents before it reopens the run:
+// job rows before the run's row, the order an enqueue naming one of those
+// dependents takes them (its dependency's row, then the run's FOR SHARE).
+// The other order deadlocked (review). The enqueue's two locks are taken by
+// hand around the replay. Not parallel: it watches pg_stat_activity.
+func TestReplayAndAnEnqueueAfterASkippedStepDoNotDeadlock(t *testing.T) {
+	b := setup(t)
+	runID := b.run(t)
+	a := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"a"`), MaxAttempts: ptr[int64](1)})
+	s := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"s"`), AfterStepID: &a.StepID,
+		AfterStatus: ptr("SUCCEEDED")})
+	b.fail(t, b.claimOne(t, b.register(t)), &jobs.ReportError{Message: "boom"})
+	require.Equal(t, "FAILED", b.getRun(t, runID).Status)
+	require.Equal(t, "SKIPPED", b.step(t, s.StepID).Status)
+
+	pool := b.env.App.Pool
+	enq, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = enq.Rollback(ctx) }()
+	// jobs_enqueue with afterStepId s: its dependency's row first.
+	_, err = enq.Exec(ctx, `UPDATE jobs d SET has_dependents = true WHERE d.step_id = $1`, s.StepID)
+	require.NoError(t, err)
+	replayed := make(chan error, 1)
+	go func() {
+		_, err := b.svc.Replay(ctx, b.worker, a.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+		replayed <- err
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%SKIPPED%')`).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond, "the replay waits to unskip s")
+	// Then the run's row: free, since the replay has not reopened it yet.
+	_, err = enq.Exec(ctx, `SELECT 1 FROM job_runs r WHERE r.id = $1 FOR SHARE OF r`, runID)
+	require.NoError(t, err)
+	require.NoError(t, enq.Commit(ctx))
+	require.NoError(t, <-replayed)
+	require.Equal(t, "RUNNING", b.getRun(t, runID).Status)
+	require.Equal(t, "WAITING", b.step(t, s.StepID).Status)
+}
+
+// A step enqueued below a step of a skip chain while the chain is being
+// decided is decided too: the cascade's one statement cannot see it (the
+// enqueue committed after its snapshot), so the newly skipped steps are
+// released again (review). The enqueue runs jobs_enqueue by hand and
+// commits once the report's cascade waits for it. Not parallel: it watches
+// pg_stat_activity.
+func TestASkipCascadeDecidesAStepEnqueuedBelowItMeanwhile(t *testing.T) {
+	b := setup(t)
+	runID := b.run(t)
+	a := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"a"`)})
+	w := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"w"`), AfterStepID: &a.StepID,
+		AfterStatus: ptr("FAILED")})
+	j := b.claimOne(t, b.register(t))
+
+	pool := b.env.App.Pool
+	enq, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = enq.Rollback(ctx) }()
+	x, jobID := ids.New(ids.Step), ids.New(ids.Job)
+	var outcome string
+	require.NoError(t, enq.QueryRow(ctx, `SELECT outcome FROM jobs_enqueue($1, $2, $3, '\x00'::bytea,
+		'send_email', '1', 'send_email', $4, 'SUCCEEDED', NULL, true, NULL, NULL, $5, $3, '\x00'::bytea, '{}'::jsonb,
+		now())`, b.ws, runID, x, w.StepID, jobID).Scan(&outcome))
+	require.Equal(t, "inserted", outcome)
+	reported := make(chan error, 1)
+	go func() {
+		_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
+		reported <- err
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE jobs j SET%')`).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond, "the cascade waits for the enqueue's lock on w")
+	require.NoError(t, enq.Commit(ctx))
+	require.NoError(t, <-reported)
+	require.Equal(t, "SKIPPED", b.step(t, w.StepID).Status)
+	require.Equal(t, "SKIPPED", b.step(t, x).Status, "x waits for w, which was skipped")
+	run, err := b.svc.FinishRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+	require.Equal(t, "SUCCEEDED", run.Status)
+}

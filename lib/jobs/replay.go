@@ -292,11 +292,15 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 		if _, err := tx.Exec(ctx, sqlRunLockExclusive, j.runID); err != nil {
 			return fmt.Errorf("lock run: %w", err)
 		}
-		if _, err := tx.Exec(ctx, sqlReopenRun, j.runID, stepID); err != nil {
-			return fmt.Errorf("reopen run: %w", err)
-		}
+		// Job rows before the run's row, as an enqueue takes them (its
+		// dependency's row, then the run's): an enqueue naming one of these
+		// dependents would otherwise wait for the run while this waited
+		// for it (review).
 		if _, err := tx.Exec(ctx, sqlUnskipDependents, stepID, now); err != nil {
 			return fmt.Errorf("unskip dependents: %w", err)
+		}
+		if _, err := tx.Exec(ctx, sqlReopenRun, j.runID, stepID); err != nil {
+			return fmt.Errorf("reopen run: %w", err)
 		}
 		replayID := ids.NewAt(replayIDPrefix, now)
 		if _, err := tx.Exec(ctx, sqlInsertReplay, replayID, p.WorkspaceID, j.id, stepID, p.KeyID, req.Reason,

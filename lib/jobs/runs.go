@@ -659,8 +659,14 @@ func (s *Service) release(ctx context.Context, tx pgx.Tx, done []endedStep, depe
 				data: fmt.Sprintf(`{"jobId":%q,"attempt":%d}`, e.jobID, e.attempt), dedupe: strconv.Itoa(e.attempt)})
 		}
 	}
-	if dependents {
-		rows, err := tx.Query(ctx, sqlReleaseDependents, stepIDs, s.now())
+	// One statement decides the whole cascade from its snapshot; a step an
+	// enqueue added below a skipped one while it ran (the enqueue held that
+	// step's row, and committed before the statement could update it) is
+	// not in that snapshot, so the newly skipped steps are released again
+	// until none is left (review: the per-level loop this replaced caught
+	// it, one statement per level).
+	for frontier := stepIDs; dependents && len(frontier) > 0; {
+		rows, err := tx.Query(ctx, sqlReleaseDependents, frontier, s.now())
 		if err != nil {
 			return nil, fmt.Errorf("release dependents: %w", err)
 		}
@@ -668,8 +674,12 @@ func (s *Service) release(ctx context.Context, tx pgx.Tx, done []endedStep, depe
 		if err != nil {
 			return nil, fmt.Errorf("release dependents: %w", err)
 		}
+		frontier = nil
 		for _, r := range released {
 			runs[r.runID] = true
+			if r.status == StatusSkipped {
+				frontier = append(frontier, r.stepID)
+			}
 		}
 	}
 	return runs, s.recordEvents(ctx, tx, events)

@@ -629,8 +629,8 @@ WHERE t.id = $1::text AND t.status = 'QUEUED'`
 // its steps' jobs, their executions and replays, once it finished and every
 // one of its steps ended before the cut-off $1: a FAILED run's other steps
 // may run on, or be replayed, and the run is kept until the last of them has
-// been over for the whole period. A run never finished (completion not
-// requested) is kept. Three statements in one transaction:
+// been over for the whole period. A run that has not finished (RUNNING) is
+// kept. Three statements in one transaction:
 //
 // sqlRetiredRuns takes up to $2 candidates, oldest first
 // (job_runs_finished_idx), with how many steps each has, locking each run's
