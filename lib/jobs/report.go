@@ -349,11 +349,14 @@ func (s *Service) rejectionRow(jobID string, attempt int, rejection string, fini
 // worker was told was recorded is kept (the step shows its preview), not
 // dropped with the status change the cancel already made.
 func (s *Service) keepCancelledOutputs(ctx context.Context, tx pgx.Tx, rows []applyRow, now time.Time) error {
-	var ids, previews []*string
-	var outputs [][]byte
+	var (
+		ids      []string
+		outputs  [][]byte
+		previews []*string
+	)
 	for _, r := range rows {
 		if !r.updateJob && r.outcome == StatusSucceeded && r.output != nil {
-			ids, outputs, previews = append(ids, &r.jobID), append(outputs, r.output), append(previews, r.preview)
+			ids, outputs, previews = append(ids, r.jobID), append(outputs, r.output), append(previews, r.preview)
 		}
 	}
 	if ids == nil {
