@@ -161,12 +161,13 @@ func writeArray(buf *bytes.Buffer, elems []any, elem func(*bytes.Buffer, any) er
 // 1e3 and 1000 hash alike (JavaScript's rule), and so do
 // 0.10000000000000001 (how some encoders print 0.1) and 0.1 — these keep
 // the encoding stored fingerprints and keys were made with. A longer
-// literal carries more than a float64 holds: unless it spells its float64
-// exactly (holds), it is written as its exact value (an integer within
-// int64 as that integer, else decimal). Collapsed onto its nearest double
-// it hashed as another number, and a payload with another account id
-// (18446744073709551615 and …614) or amount read as the same operation
-// (QA, session 8).
+// literal carries more than a float64 holds: an integer within int64 is
+// written as that integer, and any other as its exact value (decimal)
+// unless it spells its float64 exactly (holds). Collapsed onto its nearest
+// double it hashed as another number, and a payload with another account
+// id (18446744073709551615 and …614) or amount read as the same operation
+// (QA, session 8). A literal whose exponent is beyond ±maxExponent keeps
+// the float reading (the tiny ones are all 0).
 func normalizeNumber(n json.Number) string {
 	if i, err := n.Int64(); err == nil {
 		return fmt.Sprint(i)

@@ -712,3 +712,49 @@ func TestASkipCascadeDecidesAStepEnqueuedBelowItMeanwhile(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "SUCCEEDED", run.Status)
 }
+
+// A step enqueued below a skipped dependent of the replayed step while the
+// replay unskips (the enqueue held that dependent's row, found it SKIPPED
+// and so skipped the new step, and committed after the unskip's snapshot)
+// is put back to WAITING too: the unskip runs again for the steps it put
+// back (review: it stayed SKIPPED for good). Not parallel: it watches
+// pg_stat_activity.
+func TestAReplayUnskipsAStepEnqueuedBelowItMeanwhile(t *testing.T) {
+	b := setup(t)
+	runID := b.run(t)
+	a := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"a"`), MaxAttempts: ptr[int64](1)})
+	s := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"s"`), AfterStepID: &a.StepID,
+		AfterStatus: ptr("SUCCEEDED")})
+	w := b.register(t)
+	b.fail(t, b.claimOne(t, w), &jobs.ReportError{Message: "boom"})
+	require.Equal(t, "SKIPPED", b.step(t, s.StepID).Status)
+
+	pool := b.env.App.Pool
+	enq, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = enq.Rollback(ctx) }()
+	x, jobID := ids.New(ids.Step), ids.New(ids.Job)
+	var status string
+	require.NoError(t, enq.QueryRow(ctx, `SELECT status FROM jobs_enqueue($1, $2, $3, '\x00'::bytea,
+		'send_email', '1', 'send_email', $4, 'SUCCEEDED', NULL, true, NULL, NULL, $5, $3, '\x00'::bytea, '{}'::jsonb,
+		now())`, b.ws, runID, x, s.StepID, jobID).Scan(&status))
+	require.Equal(t, "SKIPPED", status, "its dependency is skipped")
+	replayed := make(chan error, 1)
+	go func() {
+		_, err := b.svc.Replay(ctx, b.worker, a.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+		replayed <- err
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%WITH RECURSIVE skipped%')`).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond, "the replay waits to unskip s")
+	require.NoError(t, enq.Commit(ctx))
+	require.NoError(t, <-replayed)
+	require.Equal(t, "WAITING", b.step(t, s.StepID).Status)
+	require.Equal(t, "WAITING", b.step(t, x).Status, "x waits for s again")
+	b.succeed(t, b.claimOne(t, w)) // a
+	b.succeed(t, b.claimOne(t, w)) // s
+	require.Equal(t, "QUEUED", b.step(t, x).Status, "x runs after s")
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -122,6 +123,24 @@ func (j replayJob) refusal() string {
 			"this step would be skipped, not run.", *j.dependency, *j.afterStatus)
 	}
 	return ""
+}
+
+// unskip puts the steps the replayed step's end skipped back to WAITING
+// (sqlUnskipDependents), then those it put back's skipped dependents again
+// until none is left: one statement sees its snapshot, and a step an
+// enqueue added below one of them meanwhile (SKIPPED at once, its
+// dependency being skipped) would stay skipped for good (review).
+func unskip(ctx context.Context, tx pgx.Tx, stepID string, now time.Time) error {
+	for frontier := []string{stepID}; len(frontier) > 0; {
+		rows, err := tx.Query(ctx, sqlUnskipDependents, frontier, now)
+		if err != nil {
+			return fmt.Errorf("unskip dependents: %w", err)
+		}
+		if frontier, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			return fmt.Errorf("unskip dependents: %w", err)
+		}
+	}
+	return nil
 }
 
 // afterStatusHolds says whether a dependency that ended in status lets a
@@ -296,8 +315,8 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 		// dependency's row, then the run's): an enqueue naming one of these
 		// dependents would otherwise wait for the run while this waited
 		// for it (review).
-		if _, err := tx.Exec(ctx, sqlUnskipDependents, stepID, now); err != nil {
-			return fmt.Errorf("unskip dependents: %w", err)
+		if err := unskip(ctx, tx, stepID, now); err != nil {
+			return err
 		}
 		if _, err := tx.Exec(ctx, sqlReopenRun, j.runID, stepID); err != nil {
 			return fmt.Errorf("reopen run: %w", err)

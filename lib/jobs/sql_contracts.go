@@ -99,15 +99,18 @@ RETURNING r.status`
 // step's end skipped (they waited for the other outcome), and the steps
 // their skip skipped in turn: each waits again for the replay's outcome,
 // and is queued or skipped when it comes. Steps that the end released have
-// run (or are queued) and stay as they are. $1 the replayed step, $2 now.
+// run (or are queued) and stay as they are. $1 the replayed step (or, run
+// again by unskip, the steps the last run put back), $2 now; it answers
+// the steps it put back.
 const sqlUnskipDependents = `
 WITH RECURSIVE skipped AS (
-    SELECT j.id, j.step_id FROM jobs j WHERE j.after_step_id = $1::text AND j.status = 'SKIPPED'
+    SELECT j.id, j.step_id FROM jobs j WHERE j.after_step_id = ANY($1::text[]) AND j.status = 'SKIPPED'
   UNION
     SELECT j.id, j.step_id FROM jobs j JOIN skipped s ON j.after_step_id = s.step_id WHERE j.status = 'SKIPPED'
 )
 UPDATE jobs j SET status = 'WAITING', finished_at = NULL, updated_at = $2::timestamptz
-FROM skipped WHERE j.id = skipped.id`
+FROM skipped WHERE j.id = skipped.id AND j.status = 'SKIPPED'
+RETURNING j.step_id`
 
 const sqlInsertReplay = `
 INSERT INTO job_replays (id, workspace_id, job_id, step_id, key_id, reason, prior_status, prior_attempt,
