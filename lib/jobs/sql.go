@@ -635,7 +635,8 @@ WHERE t.id = $1::text AND t.status = 'QUEUED'`
 // sqlRetiredRuns takes up to $2 candidates, oldest first
 // (job_runs_finished_idx), with how many steps each has, locking each run's
 // row and skipping any a request holds (an enqueue, a finish or a replay's
-// reopening hold it);
+// reopening hold it; a replay holds its step's job row from the start,
+// which sqlLockRetiredJobs skips);
 const sqlRetiredRuns = `
 SELECT r.id, (SELECT count(*) FROM jobs j WHERE j.run_id = r.id) FROM job_runs r
 WHERE r.status IN ('SUCCEEDED', 'FAILED') AND r.finished_at < $1::timestamptz
