@@ -38,6 +38,8 @@ type fakeJobs struct {
 	// reportError optionally refuses a report request (single or batch)
 	// as a whole before looking at it.
 	reportError func(body json.RawMessage) (status int, code string)
+	// registerError optionally refuses the nth registration (from 1).
+	registerError func(n int) (status int, code string)
 }
 
 func newFakeJobs() *fakeJobs {
@@ -73,7 +75,14 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case p == "/workers/register":
 		f.mu.Lock()
 		f.registrations++
+		n, refuse := f.registrations, f.registerError
 		f.mu.Unlock()
+		if refuse != nil {
+			if status, code := refuse(n); status != 0 {
+				apiError(w, status, code, nil)
+				return
+			}
+		}
 		writeJSON(w, 201, map[string]any{"workerId": "wkr_1"})
 	case p == "/workers/wkr_1/claim":
 		f.mu.Lock()
@@ -979,6 +988,53 @@ func TestWorkerRegistersAgainWhenForgotten(t *testing.T) {
 	defer f.mu.Unlock()
 	if f.registrations != 2 {
 		t.Fatalf("registrations %d, want 2", f.registrations)
+	}
+}
+
+// A registration that fails when the worker registers again is reported to
+// OnError, and the worker keeps claiming: the next 404 registers again.
+func TestWorkerRegistersAgainAfterAFailedRegistration(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	var forgotten atomic.Bool
+	forgotten.Store(true)
+	f.claimError = func() (int, string, map[string]any) {
+		if forgotten.Load() {
+			return http.StatusNotFound, CodeNotFound, nil
+		}
+		return 0, "", nil
+	}
+	f.registerError = func(n int) (int, string) {
+		switch n {
+		case 2: // the first registration again: refused
+			return http.StatusForbidden, CodeForbidden
+		case 3:
+			forgotten.Store(false)
+		}
+		return 0, ""
+	}
+	id := f.add("send_welcome_email", "1", welcomeIn{CustomerID: "cus_1"}, 30000)
+	_, sink := startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "send_welcome_email", Version: "1",
+			Handler: func(ctx context.Context, in welcomeIn, job JobContext) (welcomeOut, error) {
+				return welcomeOut{Sent: true}, nil
+			}}))
+	}, StartOptions{PollInterval: time.Millisecond})
+	if rep := f.waitReport(t, id); rep["status"] != "SUCCEEDED" {
+		t.Fatalf("report %v", rep)
+	}
+	f.mu.Lock()
+	registrations := f.registrations
+	f.mu.Unlock()
+	if registrations != 3 {
+		t.Fatalf("registrations %d, want 3", registrations)
+	}
+	var seen bool
+	for _, err := range sink.list() {
+		seen = seen || strings.Contains(err.Error(), "register again")
+	}
+	if !seen {
+		t.Fatalf("OnError never heard of the failed registration: %v", sink.list())
 	}
 }
 
