@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 )
 
@@ -18,7 +19,19 @@ import (
 type Task struct {
 	Name string
 	Run  func(ctx context.Context, now time.Time) (int, error)
+	// Detached marks a task that waits on other parties (webhook receivers):
+	// Loop starts it in its own goroutine after each pass's other tasks,
+	// without waiting for it, so one slow receiver delays neither the next
+	// pass (lapsed leases, due retries) nor other receivers' deliveries,
+	// another workspace's included (QA: a 10 s receiver made every pass
+	// take 10 s). At most maxDetached runs of it are in flight; a tick that
+	// finds them all busy skips it. RunOnce (the cron routes, the Lambda
+	// schedule, tests) runs it in line like the others.
+	Detached bool
 }
+
+// maxDetached bounds the runs of one detached task in flight at once.
+const maxDetached = 8
 
 // Result reports one pass.
 type Result struct {
@@ -36,6 +49,17 @@ type Sweeper struct {
 	tasks  []Task
 	now    func() time.Time
 	logger *slog.Logger
+}
+
+// run runs one task under TaskTimeout and reports a failure.
+func (s *Sweeper) run(ctx context.Context, t Task) (int, error) {
+	taskCtx, cancel := context.WithTimeout(ctx, TaskTimeout)
+	defer cancel()
+	n, err := t.Run(taskCtx, s.now())
+	if err != nil {
+		s.logger.Error("sweep task failed", "task", t.Name, "err", err.Error())
+	}
+	return n, err
 }
 
 // New returns a sweeper over tasks.
@@ -62,29 +86,56 @@ func (s *Sweeper) RunOnce(ctx context.Context) Result {
 	start := s.now()
 	res := Result{Changed: map[string]int{}, Errors: map[string]string{}}
 	for _, t := range s.tasks {
-		taskCtx, cancel := context.WithTimeout(ctx, TaskTimeout)
-		n, err := t.Run(taskCtx, s.now())
-		cancel()
+		n, err := s.run(ctx, t)
 		res.Changed[t.Name] = n
 		if err != nil {
 			res.Errors[t.Name] = "failed"
-			s.logger.Error("sweep task failed", "task", t.Name, "err", err.Error())
 		}
 	}
 	res.Ms = s.now().Sub(start).Milliseconds()
 	return res
 }
 
-// Loop runs a pass every interval until ctx ends.
+// Loop runs a pass every interval until ctx ends: the tasks in order, then
+// the detached ones started in the background (see Task.Detached). It
+// returns once ctx ended and the detached runs in flight have returned.
 func (s *Sweeper) Loop(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	slots := make(map[string]chan struct{})
+	for _, task := range s.tasks {
+		if task.Detached {
+			slots[task.Name] = make(chan struct{}, maxDetached)
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.RunOnce(ctx)
+		}
+		for _, task := range s.tasks {
+			if !task.Detached {
+				_, _ = s.run(ctx, task)
+			}
+		}
+		for _, task := range s.tasks {
+			if !task.Detached {
+				continue
+			}
+			select {
+			case slots[task.Name] <- struct{}{}:
+			default:
+				continue // every slot busy with a slow peer: the next tick tries again
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-slots[task.Name] }()
+				_, _ = s.run(ctx, task)
+			}()
 		}
 	}
 }

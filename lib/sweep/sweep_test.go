@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,4 +25,40 @@ func TestRunOnceRunsEveryTaskDespiteFailures(t *testing.T) {
 	require.Equal(t, "failed", res.Errors["a"], "no error text leaves the process")
 	require.Error(t, res.Error())
 	require.Equal(t, []string{"a", "b"}, s.Tasks())
+}
+
+// Loop does not wait for a detached task: the other tasks run every tick
+// while it is blocked, and at most maxDetached runs of it are in flight.
+func TestLoopRunsDetachedTasksBesideThePasses(t *testing.T) {
+	t.Parallel()
+	var inline, running, most atomic.Int32
+	release := make(chan struct{})
+	s := New(time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Task{Name: "send", Detached: true, Run: func(ctx context.Context, _ time.Time) (int, error) {
+			n := running.Add(1)
+			defer running.Add(-1)
+			for {
+				m := most.Load()
+				if n <= m || most.CompareAndSwap(m, n) {
+					break
+				}
+			}
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return 0, nil
+		}},
+		Task{Name: "lapse", Run: func(context.Context, time.Time) (int, error) { inline.Add(1); return 0, nil }},
+	)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Loop(ctx, time.Millisecond); close(done) }()
+	require.Eventually(t, func() bool { return inline.Load() >= 3*maxDetached }, 10*time.Second, time.Millisecond,
+		"passes go on while the detached task waits")
+	require.Equal(t, int32(maxDetached), most.Load(), "the detached runs in flight are bounded")
+	close(release)
+	cancel()
+	<-done
+	require.Zero(t, running.Load(), "Loop returns once its detached runs have")
 }

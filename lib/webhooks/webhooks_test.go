@@ -12,6 +12,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -411,4 +412,45 @@ func TestRetentionKeepsTheCurrentReconcileReminder(t *testing.T) {
 	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE workspace_id = $1 AND type = $2`,
 		ws.ID, events.ReconciliationDue).Scan(&left))
 	require.Equal(t, 1, left)
+}
+
+// The local loop sends detached: a receiver that does not answer holds
+// neither the next pass nor another workspace's delivery (QA: every pass
+// waited for the 10 s send, and so did every other receiver).
+func TestASlowReceiverHoldsNoOtherDelivery(t *testing.T) {
+	env, clk := start(t, true)
+	slowWS, fastWS := env.Signup(), env.Signup()
+	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	var slowHits atomic.Int32
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		slowHits.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(slow.Close)
+	t.Cleanup(unblock) // runs first: the slow handler returns before its server closes
+	fast := newReceiver(t)
+	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", slowWS.Key,
+		map[string]any{"url": slow.URL, "events": []string{events.StepExhausted}})
+	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", fastWS.Key,
+		map[string]any{"url": fast.URL, "events": []string{events.StepExhausted}})
+	record(t, env, slowWS.ID, events.StepExhausted, clk.Now())
+
+	ctx, cancel := context.WithCancel(context.Background())
+	looped := make(chan struct{})
+	go func() {
+		env.App.Sweeper.Loop(ctx, 20*time.Millisecond)
+		close(looped)
+	}()
+	defer func() { unblock(); cancel(); <-looped }()
+	require.Eventually(t, func() bool { return slowHits.Load() == 1 }, 10*time.Second, 5*time.Millisecond,
+		"the slow receiver's delivery is being sent")
+	record(t, env, fastWS.ID, events.StepExhausted, clk.Now())
+	require.Eventually(t, func() bool { return fast.count() == 1 }, 10*time.Second, 5*time.Millisecond,
+		"the other workspace's delivery goes out while the slow send still waits")
+	require.Equal(t, int32(1), slowHits.Load(), "the slow delivery is sent once, not again by later passes")
 }
