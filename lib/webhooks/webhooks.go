@@ -170,7 +170,7 @@ func (s *Service) Deliveries(ctx context.Context, workspaceID, webhookID, cursor
 		       CASE WHEN d.state = 'pending' THEN d.next_attempt_at END, d.created_at, d.delivered_at
 		FROM webhooks w
 		LEFT JOIN webhook_deliveries d ON d.webhook_id = w.id AND ($3 = '' OR (d.created_at, d.id) < ($4, $3))
-		WHERE w.id = $1 AND w.workspace_id = $2
+		WHERE w.id = $1 AND w.workspace_id = $2 AND w.deleted_at IS NULL
 		ORDER BY d.created_at DESC, d.id DESC LIMIT $5`, webhookID, workspaceID, afterID, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list deliveries: %w", err)

@@ -316,6 +316,9 @@ func TestDeletedWebhookSendsNothingMore(t *testing.T) {
 	clk.Add(time.Hour)
 	env.App.Sweeper.RunOnce(ctx)
 	require.Equal(t, 1, rcv.count(), "no retry to a deleted webhook")
+	// Gone like the webhook: its deliveries are not listed (QA: they were,
+	// while DELETE and the list already answered it was gone).
+	env.Must(http.StatusNotFound, "GET", "/api/v1/webhooks/"+id+"/deliveries", ws.Key, nil)
 }
 
 // Delivery works in every query mode the service accepts; under
