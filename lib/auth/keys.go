@@ -394,16 +394,50 @@ func (s *Service) RevokeKey(ctx context.Context, p *Principal, keyID string) (Ke
 		scopes []string
 	)
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, `SELECT scopes FROM api_keys WHERE id = $1 AND workspace_id = $2 FOR UPDATE`,
-			keyID, p.WorkspaceID).Scan(&scopes)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return apierr.NotFound("key")
-		}
+		// The key and every live key that can manage keys, locked in id
+		// order in one statement, so that two revokes of the last two such
+		// keys cannot both see the other one left.
+		rows, err := tx.Query(ctx, `SELECT id, scopes, revoked_at IS NULL FROM api_keys
+			WHERE workspace_id = $2 AND (id = $1 OR (revoked_at IS NULL AND $3 = ANY(scopes)))
+			ORDER BY id FOR UPDATE`, keyID, p.WorkspaceID, ScopeKeysWrite)
 		if err != nil {
 			return fmt.Errorf("revoke key: %w", err)
 		}
+		var (
+			found, live bool
+			managers    int
+		)
+		for rows.Next() {
+			var (
+				id     string
+				sc     []string
+				isLive bool
+			)
+			if err := rows.Scan(&id, &sc, &isLive); err != nil {
+				rows.Close()
+				return fmt.Errorf("revoke key: %w", err)
+			}
+			if isLive && slices.Contains(sc, ScopeKeysWrite) {
+				managers++
+			}
+			if id == keyID {
+				found, live, scopes = true, isLive, sc
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("revoke key: %w", err)
+		}
+		if !found {
+			return apierr.NotFound("key")
+		}
 		if err := p.Require(scopes...); err != nil {
 			return err
+		}
+		if live && slices.Contains(scopes, ScopeKeysWrite) && managers == 1 {
+			// Nothing could mint a key again: the workspace would be locked
+			// out for good (QA).
+			return apierr.InvalidState("This is the workspace's last key that can manage keys (%s); mint "+
+				"another such key before revoking it.", ScopeKeysWrite)
 		}
 		k, err = scanKey(tx.QueryRow(ctx, `UPDATE api_keys SET revoked_at = coalesce(revoked_at, $2)
 			WHERE id = $1 RETURNING `+keyColumns, keyID, s.now()))

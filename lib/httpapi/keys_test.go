@@ -408,3 +408,51 @@ func TestCronSweepNeedsSecret(t *testing.T) {
 	unset := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.CronSecret = "" }))
 	require.Equal(t, http.StatusUnauthorized, unset.Do("GET", "/api/cron/sweep", "", nil).Status)
 }
+
+// The workspace's last key that can manage keys cannot be revoked: nothing
+// could mint one again (QA). Two concurrent revokes of the last two such
+// keys leave one.
+func TestTheLastKeyManagerCannotBeRevoked(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	keyID := func(secret string) string {
+		for _, k := range env.Must(http.StatusOK, "GET", "/api/v1/keys", secret, nil).JSON()["data"].([]any) {
+			m := k.(map[string]any)
+			if strings.HasPrefix(secret, "rk_"+strings.TrimPrefix(m["id"].(string), "key_")) {
+				return m["id"].(string)
+			}
+		}
+		t.Fatalf("no key for the secret")
+		return ""
+	}
+	own := keyID(ws.Key)
+	last := env.Do("DELETE", "/api/v1/keys/"+own, ws.Key, nil)
+	require.Equal(t, http.StatusConflict, last.Status, "%s", last.Body)
+	require.Equal(t, "invalid_state", last.ErrorCode())
+	require.Contains(t, string(last.Body), "keys:write")
+	env.Must(http.StatusOK, "GET", "/api/v1/keys", ws.Key, nil) // still works
+
+	second := env.Key(ws, map[string]any{"name": "second operator", "preset": "OPERATOR"})
+	secondID := keyID(second)
+	var wg sync.WaitGroup
+	statuses := make([]int, 2)
+	for i, pair := range [][2]string{{ws.Key, secondID}, {second, own}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			statuses[i] = env.Do("DELETE", "/api/v1/keys/"+pair[1], pair[0], nil).Status
+		}()
+	}
+	wg.Wait()
+	sort.Ints(statuses)
+	require.Contains(t, [][]int{{http.StatusOK, http.StatusConflict}, {http.StatusOK, http.StatusUnauthorized}},
+		statuses, "one revoke wins; the other is refused as the last, or its own key is gone")
+	alive := 0
+	for _, secret := range []string{ws.Key, second} {
+		if env.Do("GET", "/api/v1/keys", secret, nil).Status == http.StatusOK {
+			alive++
+		}
+	}
+	require.Equal(t, 1, alive, "one key that can manage keys is left")
+}
