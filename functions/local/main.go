@@ -53,7 +53,18 @@ func run(ctx context.Context, logOut io.Writer, ready chan<- string) error {
 		return fmt.Errorf("listen on PORT %d: %w", cfg.Port, err)
 	}
 	srv := &http.Server{Handler: a.Server, ReadHeaderTimeout: 10 * time.Second}
-	go a.Sweeper.Loop(ctx, cfg.SweepInterval)
+	// The sweeper (and the webhook sends it runs detached) stops before the
+	// pool closes: the deferred a.Close runs after this.
+	sweepCtx, stopSweeping := context.WithCancel(ctx)
+	swept := make(chan struct{})
+	go func() {
+		a.Sweeper.Loop(sweepCtx, cfg.SweepInterval)
+		close(swept)
+	}()
+	defer func() {
+		stopSweeping()
+		<-swept
+	}()
 	go func() {
 		<-ctx.Done()
 		shutdown, cancel := context.WithTimeout(context.Background(), 25*time.Second)
