@@ -320,6 +320,12 @@ func refuseCappedCreator(creator *Principal) error {
 	return e
 }
 
+// rootKey is true of a key (row of api_keys, $3 every scope) that is live,
+// uncapped and unrestricted and holds every scope: one that can mint any
+// other key.
+const rootKey = `(revoked_at IS NULL AND daily_spend_ceiling_micros IS NULL AND rate_limit_per_minute IS NULL
+    AND tools IS NULL AND scopes @> $3::text[])`
+
 const keyColumns = `id, name, scopes, tools, daily_spend_ceiling_micros, rate_limit_per_minute, created_at, revoked_at`
 
 func scanKey(row pgx.Row) (Key, error) {
@@ -394,34 +400,35 @@ func (s *Service) RevokeKey(ctx context.Context, p *Principal, keyID string) (Ke
 		scopes []string
 	)
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		// The key and every live key that can manage keys, locked in id
-		// order in one statement, so that two revokes of the last two such
-		// keys cannot both see the other one left.
-		rows, err := tx.Query(ctx, `SELECT id, scopes, revoked_at IS NULL FROM api_keys
-			WHERE workspace_id = $2 AND (id = $1 OR (revoked_at IS NULL AND $3 = ANY(scopes)))
-			ORDER BY id FOR UPDATE`, keyID, p.WorkspaceID, ScopeKeysWrite)
+		// The key and every root key (live, uncapped, unrestricted, every
+		// scope: what signup hands out, and the only kind that can mint
+		// every other), locked in id order in one statement, so that two
+		// revokes of the last two roots cannot both see the other one left.
+		rows, err := tx.Query(ctx, `SELECT id, scopes, `+rootKey+` FROM api_keys
+			WHERE workspace_id = $2 AND (id = $1 OR `+rootKey+`)
+			ORDER BY id FOR UPDATE`, keyID, p.WorkspaceID, AllScopes)
 		if err != nil {
 			return fmt.Errorf("revoke key: %w", err)
 		}
 		var (
-			found, live bool
-			managers    int
+			found, root bool
+			roots       int
 		)
 		for rows.Next() {
 			var (
 				id     string
 				sc     []string
-				isLive bool
+				isRoot bool
 			)
-			if err := rows.Scan(&id, &sc, &isLive); err != nil {
+			if err := rows.Scan(&id, &sc, &isRoot); err != nil {
 				rows.Close()
 				return fmt.Errorf("revoke key: %w", err)
 			}
-			if isLive && slices.Contains(sc, ScopeKeysWrite) {
-				managers++
+			if isRoot {
+				roots++
 			}
 			if id == keyID {
-				found, live, scopes = true, isLive, sc
+				found, root, scopes = true, isRoot, sc
 			}
 		}
 		if err := rows.Err(); err != nil {
@@ -433,11 +440,12 @@ func (s *Service) RevokeKey(ctx context.Context, p *Principal, keyID string) (Ke
 		if err := p.Require(scopes...); err != nil {
 			return err
 		}
-		if live && slices.Contains(scopes, ScopeKeysWrite) && managers == 1 {
-			// Nothing could mint a key again: the workspace would be locked
-			// out for good (QA).
-			return apierr.InvalidState("This is the workspace's last key that can manage keys (%s); mint "+
-				"another such key before revoking it.", ScopeKeysWrite)
+		if root && roots == 1 {
+			// Only a root mints a root, and a capped or narrower key cannot
+			// mint what it lacks: the workspace would lose keys for good
+			// (QA, review).
+			return apierr.InvalidState("This is the workspace's last key with every scope, no tools list and no " +
+				"ceiling or rate limit; mint another such key before revoking it.")
 		}
 		k, err = scanKey(tx.QueryRow(ctx, `UPDATE api_keys SET revoked_at = coalesce(revoked_at, $2)
 			WHERE id = $1 RETURNING `+keyColumns, keyID, s.now()))

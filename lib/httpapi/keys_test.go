@@ -409,10 +409,12 @@ func TestCronSweepNeedsSecret(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, unset.Do("GET", "/api/cron/sweep", "", nil).Status)
 }
 
-// The workspace's last key that can manage keys cannot be revoked: nothing
-// could mint one again (QA). Two concurrent revokes of the last two such
-// keys leave one.
-func TestTheLastKeyManagerCannotBeRevoked(t *testing.T) {
+// The workspace's last root key (every scope, no tools list, no ceiling or
+// rate limit) cannot be revoked: only a root mints a root, so the workspace
+// would lose keys for good (QA; the review found a capped or keys:write-only
+// key let the root go). Two concurrent revokes of the last two roots leave
+// one.
+func TestTheLastRootKeyCannotBeRevoked(t *testing.T) {
 	t.Parallel()
 	env := apitest.Start(t)
 	ws := env.Signup()
@@ -430,8 +432,12 @@ func TestTheLastKeyManagerCannotBeRevoked(t *testing.T) {
 	last := env.Do("DELETE", "/api/v1/keys/"+own, ws.Key, nil)
 	require.Equal(t, http.StatusConflict, last.Status, "%s", last.Body)
 	require.Equal(t, "invalid_state", last.ErrorCode())
-	require.Contains(t, string(last.Body), "keys:write")
+	require.Contains(t, string(last.Body), "last key with every scope")
 	env.Must(http.StatusOK, "GET", "/api/v1/keys", ws.Key, nil) // still works
+	// Keys that cannot mint every other do not count as another root.
+	env.Key(ws, map[string]any{"name": "capped operator", "preset": "OPERATOR", "rate_limit_per_minute": 100})
+	env.Key(ws, map[string]any{"name": "key manager", "scopes": []string{"keys:write"}})
+	require.Equal(t, http.StatusConflict, env.Do("DELETE", "/api/v1/keys/"+own, ws.Key, nil).Status)
 
 	second := env.Key(ws, map[string]any{"name": "second operator", "preset": "OPERATOR"})
 	secondID := keyID(second)
