@@ -65,7 +65,9 @@ func run(ctx context.Context, logOut io.Writer, ready chan<- string) error {
 		stopSweeping()
 		<-swept
 	}()
+	drained := make(chan struct{})
 	go func() {
+		defer close(drained)
 		<-ctx.Done()
 		shutdown, cancel := context.WithTimeout(context.Background(), 25*time.Second)
 		defer cancel()
@@ -78,5 +80,9 @@ func run(ctx context.Context, logOut io.Writer, ready chan<- string) error {
 	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
+	// Serve returns as soon as Shutdown begins; the requests in flight get
+	// their grace before the sweeper stops and the pool closes (review: a
+	// long-polling claim answered 500 "closed pool").
+	<-drained
 	return nil
 }

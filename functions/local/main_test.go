@@ -80,3 +80,63 @@ func TestLocalServerRefusesBadConfig(t *testing.T) {
 	err := run(context.Background(), io.Discard, nil)
 	require.ErrorContains(t, err, "DATABASE_URL is required")
 }
+
+// A request in flight when the server is told to stop gets its answer
+// before the pool closes: Serve returns as soon as Shutdown begins, and run
+// waits for the shutdown (review: a long-polling claim answered 500
+// "closed pool").
+func TestLocalServerDrainsRequestsBeforeClosing(t *testing.T) {
+	t.Setenv("DATABASE_URL", apitest.DatabaseURL(t))
+	t.Setenv("RESULT_ENCRYPTION_KEY", base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 32)))
+	t.Setenv("KEY_HASH_SECRET", "local-test-secret-0123456789")
+	t.Setenv("PORT", "0")
+	t.Setenv("SWEEP_INTERVAL", "50ms")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, io.Discard, ready) }()
+	base := "http://" + <-ready
+	post := func(path, key string, body string) (*http.Response, error) {
+		req, _ := http.NewRequest("POST", base+path, bytes.NewReader([]byte(body)))
+		req.Header.Set("Authorization", "Bearer "+key)
+		return http.DefaultClient.Do(req)
+	}
+	res, err := post("/api/v1/workspaces", "", `{"name":"drain"}`)
+	require.NoError(t, err)
+	var signup struct {
+		Key struct {
+			Secret string `json:"secret"`
+		} `json:"key"`
+	}
+	require.NoError(t, json.NewDecoder(res.Body).Decode(&signup))
+	res.Body.Close()
+	res, err = post("/api/v1/workers/register", signup.Key.Secret, `{"tools":[{"name":"t","version":"1"}]}`)
+	require.NoError(t, err)
+	var reg struct {
+		WorkerID string `json:"workerId"`
+	}
+	require.NoError(t, json.NewDecoder(res.Body).Decode(&reg))
+	res.Body.Close()
+
+	claimed := make(chan int, 1)
+	go func() {
+		res, err := post("/api/v1/workers/"+reg.WorkerID+"/claim", signup.Key.Secret, `{"waitSeconds":2}`)
+		if err != nil {
+			claimed <- 0
+			return
+		}
+		res.Body.Close()
+		claimed <- res.StatusCode
+	}()
+	time.Sleep(300 * time.Millisecond) // the claim is parked in its long poll
+	cancel()
+	require.NoError(t, <-done)
+	select {
+	case status := <-claimed:
+		require.Equal(t, http.StatusOK, status, "answered in full before the pool closed")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the claim never got an answer")
+	}
+}
