@@ -64,22 +64,31 @@ func Sign(secret string, t time.Time, body []byte) string {
 	return "t=" + ts + ",v1=" + hex.EncodeToString(m.Sum(nil))
 }
 
+// sqlDispatch fans out up to $2 events at $1. It holds each webhook it
+// fans out to FOR SHARE: a Delete (an UPDATE of that row) waits for it and
+// then abandons the deliveries it made. Without the lock a fan-out whose
+// snapshot predated the delete committed its delivery after the delete had
+// abandoned the pending ones, and it stayed pending for good: never sent,
+// not listed, and holding its event from retention (review).
+const sqlDispatch = `
+WITH ev AS (
+    SELECT id, workspace_id, type FROM events
+    WHERE dispatched_at IS NULL ORDER BY created_at LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), fan AS (
+    INSERT INTO webhook_deliveries (id, webhook_id, workspace_id, event_id, event_type, state, next_attempt_at, created_at)
+    SELECT 'dlv_' || substr(md5(w.id || ev.id), 1, 26), w.id, ev.workspace_id, ev.id, ev.type, 'pending', $1, $1
+    FROM ev JOIN webhooks w ON w.workspace_id = ev.workspace_id AND w.deleted_at IS NULL AND ev.type = ANY (w.events)
+    FOR SHARE OF w
+    ON CONFLICT (webhook_id, event_id) DO NOTHING
+)
+UPDATE events SET dispatched_at = $1 WHERE id IN (SELECT id FROM ev)`
+
 // Dispatch fans undispatched outbox events out into one pending delivery per
 // matching subscription, in one statement. Events nobody subscribes to are
 // marked dispatched too.
 func (s *Service) Dispatch(ctx context.Context, now time.Time) (int, error) {
-	tag, err := s.pool.Exec(ctx, `
-		WITH ev AS (
-		    SELECT id, workspace_id, type FROM events
-		    WHERE dispatched_at IS NULL ORDER BY created_at LIMIT $2
-		    FOR UPDATE SKIP LOCKED
-		), fan AS (
-		    INSERT INTO webhook_deliveries (id, webhook_id, workspace_id, event_id, event_type, state, next_attempt_at, created_at)
-		    SELECT 'dlv_' || substr(md5(w.id || ev.id), 1, 26), w.id, ev.workspace_id, ev.id, ev.type, 'pending', $1, $1
-		    FROM ev JOIN webhooks w ON w.workspace_id = ev.workspace_id AND w.deleted_at IS NULL AND ev.type = ANY (w.events)
-		    ON CONFLICT (webhook_id, event_id) DO NOTHING
-		)
-		UPDATE events SET dispatched_at = $1 WHERE id IN (SELECT id FROM ev)`, now, dispatchBatch)
+	tag, err := s.pool.Exec(ctx, sqlDispatch, now, dispatchBatch)
 	if err != nil {
 		return 0, fmt.Errorf("dispatch events: %w", err)
 	}

@@ -457,3 +457,37 @@ func TestASlowReceiverHoldsNoOtherDelivery(t *testing.T) {
 		"the other workspace's delivery goes out while the slow send still waits")
 	require.Equal(t, int32(1), slowHits.Load(), "the slow delivery is sent once, not again by later passes")
 }
+
+// A fan-out still in flight when its webhook is deleted makes the delete
+// wait, which then abandons what it made: nothing is left pending for good
+// (review: never sent, not listed, holding its event from retention).
+func TestADeleteAbandonsAFanOutStillInFlight(t *testing.T) {
+	env, clk := start(t, true)
+	ctx := context.Background()
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.StepExhausted}}).JSON()["id"].(string)
+	record(t, env, ws.ID, events.StepExhausted, clk.Now())
+
+	tx, err := env.App.Pool.Begin(ctx) // Dispatch's statement, held open
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, webhooks.SQLDispatch, clk.Now(), 500)
+	require.NoError(t, err)
+	deleted := make(chan int, 1)
+	go func() { deleted <- env.Do("DELETE", "/api/v1/webhooks/"+id, ws.Key, nil).Status }()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE webhooks SET deleted_at%')`).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond, "the delete waits for the fan-out")
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, http.StatusOK, <-deleted)
+
+	var state string
+	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT state FROM webhook_deliveries WHERE webhook_id = $1`,
+		id).Scan(&state))
+	require.Equal(t, "failed", state, "abandoned with the webhook")
+}
