@@ -1,0 +1,11 @@
+-- A replay puts back to WAITING the steps its step's end skipped, and
+-- theirs (sqlUnskipDependents, run again for the steps it put back). It
+-- found them by after_step_id among SKIPPED steps, which no index covered
+-- (jobs_waiting_idx holds WAITING steps only): each pass scanned jobs while
+-- the replay held the replayed job's row. Only skipped steps are indexed.
+--
+-- Built inside the migration's transaction, which blocks writes to jobs
+-- while it builds; on a large table build it first with CREATE INDEX
+-- CONCURRENTLY under the same name (README, "Upgrading"): IF NOT EXISTS
+-- then leaves it be.
+CREATE INDEX IF NOT EXISTS jobs_skipped_idx ON jobs (after_step_id) WHERE status = 'SKIPPED';
