@@ -19,8 +19,9 @@ import (
 // report path below counts what workers report, since only a report says
 // how the service answered. It is off until a policy sets
 // circuitFailureThreshold, so endpoints without one pay nothing: the report
-// lock reads a hint per job (circuitHint) and only a batch with a hinted
-// endpoint runs sqlCircuitRecord.
+// lock reads, once per endpoint of the batch, whether its breaker is on
+// (circuitHint), and only a batch with such an endpoint runs
+// sqlCircuitRecord.
 
 // circuitTally is one endpoint's share of a report batch, read in the
 // batch's order: whether a success came, and the retryable failures after
