@@ -32,7 +32,10 @@ const (
 	ScopeBillingWrite   = "billing:write"
 )
 
-// AllScopes lists every scope in a stable order.
+// AllScopes lists every scope in a stable order. A scope added later must
+// be granted to the existing root keys (every scope, no tools, uncapped) by
+// the migration that adds it: RevokeKey keeps the workspace's last root,
+// and a key missing the new scope would no longer count as one.
 var AllScopes = []string{
 	ScopeEffectsBegin, ScopeEffectsReport, ScopeEffectsRead, ScopeEffectsResolve,
 	ScopePoliciesRead, ScopePoliciesWrite, ScopeApprovalsWrite, ScopeKeysWrite,

@@ -561,7 +561,7 @@ func TestEnqueueAndAnExhaustingReportDoNotDeadlock(t *testing.T) {
 			require.Eventually(t, func() bool {
 				var waiting bool
 				require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-					WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE job_runs r SET%')`).Scan(&waiting))
+					WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%UPDATE job_runs r SET%')`).Scan(&waiting))
 				return waiting
 			}, 10*time.Second, 5*time.Millisecond, "the report settles the run, waiting for the enqueue")
 			_, err = enq.Exec(ctx, `SELECT 1 FROM job_endpoints WHERE id = $1 FOR KEY SHARE`, ep.ID)
@@ -657,7 +657,7 @@ func TestReplayAndAnEnqueueAfterASkippedStepDoNotDeadlock(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var waiting bool
 		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%SKIPPED%')`).Scan(&waiting))
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%SKIPPED%')`).Scan(&waiting))
 		return waiting
 	}, 10*time.Second, 5*time.Millisecond, "the replay waits to unskip s")
 	// Then the run's row: free, since the replay has not reopened it yet.
@@ -701,7 +701,7 @@ func TestASkipCascadeDecidesAStepEnqueuedBelowItMeanwhile(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var waiting bool
 		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE jobs j SET%')`).Scan(&waiting))
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%UPDATE jobs j SET%')`).Scan(&waiting))
 		return waiting
 	}, 10*time.Second, 5*time.Millisecond, "the cascade waits for the enqueue's lock on w")
 	require.NoError(t, enq.Commit(ctx))
@@ -747,7 +747,7 @@ func TestAReplayUnskipsAStepEnqueuedBelowItMeanwhile(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var waiting bool
 		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%WITH RECURSIVE skipped%')`).Scan(&waiting))
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%WITH RECURSIVE skipped%')`).Scan(&waiting))
 		return waiting
 	}, 10*time.Second, 5*time.Millisecond, "the replay waits to unskip s")
 	require.NoError(t, enq.Commit(ctx))

@@ -125,25 +125,32 @@ func (s *Service) List(ctx context.Context, workspaceID, cursor string, limit in
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[Webhook])
 }
 
-// Delete ends a subscription; pending deliveries to it are abandoned.
+// Delete ends a subscription; pending deliveries to it are abandoned, in the
+// same transaction (review: a delete whose second statement failed left
+// them pending for good, and a retried DELETE answered 404).
 func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, error) {
-	rows, err := s.pool.Query(ctx, `UPDATE webhooks SET deleted_at = $3
-		WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NULL
-		RETURNING id, url, events, created_at`, id, workspaceID, s.now())
-	if err != nil {
-		return Webhook{}, fmt.Errorf("delete webhook: %w", err)
-	}
-	w, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Webhook])
+	var w Webhook
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `UPDATE webhooks SET deleted_at = $3
+			WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NULL
+			RETURNING id, url, events, created_at`, id, workspaceID, s.now())
+		if err != nil {
+			return fmt.Errorf("delete webhook: %w", err)
+		}
+		if w, err = pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Webhook]); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE webhook_deliveries SET state = 'failed', last_error = 'webhook deleted'
+			WHERE webhook_id = $1 AND state = 'pending'`, id); err != nil {
+			return fmt.Errorf("abandon deliveries: %w", err)
+		}
+		return nil
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Webhook{}, apierr.NotFound("webhook")
 	}
 	if err != nil {
 		return Webhook{}, fmt.Errorf("delete webhook: %w", err)
-	}
-	_, err = s.pool.Exec(ctx, `UPDATE webhook_deliveries SET state = 'failed', last_error = 'webhook deleted'
-		WHERE webhook_id = $1 AND state = 'pending'`, id)
-	if err != nil {
-		return Webhook{}, fmt.Errorf("abandon deliveries: %w", err)
 	}
 	return w, nil
 }

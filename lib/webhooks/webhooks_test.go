@@ -480,7 +480,7 @@ func TestADeleteAbandonsAFanOutStillInFlight(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var waiting bool
 		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE webhooks SET deleted_at%')`).Scan(&waiting))
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%UPDATE webhooks SET deleted_at%')`).Scan(&waiting))
 		return waiting
 	}, 10*time.Second, 5*time.Millisecond, "the delete waits for the fan-out")
 	require.NoError(t, tx.Commit(ctx))
@@ -490,4 +490,40 @@ func TestADeleteAbandonsAFanOutStillInFlight(t *testing.T) {
 	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT state FROM webhook_deliveries WHERE webhook_id = $1`,
 		id).Scan(&state))
 	require.Equal(t, "failed", state, "abandoned with the webhook")
+}
+
+// A delete is one transaction: when abandoning the deliveries fails, the
+// webhook is not deleted either, and the retried DELETE does both (review:
+// the first statement committed alone, and the retry answered 404 while the
+// deliveries stayed pending for good).
+func TestADeleteIsAllOrNothing(t *testing.T) {
+	env, clk := start(t, true)
+	ctx := context.Background()
+	ws := env.Signup()
+	rcv := newReceiver(t, 500)
+	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()["id"].(string)
+	record(t, env, ws.ID, events.RunFinished, clk.Now())
+	env.App.Sweeper.RunOnce(ctx) // sent, failed: pending for a retry
+
+	pool := env.App.Pool
+	_, err := pool.Exec(ctx, `CREATE FUNCTION test_refuse_abandon() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'abandon refused'; END $$;
+		CREATE TRIGGER test_refuse_abandon BEFORE UPDATE ON webhook_deliveries FOR EACH ROW
+		WHEN (NEW.last_error = 'webhook deleted') EXECUTE FUNCTION test_refuse_abandon();`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(ctx, `DROP TRIGGER IF EXISTS test_refuse_abandon ON webhook_deliveries;
+			DROP FUNCTION IF EXISTS test_refuse_abandon();`)
+	})
+	env.Must(http.StatusInternalServerError, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil)
+	require.Len(t, env.Must(http.StatusOK, "GET", "/api/v1/webhooks", ws.Key, nil).JSON()["data"], 1,
+		"the webhook is still there")
+
+	_, err = pool.Exec(ctx, `DROP TRIGGER test_refuse_abandon ON webhook_deliveries; DROP FUNCTION test_refuse_abandon();`)
+	require.NoError(t, err)
+	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil)
+	var state string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT state FROM webhook_deliveries WHERE webhook_id = $1`, id).Scan(&state))
+	require.Equal(t, "failed", state)
 }
