@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -243,6 +244,9 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 	req.Header.Set("Ratchet-Event-Id", c.eventID)
 	req.Header.Set("Ratchet-Signature", Sign(string(secret), s.now(), body))
 	res, err := s.client.Do(req)
+	if errors.Is(err, errNotPublic) {
+		return s.record(ctx, c, nil, "refused: not a public address (WEBHOOK_ALLOW_PRIVATE_NETWORKS)")
+	}
 	if err != nil {
 		return s.record(ctx, c, nil, "request failed")
 	}
@@ -311,6 +315,10 @@ func public(ip net.IP) bool {
 // newClient returns the delivery client. Unless allowPrivate, its dialer
 // refuses every non-public address (public) after DNS resolution, which
 // also defeats DNS rebinding.
+// errNotPublic is the dialer's refusal of a receiver on a non-public
+// address: recorded as such, so an operator sees why (not "request failed").
+var errNotPublic = errors.New("webhooks: refusing to deliver to a non-public address")
+
 func newClient(allowPrivate bool) *http.Client {
 	dialer := &net.Dialer{Timeout: 5 * time.Second}
 	if !allowPrivate {
@@ -320,7 +328,7 @@ func newClient(allowPrivate bool) *http.Client {
 				return err
 			}
 			if !public(net.ParseIP(host)) {
-				return fmt.Errorf("webhooks: refusing to deliver to a non-public address")
+				return errNotPublic
 			}
 			return nil
 		}

@@ -250,7 +250,8 @@ func TestPrivateAddressesAreRefusedByDefault(t *testing.T) {
 	require.Zero(t, rcv.count())
 	ds := deliveries(t, env, ws.Key, id)
 	require.Equal(t, "pending", ds[0]["state"])
-	require.Equal(t, "request failed", ds[0]["last_error"])
+	require.Equal(t, "refused: not a public address (WEBHOOK_ALLOW_PRIVATE_NETWORKS)", ds[0]["last_error"],
+		"says why (QA: it read \"request failed\")")
 }
 
 func TestSignKnownVector(t *testing.T) {
