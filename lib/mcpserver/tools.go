@@ -1,13 +1,11 @@
 package mcpserver
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
-	"reflect"
 	"strconv"
 
 	"github.com/google/jsonschema-go/jsonschema"
@@ -30,10 +28,11 @@ type tool struct {
 // reads every number as a float64: an integer above 2^53 in a payload, a
 // result or cost_micros would reach the API rounded, so the same begin
 // through MCP and through REST would fingerprint apart and the stored
-// result would not be the vendor's. So the arguments are validated against
-// the schema (on such a map, which is fine for validation) and then decoded
-// into In with numbers kept as written (json.Number in the free-form
-// fields), and the REST answer is relayed the same way.
+// result would not be the vendor's. So the arguments are decoded into In
+// as the REST API decodes a body, with numbers kept as written (json.Number
+// in the free-form fields), then validated against the schema (on such a
+// map, which is fine for validation), and the REST answer is relayed the
+// same way.
 func define[In any](name, description string, route func(In) (method, path string, body any),
 	adjust ...func(*jsonschema.Schema)) tool {
 	schema, err := jsonschema.For[In](nil)
@@ -75,10 +74,12 @@ func argumentsError(err error) *mcp.CallToolResult {
 		StructuredContent: structured, IsError: true}
 }
 
-// decodeArguments checks a tool call's arguments as the REST API checks a
-// body (jsonstrict: repeated keys, which the decoded arguments would no
-// longer show, numbers beyond float64, NUL...) and against the tool's
-// schema, then decodes them into In, numbers as written.
+// decodeArguments reads a tool call's arguments as the REST API reads a
+// body (jsonstrict.DecodeNumbers: unknown fields, wrong types, repeated keys,
+// numbers beyond float64, NUL..., each answered with the field's path and
+// the API's wording, never the value), numbers kept as written, and then
+// checks them against the tool's schema for what only it knows (required
+// arguments, enumerations).
 func decodeArguments[In any](args json.RawMessage, resolved *jsonschema.Resolved) (In, error) {
 	var in In
 	if len(args) == 0 {
@@ -88,7 +89,7 @@ func decodeArguments[In any](args json.RawMessage, resolved *jsonschema.Resolved
 	if err := json.Unmarshal(args, &object); err != nil {
 		return in, errors.New("must be a JSON object")
 	}
-	if err := jsonstrict.Check(args, reflect.TypeFor[In]()); err != nil {
+	if err := jsonstrict.DecodeNumbers(args, &in); err != nil {
 		return in, err
 	}
 	var check map[string]any // the schema validates plain values
@@ -96,11 +97,6 @@ func decodeArguments[In any](args json.RawMessage, resolved *jsonschema.Resolved
 		return in, errors.New("must be a JSON object")
 	}
 	if err := resolved.Validate(&check); err != nil {
-		return in, err
-	}
-	dec := json.NewDecoder(bytes.NewReader(args))
-	dec.UseNumber()
-	if err := dec.Decode(&in); err != nil {
 		return in, err
 	}
 	return in, nil

@@ -127,6 +127,17 @@ func TestToolArgumentErrorsUseTheEnvelope(t *testing.T) {
 	text, _ := callRaw(t, cs, "ratchet_begin", `{"effect_type":"m.x","idempotency_key":"k","payload":{"n":1e400}}`)
 	require.Contains(t, text, "beyond the range of a 64-bit float")
 	require.NotContains(t, text, "1e400")
+	// A mistyped argument is named and worded as the REST route names it,
+	// never with its value (QA: field "arguments", the SDK's wording, the
+	// value repeated).
+	text, _ = callRaw(t, cs, "ratchet_begin", `{"effect_type":"m.x","idempotency_key":"k","lease_seconds":"1234567890123456"}`)
+	rest := env.Do("POST", "/api/v1/effects/begin", ws.Key,
+		map[string]any{"effect_type": "m.x", "idempotency_key": "k", "lease_seconds": "1234567890123456"})
+	require.Equal(t, http.StatusBadRequest, rest.Status)
+	require.Contains(t, text, `"field":"lease_seconds"`)
+	require.Contains(t, text, "must be an integer")
+	require.Contains(t, string(rest.Body), `"field":"lease_seconds"`)
+	require.NotContains(t, text, "1234567890123456")
 	require.Empty(t, env.Must(http.StatusOK, "GET", "/api/v1/effects", ws.Key, nil).JSON()["data"])
 }
 

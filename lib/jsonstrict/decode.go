@@ -1,0 +1,302 @@
+package jsonstrict
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"maps"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+)
+
+// Decode reads a JSON object into dst as the API reads a request body:
+// unknown fields, trailing data, wrong types and malformed JSON are 400
+// invalid_request naming the field (its dotted path from the root), and
+// Check's rules apply. An empty body decodes as {}. The REST handlers
+// (httpapi) and the MCP tools read their input with it, so both answer
+// the same field and wording.
+func Decode(body []byte, dst any) error { return decode(body, dst, false) }
+
+// DecodeNumbers is Decode with the numbers of free-form (any) fields kept
+// as written (json.Number), not read as float64.
+func DecodeNumbers(body []byte, dst any) error { return decode(body, dst, true) }
+
+func decode(body []byte, dst any, numbers bool) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		body = []byte("{}")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if numbers {
+		dec.UseNumber()
+	}
+	if err := dec.Decode(dst); err != nil {
+		return decodeError(err, body, dst)
+	}
+	if err := Check(body, reflect.TypeOf(dst)); err != nil {
+		return err
+	}
+	if dec.More() {
+		return apierr.InvalidField("body", "must be a single JSON object")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return apierr.InvalidField("body", "must be a single JSON object")
+	}
+	return nil
+}
+
+func decodeError(err error, body []byte, dst any) error {
+	var (
+		syn *json.SyntaxError
+		typ *json.UnmarshalTypeError
+	)
+	switch {
+	case errors.As(err, &syn):
+		return apierr.InvalidField("body", "is not valid JSON (offset %d)", syn.Offset)
+	case errors.As(err, &typ):
+		field := plainJSONPath(reflect.TypeOf(dst), typ.Field)
+		if field == "" {
+			field = "body"
+		} else if path := typeErrorPath(body, reflect.TypeOf(dst), field); path != "" {
+			// encoding/json's path leaves out array indices (tools.name);
+			// the contract's names the element (tools.0.name).
+			field = path
+		}
+		return apierr.InvalidField(field, "must be %s", jsonKind(typ.Type.Kind().String()))
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return apierr.InvalidField("body", "is not valid JSON (unexpected end)")
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		name, _ := strconv.Unquote(strings.TrimPrefix(err.Error(), "json: unknown field "))
+		// encoding/json names only the key; the contract wants its dotted
+		// path from the body root (retryPolicy.extra), so find it.
+		if path := unknownFieldPath(body, reflect.TypeOf(dst), name); path != "" {
+			name = path
+		}
+		return apierr.InvalidField(name, "is not a known field")
+	default:
+		var ae *apierr.Error
+		if errors.As(err, &ae) {
+			return ae
+		}
+		return apierr.InvalidField("body", "is invalid: %s", safeMessage(err))
+	}
+}
+
+// plainJSONPath drops from encoding/json's field path the Go names of
+// embedded structs (PolicyFields.maxAttempts → maxAttempts): their fields are
+// promoted, so on the wire they sit at the embedding struct's level.
+func plainJSONPath(t reflect.Type, field string) string {
+	if field == "" {
+		return ""
+	}
+	var out []string
+	for _, seg := range strings.Split(field, ".") {
+		if t != nil {
+			t, _ = ElemType(t)
+			for t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Map {
+				t, _ = ElemType(t.Elem())
+			}
+		}
+		if t != nil && t.Kind() == reflect.Struct {
+			if f, ok := t.FieldByName(seg); ok && f.Anonymous && f.Tag.Get("json") == "" {
+				t = f.Type
+				continue
+			}
+			t = jsonFields(t)[seg]
+		} else {
+			t = nil
+		}
+		out = append(out, seg)
+	}
+	return strings.Join(out, ".")
+}
+
+// unknownFieldPath returns the dotted path (from the body root, array
+// elements by index) of the first object key named name that type t does not
+// declare, or "" when none is found. It only runs on a failed decode.
+func unknownFieldPath(body []byte, t reflect.Type, name string) string {
+	return findPath(body, t, func(v any, t reflect.Type, path, plain string) bool {
+		return t == nil && (path == name || strings.HasSuffix(path, "."+name))
+	})
+}
+
+// typeErrorPath returns the indexed path of the value that encoding/json
+// reports as mistyped at field (its path without array indices), or "".
+func typeErrorPath(body []byte, t reflect.Type, field string) string {
+	if path := findPath(body, t, func(v any, t reflect.Type, path, plain string) bool {
+		return t != nil && plain == field && mistyped(v, t)
+	}); path != "" {
+		return path
+	}
+	// encoding/json names a map by its field alone ("dimensions" for a
+	// number in {"dimensions": {"to": 5}}): the mistyped value is one of its
+	// entries.
+	return findPath(body, t, func(v any, t reflect.Type, path, plain string) bool {
+		return t != nil && strings.HasPrefix(plain, field+".") && mistyped(v, t)
+	})
+}
+
+// findPath walks the body's JSON alongside type t and returns the path of
+// the first node (in key order) that match accepts. Unknown object keys are
+// visited with a nil type.
+func findPath(body []byte, t reflect.Type, match func(v any, t reflect.Type, path, plain string) bool) (path string) {
+	// Only error messages depend on this walk: a type it cannot reflect on
+	// must cost the precise name, never the request.
+	defer func() {
+		if recover() != nil {
+			path = ""
+		}
+	}()
+	var v any
+	if json.Unmarshal(body, &v) != nil {
+		return ""
+	}
+	return walkPath(v, t, "", "", match)
+}
+
+func walkPath(v any, t reflect.Type, path, plain string, match func(any, reflect.Type, string, string) bool) string {
+	join := JoinPath
+	if t != nil {
+		var ok bool
+		if t, ok = ElemType(t); !ok {
+			return ""
+		}
+	}
+	if path != "" && match(v, t, path, plain) {
+		return path
+	}
+	if t == nil {
+		return ""
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return ""
+		}
+		fields := jsonFields(t)
+		keys := make([]string, 0, len(obj))
+		for k := range obj {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			ft, ok := fields[k]
+			if !ok {
+				ft = fields[strings.ToLower(k)]
+			}
+			if p := walkPath(obj[k], ft, join(path, k), join(plain, k), match); p != "" {
+				return p
+			}
+		}
+	case reflect.Map:
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return ""
+		}
+		keys := make([]string, 0, len(obj))
+		for k := range obj {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if p := walkPath(obj[k], t.Elem(), join(path, k), join(plain, k), match); p != "" {
+				return p
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		arr, ok := v.([]any)
+		if !ok {
+			return ""
+		}
+		for i, e := range arr {
+			if p := walkPath(e, t.Elem(), join(path, strconv.Itoa(i)), plain, match); p != "" {
+				return p
+			}
+		}
+	}
+	return ""
+}
+
+// mistyped reports whether JSON value v cannot decode into t (null always can).
+func mistyped(v any, t reflect.Type) bool {
+	if v == nil {
+		return false
+	}
+	switch t.Kind() {
+	case reflect.String:
+		_, ok := v.(string)
+		return !ok
+	case reflect.Bool:
+		_, ok := v.(bool)
+		return !ok
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		f, ok := v.(float64)
+		return !ok || f != float64(int64(f))
+	case reflect.Float32, reflect.Float64:
+		_, ok := v.(float64)
+		return !ok
+	case reflect.Struct, reflect.Map:
+		_, ok := v.(map[string]any)
+		return !ok
+	case reflect.Slice:
+		if t.Elem().Kind() == reflect.Uint8 {
+			_, ok := v.(string)
+			return !ok
+		}
+		_, ok := v.([]any)
+		return !ok
+	case reflect.Array:
+		_, ok := v.([]any)
+		return !ok
+	}
+	return false
+}
+
+// jsonFields maps the JSON names of struct t (and, lower-cased, for
+// encoding/json's case-insensitive match) to their types, promoting the
+// fields of untagged embedded structs.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	exact := ExactFields(t)
+	out := maps.Clone(exact)
+	for name, ft := range exact {
+		if _, ok := out[strings.ToLower(name)]; !ok {
+			out[strings.ToLower(name)] = ft
+		}
+	}
+	return out
+}
+
+// safeMessage keeps custom unmarshalers' messages short and free of input.
+func safeMessage(err error) string {
+	m := err.Error()
+	if len(m) > 120 {
+		m = m[:120]
+	}
+	return m
+}
+
+func jsonKind(goKind string) string {
+	switch goKind {
+	case "string":
+		return "a string"
+	case "bool":
+		return "a boolean"
+	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64":
+		return "an integer"
+	case "float32", "float64":
+		return "a number"
+	case "slice", "array":
+		return "an array"
+	case "map", "struct":
+		return "an object"
+	default:
+		return "of another type"
+	}
+}
