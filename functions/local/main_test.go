@@ -21,11 +21,7 @@ func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
 // TestLocalServerServesEveryDoor runs the real entry point on a free port:
 // migrations applied, health, signup, key minting and the /v1 alias.
 func TestLocalServerServesEveryDoor(t *testing.T) {
-	t.Setenv("DATABASE_URL", apitest.DatabaseURL(t))
-	t.Setenv("RESULT_ENCRYPTION_KEY", base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 32)))
-	t.Setenv("KEY_HASH_SECRET", "local-test-secret-0123456789")
-	t.Setenv("PORT", "0")
-	t.Setenv("SWEEP_INTERVAL", "50ms")
+	localEnv(t)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
@@ -86,11 +82,7 @@ func TestLocalServerRefusesBadConfig(t *testing.T) {
 // waits for the shutdown (review: a long-polling claim answered 500
 // "closed pool").
 func TestLocalServerDrainsRequestsBeforeClosing(t *testing.T) {
-	t.Setenv("DATABASE_URL", apitest.DatabaseURL(t))
-	t.Setenv("RESULT_ENCRYPTION_KEY", base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 32)))
-	t.Setenv("KEY_HASH_SECRET", "local-test-secret-0123456789")
-	t.Setenv("PORT", "0")
-	t.Setenv("SWEEP_INTERVAL", "50ms")
+	localEnv(t)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -139,4 +131,14 @@ func TestLocalServerDrainsRequestsBeforeClosing(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the claim never got an answer")
 	}
+}
+
+// localEnv sets the environment a local server of the tests starts with.
+func localEnv(t *testing.T) {
+	t.Helper()
+	t.Setenv("DATABASE_URL", apitest.DatabaseURL(t))
+	t.Setenv("RESULT_ENCRYPTION_KEY", base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 32)))
+	t.Setenv("KEY_HASH_SECRET", "local-test-secret-0123456789")
+	t.Setenv("PORT", "0")
+	t.Setenv("SWEEP_INTERVAL", "50ms")
 }

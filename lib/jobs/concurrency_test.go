@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apierr"
@@ -558,12 +559,7 @@ func TestEnqueueAndAnExhaustingReportDoNotDeadlock(t *testing.T) {
 					Status: "FAILED", Error: &jobs.ReportError{Message: "503"}})
 				reported <- err
 			}()
-			require.Eventually(t, func() bool {
-				var waiting bool
-				require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-					WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%UPDATE job_runs r SET%')`).Scan(&waiting))
-				return waiting
-			}, 10*time.Second, 5*time.Millisecond, "the report settles the run, waiting for the enqueue")
+			waitForLock(t, pool, `%UPDATE job_runs r SET%`, "the report settles the run, waiting for the enqueue")
 			_, err = enq.Exec(ctx, `SELECT 1 FROM job_endpoints WHERE id = $1 FOR KEY SHARE`, ep.ID)
 			require.NoError(t, err, "the foreign-key check does not wait for the report's endpoint lock")
 			require.NoError(t, enq.Commit(ctx))
@@ -654,12 +650,7 @@ func TestReplayAndAnEnqueueAfterASkippedStepDoNotDeadlock(t *testing.T) {
 		_, err := b.svc.Replay(ctx, b.worker, a.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
 		replayed <- err
 	}()
-	require.Eventually(t, func() bool {
-		var waiting bool
-		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%SKIPPED%')`).Scan(&waiting))
-		return waiting
-	}, 10*time.Second, 5*time.Millisecond, "the replay waits to unskip s")
+	waitForLock(t, pool, `%SKIPPED%`, "the replay waits to unskip s")
 	// Then the run's row: free, since the replay has not reopened it yet.
 	_, err = enq.Exec(ctx, `SELECT 1 FROM job_runs r WHERE r.id = $1 FOR SHARE OF r`, runID)
 	require.NoError(t, err)
@@ -698,12 +689,7 @@ func TestASkipCascadeDecidesAStepEnqueuedBelowItMeanwhile(t *testing.T) {
 		_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
 		reported <- err
 	}()
-	require.Eventually(t, func() bool {
-		var waiting bool
-		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%UPDATE jobs j SET%')`).Scan(&waiting))
-		return waiting
-	}, 10*time.Second, 5*time.Millisecond, "the cascade waits for the enqueue's lock on w")
+	waitForLock(t, pool, `%UPDATE jobs j SET%`, "the cascade waits for the enqueue's lock on w")
 	require.NoError(t, enq.Commit(ctx))
 	require.NoError(t, <-reported)
 	require.Equal(t, "SKIPPED", b.step(t, w.StepID).Status)
@@ -744,12 +730,7 @@ func TestAReplayUnskipsAStepEnqueuedBelowItMeanwhile(t *testing.T) {
 		_, err := b.svc.Replay(ctx, b.worker, a.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
 		replayed <- err
 	}()
-	require.Eventually(t, func() bool {
-		var waiting bool
-		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%WITH RECURSIVE skipped%')`).Scan(&waiting))
-		return waiting
-	}, 10*time.Second, 5*time.Millisecond, "the replay waits to unskip s")
+	waitForLock(t, pool, `%WITH RECURSIVE skipped%`, "the replay waits to unskip s")
 	require.NoError(t, enq.Commit(ctx))
 	require.NoError(t, <-replayed)
 	require.Equal(t, "WAITING", b.step(t, s.StepID).Status)
@@ -757,4 +738,17 @@ func TestAReplayUnskipsAStepEnqueuedBelowItMeanwhile(t *testing.T) {
 	b.succeed(t, b.claimOne(t, w)) // a
 	b.succeed(t, b.claimOne(t, w)) // s
 	require.Equal(t, "QUEUED", b.step(t, x).Status, "x runs after s")
+}
+
+// waitForLock waits until a statement of this database whose text matches
+// like (a LIKE pattern) waits for a lock: the other side of a race a test
+// stages by hand has reached it.
+func waitForLock(t *testing.T, pool *pgxpool.Pool, like, why string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1)`, like).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond, why)
 }
