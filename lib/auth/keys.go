@@ -285,22 +285,36 @@ func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, 
 	}
 	if r.Tools != nil {
 		tools = normalizeScopes(r.Tools)
-		if creator.Tools != nil {
-			var missing []string
-			for _, t := range tools {
-				if !slices.Contains(creator.Tools, t) {
-					missing = append(missing, "tool:"+t)
-				}
-			}
-			if missing != nil {
-				return nil, nil, apierr.Forbidden(missing...)
-			}
+		if err := creator.coversTools(tools); err != nil {
+			return nil, nil, err
 		}
 	} else if creator.Tools != nil && slices.Contains(scopes, ScopeJobsWork) {
 		// An unrestricted worker key would be wider than its creator.
 		tools = slices.Clone(creator.Tools)
 	}
 	return scopes, tools, nil
+}
+
+// coversTools answers 403 naming each tool of tools (a key's list; nil for
+// every tool, named tool:*) that p, restricted to some tools, may not work:
+// a key can neither mint nor revoke a key wider than itself.
+func (p *Principal) coversTools(tools []string) error {
+	if p.Tools == nil {
+		return nil
+	}
+	if tools == nil {
+		return apierr.Forbidden("tool:*")
+	}
+	var missing []string
+	for _, t := range tools {
+		if !slices.Contains(p.Tools, t) {
+			missing = append(missing, "tool:"+t)
+		}
+	}
+	if missing != nil {
+		return apierr.Forbidden(missing...)
+	}
+	return nil
 }
 
 // refuseCappedCreator refuses a key with a spend ceiling or a rate limit the
@@ -404,7 +418,7 @@ func (s *Service) RevokeKey(ctx context.Context, p *Principal, keyID string) (Ke
 		// scope: what signup hands out, and the only kind that can mint
 		// every other), locked in id order in one statement, so that two
 		// revokes of the last two roots cannot both see the other one left.
-		rows, err := tx.Query(ctx, `SELECT id, scopes, `+rootKey+` FROM api_keys
+		rows, err := tx.Query(ctx, `SELECT id, scopes, tools, `+rootKey+` FROM api_keys
 			WHERE workspace_id = $2 AND (id = $1 OR `+rootKey+`)
 			ORDER BY id FOR UPDATE`, keyID, p.WorkspaceID, AllScopes)
 		if err != nil {
@@ -413,14 +427,15 @@ func (s *Service) RevokeKey(ctx context.Context, p *Principal, keyID string) (Ke
 		var (
 			found, root bool
 			roots       int
+			tools       []string
 		)
 		for rows.Next() {
 			var (
 				id     string
-				sc     []string
+				sc, tl []string
 				isRoot bool
 			)
-			if err := rows.Scan(&id, &sc, &isRoot); err != nil {
+			if err := rows.Scan(&id, &sc, &tl, &isRoot); err != nil {
 				rows.Close()
 				return fmt.Errorf("revoke key: %w", err)
 			}
@@ -428,7 +443,7 @@ func (s *Service) RevokeKey(ctx context.Context, p *Principal, keyID string) (Ke
 				roots++
 			}
 			if id == keyID {
-				found, root, scopes = true, isRoot, sc
+				found, root, scopes, tools = true, isRoot, sc, tl
 			}
 		}
 		if err := rows.Err(); err != nil {
@@ -439,6 +454,13 @@ func (s *Service) RevokeKey(ctx context.Context, p *Principal, keyID string) (Ke
 		}
 		if err := p.Require(scopes...); err != nil {
 			return err
+		}
+		if slices.Contains(scopes, ScopeJobsWork) {
+			// As minting: a key restricted to some tools revokes only keys
+			// within them (QA: a key for a@1 revoked a WORKER key for b@1).
+			if err := p.coversTools(tools); err != nil {
+				return err
+			}
 		}
 		if root && roots == 1 {
 			// Only a root mints a root, and a capped or narrower key cannot

@@ -462,3 +462,35 @@ func TestTheLastRootKeyCannotBeRevoked(t *testing.T) {
 	}
 	require.Equal(t, 1, alive, "one key that can manage keys is left")
 }
+
+// A key restricted to some tools revokes only keys within them, as it mints
+// only such keys (QA: a key for a@1 revoked a WORKER key for b@1).
+func TestARestrictedKeyRevokesOnlyKeysWithinItsTools(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	restricted := env.Key(ws, map[string]any{"name": "a only", "scopes": []string{"keys:write", "jobs:work"},
+		"tools": []string{"a@1"}})
+	idOf := func(name string) string {
+		for _, k := range env.Must(http.StatusOK, "GET", "/api/v1/keys", ws.Key, nil).JSON()["data"].([]any) {
+			if m := k.(map[string]any); m["name"] == name {
+				return m["id"].(string)
+			}
+		}
+		t.Fatalf("no key %s", name)
+		return ""
+	}
+	env.Key(ws, map[string]any{"name": "worker b", "preset": "WORKER", "tools": []string{"b@1"}})
+	env.Key(ws, map[string]any{"name": "worker any", "scopes": []string{"jobs:work"}})
+	env.Must(http.StatusCreated, "POST", "/api/v1/keys", restricted,
+		map[string]any{"name": "worker a", "preset": "WORKER", "tools": []string{"a@1"}})
+
+	r := env.Do("DELETE", "/api/v1/keys/"+idOf("worker b"), restricted, nil)
+	require.Equal(t, http.StatusForbidden, r.Status, "%s", r.Body)
+	require.Contains(t, string(r.Body), "tool:b@1")
+	r = env.Do("DELETE", "/api/v1/keys/"+idOf("worker any"), restricted, nil)
+	require.Equal(t, http.StatusForbidden, r.Status, "%s", r.Body)
+	require.Contains(t, string(r.Body), "tool:*")
+	env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+idOf("worker a"), restricted, nil)
+	env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+idOf("worker b"), ws.Key, nil)
+}
