@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -42,7 +43,12 @@ func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
 			}
 			require.True(t, found, "%s does not document %s", r.Name, code)
 		}
+		for st := range r.Bodiless {
+			require.Contains(t, responses, fmt.Sprint(st), "%s does not document its %d", r.Name, st)
+		}
 	}
+	mcp := paths["/api/v1/mcp"].(map[string]any)["post"].(map[string]any)["responses"].(map[string]any)
+	require.Contains(t, mcp, "202", "a notification's answer (QA)")
 	for p := range paths {
 		require.True(t, strings.HasPrefix(p, "/api/") || !strings.HasPrefix(p, "/v1/"), "paths are written in full: %s", p)
 	}

@@ -144,6 +144,9 @@ func operation(r Route) map[string]any {
 		dedup["description"] = "Found, not created: the existing one, unchanged"
 		responses["200"] = dedup
 	}
+	for st, why := range r.Bodiless {
+		responses[fmt.Sprint(st)] = map[string]any{"description": why}
+	}
 	codes := append([]string{}, r.Errors...)
 	if r.Auth == AuthKey {
 		codes = append(codes, commonErrors...)

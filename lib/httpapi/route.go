@@ -51,7 +51,10 @@ type Route struct {
 	// DedupOK documents that a create (Status 201) answers 200 with the same
 	// body when it finds what it would create (a deduplicated enqueue).
 	DedupOK bool
-	Errors  []string // error codes this route can answer beyond the common ones
+	// Bodiless lists other success statuses the route answers without a
+	// body, with what each means (MCP's 202 to a notification).
+	Bodiless map[int]string
+	Errors   []string // error codes this route can answer beyond the common ones
 	// Timeout bounds the whole request, database work included; zero means
 	// DefaultTimeout. Long-polling routes set their own.
 	Timeout time.Duration

@@ -70,6 +70,8 @@ func (s *Server) mcpRoutes() []Route {
 			// A message the transport cannot take is a JSON-RPC error
 			// response (HTTP 400); a wrong content type is the envelope's.
 			rt.Errors = []string{apierr.CodeInvalidRequest}
+			rt.Bodiless = map[int]string{http.StatusAccepted: "Accepted: a JSON-RPC notification or response, " +
+				"which has no answer"}
 		}
 		routes = append(routes, rt)
 	}
