@@ -312,13 +312,13 @@ func public(ip net.IP) bool {
 	return true
 }
 
-// newClient returns the delivery client. Unless allowPrivate, its dialer
-// refuses every non-public address (public) after DNS resolution, which
-// also defeats DNS rebinding.
 // errNotPublic is the dialer's refusal of a receiver on a non-public
 // address: recorded as such, so an operator sees why (not "request failed").
 var errNotPublic = errors.New("webhooks: refusing to deliver to a non-public address")
 
+// newClient returns the delivery client. Unless allowPrivate, its dialer
+// refuses every non-public address (public) after DNS resolution, which
+// also defeats DNS rebinding.
 func newClient(allowPrivate bool) *http.Client {
 	dialer := &net.Dialer{Timeout: 5 * time.Second}
 	if !allowPrivate {
