@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
 
 	"github.com/google/jsonschema-go/jsonschema"
@@ -39,6 +40,7 @@ func define[In any](name, description string, route func(In) (method, path strin
 	if err != nil {
 		panic(fmt.Sprintf("mcpserver: schema of %s: %v", name, err))
 	}
+	nullableOptional(schema)
 	for _, a := range adjust {
 		a(schema)
 	}
@@ -57,6 +59,19 @@ func define[In any](name, description string, route func(In) (method, path strin
 				return call(ctx, c, req, defaultAuth, method, path, body)
 			})
 	}}
+}
+
+// nullableOptional lets every optional argument be null, as the REST API
+// reads null like an omitted field: the inferred schema typed optional
+// strings and objects without null, so MCP refused `"dimensions": null` or
+// `"note": null` that REST takes (review).
+func nullableOptional(schema *jsonschema.Schema) {
+	for name, prop := range schema.Properties {
+		if slices.Contains(schema.Required, name) || prop.Type == "" {
+			continue
+		}
+		prop.Types, prop.Type = []string{prop.Type, "null"}, ""
+	}
 }
 
 // argumentsError answers arguments the tool refuses as the REST API answers

@@ -141,6 +141,22 @@ func TestToolArgumentErrorsUseTheEnvelope(t *testing.T) {
 	require.Empty(t, env.Must(http.StatusOK, "GET", "/api/v1/effects", ws.Key, nil).JSON()["data"])
 }
 
+// An optional argument may be null, as an optional field of a REST body
+// may (review: the schema refused "dimensions": null, which REST takes).
+func TestToolArgumentsMayBeNullWhereOptional(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+	text, isErr := callRaw(t, cs, "ratchet_begin", `{"effect_type":"m.null","idempotency_key":"kn",`+
+		`"dimensions":null,"payload":null,"group_id":null,"lease_seconds":null}`)
+	require.False(t, isErr, text)
+	require.Contains(t, text, `"decision":"execute"`)
+	rest := env.Do("POST", "/api/v1/effects/begin", ws.Key, map[string]any{"effect_type": "m.null",
+		"idempotency_key": "kr", "dimensions": nil, "payload": nil, "group_id": nil, "lease_seconds": nil})
+	require.Equal(t, http.StatusOK, rest.Status, "%s", rest.Body)
+}
+
 // The list tools page like the API: limit and cursor, and a limit out of
 // range is the API's 400 rather than quietly ignored.
 func TestListToolsPage(t *testing.T) {
