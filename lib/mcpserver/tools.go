@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -61,6 +63,42 @@ func define[In any](name, description string, route func(In) (method, path strin
 	}}
 }
 
+// The schema library's refusals name a property and quote the value
+// ("validating /properties/decision: enum: sk_live_… does not equal any
+// of…"); an answer names the property and never the value (review).
+var (
+	schemaProperty = regexp.MustCompile(`validating /properties/([A-Za-z0-9_]+): ([a-zA-Z]+):`)
+	schemaMissing  = regexp.MustCompile(`missing properties: \[([^\]]*)\]`)
+	schemaRules    = map[string]string{"enum": "is not one of the allowed values", "type": "has the wrong type",
+		"minimum": "is below its minimum", "maximum": "is above its maximum",
+		"minLength": "is shorter than allowed", "maxLength": "is longer than allowed"}
+)
+
+// schemaProblem answers a schema refusal as the API's invalid_request,
+// naming the argument it is about, without its value.
+func schemaProblem(err error) *apierr.Error {
+	msg := err.Error()
+	if m := schemaMissing.FindStringSubmatch(msg); m != nil {
+		var p apierr.Problems
+		for _, name := range strings.FieldsFunc(m[1], func(r rune) bool { return r == ' ' || r == ',' }) {
+			if name = strings.Trim(name, `"`); name != "" {
+				p.Add(name, "is required")
+			}
+		}
+		if e, ok := apierr.As(p.Err()); ok {
+			return e
+		}
+	}
+	if m := schemaProperty.FindStringSubmatch(msg); m != nil {
+		rule, ok := schemaRules[m[2]]
+		if !ok {
+			rule = "does not match the tool's input schema"
+		}
+		return apierr.InvalidField(m[1], "%s", rule)
+	}
+	return apierr.InvalidField("arguments", "do not match the tool's input schema")
+}
+
 // nullableOptional lets every optional argument be null, as the REST API
 // reads null like an omitted field: the inferred schema typed optional
 // strings and objects without null, so MCP refused `"dimensions": null` or
@@ -80,7 +118,7 @@ func nullableOptional(schema *jsonschema.Schema) {
 func argumentsError(err error) *mcp.CallToolResult {
 	e, ok := apierr.As(err)
 	if !ok {
-		e = apierr.InvalidField("arguments", "%s", err.Error())
+		e = schemaProblem(err)
 	}
 	body, _ := json.Marshal(map[string]any{"error": e.Wire()})
 	var structured map[string]any

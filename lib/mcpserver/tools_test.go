@@ -78,11 +78,21 @@ func TestDecideApprovalTakesOnlyItsTwoWords(t *testing.T) {
 	approval := held["approval_id"].(string)
 	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
 
-	for _, word := range []string{"REJECT", "deny", "", "approve/../reject"} {
+	for _, word := range []string{"REJECT", "deny", "", "approve/../reject", "sk_live_SECRETVALUE"} {
 		text, isErr := callRaw(t, cs, "ratchet_decide_approval", `{"approval_id":"`+approval+`","decision":"`+word+`"}`)
 		require.True(t, isErr, "%q: %s", word, text)
 		require.Equal(t, "invalid_request", errorCode(t, text), word)
+		// The argument is named, its value never repeated (review).
+		require.Contains(t, text, `"field":"decision"`, word)
+		if word != "" {
+			require.NotContains(t, text, word)
+		}
 	}
+	// Missing arguments are named one by one.
+	text, isErr := callRaw(t, cs, "ratchet_decide_approval", `{}`)
+	require.True(t, isErr, text)
+	require.Contains(t, text, `"field":"approval_id"`)
+	require.Contains(t, text, `"field":"decision"`)
 	for _, id := range []string{".", ".."} {
 		text, isErr := callRaw(t, cs, "ratchet_decide_approval", `{"approval_id":"`+id+`","decision":"approve"}`)
 		require.True(t, isErr, "%q: %s", id, text)
@@ -98,7 +108,7 @@ func TestDecideApprovalTakesOnlyItsTwoWords(t *testing.T) {
 	}
 	require.Equal(t, []string{approval}, approvals("pending"), "nothing decided it")
 
-	text, isErr := callRaw(t, cs, "ratchet_decide_approval", `{"approval_id":"`+approval+`","decision":"reject"}`)
+	text, isErr = callRaw(t, cs, "ratchet_decide_approval", `{"approval_id":"`+approval+`","decision":"reject"}`)
 	require.False(t, isErr, text)
 	require.Equal(t, []string{approval}, approvals("rejected"))
 }
