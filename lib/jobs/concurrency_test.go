@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -675,15 +676,8 @@ func TestASkipCascadeDecidesAStepEnqueuedBelowItMeanwhile(t *testing.T) {
 	j := b.claimOne(t, b.register(t))
 
 	pool := b.env.App.Pool
-	enq, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = enq.Rollback(ctx) }()
-	x, jobID := ids.New(ids.Step), ids.New(ids.Job)
-	var outcome string
-	require.NoError(t, enq.QueryRow(ctx, `SELECT outcome FROM jobs_enqueue($1, $2, $3, '\x00'::bytea,
-		'send_email', '1', 'send_email', $4, 'SUCCEEDED', NULL, true, NULL, NULL, $5, $3, '\x00'::bytea, '{}'::jsonb,
-		now())`, b.ws, runID, x, w.StepID, jobID).Scan(&outcome))
-	require.Equal(t, "inserted", outcome)
+	enq, x, status := b.enqueueHeld(t, runID, w.StepID)
+	require.Equal(t, "WAITING", status)
 	reported := make(chan error, 1)
 	go func() {
 		_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
@@ -716,14 +710,7 @@ func TestAReplayUnskipsAStepEnqueuedBelowItMeanwhile(t *testing.T) {
 	require.Equal(t, "SKIPPED", b.step(t, s.StepID).Status)
 
 	pool := b.env.App.Pool
-	enq, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = enq.Rollback(ctx) }()
-	x, jobID := ids.New(ids.Step), ids.New(ids.Job)
-	var status string
-	require.NoError(t, enq.QueryRow(ctx, `SELECT status FROM jobs_enqueue($1, $2, $3, '\x00'::bytea,
-		'send_email', '1', 'send_email', $4, 'SUCCEEDED', NULL, true, NULL, NULL, $5, $3, '\x00'::bytea, '{}'::jsonb,
-		now())`, b.ws, runID, x, s.StepID, jobID).Scan(&status))
+	enq, x, status := b.enqueueHeld(t, runID, s.StepID)
 	require.Equal(t, "SKIPPED", status, "its dependency is skipped")
 	replayed := make(chan error, 1)
 	go func() {
@@ -738,6 +725,25 @@ func TestAReplayUnskipsAStepEnqueuedBelowItMeanwhile(t *testing.T) {
 	b.succeed(t, b.claimOne(t, w)) // a
 	b.succeed(t, b.claimOne(t, w)) // s
 	require.Equal(t, "QUEUED", b.step(t, x).Status, "x runs after s")
+}
+
+// enqueueHeld runs jobs_enqueue by hand in a transaction it leaves open (the
+// caller commits; the test's end rolls back what it did not): a step of
+// runID, waiting for afterStepID to succeed, whose locks a test can hold
+// across another request. It answers the transaction, the step's id and
+// the status it was given.
+func (b *bundle) enqueueHeld(t *testing.T, runID, afterStepID string) (pgx.Tx, string, string) {
+	t.Helper()
+	tx, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	stepID := ids.New(ids.Step)
+	var outcome, status string
+	require.NoError(t, tx.QueryRow(ctx, `SELECT outcome, status FROM jobs_enqueue($1, $2, $3, '\x00'::bytea,
+		'send_email', '1', 'send_email', $4, 'SUCCEEDED', NULL, true, NULL, NULL, $5, $3, '\x00'::bytea, '{}'::jsonb,
+		now())`, b.ws, runID, stepID, afterStepID, ids.New(ids.Job)).Scan(&outcome, &status))
+	require.Equal(t, "inserted", outcome)
+	return tx, stepID, status
 }
 
 // waitForLock waits until a statement of this database whose text matches
