@@ -75,11 +75,11 @@ func tallyCircuits(rows []applyRow, locked map[string]*lockedJob) map[string]*ci
 // circuits, and records their events. It must be the report's first
 // statement to lock endpoint rows: it locks, in id order, those it counts
 // on and every one the rest of the report will lock (the gated endpoints of
-// recorded, the jobs whose outcome it records), so that it keeps the order
-// claims lock endpoints in. closed says a circuit closed: claims held back
+// slotted, the jobs whose concurrency slots it may change), so that it keeps
+// the order claims lock endpoints in. closed says a circuit closed: claims held back
 // by it are worth waking once the transaction commits.
 func (s *Service) recordCircuits(ctx context.Context, tx pgx.Tx, workspaceID string, tallies map[string]*circuitTally,
-	recorded []string, now time.Time) (closed bool, err error) {
+	slotted []string, now time.Time) (closed bool, err error) {
 	if len(tallies) == 0 {
 		return false, nil
 	}
@@ -91,7 +91,7 @@ func (s *Service) recordCircuits(ctx context.Context, tx pgx.Tx, workspaceID str
 	for id, t := range tallies {
 		endpointIDs, succeeded, failures = append(endpointIDs, id), append(succeeded, t.succeeded), append(failures, int32(t.failures))
 	}
-	rows, err := tx.Query(ctx, sqlCircuitRecord, endpointIDs, succeeded, failures, recorded, now)
+	rows, err := tx.Query(ctx, sqlCircuitRecord, endpointIDs, succeeded, failures, slotted, now)
 	if err != nil {
 		return false, fmt.Errorf("record circuits: %w", err)
 	}

@@ -391,9 +391,10 @@ func race(t *testing.T, calls []func() error) {
 	}
 }
 
-// An endpoint's running_count equals its RUNNING jobs after every round of
-// claims, reclaims, reports (late ones on requeued jobs included),
-// heartbeats, cancels and two concurrent sweeps, the clock moving minutes a
+// An endpoint's running_count equals its RUNNING jobs and held cancelled
+// attempts after every round of claims, reclaims, reports (late ones on
+// requeued and cancelled jobs included), heartbeats, cancels, replays and
+// two concurrent sweeps, the clock moving minutes a
 // round so leases lapse and are requeued. Not parallel: the sweeps are
 // global.
 func TestRunningCountHoldsUnderRequeueRaces(t *testing.T) {
@@ -424,9 +425,10 @@ func TestRunningCountHoldsUnderRequeueRaces(t *testing.T) {
 		var rc, actual int
 		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT e.running_count,
 			(SELECT count(*) FROM jobs j WHERE j.endpoint_id = e.id AND j.status = 'RUNNING')
+			+ (SELECT count(*) FROM jobs j WHERE j.endpoint_id = e.id AND j.slot_attempt IS NOT NULL)
 			FROM job_endpoints e WHERE e.workspace_id = $1 AND e.name = 'mailer'`, b.ws).Scan(&rc, &actual))
 		if rc != actual {
-			t.Fatalf("round %d: running_count %d, RUNNING jobs %d", round, rc, actual)
+			t.Fatalf("round %d: running_count %d, RUNNING jobs and held cancelled attempts %d", round, rc, actual)
 		}
 	}
 	held := map[string]jobs.ClaimedJob{}
@@ -464,6 +466,9 @@ func TestRunningCountHoldsUnderRequeueRaces(t *testing.T) {
 		go func() {
 			if round%5 == 0 {
 				_, _ = b.svc.CancelStep(ctx, b.ws, steps[round])
+			}
+			if round%5 == 1 {
+				_, _ = b.svc.Replay(ctx, b.worker, steps[round-1], jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
 			}
 			done <- nil
 		}()

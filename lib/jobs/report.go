@@ -76,7 +76,8 @@ type applyRow struct {
 	updateJob  bool
 	warning    *string
 	rejected   bool
-	reheld     bool // a requeued job's late report: its slot is taken back first (sqlReholdSlots)
+	reheld     bool // a requeued job's late report: its slot is taken back first (sqlAdjustSlots)
+	released   bool // a cancelled attempt's report: the slot it may still hold is freed (sqlAdjustSlots)
 }
 
 // reportMany applies validated reports (distinct job ids) inside tx and
@@ -137,23 +138,32 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, 
 			}
 		}
 	}
-	var reheld, recorded []string
+	// slotted are the jobs whose endpoints' concurrency counts the
+	// recording may change: every statement below that locks endpoint rows
+	// locks all of theirs, in id order.
+	var (
+		reheld, freed, slotted []string
+		freedAttempts          []int32
+	)
 	for _, row := range apply {
 		if row.reheld {
 			reheld = append(reheld, row.jobID)
 		}
-		if row.updateJob {
-			recorded = append(recorded, row.jobID)
+		if row.released {
+			freed, freedAttempts = append(freed, row.jobID), append(freedAttempts, int32(row.attempt))
+		}
+		if row.updateJob || row.released {
+			slotted = append(slotted, row.jobID)
 		}
 	}
 	// First of the statements that lock endpoint rows (see recordCircuits).
-	circuitClosed, err := s.recordCircuits(ctx, tx, workspaceID, tallyCircuits(apply, locked), recorded, now)
+	circuitClosed, err := s.recordCircuits(ctx, tx, workspaceID, tallyCircuits(apply, locked), slotted, now)
 	if err != nil {
 		return nil, false, err
 	}
-	if reheld != nil {
-		if _, err := tx.Exec(ctx, sqlReholdSlots, reheld, recorded); err != nil {
-			return nil, false, fmt.Errorf("report: rehold slots: %w", err)
+	if reheld != nil || freed != nil {
+		if _, err := tx.Exec(ctx, sqlAdjustSlots, reheld, freed, freedAttempts, slotted); err != nil {
+			return nil, false, fmt.Errorf("report: adjust slots: %w", err)
 		}
 	}
 	finishing, err := s.applyReports(ctx, tx, workspaceID, apply, now, unasked)
@@ -251,7 +261,7 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 	case j.status == StatusCancelled:
 		// Cancelled while running: keep the attempt's record, not the job's.
 		row := s.outcomeRow(j.jobID, xa, req, j.status, nil, nil)
-		row.updateJob = false
+		row.updateJob, row.released = false, true
 		return ReportResult{JobID: j.jobID, Status: j.status, Attempt: xa}, &row, nil
 	case j.status == StatusQueued && !j.requeued:
 		// A replay queued the job again after this attempt ended

@@ -13,13 +13,16 @@ package jobs
 // two deadlocked (migration 0021).
 //
 // Endpoint gate protocol. job_endpoints.running_count counts an endpoint's
-// RUNNING jobs only while max_concurrent is set, so that reports to an
-// unlimited endpoint never write (and queue on) its row:
+// RUNNING jobs, and its cancelled attempts that still hold their slot
+// (jobs.slot_attempt: until reported or their lease expires, migration
+// 0023), only while max_concurrent is set, so that reports to an unlimited
+// endpoint never write (and queue on) its row:
 //   - a claim locks its endpoints' rows and increments the count when a limit
 //     is set (it reads the locked rows at their latest version);
-//   - a transaction moving a job out of RUNNING first takes a shared
-//     transaction-scoped advisory lock on the endpoint (in sqlReportLock,
-//     sqlCancelLock or sqlLapsedGates), then, in a later statement,
+//   - a transaction moving a job out of RUNNING, or freeing a cancelled
+//     attempt's slot, first takes a shared transaction-scoped advisory lock
+//     on the endpoint (in sqlReportLock, sqlCancelLock, sqlLapsedGates,
+//     sqlRequeueGates or sqlHeldSlotGates), then, in a later statement,
 //     decrements the count if a limit is set;
 //   - a policy write takes that advisory lock exclusively, so it waits for
 //     those transactions, and then recounts (sqlRecountRunning) whenever a
@@ -94,8 +97,8 @@ RETURNING ` + endpointColumns
 //   - a closed circuit opens once the count reaches the threshold.
 //
 // It locks, in id order, these endpoints and those with a concurrency limit
-// among the endpoints of the jobs the report records ($4), the rows the
-// report's later statements update: see recordCircuits.
+// among the endpoints of the jobs whose slots the report may change ($4),
+// the rows the report's later statements update: see recordCircuits.
 const sqlCircuitRecord = `
 WITH t AS (
     SELECT * FROM unnest($1::text[], $2::bool[], $3::int[]) AS t(endpoint_id, succeeded, failures)
@@ -286,14 +289,17 @@ SELECT u.id, u.ws, u.type, u.subject, u.data::jsonb, $6::timestamptz, u.dedupe
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $7::text[]) AS u(id, ws, type, subject, data, dedupe)
 ON CONFLICT DO NOTHING`
 
-// failLapsed follows a CTE upd of jobs a lapse just moved out of RUNNING
-// (id, attempt, endpoint_id): it fails their lapsed executions with the
-// warning ($4) and frees their endpoints' concurrency slots.
+// failLapsed follows a CTE upd of jobs whose attempt's lease lapsed (id,
+// attempt, endpoint_id), which a lapse just moved out of RUNNING or whose
+// cancelled attempt held a slot: it fails those executions, unless
+// reported, with the warning (parameter warning) at now, and frees their
+// endpoints' concurrency slots.
 // The endpoints are locked in id order first, the order claims and
 // recorded reports take them in (jobs_claim, jobs_report_apply): locked as
 // the update met them, a sweep over two endpoints could deadlock with them.
-const failLapsed = `), x AS (
-    UPDATE job_executions x SET outcome = 'FAILED', warning = $4::text, ended_at = $1::timestamptz
+func failLapsed(now, warning string) string {
+	return `), x AS (
+    UPDATE job_executions x SET outcome = 'FAILED', warning = ` + warning + `::text, ended_at = ` + now + `::timestamptz
     FROM upd WHERE x.job_id = upd.id AND x.attempt = upd.attempt AND x.outcome IS NULL
 ), gated AS (
     SELECT e.id FROM job_endpoints e
@@ -305,12 +311,13 @@ const failLapsed = `), x AS (
     FROM (SELECT endpoint_id, count(*)::int AS n FROM upd GROUP BY endpoint_id) c
     WHERE e.id = c.endpoint_id AND e.id IN (SELECT id FROM gated)
 )`
+}
 
 // sqlExhaustLapsed ends jobs whose lease lapsed on their last attempt; the
 // lapsed execution is marked failed with the side-effect warning. $3 limits
 // it to one run (inline at a run's read), $5 to one workspace (at a list of
 // its runs), or, both NULL, to a bounded sweep.
-const sqlExhaustLapsed = `
+var sqlExhaustLapsed = `
 WITH lapsed AS (
     SELECT id FROM jobs
     WHERE status = 'RUNNING' AND ready_at <= $1::timestamptz AND attempt >= max_attempts
@@ -323,7 +330,7 @@ WITH lapsed AS (
         updated_at = $1::timestamptz
     FROM lapsed WHERE j.id = lapsed.id
     RETURNING j.step_id, j.run_id, j.workspace_id, j.id, j.status, j.attempt, j.endpoint_id
-` + failLapsed + `
+` + failLapsed("$1", "$4") + `
 SELECT step_id, run_id, workspace_id, id, status, attempt FROM upd`
 
 // sqlLapsedGates takes the gate protocol's shared lock on the endpoints of
@@ -347,7 +354,7 @@ FROM (SELECT DISTINCT endpoint_id FROM jobs
 // so queue health shows its age), the lapsed execution is failed with the
 // warning, the slot is freed and the job's token cleared (a heartbeat
 // answers lease_lost). Until a new claim, a report with that token is still
-// recorded (API.md §5; see sqlReholdSlots). A statement per step, as
+// recorded (API.md §5; see sqlAdjustSlots). A statement per step, as
 // sqlLapsedGates and sqlExhaustLapsed:
 const requeueCandidates = `status = 'RUNNING' AND attempt < max_attempts
       AND ready_at <= $1::timestamptz - $3::bigint * interval '1 millisecond'
@@ -360,7 +367,7 @@ SELECT count(pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0)))
 FROM (SELECT DISTINCT endpoint_id FROM jobs WHERE ` + requeueCandidates + ` LIMIT $2::int) e`
 
 // sqlRequeueLapsed requeues up to $2 candidates; $4 is the warning.
-const sqlRequeueLapsed = `
+var sqlRequeueLapsed = `
 WITH lapsed AS (
     SELECT id FROM jobs WHERE ` + requeueCandidates + `
     ORDER BY ready_at
@@ -371,13 +378,14 @@ WITH lapsed AS (
         lease_token = NULL, updated_at = $1::timestamptz
     FROM lapsed WHERE j.id = lapsed.id
     RETURNING j.id, j.attempt, j.endpoint_id
-` + failLapsed + `
+` + failLapsed("$1", "$4") + `
 SELECT count(*) FROM upd`
 
 const (
 	sqlEndpointGateExclusive = `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`
 	sqlRecountRunning        = `
 UPDATE job_endpoints SET running_count = (SELECT count(*) FROM jobs WHERE endpoint_id = $1::text AND status = 'RUNNING')
+    + (SELECT count(*) FROM jobs WHERE endpoint_id = $1::text AND slot_attempt IS NOT NULL)
 WHERE id = $1::text AND max_concurrent IS NOT NULL`
 )
 
@@ -515,24 +523,61 @@ SELECT l.*, CASE WHEN $4::boolean THEN (SELECT j.version FROM jobs j WHERE j.id 
        l.endpoint_id IN (SELECT id FROM hinted)
 FROM l`
 
-// sqlReholdSlots is for late reports on jobs the sweeper requeued ($1):
-// recording a report frees a concurrency slot for each job it ends
-// (jobs_report_apply), but the requeue freed theirs already, so it is taken
-// back first and the count nets out. Under the endpoints' shared gate lock,
-// which sqlReportLock took. It locks, in id order, every endpoint the
-// recording will ($2: all the jobs it records), as jobs_report_apply then
+// sqlAdjustSlots corrects the concurrency counts before a report batch is
+// recorded. Recording frees a slot for each job it ends
+// (jobs_report_apply), so for late reports on jobs the sweeper requeued
+// ($1), whose slots the requeue freed already, it is taken back first and
+// the count nets out. Reports of cancelled attempts that still hold their
+// slot ($2, with their attempts $3; jobs_report_apply frees nothing for a
+// job it does not update) free it here. Under the endpoints' shared gate
+// lock, which sqlReportLock took. It locks, in id order, every endpoint the
+// recording will ($4: all the jobs it records), as jobs_report_apply then
 // does: locking only these first, out of that order, deadlocked with claims
 // and other reports.
-const sqlReholdSlots = `
+const sqlAdjustSlots = `
 WITH gated AS (
     SELECT e.id FROM job_endpoints e
-    WHERE e.id IN (SELECT endpoint_id FROM jobs WHERE id = ANY($2::text[])) AND e.max_concurrent IS NOT NULL
+    WHERE e.id IN (SELECT endpoint_id FROM jobs WHERE id = ANY($4::text[])) AND e.max_concurrent IS NOT NULL
     ORDER BY e.id
     FOR NO KEY UPDATE
+), freed AS (
+    UPDATE jobs j SET slot_attempt = NULL FROM unnest($2::text[], $3::int[]) AS u(id, attempt)
+    WHERE j.id = u.id AND j.slot_attempt = u.attempt
+    RETURNING j.endpoint_id
+), c AS (
+    SELECT endpoint_id, sum(n)::int AS n
+    FROM (SELECT endpoint_id, 1 AS n FROM jobs WHERE id = ANY($1::text[])
+          UNION ALL SELECT endpoint_id, -1 FROM freed) d
+    GROUP BY endpoint_id
 )
-UPDATE job_endpoints e SET running_count = e.running_count + c.n
-FROM (SELECT endpoint_id, count(*)::int AS n FROM jobs WHERE id = ANY($1::text[]) GROUP BY endpoint_id) c
-WHERE e.id = c.endpoint_id AND e.id IN (SELECT id FROM gated)`
+UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count + c.n)
+FROM c WHERE e.id = c.endpoint_id AND e.id IN (SELECT id FROM gated)`
+
+// heldSlotExpired is true of a job (alias jobs) whose cancelled attempt
+// holds a slot with its lease expired at $1: its worker never reported.
+const heldSlotExpired = `jobs.slot_attempt IS NOT NULL AND EXISTS (SELECT 1 FROM job_executions x
+    WHERE x.job_id = jobs.id AND x.attempt = jobs.slot_attempt AND x.lease_expires_at <= $1::timestamptz)`
+
+// sqlHeldSlotGates takes the gate protocol's shared lock on the endpoints
+// of up to $2 jobs sqlReleaseHeldSlots is about to free.
+const sqlHeldSlotGates = `
+SELECT count(pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0)))
+FROM (SELECT DISTINCT endpoint_id FROM jobs WHERE ` + heldSlotExpired + ` LIMIT $2::int) e`
+
+// sqlReleaseHeldSlots frees the slots of up to $2 cancelled attempts whose
+// lease expired unreported, failing their executions with the warning $3.
+var sqlReleaseHeldSlots = `
+WITH lapsed AS (
+    SELECT id, slot_attempt FROM jobs WHERE ` + heldSlotExpired + `
+    ORDER BY id
+    LIMIT $2::int
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE jobs j SET slot_attempt = NULL, updated_at = $1::timestamptz
+    FROM lapsed WHERE j.id = lapsed.id AND j.slot_attempt = lapsed.slot_attempt
+    RETURNING j.id, lapsed.slot_attempt AS attempt, j.endpoint_id
+` + failLapsed("$1", "$3") + `
+SELECT count(*) FROM upd`
 
 // sqlExecutionByToken reads the execution a lease token names, as
 // jobs_report_lock does. $1 job, $2 token.
@@ -561,15 +606,22 @@ WHERE j.id = u.id AND j.status = 'CANCELLED'`
 const sqlCancelLock = `
 SELECT pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0))::text, id, status, run_id, attempt, endpoint_id FROM jobs WHERE step_id = $1::text AND workspace_id = $2::text FOR UPDATE`
 
+// sqlCancel cancels job $1 at $2. A RUNNING one ($3) keeps its concurrency
+// slot for its attempt (slot_attempt), which its worker may still be
+// running, until the attempt is reported (sqlAdjustSlots) or its lease
+// expires (sqlReleaseHeldSlots). The one exception: a replayed job whose
+// earlier cancelled attempt still holds a slot frees the new attempt's at
+// once (one held attempt per job; the count stays exact).
 const sqlCancel = `
 WITH j AS (
     UPDATE jobs SET status = 'CANCELLED', cancel_requested = true, due_at = NULL, ready_at = NULL,
-        finished_at = $2::timestamptz, updated_at = $2::timestamptz
+        finished_at = $2::timestamptz, updated_at = $2::timestamptz,
+        slot_attempt = CASE WHEN $3::bool THEN coalesce(slot_attempt, attempt) ELSE slot_attempt END
     WHERE id = $1::text
-    RETURNING endpoint_id
+    RETURNING endpoint_id, slot_attempt = attempt AS held
 )
 UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - 1) FROM j
-WHERE e.id = j.endpoint_id AND $3::bool AND e.max_concurrent IS NOT NULL`
+WHERE e.id = j.endpoint_id AND $3::bool AND NOT j.held AND e.max_concurrent IS NOT NULL`
 
 // sqlQueueHealth summarises queued work per exact name@version, with the
 // workers that polled for it recently. A RUNNING job whose lease lapsed is

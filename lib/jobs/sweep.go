@@ -25,7 +25,11 @@ func (s *Service) SweepTasks() []sweep.Task {
 				return ended, err
 			}
 			requeued, err := s.requeueLapsed(ctx, sweepBatch)
-			return ended + requeued, err
+			if err != nil {
+				return ended + requeued, err
+			}
+			freed, err := s.releaseHeldSlots(ctx, sweepBatch)
+			return ended + requeued + freed, err
 		}},
 		{Name: "jobs.dependencies", Run: func(ctx context.Context, _ time.Time) (int, error) {
 			return s.releaseStranded(ctx, sweepBatch)
@@ -157,6 +161,28 @@ func (s *Service) requeueLapsed(ctx context.Context, limit int) (int, error) {
 	})
 	if err != nil {
 		return 0, fmt.Errorf("requeue lapsed: %w", err)
+	}
+	return n, nil
+}
+
+// releaseHeldSlots frees the concurrency slots of up to limit cancelled
+// attempts whose lease expired without a report (their worker stopped or
+// died), failing their executions with LapseWarning.
+func (s *Service) releaseHeldSlots(ctx context.Context, limit int) (int, error) {
+	n := 0
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		now := s.now()
+		var gates int
+		if err := tx.QueryRow(ctx, sqlHeldSlotGates, now, limit).Scan(&gates); err != nil {
+			return err
+		}
+		if gates == 0 {
+			return nil
+		}
+		return tx.QueryRow(ctx, sqlReleaseHeldSlots, now, limit, LapseWarning).Scan(&n)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("release held slots: %w", err)
 	}
 	return n, nil
 }

@@ -1,0 +1,177 @@
+package jobs_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/jobs"
+)
+
+// A RUNNING job that is cancelled keeps its endpoint's concurrency slot
+// while its worker may still be running it (migration 0023): freed at the
+// cancel, maxConcurrent + 1 calls ran at once.
+
+// cancelledHolder claims a job on an endpoint limited to one concurrent
+// job, queues a second, and cancels the first while it runs.
+func (b *bundle) cancelledHolder(t *testing.T) (held jobs.ClaimedJob, heldStep string, next jobs.EnqueueResult, wid string) {
+	t.Helper()
+	b.limitedEndpoint(t, "mailer", 1)
+	runID := b.run(t)
+	first := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000),
+		Input: json.RawMessage(`1`)})
+	b.clock.Add(time.Millisecond) // claimed in order
+	next = b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`2`)})
+	wid = b.register(t)
+	held = b.claimOne(t, wid)
+	require.Equal(t, first.JobID, held.JobID)
+	st, err := b.svc.CancelStep(ctx, b.ws, first.StepID)
+	require.NoError(t, err)
+	require.Equal(t, "CANCELLED", st.Status)
+	require.Empty(t, b.claim(t, wid, 5), "the cancelled attempt still holds the only slot")
+	b.requireRunningCount(t, "mailer", 1)
+	return held, first.StepID, next, wid
+}
+
+func (b *bundle) requireRunningCount(t *testing.T, endpoint string, want int) {
+	t.Helper()
+	require.Equal(t, want, b.count(t, `SELECT running_count FROM job_endpoints WHERE workspace_id = $1 AND name = $2`,
+		b.ws, endpoint), "running_count")
+	require.Equal(t, want, b.count(t, `SELECT
+		(SELECT count(*) FROM jobs j WHERE j.endpoint_id = e.id AND j.status = 'RUNNING')
+		+ (SELECT count(*) FROM jobs j WHERE j.endpoint_id = e.id AND j.slot_attempt IS NOT NULL)
+		FROM job_endpoints e WHERE e.workspace_id = $1 AND e.name = $2`, b.ws, endpoint), "running and held attempts")
+}
+
+func TestCancelledAttemptHoldsItsSlotUntilReported(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	held, _, next, wid := b.cancelledHolder(t)
+
+	hb, err := b.svc.Heartbeat(ctx, b.worker, held.JobID, jobs.HeartbeatRequest{LeaseToken: held.LeaseToken})
+	require.NoError(t, err)
+	require.True(t, hb.CancelRequested)
+	require.Empty(t, b.claim(t, wid, 5), "a heartbeat does not free it")
+
+	r, err := b.svc.Report(ctx, b.worker, held.JobID, jobs.ReportRequest{LeaseToken: held.LeaseToken, Status: "FAILED",
+		Error: &jobs.ReportError{Message: "stopped: cancelled"}})
+	require.NoError(t, err)
+	require.Equal(t, "CANCELLED", r.Status)
+	b.requireRunningCount(t, "mailer", 0)
+	require.Equal(t, next.JobID, b.claimOne(t, wid).JobID, "the report freed the slot")
+	b.requireRunningCount(t, "mailer", 1)
+
+	// A repeated report answers the same and frees nothing more.
+	_, err = b.svc.Report(ctx, b.worker, held.JobID, jobs.ReportRequest{LeaseToken: held.LeaseToken, Status: "FAILED",
+		Error: &jobs.ReportError{Message: "stopped: cancelled"}})
+	require.NoError(t, err)
+	b.requireRunningCount(t, "mailer", 1)
+}
+
+// Its worker gone, the cancelled attempt's slot is freed by the sweeper once
+// its lease expires, and its execution fails with the lapse warning. Not
+// parallel: the sweep is global and the clock moves past other tests' leases.
+func TestCancelledAttemptSlotFreedWhenItsLeaseExpires(t *testing.T) {
+	b := setup(t)
+	held, _, next, wid := b.cancelledHolder(t)
+
+	b.clock.Add(5 * time.Second) // within timeout + grace
+	b.sweep(t)
+	require.Empty(t, b.claim(t, wid, 5))
+
+	b.clock.Add(30 * time.Second)
+	b.sweep(t)
+	b.requireRunningCount(t, "mailer", 0)
+	xs := b.executions(t, held.JobID)
+	require.Len(t, xs, 1)
+	require.Equal(t, "FAILED", *xs[0].Outcome)
+	require.Equal(t, jobs.LapseWarning, *xs[0].Warning)
+	require.False(t, xs[0].Reported)
+	require.Equal(t, next.JobID, b.claimOne(t, wid).JobID)
+
+	// The worker's report, late, is still recorded; the slot stays freed once.
+	r, err := b.svc.Report(ctx, b.worker, held.JobID, jobs.ReportRequest{LeaseToken: held.LeaseToken, Status: "SUCCEEDED"})
+	require.NoError(t, err)
+	require.Equal(t, "CANCELLED", r.Status)
+	b.requireRunningCount(t, "mailer", 1)
+}
+
+// A replay keeps the slot of the attempt it supersedes, which may still be
+// running: the replayed job waits for it. Not parallel (sweeps).
+func TestReplayWaitsForTheCancelledAttemptsSlot(t *testing.T) {
+	b := setup(t)
+	held, heldStep, next, wid := b.cancelledHolder(t)
+	_, err := b.svc.CancelStep(ctx, b.ws, next.StepID) // queued: leaves the slot to the replay
+	require.NoError(t, err)
+	_, err = b.svc.Replay(ctx, b.worker, heldStep, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+	require.NoError(t, err)
+	require.Empty(t, b.claim(t, wid, 5), "the old attempt still holds the slot")
+	_, err = b.svc.Report(ctx, b.worker, held.JobID, jobs.ReportRequest{LeaseToken: held.LeaseToken, Status: "SUCCEEDED"})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err), "the replay superseded the token")
+	b.requireRunningCount(t, "mailer", 1)
+
+	b.clock.Add(40 * time.Second)
+	b.sweep(t)
+	b.requireRunningCount(t, "mailer", 0)
+	again := b.claimOne(t, wid)
+	require.Equal(t, held.JobID, again.JobID)
+	require.Equal(t, 2, again.Attempt)
+	b.requireRunningCount(t, "mailer", 1)
+
+	// Cancelled again while the new attempt runs: it holds the slot now.
+	_, err = b.svc.CancelStep(ctx, b.ws, heldStep)
+	require.NoError(t, err)
+	b.requireRunningCount(t, "mailer", 1)
+	b.succeed(t, again)
+	b.requireRunningCount(t, "mailer", 0)
+}
+
+// A replayed job cancelled again while its earlier attempt still holds a
+// slot: one held attempt per job, so the new attempt's slot is freed at
+// once and the counts stay exact.
+func TestCancelAgainWhileAnEarlierAttemptHoldsItsSlot(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.limitedEndpoint(t, "mailer", 2)
+	runID := b.run(t)
+	st := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`1`)})
+	wid := b.register(t)
+	first := b.claimOne(t, wid)
+	_, err := b.svc.CancelStep(ctx, b.ws, st.StepID)
+	require.NoError(t, err)
+	_, err = b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+	require.NoError(t, err)
+	second := b.claimOne(t, wid)
+	require.Equal(t, 2, second.Attempt)
+	b.requireRunningCount(t, "mailer", 2)
+	_, err = b.svc.CancelStep(ctx, b.ws, st.StepID)
+	require.NoError(t, err)
+	b.requireRunningCount(t, "mailer", 1)
+	_, err = b.svc.Report(ctx, b.worker, first.JobID, jobs.ReportRequest{LeaseToken: first.LeaseToken, Status: "SUCCEEDED"})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+	b.requireRunningCount(t, "mailer", 1)
+}
+
+// A policy write recounts the held attempts with the RUNNING jobs.
+func TestPolicyRecountKeepsHeldSlots(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ep := b.limitedEndpoint(t, "mailer", 3)
+	runID := b.run(t)
+	st := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`1`)})
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`2`)})
+	wid := b.register(t)
+	b.claimOne(t, wid)
+	_, err := b.svc.CancelStep(ctx, b.ws, st.StepID)
+	require.NoError(t, err)
+	_, err = b.env.App.Pool.Exec(ctx, `UPDATE job_endpoints SET running_count = 0 WHERE id = $1`, ep.ID)
+	require.NoError(t, err)
+	_, err = b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{ExpectedVersion: opt[int64](1),
+		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](1)}})
+	require.NoError(t, err)
+	b.requireRunningCount(t, "mailer", 1)
+	require.Empty(t, b.claim(t, wid, 5))
+}
