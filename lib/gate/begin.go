@@ -264,25 +264,66 @@ func (s *Service) Begin(ctx context.Context, p *auth.Principal, req BeginRequest
 	if err != nil {
 		return Decision{}, err
 	}
+	var wallet *int64
 	if in.runID != nil {
-		// A run of another workspace, or none, is unknown (404), as every id.
-		var known bool
-		if err := s.pool.QueryRow(ctx, sqlRunKnown, *in.runID, in.ws).Scan(&known); err != nil {
-			return Decision{}, fmt.Errorf("begin: run: %w", err)
-		}
-		if !known {
-			if err := s.pool.QueryRow(ctx, sqlKeyInRun, *in.runID, in.ws, in.key).Scan(&known); err != nil {
-				return Decision{}, fmt.Errorf("begin: run: %w", err)
-			}
-		}
-		if !known {
-			return Decision{}, apierr.NotFound("run")
+		if wallet, err = s.runWallet(ctx, in); err != nil {
+			return Decision{}, err
 		}
 	}
-	if in.grouped() {
-		return s.refusingOnce(in, func() (Decision, error) { return s.beginInGroup(ctx, in) })
+	if in.grouped() || wallet != nil {
+		return s.refusingOnce(in, func() (Decision, error) { return s.beginInTx(ctx, in, wallet) })
 	}
 	return s.refusingOnce(in, func() (Decision, error) { return s.decide(ctx, s.pool, in, s.beginLocked) })
+}
+
+// runWallet checks the begin's run and reads its wallet (nil: none). A run
+// of another workspace, or none, is unknown (404), as every id; a run
+// retention deleted is still known to the keys begun under it.
+func (s *Service) runWallet(ctx context.Context, in *beginInput) (*int64, error) {
+	var budget *int64
+	err := s.pool.QueryRow(ctx, sqlRunWallet, *in.runID, in.ws).Scan(&budget)
+	if err == nil {
+		return budget, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("begin: run: %w", err)
+	}
+	var known bool
+	if err := s.pool.QueryRow(ctx, sqlKeyInRun, *in.runID, in.ws, in.key).Scan(&known); err != nil {
+		return nil, fmt.Errorf("begin: run: %w", err)
+	}
+	if !known {
+		return nil, apierr.NotFound("run")
+	}
+	return nil, nil
+}
+
+// chargeWallet decides, under the run's wallet lock held until tx ends,
+// whether a grant of the begin's cost fits the run's budget; when it does
+// not, the begin is refused run_budget_exceeded instead of granted (as a
+// ceiling's refusal: an answer that grants nothing, a duplicate or a wait,
+// is unchanged).
+func (s *Service) chargeWallet(ctx context.Context, tx pgx.Tx, in *beginInput, budget int64) error {
+	if in.risk.refused != nil {
+		return nil // refused already: nothing is granted
+	}
+	if _, err := tx.Exec(ctx, sqlLockWallet, *in.runID); err != nil {
+		return fmt.Errorf("begin: lock wallet: %w", err)
+	}
+	var spent int64
+	if err := tx.QueryRow(ctx, sqlRunSpend, in.ws, *in.runID, in.key).Scan(&spent); err != nil {
+		return fmt.Errorf("begin: wallet spend: %w", err)
+	}
+	var cost int64
+	if in.cost != nil {
+		cost = *in.cost
+	}
+	if cost > budget-spent {
+		in.risk.refused = apierr.Of(apierr.CodeRunBudgetExceeded,
+			"This run has spent its own wallet; a new run gets a new wallet.").
+			WithDetail("run_id", *in.runID).WithDetail("budget_micros", budget).WithDetail("spent_micros", spent)
+	}
+	return nil
 }
 
 // refusingOnce runs a begin, and when its grant did not fit a ceiling — the

@@ -498,16 +498,25 @@ func planRollback(steps []groupStep, now time.Time, ended bool) rollback {
 // grouped reports whether begin must consult a group.
 func (in *beginInput) grouped() bool { return in.groupID != nil || in.compensates != nil }
 
-// beginInGroup is begin for a request naming a group or a step to
-// compensate. The group is held shared for the whole begin, so a commit or
-// an unwind (which take it exclusively) orders strictly before or after it:
-// no forward step slips into a group whose rollback has started. The rest
-// of the decision is begin's own, in the same transaction.
-func (s *Service) beginInGroup(ctx context.Context, in *beginInput) (Decision, error) {
+// beginInTx is begin for a request naming a group or a step to compensate,
+// or a run with a wallet (budget), in one transaction. The run's wallet is
+// locked first (chargeWallet). The group is held shared for the whole
+// begin, so a commit or an unwind (which take it exclusively) orders
+// strictly before or after it: no forward step slips into a group whose
+// rollback has started. The rest of the decision is begin's own, in the
+// same transaction.
+func (s *Service) beginInTx(ctx context.Context, in *beginInput, wallet *int64) (Decision, error) {
 	var d Decision
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := s.admit(ctx, tx, in); err != nil {
-			return err
+		if wallet != nil {
+			if err := s.chargeWallet(ctx, tx, in, *wallet); err != nil {
+				return err
+			}
+		}
+		if in.grouped() {
+			if err := s.admit(ctx, tx, in); err != nil {
+				return err
+			}
 		}
 		var err error
 		d, err = s.decide(ctx, tx, in, func(ctx context.Context, in *beginInput) (Decision, error) {

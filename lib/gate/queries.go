@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/getratchet/ratchet/lib/events"
+	"github.com/getratchet/ratchet/lib/money"
 )
 
 // All of the gate's SQL. Every statement takes the service clock as a
@@ -377,9 +378,21 @@ WHERE g.id = $1 AND g.workspace_id = $2 FOR SHARE OF g`
 // $1 group id.
 const sqlShareGroupState = `SELECT state FROM effect_groups WHERE id = $1 FOR SHARE`
 
-// sqlRunKnown is whether a durable-jobs run is the workspace's. $1 run id,
-// $2 workspace.
-const sqlRunKnown = `SELECT EXISTS (SELECT 1 FROM job_runs WHERE id = $1 AND workspace_id = $2)`
+// sqlRunWallet reads a durable-jobs run of the workspace: no row when it is
+// not the workspace's; its budget (NULL: no wallet). $1 run id, $2 workspace.
+const sqlRunWallet = `SELECT budget_micros FROM job_runs WHERE id = $1 AND workspace_id = $2`
+
+// sqlLockWallet serialises the begins charged to one run's wallet ($1), so
+// that each reads the spend the previous one left. An advisory lock, not
+// the run's row: enqueues and reports lock that row, and a wallet has no
+// business waiting for them.
+const sqlLockWallet = `SELECT pg_advisory_xact_lock(hashtextextended('wallet:' || $1::text, 0))`
+
+// sqlRunSpend is what a run's wallet ($2, workspace $1) has spent, but for
+// the effect with key $3 (the begin being decided, which a new attempt
+// charges afresh). Read after sqlLockWallet, in a later statement, so that
+// its snapshot sees the spend of every begin that held the lock before.
+var sqlRunSpend = `SELECT ` + money.RunSpendSQL("$1::text", "$2::text", "$3::text")
 
 // sqlKeyInRun is whether the key ($3) already names an effect begun under
 // the run ($1) in the workspace ($2): the run may be gone (JOB_RETENTION_DAYS)

@@ -31,7 +31,7 @@ func (s *Server) gateRoutes() []Route {
 				apierr.CodeIdempotencyKeyReuse, apierr.CodeRetryRequest, apierr.CodePolicyDenied,
 				apierr.CodeCostCeilingExceeded, apierr.CodeMaxAttemptsExceeded, apierr.CodeApprovalRejected,
 				apierr.CodeBudgetExceeded, apierr.CodeKeyBudgetExceeded, apierr.CodeDimensionLimitExceeded,
-				apierr.CodeCircuitOpen},
+				apierr.CodeRunBudgetExceeded, apierr.CodeCircuitOpen, apierr.CodeNotFound},
 			Handle: s.beginEffect,
 		},
 		{

@@ -18,7 +18,8 @@ func (s *Server) jobsRoutes() []Route {
 	return []Route{
 		{
 			Method: "POST", Pattern: "/api/v1/runs", Name: "runs.create", Tag: "jobs", Scopes: runsWrite,
-			Summary: "Start a run (status RUNNING) to which durable steps are enqueued.",
+			Summary: "Start a run (status RUNNING) to which durable steps are enqueued; budgetMicros gives it " +
+				"its own wallet, charged by every effect begun with its run_id (403 run_budget_exceeded beyond it).",
 			Request: jobs.CreateRunRequest{}, Response: jobs.Run{}, Status: 201,
 			Errors: []string{apierr.CodeInvalidRequest}, Handle: s.createRun,
 		},

@@ -21,6 +21,7 @@ import (
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/idemkey"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/money"
 	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/seal"
 )
@@ -34,6 +35,11 @@ type RunSummary struct {
 	CreatedAt           time.Time  `json:"createdAt"`
 	FinishedAt          *time.Time `json:"finishedAt"`
 	Synthetic           bool       `json:"synthetic"` // made by POST /tools/{name}/test
+	// BudgetMicros is the run's own wallet for the effects begun under it
+	// (run_id), nil for none; SpentMicros what they were granted and did
+	// not give back (failed), nil without a wallet.
+	BudgetMicros *int64 `json:"budgetMicros"`
+	SpentMicros  *int64 `json:"spentMicros"`
 }
 
 // Run is a group of steps that completes as a whole (API.md §5): the run's
@@ -99,7 +105,8 @@ type PolicySnapshot struct {
 
 // CreateRunRequest is the body of POST /api/v1/runs.
 type CreateRunRequest struct {
-	Name string `json:"name"`
+	Name         string `json:"name"`
+	BudgetMicros *int64 `json:"budgetMicros,omitempty"`
 }
 
 // EnqueueRequest is the body of POST /api/v1/runs/{id}/steps.
@@ -157,14 +164,25 @@ func rawOrNil(b []byte) any {
 
 // CreateRun starts a run.
 func (s *Service) CreateRun(ctx context.Context, workspaceID string, req CreateRunRequest) (Run, error) {
+	var p apierr.Problems
 	name := strings.TrimSpace(req.Name)
 	if name == "" || utf8.RuneCountInString(name) > 200 {
-		return Run{}, apierr.InvalidField("name", "must be 1-200 characters")
+		p.Add("name", "must be 1-200 characters")
+	}
+	if req.BudgetMicros != nil && !money.Valid(*req.BudgetMicros) {
+		p.Add("budgetMicros", money.Rule)
+	}
+	if err := p.Err(); err != nil {
+		return Run{}, err
 	}
 	now := s.now()
-	r := Run{RunSummary: RunSummary{ID: ids.NewAt(ids.Run, now), Name: name, Status: RunRunning, CreatedAt: now},
-		Steps: []Step{}}
-	if _, err := s.pool.Exec(ctx, sqlInsertRun, r.ID, workspaceID, r.Name, now); err != nil {
+	r := Run{RunSummary: RunSummary{ID: ids.NewAt(ids.Run, now), Name: name, Status: RunRunning, CreatedAt: now,
+		BudgetMicros: req.BudgetMicros}, Steps: []Step{}}
+	if req.BudgetMicros != nil {
+		var zero int64
+		r.SpentMicros = &zero
+	}
+	if _, err := s.pool.Exec(ctx, sqlInsertRun, r.ID, workspaceID, r.Name, now, req.BudgetMicros); err != nil {
 		return Run{}, fmt.Errorf("create run: %w", err)
 	}
 	return r, nil
@@ -300,7 +318,8 @@ func (s *Service) readRunSettled(ctx context.Context, workspaceID, runID string)
 // scanRun reads a row of runColumns.
 func scanRun(row pgx.Row) (RunSummary, error) {
 	var r RunSummary
-	err := row.Scan(&r.ID, &r.Name, &r.Status, &r.CompletionRequested, &r.CreatedAt, &r.FinishedAt, &r.Synthetic)
+	err := row.Scan(&r.ID, &r.Name, &r.Status, &r.CompletionRequested, &r.CreatedAt, &r.FinishedAt, &r.Synthetic,
+		&r.BudgetMicros, &r.SpentMicros)
 	return r, err
 }
 

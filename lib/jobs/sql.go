@@ -1,5 +1,7 @@
 package jobs
 
+import "github.com/getratchet/ratchet/lib/money"
+
 // Every statement of the package. Parameters are cast explicitly because the
 // pool runs in QueryExecModeExec (types come from Go values, not from a
 // server-side describe).
@@ -138,12 +140,15 @@ WITH t AS (
 SELECT * FROM up`
 
 const sqlInsertRun = `
-INSERT INTO job_runs (id, workspace_id, name, status, created_at)
-VALUES ($1::text, $2::text, $3::text, 'RUNNING', $4::timestamptz)`
+INSERT INTO job_runs (id, workspace_id, name, status, created_at, budget_micros)
+VALUES ($1::text, $2::text, $3::text, 'RUNNING', $4::timestamptz, $5::bigint)`
 
-const runColumns = `id, name, status, completion_requested, created_at, finished_at, synthetic`
+// runColumns are a run's (of job_runs) in scanRun order; a wallet's spend
+// is read with it.
+var runColumns = `id, name, status, completion_requested, created_at, finished_at, synthetic, budget_micros,
+	CASE WHEN budget_micros IS NOT NULL THEN ` + money.RunSpendSQL("job_runs.workspace_id", "job_runs.id", "") + ` END`
 
-const sqlGetRun = `SELECT ` + runColumns + ` FROM job_runs WHERE id = $1::text AND workspace_id = $2::text`
+var sqlGetRun = `SELECT ` + runColumns + ` FROM job_runs WHERE id = $1::text AND workspace_id = $2::text`
 
 const stepColumns = `j.step_id, j.id, j.name, j.version, e.name, j.status, j.idempotency_key, j.after_step_id,
 	j.after_status, j.contract_version, j.attempt, j.max_attempts, j.due_at, j.lease_expires_at, j.cancel_requested,
@@ -168,7 +173,7 @@ const sqlJobAttempts = `SELECT ` + attemptColumns + ` FROM job_executions x WHER
 // sqlListRuns pages a workspace's runs newest first: $2 the previous page's
 // last id (” for the first page), $3 a status (” for any), $4 the limit
 // (job_runs_workspace_idx, or job_runs_workspace_status_idx with a status).
-const sqlListRuns = `SELECT ` + runColumns + ` FROM job_runs
+var sqlListRuns = `SELECT ` + runColumns + ` FROM job_runs
 WHERE workspace_id = $1::text AND ($2::text = '' OR id < $2::text) AND ($3::text = '' OR status = $3::text)
 ORDER BY id DESC LIMIT $4::int`
 

@@ -482,3 +482,35 @@ func TestKeepAliveRaisesIdleLimitsOnACopy(t *testing.T) {
 		t.Fatal("a custom RoundTripper was replaced")
 	}
 }
+
+// StartRun sends a wallet only when asked to, and reads it back.
+func TestStartRunBudget(t *testing.T) {
+	t.Parallel()
+	var bodies []map[string]any
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		bodies = append(bodies, body)
+		out := map[string]any{"id": "run_1", "name": body["name"], "budgetMicros": body["budgetMicros"]}
+		if body["budgetMicros"] != nil {
+			out["spentMicros"] = 0
+		}
+		writeJSON(w, 201, out)
+	})
+	c, _ := testClient(t, h)
+	plain, err := c.StartRun(context.Background(), "plain")
+	if err != nil || plain.BudgetMicros != nil || plain.SpentMicros != nil {
+		t.Fatalf("run %+v err %v", plain, err)
+	}
+	walleted, err := c.StartRun(context.Background(), "agent", WithBudgetMicros(5_000_000))
+	if err != nil || walleted.BudgetMicros == nil || *walleted.BudgetMicros != 5_000_000 ||
+		walleted.SpentMicros == nil || *walleted.SpentMicros != 0 {
+		t.Fatalf("run %+v err %v", walleted, err)
+	}
+	if _, sent := bodies[0]["budgetMicros"]; sent || len(bodies[0]) != 1 {
+		t.Fatalf("plain run sent %v", bodies[0])
+	}
+	if bodies[1]["budgetMicros"] != float64(5_000_000) {
+		t.Fatalf("wallet run sent %v", bodies[1])
+	}
+}

@@ -35,7 +35,11 @@ type Run struct {
 	CompletionRequested bool       `json:"completionRequested"`
 	CreatedAt           time.Time  `json:"createdAt"`
 	FinishedAt          *time.Time `json:"finishedAt"`
-	Steps               []Step     `json:"steps"`
+	// BudgetMicros is the run's wallet for the effects begun with its id
+	// (WithBudgetMicros), nil for none; SpentMicros what they spent of it.
+	BudgetMicros *int64 `json:"budgetMicros"`
+	SpentMicros  *int64 `json:"spentMicros"`
+	Steps        []Step `json:"steps"`
 }
 
 // Step is one step of a run. Its Status equals DurableJob.Status.
@@ -87,11 +91,30 @@ type RetryPolicy struct {
 	TimeoutMs      int64   `json:"timeoutMs"`
 }
 
+// RunOption configures StartRun.
+type RunOption func(*startRun)
+
+type startRun struct {
+	Name         string `json:"name"`
+	BudgetMicros *int64 `json:"budgetMicros,omitempty"`
+}
+
+// WithBudgetMicros gives the run its own wallet: effects begun with the
+// run's id (BeginRequest.RunID) may spend at most micros in all, beyond
+// which a begin is denied run_budget_exceeded.
+func WithBudgetMicros(micros int64) RunOption {
+	return func(r *startRun) { r.BudgetMicros = &micros }
+}
+
 // StartRun creates a run (POST /api/v1/runs). It is not repeated after an
 // ambiguous failure, since a repeat would create a second run.
-func (c *Client) StartRun(ctx context.Context, name string) (*Run, error) {
+func (c *Client) StartRun(ctx context.Context, name string, opts ...RunOption) (*Run, error) {
+	req := startRun{Name: name}
+	for _, o := range opts {
+		o(&req)
+	}
 	var run Run
-	err := c.do(ctx, "POST", "/runs", map[string]string{"name": name}, &run, notIdempotent)
+	err := c.do(ctx, "POST", "/runs", req, &run, notIdempotent)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,160 @@
+package gate_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+)
+
+// A run's own wallet (budgetMicros, migration 0024): every begin naming the
+// run is charged to it; a new run gets a new wallet.
+
+func (b *bundle) runWith(budget any) string {
+	b.t.Helper()
+	body := map[string]any{"name": "agent loop"}
+	if budget != nil {
+		body["budgetMicros"] = budget
+	}
+	r := b.env.Must(http.StatusCreated, "POST", "/api/v1/runs", b.ws.Key, body).JSON()
+	require.Equal(b.t, budget, jsonNumberOrNil(r["budgetMicros"]))
+	return str(r["id"])
+}
+
+func jsonNumberOrNil(v any) any {
+	if f, ok := v.(float64); ok {
+		return int(f)
+	}
+	return v
+}
+
+func inRun(run string, body map[string]any) map[string]any {
+	body["run_id"] = run
+	return body
+}
+
+func (b *bundle) spent(run string) any {
+	b.t.Helper()
+	r := b.env.Must(http.StatusOK, "GET", "/api/v1/runs/"+run, b.ws.Key, nil).JSON()
+	return jsonNumberOrNil(r["spentMicros"])
+}
+
+func TestRunWalletChargesGrantsAndGivesBackFailures(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	run := b.runWith(1000)
+	require.Equal(t, 0, b.spent(run))
+
+	a := b.mustBegin("execute", inRun(run, charge(key("a"), 600)))
+	over := inRun(run, charge(key("over"), 500))
+	e := b.denialOf("run_budget_exceeded", over)
+	require.Equal(t, "This run has spent its own wallet; a new run gets a new wallet.", e["message"])
+	d := e["detail"].(map[string]any)
+	require.Equal(t, run, d["run_id"])
+	require.EqualValues(t, 1000, d["budget_micros"])
+	require.EqualValues(t, 600, d["spent_micros"])
+	require.Equal(t, "run_budget_exceeded", b.get(str(b.mustBegin("denied", over)["effect_id"]))["denial_code"])
+	require.Equal(t, 600, b.spent(run))
+
+	// What fits still fits (600 + 400), and an undeclared cost is 0.
+	cKey := key("c")
+	c := b.mustBegin("execute", inRun(run, charge(cKey, 400)))
+	b.mustBegin("execute", inRun(run, charge(key("free"), nil)))
+	b.denialOf("run_budget_exceeded", inRun(run, charge(key("one"), 1)))
+
+	// The same key is answered as before: a wait, not a refusal.
+	require.Equal(t, "in_flight", b.mustBegin("in_flight", inRun(run, charge(cKey, 400)))["decision"])
+
+	// A failed attempt gives its cost back; the refused key is decided afresh.
+	require.Equal(t, http.StatusOK, b.report(str(a["effect_id"]), str(a["lease_token"]), "failed", nil).Status)
+	require.Equal(t, 400, b.spent(run))
+	o := b.mustBegin("execute", over)
+	require.Equal(t, 900, b.spent(run))
+
+	// Succeeded and indeterminate effects keep counting.
+	require.Equal(t, http.StatusOK, b.report(str(c["effect_id"]), str(c["lease_token"]), "succeeded", nil).Status)
+	b.clock.Add(2 * time.Minute) // over's lease lapses; its late report records it indeterminate
+	errCode(t, b.report(str(o["effect_id"]), str(o["lease_token"]), "succeeded", nil), http.StatusConflict, "lease_expired")
+	var state string
+	require.NoError(t, b.env.App.Pool.QueryRow(t.Context(), `SELECT state FROM effects WHERE id = $1`,
+		o["effect_id"]).Scan(&state))
+	require.Equal(t, "indeterminate", state)
+	b.denialOf("run_budget_exceeded", inRun(run, charge(key("two"), 101)))
+	b.mustBegin("execute", inRun(run, charge(key("three"), 100)))
+
+	// A new run gets a new wallet; a run without one, and a begin without a
+	// run, are not charged to any.
+	b.mustBegin("execute", inRun(b.runWith(1000), charge(key("next"), 1000)))
+	b.mustBegin("execute", inRun(b.runWith(nil), charge(key("free-run"), 5000)))
+	b.mustBegin("execute", charge(key("no-run"), 5000))
+}
+
+// A retry of a failed effect is charged afresh, against what the rest of
+// the run spent.
+func TestRunWalletRetryIsChargedAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	run := b.runWith(1000)
+	body := inRun(run, charge(key("retry"), 700))
+	a := b.mustBegin("execute", body)
+	require.Equal(t, http.StatusOK, b.report(str(a["effect_id"]), str(a["lease_token"]), "failed", nil).Status)
+	b.mustBegin("execute", inRun(run, charge(key("other"), 300)))
+	again := b.mustBegin("execute", body)
+	require.EqualValues(t, 2, again["attempt"])
+	require.Equal(t, 1000, b.spent(run))
+	require.Equal(t, http.StatusOK, b.report(str(again["effect_id"]), str(again["lease_token"]), "failed", nil).Status)
+	b.mustBegin("execute", inRun(run, charge(key("x"), 700)))
+	b.denialOf("run_budget_exceeded", body)
+}
+
+// A grouped begin is charged to its run's wallet too.
+func TestRunWalletChargesGroupedBegins(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	run := b.runWith(100)
+	group := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "g"}).JSON()["id"])
+	first := inRun(run, charge(key("g1"), 60))
+	first["group_id"] = group
+	b.mustBegin("execute", first)
+	second := inRun(run, charge(key("g2"), 60))
+	second["group_id"] = group
+	b.denialOf("run_budget_exceeded", second)
+}
+
+func TestRunBudgetValidation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, bad := range []any{-1, json.Number("1000000000000000001"), "100", 1.5} {
+		r := b.env.Do("POST", "/api/v1/runs", b.ws.Key, map[string]any{"name": "x", "budgetMicros": bad})
+		require.Equal(t, []string{"budgetMicros"}, validationFields(t, r), "%v: %s", bad, r.Body)
+	}
+	r := b.env.Do("POST", "/api/v1/runs", b.ws.Key, map[string]any{"name": "", "budgetMicros": -1})
+	require.ElementsMatch(t, []string{"name", "budgetMicros"}, validationFields(t, r))
+	var n int
+	require.NoError(t, b.env.App.Pool.QueryRow(t.Context(),
+		`SELECT count(*) FROM job_runs WHERE workspace_id = $1`, b.ws.ID).Scan(&n))
+	require.Zero(t, n, "a refused run is not created")
+	// Zero is a wallet that admits only costless effects.
+	run := b.runWith(0)
+	b.mustBegin("execute", inRun(run, charge(key("free"), nil)))
+	b.denialOf("run_budget_exceeded", inRun(run, charge(key("paid"), 1)))
+}
+
+// 200 concurrent begins on distinct keys in one run, over two instances,
+// each costing 10 against a wallet of 1000: exactly 100 execute and the
+// wallet is never overspent.
+func TestRunWalletHoldsUnderConcurrentBegins(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	run := b.runWith(1000)
+	other := apitest.Start(t, apitest.WithNow(b.clock.Now))
+	counts, _ := raceBodies(t, 200, b.ws.Key, func(i int) map[string]any {
+		return inRun(run, charge(key("race"), 10))
+	}, b.env, other)
+	require.Equal(t, map[string]int{"execute": 100, "403:run_budget_exceeded": 100}, counts)
+	require.Equal(t, 1000, b.spent(run))
+}
