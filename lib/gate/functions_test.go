@@ -24,7 +24,8 @@ SELECT p.proname, l.lanname, p.provolatile::text, p.prosecdef,
     EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%'),
     'plan_cache_mode=force_generic_plan' = ANY (p.proconfig)
 FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
-WHERE p.proname IN ('gate_evaluate', 'gate_surge', 'gate_begin', 'gate_begin_locked', 'gate_report', 'gate_heartbeat')
+WHERE p.proname IN ('gate_evaluate', 'gate_surge', 'gate_begin', 'gate_begin_in_turn', 'gate_begin_locked', 'gate_report',
+                    'gate_heartbeat')
   AND p.pronamespace = to_regnamespace(current_schema())
 ORDER BY p.proname`)
 	require.NoError(t, err)
@@ -37,7 +38,7 @@ ORDER BY p.proname`)
 	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[fn])
 	require.NoError(t, err)
 	var want []fn
-	for _, name := range []string{"gate_begin", "gate_begin_locked", "gate_evaluate", "gate_heartbeat", "gate_report", "gate_surge"} {
+	for _, name := range []string{"gate_begin", "gate_begin_in_turn", "gate_begin_locked", "gate_evaluate", "gate_heartbeat", "gate_report", "gate_surge"} {
 		v := "v"
 		if name == "gate_evaluate" || name == "gate_surge" {
 			v = "s" // reads with its caller's snapshot

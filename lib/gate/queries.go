@@ -161,8 +161,11 @@ func effectCols(alias string, nullSafe bool) string {
 // the key (a precheck failed on a new key, or the row went between the
 // insert and the read) neither branch returns a row and the caller answers
 // the precheck or takes the locked path. A charge that does not fit aborts it through
-// gate_refuse (SQLSTATE RTB01, the ceiling in DETAIL).
-const sqlBeginFast = `SELECT * FROM gate_begin($1::text, $2::text, $3::text, $4::bigint, $5::text[], $6::int,
+// gate_refuse (SQLSTATE RTB01, the ceiling in DETAIL). The call is
+// gate_begin_in_turn (0025): gate_begin, after the first begins of a type
+// with a surge breaker have taken their turn, so that the surge counts
+// exactly.
+const sqlBeginFast = `SELECT * FROM gate_begin_in_turn($1::text, $2::text, $3::text, $4::bigint, $5::text[], $6::int,
     $7::text, $8::timestamptz, $9::text, $10::jsonb, $11::bytea, $12::jsonb, $13::bytea, $14::text, $15::text,
     $16::text, $17::text, $18::bytea, $19::text, $20::text, $21::bigint, $22::text, $23::text)`
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -146,11 +147,16 @@ type EffectOutcome[T any] struct {
 //   - blocked, approval_required, denied: *BlockedError,
 //     *ApprovalRequiredError, *DeniedError.
 //
-// While the action runs its lease is heartbeated; if the server says the
-// lease is gone, ctx passed to the action is cancelled with cause
-// ErrLeaseLost. If the action succeeded but the report was refused (say,
-// 409 lease_expired), DoEffect returns the outcome and the error. A panic in
-// the action propagates to the caller with nothing reported.
+// While the action runs its lease is heartbeated. ctx passed to the action
+// is cancelled with cause ErrLeaseLost if the server says the lease is gone,
+// or if no heartbeat has extended it by shortly before it lapses (heartbeats
+// failing with 5xx or network errors): after the lapse another caller may be
+// granted execute, so the action must stop. The report is retried through
+// transient failures while the lease stands (heartbeated meanwhile), for up
+// to 30 seconds. If the action succeeded but the report was refused (say,
+// 409 lease_expired) or never got through, DoEffect returns the outcome and
+// the error. A panic in the action propagates to the caller with nothing
+// reported.
 func DoEffect[T any](ctx context.Context, c *Client, req BeginRequest, action func(ctx context.Context, lease Lease) (T, error)) (*EffectOutcome[T], error) {
 	for {
 		b, err := c.Begin(ctx, req)
@@ -197,52 +203,125 @@ func runLeased[T any](ctx context.Context, c *Client, b *BeginResponse, action f
 	}
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	// The heartbeats run until the outcome is reported, not just while the
+	// action runs: a report retried through a server blip must still find
+	// the lease. They end with the caller's ctx, as the action does.
 	hbCtx, stopHB := context.WithCancel(ctx)
 	// Deferred too: if the action panics, the heartbeats must stop so the
 	// lease lapses (an honest indeterminate) instead of being kept alive.
 	defer stopHB()
+	expiry := &leaseExpiry{t: lease.LeaseExpiresAt}
 	hbDone := make(chan struct{})
 	go func() {
 		defer close(hbDone)
-		heartbeatEffect(hbCtx, c, b.EffectID, b.LeaseToken, lease.LeaseExpiresAt, cancel)
+		heartbeatEffect(hbCtx, c, b.EffectID, b.LeaseToken, expiry, cancel)
 	}()
+	stopHeartbeats := func() { stopHB(); <-hbDone }
 	result, err := action(actx, lease)
-	stopHB()
-	<-hbDone
 
-	// Reports must be sent even if the caller's ctx just ended: an unsent
-	// report after a performed action costs an indeterminate effect.
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
-	defer rcancel()
 	out := &EffectOutcome[T]{EffectID: b.EffectID, Attempt: b.Attempt}
 	if err != nil {
 		var np *NotPerformedError
-		if errors.As(err, &np) {
-			if _, rerr := c.ReportEffect(rctx, b.EffectID, b.LeaseToken, OutcomeFailed, nil); rerr != nil {
-				return nil, errors.Join(err, fmt.Errorf("ratchet: report failed outcome: %w", rerr))
-			}
+		if !errors.As(err, &np) {
+			stopHeartbeats() // report nothing: the lease lapses
+			return nil, err
+		}
+		rerr := reportEffect(ctx, c, b, OutcomeFailed, nil, expiry)
+		stopHeartbeats()
+		if rerr != nil {
+			return nil, errors.Join(err, fmt.Errorf("ratchet: report failed outcome: %w", rerr))
 		}
 		return nil, err
 	}
 	out.Result = result
-	if _, rerr := c.ReportEffect(rctx, b.EffectID, b.LeaseToken, OutcomeSucceeded, result); rerr != nil {
+	rerr := reportEffect(ctx, c, b, OutcomeSucceeded, result, expiry)
+	stopHeartbeats()
+	if rerr != nil {
 		return out, fmt.Errorf("ratchet: the action succeeded but its report was not recorded: %w", rerr)
 	}
 	return out, nil
 }
 
-// heartbeatEffect extends the effect lease at a third of what is left; when
-// the server says the lease is gone it cancels the action.
-func heartbeatEffect(ctx context.Context, c *Client, id, token string, expires time.Time, cancel context.CancelCauseFunc) {
+// reportEffect records the action's outcome. What the server cannot take
+// for now (a 5xx, a 429, a network failure) is sent again with backoff
+// while the lease stands, which the heartbeats keep extending, for at most
+// reportTimeout: the client's own few retries last seconds, and a performed
+// action whose report is dropped becomes an indeterminate effect that an
+// operator must resolve. The report is sent even if the caller's ctx has
+// ended, for the same reason.
+func reportEffect(ctx context.Context, c *Client, b *BeginResponse, outcome string, result any, expiry *leaseExpiry) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
+	defer cancel()
+	horizon, _ := rctx.Deadline()
+	for attempt := 0; ; attempt++ {
+		_, err := c.ReportEffect(rctx, b.EffectID, b.LeaseToken, outcome, result)
+		if err == nil {
+			return nil
+		}
+		wait, retry := c.retryDelay(err, attempt, idempotent)
+		last := horizon
+		if exp := expiry.get(); !exp.IsZero() && exp.Before(last) {
+			last = exp // a report after the lapse would be refused
+		}
+		if !retry || !time.Now().Add(wait).Before(last) {
+			return err
+		}
+		if c.sleep(rctx, wait) != nil {
+			return err
+		}
+	}
+}
+
+// effectLeaseMargin is how long before an effect lease's known expiry
+// DoEffect cancels an action whose heartbeats have not extended it (at most
+// a quarter of the lease granted). Once the lease lapses the server may
+// grant execute to another caller, so the action must have been told to
+// stop by then; the margin covers a server clock running a little ahead.
+const effectLeaseMargin = time.Second
+
+// leaseExpiry is an effect lease's expiry as last extended, shared by the
+// heartbeats that extend it and the report that must land before it lapses.
+type leaseExpiry struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (l *leaseExpiry) get() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.t
+}
+
+func (l *leaseExpiry) set(t time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.t = t
+}
+
+// heartbeatEffect extends the effect lease at a third of what is left. It
+// cancels the action (cause ErrLeaseLost) when the server says the lease is
+// gone, and also when the lease is about to lapse without a heartbeat having
+// extended it (5xx, network failures): the server then treats the attempt
+// as indeterminate and may let another caller execute, so the action must
+// not run on unaware.
+func heartbeatEffect(ctx context.Context, c *Client, id, token string, expiry *leaseExpiry, cancel context.CancelCauseFunc) {
+	expires := expiry.get()
 	if expires.IsZero() {
 		return
 	}
+	margin := min(effectLeaseMargin, time.Until(expires)/4)
+	var lastErr error
 	for {
-		d := min(max(time.Until(expires)/3, minHeartbeat), maxHeartbeat)
+		deadline := expires.Add(-margin)
+		d := min(max(time.Until(expires)/3, minHeartbeat), maxHeartbeat, time.Until(deadline))
 		if sleepCtx(ctx, d) != nil {
 			return
 		}
-		next, err := c.HeartbeatEffect(ctx, id, token)
+		if !time.Now().Before(deadline) {
+			cancel(lapsedLease(lastErr))
+			return
+		}
+		next, err := heartbeatBefore(ctx, c, id, token, deadline)
 		if ctx.Err() != nil {
 			return
 		}
@@ -251,8 +330,27 @@ func heartbeatEffect(ctx context.Context, c *Client, id, token string, expires t
 				cancel(ErrLeaseLost)
 				return
 			}
+			lastErr = err
 			continue // transient: try again sooner, as the lease shrinks
 		}
-		expires = next
+		expires, lastErr = next, nil
+		expiry.set(next)
 	}
+}
+
+// heartbeatBefore sends one heartbeat (with the client's retries) that
+// gives up at deadline, so a hung request cannot hold the action past it.
+func heartbeatBefore(ctx context.Context, c *Client, id, token string, deadline time.Time) (time.Time, error) {
+	hctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	return c.HeartbeatEffect(hctx, id, token)
+}
+
+// lapsedLease is the cause an action is cancelled with when its lease is
+// about to lapse unextended; it matches ErrLeaseLost.
+func lapsedLease(lastErr error) error {
+	if lastErr == nil {
+		return fmt.Errorf("%w: no heartbeat extended the effect lease before it lapsed", ErrLeaseLost)
+	}
+	return fmt.Errorf("%w: no heartbeat extended the effect lease before it lapsed (last failure: %v)", ErrLeaseLost, lastErr)
 }

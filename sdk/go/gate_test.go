@@ -284,3 +284,86 @@ func TestDoEffectActionPanicReportsNothing(t *testing.T) {
 		t.Fatalf("reported %v", g.reports)
 	}
 }
+
+// Heartbeats that keep failing with 5xx do not let the action run past its
+// lease: once the lease is about to lapse unextended, the server may grant
+// execute to another caller, so the action's ctx ends with ErrLeaseLost.
+func TestDoEffectCancelsTheActionBeforeAnUnextendedLeaseLapses(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){decision(200, map[string]any{"decision": "execute",
+		"effect_id": "eff_1", "state": "leased", "attempt": 1, "lease_token": "lt_1",
+		"lease_expires_at": time.Now().Add(3 * time.Second)})},
+		heartbeat: func(w http.ResponseWriter) { apiError(w, 503, CodeInternal, nil) }}
+	c, _ := testClient(t, g)
+	var cause error
+	_, err := DoEffect(context.Background(), c, beginReq, func(ctx context.Context, _ Lease) (sendResult, error) {
+		select {
+		case <-ctx.Done():
+			cause = context.Cause(ctx)
+			return sendResult{}, ctx.Err()
+		case <-time.After(20 * time.Second):
+			return sendResult{MessageID: "sent long after the lease lapsed"}, nil
+		}
+	})
+	if !errors.Is(cause, ErrLeaseLost) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("cause %v err %v", cause, err)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.heartbeats == 0 || len(g.reports) != 0 {
+		t.Fatalf("heartbeats %d reports %v", g.heartbeats, g.reports)
+	}
+}
+
+// A success report that meets more 5xx than the client's own retries is
+// sent again while the lease stands: dropping it would turn a performed
+// effect into an indeterminate one.
+func TestDoEffectRetriesTheReportThroughAnOutage(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){execute()}}
+	g.report = func(w http.ResponseWriter) {
+		if len(g.reports) <= 8 { // twice the client's retries, and more
+			apiError(w, 503, CodeInternal, nil)
+			return
+		}
+		writeJSON(w, 200, map[string]any{"id": "eff_1", "state": "succeeded"})
+	}
+	c, _ := testClient(t, g)
+	out, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
+		return sendResult{MessageID: "msg_1"}, nil
+	})
+	if err != nil || out == nil || out.Result.MessageID != "msg_1" {
+		t.Fatalf("out %+v err %v", out, err)
+	}
+	if len(g.reports) != 9 {
+		t.Fatalf("%d reports, want 9", len(g.reports))
+	}
+}
+
+// While the report is being retried the lease is still heartbeated: here
+// the server takes the report only once a heartbeat has come in after the
+// action returned.
+func TestDoEffectHeartbeatsWhileTheReportIsRetried(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){decision(200, map[string]any{"decision": "execute",
+		"effect_id": "eff_1", "state": "leased", "attempt": 1, "lease_token": "lt_1",
+		"lease_expires_at": time.Now().Add(4 * time.Second)})}}
+	g.heartbeat = func(w http.ResponseWriter) {
+		writeJSON(w, 200, map[string]any{"effect_id": "eff_1", "lease_expires_at": time.Now().Add(time.Minute)})
+	}
+	g.report = func(w http.ResponseWriter) {
+		if g.heartbeats == 0 {
+			apiError(w, 503, CodeInternal, nil)
+			return
+		}
+		writeJSON(w, 200, map[string]any{"id": "eff_1", "state": "succeeded"})
+	}
+	c, _ := testClient(t, g)
+	c.sleep = sleepCtx // real backoff: the first heartbeat is due after a third of the lease
+	out, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
+		return sendResult{MessageID: "msg_1"}, nil
+	})
+	if err != nil || out == nil || out.Result.MessageID != "msg_1" {
+		t.Fatalf("out %+v err %v", out, err)
+	}
+}

@@ -162,12 +162,39 @@ func (e *InvalidDecisionError) Error() string {
 		e.Tool.Name, e.Tool.Version, e.Decision.Retryable, e.Decision.RetryAfter)
 }
 
-// decide maps a failed attempt to the error the API is told. cause is
-// context.Cause of the handler's context (nil while it was live). Order, per
-// the SDK contract: server-requested cancellation; explicit SDK errors;
-// schema failures; panics; timeout and worker stop; the tool's classifier;
-// retryable by default. Only a redacted message leaves the process.
-func (rt *registeredTool) decide(err, cause error, job JobContext, onError func(error)) JobError {
+// unexplainedFailure is reported when a handler's error could not even be
+// looked at: its Error or As method (or OnError) panicked.
+const unexplainedFailure = "handler failed with an error that panicked when inspected"
+
+// decide maps a failed attempt to the error the API is told. It runs user
+// code outside the handler's own recover (the returned error's Error and As
+// methods, OnError): a typed nil *MyError returned as error panics there,
+// and must cost one retryable failure, not the worker process with every
+// other job's unsent report. The panic goes to OnError as a *PanicError.
+func (rt *registeredTool) decide(err, cause error, job JobContext, onError func(error)) (je JobError) {
+	defer func() {
+		if v := recover(); v != nil {
+			je = JobError{Message: unexplainedFailure, Retryable: true}
+			notifySafely(onError, &PanicError{Where: "error returned by handler " + rt.ref.Name + "@" + rt.ref.Version,
+				Value: v, Stack: debug.Stack()})
+		}
+	}()
+	return rt.judge(err, cause, job, onError)
+}
+
+// notifySafely passes err to onError, ignoring a panic there: it is called
+// after OnError may already have panicked once.
+func notifySafely(onError func(error), err error) {
+	defer func() { _ = recover() }()
+	onError(err)
+}
+
+// judge is decide without its recover. cause is context.Cause of the
+// handler's context (nil while it was live). Order, per the SDK contract:
+// server-requested cancellation; explicit SDK errors; schema failures;
+// panics; timeout and worker stop; the tool's classifier; retryable by
+// default. Only a redacted message leaves the process.
+func (rt *registeredTool) judge(err, cause error, job JobContext, onError func(error)) JobError {
 	var (
 		re *RetryableError
 		ne *NonRetryableError

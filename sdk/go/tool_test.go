@@ -203,3 +203,62 @@ func TestRegisterToolValidates(t *testing.T) {
 		t.Fatal("duplicate accepted")
 	}
 }
+
+// panickyAs is an error whose As method panics.
+type panickyAs struct{}
+
+func (panickyAs) Error() string   { return "fine" }
+func (panickyAs) As(any) bool     { panic("As bug") }
+func (panickyAs) Unwrap() []error { return nil }
+
+// User code that decide runs outside the handler's recover (the returned
+// error's Error and As methods, OnError) may panic: the attempt is then a
+// fixed retryable failure and the panic goes to OnError, instead of taking
+// the worker process down with every other job's report.
+func TestDecideSurvivesPanickingErrorCode(t *testing.T) {
+	t.Parallel()
+	var typedNil *providerError // its Error dereferences nil
+	cases := []struct {
+		name     string
+		err      error
+		classify func(error, JobContext) Decision
+		onError  func(sink *errSink) func(error)
+	}{
+		{name: "typed nil error", err: typedNil},
+		{name: "typed nil error with a classifier", err: typedNil,
+			classify: func(error, JobContext) Decision { return Decision{Retryable: false} }},
+		{name: "As method panics", err: panickyAs{}},
+		{name: "OnError panics", err: &PanicError{Where: "handler", Value: "boom"},
+			onError: func(sink *errSink) func(error) {
+				return func(err error) { sink.add(err); panic("OnError bug") }
+			}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			sink := &errSink{}
+			onError := sink.add
+			if c.onError != nil {
+				onError = c.onError(sink)
+			}
+			rt := &registeredTool{ref: ToolRef{Name: "t", Version: "1"}, classify: c.classify}
+			var got JobError
+			func() {
+				defer func() {
+					if v := recover(); v != nil {
+						t.Fatalf("decide panicked: %v", v)
+					}
+				}()
+				got = rt.decide(c.err, nil, JobContext{}, onError)
+			}()
+			if got.Message != unexplainedFailure || !got.Retryable || got.RetryAfterMs != nil {
+				t.Fatalf("got %+v", got)
+			}
+			errs := sink.list()
+			var pe *PanicError
+			if len(errs) == 0 || !errors.As(errs[len(errs)-1], &pe) || !strings.Contains(pe.Where, "t@1") {
+				t.Fatalf("OnError %v", errs)
+			}
+		})
+	}
+}
