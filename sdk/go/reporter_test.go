@@ -202,9 +202,10 @@ func TestWorkerStopFlushesReports(t *testing.T) {
 	}
 }
 
-// Stop keeps its deadline while reports cannot be delivered: it returns when
-// ctx ends, with an error, and the undelivered report goes to OnError (its
-// lease lapses and the job runs again). It waited out the whole lease.
+// Stop keeps its deadline (and the stop grace after it) while reports cannot
+// be delivered: it returns then, with an error, and the undelivered report
+// goes to OnError (its lease lapses and the job runs again). It waited out
+// the whole lease.
 func TestWorkerStopKeepsItsDeadlineWhileReportsFail(t *testing.T) {
 	t.Parallel()
 	f := newFakeJobs()
@@ -212,6 +213,7 @@ func TestWorkerStopKeepsItsDeadlineWhileReportsFail(t *testing.T) {
 	f.add("t", "1", welcomeIn{}, 600000) // a ten-minute lease
 	ran := make(chan struct{}, 1)
 	w, sink := startWorker(t, f, func(w *Worker) {
+		w.stopGrace = 200 * time.Millisecond
 		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
 			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) {
 				ran <- struct{}{}

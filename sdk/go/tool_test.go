@@ -207,9 +207,8 @@ func TestRegisterToolValidates(t *testing.T) {
 // panickyAs is an error whose As method panics.
 type panickyAs struct{}
 
-func (panickyAs) Error() string   { return "fine" }
-func (panickyAs) As(any) bool     { panic("As bug") }
-func (panickyAs) Unwrap() []error { return nil }
+func (panickyAs) Error() string { return "fine" }
+func (panickyAs) As(any) bool   { panic("As bug") }
 
 // User code that decide runs outside the handler's recover (the returned
 // error's Error and As methods, OnError) may panic: the attempt is then a

@@ -76,10 +76,10 @@ type Worker struct {
 	active   int
 	opts     StartOptions
 
-	stopping   chan struct{} // closed by Stop: claim no more
-	stopOnce   sync.Once
-	slotFreed  chan struct{} // a handler finished (buffered, 1)
-	loopDone   chan struct{}
+	stopping   chan struct{}           // closed by Stop (under mu): claim no more
+	cancelPoll context.CancelFunc      // ends a registration or claim in flight, at Stop's deadline
+	slotFreed  chan struct{}           // a handler finished (buffered, 1)
+	loopDone   chan struct{}           // closed when polling ended, or Start gave up before it
 	jobs       sync.WaitGroup          // dispatched jobs, until their report is queued
 	handlers   sync.WaitGroup          // handler calls in progress
 	running    int                     // handler calls in progress (mu), for Stop's error
@@ -142,6 +142,10 @@ func (w *Worker) ID() string {
 // worker's whole life: cancelling it stops claiming and cancels running
 // handlers at once (cause ErrWorkerStopped; their attempts are reported as
 // retryable). For a graceful shutdown call Stop instead.
+//
+// If Stop is called while Start is still registering (a SIGTERM during a
+// slow start, say), the worker never polls: Start returns an error matching
+// ErrWorkerStopped, and Stop returns nil once Start has given up.
 func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 	w.mu.Lock()
 	if w.started {
@@ -156,7 +160,13 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 	for ref := range w.tools {
 		refs = append(refs, ref)
 	}
+	// The stopping state exists before registration, so that a Stop
+	// during it is seen (and can cut it off at its deadline) instead of
+	// finding a worker that was "never started" and returning while
+	// Start goes on to poll with nobody left to stop it.
+	pollCtx, cancelPoll := context.WithCancel(ctx)
 	w.started = true
+	w.stopping, w.loopDone, w.cancelPoll = make(chan struct{}), make(chan struct{}), cancelPoll
 	w.mu.Unlock()
 
 	if opts.Concurrency <= 0 {
@@ -169,54 +179,94 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 		opts.OnError = func(error) {}
 	}
 	opts.WaitSeconds = min(max(opts.WaitSeconds, 0), 20)
-	id, err := w.c.RegisterWorker(ctx, refs)
+	id, err := w.c.RegisterWorker(pollCtx, refs)
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if closed(w.stopping) {
+		cancelPoll()
+		close(w.loopDone) // Stop waits for it
+		return errStoppedWhileStarting
+	}
 	if err != nil {
-		w.mu.Lock()
-		w.started = false
-		w.mu.Unlock()
+		cancelPoll()
+		w.started = false // Start may be called again
+		w.stopping, w.loopDone, w.cancelPoll = nil, nil, nil
 		return err
 	}
 	// Handlers get a context that outlives nothing but is ended by Stop's
 	// deadline or by ctx, always with ErrWorkerStopped as the cause.
 	jobsCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	unhook := context.AfterFunc(ctx, func() { cancel(ErrWorkerStopped) })
-	cancelJobs := func(cause error) { unhook(); cancel(cause) }
-
-	w.mu.Lock()
-	w.workerID, w.refs, w.opts, w.cancelJobs = id, refs, opts, cancelJobs
+	w.cancelJobs = func(cause error) { unhook(); cancel(cause) }
+	w.workerID, w.refs, w.opts = id, refs, opts
 	w.reporter = newReporter(ctx, w.c, opts.OnError, w.reportLinger)
-	w.stopping, w.slotFreed, w.loopDone = make(chan struct{}), make(chan struct{}, 1), make(chan struct{})
-	w.mu.Unlock()
-	go w.loop(ctx, jobsCtx)
+	w.slotFreed = make(chan struct{}, 1)
+	go w.loop(ctx, pollCtx, jobsCtx)
 	return nil
 }
 
+// errStoppedWhileStarting is Start's answer when Stop came first.
+var errStoppedWhileStarting = fmt.Errorf("ratchet: Stop was called while Start was registering; the worker did not start: %w",
+	ErrWorkerStopped)
+
+// closed reports whether ch is closed.
+func closed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
 // Stop stops claiming and waits for running handlers to finish and be
-// reported. If ctx ends first, their contexts are cancelled (cause
-// ErrWorkerStopped); handlers that then return within a short grace are
-// reported as retryable failures, and Stop returns an error saying so.
-// A handler that ignores its context is left running unreported: its lease
-// lapses and another worker reclaims the job.
+// reported. If ctx ends first, a claim still in flight is abandoned (the
+// jobs it claimed run again once their leases lapse) and the handlers'
+// contexts are cancelled (cause ErrWorkerStopped); handlers that then
+// return within a short grace are reported as retryable failures, and Stop
+// returns an error saying so. Reports still being sent when ctx ends get
+// that grace too. A handler that ignores its context is left running
+// unreported: its lease lapses and another worker reclaims the job.
+//
+// Stop called during Start's registration makes Start give up without
+// polling; Stop then returns nil once Start has returned (or, at ctx's end,
+// cuts the registration off).
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
-	stopping := w.stopping
+	stopping, loopDone, cancelPoll := w.stopping, w.loopDone, w.cancelPoll
+	if stopping != nil && !closed(stopping) {
+		close(stopping)
+	}
 	w.mu.Unlock()
 	if stopping == nil {
 		return nil // never started
 	}
-	w.stopOnce.Do(func() { close(w.stopping) })
-	// The loop exits at once unless a claim is in flight; its jobs are then
-	// dispatched (their leases are ours) before it returns.
-	<-w.loopDone
+	defer cancelPoll()
+	abandoned := w.awaitPolling(ctx, loopDone, cancelPoll)
+	w.mu.Lock()
+	polled := w.reporter != nil
+	w.mu.Unlock()
+	if !polled {
+		return nil // Start gave up before polling: nothing ran
+	}
 	done := make(chan struct{})
 	go func() { w.jobs.Wait(); close(done) }()
 	select {
 	case <-done:
 		w.cancelJobs(ErrWorkerStopped)
-		// Every handler's report is queued: send them all, within ctx.
-		if !w.reporter.close(ctx) {
+		// Every handler's report is queued: send them all, within ctx and
+		// then the same grace as the reports of handlers cancelled at the
+		// deadline get; a handler that finished just before it must not
+		// fare worse than one that finished just after.
+		sendCtx, cancel := afterGrace(ctx, w.stopGraceOr())
+		defer cancel()
+		if !w.reporter.close(sendCtx) {
 			return fmt.Errorf("ratchet: stop deadline passed before every report was delivered "+
 				"(the rest went to OnError; their jobs will run again): %w", ctx.Err())
+		}
+		if abandoned {
+			return stopDeadlineError(0, 0, true, true, ctx.Err())
 		}
 		return nil
 	case <-ctx.Done():
@@ -253,19 +303,64 @@ func (w *Worker) Stop(ctx context.Context) error {
 	case <-sendCtx.Done():
 	}
 	sent := w.reporter.close(sendCtx)
+	return stopDeadlineError(n, left, sent, abandoned, ctx.Err())
+}
+
+// awaitPolling waits for the poll loop to end. A claim in flight is
+// answered first (its leases are ours), but only until ctx ends: the claim
+// is bounded by nothing but the HTTP client, which may have no timeout, so
+// it is then cancelled and its jobs' leases left to lapse, which beats a
+// Stop that never returns. abandoned reports that polling was still going
+// on at the deadline.
+func (w *Worker) awaitPolling(ctx context.Context, loopDone chan struct{}, cancelPoll context.CancelFunc) (abandoned bool) {
+	select {
+	case <-loopDone:
+		return false
+	case <-ctx.Done():
+	}
+	abandoned = !closed(loopDone)
+	cancelPoll()
+	<-loopDone
+	return abandoned
+}
+
+// stopDeadlineError is Stop's answer when its deadline passed: what became
+// of the n handlers running then (left of them ignored the cancellation),
+// whether every report was sent, and whether a claim was abandoned.
+func stopDeadlineError(n, left int, sent, abandoned bool, err error) error {
+	claim := ""
+	if abandoned {
+		claim = "; a claim in flight was abandoned (the jobs it claimed run again once their leases lapse)"
+	}
 	switch {
 	case left > 0:
-		return fmt.Errorf("ratchet: stop deadline passed; %d handler(s) ignored cancellation and were left unreported: %w", left, ctx.Err())
-	case !sent:
+		return fmt.Errorf("ratchet: stop deadline passed; %d handler(s) ignored cancellation and were left unreported%s: %w", left, claim, err)
+	case !sent && n > 0:
 		return fmt.Errorf("ratchet: stop deadline passed; %d handler(s) cancelled, and reports the server did not take "+
-			"went to OnError (their jobs will run again): %w", n, ctx.Err())
+			"went to OnError (their jobs will run again)%s: %w", n, claim, err)
+	case !sent:
+		return fmt.Errorf("ratchet: stop deadline passed; no handler was running, and reports the server did not take "+
+			"went to OnError (their jobs will run again)%s: %w", claim, err)
+	case n > 0:
+		return fmt.Errorf("ratchet: stop deadline passed; %d handler(s) cancelled and reported retryable%s: %w", n, claim, err)
 	default:
-		return fmt.Errorf("ratchet: stop deadline passed; %d handler(s) cancelled and reported retryable: %w", n, ctx.Err())
+		return fmt.Errorf("ratchet: stop deadline passed; no handler was running%s: %w", claim, err)
 	}
 }
 
+// afterGrace returns a context that ends grace after ctx does (and its
+// cancel function).
+func afterGrace(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(grace, cancel) })
+	return gctx, func() { stop(); cancel() }
+}
+
 // loop claims and dispatches until Stop or ctx.
-func (w *Worker) loop(ctx, jobsCtx context.Context) {
+//
+// pollCtx, which Stop cancels at its deadline, carries the claims and
+// re-registrations: Stop must not outwait a request nobody answers.
+func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 	defer close(w.loopDone)
 	defer func() {
 		if ctx.Err() != nil {
@@ -298,11 +393,11 @@ func (w *Worker) loop(ctx, jobsCtx context.Context) {
 		}
 		limit := min(free, 100)
 		began := w.clock.Now()
-		jobs, err := w.c.Claim(withRetryCutoff(ctx, w.stopping), w.ID(), limit, w.opts.WaitSeconds)
+		jobs, err := w.c.Claim(withRetryCutoff(pollCtx, w.stopping), w.ID(), limit, w.opts.WaitSeconds)
 		if err != nil && !w.stopped(ctx) {
 			w.opts.OnError(fmt.Errorf("ratchet: claim: %w", err))
 			if IsCode(err, CodeNotFound) {
-				w.registerAgain(ctx)
+				w.registerAgain(pollCtx)
 			}
 		}
 		for _, j := range jobs {
@@ -419,6 +514,12 @@ func (w *Worker) dispatch(ctx, jobsCtx context.Context, j ClaimedJob) {
 	w.mu.Lock()
 	w.active++
 	rt := w.tools[ToolRef{Name: j.Name, Version: j.Version}]
+	if rt != nil {
+		// Counted from here, not once its goroutine runs, so that Stop's
+		// deadline counts a handler about to start with a cancelled context.
+		w.running++
+		w.handlers.Add(1)
+	}
 	w.mu.Unlock()
 	w.jobs.Add(1)
 	go func() {
@@ -465,11 +566,7 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 	}()
 
 	done := make(chan handlerResult, 1)
-	w.mu.Lock()
-	w.running++
-	w.mu.Unlock()
-	w.handlers.Add(1)
-	go func() {
+	go func() { // counted in running and handlers by dispatch
 		defer func() {
 			w.mu.Lock()
 			w.running--

@@ -1110,3 +1110,229 @@ func TestStopKeepsItsDeadlineWhenNoReportIsTaken(t *testing.T) {
 		t.Fatalf("Stop: %v", err)
 	}
 }
+
+// hangingRoute wraps f: requests to paths ending in suffix signal arrived
+// (once) and are held until the client gives up on them or the test ends;
+// the rest go to f.
+func hangingRoute(t *testing.T, f *fakeJobs, suffix string) (h http.Handler, arrived <-chan struct{}) {
+	ch, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { close(release) }) // runs before the server closes
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, suffix) {
+			f.ServeHTTP(w, r)
+			return
+		}
+		once.Do(func() { close(ch) })
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}), ch
+}
+
+// Stop keeps its deadline while a claim is in flight that nobody answers
+// (a half-open connection, a client without a timeout): the claim is
+// abandoned at the deadline, and the error does not pretend handlers were
+// cancelled.
+func TestWorkerStopAbandonsAnUnansweredClaimAtItsDeadline(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	h, claiming := hangingRoute(t, f, "/claim")
+	c, _ := testClient(t, h) // an http.Client without a timeout
+	w := NewWorker(c)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+	must(t, w.Start(context.Background(), StartOptions{}))
+	<-claiming
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(ctx) }()
+	select {
+	case err := <-stopped:
+		if !errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "handler(s) cancelled") ||
+			!strings.Contains(err.Error(), "claim in flight was abandoned") {
+			t.Fatalf("Stop = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop is outwaiting an unanswered claim past its deadline")
+	}
+}
+
+// A handler error whose Error method panics (a typed nil *MyError returned
+// as error) costs one retryable failure, not the worker process.
+func TestWorkerSurvivesAHandlerErrorThatPanics(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	id := f.add("nilerr", "1", welcomeIn{}, 60000)
+	_, sink := startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "nilerr", Version: "1",
+			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) {
+				var pe *providerError
+				return welcomeOut{}, pe
+			}}))
+	}, StartOptions{})
+	e := f.waitReport(t, id)["error"].(map[string]any)
+	if e["retryable"] != true || e["message"] != unexplainedFailure {
+		t.Fatalf("report %v", e)
+	}
+	var pe *PanicError
+	if errs := sink.list(); len(errs) == 0 || !errors.As(errs[0], &pe) {
+		t.Fatalf("OnError %v", errs)
+	}
+}
+
+// stopRequested reports whether Stop has closed the worker's stopping
+// channel.
+func stopRequested(w *Worker) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stopping != nil && closed(w.stopping)
+}
+
+// Stop called while Start is still registering is not lost: Start gives up
+// without polling, and Stop returns once it has.
+func TestWorkerStopDuringStartIsNotLost(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	registering, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	releaseRegistration := func() { releaseOnce.Do(func() { close(release) }) }
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/register") {
+			close(registering)
+			<-release
+		}
+		f.ServeHTTP(w, r)
+	}))
+	t.Cleanup(releaseRegistration)
+	w := NewWorker(c)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+	started := make(chan error, 1)
+	go func() { started <- w.Start(context.Background(), StartOptions{PollInterval: 10 * time.Millisecond}) }()
+	<-registering
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		stopped <- w.Stop(ctx)
+	}()
+	for !stopRequested(w) {
+		select {
+		case err := <-stopped:
+			t.Fatalf("Stop returned %v while Start was still registering", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	releaseRegistration()
+	if err := <-started; !errors.Is(err, ErrWorkerStopped) {
+		t.Fatalf("Start = %v", err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("Stop = %v", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.claims != 0 {
+		t.Fatalf("%d claims after Stop", f.claims)
+	}
+}
+
+// A Stop during a registration nobody answers cuts it off at its deadline.
+func TestWorkerStopDuringAHungRegistrationKeepsItsDeadline(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	h, registering := hangingRoute(t, f, "/register")
+	c, _ := testClient(t, h)
+	w := NewWorker(c)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+	started := make(chan error, 1)
+	go func() { started <- w.Start(context.Background(), StartOptions{}) }()
+	<-registering
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(ctx) }()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("Stop = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop is outwaiting a hung registration past its deadline")
+	}
+	if err := <-started; !errors.Is(err, ErrWorkerStopped) {
+		t.Fatalf("Start = %v", err)
+	}
+}
+
+// reporterClosed reports whether Stop has begun sending the last reports.
+func reporterClosed(w *Worker) bool {
+	w.mu.Lock()
+	r := w.reporter
+	w.mu.Unlock()
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.closed
+}
+
+// A handler that finished before Stop's deadline has its report sent with
+// the same grace as one cancelled at the deadline: a report in flight when
+// the deadline passes is not abandoned.
+func TestWorkerStopGivesFinishedReportsTheGrace(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	id := f.add("quick", "1", welcomeIn{}, 60000)
+	arrived, answer := make(chan struct{}), make(chan struct{})
+	var arrivedOnce sync.Once
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/report") {
+			arrivedOnce.Do(func() { close(arrived) })
+			select {
+			case <-answer:
+			case <-r.Context().Done():
+				return // abandoned by the client
+			}
+		}
+		f.ServeHTTP(w, r)
+	}))
+	var answerOnce sync.Once
+	answerReport := func() { answerOnce.Do(func() { close(answer) }) }
+	t.Cleanup(answerReport)
+	w := NewWorker(c)
+	started, finish := make(chan struct{}), make(chan struct{})
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "quick", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) {
+			close(started)
+			<-finish
+			return welcomeOut{Sent: true}, nil
+		}}))
+	must(t, w.Start(context.Background(), StartOptions{PollInterval: 10 * time.Millisecond}))
+	<-started
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(ctx) }()
+	<-w.loopDone
+	close(finish) // the handler finishes before the deadline
+	<-arrived
+	for !reporterClosed(w) { // Stop is sending the last reports
+		time.Sleep(time.Millisecond)
+	}
+	cancel() // the deadline passes with the report in flight
+	select {
+	case err := <-stopped:
+		t.Fatalf("Stop returned %v, abandoning the report in flight within its grace", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	answerReport()
+	if err := <-stopped; err != nil {
+		t.Fatalf("Stop = %v", err)
+	}
+	if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
+		t.Fatalf("report %v", rep)
+	}
+}
