@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -310,6 +311,17 @@ func public(ip net.IP) bool {
 		}
 	}
 	return true
+}
+
+// namesNonPublic reports whether a URL's host is, before any resolution, a
+// non-public address: an IP literal public refuses, or localhost.
+func namesNonPublic(host string) bool {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && !public(ip)
 }
 
 // errNotPublic is the dialer's refusal of a receiver on a non-public

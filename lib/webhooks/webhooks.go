@@ -62,6 +62,8 @@ type Service struct {
 	sealer *seal.Sealer
 	now    func() time.Time
 	client *http.Client
+	// allowPrivate: receivers on non-public addresses are accepted.
+	allowPrivate bool
 }
 
 // New returns a Service. allowPrivate permits receivers on loopback and
@@ -70,10 +72,14 @@ type Service struct {
 func New(pool *pgxpool.Pool, sealer *seal.Sealer, now func() time.Time, allowPrivate bool) *Service {
 	// Postgres keeps microseconds: a write answers the time a read returns.
 	clock := func() time.Time { return now().UTC().Truncate(time.Microsecond) }
-	return &Service{pool: pool, sealer: sealer, now: clock, client: newClient(allowPrivate)}
+	return &Service{pool: pool, sealer: sealer, now: clock, client: newClient(allowPrivate), allowPrivate: allowPrivate}
 }
 
-func (r *CreateRequest) validate() error {
+// validate checks the request. Unless allowPrivate, a receiver named by a
+// non-public address (an IP literal, or localhost) is refused here rather
+// than at every delivery; a host name is checked after its resolution, at
+// each delivery (newClient), since what it resolves to can change.
+func (r *CreateRequest) validate(allowPrivate bool) error {
 	var pr apierr.Problems
 	u, err := url.Parse(r.URL)
 	switch {
@@ -83,6 +89,9 @@ func (r *CreateRequest) validate() error {
 		pr.Add("url", "must be an absolute http(s) URL without credentials")
 	case len(r.URL) > 2000:
 		pr.Add("url", "must be at most 2000 characters")
+	case !allowPrivate && namesNonPublic(u.Hostname()):
+		pr.Add("url", "must name a public address (receivers on loopback or private networks need "+
+			"WEBHOOK_ALLOW_PRIVATE_NETWORKS=true)")
 	}
 	if len(r.Events) == 0 {
 		pr.Add("events", "name at least one event type")
@@ -97,7 +106,7 @@ func (r *CreateRequest) validate() error {
 
 // Create stores a subscription and returns its secret once.
 func (s *Service) Create(ctx context.Context, workspaceID string, req CreateRequest) (NewWebhook, error) {
-	if err := req.validate(); err != nil {
+	if err := req.validate(s.allowPrivate); err != nil {
 		return NewWebhook{}, err
 	}
 	evs := slices.Clone(req.Events)

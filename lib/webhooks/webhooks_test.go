@@ -239,11 +239,16 @@ func TestConcurrentSweepersSendEachDeliveryOnce(t *testing.T) {
 	}
 }
 
+// A receiver whose name resolves to a private address is refused at each
+// delivery (what a name resolves to can change after its creation): the
+// webhook is created by an instance that allows private receivers, and
+// delivered by one that does not.
 func TestPrivateAddressesAreRefusedByDefault(t *testing.T) {
+	lax, _ := start(t, true)
 	env, clk := start(t, false)
 	ws := env.Signup()
 	rcv := newReceiver(t)
-	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+	id := lax.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
 		map[string]any{"url": rcv.URL, "events": []string{events.CircuitTripped}}).JSON()["id"].(string)
 	record(t, env, ws.ID, events.CircuitTripped, clk.Now())
 	env.App.Sweeper.RunOnce(context.Background())
@@ -252,6 +257,31 @@ func TestPrivateAddressesAreRefusedByDefault(t *testing.T) {
 	require.Equal(t, "pending", ds[0]["state"])
 	require.Equal(t, "refused: not a public address (WEBHOOK_ALLOW_PRIVATE_NETWORKS)", ds[0]["last_error"],
 		"says why (QA: it read \"request failed\")")
+}
+
+// A receiver named by a non-public address is refused at creation (400),
+// unless private receivers are allowed; a host name is left to delivery.
+func TestNonPublicReceiversAreRefusedAtCreation(t *testing.T) {
+	env, _ := start(t, false)
+	ws := env.Signup()
+	for _, u := range []string{"http://127.0.0.1:8080/hook", "http://localhost/hook", "https://api.localhost/x",
+		"http://10.1.2.3/hook", "http://[::1]/hook", "http://169.254.169.254/latest", "http://100.100.100.200/",
+		"http://[::ffff:192.168.0.1]/hook", "http://0.0.0.0/"} {
+		r := env.Do("POST", "/api/v1/webhooks", ws.Key, map[string]any{"url": u, "events": []string{events.CircuitTripped}})
+		require.Equal(t, http.StatusBadRequest, r.Status, "%s: %s", u, r.Body)
+		require.Contains(t, string(r.Body), "must name a public address", u)
+	}
+	var n int
+	require.NoError(t, env.App.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM webhooks WHERE workspace_id = $1`, ws.ID).Scan(&n))
+	require.Zero(t, n)
+	for _, u := range []string{"https://hooks.example.com/ratchet", "http://8.8.8.8/hook"} {
+		env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+			map[string]any{"url": u, "events": []string{events.CircuitTripped}})
+	}
+	lax, _ := start(t, true)
+	lax.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": "http://127.0.0.1:8080/hook", "events": []string{events.CircuitTripped}})
 }
 
 func TestSignKnownVector(t *testing.T) {
