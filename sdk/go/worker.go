@@ -48,8 +48,8 @@ type StartOptions struct {
 	// The time a claim spent waiting counts towards the poll interval, so an
 	// idle worker makes no more claim calls than without it; but each idle
 	// claim is then a request held open for WaitSeconds (billed time on
-	// serverless hosting), and Stop waits for a claim in flight. Values above
-	// 20 are clamped.
+	// serverless hosting), and Stop waits for a claim in flight (until its
+	// deadline). Values above 20 are clamped.
 	WaitSeconds int
 	// OnError receives problems that stay in the process: failed claims,
 	// heartbeats and reports, handler and classifier panics, invalid
@@ -80,6 +80,7 @@ type Worker struct {
 	cancelPoll context.CancelFunc      // ends a registration or claim in flight, at Stop's deadline
 	slotFreed  chan struct{}           // a handler finished (buffered, 1)
 	loopDone   chan struct{}           // closed when polling ended, or Start gave up before it
+	claiming   bool                    // a claim is in flight (mu), for Stop's error
 	jobs       sync.WaitGroup          // dispatched jobs, until their report is queued
 	handlers   sync.WaitGroup          // handler calls in progress
 	running    int                     // handler calls in progress (mu), for Stop's error
@@ -310,15 +311,17 @@ func (w *Worker) Stop(ctx context.Context) error {
 // answered first (its leases are ours), but only until ctx ends: the claim
 // is bounded by nothing but the HTTP client, which may have no timeout, so
 // it is then cancelled and its jobs' leases left to lapse, which beats a
-// Stop that never returns. abandoned reports that polling was still going
-// on at the deadline.
+// Stop that never returns. abandoned reports that a claim was in flight at
+// the deadline.
 func (w *Worker) awaitPolling(ctx context.Context, loopDone chan struct{}, cancelPoll context.CancelFunc) (abandoned bool) {
 	select {
 	case <-loopDone:
 		return false
 	case <-ctx.Done():
 	}
-	abandoned = !closed(loopDone)
+	w.mu.Lock()
+	abandoned = w.claiming
+	w.mu.Unlock()
 	cancelPoll()
 	<-loopDone
 	return abandoned
@@ -393,7 +396,7 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 		}
 		limit := min(free, 100)
 		began := w.clock.Now()
-		jobs, err := w.c.Claim(withRetryCutoff(pollCtx, w.stopping), w.ID(), limit, w.opts.WaitSeconds)
+		jobs, err := w.claim(pollCtx, limit)
 		if err != nil && !w.stopped(ctx) {
 			w.opts.OnError(fmt.Errorf("ratchet: claim: %w", err))
 			if IsCode(err, CodeNotFound) {
@@ -420,6 +423,19 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 			return
 		}
 	}
+}
+
+// claim asks for up to limit jobs, marked in flight while it is.
+func (w *Worker) claim(pollCtx context.Context, limit int) ([]ClaimedJob, error) {
+	w.mu.Lock()
+	w.claiming = true
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.claiming = false
+		w.mu.Unlock()
+	}()
+	return w.c.Claim(withRetryCutoff(pollCtx, w.stopping), w.ID(), limit, w.opts.WaitSeconds)
 }
 
 // registerAgain registers the worker's tools under a new worker id, for a
