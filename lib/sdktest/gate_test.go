@@ -119,6 +119,76 @@ func TestGateUnsureErrorLeavesIndeterminateThenBlocked(t *testing.T) {
 	eff, err := g.operator.GetEffect(ctx, blocked.EffectID)
 	require.NoError(t, err)
 	require.Equal(t, ratchet.EffectIndeterminate, eff.State)
+
+	// The recovery path: find it, verify at the vendor, resolve it; the key
+	// then answers the vendor's result as a duplicate.
+	page, err := g.operator.ListEffects(ctx, ratchet.EffectQuery{State: ratchet.EffectIndeterminate,
+		EffectType: "payment.charge", Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, page.Data, 1)
+	require.Equal(t, blocked.EffectID, page.Data[0].ID)
+	require.Nil(t, page.NextCursor)
+	resolved, err := g.operator.ResolveEffect(ctx, blocked.EffectID, ratchet.ResolveRequest{
+		Outcome: ratchet.OutcomeSucceeded, Result: sent{MessageID: "vendor_1"}, Note: "found at the vendor"})
+	require.NoError(t, err)
+	require.Equal(t, ratchet.EffectSucceeded, resolved.State)
+	out, err := ratchet.DoEffect(ctx, g.agent, req("payment.charge", "charge:1"), func(context.Context, ratchet.Lease) (sent, error) {
+		t.Error("acted after the resolution")
+		return sent{}, nil
+	})
+	require.NoError(t, err)
+	require.True(t, out.Duplicate)
+	require.Equal(t, "vendor_1", out.Result.MessageID)
+	_, err = g.operator.ResolveEffect(ctx, blocked.EffectID, ratchet.ResolveRequest{Outcome: ratchet.OutcomeFailed})
+	require.True(t, ratchet.IsCode(err, "invalid_state"), "%v", err)
+	page, err = g.operator.ListEffects(ctx, ratchet.EffectQuery{State: ratchet.EffectIndeterminate})
+	require.NoError(t, err)
+	require.Empty(t, page.Data)
+}
+
+// A group through the SDK: its steps declare compensations, the unwind
+// plan names them, and performing each with its suggested key unwinds it.
+func TestGateGroupUnwindThroughTheSDK(t *testing.T) {
+	t.Parallel()
+	g := setupGate(t)
+	ctx := context.Background()
+	group, err := g.agent.CreateGroup(ctx, "order 551")
+	require.NoError(t, err)
+	require.Equal(t, "open", group.State)
+	for _, step := range []string{"reserve", "charge"} {
+		r := req("order."+step, "order-551:"+step)
+		r.GroupID = group.ID
+		r.Compensation = &ratchet.Compensation{EffectType: "order.un" + step, Payload: map[string]string{"order": "551"}}
+		_, err := ratchet.DoEffect(ctx, g.agent, r, func(context.Context, ratchet.Lease) (sent, error) {
+			return sent{MessageID: step}, nil
+		})
+		require.NoError(t, err)
+	}
+	committed, err := g.agent.CommitGroup(ctx, group.ID)
+	require.NoError(t, err)
+	require.Equal(t, "committed", committed.State)
+	again, err := g.agent.CommitGroup(ctx, group.ID)
+	require.NoError(t, err, "committing twice answers the group")
+	require.Equal(t, "committed", again.State)
+
+	unwind, err := g.agent.UnwindGroup(ctx, group.ID)
+	require.NoError(t, err)
+	require.Equal(t, "unwinding", unwind.State)
+	require.Len(t, unwind.Plan, 2)
+	require.Equal(t, "order.uncharge", unwind.Plan[0].Compensation["effect_type"], "reverse order of success")
+	for _, item := range unwind.Plan {
+		r := ratchet.BeginRequest{EffectType: item.Compensation["effect_type"].(string),
+			IdempotencyKey: item.SuggestedIdempotencyKey, Payload: item.Compensation["payload"],
+			CompensatesEffectID: item.CompensatesEffectID, CostMicros: ratchet.Micros(0)}
+		_, err := ratchet.DoEffect(ctx, g.agent, r, func(context.Context, ratchet.Lease) (sent, error) {
+			return sent{MessageID: "undone"}, nil
+		})
+		require.NoError(t, err)
+	}
+	final, err := g.agent.GetGroup(ctx, group.ID)
+	require.NoError(t, err)
+	require.Equal(t, "unwound", final.State)
+	require.Len(t, final.Steps, 4)
 }
 
 func TestGateProbe(t *testing.T) {

@@ -1,0 +1,173 @@
+package ratchet
+
+import (
+	"context"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// The gate's recovery path (seed 003): find the effects whose outcome is
+// unknown, verify them at the vendor and resolve them; and effect groups,
+// whose unwind plan names the compensations to begin.
+
+// ResolveRequest is what an operator found at the vendor for an
+// indeterminate effect: OutcomeSucceeded (with the vendor's result, which a
+// duplicate begin then returns) or OutcomeFailed (it did not happen).
+type ResolveRequest struct {
+	Outcome string `json:"outcome"`
+	Result  any    `json:"result,omitempty"`
+	Note    string `json:"note,omitempty"`
+}
+
+// ResolveEffect records the outcome of an indeterminate effect (POST
+// /api/v1/effects/{id}/resolve, scope effects:resolve) and unblocks its key.
+// It is not repeated after an ambiguous failure: a repeat of one that took
+// effect answers 409 invalid_state; read the effect instead.
+func (c *Client) ResolveEffect(ctx context.Context, effectID string, req ResolveRequest) (*Effect, error) {
+	var out Effect
+	if err := c.do(ctx, "POST", "/effects/"+pathID(effectID)+"/resolve", req, &out, notIdempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// EffectQuery filters ListEffects. Zero fields do not filter; Limit 0 is the
+// server's default (50), at most 200.
+type EffectQuery struct {
+	State      string // EffectIndeterminate, …
+	EffectType string
+	Limit      int
+	Cursor     string // NextCursor of the previous page
+}
+
+// EffectPage is one page of effects, newest first. NextCursor is empty on
+// the last page.
+type EffectPage struct {
+	Data       []Effect `json:"data"`
+	NextCursor *string  `json:"next_cursor"`
+}
+
+// ListEffects lists effects newest first (GET /api/v1/effects), results as
+// redacted previews only: say, every indeterminate one to verify.
+func (c *Client) ListEffects(ctx context.Context, q EffectQuery) (*EffectPage, error) {
+	v := url.Values{}
+	if q.State != "" {
+		v.Set("state", q.State)
+	}
+	if q.EffectType != "" {
+		v.Set("effect_type", q.EffectType)
+	}
+	if q.Limit > 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	if q.Cursor != "" {
+		v.Set("cursor", q.Cursor)
+	}
+	path := "/effects"
+	if len(v) > 0 {
+		path += "?" + v.Encode()
+	}
+	var out EffectPage
+	if err := c.do(ctx, "GET", path, nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// GroupStep is one effect of a group. Compensation payloads are not shown
+// here; only the unwind plan opens them.
+type GroupStep struct {
+	EffectID            string  `json:"effect_id"`
+	EffectType          string  `json:"effect_type"`
+	IdempotencyKey      string  `json:"idempotency_key"`
+	State               string  `json:"state"`
+	HasCompensation     bool    `json:"has_compensation"`
+	CompensatesEffectID *string `json:"compensates_effect_id"`
+}
+
+// Group is a unit of work that can be rolled back: open, committed,
+// unwinding, unwound or unwind_failed.
+type Group struct {
+	ID              string      `json:"id"`
+	Name            string      `json:"name"`
+	State           string      `json:"state"`
+	CreatedAt       time.Time   `json:"created_at"`
+	CommittedAt     *time.Time  `json:"committed_at"`
+	UnwindStartedAt *time.Time  `json:"unwind_started_at"`
+	FinishedAt      *time.Time  `json:"finished_at"`
+	Steps           []GroupStep `json:"steps"`
+}
+
+// PlanItem is one compensation to perform: begin Compensation's effect_type
+// and payload with IdempotencyKey SuggestedIdempotencyKey and
+// CompensatesEffectID set, then report as usual.
+type PlanItem struct {
+	EffectID                string         `json:"effect_id"`
+	Compensation            map[string]any `json:"compensation"`
+	SuggestedIdempotencyKey string         `json:"suggested_idempotency_key"`
+	CompensatesEffectID     string         `json:"compensates_effect_id"`
+	CompensationEffectID    *string        `json:"compensation_effect_id"`
+	CompensationState       *string        `json:"compensation_state"`
+}
+
+// Unwind is a group's rollback: the plan in reverse order of success, the
+// effects whose outcome must be verified before the plan goes past them,
+// and the steps that cannot be or have been reversed.
+type Unwind struct {
+	GroupID      string     `json:"group_id"`
+	State        string     `json:"state"`
+	Plan         []PlanItem `json:"plan"`
+	Unresolved   []string   `json:"unresolved"`
+	Irreversible []string   `json:"irreversible"`
+	Reversed     []string   `json:"reversed"`
+}
+
+// GroupCommit answers CommitGroup: the group, or, when some step has not
+// succeeded, the refusal (409 invalid_state).
+type GroupCommit struct {
+	Group
+	Plan       []PlanItem `json:"plan"`
+	Unresolved []string   `json:"unresolved"`
+}
+
+// CreateGroup opens a group (POST /api/v1/groups); begins with its ID in
+// BeginRequest.GroupID join it. Not repeated after an ambiguous failure,
+// since a repeat would open a second group.
+func (c *Client) CreateGroup(ctx context.Context, name string) (*Group, error) {
+	var out Group
+	if err := c.do(ctx, "POST", "/groups", map[string]string{"name": name}, &out, notIdempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// GetGroup reads a group with its steps.
+func (c *Client) GetGroup(ctx context.Context, groupID string) (*Group, error) {
+	var out Group
+	if err := c.do(ctx, "GET", "/groups/"+pathID(groupID), nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// CommitGroup commits a group whose forward steps all succeeded; it takes
+// no new step afterwards but can still be unwound. Committing a committed
+// group answers it again.
+func (c *Client) CommitGroup(ctx context.Context, groupID string) (*GroupCommit, error) {
+	var out GroupCommit
+	if err := c.do(ctx, "POST", "/groups/"+pathID(groupID)+"/commit", nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// UnwindGroup starts (or continues to read) a group's rollback and answers
+// its plan. Repeating it answers the plan as it stands.
+func (c *Client) UnwindGroup(ctx context.Context, groupID string) (*Unwind, error) {
+	var out Unwind
+	if err := c.do(ctx, "POST", "/groups/"+pathID(groupID)+"/unwind", nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
