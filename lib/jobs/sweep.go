@@ -147,18 +147,7 @@ const RequeueLapsedAfter = 5 * time.Minute
 // limit whose lease lapsed more than RequeueLapsedAfter ago on an attempt
 // that was not their last.
 func (s *Service) requeueLapsed(ctx context.Context, limit int) (int, error) {
-	n := 0
-	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		now, after := s.now(), RequeueLapsedAfter.Milliseconds()
-		var gates int
-		if err := tx.QueryRow(ctx, sqlRequeueGates, now, limit, after).Scan(&gates); err != nil {
-			return err
-		}
-		if gates == 0 {
-			return nil
-		}
-		return tx.QueryRow(ctx, sqlRequeueLapsed, now, limit, after, LapseWarning).Scan(&n)
-	})
+	n, err := s.freeSlots(ctx, sqlRequeueGates, sqlRequeueLapsed, limit, RequeueLapsedAfter.Milliseconds())
 	if err != nil {
 		return 0, fmt.Errorf("requeue lapsed: %w", err)
 	}
@@ -169,22 +158,33 @@ func (s *Service) requeueLapsed(ctx context.Context, limit int) (int, error) {
 // attempts whose lease expired without a report (their worker stopped or
 // died), failing their executions with LapseWarning.
 func (s *Service) releaseHeldSlots(ctx context.Context, limit int) (int, error) {
-	n := 0
-	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		now := s.now()
-		var gates int
-		if err := tx.QueryRow(ctx, sqlHeldSlotGates, now, limit).Scan(&gates); err != nil {
-			return err
-		}
-		if gates == 0 {
-			return nil
-		}
-		return tx.QueryRow(ctx, sqlReleaseHeldSlots, now, limit, LapseWarning).Scan(&n)
-	})
+	n, err := s.freeSlots(ctx, sqlHeldSlotGates, sqlReleaseHeldSlots, limit)
 	if err != nil {
 		return 0, fmt.Errorf("release held slots: %w", err)
 	}
 	return n, nil
+}
+
+// freeSlots is one sweep that frees concurrency slots, in a transaction, by
+// the gate protocol (sql.go): gates takes the shared gate locks on the
+// endpoints of up to limit candidates ($1 now, $2 limit, then extra); when
+// there are any, free, a later statement so that it reads after the locks,
+// frees them (the same parameters, then LapseWarning for the executions it
+// fails) and answers how many.
+func (s *Service) freeSlots(ctx context.Context, gates, free string, limit int, extra ...any) (int, error) {
+	n := 0
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		args := append([]any{s.now(), limit}, extra...)
+		var locked int
+		if err := tx.QueryRow(ctx, gates, args...).Scan(&locked); err != nil {
+			return err
+		}
+		if locked == 0 {
+			return nil
+		}
+		return tx.QueryRow(ctx, free, append(args, LapseWarning)...).Scan(&n)
+	})
+	return n, err
 }
 
 // releaseStranded releases WAITING steps whose dependency ended without a
