@@ -23,6 +23,13 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		// The first signal drains (up to 25 s); the second one, with the
+		// default behaviour restored, ends the process at once.
+		<-ctx.Done()
+		stop()
+		fmt.Fprintln(os.Stderr, "ratchet: shutting down; interrupt again to quit now")
+	}()
 	if err := run(ctx, os.Stderr, nil); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

@@ -1,13 +1,18 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -141,4 +146,55 @@ func localEnv(t *testing.T) {
 	t.Setenv("KEY_HASH_SECRET", "local-test-secret-0123456789")
 	t.Setenv("PORT", "0")
 	t.Setenv("SWEEP_INTERVAL", "50ms")
+}
+
+// A second interrupt ends the process at once, even while the first one's
+// drain waits for a request in flight (review: it was ignored, leaving a
+// developer 25 s of a terminal that would not stop).
+func TestLocalServerQuitsOnASecondInterrupt(t *testing.T) {
+	if os.Getenv("RATCHET_LOCAL_MAIN") == "1" {
+		main()
+		return
+	}
+	localEnv(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLocalServerQuitsOnASecondInterrupt$")
+	cmd.Env = append(os.Environ(), "RATCHET_LOCAL_MAIN=1")
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	defer cmd.Process.Kill() //nolint:errcheck // already gone when the test passes
+	lines := bufio.NewScanner(stderr)
+	var addr string
+	for lines.Scan() {
+		if _, rest, ok := strings.Cut(lines.Text(), "listening on http://localhost:"); ok {
+			addr = "127.0.0.1:" + strings.Fields(rest)[0]
+			break
+		}
+	}
+	require.NotEmpty(t, addr, "the server never said where it listens")
+	go io.Copy(io.Discard, stderr) //nolint:errcheck // keep the child's stderr flowing
+
+	// A request whose body never finishes keeps the drain waiting.
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = fmt.Fprintf(conn, "POST /api/v1/workspaces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"na")
+	require.NoError(t, err)
+	time.Sleep(200 * time.Millisecond)
+
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	select {
+	case err := <-exited:
+		t.Fatalf("the first interrupt should drain the request in flight, but the server exited: %v", err)
+	case <-time.After(time.Second):
+	}
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	select {
+	case err := <-exited:
+		require.Error(t, err, "killed by the second interrupt")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second interrupt did not end the process")
+	}
 }
