@@ -219,6 +219,9 @@ func TestReplayUpgrade(t *testing.T) {
 		up(map[string]any{"expectedHandlerVersion": nil}))))
 	require.Equal(t, []string{"targetContractVersion"}, validationFields(t, e.replay(stepID,
 		up(map[string]any{"targetContractVersion": 99}))))
+	// An acknowledged upgrade without its target is not a same-version replay.
+	require.Equal(t, []string{"targetContractVersion"}, validationFields(t, e.replay(stepID,
+		up(map[string]any{"targetContractVersion": nil}))))
 	require.Equal(t, []string{"targetContractVersion"}, validationFields(t, e.replay(stepID,
 		up(map[string]any{"targetContractVersion": int64(1) << 31}))))
 	r := e.replay(stepID, up(map[string]any{"expectedHandlerVersion": "2"}))

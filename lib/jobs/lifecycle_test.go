@@ -902,6 +902,8 @@ func TestRestrictedKeyReportsOnlyItsTools(t *testing.T) {
 	}})
 	require.NoError(t, err)
 	require.Equal(t, apierr.CodeForbidden, batch.Results[0].Error.Code)
+	require.Equal(t, []string{"tool:charge_card@1"}, batch.Results[0].Error.Detail["required"],
+		"the detail a single report answers")
 	require.Nil(t, batch.Results[1].Error)
 	require.Equal(t, "SUCCEEDED", batch.Results[1].Status)
 

@@ -245,6 +245,11 @@ func (req ReplayRequest) validate() (additional int, err error) {
 			p.Add("acknowledgeVersionChange", "must be true to replay under another contract: review its schema "+
 				"and side-effect changes first")
 		}
+	} else if req.AcknowledgeVersionChange != nil && *req.AcknowledgeVersionChange {
+		// An acknowledged upgrade without its target would replay the old
+		// version: the one the caller has just said it means to leave.
+		p.Add("targetContractVersion", "is required with acknowledgeVersionChange (an upgrade's target, "+
+			"from the preview's upgrades)")
 	}
 	return additional, p.Err()
 }

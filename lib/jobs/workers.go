@@ -411,11 +411,12 @@ type BatchReportRequest struct {
 	Reports []BatchReportItem `json:"reports" openapi:"required"`
 }
 
-// BatchReportError is a refused report in a batch (the same code and
-// message a single report would answer).
+// BatchReportError is a refused report in a batch (the same code, message
+// and detail a single report would answer).
 type BatchReportError struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
+	Code    string         `json:"code"`
+	Message string         `json:"message"`
+	Detail  map[string]any `json:"detail"`
 }
 
 // BatchReportResult is one report's answer: the single report's object, or
@@ -473,7 +474,8 @@ func (s *Service) ReportBatch(ctx context.Context, p *auth.Principal, req BatchR
 		released = rel
 		for i, r := range res {
 			if e, ok := apierr.As(r.err); ok {
-				out.Results[i] = BatchReportResult{JobID: items[i].jobID, Error: &BatchReportError{Code: e.Code, Message: e.Message}}
+				out.Results[i] = BatchReportResult{JobID: items[i].jobID, Error: &BatchReportError{Code: e.Code, Message: e.Message,
+					Detail: e.Detail}}
 				continue
 			}
 			out.Results[i] = BatchReportResult{JobID: r.res.JobID, Status: r.res.Status, Attempt: r.res.Attempt,

@@ -514,3 +514,23 @@ func TestStartRunBudget(t *testing.T) {
 		t.Fatalf("wallet run sent %v", bodies[1])
 	}
 }
+
+// A refused report in a batch carries the error's detail, as ReportJob's
+// error does (e.g. the tool a restricted key is missing).
+func TestReportJobsKeepsErrorDetail(t *testing.T) {
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, 200, map[string]any{"results": []any{
+			map[string]any{"jobId": "job_1", "error": map[string]any{"code": CodeForbidden, "message": "no",
+				"detail": map[string]any{"required": []string{"tool:charge@1"}}}},
+		}})
+	}))
+	res, err := c.ReportJobs(context.Background(), []BatchJobReport{{JobID: "job_1",
+		JobReport: JobReport{LeaseToken: "t", Status: ReportSucceeded}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := res[0].Err; e == nil || e.Code != CodeForbidden || e.StatusCode != http.StatusForbidden ||
+		!jsonEqual(e.Detail["required"], []any{"tool:charge@1"}) {
+		t.Fatalf("batch error: %+v", res[0].Err)
+	}
+}

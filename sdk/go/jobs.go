@@ -132,7 +132,7 @@ type BatchJobReport struct {
 
 // BatchJobResult is one report's answer in a batch: the result a single
 // report would answer, or Err with the error it would answer (lease_lost,
-// invalid_state, not_found). One report's error never affects the others.
+// invalid_state, not_found, forbidden; its detail included). One report's error never affects the others.
 type BatchJobResult struct {
 	JobReportResult
 	Err *Error
@@ -151,8 +151,9 @@ func (c *Client) ReportJobs(ctx context.Context, reports []BatchJobReport) ([]Ba
 			Attempt   int        `json:"attempt"`
 			NextDueAt *time.Time `json:"nextDueAt"`
 			Error     *struct {
-				Code    string `json:"code"`
-				Message string `json:"message"`
+				Code    string         `json:"code"`
+				Message string         `json:"message"`
+				Detail  map[string]any `json:"detail"`
 			} `json:"error"`
 		} `json:"results"`
 	}
@@ -169,7 +170,8 @@ func (c *Client) ReportJobs(ctx context.Context, reports []BatchJobReport) ([]Ba
 		}
 		res[i].JobReportResult = JobReportResult{JobID: r.JobID, Status: r.Status, Attempt: r.Attempt, NextDueAt: r.NextDueAt}
 		if r.Error != nil {
-			res[i].Err = &Error{StatusCode: batchErrorStatus(r.Error.Code), Code: r.Error.Code, Message: r.Error.Message}
+			res[i].Err = &Error{StatusCode: batchErrorStatus(r.Error.Code), Code: r.Error.Code, Message: r.Error.Message,
+				Detail: r.Error.Detail}
 		}
 	}
 	return res, nil
@@ -181,6 +183,8 @@ func batchErrorStatus(code string) int {
 	switch code {
 	case CodeNotFound:
 		return 404
+	case CodeForbidden:
+		return 403
 	case CodeLeaseLost, CodeLeaseExpired, CodeInvalidState:
 		return 409
 	default:
