@@ -644,6 +644,15 @@ func TestNULIsABadRequest(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, r.Status, "%s: %s", q, r.Body)
 		require.Equal(t, "invalid_request", r.ErrorCode(), q)
 	}
+	// An id that cannot be text names nothing: 404, as an unknown id is.
+	for _, q := range []string{"/api/v1/runs/run_%00", "/api/v1/effects/%FF", "/api/v1/steps/a%00b/replay"} {
+		r := env.Do("GET", q, ws.Key, nil)
+		require.Equal(t, http.StatusNotFound, r.Status, "%s: %s", q, r.Body)
+		require.Equal(t, "not_found", r.ErrorCode(), q)
+	}
+	r := env.Do("POST", "/api/v1/workers/wrk_%00/claim", ws.Key, `{}`)
+	require.Equal(t, http.StatusNotFound, r.Status, "%s", r.Body)
+	require.Contains(t, string(r.Body), "No such worker in this workspace.")
 	env.Must(http.StatusCreated, "POST", "/api/v1/runs", ws.Key, `{"name":"C:\\u0000dir"}`)
 	// A lone UTF-16 surrogate reads as U+FFFD too ("k\ud800" and "k\udbff"
 	// would be one key); a pair is a character like any other.

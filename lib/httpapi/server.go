@@ -206,7 +206,7 @@ func (s *Server) run(ctx context.Context, c *Call) (any, error) {
 	if err := s.authorize(ctx, c, true); err != nil {
 		return nil, err
 	}
-	if err := textParams(c.R, c.Route.PathParams()); err != nil {
+	if err := textParams(c.R, c.Route.Pattern, c.Route.PathParams()); err != nil {
 		return nil, err
 	}
 	if c.Route.Request == nil && c.R.ContentLength != 0 &&
@@ -222,12 +222,24 @@ func (s *Server) run(ctx context.Context, c *Call) (any, error) {
 	return c.Route.Handle(ctx, c)
 }
 
+// pathResource is what the path segment before {name} in pattern names,
+// in the singular ("/api/v1/runs/{id}" → "run").
+func pathResource(pattern, name string) string {
+	before, _, _ := strings.Cut(pattern, "/{"+name+"}")
+	return strings.TrimSuffix(before[strings.LastIndex(before, "/")+1:], "s")
+}
+
 // textParams refuses a path or query parameter that is not UTF-8 text or
 // holds a NUL, on every route at once: PostgreSQL stores neither in text, so
 // a cursor, a filter or a tool name carrying one failed its statement (500).
-func textParams(r *http.Request, pathParams []string) error {
+// An id that is not such text names nothing stored: 404, as any unknown id
+// is (API.md §0); a name (a tool's, an effect type) is a 400 at its field.
+func textParams(r *http.Request, pattern string, pathParams []string) error {
 	for _, name := range pathParams {
 		if v := r.PathValue(name); !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+			if name == "id" || strings.HasSuffix(name, "Id") {
+				return apierr.NotFound(pathResource(pattern, name))
+			}
 			return apierr.InvalidField(name, "must be UTF-8 text without NUL characters")
 		}
 	}
