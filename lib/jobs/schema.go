@@ -151,9 +151,15 @@ func collectProblems(ve *jsonschema.ValidationError, root string, out *[]apierr.
 		*out = append(*out, apierr.FieldError{Field: field, Message: "must be one of the values the schema allows"})
 	case *kind.FalseSchema:
 		*out = append(*out, apierr.FieldError{Field: field, Message: "is not allowed by the schema"})
+	case *kind.Not:
+		// Its keyword path is empty (the validator's), which read as "".
+		*out = append(*out, apierr.FieldError{Field: field, Message: `matches what the schema's "not" rule forbids`})
 	default:
-		kw := strings.Join(ve.ErrorKind.KeywordPath(), "/")
-		*out = append(*out, apierr.FieldError{Field: field, Message: fmt.Sprintf("fails the schema's %q rule", kw)})
+		msg := "does not match the schema"
+		if kw := strings.Join(ve.ErrorKind.KeywordPath(), "/"); kw != "" {
+			msg = fmt.Sprintf("fails the schema's %q rule", kw)
+		}
+		*out = append(*out, apierr.FieldError{Field: field, Message: msg})
 	}
 }
 

@@ -34,6 +34,15 @@ func TestValidateDocPointsIntoTheDocumentWithoutQuotingIt(t *testing.T) {
 	require.Same(t, a, b)
 }
 
+// Every refusal names its rule: "not" has no keyword path of its own.
+func TestValidateDocNamesTheNotRule(t *testing.T) {
+	t.Parallel()
+	problems, err := validateDoc([]byte(`{"properties":{"n":{"not":{"const":"x"}}}}`), []byte(`{"n":"x"}`), "input")
+	require.NoError(t, err)
+	require.Equal(t, []apierr.FieldError{{Field: "input.n", Message: `matches what the schema's "not" rule forbids`}},
+		problems)
+}
+
 func TestCompileSchemaRefusesExternalReferences(t *testing.T) {
 	t.Parallel()
 	for _, doc := range []string{`{"$ref":"file:///etc/hostname"}`, `{"$ref":"https://example.com/x.json"}`,
