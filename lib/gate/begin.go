@@ -264,26 +264,40 @@ func (s *Service) Begin(ctx context.Context, p *auth.Principal, req BeginRequest
 	if err != nil {
 		return Decision{}, err
 	}
-	var wallet *int64
+	var w *wallet
 	if in.runID != nil {
-		if wallet, err = s.runWallet(ctx, in); err != nil {
+		if w, err = s.runWallet(ctx, in); err != nil {
 			return Decision{}, err
 		}
 	}
-	if in.grouped() || wallet != nil {
-		return s.refusingOnce(in, func() (Decision, error) { return s.beginInTx(ctx, in, wallet) })
+	if in.grouped() || w != nil {
+		return s.refusingOnce(in, func() (Decision, error) { return s.beginInTx(ctx, in, w) })
 	}
 	return s.refusingOnce(in, func() (Decision, error) { return s.decide(ctx, s.pool, in, s.beginLocked) })
 }
 
-// runWallet checks the begin's run and reads its wallet (nil: none). A run
-// of another workspace, or none, is unknown (404), as every id; a run
-// retention deleted is still known to the keys begun under it.
-func (s *Service) runWallet(ctx context.Context, in *beginInput) (*int64, error) {
-	var budget *int64
-	err := s.pool.QueryRow(ctx, sqlRunWallet, *in.runID, in.ws).Scan(&budget)
+// wallet is a run's budget that a begin is charged to.
+type wallet struct {
+	runID  string
+	budget int64
+}
+
+// runWallet checks the begin's run and reads the wallet it is charged to
+// (nil: none): the named run's, or, once the key names an effect, that of
+// the run the effect was begun under. A run of another workspace, or none,
+// is unknown (404), as every id; a run retention deleted is still known to
+// the keys begun under it.
+func (s *Service) runWallet(ctx context.Context, in *beginInput) (*wallet, error) {
+	var (
+		run    *string
+		budget *int64
+	)
+	err := s.pool.QueryRow(ctx, sqlRunWallet, *in.runID, in.ws, in.key).Scan(&run, &budget)
 	if err == nil {
-		return budget, nil
+		if run == nil || budget == nil {
+			return nil, nil
+		}
+		return &wallet{runID: *run, budget: *budget}, nil
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("begin: run: %w", err)
@@ -298,30 +312,30 @@ func (s *Service) runWallet(ctx context.Context, in *beginInput) (*int64, error)
 	return nil, nil
 }
 
-// chargeWallet decides, under the run's wallet lock held until tx ends,
-// whether a grant of the begin's cost fits the run's budget; when it does
+// chargeWallet decides, under the wallet's lock held until tx ends,
+// whether a grant of the begin's cost fits its run's budget; when it does
 // not, the begin is refused run_budget_exceeded instead of granted (as a
 // ceiling's refusal: an answer that grants nothing, a duplicate or a wait,
 // is unchanged).
-func (s *Service) chargeWallet(ctx context.Context, tx pgx.Tx, in *beginInput, budget int64) error {
+func (s *Service) chargeWallet(ctx context.Context, tx pgx.Tx, in *beginInput, w wallet) error {
 	if in.risk.refused != nil {
 		return nil // refused already: nothing is granted
 	}
-	if _, err := tx.Exec(ctx, sqlLockWallet, *in.runID); err != nil {
+	if _, err := tx.Exec(ctx, sqlLockWallet, w.runID); err != nil {
 		return fmt.Errorf("begin: lock wallet: %w", err)
 	}
 	var spent int64
-	if err := tx.QueryRow(ctx, sqlRunSpend, in.ws, *in.runID, in.key).Scan(&spent); err != nil {
+	if err := tx.QueryRow(ctx, sqlRunSpend, in.ws, w.runID, in.key).Scan(&spent); err != nil {
 		return fmt.Errorf("begin: wallet spend: %w", err)
 	}
 	var cost int64
 	if in.cost != nil {
 		cost = *in.cost
 	}
-	if cost > budget-spent {
+	if cost > w.budget-spent {
 		in.risk.refused = apierr.Of(apierr.CodeRunBudgetExceeded,
 			"This run has spent its own wallet; a new run gets a new wallet.").
-			WithDetail("run_id", *in.runID).WithDetail("budget_micros", budget).WithDetail("spent_micros", spent)
+			WithDetail("run_id", w.runID).WithDetail("budget_micros", w.budget).WithDetail("spent_micros", spent)
 	}
 	return nil
 }

@@ -505,11 +505,11 @@ func (in *beginInput) grouped() bool { return in.groupID != nil || in.compensate
 // strictly before or after it: no forward step slips into a group whose
 // rollback has started. The rest of the decision is begin's own, in the
 // same transaction.
-func (s *Service) beginInTx(ctx context.Context, in *beginInput, wallet *int64) (Decision, error) {
+func (s *Service) beginInTx(ctx context.Context, in *beginInput, w *wallet) (Decision, error) {
 	var d Decision
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		if wallet != nil {
-			if err := s.chargeWallet(ctx, tx, in, *wallet); err != nil {
+		if w != nil {
+			if err := s.chargeWallet(ctx, tx, in, *w); err != nil {
 				return err
 			}
 		}

@@ -381,9 +381,17 @@ WHERE g.id = $1 AND g.workspace_id = $2 FOR SHARE OF g`
 // $1 group id.
 const sqlShareGroupState = `SELECT state FROM effect_groups WHERE id = $1 FOR SHARE`
 
-// sqlRunWallet reads a durable-jobs run of the workspace: no row when it is
-// not the workspace's; its budget (NULL: no wallet). $1 run id, $2 workspace.
-const sqlRunWallet = `SELECT budget_micros FROM job_runs WHERE id = $1 AND workspace_id = $2`
+// sqlRunWallet reads a durable-jobs run of the workspace ($1, workspace $2):
+// no row when it is not the workspace's. It answers the wallet that charges
+// a begin of key $3: an effect is charged to the run it was begun under, so
+// once the key names an effect, that effect's run (NULL: none) and its
+// budget; otherwise this run and its budget (NULL: no wallet).
+const sqlRunWallet = `SELECT CASE WHEN e.id IS NULL THEN r.id ELSE e.run_id END,
+       CASE WHEN e.id IS NULL THEN r.budget_micros ELSE er.budget_micros END
+FROM job_runs r
+LEFT JOIN effects e ON e.workspace_id = $2 AND e.idempotency_key = $3
+LEFT JOIN job_runs er ON er.id = e.run_id
+WHERE r.id = $1 AND r.workspace_id = $2`
 
 // sqlLockWallet serialises the begins charged to one run's wallet ($1), so
 // that each reads the spend the previous one left. An advisory lock, not

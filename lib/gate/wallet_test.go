@@ -158,3 +158,34 @@ func TestRunWalletHoldsUnderConcurrentBegins(t *testing.T) {
 	require.Equal(t, map[string]int{"execute": 100, "403:run_budget_exceeded": 100}, counts)
 	require.Equal(t, 1000, b.spent(run))
 }
+
+// An effect is charged to the run it was begun under: a new attempt of its
+// key, whichever run the begin names, is decided by that run's wallet, the
+// one its spend counts against (review: it was checked against the named
+// run's wallet and counted in the first run's, which then overspent).
+func TestRunWalletChargesTheEffectsOwnRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first, second := b.runWith(1000), b.runWith(1000)
+	k := key("moved")
+	a := b.mustBegin("execute", inRun(first, charge(k, 700)))
+	require.Equal(t, http.StatusOK, b.report(str(a["effect_id"]), str(a["lease_token"]), "failed", nil).Status)
+	b.mustBegin("execute", inRun(first, charge(key("rest"), 400)))
+
+	// 400 + 700 would overspend the first run's wallet.
+	e := b.denialOf("run_budget_exceeded", inRun(second, charge(k, 700)))
+	d := e["detail"].(map[string]any)
+	require.Equal(t, first, d["run_id"], "the wallet of the run the effect belongs to")
+	require.EqualValues(t, 400, d["spent_micros"])
+	require.Equal(t, 400, b.spent(first))
+	require.Equal(t, 0, b.spent(second))
+
+	// A key begun without a run is charged to no wallet, whichever run a
+	// later begin names.
+	free := key("free")
+	f := b.mustBegin("execute", charge(free, 900))
+	require.Equal(t, http.StatusOK, b.report(str(f["effect_id"]), str(f["lease_token"]), "failed", nil).Status)
+	b.mustBegin("execute", inRun(second, charge(key("spend"), 1000)))
+	b.mustBegin("execute", inRun(second, charge(free, 900)))
+	require.Equal(t, 1000, b.spent(second))
+}
