@@ -336,9 +336,11 @@ func settledDenial(outcome string) string {
 	return `CASE WHEN ` + outcome + ` = 'failed' AND denial_code = 'max_attempts_exceeded' THEN denial_code END`
 }
 
-// sqlResolve records what an operator found for an indeterminate effect. A
-// failed one is a known failure, so its ceilings are released like a failed
-// report's.
+// sqlResolve records what an operator found for an indeterminate effect:
+// the effect and every attempt whose outcome was unknown (usually its last;
+// with on_indeterminate retry, also those before a retry reported failed:
+// gate_unknown_attempts, migration 0026). A failed one is a known failure,
+// so those attempts' ceilings are released like a failed report's.
 // $1 effect id, $2 outcome, $3 sealed result, $4 result preview, $5 now,
 // $6 key id, $7 note.
 var sqlResolve = `
@@ -346,12 +348,12 @@ WITH upd AS (
     UPDATE effects SET state = $2, result = $3, result_preview = $4::jsonb, updated_at = $5,
         denial_code = ` + settledDenial("$2") + `
     WHERE id = $1 AND state = 'indeterminate'
-    RETURNING id, attempt
+    RETURNING id
 ), upa AS (
     UPDATE effect_attempts a SET outcome = $2, resolved_by_key_id = $6, resolved_at = $5, resolve_note = $7
-    FROM upd WHERE a.effect_id = upd.id AND a.attempt = upd.attempt
-    RETURNING a.*
-),` + releaseCTEs("upa", "a.outcome = 'failed'") + `
+    FROM upd WHERE a.effect_id = upd.id AND a.attempt IN (SELECT attempt FROM gate_unknown_attempts(upd.id))
+    RETURNING a.workspace_id, a.charges, a.charged_on, a.outcome
+), ` + freedCTE("upa") + `,` + releaseCTEs("freed", "true") + `
 SELECT count(*) FROM upa`
 
 // ---- Effect groups (groups.go) ----
@@ -479,10 +481,8 @@ WHERE e.workspace_id = $1 AND e.effect_type = $2
 ORDER BY e.id LIMIT $6`
 
 // sqlReconcileResolve settles indeterminate effects from the vendor's
-// records, like an operator's resolve, releasing the ceilings of those that
-// failed as a resolve does. Several attempts may have charged one counter,
-// so freed sums their charges per counter and day before the release (an
-// UPDATE applies one joined row per target row). Lapsed leases were made
+// records, like an operator's resolve (every unknown attempt), releasing the
+// ceilings of those that failed as a resolve does. Lapsed leases were made
 // durable first.
 // $1 workspace, $2 effect ids, $3 outcomes, $4 now, $5 key id.
 var sqlReconcileResolve = `
@@ -490,21 +490,13 @@ WITH t AS (SELECT * FROM unnest($2::text[], $3::text[]) AS t(id, outcome)),
 upd AS (
     UPDATE effects e SET state = t.outcome, updated_at = $4, denial_code = ` + settledDenial("t.outcome") + `
     FROM t WHERE e.id = t.id AND e.workspace_id = $1 AND e.state = 'indeterminate'
-    RETURNING e.id, e.attempt, e.group_id, t.outcome
+    RETURNING e.id, e.group_id, t.outcome
 ), upa AS (
     UPDATE effect_attempts a SET outcome = upd.outcome, resolved_by_key_id = $5, resolved_at = $4,
         resolve_note = 'reconciliation'
-    FROM upd WHERE a.effect_id = upd.id AND a.attempt = upd.attempt
+    FROM upd WHERE a.effect_id = upd.id AND a.attempt IN (SELECT attempt FROM gate_unknown_attempts(upd.id))
     RETURNING a.workspace_id, a.charges, a.charged_on, a.outcome
-), freed AS (
-    SELECT c.workspace_id, c.charged_on, jsonb_agg(jsonb_build_object('scope', c.scope, 'micros', c.micros,
-        'count', c.count)) AS charges
-    FROM (SELECT a.workspace_id, a.charged_on, x.scope, sum(x.micros)::bigint AS micros, sum(x.count)::bigint AS count
-          FROM upa a, jsonb_to_recordset(a.charges) AS x(scope text, micros bigint, count bigint)
-          WHERE a.outcome = 'failed'
-          GROUP BY 1, 2, 3) c
-    GROUP BY c.workspace_id, c.charged_on
-),` + releaseCTEs("freed", "true") + `
+), ` + freedCTE("upa") + `,` + releaseCTEs("freed", "true") + `
 SELECT id, group_id FROM upd`
 
 // sqlReconciled records when a type was last reconciled.

@@ -96,6 +96,23 @@ rel AS (
 )`
 }
 
+// freedCTE is the CTE "freed": the charges of src's failed attempts
+// (columns workspace_id, charges, charged_on, outcome) summed per counter
+// and day, for releaseCTEs. Several attempts may have charged one counter,
+// and an UPDATE applies one joined row per target row, so they are summed
+// before the release.
+func freedCTE(src string) string {
+	return `freed AS (
+    SELECT c.workspace_id, c.charged_on, jsonb_agg(jsonb_build_object('scope', c.scope, 'micros', c.micros,
+        'count', c.count)) AS charges
+    FROM (SELECT a.workspace_id, a.charged_on, x.scope, sum(x.micros)::bigint AS micros, sum(x.count)::bigint AS count
+          FROM ` + src + ` a, jsonb_to_recordset(a.charges) AS x(scope text, micros bigint, count bigint)
+          WHERE a.outcome = 'failed'
+          GROUP BY 1, 2, 3) c
+    GROUP BY c.workspace_id, c.charged_on
+)`
+}
+
 // hourUTC truncates a timestamptz expression to its UTC hour.
 func hourUTC(ts string) string { return `date_trunc('hour', (` + ts + `)::timestamptz, 'UTC')` }
 

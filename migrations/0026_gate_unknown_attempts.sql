@@ -1,0 +1,107 @@
+-- An earlier attempt's unknown outcome is no longer erased by a later
+-- attempt reported failed (QA). Under on_indeterminate retry a lapsed
+-- attempt (which may have happened at the vendor) is followed by a granted
+-- retry; reported failed, the retry set the effect failed, so the unknown
+-- outcome left the indeterminate list, could not be resolved, and a group
+-- holding the effect claimed a clean rollback (seed 003: "If any step's
+-- outcome is unknown, the rollback stops until you verify it"). A failed
+-- report says only that its own attempt did not happen.
+--
+-- gate_unknown_attempts lists an effect's attempts whose outcome is still
+-- unknown: recorded indeterminate and neither resolved (a resolution
+-- replaces the outcome) nor settled by a later probe that was reported (its
+-- holder checked the vendor for the attempt before it, seed 003). gate_report
+-- is 0013's, verbatim but for the state it records: indeterminate, not
+-- failed, for a failed non-probe attempt after an unknown one. A resolution
+-- (lib/gate, sqlResolve and sqlReconcileResolve) settles every unknown
+-- attempt, releasing all their charges when the outcome is failed.
+CREATE FUNCTION gate_unknown_attempts(p_effect_id text)
+RETURNS TABLE (attempt integer)
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $fn$
+SELECT a.attempt FROM effect_attempts a
+WHERE a.effect_id = p_effect_id AND a.outcome = 'indeterminate'
+  AND NOT EXISTS (SELECT 1 FROM effect_attempts p
+                  WHERE p.effect_id = a.effect_id AND p.attempt > a.attempt AND p.probe
+                    AND p.outcome IN ('succeeded', 'failed'))
+$fn$;
+
+CREATE OR REPLACE FUNCTION gate_report(p_effect_id text, p_workspace_id text, p_token_hash bytea, p_outcome text, p_result bytea,
+    p_result_preview jsonb, p_now timestamptz, p_key_id text)
+RETURNS TABLE (id text, workspace_id text, effect_type text, idempotency_key text, fingerprint text, state text,
+    denial_code text, attempt integer, lease_seconds integer, lease_expires_at timestamptz,
+    attempt_started_at timestamptz, probe boolean, approval_id text, approval_state text, result bytea,
+    result_preview jsonb, payload_preview jsonb, cost_micros bigint, run_id text, group_id text,
+    compensates_effect_id text, created_at timestamptz, updated_at timestamptz,
+    attempts jsonb)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    live       boolean;
+    v_probe    boolean;
+    v_attempt  integer;
+    v_state    text;
+    v_eff      effects%ROWTYPE;
+    v_att      effect_attempts%ROWTYPE;
+    v_released bigint;
+BEGIN
+SELECT e.state = 'leased' AND e.lease_token_hash = $3 AND e.lease_expires_at > $7, e.probe, e.attempt
+INTO live, v_probe, v_attempt
+FROM effects e WHERE e.id = $1 AND e.workspace_id = $2
+FOR UPDATE;
+IF live IS NOT TRUE THEN
+    RETURN;
+END IF;
+
+-- A failed attempt after an unknown one leaves the effect's outcome unknown
+-- (a probe's holder checked the vendor first, so its failure settles it).
+v_state := $4;
+IF $4 = 'failed' AND NOT v_probe
+   AND EXISTS (SELECT 1 FROM gate_unknown_attempts($1) u WHERE u.attempt < v_attempt) THEN
+    v_state := 'indeterminate';
+END IF;
+
+UPDATE effects SET state = v_state, result = $5, result_preview = $6::jsonb, updated_at = $7
+WHERE id = $1
+RETURNING * INTO v_eff;
+
+UPDATE effect_attempts x SET outcome = $4, reported_at = $7, reported_by_key_id = $8
+WHERE x.effect_id = $1 AND x.attempt = v_eff.attempt
+RETURNING x.* INTO v_att;
+
+IF v_att.outcome = 'failed' AND v_att.charges IS NOT NULL THEN
+    WITH upa AS (
+        SELECT v_att.workspace_id AS workspace_id, v_att.charges AS charges, v_att.charged_on AS charged_on,
+            v_att.outcome AS outcome
+    ),
+rel_rows AS (
+    SELECT g.workspace_id, g.scope, g.day, c.micros, c.count
+    FROM upa a, jsonb_to_recordset(a.charges) AS c(scope text, micros bigint, count bigint), gate_spend g
+    WHERE a.outcome = 'failed' AND g.workspace_id = a.workspace_id AND g.scope = c.scope AND g.day = a.charged_on
+    ORDER BY g.scope
+    FOR UPDATE OF g
+),
+rel AS (
+    UPDATE gate_spend g SET micros = g.micros - r.micros, count = g.count - r.count
+    FROM rel_rows r WHERE g.workspace_id = r.workspace_id AND g.scope = r.scope AND g.day = r.day
+)
+    SELECT count(*) INTO v_released FROM rel_rows;
+END IF;
+
+RETURN QUERY
+SELECT v_eff.id, v_eff.workspace_id, v_eff.effect_type, v_eff.idempotency_key, v_eff.fingerprint, v_eff.state,
+  v_eff.denial_code, v_eff.attempt, v_eff.lease_seconds, v_eff.lease_expires_at, v_eff.attempt_started_at,
+  v_eff.probe, v_eff.approval_id, v_eff.approval_state, v_eff.result, v_eff.result_preview, v_eff.payload_preview,
+  v_eff.cost_micros, v_eff.run_id, v_eff.group_id, v_eff.compensates_effect_id, v_eff.created_at, v_eff.updated_at,
+  (SELECT jsonb_agg(jsonb_build_object(
+      'attempt', a.attempt, 'outcome', a.outcome, 'probe', a.probe, 'started_at', a.started_at,
+      'lease_expires_at', a.lease_expires_at, 'reported_at', a.reported_at,
+      'began_by_key_id', a.began_by_key_id, 'reported_by_key_id', a.reported_by_key_id,
+      'resolved_by_key_id', a.resolved_by_key_id, 'resolved_at', a.resolved_at) ORDER BY a.attempt)
+   FROM effect_attempts a WHERE a.effect_id = $1);
+END
+$fn$;
