@@ -238,7 +238,7 @@ func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, 
 	}
 	switch {
 	case r.Preset != "" && r.Scopes != nil:
-		pr.Add("preset", "give either preset or scopes, not both")
+		pr.Add("preset", "cannot be given with scopes: give one or the other")
 	case r.Preset != "":
 		ps, ok := Presets[r.Preset]
 		if !ok {
