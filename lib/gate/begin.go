@@ -87,6 +87,13 @@ type beginInput struct {
 	tokenHash                               []byte
 	runID, groupID, compensates             *string
 	risk                                    riskInput
+	// wallet is the run wallet this begin has locked and checked, if any;
+	// walletRefused, that its check set risk.refused. effectRun is the run
+	// of the key's existing effect (immutable), read before its row lock:
+	// the locked path charges that run's wallet (chargeEffectWallet).
+	wallet        *wallet
+	walletRefused bool
+	effectRun     *string
 }
 
 func (in *beginInput) args() []any {
@@ -324,6 +331,7 @@ func (s *Service) chargeWallet(ctx context.Context, tx pgx.Tx, in *beginInput, w
 	if _, err := tx.Exec(ctx, sqlLockWallet, w.runID); err != nil {
 		return fmt.Errorf("begin: lock wallet: %w", err)
 	}
+	in.wallet = &w
 	var spent int64
 	if err := tx.QueryRow(ctx, sqlRunSpend, in.ws, w.runID, in.key).Scan(&spent); err != nil {
 		return fmt.Errorf("begin: wallet spend: %w", err)
@@ -336,8 +344,35 @@ func (s *Service) chargeWallet(ctx context.Context, tx pgx.Tx, in *beginInput, w
 		in.risk.refused = apierr.Of(apierr.CodeRunBudgetExceeded,
 			"This run has spent its own wallet; a new run gets a new wallet.").
 			WithDetail("run_id", w.runID).WithDetail("budget_micros", w.budget).WithDetail("spent_micros", spent)
+		in.walletRefused = true
 	}
 	return nil
+}
+
+// chargeEffectWallet charges a new attempt of an existing effect to the
+// wallet of the run it was begun under, whichever run the begin names (or
+// none): that run's spend is what the attempt adds to. The effect's run
+// never changes, so it is read before the row lock, and the wallet is
+// locked before the row, in the order every begin takes them. A wallet
+// checked earlier for another run (the key was begun meanwhile under this
+// one) does not decide the attempt.
+func (s *Service) chargeEffectWallet(ctx context.Context, tx pgx.Tx, in *beginInput) error {
+	run := in.effectRun
+	if run == nil || (in.wallet != nil && in.wallet.runID == *run) {
+		return nil
+	}
+	if in.walletRefused {
+		in.risk.refused, in.walletRefused = nil, false
+	}
+	var budget *int64
+	err := tx.QueryRow(ctx, sqlWalletBudget, *run).Scan(&budget)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && budget == nil) {
+		return nil // no wallet, or its run is gone (retention)
+	}
+	if err != nil {
+		return fmt.Errorf("begin: effect's run wallet: %w", err)
+	}
+	return s.chargeWallet(ctx, tx, in, wallet{runID: *run, budget: *budget})
 }
 
 // refusingOnce runs a begin, and when its grant did not fit a ceiling — the
@@ -378,6 +413,7 @@ func (s *Service) decide(ctx context.Context, q querier, in *beginInput,
 	if d, ok, err := s.settled(&row, &ev, in.now); ok || err != nil {
 		return d, err
 	}
+	in.effectRun = row.RunID
 	return locked(ctx, in)
 }
 
@@ -487,6 +523,9 @@ func (s *Service) beginLocked(ctx context.Context, in *beginInput) (Decision, er
 
 // decideLocked is the locked path's decision inside tx.
 func (s *Service) decideLocked(ctx context.Context, tx pgx.Tx, in *beginInput) (Decision, error) {
+	if err := s.chargeEffectWallet(ctx, tx, in); err != nil {
+		return Decision{}, err
+	}
 	ev, _, _, row, err := scanBegin(tx.QueryRow(ctx, sqlBeginLocked, in.lockedArgs()...))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Decision{}, retryRequest()

@@ -395,6 +395,10 @@ LEFT JOIN effects e ON e.workspace_id = $2 AND e.idempotency_key = $3
 LEFT JOIN job_runs er ON er.id = e.run_id
 WHERE r.id = $1 AND r.workspace_id = $2`
 
+// sqlWalletBudget is a run's budget (NULL: no wallet; no row: the run is
+// gone). $1 run id.
+const sqlWalletBudget = `SELECT budget_micros FROM job_runs WHERE id = $1`
+
 // sqlLockWallet serialises the begins charged to one run's wallet ($1), so
 // that each reads the spend the previous one left. An advisory lock, not
 // the run's row: enqueues and reports lock that row, and a wallet has no

@@ -189,3 +189,80 @@ func TestRunWalletChargesTheEffectsOwnRun(t *testing.T) {
 	b.mustBegin("execute", inRun(second, charge(free, 900)))
 	require.Equal(t, 1000, b.spent(second))
 }
+
+// A begin naming no run is charged to the wallet of the run its key's
+// effect was begun under (review: it was granted unchecked, and that run
+// overspent).
+func TestRunWalletChargesABeginNamingNoRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	run := b.runWith(1000)
+	k := key("moved")
+	a := b.mustBegin("execute", inRun(run, charge(k, 700)))
+	require.Equal(t, http.StatusOK, b.report(str(a["effect_id"]), str(a["lease_token"]), "failed", nil).Status)
+	rest := b.mustBegin("execute", inRun(run, charge(key("rest"), 400)))
+	require.Equal(t, 400, b.spent(run))
+
+	// The same key again, naming no run: 400 + 700 would overspend.
+	e := b.denialOf("run_budget_exceeded", charge(k, 700))
+	require.Equal(t, run, e["detail"].(map[string]any)["run_id"])
+	require.Equal(t, 400, b.spent(run))
+	// Once it fits, it is granted, and counted in that run.
+	require.Equal(t, http.StatusOK, b.report(str(rest["effect_id"]), str(rest["lease_token"]), "failed", nil).Status)
+	require.EqualValues(t, 2, b.mustBegin("execute", charge(k, 700))["attempt"])
+	require.Equal(t, 700, b.spent(run))
+}
+
+// A key begun under another run between a begin's choice of wallet and its
+// decision is charged to that run's wallet, checked under its lock before
+// the effect's row lock (review: the retry was checked against the named
+// run's wallet and the other run overspent).
+func TestRunWalletFollowsAKeyBegunMeanwhileUnderAnotherRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first, second := b.runWith(1000), b.runWith(1000)
+	k := key("raced")
+
+	ctx := t.Context()
+	conn, err := b.env.App.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	// Stall any begin charged to the second run's wallet.
+	_, err = conn.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended('wallet:' || $1::text, 0))`, second)
+	require.NoError(t, err)
+
+	type res struct {
+		status int
+		out    map[string]any
+		err    error
+	}
+	done := make(chan res, 1)
+	go func() {
+		st, out, err := post(b.env, "/api/v1/effects/begin", b.ws.Key, inRun(second, charge(k, 700)))
+		done <- res{st, out, err}
+	}()
+	// Wait until that begin waits on the wallet lock (it read "new key → second run's wallet").
+	require.Eventually(t, func() bool {
+		var n int
+		_ = b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND datname = current_database()`).Scan(&n)
+		return n > 0
+	}, 5*time.Second, 10*time.Millisecond)
+
+	// Meanwhile the first run begins the key, it fails, and the rest of the
+	// first run's wallet is spent.
+	a := b.mustBegin("execute", inRun(first, charge(k, 700)))
+	require.Equal(t, http.StatusOK, b.report(str(a["effect_id"]), str(a["lease_token"]), "failed", nil).Status)
+	b.mustBegin("execute", inRun(first, charge(key("rest"), 400)))
+	require.Equal(t, 400, b.spent(first))
+
+	_, err = conn.Exec(ctx, `SELECT pg_advisory_unlock(hashtextextended('wallet:' || $1::text, 0))`, second)
+	require.NoError(t, err)
+	r := <-done
+	require.NoError(t, r.err)
+	require.Equal(t, http.StatusForbidden, r.status, "%v", r.out)
+	require.Equal(t, "run_budget_exceeded", r.out["error"].(map[string]any)["code"])
+	require.Equal(t, first, r.out["error"].(map[string]any)["detail"].(map[string]any)["run_id"])
+	require.Equal(t, 400, b.spent(first))
+	require.Equal(t, 0, b.spent(second))
+}
