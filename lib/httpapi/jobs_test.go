@@ -553,6 +553,8 @@ func TestBatchReport(t *testing.T) {
 	require.Contains(t, slots[0].(map[string]any), "nextDueAt")
 	require.Nil(t, slots[0].(map[string]any)["nextDueAt"])
 	require.NotNil(t, slots[1].(map[string]any)["nextDueAt"])
+	// A refused slot's error is the single report's envelope: detail {}.
+	require.Equal(t, map[string]any{}, slots[2].(map[string]any)["error"].(map[string]any)["detail"])
 	// Repeating the batch answers the same outcomes (the stale one still lost).
 	r2 := e.Must(http.StatusOK, "POST", "/api/v1/jobs/report", e.worker, body)
 	require.JSONEq(t, string(r.Body), string(r2.Body))

@@ -474,8 +474,9 @@ func (s *Service) ReportBatch(ctx context.Context, p *auth.Principal, req BatchR
 		released = rel
 		for i, r := range res {
 			if e, ok := apierr.As(r.err); ok {
-				out.Results[i] = BatchReportResult{JobID: items[i].jobID, Error: &BatchReportError{Code: e.Code, Message: e.Message,
-					Detail: e.Detail}}
+				w := e.Wire() // detail {} when there is none, as the single report answers
+				out.Results[i] = BatchReportResult{JobID: items[i].jobID, Error: &BatchReportError{Code: w.Code,
+					Message: w.Message, Detail: w.Detail}}
 				continue
 			}
 			out.Results[i] = BatchReportResult{JobID: r.res.JobID, Status: r.res.Status, Attempt: r.res.Attempt,
