@@ -11,8 +11,10 @@
 -- unknown: recorded indeterminate and neither resolved (a resolution
 -- replaces the outcome) nor settled by a later probe that was reported (its
 -- holder checked the vendor for the attempt before it, seed 003). gate_report
--- is 0013's, verbatim but for the state it records: indeterminate, not
--- failed, for a failed non-probe attempt after an unknown one. A resolution
+-- is 0013's, verbatim but for the state it records (indeterminate, not
+-- failed, for a failed non-probe attempt after an unknown one) and for a
+-- probe reported failed, which settles the unknown attempts before it as
+-- failed and releases their charges (they kept them until then). A resolution
 -- (lib/gate, sqlResolve and sqlReconcileResolve) settles every unknown
 -- attempt, releasing all their charges when the outcome is failed.
 CREATE FUNCTION gate_unknown_attempts(p_effect_id text)
@@ -63,6 +65,39 @@ v_state := $4;
 IF $4 = 'failed' AND NOT v_probe
    AND EXISTS (SELECT 1 FROM gate_unknown_attempts($1) u WHERE u.attempt < v_attempt) THEN
     v_state := 'indeterminate';
+END IF;
+
+-- A probe's holder checked the vendor for the attempts before it: reported
+-- failed, they did not happen either, and give back their charges as a
+-- resolution would (reported succeeded, which of them acted is unknown, and
+-- gate_unknown_attempts already leaves them out).
+IF $4 = 'failed' AND v_probe THEN
+    WITH settled AS (
+        UPDATE effect_attempts a SET outcome = 'failed', resolved_at = $7, resolved_by_key_id = $8,
+            resolve_note = 'probe'
+        WHERE a.effect_id = $1 AND a.attempt IN (SELECT u.attempt FROM gate_unknown_attempts($1) u WHERE u.attempt < v_attempt)
+        RETURNING a.workspace_id, a.charges, a.charged_on, a.outcome
+    ), freed AS (
+    SELECT c.workspace_id, c.charged_on, jsonb_agg(jsonb_build_object('scope', c.scope, 'micros', c.micros,
+        'count', c.count)) AS charges
+    FROM (SELECT a.workspace_id, a.charged_on, x.scope, sum(x.micros)::bigint AS micros, sum(x.count)::bigint AS count
+          FROM settled a, jsonb_to_recordset(a.charges) AS x(scope text, micros bigint, count bigint)
+          WHERE a.outcome = 'failed'
+          GROUP BY 1, 2, 3) c
+    GROUP BY c.workspace_id, c.charged_on
+),
+rel_rows AS (
+    SELECT g.workspace_id, g.scope, g.day, c.micros, c.count
+    FROM freed a, jsonb_to_recordset(a.charges) AS c(scope text, micros bigint, count bigint), gate_spend g
+    WHERE true AND g.workspace_id = a.workspace_id AND g.scope = c.scope AND g.day = a.charged_on
+    ORDER BY g.scope
+    FOR UPDATE OF g
+),
+rel AS (
+    UPDATE gate_spend g SET micros = g.micros - r.micros, count = g.count - r.count
+    FROM rel_rows r WHERE g.workspace_id = r.workspace_id AND g.scope = r.scope AND g.day = r.day
+)
+    SELECT count(*) INTO v_released FROM rel_rows;
 END IF;
 
 UPDATE effects SET state = v_state, result = $5, result_preview = $6::jsonb, updated_at = $7

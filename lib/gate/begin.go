@@ -410,7 +410,7 @@ func (s *Service) decide(ctx context.Context, q querier, in *beginInput,
 	if row.Fingerprint != in.fingerprint {
 		return Decision{}, keyReuse()
 	}
-	if d, ok, err := s.settled(&row, &ev, in.now); ok || err != nil {
+	if d, ok, err := s.settled(ctx, q, &row, &ev, in.now); ok || err != nil {
 		return d, err
 	}
 	in.effectRun = row.RunID
@@ -447,7 +447,8 @@ func (s *Service) fresh(in *beginInput, ev *eval, row *effectRow) Decision {
 
 // settled answers without changing anything when the effect's state decides
 // the request by itself; ok is false when begin must take the locked path.
-func (s *Service) settled(row *effectRow, ev *eval, now time.Time) (d Decision, ok bool, err error) {
+func (s *Service) settled(ctx context.Context, q querier, row *effectRow, ev *eval, now time.Time) (
+	d Decision, ok bool, err error) {
 	d = Decision{EffectID: row.ID, State: row.effectiveState(now), Attempt: row.Attempt}
 	switch d.State {
 	case StateSucceeded:
@@ -474,15 +475,32 @@ func (s *Service) settled(row *effectRow, ev *eval, now time.Time) (d Decision, 
 		}
 	case StateIndeterminate:
 		if ev.onIndeterminate == OnIndeterminateBlock {
-			d.Decision, d.PriorAttempt = DecisionBlocked, prior(row)
-			return d, true, nil
+			d.Decision = DecisionBlocked
+			d.PriorAttempt, err = s.prior(ctx, q, row)
+			return d, true, err
 		}
 	}
 	return d, false, nil
 }
 
-func prior(row *effectRow) *PriorAttempt {
-	return &PriorAttempt{Attempt: row.Attempt, StartedAt: row.AttemptStartedAt, LeaseExpiredAt: row.LeaseExpiresAt}
+// prior is the attempt whose outcome is unknown, for blocked and probe
+// answers: the current one, unless a retry after it was reported failed
+// (migration 0026), when it is the latest unknown attempt before that.
+func (s *Service) prior(ctx context.Context, q querier, row *effectRow) (*PriorAttempt, error) {
+	p := &PriorAttempt{Attempt: row.Attempt, StartedAt: row.AttemptStartedAt, LeaseExpiredAt: row.LeaseExpiresAt}
+	if row.State != StateIndeterminate {
+		return p, nil // a lapse not yet recorded: the current attempt's
+	}
+	var started, ended time.Time
+	err := q.QueryRow(ctx, sqlLatestUnknown, row.ID).Scan(&p.Attempt, &started, &ended)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return p, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("begin: prior attempt: %w", err)
+	}
+	p.StartedAt, p.LeaseExpiredAt = &started, &ended
+	return p, nil
 }
 
 func denial(code string, ev *eval, row *effectRow) *apierr.Error {
@@ -536,7 +554,7 @@ func (s *Service) decideLocked(ctx context.Context, tx pgx.Tx, in *beginInput) (
 	if row.Fingerprint != in.fingerprint {
 		return Decision{}, keyReuse()
 	}
-	if d, ok, err := s.settled(&row, &ev, in.now); ok || err != nil {
+	if d, ok, err := s.settled(ctx, tx, &row, &ev, in.now); ok || err != nil {
 		return d, err
 	}
 	return s.transition(ctx, tx, in, &ev, &row)
@@ -612,7 +630,10 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 		d := Decision{Decision: DecisionExecute, EffectID: out.ID, State: out.State, Attempt: out.Attempt,
 			LeaseToken: in.token, LeaseExpiresAt: out.LeaseExpiresAt, Probe: &probe}
 		if probe {
-			d.PriorAttempt = prior(&before)
+			var err error
+			if d.PriorAttempt, err = s.prior(ctx, tx, &before); err != nil {
+				return Decision{}, err
+			}
 		}
 		return d, nil
 	}

@@ -17,13 +17,13 @@ func (s *Service) BeginLocked(ctx context.Context, p *auth.Principal, req BeginR
 	return s.beginLocked(ctx, in)
 }
 
-// FunctionFragments are the SQL fragments that migrations 0008, 0010 and
-// 0013 copied into the gate's functions and that Go statements still splice, by
+// FunctionFragments are the SQL fragments that migrations 0008, 0010, 0013
+// and 0026 copied into the gate's functions and that Go statements still splice, by
 // the function that must contain each (see TestGateFunctionsMatchFragments).
 var FunctionFragments = map[string][]string{
 	"gate_evaluate": {sqlEffectivePolicy},
 	"gate_surge": {thresholdSQL("pol", "$7::timestamptz", "cbs.first_seen", "b.median"),
 		baselineSQL("$1", "$2", "$7::timestamptz", "cbs.first_seen")},
 	"gate_begin":  {chargeCTEs("grant_src"), chargesJSON, chargedOn, utcDay("$8")},
-	"gate_report": {releaseCTEs("upa", "a.outcome = 'failed'")},
+	"gate_report": {releaseCTEs("upa", "a.outcome = 'failed'"), freedCTE("settled") + "," + releaseCTEs("freed", "true")},
 }

@@ -129,7 +129,7 @@ func (s *Service) Report(ctx context.Context, p *auth.Principal, id string, req 
 	}
 	now := s.clock()
 	th := tokenHash(req.LeaseToken)
-	args := []any{id, p.WorkspaceID, th, req.Outcome, sealed, preview, now, p.KeyID}
+	args := []any{id, p.WorkspaceID, th, req.Outcome, sealed, preview, now, p.KeyID, ids.NewAt(ids.Event, now)}
 	row, atts, err := scanReport(s.pool.QueryRow(ctx, sqlReport, args...))
 	if err == nil {
 		e, err := s.reported(&row, atts, now, req.Result)

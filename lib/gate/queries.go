@@ -317,11 +317,38 @@ WHERE effect_id = $1 AND lease_token_hash = $2`
 
 // sqlReport records the outcome of the current, live attempt in one
 // statement (releasing a failed attempt's charges), and returns the effect
-// with its attempts as they now are (gate_report, migration 0013).
+// with its attempts as they now are (gate_report, migrations 0013 and 0026).
+// A live report leaves the effect indeterminate only when a failed retry
+// follows an attempt whose outcome is unknown (0026): that effect is back
+// on the operator's list, so effect.indeterminate is recorded again, naming
+// the latest unknown attempt (the statement's snapshot predates the report,
+// so the reported attempt is not among them).
 // $1 effect id, $2 workspace, $3 token hash, $4 outcome, $5 sealed result,
-// $6 result preview, $7 now, $8 key id.
-const sqlReport = `SELECT * FROM gate_report($1::text, $2::text, $3::bytea, $4::text, $5::bytea, $6::jsonb,
-    $7::timestamptz, $8::text)`
+// $6 result preview, $7 now, $8 key id, $9 event id.
+var sqlReport = `WITH r AS (
+    SELECT * FROM gate_report($1::text, $2::text, $3::bytea, $4::text, $5::bytea, $6::jsonb, $7::timestamptz, $8::text)
+), evt AS (
+    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
+    SELECT $9::text, r.workspace_id, '` + events.EffectIndeterminate + `', r.id,
+        jsonb_build_object('effect_id', r.id, 'effect_type', r.effect_type, 'attempt', u.attempt,
+                           'lease_expired_at', u.lease_expires_at), $7::timestamptz, 'after-attempt:' || r.attempt
+    FROM r CROSS JOIN LATERAL (` + sqlLatestUnknownAttempt("r.id") + `) u
+    WHERE r.state = 'indeterminate'
+    ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
+)
+SELECT * FROM r`
+
+// sqlLatestUnknown is sqlLatestUnknownAttempt of effect $1.
+var sqlLatestUnknown = sqlLatestUnknownAttempt("$1::text")
+
+// sqlLatestUnknownAttempt is the latest attempt of effect (an SQL
+// expression) whose outcome is unknown (gate_unknown_attempts): its number,
+// start and lease's end. No row when none is.
+func sqlLatestUnknownAttempt(effect string) string {
+	return `SELECT a.attempt, a.started_at, a.lease_expires_at FROM effect_attempts a
+    WHERE a.effect_id = ` + effect + ` AND a.attempt IN (SELECT attempt FROM gate_unknown_attempts(` + effect + `))
+    ORDER BY a.attempt DESC LIMIT 1`
+}
 
 // sqlHeartbeat extends a live lease by its length from now (gate_heartbeat,
 // migration 0010). $1 effect id, $2 workspace, $3 token hash, $4 now.
@@ -433,9 +460,12 @@ FROM effects WHERE id = $1 AND workspace_id = $2`
 const sqlHasCompensation = `SELECT EXISTS (SELECT 1 FROM effects WHERE compensates_effect_id = $1)`
 
 // sqlGroupSteps lists a group's effects, forward and compensating, with the
-// time each succeeded: its report, or for an outcome found later (resolve,
-// reconcile) the end of its lease, the latest it could have acted, which is
-// also where the step sat in the order while its outcome was unknown.
+// time each succeeded: its succeeded attempt's report, or for an outcome
+// found later (resolve, reconcile) the end of that attempt's lease, the
+// latest it could have acted, which is also where the step sat in the order
+// while its outcome was unknown. (Not the current attempt's: a retry
+// reported failed after an unknown attempt that is then resolved succeeded
+// did not succeed when it was reported.)
 // $1 group id.
 //
 // The last column says a failed effect used every attempt its type's policy
@@ -443,8 +473,8 @@ const sqlHasCompensation = `SELECT EXISTS (SELECT 1 FROM effects WHERE compensat
 // max_attempts_exceeded, final.
 const sqlGroupSteps = `SELECT e.id, e.effect_type, e.idempotency_key, e.state, e.denial_code, e.lease_expires_at,
     e.compensation, e.compensates_effect_id, e.created_at, e.updated_at,
-    (SELECT coalesce(a.reported_at, a.lease_expires_at) FROM effect_attempts a
-      WHERE a.effect_id = e.id AND a.attempt = e.attempt AND e.state = 'succeeded'),
+    (SELECT max(coalesce(a.reported_at, a.lease_expires_at)) FROM effect_attempts a
+      WHERE a.effect_id = e.id AND a.outcome = 'succeeded' AND e.state = 'succeeded'),
     e.state = 'failed' AND e.attempt >= coalesce((SELECT p.max_attempts FROM gate_policies p
       WHERE p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type), 5)
 FROM effects e WHERE e.group_id = $1 ORDER BY e.id`

@@ -133,3 +133,192 @@ func TestAProbeSettlesTheUnknownAttemptBeforeIt(t *testing.T) {
 	require.Equal(t, false, d3["probe"])
 	require.Equal(t, "failed", b.report(id, str(d3["lease_token"]), "failed", nil).JSON()["state"])
 }
+
+// A probe reported failed settles the unknown attempt before it as failed
+// (its holder checked the vendor and found nothing), giving back its charge
+// as a resolution would (review: it was held until the day ended).
+func TestAFailedProbeGivesBackTheUnknownAttemptsCharge(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe", "daily_budget_micros": 1500})
+	body := charge(key("p"), 600)
+	b.mustBegin("execute", body)
+	b.clock.Add(2 * time.Minute)
+	d2 := b.mustBegin("execute", body)
+	require.Equal(t, true, d2["probe"])
+	e := b.report(str(d2["effect_id"]), str(d2["lease_token"]), "failed", nil).JSON()
+	require.Equal(t, "failed", e["state"])
+	first := e["attempts"].([]any)[0].(map[string]any)
+	require.Equal(t, "failed", first["outcome"], "settled by the probe")
+	require.NotNil(t, first["resolved_at"])
+	b.mustBegin("execute", charge(key("after"), 1500))
+}
+
+// After a failed retry the effect is indeterminate because of attempt 1:
+// a blocked or probe begin's prior_attempt names attempt 1, the one to
+// check at the vendor, not the retry known to have failed (review).
+func TestPriorAttemptNamesTheUnknownAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "retry"})
+	body := charge(key("prior"), 10)
+	b.mustBegin("execute", body)
+	b.clock.Add(2 * time.Minute)
+	d2 := b.mustBegin("execute", body)
+	id := str(d2["effect_id"])
+	require.Equal(t, "indeterminate", b.report(id, str(d2["lease_token"]), "failed", nil).JSON()["state"])
+
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "block"})
+	blk := b.mustBegin("blocked", body)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe"})
+	pr := b.mustBegin("execute", body)
+	require.EqualValues(t, 1, blk["prior_attempt"].(map[string]any)["attempt"], "attempt 2 is known failed; 1 is the unknown one")
+	require.EqualValues(t, 1, pr["prior_attempt"].(map[string]any)["attempt"], "attempt 2 is known failed; 1 is the unknown one")
+}
+
+// An effect a failed retry leaves indeterminate is announced again:
+// effect.indeterminate naming the unknown attempt (review: subscribers that
+// saw the retry running were never told).
+func TestAFailedRetryAnnouncesTheEffectIndeterminateAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "retry"})
+	body := charge(key("evt"), 10)
+	b.mustBegin("execute", body)
+	b.clock.Add(2 * time.Minute)
+	d2 := b.mustBegin("execute", body) // attempt 1's lapse recorded here (one event)
+	id := str(d2["effect_id"])
+	count := func() int {
+		var n int
+		require.NoError(t, b.env.App.Pool.QueryRow(t.Context(), `SELECT count(*) FROM events
+			WHERE subject_id = $1 AND type = 'effect.indeterminate'`, id).Scan(&n))
+		return n
+	}
+	before := count()
+	require.Equal(t, "indeterminate", b.report(id, str(d2["lease_token"]), "failed", nil).JSON()["state"])
+	require.Equal(t, before+1, count(), "the effect became indeterminate again")
+	var data map[string]any
+	require.NoError(t, b.env.App.Pool.QueryRow(t.Context(), `SELECT data FROM events WHERE subject_id = $1
+		AND type = 'effect.indeterminate' ORDER BY created_at DESC, id DESC LIMIT 1`, id).Scan(&data))
+	require.EqualValues(t, 1, data["attempt"], "the attempt whose outcome is unknown")
+	// A repeated report records nothing more.
+	b.report(id, str(d2["lease_token"]), "failed", nil)
+	require.Equal(t, before+1, count())
+}
+
+// A step resolved succeeded after a failed retry is ordered in the
+// rollback by when its succeeded attempt could have acted (that attempt's
+// lease end), not by the failed retry's report (review: the plan undid the
+// steps out of order).
+func TestRollbackOrdersAResolvedStepByItsSucceededAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "retry"})
+	group := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "g"}).JSON()["id"])
+	step := func(k string) map[string]any {
+		body := charge(k, 10)
+		body["group_id"], body["compensation"] = group, map[string]any{"effect_type": "api.undo", "payload": map[string]any{"k": k}}
+		return body
+	}
+	a := step(key("A")) // e.g. create the account
+	b.mustBegin("execute", a)
+	b.clock.Add(2 * time.Minute) // A's attempt 1 lapses at +60s: it happened, as the operator finds later
+
+	bb := step(key("B")) // e.g. charge the account: succeeds at +2m, after A
+	db := b.mustBegin("execute", bb)
+	require.Equal(t, "succeeded", b.report(str(db["effect_id"]), str(db["lease_token"]), "succeeded", nil).JSON()["state"])
+
+	b.clock.Add(time.Minute)
+	da := b.mustBegin("execute", a) // A's retry, at +3m, fails
+	aid := str(da["effect_id"])
+	require.Equal(t, "indeterminate", b.report(aid, str(da["lease_token"]), "failed", nil).JSON()["state"])
+	b.clock.Add(time.Minute)
+	require.Equal(t, "succeeded", b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+aid+"/resolve", b.ws.Key,
+		map[string]any{"outcome": "succeeded"}).JSON()["state"])
+
+	u := b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+group+"/unwind", b.ws.Key, nil).JSON()
+	plan := u["plan"].([]any)
+	require.Len(t, plan, 2)
+	order := []string{str(plan[0].(map[string]any)["effect_id"]), str(plan[1].(map[string]any)["effect_id"])}
+	require.Equal(t, []string{str(db["effect_id"]), aid}, order, "B succeeded after A: undo B first")
+}
+
+
+// A retry past max_attempts is refused, the effect stays indeterminate and
+// resolve settles it; resolved failed, max_attempts_exceeded stays, and
+// every unknown attempt's charge comes back.
+func TestMaxAttemptsAfterFailedRetries(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "retry", "max_attempts": 3, "daily_budget_micros": 3000})
+	body := charge(key("max"), 1000)
+	b.mustBegin("execute", body)
+	b.clock.Add(2 * time.Minute)
+	for i := 0; i < 2; i++ {
+		d := b.mustBegin("execute", body)
+		require.Equal(t, "indeterminate", b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).JSON()["state"])
+	}
+	den := b.mustBegin("denied", body)
+	require.Equal(t, "indeterminate", den["state"])
+	id := str(den["effect_id"])
+	b.denialOf("budget_exceeded", charge(key("x"), 2001))
+	res := b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"}).JSON()
+	require.Equal(t, "failed", res["state"])
+	require.Equal(t, "max_attempts_exceeded", res["denial_code"])
+	b.mustBegin("execute", charge(key("y"), 3000))
+}
+
+// Concurrent resolves and reconciliations of the same effects release each
+// unknown attempt's charge exactly once.
+func TestConcurrentSettlementsReleaseOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "retry", "daily_budget_micros": 1000000})
+	const n = 10
+	var keys, effs []string
+	for i := 0; i < n; i++ {
+		k := key("c")
+		body := charge(k, 1000)
+		b.mustBegin("execute", body)
+		keys = append(keys, k)
+	}
+	b.clock.Add(2 * time.Minute)
+	for _, k := range keys {
+		d := b.mustBegin("execute", charge(k, 1000))
+		require.Equal(t, "indeterminate", b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).JSON()["state"])
+		effs = append(effs, str(d["effect_id"]))
+	}
+	var spent int64
+	q := `SELECT coalesce(sum(micros),0) FROM gate_spend WHERE workspace_id = $1 AND scope = 'type:api.call'`
+	require.NoError(t, b.env.App.Pool.QueryRow(t.Context(), q, b.ws.ID).Scan(&spent))
+	require.EqualValues(t, n*1000, spent)
+	records := []any{}
+	for _, k := range keys {
+		records = append(records, map[string]any{"idempotency_key": k, "status": "failed"})
+	}
+	from := b.clock.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+	to := b.clock.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	done := make(chan int, 100)
+	for r := 0; r < 3; r++ {
+		go func() {
+			st, _, _ := post(b.env, "/api/v1/reconcile", b.ws.Key, map[string]any{"effect_type": "api.call", "from": from, "to": to, "records": records})
+			done <- st
+		}()
+		for _, id := range effs {
+			go func() {
+				st, _, _ := post(b.env, "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"})
+				done <- st
+			}()
+		}
+	}
+	codes := map[int]int{}
+	for i := 0; i < 3+3*n; i++ {
+		codes[<-done]++
+	}
+	// Reconciliations answer 200; of each effect's resolves at most one wins,
+	// the rest find it settled (409).
+	require.Equal(t, 3*n+3, codes[http.StatusOK]+codes[http.StatusConflict], "%v", codes)
+	require.LessOrEqual(t, codes[http.StatusOK], n+3, "%v", codes)
+	require.NoError(t, b.env.App.Pool.QueryRow(t.Context(), q, b.ws.ID).Scan(&spent))
+	require.EqualValues(t, 0, spent)
+}
