@@ -243,7 +243,6 @@ func TestRollbackOrdersAResolvedStepByItsSucceededAttempt(t *testing.T) {
 	require.Equal(t, []string{str(db["effect_id"]), aid}, order, "B succeeded after A: undo B first")
 }
 
-
 // A retry past max_attempts is refused, the effect stays indeterminate and
 // resolve settles it; resolved failed, max_attempts_exceeded stays, and
 // every unknown attempt's charge comes back.
