@@ -11,7 +11,9 @@
 -- unknown: recorded indeterminate and neither resolved (a resolution
 -- replaces the outcome) nor settled by a later probe that was reported (its
 -- holder checked the vendor for the attempt before it, seed 003). gate_report
--- is 0013's, verbatim but for the state it records (indeterminate, not
+-- takes a ninth parameter, the id of the effect.indeterminate event it now
+-- records when a failed retry leaves the effect indeterminate (the eight-
+-- parameter one, below, calls it without one); its body is 0013's, verbatim but for the state it records (indeterminate, not
 -- failed, for a failed non-probe attempt after an unknown one) and for a
 -- probe reported failed, which settles the unknown attempts before it as
 -- failed and releases their charges (they kept them until then). A resolution
@@ -29,8 +31,8 @@ WHERE a.effect_id = p_effect_id AND a.outcome = 'indeterminate'
                     AND p.outcome IN ('succeeded', 'failed'))
 $fn$;
 
-CREATE OR REPLACE FUNCTION gate_report(p_effect_id text, p_workspace_id text, p_token_hash bytea, p_outcome text, p_result bytea,
-    p_result_preview jsonb, p_now timestamptz, p_key_id text)
+CREATE FUNCTION gate_report(p_effect_id text, p_workspace_id text, p_token_hash bytea, p_outcome text, p_result bytea,
+    p_result_preview jsonb, p_now timestamptz, p_key_id text, p_event_id text)
 RETURNS TABLE (id text, workspace_id text, effect_type text, idempotency_key text, fingerprint text, state text,
     denial_code text, attempt integer, lease_seconds integer, lease_expires_at timestamptz,
     attempt_started_at timestamptz, probe boolean, approval_id text, approval_state text, result bytea,
@@ -108,6 +110,19 @@ UPDATE effect_attempts x SET outcome = $4, reported_at = $7, reported_by_key_id 
 WHERE x.effect_id = $1 AND x.attempt = v_eff.attempt
 RETURNING x.* INTO v_att;
 
+-- Back on the operator's list: announced again, naming the latest attempt
+-- whose outcome is unknown (lib/gate, sqlLatestUnknownAttempt).
+IF v_state = 'indeterminate' AND p_event_id IS NOT NULL THEN
+    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
+    SELECT p_event_id, v_eff.workspace_id, 'effect.indeterminate', v_eff.id,
+        jsonb_build_object('effect_id', v_eff.id, 'effect_type', v_eff.effect_type, 'attempt', u.attempt,
+                           'lease_expired_at', u.lease_expires_at), $7, 'after-attempt:' || v_eff.attempt
+    FROM (SELECT a.attempt, a.started_at, a.lease_expires_at FROM effect_attempts a
+    WHERE a.effect_id = $1 AND a.attempt IN (SELECT attempt FROM gate_unknown_attempts($1))
+    ORDER BY a.attempt DESC LIMIT 1) u
+    ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING;
+END IF;
+
 IF v_att.outcome = 'failed' AND v_att.charges IS NOT NULL THEN
     WITH upa AS (
         SELECT v_att.workspace_id AS workspace_id, v_att.charges AS charges, v_att.charged_on AS charged_on,
@@ -139,4 +154,21 @@ SELECT v_eff.id, v_eff.workspace_id, v_eff.effect_type, v_eff.idempotency_key, v
       'resolved_by_key_id', a.resolved_by_key_id, 'resolved_at', a.resolved_at) ORDER BY a.attempt)
    FROM effect_attempts a WHERE a.effect_id = $1);
 END
+$fn$;
+
+-- The previous release's gate_report (eight parameters) stays callable while
+-- a deploy replaces its instances; it records no event.
+CREATE OR REPLACE FUNCTION gate_report(p_effect_id text, p_workspace_id text, p_token_hash bytea, p_outcome text,
+    p_result bytea, p_result_preview jsonb, p_now timestamptz, p_key_id text)
+RETURNS TABLE (id text, workspace_id text, effect_type text, idempotency_key text, fingerprint text, state text,
+    denial_code text, attempt integer, lease_seconds integer, lease_expires_at timestamptz,
+    attempt_started_at timestamptz, probe boolean, approval_id text, approval_state text, result bytea,
+    result_preview jsonb, payload_preview jsonb, cost_micros bigint, run_id text, group_id text,
+    compensates_effect_id text, created_at timestamptz, updated_at timestamptz,
+    attempts jsonb)
+LANGUAGE sql VOLATILE
+SET search_path FROM CURRENT
+AS $fn$
+SELECT * FROM gate_report(p_effect_id, p_workspace_id, p_token_hash, p_outcome, p_result, p_result_preview, p_now,
+    p_key_id, NULL::text)
 $fn$;

@@ -2,6 +2,7 @@ package gate_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"net/http"
 	"strings"
 	"testing"
@@ -27,6 +28,8 @@ FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
 WHERE p.proname IN ('gate_evaluate', 'gate_surge', 'gate_begin', 'gate_begin_in_turn', 'gate_begin_locked', 'gate_report',
                     'gate_heartbeat')
   AND p.pronamespace = to_regnamespace(current_schema())
+  -- gate_report's eight-parameter form only calls the current one (0026)
+  AND NOT (p.proname = 'gate_report' AND p.pronargs = 8)
 ORDER BY p.proname`)
 	require.NoError(t, err)
 	type fn struct {
@@ -56,7 +59,7 @@ func TestGateFunctionsMatchFragments(t *testing.T) {
 	for name, fragments := range gate.FunctionFragments {
 		var src string
 		require.NoError(t, b.env.App.Pool.QueryRow(context.Background(),
-			`SELECT prosrc FROM pg_proc WHERE proname = $1`, name).Scan(&src))
+			`SELECT string_agg(prosrc, ' ') FROM pg_proc WHERE proname = $1`, name).Scan(&src))
 		for _, f := range fragments {
 			require.True(t, strings.Contains(src, f),
 				"%s no longer holds this fragment; replace the function in a new migration:\n%s", name, f)
@@ -88,4 +91,18 @@ func TestBeginThroughFunctionsInExecMode(t *testing.T) {
 	b.putPolicy("api.call", map[string]any{"daily_budget_micros": 1000})
 	b.mustBegin("execute", charge(key("fits"), 1000))
 	b.denialOf("budget_exceeded", charge(key("over"), 1))
+}
+
+// The previous release's eight-parameter gate_report still answers while a
+// deploy replaces its instances (migration 0026 added a ninth).
+func TestGateReportKeepsItsPreviousForm(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	d := b.mustBegin("execute", email(key("old")))
+	sum := sha256.Sum256([]byte(str(d["lease_token"])))
+	var state string
+	require.NoError(t, b.env.App.Pool.QueryRow(t.Context(), `SELECT state FROM gate_report($1::text, $2::text,
+		$3::bytea, 'succeeded', NULL::bytea, NULL::jsonb, $4::timestamptz, NULL::text)`,
+		d["effect_id"], b.ws.ID, sum[:], b.clock.Now()).Scan(&state))
+	require.Equal(t, "succeeded", state)
 }

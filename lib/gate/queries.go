@@ -317,33 +317,21 @@ WHERE effect_id = $1 AND lease_token_hash = $2`
 
 // sqlReport records the outcome of the current, live attempt in one
 // statement (releasing a failed attempt's charges), and returns the effect
-// with its attempts as they now are (gate_report, migrations 0013 and 0026).
-// A live report leaves the effect indeterminate only when a failed retry
-// follows an attempt whose outcome is unknown (0026): that effect is back
-// on the operator's list, so effect.indeterminate is recorded again, naming
-// the latest unknown attempt (the statement's snapshot predates the report,
-// so the reported attempt is not among them).
+// with its attempts as they now are (gate_report, migrations 0013 and 0026;
+// $9 is the id of the effect.indeterminate event it records when a failed
+// retry leaves the effect indeterminate).
 // $1 effect id, $2 workspace, $3 token hash, $4 outcome, $5 sealed result,
 // $6 result preview, $7 now, $8 key id, $9 event id.
-var sqlReport = `WITH r AS (
-    SELECT * FROM gate_report($1::text, $2::text, $3::bytea, $4::text, $5::bytea, $6::jsonb, $7::timestamptz, $8::text)
-), evt AS (
-    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
-    SELECT $9::text, r.workspace_id, '` + events.EffectIndeterminate + `', r.id,
-        jsonb_build_object('effect_id', r.id, 'effect_type', r.effect_type, 'attempt', u.attempt,
-                           'lease_expired_at', u.lease_expires_at), $7::timestamptz, 'after-attempt:' || r.attempt
-    FROM r CROSS JOIN LATERAL (` + sqlLatestUnknownAttempt("r.id") + `) u
-    WHERE r.state = 'indeterminate'
-    ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
-)
-SELECT * FROM r`
+const sqlReport = `SELECT * FROM gate_report($1::text, $2::text, $3::bytea, $4::text, $5::bytea, $6::jsonb,
+    $7::timestamptz, $8::text, $9::text)`
 
 // sqlLatestUnknown is sqlLatestUnknownAttempt of effect $1.
 var sqlLatestUnknown = sqlLatestUnknownAttempt("$1::text")
 
 // sqlLatestUnknownAttempt is the latest attempt of effect (an SQL
 // expression) whose outcome is unknown (gate_unknown_attempts): its number,
-// start and lease's end. No row when none is.
+// start and lease's end. No row when none is. gate_report (migration 0026)
+// holds a copy with effect $1 (TestGateFunctionsMatchFragments).
 func sqlLatestUnknownAttempt(effect string) string {
 	return `SELECT a.attempt, a.started_at, a.lease_expires_at FROM effect_attempts a
     WHERE a.effect_id = ` + effect + ` AND a.attempt IN (SELECT attempt FROM gate_unknown_attempts(` + effect + `))
