@@ -241,6 +241,19 @@ func TestNonRetryableFailureExhaustsAtOnceAndRecordsEvent(t *testing.T) {
 	r := b.fail(t, j, &jobs.ReportError{Message: "invalid recipient", Retryable: ptr(false)})
 	require.Equal(t, "EXHAUSTED", r.Status)
 	require.Equal(t, 1, r.Attempt)
+	// The operator deciding on a replay reads why it failed (review: the
+	// message was stored sealed and never shown); sealed at rest.
+	atts := b.step(t, enq.StepID).DurableJob.Attempts
+	require.Len(t, atts, 1)
+	require.NotNil(t, atts[0].ErrorMessage)
+	require.Equal(t, "invalid recipient", *atts[0].ErrorMessage)
+	run1, err := b.svc.GetRun(ctx, b.ws, runID)
+	require.NoError(t, err)
+	require.Equal(t, "invalid recipient", *run1.Steps[0].DurableJob.Attempts[0].ErrorMessage)
+	var stored []byte
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT error_sealed FROM job_executions WHERE job_id = $1`,
+		j.JobID).Scan(&stored))
+	require.NotContains(t, string(stored), "invalid recipient")
 	var n int
 	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE type = 'step.exhausted'
 		AND subject_id = $1`, enq.StepID).Scan(&n))

@@ -85,12 +85,16 @@ type DurableJob struct {
 // Attempt is one execution of a job (one claim). A lease that lapsed without
 // a report reads outcome FAILED with a warning and no reportedAt.
 type Attempt struct {
-	Attempt        int        `json:"attempt"`
-	WorkerID       string     `json:"workerId"`
-	Outcome        *string    `json:"outcome"`
-	Warning        *string    `json:"warning"`
-	Retryable      *bool      `json:"retryable"`
-	RetryAfterMs   *int64     `json:"retryAfterMs"`
+	Attempt      int     `json:"attempt"`
+	WorkerID     string  `json:"workerId"`
+	Outcome      *string `json:"outcome"`
+	Warning      *string `json:"warning"`
+	Retryable    *bool   `json:"retryable"`
+	RetryAfterMs *int64  `json:"retryAfterMs"`
+	// ErrorMessage is the message the worker reported with a failure (the
+	// SDK bounds and redacts it before sending), or a rejected output's
+	// reason; sealed at rest, opened for readers of the run.
+	ErrorMessage   *string    `json:"errorMessage"`
 	StartedAt      time.Time  `json:"startedAt"`
 	LeaseExpiresAt time.Time  `json:"leaseExpiresAt"`
 	ReportedAt     *time.Time `json:"reportedAt"`
@@ -285,11 +289,22 @@ func (s *Service) attachAttempts(ctx context.Context, steps []Step, sql string, 
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var jobID string
-		var a Attempt
+		var (
+			jobID  string
+			a      Attempt
+			sealed []byte
+		)
 		if err := rows.Scan(&jobID, &a.Attempt, &a.WorkerID, &a.Outcome, &a.Warning, &a.Retryable, &a.RetryAfterMs,
-			&a.StartedAt, &a.LeaseExpiresAt, &a.ReportedAt); err != nil {
+			&a.StartedAt, &a.LeaseExpiresAt, &a.ReportedAt, &sealed); err != nil {
 			return fmt.Errorf("attempts: %w", err)
+		}
+		if sealed != nil {
+			msg, err := s.sealer.Open(sealed, seal.AAD(jobID, fmt.Sprintf("error/%d", a.Attempt)))
+			if err != nil {
+				return fmt.Errorf("attempts: open error message: %w", err)
+			}
+			m := string(msg)
+			a.ErrorMessage = &m
 		}
 		if j := byJob[jobID]; j != nil {
 			j.Attempts = append(j.Attempts, a)

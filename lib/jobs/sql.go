@@ -163,7 +163,7 @@ const sqlStepByID = `SELECT ` + stepColumns + ` FROM jobs j JOIN job_endpoints e
 WHERE j.step_id = $1::text AND j.workspace_id = $2::text`
 
 const attemptColumns = `x.job_id, x.attempt, x.worker_id, x.outcome, x.warning, x.retryable, x.retry_after_ms,
-	x.started_at, x.lease_expires_at, x.reported_at`
+	x.started_at, x.lease_expires_at, x.reported_at, x.error_sealed`
 
 const sqlRunAttempts = `SELECT ` + attemptColumns + ` FROM job_executions x JOIN jobs j ON j.id = x.job_id
 WHERE j.run_id = $1::text ORDER BY x.job_id, x.attempt`
