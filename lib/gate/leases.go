@@ -77,7 +77,7 @@ func leaseExpired() error {
 
 func leaseLost() error {
 	return apierr.Conflict(apierr.CodeLeaseLost,
-		"This lease token does not hold the effect's current attempt; a newer attempt superseded it.")
+		"This lease token does not hold the effect's current attempt: a newer attempt superseded it, or it is not this effect's token.")
 }
 
 // tokenAttempt is the attempt a presented lease token belongs to.

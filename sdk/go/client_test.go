@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -532,5 +533,21 @@ func TestReportJobsKeepsErrorDetail(t *testing.T) {
 	if e := res[0].Err; e == nil || e.Code != CodeForbidden || e.StatusCode != http.StatusForbidden ||
 		!jsonEqual(e.Detail["required"], []any{"tool:charge@1"}) {
 		t.Fatalf("batch error: %+v", res[0].Err)
+	}
+}
+
+// A 403's error names what the key lacks, as the server's detail does.
+func TestForbiddenErrorNamesWhatIsRequired(t *testing.T) {
+	t.Parallel()
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		apiError(w, 403, CodeForbidden, map[string]any{"required": []any{"effects:begin"}})
+	}))
+	_, err := c.StartRun(context.Background(), "r")
+	var apiErr *Error
+	if !errors.As(err, &apiErr) || !slices.Equal(apiErr.Required(), []string{"effects:begin"}) {
+		t.Fatalf("err %v", err)
+	}
+	if !strings.Contains(err.Error(), "(requires effects:begin)") {
+		t.Fatalf("message %q", err.Error())
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -73,10 +74,26 @@ func (e *Error) Error() string {
 	if e.Message != "" {
 		s += ": " + e.Message
 	}
+	if req := e.Required(); len(req) > 0 {
+		s += " (requires " + strings.Join(req, ", ") + ")"
+	}
 	if e.RequestID != "" {
 		s += " (request " + e.RequestID + ")"
 	}
 	return s
+}
+
+// Required returns detail.required of a 403 forbidden: the scopes or
+// tools ("tool:name@version") the key lacks. Nil when there is none.
+func (e *Error) Required() []string {
+	list, _ := e.Detail["required"].([]any)
+	var out []string
+	for _, v := range list {
+		if s, ok := v.(string); ok {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // RetryAfterSeconds returns detail.retry_after_seconds when the server sent
