@@ -64,7 +64,8 @@ func TestOpenAPIRequiresOnlyWhatARequestMustSend(t *testing.T) {
 	var doc struct {
 		Paths map[string]map[string]struct {
 			RequestBody struct {
-				Content map[string]struct {
+				Required bool `json:"required"`
+				Content  map[string]struct {
 					Schema struct {
 						Required []string `json:"required"`
 					} `json:"schema"`
@@ -99,6 +100,13 @@ func TestOpenAPIRequiresOnlyWhatARequestMustSend(t *testing.T) {
 	require.Equal(t, []string{"events", "url"}, required("/api/v1/webhooks", "post"))
 	require.Equal(t, []string{"handlerVersion", "inputSchema", "outputSchema"}, required("/api/v1/tools/{name}/contracts", "post"))
 	require.Equal(t, []string{"acknowledgeDuplicateRisk"}, required("/api/v1/steps/{id}/replay", "post"))
+	// A body with no required field may be left out; the server reads none as {}.
+	require.True(t, doc.Paths["/api/v1/effects/begin"]["post"].RequestBody.Required)
+	for _, p := range []string{"/api/v1/approvals/{id}/approve", "/api/v1/workers/{workerId}/claim", "/api/v1/circuits/stop"} {
+		require.False(t, doc.Paths[p]["post"].RequestBody.Required, p)
+	}
+	// Every body is read through the same size limit, signup's too.
+	require.Contains(t, doc.Paths["/api/v1/workspaces"]["post"].Responses, "413")
 	begun := doc.Paths["/api/v1/effects/{id}"]["get"].Responses["200"].Content["application/json"].Schema.Required
 	require.Contains(t, begun, "result", "a response writes every field, null or not")
 

@@ -121,9 +121,13 @@ func operation(r Route) map[string]any {
 		op["parameters"] = params
 	}
 	if r.Request != nil {
+		schema := requestSchemaOf(r.Request)
+		// A body whose every field is optional may be left out (the server
+		// reads none as {}), so only one with a required field is required.
+		fields, _ := schema.(map[string]any)["required"].([]any)
 		op["requestBody"] = map[string]any{
-			"required": true,
-			"content":  map[string]any{"application/json": map[string]any{"schema": requestSchemaOf(r.Request)}},
+			"required": len(fields) > 0,
+			"content":  map[string]any{"application/json": map[string]any{"schema": schema}},
 		}
 	}
 	responses := map[string]any{}
@@ -152,6 +156,9 @@ func operation(r Route) map[string]any {
 		codes = append(codes, commonErrors...)
 	} else {
 		codes = append(codes, apierr.CodeInternal)
+		if r.Request != nil {
+			codes = append(codes, apierr.CodePayloadTooLarge) // every body is read through the same limit
+		}
 	}
 	byStatus := map[int][]string{}
 	for _, c := range codes {
