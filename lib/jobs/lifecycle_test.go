@@ -294,7 +294,8 @@ func TestReportRepeatsAndConflicts(t *testing.T) {
 }
 
 func TestLapsedOnLastAttemptIsExhaustedBySweeper(t *testing.T) {
-	t.Parallel()
+	// Not parallel: the sweep is global, and a parallel test's sweep at its
+	// own clock could hold this test's rows (SKIP LOCKED) when it sweeps.
 	b := setup(t)
 	runID := b.run(t)
 	enq := b.enqueue(t, runID, jobs.EnqueueRequest{MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
@@ -340,7 +341,8 @@ func TestLapsedOnLastAttemptIsExhaustedAtRunRead(t *testing.T) {
 // A claim that comes before any sweep or read must not take a job whose
 // lease lapsed on its last attempt: that would run it past maxAttempts.
 func TestLapsedOnLastAttemptIsNotReclaimed(t *testing.T) {
-	t.Parallel()
+	// Not parallel: the sweep is global, and a parallel test's sweep at its
+	// own clock could hold this test's rows (SKIP LOCKED) when it sweeps.
 	b := setup(t)
 	runID := b.run(t)
 	last := b.enqueue(t, runID, jobs.EnqueueRequest{MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
@@ -710,7 +712,8 @@ func TestEnqueueIdempotency(t *testing.T) {
 }
 
 func TestSweeperReleasesStrandedDependentsAndSettlesRuns(t *testing.T) {
-	t.Parallel()
+	// Not parallel: the sweep is global, and a parallel test's sweep at its
+	// own clock could hold this test's rows (SKIP LOCKED) when it sweeps.
 	b := setup(t)
 	runID := b.run(t)
 	a := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"a"`)})
@@ -843,7 +846,8 @@ func TestOnlyExactRegisteredVersionsAreClaimed(t *testing.T) {
 }
 
 func TestConcurrentSweepsEndEachLapsedJobOnce(t *testing.T) {
-	t.Parallel()
+	// Not parallel: the sweep is global, and a parallel test's sweep at its
+	// own clock could hold this test's rows (SKIP LOCKED) when it sweeps.
 	b := setup(t)
 	runID := b.run(t)
 	for i := range 30 {
@@ -1122,7 +1126,8 @@ func TestAnExhaustedStepFailsItsRunAtOnce(t *testing.T) {
 }
 
 func TestACancelledOrLapsedLastStepFailsItsRunAtOnce(t *testing.T) {
-	t.Parallel()
+	// Not parallel: the sweep is global, and a parallel test's sweep at its
+	// own clock could hold this test's rows (SKIP LOCKED) when it sweeps.
 	b := setup(t)
 	cancelled := b.run(t)
 	st := b.enqueue(t, cancelled, jobs.EnqueueRequest{Input: json.RawMessage(`1`)})
