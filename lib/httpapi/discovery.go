@@ -40,7 +40,9 @@ type ManifestRoute struct {
 	Path   string   `json:"path"`
 	Name   string   `json:"name"`
 	Scopes []string `json:"scopes"`
-	Public bool     `json:"public"`
+	// AnyScopes, when present, are alternatives: one of them is needed too.
+	AnyScopes []string `json:"any_scopes,omitempty"`
+	Public    bool     `json:"public"`
 }
 
 // Decisions are begin's answers (API.md §2.1).
@@ -79,7 +81,7 @@ func NewManifest() Manifest {
 			scopes = []string{}
 		}
 		m.Routes = append(m.Routes, ManifestRoute{Method: r.Method, Path: r.Pattern, Name: r.Name,
-			Scopes: scopes, Public: r.Auth == AuthNone})
+			Scopes: scopes, AnyScopes: r.AnyScopes, Public: r.Auth == AuthNone})
 	}
 	return m
 }
@@ -143,6 +145,9 @@ func LLMsText() string {
 		scopes := ""
 		if len(r.Scopes) > 0 {
 			scopes = " [" + strings.Join(r.Scopes, ", ") + "]"
+		}
+		if len(r.AnyScopes) > 0 {
+			scopes += " [" + strings.Join(r.AnyScopes, " or ") + "]"
 		}
 		fmt.Fprintf(&b, "- %s %s%s: %s\n", r.Method, r.Pattern, scopes, r.Summary)
 	}

@@ -137,7 +137,12 @@ func TestManifestAndLLMsListEveryRoute(t *testing.T) {
 	listed := map[string]bool{}
 	for _, r := range m.Routes {
 		listed[r.Method+" "+r.Path] = true
+		if r.Name == "groups.get" {
+			// Not open to every key: one of two scopes (review: it read "scopes": []).
+			require.Equal(t, []string{"effects:read", "effects:begin"}, r.AnyScopes)
+		}
 	}
+	require.Contains(t, string(llms.Body), "GET /api/v1/groups/{id} [effects:read or effects:begin]")
 	for _, r := range httpapi.Routes() {
 		require.True(t, listed[r.Method+" "+r.Pattern], "manifest lacks %s %s", r.Method, r.Pattern)
 		require.Contains(t, string(llms.Body), r.Method+" "+r.Pattern)

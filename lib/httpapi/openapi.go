@@ -101,6 +101,9 @@ func operation(r Route) map[string]any {
 		if len(r.Scopes) > 0 {
 			op["x-required-scopes"] = r.Scopes
 		}
+		if len(r.AnyScopes) > 0 {
+			op["x-any-of-scopes"] = r.AnyScopes
+		}
 	case AuthCron:
 		op["security"] = []any{map[string]any{"cron": []string{}}}
 	default:

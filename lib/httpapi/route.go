@@ -41,7 +41,10 @@ type Route struct {
 	Tag     string
 	Auth    AuthMode
 	Scopes  []string // every one is required
-	Query   []Param
+	// AnyScopes, when set, are alternatives: one of them is required too
+	// (a read open to a key that may read and to one that may write).
+	AnyScopes []string
+	Query     []Param
 	// Request and Response are zero values of the body types, used for the
 	// OpenAPI schemas; nil means no body. Text responses set ContentType.
 	Request     any

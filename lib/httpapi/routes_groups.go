@@ -43,11 +43,9 @@ func (s *Server) groupRoutes() []Route {
 			Method: "GET", Pattern: "/api/v1/groups/{id}", Name: "groups.get", Tag: "groups",
 			Summary: "Read a group and its steps (needs effects:read or effects:begin). Compensation payloads " +
 				"appear only in the unwind plan.",
-			Response: gate.Group{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeForbidden},
+			AnyScopes: []string{auth.ScopeEffectsRead, auth.ScopeEffectsBegin},
+			Response:  gate.Group{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeForbidden},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
-				if !c.Principal.Has(auth.ScopeEffectsRead) && !c.Principal.Has(auth.ScopeEffectsBegin) {
-					return nil, apierr.Forbidden(auth.ScopeEffectsRead)
-				}
 				id, err := c.PathID("id", ids.Group)
 				if err != nil {
 					return nil, err

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -272,6 +273,9 @@ func (s *Server) authorize(ctx context.Context, c *Call, count bool) error {
 		}
 		if err := p.Require(c.Route.Scopes...); err != nil {
 			return err
+		}
+		if a := c.Route.AnyScopes; len(a) > 0 && !slices.ContainsFunc(a, p.Has) {
+			return apierr.Forbidden(a[0])
 		}
 		c.Principal = p
 	case AuthCron:
