@@ -141,6 +141,11 @@ func TestNonRetryableExhausts(t *testing.T) {
 	s := step(t, done, st.StepID)
 	require.Equal(t, ratchet.JobExhausted, s.Status)
 	require.Equal(t, 1, s.DurableJob.Attempt, "a non-retryable failure exhausts at once")
+	require.Len(t, s.DurableJob.Attempts, 1)
+	a := s.DurableJob.Attempts[0]
+	require.Equal(t, "FAILED", *a.Outcome)
+	require.False(t, *a.Retryable)
+	require.Equal(t, "invalid recipient", *a.ErrorMessage, "why it failed, for the operator deciding on a replay")
 }
 
 func TestReplayAfterExhaustion(t *testing.T) {

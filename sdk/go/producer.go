@@ -77,6 +77,26 @@ type DurableJob struct {
 	LeaseExpiresAt  *time.Time  `json:"leaseExpiresAt,omitempty"`
 	CancelRequested bool        `json:"cancelRequested,omitempty"`
 	Policy          RetryPolicy `json:"policy"`
+	// Attempts are the job's executions, oldest first.
+	Attempts []JobAttempt `json:"attempts"`
+}
+
+// JobAttempt is one execution of a durable job.
+type JobAttempt struct {
+	Attempt  int    `json:"attempt"`
+	WorkerID string `json:"workerId"`
+	// Outcome is SUCCEEDED or FAILED once known; nil while it runs.
+	Outcome      *string `json:"outcome"`
+	Retryable    *bool   `json:"retryable"`
+	RetryAfterMs *int64  `json:"retryAfterMs"`
+	// ErrorMessage is the message the worker reported with a failure.
+	ErrorMessage *string `json:"errorMessage"`
+	// Warning explains a failure the server recorded itself (a lapsed lease,
+	// a rejected output).
+	Warning        *string    `json:"warning"`
+	StartedAt      time.Time  `json:"startedAt"`
+	LeaseExpiresAt time.Time  `json:"leaseExpiresAt"`
+	ReportedAt     *time.Time `json:"reportedAt"`
 }
 
 // RetryPolicy is a job's snapshot of its retry schedule: after failure n the
