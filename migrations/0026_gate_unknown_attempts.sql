@@ -9,8 +9,11 @@
 --
 -- gate_unknown_attempts lists an effect's attempts whose outcome is still
 -- unknown: recorded indeterminate and neither resolved (a resolution
--- replaces the outcome) nor settled by a later probe that was reported (its
--- holder checked the vendor for the attempt before it, seed 003). gate_report
+-- replaces the outcome) nor settled by a later attempt: a probe that was
+-- reported (its holder checked the vendor for the attempt before it, seed
+-- 003) or one that was resolved (before 0026 a resolution, an operator's or
+-- a reconciliation's, settled only the effect's current attempt, and a
+-- previous release's instance still does so during a deploy). gate_report
 -- takes a ninth parameter, the id of the effect.indeterminate event it now
 -- records when a failed retry leaves the effect indeterminate (the eight-
 -- parameter one, below, calls it without one); its body is 0013's, verbatim but for the state it records (indeterminate, not
@@ -27,8 +30,8 @@ AS $fn$
 SELECT a.attempt FROM effect_attempts a
 WHERE a.effect_id = p_effect_id AND a.outcome = 'indeterminate'
   AND NOT EXISTS (SELECT 1 FROM effect_attempts p
-                  WHERE p.effect_id = a.effect_id AND p.attempt > a.attempt AND p.probe
-                    AND p.outcome IN ('succeeded', 'failed'))
+                  WHERE p.effect_id = a.effect_id AND p.attempt > a.attempt
+                    AND ((p.probe AND p.outcome IN ('succeeded', 'failed')) OR p.resolved_at IS NOT NULL))
 $fn$;
 
 CREATE FUNCTION gate_report(p_effect_id text, p_workspace_id text, p_token_hash bytea, p_outcome text, p_result bytea,
@@ -49,6 +52,7 @@ DECLARE
     v_probe    boolean;
     v_attempt  integer;
     v_state    text;
+    v_settle   integer[];  -- the unknown attempts a failed probe settles
     v_eff      effects%ROWTYPE;
     v_att      effect_attempts%ROWTYPE;
     v_released bigint;
@@ -70,36 +74,12 @@ IF $4 = 'failed' AND NOT v_probe
 END IF;
 
 -- A probe's holder checked the vendor for the attempts before it: reported
--- failed, they did not happen either, and give back their charges as a
--- resolution would (reported succeeded, which of them acted is unknown, and
--- gate_unknown_attempts already leaves them out).
+-- failed, they did not happen either, and are settled failed with this
+-- attempt below (reported succeeded, which of them acted is unknown, and
+-- gate_unknown_attempts already leaves them out). Chosen before this
+-- attempt's outcome is recorded, which would hide them.
 IF $4 = 'failed' AND v_probe THEN
-    WITH settled AS (
-        UPDATE effect_attempts a SET outcome = 'failed', resolved_at = $7, resolved_by_key_id = $8,
-            resolve_note = 'probe'
-        WHERE a.effect_id = $1 AND a.attempt IN (SELECT u.attempt FROM gate_unknown_attempts($1) u WHERE u.attempt < v_attempt)
-        RETURNING a.workspace_id, a.charges, a.charged_on, a.outcome
-    ), freed AS (
-    SELECT c.workspace_id, c.charged_on, jsonb_agg(jsonb_build_object('scope', c.scope, 'micros', c.micros,
-        'count', c.count)) AS charges
-    FROM (SELECT a.workspace_id, a.charged_on, x.scope, sum(x.micros)::bigint AS micros, sum(x.count)::bigint AS count
-          FROM settled a, jsonb_to_recordset(a.charges) AS x(scope text, micros bigint, count bigint)
-          WHERE a.outcome = 'failed'
-          GROUP BY 1, 2, 3) c
-    GROUP BY c.workspace_id, c.charged_on
-),
-rel_rows AS (
-    SELECT g.workspace_id, g.scope, g.day, c.micros, c.count
-    FROM freed a, jsonb_to_recordset(a.charges) AS c(scope text, micros bigint, count bigint), gate_spend g
-    WHERE true AND g.workspace_id = a.workspace_id AND g.scope = c.scope AND g.day = a.charged_on
-    ORDER BY g.scope
-    FOR UPDATE OF g
-),
-rel AS (
-    UPDATE gate_spend g SET micros = g.micros - r.micros, count = g.count - r.count
-    FROM rel_rows r WHERE g.workspace_id = r.workspace_id AND g.scope = r.scope AND g.day = r.day
-)
-    SELECT count(*) INTO v_released FROM rel_rows;
+    SELECT array_agg(u.attempt) INTO v_settle FROM gate_unknown_attempts($1) u WHERE u.attempt < v_attempt;
 END IF;
 
 UPDATE effects SET state = v_state, result = $5, result_preview = $6::jsonb, updated_at = $7
@@ -123,16 +103,33 @@ IF v_state = 'indeterminate' AND p_event_id IS NOT NULL THEN
     ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING;
 END IF;
 
-IF v_att.outcome = 'failed' AND v_att.charges IS NOT NULL THEN
-    WITH upa AS (
-        SELECT v_att.workspace_id AS workspace_id, v_att.charges AS charges, v_att.charged_on AS charged_on,
-            v_att.outcome AS outcome
-    ),
+-- A failed attempt gives back its charges, and with a probe's, the
+-- attempts it settles give back theirs: in one statement, so the counters
+-- are locked in one order, as every charge and release locks them.
+IF v_att.outcome = 'failed' AND (v_att.charges IS NOT NULL OR v_settle IS NOT NULL) THEN
+    WITH settled AS (
+        UPDATE effect_attempts a SET outcome = 'failed', resolved_at = $7, resolved_by_key_id = $8,
+            resolve_note = 'probe'
+        WHERE a.effect_id = $1 AND a.attempt = ANY (v_settle)
+        RETURNING a.workspace_id, a.charges, a.charged_on, a.outcome
+    ), upa AS (
+        SELECT workspace_id, charges, charged_on, outcome FROM settled
+        UNION ALL
+        SELECT v_att.workspace_id, v_att.charges, v_att.charged_on, v_att.outcome
+    ), freed AS (
+    SELECT c.workspace_id, c.charged_on, jsonb_agg(jsonb_build_object('scope', c.scope, 'micros', c.micros,
+        'count', c.count)) AS charges
+    FROM (SELECT a.workspace_id, a.charged_on, x.scope, sum(x.micros)::bigint AS micros, sum(x.count)::bigint AS count
+          FROM upa a, jsonb_to_recordset(a.charges) AS x(scope text, micros bigint, count bigint)
+          WHERE a.outcome = 'failed'
+          GROUP BY 1, 2, 3) c
+    GROUP BY c.workspace_id, c.charged_on
+),
 rel_rows AS (
     SELECT g.workspace_id, g.scope, g.day, c.micros, c.count
-    FROM upa a, jsonb_to_recordset(a.charges) AS c(scope text, micros bigint, count bigint), gate_spend g
-    WHERE a.outcome = 'failed' AND g.workspace_id = a.workspace_id AND g.scope = c.scope AND g.day = a.charged_on
-    ORDER BY g.scope
+    FROM freed a, jsonb_to_recordset(a.charges) AS c(scope text, micros bigint, count bigint), gate_spend g
+    WHERE true AND g.workspace_id = a.workspace_id AND g.scope = c.scope AND g.day = a.charged_on
+    ORDER BY g.scope, g.day
     FOR UPDATE OF g
 ),
 rel AS (

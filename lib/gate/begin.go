@@ -93,6 +93,7 @@ type beginInput struct {
 	// the locked path charges that run's wallet (chargeEffectWallet).
 	wallet        *wallet
 	walletRefused bool
+	effectKnown   bool // the key's effect was read: effectRun is its run
 	effectRun     *string
 }
 
@@ -358,11 +359,14 @@ func (s *Service) chargeWallet(ctx context.Context, tx pgx.Tx, in *beginInput, w
 // one) does not decide the attempt.
 func (s *Service) chargeEffectWallet(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 	run := in.effectRun
-	if run == nil || (in.wallet != nil && in.wallet.runID == *run) {
+	if !in.effectKnown || (run != nil && in.wallet != nil && in.wallet.runID == *run) {
 		return nil
 	}
 	if in.walletRefused {
 		in.risk.refused, in.walletRefused = nil, false
+	}
+	if run == nil {
+		return nil // begun under no run: no wallet pays for it
 	}
 	var budget *int64
 	err := tx.QueryRow(ctx, sqlWalletBudget, *run).Scan(&budget)
@@ -413,7 +417,7 @@ func (s *Service) decide(ctx context.Context, q querier, in *beginInput,
 	if d, ok, err := s.settled(ctx, q, &row, &ev, in.now); ok || err != nil {
 		return d, err
 	}
-	in.effectRun = row.RunID
+	in.effectKnown, in.effectRun = true, row.RunID
 	return locked(ctx, in)
 }
 

@@ -25,6 +25,5 @@ var FunctionFragments = map[string][]string{
 	"gate_surge": {thresholdSQL("pol", "$7::timestamptz", "cbs.first_seen", "b.median"),
 		baselineSQL("$1", "$2", "$7::timestamptz", "cbs.first_seen")},
 	"gate_begin": {chargeCTEs("grant_src"), chargesJSON, chargedOn, utcDay("$8")},
-	"gate_report": {releaseCTEs("upa", "a.outcome = 'failed'"), freedCTE("settled") + "," + releaseCTEs("freed", "true"),
-		sqlLatestUnknownAttempt("$1")},
+	"gate_report": {freedCTE("upa") + "," + releaseCTEs("freed", "true"), sqlLatestUnknownAttempt("$1")},
 }

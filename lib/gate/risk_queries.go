@@ -80,14 +80,16 @@ const (
 
 // releaseCTEs gives back what the attempts of src (columns workspace_id,
 // charges, charged_on) were charged, on the day they were charged, locking
-// the counters in scope order like a charge does.
+// the counters in scope order like a charge does (then by day: attempts of
+// one effect may have charged different days). src holds at most one row
+// per counter and day (freedCTE sums them).
 func releaseCTEs(src, where string) string {
 	return `
 rel_rows AS (
     SELECT g.workspace_id, g.scope, g.day, c.micros, c.count
     FROM ` + src + ` a, jsonb_to_recordset(a.charges) AS c(scope text, micros bigint, count bigint), gate_spend g
     WHERE ` + where + ` AND g.workspace_id = a.workspace_id AND g.scope = c.scope AND g.day = a.charged_on
-    ORDER BY g.scope
+    ORDER BY g.scope, g.day
     FOR UPDATE OF g
 ),
 rel AS (

@@ -1,6 +1,7 @@
 package gate_test
 
 import (
+	"context"
 	"net/http"
 	"testing"
 	"time"
@@ -320,4 +321,117 @@ func TestConcurrentSettlementsReleaseOnce(t *testing.T) {
 	require.LessOrEqual(t, codes[http.StatusOK], n+3, "%v", codes)
 	require.NoError(t, b.env.App.Pool.QueryRow(t.Context(), q, b.ws.ID).Scan(&spent))
 	require.EqualValues(t, 0, spent)
+}
+
+// A failed probe gives back its own charges and those of the attempt it
+// settles in one statement, locking the counters in one order, as a grant
+// does (review: two statements could lock a counter that sorts before one
+// already held, and deadlocked against a grant by a capped key). Not
+// parallel: it waits for any lock wait in the database.
+func TestAFailedProbeReleasesInOneLockOrder(t *testing.T) {
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe", "daily_budget_micros": 100000})
+	agent := b.env.Key(b.ws, map[string]any{"name": "capped", "preset": "AGENT", "daily_spend_ceiling_micros": 100000})
+	body := charge(key("p"), 600)
+	b.mustBegin("execute", body) // admin key: charges {type:api.call}
+	b.clock.Add(2 * time.Minute)
+	r := b.env.Do("POST", "/api/v1/effects/begin", agent, body) // probe by agent: {key:..., type:api.call}
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	d2 := r.JSON()
+	require.Equal(t, true, d2["probe"])
+
+	ctx := context.Background()
+	pool := b.env.App.Pool
+	txA, err := pool.Begin(ctx) // stands for a grant by the agent key: key:... then type:api.call
+	require.NoError(t, err)
+	defer txA.Rollback(ctx)
+	_, err = txA.Exec(ctx, `SELECT 1 FROM gate_spend WHERE scope = $1 FOR UPDATE`, "key:"+keyID(agent))
+	require.NoError(t, err)
+
+	done := make(chan int, 1)
+	go func() {
+		var st string
+		err := pool.QueryRow(ctx, `SELECT state FROM gate_report($1::text, $2::text,
+			(SELECT lease_token_hash FROM effects WHERE id = $1), 'failed', NULL::bytea, NULL::jsonb, $3::timestamptz,
+			NULL::text, NULL::text)`, str(d2["effect_id"]), b.ws.ID, b.clock.Now()).Scan(&st)
+		if err != nil {
+			done <- 500
+		} else {
+			done <- 200
+		}
+	}()
+	// wait for the report to block on the key counter (it holds type:api.call)
+	for i := 0; i < 100; i++ {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND datname = current_database()`).Scan(&n))
+		if n > 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	_, errA := txA.Exec(ctx, `UPDATE gate_spend SET micros = micros WHERE scope = 'type:api.call'`)
+	txA.Rollback(ctx)
+	status := <-done
+	require.NoError(t, errA)
+	require.Equal(t, http.StatusOK, status)
+}
+
+// 6ce8d40's sqlResolve (the previous release, still serving during a rolling
+// deploy after 0026 ran), expanded.
+const oldResolve = `
+WITH upd AS (
+    UPDATE effects SET state = $2, updated_at = $3,
+        denial_code = CASE WHEN $2 = 'failed' AND denial_code = 'max_attempts_exceeded' THEN denial_code END
+    WHERE id = $1 AND state = 'indeterminate'
+    RETURNING id, attempt
+), upa AS (
+    UPDATE effect_attempts a SET outcome = $2, resolved_at = $3, resolve_note = 'old'
+    FROM upd WHERE a.effect_id = upd.id AND a.attempt = upd.attempt
+    RETURNING a.*
+),
+rel_rows AS (
+    SELECT g.workspace_id, g.scope, g.day, c.micros, c.count
+    FROM upa a, jsonb_to_recordset(a.charges) AS c(scope text, micros bigint, count bigint), gate_spend g
+    WHERE a.outcome = 'failed' AND g.workspace_id = a.workspace_id AND g.scope = c.scope AND g.day = a.charged_on
+    ORDER BY g.scope
+    FOR UPDATE OF g
+),
+rel AS (
+    UPDATE gate_spend g SET micros = g.micros - r.micros, count = g.count - r.count
+    FROM rel_rows r WHERE g.workspace_id = r.workspace_id AND g.scope = r.scope AND g.day = r.day
+)
+SELECT count(*) FROM upa`
+
+// An attempt left unknown by a resolution that settled only the current
+// attempt (before 0026, and a previous release's instance during a deploy)
+// is settled by it all the same: a later failed attempt leaves the effect
+// failed (review: it came back indeterminate).
+func TestAResolvedAttemptSettlesTheUnknownOnesBeforeIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "retry", "daily_budget_micros": 2000})
+	body := charge(key("maybe"), 700)
+	b.mustBegin("execute", body)
+	b.clock.Add(2 * time.Minute)
+	d2 := b.mustBegin("execute", body)
+	id := str(d2["effect_id"])
+	require.Equal(t, "indeterminate", b.report(id, str(d2["lease_token"]), "failed", nil).JSON()["state"])
+	spend := func() (m int64) {
+		require.NoError(t, b.env.App.Pool.QueryRow(t.Context(),
+			`SELECT micros FROM gate_spend WHERE workspace_id = $1 AND scope = 'type:api.call'`, b.ws.ID).Scan(&m))
+		return
+	}
+	require.EqualValues(t, 700, spend(), "attempt 1 holds 700; attempt 2's was given back")
+	_, err := b.env.App.Pool.Exec(t.Context(), oldResolve, id, "failed", b.clock.Now())
+	require.NoError(t, err)
+	var outs []string
+	require.NoError(t, b.env.App.Pool.QueryRow(t.Context(),
+		`SELECT array_agg(coalesce(outcome,'-') ORDER BY attempt) FROM effect_attempts WHERE effect_id = $1`, id).Scan(&outs))
+	require.Equal(t, []string{"indeterminate", "failed"}, outs, "the previous release rewrote the current attempt only")
+	require.Equal(t, "failed", b.get(id)["state"])
+	// The key is retried after the resolution, and that attempt fails.
+	d3 := b.mustBegin("execute", body)
+	e := b.report(id, str(d3["lease_token"]), "failed", nil).JSON()
+	require.Equal(t, "failed", e["state"], "the operator settled the effect; attempt 1 still reads unknown")
 }

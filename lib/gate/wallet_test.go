@@ -266,3 +266,49 @@ func TestRunWalletFollowsAKeyBegunMeanwhileUnderAnotherRun(t *testing.T) {
 	require.Equal(t, 400, b.spent(first))
 	require.Equal(t, 0, b.spent(second))
 }
+
+// A begin whose named run's wallet refused it, for a key begun meanwhile
+// under no run, is not refused by that wallet: the attempt is charged to no
+// run (review: the named run's refusal stood).
+func TestRunWalletRefusalDoesNotFollowAKeyBegunMeanwhileUnderNoRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	named := b.runWith(500)
+	k := key("runless")
+
+	ctx := t.Context()
+	conn, err := b.env.App.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended('wallet:' || $1::text, 0))`, named)
+	require.NoError(t, err)
+	type res struct {
+		status int
+		out    map[string]any
+		err    error
+	}
+	done := make(chan res, 1)
+	go func() {
+		st, out, err := post(b.env, "/api/v1/effects/begin", b.ws.Key, inRun(named, charge(k, 700)))
+		done <- res{st, out, err}
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		_ = b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND datname = current_database()`).Scan(&n)
+		return n > 0
+	}, 5*time.Second, 10*time.Millisecond)
+
+	// Meanwhile the key is begun under no run, and fails.
+	a := b.mustBegin("execute", charge(k, 700))
+	require.Equal(t, http.StatusOK, b.report(str(a["effect_id"]), str(a["lease_token"]), "failed", nil).Status)
+
+	_, err = conn.Exec(ctx, `SELECT pg_advisory_unlock(hashtextextended('wallet:' || $1::text, 0))`, named)
+	require.NoError(t, err)
+	r := <-done
+	require.NoError(t, r.err)
+	require.Equal(t, http.StatusOK, r.status, "%v", r.out)
+	require.Equal(t, "execute", r.out["decision"])
+	require.EqualValues(t, 2, r.out["attempt"])
+	require.Equal(t, 0, b.spent(named))
+}
