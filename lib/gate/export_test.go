@@ -24,6 +24,6 @@ var FunctionFragments = map[string][]string{
 	"gate_evaluate": {sqlEffectivePolicy},
 	"gate_surge": {thresholdSQL("pol", "$7::timestamptz", "cbs.first_seen", "b.median"),
 		baselineSQL("$1", "$2", "$7::timestamptz", "cbs.first_seen")},
-	"gate_begin": {chargeCTEs("grant_src"), chargesJSON, chargedOn, utcDay("$8")},
+	"gate_begin":  {chargeCTEs("grant_src"), chargesJSON, chargedOn, utcDay("$8")},
 	"gate_report": {freedCTE("upa") + "," + releaseCTEs("freed", "true"), sqlLatestUnknownAttempt("$1")},
 }
