@@ -50,7 +50,12 @@ func run() error {
 	}
 	err = worker.Start(context.Background(), ratchet.StartOptions{
 		Concurrency: 4,
-		// PollInterval defaults to 30 s; an idle worker claims about twice a minute.
+		// PollInterval defaults to 30 s; an idle worker claims about twice a
+		// minute. A long-polling claim (held up to 20 s, answered as soon as a
+		// job is due) starts a job enqueued meanwhile within a second, for no
+		// more claim calls; on serverless hosting each idle claim is a
+		// request held open, so weigh it there.
+		WaitSeconds: 20,
 		OnError: func(err error) {
 			// Local diagnostics only. Errors can carry payload details, so keep
 			// them out of shared logs; RedactMessage bounds and masks the text.
