@@ -272,8 +272,25 @@ func (s *Service) Begin(ctx context.Context, p *auth.Principal, req BeginRequest
 	if err != nil {
 		return Decision{}, err
 	}
+	d, err := s.begin(ctx, in)
+	if errors.Is(err, errWalletMoved) {
+		// Rolled back: begin once more, now charged to the key's run.
+		in.wallet, in.walletRefused, in.effectKnown, in.risk.refused = nil, false, false, nil
+		d, err = s.begin(ctx, in)
+	}
+	return d, err
+}
+
+// errWalletMoved ends a begin that locked its named run's wallet for a key
+// begun meanwhile under another run: locking that run's wallet too could
+// deadlock with a begin crossing the other way, so the begin is done again,
+// with only the key's run's wallet.
+var errWalletMoved = errors.New("begin: the key's effect belongs to another run's wallet")
+
+func (s *Service) begin(ctx context.Context, in *beginInput) (Decision, error) {
 	var w *wallet
 	if in.runID != nil {
+		var err error
 		if w, err = s.runWallet(ctx, in); err != nil {
 			return Decision{}, err
 		}
@@ -356,7 +373,8 @@ func (s *Service) chargeWallet(ctx context.Context, tx pgx.Tx, in *beginInput, w
 // never changes, so it is read before the row lock, and the wallet is
 // locked before the row, in the order every begin takes them. A wallet
 // checked earlier for another run (the key was begun meanwhile under this
-// one) does not decide the attempt.
+// one) does not decide the attempt: its refusal is dropped, and the begin
+// is done again (errWalletMoved) rather than hold two wallets.
 func (s *Service) chargeEffectWallet(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 	run := in.effectRun
 	if !in.effectKnown || (run != nil && in.wallet != nil && in.wallet.runID == *run) {
@@ -367,6 +385,9 @@ func (s *Service) chargeEffectWallet(ctx context.Context, tx pgx.Tx, in *beginIn
 	}
 	if run == nil {
 		return nil // begun under no run: no wallet pays for it
+	}
+	if in.wallet != nil {
+		return errWalletMoved // holding another run's wallet: at most one per begin
 	}
 	var budget *int64
 	err := tx.QueryRow(ctx, sqlWalletBudget, *run).Scan(&budget)
