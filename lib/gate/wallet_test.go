@@ -214,6 +214,44 @@ func TestRunWalletChargesABeginNamingNoRun(t *testing.T) {
 	require.Equal(t, 700, b.spent(run))
 }
 
+// beginWhileWalletHeld begins body while the run's wallet lock is held
+// elsewhere, so that the begin has chosen its wallet and waits on it; runs
+// meanwhile; then lets the begin go and answers its status and body.
+func (b *bundle) beginWhileWalletHeld(run string, body map[string]any, meanwhile func()) (int, map[string]any) {
+	b.t.Helper()
+	ctx := b.t.Context()
+	conn, err := b.env.App.Pool.Acquire(ctx)
+	require.NoError(b.t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended('wallet:' || $1::text, 0))`, run)
+	require.NoError(b.t, err)
+	type res struct {
+		status int
+		out    map[string]any
+		err    error
+	}
+	done := make(chan res, 1)
+	go func() {
+		st, out, err := post(b.env, "/api/v1/effects/begin", b.ws.Key, body)
+		done <- res{st, out, err}
+	}()
+	// Until a begin waits on a wallet lock (another test's advisory wait may
+	// end this early; the begin then reads the key as meanwhile left it, and
+	// the answer is the same).
+	require.Eventually(b.t, func() bool {
+		var n int
+		_ = b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND datname = current_database()`).Scan(&n)
+		return n > 0
+	}, 5*time.Second, 10*time.Millisecond)
+	meanwhile()
+	_, err = conn.Exec(ctx, `SELECT pg_advisory_unlock(hashtextextended('wallet:' || $1::text, 0))`, run)
+	require.NoError(b.t, err)
+	r := <-done
+	require.NoError(b.t, r.err)
+	return r.status, r.out
+}
+
 // A key begun under another run between a begin's choice of wallet and its
 // decision is charged to that run's wallet, checked under its lock before
 // the effect's row lock (review: the retry was checked against the named
@@ -223,47 +261,17 @@ func TestRunWalletFollowsAKeyBegunMeanwhileUnderAnotherRun(t *testing.T) {
 	b := setup(t)
 	first, second := b.runWith(1000), b.runWith(1000)
 	k := key("raced")
-
-	ctx := t.Context()
-	conn, err := b.env.App.Pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	// Stall any begin charged to the second run's wallet.
-	_, err = conn.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended('wallet:' || $1::text, 0))`, second)
-	require.NoError(t, err)
-
-	type res struct {
-		status int
-		out    map[string]any
-		err    error
-	}
-	done := make(chan res, 1)
-	go func() {
-		st, out, err := post(b.env, "/api/v1/effects/begin", b.ws.Key, inRun(second, charge(k, 700)))
-		done <- res{st, out, err}
-	}()
-	// Wait until that begin waits on the wallet lock (it read "new key → second run's wallet").
-	require.Eventually(t, func() bool {
-		var n int
-		_ = b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND datname = current_database()`).Scan(&n)
-		return n > 0
-	}, 5*time.Second, 10*time.Millisecond)
-
-	// Meanwhile the first run begins the key, it fails, and the rest of the
-	// first run's wallet is spent.
-	a := b.mustBegin("execute", inRun(first, charge(k, 700)))
-	require.Equal(t, http.StatusOK, b.report(str(a["effect_id"]), str(a["lease_token"]), "failed", nil).Status)
-	b.mustBegin("execute", inRun(first, charge(key("rest"), 400)))
-	require.Equal(t, 400, b.spent(first))
-
-	_, err = conn.Exec(ctx, `SELECT pg_advisory_unlock(hashtextextended('wallet:' || $1::text, 0))`, second)
-	require.NoError(t, err)
-	r := <-done
-	require.NoError(t, r.err)
-	require.Equal(t, http.StatusForbidden, r.status, "%v", r.out)
-	require.Equal(t, "run_budget_exceeded", r.out["error"].(map[string]any)["code"])
-	require.Equal(t, first, r.out["error"].(map[string]any)["detail"].(map[string]any)["run_id"])
+	status, out := b.beginWhileWalletHeld(second, inRun(second, charge(k, 700)), func() {
+		// The first run begins the key, it fails, and the rest of the first
+		// run's wallet is spent.
+		a := b.mustBegin("execute", inRun(first, charge(k, 700)))
+		require.Equal(t, http.StatusOK, b.report(str(a["effect_id"]), str(a["lease_token"]), "failed", nil).Status)
+		b.mustBegin("execute", inRun(first, charge(key("rest"), 400)))
+		require.Equal(t, 400, b.spent(first))
+	})
+	require.Equal(t, http.StatusForbidden, status, "%v", out)
+	require.Equal(t, "run_budget_exceeded", out["error"].(map[string]any)["code"])
+	require.Equal(t, first, out["error"].(map[string]any)["detail"].(map[string]any)["run_id"])
 	require.Equal(t, 400, b.spent(first))
 	require.Equal(t, 0, b.spent(second))
 }
@@ -276,41 +284,13 @@ func TestRunWalletRefusalDoesNotFollowAKeyBegunMeanwhileUnderNoRun(t *testing.T)
 	b := setup(t)
 	named := b.runWith(500)
 	k := key("runless")
-
-	ctx := t.Context()
-	conn, err := b.env.App.Pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	_, err = conn.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended('wallet:' || $1::text, 0))`, named)
-	require.NoError(t, err)
-	type res struct {
-		status int
-		out    map[string]any
-		err    error
-	}
-	done := make(chan res, 1)
-	go func() {
-		st, out, err := post(b.env, "/api/v1/effects/begin", b.ws.Key, inRun(named, charge(k, 700)))
-		done <- res{st, out, err}
-	}()
-	require.Eventually(t, func() bool {
-		var n int
-		_ = b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND datname = current_database()`).Scan(&n)
-		return n > 0
-	}, 5*time.Second, 10*time.Millisecond)
-
-	// Meanwhile the key is begun under no run, and fails.
-	a := b.mustBegin("execute", charge(k, 700))
-	require.Equal(t, http.StatusOK, b.report(str(a["effect_id"]), str(a["lease_token"]), "failed", nil).Status)
-
-	_, err = conn.Exec(ctx, `SELECT pg_advisory_unlock(hashtextextended('wallet:' || $1::text, 0))`, named)
-	require.NoError(t, err)
-	r := <-done
-	require.NoError(t, r.err)
-	require.Equal(t, http.StatusOK, r.status, "%v", r.out)
-	require.Equal(t, "execute", r.out["decision"])
-	require.EqualValues(t, 2, r.out["attempt"])
+	status, out := b.beginWhileWalletHeld(named, inRun(named, charge(k, 700)), func() {
+		a := b.mustBegin("execute", charge(k, 700))
+		require.Equal(t, http.StatusOK, b.report(str(a["effect_id"]), str(a["lease_token"]), "failed", nil).Status)
+	})
+	require.Equal(t, http.StatusOK, status, "%v", out)
+	require.Equal(t, "execute", out["decision"])
+	require.EqualValues(t, 2, out["attempt"])
 	require.Equal(t, 0, b.spent(named))
 }
 
