@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -229,7 +230,7 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 	}
 	body, err := json.Marshal(map[string]any{
 		"id": c.eventID, "type": c.eventType, "created_at": c.eventCreated.UTC(),
-		"workspace_id": c.workspaceID, "subject_id": c.subjectID, "data": json.RawMessage(c.eventData),
+		"workspace_id": c.workspaceID, "subject_id": c.subjectID, "data": json.RawMessage(utcZ(c.eventData)),
 	})
 	if err != nil {
 		return fmt.Errorf("encode delivery: %w", err)
@@ -351,4 +352,50 @@ func newClient(allowPrivate bool) *http.Client {
 		// Redirects are not followed: a receiver must answer at the URL it registered.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
+}
+
+// postgresUTC is a timestamptz as PostgreSQL's JSON writes it in UTC.
+var postgresUTC = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00$`)
+
+// utcZ writes the UTC timestamps of an event's data as every other time
+// the API writes, with Z: data built in SQL (jsonb_build_object over a
+// timestamptz) reads +00:00. Event data holds ids, states, counts and
+// times, never a caller's payload, so no value of theirs is rewritten.
+// Data that is not a JSON document is sent as it is.
+func utcZ(data []byte) []byte {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return data
+	}
+	changed := false
+	var walk func(any) any
+	walk = func(v any) any {
+		switch t := v.(type) {
+		case map[string]any:
+			for k, e := range t {
+				t[k] = walk(e)
+			}
+		case []any:
+			for i, e := range t {
+				t[i] = walk(e)
+			}
+		case string:
+			if postgresUTC.MatchString(t) {
+				changed = true
+				return strings.TrimSuffix(t, "+00:00") + "Z"
+			}
+		}
+		return v
+	}
+	v = walk(v)
+	if !changed {
+		return data
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		return data
+	}
+	return out
 }

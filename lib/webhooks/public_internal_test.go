@@ -20,3 +20,17 @@ func TestPublicRefusesEveryNonPublicRange(t *testing.T) {
 		}
 	}
 }
+
+func TestUTCZWritesTimestampsAsTheAPIDoes(t *testing.T) {
+	in := `{"effect_id":"eff_1","opened_at":"2026-11-30T15:16:15.414274+00:00","n":9007199254740993,` +
+		`"closes_at":null,"list":["2026-11-30T15:16:15+00:00","note +00:00"],"at":"2026-11-30T15:16:15+01:00"}`
+	got := string(utcZ([]byte(in)))
+	want := `{"at":"2026-11-30T15:16:15+01:00","closes_at":null,"effect_id":"eff_1","list":["2026-11-30T15:16:15Z",` +
+		`"note +00:00"],"n":9007199254740993,"opened_at":"2026-11-30T15:16:15.414274Z"}`
+	if got != want {
+		t.Fatalf("utcZ:\n got %s\nwant %s", got, want)
+	}
+	if same := `{"a":1.50}`; string(utcZ([]byte(same))) != same {
+		t.Fatal("data without such a time is sent as it is")
+	}
+}

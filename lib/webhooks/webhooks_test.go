@@ -131,6 +131,11 @@ func TestDeliveryIsSignedAndRecorded(t *testing.T) {
 
 	subject := record(t, env, ws.ID, events.EffectIndeterminate, clk.Now())
 	record(t, env, ws.ID, events.RunFinished, clk.Now()) // not subscribed
+	// A time written by SQL (jsonb_build_object over a timestamptz) reads
+	// +00:00 in the outbox; it is sent with Z, as the API writes times.
+	_, err := env.App.Pool.Exec(context.Background(), `UPDATE events SET data = data ||
+		jsonb_build_object('lease_expired_at', '2026-11-30T15:16:15.5Z'::timestamptz) WHERE subject_id = $1`, subject)
+	require.NoError(t, err)
 	env.App.Sweeper.RunOnce(context.Background())
 
 	require.Equal(t, 1, rcv.count())
@@ -140,6 +145,7 @@ func TestDeliveryIsSignedAndRecorded(t *testing.T) {
 	require.Equal(t, events.EffectIndeterminate, got["type"])
 	require.Equal(t, subject, got["data"].(map[string]any)["effect_id"])
 	require.Equal(t, subject, got["subject_id"], "what the event is about, whatever its data says")
+	require.Equal(t, "2026-11-30T15:16:15.5Z", got["data"].(map[string]any)["lease_expired_at"])
 
 	// Verify the signature as a receiver would.
 	parts := strings.Split(rcv.sigs[0], ",")
