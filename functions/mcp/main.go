@@ -37,7 +37,9 @@ func main() {
 		os.Exit(2)
 	}
 	caller := mcpserver.HTTPCaller{BaseURL: base, Client: &http.Client{Timeout: 60 * time.Second}}
-	if err := mcpserver.New(caller, "Bearer "+key).Run(ctx, &mcp.StdioTransport{}); err != nil && ctx.Err() == nil {
+	pipes := newDrainingPipes(os.Stdin, os.Stdout)
+	transport := &mcp.IOTransport{Reader: pipes.Reader(), Writer: pipes.Writer()}
+	if err := mcpserver.New(caller, "Bearer "+key).Run(ctx, transport); err != nil && ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, "ratchet-mcp:", err)
 		os.Exit(1)
 	}

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"sync"
+	"time"
+)
+
+// drainingPipes hold back the end of stdin until every request read from it
+// has been answered on stdout (or drainTimeout passes). The SDK's stdio
+// connection closes at stdin's EOF and drops the answers still being made,
+// so a client that writes its requests and closes its end (a script, a pipe
+// in CI) got nothing back, not even initialize's answer. Requests and
+// answers are newline-delimited JSON-RPC messages: a request has an id and
+// a method, an answer an id and no method.
+type drainingPipes struct {
+	in  io.ReadCloser
+	out io.WriteCloser
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	pending int // requests read and not yet answered
+	inLine  []byte
+	outLine []byte
+}
+
+// drainTimeout bounds the wait at EOF: a tool call is one HTTP request with
+// a 60 s timeout.
+const drainTimeout = 90 * time.Second
+
+func newDrainingPipes(in io.ReadCloser, out io.WriteCloser) *drainingPipes {
+	d := &drainingPipes{in: in, out: out}
+	d.cond = sync.NewCond(&d.mu)
+	return d
+}
+
+// Reader is stdin as the transport reads it.
+func (d *drainingPipes) Reader() io.ReadCloser { return drainReader{d} }
+
+// Writer is stdout as the transport writes it.
+func (d *drainingPipes) Writer() io.WriteCloser { return drainWriter{d} }
+
+type drainReader struct{ d *drainingPipes }
+
+func (r drainReader) Read(p []byte) (int, error) {
+	n, err := r.d.in.Read(p)
+	r.d.mu.Lock()
+	r.d.inLine = scanLines(append(r.d.inLine, p[:n]...), func(msg []byte) { r.d.pending += requests(msg) })
+	r.d.mu.Unlock()
+	if err == io.EOF {
+		r.d.waitAnswered()
+	}
+	return n, err
+}
+
+func (r drainReader) Close() error { return r.d.in.Close() }
+
+type drainWriter struct{ d *drainingPipes }
+
+func (w drainWriter) Write(p []byte) (int, error) {
+	n, err := w.d.out.Write(p)
+	w.d.mu.Lock()
+	w.d.outLine = scanLines(append(w.d.outLine, p[:n]...), func(msg []byte) {
+		w.d.pending = max(0, w.d.pending-answers(msg))
+	})
+	w.d.cond.Broadcast()
+	w.d.mu.Unlock()
+	return n, err
+}
+
+func (w drainWriter) Close() error { return w.d.out.Close() }
+
+// waitAnswered blocks until no request read is unanswered, or drainTimeout.
+func (d *drainingPipes) waitAnswered() {
+	deadline := time.Now().Add(drainTimeout)
+	timer := time.AfterFunc(drainTimeout, func() {
+		d.mu.Lock()
+		d.cond.Broadcast()
+		d.mu.Unlock()
+	})
+	defer timer.Stop()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for d.pending > 0 && time.Now().Before(deadline) {
+		d.cond.Wait()
+	}
+}
+
+// scanLines calls each for every complete line of buf and returns the rest.
+func scanLines(buf []byte, each func([]byte)) []byte {
+	for {
+		i := bytes.IndexByte(buf, '\n')
+		if i < 0 {
+			return buf
+		}
+		if line := bytes.TrimSpace(buf[:i]); len(line) > 0 {
+			each(line)
+		}
+		buf = buf[i+1:]
+	}
+}
+
+// message is what tells a JSON-RPC request from an answer.
+type message struct {
+	ID     json.RawMessage `json:"id"`
+	Method string          `json:"method"`
+}
+
+func messages(line []byte) []message {
+	var one message
+	if err := json.Unmarshal(line, &one); err == nil {
+		return []message{one}
+	}
+	var batch []message
+	_ = json.Unmarshal(line, &batch)
+	return batch
+}
+
+// requests counts the messages of line that expect an answer.
+func requests(line []byte) int {
+	n := 0
+	for _, m := range messages(line) {
+		if m.Method != "" && len(m.ID) > 0 && string(m.ID) != "null" {
+			n++
+		}
+	}
+	return n
+}
+
+// answers counts the answers among the messages of line.
+func answers(line []byte) int {
+	n := 0
+	for _, m := range messages(line) {
+		if m.Method == "" && len(m.ID) > 0 && string(m.ID) != "null" {
+			n++
+		}
+	}
+	return n
+}
