@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -284,4 +285,65 @@ func TestInputKeepsItsNumbersExactly(t *testing.T) {
 		`{"n":[1,0],"big":1e400,"amount":0.1,"id":18446744073709551615}`)})
 	require.True(t, again.Deduplicated)
 	require.Equal(t, enq.StepID, again.StepID)
+}
+
+// A delayed enqueue (delayMs, migration 0027) is QUEUED and due after the
+// delay: no claim takes it before, one does after. The delay is part of the
+// request (a retry with the same one answers the step, another one is
+// idempotency_key_reuse); 0 is no delay; it takes no dependency.
+func TestDelayedEnqueueIsDueAfterTheDelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	w := b.register(t)
+	now := b.clock.Now()
+	req := jobs.EnqueueRequest{Name: "send_email", Version: "1", IdempotencyKey: ptr("reminder:" + runID),
+		DelayMs: ptr[int64](2 * 3600 * 1000)}
+	res := b.enqueue(t, runID, req)
+	require.Equal(t, jobs.StatusQueued, res.Status)
+	requireTime(t, now.Add(2*time.Hour), *res.DueAt)
+	requireTime(t, now.Add(2*time.Hour), *b.step(t, res.StepID).DurableJob.DueAt)
+
+	again := b.enqueue(t, runID, req)
+	require.True(t, again.Deduplicated)
+	require.Equal(t, res.StepID, again.StepID)
+	other := req
+	other.DelayMs = ptr[int64](60_000)
+	_, err := b.svc.Enqueue(ctx, b.ws, runID, other)
+	require.Equal(t, apierr.CodeIdempotencyKeyReuse, code(t, err))
+
+	require.Empty(t, b.claim(t, w, 10), "not due yet")
+	b.clock.Add(2*time.Hour - time.Second)
+	require.Empty(t, b.claim(t, w, 10), "a second early")
+	b.clock.Add(time.Second)
+	j := b.claimOne(t, w)
+	require.Equal(t, res.JobID, j.JobID)
+
+	// 0 is no delay, the same request as none.
+	plain := jobs.EnqueueRequest{Name: "send_email", Version: "1", IdempotencyKey: ptr("now:" + runID)}
+	first := b.enqueue(t, runID, plain)
+	plain.DelayMs = ptr[int64](0)
+	require.Equal(t, first.StepID, b.enqueue(t, runID, plain).StepID)
+}
+
+func TestDelayedEnqueueValidation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	dep := b.enqueue(t, runID, jobs.EnqueueRequest{})
+	for _, req := range []jobs.EnqueueRequest{
+		{Name: "send_email", Version: "1", DelayMs: ptr[int64](-1)},
+		{Name: "send_email", Version: "1", DelayMs: ptr[int64](jobs.MaxEnqueueDelayMs + 1)},
+		{Name: "send_email", Version: "1", DelayMs: ptr[int64](1000), AfterStepID: &dep.StepID,
+			AfterStatus: ptr("SUCCEEDED")},
+	} {
+		_, err := b.svc.Enqueue(ctx, b.ws, runID, req)
+		e, ok := apierr.As(err)
+		require.True(t, ok, "%v", err)
+		require.Equal(t, apierr.CodeInvalidRequest, e.Code)
+		require.Equal(t, "delayMs", e.Detail["validation"].([]apierr.FieldError)[0].Field)
+	}
+	var n int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE run_id = $1`, runID).Scan(&n))
+	require.Equal(t, 1, n, "refused enqueues change nothing")
 }

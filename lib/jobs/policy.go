@@ -24,10 +24,12 @@ const (
 	MinTimeoutMs     = 1_000
 	MaxTimeoutMs     = 86_400_000
 	DefaultTimeoutMs = 30_000
-	MaxMultiplier    = 10
-	MaxJitterPercent = 100
-	MaxConcurrentMax = 1000
-	RateLimitMax     = 100_000
+	// MaxEnqueueDelayMs bounds an enqueue's delayMs: 30 days.
+	MaxEnqueueDelayMs = 2_592_000_000
+	MaxMultiplier     = 10
+	MaxJitterPercent  = 100
+	MaxConcurrentMax  = 1000
+	RateLimitMax      = 100_000
 	// The endpoint circuit breaker (migration 0018).
 	CircuitThresholdMax      = 1000
 	MinCircuitCooldownMs     = 1_000

@@ -125,6 +125,9 @@ type EnqueueRequest struct {
 	ContractVersion *int64          `json:"contractVersion,omitempty"`
 	AfterStepID     *string         `json:"afterStepId,omitempty"`
 	AfterStatus     *string         `json:"afterStatus,omitempty"`
+	// DelayMs makes the step due this long after the enqueue (0 to 30 days)
+	// instead of at once; not with afterStepId.
+	DelayMs *int64 `json:"delayMs,omitempty"`
 }
 
 // EnqueueResult answers an enqueue (201, or 200 when deduplicated).
@@ -379,6 +382,7 @@ type enqueueOp struct {
 	timeoutMs, maxAttempts         *int64
 	contractVersion                *int64
 	afterStepID, afterStatus       *string
+	delayMs                        *int64 // set only when above 0
 }
 
 func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
@@ -420,6 +424,16 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 	}
 	if c := req.ContractVersion; c != nil && (*c < 1 || *c > math.MaxInt32) {
 		p.Add("contractVersion", "must be an integer from 1")
+	}
+	if d := req.DelayMs; d != nil {
+		switch {
+		case *d < 0 || *d > MaxEnqueueDelayMs:
+			p.Add("delayMs", "must be an integer from 0 to 2592000000 (milliseconds; at most 30 days)")
+		case *d > 0 && req.AfterStepID != nil:
+			p.Add("delayMs", "cannot be combined with afterStepId: a dependent step is due when its dependency ends")
+		case *d > 0:
+			op.delayMs = d
+		}
 	}
 	switch {
 	case req.AfterStepID == nil && req.AfterStatus != nil:
@@ -469,8 +483,14 @@ func storedInput(raw, canon []byte) []byte {
 // fingerprint identifies the whole operation, so a repeated key with a
 // different operation is told apart from a duplicate.
 func (op enqueueOp) fingerprint() []byte {
-	b, _ := canonjson.Marshal([]any{op.runID, op.name, op.version, op.contractVersion, op.endpoint, op.afterStepID,
-		op.afterStatus, canonjson.Canonical(op.canon), op.timeoutMs, op.maxAttempts, op.key})
+	fields := []any{op.runID, op.name, op.version, op.contractVersion, op.endpoint, op.afterStepID,
+		op.afterStatus, canonjson.Canonical(op.canon), op.timeoutMs, op.maxAttempts, op.key}
+	if op.delayMs != nil {
+		// Only when set: the hash of every enqueue without one is what it
+		// was before delays existed, so a retry across the upgrade matches.
+		fields = append(fields, map[string]any{"delayMs": *op.delayMs})
+	}
+	b, _ := canonjson.Marshal(fields)
 	return b
 }
 
@@ -492,7 +512,7 @@ func (s *Service) Enqueue(ctx context.Context, workspaceID, runID string, req En
 		return EnqueueResult{}, err
 	}
 	res, err := s.enqueue(ctx, s.pool, workspaceID, op)
-	if err == nil && res.Status == StatusQueued && !res.Deduplicated {
+	if err == nil && res.Status == StatusQueued && !res.Deduplicated && op.delayMs == nil {
 		s.wake.wakeOne(workspaceID) // the enqueue is its own transaction: committed
 	}
 	return res, err
@@ -512,6 +532,11 @@ func (s *Service) enqueue(ctx context.Context, q querier, workspaceID string, op
 	hash := s.mac(op.fingerprint())
 	sealed, preview := s.sealer.Seal(op.input, seal.AAD(jobID, "input")), string(redact.PreviewJSON(op.input))
 	contract, checked := op.contractVersion, false
+	var notBefore *time.Time
+	if op.delayMs != nil {
+		t := now.Add(time.Duration(*op.delayMs) * time.Millisecond)
+		notBefore = &t
+	}
 	// The contract, the endpoint, then the decision: three calls at most
 	// (a checked contract is not selected again, and endpoints are never
 	// deleted).
@@ -525,14 +550,18 @@ func (s *Service) enqueue(ctx context.Context, q querier, workspaceID string, op
 		)
 		err := q.QueryRow(ctx, sqlEnqueue, workspaceID, op.runID, op.key, hash, op.name, op.version, op.endpoint,
 			op.afterStepID, op.afterStatus, contract, checked, op.maxAttempts, op.timeoutMs, jobID, stepID, sealed,
-			preview, now).Scan(&outcome, &step, &job, &status, &due, &stored, &cv)
+			preview, now, notBefore).Scan(&outcome, &step, &job, &status, &due, &stored, &cv)
 		if err != nil {
 			return EnqueueResult{}, fmt.Errorf("enqueue: %w", err)
 		}
 		switch outcome {
 		case "inserted":
 			if due != nil {
-				due = &now // the clock's reading, before Postgres rounded it to microseconds
+				// The clock's reading, before Postgres rounded it to microseconds.
+				due = &now
+				if notBefore != nil {
+					due = notBefore
+				}
 			}
 			return EnqueueResult{StepID: *step, JobID: *job, IdempotencyKey: op.key, Status: *status, DueAt: due,
 				contractVersion: int64Ptr(cv)}, nil

@@ -198,13 +198,14 @@ ORDER BY x.job_id, x.attempt`
 //	$10 contract version (the explicit one, or the one checked)  $11 whether
 //	the caller checked it  $12 maxAttempts override  $13 timeoutMs override
 //	$14 new job id  $15 new step id  $16 sealed input  $17 input preview
-//	$18 now
+//	$18 now  $19 not before (a delayed step's due time; NULL: due now,
+//	migration 0027)
 //
 // It answers outcome, step_id, job_id, status, due_at, request_hash and
 // contract_version.
 const sqlEnqueue = `SELECT * FROM jobs_enqueue($1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text,
     $7::text, $8::text, $9::text, $10::int, $11::bool, $12::int, $13::bigint, $14::text, $15::text, $16::bytea,
-    $17::jsonb, $18::timestamptz)`
+    $17::jsonb, $18::timestamptz, $19::timestamptz)`
 
 // Run completion uses two transaction-scoped advisory locks per run. Finish
 // takes the run key exclusively; every transaction that ends a step holds it

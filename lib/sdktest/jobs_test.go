@@ -615,3 +615,19 @@ func TestRefusedOutputEndsTheJobOnce(t *testing.T) {
 	require.Equal(t, "FAILED", outcome)
 	require.True(t, reported, "reported, not lapsed")
 }
+
+// EnqueueOptions.Delay makes the step due later (delayMs on the wire).
+func TestDelayedEnqueueThroughTheSDK(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	run, err := b.producer.StartRun(ctx, "later")
+	require.NoError(t, err)
+	before := time.Now()
+	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"}, ratchet.EnqueueOptions{
+		Name: "later", Version: "1", Delay: 2 * time.Hour})
+	require.NoError(t, err)
+	require.Equal(t, ratchet.JobQueued, st.Status)
+	require.NotNil(t, st.DueAt)
+	require.WithinRange(t, *st.DueAt, before.Add(2*time.Hour-time.Second), time.Now().Add(2*time.Hour+time.Second))
+}

@@ -194,6 +194,10 @@ type EnqueueOptions struct {
 	// AfterFailed); the other ending skips it.
 	AfterStepID string
 	AfterStatus string // see AfterStepID
+	// Delay makes the step due this long after the enqueue (up to 30 days;
+	// sent as whole milliseconds, rounded up) instead of at once. Not with
+	// AfterStepID.
+	Delay time.Duration
 }
 
 // EnqueueResult is the answer to an enqueue. Deduplicated is true when the
@@ -218,6 +222,7 @@ type enqueueRequest struct {
 	ContractVersion int             `json:"contractVersion,omitempty"`
 	AfterStepID     string          `json:"afterStepId,omitempty"`
 	AfterStatus     string          `json:"afterStatus,omitempty"`
+	DelayMs         int64           `json:"delayMs,omitempty"`
 }
 
 // Enqueue adds a step to a run (POST /api/v1/runs/{id}/steps). input is
@@ -236,6 +241,9 @@ func (c *Client) Enqueue(ctx context.Context, runID string, input any, opts Enqu
 		ContractVersion: opts.ContractVersion, AfterStepID: opts.AfterStepID, AfterStatus: opts.AfterStatus}
 	if opts.Timeout > 0 {
 		req.TimeoutMs = max(1, opts.Timeout.Milliseconds())
+	}
+	if opts.Delay > 0 {
+		req.DelayMs = int64((opts.Delay + time.Millisecond - 1) / time.Millisecond)
 	}
 	var out EnqueueResult
 	if err := c.do(ctx, "POST", "/runs/"+pathID(runID)+"/steps", req, &out, idempotent); err != nil {
