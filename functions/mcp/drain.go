@@ -21,17 +21,19 @@ type drainingPipes struct {
 
 	mu      sync.Mutex
 	cond    *sync.Cond
-	pending int // requests read and not yet answered
+	pending map[string]bool // ids of the requests read and not yet answered
 	inLine  []byte
 	outLine []byte
 }
 
 // drainTimeout bounds the wait at EOF: a tool call is one HTTP request with
-// a 60 s timeout.
+// a 60 s timeout. A client that breaks the protocol (an id reused while its
+// request is in flight, which the SDK leaves unanswered) can make the
+// process wait this long after stdin closes.
 const drainTimeout = 90 * time.Second
 
 func newDrainingPipes(in io.ReadCloser, out io.WriteCloser) *drainingPipes {
-	d := &drainingPipes{in: in, out: out}
+	d := &drainingPipes{in: in, out: out, pending: map[string]bool{}}
 	d.cond = sync.NewCond(&d.mu)
 	return d
 }
@@ -47,7 +49,17 @@ type drainReader struct{ d *drainingPipes }
 func (r drainReader) Read(p []byte) (int, error) {
 	n, err := r.d.in.Read(p)
 	r.d.mu.Lock()
-	r.d.inLine = scanLines(append(r.d.inLine, p[:n]...), func(msg []byte) { r.d.pending += requests(msg) })
+	track := func(msg []byte) {
+		for _, id := range requestIDs(msg) {
+			r.d.pending[id] = true
+		}
+	}
+	r.d.inLine = scanLines(append(r.d.inLine, p[:n]...), track)
+	if err == io.EOF {
+		// The SDK also reads a last message without its newline.
+		track(bytes.TrimSpace(r.d.inLine))
+		r.d.inLine = nil
+	}
 	r.d.mu.Unlock()
 	if err == io.EOF {
 		r.d.waitAnswered()
@@ -63,7 +75,9 @@ func (w drainWriter) Write(p []byte) (int, error) {
 	n, err := w.d.out.Write(p)
 	w.d.mu.Lock()
 	w.d.outLine = scanLines(append(w.d.outLine, p[:n]...), func(msg []byte) {
-		w.d.pending = max(0, w.d.pending-answers(msg))
+		for _, id := range answerIDs(msg) {
+			delete(w.d.pending, id)
+		}
 	})
 	w.d.cond.Broadcast()
 	w.d.mu.Unlock()
@@ -83,7 +97,7 @@ func (d *drainingPipes) waitAnswered() {
 	defer timer.Stop()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for d.pending > 0 && time.Now().Before(deadline) {
+	for len(d.pending) > 0 && time.Now().Before(deadline) {
 		d.cond.Wait()
 	}
 }
@@ -102,40 +116,42 @@ func scanLines(buf []byte, each func([]byte)) []byte {
 	}
 }
 
-// message is what tells a JSON-RPC request from an answer.
-type message struct {
-	ID     json.RawMessage `json:"id"`
-	Method string          `json:"method"`
-}
-
-func messages(line []byte) []message {
-	var one message
-	if err := json.Unmarshal(line, &one); err == nil {
-		return []message{one}
+// messages are the JSON-RPC messages of a line (one, or a batch), each as
+// its members: names are matched exactly, as the SDK matches them.
+func messages(line []byte) []map[string]json.RawMessage {
+	if len(line) == 0 {
+		return nil
 	}
-	var batch []message
+	var one map[string]json.RawMessage
+	if err := json.Unmarshal(line, &one); err == nil {
+		return []map[string]json.RawMessage{one}
+	}
+	var batch []map[string]json.RawMessage
 	_ = json.Unmarshal(line, &batch)
 	return batch
 }
 
-// requests counts the messages of line that expect an answer.
-func requests(line []byte) int {
-	n := 0
+// requestIDs are the ids of the messages of line that expect an answer: a
+// method and an id that is not null.
+func requestIDs(line []byte) []string {
+	var ids []string
 	for _, m := range messages(line) {
-		if m.Method != "" && len(m.ID) > 0 && string(m.ID) != "null" {
-			n++
+		id, hasID := m["id"]
+		if _, hasMethod := m["method"]; hasMethod && hasID && string(id) != "null" {
+			ids = append(ids, string(id))
 		}
 	}
-	return n
+	return ids
 }
 
-// answers counts the answers among the messages of line.
-func answers(line []byte) int {
-	n := 0
+// answerIDs are the ids the answers among the messages of line answer.
+func answerIDs(line []byte) []string {
+	var ids []string
 	for _, m := range messages(line) {
-		if m.Method == "" && len(m.ID) > 0 && string(m.ID) != "null" {
-			n++
+		id, hasID := m["id"]
+		if _, hasMethod := m["method"]; !hasMethod && hasID && string(id) != "null" {
+			ids = append(ids, string(id))
 		}
 	}
-	return n
+	return ids
 }

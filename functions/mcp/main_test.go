@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestMain(m *testing.M) {
@@ -53,23 +55,48 @@ func TestStdioAnswersEveryRequestBeforeExitingAtEOF(t *testing.T) {
 	}
 }
 
-func TestRequestsAndAnswersAreCounted(t *testing.T) {
+func TestRequestsAndAnswersAreTracked(t *testing.T) {
 	for _, c := range []struct {
 		line              string
-		requests, answers int
+		requests, answers []string
 	}{
-		{`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, 1, 0},
-		{`{"jsonrpc":"2.0","method":"notifications/initialized"}`, 0, 0},
-		{`{"jsonrpc":"2.0","id":"a","result":{}}`, 0, 1},
-		{`{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"parse error"}}`, 0, 0},
-		{`[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","method":"b"},{"jsonrpc":"2.0","id":2,"method":"c"}]`, 2, 0},
-		{`not json`, 0, 0},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, []string{"1"}, nil},
+		{`{"jsonrpc":"2.0","method":"notifications/initialized"}`, nil, nil},
+		{`{"jsonrpc":"2.0","ID":7,"method":"tools/list"}`, nil, nil}, // a notification to the SDK
+		{`{"jsonrpc":"2.0","id":"a","result":{}}`, nil, []string{`"a"`}},
+		{`{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"parse error"}}`, nil, nil},
+		{`[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","method":"b"},{"jsonrpc":"2.0","id":2,"method":"c"}]`,
+			[]string{"1", "2"}, nil},
+		{`not json`, nil, nil},
 	} {
-		if got := requests([]byte(c.line)); got != c.requests {
-			t.Errorf("requests(%s) = %d, want %d", c.line, got, c.requests)
+		if got := requestIDs([]byte(c.line)); !slices.Equal(got, c.requests) {
+			t.Errorf("requestIDs(%s) = %v, want %v", c.line, got, c.requests)
 		}
-		if got := answers([]byte(c.line)); got != c.answers {
-			t.Errorf("answers(%s) = %d, want %d", c.line, got, c.answers)
+		if got := answerIDs([]byte(c.line)); !slices.Equal(got, c.answers) {
+			t.Errorf("answerIDs(%s) = %v, want %v", c.line, got, c.answers)
+		}
+	}
+}
+
+// A last request without its newline is answered too (review: the SDK read
+// and handled it, but the drain did not wait for it).
+func TestStdioAnswersALastRequestWithoutNewline(t *testing.T) {
+	for _, input := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`,
+	} {
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), "RATCHET_MCP_MAIN=1", "RATCHET_API_KEY=rk_test", "RATCHET_BASE_URL=http://127.0.0.1:1")
+		cmd.Stdin = strings.NewReader(input)
+		start := time.Now()
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("ratchet-mcp: %v", err)
+		}
+		if !strings.Contains(string(out), `"id":1`) {
+			t.Errorf("initialize was not answered: %q", out)
+		}
+		if waited := time.Since(start); waited > 30*time.Second {
+			t.Errorf("exit took %s: it waited for an answer that was not coming", waited)
 		}
 	}
 }

@@ -319,6 +319,14 @@ func TestDelayedEnqueueIsDueAfterTheDelay(t *testing.T) {
 	j := b.claimOne(t, w)
 	require.Equal(t, res.JobID, j.JobID)
 
+	// Without a key, the same step now and the same one later are two steps.
+	at, later := jobs.EnqueueRequest{Name: "send_email", Version: "1", Input: []byte(`{"n":1}`)},
+		jobs.EnqueueRequest{Name: "send_email", Version: "1", Input: []byte(`{"n":1}`), DelayMs: ptr[int64](86_400_000)}
+	a, l := b.enqueue(t, runID, at), b.enqueue(t, runID, later)
+	require.NotEqual(t, a.StepID, l.StepID)
+	require.False(t, l.Deduplicated)
+	require.Equal(t, l.StepID, b.enqueue(t, runID, later).StepID, "and each retries to itself")
+
 	// 0 is no delay, the same request as none.
 	plain := jobs.EnqueueRequest{Name: "send_email", Version: "1", IdempotencyKey: ptr("now:" + runID)}
 	first := b.enqueue(t, runID, plain)

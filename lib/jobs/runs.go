@@ -456,9 +456,15 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 	} else {
 		// The generated key hashes the operation's identity (seed 000):
 		// run, tool, handler version, contract version, effective endpoint,
-		// dependency and canonical input.
-		op.key, err = canonjson.Hash([]any{runID, op.name, op.version, op.contractVersion, op.endpoint,
-			op.afterStepID, op.afterStatus, canonjson.Canonical(op.canon)})
+		// dependency and canonical input; and a delay, only when there is
+		// one (a step sent now and the same one in a day are two steps, and
+		// keys generated before delays existed stay what they were).
+		identity := []any{runID, op.name, op.version, op.contractVersion, op.endpoint,
+			op.afterStepID, op.afterStatus, canonjson.Canonical(op.canon)}
+		if op.delayMs != nil {
+			identity = append(identity, map[string]any{"delayMs": *op.delayMs})
+		}
+		op.key, err = canonjson.Hash(identity)
 		if err != nil {
 			return op, apierr.InvalidField("input", "must be JSON")
 		}

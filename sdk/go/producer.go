@@ -180,7 +180,8 @@ type EnqueueOptions struct {
 	Endpoint string
 	// IdempotencyKey identifies the operation. Empty lets the server derive
 	// one from the run, name, version, contract version, endpoint,
-	// dependency and canonical input, so an identical enqueue deduplicates.
+	// dependency, canonical input and delay, so an identical enqueue
+	// deduplicates.
 	// Use an explicit key when producers in different languages must agree.
 	IdempotencyKey string
 	// Timeout bounds one attempt; sent as whole milliseconds.
