@@ -15,6 +15,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/httpapi"
+	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
 func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
@@ -264,4 +265,25 @@ func TestVercelEntryServesRewrittenPath(t *testing.T) {
 	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &c))
 	require.Equal(t, "email.send", c["effect_type"])
 	require.Equal(t, "open", c["state"])
+}
+
+// Each MCP tool's description names the scope its REST call needs, and
+// that is the route's own (a route changed without its tool fails here).
+func TestMCPToolsNameTheScopesOfTheirRoutes(t *testing.T) {
+	t.Parallel()
+	routeOf := map[string]string{
+		"ratchet_begin": "effects.begin", "ratchet_report": "effects.report", "ratchet_heartbeat": "effects.heartbeat",
+		"ratchet_resolve": "effects.resolve", "ratchet_get_effect": "effects.get", "ratchet_list_effects": "effects.list",
+		"ratchet_get_policy": "policies.get", "ratchet_list_approvals": "approvals.list",
+		"ratchet_decide_approval": "approvals.approve",
+	}
+	scopes := map[string][]string{}
+	for _, r := range httpapi.Routes() {
+		scopes[r.Name] = r.Scopes
+	}
+	tools := mcpserver.ToolScopes()
+	require.Len(t, tools, len(routeOf))
+	for tool, needs := range tools {
+		require.Equal(t, []string{needs}, scopes[routeOf[tool]], tool)
+	}
 }

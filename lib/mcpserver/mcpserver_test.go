@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,6 +52,8 @@ func TestNineToolsListed(t *testing.T) {
 	for _, tl := range res.Tools {
 		names = append(names, tl.Name)
 		require.NotEmpty(t, tl.Description)
+		require.True(t, strings.HasSuffix(tl.Description,
+			"Needs the key's "+mcpserver.ToolScopes()[tl.Name]+" scope."), tl.Description)
 		require.NotNil(t, tl.InputSchema)
 	}
 	require.ElementsMatch(t, mcpserver.ToolNames(), names)

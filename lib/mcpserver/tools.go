@@ -20,8 +20,9 @@ import (
 
 // tool binds one MCP tool to one REST call.
 type tool struct {
-	name string
-	add  func(s *mcp.Server, c Caller, defaultAuth string)
+	name  string
+	needs string // the scope its REST call needs, as the tool's description says
+	add   func(s *mcp.Server, c Caller, defaultAuth string)
 }
 
 // define registers a tool whose input In maps to (method, path, body). The
@@ -36,8 +37,11 @@ type tool struct {
 // in the free-form fields), then validated against the schema (on such a
 // map, which is fine for validation), and the REST answer is relayed the
 // same way.
-func define[In any](name, description string, route func(In) (method, path string, body any),
+func define[In any](name, description, needs string, route func(In) (method, path string, body any),
 	adjust ...func(*jsonschema.Schema)) tool {
+	// An agent reads what its key must hold before it calls (a call
+	// without it answers forbidden with detail.required).
+	description += " Needs the key's " + needs + " scope."
 	schema, err := jsonschema.For[In](nil)
 	if err != nil {
 		panic(fmt.Sprintf("mcpserver: schema of %s: %v", name, err))
@@ -50,7 +54,7 @@ func define[In any](name, description string, route func(In) (method, path strin
 	if err != nil {
 		panic(fmt.Sprintf("mcpserver: resolve schema of %s: %v", name, err))
 	}
-	return tool{name: name, add: func(s *mcp.Server, c Caller, defaultAuth string) {
+	return tool{name: name, needs: needs, add: func(s *mcp.Server, c Caller, defaultAuth string) {
 		s.AddTool(&mcp.Tool{Name: name, Description: description, InputSchema: schema},
 			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 				in, err := decodeArguments[In](req.Params.Arguments, resolved)
@@ -251,43 +255,43 @@ func query(params map[string]string) string {
 
 // tools are the nine MCP tools.
 var tools = []tool{
-	define("ratchet_begin", "Ask before you act. Returns decision: execute, duplicate, in_flight, blocked, approval_required or denied.",
+	define("ratchet_begin", "Ask before you act. Returns decision: execute, duplicate, in_flight, blocked, approval_required or denied.", "effects:begin",
 		func(in BeginInput) (string, string, any) { return "POST", "/api/v1/effects/begin", in }),
-	define("ratchet_report", "Report what happened after an execute decision.",
+	define("ratchet_report", "Report what happened after an execute decision.", "effects:report",
 		func(in ReportInput) (string, string, any) {
 			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/report",
 				map[string]any{"lease_token": in.LeaseToken, "outcome": in.Outcome, "result": in.Result}
 		}),
-	define("ratchet_heartbeat", "Extend a held lease while a long action is still running.",
+	define("ratchet_heartbeat", "Extend a held lease while a long action is still running.", "effects:report",
 		func(in HeartbeatInput) (string, string, any) {
 			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/heartbeat", map[string]any{"lease_token": in.LeaseToken}
 		}),
-	define("ratchet_resolve", "Record what the vendor shows for an indeterminate effect; unblocks its key.",
+	define("ratchet_resolve", "Record what the vendor shows for an indeterminate effect; unblocks its key.", "effects:resolve",
 		func(in ResolveInput) (string, string, any) {
 			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/resolve",
 				map[string]any{"outcome": in.Outcome, "result": in.Result, "note": in.Note}
 		}),
-	define("ratchet_get_effect", "Read one effect with its attempts.",
+	define("ratchet_get_effect", "Read one effect with its attempts.", "effects:read",
 		func(in EffectInput) (string, string, any) {
 			return "GET", "/api/v1/effects/" + pathEscape(in.EffectID), nil
 		}),
-	define("ratchet_list_effects", "List effects, e.g. state=indeterminate to find what needs verifying.",
+	define("ratchet_list_effects", "List effects, e.g. state=indeterminate to find what needs verifying.", "effects:read",
 		func(in ListEffectsInput) (string, string, any) {
 			q := in.params()
 			q["state"], q["effect_type"] = in.State, in.EffectType
 			return "GET", "/api/v1/effects" + query(q), nil
 		}),
-	define("ratchet_get_policy", "Read the policy that governs an effect type.",
+	define("ratchet_get_policy", "Read the policy that governs an effect type.", "policies:read",
 		func(in PolicyInput) (string, string, any) {
 			return "GET", "/api/v1/policies/" + pathEscape(in.EffectType), nil
 		}),
-	define("ratchet_list_approvals", "List approvals, e.g. state=pending.",
+	define("ratchet_list_approvals", "List approvals, e.g. state=pending.", "approvals:write",
 		func(in ListApprovalsInput) (string, string, any) {
 			q := in.params()
 			q["state"] = in.State
 			return "GET", "/api/v1/approvals" + query(q), nil
 		}),
-	define("ratchet_decide_approval", "Approve or reject a held effect (operator keys only).",
+	define("ratchet_decide_approval", "Approve or reject a held effect (operator keys only).", "approvals:write",
 		func(in DecideInput) (string, string, any) {
 			// The decision names the route: nothing but the exact words
 			// reaches one (the schema refuses others, and the router would
@@ -296,6 +300,15 @@ var tools = []tool{
 				map[string]any{"note": in.Note}
 		},
 		func(s *jsonschema.Schema) { s.Properties["decision"].Enum = []any{"approve", "reject"} }),
+}
+
+// ToolScopes maps each tool to the scope its REST call needs.
+func ToolScopes() map[string]string {
+	m := make(map[string]string, len(tools))
+	for _, t := range tools {
+		m[t.name] = t.needs
+	}
+	return m
 }
 
 // ToolNames lists the tools (for the capability manifest and tests).
