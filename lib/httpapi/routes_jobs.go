@@ -50,7 +50,8 @@ func (s *Server) jobsRoutes() []Route {
 		{
 			Method: "POST", Pattern: "/api/v1/runs/{id}/steps", Name: "runs.enqueue", Tag: "jobs", Scopes: runsWrite,
 			Summary: "Enqueue a durable step. An omitted idempotencyKey is generated from the operation; the same key " +
-				"and operation answers 200 with deduplicated: true, another operation 409 idempotency_key_reuse.",
+				"and operation answers 200 with deduplicated: true, another operation 409 idempotency_key_reuse. " +
+				"delayMs (up to 30 days) makes the step due later.",
 			Request: jobs.EnqueueRequest{}, Response: jobs.EnqueueResult{}, Status: 201,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeIdempotencyKeyReuse,
 				apierr.CodeInvalidState},
