@@ -13,6 +13,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/jobs"
+	"github.com/getratchet/ratchet/lib/seal"
 )
 
 var ctx = context.Background()
@@ -254,6 +255,15 @@ func TestNonRetryableFailureExhaustsAtOnceAndRecordsEvent(t *testing.T) {
 	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT error_sealed FROM job_executions WHERE job_id = $1`,
 		j.JobID).Scan(&stored))
 	require.NotContains(t, string(stored), "invalid recipient")
+	// Sealed for this job's attempt: moved to another attempt, it does not
+	// open, and the read says so rather than show someone else's message.
+	_, err = b.env.App.Pool.Exec(ctx, `UPDATE job_executions SET error_sealed = $2 WHERE job_id = $1`, enq.JobID,
+		b.env.App.Server.Deps.Sealer.Seal([]byte("x"), seal.AAD(enq.JobID, "error/2")))
+	require.NoError(t, err)
+	_, err = b.svc.GetStep(ctx, b.ws, enq.StepID)
+	require.ErrorContains(t, err, "open error message")
+	_, err = b.env.App.Pool.Exec(ctx, `UPDATE job_executions SET error_sealed = $2 WHERE job_id = $1`, enq.JobID, stored)
+	require.NoError(t, err)
 	var n int
 	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE type = 'step.exhausted'
 		AND subject_id = $1`, enq.StepID).Scan(&n))

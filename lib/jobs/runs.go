@@ -456,15 +456,10 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 	} else {
 		// The generated key hashes the operation's identity (seed 000):
 		// run, tool, handler version, contract version, effective endpoint,
-		// dependency and canonical input; and a delay, only when there is
-		// one (a step sent now and the same one in a day are two steps, and
-		// keys generated before delays existed stay what they were).
-		identity := []any{runID, op.name, op.version, op.contractVersion, op.endpoint,
-			op.afterStepID, op.afterStatus, canonjson.Canonical(op.canon)}
-		if op.delayMs != nil {
-			identity = append(identity, map[string]any{"delayMs": *op.delayMs})
-		}
-		op.key, err = canonjson.Hash(identity)
+		// dependency and canonical input; and a delay, if any (a step sent
+		// now and the same one in a day are two steps).
+		op.key, err = canonjson.Hash(op.withDelay([]any{runID, op.name, op.version, op.contractVersion, op.endpoint,
+			op.afterStepID, op.afterStatus, canonjson.Canonical(op.canon)}))
 		if err != nil {
 			return op, apierr.InvalidField("input", "must be JSON")
 		}
@@ -489,15 +484,19 @@ func storedInput(raw, canon []byte) []byte {
 // fingerprint identifies the whole operation, so a repeated key with a
 // different operation is told apart from a duplicate.
 func (op enqueueOp) fingerprint() []byte {
-	fields := []any{op.runID, op.name, op.version, op.contractVersion, op.endpoint, op.afterStepID,
-		op.afterStatus, canonjson.Canonical(op.canon), op.timeoutMs, op.maxAttempts, op.key}
-	if op.delayMs != nil {
-		// Only when set: the hash of every enqueue without one is what it
-		// was before delays existed, so a retry across the upgrade matches.
-		fields = append(fields, map[string]any{"delayMs": *op.delayMs})
-	}
-	b, _ := canonjson.Marshal(fields)
+	b, _ := canonjson.Marshal(op.withDelay([]any{op.runID, op.name, op.version, op.contractVersion, op.endpoint,
+		op.afterStepID, op.afterStatus, canonjson.Canonical(op.canon), op.timeoutMs, op.maxAttempts, op.key}))
 	return b
+}
+
+// withDelay adds the delay to what a key or fingerprint hashes, only when
+// there is one: every hash of an enqueue without one is what it was before
+// delays existed, so keys and retries from before the upgrade still match.
+func (op enqueueOp) withDelay(fields []any) []any {
+	if op.delayMs == nil {
+		return fields
+	}
+	return append(fields, map[string]any{"delayMs": *op.delayMs})
 }
 
 // The longest tool name and version, in characters.
