@@ -820,6 +820,7 @@ func TestInputsAndOutputsAreSealedAndBoundToTheirJob(t *testing.T) {
 	b := setup(t)
 	runID := b.run(t)
 	a := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`{"card":"4242-secret"}`)})
+	b.clock.Add(time.Millisecond) // claimed in order
 	other := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`{"card":"other"}`)})
 	w := b.register(t)
 	j := b.claimOne(t, w)
@@ -962,6 +963,7 @@ func TestSweeperRequeuesALongLapsedLease(t *testing.T) {
 	require.NoError(t, err)
 	runID := b.run(t)
 	late := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000)})
+	b.clock.Add(time.Millisecond) // claimed in order: equal due times have no order
 	reclaimed := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000),
 		Input: json.RawMessage(`{"n":2}`)})
 	next := b.enqueue(t, runID, jobs.EnqueueRequest{Name: "send_email", Version: "2", Endpoint: ptr("mailer")})
