@@ -3,6 +3,7 @@ package gate_test
 import (
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -190,4 +191,31 @@ func TestApprovalForAnAmountDoesNotPassAHold(t *testing.T) {
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/wire.send/open", b.ws.Key,
 		map[string]any{"action": "require_approval", "reason": "vendor incident"})
 	b.mustBegin("approval_required", wire(k2))
+}
+
+// An approval given for one breaker's opening answers that opening only: a
+// breaker or the emergency stop opened after it was decided holds the key
+// again (the stop halts every effect; the operator said yes to the earlier
+// incident, not to this one), while the breaker it was given for lets the
+// key through as long as it stays open.
+func TestABreakerApprovalDoesNotAnswerALaterStop(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key,
+		map[string]any{"action": "require_approval", "reason": "vendor flaky"})
+	body := sms(key("held"))
+	a := b.mustBegin("approval_required", body)
+	b.clock.Add(time.Minute)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(a["approval_id"])+"/approve", b.ws.Key, nil)
+	d := b.mustBegin("execute", body)
+	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
+	d = b.mustBegin("execute", body) // the same breaker, still open: the approval answers it
+	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
+
+	b.clock.Add(24 * time.Hour)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key,
+		map[string]any{"reason": "incident", "action": "require_approval"})
+	again := b.mustBegin("approval_required", body)
+	require.NotEqual(t, a["approval_id"], again["approval_id"], "a new question for the operator")
 }

@@ -281,6 +281,18 @@ func (s *Service) Begin(ctx context.Context, p *auth.Principal, req BeginRequest
 	return d, err
 }
 
+// lockedAt moves a begin's clock reading to now once it holds the locks it
+// waited for in statements of its own (a run wallet's, a group's, the
+// effect's row): a lease measured from the reading taken before the wait
+// would be partly spent when granted, or already lapsed, and the key's
+// next begin granted too while this holder acts on its execute.
+// gate_begin_in_turn does the same after the surge turn (0028).
+func (s *Service) lockedAt(in *beginInput) {
+	if now := s.clock(); now.After(in.now) {
+		in.now = now
+	}
+}
+
 // errWalletMoved ends a begin that locked its named run's wallet for a key
 // begun meanwhile under another run: locking that run's wallet too could
 // deadlock with a begin crossing the other way, so the begin is done again,
@@ -576,6 +588,7 @@ func (s *Service) decideLocked(ctx context.Context, tx pgx.Tx, in *beginInput) (
 	if err != nil {
 		return Decision{}, fmt.Errorf("begin: lock effect: %w", err)
 	}
+	s.lockedAt(in)
 	if row.Fingerprint != in.fingerprint {
 		return Decision{}, keyReuse()
 	}
@@ -681,17 +694,19 @@ const reasonCircuitOpen = "circuit_open"
 // asked: one given for an amount or by a policy does not carry a key through
 // a breaker or the emergency stop holding the type with require_approval
 // (each such begin needs an operator's yes of its own), and one given for a
-// breaker does not approve an amount. When it does not, ev's reason becomes
-// the one to ask with.
+// breaker does not approve an amount. Nor does one given for a breaker
+// answer a breaker or a stop opened after it was decided: the operator said
+// yes to that incident, not to the next. When it does not, ev's reason
+// becomes the one to ask with.
 func (s *Service) approvalStillAnswers(ctx context.Context, tx pgx.Tx, row *effectRow, ev *eval, now time.Time) (bool, error) {
 	var given string
-	var circuitHolds bool
+	var circuitHolds, openedSince bool
 	if err := tx.QueryRow(ctx, sqlApprovalAnswers, *row.ApprovalID, row.WorkspaceID, row.EffectType, now).
-		Scan(&given, &circuitHolds); err != nil {
+		Scan(&given, &circuitHolds, &openedSince); err != nil {
 		return false, fmt.Errorf("begin: read approval: %w", err)
 	}
 	if circuitHolds {
 		ev.approvalReason = reasonCircuitOpen
 	}
-	return given == ev.approvalReason, nil
+	return given == ev.approvalReason && !openedSince, nil
 }

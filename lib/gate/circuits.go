@@ -12,6 +12,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
 )
 
@@ -172,11 +173,19 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, effectType, by st
 		return err
 	}
 	now := s.clock()
-	if _, err := s.pool.Exec(ctx, sqlOpenCircuit, p.WorkspaceID, effectType, by, action, reason, now,
-		ids.NewAt(ids.Event, now)); err != nil {
-		return fmt.Errorf("open circuit: %w", err)
-	}
-	return nil
+	return db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		// A surge breaker whose cooldown ended is closed first, as the
+		// sweeper would have: this opening is a new one.
+		if _, err := tx.Exec(ctx, sqlCloseLapsedCircuit, p.WorkspaceID, effectType, now,
+			[]string{ids.NewAt(ids.Event, now)}); err != nil {
+			return fmt.Errorf("open circuit: close lapsed: %w", err)
+		}
+		if _, err := tx.Exec(ctx, sqlOpenCircuit, p.WorkspaceID, effectType, by, action, reason, now,
+			ids.NewAt(ids.Event, now)); err != nil {
+			return fmt.Errorf("open circuit: %w", err)
+		}
+		return nil
+	})
 }
 
 // CloseCircuit closes an effect type's breaker (surge or manual). The next

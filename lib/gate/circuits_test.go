@@ -2,6 +2,7 @@ package gate_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -134,12 +135,13 @@ func TestSurgeRequireApprovalCooldownAndFreshAllowance(t *testing.T) {
 	}
 	b.mustBegin("approval_required", sms(key("again")))
 	require.Equal(t, 2, b.events("circuit.tripped"))
+	require.Equal(t, 1, b.events("circuit.closed"), "the first opening, closed before the second")
 
 	// The sweeper makes a cooldown durable and tells subscribers.
 	b.clock.Add(61 * time.Second)
 	_, err := b.env.App.Server.Gate.SweepCircuits(context.Background(), b.clock.Now(), 500)
 	require.NoError(t, err)
-	require.Equal(t, 1, b.events("circuit.closed"))
+	require.Equal(t, 2, b.events("circuit.closed"))
 	require.Equal(t, "closed", b.circuit("sms.send")["state"])
 }
 
@@ -369,4 +371,106 @@ func TestConcurrentSurgeTripsOnce(t *testing.T) {
 	require.Equal(t, "open", c["state"])
 	require.EqualValues(t, racers, c["volume_last_hour"])
 	b.denialOf("circuit_open", sms(key("after")))
+}
+
+// With the real clock and two instances, as in production, a surge ceiling
+// admits exactly its number of new keys: each begin's clock reading is taken
+// before it waits for its turn, and the count once stopped at that reading,
+// missing the keys of begins that went first with later readings (QA: 11 to
+// 16 of 60 through a ceiling of 10).
+func TestSurgeCeilingIsExactWithTheRealClock(t *testing.T) {
+	t.Parallel()
+	env1, env2 := apitest.Start(t), apitest.Start(t)
+	ws := env1.Signup()
+	const racers = 60
+	for round := range 4 {
+		typ := fmt.Sprintf("sms.r%d", round)
+		env1.Must(http.StatusOK, "PUT", "/api/v1/policies/"+typ, ws.Key,
+			map[string]any{"surge_per_hour": 10, "surge_action": "deny"})
+		counts, _ := raceBodies(t, racers, ws.Key, func(int) map[string]any {
+			body := sms(key("surge"))
+			body["effect_type"] = typ
+			return body
+		}, env1, env2)
+		require.Equal(t, map[string]int{"execute": 10, "403:circuit_open": racers - 10}, counts, "round %d", round)
+	}
+}
+
+// The deterministic form: a begin whose clock reading is a millisecond
+// behind the ten that reached the ceiling is refused as the 11th.
+func TestSurgeCountsKeysStampedAfterTheBeginsOwnClock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 10, "surge_action": "deny"})
+	t0 := b.clock.Now()
+	b.clock.Set(t0.Add(time.Millisecond))
+	for range 10 {
+		b.mustBegin("execute", sms(key("surge")))
+	}
+	b.clock.Set(t0) // read the clock, then waited for its turn
+	b.denialOf("circuit_open", sms(key("surge")))
+	require.EqualValues(t, 11, b.circuit("sms.send")["volume_last_hour"])
+}
+
+// A surge breaker whose cooldown ended reads closed at once; when it trips
+// again before the sweeper's next pass, the first opening is recorded closed
+// before the second is recorded tripped (the trip reopened the row in
+// place, and subscribers saw tripped, tripped, closed). The same holds for
+// an operator's open.
+func TestALapsedSurgeBreakerIsRecordedClosedBeforeItOpensAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 1, "surge_cooldown_seconds": 60})
+	b.mustBegin("execute", sms(key("ok")))
+	b.mustBegin("approval_required", sms(key("trip1")))
+	b.clock.Add(61 * time.Second)
+	require.Equal(t, "closed", b.circuit("sms.send")["state"])
+	b.mustBegin("execute", sms(key("ok2")))
+	b.mustBegin("approval_required", sms(key("trip2")))
+	require.Equal(t, 2, b.events("circuit.tripped"))
+	require.Equal(t, 1, b.events("circuit.closed"), "the first opening, closed before the second")
+	b.clock.Add(61 * time.Second)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key,
+		map[string]any{"action": "deny", "reason": "by hand"})
+	require.Equal(t, 3, b.events("circuit.tripped"))
+	require.Equal(t, 2, b.events("circuit.closed"), "the second opening, closed before the operator's")
+	_, err := b.env.App.Server.Gate.SweepCircuits(context.Background(), b.clock.Now(), 500)
+	require.NoError(t, err)
+	require.Equal(t, 2, b.events("circuit.closed"), "the operator's breaker has no cooldown")
+}
+
+// A new key of a type with a surge breaker that waited for its turn is
+// decided as of when the turn came (its clock reading plus the wait), so
+// its lease is whole when granted (0028).
+func TestABeginThatWaitedForItsSurgeTurnGetsAWholeLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 100})
+	ctx := t.Context()
+	conn, err := b.env.App.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	turn := `hashtextextended('surge:' || $1::text || ':sms.send', 0)`
+	_, err = conn.Exec(ctx, `SELECT pg_advisory_lock(`+turn+`)`, b.ws.ID)
+	require.NoError(t, err)
+	body := sms(key("waits"))
+	body["lease_seconds"] = 5
+	done := make(chan *apitest.Response, 1)
+	go func() { done <- b.begin(body) }()
+	require.Eventually(t, func() bool {
+		var n int
+		_ = b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+			WHERE l.locktype = 'advisory' AND NOT l.granted AND a.datname = current_database()`).Scan(&n)
+		return n > 0
+	}, 5*time.Second, 10*time.Millisecond)
+	time.Sleep(1100 * time.Millisecond) // real time passes; the fake clock stands still
+	_, err = conn.Exec(ctx, `SELECT pg_advisory_unlock(`+turn+`)`, b.ws.ID)
+	require.NoError(t, err)
+	r := <-done
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	d := r.JSON()
+	require.Equal(t, "execute", d["decision"])
+	exp, err := time.Parse(time.RFC3339, str(d["lease_expires_at"]))
+	require.NoError(t, err)
+	require.False(t, exp.Before(b.clock.Now().Add(6*time.Second)), "lease from before the wait: %s", exp)
 }

@@ -2,6 +2,7 @@ package gate
 
 import (
 	"context"
+	"strings"
 
 	"github.com/getratchet/ratchet/lib/auth"
 )
@@ -17,13 +18,16 @@ func (s *Service) BeginLocked(ctx context.Context, p *auth.Principal, req BeginR
 	return s.beginLocked(ctx, in)
 }
 
-// FunctionFragments are the SQL fragments that migrations 0008, 0010, 0013
-// and 0026 copied into the gate's functions and that Go statements still splice, by
-// the function that must contain each (see TestGateFunctionsMatchFragments).
+// FunctionFragments are the SQL fragments that migrations 0008, 0010, 0013,
+// 0026 and 0028 copied into the gate's functions and that Go statements still
+// splice, by the function that must contain each (see
+// TestGateFunctionsMatchFragments).
 var FunctionFragments = map[string][]string{
 	"gate_evaluate": {sqlEffectivePolicy},
 	"gate_surge": {thresholdSQL("pol", "$7::timestamptz", "cbs.first_seen", "b.median"),
 		baselineSQL("$1", "$2", "$7::timestamptz", "cbs.first_seen")},
 	"gate_begin":  {chargeCTEs("grant_src"), chargesJSON, chargedOn, utcDay("$8")},
 	"gate_report": {freedCTE("upa") + "," + releaseCTEs("freed", "true"), sqlLatestUnknownAttempt("$1")},
+	"gate_begin_in_turn": {strings.TrimSuffix(lapsedCloseSQL("v_now", "ARRAY[$24]"), "SELECT count(*) FROM up") +
+		"SELECT count(*) INTO v_closed FROM up;"},
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/gate"
+	"github.com/getratchet/ratchet/lib/ids"
 )
 
 // The hot statements run as PL/pgSQL functions (migrations 0008, 0010) so
@@ -28,8 +29,9 @@ FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
 WHERE p.proname IN ('gate_evaluate', 'gate_surge', 'gate_begin', 'gate_begin_in_turn', 'gate_begin_locked', 'gate_report',
                     'gate_heartbeat')
   AND p.pronamespace = to_regnamespace(current_schema())
-  -- gate_report's eight-parameter form only calls the current one (0026)
+  -- the previous release's forms of gate_report (0026) and gate_begin_in_turn (0028)
   AND NOT (p.proname = 'gate_report' AND p.pronargs = 8)
+  AND NOT (p.proname = 'gate_begin_in_turn' AND p.pronargs = 23)
 ORDER BY p.proname`)
 	require.NoError(t, err)
 	type fn struct {
@@ -105,4 +107,21 @@ func TestGateReportKeepsItsPreviousForm(t *testing.T) {
 		$3::bytea, 'succeeded', NULL::bytea, NULL::jsonb, $4::timestamptz, NULL::text)`,
 		d["effect_id"], b.ws.ID, sum[:], b.clock.Now()).Scan(&state))
 	require.Equal(t, "succeeded", state)
+}
+
+// The previous release's 23-parameter gate_begin_in_turn still begins while
+// a deploy replaces its instances (migration 0028 added a 24th).
+func TestGateBeginInTurnKeepsItsPreviousForm(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 5})
+	var inserted bool
+	var state string
+	require.NoError(t, b.env.App.Pool.QueryRow(t.Context(), `SELECT inserted, state FROM gate_begin_in_turn($1::text,
+		'sms.send', 'old-release', NULL::bigint, '{}'::text[], NULL::int, 'fp', $2::timestamptz, $3::text, '{}'::jsonb,
+		NULL::bytea, NULL::jsonb, '\x00'::bytea, 'key_previous_release', $4::text, NULL::text, NULL::text, NULL::bytea, NULL::text,
+		$5::text, NULL::bigint, NULL::text, $6::text)`, b.ws.ID, b.clock.Now(), ids.New(ids.Effect), ids.New(ids.Approval),
+		ids.New(ids.Event), ids.New(ids.Event)).Scan(&inserted, &state))
+	require.True(t, inserted)
+	require.Equal(t, "leased", state)
 }

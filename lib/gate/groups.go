@@ -518,6 +518,7 @@ func (s *Service) beginInTx(ctx context.Context, in *beginInput, w *wallet) (Dec
 				return err
 			}
 		}
+		s.lockedAt(in)
 		var err error
 		d, err = s.decide(ctx, tx, in, func(ctx context.Context, in *beginInput) (Decision, error) {
 			return s.decideLocked(ctx, tx, in)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
 )
 
 func TestLapsedLeaseBlocksUntilResolved(t *testing.T) {
@@ -367,4 +369,60 @@ func TestResolvedFailureKeepsAFinalRefusal(t *testing.T) {
 	require.Equal(t, "max_attempts_exceeded", b.get(id)["denial_code"])
 	b.putPolicy("email.send", map[string]any{"max_attempts": 5})
 	b.denialOf("max_attempts_exceeded", email(k))
+}
+
+// A retry that waited on the effect's row is granted a lease measured from
+// when it got the row, not from its clock reading before the wait.
+func TestARetryThatWaitedOnTheEffectsRowGetsAWholeLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	body := email(key("row"))
+	body["lease_seconds"] = 5
+	d := b.mustBegin("execute", body)
+	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
+
+	ctx := t.Context()
+	holder, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx) //nolint:errcheck // committed below
+	_, err = holder.Exec(ctx, `SELECT 1 FROM effects WHERE id = $1 FOR UPDATE`, str(d["effect_id"]))
+	require.NoError(t, err)
+	done := make(chan *apitest.Response, 1)
+	go func() { done <- b.begin(body) }()
+	require.Eventually(t, func() bool {
+		var n int
+		_ = b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple')
+			  AND datname = current_database() AND query LIKE '%gate_begin_locked%'`).Scan(&n)
+		return n > 0
+	}, 5*time.Second, 10*time.Millisecond)
+	b.clock.Add(6 * time.Second)
+	require.NoError(t, holder.Commit(ctx))
+	r := <-done
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	again := r.JSON()
+	require.Equal(t, "execute", again["decision"])
+	require.EqualValues(t, 2, again["attempt"])
+	require.Equal(t, b.clock.Now().Add(5*time.Second).Format(time.RFC3339), again["lease_expires_at"])
+}
+
+// A heartbeat never shortens a lease: one that carries an older clock
+// reading than a heartbeat already recorded (it waited for the effect's row
+// behind it, or its instance's clock is behind) leaves the later expiry.
+func TestALateHeartbeatNeverShortensTheLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	d := b.mustBegin("execute", email(key("late-heartbeat")))
+	id, token := str(d["effect_id"]), str(d["lease_token"])
+	t0 := b.clock.Now()
+	heartbeat := func() any {
+		return b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/heartbeat", b.ws.Key,
+			map[string]any{"lease_token": token}).JSON()["lease_expires_at"]
+	}
+	b.clock.Set(t0.Add(30 * time.Second))
+	want := t0.Add(90 * time.Second).Format(time.RFC3339)
+	require.Equal(t, want, heartbeat())
+	b.clock.Set(t0.Add(10 * time.Second))
+	require.Equal(t, want, heartbeat())
+	require.Equal(t, want, b.get(id)["attempts"].([]any)[0].(map[string]any)["lease_expires_at"])
 }

@@ -137,7 +137,8 @@ func effectCols(alias string, nullSafe bool) string {
 //	$17 group id  $18 sealed compensation  $19 compensates effect id
 //	$20 new event id  then riskInput.args(): $21 the key's daily spend
 //	ceiling  $22 a ceiling's denial code that replaces execute (after a
-//	refused charge, see Begin)  $23 new circuit event id
+//	refused charge, see Begin)  $23 new circuit event id  $24 new event id
+//	for a lapsed breaker's close (sqlBeginFast only)
 //
 // The locked path takes $1-$8 ($7 unused); the circuits need the clock.
 //
@@ -162,12 +163,12 @@ func effectCols(alias string, nullSafe bool) string {
 // insert and the read) neither branch returns a row and the caller answers
 // the precheck or takes the locked path. A charge that does not fit aborts it through
 // gate_refuse (SQLSTATE RTB01, the ceiling in DETAIL). The call is
-// gate_begin_in_turn (0025): gate_begin, after the first begins of a type
-// with a surge breaker have taken their turn, so that the surge counts
-// exactly.
+// gate_begin_in_turn (0025, 0028): gate_begin, after the first begins of a
+// type with a surge breaker have taken their turn, so that the surge counts
+// exactly, as of when the turn came.
 const sqlBeginFast = `SELECT * FROM gate_begin_in_turn($1::text, $2::text, $3::text, $4::bigint, $5::text[], $6::int,
     $7::text, $8::timestamptz, $9::text, $10::jsonb, $11::bytea, $12::jsonb, $13::bytea, $14::text, $15::text,
-    $16::text, $17::text, $18::bytea, $19::text, $20::text, $21::bigint, $22::text, $23::text)`
+    $16::text, $17::text, $18::bytea, $19::text, $20::text, $21::bigint, $22::text, $23::text, $24::text)`
 
 // sqlBeginLocked reads the effect with the same evaluation, holding its row
 // until the transaction ends. Under READ COMMITTED a waiter gets the newest
@@ -229,16 +230,18 @@ UPDATE effects SET state = CASE WHEN state = 'indeterminate' THEN state ELSE 'aw
 WHERE id = $1
 RETURNING ` + effectCols("", false)
 
-// sqlApprovalAnswers reads why an effect's approval was given, and whether
-// an open breaker or the emergency stop holds the type with
-// require_approval now (as gate_evaluate reads them: the stop has no
-// cooldown, a breaker holds until closes_at). $1 approval id, $2 workspace,
-// $3 effect type, $4 now.
+// sqlApprovalAnswers reads why an effect's approval was given, whether an
+// open breaker or the emergency stop holds the type with require_approval
+// now (as gate_evaluate reads them: the stop has no cooldown, a breaker
+// holds until closes_at), and whether one of those opened after the
+// approval was decided. $1 approval id, $2 workspace, $3 effect type, $4 now.
 const sqlApprovalAnswers = `
-SELECT a.reason, EXISTS (SELECT 1 FROM gate_circuits c
-    WHERE c.workspace_id = $2 AND c.state = 'open' AND c.action = 'require_approval'
-      AND (c.effect_type = '*' OR (c.effect_type = $3 AND (c.closes_at IS NULL OR c.closes_at > $4))))
-FROM approvals a WHERE a.id = $1`
+SELECT a.reason, count(c.*) > 0, count(c.*) FILTER (WHERE c.opened_at > a.decided_at) > 0
+FROM approvals a
+LEFT JOIN gate_circuits c ON c.workspace_id = $2 AND c.state = 'open' AND c.action = 'require_approval'
+    AND (c.effect_type = '*' OR (c.effect_type = $3 AND (c.closes_at IS NULL OR c.closes_at > $4)))
+WHERE a.id = $1
+GROUP BY a.reason, a.decided_at`
 
 // lapseSQL makes lapsed leases durably indeterminate: the effect, its current
 // attempt, and one effect.indeterminate event per attempt in the outbox. The

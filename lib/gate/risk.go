@@ -22,24 +22,26 @@ const sqlStateRefused = "RTB01"
 
 // riskInput is what begin's statements need of the risk controls.
 type riskInput struct {
-	keyCeiling  *int64
-	tripEventID string
+	keyCeiling   *int64
+	tripEventID  string
+	closeEventID string // a lapsed surge breaker's circuit.closed (lapsedCloseSQL)
 	// refused is set after a grant did not fit a ceiling: the next
 	// evaluation records this denial instead of granting.
 	refused *apierr.Error
 }
 
 func newRiskInput(p *auth.Principal, now time.Time) riskInput {
-	return riskInput{keyCeiling: p.DailySpendCeilingMicros, tripEventID: ids.NewAt(ids.Event, now)}
+	return riskInput{keyCeiling: p.DailySpendCeilingMicros, tripEventID: ids.NewAt(ids.Event, now),
+		closeEventID: ids.NewAt(ids.Event, now)}
 }
 
-// args are begin's parameters $21-$23.
+// args are begin's parameters $21-$24.
 func (r *riskInput) args() []any {
 	var code *string
 	if r.refused != nil {
 		code = &r.refused.Code
 	}
-	return []any{r.keyCeiling, code, r.tripEventID}
+	return []any{r.keyCeiling, code, r.tripEventID, r.closeEventID}
 }
 
 // refusedCeiling reports whether err is gate_refuse's, and which ceiling

@@ -132,10 +132,13 @@ func baselineSQL(ws, typ, now, firstSeen string) string {
                GROUP BY 1) n ON n.hr = h.hr)`
 }
 
-// volumeSQL counts keys of an effect type first begun in (from, now].
-func volumeSQL(ws, typ, from, now string) string {
+// volumeSQL counts keys of an effect type first begun after from, as the
+// breaker counts them (gate_surge, 0028): with no upper bound, since a key
+// stamped a little ahead (another instance's clock, a begin that waited for
+// its turn) has been begun all the same.
+func volumeSQL(ws, typ, from string) string {
 	return `(SELECT count(*) FROM effects x WHERE x.workspace_id = ` + ws + ` AND x.effect_type = ` + typ + `
-    AND x.created_at > ` + from + ` AND x.created_at <= ` + now + `)`
+    AND x.created_at > ` + from + `)`
 }
 
 // Surge constants of seed 003: a learned ceiling never drops below 30 and
@@ -180,7 +183,7 @@ FROM page t
 LEFT JOIN gate_circuits c ON c.workspace_id = $1 AND c.effect_type = t.effect_type
 LEFT JOIN gate_effect_types f ON f.workspace_id = $1 AND f.effect_type = t.effect_type
 LEFT JOIN gate_policies p ON p.workspace_id = $1 AND p.effect_type = t.effect_type
-CROSS JOIN LATERAL (SELECT ` + volumeSQL("$1", "t.effect_type", "$4::timestamptz - interval '1 hour'", "$4::timestamptz") + ` AS volume) v
+CROSS JOIN LATERAL (SELECT ` + volumeSQL("$1", "t.effect_type", "$4::timestamptz - interval '1 hour'") + ` AS volume) v
 ORDER BY t.effect_type`
 
 // sqlOpenCircuit opens a breaker by hand (opened_by manual, or stop for the
@@ -235,7 +238,21 @@ WITH cand AS (` + cand + `), up AS (
 SELECT count(*) FROM up`
 }
 
+// lapsedCloseSQL closes the breaker of workspace $1's type $2 if its
+// cooldown ended by now: a breaker reads closed from then (gate_evaluate),
+// but only the sweeper recorded it closed, so a trip or an operator's open
+// before the sweeper's next pass reopened the row without a circuit.closed.
+// gate_begin_in_turn (migration 0028) holds this text with now = v_now.
+func lapsedCloseSQL(now, eventIDs string) string {
+	return closeSQL(`SELECT workspace_id, effect_type FROM gate_circuits
+    WHERE workspace_id = $1 AND effect_type = $2 AND state = 'open' AND closes_at <= `+now+`
+    FOR UPDATE`, now, eventIDs)
+}
+
 var (
+	// sqlCloseLapsedCircuit is lapsedCloseSQL for the operator's open.
+	// $1 workspace, $2 type, $3 now, $4 event ids.
+	sqlCloseLapsedCircuit = lapsedCloseSQL("$3::timestamptz", "$4")
 	// sqlCloseCircuit closes one breaker ('*' lifts the stop).
 	// $1 workspace, $2 type or '*', $3 now, $4 event ids.
 	sqlCloseCircuit = closeSQL(`SELECT $1::text AS workspace_id, $2::text AS effect_type`, "$3::timestamptz", "$4")

@@ -354,3 +354,22 @@ func TestRunWalletCrossedBeginsDoNotDeadlock(t *testing.T) {
 	require.Equal(t, http.StatusOK, a.st, "%v", a.out)
 	require.Equal(t, http.StatusOK, c.st, "%v", c.out)
 }
+
+// A begin that waited on its run wallet's lock longer than its lease is
+// granted a lease measured from when it got the lock, not from its clock
+// reading before the wait: it was answered execute with a lease that had
+// already lapsed, and under on_indeterminate retry the key's next begin
+// was granted too while the first holder acted on its execute (QA).
+func TestABeginThatWaitedOnTheWalletGetsAWholeLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("email.send", map[string]any{"on_indeterminate": "retry"})
+	run := b.runWith(1_000_000)
+	body := inRun(run, email(key("slow")))
+	body["lease_seconds"] = 5
+	status, first := b.beginWhileWalletHeld(run, body, func() { b.clock.Add(6 * time.Second) })
+	require.Equal(t, http.StatusOK, status, "%v", first)
+	require.Equal(t, "execute", first["decision"])
+	require.Equal(t, b.clock.Now().Add(5*time.Second).Format(time.RFC3339), first["lease_expires_at"])
+	require.Equal(t, "in_flight", b.mustBegin("in_flight", body)["decision"], "the first holder was just told to execute")
+}
