@@ -2,10 +2,12 @@ package gate
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -34,6 +36,10 @@ type BeginRequest struct {
 	Compensation        *Compensation     `json:"compensation"`
 	CompensatesEffectID *string           `json:"compensates_effect_id"`
 	LeaseSeconds        *int              `json:"lease_seconds"`
+	// RequestID names this request across its retries (1-255 printable
+	// characters, never stored): a retry whose first answer was lost gets
+	// the same execute, lease token included, instead of in_flight.
+	RequestID *string `json:"request_id"`
 }
 
 // Compensation is how to undo an effect of a group.
@@ -85,6 +91,7 @@ type beginInput struct {
 	lease                                   *int32
 	token                                   string
 	tokenHash                               []byte
+	requestID                               string // the request's own id across its retries ("" when none)
 	runID, groupID, compensates             *string
 	risk                                    riskInput
 	// wallet is the run wallet this begin has locked and checked, if any;
@@ -147,6 +154,9 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 		// ungrouped effect it would promise an undo nothing performs.
 		pr.Add("compensation", "needs group_id: only an effect group's rollback uses it")
 	}
+	if req.RequestID != nil && !idemkey.Valid(*req.RequestID) {
+		pr.Add("request_id", "must be 1-255 printable characters, the same in each retry of this request")
+	}
 	if req.LeaseSeconds != nil && *req.LeaseSeconds < 1 {
 		pr.Add("lease_seconds", "must be a positive number of seconds (the policy's lease caps it)")
 	}
@@ -178,9 +188,12 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 		eventID: ids.NewAt(ids.Event, now), now: now, cost: req.CostMicros, dimNames: names,
 		dims: string(hashedJSON), preview: string(redact.PreviewJSON(payload)),
 		runID: req.RunID, groupID: req.GroupID, compensates: req.CompensatesEffectID,
-		token: ids.Random(24),
-		risk:  newRiskInput(p, now),
+		risk: newRiskInput(p, now),
 	}
+	if req.RequestID != nil {
+		in.requestID = *req.RequestID
+	}
+	in.token = s.leaseToken(in, in.effectID, 1)
 	if in.dimNames == nil {
 		in.dimNames = []string{}
 	}
@@ -447,7 +460,7 @@ func (s *Service) decide(ctx context.Context, q querier, in *beginInput,
 	if row.Fingerprint != in.fingerprint {
 		return Decision{}, keyReuse()
 	}
-	if d, ok, err := s.settled(ctx, q, &row, &ev, in.now); ok || err != nil {
+	if d, ok, err := s.settled(ctx, q, in, &row, &ev); ok || err != nil {
 		return d, err
 	}
 	in.effectKnown, in.effectRun = true, row.RunID
@@ -467,6 +480,44 @@ func precheckError(ev *eval) error {
 		strings.Join(ev.missingDimensions, ", ")).WithDetail("dimensions", ev.missingDimensions)
 }
 
+// leaseToken is the token of an attempt begun by in: random, or, when the
+// request names its request_id, derived from it with the service's keyed
+// hash, so that the same request retried after its answer was lost can be
+// given the same token (rejoin) and no other request can.
+func (s *Service) leaseToken(in *beginInput, effectID string, attempt int) string {
+	if in.requestID == "" {
+		return ids.Random(24)
+	}
+	sum := s.hash("lease:" + in.ws + ":" + effectID + ":" + strconv.Itoa(attempt) + ":" + in.requestID)
+	return hex.EncodeToString(sum[:24])
+}
+
+// rejoin answers a retry of the request that was granted the effect's live
+// lease (the same request_id): its answer was lost (a dropped connection,
+// a client timeout), and without the token nobody could report the attempt,
+// so the key would sit in_flight and then turn indeterminate though the
+// action never ran. It gets the same execute. ok is false when the lease is
+// another request's, or lapsed (its outcome is then unknown, as any other).
+func (s *Service) rejoin(ctx context.Context, q querier, in *beginInput, row *effectRow) (d Decision, ok bool, err error) {
+	token := s.leaseToken(in, row.ID, row.Attempt)
+	if err := q.QueryRow(ctx, sqlRejoin, row.ID, row.Attempt, tokenHash(token), in.now).Scan(&ok); err != nil {
+		return d, false, fmt.Errorf("begin: rejoin: %w", err)
+	}
+	if !ok {
+		return d, false, nil
+	}
+	probe := row.Probe
+	d = Decision{Decision: DecisionExecute, EffectID: row.ID, State: StateLeased, Attempt: row.Attempt,
+		LeaseToken: token, LeaseExpiresAt: row.LeaseExpiresAt, Probe: &probe}
+	if probe {
+		// As the grant answered: the unknown attempt before this one.
+		unknown := *row
+		unknown.State = StateIndeterminate
+		d.PriorAttempt, err = s.prior(ctx, q, &unknown)
+	}
+	return d, true, err
+}
+
 // fresh answers for an effect the statement just inserted.
 func (s *Service) fresh(in *beginInput, ev *eval, row *effectRow) Decision {
 	d := Decision{EffectID: row.ID, State: row.State, Attempt: row.Attempt}
@@ -484,8 +535,9 @@ func (s *Service) fresh(in *beginInput, ev *eval, row *effectRow) Decision {
 
 // settled answers without changing anything when the effect's state decides
 // the request by itself; ok is false when begin must take the locked path.
-func (s *Service) settled(ctx context.Context, q querier, row *effectRow, ev *eval, now time.Time) (
+func (s *Service) settled(ctx context.Context, q querier, in *beginInput, row *effectRow, ev *eval) (
 	d Decision, ok bool, err error) {
+	now := in.now
 	d = Decision{EffectID: row.ID, State: row.effectiveState(now), Attempt: row.Attempt}
 	switch d.State {
 	case StateSucceeded:
@@ -497,6 +549,11 @@ func (s *Service) settled(ctx context.Context, q querier, row *effectRow, ev *ev
 		d.Decision, d.Result = DecisionDuplicate, &res
 		return d, true, nil
 	case StateLeased:
+		if in.requestID != "" {
+			if again, ok, err := s.rejoin(ctx, q, in, row); ok || err != nil {
+				return again, true, err
+			}
+		}
 		secs := int(math.Ceil(row.LeaseExpiresAt.Sub(now).Seconds()))
 		d.Decision, d.RetryAfterSeconds = DecisionInFlight, &secs
 		return d, true, nil
@@ -592,7 +649,7 @@ func (s *Service) decideLocked(ctx context.Context, tx pgx.Tx, in *beginInput) (
 	if row.Fingerprint != in.fingerprint {
 		return Decision{}, keyReuse()
 	}
-	if d, ok, err := s.settled(ctx, tx, &row, &ev, in.now); ok || err != nil {
+	if d, ok, err := s.settled(ctx, tx, in, &row, &ev); ok || err != nil {
 		return d, err
 	}
 	return s.transition(ctx, tx, in, &ev, &row)
@@ -661,6 +718,10 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 			return Decision{}, err
 		}
 		probe := wasIndeterminate && ev.onIndeterminate == OnIndeterminateProbe
+		if in.requestID != "" {
+			in.token = s.leaseToken(in, row.ID, row.Attempt+1) // the attempt sqlGrant begins
+			in.tokenHash = tokenHash(in.token)
+		}
 		if err := tx.QueryRow(ctx, sqlGrant, row.ID, in.now, in.tokenHash, ev.lease, probe, in.keyID,
 			in.risk.keyCeiling).Scan(out.dest()...); err != nil {
 			return Decision{}, fmt.Errorf("begin: grant: %w", err)

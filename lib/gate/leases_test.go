@@ -426,3 +426,52 @@ func TestALateHeartbeatNeverShortensTheLease(t *testing.T) {
 	require.Equal(t, want, heartbeat())
 	require.Equal(t, want, b.get(id)["attempts"].([]any)[0].(map[string]any)["lease_expires_at"])
 }
+
+// A begin that names its request_id and is retried after its answer was
+// lost gets the same execute, token included, while the lease is live (it
+// was in_flight, then indeterminate, though the action never ran); any
+// other request, or one without the id, is in_flight. A new attempt on the
+// locked path rejoins the same way, a lapsed lease does not, and the id is
+// not part of the operation (no idempotency_key_reuse).
+func TestARetriedBeginGetsTheExecuteItsAnswerLost(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := key("lost-answer")
+	body := email(k)
+	body["request_id"] = "req-one"
+	first := b.mustBegin("execute", body)
+	again := b.mustBegin("execute", body)
+	require.Equal(t, first, again, "the same answer, token included")
+	other := email(k)
+	b.mustBegin("in_flight", other)
+	other["request_id"] = "req-two"
+	b.mustBegin("in_flight", other)
+
+	// The token it got back works: a failure, then a retry under a new id.
+	id := str(first["effect_id"])
+	require.Equal(t, http.StatusOK, b.report(id, str(again["lease_token"]), "failed", nil).Status)
+	retry := email(k)
+	retry["request_id"] = "req-three"
+	second := b.mustBegin("execute", retry)
+	require.EqualValues(t, 2, second["attempt"])
+	require.Equal(t, second, b.mustBegin("execute", retry))
+	b.mustBegin("in_flight", body) // the first request's id names attempt 1, not this lease
+
+	// Once the lease lapsed, the retry is any other begin: the outcome is unknown.
+	b.clock.Add(2 * time.Minute)
+	require.Equal(t, "blocked", b.begin(retry).JSON()["decision"])
+
+	errCode(t, b.begin(map[string]any{"effect_type": "email.send", "idempotency_key": key("bad"),
+		"request_id": ""}), http.StatusBadRequest, "invalid_request")
+
+	// A probe rejoins with the attempt it probes.
+	b.putPolicy("sms.send", map[string]any{"on_indeterminate": "probe"})
+	lapsed := b.mustBegin("execute", sms(key("probed")))
+	b.clock.Add(2 * time.Minute)
+	probeBody := sms(str(b.get(str(lapsed["effect_id"]))["idempotency_key"]))
+	probeBody["request_id"] = "req-probe"
+	probe := b.mustBegin("execute", probeBody)
+	require.Equal(t, true, probe["probe"])
+	require.EqualValues(t, 1, probe["prior_attempt"].(map[string]any)["attempt"])
+	require.Equal(t, probe, b.mustBegin("execute", probeBody))
+}

@@ -170,6 +170,11 @@ const sqlBeginFast = `SELECT * FROM gate_begin_in_turn($1::text, $2::text, $3::t
     $7::text, $8::timestamptz, $9::text, $10::jsonb, $11::bytea, $12::jsonb, $13::bytea, $14::text, $15::text,
     $16::text, $17::text, $18::bytea, $19::text, $20::text, $21::bigint, $22::text, $23::text, $24::text)`
 
+// sqlRejoin says whether effect $1's live lease is attempt $2's with token
+// hash $3 at $4 (begin's rejoin).
+const sqlRejoin = `SELECT EXISTS (SELECT 1 FROM effects WHERE id = $1::text AND state = 'leased' AND attempt = $2::int
+    AND lease_token_hash = $3::bytea AND lease_expires_at > $4::timestamptz)`
+
 // sqlBeginLocked reads the effect with the same evaluation, holding its row
 // until the transaction ends. Under READ COMMITTED a waiter gets the newest
 // version of the row once the holder commits.
