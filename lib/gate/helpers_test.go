@@ -15,8 +15,14 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
 
-// clock is a test clock shared by every instance of one test.
-func newClock() *apitest.Clock { return apitest.NewClock(time.Now().Truncate(time.Second)) }
+// clock is a test clock shared by every instance of one test. It starts at
+// noon UTC of the current day, not at the wall clock: tests move it on by
+// up to a few hours and expect to stay within one UTC day (daily budgets
+// and key ceilings reset at midnight UTC), and a run that began in the last
+// minutes before midnight UTC failed them.
+func newClock() *apitest.Clock {
+	return apitest.NewClock(time.Now().UTC().Truncate(24 * time.Hour).Add(12 * time.Hour))
+}
 
 // bundle is one test's service instance, workspace and clock.
 type bundle struct {

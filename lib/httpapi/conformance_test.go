@@ -338,10 +338,14 @@ func TestConformanceErrors(t *testing.T) {
 		map[string]any{"effect_type": "a.b", "idempotency_key": "k", "payload": map[string]any{}})
 	require.Equal(t, map[string]any{"required": []any{"effects:begin"}}, res.JSON()["error"].(map[string]any)["detail"])
 
+	// Over an instance whose clock is frozen mid-minute: the limit's window
+	// is the clock's minute, and the wall clock could roll it between the
+	// two begins (the second was then let through).
+	frozen := apitest.Start(t, apitest.WithNow(func() time.Time { return time.Date(2030, 1, 1, 12, 0, 30, 0, time.UTC) }))
 	rl := env.Key(ws, map[string]any{"name": "rl", "preset": "AGENT", "rate_limit_per_minute": 1})
 	body := map[string]any{"effect_type": "a.b", "idempotency_key": "r", "payload": map[string]any{}}
-	env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", rl, body)
-	limited := env.Must(http.StatusTooManyRequests, "POST", "/api/v1/effects/begin", rl, body)
+	frozen.Must(http.StatusOK, "POST", "/api/v1/effects/begin", rl, body)
+	limited := frozen.Must(http.StatusTooManyRequests, "POST", "/api/v1/effects/begin", rl, body)
 	require.Equal(t, apierr.CodeRateLimited, limited.ErrorCode())
 	require.Contains(t, limited.JSON()["error"].(map[string]any)["detail"], "retry_after_seconds")
 

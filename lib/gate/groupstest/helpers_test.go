@@ -29,7 +29,13 @@ func setupAt(t *testing.T, at time.Time) *fx {
 	return &fx{t: t, env: env, ws: env.Signup(), clock: c}
 }
 
-func setup(t *testing.T) *fx { return setupAt(t, time.Now().UTC().Truncate(time.Second)) }
+// setup starts the clock at noon UTC of the current day, not at the wall
+// clock: tests move it on by up to a few hours and expect to stay within
+// one UTC day (daily budgets reset at midnight UTC), and a run that began
+// in the last minutes before midnight UTC failed them.
+func setup(t *testing.T) *fx {
+	return setupAt(t, time.Now().UTC().Truncate(24*time.Hour).Add(12*time.Hour))
+}
 
 func (f *fx) do(method, path string, body any) *apitest.Response {
 	f.t.Helper()
