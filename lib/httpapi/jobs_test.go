@@ -726,3 +726,70 @@ func TestRunsAndStepsList(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, e.Do("GET", "/api/v1/runs/"+running+"/steps", other.Key, nil).Status)
 	require.Empty(t, e.Must(http.StatusOK, "GET", "/api/v1/runs", other.Key, nil).JSON()["data"])
 }
+
+// A run started under an idempotency key can be started again after a lost
+// answer: the same key, name and budget answer the run it started (200,
+// deduplicated, with its steps); another name or budget is 409
+// idempotency_key_reuse and starts nothing; 50 concurrent starts make one
+// run. Keys are per workspace, and a run without one is unchanged.
+func TestStartingARunUnderAnIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	body := map[string]any{"name": "onboarding", "budgetMicros": 5_000_000, "idempotencyKey": "onboard:user_42"}
+	first := e.Must(http.StatusCreated, "POST", "/api/v1/runs", e.ingest, body).JSON()
+	require.Equal(t, false, first["deduplicated"])
+	require.Equal(t, "onboard:user_42", first["idempotencyKey"])
+	id := first["id"].(string)
+	e.enqueue(id, map[string]any{"name": "send_email", "version": "1", "input": 1})
+
+	again := e.Must(http.StatusOK, "POST", "/api/v1/runs", e.ingest, body).JSON()
+	require.Equal(t, id, again["id"])
+	require.Equal(t, true, again["deduplicated"])
+	require.Len(t, again["steps"], 1)
+	require.Equal(t, "onboard:user_42", e.Must(http.StatusOK, "GET", "/api/v1/runs/"+id, e.ingest, nil).JSON()["idempotencyKey"])
+
+	for _, other := range []map[string]any{
+		{"name": "other", "budgetMicros": 5_000_000, "idempotencyKey": "onboard:user_42"},
+		{"name": "onboarding", "idempotencyKey": "onboard:user_42"},
+	} {
+		r := e.Do("POST", "/api/v1/runs", e.ingest, other)
+		require.Equal(t, http.StatusConflict, r.Status, "%s", r.Body)
+		require.Equal(t, "idempotency_key_reuse", r.ErrorCode())
+	}
+	require.Equal(t, []string{"idempotencyKey"}, validationFields(t, e.Do("POST", "/api/v1/runs", e.ingest,
+		map[string]any{"name": "x", "idempotencyKey": ""})))
+
+	// Another workspace has its own keys; no key, a new run each time.
+	ws2 := e.Signup()
+	ingest2 := e.Key(ws2, map[string]any{"name": "p", "preset": "INGEST"})
+	require.NotEqual(t, id, e.Must(http.StatusCreated, "POST", "/api/v1/runs", ingest2, body).JSON()["id"])
+	plain := e.Must(http.StatusCreated, "POST", "/api/v1/runs", e.ingest, map[string]any{"name": "onboarding"}).JSON()
+	require.Nil(t, plain["idempotencyKey"])
+	require.NotEqual(t, plain["id"], e.Must(http.StatusCreated, "POST", "/api/v1/runs", e.ingest,
+		map[string]any{"name": "onboarding"}).JSON()["id"])
+
+	const racers = 50
+	raced := map[string]any{"name": "raced", "idempotencyKey": "raced"}
+	ids, statuses := make([]string, racers), make([]int, racers)
+	var wg sync.WaitGroup
+	for i := range racers {
+		wg.Go(func() {
+			r := e.Do("POST", "/api/v1/runs", e.ingest, raced)
+			statuses[i] = r.Status
+			if id, ok := r.JSON()["id"].(string); ok {
+				ids[i] = id
+			}
+		})
+	}
+	wg.Wait()
+	created := 0
+	for i := range racers {
+		require.Equal(t, ids[0], ids[i])
+		if statuses[i] == http.StatusCreated {
+			created++
+		} else {
+			require.Equal(t, http.StatusOK, statuses[i])
+		}
+	}
+	require.Equal(t, 1, created)
+}

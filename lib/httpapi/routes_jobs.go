@@ -19,9 +19,12 @@ func (s *Server) jobsRoutes() []Route {
 		{
 			Method: "POST", Pattern: "/api/v1/runs", Name: "runs.create", Tag: "jobs", Scopes: runsWrite,
 			Summary: "Start a run (status RUNNING) to which durable steps are enqueued; budgetMicros gives it " +
-				"its own wallet, charged by every effect begun with its run_id (403 run_budget_exceeded beyond it).",
+				"its own wallet, charged by every effect begun with its run_id (403 run_budget_exceeded beyond it). " +
+				"With idempotencyKey a retry answers the run it started (200, deduplicated: true); the same key " +
+				"with another name or budget is 409 idempotency_key_reuse.",
 			Request: jobs.CreateRunRequest{}, Response: jobs.Run{}, Status: 201,
-			Errors: []string{apierr.CodeInvalidRequest}, Handle: s.createRun,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeIdempotencyKeyReuse, apierr.CodeRetryRequest},
+			DedupOK: true, Handle: s.createRun,
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/runs", Name: "runs.list", Tag: "jobs", Scopes: runsRead,
@@ -179,7 +182,14 @@ func (s *Server) createRun(ctx context.Context, c *Call) (any, error) {
 	if err := c.Decode(&req); err != nil {
 		return nil, err
 	}
-	return s.Jobs.CreateRun(ctx, c.Principal.WorkspaceID, req)
+	r, err := s.Jobs.CreateRun(ctx, c.Principal.WorkspaceID, req)
+	if err != nil {
+		return nil, err
+	}
+	if r.Deduplicated != nil && *r.Deduplicated {
+		return Reply{Status: http.StatusOK, Body: r}, nil
+	}
+	return r, nil
 }
 
 func (s *Server) listRuns(ctx context.Context, c *Call) (any, error) {

@@ -40,6 +40,8 @@ type RunSummary struct {
 	// not give back (failed), nil without a wallet.
 	BudgetMicros *int64 `json:"budgetMicros"`
 	SpentMicros  *int64 `json:"spentMicros"`
+	// IdempotencyKey is the key the run was started under, nil for none.
+	IdempotencyKey *string `json:"idempotencyKey"`
 }
 
 // Run is a group of steps that completes as a whole (API.md §5): the run's
@@ -47,6 +49,9 @@ type RunSummary struct {
 type Run struct {
 	RunSummary
 	Steps []Step `json:"steps"`
+	// Deduplicated answers POST /api/v1/runs only: true when the key
+	// already named this run (200), false for a new one (201).
+	Deduplicated *bool `json:"deduplicated,omitempty"`
 }
 
 // Step is one enqueued operation and its durable job.
@@ -111,6 +116,11 @@ type PolicySnapshot struct {
 type CreateRunRequest struct {
 	Name         string `json:"name"`
 	BudgetMicros *int64 `json:"budgetMicros,omitempty"`
+	// IdempotencyKey makes the start safe to retry: the same key and the
+	// same name and budget answer the run it started (deduplicated), another
+	// name or budget is 409 idempotency_key_reuse. Unique per workspace
+	// among the runs kept (JOB_RETENTION_DAYS).
+	IdempotencyKey *string `json:"idempotencyKey,omitempty"`
 }
 
 // EnqueueRequest is the body of POST /api/v1/runs/{id}/steps.
@@ -179,20 +189,60 @@ func (s *Service) CreateRun(ctx context.Context, workspaceID string, req CreateR
 	if req.BudgetMicros != nil && !money.Valid(*req.BudgetMicros) {
 		p.Add("budgetMicros", money.Rule)
 	}
+	if req.IdempotencyKey != nil && !idemkey.Valid(*req.IdempotencyKey) {
+		p.Add("idempotencyKey", idemkey.Rule)
+	}
 	if err := p.Err(); err != nil {
 		return Run{}, err
 	}
+	var hash *string
+	if req.IdempotencyKey != nil {
+		h, err := canonjson.Hash(map[string]any{"name": name, "budgetMicros": req.BudgetMicros})
+		if err != nil {
+			return Run{}, fmt.Errorf("create run: %w", err)
+		}
+		hash = &h
+	}
 	now := s.now()
+	fresh := false
 	r := Run{RunSummary: RunSummary{ID: ids.NewAt(ids.Run, now), Name: name, Status: RunRunning, CreatedAt: now,
-		BudgetMicros: req.BudgetMicros}, Steps: []Step{}}
+		BudgetMicros: req.BudgetMicros, IdempotencyKey: req.IdempotencyKey}, Steps: []Step{}, Deduplicated: &fresh}
 	if req.BudgetMicros != nil {
 		var zero int64
 		r.SpentMicros = &zero
 	}
-	if _, err := s.pool.Exec(ctx, sqlInsertRun, r.ID, workspaceID, r.Name, now, req.BudgetMicros); err != nil {
-		return Run{}, fmt.Errorf("create run: %w", err)
+	// Twice at most: a run the key named may be deleted (retention) between
+	// the insert that met it and the read.
+	for range 2 {
+		tag, err := s.pool.Exec(ctx, sqlInsertRun, r.ID, workspaceID, r.Name, now, req.BudgetMicros,
+			req.IdempotencyKey, hash)
+		if err != nil {
+			return Run{}, fmt.Errorf("create run: %w", err)
+		}
+		if tag.RowsAffected() == 1 {
+			return r, nil
+		}
+		var id, started string
+		err = s.pool.QueryRow(ctx, sqlRunByKey, workspaceID, *req.IdempotencyKey).Scan(&id, &started)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return Run{}, fmt.Errorf("create run: read by key: %w", err)
+		}
+		if started != *hash {
+			return Run{}, apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
+				"This idempotency key started a run with another name or budget.")
+		}
+		existing, err := s.GetRun(ctx, workspaceID, id)
+		if err != nil {
+			return Run{}, err
+		}
+		dup := true
+		existing.Deduplicated = &dup
+		return existing, nil
 	}
-	return r, nil
+	return Run{}, apierr.Conflict(apierr.CodeRetryRequest, "The run this key named changed concurrently; retry at once.")
 }
 
 // GetRun reads a run with its steps. Leases that lapsed on their last
@@ -337,7 +387,7 @@ func (s *Service) readRunSettled(ctx context.Context, workspaceID, runID string)
 func scanRun(row pgx.Row) (RunSummary, error) {
 	var r RunSummary
 	err := row.Scan(&r.ID, &r.Name, &r.Status, &r.CompletionRequested, &r.CreatedAt, &r.FinishedAt, &r.Synthetic,
-		&r.BudgetMicros, &r.SpentMicros)
+		&r.BudgetMicros, &r.IdempotencyKey, &r.SpentMicros)
 	return r, err
 }
 

@@ -139,14 +139,23 @@ WITH t AS (
 )
 SELECT * FROM up`
 
+// sqlInsertRun starts a run; one under an idempotency key ($6, with the
+// request's hash $7) is not started when the key already names a run (no
+// row affected: sqlRunByKey reads it). A concurrent start under the same key
+// waits here for the other to commit or roll back.
 const sqlInsertRun = `
-INSERT INTO job_runs (id, workspace_id, name, status, created_at, budget_micros)
-VALUES ($1::text, $2::text, $3::text, 'RUNNING', $4::timestamptz, $5::bigint)`
+INSERT INTO job_runs (id, workspace_id, name, status, created_at, budget_micros, idempotency_key, request_hash)
+VALUES ($1::text, $2::text, $3::text, 'RUNNING', $4::timestamptz, $5::bigint, $6::text, $7::text)
+ON CONFLICT (workspace_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING`
+
+// sqlRunByKey is the run workspace $1 started under idempotency key $2,
+// with what it was started with.
+const sqlRunByKey = `SELECT id, request_hash FROM job_runs WHERE workspace_id = $1::text AND idempotency_key = $2::text`
 
 // runColumns are a run's (of job_runs) in scanRun order; a wallet's spend
 // is read with it.
 var runColumns = `id, name, status, completion_requested, created_at, finished_at, synthetic, budget_micros,
-	CASE WHEN budget_micros IS NOT NULL THEN ` + money.RunSpendSQL("job_runs.workspace_id", "job_runs.id", "") + ` END`
+	idempotency_key, CASE WHEN budget_micros IS NOT NULL THEN ` + money.RunSpendSQL("job_runs.workspace_id", "job_runs.id", "") + ` END`
 
 var sqlGetRun = `SELECT ` + runColumns + ` FROM job_runs WHERE id = $1::text AND workspace_id = $2::text`
 
