@@ -23,7 +23,7 @@ func (s *Server) jobsRoutes() []Route {
 				"With idempotencyKey a retry answers the run it started (200, deduplicated: true); the same key " +
 				"with another name or budget is 409 idempotency_key_reuse.",
 			Request: jobs.CreateRunRequest{}, Response: jobs.Run{}, Status: 201,
-			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeIdempotencyKeyReuse, apierr.CodeRetryRequest},
+			Errors:  []string{apierr.CodeInvalidRequest, apierr.CodeIdempotencyKeyReuse, apierr.CodeRetryRequest},
 			DedupOK: true, Handle: s.createRun,
 		},
 		{
