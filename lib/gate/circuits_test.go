@@ -102,7 +102,7 @@ func TestCircuitListShapeAndVolume(t *testing.T) {
 }
 
 func TestSurgeRequireApprovalCooldownAndFreshAllowance(t *testing.T) {
-	t.Parallel()
+	// Not parallel: SweepCircuits closes every workspace's lapsed breakers.
 	b := setup(t)
 	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 3, "surge_cooldown_seconds": 60})
 	for i := 0; i < 3; i++ {
@@ -418,7 +418,7 @@ func TestSurgeCountsKeysStampedAfterTheBeginsOwnClock(t *testing.T) {
 // place, and subscribers saw tripped, tripped, closed). The same holds for
 // an operator's open.
 func TestALapsedSurgeBreakerIsRecordedClosedBeforeItOpensAgain(t *testing.T) {
-	t.Parallel()
+	// Not parallel: SweepCircuits closes every workspace's lapsed breakers.
 	b := setup(t)
 	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 1, "surge_cooldown_seconds": 60})
 	b.mustBegin("execute", sms(key("ok")))

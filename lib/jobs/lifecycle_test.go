@@ -805,7 +805,7 @@ func TestCancelWaitingAndRetryScheduledSteps(t *testing.T) {
 }
 
 func TestCronSweepRunsTheJobTasks(t *testing.T) {
-	t.Parallel()
+	// Not parallel: the sweep acts on every workspace of the package database.
 	b := setup(t)
 	r := b.env.Must(200, "POST", "/api/cron/sweep", "test-cron-secret", nil).JSON()
 	changed := r["changed"].(map[string]any)
