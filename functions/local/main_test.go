@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
@@ -127,7 +128,18 @@ func TestLocalServerDrainsRequestsBeforeClosing(t *testing.T) {
 		res.Body.Close()
 		claimed <- res.StatusCode
 	}()
-	time.Sleep(300 * time.Millisecond) // the claim is parked in its long poll
+	// The claim is parked in its long poll once its first look has stamped
+	// the worker (a fixed sleep here let a late claim meet a closed
+	// listener: status 0, not 200).
+	pg, err := pgx.Connect(context.Background(), apitest.DatabaseURL(t))
+	require.NoError(t, err)
+	defer pg.Close(context.Background())
+	require.Eventually(t, func() bool {
+		var looked bool
+		err := pg.QueryRow(context.Background(), `SELECT last_seen_at > created_at FROM job_workers WHERE id = $1`,
+			reg.WorkerID).Scan(&looked)
+		return err == nil && looked
+	}, 10*time.Second, 5*time.Millisecond, "the claim reached the server")
 	cancel()
 	require.NoError(t, <-done)
 	select {

@@ -232,8 +232,11 @@ func TestGateInFlightWaitsForTheHolder(t *testing.T) {
 	}()
 	<-holding
 	// While the holder works, a second caller is told in_flight. With a
-	// context shorter than the wait it gets ErrInFlight back...
-	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	// context shorter than the wait (retry_after: the holder's 5 s lease) it
+	// gets ErrInFlight back... The context must still outlast the begin
+	// itself: at 200 ms a slow begin on a loaded machine ran out of time
+	// first (context deadline exceeded, not ErrInFlight).
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
 	_, err := ratchet.DoEffect(short, g.agent, req("email.send", "k-race"), func(context.Context, ratchet.Lease) (sent, error) {
 		return sent{}, errors.New("must not run")
 	})
