@@ -141,11 +141,6 @@ const (
 	notIdempotent idempotency = false
 )
 
-// codeDatabaseUnavailable is the 503 the server answers when Postgres is
-// unreachable; its detail.outcome says whether the request certainly was not
-// applied (outcomeNotApplied) or may have been.
-const codeDatabaseUnavailable = "database_unavailable"
-
 // outcomeNotApplied is a database_unavailable's detail.outcome when the
 // call certainly changed nothing; anything else ("unknown", or none) may
 // have been applied.
@@ -201,10 +196,10 @@ func (c *Client) retryDelay(err error, attempt int, safe idempotency) (time.Dura
 			return time.Duration(secs) * time.Second, true
 		case apiErr.Code == CodeRetryRequest:
 			return 0, true
-		case apiErr.Code == codeDatabaseUnavailable && apiErr.Detail["outcome"] == outcomeNotApplied:
+		case apiErr.Code == CodeDatabaseUnavailable && apiErr.Detail["outcome"] == outcomeNotApplied:
 			// The server says nothing was changed, so any call may repeat.
 			return c.backoff(attempt), true
-		case apiErr.Code == codeDatabaseUnavailable:
+		case apiErr.Code == CodeDatabaseUnavailable:
 			// The database failed after the call was sent (or the server
 			// does not say): it may have been applied, so repeat only what
 			// a key or token makes safe.
@@ -286,8 +281,18 @@ func (c *Client) once(ctx context.Context, method, path string, body []byte, out
 	if err := json.Unmarshal(raw, out); err != nil {
 		return fmt.Errorf("ratchet: decode %s %s response: %w", method, path, err)
 	}
+	if sd, ok := out.(serverDated); ok {
+		if d, err := http.ParseTime(res.Header.Get("Date")); err == nil {
+			sd.setServerDate(d)
+		}
+	}
 	return nil
 }
+
+// serverDated is a response that keeps the server's Date header: the
+// server's clock when it answered, to whole seconds. A lease's length is its
+// expiry minus that, which holds whatever our own clock says.
+type serverDated interface{ setServerDate(time.Time) }
 
 // decodeError turns a non-2xx response into *Error.
 func decodeError(res *http.Response, raw []byte) *Error {

@@ -3,6 +3,7 @@ package ratchet
 import (
 	"context"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -64,6 +65,13 @@ type BeginRequest struct {
 	CompensatesEffectID string `json:"compensates_effect_id,omitempty"`
 	// LeaseSeconds may shorten the policy's lease (a longer one is capped).
 	LeaseSeconds int `json:"lease_seconds,omitempty"`
+	// RequestID names this call across its retries (1-255 printable
+	// characters; not stored). Begin fills a random one when it is empty,
+	// so that a retry of a begin whose answer was lost (a dropped
+	// connection) gets the same execute and lease token instead of
+	// in_flight. Set it only to span retries of your own, e.g. across a
+	// process that must begin again after a timeout of its caller.
+	RequestID string `json:"request_id,omitempty"`
 }
 
 // Compensation is the undo action declared for a grouped effect.
@@ -106,14 +114,22 @@ type BeginResponse struct {
 	ApprovalID string `json:"approval_id,omitempty"`
 	// Denial is the error sent with a denied decision (HTTP 403).
 	Denial *Error `json:"-"`
+
+	serverDate time.Time // the response's Date header, when it had one
 }
+
+// setServerDate implements serverDated.
+func (b *BeginResponse) setServerDate(t time.Time) { b.serverDate = t }
 
 // Begin asks before acting (POST /api/v1/effects/begin). A denial is not an
 // error here: it comes back as Decision "denied" with Denial set. Begin is
 // idempotent by key and retried (409 retry_request at once).
 func (c *Client) Begin(ctx context.Context, req BeginRequest) (*BeginResponse, error) {
+	if req.RequestID == "" {
+		req.RequestID = newRequestID()
+	}
 	var out BeginResponse
-	err := c.do(ctx, "POST", "/effects/begin", req, &out, idempotent)
+	err := c.do(ctx, "POST", "/effects/begin", req, &out, idempotent) // the same body, request id included, each retry
 	if err == nil {
 		return &out, nil
 	}
@@ -182,11 +198,24 @@ func (c *Client) ReportEffect(ctx context.Context, effectID, leaseToken, outcome
 
 // HeartbeatEffect extends an effect's lease and returns its new expiry.
 func (c *Client) HeartbeatEffect(ctx context.Context, effectID, leaseToken string) (time.Time, error) {
-	var out struct {
-		LeaseExpiresAt time.Time `json:"lease_expires_at"`
-	}
+	hb, err := c.heartbeatEffect(ctx, effectID, leaseToken)
+	return hb.LeaseExpiresAt, err
+}
+
+// effectHeartbeat is a heartbeat's answer with the server's Date.
+type effectHeartbeat struct {
+	LeaseExpiresAt time.Time `json:"lease_expires_at"`
+	serverDate     time.Time
+}
+
+// setServerDate implements serverDated.
+func (h *effectHeartbeat) setServerDate(t time.Time) { h.serverDate = t }
+
+// heartbeatEffect is HeartbeatEffect keeping the response's Date.
+func (c *Client) heartbeatEffect(ctx context.Context, effectID, leaseToken string) (effectHeartbeat, error) {
+	var out effectHeartbeat
 	err := c.do(ctx, "POST", "/effects/"+pathID(effectID)+"/heartbeat", map[string]string{"lease_token": leaseToken}, &out, idempotent)
-	return out.LeaseExpiresAt, err
+	return out, err
 }
 
 // GetEffect reads an effect with its attempts (scope effects:read).
@@ -206,4 +235,11 @@ func BlindKey(secret, key string) string {
 	mac := hmac.New(sha256.New, []byte(secret))
 	mac.Write([]byte(key))
 	return hex.EncodeToString(mac.Sum(nil))[:32]
+}
+
+// newRequestID is a random BeginRequest.RequestID.
+func newRequestID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return hex.EncodeToString(b)
 }

@@ -39,6 +39,13 @@ const (
 	CodeRateLimited            = "rate_limited"
 	CodeInternal               = "internal_error"
 	CodeBillingUnavailable     = "billing_unavailable"
+	// CodeApprovalThresholdAboveCeiling: a policy's approval_above_micros
+	// is above its max_cost_micros (400).
+	CodeApprovalThresholdAboveCeiling = "approval_threshold_above_ceiling"
+	// CodeDatabaseUnavailable: the server cannot reach its database (503).
+	// detail.outcome "not_applied" says the call changed nothing; the
+	// client retries it either way when that is safe.
+	CodeDatabaseUnavailable = "database_unavailable"
 )
 
 // Error is a failure answered by the API: the HTTP status and the error
@@ -187,7 +194,9 @@ var (
 	ErrCancelRequested = errors.New("ratchet: job cancellation requested")
 	// ErrLeaseLost: the server no longer recognises the lease (another
 	// worker reclaimed the job or it ended; for DoEffect, the effect lease
-	// expired or was superseded). Nothing is reported for a job.
+	// expired or was superseded, or no heartbeat extended it before it
+	// lapsed). Nothing is reported for a job. DoEffect's cause reads
+	// "effect lease lost" and matches ErrLeaseLost with errors.Is.
 	ErrLeaseLost = errors.New("ratchet: job lease lost")
 	// ErrWorkerStopped: the worker stopped before the handler finished. The
 	// attempt is reported as a retryable failure.

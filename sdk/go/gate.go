@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"strings"
 	"sync"
 	"time"
 )
@@ -22,6 +24,13 @@ var (
 	ErrDenied = errors.New("ratchet: effect denied")
 	// ErrInFlight: another caller held a live lease until ctx ended.
 	ErrInFlight = errors.New("ratchet: effect in flight elsewhere")
+	// ErrResultNotStored: the action succeeded, but the gate refused its
+	// result (over its size limit, or refused by its rules), so DoEffect
+	// recorded the success with a small placeholder result instead
+	// ({"ratchet":"result_not_recorded","reason":...}). The key is settled:
+	// a later DoEffect with it is a duplicate and returns this error too,
+	// with a zero Result, instead of acting again.
+	ErrResultNotStored = errors.New("ratchet: the effect succeeded but its result was not stored")
 )
 
 // BlockedError is returned for a blocked decision.
@@ -151,23 +160,39 @@ type EffectOutcome[T any] struct {
 // is cancelled with cause ErrLeaseLost if the server says the lease is gone,
 // or if no heartbeat has extended it by shortly before it lapses (heartbeats
 // failing with 5xx or network errors): after the lapse another caller may be
-// granted execute, so the action must stop. The report is retried through
-// transient failures while the lease stands (heartbeated meanwhile), for up
-// to 30 seconds. If the action succeeded but the report was refused (say,
-// 409 lease_expired) or never got through, DoEffect returns the outcome and
-// the error. A panic in the action propagates to the caller with nothing
-// reported.
+// granted execute, so the action must stop. When it lapses is measured on
+// the local clock from the lease's length (its expiry minus the server's
+// Date), not by comparing the server's timestamp with the local clock, and
+// at least one heartbeat is tried before the lease is declared lost. The
+// report is retried through transient failures while the lease stands
+// (heartbeated meanwhile), for up to 30 seconds. If the action succeeded but
+// the report was refused (say, 409 lease_expired) or never got through,
+// DoEffect returns the outcome and the error. If the gate refused the
+// success for its result (413 payload_too_large, or 400 on result), the
+// success is reported again with a placeholder result, and DoEffect returns
+// the outcome and an error matching ErrResultNotStored. A panic in the
+// action propagates to the caller with nothing reported.
 func DoEffect[T any](ctx context.Context, c *Client, req BeginRequest, action func(ctx context.Context, lease Lease) (T, error)) (*EffectOutcome[T], error) {
+	if req.RequestID == "" {
+		// One for the whole call: a begin whose answer was lost is answered
+		// again by the next, whichever retry asks.
+		req.RequestID = newRequestID()
+	}
 	for {
+		sent := time.Now()
 		b, err := c.Begin(ctx, req)
 		if err != nil {
 			return nil, err
 		}
 		switch b.Decision {
 		case DecisionExecute:
-			return runLeased(ctx, c, b, action)
+			return runLeased(ctx, c, b, sent, action)
 		case DecisionDuplicate:
 			out := &EffectOutcome[T]{EffectID: b.EffectID, Attempt: b.Attempt, Duplicate: true}
+			if reason, ok := placeholderReason(b.Result); ok {
+				return out, fmt.Errorf("%w: effect %s succeeded earlier, but the gate refused its result (%s) and a placeholder was recorded",
+					ErrResultNotStored, b.EffectID, reason)
+			}
 			if len(b.Result) > 0 {
 				if err := json.Unmarshal(b.Result, &out.Result); err != nil {
 					return out, fmt.Errorf("ratchet: decode recorded result of %s: %w", b.EffectID, err)
@@ -195,8 +220,9 @@ func DoEffect[T any](ctx context.Context, c *Client, req BeginRequest, action fu
 	}
 }
 
-// runLeased performs the action under a heartbeated lease and reports.
-func runLeased[T any](ctx context.Context, c *Client, b *BeginResponse, action func(context.Context, Lease) (T, error)) (*EffectOutcome[T], error) {
+// runLeased performs the action under a heartbeated lease and reports. sent
+// is when the begin that granted the lease was sent.
+func runLeased[T any](ctx context.Context, c *Client, b *BeginResponse, sent time.Time, action func(context.Context, Lease) (T, error)) (*EffectOutcome[T], error) {
 	lease := Lease{EffectID: b.EffectID, Attempt: b.Attempt, Probe: b.Probe, PriorAttempt: b.PriorAttempt}
 	if b.LeaseExpiresAt != nil {
 		lease.LeaseExpiresAt = *b.LeaseExpiresAt
@@ -210,7 +236,7 @@ func runLeased[T any](ctx context.Context, c *Client, b *BeginResponse, action f
 	// Deferred too: if the action panics, the heartbeats must stop so the
 	// lease lapses (an honest indeterminate) instead of being kept alive.
 	defer stopHB()
-	expiry := &leaseExpiry{t: lease.LeaseExpiresAt}
+	expiry := &leaseExpiry{t: localExpiry(lease.LeaseExpiresAt, b.serverDate, sent)}
 	hbDone := make(chan struct{})
 	go func() {
 		defer close(hbDone)
@@ -235,11 +261,72 @@ func runLeased[T any](ctx context.Context, c *Client, b *BeginResponse, action f
 	}
 	out.Result = result
 	rerr := reportEffect(ctx, c, b, OutcomeSucceeded, result, expiry)
+	if reason, ok := unrecordableResult(rerr); ok {
+		// The action happened; only its result cannot be kept. Recording
+		// the success without it settles the key: left unreported it would
+		// become indeterminate, and with on_indeterminate: retry the next
+		// caller would perform the action again.
+		perr := reportEffect(ctx, c, b, OutcomeSucceeded, placeholder(reason), expiry)
+		stopHeartbeats()
+		if perr != nil {
+			return out, fmt.Errorf("ratchet: the action succeeded but the gate refused its result (%w), "+
+				"and the placeholder reported instead was not recorded: %w", rerr, perr)
+		}
+		return out, fmt.Errorf("%w: the gate refused the result of %s (%s), so a placeholder was recorded: %w",
+			ErrResultNotStored, b.EffectID, reason, rerr)
+	}
 	stopHeartbeats()
 	if rerr != nil {
 		return out, fmt.Errorf("ratchet: the action succeeded but its report was not recorded: %w", rerr)
 	}
 	return out, nil
+}
+
+// placeholderMark is the "ratchet" field of the result recorded in place of
+// one the gate refused.
+const placeholderMark = "result_not_recorded"
+
+// placeholder is the result recorded for a success whose own result the
+// gate refused, saying why (an error code, or the refused field).
+func placeholder(reason string) map[string]string {
+	return map[string]string{"ratchet": placeholderMark, "reason": reason}
+}
+
+// placeholderReason says whether a recorded result is a placeholder, and why.
+func placeholderReason(raw json.RawMessage) (string, bool) {
+	var p struct {
+		Ratchet string `json:"ratchet"`
+		Reason  string `json:"reason"`
+	}
+	if len(raw) == 0 || json.Unmarshal(raw, &p) != nil || p.Ratchet != placeholderMark {
+		return "", false
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(raw, &fields) != nil || len(fields) != 2 {
+		return "", false
+	}
+	return p.Reason, true
+}
+
+// unrecordableResult says whether a success report's refusal is about its
+// result (which a report without it would not meet), and names why: 413 for
+// its size, or 400 naming a field under result (the path, never a value).
+func unrecordableResult(err error) (string, bool) {
+	var apiErr *Error
+	if !errors.As(err, &apiErr) {
+		return "", false
+	}
+	if apiErr.StatusCode == http.StatusRequestEntityTooLarge {
+		return CodePayloadTooLarge, true
+	}
+	if apiErr.Code == CodeInvalidRequest {
+		for _, f := range apiErr.Validation() {
+			if f.Field == "result" || strings.HasPrefix(f.Field, "result.") {
+				return "invalid_request at " + f.Field, true
+			}
+		}
+	}
+	return "", false
 }
 
 // reportEffect records the action's outcome. What the server cannot take
@@ -276,11 +363,25 @@ func reportEffect(ctx context.Context, c *Client, b *BeginResponse, outcome stri
 // DoEffect cancels an action whose heartbeats have not extended it (at most
 // a quarter of the lease granted). Once the lease lapses the server may
 // grant execute to another caller, so the action must have been told to
-// stop by then; the margin covers a server clock running a little ahead.
+// stop by then.
 const effectLeaseMargin = time.Second
 
-// leaseExpiry is an effect lease's expiry as last extended, shared by the
-// heartbeats that extend it and the report that must land before it lapses.
+// localExpiry turns a lease's expiry on the server's clock into one on the
+// local clock: the request that granted it was sent at sent (local), and
+// the lease then lasted its expiry minus the server's Date, less a second
+// because Date has whole seconds and is read after the grant. That is never
+// later than the real lapse, whatever the two clocks say. Without a Date
+// header the clocks are assumed to agree.
+func localExpiry(expires, serverDate, sent time.Time) time.Time {
+	if expires.IsZero() || serverDate.IsZero() {
+		return expires
+	}
+	return sent.Add(expires.Sub(serverDate) - time.Second)
+}
+
+// leaseExpiry is an effect lease's expiry as last extended, on the local
+// clock (see localExpiry), shared by the heartbeats that extend it and the
+// report that must land before it lapses.
 type leaseExpiry struct {
 	mu sync.Mutex
 	t  time.Time
@@ -299,58 +400,99 @@ func (l *leaseExpiry) set(t time.Time) {
 }
 
 // heartbeatEffect extends the effect lease at a third of what is left. It
-// cancels the action (cause ErrLeaseLost) when the server says the lease is
-// gone, and also when the lease is about to lapse without a heartbeat having
-// extended it (5xx, network failures): the server then treats the attempt
-// as indeterminate and may let another caller execute, so the action must
-// not run on unaware.
+// cancels the action (cause matching ErrLeaseLost) when the server says the
+// lease is gone, and also when the lease is about to lapse without a
+// heartbeat having extended it (5xx, network failures): the server then
+// treats the attempt as indeterminate and may let another caller execute,
+// so the action must not run on unaware. A heartbeat is always tried before
+// the lease is given up for lapsed, however little of it seemed left.
 func heartbeatEffect(ctx context.Context, c *Client, id, token string, expiry *leaseExpiry, cancel context.CancelCauseFunc) {
 	expires := expiry.get()
 	if expires.IsZero() {
 		return
 	}
-	margin := min(effectLeaseMargin, time.Until(expires)/4)
+	margin := max(min(effectLeaseMargin, time.Until(expires)/4), 0)
 	var lastErr error
+	tried := false    // a heartbeat was sent since the lease was last extended
+	extended := false // a heartbeat has extended the lease
 	for {
 		deadline := expires.Add(-margin)
 		d := min(max(time.Until(expires)/3, minHeartbeat), maxHeartbeat, time.Until(deadline))
+		if extended && !tried {
+			// Just extended: the server vouches for the lease now, so the
+			// next heartbeat waits at least minHeartbeat even if our
+			// estimate of the lapse is off (a server without Date and a
+			// skewed clock), rather than heartbeating in a loop.
+			d = max(d, minHeartbeat)
+		}
 		if sleepCtx(ctx, d) != nil {
 			return
 		}
-		if !time.Now().Before(deadline) {
+		if tried && !time.Now().Before(deadline) {
 			cancel(lapsedLease(lastErr))
 			return
 		}
-		next, err := heartbeatBefore(ctx, c, id, token, deadline)
+		bound := deadline
+		if !tried { // the first try gets its chance even past the deadline
+			bound = later(deadline, time.Now().Add(minHeartbeat))
+		}
+		tried = true
+		sent := time.Now()
+		hb, err := heartbeatBefore(ctx, c, id, token, bound)
 		if ctx.Err() != nil {
 			return
 		}
 		if err != nil {
 			if IsCode(err, CodeLeaseExpired) || IsCode(err, CodeLeaseLost) || IsCode(err, CodeInvalidState) {
-				cancel(ErrLeaseLost)
+				cancel(&effectLeaseLostError{reason: ErrorCode(err)})
 				return
 			}
 			lastErr = err
 			continue // transient: try again sooner, as the lease shrinks
 		}
-		expires, lastErr = next, nil
-		expiry.set(next)
+		expires, lastErr, tried, extended = localExpiry(hb.LeaseExpiresAt, hb.serverDate, sent), nil, false, true
+		expiry.set(expires)
 	}
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // heartbeatBefore sends one heartbeat (with the client's retries) that
 // gives up at deadline, so a hung request cannot hold the action past it.
-func heartbeatBefore(ctx context.Context, c *Client, id, token string, deadline time.Time) (time.Time, error) {
+func heartbeatBefore(ctx context.Context, c *Client, id, token string, deadline time.Time) (effectHeartbeat, error) {
 	hctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	return c.HeartbeatEffect(hctx, id, token)
+	return c.heartbeatEffect(hctx, id, token)
 }
+
+// effectLeaseLostError is the cause an action is cancelled with when its
+// effect lease is gone or about to lapse unextended; it matches
+// ErrLeaseLost (whose own text speaks of jobs).
+type effectLeaseLostError struct {
+	reason  string // the server's code, or why the SDK gave the lease up
+	lastErr error  // the last heartbeat failure, if any
+}
+
+// Error implements error.
+func (e *effectLeaseLostError) Error() string {
+	s := "ratchet: effect lease lost: " + e.reason
+	if e.lastErr != nil {
+		s += " (last failure: " + e.lastErr.Error() + ")"
+	}
+	return s
+}
+
+// Is makes errors.Is(err, ErrLeaseLost) true.
+func (e *effectLeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
 
 // lapsedLease is the cause an action is cancelled with when its lease is
 // about to lapse unextended; it matches ErrLeaseLost.
 func lapsedLease(lastErr error) error {
-	if lastErr == nil {
-		return fmt.Errorf("%w: no heartbeat extended the effect lease before it lapsed", ErrLeaseLost)
-	}
-	return fmt.Errorf("%w: no heartbeat extended the effect lease before it lapsed (last failure: %v)", ErrLeaseLost, lastErr)
+	return &effectLeaseLostError{reason: "no heartbeat extended the effect lease before it lapsed", lastErr: lastErr}
 }

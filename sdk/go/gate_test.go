@@ -367,3 +367,162 @@ func TestDoEffectHeartbeatsWhileTheReportIsRetried(t *testing.T) {
 		t.Fatalf("out %+v err %v", out, err)
 	}
 }
+
+// A lease's lapse is measured from its length (expiry minus the server's
+// Date), not by comparing the server's expiry with the local clock: with
+// the client's clock 10 s ahead, the first heartbeat still comes at about a
+// third of a 6 s lease, and the action keeps its lease.
+func TestDoEffectMeasuresTheLeaseFromTheServersDate(t *testing.T) {
+	t.Parallel()
+	const skew = 10 * time.Second // the client's clock runs this far ahead
+	serverNow := func() time.Time { return time.Now().Add(-skew) }
+	dated := func(w http.ResponseWriter, status int, body map[string]any) {
+		w.Header().Set("Date", serverNow().UTC().Format(http.TimeFormat))
+		writeJSON(w, status, body)
+	}
+	var first time.Time
+	g := &fakeGate{answers: []func(http.ResponseWriter){func(w http.ResponseWriter) {
+		dated(w, 200, map[string]any{"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
+			"lease_token": "lt_1", "lease_expires_at": serverNow().Add(6 * time.Second)})
+	}}}
+	g.heartbeat = func(w http.ResponseWriter) {
+		if first.IsZero() {
+			first = time.Now()
+		}
+		dated(w, 200, map[string]any{"effect_id": "eff_1", "lease_expires_at": serverNow().Add(6 * time.Second)})
+	}
+	c, _ := testClient(t, g)
+	began := time.Now()
+	out, err := DoEffect(context.Background(), c, beginReq, func(ctx context.Context, _ Lease) (sendResult, error) {
+		select {
+		case <-time.After(2500 * time.Millisecond):
+			return sendResult{MessageID: "msg_1"}, nil
+		case <-ctx.Done():
+			return sendResult{}, context.Cause(ctx)
+		}
+	})
+	if err != nil || out.Result.MessageID != "msg_1" {
+		t.Fatalf("out %+v err %v", out, err)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.heartbeats == 0 || first.Sub(began) < time.Second {
+		t.Fatalf("%d heartbeats, the first after %v", g.heartbeats, first.Sub(began))
+	}
+}
+
+// Without a Date header to measure the lease by, an expiry that already
+// looks past on the local clock is not taken for a lapse: a heartbeat is
+// tried first, and while heartbeats succeed the action runs on.
+func TestDoEffectTriesAHeartbeatBeforeGivingUpALease(t *testing.T) {
+	t.Parallel()
+	undated := func(w http.ResponseWriter, body map[string]any) {
+		w.Header()["Date"] = nil // net/http adds none then
+		writeJSON(w, 200, body)
+	}
+	g := &fakeGate{answers: []func(http.ResponseWriter){func(w http.ResponseWriter) {
+		undated(w, map[string]any{"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
+			"lease_token": "lt_1", "lease_expires_at": time.Now().Add(-time.Second)})
+	}}}
+	g.heartbeat = func(w http.ResponseWriter) {
+		undated(w, map[string]any{"effect_id": "eff_1", "lease_expires_at": time.Now().Add(-time.Second)})
+	}
+	c, _ := testClient(t, g)
+	out, err := DoEffect(context.Background(), c, beginReq, func(ctx context.Context, _ Lease) (sendResult, error) {
+		select {
+		case <-time.After(1500 * time.Millisecond):
+			return sendResult{MessageID: "msg_1"}, nil
+		case <-ctx.Done():
+			return sendResult{}, context.Cause(ctx)
+		}
+	})
+	if err != nil || out.Result.MessageID != "msg_1" {
+		t.Fatalf("out %+v err %v", out, err)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.heartbeats < 1 || g.heartbeats > 4 {
+		t.Fatalf("%d heartbeats in 1.5 s", g.heartbeats)
+	}
+}
+
+// The cause of a lost effect lease speaks of the effect, and still matches
+// ErrLeaseLost.
+func TestDoEffectLeaseLostCauseNamesTheEffect(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){execute()},
+		heartbeat: func(w http.ResponseWriter) { apiError(w, 409, CodeLeaseExpired, nil) }}
+	g.answers[0] = decision(200, map[string]any{"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
+		"lease_token": "lt_1", "lease_expires_at": time.Now().Add(3 * time.Second)})
+	c, _ := testClient(t, g)
+	var cause error
+	_, _ = DoEffect(context.Background(), c, beginReq, func(ctx context.Context, _ Lease) (sendResult, error) {
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		return sendResult{}, ctx.Err()
+	})
+	if !errors.Is(cause, ErrLeaseLost) || !strings.Contains(cause.Error(), "effect lease lost") || strings.Contains(cause.Error(), "job") {
+		t.Fatalf("cause %v", cause)
+	}
+}
+
+// A success whose result the gate refuses (413, or 400 on a field under
+// result) is reported again with a placeholder result under the same
+// token: the key is settled instead of going indeterminate. DoEffect
+// returns the outcome and an error matching ErrResultNotStored.
+func TestDoEffectReportsAPlaceholderForARefusedResult(t *testing.T) {
+	t.Parallel()
+	for name, refuse := range map[string]func(w http.ResponseWriter){
+		"413": func(w http.ResponseWriter) { apiError(w, 413, CodePayloadTooLarge, nil) },
+		"400": func(w http.ResponseWriter) {
+			apiError(w, 400, CodeInvalidRequest, map[string]any{"validation": []any{
+				map[string]any{"field": "result.body", "message": "contains a NUL character"}}})
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			g := &fakeGate{answers: []func(http.ResponseWriter){execute()}}
+			g.report = func(w http.ResponseWriter) {
+				if len(g.reports) == 1 {
+					refuse(w)
+					return
+				}
+				writeJSON(w, 200, map[string]any{"id": "eff_1", "state": "succeeded"})
+			}
+			c, _ := testClient(t, g)
+			out, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
+				return sendResult{MessageID: "msg_1"}, nil
+			})
+			if !errors.Is(err, ErrResultNotStored) || out == nil || out.Result.MessageID != "msg_1" {
+				t.Fatalf("out %+v err %v", out, err)
+			}
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			if len(g.reports) != 2 {
+				t.Fatalf("reports %v", g.reports)
+			}
+			second := g.reports[1]
+			res, _ := second["result"].(map[string]any)
+			if second["lease_token"] != "lt_1" || second["outcome"] != OutcomeSucceeded || res["ratchet"] != "result_not_recorded" {
+				t.Fatalf("second report %v", second)
+			}
+		})
+	}
+}
+
+// A duplicate whose recorded result is the placeholder says so instead of
+// handing back a zero result as if it were the action's.
+func TestDoEffectDuplicateOfAPlaceholderSaysTheResultWasNotStored(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){decision(200, map[string]any{"decision": "duplicate",
+		"effect_id": "eff_1", "state": "succeeded", "attempt": 1,
+		"result": map[string]any{"ratchet": "result_not_recorded", "reason": "payload_too_large"}})}}
+	c, _ := testClient(t, g)
+	out, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
+		t.Error("the action ran for a duplicate")
+		return sendResult{}, nil
+	})
+	if !errors.Is(err, ErrResultNotStored) || out == nil || !out.Duplicate {
+		t.Fatalf("out %+v err %v", out, err)
+	}
+}

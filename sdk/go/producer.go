@@ -39,7 +39,11 @@ type Run struct {
 	// (WithBudgetMicros), nil for none; SpentMicros what they spent of it.
 	BudgetMicros *int64 `json:"budgetMicros"`
 	SpentMicros  *int64 `json:"spentMicros"`
-	Steps        []Step `json:"steps"`
+	// IdempotencyKey is the key the run was started under (WithIdempotencyKey).
+	IdempotencyKey *string `json:"idempotencyKey"`
+	Steps          []Step  `json:"steps"`
+	// Deduplicated is set by StartRun: the key had started this run already.
+	Deduplicated bool `json:"deduplicated"`
 }
 
 // Step is one step of a run. Its Status equals DurableJob.Status.
@@ -115,8 +119,19 @@ type RetryPolicy struct {
 type RunOption func(*startRun)
 
 type startRun struct {
-	Name         string `json:"name"`
-	BudgetMicros *int64 `json:"budgetMicros,omitempty"`
+	Name           string  `json:"name"`
+	BudgetMicros   *int64  `json:"budgetMicros,omitempty"`
+	IdempotencyKey *string `json:"idempotencyKey,omitempty"`
+}
+
+// WithIdempotencyKey starts the run under key (1-255 printable characters,
+// unique per workspace among the runs kept): StartRun then retries after an
+// ambiguous failure, and starting it again with the same name and budget
+// answers the run the key started (Run.Deduplicated); another name or budget
+// under the key is 409 idempotency_key_reuse. Derive it from the work
+// ("onboarding:user_123"), as a Temporal workflow id.
+func WithIdempotencyKey(key string) RunOption {
+	return func(r *startRun) { r.IdempotencyKey = &key }
 }
 
 // WithBudgetMicros gives the run its own wallet: effects begun with the
@@ -126,15 +141,20 @@ func WithBudgetMicros(micros int64) RunOption {
 	return func(r *startRun) { r.BudgetMicros = &micros }
 }
 
-// StartRun creates a run (POST /api/v1/runs). It is not repeated after an
-// ambiguous failure, since a repeat would create a second run.
+// StartRun creates a run (POST /api/v1/runs). Without WithIdempotencyKey
+// it is not repeated after an ambiguous failure, since a repeat would create
+// a second run; with it, it is.
 func (c *Client) StartRun(ctx context.Context, name string, opts ...RunOption) (*Run, error) {
 	req := startRun{Name: name}
 	for _, o := range opts {
 		o(&req)
 	}
+	retry := notIdempotent
+	if req.IdempotencyKey != nil {
+		retry = idempotent
+	}
 	var run Run
-	err := c.do(ctx, "POST", "/runs", req, &run, notIdempotent)
+	err := c.do(ctx, "POST", "/runs", req, &run, retry)
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +222,9 @@ type EnqueueOptions struct {
 }
 
 // EnqueueResult is the answer to an enqueue. Deduplicated is true when the
-// same key and operation already existed (nothing new was created).
+// same key and operation already existed (nothing new was created), which
+// includes a step this very call created when its first answer was lost and
+// the client repeated the call: read it as "the step exists".
 type EnqueueResult struct {
 	StepID         string     `json:"stepId"`
 	JobID          string     `json:"jobId"`

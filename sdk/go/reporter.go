@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -39,6 +40,7 @@ const (
 
 // queuedReport is one finished attempt waiting to be sent.
 type queuedReport struct {
+	id      uint64 // its entry in the reporter's pending set
 	job     ClaimedJob
 	report  JobReport // LeaseToken set
 	expires time.Time // the lease's expiry as last known
@@ -69,6 +71,24 @@ type reporter struct {
 	sends  sync.WaitGroup // batches in flight
 	done   chan struct{}  // the flusher has sent everything and returned
 	once   sync.Once
+
+	// The reports queued and not yet settled (recorded, or answered for
+	// good), which the worker must not claim again while they are held:
+	// see holding.
+	pmu     sync.Mutex
+	nextID  uint64
+	pending map[uint64]*pendingReport
+	settled chan struct{} // signalled (buffered, 1) whenever a report is settled
+	// lost counts the reports that were not recorded for any reason but a
+	// settled refusal (see settledRefusal): given up at close's deadline,
+	// or refused for a reason that says nothing about the job (401, 400).
+	lost atomic.Int64
+}
+
+// pendingReport is what holding needs to know of a queued report.
+type pendingReport struct {
+	expires time.Time // its lease's expiry as last known (zero: unknown)
+	failing bool      // a delivery met a failure worth a retry
 }
 
 func newReporter(ctx context.Context, c *Client, onErr func(error), linger time.Duration) *reporter {
@@ -77,7 +97,8 @@ func newReporter(ctx context.Context, c *Client, onErr func(error), linger time.
 	}
 	sendCtx, giveUp := context.WithCancel(context.WithoutCancel(ctx))
 	r := &reporter{c: c, ctx: sendCtx, giveUp: giveUp, onErr: onErr, linger: linger,
-		in: make(chan queuedReport, reportBatchMax), slots: make(chan struct{}, reportInFlight), done: make(chan struct{})}
+		in: make(chan queuedReport, reportBatchMax), slots: make(chan struct{}, reportInFlight), done: make(chan struct{}),
+		pending: map[uint64]*pendingReport{}, settled: make(chan struct{}, 1)}
 	go r.run()
 	return r
 }
@@ -86,6 +107,11 @@ func newReporter(ctx context.Context, c *Client, onErr func(error), linger time.
 // behind the one in flight, until the reporter gives up (its report then
 // goes to OnError). After close, the report is sent at once on its own.
 func (r *reporter) enqueue(q queuedReport) {
+	r.pmu.Lock()
+	r.nextID++
+	q.id = r.nextID
+	r.pending[q.id] = &pendingReport{expires: q.expires}
+	r.pmu.Unlock()
 	r.mu.RLock()
 	if r.closed {
 		r.mu.RUnlock()
@@ -104,9 +130,10 @@ func (r *reporter) enqueue(q queuedReport) {
 }
 
 // close stops gathering, sends what is queued without lingering, and waits
-// until it has been sent: each report retried while its lease stands, or
-// until ctx ends, when the reports still unsent are given up (OnError; their
-// leases lapse and the jobs run again). It reports whether all were sent.
+// until it has been sent: each report retried until the server answers it,
+// or until ctx ends, when the reports still unsent are given up (OnError;
+// their leases lapse and the jobs run again). It reports whether all were
+// sent; lostReports counts those that were not recorded.
 func (r *reporter) close(ctx context.Context) bool {
 	// Giving up at ctx's end also releases handlers blocked queueing their
 	// reports, which close must wait for before it closes the queue.
@@ -187,29 +214,39 @@ func (r *reporter) deadline(q queuedReport) time.Time {
 	return d
 }
 
-// send delivers one batch, and delivers it again while the server says a
-// retry may succeed (a 429, a 503, another 5xx, a network failure) and the
-// batch's leases still stand: a report never recorded lets its lease lapse
-// and the job run again, a second side effect. Reports are safe to repeat
-// (the same token and outcome answer the same result).
+// send delivers one batch, and delivers it again for as long as the server
+// says a retry may succeed (a 429, a 503, another 5xx, a network failure),
+// with capped backoff, until it answers each report for good: recorded, or
+// refused for itself (lease_lost, invalid_state, ...). Only close's deadline
+// (r.ctx) gives up on it. A job report is accepted even after its lease
+// lapsed as long as no newer claim exists (API.md §5), so there is no local
+// horizon: a report given up lets the job run again, a second side effect,
+// and the worker itself would be the one to reclaim it once the server is
+// back. Meanwhile the batch is held (see holding), so the worker claims
+// nothing, and every reportTimeout of failures goes to OnError. Reports are
+// safe to repeat (the same token and outcome answer the same result).
 func (r *reporter) send(batch []queuedReport) {
-	horizon := time.Now().Add(reportTimeout)
-	for _, q := range batch {
-		if q.expires.After(horizon) {
-			horizon = q.expires
-		}
-	}
+	var failingSince, warned time.Time
 	for attempt := 0; ; attempt++ {
 		err := r.sendOnce(batch)
 		if err == nil {
 			return
 		}
 		wait, retry := r.c.retryDelay(err, attempt, idempotent)
-		if !retry || time.Now().Add(wait).After(horizon) {
+		if !retry {
 			for _, q := range batch {
 				r.fail(q, err)
 			}
 			return
+		}
+		r.markFailing(batch)
+		now := time.Now()
+		if failingSince.IsZero() {
+			failingSince, warned = now, now
+		} else if now.Sub(warned) >= reportTimeout {
+			warned = now
+			r.onErr(fmt.Errorf("ratchet: report job %s attempt %d (and %d more in its batch) not recorded for %s; still retrying: %w",
+				batch[0].job.JobID, batch[0].job.Attempt, len(batch)-1, now.Sub(failingSince).Round(time.Second), err))
 		}
 		if r.c.sleep(r.ctx, wait) != nil { // the client's own wait; r.ctx ends only when close gives up
 			for _, q := range batch {
@@ -248,6 +285,8 @@ func (r *reporter) sendOnce(batch []queuedReport) error {
 	for i, x := range res {
 		if x.Err != nil {
 			r.fail(batch[i], x.Err)
+		} else {
+			r.settle(batch[i], nil)
 		}
 	}
 	return nil
@@ -286,6 +325,7 @@ func (r *reporter) single(ctx context.Context, q queuedReport) error {
 		_, err = r.c.ReportJob(ctx, q.job.JobID, q.report)
 	}
 	if err == nil {
+		r.settle(q, nil)
 		return nil
 	}
 	if _, retry := r.c.retryDelay(err, 0, idempotent); retry {
@@ -317,7 +357,66 @@ func unrecordableOutput(err error) (string, bool) {
 }
 
 // fail reports a report that was not recorded; its lease lapses and the job
-// is claimed again.
-func (r *reporter) fail(q queuedReport, err error) {
+// is claimed again (unless the refusal says the job is settled already).
+func (r *reporter) fail(q queuedReport, err error) { r.settle(q, err) }
+
+// settle ends q's stay in the pending set: recorded (err nil) or not. A
+// report not recorded goes to OnError, and is counted lost unless the
+// server's refusal settled the job's fate itself.
+func (r *reporter) settle(q queuedReport, err error) {
+	r.pmu.Lock()
+	delete(r.pending, q.id)
+	r.pmu.Unlock()
+	select {
+	case r.settled <- struct{}{}:
+	default:
+	}
+	if err == nil {
+		return
+	}
+	if !settledRefusal(err) {
+		r.lost.Add(1)
+	}
 	r.onErr(fmt.Errorf("ratchet: report job %s attempt %d: %w", q.job.JobID, q.job.Attempt, err))
 }
+
+// settledRefusal says whether a report's refusal is the server's last word
+// on the job, so that nothing is lost by it: a newer claim holds the job
+// (lease_lost), the job ended or has another outcome recorded
+// (invalid_state), or it no longer exists (not_found).
+func settledRefusal(err error) bool {
+	return IsCode(err, CodeLeaseLost) || IsCode(err, CodeInvalidState) || IsCode(err, CodeNotFound)
+}
+
+// markFailing marks the batch's reports as held by a failing delivery.
+func (r *reporter) markFailing(batch []queuedReport) {
+	r.pmu.Lock()
+	defer r.pmu.Unlock()
+	for _, q := range batch {
+		if p := r.pending[q.id]; p != nil {
+			p.failing = true
+		}
+	}
+}
+
+// holding says whether the reporter holds a report whose job a claim made
+// now could be handed back: one whose delivery has met a failure (the
+// server is down or refusing reports for now), or whose lease, as last
+// extended, lapses within reportLeaseMargin. The worker claims nothing
+// while it does, so it never runs a job again whose outcome it is holding
+// (a claim would meet the same outage anyway); settled signals when that
+// may have changed.
+func (r *reporter) holding(now time.Time) bool {
+	r.pmu.Lock()
+	defer r.pmu.Unlock()
+	for _, p := range r.pending {
+		if p.failing || (!p.expires.IsZero() && !now.Before(p.expires.Add(-reportLeaseMargin))) {
+			return true
+		}
+	}
+	return false
+}
+
+// lostReports is the number of reports not recorded so far, settled
+// refusals aside.
+func (r *reporter) lostReports() int { return int(r.lost.Load()) }

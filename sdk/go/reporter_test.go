@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -235,5 +236,72 @@ func TestWorkerStopKeepsItsDeadlineWhileReportsFail(t *testing.T) {
 	}
 	if errs := sink.list(); len(errs) == 0 || !strings.Contains(errs[len(errs)-1].Error(), "report job") {
 		t.Fatalf("OnError %v", errs)
+	}
+}
+
+// Reports not recorded are counted for Stop's error, except refusals that
+// settle the job elsewhere (lease_lost: a newer claim holds it).
+func TestReporterCountsLostReportsButNotSettledRefusals(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.refuse = map[string]string{"job_r0": CodeLeaseLost, "job_r1": CodeUnauthorized}
+	c, _ := testClient(t, f)
+	sink := &errSink{}
+	r := newReporter(context.Background(), c, sink.add, time.Hour)
+	queueReports(r, 3, time.Now().Add(10*time.Minute))
+	if !r.close(context.Background()) {
+		t.Fatal("close gave up")
+	}
+	if n := r.lostReports(); n != 1 {
+		t.Fatalf("%d reports counted lost, want 1 (the 401); OnError %v", n, sink.list())
+	}
+}
+
+// A report that meets a failure worth a retry is held, so the worker claims
+// nothing, until the server answers it; so is one whose lease is about to
+// lapse. Nothing is given up meanwhile, however long that takes.
+func TestReporterHoldsAFailingReportUntilItIsRecorded(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	var down atomic.Bool
+	down.Store(true)
+	f.reportError = func(json.RawMessage) (int, string) {
+		if down.Load() {
+			return 503, CodeInternal
+		}
+		return 0, ""
+	}
+	c, _ := testClient(t, f)
+	sink := &errSink{}
+	r := newReporter(context.Background(), c, sink.add, 0)
+	defer r.close(context.Background())
+	if r.holding(time.Now()) {
+		t.Fatal("holding with nothing queued")
+	}
+	queueReports(r, 1, time.Now().Add(10*time.Minute))
+	deadline := time.Now().Add(5 * time.Second)
+	for !r.holding(time.Now()) {
+		if time.Now().After(deadline) {
+			t.Fatal("a failing report is not held")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	down.Store(false)
+	f.waitReport(t, "job_r0")
+	for r.holding(time.Now()) {
+		select {
+		case <-r.settled:
+		case <-time.After(5 * time.Second):
+			t.Fatal("still holding a recorded report")
+		}
+	}
+	if errs := sink.list(); len(errs) != 0 || r.lostReports() != 0 {
+		t.Fatalf("OnError %v, lost %d", errs, r.lostReports())
+	}
+	r.pmu.Lock()
+	r.pending[99] = &pendingReport{expires: time.Now().Add(reportLeaseMargin / 2)}
+	r.pmu.Unlock()
+	if !r.holding(time.Now()) {
+		t.Fatal("a report whose lease is about to lapse is not held")
 	}
 }

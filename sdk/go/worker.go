@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"strings"
 	"sync"
 	"time"
 )
@@ -23,9 +24,11 @@ const (
 	maxHeartbeat = time.Minute
 )
 
-// reportTimeout bounds one report or batch of reports (with its retries);
-// stopGrace is how long Stop waits, after its deadline cancelled
-// the handlers, for them to return and be reported.
+// reportTimeout bounds one delivery of a report or batch of reports (with
+// the client's own retries), and paces the OnError notices of a report that
+// keeps failing (it is retried until the server answers it); stopGrace is
+// how long Stop waits, after its deadline cancelled the handlers, for them
+// to return and be reported.
 const (
 	reportTimeout = 30 * time.Second
 	stopGrace     = 10 * time.Second
@@ -81,9 +84,11 @@ type Worker struct {
 	slotFreed  chan struct{}           // a handler finished (buffered, 1)
 	loopDone   chan struct{}           // closed when polling ended, or Start gave up before it
 	claiming   bool                    // a claim is in flight (mu), for Stop's error
-	jobs       sync.WaitGroup          // dispatched jobs, until their report is queued
-	handlers   sync.WaitGroup          // handler calls in progress
-	running    int                     // handler calls in progress (mu), for Stop's error
+	jobs       sync.WaitGroup          // dispatched jobs, until their report is queued (or left unreported)
+	handlers   sync.WaitGroup          // handler calls in progress, stragglers included
+	running    int                     // handler calls in progress whose attempt is not reported (mu)
+	stragglers int                     // handler calls still in progress after their timeout was reported (mu)
+	returned   chan struct{}           // signalled (buffered, 1) when running drops
 	cancelJobs context.CancelCauseFunc // ends every handler's context
 	reporter   *reporter               // batches the handlers' reports
 
@@ -202,7 +207,7 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 	w.cancelJobs = func(cause error) { unhook(); cancel(cause) }
 	w.workerID, w.refs, w.opts = id, refs, opts
 	w.reporter = newReporter(ctx, w.c, opts.OnError, w.reportLinger)
-	w.slotFreed = make(chan struct{}, 1)
+	w.slotFreed, w.returned = make(chan struct{}, 1), make(chan struct{}, 1)
 	go w.loop(ctx, pollCtx, jobsCtx)
 	return nil
 }
@@ -228,7 +233,15 @@ func closed(ch chan struct{}) bool {
 // return within a short grace are reported as retryable failures, and Stop
 // returns an error saying so. Reports still being sent when ctx ends get
 // that grace too. A handler that ignores its context is left running
-// unreported: its lease lapses and another worker reclaims the job.
+// unreported: its lease lapses and another worker reclaims the job. A
+// handler whose timeout was already reported (it ignored its timeout) is
+// not waited for past ctx's end; the error counts it apart.
+//
+// Reports are retried until the server answers them, bounded only by ctx
+// (and the grace). If any report of the worker's life was not recorded (given
+// up at the deadline, or refused for a reason other than the job being
+// settled elsewhere, such as lease_lost), Stop returns an error saying how
+// many, even when everything else stopped in time.
 //
 // Stop called during Start's registration makes Start give up without
 // polling; Stop then returns nil once Start has returned (or, at ctx's end,
@@ -251,10 +264,12 @@ func (w *Worker) Stop(ctx context.Context) error {
 	if !polled {
 		return nil // Start gave up before polling: nothing ran
 	}
-	done := make(chan struct{})
-	go func() { w.jobs.Wait(); close(done) }()
+	queued := make(chan struct{}) // every dispatched job's report is queued
+	go func() { w.jobs.Wait(); close(queued) }()
+	finished := make(chan struct{}) // and every handler has returned
+	go func() { <-queued; w.handlers.Wait(); close(finished) }()
 	select {
-	case <-done:
+	case <-finished:
 		w.cancelJobs(ErrWorkerStopped)
 		// Every handler's report is queued: send them all, within ctx and
 		// then the same grace as the reports of handlers cancelled at the
@@ -262,35 +277,31 @@ func (w *Worker) Stop(ctx context.Context) error {
 		// fare worse than one that finished just after.
 		sendCtx, cancel := afterGrace(ctx, w.stopGraceOr())
 		defer cancel()
-		if !w.reporter.close(sendCtx) {
-			return fmt.Errorf("ratchet: stop deadline passed before every report was delivered "+
-				"(the rest went to OnError; their jobs will run again): %w", ctx.Err())
+		sent := w.reporter.close(sendCtx)
+		lost := w.reporter.lostReports()
+		if !sent || abandoned {
+			return stopDeadlineError(stopState{sent: sent, lost: lost, abandoned: abandoned}, ctx.Err())
 		}
-		if abandoned {
-			return stopDeadlineError(0, 0, true, true, ctx.Err())
+		if lost > 0 {
+			return fmt.Errorf("ratchet: %d report(s) were not recorded (see OnError); their jobs run again once their leases lapse", lost)
 		}
 		return nil
 	case <-ctx.Done():
 	}
 	w.mu.Lock()
-	n := w.running
+	st := stopState{running: w.running, abandoned: abandoned}
 	w.mu.Unlock()
 	w.cancelJobs(ErrWorkerStopped)
 	// Handlers get a grace to return; a handler's report is queued once it
 	// returns, so what is counted here are handlers, not reports waiting
-	// for a server that takes none.
-	handlersDone := make(chan struct{})
-	go func() { w.handlers.Wait(); close(handlersDone) }()
+	// for a server that takes none. Stragglers whose timeout was reported
+	// are not waited for: they ignored one cancellation already.
 	grace, stop := w.clock.Timer(w.stopGraceOr())
 	defer stop()
-	left := 0
-	select {
-	case <-handlersDone:
-	case <-grace:
-		w.mu.Lock()
-		left = w.running
-		w.mu.Unlock()
-	}
+	st.left = w.awaitReturns(grace)
+	w.mu.Lock()
+	st.stragglers = w.stragglers
+	w.mu.Unlock()
 	// Reports queued so far, those of handlers that returned within the
 	// grace included, are sent for at most another grace; then the rest go
 	// to OnError (giving up also frees handlers' reports waiting for room in
@@ -300,11 +311,32 @@ func (w *Worker) Stop(ctx context.Context) error {
 	release := context.AfterFunc(sendCtx, w.reporter.giveUp)
 	defer release()
 	select {
-	case <-done: // every returned handler's report is queued
+	case <-queued: // every returned handler's report is queued
 	case <-sendCtx.Done():
 	}
-	sent := w.reporter.close(sendCtx)
-	return stopDeadlineError(n, left, sent, abandoned, ctx.Err())
+	st.sent = w.reporter.close(sendCtx)
+	st.lost = w.reporter.lostReports()
+	return stopDeadlineError(st, ctx.Err())
+}
+
+// awaitReturns waits until no handler with an unreported attempt runs, or
+// grace fires; it returns how many still run.
+func (w *Worker) awaitReturns(grace <-chan time.Time) int {
+	for {
+		w.mu.Lock()
+		n := w.running
+		w.mu.Unlock()
+		if n == 0 {
+			return 0
+		}
+		select {
+		case <-w.returned:
+		case <-grace:
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			return w.running
+		}
+	}
 }
 
 // awaitPolling waits for the poll loop to end. A claim in flight is
@@ -327,28 +359,47 @@ func (w *Worker) awaitPolling(ctx context.Context, loopDone chan struct{}, cance
 	return abandoned
 }
 
+// stopState is what Stop found at and after its deadline.
+type stopState struct {
+	running    int  // handlers with unreported attempts at the deadline, cancelled then
+	left       int  // of them, those that ignored the cancellation past the grace
+	stragglers int  // handlers still running after their timeout was reported
+	sent       bool // every queued report was answered before the reporter gave up
+	lost       int  // reports not recorded (settled refusals aside)
+	abandoned  bool // a claim was in flight at the deadline
+}
+
 // stopDeadlineError is Stop's answer when its deadline passed: what became
-// of the n handlers running then (left of them ignored the cancellation),
-// whether every report was sent, and whether a claim was abandoned.
-func stopDeadlineError(n, left int, sent, abandoned bool, err error) error {
-	claim := ""
-	if abandoned {
-		claim = "; a claim in flight was abandoned (the jobs it claimed run again once their leases lapse)"
+// of the handlers running then, of the reports, and of a claim in flight.
+func stopDeadlineError(st stopState, err error) error {
+	var b strings.Builder
+	b.WriteString("ratchet: stop deadline passed; ")
+	switch {
+	case st.left > 0:
+		fmt.Fprintf(&b, "%d handler(s) ignored cancellation and were left unreported", st.left)
+		if done := st.running - st.left; done > 0 {
+			fmt.Fprintf(&b, ", %d cancelled and reported retryable", done)
+		}
+	case st.running > 0 && st.sent && st.lost == 0:
+		fmt.Fprintf(&b, "%d handler(s) cancelled and reported retryable", st.running)
+	case st.running > 0:
+		fmt.Fprintf(&b, "%d handler(s) cancelled", st.running)
+	default:
+		b.WriteString("no handler was running")
+	}
+	if st.stragglers > 0 {
+		fmt.Fprintf(&b, "; %d handler(s) still running after their timeout was reported", st.stragglers)
 	}
 	switch {
-	case left > 0:
-		return fmt.Errorf("ratchet: stop deadline passed; %d handler(s) ignored cancellation and were left unreported%s: %w", left, claim, err)
-	case !sent && n > 0:
-		return fmt.Errorf("ratchet: stop deadline passed; %d handler(s) cancelled, and reports the server did not take "+
-			"went to OnError (their jobs will run again)%s: %w", n, claim, err)
-	case !sent:
-		return fmt.Errorf("ratchet: stop deadline passed; no handler was running, and reports the server did not take "+
-			"went to OnError (their jobs will run again)%s: %w", claim, err)
-	case n > 0:
-		return fmt.Errorf("ratchet: stop deadline passed; %d handler(s) cancelled and reported retryable%s: %w", n, claim, err)
-	default:
-		return fmt.Errorf("ratchet: stop deadline passed; no handler was running%s: %w", claim, err)
+	case st.lost > 0:
+		fmt.Fprintf(&b, "; %d report(s) were not recorded and went to OnError (their jobs run again once their leases lapse)", st.lost)
+	case !st.sent:
+		b.WriteString("; reports the server did not take went to OnError (their jobs run again once their leases lapse)")
 	}
+	if st.abandoned {
+		b.WriteString("; a claim in flight was abandoned (the jobs it claimed run again once their leases lapse)")
+	}
+	return fmt.Errorf("%s: %w", b.String(), err)
 }
 
 // afterGrace returns a context that ends grace after ctx does (and its
@@ -394,6 +445,9 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 			}
 			free = w.free()
 		}
+		if !w.awaitReports(ctx) {
+			return
+		}
 		limit := min(free, 100)
 		began := w.clock.Now()
 		jobs, err := w.claim(pollCtx, limit)
@@ -423,6 +477,23 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 			return
 		}
 	}
+}
+
+// awaitReports waits while the reporter holds a report that is failing or
+// whose lease is about to lapse (see reporter.holding): a claim now could
+// hand this worker back a job whose outcome it is still trying to report,
+// and run it again. False means stop.
+func (w *Worker) awaitReports(ctx context.Context) bool {
+	for w.reporter.holding(time.Now()) {
+		select {
+		case <-w.reporter.settled:
+		case <-w.stopping:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
 }
 
 // claim asks for up to limit jobs, marked in flight while it is.
@@ -539,7 +610,14 @@ func (w *Worker) dispatch(ctx, jobsCtx context.Context, j ClaimedJob) {
 	w.mu.Unlock()
 	w.jobs.Add(1)
 	go func() {
+		var handler <-chan struct{}
 		defer func() {
+			// The slot stays taken until the handler returns, so
+			// Concurrency bounds the handlers running in this process,
+			// stragglers included.
+			if handler != nil {
+				<-handler
+			}
 			w.mu.Lock()
 			w.active--
 			w.mu.Unlock()
@@ -547,15 +625,17 @@ func (w *Worker) dispatch(ctx, jobsCtx context.Context, j ClaimedJob) {
 			case w.slotFreed <- struct{}{}:
 			default:
 			}
-			w.jobs.Done()
 		}()
-		w.execute(ctx, jobsCtx, rt, j)
+		defer w.jobs.Done()
+		handler = w.execute(ctx, jobsCtx, rt, j)
 	}()
 }
 
 // execute runs a handler under its timeout with heartbeats and reports the
-// outcome.
-func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j ClaimedJob) {
+// outcome. It returns once the outcome is queued (or the attempt is left
+// unreported); if the handler is still running then, the channel it returns
+// closes when it has returned (nil otherwise).
+func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j ClaimedJob) <-chan struct{} {
 	job := JobContext{JobID: j.JobID, StepID: j.StepID, RunID: j.RunID, Name: j.Name, Version: j.Version,
 		Attempt: j.Attempt, IdempotencyKey: j.IdempotencyKey, Timeout: time.Duration(j.TimeoutMs) * time.Millisecond}
 	if rt == nil {
@@ -563,7 +643,7 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 		// give the job back for a worker that has the handler.
 		w.report(j, j.LeaseExpiresAt, JobReport{Status: ReportFailed,
 			Error: &JobError{Message: "worker has no handler for this name@version", Retryable: true}})
-		return
+		return nil
 	}
 
 	hctx, cancel := context.WithCancelCause(jobsCtx)
@@ -582,12 +662,25 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 	}()
 
 	done := make(chan handlerResult, 1)
+	handlerReturned := make(chan struct{})
+	// Under mu: the handler returned; its timeout was reported while it ran.
+	var returned, straggler bool
 	go func() { // counted in running and handlers by dispatch
 		defer func() {
 			w.mu.Lock()
-			w.running--
+			returned = true
+			if straggler {
+				w.stragglers--
+			} else {
+				w.running--
+				select {
+				case w.returned <- struct{}{}:
+				default:
+				}
+			}
 			w.mu.Unlock()
 			w.handlers.Done()
+			close(handlerReturned)
 		}()
 		out, err := rt.invoke(hctx, j.Input, job)
 		done <- handlerResult{out, err}
@@ -598,16 +691,25 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 	if !finished {
 		// The handler ignored its cancellation, and whatever it returns
 		// later is dropped. A timeout is recorded now (the job retries per
-		// its policy); a stopping worker leaves the job unreported and its
-		// lease, no longer extended, lapses for another worker to reclaim.
-		// The slot stays taken until the handler returns, so Concurrency
-		// still bounds the handlers running in this process.
+		// its policy) and the handler counts as a straggler from then on; a
+		// stopping worker leaves the job unreported and its lease, no
+		// longer extended, lapses for another worker to reclaim.
 		if errors.Is(context.Cause(hctx), ErrTimeout) {
 			e := rt.decide(ErrTimeout, ErrTimeout, job, w.opts.OnError)
 			w.report(j, expires, JobReport{Status: ReportFailed, Error: &e})
+			w.mu.Lock()
+			if !returned { // else it returned meanwhile and was counted as such
+				straggler = true
+				w.running--
+				w.stragglers++
+				select {
+				case w.returned <- struct{}{}:
+				default:
+				}
+			}
+			w.mu.Unlock()
 		}
-		<-done
-		return
+		return handlerReturned
 	}
 	out, err := res.out, res.err
 	cause := context.Cause(hctx)
@@ -615,14 +717,15 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 		cause = nil
 	}
 	if errors.Is(cause, ErrLeaseLost) {
-		return // someone else owns the job now; a report would be refused
+		return nil // someone else owns the job now; a report would be refused
 	}
 	if err == nil {
 		w.report(j, expires, JobReport{Status: ReportSucceeded, Output: out})
-		return
+		return nil
 	}
 	e := rt.decide(err, cause, job, w.opts.OnError)
 	w.report(j, expires, JobReport{Status: ReportFailed, Error: &e})
+	return nil
 }
 
 // stopGraceOr is the worker's stop grace: stopGrace unless a test set one.
@@ -676,7 +779,8 @@ func (w *Worker) await(hctx context.Context, done <-chan handlerResult) (res han
 }
 
 // report queues a report for the next batch (sent before the lease that
-// expires then lapses); failures go to OnError and the lease lapses.
+// expires then lapses, and retried until the server answers it); reports
+// not recorded go to OnError and their leases lapse.
 func (w *Worker) report(j ClaimedJob, expires time.Time, r JobReport) {
 	w.reporter.enqueue(newQueuedReport(j, r, expires))
 }

@@ -1091,8 +1091,14 @@ func TestStopKeepsItsDeadlineWhenNoReportIsTaken(t *testing.T) {
 	c, _ := testClient(t, f)
 	w := NewWorker(c)
 	w.stopGrace = 200 * time.Millisecond
+	// The handlers return once all 700 are claimed: a worker whose reports
+	// fail claims no more, so they must not fail before.
+	release := make(chan struct{})
 	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "quick", Version: "1",
-		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{Sent: true}, nil }}))
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) {
+			<-release
+			return welcomeOut{Sent: true}, nil
+		}}))
 	sink := &errSink{}
 	if err := w.Start(context.Background(), StartOptions{Concurrency: 700, OnError: sink.add}); err != nil {
 		t.Fatal(err)
@@ -1100,6 +1106,8 @@ func TestStopKeepsItsDeadlineWhenNoReportIsTaken(t *testing.T) {
 	for f.claimed() < 700 {
 		time.Sleep(5 * time.Millisecond)
 	}
+	close(release)
+	time.Sleep(50 * time.Millisecond) // the reports fill the queue
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	began := time.Now()

@@ -1,0 +1,98 @@
+package sdktest
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	ratchet "github.com/getratchet/ratchet/sdk/go"
+)
+
+// loseResponse forwards matching requests to the server, which acts and
+// commits, and then loses the first n answers, as a dropped connection or a
+// proxy timeout would.
+type loseResponse struct {
+	next   http.RoundTripper
+	suffix string
+	n      atomic.Int32
+	seen   atomic.Int32
+}
+
+func (l *loseResponse) RoundTrip(r *http.Request) (*http.Response, error) {
+	res, err := l.next.RoundTrip(r)
+	if err != nil || !strings.HasSuffix(r.URL.Path, l.suffix) {
+		return res, err
+	}
+	l.seen.Add(1)
+	if l.n.Add(-1) >= 0 {
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return nil, errors.New("connection reset by peer (answer lost)")
+	}
+	return res, nil
+}
+
+func (b *bundle) losingClient(t *testing.T, key, suffix string) (*ratchet.Client, *loseResponse) {
+	lose := &loseResponse{suffix: suffix}
+	lose.n.Store(1)
+	return b.client(t, key, func(rt http.RoundTripper) http.RoundTripper { lose.next = rt; return lose }), lose
+}
+
+// A begin whose answer is lost after the server granted execute is retried
+// with the same request_id and answered the same execute: the action runs
+// once and is reported. Without the id the retry read in_flight, nobody held
+// the token, and the key ended blocked though the action never ran.
+func TestDoEffectGetsTheExecuteItsLostAnswerHeld(t *testing.T) {
+	t.Parallel()
+	g := setupGate(t)
+	agent, lose := g.losingClient(t, g.env.Key(g.ws, map[string]any{"name": "agent2", "preset": "AGENT"}),
+		"/effects/begin")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var acted atomic.Int32
+	out, err := ratchet.DoEffect(ctx, agent, req("email.send", "lost-begin:1"), func(context.Context, ratchet.Lease) (sent, error) {
+		acted.Add(1)
+		return sent{MessageID: "m1"}, nil
+	})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, acted.Load())
+	require.EqualValues(t, 2, lose.seen.Load(), "the lost begin and its retry")
+	require.Equal(t, 1, out.Attempt)
+	eff, err := g.operator.GetEffect(ctx, out.EffectID)
+	require.NoError(t, err)
+	require.Equal(t, ratchet.EffectSucceeded, eff.State)
+}
+
+// A run started under an idempotency key whose answer is lost is started
+// again by the SDK's retry, which answers the run the first made: one run.
+func TestStartRunUnderAKeyRetriesALostAnswer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p, lose := b.losingClient(t, b.env.Key(b.ws, map[string]any{"name": "producer2", "preset": "INGEST"}), "/runs")
+	ctx := context.Background()
+	run, err := p.StartRun(ctx, "onboarding", ratchet.WithIdempotencyKey("onboarding:user_7"),
+		ratchet.WithBudgetMicros(1_000_000))
+	require.NoError(t, err)
+	require.EqualValues(t, 2, lose.seen.Load())
+	require.True(t, run.Deduplicated, "the retry found the run the lost answer named")
+	require.Equal(t, "onboarding:user_7", *run.IdempotencyKey)
+	again, err := b.producer.StartRun(ctx, "onboarding", ratchet.WithIdempotencyKey("onboarding:user_7"),
+		ratchet.WithBudgetMicros(1_000_000))
+	require.NoError(t, err)
+	require.Equal(t, run.ID, again.ID)
+	_, err = b.producer.StartRun(ctx, "other", ratchet.WithIdempotencyKey("onboarding:user_7"))
+	require.True(t, ratchet.IsCode(err, ratchet.CodeIdempotencyKeyReuse), "%v", err)
+
+	// Without a key a lost answer is not retried: a repeat would start a second run.
+	lose.n.Store(1)
+	_, err = p.StartRun(ctx, "unkeyed")
+	require.Error(t, err)
+	require.EqualValues(t, 3, lose.seen.Load())
+}
