@@ -219,3 +219,28 @@ func TestABreakerApprovalDoesNotAnswerALaterStop(t *testing.T) {
 	again := b.mustBegin("approval_required", body)
 	require.NotEqual(t, a["approval_id"], again["approval_id"], "a new question for the operator")
 }
+
+// A stop that was only watching (monitor) when a breaker's approval was
+// given, and is escalated to require_approval later, holds the key again:
+// the escalation keeps the stop's opened_at, and the approval predates it.
+func TestABreakerApprovalDoesNotAnswerAStopEscalatedLater(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key,
+		map[string]any{"reason": "watching", "action": "monitor"})
+	b.clock.Add(time.Minute)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key,
+		map[string]any{"action": "require_approval", "reason": "vendor flaky"})
+	body := sms(key("held"))
+	a := b.mustBegin("approval_required", body)
+	b.clock.Add(time.Minute)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(a["approval_id"])+"/approve", b.ws.Key, nil)
+	d := b.mustBegin("execute", body)
+	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
+
+	b.clock.Add(time.Hour)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key,
+		map[string]any{"reason": "incident: halt everything", "action": "require_approval"})
+	b.mustBegin("approval_required", body)
+}

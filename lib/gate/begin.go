@@ -36,9 +36,10 @@ type BeginRequest struct {
 	Compensation        *Compensation     `json:"compensation"`
 	CompensatesEffectID *string           `json:"compensates_effect_id"`
 	LeaseSeconds        *int              `json:"lease_seconds"`
-	// RequestID names this request across its retries (1-255 printable
-	// characters, never stored): a retry whose first answer was lost gets
-	// the same execute, lease token included, instead of in_flight.
+	// RequestID names this request across its retries (16-255 printable
+	// characters, random, never stored): a retry by the same key whose
+	// first answer was lost gets the same execute, lease token included,
+	// instead of in_flight.
 	RequestID *string `json:"request_id"`
 }
 
@@ -154,8 +155,9 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 		// ungrouped effect it would promise an undo nothing performs.
 		pr.Add("compensation", "needs group_id: only an effect group's rollback uses it")
 	}
-	if req.RequestID != nil && !idemkey.Valid(*req.RequestID) {
-		pr.Add("request_id", "must be 1-255 printable characters, the same in each retry of this request")
+	if req.RequestID != nil && (!idemkey.Valid(*req.RequestID) || len(*req.RequestID) < minRequestID) {
+		pr.Add("request_id", "must be 16-255 printable characters, random (a UUID, or 16 random bytes in hex), "+
+			"and the same in each retry of this request")
 	}
 	if req.LeaseSeconds != nil && *req.LeaseSeconds < 1 {
 		pr.Add("lease_seconds", "must be a positive number of seconds (the policy's lease caps it)")
@@ -480,15 +482,22 @@ func precheckError(ev *eval) error {
 		strings.Join(ev.missingDimensions, ", ")).WithDetail("dimensions", ev.missingDimensions)
 }
 
+// minRequestID is the shortest request_id: one a caller could guess, or
+// that two callers could both choose, would let the second rejoin the
+// first's lease.
+const minRequestID = 16
+
 // leaseToken is the token of an attempt begun by in: random, or, when the
-// request names its request_id, derived from it with the service's keyed
-// hash, so that the same request retried after its answer was lost can be
-// given the same token (rejoin) and no other request can.
+// request names its request_id, derived from it and the calling key with
+// the service's keyed hash, so that the same request retried by the same
+// key after its answer was lost can be given the same token (rejoin) and
+// no other request can.
 func (s *Service) leaseToken(in *beginInput, effectID string, attempt int) string {
 	if in.requestID == "" {
 		return ids.Random(24)
 	}
-	sum := s.hash("lease:" + in.ws + ":" + effectID + ":" + strconv.Itoa(attempt) + ":" + in.requestID)
+	sum := s.hash("lease:" + in.ws + ":" + in.keyID + ":" + effectID + ":" + strconv.Itoa(attempt) + ":" +
+		in.requestID)
 	return hex.EncodeToString(sum[:24])
 }
 
@@ -756,8 +765,8 @@ const reasonCircuitOpen = "circuit_open"
 // a breaker or the emergency stop holding the type with require_approval
 // (each such begin needs an operator's yes of its own), and one given for a
 // breaker does not approve an amount. Nor does one given for a breaker
-// answer a breaker or a stop opened after it was decided: the operator said
-// yes to that incident, not to the next. When it does not, ev's reason
+// answer a breaker or a stop opened (or escalated) after it was decided:
+// the operator said yes to that incident, not to the next. When it does not, ev's reason
 // becomes the one to ask with.
 func (s *Service) approvalStillAnswers(ctx context.Context, tx pgx.Tx, row *effectRow, ev *eval, now time.Time) (bool, error) {
 	var given string

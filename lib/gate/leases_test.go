@@ -438,20 +438,24 @@ func TestARetriedBeginGetsTheExecuteItsAnswerLost(t *testing.T) {
 	b := setup(t)
 	k := key("lost-answer")
 	body := email(k)
-	body["request_id"] = "req-one"
+	body["request_id"] = "req-one-0123456789"
 	first := b.mustBegin("execute", body)
 	again := b.mustBegin("execute", body)
 	require.Equal(t, first, again, "the same answer, token included")
 	other := email(k)
 	b.mustBegin("in_flight", other)
-	other["request_id"] = "req-two"
+	other["request_id"] = "req-two-0123456789"
 	b.mustBegin("in_flight", other)
+	// The same id from another key of the workspace is another caller.
+	cross := b.env.Do("POST", "/api/v1/effects/begin", b.agent(), body)
+	require.Equal(t, http.StatusOK, cross.Status, "%s", cross.Body)
+	require.Equal(t, "in_flight", cross.JSON()["decision"])
 
 	// The token it got back works: a failure, then a retry under a new id.
 	id := str(first["effect_id"])
 	require.Equal(t, http.StatusOK, b.report(id, str(again["lease_token"]), "failed", nil).Status)
 	retry := email(k)
-	retry["request_id"] = "req-three"
+	retry["request_id"] = "req-three-0123456789"
 	second := b.mustBegin("execute", retry)
 	require.EqualValues(t, 2, second["attempt"])
 	require.Equal(t, second, b.mustBegin("execute", retry))
@@ -461,15 +465,17 @@ func TestARetriedBeginGetsTheExecuteItsAnswerLost(t *testing.T) {
 	b.clock.Add(2 * time.Minute)
 	require.Equal(t, "blocked", b.begin(retry).JSON()["decision"])
 
-	errCode(t, b.begin(map[string]any{"effect_type": "email.send", "idempotency_key": key("bad"),
-		"request_id": ""}), http.StatusBadRequest, "invalid_request")
+	for _, bad := range []string{"", "1", "fifteen-chars-x"} {
+		errCode(t, b.begin(map[string]any{"effect_type": "email.send", "idempotency_key": key("bad"),
+			"request_id": bad}), http.StatusBadRequest, "invalid_request")
+	}
 
 	// A probe rejoins with the attempt it probes.
 	b.putPolicy("sms.send", map[string]any{"on_indeterminate": "probe"})
 	lapsed := b.mustBegin("execute", sms(key("probed")))
 	b.clock.Add(2 * time.Minute)
 	probeBody := sms(str(b.get(str(lapsed["effect_id"]))["idempotency_key"]))
-	probeBody["request_id"] = "req-probe"
+	probeBody["request_id"] = "req-probe-0123456789"
 	probe := b.mustBegin("execute", probeBody)
 	require.Equal(t, true, probe["probe"])
 	require.EqualValues(t, 1, probe["prior_attempt"].(map[string]any)["attempt"])

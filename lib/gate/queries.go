@@ -238,10 +238,13 @@ RETURNING ` + effectCols("", false)
 // sqlApprovalAnswers reads why an effect's approval was given, whether an
 // open breaker or the emergency stop holds the type with require_approval
 // now (as gate_evaluate reads them: the stop has no cooldown, a breaker
-// holds until closes_at), and whether one of those opened after the
-// approval was decided. $1 approval id, $2 workspace, $3 effect type, $4 now.
+// holds until closes_at), and whether one of those opened, or was made
+// stricter, after the approval was decided: updated_at, since opening an
+// open breaker or stop again (a monitor stop escalated to
+// require_approval) keeps its opened_at. $1 approval id, $2 workspace, $3
+// effect type, $4 now.
 const sqlApprovalAnswers = `
-SELECT a.reason, count(c.*) > 0, count(c.*) FILTER (WHERE c.opened_at > a.decided_at) > 0
+SELECT a.reason, count(c.*) > 0, count(c.*) FILTER (WHERE c.updated_at > a.decided_at) > 0
 FROM approvals a
 LEFT JOIN gate_circuits c ON c.workspace_id = $2 AND c.state = 'open' AND c.action = 'require_approval'
     AND (c.effect_type = '*' OR (c.effect_type = $3 AND (c.closes_at IS NULL OR c.closes_at > $4)))

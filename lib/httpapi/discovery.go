@@ -105,8 +105,9 @@ Branch on "decision":
 - execute: you hold the lease. Perform the action, then report.
 - duplicate: already completed. Use "result". Do not act.
 - in_flight: someone else holds a live lease. Wait retry_after_seconds, ask again.
-  Send "request_id" (fresh per call, the same in its retries): a retry after a lost
-  answer then gets the same execute and lease_token, not in_flight.
+  Send "request_id" (16+ random characters, fresh per call, the same in its retries):
+  a retry by the same key after a lost answer then gets the same execute and
+  lease_token, not in_flight.
 - blocked: a prior attempt's outcome is unknown. Verify at the vendor, then resolve.
 - approval_required: an operator decision is pending. Poll, or wait for the webhook.
 - denied (HTTP 403): policy, budget or rejection. Report the reason. Do not work around it.

@@ -195,14 +195,6 @@ func (s *Service) CreateRun(ctx context.Context, workspaceID string, req CreateR
 	if err := p.Err(); err != nil {
 		return Run{}, err
 	}
-	var hash *string
-	if req.IdempotencyKey != nil {
-		h, err := canonjson.Hash(map[string]any{"name": name, "budgetMicros": req.BudgetMicros})
-		if err != nil {
-			return Run{}, fmt.Errorf("create run: %w", err)
-		}
-		hash = &h
-	}
 	now := s.now()
 	fresh := false
 	r := Run{RunSummary: RunSummary{ID: ids.NewAt(ids.Run, now), Name: name, Status: RunRunning, CreatedAt: now,
@@ -211,11 +203,21 @@ func (s *Service) CreateRun(ctx context.Context, workspaceID string, req CreateR
 		var zero int64
 		r.SpentMicros = &zero
 	}
+	if req.IdempotencyKey == nil {
+		if _, err := s.pool.Exec(ctx, sqlInsertRun, r.ID, workspaceID, r.Name, now, req.BudgetMicros); err != nil {
+			return Run{}, fmt.Errorf("create run: %w", err)
+		}
+		return r, nil
+	}
+	hash, err := canonjson.Hash(map[string]any{"name": name, "budgetMicros": req.BudgetMicros})
+	if err != nil {
+		return Run{}, fmt.Errorf("create run: %w", err)
+	}
 	// Twice at most: a run the key named may be deleted (retention) between
-	// the insert that met it and the read.
+	// the insert that met it and the reads.
 	for range 2 {
-		tag, err := s.pool.Exec(ctx, sqlInsertRun, r.ID, workspaceID, r.Name, now, req.BudgetMicros,
-			req.IdempotencyKey, hash)
+		tag, err := s.pool.Exec(ctx, sqlInsertKeyedRun, r.ID, workspaceID, r.Name, now, req.BudgetMicros,
+			*req.IdempotencyKey, hash)
 		if err != nil {
 			return Run{}, fmt.Errorf("create run: %w", err)
 		}
@@ -230,11 +232,14 @@ func (s *Service) CreateRun(ctx context.Context, workspaceID string, req CreateR
 		if err != nil {
 			return Run{}, fmt.Errorf("create run: read by key: %w", err)
 		}
-		if started != *hash {
+		if started != hash {
 			return Run{}, apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
 				"This idempotency key started a run with another name or budget.")
 		}
 		existing, err := s.GetRun(ctx, workspaceID, id)
+		if e, ok := apierr.As(err); ok && e.Code == apierr.CodeNotFound {
+			continue // deleted since the read: start it afresh
+		}
 		if err != nil {
 			return Run{}, err
 		}

@@ -139,11 +139,17 @@ WITH t AS (
 )
 SELECT * FROM up`
 
-// sqlInsertRun starts a run; one under an idempotency key ($6, with the
-// request's hash $7) is not started when the key already names a run (no
-// row affected: sqlRunByKey reads it). A concurrent start under the same key
-// waits here for the other to commit or roll back.
+// sqlInsertRun starts a run.
 const sqlInsertRun = `
+INSERT INTO job_runs (id, workspace_id, name, status, created_at, budget_micros)
+VALUES ($1::text, $2::text, $3::text, 'RUNNING', $4::timestamptz, $5::bigint)`
+
+// sqlInsertKeyedRun starts a run under idempotency key $6 (with the
+// request's hash $7), unless the key already names a run (no row affected:
+// sqlRunByKey reads it). A concurrent start under the same key waits here
+// for the other to commit or roll back. Only keyed starts name the key's
+// index, so a start without a key never depends on it.
+const sqlInsertKeyedRun = `
 INSERT INTO job_runs (id, workspace_id, name, status, created_at, budget_micros, idempotency_key, request_hash)
 VALUES ($1::text, $2::text, $3::text, 'RUNNING', $4::timestamptz, $5::bigint, $6::text, $7::text)
 ON CONFLICT (workspace_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING`

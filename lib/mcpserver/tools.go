@@ -171,7 +171,6 @@ type BeginInput struct {
 	Compensation        any               `json:"compensation,omitempty" jsonschema:"how to undo it: {effect_type, payload}"`
 	CompensatesEffectID *string           `json:"compensates_effect_id,omitempty"`
 	LeaseSeconds        *int              `json:"lease_seconds,omitempty"`
-	RequestID           *string           `json:"request_id,omitempty" jsonschema:"a fresh random id for this call, sent again unchanged if you retry it after a lost answer: the retry gets the same execute and lease_token instead of in_flight"`
 }
 
 // ReportInput mirrors POST /api/v1/effects/{id}/report.

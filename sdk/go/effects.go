@@ -130,6 +130,14 @@ func (c *Client) Begin(ctx context.Context, req BeginRequest) (*BeginResponse, e
 	}
 	var out BeginResponse
 	err := c.do(ctx, "POST", "/effects/begin", req, &out, idempotent) // the same body, request id included, each retry
+	if unknownField(err, "request_id") {
+		// A server from before request_id (an instance of the previous
+		// release during a deploy) refuses it and changed nothing: ask
+		// without it.
+		req.RequestID = ""
+		out = BeginResponse{}
+		err = c.do(ctx, "POST", "/effects/begin", req, &out, idempotent)
+	}
 	if err == nil {
 		return &out, nil
 	}
@@ -242,4 +250,15 @@ func newRequestID() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b) // never fails (crypto/rand)
 	return hex.EncodeToString(b)
+}
+
+// unknownField says whether err is a 400 refusing field as one the server
+// does not know (a server older than the field).
+func unknownField(err error, field string) bool {
+	var e *Error
+	if !errors.As(err, &e) || e.Code != CodeInvalidRequest {
+		return false
+	}
+	v := e.Validation()
+	return len(v) == 1 && v[0].Field == field && v[0].Message == "is not a known field"
 }

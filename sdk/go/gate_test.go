@@ -526,3 +526,42 @@ func TestDoEffectDuplicateOfAPlaceholderSaysTheResultWasNotStored(t *testing.T) 
 		t.Fatalf("out %+v err %v", out, err)
 	}
 }
+
+// Begin names a request_id, and a server from before the field (an
+// instance of the previous release during a deploy) that refuses it as
+// unknown is asked again without it; any other refusal stands.
+func TestBeginAsksAgainWithoutRequestIDWhenTheServerDoesNotKnowIt(t *testing.T) {
+	t.Parallel()
+	var bodies []map[string]any
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		bodies = append(bodies, body)
+		if _, ok := body["request_id"]; ok {
+			apiError(w, 400, CodeInvalidRequest, map[string]any{"validation": []any{
+				map[string]any{"field": "request_id", "message": "is not a known field"}}})
+			return
+		}
+		writeJSON(w, 200, map[string]any{"decision": "execute", "effect_id": "eff_1", "state": "leased",
+			"attempt": 1, "lease_token": "lt_1"})
+	}))
+	b, err := c.Begin(context.Background(), beginReq)
+	if err != nil || b.Decision != DecisionExecute {
+		t.Fatalf("begin: %+v %v", b, err)
+	}
+	if len(bodies) != 2 || len(bodies[0]["request_id"].(string)) != 32 {
+		t.Fatalf("bodies %v", bodies)
+	}
+
+	bodies = nil
+	req := beginReq
+	req.IdempotencyKey = ""
+	c2, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		bodies = append(bodies, nil)
+		apiError(w, 400, CodeInvalidRequest, map[string]any{"validation": []any{
+			map[string]any{"field": "idempotency_key", "message": "must be 1-255 printable characters"}}})
+	}))
+	if _, err := c2.Begin(context.Background(), req); !IsCode(err, CodeInvalidRequest) || len(bodies) != 1 {
+		t.Fatalf("err %v after %d requests", err, len(bodies))
+	}
+}
