@@ -308,6 +308,35 @@ func (s *Service) lockedAt(in *beginInput) {
 	}
 }
 
+// slowGrant is how long a granting statement may take before the lease it
+// wrote is measured again from its end. A grant charges its daily ceilings'
+// counters last, and may queue there behind other grants' uncommitted
+// charges (or the database is slow): a lease measured from before that wait
+// could be partly spent, or lapsed, when answered. Shorter waits cost at
+// most that much of the lease; measuring every grant would move every
+// lease by the statement's own microseconds.
+const slowGrant = time.Second
+
+// afterSlowGrant lengthens the lease of row's attempt, just granted by a
+// statement sent at sent, by the time the statement took when that was
+// longer than slowGrant. The time is real time: in.now may be a test's
+// clock, which does not move while a statement waits.
+func (s *Service) afterSlowGrant(ctx context.Context, q querier, in *beginInput, row *effectRow, sent time.Time) error {
+	took := time.Since(sent)
+	if took <= slowGrant || row.State != StateLeased {
+		return nil
+	}
+	exp := in.now.Add(took + time.Duration(row.LeaseSeconds)*time.Second).Truncate(time.Microsecond)
+	err := q.QueryRow(ctx, sqlLengthenLease, row.ID, row.Attempt, exp).Scan(&row.LeaseExpiresAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // no longer leased (the sweeper found it lapsed): answered as granted
+	}
+	if err != nil {
+		return fmt.Errorf("begin: lengthen lease: %w", err)
+	}
+	return nil
+}
+
 // errWalletMoved ends a begin that locked its named run's wallet for a key
 // begun meanwhile under another run: locking that run's wallet too could
 // deadlock with a begin crossing the other way, so the begin is done again,
@@ -443,12 +472,16 @@ func (s *Service) refusingOnce(in *beginInput, begin func() (Decision, error)) (
 // transaction); locked is its locked path.
 func (s *Service) decide(ctx context.Context, q querier, in *beginInput,
 	locked func(context.Context, *beginInput) (Decision, error)) (Decision, error) {
+	sent := time.Now()
 	ev, found, inserted, row, err := scanBegin(q.QueryRow(ctx, sqlBeginFast, in.args()...))
 	if err != nil {
 		return Decision{}, fmt.Errorf("begin: %w", err)
 	}
 	switch {
 	case inserted:
+		if err := s.afterSlowGrant(ctx, q, in, &row, sent); err != nil {
+			return Decision{}, err
+		}
 		return s.fresh(in, &ev, &row), nil
 	case !found && ev.precheck != nil:
 		return Decision{}, precheckError(&ev)
@@ -731,9 +764,13 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 			in.token = s.leaseToken(in, row.ID, row.Attempt+1) // the attempt sqlGrant begins
 			in.tokenHash = tokenHash(in.token)
 		}
+		sent := time.Now()
 		if err := tx.QueryRow(ctx, sqlGrant, row.ID, in.now, in.tokenHash, ev.lease, probe, in.keyID,
 			in.risk.keyCeiling).Scan(out.dest()...); err != nil {
 			return Decision{}, fmt.Errorf("begin: grant: %w", err)
+		}
+		if err := s.afterSlowGrant(ctx, tx, in, &out, sent); err != nil {
+			return Decision{}, err
 		}
 		d := Decision{Decision: DecisionExecute, EffectID: out.ID, State: out.State, Attempt: out.Attempt,
 			LeaseToken: in.token, LeaseExpiresAt: out.LeaseExpiresAt, Probe: &probe}

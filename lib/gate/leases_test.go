@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
@@ -480,4 +481,50 @@ func TestARetriedBeginGetsTheExecuteItsAnswerLost(t *testing.T) {
 	require.Equal(t, true, probe["probe"])
 	require.EqualValues(t, 1, probe["prior_attempt"].(map[string]any)["attempt"])
 	require.Equal(t, probe, b.mustBegin("execute", probeBody))
+}
+
+// A grant that queued on a daily ceiling's counter (charged last, behind
+// another grant's uncommitted charge) for longer than a second answers a
+// lease measured from when it ended, on the fast path for a new key and on
+// the locked path for a retry (review: the answer's lease had lapsed).
+func TestAGrantThatWaitedOnADailyCounterGetsAWholeLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"daily_budget_micros": 1_000_000, "lease_seconds": 5})
+	first := b.mustBegin("execute", charge(key("counter"), 10)) // the counter exists from here
+	retried := charge(key("retried"), 10)
+	d := b.mustBegin("execute", retried)
+	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
+
+	for _, body := range []map[string]any{charge(key("fresh"), 10), retried} {
+		ctx := t.Context()
+		holder, err := b.env.App.Pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = holder.Exec(ctx, `SELECT 1 FROM gate_spend WHERE workspace_id = $1 FOR UPDATE`, b.ws.ID)
+		require.NoError(t, err)
+		done := make(chan *apitest.Response, 1)
+		go func() { done <- b.begin(body) }()
+		waiting := func() bool {
+			var n int
+			_ = b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&n)
+			return n > 0
+		}
+		if !assert.Eventually(t, waiting, 5*time.Second, 10*time.Millisecond, "the begin queues on the counter") {
+			_ = holder.Rollback(ctx)
+			<-done
+			t.FailNow()
+		}
+		time.Sleep(1200 * time.Millisecond) // real time; the test's clock stands still
+		require.NoError(t, holder.Commit(ctx))
+		r := <-done
+		require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+		got := r.JSON()
+		require.Equal(t, "execute", got["decision"])
+		exp, err := time.Parse(time.RFC3339, str(got["lease_expires_at"]))
+		require.NoError(t, err)
+		require.False(t, exp.Before(b.clock.Now().Add(6*time.Second)), "lease from before the wait: %s", exp)
+		require.Equal(t, got["lease_expires_at"], b.get(str(got["effect_id"]))["lease_expires_at"])
+	}
+	require.Equal(t, "in_flight", b.mustBegin("in_flight", charge(str(b.get(str(first["effect_id"]))["idempotency_key"]), 10))["decision"])
 }

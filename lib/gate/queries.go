@@ -175,6 +175,19 @@ const sqlBeginFast = `SELECT * FROM gate_begin_in_turn($1::text, $2::text, $3::t
 const sqlRejoin = `SELECT EXISTS (SELECT 1 FROM effects WHERE id = $1::text AND state = 'leased' AND attempt = $2::int
     AND lease_token_hash = $3::bytea AND lease_expires_at > $4::timestamptz)`
 
+// sqlLengthenLease moves the live lease of effect $1's attempt $2 to $3
+// when that is later (afterSlowGrant), on the attempt's record too.
+const sqlLengthenLease = `
+WITH e AS (
+    UPDATE effects SET lease_expires_at = greatest(lease_expires_at, $3::timestamptz)
+    WHERE id = $1::text AND attempt = $2::int AND state = 'leased'
+    RETURNING id, attempt, lease_expires_at
+), a AS (
+    UPDATE effect_attempts x SET lease_expires_at = e.lease_expires_at
+    FROM e WHERE x.effect_id = e.id AND x.attempt = e.attempt
+)
+SELECT lease_expires_at FROM e`
+
 // sqlBeginLocked reads the effect with the same evaluation, holding its row
 // until the transaction ends. Under READ COMMITTED a waiter gets the newest
 // version of the row once the holder commits.
