@@ -79,6 +79,8 @@ type reporter struct {
 	nextID  uint64
 	pending map[uint64]*pendingReport
 	settled chan struct{} // signalled (buffered, 1) whenever a report is settled
+	// deliveryTimeout bounds one delivery (reportTimeout; tests shorten it).
+	deliveryTimeout time.Duration
 	// lost counts the reports that were not recorded for any reason but a
 	// settled refusal (see settledRefusal): given up at close's deadline,
 	// or refused for a reason that says nothing about the job (401, 400).
@@ -98,7 +100,7 @@ func newReporter(ctx context.Context, c *Client, onErr func(error), linger time.
 	sendCtx, giveUp := context.WithCancel(context.WithoutCancel(ctx))
 	r := &reporter{c: c, ctx: sendCtx, giveUp: giveUp, onErr: onErr, linger: linger,
 		in: make(chan queuedReport, reportBatchMax), slots: make(chan struct{}, reportInFlight), done: make(chan struct{}),
-		pending: map[uint64]*pendingReport{}, settled: make(chan struct{}, 1)}
+		pending: map[uint64]*pendingReport{}, settled: make(chan struct{}, 1), deliveryTimeout: reportTimeout}
 	go r.run()
 	return r
 }
@@ -232,7 +234,7 @@ func (r *reporter) send(batch []queuedReport) {
 		if err == nil {
 			return
 		}
-		wait, retry := r.c.retryDelay(err, attempt, idempotent)
+		wait, retry := r.retryDelay(err, attempt)
 		if !retry {
 			for _, q := range batch {
 				r.fail(q, err)
@@ -264,7 +266,7 @@ func (r *reporter) send(batch []queuedReport) {
 // its limit) is sent again report by report, so no outcome depends on the
 // batch route existing.
 func (r *reporter) sendOnce(batch []queuedReport) error {
-	ctx, cancel := context.WithTimeout(r.ctx, reportTimeout)
+	ctx, cancel := context.WithTimeout(r.ctx, r.deliveryTimeout)
 	defer cancel()
 	if len(batch) == 1 {
 		return r.single(ctx, batch[0])
@@ -328,11 +330,22 @@ func (r *reporter) single(ctx context.Context, q queuedReport) error {
 		r.settle(q, nil)
 		return nil
 	}
-	if _, retry := r.c.retryDelay(err, 0, idempotent); retry {
+	if _, retry := r.retryDelay(err, 0); retry {
 		return err
 	}
 	r.fail(q, err)
 	return nil
+}
+
+// retryDelay is the client's answer for a report's delivery, and a delivery
+// that ran out of its own time (reportTimeout: a connection that hangs, a
+// proxy holding the request) is retried too: only r.ctx, which close ends
+// when it gives up, ends a report's retries.
+func (r *reporter) retryDelay(err error, attempt int) (time.Duration, bool) {
+	if errors.Is(err, context.DeadlineExceeded) && r.ctx.Err() == nil {
+		return r.c.backoff(attempt), true
+	}
+	return r.c.retryDelay(err, attempt, idempotent)
 }
 
 // unrecordableOutput says whether a success report's refusal is about its

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -303,5 +306,45 @@ func TestReporterHoldsAFailingReportUntilItIsRecorded(t *testing.T) {
 	r.pmu.Unlock()
 	if !r.holding(time.Now()) {
 		t.Fatal("a report whose lease is about to lapse is not held")
+	}
+}
+
+// A delivery that hangs past its own timeout (a black-holed connection, a
+// proxy holding the request) is retried, not given up: only close's
+// deadline ends a report's retries (review: it was counted lost at once,
+// and the job ran again).
+func TestReporterRetriesADeliveryThatHung(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	var calls atomic.Int32
+	released := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			// The body is read first: only then does the server notice the
+			// client hanging up and end r.Context().
+			_, _ = io.Copy(io.Discard, r.Body)
+			select { // hangs until the client gives up on it
+			case <-r.Context().Done():
+			case <-released:
+			}
+			return
+		}
+		f.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	defer close(released)
+	c, err := NewClient(Config{BaseURL: srv.URL, APIKey: "k", HTTPClient: srv.Client()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &errSink{}
+	r := newReporter(context.Background(), c, sink.add, 0)
+	r.deliveryTimeout = 200 * time.Millisecond
+	queueReports(r, 1, time.Now().Add(10*time.Minute))
+	if !r.close(context.Background()) {
+		t.Fatal("close gave up")
+	}
+	if r.lostReports() != 0 || calls.Load() < 2 {
+		t.Fatalf("deliveries %d, lost %d, OnError %v", calls.Load(), r.lostReports(), sink.list())
 	}
 }
