@@ -329,7 +329,11 @@ func (s *Service) afterSlowGrant(ctx context.Context, q querier, in *beginInput,
 	exp := in.now.Add(took + time.Duration(row.LeaseSeconds)*time.Second).Truncate(time.Microsecond)
 	err := q.QueryRow(ctx, sqlLengthenLease, row.ID, row.Attempt, exp).Scan(&row.LeaseExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil // no longer leased (the sweeper found it lapsed): answered as granted
+		// No longer leased: the sweeper found the lease lapsed while the
+		// grant waited (a fast-path grant is committed before this). Its
+		// token is worthless, so begin is asked again, and decides on the
+		// attempt as the sweeper left it.
+		return retryRequest()
 	}
 	if err != nil {
 		return fmt.Errorf("begin: lengthen lease: %w", err)

@@ -3,6 +3,7 @@ package gate
 import (
 	"context"
 	"strings"
+	"time"
 
 	"github.com/getratchet/ratchet/lib/auth"
 )
@@ -16,6 +17,14 @@ func (s *Service) BeginLocked(ctx context.Context, p *auth.Principal, req BeginR
 		return Decision{}, err
 	}
 	return s.beginLocked(ctx, in)
+}
+
+// AfterSlowGrant runs afterSlowGrant for attempt of effect id, granted by a
+// statement sent at sent, as if it were leased for five seconds, so a test
+// can show the answer when the lease is gone by then.
+func (s *Service) AfterSlowGrant(ctx context.Context, id string, attempt int, sent time.Time) error {
+	row := effectRow{ID: id, Attempt: attempt, State: StateLeased, LeaseSeconds: 5}
+	return s.afterSlowGrant(ctx, s.pool, &beginInput{now: s.now()}, &row, sent)
 }
 
 // FunctionFragments are the SQL fragments that migrations 0008, 0010, 0013,

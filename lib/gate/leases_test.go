@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/apitest"
 )
 
@@ -527,4 +528,29 @@ func TestAGrantThatWaitedOnADailyCounterGetsAWholeLease(t *testing.T) {
 		require.Equal(t, got["lease_expires_at"], b.get(str(got["effect_id"]))["lease_expires_at"])
 	}
 	require.Equal(t, "in_flight", b.mustBegin("in_flight", charge(str(b.get(str(first["effect_id"]))["idempotency_key"]), 10))["decision"])
+}
+
+// A grant that waited so long that its attempt is no longer leased when its
+// lease is measured again (the sweeper found it lapsed meanwhile) is not
+// answered as granted: begin is asked again (review: execute was answered
+// with a worthless token). A live lease is lengthened instead.
+func TestASlowGrantWhoseLeaseIsGoneAsksForTheBeginAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	g := b.env.App.Server.Gate
+	live := b.mustBegin("execute", email(key("slow-live")))
+	gone := b.mustBegin("execute", email(key("slow-gone")))
+	require.Equal(t, http.StatusOK, b.report(str(gone["effect_id"]), str(gone["lease_token"]), "failed", nil).Status)
+
+	sent := time.Now().Add(-3 * time.Second)
+	err := g.AfterSlowGrant(t.Context(), str(gone["effect_id"]), 1, sent)
+	e, ok := apierr.As(err)
+	require.True(t, ok, "%v", err)
+	require.Equal(t, apierr.CodeRetryRequest, e.Code)
+	require.Equal(t, "failed", b.get(str(gone["effect_id"]))["state"])
+
+	require.NoError(t, g.AfterSlowGrant(t.Context(), str(live["effect_id"]), 1, sent))
+	exp, err := time.Parse(time.RFC3339, str(b.get(str(live["effect_id"]))["lease_expires_at"]))
+	require.NoError(t, err)
+	require.False(t, exp.Before(b.clock.Now().Add(8*time.Second)), "lease not measured again: %s", exp)
 }
