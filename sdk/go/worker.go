@@ -147,7 +147,9 @@ func (w *Worker) ID() string {
 // It returns once registration succeeded (or failed). ctx bounds the
 // worker's whole life: cancelling it stops claiming and cancels running
 // handlers at once (cause ErrWorkerStopped; their attempts are reported as
-// retryable). For a graceful shutdown call Stop instead.
+// retryable, for at most 10 s once the handlers have returned; a report not
+// sent by then goes to OnError and its job runs again once its lease
+// lapses). For a graceful shutdown call Stop instead.
 //
 // If Stop is called while Start is still registering (a SIGTERM during a
 // slow start, say), the worker never polls: Start returns an error matching
@@ -419,8 +421,16 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 	defer func() {
 		if ctx.Err() != nil {
 			// Ended by ctx: nobody may call Stop, so send the last
-			// reports once the cancelled handlers have returned.
-			go func() { w.jobs.Wait(); w.reporter.close(context.Background()) }()
+			// reports once the cancelled handlers have returned, for at
+			// most the stop grace: a server that stays down must not keep
+			// this goroutine retrying for the life of the process. What is
+			// not sent by then goes to OnError.
+			go func() {
+				w.jobs.Wait()
+				sendCtx, cancel := context.WithTimeout(context.Background(), w.stopGraceOr())
+				defer cancel()
+				w.reporter.close(sendCtx)
+			}()
 		}
 	}()
 	full := false // the last claim filled every slot it asked for: work is waiting

@@ -1352,3 +1352,40 @@ func TestWorkerStopGivesFinishedReportsTheGrace(t *testing.T) {
 		t.Fatalf("report %v", rep)
 	}
 }
+
+// A worker ended by Start's context sends its last reports for at most the
+// stop grace: with a server that takes none, they go to OnError and the
+// sending ends (review: it retried for the life of the process).
+func TestWorkerStartContextCancelGivesUpReportsAfterTheGrace(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.leaseFor = 10 * time.Minute // reports would be retried for that long
+	f.reportError = func(json.RawMessage) (int, string) { return 503, "database_unavailable" }
+	f.add("long", "1", welcomeIn{}, 600_000)
+	c, _ := testClient(t, f)
+	w := NewWorker(c)
+	w.stopGrace = 200 * time.Millisecond
+	started := make(chan struct{})
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
+		Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+			close(started)
+			<-ctx.Done()
+			return welcomeOut{}, ctx.Err()
+		}}))
+	sink := &errSink{}
+	ctx, cancel := context.WithCancel(context.Background())
+	must(t, w.Start(ctx, StartOptions{PollInterval: 10 * time.Millisecond, OnError: sink.add}))
+	<-started
+	cancel()
+	w.mu.Lock()
+	r := w.reporter
+	w.mu.Unlock()
+	select {
+	case <-r.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the last reports were still being retried 10 s after the grace")
+	}
+	if r.lostReports() != 1 {
+		t.Fatalf("lost %d, OnError %v", r.lostReports(), sink.list())
+	}
+}
