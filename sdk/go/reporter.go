@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -241,6 +242,14 @@ func (r *reporter) send(batch []queuedReport) {
 			}
 			return
 		}
+		if len(batch) > 1 && attempt >= 1 && splitsBatch(err) {
+			// The batch failed twice in a way one report could cause (a
+			// server error, a timeout): each report is sent on its own,
+			// with its own retries, so that one report the server chokes
+			// on holds back only itself.
+			r.sendEach(batch)
+			return
+		}
 		r.markFailing(batch)
 		now := time.Now()
 		if failingSince.IsZero() {
@@ -257,6 +266,18 @@ func (r *reporter) send(batch []queuedReport) {
 			return
 		}
 	}
+}
+
+// splitsBatch says whether a batch's retryable failure could be one of its
+// reports' doing: a server error other than 503 (which says the server, or
+// its database, is unavailable to every request alike), or a delivery that
+// ran out of time. A 429 or a 503 is not worth more requests.
+func splitsBatch(err error) bool {
+	var apiErr *Error
+	if errors.As(err, &apiErr) {
+		return apiErr.StatusCode >= 500 && apiErr.StatusCode != http.StatusServiceUnavailable
+	}
+	return errors.Is(err, context.DeadlineExceeded)
 }
 
 // sendOnce makes one delivery of batch, answering each report it settles

@@ -1,6 +1,7 @@
 package ratchet
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -346,5 +347,41 @@ func TestReporterRetriesADeliveryThatHung(t *testing.T) {
 	}
 	if r.lostReports() != 0 || calls.Load() < 2 {
 		t.Fatalf("deliveries %d, lost %d, OnError %v", calls.Load(), r.lostReports(), sink.list())
+	}
+}
+
+// A batch the server keeps failing on with an error one report could cause
+// (a 500) is sent report by report after its second failure: the report
+// the server chokes on holds back only itself (review: the whole batch was
+// retried, and held, for as long as that report failed).
+func TestBatchThatKeepsFailingIsSplit(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	var batches atomic.Int32
+	f.reportError = func(body json.RawMessage) (int, string) {
+		if bytes.Contains(body, []byte(`"reports"`)) {
+			batches.Add(1)
+			if bytes.Contains(body, []byte("tok_job_r3")) {
+				return 500, "internal_error"
+			}
+		}
+		return 0, ""
+	}
+	c, _ := testClient(t, f)
+	sink := &errSink{}
+	r := newReporter(context.Background(), c, sink.add, 50*time.Millisecond)
+	ids := queueReports(r, 5, time.Now().Add(10*time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if !r.close(ctx) {
+		t.Fatalf("close gave up after %d batch deliveries; OnError %v", batches.Load(), sink.list())
+	}
+	for _, id := range ids {
+		if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
+			t.Fatalf("report of %s: %v", id, rep)
+		}
+	}
+	if r.lostReports() != 0 || batches.Load() < 2 {
+		t.Fatalf("lost %d, batch deliveries %d", r.lostReports(), batches.Load())
 	}
 }
