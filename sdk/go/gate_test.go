@@ -393,17 +393,7 @@ func TestDoEffectMeasuresTheLeaseFromTheServersDate(t *testing.T) {
 	}
 	c, _ := testClient(t, g)
 	began := time.Now()
-	out, err := DoEffect(context.Background(), c, beginReq, func(ctx context.Context, _ Lease) (sendResult, error) {
-		select {
-		case <-time.After(2500 * time.Millisecond):
-			return sendResult{MessageID: "msg_1"}, nil
-		case <-ctx.Done():
-			return sendResult{}, context.Cause(ctx)
-		}
-	})
-	if err != nil || out.Result.MessageID != "msg_1" {
-		t.Fatalf("out %+v err %v", out, err)
-	}
+	doEffectLasting(t, c, 2500*time.Millisecond)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.heartbeats == 0 || first.Sub(began) < time.Second {
@@ -428,17 +418,7 @@ func TestDoEffectTriesAHeartbeatBeforeGivingUpALease(t *testing.T) {
 		undated(w, map[string]any{"effect_id": "eff_1", "lease_expires_at": time.Now().Add(-time.Second)})
 	}
 	c, _ := testClient(t, g)
-	out, err := DoEffect(context.Background(), c, beginReq, func(ctx context.Context, _ Lease) (sendResult, error) {
-		select {
-		case <-time.After(1500 * time.Millisecond):
-			return sendResult{MessageID: "msg_1"}, nil
-		case <-ctx.Done():
-			return sendResult{}, context.Cause(ctx)
-		}
-	})
-	if err != nil || out.Result.MessageID != "msg_1" {
-		t.Fatalf("out %+v err %v", out, err)
-	}
+	doEffectLasting(t, c, 1500*time.Millisecond)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.heartbeats < 1 || g.heartbeats > 4 {
@@ -563,5 +543,22 @@ func TestBeginAsksAgainWithoutRequestIDWhenTheServerDoesNotKnowIt(t *testing.T) 
 	}))
 	if _, err := c2.Begin(context.Background(), req); !IsCode(err, CodeInvalidRequest) || len(bodies) != 1 {
 		t.Fatalf("err %v after %d requests", err, len(bodies))
+	}
+}
+
+// doEffectLasting runs DoEffect with an action that succeeds after d unless
+// its context ends first, and fails the test unless it succeeded.
+func doEffectLasting(t *testing.T, c *Client, d time.Duration) {
+	t.Helper()
+	out, err := DoEffect(context.Background(), c, beginReq, func(ctx context.Context, _ Lease) (sendResult, error) {
+		select {
+		case <-time.After(d):
+			return sendResult{MessageID: "msg_1"}, nil
+		case <-ctx.Done():
+			return sendResult{}, context.Cause(ctx)
+		}
+	})
+	if err != nil || out.Result.MessageID != "msg_1" {
+		t.Fatalf("out %+v err %v", out, err)
 	}
 }
