@@ -201,15 +201,9 @@ func TestApprovalForAnAmountDoesNotPassAHold(t *testing.T) {
 func TestABreakerApprovalDoesNotAnswerALaterStop(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key,
-		map[string]any{"action": "require_approval", "reason": "vendor flaky"})
 	body := sms(key("held"))
-	a := b.mustBegin("approval_required", body)
-	b.clock.Add(time.Minute)
-	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(a["approval_id"])+"/approve", b.ws.Key, nil)
-	d := b.mustBegin("execute", body)
-	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
-	d = b.mustBegin("execute", body) // the same breaker, still open: the approval answers it
+	a := b.executeThroughApprovedBreaker(body)
+	d := b.mustBegin("execute", body) // the same breaker, still open: the approval answers it
 	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
 
@@ -229,18 +223,29 @@ func TestABreakerApprovalDoesNotAnswerAStopEscalatedLater(t *testing.T) {
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key,
 		map[string]any{"reason": "watching", "action": "monitor"})
 	b.clock.Add(time.Minute)
-	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key,
-		map[string]any{"action": "require_approval", "reason": "vendor flaky"})
 	body := sms(key("held"))
-	a := b.mustBegin("approval_required", body)
-	b.clock.Add(time.Minute)
-	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(a["approval_id"])+"/approve", b.ws.Key, nil)
-	d := b.mustBegin("execute", body)
-	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
+	a := b.executeThroughApprovedBreaker(body)
 
 	b.clock.Add(time.Hour)
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key,
 		map[string]any{"reason": "incident: halt everything", "action": "require_approval"})
-	b.mustBegin("approval_required", body)
+	again := b.mustBegin("approval_required", body)
+	require.NotEqual(t, a["approval_id"], again["approval_id"], "a new question for the operator")
+}
+
+// executeThroughApprovedBreaker opens sms.send's breaker with
+// require_approval, holds body's key on it, approves the hold a minute
+// later and executes the key once (reported failed, so it may run again);
+// it returns the approval.
+func (b *bundle) executeThroughApprovedBreaker(body map[string]any) map[string]any {
+	b.t.Helper()
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key,
+		map[string]any{"action": "require_approval", "reason": "vendor flaky"})
+	a := b.mustBegin("approval_required", body)
+	b.clock.Add(time.Minute)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(a["approval_id"])+"/approve", b.ws.Key, nil)
+	d := b.mustBegin("execute", body)
+	require.Equal(b.t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
+	return a
 }
