@@ -147,9 +147,10 @@ func (w *Worker) ID() string {
 // It returns once registration succeeded (or failed). ctx bounds the
 // worker's whole life: cancelling it stops claiming and cancels running
 // handlers at once (cause ErrWorkerStopped; their attempts are reported as
-// retryable, for at most 10 s once the handlers have returned; a report not
-// sent by then goes to OnError and its job runs again once its lease
-// lapses). For a graceful shutdown call Stop instead.
+// retryable, for at most 10 s once the handlers have returned unless Stop
+// is called by then, whose deadline decides instead; a report not sent goes
+// to OnError and its job runs again once its lease lapses). For a graceful
+// shutdown call Stop instead.
 //
 // If Stop is called while Start is still registering (a SIGTERM during a
 // slow start, say), the worker never polls: Start returns an error matching
@@ -424,12 +425,18 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 			// reports once the cancelled handlers have returned, for at
 			// most the stop grace: a server that stays down must not keep
 			// this goroutine retrying for the life of the process. What is
-			// not sent by then goes to OnError.
+			// not sent by then goes to OnError. A Stop called by then
+			// (signal.NotifyContext for Start, then Stop with a shutdown
+			// deadline) decides instead: its deadline is the caller's.
 			go func() {
 				w.jobs.Wait()
-				sendCtx, cancel := context.WithTimeout(context.Background(), w.stopGraceOr())
-				defer cancel()
-				w.reporter.close(sendCtx)
+				grace := time.AfterFunc(w.stopGraceOr(), func() {
+					if !closed(w.stopping) {
+						w.reporter.giveUp()
+					}
+				})
+				defer grace.Stop()
+				w.reporter.close(context.Background())
 			}()
 		}
 	}()

@@ -1389,3 +1389,46 @@ func TestWorkerStartContextCancelGivesUpReportsAfterTheGrace(t *testing.T) {
 		t.Fatalf("lost %d, OnError %v", r.lostReports(), sink.list())
 	}
 }
+
+// Start's context cancelled, then Stop with a longer deadline (the usual
+// signal.NotifyContext and Stop(shutdownCtx)): Stop's deadline decides how
+// long the last reports are tried, not the grace of a worker nobody stops
+// (review: the report was given up after the grace, with the server back
+// well within Stop's deadline).
+func TestStopAfterStartContextCancelKeepsItsOwnDeadline(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	var down atomic.Bool
+	down.Store(true)
+	f.reportError = func(json.RawMessage) (int, string) {
+		if down.Load() {
+			return 503, "database_unavailable"
+		}
+		return 0, ""
+	}
+	id := f.add("long", "1", welcomeIn{}, 600_000)
+	c, _ := testClient(t, f)
+	w := NewWorker(c)
+	w.stopGrace = 200 * time.Millisecond
+	started := make(chan struct{})
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
+		Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+			close(started)
+			<-ctx.Done()
+			return welcomeOut{}, ctx.Err()
+		}}))
+	sink := &errSink{}
+	ctx, cancel := context.WithCancel(context.Background())
+	must(t, w.Start(ctx, StartOptions{PollInterval: 10 * time.Millisecond, OnError: sink.add}))
+	<-started
+	cancel()
+	time.AfterFunc(time.Second, func() { down.Store(false) })
+	stopCtx, stopCancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stopCancel()
+	if err := w.Stop(stopCtx); err != nil {
+		t.Fatalf("Stop: %v; OnError %v", err, sink.list())
+	}
+	if e := f.report(t, id)["error"].(map[string]any); e["retryable"] != true {
+		t.Fatalf("report %v", e)
+	}
+}
