@@ -80,6 +80,8 @@ type reporter struct {
 	nextID  uint64
 	pending map[uint64]*pendingReport
 	settled chan struct{} // signalled (buffered, 1) whenever a report is settled
+	// lastRecorded is when the server last recorded a report (under pmu).
+	lastRecorded time.Time
 	// deliveryTimeout bounds one delivery (reportTimeout; tests shorten it).
 	deliveryTimeout time.Duration
 	// lost counts the reports that were not recorded for any reason but a
@@ -90,8 +92,9 @@ type reporter struct {
 
 // pendingReport is what holding needs to know of a queued report.
 type pendingReport struct {
-	expires time.Time // its lease's expiry as last known (zero: unknown)
-	failing bool      // a delivery met a failure worth a retry
+	expires      time.Time // its lease's expiry as last known (zero: unknown)
+	failing      bool      // a delivery met a failure worth a retry
+	failingSince time.Time // when a delivery first did
 }
 
 func newReporter(ctx context.Context, c *Client, onErr func(error), linger time.Duration) *reporter {
@@ -230,6 +233,7 @@ func (r *reporter) deadline(q queuedReport) time.Time {
 // safe to repeat (the same token and outcome answer the same result).
 func (r *reporter) send(batch []queuedReport) {
 	var failingSince, warned time.Time
+	splittable := false // the previous delivery failed as splitsBatch says
 	for attempt := 0; ; attempt++ {
 		err := r.sendOnce(batch)
 		if err == nil {
@@ -242,13 +246,18 @@ func (r *reporter) send(batch []queuedReport) {
 			}
 			return
 		}
-		if len(batch) > 1 && attempt >= 1 && splitsBatch(err) {
-			// The batch failed twice in a way one report could cause (a
-			// server error, a timeout): each report is sent on its own,
-			// with its own retries, so that one report the server chokes
-			// on holds back only itself.
-			r.sendEach(batch)
-			return
+		if len(batch) > 1 && splitsBatch(err) {
+			if splittable {
+				// The batch failed twice running in a way one report
+				// could cause: each report is sent on its own, with its
+				// own retries, so that one report the server chokes on
+				// holds back only itself (see holding).
+				r.sendEach(batch)
+				return
+			}
+			splittable = true
+		} else {
+			splittable = false
 		}
 		r.markFailing(batch)
 		now := time.Now()
@@ -269,15 +278,13 @@ func (r *reporter) send(batch []queuedReport) {
 }
 
 // splitsBatch says whether a batch's retryable failure could be one of its
-// reports' doing: a server error other than 503 (which says the server, or
-// its database, is unavailable to every request alike), or a delivery that
-// ran out of time. A 429 or a 503 is not worth more requests.
+// reports' doing: a 500, the server failing on what it was sent. A 429, a
+// 503 (the server or its database unavailable to every request alike), a
+// proxy's 502 or 504, a timeout or a network failure say the same of every
+// request, and splitting would only multiply them during an outage.
 func splitsBatch(err error) bool {
 	var apiErr *Error
-	if errors.As(err, &apiErr) {
-		return apiErr.StatusCode >= 500 && apiErr.StatusCode != http.StatusServiceUnavailable
-	}
-	return errors.Is(err, context.DeadlineExceeded)
+	return errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusInternalServerError
 }
 
 // sendOnce makes one delivery of batch, answering each report it settles
@@ -400,6 +407,9 @@ func (r *reporter) fail(q queuedReport, err error) { r.settle(q, err) }
 func (r *reporter) settle(q queuedReport, err error) {
 	r.pmu.Lock()
 	delete(r.pending, q.id)
+	if err == nil {
+		r.lastRecorded = time.Now()
+	}
 	r.pmu.Unlock()
 	select {
 	case r.settled <- struct{}{}:
@@ -427,8 +437,8 @@ func (r *reporter) markFailing(batch []queuedReport) {
 	r.pmu.Lock()
 	defer r.pmu.Unlock()
 	for _, q := range batch {
-		if p := r.pending[q.id]; p != nil {
-			p.failing = true
+		if p := r.pending[q.id]; p != nil && !p.failing {
+			p.failing, p.failingSince = true, time.Now()
 		}
 	}
 }
@@ -440,10 +450,19 @@ func (r *reporter) markFailing(batch []queuedReport) {
 // while it does, so it never runs a job again whose outcome it is holding
 // (a claim would meet the same outage anyway); settled signals when that
 // may have changed.
+//
+// A failing report does not hold the worker once the server has recorded
+// another report since the first failure: the server is taking reports,
+// and this one fails for a reason of its own (a batch split for it, see
+// splitsBatch), which pausing the worker would not mend. It is still
+// retried until close gives up.
 func (r *reporter) holding(now time.Time) bool {
 	r.pmu.Lock()
 	defer r.pmu.Unlock()
 	for _, p := range r.pending {
+		if p.failing && r.lastRecorded.After(p.failingSince) {
+			continue // failing on its own: see above
+		}
 		if p.failing || (!p.expires.IsZero() && !now.Before(p.expires.Add(-reportLeaseMargin))) {
 			return true
 		}

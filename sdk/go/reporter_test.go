@@ -342,7 +342,9 @@ func TestReporterRetriesADeliveryThatHung(t *testing.T) {
 	r := newReporter(context.Background(), c, sink.add, 0)
 	r.deliveryTimeout = 200 * time.Millisecond
 	queueReports(r, 1, time.Now().Add(10*time.Minute))
-	if !r.close(context.Background()) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if !r.close(ctx) {
 		t.Fatal("close gave up")
 	}
 	if r.lostReports() != 0 || calls.Load() < 2 {
@@ -351,37 +353,83 @@ func TestReporterRetriesADeliveryThatHung(t *testing.T) {
 }
 
 // A batch the server keeps failing on with an error one report could cause
-// (a 500) is sent report by report after its second failure: the report
-// the server chokes on holds back only itself (review: the whole batch was
-// retried, and held, for as long as that report failed).
+// (a 500) is sent report by report after its second failure running: its
+// other reports are recorded, and the report the server chokes on holds
+// back only itself — not the batch, and not the worker's claims once the
+// server has recorded others since it began failing. It is retried until
+// close gives up (review: the whole batch was retried, and held, for as
+// long as that report failed).
 func TestBatchThatKeepsFailingIsSplit(t *testing.T) {
 	t.Parallel()
 	f := newFakeJobs()
-	var batches atomic.Int32
+	var batches, singles atomic.Int32
 	f.reportError = func(body json.RawMessage) (int, string) {
 		if bytes.Contains(body, []byte(`"reports"`)) {
 			batches.Add(1)
-			if bytes.Contains(body, []byte("tok_job_r3")) {
-				return 500, "internal_error"
-			}
+		} else {
+			singles.Add(1)
+		}
+		if bytes.Contains(body, []byte("tok_job_r3")) {
+			return 500, "internal_error"
 		}
 		return 0, ""
 	}
 	c, _ := testClient(t, f)
+	c.maxRetries = 0 // one request a delivery
 	sink := &errSink{}
 	r := newReporter(context.Background(), c, sink.add, 50*time.Millisecond)
 	ids := queueReports(r, 5, time.Now().Add(10*time.Minute))
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if !r.close(ctx) {
-		t.Fatalf("close gave up after %d batch deliveries; OnError %v", batches.Load(), sink.list())
-	}
 	for _, id := range ids {
-		if rep := f.report(t, id); rep["status"] != "SUCCEEDED" {
-			t.Fatalf("report of %s: %v", id, rep)
+		if id != "job_r3" {
+			if rep := f.waitReport(t, id); rep["status"] != "SUCCEEDED" {
+				t.Fatalf("report of %s: %v", id, rep)
+			}
 		}
 	}
-	if r.lostReports() != 0 || batches.Load() < 2 {
+	if !eventually(func() bool { return !r.holding(time.Now()) && singles.Load() >= 6 }) {
+		t.Fatalf("holding %v after %d single deliveries", r.holding(time.Now()), singles.Load())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if r.close(ctx) || r.lostReports() != 1 || batches.Load() != 2 {
 		t.Fatalf("lost %d, batch deliveries %d", r.lostReports(), batches.Load())
 	}
+}
+
+// A batch refused with a 503 (or any failure that says the same of every
+// request) is sent again whole, never split: splitting would multiply the
+// requests of an outage.
+func TestBatchMeetingAnOutageIsNotSplit(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	var batches, singles atomic.Int32
+	f.reportError = func(body json.RawMessage) (int, string) {
+		if !bytes.Contains(body, []byte(`"reports"`)) {
+			singles.Add(1)
+			return 0, ""
+		}
+		if batches.Add(1) <= 3 {
+			return 503, "database_unavailable"
+		}
+		return 0, ""
+	}
+	c, _ := testClient(t, f)
+	c.maxRetries = 0
+	r := newReporter(context.Background(), c, (&errSink{}).add, 50*time.Millisecond)
+	queueReports(r, 5, time.Now().Add(10*time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if !r.close(ctx) || r.lostReports() != 0 || batches.Load() != 4 || singles.Load() != 0 {
+		t.Fatalf("lost %d, batch deliveries %d, single deliveries %d", r.lostReports(), batches.Load(), singles.Load())
+	}
+}
+
+// eventually polls cond for up to 10 s.
+func eventually(cond func() bool) bool {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
 }
