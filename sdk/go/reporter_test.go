@@ -267,14 +267,7 @@ func TestReporterCountsLostReportsButNotSettledRefusals(t *testing.T) {
 func TestReporterHoldsAFailingReportUntilItIsRecorded(t *testing.T) {
 	t.Parallel()
 	f := newFakeJobs()
-	var down atomic.Bool
-	down.Store(true)
-	f.reportError = func(json.RawMessage) (int, string) {
-		if down.Load() {
-			return 503, CodeInternal
-		}
-		return 0, ""
-	}
+	down := f.reportsDown()
 	c, _ := testClient(t, f)
 	sink := &errSink{}
 	r := newReporter(context.Background(), c, sink.add, 0)

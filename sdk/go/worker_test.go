@@ -1362,21 +1362,7 @@ func TestWorkerStartContextCancelGivesUpReportsAfterTheGrace(t *testing.T) {
 	f.leaseFor = 10 * time.Minute // reports would be retried for that long
 	f.reportError = func(json.RawMessage) (int, string) { return 503, "database_unavailable" }
 	f.add("long", "1", welcomeIn{}, 600_000)
-	c, _ := testClient(t, f)
-	w := NewWorker(c)
-	w.stopGrace = 200 * time.Millisecond
-	started := make(chan struct{})
-	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
-		Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
-			close(started)
-			<-ctx.Done()
-			return welcomeOut{}, ctx.Err()
-		}}))
-	sink := &errSink{}
-	ctx, cancel := context.WithCancel(context.Background())
-	must(t, w.Start(ctx, StartOptions{PollInterval: 10 * time.Millisecond, OnError: sink.add}))
-	<-started
-	cancel()
+	w, sink := cancelStartWhileRunning(t, f)
 	w.mu.Lock()
 	r := w.reporter
 	w.mu.Unlock()
@@ -1398,15 +1384,25 @@ func TestWorkerStartContextCancelGivesUpReportsAfterTheGrace(t *testing.T) {
 func TestStopAfterStartContextCancelKeepsItsOwnDeadline(t *testing.T) {
 	t.Parallel()
 	f := newFakeJobs()
-	var down atomic.Bool
-	down.Store(true)
-	f.reportError = func(json.RawMessage) (int, string) {
-		if down.Load() {
-			return 503, "database_unavailable"
-		}
-		return 0, ""
-	}
+	down := f.reportsDown()
 	id := f.add("long", "1", welcomeIn{}, 600_000)
+	w, sink := cancelStartWhileRunning(t, f)
+	time.AfterFunc(time.Second, func() { down.Store(false) })
+	stopCtx, stopCancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stopCancel()
+	if err := w.Stop(stopCtx); err != nil {
+		t.Fatalf("Stop: %v; OnError %v", err, sink.list())
+	}
+	if e := f.report(t, id)["error"].(map[string]any); e["retryable"] != true {
+		t.Fatalf("report %v", e)
+	}
+}
+
+// cancelStartWhileRunning starts a worker (stop grace 200 ms) for f's
+// "long"@"1" jobs, whose handler runs until its context ends, and cancels
+// Start's context once a handler runs.
+func cancelStartWhileRunning(t *testing.T, f *fakeJobs) (*Worker, *errSink) {
+	t.Helper()
 	c, _ := testClient(t, f)
 	w := NewWorker(c)
 	w.stopGrace = 200 * time.Millisecond
@@ -1422,13 +1418,19 @@ func TestStopAfterStartContextCancelKeepsItsOwnDeadline(t *testing.T) {
 	must(t, w.Start(ctx, StartOptions{PollInterval: 10 * time.Millisecond, OnError: sink.add}))
 	<-started
 	cancel()
-	time.AfterFunc(time.Second, func() { down.Store(false) })
-	stopCtx, stopCancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer stopCancel()
-	if err := w.Stop(stopCtx); err != nil {
-		t.Fatalf("Stop: %v; OnError %v", err, sink.list())
+	return w, sink
+}
+
+// reportsDown makes f refuse every report with a 503 until the flag it
+// returns (set) is cleared.
+func (f *fakeJobs) reportsDown() *atomic.Bool {
+	down := &atomic.Bool{}
+	down.Store(true)
+	f.reportError = func(json.RawMessage) (int, string) {
+		if down.Load() {
+			return 503, "database_unavailable"
+		}
+		return 0, ""
 	}
-	if e := f.report(t, id)["error"].(map[string]any); e["retryable"] != true {
-		t.Fatalf("report %v", e)
-	}
+	return down
 }
