@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -395,6 +396,12 @@ func groupSteps(ctx context.Context, q querier, groupID string) ([]groupStep, er
 type rollback struct {
 	plan                               []planEntry
 	unresolved, irreversible, reversed []string
+	// held lists the steps to undo that sit behind an unknown outcome: a
+	// step that may have succeeded after them, or a compensation of one
+	// whose lease lapsed unreported. (A compensation merely in flight stops
+	// the plan too, but undoing what comes before it meanwhile is no
+	// rollback past a maybe: the plan offers such steps together.)
+	held []string
 }
 
 // planEntry is a forward step in the rollback's walk: a compensation to
@@ -405,6 +412,28 @@ type planEntry struct {
 	at    time.Time  // where it falls in the order of success
 	maybe bool       // the step's own outcome is unknown: the walk stops here
 	stop  bool       // its compensation's outcome is unknown: the walk stops after it
+	// lapsed says the compensation stopping the walk lapsed unreported
+	// (not merely in flight).
+	lapsed bool
+}
+
+// reachedByRollback refuses a new compensation of step while the rollback
+// has not reached it: a step after it in the order of success has an
+// outcome that is unknown (or a compensation whose lease lapsed
+// unreported), so unwind does not offer it, and undoing it would roll back
+// past a maybe — how a half-undone state is created (see rollback.held).
+func (s *Service) reachedByRollback(ctx context.Context, tx pgx.Tx, groupID, groupState, step string, now time.Time) error {
+	steps, err := groupSteps(ctx, tx, groupID)
+	if err != nil {
+		return err
+	}
+	r := planRollback(steps, now, groupEnded(groupState))
+	if !slices.Contains(r.held, step) {
+		return nil
+	}
+	return apierr.InvalidState("The rollback has not reached this step: a step that succeeded after it, or its "+
+		"compensation, has an unknown outcome. Verify it (resolve) first, then call unwind again.").
+		WithDetail("unresolved", r.unresolved)
 }
 
 // finalDenial is a denial that a later begin on the same key cannot lift,
@@ -458,7 +487,7 @@ func planRollback(steps []groupStep, now time.Time, ended bool) rollback {
 			e := planEntry{step: st, comp: c, at: at}
 			if c != nil {
 				if cs := c.effectiveState(now); cs == StateLeased || cs == StateIndeterminate {
-					e.stop = true
+					e.stop, e.lapsed = true, cs == StateIndeterminate
 				}
 			}
 			walk = append(walk, e)
@@ -476,8 +505,12 @@ func planRollback(steps []groupStep, now time.Time, ended bool) rollback {
 		}
 		return walk[i].step.id > walk[j].step.id
 	})
-	stopped := false
+	stopped, unknown := false, false
 	for _, e := range walk {
+		if unknown && !e.maybe {
+			r.held = append(r.held, e.step.id)
+		}
+		unknown = unknown || e.maybe || e.lapsed
 		switch {
 		case e.maybe:
 			r.unresolved = append(r.unresolved, e.step.id)
@@ -642,6 +675,9 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 	if targetState != StateSucceeded {
 		return apierr.InvalidState("Only a step that succeeded can be compensated; this one is %s.", targetState).
 			WithDetail("state", targetState)
+	}
+	if err := s.reachedByRollback(ctx, tx, *in.groupID, state, *in.compensates, in.now); err != nil {
+		return err
 	}
 	if err := s.matchesDeclared(in, declared); err != nil {
 		// Another effect than the declared one: refused either way, but a

@@ -303,6 +303,17 @@ func TestUnwindStopsAtUnknownOutcome(t *testing.T) {
 	require.Equal(t, "unwinding", u["state"])
 	require.Equal(t, []string{c}, planIDs(u))
 	require.Equal(t, []string{maybe}, strs(u["unresolved"]))
+	// Nor may a caller with a stale plan, or one ignoring unresolved, undo
+	// a past the maybe (gate QA: only the plan stopped).
+	refuseUndoing := func(step string) {
+		t.Helper()
+		r := f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": "payment.refund",
+			"payload": map[string]any{"refund_of": "charge"}, "cost_micros": 0,
+			"idempotency_key": "compensate:" + step, "compensates_effect_id": step})
+		errCode(t, r, http.StatusConflict, "invalid_state")
+		require.Contains(t, string(r.Body), `"unresolved":[`)
+	}
+	refuseUndoing(a)
 
 	// Compensating c does not end the rollback: maybe is still unknown.
 	f.compensate(u["plan"].([]any)[0].(map[string]any), "succeeded")
@@ -322,6 +333,10 @@ func TestUnwindStopsAtUnknownOutcome(t *testing.T) {
 	u = f.unwind(g)
 	require.Equal(t, []string{maybe}, planIDs(u))
 	require.Equal(t, []string{mc}, strs(u["unresolved"]))
+	// In flight, mc holds nothing back (the plan offers steps together);
+	// once its lease lapsed unreported, its outcome is a maybe too.
+	f.clock.Add(70 * time.Second)
+	refuseUndoing(a)
 }
 
 func TestUnwindWithLiveLease(t *testing.T) {
