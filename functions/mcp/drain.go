@@ -22,6 +22,10 @@ type drainingPipes struct {
 	mu      sync.Mutex
 	cond    *sync.Cond
 	pending map[string]bool // ids of the requests read and not yet answered
+	// early holds ids answered before they were pending: a last request
+	// without its newline is tracked only at EOF, and the SDK (which
+	// decodes it without the newline) may answer it first.
+	early   map[string]bool
 	inLine  []byte
 	outLine []byte
 }
@@ -33,7 +37,7 @@ type drainingPipes struct {
 const drainTimeout = 90 * time.Second
 
 func newDrainingPipes(in io.ReadCloser, out io.WriteCloser) *drainingPipes {
-	d := &drainingPipes{in: in, out: out, pending: map[string]bool{}}
+	d := &drainingPipes{in: in, out: out, pending: map[string]bool{}, early: map[string]bool{}}
 	d.cond = sync.NewCond(&d.mu)
 	return d
 }
@@ -56,8 +60,15 @@ func (r drainReader) Read(p []byte) (int, error) {
 	}
 	r.d.inLine = scanLines(append(r.d.inLine, p[:n]...), track)
 	if err == io.EOF {
-		// The SDK also reads a last message without its newline.
-		track(bytes.TrimSpace(r.d.inLine))
+		// The SDK also reads a last message without its newline, and may
+		// have answered it already.
+		for _, id := range requestIDs(bytes.TrimSpace(r.d.inLine)) {
+			if r.d.early[id] {
+				delete(r.d.early, id)
+			} else {
+				r.d.pending[id] = true
+			}
+		}
 		r.d.inLine = nil
 	}
 	r.d.mu.Unlock()
@@ -76,7 +87,11 @@ func (w drainWriter) Write(p []byte) (int, error) {
 	w.d.mu.Lock()
 	w.d.outLine = scanLines(append(w.d.outLine, p[:n]...), func(msg []byte) {
 		for _, id := range answerIDs(msg) {
-			delete(w.d.pending, id)
+			if w.d.pending[id] {
+				delete(w.d.pending, id)
+			} else {
+				w.d.early[id] = true
+			}
 		}
 	})
 	w.d.cond.Broadcast()

@@ -31,7 +31,8 @@ func (s *Server) gateRoutes() []Route {
 				apierr.CodeIdempotencyKeyReuse, apierr.CodeRetryRequest, apierr.CodePolicyDenied,
 				apierr.CodeCostCeilingExceeded, apierr.CodeMaxAttemptsExceeded, apierr.CodeApprovalRejected,
 				apierr.CodeBudgetExceeded, apierr.CodeKeyBudgetExceeded, apierr.CodeDimensionLimitExceeded,
-				apierr.CodeRunBudgetExceeded, apierr.CodeCircuitOpen, apierr.CodeNotFound},
+				apierr.CodeRunBudgetExceeded, apierr.CodeCircuitOpen, apierr.CodeNotFound,
+				apierr.CodeInvalidState, apierr.CodeGroupUnwinding},
 			Handle: s.beginEffect,
 		},
 		{
