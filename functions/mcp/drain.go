@@ -55,20 +55,18 @@ func (r drainReader) Read(p []byte) (int, error) {
 	r.d.mu.Lock()
 	track := func(msg []byte) {
 		for _, id := range requestIDs(msg) {
-			r.d.pending[id] = true
+			if r.d.early[id] {
+				delete(r.d.early, id) // answered already (see early)
+			} else {
+				r.d.pending[id] = true
+			}
 		}
 	}
 	r.d.inLine = scanLines(append(r.d.inLine, p[:n]...), track)
 	if err == io.EOF {
 		// The SDK also reads a last message without its newline, and may
 		// have answered it already.
-		for _, id := range requestIDs(bytes.TrimSpace(r.d.inLine)) {
-			if r.d.early[id] {
-				delete(r.d.early, id)
-			} else {
-				r.d.pending[id] = true
-			}
-		}
+		track(bytes.TrimSpace(r.d.inLine))
 		r.d.inLine = nil
 	}
 	r.d.mu.Unlock()

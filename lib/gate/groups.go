@@ -422,7 +422,7 @@ type planEntry struct {
 // outcome that is unknown (or a compensation whose lease lapsed
 // unreported), so unwind does not offer it, and undoing it would roll back
 // past a maybe — how a half-undone state is created (see rollback.held).
-func (s *Service) reachedByRollback(ctx context.Context, tx pgx.Tx, groupID, groupState, step string, now time.Time) error {
+func reachedByRollback(ctx context.Context, tx pgx.Tx, groupID, groupState, step string, now time.Time) error {
 	steps, err := groupSteps(ctx, tx, groupID)
 	if err != nil {
 		return err
@@ -676,7 +676,7 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 		return apierr.InvalidState("Only a step that succeeded can be compensated; this one is %s.", targetState).
 			WithDetail("state", targetState)
 	}
-	if err := s.reachedByRollback(ctx, tx, *in.groupID, state, *in.compensates, in.now); err != nil {
+	if err := reachedByRollback(ctx, tx, *in.groupID, state, *in.compensates, in.now); err != nil {
 		return err
 	}
 	if err := s.matchesDeclared(in, declared); err != nil {
