@@ -62,6 +62,22 @@ func TestConformanceDecodePaths(t *testing.T) {
 	}
 }
 
+// A request body's unknown and mistyped fields are listed together, as the
+// README says, not only the first one the decoder met.
+func TestConformanceDecodeListsEveryProblem(t *testing.T) {
+	t.Parallel()
+	err := httpapi.DecodeJSON([]byte(`{"idempotency_key":2,"effect_type":1,"colour":"red","lease_seconds":"x"}`),
+		&gate.BeginRequest{})
+	var ae *apierr.Error
+	require.ErrorAs(t, err, &ae)
+	require.Equal(t, []apierr.FieldError{
+		{Field: "colour", Message: "is not a known field"},
+		{Field: "effect_type", Message: "must be a string"},
+		{Field: "idempotency_key", Message: "must be a string"},
+		{Field: "lease_seconds", Message: "must be an integer"},
+	}, ae.Detail["validation"])
+}
+
 func keysOf(m map[string]any) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {

@@ -7,7 +7,7 @@ import (
 	"io"
 	"maps"
 	"reflect"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -67,7 +67,8 @@ func decodeError(err error, body []byte, dst any) error {
 			// the contract's names the element (tools.0.name).
 			field = path
 		}
-		return apierr.InvalidField(field, "must be %s", jsonKind(typ.Type.Kind().String()))
+		return withEveryProblem(apierr.FieldError{Field: field, Message: "must be " + jsonKind(typ.Type.Kind().String())},
+			body, reflect.TypeOf(dst))
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
 		return apierr.InvalidField("body", "is not valid JSON (unexpected end)")
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
@@ -77,7 +78,7 @@ func decodeError(err error, body []byte, dst any) error {
 		if path := unknownFieldPath(body, reflect.TypeOf(dst), name); path != "" {
 			name = path
 		}
-		return apierr.InvalidField(name, "is not a known field")
+		return withEveryProblem(apierr.FieldError{Field: name, Message: "is not a known field"}, body, reflect.TypeOf(dst))
 	default:
 		var ae *apierr.Error
 		if errors.As(err, &ae) {
@@ -85,6 +86,38 @@ func decodeError(err error, body []byte, dst any) error {
 		}
 		return apierr.InvalidField("body", "is invalid: %s", safeMessage(err))
 	}
+}
+
+// maxFieldProblems bounds the problems one refusal lists, so a body with
+// ten thousand unknown keys is answered in a few hundred bytes.
+const maxFieldProblems = 20
+
+// withEveryProblem answers the problem encoding/json stopped at (first)
+// together with every other unknown key and mistyped value in the body, in
+// key order: a client fixing its request learns all of them at once.
+func withEveryProblem(first apierr.FieldError, body []byte, t reflect.Type) *apierr.Error {
+	var problems apierr.Problems
+	listed := false
+	findPaths(body, t, maxFieldProblems, func(v any, ft reflect.Type, path, _ string) bool {
+		switch {
+		case ft == nil:
+			problems.Add(path, "is not a known field")
+		case mistyped(v, ft):
+			problems.Add(path, "must be %s", jsonKind(ft.Kind().String()))
+		default:
+			return false
+		}
+		listed = listed || path == first.Field
+		return true
+	})
+	if !listed {
+		// The walk's notion of a mistyped value is narrower than
+		// encoding/json's (a negative number for an unsigned field): the
+		// problem the decoder reported is always listed.
+		problems = append(apierr.Problems{first}, problems...)
+		problems = problems[:min(len(problems), maxFieldProblems)]
+	}
+	return apierr.Invalid(problems...)
 }
 
 // plainJSONPath drops from encoding/json's field path the Go names of
@@ -144,83 +177,93 @@ func typeErrorPath(body []byte, t reflect.Type, field string) string {
 // findPath walks the body's JSON alongside type t and returns the path of
 // the first node (in key order) that match accepts. Unknown object keys are
 // visited with a nil type.
-func findPath(body []byte, t reflect.Type, match func(v any, t reflect.Type, path, plain string) bool) (path string) {
+func findPath(body []byte, t reflect.Type, match func(v any, t reflect.Type, path, plain string) bool) string {
+	if paths := findPaths(body, t, 1, match); len(paths) > 0 {
+		return paths[0]
+	}
+	return ""
+}
+
+// findPaths is findPath for up to max nodes; a node match accepts is not
+// descended into.
+func findPaths(body []byte, t reflect.Type, max int, match func(v any, t reflect.Type, path, plain string) bool) (paths []string) {
 	// Only error messages depend on this walk: a type it cannot reflect on
-	// must cost the precise name, never the request.
+	// must cost the precise names, never the request.
 	defer func() {
 		if recover() != nil {
-			path = ""
+			paths = nil
 		}
 	}()
 	var v any
 	if json.Unmarshal(body, &v) != nil {
-		return ""
+		return nil
 	}
-	return walkPath(v, t, "", "", match)
+	w := pathWalk{match: match, max: max}
+	w.walk(v, t, "", "")
+	return w.found
 }
 
-func walkPath(v any, t reflect.Type, path, plain string, match func(any, reflect.Type, string, string) bool) string {
+type pathWalk struct {
+	match func(v any, t reflect.Type, path, plain string) bool
+	max   int
+	found []string
+}
+
+// walk visits v (of type t; nil for an unknown key) at path, plain being
+// the path without array indices, and reports whether the walk is done.
+func (w *pathWalk) walk(v any, t reflect.Type, path, plain string) (done bool) {
 	join := JoinPath
 	if t != nil {
 		var ok bool
 		if t, ok = ElemType(t); !ok {
-			return ""
+			return false
 		}
 	}
-	if path != "" && match(v, t, path, plain) {
-		return path
+	if path != "" && w.match(v, t, path, plain) {
+		w.found = append(w.found, path)
+		return len(w.found) >= w.max
 	}
 	if t == nil {
-		return ""
+		return false
 	}
 	switch t.Kind() {
 	case reflect.Struct:
 		obj, ok := v.(map[string]any)
 		if !ok {
-			return ""
+			return false
 		}
 		fields := jsonFields(t)
-		keys := make([]string, 0, len(obj))
-		for k := range obj {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
+		for _, k := range slices.Sorted(maps.Keys(obj)) {
 			ft, ok := fields[k]
 			if !ok {
 				ft = fields[strings.ToLower(k)]
 			}
-			if p := walkPath(obj[k], ft, join(path, k), join(plain, k), match); p != "" {
-				return p
+			if w.walk(obj[k], ft, join(path, k), join(plain, k)) {
+				return true
 			}
 		}
 	case reflect.Map:
 		obj, ok := v.(map[string]any)
 		if !ok {
-			return ""
+			return false
 		}
-		keys := make([]string, 0, len(obj))
-		for k := range obj {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			if p := walkPath(obj[k], t.Elem(), join(path, k), join(plain, k), match); p != "" {
-				return p
+		for _, k := range slices.Sorted(maps.Keys(obj)) {
+			if w.walk(obj[k], t.Elem(), join(path, k), join(plain, k)) {
+				return true
 			}
 		}
 	case reflect.Slice, reflect.Array:
 		arr, ok := v.([]any)
 		if !ok {
-			return ""
+			return false
 		}
 		for i, e := range arr {
-			if p := walkPath(e, t.Elem(), join(path, strconv.Itoa(i)), plain, match); p != "" {
-				return p
+			if w.walk(e, t.Elem(), join(path, strconv.Itoa(i)), plain) {
+				return true
 			}
 		}
 	}
-	return ""
+	return false
 }
 
 // mistyped reports whether JSON value v cannot decode into t (null always can).

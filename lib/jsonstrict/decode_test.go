@@ -1,0 +1,77 @@
+package jsonstrict
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+)
+
+type decodeInner struct {
+	Kind string `json:"kind"`
+}
+
+type decodeTarget struct {
+	Count   uint            `json:"count"`
+	Name    string          `json:"name"`
+	Inner   *decodeInner    `json:"inner"`
+	Items   []decodeInner   `json:"items"`
+	Tags    map[string]int  `json:"tags"`
+	Payload any             `json:"payload"`
+	Raw     json.RawMessage `json:"raw"`
+}
+
+func decodeProblems(t *testing.T, body string) []apierr.FieldError {
+	t.Helper()
+	err := Decode([]byte(body), &decodeTarget{})
+	ae, ok := apierr.As(err)
+	require.True(t, ok, "%s: %v", body, err)
+	require.Equal(t, apierr.CodeInvalidRequest, ae.Code)
+	return ae.Detail["validation"].([]apierr.FieldError)
+}
+
+// Every unknown key and mistyped value is listed, in key order, not only the
+// one encoding/json stopped at; free-form and opaque fields hold anything.
+func TestDecodeListsEveryProblem(t *testing.T) {
+	t.Parallel()
+	got := decodeProblems(t, `{"zeta":1,"name":5,"inner":{"kind":true,"colour":"red"},
+		"items":[{"kind":"a"},{"kind":1,"x":{"deep":1}}],"tags":{"a":1,"b":"two"},
+		"payload":{"anything":[1,"x"]},"raw":{"whatever":true},"alpha":null}`)
+	require.Equal(t, []apierr.FieldError{
+		{Field: "alpha", Message: "is not a known field"},
+		{Field: "inner.colour", Message: "is not a known field"},
+		{Field: "inner.kind", Message: "must be a string"},
+		{Field: "items.1.kind", Message: "must be a string"},
+		{Field: "items.1.x", Message: "is not a known field"},
+		{Field: "name", Message: "must be a string"},
+		{Field: "tags.b", Message: "must be an integer"},
+		{Field: "zeta", Message: "is not a known field"},
+	}, got)
+}
+
+// What encoding/json refuses and the walk would not call mistyped (a
+// negative number for an unsigned field) is still listed, first.
+func TestDecodeListsTheDecodersOwnProblem(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, []apierr.FieldError{
+		{Field: "count", Message: "must be an integer"},
+		{Field: "name", Message: "must be a string"},
+	}, decodeProblems(t, `{"count":-1,"name":2}`))
+}
+
+// A body of many unknown keys is answered with a bounded list.
+func TestDecodeBoundsTheProblems(t *testing.T) {
+	t.Parallel()
+	keys := make([]string, 0, 50)
+	for i := range 50 {
+		keys = append(keys, fmt.Sprintf(`"k%02d":1`, i))
+	}
+	got := decodeProblems(t, "{"+strings.Join(keys, ",")+"}")
+	require.Len(t, got, maxFieldProblems)
+	require.Equal(t, "k00", got[0].Field)
+	require.Equal(t, fmt.Sprintf("k%02d", maxFieldProblems-1), got[maxFieldProblems-1].Field)
+}
