@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
+	"os"
 	"sync"
 	"time"
 )
@@ -18,6 +20,9 @@ import (
 type drainingPipes struct {
 	in  io.ReadCloser
 	out io.WriteCloser
+
+	timeout time.Duration // drainTimeout but in tests
+	log     io.Writer     // stderr
 
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -37,7 +42,8 @@ type drainingPipes struct {
 const drainTimeout = 90 * time.Second
 
 func newDrainingPipes(in io.ReadCloser, out io.WriteCloser) *drainingPipes {
-	d := &drainingPipes{in: in, out: out, pending: map[string]bool{}, early: map[string]bool{}}
+	d := &drainingPipes{in: in, out: out, timeout: drainTimeout, log: os.Stderr,
+		pending: map[string]bool{}, early: map[string]bool{}}
 	d.cond = sync.NewCond(&d.mu)
 	return d
 }
@@ -52,28 +58,34 @@ type drainReader struct{ d *drainingPipes }
 
 func (r drainReader) Read(p []byte) (int, error) {
 	n, err := r.d.in.Read(p)
-	r.d.mu.Lock()
-	track := func(msg []byte) {
-		for _, id := range requestIDs(msg) {
-			if r.d.early[id] {
-				delete(r.d.early, id) // answered already (see early)
-			} else {
-				r.d.pending[id] = true
-			}
-		}
-	}
-	r.d.inLine = scanLines(append(r.d.inLine, p[:n]...), track)
-	if err == io.EOF {
-		// The SDK also reads a last message without its newline, and may
-		// have answered it already.
-		track(bytes.TrimSpace(r.d.inLine))
-		r.d.inLine = nil
-	}
-	r.d.mu.Unlock()
+	r.d.read(p[:n], err == io.EOF)
 	if err == io.EOF {
 		r.d.waitAnswered()
 	}
 	return n, err
+}
+
+// read tracks the requests among the bytes read from stdin (at eof, the
+// last one even without its newline).
+func (d *drainingPipes) read(b []byte, eof bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	track := func(msg []byte) {
+		for _, id := range requestIDs(msg) {
+			if d.early[id] {
+				delete(d.early, id) // answered already (see early)
+			} else {
+				d.pending[id] = true
+			}
+		}
+	}
+	d.inLine = scanLines(append(d.inLine, b...), track)
+	if eof {
+		// The SDK also reads a last message without its newline, and may
+		// have answered it already.
+		track(bytes.TrimSpace(d.inLine))
+		d.inLine = nil
+	}
 }
 
 func (r drainReader) Close() error { return r.d.in.Close() }
@@ -82,27 +94,34 @@ type drainWriter struct{ d *drainingPipes }
 
 func (w drainWriter) Write(p []byte) (int, error) {
 	n, err := w.d.out.Write(p)
-	w.d.mu.Lock()
-	w.d.outLine = scanLines(append(w.d.outLine, p[:n]...), func(msg []byte) {
+	w.d.wrote(p[:n])
+	return n, err
+}
+
+// wrote tracks the answers among the bytes written to stdout.
+func (d *drainingPipes) wrote(b []byte) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.outLine = scanLines(append(d.outLine, b...), func(msg []byte) {
 		for _, id := range answerIDs(msg) {
-			if w.d.pending[id] {
-				delete(w.d.pending, id)
+			if d.pending[id] {
+				delete(d.pending, id)
 			} else {
-				w.d.early[id] = true
+				d.early[id] = true
 			}
 		}
 	})
-	w.d.cond.Broadcast()
-	w.d.mu.Unlock()
-	return n, err
+	d.cond.Broadcast()
 }
 
 func (w drainWriter) Close() error { return w.d.out.Close() }
 
-// waitAnswered blocks until no request read is unanswered, or drainTimeout.
+// waitAnswered blocks until no request read is unanswered, or timeout; it
+// says on stderr how many were given up, which only a client breaking the
+// protocol or a tool call hung past its own timeout should cause.
 func (d *drainingPipes) waitAnswered() {
-	deadline := time.Now().Add(drainTimeout)
-	timer := time.AfterFunc(drainTimeout, func() {
+	deadline := time.Now().Add(d.timeout)
+	timer := time.AfterFunc(d.timeout, func() {
 		d.mu.Lock()
 		d.cond.Broadcast()
 		d.mu.Unlock()
@@ -112,6 +131,9 @@ func (d *drainingPipes) waitAnswered() {
 	defer d.mu.Unlock()
 	for len(d.pending) > 0 && time.Now().Before(deadline) {
 		d.cond.Wait()
+	}
+	if len(d.pending) > 0 {
+		fmt.Fprintf(d.log, "ratchet-mcp: stdin closed; %d request(s) still unanswered after %s\n", len(d.pending), d.timeout)
 	}
 }
 

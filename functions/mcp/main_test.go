@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -79,24 +80,79 @@ func TestRequestsAndAnswersAreTracked(t *testing.T) {
 }
 
 // A last request without its newline is answered too (review: the SDK read
-// and handled it, but the drain did not wait for it).
+// and handled it, but the drain did not wait for it), and the drain gives
+// up no request (it once waited its 90 s for one the SDK had answered
+// before stdin's EOF was read).
 func TestStdioAnswersALastRequestWithoutNewline(t *testing.T) {
-	for _, input := range []string{
-		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`,
-	} {
-		cmd := exec.Command(os.Args[0])
-		cmd.Env = append(os.Environ(), "RATCHET_MCP_MAIN=1", "RATCHET_API_KEY=rk_test", "RATCHET_BASE_URL=http://127.0.0.1:1")
-		cmd.Stdin = strings.NewReader(input)
-		start := time.Now()
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("ratchet-mcp: %v", err)
-		}
-		if !strings.Contains(string(out), `"id":1`) {
-			t.Errorf("initialize was not answered: %q", out)
-		}
-		if waited := time.Since(start); waited > 30*time.Second {
-			t.Errorf("exit took %s: it waited for an answer that was not coming", waited)
-		}
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "RATCHET_MCP_MAIN=1", "RATCHET_API_KEY=rk_test", "RATCHET_BASE_URL=http://127.0.0.1:1")
+	cmd.Stdin = strings.NewReader(
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("ratchet-mcp: %v (stderr %q)", err, stderr.String())
+	}
+	if !strings.Contains(string(out), `"id":1`) {
+		t.Errorf("initialize was not answered: %q", out)
+	}
+	if strings.Contains(stderr.String(), "unanswered") {
+		t.Errorf("the drain gave up a request: %q", stderr.String())
+	}
+}
+
+const (
+	initializeLine = `{"jsonrpc":"2.0","id":1,"method":"initialize"}`
+	answerLine     = `{"jsonrpc":"2.0","id":1,"result":{}}` + "\n"
+)
+
+// The SDK decodes a last request without its newline as soon as it reads
+// it, so its answer can be written before stdin's EOF is read: that request
+// is not pending at EOF (the stress run that found it failed 8 runs in 100).
+func TestDrainCountsALastRequestAnsweredBeforeEOF(t *testing.T) {
+	d := newDrainingPipes(nil, nil)
+	d.read([]byte(initializeLine), false) // no newline: not a line yet
+	d.wrote([]byte(answerLine))
+	d.read(nil, true)
+	if len(d.pending) != 0 || len(d.early) != 0 {
+		t.Fatalf("pending %v, early %v after the answer and EOF; want none", d.pending, d.early)
+	}
+}
+
+// Requests are pending from their line until their answer, split writes
+// and reads included, and EOF waits for the ones still pending.
+func TestDrainWaitsForEveryRequestRead(t *testing.T) {
+	d := newDrainingPipes(nil, nil)
+	d.timeout = time.Hour
+	d.read([]byte(initializeLine[:10]), false)
+	d.read([]byte(initializeLine[10:]+"\n"+`{"jsonrpc":"2.0","id":"b","method":"tools/list"}`+"\n"), false)
+	if !d.pending["1"] || !d.pending[`"b"`] || len(d.pending) != 2 {
+		t.Fatalf("pending %v; want 1 and \"b\"", d.pending)
+	}
+	d.wrote([]byte(answerLine[:5]))
+	d.wrote([]byte(answerLine[5:]))
+	done := make(chan struct{})
+	go func() {
+		d.read(nil, true)
+		d.waitAnswered()
+		close(done)
+	}()
+	d.wrote([]byte(`{"jsonrpc":"2.0","id":"b","result":{"tools":[]}}` + "\n"))
+	<-done // with an hour's timeout, only the last answer ends the wait
+	if len(d.pending) != 0 {
+		t.Fatalf("pending %v after every answer", d.pending)
+	}
+}
+
+// A request never answered is given up after the timeout, and said so.
+func TestDrainGivesUpAfterItsTimeout(t *testing.T) {
+	var log bytes.Buffer
+	d := newDrainingPipes(nil, nil)
+	d.timeout, d.log = time.Millisecond, &log
+	d.read([]byte(initializeLine+"\n"), true)
+	d.waitAnswered()
+	if !strings.Contains(log.String(), "1 request(s) still unanswered") {
+		t.Fatalf("stderr %q; want the request given up named", log.String())
 	}
 }
