@@ -251,8 +251,16 @@ func (r *reporter) send(batch []queuedReport) {
 				// The batch failed twice running in a way one report
 				// could cause: each report is sent on its own, with its
 				// own retries, so that one report the server chokes on
-				// holds back only itself (see holding).
-				r.sendEach(batch)
+				// holds back only itself (see holding) — and not the
+				// batch's slot either, which three such reports would
+				// otherwise take for good, stalling every report behind
+				// them. close still waits for them (r.sends, counted
+				// while this batch's own send is).
+				r.sends.Add(1)
+				go func() {
+					defer r.sends.Done()
+					r.sendEach(batch)
+				}()
 				return
 			}
 			splittable = true

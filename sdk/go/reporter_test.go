@@ -389,6 +389,38 @@ func TestBatchThatKeepsFailingIsSplit(t *testing.T) {
 	}
 }
 
+// Reports the server keeps failing on, one in each of more batches than
+// may be in flight, hold back no other report: a split batch gives its slot
+// up (review: each held one for as long as its bad report was retried, so
+// three of them stalled the reporter and, behind it, the worker).
+func TestSplitBatchesDoNotHoldTheirSlots(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.reportError = func(body json.RawMessage) (int, string) {
+		if bytes.Contains(body, []byte("tok_bad")) {
+			return 500, "internal_error"
+		}
+		return 0, ""
+	}
+	c, _ := testClient(t, f)
+	c.maxRetries = 0
+	r := newReporter(context.Background(), c, (&errSink{}).add, 20*time.Millisecond)
+	report := func(id string) {
+		r.enqueue(newQueuedReport(ClaimedJob{JobID: id, Attempt: 1, LeaseToken: "tok_" + id},
+			JobReport{Status: ReportSucceeded, Output: []byte(`{"n":1}`)}, time.Now().Add(10*time.Minute)))
+	}
+	for i := range reportInFlight + 2 {
+		report(fmt.Sprintf("bad_%d", i))
+		report(fmt.Sprintf("good_%d", i))
+		f.waitReport(t, fmt.Sprintf("good_%d", i)) // recorded once its batch was split
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if r.close(ctx) || r.lostReports() != reportInFlight+2 {
+		t.Fatalf("lost %d reports; want the %d bad ones", r.lostReports(), reportInFlight+2)
+	}
+}
+
 // A batch refused with a 503 (or any failure that says the same of every
 // request) is sent again whole, never split: splitting would multiply the
 // requests of an outage.
