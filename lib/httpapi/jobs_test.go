@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -55,12 +56,17 @@ func (e *jobsEnv) enqueue(runID string, body map[string]any) map[string]any {
 
 func (e *jobsEnv) register(tools ...string) string {
 	e.T.Helper()
+	return e.registerAs(e.worker, tools...)
+}
+
+func (e *jobsEnv) registerAs(key string, tools ...string) string {
+	e.T.Helper()
 	var ts []map[string]string
 	for _, t := range tools {
 		name, version, _ := strings.Cut(t, "@")
 		ts = append(ts, map[string]string{"name": name, "version": version})
 	}
-	return e.Must(http.StatusCreated, "POST", "/api/v1/workers/register", e.worker,
+	return e.Must(http.StatusCreated, "POST", "/api/v1/workers/register", key,
 		map[string]any{"tools": ts}).JSON()["workerId"].(string)
 }
 
@@ -465,6 +471,40 @@ func TestClaimLongPollsUntilAJobArrives(t *testing.T) {
 	jobs := r.JSON()["jobs"].([]any)
 	require.Len(t, jobs, 1)
 	require.Equal(t, enq["jobId"], jobs[0].(map[string]any)["jobId"])
+}
+
+// A claim long-polling when its key is revoked leases nothing after the
+// revocation, though it was authenticated before it (QA: it leased a job
+// queued after the revocation, decrypted input included). The job waits
+// for a worker whose key is live.
+func TestClaimLeasesNothingOnceItsKeyIsRevoked(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	worker := e.Key(e.ws, map[string]any{"name": "doomed", "preset": "WORKER", "tools": []string{"send_email@1"}})
+	wid := e.registerAs(worker, "send_email@1")
+	e.clock.Add(time.Second) // the claim marks the worker seen at this time
+	polled := e.clock.Now()
+	done := make(chan *apitest.Response, 1)
+	go func() {
+		done <- e.Do("POST", "/api/v1/workers/"+wid+"/claim", worker, map[string]any{"waitSeconds": 2})
+	}()
+	require.Eventually(t, func() bool { // its first look found nothing; it waits
+		var seen time.Time
+		err := e.App.Pool.QueryRow(context.Background(), `SELECT last_seen_at FROM job_workers WHERE id = $1`, wid).Scan(&seen)
+		return err == nil && seen.Equal(polled)
+	}, 10*time.Second, 10*time.Millisecond)
+	keyID := "key_" + strings.SplitN(strings.TrimPrefix(worker, "rk_"), "_", 2)[0]
+	e.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+keyID, e.ws.Key, nil)
+	enq := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"card": "secret"}})
+	r := <-done // woken by the enqueue, it looks again
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	require.Empty(t, r.JSON()["jobs"])
+	live := e.register("send_email@1")
+	jobs := e.Must(http.StatusOK, "POST", "/api/v1/workers/"+live+"/claim", e.worker, nil).JSON()["jobs"].([]any)
+	require.Len(t, jobs, 1)
+	require.Equal(t, enq["jobId"], jobs[0].(map[string]any)["jobId"])
+	require.EqualValues(t, 1, jobs[0].(map[string]any)["attempt"])
 }
 
 func TestHTTPConcurrentWorkersEachJobOnce(t *testing.T) {

@@ -432,7 +432,15 @@ const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND wo
 // on purpose: a generic plan cannot see the LIMIT and, with a million jobs
 // queued, reads and sorts every due one (BENCHMARKS.md, "What limits the
 // rest").
-const sqlClaim = `SELECT * FROM jobs_claim($1::text, $2::text, $3::timestamptz, $4::text, $5::int, $6::bigint, $7::timestamptz, $8::text)`
+//
+// The function runs once for the key only while the key is not revoked
+// (LATERAL: it is called per row of k, and there is none once revoked), so
+// a long-polling claim stops leasing jobs the moment its key's revocation
+// commits, though it was authenticated before (QA: one opened before the
+// revocation leased a job queued after it, decrypted input included).
+const sqlClaim = `SELECT c.* FROM api_keys k,
+    LATERAL jobs_claim($1::text, $2::text, $3::timestamptz, k.id, $5::int, $6::bigint, $7::timestamptz, $8::text) c
+WHERE k.id = $4::text AND k.revoked_at IS NULL`
 
 // sqlHeartbeat extends a current lease by the job's timeout plus the grace,
 // when the key may work the job's tool ($6: its name@version list, NULL for
