@@ -28,7 +28,8 @@ import (
 )
 
 const (
-	// MaxAttempts bounds retries of one delivery (about two days of backoff).
+	// MaxAttempts bounds retries of one delivery: its eleven waits (Backoff)
+	// add up to about 14.5 hours.
 	MaxAttempts = 12
 	// dispatchBatch and deliverBatch bound one sweeper pass; perWebhook
 	// bounds one webhook's share of a pass, so that a receiver with a
@@ -100,7 +101,7 @@ func (s *Service) Dispatch(ctx context.Context, now time.Time) (int, error) {
 
 // PurgeDelivered deletes up to limit outbox events recorded before cutoff,
 // with their deliveries, once they are dispatched and none of their
-// deliveries is still pending (retries end within about two days). The
+// deliveries is still pending (retries end within about 15 hours). The
 // latest reconciliation.due of each effect type stays: its row is what
 // tells the sweeper the current period was reminded (a period can last up
 // to a year), so deleting it sent the same reminder again. It answers how
@@ -322,7 +323,51 @@ func namesNonPublic(host string) bool {
 		return true
 	}
 	ip := net.ParseIP(host)
+	if ip == nil {
+		ip = shorthandIPv4(host)
+	}
 	return ip != nil && !public(ip)
+}
+
+// shorthandIPv4 reads host as the numeric IPv4 forms inet_aton accepts and
+// net.ParseIP does not (127.1, 2130706433, 0x7f000001, 0177.0.0.1, 0): a
+// resolver that takes them (glibc's does) dials the address they spell, so
+// creation refuses them like the dotted quad they mean (QA). Nil when host
+// is not such a number.
+func shorthandIPv4(host string) net.IP {
+	parts := strings.Split(host, ".")
+	if len(parts) > 4 {
+		return nil
+	}
+	var nums []uint64
+	for _, p := range parts {
+		base, digits := 10, p
+		switch {
+		case len(p) > 2 && (p[:2] == "0x" || p[:2] == "0X"):
+			base, digits = 16, p[2:]
+		case len(p) > 1 && p[0] == '0':
+			base, digits = 8, p[1:]
+		}
+		n, err := strconv.ParseUint(digits, base, 32)
+		if err != nil {
+			return nil
+		}
+		nums = append(nums, n)
+	}
+	// Every part but the last is one byte; the last fills the bytes left.
+	var v uint64
+	for i, n := range nums[:len(nums)-1] {
+		if n > 0xff {
+			return nil
+		}
+		v |= n << (24 - 8*i)
+	}
+	last := nums[len(nums)-1]
+	if last >= 1<<(32-8*(len(nums)-1)) {
+		return nil
+	}
+	v |= last
+	return net.IPv4(byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
 }
 
 // errNotPublic is the dialer's refusal of a receiver on a non-public

@@ -21,6 +21,24 @@ func TestPublicRefusesEveryNonPublicRange(t *testing.T) {
 	}
 }
 
+// The numeric shorthands a resolver may dial read as the address they spell.
+func TestShorthandIPv4(t *testing.T) {
+	for host, want := range map[string]string{
+		"127.1": "127.0.0.1", "2130706433": "127.0.0.1", "0x7f000001": "127.0.0.1", "0177.0.0.1": "127.0.0.1",
+		"0": "0.0.0.0", "10.0x10.1": "10.16.0.1", "169.254.43518": "169.254.169.254", "8.8.8.8": "8.8.8.8",
+	} {
+		if got := shorthandIPv4(host); got == nil || got.String() != want {
+			t.Errorf("shorthandIPv4(%q) = %v, want %s", host, got, want)
+		}
+	}
+	for _, host := range []string{"example.com", "1.2.3.4.5", "256.1", "1.2.3.256", "4294967296", "08", "0x", "1..2",
+		"", "1.2.65536", "-1", "0xfg"} {
+		if got := shorthandIPv4(host); got != nil {
+			t.Errorf("shorthandIPv4(%q) = %v, want none", host, got)
+		}
+	}
+}
+
 func TestUTCZWritesTimestampsAsTheAPIDoes(t *testing.T) {
 	in := `{"effect_id":"eff_1","opened_at":"2026-11-30T15:16:15.414274+00:00","n":9007199254740993,` +
 		`"closes_at":null,"list":["2026-11-30T15:16:15+00:00","note +00:00"],"at":"2026-11-30T15:16:15+01:00"}`

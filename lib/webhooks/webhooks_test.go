@@ -272,7 +272,8 @@ func TestNonPublicReceiversAreRefusedAtCreation(t *testing.T) {
 	ws := env.Signup()
 	for _, u := range []string{"http://127.0.0.1:8080/hook", "http://localhost/hook", "https://api.localhost/x",
 		"http://10.1.2.3/hook", "http://[::1]/hook", "http://169.254.169.254/latest", "http://100.100.100.200/",
-		"http://[::ffff:192.168.0.1]/hook", "http://0.0.0.0/"} {
+		"http://[::ffff:192.168.0.1]/hook", "http://0.0.0.0/",
+		"http://127.1:9901/", "http://2130706433/", "http://0x7f000001/", "http://0/"} {
 		r := env.Do("POST", "/api/v1/webhooks", ws.Key, map[string]any{"url": u, "events": []string{events.CircuitTripped}})
 		require.Equal(t, http.StatusBadRequest, r.Status, "%s: %s", u, r.Body)
 		require.Contains(t, string(r.Body), "must name a public address", u)
