@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 )
 
 // Stable error codes. Clients branch on these; never rename one.
@@ -182,6 +183,16 @@ func Forbidden(required ...string) *Error {
 	}
 	return &Error{Status: http.StatusForbidden, Code: CodeForbidden,
 		Message: "This key may not do that.", Detail: map[string]any{"required": required}}
+}
+
+// ForbiddenAnyOf is Forbidden for a route any one of several scopes opens:
+// detail.required names the first, as for any other route, and
+// detail.any_of every alternative (holding one of them is enough).
+func ForbiddenAnyOf(scopes ...string) *Error {
+	e := Forbidden(scopes[0])
+	e.Message = "This key may not do that: it needs one of " + strings.Join(scopes, ", ") + "."
+	e.Detail["any_of"] = scopes
+	return e
 }
 
 // InvalidState is a 409 for a transition that is not legal from the current state.

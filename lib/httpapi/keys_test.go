@@ -105,6 +105,40 @@ func TestScopeMatrix(t *testing.T) {
 	require.Positive(t, checked)
 }
 
+// A route that any one of several scopes opens (AnyScopes) refuses a key
+// holding none of them with detail.required naming the first, as every
+// route does, and detail.any_of naming each alternative; a key holding any
+// one of them passes.
+func TestScopeMatrixAnyOf(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	checked := 0
+	for _, route := range httpapi.Routes() {
+		if route.Auth != httpapi.AuthKey || len(route.AnyScopes) == 0 {
+			continue
+		}
+		path := pathFor(route.Pattern)
+		for _, scope := range route.AnyScopes {
+			key := env.Key(ws, map[string]any{"name": "one", "scopes": append([]string{scope}, route.Scopes...)})
+			res := env.Do(route.Method, path, key, "{}")
+			require.NotEqual(t, http.StatusForbidden, res.Status, "%s %s with %s: %s", route.Method, path, scope, res.Body)
+		}
+		key := env.Key(ws, map[string]any{"name": "none", "scopes": append([]string{"webhooks:write"}, route.Scopes...)})
+		res := env.Do(route.Method, path, key, "{}")
+		require.Equal(t, http.StatusForbidden, res.Status, "%s %s: %s", route.Method, path, res.Body)
+		detail := res.JSON()["error"].(map[string]any)["detail"].(map[string]any)
+		require.Equal(t, []any{route.AnyScopes[0]}, detail["required"])
+		anyOf := make([]any, len(route.AnyScopes))
+		for i, s := range route.AnyScopes {
+			anyOf[i] = s
+		}
+		require.Equal(t, anyOf, detail["any_of"])
+		checked++
+	}
+	require.Positive(t, checked)
+}
+
 var presetScopes = map[string][]string{
 	"AGENT":  {"effects:begin", "effects:report"},
 	"INGEST": {"runs:write", "runs:read"},

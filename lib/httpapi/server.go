@@ -275,7 +275,7 @@ func (s *Server) authorize(ctx context.Context, c *Call, count bool) error {
 			return err
 		}
 		if a := c.Route.AnyScopes; len(a) > 0 && !slices.ContainsFunc(a, p.Has) {
-			return apierr.Forbidden(a[0])
+			return apierr.ForbiddenAnyOf(a...)
 		}
 		c.Principal = p
 	case AuthCron:

@@ -551,3 +551,22 @@ func TestForbiddenErrorNamesWhatIsRequired(t *testing.T) {
 		t.Fatalf("message %q", err.Error())
 	}
 }
+
+// A route any one of several scopes opens says so: the message names the
+// alternatives, not only the first.
+func TestForbiddenErrorNamesItsAlternatives(t *testing.T) {
+	t.Parallel()
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		apiError(w, 403, CodeForbidden, map[string]any{"required": []any{"effects:read"},
+			"any_of": []any{"effects:read", "effects:begin"}})
+	}))
+	_, err := c.StartRun(context.Background(), "r")
+	var apiErr *Error
+	if !errors.As(err, &apiErr) || !slices.Equal(apiErr.AnyOf(), []string{"effects:read", "effects:begin"}) ||
+		!slices.Equal(apiErr.Required(), []string{"effects:read"}) {
+		t.Fatalf("err %v", err)
+	}
+	if !strings.Contains(err.Error(), "(requires one of effects:read, effects:begin)") {
+		t.Fatalf("message %q", err.Error())
+	}
+}

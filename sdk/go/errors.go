@@ -81,7 +81,9 @@ func (e *Error) Error() string {
 	if e.Message != "" {
 		s += ": " + e.Message
 	}
-	if req := e.Required(); len(req) > 0 {
+	if alt := e.AnyOf(); len(alt) > 0 {
+		s += " (requires one of " + strings.Join(alt, ", ") + ")"
+	} else if req := e.Required(); len(req) > 0 {
 		s += " (requires " + strings.Join(req, ", ") + ")"
 	}
 	if e.RequestID != "" {
@@ -92,8 +94,11 @@ func (e *Error) Error() string {
 
 // Required returns detail.required of a 403 forbidden: the scopes or
 // tools ("tool:name@version") the key lacks. Nil when there is none.
-func (e *Error) Required() []string {
-	list, _ := e.Detail["required"].([]any)
+func (e *Error) Required() []string { return detailStrings(e.Detail["required"]) }
+
+// detailStrings reads a detail field that is a list of strings.
+func detailStrings(v any) []string {
+	list, _ := v.([]any)
 	var out []string
 	for _, v := range list {
 		if s, ok := v.(string); ok {
@@ -102,6 +107,10 @@ func (e *Error) Required() []string {
 	}
 	return out
 }
+
+// AnyOf returns detail.any_of of a 403 forbidden from a route that any one
+// of several scopes opens: holding one of them is enough. Nil otherwise.
+func (e *Error) AnyOf() []string { return detailStrings(e.Detail["any_of"]) }
 
 // RetryAfterSeconds returns detail.retry_after_seconds when the server sent
 // it (rate_limited), and 0 otherwise.
