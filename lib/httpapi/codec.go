@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/ids"
@@ -40,7 +39,7 @@ func DecodeJSON(body []byte, dst any) error { return jsonstrict.Decode(body, dst
 func (c *Call) PathID(name, prefix string) (string, error) {
 	v := c.R.PathValue(name)
 	if !ids.Valid(prefix, v) {
-		return "", apierr.NotFound(strings.TrimSuffix(name, "Id"))
+		return "", apierr.NotFound(pathResource(c.Route.Pattern, name))
 	}
 	return v, nil
 }

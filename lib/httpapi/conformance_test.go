@@ -167,6 +167,35 @@ func TestConformanceRoutesExist(t *testing.T) {
 	}
 }
 
+// A malformed id is answered as an unknown well-formed one is, the same
+// resource named (QA: a malformed webhook id read "No such id").
+func TestConformanceMalformedIDsAreUnknownIDs(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	checked := 0
+	for _, r := range contractRoutes {
+		parts := strings.Split(r[1], "/")
+		for i, part := range parts {
+			if prefix, _, ok := strings.Cut(part, "_"); !ok || len(part) != len(prefix)+27 {
+				continue
+			}
+			unknown := env.Do(r[0], r[1], ws.Key, `{}`)
+			if unknown.Status != http.StatusNotFound {
+				continue // refused before its lookup (a body it needs)
+			}
+			bad := append([]string(nil), parts...)
+			bad[i] = "not-an-id"
+			malformed := env.Do(r[0], strings.Join(bad, "/"), ws.Key, `{}`)
+			require.Equal(t, http.StatusNotFound, malformed.Status, "%s %s: %s", r[0], r[1], malformed.Body)
+			msg := func(res *apitest.Response) any { return res.JSON()["error"].(map[string]any)["message"] }
+			require.Equal(t, msg(unknown), msg(malformed), "%s %s", r[0], r[1])
+			checked++
+		}
+	}
+	require.Greater(t, checked, 15)
+}
+
 // openAPIPath turns a concrete contract path back into its pattern.
 func openAPIPath(p string) string {
 	parts := strings.Split(p, "/")
