@@ -263,9 +263,18 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 		row := s.outcomeRow(j.jobID, xa, req, j.status, nil, nil)
 		row.updateJob, row.released = false, true
 		return ReportResult{JobID: j.jobID, Status: j.status, Attempt: xa}, &row, nil
+	case j.status == StatusQueued && !j.requeued && j.xOutcome == nil:
+		// A replay queued the job again while this attempt, cancelled,
+		// may still have been running, and no claim has superseded it:
+		// its report is recorded (API.md §5) on the attempt, not the job,
+		// which the replay runs again, and frees the slot it held (QA: it
+		// was refused, and the worker's success thrown away).
+		row := s.outcomeRow(j.jobID, xa, req, j.status, nil, nil)
+		row.updateJob, row.released = false, true
+		return ReportResult{JobID: j.jobID, Status: j.status, Attempt: xa}, &row, nil
 	case j.status == StatusQueued && !j.requeued:
 		// A replay queued the job again after this attempt ended
-		// unreported: its next claim supersedes this token.
+		// unreported (its lease lapsed): its next claim supersedes it.
 		return ReportResult{}, nil, errLeaseLost()
 	case j.status != StatusRunning && j.status != StatusQueued:
 		return ReportResult{}, nil, apierr.InvalidState("The job already ended (%s); this report was not recorded.", j.status)
@@ -355,9 +364,10 @@ func (s *Service) rejectionRow(jobID string, attempt int, rejection string, fini
 }
 
 // keepCancelledOutputs stores the output of successes reported for jobs
-// cancelled while they ran: the job stays CANCELLED, but the result the
-// worker was told was recorded is kept (the step shows its preview), not
-// dropped with the status change the cancel already made.
+// cancelled while they ran: the job stays CANCELLED (or QUEUED, replayed
+// since), but the result the worker was told was recorded is kept (the step
+// shows its preview until another attempt's replaces it), not dropped with
+// the status change the cancel already made.
 func (s *Service) keepCancelledOutputs(ctx context.Context, tx pgx.Tx, rows []applyRow, now time.Time) error {
 	var (
 		ids      []string

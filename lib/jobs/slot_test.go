@@ -99,8 +99,12 @@ func TestCancelledAttemptSlotFreedWhenItsLeaseExpires(t *testing.T) {
 	b.requireRunningCount(t, "mailer", 1)
 }
 
-// A replay keeps the slot of the attempt it supersedes, which may still be
-// running: the replayed job waits for it. Not parallel (sweeps).
+// A replay keeps the slot of the cancelled attempt it follows, which may
+// still be running: the replayed job waits for it. That attempt's worker is
+// told to stop, and its report is recorded on the attempt and frees the
+// slot (QA: it was refused as superseded though nothing had claimed the
+// job since, the worker's success was lost and the slot held until the
+// lease expired). Not parallel (sweeps).
 func TestReplayWaitsForTheCancelledAttemptsSlot(t *testing.T) {
 	b := setup(t)
 	held, heldStep, next, wid := b.cancelledHolder(t)
@@ -109,17 +113,38 @@ func TestReplayWaitsForTheCancelledAttemptsSlot(t *testing.T) {
 	_, err = b.svc.Replay(ctx, b.worker, heldStep, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
 	require.NoError(t, err)
 	require.Empty(t, b.claim(t, wid, 5), "the old attempt still holds the slot")
-	_, err = b.svc.Report(ctx, b.worker, held.JobID, jobs.ReportRequest{LeaseToken: held.LeaseToken, Status: "SUCCEEDED"})
-	require.Equal(t, apierr.CodeLeaseLost, code(t, err), "the replay superseded the token")
-	b.requireRunningCount(t, "mailer", 1)
-
-	b.clock.Add(40 * time.Second)
+	hb, err := b.svc.Heartbeat(ctx, b.worker, held.JobID, jobs.HeartbeatRequest{LeaseToken: held.LeaseToken})
+	require.NoError(t, err)
+	require.True(t, hb.CancelRequested, "its worker is told to stop")
+	b.clock.Add(5 * time.Second) // within timeout + grace
 	b.sweep(t)
+	require.Empty(t, b.claim(t, wid, 5), "a heartbeat does not free the slot")
+
+	report := jobs.ReportRequest{LeaseToken: held.LeaseToken, Status: "SUCCEEDED", Output: json.RawMessage(`{"sent":true}`)}
+	r, err := b.svc.Report(ctx, b.worker, held.JobID, report)
+	require.NoError(t, err)
+	require.Equal(t, "QUEUED", r.Status, "the replay still runs the job")
+	require.Equal(t, 1, r.Attempt)
 	b.requireRunningCount(t, "mailer", 0)
+	xs := b.executions(t, held.JobID)
+	require.Len(t, xs, 1)
+	require.Equal(t, "SUCCEEDED", *xs[0].Outcome)
+	require.True(t, xs[0].Reported)
+	st := b.step(t, heldStep)
+	require.Equal(t, "QUEUED", st.Status)
+	require.JSONEq(t, `{"sent":"<boolean>"}`, string(st.OutputPreview.(json.RawMessage)), "the reported output is kept")
+
 	again := b.claimOne(t, wid)
 	require.Equal(t, held.JobID, again.JobID)
 	require.Equal(t, 2, again.Attempt)
 	b.requireRunningCount(t, "mailer", 1)
+	// The old attempt's report repeated answers as before; its heartbeat
+	// is superseded now that a claim took the job.
+	r, err = b.svc.Report(ctx, b.worker, held.JobID, report)
+	require.NoError(t, err)
+	require.Equal(t, 1, r.Attempt)
+	_, err = b.svc.Heartbeat(ctx, b.worker, held.JobID, jobs.HeartbeatRequest{LeaseToken: held.LeaseToken})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
 
 	// Cancelled again while the new attempt runs: it holds the slot now.
 	_, err = b.svc.CancelStep(ctx, b.ws, heldStep)
@@ -127,6 +152,60 @@ func TestReplayWaitsForTheCancelledAttemptsSlot(t *testing.T) {
 	b.requireRunningCount(t, "mailer", 1)
 	b.succeed(t, again)
 	b.requireRunningCount(t, "mailer", 0)
+}
+
+// Without a concurrency limit, the replayed job may be claimed while the
+// cancelled attempt still runs; until then that attempt's report is
+// recorded, after it superseded.
+func TestReplayedJobsCancelledAttemptReportsUntilTheNextClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{})
+	wid := b.register(t)
+	first := b.claimOne(t, wid)
+	_, err := b.svc.CancelStep(ctx, b.ws, st.StepID)
+	require.NoError(t, err)
+	_, err = b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+	require.NoError(t, err)
+	r, err := b.svc.Report(ctx, b.worker, first.JobID, jobs.ReportRequest{LeaseToken: first.LeaseToken, Status: "FAILED",
+		Error: &jobs.ReportError{Message: "stopped: cancelled"}})
+	require.NoError(t, err)
+	require.Equal(t, "QUEUED", r.Status)
+	require.Equal(t, "FAILED", *b.executions(t, first.JobID)[0].Outcome)
+
+	// Replayed again: its new attempt's claim supersedes an open attempt.
+	second := b.claimOne(t, wid)
+	require.Equal(t, 2, second.Attempt)
+	_, err = b.svc.CancelStep(ctx, b.ws, st.StepID)
+	require.NoError(t, err)
+	_, err = b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+	require.NoError(t, err)
+	third := b.claimOne(t, wid)
+	require.Equal(t, 3, third.Attempt)
+	_, err = b.svc.Report(ctx, b.worker, second.JobID, jobs.ReportRequest{LeaseToken: second.LeaseToken, Status: "SUCCEEDED"})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+	require.Equal(t, "RUNNING", b.step(t, st.StepID).Status)
+}
+
+// Replayed after its attempt lapsed unreported, the job is the next
+// claim's: the lapsed attempt's late report is superseded by the replay.
+// Not parallel (sweeps).
+func TestReplayAfterTheCancelledAttemptLapsedSupersedesIt(t *testing.T) {
+	b := setup(t)
+	held, heldStep, next, wid := b.cancelledHolder(t)
+	_, err := b.svc.CancelStep(ctx, b.ws, next.StepID)
+	require.NoError(t, err)
+	b.clock.Add(40 * time.Second)
+	b.sweep(t)
+	b.requireRunningCount(t, "mailer", 0)
+	_, err = b.svc.Replay(ctx, b.worker, heldStep, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+	require.NoError(t, err)
+	_, err = b.svc.Heartbeat(ctx, b.worker, held.JobID, jobs.HeartbeatRequest{LeaseToken: held.LeaseToken})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+	_, err = b.svc.Report(ctx, b.worker, held.JobID, jobs.ReportRequest{LeaseToken: held.LeaseToken, Status: "SUCCEEDED"})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+	again := b.claimOne(t, wid)
+	require.Equal(t, 2, again.Attempt)
 }
 
 // A replayed job cancelled again while its earlier attempt still holds a

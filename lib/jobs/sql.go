@@ -473,13 +473,23 @@ func requeuedFor(token string) string {
     WHERE x.job_id = j.id AND x.attempt = j.attempt AND x.reported_at IS NULL AND x.lease_token = ` + token + `))`
 }
 
+// replayedOpen is true of a job (alias j) a replay queued again (its
+// token is '', see sqlReplaySameVersion) while the attempt holding token
+// was open: cancelled while running, not reported, not lapsed, and not
+// superseded by a claim since. Its worker may still be at work.
+func replayedOpen(token string) string {
+	return `(j.status = 'QUEUED' AND j.lease_token = '' AND EXISTS (SELECT 1 FROM job_executions x
+    WHERE x.job_id = j.id AND x.attempt = j.attempt AND x.outcome IS NULL AND x.lease_token = ` + token + `))`
+}
+
 // sqlLeaseState explains why a heartbeat did not extend a lease. A job
-// never claimed has no token: no token is current. Last, whether the job
+// never claimed has no token: no token is current. Then whether the job
 // was requeued under this token (requeuedFor): the heartbeat may take it
-// back (sqlReviveRequeued).
+// back (sqlReviveRequeued); and whether a replay queued it again while
+// this token's attempt was open (replayedOpen).
 var sqlLeaseState = `
 SELECT j.status, coalesce(j.lease_token = $3::text, false), j.lease_expires_at, j.cancel_requested, j.name, j.version,
-       ` + requeuedFor("$3::text") + `
+       ` + requeuedFor("$3::text") + `, ` + replayedOpen("$3::text") + `
 FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
 
 // sqlRequeuedFor says whether a job a report locked ($1) was requeued under
@@ -630,7 +640,7 @@ const sqlReportApply = `SELECT jobs_report_apply($1::text, $2::timestamptz, $3::
 const sqlKeepCancelledOutputs = `
 UPDATE jobs j SET output_sealed = u.output, output_preview = u.preview::jsonb, updated_at = $4::timestamptz
 FROM unnest($1::text[], $2::bytea[], $3::text[]) AS u(id, output, preview)
-WHERE j.id = u.id AND j.status = 'CANCELLED'`
+WHERE j.id = u.id AND j.status IN ('CANCELLED', 'QUEUED')`
 
 const sqlCancelLock = `
 SELECT pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0))::text, id, status, run_id, attempt, endpoint_id FROM jobs WHERE step_id = $1::text AND workspace_id = $2::text FOR UPDATE`

@@ -237,9 +237,9 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 		return out, err
 	}
 	var status, name, version string
-	var current, requeued bool
+	var current, requeued, replayedOpen bool
 	err = s.pool.QueryRow(ctx, sqlLeaseState, jobID, p.WorkspaceID, req.LeaseToken).Scan(&status, &current,
-		&out.LeaseExpiresAt, &out.CancelRequested, &name, &version, &requeued)
+		&out.LeaseExpiresAt, &out.CancelRequested, &name, &version, &requeued, &replayedOpen)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return out, apierr.NotFound("job")
@@ -249,6 +249,11 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 		return HeartbeatResult{}, p.RequireTools([2]string{name, version})
 	case requeued:
 		return s.revive(ctx, p, jobID, req.LeaseToken)
+	case replayedOpen:
+		// Its attempt was cancelled, then the job replayed: the worker
+		// should stop, and its report is still recorded (decideReport).
+		out.CancelRequested = true
+		return out, nil
 	case !current:
 		return out, errLeaseLost()
 	case status == StatusCancelled:
