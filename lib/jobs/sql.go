@@ -474,7 +474,7 @@ func requeuedFor(token string) string {
 }
 
 // replayedOpen is true of a job (alias j) a replay queued again (its
-// token is '', see sqlReplaySameVersion) while the attempt holding token
+// lease token is empty, see sqlReplaySameVersion) while the attempt holding token
 // was open: cancelled while running, not reported, not lapsed, and not
 // superseded by a claim since. Its worker may still be at work.
 func replayedOpen(token string) string {
