@@ -4,8 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/gate"
+	"github.com/getratchet/ratchet/lib/jsonstrict"
 	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
@@ -60,7 +65,40 @@ func TestNineToolsListed(t *testing.T) {
 	require.Len(t, names, 9)
 }
 
-// TestGateThroughTools drives begin → report → duplicate through the tools,
+// Each gate tool takes what its REST body takes, plus the path's ids (QA:
+// ratchet_begin lacked request_id, so an agent could not recover a lost
+// answer as the REST API lets it).
+func TestToolsTakeTheirRESTBodysFields(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, ""))
+	res, err := cs.ListTools(context.Background(), nil)
+	require.NoError(t, err)
+	props := map[string][]string{}
+	for _, tl := range res.Tools {
+		raw, err := json.Marshal(tl.InputSchema)
+		require.NoError(t, err)
+		var schema struct {
+			Properties map[string]any `json:"properties"`
+		}
+		require.NoError(t, json.Unmarshal(raw, &schema))
+		props[tl.Name] = slices.Sorted(maps.Keys(schema.Properties))
+	}
+	body := func(v any, path ...string) []string {
+		return slices.Sorted(slices.Values(append(slices.Collect(maps.Keys(jsonstrict.ExactFields(reflect.TypeOf(v)))), path...)))
+	}
+	for name, want := range map[string][]string{
+		"ratchet_begin":           body(gate.BeginRequest{}),
+		"ratchet_report":          body(gate.ReportRequest{}, "effect_id"),
+		"ratchet_heartbeat":       body(gate.HeartbeatRequest{}, "effect_id"),
+		"ratchet_resolve":         body(gate.ResolveRequest{}, "effect_id"),
+		"ratchet_decide_approval": body(gate.DecideRequest{}, "approval_id", "decision"),
+	} {
+		require.Equal(t, want, props[name], name)
+	}
+}
+
+// TestGateThroughTools drives// TestGateThroughTools drives begin → report → duplicate through the tools,
 // in-process and over HTTP (the stdio binary's path), with an AGENT key.
 func TestGateThroughTools(t *testing.T) {
 	t.Parallel()

@@ -171,6 +171,7 @@ type BeginInput struct {
 	Compensation        any               `json:"compensation,omitempty" jsonschema:"how to undo it: {effect_type, payload}"`
 	CompensatesEffectID *string           `json:"compensates_effect_id,omitempty"`
 	LeaseSeconds        *int              `json:"lease_seconds,omitempty"`
+	RequestID           *string           `json:"request_id,omitempty" jsonschema:"16-255 random printable characters (a UUID) naming this call: send the same one when retrying a call whose answer was lost, and a lease still running is answered again"`
 }
 
 // ReportInput mirrors POST /api/v1/effects/{id}/report.
