@@ -8,32 +8,52 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 )
 
-// drainingPipes hold back the end of stdin until every request read from it
-// has been answered on stdout (or drainTimeout passes). The SDK's stdio
-// connection closes at stdin's EOF and drops the answers still being made,
-// so a client that writes its requests and closes its end (a script, a pipe
-// in CI) got nothing back, not even initialize's answer. Requests and
-// answers are newline-delimited JSON-RPC messages: a request has an id and
-// a method, an answer an id and no method.
+// drainingPipes stand between stdio and the SDK's transport, which reads
+// newline-delimited JSON-RPC messages from stdin and writes its answers to
+// stdout. They do two things the transport does not:
+//
+//   - A line the transport cannot take (not JSON, not a JSON-RPC 2.0
+//     message, a batch, a line over the transport's length limit) ends its
+//     connection, and with it every call in progress: a lease granted to a
+//     begin whose answer was not yet written was lost to the client. Such a
+//     line is answered here with a JSON-RPC error (-32700 or -32600, as the
+//     HTTP endpoint answers it) and never reaches the transport.
+//   - The transport closes at stdin's EOF and drops the answers still being
+//     made, so a client that writes its requests and closes its end (a
+//     script, a pipe in CI) got nothing back. The end of stdin is held back
+//     until every request passed on has been answered (or drainTimeout).
 type drainingPipes struct {
 	in  io.ReadCloser
 	out io.WriteCloser
 
 	timeout time.Duration // drainTimeout but in tests
 	log     io.Writer     // stderr
+	maxLine int           // maxMessageBytes but in tests
+
+	// Read side, used by the transport's one reading goroutine only.
+	buf      []byte
+	inLine   []byte // the line being read
+	skipping bool   // the line being read is over maxLine: dropped up to its end
+	ready    []byte // admitted lines not yet handed to the transport
+	inErr    error  // stdin's error (io.EOF at its end), once ready is drained
+
+	writeMu sync.Mutex // one whole message at a time on out
 
 	mu      sync.Mutex
 	cond    *sync.Cond
-	pending map[string]bool // ids of the requests read and not yet answered
-	// early holds ids answered before they were pending: a last request
-	// without its newline is tracked only at EOF, and the SDK (which
-	// decodes it without the newline) may answer it first.
-	early   map[string]bool
-	inLine  []byte
+	pending map[string]bool // ids (idKey) of the requests passed on and not yet answered
 	outLine []byte
 }
+
+// maxMessageBytes bounds one line: four times the API's 1 MiB request
+// limit, which every tool call's arguments must fit, and well under the
+// transport's own limit (mcp.DefaultMaxLineLength), past which it would end
+// the connection.
+const maxMessageBytes = 4 << 20
 
 // drainTimeout bounds the wait at EOF: a tool call is one HTTP request with
 // a 60 s timeout. A client that breaks the protocol (an id reused while its
@@ -42,8 +62,8 @@ type drainingPipes struct {
 const drainTimeout = 90 * time.Second
 
 func newDrainingPipes(in io.ReadCloser, out io.WriteCloser) *drainingPipes {
-	d := &drainingPipes{in: in, out: out, timeout: drainTimeout, log: os.Stderr,
-		pending: map[string]bool{}, early: map[string]bool{}}
+	d := &drainingPipes{in: in, out: out, timeout: drainTimeout, log: os.Stderr, maxLine: maxMessageBytes,
+		buf: make([]byte, 32<<10), pending: map[string]bool{}}
 	d.cond = sync.NewCond(&d.mu)
 	return d
 }
@@ -56,44 +76,117 @@ func (d *drainingPipes) Writer() io.WriteCloser { return drainWriter{d} }
 
 type drainReader struct{ d *drainingPipes }
 
+// Read hands the transport the admitted lines; at stdin's end, once every
+// request passed on has been answered, its EOF.
 func (r drainReader) Read(p []byte) (int, error) {
-	n, err := r.d.in.Read(p)
-	r.d.read(p[:n], err == io.EOF)
-	if err == io.EOF {
-		r.d.waitAnswered()
+	d := r.d
+	for len(d.ready) == 0 && d.inErr == nil {
+		n, err := d.in.Read(d.buf)
+		d.read(d.buf[:n], err != nil)
+		d.inErr = err
 	}
-	return n, err
-}
-
-// read tracks the requests among the bytes read from stdin (at eof, the
-// last one even without its newline).
-func (d *drainingPipes) read(b []byte, eof bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	track := func(msg []byte) {
-		for _, id := range requestIDs(msg) {
-			if d.early[id] {
-				delete(d.early, id) // answered already (see early)
-			} else {
-				d.pending[id] = true
-			}
-		}
+	if len(d.ready) > 0 {
+		n := copy(p, d.ready)
+		d.ready = d.ready[n:]
+		return n, nil
 	}
-	d.inLine = scanLines(append(d.inLine, b...), track)
-	if eof {
-		// The SDK also reads a last message without its newline, and may
-		// have answered it already.
-		track(bytes.TrimSpace(d.inLine))
-		d.inLine = nil
+	if d.inErr == io.EOF {
+		d.waitAnswered()
 	}
+	return 0, d.inErr
 }
 
 func (r drainReader) Close() error { return r.d.in.Close() }
 
+// read takes bytes from stdin and admits each complete line (at the end,
+// the last one even without its newline).
+func (d *drainingPipes) read(b []byte, end bool) {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		chunk := b
+		if i >= 0 {
+			chunk = b[:i]
+		}
+		if !d.skipping {
+			d.inLine = append(d.inLine, chunk...)
+		}
+		if len(d.inLine) > d.maxLine {
+			if !d.skipping {
+				d.refuse(nil, jsonrpc.CodeInvalidRequest, fmt.Sprintf("Invalid Request: a message is at most %d bytes", d.maxLine))
+			}
+			d.skipping, d.inLine = true, d.inLine[:0]
+		}
+		if i < 0 {
+			break
+		}
+		if !d.skipping {
+			d.admit(d.inLine)
+		}
+		d.skipping, d.inLine = false, d.inLine[:0]
+		b = b[i+1:]
+	}
+	if end && !d.skipping {
+		d.admit(d.inLine)
+		d.inLine = nil
+	}
+}
+
+// admit passes a line on to the transport when it can take it, tracking
+// the request it makes, and answers it with a JSON-RPC error otherwise.
+func (d *drainingPipes) admit(line []byte) {
+	line = bytes.TrimSpace(line)
+	if len(line) == 0 {
+		return
+	}
+	switch {
+	case !json.Valid(line):
+		d.refuse(nil, jsonrpc.CodeParseError, "Parse error: the message is not JSON")
+		return
+	case line[0] == '[':
+		// Batches were dropped from MCP in 2025-06-18; the transport
+		// ends the connection on one under that version.
+		d.refuse(nil, jsonrpc.CodeInvalidRequest, "Invalid Request: JSON-RPC batches are not supported")
+		return
+	}
+	msg, err := jsonrpc.DecodeMessage(line)
+	if err != nil {
+		d.refuse(line, jsonrpc.CodeInvalidRequest, "Invalid Request: not a JSON-RPC 2.0 message")
+		return
+	}
+	if req, ok := msg.(*jsonrpc.Request); ok && req.ID.IsValid() {
+		d.mu.Lock()
+		d.pending[idKey(req.ID)] = true
+		d.mu.Unlock()
+	}
+	d.ready = append(append(d.ready, line...), '\n')
+}
+
+// refuse answers a line the transport is not given, naming its id when it
+// has one JSON-RPC allows (else null, as JSON-RPC has it). Nothing else of
+// the line is echoed.
+func (d *drainingPipes) refuse(line []byte, code int64, message string) {
+	var probe struct {
+		ID any `json:"id"`
+	}
+	id := any(nil)
+	if line != nil && json.Unmarshal(line, &probe) == nil {
+		if v, err := jsonrpc.MakeID(probe.ID); err == nil && v.IsValid() {
+			id = v.Raw()
+		}
+	}
+	answer, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id,
+		"error": map[string]any{"code": code, "message": message}})
+	d.writeMu.Lock()
+	defer d.writeMu.Unlock()
+	_, _ = d.out.Write(append(answer, '\n'))
+}
+
 type drainWriter struct{ d *drainingPipes }
 
 func (w drainWriter) Write(p []byte) (int, error) {
+	w.d.writeMu.Lock()
 	n, err := w.d.out.Write(p)
+	w.d.writeMu.Unlock()
 	w.d.wrote(p[:n])
 	return n, err
 }
@@ -102,13 +195,9 @@ func (w drainWriter) Write(p []byte) (int, error) {
 func (d *drainingPipes) wrote(b []byte) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.outLine = scanLines(append(d.outLine, b...), func(msg []byte) {
-		for _, id := range answerIDs(msg) {
-			if d.pending[id] {
-				delete(d.pending, id)
-			} else {
-				d.early[id] = true
-			}
+	d.outLine = scanLines(append(d.outLine, b...), func(line []byte) {
+		for _, id := range answerIDs(line) {
+			delete(d.pending, id)
 		}
 	})
 	d.cond.Broadcast()
@@ -116,9 +205,9 @@ func (d *drainingPipes) wrote(b []byte) {
 
 func (w drainWriter) Close() error { return w.d.out.Close() }
 
-// waitAnswered blocks until no request read is unanswered, or timeout; it
-// says on stderr how many were given up, which only a client breaking the
-// protocol or a tool call hung past its own timeout should cause.
+// waitAnswered blocks until no request passed on is unanswered, or timeout;
+// it says on stderr how many were given up, which only a client breaking
+// the protocol or a tool call hung past its own timeout should cause.
 func (d *drainingPipes) waitAnswered() {
 	deadline := time.Now().Add(d.timeout)
 	timer := time.AfterFunc(d.timeout, func() {
@@ -151,42 +240,34 @@ func scanLines(buf []byte, each func([]byte)) []byte {
 	}
 }
 
-// messages are the JSON-RPC messages of a line (one, or a batch), each as
-// its members: names are matched exactly, as the SDK matches them.
-func messages(line []byte) []map[string]json.RawMessage {
-	if len(line) == 0 {
-		return nil
-	}
-	var one map[string]json.RawMessage
-	if err := json.Unmarshal(line, &one); err == nil {
-		return []map[string]json.RawMessage{one}
-	}
-	var batch []map[string]json.RawMessage
-	_ = json.Unmarshal(line, &batch)
-	return batch
-}
+// idKey is an id as the SDK reads it: "ab" for "a\u0062", 1 for 1.0 or
+// 10e-1, so that a request and the answer the SDK writes for it match
+// however the client spelt the id.
+func idKey(id jsonrpc.ID) string { return fmt.Sprintf("%T:%v", id.Raw(), id.Raw()) }
 
-// requestIDs are the ids of the messages of line that expect an answer: a
-// method and an id that is not null.
-func requestIDs(line []byte) []string {
-	var ids []string
-	for _, m := range messages(line) {
-		id, hasID := m["id"]
-		if _, hasMethod := m["method"]; hasMethod && hasID && string(id) != "null" {
-			ids = append(ids, string(id))
-		}
-	}
-	return ids
-}
-
-// answerIDs are the ids the answers among the messages of line answer.
+// answerIDs are the ids (idKey) the answers among the messages of line
+// answer.
 func answerIDs(line []byte) []string {
 	var ids []string
 	for _, m := range messages(line) {
-		id, hasID := m["id"]
-		if _, hasMethod := m["method"]; !hasMethod && hasID && string(id) != "null" {
-			ids = append(ids, string(id))
+		if resp, ok := m.(*jsonrpc.Response); ok && resp.ID.IsValid() {
+			ids = append(ids, idKey(resp.ID))
 		}
 	}
 	return ids
+}
+
+// messages are the JSON-RPC messages of a line (one, or a batch's).
+func messages(line []byte) []jsonrpc.Message {
+	var batch []json.RawMessage
+	if json.Unmarshal(line, &batch) != nil {
+		batch = []json.RawMessage{line}
+	}
+	var out []jsonrpc.Message
+	for _, raw := range batch {
+		if m, err := jsonrpc.DecodeMessage(raw); err == nil {
+			out = append(out, m)
+		}
+	}
+	return out
 }
