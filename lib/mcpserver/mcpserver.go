@@ -10,14 +10,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/getratchet/ratchet/lib/apierr"
 )
 
 // Version is reported to MCP clients.
@@ -119,7 +123,7 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 	}
 	status, resp, err := c.Call(ctx, method, path, auth, raw)
 	if err != nil {
-		return nil, err
+		return unanswered(err), nil
 	}
 	// Only a 2xx is the tool's success; a redirect (which no route answers
 	// on purpose) is an error too.
@@ -139,3 +143,24 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 // or ".." id stays as it is: the router answers a dot segment 404, as any
 // id that names nothing.
 func pathEscape(s string) string { return url.PathEscape(s) }
+
+// CodeServerUnreachable is the code of a tool call the Ratchet server never
+// answered (the stdio binary could not reach it, or the connection failed):
+// not one of the API's refusals, which only the server makes.
+const CodeServerUnreachable = "server_unreachable"
+
+// unanswered is the tool result of a call that got no answer. As for the
+// API's database_unavailable, detail.outcome says whether the call may have
+// been applied: not_applied when no connection was made, unknown once the
+// request may have been sent (a retry under the same idempotency key,
+// request_id or lease token answers what happened).
+func unanswered(err error) *mcp.CallToolResult {
+	outcome := apierr.OutcomeUnknown
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		outcome = apierr.OutcomeNotApplied
+	}
+	return errorResult(map[string]any{"code": CodeServerUnreachable,
+		"message": "The Ratchet server did not answer: " + err.Error(),
+		"detail":  map[string]any{"outcome": outcome}})
+}

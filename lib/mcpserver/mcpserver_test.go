@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"reflect"
 	"slices"
@@ -98,7 +99,31 @@ func TestToolsTakeTheirRESTBodysFields(t *testing.T) {
 	}
 }
 
-// TestGateThroughTools drives// TestGateThroughTools drives begin → report → duplicate through the tools,
+// A call the server never answers is the tool's failure with a code and
+// whether it may have been applied, like the API's database_unavailable,
+// not a protocol error with code 0 (QA).
+func TestCallsWithoutAnAnswerSayWhetherTheyMayHaveBeenApplied(t *testing.T) {
+	t.Parallel()
+	hangUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := w.(http.Hijacker).Hijack()
+		require.NoError(t, err)
+		_ = conn.Close() // the request arrived; no answer comes back
+	}))
+	defer hangUp.Close()
+	for base, outcome := range map[string]string{
+		"http://127.0.0.1:1": "not_applied", // nothing listens: no connection was made
+		hangUp.URL:           "unknown",
+	} {
+		cs := connect(t, mcpserver.New(mcpserver.HTTPCaller{BaseURL: base}, "Bearer rk_test"))
+		body, isErr := callJSON(t, cs, "ratchet_begin", map[string]any{"effect_type": "email.send", "idempotency_key": "k"})
+		require.True(t, isErr, base)
+		e := body["error"].(map[string]any)
+		require.Equal(t, mcpserver.CodeServerUnreachable, e["code"], base)
+		require.Equal(t, map[string]any{"outcome": outcome}, e["detail"], base)
+	}
+}
+
+// TestGateThroughTools drives begin → report → duplicate through the tools,
 // in-process and over HTTP (the stdio binary's path), with an AGENT key.
 func TestGateThroughTools(t *testing.T) {
 	t.Parallel()

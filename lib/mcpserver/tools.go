@@ -124,7 +124,12 @@ func argumentsError(err error) *mcp.CallToolResult {
 	if !ok {
 		e = schemaProblem(err)
 	}
-	body, _ := json.Marshal(map[string]any{"error": e.Wire()})
+	return errorResult(e.Wire())
+}
+
+// errorResult is a tool's failure, {"error": wire}, as text and structured.
+func errorResult(wire any) *mcp.CallToolResult {
+	body, _ := json.Marshal(map[string]any{"error": wire})
 	var structured map[string]any
 	_ = json.Unmarshal(body, &structured)
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(body)}},
