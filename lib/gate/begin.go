@@ -411,7 +411,7 @@ func (s *Service) chargeWallet(ctx context.Context, tx pgx.Tx, in *beginInput, w
 	}
 	in.wallet = &w
 	var spent int64
-	if err := tx.QueryRow(ctx, sqlRunSpend, in.ws, w.runID, in.key).Scan(&spent); err != nil {
+	if err := tx.QueryRow(ctx, sqlRunSpend, in.ws, w.runID).Scan(&spent); err != nil {
 		return fmt.Errorf("begin: wallet spend: %w", err)
 	}
 	var cost int64

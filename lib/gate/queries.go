@@ -444,11 +444,11 @@ const sqlWalletBudget = `SELECT budget_micros FROM job_runs WHERE id = $1`
 // business waiting for them.
 const sqlLockWallet = `SELECT pg_advisory_xact_lock(hashtextextended('wallet:' || $1::text, 0))`
 
-// sqlRunSpend is what a run's wallet ($2, workspace $1) has spent, but for
-// the effect with key $3 (the begin being decided, which a new attempt
-// charges afresh). Read after sqlLockWallet, in a later statement, so that
+// sqlRunSpend is what a run's wallet ($2, workspace $1) has spent, the
+// attempts of the effect being begun again included: a new attempt adds its
+// cost to theirs. Read after sqlLockWallet, in a later statement, so that
 // its snapshot sees the spend of every begin that held the lock before.
-var sqlRunSpend = `SELECT ` + money.RunSpendSQL("$1::text", "$2::text", "$3::text")
+var sqlRunSpend = `SELECT ` + money.RunSpendSQL("$1::text", "$2::text")
 
 // sqlKeyInRun is whether the key ($3) already names an effect begun under
 // the run ($1) in the workspace ($2): the run may be gone (JOB_RETENTION_DAYS)
@@ -647,8 +647,9 @@ ORDER BY id DESC LIMIT $3`
 // older than its retention (an effect changed last is never created later),
 // so a pass with nothing to delete costs one index probe per pair, not a
 // scan of the table. Once deleted, a key is new again: its next begin
-// executes.
-const sqlPurgeExpired = `
+// executes. What the deleted effects spent of a run's wallet stays spent
+// (money.RetiredRunSpendSQL).
+var sqlPurgeExpired = `
 WITH expired AS (
     WITH RECURSIVE pairs AS (
         (SELECT e.workspace_id, e.effect_type FROM effects e ORDER BY e.workspace_id, e.effect_type LIMIT 1)
@@ -675,6 +676,8 @@ WITH expired AS (
         FOR UPDATE OF e SKIP LOCKED
     ) x
     LIMIT $2::int
+), retired AS (
+    ` + money.RetiredRunSpendSQL + `
 ), attempts AS (
     DELETE FROM effect_attempts a USING expired x WHERE a.effect_id = x.id
 ), approvals AS (

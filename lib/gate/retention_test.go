@@ -112,6 +112,36 @@ func TestRetentionCountsFromTheEnd(t *testing.T) {
 // its first days, so reruns do not meet), and a retention pass at its now.
 // The sweep acts on every workspace of the package database: each era
 // holds one test's effects only.
+// What retention deletes of a run's effects stays spent from its wallet,
+// which lasts the run's whole life (QA: a run outliving its types'
+// retention got its budget back).
+func TestRetentionLeavesARunsWalletSpent(t *testing.T) {
+	b, sweep := inEra(t, 1985)
+	b.putPolicy("api.call", map[string]any{"retention_days": 1})
+	run := b.runWith(1000)
+	done := b.mustBegin("execute", inRun(run, charge(key("done"), 600)))
+	require.Equal(t, http.StatusOK, b.report(str(done["effect_id"]), str(done["lease_token"]), "succeeded", nil).Status)
+	failed := b.mustBegin("execute", inRun(run, charge(key("failed"), 300)))
+	require.Equal(t, http.StatusOK, b.report(str(failed["effect_id"]), str(failed["lease_token"]), "failed", nil).Status)
+	other := b.runWith(1000) // a wallet none of the deleted effects paid from
+	require.Equal(t, 600, b.spent(run))
+
+	b.clock.Add(49 * time.Hour)
+	sweep() // other tests' eras may leave ended effects this sweep takes too
+	for _, d := range []map[string]any{done, failed} {
+		require.Equal(t, http.StatusNotFound, b.env.Do("GET", "/api/v1/effects/"+str(d["effect_id"]), b.ws.Key, nil).Status)
+	}
+	require.Equal(t, 600, b.spent(run), "the success stays spent; the failure gave its cost back")
+	require.Equal(t, 0, b.spent(other))
+	b.denialOf("run_budget_exceeded", inRun(run, charge(key("over"), 401)))
+	for _, d := range []map[string]any{
+		b.mustBegin("execute", inRun(run, charge(key("fits"), 400))),
+		b.mustBegin("execute", inRun(other, charge(key("fits"), 1000))),
+	} { // no lease is left behind for TestSweeperAndLapseRaces's sweeps
+		require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "succeeded", nil).Status)
+	}
+}
+
 func inEra(t *testing.T, year int) (*bundle, func() int) {
 	t.Helper()
 	era := time.Date(year, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(rand.IntN(1e6)) * time.Second)

@@ -112,6 +112,41 @@ func TestRunWalletRetryIsChargedAgain(t *testing.T) {
 	b.denialOf("run_budget_exceeded", body)
 }
 
+// An attempt whose outcome is unknown keeps counting when its effect is
+// tried again (on_indeterminate: retry), as on the daily ceilings: each may
+// have spent the money (QA: the wallet counted the effect once, so a run
+// could spend max_attempts times its budget). Settled, it counts by its
+// outcome.
+func TestRunWalletCountsEveryUnknownAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "retry", "max_attempts": 3})
+	run := b.runWith(1000)
+	k := inRun(run, charge(key("retry"), 700))
+	d := b.mustBegin("execute", k)
+	b.clock.Add(2 * time.Minute) // the lease lapses: the outcome is unknown
+	e := b.refusal("run_budget_exceeded", "indeterminate", k)
+	require.EqualValues(t, 700, e["detail"].(map[string]any)["spent_micros"])
+	require.Equal(t, 700, b.spent(run))
+
+	roomy := b.runWith(1400)
+	k2 := inRun(roomy, charge(key("retry"), 700))
+	b.mustBegin("execute", k2)
+	b.clock.Add(2 * time.Minute)
+	again := b.mustBegin("execute", k2)
+	require.EqualValues(t, 2, again["attempt"])
+	require.Equal(t, 1400, b.spent(roomy))
+	b.clock.Add(2 * time.Minute)
+	b.refusal("run_budget_exceeded", "indeterminate", k2)
+
+	// Resolved failed, the unknown attempt gives its cost back.
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+str(d["effect_id"])+"/resolve", b.ws.Key,
+		map[string]any{"outcome": "failed"})
+	require.Equal(t, 0, b.spent(run))
+	b.mustBegin("execute", k)
+	require.Equal(t, 700, b.spent(run))
+}
+
 // A grouped begin is charged to its run's wallet too.
 func TestRunWalletChargesGroupedBegins(t *testing.T) {
 	t.Parallel()

@@ -161,7 +161,7 @@ const sqlRunByKey = `SELECT id, request_hash FROM job_runs WHERE workspace_id = 
 // runColumns are a run's (of job_runs) in scanRun order; a wallet's spend
 // is read with it.
 var runColumns = `id, name, status, completion_requested, created_at, finished_at, synthetic, budget_micros,
-	idempotency_key, CASE WHEN budget_micros IS NOT NULL THEN ` + money.RunSpendSQL("job_runs.workspace_id", "job_runs.id", "") + ` END`
+	idempotency_key, CASE WHEN budget_micros IS NOT NULL THEN ` + money.RunSpendSQL("job_runs.workspace_id", "job_runs.id") + ` END`
 
 var sqlGetRun = `SELECT ` + runColumns + ` FROM job_runs WHERE id = $1::text AND workspace_id = $2::text`
 

@@ -14,19 +14,34 @@ func Valid(v int64) bool { return v >= 0 && v <= MaxMicros }
 const Rule = "must be an integer from 0 to 10^18 (micros of USD)"
 
 // RunSpendSQL is the SQL of what a run's wallet has spent (bigint): the
-// declared costs of the run's effects that were granted and are not known
-// to have failed (leased, succeeded or indeterminate; a failed attempt
-// gives its cost back, as it does to the daily ceilings). ws and run are
-// SQL expressions for the workspace and the run id; except, when not
-// empty, one for an idempotency key whose effect is left out. A run's
+// declared cost of every attempt of the run's effects that was granted and
+// is not known to have failed (live, succeeded or indeterminate; a failed
+// attempt gives its cost back, as it does to the daily ceilings). An
+// attempt whose outcome is unknown keeps counting when its effect is tried
+// again, as it does on the daily ceilings: each may have spent the money
+// (QA: counting each effect once let a run spend max_attempts times its
+// wallet under on_indeterminate: retry). Effects retention deleted keep
+// counting through the run's retired_spend_micros (RetiredRunSpendSQL). ws
+// and run are SQL expressions for the workspace and the run id. A run's
 // granted spend never exceeds its budget (at most MaxMicros: every grant is
 // checked against it), so the sum fits.
-func RunSpendSQL(ws, run, except string) string {
-	cond := ""
-	if except != "" {
-		cond = " AND x.idempotency_key <> " + except
-	}
-	return `(SELECT coalesce(sum(x.cost_micros), 0)::bigint FROM effects x
-    WHERE x.run_id = ` + run + ` AND x.workspace_id = ` + ws + cond + `
-      AND x.state IN ('leased', 'succeeded', 'indeterminate'))`
+func RunSpendSQL(ws, run string) string {
+	return `((SELECT coalesce(sum(x.cost_micros), 0)
+      FROM effects x JOIN effect_attempts a ON a.effect_id = x.id
+      WHERE x.run_id = ` + run + ` AND x.workspace_id = ` + ws + `
+        AND a.outcome IS DISTINCT FROM 'failed')
+    + coalesce((SELECT r.retired_spend_micros FROM job_runs r
+                WHERE r.id = ` + run + ` AND r.workspace_id = ` + ws + `), 0))::bigint`
 }
+
+// RetiredRunSpendSQL is a data-modifying CTE body that adds to each run's
+// retired_spend_micros what RunSpendSQL counted of the effects about to be
+// deleted, whose ids the CTE named expired holds (migration 0030): a run's
+// wallet lasts its whole life, however long its effects are kept. It reads
+// the effects in the statement's snapshot, before the statement's deletes.
+const RetiredRunSpendSQL = `UPDATE job_runs r SET retired_spend_micros = r.retired_spend_micros + s.spent
+    FROM (SELECT x.run_id, x.workspace_id, sum(x.cost_micros) AS spent
+          FROM expired d JOIN effects x ON x.id = d.id JOIN effect_attempts a ON a.effect_id = x.id
+          WHERE x.run_id IS NOT NULL AND a.outcome IS DISTINCT FROM 'failed'
+          GROUP BY x.run_id, x.workspace_id) s
+    WHERE r.id = s.run_id AND r.workspace_id = s.workspace_id AND r.budget_micros IS NOT NULL`
