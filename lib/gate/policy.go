@@ -282,6 +282,11 @@ func (p *Policy) validate(pr *apierr.Problems) {
 			pr.Add("dimension_limits."+name, "must be keyed by a dimension name (letters, digits, . _ -; up to 64)")
 		}
 		amount("dimension_limits."+name+".daily_micros", lim.DailyMicros)
+		if lim.DailyMicros == nil && lim.DailyCount == nil {
+			// It would limit nothing, yet make the dimension required
+			// (dimension_required) on every begin: a mistake, not a policy.
+			pr.Add("dimension_limits."+name, "must set daily_micros or daily_count")
+		}
 		if lim.DailyCount != nil && *lim.DailyCount < 1 {
 			pr.Add("dimension_limits."+name+".daily_count", "must be at least 1")
 		}
