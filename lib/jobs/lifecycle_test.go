@@ -114,8 +114,10 @@ func TestKilledWorkerJobIsReclaimedAfterLease(t *testing.T) {
 	enq := b.enqueue(t, runID, jobs.EnqueueRequest{TimeoutMs: ptr[int64](5_000)})
 	w1, w2 := b.register(t), b.register(t)
 
+	require.Nil(t, b.step(t, enq.StepID).DurableJob.LeaseExpiresAt, "no lease yet")
 	first := b.claimOne(t, w1)
 	requireTime(t, b.clock.Now().Add(15*time.Second), first.LeaseExpiresAt, "timeout 5 s + grace 10 s")
+	requireTime(t, first.LeaseExpiresAt, *b.step(t, enq.StepID).DurableJob.LeaseExpiresAt, "the lease held")
 	// w1 dies without reporting. Until the lease lapses nobody else gets it.
 	b.clock.Add(14 * time.Second)
 	require.Empty(t, b.claim(t, w2, 1))
@@ -141,6 +143,7 @@ func TestKilledWorkerJobIsReclaimedAfterLease(t *testing.T) {
 	require.Nil(t, xs[1].Warning)
 	dj := b.step(t, enq.StepID).DurableJob
 	require.Equal(t, 2, dj.Attempt)
+	require.Nil(t, dj.LeaseExpiresAt, "no lease is held once the job ended")
 	require.Len(t, dj.Attempts, 2)
 	require.Equal(t, "FAILED", *dj.Attempts[0].Outcome)
 	require.Contains(t, *dj.Attempts[0].Warning, "side effect")
