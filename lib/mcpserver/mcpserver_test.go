@@ -99,6 +99,57 @@ func TestToolsTakeTheirRESTBodysFields(t *testing.T) {
 	}
 }
 
+// A tool's schema says what its REST route takes (QA: it was looser): the
+// values of an outcome, a state or a decision, a page's limit, and that a
+// required string is not empty (an empty effect_id was answered as an
+// unknown route). Arguments outside it are invalid_request at their name.
+func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+	for _, c := range []struct {
+		tool  string
+		args  map[string]any
+		field string
+	}{
+		{"ratchet_get_effect", map[string]any{"effect_id": ""}, "effect_id"},
+		{"ratchet_report", map[string]any{"effect_id": "eff_x", "lease_token": "t", "outcome": "SUCCEEDED"}, "outcome"},
+		{"ratchet_resolve", map[string]any{"effect_id": "eff_x", "outcome": "maybe"}, "outcome"},
+		{"ratchet_list_effects", map[string]any{"state": "lost"}, "state"},
+		{"ratchet_list_effects", map[string]any{"limit": 201}, "limit"},
+		{"ratchet_list_approvals", map[string]any{"limit": 0}, "limit"},
+		{"ratchet_decide_approval", map[string]any{"approval_id": "apr_x", "decision": "REJECT"}, "decision"},
+	} {
+		body, isErr := callJSON(t, cs, c.tool, c.args)
+		require.True(t, isErr, "%s %v", c.tool, c.args)
+		e := body["error"].(map[string]any)
+		require.Equal(t, "invalid_request", e["code"], "%s %v: %v", c.tool, c.args, body)
+		v := e["detail"].(map[string]any)["validation"].([]any)
+		require.Equal(t, c.field, v[0].(map[string]any)["field"], "%s %v", c.tool, c.args)
+	}
+	body, isErr := callJSON(t, cs, "ratchet_list_effects", map[string]any{"state": nil, "limit": 200})
+	require.False(t, isErr, "%v", body)
+
+	res, err := cs.ListTools(context.Background(), nil)
+	require.NoError(t, err)
+	schemas := map[string]map[string]any{}
+	for _, tl := range res.Tools {
+		raw, err := json.Marshal(tl.InputSchema)
+		require.NoError(t, err)
+		var schema struct {
+			Properties map[string]any `json:"properties"`
+		}
+		require.NoError(t, json.Unmarshal(raw, &schema))
+		schemas[tl.Name] = schema.Properties
+	}
+	prop := func(tool, name, key string) any { return schemas[tool][name].(map[string]any)[key] }
+	require.Equal(t, []any{"succeeded", "failed"}, prop("ratchet_report", "outcome", "enum"))
+	require.Equal(t, []any{"pending", "approved", "rejected", nil}, prop("ratchet_list_approvals", "state", "enum"))
+	require.EqualValues(t, 200, prop("ratchet_list_effects", "limit", "maximum"))
+	require.EqualValues(t, 1, prop("ratchet_get_effect", "effect_id", "minLength"))
+}
+
 // A call the server never answers is the tool's failure with a code and
 // whether it may have been applied, like the API's database_unavailable,
 // not a protocol error with code 0 (QA).

@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/jsonstrict"
 )
 
@@ -47,6 +48,7 @@ func define[In any](name, description, needs string, route func(In) (method, pat
 		panic(fmt.Sprintf("mcpserver: schema of %s: %v", name, err))
 	}
 	nullableOptional(schema)
+	nonEmptyRequired(schema)
 	for _, a := range adjust {
 		a(schema)
 	}
@@ -114,6 +116,44 @@ func nullableOptional(schema *jsonschema.Schema) {
 		}
 		prop.Types, prop.Type = []string{prop.Type, "null"}, ""
 	}
+}
+
+// nonEmptyRequired makes every required string argument at least one
+// character, as the REST API reads an empty one as missing: an empty
+// effect_id is named as the argument it is, not answered as an unknown route.
+func nonEmptyRequired(schema *jsonschema.Schema) {
+	one := 1
+	for _, name := range schema.Required {
+		if p := schema.Properties[name]; p != nil && p.Type == "string" {
+			p.MinLength = &one
+		}
+	}
+}
+
+// oneOf restricts argument name to values (or null, when it is optional),
+// so that a client sees what the REST route takes.
+func oneOf(name string, values ...any) func(*jsonschema.Schema) {
+	return func(s *jsonschema.Schema) {
+		p := s.Properties[name]
+		if slices.Contains(p.Types, "null") {
+			values = append(values, nil)
+		}
+		p.Enum = values
+	}
+}
+
+func anys(values []string) []any {
+	out := make([]any, len(values))
+	for i, v := range values {
+		out[i] = v
+	}
+	return out
+}
+
+// pageLimit bounds a list tool's limit as the REST list does (1-200).
+func pageLimit(s *jsonschema.Schema) {
+	lo, hi := 1.0, 200.0
+	s.Properties["limit"].Minimum, s.Properties["limit"].Maximum = &lo, &hi
 }
 
 // argumentsError answers arguments the tool refuses as the REST API answers
@@ -267,7 +307,7 @@ var tools = []tool{
 		func(in ReportInput) (string, string, any) {
 			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/report",
 				map[string]any{"lease_token": in.LeaseToken, "outcome": in.Outcome, "result": in.Result}
-		}),
+		}, oneOf("outcome", gate.StateSucceeded, gate.StateFailed)),
 	define("ratchet_heartbeat", "Extend a held lease while a long action is still running.", "effects:report",
 		func(in HeartbeatInput) (string, string, any) {
 			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/heartbeat", map[string]any{"lease_token": in.LeaseToken}
@@ -276,7 +316,7 @@ var tools = []tool{
 		func(in ResolveInput) (string, string, any) {
 			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/resolve",
 				map[string]any{"outcome": in.Outcome, "result": in.Result, "note": in.Note}
-		}),
+		}, oneOf("outcome", gate.StateSucceeded, gate.StateFailed)),
 	define("ratchet_get_effect", "Read one effect with its attempts.", "effects:read",
 		func(in EffectInput) (string, string, any) {
 			return "GET", "/api/v1/effects/" + pathEscape(in.EffectID), nil
@@ -286,7 +326,7 @@ var tools = []tool{
 			q := in.params()
 			q["state"], q["effect_type"] = in.State, in.EffectType
 			return "GET", "/api/v1/effects" + query(q), nil
-		}),
+		}, oneOf("state", anys(gate.States)...), pageLimit),
 	define("ratchet_get_policy", "Read the policy that governs an effect type.", "policies:read",
 		func(in PolicyInput) (string, string, any) {
 			return "GET", "/api/v1/policies/" + pathEscape(in.EffectType), nil
@@ -296,7 +336,7 @@ var tools = []tool{
 			q := in.params()
 			q["state"] = in.State
 			return "GET", "/api/v1/approvals" + query(q), nil
-		}),
+		}, oneOf("state", gate.ApprovalPending, gate.ApprovalApproved, gate.ApprovalRejected), pageLimit),
 	define("ratchet_decide_approval", "Approve or reject a held effect (operator keys only).", "approvals:write",
 		func(in DecideInput) (string, string, any) {
 			// The decision names the route: nothing but the exact words
@@ -305,7 +345,7 @@ var tools = []tool{
 			return "POST", "/api/v1/approvals/" + pathEscape(in.ApprovalID) + "/" + pathEscape(in.Decision),
 				map[string]any{"note": in.Note}
 		},
-		func(s *jsonschema.Schema) { s.Properties["decision"].Enum = []any{"approve", "reject"} }),
+		oneOf("decision", "approve", "reject")),
 }
 
 // ToolScopes maps each tool to the scope its REST call needs.
