@@ -117,6 +117,7 @@ func TestKilledWorkerJobIsReclaimedAfterLease(t *testing.T) {
 	require.Nil(t, b.step(t, enq.StepID).DurableJob.LeaseExpiresAt, "no lease yet")
 	first := b.claimOne(t, w1)
 	requireTime(t, b.clock.Now().Add(15*time.Second), first.LeaseExpiresAt, "timeout 5 s + grace 10 s")
+	require.EqualValues(t, 15_000, first.LeaseMs, "the lease's length, for the worker's own clock")
 	requireTime(t, first.LeaseExpiresAt, *b.step(t, enq.StepID).DurableJob.LeaseExpiresAt, "the lease held")
 	// w1 dies without reporting. Until the lease lapses nobody else gets it.
 	b.clock.Add(14 * time.Second)

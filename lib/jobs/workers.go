@@ -76,15 +76,20 @@ type ClaimRequest struct {
 
 // ClaimedJob is one leased job.
 type ClaimedJob struct {
-	JobID          string          `json:"jobId"`
-	StepID         string          `json:"stepId"`
-	RunID          string          `json:"runId"`
-	Name           string          `json:"name"`
-	Version        string          `json:"version"`
-	Attempt        int             `json:"attempt"`
-	MaxAttempts    int             `json:"maxAttempts"`
-	LeaseToken     string          `json:"leaseToken"`
-	LeaseExpiresAt time.Time       `json:"leaseExpiresAt"`
+	JobID          string    `json:"jobId"`
+	StepID         string    `json:"stepId"`
+	RunID          string    `json:"runId"`
+	Name           string    `json:"name"`
+	Version        string    `json:"version"`
+	Attempt        int       `json:"attempt"`
+	MaxAttempts    int       `json:"maxAttempts"`
+	LeaseToken     string    `json:"leaseToken"`
+	LeaseExpiresAt time.Time `json:"leaseExpiresAt"`
+	// LeaseMs is the lease's length (timeoutMs plus the grace), which each
+	// heartbeat extends it by from then: a worker measures the lease with
+	// its own clock from when it sent the claim, whatever the two clocks
+	// say (LeaseExpiresAt is the server's).
+	LeaseMs        int64           `json:"leaseMs"`
 	TimeoutMs      int64           `json:"timeoutMs"`
 	IdempotencyKey string          `json:"idempotencyKey"`
 	Input          json.RawMessage `json:"input"`
@@ -206,6 +211,7 @@ func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID str
 			return j, err
 		}
 		j.LeaseExpiresAt = j.LeaseExpiresAt.UTC()
+		j.LeaseMs = j.TimeoutMs + s.leaseGrace.Milliseconds()
 		j.Input, err = s.open(j.JobID, "input", sealed)
 		return j, err
 	})

@@ -37,11 +37,32 @@ type ClaimedJob struct {
 	Attempt int    `json:"attempt"` // this execution's number, from 1
 	// LeaseToken proves this claim in heartbeats and the report.
 	LeaseToken     string    `json:"leaseToken"`
-	LeaseExpiresAt time.Time `json:"leaseExpiresAt"`
-	TimeoutMs      int64     `json:"timeoutMs"` // the attempt's timeout
+	LeaseExpiresAt time.Time `json:"leaseExpiresAt"` // by the server's clock
+	// LeaseMs is the lease's length, which each heartbeat extends it by
+	// from then (0 from a server that does not say): the worker measures
+	// the lease with its own clock from when it sent the claim.
+	LeaseMs   int64 `json:"leaseMs"`
+	TimeoutMs int64 `json:"timeoutMs"` // the attempt's timeout
 	// IdempotencyKey is stable across attempts: pass it to the destination.
 	IdempotencyKey string          `json:"idempotencyKey"`
 	Input          json.RawMessage `json:"input"` // the step's input, decrypted
+
+	// leaseEnd is when the lease lapses by this process's clock (see
+	// leaseEndFrom), set by the worker that claimed the job.
+	leaseEnd time.Time
+}
+
+// leaseEndFrom is when a lease granted or extended by a request sent at
+// sent (this process's clock) lapses: sent plus its length, which errs
+// early by the request's own time whatever the server's clock says (a
+// worker clock behind the server's would otherwise report, or claim again,
+// after the lease lapsed); the server's expiry as it is when the server
+// does not say the length.
+func leaseEndFrom(sent time.Time, j ClaimedJob, serverExpiry time.Time) time.Time {
+	if j.LeaseMs > 0 {
+		return sent.Add(time.Duration(j.LeaseMs) * time.Millisecond)
+	}
+	return serverExpiry
 }
 
 // Claim leases up to limit (1–100) due jobs for workerID, waiting up to

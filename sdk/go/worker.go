@@ -466,7 +466,7 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 			return
 		}
 		limit := min(free, 100)
-		began := w.clock.Now()
+		began, sent := w.clock.Now(), time.Now()
 		jobs, err := w.claim(pollCtx, limit)
 		if err != nil && !w.stopped(ctx) {
 			w.opts.OnError(fmt.Errorf("ratchet: claim: %w", err))
@@ -475,6 +475,7 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 			}
 		}
 		for _, j := range jobs {
+			j.leaseEnd = leaseEndFrom(sent, j, j.LeaseExpiresAt)
 			w.dispatch(ctx, jobsCtx, j)
 		}
 		full = err == nil && len(jobs) >= limit
@@ -658,7 +659,7 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 	if rt == nil {
 		// The server only hands out registered pairs; if it ever does not,
 		// give the job back for a worker that has the handler.
-		w.report(j, j.LeaseExpiresAt, JobReport{Status: ReportFailed,
+		w.report(j, j.leaseEnd, JobReport{Status: ReportFailed,
 			Error: &JobError{Message: "worker has no handler for this name@version", Retryable: true}})
 		return nil
 	}
@@ -672,7 +673,7 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 	}
 	hbCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
 	hbDone := make(chan struct{})
-	expires := j.LeaseExpiresAt // as extended by the heartbeats; read after hbDone
+	expires := j.leaseEnd // as extended by the heartbeats; read after hbDone
 	go func() {
 		defer close(hbDone)
 		expires = w.heartbeat(hbCtx, j, cancel)
@@ -804,47 +805,55 @@ func (w *Worker) report(j ClaimedJob, expires time.Time, r JobReport) {
 
 // heartbeat extends the lease well before it lapses until ctx ends, and
 // cancels the handler when the server asks or the lease is gone. It returns
-// the lease's expiry as last extended.
+// when the lease, as last extended, lapses by this process's clock
+// (leaseEndFrom).
 func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.CancelCauseFunc) time.Time {
-	expires := j.LeaseExpiresAt
+	expires, end := j.LeaseExpiresAt, j.leaseEnd
 	for {
-		fire, stop := w.clock.Timer(w.heartbeatEvery(expires, time.Duration(j.TimeoutMs)*time.Millisecond))
+		fire, stop := w.clock.Timer(w.heartbeatEvery(expires, j))
 		select {
 		case <-ctx.Done():
 			stop()
-			return expires
+			return end
 		case <-fire:
 		}
+		sent := time.Now()
 		hb, err := w.c.HeartbeatJob(ctx, j.JobID, j.LeaseToken)
 		if ctx.Err() != nil {
-			return expires
+			return end
 		}
 		if err != nil {
 			var apiErr *Error
 			if errors.As(err, &apiErr) && (apiErr.StatusCode == 404 || apiErr.StatusCode == 409) {
 				cancel(ErrLeaseLost)
 				w.opts.OnError(fmt.Errorf("ratchet: job %s attempt %d no longer holds its lease: %w", j.JobID, j.Attempt, err))
-				return expires
+				return end
 			}
 			w.opts.OnError(fmt.Errorf("ratchet: heartbeat job %s: %w", j.JobID, err))
 			continue
 		}
 		if hb.CancelRequested {
+			// A cancelled job's lease is not extended: it ends as before.
 			cancel(ErrCancelRequested)
-			return hb.LeaseExpiresAt
+			return end
 		}
-		expires = hb.LeaseExpiresAt
+		expires, end = hb.LeaseExpiresAt, leaseEndFrom(sent, j, hb.LeaseExpiresAt)
 	}
 }
 
-// heartbeatEvery is a third of the lease left, within [minHeartbeat,
-// maxHeartbeat]. The lease is never shorter than the job's timeout, so the
-// timeout also bounds it: that keeps heartbeats inside the lease even when
-// the server's clock runs ahead of ours.
-func (w *Worker) heartbeatEvery(expires time.Time, timeout time.Duration) time.Duration {
-	left := expires.Sub(w.clock.Now())
-	if timeout > 0 && timeout < left {
-		left = timeout
+// heartbeatEvery is a third of the lease, within [minHeartbeat,
+// maxHeartbeat]: of its length when the server says it (each heartbeat
+// extends the lease by that much from then), else of what is left by the
+// server's expiry, which the job's timeout also bounds (the lease is never
+// shorter), keeping heartbeats inside the lease when the server's clock
+// runs ahead of ours.
+func (w *Worker) heartbeatEvery(expires time.Time, j ClaimedJob) time.Duration {
+	left := time.Duration(j.LeaseMs) * time.Millisecond
+	if j.LeaseMs <= 0 {
+		left = expires.Sub(w.clock.Now())
+		if timeout := time.Duration(j.TimeoutMs) * time.Millisecond; timeout > 0 && timeout < left {
+			left = timeout
+		}
 	}
 	return min(max(left/3, minHeartbeat), maxHeartbeat)
 }

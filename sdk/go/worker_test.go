@@ -28,6 +28,7 @@ type fakeJobs struct {
 	cancel        map[string]bool
 	heartbeat     func(jobID string) (status int, code string) // optional failure
 	leaseFor      time.Duration
+	leaseMs       int64 // the claim's leaseMs (0: not said, as an older server)
 	reports       map[string]json.RawMessage
 	reported      chan string
 	onClaim       func(limit, got int)                                    // called inside the lock
@@ -60,7 +61,7 @@ func (f *fakeJobs) add(name, version string, input any, timeoutMs int64) string 
 	raw, _ := json.Marshal(input)
 	id := fmt.Sprintf("job_%d", len(f.queue)+len(f.reports)+f.claims*1000)
 	f.queue = append(f.queue, ClaimedJob{JobID: id, StepID: "stp_" + id, RunID: "run_1", Name: name, Version: version,
-		Attempt: 1, LeaseToken: "tok_" + id, LeaseExpiresAt: time.Now().Add(f.leaseFor), TimeoutMs: timeoutMs,
+		Attempt: 1, LeaseToken: "tok_" + id, LeaseExpiresAt: time.Now().Add(f.leaseFor), LeaseMs: f.leaseMs, TimeoutMs: timeoutMs,
 		IdempotencyKey: "key_" + id, Input: raw})
 	return id
 }
@@ -227,6 +228,28 @@ func startWorker(t *testing.T, f *fakeJobs, register func(w *Worker), opts Start
 		_ = w.Stop(ctx)
 	})
 	return w, sink
+}
+
+// The worker measures a lease by its length from when it sent the claim,
+// not by the server's expiry read with its own clock: here the server's
+// clock runs an hour ahead, and the report still goes out before the lease
+// (6 s) is within the margin of lapsing, though the batch would otherwise
+// wait its (hour-long) linger.
+func TestWorkerMeasuresTheLeaseByItsLength(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.leaseFor, f.leaseMs = time.Hour, 6_000
+	id := f.add("send_welcome_email", "1", welcomeIn{CustomerID: "cus_1"}, 1_000)
+	startWorker(t, f, func(w *Worker) {
+		w.reportLinger = time.Hour
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "send_welcome_email", Version: "1",
+			Handler: func(ctx context.Context, in welcomeIn, job JobContext) (welcomeOut, error) {
+				return welcomeOut{Sent: true}, nil
+			}}))
+	}, StartOptions{})
+	if rep := f.waitReport(t, id); rep["status"] != "SUCCEEDED" {
+		t.Fatalf("report %v", rep)
+	}
 }
 
 func TestWorkerRunsHandlerAndReportsSuccess(t *testing.T) {
@@ -882,16 +905,25 @@ func TestHeartbeatEvery(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	w := &Worker{clock: &fakeClock{now: now}}
 	cases := []struct {
-		left, timeout, want time.Duration
+		left      time.Duration
+		timeoutMs int64
+		leaseMs   int64
+		want      time.Duration
 	}{
-		{40 * time.Second, 30 * time.Second, 10 * time.Second}, // the timeout bounds a lease skewed long
-		{12 * time.Second, 30 * time.Second, 4 * time.Second},  // a third of what is left
-		{time.Hour, 0, time.Minute},                            // at most a minute
-		{-time.Second, 30 * time.Second, time.Second},          // already lapsed: at least a second
+		{40 * time.Second, 30_000, 0, 10 * time.Second}, // the timeout bounds a lease skewed long
+		{12 * time.Second, 30_000, 0, 4 * time.Second},  // a third of what is left
+		{time.Hour, 0, 0, time.Minute},                  // at most a minute
+		{-time.Second, 30_000, 0, time.Second},          // already lapsed: at least a second
+		// The lease's length, when the server says it, whatever its clock.
+		{-time.Hour, 30_000, 45_000, 15 * time.Second},
+		{time.Hour, 30_000, 45_000, 15 * time.Second},
+		{0, 0, 600_000, time.Minute},
 	}
 	for _, c := range cases {
-		if got := w.heartbeatEvery(now.Add(c.left), c.timeout); got != c.want {
-			t.Fatalf("heartbeatEvery(%v left, timeout %v) = %v, want %v", c.left, c.timeout, got, c.want)
+		j := ClaimedJob{TimeoutMs: c.timeoutMs, LeaseMs: c.leaseMs}
+		if got := w.heartbeatEvery(now.Add(c.left), j); got != c.want {
+			t.Fatalf("heartbeatEvery(%v left, timeout %d ms, lease %d ms) = %v, want %v", c.left, c.timeoutMs,
+				c.leaseMs, got, c.want)
 		}
 	}
 }
