@@ -36,6 +36,15 @@ func (b *bundle) cancelledHolder(t *testing.T) (held jobs.ClaimedJob, heldStep s
 	return held, first.StepID, next, wid
 }
 
+// cancelAndReplay cancels a step and replays it at once.
+func (b *bundle) cancelAndReplay(t *testing.T, stepID string) {
+	t.Helper()
+	_, err := b.svc.CancelStep(ctx, b.ws, stepID)
+	require.NoError(t, err)
+	_, err = b.svc.Replay(ctx, b.worker, stepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+	require.NoError(t, err)
+}
+
 func (b *bundle) requireRunningCount(t *testing.T, endpoint string, want int) {
 	t.Helper()
 	require.Equal(t, want, b.count(t, `SELECT running_count FROM job_endpoints WHERE workspace_id = $1 AND name = $2`,
@@ -163,10 +172,7 @@ func TestReplayedJobsCancelledAttemptReportsUntilTheNextClaim(t *testing.T) {
 	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{})
 	wid := b.register(t)
 	first := b.claimOne(t, wid)
-	_, err := b.svc.CancelStep(ctx, b.ws, st.StepID)
-	require.NoError(t, err)
-	_, err = b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
-	require.NoError(t, err)
+	b.cancelAndReplay(t, st.StepID)
 	r, err := b.svc.Report(ctx, b.worker, first.JobID, jobs.ReportRequest{LeaseToken: first.LeaseToken, Status: "FAILED",
 		Error: &jobs.ReportError{Message: "stopped: cancelled"}})
 	require.NoError(t, err)
@@ -176,10 +182,7 @@ func TestReplayedJobsCancelledAttemptReportsUntilTheNextClaim(t *testing.T) {
 	// Replayed again: its new attempt's claim supersedes an open attempt.
 	second := b.claimOne(t, wid)
 	require.Equal(t, 2, second.Attempt)
-	_, err = b.svc.CancelStep(ctx, b.ws, st.StepID)
-	require.NoError(t, err)
-	_, err = b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
-	require.NoError(t, err)
+	b.cancelAndReplay(t, st.StepID)
 	third := b.claimOne(t, wid)
 	require.Equal(t, 3, third.Attempt)
 	_, err = b.svc.Report(ctx, b.worker, second.JobID, jobs.ReportRequest{LeaseToken: second.LeaseToken, Status: "SUCCEEDED"})
@@ -219,14 +222,11 @@ func TestCancelAgainWhileAnEarlierAttemptHoldsItsSlot(t *testing.T) {
 	st := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`1`)})
 	wid := b.register(t)
 	first := b.claimOne(t, wid)
-	_, err := b.svc.CancelStep(ctx, b.ws, st.StepID)
-	require.NoError(t, err)
-	_, err = b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
-	require.NoError(t, err)
+	b.cancelAndReplay(t, st.StepID)
 	second := b.claimOne(t, wid)
 	require.Equal(t, 2, second.Attempt)
 	b.requireRunningCount(t, "mailer", 2)
-	_, err = b.svc.CancelStep(ctx, b.ws, st.StepID)
+	_, err := b.svc.CancelStep(ctx, b.ws, st.StepID)
 	require.NoError(t, err)
 	b.requireRunningCount(t, "mailer", 1)
 	_, err = b.svc.Report(ctx, b.worker, first.JobID, jobs.ReportRequest{LeaseToken: first.LeaseToken, Status: "SUCCEEDED"})

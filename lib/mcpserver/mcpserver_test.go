@@ -66,16 +66,13 @@ func TestNineToolsListed(t *testing.T) {
 	require.Len(t, names, 9)
 }
 
-// Each gate tool takes what its REST body takes, plus the path's ids (QA:
-// ratchet_begin lacked request_id, so an agent could not recover a lost
-// answer as the REST API lets it).
-func TestToolsTakeTheirRESTBodysFields(t *testing.T) {
-	t.Parallel()
-	env := apitest.Start(t)
-	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, ""))
+// toolProperties lists each tool's input schema properties, as tools/list
+// answers them.
+func toolProperties(t *testing.T, cs *mcp.ClientSession) map[string]map[string]any {
+	t.Helper()
 	res, err := cs.ListTools(context.Background(), nil)
 	require.NoError(t, err)
-	props := map[string][]string{}
+	out := map[string]map[string]any{}
 	for _, tl := range res.Tools {
 		raw, err := json.Marshal(tl.InputSchema)
 		require.NoError(t, err)
@@ -83,7 +80,21 @@ func TestToolsTakeTheirRESTBodysFields(t *testing.T) {
 			Properties map[string]any `json:"properties"`
 		}
 		require.NoError(t, json.Unmarshal(raw, &schema))
-		props[tl.Name] = slices.Sorted(maps.Keys(schema.Properties))
+		out[tl.Name] = schema.Properties
+	}
+	return out
+}
+
+// Each gate tool takes what its REST body takes, plus the path's ids (QA:
+// ratchet_begin lacked request_id, so an agent could not recover a lost
+// answer as the REST API lets it).
+func TestToolsTakeTheirRESTBodysFields(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, ""))
+	props := map[string][]string{}
+	for name, properties := range toolProperties(t, cs) {
+		props[name] = slices.Sorted(maps.Keys(properties))
 	}
 	body := func(v any, path ...string) []string {
 		return slices.Sorted(slices.Values(append(slices.Collect(maps.Keys(jsonstrict.ExactFields(reflect.TypeOf(v)))), path...)))
@@ -131,18 +142,7 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 	body, isErr := callJSON(t, cs, "ratchet_list_effects", map[string]any{"state": nil, "limit": 200})
 	require.False(t, isErr, "%v", body)
 
-	res, err := cs.ListTools(context.Background(), nil)
-	require.NoError(t, err)
-	schemas := map[string]map[string]any{}
-	for _, tl := range res.Tools {
-		raw, err := json.Marshal(tl.InputSchema)
-		require.NoError(t, err)
-		var schema struct {
-			Properties map[string]any `json:"properties"`
-		}
-		require.NoError(t, json.Unmarshal(raw, &schema))
-		schemas[tl.Name] = schema.Properties
-	}
+	schemas := toolProperties(t, cs)
 	prop := func(tool, name, key string) any { return schemas[tool][name].(map[string]any)[key] }
 	require.Equal(t, []any{"succeeded", "failed"}, prop("ratchet_report", "outcome", "enum"))
 	require.Equal(t, []any{"pending", "approved", "rejected", nil}, prop("ratchet_list_approvals", "state", "enum"))
