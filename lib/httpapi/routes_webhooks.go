@@ -18,7 +18,7 @@ func (s *Server) webhookRoutes() []Route {
 			Summary: "Subscribe a URL to events; returns the signing secret once. Deliveries are signed " +
 				"Ratchet-Signature: t=<unix>,v1=<hex hmac-sha256(secret, \"<t>.<body>\")> and retried with backoff.",
 			Request: webhooks.CreateRequest{}, Response: webhooks.NewWebhook{}, Status: 201,
-			Errors: []string{apierr.CodeInvalidRequest},
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeInvalidState},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
 				var req webhooks.CreateRequest
 				if err := c.Decode(&req); err != nil {

@@ -38,6 +38,11 @@ const (
 	dispatchBatch = 500
 	deliverBatch  = 100
 	perWebhook    = 20
+	// perWorkspace bounds one workspace's share of a pass the same way,
+	// whatever its number of webhooks, so that other workspaces' events
+	// are sent in the same pass (security review: 300 webhooks of one
+	// workspace delayed another's by minutes).
+	perWorkspace = 40
 	// claimHold keeps a claimed delivery invisible to other sweepers while it
 	// is being sent; longer than sendTimeout.
 	claimHold   = 60 * time.Second
@@ -150,16 +155,22 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 	rows, err := s.pool.Query(ctx, `
 		WITH cand AS (
 		    -- The pass's share of each live webhook's due deliveries, oldest
-		    -- first, chosen without locks: locking inside the lateral would
-		    -- hold perWebhook rows of every webhook to keep deliverBatch.
-		    SELECT d.id FROM webhooks hook
-		    CROSS JOIN LATERAL (
-		        SELECT id, next_attempt_at FROM webhook_deliveries
-		        WHERE webhook_id = hook.id AND state = 'pending' AND next_attempt_at <= $1::timestamptz
-		        ORDER BY next_attempt_at LIMIT $4::int
-		    ) d
-		    WHERE hook.deleted_at IS NULL
-		    ORDER BY d.next_attempt_at LIMIT $2::int * 3
+		    -- first, and of each workspace's (perWorkspace), chosen without
+		    -- locks: locking inside the lateral would hold perWebhook rows of
+		    -- every webhook to keep deliverBatch.
+		    SELECT id, next_attempt_at FROM (
+		        SELECT d.id, d.next_attempt_at,
+		               row_number() OVER (PARTITION BY hook.workspace_id ORDER BY d.next_attempt_at) AS n
+		        FROM webhooks hook
+		        CROSS JOIN LATERAL (
+		            SELECT id, next_attempt_at FROM webhook_deliveries
+		            WHERE webhook_id = hook.id AND state = 'pending' AND next_attempt_at <= $1::timestamptz
+		            ORDER BY next_attempt_at LIMIT $4::int
+		        ) d
+		        WHERE hook.deleted_at IS NULL
+		    ) x
+		    WHERE n <= $5::int
+		    ORDER BY next_attempt_at LIMIT $2::int * 3
 		), due AS (
 		    -- Three batches' worth of candidates, so that a pass running at
 		    -- the same moment takes the next ones rather than none.
@@ -174,7 +185,7 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 		WHERE d.id = due.id AND w.id = d.webhook_id AND e.id = d.event_id
 		RETURNING d.id, w.url, w.secret, w.id, d.attempts, e.id, e.type, e.data::text, e.created_at, e.workspace_id,
 		    e.subject_id`,
-		now, deliverBatch, claimHold.Seconds(), perWebhook)
+		now, deliverBatch, claimHold.Seconds(), perWebhook, perWorkspace)
 	if err != nil {
 		return 0, fmt.Errorf("claim deliveries: %w", err)
 	}
@@ -285,10 +296,14 @@ func (s *Service) record(ctx context.Context, c claimed, code *int, failure stri
 }
 
 // nonPublic are the ranges beyond net.IP's own classes that no public
-// receiver lives in: carrier-grade NAT (cloud metadata services answer in
-// it, e.g. 100.100.100.200), benchmarking, the reserved class E, and NAT64,
-// which would reach any IPv4 address, private ones included.
+// receiver lives in: "this network" (0.0.0.0/8, which some stacks route to
+// the host itself; net.IP knows only 0.0.0.0), carrier-grade NAT (cloud
+// metadata services answer in it, e.g. 100.100.100.200), IETF protocol
+// assignments, benchmarking, the reserved class E, and NAT64, which would
+// reach any IPv4 address, private ones included.
 var nonPublic = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("192.0.0.0/24"),
 	netip.MustParsePrefix("100.64.0.0/10"),
 	netip.MustParsePrefix("198.18.0.0/15"),
 	netip.MustParsePrefix("240.0.0.0/4"),

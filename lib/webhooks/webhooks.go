@@ -115,14 +115,38 @@ func (s *Service) Create(ctx context.Context, workspaceID string, req CreateRequ
 	now := s.now()
 	w := NewWebhook{Webhook: Webhook{ID: ids.NewAt(ids.Webhook, now), URL: req.URL, Events: evs, CreatedAt: now},
 		Secret: "whsec_" + ids.Random(32)}
-	_, err := s.pool.Exec(ctx, `INSERT INTO webhooks (id, workspace_id, url, events, secret, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6)`,
-		w.ID, workspaceID, w.URL, w.Events, s.sealer.Seal([]byte(w.Secret), seal.AAD(w.ID, "secret")), now)
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// Creates of one workspace take turns, so the count below sees
+		// every one committed before (a statement's snapshot predates a
+		// lock it waits for, hence two statements).
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('webhooks:' || $1::text, 0))`,
+			workspaceID); err != nil {
+			return fmt.Errorf("lock webhooks: %w", err)
+		}
+		tag, err := tx.Exec(ctx, `INSERT INTO webhooks (id, workspace_id, url, events, secret, created_at)
+			SELECT $1::text, $2::text, $3::text, $4::text[], $5::bytea, $6::timestamptz
+			WHERE (SELECT count(*) FROM webhooks WHERE workspace_id = $2::text AND deleted_at IS NULL) < $7::int`,
+			w.ID, workspaceID, w.URL, w.Events, s.sealer.Seal([]byte(w.Secret), seal.AAD(w.ID, "secret")), now,
+			MaxWebhooks)
+		if err != nil {
+			return fmt.Errorf("insert webhook: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return apierr.InvalidState("A workspace holds at most %d webhooks; delete one first.", MaxWebhooks)
+		}
+		return nil
+	})
 	if err != nil {
-		return NewWebhook{}, fmt.Errorf("insert webhook: %w", err)
+		return NewWebhook{}, err
 	}
 	return w, nil
 }
+
+// MaxWebhooks bounds a workspace's live subscriptions: each event is sent
+// to each of them, so without a bound one workspace's burst of events
+// could fill every sweeper pass (see perWorkspace) and turn each API call
+// into as many outbound requests as it liked (security review).
+const MaxWebhooks = 20
 
 // List pages through live subscriptions.
 func (s *Service) List(ctx context.Context, workspaceID, cursor string, limit int) ([]Webhook, error) {

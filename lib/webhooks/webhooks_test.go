@@ -339,6 +339,77 @@ func TestABacklogDoesNotHoldOtherWebhooks(t *testing.T) {
 	require.Equal(t, 150, busy.count(), "and drains over the next passes")
 }
 
+// A workspace with many webhooks and a backlog on each takes a bounded
+// share of a pass too (perWorkspace): another workspace's delivery goes out
+// in the same pass (security review: 300 webhooks of one workspace held
+// another's events back for minutes).
+func TestManyWebhooksOfOneWorkspaceDoNotHoldOthers(t *testing.T) {
+	env, clk := start(t, true)
+	ctx := context.Background()
+	noisy, quiet := env.Signup(), env.Signup()
+	busy, other := newReceiver(t), newReceiver(t)
+	for range 6 {
+		env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", noisy.Key,
+			map[string]any{"url": busy.URL, "events": []string{events.StepExhausted}})
+	}
+	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", quiet.Key,
+		map[string]any{"url": other.URL, "events": []string{events.StepExhausted}})
+	for range 30 { // 180 deliveries, 20 a webhook a pass: 120 candidates
+		record(t, env, noisy.ID, events.StepExhausted, clk.Now())
+	}
+	_, err := env.App.Server.Webhooks.Dispatch(ctx, clk.Now())
+	require.NoError(t, err)
+	clk.Add(time.Second)
+	record(t, env, quiet.ID, events.StepExhausted, clk.Now())
+
+	env.App.Sweeper.RunOnce(ctx)
+	require.Equal(t, 1, other.count(), "the other workspace's delivery went out in the first pass")
+	require.Equal(t, 40, busy.count(), "the busy workspace takes its share of a pass, not the whole batch")
+}
+
+// A workspace holds at most MaxWebhooks live subscriptions, however many
+// creates race; a deleted one makes room.
+func TestAWorkspaceHoldsABoundedNumberOfWebhooks(t *testing.T) {
+	env, _ := start(t, true)
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	body := map[string]any{"url": rcv.URL, "events": []string{events.StepExhausted}}
+	for range webhooks.MaxWebhooks - 5 {
+		env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key, body)
+	}
+	var created atomic.Int32
+	var last string
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := env.Do("POST", "/api/v1/webhooks", ws.Key, body)
+			switch r.Status {
+			case http.StatusCreated:
+				created.Add(1)
+				mu.Lock()
+				last = r.JSON()["id"].(string)
+				mu.Unlock()
+			case http.StatusConflict:
+				if r.ErrorCode() != "invalid_state" {
+					t.Errorf("refusal %s", r.Body)
+				}
+			default:
+				t.Errorf("create: %d %s", r.Status, r.Body)
+			}
+		}()
+	}
+	wg.Wait()
+	require.EqualValues(t, 5, created.Load())
+	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+last, ws.Key, nil)
+	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key, body)
+	require.Equal(t, http.StatusConflict, env.Do("POST", "/api/v1/webhooks", ws.Key, body).Status)
+	// Another workspace's subscriptions are its own.
+	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", env.Signup().Key, body)
+}
+
 // A webhook deleted while its deliveries wait sends none of them.
 func TestDeletedWebhookSendsNothingMore(t *testing.T) {
 	env, clk := start(t, true)
