@@ -1319,3 +1319,28 @@ func TestADeepSkipChainIsDecidedInline(t *testing.T) {
 	}
 	require.Equal(t, "QUEUED", b.step(t, branch.StepID).Status)
 }
+
+// A run's read holds its first 1000 steps and says when there are more;
+// ListSteps pages the rest (security review: the read returned every step,
+// however many, in one answer).
+func TestARunsReadBoundsItsSteps(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	for i := range 1001 {
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprint(i))})
+	}
+	r := b.getRun(t, runID)
+	require.Len(t, r.Steps, 1000)
+	require.True(t, r.StepsTruncated)
+	rest, err := b.svc.ListSteps(ctx, b.ws, runID, "", r.Steps[999].ID, 200)
+	require.NoError(t, err)
+	require.Len(t, rest, 1)
+	require.Greater(t, rest[0].ID, r.Steps[999].ID)
+
+	small := b.run(t)
+	b.enqueue(t, small, jobs.EnqueueRequest{})
+	r = b.getRun(t, small)
+	require.Len(t, r.Steps, 1)
+	require.False(t, r.StepsTruncated)
+}

@@ -49,6 +49,9 @@ type RunSummary struct {
 type Run struct {
 	RunSummary
 	Steps []Step `json:"steps"`
+	// StepsTruncated says Steps holds only the run's first 1000 steps:
+	// GET /api/v1/runs/{id}/steps pages all of them.
+	StepsTruncated bool `json:"stepsTruncated"`
 	// Deduplicated answers POST /api/v1/runs only: true when the key
 	// already named this run (200), false for a new one (201).
 	Deduplicated *bool `json:"deduplicated,omitempty"`
@@ -255,26 +258,25 @@ func (s *Service) CreateRun(ctx context.Context, workspaceID string, req CreateR
 	return Run{}, apierr.Conflict(apierr.CodeRetryRequest, "The run this key named changed concurrently; retry at once.")
 }
 
-// GetRun reads a run with its steps. Leases that lapsed on their last
-// attempt are settled first, so the read never shows a dead job as RUNNING.
+// runStepsMax bounds the steps GET /api/v1/runs/{id} returns: a run may
+// hold any number, and reading them all into one answer cost memory and
+// time in proportion (security review: a million steps would be hundreds of
+// MB). Beyond it the read says stepsTruncated, and ListSteps pages the rest.
+const runStepsMax = 1000
+
+// GetRun reads a run with its first runStepsMax steps (in id order).
+// Leases that lapsed on their last attempt are settled first, so the read
+// never shows a dead job as RUNNING.
 func (s *Service) GetRun(ctx context.Context, workspaceID, runID string) (Run, error) {
 	r, err := s.readRunSettled(ctx, workspaceID, runID)
 	if err != nil {
 		return Run{}, err
 	}
-	rows, err := s.pool.Query(ctx, sqlRunSteps, runID)
-	if err != nil {
-		return Run{}, fmt.Errorf("run steps: %w", err)
-	}
-	r.Steps, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Step, error) { return scanStep(row) })
-	if err != nil {
-		return Run{}, fmt.Errorf("run steps: %w", err)
-	}
-	if r.Steps == nil {
-		r.Steps = []Step{}
-	}
-	if err := s.attachAttempts(ctx, r.Steps, sqlRunAttempts, runID); err != nil {
+	if r.Steps, err = s.stepsPage(ctx, runID, "", "", runStepsMax+1); err != nil {
 		return Run{}, err
+	}
+	if len(r.Steps) > runStepsMax {
+		r.Steps, r.StepsTruncated = r.Steps[:runStepsMax], true
 	}
 	return r, nil
 }
@@ -308,7 +310,7 @@ func (s *Service) ListRuns(ctx context.Context, workspaceID, status, cursor stri
 // ListSteps pages a run's steps in id order, each with its durable job and
 // attempts, optionally only those in one status. cursor is the previous
 // page's last step id. A run with many steps is read a page at a time here;
-// GET /api/v1/runs/{id} returns them all.
+// GET /api/v1/runs/{id} returns the first runStepsMax.
 func (s *Service) ListSteps(ctx context.Context, workspaceID, runID, status, cursor string, limit int) ([]Step, error) {
 	if status != "" && !validStatus(status) {
 		return nil, apierr.InvalidField("status", "must be a job status (WAITING, QUEUED, RUNNING, "+
@@ -317,13 +319,19 @@ func (s *Service) ListSteps(ctx context.Context, workspaceID, runID, status, cur
 	if _, err := s.readRunSettled(ctx, workspaceID, runID); err != nil {
 		return nil, err
 	}
+	return s.stepsPage(ctx, runID, status, cursor, limit)
+}
+
+// stepsPage reads up to limit of a run's steps after cursor in id order,
+// optionally only those in one status, each with its attempts.
+func (s *Service) stepsPage(ctx context.Context, runID, status, cursor string, limit int) ([]Step, error) {
 	rows, err := s.pool.Query(ctx, sqlRunStepsPage, runID, cursor, status, limit)
 	if err != nil {
-		return nil, fmt.Errorf("list steps: %w", err)
+		return nil, fmt.Errorf("run steps: %w", err)
 	}
 	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Step, error) { return scanStep(row) })
 	if err != nil {
-		return nil, fmt.Errorf("list steps: %w", err)
+		return nil, fmt.Errorf("run steps: %w", err)
 	}
 	if steps == nil {
 		return []Step{}, nil

@@ -171,17 +171,11 @@ const stepColumns = `j.step_id, j.id, j.name, j.version, e.name, j.status, j.ide
 	j.policy_version, j.input_preview, j.output_preview, j.created_at, j.finished_at, j.run_id,
 	coalesce(j.policy_max_attempts, j.max_attempts)`
 
-const sqlRunSteps = `SELECT ` + stepColumns + ` FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
-WHERE j.run_id = $1::text ORDER BY j.step_id`
-
 const sqlStepByID = `SELECT ` + stepColumns + ` FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
 WHERE j.step_id = $1::text AND j.workspace_id = $2::text`
 
 const attemptColumns = `x.job_id, x.attempt, x.worker_id, x.outcome, x.warning, x.retryable, x.retry_after_ms,
 	x.started_at, x.lease_expires_at, x.reported_at, x.error_sealed`
-
-const sqlRunAttempts = `SELECT ` + attemptColumns + ` FROM job_executions x JOIN jobs j ON j.id = x.job_id
-WHERE j.run_id = $1::text ORDER BY x.job_id, x.attempt`
 
 const sqlJobAttempts = `SELECT ` + attemptColumns + ` FROM job_executions x WHERE x.job_id = $1::text ORDER BY x.attempt`
 

@@ -631,3 +631,37 @@ func TestDelayedEnqueueThroughTheSDK(t *testing.T) {
 	require.NotNil(t, st.DueAt)
 	require.WithinRange(t, *st.DueAt, before.Add(2*time.Hour-time.Second), time.Now().Add(2*time.Hour+time.Second))
 }
+
+// ListRunSteps pages every step of a run, filtered by status.
+func TestListRunStepsPagesARunsSteps(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	run, err := b.producer.StartRun(ctx, "paged")
+	require.NoError(t, err)
+	var ids []string
+	for i := range 3 {
+		st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: fmt.Sprint(i)},
+			ratchet.EnqueueOptions{Name: "paged", Version: "1"})
+		require.NoError(t, err)
+		ids = append(ids, st.StepID)
+	}
+	_, err = b.producer.CancelStep(ctx, ids[1])
+	require.NoError(t, err)
+	first, err := b.producer.ListRunSteps(ctx, run.ID, ratchet.StepQuery{Limit: 2})
+	require.NoError(t, err)
+	require.Len(t, first.Data, 2)
+	require.NotNil(t, first.NextCursor)
+	rest, err := b.producer.ListRunSteps(ctx, run.ID, ratchet.StepQuery{Limit: 2, Cursor: *first.NextCursor})
+	require.NoError(t, err)
+	require.Len(t, rest.Data, 1)
+	require.Nil(t, rest.NextCursor)
+	require.Equal(t, ids, []string{first.Data[0].ID, first.Data[1].ID, rest.Data[0].ID})
+	cancelled, err := b.producer.ListRunSteps(ctx, run.ID, ratchet.StepQuery{Status: ratchet.JobCancelled})
+	require.NoError(t, err)
+	require.Len(t, cancelled.Data, 1)
+	require.Equal(t, ids[1], cancelled.Data[0].ID)
+	r, err := b.producer.GetRun(ctx, run.ID)
+	require.NoError(t, err)
+	require.False(t, r.StepsTruncated)
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/url"
+	"strconv"
 	"time"
 )
 
@@ -42,6 +44,9 @@ type Run struct {
 	// IdempotencyKey is the key the run was started under (WithIdempotencyKey).
 	IdempotencyKey *string `json:"idempotencyKey"`
 	Steps          []Step  `json:"steps"`
+	// StepsTruncated says Steps holds only the run's first 1000 steps
+	// (GetRun); ListRunSteps pages all of them.
+	StepsTruncated bool `json:"stepsTruncated"`
 	// Deduplicated is set by StartRun: the key had started this run already.
 	Deduplicated bool `json:"deduplicated"`
 }
@@ -168,6 +173,46 @@ func (c *Client) GetRun(ctx context.Context, runID string) (*Run, error) {
 		return nil, err
 	}
 	return &run, nil
+}
+
+// StepQuery filters ListRunSteps. Zero fields do not filter; Limit 0 is
+// the server's default (50), at most 200.
+type StepQuery struct {
+	Status string // a job status: QUEUED, RUNNING, EXHAUSTED, …
+	Limit  int
+	Cursor string // NextCursor of the previous page
+}
+
+// StepPage is one page of a run's steps in id order. NextCursor is nil on
+// the last page.
+type StepPage struct {
+	Data       []Step  `json:"data"`
+	NextCursor *string `json:"nextCursor"`
+}
+
+// ListRunSteps pages a run's steps, each with its durable job and attempts
+// (GET /api/v1/runs/{id}/steps): every step of a run, however many, where
+// GetRun holds the first 1000.
+func (c *Client) ListRunSteps(ctx context.Context, runID string, q StepQuery) (*StepPage, error) {
+	v := url.Values{}
+	if q.Status != "" {
+		v.Set("status", q.Status)
+	}
+	if q.Limit > 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	if q.Cursor != "" {
+		v.Set("cursor", q.Cursor)
+	}
+	path := "/runs/" + pathID(runID) + "/steps"
+	if len(v) > 0 {
+		path += "?" + v.Encode()
+	}
+	var out StepPage
+	if err := c.do(ctx, "GET", path, nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // FinishRun requests completion of a run: it becomes SUCCEEDED once every
