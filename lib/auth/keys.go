@@ -55,6 +55,11 @@ type Service struct {
 	cacheTTL time.Duration
 	mu       sync.Mutex
 	cache    map[string]cachedKey // by key id
+	// forgets counts the revocations this instance made: a lookup that
+	// read a key before one committed must not cache what it read, which
+	// may be the revoked key (security review), so it caches only when
+	// none happened meanwhile.
+	forgets uint64
 }
 
 type cachedKey struct {
@@ -159,6 +164,9 @@ func (s *Service) authenticate(ctx context.Context, secret string, count bool) (
 		return p, nil
 	}
 
+	s.mu.Lock()
+	epoch := s.forgets
+	s.mu.Unlock()
 	var (
 		p       = &Principal{KeyID: keyID}
 		stored  []byte
@@ -181,7 +189,7 @@ func (s *Service) authenticate(ctx context.Context, secret string, count bool) (
 		r := int(*rate)
 		p.RateLimitPerMinute = &r
 	}
-	s.store(keyID, hash, p, now)
+	s.store(keyID, hash, p, now, epoch)
 	if count && p.RateLimitPerMinute != nil && used > int64(*p.RateLimitPerMinute) {
 		return nil, apierr.RateLimited(retryAfterSeconds(now, window.Add(time.Minute)))
 	}
@@ -201,12 +209,17 @@ func (s *Service) cached(keyID string, hash []byte, now time.Time) *Principal {
 	return c.principal
 }
 
-func (s *Service) store(keyID string, hash []byte, p *Principal, now time.Time) {
+// store caches a key read while s.forgets was epoch, unless a revocation
+// came since.
+func (s *Service) store(keyID string, hash []byte, p *Principal, now time.Time, epoch uint64) {
 	if s.cacheTTL <= 0 {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.forgets != epoch {
+		return
+	}
 	if len(s.cache) >= maxCachedKeys {
 		clear(s.cache)
 	}
@@ -216,6 +229,7 @@ func (s *Service) store(keyID string, hash []byte, p *Principal, now time.Time) 
 func (s *Service) forget(keyID string) {
 	s.mu.Lock()
 	delete(s.cache, keyID)
+	s.forgets++
 	s.mu.Unlock()
 }
 
