@@ -108,10 +108,6 @@ func TestRetentionCountsFromTheEnd(t *testing.T) {
 	require.Len(t, u["plan"], 1, "the committed group's step is still there to undo")
 }
 
-// inEra is a workspace whose clock starts in year (at a random second of
-// its first days, so reruns do not meet), and a retention pass at its now.
-// The sweep acts on every workspace of the package database: each era
-// holds one test's effects only.
 // What retention deletes of a run's effects stays spent from its wallet,
 // which lasts the run's whole life (QA: a run outliving its types'
 // retention got its budget back).
@@ -142,6 +138,10 @@ func TestRetentionLeavesARunsWalletSpent(t *testing.T) {
 	}
 }
 
+// inEra is a workspace whose clock starts in year (at a random second of
+// its first days, so reruns do not meet), and a retention pass at its now.
+// The sweep acts on every workspace of the package database: each era
+// holds one test's effects only.
 func inEra(t *testing.T, year int) (*bundle, func() int) {
 	t.Helper()
 	era := time.Date(year, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(rand.IntN(1e6)) * time.Second)

@@ -21,7 +21,7 @@ const Rule = "must be an integer from 0 to 10^18 (micros of USD)"
 // again, as it does on the daily ceilings: each may have spent the money
 // (QA: counting each effect once let a run spend max_attempts times its
 // wallet under on_indeterminate: retry). Effects retention deleted keep
-// counting through the run's retired_spend_micros (RetiredRunSpendSQL). ws
+// counting through the run's run_retired_spend rows (RetiredRunSpendSQL). ws
 // and run are SQL expressions for the workspace and the run id. A run's
 // granted spend never exceeds its budget (at most MaxMicros: every grant is
 // checked against it), so the sum fits.
@@ -30,18 +30,19 @@ func RunSpendSQL(ws, run string) string {
       FROM effects x JOIN effect_attempts a ON a.effect_id = x.id
       WHERE x.run_id = ` + run + ` AND x.workspace_id = ` + ws + `
         AND a.outcome IS DISTINCT FROM 'failed')
-    + coalesce((SELECT r.retired_spend_micros FROM job_runs r
-                WHERE r.id = ` + run + ` AND r.workspace_id = ` + ws + `), 0))::bigint`
+    + coalesce((SELECT sum(r.micros) FROM run_retired_spend r WHERE r.run_id = ` + run + `), 0))::bigint`
 }
 
-// RetiredRunSpendSQL is a data-modifying CTE body that adds to each run's
-// retired_spend_micros what RunSpendSQL counted of the effects about to be
+// RetiredRunSpendSQL is a data-modifying CTE body that records, for each
+// run with a wallet, what RunSpendSQL counted of the effects about to be
 // deleted, whose ids the CTE named expired holds (migration 0030): a run's
 // wallet lasts its whole life, however long its effects are kept. It reads
-// the effects in the statement's snapshot, before the statement's deletes.
-const RetiredRunSpendSQL = `UPDATE job_runs r SET retired_spend_micros = r.retired_spend_micros + s.spent
-    FROM (SELECT x.run_id, x.workspace_id, sum(x.cost_micros) AS spent
-          FROM expired d JOIN effects x ON x.id = d.id JOIN effect_attempts a ON a.effect_id = x.id
-          WHERE x.run_id IS NOT NULL AND a.outcome IS DISTINCT FROM 'failed'
-          GROUP BY x.run_id, x.workspace_id) s
-    WHERE r.id = s.run_id AND r.workspace_id = s.workspace_id AND r.budget_micros IS NOT NULL`
+// the effects in the statement's snapshot, before the statement's deletes;
+// the purged effects are ended, so their attempts' outcomes no longer move.
+const RetiredRunSpendSQL = `INSERT INTO run_retired_spend (run_id, micros)
+    SELECT x.run_id, sum(x.cost_micros)
+    FROM expired d JOIN effects x ON x.id = d.id JOIN effect_attempts a ON a.effect_id = x.id
+    JOIN job_runs r ON r.id = x.run_id AND r.workspace_id = x.workspace_id AND r.budget_micros IS NOT NULL
+    WHERE a.outcome IS DISTINCT FROM 'failed'
+    GROUP BY x.run_id
+    HAVING sum(x.cost_micros) > 0`
