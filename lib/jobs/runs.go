@@ -169,11 +169,6 @@ func scanStep(row pgx.Row) (Step, error) {
 		return st, err
 	}
 	st.Status = j.Status
-	if j.Status != StatusRunning && !(j.Status == StatusCancelled && j.CancelRequested) {
-		// The column keeps the last lease after it ended (a retry, a
-		// replay); only a lease still held means anything to a reader.
-		j.LeaseExpiresAt = nil
-	}
 	st.ContractVersion = intPtr(cv)
 	st.InputPreview = rawOrNil(inPrev)
 	st.OutputPreview = rawOrNil(outPrev)

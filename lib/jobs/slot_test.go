@@ -254,3 +254,55 @@ func TestPolicyRecountKeepsHeldSlots(t *testing.T) {
 	b.requireRunningCount(t, "mailer", 1)
 	require.Empty(t, b.claim(t, wid, 5))
 }
+
+// Cancelled again after the replay, before any claim, the open attempt is
+// still told to stop and its report still recorded (review: its heartbeat
+// answered lease_lost though no claim superseded it).
+func TestReplayedThenCancelledAgainStillTellsTheOpenAttemptToStop(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{})
+	first := b.claimOne(t, b.register(t))
+	b.cancelAndReplay(t, st.StepID)
+	_, err := b.svc.CancelStep(ctx, b.ws, st.StepID)
+	require.NoError(t, err)
+	hb, err := b.svc.Heartbeat(ctx, b.worker, first.JobID, jobs.HeartbeatRequest{LeaseToken: first.LeaseToken})
+	require.NoError(t, err)
+	require.True(t, hb.CancelRequested)
+	requireTime(t, first.LeaseExpiresAt, *b.step(t, st.StepID).DurableJob.LeaseExpiresAt, "the open attempt's lease")
+	r, err := b.svc.Report(ctx, b.worker, first.JobID, jobs.ReportRequest{LeaseToken: first.LeaseToken, Status: "SUCCEEDED"})
+	require.NoError(t, err)
+	require.Equal(t, "CANCELLED", r.Status)
+	require.Nil(t, b.step(t, st.StepID).DurableJob.LeaseExpiresAt, "reported: no lease is held")
+}
+
+// durableJob.leaseExpiresAt is the lease an attempt holds: shown while a
+// cancelled attempt has not reported, replayed since or not; null once it
+// reported, and for a job cancelled while it waited for its retry (review:
+// it went by cancelRequested, which every cancel sets).
+func TestALeaseIsShownWhileAnAttemptHoldsIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wid := b.register(t)
+	running := b.enqueue(t, b.run(t), jobs.EnqueueRequest{})
+	held := b.claimOne(t, wid)
+	_, err := b.svc.CancelStep(ctx, b.ws, running.StepID)
+	require.NoError(t, err)
+	requireTime(t, held.LeaseExpiresAt, *b.step(t, running.StepID).DurableJob.LeaseExpiresAt, "cancelled, not reported")
+	b.cancelAndReplay(t, running.StepID) // cancelling a cancelled step answers it; the replay queues it
+	requireTime(t, held.LeaseExpiresAt, *b.step(t, running.StepID).DurableJob.LeaseExpiresAt, "replayed, still open")
+
+	retrying := b.enqueue(t, b.run(t), jobs.EnqueueRequest{})
+	x := b.claimOne(t, wid)
+	for x.JobID != retrying.JobID { // the replayed job may come first
+		b.succeed(t, x)
+		x = b.claimOne(t, wid)
+	}
+	_, err = b.svc.Report(ctx, b.worker, x.JobID, jobs.ReportRequest{LeaseToken: x.LeaseToken, Status: "FAILED",
+		Error: &jobs.ReportError{Message: "try later"}})
+	require.NoError(t, err)
+	require.Equal(t, "RETRY_SCHEDULED", b.step(t, retrying.StepID).Status)
+	_, err = b.svc.CancelStep(ctx, b.ws, retrying.StepID)
+	require.NoError(t, err)
+	require.Nil(t, b.step(t, retrying.StepID).DurableJob.LeaseExpiresAt)
+}

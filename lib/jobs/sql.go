@@ -165,8 +165,14 @@ var runColumns = `id, name, status, completion_requested, created_at, finished_a
 
 var sqlGetRun = `SELECT ` + runColumns + ` FROM job_runs WHERE id = $1::text AND workspace_id = $2::text`
 
+// heldLease is a job's (alias j) lease while an attempt holds it: running,
+// or cancelled (the job replayed since, or not) and not yet reported; NULL
+// otherwise, though the column keeps the last lease after it ended.
+const heldLease = `CASE WHEN j.status = 'RUNNING' OR EXISTS (SELECT 1 FROM job_executions x
+    WHERE x.job_id = j.id AND x.attempt = j.attempt AND x.outcome IS NULL) THEN j.lease_expires_at END`
+
 const stepColumns = `j.step_id, j.id, j.name, j.version, e.name, j.status, j.idempotency_key, j.after_step_id,
-	j.after_status, j.contract_version, j.attempt, j.max_attempts, j.due_at, j.lease_expires_at, j.cancel_requested,
+	j.after_status, j.contract_version, j.attempt, j.max_attempts, j.due_at, ` + heldLease + `, j.cancel_requested,
 	j.policy_preset, j.initial_delay_ms, j.multiplier, j.max_delay_ms, j.jitter_percent, j.timeout_ms,
 	j.policy_version, j.input_preview, j.output_preview, j.created_at, j.finished_at, j.run_id,
 	coalesce(j.policy_max_attempts, j.max_attempts)`
@@ -468,11 +474,14 @@ func requeuedFor(token string) string {
 }
 
 // replayedOpen is true of a job (alias j) a replay queued again (its
-// lease token is empty, see sqlReplaySameVersion) while the attempt holding token
-// was open: cancelled while running, not reported, not lapsed, and not
-// superseded by a claim since. Its worker may still be at work.
+// lease token is empty, see sqlReplaySameVersion; it may have been
+// cancelled again since) while the attempt holding token was open:
+// cancelled while running and neither reported nor failed by the sweeper
+// as lapsed, and superseded by no claim since. Its worker may still be at
+// work, and its report is recorded as API.md §5 has it for any lapsed
+// lease no claim has superseded.
 func replayedOpen(token string) string {
-	return `(j.status = 'QUEUED' AND j.lease_token = '' AND EXISTS (SELECT 1 FROM job_executions x
+	return `(j.status IN ('QUEUED', 'CANCELLED') AND j.lease_token = '' AND EXISTS (SELECT 1 FROM job_executions x
     WHERE x.job_id = j.id AND x.attempt = j.attempt AND x.outcome IS NULL AND x.lease_token = ` + token + `))`
 }
 

@@ -258,7 +258,7 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 	case replayedOpen:
 		// Its attempt was cancelled, then the job replayed: the worker
 		// should stop, and its report is still recorded (decideReport).
-		out.CancelRequested = true
+		out.CancelRequested, out.LeaseExpiresAt = true, utc(out.LeaseExpiresAt)
 		return out, nil
 	case !current:
 		return out, errLeaseLost()
