@@ -98,8 +98,11 @@ const maxFieldProblems = 20
 func withEveryProblem(first apierr.FieldError, body []byte, t reflect.Type) *apierr.Error {
 	var problems apierr.Problems
 	listed := false
-	findPaths(body, t, maxFieldProblems, func(v any, ft reflect.Type, path, _ string) bool {
+	w := pathWalk{max: maxFieldProblems, exact: true, folded: map[string]bool{}}
+	w.match = func(v any, ft reflect.Type, path, _ string) bool {
 		switch {
+		case ft == nil && w.folded[path]:
+			problems.Add(path, "is not a known field (field names are case-sensitive)")
 		case ft == nil:
 			problems.Add(path, "is not a known field")
 		case mistyped(v, ft):
@@ -109,7 +112,10 @@ func withEveryProblem(first apierr.FieldError, body []byte, t reflect.Type) *api
 		}
 		listed = listed || path == first.Field
 		return true
-	})
+	}
+	if !w.run(body, t) {
+		problems, listed = nil, false
+	}
 	if !listed {
 		// The walk's notion of a mistyped value is narrower than
 		// encoding/json's (a negative number for an unsigned field): the
@@ -187,19 +193,8 @@ func findPath(body []byte, t reflect.Type, match func(v any, t reflect.Type, pat
 // findPaths is findPath for up to max nodes; a node match accepts is not
 // descended into.
 func findPaths(body []byte, t reflect.Type, max int, match func(v any, t reflect.Type, path, plain string) bool) (paths []string) {
-	// Only error messages depend on this walk: a type it cannot reflect on
-	// must cost the precise names, never the request.
-	defer func() {
-		if recover() != nil {
-			paths = nil
-		}
-	}()
-	var v any
-	if json.Unmarshal(body, &v) != nil {
-		return nil
-	}
 	w := pathWalk{match: match, max: max}
-	w.walk(v, t, "", "")
+	w.run(body, t)
 	return w.found
 }
 
@@ -207,6 +202,32 @@ type pathWalk struct {
 	match func(v any, t reflect.Type, path, plain string) bool
 	max   int
 	found []string
+	// exact matches keys as the contract does, exactly: a key that names
+	// a field only through encoding/json's case-folding is visited as
+	// unknown, its path put in folded. Otherwise keys fold, as the decoder
+	// whose errors the walk locates folds them.
+	exact  bool
+	folded map[string]bool
+}
+
+// run walks body, its numbers as written (json.Number), so that 1.0 or -1
+// are told from an integer field's 1 (mistyped). Only error messages
+// depend on the walk: a type it cannot reflect on costs the precise names
+// (it finds nothing, and says so), never the request.
+func (w *pathWalk) run(body []byte, t reflect.Type) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			w.found, ok = nil, false
+		}
+	}()
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil {
+		return false
+	}
+	w.walk(v, t, "", "")
+	return true
 }
 
 // walk visits v (of type t; nil for an unknown key) at path, plain being
@@ -233,10 +254,17 @@ func (w *pathWalk) walk(v any, t reflect.Type, path, plain string) (done bool) {
 			return false
 		}
 		fields := jsonFields(t)
+		var exact map[string]reflect.Type
+		if w.exact {
+			exact = ExactFields(t)
+		}
 		for _, k := range slices.Sorted(maps.Keys(obj)) {
 			ft, ok := fields[k]
 			if !ok {
 				ft = fields[strings.ToLower(k)]
+			}
+			if _, named := exact[k]; w.exact && !named && ft != nil {
+				ft, w.folded[join(path, k)] = nil, true
 			}
 			if w.walk(obj[k], ft, join(path, k), join(plain, k)) {
 				return true
@@ -278,12 +306,24 @@ func mistyped(v any, t reflect.Type) bool {
 	case reflect.Bool:
 		_, ok := v.(bool)
 		return !ok
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		f, ok := v.(float64)
-		return !ok || f != float64(int64(f))
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		// An integer literal within the kind's range: 1.0 and 1e3 are
+		// refused as encoding/json refuses them.
+		n, ok := v.(json.Number)
+		if !ok {
+			return true
+		}
+		_, err := strconv.ParseInt(string(n), 10, t.Bits())
+		return err != nil
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		n, ok := v.(json.Number)
+		if !ok {
+			return true
+		}
+		_, err := strconv.ParseUint(string(n), 10, t.Bits())
+		return err != nil
 	case reflect.Float32, reflect.Float64:
-		_, ok := v.(float64)
+		_, ok := v.(json.Number)
 		return !ok
 	case reflect.Struct, reflect.Map:
 		_, ok := v.(map[string]any)

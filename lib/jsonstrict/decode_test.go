@@ -17,6 +17,9 @@ type decodeInner struct {
 
 type decodeTarget struct {
 	Count   uint            `json:"count"`
+	Small   int8            `json:"small"`
+	Ratio   float64         `json:"ratio"`
+	Preset  string          `json:"preset"`
 	Name    string          `json:"name"`
 	Inner   *decodeInner    `json:"inner"`
 	Items   []decodeInner   `json:"items"`
@@ -61,6 +64,30 @@ func TestDecodeListsTheDecodersOwnProblem(t *testing.T) {
 		{Field: "count", Message: "must be an integer"},
 		{Field: "name", Message: "must be a string"},
 	}, decodeProblems(t, `{"count":-1,"name":2}`))
+}
+
+// What the walk over the body as JSON values could not tell is listed too
+// (review): integer fields written 1.0 or 1e3, a negative or out-of-range
+// integer, a key naming a field only through case-folding. Whichever the
+// decoder stopped at, the others are listed with it.
+func TestDecodeListsNumberAndCaseProblems(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, []apierr.FieldError{
+		{Field: "PRESET", Message: "is not a known field (field names are case-sensitive)"},
+		{Field: "count", Message: "must be an integer"},
+		{Field: "name", Message: "must be a string"},
+		{Field: "small", Message: "must be an integer"},
+		{Field: "zzz", Message: "is not a known field"},
+	}, decodeProblems(t, `{"zzz":1,"count":1e3,"small":300,"PRESET":"x","name":2,"ratio":1.5e3}`))
+	require.Equal(t, []apierr.FieldError{
+		{Field: "bogus", Message: "is not a known field"},
+		{Field: "count", Message: "must be an integer"},
+		{Field: "items.0.kind", Message: "must be a string"},
+	}, decodeProblems(t, `{"bogus":1,"count":-1,"items":[{"kind":1.0}]}`))
+	require.Equal(t, []apierr.FieldError{
+		{Field: "count", Message: "must be an integer"},
+		{Field: "zzz", Message: "is not a known field"},
+	}, decodeProblems(t, `{"zzz":1,"count":1.0}`))
 }
 
 // A body of many unknown keys is answered with a bounded list.
