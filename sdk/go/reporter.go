@@ -21,6 +21,10 @@ import (
 // only its job. A job's slot is freed once its report is queued; at most
 // reportInFlight batches are in flight plus one gathering (and the queue
 // behind it), so a slow server slows claiming instead of piling up reports.
+// A batch split for a report the server keeps failing on (see send) goes
+// on outside that bound, singleReportsInFlight reports at a time: what
+// bounds those is that a worker whose reports fail claims nothing more
+// until the server records others (holding).
 const (
 	reportBatchMax   = 100       // the API's limit per batch
 	reportBatchBytes = 512 << 10 // well under the API's 1 MiB request limit
