@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/canonjson"
 	"github.com/getratchet/ratchet/lib/jobs"
 	"github.com/getratchet/ratchet/lib/seal"
 )
@@ -1343,4 +1344,42 @@ func TestARunsReadBoundsItsSteps(t *testing.T) {
 	r = b.getRun(t, small)
 	require.Len(t, r.Steps, 1)
 	require.False(t, r.StepsTruncated)
+}
+
+// A generated key of a run started since migration 0031 is the service's
+// keyed hash of the operation: no plain hash of what the step's read shows
+// and a guessed input (security review). A run started before keeps the
+// plain hash, so that an enqueue retried across the upgrade finds its step.
+func TestGeneratedKeysGiveAwayNoInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	input := json.RawMessage(`{"to":"carol@example.com","pin":"4821"}`)
+	plain := func(runID string) string {
+		canon, err := canonjson.Marshal(map[string]any{"pin": "4821", "to": "carol@example.com"})
+		require.NoError(t, err)
+		h, err := canonjson.Hash([]any{runID, "send_email", "1", nil, "send_email", nil, nil, canonjson.Canonical(canon)})
+		require.NoError(t, err)
+		return h
+	}
+
+	keyed := b.run(t)
+	k := b.enqueue(t, keyed, jobs.EnqueueRequest{Input: input})
+	require.Len(t, k.IdempotencyKey, 64)
+	require.NotEqual(t, plain(keyed), k.IdempotencyKey)
+	again := b.enqueue(t, keyed, jobs.EnqueueRequest{Input: input})
+	require.True(t, again.Deduplicated)
+	require.Equal(t, k.IdempotencyKey, again.IdempotencyKey)
+	require.Equal(t, k.IdempotencyKey, b.step(t, k.StepID).IdempotencyKey)
+
+	old := b.run(t)
+	_, err := b.env.App.Pool.Exec(ctx, `UPDATE job_runs SET keyed_step_keys = false WHERE id = $1`, old)
+	require.NoError(t, err)
+	o := b.enqueue(t, old, jobs.EnqueueRequest{Input: input})
+	require.Equal(t, plain(old), o.IdempotencyKey, "a run from before keeps the plain hash")
+	oAgain := b.enqueue(t, old, jobs.EnqueueRequest{Input: input})
+	require.True(t, oAgain.Deduplicated)
+	require.Equal(t, o.StepID, oAgain.StepID)
+	_, err = b.svc.Enqueue(ctx, b.ws, old, jobs.EnqueueRequest{Name: "send_email", Version: "1",
+		IdempotencyKey: &o.IdempotencyKey, Input: json.RawMessage(`"other"`)})
+	require.Equal(t, apierr.CodeIdempotencyKeyReuse, code(t, err))
 }

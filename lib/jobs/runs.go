@@ -3,6 +3,8 @@ package jobs
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -442,10 +444,14 @@ type enqueueOp struct {
 	input                          []byte // as sent, compacted: what is validated, stored and claimed
 	canon                          []byte // canonical JSON: what the key and fingerprint hash
 	key                            string
-	timeoutMs, maxAttempts         *int64
-	contractVersion                *int64
-	afterStepID, afterStatus       *string
-	delayMs                        *int64 // set only when above 0
+	// identity is what a generated key hashes (canonical JSON); nil when
+	// the producer named the key. key is then its plain hash, which runs
+	// started before migration 0031 keep (see keyedStepKey).
+	identity                 []byte
+	timeoutMs, maxAttempts   *int64
+	contractVersion          *int64
+	afterStepID, afterStatus *string
+	delayMs                  *int64 // set only when above 0
 }
 
 func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
@@ -521,11 +527,13 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 		// run, tool, handler version, contract version, effective endpoint,
 		// dependency and canonical input; and a delay, if any (a step sent
 		// now and the same one in a day are two steps).
-		op.key, err = canonjson.Hash(op.withDelay([]any{runID, op.name, op.version, op.contractVersion, op.endpoint,
-			op.afterStepID, op.afterStatus, canonjson.Canonical(op.canon)}))
+		op.identity, err = canonjson.Marshal(op.withDelay([]any{runID, op.name, op.version, op.contractVersion,
+			op.endpoint, op.afterStepID, op.afterStatus, canonjson.Canonical(op.canon)}))
 		if err != nil {
 			return op, apierr.InvalidField("input", "must be JSON")
 		}
+		sum := sha256.Sum256(op.identity)
+		op.key = hex.EncodeToString(sum[:])
 	}
 	return op, nil
 }
@@ -598,6 +606,13 @@ func (s *Service) enqueue(ctx context.Context, q querier, workspaceID string, op
 	now := s.now()
 	jobID, stepID := ids.NewAt(ids.Job, now), ids.NewAt(ids.Step, now)
 	hash := s.mac(op.fingerprint())
+	var keyedKey *string
+	var keyedHash []byte
+	if op.identity != nil {
+		keyed := op
+		keyed.key = s.keyedStepKey(op.identity)
+		keyedKey, keyedHash = &keyed.key, s.mac(keyed.fingerprint())
+	}
 	sealed, preview := s.sealer.Seal(op.input, seal.AAD(jobID, "input")), string(redact.PreviewJSON(op.input))
 	contract, checked := op.contractVersion, false
 	var notBefore *time.Time
@@ -616,11 +631,16 @@ func (s *Service) enqueue(ctx context.Context, q querier, workspaceID string, op
 			stored            []byte
 			cv                *int32
 		)
+		var taken *string
 		err := q.QueryRow(ctx, sqlEnqueue, workspaceID, op.runID, op.key, hash, op.name, op.version, op.endpoint,
 			op.afterStepID, op.afterStatus, contract, checked, op.maxAttempts, op.timeoutMs, jobID, stepID, sealed,
-			preview, now, notBefore).Scan(&outcome, &step, &job, &status, &due, &stored, &cv)
+			preview, now, notBefore, keyedKey, keyedHash).Scan(&outcome, &step, &job, &status, &due, &stored, &cv,
+			&taken)
 		if err != nil {
 			return EnqueueResult{}, fmt.Errorf("enqueue: %w", err)
+		}
+		if keyedKey != nil && taken != nil && *taken == *keyedKey {
+			op.key, hash = *keyedKey, keyedHash // the run's generated keys are keyed (migration 0031)
 		}
 		switch outcome {
 		case "inserted":
@@ -657,6 +677,16 @@ func (s *Service) enqueue(ctx context.Context, q querier, workspaceID string, op
 		}
 	}
 	return EnqueueResult{}, errors.New("enqueue: undecided after three calls")
+}
+
+// keyedStepKey is the key the service generates for a step of a run
+// started since migration 0031: the operation's identity under the
+// service's keyed hash, so that the key, shown to producers, workers and
+// the services they pass it to, gives away nothing of a sealed input
+// (security review: a plain hash of parts the step's read shows, and the
+// input, let a guessed input be confirmed offline).
+func (s *Service) keyedStepKey(identity []byte) string {
+	return hex.EncodeToString(s.mac(append([]byte("ratchet step key\n"), identity...)))
 }
 
 func int64Ptr(v *int32) *int64 {

@@ -141,8 +141,8 @@ SELECT * FROM up`
 
 // sqlInsertRun starts a run.
 const sqlInsertRun = `
-INSERT INTO job_runs (id, workspace_id, name, status, created_at, budget_micros)
-VALUES ($1::text, $2::text, $3::text, 'RUNNING', $4::timestamptz, $5::bigint)`
+INSERT INTO job_runs (id, workspace_id, name, status, created_at, budget_micros, keyed_step_keys)
+VALUES ($1::text, $2::text, $3::text, 'RUNNING', $4::timestamptz, $5::bigint, true)`
 
 // sqlInsertKeyedRun starts a run under idempotency key $6 (with the
 // request's hash $7), unless the key already names a run (no row affected:
@@ -150,8 +150,9 @@ VALUES ($1::text, $2::text, $3::text, 'RUNNING', $4::timestamptz, $5::bigint)`
 // for the other to commit or roll back. Only keyed starts name the key's
 // index, so a start without a key never depends on it.
 const sqlInsertKeyedRun = `
-INSERT INTO job_runs (id, workspace_id, name, status, created_at, budget_micros, idempotency_key, request_hash)
-VALUES ($1::text, $2::text, $3::text, 'RUNNING', $4::timestamptz, $5::bigint, $6::text, $7::text)
+INSERT INTO job_runs (id, workspace_id, name, status, created_at, budget_micros, idempotency_key, request_hash,
+                      keyed_step_keys)
+VALUES ($1::text, $2::text, $3::text, 'RUNNING', $4::timestamptz, $5::bigint, $6::text, $7::text, true)
 ON CONFLICT (workspace_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING`
 
 // sqlRunByKey is the run workspace $1 started under idempotency key $2,
@@ -214,13 +215,15 @@ ORDER BY x.job_id, x.attempt`
 //	the caller checked it  $12 maxAttempts override  $13 timeoutMs override
 //	$14 new job id  $15 new step id  $16 sealed input  $17 input preview
 //	$18 now  $19 not before (a delayed step's due time; NULL: due now,
-//	migration 0027)
+//	migration 0027)  $20 and $21 a generated key's keyed form and its
+//	request hash (NULL for a key the producer named; migration 0031: $3 and
+//	$4 are then the plain form, which runs from before 0031 keep)
 //
-// It answers outcome, step_id, job_id, status, due_at, request_hash and
-// contract_version.
+// It answers outcome, step_id, job_id, status, due_at, request_hash,
+// contract_version and key_taken (the key the step has or gets).
 const sqlEnqueue = `SELECT * FROM jobs_enqueue($1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text,
     $7::text, $8::text, $9::text, $10::int, $11::bool, $12::int, $13::bigint, $14::text, $15::text, $16::bytea,
-    $17::jsonb, $18::timestamptz, $19::timestamptz)`
+    $17::jsonb, $18::timestamptz, $19::timestamptz, $20::text, $21::bytea)`
 
 // Run completion uses two transaction-scoped advisory locks per run. Finish
 // takes the run key exclusively; every transaction that ends a step holds it
