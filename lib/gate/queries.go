@@ -676,9 +676,7 @@ WITH expired AS (
         FOR UPDATE OF e SKIP LOCKED
     ) x
     LIMIT $2::int
-), retired AS (
-    ` + money.RetiredRunSpendSQL + `
-), attempts AS (
+), ` + money.RetiredRunSpendSQL + `, attempts AS (
     DELETE FROM effect_attempts a USING expired x WHERE a.effect_id = x.id
 ), approvals AS (
     DELETE FROM approvals a USING expired x WHERE a.effect_id = x.id

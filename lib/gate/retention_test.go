@@ -138,6 +138,37 @@ func TestRetentionLeavesARunsWalletSpent(t *testing.T) {
 	}
 }
 
+// A pass that meets a run being deleted by run retention waits for it and
+// skips its wallet, instead of failing whole on the foreign key (review).
+func TestRetentionSkipsARunDeletedMeanwhile(t *testing.T) {
+	b, _ := inEra(t, 1986)
+	b.putPolicy("api.call", map[string]any{"retention_days": 1})
+	run := b.runWith(1000)
+	d := b.mustBegin("execute", inRun(run, charge(key("done"), 600)))
+	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "succeeded", nil).Status)
+	b.clock.Add(49 * time.Hour)
+
+	ctx := context.Background()
+	tx, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `DELETE FROM job_runs WHERE id = $1`, run)
+	require.NoError(t, err)
+	swept := make(chan error, 1)
+	go func() {
+		_, err := b.env.App.Server.Gate.SweepRetention(ctx, b.clock.Now(), 1000)
+		swept <- err
+	}()
+	require.Eventually(t, func() bool { // the pass waits for the run's row
+		var waiting int
+		err := b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted`).Scan(&waiting)
+		return err == nil && waiting > 0
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-swept)
+	require.Equal(t, http.StatusNotFound, b.env.Do("GET", "/api/v1/effects/"+str(d["effect_id"]), b.ws.Key, nil).Status)
+}
+
 // inEra is a workspace whose clock starts in year (at a random second of
 // its first days, so reruns do not meet), and a retention pass at its now.
 // The sweep acts on every workspace of the package database: each era

@@ -1383,3 +1383,21 @@ func TestGeneratedKeysGiveAwayNoInput(t *testing.T) {
 		IdempotencyKey: &o.IdempotencyKey, Input: json.RawMessage(`"other"`)})
 	require.Equal(t, apierr.CodeIdempotencyKeyReuse, code(t, err))
 }
+
+// Every way a run starts marks it for keyed step keys: a plain run, one
+// started under a key, and a tool test's synthetic run (review: the last
+// took the column's default, so its step got the plain, guessable key).
+func TestEveryNewRunTakesKeyedStepKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.run(t)
+	_, err := b.svc.CreateRun(ctx, b.ws, jobs.CreateRunRequest{Name: "keyed", IdempotencyKey: ptr("start:1")})
+	require.NoError(t, err)
+	_, err = b.svc.TestTool(ctx, b.ws, "send_email", jobs.ToolTestRequest{Version: "1"})
+	require.NoError(t, err)
+	var runs, keyed int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE keyed_step_keys)
+		FROM job_runs WHERE workspace_id = $1`, b.ws).Scan(&runs, &keyed))
+	require.Equal(t, 3, runs)
+	require.Equal(t, runs, keyed)
+}

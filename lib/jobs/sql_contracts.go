@@ -46,8 +46,8 @@ WHERE c.workspace_id = $1::text AND c.name = $2::text AND c.contract_version = $
 // requested: an enqueue refuses a run whose completion was requested, so
 // TestTool requests it once the step is in, in the same transaction.
 const sqlInsertSyntheticRun = `
-INSERT INTO job_runs (id, workspace_id, name, status, synthetic, created_at)
-VALUES ($1::text, $2::text, $3::text, 'RUNNING', true, $4::timestamptz)`
+INSERT INTO job_runs (id, workspace_id, name, status, synthetic, created_at, keyed_step_keys)
+VALUES ($1::text, $2::text, $3::text, 'RUNNING', true, $4::timestamptz, true)`
 
 // sqlReplayPreview reads what a replay decides on; sqlReplayLock reads it
 // under the job's row lock (a replay, a report, a cancel and a claim of one

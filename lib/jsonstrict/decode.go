@@ -116,6 +116,14 @@ func withEveryProblem(first apierr.FieldError, body []byte, t reflect.Type) *api
 	if !w.run(body, t) {
 		problems, listed = nil, false
 	}
+	for _, p := range problems {
+		// A key that names a field only by case-folding is where the
+		// decoder's error is, at or under it: it names the field ("count"
+		// for "COUNT", "inner.kind" for "Inner": {"kind": 1}), which the
+		// body does not hold.
+		f, d := strings.ToLower(p.Field), strings.ToLower(first.Field)
+		listed = listed || (w.folded[p.Field] && (f == d || strings.HasPrefix(d, f+".")))
+	}
 	if !listed {
 		// The walk's notion of a mistyped value is narrower than
 		// encoding/json's (a negative number for an unsigned field): the

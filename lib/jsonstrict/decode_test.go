@@ -88,6 +88,13 @@ func TestDecodeListsNumberAndCaseProblems(t *testing.T) {
 		{Field: "count", Message: "must be an integer"},
 		{Field: "zzz", Message: "is not a known field"},
 	}, decodeProblems(t, `{"zzz":1,"count":1.0}`))
+	// A case-folded key with a mistyped value is named as written only.
+	require.Equal(t, []apierr.FieldError{
+		{Field: "COUNT", Message: "is not a known field (field names are case-sensitive)"},
+	}, decodeProblems(t, `{"COUNT":"x"}`))
+	require.Equal(t, []apierr.FieldError{
+		{Field: "Inner", Message: "is not a known field (field names are case-sensitive)"},
+	}, decodeProblems(t, `{"Inner":{"kind":1}}`))
 }
 
 // A body of many unknown keys is answered with a bounded list.

@@ -33,16 +33,27 @@ func RunSpendSQL(ws, run string) string {
     + coalesce((SELECT sum(r.micros) FROM run_retired_spend r WHERE r.run_id = ` + run + `), 0))::bigint`
 }
 
-// RetiredRunSpendSQL is a data-modifying CTE body that records, for each
-// run with a wallet, what RunSpendSQL counted of the effects about to be
-// deleted, whose ids the CTE named expired holds (migration 0030): a run's
-// wallet lasts its whole life, however long its effects are kept. It reads
-// the effects in the statement's snapshot, before the statement's deletes;
-// the purged effects are ended, so their attempts' outcomes no longer move.
-const RetiredRunSpendSQL = `INSERT INTO run_retired_spend (run_id, micros)
+// RetiredRunSpendSQL is two CTEs of the effects purge (lib/gate,
+// sqlPurgeExpired): they record, for each run with a wallet, what
+// RunSpendSQL counted of the effects about to be deleted, whose ids the CTE
+// named expired holds (migration 0030), so that a run's wallet lasts its
+// whole life, however long its effects are kept. The runs are held FOR KEY
+// SHARE first: one that run retention deletes meanwhile is skipped (its
+// wallet goes with it) rather than failing the insert's foreign key, and
+// with it the whole pass (review). The effects are read in the statement's
+// snapshot, before its deletes; they are ended, so their attempts'
+// outcomes no longer move.
+const RetiredRunSpendSQL = `retired_runs AS (
+    SELECT r.id FROM job_runs r
+    WHERE r.id IN (SELECT x.run_id FROM expired d JOIN effects x ON x.id = d.id)
+      AND r.budget_micros IS NOT NULL
+    FOR KEY SHARE
+), retired AS (
+    INSERT INTO run_retired_spend (run_id, micros)
     SELECT x.run_id, sum(x.cost_micros)
     FROM expired d JOIN effects x ON x.id = d.id JOIN effect_attempts a ON a.effect_id = x.id
-    JOIN job_runs r ON r.id = x.run_id AND r.workspace_id = x.workspace_id AND r.budget_micros IS NOT NULL
+    JOIN retired_runs r ON r.id = x.run_id
     WHERE a.outcome IS DISTINCT FROM 'failed'
     GROUP BY x.run_id
-    HAVING sum(x.cost_micros) > 0`
+    HAVING sum(x.cost_micros) > 0
+)`

@@ -810,7 +810,7 @@ func (w *Worker) report(j ClaimedJob, expires time.Time, r JobReport) {
 func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.CancelCauseFunc) time.Time {
 	expires, end := j.LeaseExpiresAt, j.leaseEnd
 	for {
-		fire, stop := w.clock.Timer(w.heartbeatEvery(expires, j))
+		fire, stop := w.clock.Timer(w.heartbeatEvery(expires, end, j))
 		select {
 		case <-ctx.Done():
 			stop()
@@ -841,15 +841,19 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 	}
 }
 
-// heartbeatEvery is a third of the lease, within [minHeartbeat,
-// maxHeartbeat]: of its length when the server says it (each heartbeat
-// extends the lease by that much from then), else of what is left by the
+// heartbeatEvery is a third of the lease left, within [minHeartbeat,
+// maxHeartbeat]: left until end (this process's clock) and at most the
+// lease's length, when the server says it, so that heartbeats that keep
+// failing are tried again more often as the lapse nears (review: a third of
+// the whole length put the third try at the lapse itself); else left by the
 // server's expiry, which the job's timeout also bounds (the lease is never
 // shorter), keeping heartbeats inside the lease when the server's clock
 // runs ahead of ours.
-func (w *Worker) heartbeatEvery(expires time.Time, j ClaimedJob) time.Duration {
-	left := time.Duration(j.LeaseMs) * time.Millisecond
-	if j.LeaseMs <= 0 {
+func (w *Worker) heartbeatEvery(expires, end time.Time, j ClaimedJob) time.Duration {
+	var left time.Duration
+	if j.LeaseMs > 0 {
+		left = min(time.Duration(j.LeaseMs)*time.Millisecond, time.Until(end))
+	} else {
 		left = expires.Sub(w.clock.Now())
 		if timeout := time.Duration(j.TimeoutMs) * time.Millisecond; timeout > 0 && timeout < left {
 			left = timeout

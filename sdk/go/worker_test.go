@@ -914,17 +914,28 @@ func TestHeartbeatEvery(t *testing.T) {
 		{12 * time.Second, 30_000, 0, 4 * time.Second},  // a third of what is left
 		{time.Hour, 0, 0, time.Minute},                  // at most a minute
 		{-time.Second, 30_000, 0, time.Second},          // already lapsed: at least a second
-		// The lease's length, when the server says it, whatever its clock.
+		// The lease's length, when the server says it, whatever its clock:
+		// here the lease has just been granted or extended.
 		{-time.Hour, 30_000, 45_000, 15 * time.Second},
 		{time.Hour, 30_000, 45_000, 15 * time.Second},
 		{0, 0, 600_000, time.Minute},
 	}
 	for _, c := range cases {
 		j := ClaimedJob{TimeoutMs: c.timeoutMs, LeaseMs: c.leaseMs}
-		if got := w.heartbeatEvery(now.Add(c.left), j); got != c.want {
+		end := time.Now().Add(time.Duration(c.leaseMs)*time.Millisecond + time.Minute)
+		if got := w.heartbeatEvery(now.Add(c.left), end, j); got != c.want {
 			t.Fatalf("heartbeatEvery(%v left, timeout %d ms, lease %d ms) = %v, want %v", c.left, c.timeoutMs,
 				c.leaseMs, got, c.want)
 		}
+	}
+	// Heartbeats that failed leave less of the lease by this process's
+	// clock: the next try comes at a third of what is left.
+	j := ClaimedJob{TimeoutMs: 5_000, LeaseMs: 15_000}
+	if got := w.heartbeatEvery(now, time.Now().Add(6*time.Second), j); got < time.Second || got > 2*time.Second {
+		t.Fatalf("with 6 s of a 15 s lease left: every %v, want about 2 s", got)
+	}
+	if got := w.heartbeatEvery(now, time.Now().Add(-time.Second), j); got != time.Second {
+		t.Fatalf("with the lease lapsed: every %v, want 1 s", got)
 	}
 }
 
