@@ -115,10 +115,8 @@ func TestRetentionLeavesARunsWalletSpent(t *testing.T) {
 	b, sweep := inEra(t, 1985)
 	b.putPolicy("api.call", map[string]any{"retention_days": 1})
 	run := b.runWith(1000)
-	done := b.mustBegin("execute", inRun(run, charge(key("done"), 600)))
-	require.Equal(t, http.StatusOK, b.report(str(done["effect_id"]), str(done["lease_token"]), "succeeded", nil).Status)
-	failed := b.mustBegin("execute", inRun(run, charge(key("failed"), 300)))
-	require.Equal(t, http.StatusOK, b.report(str(failed["effect_id"]), str(failed["lease_token"]), "failed", nil).Status)
+	done := b.executedAs("succeeded", inRun(run, charge(key("done"), 600)))
+	failed := b.executedAs("failed", inRun(run, charge(key("failed"), 300)))
 	other := b.runWith(1000) // a wallet none of the deleted effects paid from
 	require.Equal(t, 600, b.spent(run))
 
@@ -130,12 +128,9 @@ func TestRetentionLeavesARunsWalletSpent(t *testing.T) {
 	require.Equal(t, 600, b.spent(run), "the success stays spent; the failure gave its cost back")
 	require.Equal(t, 0, b.spent(other))
 	b.denialOf("run_budget_exceeded", inRun(run, charge(key("over"), 401)))
-	for _, d := range []map[string]any{
-		b.mustBegin("execute", inRun(run, charge(key("fits"), 400))),
-		b.mustBegin("execute", inRun(other, charge(key("fits"), 1000))),
-	} { // no lease is left behind for TestSweeperAndLapseRaces's sweeps
-		require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "succeeded", nil).Status)
-	}
+	// Reported, so that no lease is left behind for TestSweeperAndLapseRaces's sweeps.
+	b.executedAs("succeeded", inRun(run, charge(key("fits"), 400)))
+	b.executedAs("succeeded", inRun(other, charge(key("fits"), 1000)))
 }
 
 // A pass that meets a run being deleted by run retention waits for it and
@@ -144,8 +139,7 @@ func TestRetentionSkipsARunDeletedMeanwhile(t *testing.T) {
 	b, _ := inEra(t, 1986)
 	b.putPolicy("api.call", map[string]any{"retention_days": 1})
 	run := b.runWith(1000)
-	d := b.mustBegin("execute", inRun(run, charge(key("done"), 600)))
-	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "succeeded", nil).Status)
+	d := b.executedAs("succeeded", inRun(run, charge(key("done"), 600)))
 	b.clock.Add(49 * time.Hour)
 
 	ctx := context.Background()
@@ -167,6 +161,14 @@ func TestRetentionSkipsARunDeletedMeanwhile(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, <-swept)
 	require.Equal(t, http.StatusNotFound, b.env.Do("GET", "/api/v1/effects/"+str(d["effect_id"]), b.ws.Key, nil).Status)
+}
+
+// executedAs begins body, which executes, and reports it with outcome.
+func (b *bundle) executedAs(outcome string, body map[string]any) map[string]any {
+	b.t.Helper()
+	d := b.mustBegin("execute", body)
+	require.Equal(b.t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), outcome, nil).Status)
+	return d
 }
 
 // inEra is a workspace whose clock starts in year (at a random second of

@@ -323,6 +323,14 @@ func decodeError(res *http.Response, raw []byte) *Error {
 // pathID escapes an id for use as one path segment.
 func pathID(id string) string { return url.PathEscape(id) }
 
+// withQuery is path with v as its query, when v has any.
+func withQuery(path string, v url.Values) string {
+	if len(v) == 0 {
+		return path
+	}
+	return path + "?" + v.Encode()
+}
+
 // idleConnsPerHost is how many idle connections the default client keeps to
 // the API: more than a worker's claim, report batches and heartbeats, or a
 // producer's goroutines, need at once.

@@ -204,12 +204,8 @@ func (c *Client) ListRunSteps(ctx context.Context, runID string, q StepQuery) (*
 	if q.Cursor != "" {
 		v.Set("cursor", q.Cursor)
 	}
-	path := "/runs/" + pathID(runID) + "/steps"
-	if len(v) > 0 {
-		path += "?" + v.Encode()
-	}
 	var out StepPage
-	if err := c.do(ctx, "GET", path, nil, &out, idempotent); err != nil {
+	if err := c.do(ctx, "GET", withQuery("/runs/"+pathID(runID)+"/steps", v), nil, &out, idempotent); err != nil {
 		return nil, err
 	}
 	return &out, nil

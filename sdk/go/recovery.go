@@ -64,12 +64,8 @@ func (c *Client) ListEffects(ctx context.Context, q EffectQuery) (*EffectPage, e
 	if q.Cursor != "" {
 		v.Set("cursor", q.Cursor)
 	}
-	path := "/effects"
-	if len(v) > 0 {
-		path += "?" + v.Encode()
-	}
 	var out EffectPage
-	if err := c.do(ctx, "GET", path, nil, &out, idempotent); err != nil {
+	if err := c.do(ctx, "GET", withQuery("/effects", v), nil, &out, idempotent); err != nil {
 		return nil, err
 	}
 	return &out, nil
