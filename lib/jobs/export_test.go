@@ -9,6 +9,9 @@ import (
 // poll pause longer than the test: a claim that returns then was woken.
 func SetPolling(s *Service, pause time.Duration) { s.pollMin, s.pollMax = pause, pause }
 
+// SetMaxWaitingClaims bounds the long polls one key may have waiting.
+func SetMaxWaitingClaims(s *Service, n int) { s.waits = newWaitSlots(n) }
+
 // SetPurgeSteps bounds the steps one retention pass deletes.
 func SetPurgeSteps(s *Service, n int) { s.purgeSteps = n }
 

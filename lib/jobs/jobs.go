@@ -75,6 +75,7 @@ type Service struct {
 	// long polls when this process queues work (wake.go).
 	pollMin, pollMax time.Duration
 	wake             *waker
+	waits            *waitSlots // the long polls each key has waiting here
 	// purgeSteps bounds the steps one retention pass deletes
 	// (purgeStepsPerPass; tests lower it).
 	purgeSteps int
@@ -90,7 +91,8 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, hashSecret string, leaseGraceM
 	clock := func() time.Time { return now().UTC().Truncate(time.Microsecond) }
 	return &Service{pool: pool, sealer: sealer, hashKey: []byte(hashSecret), now: clock,
 		leaseGrace: time.Duration(leaseGraceMs) * time.Millisecond, jitter: rand.Float64,
-		pollMin: pollMin, pollMax: pollMax, wake: newWaker(), purgeSteps: purgeStepsPerPass}
+		pollMin: pollMin, pollMax: pollMax, wake: newWaker(), waits: newWaitSlots(maxWaitingClaimsPerKey),
+		purgeSteps: purgeStepsPerPass}
 }
 
 type querier interface {

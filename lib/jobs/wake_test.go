@@ -2,6 +2,8 @@ package jobs_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -135,4 +137,47 @@ func TestLongPollClaimIsWokenByAResumeAndAReplay(t *testing.T) {
 	_, err = b.svc.SetPaused(ctx, b.ws, eps[0].ID, false)
 	require.NoError(t, err)
 	require.Equal(t, []string{st.StepID}, claimedSteps(<-parked))
+}
+
+// A key has at most so many claims waiting on one instance; one beyond is
+// answered at once, as without waitSeconds, and a slot freed is taken again
+// (security review: hundreds of one key's waiting claims slowed every other
+// workspace's requests).
+func TestAKeysWaitingClaimsAreBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	jobs.SetMaxWaitingClaims(b.svc, 2)
+	wid := b.register(t)
+	run := b.run(t)
+	first, second := b.parkClaim(t, wid), b.parkClaim(t, wid)
+
+	over := make(chan jobs.ClaimResult, 1)
+	go func() {
+		res, err := b.svc.Claim(ctx, b.worker, wid, jobs.ClaimRequest{Limit: ptr(10), WaitSeconds: ptr(20)})
+		if err != nil {
+			t.Errorf("claim: %v", err)
+		}
+		over <- res
+	}()
+	select { // answered at once; waiting, it would take its 20 s (the poll pause is an hour)
+	case res := <-over:
+		require.Empty(t, res.Jobs)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a claim beyond the bound waited")
+	}
+
+	st := b.enqueue(t, run, jobs.EnqueueRequest{})
+	require.Equal(t, []string{st.StepID}, claimedSteps(<-first), "the waiting ones still wait, and are woken")
+	third := b.parkClaim(t, wid) // the freed slot is taken again
+	var got []string
+	for i, waiting := 0, []<-chan jobs.ClaimResult{second, third}; i < 2; i++ {
+		st := b.enqueue(t, run, jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprint(i))})
+		select { // one new job wakes one waiting claim
+		case res := <-waiting[0]:
+			got, waiting = append(got, claimedSteps(res)...), waiting[1:]
+		case res := <-waiting[len(waiting)-1]:
+			got, waiting = append(got, claimedSteps(res)...), waiting[:len(waiting)-1]
+		}
+		require.Equal(t, st.StepID, got[len(got)-1])
+	}
 }

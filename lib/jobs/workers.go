@@ -128,6 +128,13 @@ func (s *Service) Claim(ctx context.Context, p *auth.Principal, workerID string,
 	if err := pr.Err(); err != nil {
 		return ClaimResult{}, err
 	}
+	if wait > 0 {
+		if s.waits.take(p.KeyID) {
+			defer s.waits.release(p.KeyID)
+		} else {
+			wait = 0 // the key has maxWaitingClaimsPerKey waiting here: answer at once
+		}
+	}
 	poll := longPoll{parked: wait > 0, deadline: time.Now().Add(time.Duration(wait) * time.Second), pause: s.pollMin}
 	for first := true; ; first = false {
 		jobs, again, err := s.claimOrWait(ctx, p, workerID, limit, first, &poll)
