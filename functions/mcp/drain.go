@@ -196,7 +196,7 @@ func (d *drainingPipes) wrote(b []byte) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.outLine = scanLines(append(d.outLine, b...), func(line []byte) {
-		for _, id := range answerIDs(line) {
+		if id, ok := answerID(line); ok {
 			delete(d.pending, id)
 		}
 	})
@@ -245,29 +245,13 @@ func scanLines(buf []byte, each func([]byte)) []byte {
 // however the client spelt the id.
 func idKey(id jsonrpc.ID) string { return fmt.Sprintf("%T:%v", id.Raw(), id.Raw()) }
 
-// answerIDs are the ids (idKey) the answers among the messages of line
-// answer.
-func answerIDs(line []byte) []string {
-	var ids []string
-	for _, m := range messages(line) {
-		if resp, ok := m.(*jsonrpc.Response); ok && resp.ID.IsValid() {
-			ids = append(ids, idKey(resp.ID))
-		}
+// answerID is the id (idKey) the answer on line answers, if it is one. The
+// transport writes one message a line: the batches it would answer in one
+// never reach it (admit).
+func answerID(line []byte) (string, bool) {
+	m, err := jsonrpc.DecodeMessage(line)
+	if resp, ok := m.(*jsonrpc.Response); err == nil && ok && resp.ID.IsValid() {
+		return idKey(resp.ID), true
 	}
-	return ids
-}
-
-// messages are the JSON-RPC messages of a line (one, or a batch's).
-func messages(line []byte) []jsonrpc.Message {
-	var batch []json.RawMessage
-	if json.Unmarshal(line, &batch) != nil {
-		batch = []json.RawMessage{line}
-	}
-	var out []jsonrpc.Message
-	for _, raw := range batch {
-		if m, err := jsonrpc.DecodeMessage(raw); err == nil {
-			out = append(out, m)
-		}
-	}
-	return out
+	return "", false
 }

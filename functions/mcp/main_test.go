@@ -241,6 +241,11 @@ func TestDrainWaitsForEveryRequestRead(t *testing.T) {
 		d.waitAnswered()
 		close(done)
 	}()
+	select { // a wait that ended with "b" unanswered would show here
+	case <-done:
+		t.Fatal("the wait at EOF ended with a request unanswered")
+	case <-time.After(50 * time.Millisecond):
+	}
 	d.wrote([]byte(`{"jsonrpc":"2.0","id":"b","result":{"tools":[]}}` + "\n"))
 	<-done // with an hour's timeout, only the last answer ends the wait
 	if len(d.pending) != 0 {

@@ -258,17 +258,12 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 		return ReportResult{JobID: j.jobID, Status: *j.xResult, Attempt: xa, NextDueAt: utc(j.xNext)}, nil, nil
 	case xa < j.attempt:
 		return ReportResult{}, nil, errLeaseLost()
-	case j.status == StatusCancelled:
-		// Cancelled while running: keep the attempt's record, not the job's.
-		row := s.outcomeRow(j.jobID, xa, req, j.status, nil, nil)
-		row.updateJob, row.released = false, true
-		return ReportResult{JobID: j.jobID, Status: j.status, Attempt: xa}, &row, nil
-	case j.status == StatusQueued && !j.requeued && j.xOutcome == nil:
-		// A replay queued the job again while this attempt, cancelled,
-		// may still have been running, and no claim has superseded it:
-		// its report is recorded (API.md §5) on the attempt, not the job,
-		// which the replay runs again, and frees the slot it held (QA: it
-		// was refused, and the worker's success thrown away).
+	case j.status == StatusCancelled, j.status == StatusQueued && !j.requeued && j.xOutcome == nil:
+		// Cancelled while running, or since replayed (QUEUED again) while
+		// this attempt may still have been running and no claim has
+		// superseded it: its report is recorded (API.md §5) on the
+		// attempt, not the job, and frees the slot it held (QA: after a
+		// replay it was refused, and the worker's success thrown away).
 		row := s.outcomeRow(j.jobID, xa, req, j.status, nil, nil)
 		row.updateJob, row.released = false, true
 		return ReportResult{JobID: j.jobID, Status: j.status, Attempt: xa}, &row, nil

@@ -166,19 +166,26 @@ var runColumns = `id, name, status, completion_requested, created_at, finished_a
 
 var sqlGetRun = `SELECT ` + runColumns + ` FROM job_runs WHERE id = $1::text AND workspace_id = $2::text`
 
+// openAttempt is true of a job (alias j) whose current attempt's execution
+// (alias x) has no outcome yet and meets cond: neither reported nor failed
+// by the sweeper as lapsed.
+func openAttempt(cond string) string {
+	return `EXISTS (SELECT 1 FROM job_executions x
+    WHERE x.job_id = j.id AND x.attempt = j.attempt AND x.outcome IS NULL AND ` + cond + `)`
+}
+
 // heldLease is a job's (alias j) lease while an attempt holds it: running,
 // or cancelled (the job replayed since, or not) and not yet reported; NULL
 // otherwise, though the column keeps the last lease after it ended.
-const heldLease = `CASE WHEN j.status = 'RUNNING' OR EXISTS (SELECT 1 FROM job_executions x
-    WHERE x.job_id = j.id AND x.attempt = j.attempt AND x.outcome IS NULL) THEN j.lease_expires_at END`
+var heldLease = `CASE WHEN j.status = 'RUNNING' OR ` + openAttempt("true") + ` THEN j.lease_expires_at END`
 
-const stepColumns = `j.step_id, j.id, j.name, j.version, e.name, j.status, j.idempotency_key, j.after_step_id,
+var stepColumns = `j.step_id, j.id, j.name, j.version, e.name, j.status, j.idempotency_key, j.after_step_id,
 	j.after_status, j.contract_version, j.attempt, j.max_attempts, j.due_at, ` + heldLease + `, j.cancel_requested,
 	j.policy_preset, j.initial_delay_ms, j.multiplier, j.max_delay_ms, j.jitter_percent, j.timeout_ms,
 	j.policy_version, j.input_preview, j.output_preview, j.created_at, j.finished_at, j.run_id,
 	coalesce(j.policy_max_attempts, j.max_attempts)`
 
-const sqlStepByID = `SELECT ` + stepColumns + ` FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
+var sqlStepByID = `SELECT ` + stepColumns + ` FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
 WHERE j.step_id = $1::text AND j.workspace_id = $2::text`
 
 const attemptColumns = `x.job_id, x.attempt, x.worker_id, x.outcome, x.warning, x.retryable, x.retry_after_ms,
@@ -196,7 +203,7 @@ ORDER BY id DESC LIMIT $4::int`
 // sqlRunStepsPage pages a run's steps in id order (jobs_run_idx): $2 the
 // previous page's last step id (” for the first), $3 a status (” for
 // any), $4 the limit.
-const sqlRunStepsPage = `SELECT ` + stepColumns + ` FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
+var sqlRunStepsPage = `SELECT ` + stepColumns + ` FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
 WHERE j.run_id = $1::text AND j.step_id > $2::text AND ($3::text = '' OR j.status = $3::text)
 ORDER BY j.step_id LIMIT $4::int`
 
@@ -484,8 +491,7 @@ func requeuedFor(token string) string {
 // work, and its report is recorded as API.md §5 has it for any lapsed
 // lease no claim has superseded.
 func replayedOpen(token string) string {
-	return `(j.status IN ('QUEUED', 'CANCELLED') AND j.lease_token = '' AND EXISTS (SELECT 1 FROM job_executions x
-    WHERE x.job_id = j.id AND x.attempt = j.attempt AND x.outcome IS NULL AND x.lease_token = ` + token + `))`
+	return `(j.status IN ('QUEUED', 'CANCELLED') AND j.lease_token = '' AND ` + openAttempt("x.lease_token = "+token) + `)`
 }
 
 // sqlLeaseState explains why a heartbeat did not extend a lease. A job

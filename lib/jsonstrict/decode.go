@@ -97,7 +97,6 @@ const maxFieldProblems = 20
 // key order: a client fixing its request learns all of them at once.
 func withEveryProblem(first apierr.FieldError, body []byte, t reflect.Type) *apierr.Error {
 	var problems apierr.Problems
-	listed := false
 	w := pathWalk{max: maxFieldProblems, exact: true, folded: map[string]bool{}}
 	w.match = func(v any, ft reflect.Type, path, _ string) bool {
 		switch {
@@ -110,24 +109,23 @@ func withEveryProblem(first apierr.FieldError, body []byte, t reflect.Type) *api
 		default:
 			return false
 		}
-		listed = listed || path == first.Field
 		return true
 	}
 	if !w.run(body, t) {
-		problems, listed = nil, false
+		problems = nil
 	}
+	listed := false
 	for _, p := range problems {
-		// A key that names a field only by case-folding is where the
-		// decoder's error is, at or under it: it names the field ("count"
-		// for "COUNT", "inner.kind" for "Inner": {"kind": 1}), which the
-		// body does not hold.
+		// Listed as it is, or as the case-folded key it is at or under:
+		// the decoder names the field ("count" for "COUNT", "inner.kind"
+		// for "Inner": {"kind": 1}), which the body does not hold.
 		f, d := strings.ToLower(p.Field), strings.ToLower(first.Field)
-		listed = listed || (w.folded[p.Field] && (f == d || strings.HasPrefix(d, f+".")))
+		listed = listed || p.Field == first.Field || (w.folded[p.Field] && (f == d || strings.HasPrefix(d, f+".")))
 	}
 	if !listed {
-		// The walk's notion of a mistyped value is narrower than
-		// encoding/json's (a negative number for an unsigned field): the
-		// problem the decoder reported is always listed.
+		// The problem the decoder reported is always listed, though the
+		// walk missed it (a custom decoder's refusal, a walk that could
+		// not run).
 		problems = append(apierr.Problems{first}, problems...)
 		problems = problems[:min(len(problems), maxFieldProblems)]
 	}
@@ -192,20 +190,15 @@ func typeErrorPath(body []byte, t reflect.Type, field string) string {
 // the first node (in key order) that match accepts. Unknown object keys are
 // visited with a nil type.
 func findPath(body []byte, t reflect.Type, match func(v any, t reflect.Type, path, plain string) bool) string {
-	if paths := findPaths(body, t, 1, match); len(paths) > 0 {
-		return paths[0]
+	w := pathWalk{match: match, max: 1}
+	if w.run(body, t); len(w.found) > 0 {
+		return w.found[0]
 	}
 	return ""
 }
 
-// findPaths is findPath for up to max nodes; a node match accepts is not
-// descended into.
-func findPaths(body []byte, t reflect.Type, max int, match func(v any, t reflect.Type, path, plain string) bool) (paths []string) {
-	w := pathWalk{match: match, max: max}
-	w.run(body, t)
-	return w.found
-}
-
+// pathWalk walks a body's JSON alongside a type, collecting the paths of
+// up to max nodes match accepts; a node match accepts is not descended into.
 type pathWalk struct {
 	match func(v any, t reflect.Type, path, plain string) bool
 	max   int
@@ -314,21 +307,21 @@ func mistyped(v any, t reflect.Type) bool {
 	case reflect.Bool:
 		_, ok := v.(bool)
 		return !ok
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		// An integer literal within the kind's range: 1.0 and 1e3 are
-		// refused as encoding/json refuses them.
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		// An integer literal within the kind's range and sign: 1.0, 1e3
+		// and -1 for an unsigned field are refused as encoding/json
+		// refuses them.
 		n, ok := v.(json.Number)
 		if !ok {
 			return true
 		}
-		_, err := strconv.ParseInt(string(n), 10, t.Bits())
-		return err != nil
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		n, ok := v.(json.Number)
-		if !ok {
-			return true
+		var err error
+		if t.Kind() >= reflect.Uint {
+			_, err = strconv.ParseUint(string(n), 10, t.Bits())
+		} else {
+			_, err = strconv.ParseInt(string(n), 10, t.Bits())
 		}
-		_, err := strconv.ParseUint(string(n), 10, t.Bits())
 		return err != nil
 	case reflect.Float32, reflect.Float64:
 		_, ok := v.(json.Number)

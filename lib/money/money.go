@@ -28,10 +28,13 @@ const Rule = "must be an integer from 0 to 10^18 (micros of USD)"
 func RunSpendSQL(ws, run string) string {
 	return `((SELECT coalesce(sum(x.cost_micros), 0)
       FROM effects x JOIN effect_attempts a ON a.effect_id = x.id
-      WHERE x.run_id = ` + run + ` AND x.workspace_id = ` + ws + `
-        AND a.outcome IS DISTINCT FROM 'failed')
+      WHERE x.run_id = ` + run + ` AND x.workspace_id = ` + ws + ` AND ` + spendingAttempt + `)
     + coalesce((SELECT sum(r.micros) FROM run_retired_spend r WHERE r.run_id = ` + run + `), 0))::bigint`
 }
+
+// spendingAttempt is true of an attempt (alias a) a wallet counts: granted
+// and not known to have failed.
+const spendingAttempt = `a.outcome IS DISTINCT FROM 'failed'`
 
 // RetiredRunSpendSQL is two CTEs of the effects purge (lib/gate,
 // sqlPurgeExpired): they record, for each run with a wallet, what
@@ -43,7 +46,7 @@ func RunSpendSQL(ws, run string) string {
 // with it the whole pass (review). The effects are read in the statement's
 // snapshot, before its deletes; they are ended, so their attempts'
 // outcomes no longer move.
-const RetiredRunSpendSQL = `retired_runs AS (
+var RetiredRunSpendSQL = `retired_runs AS (
     SELECT r.id FROM job_runs r
     WHERE r.id IN (SELECT x.run_id FROM expired d JOIN effects x ON x.id = d.id)
       AND r.budget_micros IS NOT NULL
@@ -53,7 +56,7 @@ const RetiredRunSpendSQL = `retired_runs AS (
     SELECT x.run_id, sum(x.cost_micros)
     FROM expired d JOIN effects x ON x.id = d.id JOIN effect_attempts a ON a.effect_id = x.id
     JOIN retired_runs r ON r.id = x.run_id
-    WHERE a.outcome IS DISTINCT FROM 'failed'
+    WHERE ` + spendingAttempt + `
     GROUP BY x.run_id
     HAVING sum(x.cost_micros) > 0
 )`

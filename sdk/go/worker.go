@@ -808,9 +808,9 @@ func (w *Worker) report(j ClaimedJob, expires time.Time, r JobReport) {
 // when the lease, as last extended, lapses by this process's clock
 // (leaseEndFrom).
 func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.CancelCauseFunc) time.Time {
-	expires, end := j.LeaseExpiresAt, j.leaseEnd
+	end := j.leaseEnd
 	for {
-		fire, stop := w.clock.Timer(w.heartbeatEvery(expires, end, j))
+		fire, stop := w.clock.Timer(w.heartbeatEvery(end, j))
 		select {
 		case <-ctx.Done():
 			stop()
@@ -837,24 +837,25 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 			cancel(ErrCancelRequested)
 			return end
 		}
-		expires, end = hb.LeaseExpiresAt, leaseEndFrom(sent, j, hb.LeaseExpiresAt)
+		end = leaseEndFrom(sent, j, hb.LeaseExpiresAt)
 	}
 }
 
-// heartbeatEvery is a third of the lease left, within [minHeartbeat,
-// maxHeartbeat]: left until end (this process's clock) and at most the
-// lease's length, when the server says it, so that heartbeats that keep
-// failing are tried again more often as the lapse nears (review: a third of
-// the whole length put the third try at the lapse itself); else left by the
-// server's expiry, which the job's timeout also bounds (the lease is never
-// shorter), keeping heartbeats inside the lease when the server's clock
-// runs ahead of ours.
-func (w *Worker) heartbeatEvery(expires, end time.Time, j ClaimedJob) time.Duration {
+// heartbeatEvery is a third of the lease left until end, within
+// [minHeartbeat, maxHeartbeat], so that heartbeats that keep failing are
+// tried again more often as the lapse nears (review: a third of the whole
+// length put the third try at the lapse itself). With the lease's length
+// (leaseMs), end is this process's clock's and the length bounds what is
+// left; without it, end is the server's expiry, read against the worker's
+// clock and bounded by the job's timeout (the lease is never shorter),
+// which keeps heartbeats inside the lease when the server's clock runs
+// ahead of ours.
+func (w *Worker) heartbeatEvery(end time.Time, j ClaimedJob) time.Duration {
 	var left time.Duration
 	if j.LeaseMs > 0 {
 		left = min(time.Duration(j.LeaseMs)*time.Millisecond, time.Until(end))
 	} else {
-		left = expires.Sub(w.clock.Now())
+		left = end.Sub(w.clock.Now())
 		if timeout := time.Duration(j.TimeoutMs) * time.Millisecond; timeout > 0 && timeout < left {
 			left = timeout
 		}

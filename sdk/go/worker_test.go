@@ -922,8 +922,11 @@ func TestHeartbeatEvery(t *testing.T) {
 	}
 	for _, c := range cases {
 		j := ClaimedJob{TimeoutMs: c.timeoutMs, LeaseMs: c.leaseMs}
-		end := time.Now().Add(time.Duration(c.leaseMs)*time.Millisecond + time.Minute)
-		if got := w.heartbeatEvery(now.Add(c.left), end, j); got != c.want {
+		end := now.Add(c.left) // the server's expiry, against the worker's clock
+		if c.leaseMs > 0 {
+			end = time.Now().Add(time.Duration(c.leaseMs)*time.Millisecond + time.Minute) // this process's clock
+		}
+		if got := w.heartbeatEvery(end, j); got != c.want {
 			t.Fatalf("heartbeatEvery(%v left, timeout %d ms, lease %d ms) = %v, want %v", c.left, c.timeoutMs,
 				c.leaseMs, got, c.want)
 		}
@@ -931,10 +934,10 @@ func TestHeartbeatEvery(t *testing.T) {
 	// Heartbeats that failed leave less of the lease by this process's
 	// clock: the next try comes at a third of what is left.
 	j := ClaimedJob{TimeoutMs: 5_000, LeaseMs: 15_000}
-	if got := w.heartbeatEvery(now, time.Now().Add(6*time.Second), j); got < time.Second || got > 2*time.Second {
+	if got := w.heartbeatEvery(time.Now().Add(6*time.Second), j); got < time.Second || got > 2*time.Second {
 		t.Fatalf("with 6 s of a 15 s lease left: every %v, want about 2 s", got)
 	}
-	if got := w.heartbeatEvery(now, time.Now().Add(-time.Second), j); got != time.Second {
+	if got := w.heartbeatEvery(time.Now().Add(-time.Second), j); got != time.Second {
 		t.Fatalf("with the lease lapsed: every %v, want 1 s", got)
 	}
 }
