@@ -2,6 +2,7 @@ package gate
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -81,6 +82,7 @@ const (
 // beginInput is a validated request with everything begin's SQL needs.
 type beginInput struct {
 	ws, keyID, effectType, key, fingerprint string
+	plainFingerprint                        string // what a release before keyed fingerprints stored
 	effectID, approvalID, eventID           string
 	now                                     time.Time
 	cost                                    *int64
@@ -171,7 +173,7 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 	if dims == nil {
 		dims = map[string]string{}
 	}
-	fp, err := canonjson.Hash(map[string]any{
+	operation, err := canonjson.Marshal(map[string]any{
 		"effect_type": req.EffectType, "payload": rawOrNull(payload), "cost_micros": req.CostMicros, "dimensions": dims,
 	})
 	if err != nil {
@@ -185,7 +187,8 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 
 	now := s.clock()
 	in := &beginInput{
-		ws: p.WorkspaceID, keyID: p.KeyID, effectType: req.EffectType, key: req.IdempotencyKey, fingerprint: fp,
+		ws: p.WorkspaceID, keyID: p.KeyID, effectType: req.EffectType, key: req.IdempotencyKey,
+		fingerprint: s.fingerprint(operation), plainFingerprint: plainFingerprint(operation),
 		effectID: ids.NewAt(ids.Effect, now), approvalID: ids.NewAt(ids.Approval, now),
 		eventID: ids.NewAt(ids.Event, now), now: now, cost: req.CostMicros, dimNames: names,
 		dims: string(hashedJSON), preview: string(redact.PreviewJSON(payload)),
@@ -202,7 +205,7 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 	in.tokenHash = tokenHash(in.token)
 	in.payload = s.sealJSON(in.effectID, "payload", payload)
 	if in.compensates != nil {
-		// Valid JSON: the fingerprint above hashed it.
+		// Valid JSON: the fingerprint above canonicalised it.
 		in.payloadHash, _ = canonjson.Hash(rawOrNull(payload))
 	}
 	if req.Compensation != nil {
@@ -496,7 +499,7 @@ func (s *Service) decide(ctx context.Context, q querier, in *beginInput,
 		// the client's retry inserts the key afresh.
 		return locked(ctx, in)
 	}
-	if row.Fingerprint != in.fingerprint {
+	if !in.sameOperation(row.Fingerprint) {
 		return Decision{}, keyReuse()
 	}
 	if d, ok, err := s.settled(ctx, q, in, &row, &ev); ok || err != nil {
@@ -504,6 +507,36 @@ func (s *Service) decide(ctx context.Context, q querier, in *beginInput,
 	}
 	in.effectKnown, in.effectRun = true, row.RunID
 	return locked(ctx, in)
+}
+
+// keyedFingerprint marks a fingerprint made with the service's keyed hash.
+// The payload fingerprint (API.md §2.1) is compared, never shown, so it is
+// stored keyed (security review): a plain SHA-256 of the effect type,
+// payload, cost and dimensions let whoever read the database, a backup
+// say, confirm a guessed payload offline although the payload itself is
+// sealed. Fingerprints stored before have no mark and are plain SHA-256.
+const keyedFingerprint = "k1:"
+
+// fingerprint is how an operation's fingerprint (its canonical JSON) is
+// stored.
+func (s *Service) fingerprint(operation []byte) string {
+	return keyedFingerprint + hex.EncodeToString(s.hash("effect.fingerprint:"+string(operation)))
+}
+
+// plainFingerprint is the fingerprint releases before keyedFingerprint
+// stored: the SHA-256 of the operation's canonical JSON, in hex.
+func plainFingerprint(operation []byte) string {
+	sum := sha256.Sum256(operation)
+	return hex.EncodeToString(sum[:])
+}
+
+// sameOperation says whether the fingerprint stored with a key's effect is
+// this request's, whichever way it was stored.
+func (in *beginInput) sameOperation(stored string) bool {
+	if strings.HasPrefix(stored, keyedFingerprint) {
+		return stored == in.fingerprint
+	}
+	return stored == in.plainFingerprint
 }
 
 func keyReuse() error {
@@ -692,7 +725,7 @@ func (s *Service) decideLocked(ctx context.Context, tx pgx.Tx, in *beginInput) (
 		return Decision{}, fmt.Errorf("begin: lock effect: %w", err)
 	}
 	s.lockedAt(in)
-	if row.Fingerprint != in.fingerprint {
+	if !in.sameOperation(row.Fingerprint) {
 		return Decision{}, keyReuse()
 	}
 	if d, ok, err := s.settled(ctx, tx, in, &row, &ev); ok || err != nil {

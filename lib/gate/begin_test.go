@@ -2,7 +2,10 @@ package gate_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,6 +111,36 @@ func TestIdempotencyKeyReuseAndCanonicalFingerprint(t *testing.T) {
 	ws2 := b.env.Signup()
 	r := b.env.Do("POST", "/api/v1/effects/begin", ws2.Key, first)
 	require.Equal(t, "execute", r.JSON()["decision"], "%s", r.Body)
+}
+
+// The fingerprint is stored keyed, so the database gives no way to confirm
+// a guessed payload; one an earlier release stored as a plain SHA-256 of
+// the canonical operation still recognises its key's retries and reuse.
+func TestFingerprintsAreStoredKeyed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := key("keyed")
+	body := map[string]any{"effect_type": "email.send", "idempotency_key": k, "payload": map[string]any{"to": "u1"},
+		"cost_micros": 5}
+	id := str(b.mustBegin("execute", body)["effect_id"])
+	canon := `{"cost_micros":5,"dimensions":{},"effect_type":"email.send","payload":{"to":"u1"}}`
+	sum := sha256.Sum256([]byte(canon))
+	plain := hex.EncodeToString(sum[:])
+	var stored string
+	require.NoError(t, b.env.App.Pool.QueryRow(context.Background(), `SELECT fingerprint FROM effects WHERE id = $1`,
+		id).Scan(&stored))
+	require.True(t, strings.HasPrefix(stored, "k1:"), stored)
+	require.NotContains(t, stored, plain)
+	b.mustBegin("in_flight", body)
+	other := map[string]any{"effect_type": "email.send", "idempotency_key": k, "payload": map[string]any{"to": "u2"},
+		"cost_micros": 5}
+	errCode(t, b.begin(other), http.StatusConflict, "idempotency_key_reuse")
+
+	// As an earlier release stored it.
+	_, err := b.env.App.Pool.Exec(context.Background(), `UPDATE effects SET fingerprint = $2 WHERE id = $1`, id, plain)
+	require.NoError(t, err)
+	b.mustBegin("in_flight", body)
+	errCode(t, b.begin(other), http.StatusConflict, "idempotency_key_reuse")
 }
 
 func TestLeaseSecondsCanOnlyTighten(t *testing.T) {

@@ -258,7 +258,7 @@ func TestConcurrentRevivesOfOneTokenBothSucceed(t *testing.T) {
 	require.Equal(t, "RUNNING", b.step(t, st.StepID).Status)
 	var tok string
 	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT lease_token FROM jobs WHERE id = $1`, stale.JobID).Scan(&tok))
-	require.Equal(t, stale.LeaseToken, tok, "the job is RUNNING under the heartbeat's token")
+	require.Equal(t, storedForm(stale.LeaseToken), tok, "the job is RUNNING under the heartbeat's token")
 	require.NoError(t, e1)
 	require.NoError(t, e2)
 }

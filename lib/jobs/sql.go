@@ -437,11 +437,13 @@ const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND wo
 //
 // $1 worker, $2 workspace, $3 now, $4 key, $5 limit, $6 lease grace ms,
 // $7 rate window (minute), $8 warning. The statement is the PL/pgSQL
-// function jobs_claim (migrations/0011_jobs_claim_report.sql): each server
-// connection parses it once, but it is still planned with each call's values,
-// on purpose: a generic plan cannot see the LIMIT and, with a million jobs
-// queued, reads and sorts every due one (BENCHMARKS.md, "What limits the
-// rest").
+// function jobs_claim_hashed (migration 0032; 0011 has its design), which
+// answers each lease token and stores only its hash (every comparison is
+// jobs_lease_token_matches, which also accepts a token stored in clear
+// before 0032). Each server connection parses the call once, but the
+// function's query is still planned with each call's values, on purpose: a
+// generic plan cannot see the LIMIT and, with a million jobs queued, reads
+// and sorts every due one (BENCHMARKS.md, "What limits the rest").
 //
 // The function runs once for the key only while the key is not revoked
 // (LATERAL: it is called per row of k, and there is none once revoked), so
@@ -449,7 +451,7 @@ const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND wo
 // commits, though it was authenticated before (QA: one opened before the
 // revocation leased a job queued after it, decrypted input included).
 const sqlClaim = `SELECT c.* FROM api_keys k,
-    LATERAL jobs_claim($1::text, $2::text, $3::timestamptz, k.id, $5::int, $6::bigint, $7::timestamptz, $8::text) c
+    LATERAL jobs_claim_hashed($1::text, $2::text, $3::timestamptz, k.id, $5::int, $6::bigint, $7::timestamptz, $8::text) c
 WHERE k.id = $4::text AND k.revoked_at IS NULL`
 
 // sqlHeartbeat extends a current lease by the job's timeout plus the grace,
@@ -462,7 +464,7 @@ const sqlHeartbeat = `
 WITH j AS (
     UPDATE jobs SET lease_expires_at = $4::timestamptz + (timeout_ms + $5::bigint) * interval '1 millisecond',
         ready_at = $4::timestamptz + (timeout_ms + $5::bigint) * interval '1 millisecond', updated_at = $4::timestamptz
-    WHERE id = $1::text AND workspace_id = $2::text AND lease_token = $3::text AND status = 'RUNNING'
+    WHERE id = $1::text AND workspace_id = $2::text AND jobs_lease_token_matches(lease_token, $3::text) AND status = 'RUNNING'
       AND ($6::text[] IS NULL OR name || '@' || version = ANY($6::text[]))
     RETURNING id, attempt, lease_expires_at, cancel_requested, worker_id
 ), x AS (
@@ -480,7 +482,8 @@ SELECT lease_expires_at, cancel_requested FROM j`
 // reported (the lapse failed it).
 func requeuedFor(token string) string {
 	return `(j.status = 'QUEUED' AND j.lease_token IS NULL AND EXISTS (SELECT 1 FROM job_executions x
-    WHERE x.job_id = j.id AND x.attempt = j.attempt AND x.reported_at IS NULL AND x.lease_token = ` + token + `))`
+    WHERE x.job_id = j.id AND x.attempt = j.attempt AND x.reported_at IS NULL
+      AND jobs_lease_token_matches(x.lease_token, ` + token + `)))`
 }
 
 // replayedOpen is true of a job (alias j) a replay queued again (its
@@ -491,7 +494,7 @@ func requeuedFor(token string) string {
 // work, and its report is recorded as API.md §5 has it for any lapsed
 // lease no claim has superseded.
 func replayedOpen(token string) string {
-	return `(j.status IN ('QUEUED', 'CANCELLED') AND j.lease_token = '' AND ` + openAttempt("x.lease_token = "+token) + `)`
+	return `(j.status IN ('QUEUED', 'CANCELLED') AND j.lease_token = '' AND ` + openAttempt("jobs_lease_token_matches(x.lease_token, "+token+")") + `)`
 }
 
 // sqlLeaseState explains why a heartbeat did not extend a lease. A job
@@ -500,7 +503,7 @@ func replayedOpen(token string) string {
 // back (sqlReviveRequeued); and whether a replay queued it again while
 // this token's attempt was open (replayedOpen).
 var sqlLeaseState = `
-SELECT j.status, coalesce(j.lease_token = $3::text, false), j.lease_expires_at, j.cancel_requested, j.name, j.version,
+SELECT j.status, coalesce(jobs_lease_token_matches(j.lease_token, $3::text), false), j.lease_expires_at, j.cancel_requested, j.name, j.version,
        ` + requeuedFor("$3::text") + `, ` + replayedOpen("$3::text") + `
 FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
 
@@ -526,7 +529,7 @@ WITH j0 AS (
     FROM j0 WHERE e.id = j0.endpoint_id AND (e.max_concurrent IS NULL OR e.running_count < e.max_concurrent)
     RETURNING e.id
 ), j AS (
-    UPDATE jobs SET status = 'RUNNING', lease_token = $3::text,
+    UPDATE jobs SET status = 'RUNNING', lease_token = jobs_lease_token_stored($3::text),
         lease_expires_at = $4::timestamptz + (jobs.timeout_ms + $5::bigint) * interval '1 millisecond',
         ready_at = $4::timestamptz + (jobs.timeout_ms + $5::bigint) * interval '1 millisecond', updated_at = $4::timestamptz
     FROM j0, room WHERE jobs.id = j0.id
@@ -634,7 +637,7 @@ SELECT count(*) FROM upd`
 // jobs_report_lock does. $1 job, $2 token.
 const sqlExecutionByToken = `
 SELECT attempt, outcome, reported_at, result_status, next_due_at, coalesce(output_rejected, false)
-FROM job_executions WHERE job_id = $1::text AND lease_token = $2::text`
+FROM job_executions WHERE job_id = $1::text AND jobs_lease_token_matches(lease_token, $2::text)`
 
 // sqlReportApply records reports' outcomes (parallel arrays $3…$16, one
 // element per report), the jobs' next statuses where $14 says so, and frees
