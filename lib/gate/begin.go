@@ -96,6 +96,7 @@ type beginInput struct {
 	tokenHash                               []byte
 	requestID                               string // the request's own id across its retries ("" when none)
 	runID, groupID, compensates             *string
+	groupOwner                              *string // the key the group must be of (groupOwner)
 	risk                                    riskInput
 	// wallet is the run wallet this begin has locked and checked, if any;
 	// walletRefused, that its check set risk.refused. effectRun is the run
@@ -193,7 +194,7 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 		eventID: ids.NewAt(ids.Event, now), now: now, cost: req.CostMicros, dimNames: names,
 		dims: string(hashedJSON), preview: string(redact.PreviewJSON(payload)),
 		runID: req.RunID, groupID: req.GroupID, compensates: req.CompensatesEffectID,
-		risk: newRiskInput(p, now),
+		risk: newRiskInput(p, now), groupOwner: groupOwner(p),
 	}
 	if req.RequestID != nil {
 		in.requestID = *req.RequestID

@@ -137,9 +137,23 @@ func scanGroup(row pgx.Row) (Group, error) {
 	return g, err
 }
 
-// lockGroup takes a group of the workspace for a transition.
-func lockGroup(ctx context.Context, tx pgx.Tx, workspaceID, id string) (Group, error) {
-	g, err := scanGroup(tx.QueryRow(ctx, sqlLockGroup, id, workspaceID))
+// groupOwner is the key a group must have been created by for p to see it,
+// join it, commit or unwind it: nil when p may read every effect of its
+// workspace (effects:read, an operator's key). A key that can only ask and
+// report cannot read other effects (seed 003), and a group's steps and
+// unwind plan (compensation payloads included) are effects; its groups are
+// its own unit of work. Another key's group answers 404, as an unknown id.
+func groupOwner(p *auth.Principal) *string {
+	if p.Has(auth.ScopeEffectsRead) {
+		return nil
+	}
+	return &p.KeyID
+}
+
+// lockGroup takes a group of p's workspace that p may act on for a
+// transition.
+func lockGroup(ctx context.Context, tx pgx.Tx, p *auth.Principal, id string) (Group, error) {
+	g, err := scanGroup(tx.QueryRow(ctx, sqlLockGroup, id, p.WorkspaceID, groupOwner(p)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return g, apierr.NotFound("group")
 	}
@@ -149,11 +163,12 @@ func lockGroup(ctx context.Context, tx pgx.Tx, workspaceID, id string) (Group, e
 	return g, nil
 }
 
-// GetGroup reads a group and its steps. An unwinding group whose rollback
-// has ended is settled first, so a read never shows a finished rollback as
-// still running.
-func (s *Service) GetGroup(ctx context.Context, workspaceID, id string) (Group, error) {
-	g, err := scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, workspaceID))
+// GetGroup reads a group p may see (groupOwner) and its steps. An unwinding
+// group whose rollback has ended is settled first, so a read never shows a
+// finished rollback as still running.
+func (s *Service) GetGroup(ctx context.Context, p *auth.Principal, id string) (Group, error) {
+	workspaceID, owner := p.WorkspaceID, groupOwner(p)
+	g, err := scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, workspaceID, owner))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Group{}, apierr.NotFound("group")
 	}
@@ -164,7 +179,7 @@ func (s *Service) GetGroup(ctx context.Context, workspaceID, id string) (Group, 
 		if _, err := s.settleGroup(ctx, workspaceID, id, false); err != nil {
 			return Group{}, err
 		}
-		if g, err = scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, workspaceID)); err != nil {
+		if g, err = scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, workspaceID, owner)); err != nil {
 			return Group{}, fmt.Errorf("get group: %w", err)
 		}
 	}
@@ -186,13 +201,13 @@ func (s *Service) withSteps(ctx context.Context, q querier, g Group) (Group, err
 	return g, nil
 }
 
-// CommitGroup closes an open group whose every forward step succeeded.
-// Committing a committed group answers it unchanged.
-func (s *Service) CommitGroup(ctx context.Context, workspaceID, id string) (Group, error) {
+// CommitGroup closes an open group p may act on (groupOwner) whose every
+// forward step succeeded. Committing a committed group answers it unchanged.
+func (s *Service) CommitGroup(ctx context.Context, p *auth.Principal, id string) (Group, error) {
 	now := s.clock()
 	var out Group
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		g, err := lockGroup(ctx, tx, workspaceID, id)
+		g, err := lockGroup(ctx, tx, p, id)
 		if err != nil {
 			return err
 		}
@@ -232,14 +247,15 @@ func (s *Service) CommitGroup(ctx context.Context, workspaceID, id string) (Grou
 	return out, nil
 }
 
-// UnwindGroup starts (or, called again, re-reads) a group's rollback and
-// returns what remains to do. It is safe to repeat: the plan is derived from
-// the steps as they stand, with the same suggested keys every time.
-func (s *Service) UnwindGroup(ctx context.Context, workspaceID, id string) (Unwind, error) {
+// UnwindGroup starts (or, called again, re-reads) the rollback of a group p
+// may act on (groupOwner) and returns what remains to do. It is safe to
+// repeat: the plan is derived from the steps as they stand, with the same
+// suggested keys every time.
+func (s *Service) UnwindGroup(ctx context.Context, p *auth.Principal, id string) (Unwind, error) {
 	now := s.clock()
 	var out Unwind
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		g, err := lockGroup(ctx, tx, workspaceID, id)
+		g, err := lockGroup(ctx, tx, p, id)
 		if err != nil {
 			return err
 		}
@@ -651,7 +667,7 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 		replay    bool
 		keysGroup *string
 	)
-	err := tx.QueryRow(ctx, sqlAdmitGroup, *in.groupID, in.ws, in.key).Scan(&state, &replay, &keysGroup)
+	err := tx.QueryRow(ctx, sqlAdmitGroup, *in.groupID, in.ws, in.key, in.groupOwner).Scan(&state, &replay, &keysGroup)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return apierr.NotFound("group")
 	}

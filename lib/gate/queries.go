@@ -403,20 +403,25 @@ const groupCols = `id, name, state, created_at, updated_at, committed_at, unwind
 const sqlCreateGroup = `INSERT INTO effect_groups (id, workspace_id, name, state, created_by_key_id, created_at, updated_at)
 VALUES ($1, $2, $3, 'open', $4, $5, $5) RETURNING ` + groupCols
 
-// sqlGetGroup: $1 id, $2 workspace.
-const sqlGetGroup = `SELECT ` + groupCols + ` FROM effect_groups WHERE id = $1 AND workspace_id = $2`
+// sqlGetGroup: $1 id, $2 workspace, $3 the key that must have created it
+// (NULL: any; see groupOwner).
+const sqlGetGroup = `SELECT ` + groupCols + ` FROM effect_groups
+WHERE id = $1 AND workspace_id = $2 AND ($3::text IS NULL OR created_by_key_id = $3::text)`
 
-// sqlLockGroup takes the group for a transition. $1 id, $2 workspace.
+// sqlLockGroup takes the group for a transition. $1 id, $2 workspace, $3
+// as for sqlGetGroup.
 const sqlLockGroup = sqlGetGroup + ` FOR UPDATE`
 
 // sqlAdmitGroup reads a group for begin, holding it shared so no commit or
 // unwind can change its state until the begin commits, and says whether
 // the idempotency key already names an effect (a replay, which the group's
 // state does not refuse) and that effect's group. $1 group id, $2
-// workspace, $3 idempotency key.
+// workspace, $3 idempotency key, $4 the key that must have created the
+// group (NULL: any; see groupOwner).
 const sqlAdmitGroup = `SELECT g.state, e.id IS NOT NULL, e.group_id
 FROM effect_groups g LEFT JOIN effects e ON e.workspace_id = $2 AND e.idempotency_key = $3
-WHERE g.id = $1 AND g.workspace_id = $2 FOR SHARE OF g`
+WHERE g.id = $1 AND g.workspace_id = $2 AND ($4::text IS NULL OR g.created_by_key_id = $4::text)
+FOR SHARE OF g`
 
 // sqlShareGroupState is a grouped effect's group state for a new attempt.
 // $1 group id.

@@ -19,9 +19,10 @@ type GroupCommit struct {
 }
 
 // groupRoutes are the effect-group routes (API.md §2.6). A key that may
-// begin effects may create, commit and unwind the groups its effects join
-// (effects:begin), so an agent can roll back its own unit of work; reading a
-// group takes effects:read or effects:begin.
+// begin effects may create, commit and unwind groups (effects:begin), so an
+// agent can roll back its own unit of work; reading a group takes
+// effects:read or effects:begin. Without effects:read, a key sees and acts
+// on only the groups it created (gate.groupOwner).
 func (s *Server) groupRoutes() []Route {
 	begin := []string{auth.ScopeEffectsBegin}
 	return []Route{
@@ -41,8 +42,8 @@ func (s *Server) groupRoutes() []Route {
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/groups/{id}", Name: "groups.get", Tag: "groups",
-			Summary: "Read a group and its steps (needs effects:read or effects:begin). Compensation payloads " +
-				"appear only in the unwind plan.",
+			Summary: "Read a group and its steps (needs effects:read or effects:begin; without effects:read, " +
+				"only a group the key created). Compensation payloads appear only in the unwind plan.",
 			AnyScopes: []string{auth.ScopeEffectsRead, auth.ScopeEffectsBegin},
 			Response:  gate.Group{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeForbidden},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
@@ -50,7 +51,7 @@ func (s *Server) groupRoutes() []Route {
 				if err != nil {
 					return nil, err
 				}
-				return s.Gate.GetGroup(ctx, c.Principal.WorkspaceID, id)
+				return s.Gate.GetGroup(ctx, c.Principal, id)
 			},
 		},
 		{
@@ -63,7 +64,7 @@ func (s *Server) groupRoutes() []Route {
 				if err != nil {
 					return nil, err
 				}
-				g, err := s.Gate.CommitGroup(ctx, c.Principal.WorkspaceID, id)
+				g, err := s.Gate.CommitGroup(ctx, c.Principal, id)
 				if err != nil {
 					return nil, err
 				}
@@ -81,7 +82,7 @@ func (s *Server) groupRoutes() []Route {
 				if err != nil {
 					return nil, err
 				}
-				return s.Gate.UnwindGroup(ctx, c.Principal.WorkspaceID, id)
+				return s.Gate.UnwindGroup(ctx, c.Principal, id)
 			},
 		},
 	}

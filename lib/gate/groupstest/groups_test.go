@@ -535,3 +535,44 @@ func TestUnwindStopsAtUnknownOutcomeAfterARefusedRetry(t *testing.T) {
 	f.must(http.StatusOK, "POST", "/api/v1/effects/"+maybe+"/resolve", map[string]any{"outcome": "succeeded"})
 	require.Equal(t, []string{maybe, a}, planIDs(f.unwind(g)))
 }
+
+// A group is its creating key's unit of work: a key that can only ask and
+// report (AGENT) cannot read, join, commit or unwind another key's group,
+// whose steps and unwind plan (compensation payloads included) are effects
+// it may not read (seed 003); to it, the group does not exist. A key with
+// effects:read (the operator's) may act on every group of the workspace.
+func TestAGroupBelongsToTheKeyThatCreatedIt(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	a := f.env.Key(f.ws, map[string]any{"name": "a", "preset": "AGENT"})
+	b := f.env.Key(f.ws, map[string]any{"name": "b", "preset": "AGENT"})
+	g := f.env.Must(http.StatusCreated, "POST", "/api/v1/groups", a, map[string]any{"name": "checkout"}).JSON()["id"].(string)
+	charge := map[string]any{"effect_type": "payment.charge", "idempotency_key": "charge:" + ids.Random(6),
+		"cost_micros": 1000, "group_id": g,
+		"compensation": map[string]any{"effect_type": "payment.refund", "payload": map[string]any{"card": "tok_1"}}}
+	d := f.env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", a, charge).JSON()
+	f.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+d["effect_id"].(string)+"/report", a,
+		map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded"})
+
+	for _, r := range []*apitest.Response{
+		f.env.Do("GET", "/api/v1/groups/"+g, b, nil),
+		f.env.Do("POST", "/api/v1/groups/"+g+"/commit", b, nil),
+		f.env.Do("POST", "/api/v1/groups/"+g+"/unwind", b, nil),
+		f.env.Do("POST", "/api/v1/effects/begin", b, map[string]any{"effect_type": "payment.charge",
+			"idempotency_key": "charge:" + ids.Random(6), "group_id": g}),
+	} {
+		require.Equal(t, http.StatusNotFound, r.Status, "%s", r.Body)
+		require.NotContains(t, string(r.Body), "tok_1")
+	}
+	got := f.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, a, nil).JSON()
+	require.Equal(t, "open", got["state"], "the refusals changed nothing")
+	require.Len(t, got["steps"], 1)
+
+	// The operator's key acts on any group.
+	f.must(http.StatusOK, "GET", "/api/v1/groups/"+g, nil)
+	u := f.must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", nil)
+	require.Equal(t, "unwinding", u["state"])
+	require.Len(t, u["plan"], 1)
+	// And the creating agent still reads its rollback.
+	require.Equal(t, "unwinding", f.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", a, nil).JSON()["state"])
+}
