@@ -47,6 +47,22 @@ func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
 		for st := range r.Bodiless {
 			require.Contains(t, responses, fmt.Sprint(st), "%s does not document its %d", r.Name, st)
 		}
+		if r.Request == nil && r.Raw == nil && r.Method != "GET" {
+			// It still refuses a body with fields (QA: undocumented).
+			bad, ok := responses["400"].(map[string]any)
+			require.True(t, ok, "%s does not document its 400", r.Name)
+			require.Contains(t, bad["x-error-codes"], "invalid_request", r.Name)
+		}
+	}
+	// A denied begin's 403 carries the decision's fields beside the
+	// envelope (QA: a generated client dropped effect_id).
+	denied := paths["/api/v1/effects/begin"].(map[string]any)["post"].(map[string]any)["responses"].(map[string]any)["403"]
+	schema := denied.(map[string]any)["content"].(map[string]any)["application/json"].(map[string]any)["schema"]
+	alts := schema.(map[string]any)["anyOf"].([]any)
+	require.Len(t, alts, 2)
+	props := alts[1].(map[string]any)["properties"].(map[string]any)
+	for _, f := range []string{"decision", "effect_id", "state", "attempt", "error"} {
+		require.Contains(t, props, f)
 	}
 	mcp := paths["/api/v1/mcp"].(map[string]any)["post"].(map[string]any)["responses"].(map[string]any)
 	require.Contains(t, mcp, "202", "a notification's answer (QA)")

@@ -123,7 +123,9 @@ func operation(r Route) map[string]any {
 	if params != nil {
 		op["parameters"] = params
 	}
-	if r.Request != nil {
+	codes := append([]string{}, r.Errors...)
+	switch {
+	case r.Request != nil:
 		schema := requestSchemaOf(r.Request)
 		// A body whose every field is optional may be left out (the server
 		// reads none as {}), so only one with a required field is required.
@@ -132,6 +134,16 @@ func operation(r Route) map[string]any {
 			"required": len(fields) > 0,
 			"content":  map[string]any{"application/json": map[string]any{"schema": schema}},
 		}
+	case takesNoBody(r):
+		// An action without a body still reads one sent, and refuses any
+		// field in it (Server.run): nothing or {}.
+		op["requestBody"] = map[string]any{
+			"required": false,
+			"content": map[string]any{"application/json": map[string]any{
+				"schema": map[string]any{"type": "object", "maxProperties": 0},
+			}},
+		}
+		codes = append(codes, apierr.CodeInvalidRequest)
 	}
 	responses := map[string]any{}
 	status := r.Status
@@ -154,12 +166,11 @@ func operation(r Route) map[string]any {
 	for st, why := range r.Bodiless {
 		responses[fmt.Sprint(st)] = map[string]any{"description": why}
 	}
-	codes := append([]string{}, r.Errors...)
 	if r.Auth == AuthKey {
 		codes = append(codes, commonErrors...)
 	} else {
 		codes = append(codes, apierr.CodeInternal)
-		if r.Request != nil {
+		if r.Request != nil || takesNoBody(r) {
 			codes = append(codes, apierr.CodePayloadTooLarge) // every body is read through the same limit
 		}
 	}
@@ -173,16 +184,24 @@ func operation(r Route) map[string]any {
 	}
 	for st, cs := range byStatus {
 		sort.Strings(cs)
+		var schema any = map[string]any{"$ref": "#/components/schemas/Error"}
+		if body, ok := r.ErrorBodies[st]; ok {
+			schema = map[string]any{"anyOf": []any{schema, schemaOf(body)}}
+		}
 		responses[fmt.Sprint(st)] = map[string]any{
-			"description": strings.Join(cs, ", "),
-			"content": map[string]any{"application/json": map[string]any{
-				"schema": map[string]any{"$ref": "#/components/schemas/Error"},
-			}},
+			"description":   strings.Join(cs, ", "),
+			"content":       map[string]any{"application/json": map[string]any{"schema": schema}},
 			"x-error-codes": cs,
 		}
 	}
 	op["responses"] = responses
 	return op
+}
+
+// takesNoBody is true of an action route without a request body type: it
+// accepts nothing or {} (Server.run).
+func takesNoBody(r Route) bool {
+	return r.Request == nil && r.Raw == nil && r.Method != http.MethodGet && r.Method != http.MethodHead
 }
 
 func contains(s []string, v string) bool {

@@ -58,6 +58,9 @@ type Route struct {
 	// body, with what each means (MCP's 202 to a notification).
 	Bodiless map[int]string
 	Errors   []string // error codes this route can answer beyond the common ones
+	// ErrorBodies are bodies an error status may carry instead of the bare
+	// envelope: the envelope with more fields (begin's 403 denied decision).
+	ErrorBodies map[int]any
 	// Timeout bounds the whole request, database work included; zero means
 	// DefaultTimeout. Long-polling routes set their own.
 	Timeout time.Duration

@@ -13,9 +13,15 @@ import (
 // DeniedDecision is a denied begin: HTTP 403 with the decision fields and the
 // error envelope side by side.
 type DeniedDecision struct {
-	gate.Decision
+	decisionFields
 	Error apierr.Wire `json:"error"`
 }
+
+// decisionFields is gate.Decision embedded under another name: embedded as
+// itself, its field Decision would be shadowed by the embedded field's name
+// for reflect.VisibleFields, and the OpenAPI schema would lose "decision"
+// (encoding/json, which goes by JSON names, writes it either way).
+type decisionFields = gate.Decision
 
 // gateRoutes are the effect gate's routes (API.md §2).
 func (s *Server) gateRoutes() []Route {
@@ -33,7 +39,8 @@ func (s *Server) gateRoutes() []Route {
 				apierr.CodeBudgetExceeded, apierr.CodeKeyBudgetExceeded, apierr.CodeDimensionLimitExceeded,
 				apierr.CodeRunBudgetExceeded, apierr.CodeCircuitOpen, apierr.CodeNotFound,
 				apierr.CodeInvalidState, apierr.CodeGroupUnwinding},
-			Handle: s.beginEffect,
+			ErrorBodies: map[int]any{http.StatusForbidden: DeniedDecision{}},
+			Handle:      s.beginEffect,
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/effects", Name: "effects.list", Tag: "effects",
@@ -149,7 +156,7 @@ func (s *Server) beginEffect(ctx context.Context, c *Call) (any, error) {
 		return nil, err
 	}
 	if d.Denial != nil {
-		return Reply{Status: http.StatusForbidden, Body: DeniedDecision{Decision: d, Error: d.Denial.Wire()}}, nil
+		return Reply{Status: http.StatusForbidden, Body: DeniedDecision{decisionFields: d, Error: d.Denial.Wire()}}, nil
 	}
 	return d, nil
 }

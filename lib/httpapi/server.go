@@ -210,8 +210,7 @@ func (s *Server) run(ctx context.Context, c *Call) (any, error) {
 	if err := textParams(c.R, c.Route.Pattern, c.Route.PathParams()); err != nil {
 		return nil, err
 	}
-	if c.Route.Request == nil && c.R.ContentLength != 0 &&
-		c.R.Method != http.MethodGet && c.R.Method != http.MethodHead {
+	if takesNoBody(*c.Route) && c.R.ContentLength != 0 {
 		// An action without a body (finish, cancel, pause, the cron sweep,
 		// ...) still refuses unknown fields (API.md §0); an empty body or {}
 		// is fine.
