@@ -271,7 +271,7 @@ func TestNonRetryableFailureExhaustsAtOnceAndRecordsEvent(t *testing.T) {
 	require.NoError(t, err)
 	var n int
 	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE type = 'step.exhausted'
-		AND subject_id = $1`, enq.StepID).Scan(&n))
+		AND subject_id = $1 AND data->'leaseLapsed' = 'false'`, enq.StepID).Scan(&n))
 	require.Equal(t, 1, n)
 
 	run, err := b.svc.FinishRun(ctx, b.ws, runID)
@@ -324,6 +324,11 @@ func TestLapsedOnLastAttemptIsExhaustedBySweeper(t *testing.T) {
 	require.Len(t, xs, 1)
 	require.Equal(t, "FAILED", *xs[0].Outcome)
 	require.Contains(t, *xs[0].Warning, "side effect")
+	// Its step.exhausted says the attempt lapsed (QA: it read as any failure).
+	var lapsed string
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT data->>'leaseLapsed' FROM events
+		WHERE type = 'step.exhausted' AND subject_id = $1`, enq.StepID).Scan(&lapsed))
+	require.Equal(t, "true", lapsed)
 	// The sweeper ended the job: the current token's report is refused.
 	_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
 	require.Equal(t, apierr.CodeInvalidState, code(t, err))

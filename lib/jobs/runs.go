@@ -777,6 +777,9 @@ func (s *Service) CancelStep(ctx context.Context, workspaceID, stepID string) (S
 type endedStep struct {
 	stepID, runID, workspaceID, jobID, status string
 	attempt                                   int
+	// lapsed: its last attempt's lease lapsed unreported, so its side
+	// effect may have happened (step.exhausted says so).
+	lapsed bool
 }
 
 func scanEnded(rows pgx.Rows) ([]endedStep, error) {
@@ -817,7 +820,8 @@ func (s *Service) release(ctx context.Context, tx pgx.Tx, done []endedStep, depe
 		stepIDs = append(stepIDs, e.stepID)
 		if e.status == StatusExhausted {
 			events = append(events, event{workspaceID: e.workspaceID, typ: EventStepExhausted, subject: e.stepID,
-				data: fmt.Sprintf(`{"jobId":%q,"attempt":%d}`, e.jobID, e.attempt), dedupe: strconv.Itoa(e.attempt)})
+				data:   fmt.Sprintf(`{"jobId":%q,"attempt":%d,"leaseLapsed":%t}`, e.jobID, e.attempt, e.lapsed),
+				dedupe: strconv.Itoa(e.attempt)})
 		}
 	}
 	// One statement decides the whole cascade from its snapshot; a step an

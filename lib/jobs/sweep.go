@@ -131,6 +131,9 @@ func (s *Service) exhaustLapsedIn(ctx context.Context, runID, workspaceID *strin
 		if n == 0 {
 			return nil
 		}
+		for i := range done {
+			done[i].lapsed = true
+		}
 		return s.afterEnded(ctx, tx, done)
 	})
 	return n, err
