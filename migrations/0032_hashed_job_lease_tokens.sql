@@ -15,8 +15,11 @@
 -- through it (jobs_report_lock below, lib/jobs/sql.go).
 --
 -- Claims go through jobs_claim_hashed, 0018's jobs_claim verbatim but for
--- the token: pick draws it, the job and its execution store its hash, the
--- answer carries it. jobs_claim stays, unchanged, for the previous release
+-- the token (pick draws it, the job and its execution store its hash, the
+-- answer carries it) and for a bound on the answer's size (p_max_input_bytes:
+-- the candidates are cut where their inputs pass it, before slots are
+-- granted; deployment review: a claim of 100 large inputs passed what
+-- Vercel and Lambda can answer, and its leased jobs were lost each time). jobs_claim stays, unchanged, for the previous release
 -- during a deploy: a job it claims keeps a token in clear, which both
 -- releases accept.
 
@@ -35,9 +38,10 @@ SELECT CASE WHEN length(p_stored) = 64 THEN p_stored = encode(sha256(convert_to(
             ELSE p_stored = p_token END
 $fn$;
 
--- jobs_claim_hashed leases up to $5 jobs to worker $1 (see sqlClaim).
+-- jobs_claim_hashed leases up to $5 jobs to worker $1 whose sealed inputs
+-- add up to at most $9 bytes (see sqlClaim).
 CREATE FUNCTION jobs_claim_hashed(p_worker_id text, p_workspace_id text, p_now timestamptz, p_key_id text,
-    p_limit integer, p_grace_ms bigint, p_rate_window timestamptz, p_warning text)
+    p_limit integer, p_grace_ms bigint, p_rate_window timestamptz, p_warning text, p_max_input_bytes bigint)
 RETURNS TABLE (id text, step_id text, run_id text, name text, version text, attempt integer, max_attempts integer,
     lease_token text, lease_expires_at timestamptz, timeout_ms bigint, idempotency_key text, input_sealed bytea)
 LANGUAGE plpgsql VOLATILE
@@ -52,11 +56,12 @@ WITH wk AS (
     RETURNING names, versions
 ), tools AS (
     SELECT DISTINCT t.name, t.version FROM wk, unnest(wk.names, wk.versions) AS t(name, version)
-), cand AS (
-    SELECT c.id, c.endpoint_id, c.ready_at, c.status = 'RUNNING' AS reclaim
+), locked AS (
+    SELECT c.id, c.endpoint_id, c.ready_at, c.status = 'RUNNING' AS reclaim, c.size
     FROM tools t
     CROSS JOIN LATERAL (
-        SELECT j.id, j.endpoint_id, j.ready_at, j.status FROM jobs j
+        SELECT j.id, j.endpoint_id, j.ready_at, j.status, coalesce(octet_length(j.input_sealed), 0) AS size
+        FROM jobs j
         WHERE j.workspace_id = $2::text AND j.name = t.name AND j.version = t.version
           AND j.status IN ('QUEUED', 'RETRY_SCHEDULED', 'RUNNING') AND j.ready_at <= $3::timestamptz
           AND (j.status <> 'RUNNING' OR j.attempt < j.max_attempts)
@@ -73,6 +78,18 @@ WITH wk AS (
     ) c
     ORDER BY c.ready_at
     LIMIT $5::int
+), cand AS (
+    -- The answer carries every input, and serverless platforms cap an
+    -- answer (Vercel 4.5 MB, Lambda 6 MB; a claim over it is lost with its
+    -- leases, again and again): the first candidates whose inputs fit in
+    -- $9 bytes together, and always the first. Endpoint slots are granted
+    -- from these only.
+    SELECT b.id, b.endpoint_id, b.ready_at, b.reclaim FROM (
+        SELECT l.*, sum(l.size) OVER (ORDER BY l.ready_at, l.id) AS upto,
+               row_number() OVER (ORDER BY l.ready_at, l.id) AS n
+        FROM locked l
+    ) b
+    WHERE b.n = 1 OR b.upto <= $9::bigint
 ), eps AS (
     SELECT e.id, e.paused, e.running_count, e.max_concurrent, e.rate_limit_per_minute, e.circuit_state,
            e.circuit_probe_at,

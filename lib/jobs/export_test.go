@@ -15,5 +15,8 @@ func SetMaxWaitingClaims(s *Service, n int) { s.waits = newWaitSlots(n) }
 // SetPurgeSteps bounds the steps one retention pass deletes.
 func SetPurgeSteps(s *Service, n int) { s.purgeSteps = n }
 
+// SetClaimInputBudget bounds the sealed input one claim answers.
+func SetClaimInputBudget(s *Service, bytes int64) { s.claimInputBudget = bytes }
+
 // SettleRuns runs the sweeper's run-settling backstop once.
 func SettleRuns(s *Service, limit int) (int, error) { return s.settleRuns(context.Background(), limit) }

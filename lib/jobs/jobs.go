@@ -79,7 +79,18 @@ type Service struct {
 	// purgeSteps bounds the steps one retention pass deletes
 	// (purgeStepsPerPass; tests lower it).
 	purgeSteps int
+	// claimInputBudget bounds the sealed input one claim answers
+	// (ClaimInputBudget; tests lower it).
+	claimInputBudget int64
 }
+
+// ClaimInputBudget is how many bytes of (sealed) input one claim answers at
+// most: it stops adding jobs before their inputs pass it, though it always
+// answers one. Every job's input is answered whole, and a serverless
+// platform refuses an answer over its limit (Vercel 4.5 MB, base64-encoded
+// by its bridge; Lambda 6 MB), losing the claim and leaving its jobs leased
+// until their leases lapse; 3 MiB stays under both.
+const ClaimInputBudget = 3 << 20
 
 // New builds the service. hashSecret keys the HMAC of stored operation
 // fingerprints; leaseGraceMs is JOB_LEASE_GRACE_MS.
@@ -92,7 +103,7 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, hashSecret string, leaseGraceM
 	return &Service{pool: pool, sealer: sealer, hashKey: []byte(hashSecret), now: clock,
 		leaseGrace: time.Duration(leaseGraceMs) * time.Millisecond, jitter: rand.Float64,
 		pollMin: pollMin, pollMax: pollMax, wake: newWaker(), waits: newWaitSlots(maxWaitingClaimsPerKey),
-		purgeSteps: purgeStepsPerPass}
+		purgeSteps: purgeStepsPerPass, claimInputBudget: ClaimInputBudget}
 }
 
 type querier interface {

@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,4 +97,46 @@ func TestLeaseTokensStoredInClearStillWork(t *testing.T) {
 	_, err = b.svc.Heartbeat(ctx, b.worker, cancelled.JobID, jobs.HeartbeatRequest{LeaseToken: "nope"})
 	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
 	require.Equal(t, "CANCELLED", b.fail(t, cancelled, &jobs.ReportError{Message: "stopped"}).Status)
+}
+
+// A claim answers every job's input whole, and serverless platforms refuse
+// an answer over a few megabytes (losing the claim with its leases): a
+// claim stops adding jobs before their sealed inputs pass the budget, but
+// always answers one, and grants endpoint slots only to what it answers.
+func TestAClaimStopsBeforeItsInputsPassTheBudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "mailer",
+		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](10)}})
+	require.NoError(t, err)
+	runID := b.run(t)
+	var steps []string
+	for i := range 5 {
+		input := json.RawMessage(fmt.Sprintf(`{"n":%d,"body":%q}`, i, strings.Repeat("x", 1000)))
+		steps = append(steps, b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: input}).StepID)
+		b.clock.Add(time.Millisecond) // claims take them in this order
+	}
+	var size int64
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT octet_length(input_sealed) FROM jobs WHERE step_id = $1`,
+		steps[0]).Scan(&size))
+	running := func() (n int) {
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT running_count FROM job_endpoints
+			WHERE workspace_id = $1 AND name = 'mailer'`, b.ws).Scan(&n))
+		return n
+	}
+
+	jobs.SetClaimInputBudget(b.svc, 2*size+size/2)
+	w := b.register(t)
+	first := b.claim(t, w, 10)
+	require.Len(t, first, 2)
+	require.Equal(t, []string{steps[0], steps[1]}, []string{first[0].StepID, first[1].StepID})
+	require.Equal(t, 2, running(), "slots go only to the jobs answered")
+
+	jobs.SetClaimInputBudget(b.svc, 1) // less than any input: still one job
+	require.Len(t, b.claim(t, w, 10), 1)
+	require.Equal(t, 3, running())
+
+	jobs.SetClaimInputBudget(b.svc, jobs.ClaimInputBudget)
+	require.Len(t, b.claim(t, w, 10), 2, "the rest")
+	require.Equal(t, 5, running())
 }

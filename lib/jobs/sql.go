@@ -436,7 +436,8 @@ const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND wo
 // lapsed execution is marked failed with the warning.
 //
 // $1 worker, $2 workspace, $3 now, $4 key, $5 limit, $6 lease grace ms,
-// $7 rate window (minute), $8 warning. The statement is the PL/pgSQL
+// $7 rate window (minute), $8 warning, $9 the most bytes of sealed input one
+// claim answers (always at least one job; ClaimInputBudget). The statement is the PL/pgSQL
 // function jobs_claim_hashed (migration 0032; 0011 has its design), which
 // answers each lease token and stores only its hash (every comparison is
 // jobs_lease_token_matches, which also accepts a token stored in clear
@@ -451,7 +452,8 @@ const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND wo
 // commits, though it was authenticated before (QA: one opened before the
 // revocation leased a job queued after it, decrypted input included).
 const sqlClaim = `SELECT c.* FROM api_keys k,
-    LATERAL jobs_claim_hashed($1::text, $2::text, $3::timestamptz, k.id, $5::int, $6::bigint, $7::timestamptz, $8::text) c
+    LATERAL jobs_claim_hashed($1::text, $2::text, $3::timestamptz, k.id, $5::int, $6::bigint, $7::timestamptz, $8::text,
+                              $9::bigint) c
 WHERE k.id = $4::text AND k.revoked_at IS NULL`
 
 // sqlHeartbeat extends a current lease by the job's timeout plus the grace,

@@ -181,3 +181,19 @@ func TestAKeysWaitingClaimsAreBounded(t *testing.T) {
 		require.Equal(t, st.StepID, got[len(got)-1])
 	}
 }
+
+// A long poll answers before its request's deadline, not at it: a platform
+// that ends the function at its deadline would lose an answer sent then
+// (deployment review), with the leases of a claim made in its last look.
+func TestALongPollAnswersBeforeItsDeadline(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wid := b.register(t)
+	jobs.SetPolling(b.svc, time.Hour)
+	c, cancel := context.WithTimeout(ctx, 2500*time.Millisecond)
+	defer cancel()
+	res, err := b.svc.Claim(c, b.worker, wid, jobs.ClaimRequest{Limit: ptr(10), WaitSeconds: ptr(20)})
+	require.NoError(t, err)
+	require.Empty(t, res.Jobs)
+	require.NoError(t, c.Err(), "answered with time to spare")
+}

@@ -106,6 +106,12 @@ const (
 	pollMax = time.Second
 )
 
+// answerMargin is how long before its request's deadline a long poll stops
+// waiting and answers: a platform that ends the function at the deadline
+// (Lambda, Vercel) would otherwise lose an answer sent at that moment, and
+// with it the leases of a claim made in its last look.
+const answerMargin = 2 * time.Second
+
 // Claim leases up to limit due jobs for the worker in one statement. With
 // waitSeconds it polls (short sleeps, bounded by ctx) until a job is claimed
 // or the wait ends; it never holds a connection while sleeping, and wakes
@@ -135,7 +141,11 @@ func (s *Service) Claim(ctx context.Context, p *auth.Principal, workerID string,
 			wait = 0 // the key has maxWaitingClaimsPerKey waiting here: answer at once
 		}
 	}
-	poll := longPoll{parked: wait > 0, deadline: time.Now().Add(time.Duration(wait) * time.Second), pause: s.pollMin}
+	deadline := time.Now().Add(time.Duration(wait) * time.Second)
+	if d, ok := ctx.Deadline(); ok && d.Add(-answerMargin).Before(deadline) {
+		deadline = d.Add(-answerMargin)
+	}
+	poll := longPoll{parked: wait > 0, deadline: deadline, pause: s.pollMin}
 	for first := true; ; first = false {
 		jobs, again, err := s.claimOrWait(ctx, p, workerID, limit, first, &poll)
 		if err != nil {
@@ -205,7 +215,7 @@ func (s *Service) claimOrWait(ctx context.Context, p *auth.Principal, workerID s
 func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID string, limit int) ([]ClaimedJob, error) {
 	now := s.now()
 	rows, err := s.pool.Query(ctx, sqlClaim, workerID, p.WorkspaceID, now, p.KeyID, limit,
-		s.leaseGrace.Milliseconds(), now.Truncate(time.Minute), LapseWarning)
+		s.leaseGrace.Milliseconds(), now.Truncate(time.Minute), LapseWarning, s.claimInputBudget)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
