@@ -88,8 +88,9 @@ func (s *Server) jobsRoutes() []Route {
 			Method: "POST", Pattern: "/api/v1/workers/{workerId}/claim", Name: "workers.claim", Tag: "workers",
 			Scopes: work,
 			Summary: "Lease up to limit (1-100) due jobs of the worker's exact versions in one statement, honouring " +
-				"pause, maxConcurrent and rateLimitPerMinute; waitSeconds (0-20) long-polls (re-checking after 50 ms, " +
-				"doubling to 1 s, and at once when the same instance queues work in the workspace).",
+				"pause, maxConcurrent and rateLimitPerMinute, and fewer when their inputs would pass 3 MiB together " +
+				"(always one); waitSeconds (0-20) long-polls (re-checking after 50 ms, doubling to 1 s, and at once " +
+				"when the same instance queues work in the workspace).",
 			Request: jobs.ClaimRequest{}, Response: jobs.ClaimResult{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.claim,
 			// The longest wait (20 s) plus its last look, well inside the
