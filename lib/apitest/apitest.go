@@ -103,6 +103,11 @@ func WithConfig(f func(*config.Config)) Option {
 	return func(c *config.Config, _ *app.Options) { f(c) }
 }
 
+// WithLogger sets the logger (the default discards everything).
+func WithLogger(l *slog.Logger) Option {
+	return func(_ *config.Config, o *app.Options) { o.Logger = l }
+}
+
 // WithNow injects a clock.
 func WithNow(now func() time.Time) Option {
 	return func(_ *config.Config, o *app.Options) { o.Now = now }

@@ -252,6 +252,48 @@ func TestVercelCatchAllAnswersTheEnvelope(t *testing.T) {
 	require.NotEmpty(t, rec.Header().Get("X-Request-Id"))
 }
 
+// A Vercel deployment publishes no source and uploads no local secrets:
+// without a public/ directory Vercel serves the repository root as static
+// files, and its CLI does not read .gitignore (deployment review).
+func TestVercelDeploymentPublishesNoSource(t *testing.T) {
+	t.Parallel()
+	files, err := os.ReadDir("../../public")
+	require.NoError(t, err)
+	var names []string
+	for _, f := range files {
+		names = append(names, f.Name())
+	}
+	require.Equal(t, []string{"robots.txt"}, names)
+	ignore, err := os.ReadFile("../../.vercelignore")
+	require.NoError(t, err)
+	lines := strings.Split(string(ignore), "\n")
+	for _, must := range []string{".data", "bin"} {
+		require.Contains(t, lines, must)
+	}
+}
+
+// Vercel serves a function's file before any rewrite: a tool literally
+// named like the file's segment reaches the file without ?name=, and is
+// still that tool (deployment review: it read as an empty name).
+func TestVercelEntryServesALiteralSegment(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	env.Must(http.StatusCreated, "POST", "/api/v1/tools/name/contracts", ws.Key, map[string]any{
+		"handlerVersion": "1", "inputSchema": map[string]any{"type": "object"}, "outputSchema": true})
+	req, _ := http.NewRequest("GET", "/api/v1/tools/name/contracts", nil)
+	req.Header.Set("Authorization", "Bearer "+ws.Key)
+	rec := newRecorder()
+	env.App.Server.ServeRoute(rec, req, "/api/v1/tools/{name}/contracts")
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	var list struct {
+		Data []struct{ Name string } `json:"data"`
+	}
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &list))
+	require.Len(t, list.Data, 1)
+	require.Equal(t, "name", list.Data[0].Name)
+}
+
 // TestVercelEntryServesItsRoute drives a generated entry point the way
 // Vercel does after a rewrite: the pattern's file with ?id= in the query.
 func TestVercelEntryServesRewrittenPath(t *testing.T) {

@@ -1,7 +1,9 @@
 package httpapi_test
 
 import (
+	"bytes"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"sort"
@@ -443,8 +445,31 @@ func TestCronSweepNeedsSecret(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, r.Status)
 	require.Equal(t, "invalid_request", r.ErrorCode())
 
-	unset := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.CronSecret = "" }))
+	// Unset, every call is refused, and the log says why: on Vercel the
+	// schedule is the only sweeper (deployment review: nothing said so).
+	var logs lockedBuffer
+	unset := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.CronSecret = "" }),
+		apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	require.Equal(t, http.StatusUnauthorized, unset.Do("GET", "/api/cron/sweep", "", nil).Status)
+	require.Contains(t, logs.String(), "CRON_SECRET is not set")
+}
+
+// lockedBuffer is a log sink safe to read while handlers write to it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // The workspace's last root key (every scope, no tools list, no ceiling or

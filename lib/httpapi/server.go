@@ -108,16 +108,37 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // ServeRoute serves one path pattern directly, taking path parameters from
 // the query string. Vercel entry files use it: Go cannot name a directory
 // [id], so vercel.json rewrites /api/v1/effects/:id/report to the report
-// file with ?id=:id.
+// file with ?id=:id. Vercel serves a file before any rewrite, so a path
+// whose segment is literally the file's (a tool named "name") arrives
+// without the query parameter: its value is then that segment of the path.
 func (s *Server) ServeRoute(w http.ResponseWriter, r *http.Request, pattern string) {
 	g := s.groups[pattern]
 	if g != nil {
 		q := r.URL.Query()
 		for _, p := range g.params {
-			r.SetPathValue(p, q.Get(p))
+			v, ok := q.Get(p), q.Has(p)
+			if !ok {
+				v = segmentAt(pattern, r.URL.Path, p)
+			}
+			r.SetPathValue(p, v)
 		}
 	}
 	s.serveGroup(w, r, g)
+}
+
+// segmentAt is the segment of path standing where {name} stands in pattern
+// ("" when the two differ in length).
+func segmentAt(pattern, path, name string) string {
+	ps, segs := strings.Split(pattern, "/"), strings.Split(path, "/")
+	if len(ps) != len(segs) {
+		return ""
+	}
+	for i, seg := range ps {
+		if seg == "{"+name+"}" {
+			return segs[i]
+		}
+	}
+	return ""
 }
 
 func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
@@ -280,6 +301,12 @@ func (s *Server) authorize(ctx context.Context, c *Call, count bool) error {
 	case AuthCron:
 		secret, ok := bearer(c.R)
 		want := s.Config.CronSecret
+		if want == "" {
+			// Refused, and said where an operator looks: on Vercel the
+			// schedule is the only sweeper, and nothing else tells that it
+			// never runs.
+			s.Logger.Error("cron sweep refused: CRON_SECRET is not set", "request_id", c.RequestID)
+		}
 		if !ok || want == "" || subtle.ConstantTimeCompare([]byte(secret), []byte(want)) != 1 {
 			return apierr.Unauthorized("The cron route needs Authorization: Bearer $CRON_SECRET.")
 		}
