@@ -2,6 +2,8 @@ package httpapi_test
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -17,6 +19,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/httpapi"
+	"github.com/getratchet/ratchet/lib/sweep"
 )
 
 func readAll(t *testing.T, res *http.Response) string {
@@ -452,6 +455,22 @@ func TestCronSweepNeedsSecret(t *testing.T) {
 		apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	require.Equal(t, http.StatusUnauthorized, unset.Do("GET", "/api/cron/sweep", "", nil).Status)
 	require.Contains(t, logs.String(), "CRON_SECRET is not set")
+}
+
+// A pass that could not reach the database answers 503 beside its result,
+// so a scheduler or monitor reading only the status sees the outage (QA: it
+// answered 200 with every task failed).
+func TestCronSweepAnswers503WhenTheDatabaseIsAway(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	env.App.Server.Sweeper = sweep.New(time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)),
+		sweep.Task{Name: "jobs.lapsed_leases", Run: func(context.Context, time.Time) (int, error) {
+			return 0, fmt.Errorf("lapse: %w", io.ErrUnexpectedEOF)
+		}})
+	r := env.Do("POST", "/api/cron/sweep", "test-cron-secret", nil)
+	require.Equal(t, http.StatusServiceUnavailable, r.Status, "%s", r.Body)
+	require.Equal(t, "database_unavailable", r.ErrorCode())
+	require.Equal(t, map[string]any{"jobs.lapsed_leases": "failed"}, r.JSON()["errors"])
 }
 
 // lockedBuffer is a log sink safe to read while handlers write to it.

@@ -84,13 +84,15 @@ func (s *Server) coreRoutes() []Route {
 		{
 			Method: "GET", Pattern: "/api/cron/sweep", Name: "cron.sweep", Tag: "operations", Auth: AuthCron,
 			Summary:  "One bounded, idempotent sweeper pass (Authorization: Bearer $CRON_SECRET).",
-			Response: sweep.Result{}, Status: 200, Errors: []string{apierr.CodeUnauthorized},
+			Response: sweep.Result{}, Status: 200,
+			Errors: []string{apierr.CodeUnauthorized, apierr.CodeDatabaseUnavailable},
 			Handle: s.cronSweep,
 		},
 		{
 			Method: "POST", Pattern: "/api/cron/sweep", Name: "cron.sweep.post", Tag: "operations", Auth: AuthCron,
 			Summary:  "Same as GET /api/cron/sweep.",
-			Response: sweep.Result{}, Status: 200, Errors: []string{apierr.CodeUnauthorized},
+			Response: sweep.Result{}, Status: 200,
+			Errors: []string{apierr.CodeUnauthorized, apierr.CodeDatabaseUnavailable},
 			Handle: s.cronSweep,
 		},
 	}
@@ -158,6 +160,18 @@ func (s *Server) revokeKey(ctx context.Context, c *Call) (any, error) {
 	return s.Auth.RevokeKey(ctx, c.Principal, id)
 }
 
+// cronSweep runs one pass. A pass that did nothing because the database
+// could not be reached answers 503 with the envelope beside the result, so
+// a scheduler or monitor that reads only the status sees the outage (QA:
+// it answered 200); a pass with some failed tasks answers 200 and lists
+// them in errors.
 func (s *Server) cronSweep(ctx context.Context, _ *Call) (any, error) {
-	return s.Sweeper.RunOnce(ctx), nil
+	res := s.Sweeper.RunOnce(ctx)
+	if res.Unreachable {
+		return Reply{Status: http.StatusServiceUnavailable, Body: struct {
+			sweep.Result
+			Error apierr.Wire `json:"error"`
+		}{res, apierr.DatabaseUnavailable(nil).Wire()}}, nil
+	}
+	return res, nil
 }

@@ -13,6 +13,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/getratchet/ratchet/lib/db"
 )
 
 // Task is one bounded unit of the pass. It returns how many rows it changed.
@@ -38,6 +40,9 @@ type Result struct {
 	Changed map[string]int    `json:"changed"`
 	Errors  map[string]string `json:"errors"`
 	Ms      int64             `json:"ms"`
+	// Unreachable: every task failed because the database could not be
+	// reached, so the pass did nothing (the cron route answers 503).
+	Unreachable bool `json:"-"`
 }
 
 // TaskTimeout bounds one task in one pass, so a stuck task cannot hold the
@@ -85,13 +90,18 @@ func (s *Sweeper) Tasks() []string {
 func (s *Sweeper) RunOnce(ctx context.Context) Result {
 	start := s.now()
 	res := Result{Changed: map[string]int{}, Errors: map[string]string{}}
+	unreachable := 0
 	for _, t := range s.tasks {
 		n, err := s.run(ctx, t)
 		res.Changed[t.Name] = n
 		if err != nil {
 			res.Errors[t.Name] = "failed"
+			if db.IsUnavailable(err) {
+				unreachable++
+			}
 		}
 	}
+	res.Unreachable = len(s.tasks) > 0 && unreachable == len(s.tasks)
 	res.Ms = s.now().Sub(start).Milliseconds()
 	return res
 }

@@ -3,6 +3,7 @@ package sweep
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync/atomic"
@@ -25,6 +26,30 @@ func TestRunOnceRunsEveryTaskDespiteFailures(t *testing.T) {
 	require.Equal(t, "failed", res.Errors["a"], "no error text leaves the process")
 	require.Error(t, res.Error())
 	require.Equal(t, []string{"a", "b"}, s.Tasks())
+}
+
+// A pass whose every task failed for want of the database did nothing: it
+// says so (the cron route answers 503); one task failing otherwise, or one
+// succeeding, is a pass with errors.
+func TestRunOnceSaysWhenTheDatabaseWasUnreachable(t *testing.T) {
+	t.Parallel()
+	gone := func(context.Context, time.Time) (int, error) { return 0, fmt.Errorf("x: %w", io.ErrUnexpectedEOF) }
+	ok := func(context.Context, time.Time) (int, error) { return 0, nil }
+	boom := func(context.Context, time.Time) (int, error) { return 0, errors.New("boom") }
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, c := range []struct {
+		runs        []func(context.Context, time.Time) (int, error)
+		unreachable bool
+	}{{[]func(context.Context, time.Time) (int, error){gone, gone}, true},
+		{[]func(context.Context, time.Time) (int, error){gone, ok}, false},
+		{[]func(context.Context, time.Time) (int, error){gone, boom}, false},
+		{nil, false}} {
+		s := New(time.Now, logger)
+		for i, run := range c.runs {
+			s.Add(Task{Name: fmt.Sprint(i), Run: run})
+		}
+		require.Equal(t, c.unreachable, s.RunOnce(context.Background()).Unreachable, "%d tasks", len(c.runs))
+	}
 }
 
 // Loop does not wait for a detached task: the other tasks run every tick
