@@ -75,9 +75,22 @@ func leaseExpired() error {
 		"The lease expired, so the attempt is recorded indeterminate. Call begin again.")
 }
 
-func leaseLost() error {
+func leaseLost() *apierr.Error {
 	return apierr.Conflict(apierr.CodeLeaseLost,
 		"This lease token does not hold the effect's current attempt: a newer attempt superseded it, or it is not this effect's token.")
+}
+
+// supersededLost is lease_lost for a token whose attempt a newer one
+// superseded, saying which attempt it held and, when that attempt was
+// reported, what was recorded: a client repeating a report whose answer it
+// lost (a crash) learns that the report landed, and so whether its charge
+// was released, without reading the effect (QA).
+func supersededLost(att tokenAttempt) error {
+	e := leaseLost().WithDetail("attempt", att.attempt)
+	if att.reportedAt != nil && att.outcome != nil {
+		e = e.WithDetail("reported_outcome", *att.outcome)
+	}
+	return e
 }
 
 // tokenAttempt is the attempt a presented lease token belongs to.
@@ -103,8 +116,11 @@ func lockForToken(ctx context.Context, tx pgx.Tx, workspaceID, id string, th []b
 		return row, att, fmt.Errorf("lock effect: %w", err)
 	}
 	err = tx.QueryRow(ctx, sqlTokenAttempt, id, th).Scan(&att.attempt, &att.outcome, &att.reportedAt)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && att.attempt < row.Attempt) {
+	if errors.Is(err, pgx.ErrNoRows) {
 		return row, att, leaseLost()
+	}
+	if err == nil && att.attempt < row.Attempt {
+		return row, att, supersededLost(att)
 	}
 	if err != nil {
 		return row, att, fmt.Errorf("find attempt: %w", err)

@@ -130,7 +130,8 @@ func TestReportRules(t *testing.T) {
 	d := b.mustBegin("execute", email(k))
 	id, token := str(d["effect_id"]), str(d["lease_token"])
 
-	errCode(t, b.report(id, "not-a-token", "succeeded", nil), http.StatusConflict, "lease_lost")
+	unknown := errCode(t, b.report(id, "not-a-token", "succeeded", nil), http.StatusConflict, "lease_lost")
+	require.Empty(t, unknown["detail"], "a token of no attempt says nothing more")
 	require.Contains(t, validationFields(t, b.report(id, token, "maybe", nil)), "outcome")
 	require.Contains(t, validationFields(t, b.report(id, "", "failed", nil)), "lease_token")
 	big := map[string]any{"blob": string(bytes.Repeat([]byte("x"), 256<<10))}
@@ -153,9 +154,12 @@ func TestReportRules(t *testing.T) {
 	errCode(t, b.env.Do("POST", "/api/v1/effects/"+id+"/heartbeat", b.ws.Key, map[string]any{"lease_token": token}),
 		http.StatusConflict, "invalid_state")
 
-	// A newer attempt supersedes the token.
+	// A newer attempt supersedes the token. Its repeated report is
+	// lease_lost, and says the attempt's report was recorded (QA: a client
+	// whose answer a crash lost could not tell whether it had landed).
 	d2 := b.mustBegin("execute", email(k))
-	errCode(t, b.report(id, token, "failed", nil), http.StatusConflict, "lease_lost")
+	lost := errCode(t, b.report(id, token, "failed", nil), http.StatusConflict, "lease_lost")
+	require.Equal(t, map[string]any{"attempt": float64(1), "reported_outcome": "failed"}, lost["detail"])
 	errCode(t, b.env.Do("POST", "/api/v1/effects/"+id+"/heartbeat", b.ws.Key, map[string]any{"lease_token": token}),
 		http.StatusConflict, "lease_lost")
 	require.Equal(t, http.StatusOK, b.report(id, str(d2["lease_token"]), "succeeded", nil).Status)
