@@ -7,6 +7,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/sweep"
 )
@@ -106,7 +107,15 @@ var listParams = []Param{
 func (s *Server) health(ctx context.Context, _ *Call) (any, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, err := s.Pool.Exec(ctx, "SELECT 1"); err != nil {
+	_, err := s.Pool.Exec(ctx, "SELECT 1")
+	if err != nil && db.IsUnavailable(err) && ctx.Err() == nil {
+		// A pooled connection the server ended (a restart, a pooler's
+		// recycling, pg_terminate_backend) fails once and leaves the pool:
+		// a fresh one says whether the database itself is away (QA: health
+		// flapped while the database answered).
+		_, err = s.Pool.Exec(ctx, "SELECT 1")
+	}
+	if err != nil {
 		s.Logger.Warn("health: database unavailable", "err", err.Error())
 		return Reply{Status: http.StatusServiceUnavailable, Body: map[string]any{
 			"ok":    false,
