@@ -96,7 +96,9 @@ func validateDoc(schema, doc []byte, root string) ([]apierr.FieldError, error) {
 	if err != nil {
 		return []apierr.FieldError{{Field: root, Message: "must be JSON"}}, nil
 	}
-	err = s.Validate(v)
+	if err = validateSafely(s, v); errors.Is(err, errUncheckable) {
+		return []apierr.FieldError{{Field: root, Message: "holds a number the schema check cannot read"}}, nil
+	}
 	if err == nil {
 		return nil, nil
 	}
@@ -115,6 +117,22 @@ func validateDoc(schema, doc []byte, root string) ([]apierr.FieldError, error) {
 		out = out[:maxValidationProblems]
 	}
 	return out, nil
+}
+
+// errUncheckable is a document the validator could not check.
+var errUncheckable = errors.New("document cannot be checked")
+
+// validateSafely validates v, answering errUncheckable where the validator
+// panics: it reads a number whose exponent big.Rat refuses (1e-1000001) as a
+// nil rational (fuzzing). Requests refuse such numbers (jsonstrict), but an
+// input stored before they did may be checked again by a replay.
+func validateSafely(s *jsonschema.Schema, v any) (err error) {
+	defer func() {
+		if recover() != nil {
+			err = errUncheckable
+		}
+	}()
+	return s.Validate(v)
 }
 
 // collectProblems flattens the leaves of a validation error tree.

@@ -34,6 +34,17 @@ func TestValidateDocPointsIntoTheDocumentWithoutQuotingIt(t *testing.T) {
 	require.Same(t, a, b)
 }
 
+// A stored document the validator cannot read (an exponent big.Rat
+// refuses: requests refuse it now, but an input stored before may be
+// checked again by a replay) is a problem, not a panic (fuzzing: 500).
+func TestValidateDocSurvivesAnUnreadableNumber(t *testing.T) {
+	t.Parallel()
+	problems, err := validateDoc([]byte(`{"properties":{"n":{"minimum":0}}}`), []byte(`{"n":1e-1000001}`), "input")
+	require.NoError(t, err)
+	require.Equal(t, []apierr.FieldError{{Field: "input", Message: "holds a number the schema check cannot read"}},
+		problems)
+}
+
 // Every refusal names its rule: "not" has no keyword path of its own.
 func TestValidateDocNamesTheNotRule(t *testing.T) {
 	t.Parallel()

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -26,16 +27,26 @@ func TestCheck(t *testing.T) {
 		}
 		return strings.Join(parts, ",")
 	}
+	deep := func(n int) string { // n objects, each inside the last
+		return strings.Repeat(`{"kkkk":`, n) + "1" + strings.Repeat("}", n)
+	}
 	for body, want := range map[string]string{
-		`{"name":"a","extra":{"x":1}}`:                      "",
-		`{"name":"a","extra":{"x":1,"x":2}}`:                "extra.x",
-		`{"NAME":"a"}`:                                      "NAME",
-		`{"name":"a","name":"b"}`:                           "name",
-		`{"extra":[{"y":1},{"y":2,"y":3}]}`:                 "extra.1.y",
-		`{"extra":{` + many(40) + `}}`:                      "", // past the slice, into the map
-		`{"extra":{` + many(40) + `,"k39":0}}`:              "extra.k39",
-		`{"extra":{"n":1e400}}`:                             "extra.n",
-		`{"extra":{"n":1e-400,"b":true,"f":false}}`:         "",
+		`{"name":"a","extra":{"x":1}}`:                         "",
+		`{"name":"a","extra":{"x":1,"x":2}}`:                   "extra.x",
+		`{"NAME":"a"}`:                                         "NAME",
+		`{"name":"a","name":"b"}`:                              "name",
+		`{"extra":[{"y":1},{"y":2,"y":3}]}`:                    "extra.1.y",
+		`{"extra":{` + many(40) + `}}`:                         "", // past the slice, into the map
+		`{"extra":{` + many(40) + `,"k39":0}}`:                 "extra.k39",
+		`{"extra":{"n":1e400}}`:                                "extra.n",
+		`{"extra":{"n":1e-300,"z":0e-999,"b":true,"f":false}}`: "",
+		`{"extra":{"n":1e-400,"m":1e-0000999}}`:                "", // reads as 0, as JSON allows
+		`{"extra":{"n":1e-1000}}`:                              "extra.n",
+		`{"extra":[0,1e-1000001]}`:                             "extra.1",
+		`{"extra":1` + strings.Repeat("0", 1100) + `e-1100}`:   "extra", // 1, but too long to be a float's
+		`{"extra":` + deep(9990) + `}`:                         "",
+		`{"extra":` + deep(100)[:len(deep(100))-100] + `1,"kkkk":2` + strings.Repeat("}", 100) + `}`: "extra" +
+			strings.Repeat(".kkkk", 100),
 		`{"extra":"a\u0000b"}`:                              "extra",
 		`{"extra":"\ud800"}`:                                "extra",
 		`{"extra":{"k\ud800":1}}`:                           "extra", // a bad key is named by its object
@@ -49,5 +60,23 @@ func TestCheck(t *testing.T) {
 		if got != want {
 			t.Errorf("%s: problem at %q, want %q (%v)", body, got, want, err)
 		}
+	}
+}
+
+// A deeply nested body costs memory in proportion to its size, not to its
+// depth squared: the path of every level was built as it was entered, so
+// 10 000 levels of 90-character keys (under the 1 MiB limit) took 4 GB.
+func TestCheckOfADeepBodyStaysSmall(t *testing.T) {
+	key := strings.Repeat("k", 90)
+	n := 9990
+	body := []byte(`{"extra":` + strings.Repeat(`{"`+key+`":`, n) + "1" + strings.Repeat("}", n) + `}`)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if err := Check(body, reflect.TypeFor[limit]()); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	if used := after.TotalAlloc - before.TotalAlloc; used > 16<<20 {
+		t.Fatalf("checking a %d-byte body allocated %d bytes", len(body), used)
 	}
 }
