@@ -7,14 +7,21 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"unicode/utf8"
 )
 
 // Limits keep a preview small whatever the document: deeper objects collapse
-// to "<object>", and an object with more keys keeps only the first ones in
-// document order plus a "…" entry counting the rest.
+// to "<object>", an object with more keys keeps only the first ones in
+// document order plus a "…" entry counting the rest, a key longer than
+// MaxKeyRunes is cut (ending in "…"), and once the preview has MaxBytes no
+// further key is kept (each open object counts the rest). Without the last
+// two a preview could outgrow its document (fuzzing: four levels of 50 keys
+// previewed 2.5 times larger), and listings return up to 200 of them.
 const (
-	MaxDepth = 4
-	MaxKeys  = 50
+	MaxDepth    = 4
+	MaxKeys     = 50
+	MaxKeyRunes = 64
+	MaxBytes    = 8 << 10
 )
 
 // PreviewJSON returns the redacted preview of a JSON document, as JSON (for
@@ -69,14 +76,14 @@ func preview(dec *json.Decoder, buf *bytes.Buffer, depth int) error {
 
 func previewObject(dec *json.Decoder, buf *bytes.Buffer, depth int) error {
 	buf.WriteByte('{')
-	n := 0
+	n, kept, sawMore := 0, 0, false
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
 			return err
 		}
 		key, _ := tok.(string)
-		if n >= MaxKeys {
+		if n >= MaxKeys || buf.Len() >= MaxBytes {
 			var skip json.RawMessage
 			if err := dec.Decode(&skip); err != nil {
 				return err
@@ -84,25 +91,48 @@ func previewObject(dec *json.Decoder, buf *bytes.Buffer, depth int) error {
 			n++
 			continue
 		}
-		if n > 0 {
+		if kept > 0 {
 			buf.WriteByte(',')
 		}
-		kb, _ := json.Marshal(key)
+		if key == moreKey {
+			sawMore = true
+		}
+		kb, _ := json.Marshal(cutKey(key))
 		buf.Write(kb)
 		buf.WriteByte(':')
 		if err := preview(dec, buf, depth+1); err != nil {
 			return err
 		}
 		n++
+		kept++
 	}
-	if n > MaxKeys {
-		fmt.Fprintf(buf, `,"…":"<%d more keys>"`, n-MaxKeys)
+	if n > kept {
+		// The document's own "…" key, kept above, would be named twice.
+		marker := moreKey
+		if sawMore {
+			marker = moreKey + moreKey
+		}
+		if kept > 0 {
+			buf.WriteByte(',')
+		}
+		fmt.Fprintf(buf, `%q:"<%d more keys>"`, marker, n-kept)
 	}
 	if _, err := dec.Token(); err != nil { // the closing brace
 		return err
 	}
 	buf.WriteByte('}')
 	return nil
+}
+
+// moreKey names the entry counting an object's keys left out.
+const moreKey = "…"
+
+// cutKey shortens a key to MaxKeyRunes, marking the cut.
+func cutKey(key string) string {
+	if utf8.RuneCountInString(key) <= MaxKeyRunes {
+		return key
+	}
+	return string([]rune(key)[:MaxKeyRunes-1]) + moreKey
 }
 
 // skipRest consumes the rest of the object or array whose opening delimiter

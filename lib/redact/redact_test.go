@@ -1,9 +1,11 @@
 package redact
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 )
@@ -43,4 +45,53 @@ func TestPreviewBoundsDepthAndKeys(t *testing.T) {
 	got = PreviewJSON([]byte(sb.String()))
 	require.Contains(t, string(got), `"<3 more keys>"`)
 	require.NotContains(t, string(got), `"k050"`)
+}
+
+// A preview stays small whatever the document: long keys are cut, and past
+// MaxBytes every open object only counts its other keys (fuzzing: four
+// levels of 50 keys previewed 2.5 times larger than the document). Its
+// "more keys" entry never repeats a key the document kept.
+func TestPreviewBoundsItsSize(t *testing.T) {
+	t.Parallel()
+	level := func(inner string) string {
+		parts := make([]string, 50)
+		for i := range parts {
+			parts[i] = fmt.Sprintf(`"k%d":%s`, i, inner)
+		}
+		return "{" + strings.Join(parts, ",") + "}"
+	}
+	doc := level(level(level("1")))
+	got := PreviewJSON([]byte(doc))
+	require.LessOrEqual(t, len(got), MaxBytes+4<<10, "doc %d bytes, preview %d", len(doc), len(got))
+	require.True(t, json.Valid(got))
+	require.Contains(t, string(got), "more keys>")
+
+	long := strings.Repeat("é", 500)
+	got = PreviewJSON([]byte(`{"` + long + `":1}`))
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(got, &m))
+	for k := range m {
+		require.Equal(t, MaxKeyRunes, utf8.RuneCountInString(k))
+		require.True(t, strings.HasPrefix(long, strings.TrimSuffix(k, "…")))
+	}
+
+	var sb strings.Builder
+	sb.WriteString(`{"…":1`)
+	for i := range MaxKeys + 2 {
+		fmt.Fprintf(&sb, `,"k%d":1`, i)
+	}
+	sb.WriteString("}")
+	got = PreviewJSON([]byte(sb.String()))
+	dec := json.NewDecoder(strings.NewReader(string(got)))
+	seen := map[string]bool{}
+	_, _ = dec.Token()
+	for dec.More() {
+		tok, err := dec.Token()
+		require.NoError(t, err)
+		k := tok.(string)
+		require.False(t, seen[k], "key %q twice in %s", k, got)
+		seen[k] = true
+		var skip json.RawMessage
+		require.NoError(t, dec.Decode(&skip))
+	}
 }
