@@ -119,7 +119,9 @@ func withEveryProblem(first apierr.FieldError, body []byte, t reflect.Type) *api
 		// Listed as it is, or as the case-folded key it is at or under:
 		// the decoder names the field ("count" for "COUNT", "inner.kind"
 		// for "Inner": {"kind": 1}), which the body does not hold.
-		f, d := strings.ToLower(p.Field), strings.ToLower(first.Field)
+		// The decoder's path has no array indices (tools.name for
+		// tools.0.NAME), so the walk's is compared without them.
+		f, d := strings.ToLower(withoutIndices(p.Field)), strings.ToLower(withoutIndices(first.Field))
 		listed = listed || p.Field == first.Field || (w.folded[p.Field] && (f == d || strings.HasPrefix(d, f+".")))
 	}
 	if !listed {
@@ -130,6 +132,16 @@ func withEveryProblem(first apierr.FieldError, body []byte, t reflect.Type) *api
 		problems = problems[:min(len(problems), maxFieldProblems)]
 	}
 	return apierr.Invalid(problems...)
+}
+
+// withoutIndices drops a dotted path's array indices (tools.0.name →
+// tools.name).
+func withoutIndices(path string) string {
+	segs := strings.Split(path, ".")
+	return strings.Join(slices.DeleteFunc(segs, func(s string) bool {
+		_, err := strconv.Atoi(s)
+		return err == nil
+	}), ".")
 }
 
 // plainJSONPath drops from encoding/json's field path the Go names of

@@ -95,6 +95,11 @@ func TestDecodeListsNumberAndCaseProblems(t *testing.T) {
 	require.Equal(t, []apierr.FieldError{
 		{Field: "Inner", Message: "is not a known field (field names are case-sensitive)"},
 	}, decodeProblems(t, `{"Inner":{"kind":1}}`))
+	// Also inside an array, where the decoder's own path has no index
+	// (fuzzing: items.kind was listed too, a field the body does not hold).
+	require.Equal(t, []apierr.FieldError{
+		{Field: "items.0.KIND", Message: "is not a known field (field names are case-sensitive)"},
+	}, decodeProblems(t, `{"items":[{"KIND":1}]}`))
 }
 
 // A body of many unknown keys is answered with a bounded list.
