@@ -13,11 +13,15 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/getratchet/ratchet/lib/app"
 	"github.com/getratchet/ratchet/lib/config"
+	"github.com/getratchet/ratchet/lib/db"
 )
 
 func main() {
@@ -49,7 +53,9 @@ func run(ctx context.Context, logOut io.Writer, ready chan<- string) error {
 	if os.Getenv("LOG_REQUESTS") != "" {
 		logger = slog.New(slog.NewTextHandler(logOut, nil))
 	}
-	a, err := app.New(ctx, cfg, app.Options{Logger: logger})
+	a, err := whenReachable(ctx, logger, startWait, func() (*app.App, error) {
+		return app.New(ctx, cfg, app.Options{Logger: logger})
+	})
 	if err != nil {
 		return err
 	}
@@ -92,4 +98,40 @@ func run(ctx context.Context, logOut io.Writer, ready chan<- string) error {
 	// long-polling claim answered 500 "closed pool").
 	<-drained
 	return nil
+}
+
+// startWait is how long the server waits at start for a database it cannot
+// reach (a container started beside its database, a restart during an
+// outage) before it gives up.
+const startWait = time.Minute
+
+// whenReachable calls start until it succeeds, fails for another reason
+// than an unreachable database, wait passes or ctx ends, pausing between
+// tries from 250 ms doubling to 5 s (crash QA: a server restarted while
+// the database was away exited at once and stayed down).
+func whenReachable[T any](ctx context.Context, logger *slog.Logger, wait time.Duration, start func() (T, error)) (T, error) {
+	deadline := time.Now().Add(wait)
+	for pause := 250 * time.Millisecond; ; pause = min(2*pause, 5*time.Second) {
+		v, err := start()
+		if err == nil || !unreachable(err) || time.Now().Add(pause).After(deadline) {
+			return v, err
+		}
+		logger.Warn("database unreachable; trying again", "in", pause.String())
+		select {
+		case <-ctx.Done():
+			return v, err
+		case <-time.After(pause):
+		}
+	}
+}
+
+// unreachable is true of a start that failed for want of the database, not
+// because it refused us (a wrong password, a database that does not exist:
+// waiting would not help).
+func unreachable(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "28") || strings.HasPrefix(pe.Code, "3D")) {
+		return false
+	}
+	return db.IsUnavailable(err)
 }

@@ -6,8 +6,10 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
@@ -209,4 +212,39 @@ func TestLocalServerQuitsOnASecondInterrupt(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the second interrupt did not end the process")
 	}
+}
+
+// A start that cannot reach the database tries again until it can (crash
+// QA: a server restarted during an outage exited at once and stayed down);
+// one the database refuses, or that fails otherwise, gives up at once.
+func TestStartWaitsForAnUnreachableDatabase(t *testing.T) {
+	t.Parallel()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	away := fmt.Errorf("migrate: connect: %w", &net.OpError{Op: "dial", Err: errors.New("connection refused")})
+	tries := 0
+	got, err := whenReachable(context.Background(), logger, time.Minute, func() (int, error) {
+		if tries++; tries < 3 {
+			return 0, away
+		}
+		return 7, nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 7, got)
+	require.Equal(t, 3, tries)
+
+	for _, refused := range []error{
+		fmt.Errorf("connect: %w", &pgconn.PgError{Code: "28P01"}), // wrong password
+		errors.New("config: KEY_HASH_SECRET is required"),
+	} {
+		tries = 0
+		_, err = whenReachable(context.Background(), logger, time.Minute, func() (int, error) { tries++; return 0, refused })
+		require.ErrorIs(t, err, refused)
+		require.Equal(t, 1, tries)
+	}
+
+	// It gives up once the wait has passed.
+	tries = 0
+	_, err = whenReachable(context.Background(), logger, 0, func() (int, error) { tries++; return 0, away })
+	require.ErrorIs(t, err, away)
+	require.Equal(t, 1, tries)
 }
