@@ -82,7 +82,7 @@ const (
 // beginInput is a validated request with everything begin's SQL needs.
 type beginInput struct {
 	ws, keyID, effectType, key, fingerprint string
-	plainFingerprint                        string // what a release before keyed fingerprints stored
+	operation                               []byte // canonical JSON: what the fingerprint hashes
 	effectID, approvalID, eventID           string
 	now                                     time.Time
 	cost                                    *int64
@@ -189,7 +189,7 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 	now := s.clock()
 	in := &beginInput{
 		ws: p.WorkspaceID, keyID: p.KeyID, effectType: req.EffectType, key: req.IdempotencyKey,
-		fingerprint: s.fingerprint(operation), plainFingerprint: plainFingerprint(operation),
+		fingerprint: s.fingerprint(operation), operation: operation,
 		effectID: ids.NewAt(ids.Effect, now), approvalID: ids.NewAt(ids.Approval, now),
 		eventID: ids.NewAt(ids.Event, now), now: now, cost: req.CostMicros, dimNames: names,
 		dims: string(hashedJSON), preview: string(redact.PreviewJSON(payload)),
@@ -532,12 +532,13 @@ func plainFingerprint(operation []byte) string {
 }
 
 // sameOperation says whether the fingerprint stored with a key's effect is
-// this request's, whichever way it was stored.
+// this request's, whichever way it was stored (the plain hash only for an
+// effect an earlier release stored).
 func (in *beginInput) sameOperation(stored string) bool {
 	if strings.HasPrefix(stored, keyedFingerprint) {
 		return stored == in.fingerprint
 	}
-	return stored == in.plainFingerprint
+	return stored == plainFingerprint(in.operation)
 }
 
 func keyReuse() error {

@@ -90,8 +90,11 @@ func TestOnIndeterminateRetry(t *testing.T) {
 	require.EqualValues(t, 2, d2["attempt"])
 	require.Equal(t, false, d2["probe"])
 	require.Nil(t, d2["prior_attempt"])
-	// The first holder was superseded: lease_lost, even though its lease also lapsed.
-	errCode(t, b.report(str(d1["effect_id"]), str(d1["lease_token"]), "succeeded", nil), http.StatusConflict, "lease_lost")
+	// The first holder was superseded: lease_lost, even though its lease also
+	// lapsed; it names the attempt, which was never reported.
+	lost := errCode(t, b.report(str(d1["effect_id"]), str(d1["lease_token"]), "succeeded", nil), http.StatusConflict,
+		"lease_lost")
+	require.Equal(t, map[string]any{"attempt": float64(1)}, lost["detail"])
 	e := b.get(str(d1["effect_id"]))
 	require.Equal(t, "indeterminate", e["attempts"].([]any)[0].(map[string]any)["outcome"])
 	require.Nil(t, e["attempts"].([]any)[1].(map[string]any)["outcome"])

@@ -110,35 +110,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // [id], so vercel.json rewrites /api/v1/effects/:id/report to the report
 // file with ?id=:id. Vercel serves a file before any rewrite, so a path
 // whose segment is literally the file's (a tool named "name") arrives
-// without the query parameter: its value is then that segment of the path.
+// without the query parameters: the router matches it then, as on the local
+// server.
 func (s *Server) ServeRoute(w http.ResponseWriter, r *http.Request, pattern string) {
 	g := s.groups[pattern]
 	if g != nil {
 		q := r.URL.Query()
 		for _, p := range g.params {
-			v, ok := q.Get(p), q.Has(p)
-			if !ok {
-				v = segmentAt(pattern, r.URL.Path, p)
+			if !q.Has(p) {
+				s.ServeHTTP(w, r)
+				return
 			}
-			r.SetPathValue(p, v)
+			r.SetPathValue(p, q.Get(p))
 		}
 	}
 	s.serveGroup(w, r, g)
-}
-
-// segmentAt is the segment of path standing where {name} stands in pattern
-// ("" when the two differ in length).
-func segmentAt(pattern, path, name string) string {
-	ps, segs := strings.Split(pattern, "/"), strings.Split(path, "/")
-	if len(ps) != len(segs) {
-		return ""
-	}
-	for i, seg := range ps {
-		if seg == "{"+name+"}" {
-			return segs[i]
-		}
-	}
-	return ""
 }
 
 func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {

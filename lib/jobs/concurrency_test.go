@@ -399,9 +399,7 @@ func race(t *testing.T, calls []func() error) {
 // global.
 func TestRunningCountHoldsUnderRequeueRaces(t *testing.T) {
 	b := setup(t, "send_email@1", "send_email@2")
-	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "mailer",
-		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](6)}})
-	require.NoError(t, err)
+	b.createEndpoint(t, "mailer", jobs.PolicyFields{MaxConcurrent: opt[int64](6)})
 	runID := b.run(t)
 	var steps []string
 	for i := range 60 {
@@ -580,9 +578,7 @@ func TestEnqueueAndAnExhaustingReportDoNotDeadlock(t *testing.T) {
 func TestEnqueuesRacingAnExhaustingReport(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "send_email",
-		PolicyFields: jobs.PolicyFields{CircuitFailureThreshold: opt[int64](1000), MaxConcurrent: opt[int64](1000)}})
-	require.NoError(t, err)
+	b.createEndpoint(t, "send_email", jobs.PolicyFields{CircuitFailureThreshold: opt[int64](1000), MaxConcurrent: opt[int64](1000)})
 	w := b.register(t)
 	var (
 		mu   sync.Mutex

@@ -106,9 +106,7 @@ func TestLeaseTokensStoredInClearStillWork(t *testing.T) {
 func TestAClaimStopsBeforeItsInputsPassTheBudget(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "mailer",
-		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](10)}})
-	require.NoError(t, err)
+	b.createEndpoint(t, "mailer", jobs.PolicyFields{MaxConcurrent: opt[int64](10)})
 	runID := b.run(t)
 	var steps []string
 	for i := range 5 {

@@ -57,6 +57,13 @@ func (b *bundle) fail(t testing.TB, j jobs.ClaimedJob, e *jobs.ReportError) jobs
 	return r
 }
 
+// createEndpoint creates an endpoint of the workspace with the policy fields.
+func (b *bundle) createEndpoint(t testing.TB, name string, fields jobs.PolicyFields) {
+	t.Helper()
+	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: name, PolicyFields: fields})
+	require.NoError(t, err)
+}
+
 func (b *bundle) step(t testing.TB, stepID string) jobs.Step {
 	t.Helper()
 	st, err := b.svc.GetStep(ctx, b.ws, stepID)
@@ -524,9 +531,7 @@ func TestMaxConcurrentAndRateLimitGateClaims(t *testing.T) {
 func TestRateWindowDoesNotMoveBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "send_email",
-		PolicyFields: jobs.PolicyFields{RateLimitPerMinute: opt[int64](2)}})
-	require.NoError(t, err)
+	b.createEndpoint(t, "send_email", jobs.PolicyFields{RateLimitPerMinute: opt[int64](2)})
 	runID := b.run(t)
 	for i := range 8 {
 		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage([]byte{byte('0' + i)})})
@@ -548,12 +553,8 @@ func TestRateWindowDoesNotMoveBack(t *testing.T) {
 func TestSaturatedEndpointDoesNotHoldOthersJobs(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "slow",
-		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](1)}})
-	require.NoError(t, err)
-	_, _, err = b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "limited",
-		PolicyFields: jobs.PolicyFields{RateLimitPerMinute: opt[int64](1)}})
-	require.NoError(t, err)
+	b.createEndpoint(t, "slow", jobs.PolicyFields{MaxConcurrent: opt[int64](1)})
+	b.createEndpoint(t, "limited", jobs.PolicyFields{RateLimitPerMinute: opt[int64](1)})
 	runID := b.run(t)
 	for i := range 6 {
 		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprint(100 + i)), Endpoint: ptr("slow")})
@@ -968,9 +969,7 @@ func TestRestrictedKeyReportsOnlyItsTools(t *testing.T) {
 // is global and this test's clock moves minutes past other tests' lapses.
 func TestSweeperRequeuesALongLapsedLease(t *testing.T) {
 	b := setup(t, "send_email@1", "send_email@2")
-	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "mailer",
-		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](1)}})
-	require.NoError(t, err)
+	b.createEndpoint(t, "mailer", jobs.PolicyFields{MaxConcurrent: opt[int64](1)})
 	runID := b.run(t)
 	late := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000)})
 	b.clock.Add(time.Millisecond) // claimed in order: equal due times have no order
@@ -991,7 +990,7 @@ func TestSweeperRequeuesALongLapsedLease(t *testing.T) {
 	b.sweep(t)
 	require.Empty(t, b.claim(t, v2, 1))
 	require.Equal(t, "RUNNING", b.step(t, late.StepID).Status)
-	_, err = b.svc.Heartbeat(ctx, b.worker, lost.JobID, jobs.HeartbeatRequest{LeaseToken: lost.LeaseToken})
+	_, err := b.svc.Heartbeat(ctx, b.worker, lost.JobID, jobs.HeartbeatRequest{LeaseToken: lost.LeaseToken})
 	require.NoError(t, err, "a heartbeat revives a lapsed lease nobody took over")
 
 	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second) // from the heartbeat

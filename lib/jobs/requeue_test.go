@@ -22,9 +22,7 @@ import (
 // requeued, and the stalled attempt's claim is returned.
 func (b *bundle) limitedRequeued(t *testing.T) (jobs.EnqueueResult, jobs.ClaimedJob) {
 	t.Helper()
-	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "mailer",
-		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](2)}})
-	require.NoError(t, err)
+	b.createEndpoint(t, "mailer", jobs.PolicyFields{MaxConcurrent: opt[int64](2)})
 	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000)})
 	stale := b.claimOne(t, b.register(t))
 	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second)
@@ -76,9 +74,7 @@ func TestReviveNeverReopensAReportedAttempt(t *testing.T) {
 // report statement's earlier snapshot, and such reports were refused).
 func TestReportRacingTheRequeueIsRecorded(t *testing.T) {
 	b := setup(t)
-	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "mailer",
-		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](2)}})
-	require.NoError(t, err)
+	b.createEndpoint(t, "mailer", jobs.PolicyFields{MaxConcurrent: opt[int64](2)})
 	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000)})
 	stale := b.claimOne(t, b.register(t))
 
@@ -117,9 +113,7 @@ func TestReportRacingTheRequeueIsRecorded(t *testing.T) {
 // (no newer claim exists for any), and the endpoint's count ends right.
 func TestLateReportsRacingTheSweeperAreAllRecorded(t *testing.T) {
 	b := setup(t)
-	_, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "mailer",
-		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](1000)}})
-	require.NoError(t, err)
+	b.createEndpoint(t, "mailer", jobs.PolicyFields{MaxConcurrent: opt[int64](1000)})
 	runID := b.run(t)
 	const n = 200
 	for i := range n {

@@ -437,8 +437,9 @@ const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND wo
 //
 // $1 worker, $2 workspace, $3 now, $4 key, $5 limit, $6 lease grace ms,
 // $7 rate window (minute), $8 warning, $9 the most bytes of sealed input one
-// claim answers (always at least one job; ClaimInputBudget). The statement is the PL/pgSQL
-// function jobs_claim_hashed (migration 0032; 0011 has its design), which
+// claim answers (always at least one job; ClaimInputBudget). The statement
+// is the PL/pgSQL function jobs_claim_hashed (migration 0032; 0011 has its
+// design), which
 // answers each lease token and stores only its hash (every comparison is
 // jobs_lease_token_matches, which also accepts a token stored in clear
 // before 0032). Each server connection parses the call once, but the

@@ -141,13 +141,15 @@ func (s *bodyScan) number(lit []byte, at *place) {
 	if len(lit) < 309 && !bytes.ContainsAny(lit, "eE") {
 		return
 	}
-	switch f, err := strconv.ParseFloat(string(lit), 64); {
+	switch {
 	case len(lit) > maxNumberChars:
 		s.err = apierr.InvalidField(at.field(), "is a number of more than %d characters", maxNumberChars)
 	case exponentDigits(lit) > 3:
 		s.err = apierr.InvalidField(at.field(), "is a number with an exponent beyond ±999")
-	case err != nil && math.IsInf(f, 0):
-		s.err = apierr.InvalidField(at.field(), "is a number beyond the range of a 64-bit float")
+	default:
+		if f, err := strconv.ParseFloat(string(lit), 64); err != nil && math.IsInf(f, 0) {
+			s.err = apierr.InvalidField(at.field(), "is a number beyond the range of a 64-bit float")
+		}
 	}
 }
 
