@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -109,17 +110,23 @@ type errorBody struct {
 	Error apierr.Wire `json:"error"`
 }
 
+// writeJSON writes body without HTML escaping: the answers are JSON, never
+// HTML, and escaping turns each <, > and & of a job's input into six bytes,
+// so a claim measured against ClaimInputBudget by its stored inputs could
+// pass the platforms' answer limits all the same (review).
 func writeJSON(w http.ResponseWriter, status int, body any) {
-	b, err := json.Marshal(body)
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(body); err != nil { // Encode ends the document with a newline
 		status = http.StatusInternalServerError
-		b = []byte(`{"error":{"code":"internal_error","message":"Internal error.","detail":{}}}`)
+		buf.Reset()
+		buf.WriteString(`{"error":{"code":"internal_error","message":"Internal error.","detail":{}}}` + "\n")
 	}
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	_, _ = w.Write(b)
-	_, _ = w.Write([]byte("\n"))
+	_, _ = w.Write(buf.Bytes())
 }
 
 // WriteOutsideError answers e for an entry point that could not reach the
