@@ -500,8 +500,8 @@ func (s *Service) decide(ctx context.Context, q querier, in *beginInput,
 		// the client's retry inserts the key afresh.
 		return locked(ctx, in)
 	}
-	if !in.sameOperation(row.Fingerprint) {
-		return Decision{}, keyReuse()
+	if err := mayAnswerFor(ctx, q, in, &row); err != nil {
+		return Decision{}, err
 	}
 	if d, ok, err := s.settled(ctx, q, in, &row, &ev); ok || err != nil {
 		return d, err
@@ -539,6 +539,31 @@ func (in *beginInput) sameOperation(stored string) bool {
 		return stored == in.fingerprint
 	}
 	return stored == plainFingerprint(in.operation)
+}
+
+// mayAnswerFor checks that a begin may be answered by the effect its key
+// already names: the same operation, and, for a key that sees only its own
+// groups (groupOwner), not a step of another key's group. A begin naming
+// no group would otherwise answer such a step (its result, or a new
+// attempt and its lease) to a key for which the group does not exist; the
+// key was taken by another key's unit of work, as a key used in another
+// group is (admit).
+func mayAnswerFor(ctx context.Context, q querier, in *beginInput, row *effectRow) error {
+	if !in.sameOperation(row.Fingerprint) {
+		return keyReuse()
+	}
+	if row.GroupID == nil || in.groupOwner == nil || in.grouped() {
+		return nil // no group, a key that sees every group, or admitted by admit
+	}
+	var ours bool
+	if err := q.QueryRow(ctx, sqlGroupOfKey, *row.GroupID, *in.groupOwner).Scan(&ours); err != nil {
+		return fmt.Errorf("begin: group owner: %w", err)
+	}
+	if !ours {
+		return apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
+			"This idempotency key was used by another key's effect group; choose a key of your own.")
+	}
+	return nil
 }
 
 func keyReuse() error {
@@ -727,8 +752,8 @@ func (s *Service) decideLocked(ctx context.Context, tx pgx.Tx, in *beginInput) (
 		return Decision{}, fmt.Errorf("begin: lock effect: %w", err)
 	}
 	s.lockedAt(in)
-	if !in.sameOperation(row.Fingerprint) {
-		return Decision{}, keyReuse()
+	if err := mayAnswerFor(ctx, tx, in, &row); err != nil {
+		return Decision{}, err
 	}
 	if d, ok, err := s.settled(ctx, tx, in, &row, &ev); ok || err != nil {
 		return d, err

@@ -637,7 +637,7 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 			state         string
 			exp           *time.Time
 		)
-		err := tx.QueryRow(ctx, sqlCompensationTarget, *in.compensates, in.ws).Scan(&group, &state, &exp, &target,
+		err := tx.QueryRow(ctx, sqlCompensationTarget, *in.compensates, in.ws, in.groupOwner).Scan(&group, &state, &exp, &target,
 			&declared)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return apierr.NotFound("effect")

@@ -423,6 +423,9 @@ FROM effect_groups g LEFT JOIN effects e ON e.workspace_id = $2 AND e.idempotenc
 WHERE g.id = $1 AND g.workspace_id = $2 AND ($4::text IS NULL OR g.created_by_key_id = $4::text)
 FOR SHARE OF g`
 
+// sqlGroupOfKey says whether group $1 was created by key $2.
+const sqlGroupOfKey = `SELECT EXISTS (SELECT 1 FROM effect_groups WHERE id = $1 AND created_by_key_id = $2)`
+
 // sqlShareGroupState is a grouped effect's group state for a new attempt.
 // $1 group id.
 const sqlShareGroupState = `SELECT state FROM effect_groups WHERE id = $1 FOR SHARE`
@@ -468,9 +471,12 @@ WHERE id = ANY($1::text[]) AND workspace_id = $2 ORDER BY id FOR UPDATE`
 
 // sqlCompensationTarget reads the effect a compensating begin names, and
 // the compensation it declared (sealed; NULL when none). $1 effect id, $2
-// workspace.
-const sqlCompensationTarget = `SELECT group_id, state, lease_expires_at, compensates_effect_id, compensation
-FROM effects WHERE id = $1 AND workspace_id = $2`
+// workspace, $3 the key whose group it must be a step of (NULL: any effect;
+// see groupOwner): to a key that may not read it, another key's step, or an
+// effect of no group, does not exist.
+const sqlCompensationTarget = `SELECT e.group_id, e.state, e.lease_expires_at, e.compensates_effect_id, e.compensation
+FROM effects e LEFT JOIN effect_groups g ON g.id = e.group_id
+WHERE e.id = $1 AND e.workspace_id = $2 AND ($3::text IS NULL OR g.created_by_key_id = $3::text)`
 
 // sqlHasCompensation says whether a step has a compensating effect. $1 the
 // step's effect id.

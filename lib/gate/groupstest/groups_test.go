@@ -551,8 +551,21 @@ func TestAGroupBelongsToTheKeyThatCreatedIt(t *testing.T) {
 		"cost_micros": 1000, "group_id": g,
 		"compensation": map[string]any{"effect_type": "payment.refund", "payload": map[string]any{"card": "tok_1"}}}
 	d := f.env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", a, charge).JSON()
-	f.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+d["effect_id"].(string)+"/report", a,
-		map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded"})
+	step := d["effect_id"].(string)
+	f.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+step+"/report", a,
+		map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded",
+			"result": map[string]any{"charge": "ch_secret"}})
+
+	// Begun again without its group, the step's key answers its owner and
+	// the operator as any replay, but not another agent: the key is taken.
+	again := map[string]any{"effect_type": "payment.charge", "idempotency_key": charge["idempotency_key"],
+		"cost_micros": 1000}
+	require.Equal(t, "duplicate", f.env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", a, again).JSON()["decision"])
+	require.Equal(t, "duplicate", f.must(http.StatusOK, "POST", "/api/v1/effects/begin", again)["decision"])
+	r := f.env.Do("POST", "/api/v1/effects/begin", b, again)
+	require.Equal(t, http.StatusConflict, r.Status, "%s", r.Body)
+	require.Equal(t, "idempotency_key_reuse", r.ErrorCode())
+	require.NotContains(t, string(r.Body), "ch_secret")
 
 	for _, r := range []*apitest.Response{
 		f.env.Do("GET", "/api/v1/groups/"+g, b, nil),
@@ -575,4 +588,23 @@ func TestAGroupBelongsToTheKeyThatCreatedIt(t *testing.T) {
 	require.Len(t, u["plan"], 1)
 	// And the creating agent still reads its rollback.
 	require.Equal(t, "unwinding", f.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", a, nil).JSON()["state"])
+
+	// To the other agent, the step is no effect it can compensate: it is
+	// answered as an unknown id, whether or not the rollback would take it,
+	// and so is an effect of no group.
+	loose := f.env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", a, map[string]any{
+		"effect_type": "email.send", "idempotency_key": "loose:" + ids.Random(6)}).JSON()["effect_id"].(string)
+	refund := func(target string, group any) map[string]any {
+		return map[string]any{"effect_type": "payment.refund", "idempotency_key": "refund:" + ids.Random(6),
+			"payload": map[string]any{"card": "tok_1"}, "compensates_effect_id": target, "group_id": group}
+	}
+	unknown := f.env.Do("POST", "/api/v1/effects/begin", b, refund(ids.New(ids.Effect), nil))
+	require.Equal(t, http.StatusNotFound, unknown.Status, "%s", unknown.Body)
+	mine := f.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b, map[string]any{"name": "b's"}).JSON()["id"].(string)
+	for _, body := range []map[string]any{refund(step, nil), refund(step, mine), refund(loose, nil)} {
+		r := f.env.Do("POST", "/api/v1/effects/begin", b, body)
+		require.Equal(t, http.StatusNotFound, r.Status, "%s", r.Body)
+		require.Equal(t, unknown.JSON()["error"], r.JSON()["error"])
+	}
+	require.Len(t, f.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, a, nil).JSON()["steps"], 1, "nothing joined")
 }
