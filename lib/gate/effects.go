@@ -25,6 +25,9 @@ type Attempt struct {
 	ReportedByKeyID *string    `json:"reported_by_key_id"`
 	ResolvedByKeyID *string    `json:"resolved_by_key_id"`
 	ResolvedAt      *time.Time `json:"resolved_at"`
+	// ResolveNote is the operator's note on a resolve ("reconciliation"
+	// when a reconciliation settled the attempt); null otherwise.
+	ResolveNote *string `json:"resolve_note"`
 }
 
 // Effect is the effect object (API.md §5). Result is the recorded result on

@@ -129,7 +129,7 @@ func TestAttemptHistoryRecordsWhoAndWhen(t *testing.T) {
 		"lease_expires_at": t0.Add(60 * time.Second).Format(time.RFC3339),
 		"reported_at":      t0.Add(5 * time.Second).Format(time.RFC3339),
 		"began_by_key_id":  keyID(agent1), "reported_by_key_id": keyID(agent2),
-		"resolved_by_key_id": nil, "resolved_at": nil,
+		"resolved_by_key_id": nil, "resolved_at": nil, "resolve_note": nil,
 	}, attempts[0])
 	a2 := attempts[1].(map[string]any)
 	require.Nil(t, a2["outcome"])

@@ -54,6 +54,7 @@ func TestLapsedLeaseBlocksUntilResolved(t *testing.T) {
 	a := e["attempts"].([]any)[0].(map[string]any)
 	require.Equal(t, "succeeded", a["outcome"])
 	require.Equal(t, keyID(b.ws.Key), a["resolved_by_key_id"])
+	require.Equal(t, "checked the vendor dashboard", a["resolve_note"])
 	require.Nil(t, a["reported_at"])
 
 	dup := b.mustBegin("duplicate", email(k))

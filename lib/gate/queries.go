@@ -309,7 +309,8 @@ const attemptsJSON = `(SELECT coalesce(jsonb_agg(jsonb_build_object(
     'attempt', a.attempt, 'outcome', a.outcome, 'probe', a.probe, 'started_at', a.started_at,
     'lease_expires_at', a.lease_expires_at, 'reported_at', a.reported_at,
     'began_by_key_id', a.began_by_key_id, 'reported_by_key_id', a.reported_by_key_id,
-    'resolved_by_key_id', a.resolved_by_key_id, 'resolved_at', a.resolved_at) ORDER BY a.attempt), '[]')
+    'resolved_by_key_id', a.resolved_by_key_id, 'resolved_at', a.resolved_at, 'resolve_note', a.resolve_note)
+    ORDER BY a.attempt), '[]')
   FROM effect_attempts a WHERE a.effect_id = e.id)`
 
 // sqlGetEffect reads one effect with its attempts. $1 id, $2 workspace.

@@ -94,6 +94,7 @@ func TestReconcileClassifiesAndResolves(t *testing.T) {
 	a := e["attempts"].([]any)[0].(map[string]any)
 	require.Equal(t, "succeeded", a["outcome"])
 	require.NotNil(t, a["resolved_at"])
+	require.Equal(t, "reconciliation", a["resolve_note"])
 	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{"effect_type": typ,
 		"idempotency_key": "ind-happened", "cost_micros": 100})
 	require.Equal(t, "duplicate", d["decision"])
