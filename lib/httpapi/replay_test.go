@@ -77,6 +77,7 @@ func TestReplaySameVersion(t *testing.T) {
 	require.Equal(t, "version_conflict", r.ErrorCode())
 
 	before := durable(e.getRun(runID), 0)
+	require.Equal(t, []any{}, before["replays"])
 	res := e.Must(http.StatusOK, "POST", "/api/v1/steps/"+stepID+"/replay", e.ws.Key,
 		map[string]any{"acknowledgeDuplicateRisk": true, "maxAttempts": 2, "reason": "provider fixed"}).JSON()
 	require.Equal(t, map[string]any{"stepId": stepID, "jobId": before["id"], "status": "QUEUED", "attempt": 2.0,
@@ -116,6 +117,19 @@ func TestReplaySameVersion(t *testing.T) {
 	require.Equal(t, []string{"1", "1"}, []string{oldV, newV})
 	require.Equal(t, 1, e.count(`SELECT count(*) FROM events WHERE subject_id = $1 AND type = 'step.replayed'
 		AND data->>'keyId' = $2 AND data->>'oldHandlerVersion' = '1'`, stepID, keyID))
+	// Both step reads show the audit.
+	step := e.stepOf(stepID)
+	replays := step["durableJob"].(map[string]any)["replays"].([]any)
+	require.Len(t, replays, 1)
+	require.Equal(t, replays, durable(e.getRun(runID), 0)["replays"])
+	got := replays[0].(map[string]any)
+	require.NotEmpty(t, got["id"])
+	require.NotEmpty(t, got["createdAt"])
+	delete(got, "id")
+	delete(got, "createdAt")
+	require.Equal(t, map[string]any{"keyId": keyID, "reason": "provider fixed", "priorStatus": "EXHAUSTED",
+		"priorAttempt": 2.0, "additionalAttempts": 2.0, "maxAttempts": 4.0, "oldHandlerVersion": "1",
+		"newHandlerVersion": "1", "oldContractVersion": nil, "newContractVersion": nil}, got)
 	// A succeeded step is not replayable either.
 	r = e.replay(stepID, ack)
 	require.Equal(t, http.StatusConflict, r.Status)
@@ -244,6 +258,12 @@ func TestReplayUpgrade(t *testing.T) {
 	st := e.stepOf(stepID)
 	require.Equal(t, "2", st["version"])
 	require.EqualValues(t, 2, st["contractVersion"])
+	audit := st["durableJob"].(map[string]any)["replays"].([]any)
+	require.Len(t, audit, 1)
+	for k, want := range map[string]any{"oldHandlerVersion": "1", "newHandlerVersion": "2", "oldContractVersion": 1.0,
+		"newContractVersion": 2.0, "reason": nil} {
+		require.Equal(t, want, audit[0].(map[string]any)[k], k)
+	}
 	dj := st["durableJob"].(map[string]any)
 	require.EqualValues(t, 3, dj["maxAttempts"])
 	require.Equal(t, map[string]any{"preset": "CUSTOM", "maxAttempts": 3.0, "initialDelayMs": 1000.0,

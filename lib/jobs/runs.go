@@ -90,6 +90,28 @@ type DurableJob struct {
 	PolicyVersion   int64          `json:"policyVersion"`
 	Policy          PolicySnapshot `json:"policy"`
 	Attempts        []Attempt      `json:"attempts"`
+	// Replays is the job's replay audit, oldest first: who replayed it,
+	// why, and what the replay changed.
+	Replays []Replay `json:"replays"`
+}
+
+// Replay is one replay of a job (POST /api/v1/steps/{id}/replay): the key
+// that made it, its reason, the status and attempt it found, the attempts it
+// added, the job's ceiling after it, and the handler and contract versions
+// before and after.
+type Replay struct {
+	ID                 string    `json:"id"`
+	KeyID              string    `json:"keyId"`
+	Reason             *string   `json:"reason"`
+	PriorStatus        string    `json:"priorStatus"`
+	PriorAttempt       int       `json:"priorAttempt"`
+	AdditionalAttempts int       `json:"additionalAttempts"`
+	MaxAttempts        int       `json:"maxAttempts"`
+	OldHandlerVersion  string    `json:"oldHandlerVersion"`
+	NewHandlerVersion  string    `json:"newHandlerVersion"`
+	OldContractVersion *int      `json:"oldContractVersion"`
+	NewContractVersion *int      `json:"newContractVersion"`
+	CreatedAt          time.Time `json:"createdAt"`
 }
 
 // Attempt is one execution of a job (one claim). A lease that lapsed without
@@ -333,25 +355,58 @@ func (s *Service) stepsPage(ctx context.Context, runID, status, cursor string, l
 	if steps == nil {
 		return []Step{}, nil
 	}
-	jobIDs := make([]string, len(steps))
-	for i := range steps {
-		jobIDs[i] = steps[i].DurableJob.ID
-	}
-	if err := s.attachAttempts(ctx, steps, sqlJobsAttempts, jobIDs); err != nil {
+	if err := s.attachHistory(ctx, steps); err != nil {
 		return nil, err
 	}
 	return steps, nil
 }
 
-// attachAttempts reads the executions of steps (selected by sql over arg,
-// ordered by job and attempt) into their durable jobs.
-func (s *Service) attachAttempts(ctx context.Context, steps []Step, sql string, arg any) error {
+// attachHistory reads the executions and replays of steps' jobs.
+func (s *Service) attachHistory(ctx context.Context, steps []Step) error {
+	jobIDs := make([]string, len(steps))
 	byJob := make(map[string]*DurableJob, len(steps))
 	for i := range steps {
-		steps[i].DurableJob.Attempts = []Attempt{}
-		byJob[steps[i].DurableJob.ID] = &steps[i].DurableJob
+		j := &steps[i].DurableJob
+		j.Attempts, j.Replays = []Attempt{}, []Replay{}
+		jobIDs[i], byJob[j.ID] = j.ID, j
 	}
-	rows, err := s.pool.Query(ctx, sql, arg)
+	if err := s.attachAttempts(ctx, byJob, jobIDs); err != nil {
+		return err
+	}
+	return s.attachReplays(ctx, byJob, jobIDs)
+}
+
+// attachReplays reads the replay audit of the jobs jobIDs into byJob.
+func (s *Service) attachReplays(ctx context.Context, byJob map[string]*DurableJob, jobIDs []string) error {
+	rows, err := s.pool.Query(ctx, sqlJobsReplays, jobIDs)
+	if err != nil {
+		return fmt.Errorf("replays: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			jobID string
+			r     Replay
+		)
+		if err := rows.Scan(&jobID, &r.ID, &r.KeyID, &r.Reason, &r.PriorStatus, &r.PriorAttempt,
+			&r.AdditionalAttempts, &r.MaxAttempts, &r.OldHandlerVersion, &r.NewHandlerVersion,
+			&r.OldContractVersion, &r.NewContractVersion, &r.CreatedAt); err != nil {
+			return fmt.Errorf("replays: %w", err)
+		}
+		if j := byJob[jobID]; j != nil {
+			j.Replays = append(j.Replays, r)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("replays: %w", err)
+	}
+	return nil
+}
+
+// attachAttempts reads the executions of the jobs jobIDs, in attempt order,
+// into byJob.
+func (s *Service) attachAttempts(ctx context.Context, byJob map[string]*DurableJob, jobIDs []string) error {
+	rows, err := s.pool.Query(ctx, sqlJobsAttempts, jobIDs)
 	if err != nil {
 		return fmt.Errorf("attempts: %w", err)
 	}
@@ -734,7 +789,7 @@ func (s *Service) GetStep(ctx context.Context, workspaceID, stepID string) (Step
 		}
 	}
 	steps := []Step{st}
-	if err := s.attachAttempts(ctx, steps, sqlJobAttempts, st.DurableJob.ID); err != nil {
+	if err := s.attachHistory(ctx, steps); err != nil {
 		return Step{}, err
 	}
 	return steps[0], nil

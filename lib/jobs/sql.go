@@ -191,8 +191,6 @@ WHERE j.step_id = $1::text AND j.workspace_id = $2::text`
 const attemptColumns = `x.job_id, x.attempt, x.worker_id, x.outcome, x.warning, x.retryable, x.retry_after_ms,
 	x.started_at, x.lease_expires_at, x.reported_at, x.error_sealed`
 
-const sqlJobAttempts = `SELECT ` + attemptColumns + ` FROM job_executions x WHERE x.job_id = $1::text ORDER BY x.attempt`
-
 // sqlListRuns pages a workspace's runs newest first: $2 the previous page's
 // last id (” for the first page), $3 a status (” for any), $4 the limit
 // (job_runs_workspace_idx, or job_runs_workspace_status_idx with a status).
@@ -210,6 +208,12 @@ ORDER BY j.step_id LIMIT $4::int`
 // sqlJobsAttempts reads the executions of the jobs $1.
 const sqlJobsAttempts = `SELECT ` + attemptColumns + ` FROM job_executions x WHERE x.job_id = ANY($1::text[])
 ORDER BY x.job_id, x.attempt`
+
+// sqlJobsReplays reads the replay audit of the jobs $1, oldest first
+// (job_replays_job_idx).
+const sqlJobsReplays = `SELECT job_id, id, key_id, reason, prior_status, prior_attempt, additional_attempts,
+       max_attempts, old_handler_version, new_handler_version, old_contract_version, new_contract_version, created_at
+FROM job_replays WHERE job_id = ANY($1::text[]) ORDER BY job_id, created_at, id`
 
 // sqlEnqueue is an enqueue in one call of jobs_enqueue (migration 0009,
 // the only copy of its SQL, which documents its locks and answers): the

@@ -88,6 +88,30 @@ type DurableJob struct {
 	Policy          RetryPolicy `json:"policy"`
 	// Attempts are the job's executions, oldest first.
 	Attempts []JobAttempt `json:"attempts"`
+	// Replays are the job's replays, oldest first.
+	Replays []JobReplay `json:"replays"`
+}
+
+// JobReplay is one replay of a durable job: who made it, why, what it
+// found and what it changed.
+type JobReplay struct {
+	ID     string  `json:"id"`
+	KeyID  string  `json:"keyId"`
+	Reason *string `json:"reason"`
+	// PriorStatus and PriorAttempt are the job's status and last attempt
+	// when it was replayed; AdditionalAttempts what the replay added, and
+	// MaxAttempts the job's lifetime ceiling after it.
+	PriorStatus        string `json:"priorStatus"`
+	PriorAttempt       int    `json:"priorAttempt"`
+	AdditionalAttempts int    `json:"additionalAttempts"`
+	MaxAttempts        int    `json:"maxAttempts"`
+	// The handler and contract versions before and after (equal for a
+	// same-version replay; contract versions nil without a contract).
+	OldHandlerVersion  string    `json:"oldHandlerVersion"`
+	NewHandlerVersion  string    `json:"newHandlerVersion"`
+	OldContractVersion *int      `json:"oldContractVersion"`
+	NewContractVersion *int      `json:"newContractVersion"`
+	CreatedAt          time.Time `json:"createdAt"`
 }
 
 // JobAttempt is one execution of a durable job.
