@@ -29,11 +29,15 @@ type JobContext struct {
 }
 
 // Decision is a classifier's verdict on a handler error. RetryAfter, when
-// set, must be between 1 second and 24 hours and only with Retryable; any
-// other combination is invalid and falls back to a plain retryable failure.
+// positive, is a minimum wait before the next attempt and is treated as a
+// RetryableError's is: sent as whole milliseconds clamped to the API's range
+// of 1 second to 24 hours, so a provider's "retry in 2 days" waits 24 hours
+// and a sub-second hint waits 1 second. A hint is only valid with Retryable:
+// a non-zero RetryAfter with Retryable false is invalid and falls back to a
+// plain retryable failure.
 type Decision struct {
 	Retryable  bool          // whether another attempt may run
-	RetryAfter time.Duration // optional minimum wait before it
+	RetryAfter time.Duration // optional minimum wait before it, clamped to 1 s–24 h
 }
 
 // Tool is a handler for one exact name@version. In is decoded from the job's
@@ -51,8 +55,10 @@ type Tool[In, Out any] struct {
 	Handler func(ctx context.Context, in In, job JobContext) (Out, error)
 	// ClassifyError decides retryability of errors that are not explicit SDK
 	// errors (third-party error types). It never sees successes, schema
-	// failures, cancellations or panics. If it panics or returns an invalid
-	// Decision the failure is retryable and the problem goes to OnError.
+	// failures, cancellations or panics. A RetryAfter hint is clamped to
+	// 1 s–24 h as a RetryableError's is. If it panics or returns an invalid
+	// Decision (a hint without Retryable) the failure is retryable and the
+	// problem goes to OnError.
 	ClassifyError func(err error, job JobContext) Decision
 }
 
@@ -138,8 +144,8 @@ const (
 	maxRetryAfterMs = 86_400_000
 )
 
-// clampRetryAfter turns a RetryableError's hint into whole milliseconds
-// within the API's range; a zero or negative hint means none.
+// clampRetryAfter turns a RetryableError's or a classifier's hint into whole
+// milliseconds within the API's range; a zero or negative hint means none.
 func clampRetryAfter(d time.Duration) *int64 {
 	if d <= 0 {
 		return nil
@@ -230,11 +236,7 @@ func (rt *registeredTool) judge(err, cause error, job JobContext, onError func(e
 	if !d.Retryable {
 		return JobError{Message: msg, Retryable: false}
 	}
-	out := JobError{Message: msg, Retryable: true}
-	if d.RetryAfter > 0 {
-		out.RetryAfterMs = clampRetryAfter(d.RetryAfter)
-	}
-	return out
+	return JobError{Message: msg, Retryable: true, RetryAfterMs: clampRetryAfter(d.RetryAfter)}
 }
 
 // runClassifier calls the tool's classifier, reporting a panic or an
@@ -247,9 +249,11 @@ func (rt *registeredTool) runClassifier(err error, job JobContext, onError func(
 		}
 	}()
 	d = rt.classify(err, job)
-	valid := d.RetryAfter == 0 ||
-		(d.Retryable && d.RetryAfter >= minRetryAfterMs*time.Millisecond && d.RetryAfter <= maxRetryAfterMs*time.Millisecond)
-	if !valid {
+	// Only a hint on a non-retryable decision is refused: the API never takes
+	// retryAfterMs with retryable false, and guessing which half the
+	// classifier meant is worse than the default. An out-of-range hint is
+	// clamped by judge, as a RetryableError's is.
+	if d.RetryAfter != 0 && !d.Retryable {
 		onError(&InvalidDecisionError{Tool: rt.ref, Decision: d})
 		return Decision{Retryable: true}, false
 	}

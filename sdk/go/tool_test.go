@@ -109,11 +109,24 @@ func TestClassifierPrecedence(t *testing.T) {
 		{name: "non-retryable with hint is invalid", err: errors.New("x"),
 			classify: func(error, JobContext) Decision { return Decision{Retryable: false, RetryAfter: time.Minute} },
 			want:     JobError{Message: "x", Retryable: true}, onError: true},
-		{name: "hint beyond 24h is invalid", err: errors.New("x"),
+		// A classifier's hint is clamped into the API's range as a
+		// RetryableError's is, not refused: both say "wait at least this".
+		{name: "classifier hint beyond 24h is clamped to 24h", err: errors.New("x"),
 			classify: func(error, JobContext) Decision { return Decision{Retryable: true, RetryAfter: 25 * time.Hour} },
-			want:     JobError{Message: "x", Retryable: true}, onError: true},
-		{name: "hint below 1s is invalid", err: errors.New("x"),
+			want:     JobError{Message: "x", Retryable: true, RetryAfterMs: ms(86_400_000)}},
+		{name: "classifier hint below 1s is clamped to 1s", err: errors.New("x"),
 			classify: func(error, JobContext) Decision { return Decision{Retryable: true, RetryAfter: time.Millisecond} },
+			want:     JobError{Message: "x", Retryable: true, RetryAfterMs: ms(1000)}},
+		{name: "classifier hint rounds up to whole milliseconds", err: errors.New("x"),
+			classify: func(error, JobContext) Decision {
+				return Decision{Retryable: true, RetryAfter: 1500*time.Millisecond + time.Microsecond}
+			},
+			want: JobError{Message: "x", Retryable: true, RetryAfterMs: ms(1501)}},
+		{name: "negative classifier hint means none", err: errors.New("x"),
+			classify: func(error, JobContext) Decision { return Decision{Retryable: true, RetryAfter: -time.Second} },
+			want:     JobError{Message: "x", Retryable: true}},
+		{name: "non-retryable with an out-of-range hint is still invalid", err: errors.New("x"),
+			classify: func(error, JobContext) Decision { return Decision{Retryable: false, RetryAfter: 48 * time.Hour} },
 			want:     JobError{Message: "x", Retryable: true}, onError: true},
 		{name: "timeout is retryable without the classifier", err: context.DeadlineExceeded, cause: ErrTimeout, classify: panicking,
 			want: JobError{Message: "handler timed out after 1500ms", Retryable: true}},
