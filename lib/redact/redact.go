@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"unicode/utf8"
 )
 
@@ -16,7 +17,10 @@ import (
 // MaxKeyRunes is cut (ending in "…"), and once the preview has MaxBytes no
 // further key is kept (each open object counts the rest). Without the last
 // two a preview could outgrow its document (fuzzing: four levels of 50 keys
-// previewed 2.5 times larger), and listings return up to 200 of them.
+// previewed 2.5 times larger), and listings return up to 200 of them. A cut
+// key that would repeat a key its object already shows is cut shorter and
+// followed, after the "…", by 8 hex digits of its full key's hash, so that
+// two long keys sharing their first runes both survive a jsonb column.
 const (
 	MaxDepth    = 4
 	MaxKeys     = 50
@@ -77,6 +81,11 @@ func preview(dec *json.Decoder, buf *bytes.Buffer, depth int) error {
 func previewObject(dec *json.Decoder, buf *bytes.Buffer, depth int) error {
 	buf.WriteByte('{')
 	n, kept, sawMore := 0, 0, false
+	// shown maps each key written so far to the document key it stands for:
+	// a cut key must not repeat another's, or jsonb keeps only one. (A short
+	// key spelled exactly like an earlier cut one still repeats it: a preview
+	// is written as it is read, and the document's own key is not renamed.)
+	shown := make(map[string]string)
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
@@ -97,7 +106,9 @@ func previewObject(dec *json.Decoder, buf *bytes.Buffer, depth int) error {
 		if key == moreKey {
 			sawMore = true
 		}
-		kb, _ := json.Marshal(cutKey(key))
+		out := cutKey(key, shown)
+		shown[out] = key
+		kb, _ := json.Marshal(out)
 		buf.Write(kb)
 		buf.WriteByte(':')
 		if err := preview(dec, buf, depth+1); err != nil {
@@ -127,12 +138,41 @@ func previewObject(dec *json.Decoder, buf *bytes.Buffer, depth int) error {
 // moreKey names the entry counting an object's keys left out.
 const moreKey = "…"
 
-// cutKey shortens a key to MaxKeyRunes, marking the cut.
-func cutKey(key string) string {
+// hashDigits is how many hex digits of a cut key's hash tell it apart.
+const hashDigits = 8
+
+// cutKey shortens a key to MaxKeyRunes, marking the cut with "…". shown maps
+// the keys its object already shows to the keys they stand for; when the cut
+// would repeat one of another key, the cut is hashDigits runes shorter and
+// followed by hex digits of key's hash: deterministic (the same document
+// previews the same) and still within MaxKeyRunes and no more bytes than the
+// plain cut, so MaxBytes holds as before.
+// A repeated document key is left to repeat, as a short one is.
+func cutKey(key string, shown map[string]string) string {
 	if utf8.RuneCountInString(key) <= MaxKeyRunes {
 		return key
 	}
-	return string([]rune(key)[:MaxKeyRunes-1]) + moreKey
+	runes := []rune(key)
+	cut := string(runes[:MaxKeyRunes-1]) + moreKey
+	// Another salt only on a hash collision (or a document key spelled like
+	// a hashed cut): at most MaxKeys keys are shown, so this ends quickly.
+	for salt := uint32(0); ; salt++ {
+		if from, taken := shown[cut]; !taken || from == key {
+			return cut
+		}
+		cut = string(runes[:MaxKeyRunes-1-hashDigits]) + moreKey + keyHash(key, salt)
+	}
+}
+
+// keyHash is hashDigits hex digits of FNV-1a over salt and key: stable
+// across processes and releases, unlike hash/maphash.
+func keyHash(key string, salt uint32) string {
+	h := fnv.New32a()
+	if salt > 0 {
+		fmt.Fprintf(h, "%d:", salt)
+	}
+	h.Write([]byte(key))
+	return fmt.Sprintf("%0*x", hashDigits, h.Sum32())
 }
 
 // skipRest consumes the rest of the object or array whose opening delimiter

@@ -95,3 +95,40 @@ func TestPreviewBoundsItsSize(t *testing.T) {
 		require.NoError(t, dec.Decode(&skip))
 	}
 }
+
+// Two long keys sharing their first MaxKeyRunes-1 runes were both cut to the
+// same key, and a jsonb column kept only one of them. The second and third
+// are now told apart by hex digits of their full key's hash after the "…",
+// the same in every process.
+func TestPreviewKeepsLongKeysWithACommonPrefixApart(t *testing.T) {
+	t.Parallel()
+	prefix := strings.Repeat("é", MaxKeyRunes-1)
+	doc := `{"` + prefix + `-first":1,"` + prefix + `-second":{"a":1},"` + prefix + `-third":true,"short":1}`
+	got := PreviewJSON([]byte(doc))
+
+	short := string([]rune(prefix)[:MaxKeyRunes-1-8])
+	// The hashes are FNV-1a 32 of the full keys, computed outside Go, so the
+	// expectation pins the preview across processes and releases.
+	want := `{"` + prefix + `…":"<number>",` +
+		`"` + short + `…50d90c88":{"a":"<number>"},` +
+		`"` + short + `…033afa3d":"<boolean>",` +
+		`"short":"<number>"}`
+	require.Equal(t, want, string(got))
+	require.Equal(t, string(got), string(PreviewJSON([]byte(doc))))
+
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(got, &m))
+	require.Len(t, m, 4, "every key survives a jsonb column: %s", got)
+	for k := range m {
+		require.LessOrEqual(t, utf8.RuneCountInString(k), MaxKeyRunes)
+	}
+
+	// A document key repeated is still shown as the document has it, long
+	// or short; and a key spelled like a hashed cut does not hide one.
+	dup := `{"` + prefix + `-x":1,"` + prefix + `-x":2}`
+	require.Equal(t, `{"`+prefix+`…":"<number>","`+prefix+`…":"<number>"}`, string(PreviewJSON([]byte(dup))))
+	spoof := `{"` + prefix + `…":1,"` + short + `…50d90c88":2,"` + prefix + `-second":3}`
+	m = nil
+	require.NoError(t, json.Unmarshal(PreviewJSON([]byte(spoof)), &m))
+	require.Len(t, m, 3, "%s", PreviewJSON([]byte(spoof)))
+}
