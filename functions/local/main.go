@@ -106,9 +106,10 @@ func run(ctx context.Context, logOut io.Writer, ready chan<- string) error {
 const startWait = time.Minute
 
 // whenReachable calls start until it succeeds, fails for another reason
-// than an unreachable database, wait passes or ctx ends, pausing between
-// tries from 250 ms doubling to 5 s (crash QA: a server restarted while
-// the database was away exited at once and stayed down).
+// than an unreachable database, wait passes or ctx ends (its error then
+// wraps both ctx's cause and the last try's), pausing between tries from
+// 250 ms doubling to 5 s (crash QA: a server restarted while the database
+// was away exited at once and stayed down).
 func whenReachable[T any](ctx context.Context, logger *slog.Logger, wait time.Duration, start func() (T, error)) (T, error) {
 	deadline := time.Now().Add(wait)
 	for pause := 250 * time.Millisecond; ; pause = min(2*pause, 5*time.Second) {
@@ -119,7 +120,9 @@ func whenReachable[T any](ctx context.Context, logger *slog.Logger, wait time.Du
 		logger.Warn("database unreachable; trying again", "in", pause.String())
 		select {
 		case <-ctx.Done():
-			return v, err
+			// Both halves: the stop is why it gave up, the last try why it
+			// had not started (an interrupt's cause names its signal).
+			return v, fmt.Errorf("stopped waiting for the database: %w (last try: %w)", context.Cause(ctx), err)
 		case <-time.After(pause):
 		}
 	}

@@ -248,3 +248,25 @@ func TestStartWaitsForAnUnreachableDatabase(t *testing.T) {
 	require.ErrorIs(t, err, away)
 	require.Equal(t, 1, tries)
 }
+
+// Told to stop while it waits for the database (an interrupt during an
+// outage), it stops waiting at once: start is not tried again, and the
+// error says both that it was stopped and why the last try failed.
+func TestStartStopsWaitingWhenCancelled(t *testing.T) {
+	t.Parallel()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	away := fmt.Errorf("migrate: connect: %w", &net.OpError{Op: "dial", Err: errors.New("connection refused")})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tries := 0
+	_, err := whenReachable(ctx, logger, time.Hour, func() (int, error) {
+		if tries++; tries > 1 {
+			return 7, nil // a second try would succeed: it must not happen
+		}
+		cancel() // the interrupt lands while this try fails
+		return 0, away
+	})
+	require.Equal(t, 1, tries, "start was tried again after the context ended")
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorIs(t, err, away, "the last try's failure is still reported")
+}
