@@ -3,14 +3,17 @@ package httpapi_test
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/httpapi"
 )
 
 func TestSignupReturnsOperatorKeyOnce(t *testing.T) {
@@ -39,15 +42,36 @@ func TestHealth(t *testing.T) {
 // A pooled connection the server ended is not an outage: health answers
 // from a fresh connection (QA: it flapped to 503 after pg_terminate_backend
 // while the database answered).
+//
+// The health check runs over a pool of its own that never pings: pgxpool
+// pings a connection idle for over a second before handing it out and
+// quietly replaces a dead one, so over the app's pool this test could pass
+// without the dead connection ever reaching the health check (a slow run,
+// a busy machine). Here the dead connection is always the one it gets.
 func TestHealthOutlivesAnEndedConnection(t *testing.T) {
 	t.Parallel()
 	env := apitest.Start(t)
 	ctx := context.Background()
-	c, err := env.App.Pool.Acquire(ctx)
+	var dead uint32 // the ended backend; ShouldPing runs in this goroutine
+	metDead := false
+	pc := env.App.Pool.Config() // the app's settings, as lib/db builds them
+	pc.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
+		metDead = metDead || p.Conn.PgConn().PID() == dead
+		return false
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	require.NoError(t, err)
+	defer pool.Close()
+	deps := env.App.Server.Deps
+	deps.Pool = pool // health uses only the pool
+	srv := httpapi.New(deps)
+
+	c, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	var pid int32
 	require.NoError(t, c.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
-	c.Release() // idle in the pool, and recent enough that the pool hands it out unchecked
+	dead = uint32(pid)
+	c.Release() // the pool's only connection, handed out next
 	admin, err := pgx.Connect(ctx, env.App.Config.DatabaseURL)
 	require.NoError(t, err)
 	defer admin.Close(ctx)
@@ -59,8 +83,11 @@ func TestHealthOutlivesAnEndedConnection(t *testing.T) {
 		err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n)
 		return err == nil && n == 0
 	}, 5*time.Second, 5*time.Millisecond)
-	r := env.Do("GET", "/api/v1/health", "", nil)
-	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+
+	rec := httptest.NewRecorder()
+	srv.ServeHTTP(rec, httptest.NewRequest("GET", "/api/v1/health", nil))
+	require.True(t, metDead, "the health check was handed the ended connection")
+	require.Equal(t, http.StatusOK, rec.Code, "%s", rec.Body)
 }
 
 // Answers are JSON, never HTML: <, > and & are written as they are. A
