@@ -1,8 +1,6 @@
 package httpapi
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +10,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jsonstrict"
+	"github.com/getratchet/ratchet/lib/jsonx"
 )
 
 // MaxBodyBytes is the published request body limit.
@@ -110,23 +109,20 @@ type errorBody struct {
 	Error apierr.Wire `json:"error"`
 }
 
-// writeJSON writes body without HTML escaping: the answers are JSON, never
-// HTML, and escaping turns each <, > and & of a job's input into six bytes,
-// so a claim measured against ClaimInputBudget by its stored inputs could
-// pass the platforms' answer limits all the same (review).
+// writeJSON writes body without HTML escaping (jsonx.Marshal): escaping
+// turns each <, > and & of a job's input into six bytes, so a claim measured
+// against ClaimInputBudget by its stored inputs could pass the platforms'
+// answer limits all the same (review).
 func writeJSON(w http.ResponseWriter, status int, body any) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(body); err != nil { // Encode ends the document with a newline
+	b, err := jsonx.Marshal(body)
+	if err != nil {
 		status = http.StatusInternalServerError
-		buf.Reset()
-		buf.WriteString(`{"error":{"code":"internal_error","message":"Internal error.","detail":{}}}` + "\n")
+		b = []byte(`{"error":{"code":"internal_error","message":"Internal error.","detail":{}}}`)
 	}
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	_, _ = w.Write(buf.Bytes())
+	_, _ = w.Write(append(b, '\n'))
 }
 
 // WriteOutsideError answers e for an entry point that could not reach the

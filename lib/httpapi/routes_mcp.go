@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
@@ -81,65 +82,169 @@ func (s *Server) mcpRoutes() []Route {
 // jsonRPCErrors turns the transport's plain-text refusals into answers an
 // MCP client can read: a message it cannot take (malformed JSON, another
 // jsonrpc version, an unknown method) becomes a JSON-RPC error response, and
-// a refused content type the API's envelope. Everything else passes through.
+// a refused content type the API's envelope. A JSON answer is held until
+// finish, which quiets the messages of its JSON-RPC errors (quietRPCErrors).
+// Anything else passes through.
 type jsonRPCErrors struct {
 	http.ResponseWriter
-	body      []byte // the request, for the id of the message refused
-	rewriting bool
-	status    int
-	text      bytes.Buffer
+	body    []byte // the request, for the id of the message refused
+	decided bool   // WriteHeader was called (or implied by a Write)
+	mode    answerMode
+	status  int
+	held    bytes.Buffer
 }
 
+type answerMode int
+
+const (
+	passThrough    answerMode = iota
+	rewriteRefusal            // a plain-text refusal, rewritten by finish
+	holdJSON                  // a JSON answer, written by finish
+)
+
 func (j *jsonRPCErrors) WriteHeader(status int) {
-	ct := j.Header().Get("Content-Type")
-	if status >= 400 && !strings.HasPrefix(ct, "application/json") {
-		j.rewriting, j.status = true, status
+	if j.decided {
 		return
 	}
-	j.ResponseWriter.WriteHeader(status)
+	j.decided, j.status = true, status
+	ct := j.Header().Get("Content-Type")
+	switch {
+	case strings.HasPrefix(ct, "application/json"):
+		j.mode = holdJSON
+	case status >= 400:
+		j.mode = rewriteRefusal
+	default:
+		j.ResponseWriter.WriteHeader(status)
+	}
 }
 
 func (j *jsonRPCErrors) Write(b []byte) (int, error) {
-	if j.rewriting {
-		return j.text.Write(b)
+	j.WriteHeader(http.StatusOK) // implied, as net/http does
+	if j.mode != passThrough {
+		return j.held.Write(b)
 	}
 	return j.ResponseWriter.Write(b)
 }
 
-// Flush passes through, except for an answer being rewritten (written
-// whole by finish).
+// Flush passes through, except for an answer held for finish.
 func (j *jsonRPCErrors) Flush() {
-	if f, ok := j.ResponseWriter.(http.Flusher); ok && !j.rewriting {
+	if f, ok := j.ResponseWriter.(http.Flusher); ok && j.mode == passThrough {
 		f.Flush()
 	}
 }
 
-// finish writes the rewritten answer, if the transport refused the request.
+// finish writes the answer held, if any: a JSON one with its errors
+// quieted, or the transport's refusal rewritten.
 func (j *jsonRPCErrors) finish() {
-	if !j.rewriting {
+	mode := j.mode
+	j.mode = passThrough
+	switch mode {
+	case passThrough:
+		return
+	case holdJSON:
+		j.Header().Del("Content-Length")
+		j.ResponseWriter.WriteHeader(j.status)
+		_, _ = j.ResponseWriter.Write(quietRPCErrors(j.held.Bytes()))
 		return
 	}
-	j.rewriting = false
 	j.Header().Del("Content-Length")
-	msg := strings.TrimSpace(j.text.String())
 	if j.status == http.StatusUnsupportedMediaType {
 		writeError(j.ResponseWriter, apierr.InvalidField("Content-Type", "must be application/json"))
 		return
 	}
-	code := -32600 // Invalid Request
+	code := rpcInvalidRequest
 	var probe struct {
 		ID json.RawMessage `json:"id"`
 	}
+	msg := strings.TrimSpace(j.held.String())
 	switch {
 	case !json.Valid(j.body):
-		code = -32700 // Parse error
+		code = rpcParseError
 	case strings.Contains(msg, "unsupported") || strings.Contains(msg, "not handled"):
-		code = -32601 // Method not found
+		code = rpcMethodNotFound
 	}
 	id := json.RawMessage("null")
 	if json.Unmarshal(j.body, &probe) == nil && len(probe.ID) > 0 && (probe.ID[0] == '"' || (probe.ID[0] >= '0' && probe.ID[0] <= '9') || probe.ID[0] == '-') {
 		id = probe.ID
 	}
 	writeJSON(j.ResponseWriter, j.status, map[string]any{"jsonrpc": "2.0", "id": id,
-		"error": map[string]any{"code": code, "message": msg}})
+		"error": map[string]any{"code": code, "message": quietMessage(msg, code)}})
+}
+
+// JSON-RPC 2.0's error codes, and what each means.
+const (
+	rpcParseError     = -32700
+	rpcInvalidRequest = -32600
+	rpcMethodNotFound = -32601
+	rpcInvalidParams  = -32602
+	rpcInternalError  = -32603
+)
+
+var rpcMessages = map[int]string{rpcParseError: "Parse error", rpcInvalidRequest: "Invalid Request",
+	rpcMethodNotFound: "Method not found", rpcInvalidParams: "Invalid params", rpcInternalError: "Internal error"}
+
+// quietMessage is a transport message without the values it quotes: the
+// MCP SDK's messages end in what the caller sent, quoted (`unknown tool
+// "…"`, `"…" unsupported`, `unmarshaling "{…the whole params…}"`), and an
+// answer names what is wrong, never the value (QA: a payload's secrets came
+// back in the error; tool argument refusals already follow the rule). It
+// keeps the text before the first quote, or says what the code means.
+func quietMessage(msg string, code int) string {
+	if i := strings.IndexByte(msg, '"'); i >= 0 {
+		msg = msg[:i]
+	}
+	msg = strings.TrimRight(msg, " :")
+	if msg == "" {
+		if std, ok := rpcMessages[code]; ok {
+			return std
+		}
+		return "Error"
+	}
+	return msg
+}
+
+// quietRPCErrors quiets the message of each JSON-RPC error in a JSON answer
+// (one response or a batch of them) with quietMessage. An answer with no
+// error, or one that is not JSON-RPC, is returned as it is.
+func quietRPCErrors(answer []byte) []byte {
+	if !bytes.Contains(answer, []byte(`"error"`)) {
+		return answer
+	}
+	var batch []map[string]json.RawMessage
+	single := json.Unmarshal(answer, &batch) != nil
+	if single {
+		var one map[string]json.RawMessage
+		if json.Unmarshal(answer, &one) != nil {
+			return answer
+		}
+		batch = []map[string]json.RawMessage{one}
+	}
+	changed := false
+	for _, m := range batch {
+		var e struct {
+			Code    int             `json:"code"`
+			Message string          `json:"message"`
+			Data    json.RawMessage `json:"data,omitempty"`
+		}
+		if m["error"] == nil || json.Unmarshal(m["error"], &e) != nil {
+			continue
+		}
+		quiet := quietMessage(e.Message, e.Code)
+		if quiet == e.Message {
+			continue
+		}
+		e.Message = quiet
+		m["error"], _ = jsonx.Marshal(e)
+		changed = true
+	}
+	if !changed {
+		return answer
+	}
+	var out []byte
+	if single {
+		out, _ = jsonx.Marshal(batch[0])
+	} else {
+		out, _ = jsonx.Marshal(batch)
+	}
+	return out
 }

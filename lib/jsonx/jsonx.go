@@ -1,4 +1,5 @@
-// Package jsonx holds small JSON helpers shared by request types.
+// Package jsonx holds small JSON helpers shared by request types and the
+// writers of API bodies.
 package jsonx
 
 import (
@@ -51,4 +52,18 @@ func (o Optional[T]) Apply(dst **T) {
 		v := o.Value
 		*dst = &v
 	}
+}
+
+// Marshal is json.Marshal without HTML escaping: API bodies are JSON, never
+// HTML, and escaping writes each <, > and & as six bytes, so a body the API
+// measures against its limits (a claim's inputs, a relayed MCP argument)
+// would grow up to six times on the way (review, MCP QA).
+func Marshal(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil // Encode ends the document with a newline
 }

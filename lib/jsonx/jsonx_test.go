@@ -37,3 +37,9 @@ func TestOptionalRejectsWrongType(t *testing.T) {
 	var b body
 	require.Error(t, json.Unmarshal([]byte(`{"n":"x"}`), &b))
 }
+
+func TestMarshalWritesMarkupAsIs(t *testing.T) {
+	b, err := Marshal(map[string]any{"html": "<a href='x'>&</a>"})
+	require.NoError(t, err)
+	require.Equal(t, `{"html":"<a href='x'>&</a>"}`, string(b), "unescaped, with no trailing newline")
+}

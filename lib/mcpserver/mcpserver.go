@@ -22,6 +22,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/jsonx"
 )
 
 // Version is reported to MCP clients.
@@ -100,9 +101,16 @@ func New(c Caller, defaultAuth string) *mcp.Server {
 
 // Handler serves MCP over streamable HTTP, statelessly with JSON responses,
 // which suits serverless: any instance can answer any request.
+//
+// The transport's DNS-rebinding guard is off. It refuses a request that
+// reached a loopback address under another Host, which is every request a
+// reverse proxy or tunnel on the same host forwards (QA: MCP answered 403
+// behind them while REST answered), and it guards against nothing here:
+// every request must carry an API key in its Authorization header, which
+// a page that rebinds a name to 127.0.0.1 cannot make a browser send.
 func Handler(s *mcp.Server) http.Handler {
 	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s },
-		&mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
+		&mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true, DisableLocalhostProtection: true})
 }
 
 // call runs one REST call and turns its answer into a tool result: the API's
@@ -114,10 +122,13 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 			auth = h
 		}
 	}
+	// Unescaped (jsonx.Marshal): json.Marshal wrote each <, > and & as six
+	// bytes, so a result within the API's limit through REST was refused
+	// payload_too_large through MCP, after the agent had acted (QA).
 	var raw []byte
 	if body != nil {
 		var err error
-		if raw, err = json.Marshal(body); err != nil {
+		if raw, err = jsonx.Marshal(body); err != nil {
 			return nil, fmt.Errorf("encode arguments: %w", err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -203,4 +204,30 @@ func TestListToolsPage(t *testing.T) {
 		require.True(t, isErr, "%s: %s", tool, text)
 		require.Equal(t, "invalid_request", errorCode(t, text), tool)
 	}
+}
+
+// A result within the API's limit through REST is within it through MCP:
+// each <, > and & of the arguments reaches the API as one byte, not as a
+// six-byte escape (QA: a 44 KB result of '<' was refused payload_too_large,
+// after the agent had acted).
+func TestToolBodiesAreTheArgumentsSize(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+
+	markup := strings.Repeat("<b>&amp;</b>", 100_000/12) // 100 KB, 600 KB escaped
+	text, isErr := callRaw(t, cs, "ratchet_begin", `{"effect_type":"page.publish","idempotency_key":"p1",`+
+		`"payload":{"html":"`+markup+`"}}`)
+	require.False(t, isErr, "%.200s", text)
+	var d struct {
+		EffectID   string `json:"effect_id"`
+		LeaseToken string `json:"lease_token"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(text), &d))
+	text, isErr = callRaw(t, cs, "ratchet_report", `{"effect_id":"`+d.EffectID+`","lease_token":"`+d.LeaseToken+
+		`","outcome":"succeeded","result":{"html":"`+markup+`"}}`)
+	require.False(t, isErr, "%.200s", text)
+	got := env.Must(http.StatusOK, "GET", "/api/v1/effects/"+d.EffectID, ws.Key, nil).JSON()
+	require.Equal(t, map[string]any{"html": markup}, got["result"], "stored as sent")
 }

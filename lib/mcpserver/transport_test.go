@@ -3,6 +3,7 @@ package mcpserver_test
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -62,4 +63,68 @@ func TestTransportRefusalsAreJSON(t *testing.T) {
 	status, out = post("application/json", []byte(`{"jsonrpc":"2.0","id":2,"method":"ping"}`))
 	require.Equal(t, http.StatusOK, status, "%v", out)
 	require.EqualValues(t, 2, out["id"])
+}
+
+// A JSON-RPC error names what is wrong, never the value sent: the
+// transport's messages quoted the tool name, the method or the params whole
+// (a payload's secrets included).
+func TestTransportErrorsDoNotEchoValues(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	key := env.Key(env.Signup(), map[string]any{"name": "agent", "preset": "AGENT"})
+	const secret = "sk_live_SECRET"
+	for _, c := range []struct {
+		body string
+		code float64
+	}{
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ratchet_begin","arguments":` +
+			`{"payload":{"a":"` + secret + `"}},"_meta":"` + secret + `"}}`, -32602},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":"` + secret + `"}`, -32602},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"` + secret + `","arguments":{}}}`, -32602},
+		{`{"jsonrpc":"2.0","id":1,"method":"` + secret + `"}`, -32601},
+		{`[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":"` + secret + `"},` +
+			`{"jsonrpc":"2.0","id":2,"method":"ping"}]`, -32602},
+	} {
+		req, err := http.NewRequest("POST", env.Server.URL+"/api/v1/mcp", strings.NewReader(c.body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		require.NoError(t, err)
+		require.NotContains(t, string(body), secret, c.body)
+		var out any
+		require.NoError(t, json.Unmarshal(body, &out), "%s", body)
+		first, _ := out.(map[string]any)
+		if batch, ok := out.([]any); ok {
+			require.Len(t, batch, 2, "%s", body)
+			first = batch[0].(map[string]any)
+			require.Contains(t, batch[1].(map[string]any), "result", "the batch's other answer is untouched")
+		}
+		e := first["error"].(map[string]any)
+		require.Equal(t, c.code, e["code"], "%s", body)
+		require.NotEmpty(t, e["message"], "%s", body)
+	}
+}
+
+// Behind a reverse proxy or a tunnel on the same host, a request reaches
+// a loopback address under the public Host; MCP answers it as REST does.
+func TestEndpointAnswersUnderAnyHost(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	key := env.Key(env.Signup(), map[string]any{"name": "agent", "preset": "AGENT"})
+	req, err := http.NewRequest("POST", env.Server.URL+"/api/v1/mcp",
+		strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+	require.NoError(t, err)
+	req.Host = "ratchet.example.com"
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	require.Equal(t, http.StatusOK, res.StatusCode)
 }
