@@ -148,6 +148,54 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 	require.Equal(t, []any{"pending", "approved", "rejected", nil}, prop("ratchet_list_approvals", "state", "enum"))
 	require.EqualValues(t, 200, prop("ratchet_list_effects", "limit", "maximum"))
 	require.EqualValues(t, 1, prop("ratchet_get_effect", "effect_id", "minLength"))
+
+	// Every argument has a schema object (some clients refuse the boolean
+	// schema true), and a compensation says its shape.
+	for tool, props := range schemas {
+		for name, p := range props {
+			require.IsType(t, map[string]any{}, p, "%s.%s", tool, name)
+		}
+	}
+	comp := schemas["ratchet_begin"]["compensation"].(map[string]any)
+	require.ElementsMatch(t, []any{"object", "null"}, comp["type"])
+	require.Equal(t, []any{"effect_type"}, comp["required"])
+	require.Contains(t, comp["properties"], "payload")
+	body, isErr = callJSON(t, cs, "ratchet_begin", map[string]any{"effect_type": "payment.charge",
+		"idempotency_key": "c1", "compensation": "refund it"})
+	require.True(t, isErr)
+	require.Equal(t, "compensation", body["error"].(map[string]any)["detail"].(map[string]any)["validation"].([]any)[0].(map[string]any)["field"])
+
+	// Reads are marked read-only, so a client may run them unasked; no tool
+	// destroys a record or reaches past Ratchet.
+	res, err := cs.ListTools(context.Background(), nil)
+	require.NoError(t, err)
+	reads := []string{"ratchet_get_effect", "ratchet_list_effects", "ratchet_get_policy", "ratchet_list_approvals"}
+	for _, tl := range res.Tools {
+		require.NotNil(t, tl.Annotations, tl.Name)
+		require.Equal(t, slices.Contains(reads, tl.Name), tl.Annotations.ReadOnlyHint, tl.Name)
+		require.Equal(t, false, *tl.Annotations.DestructiveHint, tl.Name)
+		require.Equal(t, false, *tl.Annotations.OpenWorldHint, tl.Name)
+	}
+}
+
+// A grouped begin through the tool declares its compensation as REST does:
+// the unwind plan offers the declared undo.
+func TestBeginToolDeclaresCompensation(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+	g := env.Must(http.StatusCreated, "POST", "/api/v1/groups", ws.Key, map[string]any{"name": "checkout"}).JSON()["id"].(string)
+	d, isErr := callJSON(t, cs, "ratchet_begin", map[string]any{"effect_type": "payment.charge",
+		"idempotency_key": "charge-1", "group_id": g, "cost_micros": 500,
+		"compensation": map[string]any{"effect_type": "payment.refund", "payload": map[string]any{"amount": 12345678901234567}}})
+	require.False(t, isErr, "%v", d)
+	r, isErr := callJSON(t, cs, "ratchet_report", map[string]any{"effect_id": d["effect_id"], "lease_token": d["lease_token"],
+		"outcome": "succeeded"})
+	require.False(t, isErr, "%v", r)
+	u := env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", ws.Key, nil)
+	require.Contains(t, string(u.Body), `"effect_type":"payment.refund"`)
+	require.Contains(t, string(u.Body), `"amount":12345678901234567`, "the payload's numbers as written")
 }
 
 // A call the server never answers is the tool's failure with a code and

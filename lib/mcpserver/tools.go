@@ -22,8 +22,16 @@ import (
 // tool binds one MCP tool to one REST call.
 type tool struct {
 	name  string
-	needs string // the scope its REST call needs, as the tool's description says
+	needs string    // the scope its REST call needs, as the tool's description says
+	spec  *mcp.Tool // as tools/list shows it
 	add   func(s *mcp.Server, c Caller, defaultAuth string)
+}
+
+// readOnly marks a tool that only reads, so that a client may run it
+// without asking its user first (the MCP readOnlyHint).
+func readOnly(t tool) tool {
+	t.spec.Annotations.ReadOnlyHint = true
+	return t
 }
 
 // define registers a tool whose input In maps to (method, path, body). The
@@ -56,8 +64,13 @@ func define[In any](name, description, needs string, route func(In) (method, pat
 	if err != nil {
 		panic(fmt.Sprintf("mcpserver: resolve schema of %s: %v", name, err))
 	}
-	return tool{name: name, needs: needs, add: func(s *mcp.Server, c Caller, defaultAuth string) {
-		s.AddTool(&mcp.Tool{Name: name, Description: description, InputSchema: schema},
+	// Every tool acts on Ratchet's own records, never the outside world,
+	// and none destroys one: a write records a decision or an outcome.
+	notDestructive := false
+	spec := &mcp.Tool{Name: name, Description: description, InputSchema: schema,
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: &notDestructive, OpenWorldHint: &notDestructive}}
+	return tool{name: name, needs: needs, spec: spec, add: func(s *mcp.Server, c Caller, defaultAuth string) {
+		s.AddTool(spec,
 			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 				in, err := decodeArguments[In](req.Params.Arguments, resolved)
 				if err != nil {
@@ -206,17 +219,23 @@ func decodeArguments[In any](args json.RawMessage, resolved *jsonschema.Resolved
 
 // BeginInput mirrors POST /api/v1/effects/begin.
 type BeginInput struct {
-	EffectType          string            `json:"effect_type" jsonschema:"what kind of effect, e.g. email.send or payment.charge"`
-	IdempotencyKey      string            `json:"idempotency_key" jsonschema:"derived from the work, deterministically (refund:order_551:full), never random"`
-	Payload             any               `json:"payload,omitempty" jsonschema:"the arguments of the action; the same key with other arguments is refused"`
-	CostMicros          *int64            `json:"cost_micros,omitempty" jsonschema:"declared cost in micros of USD"`
-	Dimensions          map[string]string `json:"dimensions,omitempty" jsonschema:"counterparties such as recipient, for per-destination ceilings"`
-	RunID               *string           `json:"run_id,omitempty"`
-	GroupID             *string           `json:"group_id,omitempty"`
-	Compensation        any               `json:"compensation,omitempty" jsonschema:"how to undo it: {effect_type, payload}"`
-	CompensatesEffectID *string           `json:"compensates_effect_id,omitempty"`
-	LeaseSeconds        *int              `json:"lease_seconds,omitempty"`
-	RequestID           *string           `json:"request_id,omitempty" jsonschema:"16-255 random printable characters (a UUID) naming this call: send the same one when retrying a call whose answer was lost, and a lease still running is answered again"`
+	EffectType          string             `json:"effect_type" jsonschema:"what kind of effect, e.g. email.send or payment.charge"`
+	IdempotencyKey      string             `json:"idempotency_key" jsonschema:"derived from the work, deterministically (refund:order_551:full), never random"`
+	Payload             any                `json:"payload,omitempty" jsonschema:"the arguments of the action; the same key with other arguments is refused"`
+	CostMicros          *int64             `json:"cost_micros,omitempty" jsonschema:"declared cost in micros of USD"`
+	Dimensions          map[string]string  `json:"dimensions,omitempty" jsonschema:"counterparties such as recipient, for per-destination ceilings"`
+	RunID               *string            `json:"run_id,omitempty"`
+	GroupID             *string            `json:"group_id,omitempty"`
+	Compensation        *CompensationInput `json:"compensation,omitempty" jsonschema:"how to undo it, should the effect's group be rolled back (needs group_id)"`
+	CompensatesEffectID *string            `json:"compensates_effect_id,omitempty"`
+	LeaseSeconds        *int               `json:"lease_seconds,omitempty"`
+	RequestID           *string            `json:"request_id,omitempty" jsonschema:"16-255 random printable characters (a UUID) naming this call: send the same one when retrying a call whose answer was lost, and a lease still running is answered again"`
+}
+
+// CompensationInput is a grouped effect's declared undo (gate.Compensation).
+type CompensationInput struct {
+	EffectType string `json:"effect_type" jsonschema:"the undoing effect's type, e.g. payment.refund"`
+	Payload    any    `json:"payload,omitempty" jsonschema:"the undoing effect's arguments (any JSON)"`
 }
 
 // ReportInput mirrors POST /api/v1/effects/{id}/report.
@@ -224,7 +243,7 @@ type ReportInput struct {
 	EffectID   string `json:"effect_id"`
 	LeaseToken string `json:"lease_token"`
 	Outcome    string `json:"outcome" jsonschema:"succeeded, or failed only when the action surely did not reach the outside world"`
-	Result     any    `json:"result,omitempty"`
+	Result     any    `json:"result,omitempty" jsonschema:"what the action returned (any JSON), answered to later duplicates"`
 }
 
 // HeartbeatInput mirrors POST /api/v1/effects/{id}/heartbeat.
@@ -237,7 +256,7 @@ type HeartbeatInput struct {
 type ResolveInput struct {
 	EffectID string `json:"effect_id"`
 	Outcome  string `json:"outcome" jsonschema:"what the vendor's own record shows: succeeded or failed"`
-	Result   any    `json:"result,omitempty"`
+	Result   any    `json:"result,omitempty" jsonschema:"what the vendor's record shows the action returned (any JSON)"`
 	Note     string `json:"note,omitempty"`
 }
 
@@ -317,26 +336,26 @@ var tools = []tool{
 			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/resolve",
 				map[string]any{"outcome": in.Outcome, "result": in.Result, "note": in.Note}
 		}, oneOf("outcome", gate.StateSucceeded, gate.StateFailed)),
-	define("ratchet_get_effect", "Read one effect with its attempts.", "effects:read",
+	readOnly(define("ratchet_get_effect", "Read one effect with its attempts.", "effects:read",
 		func(in EffectInput) (string, string, any) {
 			return "GET", "/api/v1/effects/" + pathEscape(in.EffectID), nil
-		}),
-	define("ratchet_list_effects", "List effects, e.g. state=indeterminate to find what needs verifying.", "effects:read",
+		})),
+	readOnly(define("ratchet_list_effects", "List effects, e.g. state=indeterminate to find what needs verifying.", "effects:read",
 		func(in ListEffectsInput) (string, string, any) {
 			q := in.params()
 			q["state"], q["effect_type"] = in.State, in.EffectType
 			return "GET", "/api/v1/effects" + query(q), nil
-		}, oneOf("state", anys(gate.States)...), pageLimit),
-	define("ratchet_get_policy", "Read the policy that governs an effect type.", "policies:read",
+		}, oneOf("state", anys(gate.States)...), pageLimit)),
+	readOnly(define("ratchet_get_policy", "Read the policy that governs an effect type.", "policies:read",
 		func(in PolicyInput) (string, string, any) {
 			return "GET", "/api/v1/policies/" + pathEscape(in.EffectType), nil
-		}),
-	define("ratchet_list_approvals", "List approvals, e.g. state=pending.", "approvals:write",
+		})),
+	readOnly(define("ratchet_list_approvals", "List approvals, e.g. state=pending.", "approvals:write",
 		func(in ListApprovalsInput) (string, string, any) {
 			q := in.params()
 			q["state"] = in.State
 			return "GET", "/api/v1/approvals" + query(q), nil
-		}, oneOf("state", gate.ApprovalPending, gate.ApprovalApproved, gate.ApprovalRejected), pageLimit),
+		}, oneOf("state", gate.ApprovalPending, gate.ApprovalApproved, gate.ApprovalRejected), pageLimit)),
 	define("ratchet_decide_approval", "Approve or reject a held effect (operator keys only).", "approvals:write",
 		func(in DecideInput) (string, string, any) {
 			// The decision names the route: nothing but the exact words
