@@ -92,6 +92,10 @@ func New(c Caller, defaultAuth string) *mcp.Server {
 			"retry_after_seconds; blocked → verify at the vendor, then ratchet_resolve; approval_required → wait; " +
 			"denied → stop and report why. Report failed only when the action surely did not happen; if unsure, " +
 			"report nothing.",
+		// Tools only, and a fixed list: the SDK would also advertise
+		// logging and tools.listChanged, which a stateless endpoint
+		// answering each request on its own never sends (MCP QA).
+		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
 	})
 	for _, t := range tools {
 		t.add(s, c, defaultAuth)

@@ -64,6 +64,15 @@ func TestNineToolsListed(t *testing.T) {
 	}
 	require.ElementsMatch(t, mcpserver.ToolNames(), names)
 	require.Len(t, names, 9)
+
+	// It offers tools, a fixed list, and nothing a stateless endpoint
+	// cannot deliver (log messages, list-changed notifications).
+	caps := cs.InitializeResult().Capabilities
+	require.NotNil(t, caps.Tools)
+	require.False(t, caps.Tools.ListChanged)
+	require.Nil(t, caps.Logging)
+	require.Nil(t, caps.Resources)
+	require.Nil(t, caps.Prompts)
 }
 
 // toolProperties lists each tool's input schema properties, as tools/list
