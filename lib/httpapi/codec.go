@@ -122,8 +122,11 @@ func writeJSON(w http.ResponseWriter, status int, body any) {
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	_, _ = w.Write(append(b, '\n'))
+	_, _ = w.Write(b)
+	_, _ = w.Write(newline) // not appended: a claim's answer would be copied whole for it
 }
+
+var newline = []byte("\n")
 
 // WriteOutsideError answers e for an entry point that could not reach the
 // router (a Vercel instance that failed to start, a Lambda event that is not
