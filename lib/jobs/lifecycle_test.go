@@ -336,9 +336,13 @@ func TestLapsedOnLastAttemptIsExhaustedBySweeper(t *testing.T) {
 	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT data->>'leaseLapsed' FROM events
 		WHERE type = 'step.exhausted' AND subject_id = $1`, enq.StepID).Scan(&lapsed))
 	require.Equal(t, "true", lapsed)
-	// The sweeper ended the job: the current token's report is refused.
+	// The sweeper ended the job: the current token's report is refused,
+	// saying its own lapse ended it (its outcome is lost, not settled).
 	_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
 	require.Equal(t, apierr.CodeInvalidState, code(t, err))
+	e, _ := apierr.As(err)
+	require.Equal(t, true, e.Detail["leaseLapsed"])
+	require.Equal(t, "EXHAUSTED", e.Detail["status"])
 	b.sweep(t) // idempotent
 	require.Equal(t, "EXHAUSTED", b.step(t, enq.StepID).Status)
 }
@@ -1057,17 +1061,29 @@ func TestSweeperRequeuesALongLapsedLease(t *testing.T) {
 	require.Zero(t, running())
 }
 
-// On an endpoint without a concurrency limit there is no slot to free: a
-// long-lapsed lease stays RUNNING, reclaimable, and its report recorded.
-func TestSweeperLeavesLapsedLeasesOfUnlimitedEndpoints(t *testing.T) {
+// On an endpoint without a concurrency limit there is no slot to free, but
+// a long-lapsed lease is queued again all the same, its attempt failed with
+// the side-effect warning, so that a run's read says the job waits for a
+// worker (it read RUNNING with an open attempt for good); its report is
+// still recorded until a new claim. Not parallel, as above.
+func TestSweeperRequeuesLapsedLeasesOfUnlimitedEndpoints(t *testing.T) {
 	b := setup(t)
 	runID := b.run(t)
 	st := b.enqueue(t, runID, jobs.EnqueueRequest{TimeoutMs: ptr[int64](1_000)})
 	j := b.claimOne(t, b.register(t))
-	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Minute)
+	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter - time.Second)
 	b.sweep(t)
-	require.Equal(t, "RUNNING", b.step(t, st.StepID).Status)
-	require.Equal(t, "SUCCEEDED", b.succeed(t, j).Status)
+	require.Equal(t, "RUNNING", b.step(t, st.StepID).Status, "within the window")
+	b.clock.Add(2 * time.Second)
+	b.sweep(t)
+	step := b.step(t, st.StepID)
+	require.Equal(t, "QUEUED", step.Status)
+	xs := b.executions(t, j.JobID)
+	require.Len(t, xs, 1)
+	require.Equal(t, "FAILED", *xs[0].Outcome)
+	require.Contains(t, *xs[0].Warning, "side effect")
+	require.Equal(t, "SUCCEEDED", b.succeed(t, j).Status, "no claim since: the report is recorded")
+	require.Equal(t, "SUCCEEDED", b.step(t, st.StepID).Status)
 }
 
 // Listing runs settles the workspace's leases that lapsed on a last attempt

@@ -272,7 +272,11 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 		// unreported (its lease lapsed): its next claim supersedes it.
 		return ReportResult{}, nil, errLeaseLost()
 	case j.status != StatusRunning && j.status != StatusQueued:
-		return ReportResult{}, nil, apierr.InvalidState("The job already ended (%s); this report was not recorded.", j.status)
+		// detail.leaseLapsed: the job ended because this attempt, its last,
+		// lapsed unreported, so the worker's outcome is the one lost here
+		// (a worker counts it not recorded), not settled by another's.
+		return ReportResult{}, nil, apierr.InvalidState("The job already ended (%s); this report was not recorded.", j.status).
+			WithDetail("status", j.status).WithDetail("leaseLapsed", j.xReported == nil && xa == j.attempt)
 	}
 	// RUNNING, or QUEUED by the sweeper after its lease lapsed and not
 	// claimed since: a report with the current token is recorded (API.md §5).

@@ -383,17 +383,18 @@ FROM (SELECT DISTINCT endpoint_id FROM jobs
 // worker of its exact version, and until one claims it the job still counts
 // against its endpoint's maxConcurrent: with no such worker left (a crashed
 // worker of a version being retired) it held the slot for good, and every
-// other version's and tool's jobs on the endpoint waited. So on an endpoint
-// with a limit (elsewhere there is no slot to free), once the lease has been
-// lapsed for $3 ms the job goes back to QUEUED (due when its lease lapsed,
-// so queue health shows its age), the lapsed execution is failed with the
-// warning, the slot is freed and the job's token cleared (a heartbeat
-// answers lease_lost). Until a new claim, a report with that token is still
+// other version's and tool's jobs on the endpoint waited; on any endpoint
+// it read RUNNING, its attempt open, for good (SDK QA: 14 minutes after a
+// worker's key was revoked, only queue health said the jobs were waiting).
+// So once the lease has been lapsed for $3 ms the job goes back to QUEUED
+// (due when its lease lapsed, so queue health shows its age), the lapsed
+// execution is failed with the warning, the slot (if the endpoint has a
+// limit) is freed and the job's token cleared (a heartbeat answers
+// lease_lost). Until a new claim, a report with that token is still
 // recorded (API.md §5; see sqlAdjustSlots). A statement per step, as
 // sqlLapsedGates and sqlExhaustLapsed:
 const requeueCandidates = `status = 'RUNNING' AND attempt < max_attempts
-      AND ready_at <= $1::timestamptz - $3::bigint * interval '1 millisecond'
-      AND EXISTS (SELECT 1 FROM job_endpoints e WHERE e.id = jobs.endpoint_id AND e.max_concurrent IS NOT NULL)`
+      AND ready_at <= $1::timestamptz - $3::bigint * interval '1 millisecond'`
 
 // sqlRequeueGates takes the gate protocol's shared lock on the endpoints of
 // up to $2 candidates.

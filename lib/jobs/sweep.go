@@ -140,15 +140,14 @@ func (s *Service) exhaustLapsedIn(ctx context.Context, runID, workspaceID *strin
 }
 
 // RequeueLapsedAfter is how long a lapsed lease on an attempt that was not
-// the job's last, on an endpoint with maxConcurrent, may wait for a worker
-// of its version to reclaim it before the sweeper puts the job back in the
-// queue, freeing its slot (sqlRequeueLapsed). Either way a report with its
-// token is recorded until a newer claim (API.md §5).
+// the job's last may wait for a worker of its version to reclaim it before
+// the sweeper puts the job back in the queue, failing the lapsed attempt and
+// freeing its endpoint slot, if any (sqlRequeueLapsed). Either way a report
+// with its token is recorded until a newer claim (API.md §5).
 const RequeueLapsedAfter = 5 * time.Minute
 
-// requeueLapsed puts back in the queue jobs on endpoints with a concurrency
-// limit whose lease lapsed more than RequeueLapsedAfter ago on an attempt
-// that was not their last.
+// requeueLapsed puts back in the queue jobs whose lease lapsed more than
+// RequeueLapsedAfter ago on an attempt that was not their last.
 func (s *Service) requeueLapsed(ctx context.Context, limit int) (int, error) {
 	n, err := s.freeSlots(ctx, sqlRequeueGates, sqlRequeueLapsed, limit, RequeueLapsedAfter.Milliseconds())
 	if err != nil {

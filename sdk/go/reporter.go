@@ -439,9 +439,16 @@ func (r *reporter) settle(q queuedReport, err error) {
 // settledRefusal says whether a report's refusal is the server's last word
 // on the job, so that nothing is lost by it: a newer claim holds the job
 // (lease_lost), the job ended or has another outcome recorded
-// (invalid_state), or it no longer exists (not_found).
+// (invalid_state), or it no longer exists (not_found). A job that ended
+// because this attempt, its last, lapsed before the report got through
+// (invalid_state with detail.leaseLapsed: an outage outlasted the lease) is
+// not settled by it: the handler's outcome is what was lost.
 func settledRefusal(err error) bool {
-	return IsCode(err, CodeLeaseLost) || IsCode(err, CodeInvalidState) || IsCode(err, CodeNotFound)
+	if IsCode(err, CodeInvalidState) {
+		var e *Error
+		return !errors.As(err, &e) || e.Detail["leaseLapsed"] != true
+	}
+	return IsCode(err, CodeLeaseLost) || IsCode(err, CodeNotFound)
 }
 
 // markFailing marks the batch's reports as held by a failing delivery.

@@ -244,20 +244,27 @@ func TestWorkerStopKeepsItsDeadlineWhileReportsFail(t *testing.T) {
 }
 
 // Reports not recorded are counted for Stop's error, except refusals that
-// settle the job elsewhere (lease_lost: a newer claim holds it).
+// settle the job elsewhere (lease_lost: a newer claim holds it;
+// invalid_state: it ended otherwise). A job that ended because this very
+// attempt, its last, lapsed before the report arrived (invalid_state with
+// detail.leaseLapsed, SDK QA: an outage past the lease) lost the handler's
+// outcome: that is counted.
 func TestReporterCountsLostReportsButNotSettledRefusals(t *testing.T) {
 	t.Parallel()
 	f := newFakeJobs()
-	f.refuse = map[string]string{"job_r0": CodeLeaseLost, "job_r1": CodeUnauthorized}
+	f.refuse = map[string]string{"job_r0": CodeLeaseLost, "job_r1": CodeUnauthorized, "job_r2": CodeInvalidState,
+		"job_r3": CodeInvalidState, "job_r4": CodeInvalidState}
+	f.refuseDetail = map[string]map[string]any{"job_r2": {"status": "EXHAUSTED", "leaseLapsed": true},
+		"job_r3": {"status": "EXHAUSTED", "leaseLapsed": false}}
 	c, _ := testClient(t, f)
 	sink := &errSink{}
 	r := newReporter(context.Background(), c, sink.add, time.Hour)
-	queueReports(r, 3, time.Now().Add(10*time.Minute))
+	queueReports(r, 6, time.Now().Add(10*time.Minute))
 	if !r.close(context.Background()) {
 		t.Fatal("close gave up")
 	}
-	if n := r.lostReports(); n != 1 {
-		t.Fatalf("%d reports counted lost, want 1 (the 401); OnError %v", n, sink.list())
+	if n := r.lostReports(); n != 2 {
+		t.Fatalf("%d reports counted lost, want 2 (the 401 and the lapsed last attempt); OnError %v", n, sink.list())
 	}
 }
 

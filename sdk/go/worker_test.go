@@ -34,6 +34,7 @@ type fakeJobs struct {
 	onClaim       func(limit, got int)                                    // called inside the lock
 	batches       []int                                                   // sizes of the batch reports received
 	refuse        map[string]string                                       // job id → error code a batch answers for it
+	refuseDetail  map[string]map[string]any                               // job id → that refusal's detail
 	noBatch       bool                                                    // answer the batch route 404, as an older server would
 	claimError    func() (status int, code string, detail map[string]any) // optional refusal of a claim
 	// reportError optionally refuses a report request (single or batch)
@@ -153,7 +154,8 @@ func (f *fakeJobs) batchReport(w http.ResponseWriter, raw json.RawMessage) {
 		var id string
 		_ = json.Unmarshal(r["jobId"], &id)
 		if code := f.refuse[id]; code != "" {
-			results = append(results, map[string]any{"jobId": id, "error": map[string]any{"code": code, "message": "refused"}})
+			results = append(results, map[string]any{"jobId": id, "error": map[string]any{"code": code, "message": "refused",
+				"detail": f.refuseDetail[id]}})
 			continue
 		}
 		delete(r, "jobId")
