@@ -26,7 +26,8 @@ type Attempt struct {
 	ResolvedByKeyID *string    `json:"resolved_by_key_id"`
 	ResolvedAt      *time.Time `json:"resolved_at"`
 	// ResolveNote is the operator's note on a resolve ("reconciliation"
-	// when a reconciliation settled the attempt); null otherwise.
+	// when a reconciliation settled the attempt, "probe" when a probe
+	// reported failed settled it); null otherwise.
 	ResolveNote *string `json:"resolve_note"`
 }
 

@@ -74,10 +74,17 @@ func TestResolveFailedAllowsNewAttempt(t *testing.T) {
 	d := b.mustBegin("execute", email(k))
 	id := str(d["effect_id"])
 	b.clock.Add(61 * time.Second)
-	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"})
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key,
+		map[string]any{"outcome": "failed", "note": "vendor has no record"})
 	d2 := b.mustBegin("execute", email(k))
 	require.EqualValues(t, 2, d2["attempt"])
 	require.Equal(t, false, d2["probe"])
+	// The report's answer shows the first attempt's resolution as a read does.
+	r := b.report(id, str(d2["lease_token"]), "succeeded", nil)
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	first := r.JSON()["attempts"].([]any)[0].(map[string]any)
+	require.Equal(t, "vendor has no record", first["resolve_note"])
+	require.Equal(t, b.get(id)["attempts"], r.JSON()["attempts"])
 }
 
 func TestOnIndeterminateRetry(t *testing.T) {
