@@ -542,26 +542,26 @@ func (in *beginInput) sameOperation(stored string) bool {
 }
 
 // mayAnswerFor checks that a begin may be answered by the effect its key
-// already names: the same operation, and, for a key that sees only its own
-// groups (groupOwner), not a step of another key's group. A begin naming
-// no group would otherwise answer such a step (its result, or a new
-// attempt and its lease) to a key for which the group does not exist; the
-// key was taken by another key's unit of work, as a key used in another
-// group is (admit).
+// already names: for a key that sees only its own groups (groupOwner), not
+// a step of another key's group, and the same operation. A begin naming no
+// group would otherwise answer such a step (its result, or a new attempt
+// and its lease) to a key for which the group does not exist; the key was
+// taken by another key's unit of work, as a key used in another group is
+// (admit). The owner is checked first, so that the answer does not tell
+// whether a guessed payload was the step's (review).
 func mayAnswerFor(ctx context.Context, q querier, in *beginInput, row *effectRow) error {
+	if row.GroupID != nil && in.groupOwner != nil && !in.grouped() {
+		var ours bool
+		if err := q.QueryRow(ctx, sqlGroupOfKey, *row.GroupID, *in.groupOwner).Scan(&ours); err != nil {
+			return fmt.Errorf("begin: group owner: %w", err)
+		}
+		if !ours {
+			return apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
+				"This idempotency key was used by another key's effect group; choose a key of your own.")
+		}
+	}
 	if !in.sameOperation(row.Fingerprint) {
 		return keyReuse()
-	}
-	if row.GroupID == nil || in.groupOwner == nil || in.grouped() {
-		return nil // no group, a key that sees every group, or admitted by admit
-	}
-	var ours bool
-	if err := q.QueryRow(ctx, sqlGroupOfKey, *row.GroupID, *in.groupOwner).Scan(&ours); err != nil {
-		return fmt.Errorf("begin: group owner: %w", err)
-	}
-	if !ours {
-		return apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
-			"This idempotency key was used by another key's effect group; choose a key of your own.")
 	}
 	return nil
 }

@@ -566,6 +566,10 @@ func TestAGroupBelongsToTheKeyThatCreatedIt(t *testing.T) {
 	require.Equal(t, http.StatusConflict, r.Status, "%s", r.Body)
 	require.Equal(t, "idempotency_key_reuse", r.ErrorCode())
 	require.NotContains(t, string(r.Body), "ch_secret")
+	// Another payload is answered alike: a guess is not confirmed.
+	guess := map[string]any{"effect_type": "payment.charge", "idempotency_key": charge["idempotency_key"],
+		"cost_micros": 999}
+	require.Equal(t, r.JSON()["error"], f.env.Do("POST", "/api/v1/effects/begin", b, guess).JSON()["error"])
 
 	for _, r := range []*apitest.Response{
 		f.env.Do("GET", "/api/v1/groups/"+g, b, nil),
