@@ -184,23 +184,78 @@ var rpcMessages = map[int]string{rpcParseError: "Parse error", rpcInvalidRequest
 	rpcMethodNotFound: "Method not found", rpcInvalidParams: "Invalid params", rpcInternalError: "Internal error"}
 
 // quietMessage is a transport message without the values it quotes: the
-// MCP SDK's messages end in what the caller sent, quoted (`unknown tool
-// "…"`, `"…" unsupported`, `unmarshaling "{…the whole params…}"`), and an
-// answer names what is wrong, never the value (QA: a payload's secrets came
-// back in the error; tool argument refusals already follow the rule). It
-// keeps the text before the first quote, or says what the code means.
+// MCP SDK's messages quote what the caller sent (`unknown tool "…"`, `"…"
+// unsupported`, `unmarshaling "{…the whole params…}"`), and an answer names
+// what is wrong, never the value (QA: a payload's secrets came back in the
+// error; tool argument refusals already follow the rule). Each quoted span
+// becomes "…" unless it is one of the protocol's own words (a member the
+// message says is missing); a message that is nothing but a quote says
+// what its code means.
 func quietMessage(msg string, code int) string {
-	if i := strings.IndexByte(msg, '"'); i >= 0 {
-		msg = msg[:i]
+	var b strings.Builder
+	for {
+		start := strings.IndexByte(msg, '"')
+		if start < 0 {
+			b.WriteString(msg)
+			break
+		}
+		b.WriteString(msg[:start])
+		end := closingQuote(msg, start+1)
+		if span := msg[start+1 : end]; protocolWords[span] {
+			b.WriteString(`"` + span + `"`)
+		} else {
+			b.WriteString(`"…"`)
+		}
+		if end == len(msg) {
+			break
+		}
+		msg = msg[end+1:]
 	}
-	msg = strings.TrimRight(msg, " :")
-	if msg == "" {
+	quiet := strings.TrimSpace(b.String())
+	if quiet == "" || quiet == `"…"` {
 		if std, ok := rpcMessages[code]; ok {
 			return std
 		}
 		return "Error"
 	}
-	return msg
+	return quiet
+}
+
+// closingQuote is the index of the quote ending a quoted span whose text
+// starts at i (a backslash escapes the next byte, as %q writes), or
+// len(s) when it is not closed.
+func closingQuote(s string, i int) int {
+	for ; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			i++
+		case '"':
+			return i
+		}
+	}
+	return len(s)
+}
+
+// protocolWords are the JSON-RPC and MCP member names a transport message
+// may quote and keep: they name what is wrong, and hold no value of the
+// caller's.
+var protocolWords = map[string]bool{"jsonrpc": true, "id": true, "method": true, "params": true, "name": true,
+	"arguments": true, "_meta": true, "protocolVersion": true, "capabilities": true, "clientInfo": true,
+	"cursor": true, "uri": true, "io.modelcontextprotocol/protocolVersion": true}
+
+// quietData is what an error's data may carry back: only members that hold
+// no value of the caller's (the protocol versions the server supports); the
+// rest quoted a resource's uri or the version asked for (review).
+func quietData(data json.RawMessage) json.RawMessage {
+	var m map[string]json.RawMessage
+	if len(data) == 0 || json.Unmarshal(data, &m) != nil {
+		return nil
+	}
+	if supported, ok := m["supported"]; ok {
+		out, _ := jsonx.Marshal(map[string]json.RawMessage{"supported": supported})
+		return out
+	}
+	return nil
 }
 
 // quietRPCErrors quiets the message of each JSON-RPC error in a JSON answer
@@ -229,11 +284,11 @@ func quietRPCErrors(answer []byte) []byte {
 		if m["error"] == nil || json.Unmarshal(m["error"], &e) != nil {
 			continue
 		}
-		quiet := quietMessage(e.Message, e.Code)
-		if quiet == e.Message {
+		quiet, data := quietMessage(e.Message, e.Code), quietData(e.Data)
+		if quiet == e.Message && bytes.Equal(data, e.Data) {
 			continue
 		}
-		e.Message = quiet
+		e.Message, e.Data = quiet, data
 		m["error"], _ = jsonx.Marshal(e)
 		changed = true
 	}

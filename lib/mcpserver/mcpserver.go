@@ -19,6 +19,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/getratchet/ratchet/lib/apierr"
@@ -97,10 +98,29 @@ func New(c Caller, defaultAuth string) *mcp.Server {
 		// answering each request on its own never sends (MCP QA).
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
 	})
+	s.AddReceivingMiddleware(refuseNotOffered)
 	for _, t := range tools {
 		t.add(s, c, defaultAuth)
 	}
 	return s
+}
+
+// notOffered prefixes the methods of the capabilities the server does not
+// advertise: the SDK answered them anyway (an empty resource list, {} to a
+// log level) as if it offered them (MCP QA).
+var notOffered = []string{"resources/", "prompts/", "logging/", "completion/"}
+
+// refuseNotOffered answers a method of a capability the server does not
+// advertise as one it does not know.
+func refuseNotOffered(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		for _, p := range notOffered {
+			if strings.HasPrefix(method, p) {
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: "Method not found"}
+			}
+		}
+		return next(ctx, method, req)
+	}
 }
 
 // Handler serves MCP over streamable HTTP, statelessly with JSON responses,
