@@ -1070,7 +1070,16 @@ func TestSweeperRequeuesLapsedLeasesOfUnlimitedEndpoints(t *testing.T) {
 	b := setup(t)
 	runID := b.run(t)
 	st := b.enqueue(t, runID, jobs.EnqueueRequest{TimeoutMs: ptr[int64](1_000)})
-	j := b.claimOne(t, b.register(t))
+	b.clock.Add(time.Millisecond) // claimed in order
+	revived := b.enqueue(t, runID, jobs.EnqueueRequest{TimeoutMs: ptr[int64](1_000), Input: json.RawMessage(`{"n":2}`)})
+	w := b.register(t)
+	j := b.claimOne(t, w)
+	require.Equal(t, st.JobID, j.JobID)
+	stalled := b.claimOne(t, w)
+	require.Equal(t, revived.JobID, stalled.JobID)
+	running := func() int {
+		return b.count(t, `SELECT coalesce(sum(running_count), 0)::int FROM job_endpoints WHERE workspace_id = $1`, b.ws)
+	}
 	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter - time.Second)
 	b.sweep(t)
 	require.Equal(t, "RUNNING", b.step(t, st.StepID).Status, "within the window")
@@ -1084,6 +1093,17 @@ func TestSweeperRequeuesLapsedLeasesOfUnlimitedEndpoints(t *testing.T) {
 	require.Contains(t, *xs[0].Warning, "side effect")
 	require.Equal(t, "SUCCEEDED", b.succeed(t, j).Status, "no claim since: the report is recorded")
 	require.Equal(t, "SUCCEEDED", b.step(t, st.StepID).Status)
+
+	// The other's worker heartbeats: the job is its own again (RUNNING, its
+	// attempt open), and no slot is counted on an endpoint without a limit.
+	require.Equal(t, "QUEUED", b.step(t, revived.StepID).Status)
+	_, err := b.svc.Heartbeat(ctx, b.worker, stalled.JobID, jobs.HeartbeatRequest{LeaseToken: stalled.LeaseToken})
+	require.NoError(t, err)
+	require.Equal(t, "RUNNING", b.step(t, revived.StepID).Status)
+	require.Nil(t, b.executions(t, revived.JobID)[0].Outcome, "the attempt is open again")
+	require.Empty(t, b.claim(t, w, 1), "held again")
+	require.Equal(t, "SUCCEEDED", b.succeed(t, stalled).Status)
+	require.Zero(t, running())
 }
 
 // Listing runs settles the workspace's leases that lapsed on a last attempt
