@@ -33,7 +33,7 @@ type JobContext struct {
 // RetryableError's is: sent as whole milliseconds clamped to the API's range
 // of 1 second to 24 hours, so a provider's "retry in 2 days" waits 24 hours
 // and a sub-second hint waits 1 second. A hint is only valid with Retryable:
-// a non-zero RetryAfter with Retryable false is invalid and falls back to a
+// a positive RetryAfter with Retryable false is invalid and falls back to a
 // plain retryable failure.
 type Decision struct {
 	Retryable  bool          // whether another attempt may run
@@ -253,7 +253,7 @@ func (rt *registeredTool) runClassifier(err error, job JobContext, onError func(
 	// retryAfterMs with retryable false, and guessing which half the
 	// classifier meant is worse than the default. An out-of-range hint is
 	// clamped by judge, as a RetryableError's is.
-	if d.RetryAfter != 0 && !d.Retryable {
+	if d.RetryAfter > 0 && !d.Retryable {
 		onError(&InvalidDecisionError{Tool: rt.ref, Decision: d})
 		return Decision{Retryable: true}, false
 	}
