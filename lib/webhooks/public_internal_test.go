@@ -9,12 +9,15 @@ func TestPublicRefusesEveryNonPublicRange(t *testing.T) {
 	for _, s := range []string{"127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254",
 		"0.0.0.0", "0.0.0.1", "0.255.255.255", "192.0.0.170", "100.64.0.1", "100.100.100.200", "198.18.0.1", "198.19.255.255", "240.0.0.1",
 		"255.255.255.254", "::1", "fe80::1", "fc00::1", "::ffff:10.0.0.1", "::ffff:100.100.100.200",
-		"64:ff9b::a00:1", "64:ff9b:1::1", "224.0.0.1"} {
+		"64:ff9b::a00:1", "64:ff9b:1::1", "224.0.0.1",
+		"::127.0.0.1", "::ffff:0:127.0.0.1", "fec0::1", "2002:7f00:1::1", "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+		"100::1"} {
 		if public(net.ParseIP(s)) {
 			t.Errorf("%s is public", s)
 		}
 	}
-	for _, s := range []string{"93.184.216.34", "8.8.8.8", "100.63.255.255", "100.128.0.1", "2606:2800:220:1::1"} {
+	for _, s := range []string{"93.184.216.34", "8.8.8.8", "100.63.255.255", "100.128.0.1", "2606:2800:220:1::1",
+		"2001:4860:4860::8888", "2a00:1450:4001::1"} {
 		if !public(net.ParseIP(s)) {
 			t.Errorf("%s is not public", s)
 		}
@@ -50,5 +53,17 @@ func TestUTCZWritesTimestampsAsTheAPIDoes(t *testing.T) {
 	}
 	if same := `{"a":1.50}`; string(utcZ([]byte(same))) != same {
 		t.Fatal("data without such a time is sent as it is")
+	}
+}
+
+// A scoped IPv6 literal names a link of this host, whatever its address.
+func TestNamesNonPublicRefusesZones(t *testing.T) {
+	for _, host := range []string{"fe80::1%lo", "fe80::1%25lo", "2606:2800:220:1::1%eth0", "localhost", "127.1", "::1"} {
+		if !namesNonPublic(host) {
+			t.Errorf("%s is taken as public", host)
+		}
+	}
+	if namesNonPublic("example.com") || namesNonPublic("93.184.216.34") {
+		t.Error("a public host is refused")
 	}
 }

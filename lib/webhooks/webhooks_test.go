@@ -329,14 +329,32 @@ func TestABacklogDoesNotHoldOtherWebhooks(t *testing.T) {
 	require.NoError(t, err)
 	clk.Add(time.Second) // the backlog is older than the quiet workspace's one event
 	record(t, env, quiet.ID, events.StepExhausted, clk.Now())
+	_, err = env.App.Server.Webhooks.Dispatch(ctx, clk.Now())
+	require.NoError(t, err)
 
+	_, err = env.App.Server.Webhooks.DeliverRound(ctx, clk.Now())
+	require.NoError(t, err)
+	require.Equal(t, 1, other.count(), "the other webhook's delivery went out in the first round")
+	require.Equal(t, 20, busy.count(), "the backlog takes its share of a round (20 per webhook), not all of it")
 	env.App.Sweeper.RunOnce(ctx)
-	require.Equal(t, 1, other.count(), "the other webhook's delivery went out in the first pass")
-	require.Equal(t, 20, busy.count(), "the backlog takes its share of a pass (20 per webhook), not all of it")
-	for range 10 {
-		env.App.Sweeper.RunOnce(ctx)
+	require.Equal(t, 150, busy.count(), "and drains over the pass's next rounds")
+}
+
+// A burst goes out in one pass, round after round (QA: 20 events a webhook
+// a pass, so 200 events took 55 s where one pass was promised).
+func TestABurstGoesOutInOnePass(t *testing.T) {
+	env, clk := start(t, true)
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.ApprovalRequested}})
+	for range 200 {
+		record(t, env, ws.ID, events.ApprovalRequested, clk.Now())
 	}
-	require.Equal(t, 150, busy.count(), "and drains over the next passes")
+	res := env.App.Sweeper.RunOnce(context.Background())
+	require.Empty(t, res.Errors)
+	require.Equal(t, 200, rcv.count())
+	require.Equal(t, 200, res.Changed["webhooks.deliver"])
 }
 
 // A workspace with many webhooks and a backlog on each takes a bounded
@@ -361,10 +379,13 @@ func TestManyWebhooksOfOneWorkspaceDoNotHoldOthers(t *testing.T) {
 	require.NoError(t, err)
 	clk.Add(time.Second)
 	record(t, env, quiet.ID, events.StepExhausted, clk.Now())
+	_, err = env.App.Server.Webhooks.Dispatch(ctx, clk.Now())
+	require.NoError(t, err)
 
-	env.App.Sweeper.RunOnce(ctx)
-	require.Equal(t, 1, other.count(), "the other workspace's delivery went out in the first pass")
-	require.Equal(t, 40, busy.count(), "the busy workspace takes its share of a pass, not the whole batch")
+	_, err = env.App.Server.Webhooks.DeliverRound(ctx, clk.Now())
+	require.NoError(t, err)
+	require.Equal(t, 1, other.count(), "the other workspace's delivery went out in the first round")
+	require.Equal(t, 40, busy.count(), "the busy workspace takes its share of a round, not the whole batch")
 }
 
 // A workspace holds at most MaxWebhooks live subscriptions, however many
