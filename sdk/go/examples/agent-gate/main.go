@@ -37,7 +37,9 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	user := envOr("USER_ID", "user_123")
+	// Not the README's curl quickstart's user: its key, begun there with
+	// another payload, would answer idempotency_key_reuse here.
+	user := envOr("USER_ID", "user_456")
 	key := "welcome-email:" + user
 	if secret := os.Getenv("RATCHET_BLIND_SECRET"); secret != "" {
 		// Deterministic but not guessable: the recorded result stays private

@@ -70,7 +70,7 @@ func run() error {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	<-sig
-	log.Print("stopping: finishing running jobs")
+	log.Print("stopping: finishing running jobs and the claim in flight (held up to 20 s)")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return worker.Stop(ctx)
