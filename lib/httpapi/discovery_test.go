@@ -117,6 +117,19 @@ func TestOpenAPIRequiresOnlyWhatARequestMustSend(t *testing.T) {
 	require.Equal(t, []string{"events", "url"}, required("/api/v1/webhooks", "post"))
 	require.Equal(t, []string{"handlerVersion", "inputSchema", "outputSchema"}, required("/api/v1/tools/{name}/contracts", "post"))
 	require.Equal(t, []string{"acknowledgeDuplicateRisk"}, required("/api/v1/steps/{id}/replay", "post"))
+	// ...and sent as null they are refused, so their schema has no null.
+	var raw map[string]any
+	require.NoError(t, json.Unmarshal(b, &raw))
+	prop := func(path, name string) map[string]any {
+		op := raw["paths"].(map[string]any)[path].(map[string]any)["post"].(map[string]any)
+		schema := op["requestBody"].(map[string]any)["content"].(map[string]any)["application/json"].(map[string]any)["schema"]
+		return schema.(map[string]any)["properties"].(map[string]any)[name].(map[string]any)
+	}
+	for path, name := range map[string]string{"/api/v1/jobs/report": "reports", "/api/v1/workers/register": "tools",
+		"/api/v1/webhooks": "events", "/api/v1/reconcile": "records"} {
+		require.Equal(t, "array", prop(path, name)["type"], "%s %s", path, name)
+	}
+	require.Equal(t, "boolean", prop("/api/v1/steps/{id}/replay", "acknowledgeDuplicateRisk")["type"])
 	// A body with no required field may be left out; the server reads none as {}.
 	require.True(t, doc.Paths["/api/v1/effects/begin"]["post"].RequestBody.Required)
 	for _, p := range []string{"/api/v1/approvals/{id}/approve", "/api/v1/workers/{workerId}/claim", "/api/v1/circuits/stop"} {
@@ -124,6 +137,7 @@ func TestOpenAPIRequiresOnlyWhatARequestMustSend(t *testing.T) {
 	}
 	// Every body is read through the same size limit, signup's too.
 	require.Contains(t, doc.Paths["/api/v1/workspaces"]["post"].Responses, "413")
+	require.Contains(t, doc.Paths["/api/v1/workspaces"]["post"].Responses, "503", "signup writes to the database")
 	begun := doc.Paths["/api/v1/effects/{id}"]["get"].Responses["200"].Content["application/json"].Schema.Required
 	require.Contains(t, begun, "result", "a response writes every field, null or not")
 

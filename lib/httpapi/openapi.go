@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/http"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -303,7 +304,24 @@ func relaxRequired(t reflect.Type, s *jsonschema.Schema) {
 	}
 	s.Required = required
 	for name, ft := range fields {
+		if must[name] {
+			notNull(s.Properties[name]) // sent, and refused as null (a batch's reports)
+		}
 		relaxRequired(ft, s.Properties[name])
+	}
+}
+
+// notNull drops null from a schema's types: inference allows it for every
+// list and pointer.
+func notNull(s *jsonschema.Schema) {
+	if s == nil || len(s.Types) == 0 {
+		return
+	}
+	types := slices.DeleteFunc(slices.Clone(s.Types), func(t string) bool { return t == "null" })
+	if len(types) == 1 {
+		s.Type, s.Types = types[0], nil
+	} else {
+		s.Types = types
 	}
 }
 

@@ -42,7 +42,8 @@ func (s *Server) coreRoutes() []Route {
 			Summary: "Create a workspace with starter policies and return an OPERATOR key (secret shown once). " +
 				"SIGNUP_MODE=token requires the Ratchet-Signup-Token header.",
 			Request: SignupRequest{}, Response: SignupResponse{}, Status: 201,
-			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeForbidden, apierr.CodeUnauthorized, apierr.CodeRateLimited},
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeForbidden, apierr.CodeUnauthorized, apierr.CodeRateLimited,
+				apierr.CodeDatabaseUnavailable},
 			Handle: s.signup,
 		},
 		{
