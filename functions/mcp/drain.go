@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+
+	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
 // drainingPipes stand between stdio and the SDK's transport, which reads
@@ -183,11 +185,21 @@ func (d *drainingPipes) refuse(line []byte, code int64, message string) {
 
 type drainWriter struct{ d *drainingPipes }
 
+// Write passes the SDK's messages on, each a line written whole, with their
+// JSON-RPC errors quieted as the HTTP endpoint's are (mcpserver.QuietErrors:
+// the SDK's messages quoted the tool name, method or params sent).
 func (w drainWriter) Write(p []byte) (int, error) {
+	out := p
+	if line, ok := bytes.CutSuffix(p, []byte("\n")); ok && bytes.Contains(line, []byte(`"error"`)) {
+		out = append(mcpserver.QuietErrors(line), '\n')
+	}
 	w.d.writeMu.Lock()
-	n, err := w.d.out.Write(p)
+	n, err := w.d.out.Write(out)
 	w.d.writeMu.Unlock()
-	w.d.wrote(p[:n])
+	w.d.wrote(out[:n])
+	if err == nil {
+		n = len(p) // all of p went out, if rewritten
+	}
 	return n, err
 }
 

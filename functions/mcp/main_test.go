@@ -264,3 +264,43 @@ func TestDrainGivesUpAfterItsTimeout(t *testing.T) {
 		t.Fatalf("stderr %q; want the request given up named", log.String())
 	}
 }
+
+// The SDK's protocol errors are quieted as the HTTP endpoint's: an unknown
+// tool or method is named "…", not echoed, and a call before initialize
+// gets Invalid Request, not code 0 (newcomer walkthrough).
+func TestStdioErrorsDoNotEchoValues(t *testing.T) {
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "RATCHET_MCP_MAIN=1", "RATCHET_API_KEY=rk_test", "RATCHET_BASE_URL=http://127.0.0.1:1")
+	cmd.Stdin = strings.NewReader(strings.Join([]string{
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ratchet_get_effect","arguments":{}}}`,
+		`{"jsonrpc":"2.0","id":2,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`,
+		`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
+		`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"sk_live_SECRET","arguments":{}}}`,
+		`{"jsonrpc":"2.0","id":4,"method":"secret/sk_live_SECRET"}`,
+	}, "\n") + "\n")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("ratchet-mcp: %v (%s)", err, out)
+	}
+	if strings.Contains(string(out), "sk_live_SECRET") {
+		t.Fatalf("a value sent came back: %s", out)
+	}
+	codes := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		var m struct {
+			ID    json.RawMessage `json:"id"`
+			Error *struct {
+				Code int `json:"code"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("not JSON-RPC: %s", line)
+		}
+		if m.Error != nil {
+			codes[string(m.ID)] = m.Error.Code
+		}
+	}
+	if codes["1"] != -32600 || codes["3"] != -32602 || codes["4"] != -32601 {
+		t.Errorf("error codes %v; want 1:-32600 3:-32602 4:-32601 (output %s)", codes, out)
+	}
+}

@@ -10,8 +10,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+
 	"github.com/getratchet/ratchet/lib/apierr"
-	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
@@ -83,7 +84,7 @@ func (s *Server) mcpRoutes() []Route {
 // MCP client can read: a message it cannot take (malformed JSON, another
 // jsonrpc version, an unknown method) becomes a JSON-RPC error response, and
 // a refused content type the API's envelope. A JSON answer is held until
-// finish, which quiets the messages of its JSON-RPC errors (quietRPCErrors).
+// finish, which quiets the messages of its JSON-RPC errors (mcpserver.QuietErrors).
 // Anything else passes through.
 type jsonRPCErrors struct {
 	http.ResponseWriter
@@ -144,7 +145,7 @@ func (j *jsonRPCErrors) finish() {
 	case holdJSON:
 		j.Header().Del("Content-Length")
 		j.ResponseWriter.WriteHeader(j.status)
-		_, _ = j.ResponseWriter.Write(quietRPCErrors(j.held.Bytes()))
+		_, _ = j.ResponseWriter.Write(mcpserver.QuietErrors(j.held.Bytes()))
 		return
 	}
 	j.Header().Del("Content-Length")
@@ -152,154 +153,21 @@ func (j *jsonRPCErrors) finish() {
 		writeError(j.ResponseWriter, apierr.InvalidField("Content-Type", "must be application/json"))
 		return
 	}
-	code := rpcInvalidRequest
+	code := int64(jsonrpc.CodeInvalidRequest)
 	var probe struct {
 		ID json.RawMessage `json:"id"`
 	}
 	msg := strings.TrimSpace(j.held.String())
 	switch {
 	case !json.Valid(j.body):
-		code = rpcParseError
+		code = jsonrpc.CodeParseError
 	case strings.Contains(msg, "unsupported") || strings.Contains(msg, "not handled"):
-		code = rpcMethodNotFound
+		code = jsonrpc.CodeMethodNotFound
 	}
 	id := json.RawMessage("null")
 	if json.Unmarshal(j.body, &probe) == nil && len(probe.ID) > 0 && (probe.ID[0] == '"' || (probe.ID[0] >= '0' && probe.ID[0] <= '9') || probe.ID[0] == '-') {
 		id = probe.ID
 	}
 	writeJSON(j.ResponseWriter, j.status, map[string]any{"jsonrpc": "2.0", "id": id,
-		"error": map[string]any{"code": code, "message": quietMessage(msg, code)}})
-}
-
-// JSON-RPC 2.0's error codes, and what each means.
-const (
-	rpcParseError     = -32700
-	rpcInvalidRequest = -32600
-	rpcMethodNotFound = -32601
-	rpcInvalidParams  = -32602
-	rpcInternalError  = -32603
-)
-
-var rpcMessages = map[int]string{rpcParseError: "Parse error", rpcInvalidRequest: "Invalid Request",
-	rpcMethodNotFound: "Method not found", rpcInvalidParams: "Invalid params", rpcInternalError: "Internal error"}
-
-// quietMessage is a transport message without the values it quotes: the
-// MCP SDK's messages quote what the caller sent (`unknown tool "…"`, `"…"
-// unsupported`, `unmarshaling "{…the whole params…}"`), and an answer names
-// what is wrong, never the value (QA: a payload's secrets came back in the
-// error; tool argument refusals already follow the rule). Each quoted span
-// becomes "…" unless it is one of the protocol's own words (a member the
-// message says is missing); a message that is nothing but a quote says
-// what its code means.
-func quietMessage(msg string, code int) string {
-	var b strings.Builder
-	for {
-		start := strings.IndexByte(msg, '"')
-		if start < 0 {
-			b.WriteString(msg)
-			break
-		}
-		b.WriteString(msg[:start])
-		end := closingQuote(msg, start+1)
-		if span := msg[start+1 : end]; protocolWords[span] {
-			b.WriteString(`"` + span + `"`)
-		} else {
-			b.WriteString(`"…"`)
-		}
-		if end == len(msg) {
-			break
-		}
-		msg = msg[end+1:]
-	}
-	quiet := strings.TrimSpace(b.String())
-	if quiet == "" || quiet == `"…"` {
-		if std, ok := rpcMessages[code]; ok {
-			return std
-		}
-		return "Error"
-	}
-	return quiet
-}
-
-// closingQuote is the index of the quote ending a quoted span whose text
-// starts at i (a backslash escapes the next byte, as %q writes), or
-// len(s) when it is not closed.
-func closingQuote(s string, i int) int {
-	for ; i < len(s); i++ {
-		switch s[i] {
-		case '\\':
-			i++
-		case '"':
-			return i
-		}
-	}
-	return len(s)
-}
-
-// protocolWords are the JSON-RPC and MCP member names a transport message
-// may quote and keep: they name what is wrong, and hold no value of the
-// caller's.
-var protocolWords = map[string]bool{"jsonrpc": true, "id": true, "method": true, "params": true, "name": true,
-	"arguments": true, "_meta": true, "protocolVersion": true, "capabilities": true, "clientInfo": true,
-	"cursor": true, "uri": true, "io.modelcontextprotocol/protocolVersion": true}
-
-// quietData is what an error's data may carry back: only members that hold
-// no value of the caller's (the protocol versions the server supports); the
-// rest quoted a resource's uri or the version asked for (review).
-func quietData(data json.RawMessage) json.RawMessage {
-	var m map[string]json.RawMessage
-	if len(data) == 0 || json.Unmarshal(data, &m) != nil {
-		return nil
-	}
-	if supported, ok := m["supported"]; ok {
-		out, _ := jsonx.Marshal(map[string]json.RawMessage{"supported": supported})
-		return out
-	}
-	return nil
-}
-
-// quietRPCErrors quiets the message of each JSON-RPC error in a JSON answer
-// (one response or a batch of them) with quietMessage. An answer with no
-// error, or one that is not JSON-RPC, is returned as it is.
-func quietRPCErrors(answer []byte) []byte {
-	if !bytes.Contains(answer, []byte(`"error"`)) {
-		return answer
-	}
-	var batch []map[string]json.RawMessage
-	single := json.Unmarshal(answer, &batch) != nil
-	if single {
-		var one map[string]json.RawMessage
-		if json.Unmarshal(answer, &one) != nil {
-			return answer
-		}
-		batch = []map[string]json.RawMessage{one}
-	}
-	changed := false
-	for _, m := range batch {
-		var e struct {
-			Code    int             `json:"code"`
-			Message string          `json:"message"`
-			Data    json.RawMessage `json:"data,omitempty"`
-		}
-		if m["error"] == nil || json.Unmarshal(m["error"], &e) != nil {
-			continue
-		}
-		quiet, data := quietMessage(e.Message, e.Code), quietData(e.Data)
-		if quiet == e.Message && bytes.Equal(data, e.Data) {
-			continue
-		}
-		e.Message, e.Data = quiet, data
-		m["error"], _ = jsonx.Marshal(e)
-		changed = true
-	}
-	if !changed {
-		return answer
-	}
-	var out []byte
-	if single {
-		out, _ = jsonx.Marshal(batch[0])
-	} else {
-		out, _ = jsonx.Marshal(batch)
-	}
-	return out
+		"error": map[string]any{"code": code, "message": mcpserver.QuietMessage(msg, code)}})
 }

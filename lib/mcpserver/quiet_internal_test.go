@@ -1,9 +1,10 @@
-package httpapi
+package mcpserver
 
 import (
 	"encoding/json"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/stretchr/testify/require"
 )
 
@@ -18,9 +19,26 @@ func TestQuietMessageKeepsProtocolWordsOnly(t *testing.T) {
 		`unterminated "sk_live_SECRET`:                                             `unterminated "…"`,
 		`missing or invalid _meta field "io.modelcontextprotocol/protocolVersion"`: `missing or invalid _meta field "io.modelcontextprotocol/protocolVersion"`,
 	} {
-		require.Equal(t, want, quietMessage(msg, rpcInvalidParams), msg)
+		require.Equal(t, want, QuietMessage(msg, jsonrpc.CodeInvalidParams), msg)
 	}
 	require.Equal(t, json.RawMessage(`{"supported":["2025-06-18"]}`),
 		quietData(json.RawMessage(`{"supported":["2025-06-18"],"requested":"sk_live_SECRET"}`)))
 	require.Nil(t, quietData(json.RawMessage(`{"uri":"file:///sk_live_SECRET"}`)))
+}
+
+// A call before initialize is answered by the SDK with code 0, which no
+// client reads as an error class: it becomes Invalid Request.
+func TestQuietErrorsGivesACodelessErrorOne(t *testing.T) {
+	got := QuietErrors([]byte(`{"jsonrpc":"2.0","id":1,"error":{"code":0,"message":"method \"tools/call\" is invalid during session initialization"}}`))
+	var out struct {
+		Error struct {
+			Code    int64  `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal(got, &out), "%s", got)
+	require.EqualValues(t, jsonrpc.CodeInvalidRequest, out.Error.Code)
+	require.Equal(t, `method "…" is invalid during session initialization`, out.Error.Message)
+	same := []byte(`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"{\"error\":1}"}]}}`)
+	require.Equal(t, same, QuietErrors(same), "a result is written as it is")
 }

@@ -1,0 +1,144 @@
+package mcpserver
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+
+	"github.com/getratchet/ratchet/lib/jsonx"
+)
+
+// rpcMessages says what each of JSON-RPC 2.0's error codes means.
+var rpcMessages = map[int64]string{jsonrpc.CodeParseError: "Parse error", jsonrpc.CodeInvalidRequest: "Invalid Request",
+	jsonrpc.CodeMethodNotFound: "Method not found", jsonrpc.CodeInvalidParams: "Invalid params",
+	jsonrpc.CodeInternalError: "Internal error"}
+
+// QuietMessage is a transport message without the values it quotes: the
+// MCP SDK's messages quote what the caller sent (`unknown tool "…"`, `"…"
+// unsupported`, `unmarshaling "{…the whole params…}"`), and an answer names
+// what is wrong, never the value (QA: a payload's secrets came back in the
+// error; tool argument refusals already follow the rule). Each quoted span
+// becomes "…" unless it is one of the protocol's own words (a member the
+// message says is missing); a message that is nothing but a quote says
+// what its code means.
+func QuietMessage(msg string, code int64) string {
+	var b strings.Builder
+	for {
+		start := strings.IndexByte(msg, '"')
+		if start < 0 {
+			b.WriteString(msg)
+			break
+		}
+		b.WriteString(msg[:start])
+		end := closingQuote(msg, start+1)
+		if span := msg[start+1 : end]; protocolWords[span] {
+			b.WriteString(`"` + span + `"`)
+		} else {
+			b.WriteString(`"…"`)
+		}
+		if end == len(msg) {
+			break
+		}
+		msg = msg[end+1:]
+	}
+	quiet := strings.TrimSpace(b.String())
+	if quiet == "" || quiet == `"…"` {
+		if std, ok := rpcMessages[code]; ok {
+			return std
+		}
+		return "Error"
+	}
+	return quiet
+}
+
+// closingQuote is the index of the quote ending a quoted span whose text
+// starts at i (a backslash escapes the next byte, as %q writes), or
+// len(s) when it is not closed.
+func closingQuote(s string, i int) int {
+	for ; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			i++
+		case '"':
+			return i
+		}
+	}
+	return len(s)
+}
+
+// protocolWords are the JSON-RPC and MCP member names a transport message
+// may quote and keep: they name what is wrong, and hold no value of the
+// caller's.
+var protocolWords = map[string]bool{"jsonrpc": true, "id": true, "method": true, "params": true, "name": true,
+	"arguments": true, "_meta": true, "protocolVersion": true, "capabilities": true, "clientInfo": true,
+	"cursor": true, "uri": true, "io.modelcontextprotocol/protocolVersion": true}
+
+// quietData is what an error's data may carry back: only members that hold
+// no value of the caller's (the protocol versions the server supports); the
+// rest quoted a resource's uri or the version asked for (review).
+func quietData(data json.RawMessage) json.RawMessage {
+	var m map[string]json.RawMessage
+	if len(data) == 0 || json.Unmarshal(data, &m) != nil {
+		return nil
+	}
+	if supported, ok := m["supported"]; ok {
+		out, _ := jsonx.Marshal(map[string]json.RawMessage{"supported": supported})
+		return out
+	}
+	return nil
+}
+
+// QuietErrors quiets the message of each JSON-RPC error in an answer (one
+// response or a batch of them) with QuietMessage, keeps only quietData of
+// its data, and gives an error without a code (the SDK answers a call made
+// before initialize with code 0) Invalid Request's. An answer with no
+// error, or one that is not JSON-RPC, is returned as it is. Both
+// transports write their answers through it.
+func QuietErrors(answer []byte) []byte {
+	if !bytes.Contains(answer, []byte(`"error"`)) {
+		return answer
+	}
+	var batch []map[string]json.RawMessage
+	single := json.Unmarshal(answer, &batch) != nil
+	if single {
+		var one map[string]json.RawMessage
+		if json.Unmarshal(answer, &one) != nil {
+			return answer
+		}
+		batch = []map[string]json.RawMessage{one}
+	}
+	changed := false
+	for _, m := range batch {
+		var e struct {
+			Code    int64           `json:"code"`
+			Message string          `json:"message"`
+			Data    json.RawMessage `json:"data,omitempty"`
+		}
+		if m["error"] == nil || json.Unmarshal(m["error"], &e) != nil {
+			continue
+		}
+		code := e.Code
+		if code == 0 {
+			code = jsonrpc.CodeInvalidRequest
+		}
+		quiet, data := QuietMessage(e.Message, code), quietData(e.Data)
+		if code == e.Code && quiet == e.Message && bytes.Equal(data, e.Data) {
+			continue
+		}
+		e.Code, e.Message, e.Data = code, quiet, data
+		m["error"], _ = jsonx.Marshal(e)
+		changed = true
+	}
+	if !changed {
+		return answer
+	}
+	var out []byte
+	if single {
+		out, _ = jsonx.Marshal(batch[0])
+	} else {
+		out, _ = jsonx.Marshal(batch)
+	}
+	return out
+}
