@@ -275,9 +275,17 @@ func TestEmergencyStop(t *testing.T) {
 	// Closing one type does not lift the stop.
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
 	b.mustBegin("approval_required", sms(key("still")))
-	// A stricter stop denies.
+	// A stricter stop denies, and is announced; the same again is not.
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"action": "deny"})
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"action": "deny"})
+	require.Equal(t, 2, b.events("circuit.tripped"))
 	b.denialOf("circuit_open", sms(key("denied")))
+	// A stop halts: it cannot be a monitor (one re-issued as a monitor
+	// quietly undid the stop in force), and the refusal changes nothing.
+	errCode(t, b.env.Do("POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"action": "monitor"}),
+		http.StatusBadRequest, "invalid_request")
+	b.denialOf("circuit_open", sms(key("denied-still")))
+	require.Equal(t, 2, b.events("circuit.tripped"))
 	// A type's own stricter breaker outlives the release.
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/email.send/open", b.ws.Key, map[string]any{"action": "deny"})
 

@@ -342,8 +342,19 @@ func (s *Service) reconcileResolve(ctx context.Context, tx pgx.Tx, p *auth.Princ
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("reconcile: resolve: %w", err)
 	}
-	// Every one was locked and indeterminate: every one was resolved.
+	// Every one was locked and indeterminate: every one was resolved. One
+	// resolved succeeded whose amounts differ is an amount mismatch too, as
+	// the next reconciliation would call it (QA: the first pass answered
+	// "all resolved" for a charge five times its declared cost).
 	out.Resolved = append(out.Resolved, resolving...)
+	for _, it := range resolving {
+		if cost, amount := it.RatchetAmountMicros, it.VendorAmountMicros; *it.Outcome == StateSucceeded &&
+			cost != nil && amount != nil && *cost != *amount {
+			state := StateSucceeded
+			it.RatchetState, it.Outcome = &state, nil
+			out.AmountMismatch = append(out.AmountMismatch, it)
+		}
+	}
 	return groups, nil
 }
 

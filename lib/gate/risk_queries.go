@@ -188,7 +188,9 @@ ORDER BY t.effect_type`
 
 // sqlOpenCircuit opens a breaker by hand (opened_by manual, or stop for the
 // '*' row): no cooldown. Re-opening an open one changes its action and
-// reason and keeps when it opened. Records circuit.tripped once per opening.
+// reason and keeps when it opened. Records circuit.tripped once per opening
+// and action: a re-opening that changes the action is announced (QA: a stop
+// re-issued with a weaker action changed it silently).
 // $1 workspace, $2 type or '*', $3 opened_by, $4 action, $5 reason, $6 now,
 // $7 event id.
 var sqlOpenCircuit = `
@@ -207,7 +209,7 @@ WITH up AS (
     SELECT $7, $1, '` + events.CircuitTripped + `', $2,
         jsonb_build_object('effect_type', CASE WHEN $2::text <> '*' THEN $2::text END, 'opened_by', $3::text,
             'action', up.action, 'opened_at', up.opened_at, 'closes_at', NULL), $6,
-        $3::text || ':' || extract(epoch FROM up.opened_at)::text
+        $3::text || ':' || extract(epoch FROM up.opened_at)::text || ':' || up.action
     FROM up
     ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
 )

@@ -49,6 +49,7 @@ func TestReconcileClassifiesAndResolves(t *testing.T) {
 	f.eff(typ, "refunded", 100, "succeeded")
 	happened := f.eff(typ, "ind-happened", 100, "")
 	notHappened := f.eff(typ, "ind-failed", 100, "")
+	f.eff(typ, "ind-dearer", 100, "")
 	f.eff(typ, "ind-unknown", 100, "")
 	f.eff(typ, "ind-pending", 100, "")
 	f.eff("email.send", "other-type", 0, "succeeded")
@@ -63,6 +64,7 @@ func TestReconcileClassifiesAndResolves(t *testing.T) {
 		{"idempotency_key": "refunded", "status": "refunded", "amount_micros": 100},
 		{"idempotency_key": "ind-happened", "status": "succeeded", "amount_micros": 100},
 		{"idempotency_key": "ind-failed", "status": "failed", "amount_micros": 100},
+		{"idempotency_key": "ind-dearer", "status": "succeeded", "amount_micros": 500},
 		{"idempotency_key": "ind-pending", "status": "pending", "amount_micros": 100},
 		{"idempotency_key": "live", "status": "succeeded", "amount_micros": 100},
 		{"idempotency_key": "vendor-only", "status": "succeeded", "amount_micros": 5},
@@ -72,21 +74,26 @@ func TestReconcileClassifiesAndResolves(t *testing.T) {
 		"records": records}
 	r := f.must(http.StatusOK, "POST", "/api/v1/reconcile", body)
 	require.ElementsMatch(t, []string{"ok", "failed-both", "refunded"}, keysOf(r["matched"]))
-	require.Equal(t, []string{"amount"}, keysOf(r["amount_mismatch"]))
+	// An effect resolved here whose amounts differ is a mismatch too (QA:
+	// only the next pass said so).
+	require.Equal(t, []string{"amount", "ind-dearer"}, keysOf(r["amount_mismatch"]))
 	mm := r["amount_mismatch"].([]any)[0].(map[string]any)
 	require.EqualValues(t, 100, mm["ratchet_amount_micros"])
 	require.EqualValues(t, 90, mm["vendor_amount_micros"])
+	dearer := r["amount_mismatch"].([]any)[1].(map[string]any)
+	require.Equal(t, "succeeded", dearer["ratchet_state"])
+	require.EqualValues(t, 500, dearer["vendor_amount_micros"])
 	require.Equal(t, []string{"missing"}, keysOf(r["missing_at_vendor"]))
 	require.ElementsMatch(t, []string{"vendor-only", "other-type"}, keysOf(r["unknown_to_ratchet"]))
 	require.Equal(t, []string{"failed-here-done-there"}, keysOf(r["status_mismatch"]))
-	require.ElementsMatch(t, []string{"ind-happened", "ind-failed"}, keysOf(r["resolved"]))
+	require.ElementsMatch(t, []string{"ind-happened", "ind-failed", "ind-dearer"}, keysOf(r["resolved"]))
 	require.ElementsMatch(t, []string{"ind-pending", "live", "ind-unknown"}, keysOf(r["unsettled"]))
 	counts := r["counts"].(map[string]any)
 	require.EqualValues(t, 3, counts["matched"])
-	require.EqualValues(t, 2, counts["resolved"])
+	require.EqualValues(t, 3, counts["resolved"])
 	require.EqualValues(t, 1, counts["missing_at_vendor"])
 	require.EqualValues(t, 2, counts["unknown_to_ratchet"])
-	require.EqualValues(t, 1, counts["amount_mismatch"])
+	require.EqualValues(t, 2, counts["amount_mismatch"])
 
 	// Resolved like an operator's resolve: succeeded replays, failed allows a new attempt.
 	e := f.must(http.StatusOK, "GET", "/api/v1/effects/"+happened, nil)
