@@ -376,6 +376,10 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 	if !ValidEffectType(effectType) {
 		return Policy{}, apierr.InvalidField("effect_type", effectTypeRule)
 	}
+	if req.ExpectedVersion != nil && *req.ExpectedVersion < 0 {
+		// No policy ever had it: a malformed request, not a stale one (QA).
+		return Policy{}, apierr.InvalidField("expected_version", "must be a version you read (0 or more)")
+	}
 	// Concurrent writers of one type take turns: each merges into what the
 	// one before it wrote. (Optimistic retries gave up under contention
 	// and answered 500; a type's first write has no row to lock.)

@@ -77,6 +77,10 @@ func TestPolicyPutMergesAndVersions(t *testing.T) {
 	require.EqualValues(t, 1, p["version"])
 	errCode(t, b.env.Do("PUT", "/api/v1/policies/push.send", b.ws.Key, map[string]any{"expected_version": 0}),
 		http.StatusConflict, "version_conflict")
+	// A version no policy ever had is a malformed request, not a stale one.
+	require.Equal(t, []string{"expected_version"}, validationFields(t, b.env.Do("PUT", "/api/v1/policies/push.send",
+		b.ws.Key, map[string]any{"expected_version": -1, "mode": "deny"})))
+	require.EqualValues(t, 1, b.env.Must(http.StatusOK, "GET", "/api/v1/policies/push.send", b.ws.Key, nil).JSON()["version"])
 }
 
 func TestPolicyValidation(t *testing.T) {

@@ -203,6 +203,7 @@ func TestEndpointPolicyValidation(t *testing.T) {
 		"jitter over 100":            {custom(map[string]any{"jitterPercent": 101}), []string{"jitterPercent"}},
 		"unknown preset":             {map[string]any{"expectedVersion": 1, "preset": "FAST"}, []string{"preset"}},
 		"expectedVersion required":   {custom(map[string]any{"expectedVersion": "<omit>"}), []string{"expectedVersion"}},
+		"expectedVersion negative":   {custom(map[string]any{"expectedVersion": -1}), []string{"expectedVersion"}},
 		"maxConcurrent 0":            {custom(map[string]any{"maxConcurrent": 0}), []string{"maxConcurrent"}},
 		"maxConcurrent 1001":         {custom(map[string]any{"maxConcurrent": 1001}), []string{"maxConcurrent"}},
 		"rateLimitPerMinute 100001":  {custom(map[string]any{"rateLimitPerMinute": 100001}), []string{"rateLimitPerMinute"}},

@@ -339,6 +339,8 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 	var p apierr.Problems
 	if !req.ExpectedVersion.Set || req.ExpectedVersion.Null {
 		p.Add("expectedVersion", "is required (the version you last read)")
+	} else if req.ExpectedVersion.Value < 0 {
+		p.Add("expectedVersion", "must be a version you read (0 or more)")
 	}
 	cur, err := s.GetEndpoint(ctx, workspaceID, id)
 	if err != nil {
