@@ -166,21 +166,9 @@ func TestStdioAnswersAroundMalformedLines(t *testing.T) {
 		`{"jsonrpc":"2.0","id":"a\u0062","method":"ping"}`,
 		`{"jsonrpc":"2.0","id":9,"method":"ping"}`,
 	}, "\n") + "\n")
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("ratchet-mcp: %v (%s)", err, out)
-	}
+	out, answers := stdioAnswers(t, cmd)
 	var results, errs []string
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		var m struct {
-			ID    json.RawMessage `json:"id"`
-			Error *struct {
-				Code int `json:"code"`
-			} `json:"error"`
-		}
-		if err := json.Unmarshal([]byte(line), &m); err != nil {
-			t.Fatalf("not JSON-RPC: %s", line)
-		}
+	for _, m := range answers {
 		if m.Error != nil {
 			errs = append(errs, fmt.Sprintf("%s:%d", m.ID, m.Error.Code))
 		} else {
@@ -278,24 +266,12 @@ func TestStdioErrorsDoNotEchoValues(t *testing.T) {
 		`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"sk_live_SECRET","arguments":{}}}`,
 		`{"jsonrpc":"2.0","id":4,"method":"secret/sk_live_SECRET"}`,
 	}, "\n") + "\n")
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("ratchet-mcp: %v (%s)", err, out)
-	}
-	if strings.Contains(string(out), "sk_live_SECRET") {
+	out, answers := stdioAnswers(t, cmd)
+	if strings.Contains(out, "sk_live_SECRET") {
 		t.Fatalf("a value sent came back: %s", out)
 	}
 	codes := map[string]int{}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		var m struct {
-			ID    json.RawMessage `json:"id"`
-			Error *struct {
-				Code int `json:"code"`
-			} `json:"error"`
-		}
-		if err := json.Unmarshal([]byte(line), &m); err != nil {
-			t.Fatalf("not JSON-RPC: %s", line)
-		}
+	for _, m := range answers {
 		if m.Error != nil {
 			codes[string(m.ID)] = m.Error.Code
 		}
@@ -303,4 +279,30 @@ func TestStdioErrorsDoNotEchoValues(t *testing.T) {
 	if codes["1"] != -32600 || codes["3"] != -32602 || codes["4"] != -32601 {
 		t.Errorf("error codes %v; want 1:-32600 3:-32602 4:-32601 (output %s)", codes, out)
 	}
+}
+
+// rpcAnswer is one JSON-RPC answer line of the stdio server.
+type rpcAnswer struct {
+	ID    json.RawMessage `json:"id"`
+	Error *struct {
+		Code int `json:"code"`
+	} `json:"error"`
+}
+
+// stdioAnswers runs cmd and reads its output as JSON-RPC answers, one a line.
+func stdioAnswers(t *testing.T, cmd *exec.Cmd) (string, []rpcAnswer) {
+	t.Helper()
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("ratchet-mcp: %v (%s)", err, out)
+	}
+	var answers []rpcAnswer
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		var m rpcAnswer
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("not JSON-RPC: %s", line)
+		}
+		answers = append(answers, m)
+	}
+	return string(out), answers
 }
