@@ -158,13 +158,6 @@ func (s *Service) OpenCircuit(ctx context.Context, p *auth.Principal, effectType
 // Stop opens the emergency stop: every effect type, including types first
 // seen while it is on, is held until Release.
 func (s *Service) Stop(ctx context.Context, p *auth.Principal, req OpenCircuitRequest) ([]Circuit, error) {
-	if req.Action != nil && *req.Action == ActionMonitor {
-		// The stop halts every type (seed 003); a monitor stop read as
-		// open and halted nothing, and re-issued as one it quietly
-		// undid a stop in force (QA).
-		return nil, apierr.InvalidField("action", "must be %s or %s: the emergency stop halts every effect type",
-			ActionRequireApproval, ActionDeny)
-	}
 	if err := s.open(ctx, p, stopType, OpenedByStop, req); err != nil {
 		return nil, err
 	}

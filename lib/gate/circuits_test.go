@@ -280,12 +280,13 @@ func TestEmergencyStop(t *testing.T) {
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"action": "deny"})
 	require.Equal(t, 2, b.events("circuit.tripped"))
 	b.denialOf("circuit_open", sms(key("denied")))
-	// A stop halts: it cannot be a monitor (one re-issued as a monitor
-	// quietly undid the stop in force), and the refusal changes nothing.
-	errCode(t, b.env.Do("POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"action": "monitor"}),
-		http.StatusBadRequest, "invalid_request")
-	b.denialOf("circuit_open", sms(key("denied-still")))
-	require.Equal(t, 2, b.events("circuit.tripped"))
+	// Re-issued as a monitor (API.md lets the stop watch), it halts nothing
+	// more, and says so: the change is announced, not silent (QA).
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"action": "monitor"})
+	require.Equal(t, 3, b.events("circuit.tripped"))
+	b.mustBegin("execute", sms(key("watched")))
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"action": "deny"})
+	b.denialOf("circuit_open", sms(key("denied-again")))
 	// A type's own stricter breaker outlives the release.
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/email.send/open", b.ws.Key, map[string]any{"action": "deny"})
 
