@@ -182,15 +182,18 @@ type EnqueueResult struct {
 func scanStep(row pgx.Row) (Step, error) {
 	var st Step
 	var cv *int32
-	var inPrev, outPrev []byte
+	var inPrev, outPrev, replays []byte
 	j := &st.DurableJob
 	err := row.Scan(&st.ID, &j.ID, &st.Name, &st.Version, &st.Endpoint, &j.Status, &st.IdempotencyKey, &st.AfterStepID,
 		&st.AfterStatus, &cv, &j.Attempt, &j.MaxAttempts, &j.DueAt, &j.LeaseExpiresAt, &j.CancelRequested,
 		&j.Policy.Preset, &j.Policy.InitialDelayMs, &j.Policy.Multiplier, &j.Policy.MaxDelayMs,
 		&j.Policy.JitterPercent, &j.Policy.TimeoutMs, &j.PolicyVersion, &inPrev, &outPrev, &st.CreatedAt,
-		&st.FinishedAt, &st.RunID, &j.Policy.MaxAttempts)
+		&st.FinishedAt, &st.RunID, &j.Policy.MaxAttempts, &replays)
 	if err != nil {
 		return st, err
+	}
+	if err := json.Unmarshal(replays, &j.Replays); err != nil {
+		return st, fmt.Errorf("step replays: %w", err)
 	}
 	st.Status = j.Status
 	st.ContractVersion = intPtr(cv)
@@ -355,57 +358,22 @@ func (s *Service) stepsPage(ctx context.Context, runID, status, cursor string, l
 	if steps == nil {
 		return []Step{}, nil
 	}
-	if err := s.attachHistory(ctx, steps); err != nil {
+	if err := s.attachAttempts(ctx, steps); err != nil {
 		return nil, err
 	}
 	return steps, nil
 }
 
-// attachHistory reads the executions and replays of steps' jobs.
-func (s *Service) attachHistory(ctx context.Context, steps []Step) error {
+// attachAttempts reads the executions of steps' jobs, in attempt order, into
+// their durable jobs.
+func (s *Service) attachAttempts(ctx context.Context, steps []Step) error {
 	jobIDs := make([]string, len(steps))
 	byJob := make(map[string]*DurableJob, len(steps))
 	for i := range steps {
 		j := &steps[i].DurableJob
-		j.Attempts, j.Replays = []Attempt{}, []Replay{}
+		j.Attempts = []Attempt{}
 		jobIDs[i], byJob[j.ID] = j.ID, j
 	}
-	if err := s.attachAttempts(ctx, byJob, jobIDs); err != nil {
-		return err
-	}
-	return s.attachReplays(ctx, byJob, jobIDs)
-}
-
-// attachReplays reads the replay audit of the jobs jobIDs into byJob.
-func (s *Service) attachReplays(ctx context.Context, byJob map[string]*DurableJob, jobIDs []string) error {
-	rows, err := s.pool.Query(ctx, sqlJobsReplays, jobIDs)
-	if err != nil {
-		return fmt.Errorf("replays: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var (
-			jobID string
-			r     Replay
-		)
-		if err := rows.Scan(&jobID, &r.ID, &r.KeyID, &r.Reason, &r.PriorStatus, &r.PriorAttempt,
-			&r.AdditionalAttempts, &r.MaxAttempts, &r.OldHandlerVersion, &r.NewHandlerVersion,
-			&r.OldContractVersion, &r.NewContractVersion, &r.CreatedAt); err != nil {
-			return fmt.Errorf("replays: %w", err)
-		}
-		if j := byJob[jobID]; j != nil {
-			j.Replays = append(j.Replays, r)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("replays: %w", err)
-	}
-	return nil
-}
-
-// attachAttempts reads the executions of the jobs jobIDs, in attempt order,
-// into byJob.
-func (s *Service) attachAttempts(ctx context.Context, byJob map[string]*DurableJob, jobIDs []string) error {
 	rows, err := s.pool.Query(ctx, sqlJobsAttempts, jobIDs)
 	if err != nil {
 		return fmt.Errorf("attempts: %w", err)
@@ -789,7 +757,7 @@ func (s *Service) GetStep(ctx context.Context, workspaceID, stepID string) (Step
 		}
 	}
 	steps := []Step{st}
-	if err := s.attachHistory(ctx, steps); err != nil {
+	if err := s.attachAttempts(ctx, steps); err != nil {
 		return Step{}, err
 	}
 	return steps[0], nil

@@ -183,7 +183,18 @@ var stepColumns = `j.step_id, j.id, j.name, j.version, e.name, j.status, j.idemp
 	j.after_status, j.contract_version, j.attempt, j.max_attempts, j.due_at, ` + heldLease + `, j.cancel_requested,
 	j.policy_preset, j.initial_delay_ms, j.multiplier, j.max_delay_ms, j.jitter_percent, j.timeout_ms,
 	j.policy_version, j.input_preview, j.output_preview, j.created_at, j.finished_at, j.run_id,
-	coalesce(j.policy_max_attempts, j.max_attempts)`
+	coalesce(j.policy_max_attempts, j.max_attempts), ` + replaysJSON
+
+// replaysJSON aggregates a job's (alias j) replay audit, oldest first
+// (job_replays_job_idx), in the step's own row: read beside it, not in a
+// round trip of its own.
+const replaysJSON = `(SELECT coalesce(jsonb_agg(jsonb_build_object(
+	'id', r.id, 'keyId', r.key_id, 'reason', r.reason, 'priorStatus', r.prior_status,
+	'priorAttempt', r.prior_attempt, 'additionalAttempts', r.additional_attempts, 'maxAttempts', r.max_attempts,
+	'oldHandlerVersion', r.old_handler_version, 'newHandlerVersion', r.new_handler_version,
+	'oldContractVersion', r.old_contract_version, 'newContractVersion', r.new_contract_version,
+	'createdAt', r.created_at) ORDER BY r.created_at, r.id), '[]')
+  FROM job_replays r WHERE r.job_id = j.id)`
 
 var sqlStepByID = `SELECT ` + stepColumns + ` FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
 WHERE j.step_id = $1::text AND j.workspace_id = $2::text`
@@ -208,12 +219,6 @@ ORDER BY j.step_id LIMIT $4::int`
 // sqlJobsAttempts reads the executions of the jobs $1.
 const sqlJobsAttempts = `SELECT ` + attemptColumns + ` FROM job_executions x WHERE x.job_id = ANY($1::text[])
 ORDER BY x.job_id, x.attempt`
-
-// sqlJobsReplays reads the replay audit of the jobs $1, oldest first
-// (job_replays_job_idx).
-const sqlJobsReplays = `SELECT job_id, id, key_id, reason, prior_status, prior_attempt, additional_attempts,
-       max_attempts, old_handler_version, new_handler_version, old_contract_version, new_contract_version, created_at
-FROM job_replays WHERE job_id = ANY($1::text[]) ORDER BY job_id, created_at, id`
 
 // sqlEnqueue is an enqueue in one call of jobs_enqueue (migration 0009,
 // the only copy of its SQL, which documents its locks and answers): the
