@@ -297,6 +297,9 @@ func (s *Service) Begin(ctx context.Context, p *auth.Principal, req BeginRequest
 		in.wallet, in.walletRefused, in.effectKnown, in.risk.refused = nil, false, false, nil
 		d, err = s.begin(ctx, in)
 	}
+	if err == nil && d.Denial != nil && d.Denial.Code == apierr.CodeCircuitOpen {
+		d.Denial = s.withBreaker(ctx, in.ws, in.effectType, d.Denial)
+	}
 	return d, err
 }
 

@@ -2,6 +2,7 @@ package gate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -98,6 +99,27 @@ func scanCircuit(row pgx.Row) (Circuit, error) {
 	return c, nil
 }
 
+// withBreaker adds to a circuit_open denial which breaker denied (opened_by,
+// opened_at) and when it closes by itself (closes_at: a surge's cooldown;
+// null for a manual breaker or the stop, which only an operator lifts), so
+// a caller can tell whether waiting helps. It is read after the decision
+// committed: a breaker closed since adds nothing, and a failed read leaves
+// the denial as it was, since the decision stands either way.
+func (s *Service) withBreaker(ctx context.Context, workspaceID, effectType string, e *apierr.Error) *apierr.Error {
+	c, err := scanCircuit(s.pool.QueryRow(ctx, sqlDenyingCircuit, workspaceID, effectType, s.clock()))
+	if err != nil || c.State != CircuitOpen {
+		return e
+	}
+	if c.Action == nil || *c.Action != ActionDeny {
+		// A surge over its ceiling under an operator's weaker breaker,
+		// which is left as set: the surge denies without a breaker of
+		// its own, until the hour's volume is back under the ceiling.
+		return e.WithDetail("opened_by", OpenedBySurge)
+	}
+	return e.WithDetail("opened_by", *c.OpenedBy).WithDetail("opened_at", c.OpenedAt).
+		WithDetail("closes_at", c.ClosesAt)
+}
+
 // ListCircuits pages through the circuits of every effect type seen or
 // configured, by type.
 func (s *Service) ListCircuits(ctx context.Context, workspaceID, cursor string, limit int) ([]Circuit, error) {
@@ -180,8 +202,13 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, effectType, by st
 			[]string{ids.NewAt(ids.Event, now)}); err != nil {
 			return fmt.Errorf("open circuit: close lapsed: %w", err)
 		}
+		var wasBy, wasAction *string
+		err := tx.QueryRow(ctx, sqlLockOpenCircuit, p.WorkspaceID, effectType, now).Scan(&wasBy, &wasAction)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("open circuit: lock: %w", err)
+		}
 		if _, err := tx.Exec(ctx, sqlOpenCircuit, p.WorkspaceID, effectType, by, action, reason, now,
-			ids.NewAt(ids.Event, now)); err != nil {
+			ids.NewAt(ids.Event, now), wasBy, wasAction); err != nil {
 			return fmt.Errorf("open circuit: %w", err)
 		}
 		return nil

@@ -156,6 +156,9 @@ func TestSurgeDenyAndMonitor(t *testing.T) {
 	c := b.circuit("sms.send")
 	require.Equal(t, "deny", c["action"])
 	require.Equal(t, b.clock.Now().Add(time.Hour).Format(time.RFC3339), c["closes_at"]) // default cooldown 3600
+	// The denial says which breaker, and when it closes by itself.
+	require.Equal(t, map[string]any{"opened_by": "surge", "opened_at": c["opened_at"], "closes_at": c["closes_at"]},
+		e["detail"])
 
 	b.putPolicy("email.send", map[string]any{"surge_per_hour": 2, "surge_action": "monitor"})
 	for i := 0; i < 5; i++ {
@@ -178,7 +181,8 @@ func TestManualBreakerHasNoCooldownAndCloseDoesNotDisarm(t *testing.T) {
 	require.Equal(t, "runaway loop", c["reason"])
 	require.Nil(t, c["closes_at"])
 	require.Equal(t, 1, b.events("circuit.tripped"))
-	b.denialOf("circuit_open", sms(key("x")))
+	e := b.denialOf("circuit_open", sms(key("x")))
+	require.Equal(t, map[string]any{"opened_by": "manual", "opened_at": c["opened_at"], "closes_at": nil}, e["detail"])
 	b.clock.Add(48 * time.Hour)
 	b.denialOf("circuit_open", sms(key("y")))
 
@@ -237,7 +241,8 @@ func TestAWeakerBreakerDoesNotDisarmTheSurge(t *testing.T) {
 		map[string]any{"action": "monitor", "reason": "watching"})
 	b.mustBegin("execute", email(key("m")))
 	b.mustBegin("execute", email(key("m")))
-	b.denialOf("circuit_open", email(key("m")))
+	e := b.denialOf("circuit_open", email(key("m")))
+	require.Equal(t, map[string]any{"opened_by": "surge"}, e["detail"], "not the operator's monitor")
 	manual := b.circuit("email.send")
 	require.Equal(t, "manual", manual["opened_by"])
 	require.Equal(t, "monitor", manual["action"], "the operator's breaker is left as set")
@@ -279,13 +284,20 @@ func TestEmergencyStop(t *testing.T) {
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"action": "deny"})
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"action": "deny"})
 	require.Equal(t, 2, b.events("circuit.tripped"))
-	b.denialOf("circuit_open", sms(key("denied")))
+	e := b.denialOf("circuit_open", sms(key("denied")))
+	require.Equal(t, "stop", e["detail"].(map[string]any)["opened_by"])
+	require.Nil(t, e["detail"].(map[string]any)["closes_at"])
 	// Re-issued as a monitor (API.md lets the stop watch), it halts nothing
 	// more, and says so: the change is announced, not silent (QA).
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"action": "monitor"})
 	require.Equal(t, 3, b.events("circuit.tripped"))
 	b.mustBegin("execute", sms(key("watched")))
+	// Made strict again, it is announced again (QA: its first deny's
+	// announcement had swallowed this one); a repeat still is not.
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"action": "deny"})
+	require.Equal(t, 4, b.events("circuit.tripped"))
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"action": "deny"})
+	require.Equal(t, 4, b.events("circuit.tripped"))
 	b.denialOf("circuit_open", sms(key("denied-again")))
 	// A type's own stricter breaker outlives the release.
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/email.send/open", b.ws.Key, map[string]any{"action": "deny"})

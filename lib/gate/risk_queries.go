@@ -186,13 +186,34 @@ LEFT JOIN gate_policies p ON p.workspace_id = $1 AND p.effect_type = t.effect_ty
 CROSS JOIN LATERAL (SELECT ` + volumeSQL("$1", "t.effect_type", "$4::timestamptz - interval '1 hour'") + ` AS volume) v
 ORDER BY t.effect_type`
 
+// sqlDenyingCircuit reads one type's breaker and the stop as
+// sqlListCircuits does, without the volume, baseline and threshold (a
+// denial's detail needs neither, and a surge is when the volume is
+// largest). $1 workspace, $2 type, $3 now.
+var sqlDenyingCircuit = `
+SELECT $2::text, c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at > $3), c.opened_by, c.action,
+    c.reason, c.opened_at, c.closes_at, s.action, s.reason, s.opened_at, 0::bigint, NULL::float8, NULL::bigint
+FROM (SELECT) one
+LEFT JOIN gate_circuits c ON c.workspace_id = $1 AND c.effect_type = $2
+LEFT JOIN gate_circuits s ON s.workspace_id = $1 AND s.effect_type = '*' AND s.state = 'open'`
+
+// sqlLockOpenCircuit locks a type's (or the stop's) breaker while it is
+// open, and reads who opened it and its action, for sqlOpenCircuit to tell
+// a change from a repeat. $1 workspace, $2 type or '*', $3 now.
+const sqlLockOpenCircuit = `
+SELECT opened_by, action FROM gate_circuits
+WHERE workspace_id = $1 AND effect_type = $2 AND state = 'open' AND (closes_at IS NULL OR closes_at > $3)
+FOR UPDATE`
+
 // sqlOpenCircuit opens a breaker by hand (opened_by manual, or stop for the
 // '*' row): no cooldown. Re-opening an open one changes its action and
-// reason and keeps when it opened. Records circuit.tripped once per opening
-// and action: a re-opening that changes the action is announced (QA: a stop
-// re-issued with a weaker action changed it silently).
+// reason and keeps when it opened. Records circuit.tripped for an opening
+// and for every re-opening that changes the opener or the action (QA: a
+// stop re-issued with a weaker action changed it silently, and one made
+// strict again after that was not announced); a repeat is not announced.
 // $1 workspace, $2 type or '*', $3 opened_by, $4 action, $5 reason, $6 now,
-// $7 event id.
+// $7 event id, $8 and $9 the open breaker's opener and action as
+// sqlLockOpenCircuit read them (NULL when it was closed).
 var sqlOpenCircuit = `
 WITH up AS (
     INSERT INTO gate_circuits AS c (workspace_id, effect_type, state, opened_by, action, reason, opened_at,
@@ -210,7 +231,12 @@ WITH up AS (
         jsonb_build_object('effect_type', CASE WHEN $2::text <> '*' THEN $2::text END, 'opened_by', $3::text,
             'action', up.action, 'opened_at', up.opened_at, 'closes_at', NULL), $6,
         $3::text || ':' || extract(epoch FROM up.opened_at)::text || ':' || up.action
+            || CASE WHEN $8::text IS NULL THEN '' ELSE ':' || $7::text END
     FROM up
+    WHERE $8::text IS DISTINCT FROM $3::text OR $9::text IS DISTINCT FROM up.action
+    -- Two first openings racing insert the same row: the later one keeps
+    -- the earlier's opened_at, so its event's key is the same. A change was
+    -- read under the row's lock, so it is never a repeat: its key is its own.
     ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
 )
 SELECT count(*) FROM up`
