@@ -370,7 +370,7 @@ type prefixedRow struct {
 func (r prefixedRow) Scan(dest ...any) error { return r.rows.Scan(append([]any{r.first}, dest...)...) }
 
 // PutPolicy merges req into the type's policy (or the default) and bumps its
-// version. Concurrent writers of one type take turns under a
+// version when that changed it. Concurrent writers of one type take turns under a
 // transaction-scoped lock, so each reads what the one before it wrote.
 func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string, req PutPolicyRequest) (Policy, error) {
 	if !ValidEffectType(effectType) {
@@ -395,8 +395,19 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		if req.ExpectedVersion != nil && *req.ExpectedVersion != p.Version {
 			return apierr.VersionConflict(p.Version)
 		}
+		before, err := json.Marshal(p)
+		if err != nil {
+			return err
+		}
 		if err := req.merge(&p); err != nil {
 			return err
+		}
+		if after, err := json.Marshal(p); err == nil && p.Version > 0 && bytes.Equal(before, after) {
+			// Nothing changed (an empty body, or the values it has): no new
+			// version, as a repeated PUT must not make one (QA). A type's
+			// first PUT writes even so: it configures the type.
+			out = p
+			return nil
 		}
 		out, err = s.writePolicy(ctx, tx, workspaceID, p, s.clock())
 		if errors.Is(err, pgx.ErrNoRows) {

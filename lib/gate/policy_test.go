@@ -72,6 +72,17 @@ func TestPolicyPutMergesAndVersions(t *testing.T) {
 	require.EqualValues(t, 2, e["detail"].(map[string]any)["current_version"])
 	require.Equal(t, "require_approval", b.env.Must(http.StatusOK, "GET", "/api/v1/policies/sms.send", b.ws.Key, nil).JSON()["mode"])
 
+	// A PUT that changes nothing (no field, a body of null, or the values
+	// already set) makes no new version (QA); a body of [] is refused.
+	require.EqualValues(t, 2, b.putPolicy("sms.send", map[string]any{})["version"])
+	require.EqualValues(t, 2, b.env.Must(http.StatusOK, "PUT", "/api/v1/policies/sms.send", b.ws.Key, "null").JSON()["version"])
+	same := b.putPolicy("sms.send", map[string]any{"expected_version": 2, "lease_seconds": 30, "mode": "require_approval",
+		"dimension_limits": map[string]any{"recipient": map[string]any{"daily_micros": 1_000_000, "daily_count": 20}}})
+	require.EqualValues(t, 2, same["version"])
+	require.Equal(t, p["updated_at"], same["updated_at"])
+	require.Equal(t, []string{"body"}, validationFields(t, b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key, "[]")))
+	require.EqualValues(t, 2, b.env.Must(http.StatusOK, "GET", "/api/v1/policies/sms.send", b.ws.Key, nil).JSON()["version"])
+
 	// expected_version 0 creates only when unconfigured.
 	p = b.putPolicy("push.send", map[string]any{"expected_version": 0})
 	require.EqualValues(t, 1, p["version"])

@@ -224,6 +224,13 @@ func TestEndpointPolicyValidation(t *testing.T) {
 	require.Equal(t, map[string]any{"preset": "CUSTOM", "maxAttempts": 6.0, "initialDelayMs": 10000.0,
 		"multiplier": 2.0, "maxDelayMs": 600000.0, "jitterPercent": 20.0}, ok["retryPolicy"])
 
+	// An update that changes nothing makes no new version (QA).
+	same := e.Must(http.StatusOK, "PUT", path, e.ws.Key, custom(map[string]any{"expectedVersion": 2})).JSON()
+	require.EqualValues(t, 2, same["version"])
+	require.EqualValues(t, 2, e.Must(http.StatusOK, "PUT", path, e.ws.Key,
+		map[string]any{"expectedVersion": 2}).JSON()["version"])
+	require.Equal(t, ok["updatedAt"], e.Must(200, "GET", path, e.ws.Key, nil).JSON()["updatedAt"])
+
 	stale := put(custom(nil))
 	require.Equal(t, http.StatusConflict, stale.Status)
 	require.Equal(t, "version_conflict", stale.ErrorCode())

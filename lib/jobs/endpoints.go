@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -334,7 +335,8 @@ func (s *Service) GetEndpoint(ctx context.Context, workspaceID, id string) (Endp
 }
 
 // UpdatePolicy merges req into the endpoint's policy when expectedVersion is
-// current. Existing jobs keep their snapshots.
+// current, as a new version when that changed it. Existing jobs keep their
+// snapshots.
 func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req UpdatePolicyRequest) (Endpoint, error) {
 	var p apierr.Problems
 	if !req.ExpectedVersion.Set || req.ExpectedVersion.Null {
@@ -352,6 +354,11 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 	}
 	if req.ExpectedVersion.Value != cur.Version {
 		return Endpoint{}, versionConflict(cur.Version)
+	}
+	if reflect.DeepEqual(pol, cur.current()) {
+		// Nothing changed: no new version (QA: an empty update made one,
+		// and every other writer's read stale with it).
+		return cur, nil
 	}
 	var (
 		e   Endpoint

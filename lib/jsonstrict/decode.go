@@ -17,7 +17,8 @@ import (
 // Decode reads a JSON object into dst as the API reads a request body:
 // unknown fields, trailing data, wrong types and malformed JSON are 400
 // invalid_request naming the field (its dotted path from the root), and
-// Check's rules apply. An empty body decodes as {}. The REST handlers
+// Check's rules apply. An empty body decodes as {}, and so does null
+// (what some clients send for "no body"). The REST handlers
 // (httpapi) and the MCP tools read their input with it, so both answer
 // the same field and wording.
 func Decode(body []byte, dst any) error { return decode(body, dst, false) }

@@ -114,3 +114,18 @@ func TestDecodeBoundsTheProblems(t *testing.T) {
 	require.Equal(t, "k00", got[0].Field)
 	require.Equal(t, fmt.Sprintf("k%02d", maxFieldProblems-1), got[maxFieldProblems-1].Field)
 }
+
+// A body must be an object; an empty one and null (what some clients send
+// for "no body") read as {}, on every route alike.
+func TestDecodeRefusesABodyThatIsNotAnObject(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{"[]", `"x"`, "1", "true"} {
+		require.Equal(t, []apierr.FieldError{{Field: "body", Message: "must be an object"}},
+			decodeProblems(t, body), "%q", body)
+	}
+	for _, body := range []string{"", " \n", "null", " null\n"} {
+		d := decodeTarget{Name: "kept"}
+		require.NoError(t, Decode([]byte(body), &d), "%q", body)
+		require.Equal(t, decodeTarget{Name: "kept"}, d)
+	}
+}

@@ -166,6 +166,12 @@ func TestToolArgumentsMayBeNullWhereOptional(t *testing.T) {
 	rest := env.Do("POST", "/api/v1/effects/begin", ws.Key, map[string]any{"effect_type": "m.null",
 		"idempotency_key": "kr", "dimensions": nil, "payload": nil, "group_id": nil, "lease_seconds": nil})
 	require.Equal(t, http.StatusOK, rest.Status, "%s", rest.Body)
+
+	// Arguments themselves may be null where none is required (a REST body
+	// may not be: it must be an object).
+	text, isErr = callRaw(t, cs, "ratchet_list_effects", `null`)
+	require.False(t, isErr, text)
+	require.Contains(t, text, `"data":[`)
 }
 
 // The list tools page like the API: limit and cursor, and a limit out of
