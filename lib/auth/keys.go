@@ -7,7 +7,6 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -552,8 +551,11 @@ type SignupGate struct {
 func (s *Service) CheckSignup(ctx context.Context, g SignupGate, token string) error {
 	switch g.Mode {
 	case "closed":
-		return apierr.New(http.StatusForbidden, apierr.CodeForbidden, "Signup is closed on this server.").
-			WithDetail("required", []string{"signup"})
+		// No scope would open it (QA: detail.required named "signup",
+		// which is none), so the list every 403 carries is empty.
+		e := apierr.Forbidden()
+		e.Message = "Signup is closed on this server."
+		return e
 	case "token":
 		if subtle.ConstantTimeCompare([]byte(token), []byte(g.Token)) != 1 {
 			return apierr.Unauthorized("Signup needs a valid Ratchet-Signup-Token header.")

@@ -142,6 +142,11 @@ func WriteOutsideError(w http.ResponseWriter, e *apierr.Error) {
 }
 
 func writeError(w http.ResponseWriter, e *apierr.Error) {
+	if e.Status == http.StatusUnauthorized {
+		// RFC 9110 §15.5.2: a 401 names the scheme that would answer it
+		// (QA: clients tell "authenticate" from other refusals by it).
+		w.Header().Set("WWW-Authenticate", `Bearer realm="ratchet"`)
+	}
 	if e.Status == http.StatusTooManyRequests {
 		if s, ok := e.Detail["retry_after_seconds"].(int); ok {
 			w.Header().Set("Retry-After", fmt.Sprint(s))

@@ -62,6 +62,8 @@ func TestBadKeysAre401WithoutEcho(t *testing.T) {
 		res := env.Do("GET", "/api/v1/keys", key, nil)
 		require.Equal(t, http.StatusUnauthorized, res.Status, name)
 		require.Equal(t, "unauthorized", res.ErrorCode(), name)
+		// RFC 9110 §15.5.2: a 401 names the scheme that would answer it.
+		require.Equal(t, `Bearer realm="ratchet"`, res.Header.Get("WWW-Authenticate"), name)
 		if key != "" {
 			require.NotContains(t, string(res.Body), key, name)
 		}
@@ -406,6 +408,8 @@ func TestSignupModes(t *testing.T) {
 	closed := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.SignupMode = "closed" }))
 	r := closed.Must(http.StatusForbidden, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
 	require.Equal(t, "forbidden", r.ErrorCode())
+	require.Equal(t, map[string]any{"required": []any{}}, r.JSON()["error"].(map[string]any)["detail"],
+		"no scope opens it")
 
 	token := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.SignupMode = "token"; c.SignupToken = "let-me-in" }))
 	token.Must(http.StatusUnauthorized, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})

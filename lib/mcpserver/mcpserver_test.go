@@ -315,6 +315,7 @@ func TestStreamableHTTPEndpointUsesCallersKey(t *testing.T) {
 		r := env.Do("POST", "/api/v1/mcp", key, map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
 		require.Equal(t, http.StatusUnauthorized, r.Status)
 		require.Equal(t, "unauthorized", r.ErrorCode())
+		require.Equal(t, `Bearer realm="ratchet"`, r.Header.Get("WWW-Authenticate"))
 	}
 }
 
