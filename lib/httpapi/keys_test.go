@@ -580,3 +580,85 @@ func TestARestrictedKeyRevokesOnlyKeysWithinItsTools(t *testing.T) {
 	env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+idOf("worker a"), restricted, nil)
 	env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+idOf("worker b"), ws.Key, nil)
 }
+
+// Reports and heartbeats settle what a counted call began, so a key's rate
+// limit neither refuses nor counts them (QA: a refused report turned the
+// outcome its holder knew into an unknown one, and a refused job heartbeat
+// lapses its lease); the calls that begin work stay limited.
+func TestSettlingCallsAreNotRateLimited(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2030, 1, 1, 12, 0, 30, 0, time.UTC)
+	env := apitest.Start(t, apitest.WithNow(func() time.Time { return now }))
+	ws := env.Signup()
+	limited := env.Key(ws, map[string]any{"name": "l", "preset": "OPERATOR", "rate_limit_per_minute": 3})
+
+	begun := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", limited,
+		map[string]any{"effect_type": "email.send", "idempotency_key": "settle-1"}).JSON()
+	require.Equal(t, "execute", begun["decision"])
+	run := env.Must(http.StatusCreated, "POST", "/api/v1/runs", ws.Key, map[string]any{"name": "r"}).JSON()["id"].(string)
+	env.Must(http.StatusCreated, "POST", "/api/v1/runs/"+run+"/steps", ws.Key,
+		map[string]any{"name": "send", "version": "1", "input": map[string]any{}})
+	worker := env.Must(http.StatusCreated, "POST", "/api/v1/workers/register", limited,
+		map[string]any{"tools": []map[string]string{{"name": "send", "version": "1"}}}).JSON()["workerId"].(string)
+	var claimed struct {
+		Jobs []map[string]any `json:"jobs"`
+	}
+	env.Must(http.StatusOK, "POST", "/api/v1/workers/"+worker+"/claim", limited, map[string]any{"limit": 1}).
+		Decode(t, &claimed)
+	require.Len(t, claimed.Jobs, 1)
+	job := claimed.Jobs[0]
+	// The window is spent: beginning more is refused.
+	r := env.Do("POST", "/api/v1/effects/begin", limited, map[string]any{"effect_type": "email.send", "idempotency_key": "settle-2"})
+	require.Equal(t, "rate_limited", r.ErrorCode())
+
+	effect := "/api/v1/effects/" + begun["effect_id"].(string)
+	token := begun["lease_token"]
+	env.Must(http.StatusOK, "POST", effect+"/heartbeat", limited, map[string]any{"lease_token": token})
+	env.Must(http.StatusOK, "POST", "/api/v1/jobs/"+job["jobId"].(string)+"/heartbeat", limited,
+		map[string]any{"leaseToken": job["leaseToken"]})
+	reported := env.Must(http.StatusOK, "POST", effect+"/report", limited,
+		map[string]any{"lease_token": token, "outcome": "succeeded"}).JSON()
+	require.Equal(t, "succeeded", reported["state"])
+	batch := env.Must(http.StatusOK, "POST", "/api/v1/jobs/report", limited, map[string]any{"reports": []any{
+		map[string]any{"jobId": job["jobId"], "leaseToken": job["leaseToken"], "status": "SUCCEEDED"}}}).JSON()
+	require.Equal(t, "SUCCEEDED", batch["results"].([]any)[0].(map[string]any)["status"], "%v", batch)
+	env.Must(http.StatusOK, "POST", "/api/v1/jobs/"+job["jobId"].(string)+"/report", limited,
+		map[string]any{"leaseToken": job["leaseToken"], "status": "SUCCEEDED"})
+	// They were not counted either: the window is as spent as before, no more.
+	r = env.Do("GET", "/api/v1/keys", limited, nil)
+	require.Equal(t, "rate_limited", r.ErrorCode())
+	require.Equal(t, "30", r.Header.Get("Retry-After"))
+
+	// The OpenAPI document says which.
+	paths := env.Must(http.StatusOK, "GET", "/api/v1/openapi.json", "", nil).JSON()["paths"].(map[string]any)
+	op := func(path string) map[string]any { return paths[path].(map[string]any)["post"].(map[string]any) }
+	for _, path := range []string{"/api/v1/effects/{id}/report", "/api/v1/effects/{id}/heartbeat",
+		"/api/v1/jobs/{id}/report", "/api/v1/jobs/{id}/heartbeat", "/api/v1/jobs/report"} {
+		require.Equal(t, false, op(path)["x-rate-limited"], path)
+	}
+	require.NotContains(t, op("/api/v1/effects/begin"), "x-rate-limited")
+}
+
+// A query parameter a route does not take, or one given twice, is refused
+// like an unknown body field, never ignored (QA: ?status= on effects, a typo
+// of state, listed every effect).
+func TestUnknownQueryParametersAreRefused(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	for path, fields := range map[string][]string{
+		"/api/v1/effects?status=indeterminate":               {"status"},
+		"/api/v1/effects?state=denied&state=leased":          {"state"},
+		"/api/v1/effects?limit=2&limit=3&Cursor=x&zz=1":      {"Cursor", "limit", "zz"},
+		"/api/v1/keys?state=pending":                         {"state"},
+		"/api/v1/effects/eff_01m8kjt9g002extbwvcndh4bkd?x=1": {"x"},
+	} {
+		r := env.Do("GET", path, ws.Key, nil)
+		require.Equal(t, fields, validationFields(t, r), path)
+	}
+	env.Must(http.StatusOK, "GET", "/api/v1/effects?state=indeterminate&effect_type=a.b&limit=2", ws.Key, nil)
+	// Public routes take any: a cache-busting parameter asks for nothing.
+	env.Must(http.StatusOK, "GET", "/api/v1/health?nocache=1", "", nil)
+	// Authentication still comes first.
+	require.Equal(t, http.StatusUnauthorized, env.Do("GET", "/api/v1/effects?status=x", "", nil).Status)
+}

@@ -105,6 +105,9 @@ func operation(r Route) map[string]any {
 		if len(r.AnyScopes) > 0 {
 			op["x-any-of-scopes"] = r.AnyScopes
 		}
+		if r.Settles {
+			op["x-rate-limited"] = false // it settles what a limited call began
+		}
 	case AuthCron:
 		op["security"] = []any{map[string]any{"cron": []string{}}}
 	default:

@@ -44,7 +44,14 @@ type Route struct {
 	// AnyScopes, when set, are alternatives: one of them is required too
 	// (a read open to a key that may read and to one that may write).
 	AnyScopes []string
-	Query     []Param
+	// Settles marks a route that settles what a counted call began (a
+	// report, a heartbeat): the key's rate limit neither counts nor
+	// refuses it (QA: a refused report turned an outcome the holder knew
+	// into an unknown one, and under on_indeterminate retry the key's next
+	// begin was told to act again; a refused job heartbeat lapses a lease).
+	// The calls that begin work are what the limit bounds.
+	Settles bool
+	Query   []Param
 	// Request and Response are zero values of the body types, used for the
 	// OpenAPI schemas; nil means no body. Text responses set ContentType.
 	Request     any

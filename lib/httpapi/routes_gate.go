@@ -68,7 +68,7 @@ func (s *Server) gateRoutes() []Route {
 			Request: gate.ReportRequest{}, Response: gate.Effect{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeLeaseExpired,
 				apierr.CodeLeaseLost, apierr.CodeInvalidState, apierr.CodePayloadTooLarge},
-			Handle: s.reportEffect,
+			Settles: true, Handle: s.reportEffect,
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/effects/{id}/heartbeat", Name: "effects.heartbeat", Tag: "effects",
@@ -77,7 +77,7 @@ func (s *Server) gateRoutes() []Route {
 			Request: gate.HeartbeatRequest{}, Response: gate.HeartbeatResponse{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeLeaseExpired,
 				apierr.CodeLeaseLost, apierr.CodeInvalidState},
-			Handle: s.heartbeatEffect,
+			Settles: true, Handle: s.heartbeatEffect,
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/effects/{id}/resolve", Name: "effects.resolve", Tag: "effects",

@@ -105,7 +105,7 @@ func (s *Server) jobsRoutes() []Route {
 			Request: jobs.HeartbeatRequest{}, Response: jobs.HeartbeatResult{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeLeaseLost,
 				apierr.CodeInvalidState},
-			Handle: s.heartbeat,
+			Settles: true, Handle: s.heartbeat,
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/jobs/{id}/report", Name: "jobs.report", Tag: "workers", Scopes: work,
@@ -115,7 +115,7 @@ func (s *Server) jobsRoutes() []Route {
 			Request: jobs.ReportRequest{}, Response: jobs.ReportResult{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeLeaseLost,
 				apierr.CodeInvalidState},
-			Handle: s.report,
+			Settles: true, Handle: s.report,
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/jobs/report", Name: "jobs.report.batch", Tag: "workers", Scopes: work,
@@ -123,7 +123,7 @@ func (s *Server) jobsRoutes() []Route {
 				"token; results come back in request order, a refused report carrying its error code (forbidden " +
 				"for a tool the key may not work).",
 			Request: jobs.BatchReportRequest{}, Response: jobs.BatchReportResponse{}, Status: 200,
-			Errors: []string{apierr.CodeInvalidRequest}, Handle: s.reportBatch,
+			Errors: []string{apierr.CodeInvalidRequest}, Settles: true, Handle: s.reportBatch,
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/endpoints", Name: "endpoints.list", Tag: "endpoints", Scopes: runsRead,

@@ -211,11 +211,16 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 }
 
 func (s *Server) run(ctx context.Context, c *Call) (any, error) {
-	if err := s.authorize(ctx, c, true); err != nil {
+	if err := s.authorize(ctx, c, !c.Route.Settles); err != nil {
 		return nil, err
 	}
 	if err := textParams(c.R, c.Route.Pattern, c.Route.PathParams()); err != nil {
 		return nil, err
+	}
+	if c.Route.Auth == AuthKey {
+		if err := knownQuery(c.R, c.Route); err != nil {
+			return nil, err
+		}
 	}
 	if takesNoBody(*c.Route) && c.R.ContentLength != 0 {
 		// An action without a body (finish, cancel, pause, the cron sweep,
@@ -258,6 +263,28 @@ func textParams(r *http.Request, pattern string, pathParams []string) error {
 		}
 	}
 	return nil
+}
+
+// knownQuery refuses a query parameter the route does not take, and one
+// given more than once, as unknown body fields are refused (API.md §0).
+// QA: GET /effects?status=indeterminate, a typo of state, listed every
+// effect, and ?state=a&state=b filtered by the first. A path parameter may
+// come as a query parameter: Vercel's rewrites pass them so (ServeRoute).
+// Public routes (health, discovery) take any: a cache-busting parameter
+// there asks for nothing.
+func knownQuery(r *http.Request, route *Route) error {
+	var p apierr.Problems
+	for name, values := range r.URL.Query() {
+		switch {
+		case !slices.ContainsFunc(route.Query, func(q Param) bool { return q.Name == name }) &&
+			!slices.Contains(route.PathParams(), name):
+			p.Add(strings.ToValidUTF8(name, "\uFFFD"), "is not a query parameter of this route")
+		case len(values) > 1:
+			p.Add(name, "must be given once")
+		}
+	}
+	slices.SortFunc(p, func(a, b apierr.FieldError) int { return strings.Compare(a.Field, b.Field) })
+	return p.Err()
 }
 
 // authorize checks the route's credentials and sets c.Principal for a key,

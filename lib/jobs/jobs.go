@@ -40,6 +40,10 @@ const (
 	StatusSkipped        = "SKIPPED"
 )
 
+// OutcomeFailed is the status a report gives a failed attempt (a success
+// reports StatusSucceeded).
+const OutcomeFailed = "FAILED"
+
 // validStatus reports whether s is a job status.
 func validStatus(s string) bool {
 	return slices.Contains([]string{StatusWaiting, StatusQueued, StatusRunning, StatusRetryScheduled,

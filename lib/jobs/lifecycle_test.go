@@ -293,13 +293,20 @@ func TestReportRepeatsAndConflicts(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	runID := b.run(t)
-	b.enqueue(t, runID, jobs.EnqueueRequest{})
+	enq := b.enqueue(t, runID, jobs.EnqueueRequest{})
 	w := b.register(t)
 	j := b.claimOne(t, w)
 	first := b.fail(t, j, &jobs.ReportError{Message: "x"})
 	again := b.fail(t, j, &jobs.ReportError{Message: "x"})
 	require.Equal(t, first, again, "a repeated report answers the same object")
-	_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
+	require.Equal(t, first, b.fail(t, j, &jobs.ReportError{Message: "y", Retryable: ptr(true)}),
+		"the same outcome; the first message stands")
+	// Whether the failure may be retried is part of the outcome (QA).
+	_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "FAILED",
+		Error: &jobs.ReportError{Message: "x", Retryable: ptr(false)}})
+	require.Equal(t, apierr.CodeInvalidState, code(t, err))
+	require.Equal(t, "RETRY_SCHEDULED", b.step(t, enq.StepID).Status)
+	_, err = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
 	require.Equal(t, apierr.CodeInvalidState, code(t, err))
 	_, err = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: "unknown", Status: "SUCCEEDED"})
 	require.Equal(t, apierr.CodeLeaseLost, code(t, err))

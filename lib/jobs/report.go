@@ -255,6 +255,19 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 		if sent != req.Status {
 			return ReportResult{}, nil, apierr.InvalidState("This attempt was already reported as %s.", sent)
 		}
+		if sent == OutcomeFailed && !j.xRejected {
+			// Whether a failure may be retried is part of its outcome: a
+			// repeat that says otherwise is not the same report (QA: it
+			// answered 200 and the attempt kept the first word).
+			var was bool
+			if err := tx.QueryRow(ctx, sqlExecutionRetryable, j.jobID, xa).Scan(&was); err != nil {
+				return ReportResult{}, nil, fmt.Errorf("report: read retryable: %w", err)
+			}
+			if now := req.Error == nil || req.Error.Retryable == nil || *req.Error.Retryable; now != was {
+				return ReportResult{}, nil, apierr.InvalidState(
+					"This attempt was already reported as FAILED with retryable %t.", was)
+			}
+		}
 		return ReportResult{JobID: j.jobID, Status: *j.xResult, Attempt: xa, NextDueAt: utc(j.xNext)}, nil, nil
 	case xa < j.attempt:
 		return ReportResult{}, nil, errLeaseLost()
@@ -357,7 +370,7 @@ func (s *Service) outcomeRow(jobID string, attempt int, req ReportRequest, next 
 // error, the output is not stored, and the job is EXHAUSTED.
 func (s *Service) rejectionRow(jobID string, attempt int, rejection string, finished *time.Time) applyRow {
 	retryable := false
-	return applyRow{jobID: jobID, attempt: attempt, next: StatusExhausted, finished: finished, outcome: "FAILED",
+	return applyRow{jobID: jobID, attempt: attempt, next: StatusExhausted, finished: finished, outcome: OutcomeFailed,
 		retryable: &retryable, errSealed: s.sealer.Seal([]byte(rejection), seal.AAD(jobID, fmt.Sprintf("error/%d", attempt))),
 		updateJob: true, warning: &rejection, rejected: true}
 }
