@@ -119,7 +119,7 @@ func (in *beginInput) lockedArgs() []any { return in.args()[:8] }
 
 func optionalID(pr *apierr.Problems, field, prefix string, v *string) {
 	if v != nil && !ids.Valid(prefix, *v) {
-		pr.Add(field, "must be a %s_ id or null", prefix)
+		pr.Add(field, "must be an id of the form %s_… or null", prefix)
 	}
 }
 
@@ -427,7 +427,7 @@ func (s *Service) chargeWallet(ctx context.Context, tx pgx.Tx, in *beginInput, w
 	}
 	if cost > w.budget-spent {
 		in.risk.refused = apierr.Of(apierr.CodeRunBudgetExceeded,
-			"This run has spent its own wallet; a new run gets a new wallet.").
+			"This cost does not fit in what is left of the run's own wallet; a new run gets a new wallet.").
 			WithDetail("run_id", w.runID).WithDetail("budget_micros", w.budget).WithDetail("spent_micros", spent)
 		in.walletRefused = true
 	}

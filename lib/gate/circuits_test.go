@@ -94,7 +94,7 @@ func TestCircuitListShapeAndVolume(t *testing.T) {
 	require.EqualValues(t, 0, c["volume_last_hour"])
 	require.EqualValues(t, 4, c["baseline_median_hourly"])
 
-	errCode(t, b.env.Do("POST", "/api/v1/circuits/a%20b/open", b.ws.Key, nil), http.StatusNotFound, "not_found")
+	require.Equal(t, []string{"effect_type"}, validationFields(t, b.env.Do("POST", "/api/v1/circuits/a%20b/open", b.ws.Key, nil)))
 	require.Contains(t, validationFields(t, b.env.Do("POST", "/api/v1/circuits/sms.send/open", b.ws.Key,
 		map[string]any{"action": "explode"})), "action")
 	require.Contains(t, validationFields(t, b.env.Do("POST", "/api/v1/circuits/stop", b.ws.Key,

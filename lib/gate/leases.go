@@ -72,12 +72,14 @@ func (s *Service) sealedResult(effectID string, result json.RawMessage) (sealed 
 
 func leaseExpired() error {
 	return apierr.Conflict(apierr.CodeLeaseExpired,
-		"The lease expired, so the attempt is recorded indeterminate. Call begin again.")
+		"The lease expired before this call, so the attempt's outcome was recorded unknown. Begin again with "+
+			"the same key to learn what its policy allows now.")
 }
 
 func leaseLost() *apierr.Error {
 	return apierr.Conflict(apierr.CodeLeaseLost,
-		"This lease token does not hold the effect's current attempt: a newer attempt superseded it, or it is not this effect's token.")
+		"This lease token does not hold the effect's current attempt: a newer attempt superseded it, the "+
+			"effect holds no lease now (it awaits an approval, say), or it is not this effect's token.")
 }
 
 // supersededLost is lease_lost for a token whose attempt a newer one

@@ -322,9 +322,12 @@ func scanPolicy(row pgx.Row, effectType string) (Policy, error) {
 	return p, nil
 }
 
+// checkEffectType refuses a path's effect type that no begin could name:
+// a 400 at the field, as PUT /policies/{type} answers (QA: reads answered
+// 404 "no such effect type", while any valid type reads as a default).
 func checkEffectType(effectType string) error {
 	if !ValidEffectType(effectType) {
-		return apierr.NotFound("effect type")
+		return apierr.InvalidField("effect_type", effectTypeRule)
 	}
 	return nil
 }
@@ -373,8 +376,8 @@ func (r prefixedRow) Scan(dest ...any) error { return r.rows.Scan(append([]any{r
 // version when that changed it. Concurrent writers of one type take turns under a
 // transaction-scoped lock, so each reads what the one before it wrote.
 func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string, req PutPolicyRequest) (Policy, error) {
-	if !ValidEffectType(effectType) {
-		return Policy{}, apierr.InvalidField("effect_type", effectTypeRule)
+	if err := checkEffectType(effectType); err != nil {
+		return Policy{}, err
 	}
 	if req.ExpectedVersion != nil && *req.ExpectedVersion < 0 {
 		// No policy ever had it: a malformed request, not a stale one (QA).

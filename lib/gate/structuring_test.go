@@ -2,6 +2,7 @@ package gate_test
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,7 +97,11 @@ func TestStructuringWithoutALineOrDeclarations(t *testing.T) {
 	requireBands(t, day, 0, 0, 0, 0, 0)
 	require.Nil(t, day["share_just_below"])
 
-	b.env.Must(http.StatusNotFound, "GET", "/api/v1/policies/Not%20A%20Type/structuring", b.ws.Key, nil)
+	// A name no begin could give is a 400 at its field, as PUT answers it.
+	require.Equal(t, []string{"effect_type"}, validationFields(t,
+		b.env.Do("GET", "/api/v1/policies/Not%20A%20Type/structuring", b.ws.Key, nil)))
+	require.Equal(t, []string{"effect_type"}, validationFields(t,
+		b.env.Do("GET", "/api/v1/policies/"+strings.Repeat("a", 101), b.ws.Key, nil)))
 	other := b.env.Signup()
 	day, _ = windows(t, b.env.Must(http.StatusOK, "GET", "/api/v1/policies/api.call/structuring", other.Key, nil).JSON())
 	require.EqualValues(t, 0, day["declared"], "another workspace's declarations")

@@ -53,7 +53,7 @@ func TestRunWalletChargesGrantsAndGivesBackFailures(t *testing.T) {
 	a := b.mustBegin("execute", inRun(run, charge(key("a"), 600)))
 	over := inRun(run, charge(key("over"), 500))
 	e := b.denialOf("run_budget_exceeded", over)
-	require.Equal(t, "This run has spent its own wallet; a new run gets a new wallet.", e["message"])
+	require.Equal(t, "This cost does not fit in what is left of the run's own wallet; a new run gets a new wallet.", e["message"])
 	d := e["detail"].(map[string]any)
 	require.Equal(t, run, d["run_id"])
 	require.EqualValues(t, 1000, d["budget_micros"])

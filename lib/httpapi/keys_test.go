@@ -635,8 +635,10 @@ func TestSettlingCallsAreNotRateLimited(t *testing.T) {
 	for _, path := range []string{"/api/v1/effects/{id}/report", "/api/v1/effects/{id}/heartbeat",
 		"/api/v1/jobs/{id}/report", "/api/v1/jobs/{id}/heartbeat", "/api/v1/jobs/report"} {
 		require.Equal(t, false, op(path)["x-rate-limited"], path)
+		require.NotContains(t, op(path)["responses"], "429", path)
 	}
 	require.NotContains(t, op("/api/v1/effects/begin"), "x-rate-limited")
+	require.Contains(t, op("/api/v1/effects/begin")["responses"], "429")
 }
 
 // A query parameter a route does not take, or one given twice, is refused

@@ -32,8 +32,10 @@ func OpenAPI() map[string]any {
 	return openapiDoc
 }
 
-// commonErrors apply to every authenticated route.
-var commonErrors = []string{apierr.CodeUnauthorized, apierr.CodeForbidden, apierr.CodeRateLimited,
+// commonErrors apply to every authenticated route (invalid_request: a query
+// parameter it does not take, knownQuery), and rate_limited to every one
+// that does not settle (Route.Settles).
+var commonErrors = []string{apierr.CodeUnauthorized, apierr.CodeForbidden, apierr.CodeInvalidRequest,
 	apierr.CodePayloadTooLarge, apierr.CodeInternal, apierr.CodeDatabaseUnavailable}
 
 func buildOpenAPI(routes []Route) map[string]any {
@@ -172,6 +174,9 @@ func operation(r Route) map[string]any {
 	}
 	if r.Auth == AuthKey {
 		codes = append(codes, commonErrors...)
+		if !r.Settles {
+			codes = append(codes, apierr.CodeRateLimited)
+		}
 	} else {
 		codes = append(codes, apierr.CodeInternal)
 		if r.Request != nil || takesNoBody(r) {

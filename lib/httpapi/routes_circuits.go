@@ -42,7 +42,7 @@ func (s *Server) circuitRoutes() []Route {
 			Summary: "Open an effect type's breaker by hand with action monitor, require_approval (default) or " +
 				"deny. It has no cooldown: it stays open until closed.",
 			Request: gate.OpenCircuitRequest{}, Response: gate.Circuit{}, Status: 200,
-			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeForbidden},
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeForbidden},
 			Handle: s.openCircuit,
 		},
 		{
@@ -50,7 +50,7 @@ func (s *Server) circuitRoutes() []Route {
 			Scopes: write,
 			Summary: "Close an effect type's breaker: a fresh surge allowance counted from now; the breaker stays " +
 				"armed. Does not lift the emergency stop.",
-			Response: gate.Circuit{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeForbidden},
+			Response: gate.Circuit{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest, apierr.CodeForbidden},
 			Handle: s.closeCircuit,
 		},
 	}

@@ -98,7 +98,7 @@ func (s *Server) gateRoutes() []Route {
 			Method: "GET", Pattern: "/api/v1/policies/{effect_type}", Name: "policies.get", Tag: "policies",
 			Scopes:   []string{auth.ScopePoliciesRead},
 			Summary:  "Read an effect type's policy; an unconfigured type reads as the safe default with version 0.",
-			Response: gate.Policy{}, Status: 200, Errors: []string{apierr.CodeNotFound},
+			Response: gate.Policy{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
 			Handle: s.getPolicy,
 		},
 		{
@@ -107,7 +107,7 @@ func (s *Server) gateRoutes() []Route {
 			Summary: "How closely the costs declared for the type crowd its watch line (structuring_threshold_micros, " +
 				"else max_cost_micros) over the last 24 hours and 7 days: declarations by band of the line, and the " +
 				"share just below it. A measure, never enforced.",
-			Response: gate.Structuring{}, Status: 200, Errors: []string{apierr.CodeNotFound},
+			Response: gate.Structuring{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
 			Handle: s.policyStructuring,
 		},
 		{

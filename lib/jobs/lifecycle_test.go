@@ -306,6 +306,10 @@ func TestReportRepeatsAndConflicts(t *testing.T) {
 		Error: &jobs.ReportError{Message: "x", Retryable: ptr(false)}})
 	require.Equal(t, apierr.CodeInvalidState, code(t, err))
 	require.Equal(t, "RETRY_SCHEDULED", b.step(t, enq.StepID).Status)
+	// Its heartbeat says the attempt ended, not the job (QA).
+	_, err = b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+	require.Equal(t, apierr.CodeInvalidState, code(t, err))
+	require.Equal(t, "This attempt already ended; the job is RETRY_SCHEDULED.", err.(*apierr.Error).Message)
 	_, err = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
 	require.Equal(t, apierr.CodeInvalidState, code(t, err))
 	_, err = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: "unknown", Status: "SUCCEEDED"})

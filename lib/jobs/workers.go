@@ -281,6 +281,9 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 		return out, errLeaseLost()
 	case status == StatusCancelled:
 		return out, nil // the worker should stop; cancelRequested is true
+	case status == StatusRetryScheduled || status == StatusQueued:
+		// QA: "the job already ended" read wrong of a job due again.
+		return out, apierr.InvalidState("This attempt already ended; the job is %s.", status)
 	default:
 		return out, apierr.InvalidState("The job already ended (%s).", status)
 	}

@@ -51,12 +51,19 @@ func decode(body []byte, dst any, numbers bool) error {
 	return nil
 }
 
+// maxDecodeDepth is encoding/json's nesting limit (its maxNestingDepth).
+const maxDecodeDepth = 10000
+
 func decodeError(err error, body []byte, dst any) error {
 	var (
 		syn *json.SyntaxError
 		typ *json.UnmarshalTypeError
 	)
 	switch {
+	case errors.As(err, &syn) && strings.HasSuffix(syn.Error(), "exceeded max depth"):
+		// encoding/json's own limit: valid JSON, nested too deep (QA: it
+		// read as invalid JSON).
+		return apierr.InvalidField("body", "nests arrays and objects more than %d levels deep", maxDecodeDepth)
 	case errors.As(err, &syn):
 		return apierr.InvalidField("body", "is not valid JSON (offset %d)", syn.Offset)
 	case errors.As(err, &typ):

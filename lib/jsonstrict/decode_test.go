@@ -129,3 +129,14 @@ func TestDecodeRefusesABodyThatIsNotAnObject(t *testing.T) {
 		require.Equal(t, decodeTarget{Name: "kept"}, d)
 	}
 }
+
+// Nesting beyond encoding/json's limit is said so, not called invalid JSON
+// (QA).
+func TestDecodeSaysWhenABodyNestsTooDeep(t *testing.T) {
+	t.Parallel()
+	deep := `{"payload":` + strings.Repeat("[", maxDecodeDepth+1) + strings.Repeat("]", maxDecodeDepth+1) + `}`
+	require.Equal(t, []apierr.FieldError{{Field: "body", Message: "nests arrays and objects more than 10000 levels deep"}},
+		decodeProblems(t, deep))
+	ok := `{"payload":` + strings.Repeat("[", maxDecodeDepth-2) + strings.Repeat("]", maxDecodeDepth-2) + `}`
+	require.NoError(t, Decode([]byte(ok), &decodeTarget{}))
+}

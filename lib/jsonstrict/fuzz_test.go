@@ -80,6 +80,7 @@ var knownMessage = regexp.MustCompile(`^(` + strings.Join([]string{
 	`must be a single JSON object`,
 	`is not valid JSON \(offset \d+\)`,
 	`is not valid JSON \(unexpected end\)`,
+	`nests arrays and objects more than 10000 levels deep`,
 	`must be (a string|a boolean|an integer|a number|an array|an object)`,
 }, "|") + `)$`)
 
