@@ -189,6 +189,11 @@ func (e *Env) Do(method, path, key string, body any) *Response {
 	defer res.Body.Close()
 	raw, err := io.ReadAll(res.Body)
 	require.NoError(e.T, err)
+	c, err := loadChecker()
+	require.NoError(e.T, err, "the OpenAPI document")
+	if msg := c.check(req, res.StatusCode, res.Header, raw); msg != "" {
+		e.T.Error(msg)
+	}
 	return &Response{Status: res.StatusCode, Header: res.Header, Body: raw}
 }
 

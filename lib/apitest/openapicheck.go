@@ -1,0 +1,129 @@
+package apitest
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/getratchet/ratchet/lib/httpapi"
+)
+
+// The OpenAPI document is generated from the route table, and the answers
+// from the handlers: nothing but a check of one against the other keeps
+// them in step. Every answer a test reads through Env.Do is checked against
+// the document: its status must be one the route documents, and a JSON body
+// must match that status's schema. So every API test is a conformance test
+// of the document too.
+
+// openapiURL names the document as a schema resource; its response schemas
+// are compiled by JSON pointer and resolve their $refs within it.
+const openapiURL = "file:///openapi.json"
+
+type openapiChecker struct {
+	mux      *http.ServeMux // finds a request's route pattern
+	compiler *jsonschema.Compiler
+	doc      map[string]any
+
+	mu      sync.Mutex
+	schemas map[string]*jsonschema.Schema // by pointer
+}
+
+var (
+	checkerOnce sync.Once
+	checker     *openapiChecker
+	checkerErr  error
+)
+
+func loadChecker() (*openapiChecker, error) {
+	checkerOnce.Do(func() {
+		raw, err := json.Marshal(httpapi.OpenAPI())
+		if err != nil {
+			checkerErr = err
+			return
+		}
+		res, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+		if err != nil {
+			checkerErr = err
+			return
+		}
+		c := jsonschema.NewCompiler()
+		c.DefaultDraft(jsonschema.Draft2020)
+		if err := c.AddResource(openapiURL, res); err != nil {
+			checkerErr = err
+			return
+		}
+		var doc map[string]any
+		if err := json.Unmarshal(raw, &doc); err != nil {
+			checkerErr = err
+			return
+		}
+		mux := http.NewServeMux()
+		for _, r := range httpapi.Routes() {
+			mux.Handle(r.Method+" "+r.Pattern, http.NotFoundHandler())
+		}
+		checker = &openapiChecker{mux: mux, compiler: c, doc: doc, schemas: map[string]*jsonschema.Schema{}}
+	})
+	return checker, checkerErr
+}
+
+// pointerPart escapes a JSON pointer token (RFC 6901).
+func pointerPart(s string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1")
+}
+
+// check says what of the answer disagrees with the document ("" when
+// nothing does). A request to no route (a /v1 alias, an unknown path) is
+// not checked: the router's own tests cover those.
+func (c *openapiChecker) check(req *http.Request, status int, header http.Header, body []byte) string {
+	_, pattern := c.mux.Handler(req)
+	method, path, ok := strings.Cut(pattern, " ")
+	if !ok || req.Method == http.MethodHead {
+		return ""
+	}
+	op, _ := c.doc["paths"].(map[string]any)[path].(map[string]any)[strings.ToLower(method)].(map[string]any)
+	responses, _ := op["responses"].(map[string]any)
+	resp, ok := responses[strconv.Itoa(status)].(map[string]any)
+	if !ok {
+		return fmt.Sprintf("%s %s answered %d, which the OpenAPI document does not list (%s)", method, path,
+			status, strings.TrimSpace(string(body)))
+	}
+	content, _ := resp["content"].(map[string]any)
+	if _, isJSON := content["application/json"]; !isJSON || !strings.HasPrefix(header.Get("Content-Type"), "application/json") {
+		return ""
+	}
+	ptr := "#/paths/" + pointerPart(path) + "/" + strings.ToLower(method) + "/responses/" + strconv.Itoa(status) +
+		"/content/application~1json/schema"
+	sch, err := c.schema(ptr)
+	if err != nil {
+		return fmt.Sprintf("%s %s %d: compile %s: %v", method, path, status, ptr, err)
+	}
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(body))
+	if err != nil {
+		return fmt.Sprintf("%s %s %d: the body is not JSON: %v", method, path, status, err)
+	}
+	if err := sch.Validate(v); err != nil {
+		return fmt.Sprintf("%s %s %d: the body does not match the OpenAPI document: %v\nbody: %s", method, path,
+			status, err, body)
+	}
+	return ""
+}
+
+func (c *openapiChecker) schema(ptr string) (*jsonschema.Schema, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s, ok := c.schemas[ptr]; ok {
+		return s, nil
+	}
+	s, err := c.compiler.Compile(openapiURL + ptr)
+	if err != nil {
+		return nil, err
+	}
+	c.schemas[ptr] = s
+	return s, nil
+}
