@@ -27,16 +27,16 @@ import (
 
 // BeginRequest is the body of POST /api/v1/effects/begin.
 type BeginRequest struct {
-	EffectType          string            `json:"effect_type"`
-	IdempotencyKey      string            `json:"idempotency_key"`
+	EffectType          string            `json:"effect_type" openapi:"pattern=^[A-Za-z0-9][A-Za-z0-9._:-]*$,maxLength=100"`
+	IdempotencyKey      string            `json:"idempotency_key" openapi:"minLength=1,maxLength=255"`
 	Payload             json.RawMessage   `json:"payload"`
-	CostMicros          *int64            `json:"cost_micros"`
+	CostMicros          *int64            `json:"cost_micros" openapi:"min=0,max=1000000000000000000"`
 	Dimensions          map[string]string `json:"dimensions"`
 	RunID               *string           `json:"run_id"`
 	GroupID             *string           `json:"group_id"`
 	Compensation        *Compensation     `json:"compensation"`
 	CompensatesEffectID *string           `json:"compensates_effect_id"`
-	LeaseSeconds        *int              `json:"lease_seconds"`
+	LeaseSeconds        *int              `json:"lease_seconds" openapi:"min=1"`
 	// RequestID names this request across its retries (16-255 printable
 	// characters, random, never stored): a retry by the same key whose
 	// first answer was lost gets the same execute, lease token included,
@@ -46,7 +46,7 @@ type BeginRequest struct {
 
 // Compensation is how to undo an effect of a group.
 type Compensation struct {
-	EffectType string          `json:"effect_type"`
+	EffectType string          `json:"effect_type" openapi:"pattern=^[A-Za-z0-9][A-Za-z0-9._:-]*$,maxLength=100"`
 	Payload    json.RawMessage `json:"payload"`
 }
 
@@ -60,9 +60,9 @@ type PriorAttempt struct {
 // Decision is begin's answer. Denial is set for the denied decision, which
 // the API answers with HTTP 403 and the error envelope beside these fields.
 type Decision struct {
-	Decision          string           `json:"decision"`
+	Decision          string           `json:"decision" openapi:"enum=execute|duplicate|in_flight|blocked|approval_required|denied"`
 	EffectID          string           `json:"effect_id"`
-	State             string           `json:"state"`
+	State             string           `json:"state" openapi:"enum=leased|succeeded|failed|indeterminate|awaiting_approval|denied"`
 	Attempt           int              `json:"attempt"`
 	LeaseToken        string           `json:"lease_token,omitempty"`
 	LeaseExpiresAt    *time.Time       `json:"lease_expires_at,omitempty"`

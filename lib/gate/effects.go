@@ -37,7 +37,7 @@ type Effect struct {
 	ID                  string          `json:"id"`
 	EffectType          string          `json:"effect_type"`
 	IdempotencyKey      string          `json:"idempotency_key"`
-	State               string          `json:"state"`
+	State               string          `json:"state" openapi:"enum=leased|succeeded|failed|indeterminate|awaiting_approval|denied"`
 	Attempt             int             `json:"attempt"`
 	Attempts            []Attempt       `json:"attempts"`
 	Result              json.RawMessage `json:"result"`

@@ -21,7 +21,7 @@ import (
 // ReportRequest is the body of POST /api/v1/effects/{id}/report.
 type ReportRequest struct {
 	LeaseToken string          `json:"lease_token"`
-	Outcome    string          `json:"outcome"`
+	Outcome    string          `json:"outcome" openapi:"enum=succeeded|failed"`
 	Result     json.RawMessage `json:"result"`
 }
 

@@ -359,3 +359,37 @@ func TestMCPToolsNameTheScopesOfTheirRoutes(t *testing.T) {
 		require.Equal(t, []string{needs}, scopes[routeOf[tool]], tool)
 	}
 }
+
+// The document carries the bounds and enumerations the handlers check, so a
+// client generated from it knows them (QA); lib/apitest holds every answer
+// to the same schemas.
+func TestOpenAPIStatesBoundsAndEnumerations(t *testing.T) {
+	t.Parallel()
+	b, err := json.Marshal(httpapi.OpenAPI())
+	require.NoError(t, err)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal(b, &doc))
+	prop := func(path, method, name string) map[string]any {
+		t.Helper()
+		op := doc["paths"].(map[string]any)[path].(map[string]any)[method].(map[string]any)
+		schema := op["requestBody"].(map[string]any)["content"].(map[string]any)["application/json"].(map[string]any)["schema"]
+		return schema.(map[string]any)["properties"].(map[string]any)[name].(map[string]any)
+	}
+	key := prop("/api/v1/effects/begin", "post", "idempotency_key")
+	require.EqualValues(t, 1, key["minLength"])
+	require.EqualValues(t, 255, key["maxLength"])
+	require.EqualValues(t, 1e18, prop("/api/v1/effects/begin", "post", "cost_micros")["maximum"])
+	require.Equal(t, []any{"succeeded", "failed"}, prop("/api/v1/effects/{id}/report", "post", "outcome")["enum"])
+	require.Equal(t, []any{"SUCCEEDED", "FAILED"}, prop("/api/v1/jobs/{id}/report", "post", "status")["enum"])
+	limit := prop("/api/v1/workers/{workerId}/claim", "post", "limit")
+	require.EqualValues(t, 1, limit["minimum"])
+	require.EqualValues(t, 100, limit["maximum"])
+	lease := prop("/api/v1/policies/{effect_type}", "put", "lease_seconds")
+	require.EqualValues(t, 5, lease["minimum"])
+	require.EqualValues(t, 3600, lease["maximum"])
+	// A failure's message may be left out, as the handler lets it.
+	errSchema := prop("/api/v1/jobs/{id}/report", "post", "error")
+	required, _ := errSchema["required"].([]any)
+	require.NotContains(t, required, "message")
+	require.Contains(t, errSchema["properties"], "message")
+}

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -243,6 +244,7 @@ func schemaFor(t reflect.Type, adjust func(reflect.Type, *jsonschema.Schema)) an
 		return map[string]any{"type": "object", "description": "schema unavailable: " + err.Error()}
 	}
 	anyForNullOnly(s)
+	constrain(t, s)
 	if adjust != nil {
 		adjust(t, s)
 	}
@@ -340,12 +342,89 @@ func mustSend(t reflect.Type) map[string]bool {
 	out := map[string]bool{}
 	for i := range t.NumField() {
 		f := t.Field(i)
-		if f.Tag.Get("openapi") == "required" {
+		if slices.Contains(strings.Split(f.Tag.Get("openapi"), ","), "required") {
 			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 			out[name] = true
 		}
 	}
 	return out
+}
+
+// constrain adds to s what the openapi tags of t's fields say of their
+// values, the bounds the handlers check (QA: clients generated from the
+// document knew no enum or range): enum=a|b, min=N, max=N, minLength=N,
+// maxLength=N, pattern=RE. A value the tags allow may still be refused for
+// what only the handler knows; one they refuse always is. Answers are held
+// to the same tags by lib/apitest, so a tag cannot drift from the code.
+func constrain(t reflect.Type, s *jsonschema.Schema) {
+	for s != nil && (t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array ||
+		t.Kind() == reflect.Map) {
+		if t.Kind() == reflect.Map {
+			s = s.AdditionalProperties
+		} else if t.Kind() != reflect.Pointer {
+			s = s.Items
+		}
+		t = t.Elem()
+	}
+	if s == nil || t.Kind() != reflect.Struct || s.Properties == nil {
+		return
+	}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if f.Anonymous && name == "" {
+			constrain(f.Type, s) // its fields are this object's
+			continue
+		}
+		p := s.Properties[name]
+		if p == nil || !f.IsExported() {
+			continue
+		}
+		if tag := f.Tag.Get("openapi"); tag != "" {
+			c := *p // inference may share one schema between fields of a type
+			for _, rule := range strings.Split(tag, ",") {
+				applyRule(&c, rule)
+			}
+			s.Properties[name], p = &c, &c
+		}
+		constrain(f.Type, p)
+	}
+}
+
+// applyRule sets one openapi tag rule on s; "required" is mustSend's.
+func applyRule(s *jsonschema.Schema, rule string) {
+	key, val, _ := strings.Cut(rule, "=")
+	num := func() *float64 {
+		f, err := strconv.ParseFloat(val, 64)
+		if err != nil {
+			panic(fmt.Sprintf("openapi tag %q: %v", rule, err))
+		}
+		return &f
+	}
+	length := func() *int { n := int(*num()); return &n }
+	switch key {
+	case "required":
+	case "enum":
+		s.Enum = nil
+		for _, v := range strings.Split(val, "|") {
+			s.Enum = append(s.Enum, v)
+		}
+		if slices.Contains(s.Types, "null") {
+			s.Enum = append(s.Enum, nil)
+		}
+	case "min":
+		s.Minimum = num()
+	case "max":
+		s.Maximum = num()
+	case "minLength":
+		s.MinLength = length()
+	case "maxLength":
+		s.MaxLength = length()
+	case "pattern":
+		s.Pattern = val
+	default:
+		panic(fmt.Sprintf("openapi tag: unknown rule %q", rule))
+	}
 }
 
 // nullable reports whether a request field of type t may be left out: it

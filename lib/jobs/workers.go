@@ -70,8 +70,8 @@ func (s *Service) RegisterWorker(ctx context.Context, p *auth.Principal, req Reg
 
 // ClaimRequest is the body of POST /api/v1/workers/{workerId}/claim.
 type ClaimRequest struct {
-	Limit       *int `json:"limit,omitempty"`
-	WaitSeconds *int `json:"waitSeconds,omitempty"`
+	Limit       *int `json:"limit,omitempty" openapi:"min=1,max=100"`
+	WaitSeconds *int `json:"waitSeconds,omitempty" openapi:"min=0,max=20"`
 }
 
 // ClaimedJob is one leased job.
@@ -337,7 +337,7 @@ func errLeaseLost() error {
 // ReportRequest is the body of POST /api/v1/jobs/{id}/report.
 type ReportRequest struct {
 	LeaseToken string          `json:"leaseToken"`
-	Status     string          `json:"status"`
+	Status     string          `json:"status" openapi:"enum=SUCCEEDED|FAILED"`
 	Output     json.RawMessage `json:"output,omitempty"`
 	Error      *ReportError    `json:"error,omitempty"`
 }
@@ -345,9 +345,9 @@ type ReportRequest struct {
 // ReportError is a failed attempt's bounded, redacted error and the worker's
 // retry decision.
 type ReportError struct {
-	Message      string `json:"message"`
+	Message      string `json:"message,omitempty"` // may be left out: a failure without a message
 	Retryable    *bool  `json:"retryable,omitempty"`
-	RetryAfterMs *int64 `json:"retryAfterMs,omitempty"`
+	RetryAfterMs *int64 `json:"retryAfterMs,omitempty" openapi:"min=1000,max=86400000"`
 }
 
 // ReportResult answers a report.
@@ -428,7 +428,7 @@ func (s *Service) Report(ctx context.Context, p *auth.Principal, jobID string, r
 type BatchReportItem struct {
 	JobID      string          `json:"jobId"`
 	LeaseToken string          `json:"leaseToken"`
-	Status     string          `json:"status"`
+	Status     string          `json:"status" openapi:"enum=SUCCEEDED|FAILED"`
 	Output     json.RawMessage `json:"output,omitempty"`
 	Error      *ReportError    `json:"error,omitempty"`
 }
