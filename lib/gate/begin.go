@@ -87,10 +87,11 @@ type beginInput struct {
 	now                                     time.Time
 	cost                                    *int64
 	dimNames                                []string
-	dims                                    string // jsonb: name -> keyed hash
-	payload, compensation                   []byte // sealed
-	payloadHash                             string // canonical, for a compensating begin only (see admit)
-	preview                                 string // jsonb
+	dims                                    string          // jsonb: name -> keyed hash
+	payload, compensation                   []byte          // sealed
+	declaredCompensation                    json.RawMessage // the compensation as sent, nil when none
+	payloadHash                             string          // canonical, for a compensating begin only (see admit)
+	preview                                 string          // jsonb
 	lease                                   *int32
 	token                                   string
 	tokenHash                               []byte
@@ -215,6 +216,7 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 			return nil, apierr.InvalidField("compensation", "must be valid JSON")
 		}
 		in.compensation = s.sealJSON(in.effectID, "compensation", comp)
+		in.declaredCompensation = comp
 	}
 	if req.LeaseSeconds != nil {
 		// Request options only tighten: a larger lease is capped (API.md
@@ -503,7 +505,7 @@ func (s *Service) decide(ctx context.Context, q querier, in *beginInput,
 		// the client's retry inserts the key afresh.
 		return locked(ctx, in)
 	}
-	if err := mayAnswerFor(ctx, q, in, &row); err != nil {
+	if err := s.mayAnswerFor(ctx, q, in, &row); err != nil {
 		return Decision{}, err
 	}
 	if d, ok, err := s.settled(ctx, q, in, &row, &ev); ok || err != nil {
@@ -546,13 +548,15 @@ func (in *beginInput) sameOperation(stored string) bool {
 
 // mayAnswerFor checks that a begin may be answered by the effect its key
 // already names: for a key that sees only its own groups (groupOwner), not
-// a step of another key's group, and the same operation. A begin naming no
+// a step of another key's group; the same operation; and, when the begin
+// declares a compensation, the one the step was first begun with
+// (sameCompensation). A begin naming no
 // group would otherwise answer such a step (its result, or a new attempt
 // and its lease) to a key for which the group does not exist; the key was
 // taken by another key's unit of work, as a key used in another group is
 // (admit). The owner is checked first, so that the answer does not tell
 // whether a guessed payload was the step's (review).
-func mayAnswerFor(ctx context.Context, q querier, in *beginInput, row *effectRow) error {
+func (s *Service) mayAnswerFor(ctx context.Context, q querier, in *beginInput, row *effectRow) error {
 	if row.GroupID != nil && in.groupOwner != nil && !in.grouped() {
 		var ours bool
 		if err := q.QueryRow(ctx, sqlGroupOfKey, *row.GroupID, *in.groupOwner).Scan(&ours); err != nil {
@@ -565,6 +569,44 @@ func mayAnswerFor(ctx context.Context, q querier, in *beginInput, row *effectRow
 	}
 	if !in.sameOperation(row.Fingerprint) {
 		return keyReuse()
+	}
+	if in.declaredCompensation != nil {
+		return s.sameCompensation(ctx, q, in, row.ID)
+	}
+	return nil
+}
+
+// sameCompensation checks a begin's compensation against the one stored
+// with the key's effect, which is stored once, when the effect is first
+// begun (QA: a retry's compensation, or a changed one, was accepted and
+// dropped, and the rollback then found the step irreversible, or undid it
+// with the first one). A begin that leaves it out is not comparing: it
+// keeps the stored one.
+func (s *Service) sameCompensation(ctx context.Context, q querier, in *beginInput, effectID string) error {
+	var sealed []byte
+	if err := q.QueryRow(ctx, sqlEffectCompensation, effectID).Scan(&sealed); err != nil {
+		return fmt.Errorf("begin: stored compensation: %w", err)
+	}
+	if sealed == nil {
+		return apierr.Conflict(apierr.CodeIdempotencyKeyReuse, "This idempotency key's step was begun without a "+
+			"compensation, and one cannot be added later: begin the step under a new key with its compensation.")
+	}
+	stored, err := s.openJSON(effectID, "compensation", sealed)
+	if err != nil {
+		return fmt.Errorf("begin: stored compensation: %w", err)
+	}
+	want, err := canonjson.Hash(stored)
+	if err != nil {
+		return fmt.Errorf("begin: stored compensation: %w", err)
+	}
+	got, err := canonjson.Hash(in.declaredCompensation)
+	if err != nil {
+		return apierr.InvalidField("compensation", "must be valid JSON")
+	}
+	if got != want {
+		return apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
+			"This idempotency key's step was begun with another compensation; a step keeps the one it was first "+
+				"begun with.")
 	}
 	return nil
 }
@@ -755,7 +797,7 @@ func (s *Service) decideLocked(ctx context.Context, tx pgx.Tx, in *beginInput) (
 		return Decision{}, fmt.Errorf("begin: lock effect: %w", err)
 	}
 	s.lockedAt(in)
-	if err := mayAnswerFor(ctx, tx, in, &row); err != nil {
+	if err := s.mayAnswerFor(ctx, tx, in, &row); err != nil {
 		return Decision{}, err
 	}
 	if d, ok, err := s.settled(ctx, tx, in, &row, &ev); ok || err != nil {

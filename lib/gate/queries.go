@@ -424,6 +424,9 @@ FROM effect_groups g LEFT JOIN effects e ON e.workspace_id = $2 AND e.idempotenc
 WHERE g.id = $1 AND g.workspace_id = $2 AND ($4::text IS NULL OR g.created_by_key_id = $4::text)
 FOR SHARE OF g`
 
+// sqlEffectCompensation reads an effect's sealed compensation. $1 effect id.
+const sqlEffectCompensation = `SELECT compensation FROM effects WHERE id = $1`
+
 // sqlGroupOfKey says whether group $1 was created by key $2.
 const sqlGroupOfKey = `SELECT EXISTS (SELECT 1 FROM effect_groups WHERE id = $1 AND created_by_key_id = $2)`
 

@@ -47,10 +47,13 @@ type BeginRequest struct {
 	// with BlindKey when the recorded result is sensitive.
 	IdempotencyKey string `json:"idempotency_key"`
 	// Payload describes the action; with EffectType, CostMicros and
-	// Dimensions it forms the fingerprint a reused key must match.
+	// Dimensions it forms the fingerprint a reused key must match. It is
+	// compared as JSON: a nil map or slice is null, an empty one {} or [],
+	// and those are different payloads (409 idempotency_key_reuse), so
+	// build it the same way on every retry.
 	Payload any `json:"payload"`
 	// CostMicros is the declared cost in micros of USD (Micros helps); nil
-	// declares none.
+	// declares none, which differs from Micros(0) in the fingerprint.
 	CostMicros *int64 `json:"cost_micros,omitempty"`
 	// Dimensions name counterparties for per-dimension ceilings.
 	Dimensions map[string]string `json:"dimensions,omitempty"`

@@ -151,8 +151,10 @@ type EffectOutcome[T any] struct {
 //     other error reports nothing (the lease lapses and the effect is
 //     recorded indeterminate, which is the honest answer when unsure).
 //   - duplicate: return the recorded result without acting.
-//   - in_flight: wait retry_after_seconds and ask again until ctx ends
-//     (then *InFlightError).
+//   - in_flight: ask again until ctx ends (then *InFlightError): after a
+//     quarter of a second, doubling to five seconds, and never later than
+//     retry_after_seconds (the time left on the holder's lease), since a
+//     holder usually reports long before its lease would lapse.
 //   - blocked, approval_required, denied: *BlockedError,
 //     *ApprovalRequiredError, *DeniedError.
 //
@@ -178,6 +180,7 @@ func DoEffect[T any](ctx context.Context, c *Client, req BeginRequest, action fu
 		// again by the next, whichever retry asks.
 		req.RequestID = newRequestID()
 	}
+	inFlightWait := firstInFlightWait
 	for {
 		sent := time.Now()
 		b, err := c.Begin(ctx, req)
@@ -200,7 +203,10 @@ func DoEffect[T any](ctx context.Context, c *Client, req BeginRequest, action fu
 			}
 			return out, nil
 		case DecisionInFlight:
-			wait := time.Duration(max(b.RetryAfterSeconds, 1)) * time.Second
+			// QA: waiting the whole retry_after_seconds kept a concurrent
+			// caller a minute behind a holder that finished in a second.
+			wait := min(inFlightWait, time.Duration(max(b.RetryAfterSeconds, 1))*time.Second)
+			inFlightWait = min(2*inFlightWait, maxInFlightWait)
 			if err := c.sleep(ctx, wait); err != nil {
 				return nil, &InFlightError{EffectID: b.EffectID, Err: err}
 			}
@@ -219,6 +225,14 @@ func DoEffect[T any](ctx context.Context, c *Client, req BeginRequest, action fu
 		}
 	}
 }
+
+// How often DoEffect asks again while another caller holds the lease: from
+// firstInFlightWait, doubling to maxInFlightWait (a begin that finds a live
+// lease is one indexed read).
+const (
+	firstInFlightWait = 250 * time.Millisecond
+	maxInFlightWait   = 5 * time.Second
+)
 
 // runLeased performs the action under a heartbeated lease and reports. sent
 // is when the begin that granted the lease was sent.

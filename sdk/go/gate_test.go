@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -138,9 +139,10 @@ func TestDoEffectDuplicateReturnsRecordedResult(t *testing.T) {
 func TestDoEffectInFlightWaitsAndAsksAgain(t *testing.T) {
 	t.Parallel()
 	inFlight := decision(200, map[string]any{"decision": "in_flight", "effect_id": "eff_1", "state": "leased",
-		"attempt": 1, "retry_after_seconds": 4})
-	g := &fakeGate{answers: []func(http.ResponseWriter){inFlight, inFlight, decision(200, map[string]any{
-		"decision": "duplicate", "effect_id": "eff_1", "state": "succeeded", "attempt": 1, "result": map[string]any{"message_id": "m"}})}}
+		"attempt": 1, "retry_after_seconds": 7})
+	g := &fakeGate{answers: []func(http.ResponseWriter){inFlight, inFlight, inFlight, inFlight, inFlight, inFlight,
+		inFlight, decision(200, map[string]any{"decision": "duplicate", "effect_id": "eff_1", "state": "succeeded",
+			"attempt": 1, "result": map[string]any{"message_id": "m"}})}}
 	c, log := testClient(t, g)
 	out, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
 		return sendResult{}, errors.New("must not run")
@@ -148,7 +150,11 @@ func TestDoEffectInFlightWaitsAndAsksAgain(t *testing.T) {
 	if err != nil || !out.Duplicate {
 		t.Fatalf("out %+v err %v", out, err)
 	}
-	if got := log.all(); len(got) != 2 || got[0] != 4*time.Second || got[1] != 4*time.Second || len(g.begins) != 3 {
+	// Soon at first (a holder usually reports long before its lease lapses),
+	// then less often, never later than the time left on the lease.
+	want := []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second,
+		4 * time.Second, 5 * time.Second, 5 * time.Second}
+	if got := log.all(); !slices.Equal(got, want) || len(g.begins) != 8 {
 		t.Fatalf("sleeps %v begins %d", got, len(g.begins))
 	}
 }

@@ -30,9 +30,14 @@ const (
 
 // Run is a durable run with its steps (GET /api/v1/runs/{id}).
 type Run struct {
-	ID     string `json:"id"`
-	Name   string `json:"name"`
-	Status string `json:"status"` // RunRunning, RunSucceeded or RunFailed
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	// Status is RunRunning, RunSucceeded or RunFailed. A run fails as soon
+	// as one of its steps is exhausted, and that cancels none of its other
+	// steps: a FAILED run's other steps may still be queued or running
+	// (a failure branch, a retry), so wait for the steps you need, not for
+	// the run's status to leave RUNNING.
+	Status string `json:"status"`
 	// CompletionRequested is set by FinishRun; the run ends once its steps do.
 	CompletionRequested bool       `json:"completionRequested"`
 	CreatedAt           time.Time  `json:"createdAt"`
@@ -294,7 +299,7 @@ type EnqueueResult struct {
 	StepID         string     `json:"stepId"`
 	JobID          string     `json:"jobId"`
 	IdempotencyKey string     `json:"idempotencyKey"` // explicit or generated
-	Status         string     `json:"status"`         // QUEUED, or WAITING on a dependency
+	Status         string     `json:"status"`         // a new step's QUEUED, WAITING or SKIPPED; a deduplicated one's current status
 	DueAt          *time.Time `json:"dueAt"`
 	Deduplicated   bool       `json:"deduplicated"`
 }

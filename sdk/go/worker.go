@@ -45,11 +45,15 @@ type StartOptions struct {
 	PollInterval time.Duration
 	// WaitSeconds (0–20, default 0) makes each claim long-poll: the server
 	// holds an empty claim up to this long and answers as soon as a job is
-	// due, so a job enqueued while the worker is idle starts within about a
-	// second instead of up to PollInterval later (within milliseconds when
-	// the enqueue reaches the same server instance, which wakes the claim).
-	// The time a claim spent waiting counts towards the poll interval, so an
-	// idle worker makes no more claim calls than without it; but each idle
+	// due, so a job enqueued while a claim waits starts within about a
+	// second (within milliseconds when the enqueue reaches the same server
+	// instance, which wakes the claim). The time a claim spent waiting
+	// counts towards the poll interval: between waits the worker sleeps the
+	// rest of PollInterval, and a job enqueued then starts at the next
+	// claim. To keep a claim waiting at all times, set PollInterval to
+	// WaitSeconds (20 s and 20: about 30 claims per idle 10 minutes). With
+	// the default interval an idle worker makes no more claim calls than
+	// without it; but each idle
 	// claim is then a request held open for WaitSeconds (billed time on
 	// serverless hosting), and Stop waits for a claim in flight (until its
 	// deadline). Values above 20 are clamped.

@@ -612,3 +612,51 @@ func TestAGroupBelongsToTheKeyThatCreatedIt(t *testing.T) {
 	}
 	require.Len(t, f.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, a, nil).JSON()["steps"], 1, "nothing joined")
 }
+
+// A step keeps the compensation it was first begun with: a later begin of
+// its key that declares another, or one where it declared none, is refused
+// as a reused key instead of being accepted and dropped (QA: the rollback
+// then found the step irreversible, or undid it with the first one). A
+// begin that leaves it out keeps the stored one.
+func TestAStepKeepsTheCompensationItWasBegunWith(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	g := f.group()
+	refund := func(v string) map[string]any {
+		return map[string]any{"payload": map[string]any{"amt": 5, "v": v}, "effect_type": "payment.refund"}
+	}
+	begin := func(key string, comp map[string]any) *apitest.Response {
+		body := map[string]any{"effect_type": "pay", "idempotency_key": key, "payload": map[string]any{"amt": 5},
+			"group_id": g}
+		if comp != nil {
+			body["compensation"] = comp
+		}
+		return f.do("POST", "/api/v1/effects/begin", body)
+	}
+
+	// Begun without one, failed, retried with one: refused, nothing stored.
+	first := begin("bare", nil).JSON()
+	f.report(first["effect_id"].(string), first["lease_token"].(string), "failed")
+	errCode(t, begin("bare", refund("a")), http.StatusConflict, "idempotency_key_reuse")
+	retry := begin("bare", nil).JSON()
+	require.Equal(t, "execute", retry["decision"], "the step itself may still be retried")
+	f.report(retry["effect_id"].(string), retry["lease_token"].(string), "failed")
+
+	// Begun with one: the same (keys in any order) or none answers; another is refused.
+	d := begin("kept", refund("a")).JSON()
+	f.report(d["effect_id"].(string), d["lease_token"].(string), "succeeded")
+	same := map[string]any{"effect_type": "payment.refund", "payload": map[string]any{"v": "a", "amt": 5.0}}
+	require.Equal(t, "duplicate", begin("kept", same).JSON()["decision"])
+	require.Equal(t, "duplicate", begin("kept", nil).JSON()["decision"])
+	errCode(t, begin("kept", refund("b")), http.StatusConflict, "idempotency_key_reuse")
+
+	// The rollback undoes it with the compensation it was begun with.
+	u := f.unwind(g)
+	var plan []map[string]any
+	for _, it := range u["plan"].([]any) {
+		plan = append(plan, it.(map[string]any))
+	}
+	require.Len(t, plan, 1, "%v", u)
+	require.Equal(t, d["effect_id"], plan[0]["effect_id"])
+	require.Equal(t, "a", plan[0]["compensation"].(map[string]any)["payload"].(map[string]any)["v"])
+}
