@@ -363,6 +363,9 @@ func (s *Service) begin(ctx context.Context, in *beginInput) (Decision, error) {
 		if w, err = s.runWallet(ctx, in); err != nil {
 			return Decision{}, err
 		}
+		if in.compensates != nil {
+			w = nil // the run's undo, not its spend (money.walletEffect)
+		}
 	}
 	if in.grouped() || w != nil {
 		return s.refusingOnce(in, func() (Decision, error) { return s.beginInTx(ctx, in, w) })
@@ -512,6 +515,9 @@ func (s *Service) decide(ctx context.Context, q querier, in *beginInput,
 		return d, err
 	}
 	in.effectKnown, in.effectRun = true, row.RunID
+	if row.CompensatesEffectID != nil {
+		in.effectRun = nil // an undo is no wallet's spend (money.walletEffect)
+	}
 	return locked(ctx, in)
 }
 

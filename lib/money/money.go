@@ -24,17 +24,25 @@ const Rule = "must be an integer from 0 to 10^18 (micros of USD)"
 // counting through the run's run_retired_spend rows (RetiredRunSpendSQL). ws
 // and run are SQL expressions for the workspace and the run id. A run's
 // granted spend never exceeds its budget (at most MaxMicros: every grant is
-// checked against it), so the sum fits.
+// checked against it), so the sum fits. A compensating effect is the
+// run's undo, not its spend (walletEffect).
 func RunSpendSQL(ws, run string) string {
 	return `((SELECT coalesce(sum(x.cost_micros), 0)
       FROM effects x JOIN effect_attempts a ON a.effect_id = x.id
-      WHERE x.run_id = ` + run + ` AND x.workspace_id = ` + ws + ` AND ` + spendingAttempt + `)
+      WHERE x.run_id = ` + run + ` AND x.workspace_id = ` + ws + ` AND ` + walletEffect + ` AND ` + spendingAttempt + `)
     + coalesce((SELECT sum(r.micros) FROM run_retired_spend r WHERE r.run_id = ` + run + `), 0))::bigint`
 }
 
 // spendingAttempt is true of an attempt (alias a) a wallet counts: granted
 // and not known to have failed.
 const spendingAttempt = `a.outcome IS DISTINCT FROM 'failed'`
+
+// walletEffect is true of an effect (alias x) a run's wallet pays for: any
+// but a compensating one. A rollback's refund counted as the run's spend,
+// and refused when the wallet had no room left for it, left the group
+// unwinding for good (QA): the undo of what the wallet paid for must never
+// wait on it. Each compensation still counts on its type's daily ceilings.
+const walletEffect = `x.compensates_effect_id IS NULL`
 
 // RetiredRunSpendSQL is two CTEs of the effects purge (lib/gate,
 // sqlPurgeExpired): they record, for each run with a wallet, what
@@ -56,7 +64,7 @@ var RetiredRunSpendSQL = `retired_runs AS (
     SELECT x.run_id, sum(x.cost_micros)
     FROM expired d JOIN effects x ON x.id = d.id JOIN effect_attempts a ON a.effect_id = x.id
     JOIN retired_runs r ON r.id = x.run_id
-    WHERE ` + spendingAttempt + `
+    WHERE ` + walletEffect + ` AND ` + spendingAttempt + `
     GROUP BY x.run_id
     HAVING sum(x.cost_micros) > 0
 )`

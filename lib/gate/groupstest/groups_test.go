@@ -660,3 +660,39 @@ func TestAStepKeepsTheCompensationItWasBegunWith(t *testing.T) {
 	require.Equal(t, d["effect_id"], plan[0]["effect_id"])
 	require.Equal(t, "a", plan[0]["compensation"].(map[string]any)["payload"].(map[string]any)["v"])
 }
+
+// A rollback never waits on a run's wallet: the compensation of a step the
+// wallet paid for is the run's undo, not its spend, so it is neither refused
+// for want of room nor counted (QA: the refund was refused
+// run_budget_exceeded for good, every way out closed, and the group stayed
+// unwinding).
+func TestACompensationIsNoRunWalletsSpend(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	run := f.must(http.StatusCreated, "POST", "/api/v1/runs", map[string]any{"name": "w", "budgetMicros": 1_000_000})
+	runID := run["id"].(string)
+	g := f.group()
+	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{"effect_type": "payment.charge",
+		"idempotency_key": "charge-1", "payload": map[string]any{"order": 1}, "cost_micros": 600_000,
+		"run_id": runID, "group_id": g,
+		"compensation": map[string]any{"effect_type": "refund.issue", "payload": map[string]any{"order": 1}}})
+	require.Equal(t, "execute", d["decision"])
+	f.report(d["effect_id"].(string), d["lease_token"].(string), "succeeded")
+
+	item := f.unwind(g)["plan"].([]any)[0].(map[string]any)
+	comp := item["compensation"].(map[string]any)
+	refund := map[string]any{"effect_type": comp["effect_type"], "payload": comp["payload"], "cost_micros": 600_000,
+		"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": item["compensates_effect_id"],
+		"run_id": runID}
+	r := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", refund)
+	require.Equal(t, "execute", r["decision"], "%v", r)
+	f.report(r["effect_id"].(string), r["lease_token"].(string), "succeeded")
+	require.Equal(t, "unwound", f.state(g))
+
+	spent := f.must(http.StatusOK, "GET", "/api/v1/runs/"+runID, nil)["spentMicros"]
+	require.EqualValues(t, 600_000, spent, "the refund is not the run's spend")
+	// The wallet still bounds the run's forward steps.
+	over := f.must(http.StatusForbidden, "POST", "/api/v1/effects/begin", map[string]any{
+		"effect_type": "payment.charge", "idempotency_key": "charge-2", "cost_micros": 500_000, "run_id": runID})
+	require.Equal(t, "run_budget_exceeded", over["error"].(map[string]any)["code"])
+}
