@@ -154,7 +154,7 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 	if c := req.Compensation; c != nil && !ValidEffectType(c.EffectType) {
 		pr.Add("compensation.effect_type", "must be an effect type")
 	}
-	if req.Compensation != nil && req.GroupID == nil {
+	if req.Compensation != nil && req.GroupID == nil && req.CompensatesEffectID == nil {
 		// Only a group's rollback uses a compensation: stored on an
 		// ungrouped effect it would promise an undo nothing performs.
 		pr.Add("compensation", "needs group_id: only an effect group's rollback uses it")

@@ -630,7 +630,7 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 	)
 	if in.compensates != nil {
 		if in.compensation != nil {
-			return apierr.InvalidField("compensation", "a compensating effect cannot declare its own compensation")
+			return apierr.InvalidField("compensation", "must be left out: a compensating effect has no compensation of its own")
 		}
 		var (
 			group, target *string
@@ -720,8 +720,14 @@ func forwardAdmitted(state string) error {
 		return apierr.InvalidState("The group is committed; start a new group for new work.").
 			WithDetail("state", state)
 	}
+	if state == GroupUnwinding {
+		return apierr.Conflict(apierr.CodeGroupUnwinding,
+			"The effect group is being compensated; start a new group if the work is genuinely new.").
+			WithDetail("state", state)
+	}
+	// QA: "is being compensated" read wrong of a rollback that ended.
 	return apierr.Conflict(apierr.CodeGroupUnwinding,
-		"The effect group is being compensated; start a new group if the work is genuinely new.").
+		"The effect group was rolled back (%s); start a new group if the work is genuinely new.", state).
 		WithDetail("state", state)
 }
 

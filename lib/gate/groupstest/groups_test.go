@@ -2,6 +2,7 @@ package groupstest
 
 import (
 	"context"
+	"maps"
 	"net/http"
 	"testing"
 	"time"
@@ -684,10 +685,22 @@ func TestACompensationIsNoRunWalletsSpend(t *testing.T) {
 	refund := map[string]any{"effect_type": comp["effect_type"], "payload": comp["payload"], "cost_micros": 600_000,
 		"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": item["compensates_effect_id"],
 		"run_id": runID}
+	// A compensating effect has no compensation of its own, said as such
+	// (QA: it was told it needed group_id).
+	withOwn := maps.Clone(refund)
+	withOwn["compensation"] = comp
+	bad := f.do("POST", "/api/v1/effects/begin", withOwn).JSON()["error"].(map[string]any)
+	require.Equal(t, "compensation must be left out: a compensating effect has no compensation of its own",
+		bad["detail"].(map[string]any)["validation"].([]any)[0].(map[string]any)["field"].(string)+" "+
+			bad["detail"].(map[string]any)["validation"].([]any)[0].(map[string]any)["message"].(string))
 	r := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", refund)
 	require.Equal(t, "execute", r["decision"], "%v", r)
 	f.report(r["effect_id"].(string), r["lease_token"].(string), "succeeded")
 	require.Equal(t, "unwound", f.state(g))
+	late := f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": "pay", "idempotency_key": "late",
+		"group_id": g})
+	errCode(t, late, http.StatusConflict, "group_unwinding")
+	require.Contains(t, late.JSON()["error"].(map[string]any)["message"], "was rolled back (unwound)")
 
 	spent := f.must(http.StatusOK, "GET", "/api/v1/runs/"+runID, nil)["spentMicros"]
 	require.EqualValues(t, 600_000, spent, "the refund is not the run's spend")
