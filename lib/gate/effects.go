@@ -13,6 +13,14 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 )
 
+// The resolve_note of attempts settled by something other than a resolve:
+// a reconciliation (sqlReconcileResolve), or a probe reported failed
+// (gate_report, migration 0026).
+const (
+	resolveNoteReconciliation = "reconciliation"
+	resolveNoteProbe          = "probe"
+)
+
 // Attempt is one execute grant and what became of it.
 type Attempt struct {
 	Attempt         int        `json:"attempt"`

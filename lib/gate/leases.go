@@ -319,6 +319,18 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 			return fmt.Errorf("resolve: %w", err)
 		}
 		if st := row.effectiveState(now); st != StateIndeterminate {
+			if st == req.Outcome {
+				// A repeat of this key's own resolve (its first answer lost)
+				// answers the effect as it is, as a repeated report does (QA).
+				e, err := s.getEffect(ctx, tx, p.WorkspaceID, id, now)
+				if err != nil {
+					return err
+				}
+				if resolvedBy(e, p.KeyID, req.Outcome) {
+					out = e
+					return nil
+				}
+			}
 			return apierr.InvalidState("Only an indeterminate effect can be resolved; this one is %s.", st).
 				WithDetail("state", st)
 		}
@@ -339,6 +351,19 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 		return Effect{}, err
 	}
 	return out, s.afterStep(ctx, p.WorkspaceID, out.GroupID)
+}
+
+// resolvedBy says whether key resolved one of e's attempts with outcome
+// (not a reconciliation's or a probe's settling, which name their key too
+// but are not a resolve it could be repeating).
+func resolvedBy(e Effect, key, outcome string) bool {
+	for _, a := range e.Attempts {
+		if a.ResolvedByKeyID != nil && *a.ResolvedByKeyID == key && a.Outcome != nil && *a.Outcome == outcome &&
+			(a.ResolveNote == nil || (*a.ResolveNote != resolveNoteReconciliation && *a.ResolveNote != resolveNoteProbe)) {
+			return true
+		}
+	}
+	return false
 }
 
 // lapse makes lapsed leases durable (one effect when effectID is set, else up

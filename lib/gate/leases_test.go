@@ -62,8 +62,15 @@ func TestLapsedLeaseBlocksUntilResolved(t *testing.T) {
 	// Late report on the lapsed attempt stays lease_expired, resolved or not.
 	errCode(t, b.report(id, token, "succeeded", nil), http.StatusConflict, "lease_expired")
 	errCode(t, b.report(id, token, "failed", nil), http.StatusConflict, "lease_expired")
-	// Resolving again is an illegal transition.
+	// Resolving again is an illegal transition, but a repeat of this key's
+	// own resolve (its answer lost) answers the effect as it is (QA).
 	errCode(t, b.env.Do("POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"}),
+		http.StatusConflict, "invalid_state")
+	again := b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key,
+		map[string]any{"outcome": "succeeded", "result": result, "note": "checked the vendor dashboard"}).JSON()
+	require.Equal(t, e, again)
+	other := b.env.Key(b.ws, map[string]any{"name": "other operator", "preset": "OPERATOR"})
+	errCode(t, b.env.Do("POST", "/api/v1/effects/"+id+"/resolve", other, map[string]any{"outcome": "succeeded"}),
 		http.StatusConflict, "invalid_state")
 }
 

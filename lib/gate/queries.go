@@ -554,7 +554,7 @@ upd AS (
     RETURNING e.id, e.group_id, t.outcome
 ), upa AS (
     UPDATE effect_attempts a SET outcome = upd.outcome, resolved_by_key_id = $5, resolved_at = $4,
-        resolve_note = 'reconciliation'
+        resolve_note = '` + resolveNoteReconciliation + `'
     FROM upd WHERE a.effect_id = upd.id AND a.attempt IN (SELECT attempt FROM gate_unknown_attempts(upd.id))
     RETURNING a.workspace_id, a.charges, a.charged_on, a.outcome
 ), ` + freedCTE("upa") + `,` + releaseCTEs("freed", "true") + `

@@ -22,11 +22,12 @@ type ResolveRequest struct {
 
 // ResolveEffect records the outcome of an indeterminate effect (POST
 // /api/v1/effects/{id}/resolve, scope effects:resolve) and unblocks its key.
-// It is not repeated after an ambiguous failure: a repeat of one that took
-// effect answers 409 invalid_state; read the effect instead.
+// It is retried through transient failures: a repeat by the same key with
+// the same outcome answers the effect as resolved; another outcome, or an
+// effect another key resolved, answers 409 invalid_state.
 func (c *Client) ResolveEffect(ctx context.Context, effectID string, req ResolveRequest) (*Effect, error) {
 	var out Effect
-	if err := c.do(ctx, "POST", "/effects/"+pathID(effectID)+"/resolve", req, &out, notIdempotent); err != nil {
+	if err := c.do(ctx, "POST", "/effects/"+pathID(effectID)+"/resolve", req, &out, idempotent); err != nil {
 		return nil, err
 	}
 	return &out, nil
