@@ -610,13 +610,45 @@ func TestBatchReport(t *testing.T) {
 	single := e.report(js[0], map[string]any{"status": "SUCCEEDED", "output": map[string]any{"id": 1}})
 	require.Equal(t, "SUCCEEDED", single.JSON()["status"])
 
-	require.Equal(t, []string{"reports.1.jobId"}, validationFields(t, e.Do("POST", "/api/v1/jobs/report", e.worker,
-		map[string]any{"reports": []map[string]any{
-			{"jobId": js[0]["jobId"], "leaseToken": "a", "status": "SUCCEEDED"},
-			{"jobId": js[0]["jobId"], "leaseToken": "a", "status": "SUCCEEDED"}}})))
-	require.Equal(t, []string{"reports.0.error.retryAfterMs"}, validationFields(t, e.Do("POST", "/api/v1/jobs/report", e.worker,
-		map[string]any{"reports": []map[string]any{
-			{"jobId": js[0]["jobId"], "leaseToken": "a", "status": "SUCCEEDED", "error": map[string]any{"retryAfterMs": 2000}}}})))
+	// An item the single route would refuse is refused in its slot, as
+	// the single route would answer it, and the others are applied (QA: one
+	// malformed item refused the whole batch, finished jobs' reports with it).
+	runID2 := e.run()
+	e.enqueue(runID2, map[string]any{"name": "send_email", "version": "1", "input": "late"})
+	late := e.claim(wid, 1)
+	require.Len(t, late, 1)
+	mixed := e.Must(http.StatusOK, "POST", "/api/v1/jobs/report", e.worker, map[string]any{"reports": []map[string]any{
+		{"jobId": late[0]["jobId"], "leaseToken": late[0]["leaseToken"], "status": "SUCCEEDED"},
+		{"jobId": js[0]["jobId"], "leaseToken": "a", "status": "BOGUS"},
+		{"jobId": late[0]["jobId"], "leaseToken": late[0]["leaseToken"], "status": "SUCCEEDED"},
+		{"jobId": "not-a-job", "leaseToken": "a", "status": "SUCCEEDED"},
+		{"jobId": js[1]["jobId"], "leaseToken": "a", "status": "SUCCEEDED", "error": map[string]any{"retryAfterMs": 2000}},
+	}}).JSON()["results"].([]any)
+	slot := func(i int) map[string]any { return mixed[i].(map[string]any) }
+	slotError := func(i int) (string, []string) {
+		e := slot(i)["error"].(map[string]any)
+		var fields []string
+		if v, ok := e["detail"].(map[string]any)["validation"].([]any); ok {
+			for _, f := range v {
+				fields = append(fields, f.(map[string]any)["field"].(string))
+			}
+		}
+		return e["code"].(string), fields
+	}
+	require.Equal(t, "SUCCEEDED", slot(0)["status"])
+	code, fields := slotError(1)
+	require.Equal(t, "invalid_request", code)
+	require.Equal(t, []string{"status"}, fields)
+	code, fields = slotError(2)
+	require.Equal(t, []string{"jobId"}, fields, "the same job twice: the first report is the one applied")
+	require.Equal(t, "invalid_request", code)
+	code, _ = slotError(3)
+	require.Equal(t, "not_found", code)
+	_, fields = slotError(4)
+	require.Equal(t, []string{"error.retryAfterMs"}, fields)
+	require.Equal(t, "SUCCEEDED", durable(e.getRun(runID2), 0)["status"])
+
+	// A batch that is not one is refused whole.
 	require.Equal(t, []string{"reports"}, validationFields(t, e.Do("POST", "/api/v1/jobs/report", e.worker,
 		map[string]any{"reports": []map[string]any{}})))
 }

@@ -469,33 +469,44 @@ const maxBatchReports = 100
 
 // ReportBatch applies several reports, each fenced by its own lease token, in
 // one transaction (one commit for the batch). A report refused for its own
-// reason (lease_lost, invalid_state, not_found) is answered in its slot and
-// does not affect the others; so is one for a tool a restricted key may not
-// work (forbidden).
+// reason (lease_lost, invalid_state, not_found, or invalid_request for its
+// own fields) is answered in its slot and does not affect the others; so is
+// one for a tool a restricted key may not work (forbidden). Only a batch
+// that is not one (no reports, more than 100) is refused whole.
 func (s *Service) ReportBatch(ctx context.Context, p *auth.Principal, req BatchReportRequest) (BatchReportResponse, error) {
-	var pr apierr.Problems
 	if len(req.Reports) == 0 || len(req.Reports) > maxBatchReports {
-		pr.Add("reports", "must hold 1-100 reports")
-	}
-	seen := map[string]bool{}
-	for i, r := range req.Reports {
-		prefix := fmt.Sprintf("reports.%d.", i)
-		if !ids.Valid(ids.Job, r.JobID) {
-			pr.Add(prefix+"jobId", "must be a job id")
-		} else if seen[r.JobID] {
-			pr.Add(prefix+"jobId", "appears twice in the batch")
-		}
-		seen[r.JobID] = true
-		r.report().validate(prefix, &pr)
-	}
-	if err := pr.Err(); err != nil {
-		return BatchReportResponse{}, err
-	}
-	items := make([]reportItem, len(req.Reports))
-	for i, r := range req.Reports {
-		items[i] = reportItem{jobID: r.JobID, req: r.report()}
+		return BatchReportResponse{}, apierr.InvalidField("reports", "must hold 1-100 reports")
 	}
 	out := BatchReportResponse{Results: make([]BatchReportResult, len(req.Reports))}
+	var (
+		items []reportItem
+		slots []int // items[k] answers out.Results[slots[k]]
+	)
+	seen := map[string]bool{}
+	for i, r := range req.Reports {
+		// Each item is checked as the single report route checks its own
+		// request (QA: one malformed item refused the batch, and with it
+		// the reports of jobs that had finished).
+		var pr apierr.Problems
+		if !ids.Valid(ids.Job, r.JobID) {
+			out.Results[i] = refusedInBatch(r.JobID, apierr.NotFound("job"))
+			continue
+		}
+		if seen[r.JobID] {
+			pr.Add("jobId", "appears twice in the batch (the first report of it is the one applied)")
+		}
+		seen[r.JobID] = true
+		r.report().validate("", &pr)
+		if err := pr.Err(); err != nil {
+			out.Results[i] = refusedInBatch(r.JobID, err)
+			continue
+		}
+		items = append(items, reportItem{jobID: r.JobID, req: r.report()})
+		slots = append(slots, i)
+	}
+	if len(items) == 0 {
+		return out, nil
+	}
 	released := false
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		res, rel, err := s.reportMany(ctx, tx, p, items)
@@ -503,12 +514,13 @@ func (s *Service) ReportBatch(ctx context.Context, p *auth.Principal, req BatchR
 			return err
 		}
 		released = rel
-		for i, r := range res {
-			if e, ok := apierr.As(r.err); ok {
-				w := e.Wire() // detail {} when there is none, as the single report answers
-				out.Results[i] = BatchReportResult{JobID: items[i].jobID, Error: &BatchReportError{Code: w.Code,
-					Message: w.Message, Detail: w.Detail}}
-				continue
+		for k, r := range res {
+			i := slots[k]
+			if r.err != nil {
+				if _, ok := apierr.As(r.err); ok {
+					out.Results[i] = refusedInBatch(items[k].jobID, r.err)
+					continue
+				}
 			}
 			out.Results[i] = BatchReportResult{JobID: r.res.JobID, Status: r.res.Status, Attempt: r.res.Attempt,
 				NextDueAt: r.res.NextDueAt}
@@ -519,4 +531,13 @@ func (s *Service) ReportBatch(ctx context.Context, p *auth.Principal, req BatchR
 		s.wake.wakeAll(p.WorkspaceID)
 	}
 	return out, err
+}
+
+// refusedInBatch answers a refused report in its batch slot: the code,
+// message and detail the single report route would answer (detail {} when
+// there is none).
+func refusedInBatch(jobID string, err error) BatchReportResult {
+	e, _ := apierr.As(err)
+	w := e.Wire()
+	return BatchReportResult{JobID: jobID, Error: &BatchReportError{Code: w.Code, Message: w.Message, Detail: w.Detail}}
 }
