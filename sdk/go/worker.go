@@ -91,6 +91,7 @@ type Worker struct {
 	jobs       sync.WaitGroup          // dispatched jobs, until their report is queued (or left unreported)
 	handlers   sync.WaitGroup          // handler calls in progress, stragglers included
 	running    int                     // handler calls in progress whose attempt is not reported (mu)
+	cutByStart int                     // of them, those the end of Start's context cancelled (mu)
 	stragglers int                     // handler calls still in progress after their timeout was reported (mu)
 	returned   chan struct{}           // signalled (buffered, 1) when running drops
 	cancelJobs context.CancelCauseFunc // ends every handler's context
@@ -210,7 +211,12 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 	// Handlers get a context that outlives nothing but is ended by Stop's
 	// deadline or by ctx, always with ErrWorkerStopped as the cause.
 	jobsCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	unhook := context.AfterFunc(ctx, func() { cancel(ErrWorkerStopped) })
+	unhook := context.AfterFunc(ctx, func() {
+		w.mu.Lock()
+		w.cutByStart = w.running // cut off by an immediate stop, for Stop to say so
+		w.mu.Unlock()
+		cancel(ErrWorkerStopped)
+	})
 	w.cancelJobs = func(cause error) { unhook(); cancel(cause) }
 	w.workerID, w.refs, w.opts = id, refs, opts
 	w.reporter = newReporter(ctx, w.c, opts.OnError, w.reportLinger)
@@ -252,7 +258,8 @@ func closed(ch chan struct{}) bool {
 //
 // Stop called during Start's registration makes Start give up without
 // polling; Stop then returns nil once Start has returned (or, at ctx's end,
-// cuts the registration off).
+// cuts the registration off). Stop called after Start's context ended
+// returns an error matching ErrWorkerStopped when that cut handlers off.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	stopping, loopDone, cancelPoll := w.stopping, w.loopDone, w.cancelPoll
@@ -291,6 +298,16 @@ func (w *Worker) Stop(ctx context.Context) error {
 		}
 		if lost > 0 {
 			return fmt.Errorf("ratchet: %d report(s) were not recorded (see OnError); their jobs run again once their leases lapse", lost)
+		}
+		w.mu.Lock()
+		cut := w.cutByStart
+		w.mu.Unlock()
+		if cut > 0 {
+			// QA: after a signal context given to Start, Stop answered nil
+			// although the handlers had been cut off mid-call.
+			return fmt.Errorf("ratchet: %d handler(s) were cancelled when Start's context ended (an immediate stop) "+
+				"and reported retryable; for a graceful stop keep Start's context alive and call Stop: %w", cut,
+				ErrWorkerStopped)
 		}
 		return nil
 	case <-ctx.Done():
