@@ -61,8 +61,8 @@ type Circuit struct {
 // OpenCircuitRequest is the body of POST /api/v1/circuits/{type}/open and of
 // POST /api/v1/circuits/stop; action defaults to require_approval.
 type OpenCircuitRequest struct {
-	Action *string `json:"action"`
-	Reason *string `json:"reason"`
+	Action *string `json:"action" openapi:"enum=monitor|require_approval|deny"`
+	Reason *string `json:"reason" openapi:"maxLength=500"` // maxReasonRunes
 }
 
 // actionRank orders actions by strictness: the strictest breaker holding a

@@ -13,13 +13,10 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 )
 
-// The resolve_note of attempts settled by something other than a resolve:
-// a reconciliation (sqlReconcileResolve), or a probe reported failed
-// (gate_report, migration 0026).
-const (
-	resolveNoteReconciliation = "reconciliation"
-	resolveNoteProbe          = "probe"
-)
+// resolveNoteReconciliation is the resolve_note of the attempts a
+// reconciliation settled (sqlReconcileResolve); gate_report writes "probe"
+// on those a failed probe settled (migration 0026).
+const resolveNoteReconciliation = "reconciliation"
 
 // Attempt is one execute grant and what became of it.
 type Attempt struct {

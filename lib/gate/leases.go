@@ -38,12 +38,12 @@ type HeartbeatResponse struct {
 
 // ResolveRequest is the body of POST /api/v1/effects/{id}/resolve.
 type ResolveRequest struct {
-	Outcome string          `json:"outcome"`
+	Outcome string          `json:"outcome" openapi:"enum=succeeded|failed"`
 	Result  json.RawMessage `json:"result"`
-	Note    string          `json:"note,omitempty"`
+	Note    string          `json:"note,omitempty" openapi:"maxLength=2000"`
 }
 
-const maxNoteRunes = 2000
+const maxNoteRunes = 2000 // ResolveRequest's openapi tag says it too
 
 func checkOutcome(pr *apierr.Problems, outcome string) {
 	if outcome != StateSucceeded && outcome != StateFailed {
@@ -353,13 +353,12 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 	return out, s.afterStep(ctx, p.WorkspaceID, out.GroupID)
 }
 
-// resolvedBy says whether key resolved one of e's attempts with outcome
-// (not a reconciliation's or a probe's settling, which name their key too
-// but are not a resolve it could be repeating).
+// resolvedBy says whether key settled one of e's attempts with outcome:
+// by a resolve, or by a reconciliation or a probe it ran, which answer the
+// resolve it is repeating as well (the first settlement and its note stand).
 func resolvedBy(e Effect, key, outcome string) bool {
 	for _, a := range e.Attempts {
-		if a.ResolvedByKeyID != nil && *a.ResolvedByKeyID == key && a.Outcome != nil && *a.Outcome == outcome &&
-			(a.ResolveNote == nil || (*a.ResolveNote != resolveNoteReconciliation && *a.ResolveNote != resolveNoteProbe)) {
+		if a.ResolvedByKeyID != nil && *a.ResolvedByKeyID == key && a.Outcome != nil && *a.Outcome == outcome {
 			return true
 		}
 	}

@@ -299,6 +299,10 @@ func TestConcurrentSettlementsReleaseOnce(t *testing.T) {
 	from := b.clock.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
 	to := b.clock.Now().Add(time.Hour).UTC().Format(time.RFC3339)
 	done := make(chan int, 100)
+	// Each round's resolves by a key of its own: a key's repeat of its own
+	// resolve answers 200 (leases.go resolvedBy), another key's is refused.
+	operators := []string{b.ws.Key, b.env.Key(b.ws, map[string]any{"name": "op2", "preset": "OPERATOR"}),
+		b.env.Key(b.ws, map[string]any{"name": "op3", "preset": "OPERATOR"})}
 	for r := 0; r < 3; r++ {
 		go func() {
 			st, _, _ := post(b.env, "/api/v1/reconcile", b.ws.Key, map[string]any{"effect_type": "api.call", "from": from, "to": to, "records": records})
@@ -306,7 +310,7 @@ func TestConcurrentSettlementsReleaseOnce(t *testing.T) {
 		}()
 		for _, id := range effs {
 			go func() {
-				st, _, _ := post(b.env, "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"})
+				st, _, _ := post(b.env, "/api/v1/effects/"+id+"/resolve", operators[r], map[string]any{"outcome": "failed"})
 				done <- st
 			}()
 		}

@@ -387,6 +387,14 @@ func TestOpenAPIStatesBoundsAndEnumerations(t *testing.T) {
 	lease := prop("/api/v1/policies/{effect_type}", "put", "lease_seconds")
 	require.EqualValues(t, 5, lease["minimum"])
 	require.EqualValues(t, 3600, lease["maximum"])
+	require.Equal(t, []any{"succeeded", "failed"}, prop("/api/v1/effects/{id}/resolve", "post", "outcome")["enum"])
+	require.EqualValues(t, 2000, prop("/api/v1/effects/{id}/resolve", "post", "note")["maxLength"])
+	require.Contains(t, prop("/api/v1/circuits/stop", "post", "action")["enum"], "deny")
+	for _, p := range doc["paths"].(map[string]any)["/api/v1/effects"].(map[string]any)["get"].(map[string]any)["parameters"].([]any) {
+		if p := p.(map[string]any); p["name"] == "limit" {
+			require.Equal(t, map[string]any{"type": "integer", "minimum": 1.0, "maximum": 200.0}, p["schema"])
+		}
+	}
 	// A failure's message may be left out, as the handler lets it.
 	errSchema := prop("/api/v1/jobs/{id}/report", "post", "error")
 	required, _ := errSchema["required"].([]any)

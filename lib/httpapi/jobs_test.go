@@ -647,6 +647,16 @@ func TestBatchReport(t *testing.T) {
 	_, fields = slotError(4)
 	require.Equal(t, []string{"error.retryAfterMs"}, fields)
 	require.Equal(t, "SUCCEEDED", durable(e.getRun(runID2), 0)["status"])
+	// A refused item does not take its job: a valid report of it after is applied.
+	e.enqueue(runID2, map[string]any{"name": "send_email", "version": "1", "input": "later"})
+	later := e.claim(wid, 1)
+	require.Len(t, later, 1)
+	second := e.Must(http.StatusOK, "POST", "/api/v1/jobs/report", e.worker, map[string]any{"reports": []map[string]any{
+		{"jobId": later[0]["jobId"], "leaseToken": later[0]["leaseToken"], "status": "DONE"},
+		{"jobId": later[0]["jobId"], "leaseToken": later[0]["leaseToken"], "status": "SUCCEEDED"},
+	}}).JSON()["results"].([]any)
+	require.Equal(t, "invalid_request", second[0].(map[string]any)["error"].(map[string]any)["code"])
+	require.Equal(t, "SUCCEEDED", second[1].(map[string]any)["status"])
 
 	// A batch that is not one is refused whole.
 	require.Equal(t, []string{"reports"}, validationFields(t, e.Do("POST", "/api/v1/jobs/report", e.worker,

@@ -659,6 +659,11 @@ func TestUnknownQueryParametersAreRefused(t *testing.T) {
 		require.Equal(t, fields, validationFields(t, r), path)
 	}
 	env.Must(http.StatusOK, "GET", "/api/v1/effects?state=indeterminate&effect_type=a.b&limit=2", ws.Key, nil)
+	// A path parameter in the query may only repeat the path's own value
+	// (Vercel's rewrites pass it so); another would name something else.
+	run := "/api/v1/runs/run_01m8kjt9g002extbwvcndh4bkd"
+	require.Equal(t, []string{"id"}, validationFields(t, env.Do("GET", run+"?id=run_01m8kjt9g002extbwvcndh4bke", ws.Key, nil)))
+	require.Equal(t, "not_found", env.Do("GET", run+"?id=run_01m8kjt9g002extbwvcndh4bkd", ws.Key, nil).ErrorCode())
 	// Public routes take any: a cache-busting parameter asks for nothing.
 	env.Must(http.StatusOK, "GET", "/api/v1/health?nocache=1", "", nil)
 	// Authentication still comes first.

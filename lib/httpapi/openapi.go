@@ -125,7 +125,14 @@ func operation(r Route) map[string]any {
 		if t == "" {
 			t = "string"
 		}
-		params = append(params, map[string]any{"name": p.Name, "in": "query", "description": p.Description, "schema": map[string]any{"type": t}})
+		schema := map[string]any{"type": t}
+		if p.Min != nil {
+			schema["minimum"] = *p.Min
+		}
+		if p.Max != nil {
+			schema["maximum"] = *p.Max
+		}
+		params = append(params, map[string]any{"name": p.Name, "in": "query", "description": p.Description, "schema": schema})
 	}
 	if params != nil {
 		op["parameters"] = params
@@ -353,7 +360,8 @@ func mustSend(t reflect.Type) map[string]bool {
 // constrain adds to s what the openapi tags of t's fields say of their
 // values, the bounds the handlers check (QA: clients generated from the
 // document knew no enum or range): enum=a|b, min=N, max=N, minLength=N,
-// maxLength=N, pattern=RE. A value the tags allow may still be refused for
+// maxLength=N, pattern=RE (rules are split on commas: a pattern holds
+// none). A value the tags allow may still be refused for
 // what only the handler knows; one they refuse always is. Answers are held
 // to the same tags by lib/apitest, so a tag cannot drift from the code.
 func constrain(t reflect.Type, s *jsonschema.Schema) {

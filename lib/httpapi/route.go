@@ -30,6 +30,7 @@ type Param struct {
 	Name        string
 	Description string
 	Type        string // "string" or "integer"
+	Min, Max    *int   // an integer's bounds, when it has them
 }
 
 // Route is one method on one path.
@@ -122,3 +123,5 @@ func (r *Route) OpenAPIPath() string { return r.Pattern }
 
 // IsAPI reports whether the route lives under /api/v1.
 func (r *Route) IsAPI() bool { return strings.HasPrefix(r.Pattern, "/api/v1/") }
+
+func ptr[T any](v T) *T { return &v }

@@ -101,7 +101,7 @@ func (s *Server) coreRoutes() []Route {
 }
 
 var listParams = []Param{
-	{Name: "limit", Type: "integer", Description: "1-200, default 50"},
+	{Name: "limit", Type: "integer", Description: "1-200, default 50", Min: ptr(1), Max: ptr(200)},
 	{Name: "cursor", Type: "string", Description: "next_cursor from the previous page"},
 }
 

@@ -269,18 +269,21 @@ func textParams(r *http.Request, pattern string, pathParams []string) error {
 // given more than once, as unknown body fields are refused (API.md §0).
 // QA: GET /effects?status=indeterminate, a typo of state, listed every
 // effect, and ?state=a&state=b filtered by the first. A path parameter may
-// come as a query parameter: Vercel's rewrites pass them so (ServeRoute).
-// Public routes (health, discovery) take any: a cache-busting parameter
-// there asks for nothing.
+// come as a query parameter holding the path's own value: Vercel's
+// rewrites pass them so (ServeRoute), and any other value names something
+// else. Public routes (health, discovery) take any: a cache-busting
+// parameter there asks for nothing.
 func knownQuery(r *http.Request, route *Route) error {
 	var p apierr.Problems
 	for name, values := range r.URL.Query() {
+		isPath := slices.Contains(route.PathParams(), name)
 		switch {
-		case !slices.ContainsFunc(route.Query, func(q Param) bool { return q.Name == name }) &&
-			!slices.Contains(route.PathParams(), name):
+		case !isPath && !slices.ContainsFunc(route.Query, func(q Param) bool { return q.Name == name }):
 			p.Add(strings.ToValidUTF8(name, "\uFFFD"), "is not a query parameter of this route")
 		case len(values) > 1:
 			p.Add(name, "must be given once")
+		case isPath && values[0] != r.PathValue(name):
+			p.Add(name, "is the path's own parameter: leave it out of the query")
 		}
 	}
 	slices.SortFunc(p, func(a, b apierr.FieldError) int { return strings.Compare(a.Field, b.Field) })

@@ -493,14 +493,14 @@ func (s *Service) ReportBatch(ctx context.Context, p *auth.Principal, req BatchR
 			continue
 		}
 		if seen[r.JobID] {
-			pr.Add("jobId", "appears twice in the batch (the first report of it is the one applied)")
+			pr.Add("jobId", "appears twice in the batch (the first valid report of it is the one applied)")
 		}
-		seen[r.JobID] = true
 		r.report().validate("", &pr)
 		if err := pr.Err(); err != nil {
 			out.Results[i] = refusedInBatch(r.JobID, err)
 			continue
 		}
+		seen[r.JobID] = true // only a report that is applied takes the job
 		items = append(items, reportItem{jobID: r.JobID, req: r.report()})
 		slots = append(slots, i)
 	}

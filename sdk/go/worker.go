@@ -91,7 +91,8 @@ type Worker struct {
 	jobs       sync.WaitGroup          // dispatched jobs, until their report is queued (or left unreported)
 	handlers   sync.WaitGroup          // handler calls in progress, stragglers included
 	running    int                     // handler calls in progress whose attempt is not reported (mu)
-	cutByStart int                     // of them, those the end of Start's context cancelled (mu)
+	startEnded bool                    // Start's context ended: an immediate stop (mu)
+	cutByStart int                     // handlers that stop cut off and reported retryable (mu)
 	stragglers int                     // handler calls still in progress after their timeout was reported (mu)
 	returned   chan struct{}           // signalled (buffered, 1) when running drops
 	cancelJobs context.CancelCauseFunc // ends every handler's context
@@ -213,7 +214,7 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 	jobsCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	unhook := context.AfterFunc(ctx, func() {
 		w.mu.Lock()
-		w.cutByStart = w.running // cut off by an immediate stop, for Stop to say so
+		w.startEnded = true // the handlers it cuts off are counted for Stop to say so
 		w.mu.Unlock()
 		cancel(ErrWorkerStopped)
 	})
@@ -764,6 +765,13 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 	}
 	e := rt.decide(err, cause, job, w.opts.OnError)
 	w.report(j, expires, JobReport{Status: ReportFailed, Error: &e})
+	if errors.Is(cause, ErrWorkerStopped) {
+		w.mu.Lock()
+		if w.startEnded {
+			w.cutByStart++
+		}
+		w.mu.Unlock()
+	}
 	return nil
 }
 
