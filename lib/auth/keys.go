@@ -140,6 +140,35 @@ func (s *Service) Verify(ctx context.Context, secret string) (*Principal, error)
 	return s.authenticate(ctx, secret, false)
 }
 
+// Settling calls (a report, a heartbeat: they settle what a counted call
+// began) are counted in a bucket of their own, settleAllowance times the
+// key's limit and at least minSettlePerMinute: the calls that begin work
+// can never crowd out the reports that settle them (a refused report turns
+// an outcome its holder knows into an unknown one, and a refused job
+// heartbeat lapses a lease), while a flood of them is still bounded.
+const (
+	settleAllowance    = 10
+	minSettlePerMinute = 600
+)
+
+// AuthenticateSettling is Authenticate for a settling call: counted in the
+// key's settling bucket instead of its limit.
+func (s *Service) AuthenticateSettling(ctx context.Context, secret string) (*Principal, error) {
+	p, err := s.authenticate(ctx, secret, false)
+	if err != nil || p.RateLimitPerMinute == nil {
+		return p, err
+	}
+	limit := max(settleAllowance**p.RateLimitPerMinute, minSettlePerMinute)
+	ok, retry, err := s.limiter.Allow(ctx, "settle:"+p.KeyID, limit, time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, apierr.RateLimited(retry)
+	}
+	return p, nil
+}
+
 func (s *Service) authenticate(ctx context.Context, secret string, count bool) (*Principal, error) {
 	keyID, ok := parseSecret(secret)
 	if !ok {

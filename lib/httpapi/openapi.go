@@ -34,10 +34,9 @@ func OpenAPI() map[string]any {
 }
 
 // commonErrors apply to every authenticated route (invalid_request: a query
-// parameter it does not take, knownQuery), and rate_limited to every one
-// that does not settle (Route.Settles).
+// parameter it does not take, knownQuery).
 var commonErrors = []string{apierr.CodeUnauthorized, apierr.CodeForbidden, apierr.CodeInvalidRequest,
-	apierr.CodePayloadTooLarge, apierr.CodeInternal, apierr.CodeDatabaseUnavailable}
+	apierr.CodeRateLimited, apierr.CodePayloadTooLarge, apierr.CodeInternal, apierr.CodeDatabaseUnavailable}
 
 func buildOpenAPI(routes []Route) map[string]any {
 	paths := map[string]map[string]any{}
@@ -109,7 +108,7 @@ func operation(r Route) map[string]any {
 			op["x-any-of-scopes"] = r.AnyScopes
 		}
 		if r.Settles {
-			op["x-rate-limited"] = false // it settles what a limited call began
+			op["x-rate-limit"] = "settling" // its own bucket: auth.AuthenticateSettling
 		}
 	case AuthCron:
 		op["security"] = []any{map[string]any{"cron": []string{}}}
@@ -182,9 +181,6 @@ func operation(r Route) map[string]any {
 	}
 	if r.Auth == AuthKey {
 		codes = append(codes, commonErrors...)
-		if !r.Settles {
-			codes = append(codes, apierr.CodeRateLimited)
-		}
 	} else {
 		codes = append(codes, apierr.CodeInternal)
 		if r.Request != nil || takesNoBody(r) {

@@ -46,11 +46,11 @@ type Route struct {
 	// (a read open to a key that may read and to one that may write).
 	AnyScopes []string
 	// Settles marks a route that settles what a counted call began (a
-	// report, a heartbeat): the key's rate limit neither counts nor
-	// refuses it (QA: a refused report turned an outcome the holder knew
-	// into an unknown one, and under on_indeterminate retry the key's next
-	// begin was told to act again; a refused job heartbeat lapses a lease).
-	// The calls that begin work are what the limit bounds.
+	// report, a heartbeat): it is counted in the key's settling bucket, not
+	// against its limit (auth.AuthenticateSettling). QA: a report refused
+	// by the limit turned an outcome the holder knew into an unknown one,
+	// and under on_indeterminate retry the key's next begin was told to act
+	// again; a refused job heartbeat lapses a lease.
 	Settles bool
 	Query   []Param
 	// Request and Response are zero values of the body types, used for the

@@ -211,7 +211,7 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 }
 
 func (s *Server) run(ctx context.Context, c *Call) (any, error) {
-	if err := s.authorize(ctx, c, !c.Route.Settles); err != nil {
+	if err := s.authorize(ctx, c, true); err != nil {
 		return nil, err
 	}
 	if err := textParams(c.R, c.Route.Pattern, c.Route.PathParams()); err != nil {
@@ -300,8 +300,11 @@ func (s *Server) authorize(ctx context.Context, c *Call, count bool) error {
 			return apierr.Unauthorized("Missing, malformed, or revoked key.")
 		}
 		verify := s.Auth.Authenticate
-		if !count {
+		switch {
+		case !count:
 			verify = s.Auth.Verify
+		case c.Route.Settles:
+			verify = s.Auth.AuthenticateSettling
 		}
 		p, err := verify(ctx, secret)
 		if err != nil {
