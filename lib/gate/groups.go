@@ -17,6 +17,7 @@ import (
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/canonjson"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/idemkey"
 	"github.com/getratchet/ratchet/lib/ids"
 )
 
@@ -59,6 +60,10 @@ const maxGroupNameRunes = 200
 // CreateGroupRequest is the body of POST /api/v1/groups.
 type CreateGroupRequest struct {
 	Name string `json:"name"`
+	// IdempotencyKey makes the create safe to retry: the same key answers
+	// the group it opened (with the same name; another is 409
+	// idempotency_key_reuse).
+	IdempotencyKey *string `json:"idempotency_key"`
 }
 
 // GroupStep is one effect of a group as GET shows it. Compensation payloads
@@ -74,15 +79,20 @@ type GroupStep struct {
 
 // Group is the group object.
 type Group struct {
-	ID              string      `json:"id"`
-	Name            string      `json:"name"`
-	State           string      `json:"state"`
-	CreatedAt       time.Time   `json:"created_at"`
-	UpdatedAt       time.Time   `json:"updated_at"`
-	CommittedAt     *time.Time  `json:"committed_at"`
-	UnwindStartedAt *time.Time  `json:"unwind_started_at"`
-	FinishedAt      *time.Time  `json:"finished_at"`
-	Steps           []GroupStep `json:"steps"`
+	ID              string     `json:"id"`
+	Name            string     `json:"name"`
+	State           string     `json:"state"`
+	CreatedAt       time.Time  `json:"created_at"`
+	UpdatedAt       time.Time  `json:"updated_at"`
+	CommittedAt     *time.Time `json:"committed_at"`
+	UnwindStartedAt *time.Time `json:"unwind_started_at"`
+	FinishedAt      *time.Time `json:"finished_at"`
+	// IdempotencyKey is the key the group was opened under, if any.
+	IdempotencyKey *string     `json:"idempotency_key"`
+	Steps          []GroupStep `json:"steps"`
+	// Deduplicated is set by CreateGroup only: true when its idempotency
+	// key had opened this group already (answered 200 rather than 201).
+	Deduplicated *bool `json:"deduplicated,omitempty"`
 }
 
 // PlanItem is one compensation to perform: begin compensation.effect_type
@@ -114,27 +124,59 @@ type Unwind struct {
 	Reversed []string `json:"reversed"`
 }
 
-// CreateGroup opens a group.
+// CreateGroup opens a group, or, under an idempotency key that already
+// opened one, answers that group (Deduplicated) with its steps. Groups are
+// never deleted, so the key's group is there to read.
 func (s *Service) CreateGroup(ctx context.Context, p *auth.Principal, req CreateGroupRequest) (Group, error) {
+	var pr apierr.Problems
 	name := strings.TrimSpace(req.Name)
 	if n := utf8.RuneCountInString(name); n < 1 || n > maxGroupNameRunes {
-		return Group{}, apierr.InvalidField("name", "must be 1-%d characters", maxGroupNameRunes)
+		pr.Add("name", "must be 1-%d characters", maxGroupNameRunes)
+	}
+	if req.IdempotencyKey != nil && !idemkey.Valid(*req.IdempotencyKey) {
+		pr.Add("idempotency_key", idemkey.Rule)
+	}
+	if err := pr.Err(); err != nil {
+		return Group{}, err
 	}
 	now := s.clock()
 	g, err := scanGroup(s.pool.QueryRow(ctx, sqlCreateGroup, ids.NewAt(ids.Group, now), p.WorkspaceID, name,
-		p.KeyID, now))
-	if err != nil {
+		p.KeyID, now, req.IdempotencyKey))
+	if err == nil {
+		fresh := false
+		g.Steps, g.Deduplicated = []GroupStep{}, &fresh
+		return g, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
 		return Group{}, fmt.Errorf("create group: %w", err)
 	}
-	g.Steps = []GroupStep{}
-	return g, nil
+	var visible bool
+	err = s.pool.QueryRow(ctx, sqlGroupByKey, p.WorkspaceID, *req.IdempotencyKey, groupOwner(p)).Scan(
+		append(groupDest(&g), &visible)...)
+	if err != nil {
+		return Group{}, fmt.Errorf("create group: read the key's group: %w", err)
+	}
+	if !visible || g.Name != name {
+		// Another key's group is not shown to a key that sees only its own.
+		return Group{}, apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
+			"This idempotency key opened another group; choose a key of your own.")
+	}
+	g, err = s.GetGroup(ctx, p, g.ID)
+	dup := true
+	g.Deduplicated = &dup
+	return g, err
 }
 
 func scanGroup(row pgx.Row) (Group, error) {
 	var g Group
-	err := row.Scan(&g.ID, &g.Name, &g.State, &g.CreatedAt, &g.UpdatedAt, &g.CommittedAt, &g.UnwindStartedAt,
-		&g.FinishedAt)
+	err := row.Scan(groupDest(&g)...)
 	return g, err
+}
+
+// groupDest is where groupCols scan to.
+func groupDest(g *Group) []any {
+	return []any{&g.ID, &g.Name, &g.State, &g.CreatedAt, &g.UpdatedAt, &g.CommittedAt, &g.UnwindStartedAt,
+		&g.FinishedAt, &g.IdempotencyKey}
 }
 
 // groupOwner is the key a group must have been created by for p to see it,

@@ -398,11 +398,23 @@ SELECT count(*) FROM upa`
 
 // ---- Effect groups (groups.go) ----
 
-const groupCols = `id, name, state, created_at, updated_at, committed_at, unwind_started_at, finished_at`
+const groupCols = `id, name, state, created_at, updated_at, committed_at, unwind_started_at, finished_at,
+    idempotency_key`
 
-// sqlCreateGroup: $1 id, $2 workspace, $3 name, $4 key id, $5 now.
-const sqlCreateGroup = `INSERT INTO effect_groups (id, workspace_id, name, state, created_by_key_id, created_at, updated_at)
-VALUES ($1, $2, $3, 'open', $4, $5, $5) RETURNING ` + groupCols
+// sqlCreateGroup: $1 id, $2 workspace, $3 name, $4 key id, $5 now, $6 the
+// idempotency key (NULL: none). A group the key already names answers no
+// row (sqlGroupByKey reads it); a concurrent create under the same key waits
+// here for the other to commit.
+const sqlCreateGroup = `INSERT INTO effect_groups (id, workspace_id, name, state, created_by_key_id, created_at, updated_at,
+    idempotency_key)
+VALUES ($1, $2, $3, 'open', $4, $5, $5, $6)
+ON CONFLICT (workspace_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING ` + groupCols
+
+// sqlGroupByKey is the group workspace $1 opened under idempotency key $2,
+// and whether key $3 may see it (NULL: any key may; see groupOwner).
+const sqlGroupByKey = `SELECT ` + groupCols + `, ($3::text IS NULL OR created_by_key_id = $3::text)
+FROM effect_groups WHERE workspace_id = $1 AND idempotency_key = $2`
 
 // sqlGetGroup: $1 id, $2 workspace, $3 the key that must have created it
 // (NULL: any; see groupOwner).

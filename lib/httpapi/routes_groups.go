@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"net/http"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
@@ -29,15 +30,21 @@ func (s *Server) groupRoutes() []Route {
 		{
 			Method: "POST", Pattern: "/api/v1/groups", Name: "groups.create", Tag: "groups", Scopes: begin,
 			Summary: "Open an effect group. Begin effects with its group_id, each declaring compensation " +
-				"{effect_type, payload}; then commit, or unwind to get the compensation plan.",
-			Request: gate.CreateGroupRequest{}, Response: gate.Group{}, Status: 201,
-			Errors: []string{apierr.CodeInvalidRequest},
+				"{effect_type, payload}; then commit, or unwind to get the compensation plan. With idempotency_key " +
+				"a retry answers the group it opened (200, deduplicated: true); the same key with another name " +
+				"is 409 idempotency_key_reuse.",
+			Request: gate.CreateGroupRequest{}, Response: gate.Group{}, Status: 201, DedupOK: true,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeIdempotencyKeyReuse},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
 				var req gate.CreateGroupRequest
 				if err := c.Decode(&req); err != nil {
 					return nil, err
 				}
-				return s.Gate.CreateGroup(ctx, c.Principal, req)
+				g, err := s.Gate.CreateGroup(ctx, c.Principal, req)
+				if err == nil && g.Deduplicated != nil && *g.Deduplicated {
+					return Reply{Status: http.StatusOK, Body: g}, nil
+				}
+				return g, err
 			},
 		},
 		{

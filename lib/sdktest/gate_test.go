@@ -155,6 +155,14 @@ func TestGateGroupUnwindThroughTheSDK(t *testing.T) {
 	group, err := g.agent.CreateGroup(ctx, "order 551")
 	require.NoError(t, err)
 	require.Equal(t, "open", group.State)
+	// Opened under a key, a group is opened once however often it is asked.
+	keyed, err := g.agent.CreateGroupWithKey(ctx, "order 552", "order-552")
+	require.NoError(t, err)
+	require.False(t, keyed.Deduplicated)
+	same, err := g.agent.CreateGroupWithKey(ctx, "order 552", "order-552")
+	require.NoError(t, err)
+	require.True(t, same.Deduplicated)
+	require.Equal(t, keyed.ID, same.ID)
 	for _, step := range []string{"reserve", "charge"} {
 		r := req("order."+step, "order-551:"+step)
 		r.GroupID = group.ID

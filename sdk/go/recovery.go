@@ -86,14 +86,19 @@ type GroupStep struct {
 // Group is a unit of work that can be rolled back: open, committed,
 // unwinding, unwound or unwind_failed.
 type Group struct {
-	ID              string      `json:"id"`
-	Name            string      `json:"name"`
-	State           string      `json:"state"`
-	CreatedAt       time.Time   `json:"created_at"`
-	CommittedAt     *time.Time  `json:"committed_at"`
-	UnwindStartedAt *time.Time  `json:"unwind_started_at"`
-	FinishedAt      *time.Time  `json:"finished_at"`
-	Steps           []GroupStep `json:"steps"`
+	ID              string     `json:"id"`
+	Name            string     `json:"name"`
+	State           string     `json:"state"`
+	CreatedAt       time.Time  `json:"created_at"`
+	CommittedAt     *time.Time `json:"committed_at"`
+	UnwindStartedAt *time.Time `json:"unwind_started_at"`
+	FinishedAt      *time.Time `json:"finished_at"`
+	// IdempotencyKey is the key the group was opened under (CreateGroupWithKey).
+	IdempotencyKey *string     `json:"idempotency_key"`
+	Steps          []GroupStep `json:"steps"`
+	// Deduplicated is set by CreateGroupWithKey: the key had opened this
+	// group already.
+	Deduplicated bool `json:"deduplicated"`
 }
 
 // PlanItem is one compensation to perform: begin Compensation's effect_type
@@ -130,10 +135,23 @@ type GroupCommit struct {
 
 // CreateGroup opens a group (POST /api/v1/groups); begins with its ID in
 // BeginRequest.GroupID join it. Not repeated after an ambiguous failure,
-// since a repeat would open a second group.
+// since a repeat would open a second group: CreateGroupWithKey is.
 func (c *Client) CreateGroup(ctx context.Context, name string) (*Group, error) {
 	var out Group
 	if err := c.do(ctx, "POST", "/groups", map[string]string{"name": name}, &out, notIdempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// CreateGroupWithKey opens a group under an idempotency key derived from
+// the work ("checkout:order_123"): retried through transient failures, a
+// repeat answers the group the key opened (Deduplicated). The same key
+// with another name is 409 idempotency_key_reuse.
+func (c *Client) CreateGroupWithKey(ctx context.Context, name, idempotencyKey string) (*Group, error) {
+	var out Group
+	body := map[string]string{"name": name, "idempotency_key": idempotencyKey}
+	if err := c.do(ctx, "POST", "/groups", body, &out, idempotent); err != nil {
 		return nil, err
 	}
 	return &out, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -708,4 +709,54 @@ func TestACompensationIsNoRunWalletsSpend(t *testing.T) {
 	over := f.must(http.StatusForbidden, "POST", "/api/v1/effects/begin", map[string]any{
 		"effect_type": "payment.charge", "idempotency_key": "charge-2", "cost_micros": 500_000, "run_id": runID})
 	require.Equal(t, "run_budget_exceeded", over["error"].(map[string]any)["code"])
+}
+
+// A group opened under an idempotency key is opened once: a retry whose
+// first answer was lost gets the same group (200, deduplicated), with its
+// steps; the same key with another name, or a group another key opened
+// that the caller may not see, is a reused key (QA: a retry opened a
+// second, orphaned group).
+func TestAGroupOpenedUnderAKeyIsOpenedOnce(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	body := map[string]any{"name": "checkout", "idempotency_key": "checkout:order-1"}
+	first := f.env.Must(http.StatusCreated, "POST", "/api/v1/groups", f.ws.Key, body).JSON()
+	require.Equal(t, false, first["deduplicated"])
+	require.Equal(t, "checkout:order-1", first["idempotency_key"])
+	f.done(first["id"].(string), true)
+
+	again := f.env.Must(http.StatusOK, "POST", "/api/v1/groups", f.ws.Key, body).JSON()
+	require.Equal(t, true, again["deduplicated"])
+	require.Equal(t, first["id"], again["id"])
+	require.Len(t, again["steps"], 1, "answered with its steps, as a read")
+	errCode(t, f.do("POST", "/api/v1/groups", map[string]any{"name": "other", "idempotency_key": "checkout:order-1"}),
+		http.StatusConflict, "idempotency_key_reuse")
+
+	// An AGENT key, which sees only its own groups, is not shown another's.
+	agent := f.env.Key(f.ws, map[string]any{"name": "agent", "preset": "AGENT"})
+	r := f.env.Do("POST", "/api/v1/groups", agent, body)
+	errCode(t, r, http.StatusConflict, "idempotency_key_reuse")
+	require.NotContains(t, string(r.Body), first["id"])
+
+	// Concurrent opens under one key make one group.
+	var wg sync.WaitGroup
+	got := make(chan string, 10)
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := f.env.Do("POST", "/api/v1/groups", f.ws.Key, map[string]any{"name": "n", "idempotency_key": "race"})
+			got <- r.JSON()["id"].(string)
+		}()
+	}
+	wg.Wait()
+	close(got)
+	distinct := map[string]bool{}
+	for id := range got {
+		distinct[id] = true
+	}
+	require.Len(t, distinct, 1)
+
+	require.Equal(t, []string{"idempotency_key"}, validationFieldsOf(t,
+		f.do("POST", "/api/v1/groups", map[string]any{"name": "n", "idempotency_key": ""})))
 }

@@ -132,3 +132,14 @@ func errCode(t *testing.T, r *apitest.Response, status int, code string) {
 	require.Equal(t, status, r.Status, "%s", r.Body)
 	require.Equal(t, code, r.ErrorCode(), "%s", r.Body)
 }
+
+// validationFieldsOf lists the fields of a 400's detail.validation.
+func validationFieldsOf(t *testing.T, r *apitest.Response) []string {
+	t.Helper()
+	require.Equal(t, http.StatusBadRequest, r.Status, "%s", r.Body)
+	var fields []string
+	for _, v := range r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["validation"].([]any) {
+		fields = append(fields, v.(map[string]any)["field"].(string))
+	}
+	return fields
+}
