@@ -147,8 +147,8 @@ func (s *Service) CreateGroup(ctx context.Context, p *auth.Principal, req Create
 		g.Steps, g.Deduplicated = []GroupStep{}, &fresh
 		return g, nil
 	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return Group{}, fmt.Errorf("create group: %w", err)
+	if !errors.Is(err, pgx.ErrNoRows) || req.IdempotencyKey == nil {
+		return Group{}, fmt.Errorf("create group: %w", err) // only a key's conflict answers no row
 	}
 	var visible bool
 	err = s.pool.QueryRow(ctx, sqlGroupByKey, p.WorkspaceID, *req.IdempotencyKey, groupOwner(p)).Scan(
