@@ -34,6 +34,15 @@ func readOnly(t tool) tool {
 	return t
 }
 
+// idempotent marks a tool whose call repeated with the same arguments has
+// no further effect (the MCP idempotentHint): a client may retry it after
+// a lost answer (retry-safety QA: report, heartbeat, resolve and an
+// approval's decision answer their first outcome again).
+func idempotent(t tool) tool {
+	t.spec.Annotations.IdempotentHint = true
+	return t
+}
+
 // define registers a tool whose input In maps to (method, path, body). The
 // input schema is inferred from In, and adjust (if any) refines it.
 //
@@ -322,20 +331,20 @@ func query(params map[string]string) string {
 var tools = []tool{
 	define("ratchet_begin", "Ask before you act. Returns decision: execute, duplicate, in_flight, blocked, approval_required or denied.", "effects:begin",
 		func(in BeginInput) (string, string, any) { return "POST", "/api/v1/effects/begin", in }),
-	define("ratchet_report", "Report what happened after an execute decision.", "effects:report",
+	idempotent(define("ratchet_report", "Report what happened after an execute decision.", "effects:report",
 		func(in ReportInput) (string, string, any) {
 			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/report",
 				map[string]any{"lease_token": in.LeaseToken, "outcome": in.Outcome, "result": in.Result}
-		}, oneOf("outcome", gate.StateSucceeded, gate.StateFailed)),
-	define("ratchet_heartbeat", "Extend a held lease while a long action is still running.", "effects:report",
+		}, oneOf("outcome", gate.StateSucceeded, gate.StateFailed))),
+	idempotent(define("ratchet_heartbeat", "Extend a held lease while a long action is still running.", "effects:report",
 		func(in HeartbeatInput) (string, string, any) {
 			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/heartbeat", map[string]any{"lease_token": in.LeaseToken}
-		}),
-	define("ratchet_resolve", "Record what the vendor shows for an indeterminate effect; unblocks its key.", "effects:resolve",
+		})),
+	idempotent(define("ratchet_resolve", "Record what the vendor shows for an indeterminate effect; unblocks its key.", "effects:resolve",
 		func(in ResolveInput) (string, string, any) {
 			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/resolve",
 				map[string]any{"outcome": in.Outcome, "result": in.Result, "note": in.Note}
-		}, oneOf("outcome", gate.StateSucceeded, gate.StateFailed)),
+		}, oneOf("outcome", gate.StateSucceeded, gate.StateFailed))),
 	readOnly(define("ratchet_get_effect", "Read one effect with its attempts.", "effects:read",
 		func(in EffectInput) (string, string, any) {
 			return "GET", "/api/v1/effects/" + pathEscape(in.EffectID), nil
@@ -356,7 +365,7 @@ var tools = []tool{
 			q["state"] = in.State
 			return "GET", "/api/v1/approvals" + query(q), nil
 		}, oneOf("state", gate.ApprovalPending, gate.ApprovalApproved, gate.ApprovalRejected), pageLimit)),
-	define("ratchet_decide_approval", "Approve or reject a held effect (operator keys only).", "approvals:write",
+	idempotent(define("ratchet_decide_approval", "Approve or reject a held effect (operator keys only).", "approvals:write",
 		func(in DecideInput) (string, string, any) {
 			// The decision names the route: nothing but the exact words
 			// reaches one (the schema refuses others, and the router would
@@ -364,7 +373,7 @@ var tools = []tool{
 			return "POST", "/api/v1/approvals/" + pathEscape(in.ApprovalID) + "/" + pathEscape(in.Decision),
 				map[string]any{"note": in.Note}
 		},
-		oneOf("decision", "approve", "reject")),
+		oneOf("decision", "approve", "reject"))),
 }
 
 // ToolScopes maps each tool to the scope its REST call needs.

@@ -160,13 +160,21 @@ func (s *Service) List(ctx context.Context, workspaceID, cursor string, limit in
 
 // Delete ends a subscription; pending deliveries to it are abandoned, in the
 // same transaction (review: a delete whose second statement failed left
-// them pending for good, and a retried DELETE answered 404).
+// them pending for good, and a retried DELETE answered 404). A DELETE of a
+// subscription already deleted answers it again, as a key's does, so a
+// retry whose first answer was lost learns it landed (retry-safety QA).
 func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, error) {
 	var w Webhook
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `UPDATE webhooks SET deleted_at = $3
+		rows, err := tx.Query(ctx, `WITH del AS (
+			UPDATE webhooks SET deleted_at = $3
 			WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NULL
-			RETURNING id, url, events, created_at`, id, workspaceID, s.now())
+			RETURNING id, url, events, created_at)
+			SELECT * FROM del
+			UNION ALL
+			SELECT id, url, events, created_at FROM webhooks
+			WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM del)`,
+			id, workspaceID, s.now())
 		if err != nil {
 			return fmt.Errorf("delete webhook: %w", err)
 		}
