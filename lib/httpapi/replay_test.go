@@ -440,3 +440,29 @@ func TestReplayRevivesTheStepsItsEndSkipped(t *testing.T) {
 	}
 	require.Equal(t, "SUCCEEDED", e.getRun(runID)["status"])
 }
+
+// A replay naming the attempt its preview showed is not run twice by a
+// retry: once the replayed attempt has run, the same request is refused
+// (retry-safety QA: the repeat replayed the step again, one more real
+// execution).
+func TestAReplayExpectingAnAttemptRunsOnce(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	wid := e.register("send_email@1")
+	runID, stepID := e.exhausted(wid, map[string]any{"n": 1}, 2)
+	body := map[string]any{"acknowledgeDuplicateRisk": true, "maxAttempts": 1, "expectedAttempt": 2}
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+stepID+"/replay", e.ws.Key, body)
+	job := e.claim(wid, 1)[0]
+	e.report(job, map[string]any{"status": "FAILED", "error": map[string]any{"message": "x", "retryable": false}})
+	require.Equal(t, "EXHAUSTED", durable(e.getRun(runID), 0)["status"])
+
+	again := e.replay(stepID, body)
+	require.Equal(t, http.StatusConflict, again.Status, "%s", again.Body)
+	require.Equal(t, "invalid_state", again.ErrorCode())
+	require.EqualValues(t, 3, again.JSON()["error"].(map[string]any)["detail"].(map[string]any)["attempt"])
+	require.Len(t, durable(e.getRun(runID), 0)["replays"], 1)
+	require.Equal(t, []string{"expectedAttempt"}, validationFields(t, e.replay(stepID,
+		map[string]any{"acknowledgeDuplicateRisk": true, "expectedAttempt": -1})))
+	body["expectedAttempt"] = 3
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+stepID+"/replay", e.ws.Key, body)
+}

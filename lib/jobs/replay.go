@@ -69,6 +69,11 @@ type ReplayRequest struct {
 	TargetContractVersion    *int64  `json:"targetContractVersion,omitempty"`
 	ExpectedHandlerVersion   *string `json:"expectedHandlerVersion,omitempty"`
 	AcknowledgeVersionChange *bool   `json:"acknowledgeVersionChange,omitempty"`
+	// ExpectedAttempt is the step's attempt as the preview showed it: a
+	// replay whose step has run since (the retry of a replay that landed,
+	// its answer lost, whose attempt then ended) is refused instead of
+	// running the job once more (retry-safety QA).
+	ExpectedAttempt *int64 `json:"expectedAttempt,omitempty" openapi:"min=0"`
 }
 
 // ReplayResult answers a replay: the same job, QUEUED, with attempt the last
@@ -231,6 +236,9 @@ func (req ReplayRequest) validate() (additional int, err error) {
 	if r := req.Reason; r != nil && utf8.RuneCountInString(*r) > maxReplayReason {
 		p.Add("reason", "must be at most %d characters", maxReplayReason)
 	}
+	if a := req.ExpectedAttempt; a != nil && (*a < 0 || *a > math.MaxInt32) {
+		p.Add("expectedAttempt", "must be the preview's attempt (0 or more)")
+	}
 	if h := req.ExpectedHandlerVersion; h != nil && !validToolPart(*h, maxToolVersion) {
 		p.Add("expectedHandlerVersion", "must be 1-100 characters without spaces or '@'")
 	}
@@ -283,6 +291,11 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 				return apierr.InvalidState("%s", j.refusal())
 			}
 			return apierr.InvalidState("Only an EXHAUSTED or CANCELLED step can be replayed; this one is %s.", j.status)
+		}
+		if a := req.ExpectedAttempt; a != nil && *a != int64(j.attempt) {
+			return apierr.InvalidState("The step has run since the attempt expected (%d): it is at attempt %d. "+
+				"Re-read the preview; if this is the retry of a replay whose answer was lost, that replay landed.",
+				*a, j.attempt).WithDetail("attempt", j.attempt)
 		}
 		if h := req.ExpectedHandlerVersion; h != nil && *h != j.version {
 			return apierr.Conflict(apierr.CodeVersionConflict,

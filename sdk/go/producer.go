@@ -398,6 +398,10 @@ type ReplayOptions struct {
 	TargetContractVersion    int    `json:"targetContractVersion,omitempty"` // upgrade target
 	ExpectedHandlerVersion   string `json:"expectedHandlerVersion,omitempty"`
 	AcknowledgeVersionChange bool   `json:"acknowledgeVersionChange,omitempty"`
+	// ExpectedAttempt is the preview's Attempt: a replay of a step that has
+	// run since (a retry of a replay that landed and ran) is refused 409
+	// invalid_state instead of running the job once more. nil checks nothing.
+	ExpectedAttempt *int `json:"expectedAttempt,omitempty"`
 }
 
 // ReplayResult is the answer to a replay: the same job, QUEUED again.
