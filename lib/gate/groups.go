@@ -617,14 +617,30 @@ func (s *Service) beginInTx(ctx context.Context, in *beginInput, w *wallet) (Dec
 		return err
 	})
 	if db.ConstraintName(err) == "effects_compensates_idx" {
-		return Decision{}, errAlreadyCompensated()
+		// A concurrent begin's compensation committed first: name it.
+		if taken := s.alreadyCompensated(ctx, s.pool, *in.compensates); taken != nil {
+			return Decision{}, taken
+		}
 	}
 	return d, err
 }
 
-func errAlreadyCompensated() error {
-	return apierr.InvalidState("That step already has a compensating effect; " +
-		"begin it again with the idempotency key it was begun with (the unwind plan suggests it).")
+// alreadyCompensated is the refusal of a second compensating effect for a
+// step: it names the one the step has (detail.compensating_effect_id; the
+// caller may see the step, so its compensation too), whose key a retry
+// should use. It answers nil when the step has none.
+func (s *Service) alreadyCompensated(ctx context.Context, q querier, stepID string) error {
+	var id string
+	err := q.QueryRow(ctx, sqlCompensationOf, stepID).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("begin: the step's compensation: %w", err)
+	}
+	return apierr.InvalidState("That step already has a compensating effect; "+
+		"begin it again with the idempotency key it was begun with (the unwind plan suggests it).").
+		WithDetail("compensating_effect_id", id)
 }
 
 // matchesDeclared checks a compensating begin against the compensation its
@@ -740,12 +756,8 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 	if err := s.matchesDeclared(in, declared); err != nil {
 		// Another effect than the declared one: refused either way, but a
 		// step compensated already says so first, as the insert would.
-		var taken bool
-		if qerr := tx.QueryRow(ctx, sqlHasCompensation, *in.compensates).Scan(&taken); qerr != nil {
-			return fmt.Errorf("begin: compensation taken: %w", qerr)
-		}
-		if taken {
-			return errAlreadyCompensated()
+		if taken := s.alreadyCompensated(ctx, tx, *in.compensates); taken != nil {
+			return taken
 		}
 		return err
 	}

@@ -175,10 +175,17 @@ func TestUnwindPlanAndCompensation(t *testing.T) {
 		"effect_type": comp["effect_type"], "payload": comp["payload"], "cost_micros": 0,
 		"idempotency_key": "compensate:" + c, "compensates_effect_id": c})
 	require.Equal(t, "duplicate", d["decision"])
-	// Another key for an already compensated step is refused.
-	r = f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": "payment.refund",
-		"idempotency_key": "my-own-key:" + c, "compensates_effect_id": c})
-	errCode(t, r, http.StatusConflict, "invalid_state")
+	// Another key for an already compensated step is refused, naming the
+	// compensation it has (whose key a retry should use): whether its
+	// payload differs from the declared one or, being the same, meets the
+	// one-compensation index.
+	for _, payload := range []any{nil, comp["payload"]} {
+		r = f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": "payment.refund",
+			"idempotency_key": "my-own-key:" + c, "compensates_effect_id": c, "payload": payload, "cost_micros": 0})
+		errCode(t, r, http.StatusConflict, "invalid_state")
+		require.Equal(t, cc, r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["compensating_effect_id"],
+			"%s", r.Body)
+	}
 
 	u = f.unwind(g)
 	require.Equal(t, []string{b, a}, planIDs(u))
