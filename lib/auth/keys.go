@@ -143,9 +143,11 @@ func (s *Service) Verify(ctx context.Context, secret string) (*Principal, error)
 // Settling calls (a report, a heartbeat: they settle what a counted call
 // began) are counted in a bucket of their own, settleAllowance times the
 // key's limit and at least minSettlePerMinute: the calls that begin work
-// can never crowd out the reports that settle them (a refused report turns
-// an outcome its holder knows into an unknown one, and a refused job
-// heartbeat lapses a lease), while a flood of them is still bounded.
+// never use up what the reports that settle them need (a refused report
+// turns an outcome its holder knows into an unknown one, and a refused job
+// heartbeat lapses a lease), while a flood of them is still bounded. The
+// bucket is sized for agents; a worker key's heartbeats grow with its
+// running jobs (README: leave worker keys unlimited).
 const (
 	settleAllowance    = 10
 	minSettlePerMinute = 600

@@ -395,10 +395,9 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		if err != nil {
 			return fmt.Errorf("read policy: %w", err)
 		}
-		stale := req.ExpectedVersion != nil && *req.ExpectedVersion != p.Version
-		if stale && (*req.ExpectedVersion == 0 || *req.ExpectedVersion > p.Version) {
-			// 0 creates only what is not configured; a version never
-			// written is no retry of one that landed.
+		// API.md §5: expected_version, when sent, must equal the version,
+		// even for a PUT that would change nothing.
+		if req.ExpectedVersion != nil && *req.ExpectedVersion != p.Version {
 			return apierr.VersionConflict(p.Version)
 		}
 		before, err := json.Marshal(p)
@@ -410,16 +409,10 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		}
 		if after, err := json.Marshal(p); err == nil && p.Version > 0 && bytes.Equal(before, after) {
 			// Nothing changed (an empty body, or the values it has): no new
-			// version, as a repeated PUT must not make one (QA). Nor a
-			// conflict for an earlier version: it is what a retry of a PUT
-			// whose answer was lost expects, and the policy already says
-			// what it asks (retry-safety QA). A type's first PUT writes even
-			// so: it configures the type.
+			// version, as a repeated PUT must not make one (QA). A type's
+			// first PUT writes even so: it configures the type.
 			out = p
 			return nil
-		}
-		if stale {
-			return apierr.VersionConflict(p.Version)
 		}
 		out, err = s.writePolicy(ctx, tx, workspaceID, p, s.clock())
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -67,9 +67,10 @@ func TestPolicyPutMergesAndVersions(t *testing.T) {
 	require.EqualValues(t, 24, p["reconcile_every_hours"])
 	require.Equal(t, "deny", p["surge_action"])
 
-	// The first PUT sent again (its answer lost) finds what it asked for:
-	// answered as it is, not as a conflict (retry-safety QA).
-	require.EqualValues(t, 2, b.putPolicy("sms.send", map[string]any{"expected_version": 1, "lease_seconds": 30})["version"])
+	// A stale expected_version is a conflict even for a PUT that would
+	// change nothing (API.md §5: when sent, it must equal the version).
+	errCode(t, b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key, map[string]any{"expected_version": 1,
+		"lease_seconds": 30}), http.StatusConflict, "version_conflict")
 	r := b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key, map[string]any{"expected_version": 1, "mode": "deny"})
 	e := errCode(t, r, http.StatusConflict, "version_conflict")
 	require.EqualValues(t, 2, e["detail"].(map[string]any)["current_version"])

@@ -231,10 +231,9 @@ func TestEndpointPolicyValidation(t *testing.T) {
 		map[string]any{"expectedVersion": 2}).JSON()["version"])
 	require.Equal(t, ok["updatedAt"], e.Must(200, "GET", path, e.ws.Key, nil).JSON()["updatedAt"])
 
-	// The first update sent again (its answer lost) finds what it asked
-	// for: answered as it is, not as a conflict (retry-safety QA).
-	require.EqualValues(t, 2, e.Must(http.StatusOK, "PUT", path, e.ws.Key, custom(nil)).JSON()["version"])
-	// A stale update that would change something is a conflict.
+	// A stale expectedVersion is a conflict, even for an update that
+	// would change nothing (API.md §5: it must equal the version).
+	require.Equal(t, "version_conflict", put(custom(nil)).ErrorCode())
 	stale := put(custom(map[string]any{"maxAttempts": 7}))
 	require.Equal(t, http.StatusConflict, stale.Status)
 	require.Equal(t, "version_conflict", stale.ErrorCode())

@@ -648,6 +648,7 @@ func TestSettlingCallsAreNotRateLimited(t *testing.T) {
 		require.Equal(t, "settling", op(path)["x-rate-limit"], path)
 	}
 	require.NotContains(t, op("/api/v1/effects/begin"), "x-rate-limit")
+	require.Contains(t, op("/api/v1/effects/begin")["responses"], "429")
 }
 
 // A query parameter a route does not take, or one given twice, is refused

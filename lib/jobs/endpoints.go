@@ -352,16 +352,13 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 	if err := p.Err(); err != nil {
 		return Endpoint{}, err
 	}
-	if reflect.DeepEqual(pol, cur.current()) && req.ExpectedVersion.Value <= cur.Version {
-		// Nothing changed: no new version (QA: an empty update made one,
-		// and every other writer's read stale with it), and no conflict
-		// for an earlier version either: it is what a retry of an update
-		// whose answer was lost expects, and the policy already says what
-		// it asks (retry-safety QA).
-		return cur, nil
-	}
 	if req.ExpectedVersion.Value != cur.Version {
 		return Endpoint{}, versionConflict(cur.Version)
+	}
+	if reflect.DeepEqual(pol, cur.current()) {
+		// Nothing changed: no new version (QA: an empty update made one,
+		// and every other writer's read stale with it).
+		return cur, nil
 	}
 	var (
 		e   Endpoint

@@ -166,20 +166,21 @@ func (s *Service) List(ctx context.Context, workspaceID, cursor string, limit in
 func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, error) {
 	var w Webhook
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `WITH del AS (
-			UPDATE webhooks SET deleted_at = $3
-			WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NULL
-			RETURNING id, url, events, created_at)
-			SELECT * FROM del
-			UNION ALL
-			SELECT id, url, events, created_at FROM webhooks
-			WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM del)`,
-			id, workspaceID, s.now())
+		// Locked first, in a statement of its own: a DELETE that waited
+		// for a concurrent one reads the row as that one left it, and
+		// answers it (review: in one statement its snapshot still showed
+		// the row live, and it answered 404).
+		rows, err := tx.Query(ctx, `SELECT id, url, events, created_at FROM webhooks
+			WHERE id = $1 AND workspace_id = $2 FOR UPDATE`, id, workspaceID)
 		if err != nil {
 			return fmt.Errorf("delete webhook: %w", err)
 		}
 		if w, err = pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Webhook]); err != nil {
 			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE webhooks SET deleted_at = $2 WHERE id = $1 AND deleted_at IS NULL`,
+			id, s.now()); err != nil {
+			return fmt.Errorf("delete webhook: %w", err)
 		}
 		if _, err := tx.Exec(ctx, `UPDATE webhook_deliveries SET state = 'failed', last_error = 'webhook deleted'
 			WHERE webhook_id = $1 AND state = 'pending'`, id); err != nil {

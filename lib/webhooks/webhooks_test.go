@@ -122,6 +122,19 @@ func TestCreateValidatesAndShowsSecretOnce(t *testing.T) {
 	// subscription, as a key's DELETE does; to another workspace it is
 	// still unknown; and it is gone from the list.
 	require.Equal(t, first, env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil).JSON())
+	// Concurrent deletes all answer it (review: one that waited for another
+	// answered 404).
+	for range 5 {
+		id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+			map[string]any{"url": "https://example.com/race", "events": []string{"circuit.tripped"}}).JSON()["id"].(string)
+		statuses := make(chan int, 4)
+		for range 4 {
+			go func() { statuses <- env.Do("DELETE", "/api/v1/webhooks/"+id, ws.Key, nil).Status }()
+		}
+		for range 4 {
+			require.Equal(t, http.StatusOK, <-statuses)
+		}
+	}
 	require.Equal(t, http.StatusNotFound, env.Do("DELETE", "/api/v1/webhooks/"+id, other.Key, nil).Status)
 	require.NotContains(t, string(env.Must(http.StatusOK, "GET", "/api/v1/webhooks", ws.Key, nil).Body), id)
 }
@@ -615,7 +628,7 @@ func TestADeleteAbandonsAFanOutStillInFlight(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var waiting bool
 		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%UPDATE webhooks SET deleted_at%')`).Scan(&waiting))
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%FROM webhooks%FOR UPDATE%')`).Scan(&waiting))
 		return waiting
 	}, 10*time.Second, 5*time.Millisecond, "the delete waits for the fan-out")
 	require.NoError(t, tx.Commit(ctx))
