@@ -150,18 +150,21 @@ func (s *Service) CreateGroup(ctx context.Context, p *auth.Principal, req Create
 	if !errors.Is(err, pgx.ErrNoRows) || req.IdempotencyKey == nil {
 		return Group{}, fmt.Errorf("create group: %w", err) // only a key's conflict answers no row
 	}
-	var visible bool
+	var (
+		id, opened string
+		visible    bool
+	)
 	err = s.pool.QueryRow(ctx, sqlGroupByKey, p.WorkspaceID, *req.IdempotencyKey, groupOwner(p)).Scan(
-		append(groupDest(&g), &visible)...)
+		&id, &opened, &visible)
 	if err != nil {
 		return Group{}, fmt.Errorf("create group: read the key's group: %w", err)
 	}
-	if !visible || g.Name != name {
+	if !visible || opened != name {
 		// Another key's group is not shown to a key that sees only its own.
 		return Group{}, apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
 			"This idempotency key opened another group; choose a key of your own.")
 	}
-	g, err = s.GetGroup(ctx, p, g.ID)
+	g, err = s.GetGroup(ctx, p, id)
 	dup := true
 	g.Deduplicated = &dup
 	return g, err
@@ -169,14 +172,9 @@ func (s *Service) CreateGroup(ctx context.Context, p *auth.Principal, req Create
 
 func scanGroup(row pgx.Row) (Group, error) {
 	var g Group
-	err := row.Scan(groupDest(&g)...)
+	err := row.Scan(&g.ID, &g.Name, &g.State, &g.CreatedAt, &g.UpdatedAt, &g.CommittedAt, &g.UnwindStartedAt,
+		&g.FinishedAt, &g.IdempotencyKey)
 	return g, err
-}
-
-// groupDest is where groupCols scan to.
-func groupDest(g *Group) []any {
-	return []any{&g.ID, &g.Name, &g.State, &g.CreatedAt, &g.UpdatedAt, &g.CommittedAt, &g.UnwindStartedAt,
-		&g.FinishedAt, &g.IdempotencyKey}
 }
 
 // groupOwner is the key a group must have been created by for p to see it,

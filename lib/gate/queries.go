@@ -411,9 +411,10 @@ VALUES ($1, $2, $3, 'open', $4, $5, $5, $6)
 ON CONFLICT (workspace_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING ` + groupCols
 
-// sqlGroupByKey is the group workspace $1 opened under idempotency key $2,
-// and whether key $3 may see it (NULL: any key may; see groupOwner).
-const sqlGroupByKey = `SELECT ` + groupCols + `, ($3::text IS NULL OR created_by_key_id = $3::text)
+// sqlGroupByKey is the id and name of the group workspace $1 opened under
+// idempotency key $2, and whether key $3 may see it (NULL: any key may; see
+// groupOwner).
+const sqlGroupByKey = `SELECT id, name, ($3::text IS NULL OR created_by_key_id = $3::text)
 FROM effect_groups WHERE workspace_id = $1 AND idempotency_key = $2`
 
 // sqlGetGroup: $1 id, $2 workspace, $3 the key that must have created it

@@ -345,7 +345,7 @@ func mustSend(t reflect.Type) map[string]bool {
 	out := map[string]bool{}
 	for i := range t.NumField() {
 		f := t.Field(i)
-		if slices.Contains(strings.Split(f.Tag.Get("openapi"), ","), "required") {
+		if _, ok := OpenAPIRules(f)["required"]; ok {
 			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 			out[name] = true
 		}
@@ -384,10 +384,10 @@ func constrain(t reflect.Type, s *jsonschema.Schema) {
 		if p == nil || !f.IsExported() {
 			continue
 		}
-		if tag := f.Tag.Get("openapi"); tag != "" {
+		if rules := OpenAPIRules(f); len(rules) > 0 {
 			c := *p // inference may share one schema between fields of a type
-			for _, rule := range strings.Split(tag, ",") {
-				applyRule(&c, rule)
+			for key, val := range rules {
+				applyRule(&c, key, val)
 			}
 			s.Properties[name], p = &c, &c
 		}
@@ -395,13 +395,27 @@ func constrain(t reflect.Type, s *jsonschema.Schema) {
 	}
 }
 
+// OpenAPIRules reads a struct field's openapi tag: rule → value ("" for a
+// bare rule such as required). Tests hold each rule to its handler's check.
+func OpenAPIRules(f reflect.StructField) map[string]string {
+	tag := f.Tag.Get("openapi")
+	if tag == "" {
+		return nil
+	}
+	out := map[string]string{}
+	for _, rule := range strings.Split(tag, ",") {
+		key, val, _ := strings.Cut(rule, "=")
+		out[key] = val
+	}
+	return out
+}
+
 // applyRule sets one openapi tag rule on s; "required" is mustSend's.
-func applyRule(s *jsonschema.Schema, rule string) {
-	key, val, _ := strings.Cut(rule, "=")
+func applyRule(s *jsonschema.Schema, key, val string) {
 	num := func() *float64 {
 		f, err := strconv.ParseFloat(val, 64)
 		if err != nil {
-			panic(fmt.Sprintf("openapi tag %q: %v", rule, err))
+			panic(fmt.Sprintf("openapi tag %s=%q: %v", key, val, err))
 		}
 		return &f
 	}
@@ -427,7 +441,7 @@ func applyRule(s *jsonschema.Schema, rule string) {
 	case "pattern":
 		s.Pattern = val
 	default:
-		panic(fmt.Sprintf("openapi tag: unknown rule %q", rule))
+		panic(fmt.Sprintf("openapi tag: unknown rule %q", key))
 	}
 }
 

@@ -275,8 +275,9 @@ func textParams(r *http.Request, pattern string, pathParams []string) error {
 // parameter there asks for nothing.
 func knownQuery(r *http.Request, route *Route) error {
 	var p apierr.Problems
+	pathParams := route.PathParams()
 	for name, values := range r.URL.Query() {
-		isPath := slices.Contains(route.PathParams(), name)
+		isPath := slices.Contains(pathParams, name)
 		switch {
 		case !isPath && !slices.ContainsFunc(route.Query, func(q Param) bool { return q.Name == name }):
 			p.Add(strings.ToValidUTF8(name, "\uFFFD"), "is not a query parameter of this route")

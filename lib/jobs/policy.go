@@ -26,10 +26,14 @@ const (
 	DefaultTimeoutMs = 30_000
 	// MaxEnqueueDelayMs bounds an enqueue's delayMs: 30 days.
 	MaxEnqueueDelayMs = 2_592_000_000
-	MaxMultiplier     = 10
-	MaxJitterPercent  = 100
-	MaxConcurrentMax  = 1000
-	RateLimitMax      = 100_000
+	// A claim leases at most MaxClaimLimit jobs and waits at most
+	// MaxClaimWaitSeconds for one (API.md §3.1).
+	MaxClaimLimit       = 100
+	MaxClaimWaitSeconds = 20
+	MaxMultiplier       = 10
+	MaxJitterPercent    = 100
+	MaxConcurrentMax    = 1000
+	RateLimitMax        = 100_000
 	// The endpoint circuit breaker (migration 0018).
 	CircuitThresholdMax      = 1000
 	MinCircuitCooldownMs     = 1_000

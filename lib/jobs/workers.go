@@ -121,14 +121,14 @@ func (s *Service) Claim(ctx context.Context, p *auth.Principal, workerID string,
 	limit, wait := 1, 0
 	if req.Limit != nil {
 		limit = *req.Limit
-		if limit < 1 || limit > 100 {
-			pr.Add("limit", "must be an integer from 1 to 100")
+		if limit < 1 || limit > MaxClaimLimit {
+			pr.Add("limit", "must be an integer from 1 to %d", MaxClaimLimit)
 		}
 	}
 	if req.WaitSeconds != nil {
 		wait = *req.WaitSeconds
-		if wait < 0 || wait > 20 {
-			pr.Add("waitSeconds", "must be an integer from 0 to 20")
+		if wait < 0 || wait > MaxClaimWaitSeconds {
+			pr.Add("waitSeconds", "must be an integer from 0 to %d", MaxClaimWaitSeconds)
 		}
 	}
 	if err := pr.Err(); err != nil {
@@ -361,38 +361,38 @@ type ReportResult struct {
 const maxErrorMessage = 2000
 
 // validate checks a report, prefixing fields with prefix (for batches).
-func (r ReportRequest) validate(prefix string, p *apierr.Problems) {
+func (r ReportRequest) validate(p *apierr.Problems) {
 	if r.LeaseToken == "" {
-		p.Add(prefix+"leaseToken", "is required")
+		p.Add("leaseToken", "is required")
 	}
 	hasOutput := len(bytes.TrimSpace(r.Output)) > 0 && !bytes.Equal(bytes.TrimSpace(r.Output), []byte("null"))
 	switch r.Status {
 	case StatusSucceeded:
 		switch {
 		case r.Error != nil && r.Error.RetryAfterMs != nil:
-			p.Add(prefix+"error.retryAfterMs", "is refused with a successful result")
+			p.Add("error.retryAfterMs", "is refused with a successful result")
 		case r.Error != nil:
-			p.Add(prefix+"error", "is only allowed with status FAILED")
+			p.Add("error", "is only allowed with status FAILED")
 		}
-	case "FAILED":
+	case OutcomeFailed:
 		if hasOutput {
-			p.Add(prefix+"output", "is only allowed with status SUCCEEDED")
+			p.Add("output", "is only allowed with status SUCCEEDED")
 		}
 		if e := r.Error; e != nil {
 			if utf8.RuneCountInString(e.Message) > maxErrorMessage {
-				p.Add(prefix+"error.message", "must be at most %d characters", maxErrorMessage)
+				p.Add("error.message", "must be at most %d characters", maxErrorMessage)
 			}
 			if e.RetryAfterMs != nil {
 				switch {
 				case e.Retryable != nil && !*e.Retryable:
-					p.Add(prefix+"error.retryAfterMs", "is refused with retryable: false")
+					p.Add("error.retryAfterMs", "is refused with retryable: false")
 				case *e.RetryAfterMs < MinRetryAfterMs || *e.RetryAfterMs > MaxRetryAfterMs:
-					p.Add(prefix+"error.retryAfterMs", "must be an integer from 1000 to 86400000")
+					p.Add("error.retryAfterMs", "must be an integer from 1000 to 86400000")
 				}
 			}
 		}
 	default:
-		p.Add(prefix+"status", "must be SUCCEEDED or FAILED")
+		p.Add("status", "must be SUCCEEDED or FAILED")
 	}
 }
 
@@ -400,7 +400,7 @@ func (r ReportRequest) validate(prefix string, p *apierr.Problems) {
 // restricted to some tools may report only their jobs.
 func (s *Service) Report(ctx context.Context, p *auth.Principal, jobID string, req ReportRequest) (ReportResult, error) {
 	var pr apierr.Problems
-	req.validate("", &pr)
+	req.validate(&pr)
 	if err := pr.Err(); err != nil {
 		return ReportResult{}, err
 	}
@@ -495,13 +495,14 @@ func (s *Service) ReportBatch(ctx context.Context, p *auth.Principal, req BatchR
 		if seen[r.JobID] {
 			pr.Add("jobId", "appears twice in the batch (the first valid report of it is the one applied)")
 		}
-		r.report().validate("", &pr)
+		report := r.report()
+		report.validate(&pr)
 		if err := pr.Err(); err != nil {
 			out.Results[i] = refusedInBatch(r.JobID, err)
 			continue
 		}
 		seen[r.JobID] = true // only a report that is applied takes the job
-		items = append(items, reportItem{jobID: r.JobID, req: r.report()})
+		items = append(items, reportItem{jobID: r.JobID, req: report})
 		slots = append(slots, i)
 	}
 	if len(items) == 0 {

@@ -1,0 +1,106 @@
+package gate_test
+
+import (
+	"fmt"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/gate"
+	"github.com/getratchet/ratchet/lib/httpapi"
+)
+
+// jsonName is a struct field's JSON name.
+func jsonName(f reflect.StructField) string {
+	name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+	return name
+}
+
+// The openapi tags of a policy PUT restate the bounds its handler checks:
+// each is held to the handler here (the tag's bounds and values accepted,
+// one past a bound or another word refused), so neither drifts from the
+// other without a failing test.
+func TestPolicyOpenAPITagsAgreeWithTheHandler(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	typ := reflect.TypeFor[gate.PutPolicyRequest]()
+	checked := 0
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		rules, name := httpapi.OpenAPIRules(f), jsonName(f)
+		effectType := "tags." + strings.ReplaceAll(name, "_", "-")
+		for _, bound := range []string{"min", "max"} {
+			v, ok := rules[bound]
+			if !ok {
+				continue
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			require.NoError(t, err, name)
+			past := n - 1
+			if bound == "max" {
+				past = n + 1
+			}
+			b.putPolicy(effectType, map[string]any{name: n})
+			require.Equal(t, []string{name}, validationFields(t, b.env.Do("PUT", "/api/v1/policies/"+effectType,
+				b.ws.Key, map[string]any{name: past})), "%s %s", name, bound)
+			checked++
+		}
+		if values, ok := rules["enum"]; ok {
+			for _, v := range strings.Split(values, "|") {
+				b.putPolicy(effectType, map[string]any{name: v})
+			}
+			require.Equal(t, []string{name}, validationFields(t, b.env.Do("PUT", "/api/v1/policies/"+effectType,
+				b.ws.Key, map[string]any{name: "other"})), name)
+			checked++
+		}
+	}
+	require.Greater(t, checked, 20, "the policy's bounds are tagged")
+
+	// The policy as answered carries the same tags as the PUT that sets it.
+	answered := reflect.TypeFor[gate.Policy]()
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		if a, ok := answered.FieldByName(f.Name); ok {
+			require.Equal(t, httpapi.OpenAPIRules(f), httpapi.OpenAPIRules(a), f.Name)
+		}
+	}
+}
+
+// The effect type's tag (pattern and length) admits exactly what begin
+// admits, and the key's and cost's bounds are begin's.
+func TestBeginOpenAPITagsAgreeWithTheHandler(t *testing.T) {
+	t.Parallel()
+	field := func(name string) map[string]string {
+		f, ok := reflect.TypeFor[gate.BeginRequest]().FieldByName(name)
+		require.True(t, ok, name)
+		return httpapi.OpenAPIRules(f)
+	}
+	et := field("EffectType")
+	pattern := regexp.MustCompile(et["pattern"])
+	maxLen, err := strconv.Atoi(et["maxLength"])
+	require.NoError(t, err)
+	for _, s := range []string{"email.send", "a", "A9:_-.", ".x", "-x", "a b", "é", "", strings.Repeat("a", 100),
+		strings.Repeat("a", 101), "a/b"} {
+		tagged := pattern.MatchString(s) && len([]rune(s)) <= maxLen
+		require.Equal(t, gate.ValidEffectType(s), tagged, "%q", s)
+	}
+	comp, ok := reflect.TypeFor[gate.Compensation]().FieldByName("EffectType")
+	require.True(t, ok)
+	require.Equal(t, et, httpapi.OpenAPIRules(comp))
+
+	b := setup(t)
+	key := field("IdempotencyKey")
+	cost := field("CostMicros")
+	longest, _ := strconv.Atoi(key["maxLength"])
+	most, _ := strconv.ParseInt(cost["max"], 10, 64)
+	b.mustBegin("execute", map[string]any{"effect_type": "tags.begin", "idempotency_key": strings.Repeat("k", longest),
+		"cost_micros": most})
+	require.ElementsMatch(t, []string{"cost_micros", "idempotency_key"}, validationFields(t, b.env.Do("POST",
+		"/api/v1/effects/begin", b.ws.Key, map[string]any{"effect_type": "tags.begin",
+			"idempotency_key": strings.Repeat("k", longest+1), "cost_micros": most + 1})))
+	require.Equal(t, "0", cost["min"], fmt.Sprint(cost))
+}
