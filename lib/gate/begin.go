@@ -828,6 +828,7 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 		}
 	}
 	before := *row
+	probe := wasIndeterminate && ev.onIndeterminate == OnIndeterminateProbe
 	approved := row.ApprovalState != nil && *row.ApprovalState == "approved"
 	if approved && ev.fresh == "approval" {
 		var err error
@@ -868,13 +869,14 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 		}
 		return Decision{Decision: DecisionApprovalRequired, EffectID: out.ID, State: out.State,
 			Attempt: out.Attempt, ApprovalID: in.approvalID}, nil
-	case in.risk.refused != nil:
+	case in.risk.refused != nil && !probe:
+		// A probe charges no ceiling and no wallet (sqlGrant): what refused
+		// the begin's cost does not refuse it.
 		code = in.risk.refused.Code
 	default:
 		if err := admitCompensationGrant(ctx, tx, row); err != nil {
 			return Decision{}, err
 		}
-		probe := wasIndeterminate && ev.onIndeterminate == OnIndeterminateProbe
 		if in.requestID != "" {
 			in.token = s.leaseToken(in, row.ID, row.Attempt+1) // the attempt sqlGrant begins
 			in.tokenHash = tokenHash(in.token)

@@ -195,7 +195,12 @@ const sqlBeginLocked = `SELECT * FROM gate_begin_locked($1::text, $2::text, $3::
     $6::int, $7::text, $8::timestamptz)`
 
 // sqlGrant starts a new attempt on a locked effect and charges its ceilings
-// (gate_refuse aborts it when one does not fit).
+// (gate_refuse aborts it when one does not fit). A probe is charged nothing:
+// the unknown attempt it checks kept its charge, and the probe protocol
+// lets at most one of the two act (its holder reports what it found, or
+// acts because nothing was done), so charging both counted one action twice
+// and refused a probe whose cost did not fit beside the earlier charge,
+// leaving the key unsettled behind a budget it would not have exceeded.
 // $1 effect id, $2 now, $3 token hash, $4 lease seconds, $5 probe, $6 key id,
 // $7 the key's daily spend ceiling.
 var sqlGrant = `
@@ -210,6 +215,7 @@ WITH e AS (
         e.dimensions AS dims, p.daily_budget_micros, coalesce(p.dimension_limits, '{}') AS dimension_limits,
         ` + utcDay("$2") + ` AS day
     FROM e LEFT JOIN gate_policies p ON p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type
+    WHERE NOT $5::boolean
 ),` + chargeCTEs("grant_src") + `,
 a AS (
     INSERT INTO effect_attempts (effect_id, attempt, workspace_id, lease_token_hash, probe, started_at,

@@ -327,21 +327,20 @@ func TestConcurrentSettlementsReleaseOnce(t *testing.T) {
 	require.EqualValues(t, 0, spent)
 }
 
-// A failed probe gives back its own charges and those of the attempt it
-// settles in one statement, locking the counters in one order, as a grant
-// does (review: two statements could lock a counter that sorts before one
-// already held, and deadlocked against a grant by a capped key). Not
-// parallel: it waits for any lock wait in the database.
+// A failed probe gives back the charges of the attempts it settles in one
+// statement, locking the counters in one order, as a grant does (review:
+// two statements could lock a counter that sorts before one already held,
+// and deadlocked against a grant by a capped key). Not parallel: it waits
+// for any lock wait in the database.
 func TestAFailedProbeReleasesInOneLockOrder(t *testing.T) {
 	b := setup(t)
 	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe", "daily_budget_micros": 100000})
 	agent := b.env.Key(b.ws, map[string]any{"name": "capped", "preset": "AGENT", "daily_spend_ceiling_micros": 100000})
 	body := charge(key("p"), 600)
-	b.mustBegin("execute", body) // admin key: charges {type:api.call}
-	b.clock.Add(2 * time.Minute)
-	r := b.env.Do("POST", "/api/v1/effects/begin", agent, body) // probe by agent: {key:..., type:api.call}
+	r := b.env.Do("POST", "/api/v1/effects/begin", agent, body) // agent: charges {key:..., type:api.call}
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
-	d2 := r.JSON()
+	b.clock.Add(2 * time.Minute)
+	d2 := b.mustBegin("execute", body) // a probe (charged nothing) by the admin key
 	require.Equal(t, true, d2["probe"])
 
 	ctx := context.Background()
@@ -364,16 +363,19 @@ func TestAFailedProbeReleasesInOneLockOrder(t *testing.T) {
 			done <- 200
 		}
 	}()
-	// wait for the report to block on the key counter (it holds type:api.call)
-	for i := 0; i < 100; i++ {
+	// wait for the report to block on the key counter (in one lock order
+	// it holds nothing yet; in another it would hold type:api.call)
+	waited := false
+	for i := 0; i < 250 && !waited; i++ {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
 			AND datname = current_database()`).Scan(&n))
-		if n > 0 {
-			break
+		waited = n > 0
+		if !waited {
+			time.Sleep(20 * time.Millisecond)
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
+	require.True(t, waited, "the report never waited on the key counter")
 	_, errA := txA.Exec(ctx, `UPDATE gate_spend SET micros = micros WHERE scope = 'type:api.call'`)
 	txA.Rollback(ctx)
 	status := <-done
@@ -438,4 +440,69 @@ func TestAResolvedAttemptSettlesTheUnknownOnesBeforeIt(t *testing.T) {
 	d3 := b.mustBegin("execute", body)
 	e := b.report(id, str(d3["lease_token"]), "failed", nil).JSON()
 	require.Equal(t, "failed", e["state"], "the operator settled the effect; attempt 1 still reads unknown")
+}
+
+// A probe is charged nothing: the unknown attempt it checks keeps its
+// charge, and at most one of the two acts (the probe's holder reports what
+// it found at the vendor, or acts because nothing was done). Charging both
+// counted one action twice, and refused a probe whose cost did not fit
+// beside the earlier charge, so the key could never be settled by its
+// caller under a tight budget (closing notes of sessions 15 and 16).
+func TestAProbeIsNotChargedAgainOnTheDailyCeilings(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe", "daily_budget_micros": 1000})
+	body := charge(key("p"), 600)
+	b.mustBegin("execute", body)
+	b.clock.Add(2 * time.Minute) // the lease lapses: the outcome is unknown
+	d2 := b.mustBegin("execute", body)
+	require.Equal(t, true, d2["probe"], "600 beside the unknown attempt's 600 would exceed 1000")
+	b.clock.Add(2 * time.Minute) // the probe lapses too
+	d3 := b.mustBegin("execute", body)
+	require.Equal(t, true, d3["probe"])
+	require.EqualValues(t, 3, d3["attempt"])
+	e := b.report(str(d3["effect_id"]), str(d3["lease_token"]), "succeeded", map[string]any{"found": true}).JSON()
+	require.Equal(t, "succeeded", e["state"])
+
+	// One action was counted: 400 fits beside it, 401 does not.
+	b.denialOf("budget_exceeded", charge(key("over"), 401))
+	b.mustBegin("execute", charge(key("fits"), 400))
+}
+
+// A run's wallet counts a probed effect once, as the daily ceilings do.
+func TestRunWalletCountsAProbedEffectOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe"})
+	run := b.runWith(1000)
+	body := inRun(run, charge(key("p"), 700))
+	b.mustBegin("execute", body)
+	b.clock.Add(2 * time.Minute)
+	d2 := b.mustBegin("execute", body)
+	require.Equal(t, true, d2["probe"], "the wallet's 300 left does not refuse a probe")
+	require.Equal(t, 700, b.spent(run))
+	require.Equal(t, http.StatusOK, b.report(str(d2["effect_id"]), str(d2["lease_token"]), "succeeded", nil).Status)
+	require.Equal(t, 700, b.spent(run))
+	b.denialOf("run_budget_exceeded", inRun(run, charge(key("over"), 301)))
+	b.mustBegin("execute", inRun(run, charge(key("fits"), 300)))
+}
+
+// A probe reported failed settles the attempt it checked as failed: the
+// wallet gets the effect's whole cost back, and a fresh attempt after it
+// is charged again (it is no probe: nothing is unknown any more).
+func TestRunWalletAfterAFailedProbe(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe"})
+	run := b.runWith(1000)
+	body := inRun(run, charge(key("p"), 700))
+	b.mustBegin("execute", body)
+	b.clock.Add(2 * time.Minute)
+	d2 := b.mustBegin("execute", body)
+	require.Equal(t, true, d2["probe"])
+	require.Equal(t, "failed", b.report(str(d2["effect_id"]), str(d2["lease_token"]), "failed", nil).JSON()["state"])
+	require.Equal(t, 0, b.spent(run))
+	d3 := b.mustBegin("execute", body)
+	require.Equal(t, false, d3["probe"])
+	require.Equal(t, 700, b.spent(run))
 }

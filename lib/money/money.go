@@ -33,9 +33,14 @@ func RunSpendSQL(ws, run string) string {
     + coalesce((SELECT sum(r.micros) FROM run_retired_spend r WHERE r.run_id = ` + run + `), 0))::bigint`
 }
 
-// spendingAttempt is true of an attempt (alias a) a wallet counts: granted
-// and not known to have failed.
-const spendingAttempt = `a.outcome IS DISTINCT FROM 'failed'`
+// spendingAttempt is true of an attempt (alias a) a wallet counts: granted,
+// not known to have failed, and not a probe. A probe is granted only after
+// an attempt whose outcome is unknown, which keeps counting until it is
+// known to have failed (a probe reported failed, or a resolution, settles
+// it so, and the probe with it); of the two at most one acted, so the
+// probe adds nothing, as it adds nothing to the daily ceilings (lib/gate,
+// sqlGrant).
+const spendingAttempt = `a.outcome IS DISTINCT FROM 'failed' AND NOT a.probe`
 
 // walletEffect is true of an effect (alias x) a run's wallet pays for: any
 // but a compensating one. A rollback's refund counted as the run's spend,
