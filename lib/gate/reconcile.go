@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -99,8 +100,11 @@ type Reconciliation struct {
 	Unsettled        []ReconcileItem `json:"unsettled"`
 }
 
+// parseInstant reads an RFC 3339 timestamp. RFC 3339 (§5.6) lets "T" and
+// "Z" be lower case, which Go's layout does not; no other letter is valid,
+// so upper-casing the whole value changes nothing else.
 func parseInstant(pr *apierr.Problems, field, v string) time.Time {
-	t, err := time.Parse(time.RFC3339Nano, v)
+	t, err := time.Parse(time.RFC3339Nano, strings.ToUpper(v))
 	if err != nil {
 		pr.Add(field, "must be an RFC 3339 timestamp")
 	}

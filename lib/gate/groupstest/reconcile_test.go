@@ -249,6 +249,13 @@ func TestReconcileValidationAndScope(t *testing.T) {
 	require.Equal(t, []any{"reconcile:write"}, r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["required"])
 	rec := f.env.Key(f.ws, map[string]any{"name": "rec", "scopes": []string{"reconcile:write"}})
 	f.env.Must(http.StatusOK, "POST", "/api/v1/reconcile", rec, ok())
+
+	// RFC 3339 lets "T" and "Z" be lower case (§5.6).
+	lower := ok()
+	lower["from"], lower["to"] = strings.ToLower(rfc(now.Add(-time.Hour))), strings.ToLower(rfc(now))
+	got := f.env.Must(http.StatusOK, "POST", "/api/v1/reconcile", rec, lower).JSON()
+	require.Equal(t, rfc(now.Add(-time.Hour)), got["from"])
+	require.Equal(t, rfc(now), got["to"])
 }
 
 // TestReconciliationReminders sweeps, so it is not parallel (see
