@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/gate"
-	"github.com/getratchet/ratchet/lib/httpapi"
+	"github.com/getratchet/ratchet/lib/schematags"
 )
 
 // jsonName is a struct field's JSON name.
@@ -31,7 +31,7 @@ func TestPolicyOpenAPITagsAgreeWithTheHandler(t *testing.T) {
 	checked := 0
 	for i := range typ.NumField() {
 		f := typ.Field(i)
-		rules, name := httpapi.OpenAPIRules(f), jsonName(f)
+		rules, name := schematags.Rules(f), jsonName(f)
 		effectType := "tags." + strings.ReplaceAll(name, "_", "-")
 		for _, bound := range []string{"min", "max"} {
 			v, ok := rules[bound]
@@ -65,7 +65,7 @@ func TestPolicyOpenAPITagsAgreeWithTheHandler(t *testing.T) {
 	for i := range typ.NumField() {
 		f := typ.Field(i)
 		if a, ok := answered.FieldByName(f.Name); ok {
-			require.Equal(t, httpapi.OpenAPIRules(f), httpapi.OpenAPIRules(a), f.Name)
+			require.Equal(t, schematags.Rules(f), schematags.Rules(a), f.Name)
 		}
 	}
 }
@@ -77,7 +77,7 @@ func TestBeginOpenAPITagsAgreeWithTheHandler(t *testing.T) {
 	field := func(name string) map[string]string {
 		f, ok := reflect.TypeFor[gate.BeginRequest]().FieldByName(name)
 		require.True(t, ok, name)
-		return httpapi.OpenAPIRules(f)
+		return schematags.Rules(f)
 	}
 	et := field("EffectType")
 	pattern := regexp.MustCompile(et["pattern"])
@@ -90,7 +90,7 @@ func TestBeginOpenAPITagsAgreeWithTheHandler(t *testing.T) {
 	}
 	comp, ok := reflect.TypeFor[gate.Compensation]().FieldByName("EffectType")
 	require.True(t, ok)
-	require.Equal(t, et, httpapi.OpenAPIRules(comp))
+	require.Equal(t, et, schematags.Rules(comp))
 
 	b := setup(t)
 	key := field("IdempotencyKey")

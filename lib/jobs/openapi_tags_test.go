@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/jobs"
+	"github.com/getratchet/ratchet/lib/schematags"
 )
 
 // The openapi tags of the worker protocol's requests restate the bounds
@@ -19,7 +19,7 @@ func TestWorkerOpenAPITagsAreTheHandlersBounds(t *testing.T) {
 	rules := func(v any, field string) map[string]string {
 		f, ok := reflect.TypeOf(v).FieldByName(field)
 		require.True(t, ok, field)
-		return httpapi.OpenAPIRules(f)
+		return schematags.Rules(f)
 	}
 	require.Equal(t, map[string]string{"min": "1", "max": fmt.Sprint(jobs.MaxClaimLimit)},
 		rules(jobs.ClaimRequest{}, "Limit"))

@@ -10,6 +10,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/jsonstrict"
 	"github.com/getratchet/ratchet/lib/mcpserver"
+	"github.com/getratchet/ratchet/lib/schematags"
 )
 
 func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
@@ -140,6 +142,17 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 		{"ratchet_list_effects", map[string]any{"limit": 201}, "limit"},
 		{"ratchet_list_approvals", map[string]any{"limit": 0}, "limit"},
 		{"ratchet_decide_approval", map[string]any{"approval_id": "apr_x", "decision": "REJECT"}, "decision"},
+		// The bounds of the REST body's openapi tags (session 16's note:
+		// the tools' schemas did not carry them).
+		{"ratchet_begin", map[string]any{"effect_type": "a b", "idempotency_key": "k"}, "effect_type"},
+		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": strings.Repeat("k", 256)}, "idempotency_key"},
+		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k", "cost_micros": -1}, "cost_micros"},
+		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k", "lease_seconds": 0}, "lease_seconds"},
+		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k",
+			"compensation": map[string]any{"effect_type": "-refund"}}, "compensation.effect_type"},
+		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k",
+			"compensation": map[string]any{}}, "compensation.effect_type"},
+		{"ratchet_resolve", map[string]any{"effect_id": "eff_x", "outcome": "failed", "note": strings.Repeat("n", 2001)}, "note"},
 	} {
 		body, isErr := callJSON(t, cs, c.tool, c.args)
 		require.True(t, isErr, "%s %v", c.tool, c.args)
@@ -157,6 +170,34 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 	require.Equal(t, []any{"pending", "approved", "rejected", nil}, prop("ratchet_list_approvals", "state", "enum"))
 	require.EqualValues(t, 200, prop("ratchet_list_effects", "limit", "maximum"))
 	require.EqualValues(t, 1, prop("ratchet_get_effect", "effect_id", "minLength"))
+	// They are the REST body's: the tags the OpenAPI document shows.
+	for _, c := range []struct {
+		tool, arg string
+		rest      reflect.Type
+		field     string
+	}{
+		{"ratchet_begin", "effect_type", reflect.TypeFor[gate.BeginRequest](), "EffectType"},
+		{"ratchet_begin", "idempotency_key", reflect.TypeFor[gate.BeginRequest](), "IdempotencyKey"},
+		{"ratchet_begin", "cost_micros", reflect.TypeFor[gate.BeginRequest](), "CostMicros"},
+		{"ratchet_begin", "lease_seconds", reflect.TypeFor[gate.BeginRequest](), "LeaseSeconds"},
+		{"ratchet_resolve", "note", reflect.TypeFor[gate.ResolveRequest](), "Note"},
+	} {
+		f, ok := c.rest.FieldByName(c.field)
+		require.True(t, ok, c.field)
+		for rule, val := range schematags.Rules(f) {
+			key := map[string]string{"min": "minimum", "max": "maximum"}[rule]
+			if key == "" {
+				key = rule
+			}
+			got := fmt.Sprint(prop(c.tool, c.arg, key))
+			if n, err := strconv.ParseFloat(val, 64); err == nil {
+				val = fmt.Sprint(n)
+			}
+			require.Equal(t, val, got, "%s.%s %s", c.tool, c.arg, rule)
+		}
+	}
+	require.Equal(t, "^[A-Za-z0-9][A-Za-z0-9._:-]*$",
+		schemas["ratchet_begin"]["compensation"].(map[string]any)["properties"].(map[string]any)["effect_type"].(map[string]any)["pattern"])
 
 	// Every argument has a schema object (some clients refuse the boolean
 	// schema true), and a compensation says its shape.

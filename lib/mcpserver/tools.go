@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/jsonstrict"
+	"github.com/getratchet/ratchet/lib/schematags"
 )
 
 // tool binds one MCP tool to one REST call.
@@ -91,38 +93,52 @@ func define[In any](name, description, needs string, route func(In) (method, pat
 	}}
 }
 
-// The schema library's refusals name a property and quote the value
-// ("validating /properties/decision: enum: sk_live_… does not equal any
-// of…"); an answer names the property and never the value (review).
+// The schema library's refusals name a property by its path and quote the
+// value ("validating /properties/compensation/properties/effect_type:
+// pattern: "sk_live_…" does not match…"); an answer names the argument as
+// the REST API names a field (compensation.effect_type) and never the value
+// (review).
 var (
-	schemaProperty = regexp.MustCompile(`validating /properties/([A-Za-z0-9_]+): ([a-zA-Z]+):`)
+	schemaProperty = regexp.MustCompile(`validating ((?:/properties/[A-Za-z0-9_]+)+): ([a-zA-Z]+):`)
 	schemaMissing  = regexp.MustCompile(`missing properties: \[([^\]]*)\]`)
 	schemaRules    = map[string]string{"enum": "is not one of the allowed values", "type": "has the wrong type",
 		"minimum": "is below its minimum", "maximum": "is above its maximum",
-		"minLength": "is shorter than allowed", "maxLength": "is longer than allowed"}
+		"minLength": "is shorter than allowed", "maxLength": "is longer than allowed",
+		"pattern": "has characters or a form the tool does not take"}
 )
 
 // schemaProblem answers a schema refusal as the API's invalid_request,
-// naming the argument it is about, without its value.
+// naming the argument it is about, without its value. The refusal names
+// each property it descended through; the deepest is the one refused.
 func schemaProblem(err error) *apierr.Error {
 	msg := err.Error()
-	if m := schemaMissing.FindStringSubmatch(msg); m != nil {
+	var field, rule string
+	if all := schemaProperty.FindAllStringSubmatch(msg, -1); len(all) > 0 {
+		last := all[len(all)-1]
+		field = strings.ReplaceAll(strings.TrimPrefix(last[1], "/properties/"), "/properties/", ".")
+		rule = last[2]
+	}
+	if m := schemaMissing.FindStringSubmatch(msg); m != nil && (field == "" || rule == "required") {
+		prefix := ""
+		if field != "" {
+			prefix = field + "."
+		}
 		var p apierr.Problems
 		for _, name := range strings.FieldsFunc(m[1], func(r rune) bool { return r == ' ' || r == ',' }) {
 			if name = strings.Trim(name, `"`); name != "" {
-				p.Add(name, "is required")
+				p.Add(prefix+name, "is required")
 			}
 		}
 		if e, ok := apierr.As(p.Err()); ok {
 			return e
 		}
 	}
-	if m := schemaProperty.FindStringSubmatch(msg); m != nil {
-		rule, ok := schemaRules[m[2]]
+	if field != "" {
+		text, ok := schemaRules[rule]
 		if !ok {
-			rule = "does not match the tool's input schema"
+			text = "does not match the tool's input schema"
 		}
-		return apierr.InvalidField(m[1], "%s", rule)
+		return apierr.InvalidField(field, "%s", text)
 	}
 	return apierr.InvalidField("arguments", "do not match the tool's input schema")
 }
@@ -170,6 +186,13 @@ func anys(values []string) []any {
 		out[i] = v
 	}
 	return out
+}
+
+// like gives the arguments that mirror a field of the REST request T the
+// bounds its openapi tags state (the same the OpenAPI document shows), so a
+// client sees them before it calls.
+func like[T any](s *jsonschema.Schema) {
+	schematags.Constrain(reflect.TypeFor[T](), s)
 }
 
 // pageLimit bounds a list tool's limit as the REST list does (1-200).
@@ -330,12 +353,13 @@ func query(params map[string]string) string {
 // tools are the nine MCP tools.
 var tools = []tool{
 	define("ratchet_begin", "Ask before you act. Returns decision: execute, duplicate, in_flight, blocked, approval_required or denied.", "effects:begin",
-		func(in BeginInput) (string, string, any) { return "POST", "/api/v1/effects/begin", in }),
+		func(in BeginInput) (string, string, any) { return "POST", "/api/v1/effects/begin", in },
+		like[gate.BeginRequest]),
 	idempotent(define("ratchet_report", "Report what happened after an execute decision.", "effects:report",
 		func(in ReportInput) (string, string, any) {
 			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/report",
 				map[string]any{"lease_token": in.LeaseToken, "outcome": in.Outcome, "result": in.Result}
-		}, oneOf("outcome", gate.StateSucceeded, gate.StateFailed))),
+		}, like[gate.ReportRequest])),
 	idempotent(define("ratchet_heartbeat", "Extend a held lease while a long action is still running.", "effects:report",
 		func(in HeartbeatInput) (string, string, any) {
 			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/heartbeat", map[string]any{"lease_token": in.LeaseToken}
@@ -344,7 +368,7 @@ var tools = []tool{
 		func(in ResolveInput) (string, string, any) {
 			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/resolve",
 				map[string]any{"outcome": in.Outcome, "result": in.Result, "note": in.Note}
-		}, oneOf("outcome", gate.StateSucceeded, gate.StateFailed))),
+		}, like[gate.ResolveRequest])),
 	readOnly(define("ratchet_get_effect", "Read one effect with its attempts.", "effects:read",
 		func(in EffectInput) (string, string, any) {
 			return "GET", "/api/v1/effects/" + pathEscape(in.EffectID), nil

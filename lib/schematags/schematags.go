@@ -1,0 +1,110 @@
+// Package schematags reads the openapi struct tags that state the bounds a
+// handler checks (enum=a|b, min=N, max=N, minLength=N, maxLength=N,
+// pattern=RE, required) and adds them to a JSON Schema inferred from the
+// type: one reading for the OpenAPI document (lib/httpapi), the MCP tools'
+// input schemas (lib/mcpserver) and the tests that hold each tag to its
+// handler.
+package schematags
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/google/jsonschema-go/jsonschema"
+)
+
+// Constrain adds to s what the openapi tags of t's fields say of their
+// values, the bounds the handlers check (QA: clients generated from the
+// document knew no enum or range): enum=a|b, min=N, max=N, minLength=N,
+// maxLength=N, pattern=RE (rules are split on commas: a pattern holds
+// none). A value the tags allow may still be refused for
+// what only the handler knows; one they refuse always is. Answers are held
+// to the same tags by lib/apitest, so a tag cannot drift from the code.
+func Constrain(t reflect.Type, s *jsonschema.Schema) {
+	for s != nil && (t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array ||
+		t.Kind() == reflect.Map) {
+		if t.Kind() == reflect.Map {
+			s = s.AdditionalProperties
+		} else if t.Kind() != reflect.Pointer {
+			s = s.Items
+		}
+		t = t.Elem()
+	}
+	if s == nil || t.Kind() != reflect.Struct || s.Properties == nil {
+		return
+	}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if f.Anonymous && name == "" {
+			Constrain(f.Type, s) // its fields are this object's
+			continue
+		}
+		p := s.Properties[name]
+		if p == nil || !f.IsExported() {
+			continue
+		}
+		if rules := Rules(f); len(rules) > 0 {
+			c := *p // inference may share one schema between fields of a type
+			for key, val := range rules {
+				applyRule(&c, key, val)
+			}
+			s.Properties[name], p = &c, &c
+		}
+		Constrain(f.Type, p)
+	}
+}
+
+// Rules reads a struct field's openapi tag: rule → value ("" for a
+// bare rule such as required). Tests hold each rule to its handler's check.
+func Rules(f reflect.StructField) map[string]string {
+	tag := f.Tag.Get("openapi")
+	if tag == "" {
+		return nil
+	}
+	out := map[string]string{}
+	for _, rule := range strings.Split(tag, ",") {
+		key, val, _ := strings.Cut(rule, "=")
+		out[key] = val
+	}
+	return out
+}
+
+// applyRule sets one openapi tag rule on s; "required" is for the caller
+// (lib/httpapi lists such fields as required even when they may be null).
+func applyRule(s *jsonschema.Schema, key, val string) {
+	num := func() *float64 {
+		f, err := strconv.ParseFloat(val, 64)
+		if err != nil {
+			panic(fmt.Sprintf("openapi tag %s=%q: %v", key, val, err))
+		}
+		return &f
+	}
+	length := func() *int { n := int(*num()); return &n }
+	switch key {
+	case "required":
+	case "enum":
+		s.Enum = nil
+		for _, v := range strings.Split(val, "|") {
+			s.Enum = append(s.Enum, v)
+		}
+		if slices.Contains(s.Types, "null") {
+			s.Enum = append(s.Enum, nil)
+		}
+	case "min":
+		s.Minimum = num()
+	case "max":
+		s.Maximum = num()
+	case "minLength":
+		s.MinLength = length()
+	case "maxLength":
+		s.MaxLength = length()
+	case "pattern":
+		s.Pattern = val
+	default:
+		panic(fmt.Sprintf("openapi tag: unknown rule %q", key))
+	}
+}
