@@ -249,3 +249,54 @@ func (b *bundle) executeThroughApprovedBreaker(body map[string]any) map[string]a
 	require.Equal(b.t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
 	return a
 }
+
+// An approval given for a breaker approves neither an amount nor a
+// policy's require_approval (QA): a key held by a breaker while its amount
+// was also at or above approval_above_micros was asked once, for the
+// breaker, and that yes let a $500 effect run against a $1 threshold; one
+// given for a breaker carried the key through a require_approval mode set
+// afterwards. Each question gets its own yes; yeses given stay given.
+func TestABreakerApprovalApprovesNoAmountAndNoPolicy(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	approve := func(d map[string]any) {
+		b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(d["approval_id"])+"/approve", b.ws.Key, nil)
+	}
+	reason := func(d map[string]any) string {
+		for _, a := range b.env.Must(http.StatusOK, "GET", "/api/v1/approvals", b.ws.Key, nil).JSON()["data"].([]any) {
+			if a := a.(map[string]any); a["id"] == d["approval_id"] {
+				return str(a["reason"])
+			}
+		}
+		t.Fatalf("approval %v not listed", d["approval_id"])
+		return ""
+	}
+
+	// A breaker and an amount: two questions, one after the other.
+	b.putPolicy("wire.send", map[string]any{"approval_above_micros": 1_000_000})
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/wire.send/open", b.ws.Key,
+		map[string]any{"action": "require_approval", "reason": "incident"})
+	k := wire(key("big"))
+	held := b.mustBegin("approval_required", k)
+	require.Equal(t, "circuit_open", reason(held))
+	approve(held)
+	amount := b.mustBegin("approval_required", k)
+	require.NotEqual(t, held["approval_id"], amount["approval_id"])
+	require.Equal(t, "cost_at_or_above_threshold", reason(amount))
+	approve(amount)
+	d := b.mustBegin("execute", k)
+	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
+	b.mustBegin("execute", k) // both yeses still answer the retry
+
+	// A breaker, then the policy's mode.
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key,
+		map[string]any{"action": "require_approval"})
+	s := sms(key("pm"))
+	first := b.mustBegin("approval_required", s)
+	approve(first)
+	b.putPolicy("sms.send", map[string]any{"mode": "require_approval"})
+	policy := b.mustBegin("approval_required", s)
+	require.Equal(t, "policy_requires_approval", reason(policy))
+	approve(policy)
+	b.mustBegin("execute", s)
+}

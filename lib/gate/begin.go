@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -910,27 +911,52 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 }
 
 // Why an approval was asked for (approvals.reason; gate_evaluate's
-// approval_reason).
-const reasonCircuitOpen = "circuit_open"
+// approval_reason, which names the first of them that holds, in this order).
+const (
+	reasonPolicy      = "policy_requires_approval"
+	reasonCircuitOpen = "circuit_open"
+	reasonAmount      = "cost_at_or_above_threshold"
+)
 
-// approvalStillAnswers says whether the effect's earlier approval answers
-// the approval this begin needs. An approval answers the question it was
-// asked: one given for an amount or by a policy does not carry a key through
-// a breaker or the emergency stop holding the type with require_approval
-// (each such begin needs an operator's yes of its own), and one given for a
-// breaker does not approve an amount. Nor does one given for a breaker
-// answer a breaker or a stop opened (or escalated) after it was decided:
-// the operator said yes to that incident, not to the next. When it does not, ev's reason
-// becomes the one to ask with.
+// approvalStillAnswers says whether the effect's approvals answer every
+// question this begin needs an operator's yes to: the policy's mode, a
+// breaker or the emergency stop holding the type with require_approval, and
+// an amount at or above approval_above_micros. An approval answers the
+// question it was asked: one given for an amount or by a policy does not
+// carry a key through a breaker or the stop (each such begin needs a yes of
+// its own), one given for a breaker approves neither an amount nor a policy
+// (QA: a yes given for a breaker let a $500 effect run against a $1
+// threshold, and carried the key through a require_approval mode set later),
+// and one given for a breaker does not answer a breaker or a stop opened (or
+// escalated) after it was decided: the operator said yes to that incident,
+// not to the next. Every approval the effect was given counts, so a key held
+// for two reasons asks twice, once for each. When they do not answer, ev's
+// reason becomes the first question still open, to ask next.
 func (s *Service) approvalStillAnswers(ctx context.Context, tx pgx.Tx, row *effectRow, ev *eval, now time.Time) (bool, error) {
-	var given string
-	var circuitHolds, openedSince bool
-	if err := tx.QueryRow(ctx, sqlApprovalAnswers, *row.ApprovalID, row.WorkspaceID, row.EffectType, now).
-		Scan(&given, &circuitHolds, &openedSince); err != nil {
-		return false, fmt.Errorf("begin: read approval: %w", err)
+	var answered []string
+	var circuitHolds bool
+	if err := tx.QueryRow(ctx, sqlApprovalsAnswer, row.ID, row.WorkspaceID, row.EffectType, now).
+		Scan(&answered, &circuitHolds); err != nil {
+		return false, fmt.Errorf("begin: read approvals: %w", err)
+	}
+	var needed []string
+	if ev.approvalReason == reasonPolicy {
+		needed = append(needed, reasonPolicy)
 	}
 	if circuitHolds {
-		ev.approvalReason = reasonCircuitOpen
+		needed = append(needed, reasonCircuitOpen)
 	}
-	return given == ev.approvalReason && !openedSince, nil
+	if row.CostMicros != nil && ev.approvalAbove != nil && *row.CostMicros >= *ev.approvalAbove {
+		needed = append(needed, reasonAmount)
+	}
+	if len(needed) == 0 {
+		needed = []string{ev.approvalReason} // what gate_evaluate asks for
+	}
+	for _, reason := range needed {
+		if !slices.Contains(answered, reason) {
+			ev.approvalReason = reason
+			return false, nil
+		}
+	}
+	return true, nil
 }

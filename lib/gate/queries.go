@@ -254,21 +254,25 @@ UPDATE effects SET state = CASE WHEN state = 'indeterminate' THEN state ELSE 'aw
 WHERE id = $1
 RETURNING ` + effectCols("", false)
 
-// sqlApprovalAnswers reads why an effect's approval was given, whether an
-// open breaker or the emergency stop holds the type with require_approval
-// now (as gate_evaluate reads them: the stop has no cooldown, a breaker
-// holds until closes_at), and whether one of those opened, or was made
-// stricter, after the approval was decided: updated_at, since opening an
-// open breaker or stop again (a monitor stop escalated to
-// require_approval) keeps its opened_at. $1 approval id, $2 workspace, $3
-// effect type, $4 now.
-const sqlApprovalAnswers = `
-SELECT a.reason, count(c.*) > 0, count(c.*) FILTER (WHERE c.updated_at > a.decided_at) > 0
-FROM approvals a
-LEFT JOIN gate_circuits c ON c.workspace_id = $2 AND c.state = 'open' AND c.action = 'require_approval'
-    AND (c.effect_type = '*' OR (c.effect_type = $3 AND (c.closes_at IS NULL OR c.closes_at > $4)))
-WHERE a.id = $1
-GROUP BY a.reason, a.decided_at`
+// sqlApprovalsAnswer reads the reasons an effect's approvals were given
+// for, leaving out a breaker's approval when a breaker or the emergency stop
+// holding the type now opened, or was made stricter, after it was decided
+// (updated_at, since opening an open breaker or stop again, a monitor stop
+// escalated to require_approval, keeps its opened_at), and whether one holds
+// the type with require_approval now (as gate_evaluate reads them: the stop
+// has no cooldown, a breaker holds until closes_at). $1 effect id, $2
+// workspace, $3 effect type, $4 now.
+const sqlApprovalsAnswer = `
+WITH holding AS (
+    SELECT c.updated_at FROM gate_circuits c
+    WHERE c.workspace_id = $2 AND c.state = 'open' AND c.action = 'require_approval'
+      AND (c.effect_type = '*' OR (c.effect_type = $3 AND (c.closes_at IS NULL OR c.closes_at > $4)))
+)
+SELECT (SELECT coalesce(array_agg(DISTINCT a.reason), '{}') FROM approvals a
+        WHERE a.effect_id = $1 AND a.workspace_id = $2 AND a.state = 'approved'
+          AND (a.reason <> '` + reasonCircuitOpen + `'
+               OR NOT EXISTS (SELECT 1 FROM holding h WHERE h.updated_at > a.decided_at))),
+    EXISTS (SELECT 1 FROM holding)`
 
 // lapseSQL makes lapsed leases durably indeterminate: the effect, its current
 // attempt, and one effect.indeterminate event per attempt in the outbox. The
