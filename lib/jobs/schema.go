@@ -22,8 +22,19 @@ import (
 // content-addressed cache (a schema's compiled form depends only on its bytes).
 
 // schemaURL is the base URL a contract schema is compiled under. References
-// resolve only inside the document: remote and file URLs are refused.
-const schemaURL = "urn:ratchet:contract-schema"
+// resolve only inside the document: remote and file URLs are refused, and so
+// is a relative one naming another document ("other.json"), which resolves
+// against this hierarchical base to a URL the loader refuses (QA: under a
+// URN base it resolved to the schema's own root, so a contract published as
+// {"$ref":"other.json"} refused every input, silently). A relative $id of an
+// embedded resource, and a $ref to it, resolve inside the document.
+const schemaURL = "https://contract-schema.ratchet.invalid/schema.json"
+
+// legacySchemaURL is the base schemas were compiled under before: a stored
+// schema with a relative reference to another document compiles only under
+// it, and keeps the meaning it had when it was published (contracts are
+// immutable), rather than failing every enqueue.
+const legacySchemaURL = "urn:ratchet:contract-schema"
 
 // maxValidationProblems bounds detail.validation for one document.
 const maxValidationProblems = 20
@@ -36,8 +47,25 @@ func (noLoader) Load(url string) (any, error) {
 	return nil, fmt.Errorf("external references are not allowed (%s)", url)
 }
 
-// compileSchema compiles a schema document given as JSON.
+// compileSchema compiles a schema document given as JSON, as publication
+// checks it.
 func compileSchema(doc []byte) (*jsonschema.Schema, error) {
+	return compileSchemaAt(doc, schemaURL)
+}
+
+// compileStoredSchema compiles a published schema: as publication does, or,
+// for one published before schemaURL, as it was then.
+func compileStoredSchema(doc []byte) (*jsonschema.Schema, error) {
+	s, err := compileSchema(doc)
+	if err != nil {
+		if legacy, lerr := compileSchemaAt(doc, legacySchemaURL); lerr == nil {
+			return legacy, nil
+		}
+	}
+	return s, err
+}
+
+func compileSchemaAt(doc []byte, base string) (*jsonschema.Schema, error) {
 	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
 	if err != nil {
 		return nil, fmt.Errorf("not JSON: %w", err)
@@ -45,10 +73,10 @@ func compileSchema(doc []byte) (*jsonschema.Schema, error) {
 	c := jsonschema.NewCompiler()
 	c.DefaultDraft(jsonschema.Draft2020)
 	c.UseLoader(noLoader{})
-	if err := c.AddResource(schemaURL, v); err != nil {
+	if err := c.AddResource(base, v); err != nil {
 		return nil, err
 	}
-	return c.Compile(schemaURL)
+	return c.Compile(base)
 }
 
 // schemaCache holds compiled schemas by the SHA-256 of their JSON. It is an
@@ -70,7 +98,7 @@ func (c *schemaCache) get(doc []byte) (*jsonschema.Schema, error) {
 	if s != nil {
 		return s, nil
 	}
-	s, err := compileSchema(doc)
+	s, err := compileStoredSchema(doc)
 	if err != nil {
 		return nil, err
 	}
@@ -204,6 +232,7 @@ func schemaCompileProblem(err error) string {
 		msg = msg[:i]
 	}
 	msg = strings.ReplaceAll(msg, schemaURL, "schema")
+	msg = strings.ReplaceAll(msg, schemaURL[:strings.LastIndexByte(schemaURL, '/')+1], "")
 	if len(msg) > 300 {
 		msg = msg[:300]
 	}

@@ -57,13 +57,37 @@ func TestValidateDocNamesTheNotRule(t *testing.T) {
 func TestCompileSchemaRefusesExternalReferences(t *testing.T) {
 	t.Parallel()
 	for _, doc := range []string{`{"$ref":"file:///etc/hostname"}`, `{"$ref":"https://example.com/x.json"}`,
-		`{"$schema":"https://example.com/meta.json"}`} {
+		`{"$schema":"https://example.com/meta.json"}`,
+		// Relative references to another document (QA: they resolved to
+		// the schema's own root, and every input was refused).
+		`{"$ref":"other.json"}`, `{"properties":{"a":{"$ref":"foo/bar.json"}}}`, `{"$ref":"../x.json#/a"}`} {
 		_, err := compileSchema([]byte(doc))
 		require.Error(t, err, doc)
+		require.NotContains(t, schemaCompileProblem(err), "ratchet.invalid", doc)
 	}
 	for _, doc := range []string{`true`, `{}`, `{"$defs":{"a":{"type":"string"}},"$ref":"#/$defs/a"}`,
-		`{"$schema":"http://json-schema.org/draft-07/schema#","type":"string"}`} {
+		`{"$schema":"http://json-schema.org/draft-07/schema#","type":"string"}`,
+		`{"$defs":{"item":{"$id":"item.json","type":"string"}},"properties":{"a":{"$ref":"item.json"}}}`} {
 		_, err := compileSchema([]byte(doc))
 		require.NoError(t, err, doc)
 	}
+
+	// An embedded resource's relative $id is where its $ref resolves.
+	problems, err := validateDoc([]byte(`{"$defs":{"item":{"$id":"item.json","type":"string"}},"properties":{"a":{"$ref":"item.json"}}}`),
+		[]byte(`{"a":5}`), "input")
+	require.NoError(t, err)
+	require.Len(t, problems, 1)
+	require.Equal(t, "input.a", problems[0].Field)
+}
+
+// A schema published before relative references were refused keeps the
+// meaning it was published with (contracts are immutable): it compiles as
+// it did then, rather than failing every enqueue as stored schemas that
+// "do not compile".
+func TestStoredSchemaWithARelativeReferenceKeepsItsMeaning(t *testing.T) {
+	t.Parallel()
+	problems, err := validateDoc([]byte(`{"type":"object","properties":{"a":{"$ref":"foo/bar.json"}}}`),
+		[]byte(`{"a":{}}`), "input")
+	require.NoError(t, err)
+	require.Empty(t, problems, "a is checked against the root, as before")
 }
