@@ -13,10 +13,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -27,13 +30,9 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	base := os.Getenv("RATCHET_BASE_URL")
-	if base == "" {
-		base = "http://localhost:8787"
-	}
-	key := os.Getenv("RATCHET_API_KEY")
-	if key == "" {
-		fmt.Fprintln(os.Stderr, "ratchet-mcp: RATCHET_API_KEY is required but not set")
+	base, key, err := settings(os.Getenv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ratchet-mcp:", err)
 		os.Exit(2)
 	}
 	caller := mcpserver.HTTPCaller{BaseURL: base, Client: &http.Client{Timeout: 60 * time.Second}}
@@ -43,4 +42,27 @@ func main() {
 		fmt.Fprintln(os.Stderr, "ratchet-mcp:", err)
 		os.Exit(1)
 	}
+}
+
+// settings reads the server and the key from the environment. A key copied
+// with its line's newline (a file read into the variable) is trimmed; one
+// still holding what no key holds, and a server that is not an http(s) URL,
+// are refused at start (QA: such a key made every call fail as an
+// unreachable server whose outcome was unknown, though nothing was sent).
+func settings(getenv func(string) string) (base, key string, err error) {
+	base = strings.TrimSpace(getenv("RATCHET_BASE_URL"))
+	if base == "" {
+		base = "http://localhost:8787"
+	}
+	if u, perr := url.Parse(base); perr != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", "", errors.New("RATCHET_BASE_URL must be an http:// or https:// URL, e.g. http://localhost:8787")
+	}
+	key = strings.TrimSpace(getenv("RATCHET_API_KEY"))
+	if key == "" {
+		return "", "", errors.New("RATCHET_API_KEY is required but not set")
+	}
+	if strings.ContainsFunc(key, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
+		return "", "", errors.New("RATCHET_API_KEY holds spaces or characters no key has (copy the key again)")
+	}
+	return base, key, nil
 }

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 func TestMain(m *testing.M) {
@@ -305,4 +307,30 @@ func stdioAnswers(t *testing.T, cmd *exec.Cmd) (string, []rpcAnswer) {
 		answers = append(answers, m)
 	}
 	return string(out), answers
+}
+
+// The key and the server are checked at start: a trailing newline is
+// trimmed, and a key no server would take or a server that is no URL is
+// refused with what to fix, never sent (QA: every call failed as an
+// unreachable server, outcome unknown).
+func TestSettingsAreCheckedAtStart(t *testing.T) {
+	env := func(vars map[string]string) func(string) string { return func(k string) string { return vars[k] } }
+	base, key, err := settings(env(map[string]string{"RATCHET_API_KEY": "rk_abc\n"}))
+	require.NoError(t, err)
+	require.Equal(t, "http://localhost:8787", base)
+	require.Equal(t, "rk_abc", key)
+	for _, vars := range []map[string]string{
+		{},
+		{"RATCHET_API_KEY": " \n"},
+		{"RATCHET_API_KEY": "rk_a b"},
+		{"RATCHET_API_KEY": "rk_a\x00"},
+		{"RATCHET_API_KEY": "rk_é"},
+		{"RATCHET_API_KEY": "rk_a", "RATCHET_BASE_URL": "localhost:8787"},
+		{"RATCHET_API_KEY": "rk_a", "RATCHET_BASE_URL": "ftp://x"},
+		{"RATCHET_API_KEY": "rk_a", "RATCHET_BASE_URL": "http://"},
+	} {
+		_, _, err := settings(env(vars))
+		require.Error(t, err, "%q", vars)
+		require.NotContains(t, err.Error(), "rk_a", "the key is not echoed")
+	}
 }

@@ -177,7 +177,11 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 	if route.Raw != nil {
 		// A protocol endpoint's requests are not counted against the key's
 		// rate limit: each call it makes through the router is.
-		if err := s.authorize(r.Context(), &Call{R: r, RequestID: reqID, Route: route}, false); err != nil {
+		err := s.authorize(r.Context(), &Call{R: r, RequestID: reqID, Route: route}, false)
+		if err == nil && route.Auth == AuthKey {
+			err = knownQuery(r, route) // QA: /mcp?x=1 was served
+		}
+		if err != nil {
 			s.fail(r.Context(), sw, reqID, route, err)
 			return
 		}

@@ -57,7 +57,12 @@ func (o Optional[T]) Apply(dst **T) {
 // Marshal is json.Marshal without HTML escaping: API bodies are JSON, never
 // HTML, and escaping writes each <, > and & as six bytes, so a body the API
 // measures against its limits (a claim's inputs, a relayed MCP argument)
-// would grow up to six times on the way (review, MCP QA).
+// would grow up to six times on the way (review, MCP QA). The encoder also
+// writes U+2028 and U+2029 as six-byte escapes (for JSONP, which no answer
+// is) whatever it is told; they are written back as their three bytes of
+// UTF-8, so a re-encoded body is never longer than the JSON it was read
+// from (MCP QA: a result REST took was payload_too_large through MCP,
+// after the agent had acted).
 func Marshal(v any) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -65,5 +70,35 @@ func Marshal(v any) ([]byte, error) {
 	if err := enc.Encode(v); err != nil {
 		return nil, err
 	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil // Encode ends the document with a newline
+	out := bytes.TrimSuffix(buf.Bytes(), []byte("\n")) // Encode ends the document with a newline
+	return unescapeLineSeparators(out), nil
+}
+
+// unescapeLineSeparators rewrites the encoder's \u2028 and \u2029 escapes
+// in b as the characters. Only an escape is rewritten: a backslash the
+// encoder escaped (\\u2028 is the text \u2028) is skipped with the byte
+// it escapes, and the escapes occur only inside strings.
+func unescapeLineSeparators(b []byte) []byte {
+	if !bytes.Contains(b, []byte(`\u202`)) {
+		return b
+	}
+	out := make([]byte, 0, len(b))
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' || i+1 == len(b) {
+			out = append(out, b[i])
+			continue
+		}
+		if b[i+1] == 'u' && i+6 <= len(b) && (string(b[i+2:i+6]) == "2028" || string(b[i+2:i+6]) == "2029") {
+			if b[i+5] == '8' {
+				out = append(out, "\u2028"...)
+			} else {
+				out = append(out, "\u2029"...)
+			}
+			i += 5
+			continue
+		}
+		out = append(out, b[i], b[i+1])
+		i++
+	}
+	return out
 }

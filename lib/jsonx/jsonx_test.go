@@ -43,3 +43,23 @@ func TestMarshalWritesMarkupAsIs(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, `{"html":"<a href='x'>&</a>"}`, string(b), "unescaped, with no trailing newline")
 }
+
+// U+2028 and U+2029 are written as their UTF-8 (three bytes), not the
+// encoder's six-byte escapes, so re-encoding never makes a body longer
+// (MCP QA); the text \u2028, a backslash and five letters, stays that.
+func TestMarshalWritesLineSeparatorsAsIs(t *testing.T) {
+	for _, s := range []string{"a\u2028b\u2029c", `\u2028`, `\\u2029`, "\\\u2028", "x\\", "\u2028\u2028", `"\u2028"`,
+		"\u2027\u202a\u20281"} {
+		b, err := Marshal(map[string]any{"s": s})
+		require.NoError(t, err)
+		var back map[string]string
+		require.NoError(t, json.Unmarshal(b, &back), "%s", b)
+		require.Equal(t, s, back["s"], "%q → %s", s, b)
+		require.NotContains(t, string(b), `"\u2028`)
+		std, _ := json.Marshal(map[string]any{"s": s})
+		require.LessOrEqual(t, len(b), len(std))
+	}
+	b, err := Marshal(map[string]any{"s": "a\u2028b"})
+	require.NoError(t, err)
+	require.Equal(t, "{\"s\":\"a\u2028b\"}", string(b))
+}

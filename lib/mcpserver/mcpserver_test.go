@@ -361,6 +361,12 @@ func TestStreamableHTTPEndpointUsesCallersKey(t *testing.T) {
 		require.Equal(t, "unauthorized", r.ErrorCode())
 		require.Equal(t, `Bearer realm="ratchet"`, r.Header.Get("WWW-Authenticate"))
 	}
+
+	// It takes no query parameter, as every keyed route takes only its own
+	// (QA: /api/v1/mcp?x=1 was served).
+	r := env.Do("POST", "/api/v1/mcp?x=1", agent, map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+	require.Equal(t, http.StatusBadRequest, r.Status, "%s", r.Body)
+	require.Equal(t, "invalid_request", r.ErrorCode())
 }
 
 // The endpoint is stateless: no event stream (GET) and no session to end

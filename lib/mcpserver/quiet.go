@@ -17,26 +17,27 @@ var rpcMessages = map[int64]string{jsonrpc.CodeParseError: "Parse error", jsonrp
 
 // QuietMessage is a transport message without the values it quotes: the
 // MCP SDK's messages quote what the caller sent (`unknown tool "…"`, `"…"
-// unsupported`, `unmarshaling "{…the whole params…}"`), and an answer names
-// what is wrong, never the value (QA: a payload's secrets came back in the
-// error; tool argument refusals already follow the rule). Each quoted span
-// becomes "…" unless it is one of the protocol's own words (a member the
-// message says is missing); a message that is nothing but a quote says
-// what its code means.
+// unsupported`, `unmarshaling "{…the whole params…}"`, `header value 'x'
+// does not match body value '…'`), and an answer names what is wrong, never
+// the value (QA: a payload's secrets came back in the error; tool argument
+// refusals already follow the rule). Each quoted span, in double quotes or
+// in single quotes that open a word, becomes "…" unless it is one of the
+// protocol's own words (a member the message says is missing, a method); a
+// message that is nothing but a quote says what its code means.
 func QuietMessage(msg string, code int64) string {
 	var b strings.Builder
 	for {
-		start := strings.IndexByte(msg, '"')
-		if start < 0 {
+		start, end, ok := nextQuote(msg)
+		if !ok {
 			b.WriteString(msg)
 			break
 		}
 		b.WriteString(msg[:start])
-		end := closingQuote(msg, start+1)
+		q := msg[start : start+1]
 		if span := msg[start+1 : end]; protocolWords[span] {
-			b.WriteString(`"` + span + `"`)
+			b.WriteString(q + span + q)
 		} else {
-			b.WriteString(`"…"`)
+			b.WriteString(q + "…" + q)
 		}
 		if end == len(msg) {
 			break
@@ -44,7 +45,7 @@ func QuietMessage(msg string, code int64) string {
 		msg = msg[end+1:]
 	}
 	quiet := strings.TrimSpace(b.String())
-	if quiet == "" || quiet == `"…"` {
+	if quiet == "" || quiet == `"…"` || quiet == `'…'` {
 		if std, ok := rpcMessages[code]; ok {
 			return std
 		}
@@ -53,8 +54,29 @@ func QuietMessage(msg string, code int64) string {
 	return quiet
 }
 
-// closingQuote is the index of the quote ending a quoted span whose text
-// starts at i (a backslash escapes the next byte, as %q writes), or
+// nextQuote finds the first quoted span of s: the index of its opening
+// quote and of its closing one (len(s) when a double quote is not closed).
+// A single quote opens a span only at the start of a word and closes it at
+// the end of one, so an apostrophe (can't) quotes nothing; one left open
+// is an apostrophe.
+func nextQuote(s string) (start, end int, ok bool) {
+	for i := 0; i < len(s); i++ {
+		switch {
+		case s[i] == '"':
+			return i, closingQuote(s, i+1), true
+		case s[i] == '\'' && (i == 0 || strings.IndexByte(" ([{=:", s[i-1]) >= 0):
+			for j := i + 1; j < len(s); j++ {
+				if s[j] == '\'' && (j+1 == len(s) || strings.IndexByte(" )]},.;:", s[j+1]) >= 0) {
+					return i, j, true
+				}
+			}
+		}
+	}
+	return 0, 0, false
+}
+
+// closingQuote is the index of the double quote ending a quoted span whose
+// text starts at i (a backslash escapes the next byte, as %q writes), or
 // len(s) when it is not closed.
 func closingQuote(s string, i int) int {
 	for ; i < len(s); i++ {
@@ -73,7 +95,12 @@ func closingQuote(s string, i int) int {
 // caller's.
 var protocolWords = map[string]bool{"jsonrpc": true, "id": true, "method": true, "params": true, "name": true,
 	"arguments": true, "_meta": true, "protocolVersion": true, "capabilities": true, "clientInfo": true,
-	"cursor": true, "uri": true, "io.modelcontextprotocol/protocolVersion": true}
+	"cursor": true, "uri": true, "io.modelcontextprotocol/protocolVersion": true,
+	"io.modelcontextprotocol/clientCapabilities": true, "io.modelcontextprotocol/clientInfo": true,
+	// The methods the server serves, named by a message about their headers
+	// or their phase (QA: "missing required Mcp-Name header for method" hid
+	// which method needs it).
+	"initialize": true, "ping": true, "tools/list": true, "tools/call": true, "notifications/initialized": true}
 
 // quietData is what an error's data may carry back: only members that hold
 // no value of the caller's (the protocol versions the server supports); the

@@ -18,6 +18,13 @@ func TestQuietMessageKeepsProtocolWordsOnly(t *testing.T) {
 		`unmarshaling "{\"a\":\"sk_live_SECRET\"}" into a T`:                       `unmarshaling "…" into a T`,
 		`unterminated "sk_live_SECRET`:                                             `unterminated "…"`,
 		`missing or invalid _meta field "io.modelcontextprotocol/protocolVersion"`: `missing or invalid _meta field "io.modelcontextprotocol/protocolVersion"`,
+		// QA: single quotes came back as sent; the protocol's own names were hidden.
+		`header mismatch: Mcp-Name header value 'x' does not match body value 'sk_live_SECRET'`: `header mismatch: Mcp-Name header value '…' does not match body value '…'`,
+		`bad header: 'sk_live_SECRET' (can't be read)`:                                          `bad header: '…' (can't be read)`,
+		`the server can't take it, it isn't JSON`:                                               `the server can't take it, it isn't JSON`,
+		`missing or invalid _meta field "io.modelcontextprotocol/clientInfo"`:                   `missing or invalid _meta field "io.modelcontextprotocol/clientInfo"`,
+		`missing required Mcp-Name header for method "tools/call"`:                              `missing required Mcp-Name header for method "tools/call"`,
+		`missing required Mcp-Name header for method "sk_live_SECRET"`:                          `missing required Mcp-Name header for method "…"`,
 	} {
 		require.Equal(t, want, QuietMessage(msg, jsonrpc.CodeInvalidParams), msg)
 	}
@@ -38,7 +45,7 @@ func TestQuietErrorsGivesACodelessErrorOne(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(got, &out), "%s", got)
 	require.EqualValues(t, jsonrpc.CodeInvalidRequest, out.Error.Code)
-	require.Equal(t, `method "…" is invalid during session initialization`, out.Error.Message)
+	require.Equal(t, `method "tools/call" is invalid during session initialization`, out.Error.Message, "a method the server serves is named")
 	same := []byte(`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"{\"error\":1}"}]}}`)
 	require.Equal(t, same, QuietErrors(same), "a result is written as it is")
 }
