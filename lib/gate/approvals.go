@@ -44,6 +44,19 @@ func scanApproval(row pgx.Row) (Approval, error) {
 	return a, err
 }
 
+// GetApproval reads one approval: what begin's approval_id names, so a
+// caller can follow its question without paging the list.
+func (s *Service) GetApproval(ctx context.Context, workspaceID, id string) (Approval, error) {
+	a, err := scanApproval(s.pool.QueryRow(ctx, sqlGetApproval, id, workspaceID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Approval{}, apierr.NotFound("approval")
+	}
+	if err != nil {
+		return Approval{}, fmt.Errorf("read approval: %w", err)
+	}
+	return a, nil
+}
+
 // ListApprovals pages newest first, optionally by state.
 func (s *Service) ListApprovals(ctx context.Context, workspaceID, state, cursor string, limit int) ([]Approval, error) {
 	if state != "" && state != ApprovalPending && state != ApprovalApproved && state != ApprovalRejected {
@@ -77,12 +90,9 @@ func (s *Service) Decide(ctx context.Context, p *auth.Principal, id, state strin
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return Approval{}, fmt.Errorf("decide approval: %w", err)
 	}
-	a, err = scanApproval(s.pool.QueryRow(ctx, sqlGetApproval, id, p.WorkspaceID))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Approval{}, apierr.NotFound("approval")
-	}
+	a, err = s.GetApproval(ctx, p.WorkspaceID, id)
 	if err != nil {
-		return Approval{}, fmt.Errorf("decide approval: %w", err)
+		return Approval{}, err
 	}
 	if a.State == state {
 		return a, nil

@@ -46,6 +46,14 @@ func TestApprovalApproveThenExecute(t *testing.T) {
 	require.Equal(t, ap, b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+aid+"/approve", b.ws.Key, nil).JSON())
 	errCode(t, b.env.Do("POST", "/api/v1/approvals/"+aid+"/reject", b.ws.Key, nil), http.StatusConflict, "invalid_state")
 
+	// One approval is read by the id begin answered with (QA: only the
+	// list had it); another workspace's, or none, is unknown.
+	require.Equal(t, ap, b.env.Must(http.StatusOK, "GET", "/api/v1/approvals/"+aid, b.ws.Key, nil).JSON())
+	other := b.env.Signup()
+	errCode(t, b.env.Do("GET", "/api/v1/approvals/"+aid, other.Key, nil), http.StatusNotFound, "not_found")
+	errCode(t, b.env.Do("GET", "/api/v1/approvals/apr_nope", b.ws.Key, nil), http.StatusNotFound, "not_found")
+	errCode(t, b.env.Do("GET", "/api/v1/approvals/"+aid, b.agent(), nil), http.StatusForbidden, "forbidden")
+
 	ex := b.mustBegin("execute", wire(k))
 	require.EqualValues(t, 1, ex["attempt"]) // the wait consumed no attempt
 	require.Equal(t, d["effect_id"], ex["effect_id"])

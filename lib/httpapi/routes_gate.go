@@ -128,6 +128,13 @@ func (s *Server) gateRoutes() []Route {
 			Handle: s.listApprovals,
 		},
 		{
+			Method: "GET", Pattern: "/api/v1/approvals/{id}", Name: "approvals.get", Tag: "approvals",
+			Scopes:   []string{auth.ScopeApprovalsWrite},
+			Summary:  "Read one approval: the approval_id a begin answered with.",
+			Response: gate.Approval{}, Status: 200, Errors: []string{apierr.CodeNotFound},
+			Handle: s.getApproval,
+		},
+		{
 			Method: "POST", Pattern: "/api/v1/approvals/{id}/approve", Name: "approvals.approve", Tag: "approvals",
 			Scopes:  []string{auth.ScopeApprovalsWrite},
 			Summary: "Approve a pending effect: the next begin on its key executes.",
@@ -257,6 +264,14 @@ func (s *Server) listApprovals(ctx context.Context, c *Call) (any, error) {
 		return nil, err
 	}
 	return NewPage(approvals, limit, func(a gate.Approval) string { return a.ID }), nil
+}
+
+func (s *Server) getApproval(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Approval)
+	if err != nil {
+		return nil, err
+	}
+	return s.Gate.GetApproval(ctx, c.Principal.WorkspaceID, id)
 }
 
 func (s *Server) decideApproval(state string) HandlerFunc {
