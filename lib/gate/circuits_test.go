@@ -171,6 +171,34 @@ func TestSurgeDenyAndMonitor(t *testing.T) {
 	require.Equal(t, 2, b.events("circuit.tripped"))
 }
 
+// A policy that turns surge off closes the breaker the surge opened (QA: it
+// went on denying until its cooldown, up to a day); one that only raises
+// the ceiling leaves it to its cooldown, and a manual breaker stays as the
+// operator set it.
+func TestTurningSurgeOffClosesTheSurgesBreaker(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 2, "surge_action": "deny"})
+	b.mustBegin("execute", sms(key("a")))
+	b.mustBegin("execute", sms(key("b")))
+	b.denialOf("circuit_open", sms(key("c")))
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 100})
+	require.Equal(t, "open", b.circuit("sms.send")["state"], "a higher ceiling waits for the cooldown")
+	b.denialOf("circuit_open", sms(key("d")))
+
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": nil})
+	require.Equal(t, "closed", b.circuit("sms.send")["state"])
+	require.Equal(t, 1, b.events("circuit.closed"))
+	b.mustBegin("execute", sms(key("e")))
+
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/email.send/open", b.ws.Key,
+		map[string]any{"action": "deny", "reason": "vendor down"})
+	b.putPolicy("email.send", map[string]any{"surge_per_hour": 5})
+	b.putPolicy("email.send", map[string]any{"surge_per_hour": nil})
+	require.Equal(t, "open", b.circuit("email.send")["state"], "an operator's breaker is theirs to close")
+	require.Equal(t, 1, b.events("circuit.closed"))
+}
+
 func TestManualBreakerHasNoCooldownAndCloseDoesNotDisarm(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/money"
 )
@@ -414,13 +415,26 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 			out = p
 			return nil
 		}
-		out, err = s.writePolicy(ctx, tx, workspaceID, p, s.clock())
+		now := s.clock()
+		out, err = s.writePolicy(ctx, tx, workspaceID, p, now)
 		if errors.Is(err, pgx.ErrNoRows) {
 			// The version moved under the lock: only a writer that skips
 			// it could cause that; answer the conflict, not a 500.
 			return apierr.VersionConflict(p.Version)
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		if p.SurgePerHour == nil && p.SurgeMultiplier == nil {
+			// Surge turned off: a breaker the surge opened closes with it
+			// (QA: it went on denying until its cooldown, up to a day).
+			// One an operator opened stays as they set it.
+			if _, err := tx.Exec(ctx, sqlCloseSurgeCircuit, workspaceID, effectType, now,
+				[]string{ids.NewAt(ids.Event, now)}); err != nil {
+				return fmt.Errorf("close surge breaker: %w", err)
+			}
+		}
+		return nil
 	})
 	return out, err
 }

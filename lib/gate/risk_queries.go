@@ -284,6 +284,12 @@ var (
 	// sqlCloseCircuit closes one breaker ('*' lifts the stop).
 	// $1 workspace, $2 type or '*', $3 now, $4 event ids.
 	sqlCloseCircuit = closeSQL(`SELECT $1::text AS workspace_id, $2::text AS effect_type`, "$3::timestamptz", "$4")
+	// sqlCloseSurgeCircuit closes a type's breaker if the surge opened it:
+	// the policy PUT that turns surge off. $1 workspace, $2 type, $3 now,
+	// $4 event ids.
+	sqlCloseSurgeCircuit = closeSQL(`SELECT workspace_id, effect_type FROM gate_circuits
+    WHERE workspace_id = $1 AND effect_type = $2 AND state = 'open' AND opened_by = 'surge' FOR UPDATE`,
+		"$3::timestamptz", "$4")
 	// sqlSweepCircuits closes surge breakers whose cooldown has passed.
 	// $1 now, $2 limit, $3 event ids.
 	sqlSweepCircuits = closeSQL(`SELECT workspace_id, effect_type FROM gate_circuits
