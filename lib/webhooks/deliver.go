@@ -47,6 +47,11 @@ const (
 	// maxRounds bounds the rounds of one pass (Deliver): a burst of up to
 	// maxRounds × perWebhook events to one webhook goes out in one pass.
 	maxRounds = 25
+	// maxInFlight bounds the sends one pass has in flight; roundWait is how
+	// long a round waits for its slowest receivers before the next round
+	// claims for the others (Deliver).
+	maxInFlight = 300
+	roundWait   = time.Second
 	// claimHold keeps a claimed delivery invisible to other sweepers while it
 	// is being sent; longer than sendTimeout.
 	claimHold   = 60 * time.Second
@@ -150,27 +155,53 @@ type claimed struct {
 	workspaceID  string
 }
 
-// Deliver sends due deliveries in rounds (deliverRound), each taking every
-// webhook's and workspace's bounded share, for as long as the last round
-// sent something and the pass has time for another: one round a pass sent
-// at most perWebhook events a webhook, so a burst waited pass after pass
-// (QA: 200 events to one webhook took 55 s, "within one pass" promised).
+// Deliver sends due deliveries in rounds, each taking every webhook's and
+// workspace's bounded share, for as long as the last round sent something
+// and the pass has time for another: one round a pass sent at most
+// perWebhook events a webhook, so a burst waited pass after pass (QA: 200
+// events to one webhook took 55 s, "within one pass" promised). A round
+// does not wait for its slowest receiver: once its sends are done, or after
+// roundWait, the next round claims again, leaving out the webhooks whose
+// sends are still in flight and the workspaces holding their share of them
+// (QA: one receiver taking 9 s held every other receiver, another
+// workspace's included, to one round of 20 a pass). A webhook has at most
+// perWebhook sends in flight, the pass at most maxInFlight; the pass ends
+// when every send it started has been recorded.
 func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
+	p := newPass()
 	total := 0
-	for round := 0; round < maxRounds; round++ {
-		if round > 0 {
+	for rounds := 0; rounds < maxRounds; {
+		if rounds > 0 || p.inFlight() > 0 {
 			if !timeForARound(ctx) {
 				break
 			}
 			now = s.now()
 		}
-		n, err := s.deliverRound(ctx, now)
-		total += n
-		if err != nil || n == 0 {
-			return total, err
+		p.drainEnded() // a send that ends from here on leaves a token for awaitOne
+		hooks, workspaces := p.busy()
+		room := maxInFlight - p.inFlight()
+		var batch []claimed
+		if room > 0 {
+			var err error
+			if batch, err = s.claim(ctx, now, min(deliverBatch, room), hooks, workspaces); err != nil {
+				p.fail(err)
+				break
+			}
 		}
+		if len(batch) == 0 {
+			// Nothing left out and nothing due: done. Otherwise what is due
+			// may belong to webhooks in flight: look again once a send ends.
+			if len(hooks) == 0 || !p.awaitOne(ctx) {
+				break
+			}
+			continue
+		}
+		rounds++
+		total += len(batch)
+		p.await(ctx, p.send(ctx, batch, s.deliverOne), roundWait)
 	}
-	return total, nil
+	p.wg.Wait()
+	return total, p.err()
 }
 
 // timeForARound says whether ctx leaves a round its longest time: a send's
@@ -183,11 +214,146 @@ func timeForARound(ctx context.Context) bool {
 	return !ok || time.Until(deadline) > sendTimeout+recordTimeout
 }
 
-// deliverRound sends up to deliverBatch due deliveries. Each is claimed and
+// pass tracks the sends one Deliver has in flight: by webhook and by
+// workspace, which the next round's claim leaves out while they hold their
+// share, and the first error of any.
+type pass struct {
+	wg       sync.WaitGroup
+	ended    chan struct{} // one token per send that ended
+	mu       sync.Mutex
+	hooks    map[string]int
+	spaces   map[string]int
+	n        int
+	firstErr error
+}
+
+func newPass() *pass {
+	return &pass{ended: make(chan struct{}, maxInFlight), hooks: map[string]int{}, spaces: map[string]int{}}
+}
+
+func (p *pass) inFlight() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.n
+}
+
+// busy lists the webhooks with a send in flight and the workspaces with
+// their round's share (perWorkspace) or more in flight.
+func (p *pass) busy() (hooks, workspaces []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	hooks, workspaces = []string{}, []string{}
+	for id := range p.hooks {
+		hooks = append(hooks, id)
+	}
+	for id, n := range p.spaces {
+		if n >= perWorkspace {
+			workspaces = append(workspaces, id)
+		}
+	}
+	return hooks, workspaces
+}
+
+func (p *pass) fail(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.firstErr == nil {
+		p.firstErr = err
+	}
+}
+
+func (p *pass) err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.firstErr
+}
+
+// send starts every delivery of batch at once and answers a channel closed
+// when all of them have been recorded. (Sent a few at a time, slow
+// receivers once outlasted the sweeper's time for the task, whose end cut
+// sends short and lost their outcomes: counted attempts never sent,
+// successes sent again.) Outcomes are recorded whatever is left of the
+// pass's time: a delivery that was sent is recorded.
+func (p *pass) send(ctx context.Context, batch []claimed, deliver func(context.Context, claimed) error) <-chan struct{} {
+	p.mu.Lock()
+	for _, c := range batch {
+		p.hooks[c.webhookID]++
+		p.spaces[c.workspaceID]++
+		p.n++
+	}
+	p.mu.Unlock()
+	var round sync.WaitGroup
+	for _, c := range batch {
+		p.wg.Add(1)
+		round.Add(1)
+		go func(c claimed) {
+			defer p.wg.Done()
+			defer round.Done()
+			if err := deliver(ctx, c); err != nil {
+				p.fail(err)
+			}
+			p.mu.Lock()
+			if p.hooks[c.webhookID]--; p.hooks[c.webhookID] == 0 {
+				delete(p.hooks, c.webhookID)
+			}
+			if p.spaces[c.workspaceID]--; p.spaces[c.workspaceID] == 0 {
+				delete(p.spaces, c.workspaceID)
+			}
+			p.n--
+			p.mu.Unlock()
+			select {
+			case p.ended <- struct{}{}:
+			default: // the buffer holds maxInFlight: a waiter has a token already
+			}
+		}(c)
+	}
+	done := make(chan struct{})
+	go func() {
+		round.Wait()
+		close(done)
+	}()
+	return done
+}
+
+// await waits for a round's sends to end, at most d.
+func (p *pass) await(ctx context.Context, done <-chan struct{}, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// drainEnded forgets the sends that ended so far.
+func (p *pass) drainEnded() {
+	for {
+		select {
+		case <-p.ended:
+		default:
+			return
+		}
+	}
+}
+
+// awaitOne waits for a send to end (one that ended since the last
+// drainEnded counts): false when ctx ended first.
+func (p *pass) awaitOne(ctx context.Context) bool {
+	select {
+	case <-p.ended:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// claim claims up to limit due deliveries, none of the webhooks or
+// workspaces named (their sends of this pass are still in flight). Each is
 // pushed claimHold into the future in one statement before anything is
 // sent, so concurrent sweepers send disjoint sets; the outcome is then
 // recorded per delivery.
-func (s *Service) deliverRound(ctx context.Context, now time.Time) (int, error) {
+func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks, workspaces []string) ([]claimed, error) {
 	// Every parameter is cast: with DB_QUERY_EXEC_MODE=simple_protocol they
 	// arrive as untyped literals, and "$1 + interval" read $1 as an interval.
 	rows, err := s.pool.Query(ctx, `
@@ -205,7 +371,8 @@ func (s *Service) deliverRound(ctx context.Context, now time.Time) (int, error) 
 		            WHERE webhook_id = hook.id AND state = 'pending' AND next_attempt_at <= $1::timestamptz
 		            ORDER BY next_attempt_at LIMIT $4::int
 		        ) d
-		        WHERE hook.deleted_at IS NULL
+		        WHERE hook.deleted_at IS NULL AND NOT hook.id = ANY ($6::text[])
+		          AND NOT hook.workspace_id = ANY ($7::text[])
 		    ) x
 		    WHERE n <= $5::int
 		    ORDER BY next_attempt_at LIMIT $2::int * 3
@@ -223,9 +390,9 @@ func (s *Service) deliverRound(ctx context.Context, now time.Time) (int, error) 
 		WHERE d.id = due.id AND w.id = d.webhook_id AND e.id = d.event_id
 		RETURNING d.id, w.url, w.secret, w.id, d.attempts, e.id, e.type, e.data::text, e.created_at, e.workspace_id,
 		    e.subject_id`,
-		now, deliverBatch, claimHold.Seconds(), perWebhook, perWorkspace)
+		now, limit, claimHold.Seconds(), perWebhook, perWorkspace, hooks, workspaces)
 	if err != nil {
-		return 0, fmt.Errorf("claim deliveries: %w", err)
+		return nil, fmt.Errorf("claim deliveries: %w", err)
 	}
 	var batch []claimed
 	for rows.Next() {
@@ -234,41 +401,15 @@ func (s *Service) deliverRound(ctx context.Context, now time.Time) (int, error) 
 		if err := rows.Scan(&c.id, &c.url, &c.secret, &c.webhookID, &c.attempts, &c.eventID, &c.eventType,
 			&data, &c.eventCreated, &c.workspaceID, &c.subjectID); err != nil {
 			rows.Close()
-			return 0, fmt.Errorf("scan delivery: %w", err)
+			return nil, fmt.Errorf("scan delivery: %w", err)
 		}
 		c.eventData = []byte(data)
 		batch = append(batch, c)
 	}
 	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("claim deliveries: %w", err)
+		return nil, fmt.Errorf("claim deliveries: %w", err)
 	}
-
-	// Every delivery of the batch is sent at once, so the pass ends within
-	// one sendTimeout however slow the receivers. (Sent a few at a time,
-	// slow receivers once outlasted the sweeper's time for the task, whose
-	// end cut sends short and lost their outcomes: counted attempts never
-	// sent, successes sent again.) Outcomes are recorded whatever is left
-	// of the pass's time: a delivery that was sent is recorded.
-	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		firstErr error
-	)
-	for _, c := range batch {
-		wg.Add(1)
-		go func(c claimed) {
-			defer wg.Done()
-			if err := s.deliverOne(ctx, c); err != nil {
-				mu.Lock()
-				if firstErr == nil {
-					firstErr = err
-				}
-				mu.Unlock()
-			}
-		}(c)
-	}
-	wg.Wait()
-	return len(batch), firstErr
+	return batch, nil
 }
 
 // deliverOne sends one delivery and records the outcome. Only the status code

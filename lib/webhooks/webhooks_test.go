@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -95,11 +96,20 @@ func TestCreateValidatesAndShowsSecretOnce(t *testing.T) {
 		"credentials":   {"url": "https://u:p@example.com/x", "events": []string{"run.finished"}},
 		"no events":     {"url": "https://example.com/x", "events": []string{}},
 		"unknown event": {"url": "https://example.com/x", "events": []string{"effect.exploded"}},
+		// QA: any digits were a port, and every delivery failed.
+		"port too high": {"url": "https://example.com:99999/x", "events": []string{"run.finished"}},
+		"port zero":     {"url": "https://example.com:0/x", "events": []string{"run.finished"}},
+		// QA: 5 000 unknown types were answered with a 1 MB error.
+		"long list": {"url": "https://example.com/x", "events": slices.Repeat([]string{"bad"}, 5000)},
 	} {
 		r := env.Do("POST", "/api/v1/webhooks", ws.Key, body)
 		require.Equal(t, http.StatusBadRequest, r.Status, name)
 		require.Equal(t, "invalid_request", r.ErrorCode(), name)
+		require.Less(t, len(r.Body), 4096, name)
 	}
+	ported := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": "https://example.com:8443/x", "events": []string{"run.finished"}}).JSON()["id"].(string)
+	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+ported, ws.Key, nil)
 	require.Empty(t, env.Must(http.StatusOK, "GET", "/api/v1/webhooks", ws.Key, nil).JSON()["data"])
 
 	r := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
@@ -674,4 +684,63 @@ func TestADeleteIsAllOrNothing(t *testing.T) {
 	var state string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT state FROM webhook_deliveries WHERE webhook_id = $1`, id).Scan(&state))
 	require.Equal(t, "failed", state)
+}
+
+// Within one pass, a round does not wait for its slowest receiver: the next
+// rounds go on for the other webhooks, of the same workspace and of others,
+// while the slow one's sends are in flight, and the slow webhook's backlog
+// follows once they end (QA: a receiver taking 9 s held every other
+// receiver to one round of 20 a pass).
+func TestASlowReceiverDoesNotHoldThePassesNextRounds(t *testing.T) {
+	env, clk := start(t, true)
+	ctx := context.Background()
+	a, b := env.Signup(), env.Signup()
+	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	var slowHits atomic.Int32
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		slowHits.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(slow.Close)
+	t.Cleanup(unblock)
+	fastA, fastB := newReceiver(t), newReceiver(t)
+	for _, h := range []struct {
+		key, url, event string
+	}{{a.Key, slow.URL, events.StepExhausted}, {a.Key, fastA.URL, events.RunFinished}, {b.Key, fastB.URL, events.RunFinished}} {
+		env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", h.key,
+			map[string]any{"url": h.url, "events": []string{h.event}})
+	}
+	for range 50 {
+		record(t, env, a.ID, events.StepExhausted, clk.Now())
+	}
+	for range 100 {
+		record(t, env, a.ID, events.RunFinished, clk.Now())
+		record(t, env, b.ID, events.RunFinished, clk.Now())
+	}
+	_, err := env.App.Server.Webhooks.Dispatch(ctx, clk.Now())
+	require.NoError(t, err)
+
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := env.App.Server.Webhooks.Deliver(ctx, clk.Now())
+		done <- result{n, err}
+	}()
+	require.Eventually(t, func() bool { return fastA.count() == 100 && fastB.count() == 100 }, 8*time.Second,
+		10*time.Millisecond, "the fast webhooks drain while the slow one's sends are in flight (a=%d, b=%d)",
+		fastA.count(), fastB.count())
+	require.Equal(t, int32(20), slowHits.Load(), "the slow webhook has its one share in flight, no more")
+	unblock()
+	r := <-done
+	require.NoError(t, r.err)
+	require.Equal(t, 250, r.n)
+	require.Equal(t, int32(50), slowHits.Load(), "its backlog followed in the same pass")
 }
