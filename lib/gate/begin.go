@@ -870,9 +870,10 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, in *beginInput, ev 
 		}
 		return Decision{Decision: DecisionApprovalRequired, EffectID: out.ID, State: out.State,
 			Attempt: out.Attempt, ApprovalID: in.approvalID}, nil
-	case in.risk.refused != nil && !probe:
-		// A probe charges no ceiling and no wallet (sqlGrant): what refused
-		// the begin's cost does not refuse it.
+	case in.risk.refused != nil && !(probe && in.walletRefused):
+		// A probe adds nothing to a run's wallet (money.RunSpendSQL): the
+		// wallet's refusal of the begin's cost does not refuse it. A daily
+		// ceiling's does: it charged the probe (sqlGrant).
 		code = in.risk.refused.Code
 	default:
 		if err := admitCompensationGrant(ctx, tx, row); err != nil {

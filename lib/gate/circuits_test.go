@@ -199,6 +199,38 @@ func TestTurningSurgeOffClosesTheSurgesBreaker(t *testing.T) {
 	require.Equal(t, 1, b.events("circuit.closed"))
 }
 
+// A policy turning surge off waits for a begin that holds the type's surge
+// turn: the trip that begin makes is closed by the policy, not left open
+// (review: a trip landing between the close and the begin's evaluation).
+// Not parallel: it waits for a lock wait in the database.
+func TestTurningSurgeOffWaitsForABeginsTrip(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 2, "surge_action": "deny"})
+	tx, err := b.env.App.Pool.Begin(ctx) // a begin in its surge turn, about to trip
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('surge:' || $1::text || ':sms.send', 0))`, b.ws.ID)
+	require.NoError(t, err)
+	put := make(chan int, 1)
+	go func() {
+		put <- b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key, map[string]any{"surge_per_hour": nil}).Status
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n))
+		return n > 0
+	}, 10*time.Second, 10*time.Millisecond, "the policy waits for the surge turn")
+	_, err = tx.Exec(ctx, `INSERT INTO gate_circuits (workspace_id, effect_type, state, opened_by, action, opened_at,
+		closes_at, updated_at) VALUES ($1, 'sms.send', 'open', 'surge', 'deny', $2, $2::timestamptz + interval '1 hour', $2)`,
+		b.ws.ID, b.clock.Now())
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, http.StatusOK, <-put)
+	require.Equal(t, "closed", b.circuit("sms.send")["state"])
+}
+
 func TestManualBreakerHasNoCooldownAndCloseDoesNotDisarm(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

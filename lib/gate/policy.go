@@ -415,6 +415,17 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 			out = p
 			return nil
 		}
+		surgeOff := p.SurgePerHour == nil && p.SurgeMultiplier == nil
+		if surgeOff {
+			// Begins that count the surge take this lock for their whole
+			// transaction (gate_begin_in_turn): one evaluated under the
+			// old policy trips before the close below, and one that waits
+			// reads the new policy (review: a trip landing between the
+			// close and a begin's evaluation kept a breaker open).
+			if _, err := tx.Exec(ctx, sqlLockSurgeTurn, workspaceID, effectType); err != nil {
+				return fmt.Errorf("lock surge turn: %w", err)
+			}
+		}
 		now := s.clock()
 		out, err = s.writePolicy(ctx, tx, workspaceID, p, now)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -425,7 +436,7 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		if err != nil {
 			return err
 		}
-		if p.SurgePerHour == nil && p.SurgeMultiplier == nil {
+		if surgeOff {
 			// Surge turned off: a breaker the surge opened closes with it
 			// (QA: it went on denying until its cooldown, up to a day).
 			// One an operator opened stays as they set it.

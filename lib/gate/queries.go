@@ -195,12 +195,15 @@ const sqlBeginLocked = `SELECT * FROM gate_begin_locked($1::text, $2::text, $3::
     $6::int, $7::text, $8::timestamptz)`
 
 // sqlGrant starts a new attempt on a locked effect and charges its ceilings
-// (gate_refuse aborts it when one does not fit). A probe is charged nothing:
-// the unknown attempt it checks kept its charge, and the probe protocol
-// lets at most one of the two act (its holder reports what it found, or
-// acts because nothing was done), so charging both counted one action twice
-// and refused a probe whose cost did not fit beside the earlier charge,
-// leaving the key unsettled behind a budget it would not have exceeded.
+// (gate_refuse aborts it when one does not fit). A probe is not charged
+// again on a counter an unknown attempt before it holds a charge on (the
+// same scope and day): the probe protocol lets at most one of the two act
+// (its holder reports what it found, or acts because nothing was done), so
+// charging both counted one action twice there, and refused a probe whose
+// cost did not fit beside the earlier charge, leaving the key unsettled
+// behind a budget it would not have exceeded. On another day, or another
+// key's ceiling, the probe is charged: what acts on a day stays bounded by
+// that day's counters (review).
 // $1 effect id, $2 now, $3 token hash, $4 lease seconds, $5 probe, $6 key id,
 // $7 the key's daily spend ceiling.
 var sqlGrant = `
@@ -215,8 +218,10 @@ WITH e AS (
         e.dimensions AS dims, p.daily_budget_micros, coalesce(p.dimension_limits, '{}') AS dimension_limits,
         ` + utcDay("$2") + ` AS day
     FROM e LEFT JOIN gate_policies p ON p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type
-    WHERE NOT $5::boolean
-),` + chargeCTEs("grant_src") + `,
+),` + chargeCTEsExcept("grant_src", `$5::boolean AND EXISTS (
+        SELECT 1 FROM effect_attempts u, jsonb_to_recordset(u.charges) AS c(scope text)
+        WHERE u.effect_id = $1 AND u.charged_on = s.day AND c.scope = p.scope
+          AND u.attempt IN (SELECT attempt FROM gate_unknown_attempts($1)))`) + `,
 a AS (
     INSERT INTO effect_attempts (effect_id, attempt, workspace_id, lease_token_hash, probe, started_at,
         lease_expires_at, began_by_key_id, charges, charged_on)

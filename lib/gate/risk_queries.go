@@ -34,7 +34,15 @@ func utcDay(ts string) string { return `((` + ts + `)::timestamptz AT TIME ZONE 
 // counts 1 towards daily_count, including one that declares no cost at all
 // (which is what makes daily_count usable for messaging); an undeclared
 // cost is 0 micros.
-func chargeCTEs(src string) string {
+func chargeCTEs(src string) string { return chargeCTEsExcept(src, "") }
+
+// chargeCTEsExcept is chargeCTEs leaving out the scopes (alias p, with the
+// grant s) for which except holds.
+func chargeCTEsExcept(src, except string) string {
+	if except != "" {
+		except = `
+    WHERE NOT (` + except + `)`
+	}
 	return `
 plan AS (
     SELECT s.workspace_id, s.day, p.scope, p.label,
@@ -51,7 +59,7 @@ plan AS (
             (l.value ->> 'daily_micros')::bigint, (l.value ->> 'daily_count')::bigint
         FROM jsonb_each(s.dimension_limits) l
         WHERE l.value ->> 'daily_micros' IS NOT NULL OR l.value ->> 'daily_count' IS NOT NULL
-    ) p
+    ) p` + except + `
 ),
 chg AS (
     INSERT INTO gate_spend AS g (workspace_id, scope, day, micros, count, cap_micros, cap_count)
@@ -284,6 +292,9 @@ var (
 	// sqlCloseCircuit closes one breaker ('*' lifts the stop).
 	// $1 workspace, $2 type or '*', $3 now, $4 event ids.
 	sqlCloseCircuit = closeSQL(`SELECT $1::text AS workspace_id, $2::text AS effect_type`, "$3::timestamptz", "$4")
+	// sqlLockSurgeTurn takes a type's surge turn, as gate_begin_in_turn
+	// does (migration 0028). $1 workspace, $2 type.
+	sqlLockSurgeTurn = `SELECT pg_advisory_xact_lock(hashtextextended('surge:' || $1::text || ':' || $2::text, 0))`
 	// sqlCloseSurgeCircuit closes a type's breaker if the surge opened it:
 	// the policy PUT that turns surge off. $1 workspace, $2 type, $3 now,
 	// $4 event ids.

@@ -506,3 +506,26 @@ func TestRunWalletAfterAFailedProbe(t *testing.T) {
 	require.Equal(t, false, d3["probe"])
 	require.Equal(t, 700, b.spent(run))
 }
+
+// A probe on a later UTC day is charged on that day's counters: the earlier
+// attempt's charge sits on its own day's, and what acts on a day stays
+// bounded by that day's ceiling (review: a probe the next day, charged
+// nothing, acted past a full budget).
+func TestAProbeOnALaterDayIsChargedThatDay(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe", "daily_budget_micros": 1000})
+	body := charge(key("p"), 600)
+	b.mustBegin("execute", body)
+	b.clock.Add(24 * time.Hour) // the next UTC day; the attempt's outcome is unknown
+	b.mustBegin("execute", charge(key("today"), 1000))
+	e := b.refusal("budget_exceeded", "indeterminate", body)
+	require.Equal(t, "budget_exceeded", e["code"])
+
+	// On a day with room, the probe is charged there.
+	b.clock.Add(24 * time.Hour)
+	d := b.mustBegin("execute", body)
+	require.Equal(t, true, d["probe"])
+	b.denialOf("budget_exceeded", charge(key("over"), 401))
+	b.mustBegin("execute", charge(key("fits"), 400))
+}

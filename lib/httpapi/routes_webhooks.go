@@ -44,6 +44,18 @@ func (s *Server) webhookRoutes() []Route {
 			},
 		},
 		{
+			Method: "GET", Pattern: "/api/v1/webhooks/{id}", Name: "webhooks.get", Tag: "webhooks", Scopes: scopes,
+			Summary:  "Read one subscription (its secret is shown only when it is created).",
+			Response: webhooks.Webhook{}, Status: 200, Errors: []string{apierr.CodeNotFound},
+			Handle: func(ctx context.Context, c *Call) (any, error) {
+				id, err := c.PathID("id", ids.Webhook)
+				if err != nil {
+					return nil, err
+				}
+				return s.Webhooks.Get(ctx, c.Principal.WorkspaceID, id)
+			},
+		},
+		{
 			Method: "DELETE", Pattern: "/api/v1/webhooks/{id}", Name: "webhooks.delete", Tag: "webhooks", Scopes: scopes,
 			Summary:  "End a subscription; its pending deliveries are abandoned. Returns the subscription.",
 			Response: webhooks.Webhook{}, Status: 200, Errors: []string{apierr.CodeNotFound},

@@ -38,8 +38,8 @@ func RunSpendSQL(ws, run string) string {
 // an attempt whose outcome is unknown, which keeps counting until it is
 // known to have failed (a probe reported failed, or a resolution, settles
 // it so, and the probe with it); of the two at most one acted, so the
-// probe adds nothing, as it adds nothing to the daily ceilings (lib/gate,
-// sqlGrant).
+// probe adds nothing, as it adds nothing to a daily counter the earlier
+// attempt charged the same day (lib/gate, sqlGrant). A wallet has no days.
 const spendingAttempt = `a.outcome IS DISTINCT FROM 'failed' AND NOT a.probe`
 
 // walletEffect is true of an effect (alias x) a run's wallet pays for: any

@@ -459,8 +459,12 @@ func (s *Service) record(ctx context.Context, c claimed, code *int, failure stri
 	var err error
 	switch {
 	case failure == "":
+		// A delivery its webhook's delete abandoned while it was being sent
+		// did arrive: it is recorded delivered (QA: it read failed).
 		_, err = s.pool.Exec(ctx, `UPDATE webhook_deliveries SET state = 'delivered', delivered_at = $2,
-			last_status_code = $3, last_error = NULL WHERE id = $1 AND state = 'pending'`, c.id, now, code)
+			last_status_code = $3, last_error = NULL
+			WHERE id = $1 AND (state = 'pending' OR (state = 'failed' AND last_error = '`+abandoned+`'))`,
+			c.id, now, code)
 	case c.attempts >= MaxAttempts:
 		_, err = s.pool.Exec(ctx, `UPDATE webhook_deliveries SET state = 'failed', last_status_code = $2,
 			last_error = $3 WHERE id = $1 AND state = 'pending'`, c.id, code, failure)

@@ -115,6 +115,9 @@ func (r *CreateRequest) validate(allowPrivate bool) error {
 	return pr.Err()
 }
 
+// abandoned is the last_error of a delivery its webhook's delete ended.
+const abandoned = "webhook deleted"
+
 // maxEventsListed bounds a subscription's events list, repeats included.
 const maxEventsListed = 50
 
@@ -171,14 +174,35 @@ func (s *Service) Create(ctx context.Context, workspaceID string, req CreateRequ
 // into as many outbound requests as it liked (security review).
 const MaxWebhooks = 20
 
+// webhookCols are a Webhook's columns, in its fields' order.
+const webhookCols = `id, url, events, created_at`
+
 // List pages through live subscriptions.
 func (s *Service) List(ctx context.Context, workspaceID, cursor string, limit int) ([]Webhook, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id, url, events, created_at FROM webhooks
+	rows, err := s.pool.Query(ctx, `SELECT `+webhookCols+` FROM webhooks
 		WHERE workspace_id = $1 AND deleted_at IS NULL AND id > $2 ORDER BY id LIMIT $3`, workspaceID, cursor, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list webhooks: %w", err)
 	}
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[Webhook])
+}
+
+// Get reads one live subscription (never its secret); a deleted one is
+// unknown, as in the list.
+func (s *Service) Get(ctx context.Context, workspaceID, id string) (Webhook, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+webhookCols+` FROM webhooks
+		WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NULL`, id, workspaceID)
+	if err != nil {
+		return Webhook{}, fmt.Errorf("read webhook: %w", err)
+	}
+	w, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Webhook])
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Webhook{}, apierr.NotFound("webhook")
+	}
+	if err != nil {
+		return Webhook{}, fmt.Errorf("read webhook: %w", err)
+	}
+	return w, nil
 }
 
 // Delete ends a subscription; pending deliveries to it are abandoned, in the
@@ -193,7 +217,7 @@ func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, 
 		// for a concurrent one reads the row as that one left it, and
 		// answers it (review: in one statement its snapshot still showed
 		// the row live, and it answered 404).
-		rows, err := tx.Query(ctx, `SELECT id, url, events, created_at FROM webhooks
+		rows, err := tx.Query(ctx, `SELECT `+webhookCols+` FROM webhooks
 			WHERE id = $1 AND workspace_id = $2 FOR UPDATE`, id, workspaceID)
 		if err != nil {
 			return fmt.Errorf("delete webhook: %w", err)
@@ -205,7 +229,7 @@ func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, 
 			id, s.now()); err != nil {
 			return fmt.Errorf("delete webhook: %w", err)
 		}
-		if _, err := tx.Exec(ctx, `UPDATE webhook_deliveries SET state = 'failed', last_error = 'webhook deleted'
+		if _, err := tx.Exec(ctx, `UPDATE webhook_deliveries SET state = 'failed', last_error = '`+abandoned+`'
 			WHERE webhook_id = $1 AND state = 'pending'`, id); err != nil {
 			return fmt.Errorf("abandon deliveries: %w", err)
 		}

@@ -119,6 +119,11 @@ func TestCreateValidatesAndShowsSecretOnce(t *testing.T) {
 	require.Equal(t, []any{"effect.indeterminate", "run.finished"}, r.JSON()["events"])
 	list := env.Must(http.StatusOK, "GET", "/api/v1/webhooks", ws.Key, nil)
 	require.NotContains(t, string(list.Body), secret)
+	// One subscription is read by its id (QA: only the list had it), its
+	// secret never again.
+	one := env.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+r.JSON()["id"].(string), ws.Key, nil)
+	require.Equal(t, list.JSON()["data"].([]any)[0], one.JSON())
+	require.NotContains(t, string(one.Body), secret)
 
 	// Scope and tenancy.
 	agent := env.Key(ws, map[string]any{"name": "a", "preset": "AGENT"})
@@ -147,6 +152,41 @@ func TestCreateValidatesAndShowsSecretOnce(t *testing.T) {
 	}
 	require.Equal(t, http.StatusNotFound, env.Do("DELETE", "/api/v1/webhooks/"+id, other.Key, nil).Status)
 	require.NotContains(t, string(env.Must(http.StatusOK, "GET", "/api/v1/webhooks", ws.Key, nil).Body), id)
+	require.Equal(t, http.StatusNotFound, env.Do("GET", "/api/v1/webhooks/"+id, ws.Key, nil).Status, "deleted")
+	require.Equal(t, http.StatusNotFound, env.Do("GET", "/api/v1/webhooks/"+id, other.Key, nil).Status)
+}
+
+// A delivery being sent when its webhook is deleted, and received, is
+// recorded delivered: the delete abandoned it as pending, and the send's
+// outcome is what happened (QA: it read failed).
+func TestADeliveryInFlightAtADeleteIsRecordedAsItEnded(t *testing.T) {
+	env, clk := start(t, true)
+	ctx := context.Background()
+	ws := env.Signup()
+	arrived, release := make(chan struct{}), make(chan struct{})
+	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-release
+	}))
+	t.Cleanup(rcv.Close)
+	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()["id"].(string)
+	record(t, env, ws.ID, events.RunFinished, clk.Now())
+	_, err := env.App.Server.Webhooks.Dispatch(ctx, clk.Now())
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := env.App.Server.Webhooks.Deliver(ctx, clk.Now())
+		done <- err
+	}()
+	<-arrived
+	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil)
+	close(release)
+	require.NoError(t, <-done)
+	var state string
+	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT state FROM webhook_deliveries WHERE webhook_id = $1`,
+		id).Scan(&state))
+	require.Equal(t, "delivered", state)
 }
 
 func TestDeliveryIsSignedAndRecorded(t *testing.T) {
