@@ -113,7 +113,7 @@ func checkSchema(field string, raw json.RawMessage, p *apierr.Problems) json.Raw
 		p.Add(field, "must be a JSON Schema object or boolean")
 		return nil
 	}
-	if _, err := compileSchema(doc); err != nil {
+	if err := publishableSchema(doc); err != nil {
 		p.Add(field, "%s", schemaCompileProblem(err))
 		return nil
 	}

@@ -28,7 +28,7 @@ import (
 // URN base it resolved to the schema's own root, so a contract published as
 // {"$ref":"other.json"} refused every input, silently). A relative $id of an
 // embedded resource, and a $ref to it, resolve inside the document.
-const schemaURL = "https://contract-schema.ratchet.invalid/schema.json"
+const schemaURL = "https://contract-schema.ratchet.invalid/published-contract-schema-f3a91c"
 
 // legacySchemaURL is the base schemas were compiled under before: a stored
 // schema with a relative reference to another document compiles only under
@@ -51,6 +51,32 @@ func (noLoader) Load(url string) (any, error) {
 // checks it.
 func compileSchema(doc []byte) (*jsonschema.Schema, error) {
 	return compileSchemaAt(doc, schemaURL)
+}
+
+// publishableSchema is how publication checks a schema: it compiles, and its root
+// does not refer to itself without a fragment. Such a reference, say
+// {"$id":"urn:x","$ref":"other.json"} (a relative reference resolved
+// against the schema's own URN), or {"$ref":"#"}, validates no value at
+// all: every enqueue or report under it would be refused (review).
+func publishableSchema(doc []byte) error {
+	s, err := compileSchema(doc)
+	if err != nil {
+		return err
+	}
+	var ve *jsonschema.ValidationError
+	if errors.As(validateSafely(s, nil), &ve) && refCycle(ve) {
+		return errors.New("its root refers to itself, so no value can match it: a $ref must name " +
+			"a part of this schema (#/$defs/…)")
+	}
+	return nil
+}
+
+// refCycle reports whether a validation error comes of a reference cycle.
+func refCycle(ve *jsonschema.ValidationError) bool {
+	if _, ok := ve.ErrorKind.(*kind.RefCycle); ok {
+		return true
+	}
+	return slices.ContainsFunc(ve.Causes, refCycle)
 }
 
 // compileStoredSchema compiles a published schema: as publication does, or,

@@ -60,15 +60,19 @@ func TestCompileSchemaRefusesExternalReferences(t *testing.T) {
 		`{"$schema":"https://example.com/meta.json"}`,
 		// Relative references to another document (QA: they resolved to
 		// the schema's own root, and every input was refused).
-		`{"$ref":"other.json"}`, `{"properties":{"a":{"$ref":"foo/bar.json"}}}`, `{"$ref":"../x.json#/a"}`} {
-		_, err := compileSchema([]byte(doc))
+		`{"$ref":"other.json"}`, `{"properties":{"a":{"$ref":"foo/bar.json"}}}`, `{"$ref":"../x.json#/a"}`,
+		`{"$ref":"schema.json"}`,
+		// A root that refers to itself validates nothing (review).
+		`{"$id":"urn:foo","$ref":"other.json"}`, `{"$ref":"#"}`} {
+		err := publishableSchema([]byte(doc))
 		require.Error(t, err, doc)
 		require.NotContains(t, schemaCompileProblem(err), "ratchet.invalid", doc)
 	}
 	for _, doc := range []string{`true`, `{}`, `{"$defs":{"a":{"type":"string"}},"$ref":"#/$defs/a"}`,
 		`{"$schema":"http://json-schema.org/draft-07/schema#","type":"string"}`,
-		`{"$defs":{"item":{"$id":"item.json","type":"string"}},"properties":{"a":{"$ref":"item.json"}}}`} {
-		_, err := compileSchema([]byte(doc))
+		`{"$defs":{"item":{"$id":"item.json","type":"string"}},"properties":{"a":{"$ref":"item.json"}}}`,
+		`{"type":"object","properties":{"child":{"$ref":"#"}}}`} {
+		err := publishableSchema([]byte(doc))
 		require.NoError(t, err, doc)
 	}
 

@@ -56,19 +56,19 @@ func QuietMessage(msg string, code int64) string {
 
 // nextQuote finds the first quoted span of s: the index of its opening
 // quote and of its closing one (len(s) when a double quote is not closed).
-// A single quote opens a span only at the start of a word and closes it at
-// the end of one, so an apostrophe (can't) quotes nothing; one left open
-// is an apostrophe.
+// A single quote opens a span only at the start of a word (an apostrophe,
+// can't, quotes nothing), and the span runs to the message's last single
+// quote: the SDK writes values into '%s' unescaped, so a value holding
+// "' " would close a shorter span early and leave its rest in the clear
+// (review). Words between two quoted values are lost with them.
 func nextQuote(s string) (start, end int, ok bool) {
 	for i := 0; i < len(s); i++ {
 		switch {
 		case s[i] == '"':
 			return i, closingQuote(s, i+1), true
 		case s[i] == '\'' && (i == 0 || strings.IndexByte(" ([{=:", s[i-1]) >= 0):
-			for j := i + 1; j < len(s); j++ {
-				if s[j] == '\'' && (j+1 == len(s) || strings.IndexByte(" )]},.;:", s[j+1]) >= 0) {
-					return i, j, true
-				}
+			if last := strings.LastIndexByte(s, '\''); last > i {
+				return i, last, true
 			}
 		}
 	}

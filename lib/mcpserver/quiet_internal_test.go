@@ -19,12 +19,14 @@ func TestQuietMessageKeepsProtocolWordsOnly(t *testing.T) {
 		`unterminated "sk_live_SECRET`:                                             `unterminated "…"`,
 		`missing or invalid _meta field "io.modelcontextprotocol/protocolVersion"`: `missing or invalid _meta field "io.modelcontextprotocol/protocolVersion"`,
 		// QA: single quotes came back as sent; the protocol's own names were hidden.
-		`header mismatch: Mcp-Name header value 'x' does not match body value 'sk_live_SECRET'`: `header mismatch: Mcp-Name header value '…' does not match body value '…'`,
-		`bad header: 'sk_live_SECRET' (can't be read)`:                                          `bad header: '…' (can't be read)`,
-		`the server can't take it, it isn't JSON`:                                               `the server can't take it, it isn't JSON`,
-		`missing or invalid _meta field "io.modelcontextprotocol/clientInfo"`:                   `missing or invalid _meta field "io.modelcontextprotocol/clientInfo"`,
-		`missing required Mcp-Name header for method "tools/call"`:                              `missing required Mcp-Name header for method "tools/call"`,
-		`missing required Mcp-Name header for method "sk_live_SECRET"`:                          `missing required Mcp-Name header for method "…"`,
+		`header mismatch: Mcp-Name header value 'x' does not match body value 'sk_live_SECRET'`: `header mismatch: Mcp-Name header value '…'`,
+		// A value holding "' " does not close its span early (review).
+		`header value 'x' sk_live_SECRET' does not match body value 'y'`:      `header value '…'`,
+		`bad header: 'sk_live_SECRET' (can't be read)`:                        `bad header: '…'t be read)`,
+		`the server can't take it, it isn't JSON`:                             `the server can't take it, it isn't JSON`,
+		`missing or invalid _meta field "io.modelcontextprotocol/clientInfo"`: `missing or invalid _meta field "io.modelcontextprotocol/clientInfo"`,
+		`missing required Mcp-Name header for method "tools/call"`:            `missing required Mcp-Name header for method "tools/call"`,
+		`missing required Mcp-Name header for method "sk_live_SECRET"`:        `missing required Mcp-Name header for method "…"`,
 	} {
 		require.Equal(t, want, QuietMessage(msg, jsonrpc.CodeInvalidParams), msg)
 	}

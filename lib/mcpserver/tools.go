@@ -93,32 +93,49 @@ func define[In any](name, description, needs string, route func(In) (method, pat
 	}}
 }
 
-// The schema library's refusals name a property by its path and quote the
-// value ("validating /properties/compensation/properties/effect_type:
-// pattern: "sk_live_…" does not match…"); an answer names the argument as
-// the REST API names a field (compensation.effect_type) and never the value
-// (review).
+// The schema library's refusals name the properties they descend through,
+// then the rule, then quote the value: "validating root: validating
+// /properties/compensation: validating
+// /properties/compensation/properties/effect_type: pattern: "sk_live_…"
+// does not match…". An answer names the argument as the REST API names a
+// field (compensation.effect_type) and never the value (review). Only the
+// leading chain is read: the value, quoted after it, can hold any text,
+// "validating /properties/…" included (review).
 var (
-	schemaProperty = regexp.MustCompile(`validating ((?:/properties/[A-Za-z0-9_]+)+): ([a-zA-Z]+):`)
-	schemaMissing  = regexp.MustCompile(`missing properties: \[([^\]]*)\]`)
-	schemaRules    = map[string]string{"enum": "is not one of the allowed values", "type": "has the wrong type",
+	schemaPath    = regexp.MustCompile(`^(?:/properties/[A-Za-z0-9_]+)+$`)
+	schemaMissing = regexp.MustCompile(`^ missing properties: \[([^\]]*)\]`)
+	schemaRules   = map[string]string{"enum": "is not one of the allowed values", "type": "has the wrong type",
 		"minimum": "is below its minimum", "maximum": "is above its maximum",
 		"minLength": "is shorter than allowed", "maxLength": "is longer than allowed",
 		"pattern": "has characters or a form the tool does not take"}
 )
 
-// schemaProblem answers a schema refusal as the API's invalid_request,
-// naming the argument it is about, without its value. The refusal names
-// each property it descended through; the deepest is the one refused.
-func schemaProblem(err error) *apierr.Error {
-	msg := err.Error()
-	var field, rule string
-	if all := schemaProperty.FindAllStringSubmatch(msg, -1); len(all) > 0 {
-		last := all[len(all)-1]
-		field = strings.ReplaceAll(strings.TrimPrefix(last[1], "/properties/"), "/properties/", ".")
-		rule = last[2]
+// schemaRefusal reads the leading chain of a schema refusal: the deepest
+// property path it names (dotted, "" for the root), the rule, and the text
+// after the rule.
+func schemaRefusal(msg string) (field, rule, rest string) {
+	const step = "validating "
+	for strings.HasPrefix(msg, step) {
+		path, after, ok := strings.Cut(msg[len(step):], ": ")
+		if !ok {
+			return "", "", ""
+		}
+		if schemaPath.MatchString(path) {
+			field = strings.ReplaceAll(strings.TrimPrefix(path, "/properties/"), "/properties/", ".")
+		} else if path != "root" {
+			return "", "", ""
+		}
+		msg = after
 	}
-	if m := schemaMissing.FindStringSubmatch(msg); m != nil && (field == "" || rule == "required") {
+	rule, rest, _ = strings.Cut(msg, ":")
+	return field, rule, rest
+}
+
+// schemaProblem answers a schema refusal as the API's invalid_request,
+// naming the argument it is about, without its value.
+func schemaProblem(err error) *apierr.Error {
+	field, rule, rest := schemaRefusal(err.Error())
+	if m := schemaMissing.FindStringSubmatch(rest); rule == "required" && m != nil {
 		prefix := ""
 		if field != "" {
 			prefix = field + "."

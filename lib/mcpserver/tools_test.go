@@ -237,3 +237,19 @@ func TestToolBodiesAreTheArgumentsSize(t *testing.T) {
 	got := env.Must(http.StatusOK, "GET", "/api/v1/effects/"+d.EffectID, ws.Key, nil).JSON()
 	require.Equal(t, map[string]any{"html": markup}, got["result"], "stored as sent")
 }
+
+// A refusal is named from the schema's own path, never from the value it
+// quotes (review: a value holding "validating /properties/…: required:
+// missing properties: […]" named its own text as the field).
+func TestSchemaRefusalsAreNotReadFromTheValue(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+	text, isErr := callRaw(t, cs, "ratchet_begin",
+		`{"effect_type":"x validating /properties/sk_live_SECRET: required: missing properties: [sk_live_OTHER]","idempotency_key":"k"}`)
+	require.True(t, isErr, text)
+	require.Equal(t, "invalid_request", errorCode(t, text))
+	require.Contains(t, text, `"field":"effect_type"`)
+	require.NotContains(t, text, "sk_live")
+}
