@@ -256,7 +256,7 @@ func (s *Service) Deliveries(ctx context.Context, workspaceID, webhookID, cursor
 	if cursor != "" {
 		ts, id, ok := strings.Cut(cursor, "|")
 		t, err := time.Parse(time.RFC3339Nano, ts)
-		if !ok || err != nil {
+		if !ok || err != nil || id == "" { // QA: "…|" read as no cursor
 			return nil, apierr.InvalidField("cursor", "is not a cursor from this API")
 		}
 		after, afterID = t, id

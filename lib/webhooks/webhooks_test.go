@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -124,6 +125,11 @@ func TestCreateValidatesAndShowsSecretOnce(t *testing.T) {
 	one := env.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+r.JSON()["id"].(string), ws.Key, nil)
 	require.Equal(t, list.JSON()["data"].([]any)[0], one.JSON())
 	require.NotContains(t, string(one.Body), secret)
+	// A cursor without its id part is refused (QA: read as none).
+	bad := env.Do("GET", "/api/v1/webhooks/"+r.JSON()["id"].(string)+"/deliveries?cursor="+
+		url.QueryEscape("2000-01-01T00:00:00Z|"), ws.Key, nil)
+	require.Equal(t, http.StatusBadRequest, bad.Status)
+	require.Equal(t, "invalid_request", bad.ErrorCode())
 
 	// Scope and tenancy.
 	agent := env.Key(ws, map[string]any{"name": "a", "preset": "AGENT"})
