@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 
@@ -430,4 +431,24 @@ func TestContractScopes(t *testing.T) {
 	publisher := e.Key(e.ws, map[string]any{"name": "pub", "scopes": []string{"contracts:write"}})
 	require.EqualValues(t, 1, e.Must(http.StatusCreated, "POST", "/api/v1/tools/send_email/contracts", publisher,
 		contractBody("1", nil)).JSON()["contractVersion"])
+}
+
+// A page of contracts ends before its schemas pass what one answer holds
+// (jobs.AnswerBudget), with a cursor to the rest (QA: 14 contracts of two
+// 250 KB schemas answered 7 MB, over Lambda's and Vercel's limits).
+func TestContractListPagesStayWithinAnAnswersBudget(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	big := map[string]any{"type": "object", "description": strings.Repeat("d", 250_000)}
+	for i := range 7 {
+		e.publish("bigtool", contractBody(fmt.Sprint(i), map[string]any{"inputSchema": big, "outputSchema": big}))
+	}
+	first := e.Must(http.StatusOK, "GET", "/api/v1/tools/bigtool/contracts", e.ws.Key, nil)
+	require.Less(t, len(first.Body), 3<<20+64<<10)
+	page := first.JSON()
+	require.Len(t, page["data"], 6, "six pairs of schemas fit in 3 MiB, seven do not")
+	require.Equal(t, "6", page["nextCursor"])
+	rest := e.Must(http.StatusOK, "GET", "/api/v1/tools/bigtool/contracts?cursor=6", e.ws.Key, nil).JSON()
+	require.Len(t, rest["data"], 1)
+	require.Nil(t, rest["nextCursor"])
 }

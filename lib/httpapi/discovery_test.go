@@ -243,6 +243,16 @@ func TestVercelFilesMatchRouteTable(t *testing.T) {
 	vj, err := os.ReadFile(filepath.Join(root, "vercel.json"))
 	require.NoError(t, err)
 	require.Equal(t, string(httpapi.VercelJSON()), string(vj), "vercel.json is stale: run go run ./scripts/genvercel")
+	for name, body := range httpapi.VercelStaticFiles() {
+		got, err := os.ReadFile(filepath.Join(root, name))
+		require.NoError(t, err)
+		require.Equal(t, string(body), string(got), "%s is stale: run go run ./scripts/genvercel", name)
+	}
+	// Vercel rewrites nothing under /.well-known: the manifest is a file.
+	require.NotContains(t, string(vj), `"/.well-known/`)
+	var served httpapi.Manifest
+	require.NoError(t, json.Unmarshal(httpapi.VercelStaticFiles()["public/.well-known/ratchet.json"], &served))
+	require.Equal(t, httpapi.NewManifest().Routes, served.Routes)
 }
 
 // On Vercel a path no route serves reaches the catch-all entry (the last
@@ -277,7 +287,7 @@ func TestVercelDeploymentPublishesNoSource(t *testing.T) {
 	for _, f := range files {
 		names = append(names, f.Name())
 	}
-	require.Equal(t, []string{"robots.txt"}, names)
+	require.Equal(t, []string{".well-known", "robots.txt"}, names) // .well-known: VercelStaticFiles
 	ignore, err := os.ReadFile("../../.vercelignore")
 	require.NoError(t, err)
 	lines := strings.Split(string(ignore), "\n")

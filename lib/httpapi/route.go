@@ -82,6 +82,12 @@ type Route struct {
 // DefaultTimeout bounds a request that names no Timeout.
 const DefaultTimeout = 15 * time.Second
 
+// CronTimeout bounds a cron sweep: under vercel.json's maxDuration (30 s) and
+// the Lambda API function's timeout (template.yaml, 30 s), and long enough
+// that a task stuck to its own limit leaves the others time (sweep.RunOnce)
+// and webhook delivery its round (a send and its record, 15 s).
+const CronTimeout = 27 * time.Second
+
 // HandlerFunc does a route's work. It returns the body to encode with the
 // route's status, a Reply to choose another status, or an error.
 type HandlerFunc func(ctx context.Context, c *Call) (any, error)

@@ -87,15 +87,15 @@ func (s *Server) coreRoutes() []Route {
 			Method: "GET", Pattern: "/api/cron/sweep", Name: "cron.sweep", Tag: "operations", Auth: AuthCron,
 			Summary:  "One bounded, idempotent sweeper pass (Authorization: Bearer $CRON_SECRET).",
 			Response: sweep.Result{}, Status: 200,
-			Errors: []string{apierr.CodeUnauthorized, apierr.CodeDatabaseUnavailable},
-			Handle: s.cronSweep,
+			Errors:  []string{apierr.CodeUnauthorized, apierr.CodeDatabaseUnavailable},
+			Timeout: CronTimeout, Handle: s.cronSweep,
 		},
 		{
 			Method: "POST", Pattern: "/api/cron/sweep", Name: "cron.sweep.post", Tag: "operations", Auth: AuthCron,
 			Summary:  "Same as GET /api/cron/sweep.",
 			Response: sweep.Result{}, Status: 200,
-			Errors: []string{apierr.CodeUnauthorized, apierr.CodeDatabaseUnavailable},
-			Handle: s.cronSweep,
+			Errors:  []string{apierr.CodeUnauthorized, apierr.CodeDatabaseUnavailable},
+			Timeout: CronTimeout, Handle: s.cronSweep,
 		},
 	}
 }

@@ -116,11 +116,28 @@ type rewrite struct {
 }
 
 // VercelJSON is the generated vercel.json.
+// wellKnown is the path prefix Vercel reserves: "The /.well-known path is
+// reserved and cannot be redirected or rewritten" (its rewrites docs), so
+// a rewrite there never reached the manifest's function (serverless QA).
+const wellKnown = "/.well-known/"
+
+// VercelStaticFiles are the files genvercel writes under public/, which
+// Vercel serves as they are (a project with no framework serves public/
+// when it exists): the capability manifest, which depends on nothing but
+// the code, at the reserved path no rewrite may reach.
+func VercelStaticFiles() map[string][]byte {
+	b, _ := json.MarshalIndent(NewManifest(), "", "  ")
+	return map[string][]byte{"public" + wellKnown + "ratchet.json": append(b, '\n')}
+}
+
 func VercelJSON() []byte {
 	var static, dynamic []rewrite
 	for _, f := range VercelFunctions() {
 		if f.Pattern == "" {
 			continue // the catch-all's rewrites come last
+		}
+		if strings.HasPrefix(f.Pattern, wellKnown) {
+			continue // Vercel rewrites nothing there: VercelStaticFiles serves it
 		}
 		params := (&Route{Pattern: f.Pattern}).PathParams()
 		src := f.Pattern

@@ -88,13 +88,18 @@ type Service struct {
 	claimInputBudget int64
 }
 
+// AnswerBudget bounds what one answer carries of stored documents a caller
+// sent (inputs, schemas): a serverless platform refuses an answer over its
+// limit (Vercel 4.5 MB, base64-encoded by its bridge; Lambda 6 MB); 3 MiB
+// stays under both.
+const AnswerBudget = 3 << 20
+
 // ClaimInputBudget is how many bytes of (sealed) input one claim answers at
 // most: it stops adding jobs before their inputs pass it, though it always
-// answers one. Every job's input is answered whole, and a serverless
-// platform refuses an answer over its limit (Vercel 4.5 MB, base64-encoded
-// by its bridge; Lambda 6 MB), losing the claim and leaving its jobs leased
-// until their leases lapse; 3 MiB stays under both.
-const ClaimInputBudget = 3 << 20
+// answers one. Every job's input is answered whole, and an answer refused
+// by its platform loses the claim, leaving its jobs leased until their
+// leases lapse.
+const ClaimInputBudget = AnswerBudget
 
 // New builds the service. hashSecret keys the HMAC of stored operation
 // fingerprints; leaseGraceMs is JOB_LEASE_GRACE_MS.

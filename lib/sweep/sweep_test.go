@@ -87,3 +87,31 @@ func TestLoopRunsDetachedTasksBesideThePasses(t *testing.T) {
 	<-done
 	require.Zero(t, running.Load(), "Loop returns once its detached runs have")
 }
+
+// A task stuck until its limit leaves the tasks after it their reserve of
+// the pass's deadline (QA: on the cron route, one task waiting on a locked
+// table took the whole deadline, and every task after it failed).
+func TestAStuckTaskLeavesTheOthersTheirTime(t *testing.T) {
+	t.Parallel()
+	quick := func(ctx context.Context, _ time.Time) (int, error) {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		return 1, nil
+	}
+	tasks := []Task{{Name: "stuck", Run: func(ctx context.Context, _ time.Time) (int, error) {
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}}}
+	for i := range 5 {
+		tasks = append(tasks, Task{Name: fmt.Sprint("t", i), Run: quick})
+	}
+	s := New(time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)), tasks...)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	res := s.RunOnce(ctx)
+	require.Equal(t, map[string]string{"stuck": "failed"}, res.Errors)
+	for i := range 5 {
+		require.Equal(t, 1, res.Changed[fmt.Sprint("t", i)])
+	}
+}

@@ -171,10 +171,12 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 	p := newPass()
 	total := 0
 	for rounds := 0; rounds < maxRounds; {
+		// The first round too: one started with less than a send's time
+		// left cut its sends short and used up their attempts (review).
+		if !timeForARound(ctx) {
+			break
+		}
 		if rounds > 0 || p.inFlight() > 0 {
-			if !timeForARound(ctx) {
-				break
-			}
 			now = s.now()
 		}
 		p.drainEnded() // a send that ends from here on leaves a token for awaitOne

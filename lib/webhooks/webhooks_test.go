@@ -790,3 +790,31 @@ func TestASlowReceiverDoesNotHoldThePassesNextRounds(t *testing.T) {
 	require.Equal(t, 250, r.n)
 	require.Equal(t, int32(50), slowHits.Load(), "its backlog followed in the same pass")
 }
+
+// A pass with less than a send's time left (a send's timeout and its
+// record) starts no round: a send cut short by the pass's deadline used up
+// an attempt of a healthy receiver (review). The next pass sends it.
+func TestAPassWithoutASendsTimeSendsNothing(t *testing.T) {
+	env, clk := start(t, true)
+	ctx := context.Background()
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}})
+	record(t, env, ws.ID, events.RunFinished, clk.Now())
+	_, err := env.App.Server.Webhooks.Dispatch(ctx, clk.Now())
+	require.NoError(t, err)
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	n, err := env.App.Server.Webhooks.Deliver(short, clk.Now())
+	require.NoError(t, err)
+	require.Zero(t, n)
+	var attempts int
+	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT attempts FROM webhook_deliveries WHERE workspace_id = $1`,
+		ws.ID).Scan(&attempts))
+	require.Zero(t, attempts, "no attempt used")
+	n, err = env.App.Server.Webhooks.Deliver(ctx, clk.Now())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, 1, rcv.count())
+}

@@ -1,4 +1,4 @@
-// Command genvercel writes api/**.go and vercel.json from the route table.
+// Command genvercel writes api/**.go, vercel.json and public/ from the route table.
 // Run it after adding a route: go run ./scripts/genvercel
 package main
 
@@ -41,6 +41,14 @@ func run() error {
 		return err
 	}
 	removeEmptyDirs("api")
+	for name, body := range httpapi.VercelStaticFiles() {
+		if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(name, body, 0o644); err != nil {
+			return err
+		}
+	}
 	return os.WriteFile("vercel.json", httpapi.VercelJSON(), 0o644)
 }
 
