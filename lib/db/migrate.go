@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Migration is one numbered SQL file.
@@ -111,12 +112,16 @@ const migrateConnectTimeout = 10 * time.Second
 // MigrateURL connects to url, applies pending migrations and disconnects. It
 // sends unnamed statements (exec mode): through a transaction-mode pooler a
 // named prepared statement outlives this connection on the server and
-// collides with the next migration's.
+// collides with the next migration's. The URL is read as the pool reads
+// it: its pool_* settings (pool_max_conns, …) are the pool's, not server
+// parameters (serverless QA: sent on, they failed the connection with
+// "unrecognized configuration parameter").
 func MigrateURL(ctx context.Context, url string, fsys fs.FS) ([]int, error) {
-	cfg, err := pgx.ParseConfig(url)
+	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("connect for migrations: %v", redactURLError(err))
 	}
+	cfg := pc.ConnConfig
 	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
 	if cfg.ConnectTimeout == 0 || cfg.ConnectTimeout > migrateConnectTimeout {
 		cfg.ConnectTimeout = migrateConnectTimeout

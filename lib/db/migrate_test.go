@@ -69,6 +69,16 @@ func TestConcurrentMigrationsApplyEachFileOnce(t *testing.T) {
 	again, err := db.MigrateURL(context.Background(), target, migrations.FS)
 	require.NoError(t, err)
 	require.Empty(t, again)
+
+	// The pool's settings in the URL are the pool's, not the server's
+	// (serverless QA: pool_max_conns failed the migration's connection).
+	sep := "?"
+	if strings.Contains(target, "?") {
+		sep = "&"
+	}
+	again, err = db.MigrateURL(context.Background(), target+sep+"pool_max_conns=2", migrations.FS)
+	require.NoError(t, err)
+	require.Empty(t, again)
 }
 
 func TestFailedMigrationLeavesNothingHalfApplied(t *testing.T) {
