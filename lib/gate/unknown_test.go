@@ -469,17 +469,26 @@ func TestAProbeIsNotChargedAgainOnTheDailyCeilings(t *testing.T) {
 	b.mustBegin("execute", charge(key("fits"), 400))
 }
 
+// probeInRun begins a 700-micro effect in a run with a 1000-micro wallet,
+// lets its lease lapse and begins it again: the probe, granted though the
+// wallet's 300 left would not fit another 700.
+func (b *bundle) probeInRun() (run string, body, probe map[string]any) {
+	b.t.Helper()
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe"})
+	run = b.runWith(1000)
+	body = inRun(run, charge(key("p"), 700))
+	b.mustBegin("execute", body)
+	b.clock.Add(2 * time.Minute)
+	probe = b.mustBegin("execute", body)
+	require.Equal(b.t, true, probe["probe"])
+	return run, body, probe
+}
+
 // A run's wallet counts a probed effect once, as the daily ceilings do.
 func TestRunWalletCountsAProbedEffectOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe"})
-	run := b.runWith(1000)
-	body := inRun(run, charge(key("p"), 700))
-	b.mustBegin("execute", body)
-	b.clock.Add(2 * time.Minute)
-	d2 := b.mustBegin("execute", body)
-	require.Equal(t, true, d2["probe"], "the wallet's 300 left does not refuse a probe")
+	run, _, d2 := b.probeInRun()
 	require.Equal(t, 700, b.spent(run))
 	require.Equal(t, http.StatusOK, b.report(str(d2["effect_id"]), str(d2["lease_token"]), "succeeded", nil).Status)
 	require.Equal(t, 700, b.spent(run))
@@ -493,13 +502,7 @@ func TestRunWalletCountsAProbedEffectOnce(t *testing.T) {
 func TestRunWalletAfterAFailedProbe(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe"})
-	run := b.runWith(1000)
-	body := inRun(run, charge(key("p"), 700))
-	b.mustBegin("execute", body)
-	b.clock.Add(2 * time.Minute)
-	d2 := b.mustBegin("execute", body)
-	require.Equal(t, true, d2["probe"])
+	run, body, d2 := b.probeInRun()
 	require.Equal(t, "failed", b.report(str(d2["effect_id"]), str(d2["lease_token"]), "failed", nil).JSON()["state"])
 	require.Equal(t, 0, b.spent(run))
 	d3 := b.mustBegin("execute", body)

@@ -58,6 +58,25 @@ func newReceiver(t *testing.T, statuses ...int) *receiver {
 	return r
 }
 
+// newBlockingReceiver answers no request until unblock is called (or the
+// request ends), counting them in hits.
+func newBlockingReceiver(t *testing.T) (srv *httptest.Server, hits *atomic.Int32, unblock func()) {
+	release := make(chan struct{})
+	var once sync.Once
+	unblock = func() { once.Do(func() { close(release) }) }
+	hits = new(atomic.Int32)
+	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(unblock) // runs first: the handler returns before its server closes
+	return srv, hits, unblock
+}
+
 func (r *receiver) count() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -627,19 +646,7 @@ func TestRetentionKeepsTheCurrentReconcileReminder(t *testing.T) {
 func TestASlowReceiverHoldsNoOtherDelivery(t *testing.T) {
 	env, clk := start(t, true)
 	slowWS, fastWS := env.Signup(), env.Signup()
-	release := make(chan struct{})
-	var once sync.Once
-	unblock := func() { once.Do(func() { close(release) }) }
-	var slowHits atomic.Int32
-	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		slowHits.Add(1)
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-	}))
-	t.Cleanup(slow.Close)
-	t.Cleanup(unblock) // runs first: the slow handler returns before its server closes
+	slow, slowHits, unblock := newBlockingReceiver(t)
 	fast := newReceiver(t)
 	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", slowWS.Key,
 		map[string]any{"url": slow.URL, "events": []string{events.StepExhausted}})
@@ -741,19 +748,7 @@ func TestASlowReceiverDoesNotHoldThePassesNextRounds(t *testing.T) {
 	env, clk := start(t, true)
 	ctx := context.Background()
 	a, b := env.Signup(), env.Signup()
-	release := make(chan struct{})
-	var once sync.Once
-	unblock := func() { once.Do(func() { close(release) }) }
-	var slowHits atomic.Int32
-	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		slowHits.Add(1)
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-	}))
-	t.Cleanup(slow.Close)
-	t.Cleanup(unblock)
+	slow, slowHits, unblock := newBlockingReceiver(t)
 	fastA, fastB := newReceiver(t), newReceiver(t)
 	for _, h := range []struct {
 		key, url, event string
