@@ -64,7 +64,7 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 	// detached (sweep.Task.Detached).
 	sweeper.Add(
 		sweep.Task{Name: "webhooks.dispatch", Run: deps.Webhooks.Dispatch},
-		sweep.Task{Name: "webhooks.deliver", Run: deps.Webhooks.Deliver, Detached: true},
+		sweep.Task{Name: "webhooks.deliver", Run: deps.Webhooks.Deliver, Detached: true, Needs: webhooks.RoundTime},
 	)
 	if days := deps.Config.EventRetentionDays; days > 0 {
 		sweeper.Add(sweep.Task{Name: "events.retention", Run: func(ctx context.Context, now time.Time) (int, error) {

@@ -222,6 +222,20 @@ func TestABreakerApprovalDoesNotAnswerALaterStop(t *testing.T) {
 	require.NotEqual(t, a["approval_id"], again["approval_id"], "a new question for the operator")
 }
 
+// Opening the same breaker again with the same action (a script repeating
+// it, a new reason) is no new incident: the approval given for it still
+// answers (review: every repeat asked again).
+func TestARepeatedOpeningKeepsItsApproval(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	body := sms(key("held"))
+	b.executeThroughApprovedBreaker(body)
+	b.clock.Add(time.Minute)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key,
+		map[string]any{"action": "require_approval", "reason": "still flaky"})
+	b.mustBegin("execute", body)
+}
+
 // A stop that was only watching (monitor) when a breaker's approval was
 // given, and is escalated to require_approval later, holds the key again:
 // the escalation keeps the stop's opened_at, and the approval predates it.

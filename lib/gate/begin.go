@@ -478,7 +478,11 @@ func (s *Service) chargeEffectWallet(ctx context.Context, tx pgx.Tx, in *beginIn
 // runs it once more, storing the denial instead of granting.
 func (s *Service) refusingOnce(in *beginInput, begin func() (Decision, error)) (Decision, error) {
 	d, err := begin()
-	if label, ok := refusedCeiling(err); ok && in.risk.refused == nil {
+	// A wallet's refusal stands aside for a probe (transition), whose grant
+	// a daily ceiling may still refuse: that refusal takes its place
+	// (review: it escaped as a 500).
+	if label, ok := refusedCeiling(err); ok && (in.risk.refused == nil || in.walletRefused) {
+		in.walletRefused = false
 		in.risk.refuse(label, in.now)
 		return begin()
 	}

@@ -231,7 +231,14 @@ WITH up AS (
     SET state = 'open', opened_by = excluded.opened_by, action = excluded.action, reason = excluded.reason,
         opened_at = CASE WHEN c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at > excluded.opened_at)
                          THEN c.opened_at ELSE excluded.opened_at END,
-        closes_at = NULL, updated_at = excluded.updated_at
+        closes_at = NULL,
+        -- updated_at says when the hold last changed (sqlApprovalsAnswer): a
+        -- repeat, the same opener and action on an open breaker, changes
+        -- nothing an approval answered (review: a script re-opening its
+        -- breaker every minute asked every approval again).
+        updated_at = CASE WHEN c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at > excluded.opened_at)
+                               AND c.opened_by = excluded.opened_by AND c.action = excluded.action
+                          THEN c.updated_at ELSE excluded.updated_at END
     RETURNING c.opened_at, c.action
 ), evt AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)

@@ -532,3 +532,22 @@ func TestAProbeOnALaterDayIsChargedThatDay(t *testing.T) {
 	b.denialOf("budget_exceeded", charge(key("over"), 401))
 	b.mustBegin("execute", charge(key("fits"), 400))
 }
+
+// A probe its run's wallet would refuse stands clear of the wallet, and a
+// daily ceiling that refuses its grant on a later day is answered as that
+// ceiling's denial (review: the refusal escaped as a 500).
+func TestAProbeRefusedByALaterDaysCeilingInARun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe", "daily_budget_micros": 1000})
+	run := b.runWith(1000)
+	body := inRun(run, charge(key("p"), 700))
+	b.mustBegin("execute", body)
+	b.clock.Add(24 * time.Hour)
+	b.mustBegin("execute", charge(key("today"), 1000))
+	b.refusal("budget_exceeded", "indeterminate", body)
+	b.clock.Add(24 * time.Hour) // a day with room: the probe is granted, the wallet notwithstanding
+	d := b.mustBegin("execute", body)
+	require.Equal(t, true, d["probe"])
+	require.Equal(t, 700, b.spent(run))
+}

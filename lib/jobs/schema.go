@@ -53,30 +53,40 @@ func compileSchema(doc []byte) (*jsonschema.Schema, error) {
 	return compileSchemaAt(doc, schemaURL)
 }
 
-// publishableSchema is how publication checks a schema: it compiles, and its root
-// does not refer to itself without a fragment. Such a reference, say
-// {"$id":"urn:x","$ref":"other.json"} (a relative reference resolved
-// against the schema's own URN), or {"$ref":"#"}, validates no value at
-// all: every enqueue or report under it would be refused (review).
+// publishableSchema is how publication checks a schema: it compiles, and its
+// root does not apply itself to the value it checks through $ref or allOf
+// alone (degenerate: checking the root needs checking the root first, and
+// the library answers a reference cycle for every value). Such a reference,
+// say {"$id":"urn:x","$ref":"other.json"} (a relative reference resolved
+// against the schema's own URN) or {"type":"object","$ref":"#"}, would have
+// every enqueue or report under the contract refused (review). Recursion
+// under a keyword that moves to another value or picks among branches
+// (properties, items, anyOf, …) is ordinary and taken.
 func publishableSchema(doc []byte) error {
 	s, err := compileSchema(doc)
 	if err != nil {
 		return err
 	}
-	var ve *jsonschema.ValidationError
-	if errors.As(validateSafely(s, nil), &ve) && refCycle(ve) {
-		return errors.New("its root refers to itself, so no value can match it: a $ref must name " +
-			"a part of this schema (#/$defs/…)")
+	if appliesItself(s, s, map[*jsonschema.Schema]bool{}) {
+		return errors.New("its root applies itself to the same value ($ref or allOf back to the root), so no " +
+			"value can match it: a $ref must name a part of this schema (#/$defs/…)")
 	}
 	return nil
 }
 
-// refCycle reports whether a validation error comes of a reference cycle.
-func refCycle(ve *jsonschema.ValidationError) bool {
-	if _, ok := ve.ErrorKind.(*kind.RefCycle); ok {
-		return true
+// appliesItself reports whether root is reached from s through the
+// keywords that apply a schema to the same value unconditionally.
+func appliesItself(root, s *jsonschema.Schema, seen map[*jsonschema.Schema]bool) bool {
+	if s == nil || seen[s] {
+		return false
 	}
-	return slices.ContainsFunc(ve.Causes, refCycle)
+	seen[s] = true
+	for _, next := range append([]*jsonschema.Schema{s.Ref}, s.AllOf...) {
+		if next == root || appliesItself(root, next, seen) {
+			return true
+		}
+	}
+	return false
 }
 
 // compileStoredSchema compiles a published schema: as publication does, or,

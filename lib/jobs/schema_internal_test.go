@@ -62,8 +62,10 @@ func TestCompileSchemaRefusesExternalReferences(t *testing.T) {
 		// the schema's own root, and every input was refused).
 		`{"$ref":"other.json"}`, `{"properties":{"a":{"$ref":"foo/bar.json"}}}`, `{"$ref":"../x.json#/a"}`,
 		`{"$ref":"schema.json"}`,
-		// A root that refers to itself validates nothing (review).
-		`{"$id":"urn:foo","$ref":"other.json"}`, `{"$ref":"#"}`} {
+		// A root that applies itself to the same value validates nothing (review).
+		`{"$id":"urn:foo","$ref":"other.json"}`, `{"$ref":"#"}`, `{"type":"object","$ref":"#"}`,
+		`{"type":"object","allOf":[{"$ref":"#"}]}`, `{"type":["object","string"],"$ref":"#"}`,
+		`{"allOf":[{"$ref":"#/$defs/a"}],"$defs":{"a":{"$ref":"#"}}}`} {
 		err := publishableSchema([]byte(doc))
 		require.Error(t, err, doc)
 		require.NotContains(t, schemaCompileProblem(err), "ratchet.invalid", doc)
@@ -71,7 +73,12 @@ func TestCompileSchemaRefusesExternalReferences(t *testing.T) {
 	for _, doc := range []string{`true`, `{}`, `{"$defs":{"a":{"type":"string"}},"$ref":"#/$defs/a"}`,
 		`{"$schema":"http://json-schema.org/draft-07/schema#","type":"string"}`,
 		`{"$defs":{"item":{"$id":"item.json","type":"string"}},"properties":{"a":{"$ref":"item.json"}}}`,
-		`{"type":"object","properties":{"child":{"$ref":"#"}}}`} {
+		`{"type":"object","properties":{"child":{"$ref":"#"}}}`,
+		// Recursion among branches or into other values is ordinary (review).
+		`{"anyOf":[{"type":"string"},{"$ref":"#"}]}`,
+		`{"anyOf":[{"type":"string"},{"$ref":"#/$defs/x"}],"$defs":{"x":{"anyOf":[{"type":"number"},{"$ref":"#"}]}}}`,
+		`{"$schema":"http://json-schema.org/draft-07/schema#","definitions":{"n":{"type":"object","properties":{"next":{"$ref":"#/definitions/n"}}}},"$ref":"#/definitions/n"}`,
+		`{"not":{"$ref":"#"}}`, `false`} {
 		err := publishableSchema([]byte(doc))
 		require.NoError(t, err, doc)
 	}

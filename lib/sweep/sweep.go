@@ -30,6 +30,12 @@ type Task struct {
 	// finds them all busy skips it. RunOnce (the cron routes, the Lambda
 	// schedule, tests) runs it in line like the others.
 	Detached bool
+	// Needs is the least time a run of it is of use with (webhook delivery:
+	// a send and its record). A pass with a deadline keeps it for this
+	// task while it runs the tasks before it, as it keeps taskReserve for
+	// the others (review: a stuck task left delivery too little time to
+	// send anything, silently).
+	Needs time.Duration
 }
 
 // maxDetached bounds the runs of one detached task in flight at once.
@@ -62,12 +68,13 @@ type Sweeper struct {
 // (QA: on the cron route, one locked table failed all 13 tasks).
 const taskReserve = 500 * time.Millisecond
 
-// run runs one task under TaskTimeout, leaving the after tasks still to run
-// their reserve of ctx's deadline, and reports a failure.
-func (s *Sweeper) run(ctx context.Context, t Task, after int) (int, error) {
+// run runs one task under TaskTimeout, leaving the tasks after it their
+// reserve of ctx's deadline (after: what they need in all), and reports a
+// failure.
+func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration) (int, error) {
 	limit := TaskTimeout
 	if deadline, ok := ctx.Deadline(); ok {
-		if left := time.Until(deadline) - time.Duration(after)*taskReserve; left < limit {
+		if left := time.Until(deadline) - after; left < limit {
 			limit = max(left, taskReserve)
 		}
 	}
@@ -105,7 +112,11 @@ func (s *Sweeper) RunOnce(ctx context.Context) Result {
 	res := Result{Changed: map[string]int{}, Errors: map[string]string{}}
 	unreachable := 0
 	for i, t := range s.tasks {
-		n, err := s.run(ctx, t, len(s.tasks)-1-i)
+		var after time.Duration
+		for _, later := range s.tasks[i+1:] {
+			after += max(later.Needs, taskReserve)
+		}
+		n, err := s.run(ctx, t, after)
 		res.Changed[t.Name] = n
 		if err != nil {
 			res.Errors[t.Name] = "failed"

@@ -115,3 +115,26 @@ func TestAStuckTaskLeavesTheOthersTheirTime(t *testing.T) {
 		require.Equal(t, 1, res.Changed[fmt.Sprint("t", i)])
 	}
 }
+
+// A task's Needs is kept for it while the tasks before it run: a stuck
+// task ahead of it leaves it that much of the pass (review: webhook
+// delivery, which needs a send's time, was left too little to send).
+func TestATaskGetsWhatItNeedsAfterAStuckOne(t *testing.T) {
+	t.Parallel()
+	var left time.Duration
+	s := New(time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Task{Name: "stuck", Run: func(ctx context.Context, _ time.Time) (int, error) { <-ctx.Done(); return 0, ctx.Err() }},
+		Task{Name: "needy", Needs: 2 * time.Second, Run: func(ctx context.Context, _ time.Time) (int, error) {
+			deadline, _ := ctx.Deadline()
+			left = time.Until(deadline)
+			return 1, nil
+		}},
+		Task{Name: "last", Run: func(ctx context.Context, _ time.Time) (int, error) { return 1, ctx.Err() }},
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	res := s.RunOnce(ctx)
+	require.Equal(t, map[string]string{"stuck": "failed"}, res.Errors)
+	require.GreaterOrEqual(t, left, 1900*time.Millisecond, "needy had %v", left)
+	require.Equal(t, 1, res.Changed["last"])
+}

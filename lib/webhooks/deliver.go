@@ -50,7 +50,7 @@ const (
 	// maxInFlight bounds the sends one pass has in flight; roundWait is how
 	// long a round waits for its slowest receivers before the next round
 	// claims for the others (Deliver).
-	maxInFlight = 300
+	maxInFlight = deliverBatch // as many as one round ever sent at once: each ends with a record
 	roundWait   = time.Second
 	// claimHold keeps a claimed delivery invisible to other sweepers while it
 	// is being sent; longer than sendTimeout.
@@ -206,14 +206,17 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 	return total, p.err()
 }
 
-// timeForARound says whether ctx leaves a round its longest time: a send's
-// timeout and the recording of its outcome.
+// RoundTime is the least time a delivery pass starts a round with: a send's
+// timeout and the recording of its outcome, and a second to claim.
+const RoundTime = sendTimeout + recordTimeout + time.Second
+
+// timeForARound says whether ctx leaves a round its longest time.
 func timeForARound(ctx context.Context) bool {
 	if ctx.Err() != nil {
 		return false
 	}
 	deadline, ok := ctx.Deadline()
-	return !ok || time.Until(deadline) > sendTimeout+recordTimeout
+	return !ok || time.Until(deadline) >= RoundTime
 }
 
 // pass tracks the sends one Deliver has in flight: by webhook and by
