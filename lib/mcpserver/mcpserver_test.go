@@ -130,14 +130,16 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 	env := apitest.Start(t)
 	ws := env.Signup()
 	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+	eff := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key,
+		map[string]any{"effect_type": "m.x", "idempotency_key": "schemas"}).JSON()["effect_id"]
 	for _, c := range []struct {
 		tool  string
 		args  map[string]any
 		field string
 	}{
 		{"ratchet_get_effect", map[string]any{"effect_id": ""}, "effect_id"},
-		{"ratchet_report", map[string]any{"effect_id": "eff_x", "lease_token": "t", "outcome": "SUCCEEDED"}, "outcome"},
-		{"ratchet_resolve", map[string]any{"effect_id": "eff_x", "outcome": "maybe"}, "outcome"},
+		{"ratchet_report", map[string]any{"effect_id": eff, "lease_token": "t", "outcome": "SUCCEEDED"}, "outcome"},
+		{"ratchet_resolve", map[string]any{"effect_id": eff, "outcome": "maybe"}, "outcome"},
 		{"ratchet_list_effects", map[string]any{"state": "lost"}, "state"},
 		{"ratchet_list_effects", map[string]any{"limit": 201}, "limit"},
 		{"ratchet_list_approvals", map[string]any{"limit": 0}, "limit"},
@@ -152,7 +154,7 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 			"compensation": map[string]any{"effect_type": "-refund"}}, "compensation.effect_type"},
 		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k",
 			"compensation": map[string]any{}}, "compensation.effect_type"},
-		{"ratchet_resolve", map[string]any{"effect_id": "eff_x", "outcome": "failed", "note": strings.Repeat("n", 2001)}, "note"},
+		{"ratchet_resolve", map[string]any{"effect_id": eff, "outcome": "failed", "note": strings.Repeat("n", 2001)}, "note"},
 	} {
 		body, isErr := callJSON(t, cs, c.tool, c.args)
 		require.True(t, isErr, "%s %v", c.tool, c.args)

@@ -75,6 +75,7 @@ func define[In any](name, description, needs string, route func(In) (method, pat
 	if err != nil {
 		panic(fmt.Sprintf("mcpserver: resolve schema of %s: %v", name, err))
 	}
+	pathArgs := pathArguments(reflect.TypeFor[In]())
 	// Every tool acts on Ratchet's own records, never the outside world,
 	// and none destroys one: a write records a decision or an outcome.
 	notDestructive := false
@@ -84,6 +85,14 @@ func define[In any](name, description, needs string, route func(In) (method, pat
 		s.AddTool(spec,
 			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 				in, err := decodeArguments[In](req.Params.Arguments, resolved)
+				var refused schemaRefused
+				if errors.As(err, &refused) && !refusesPathArgument(refused, pathArgs) {
+					// A body or query argument outside the schema: the REST
+					// route, whose checks the schema restates, answers it with
+					// every problem of the call listed together (QA: the
+					// schema named only the first).
+					err = nil
+				}
 				if err != nil {
 					return argumentsError(err), nil
 				}
@@ -229,6 +238,41 @@ func argumentsError(err error) *mcp.CallToolResult {
 	return errorResult(e.Wire())
 }
 
+// schemaRefused is a tool's schema refusing arguments that decoded.
+type schemaRefused struct{ error }
+
+func (e schemaRefused) Unwrap() error { return e.error }
+
+// pathArguments lists the arguments of In tagged mcp:"path": those that name
+// the REST call's path (an id, a decision), which only the tool's schema
+// can check (an empty id would name another route).
+func pathArguments(t reflect.Type) []string {
+	var out []string
+	for f := range t.Fields() {
+		if f.Tag.Get("mcp") == "path" {
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// refusesPathArgument reports whether a schema refusal is about a path
+// argument, or about something it cannot name.
+func refusesPathArgument(err schemaRefused, pathArgs []string) bool {
+	fields, _ := schemaProblem(err.error).Detail["validation"].([]apierr.FieldError)
+	if len(fields) == 0 {
+		return true
+	}
+	for _, f := range fields {
+		top, _, _ := strings.Cut(f.Field, ".")
+		if top == "arguments" || slices.Contains(pathArgs, top) {
+			return true
+		}
+	}
+	return false
+}
+
 // errorResult is a tool's failure, {"error": wire}, as text and structured.
 func errorResult(wire any) *mcp.CallToolResult {
 	body, _ := json.Marshal(map[string]any{"error": wire})
@@ -261,7 +305,7 @@ func decodeArguments[In any](args json.RawMessage, resolved *jsonschema.Resolved
 		return in, errors.New("must be a JSON object")
 	}
 	if err := resolved.Validate(&check); err != nil {
-		return in, err
+		return in, schemaRefused{err}
 	}
 	return in, nil
 }
@@ -289,7 +333,7 @@ type CompensationInput struct {
 
 // ReportInput mirrors POST /api/v1/effects/{id}/report.
 type ReportInput struct {
-	EffectID   string `json:"effect_id"`
+	EffectID   string `json:"effect_id" mcp:"path"`
 	LeaseToken string `json:"lease_token"`
 	Outcome    string `json:"outcome" jsonschema:"succeeded, or failed only when the action surely did not reach the outside world"`
 	Result     any    `json:"result,omitempty" jsonschema:"what the action returned (any JSON), answered to later duplicates"`
@@ -297,13 +341,13 @@ type ReportInput struct {
 
 // HeartbeatInput mirrors POST /api/v1/effects/{id}/heartbeat.
 type HeartbeatInput struct {
-	EffectID   string `json:"effect_id"`
+	EffectID   string `json:"effect_id" mcp:"path"`
 	LeaseToken string `json:"lease_token"`
 }
 
 // ResolveInput mirrors POST /api/v1/effects/{id}/resolve.
 type ResolveInput struct {
-	EffectID string `json:"effect_id"`
+	EffectID string `json:"effect_id" mcp:"path"`
 	Outcome  string `json:"outcome" jsonschema:"what the vendor's own record shows: succeeded or failed"`
 	Result   any    `json:"result,omitempty" jsonschema:"what the vendor's record shows the action returned (any JSON)"`
 	Note     string `json:"note,omitempty"`
@@ -311,7 +355,7 @@ type ResolveInput struct {
 
 // EffectInput names one effect.
 type EffectInput struct {
-	EffectID string `json:"effect_id"`
+	EffectID string `json:"effect_id" mcp:"path"`
 }
 
 // ListEffectsInput filters GET /api/v1/effects.
@@ -338,7 +382,7 @@ func (p Page) params() map[string]string {
 
 // PolicyInput names an effect type.
 type PolicyInput struct {
-	EffectType string `json:"effect_type"`
+	EffectType string `json:"effect_type" mcp:"path"`
 }
 
 // ListApprovalsInput filters GET /api/v1/approvals.
@@ -349,8 +393,8 @@ type ListApprovalsInput struct {
 
 // DecideInput approves or rejects a held effect.
 type DecideInput struct {
-	ApprovalID string `json:"approval_id"`
-	Decision   string `json:"decision" jsonschema:"approve or reject"`
+	ApprovalID string `json:"approval_id" mcp:"path"`
+	Decision   string `json:"decision" jsonschema:"approve or reject" mcp:"path"`
 	Note       string `json:"note,omitempty"`
 }
 

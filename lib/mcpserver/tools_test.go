@@ -253,3 +253,25 @@ func TestSchemaRefusalsAreNotReadFromTheValue(t *testing.T) {
 	require.Contains(t, text, `"field":"effect_type"`)
 	require.NotContains(t, text, "sk_live")
 }
+
+// Arguments the REST body takes are answered by the REST route, every
+// problem of the call listed together as REST lists them (QA: the tool's
+// schema named only the first); a path argument the schema refuses (an
+// empty id would name another route) is the tool's own answer.
+func TestBodyArgumentsAreRefusedAsRESTRefusesThem(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+	args := map[string]any{"effect_type": "a b", "lease_seconds": 0}
+	body, isErr := callJSON(t, cs, "ratchet_begin", args)
+	require.True(t, isErr)
+	rest := env.Do("POST", "/api/v1/effects/begin", ws.Key, args)
+	require.Equal(t, http.StatusBadRequest, rest.Status)
+	require.Equal(t, rest.JSON()["error"], body["error"])
+	require.Len(t, body["error"].(map[string]any)["detail"].(map[string]any)["validation"], 3)
+
+	body, isErr = callJSON(t, cs, "ratchet_report", map[string]any{"effect_id": "", "outcome": "nope"})
+	require.True(t, isErr)
+	require.Equal(t, "invalid_request", body["error"].(map[string]any)["code"])
+}
