@@ -53,39 +53,108 @@ func compileSchema(doc []byte) (*jsonschema.Schema, error) {
 	return compileSchemaAt(doc, schemaURL)
 }
 
-// publishableSchema is how publication checks a schema: it compiles, and its
-// root does not apply itself to the value it checks through $ref or allOf
-// alone (degenerate: checking the root needs checking the root first, and
-// the library answers a reference cycle for every value). Such a reference,
-// say {"$id":"urn:x","$ref":"other.json"} (a relative reference resolved
-// against the schema's own URN) or {"type":"object","$ref":"#"}, would have
-// every enqueue or report under the contract refused (review). Recursion
-// under a keyword that moves to another value or picks among branches
-// (properties, items, anyOf, …) is ordinary and taken.
+// publishableSchema is how publication checks a schema: it compiles, and
+// no part of it applies itself to the value it checks, through $ref (or
+// $dynamicRef, $recursiveRef) and the keywords that apply a subschema to
+// the same value (allOf, anyOf, oneOf, not, if/then/else, dependent
+// schemas) without moving to a child value. Checking such a part needs
+// checking it first: the library answers a reference cycle for every value
+// that reaches it, so a contract with one refused its enqueues or reports
+// (review: {"$id":"urn:x","$ref":"other.json"}, a relative reference
+// resolved against the schema's own URN, or {"type":"object","$ref":"#"}).
+// Recursion through properties, items and the like moves to a child value
+// each time, and is ordinary.
 func publishableSchema(doc []byte) error {
 	s, err := compileSchema(doc)
 	if err != nil {
 		return err
 	}
-	if appliesItself(s, s, map[*jsonschema.Schema]bool{}) {
-		return errors.New("its root applies itself to the same value ($ref or allOf back to the root), so no " +
-			"value can match it: a $ref must name a part of this schema (#/$defs/…)")
+	state := map[*jsonschema.Schema]int{}
+	if slices.ContainsFunc(reachable(s), func(part *jsonschema.Schema) bool { return appliesItself(part, state) }) {
+		return errors.New("a $ref loop applies a part of it to the same value it is checking (through $ref, " +
+			"allOf, anyOf, oneOf, not or if), so no value reaching it can be checked: a recursive $ref must " +
+			"go through properties or items")
 	}
 	return nil
 }
 
-// appliesItself reports whether root is reached from s through the
-// keywords that apply a schema to the same value unconditionally.
-func appliesItself(root, s *jsonschema.Schema, seen map[*jsonschema.Schema]bool) bool {
-	if s == nil || seen[s] {
+// sameValue lists the subschemas s applies to the value s checks itself.
+func sameValue(s *jsonschema.Schema) []*jsonschema.Schema {
+	out := []*jsonschema.Schema{s.Ref, s.RecursiveRef, s.Not, s.If, s.Then, s.Else}
+	if s.DynamicRef != nil {
+		out = append(out, s.DynamicRef.Ref)
+	}
+	out = append(append(append(out, s.AllOf...), s.AnyOf...), s.OneOf...)
+	for _, d := range s.DependentSchemas {
+		out = append(out, d)
+	}
+	for _, d := range s.Dependencies {
+		if d, ok := d.(*jsonschema.Schema); ok {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// reachable lists every subschema of s, s included, whatever value each
+// applies to.
+func reachable(s *jsonschema.Schema) []*jsonschema.Schema {
+	seen := map[*jsonschema.Schema]bool{}
+	var out []*jsonschema.Schema
+	var walk func(*jsonschema.Schema)
+	walk = func(s *jsonschema.Schema) {
+		if s == nil || seen[s] {
+			return
+		}
+		seen[s] = true
+		out = append(out, s)
+		for _, next := range append(sameValue(s), childValues(s)...) {
+			walk(next)
+		}
+	}
+	walk(s)
+	return out
+}
+
+// childValues lists the subschemas s applies to values inside the one it
+// checks (properties, items, …).
+func childValues(s *jsonschema.Schema) []*jsonschema.Schema {
+	out := []*jsonschema.Schema{s.PropertyNames, s.UnevaluatedProperties, s.Contains, s.Items2020,
+		s.UnevaluatedItems, s.ContentSchema}
+	for _, p := range s.Properties {
+		out = append(out, p)
+	}
+	for _, p := range s.PatternProperties {
+		out = append(out, p)
+	}
+	out = append(out, s.PrefixItems...)
+	for _, v := range []any{s.AdditionalProperties, s.Items, s.AdditionalItems} {
+		switch v := v.(type) {
+		case *jsonschema.Schema:
+			out = append(out, v)
+		case []*jsonschema.Schema:
+			out = append(out, v...)
+		}
+	}
+	return out
+}
+
+// appliesItself reports whether a cycle of sameValue links is reachable
+// from s (state: 1 on the current path, 2 done).
+func appliesItself(s *jsonschema.Schema, state map[*jsonschema.Schema]int) bool {
+	if s == nil || state[s] == 2 {
 		return false
 	}
-	seen[s] = true
-	for _, next := range append([]*jsonschema.Schema{s.Ref}, s.AllOf...) {
-		if next == root || appliesItself(root, next, seen) {
+	if state[s] == 1 {
+		return true
+	}
+	state[s] = 1
+	for _, next := range sameValue(s) {
+		if appliesItself(next, state) {
 			return true
 		}
 	}
+	state[s] = 2
 	return false
 }
 

@@ -65,7 +65,14 @@ func TestCompileSchemaRefusesExternalReferences(t *testing.T) {
 		// A root that applies itself to the same value validates nothing (review).
 		`{"$id":"urn:foo","$ref":"other.json"}`, `{"$ref":"#"}`, `{"type":"object","$ref":"#"}`,
 		`{"type":"object","allOf":[{"$ref":"#"}]}`, `{"type":["object","string"],"$ref":"#"}`,
-		`{"allOf":[{"$ref":"#/$defs/a"}],"$defs":{"a":{"$ref":"#"}}}`} {
+		`{"allOf":[{"$ref":"#/$defs/a"}],"$defs":{"a":{"$ref":"#"}}}`,
+		// Any loop that never moves to a child value (second review).
+		`{"$dynamicAnchor":"r","$dynamicRef":"#r"}`,
+		`{"$schema":"https://json-schema.org/draft/2019-09/schema","$recursiveAnchor":true,"$recursiveRef":"#"}`,
+		`{"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"}`,
+		`{"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"$ref":"#/$defs/a"}},"properties":{"x":{"$ref":"#/$defs/a"}}}`,
+		`{"if":true,"then":{"$ref":"#"}}`, `{"anyOf":[{"$ref":"#"}]}`, `{"oneOf":[{"$ref":"#"}]}`,
+		`{"not":{"$ref":"#"}}`, `{"anyOf":[{"type":"string"},{"$ref":"#"}]}`} {
 		err := publishableSchema([]byte(doc))
 		require.Error(t, err, doc)
 		require.NotContains(t, schemaCompileProblem(err), "ratchet.invalid", doc)
@@ -74,11 +81,12 @@ func TestCompileSchemaRefusesExternalReferences(t *testing.T) {
 		`{"$schema":"http://json-schema.org/draft-07/schema#","type":"string"}`,
 		`{"$defs":{"item":{"$id":"item.json","type":"string"}},"properties":{"a":{"$ref":"item.json"}}}`,
 		`{"type":"object","properties":{"child":{"$ref":"#"}}}`,
-		// Recursion among branches or into other values is ordinary (review).
-		`{"anyOf":[{"type":"string"},{"$ref":"#"}]}`,
-		`{"anyOf":[{"type":"string"},{"$ref":"#/$defs/x"}],"$defs":{"x":{"anyOf":[{"type":"number"},{"$ref":"#"}]}}}`,
+		// Recursion into child values is ordinary.
 		`{"$schema":"http://json-schema.org/draft-07/schema#","definitions":{"n":{"type":"object","properties":{"next":{"$ref":"#/definitions/n"}}}},"$ref":"#/definitions/n"}`,
-		`{"not":{"$ref":"#"}}`, `false`} {
+		`{"type":"array","items":{"anyOf":[{"type":"string"},{"$ref":"#"}]}}`,
+		`{"$dynamicAnchor":"node","type":"object","properties":{"kids":{"type":"array","items":{"$dynamicRef":"#node"}}}}`,
+		`{"$defs":{"s":{"type":"string"}},"anyOf":[{"$ref":"#/$defs/s"},{"$ref":"#/$defs/s"}]}`,
+		`false`} {
 		err := publishableSchema([]byte(doc))
 		require.NoError(t, err, doc)
 	}

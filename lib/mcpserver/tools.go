@@ -75,7 +75,10 @@ func define[In any](name, description, needs string, route func(In) (method, pat
 	if err != nil {
 		panic(fmt.Sprintf("mcpserver: resolve schema of %s: %v", name, err))
 	}
-	pathArgs := pathArguments(reflect.TypeFor[In]())
+	urlOnly, err := urlArguments(schema, reflect.TypeFor[In]()).Resolve(nil)
+	if err != nil {
+		panic(fmt.Sprintf("mcpserver: resolve URL arguments of %s: %v", name, err))
+	}
 	// Every tool acts on Ratchet's own records, never the outside world,
 	// and none destroys one: a write records a decision or an outcome.
 	notDestructive := false
@@ -84,15 +87,7 @@ func define[In any](name, description, needs string, route func(In) (method, pat
 	return tool{name: name, needs: needs, spec: spec, add: func(s *mcp.Server, c Caller, defaultAuth string) {
 		s.AddTool(spec,
 			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-				in, err := decodeArguments[In](req.Params.Arguments, resolved)
-				var refused schemaRefused
-				if errors.As(err, &refused) && !refusesPathArgument(refused, pathArgs) {
-					// A body or query argument outside the schema: the REST
-					// route, whose checks the schema restates, answers it with
-					// every problem of the call listed together (QA: the
-					// schema named only the first).
-					err = nil
-				}
+				in, err := decodeArguments[In](req.Params.Arguments, resolved, urlOnly)
 				if err != nil {
 					return argumentsError(err), nil
 				}
@@ -238,39 +233,30 @@ func argumentsError(err error) *mcp.CallToolResult {
 	return errorResult(e.Wire())
 }
 
-// schemaRefused is a tool's schema refusing arguments that decoded.
-type schemaRefused struct{ error }
-
-func (e schemaRefused) Unwrap() error { return e.error }
-
-// pathArguments lists the arguments of In tagged mcp:"path": those that name
-// the REST call's path (an id, a decision), which only the tool's schema
-// can check (an empty id would name another route).
-func pathArguments(t reflect.Type) []string {
-	var out []string
-	for f := range t.Fields() {
-		if f.Tag.Get("mcp") == "path" {
+// urlArguments is schema restricted to the arguments of In tagged
+// mcp:"url": those that form the REST call's URL (an id or a decision in
+// its path, a list's filters), which only the tool can check (an empty id
+// would name another route, an empty filter would be dropped). The REST
+// route checks the rest.
+func urlArguments(schema *jsonschema.Schema, t reflect.Type) *jsonschema.Schema {
+	out := &jsonschema.Schema{Type: "object", Properties: map[string]*jsonschema.Schema{}}
+	var walk func(reflect.Type)
+	walk = func(t reflect.Type) {
+		for f := range t.Fields() {
 			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-			out = append(out, name)
+			switch {
+			case f.Anonymous && name == "":
+				walk(f.Type)
+			case f.Tag.Get("mcp") == "url":
+				out.Properties[name] = schema.Properties[name]
+				if slices.Contains(schema.Required, name) {
+					out.Required = append(out.Required, name)
+				}
+			}
 		}
 	}
+	walk(t)
 	return out
-}
-
-// refusesPathArgument reports whether a schema refusal is about a path
-// argument, or about something it cannot name.
-func refusesPathArgument(err schemaRefused, pathArgs []string) bool {
-	fields, _ := schemaProblem(err.error).Detail["validation"].([]apierr.FieldError)
-	if len(fields) == 0 {
-		return true
-	}
-	for _, f := range fields {
-		top, _, _ := strings.Cut(f.Field, ".")
-		if top == "arguments" || slices.Contains(pathArgs, top) {
-			return true
-		}
-	}
-	return false
 }
 
 // errorResult is a tool's failure, {"error": wire}, as text and structured.
@@ -288,7 +274,7 @@ func errorResult(wire any) *mcp.CallToolResult {
 // the API's wording, never the value), numbers kept as written, and then
 // checks them against the tool's schema for what only it knows (required
 // arguments, enumerations).
-func decodeArguments[In any](args json.RawMessage, resolved *jsonschema.Resolved) (In, error) {
+func decodeArguments[In any](args json.RawMessage, resolved, urlOnly *jsonschema.Resolved) (In, error) {
 	var in In
 	if len(args) == 0 {
 		args = json.RawMessage("{}")
@@ -305,7 +291,12 @@ func decodeArguments[In any](args json.RawMessage, resolved *jsonschema.Resolved
 		return in, errors.New("must be a JSON object")
 	}
 	if err := resolved.Validate(&check); err != nil {
-		return in, schemaRefused{err}
+		// Only the URL's arguments are the tool's to refuse; the REST route
+		// answers the body's, with every problem of the call listed
+		// together in its words (QA: the schema named only its first).
+		if err := urlOnly.Validate(&check); err != nil {
+			return in, err
+		}
 	}
 	return in, nil
 }
@@ -333,7 +324,7 @@ type CompensationInput struct {
 
 // ReportInput mirrors POST /api/v1/effects/{id}/report.
 type ReportInput struct {
-	EffectID   string `json:"effect_id" mcp:"path"`
+	EffectID   string `json:"effect_id" mcp:"url"`
 	LeaseToken string `json:"lease_token"`
 	Outcome    string `json:"outcome" jsonschema:"succeeded, or failed only when the action surely did not reach the outside world"`
 	Result     any    `json:"result,omitempty" jsonschema:"what the action returned (any JSON), answered to later duplicates"`
@@ -341,13 +332,13 @@ type ReportInput struct {
 
 // HeartbeatInput mirrors POST /api/v1/effects/{id}/heartbeat.
 type HeartbeatInput struct {
-	EffectID   string `json:"effect_id" mcp:"path"`
+	EffectID   string `json:"effect_id" mcp:"url"`
 	LeaseToken string `json:"lease_token"`
 }
 
 // ResolveInput mirrors POST /api/v1/effects/{id}/resolve.
 type ResolveInput struct {
-	EffectID string `json:"effect_id" mcp:"path"`
+	EffectID string `json:"effect_id" mcp:"url"`
 	Outcome  string `json:"outcome" jsonschema:"what the vendor's own record shows: succeeded or failed"`
 	Result   any    `json:"result,omitempty" jsonschema:"what the vendor's record shows the action returned (any JSON)"`
 	Note     string `json:"note,omitempty"`
@@ -355,21 +346,21 @@ type ResolveInput struct {
 
 // EffectInput names one effect.
 type EffectInput struct {
-	EffectID string `json:"effect_id" mcp:"path"`
+	EffectID string `json:"effect_id" mcp:"url"`
 }
 
 // ListEffectsInput filters GET /api/v1/effects.
 type ListEffectsInput struct {
-	State      string `json:"state,omitempty" jsonschema:"leased, succeeded, failed, indeterminate, awaiting_approval or denied"`
-	EffectType string `json:"effect_type,omitempty"`
+	State      string `json:"state,omitempty" jsonschema:"leased, succeeded, failed, indeterminate, awaiting_approval or denied" mcp:"url"`
+	EffectType string `json:"effect_type,omitempty" mcp:"url"`
 	Page
 }
 
 // Page is a list's page: limit (1-200, default 50) rows after cursor (the
 // previous page's next_cursor).
 type Page struct {
-	Limit  *int   `json:"limit,omitempty" jsonschema:"rows per page, 1-200 (default 50)"`
-	Cursor string `json:"cursor,omitempty" jsonschema:"the previous page's next_cursor"`
+	Limit  *int   `json:"limit,omitempty" jsonschema:"rows per page, 1-200 (default 50)" mcp:"url"`
+	Cursor string `json:"cursor,omitempty" jsonschema:"the previous page's next_cursor" mcp:"url"`
 }
 
 func (p Page) params() map[string]string {
@@ -382,19 +373,19 @@ func (p Page) params() map[string]string {
 
 // PolicyInput names an effect type.
 type PolicyInput struct {
-	EffectType string `json:"effect_type" mcp:"path"`
+	EffectType string `json:"effect_type" mcp:"url"`
 }
 
 // ListApprovalsInput filters GET /api/v1/approvals.
 type ListApprovalsInput struct {
-	State string `json:"state,omitempty" jsonschema:"pending, approved or rejected"`
+	State string `json:"state,omitempty" jsonschema:"pending, approved or rejected" mcp:"url"`
 	Page
 }
 
 // DecideInput approves or rejects a held effect.
 type DecideInput struct {
-	ApprovalID string `json:"approval_id" mcp:"path"`
-	Decision   string `json:"decision" jsonschema:"approve or reject" mcp:"path"`
+	ApprovalID string `json:"approval_id" mcp:"url"`
+	Decision   string `json:"decision" jsonschema:"approve or reject" mcp:"url"`
 	Note       string `json:"note,omitempty"`
 }
 

@@ -138,3 +138,23 @@ func TestATaskGetsWhatItNeedsAfterAStuckOne(t *testing.T) {
 	require.GreaterOrEqual(t, left, 1900*time.Millisecond, "needy had %v", left)
 	require.Equal(t, 1, res.Changed["last"])
 }
+
+// The task right after a stuck one, needing webhook delivery's time, still
+// gets a round's time (review: it got 16 s less a few microseconds, under
+// what a round needed, and sent nothing).
+func TestDeliveryBehindAStuckTaskStillHasARound(t *testing.T) {
+	t.Parallel()
+	var left time.Duration
+	s := New(time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Task{Name: "stuck", Run: func(ctx context.Context, _ time.Time) (int, error) { <-ctx.Done(); return 0, ctx.Err() }},
+		Task{Name: "deliver", Needs: 16 * time.Second, Run: func(ctx context.Context, _ time.Time) (int, error) {
+			deadline, _ := ctx.Deadline()
+			left = time.Until(deadline)
+			return 1, nil
+		}},
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 17500*time.Millisecond)
+	defer cancel()
+	s.RunOnce(ctx)
+	require.Greater(t, left, 15*time.Second, "a round needs more than 15 s left")
+}

@@ -206,17 +206,20 @@ func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
 	return total, p.err()
 }
 
-// RoundTime is the least time a delivery pass starts a round with: a send's
-// timeout and the recording of its outcome, and a second to claim.
+// RoundTime is what a sweep keeps for delivery (sweep.Task.Needs): a
+// round's longest time (a send's timeout and the recording of its outcome)
+// and a second to claim and start it, so that the round is still started
+// when the task before took all it was allowed (review).
 const RoundTime = sendTimeout + recordTimeout + time.Second
 
-// timeForARound says whether ctx leaves a round its longest time.
+// timeForARound says whether ctx leaves a round its longest time: a send's
+// timeout and the recording of its outcome.
 func timeForARound(ctx context.Context) bool {
 	if ctx.Err() != nil {
 		return false
 	}
 	deadline, ok := ctx.Deadline()
-	return !ok || time.Until(deadline) >= RoundTime
+	return !ok || time.Until(deadline) > sendTimeout+recordTimeout
 }
 
 // pass tracks the sends one Deliver has in flight: by webhook and by
