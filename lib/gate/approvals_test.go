@@ -233,7 +233,21 @@ func TestARepeatedOpeningKeepsItsApproval(t *testing.T) {
 	b.clock.Add(time.Minute)
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key,
 		map[string]any{"action": "require_approval", "reason": "still flaky"})
-	b.mustBegin("execute", body)
+	d := b.mustBegin("execute", body)
+	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
+
+	// So is an operator taking over a surge's breaker with its action (QA).
+	b.putPolicy("email.send", map[string]any{"surge_per_hour": 2, "surge_action": "require_approval"})
+	b.mustBegin("execute", email(key("a")))
+	b.mustBegin("execute", email(key("b")))
+	held := email(key("c"))
+	a := b.mustBegin("approval_required", held)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(a["approval_id"])+"/approve", b.ws.Key, nil)
+	b.clock.Add(time.Minute)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/email.send/open", b.ws.Key,
+		map[string]any{"action": "require_approval", "reason": "pin it"})
+	require.Equal(t, "manual", b.circuit("email.send")["opened_by"])
+	b.mustBegin("execute", held)
 }
 
 // A stop that was only watching (monitor) when a breaker's approval was

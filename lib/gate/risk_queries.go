@@ -233,11 +233,13 @@ WITH up AS (
                          THEN c.opened_at ELSE excluded.opened_at END,
         closes_at = NULL,
         -- updated_at says when the hold last changed (sqlApprovalsAnswer): a
-        -- repeat, the same opener and action on an open breaker, changes
-        -- nothing an approval answered (review: a script re-opening its
-        -- breaker every minute asked every approval again).
+        -- repeat of an open breaker's action, by its opener or by an
+        -- operator taking a surge's breaker over, changes nothing an
+        -- approval answered (review and QA: a script re-opening its
+        -- breaker every minute, or an operator pinning a surge's, asked
+        -- every approval again).
         updated_at = CASE WHEN c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at > excluded.opened_at)
-                               AND c.opened_by = excluded.opened_by AND c.action = excluded.action
+                               AND c.action = excluded.action
                           THEN c.updated_at ELSE excluded.updated_at END
     RETURNING c.opened_at, c.action
 ), evt AS (
