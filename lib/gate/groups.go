@@ -744,6 +744,14 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 		return apierr.InvalidState("Compensating effects join a group once its rollback started; call unwind first.").
 			WithDetail("state", state)
 	}
+	if groupEnded(state) {
+		// Its record is final. A step's compensation still there answered
+		// above (a replay of its key); one retention deleted left the
+		// step's key new and its unique index free, and a retried rollback
+		// refunded again (retention QA).
+		return apierr.InvalidState("The group's rollback ended (%s); it takes no new compensating effect.", state).
+			WithDetail("state", state)
+	}
 	if targetState != StateSucceeded {
 		return apierr.InvalidState("Only a step that succeeded can be compensated; this one is %s.", targetState).
 			WithDetail("state", targetState)

@@ -187,3 +187,29 @@ func inEra(t *testing.T, year int) (*bundle, func() int) {
 		return n
 	}
 }
+
+// A rollback that ended is final, however long its compensations are kept:
+// once retention deleted a step's compensation (its type kept them a day,
+// the step's 90), its key was new and the one-per-step index free again,
+// and a retried rollback refunded a second time (retention QA). Not
+// parallel, in its own era (1962).
+func TestAnEndedRollbackTakesNoCompensationAfterRetention(t *testing.T) {
+	b, sweep := inEra(t, 1962)
+	b.putPolicy("email.retract", map[string]any{"retention_days": 1})
+	g := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "order"}).JSON()["id"])
+	step := email(key("step"))
+	step["group_id"], step["compensation"] = g, map[string]any{"effect_type": "email.retract"}
+	s := b.executedAs("succeeded", step)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil)
+	comp := map[string]any{"effect_type": "email.retract", "idempotency_key": "compensate:" + str(s["effect_id"]),
+		"compensates_effect_id": s["effect_id"]}
+	b.executedAs("succeeded", comp)
+	require.Equal(t, "unwound", b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, b.ws.Key, nil).JSON()["state"])
+	b.mustBegin("duplicate", comp)
+
+	b.clock.Add(49 * time.Hour)
+	require.Equal(t, 1, sweep(), "the compensation's day passed; the step is kept")
+	r := b.begin(comp)
+	errCode(t, r, http.StatusConflict, "invalid_state")
+	require.Equal(t, "unwound", r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["state"])
+}

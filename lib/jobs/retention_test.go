@@ -194,3 +194,33 @@ func TestRetentionKeepsABusyWorker(t *testing.T) {
 	_, err = b.svc.Claim(ctx, b.worker, w, jobs.ClaimRequest{Limit: ptr(1)})
 	require.NoError(t, err, "the live worker claims on")
 }
+
+// A run whose cancelled attempt still holds its endpoint's slot is kept
+// until the slot is given back (its report, or its lease's end): deleted
+// first, the endpoint's running count never came down, and an endpoint
+// limited to one job took none again (retention QA).
+func TestRetentionKeepsARunWhileItsCancelledAttemptHoldsASlot(t *testing.T) {
+	b := setup(t)
+	b.limitedEndpoint(t, "mailer", 1)
+	runID := b.run(t)
+	step := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`1`)})
+	w := b.register(t)
+	held := b.claimOne(t, w)
+	_, err := b.svc.CancelStep(ctx, b.ws, step.StepID)
+	require.NoError(t, err)
+	require.Equal(t, "FAILED", b.getRun(t, runID).Status)
+	b.requireRunningCount(t, "mailer", 1)
+
+	cutoff := b.clock.Now().Add(time.Second) // the run ended before it
+	_, err = b.svc.PurgeRetired(ctx, cutoff, 100)
+	require.NoError(t, err)
+	b.getRun(t, runID)
+
+	b.fail(t, held, &jobs.ReportError{Message: "stopped", Retryable: ptr(false)}) // gives the slot back
+	b.requireRunningCount(t, "mailer", 0)
+	_, err = b.svc.PurgeRetired(ctx, cutoff, 100)
+	require.NoError(t, err)
+	_, err = b.svc.GetRun(ctx, b.ws, runID)
+	require.Equal(t, apierr.CodeNotFound, code(t, err))
+	b.requireRunningCount(t, "mailer", 0)
+}

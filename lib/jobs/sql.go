@@ -760,12 +760,15 @@ WHERE t.id = $1::text AND t.status = 'QUEUED'`
 // (job_runs_finished_idx), with how many steps each has, locking each run's
 // row and skipping any a request holds (an enqueue, a finish or a replay's
 // reopening hold it; a replay holds its step's job row from the start,
-// which sqlLockRetiredJobs skips);
+// which sqlLockRetiredJobs skips); a run none of whose jobs still holds an
+// endpoint slot (a cancelled attempt keeps its slot until its report or its
+// lease's end: deleted first, the endpoint's running count never came down,
+// and one with maxConcurrent 1 took no job again; retention QA);
 const sqlRetiredRuns = `
 SELECT r.id, (SELECT count(*) FROM jobs j WHERE j.run_id = r.id) FROM job_runs r
 WHERE r.status IN ('SUCCEEDED', 'FAILED') AND r.finished_at < $1::timestamptz
   AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = r.id
-                  AND (j.finished_at IS NULL OR j.finished_at >= $1::timestamptz))
+                  AND (j.finished_at IS NULL OR j.finished_at >= $1::timestamptz OR j.slot_attempt IS NOT NULL))
 ORDER BY r.finished_at
 LIMIT $2::int
 FOR UPDATE OF r SKIP LOCKED`
@@ -777,12 +780,13 @@ FOR UPDATE OF r SKIP LOCKED`
 // meanwhile: an enqueue needs the run's row, which is locked.
 const sqlLockRetiredJobs = `
 WITH locked AS (
-    SELECT j.run_id, j.finished_at FROM jobs j WHERE j.run_id = ANY($1::text[])
+    SELECT j.run_id, j.finished_at, j.slot_attempt FROM jobs j WHERE j.run_id = ANY($1::text[])
     FOR UPDATE OF j SKIP LOCKED
 )
 SELECT r.id FROM unnest($1::text[]) AS r(id)
 WHERE (SELECT count(*) FROM jobs j WHERE j.run_id = r.id)
-    = (SELECT count(*) FROM locked l WHERE l.run_id = r.id AND l.finished_at < $2::timestamptz)`
+    = (SELECT count(*) FROM locked l WHERE l.run_id = r.id AND l.finished_at < $2::timestamptz
+         AND l.slot_attempt IS NULL)`
 
 // sqlDeleteRuns deletes the runs $1 and everything of theirs, in one
 // statement (the foreign keys are checked at its end).
