@@ -442,12 +442,13 @@ func TestAResolvedAttemptSettlesTheUnknownOnesBeforeIt(t *testing.T) {
 	require.Equal(t, "failed", e["state"], "the operator settled the effect; attempt 1 still reads unknown")
 }
 
-// A probe is charged nothing: the unknown attempt it checks keeps its
-// charge, and at most one of the two acts (the probe's holder reports what
-// it found at the vendor, or acts because nothing was done). Charging both
-// counted one action twice, and refused a probe whose cost did not fit
-// beside the earlier charge, so the key could never be settled by its
-// caller under a tight budget (closing notes of sessions 15 and 16).
+// A probe is not charged again on a counter the unknown attempt it checks
+// charged the same day: that attempt keeps its charge, and at most one of
+// the two acts (the probe's holder reports what it found at the vendor, or
+// acts because nothing was done). Charging both counted one action twice,
+// and refused a probe whose cost did not fit beside the earlier charge, so
+// the key could never be settled by its caller under a tight budget
+// (closing notes of sessions 15 and 16).
 func TestAProbeIsNotChargedAgainOnTheDailyCeilings(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -99,10 +99,7 @@ func TestAStuckTaskLeavesTheOthersTheirTime(t *testing.T) {
 		}
 		return 1, nil
 	}
-	tasks := []Task{{Name: "stuck", Run: func(ctx context.Context, _ time.Time) (int, error) {
-		<-ctx.Done()
-		return 0, ctx.Err()
-	}}}
+	tasks := []Task{stuckTask()}
 	for i := range 5 {
 		tasks = append(tasks, Task{Name: fmt.Sprint("t", i), Run: quick})
 	}
@@ -123,12 +120,7 @@ func TestATaskGetsWhatItNeedsAfterAStuckOne(t *testing.T) {
 	t.Parallel()
 	var left time.Duration
 	s := New(time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Task{Name: "stuck", Run: func(ctx context.Context, _ time.Time) (int, error) { <-ctx.Done(); return 0, ctx.Err() }},
-		Task{Name: "needy", Needs: 2 * time.Second, Run: func(ctx context.Context, _ time.Time) (int, error) {
-			deadline, _ := ctx.Deadline()
-			left = time.Until(deadline)
-			return 1, nil
-		}},
+		stuckTask(), timeLeftTask("needy", 2*time.Second, &left),
 		Task{Name: "last", Run: func(ctx context.Context, _ time.Time) (int, error) { return 1, ctx.Err() }},
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
@@ -146,15 +138,26 @@ func TestDeliveryBehindAStuckTaskStillHasARound(t *testing.T) {
 	t.Parallel()
 	var left time.Duration
 	s := New(time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Task{Name: "stuck", Run: func(ctx context.Context, _ time.Time) (int, error) { <-ctx.Done(); return 0, ctx.Err() }},
-		Task{Name: "deliver", Needs: 16 * time.Second, Run: func(ctx context.Context, _ time.Time) (int, error) {
-			deadline, _ := ctx.Deadline()
-			left = time.Until(deadline)
-			return 1, nil
-		}},
-	)
+		stuckTask(), timeLeftTask("deliver", 16*time.Second, &left))
 	ctx, cancel := context.WithTimeout(context.Background(), 17500*time.Millisecond)
 	defer cancel()
 	s.RunOnce(ctx)
 	require.Greater(t, left, 15*time.Second, "a round needs more than 15 s left")
+}
+
+// stuckTask runs until its limit, as a task waiting on a lock does.
+func stuckTask() Task {
+	return Task{Name: "stuck", Run: func(ctx context.Context, _ time.Time) (int, error) {
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}}
+}
+
+// timeLeftTask needs needs and records in left the time its run was given.
+func timeLeftTask(name string, needs time.Duration, left *time.Duration) Task {
+	return Task{Name: name, Needs: needs, Run: func(ctx context.Context, _ time.Time) (int, error) {
+		deadline, _ := ctx.Deadline()
+		*left = time.Until(deadline)
+		return 1, nil
+	}}
 }
