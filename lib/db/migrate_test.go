@@ -233,3 +233,55 @@ FROM (VALUES ('run_failed', 'a', 'EXHAUSTED'), ('run_failed', 'b', 'QUEUED'), ('
 	require.NoError(t, rows.Err())
 	require.Equal(t, map[string]string{"run_failed": "FAILED", "run_fine": "RUNNING"}, status)
 }
+
+// 0035 bounds the learned surge baseline of the types whose retention may
+// already have deleted effects inside its 7-day window (a retention_days
+// under 8, and a history older than it), and drops their cached baselines;
+// others keep theirs.
+func TestShortRetentionBoundsSurgeHistoryOnUpgrade(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	target := freshDatabase(t)
+	_, err := db.MigrateURL(ctx, target, upTo(t, 34))
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, target)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `
+INSERT INTO workspaces (id, name) VALUES ('ws_1', 'w');
+INSERT INTO gate_policies (workspace_id, effect_type, version, mode, on_indeterminate, lease_seconds, max_attempts,
+    require_cost, required_dimensions, dimension_limits, surge_action, surge_cooldown_seconds, retention_days,
+    created_at, updated_at)
+SELECT 'ws_1', t, 1, 'allow', 'block', 60, 3, false, '{}', '{}', 'require_approval', 3600, d, now(), now()
+FROM (VALUES ('short', 2), ('short.new', 2), ('week', 8)) v(t, d);
+INSERT INTO gate_effect_types (workspace_id, effect_type, first_seen_at, baseline_for, baseline_median)
+SELECT 'ws_1', t, now() - make_interval(days => age), date_trunc('hour', now(), 'UTC'), 7
+FROM (VALUES ('short', 5), ('short.new', 1), ('week', 30), ('no.policy', 30)) v(t, age);`)
+	require.NoError(t, err)
+
+	_, err = db.MigrateURL(ctx, target, migrations.FS)
+	require.NoError(t, err)
+	type history struct {
+		bounded, cached bool
+	}
+	got := map[string]history{}
+	rows, err := conn.Query(ctx, `SELECT effect_type,
+		history_from BETWEEN now() - interval '2 days 1 minute' AND now() - interval '2 days', baseline_for IS NOT NULL
+		FROM gate_effect_types`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var typ string
+		var bounded *bool
+		var h history
+		require.NoError(t, rows.Scan(&typ, &bounded, &h.cached))
+		h.bounded = bounded != nil && *bounded
+		got[typ] = h
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, map[string]history{
+		"short":     {bounded: true, cached: false},
+		"short.new": {bounded: false, cached: true}, // younger than its retention: nothing deleted yet
+		"week":      {bounded: false, cached: true},
+		"no.policy": {bounded: false, cached: true}, // 90 days
+	}, got)
+}

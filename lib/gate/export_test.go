@@ -27,14 +27,18 @@ func (s *Service) AfterSlowGrant(ctx context.Context, id string, attempt int, se
 	return s.afterSlowGrant(ctx, s.pool, &beginInput{now: s.now()}, &row, sent)
 }
 
+// surgeHistoryFrom is how gate_surge (0035) reads the type's history_from:
+// in the baseline's branch, so only a begin that recomputes it reads it.
+const surgeHistoryFrom = `(SELECT t.history_from FROM gate_effect_types t WHERE t.workspace_id = $1 AND t.effect_type = $2)`
+
 // FunctionFragments are the SQL fragments that migrations 0008, 0010, 0013,
-// 0026 and 0028 copied into the gate's functions and that Go statements still
+// 0026, 0028 and 0035 copied into the gate's functions and that Go statements still
 // splice, by the function that must contain each (see
 // TestGateFunctionsMatchFragments).
 var FunctionFragments = map[string][]string{
 	"gate_evaluate": {sqlEffectivePolicy},
 	"gate_surge": {thresholdSQL("pol", "$7::timestamptz", "cbs.first_seen", "b.median"),
-		baselineSQL("$1", "$2", "$7::timestamptz", "cbs.first_seen")},
+		baselineSQL("$1", "$2", "$7::timestamptz", "cbs.first_seen", surgeHistoryFrom)},
 	"gate_begin":  {chargeCTEs("grant_src"), chargesJSON, chargedOn, utcDay("$8")},
 	"gate_report": {freedCTE("upa") + "," + releaseCTEs("freed", "true"), sqlLatestUnknownAttempt("$1")},
 	"gate_begin_in_turn": {strings.TrimSuffix(lapsedCloseSQL("v_now", "ARRAY[$24]"), "SELECT count(*) FROM up") +

@@ -691,7 +691,9 @@ ORDER BY id DESC LIMIT $3`
 // so a pass with nothing to delete costs one index probe per pair, not a
 // scan of the table. Once deleted, a key is new again: its next begin
 // executes. What the deleted effects spent of a run's wallet stays spent
-// (money.RetiredRunSpendSQL).
+// (money.RetiredRunSpendSQL). Each type's history_from moves up to the
+// newest effect deleted, so its learned surge baseline leaves out the hours
+// that lost effects (baselineSQL).
 var sqlPurgeExpired = `
 WITH expired AS (
     WITH RECURSIVE pairs AS (
@@ -704,10 +706,10 @@ WITH expired AS (
             LIMIT 1
         ) n
     )
-    SELECT x.id FROM pairs p
+    SELECT x.id, p.workspace_id, p.effect_type, x.created_at FROM pairs p
     LEFT JOIN gate_policies pol ON pol.workspace_id = p.workspace_id AND pol.effect_type = p.effect_type
     CROSS JOIN LATERAL (
-        SELECT e.id FROM effects e
+        SELECT e.id, e.created_at FROM effects e
         WHERE e.workspace_id = p.workspace_id AND e.effect_type = p.effect_type
           AND e.created_at < $1::timestamptz - make_interval(days => coalesce(pol.retention_days, 90))
           AND e.updated_at < $1::timestamptz - make_interval(days => coalesce(pol.retention_days, 90))
@@ -723,5 +725,9 @@ WITH expired AS (
     DELETE FROM effect_attempts a USING expired x WHERE a.effect_id = x.id
 ), approvals AS (
     DELETE FROM approvals a USING expired x WHERE a.effect_id = x.id
+), history AS (
+    UPDATE gate_effect_types t SET history_from = greatest(t.history_from, h.newest)
+    FROM (SELECT workspace_id, effect_type, max(created_at) AS newest FROM expired GROUP BY 1, 2) h
+    WHERE t.workspace_id = h.workspace_id AND t.effect_type = h.effect_type
 )
 DELETE FROM effects e USING expired x WHERE e.id = x.id`

@@ -213,3 +213,38 @@ func TestAnEndedRollbackTakesNoCompensationAfterRetention(t *testing.T) {
 	errCode(t, r, http.StatusConflict, "invalid_state")
 	require.Equal(t, "unwound", r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["state"])
 }
+
+// A learned surge baseline leaves out the hours whose effects retention
+// deleted (0035): with retention_days under 7 those hours counted as quiet,
+// the median fell to 0 and the learned ceiling to its floor of 30, so the
+// type's ordinary traffic tripped its breaker. Not parallel, in its own era
+// (1966).
+func TestLearnedSurgeBaselineSkipsTheHoursRetentionDeleted(t *testing.T) {
+	b, sweep := inEra(t, 1966)
+	c := b.clock
+	c.Add(c.Now().Truncate(time.Hour).Add(time.Hour).Sub(c.Now())) // on an hour boundary
+	b.putPolicy("sms.send", map[string]any{"surge_multiplier": 10, "surge_action": "deny", "retention_days": 1})
+	// 52 hours of 5 an hour: retention keeps the last day of them, fewer
+	// than the hours it deletes, so counting those as 0 makes the median 0.
+	for h := 0; h < 52; h++ {
+		for i := 0; i < 5; i++ {
+			b.executedAs("succeeded", sms(key("base")))
+		}
+		c.Add(time.Hour)
+	}
+	require.EqualValues(t, 5, b.circuit("sms.send")["baseline_median_hourly"])
+	require.Greater(t, sweep(), 100)
+	circuit := b.circuit("sms.send")
+	require.EqualValues(t, 5, circuit["baseline_median_hourly"], "the deleted hours are not quiet ones")
+	require.EqualValues(t, 50, circuit["threshold"])
+
+	// Begin's own baseline, computed afresh in a new hour, agrees: 50 new
+	// keys execute and the 51st trips the breaker, not the 31st.
+	c.Add(time.Hour)
+	sweep()
+	for i := 0; i < 50; i++ {
+		b.executedAs("succeeded", sms(key("busy")))
+	}
+	b.denialOf("circuit_open", sms(key("surge")))
+	require.Equal(t, "surge", b.circuit("sms.send")["opened_by"])
+}

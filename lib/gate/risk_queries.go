@@ -129,10 +129,14 @@ func hourUTC(ts string) string { return `date_trunc('hour', (` + ts + `)::timest
 // baselineSQL is the median hourly volume of an effect type over the last 7
 // days: complete UTC hours from its first sighting (at most 7 days back) to
 // the hour before now, quiet hours counting as 0. A median, so one runaway
-// hour cannot raise the ceiling meant to catch the next.
-func baselineSQL(ws, typ, now, firstSeen string) string {
+// hour cannot raise the ceiling meant to catch the next. historyFrom is the
+// type's gate_effect_types.history_from (the newest effect retention
+// deleted, or NULL): the hours up to its hour lost effects, so they are not
+// counted as quiet; the window starts after it (migration 0035).
+func baselineSQL(ws, typ, now, firstSeen, historyFrom string) string {
 	return `(SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY coalesce(n.c, 0)) FILTER (WHERE ` + firstSeen + ` IS NOT NULL)
-    FROM generate_series(greatest(` + hourUTC(firstSeen) + `, ` + hourUTC(now) + ` - interval '168 hours'),
+    FROM generate_series(greatest(` + hourUTC(firstSeen) + `, ` + hourUTC(now) + ` - interval '168 hours',
+                                  ` + hourUTC(historyFrom) + ` + interval '1 hour'),
                          ` + hourUTC(now) + ` - interval '1 hour', interval '1 hour') h(hr)
     LEFT JOIN (SELECT ` + hourUTC("x.created_at") + ` AS hr, count(*) AS c FROM effects x
                WHERE x.workspace_id = ` + ws + ` AND x.effect_type = ` + typ + `
@@ -184,9 +188,9 @@ WITH types AS (
 SELECT t.effect_type, c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at > $4), c.opened_by, c.action,
     c.reason, c.opened_at, c.closes_at,
     (SELECT action FROM stop), (SELECT reason FROM stop), (SELECT opened_at FROM stop),
-    v.volume, ` + baselineSQL("$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at") + `,
+    v.volume, ` + baselineSQL("$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at", "f.history_from") + `,
     ` + thresholdSQL("p", "$4::timestamptz", "f.first_seen_at",
-	baselineSQL("$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at")) + `
+	baselineSQL("$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at", "f.history_from")) + `
 FROM page t
 LEFT JOIN gate_circuits c ON c.workspace_id = $1 AND c.effect_type = t.effect_type
 LEFT JOIN gate_effect_types f ON f.workspace_id = $1 AND f.effect_type = t.effect_type
