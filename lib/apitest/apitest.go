@@ -164,6 +164,12 @@ func (r *Response) ErrorCode() string {
 // []byte is sent as is; anything else is marshalled).
 func (e *Env) Do(method, path, key string, body any) *Response {
 	e.T.Helper()
+	return e.DoWith(method, path, key, nil, body)
+}
+
+// DoWith is Do with more request headers.
+func (e *Env) DoWith(method, path, key string, header http.Header, body any) *Response {
+	e.T.Helper()
 	var rdr io.Reader
 	switch b := body.(type) {
 	case nil:
@@ -183,6 +189,9 @@ func (e *Env) Do(method, path, key string, body any) *Response {
 	}
 	if rdr != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	for name, values := range header {
+		req.Header[name] = values
 	}
 	res, err := e.Client.Do(req)
 	require.NoError(e.T, err)

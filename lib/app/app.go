@@ -17,6 +17,7 @@ import (
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/httpapi"
+	"github.com/getratchet/ratchet/lib/idempotency"
 	"github.com/getratchet/ratchet/lib/sweep"
 	"github.com/getratchet/ratchet/migrations"
 )
@@ -68,8 +69,13 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*App, error) {
 			return int(n), err
 		},
 	})
+	answers := idempotency.New(pool, sealer, now)
+	sweeper.Add(sweep.Task{Name: "idempotency.expired", Run: func(ctx context.Context, now time.Time) (int, error) {
+		return answers.Purge(ctx, now, idempotentAnswersPerPass)
+	}})
 	deps := httpapi.Deps{
 		Config: cfg, Pool: pool, Auth: authSvc, Sealer: sealer, Sweeper: sweeper, Logger: logger, Now: now,
+		Idempotency: answers,
 	}
 	if err := wireDomain(&deps, sweeper); err != nil {
 		pool.Close()

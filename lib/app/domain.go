@@ -11,7 +11,7 @@ import (
 	"github.com/getratchet/ratchet/lib/webhooks"
 )
 
-// Bounds on one sweeper pass of each gate task.
+// Bounds on one sweeper pass of each task.
 const (
 	lapsedLeasesPerPass  = 500
 	groupsPerPass        = 100
@@ -19,6 +19,9 @@ const (
 	circuitsPerPass      = 500
 	spendCountersPerPass = 1000
 	retentionPerPass     = 1000
+	// idempotentAnswersPerPass bounds the deletion of day-old answers
+	// (lib/idempotency): creates are rare next to begins.
+	idempotentAnswersPerPass = 1000
 )
 
 // wireDomain builds the domain services into deps and registers their sweep

@@ -193,18 +193,27 @@ func upTo(t *testing.T, last int) fstest.MapFS {
 	return out
 }
 
+// databaseAt is a fresh database migrated up to version through, and a
+// connection to it for a test to write what an upgrade finds.
+func databaseAt(t *testing.T, through int) (string, *pgx.Conn) {
+	t.Helper()
+	ctx := context.Background()
+	target := freshDatabase(t)
+	_, err := db.MigrateURL(ctx, target, upTo(t, through))
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, target)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return target, conn
+}
+
 // 0019 fails the runs that already had an exhausted or cancelled step when
 // it is applied, as it fails runs from then on.
 func TestRunsWithAFailedStepFailOnUpgrade(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	target := freshDatabase(t)
-	_, err := db.MigrateURL(ctx, target, upTo(t, 18))
-	require.NoError(t, err)
-	conn, err := pgx.Connect(ctx, target)
-	require.NoError(t, err)
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, `
+	target, conn := databaseAt(t, 18)
+	_, err := conn.Exec(ctx, `
 INSERT INTO workspaces (id, name) VALUES ('ws_1', 'w');
 INSERT INTO job_endpoints (id, workspace_id, name, preset, max_attempts, initial_delay_ms, multiplier, max_delay_ms,
     jitter_percent, default_timeout_ms, created_at, updated_at)
@@ -241,13 +250,8 @@ FROM (VALUES ('run_failed', 'a', 'EXHAUSTED'), ('run_failed', 'b', 'QUEUED'), ('
 func TestShortRetentionBoundsSurgeHistoryOnUpgrade(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	target := freshDatabase(t)
-	_, err := db.MigrateURL(ctx, target, upTo(t, 34))
-	require.NoError(t, err)
-	conn, err := pgx.Connect(ctx, target)
-	require.NoError(t, err)
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, `
+	target, conn := databaseAt(t, 34)
+	_, err := conn.Exec(ctx, `
 INSERT INTO workspaces (id, name) VALUES ('ws_1', 'w');
 INSERT INTO gate_policies (workspace_id, effect_type, version, mode, on_indeterminate, lease_seconds, max_attempts,
     require_cost, required_dimensions, dimension_limits, surge_action, surge_cooldown_seconds, retention_days,

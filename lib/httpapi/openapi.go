@@ -15,6 +15,8 @@ import (
 	"github.com/google/jsonschema-go/jsonschema"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/idemkey"
+	"github.com/getratchet/ratchet/lib/idempotency"
 	"github.com/getratchet/ratchet/lib/jsonstrict"
 	"github.com/getratchet/ratchet/lib/schematags"
 )
@@ -133,10 +135,22 @@ func operation(r Route) map[string]any {
 		}
 		params = append(params, map[string]any{"name": p.Name, "in": "query", "description": p.Description, "schema": schema})
 	}
+	if r.Idempotent {
+		params = append(params, map[string]any{"name": idempotency.Header, "in": "header", "required": false,
+			"description": "1-255 printable characters. The success of this request is kept for 24 hours and " +
+				"answered again (with " + ReplayedHeader + ": true) to the same request (route, path and body) " +
+				"sent with the same key by the same API key; another request under it is 409 " +
+				"idempotency_key_reuse, one sent while the first is still answered 409 retry_request. A refused " +
+				"or failed request records nothing.",
+			"schema": map[string]any{"type": "string", "minLength": 1, "maxLength": idemkey.MaxRunes}})
+	}
 	if params != nil {
 		op["parameters"] = params
 	}
 	codes := append([]string{}, r.Errors...)
+	if r.Idempotent {
+		codes = append(codes, apierr.CodeIdempotencyKeyReuse, apierr.CodeRetryRequest, apierr.CodeInvalidRequest)
+	}
 	switch {
 	case r.Request != nil:
 		schema := requestSchemaOf(r.Request)

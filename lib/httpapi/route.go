@@ -62,6 +62,11 @@ type Route struct {
 	// DedupOK documents that a create (Status 201) answers 200 with the same
 	// body when it finds what it would create (a deduplicated enqueue).
 	DedupOK bool
+	// Idempotent marks a create with no idempotency key of its own that
+	// takes an Idempotency-Key header: its success is kept a day and given
+	// again to the same request from the same key (lib/idempotency,
+	// Server.runOnce). Other routes ignore the header.
+	Idempotent bool
 	// Bodiless lists other success statuses the route answers without a
 	// body, with what each means (MCP's 202 to a notification).
 	Bodiless map[int]string

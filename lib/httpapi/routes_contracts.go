@@ -21,7 +21,7 @@ func (s *Server) contractsRoutes() []Route {
 	return []Route{
 		{
 			Method: "POST", Pattern: "/api/v1/tools/{name}/contracts", Name: "contracts.publish", Tag: "contracts",
-			Scopes: write,
+			Scopes: write, Idempotent: true,
 			Summary: "Publish the tool's next contract version (from 1, per tool): handlerVersion, JSON Schema " +
 				"2020-12 inputSchema and outputSchema (compiled now; external $refs refused), timeoutMs (default " +
 				"30000), retryPreset (default STANDARD; CUSTOM needs the complete retryPolicy, built-ins take none) " +
@@ -37,7 +37,7 @@ func (s *Server) contractsRoutes() []Route {
 			Handle: s.listContracts,
 		},
 		{
-			Method: "POST", Pattern: "/api/v1/tools/{name}/test", Name: "tools.test", Tag: "contracts", Scopes: write,
+			Method: "POST", Pattern: "/api/v1/tools/{name}/test", Name: "tools.test", Tag: "contracts", Scopes: write, Idempotent: true,
 			Summary: "Enqueue a synthetic one-attempt job of name@version in a new synthetic run (completion already " +
 				"requested). The implicit contract of name@version applies: input and output are validated, its " +
 				"timeout is used, maxAttempts is always 1. Answers the run, step and job ids.",

@@ -48,8 +48,9 @@ func (s *Server) coreRoutes() []Route {
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/keys", Name: "keys.create", Tag: "keys", Scopes: []string{auth.ScopeKeysWrite},
-			Summary: "Mint a key with scopes (or a preset) no wider than the caller's own; the secret is shown once.",
-			Request: auth.CreateKeyRequest{}, Response: auth.NewKey{}, Status: 201,
+			Idempotent: true,
+			Summary:    "Mint a key with scopes (or a preset) no wider than the caller's own; the secret is shown once.",
+			Request:    auth.CreateKeyRequest{}, Response: auth.NewKey{}, Status: 201,
 			Errors: []string{apierr.CodeInvalidRequest},
 			Handle: s.createKey,
 		},

@@ -15,6 +15,7 @@ func (s *Server) webhookRoutes() []Route {
 	return []Route{
 		{
 			Method: "POST", Pattern: "/api/v1/webhooks", Name: "webhooks.create", Tag: "webhooks", Scopes: scopes,
+			Idempotent: true,
 			Summary: "Subscribe a URL to events; returns the signing secret once. Deliveries are signed " +
 				"Ratchet-Signature: t=<unix>,v1=<hex hmac-sha256(secret, \"<t>.<body>\")> and retried with backoff.",
 			Request: webhooks.CreateRequest{}, Response: webhooks.NewWebhook{}, Status: 201,

@@ -19,6 +19,7 @@ import (
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/idempotency"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/seal"
 	"github.com/getratchet/ratchet/lib/sweep"
@@ -32,8 +33,11 @@ type Deps struct {
 	Auth    *auth.Service
 	Sealer  *seal.Sealer
 	Sweeper *sweep.Sweeper
-	Logger  *slog.Logger
-	Now     func() time.Time
+	// Idempotency keeps the answers of creates sent with an
+	// Idempotency-Key header (Route.Idempotent).
+	Idempotency *idempotency.Store
+	Logger      *slog.Logger
+	Now         func() time.Time
 	Domain
 }
 
@@ -205,6 +209,10 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 	if rep, ok := body.(Reply); ok {
 		status, body = rep.Status, rep.Body
 	}
+	if a, ok := body.(encoded); ok {
+		writeEncoded(sw, a)
+		return
+	}
 	if t, ok := body.(Text); ok {
 		sw.Header().Set("Content-Type", t.ContentType)
 		sw.WriteHeader(status)
@@ -233,6 +241,11 @@ func (s *Server) run(ctx context.Context, c *Call) (any, error) {
 		var none struct{}
 		if err := c.Decode(&none); err != nil {
 			return nil, err
+		}
+	}
+	if c.Route.Idempotent {
+		if keys, ok := c.R.Header[idempotency.Header]; ok {
+			return s.runOnce(ctx, c, keys)
 		}
 	}
 	return c.Route.Handle(ctx, c)

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/getratchet/ratchet/lib/idempotency"
 	"github.com/getratchet/ratchet/lib/seal"
 )
 
@@ -58,6 +59,11 @@ var columns = []column{
 			return seal.AAD(key[0], "error/"+key[1])
 		}},
 	{table: "webhooks", name: "secret", key: []string{"id"}, keyType: []string{"text"}, aad: rowAAD("secret")},
+	// A create's answer kept for its Idempotency-Key (a day at most).
+	{table: "idempotent_requests", name: "answer", key: []string{"key_id", "idempotency_key"},
+		keyType: []string{"text", "text"}, aad: func(key []string) []byte {
+			return idempotency.AnswerAAD(key[0], key[1])
+		}},
 }
 
 // BatchSize is how many rows one statement re-seals. Ciphertexts are read

@@ -47,8 +47,9 @@ func sealer(t *testing.T, current string, older ...string) *seal.Sealer {
 // read back after the rotation.
 func fill(t *testing.T, env *apitest.Env, ws apitest.Workspace) (effectID string, queued map[string]any) {
 	t.Helper()
-	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+	r := env.DoWith("POST", "/api/v1/webhooks", ws.Key, http.Header{"Idempotency-Key": {"hook-1"}},
 		map[string]any{"url": "https://example.com/hook", "events": []string{"run.finished"}})
+	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
 	group := env.Must(http.StatusCreated, "POST", "/api/v1/groups", ws.Key, map[string]any{"name": "g"}).JSON()["id"]
 	d := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, map[string]any{
 		"effect_type": "email.send", "idempotency_key": "welcome:1", "payload": map[string]any{"to": "user_1"},
@@ -110,14 +111,14 @@ func TestRotationReachesEveryColumnAndOldKeyCanGo(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, rep.Complete)
 
-	// Rotated: the new key seals, the old one still opens. Each of the seven
+	// Rotated: the new key seals, the old one still opens. Each of the eight
 	// columns holds at least one ciphertext under the old key.
 	rotated := sealer(t, newKey, oldKey)
 	rep, err = reseal.New(pool, rotated).Check(ctx)
 	require.NoError(t, err)
 	require.False(t, rep.Complete)
 	cols := byColumn(rep)
-	require.Len(t, cols, 7)
+	require.Len(t, cols, 8)
 	for name, c := range cols {
 		require.Positive(t, c.Older, name)
 		require.Zero(t, c.Current+c.Unknown, name)
@@ -160,6 +161,11 @@ func TestRotationReachesEveryColumnAndOldKeyCanGo(t *testing.T) {
 		map[string]any{"limit": 10}).JSON()["jobs"].([]any)
 	require.Len(t, jobs, 1)
 	require.Equal(t, queued, jobs[0].(map[string]any)["input"])
+	// The webhook create's kept answer is given again under the new key.
+	hook := after.DoWith("POST", "/api/v1/webhooks", ws.Key, http.Header{"Idempotency-Key": {"hook-1"}},
+		map[string]any{"url": "https://example.com/hook", "events": []string{"run.finished"}})
+	require.Equal(t, http.StatusCreated, hook.Status, "%s", hook.Body)
+	require.Equal(t, "true", hook.Header.Get("Idempotent-Replayed"))
 	// The sealed compensation, error and output open under the new key too:
 	// Run opened each with its own associated data (Corrupt is zero above)
 	// and sealed it again with the same.
@@ -242,7 +248,7 @@ WHERE table_schema = current_schema() AND data_type = 'bytea' ORDER BY 1`)
 	}
 	require.NoError(t, rows.Err())
 	hashes := []string{"api_keys.secret_hash", "effects.lease_token_hash", "effect_attempts.lease_token_hash",
-		"jobs.request_hash"}
+		"jobs.request_hash", "idempotent_requests.request_hash"}
 	want := append(reseal.SealedColumns(), hashes...)
 	sort.Strings(want)
 	require.Equal(t, want, all)

@@ -155,6 +155,18 @@ const (
 // do sends one API call, repeating it as the retry rules allow, and decodes
 // a 2xx body into out (when out is non-nil).
 func (c *Client) do(ctx context.Context, method, path string, in, out any, safe idempotency) error {
+	return c.doKeyed(ctx, method, path, "", in, out, safe)
+}
+
+// IdempotencyKeyHeader is the header under which the server keeps a
+// create's answer and gives it again to the same request (API routes marked
+// so in its OpenAPI document).
+const IdempotencyKeyHeader = "Idempotency-Key"
+
+// doKeyed is do sending key (when not empty) as every attempt's
+// Idempotency-Key, so that the server answers a repeat of a create that
+// acted with what it answered then instead of acting again.
+func (c *Client) doKeyed(ctx context.Context, method, path, key string, in, out any, safe idempotency) error {
 	var body []byte
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -164,7 +176,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any, safe 
 		body = b
 	}
 	for attempt := 0; ; attempt++ {
-		err := c.once(ctx, method, path, body, out)
+		err := c.once(ctx, method, path, key, body, out)
 		if err == nil {
 			return nil
 		}
@@ -195,7 +207,10 @@ func (c *Client) retryDelay(err error, attempt int, safe idempotency) (time.Dura
 			}
 			return time.Duration(secs) * time.Second, true
 		case apiErr.Code == CodeRetryRequest:
-			return 0, true
+			// At once after a lost race (begin); after the pause the server
+			// asks for while the first request under an Idempotency-Key is
+			// still acting.
+			return time.Duration(max(apiErr.RetryAfterSeconds(), 0)) * time.Second, true
 		case apiErr.Code == CodeDatabaseUnavailable && apiErr.Detail["outcome"] == outcomeNotApplied:
 			// The server says nothing was changed, so any call may repeat.
 			return c.backoff(attempt), true
@@ -239,8 +254,8 @@ func (e *netError) Error() string { return "ratchet: " + e.err.Error() }
 // Unwrap returns the transport's error.
 func (e *netError) Unwrap() error { return e.err }
 
-// once sends a single request.
-func (c *Client) once(ctx context.Context, method, path string, body []byte, out any) error {
+// once sends a single request, under idempotency key key when not empty.
+func (c *Client) once(ctx context.Context, method, path, key string, body []byte, out any) error {
 	var rdr io.Reader
 	if body != nil {
 		rdr = bytes.NewReader(body)
@@ -254,6 +269,9 @@ func (c *Client) once(ctx context.Context, method, path string, body []byte, out
 	req.Header.Set("User-Agent", c.ua)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if key != "" {
+		req.Header.Set(IdempotencyKeyHeader, key)
 	}
 	res, err := c.hc.Do(req)
 	if err != nil {

@@ -570,3 +570,44 @@ func TestForbiddenErrorNamesItsAlternatives(t *testing.T) {
 		t.Fatalf("message %q", err.Error())
 	}
 }
+
+// RegisterWorker sends one Idempotency-Key with every attempt, so a repeat
+// after a lost answer gets the worker id the first registered; each call
+// has its own key. A retry_request with retry_after_seconds (the first
+// request under the key still acting) waits that long.
+func TestRegisterWorkerRetriesUnderOneIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var keys []string
+	calls := 0
+	c, log := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		keys = append(keys, r.Header.Get(IdempotencyKeyHeader))
+		calls++
+		switch calls {
+		case 1:
+			apiError(w, 503, CodeDatabaseUnavailable, map[string]any{"outcome": "unknown"})
+		case 2:
+			apiError(w, 409, CodeRetryRequest, map[string]any{"retry_after_seconds": 1})
+		default:
+			writeJSON(w, 201, map[string]any{"workerId": "wkr_1"})
+		}
+	}))
+	id, err := c.RegisterWorker(context.Background(), []ToolRef{{Name: "send", Version: "1"}})
+	if err != nil || id != "wkr_1" {
+		t.Fatalf("id %q err %v", id, err)
+	}
+	if len(keys) != 3 || keys[0] == "" || keys[1] != keys[0] || keys[2] != keys[0] {
+		t.Fatalf("keys %q", keys)
+	}
+	if got := log.all(); len(got) != 2 || got[1] != time.Second {
+		t.Fatalf("sleeps %v", got)
+	}
+	if _, err := c.RegisterWorker(context.Background(), []ToolRef{{Name: "send", Version: "1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if keys[3] == keys[0] {
+		t.Fatal("a second registration reused the first one's key")
+	}
+}

@@ -21,9 +21,10 @@ func (c *Client) RegisterWorker(ctx context.Context, tools []ToolRef) (string, e
 	var out struct {
 		WorkerID string `json:"workerId"`
 	}
-	// A repeat after an ambiguous failure registers a second, idle worker id:
-	// harmless, so registration is retried.
-	err := c.do(ctx, "POST", "/workers/register", map[string]any{"tools": tools}, &out, idempotent)
+	// Every attempt carries one key, so a repeat after an ambiguous failure
+	// gets the worker id the first attempt registered (a server older than
+	// the header registers a second, idle one: harmless).
+	err := c.doKeyed(ctx, "POST", "/workers/register", newRequestID(), map[string]any{"tools": tools}, &out, idempotent)
 	return out.WorkerID, err
 }
 

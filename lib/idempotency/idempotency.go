@@ -1,0 +1,218 @@
+// Package idempotency keeps the answers of creates sent with an
+// Idempotency-Key header, so that a client whose answer was lost (a timeout,
+// a dropped connection) sends the same request again and gets the same
+// answer instead of a second key, webhook or contract. Routes with an
+// idempotency key of their own (begin, runs, steps, groups) do not need it.
+//
+// The first request claims the key in one statement and acts; its success
+// is stored (sealed: a new key's secret is in it) and given again, byte for
+// byte, to the same request (same method, path and body) from the same API
+// key for a day. A refused or failed request gives its claim up, so that
+// the corrected request may use the key; another request under a stored key
+// is refused, as is one sent while the first is still acting. A request
+// that died while acting holds the key until its claim lapses (ClaimTTL),
+// after which a retry acts again: the record of what it did may never have
+// been written.
+package idempotency
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/getratchet/ratchet/lib/canonjson"
+	"github.com/getratchet/ratchet/lib/seal"
+)
+
+// Header is the request header that names the key.
+const Header = "Idempotency-Key"
+
+// TTL is how long an answer is kept and given again.
+const TTL = 24 * time.Hour
+
+// ClaimTTL is how long a request acting under a key holds it: longer than
+// any route's timeout, so a claim lapses only when its request is gone.
+const ClaimTTL = time.Minute
+
+// storeTimeout bounds recording an answer once the request acted: the
+// request's own deadline may be nearly spent by then.
+const storeTimeout = 5 * time.Second
+
+var (
+	// ErrReused is a key already used for another request (another route,
+	// path or body).
+	ErrReused = errors.New("idempotency: key used for another request")
+	// ErrInFlight is a key whose first request is still acting.
+	ErrInFlight = errors.New("idempotency: key's request in flight")
+)
+
+// Store keeps the answers.
+type Store struct {
+	pool   *pgxpool.Pool
+	sealer *seal.Sealer
+	now    func() time.Time
+}
+
+// New returns a store over pool.
+func New(pool *pgxpool.Pool, sealer *seal.Sealer, now func() time.Time) *Store {
+	return &Store{pool: pool, sealer: sealer, now: now}
+}
+
+// Request is one request sent under a key.
+type Request struct {
+	APIKeyID string // the caller: keys are per API key
+	Key      string // the header's value
+	Method   string
+	Path     string // the request's path, parameters included
+	Body     []byte
+	Claim    string // unique to this request (its request id)
+}
+
+// Answer is what a request answered.
+type Answer struct {
+	Status int
+	Body   []byte
+}
+
+// Claim is a key held by the request acting under it.
+type Claim struct {
+	s      *Store
+	apiKey string
+	key    string
+	claim  string
+}
+
+// Begin claims req's key for it, or returns the answer stored for the same
+// request. It fails with ErrReused or ErrInFlight.
+func (s *Store) Begin(ctx context.Context, req Request) (*Claim, *Answer, error) {
+	hash := requestHash(req)
+	// The claim and the read are two statements: a key claimed by a
+	// request that committed after the claim's snapshot is seen only by a
+	// later one. A row deleted between them (a claim given up, a purge)
+	// makes the key free again, so the claim is tried anew.
+	for range 3 {
+		now := s.now()
+		var claimed bool
+		err := s.pool.QueryRow(ctx, sqlClaim, req.APIKeyID, req.Key, hash, req.Claim, now.Add(ClaimTTL), now,
+			now.Add(-TTL)).Scan(&claimed)
+		switch {
+		case err == nil:
+			return &Claim{s: s, apiKey: req.APIKeyID, key: req.Key, claim: req.Claim}, nil, nil
+		case !errors.Is(err, pgx.ErrNoRows):
+			return nil, nil, fmt.Errorf("idempotency: claim: %w", err)
+		}
+		var stored []byte
+		var status *int
+		var answer []byte
+		err = s.pool.QueryRow(ctx, sqlStored, req.APIKeyID, req.Key, now.Add(-TTL)).Scan(&stored, &status, &answer)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			continue
+		case err != nil:
+			return nil, nil, fmt.Errorf("idempotency: read: %w", err)
+		case string(stored) != string(hash):
+			return nil, nil, ErrReused
+		case status == nil:
+			return nil, nil, ErrInFlight
+		}
+		body, err := s.sealer.Open(answer, AnswerAAD(req.APIKeyID, req.Key))
+		if err != nil {
+			return nil, nil, fmt.Errorf("idempotency: open answer: %w", err)
+		}
+		return nil, &Answer{Status: *status, Body: body}, nil
+	}
+	// Claimed and given up three times over while this request looked:
+	// the same key is being retried in a tight loop.
+	return nil, nil, ErrInFlight
+}
+
+// Finish records a's answer under the claim, or gives the claim up when a
+// is not a success: nothing was created, so the key is free for the
+// corrected request. It runs to completion whatever ctx's deadline (the
+// request already acted). A claim taken over meanwhile is left alone.
+func (c *Claim) Finish(ctx context.Context, a Answer) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	defer cancel()
+	if a.Status < 200 || a.Status > 299 {
+		if _, err := c.s.pool.Exec(ctx, sqlGiveUp, c.apiKey, c.key, c.claim); err != nil {
+			return fmt.Errorf("idempotency: give up claim: %w", err)
+		}
+		return nil
+	}
+	sealed := c.s.sealer.Seal(a.Body, AnswerAAD(c.apiKey, c.key))
+	if _, err := c.s.pool.Exec(ctx, sqlAnswer, c.apiKey, c.key, c.claim, a.Status, sealed); err != nil {
+		return fmt.Errorf("idempotency: record answer: %w", err)
+	}
+	return nil
+}
+
+// Purge deletes up to limit answers older than TTL before now.
+func (s *Store) Purge(ctx context.Context, now time.Time, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, sqlPurge, now.Add(-TTL), limit)
+	if err != nil {
+		return 0, fmt.Errorf("idempotency: purge: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// AnswerAAD is the associated data an answer is sealed with: its row's
+// primary key (lib/reseal derives it so too).
+func AnswerAAD(apiKeyID, key string) []byte { return seal.AAD(apiKeyID+"/"+key, "answer") }
+
+// requestHash identifies a request: its method, path and body, the body in
+// canonical JSON when it is JSON, so that a retry whose client wrote the
+// fields in another order is the same request.
+func requestHash(req Request) []byte {
+	body := req.Body
+	kind := "raw"
+	if json.Valid(body) {
+		if c, err := canonjson.Marshal(json.RawMessage(body)); err == nil {
+			body, kind = c, "json"
+		}
+	}
+	h := sha256.New()
+	for _, part := range []string{req.Method, req.Path, kind} {
+		h.Write([]byte(part))
+		h.Write([]byte{0})
+	}
+	h.Write(body)
+	return h.Sum(nil)
+}
+
+// $1 API key, $2 key, $3 request hash, $4 claim, $5 claimed until, $6 now,
+// $7 oldest answer still given. A row older than that is a new key; an
+// unanswered one of the same request whose claim lapsed is taken over.
+const sqlClaim = `
+INSERT INTO idempotent_requests AS r (key_id, idempotency_key, request_hash, claim, claimed_until, created_at)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (key_id, idempotency_key) DO UPDATE
+SET request_hash = excluded.request_hash, claim = excluded.claim, claimed_until = excluded.claimed_until,
+    status = NULL, answer = NULL, created_at = excluded.created_at
+WHERE r.created_at <= $7
+   OR (r.status IS NULL AND r.claimed_until <= $6 AND r.request_hash = excluded.request_hash)
+RETURNING true`
+
+// $1 API key, $2 key, $3 oldest answer still given.
+const sqlStored = `
+SELECT request_hash, status, answer FROM idempotent_requests
+WHERE key_id = $1 AND idempotency_key = $2 AND created_at > $3`
+
+// $1 API key, $2 key, $3 claim, $4 status, $5 sealed answer.
+const sqlAnswer = `
+UPDATE idempotent_requests SET status = $4, answer = $5, claim = NULL, claimed_until = NULL
+WHERE key_id = $1 AND idempotency_key = $2 AND claim = $3`
+
+// $1 API key, $2 key, $3 claim.
+const sqlGiveUp = `DELETE FROM idempotent_requests WHERE key_id = $1 AND idempotency_key = $2 AND claim = $3`
+
+// $1 oldest answer kept, $2 limit.
+const sqlPurge = `
+DELETE FROM idempotent_requests WHERE (key_id, idempotency_key) IN (
+    SELECT key_id, idempotency_key FROM idempotent_requests WHERE created_at <= $1
+    ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)`
