@@ -4,26 +4,42 @@
 -- counted the deleted hours as quiet, its median fell to 0 and the learned
 -- ceiling to its floor of 30, so ordinary traffic tripped the breaker.
 --
--- gate_effect_types.history_from is the creation time of the newest effect
--- retention has deleted of the type (lib/gate sqlPurgeExpired sets it in
--- the statement that deletes): every hour after its hour is complete, so
--- the window starts there when that is later than the first sighting and
--- the week. NULL: nothing deleted. It is read only when the hourly baseline
--- is recomputed (the stale branch), not on every begin, so gate_evaluate,
--- which passes the first sighting, is unchanged. gate_surge's body is
--- 0028's but for that bound.
+-- gate_effect_history.history_from is the creation time of the newest
+-- effect retention has deleted of a type (lib/gate sqlPurgeExpired upserts
+-- it in the statement that deletes; it only moves forward): every hour after
+-- its hour is complete, so the window starts there when that is later than
+-- the first sighting and the week. No row: nothing deleted. A table of its
+-- own, not a column of gate_effect_types: every begin of a new key inserts
+-- into that one (ON CONFLICT DO NOTHING), and such an insert waits for a
+-- transaction that updated the row it conflicts with, so a retention pass
+-- held every new key of the types it purged until it committed (review).
+-- It is read only when the hourly baseline is recomputed (the stale
+-- branch), not on every begin, so gate_evaluate, which passes the first
+-- sighting, is unchanged. gate_surge's body is 0028's but for that bound.
 --
 -- Types whose effects retention may already have deleted get the bound
 -- their policy's retention gives (a deleted effect was created before it),
--- and their cached baselines are recomputed at their next begin.
-ALTER TABLE gate_effect_types ADD COLUMN IF NOT EXISTS history_from timestamptz;
+-- and their cached baselines are recomputed at their next begin. A type
+-- whose retention was under 7 days before the upgrade but is longer now is
+-- not bounded: until a week has passed, its baseline counts the hours
+-- deleted before the upgrade as quiet, as it did before.
+CREATE TABLE IF NOT EXISTS gate_effect_history (
+    workspace_id text NOT NULL REFERENCES workspaces(id),
+    effect_type  text NOT NULL,
+    history_from timestamptz NOT NULL,
+    PRIMARY KEY (workspace_id, effect_type)
+);
 
-UPDATE gate_effect_types t
-SET history_from = now() - make_interval(days => p.retention_days), baseline_for = NULL
-FROM gate_policies p
-WHERE p.workspace_id = t.workspace_id AND p.effect_type = t.effect_type
-  AND p.retention_days < 8 AND t.first_seen_at < now() - make_interval(days => p.retention_days)
-  AND t.history_from IS NULL;
+INSERT INTO gate_effect_history (workspace_id, effect_type, history_from)
+SELECT t.workspace_id, t.effect_type, now() - make_interval(days => p.retention_days)
+FROM gate_effect_types t
+JOIN gate_policies p ON p.workspace_id = t.workspace_id AND p.effect_type = t.effect_type
+WHERE p.retention_days < 8 AND t.first_seen_at < now() - make_interval(days => p.retention_days)
+ON CONFLICT (workspace_id, effect_type) DO NOTHING;
+
+UPDATE gate_effect_types t SET baseline_for = NULL
+FROM gate_effect_history h
+WHERE h.workspace_id = t.workspace_id AND h.effect_type = t.effect_type;
 
 CREATE OR REPLACE FUNCTION gate_surge(p_workspace_id text, p_effect_type text, p_idempotency_key text, p_surge_per_hour integer,
     p_surge_multiplier integer, p_first_seen timestamptz, p_now timestamptz, p_baseline_for timestamptz,
@@ -47,7 +63,7 @@ srg_base AS MATERIALIZED (
                     WHEN pol.surge_per_hour IS NULL AND cbs.first_seen IS NOT NULL
                     THEN (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY coalesce(n.c, 0)) FILTER (WHERE cbs.first_seen IS NOT NULL)
     FROM generate_series(greatest(date_trunc('hour', (cbs.first_seen)::timestamptz, 'UTC'), date_trunc('hour', ($7::timestamptz)::timestamptz, 'UTC') - interval '168 hours',
-                                  date_trunc('hour', ((SELECT t.history_from FROM gate_effect_types t WHERE t.workspace_id = $1 AND t.effect_type = $2))::timestamptz, 'UTC') + interval '1 hour'),
+                                  date_trunc('hour', ((SELECT h.history_from FROM gate_effect_history h WHERE h.workspace_id = $1 AND h.effect_type = $2))::timestamptz, 'UTC') + interval '1 hour'),
                          date_trunc('hour', ($7::timestamptz)::timestamptz, 'UTC') - interval '1 hour', interval '1 hour') h(hr)
     LEFT JOIN (SELECT date_trunc('hour', (x.created_at)::timestamptz, 'UTC') AS hr, count(*) AS c FROM effects x
                WHERE x.workspace_id = $1 AND x.effect_type = $2

@@ -269,9 +269,10 @@ FROM (VALUES ('short', 5), ('short.new', 1), ('week', 30), ('no.policy', 30)) v(
 		bounded, cached bool
 	}
 	got := map[string]history{}
-	rows, err := conn.Query(ctx, `SELECT effect_type,
-		history_from BETWEEN now() - interval '2 days 1 minute' AND now() - interval '2 days', baseline_for IS NOT NULL
-		FROM gate_effect_types`)
+	rows, err := conn.Query(ctx, `SELECT t.effect_type,
+		h.history_from BETWEEN now() - interval '2 days 1 minute' AND now() - interval '2 days', t.baseline_for IS NOT NULL
+		FROM gate_effect_types t
+		LEFT JOIN gate_effect_history h ON h.workspace_id = t.workspace_id AND h.effect_type = t.effect_type`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var typ string

@@ -29,7 +29,7 @@ func (s *Service) AfterSlowGrant(ctx context.Context, id string, attempt int, se
 
 // surgeHistoryFrom is how gate_surge (0035) reads the type's history_from:
 // in the baseline's branch, so only a begin that recomputes it reads it.
-const surgeHistoryFrom = `(SELECT t.history_from FROM gate_effect_types t WHERE t.workspace_id = $1 AND t.effect_type = $2)`
+const surgeHistoryFrom = `(SELECT h.history_from FROM gate_effect_history h WHERE h.workspace_id = $1 AND h.effect_type = $2)`
 
 // FunctionFragments are the SQL fragments that migrations 0008, 0010, 0013,
 // 0026, 0028 and 0035 copied into the gate's functions and that Go statements still
@@ -44,3 +44,7 @@ var FunctionFragments = map[string][]string{
 	"gate_begin_in_turn": {strings.TrimSuffix(lapsedCloseSQL("v_now", "ARRAY[$24]"), "SELECT count(*) FROM up") +
 		"SELECT count(*) INTO v_closed FROM up;"},
 }
+
+// PurgeExpiredSQL is the retention pass's statement ($1 now, $2 limit), so
+// a test can hold one open in a transaction of its own.
+var PurgeExpiredSQL = sqlPurgeExpired

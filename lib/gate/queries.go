@@ -691,9 +691,10 @@ ORDER BY id DESC LIMIT $3`
 // so a pass with nothing to delete costs one index probe per pair, not a
 // scan of the table. Once deleted, a key is new again: its next begin
 // executes. What the deleted effects spent of a run's wallet stays spent
-// (money.RetiredRunSpendSQL). Each type's history_from moves up to the
-// newest effect deleted, so its learned surge baseline leaves out the hours
-// that lost effects (baselineSQL).
+// (money.RetiredRunSpendSQL). Each type's gate_effect_history moves up to
+// the newest effect deleted, so its learned surge baseline leaves out the
+// hours that lost effects (baselineSQL); begins never write that table, so
+// a pass holds none of them.
 var sqlPurgeExpired = `
 WITH expired AS (
     WITH RECURSIVE pairs AS (
@@ -726,8 +727,10 @@ WITH expired AS (
 ), approvals AS (
     DELETE FROM approvals a USING expired x WHERE a.effect_id = x.id
 ), history AS (
-    UPDATE gate_effect_types t SET history_from = greatest(t.history_from, h.newest)
-    FROM (SELECT workspace_id, effect_type, max(created_at) AS newest FROM expired GROUP BY 1, 2) h
-    WHERE t.workspace_id = h.workspace_id AND t.effect_type = h.effect_type
+    INSERT INTO gate_effect_history AS h (workspace_id, effect_type, history_from)
+    SELECT workspace_id, effect_type, max(created_at) FROM expired
+    GROUP BY 1, 2 ORDER BY 1, 2 -- one lock order for concurrent passes
+    ON CONFLICT (workspace_id, effect_type) DO UPDATE
+    SET history_from = greatest(h.history_from, excluded.history_from)
 )
 DELETE FROM effects e USING expired x WHERE e.id = x.id`

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/gate"
 )
 
 // Retention deletes ended effects once their type's retention_days have
@@ -247,4 +248,37 @@ func TestLearnedSurgeBaselineSkipsTheHoursRetentionDeleted(t *testing.T) {
 	}
 	b.denialOf("circuit_open", sms(key("surge")))
 	require.Equal(t, "surge", b.circuit("sms.send")["opened_by"])
+}
+
+// A retention pass holds none of the begins of the types it purges: it
+// records how far it deleted in a table of their own (gate_effect_history),
+// where a column of gate_effect_types, which every new key's begin inserts
+// into, held each such begin until the pass committed (review). Not
+// parallel, in its own era (1970).
+func TestRetentionPassHoldsNoBegin(t *testing.T) {
+	b, _ := inEra(t, 1970)
+	ctx := context.Background()
+	b.putPolicy("sms.send", map[string]any{"retention_days": 1})
+	b.executedAs("succeeded", sms(key("old")))
+	b.clock.Add(25 * time.Hour)
+
+	tx, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }() // for a failed require; rolled back below
+	tag, err := tx.Exec(ctx, gate.PurgeExpiredSQL, b.clock.Now(), 1000)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+
+	done := make(chan map[string]any, 1)
+	go func() { done <- b.env.Do("POST", "/api/v1/effects/begin", b.ws.Key, sms(key("new"))).JSON() }()
+	select {
+	case d := <-done:
+		require.Equal(t, "execute", d["decision"])
+		require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "succeeded", nil).Status)
+	case <-time.After(5 * time.Second):
+		require.NoError(t, tx.Rollback(ctx))
+		<-done
+		t.Fatal("a new key's begin waited for the retention pass")
+	}
+	require.NoError(t, tx.Rollback(ctx))
 }

@@ -130,7 +130,7 @@ func hourUTC(ts string) string { return `date_trunc('hour', (` + ts + `)::timest
 // days: complete UTC hours from its first sighting (at most 7 days back) to
 // the hour before now, quiet hours counting as 0. A median, so one runaway
 // hour cannot raise the ceiling meant to catch the next. historyFrom is the
-// type's gate_effect_types.history_from (the newest effect retention
+// type's gate_effect_history.history_from (the newest effect retention
 // deleted, or NULL): the hours up to its hour lost effects, so they are not
 // counted as quiet; the window starts after it (migration 0035).
 func baselineSQL(ws, typ, now, firstSeen, historyFrom string) string {
@@ -188,12 +188,13 @@ WITH types AS (
 SELECT t.effect_type, c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at > $4), c.opened_by, c.action,
     c.reason, c.opened_at, c.closes_at,
     (SELECT action FROM stop), (SELECT reason FROM stop), (SELECT opened_at FROM stop),
-    v.volume, ` + baselineSQL("$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at", "f.history_from") + `,
+    v.volume, ` + baselineSQL("$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at", "h.history_from") + `,
     ` + thresholdSQL("p", "$4::timestamptz", "f.first_seen_at",
-	baselineSQL("$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at", "f.history_from")) + `
+	baselineSQL("$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at", "h.history_from")) + `
 FROM page t
 LEFT JOIN gate_circuits c ON c.workspace_id = $1 AND c.effect_type = t.effect_type
 LEFT JOIN gate_effect_types f ON f.workspace_id = $1 AND f.effect_type = t.effect_type
+LEFT JOIN gate_effect_history h ON h.workspace_id = $1 AND h.effect_type = t.effect_type
 LEFT JOIN gate_policies p ON p.workspace_id = $1 AND p.effect_type = t.effect_type
 CROSS JOIN LATERAL (SELECT ` + volumeSQL("$1", "t.effect_type", "$4::timestamptz - interval '1 hour'") + ` AS volume) v
 ORDER BY t.effect_type`
