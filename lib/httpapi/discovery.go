@@ -126,6 +126,12 @@ from a UUID, a clock or an attempt number. Reusing a key for different arguments
 is 409 idempotency_key_reuse. For sensitive results, blind the key:
 hex(hmac_sha256(your_secret, key))[:32].
 
+Creates without a key field (keys, webhooks, contract publish, tool test,
+worker registration; marked [Idempotency-Key] below) take an Idempotency-Key
+header: send the same request again under it and get the first answer, not a
+second key or webhook. 409 retry_request: the first is still acting; wait
+detail.retry_after_seconds.
+
 ## MCP
 
 Nine tools (ratchet_begin, ratchet_report, ...) at /api/v1/mcp over streamable HTTP
@@ -151,6 +157,9 @@ func LLMsText() string {
 		}
 		if len(r.AnyScopes) > 0 {
 			scopes += " [" + strings.Join(r.AnyScopes, " or ") + "]"
+		}
+		if r.Idempotent {
+			scopes += " [Idempotency-Key]"
 		}
 		fmt.Fprintf(&b, "- %s %s%s: %s\n", r.Method, r.Pattern, scopes, r.Summary)
 	}

@@ -1,15 +1,22 @@
 package httpapi_test
 
 import (
+	"context"
+	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/httpapi"
+	"github.com/getratchet/ratchet/lib/idempotency"
 )
 
 func idemKey(k string) http.Header { return http.Header{"Idempotency-Key": {k}} }
@@ -35,15 +42,21 @@ func TestIdempotencyKeyAnswersARetriedCreateOnce(t *testing.T) {
 	require.Empty(t, first.Header.Get(httpapi.ReplayedHeader))
 	require.Equal(t, 2, countKeys(t, env, ws.Key))
 
-	again := env.DoWith("POST", "/api/v1/keys", ws.Key, idemKey("mint-agent"), `{"preset": "AGENT", "name": "agent"}`)
+	again := env.DoWith("POST", "/api/v1/keys", ws.Key, idemKey("mint-agent"), body)
 	require.Equal(t, http.StatusCreated, again.Status)
 	require.Equal(t, "true", again.Header.Get(httpapi.ReplayedHeader))
+	require.Equal(t, first.Header.Get("X-Request-Id"), again.Header.Get(httpapi.OriginalRequestHeader))
+	require.NotEqual(t, first.Header.Get("X-Request-Id"), again.Header.Get("X-Request-Id"))
 	require.Equal(t, string(first.Body), string(again.Body))
 	require.Equal(t, 2, countKeys(t, env, ws.Key), "nothing more minted")
 
-	other := env.DoWith("POST", "/api/v1/keys", ws.Key, idemKey("mint-agent"), map[string]any{"name": "other"})
-	require.Equal(t, http.StatusConflict, other.Status)
-	require.Equal(t, "idempotency_key_reuse", other.ErrorCode())
+	// Another body is another request, even one a lenient reader takes for
+	// the same: the route would refuse a repeated field (QA).
+	for _, other := range []any{map[string]any{"name": "other"}, `{"name":"x","name":"agent","preset":"AGENT"}`} {
+		r := env.DoWith("POST", "/api/v1/keys", ws.Key, idemKey("mint-agent"), other)
+		require.Equal(t, http.StatusConflict, r.Status)
+		require.Equal(t, "idempotency_key_reuse", r.ErrorCode())
+	}
 	route := env.DoWith("POST", "/api/v1/webhooks", ws.Key, idemKey("mint-agent"),
 		map[string]any{"url": "https://example.com/hook", "events": []string{"run.finished"}})
 	require.Equal(t, "idempotency_key_reuse", route.ErrorCode(), "another route is another request")
@@ -137,12 +150,77 @@ func TestToolTestUnderAnIdempotencyKeyRunsOnce(t *testing.T) {
 	other := env.DoWith("POST", "/api/v1/tools/mail/test", ws.Key, idemKey("t1"), body)
 	require.Equal(t, "idempotency_key_reuse", other.ErrorCode(), "another tool's path is another request")
 
+}
+
+// The routes that take the header are the creates without a key of their
+// own; each answers JSON (what is kept and given again), and a claim
+// outlives the route's time and the answer's recording, so it lapses only
+// when its request is gone.
+func TestIdempotentRoutes(t *testing.T) {
+	t.Parallel()
 	var idempotent []string
 	for _, r := range httpapi.Routes() {
-		if r.Idempotent {
-			idempotent = append(idempotent, r.Name)
+		if !r.Idempotent {
+			continue
 		}
+		idempotent = append(idempotent, r.Name)
+		require.Empty(t, r.ContentType, r.Name)
+		timeout := r.Timeout
+		if timeout == 0 {
+			timeout = httpapi.DefaultTimeout
+		}
+		require.Less(t, timeout+idempotency.StoreTimeout, idempotency.ClaimTTL, r.Name)
 	}
 	require.ElementsMatch(t, []string{"keys.create", "webhooks.create", "contracts.publish", "tools.test",
 		"workers.register"}, idempotent)
+}
+
+// A request that may have acted (its database lost mid-statement, a 500)
+// keeps the key until its claim lapses: a retry is told to wait, not to act
+// again while the first may have committed (QA: a retry after a 503 with an
+// unknown outcome made a second resource). One refused before it acted, or
+// whose database was never reached, frees it at once.
+func TestIdempotencyKeyOfARequestThatMayHaveActedIsHeld(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	var calls atomic.Int32
+	failures := map[string]error{
+		"lost":        apierr.DatabaseLost(errors.New("connection closed")),
+		"raw":         errors.New("something broke after the commit"),
+		"not-applied": apierr.DatabaseUnavailable(errors.New("connection refused")),
+		"refused":     apierr.InvalidField("name", "is taken"),
+	}
+	srv := httpapi.NewWithExtraRoutes(env.App.Server.Deps, []httpapi.Route{{
+		Method: "POST", Pattern: "/api/v1/test/{outcome}", Name: "test.create", Status: 201, Idempotent: true,
+		Scopes: []string{auth.ScopeKeysWrite},
+		Handle: func(ctx context.Context, c *httpapi.Call) (any, error) {
+			if calls.Add(1) == 1 {
+				return nil, failures[c.R.PathValue("outcome")]
+			}
+			return map[string]any{"ok": true}, nil
+		},
+	}})
+	do := func(outcome string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("POST", "/api/v1/test/"+outcome, strings.NewReader(`{}`))
+		req.Header.Set("Authorization", "Bearer "+ws.Key)
+		req.Header.Set(idempotency.Header, "create-"+outcome)
+		rec := httptest.NewRecorder()
+		srv.ServeHTTP(rec, req)
+		return rec
+	}
+	for outcome, held := range map[string]bool{"lost": true, "raw": true, "not-applied": false, "refused": false} {
+		calls.Store(0)
+		first := do(outcome)
+		require.GreaterOrEqual(t, first.Code, 400, outcome)
+		retry := do(outcome)
+		if held {
+			require.Equal(t, http.StatusConflict, retry.Code, outcome)
+			require.Contains(t, retry.Body.String(), `"code":"retry_request"`, outcome)
+			require.EqualValues(t, 1, calls.Load(), outcome)
+		} else {
+			require.Equal(t, http.StatusCreated, retry.Code, "%s: %s", outcome, retry.Body)
+			require.EqualValues(t, 2, calls.Load(), outcome)
+		}
+	}
 }

@@ -138,10 +138,12 @@ func operation(r Route) map[string]any {
 	if r.Idempotent {
 		params = append(params, map[string]any{"name": idempotency.Header, "in": "header", "required": false,
 			"description": "1-255 printable characters. The success of this request is kept for 24 hours and " +
-				"answered again (with " + ReplayedHeader + ": true) to the same request (route, path and body) " +
-				"sent with the same key by the same API key; another request under it is 409 " +
-				"idempotency_key_reuse, one sent while the first is still answered 409 retry_request. A refused " +
-				"or failed request records nothing.",
+				"answered again, with " + ReplayedHeader + ": true and " + OriginalRequestHeader + " naming the " +
+				"request that acted, to the same request (route, path and body bytes) sent with the same key by " +
+				"the same API key. Another request under the key is 409 idempotency_key_reuse; a request sent " +
+				"while the first is still acting is 409 retry_request (wait detail.retry_after_seconds). A " +
+				"request refused before it acted records nothing; one that may have acted (a 5xx) holds the " +
+				"key for 30 seconds, after which a retry acts again.",
 			"schema": map[string]any{"type": "string", "minLength": 1, "maxLength": idemkey.MaxRunes}})
 	}
 	if params != nil {
@@ -183,6 +185,14 @@ func operation(r Route) map[string]any {
 		success["content"] = map[string]any{strings.Split(r.ContentType, ";")[0]: map[string]any{"schema": map[string]any{"type": "string"}}}
 	case r.Response != nil:
 		success["content"] = map[string]any{"application/json": map[string]any{"schema": schemaOf(r.Response)}}
+	}
+	if r.Idempotent {
+		success["headers"] = map[string]any{
+			ReplayedHeader: map[string]any{"description": "Present on an answer given again for an Idempotency-Key.",
+				"schema": map[string]any{"type": "string", "enum": []string{"true"}}},
+			OriginalRequestHeader: map[string]any{"description": "On an answer given again: the X-Request-Id of " +
+				"the request that acted.", "schema": map[string]any{"type": "string"}},
+		}
 	}
 	responses[fmt.Sprint(status)] = success
 	if r.DedupOK {

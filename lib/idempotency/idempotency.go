@@ -6,19 +6,19 @@
 //
 // The first request claims the key in one statement and acts; its success
 // is stored (sealed: a new key's secret is in it) and given again, byte for
-// byte, to the same request (same method, path and body) from the same API
-// key for a day. A refused or failed request gives its claim up, so that
-// the corrected request may use the key; another request under a stored key
-// is refused, as is one sent while the first is still acting. A request
-// that died while acting holds the key until its claim lapses (ClaimTTL),
-// after which a retry acts again: the record of what it did may never have
-// been written.
+// byte, to the same request (same method, path and body bytes) from the same
+// API key for a day. A request refused before it acted gives its claim up,
+// so that the corrected request may use the key; another request under a
+// stored key is refused, as is one sent while the first is still acting. A
+// request that died while acting, or failed without knowing whether its
+// write committed, holds the key until its claim lapses (ClaimTTL), after
+// which a retry acts again: what the first did, if anything, was never
+// recorded.
 package idempotency
 
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -26,7 +26,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/getratchet/ratchet/lib/canonjson"
 	"github.com/getratchet/ratchet/lib/seal"
 )
 
@@ -37,20 +36,43 @@ const Header = "Idempotency-Key"
 const TTL = 24 * time.Hour
 
 // ClaimTTL is how long a request acting under a key holds it: longer than
-// any route's timeout, so a claim lapses only when its request is gone.
-const ClaimTTL = time.Minute
+// a route's timeout and StoreTimeout together (lib/httpapi checks), so a
+// claim lapses only when its request is gone.
+const ClaimTTL = 30 * time.Second
 
-// storeTimeout bounds recording an answer once the request acted: the
+// StoreTimeout bounds recording an answer once the request acted: the
 // request's own deadline may be nearly spent by then.
-const storeTimeout = 5 * time.Second
+const StoreTimeout = 5 * time.Second
+
+// maxRetryAfter bounds the pause an in-flight refusal asks for: the first
+// request may answer long before its claim would lapse.
+const maxRetryAfter = 5 * time.Second
 
 var (
 	// ErrReused is a key already used for another request (another route,
 	// path or body).
 	ErrReused = errors.New("idempotency: key used for another request")
-	// ErrInFlight is a key whose first request is still acting.
+	// ErrInFlight is a key whose first request is still acting
+	// (*InFlightError says for how long at most).
 	ErrInFlight = errors.New("idempotency: key's request in flight")
 )
+
+// InFlightError is ErrInFlight with the pause to take before asking again:
+// until the claim lapses in whole seconds, at most maxRetryAfter, at least
+// a second.
+type InFlightError struct {
+	RetryAfter time.Duration
+}
+
+func (e *InFlightError) Error() string { return ErrInFlight.Error() }
+
+// Is makes errors.Is(err, ErrInFlight) hold.
+func (e *InFlightError) Is(target error) bool { return target == ErrInFlight }
+
+func inFlight(remaining time.Duration) error {
+	whole := (remaining + time.Second - 1) / time.Second * time.Second // up to the next second
+	return &InFlightError{RetryAfter: min(max(whole, time.Second), maxRetryAfter)}
+}
 
 // Store keeps the answers.
 type Store struct {
@@ -71,13 +93,15 @@ type Request struct {
 	Method   string
 	Path     string // the request's path, parameters included
 	Body     []byte
-	Claim    string // unique to this request (its request id)
+	ID       string // unique to this request (its X-Request-Id)
 }
 
 // Answer is what a request answered.
 type Answer struct {
 	Status int
 	Body   []byte
+	// RequestID is the request that acted (on an answer given again).
+	RequestID string
 }
 
 // Claim is a key held by the request acting under it.
@@ -85,11 +109,11 @@ type Claim struct {
 	s      *Store
 	apiKey string
 	key    string
-	claim  string
+	id     string // the request's
 }
 
 // Begin claims req's key for it, or returns the answer stored for the same
-// request. It fails with ErrReused or ErrInFlight.
+// request. It fails with ErrReused or an *InFlightError.
 func (s *Store) Begin(ctx context.Context, req Request) (*Claim, *Answer, error) {
 	hash := requestHash(req)
 	// The claim and the read are two statements: a key claimed by a
@@ -99,18 +123,20 @@ func (s *Store) Begin(ctx context.Context, req Request) (*Claim, *Answer, error)
 	for range 3 {
 		now := s.now()
 		var claimed bool
-		err := s.pool.QueryRow(ctx, sqlClaim, req.APIKeyID, req.Key, hash, req.Claim, now.Add(ClaimTTL), now,
+		err := s.pool.QueryRow(ctx, sqlClaim, req.APIKeyID, req.Key, hash, req.ID, now.Add(ClaimTTL), now,
 			now.Add(-TTL)).Scan(&claimed)
 		switch {
 		case err == nil:
-			return &Claim{s: s, apiKey: req.APIKeyID, key: req.Key, claim: req.Claim}, nil, nil
+			return &Claim{s: s, apiKey: req.APIKeyID, key: req.Key, id: req.ID}, nil, nil
 		case !errors.Is(err, pgx.ErrNoRows):
 			return nil, nil, fmt.Errorf("idempotency: claim: %w", err)
 		}
-		var stored []byte
+		var stored, answer []byte
 		var status *int
-		var answer []byte
-		err = s.pool.QueryRow(ctx, sqlStored, req.APIKeyID, req.Key, now.Add(-TTL)).Scan(&stored, &status, &answer)
+		var requestID string
+		var claimedUntil *time.Time
+		err = s.pool.QueryRow(ctx, sqlStored, req.APIKeyID, req.Key, now.Add(-TTL)).
+			Scan(&stored, &requestID, &claimedUntil, &status, &answer)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue
@@ -118,36 +144,45 @@ func (s *Store) Begin(ctx context.Context, req Request) (*Claim, *Answer, error)
 			return nil, nil, fmt.Errorf("idempotency: read: %w", err)
 		case string(stored) != string(hash):
 			return nil, nil, ErrReused
+		case status == nil && claimedUntil != nil:
+			return nil, nil, inFlight(claimedUntil.Sub(now))
 		case status == nil:
-			return nil, nil, ErrInFlight
+			return nil, nil, fmt.Errorf("idempotency: row of key without answer or claim")
 		}
 		body, err := s.sealer.Open(answer, AnswerAAD(req.APIKeyID, req.Key))
 		if err != nil {
 			return nil, nil, fmt.Errorf("idempotency: open answer: %w", err)
 		}
-		return nil, &Answer{Status: *status, Body: body}, nil
+		return nil, &Answer{Status: *status, Body: body, RequestID: requestID}, nil
 	}
 	// Claimed and given up three times over while this request looked:
 	// the same key is being retried in a tight loop.
-	return nil, nil, ErrInFlight
+	return nil, nil, inFlight(time.Second)
 }
 
-// Finish records a's answer under the claim, or gives the claim up when a
-// is not a success: nothing was created, so the key is free for the
-// corrected request. It runs to completion whatever ctx's deadline (the
-// request already acted). A claim taken over meanwhile is left alone.
-func (c *Claim) Finish(ctx context.Context, a Answer) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+// Record stores a, the success of the request holding the claim, to be
+// given again. It runs to completion whatever ctx's deadline (the request
+// already acted). A claim taken over meanwhile (the request outlived
+// ClaimTTL) is left to its new holder: taken reports it.
+func (c *Claim) Record(ctx context.Context, a Answer) (taken bool, err error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StoreTimeout)
 	defer cancel()
-	if a.Status < 200 || a.Status > 299 {
-		if _, err := c.s.pool.Exec(ctx, sqlGiveUp, c.apiKey, c.key, c.claim); err != nil {
-			return fmt.Errorf("idempotency: give up claim: %w", err)
-		}
-		return nil
-	}
 	sealed := c.s.sealer.Seal(a.Body, AnswerAAD(c.apiKey, c.key))
-	if _, err := c.s.pool.Exec(ctx, sqlAnswer, c.apiKey, c.key, c.claim, a.Status, sealed); err != nil {
-		return fmt.Errorf("idempotency: record answer: %w", err)
+	tag, err := c.s.pool.Exec(ctx, sqlAnswer, c.apiKey, c.key, c.id, a.Status, sealed)
+	if err != nil {
+		return false, fmt.Errorf("idempotency: record answer: %w", err)
+	}
+	return tag.RowsAffected() == 0, nil
+}
+
+// GiveUp frees the key of a request refused before it acted, so that the
+// corrected request may use it. A request that may have acted keeps its
+// claim instead, until it lapses.
+func (c *Claim) GiveUp(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StoreTimeout)
+	defer cancel()
+	if _, err := c.s.pool.Exec(ctx, sqlGiveUp, c.apiKey, c.key, c.id); err != nil {
+		return fmt.Errorf("idempotency: give up claim: %w", err)
 	}
 	return nil
 }
@@ -165,51 +200,47 @@ func (s *Store) Purge(ctx context.Context, now time.Time, limit int) (int, error
 // primary key (lib/reseal derives it so too).
 func AnswerAAD(apiKeyID, key string) []byte { return seal.AAD(apiKeyID+"/"+key, "answer") }
 
-// requestHash identifies a request: its method, path and body, the body in
-// canonical JSON when it is JSON, so that a retry whose client wrote the
-// fields in another order is the same request.
+// requestHash identifies a request: its method, path and body bytes. The
+// bytes, not their meaning: the route decodes strictly, so two bodies that
+// mean the same to a lenient reader (a repeated field, 6e1 for 60, invalid
+// UTF-8) may be one the route refuses, which must not be answered with the
+// other's success (QA).
 func requestHash(req Request) []byte {
-	body := req.Body
-	kind := "raw"
-	if json.Valid(body) {
-		if c, err := canonjson.Marshal(json.RawMessage(body)); err == nil {
-			body, kind = c, "json"
-		}
-	}
 	h := sha256.New()
-	for _, part := range []string{req.Method, req.Path, kind} {
+	for _, part := range []string{req.Method, req.Path} {
 		h.Write([]byte(part))
 		h.Write([]byte{0})
 	}
-	h.Write(body)
+	h.Write(req.Body)
 	return h.Sum(nil)
 }
 
-// $1 API key, $2 key, $3 request hash, $4 claim, $5 claimed until, $6 now,
-// $7 oldest answer still given. A row older than that is a new key; an
-// unanswered one of the same request whose claim lapsed is taken over.
+// $1 API key, $2 key, $3 request hash, $4 request id, $5 claimed until,
+// $6 now, $7 oldest answer still given. A row older than that is a new key;
+// an unanswered one whose claim lapsed is taken over by any request (its
+// holder died, or failed not knowing whether it acted).
 const sqlClaim = `
-INSERT INTO idempotent_requests AS r (key_id, idempotency_key, request_hash, claim, claimed_until, created_at)
+INSERT INTO idempotent_requests AS r (key_id, idempotency_key, request_hash, request_id, claimed_until, created_at)
 VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (key_id, idempotency_key) DO UPDATE
-SET request_hash = excluded.request_hash, claim = excluded.claim, claimed_until = excluded.claimed_until,
+SET request_hash = excluded.request_hash, request_id = excluded.request_id, claimed_until = excluded.claimed_until,
     status = NULL, answer = NULL, created_at = excluded.created_at
-WHERE r.created_at <= $7
-   OR (r.status IS NULL AND r.claimed_until <= $6 AND r.request_hash = excluded.request_hash)
+WHERE r.created_at <= $7 OR (r.status IS NULL AND r.claimed_until <= $6)
 RETURNING true`
 
 // $1 API key, $2 key, $3 oldest answer still given.
 const sqlStored = `
-SELECT request_hash, status, answer FROM idempotent_requests
+SELECT request_hash, request_id, claimed_until, status, answer FROM idempotent_requests
 WHERE key_id = $1 AND idempotency_key = $2 AND created_at > $3`
 
-// $1 API key, $2 key, $3 claim, $4 status, $5 sealed answer.
+// $1 API key, $2 key, $3 request id, $4 status, $5 sealed answer.
 const sqlAnswer = `
-UPDATE idempotent_requests SET status = $4, answer = $5, claim = NULL, claimed_until = NULL
-WHERE key_id = $1 AND idempotency_key = $2 AND claim = $3`
+UPDATE idempotent_requests SET status = $4, answer = $5, claimed_until = NULL
+WHERE key_id = $1 AND idempotency_key = $2 AND request_id = $3 AND status IS NULL`
 
-// $1 API key, $2 key, $3 claim.
-const sqlGiveUp = `DELETE FROM idempotent_requests WHERE key_id = $1 AND idempotency_key = $2 AND claim = $3`
+// $1 API key, $2 key, $3 request id.
+const sqlGiveUp = `
+DELETE FROM idempotent_requests WHERE key_id = $1 AND idempotency_key = $2 AND request_id = $3 AND status IS NULL`
 
 // $1 oldest answer kept, $2 limit.
 const sqlPurge = `

@@ -23,12 +23,12 @@ func store(t *testing.T, start time.Time) (*idempotency.Store, *apitest.Clock, i
 	env := apitest.Start(t, apitest.WithNow(clock.Now))
 	s := env.App.Server.Idempotency
 	req := idempotency.Request{APIKeyID: ids.New("key"), Key: "create-1", Method: "POST", Path: "/api/v1/keys",
-		Body: []byte(`{"name":"a","preset":"AGENT"}`), Claim: ids.New(ids.Request)}
+		Body: []byte(`{"name":"a","preset":"AGENT"}`), ID: ids.New(ids.Request)}
 	return s, clock, req
 }
 
 func retry(req idempotency.Request) idempotency.Request {
-	req.Claim = ids.New(ids.Request)
+	req.ID = ids.New(ids.Request)
 	return req
 }
 
@@ -39,20 +39,22 @@ func TestAnsweredRequestIsAnsweredAgain(t *testing.T) {
 	claim, stored, err := s.Begin(ctx, req)
 	require.NoError(t, err)
 	require.Nil(t, stored)
-	require.NoError(t, claim.Finish(ctx, idempotency.Answer{Status: 201, Body: []byte(`{"id":"key_1"}`)}))
+	record(t, claim, 201, `{"id":"key_1"}`)
 
-	// The same request, its fields in another order and spaced otherwise.
-	same := retry(req)
-	same.Body = []byte(`{ "preset": "AGENT", "name": "a" }`)
-	claim, stored, err = s.Begin(ctx, same)
+	claim, stored, err = s.Begin(ctx, retry(req))
 	require.NoError(t, err)
 	require.Nil(t, claim)
-	require.Equal(t, &idempotency.Answer{Status: 201, Body: []byte(`{"id":"key_1"}`)}, stored)
+	require.Equal(t, &idempotency.Answer{Status: 201, Body: []byte(`{"id":"key_1"}`), RequestID: req.ID}, stored)
 
+	// The body's bytes, not their meaning: the route decodes strictly, and
+	// what a lenient reader takes for the same (a repeated field, another
+	// spelling of a number) may be refused (QA).
 	for name, other := range map[string]func(*idempotency.Request){
-		"body":   func(r *idempotency.Request) { r.Body = []byte(`{"name":"b","preset":"AGENT"}`) },
-		"path":   func(r *idempotency.Request) { r.Path = "/api/v1/webhooks" },
-		"method": func(r *idempotency.Request) { r.Method = "PUT" },
+		"body":      func(r *idempotency.Request) { r.Body = []byte(`{"name":"b","preset":"AGENT"}`) },
+		"reordered": func(r *idempotency.Request) { r.Body = []byte(`{"preset":"AGENT","name":"a"}`) },
+		"repeated":  func(r *idempotency.Request) { r.Body = []byte(`{"name":"x","name":"a","preset":"AGENT"}`) },
+		"path":      func(r *idempotency.Request) { r.Path = "/api/v1/webhooks" },
+		"method":    func(r *idempotency.Request) { r.Method = "PUT" },
 	} {
 		r := retry(req)
 		other(&r)
@@ -83,7 +85,7 @@ func TestRefusedRequestLeavesTheKeyFree(t *testing.T) {
 	ctx := context.Background()
 	claim, _, err := s.Begin(ctx, req)
 	require.NoError(t, err)
-	require.NoError(t, claim.Finish(ctx, idempotency.Answer{Status: 400, Body: []byte(`{"error":{}}`)}))
+	require.NoError(t, claim.GiveUp(ctx))
 	corrected := retry(req)
 	corrected.Body = []byte(`{"name":"a","preset":"WORKER"}`)
 	claim, stored, err := s.Begin(ctx, corrected)
@@ -93,8 +95,9 @@ func TestRefusedRequestLeavesTheKeyFree(t *testing.T) {
 }
 
 // A request sent while the first is acting is refused until the first's
-// claim lapses; then it acts, and the first's late answer is not recorded
-// over its own.
+// claim lapses, told how long to wait; then any request acts (the first
+// died, or failed not knowing whether it acted), and the first's late
+// answer is not recorded over the new holder's.
 func TestClaimHoldsTheKeyUntilItLapses(t *testing.T) {
 	t.Parallel()
 	s, clock, req := store(t, time.Now())
@@ -102,21 +105,39 @@ func TestClaimHoldsTheKeyUntilItLapses(t *testing.T) {
 	first, _, err := s.Begin(ctx, req)
 	require.NoError(t, err)
 	_, _, err = s.Begin(ctx, retry(req))
+	var busy *idempotency.InFlightError
+	require.ErrorAs(t, err, &busy)
+	require.Equal(t, 5*time.Second, busy.RetryAfter, "at most 5 s, though the claim holds 30")
 	require.ErrorIs(t, err, idempotency.ErrInFlight)
 	other := retry(req)
 	other.Body = []byte(`{}`)
 	_, _, err = s.Begin(ctx, other)
 	require.ErrorIs(t, err, idempotency.ErrReused, "another request is refused as reuse, in flight or not")
 
-	clock.Add(idempotency.ClaimTTL)
-	second, stored, err := s.Begin(ctx, retry(req))
+	clock.Add(idempotency.ClaimTTL - 1500*time.Millisecond)
+	_, _, err = s.Begin(ctx, retry(req))
+	require.ErrorAs(t, err, &busy)
+	require.Equal(t, 2*time.Second, busy.RetryAfter, "until the claim lapses, in whole seconds")
+
+	clock.Add(1500 * time.Millisecond)
+	second, stored, err := s.Begin(ctx, other)
 	require.NoError(t, err)
 	require.Nil(t, stored)
-	require.NoError(t, second.Finish(ctx, idempotency.Answer{Status: 201, Body: []byte(`{"n":2}`)}))
-	require.NoError(t, first.Finish(ctx, idempotency.Answer{Status: 201, Body: []byte(`{"n":1}`)}))
-	_, stored, err = s.Begin(ctx, retry(req))
+	record(t, second, 201, `{"n":2}`)
+	taken, err := first.Record(ctx, idempotency.Answer{Status: 201, Body: []byte(`{"n":1}`)})
+	require.NoError(t, err)
+	require.True(t, taken)
+	require.NoError(t, first.GiveUp(ctx), "gives up nothing of the new holder's")
+	_, stored, err = s.Begin(ctx, retry(other))
 	require.NoError(t, err)
 	require.Equal(t, []byte(`{"n":2}`), stored.Body)
+}
+
+func record(t *testing.T, c *idempotency.Claim, status int, body string) {
+	t.Helper()
+	taken, err := c.Record(context.Background(), idempotency.Answer{Status: status, Body: []byte(body)})
+	require.NoError(t, err)
+	require.False(t, taken)
 }
 
 // Purge deletes answers a day old. In its own era (1999): a purge acts on
@@ -128,7 +149,7 @@ func TestPurgeDeletesDayOldAnswers(t *testing.T) {
 	answer := func(r idempotency.Request, body string) {
 		claim, _, err := s.Begin(ctx, r)
 		require.NoError(t, err)
-		require.NoError(t, claim.Finish(ctx, idempotency.Answer{Status: 201, Body: []byte(body)}))
+		record(t, claim, 201, body)
 	}
 	answer(req, `{"n":1}`)
 	clock.Add(time.Hour)

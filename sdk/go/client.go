@@ -163,6 +163,11 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any, safe 
 // so in its OpenAPI document).
 const IdempotencyKeyHeader = "Idempotency-Key"
 
+// maxKeyedPolls bounds the waits of a keyed call for its key's first
+// request: the server holds a key at most 30 seconds and asks for pauses of
+// 1 to 5 seconds.
+const maxKeyedPolls = 40
+
 // doKeyed is do sending key (when not empty) as every attempt's
 // Idempotency-Key, so that the server answers a repeat of a create that
 // acted with what it answered then instead of acting again.
@@ -175,13 +180,20 @@ func (c *Client) doKeyed(ctx context.Context, method, path, key string, in, out 
 		}
 		body = b
 	}
+	polls := 0
 	for attempt := 0; ; attempt++ {
 		err := c.once(ctx, method, path, key, body, out)
 		if err == nil {
 			return nil
 		}
 		wait, retry := c.retryDelay(err, attempt, safe)
-		if !retry || attempt >= c.maxRetries || ctx.Err() != nil {
+		if key != "" && IsCode(err, CodeRetryRequest) && polls < maxKeyedPolls {
+			// The key's first request (ours, whose answer was lost) is
+			// still acting, or died and holds the key until its claim
+			// lapses: waiting for it is not a retry of this call.
+			polls++
+			attempt--
+		} else if !retry || attempt >= c.maxRetries || ctx.Err() != nil {
 			return err
 		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {

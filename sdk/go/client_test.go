@@ -573,8 +573,10 @@ func TestForbiddenErrorNamesItsAlternatives(t *testing.T) {
 
 // RegisterWorker sends one Idempotency-Key with every attempt, so a repeat
 // after a lost answer gets the worker id the first registered; each call
-// has its own key. A retry_request with retry_after_seconds (the first
-// request under the key still acting) waits that long.
+// has its own key. While the server holds the key for the first attempt
+// (409 retry_request with retry_after_seconds) the call waits as asked,
+// longer than MaxRetries allows retries (review: it failed in 3 s while the
+// key was held 60).
 func TestRegisterWorkerRetriesUnderOneIdempotencyKey(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
@@ -585,11 +587,11 @@ func TestRegisterWorkerRetriesUnderOneIdempotencyKey(t *testing.T) {
 		defer mu.Unlock()
 		keys = append(keys, r.Header.Get(IdempotencyKeyHeader))
 		calls++
-		switch calls {
-		case 1:
+		switch {
+		case calls == 1:
 			apiError(w, 503, CodeDatabaseUnavailable, map[string]any{"outcome": "unknown"})
-		case 2:
-			apiError(w, 409, CodeRetryRequest, map[string]any{"retry_after_seconds": 1})
+		case calls <= 7:
+			apiError(w, 409, CodeRetryRequest, map[string]any{"retry_after_seconds": 5})
 		default:
 			writeJSON(w, 201, map[string]any{"workerId": "wkr_1"})
 		}
@@ -598,16 +600,29 @@ func TestRegisterWorkerRetriesUnderOneIdempotencyKey(t *testing.T) {
 	if err != nil || id != "wkr_1" {
 		t.Fatalf("id %q err %v", id, err)
 	}
-	if len(keys) != 3 || keys[0] == "" || keys[1] != keys[0] || keys[2] != keys[0] {
+	if len(keys) != 8 || keys[0] == "" {
 		t.Fatalf("keys %q", keys)
 	}
-	if got := log.all(); len(got) != 2 || got[1] != time.Second {
+	for _, k := range keys {
+		if k != keys[0] {
+			t.Fatalf("keys %q", keys)
+		}
+	}
+	if got := log.all(); len(got) != 7 || got[1] != 5*time.Second || got[6] != 5*time.Second {
 		t.Fatalf("sleeps %v", got)
 	}
 	if _, err := c.RegisterWorker(context.Background(), []ToolRef{{Name: "send", Version: "1"}}); err != nil {
 		t.Fatal(err)
 	}
-	if keys[3] == keys[0] {
+	if keys[8] == keys[0] {
 		t.Fatal("a second registration reused the first one's key")
+	}
+
+	// A key held past every wait is answered as it is.
+	mu.Lock()
+	calls = -1000
+	mu.Unlock()
+	if _, err := c.RegisterWorker(context.Background(), []ToolRef{{Name: "send", Version: "1"}}); !IsCode(err, CodeRetryRequest) {
+		t.Fatalf("err %v", err)
 	}
 }
