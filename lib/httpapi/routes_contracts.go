@@ -37,7 +37,8 @@ func (s *Server) contractsRoutes() []Route {
 			Handle: s.listContracts,
 		},
 		{
-			Method: "POST", Pattern: "/api/v1/tools/{name}/test", Name: "tools.test", Tag: "contracts", Scopes: write, Idempotent: true,
+			Method: "POST", Pattern: "/api/v1/tools/{name}/test", Name: "tools.test", Tag: "contracts", Scopes: write,
+			Idempotent: true,
 			Summary: "Enqueue a synthetic one-attempt job of name@version in a new synthetic run (completion already " +
 				"requested). The implicit contract of name@version applies: input and output are validated, its " +
 				"timeout is used, maxAttempts is always 1. Answers the run, step and job ids.",

@@ -78,7 +78,8 @@ func (s *Server) jobsRoutes() []Route {
 			Handle: s.cancelStep,
 		},
 		{
-			Method: "POST", Pattern: "/api/v1/workers/register", Name: "workers.register", Tag: "workers", Scopes: work, Idempotent: true,
+			Method: "POST", Pattern: "/api/v1/workers/register", Name: "workers.register", Tag: "workers", Scopes: work,
+			Idempotent: true,
 			Summary: "Register a worker for exact name@version pairs the key may work; the worker id stays bound " +
 				"to this key.",
 			Request: jobs.RegisterRequest{}, Response: jobs.RegisterResult{}, Status: 201,
