@@ -127,9 +127,9 @@ is 409 idempotency_key_reuse. For sensitive results, blind the key:
 hex(hmac_sha256(your_secret, key))[:32].
 
 Creates without a key field (keys, webhooks, contract publish, tool test,
-worker registration; marked [Idempotency-Key] below) take an Idempotency-Key
-header: send the same request again under it and get the first answer, not a
-second key or webhook. 409 retry_request: the first is still acting; wait
+worker registration, step replay; marked [Idempotency-Key] below) take an
+Idempotency-Key header: send the same request again under it and get the
+first answer, not a second key, webhook or replay. 409 retry_request: the first is still acting; wait
 detail.retry_after_seconds.
 
 ## MCP

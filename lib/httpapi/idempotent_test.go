@@ -172,7 +172,7 @@ func TestIdempotentRoutes(t *testing.T) {
 		require.Less(t, timeout+idempotency.StoreTimeout, idempotency.ClaimTTL, r.Name)
 	}
 	require.ElementsMatch(t, []string{"keys.create", "webhooks.create", "contracts.publish", "tools.test",
-		"workers.register"}, idempotent)
+		"workers.register", "steps.replay"}, idempotent)
 }
 
 // A request that may have acted (its database lost mid-statement, a 500)

@@ -466,3 +466,27 @@ func TestAReplayExpectingAnAttemptRunsOnce(t *testing.T) {
 	body["expectedAttempt"] = 3
 	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+stepID+"/replay", e.ws.Key, body)
 }
+
+// A replay sent again under its Idempotency-Key, after the replayed job ran
+// and failed once more, answers the first replay instead of replaying again
+// (without the header or expectedAttempt it replayed again).
+func TestAReplayUnderAnIdempotencyKeyRunsOnce(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	wid := e.register("send_email@1")
+	runID, stepID := e.exhausted(wid, map[string]any{"n": 1}, 1)
+	body := map[string]any{"acknowledgeDuplicateRisk": true, "maxAttempts": 1}
+	key := http.Header{"Idempotency-Key": {"replay:" + stepID}}
+	first := e.DoWith("POST", "/api/v1/steps/"+stepID+"/replay", e.ws.Key, key, body)
+	require.Equal(t, http.StatusOK, first.Status, "%s", first.Body)
+	job := e.claim(wid, 1)[0]
+	e.report(job, map[string]any{"status": "FAILED", "error": map[string]any{"message": "x", "retryable": false}})
+	require.Equal(t, "EXHAUSTED", durable(e.getRun(runID), 0)["status"])
+
+	again := e.DoWith("POST", "/api/v1/steps/"+stepID+"/replay", e.ws.Key, key, body)
+	require.Equal(t, http.StatusOK, again.Status)
+	require.Equal(t, string(first.Body), string(again.Body))
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	require.Equal(t, "EXHAUSTED", durable(e.getRun(runID), 0)["status"], "not queued again")
+	require.Len(t, durable(e.getRun(runID), 0)["replays"], 1)
+}

@@ -55,6 +55,7 @@ func (s *Server) contractsRoutes() []Route {
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/steps/{id}/replay", Name: "steps.replay", Tag: "jobs", Scopes: replay,
+			Idempotent: true,
 			Summary: "Replay an EXHAUSTED or CANCELLED step's job (the same job) with maxAttempts (1-10, default 1) " +
 				"additional executions; acknowledgeDuplicateRisk: true is required. targetContractVersion upgrades " +
 				"it (expectedHandlerVersion and acknowledgeVersionChange: true required; a FORBIDDEN or incompatible " +

@@ -626,3 +626,30 @@ func TestRegisterWorkerRetriesUnderOneIdempotencyKey(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 }
+
+// Replay is repeated after an ambiguous failure under one Idempotency-Key,
+// which the server answers with the first replay's outcome.
+func TestReplayRetriesUnderOneIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	var keys []string
+	var mu sync.Mutex
+	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
+		func(w http.ResponseWriter, r *http.Request) { apiError(w, 500, CodeInternal, nil) },
+		func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, 200, map[string]any{"stepId": "stp_1", "jobId": "job_1", "status": "QUEUED", "attempt": 3})
+		},
+	}}
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		keys = append(keys, r.Header.Get(IdempotencyKeyHeader))
+		mu.Unlock()
+		seq.ServeHTTP(w, r)
+	}))
+	res, err := c.Replay(context.Background(), "stp_1", ReplayOptions{AcknowledgeDuplicateRisk: true})
+	if err != nil || res.Attempt != 3 {
+		t.Fatalf("res %+v err %v", res, err)
+	}
+	if len(keys) != 2 || keys[0] == "" || keys[0] != keys[1] {
+		t.Fatalf("keys %q", keys)
+	}
+}

@@ -416,11 +416,15 @@ type ReplayResult struct {
 }
 
 // Replay re-queues an exhausted or cancelled step (POST
-// /api/v1/steps/{id}/replay, scope steps:replay). It is not repeated after
-// an ambiguous failure: read the run to see whether it took effect.
+// /api/v1/steps/{id}/replay, scope steps:replay). Every attempt of a call
+// carries one Idempotency-Key, so a repeat after an ambiguous failure gets
+// the first replay's answer instead of replaying again (a server older than
+// the header would replay again once the first replay's attempt ended:
+// set ExpectedAttempt).
 func (c *Client) Replay(ctx context.Context, stepID string, opts ReplayOptions) (*ReplayResult, error) {
 	var out ReplayResult
-	if err := c.do(ctx, "POST", "/steps/"+pathID(stepID)+"/replay", opts, &out, notIdempotent); err != nil {
+	if err := c.doKeyed(ctx, "POST", "/steps/"+pathID(stepID)+"/replay", newRequestID(), opts, &out,
+		idempotent); err != nil {
 		return nil, err
 	}
 	return &out, nil
