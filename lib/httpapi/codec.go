@@ -147,7 +147,7 @@ func writeError(w http.ResponseWriter, e *apierr.Error) {
 		// (QA: clients tell "authenticate" from other refusals by it).
 		w.Header().Set("WWW-Authenticate", `Bearer realm="ratchet"`)
 	}
-	if e.Status == http.StatusTooManyRequests {
+	if e.Status == http.StatusTooManyRequests || e.Code == apierr.CodeRetryRequest {
 		if s, ok := e.Detail["retry_after_seconds"].(int); ok {
 			w.Header().Set("Retry-After", fmt.Sprint(s))
 		}

@@ -128,9 +128,13 @@ hex(hmac_sha256(your_secret, key))[:32].
 
 Creates without a key field (keys, webhooks, contract publish, tool test,
 worker registration, step replay; marked [Idempotency-Key] below) take an
-Idempotency-Key header: send the same request again under it and get the
-first answer, not a second key, webhook or replay. 409 retry_request: the first is still acting; wait
-detail.retry_after_seconds.
+Idempotency-Key header: send the same request again under it, the body byte
+for byte, and get the first answer, not a second key, webhook or replay. The
+key names one intended create for 24 hours (replay:<step>:<attempt>, not
+replay:<step>: a later replay under it gets the old answer). 409
+retry_request: the first is still acting; wait detail.retry_after_seconds.
+A refused request (4xx) frees the key; one that may have acted (5xx) holds it
+30 seconds, then a retry acts again.
 
 ## MCP
 

@@ -35,18 +35,18 @@ const Header = "Idempotency-Key"
 // TTL is how long an answer is kept and given again.
 const TTL = 24 * time.Hour
 
+// ActingTime bounds how long a live request acts under its claim: a
+// route's timeout and StoreTimeout together (lib/httpapi checks every
+// route that takes the header).
+const ActingTime = 20 * time.Second
+
 // ClaimTTL is how long a request acting under a key holds it: longer than
-// a route's timeout and StoreTimeout together (lib/httpapi checks), so a
-// claim lapses only when its request is gone.
+// ActingTime, so a claim lapses only when its request is gone.
 const ClaimTTL = 30 * time.Second
 
 // StoreTimeout bounds recording an answer once the request acted: the
 // request's own deadline may be nearly spent by then.
 const StoreTimeout = 5 * time.Second
-
-// maxRetryAfter bounds the pause an in-flight refusal asks for: the first
-// request may answer long before its claim would lapse.
-const maxRetryAfter = 5 * time.Second
 
 var (
 	// ErrReused is a key already used for another request (another route,
@@ -58,8 +58,8 @@ var (
 )
 
 // InFlightError is ErrInFlight with the pause to take before asking again:
-// until the claim lapses in whole seconds, at most maxRetryAfter, at least
-// a second.
+// a second while the claim's request may still be acting (its answer may
+// come at any moment), then until the claim lapses, in whole seconds.
 type InFlightError struct {
 	RetryAfter time.Duration
 }
@@ -69,9 +69,13 @@ func (e *InFlightError) Error() string { return ErrInFlight.Error() }
 // Is makes errors.Is(err, ErrInFlight) hold.
 func (e *InFlightError) Is(target error) bool { return target == ErrInFlight }
 
+// inFlight is the InFlightError of a claim that lapses in remaining.
 func inFlight(remaining time.Duration) error {
+	if ClaimTTL-remaining < ActingTime {
+		return &InFlightError{RetryAfter: time.Second}
+	}
 	whole := (remaining + time.Second - 1) / time.Second * time.Second // up to the next second
-	return &InFlightError{RetryAfter: min(max(whole, time.Second), maxRetryAfter)}
+	return &InFlightError{RetryAfter: max(whole, time.Second)}
 }
 
 // Store keeps the answers.

@@ -38,7 +38,10 @@ type Config struct {
 	HTTPClient *http.Client
 	// MaxRetries bounds how often one call is repeated after a retryable
 	// failure (429, 5xx, network error, retry_request). Zero means 3;
-	// negative disables retries.
+	// negative disables retries. A call sent under an Idempotency-Key
+	// (RegisterWorker) also waits, outside this bound, while the server
+	// holds its key for an earlier attempt (up to 40 times); negative
+	// disables that too.
 	MaxRetries int
 	// UserAgent is prepended to the SDK's own User-Agent.
 	UserAgent string
@@ -187,12 +190,14 @@ func (c *Client) doKeyed(ctx context.Context, method, path, key string, in, out 
 			return nil
 		}
 		wait, retry := c.retryDelay(err, attempt, safe)
-		if key != "" && IsCode(err, CodeRetryRequest) && polls < maxKeyedPolls {
+		if key != "" && IsCode(err, CodeRetryRequest) && polls < maxKeyedPolls && c.maxRetries > 0 &&
+			ctx.Err() == nil {
 			// The key's first request (ours, whose answer was lost) is
 			// still acting, or died and holds the key until its claim
 			// lapses: waiting for it is not a retry of this call.
 			polls++
 			attempt--
+			wait = max(wait, time.Second)
 		} else if !retry || attempt >= c.maxRetries || ctx.Err() != nil {
 			return err
 		}

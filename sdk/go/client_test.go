@@ -618,6 +618,22 @@ func TestRegisterWorkerRetriesUnderOneIdempotencyKey(t *testing.T) {
 		t.Fatal("a second registration reused the first one's key")
 	}
 
+	// A held key asking for no pause is still asked again a second later.
+	var held atomic.Bool
+	c2, log2 := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !held.Swap(true) {
+			apiError(w, 409, CodeRetryRequest, nil)
+			return
+		}
+		writeJSON(w, 201, map[string]any{"workerId": "wkr_2"})
+	}))
+	if id, err := c2.RegisterWorker(context.Background(), []ToolRef{{Name: "send", Version: "1"}}); err != nil || id != "wkr_2" {
+		t.Fatalf("id %q err %v", id, err)
+	}
+	if got := log2.all(); len(got) != 1 || got[0] != time.Second {
+		t.Fatalf("sleeps %v", got)
+	}
+
 	// A key held past every wait is answered as it is.
 	mu.Lock()
 	calls = -1000
@@ -627,29 +643,24 @@ func TestRegisterWorkerRetriesUnderOneIdempotencyKey(t *testing.T) {
 	}
 }
 
-// Replay is repeated after an ambiguous failure under one Idempotency-Key,
-// which the server answers with the first replay's outcome.
-func TestReplayRetriesUnderOneIdempotencyKey(t *testing.T) {
+// MaxRetries < 0 disables a keyed call's waits for its held key too.
+func TestNegativeMaxRetriesWaitsForNoHeldKey(t *testing.T) {
 	t.Parallel()
-	var keys []string
-	var mu sync.Mutex
-	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
-		func(w http.ResponseWriter, r *http.Request) { apiError(w, 500, CodeInternal, nil) },
-		func(w http.ResponseWriter, r *http.Request) {
-			writeJSON(w, 200, map[string]any{"stepId": "stp_1", "jobId": "job_1", "status": "QUEUED", "attempt": 3})
-		},
-	}}
-	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		keys = append(keys, r.Header.Get(IdempotencyKeyHeader))
-		mu.Unlock()
-		seq.ServeHTTP(w, r)
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		apiError(w, 409, CodeRetryRequest, map[string]any{"retry_after_seconds": 1})
 	}))
-	res, err := c.Replay(context.Background(), "stp_1", ReplayOptions{AcknowledgeDuplicateRisk: true})
-	if err != nil || res.Attempt != 3 {
-		t.Fatalf("res %+v err %v", res, err)
+	defer srv.Close()
+	c, err := NewClient(Config{BaseURL: srv.URL, APIKey: "k", HTTPClient: srv.Client(), MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(keys) != 2 || keys[0] == "" || keys[0] != keys[1] {
-		t.Fatalf("keys %q", keys)
+	c.sleep = (&sleepLog{}).sleep
+	if _, err := c.RegisterWorker(context.Background(), []ToolRef{{Name: "send", Version: "1"}}); !IsCode(err, CodeRetryRequest) {
+		t.Fatalf("err %v", err)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("calls %d", calls.Load())
 	}
 }
