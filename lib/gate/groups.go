@@ -177,13 +177,26 @@ func scanGroup(row pgx.Row) (Group, error) {
 	return g, err
 }
 
-// groupOwner is the key a group must have been created by for p to see it,
-// join it, commit or unwind it: nil when p may read every effect of its
-// workspace (effects:read, an operator's key). A key that can only ask and
-// report cannot read other effects (seed 003), and a group's steps and
-// unwind plan (compensation payloads included) are effects; its groups are
-// its own unit of work. Another key's group answers 404, as an unknown id.
+// groupOwner is the key a group must have been created by for p to act on
+// it (join it, compensate its steps, commit or unwind it, take it as the
+// answer to its own create): nil when p may act on every group of its
+// workspace, which takes reading every effect (effects:read) and settling
+// what another caller began (effects:resolve), as an operator's key does.
+// A key that can only ask and report cannot read other effects (seed 003),
+// and a group's steps and unwind plan (compensation payloads included) are
+// effects; its groups are its own unit of work. Another key's group answers
+// 404, as an unknown id. effects:read alone once let a key that could also
+// begin unwind every group of the workspace, refunds and all (review).
 func groupOwner(p *auth.Principal) *string {
+	if p.Has(auth.ScopeEffectsRead) && p.Has(auth.ScopeEffectsResolve) {
+		return nil
+	}
+	return &p.KeyID
+}
+
+// groupReader is the key a group must have been created by for p to read
+// it: nil with effects:read.
+func groupReader(p *auth.Principal) *string {
 	if p.Has(auth.ScopeEffectsRead) {
 		return nil
 	}
@@ -191,9 +204,18 @@ func groupOwner(p *auth.Principal) *string {
 }
 
 // lockGroup takes a group of p's workspace that p may act on for a
-// transition.
+// transition. One p may read but not act on is 403 forbidden, naming
+// effects:resolve; one it may not read, 404.
 func lockGroup(ctx context.Context, tx pgx.Tx, p *auth.Principal, id string) (Group, error) {
-	g, err := scanGroup(tx.QueryRow(ctx, sqlLockGroup, id, p.WorkspaceID, groupOwner(p)))
+	owner := groupOwner(p)
+	g, err := scanGroup(tx.QueryRow(ctx, sqlLockGroup, id, p.WorkspaceID, owner))
+	if errors.Is(err, pgx.ErrNoRows) && owner != nil && groupReader(p) == nil {
+		if _, rerr := scanGroup(tx.QueryRow(ctx, sqlGetGroup, id, p.WorkspaceID, nil)); rerr == nil {
+			return Group{}, apierr.Forbidden(auth.ScopeEffectsResolve)
+		} else if !errors.Is(rerr, pgx.ErrNoRows) {
+			return Group{}, fmt.Errorf("read group: %w", rerr)
+		}
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return g, apierr.NotFound("group")
 	}
@@ -207,7 +229,7 @@ func lockGroup(ctx context.Context, tx pgx.Tx, p *auth.Principal, id string) (Gr
 // group whose rollback has ended is settled first, so a read never shows a
 // finished rollback as still running.
 func (s *Service) GetGroup(ctx context.Context, p *auth.Principal, id string) (Group, error) {
-	workspaceID, owner := p.WorkspaceID, groupOwner(p)
+	workspaceID, owner := p.WorkspaceID, groupReader(p)
 	g, err := scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, workspaceID, owner))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Group{}, apierr.NotFound("group")

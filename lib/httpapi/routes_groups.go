@@ -22,8 +22,9 @@ type GroupCommit struct {
 // groupRoutes are the effect-group routes (API.md §2.6). A key that may
 // begin effects may create, commit and unwind groups (effects:begin), so an
 // agent can roll back its own unit of work; reading a group takes
-// effects:read or effects:begin. Without effects:read, a key sees and acts
-// on only the groups it created (gate.groupOwner).
+// effects:read or effects:begin. Without effects:read, a key sees only the
+// groups it created (gate.groupReader); without effects:read and
+// effects:resolve, it acts only on those (gate.groupOwner).
 func (s *Server) groupRoutes() []Route {
 	begin := []string{auth.ScopeEffectsBegin}
 	return []Route{
@@ -64,7 +65,8 @@ func (s *Server) groupRoutes() []Route {
 		{
 			Method: "POST", Pattern: "/api/v1/groups/{id}/commit", Name: "groups.commit", Tag: "groups", Scopes: begin,
 			Summary: "Commit an open group whose every step succeeded (409 invalid_state otherwise). A committed " +
-				"group takes no new steps and can still be unwound.",
+				"group takes no new steps and can still be unwound. Another key's group needs effects:read and " +
+				"effects:resolve.",
 			Response: GroupCommit{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidState},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
 				id, err := c.PathID("id", ids.Group)
@@ -82,7 +84,8 @@ func (s *Server) groupRoutes() []Route {
 			Method: "POST", Pattern: "/api/v1/groups/{id}/unwind", Name: "groups.unwind", Tag: "groups", Scopes: begin,
 			Summary: "Start (or re-read) the rollback: the compensation plan in reverse order of success, with " +
 				"deterministic suggested idempotency keys. Read unresolved first: the plan stops at any step " +
-				"whose outcome is unknown. Safe to repeat.",
+				"whose outcome is unknown. Safe to repeat. Another key's group needs effects:read and " +
+				"effects:resolve.",
 			Response: gate.Unwind{}, Status: 200, Errors: []string{apierr.CodeNotFound},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
 				id, err := c.PathID("id", ids.Group)

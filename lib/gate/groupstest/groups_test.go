@@ -771,3 +771,46 @@ func TestAGroupOpenedUnderAKeyIsOpenedOnce(t *testing.T) {
 	require.Equal(t, []string{"idempotency_key"}, validationFieldsOf(t,
 		f.do("POST", "/api/v1/groups", map[string]any{"name": "n", "idempotency_key": ""})))
 }
+
+// Acting on another key's group takes effects:resolve as well as
+// effects:read: a key that could begin and read (an agent given reads for
+// convenience) could unwind every group of the workspace, refunds and all
+// (review). It reads the group, is told what it lacks when it commits or
+// unwinds it, and cannot join it or compensate its steps; with
+// effects:resolve too it acts as the operator does.
+func TestActingOnAnotherKeysGroupTakesEffectsResolve(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	owner := f.env.Key(f.ws, map[string]any{"name": "owner", "preset": "AGENT"})
+	reader := f.env.Key(f.ws, map[string]any{"name": "reader", "scopes": []string{"effects:begin", "effects:report", "effects:read"}})
+	settler := f.env.Key(f.ws, map[string]any{"name": "settler",
+		"scopes": []string{"effects:begin", "effects:report", "effects:read", "effects:resolve"}})
+	g := f.env.Must(http.StatusCreated, "POST", "/api/v1/groups", owner, map[string]any{"name": "checkout"}).JSON()["id"].(string)
+	d := f.env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", owner, map[string]any{
+		"effect_type": "payment.charge", "idempotency_key": "charge:" + ids.Random(6), "group_id": g,
+		"cost_micros": 1000, "compensation": map[string]any{"effect_type": "payment.refund"}}).JSON()
+	step := d["effect_id"].(string)
+	f.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+step+"/report", owner,
+		map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded"})
+
+	require.Len(t, f.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, reader, nil).JSON()["steps"], 1)
+	for _, action := range []string{"commit", "unwind"} {
+		r := f.env.Do("POST", "/api/v1/groups/"+g+"/"+action, reader, nil)
+		require.Equal(t, http.StatusForbidden, r.Status, "%s: %s", action, r.Body)
+		require.Equal(t, []any{"effects:resolve"}, r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["required"])
+	}
+	join := f.env.Do("POST", "/api/v1/effects/begin", reader, map[string]any{"effect_type": "payment.charge",
+		"idempotency_key": "charge:" + ids.Random(6), "cost_micros": 1000, "group_id": g})
+	require.Equal(t, http.StatusNotFound, join.Status, "%s", join.Body)
+	refund := f.env.Do("POST", "/api/v1/effects/begin", reader, map[string]any{"effect_type": "payment.refund",
+		"idempotency_key": "refund:" + ids.Random(6), "compensates_effect_id": step})
+	require.Equal(t, http.StatusNotFound, refund.Status, "%s", refund.Body)
+	require.Equal(t, "open", f.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, owner, nil).JSON()["state"])
+
+	u := f.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", settler, nil).JSON()
+	require.Equal(t, "unwinding", u["state"])
+	require.Len(t, u["plan"], 1)
+	// An unknown group is still 404 to the reader, not a hint.
+	r := f.env.Do("POST", "/api/v1/groups/"+ids.New(ids.Group)+"/unwind", reader, nil)
+	require.Equal(t, http.StatusNotFound, r.Status)
+}
