@@ -99,6 +99,7 @@ type beginInput struct {
 	requestID                               string // the request's own id across its retries ("" when none)
 	runID, groupID, compensates             *string
 	groupOwner                              *string // the key the group must be of (groupOwner)
+	readsEffects                            bool    // effects:read: told 403, not 404, of groups it reads
 	risk                                    riskInput
 	// wallet is the run wallet this begin has locked and checked, if any;
 	// walletRefused, that its check set risk.refused. effectRun is the run
@@ -196,7 +197,7 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 		eventID: ids.NewAt(ids.Event, now), now: now, cost: req.CostMicros, dimNames: names,
 		dims: string(hashedJSON), preview: string(redact.PreviewJSON(payload)),
 		runID: req.RunID, groupID: req.GroupID, compensates: req.CompensatesEffectID,
-		risk: newRiskInput(p, now), groupOwner: groupOwner(p),
+		risk: newRiskInput(p, now), groupOwner: groupOwner(p), readsEffects: groupReader(p) == nil,
 	}
 	if req.RequestID != nil {
 		in.requestID = *req.RequestID
@@ -558,7 +559,7 @@ func (in *beginInput) sameOperation(stored string) bool {
 }
 
 // mayAnswerFor checks that a begin may be answered by the effect its key
-// already names: for a key that sees only its own groups (groupOwner), not
+// already names: for a key that acts only on its own groups (groupOwner), not
 // a step of another key's group; the same operation; and, when the begin
 // declares a compensation, the one the step was first begun with
 // (sameCompensation). A begin naming no

@@ -225,7 +225,7 @@ func lockGroup(ctx context.Context, tx pgx.Tx, p *auth.Principal, id string) (Gr
 	return g, nil
 }
 
-// GetGroup reads a group p may see (groupOwner) and its steps. An unwinding
+// GetGroup reads a group p may see (groupReader) and its steps. An unwinding
 // group whose rollback has ended is settled first, so a read never shows a
 // finished rollback as still running.
 func (s *Service) GetGroup(ctx context.Context, p *auth.Principal, id string) (Group, error) {
@@ -717,6 +717,16 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 		)
 		err := tx.QueryRow(ctx, sqlCompensationTarget, *in.compensates, in.ws, in.groupOwner).Scan(&group, &state, &exp, &target,
 			&declared)
+		if errors.Is(err, pgx.ErrNoRows) && in.groupOwner != nil && in.readsEffects {
+			// A key that reads every effect is told what it lacks to act
+			// on another key's step, not that the effect is unknown, and
+			// what any key is told of an effect that is no step.
+			err = tx.QueryRow(ctx, sqlCompensationTarget, *in.compensates, in.ws, nil).Scan(&group, &state, &exp,
+				&target, &declared)
+			if err == nil && group != nil && target == nil {
+				return apierr.Forbidden(auth.ScopeEffectsResolve)
+			}
+		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			return apierr.NotFound("effect")
 		}
@@ -746,6 +756,13 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 		keysGroup *string
 	)
 	err := tx.QueryRow(ctx, sqlAdmitGroup, *in.groupID, in.ws, in.key, in.groupOwner).Scan(&state, &replay, &keysGroup)
+	if errors.Is(err, pgx.ErrNoRows) && in.groupOwner != nil && in.readsEffects {
+		if _, rerr := scanGroup(tx.QueryRow(ctx, sqlGetGroup, *in.groupID, in.ws, nil)); rerr == nil {
+			return apierr.Forbidden(auth.ScopeEffectsResolve) // another key's group it reads (lockGroup)
+		} else if !errors.Is(rerr, pgx.ErrNoRows) {
+			return fmt.Errorf("begin: read group: %w", rerr)
+		}
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return apierr.NotFound("group")
 	}

@@ -427,13 +427,13 @@ ON CONFLICT (workspace_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO
 RETURNING ` + groupCols
 
 // sqlGroupByKey is the id and name of the group workspace $1 opened under
-// idempotency key $2, and whether key $3 may see it (NULL: any key may; see
-// groupOwner).
+// idempotency key $2, and whether key $3 may act on it (NULL: any key may;
+// see groupOwner).
 const sqlGroupByKey = `SELECT id, name, ($3::text IS NULL OR created_by_key_id = $3::text)
 FROM effect_groups WHERE workspace_id = $1 AND idempotency_key = $2`
 
 // sqlGetGroup: $1 id, $2 workspace, $3 the key that must have created it
-// (NULL: any; see groupOwner).
+// (NULL: any; see groupReader and groupOwner).
 const sqlGetGroup = `SELECT ` + groupCols + ` FROM effect_groups
 WHERE id = $1 AND workspace_id = $2 AND ($3::text IS NULL OR created_by_key_id = $3::text)`
 
@@ -504,8 +504,9 @@ WHERE id = ANY($1::text[]) AND workspace_id = $2 ORDER BY id FOR UPDATE`
 // sqlCompensationTarget reads the effect a compensating begin names, and
 // the compensation it declared (sealed; NULL when none). $1 effect id, $2
 // workspace, $3 the key whose group it must be a step of (NULL: any effect;
-// see groupOwner): to a key that may not read it, another key's step, or an
-// effect of no group, does not exist.
+// see groupOwner): to a key that may not act on it, another key's step, or
+// an effect of no group, does not exist (a key that reads every effect is
+// then told what it lacks: admit reads it again without $3).
 const sqlCompensationTarget = `SELECT e.group_id, e.state, e.lease_expires_at, e.compensates_effect_id, e.compensation
 FROM effects e LEFT JOIN effect_groups g ON g.id = e.group_id
 WHERE e.id = $1 AND e.workspace_id = $2 AND ($3::text IS NULL OR g.created_by_key_id = $3::text)`

@@ -133,8 +133,8 @@ for byte, and get the first answer, not a second key, webhook or replay. The
 key names one intended create for 24 hours (replay:<step>:<attempt>, not
 replay:<step>: a later replay under it gets the old answer). 409
 retry_request: the first is still acting; wait detail.retry_after_seconds.
-A refused request (4xx) frees the key; one that may have acted (5xx) holds it
-30 seconds, then a retry acts again.
+A refused request (4xx, or 503 with outcome not_applied) frees the key; one
+that may have acted (another 5xx) holds it 30 seconds, then a retry acts again.
 
 ## MCP
 

@@ -141,9 +141,10 @@ func operation(r Route) map[string]any {
 				"answered again, with " + ReplayedHeader + ": true and " + OriginalRequestHeader + " naming the " +
 				"request that acted, to the same request (route, path and body bytes) sent with the same key by " +
 				"the same API key. Another request under the key is 409 idempotency_key_reuse; a request sent " +
-				"while the first is still acting is 409 retry_request (wait detail.retry_after_seconds). A " +
-				"request refused before it acted records nothing; one that may have acted (a 5xx) holds the " +
-				"key for 30 seconds, after which a retry acts again.",
+				"while the first is still acting is 409 retry_request (wait detail.retry_after_seconds, also " +
+				"in Retry-After). A request refused before it acted (a 4xx, or a 503 with detail.outcome " +
+				"not_applied) records nothing; one that may have acted (another 5xx) holds the key for 30 " +
+				"seconds, after which a retry acts again.",
 			"schema": map[string]any{"type": "string", "minLength": 1, "maxLength": idemkey.MaxRunes}})
 	}
 	if params != nil {

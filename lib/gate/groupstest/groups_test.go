@@ -775,42 +775,80 @@ func TestAGroupOpenedUnderAKeyIsOpenedOnce(t *testing.T) {
 // Acting on another key's group takes effects:resolve as well as
 // effects:read: a key that could begin and read (an agent given reads for
 // convenience) could unwind every group of the workspace, refunds and all
-// (review). It reads the group, is told what it lacks when it commits or
-// unwinds it, and cannot join it or compensate its steps; with
-// effects:resolve too it acts as the operator does.
+// (review). It reads the group and is told what it lacks when it joins,
+// compensates, commits or unwinds it; it cannot take it as its own keyed
+// create's answer or begin its step's key outside it. A key with
+// effects:resolve but not effects:read is told nothing (404). With both it
+// acts as the operator does.
 func TestActingOnAnotherKeysGroupTakesEffectsResolve(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	owner := f.env.Key(f.ws, map[string]any{"name": "owner", "preset": "AGENT"})
 	reader := f.env.Key(f.ws, map[string]any{"name": "reader", "scopes": []string{"effects:begin", "effects:report", "effects:read"}})
+	blind := f.env.Key(f.ws, map[string]any{"name": "blind", "scopes": []string{"effects:begin", "effects:report", "effects:resolve"}})
 	settler := f.env.Key(f.ws, map[string]any{"name": "settler",
 		"scopes": []string{"effects:begin", "effects:report", "effects:read", "effects:resolve"}})
-	g := f.env.Must(http.StatusCreated, "POST", "/api/v1/groups", owner, map[string]any{"name": "checkout"}).JSON()["id"].(string)
-	d := f.env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", owner, map[string]any{
-		"effect_type": "payment.charge", "idempotency_key": "charge:" + ids.Random(6), "group_id": g,
-		"cost_micros": 1000, "compensation": map[string]any{"effect_type": "payment.refund"}}).JSON()
-	step := d["effect_id"].(string)
-	f.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+step+"/report", owner,
-		map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded"})
+	groupKey := "checkout:" + ids.Random(6)
+	g := f.env.Must(http.StatusCreated, "POST", "/api/v1/groups", owner,
+		map[string]any{"name": "checkout", "idempotency_key": groupKey}).JSON()["id"].(string)
+	charge := func(key string) map[string]any {
+		return map[string]any{"effect_type": "payment.charge", "idempotency_key": "charge:" + ids.Random(6),
+			"group_id": g, "cost_micros": 1000, "compensation": map[string]any{"effect_type": "payment.refund"}}
+	}
+	executed := func(key string, body map[string]any) string {
+		d := f.env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", key, body).JSON()
+		require.Equal(t, "execute", d["decision"])
+		id := d["effect_id"].(string)
+		f.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/report", key,
+			map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded"})
+		return id
+	}
+	stepBody := charge(owner)
+	step := executed(owner, stepBody)
+	loose := executed(owner, map[string]any{"effect_type": "email.send", "idempotency_key": "loose:" + ids.Random(6)})
+	refund := func(target string) map[string]any {
+		return map[string]any{"effect_type": "payment.refund", "idempotency_key": "refund:" + ids.Random(6),
+			"compensates_effect_id": target}
+	}
+	forbidden := func(r *apitest.Response, what string) {
+		t.Helper()
+		require.Equal(t, http.StatusForbidden, r.Status, "%s: %s", what, r.Body)
+		require.Equal(t, []any{"effects:resolve"}, r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["required"], what)
+	}
 
 	require.Len(t, f.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, reader, nil).JSON()["steps"], 1)
 	for _, action := range []string{"commit", "unwind"} {
-		r := f.env.Do("POST", "/api/v1/groups/"+g+"/"+action, reader, nil)
-		require.Equal(t, http.StatusForbidden, r.Status, "%s: %s", action, r.Body)
-		require.Equal(t, []any{"effects:resolve"}, r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["required"])
+		forbidden(f.env.Do("POST", "/api/v1/groups/"+g+"/"+action, reader, nil), action)
+		r := f.env.Do("POST", "/api/v1/groups/"+g+"/"+action, blind, nil)
+		require.Equal(t, http.StatusNotFound, r.Status, "%s by a key that cannot read it: %s", action, r.Body)
 	}
-	join := f.env.Do("POST", "/api/v1/effects/begin", reader, map[string]any{"effect_type": "payment.charge",
-		"idempotency_key": "charge:" + ids.Random(6), "cost_micros": 1000, "group_id": g})
-	require.Equal(t, http.StatusNotFound, join.Status, "%s", join.Body)
-	refund := f.env.Do("POST", "/api/v1/effects/begin", reader, map[string]any{"effect_type": "payment.refund",
-		"idempotency_key": "refund:" + ids.Random(6), "compensates_effect_id": step})
-	require.Equal(t, http.StatusNotFound, refund.Status, "%s", refund.Body)
-	require.Equal(t, "open", f.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, owner, nil).JSON()["state"])
+	forbidden(f.env.Do("POST", "/api/v1/effects/begin", reader, charge(reader)), "join")
+	forbidden(f.env.Do("POST", "/api/v1/effects/begin", reader, refund(step)), "compensate")
+	notStep := f.env.Do("POST", "/api/v1/effects/begin", reader, refund(loose))
+	require.Equal(t, http.StatusBadRequest, notStep.Status, "an effect of no group is no step, as to the operator: %s", notStep.Body)
+	for _, r := range []*apitest.Response{
+		f.env.Do("POST", "/api/v1/groups", reader, map[string]any{"name": "checkout", "idempotency_key": groupKey}),
+		f.env.Do("POST", "/api/v1/effects/begin", reader, map[string]any{"effect_type": "payment.charge",
+			"idempotency_key": stepBody["idempotency_key"], "cost_micros": 1000}),
+	} {
+		require.Equal(t, http.StatusConflict, r.Status, "%s", r.Body)
+		require.Equal(t, "idempotency_key_reuse", r.ErrorCode())
+	}
+	for _, r := range []*apitest.Response{
+		f.env.Do("POST", "/api/v1/effects/begin", blind, charge(blind)),
+		f.env.Do("POST", "/api/v1/effects/begin", blind, refund(step)),
+		f.env.Do("POST", "/api/v1/groups/"+ids.New(ids.Group)+"/unwind", reader, nil),
+	} {
+		require.Equal(t, http.StatusNotFound, r.Status, "%s", r.Body)
+	}
+	got := f.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, owner, nil).JSON()
+	require.Equal(t, "open", got["state"], "the refusals changed nothing")
+	require.Len(t, got["steps"], 1)
 
+	executed(settler, charge(settler))
+	require.Equal(t, "committed", f.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", settler, nil).JSON()["state"])
 	u := f.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", settler, nil).JSON()
 	require.Equal(t, "unwinding", u["state"])
-	require.Len(t, u["plan"], 1)
-	// An unknown group is still 404 to the reader, not a hint.
-	r := f.env.Do("POST", "/api/v1/groups/"+ids.New(ids.Group)+"/unwind", reader, nil)
-	require.Equal(t, http.StatusNotFound, r.Status)
+	require.Len(t, u["plan"], 2)
+	executed(settler, refund(step))
 }
