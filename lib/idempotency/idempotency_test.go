@@ -36,12 +36,9 @@ func TestAnsweredRequestIsAnsweredAgain(t *testing.T) {
 	t.Parallel()
 	s, clock, req := store(t, time.Now())
 	ctx := context.Background()
-	claim, stored, err := s.Begin(ctx, req)
-	require.NoError(t, err)
-	require.Nil(t, stored)
-	record(t, claim, 201, `{"id":"key_1"}`)
+	record(t, mustClaim(t, s, req), 201, `{"id":"key_1"}`)
 
-	claim, stored, err = s.Begin(ctx, retry(req))
+	claim, stored, err := s.Begin(ctx, retry(req))
 	require.NoError(t, err)
 	require.Nil(t, claim)
 	require.Equal(t, &idempotency.Answer{Status: 201, Body: []byte(`{"id":"key_1"}`), RequestID: req.ID}, stored)
@@ -65,33 +62,23 @@ func TestAnsweredRequestIsAnsweredAgain(t *testing.T) {
 	// Another API key's keys are its own.
 	mine := retry(req)
 	mine.APIKeyID = ids.New("key")
-	claim, _, err = s.Begin(ctx, mine)
-	require.NoError(t, err)
-	require.NotNil(t, claim)
+	mustClaim(t, s, mine)
 
 	// A day later the key is new, whatever the request.
 	clock.Add(idempotency.TTL)
 	later := retry(req)
 	later.Body = []byte(`{"name":"c"}`)
-	claim, stored, err = s.Begin(ctx, later)
-	require.NoError(t, err)
-	require.Nil(t, stored)
-	require.NotNil(t, claim)
+	mustClaim(t, s, later)
 }
 
 func TestRefusedRequestLeavesTheKeyFree(t *testing.T) {
 	t.Parallel()
 	s, _, req := store(t, time.Now())
 	ctx := context.Background()
-	claim, _, err := s.Begin(ctx, req)
-	require.NoError(t, err)
-	require.NoError(t, claim.GiveUp(ctx))
+	require.NoError(t, mustClaim(t, s, req).GiveUp(ctx))
 	corrected := retry(req)
 	corrected.Body = []byte(`{"name":"a","preset":"WORKER"}`)
-	claim, stored, err := s.Begin(ctx, corrected)
-	require.NoError(t, err)
-	require.Nil(t, stored)
-	require.NotNil(t, claim)
+	mustClaim(t, s, corrected)
 }
 
 // A request sent while the first is acting is refused until the first's
@@ -102,9 +89,8 @@ func TestClaimHoldsTheKeyUntilItLapses(t *testing.T) {
 	t.Parallel()
 	s, clock, req := store(t, time.Now())
 	ctx := context.Background()
-	first, _, err := s.Begin(ctx, req)
-	require.NoError(t, err)
-	_, _, err = s.Begin(ctx, retry(req))
+	first := mustClaim(t, s, req)
+	_, _, err := s.Begin(ctx, retry(req))
 	var busy *idempotency.InFlightError
 	require.ErrorAs(t, err, &busy)
 	require.Equal(t, time.Second, busy.RetryAfter, "its request may answer at any moment")
@@ -120,17 +106,24 @@ func TestClaimHoldsTheKeyUntilItLapses(t *testing.T) {
 	require.Equal(t, 10*time.Second, busy.RetryAfter, "past its acting time: until the claim lapses, in whole seconds")
 
 	clock.Add(idempotency.ClaimTTL - idempotency.ActingTime - 500*time.Millisecond)
-	second, stored, err := s.Begin(ctx, other)
-	require.NoError(t, err)
-	require.Nil(t, stored)
-	record(t, second, 201, `{"n":2}`)
+	record(t, mustClaim(t, s, other), 201, `{"n":2}`)
 	taken, err := first.Record(ctx, idempotency.Answer{Status: 201, Body: []byte(`{"n":1}`)})
 	require.NoError(t, err)
 	require.True(t, taken)
 	require.NoError(t, first.GiveUp(ctx), "gives up nothing of the new holder's")
-	_, stored, err = s.Begin(ctx, retry(other))
+	_, stored, err := s.Begin(ctx, retry(other))
 	require.NoError(t, err)
 	require.Equal(t, []byte(`{"n":2}`), stored.Body)
+}
+
+// mustClaim begins req and requires that it claims the key.
+func mustClaim(t *testing.T, s *idempotency.Store, req idempotency.Request) *idempotency.Claim {
+	t.Helper()
+	claim, stored, err := s.Begin(context.Background(), req)
+	require.NoError(t, err)
+	require.Nil(t, stored)
+	require.NotNil(t, claim)
+	return claim
 }
 
 func record(t *testing.T, c *idempotency.Claim, status int, body string) {
@@ -146,11 +139,7 @@ func TestPurgeDeletesDayOldAnswers(t *testing.T) {
 	t.Parallel()
 	s, clock, req := store(t, time.Date(1999, 1, 1, 0, 0, 0, 0, time.UTC))
 	ctx := context.Background()
-	answer := func(r idempotency.Request, body string) {
-		claim, _, err := s.Begin(ctx, r)
-		require.NoError(t, err)
-		record(t, claim, 201, body)
-	}
+	answer := func(r idempotency.Request, body string) { record(t, mustClaim(t, s, r), 201, body) }
 	answer(req, `{"n":1}`)
 	clock.Add(time.Hour)
 	young := retry(req)
