@@ -68,8 +68,10 @@ type BeginRequest struct {
 	CompensatesEffectID string `json:"compensates_effect_id,omitempty"`
 	// LeaseSeconds may shorten the policy's lease (a longer one is capped).
 	LeaseSeconds int `json:"lease_seconds,omitempty"`
-	// RequestID names this call across its retries (1-255 printable
-	// characters; not stored). Begin fills a random one when it is empty,
+	// RequestID names this call across its retries (16-255 printable
+	// characters, random: the gate keeps it with the attempt and answers a
+	// repeat of it, from the same key, with the same lease while it is
+	// live). Begin fills a random one when it is empty,
 	// so that a retry of a begin whose answer was lost (a dropped
 	// connection) gets the same execute and lease token instead of
 	// in_flight. Set it only to span retries of your own, e.g. across a

@@ -291,9 +291,20 @@ func runLeased[T any](ctx context.Context, c *Client, b *BeginResponse, sent tim
 	}
 	stopHeartbeats()
 	if rerr != nil {
-		return out, fmt.Errorf("ratchet: the action succeeded but its report was not recorded: %w", rerr)
+		return out, fmt.Errorf("ratchet: the action succeeded but its report %s: %w", reportFate(rerr), rerr)
 	}
 	return out, nil
+}
+
+// reportFate says what became of a report that failed with err: refused
+// by the gate (a 4xx: not recorded), or unknown (a network failure or a
+// 5xx: the gate may have recorded it before its answer was lost, QA).
+func reportFate(err error) string {
+	var apiErr *Error
+	if errors.As(err, &apiErr) && apiErr.StatusCode >= 400 && apiErr.StatusCode < 500 {
+		return "was refused"
+	}
+	return "may not have been recorded (its answer was lost; the key's next begin answers duplicate if it was)"
 }
 
 // placeholderMark is the "ratchet" field of the result recorded in place of

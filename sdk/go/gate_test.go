@@ -243,6 +243,28 @@ func TestDoEffectReportRefusedReturnsOutcomeAndError(t *testing.T) {
 	}
 }
 
+// The error says whether the report was refused or its answer lost: a
+// report whose answer never came back may have been recorded (QA: "was not
+// recorded" sent an operator looking for an effect that had succeeded).
+func TestDoEffectSaysWhetherTheReportWasRefusedOrItsAnswerLost(t *testing.T) {
+	t.Parallel()
+	// A short lease: the report is retried through 5xx only while it stands.
+	short := decision(200, map[string]any{"decision": "execute", "effect_id": "eff_1", "state": "leased",
+		"attempt": 1, "lease_token": "lt_1", "lease_expires_at": time.Now().Add(2 * time.Second), "probe": false})
+	for status, want := range map[int]string{409: "its report was refused", 503: "may not have been recorded"} {
+		g := &fakeGate{answers: []func(http.ResponseWriter){short},
+			report: func(w http.ResponseWriter) { apiError(w, status, CodeLeaseExpired, nil) }}
+		c, _ := testClient(t, g)
+		c.maxRetries = 0
+		_, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
+			return sendResult{MessageID: "msg_1"}, nil
+		})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("%d: err %v", status, err)
+		}
+	}
+}
+
 func TestDoEffectHeartbeatsAndStopsOnLostLease(t *testing.T) {
 	t.Parallel()
 	g := &fakeGate{answers: []func(http.ResponseWriter){decision(200, map[string]any{"decision": "execute",
