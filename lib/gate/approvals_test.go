@@ -37,6 +37,11 @@ func TestApprovalApproveThenExecute(t *testing.T) {
 	require.Empty(t, b.env.Must(http.StatusOK, "GET", "/api/v1/approvals?state=approved", b.ws.Key, nil).JSON()["data"])
 	errCode(t, b.env.Do("GET", "/api/v1/approvals?state=maybe", b.ws.Key, nil), http.StatusBadRequest, "invalid_request")
 
+	// A note of null is refused, and decides nothing (QA: it approved).
+	errCode(t, b.env.Do("POST", "/api/v1/approvals/"+aid+"/approve", b.ws.Key, map[string]any{"note": nil}),
+		http.StatusBadRequest, "invalid_request")
+	require.Len(t, b.env.Must(http.StatusOK, "GET", "/api/v1/approvals?state=pending", b.ws.Key, nil).JSON()["data"], 1)
+
 	r := b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+aid+"/approve", b.ws.Key, map[string]any{"note": "ok by finance"})
 	ap := r.JSON()
 	require.Equal(t, "approved", ap["state"])

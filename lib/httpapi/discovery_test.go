@@ -411,3 +411,28 @@ func TestOpenAPIStatesBoundsAndEnumerations(t *testing.T) {
 	require.NotContains(t, required, "message")
 	require.Contains(t, errSchema["properties"], "message")
 }
+
+// A request's map field takes null as "not sent", as the decoder does
+// (jsonstrict.takesNull), and a string field does not.
+func TestOpenAPISaysWhichRequestFieldsTakeNull(t *testing.T) {
+	t.Parallel()
+	b, err := json.Marshal(httpapi.OpenAPI())
+	require.NoError(t, err)
+	var doc struct {
+		Paths map[string]map[string]struct {
+			RequestBody struct {
+				Content map[string]struct {
+					Schema struct {
+						Properties map[string]json.RawMessage `json:"properties"`
+					} `json:"schema"`
+				} `json:"content"`
+			} `json:"requestBody"`
+		} `json:"paths"`
+	}
+	require.NoError(t, json.Unmarshal(b, &doc))
+	prop := func(path, name string) string {
+		return string(doc.Paths[path]["post"].RequestBody.Content["application/json"].Schema.Properties[name])
+	}
+	require.Contains(t, prop("/api/v1/effects/begin", "dimensions"), `"type":["object","null"]`)
+	require.Contains(t, prop("/api/v1/approvals/{id}/approve", "note"), `"type":"string"`)
+}

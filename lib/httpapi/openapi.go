@@ -342,11 +342,22 @@ func relaxRequired(t reflect.Type, s *jsonschema.Schema) {
 	}
 	s.Required = required
 	for name, ft := range fields {
-		if must[name] {
+		switch {
+		case must[name]:
 			notNull(s.Properties[name]) // sent, and refused as null (a batch's reports)
+		case ft.Kind() == reflect.Map:
+			orNull(s.Properties[name]) // null is "not sent" (jsonstrict.takesNull); inference says object
 		}
 		relaxRequired(ft, s.Properties[name])
 	}
+}
+
+// orNull adds null to a schema's one type.
+func orNull(s *jsonschema.Schema) {
+	if s == nil || s.Type == "" {
+		return
+	}
+	s.Types, s.Type = []string{s.Type, "null"}, ""
 }
 
 // notNull drops null from a schema's types: inference allows it for every

@@ -140,3 +140,30 @@ func TestDecodeSaysWhenABodyNestsTooDeep(t *testing.T) {
 	ok := `{"payload":` + strings.Repeat("[", maxDecodeDepth-2) + strings.Repeat("]", maxDecodeDepth-2) + `}`
 	require.NoError(t, Decode([]byte(ok), &decodeTarget{}))
 }
+
+// null is "not sent" where the field's type has such a value (a pointer, a
+// list, a map, any value, raw JSON) and refused elsewhere, naming the field:
+// encoding/json read it into a string, number or struct as a zero value the
+// API took for one sent (QA). A null body is still {}.
+func TestDecodeRefusesNullWhereTheTypeHasNoNotSent(t *testing.T) {
+	t.Parallel()
+	var ok decodeTarget
+	require.NoError(t, Decode([]byte(`{"inner":null,"items":null,"tags":null,"payload":null,"raw":null}`), &ok))
+	require.NoError(t, Decode([]byte(`null`), &ok))
+	require.NoError(t, Decode([]byte(`{"payload":{"a":null,"b":[null]},"raw":[null]}`), &ok))
+	for body, field := range map[string]string{
+		`{"name":null}`:                  "name",
+		`{"count":null}`:                 "count",
+		`{"ratio":null}`:                 "ratio",
+		`{"inner":{"kind":null}}`:        "inner.kind",
+		`{"items":[{"kind":"a"},null]}`:  "items.1",
+		`{"tags":{"a":null}}`:            "tags.a",
+		`{"name":"x", "preset" :  null}`: "preset",
+	} {
+		err := Decode([]byte(body), &decodeTarget{})
+		ae, isAPI := apierr.As(err)
+		require.True(t, isAPI, "%s: %v", body, err)
+		require.Equal(t, []apierr.FieldError{{Field: field, Message: "must not be null"}},
+			ae.Detail["validation"].([]apierr.FieldError), body)
+	}
+}

@@ -413,3 +413,24 @@ func TestToolCallsCountOnceAgainstTheRateLimit(t *testing.T) {
 	require.True(t, isErr)
 	require.Equal(t, "rate_limited", body["error"].(map[string]any)["code"])
 }
+
+// A tool's optional arguments are nullable in its schema, null meaning "not
+// given", though the REST body they form refuses null where its field has
+// no "not sent" (jsonstrict): the tool leaves them out.
+func TestNullOptionalArgumentsAreNotGiven(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	env.Must(http.StatusOK, "PUT", "/api/v1/policies/wire.send", ws.Key, map[string]any{"approval_above_micros": 100})
+	d := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, map[string]any{"effect_type": "wire.send",
+		"idempotency_key": "wire:1", "cost_micros": 500}).JSON()
+	require.Equal(t, "approval_required", d["decision"])
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
+	res, isErr := callJSON(t, cs, "ratchet_decide_approval", map[string]any{"approval_id": d["approval_id"],
+		"decision": "approve", "note": nil})
+	require.False(t, isErr, "%v", res)
+	require.Equal(t, "approved", res["state"])
+	list, isErr := callJSON(t, cs, "ratchet_list_effects", map[string]any{"state": nil, "effect_type": nil, "cursor": nil})
+	require.False(t, isErr, "%v", list)
+	require.Len(t, list["data"], 1)
+}

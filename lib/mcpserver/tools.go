@@ -1,6 +1,7 @@
 package mcpserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -283,7 +284,9 @@ func decodeArguments[In any](args json.RawMessage, resolved, urlOnly *jsonschema
 	if err := json.Unmarshal(args, &object); err != nil {
 		return in, errors.New("must be a JSON object")
 	}
-	if err := jsonstrict.DecodeNumbers(args, &in); err != nil {
+	if args, err := withoutNulls(args, object); err != nil {
+		return in, err
+	} else if err := jsonstrict.DecodeNumbers(args, &in); err != nil {
 		return in, err
 	}
 	var check map[string]any // the schema validates plain values
@@ -299,6 +302,29 @@ func decodeArguments[In any](args json.RawMessage, resolved, urlOnly *jsonschema
 		}
 	}
 	return in, nil
+}
+
+// withoutNulls is args (whose members are object's) without its members
+// that are null: a tool's optional arguments are nullable in its schema
+// (nullableOptional), null meaning "not given", while the REST body they
+// form takes null only where its own schema does (jsonstrict). The
+// arguments as sent are checked first, so a repeated key is still refused
+// and not hidden by the re-encoding.
+func withoutNulls(args json.RawMessage, object map[string]json.RawMessage) (json.RawMessage, error) {
+	nulls := 0
+	for name, v := range object {
+		if string(bytes.TrimSpace(v)) == "null" {
+			delete(object, name)
+			nulls++
+		}
+	}
+	if nulls == 0 {
+		return args, nil
+	}
+	if err := jsonstrict.Check(args, nil); err != nil {
+		return nil, err
+	}
+	return json.Marshal(object)
 }
 
 // BeginInput mirrors POST /api/v1/effects/begin.
