@@ -101,3 +101,14 @@ func TestAnswersAreNotHTMLEscaped(t *testing.T) {
 	require.Contains(t, string(r.Body), `"name":"<b>&"`)
 	require.True(t, strings.HasSuffix(string(r.Body), "}\n"))
 }
+
+// A request with two Authorization headers names no one caller: it is
+// refused, not served as the first's (fuzz QA).
+func TestTwoAuthorizationHeadersAreRefused(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	r := env.DoWith("GET", "/api/v1/keys", "", http.Header{"Authorization": {"Bearer " + ws.Key, "Bearer junk"}}, nil)
+	require.Equal(t, http.StatusUnauthorized, r.Status, "%s", r.Body)
+	env.Must(http.StatusOK, "GET", "/api/v1/keys", ws.Key, nil)
+}

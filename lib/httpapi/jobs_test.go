@@ -886,3 +886,21 @@ func TestStartingARunUnderAnIdempotencyKey(t *testing.T) {
 	}
 	require.Equal(t, 1, created)
 }
+
+// A tool's name and version are printable: a control or format character,
+// or white space beyond the ASCII one, is refused wherever a tool is named
+// (fuzz QA: "a\x01b" was listed as a tool, as an effect type is not).
+func TestToolNamesArePrintable(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	for _, name := range []string{"a\x01b", "a\u200bb", "a\u00a0b", "a\u2028b"} {
+		require.Equal(t, []string{"name"}, validationFields(t, e.Do("GET",
+			"/api/v1/tools/"+url.PathEscape(name)+"/contracts", e.ws.Key, nil)), "%q", name)
+		require.Equal(t, []string{"name"}, validationFields(t, e.Do("POST", "/api/v1/runs/"+runID+"/steps", e.ws.Key,
+			map[string]any{"name": name, "version": "1", "idempotencyKey": "k"})), "%q", name)
+		require.Equal(t, []string{"tools.0.version"}, validationFields(t, e.Do("POST", "/api/v1/workers/register",
+			e.ws.Key, map[string]any{"tools": []any{map[string]any{"name": "send", "version": name}}})), "%q", name)
+	}
+	e.Must(http.StatusOK, "GET", "/api/v1/tools/"+url.PathEscape("émail.send-v2_x")+"/contracts", e.ws.Key, nil)
+}

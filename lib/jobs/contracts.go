@@ -130,10 +130,10 @@ func (s *Service) PublishContract(ctx context.Context, workspaceID, keyID, name 
 	req PublishContractRequest) (Contract, error) {
 	var p apierr.Problems
 	if !ValidToolName(name) {
-		p.Add("name", "must be 1-200 characters without spaces or '@'")
+		p.Add("name", toolNameRule)
 	}
 	if !validToolPart(req.HandlerVersion, maxToolVersion) {
-		p.Add("handlerVersion", "must be 1-100 characters without spaces or '@'")
+		p.Add("handlerVersion", toolVersionRule)
 	}
 	in := checkSchema("inputSchema", req.InputSchema, &p)
 	out := checkSchema("outputSchema", req.OutputSchema, &p)
@@ -168,7 +168,7 @@ func (s *Service) PublishContract(ctx context.Context, workspaceID, keyID, name 
 // contractVersion; cursor is the last version of the previous page.
 func (s *Service) ListContracts(ctx context.Context, workspaceID, name, cursor string, limit int) ([]Contract, error) {
 	if !ValidToolName(name) {
-		return nil, apierr.InvalidField("name", "must be 1-200 characters without spaces or '@'")
+		return nil, apierr.InvalidField("name", toolNameRule)
 	}
 	after := 0
 	if cursor != "" {

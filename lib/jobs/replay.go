@@ -240,7 +240,7 @@ func (req ReplayRequest) validate() (additional int, err error) {
 		p.Add("expectedAttempt", "must be the preview's attempt (0 or more)")
 	}
 	if h := req.ExpectedHandlerVersion; h != nil && !validToolPart(*h, maxToolVersion) {
-		p.Add("expectedHandlerVersion", "must be 1-100 characters without spaces or '@'")
+		p.Add("expectedHandlerVersion", toolVersionRule)
 	}
 	if t := req.TargetContractVersion; t != nil {
 		if *t < 1 || *t > math.MaxInt32 {

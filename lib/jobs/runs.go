@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -483,10 +484,10 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 		maxAttempts: req.MaxAttempts, contractVersion: req.ContractVersion, afterStepID: req.AfterStepID,
 		afterStatus: req.AfterStatus}
 	if !validToolPart(req.Name, maxToolName) {
-		p.Add("name", "must be 1-200 characters without spaces or '@'")
+		p.Add("name", toolNameRule)
 	}
 	if !validToolPart(req.Version, maxToolVersion) {
-		p.Add("version", "must be 1-100 characters without spaces or '@'")
+		p.Add("version", toolVersionRule)
 	}
 	op.endpoint = req.Name
 	if req.Endpoint != nil {
@@ -593,14 +594,29 @@ func (op enqueueOp) withDelay(fields []any) []any {
 	return append(fields, map[string]any{"delayMs": *op.delayMs})
 }
 
-// The longest tool name and version, in characters.
+// The longest tool name and version, in characters, and the rules that
+// say so.
 const (
-	maxToolName    = 200
-	maxToolVersion = 100
+	maxToolName     = 200
+	maxToolVersion  = 100
+	toolNameRule    = "must be 1-200 printable characters without spaces or '@'"
+	toolVersionRule = "must be 1-100 printable characters without spaces or '@'"
 )
 
+// validToolPart says whether s can be a tool's name or version: 1 to maxLen
+// characters of UTF-8 without white space, '@' (which joins the two) or a
+// control or format character (fuzz QA: "a\x01b" named a tool, as an
+// effect type may not).
 func validToolPart(s string, maxLen int) bool {
-	return s != "" && utf8.RuneCountInString(s) <= maxLen && !strings.ContainsAny(s, " \t\r\n@")
+	if s == "" || !utf8.ValidString(s) || utf8.RuneCountInString(s) > maxLen {
+		return false
+	}
+	for _, r := range s {
+		if r == '@' || unicode.IsSpace(r) || unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
+			return false
+		}
+	}
+	return true
 }
 
 // Enqueue adds a step to a run. A known key with the same operation answers

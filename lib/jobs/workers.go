@@ -47,10 +47,10 @@ func (s *Service) RegisterWorker(ctx context.Context, p *auth.Principal, req Reg
 	refs := make([][2]string, 0, len(req.Tools))
 	for i, t := range req.Tools {
 		if !validToolPart(t.Name, maxToolName) {
-			pr.Add(fmt.Sprintf("tools.%d.name", i), "must be 1-200 characters without spaces or '@'")
+			pr.Add(fmt.Sprintf("tools.%d.name", i), toolNameRule)
 		}
 		if !validToolPart(t.Version, maxToolVersion) {
-			pr.Add(fmt.Sprintf("tools.%d.version", i), "must be 1-100 characters without spaces or '@'")
+			pr.Add(fmt.Sprintf("tools.%d.version", i), toolVersionRule)
 		}
 		names, versions = append(names, t.Name), append(versions, t.Version)
 		refs = append(refs, [2]string{t.Name, t.Version})
