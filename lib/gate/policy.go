@@ -396,17 +396,19 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		if err != nil {
 			return fmt.Errorf("read policy: %w", err)
 		}
-		// API.md §5: expected_version, when sent, must equal the version,
-		// even for a PUT that would change nothing.
-		if req.ExpectedVersion != nil && *req.ExpectedVersion != p.Version {
-			return apierr.VersionConflict(p.Version)
-		}
 		before, err := json.Marshal(p)
 		if err != nil {
 			return err
 		}
+		// A request invalid whatever the version is refused as such, not
+		// as stale (fuzz QA: lease_seconds 0 answered version_conflict).
 		if err := req.merge(&p); err != nil {
 			return err
+		}
+		// API.md §5: expected_version, when sent, must equal the version,
+		// even for a PUT that would change nothing.
+		if req.ExpectedVersion != nil && *req.ExpectedVersion != p.Version {
+			return apierr.VersionConflict(p.Version)
 		}
 		if after, err := json.Marshal(p); err == nil && p.Version > 0 && bytes.Equal(before, after) {
 			// Nothing changed (an empty body, or the values it has): no new

@@ -75,6 +75,10 @@ func TestPolicyPutMergesAndVersions(t *testing.T) {
 	e := errCode(t, r, http.StatusConflict, "version_conflict")
 	require.EqualValues(t, 2, e["detail"].(map[string]any)["current_version"])
 	require.Equal(t, "require_approval", b.env.Must(http.StatusOK, "GET", "/api/v1/policies/sms.send", b.ws.Key, nil).JSON()["mode"])
+	// Input invalid whatever the version is refused as such, stale or not
+	// (fuzz QA: it answered version_conflict).
+	errCode(t, b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key, map[string]any{"expected_version": 1,
+		"lease_seconds": 0}), http.StatusBadRequest, "invalid_request")
 
 	// A PUT that changes nothing (no field, a body of null, or the values
 	// already set) makes no new version (QA); a body of [] is refused.
