@@ -626,6 +626,7 @@ func TestBatchReport(t *testing.T) {
 		{"jobId": late[0]["jobId"], "leaseToken": late[0]["leaseToken"], "status": "SUCCEEDED"},
 		{"jobId": "not-a-job", "leaseToken": "a", "status": "SUCCEEDED"},
 		{"jobId": js[1]["jobId"], "leaseToken": "a", "status": "SUCCEEDED", "error": map[string]any{"retryAfterMs": 2000}},
+		{"leaseToken": "a", "status": "SUCCEEDED"},
 	}}).JSON()["results"].([]any)
 	slot := func(i int) map[string]any { return mixed[i].(map[string]any) }
 	slotError := func(i int) (string, []string) {
@@ -649,6 +650,9 @@ func TestBatchReport(t *testing.T) {
 	require.Equal(t, "not_found", code)
 	_, fields = slotError(4)
 	require.Equal(t, []string{"error.retryAfterMs"}, fields)
+	code, fields = slotError(5)
+	require.Equal(t, "invalid_request", code, "an item without its jobId is malformed, not of an unknown job")
+	require.Equal(t, []string{"jobId"}, fields)
 	require.Equal(t, "SUCCEEDED", durable(e.getRun(runID2), 0)["status"])
 	// A refused item does not take its job: a valid report of it after is applied.
 	e.enqueue(runID2, map[string]any{"name": "send_email", "version": "1", "input": "later"})

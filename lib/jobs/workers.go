@@ -488,7 +488,13 @@ func (s *Service) ReportBatch(ctx context.Context, p *auth.Principal, req BatchR
 		// request (QA: one malformed item refused the batch, and with it
 		// the reports of jobs that had finished).
 		var pr apierr.Problems
-		if !ids.Valid(ids.Job, r.JobID) {
+		switch {
+		case r.JobID == "":
+			// Left out: the item is malformed (fuzz QA: it answered
+			// not_found, as for an id that names no job).
+			out.Results[i] = refusedInBatch(r.JobID, apierr.InvalidField("jobId", "is required"))
+			continue
+		case !ids.Valid(ids.Job, r.JobID):
 			out.Results[i] = refusedInBatch(r.JobID, apierr.NotFound("job"))
 			continue
 		}
