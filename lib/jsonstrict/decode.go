@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 )
@@ -30,6 +31,13 @@ func DecodeNumbers(body []byte, dst any) error { return decode(body, dst, true) 
 func decode(body []byte, dst any, numbers bool) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		body = []byte("{}")
+	}
+	if !utf8.Valid(body) && json.Valid(body) {
+		// Named where the bytes are, before encoding/json reads them as
+		// U+FFFD and names a key the client never sent (fuzz QA).
+		if err := Check(body, reflect.TypeOf(dst)); err != nil {
+			return err
+		}
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()

@@ -167,3 +167,24 @@ func TestDecodeRefusesNullWhereTheTypeHasNoNotSent(t *testing.T) {
 			ae.Detail["validation"].([]apierr.FieldError), body)
 	}
 }
+
+// Bytes that are not UTF-8 are refused at the string that holds them, a
+// key's at its object, before encoding/json reads them as U+FFFD and names
+// a key the client never sent (fuzz QA: every such body was refused at
+// "body", and a key as "k\ufffd", unknown).
+func TestDecodeNamesTheStringThatIsNotUTF8(t *testing.T) {
+	t.Parallel()
+	for body, field := range map[string]string{
+		"{\"name\":\"a\xffb\"}":                   "name",
+		"{\"inner\":{\"kind\":\"\xfe\"}}":         "inner.kind",
+		"{\"payload\":{\"x\":[\"ok\",\"\xff\"]}}": "payload.x.1",
+		"{\"k\xff\":1}":                           "body",
+		"{\"inner\":{\"k\xff\":1}}":               "inner",
+	} {
+		err := Decode([]byte(body), &decodeTarget{})
+		ae, ok := apierr.As(err)
+		require.True(t, ok, "%q: %v", body, err)
+		require.Equal(t, []apierr.FieldError{{Field: field, Message: "must be UTF-8 (JSON text is)"}},
+			ae.Detail["validation"].([]apierr.FieldError), "%q", body)
+	}
+}

@@ -35,14 +35,20 @@ import (
 // The body is well-formed up to the end of its first value (it decoded), so
 // the scan does not validate; it only reads keys and skips over values.
 func Check(body []byte, t reflect.Type) *apierr.Error {
-	if !utf8.Valid(body) {
-		// encoding/json reads invalid bytes as U+FFFD, so two different
-		// keys ("k\xff1", "k\xfe1") would name one effect.
-		return apierr.InvalidField("body", "must be UTF-8 (JSON text is)")
-	}
-	s := bodyScan{b: body}
+	// encoding/json reads invalid bytes as U+FFFD, so two different keys
+	// ("k\xff1", "k\xfe1") would name one effect. The scan names the
+	// string that holds them (fuzz QA: every such body was refused at
+	// "body").
+	s := bodyScan{b: body, utf8: !utf8.Valid(body)}
 	s.value(t, nil)
+	if s.err == nil && s.utf8 {
+		return notUTF8("body")
+	}
 	return s.err
+}
+
+func notUTF8(field string) *apierr.Error {
+	return apierr.InvalidField(field, "must be UTF-8 (JSON text is)")
 }
 
 // place is where a value stands in the body: a link to its parent's place
@@ -71,9 +77,10 @@ func (p *place) field() string {
 }
 
 type bodyScan struct {
-	b   []byte
-	i   int
-	err *apierr.Error
+	b    []byte
+	i    int
+	err  *apierr.Error
+	utf8 bool // the body holds bytes that are not UTF-8: each string is checked
 }
 
 func (s *bodyScan) space() {
@@ -259,6 +266,10 @@ func (s *bodyScan) str(path *place) string {
 		case '"':
 			s.i++
 			raw := s.b[start:s.i]
+			if s.utf8 && !utf8.Valid(raw) {
+				s.err = notUTF8(path.field())
+				return ""
+			}
 			if !escaped {
 				return string(raw[1 : len(raw)-1])
 			}
