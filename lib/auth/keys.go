@@ -19,6 +19,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/money"
+	"github.com/getratchet/ratchet/lib/toolname"
 )
 
 // A secret reads rk_<key id body>_<64 hex chars>. Embedding the id makes
@@ -300,8 +301,8 @@ func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, 
 		scopes = r.Scopes
 	}
 	for i, t := range r.Tools {
-		if !validToolRef(t) {
-			pr.Add(fmt.Sprintf("tools.%d", i), "must be name@version")
+		if !toolname.ValidRef(t) {
+			pr.Add(fmt.Sprintf("tools.%d", i), toolname.RefRule)
 		}
 	}
 	if r.Preset == "WORKER" && len(r.Tools) == 0 {

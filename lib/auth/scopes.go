@@ -6,7 +6,6 @@ package auth
 import (
 	"slices"
 	"sort"
-	"strings"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 )
@@ -120,11 +119,4 @@ func (p *Principal) RequireTools(refs ...[2]string) error {
 		return apierr.Forbidden(missing...)
 	}
 	return nil
-}
-
-// validToolRef accepts name@version with non-empty, space-free parts.
-func validToolRef(s string) bool {
-	name, version, ok := strings.Cut(s, "@")
-	return ok && name != "" && version != "" && !strings.ContainsAny(s, " \t\n") &&
-		!strings.Contains(version, "@") && len(s) <= 200
 }

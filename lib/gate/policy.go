@@ -115,7 +115,7 @@ func required[T any](pr *apierr.Problems, field string, o jsonx.Optional[T], dst
 	switch {
 	case !o.Set:
 	case o.Null:
-		pr.Add(field, "may not be null")
+		pr.Add(field, "must not be null")
 	default:
 		*dst = o.Value
 	}
@@ -400,14 +400,17 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		if err != nil {
 			return err
 		}
-		// A request invalid whatever the version is refused as such, not
-		// as stale (fuzz QA: lease_seconds 0 answered version_conflict).
-		if err := req.merge(&p); err != nil {
+		// API.md §5: expected_version, when sent, must equal the version,
+		// even for a PUT that would change nothing. A request invalid
+		// whatever the version is refused as such first (fuzz QA:
+		// lease_seconds 0 answered version_conflict); one that breaks a
+		// rule only with the stored fields it did not read (an approval
+		// threshold above a ceiling set since) is stale (review).
+		stale := req.ExpectedVersion != nil && *req.ExpectedVersion != p.Version
+		if err := req.merge(&p); err != nil && !(stale && apierr.HasCode(err, apierr.CodeApprovalAboveCeiling)) {
 			return err
 		}
-		// API.md §5: expected_version, when sent, must equal the version,
-		// even for a PUT that would change nothing.
-		if req.ExpectedVersion != nil && *req.ExpectedVersion != p.Version {
+		if stale {
 			return apierr.VersionConflict(p.Version)
 		}
 		if after, err := json.Marshal(p); err == nil && p.Version > 0 && bytes.Equal(before, after) {

@@ -281,3 +281,17 @@ func TestPolicyConcurrentPutsAllLand(t *testing.T) {
 	p := b.env.Must(http.StatusOK, "GET", "/api/v1/policies/race.type", b.ws.Key, nil).JSON()
 	require.EqualValues(t, writers, p["version"])
 }
+
+// A PUT that breaks a rule only with stored fields written since it read is
+// stale, not invalid (review: a ceiling lowered meanwhile answered 400
+// approval_threshold_above_ceiling to a client that had never seen it).
+func TestPolicyPutStaleAgainstALaterCeilingIsAConflict(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("sms.send", map[string]any{"max_cost_micros": 1000})
+	b.putPolicy("sms.send", map[string]any{"max_cost_micros": 100})
+	errCode(t, b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key, map[string]any{"expected_version": 1,
+		"approval_above_micros": 500}), http.StatusConflict, "version_conflict")
+	errCode(t, b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key, map[string]any{"expected_version": 2,
+		"approval_above_micros": 500}), http.StatusBadRequest, "approval_threshold_above_ceiling")
+}

@@ -620,13 +620,17 @@ func TestBatchReport(t *testing.T) {
 	e.enqueue(runID2, map[string]any{"name": "send_email", "version": "1", "input": "late"})
 	late := e.claim(wid, 1)
 	require.Len(t, late, 1)
-	mixed := e.Must(http.StatusOK, "POST", "/api/v1/jobs/report", e.worker, map[string]any{"reports": []map[string]any{
-		{"jobId": late[0]["jobId"], "leaseToken": late[0]["leaseToken"], "status": "SUCCEEDED"},
-		{"jobId": js[0]["jobId"], "leaseToken": "a", "status": "BOGUS"},
-		{"jobId": late[0]["jobId"], "leaseToken": late[0]["leaseToken"], "status": "SUCCEEDED"},
-		{"jobId": "not-a-job", "leaseToken": "a", "status": "SUCCEEDED"},
-		{"jobId": js[1]["jobId"], "leaseToken": "a", "status": "SUCCEEDED", "error": map[string]any{"retryAfterMs": 2000}},
-		{"leaseToken": "a", "status": "SUCCEEDED"},
+	mixed := e.Must(http.StatusOK, "POST", "/api/v1/jobs/report", e.worker, map[string]any{"reports": []any{
+		map[string]any{"jobId": late[0]["jobId"], "leaseToken": late[0]["leaseToken"], "status": "SUCCEEDED"},
+		map[string]any{"jobId": js[0]["jobId"], "leaseToken": "a", "status": "BOGUS"},
+		map[string]any{"jobId": late[0]["jobId"], "leaseToken": late[0]["leaseToken"], "status": "SUCCEEDED"},
+		map[string]any{"jobId": "not-a-job", "leaseToken": "a", "status": "SUCCEEDED"},
+		map[string]any{"jobId": js[1]["jobId"], "leaseToken": "a", "status": "SUCCEEDED", "error": map[string]any{"retryAfterMs": 2000}},
+		map[string]any{"leaseToken": "a", "status": "SUCCEEDED"},
+		map[string]any{"jobId": nil, "leaseToken": "a", "status": "SUCCEEDED"},
+		map[string]any{"jobId": js[1]["jobId"], "leaseToken": nil, "status": "SUCCEEDED"},
+		map[string]any{"jobId": js[1]["jobId"], "leaseToken": "a", "status": "FAILED", "error": map[string]any{"message": nil}},
+		"not a report",
 	}}).JSON()["results"].([]any)
 	slot := func(i int) map[string]any { return mixed[i].(map[string]any) }
 	slotError := func(i int) (string, []string) {
@@ -653,6 +657,14 @@ func TestBatchReport(t *testing.T) {
 	code, fields = slotError(5)
 	require.Equal(t, "invalid_request", code, "an item without its jobId is malformed, not of an unknown job")
 	require.Equal(t, []string{"jobId"}, fields)
+	// An item that cannot be read is refused in its slot, named from the
+	// item, and the others are applied (review: a null refused the batch).
+	for i, want := range map[int]string{6: "jobId", 7: "leaseToken", 8: "error.message", 9: "body"} {
+		code, fields = slotError(i)
+		require.Equal(t, "invalid_request", code, "slot %d", i)
+		require.Equal(t, []string{want}, fields, "slot %d", i)
+	}
+	require.Equal(t, js[1]["jobId"], slot(7)["jobId"])
 	require.Equal(t, "SUCCEEDED", durable(e.getRun(runID2), 0)["status"])
 	// A refused item does not take its job: a valid report of it after is applied.
 	e.enqueue(runID2, map[string]any{"name": "send_email", "version": "1", "input": "later"})
@@ -905,6 +917,9 @@ func TestToolNamesArePrintable(t *testing.T) {
 			map[string]any{"name": name, "version": "1", "idempotencyKey": "k"})), "%q", name)
 		require.Equal(t, []string{"tools.0.version"}, validationFields(t, e.Do("POST", "/api/v1/workers/register",
 			e.ws.Key, map[string]any{"tools": []any{map[string]any{"name": "send", "version": name}}})), "%q", name)
+		// A key's tools take the same rule (review: its list took them).
+		require.Equal(t, []string{"tools.0"}, validationFields(t, e.Do("POST", "/api/v1/keys", e.ws.Key,
+			map[string]any{"name": "w", "preset": "WORKER", "tools": []string{name + "@1"}})), "%q", name)
 	}
 	e.Must(http.StatusOK, "GET", "/api/v1/tools/"+url.PathEscape("émail.send-v2_x")+"/contracts", e.ws.Key, nil)
 }

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"time"
 
@@ -317,10 +318,27 @@ func (s *Server) report(ctx context.Context, c *Call) (any, error) {
 	return s.Jobs.Report(ctx, c.Principal, id, req)
 }
 
+// reportBatch reads each report of the batch on its own, so that one that
+// cannot be read (a field of the wrong type, a null) is refused in its slot
+// and the others are applied, as the service refuses one that reads but
+// breaks a rule.
 func (s *Server) reportBatch(ctx context.Context, c *Call) (any, error) {
-	var req jobs.BatchReportRequest
-	if err := c.Decode(&req); err != nil {
+	var raw struct {
+		Reports []json.RawMessage `json:"reports"`
+	}
+	if err := c.Decode(&raw); err != nil {
 		return nil, err
+	}
+	req := jobs.BatchReportRequest{Reports: make([]jobs.BatchReportItem, len(raw.Reports))}
+	for i, item := range raw.Reports {
+		if err := DecodeJSON(item, &req.Reports[i]); err != nil {
+			var named struct {
+				JobID any `json:"jobId"`
+			}
+			_ = json.Unmarshal(item, &named) // the slot names the job when it can
+			jobID, _ := named.JobID.(string)
+			req.Reports[i] = jobs.RefusedBatchItem(jobID, err)
+		}
 	}
 	return s.Jobs.ReportBatch(ctx, c.Principal, req)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/jsonx"
+	"github.com/getratchet/ratchet/lib/toolname"
 )
 
 // Contract statuses. A FORBIDDEN contract cannot be selected explicitly at
@@ -121,7 +122,7 @@ func checkSchema(field string, raw json.RawMessage, p *apierr.Problems) json.Raw
 }
 
 // ValidToolName reports whether name can name a tool.
-func ValidToolName(name string) bool { return validToolPart(name, maxToolName) }
+func ValidToolName(name string) bool { return toolname.ValidName(name) }
 
 // PublishContract publishes the next contract version of a tool. Versions
 // are assigned per tool from 1 by one statement (an upsert of the tool's
@@ -130,10 +131,10 @@ func (s *Service) PublishContract(ctx context.Context, workspaceID, keyID, name 
 	req PublishContractRequest) (Contract, error) {
 	var p apierr.Problems
 	if !ValidToolName(name) {
-		p.Add("name", toolNameRule)
+		p.Add("name", toolname.NameRule)
 	}
-	if !validToolPart(req.HandlerVersion, maxToolVersion) {
-		p.Add("handlerVersion", toolVersionRule)
+	if !toolname.ValidVersion(req.HandlerVersion) {
+		p.Add("handlerVersion", toolname.VersionRule)
 	}
 	in := checkSchema("inputSchema", req.InputSchema, &p)
 	out := checkSchema("outputSchema", req.OutputSchema, &p)
@@ -168,7 +169,7 @@ func (s *Service) PublishContract(ctx context.Context, workspaceID, keyID, name 
 // contractVersion; cursor is the last version of the previous page.
 func (s *Service) ListContracts(ctx context.Context, workspaceID, name, cursor string, limit int) ([]Contract, error) {
 	if !ValidToolName(name) {
-		return nil, apierr.InvalidField("name", toolNameRule)
+		return nil, apierr.InvalidField("name", toolname.NameRule)
 	}
 	after := 0
 	if cursor != "" {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/toolname"
 )
 
 // workerSeenWindow is how recently a worker must have polled to count as
@@ -39,7 +40,7 @@ func (s *Service) QueueHealth(ctx context.Context, workspaceID, cursor string, l
 	after := []any{nil, nil}
 	if cursor != "" {
 		name, version, ok := strings.Cut(cursor, "@")
-		if !ok || !validToolPart(name, maxToolName) || !validToolPart(version, maxToolVersion) {
+		if !ok || !toolname.ValidName(name) || !toolname.ValidVersion(version) {
 			return nil, apierr.InvalidField("cursor", "is not a cursor from this API")
 		}
 		after = []any{name, version}

@@ -17,6 +17,7 @@ import (
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/toolname"
 )
 
 // Replay re-queues a step's ended durable job (the same job, its attempt
@@ -239,8 +240,8 @@ func (req ReplayRequest) validate() (additional int, err error) {
 	if a := req.ExpectedAttempt; a != nil && (*a < 0 || *a > math.MaxInt32) {
 		p.Add("expectedAttempt", "must be the preview's attempt (0 or more)")
 	}
-	if h := req.ExpectedHandlerVersion; h != nil && !validToolPart(*h, maxToolVersion) {
-		p.Add("expectedHandlerVersion", toolVersionRule)
+	if h := req.ExpectedHandlerVersion; h != nil && !toolname.ValidVersion(*h) {
+		p.Add("expectedHandlerVersion", toolname.VersionRule)
 	}
 	if t := req.TargetContractVersion; t != nil {
 		if *t < 1 || *t > math.MaxInt32 {

@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -27,6 +26,7 @@ import (
 	"github.com/getratchet/ratchet/lib/money"
 	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/seal"
+	"github.com/getratchet/ratchet/lib/toolname"
 )
 
 // RunSummary is a run without its steps, as GET /api/v1/runs lists it.
@@ -483,11 +483,11 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 	op := enqueueOp{runID: runID, name: req.Name, version: req.Version, timeoutMs: req.TimeoutMs,
 		maxAttempts: req.MaxAttempts, contractVersion: req.ContractVersion, afterStepID: req.AfterStepID,
 		afterStatus: req.AfterStatus}
-	if !validToolPart(req.Name, maxToolName) {
-		p.Add("name", toolNameRule)
+	if !toolname.ValidName(req.Name) {
+		p.Add("name", toolname.NameRule)
 	}
-	if !validToolPart(req.Version, maxToolVersion) {
-		p.Add("version", toolVersionRule)
+	if !toolname.ValidVersion(req.Version) {
+		p.Add("version", toolname.VersionRule)
 	}
 	op.endpoint = req.Name
 	if req.Endpoint != nil {
@@ -592,31 +592,6 @@ func (op enqueueOp) withDelay(fields []any) []any {
 		return fields
 	}
 	return append(fields, map[string]any{"delayMs": *op.delayMs})
-}
-
-// The longest tool name and version, in characters, and the rules that
-// say so.
-const (
-	maxToolName     = 200
-	maxToolVersion  = 100
-	toolNameRule    = "must be 1-200 printable characters without spaces or '@'"
-	toolVersionRule = "must be 1-100 printable characters without spaces or '@'"
-)
-
-// validToolPart says whether s can be a tool's name or version: 1 to maxLen
-// characters of UTF-8 without white space, '@' (which joins the two) or a
-// control or format character (fuzz QA: "a\x01b" named a tool, as an
-// effect type may not).
-func validToolPart(s string, maxLen int) bool {
-	if s == "" || !utf8.ValidString(s) || utf8.RuneCountInString(s) > maxLen {
-		return false
-	}
-	for _, r := range s {
-		if r == '@' || unicode.IsSpace(r) || unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
-			return false
-		}
-	}
-	return true
 }
 
 // Enqueue adds a step to a run. A known key with the same operation answers

@@ -15,6 +15,7 @@ import (
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/toolname"
 )
 
 // Tool is an exact handler a worker serves.
@@ -46,11 +47,11 @@ func (s *Service) RegisterWorker(ctx context.Context, p *auth.Principal, req Reg
 	names, versions := make([]string, 0, len(req.Tools)), make([]string, 0, len(req.Tools))
 	refs := make([][2]string, 0, len(req.Tools))
 	for i, t := range req.Tools {
-		if !validToolPart(t.Name, maxToolName) {
-			pr.Add(fmt.Sprintf("tools.%d.name", i), toolNameRule)
+		if !toolname.ValidName(t.Name) {
+			pr.Add(fmt.Sprintf("tools.%d.name", i), toolname.NameRule)
 		}
-		if !validToolPart(t.Version, maxToolVersion) {
-			pr.Add(fmt.Sprintf("tools.%d.version", i), toolVersionRule)
+		if !toolname.ValidVersion(t.Version) {
+			pr.Add(fmt.Sprintf("tools.%d.version", i), toolname.VersionRule)
 		}
 		names, versions = append(names, t.Name), append(versions, t.Version)
 		refs = append(refs, [2]string{t.Name, t.Version})
@@ -431,6 +432,16 @@ type BatchReportItem struct {
 	Status     string          `json:"status" openapi:"enum=SUCCEEDED|FAILED"`
 	Output     json.RawMessage `json:"output,omitempty"`
 	Error      *ReportError    `json:"error,omitempty"`
+	// refused is why the item could not be read (RefusedBatchItem).
+	refused error
+}
+
+// RefusedBatchItem is an item of a batch that could not be read as a
+// report (a field of the wrong type, or null): it is answered in its slot
+// with err, as the single route would answer its body, and the batch's
+// other reports are applied (review: a null in one item refused the batch).
+func RefusedBatchItem(jobID string, err error) BatchReportItem {
+	return BatchReportItem{JobID: jobID, refused: err}
 }
 
 func (b BatchReportItem) report() ReportRequest {
@@ -489,6 +500,9 @@ func (s *Service) ReportBatch(ctx context.Context, p *auth.Principal, req BatchR
 		// the reports of jobs that had finished).
 		var pr apierr.Problems
 		switch {
+		case r.refused != nil:
+			out.Results[i] = refusedInBatch(r.JobID, r.refused)
+			continue
 		case r.JobID == "":
 			// Left out: the item is malformed (fuzz QA: it answered
 			// not_found, as for an id that names no job).

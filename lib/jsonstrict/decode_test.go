@@ -188,3 +188,14 @@ func TestDecodeNamesTheStringThatIsNotUTF8(t *testing.T) {
 			ae.Detail["validation"].([]apierr.FieldError), "%q", body)
 	}
 }
+
+// An unknown key beside bytes that are not UTF-8 is not told it matched a
+// field only by case (review): the UTF-8 check before decoding knows no type.
+func TestDecodeOfABodyNotUTF8WithAnUnknownKey(t *testing.T) {
+	t.Parallel()
+	err := Decode([]byte("{\"bogus\":1,\"name\":\"a\xff\"}"), &decodeTarget{})
+	ae, ok := apierr.As(err)
+	require.True(t, ok, "%v", err)
+	require.Equal(t, []apierr.FieldError{{Field: "name", Message: "must be UTF-8 (JSON text is)"}},
+		ae.Detail["validation"].([]apierr.FieldError))
+}

@@ -184,11 +184,14 @@ func (c *Client) doKeyed(ctx context.Context, method, path, key string, in, out 
 		body = b
 	}
 	polls := 0
+	unsure := false // an attempt may have been applied though it failed
 	for attempt := 0; ; attempt++ {
 		err := c.once(ctx, method, path, key, body, out)
 		if err == nil {
 			return nil
 		}
+		unsure = unsure || mayHaveApplied(err)
+		err = unconfirmedIf(unsure, err)
 		wait, retry := c.retryDelay(err, attempt, safe)
 		if key != "" && IsCode(err, CodeRetryRequest) && polls < maxKeyedPolls && c.maxRetries > 0 &&
 			ctx.Err() == nil {
@@ -208,6 +211,41 @@ func (c *Client) doKeyed(ctx context.Context, method, path, key string, in, out 
 			return err
 		}
 	}
+}
+
+// unconfirmed is a call's error when an earlier attempt of it failed in a
+// way that may have been applied (its answer lost, a 5xx) and the last was
+// turned away: the last error says only why the retries stopped (QA: a
+// report whose answer was lost, retried into a 409, read as "refused").
+type unconfirmed struct{ err error }
+
+func (e *unconfirmed) Error() string { return e.err.Error() }
+func (e *unconfirmed) Unwrap() error { return e.err }
+
+// unconfirmedIf is err, marked unconfirmed when unsure (an earlier attempt
+// may have been applied) and err does not say so itself.
+func unconfirmedIf(unsure bool, err error) error {
+	if unsure && !mayHaveApplied(err) {
+		return &unconfirmed{err: err}
+	}
+	return err
+}
+
+// mayHaveApplied says whether a call that failed with err may have been
+// applied: an attempt's answer was lost (a network failure, its time ran
+// out) or the server failed after acting (a 5xx, but a database_unavailable
+// that says nothing was applied).
+func mayHaveApplied(err error) bool {
+	var u *unconfirmed
+	if errors.As(err, &u) {
+		return true
+	}
+	var apiErr *Error
+	if errors.As(err, &apiErr) {
+		return apiErr.StatusCode >= 500 &&
+			!(apiErr.Code == CodeDatabaseUnavailable && apiErr.Detail["outcome"] == outcomeNotApplied)
+	}
+	return !errors.Is(err, context.Canceled)
 }
 
 // retryDelay decides whether err (after attempt retries so far) is worth

@@ -296,15 +296,14 @@ func runLeased[T any](ctx context.Context, c *Client, b *BeginResponse, sent tim
 	return out, nil
 }
 
-// reportFate says what became of a report that failed with err: refused
-// by the gate (a 4xx: not recorded), or unknown (a network failure or a
-// 5xx: the gate may have recorded it before its answer was lost, QA).
+// reportFate says what became of a report that failed with err: not
+// recorded (every attempt refused, or turned away before it acted), or
+// unknown (an attempt's answer was lost: the gate may have recorded it, QA).
 func reportFate(err error) string {
-	var apiErr *Error
-	if errors.As(err, &apiErr) && apiErr.StatusCode >= 400 && apiErr.StatusCode < 500 {
-		return "was refused"
+	if mayHaveApplied(err) {
+		return "may have been recorded (an answer was lost; the key's next begin answers duplicate if it was)"
 	}
-	return "may not have been recorded (its answer was lost; the key's next begin answers duplicate if it was)"
+	return "was not recorded"
 }
 
 // placeholderMark is the "ratchet" field of the result recorded in place of
@@ -365,21 +364,20 @@ func reportEffect(ctx context.Context, c *Client, b *BeginResponse, outcome stri
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
 	defer cancel()
 	horizon, _ := rctx.Deadline()
+	unsure := false // an attempt may have been recorded though it failed
 	for attempt := 0; ; attempt++ {
 		_, err := c.ReportEffect(rctx, b.EffectID, b.LeaseToken, outcome, result)
 		if err == nil {
 			return nil
 		}
+		unsure = unsure || mayHaveApplied(err)
 		wait, retry := c.retryDelay(err, attempt, idempotent)
 		last := horizon
 		if exp := expiry.get(); !exp.IsZero() && exp.Before(last) {
 			last = exp // a report after the lapse would be refused
 		}
-		if !retry || !time.Now().Add(wait).Before(last) {
-			return err
-		}
-		if c.sleep(rctx, wait) != nil {
-			return err
+		if !retry || !time.Now().Add(wait).Before(last) || c.sleep(rctx, wait) != nil {
+			return unconfirmedIf(unsure, err)
 		}
 	}
 }

@@ -251,7 +251,7 @@ func TestDoEffectSaysWhetherTheReportWasRefusedOrItsAnswerLost(t *testing.T) {
 	// A short lease: the report is retried through 5xx only while it stands.
 	short := decision(200, map[string]any{"decision": "execute", "effect_id": "eff_1", "state": "leased",
 		"attempt": 1, "lease_token": "lt_1", "lease_expires_at": time.Now().Add(2 * time.Second), "probe": false})
-	for status, want := range map[int]string{409: "its report was refused", 503: "may not have been recorded"} {
+	for status, want := range map[int]string{409: "its report was not recorded", 503: "may have been recorded"} {
 		g := &fakeGate{answers: []func(http.ResponseWriter){short},
 			report: func(w http.ResponseWriter) { apiError(w, status, CodeLeaseExpired, nil) }}
 		c, _ := testClient(t, g)
@@ -262,6 +262,29 @@ func TestDoEffectSaysWhetherTheReportWasRefusedOrItsAnswerLost(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Fatalf("%d: err %v", status, err)
 		}
+	}
+}
+
+// A report whose first answer was lost and whose retries were then turned
+// away (a 429 at the end) may still have been recorded (review).
+func TestDoEffectReportLostThenRefusedIsUnconfirmed(t *testing.T) {
+	t.Parallel()
+	short := decision(200, map[string]any{"decision": "execute", "effect_id": "eff_1", "state": "leased",
+		"attempt": 1, "lease_token": "lt_1", "lease_expires_at": time.Now().Add(2 * time.Second), "probe": false})
+	g := &fakeGate{answers: []func(http.ResponseWriter){short}}
+	g.report = func(w http.ResponseWriter) {
+		if len(g.reports) == 1 {
+			apiError(w, 502, CodeInternal, nil)
+			return
+		}
+		apiError(w, 409, CodeLeaseExpired, nil)
+	}
+	c, _ := testClient(t, g)
+	_, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
+		return sendResult{MessageID: "msg_1"}, nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "may have been recorded") || !IsCode(err, CodeLeaseExpired) {
+		t.Fatalf("err %v", err)
 	}
 }
 

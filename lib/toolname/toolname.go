@@ -1,0 +1,46 @@
+// Package toolname is the one rule for a tool's name and version: the
+// name@version pairs workers register, keys are restricted to, and steps,
+// contracts and queue health name. A name or version is printable: no white
+// space, no '@' (which joins the two), no control or format character (a
+// "\x01" in a name made a tool no one could type, and a key's tools list
+// took what registration refused).
+package toolname
+
+import (
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// The longest name and version, in characters, and the rules that say so.
+const (
+	MaxName     = 200
+	MaxVersion  = 100
+	NameRule    = "must be 1-200 printable characters without spaces or '@'"
+	VersionRule = "must be 1-100 printable characters without spaces or '@'"
+	RefRule     = "must be name@version: a name of 1-200 and a version of 1-100 printable characters without spaces or '@'"
+)
+
+// ValidName reports whether s can name a tool.
+func ValidName(s string) bool { return valid(s, MaxName) }
+
+// ValidVersion reports whether s can be a tool's handler version.
+func ValidVersion(s string) bool { return valid(s, MaxVersion) }
+
+// ValidRef reports whether s is name@version with a valid name and version.
+func ValidRef(s string) bool {
+	name, version, ok := strings.Cut(s, "@")
+	return ok && ValidName(name) && ValidVersion(version)
+}
+
+func valid(s string, maxLen int) bool {
+	if s == "" || !utf8.ValidString(s) || utf8.RuneCountInString(s) > maxLen {
+		return false
+	}
+	for _, r := range s {
+		if r == '@' || unicode.IsSpace(r) || unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
+			return false
+		}
+	}
+	return true
+}
