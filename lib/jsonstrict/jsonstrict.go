@@ -96,9 +96,9 @@ func (s *bodyScan) space() {
 
 // value scans one value of type t (nil: free-form) at at.
 func (s *bodyScan) value(t reflect.Type, at *place) {
-	if t != nil && at != nil && !takesNull(t) {
+	if t != nil && at != nil {
 		s.space()
-		if s.i < len(s.b) && s.b[s.i] == 'n' {
+		if s.i < len(s.b) && s.b[s.i] == 'n' && !takesNull(t) { // the type is looked at only for a null
 			s.err = apierr.InvalidField(at.field(), "must not be null")
 			return
 		}
