@@ -210,10 +210,8 @@ func lockGroup(ctx context.Context, tx pgx.Tx, p *auth.Principal, id string) (Gr
 	owner := groupOwner(p)
 	g, err := scanGroup(tx.QueryRow(ctx, sqlLockGroup, id, p.WorkspaceID, owner))
 	if errors.Is(err, pgx.ErrNoRows) && owner != nil && groupReader(p) == nil {
-		if _, rerr := scanGroup(tx.QueryRow(ctx, sqlGetGroup, id, p.WorkspaceID, nil)); rerr == nil {
-			return Group{}, apierr.Forbidden(auth.ScopeEffectsResolve)
-		} else if !errors.Is(rerr, pgx.ErrNoRows) {
-			return Group{}, fmt.Errorf("read group: %w", rerr)
+		if ferr := readableNotActable(ctx, tx, p.WorkspaceID, id); ferr != nil {
+			return Group{}, ferr
 		}
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -223,6 +221,22 @@ func lockGroup(ctx context.Context, tx pgx.Tx, p *auth.Principal, id string) (Gr
 		return g, fmt.Errorf("lock group: %w", err)
 	}
 	return g, nil
+}
+
+// readableNotActable is the answer to a key that reads every effect but
+// may not act on group id, which its owner filter did not find: 403
+// forbidden naming effects:resolve when the group exists, nil when it does
+// not (the caller answers 404).
+func readableNotActable(ctx context.Context, tx pgx.Tx, workspaceID, id string) error {
+	_, err := scanGroup(tx.QueryRow(ctx, sqlGetGroup, id, workspaceID, nil))
+	switch {
+	case err == nil:
+		return apierr.Forbidden(auth.ScopeEffectsResolve)
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	default:
+		return fmt.Errorf("read group: %w", err)
+	}
 }
 
 // GetGroup reads a group p may see (groupReader) and its steps. An unwinding
@@ -757,10 +771,8 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 	)
 	err := tx.QueryRow(ctx, sqlAdmitGroup, *in.groupID, in.ws, in.key, in.groupOwner).Scan(&state, &replay, &keysGroup)
 	if errors.Is(err, pgx.ErrNoRows) && in.groupOwner != nil && in.readsEffects {
-		if _, rerr := scanGroup(tx.QueryRow(ctx, sqlGetGroup, *in.groupID, in.ws, nil)); rerr == nil {
-			return apierr.Forbidden(auth.ScopeEffectsResolve) // another key's group it reads (lockGroup)
-		} else if !errors.Is(rerr, pgx.ErrNoRows) {
-			return fmt.Errorf("begin: read group: %w", rerr)
+		if ferr := readableNotActable(ctx, tx, in.ws, *in.groupID); ferr != nil {
+			return ferr
 		}
 	}
 	if errors.Is(err, pgx.ErrNoRows) {

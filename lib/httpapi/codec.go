@@ -20,15 +20,24 @@ const MaxBodyBytes = 1 << 20
 // data, wrong types and malformed JSON are 400 invalid_request naming the
 // field; an oversized body is 413. An empty body decodes as {}.
 func (c *Call) Decode(dst any) error {
+	body, err := c.Body()
+	if err != nil {
+		return err
+	}
+	return DecodeJSON(body, dst)
+}
+
+// Body reads the request body whole, within MaxBodyBytes (413 beyond).
+func (c *Call) Body() ([]byte, error) {
 	body, err := io.ReadAll(c.R.Body)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return apierr.PayloadTooLarge(MaxBodyBytes)
+			return nil, apierr.PayloadTooLarge(MaxBodyBytes)
 		}
-		return apierr.InvalidField("body", "could not be read")
+		return nil, apierr.InvalidField("body", "could not be read")
 	}
-	return DecodeJSON(body, dst)
+	return body, nil
 }
 
 // DecodeJSON is Decode over bytes (jsonstrict.Decode).
@@ -119,11 +128,7 @@ func writeJSON(w http.ResponseWriter, status int, body any) {
 		status = http.StatusInternalServerError
 		b = []byte(`{"error":{"code":"internal_error","message":"Internal error.","detail":{}}}`)
 	}
-	w.Header().Set("Content-Type", "application/json; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
-	_, _ = w.Write(newline) // not appended: a claim's answer would be copied whole for it
+	writeEncoded(w, encoded{status: status, body: b})
 }
 
 var newline = []byte("\n")

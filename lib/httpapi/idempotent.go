@@ -32,7 +32,8 @@ type encoded struct {
 	original string
 }
 
-// writeEncoded writes a as writeJSON writes a body.
+// writeEncoded writes an encoded JSON answer (writeJSON's too), marked as
+// given again when it is.
 func writeEncoded(w http.ResponseWriter, a encoded) {
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
@@ -42,7 +43,7 @@ func writeEncoded(w http.ResponseWriter, a encoded) {
 	}
 	w.WriteHeader(a.status)
 	_, _ = w.Write(a.body)
-	_, _ = w.Write(newline)
+	_, _ = w.Write(newline) // not appended: a claim's answer would be copied whole for it
 }
 
 // runOnce runs an Idempotent route under the request's Idempotency-Key
@@ -61,15 +62,11 @@ func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, er
 	if !idemkey.Valid(values[0]) {
 		return nil, apierr.InvalidField(idempotency.Header, idemkey.Rule)
 	}
-	raw, err := io.ReadAll(c.R.Body)
+	raw, err := c.Body()
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, apierr.PayloadTooLarge(MaxBodyBytes)
-		}
-		return nil, apierr.InvalidField("body", "could not be read")
+		return nil, err
 	}
-	c.R.Body = io.NopCloser(bytes.NewReader(raw))
+	c.R.Body = io.NopCloser(bytes.NewReader(raw)) // the handler decodes it
 	claim, stored, err := s.Idempotency.Begin(ctx, idempotency.Request{
 		APIKeyID: c.Principal.KeyID, Key: values[0], Method: c.R.Method, Path: resolvedPath(c), Body: raw,
 		ID: c.RequestID,
