@@ -433,4 +433,12 @@ func TestNullOptionalArgumentsAreNotGiven(t *testing.T) {
 	list, isErr := callJSON(t, cs, "ratchet_list_effects", map[string]any{"state": nil, "effect_type": nil, "cursor": nil})
 	require.False(t, isErr, "%v", list)
 	require.Len(t, list["data"], 1)
+
+	// Dropping the nulls re-encodes the arguments: a repeated one beside a
+	// null is refused as sent, not hidden by the re-encoding.
+	res2, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "ratchet_get_effect",
+		Arguments: json.RawMessage(`{"effect_id":"eff_a","effect_id":"` + d["effect_id"].(string) + `","x":null}`)})
+	require.NoError(t, err)
+	require.True(t, res2.IsError)
+	require.Contains(t, res2.Content[0].(*mcp.TextContent).Text, "repeated")
 }
