@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/money"
 	"github.com/getratchet/ratchet/lib/toolname"
@@ -426,7 +427,7 @@ func (s *Service) CreateKey(ctx context.Context, creator *Principal, req CreateK
 		return NewKey{}, err
 	}
 	var out NewKey
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		out, err = s.mint(ctx, tx, creator.WorkspaceID, creator.KeyID, strings.TrimSpace(req.Name), scopes, tools,
 			req.DailySpendCeilingMicros, req.RateLimitPerMinute)
 		return err
@@ -458,7 +459,7 @@ func (s *Service) RevokeKey(ctx context.Context, p *Principal, keyID string) (Ke
 		k      Key
 		scopes []string
 	)
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		// The key and every root key (live, uncapped, unrestricted, every
 		// scope: what signup hands out, and the only kind that can mint
 		// every other), locked in id order in one statement, so that two
@@ -549,7 +550,7 @@ func (s *Service) Signup(ctx context.Context, name string, seeders ...Seeder) (W
 	now := s.now().UTC().Truncate(time.Microsecond) // as Postgres stores it
 	ws := Workspace{ID: ids.NewAt(ids.Workspace, now), Name: name, CreatedAt: now}
 	var key NewKey
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO workspaces (id, name, created_at) VALUES ($1, $2, $3)`,
 			ws.ID, ws.Name, ws.CreatedAt); err != nil {
 			return fmt.Errorf("insert workspace: %w", err)

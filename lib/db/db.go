@@ -164,9 +164,18 @@ func ConstraintName(err error) string {
 	return ""
 }
 
-// Tx runs fn in a transaction, committing when fn returns nil. It is the only
-// place transactions are begun, so every caller gets the same rollback
-// discipline.
+// Tx runs fn in a transaction, committing when fn returns nil. When ctx
+// carries a request's transaction (BeginRequest), fn runs in a savepoint of
+// it instead, and what it writes commits with the request's own work. It is
+// the one place services begin transactions, so every caller gets the same
+// rollback discipline and joins a request's transaction the same way.
 func Tx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	if rt := requestTx(ctx); rt != nil {
+		tx, err := rt.begun(ctx)
+		if err != nil {
+			return err
+		}
+		return pgx.BeginFunc(ctx, tx, fn)
+	}
 	return pgx.BeginFunc(ctx, pool, fn)
 }

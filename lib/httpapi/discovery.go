@@ -133,8 +133,10 @@ for byte, and get the first answer, not a second key, webhook or replay. The
 key names one intended create for 24 hours (replay:<step>:<attempt>, not
 replay:<step>: a later replay under it gets the old answer). 409
 retry_request: the first is still acting; wait detail.retry_after_seconds.
-A refused request (4xx, or 503 with outcome not_applied) frees the key; one
-that may have acted (another 5xx) holds it 30 seconds, then a retry acts again.
+A request's work and its answer commit together: one that failed (4xx, 500,
+503 with outcome not_applied) changed nothing and frees the key; one whose
+commit's outcome is unknown (503, outcome unknown) holds it 30 seconds, then a
+retry gets the answer if it committed and acts if it did not.
 
 ## MCP
 

@@ -48,13 +48,14 @@ func writeEncoded(w http.ResponseWriter, a encoded) {
 
 // runOnce runs an Idempotent route under the request's Idempotency-Key
 // (values, the header's): the answer recorded for the same request from the
-// same key is given again; otherwise the request claims the key, acts, and
-// its success is recorded (lib/idempotency). A request refused before it
-// acted frees the key for the corrected one; one that may have acted (a
-// lost connection, its time run out, a 500) keeps it until the claim lapses,
-// so that a retry is not told to go ahead while the first may have
-// committed (review, QA: a retry after a 503 with an unknown outcome made a
-// second webhook).
+// same key is given again; otherwise the request claims the key and acts in
+// one transaction with the recording of its answer (db.BeginRequest,
+// lib/idempotency), so that a retry never finds the work done and the
+// answer missing. A request whose transaction rolled back did nothing and
+// frees the key for the corrected one; one that never learnt whether its
+// commit landed keeps it until the claim lapses, when the retry finds the
+// answer or, if nothing committed, acts (review: recorded after the route's
+// own commit, an answer lost with its instance let a retry act twice).
 func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, error) {
 	if len(values) != 1 {
 		return nil, apierr.InvalidField(idempotency.Header, "must be given once")
@@ -77,58 +78,95 @@ func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, er
 		return nil, apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
 			"This Idempotency-Key was sent with another request (route, path or body) in the last 24 hours.")
 	case errors.As(err, &busy):
-		return nil, apierr.Conflict(apierr.CodeRetryRequest,
-			"A request with this Idempotency-Key is still acting; send it again after retry_after_seconds.").
-			WithDetail("retry_after_seconds", int(busy.RetryAfter/time.Second))
+		return nil, retryRequest(busy.RetryAfter)
 	case err != nil:
 		return nil, err
 	case stored != nil:
 		return encoded{status: stored.Status, body: stored.Body, original: stored.RequestID}, nil
 	}
 
-	body, err := c.Route.Handle(ctx, c)
-	if err != nil {
-		if refusedBeforeActing(err) {
-			if gerr := claim.GiveUp(ctx); gerr != nil {
-				// The claim lapses on its own (idempotency.ClaimTTL).
-				s.Logger.Warn("idempotency claim kept", "request_id", c.RequestID, "route", c.Route.Name,
-					"err", gerr.Error())
-			}
+	answer, taken, err := s.actOnce(ctx, c, claim)
+	switch {
+	case errors.Is(err, db.ErrCommitUnknown):
+		return nil, err // the claim is kept until it lapses
+	case taken:
+		s.Logger.Warn("idempotent request outlived its claim; rolled back for the request that took the key",
+			"request_id", c.RequestID, "route", c.Route.Name)
+		return nil, retryRequest(time.Second)
+	case err != nil:
+		if gerr := claim.GiveUp(ctx); gerr != nil {
+			// The claim lapses on its own (idempotency.ClaimTTL).
+			s.Logger.Warn("idempotency claim kept", "request_id", c.RequestID, "route", c.Route.Name,
+				"err", gerr.Error())
+		}
+		if lostDatabase(err) {
+			// Whatever statement was in flight, its transaction never
+			// committed: the request changed nothing.
+			return nil, apierr.DatabaseUnavailable(err)
 		}
 		return nil, err
-	}
-	answer := encoded{status: c.Route.Status}
-	if rep, ok := body.(Reply); ok {
-		answer.status, body = rep.Status, rep.Body
-	}
-	if answer.body, err = jsonx.Marshal(body); err != nil {
-		return nil, err // acted: the claim is kept until it lapses
-	}
-	taken, err := claim.Record(ctx, idempotency.Answer{Status: answer.status, Body: answer.body})
-	switch {
-	case err != nil:
-		// Acted and answered, but unrecorded: a retry once the claim
-		// lapses acts again, as it would without the header.
-		s.Logger.Warn("idempotent answer not recorded", "request_id", c.RequestID, "route", c.Route.Name,
-			"err", err.Error())
-	case taken:
-		s.Logger.Warn("idempotent request outlived its claim; a retry acted too", "request_id", c.RequestID,
-			"route", c.Route.Name)
 	}
 	return answer, nil
 }
 
-// refusedBeforeActing says whether a handler's error leaves nothing done: a
-// refusal of the request (4xx; not a client that went away mid-request) or
-// a database that was not reached. Anything else may have committed.
-func refusedBeforeActing(err error) bool {
-	if e, ok := apierr.As(err); ok {
-		if e.Code == apierr.CodeDatabaseUnavailable {
-			return e.Detail["outcome"] == apierr.OutcomeNotApplied
+// actOnce runs the route in a request transaction and records its answer
+// in it. Unless the error wraps db.ErrCommitUnknown, nothing it did
+// committed; taken: the claim was taken over, and the work was rolled back.
+func (s *Server) actOnce(ctx context.Context, c *Call, claim *idempotency.Claim) (answer encoded, taken bool, err error) {
+	actx, rt := db.BeginRequest(ctx, s.Pool)
+	// Recording and committing get a time of their own: the route may
+	// have spent most of the request's.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), idempotency.StoreTimeout)
+	defer cancel()
+	committed := false
+	defer func() {
+		if committed {
+			return
 		}
-		return e.Status >= 400 && e.Status < 500 && e.Status != 499
+		// An error, a taken claim or a panic. A rollback that fails has
+		// closed the connection, and the server ends the transaction.
+		if rerr := rt.Rollback(sctx); rerr != nil {
+			s.Logger.Warn("request transaction not rolled back", "request_id", c.RequestID,
+				"route", c.Route.Name, "err", rerr.Error())
+		}
+	}()
+
+	body, err := c.Route.Handle(actx, c)
+	if err != nil {
+		return encoded{}, false, err
 	}
-	return db.IsUnavailable(err) && db.Unapplied(err)
+	answer.status = c.Route.Status
+	if rep, ok := body.(Reply); ok {
+		answer.status, body = rep.Status, rep.Body
+	}
+	if answer.body, err = jsonx.Marshal(body); err != nil {
+		return encoded{}, false, err
+	}
+	stored := idempotency.Answer{Status: answer.status, Body: answer.body}
+	if taken, err = claim.Record(sctx, rt, stored); err != nil || taken {
+		return encoded{}, taken, err
+	}
+	if err := rt.Commit(sctx); err != nil {
+		return encoded{}, false, err
+	}
+	committed = true
+	return answer, false, nil
+}
+
+// lostDatabase says whether err is the database failing a request (which
+// Server.fail answers with database_unavailable).
+func lostDatabase(err error) bool {
+	if e, ok := apierr.As(err); ok {
+		return e.Code == apierr.CodeDatabaseUnavailable
+	}
+	return db.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// retryRequest refuses a request whose key another request holds.
+func retryRequest(after time.Duration) error {
+	return apierr.Conflict(apierr.CodeRetryRequest,
+		"A request with this Idempotency-Key is still acting; send it again after retry_after_seconds.").
+		WithDetail("retry_after_seconds", int(after/time.Second))
 }
 
 // resolvedPath is the route's pattern with the request's path parameters in

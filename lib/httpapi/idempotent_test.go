@@ -9,14 +9,18 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/config"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/idempotency"
+	"github.com/getratchet/ratchet/lib/webhooks"
 )
 
 func idemKey(k string) http.Header { return http.Header{"Idempotency-Key": {k}} }
@@ -176,53 +180,182 @@ func TestIdempotentRoutes(t *testing.T) {
 		"workers.register", "steps.replay"}, idempotent)
 }
 
-// A request that may have acted (its database lost mid-statement, a 500)
-// keeps the key until its claim lapses: a retry is told to wait, not to act
-// again while the first may have committed (QA: a retry after a 503 with an
-// unknown outcome made a second resource). One refused before it acted, or
-// whose database was never reached, frees it at once.
-func TestIdempotencyKeyOfARequestThatMayHaveActedIsHeld(t *testing.T) {
+// keyedServer is env's server with a test route, POST
+// /api/v1/test/{outcome}, that takes an Idempotency-Key and runs handle.
+func keyedServer(env *apitest.Env, handle func(ctx context.Context, c *httpapi.Call) (any, error)) *httpapi.Server {
+	return httpapi.NewWithExtraRoutes(env.App.Server.Deps, []httpapi.Route{{
+		Method: "POST", Pattern: "/api/v1/test/{outcome}", Name: "test.create", Status: 201, Idempotent: true,
+		Scopes: []string{auth.ScopeKeysWrite}, Handle: handle,
+	}})
+}
+
+// sendKeyed sends POST /api/v1/test/{outcome} under the key "create-<outcome>".
+func sendKeyed(srv *httpapi.Server, key, outcome string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest("POST", "/api/v1/test/"+outcome, strings.NewReader(`{}`))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set(idempotency.Header, "create-"+outcome)
+	rec := httptest.NewRecorder()
+	srv.ServeHTTP(rec, req)
+	return rec
+}
+
+// hookBody is a webhook create of the test routes.
+var hookBody = webhooks.CreateRequest{URL: "https://example.com/hook", Events: []string{"run.finished"}}
+
+// webhookCount is how many webhooks the workspace of key holds.
+func webhookCount(t *testing.T, env *apitest.Env, key string) int {
+	t.Helper()
+	return len(env.Must(http.StatusOK, "GET", "/api/v1/webhooks", key, nil).JSON()["data"].([]any))
+}
+
+// A request under an Idempotency-Key acts in one transaction with the
+// recording of its answer, so one that failed, whatever the failure,
+// changed nothing (a webhook it created is gone with it) and frees its key:
+// the retry acts. A database lost mid-request is answered not_applied.
+func TestIdempotencyKeyOfAFailedRequestIsFree(t *testing.T) {
 	t.Parallel()
 	env := apitest.Start(t)
 	ws := env.Signup()
 	var calls atomic.Int32
 	failures := map[string]error{
 		"lost":        apierr.DatabaseLost(errors.New("connection closed")),
-		"raw":         errors.New("something broke after the commit"),
+		"raw":         errors.New("something broke after the write"),
+		"deadline":    context.DeadlineExceeded,
 		"not-applied": apierr.DatabaseUnavailable(errors.New("connection refused")),
 		"refused":     apierr.InvalidField("name", "is taken"),
 	}
-	srv := httpapi.NewWithExtraRoutes(env.App.Server.Deps, []httpapi.Route{{
-		Method: "POST", Pattern: "/api/v1/test/{outcome}", Name: "test.create", Status: 201, Idempotent: true,
-		Scopes: []string{auth.ScopeKeysWrite},
-		Handle: func(ctx context.Context, c *httpapi.Call) (any, error) {
-			if calls.Add(1) == 1 {
-				return nil, failures[c.R.PathValue("outcome")]
-			}
-			return map[string]any{"ok": true}, nil
-		},
-	}})
-	do := func(outcome string) *httptest.ResponseRecorder {
-		req := httptest.NewRequest("POST", "/api/v1/test/"+outcome, strings.NewReader(`{}`))
-		req.Header.Set("Authorization", "Bearer "+ws.Key)
-		req.Header.Set(idempotency.Header, "create-"+outcome)
-		rec := httptest.NewRecorder()
-		srv.ServeHTTP(rec, req)
-		return rec
-	}
-	for outcome, held := range map[string]bool{"lost": true, "raw": true, "not-applied": false, "refused": false} {
+	srv := keyedServer(env, func(ctx context.Context, c *httpapi.Call) (any, error) {
+		hook, err := env.App.Server.Webhooks.Create(ctx, c.Principal.WorkspaceID, hookBody)
+		if err != nil {
+			return nil, err
+		}
+		if calls.Add(1) == 1 {
+			return nil, failures[c.R.PathValue("outcome")]
+		}
+		return hook, nil
+	})
+	for outcome, err := range failures {
 		calls.Store(0)
-		first := do(outcome)
+		before := webhookCount(t, env, ws.Key)
+		first := sendKeyed(srv, ws.Key, outcome)
 		require.GreaterOrEqual(t, first.Code, 400, outcome)
-		retry := do(outcome)
-		if held {
-			require.Equal(t, http.StatusConflict, retry.Code, outcome)
-			require.Contains(t, retry.Body.String(), `"code":"retry_request"`, outcome)
-			require.Equal(t, "1", retry.Header().Get("Retry-After"), outcome)
-			require.EqualValues(t, 1, calls.Load(), outcome)
-		} else {
-			require.Equal(t, http.StatusCreated, retry.Code, "%s: %s", outcome, retry.Body)
-			require.EqualValues(t, 2, calls.Load(), outcome)
+		require.Equal(t, before, webhookCount(t, env, ws.Key), "%s: the webhook rolled back with the request", outcome)
+		if e, ok := apierr.As(err); (ok && e.Code == apierr.CodeDatabaseUnavailable) || outcome == "deadline" {
+			require.Equal(t, http.StatusServiceUnavailable, first.Code, outcome)
+			require.Contains(t, first.Body.String(), `"outcome":"not_applied"`, outcome)
+		}
+		retry := sendKeyed(srv, ws.Key, outcome)
+		require.Equal(t, http.StatusCreated, retry.Code, "%s: %s", outcome, retry.Body)
+		require.EqualValues(t, 2, calls.Load(), outcome)
+		require.Equal(t, before+1, webhookCount(t, env, ws.Key), outcome)
+	}
+}
+
+// A request that never learns whether its commit landed keeps its key
+// until the claim lapses; then the retry finds the answer if it landed, and
+// acts if it did not (here the connection ends during COMMIT, before the
+// commit: a retry after the lapse makes the one webhook).
+func TestIdempotencyKeyOfAnUnknownCommitIsHeldUntilItLapses(t *testing.T) {
+	t.Parallel()
+	clock := apitest.NewClock(time.Now())
+	env := apitest.Start(t, apitest.WithNow(clock.Now))
+	ws := env.Signup()
+	var calls atomic.Int32
+	srv := keyedServer(env, func(ctx context.Context, c *httpapi.Call) (any, error) {
+		hook, err := env.App.Server.Webhooks.Create(ctx, c.Principal.WorkspaceID, hookBody)
+		if err != nil || calls.Add(1) > 1 {
+			return hook, err
+		}
+		// The request's transaction ends its own connection at COMMIT.
+		_, err = db.Conn(ctx, env.App.Pool).Exec(ctx, `
+			CREATE TEMP TABLE doomed (n int) ON COMMIT DROP;
+			CREATE FUNCTION pg_temp.end_connection() RETURNS trigger LANGUAGE plpgsql AS
+				$$ BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NULL; END $$;
+			CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON doomed DEFERRABLE INITIALLY DEFERRED
+				FOR EACH ROW EXECUTE FUNCTION pg_temp.end_connection();
+			INSERT INTO doomed VALUES (1)`)
+		return hook, err
+	})
+	first := sendKeyed(srv, ws.Key, "commit")
+	require.Equal(t, http.StatusServiceUnavailable, first.Code, "%s", first.Body)
+	require.Contains(t, first.Body.String(), `"outcome":"unknown"`)
+	require.Zero(t, webhookCount(t, env, ws.Key))
+
+	held := sendKeyed(srv, ws.Key, "commit")
+	require.Equal(t, http.StatusConflict, held.Code, "%s", held.Body)
+	require.Contains(t, held.Body.String(), `"code":"retry_request"`)
+	require.EqualValues(t, 1, calls.Load())
+
+	clock.Add(idempotency.ClaimTTL)
+	retry := sendKeyed(srv, ws.Key, "commit")
+	require.Equal(t, http.StatusCreated, retry.Code, "%s", retry.Body)
+	require.Equal(t, 1, webhookCount(t, env, ws.Key))
+	again := sendKeyed(srv, ws.Key, "commit")
+	require.Equal(t, retry.Body.String(), again.Body.String())
+	require.Equal(t, "true", again.Header().Get(httpapi.ReplayedHeader))
+	require.Equal(t, 1, webhookCount(t, env, ws.Key))
+}
+
+// A request that outlived its claim, whose key another request took over
+// meanwhile, rolls its work back for the other's and says to retry: only
+// one of the two acts (before, both did).
+func TestIdempotentRequestOutlivingItsClaimRollsBack(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	srv := keyedServer(env, func(ctx context.Context, c *httpapi.Call) (any, error) {
+		// What a retry after the lapse does: take the key over (committed,
+		// on a connection of its own).
+		_, err := env.App.Pool.Exec(context.Background(), `UPDATE idempotent_requests SET request_id = 'req_other'
+			WHERE key_id = $1 AND idempotency_key = 'create-late'`, c.Principal.KeyID)
+		if err != nil {
+			return nil, err
+		}
+		return env.App.Server.Webhooks.Create(ctx, c.Principal.WorkspaceID, hookBody)
+	})
+	late := sendKeyed(srv, ws.Key, "late")
+	require.Equal(t, http.StatusConflict, late.Code, "%s", late.Body)
+	require.Contains(t, late.Body.String(), `"code":"retry_request"`)
+	require.Zero(t, webhookCount(t, env, ws.Key), "rolled back")
+	var requestID string
+	require.NoError(t, env.App.Pool.QueryRow(context.Background(), `SELECT request_id FROM idempotent_requests
+		WHERE idempotency_key = 'create-late'`).Scan(&requestID))
+	require.Equal(t, "req_other", requestID, "the key stays its new holder's")
+}
+
+// Every route that takes an Idempotency-Key sends all its statements in the
+// request's transaction (db.Conn, db.Tx), so that they commit with its
+// answer. On a pool of one connection, which that transaction holds, a
+// statement sent beside it would wait out the route's time and fail.
+func TestIdempotentRoutesActInTheRequestTransaction(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnvWith(t, []apitest.Option{apitest.WithConfig(func(c *config.Config) { c.DBMaxConns = 1 })})
+	wid := e.register("send_email@1")
+	_, stepID := e.exhausted(wid, map[string]any{"n": 1}, 1)
+	calls := map[string]struct {
+		path, key string
+		body      any
+	}{
+		"keys.create":       {"/api/v1/keys", e.ws.Key, map[string]any{"name": "k", "preset": "AGENT"}},
+		"webhooks.create":   {"/api/v1/webhooks", e.ws.Key, hookBody},
+		"contracts.publish": {"/api/v1/tools/mail/contracts", e.ws.Key, map[string]any{"handlerVersion": "1", "inputSchema": map[string]any{}, "outputSchema": map[string]any{}}},
+		"tools.test":        {"/api/v1/tools/send_email/test", e.ws.Key, map[string]any{"version": "1", "input": map[string]any{}}},
+		"workers.register":  {"/api/v1/workers/register", e.worker, map[string]any{"tools": []any{map[string]any{"name": "send_email", "version": "1"}}}},
+		"steps.replay":      {"/api/v1/steps/" + stepID + "/replay", e.ws.Key, map[string]any{"acknowledgeDuplicateRisk": true}},
+	}
+	var names []string
+	for _, r := range httpapi.Routes() {
+		if r.Idempotent {
+			names = append(names, r.Name)
 		}
 	}
+	require.Len(t, calls, len(names))
+	for _, name := range names {
+		call, ok := calls[name]
+		require.True(t, ok, "a call of %s", name)
+		r := e.DoWith("POST", call.path, call.key, idemKey("one-connection:"+name), call.body)
+		require.Less(t, r.Status, 300, "%s: %s", name, r.Body)
+	}
+	// The tool test and the replay each queued a job, claimable now.
+	require.Len(t, e.claim(wid, 10), 2)
 }

@@ -31,8 +31,14 @@ type jobsEnv struct {
 
 func newJobsEnv(t *testing.T, tools ...string) *jobsEnv {
 	t.Helper()
+	return newJobsEnvWith(t, nil, tools...)
+}
+
+// newJobsEnvWith is newJobsEnv started with opts.
+func newJobsEnvWith(t *testing.T, opts []apitest.Option, tools ...string) *jobsEnv {
+	t.Helper()
 	c := newClock()
-	env := apitest.Start(t, apitest.WithNow(c.Now))
+	env := apitest.Start(t, append([]apitest.Option{apitest.WithNow(c.Now)}, opts...)...)
 	ws := env.Signup()
 	if tools == nil {
 		tools = []string{"send_email@1"}

@@ -142,9 +142,10 @@ func operation(r Route) map[string]any {
 				"request that acted, to the same request (route, path and body bytes) sent with the same key by " +
 				"the same API key. Another request under the key is 409 idempotency_key_reuse; a request sent " +
 				"while the first is still acting is 409 retry_request (wait detail.retry_after_seconds, also " +
-				"in Retry-After). A request refused before it acted (a 4xx, or a 503 with detail.outcome " +
-				"not_applied) records nothing; one that may have acted (another 5xx) holds the key for 30 " +
-				"seconds, after which a retry acts again.",
+				"in Retry-After). The request's work and its answer commit together: a request that failed " +
+				"(a 4xx, a 500, a 503 with detail.outcome not_applied) changed nothing and frees the key; one " +
+				"whose commit's outcome is unknown (a 503 with detail.outcome unknown) holds it for 30 seconds, " +
+				"after which a retry gets the answer if the commit landed and acts if it did not.",
 			"schema": map[string]any{"type": "string", "minLength": 1, "maxLength": idemkey.MaxRunes}})
 	}
 	if params != nil {

@@ -7,13 +7,14 @@
 // The first request claims the key in one statement and acts; its success
 // is stored (sealed: a new key's secret is in it) and given again, byte for
 // byte, to the same request (same method, path and body bytes) from the same
-// API key for a day. A request refused before it acted gives its claim up,
-// so that the corrected request may use the key; another request under a
+// API key for a day. The answer is recorded in the transaction that holds
+// the request's work, so the two commit together (Stripe's atomic phases). A
+// request that did nothing (refused, or rolled back) gives its claim up, so
+// that the corrected request may use the key; another request under a
 // stored key is refused, as is one sent while the first is still acting. A
-// request that died while acting, or failed without knowing whether its
-// write committed, holds the key until its claim lapses (ClaimTTL), after
-// which a retry acts again: what the first did, if anything, was never
-// recorded.
+// request that died while acting, or never learnt whether its commit
+// landed, holds the key until its claim lapses (ClaimTTL); the retry after
+// that finds the answer if the commit landed, and acts if it did not.
 package idempotency
 
 import (
@@ -26,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/seal"
 )
 
@@ -44,8 +46,9 @@ const ActingTime = 20 * time.Second
 // ActingTime, so a claim lapses only when its request is gone.
 const ClaimTTL = 30 * time.Second
 
-// StoreTimeout bounds recording an answer once the request acted: the
-// request's own deadline may be nearly spent by then.
+// StoreTimeout bounds recording an answer and committing it with the
+// route's work, and giving a claim up: the request's own deadline may be
+// nearly spent by then (lib/httpapi gives them a time of their own).
 const StoreTimeout = 5 * time.Second
 
 var (
@@ -164,24 +167,24 @@ func (s *Store) Begin(ctx context.Context, req Request) (*Claim, *Answer, error)
 	return nil, nil, inFlight(time.Second)
 }
 
-// Record stores a, the success of the request holding the claim, to be
-// given again. It runs to completion whatever ctx's deadline (the request
-// already acted). A claim taken over meanwhile (the request outlived
-// ClaimTTL) is left to its new holder: taken reports it.
-func (c *Claim) Record(ctx context.Context, a Answer) (taken bool, err error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StoreTimeout)
-	defer cancel()
+// Record stores a, the success of the request holding the claim, in q: the
+// transaction holding what the request did (db.BeginRequest), so that its
+// work and its answer commit together or not at all, and a retry either
+// gets the answer or acts on a clean slate. A claim taken over meanwhile (the
+// request outlived ClaimTTL, and another took the key) is left to its new
+// holder: taken reports it, and the caller must roll its work back.
+func (c *Claim) Record(ctx context.Context, q db.Querier, a Answer) (taken bool, err error) {
 	sealed := c.s.sealer.Seal(a.Body, AnswerAAD(c.apiKey, c.key))
-	tag, err := c.s.pool.Exec(ctx, sqlAnswer, c.apiKey, c.key, c.id, a.Status, sealed)
+	tag, err := q.Exec(ctx, sqlAnswer, c.apiKey, c.key, c.id, a.Status, sealed)
 	if err != nil {
 		return false, fmt.Errorf("idempotency: record answer: %w", err)
 	}
 	return tag.RowsAffected() == 0, nil
 }
 
-// GiveUp frees the key of a request refused before it acted, so that the
-// corrected request may use it. A request that may have acted keeps its
-// claim instead, until it lapses.
+// GiveUp frees the key of a request that did nothing (refused, or its
+// transaction rolled back), so that the corrected request may use it. A
+// request that may have committed keeps its claim instead, until it lapses.
 func (c *Claim) GiveUp(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StoreTimeout)
 	defer cancel()

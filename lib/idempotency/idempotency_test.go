@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
@@ -15,13 +16,20 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
 
+// testStore is a Store over a test database and the pool it writes answers
+// to outside a request's transaction.
+type testStore struct {
+	*idempotency.Store
+	pool *pgxpool.Pool
+}
+
 // store is a Store over a test database with its own clock, and a request
 // from a fresh API key of a fresh workspace.
-func store(t *testing.T, start time.Time) (*idempotency.Store, *apitest.Clock, idempotency.Request) {
+func store(t *testing.T, start time.Time) (testStore, *apitest.Clock, idempotency.Request) {
 	t.Helper()
 	clock := apitest.NewClock(start)
 	env := apitest.Start(t, apitest.WithNow(clock.Now))
-	s := env.App.Server.Idempotency
+	s := testStore{Store: env.App.Server.Idempotency, pool: env.App.Pool}
 	req := idempotency.Request{APIKeyID: ids.New("key"), Key: "create-1", Method: "POST", Path: "/api/v1/keys",
 		Body: []byte(`{"name":"a","preset":"AGENT"}`), ID: ids.New(ids.Request)}
 	return s, clock, req
@@ -36,7 +44,7 @@ func TestAnsweredRequestIsAnsweredAgain(t *testing.T) {
 	t.Parallel()
 	s, clock, req := store(t, time.Now())
 	ctx := context.Background()
-	record(t, mustClaim(t, s, req), 201, `{"id":"key_1"}`)
+	record(t, s, mustClaim(t, s, req), 201, `{"id":"key_1"}`)
 
 	claim, stored, err := s.Begin(ctx, retry(req))
 	require.NoError(t, err)
@@ -106,8 +114,8 @@ func TestClaimHoldsTheKeyUntilItLapses(t *testing.T) {
 	require.Equal(t, 10*time.Second, busy.RetryAfter, "past its acting time: until the claim lapses, in whole seconds")
 
 	clock.Add(idempotency.ClaimTTL - idempotency.ActingTime - 500*time.Millisecond)
-	record(t, mustClaim(t, s, other), 201, `{"n":2}`)
-	taken, err := first.Record(ctx, idempotency.Answer{Status: 201, Body: []byte(`{"n":1}`)})
+	record(t, s, mustClaim(t, s, other), 201, `{"n":2}`)
+	taken, err := first.Record(ctx, s.pool, idempotency.Answer{Status: 201, Body: []byte(`{"n":1}`)})
 	require.NoError(t, err)
 	require.True(t, taken)
 	require.NoError(t, first.GiveUp(ctx), "gives up nothing of the new holder's")
@@ -117,7 +125,7 @@ func TestClaimHoldsTheKeyUntilItLapses(t *testing.T) {
 }
 
 // mustClaim begins req and requires that it claims the key.
-func mustClaim(t *testing.T, s *idempotency.Store, req idempotency.Request) *idempotency.Claim {
+func mustClaim(t *testing.T, s testStore, req idempotency.Request) *idempotency.Claim {
 	t.Helper()
 	claim, stored, err := s.Begin(context.Background(), req)
 	require.NoError(t, err)
@@ -126,9 +134,9 @@ func mustClaim(t *testing.T, s *idempotency.Store, req idempotency.Request) *ide
 	return claim
 }
 
-func record(t *testing.T, c *idempotency.Claim, status int, body string) {
+func record(t *testing.T, s testStore, c *idempotency.Claim, status int, body string) {
 	t.Helper()
-	taken, err := c.Record(context.Background(), idempotency.Answer{Status: status, Body: []byte(body)})
+	taken, err := c.Record(context.Background(), s.pool, idempotency.Answer{Status: status, Body: []byte(body)})
 	require.NoError(t, err)
 	require.False(t, taken)
 }
@@ -139,7 +147,7 @@ func TestPurgeDeletesDayOldAnswers(t *testing.T) {
 	t.Parallel()
 	s, clock, req := store(t, time.Date(1999, 1, 1, 0, 0, 0, 0, time.UTC))
 	ctx := context.Background()
-	answer := func(r idempotency.Request, body string) { record(t, mustClaim(t, s, r), 201, body) }
+	answer := func(r idempotency.Request, body string) { record(t, s, mustClaim(t, s, r), 201, body) }
 	answer(req, `{"n":1}`)
 	clock.Add(time.Hour)
 	young := retry(req)

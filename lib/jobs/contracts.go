@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/toolname"
 )
@@ -156,7 +157,7 @@ func (s *Service) PublishContract(ctx context.Context, workspaceID, keyID, name 
 	if err := p.Err(); err != nil {
 		return Contract{}, err
 	}
-	c, err := scanContract(s.pool.QueryRow(ctx, sqlPublishContract, workspaceID, name, req.HandlerVersion,
+	c, err := scanContract(db.Conn(ctx, s.pool).QueryRow(ctx, sqlPublishContract, workspaceID, name, req.HandlerVersion,
 		string(in), string(out), timeout, pol.Preset, pol.MaxAttempts, pol.InitialDelayMs, pol.Multiplier,
 		pol.MaxDelayMs, pol.JitterPercent, status, keyID, s.now()))
 	if err != nil {

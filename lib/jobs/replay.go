@@ -204,7 +204,7 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 // a dead job reads EXHAUSTED and is replayable at once.
 func (s *Service) readReplayJob(ctx context.Context, workspaceID, stepID string) (replayJob, error) {
 	for settled := false; ; settled = true {
-		j, err := scanReplayJob(s.pool.QueryRow(ctx, sqlReplayPreview, stepID, workspaceID))
+		j, err := scanReplayJob(db.Conn(ctx, s.pool).QueryRow(ctx, sqlReplayPreview, stepID, workspaceID))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return j, apierr.NotFound("step")
 		}
@@ -362,7 +362,7 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 		return nil
 	})
 	if err == nil {
-		s.wake.wakeOne(p.WorkspaceID)
+		db.AfterCommit(ctx, func() { s.wake.wakeOne(p.WorkspaceID) })
 	}
 	return out, err
 }

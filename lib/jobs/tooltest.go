@@ -66,7 +66,7 @@ func (s *Service) TestTool(ctx context.Context, workspaceID, name string, req To
 		return ToolTestResult{}, err
 	}
 	if out.Status == StatusQueued {
-		s.wake.wakeOne(workspaceID)
+		db.AfterCommit(ctx, func() { s.wake.wakeOne(workspaceID) })
 	}
 	return out, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/seal"
@@ -141,7 +142,7 @@ func (s *Service) Create(ctx context.Context, workspaceID string, req CreateRequ
 	now := s.now()
 	w := NewWebhook{Webhook: Webhook{ID: ids.NewAt(ids.Webhook, now), URL: req.URL, Events: evs, CreatedAt: now},
 		Secret: "whsec_" + ids.Random(32)}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		// Creates of one workspace take turns, so the count below sees
 		// every one committed before (a statement's snapshot predates a
 		// lock it waits for, hence two statements).
@@ -212,7 +213,7 @@ func (s *Service) Get(ctx context.Context, workspaceID, id string) (Webhook, err
 // retry whose first answer was lost learns it landed (retry-safety QA).
 func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, error) {
 	var w Webhook
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		// Locked first, in a statement of its own: a DELETE that waited
 		// for a concurrent one reads the row as that one left it, and
 		// answers it (review: in one statement its snapshot still showed

@@ -271,11 +271,42 @@ func TestNonIdempotentCallsNotRetriedOnAmbiguousFailure(t *testing.T) {
 	if _, err := c.StartRun(context.Background(), "x"); !IsCode(err, CodeInternal) {
 		t.Fatalf("err %v", err)
 	}
-	if _, err := c.Replay(context.Background(), "stp_1", ReplayOptions{AcknowledgeDuplicateRisk: true}); err != nil {
+	if _, err := c.StartRun(context.Background(), "y"); err != nil {
 		t.Fatalf("second call answered by the next step: %v", err)
 	}
 	if seq.calls.Load() != 2 {
 		t.Fatalf("calls %d", seq.calls.Load())
+	}
+}
+
+// A replay whose answer was lost is asked again under the same
+// Idempotency-Key, which the server answers with the replay it made (it
+// commits the replay and its answer together); another call has its own.
+func TestReplayRepeatedUnderOneIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	var keys []string
+	record := func(r *http.Request) { keys = append(keys, r.Header.Get(IdempotencyKeyHeader)) }
+	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
+		func(w http.ResponseWriter, r *http.Request) { record(r); apiError(w, 502, CodeInternal, nil) },
+		func(w http.ResponseWriter, r *http.Request) {
+			record(r)
+			writeJSON(w, 200, map[string]any{"stepId": "stp_1", "status": "QUEUED"})
+		},
+		func(w http.ResponseWriter, r *http.Request) {
+			record(r)
+			writeJSON(w, 200, map[string]any{"stepId": "stp_2", "status": "QUEUED"})
+		},
+	}}
+	c, _ := testClient(t, seq)
+	res, err := c.Replay(context.Background(), "stp_1", ReplayOptions{AcknowledgeDuplicateRisk: true})
+	if err != nil || res.StepID != "stp_1" {
+		t.Fatalf("replay %+v, %v", res, err)
+	}
+	if _, err := c.Replay(context.Background(), "stp_2", ReplayOptions{AcknowledgeDuplicateRisk: true}); err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 3 || keys[0] == "" || keys[1] != keys[0] || keys[2] == keys[0] {
+		t.Fatalf("keys %q: one per call, the same on its repeat", keys)
 	}
 }
 

@@ -416,14 +416,15 @@ type ReplayResult struct {
 }
 
 // Replay re-queues an exhausted or cancelled step (POST
-// /api/v1/steps/{id}/replay, scope steps:replay). It is not repeated after
-// an ambiguous failure: read the run to see whether it took effect. (The
-// route takes an Idempotency-Key header, but a first attempt that may have
-// acted holds it only 30 seconds, after which a repeat would replay again;
-// ExpectedAttempt is what keeps a replay to one.)
+// /api/v1/steps/{id}/replay, scope steps:replay). Every attempt of one call
+// carries one Idempotency-Key, so a repeat after an ambiguous failure is
+// answered the replay the first attempt made instead of replaying again
+// (the server commits a replay and its answer together). Across calls,
+// ExpectedAttempt is what keeps a replay to one.
 func (c *Client) Replay(ctx context.Context, stepID string, opts ReplayOptions) (*ReplayResult, error) {
 	var out ReplayResult
-	if err := c.do(ctx, "POST", "/steps/"+pathID(stepID)+"/replay", opts, &out, notIdempotent); err != nil {
+	if err := c.doKeyed(ctx, "POST", "/steps/"+pathID(stepID)+"/replay", newRequestID(), opts, &out,
+		idempotent); err != nil {
 		return nil, err
 	}
 	return &out, nil

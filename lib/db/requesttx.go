@@ -1,0 +1,156 @@
+package db
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Querier runs statements: a pool, or a transaction.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// RequestTx is one transaction holding all the work of a request, begun and
+// ended by the code serving it rather than by the services it calls: the
+// Idempotency-Key path (lib/httpapi) commits a route's writes together with
+// the answer it records for them, so that either both are kept or neither
+// is, and a retry never acts twice (Stripe's atomic phases). The services
+// learn of it through the context BeginRequest returns: Tx runs in a
+// savepoint of it, Conn answers it, and AfterCommit waits for its commit.
+//
+// It begins at its first statement, so a request refused before it reads
+// anything holds no connection, and none sits idle in a transaction while
+// the request is checked. It belongs to one goroutine, as the pgx.Tx under
+// it does.
+type RequestTx struct {
+	pool        *pgxpool.Pool
+	tx          pgx.Tx // nil until the first statement
+	afterCommit []func()
+}
+
+type requestTxKey struct{}
+
+// BeginRequest returns a RequestTx on pool, and a context that carries it
+// to the services a request calls.
+func BeginRequest(ctx context.Context, pool *pgxpool.Pool) (context.Context, *RequestTx) {
+	rt := &RequestTx{pool: pool}
+	return context.WithValue(ctx, requestTxKey{}, rt), rt
+}
+
+// requestTx is the RequestTx ctx carries, or nil.
+func requestTx(ctx context.Context) *RequestTx {
+	rt, _ := ctx.Value(requestTxKey{}).(*RequestTx)
+	return rt
+}
+
+// begun is the transaction, begun now if no statement has been sent yet.
+func (rt *RequestTx) begun(ctx context.Context) (pgx.Tx, error) {
+	if rt.tx == nil {
+		tx, err := rt.pool.Begin(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("begin request transaction: %w", err)
+		}
+		rt.tx = tx
+	}
+	return rt.tx, nil
+}
+
+// Exec runs a statement in the transaction.
+func (rt *RequestTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	tx, err := rt.begun(ctx)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return tx.Exec(ctx, sql, args...)
+}
+
+// Query runs a query in the transaction.
+func (rt *RequestTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	tx, err := rt.begun(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return tx.Query(ctx, sql, args...)
+}
+
+// QueryRow runs a query of one row in the transaction.
+func (rt *RequestTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	tx, err := rt.begun(ctx)
+	if err != nil {
+		return errRow{err}
+	}
+	return tx.QueryRow(ctx, sql, args...)
+}
+
+// errRow is a row whose query could not be sent.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// ErrCommitUnknown marks a failed commit that may nevertheless have landed:
+// the connection was lost while the commit was sent or answered.
+var ErrCommitUnknown = errors.New("commit outcome unknown")
+
+// Commit commits the transaction, then runs what AfterCommit deferred. A
+// failure wraps ErrCommitUnknown unless the commit surely did not land (it
+// was never sent, or the server answered that it rolled back).
+func (rt *RequestTx) Commit(ctx context.Context) error {
+	if rt.tx != nil {
+		if err := rt.tx.Commit(ctx); err != nil {
+			if errors.Is(err, pgx.ErrTxCommitRollback) || Unapplied(err) {
+				return fmt.Errorf("commit request transaction: %w", err)
+			}
+			return fmt.Errorf("commit request transaction: %w: %w", ErrCommitUnknown, err)
+		}
+	}
+	for _, fn := range rt.afterCommit {
+		fn()
+	}
+	rt.afterCommit = nil
+	return nil
+}
+
+// Rollback rolls the transaction back and drops what AfterCommit deferred.
+// Rolling back one already ended does nothing.
+func (rt *RequestTx) Rollback(ctx context.Context) error {
+	rt.afterCommit = nil
+	if rt.tx == nil {
+		return nil
+	}
+	if err := rt.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return fmt.Errorf("roll back request transaction: %w", err)
+	}
+	return nil
+}
+
+// Conn is what a service runs a statement of its own on: the request's
+// transaction when ctx carries one (BeginRequest), else pool. A service
+// that reaches the pool itself while a request's transaction holds a
+// connection would act outside it, and could wait for a connection the
+// request holds.
+func Conn(ctx context.Context, pool *pgxpool.Pool) Querier {
+	if rt := requestTx(ctx); rt != nil {
+		return rt
+	}
+	return pool
+}
+
+// AfterCommit runs fn once what the caller wrote is committed: at once,
+// unless ctx carries a request's transaction (BeginRequest), which the
+// caller's work joined and whose commit it waits for; dropped if that
+// rolls back. For what must not happen before the data it announces is
+// visible, such as waking a claim to look for a new job.
+func AfterCommit(ctx context.Context, fn func()) {
+	if rt := requestTx(ctx); rt != nil {
+		rt.afterCommit = append(rt.afterCommit, fn)
+		return
+	}
+	fn()
+}

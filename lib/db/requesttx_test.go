@@ -1,0 +1,147 @@
+package db_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
+	"github.com/getratchet/ratchet/lib/db"
+)
+
+// requestPool is a pool of one connection over a table of its own (a temp
+// table would be the connection's), so that any statement a service sent
+// outside the request's transaction would wait for the connection the
+// transaction holds.
+func requestPool(t *testing.T) (*pgxpool.Pool, string) {
+	t.Helper()
+	pool, err := db.Open(context.Background(), &config.Config{DatabaseURL: apitest.DatabaseURL(t), DBMaxConns: 1,
+		DBMaxConnIdleTime: time.Minute, DBConnectTimeout: 5 * time.Second, DBQueryExecMode: "exec"})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	table := pgx.Identifier{fmt.Sprintf("request_tx_%d", time.Now().UnixNano())}.Sanitize()
+	_, err = pool.Exec(context.Background(), `CREATE TABLE `+table+` (n int PRIMARY KEY)`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP TABLE `+table) })
+	return pool, table
+}
+
+func rows(t *testing.T, pool *pgxpool.Pool, table string) []int {
+	t.Helper()
+	r, err := pool.Query(context.Background(), `SELECT n FROM `+table+` ORDER BY n`)
+	require.NoError(t, err)
+	ns, err := pgx.CollectRows(r, pgx.RowTo[int])
+	require.NoError(t, err)
+	return ns
+}
+
+// What a service does under a request's transaction (db.Tx, db.Conn,
+// db.AfterCommit) commits with it or not at all, on its one connection;
+// a service's transaction that fails rolls back only its own part.
+func TestRequestTxHoldsTheWorkOfItsServices(t *testing.T) {
+	t.Parallel()
+	pool, table := requestPool(t)
+	ctx := context.Background()
+	insert := func(ctx context.Context, n int) error {
+		_, err := db.Conn(ctx, pool).Exec(ctx, `INSERT INTO `+table+` VALUES ($1)`, n)
+		return err
+	}
+
+	for _, commit := range []bool{true, false} {
+		base := 10
+		if !commit {
+			base = 20
+		}
+		rctx, rt := db.BeginRequest(ctx, pool)
+		var after []string
+		require.NoError(t, insert(rctx, base+1))
+		require.NoError(t, db.Tx(rctx, pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(rctx, `INSERT INTO `+table+` VALUES ($1)`, base+2)
+			return err
+		}))
+		failed := db.Tx(rctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(rctx, `INSERT INTO `+table+` VALUES ($1)`, base+3); err != nil {
+				return err
+			}
+			_, err := tx.Exec(rctx, `INSERT INTO `+table+` VALUES ($1)`, base+1) // a duplicate
+			return err
+		})
+		require.True(t, db.HasCode(failed, db.CodeUniqueViolation), "%v", failed)
+		db.AfterCommit(rctx, func() { after = append(after, "woken") })
+		require.Empty(t, after, "not before the commit")
+		require.NoError(t, rt.QueryRow(rctx, `SELECT count(*) FROM `+table+` WHERE n > $1`, base).
+			Scan(new(int)), "the transaction is usable after a service's failed one")
+		if commit {
+			require.NoError(t, rt.Commit(ctx))
+			require.Equal(t, []string{"woken"}, after)
+		} else {
+			require.NoError(t, rt.Rollback(ctx))
+			require.Empty(t, after, "dropped with the work")
+		}
+		require.NoError(t, rt.Rollback(ctx), "rolling back an ended transaction does nothing")
+	}
+	require.Equal(t, []int{11, 12}, rows(t, pool, table))
+
+	// It takes its connection at its first statement: one that sends none
+	// holds none, and commits nothing but what waited for it.
+	rctx, rt := db.BeginRequest(ctx, pool)
+	var ran bool
+	db.AfterCommit(rctx, func() { ran = true })
+	require.Zero(t, pool.Stat().AcquiredConns())
+	require.NoError(t, rt.Commit(ctx))
+	require.True(t, ran)
+	rctx, rt = db.BeginRequest(ctx, pool)
+	require.NoError(t, insert(rctx, 13))
+	require.EqualValues(t, 1, pool.Stat().AcquiredConns())
+	require.NoError(t, rt.Rollback(ctx))
+	require.Zero(t, pool.Stat().AcquiredConns())
+
+	// Without a request's transaction, each runs on its own.
+	var woken bool
+	require.NoError(t, insert(ctx, 31))
+	db.AfterCommit(ctx, func() { woken = true })
+	require.True(t, woken)
+	require.Equal(t, []int{11, 12, 31}, rows(t, pool, table))
+}
+
+// A commit whose connection dies while the server commits may have landed:
+// the error says the outcome is unknown. One the server refused (the
+// transaction had already failed) surely did not.
+func TestRequestTxCommitSaysWhenItsOutcomeIsUnknown(t *testing.T) {
+	t.Parallel()
+	pool, table := requestPool(t)
+	ctx := context.Background()
+
+	rctx, rt := db.BeginRequest(ctx, pool)
+	_, err := rt.Exec(rctx, `INSERT INTO `+table+` VALUES (1)`)
+	require.NoError(t, err)
+	_, err = rt.Exec(rctx, `INSERT INTO `+table+` VALUES (1)`)
+	require.Error(t, err)
+	err = rt.Commit(ctx)
+	require.ErrorIs(t, err, pgx.ErrTxCommitRollback)
+	require.NotErrorIs(t, err, db.ErrCommitUnknown)
+
+	// A deferred trigger ends the connection at COMMIT, after the client
+	// sent it: from the client's side, a commit whose answer never came.
+	rctx, rt = db.BeginRequest(ctx, pool)
+	_, err = rt.Exec(rctx, `
+		CREATE TEMP TABLE doomed (n int) ON COMMIT DROP;
+		CREATE FUNCTION pg_temp.end_connection() RETURNS trigger LANGUAGE plpgsql AS
+			$$ BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NULL; END $$;
+		CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON doomed DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW EXECUTE FUNCTION pg_temp.end_connection();
+		INSERT INTO doomed VALUES (1);
+		INSERT INTO `+table+` VALUES (2)`)
+	require.NoError(t, err)
+	err = rt.Commit(ctx)
+	require.ErrorIs(t, err, db.ErrCommitUnknown, "%v", err)
+	require.True(t, errors.Is(err, db.ErrCommitUnknown) && !db.Unapplied(err))
+	require.Empty(t, rows(t, pool, table), "(here it did not land)")
+}
