@@ -1,0 +1,13 @@
+-- A committed group can be unwound while its steps are kept, and no longer:
+-- once every step has passed its type's retention_days, counted from the
+-- later of its end and the group's commit, retention deletes the group
+-- (lib/gate sqlPurgeCommittedGroups), then its steps as any ended effect.
+-- Before, a committed group and its steps were kept for ever: the effects
+-- table grew without bound with every completed saga, and each retention
+-- pass walked past the kept steps again. This index finds the oldest
+-- committed groups first.
+--
+-- Built inside this migration's transaction, which blocks writes to
+-- effect_groups while it builds; README "Upgrading" shows how to build
+-- such an index first, concurrently (IF NOT EXISTS then keeps it).
+CREATE INDEX IF NOT EXISTS effect_groups_committed_idx ON effect_groups (committed_at) WHERE state = 'committed';
