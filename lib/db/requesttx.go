@@ -99,12 +99,17 @@ func (r errRow) Scan(...any) error { return r.err }
 var ErrCommitUnknown = errors.New("commit outcome unknown")
 
 // Commit commits the transaction, then runs what AfterCommit deferred. A
-// failure wraps ErrCommitUnknown unless the commit surely did not land (it
-// was never sent, or the server answered that it rolled back).
+// failure wraps ErrCommitUnknown unless the commit surely did not land: it
+// was never sent, or the server answered that it rolled back (the
+// transaction had failed before, or COMMIT failed with an ERROR, such as a
+// serialization failure). A FATAL answer (the connection terminated) or no
+// answer may come after the commit landed.
 func (rt *RequestTx) Commit(ctx context.Context) error {
 	if rt.tx != nil {
 		if err := rt.tx.Commit(ctx); err != nil {
-			if errors.Is(err, pgx.ErrTxCommitRollback) || Unapplied(err) {
+			var pe *pgconn.PgError
+			if errors.Is(err, pgx.ErrTxCommitRollback) || Unapplied(err) ||
+				(errors.As(err, &pe) && pe.Severity == "ERROR") {
 				return fmt.Errorf("commit request transaction: %w", err)
 			}
 			return fmt.Errorf("commit request transaction: %w: %w", ErrCommitUnknown, err)
@@ -128,6 +133,20 @@ func (rt *RequestTx) Rollback(ctx context.Context) error {
 		return fmt.Errorf("roll back request transaction: %w", err)
 	}
 	return nil
+}
+
+// OutsideRequest is ctx without the request's transaction: what runs under
+// it commits on its own. For housekeeping a service does before its work
+// (ending a lapsed lease, as a read or the sweeper would), whose locks must
+// not be held until the request commits, where they would break the order
+// the service's own transaction takes its locks in. Only before the
+// request's transaction has begun: after, its statements would need a
+// second connection of the pool, so they join the transaction instead.
+func OutsideRequest(ctx context.Context) context.Context {
+	if rt := requestTx(ctx); rt != nil && rt.tx == nil {
+		return context.WithValue(ctx, requestTxKey{}, (*RequestTx)(nil))
+	}
+	return ctx
 }
 
 // Conn is what a service runs a statement of its own on: the request's

@@ -103,17 +103,27 @@ func TestRequestTxHoldsTheWorkOfItsServices(t *testing.T) {
 	require.NoError(t, rt.Rollback(ctx))
 	require.Zero(t, pool.Stat().AcquiredConns())
 
+	// Outside the request's transaction, before it began, work commits on
+	// its own; after, it joins (the pool has no second connection for it).
+	rctx, rt = db.BeginRequest(ctx, pool)
+	require.NoError(t, insert(db.OutsideRequest(rctx), 14))
+	require.NoError(t, insert(rctx, 15))
+	require.NoError(t, insert(db.OutsideRequest(rctx), 16))
+	require.NoError(t, rt.Rollback(ctx))
+	require.Equal(t, []int{11, 12, 14}, rows(t, pool, table))
+
 	// Without a request's transaction, each runs on its own.
 	var woken bool
 	require.NoError(t, insert(ctx, 31))
 	db.AfterCommit(ctx, func() { woken = true })
 	require.True(t, woken)
-	require.Equal(t, []int{11, 12, 31}, rows(t, pool, table))
+	require.Equal(t, []int{11, 12, 14, 31}, rows(t, pool, table))
 }
 
 // A commit whose connection dies while the server commits may have landed:
 // the error says the outcome is unknown. One the server refused (the
-// transaction had already failed) surely did not.
+// transaction had already failed, or COMMIT failed with an ERROR) surely
+// did not.
 func TestRequestTxCommitSaysWhenItsOutcomeIsUnknown(t *testing.T) {
 	t.Parallel()
 	pool, table := requestPool(t)
@@ -127,6 +137,22 @@ func TestRequestTxCommitSaysWhenItsOutcomeIsUnknown(t *testing.T) {
 	err = rt.Commit(ctx)
 	require.ErrorIs(t, err, pgx.ErrTxCommitRollback)
 	require.NotErrorIs(t, err, db.ErrCommitUnknown)
+
+	// COMMIT refused with an ERROR (here a deferred trigger's) rolled back.
+	rctx, rt = db.BeginRequest(ctx, pool)
+	_, err = rt.Exec(rctx, `
+		CREATE TEMP TABLE refused (n int) ON COMMIT DROP;
+		CREATE FUNCTION pg_temp.refuse() RETURNS trigger LANGUAGE plpgsql AS
+			$$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$;
+		CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON refused DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW EXECUTE FUNCTION pg_temp.refuse();
+		INSERT INTO refused VALUES (1);
+		INSERT INTO `+table+` VALUES (3)`)
+	require.NoError(t, err)
+	err = rt.Commit(ctx)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, db.ErrCommitUnknown)
+	require.Empty(t, rows(t, pool, table))
 
 	// A deferred trigger ends the connection at COMMIT, after the client
 	// sent it: from the client's side, a commit whose answer never came.

@@ -132,7 +132,8 @@ Idempotency-Key header: send the same request again under it, the body byte
 for byte, and get the first answer, not a second key, webhook or replay. The
 key names one intended create for 24 hours (replay:<step>:<attempt>, not
 replay:<step>: a later replay under it gets the old answer). 409
-retry_request: the first is still acting; wait detail.retry_after_seconds.
+retry_request: the first is still acting (whatever the body sent); wait
+detail.retry_after_seconds.
 A request's work and its answer commit together: one that failed (4xx, 500,
 503 with outcome not_applied) changed nothing and frees the key; one whose
 commit's outcome is unknown (503, outcome unknown) holds it 30 seconds, then a

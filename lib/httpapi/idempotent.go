@@ -79,6 +79,10 @@ func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, er
 			"This Idempotency-Key was sent with another request (route, path or body) in the last 24 hours.")
 	case errors.As(err, &busy):
 		return nil, retryRequest(busy.RetryAfter)
+	case lostDatabase(err):
+		// The route never ran (a claim that may have landed holds the
+		// key until it lapses, and a retry is told to wait).
+		return nil, apierr.DatabaseUnavailable(err)
 	case err != nil:
 		return nil, err
 	case stored != nil:
@@ -94,11 +98,7 @@ func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, er
 			"request_id", c.RequestID, "route", c.Route.Name)
 		return nil, retryRequest(time.Second)
 	case err != nil:
-		if gerr := claim.GiveUp(ctx); gerr != nil {
-			// The claim lapses on its own (idempotency.ClaimTTL).
-			s.Logger.Warn("idempotency claim kept", "request_id", c.RequestID, "route", c.Route.Name,
-				"err", gerr.Error())
-		}
+		s.giveUp(ctx, c, claim)
 		if lostDatabase(err) {
 			// Whatever statement was in flight, its transaction never
 			// committed: the request changed nothing.
@@ -109,25 +109,39 @@ func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, er
 	return answer, nil
 }
 
+// giveUp frees the key of a request that changed nothing.
+func (s *Server) giveUp(ctx context.Context, c *Call, claim *idempotency.Claim) {
+	if err := claim.GiveUp(ctx); err != nil {
+		// The claim lapses on its own (idempotency.ClaimTTL).
+		s.Logger.Warn("idempotency claim kept", "request_id", c.RequestID, "route", c.Route.Name,
+			"err", err.Error())
+	}
+}
+
 // actOnce runs the route in a request transaction and records its answer
 // in it. Unless the error wraps db.ErrCommitUnknown, nothing it did
 // committed; taken: the claim was taken over, and the work was rolled back.
+// A route that panics is rolled back and its key freed before the panic
+// goes on to the router's recovery.
 func (s *Server) actOnce(ctx context.Context, c *Call, claim *idempotency.Claim) (answer encoded, taken bool, err error) {
 	actx, rt := db.BeginRequest(ctx, s.Pool)
-	// Recording and committing get a time of their own: the route may
-	// have spent most of the request's.
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), idempotency.StoreTimeout)
-	defer cancel()
 	committed := false
 	defer func() {
 		if committed {
 			return
 		}
-		// An error, a taken claim or a panic. A rollback that fails has
-		// closed the connection, and the server ends the transaction.
-		if rerr := rt.Rollback(sctx); rerr != nil {
+		// An error, a taken claim or a panic. The rollback gets a time of
+		// its own; one that fails has closed the connection, and the
+		// server ends the transaction with it.
+		rctx, cancel := storeContext(ctx)
+		defer cancel()
+		if rerr := rt.Rollback(rctx); rerr != nil {
 			s.Logger.Warn("request transaction not rolled back", "request_id", c.RequestID,
 				"route", c.Route.Name, "err", rerr.Error())
+		}
+		if p := recover(); p != nil {
+			s.giveUp(ctx, c, claim)
+			panic(p)
 		}
 	}()
 
@@ -142,6 +156,11 @@ func (s *Server) actOnce(ctx context.Context, c *Call, claim *idempotency.Claim)
 	if answer.body, err = jsonx.Marshal(body); err != nil {
 		return encoded{}, false, err
 	}
+	// Recording and committing get a time of their own, from now: the
+	// route may have spent most of the request's (review: taken before
+	// the route ran, a route slower than StoreTimeout never committed).
+	sctx, cancel := storeContext(ctx)
+	defer cancel()
 	stored := idempotency.Answer{Status: answer.status, Body: answer.body}
 	if taken, err = claim.Record(sctx, rt, stored); err != nil || taken {
 		return encoded{}, taken, err
@@ -151,6 +170,13 @@ func (s *Server) actOnce(ctx context.Context, c *Call, claim *idempotency.Claim)
 	}
 	committed = true
 	return answer, false, nil
+}
+
+// storeContext bounds a step taken once the route has run (recording,
+// committing, rolling back) by idempotency.StoreTimeout, whatever is left
+// of the request's own time.
+func storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), idempotency.StoreTimeout)
 }
 
 // lostDatabase says whether err is the database failing a request (which

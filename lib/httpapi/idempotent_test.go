@@ -359,3 +359,78 @@ func TestIdempotentRoutesActInTheRequestTransaction(t *testing.T) {
 	// The tool test and the replay each queued a job, claimable now.
 	require.Len(t, e.claim(wid, 10), 2)
 }
+
+// Recording and committing get their own time once the route has run: a
+// keyed route slower than idempotency.StoreTimeout, within its own
+// timeout, commits (review: the store's time ran from before the route, so
+// it rolled back and answered 503).
+func TestIdempotentRouteSlowerThanTheStoreTimeCommits(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	srv := keyedServer(env, func(ctx context.Context, c *httpapi.Call) (any, error) {
+		hook, err := env.App.Server.Webhooks.Create(ctx, c.Principal.WorkspaceID, hookBody)
+		time.Sleep(idempotency.StoreTimeout + 500*time.Millisecond)
+		return hook, err
+	})
+	slow := sendKeyed(srv, ws.Key, "slow")
+	require.Equal(t, http.StatusCreated, slow.Code, "%s", slow.Body)
+	require.Equal(t, 1, webhookCount(t, env, ws.Key))
+}
+
+// A route that panics changed nothing and frees its key: the retry acts at
+// once instead of waiting 30 s for the claim to lapse (review).
+func TestIdempotencyKeyOfARouteThatPanickedIsFree(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	var calls atomic.Int32
+	srv := keyedServer(env, func(ctx context.Context, c *httpapi.Call) (any, error) {
+		hook, err := env.App.Server.Webhooks.Create(ctx, c.Principal.WorkspaceID, hookBody)
+		if calls.Add(1) == 1 {
+			panic("a bug")
+		}
+		return hook, err
+	})
+	first := sendKeyed(srv, ws.Key, "panic")
+	require.Equal(t, http.StatusInternalServerError, first.Code, "%s", first.Body)
+	require.Zero(t, webhookCount(t, env, ws.Key))
+	retry := sendKeyed(srv, ws.Key, "panic")
+	require.Equal(t, http.StatusCreated, retry.Code, "%s", retry.Body)
+	require.Equal(t, 1, webhookCount(t, env, ws.Key))
+}
+
+// A keyed replay of a step whose last lease lapsed ends the lapsed job on
+// its own, as a read would, before its own transaction: in the request's
+// transaction that held the run's settle lock until the replay took the
+// run's lock, against the order of a report settling the run, and the two
+// deadlocked (review).
+func TestKeyedReplayOfALapsedStepTakesTheRunLocksInOrder(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	wid := e.register("send_email@1")
+	runID := e.run()
+	e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"n": 1}, "maxAttempts": 1})
+	stepID := e.claim(wid, 1)[0]["stepId"].(string)
+	e.clock.Add(time.Hour) // the last attempt's lease lapsed
+
+	ctx := context.Background()
+	report, err := e.App.Pool.Begin(ctx) // a report on another step: the run's shared lock first
+	require.NoError(t, err)
+	defer func() { _ = report.Rollback(ctx) }()
+	_, err = report.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(hashtextextended($1::text, 0))`, runID)
+	require.NoError(t, err)
+	replayed := make(chan *apitest.Response, 1)
+	go func() {
+		replayed <- e.DoWith("POST", "/api/v1/steps/"+stepID+"/replay", e.ws.Key, idemKey("replay:"+stepID),
+			map[string]any{"acknowledgeDuplicateRisk": true})
+	}()
+	time.Sleep(700 * time.Millisecond) // the replay waits for the run's lock
+	// then its settle lock, which the replay must not be holding.
+	_, err = report.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 1))`, runID)
+	require.NoError(t, err)
+	require.NoError(t, report.Commit(ctx))
+	r := <-replayed
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	require.Equal(t, "QUEUED", r.JSON()["status"])
+}

@@ -140,10 +140,11 @@ func operation(r Route) map[string]any {
 			"description": "1-255 printable characters. The success of this request is kept for 24 hours and " +
 				"answered again, with " + ReplayedHeader + ": true and " + OriginalRequestHeader + " naming the " +
 				"request that acted, to the same request (route, path and body bytes) sent with the same key by " +
-				"the same API key. Another request under the key is 409 idempotency_key_reuse; a request sent " +
-				"while the first is still acting is 409 retry_request (wait detail.retry_after_seconds, also " +
-				"in Retry-After). The request's work and its answer commit together: a request that failed " +
-				"(a 4xx, a 500, a 503 with detail.outcome not_applied) changed nothing and frees the key; one " +
+				"the same API key. Another request under an answered key is 409 idempotency_key_reuse; any " +
+				"request sent while the first is still acting is 409 retry_request (wait " +
+				"detail.retry_after_seconds, also in Retry-After). The request's work and its answer commit " +
+				"together: a request that failed (a 4xx, a 500, a 503 with detail.outcome not_applied) changed " +
+				"nothing and frees the key (or its claim lapses within 30 seconds); one " +
 				"whose commit's outcome is unknown (a 503 with detail.outcome unknown) holds it for 30 seconds, " +
 				"after which a retry gets the answer if the commit landed and acts if it did not.",
 			"schema": map[string]any{"type": "string", "minLength": 1, "maxLength": idemkey.MaxRunes}})

@@ -326,6 +326,12 @@ func (s *Server) authorize(ctx context.Context, c *Call, count bool) error {
 		}
 		p, err := verify(ctx, secret)
 		if err != nil {
+			if lostDatabase(err) {
+				// The route never ran: what the key's look-up sent (its
+				// rate counter at most) is not the request's action, which
+				// was not applied (chaos QA: answered outcome unknown).
+				return apierr.DatabaseUnavailable(err)
+			}
 			return err
 		}
 		if err := p.Require(c.Route.Scopes...); err != nil {

@@ -82,3 +82,43 @@ func TestConnectionLostMidRequestIs503OutcomeUnknown(t *testing.T) {
 		map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded"}).JSON()
 	require.Equal(t, "succeeded", rep["state"])
 }
+
+// A connection lost while the key was being looked up (and its rate
+// counted) is not_applied: the route never ran, so the request's action was
+// not applied whatever that statement did (chaos QA: it said unknown).
+func TestConnectionLostDuringAuthenticationIsNotApplied(t *testing.T) {
+	t.Parallel()
+	var direct string
+	var proxy *testpg.CutProxy
+	clock := apitest.NewClock(time.Now())
+	env := apitest.Start(t, apitest.WithNow(clock.Now), apitest.WithConfig(func(c *config.Config) {
+		direct = c.DatabaseURL
+		p, err := testpg.StartCutProxy(c.DatabaseURL)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		proxy = p
+		c.DatabaseURL = p.URL
+	}))
+	ws := env.Signup()
+	created := env.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key,
+		map[string]any{"name": "limited", "preset": "OPERATOR", "rate_limit_per_minute": 1000}).JSON()
+	limited := created["secret"].(string)
+
+	// Hold the key's rate counter of this minute, so that the look-up waits
+	// in the database, then cut the connection under it.
+	ctx := context.Background()
+	holder, err := pgx.Connect(ctx, direct)
+	require.NoError(t, err)
+	defer holder.Close(ctx)
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `INSERT INTO rate_counters (bucket, window_start, shard, count) VALUES ($1, $2, 0, 0)`,
+		"key:"+created["id"].(string), clock.Now().UTC().Truncate(time.Minute))
+	require.NoError(t, err)
+	go func() { time.Sleep(300 * time.Millisecond); proxy.Cut() }()
+	r := env.Do("POST", "/api/v1/webhooks", limited,
+		map[string]any{"url": "https://example.com/hook", "events": []string{"run.finished"}})
+	require.Equal(t, http.StatusServiceUnavailable, r.Status, "%s", r.Body)
+	require.Equal(t, "not_applied", r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["outcome"])
+}

@@ -11,7 +11,8 @@
 // the request's work, so the two commit together (Stripe's atomic phases). A
 // request that did nothing (refused, or rolled back) gives its claim up, so
 // that the corrected request may use the key; another request under a
-// stored key is refused, as is one sent while the first is still acting. A
+// stored key is refused, and any sent while the first is still acting is
+// told to wait. A
 // request that died while acting, or never learnt whether its commit
 // landed, holds the key until its claim lapses (ClaimTTL); the retry after
 // that finds the answer if the commit landed, and acts if it did not.
@@ -149,10 +150,13 @@ func (s *Store) Begin(ctx context.Context, req Request) (*Claim, *Answer, error)
 			continue
 		case err != nil:
 			return nil, nil, fmt.Errorf("idempotency: read: %w", err)
+		case status == nil && claimedUntil != nil:
+			// Whatever the request: reuse would read as final, yet the
+			// first may do nothing and free the key (chaos QA: a corrected
+			// request told reuse acted later).
+			return nil, nil, inFlight(claimedUntil.Sub(now))
 		case string(stored) != string(hash):
 			return nil, nil, ErrReused
-		case status == nil && claimedUntil != nil:
-			return nil, nil, inFlight(claimedUntil.Sub(now))
 		case status == nil:
 			return nil, nil, fmt.Errorf("idempotency: row of key without answer or claim")
 		}

@@ -89,10 +89,12 @@ func TestRefusedRequestLeavesTheKeyFree(t *testing.T) {
 	mustClaim(t, s, corrected)
 }
 
-// A request sent while the first is acting is refused until the first's
-// claim lapses, told how long to wait; then any request acts (the first
-// died, or failed not knowing whether it acted), and the first's late
-// answer is not recorded over the new holder's.
+// A request sent while the first is acting, the same or another, is
+// refused until the first's claim lapses, told how long to wait (reuse
+// would read as final, yet the first may do nothing and free the key);
+// then any request acts (the first died, or never learnt whether its
+// commit landed), and the first's late answer is not recorded over the new
+// holder's.
 func TestClaimHoldsTheKeyUntilItLapses(t *testing.T) {
 	t.Parallel()
 	s, clock, req := store(t, time.Now())
@@ -106,7 +108,8 @@ func TestClaimHoldsTheKeyUntilItLapses(t *testing.T) {
 	other := retry(req)
 	other.Body = []byte(`{}`)
 	_, _, err = s.Begin(ctx, other)
-	require.ErrorIs(t, err, idempotency.ErrReused, "another request is refused as reuse, in flight or not")
+	require.ErrorIs(t, err, idempotency.ErrInFlight,
+		"another request waits too: the first may yet do nothing and free the key for it (chaos QA)")
 
 	clock.Add(idempotency.ActingTime + 500*time.Millisecond)
 	_, _, err = s.Begin(ctx, retry(req))

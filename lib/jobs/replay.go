@@ -275,7 +275,12 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 	if err != nil {
 		return ReplayResult{}, err
 	}
-	if _, err := s.readReplayJob(ctx, p.WorkspaceID, stepID); err != nil {
+	// Ending a lapsed last attempt commits on its own, as a read of the
+	// step would: under an Idempotency-Key it would otherwise hold the
+	// run's shared and settle locks until the replay commits, and the
+	// replay's run lock below would then come after them, against the
+	// order reports and sweeps take them in (review: a deadlock).
+	if _, err := s.readReplayJob(db.OutsideRequest(ctx), p.WorkspaceID, stepID); err != nil {
 		return ReplayResult{}, err
 	}
 	var out ReplayResult

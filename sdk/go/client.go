@@ -39,7 +39,7 @@ type Config struct {
 	// MaxRetries bounds how often one call is repeated after a retryable
 	// failure (429, 5xx, network error, retry_request). Zero means 3;
 	// negative disables retries. A call sent under an Idempotency-Key
-	// (RegisterWorker) also waits, outside this bound, while the server
+	// (RegisterWorker, Replay) also waits, outside this bound, while the server
 	// holds its key for an earlier attempt (up to 40 times); negative
 	// disables that too.
 	MaxRetries int
@@ -52,11 +52,11 @@ type Config struct {
 // Retries: a 429 is repeated after the server's retry_after_seconds, a 409
 // retry_request at once, a 503 database_unavailable that changed nothing
 // with backoff, and one whose outcome is unknown, other 5xx responses and
-// network errors with capped
-// exponential backoff and jitter, but only for calls that are idempotent
-// (every effect-gate and job call is, by idempotency key or lease token;
-// StartRun and Replay are not, so they are never repeated after
-// an ambiguous failure). Every wait ends with ctx.
+// network errors with capped exponential backoff and jitter, but only for
+// calls that are idempotent (every effect-gate and job call is, by
+// idempotency key, Idempotency-Key header or lease token; StartRun without
+// a key is not, so it is never repeated after an ambiguous failure). Every
+// wait ends with ctx.
 type Client struct {
 	base       string
 	key        string
