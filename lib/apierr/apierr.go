@@ -249,6 +249,20 @@ func DatabaseLost(cause error) *Error {
 		WithDetail("outcome", OutcomeUnknown)
 }
 
+// TimedOut says the database was reached but did not answer before the
+// request's time ran out, instead of being unavailable (chaos QA: a route
+// held up by a lock was answered "the database is unavailable"); the
+// outcome stays as e says.
+func (e *Error) TimedOut() *Error {
+	if e.Detail["outcome"] == OutcomeNotApplied {
+		e.Message = "The database did not answer in time; nothing was changed. Retry with backoff."
+	} else {
+		e.Message = "The database did not answer in time, so the request may have been applied. Retry with " +
+			"backoff under the same idempotency key or lease token, which answers what happened."
+	}
+	return e
+}
+
 // Internal hides cause behind a generic 500.
 func Internal(cause error) *Error {
 	return New(http.StatusInternalServerError, CodeInternal, "Internal error.").Wrap(cause)

@@ -82,7 +82,7 @@ func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, er
 	case lostDatabase(err):
 		// The route never ran (a claim that may have landed holds the
 		// key until it lapses, and a retry is told to wait).
-		return nil, apierr.DatabaseUnavailable(err)
+		return nil, notApplied(ctx, err)
 	case err != nil:
 		return nil, err
 	case stored != nil:
@@ -102,7 +102,7 @@ func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, er
 		if lostDatabase(err) {
 			// Whatever statement was in flight, its transaction never
 			// committed: the request changed nothing.
-			return nil, apierr.DatabaseUnavailable(err)
+			return nil, notApplied(ctx, err)
 		}
 		return nil, err
 	}
@@ -186,6 +186,16 @@ func lostDatabase(err error) bool {
 		return e.Code == apierr.CodeDatabaseUnavailable
 	}
 	return db.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// notApplied is the 503 of a request the database failed before anything
+// of its route could commit, said as a timeout when its time ran out.
+func notApplied(ctx context.Context, err error) *apierr.Error {
+	e := apierr.DatabaseUnavailable(err)
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		e = e.TimedOut()
+	}
+	return e
 }
 
 // retryRequest refuses a request whose key another request holds.

@@ -330,7 +330,7 @@ func (s *Server) authorize(ctx context.Context, c *Call, count bool) error {
 				// The route never ran: what the key's look-up sent (its
 				// rate counter at most) is not the request's action, which
 				// was not applied (chaos QA: answered outcome unknown).
-				return apierr.DatabaseUnavailable(err)
+				return notApplied(ctx, err)
 			}
 			return err
 		}
@@ -402,6 +402,9 @@ func (s *Server) fail(ctx context.Context, w http.ResponseWriter, reqID string, 
 		unavailable := apierr.DatabaseLost(err)
 		if db.Unapplied(err) {
 			unavailable = apierr.DatabaseUnavailable(err)
+		}
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			unavailable = unavailable.TimedOut()
 		}
 		s.Logger.Warn("database unavailable", "request_id", reqID, "route", route.Name,
 			"outcome", unavailable.Detail["outcome"], "err", err.Error())

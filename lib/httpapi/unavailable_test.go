@@ -3,7 +3,9 @@ package httpapi_test
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,7 +13,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/config"
+	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/httpapi"
+	"github.com/getratchet/ratchet/lib/idempotency"
 	"github.com/getratchet/ratchet/lib/testpg"
 )
 
@@ -121,4 +127,36 @@ func TestConnectionLostDuringAuthenticationIsNotApplied(t *testing.T) {
 		map[string]any{"url": "https://example.com/hook", "events": []string{"run.finished"}})
 	require.Equal(t, http.StatusServiceUnavailable, r.Status, "%s", r.Body)
 	require.Equal(t, "not_applied", r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["outcome"])
+}
+
+// A request whose time runs out waiting for the database is told so, not
+// that the database is unavailable (chaos QA), with the outcome as before:
+// unknown for a statement in flight, not_applied for a keyed request (its
+// transaction never committed).
+func TestADatabaseTooSlowIsSaidSo(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	srv := httpapi.NewWithExtraRoutes(env.App.Server.Deps, []httpapi.Route{{
+		Method: "POST", Pattern: "/api/v1/test/{outcome}", Name: "test.slow", Status: 201, Idempotent: true,
+		Timeout: 300 * time.Millisecond, Scopes: []string{auth.ScopeKeysWrite},
+		Handle: func(ctx context.Context, c *httpapi.Call) (any, error) {
+			_, err := db.Conn(ctx, env.App.Pool).Exec(ctx, `SELECT pg_sleep(5)`)
+			return nil, err
+		},
+	}})
+	for _, keyed := range []bool{false, true} {
+		req := httptest.NewRequest("POST", "/api/v1/test/slow", strings.NewReader(`{}`))
+		req.Header.Set("Authorization", "Bearer "+ws.Key)
+		want := "unknown"
+		if keyed {
+			req.Header.Set(idempotency.Header, "slow")
+			want = "not_applied"
+		}
+		rec := httptest.NewRecorder()
+		srv.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusServiceUnavailable, rec.Code, "%s", rec.Body)
+		require.Contains(t, rec.Body.String(), `"outcome":"`+want+`"`)
+		require.Contains(t, rec.Body.String(), "did not answer in time")
+	}
 }
