@@ -677,31 +677,6 @@ const sqlListApprovals = `SELECT ` + approvalCols + ` FROM approvals
 WHERE workspace_id = $1 AND ($2::text = '' OR id < $2) AND ($4::text = '' OR state = $4)
 ORDER BY id DESC LIMIT $3`
 
-// sqlPurgeCommittedGroups deletes up to $2 committed groups every effect
-// of which has ended and passed its type's retention_days (90 without a
-// policy) counted from the later of its end and the group's commit, at $1:
-// the group could be unwound until then, and its plan needed them all. Its
-// steps, then of no group, go as any ended effect (sqlPurgeExpired, in the
-// same transaction). Oldest commits first (effect_groups_committed_idx); a
-// group committed within the last day (the shortest retention) is not
-// looked at. The group is locked, skipping one a commit, unwind or begin
-// holds: an unwind waiting for it finds no group (404), never a plan with
-// steps missing.
-const sqlPurgeCommittedGroups = `
-DELETE FROM effect_groups g WHERE g.id IN (
-    SELECT c.id FROM effect_groups c
-    WHERE c.state = 'committed' AND c.committed_at < $1::timestamptz - interval '1 day'
-      AND NOT EXISTS (
-          SELECT 1 FROM effects f
-          LEFT JOIN gate_policies pol ON pol.workspace_id = f.workspace_id AND pol.effect_type = f.effect_type
-          WHERE f.group_id = c.id
-            AND (f.state NOT IN ('succeeded', 'failed', 'denied')
-                 OR greatest(f.updated_at, c.committed_at)
-                    >= $1::timestamptz - make_interval(days => coalesce(pol.retention_days, 90))))
-    ORDER BY c.committed_at
-    LIMIT $2::int
-    FOR UPDATE SKIP LOCKED)`
-
 // sqlPurgeExpired deletes up to $2 effects whose retention has passed: the
 // effect type's retention_days (90 when the type has no policy) counted from
 // the effect's last change (updated_at: when it ended, for an ended one), so
@@ -710,10 +685,9 @@ DELETE FROM effect_groups g WHERE g.id IN (
 // effects only (succeeded, failed, denied; never a live lease, an unresolved
 // indeterminate outcome or a pending approval), outside any group that is
 // open, unwinding or committed (a committed group can still be unwound, and
-// its plan needs its steps, until sqlPurgeCommittedGroups deletes it), with
-// their attempts and approvals. It visits each (workspace, effect type)
-// present with a loose scan of effects_type_created_idx and reads each
-// one's range of creation times
+// its plan needs its steps), with their attempts and approvals. It visits
+// each (workspace, effect type) present with a loose scan of
+// effects_type_created_idx and reads each one's range of creation times
 // older than its retention (an effect changed last is never created later),
 // so a pass with nothing to delete costs one index probe per pair, not a
 // scan of the table. Once deleted, a key is new again: its next begin

@@ -78,19 +78,26 @@ func TestRetentionPurgesEndedEffectsAfterTheirTypesDays(t *testing.T) {
 
 // Retention counts from when an effect ended, not from when it began: an
 // effect resolved days after its begin keeps its record (and its key keeps
-// answering duplicate) for its whole retention. Not parallel, in its own
-// era (1980), like the test above.
+// answering duplicate) for its whole retention. A committed group's steps
+// are kept: the group can still be unwound, and its plan needs them. Not
+// parallel, in its own era (1980), like the test above.
 func TestRetentionCountsFromTheEnd(t *testing.T) {
 	b, sweep := inEra(t, 1980)
 	c := b.clock
 	b.putPolicy("email.send", map[string]any{"retention_days": 1})
 	k := key("slow-resolve")
 	d := b.mustBegin("execute", email(k))
+	g := b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "order"}).JSON()
+	step := email(key("step"))
+	step["group_id"], step["compensation"] = g["id"], map[string]any{"effect_type": "email.retract"}
+	s := b.mustBegin("execute", step)
+	require.Equal(t, http.StatusOK, b.report(str(s["effect_id"]), str(s["lease_token"]), "succeeded", nil).Status)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+str(g["id"])+"/commit", b.ws.Key, nil)
 
 	c.Add(48 * time.Hour) // the first lease lapsed long ago
 	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+str(d["effect_id"])+"/resolve", b.ws.Key,
 		map[string]any{"outcome": "succeeded"})
-	require.Zero(t, sweep(), "resolved just now")
+	require.Zero(t, sweep(), "resolved just now; the committed group's step is kept")
 	b.mustBegin("duplicate", email(k))
 
 	c.Add(25 * time.Hour)
@@ -98,54 +105,8 @@ func TestRetentionCountsFromTheEnd(t *testing.T) {
 	again := b.mustBegin("execute", email(k))
 	// Leave no lease for the other tests' global sweeps to count.
 	require.Equal(t, http.StatusOK, b.report(str(again["effect_id"]), str(again["lease_token"]), "succeeded", nil).Status)
-}
-
-// A committed group can be unwound while its steps are kept: retention
-// deletes it, then its steps, once every step has passed its own type's
-// retention, counted from the later of its end and the commit (before, a
-// committed group's steps were kept for ever, and every pass walked past
-// them). An open group keeps its steps. Not parallel, in its own era (1974).
-func TestRetentionDeletesACommittedGroupOnceAllItsStepsExpired(t *testing.T) {
-	b, sweep := inEra(t, 1974)
-	b.putPolicy("email.send", map[string]any{"retention_days": 1})
-	b.putPolicy("charge.card", map[string]any{"retention_days": 3})
-	group := func() string {
-		return str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "order"}).JSON()["id"])
-	}
-	stepOf := func(g, typ, k string) map[string]any {
-		s := email(key(k))
-		s["effect_type"], s["group_id"], s["compensation"] = typ, g, map[string]any{"effect_type": "email.retract"}
-		return s
-	}
-	committed, open := group(), group()
-	mail, charge := stepOf(committed, "email.send", "mail"), stepOf(committed, "charge.card", "charge")
-	m, c := b.executedAs("succeeded", mail), b.executedAs("succeeded", charge)
-	o := b.executedAs("succeeded", stepOf(open, "email.send", "open-step"))
-	b.clock.Add(30 * time.Hour)
-	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+committed+"/commit", b.ws.Key, nil)
-
-	// Three days since the steps ended, not since the commit: the charge's
-	// retention has not passed.
-	b.clock.Add(45 * time.Hour)
-	sweep() // (its count holds other tests' effects of earlier eras)
-	b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(m["effect_id"]), b.ws.Key, nil)
-	b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(c["effect_id"]), b.ws.Key, nil)
-	require.Equal(t, "committed", b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+committed, b.ws.Key, nil).JSON()["state"])
-
-	b.clock.Add(28 * time.Hour) // three days since the commit
-	sweep()
-	for _, path := range []string{"/api/v1/groups/" + committed, "/api/v1/effects/" + str(m["effect_id"]),
-		"/api/v1/effects/" + str(c["effect_id"])} {
-		errCode(t, b.env.Do("GET", path, b.ws.Key, nil), http.StatusNotFound, "not_found")
-	}
-	errCode(t, b.env.Do("POST", "/api/v1/groups/"+committed+"/unwind", b.ws.Key, nil), http.StatusNotFound, "not_found")
-	require.Equal(t, "open", b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+open, b.ws.Key, nil).JSON()["state"])
-	sweep()
-	b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(o["effect_id"]), b.ws.Key, nil) // the open group's step
-	// The step's key is new again, outside the group that is gone.
-	delete(mail, "group_id")
-	delete(mail, "compensation")
-	b.executedAs("succeeded", mail)
+	u := b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+str(g["id"])+"/unwind", b.ws.Key, nil).JSON()
+	require.Len(t, u["plan"], 1, "the committed group's step is still there to undo")
 }
 
 // What retention deletes of a run's effects stays spent from its wallet,
@@ -320,34 +281,4 @@ func TestRetentionPassHoldsNoBegin(t *testing.T) {
 		t.Fatal("a new key's begin waited for the retention pass")
 	}
 	require.NoError(t, tx.Rollback(ctx))
-}
-
-// A retention pass skips a committed group a transition holds (an unwind
-// taking it, say) and deletes none of its steps, so the unwind plans every
-// step; once free, the group and its steps go together. Not parallel, in
-// its own era (1976).
-func TestRetentionSkipsACommittedGroupAnUnwindHolds(t *testing.T) {
-	b, sweep := inEra(t, 1976)
-	ctx := context.Background()
-	b.putPolicy("email.send", map[string]any{"retention_days": 1})
-	g := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "order"}).JSON()["id"])
-	step := email(key("step"))
-	step["group_id"], step["compensation"] = g, map[string]any{"effect_type": "email.retract"}
-	s := b.executedAs("succeeded", step)
-	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", b.ws.Key, nil)
-	b.clock.Add(49 * time.Hour)
-
-	tx, err := b.env.App.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }() // a failure below must not leave the pool waiting for it
-	_, err = tx.Exec(ctx, `SELECT 1 FROM effect_groups WHERE id = $1 FOR UPDATE`, g)
-	require.NoError(t, err)
-	sweep()
-	require.NoError(t, tx.Rollback(ctx))
-	b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, b.ws.Key, nil)
-	b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(s["effect_id"]), b.ws.Key, nil)
-
-	sweep()
-	errCode(t, b.env.Do("GET", "/api/v1/groups/"+g, b.ws.Key, nil), http.StatusNotFound, "not_found")
-	errCode(t, b.env.Do("GET", "/api/v1/effects/"+str(s["effect_id"]), b.ws.Key, nil), http.StatusNotFound, "not_found")
 }
