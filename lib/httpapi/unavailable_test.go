@@ -160,3 +160,45 @@ func TestADatabaseTooSlowIsSaidSo(t *testing.T) {
 		require.Contains(t, rec.Body.String(), "did not answer in time")
 	}
 }
+
+// A connection lost while the request's Idempotency-Key was being claimed
+// is not_applied: the route never ran. The claim may have landed, so the
+// key may be held until it lapses; a retry is told to wait, or acts.
+func TestConnectionLostWhileClaimingAKeyIsNotApplied(t *testing.T) {
+	t.Parallel()
+	var direct string
+	var proxy *testpg.CutProxy
+	env := apitest.Start(t, apitest.WithConfig(func(c *config.Config) {
+		direct = c.DatabaseURL
+		p, err := testpg.StartCutProxy(c.DatabaseURL)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		proxy = p
+		c.DatabaseURL = p.URL
+	}))
+	ws := env.Signup()
+	created := env.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key,
+		map[string]any{"name": "creator", "preset": "OPERATOR"}).JSON()
+	creator := created["secret"].(string)
+	env.Must(http.StatusOK, "GET", "/api/v1/keys", creator, nil) // its look-up is cached now
+
+	// Hold the key's row of idempotent_requests, so that the claim waits in
+	// the database, then cut the connection under it.
+	ctx := context.Background()
+	holder, err := pgx.Connect(ctx, direct)
+	require.NoError(t, err)
+	defer holder.Close(ctx)
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `INSERT INTO idempotent_requests (key_id, idempotency_key, request_hash, request_id,
+		claimed_until, created_at) VALUES ($1, 'cut', '\x00', 'req_holder', now(), now())`, created["id"])
+	require.NoError(t, err)
+	go func() { time.Sleep(300 * time.Millisecond); proxy.Cut() }()
+	body := map[string]any{"url": "https://example.com/hook", "events": []string{"run.finished"}}
+	r := env.DoWith("POST", "/api/v1/webhooks", creator, http.Header{"Idempotency-Key": {"cut"}}, body)
+	require.Equal(t, http.StatusServiceUnavailable, r.Status, "%s", r.Body)
+	require.Equal(t, "not_applied", r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["outcome"])
+	require.NoError(t, tx.Rollback(ctx))
+	require.Empty(t, env.Must(http.StatusOK, "GET", "/api/v1/webhooks", creator, nil).JSON()["data"])
+}
