@@ -81,7 +81,12 @@ func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration) (int, er
 	taskCtx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	n, err := t.Run(taskCtx, s.now())
-	if err != nil {
+	switch {
+	case err != nil && db.IsUnavailable(err):
+		// An outage or a restart of the database: the next pass does it
+		// (QA: every terminated connection logged an ERROR).
+		s.logger.Warn("sweep task interrupted: database unavailable", "task", t.Name, "err", err.Error())
+	case err != nil:
 		s.logger.Error("sweep task failed", "task", t.Name, "err", err.Error())
 	}
 	return n, err

@@ -1,6 +1,7 @@
 package sweep
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -50,6 +51,22 @@ func TestRunOnceSaysWhenTheDatabaseWasUnreachable(t *testing.T) {
 		}
 		require.Equal(t, c.unreachable, s.RunOnce(context.Background()).Unreachable, "%d tasks", len(c.runs))
 	}
+}
+
+// A task the database failed (an outage, a restart) is a warning, retried
+// by the next pass; any other failure is an error.
+func TestTaskFailuresAreLoggedByCause(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	s := New(time.Now, slog.New(slog.NewTextHandler(&logs, nil)))
+	s.Add(Task{Name: "gone", Run: func(context.Context, time.Time) (int, error) {
+		return 0, fmt.Errorf("x: %w", io.ErrUnexpectedEOF)
+	}})
+	s.Add(Task{Name: "boom", Run: func(context.Context, time.Time) (int, error) { return 0, errors.New("boom") }})
+	s.RunOnce(context.Background())
+	require.Contains(t, logs.String(), `level=WARN msg="sweep task interrupted: database unavailable" task=gone`)
+	require.Contains(t, logs.String(), `level=ERROR msg="sweep task failed" task=boom`)
+	require.NotContains(t, logs.String(), `level=ERROR msg="sweep task failed" task=gone`)
 }
 
 // Loop does not wait for a detached task: the other tasks run every tick
