@@ -96,3 +96,30 @@ func TestStartRunUnderAKeyRetriesALostAnswer(t *testing.T) {
 	require.Error(t, err)
 	require.EqualValues(t, 3, lose.seen.Load())
 }
+
+// A replay whose answer is lost is asked again under the same
+// Idempotency-Key, which the server answers with the replay it made (the
+// replay and its answer commit together): one replay, one more execution.
+// Before, Replay was never repeated, and the caller could not tell whether
+// the step had been queued again.
+func TestReplayRetriesALostAnswerOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	serveStrict(t, b)
+	run, err := b.producer.StartRun(ctx, "replay")
+	require.NoError(t, err)
+	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"}, ratchet.EnqueueOptions{Name: "strict", Version: "1"})
+	require.NoError(t, err)
+	stepIs(t, b.producer, run.ID, st.StepID, ratchet.JobExhausted)
+
+	operator, lose := b.losingClient(t, b.env.Key(b.ws, map[string]any{"name": "operator2", "preset": "OPERATOR"}),
+		"/replay")
+	res, err := operator.Replay(ctx, st.StepID, ratchet.ReplayOptions{AcknowledgeDuplicateRisk: true, MaxAttempts: 1})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, lose.seen.Load(), "the lost replay and its retry")
+	require.Equal(t, ratchet.JobQueued, res.Status)
+	again := stepIs(t, b.producer, run.ID, st.StepID, ratchet.JobExhausted)
+	require.Len(t, again.DurableJob.Replays, 1, "one replay")
+	require.Equal(t, 2, again.DurableJob.Attempt, "one more execution")
+}
