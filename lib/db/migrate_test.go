@@ -290,3 +290,47 @@ FROM (VALUES ('short', 5), ('short.new', 1), ('week', 30), ('no.policy', 30)) v(
 		"no.policy": {bounded: false, cached: true}, // 90 days
 	}, got)
 }
+
+// 0037 gives every committed group its keep_until: the commit plus the
+// longest retention_days among its steps' types (90 without a policy, and
+// for a group without steps); other groups get none.
+func TestCommittedGroupsGetTheirKeepUntilOnUpgrade(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	target, conn := databaseAt(t, 36)
+	_, err := conn.Exec(ctx, `
+INSERT INTO workspaces (id, name) VALUES ('ws_1', 'w');
+INSERT INTO gate_policies (workspace_id, effect_type, version, mode, on_indeterminate, lease_seconds, max_attempts,
+    require_cost, required_dimensions, dimension_limits, surge_action, surge_cooldown_seconds, retention_days,
+    created_at, updated_at)
+SELECT 'ws_1', t, 1, 'allow', 'block', 60, 3, false, '{}', '{}', 'require_approval', 3600, d, now(), now()
+FROM (VALUES ('charge', 3), ('refund', 200)) v(t, d);
+INSERT INTO effect_groups (id, workspace_id, name, state, created_by_key_id, created_at, updated_at, committed_at)
+VALUES ('grp_short', 'ws_1', 'g', 'committed', 'key_1', '2026-01-01', '2026-01-01', '2026-01-01'),
+       ('grp_mixed', 'ws_1', 'g', 'committed', 'key_1', '2026-01-01', '2026-01-01', '2026-01-01'),
+       ('grp_empty', 'ws_1', 'g', 'committed', 'key_1', '2026-01-01', '2026-01-01', '2026-01-01'),
+       ('grp_open', 'ws_1', 'g', 'open', 'key_1', '2026-01-01', '2026-01-01', NULL);
+INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state, lease_seconds, group_id,
+    created_by_key_id, created_at, updated_at)
+VALUES ('eff_1', 'ws_1', 'charge', 'k1', 'f', 'succeeded', 60, 'grp_short', 'key_1', '2026-01-01', '2026-01-01'),
+       ('eff_2', 'ws_1', 'charge', 'k2', 'f', 'succeeded', 60, 'grp_mixed', 'key_1', '2026-01-01', '2026-01-01'),
+       ('eff_3', 'ws_1', 'email', 'k3', 'f', 'succeeded', 60, 'grp_mixed', 'key_1', '2026-01-01', '2026-01-01'),
+       ('eff_4', 'ws_1', 'charge', 'k4', 'f', 'succeeded', 60, 'grp_open', 'key_1', '2026-01-01', '2026-01-01');`)
+	require.NoError(t, err)
+
+	_, err = db.MigrateURL(ctx, target, migrations.FS)
+	require.NoError(t, err)
+	rows, err := conn.Query(ctx, `SELECT id, (keep_until - committed_at)::text FROM effect_groups ORDER BY id`)
+	require.NoError(t, err)
+	got := map[string]*string{}
+	for rows.Next() {
+		var id string
+		var span *string
+		require.NoError(t, rows.Scan(&id, &span))
+		got[id] = span
+	}
+	require.NoError(t, rows.Err())
+	days := func(s string) *string { return &s }
+	require.Equal(t, map[string]*string{"grp_short": days("3 days"), "grp_mixed": days("90 days"),
+		"grp_empty": days("90 days"), "grp_open": nil}, got)
+}

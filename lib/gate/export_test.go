@@ -45,6 +45,6 @@ var FunctionFragments = map[string][]string{
 		"SELECT count(*) INTO v_closed FROM up;"},
 }
 
-// PurgeExpiredSQL is the retention pass's statement ($1 now, $2 limit), so
+// PurgeExpiredSQL is the retention pass's statement ($1 now, $2 limit, $3 groups deleted), so
 // a test can hold one open in a transaction of its own.
 var PurgeExpiredSQL = sqlPurgeExpired

@@ -125,8 +125,10 @@ type Unwind struct {
 }
 
 // CreateGroup opens a group, or, under an idempotency key that already
-// opened one, answers that group (Deduplicated) with its steps. Groups are
-// never deleted, so the key's group is there to read.
+// opened one, answers that group (Deduplicated) with its steps. Retention
+// deletes a committed group once its steps' retention has passed, and with
+// it frees its key, as an effect's: a group deleted between this create's
+// statements is created anew.
 func (s *Service) CreateGroup(ctx context.Context, p *auth.Principal, req CreateGroupRequest) (Group, error) {
 	var pr apierr.Problems
 	name := strings.TrimSpace(req.Name)
@@ -139,23 +141,39 @@ func (s *Service) CreateGroup(ctx context.Context, p *auth.Principal, req Create
 	if err := pr.Err(); err != nil {
 		return Group{}, err
 	}
+	for range 3 {
+		g, err := s.createGroup(ctx, p, name, req.IdempotencyKey)
+		if !errors.Is(err, errGroupGone) {
+			return g, err
+		}
+	}
+	return Group{}, fmt.Errorf("create group: the key's group was deleted three times over")
+}
+
+// errGroupGone is a key's group deleted (by retention) while a create read it.
+var errGroupGone = errors.New("the key's group was deleted meanwhile")
+
+// createGroup is one try of CreateGroup.
+func (s *Service) createGroup(ctx context.Context, p *auth.Principal, name string, key *string) (Group, error) {
 	now := s.clock()
 	g, err := scanGroup(s.pool.QueryRow(ctx, sqlCreateGroup, ids.NewAt(ids.Group, now), p.WorkspaceID, name,
-		p.KeyID, now, req.IdempotencyKey))
+		p.KeyID, now, key))
 	if err == nil {
 		fresh := false
 		g.Steps, g.Deduplicated = []GroupStep{}, &fresh
 		return g, nil
 	}
-	if !errors.Is(err, pgx.ErrNoRows) || req.IdempotencyKey == nil {
+	if !errors.Is(err, pgx.ErrNoRows) || key == nil {
 		return Group{}, fmt.Errorf("create group: %w", err) // only a key's conflict answers no row
 	}
 	var (
 		id, opened string
 		visible    bool
 	)
-	err = s.pool.QueryRow(ctx, sqlGroupByKey, p.WorkspaceID, *req.IdempotencyKey, groupOwner(p)).Scan(
-		&id, &opened, &visible)
+	err = s.pool.QueryRow(ctx, sqlGroupByKey, p.WorkspaceID, *key, groupOwner(p)).Scan(&id, &opened, &visible)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Group{}, errGroupGone
+	}
 	if err != nil {
 		return Group{}, fmt.Errorf("create group: read the key's group: %w", err)
 	}
@@ -165,6 +183,9 @@ func (s *Service) CreateGroup(ctx context.Context, p *auth.Principal, req Create
 			"This idempotency key opened another group; choose a key of your own.")
 	}
 	g, err = s.GetGroup(ctx, p, id)
+	if e, ok := apierr.As(err); ok && e.Code == apierr.CodeNotFound {
+		return Group{}, errGroupGone
+	}
 	dup := true
 	g.Deduplicated = &dup
 	return g, err
@@ -259,7 +280,15 @@ func (s *Service) GetGroup(ctx context.Context, p *auth.Principal, id string) (G
 			return Group{}, fmt.Errorf("get group: %w", err)
 		}
 	}
-	return s.withSteps(ctx, s.pool, g)
+	out, err := s.withSteps(ctx, s.pool, g)
+	if err == nil && g.State == GroupCommitted && len(out.Steps) == 0 {
+		// Retention may have deleted the group, steps and all, between the
+		// two reads (review): a committed group without steps is gone.
+		if _, err := scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, workspaceID, owner)); errors.Is(err, pgx.ErrNoRows) {
+			return Group{}, apierr.NotFound("group")
+		}
+	}
+	return out, err
 }
 
 // withSteps fills in g's steps as q reads them.

@@ -535,9 +535,12 @@ const sqlGroupSteps = `SELECT e.id, e.effect_type, e.idempotency_key, e.state, e
       WHERE p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type), 5)
 FROM effects e WHERE e.group_id = $1 ORDER BY e.id`
 
-// sqlSetGroupState moves a locked group. $1 id, $2 state, $3 now.
+// sqlSetGroupState moves a locked group. $1 id, $2 state, $3 now. A commit
+// sets keep_until (migration 0037) from its steps' types' retention.
 const sqlSetGroupState = `UPDATE effect_groups SET state = $2, updated_at = $3,
     committed_at = CASE WHEN $2 = 'committed' THEN $3 ELSE committed_at END,
+    keep_until = CASE WHEN $2 = 'committed' THEN $3 + make_interval(days => (` + sqlLongestRetention + `))
+                      ELSE keep_until END,
     unwind_started_at = CASE WHEN $2 = 'unwinding' THEN $3 ELSE unwind_started_at END,
     finished_at = CASE WHEN $2 IN ('unwound', 'unwind_failed') THEN $3 ELSE finished_at END
 WHERE id = $1 RETURNING ` + groupCols
@@ -677,6 +680,47 @@ const sqlListApprovals = `SELECT ` + approvalCols + ` FROM approvals
 WHERE workspace_id = $1 AND ($2::text = '' OR id < $2) AND ($4::text = '' OR state = $4)
 ORDER BY id DESC LIMIT $3`
 
+// sqlLongestRetention is the longest retention_days (90 without a policy)
+// among the types of the effects of the group effect_groups.id names.
+const sqlLongestRetention = `SELECT coalesce(max(coalesce(p.retention_days, 90)), 90)
+    FROM effects f
+    LEFT JOIN gate_policies p ON p.workspace_id = f.workspace_id AND p.effect_type = f.effect_type
+    WHERE f.group_id = effect_groups.id`
+
+// sqlPurgeCommittedGroups deletes up to $2 committed groups whose
+// keep_until has come by $1 and whose every effect has passed its type's
+// retention under the policies of the day, counted from the later of its
+// end and the commit (a group could be unwound until then, and its plan
+// needed them all), and answers their ids, whose effects sqlPurgeExpired
+// then deletes in the same transaction. A group due whose retention was
+// raised since the commit gets a later keep_until instead, so it is not
+// read again before then. Only groups due are read
+// (effect_groups_keep_until_idx). A group a commit, unwind or begin holds
+// is skipped: an unwind waiting for it finds no group (404), never a plan
+// with steps missing.
+const sqlPurgeCommittedGroups = `
+WITH due AS (
+    SELECT g.id, g.committed_at FROM effect_groups g
+    WHERE g.state = 'committed' AND g.keep_until <= $1::timestamptz
+    ORDER BY g.keep_until
+    LIMIT $2::int
+    FOR UPDATE SKIP LOCKED
+), kept AS (
+    SELECT d.id, (
+        SELECT CASE WHEN bool_or(f.state NOT IN ('succeeded', 'failed', 'denied')) THEN 'infinity'::timestamptz
+                    ELSE max(greatest(f.updated_at, d.committed_at)
+                             + make_interval(days => coalesce(p.retention_days, 90))) END
+        FROM effects f
+        LEFT JOIN gate_policies p ON p.workspace_id = f.workspace_id AND p.effect_type = f.effect_type
+        WHERE f.group_id = d.id) AS until
+    FROM due d
+), later AS (
+    UPDATE effect_groups g SET keep_until = k.until FROM kept k WHERE g.id = k.id AND k.until > $1::timestamptz
+)
+DELETE FROM effect_groups g USING kept k
+WHERE g.id = k.id AND (k.until IS NULL OR k.until <= $1::timestamptz)
+RETURNING g.id`
+
 // sqlPurgeExpired deletes up to $2 effects whose retention has passed: the
 // effect type's retention_days (90 when the type has no policy) counted from
 // the effect's last change (updated_at: when it ended, for an ended one), so
@@ -698,7 +742,15 @@ ORDER BY id DESC LIMIT $3`
 // a pass holds none of them.
 var sqlPurgeExpired = `
 WITH expired AS (
-    WITH RECURSIVE pairs AS (
+    -- the steps of the groups sqlPurgeCommittedGroups deleted ($3), all of
+    -- them whatever the limit, so none outlives its group
+    SELECT s.id, s.workspace_id, s.effect_type, s.created_at FROM (
+        SELECT e.id, e.workspace_id, e.effect_type, e.created_at FROM effects e
+        WHERE e.group_id = ANY($3::text[])
+        FOR UPDATE OF e SKIP LOCKED
+    ) s
+    UNION
+    (WITH RECURSIVE pairs AS (
         (SELECT e.workspace_id, e.effect_type FROM effects e ORDER BY e.workspace_id, e.effect_type LIMIT 1)
         UNION ALL
         SELECT n.workspace_id, n.effect_type FROM pairs p CROSS JOIN LATERAL (
@@ -722,7 +774,7 @@ WITH expired AS (
         LIMIT $2::int
         FOR UPDATE OF e SKIP LOCKED
     ) x
-    LIMIT $2::int
+    LIMIT $2::int)
 ), ` + money.RetiredRunSpendSQL + `, attempts AS (
     DELETE FROM effect_attempts a USING expired x WHERE a.effect_id = x.id
 ), approvals AS (

@@ -4,15 +4,39 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/db"
 )
 
-// SweepRetention deletes up to limit effects whose policy's retention_days
-// have passed (API.md §4.2, "retention"), with their attempts and approvals.
-// Concurrent passes skip each other's rows.
+// SweepRetention deletes the committed groups whose steps have all passed
+// their retention, with those steps, and up to limit effects whose
+// policy's retention_days have passed (API.md §4.2, "retention"), with
+// their attempts and approvals; it answers how many effects it deleted. One
+// transaction, so a group and its steps go together. Concurrent passes skip
+// each other's rows.
 func (s *Service) SweepRetention(ctx context.Context, now time.Time, limit int) (int, error) {
-	ct, err := s.pool.Exec(ctx, sqlPurgeExpired, now.UTC(), limit)
-	if err != nil {
-		return 0, fmt.Errorf("purge expired effects: %w", err)
-	}
-	return int(ct.RowsAffected()), nil
+	var n int
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sqlPurgeCommittedGroups, now.UTC(), max(limit/groupsPerEffects, 1))
+		if err != nil {
+			return fmt.Errorf("purge expired committed groups: %w", err)
+		}
+		groups, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("purge expired committed groups: %w", err)
+		}
+		ct, err := tx.Exec(ctx, sqlPurgeExpired, now.UTC(), limit, groups)
+		if err != nil {
+			return fmt.Errorf("purge expired effects: %w", err)
+		}
+		n = int(ct.RowsAffected())
+		return nil
+	})
+	return n, err
 }
+
+// groupsPerEffects bounds the committed groups a pass deletes to a tenth of
+// its effects: their steps are deleted with them beyond that limit.
+const groupsPerEffects = 10

@@ -78,26 +78,19 @@ func TestRetentionPurgesEndedEffectsAfterTheirTypesDays(t *testing.T) {
 
 // Retention counts from when an effect ended, not from when it began: an
 // effect resolved days after its begin keeps its record (and its key keeps
-// answering duplicate) for its whole retention. A committed group's steps
-// are kept: the group can still be unwound, and its plan needs them. Not
-// parallel, in its own era (1980), like the test above.
+// answering duplicate) for its whole retention. Not parallel, in its own
+// era (1980), like the test above.
 func TestRetentionCountsFromTheEnd(t *testing.T) {
 	b, sweep := inEra(t, 1980)
 	c := b.clock
 	b.putPolicy("email.send", map[string]any{"retention_days": 1})
 	k := key("slow-resolve")
 	d := b.mustBegin("execute", email(k))
-	g := b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "order"}).JSON()
-	step := email(key("step"))
-	step["group_id"], step["compensation"] = g["id"], map[string]any{"effect_type": "email.retract"}
-	s := b.mustBegin("execute", step)
-	require.Equal(t, http.StatusOK, b.report(str(s["effect_id"]), str(s["lease_token"]), "succeeded", nil).Status)
-	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+str(g["id"])+"/commit", b.ws.Key, nil)
 
 	c.Add(48 * time.Hour) // the first lease lapsed long ago
 	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+str(d["effect_id"])+"/resolve", b.ws.Key,
 		map[string]any{"outcome": "succeeded"})
-	require.Zero(t, sweep(), "resolved just now; the committed group's step is kept")
+	require.Zero(t, sweep(), "resolved just now")
 	b.mustBegin("duplicate", email(k))
 
 	c.Add(25 * time.Hour)
@@ -105,8 +98,78 @@ func TestRetentionCountsFromTheEnd(t *testing.T) {
 	again := b.mustBegin("execute", email(k))
 	// Leave no lease for the other tests' global sweeps to count.
 	require.Equal(t, http.StatusOK, b.report(str(again["effect_id"]), str(again["lease_token"]), "succeeded", nil).Status)
-	u := b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+str(g["id"])+"/unwind", b.ws.Key, nil).JSON()
-	require.Len(t, u["plan"], 1, "the committed group's step is still there to undo")
+}
+
+// A committed group can be unwound while its steps are kept: retention
+// deletes it, with all its steps in one pass, once every step has passed
+// its own type's retention, counted from the commit (before, a committed
+// group's steps were kept for ever, and every pass walked past them). A
+// retention raised after the commit keeps it longer. An open group keeps
+// its steps. Not parallel, in its own era (1974).
+func TestRetentionDeletesACommittedGroupOnceAllItsStepsExpired(t *testing.T) {
+	b, sweep := inEra(t, 1974)
+	ctx := context.Background()
+	b.putPolicy("email.send", map[string]any{"retention_days": 1})
+	b.putPolicy("charge.card", map[string]any{"retention_days": 3})
+	group := func(k string) string {
+		return str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key,
+			map[string]any{"name": "order", "idempotency_key": k}).JSON()["id"])
+	}
+	stepOf := func(g, typ, k string) map[string]any {
+		s := email(key(k))
+		s["effect_type"], s["group_id"], s["compensation"] = typ, g, map[string]any{"effect_type": "email.retract"}
+		return s
+	}
+	keepUntil := func(g string) time.Time {
+		var until time.Time
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT keep_until FROM effect_groups WHERE id = $1`, g).Scan(&until))
+		return until
+	}
+	sagaKey := key("saga")
+	committed, open := group(sagaKey), group(key("open"))
+	mail, charge := stepOf(committed, "email.send", "mail"), stepOf(committed, "charge.card", "charge")
+	m, c := b.executedAs("succeeded", mail), b.executedAs("succeeded", charge)
+	o := b.executedAs("succeeded", stepOf(open, "email.send", "open-step"))
+	b.clock.Add(30 * time.Hour)
+	commitAt := b.clock.Now()
+	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+committed+"/commit", b.ws.Key, nil)
+	require.WithinDuration(t, commitAt.Add(72*time.Hour), keepUntil(committed), time.Second, "the charge's three days")
+
+	// Three days since the steps ended, not since the commit: the charge's
+	// retention has not passed.
+	b.clock.Add(45 * time.Hour)
+	sweep() // (its count holds other tests' effects of earlier eras)
+	b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(m["effect_id"]), b.ws.Key, nil)
+	b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(c["effect_id"]), b.ws.Key, nil)
+	require.Equal(t, "committed", b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+committed, b.ws.Key, nil).JSON()["state"])
+
+	// The charge's retention raised to four days since: due, but kept, and
+	// not read again before its new day.
+	b.putPolicy("charge.card", map[string]any{"retention_days": 4})
+	b.clock.Set(commitAt.Add(72*time.Hour + time.Minute))
+	sweep()
+	b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(c["effect_id"]), b.ws.Key, nil)
+	require.WithinDuration(t, commitAt.Add(96*time.Hour), keepUntil(committed), time.Second)
+
+	// Four days since the commit: the group and both its steps go in one
+	// pass, though the pass may delete one effect only.
+	b.clock.Set(commitAt.Add(96*time.Hour + time.Minute))
+	_, err := b.env.App.Server.Gate.SweepRetention(ctx, b.clock.Now(), 1)
+	require.NoError(t, err)
+	for _, path := range []string{"/api/v1/groups/" + committed, "/api/v1/effects/" + str(m["effect_id"]),
+		"/api/v1/effects/" + str(c["effect_id"])} {
+		errCode(t, b.env.Do("GET", path, b.ws.Key, nil), http.StatusNotFound, "not_found")
+	}
+	errCode(t, b.env.Do("POST", "/api/v1/groups/"+committed+"/unwind", b.ws.Key, nil), http.StatusNotFound, "not_found")
+	require.Equal(t, "open", b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+open, b.ws.Key, nil).JSON()["state"])
+	sweep()
+	b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(o["effect_id"]), b.ws.Key, nil) // the open group's step
+	// The step's key is new again, outside the group that is gone, and so
+	// is the group's own.
+	delete(mail, "group_id")
+	delete(mail, "compensation")
+	b.executedAs("succeeded", mail)
+	require.NotEqual(t, committed, group(sagaKey))
 }
 
 // What retention deletes of a run's effects stays spent from its wallet,
@@ -265,7 +328,7 @@ func TestRetentionPassHoldsNoBegin(t *testing.T) {
 	tx, err := b.env.App.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }() // for a failed require; rolled back below
-	tag, err := tx.Exec(ctx, gate.PurgeExpiredSQL, b.clock.Now(), 1000)
+	tag, err := tx.Exec(ctx, gate.PurgeExpiredSQL, b.clock.Now(), 1000, []string(nil))
 	require.NoError(t, err)
 	require.Positive(t, tag.RowsAffected(), "this era's effect, and earlier eras' the other tests left")
 
@@ -281,4 +344,34 @@ func TestRetentionPassHoldsNoBegin(t *testing.T) {
 		t.Fatal("a new key's begin waited for the retention pass")
 	}
 	require.NoError(t, tx.Rollback(ctx))
+}
+
+// A retention pass skips a committed group a transition holds (an unwind
+// taking it, say) and deletes none of its steps, so the unwind plans every
+// step; once free, the group and its steps go together. Not parallel, in
+// its own era (1976).
+func TestRetentionSkipsACommittedGroupAnUnwindHolds(t *testing.T) {
+	b, sweep := inEra(t, 1976)
+	ctx := context.Background()
+	b.putPolicy("email.send", map[string]any{"retention_days": 1})
+	g := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "order"}).JSON()["id"])
+	step := email(key("step"))
+	step["group_id"], step["compensation"] = g, map[string]any{"effect_type": "email.retract"}
+	s := b.executedAs("succeeded", step)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", b.ws.Key, nil)
+	b.clock.Add(49 * time.Hour)
+
+	tx, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }() // a failure below must not leave the pool waiting for it
+	_, err = tx.Exec(ctx, `SELECT 1 FROM effect_groups WHERE id = $1 FOR UPDATE`, g)
+	require.NoError(t, err)
+	sweep()
+	require.NoError(t, tx.Rollback(ctx))
+	b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, b.ws.Key, nil)
+	b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(s["effect_id"]), b.ws.Key, nil)
+
+	sweep()
+	errCode(t, b.env.Do("GET", "/api/v1/groups/"+g, b.ws.Key, nil), http.StatusNotFound, "not_found")
+	errCode(t, b.env.Do("GET", "/api/v1/effects/"+str(s["effect_id"]), b.ws.Key, nil), http.StatusNotFound, "not_found")
 }

@@ -65,7 +65,8 @@ func (s *Server) groupRoutes() []Route {
 		{
 			Method: "POST", Pattern: "/api/v1/groups/{id}/commit", Name: "groups.commit", Tag: "groups", Scopes: begin,
 			Summary: "Commit an open group whose every step succeeded (409 invalid_state otherwise). A committed " +
-				"group takes no new steps and can still be unwound. Another key's group needs effects:read and " +
+				"group takes no new steps and can still be unwound until retention deletes it with its steps (the " +
+				"longest retention_days of its steps' types after the commit). Another key's group needs effects:read and " +
 				"effects:resolve.",
 			Response: GroupCommit{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidState},
 			Handle: func(ctx context.Context, c *Call) (any, error) {

@@ -167,8 +167,9 @@ func (c *Client) GetGroup(ctx context.Context, groupID string) (*Group, error) {
 }
 
 // CommitGroup commits a group whose forward steps all succeeded; it takes
-// no new step afterwards but can still be unwound. Committing a committed
-// group answers it again.
+// no new step afterwards but can still be unwound, until retention deletes
+// it with its steps (the longest retention_days of their types after the
+// commit). Committing a committed group answers it again.
 func (c *Client) CommitGroup(ctx context.Context, groupID string) (*GroupCommit, error) {
 	var out GroupCommit
 	if err := c.do(ctx, "POST", "/groups/"+pathID(groupID)+"/commit", nil, &out, idempotent); err != nil {
