@@ -244,24 +244,26 @@ func DatabaseUnavailable(cause error) *Error {
 // happened; a call without one may already have taken effect.
 func DatabaseLost(cause error) *Error {
 	return New(http.StatusServiceUnavailable, CodeDatabaseUnavailable,
-		"The database became unavailable while the request ran, so it may have been applied. Retry with "+
-			"backoff under the same idempotency key or lease token, which answers what happened.").Wrap(cause).
+		"The database became unavailable while the request ran, so it may have been applied. "+retryUnderKey).Wrap(cause).
 		WithDetail("outcome", OutcomeUnknown)
 }
 
-// TimedOut says the database was reached but did not answer before the
-// request's time ran out, instead of being unavailable (chaos QA: a route
-// held up by a lock was answered "the database is unavailable"); the
-// outcome stays as e says.
+// TimedOut returns a copy of e saying the database was reached but did not
+// answer in time, instead of being unavailable (chaos QA: a route held up
+// by a lock was answered "the database is unavailable"); the outcome stays
+// as e says.
 func (e *Error) TimedOut() *Error {
+	c := *e
 	if e.Detail["outcome"] == OutcomeNotApplied {
-		e.Message = "The database did not answer in time; nothing was changed. Retry with backoff."
+		c.Message = "The database did not answer in time; nothing was changed. Retry with backoff."
 	} else {
-		e.Message = "The database did not answer in time, so the request may have been applied. Retry with " +
-			"backoff under the same idempotency key or lease token, which answers what happened."
+		c.Message = "The database did not answer in time, so the request may have been applied. " + retryUnderKey
 	}
-	return e
+	return &c
 }
+
+// retryUnderKey is what a client does about an outcome it cannot know.
+const retryUnderKey = "Retry with backoff under the same idempotency key or lease token, which answers what happened."
 
 // Internal hides cause behind a generic 500.
 func Internal(cause error) *Error {

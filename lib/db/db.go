@@ -147,6 +147,7 @@ const (
 	CodeDeadlockDetected     = "40P01"
 	CodeForeignKeyViolation  = "23503"
 	CodeCheckViolation       = "23514"
+	CodeQueryCanceled        = "57014"
 )
 
 // HasCode reports whether err is a Postgres error with the given SQLSTATE.

@@ -109,7 +109,7 @@ func (rt *RequestTx) Commit(ctx context.Context) error {
 		if err := rt.tx.Commit(ctx); err != nil {
 			var pe *pgconn.PgError
 			if errors.Is(err, pgx.ErrTxCommitRollback) || Unapplied(err) ||
-				(errors.As(err, &pe) && pe.Severity == "ERROR") {
+				(errors.As(err, &pe) && pe.SeverityUnlocalized == "ERROR") {
 				return fmt.Errorf("commit request transaction: %w", err)
 			}
 			return fmt.Errorf("commit request transaction: %w: %w", ErrCommitUnknown, err)

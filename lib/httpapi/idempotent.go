@@ -92,7 +92,13 @@ func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, er
 	answer, taken, err := s.actOnce(ctx, c, claim)
 	switch {
 	case errors.Is(err, db.ErrCommitUnknown):
-		return nil, err // the claim is kept until it lapses
+		// The claim is kept until it lapses, whatever the cause (a 503
+		// says so; a 500 would read as nothing done).
+		e := apierr.DatabaseLost(err)
+		if timedOut(ctx, err) {
+			e = e.TimedOut()
+		}
+		return nil, e
 	case taken:
 		s.Logger.Warn("idempotent request outlived its claim; rolled back for the request that took the key",
 			"request_id", c.RequestID, "route", c.Route.Name)
@@ -188,11 +194,18 @@ func lostDatabase(err error) bool {
 	return db.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded)
 }
 
+// timedOut says whether err is a statement that ran out of time (its own,
+// or the request's, ctx) rather than a database that went away.
+func timedOut(ctx context.Context, err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) ||
+		(db.HasCode(err, db.CodeQueryCanceled) && errors.Is(ctx.Err(), context.DeadlineExceeded))
+}
+
 // notApplied is the 503 of a request the database failed before anything
 // of its route could commit, said as a timeout when its time ran out.
 func notApplied(ctx context.Context, err error) *apierr.Error {
 	e := apierr.DatabaseUnavailable(err)
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	if timedOut(ctx, err) {
 		e = e.TimedOut()
 	}
 	return e

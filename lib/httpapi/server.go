@@ -391,20 +391,19 @@ func (s *Server) fail(ctx context.Context, w http.ResponseWriter, reqID string, 
 		writeError(w, apierr.New(499, "client_closed_request", "The client closed the request."))
 		return
 	}
-	if e, ok := apierr.As(err); ok && e.Code == apierr.CodeDatabaseUnavailable {
-		writeError(w, e.WithDetail("request_id", reqID))
-		return
-	}
-	if db.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded) {
-		// Say "nothing was changed" only when nothing was sent: a statement
-		// in flight when the connection failed, or when the request's time
-		// ran out, may have committed.
-		unavailable := apierr.DatabaseLost(err)
-		if db.Unapplied(err) {
-			unavailable = apierr.DatabaseUnavailable(err)
-		}
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			unavailable = unavailable.TimedOut()
+	if lostDatabase(err) {
+		unavailable, ok := apierr.As(err)
+		if !ok || unavailable.Code != apierr.CodeDatabaseUnavailable {
+			// Say "nothing was changed" only when nothing was sent: a
+			// statement in flight when the connection failed, or when the
+			// request's time ran out, may have committed.
+			unavailable = apierr.DatabaseLost(err)
+			if db.Unapplied(err) {
+				unavailable = apierr.DatabaseUnavailable(err)
+			}
+			if timedOut(ctx, err) {
+				unavailable = unavailable.TimedOut()
+			}
 		}
 		s.Logger.Warn("database unavailable", "request_id", reqID, "route", route.Name,
 			"outcome", unavailable.Detail["outcome"], "err", err.Error())

@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -96,15 +97,17 @@ func TestConnectionLostDuringAuthenticationIsNotApplied(t *testing.T) {
 	t.Parallel()
 	var direct string
 	var proxy *testpg.CutProxy
+	var logs lockedBuffer
 	clock := apitest.NewClock(time.Now())
-	env := apitest.Start(t, apitest.WithNow(clock.Now), apitest.WithConfig(func(c *config.Config) {
-		direct = c.DatabaseURL
-		p, err := testpg.StartCutProxy(c.DatabaseURL)
-		require.NoError(t, err)
-		t.Cleanup(p.Close)
-		proxy = p
-		c.DatabaseURL = p.URL
-	}))
+	env := apitest.Start(t, apitest.WithNow(clock.Now), apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
+		apitest.WithConfig(func(c *config.Config) {
+			direct = c.DatabaseURL
+			p, err := testpg.StartCutProxy(c.DatabaseURL)
+			require.NoError(t, err)
+			t.Cleanup(p.Close)
+			proxy = p
+			c.DatabaseURL = p.URL
+		}))
 	ws := env.Signup()
 	created := env.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key,
 		map[string]any{"name": "limited", "preset": "OPERATOR", "rate_limit_per_minute": 1000}).JSON()
@@ -127,6 +130,7 @@ func TestConnectionLostDuringAuthenticationIsNotApplied(t *testing.T) {
 		map[string]any{"url": "https://example.com/hook", "events": []string{"run.finished"}})
 	require.Equal(t, http.StatusServiceUnavailable, r.Status, "%s", r.Body)
 	require.Equal(t, "not_applied", r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["outcome"])
+	require.Contains(t, logs.String(), `msg="database unavailable"`, "an outage is logged (review)")
 }
 
 // A request whose time runs out waiting for the database is told so, not

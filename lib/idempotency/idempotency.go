@@ -12,10 +12,10 @@
 // request that did nothing (refused, or rolled back) gives its claim up, so
 // that the corrected request may use the key; another request under a
 // stored key is refused, and any sent while the first is still acting is
-// told to wait. A
-// request that died while acting, or never learnt whether its commit
-// landed, holds the key until its claim lapses (ClaimTTL); the retry after
-// that finds the answer if the commit landed, and acts if it did not.
+// told to wait. A request that died while acting, or never learnt whether
+// its commit landed, holds the key until its claim lapses (ClaimTTL); the
+// retry after that finds the answer if the commit landed, and acts if it
+// did not.
 package idempotency
 
 import (

@@ -9,6 +9,7 @@ package sweep
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -82,9 +83,10 @@ func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration) (int, er
 	defer cancel()
 	n, err := t.Run(taskCtx, s.now())
 	switch {
-	case err != nil && db.IsUnavailable(err):
+	case err != nil && db.IsUnavailable(err) && !errors.Is(err, context.DeadlineExceeded) && taskCtx.Err() == nil:
 		// An outage or a restart of the database: the next pass does it
-		// (QA: every terminated connection logged an ERROR).
+		// (QA: every terminated connection logged an ERROR). A task that
+		// ran out of its time, stuck on a lock say, stays an error.
 		s.logger.Warn("sweep task interrupted: database unavailable", "task", t.Name, "err", err.Error())
 	case err != nil:
 		s.logger.Error("sweep task failed", "task", t.Name, "err", err.Error())

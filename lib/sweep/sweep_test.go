@@ -63,9 +63,13 @@ func TestTaskFailuresAreLoggedByCause(t *testing.T) {
 		return 0, fmt.Errorf("x: %w", io.ErrUnexpectedEOF)
 	}})
 	s.Add(Task{Name: "boom", Run: func(context.Context, time.Time) (int, error) { return 0, errors.New("boom") }})
+	s.Add(Task{Name: "stuck", Run: func(context.Context, time.Time) (int, error) {
+		return 0, fmt.Errorf("x: %w", context.DeadlineExceeded)
+	}})
 	s.RunOnce(context.Background())
 	require.Contains(t, logs.String(), `level=WARN msg="sweep task interrupted: database unavailable" task=gone`)
 	require.Contains(t, logs.String(), `level=ERROR msg="sweep task failed" task=boom`)
+	require.Contains(t, logs.String(), `level=ERROR msg="sweep task failed" task=stuck`, "out of its time: not an outage")
 	require.NotContains(t, logs.String(), `level=ERROR msg="sweep task failed" task=gone`)
 }
 

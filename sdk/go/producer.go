@@ -417,9 +417,9 @@ type ReplayResult struct {
 
 // Replay re-queues an exhausted or cancelled step (POST
 // /api/v1/steps/{id}/replay, scope steps:replay). Every attempt of one call
-// carries one Idempotency-Key, so a repeat after an ambiguous failure is
-// answered the replay the first attempt made instead of replaying again
-// (the server commits a replay and its answer together). Across calls,
+// carries one Idempotency-Key, so a repeat after an ambiguous failure gets
+// back the replay the first attempt made instead of replaying again (the
+// server commits a replay and its answer together). Across calls,
 // ExpectedAttempt is what keeps a replay to one.
 func (c *Client) Replay(ctx context.Context, stepID string, opts ReplayOptions) (*ReplayResult, error) {
 	var out ReplayResult
