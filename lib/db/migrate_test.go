@@ -253,11 +253,7 @@ func TestShortRetentionBoundsSurgeHistoryOnUpgrade(t *testing.T) {
 	target, conn := databaseAt(t, 34)
 	_, err := conn.Exec(ctx, `
 INSERT INTO workspaces (id, name) VALUES ('ws_1', 'w');
-INSERT INTO gate_policies (workspace_id, effect_type, version, mode, on_indeterminate, lease_seconds, max_attempts,
-    require_cost, required_dimensions, dimension_limits, surge_action, surge_cooldown_seconds, retention_days,
-    created_at, updated_at)
-SELECT 'ws_1', t, 1, 'allow', 'block', 60, 3, false, '{}', '{}', 'require_approval', 3600, d, now(), now()
-FROM (VALUES ('short', 2), ('short.new', 2), ('week', 8)) v(t, d);
+`+policiesWithRetention(`('short', 2), ('short.new', 2), ('week', 8)`)+`;
 INSERT INTO gate_effect_types (workspace_id, effect_type, first_seen_at, baseline_for, baseline_median)
 SELECT 'ws_1', t, now() - make_interval(days => age), date_trunc('hour', now(), 'UTC'), 7
 FROM (VALUES ('short', 5), ('short.new', 1), ('week', 30), ('no.policy', 30)) v(t, age);`)
@@ -300,11 +296,7 @@ func TestCommittedGroupsGetTheirKeepUntilOnUpgrade(t *testing.T) {
 	target, conn := databaseAt(t, 36)
 	_, err := conn.Exec(ctx, `
 INSERT INTO workspaces (id, name) VALUES ('ws_1', 'w');
-INSERT INTO gate_policies (workspace_id, effect_type, version, mode, on_indeterminate, lease_seconds, max_attempts,
-    require_cost, required_dimensions, dimension_limits, surge_action, surge_cooldown_seconds, retention_days,
-    created_at, updated_at)
-SELECT 'ws_1', t, 1, 'allow', 'block', 60, 3, false, '{}', '{}', 'require_approval', 3600, d, now(), now()
-FROM (VALUES ('charge', 3), ('refund', 200)) v(t, d);
+`+policiesWithRetention(`('charge', 3), ('refund', 200)`)+`;
 INSERT INTO effect_groups (id, workspace_id, name, state, created_by_key_id, created_at, updated_at, committed_at)
 VALUES ('grp_short', 'ws_1', 'g', 'committed', 'key_1', '2026-01-01', '2026-01-01', '2026-01-01'),
        ('grp_mixed', 'ws_1', 'g', 'committed', 'key_1', '2026-01-01', '2026-01-01', '2026-01-01'),
@@ -333,4 +325,14 @@ VALUES ('eff_1', 'ws_1', 'charge', 'k1', 'f', 'succeeded', 60, 'grp_short', 'key
 	days := func(s string) *string { return &s }
 	require.Equal(t, map[string]*string{"grp_short": days("3 days"), "grp_mixed": days("90 days"),
 		"grp_empty": days("90 days"), "grp_open": nil}, got)
+}
+
+// policiesWithRetention is SQL giving workspace ws_1 a policy for each
+// ('type', retention_days) pair of values.
+func policiesWithRetention(values string) string {
+	return `INSERT INTO gate_policies (workspace_id, effect_type, version, mode, on_indeterminate, lease_seconds,
+    max_attempts, require_cost, required_dimensions, dimension_limits, surge_action, surge_cooldown_seconds,
+    retention_days, created_at, updated_at)
+SELECT 'ws_1', t, 1, 'allow', 'block', 60, 3, false, '{}', '{}', 'require_approval', 3600, d, now(), now()
+FROM (VALUES ` + values + `) v(t, d)`
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/testpg"
 )
 
 // requestPool is a pool of one connection over a table of its own (a temp
@@ -140,14 +141,7 @@ func TestRequestTxCommitSaysWhenItsOutcomeIsUnknown(t *testing.T) {
 
 	// COMMIT refused with an ERROR (here a deferred trigger's) rolled back.
 	rctx, rt = db.BeginRequest(ctx, pool)
-	_, err = rt.Exec(rctx, `
-		CREATE TEMP TABLE refused (n int) ON COMMIT DROP;
-		CREATE FUNCTION pg_temp.refuse() RETURNS trigger LANGUAGE plpgsql AS
-			$$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$;
-		CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON refused DEFERRABLE INITIALLY DEFERRED
-			FOR EACH ROW EXECUTE FUNCTION pg_temp.refuse();
-		INSERT INTO refused VALUES (1);
-		INSERT INTO `+table+` VALUES (3)`)
+	_, err = rt.Exec(rctx, testpg.RefuseAtCommit+`; INSERT INTO `+table+` VALUES (3)`)
 	require.NoError(t, err)
 	err = rt.Commit(ctx)
 	require.Error(t, err)
@@ -157,14 +151,7 @@ func TestRequestTxCommitSaysWhenItsOutcomeIsUnknown(t *testing.T) {
 	// A deferred trigger ends the connection at COMMIT, after the client
 	// sent it: from the client's side, a commit whose answer never came.
 	rctx, rt = db.BeginRequest(ctx, pool)
-	_, err = rt.Exec(rctx, `
-		CREATE TEMP TABLE doomed (n int) ON COMMIT DROP;
-		CREATE FUNCTION pg_temp.end_connection() RETURNS trigger LANGUAGE plpgsql AS
-			$$ BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NULL; END $$;
-		CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON doomed DEFERRABLE INITIALLY DEFERRED
-			FOR EACH ROW EXECUTE FUNCTION pg_temp.end_connection();
-		INSERT INTO doomed VALUES (1);
-		INSERT INTO `+table+` VALUES (2)`)
+	_, err = rt.Exec(rctx, testpg.EndConnectionAtCommit+`; INSERT INTO `+table+` VALUES (2)`)
 	require.NoError(t, err)
 	err = rt.Commit(ctx)
 	require.ErrorIs(t, err, db.ErrCommitUnknown, "%v", err)

@@ -20,6 +20,7 @@ import (
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/idempotency"
+	"github.com/getratchet/ratchet/lib/testpg"
 	"github.com/getratchet/ratchet/lib/webhooks"
 )
 
@@ -267,13 +268,7 @@ func TestIdempotencyKeyOfAnUnknownCommitIsHeldUntilItLapses(t *testing.T) {
 			return hook, err
 		}
 		// The request's transaction ends its own connection at COMMIT.
-		_, err = db.Conn(ctx, env.App.Pool).Exec(ctx, `
-			CREATE TEMP TABLE doomed (n int) ON COMMIT DROP;
-			CREATE FUNCTION pg_temp.end_connection() RETURNS trigger LANGUAGE plpgsql AS
-				$$ BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NULL; END $$;
-			CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON doomed DEFERRABLE INITIALLY DEFERRED
-				FOR EACH ROW EXECUTE FUNCTION pg_temp.end_connection();
-			INSERT INTO doomed VALUES (1)`)
+		_, err = db.Conn(ctx, env.App.Pool).Exec(ctx, testpg.EndConnectionAtCommit)
 		return hook, err
 	})
 	first := sendKeyed(srv, ws.Key, "commit")

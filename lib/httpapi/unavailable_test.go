@@ -45,43 +45,76 @@ func TestDatabaseUnreachableIs503FailFast(t *testing.T) {
 	require.Equal(t, "not_applied", k.JSON()["error"].(map[string]any)["detail"].(map[string]any)["outcome"])
 }
 
+// cutEnv is a server whose database connections pass a proxy the test
+// cuts, and a transaction straight to the database that holds what the
+// request under test must wait for.
+type cutEnv struct {
+	*apitest.Env
+	proxy *testpg.CutProxy
+	hold  pgx.Tx
+}
+
+func startCut(t *testing.T, opts ...apitest.Option) *cutEnv {
+	t.Helper()
+	var e cutEnv
+	var direct string
+	e.Env = apitest.Start(t, append(opts, apitest.WithConfig(func(c *config.Config) {
+		direct = c.DatabaseURL
+		p, err := testpg.StartCutProxy(c.DatabaseURL)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		e.proxy = p
+		c.DatabaseURL = p.URL
+	}))...)
+	ctx := context.Background()
+	holder, err := pgx.Connect(ctx, direct)
+	require.NoError(t, err)
+	t.Cleanup(func() { holder.Close(context.Background()) })
+	e.hold, err = holder.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.hold.Rollback(context.Background()) })
+	return &e
+}
+
+// holding runs sql in the holding transaction.
+func (e *cutEnv) holding(sql string, args ...any) {
+	e.T.Helper()
+	_, err := e.hold.Exec(context.Background(), sql, args...)
+	require.NoError(e.T, err)
+}
+
+// cutWhileWaiting cuts the server's connections once the request sent next
+// is waiting for what the holding transaction holds, then frees it.
+func (e *cutEnv) cutWhileWaiting() {
+	go func() { time.Sleep(300 * time.Millisecond); e.proxy.Cut() }()
+}
+
+// outcome is a database_unavailable answer's detail.outcome.
+func outcome(t *testing.T, r *apitest.Response) any {
+	t.Helper()
+	require.Equal(t, http.StatusServiceUnavailable, r.Status, "%s", r.Body)
+	require.Equal(t, "database_unavailable", r.ErrorCode())
+	return r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["outcome"]
+}
+
 // A connection lost while a statement was in flight is a 503 too (it was a
 // 500), but one that does not promise nothing changed: the statement may
 // have committed, and a retry under the same key or token says what
 // happened.
 func TestConnectionLostMidRequestIs503OutcomeUnknown(t *testing.T) {
 	t.Parallel()
-	var direct string
-	var proxy *testpg.CutProxy
-	env := apitest.Start(t, apitest.WithConfig(func(c *config.Config) {
-		direct = c.DatabaseURL
-		p, err := testpg.StartCutProxy(c.DatabaseURL)
-		require.NoError(t, err)
-		t.Cleanup(p.Close)
-		proxy = p
-		c.DatabaseURL = p.URL
-	}))
+	env := startCut(t)
 	ws := env.Signup()
 	d := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key,
 		map[string]any{"effect_type": "email.send", "idempotency_key": "lost"}).JSON()
 
-	// Hold the effect's row so that the report's statement waits in the
-	// database, then cut the connection under it.
-	ctx := context.Background()
-	holder, err := pgx.Connect(ctx, direct)
-	require.NoError(t, err)
-	defer holder.Close(ctx)
-	tx, err := holder.Begin(ctx)
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, `SELECT 1 FROM effects WHERE id = $1 FOR UPDATE`, d["effect_id"])
-	require.NoError(t, err)
-	go func() { time.Sleep(300 * time.Millisecond); proxy.Cut() }()
+	// The report's statement waits for the effect's row.
+	env.holding(`SELECT 1 FROM effects WHERE id = $1 FOR UPDATE`, d["effect_id"])
+	env.cutWhileWaiting()
 	r := env.Do("POST", "/api/v1/effects/"+d["effect_id"].(string)+"/report", ws.Key,
 		map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded"})
-	require.Equal(t, http.StatusServiceUnavailable, r.Status, "%s", r.Body)
-	require.Equal(t, "database_unavailable", r.ErrorCode())
-	require.Equal(t, "unknown", r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["outcome"])
-	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, "unknown", outcome(t, r))
+	require.NoError(t, env.hold.Rollback(context.Background()))
 
 	// The retry the answer invites settles it: it records the report, or
 	// answers the one the lost request committed once the row was free.
@@ -95,41 +128,20 @@ func TestConnectionLostMidRequestIs503OutcomeUnknown(t *testing.T) {
 // not applied whatever that statement did (chaos QA: it said unknown).
 func TestConnectionLostDuringAuthenticationIsNotApplied(t *testing.T) {
 	t.Parallel()
-	var direct string
-	var proxy *testpg.CutProxy
 	var logs lockedBuffer
 	clock := apitest.NewClock(time.Now())
-	env := apitest.Start(t, apitest.WithNow(clock.Now), apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
-		apitest.WithConfig(func(c *config.Config) {
-			direct = c.DatabaseURL
-			p, err := testpg.StartCutProxy(c.DatabaseURL)
-			require.NoError(t, err)
-			t.Cleanup(p.Close)
-			proxy = p
-			c.DatabaseURL = p.URL
-		}))
+	env := startCut(t, apitest.WithNow(clock.Now), apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	ws := env.Signup()
 	created := env.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key,
 		map[string]any{"name": "limited", "preset": "OPERATOR", "rate_limit_per_minute": 1000}).JSON()
-	limited := created["secret"].(string)
 
-	// Hold the key's rate counter of this minute, so that the look-up waits
-	// in the database, then cut the connection under it.
-	ctx := context.Background()
-	holder, err := pgx.Connect(ctx, direct)
-	require.NoError(t, err)
-	defer holder.Close(ctx)
-	tx, err := holder.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `INSERT INTO rate_counters (bucket, window_start, shard, count) VALUES ($1, $2, 0, 0)`,
+	// The look-up waits for the key's rate counter of this minute.
+	env.holding(`INSERT INTO rate_counters (bucket, window_start, shard, count) VALUES ($1, $2, 0, 0)`,
 		"key:"+created["id"].(string), clock.Now().UTC().Truncate(time.Minute))
-	require.NoError(t, err)
-	go func() { time.Sleep(300 * time.Millisecond); proxy.Cut() }()
-	r := env.Do("POST", "/api/v1/webhooks", limited,
+	env.cutWhileWaiting()
+	r := env.Do("POST", "/api/v1/webhooks", created["secret"].(string),
 		map[string]any{"url": "https://example.com/hook", "events": []string{"run.finished"}})
-	require.Equal(t, http.StatusServiceUnavailable, r.Status, "%s", r.Body)
-	require.Equal(t, "not_applied", r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["outcome"])
+	require.Equal(t, "not_applied", outcome(t, r))
 	require.Contains(t, logs.String(), `msg="database unavailable"`, "an outage is logged (review)")
 }
 
@@ -170,39 +182,20 @@ func TestADatabaseTooSlowIsSaidSo(t *testing.T) {
 // key may be held until it lapses; a retry is told to wait, or acts.
 func TestConnectionLostWhileClaimingAKeyIsNotApplied(t *testing.T) {
 	t.Parallel()
-	var direct string
-	var proxy *testpg.CutProxy
-	env := apitest.Start(t, apitest.WithConfig(func(c *config.Config) {
-		direct = c.DatabaseURL
-		p, err := testpg.StartCutProxy(c.DatabaseURL)
-		require.NoError(t, err)
-		t.Cleanup(p.Close)
-		proxy = p
-		c.DatabaseURL = p.URL
-	}))
+	env := startCut(t)
 	ws := env.Signup()
 	created := env.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key,
 		map[string]any{"name": "creator", "preset": "OPERATOR"}).JSON()
 	creator := created["secret"].(string)
 	env.Must(http.StatusOK, "GET", "/api/v1/keys", creator, nil) // its look-up is cached now
 
-	// Hold the key's row of idempotent_requests, so that the claim waits in
-	// the database, then cut the connection under it.
-	ctx := context.Background()
-	holder, err := pgx.Connect(ctx, direct)
-	require.NoError(t, err)
-	defer holder.Close(ctx)
-	tx, err := holder.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `INSERT INTO idempotent_requests (key_id, idempotency_key, request_hash, request_id,
+	// The claim waits for the key's row of idempotent_requests.
+	env.holding(`INSERT INTO idempotent_requests (key_id, idempotency_key, request_hash, request_id,
 		claimed_until, created_at) VALUES ($1, 'cut', '\x00', 'req_holder', now(), now())`, created["id"])
-	require.NoError(t, err)
-	go func() { time.Sleep(300 * time.Millisecond); proxy.Cut() }()
+	env.cutWhileWaiting()
 	body := map[string]any{"url": "https://example.com/hook", "events": []string{"run.finished"}}
 	r := env.DoWith("POST", "/api/v1/webhooks", creator, http.Header{"Idempotency-Key": {"cut"}}, body)
-	require.Equal(t, http.StatusServiceUnavailable, r.Status, "%s", r.Body)
-	require.Equal(t, "not_applied", r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["outcome"])
-	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, "not_applied", outcome(t, r))
+	require.NoError(t, env.hold.Rollback(context.Background()))
 	require.Empty(t, env.Must(http.StatusOK, "GET", "/api/v1/webhooks", creator, nil).JSON()["data"])
 }

@@ -148,16 +148,24 @@ func TestNonRetryableExhausts(t *testing.T) {
 	require.Equal(t, "invalid recipient", *a.ErrorMessage, "why it failed, for the operator deciding on a replay")
 }
 
-func TestReplayAfterExhaustion(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
+// exhaustedStep is a step of a new run whose strict job exhausted its one
+// attempt (serveStrict's worker refuses its input).
+func exhaustedStep(t *testing.T, b *bundle) (*ratchet.Run, *ratchet.EnqueueResult, ratchet.Step) {
+	t.Helper()
 	ctx := context.Background()
 	serveStrict(t, b)
 	run, err := b.producer.StartRun(ctx, "replay")
 	require.NoError(t, err)
 	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"}, ratchet.EnqueueOptions{Name: "strict", Version: "1"})
 	require.NoError(t, err)
-	s := stepIs(t, b.producer, run.ID, st.StepID, ratchet.JobExhausted)
+	return run, st, stepIs(t, b.producer, run.ID, st.StepID, ratchet.JobExhausted)
+}
+
+func TestReplayAfterExhaustion(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	run, st, s := exhaustedStep(t, b)
 
 	// Preview, then re-queue the same job for one more attempt.
 	preview, err := b.operator.ReplayPreview(ctx, st.StepID)

@@ -106,12 +106,7 @@ func TestReplayRetriesALostAnswerOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	serveStrict(t, b)
-	run, err := b.producer.StartRun(ctx, "replay")
-	require.NoError(t, err)
-	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"}, ratchet.EnqueueOptions{Name: "strict", Version: "1"})
-	require.NoError(t, err)
-	stepIs(t, b.producer, run.ID, st.StepID, ratchet.JobExhausted)
+	run, st, _ := exhaustedStep(t, b)
 
 	operator, lose := b.losingClient(t, b.env.Key(b.ws, map[string]any{"name": "operator2", "preset": "OPERATOR"}),
 		"/replay")
