@@ -5,10 +5,10 @@
 -- Every step has succeeded by then and none changes after, so that is when
 -- the last of them passes its own retention. Before, a committed group and
 -- its steps were kept for ever: the effects table grew with every completed
--- saga, and each retention pass walked past the kept steps again. A pass
--- reads only the groups due (effect_groups_keep_until_idx) and checks them
--- against the policies of the day: a retention raised since moves
--- keep_until on instead.
+-- saga. A pass reads only the groups due (effect_groups_keep_until_idx) and
+-- checks them against the policies of the day: a retention raised since
+-- moves keep_until on instead, and a group committed without one (by an
+-- instance of the previous release, during the deploy) gets it then.
 --
 -- The backfill and the index run inside this migration's transaction,
 -- which blocks writes to effect_groups meanwhile; README "Upgrading" shows

@@ -48,3 +48,7 @@ var FunctionFragments = map[string][]string{
 // PurgeExpiredSQL is the retention pass's statement ($1 now, $2 limit, $3 groups deleted), so
 // a test can hold one open in a transaction of its own.
 var PurgeExpiredSQL = sqlPurgeExpired
+
+// PurgeCommittedGroupsSQL is the retention pass's group statement ($1 now,
+// $2 groups read, $3 steps deleted at most).
+var PurgeCommittedGroupsSQL = sqlPurgeCommittedGroups

@@ -284,8 +284,12 @@ func (s *Service) GetGroup(ctx context.Context, p *auth.Principal, id string) (G
 	if err == nil && g.State == GroupCommitted && len(out.Steps) == 0 {
 		// Retention may have deleted the group, steps and all, between the
 		// two reads (review): a committed group without steps is gone.
-		if _, err := scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, workspaceID, owner)); errors.Is(err, pgx.ErrNoRows) {
+		_, err := scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, workspaceID, owner))
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
 			return Group{}, apierr.NotFound("group")
+		case err != nil:
+			return Group{}, fmt.Errorf("get group: %w", err)
 		}
 	}
 	return out, err

@@ -687,38 +687,55 @@ const sqlLongestRetention = `SELECT coalesce(max(coalesce(p.retention_days, 90))
     LEFT JOIN gate_policies p ON p.workspace_id = f.workspace_id AND p.effect_type = f.effect_type
     WHERE f.group_id = effect_groups.id`
 
-// sqlPurgeCommittedGroups deletes up to $2 committed groups whose
-// keep_until has come by $1 and whose every effect has passed its type's
-// retention under the policies of the day, counted from the later of its
-// end and the commit (a group could be unwound until then, and its plan
-// needed them all), and answers their ids, whose effects sqlPurgeExpired
-// then deletes in the same transaction. A group due whose retention was
-// raised since the commit gets a later keep_until instead, so it is not
-// read again before then. Only groups due are read
-// (effect_groups_keep_until_idx). A group a commit, unwind or begin holds
-// is skipped: an unwind waiting for it finds no group (404), never a plan
-// with steps missing.
+// sqlPurgeCommittedGroups deletes, at $1, up to $2 committed groups that
+// are due (keep_until; none, for a group an instance older than 0037
+// committed) and whose every effect has passed its type's retention under
+// the policies of the day, counted from the later of its end and the
+// commit (a group could be unwound until then, and its plan needed them
+// all), and answers their ids; sqlPurgeExpired then deletes their effects
+// in the same transaction. It locks the steps of the groups due here, and
+// keeps a group any of whose steps another transaction holds (a report, a
+// resolve, a replayed begin), so no step can outlive its group (review);
+// the groups it deletes hold $3 steps at most between them, though always
+// the first. A group due whose retention was raised since its commit, or
+// not yet dated, gets its keep_until instead, so it is not read again
+// before then. Only groups due are read (effect_groups_keep_until_idx). A
+// group a commit, unwind or begin holds is skipped: an unwind waiting for
+// it finds no group (404), never a plan with steps missing.
 const sqlPurgeCommittedGroups = `
 WITH due AS (
-    SELECT g.id, g.committed_at FROM effect_groups g
-    WHERE g.state = 'committed' AND g.keep_until <= $1::timestamptz
-    ORDER BY g.keep_until
+    SELECT g.id, g.committed_at, g.keep_until FROM effect_groups g
+    WHERE g.state = 'committed' AND (g.keep_until <= $1::timestamptz OR g.keep_until IS NULL)
+    ORDER BY g.keep_until NULLS FIRST
     LIMIT $2::int
     FOR UPDATE SKIP LOCKED
+), locked AS (
+    SELECT e.group_id FROM effects e WHERE e.group_id IN (SELECT id FROM due)
+    FOR UPDATE SKIP LOCKED
 ), kept AS (
-    SELECT d.id, (
-        SELECT CASE WHEN bool_or(f.state NOT IN ('succeeded', 'failed', 'denied')) THEN 'infinity'::timestamptz
-                    ELSE max(greatest(f.updated_at, d.committed_at)
-                             + make_interval(days => coalesce(p.retention_days, 90))) END
+    SELECT d.id, d.keep_until, s.steps, s.until,
+        (SELECT count(*) FROM locked l WHERE l.group_id = d.id) AS locked
+    FROM due d CROSS JOIN LATERAL (
+        SELECT count(*) AS steps,
+            -- a step not ended (none is expected) is looked at again a day on
+            CASE WHEN bool_or(f.state NOT IN ('succeeded', 'failed', 'denied'))
+                 THEN $1::timestamptz + interval '1 day'
+                 ELSE max(greatest(f.updated_at, d.committed_at)
+                          + make_interval(days => coalesce(p.retention_days, 90))) END AS until
         FROM effects f
         LEFT JOIN gate_policies p ON p.workspace_id = f.workspace_id AND p.effect_type = f.effect_type
-        WHERE f.group_id = d.id) AS until
-    FROM due d
+        WHERE f.group_id = d.id) s
+), chosen AS (
+    SELECT x.id FROM (
+        SELECT k.id, k.steps, sum(k.steps) OVER (ORDER BY k.keep_until NULLS FIRST, k.id) AS running
+        FROM kept k
+        WHERE (k.until IS NULL OR k.until <= $1::timestamptz) AND k.locked = k.steps
+    ) x
+    WHERE x.running - x.steps < $3::int
 ), later AS (
     UPDATE effect_groups g SET keep_until = k.until FROM kept k WHERE g.id = k.id AND k.until > $1::timestamptz
 )
-DELETE FROM effect_groups g USING kept k
-WHERE g.id = k.id AND (k.until IS NULL OR k.until <= $1::timestamptz)
+DELETE FROM effect_groups g USING chosen c WHERE g.id = c.id
 RETURNING g.id`
 
 // sqlPurgeExpired deletes up to $2 effects whose retention has passed: the
@@ -729,7 +746,10 @@ RETURNING g.id`
 // effects only (succeeded, failed, denied; never a live lease, an unresolved
 // indeterminate outcome or a pending approval), outside any group that is
 // open, unwinding or committed (a committed group can still be unwound, and
-// its plan needs its steps), with their attempts and approvals. It visits
+// its plan needs its steps, until sqlPurgeCommittedGroups deletes it: then
+// all its steps, $3, go here too), with their attempts and approvals. The
+// steps of a committed group not yet due are walked past on each pass, as
+// other effects kept (unresolved outcomes, open groups' steps). It visits
 // each (workspace, effect type) present with a loose scan of
 // effects_type_created_idx and reads each one's range of creation times
 // older than its retention (an effect changed last is never created later),
@@ -742,12 +762,12 @@ RETURNING g.id`
 // a pass holds none of them.
 var sqlPurgeExpired = `
 WITH expired AS (
-    -- the steps of the groups sqlPurgeCommittedGroups deleted ($3), all of
-    -- them whatever the limit, so none outlives its group
+    -- the steps of the groups sqlPurgeCommittedGroups deleted ($3), which
+    -- it locked: all of them, whatever the limit, so none outlives its group
     SELECT s.id, s.workspace_id, s.effect_type, s.created_at FROM (
         SELECT e.id, e.workspace_id, e.effect_type, e.created_at FROM effects e
         WHERE e.group_id = ANY($3::text[])
-        FOR UPDATE OF e SKIP LOCKED
+        FOR UPDATE OF e
     ) s
     UNION
     (WITH RECURSIVE pairs AS (

@@ -10,16 +10,16 @@ import (
 	"github.com/getratchet/ratchet/lib/db"
 )
 
-// SweepRetention deletes the committed groups whose steps have all passed
-// their retention, with those steps, and up to limit effects whose
-// policy's retention_days have passed (API.md §4.2, "retention"), with
-// their attempts and approvals; it answers how many effects it deleted. One
-// transaction, so a group and its steps go together. Concurrent passes skip
-// each other's rows.
+// SweepRetention deletes committed groups whose steps have all passed
+// their retention, with those steps (up to limit of them, or one group's),
+// and up to limit effects whose policy's retention_days have passed (API.md
+// §4.2, "retention"), with their attempts and approvals; it answers how
+// many effects it deleted. One transaction, so a group and its steps go
+// together. Concurrent passes skip each other's rows.
 func (s *Service) SweepRetention(ctx context.Context, now time.Time, limit int) (int, error) {
 	var n int
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, sqlPurgeCommittedGroups, now.UTC(), max(limit/groupsPerEffects, 1))
+		rows, err := tx.Query(ctx, sqlPurgeCommittedGroups, now.UTC(), max(limit/groupsPerEffects, 1), limit)
 		if err != nil {
 			return fmt.Errorf("purge expired committed groups: %w", err)
 		}
@@ -37,6 +37,6 @@ func (s *Service) SweepRetention(ctx context.Context, now time.Time, limit int) 
 	return n, err
 }
 
-// groupsPerEffects bounds the committed groups a pass deletes to a tenth of
-// its effects: their steps are deleted with them beyond that limit.
+// groupsPerEffects bounds the committed groups a pass reads to a tenth of
+// its effects.
 const groupsPerEffects = 10

@@ -32,8 +32,8 @@ func (s *Server) groupRoutes() []Route {
 			Method: "POST", Pattern: "/api/v1/groups", Name: "groups.create", Tag: "groups", Scopes: begin,
 			Summary: "Open an effect group. Begin effects with its group_id, each declaring compensation " +
 				"{effect_type, payload}; then commit, or unwind to get the compensation plan. With idempotency_key " +
-				"a retry answers the group it opened (200, deduplicated: true); the same key with another name " +
-				"is 409 idempotency_key_reuse.",
+				"a retry answers the group it opened (200, deduplicated: true) until retention deletes it; the " +
+				"same key with another name is 409 idempotency_key_reuse.",
 			Request: gate.CreateGroupRequest{}, Response: gate.Group{}, Status: 201, DedupOK: true,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeIdempotencyKeyReuse},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
