@@ -5,7 +5,7 @@
 -- Every step has succeeded by then and none changes after, so that is when
 -- the last of them passes its own retention. Before, a committed group and
 -- its steps were kept for ever: the effects table grew with every completed
--- saga. A pass reads only the groups due (effect_groups_keep_until_idx) and
+-- saga. A pass reads only the groups due (effect_groups_due_idx) and
 -- checks them against the policies of the day: a retention raised since
 -- moves keep_until on instead, and a group committed without one (by an
 -- instance of the previous release, during the deploy) gets it then.
@@ -24,4 +24,8 @@ SET keep_until = g.committed_at + make_interval(days => (
     WHERE f.group_id = g.id))
 WHERE g.state = 'committed' AND g.keep_until IS NULL;
 
-CREATE INDEX IF NOT EXISTS effect_groups_keep_until_idx ON effect_groups (keep_until) WHERE state = 'committed';
+-- Undated groups first (an instance of the previous release committed them
+-- during the deploy): a plain index on keep_until puts NULLs last, and a
+-- pass would sort every group due instead of reading the first (review).
+CREATE INDEX IF NOT EXISTS effect_groups_due_idx ON effect_groups ((coalesce(keep_until, '-infinity'::timestamptz)))
+    WHERE state = 'committed';

@@ -687,34 +687,31 @@ const sqlLongestRetention = `SELECT coalesce(max(coalesce(p.retention_days, 90))
     LEFT JOIN gate_policies p ON p.workspace_id = f.workspace_id AND p.effect_type = f.effect_type
     WHERE f.group_id = effect_groups.id`
 
-// sqlPurgeCommittedGroups deletes, at $1, up to $2 committed groups that
-// are due (keep_until; none, for a group an instance older than 0037
-// committed) and whose every effect has passed its type's retention under
-// the policies of the day, counted from the later of its end and the
-// commit (a group could be unwound until then, and its plan needed them
-// all), and answers their ids; sqlPurgeExpired then deletes their effects
-// in the same transaction. It locks the steps of the groups due here, and
-// keeps a group any of whose steps another transaction holds (a report, a
-// resolve, a replayed begin), so no step can outlive its group (review);
-// the groups it deletes hold $3 steps at most between them, though always
-// the first. A group due whose retention was raised since its commit, or
-// not yet dated, gets its keep_until instead, so it is not read again
-// before then. Only groups due are read (effect_groups_keep_until_idx). A
-// group a commit, unwind or begin holds is skipped: an unwind waiting for
-// it finds no group (404), never a plan with steps missing.
+// sqlPurgeCommittedGroups deletes, at $1, committed groups that are due
+// (keep_until; none, for a group an instance older than 0037 committed) and
+// whose every effect has passed its type's retention under the policies of
+// the day, counted from the later of its end and the commit (a group could
+// be unwound until then, and its plan needed them all), and answers their
+// ids; sqlPurgeExpired then deletes their effects in the same transaction.
+// It reads up to $2 groups due, oldest first (effect_groups_due_idx), and
+// takes those that start within $3 steps (the first always, the last
+// perhaps past it). It locks only their steps, and keeps a group any of
+// whose steps another transaction holds (a report, a resolve, a replayed
+// begin), so no step can outlive its group (review). A group due whose
+// retention was raised since its commit, or not yet dated, gets its
+// keep_until instead, so it is not read again before then. A group a
+// commit, unwind or begin holds is skipped: an unwind waiting for it finds
+// no group (404), never a plan with steps missing.
 const sqlPurgeCommittedGroups = `
 WITH due AS (
-    SELECT g.id, g.committed_at, g.keep_until FROM effect_groups g
-    WHERE g.state = 'committed' AND (g.keep_until <= $1::timestamptz OR g.keep_until IS NULL)
-    ORDER BY g.keep_until NULLS FIRST
+    SELECT g.id, g.committed_at, coalesce(g.keep_until, '-infinity'::timestamptz) AS due_at
+    FROM effect_groups g
+    WHERE g.state = 'committed' AND coalesce(g.keep_until, '-infinity'::timestamptz) <= $1::timestamptz
+    ORDER BY coalesce(g.keep_until, '-infinity'::timestamptz)
     LIMIT $2::int
     FOR UPDATE SKIP LOCKED
-), locked AS (
-    SELECT e.group_id FROM effects e WHERE e.group_id IN (SELECT id FROM due)
-    FOR UPDATE SKIP LOCKED
 ), kept AS (
-    SELECT d.id, d.keep_until, s.steps, s.until,
-        (SELECT count(*) FROM locked l WHERE l.group_id = d.id) AS locked
+    SELECT d.id, d.due_at, s.steps, s.until
     FROM due d CROSS JOIN LATERAL (
         SELECT count(*) AS steps,
             -- a step not ended (none is expected) is looked at again a day on
@@ -725,17 +722,24 @@ WITH due AS (
         FROM effects f
         LEFT JOIN gate_policies p ON p.workspace_id = f.workspace_id AND p.effect_type = f.effect_type
         WHERE f.group_id = d.id) s
-), chosen AS (
-    SELECT x.id FROM (
-        SELECT k.id, k.steps, sum(k.steps) OVER (ORDER BY k.keep_until NULLS FIRST, k.id) AS running
+), expired AS (
+    SELECT x.id, x.steps FROM (
+        SELECT k.id, k.steps, sum(k.steps) OVER (ORDER BY k.due_at, k.id) AS running
         FROM kept k
-        WHERE (k.until IS NULL OR k.until <= $1::timestamptz) AND k.locked = k.steps
+        WHERE k.until IS NULL OR k.until <= $1::timestamptz
     ) x
     WHERE x.running - x.steps < $3::int
+), locked AS (
+    SELECT e.group_id FROM effects e WHERE e.group_id IN (SELECT id FROM expired)
+    FOR UPDATE SKIP LOCKED
+), held AS (
+    SELECT l.group_id, count(*) AS steps FROM locked l GROUP BY l.group_id
 ), later AS (
     UPDATE effect_groups g SET keep_until = k.until FROM kept k WHERE g.id = k.id AND k.until > $1::timestamptz
 )
-DELETE FROM effect_groups g USING chosen c WHERE g.id = c.id
+DELETE FROM effect_groups g USING expired x
+LEFT JOIN held h ON h.group_id = x.id
+WHERE g.id = x.id AND coalesce(h.steps, 0) = x.steps
 RETURNING g.id`
 
 // sqlPurgeExpired deletes up to $2 effects whose retention has passed: the

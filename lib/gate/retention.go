@@ -11,7 +11,8 @@ import (
 )
 
 // SweepRetention deletes committed groups whose steps have all passed
-// their retention, with those steps (up to limit of them, or one group's),
+// their retention, with those steps (the groups starting within limit
+// steps, the first always),
 // and up to limit effects whose policy's retention_days have passed (API.md
 // §4.2, "retention"), with their attempts and approvals; it answers how
 // many effects it deleted. One transaction, so a group and its steps go
