@@ -420,8 +420,8 @@ func TestKeyedReplayOfALapsedStepTakesTheRunLocksInOrder(t *testing.T) {
 		replayed <- e.DoWith("POST", "/api/v1/steps/"+stepID+"/replay", e.ws.Key, idemKey("replay:"+stepID),
 			map[string]any{"acknowledgeDuplicateRisk": true})
 	}()
-	time.Sleep(700 * time.Millisecond) // the replay waits for the run's lock
-	// then its settle lock, which the replay must not be holding.
+	require.NoError(t, lockWaiter(e.App.Pool)) // the replay waits for the run's lock,
+	// then the report asks for its settle lock, which the replay must not be holding.
 	_, err = report.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 1))`, runID)
 	require.NoError(t, err)
 	require.NoError(t, report.Commit(ctx))

@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -52,6 +53,7 @@ type cutEnv struct {
 	*apitest.Env
 	proxy *testpg.CutProxy
 	hold  pgx.Tx
+	watch *pgx.Conn // straight to the database, for lockWaiter
 }
 
 func startCut(t *testing.T, opts ...apitest.Option) *cutEnv {
@@ -73,6 +75,9 @@ func startCut(t *testing.T, opts ...apitest.Option) *cutEnv {
 	e.hold, err = holder.Begin(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.hold.Rollback(context.Background()) })
+	e.watch, err = pgx.Connect(ctx, direct)
+	require.NoError(t, err)
+	t.Cleanup(func() { e.watch.Close(context.Background()) })
 	return &e
 }
 
@@ -84,9 +89,38 @@ func (e *cutEnv) holding(sql string, args ...any) {
 }
 
 // cutWhileWaiting cuts the server's connections once the request sent next
-// is waiting for what the holding transaction holds, then frees it.
+// is waiting for what the holding transaction holds.
 func (e *cutEnv) cutWhileWaiting() {
-	go func() { time.Sleep(300 * time.Millisecond); e.proxy.Cut() }()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := lockWaiter(e.watch); err != nil {
+			e.T.Error(err)
+		}
+		e.proxy.Cut()
+	}()
+	// Before the watching connection closes (cleanups run last first), and
+	// ordered for the race detector, which sees no order through sockets.
+	e.T.Cleanup(func() { <-done })
+}
+
+// lockWaiter returns once a backend of q's database waits for a lock: the
+// request under test has reached what the test holds (a fixed sleep was a
+// guess).
+func lockWaiter(q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) error {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		var waiting int
+		if err := q.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			return err
+		}
+		if waiting > 0 {
+			return nil
+		}
+	}
+	return errors.New("no request came to wait for the lock the test holds")
 }
 
 // outcome is a database_unavailable answer's detail.outcome.
