@@ -12,11 +12,11 @@ import (
 
 // SweepRetention deletes committed groups whose steps have all passed
 // their retention, with those steps (the groups starting within limit
-// steps, the first always),
-// and up to limit effects whose policy's retention_days have passed (API.md
-// §4.2, "retention"), with their attempts and approvals; it answers how
-// many effects it deleted. One transaction, so a group and its steps go
-// together. Concurrent passes skip each other's rows.
+// steps, the first always), and up to limit effects whose policy's
+// retention_days have passed (API.md §4.2, "retention"), with their
+// attempts and approvals; it answers how many effects it deleted. One
+// transaction, so a group and its steps go together. Concurrent passes
+// skip each other's rows.
 func (s *Service) SweepRetention(ctx context.Context, now time.Time, limit int) (int, error) {
 	var n int
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {

@@ -353,28 +353,18 @@ func TestRetentionPassHoldsNoBegin(t *testing.T) {
 // its own era (1976).
 func TestRetentionSkipsACommittedGroupAnUnwindHolds(t *testing.T) {
 	b, sweep := inEra(t, 1976)
-	ctx := context.Background()
 	b.putPolicy("email.send", map[string]any{"retention_days": 1})
-	g := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "order"}).JSON()["id"])
-	step := email(key("step"))
-	step["group_id"], step["compensation"] = g, map[string]any{"effect_type": "email.retract"}
-	s := b.executedAs("succeeded", step)
-	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", b.ws.Key, nil)
+	g, steps := b.committedGroup("email.send")
+	paths := []string{"/api/v1/groups/" + g, "/api/v1/effects/" + steps[0]}
 	b.clock.Add(49 * time.Hour)
 
-	tx, err := b.env.App.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }() // a failure below must not leave the pool waiting for it
-	_, err = tx.Exec(ctx, `SELECT 1 FROM effect_groups WHERE id = $1 FOR UPDATE`, g)
-	require.NoError(t, err)
+	unwind := b.holding(`SELECT 1 FROM effect_groups WHERE id = $1 FOR UPDATE`, g)
 	sweep()
-	require.NoError(t, tx.Rollback(ctx))
-	b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, b.ws.Key, nil)
-	b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(s["effect_id"]), b.ws.Key, nil)
+	require.NoError(t, unwind.Rollback(context.Background()))
+	b.requireKept(true, paths...)
 
 	sweep()
-	errCode(t, b.env.Do("GET", "/api/v1/groups/"+g, b.ws.Key, nil), http.StatusNotFound, "not_found")
-	errCode(t, b.env.Do("GET", "/api/v1/effects/"+str(s["effect_id"]), b.ws.Key, nil), http.StatusNotFound, "not_found")
+	b.requireKept(false, paths...)
 }
 
 // committedGroup is a committed group of b's workspace with a succeeded
@@ -390,6 +380,20 @@ func (b *bundle) committedGroup(types ...string) (string, []string) {
 	}
 	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/commit", b.ws.Key, nil)
 	return g, steps
+}
+
+// holding begins a transaction of its own that runs sql, holding what it
+// locks until the test rolls it back (or ends: a failure must not leave the
+// pool waiting for it).
+func (b *bundle) holding(sql string, args ...any) pgx.Tx {
+	b.t.Helper()
+	ctx := context.Background()
+	tx, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(b.t, err)
+	b.t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(ctx, sql, args...)
+	require.NoError(b.t, err)
+	return tx
 }
 
 // requireKept says whether each of paths reads (200) or is gone (404).
@@ -412,19 +416,14 @@ func (b *bundle) requireKept(kept bool, paths ...string) {
 // own era (1952).
 func TestRetentionKeepsACommittedGroupWhileAStepIsHeld(t *testing.T) {
 	b, sweep := inEra(t, 1952)
-	ctx := context.Background()
 	b.putPolicy("email.send", map[string]any{"retention_days": 1})
 	g, steps := b.committedGroup("email.send", "email.send")
 	paths := []string{"/api/v1/groups/" + g, "/api/v1/effects/" + steps[0], "/api/v1/effects/" + steps[1]}
 	b.clock.Add(49 * time.Hour)
 
-	tx, err := b.env.App.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SELECT 1 FROM effects WHERE id = $1 FOR UPDATE`, steps[1])
-	require.NoError(t, err)
+	report := b.holding(`SELECT 1 FROM effects WHERE id = $1 FOR UPDATE`, steps[1])
 	sweep()
-	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, report.Rollback(context.Background()))
 	b.requireKept(true, paths...)
 
 	sweep()

@@ -94,11 +94,7 @@ func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, er
 	case errors.Is(err, db.ErrCommitUnknown):
 		// The claim is kept until it lapses, whatever the cause (a 503
 		// says so; a 500 would read as nothing done).
-		e := apierr.DatabaseLost(err)
-		if timedOut(ctx, err) {
-			e = e.TimedOut()
-		}
-		return nil, e
+		return nil, databaseFailure(ctx, err, true)
 	case taken:
 		s.Logger.Warn("idempotent request outlived its claim; rolled back for the request that took the key",
 			"request_id", c.RequestID, "route", c.Route.Name)
@@ -202,9 +198,20 @@ func timedOut(ctx context.Context, err error) bool {
 }
 
 // notApplied is the 503 of a request the database failed before anything
-// of its route could commit, said as a timeout when its time ran out.
+// of its route could commit.
 func notApplied(ctx context.Context, err error) *apierr.Error {
+	return databaseFailure(ctx, err, false)
+}
+
+// databaseFailure is the 503 of a request the database failed: outcome
+// unknown when its route may have committed (mayHaveApplied), else
+// not_applied; said as a timeout when the failing statement ran out of
+// time rather than losing the database.
+func databaseFailure(ctx context.Context, err error, mayHaveApplied bool) *apierr.Error {
 	e := apierr.DatabaseUnavailable(err)
+	if mayHaveApplied {
+		e = apierr.DatabaseLost(err)
+	}
 	if timedOut(ctx, err) {
 		e = e.TimedOut()
 	}

@@ -397,13 +397,7 @@ func (s *Server) fail(ctx context.Context, w http.ResponseWriter, reqID string, 
 			// Say "nothing was changed" only when nothing was sent: a
 			// statement in flight when the connection failed, or when the
 			// request's time ran out, may have committed.
-			unavailable = apierr.DatabaseLost(err)
-			if db.Unapplied(err) {
-				unavailable = apierr.DatabaseUnavailable(err)
-			}
-			if timedOut(ctx, err) {
-				unavailable = unavailable.TimedOut()
-			}
+			unavailable = databaseFailure(ctx, err, !db.Unapplied(err))
 		}
 		s.Logger.Warn("database unavailable", "request_id", reqID, "route", route.Name,
 			"outcome", unavailable.Detail["outcome"], "err", err.Error())
