@@ -327,6 +327,58 @@ VALUES ('eff_1', 'ws_1', 'charge', 'k1', 'f', 'succeeded', 60, 'grp_short', 'key
 		"grp_empty": days("90 days"), "grp_open": nil}, got)
 }
 
+// 0038 dates every group whose rollback ended: its end plus the longest
+// retention_days among its effects' types (90 without a policy, and for a
+// group without effects left); committed groups keep 0037's date, and the
+// index of groups kept now holds all three states.
+func TestEndedGroupsGetTheirKeepUntilOnUpgrade(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	target, conn := databaseAt(t, 37)
+	_, err := conn.Exec(ctx, `
+INSERT INTO workspaces (id, name) VALUES ('ws_1', 'w');
+`+policiesWithRetention(`('charge', 3), ('refund', 200)`)+`;
+INSERT INTO effect_groups (id, workspace_id, name, state, created_by_key_id, created_at, updated_at, committed_at,
+    finished_at, keep_until)
+VALUES ('grp_unwound', 'ws_1', 'g', 'unwound', 'key_1', '2026-01-01', '2026-01-05', NULL, '2026-01-05', NULL),
+       ('grp_failed', 'ws_1', 'g', 'unwind_failed', 'key_1', '2026-01-01', '2026-01-05', NULL, '2026-01-05', NULL),
+       ('grp_emptied', 'ws_1', 'g', 'unwound', 'key_1', '2026-01-01', '2026-01-05', NULL, '2026-01-05', NULL),
+       ('grp_committed', 'ws_1', 'g', 'committed', 'key_1', '2026-01-01', '2026-01-01', '2026-01-01', NULL,
+        '2026-01-04'),
+       ('grp_unwinding', 'ws_1', 'g', 'unwinding', 'key_1', '2026-01-01', '2026-01-05', NULL, NULL, NULL);
+INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state, lease_seconds, group_id,
+    created_by_key_id, created_at, updated_at)
+VALUES ('eff_1', 'ws_1', 'charge', 'k1', 'f', 'succeeded', 60, 'grp_unwound', 'key_1', '2026-01-01', '2026-01-01'),
+       ('eff_2', 'ws_1', 'refund', 'k2', 'f', 'succeeded', 60, 'grp_unwound', 'key_1', '2026-01-05', '2026-01-05'),
+       ('eff_3', 'ws_1', 'charge', 'k3', 'f', 'succeeded', 60, 'grp_failed', 'key_1', '2026-01-01', '2026-01-01'),
+       ('eff_4', 'ws_1', 'charge', 'k4', 'f', 'succeeded', 60, 'grp_unwinding', 'key_1', '2026-01-01', '2026-01-01');`)
+	require.NoError(t, err)
+
+	_, err = db.MigrateURL(ctx, target, migrations.FS)
+	require.NoError(t, err)
+	rows, err := conn.Query(ctx, `SELECT id, keep_until::date::text FROM effect_groups ORDER BY id`)
+	require.NoError(t, err)
+	got := map[string]*string{}
+	for rows.Next() {
+		var id string
+		var until *string
+		require.NoError(t, rows.Scan(&id, &until))
+		got[id] = until
+	}
+	require.NoError(t, rows.Err())
+	day := func(s string) *string { return &s }
+	require.Equal(t, map[string]*string{"grp_unwound": day("2026-07-24"), "grp_failed": day("2026-01-08"),
+		"grp_emptied": day("2026-04-05"), "grp_committed": day("2026-01-04"), "grp_unwinding": nil}, got)
+
+	var predicate string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index i
+WHERE i.indexrelid = 'effect_groups_kept_idx'::regclass`).Scan(&predicate))
+	require.Contains(t, predicate, "unwind_failed")
+	var old *string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT to_regclass('effect_groups_due_idx')::text`).Scan(&old))
+	require.Nil(t, old, "0037's index is replaced")
+}
+
 // policiesWithRetention is SQL giving workspace ws_1 a policy for each
 // ('type', retention_days) pair of values.
 func policiesWithRetention(values string) string {

@@ -49,6 +49,6 @@ var FunctionFragments = map[string][]string{
 // a test can hold one open in a transaction of its own.
 var PurgeExpiredSQL = sqlPurgeExpired
 
-// PurgeCommittedGroupsSQL is the retention pass's group statement ($1 now,
-// $2 groups read, $3 steps deleted at most).
-var PurgeCommittedGroupsSQL = sqlPurgeCommittedGroups
+// PurgeKeptGroupsSQL is the retention pass's group statement ($1 now, $2
+// groups read, $3 steps deleted at most).
+var PurgeKeptGroupsSQL = sqlPurgeKeptGroups

@@ -126,7 +126,7 @@ type Unwind struct {
 
 // CreateGroup opens a group, or, under an idempotency key that already
 // opened one, answers that group (Deduplicated) with its steps. Retention
-// deletes a committed group once its steps' retention has passed, and with
+// deletes an ended group once its steps' retention has passed, and with
 // it frees its key, as an effect's: a group deleted between this create's
 // statements is created anew.
 func (s *Service) CreateGroup(ctx context.Context, p *auth.Principal, req CreateGroupRequest) (Group, error) {
@@ -281,9 +281,9 @@ func (s *Service) GetGroup(ctx context.Context, p *auth.Principal, id string) (G
 		}
 	}
 	out, err := s.withSteps(ctx, s.pool, g)
-	if err == nil && g.State == GroupCommitted && len(out.Steps) == 0 {
-		// Retention may have deleted the group, steps and all, between the
-		// two reads (review): a committed group without steps is gone.
+	if err == nil && g.State != GroupOpen && len(out.Steps) == 0 {
+		// Retention may have deleted an ended group, steps and all, between
+		// the two reads (review): such a group without steps may be gone.
 		_, err := scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, workspaceID, owner))
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):

@@ -535,12 +535,14 @@ const sqlGroupSteps = `SELECT e.id, e.effect_type, e.idempotency_key, e.state, e
       WHERE p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type), 5)
 FROM effects e WHERE e.group_id = $1 ORDER BY e.id`
 
-// sqlSetGroupState moves a locked group. $1 id, $2 state, $3 now. A commit
-// sets keep_until (migration 0037) from its steps' types' retention.
+// sqlSetGroupState moves a locked group. $1 id, $2 state, $3 now. A commit,
+// and the end of a rollback, set keep_until (migrations 0037, 0038) from the
+// group's effects' types' retention; an unwind clears it (an unwinding
+// group is kept whole until it ends).
 const sqlSetGroupState = `UPDATE effect_groups SET state = $2, updated_at = $3,
     committed_at = CASE WHEN $2 = 'committed' THEN $3 ELSE committed_at END,
-    keep_until = CASE WHEN $2 = 'committed' THEN $3 + make_interval(days => (` + sqlLongestRetention + `))
-                      ELSE keep_until END,
+    keep_until = CASE WHEN $2 IN ('committed', 'unwound', 'unwind_failed')
+                      THEN $3 + make_interval(days => (` + sqlLongestRetention + `)) END,
     unwind_started_at = CASE WHEN $2 = 'unwinding' THEN $3 ELSE unwind_started_at END,
     finished_at = CASE WHEN $2 IN ('unwound', 'unwind_failed') THEN $3 ELSE finished_at END
 WHERE id = $1 RETURNING ` + groupCols
@@ -687,26 +689,30 @@ const sqlLongestRetention = `SELECT coalesce(max(coalesce(p.retention_days, 90))
     LEFT JOIN gate_policies p ON p.workspace_id = f.workspace_id AND p.effect_type = f.effect_type
     WHERE f.group_id = effect_groups.id`
 
-// sqlPurgeCommittedGroups deletes, at $1, committed groups that are due
-// (keep_until; none, for a group an instance older than 0037 committed) and
-// whose every effect has passed its type's retention under the policies of
-// the day, counted from the later of its end and the commit (a group could
-// be unwound until then, and its plan needed them all), and answers their
-// ids; sqlPurgeExpired then deletes their effects in the same transaction.
-// It reads up to $2 groups due, oldest first (effect_groups_due_idx), and
+// sqlPurgeKeptGroups deletes, at $1, ended groups (committed, unwound,
+// unwind_failed) that are due (keep_until; none, for a group an instance
+// older than 0037 committed or 0038 ended) and whose every effect has
+// passed its type's retention under the policies of the day, counted from
+// the later of its end and the group's (a committed group could be unwound
+// until then, and its plan needed them all; an ended rollback's record is
+// its steps with their compensations), and answers their ids;
+// sqlPurgeExpired then deletes their effects in the same transaction. It
+// reads up to $2 groups due, oldest first (effect_groups_kept_idx), and
 // takes those that start within $3 steps (the first always, the last
 // perhaps past it). It locks only their steps, and keeps a group any of
 // whose steps another transaction holds (a report, a resolve, a replayed
 // begin), so no step can outlive its group (review). A group due whose
-// retention was raised since its commit, or not yet dated, gets its
+// retention was raised since it ended, or not yet dated, gets its
 // keep_until instead, so it is not read again before then. A group a
 // commit, unwind or begin holds is skipped: an unwind waiting for it finds
 // no group (404), never a plan with steps missing.
-const sqlPurgeCommittedGroups = `
+const sqlPurgeKeptGroups = `
 WITH due AS (
-    SELECT g.id, g.committed_at, coalesce(g.keep_until, '-infinity'::timestamptz) AS due_at
+    SELECT g.id, coalesce(g.finished_at, g.committed_at) AS ended_at,
+        coalesce(g.keep_until, '-infinity'::timestamptz) AS due_at
     FROM effect_groups g
-    WHERE g.state = 'committed' AND coalesce(g.keep_until, '-infinity'::timestamptz) <= $1::timestamptz
+    WHERE g.state IN ('committed', 'unwound', 'unwind_failed')
+      AND coalesce(g.keep_until, '-infinity'::timestamptz) <= $1::timestamptz
     ORDER BY coalesce(g.keep_until, '-infinity'::timestamptz)
     LIMIT $2::int
     FOR UPDATE SKIP LOCKED
@@ -717,7 +723,7 @@ WITH due AS (
             -- a step not ended (none is expected) is looked at again a day on
             CASE WHEN bool_or(f.state NOT IN ('succeeded', 'failed', 'denied'))
                  THEN $1::timestamptz + interval '1 day'
-                 ELSE max(greatest(f.updated_at, d.committed_at)
+                 ELSE max(greatest(f.updated_at, d.ended_at)
                           + make_interval(days => coalesce(p.retention_days, 90))) END AS until
         FROM effects f
         LEFT JOIN gate_policies p ON p.workspace_id = f.workspace_id AND p.effect_type = f.effect_type
@@ -748,12 +754,12 @@ RETURNING g.id`
 // an effect that waited days for a resolve or an approval keeps its record
 // that long after it ended, and its key keeps answering duplicate. Ended
 // effects only (succeeded, failed, denied; never a live lease, an unresolved
-// indeterminate outcome or a pending approval), outside any group that is
-// open, unwinding or committed (a committed group can still be unwound, and
-// its plan needs its steps, until sqlPurgeCommittedGroups deletes it: then
-// all its steps, $3, go here too), with their attempts and approvals. The
-// steps of a committed group not yet due are walked past on each pass, as
-// other effects kept (unresolved outcomes, open groups' steps). It visits
+// indeterminate outcome or a pending approval), outside any group (a group
+// is kept whole: an open or unwinding one for as long as it lasts, an ended
+// one until sqlPurgeKeptGroups deletes it; then all its effects, $3, go
+// here too), with their attempts and approvals. The effects of groups are
+// walked past on each pass, as other effects kept (unresolved outcomes).
+// It visits
 // each (workspace, effect type) present with a loose scan of
 // effects_type_created_idx and reads each one's range of creation times
 // older than its retention (an effect changed last is never created later),
@@ -766,7 +772,7 @@ RETURNING g.id`
 // a pass holds none of them.
 var sqlPurgeExpired = `
 WITH expired AS (
-    -- the steps of the groups sqlPurgeCommittedGroups deleted ($3), which
+    -- the effects of the groups sqlPurgeKeptGroups deleted ($3), which
     -- it locked: all of them, whatever the limit, so none outlives its group
     SELECT s.id, s.workspace_id, s.effect_type, s.created_at FROM (
         SELECT e.id, e.workspace_id, e.effect_type, e.created_at FROM effects e
@@ -792,8 +798,7 @@ WITH expired AS (
           AND e.created_at < $1::timestamptz - make_interval(days => coalesce(pol.retention_days, 90))
           AND e.updated_at < $1::timestamptz - make_interval(days => coalesce(pol.retention_days, 90))
           AND e.state IN ('succeeded', 'failed', 'denied')
-          AND NOT EXISTS (SELECT 1 FROM effect_groups g
-                          WHERE g.id = e.group_id AND g.state IN ('open', 'unwinding', 'committed'))
+          AND NOT EXISTS (SELECT 1 FROM effect_groups g WHERE g.id = e.group_id)
         ORDER BY e.created_at
         LIMIT $2::int
         FOR UPDATE OF e SKIP LOCKED

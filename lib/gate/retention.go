@@ -10,9 +10,10 @@ import (
 	"github.com/getratchet/ratchet/lib/db"
 )
 
-// SweepRetention deletes committed groups whose steps have all passed
-// their retention, with those steps (the groups starting within limit
-// steps, the first always), and up to limit effects whose policy's
+// SweepRetention deletes ended groups (committed, unwound, unwind_failed)
+// whose effects have all passed their retention, with those effects (the
+// groups starting within limit steps, the first always), and up to limit
+// ungrouped effects whose policy's
 // retention_days have passed (API.md §4.2, "retention"), with their
 // attempts and approvals; it answers how many effects it deleted. One
 // transaction, so a group and its steps go together. Concurrent passes
@@ -20,13 +21,13 @@ import (
 func (s *Service) SweepRetention(ctx context.Context, now time.Time, limit int) (int, error) {
 	var n int
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, sqlPurgeCommittedGroups, now.UTC(), max(limit/groupsPerEffects, 1), limit)
+		rows, err := tx.Query(ctx, sqlPurgeKeptGroups, now.UTC(), max(limit/groupsPerEffects, 1), limit)
 		if err != nil {
-			return fmt.Errorf("purge expired committed groups: %w", err)
+			return fmt.Errorf("purge expired groups: %w", err)
 		}
 		groups, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		if err != nil {
-			return fmt.Errorf("purge expired committed groups: %w", err)
+			return fmt.Errorf("purge expired groups: %w", err)
 		}
 		ct, err := tx.Exec(ctx, sqlPurgeExpired, now.UTC(), limit, groups)
 		if err != nil {
@@ -38,6 +39,6 @@ func (s *Service) SweepRetention(ctx context.Context, now time.Time, limit int) 
 	return n, err
 }
 
-// groupsPerEffects bounds the committed groups a pass reads to a tenth of
+// groupsPerEffects bounds the ended groups a pass reads to a tenth of
 // its effects.
 const groupsPerEffects = 10

@@ -256,8 +256,10 @@ func inEra(t *testing.T, year int) (*bundle, func() int) {
 // A rollback that ended is final, however long its compensations are kept:
 // once retention deleted a step's compensation (its type kept them a day,
 // the step's 90), its key was new and the one-per-step index free again,
-// and a retried rollback refunded a second time (retention QA). Not
-// parallel, in its own era (1962).
+// and a retried rollback refunded a second time (retention QA). Since 0038
+// retention keeps an ended group whole, so the compensation stays with its
+// step; one an earlier release deleted alone still takes no new attempt.
+// Not parallel, in its own era (1962).
 func TestAnEndedRollbackTakesNoCompensationAfterRetention(t *testing.T) {
 	b, sweep := inEra(t, 1962)
 	b.putPolicy("email.retract", map[string]any{"retention_days": 1})
@@ -268,15 +270,80 @@ func TestAnEndedRollbackTakesNoCompensationAfterRetention(t *testing.T) {
 	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil)
 	comp := map[string]any{"effect_type": "email.retract", "idempotency_key": "compensate:" + str(s["effect_id"]),
 		"compensates_effect_id": s["effect_id"]}
-	b.executedAs("succeeded", comp)
+	c := b.executedAs("succeeded", comp)
 	require.Equal(t, "unwound", b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, b.ws.Key, nil).JSON()["state"])
 	b.mustBegin("duplicate", comp)
 
 	b.clock.Add(49 * time.Hour)
-	require.Equal(t, 1, sweep(), "the compensation's day passed; the step is kept")
+	require.Zero(t, sweep(), "the compensation's day passed; its group keeps it with the step")
+	b.mustBegin("duplicate", comp)
+
+	// As a pass of a release before 0038 did.
+	_, err := b.env.App.Pool.Exec(context.Background(), `
+WITH a AS (DELETE FROM effect_attempts WHERE effect_id = $1)
+DELETE FROM effects WHERE id = $1`, str(c["effect_id"]))
+	require.NoError(t, err)
 	r := b.begin(comp)
 	errCode(t, r, http.StatusConflict, "invalid_state")
 	require.Equal(t, "unwound", r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["state"])
+}
+
+// A group whose rollback ended (unwound, unwind_failed) is kept whole, its
+// steps with their compensations, until the longest retention among their
+// types has passed since the end, then goes in one pass (0038). Before, its
+// steps went one by one under their own types' retention and the group was
+// kept for ever, reading "unwound" with steps missing. Not parallel, in its
+// own era (1956).
+func TestRetentionDeletesAnEndedRollbackWhole(t *testing.T) {
+	b, sweep := inEra(t, 1956)
+	ctx := context.Background()
+	b.putPolicy("email.send", map[string]any{"retention_days": 1})
+	b.putPolicy("email.retract", map[string]any{"retention_days": 3})
+	b.putPolicy("charge.card", map[string]any{"retention_days": 1})
+	keepUntil := func(g string) time.Time {
+		var until time.Time
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT keep_until FROM effect_groups WHERE id = $1`, g).Scan(&until))
+		return until
+	}
+	groupKey := key("rollback")
+	unwound := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key,
+		map[string]any{"name": "order", "idempotency_key": groupKey}).JSON()["id"])
+	step := email(key("step"))
+	step["group_id"], step["compensation"] = unwound, map[string]any{"effect_type": "email.retract"}
+	s := b.executedAs("succeeded", step)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+unwound+"/unwind", b.ws.Key, nil)
+	c := b.executedAs("succeeded", map[string]any{"effect_type": "email.retract",
+		"idempotency_key": "compensate:" + str(s["effect_id"]), "compensates_effect_id": s["effect_id"]})
+	endedAt := b.clock.Now()
+	require.Equal(t, "unwound", b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+unwound, b.ws.Key, nil).JSON()["state"])
+	require.WithinDuration(t, endedAt.Add(72*time.Hour), keepUntil(unwound), time.Second, "the compensation's three days")
+
+	failed := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "order"}).JSON()["id"])
+	charge := email(key("charge"))
+	charge["effect_type"], charge["group_id"] = "charge.card", failed // no compensation: irreversible
+	ch := b.executedAs("succeeded", charge)
+	require.Equal(t, "unwind_failed",
+		b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+failed+"/unwind", b.ws.Key, nil).JSON()["state"])
+	require.WithinDuration(t, endedAt.Add(24*time.Hour), keepUntil(failed), time.Second)
+
+	unwoundPaths := []string{"/api/v1/groups/" + unwound, "/api/v1/effects/" + str(s["effect_id"]),
+		"/api/v1/effects/" + str(c["effect_id"])}
+	failedPaths := []string{"/api/v1/groups/" + failed, "/api/v1/effects/" + str(ch["effect_id"])}
+
+	// A day and more: the step's own day passed, but its group keeps it.
+	b.clock.Add(25 * time.Hour)
+	sweep()
+	b.requireKept(true, unwoundPaths...)
+	require.Len(t, b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+unwound, b.ws.Key, nil).JSON()["steps"], 2)
+	b.requireKept(false, failedPaths...)
+
+	// Three days since the end: the group, its step and its compensation go
+	// together, and the group's key opens a new group.
+	b.clock.Set(endedAt.Add(72*time.Hour + time.Minute))
+	sweep()
+	b.requireKept(false, unwoundPaths...)
+	require.NotEqual(t, unwound, str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key,
+		map[string]any{"name": "order", "idempotency_key": groupKey}).JSON()["id"]))
 }
 
 // A learned surge baseline leaves out the hours whose effects retention
@@ -458,12 +525,12 @@ func TestRetentionBoundsTheStepsOfTheGroupsAPassDeletes(t *testing.T) {
 	tx, err := b.env.App.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	rows, err := tx.Query(ctx, gate.PurgeCommittedGroupsSQL, b.clock.Now(), 10, 3)
+	rows, err := tx.Query(ctx, gate.PurgeKeptGroupsSQL, b.clock.Now(), 10, 3)
 	require.NoError(t, err)
 	deleted, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{first, second}, deleted, "the second starts within the 3 steps; the third would not")
-	rows, err = tx.Query(ctx, gate.PurgeCommittedGroupsSQL, b.clock.Now(), 10, 1)
+	rows, err = tx.Query(ctx, gate.PurgeKeptGroupsSQL, b.clock.Now(), 10, 1)
 	require.NoError(t, err)
 	deleted, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

@@ -51,7 +51,9 @@ func (s *Server) groupRoutes() []Route {
 		{
 			Method: "GET", Pattern: "/api/v1/groups/{id}", Name: "groups.get", Tag: "groups",
 			Summary: "Read a group and its steps (needs effects:read or effects:begin; without effects:read, " +
-				"only a group the key created). Compensation payloads appear only in the unwind plan.",
+				"only a group the key created). Compensation payloads appear only in the unwind plan. A group " +
+				"that ended (committed, unwound, unwind_failed) is kept whole until retention deletes it with its " +
+				"steps (the longest retention_days of their types after the end); then 404.",
 			AnyScopes: []string{auth.ScopeEffectsRead, auth.ScopeEffectsBegin},
 			Response:  gate.Group{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeForbidden},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
