@@ -332,7 +332,7 @@ const slowGrant = time.Second
 // statement sent at sent, by the time the statement took when that was
 // longer than slowGrant. The time is real time: in.now may be a test's
 // clock, which does not move while a statement waits.
-func (s *Service) afterSlowGrant(ctx context.Context, q querier, in *beginInput, row *effectRow, sent time.Time) error {
+func (s *Service) afterSlowGrant(ctx context.Context, q db.Querier, in *beginInput, row *effectRow, sent time.Time) error {
 	took := time.Since(sent)
 	if took <= slowGrant || row.State != StateLeased {
 		return nil
@@ -492,7 +492,7 @@ func (s *Service) refusingOnce(in *beginInput, begin func() (Decision, error)) (
 
 // decide is begin's decision over q (the pool, or a grouped begin's
 // transaction); locked is its locked path.
-func (s *Service) decide(ctx context.Context, q querier, in *beginInput,
+func (s *Service) decide(ctx context.Context, q db.Querier, in *beginInput,
 	locked func(context.Context, *beginInput) (Decision, error)) (Decision, error) {
 	sent := time.Now()
 	ev, found, inserted, row, err := scanBegin(q.QueryRow(ctx, sqlBeginFast, in.args()...))
@@ -568,7 +568,7 @@ func (in *beginInput) sameOperation(stored string) bool {
 // taken by another key's unit of work, as a key used in another group is
 // (admit). The owner is checked first, so that the answer does not tell
 // whether a guessed payload was the step's (review).
-func (s *Service) mayAnswerFor(ctx context.Context, q querier, in *beginInput, row *effectRow) error {
+func (s *Service) mayAnswerFor(ctx context.Context, q db.Querier, in *beginInput, row *effectRow) error {
 	if row.GroupID != nil && in.groupOwner != nil && !in.grouped() {
 		var ours bool
 		if err := q.QueryRow(ctx, sqlGroupOfKey, *row.GroupID, *in.groupOwner).Scan(&ours); err != nil {
@@ -594,7 +594,7 @@ func (s *Service) mayAnswerFor(ctx context.Context, q querier, in *beginInput, r
 // dropped, and the rollback then found the step irreversible, or undid it
 // with the first one). A begin that leaves it out is not comparing: it
 // keeps the stored one.
-func (s *Service) sameCompensation(ctx context.Context, q querier, in *beginInput, effectID string) error {
+func (s *Service) sameCompensation(ctx context.Context, q db.Querier, in *beginInput, effectID string) error {
 	var sealed []byte
 	if err := q.QueryRow(ctx, sqlEffectCompensation, effectID).Scan(&sealed); err != nil {
 		return fmt.Errorf("begin: stored compensation: %w", err)
@@ -661,7 +661,7 @@ func (s *Service) leaseToken(in *beginInput, effectID string, attempt int) strin
 // so the key would sit in_flight and then turn indeterminate though the
 // action never ran. It gets the same execute. ok is false when the lease is
 // another request's, or lapsed (its outcome is then unknown, as any other).
-func (s *Service) rejoin(ctx context.Context, q querier, in *beginInput, row *effectRow) (d Decision, ok bool, err error) {
+func (s *Service) rejoin(ctx context.Context, q db.Querier, in *beginInput, row *effectRow) (d Decision, ok bool, err error) {
 	token := s.leaseToken(in, row.ID, row.Attempt)
 	if err := q.QueryRow(ctx, sqlRejoin, row.ID, row.Attempt, tokenHash(token), in.now).Scan(&ok); err != nil {
 		return d, false, fmt.Errorf("begin: rejoin: %w", err)
@@ -698,7 +698,7 @@ func (s *Service) fresh(in *beginInput, ev *eval, row *effectRow) Decision {
 
 // settled answers without changing anything when the effect's state decides
 // the request by itself; ok is false when begin must take the locked path.
-func (s *Service) settled(ctx context.Context, q querier, in *beginInput, row *effectRow, ev *eval) (
+func (s *Service) settled(ctx context.Context, q db.Querier, in *beginInput, row *effectRow, ev *eval) (
 	d Decision, ok bool, err error) {
 	now := in.now
 	d = Decision{EffectID: row.ID, State: row.effectiveState(now), Attempt: row.Attempt}
@@ -743,7 +743,7 @@ func (s *Service) settled(ctx context.Context, q querier, in *beginInput, row *e
 // prior is the attempt whose outcome is unknown, for blocked and probe
 // answers: the current one, unless a retry after it was reported failed
 // (migration 0026), when it is the latest unknown attempt before that.
-func (s *Service) prior(ctx context.Context, q querier, row *effectRow) (*PriorAttempt, error) {
+func (s *Service) prior(ctx context.Context, q db.Querier, row *effectRow) (*PriorAttempt, error) {
 	p := &PriorAttempt{Attempt: row.Attempt, StartedAt: row.AttemptStartedAt, LeaseExpiredAt: row.LeaseExpiresAt}
 	if row.State != StateIndeterminate {
 		return p, nil // a lapse not yet recorded: the current attempt's

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/db"
 )
 
 // resolveNoteReconciliation is the resolve_note of the attempts a
@@ -99,7 +100,7 @@ func (s *Service) GetEffect(ctx context.Context, workspaceID, id string) (Effect
 	return s.getEffect(ctx, s.pool, workspaceID, id, s.clock())
 }
 
-func (s *Service) getEffect(ctx context.Context, q querier, workspaceID, id string, now time.Time) (Effect, error) {
+func (s *Service) getEffect(ctx context.Context, q db.Querier, workspaceID, id string, now time.Time) (Effect, error) {
 	var (
 		row      effectRow
 		attempts []byte

@@ -10,14 +10,11 @@
 package gate
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/getratchet/ratchet/lib/apierr"
@@ -72,13 +69,6 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, hash func(string) []byte, now 
 // clock is now in UTC at Postgres' precision, so a time written and read back
 // compares equal to the one the service decided with.
 func (s *Service) clock() time.Time { return s.now().UTC().Truncate(time.Microsecond) }
-
-// querier is a pool or a transaction.
-type querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // tokenHash is how a lease token is stored: a holder proves the lease by
 // presenting the token, and a database reader cannot forge a report.

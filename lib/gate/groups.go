@@ -296,7 +296,7 @@ func (s *Service) GetGroup(ctx context.Context, p *auth.Principal, id string) (G
 }
 
 // withSteps fills in g's steps as q reads them.
-func (s *Service) withSteps(ctx context.Context, q querier, g Group) (Group, error) {
+func (s *Service) withSteps(ctx context.Context, q db.Querier, g Group) (Group, error) {
 	steps, err := groupSteps(ctx, q, g.ID)
 	if err != nil {
 		return Group{}, err
@@ -499,7 +499,7 @@ func (st *groupStep) effectiveState(now time.Time) string {
 	return st.state
 }
 
-func groupSteps(ctx context.Context, q querier, groupID string) ([]groupStep, error) {
+func groupSteps(ctx context.Context, q db.Querier, groupID string) ([]groupStep, error) {
 	rows, err := q.Query(ctx, sqlGroupSteps, groupID)
 	if err != nil {
 		return nil, fmt.Errorf("group steps: %w", err)
@@ -696,7 +696,7 @@ func (s *Service) beginInTx(ctx context.Context, in *beginInput, w *wallet) (Dec
 // step: it names the one the step has (detail.compensating_effect_id; the
 // caller may see the step, so its compensation too), whose key a retry
 // should use. It answers nil when the step has none.
-func (s *Service) alreadyCompensated(ctx context.Context, q querier, stepID string) error {
+func (s *Service) alreadyCompensated(ctx context.Context, q db.Querier, stepID string) error {
 	var id string
 	err := q.QueryRow(ctx, sqlCompensationOf, stepID).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {

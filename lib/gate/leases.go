@@ -367,7 +367,7 @@ func resolvedBy(e Effect, key, outcome string) bool {
 
 // lapse makes lapsed leases durable (one effect when effectID is set, else up
 // to limit of them, oldest first) and records effect.indeterminate for each.
-func (s *Service) lapse(ctx context.Context, q querier, now time.Time, effectID string, limit int) (int, error) {
+func (s *Service) lapse(ctx context.Context, q db.Querier, now time.Time, effectID string, limit int) (int, error) {
 	eventIDs := make([]string, limit)
 	for i := range eventIDs {
 		eventIDs[i] = ids.NewAt(ids.Event, now)

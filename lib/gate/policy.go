@@ -456,7 +456,7 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 }
 
 // writePolicy upserts p as version p.Version+1.
-func (s *Service) writePolicy(ctx context.Context, q querier, workspaceID string, p Policy, now time.Time) (Policy, error) {
+func (s *Service) writePolicy(ctx context.Context, q db.Querier, workspaceID string, p Policy, now time.Time) (Policy, error) {
 	limits, err := json.Marshal(p.DimensionLimits)
 	if err != nil {
 		return Policy{}, err

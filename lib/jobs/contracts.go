@@ -226,7 +226,7 @@ func scanContract(row pgx.Row) (Contract, error) {
 }
 
 // contractByVersion reads one contract; nil when there is none.
-func (s *Service) contractByVersion(ctx context.Context, q querier, workspaceID, name string, version int64) (*Contract, error) {
+func (s *Service) contractByVersion(ctx context.Context, q db.Querier, workspaceID, name string, version int64) (*Contract, error) {
 	c, err := scanContract(q.QueryRow(ctx, sqlContractByVersion, workspaceID, name, version))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
@@ -242,7 +242,7 @@ func (s *Service) contractByVersion(ctx context.Context, q querier, workspaceID,
 // name@version) and checks it: it must exist, be for this handler version
 // and not be FORBIDDEN (which an implicit selection always is), and the
 // saved input must validate against its inputSchema.
-func (s *Service) checkContract(ctx context.Context, q querier, workspaceID string, op enqueueOp,
+func (s *Service) checkContract(ctx context.Context, q db.Querier, workspaceID string, op enqueueOp,
 	version int64) (*Contract, error) {
 	c, err := s.contractByVersion(ctx, q, workspaceID, op.name, version)
 	switch {
@@ -289,7 +289,7 @@ func outputRejection(outputSchema []byte, contractVersion int, output json.RawMe
 
 // checkOutput validates a SUCCEEDED report's output against the job's
 // contract (under the job's row lock) and answers the rejection, or "".
-func (s *Service) checkOutput(ctx context.Context, q querier, workspaceID, name string, contractVersion int,
+func (s *Service) checkOutput(ctx context.Context, q db.Querier, workspaceID, name string, contractVersion int,
 	output json.RawMessage) (string, error) {
 	var schema []byte
 	err := q.QueryRow(ctx, sqlOutputSchema, workspaceID, name, contractVersion).Scan(&schema)

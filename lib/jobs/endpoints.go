@@ -295,13 +295,13 @@ func policyArgs(id, workspaceID, name string, pol endpointPolicy, now time.Time)
 		pol.CircuitFailureThreshold, pol.CircuitCooldownMs}
 }
 
-func (s *Service) endpointByName(ctx context.Context, q querier, workspaceID, name string) (Endpoint, error) {
+func (s *Service) endpointByName(ctx context.Context, q db.Querier, workspaceID, name string) (Endpoint, error) {
 	return scanEndpoint(q.QueryRow(ctx, sqlEndpointByName, workspaceID, name))
 }
 
 // endpointForEnqueue returns the named endpoint, creating it with the
 // STANDARD preset on first use.
-func (s *Service) endpointForEnqueue(ctx context.Context, q querier, workspaceID, name string) (Endpoint, error) {
+func (s *Service) endpointForEnqueue(ctx context.Context, q db.Querier, workspaceID, name string) (Endpoint, error) {
 	for range 2 {
 		e, err := s.endpointByName(ctx, q, workspaceID, name)
 		if !errors.Is(err, pgx.ErrNoRows) {

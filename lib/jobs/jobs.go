@@ -13,7 +13,6 @@
 package jobs
 
 import (
-	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/json"
@@ -21,8 +20,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/getratchet/ratchet/lib/seal"
@@ -113,12 +110,6 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, hashSecret string, leaseGraceM
 		leaseGrace: time.Duration(leaseGraceMs) * time.Millisecond, jitter: rand.Float64,
 		pollMin: pollMin, pollMax: pollMax, wake: newWaker(), waits: newWaitSlots(maxWaitingClaimsPerKey),
 		purgeSteps: purgeStepsPerPass, claimInputBudget: ClaimInputBudget}
-}
-
-type querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
 func (s *Service) mac(b []byte) []byte {

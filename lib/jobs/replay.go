@@ -375,7 +375,7 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 // replayTarget reads and rechecks a replay's target contract under the job
 // lock: it must exist for the tool, not be FORBIDDEN, and accept the saved
 // input.
-func (s *Service) replayTarget(ctx context.Context, q querier, workspaceID string, j replayJob, version int64) (*Contract, error) {
+func (s *Service) replayTarget(ctx context.Context, q db.Querier, workspaceID string, j replayJob, version int64) (*Contract, error) {
 	c, err := s.contractByVersion(ctx, q, workspaceID, j.name, version)
 	if err != nil {
 		return nil, err

@@ -616,7 +616,7 @@ func (s *Service) Enqueue(ctx context.Context, workspaceID, runID string, req En
 // created (endpointForEnqueue), and the function is called again, which
 // checks everything again. Inside a transaction (q is a pgx.Tx) the calls
 // run in it.
-func (s *Service) enqueue(ctx context.Context, q querier, workspaceID string, op enqueueOp) (EnqueueResult, error) {
+func (s *Service) enqueue(ctx context.Context, q db.Querier, workspaceID string, op enqueueOp) (EnqueueResult, error) {
 	now := s.now()
 	jobID, stepID := ids.NewAt(ids.Job, now), ids.NewAt(ids.Step, now)
 	hash := s.mac(op.fingerprint())
@@ -889,7 +889,7 @@ type event struct {
 	workspaceID, typ, subject, data, dedupe string
 }
 
-func (s *Service) recordEvents(ctx context.Context, q querier, events []event) error {
+func (s *Service) recordEvents(ctx context.Context, q db.Querier, events []event) error {
 	if len(events) == 0 {
 		return nil
 	}
