@@ -7,9 +7,10 @@
 -- keyed create of its key answered it so. Retention now deletes no step of
 -- a group on its own; an open or unwinding group keeps all of them.
 --
--- The backfill and the index run inside this migration's transaction,
--- which blocks writes to effect_groups meanwhile; README "Upgrading" shows
--- how to build the index first, concurrently (IF NOT EXISTS then keeps it).
+-- The backfill and the indexes run inside this migration's transaction,
+-- which blocks writes to effect_groups and effects (begins) meanwhile;
+-- README "Upgrading" shows how to build the indexes first, concurrently
+-- (IF NOT EXISTS then keeps them).
 UPDATE effect_groups g
 SET keep_until = coalesce(g.finished_at, g.updated_at) + make_interval(days => (
     SELECT coalesce(max(coalesce(p.retention_days, 90)), 90)
@@ -18,8 +19,18 @@ SET keep_until = coalesce(g.finished_at, g.updated_at) + make_interval(days => (
     WHERE f.group_id = g.id))
 WHERE g.state IN ('unwound', 'unwind_failed');
 
--- Undated groups first, as effect_groups_due_idx (0037), which this
--- replaces: it held committed groups only.
+-- Undated groups first, as effect_groups_due_idx (0037), which held
+-- committed groups only. That one is kept for the previous release's
+-- instances during the deploy (their passes read committed groups through
+-- it; dropping it here would also lock the table for reads until this
+-- migration commits): README "Upgrading" says when to drop it.
 CREATE INDEX IF NOT EXISTS effect_groups_kept_idx ON effect_groups ((coalesce(keep_until, '-infinity'::timestamptz)))
     WHERE state IN ('committed', 'unwound', 'unwind_failed');
-DROP INDEX IF EXISTS effect_groups_due_idx;
+
+-- The per-type retention scan (lib/gate sqlPurgeExpired) reads ungrouped
+-- effects only: a group's go with it. Through effects_type_created_idx it
+-- walked past every grouped effect older than its type's retention on each
+-- pass, heap row and group probe each (seconds a pass with a few hundred
+-- thousand of them, review).
+CREATE INDEX IF NOT EXISTS effects_ungrouped_type_created_idx ON effects (workspace_id, effect_type, created_at)
+    WHERE group_id IS NULL;

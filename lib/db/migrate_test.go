@@ -312,7 +312,7 @@ VALUES ('eff_1', 'ws_1', 'charge', 'k1', 'f', 'succeeded', 60, 'grp_short', 'key
 
 	_, err = db.MigrateURL(ctx, target, migrations.FS)
 	require.NoError(t, err)
-	rows, err := conn.Query(ctx, `SELECT id, (keep_until - committed_at)::text FROM effect_groups ORDER BY id`)
+	rows, err := conn.Query(ctx, `SELECT id, (keep_until::date - committed_at::date) || ' days' FROM effect_groups ORDER BY id`)
 	require.NoError(t, err)
 	got := map[string]*string{}
 	for rows.Next() {
@@ -343,6 +343,9 @@ INSERT INTO effect_groups (id, workspace_id, name, state, created_by_key_id, cre
 VALUES ('grp_unwound', 'ws_1', 'g', 'unwound', 'key_1', '2026-01-01', '2026-01-05', NULL, '2026-01-05', NULL),
        ('grp_failed', 'ws_1', 'g', 'unwind_failed', 'key_1', '2026-01-01', '2026-01-05', NULL, '2026-01-05', NULL),
        ('grp_emptied', 'ws_1', 'g', 'unwound', 'key_1', '2026-01-01', '2026-01-05', NULL, '2026-01-05', NULL),
+       -- committed, then unwound by the previous release: dated from its commit
+       ('grp_recommitted', 'ws_1', 'g', 'unwound', 'key_1', '2026-01-01', '2026-01-09', '2026-01-02', '2026-01-09',
+        '2026-01-05'),
        ('grp_committed', 'ws_1', 'g', 'committed', 'key_1', '2026-01-01', '2026-01-01', '2026-01-01', NULL,
         '2026-01-04'),
        ('grp_unwinding', 'ws_1', 'g', 'unwinding', 'key_1', '2026-01-01', '2026-01-05', NULL, NULL, NULL);
@@ -351,7 +354,8 @@ INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint
 VALUES ('eff_1', 'ws_1', 'charge', 'k1', 'f', 'succeeded', 60, 'grp_unwound', 'key_1', '2026-01-01', '2026-01-01'),
        ('eff_2', 'ws_1', 'refund', 'k2', 'f', 'succeeded', 60, 'grp_unwound', 'key_1', '2026-01-05', '2026-01-05'),
        ('eff_3', 'ws_1', 'charge', 'k3', 'f', 'succeeded', 60, 'grp_failed', 'key_1', '2026-01-01', '2026-01-01'),
-       ('eff_4', 'ws_1', 'charge', 'k4', 'f', 'succeeded', 60, 'grp_unwinding', 'key_1', '2026-01-01', '2026-01-01');`)
+       ('eff_4', 'ws_1', 'charge', 'k4', 'f', 'succeeded', 60, 'grp_unwinding', 'key_1', '2026-01-01', '2026-01-01'),
+       ('eff_5', 'ws_1', 'charge', 'k5', 'f', 'succeeded', 60, 'grp_recommitted', 'key_1', '2026-01-01', '2026-01-01');`)
 	require.NoError(t, err)
 
 	_, err = db.MigrateURL(ctx, target, migrations.FS)
@@ -368,15 +372,25 @@ VALUES ('eff_1', 'ws_1', 'charge', 'k1', 'f', 'succeeded', 60, 'grp_unwound', 'k
 	require.NoError(t, rows.Err())
 	day := func(s string) *string { return &s }
 	require.Equal(t, map[string]*string{"grp_unwound": day("2026-07-24"), "grp_failed": day("2026-01-08"),
-		"grp_emptied": day("2026-04-05"), "grp_committed": day("2026-01-04"), "grp_unwinding": nil}, got)
+		"grp_emptied": day("2026-04-05"), "grp_committed": day("2026-01-04"), "grp_recommitted": day("2026-01-12"),
+		"grp_unwinding": nil}, got)
 
-	var predicate string
-	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index i
-WHERE i.indexrelid = 'effect_groups_kept_idx'::regclass`).Scan(&predicate))
-	require.Contains(t, predicate, "unwind_failed")
-	var old *string
-	require.NoError(t, conn.QueryRow(ctx, `SELECT to_regclass('effect_groups_due_idx')::text`).Scan(&old))
-	require.Nil(t, old, "0037's index is replaced")
+	predicates := map[string]string{}
+	rows, err = conn.Query(ctx, `SELECT c.relname::text, pg_get_expr(i.indpred, i.indrelid) FROM pg_index i
+JOIN pg_class c ON c.oid = i.indexrelid
+WHERE c.relname IN ('effect_groups_kept_idx', 'effects_ungrouped_type_created_idx', 'effect_groups_due_idx')`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var name, predicate string
+		require.NoError(t, rows.Scan(&name, &predicate))
+		predicates[name] = predicate
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, map[string]string{
+		"effect_groups_kept_idx":             "(state = ANY (ARRAY['committed'::text, 'unwound'::text, 'unwind_failed'::text]))",
+		"effects_ungrouped_type_created_idx": "(group_id IS NULL)",
+		"effect_groups_due_idx":              "(state = 'committed'::text)", // the previous release's, kept for its deploy
+	}, predicates)
 }
 
 // policiesWithRetention is SQL giving workspace ws_1 a policy for each

@@ -708,7 +708,7 @@ const sqlLongestRetention = `SELECT coalesce(max(coalesce(p.retention_days, 90))
 // no group (404), never a plan with steps missing.
 const sqlPurgeKeptGroups = `
 WITH due AS (
-    SELECT g.id, coalesce(g.finished_at, g.committed_at) AS ended_at,
+    SELECT g.id, g.state, coalesce(g.finished_at, g.committed_at) AS ended_at,
         coalesce(g.keep_until, '-infinity'::timestamptz) AS due_at
     FROM effect_groups g
     WHERE g.state IN ('committed', 'unwound', 'unwind_failed')
@@ -720,8 +720,11 @@ WITH due AS (
     SELECT d.id, d.due_at, s.steps, s.until
     FROM due d CROSS JOIN LATERAL (
         SELECT count(*) AS steps,
-            -- a step not ended (none is expected) is looked at again a day on
-            CASE WHEN bool_or(f.state NOT IN ('succeeded', 'failed', 'denied'))
+            -- a step not ended (none is expected) is looked at again a day
+            -- on; one awaiting an approval in an ended rollback never takes
+            -- its attempt (the group refuses it), and goes with the group
+            CASE WHEN bool_or(f.state NOT IN ('succeeded', 'failed', 'denied')
+                              AND NOT (f.state = 'awaiting_approval' AND d.state <> 'committed'))
                  THEN $1::timestamptz + interval '1 day'
                  ELSE max(greatest(f.updated_at, d.ended_at)
                           + make_interval(days => coalesce(p.retention_days, 90))) END AS until
@@ -757,12 +760,12 @@ RETURNING g.id`
 // indeterminate outcome or a pending approval), outside any group (a group
 // is kept whole: an open or unwinding one for as long as it lasts, an ended
 // one until sqlPurgeKeptGroups deletes it; then all its effects, $3, go
-// here too), with their attempts and approvals. The effects of groups are
-// walked past on each pass, as other effects kept (unresolved outcomes).
-// It visits
-// each (workspace, effect type) present with a loose scan of
+// here too), with their attempts and approvals. Effects kept (unresolved
+// outcomes) are walked past on each pass; a group's are not read at all. It
+// visits each (workspace, effect type) present with a loose scan of
 // effects_type_created_idx and reads each one's range of creation times
-// older than its retention (an effect changed last is never created later),
+// older than its retention through effects_ungrouped_type_created_idx
+// (migration 0038; an effect changed last is never created later),
 // so a pass with nothing to delete costs one index probe per pair, not a
 // scan of the table. Once deleted, a key is new again: its next begin
 // executes. What the deleted effects spent of a run's wallet stays spent
@@ -798,7 +801,7 @@ WITH expired AS (
           AND e.created_at < $1::timestamptz - make_interval(days => coalesce(pol.retention_days, 90))
           AND e.updated_at < $1::timestamptz - make_interval(days => coalesce(pol.retention_days, 90))
           AND e.state IN ('succeeded', 'failed', 'denied')
-          AND NOT EXISTS (SELECT 1 FROM effect_groups g WHERE g.id = e.group_id)
+          AND e.group_id IS NULL -- effects_ungrouped_type_created_idx
         ORDER BY e.created_at
         LIMIT $2::int
         FOR UPDATE OF e SKIP LOCKED

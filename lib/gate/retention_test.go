@@ -346,6 +346,51 @@ func TestRetentionDeletesAnEndedRollbackWhole(t *testing.T) {
 		map[string]any{"name": "order", "idempotency_key": groupKey}).JSON()["id"]))
 }
 
+// A step awaiting an approval when its group's rollback ended never takes
+// its attempt (the group refuses it, approved or not): it goes with its
+// group when the group is due, approval and all, instead of keeping the
+// whole group for ever a day at a time (review). A group committed, then
+// unwound, is dated from the end of its rollback, not from its commit, and
+// not while it unwinds. Not parallel, in its own era (1958).
+func TestRetentionDeletesAnEndedRollbackWithAStepAwaitingApproval(t *testing.T) {
+	b, sweep := inEra(t, 1958)
+	ctx := context.Background()
+	b.putPolicy("email.send", map[string]any{"retention_days": 1})
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval", "retention_days": 1})
+	keepUntil := func(g string) *time.Time {
+		var until *time.Time
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT keep_until FROM effect_groups WHERE id = $1`, g).Scan(&until))
+		return until
+	}
+
+	g, steps := b.committedGroup("email.send")
+	require.NotNil(t, keepUntil(g))
+	b.clock.Add(10 * time.Hour)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil)
+	require.Nil(t, keepUntil(g), "an unwinding group is kept whole until it ends")
+	b.clock.Add(10 * time.Hour)
+	c := b.executedAs("succeeded", map[string]any{"effect_type": "email.retract",
+		"idempotency_key": "compensate:" + steps[0], "compensates_effect_id": steps[0]})
+	require.Equal(t, "unwound", b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, b.ws.Key, nil).JSON()["state"])
+	require.WithinDuration(t, b.clock.Now().Add(90*24*time.Hour), *keepUntil(g), time.Second,
+		"the compensation's type has no policy: 90 days from the end")
+
+	pending := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "payout"}).JSON()["id"])
+	w := wire(key("wire"))
+	w["group_id"] = pending
+	asked := b.mustBegin("approval_required", w)
+	require.Equal(t, "unwound", b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+pending+"/unwind", b.ws.Key, nil).JSON()["state"])
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(asked["approval_id"])+"/approve", b.ws.Key, nil)
+	errCode(t, b.begin(w), http.StatusConflict, "group_unwinding")
+	endedAt := b.clock.Now()
+
+	b.clock.Set(endedAt.Add(24*time.Hour + time.Minute))
+	sweep()
+	b.requireKept(false, "/api/v1/groups/"+pending, "/api/v1/effects/"+str(asked["effect_id"]),
+		"/api/v1/approvals/"+str(asked["approval_id"]))
+	b.requireKept(true, "/api/v1/groups/"+g, "/api/v1/effects/"+steps[0], "/api/v1/effects/"+str(c["effect_id"]))
+}
+
 // A learned surge baseline leaves out the hours whose effects retention
 // deleted (0035): with retention_days under 7 those hours counted as quiet,
 // the median fell to 0 and the learned ceiling to its floor of 30, so the
@@ -476,19 +521,27 @@ func (b *bundle) requireKept(kept bool, paths ...string) {
 	}
 }
 
-// A committed group one of whose steps another transaction holds (a late
-// report, a resolve, a replayed begin) is kept, steps and all, for a later
+// An ended group (committed, unwound) one of whose steps another
+// transaction holds (a late report, a resolve, a replayed begin, a
+// compensation's report) is kept, steps and all, for a later
 // pass: skipping that step alone left it behind its deleted group, where
 // its replays were refused as another key's (review). Not parallel, in its
 // own era (1952).
-func TestRetentionKeepsACommittedGroupWhileAStepIsHeld(t *testing.T) {
+func TestRetentionKeepsAnEndedGroupWhileAStepIsHeld(t *testing.T) {
 	b, sweep := inEra(t, 1952)
 	b.putPolicy("email.send", map[string]any{"retention_days": 1})
+	b.putPolicy("email.retract", map[string]any{"retention_days": 1})
 	g, steps := b.committedGroup("email.send", "email.send")
-	paths := []string{"/api/v1/groups/" + g, "/api/v1/effects/" + steps[0], "/api/v1/effects/" + steps[1]}
+	unwound, undone := b.committedGroup("email.send")
+	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+unwound+"/unwind", b.ws.Key, nil)
+	c := b.executedAs("succeeded", map[string]any{"effect_type": "email.retract",
+		"idempotency_key": "compensate:" + undone[0], "compensates_effect_id": undone[0]})
+	require.Equal(t, "unwound", b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+unwound, b.ws.Key, nil).JSON()["state"])
+	paths := []string{"/api/v1/groups/" + g, "/api/v1/effects/" + steps[0], "/api/v1/effects/" + steps[1],
+		"/api/v1/groups/" + unwound, "/api/v1/effects/" + undone[0], "/api/v1/effects/" + str(c["effect_id"])}
 	b.clock.Add(49 * time.Hour)
 
-	report := b.holding(`SELECT 1 FROM effects WHERE id = $1 FOR UPDATE`, steps[1])
+	report := b.holding(`SELECT 1 FROM effects WHERE id = ANY($1) FOR UPDATE`, []string{steps[1], str(c["effect_id"])})
 	sweep()
 	require.NoError(t, report.Rollback(context.Background()))
 	b.requireKept(true, paths...)
