@@ -100,6 +100,17 @@ func TestContractPublicationAndList(t *testing.T) {
 	require.Equal(t, []string{"cursor"}, validationFields(t, e.Do("GET",
 		"/api/v1/tools/send_email/contracts?cursor=99999999999", e.ws.Key, nil)))
 
+	// Without an outputSchema (or with null) any output is accepted: true.
+	for _, out := range []any{nil, "omit"} {
+		body := contractBody("9", nil)
+		if out == "omit" {
+			delete(body, "outputSchema")
+		} else {
+			body["outputSchema"] = out
+		}
+		require.Equal(t, true, e.publish("no_output", body)["outputSchema"])
+	}
+
 	// Another workspace sees none of them and numbers its own from 1.
 	ws2 := e.Signup()
 	require.Empty(t, e.Must(http.StatusOK, "GET", "/api/v1/tools/send_email/contracts", ws2.Key, nil).JSON()["data"])
@@ -130,7 +141,7 @@ func TestContractPublicationValidation(t *testing.T) {
 		fields []string
 	}{
 		{"no handler", map[string]any{"inputSchema": true, "outputSchema": true}, []string{"handlerVersion"}},
-		{"no schemas", map[string]any{"handlerVersion": "1"}, []string{"inputSchema", "outputSchema"}},
+		{"no schemas", map[string]any{"handlerVersion": "1"}, []string{"inputSchema"}},
 		{"schema not compiling", contractBody("1", map[string]any{"inputSchema": map[string]any{"type": 5}}),
 			[]string{"inputSchema"}},
 		{"schema not a schema", contractBody("1", map[string]any{"outputSchema": 42}), []string{"outputSchema"}},

@@ -115,7 +115,7 @@ func TestOpenAPIRequiresOnlyWhatARequestMustSend(t *testing.T) {
 	require.Equal(t, []string{"reports"}, required("/api/v1/jobs/report", "post"))
 	require.Equal(t, []string{"tools"}, required("/api/v1/workers/register", "post"))
 	require.Equal(t, []string{"events", "url"}, required("/api/v1/webhooks", "post"))
-	require.Equal(t, []string{"handlerVersion", "inputSchema", "outputSchema"}, required("/api/v1/tools/{name}/contracts", "post"))
+	require.Equal(t, []string{"handlerVersion", "inputSchema"}, required("/api/v1/tools/{name}/contracts", "post"))
 	require.Equal(t, []string{"acknowledgeDuplicateRisk"}, required("/api/v1/steps/{id}/replay", "post"))
 	// ...and sent as null they are refused, so their schema has no null.
 	var raw map[string]any

@@ -23,7 +23,8 @@ func (s *Server) contractsRoutes() []Route {
 			Method: "POST", Pattern: "/api/v1/tools/{name}/contracts", Name: "contracts.publish", Tag: "contracts",
 			Scopes: write, Idempotent: true,
 			Summary: "Publish the tool's next contract version (from 1, per tool): handlerVersion, JSON Schema " +
-				"2020-12 inputSchema and outputSchema (compiled now; external $refs refused), timeoutMs (default " +
+				"2020-12 inputSchema and outputSchema (default true: any output; compiled now; external $refs " +
+				"refused), timeoutMs (default " +
 				"30000), retryPreset (default STANDARD; CUSTOM needs the complete retryPolicy, built-ins take none) " +
 				"and status ACTIVE (default) or FORBIDDEN. Contracts are immutable.",
 			Request: jobs.PublishContractRequest{}, Response: jobs.Contract{}, Status: 201,

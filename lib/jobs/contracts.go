@@ -56,11 +56,13 @@ type ContractRetryPolicy struct {
 }
 
 // PublishContractRequest is the body of POST /api/v1/tools/{name}/contracts.
-// retryPreset defaults to STANDARD, timeoutMs to 30000, status to ACTIVE.
+// retryPreset defaults to STANDARD, timeoutMs to 30000, status to ACTIVE,
+// outputSchema to true (any output: a tool whose results are not checked;
+// its input is what a replay is checked against, so that one is required).
 type PublishContractRequest struct {
 	HandlerVersion string               `json:"handlerVersion"`
 	InputSchema    json.RawMessage      `json:"inputSchema" openapi:"required"`
-	OutputSchema   json.RawMessage      `json:"outputSchema" openapi:"required"`
+	OutputSchema   json.RawMessage      `json:"outputSchema,omitempty"`
 	TimeoutMs      *int64               `json:"timeoutMs,omitempty"`
 	RetryPreset    *string              `json:"retryPreset,omitempty"`
 	RetryPolicy    *ContractRetryPolicy `json:"retryPolicy,omitempty"`
@@ -122,6 +124,9 @@ func checkSchema(field string, raw json.RawMessage, p *apierr.Problems) json.Raw
 	return json.RawMessage(doc)
 }
 
+// anyOutput is the outputSchema of a contract published without one.
+var anyOutput = json.RawMessage("true")
+
 // ValidToolName reports whether name can name a tool.
 func ValidToolName(name string) bool { return toolname.ValidName(name) }
 
@@ -138,7 +143,10 @@ func (s *Service) PublishContract(ctx context.Context, workspaceID, keyID, name 
 		p.Add("handlerVersion", toolname.VersionRule)
 	}
 	in := checkSchema("inputSchema", req.InputSchema, &p)
-	out := checkSchema("outputSchema", req.OutputSchema, &p)
+	out := anyOutput
+	if len(req.OutputSchema) > 0 && !bytes.Equal(bytes.TrimSpace(req.OutputSchema), []byte("null")) {
+		out = checkSchema("outputSchema", req.OutputSchema, &p)
+	}
 	timeout := int64(DefaultTimeoutMs)
 	if req.TimeoutMs != nil {
 		timeout = *req.TimeoutMs
