@@ -27,10 +27,13 @@ WHERE g.state IN ('unwound', 'unwind_failed');
 CREATE INDEX IF NOT EXISTS effect_groups_kept_idx ON effect_groups ((coalesce(keep_until, '-infinity'::timestamptz)))
     WHERE state IN ('committed', 'unwound', 'unwind_failed');
 
--- The per-type retention scan (lib/gate sqlPurgeExpired) reads ungrouped
--- effects only: a group's go with it. Through effects_type_created_idx it
--- walked past every grouped effect older than its type's retention on each
--- pass, heap row and group probe each (seconds a pass with a few hundred
--- thousand of them, review).
-CREATE INDEX IF NOT EXISTS effects_ungrouped_type_created_idx ON effects (workspace_id, effect_type, created_at)
-    WHERE group_id IS NULL;
+-- The per-type retention scan (lib/gate sqlPurgeExpired) reads ended,
+-- ungrouped effects only: a group's go with it, and an effect not ended is
+-- kept. Through effects_type_created_idx it walked past every grouped or
+-- kept effect older than its type's retention on each pass, heap row and
+-- group probe each (seconds a pass with a few hundred thousand of them,
+-- review). A begin writes no entry here (its effect is leased, or awaits
+-- an approval); a report writes one (its update of the indexed state is
+-- never HOT, so every index took one already).
+CREATE INDEX IF NOT EXISTS effects_ended_ungrouped_idx ON effects (workspace_id, effect_type, created_at)
+    WHERE group_id IS NULL AND state IN ('succeeded', 'failed', 'denied');

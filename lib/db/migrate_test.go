@@ -378,7 +378,7 @@ VALUES ('eff_1', 'ws_1', 'charge', 'k1', 'f', 'succeeded', 60, 'grp_unwound', 'k
 	predicates := map[string]string{}
 	rows, err = conn.Query(ctx, `SELECT c.relname::text, pg_get_expr(i.indpred, i.indrelid) FROM pg_index i
 JOIN pg_class c ON c.oid = i.indexrelid
-WHERE c.relname IN ('effect_groups_kept_idx', 'effects_ungrouped_type_created_idx', 'effect_groups_due_idx')`)
+WHERE c.relname IN ('effect_groups_kept_idx', 'effects_ended_ungrouped_idx', 'effect_groups_due_idx')`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var name, predicate string
@@ -387,9 +387,9 @@ WHERE c.relname IN ('effect_groups_kept_idx', 'effects_ungrouped_type_created_id
 	}
 	require.NoError(t, rows.Err())
 	require.Equal(t, map[string]string{
-		"effect_groups_kept_idx":             "(state = ANY (ARRAY['committed'::text, 'unwound'::text, 'unwind_failed'::text]))",
-		"effects_ungrouped_type_created_idx": "(group_id IS NULL)",
-		"effect_groups_due_idx":              "(state = 'committed'::text)", // the previous release's, kept for its deploy
+		"effect_groups_kept_idx":      "(state = ANY (ARRAY['committed'::text, 'unwound'::text, 'unwind_failed'::text]))",
+		"effects_ended_ungrouped_idx": "((group_id IS NULL) AND (state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'denied'::text])))",
+		"effect_groups_due_idx":       "(state = 'committed'::text)", // the previous release's, kept for its deploy
 	}, predicates)
 }
 

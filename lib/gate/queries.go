@@ -699,9 +699,10 @@ const sqlLongestRetention = `SELECT coalesce(max(coalesce(p.retention_days, 90))
 // sqlPurgeExpired then deletes their effects in the same transaction. It
 // reads up to $2 groups due, oldest first (effect_groups_kept_idx), and
 // takes those that start within $3 steps (the first always, the last
-// perhaps past it). It locks only their steps, and keeps a group any of
-// whose steps another transaction holds (a report, a resolve, a replayed
-// begin), so no step can outlive its group (review). A group due whose
+// perhaps past it). It locks only their steps and their approvals, and
+// keeps a group any of which another transaction holds (a report, a
+// resolve, a replayed begin, a decide), so no step can outlive its group
+// and no pass waits for a lock (review). A group due whose
 // retention was raised since it ended, or not yet dated, gets its
 // keep_until instead, so it is not read again before then. A group a
 // commit, unwind or begin holds is skipped: an unwind waiting for it finds
@@ -743,12 +744,24 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 ), held AS (
     SELECT l.group_id, count(*) AS steps FROM locked l GROUP BY l.group_id
+), asked AS (
+    SELECT e.group_id, count(*) AS approvals FROM approvals a JOIN effects e ON e.id = a.effect_id
+    WHERE e.group_id IN (SELECT id FROM expired) GROUP BY e.group_id
+), answered AS (
+    -- their approvals, locked too: a decide locks its approval, then its
+    -- effect, so a pass that waited for an approval a decide holds while
+    -- holding its effect would deadlock with it (review)
+    SELECT e.group_id FROM approvals a JOIN effects e ON e.id = a.effect_id
+    WHERE e.group_id IN (SELECT id FROM expired)
+    FOR UPDATE OF a SKIP LOCKED
 ), later AS (
     UPDATE effect_groups g SET keep_until = k.until FROM kept k WHERE g.id = k.id AND k.until > $1::timestamptz
 )
 DELETE FROM effect_groups g USING expired x
 LEFT JOIN held h ON h.group_id = x.id
+LEFT JOIN asked q ON q.group_id = x.id
 WHERE g.id = x.id AND coalesce(h.steps, 0) = x.steps
+  AND coalesce(q.approvals, 0) = (SELECT count(*) FROM answered r WHERE r.group_id = x.id)
 RETURNING g.id`
 
 // sqlPurgeExpired deletes up to $2 effects whose retention has passed: the
@@ -760,12 +773,11 @@ RETURNING g.id`
 // indeterminate outcome or a pending approval), outside any group (a group
 // is kept whole: an open or unwinding one for as long as it lasts, an ended
 // one until sqlPurgeKeptGroups deletes it; then all its effects, $3, go
-// here too), with their attempts and approvals. Effects kept (unresolved
-// outcomes) are walked past on each pass; a group's are not read at all. It
-// visits each (workspace, effect type) present with a loose scan of
-// effects_type_created_idx and reads each one's range of creation times
-// older than its retention through effects_ungrouped_type_created_idx
-// (migration 0038; an effect changed last is never created later),
+// here too), with their attempts and approvals. It visits each (workspace,
+// effect type) present with a loose scan of effects_type_created_idx and
+// reads each one's range of creation times older than its retention
+// through effects_ended_ungrouped_idx (migration 0038: ended, ungrouped
+// effects only; an effect changed last is never created later),
 // so a pass with nothing to delete costs one index probe per pair, not a
 // scan of the table. Once deleted, a key is new again: its next begin
 // executes. What the deleted effects spent of a run's wallet stays spent
@@ -801,7 +813,7 @@ WITH expired AS (
           AND e.created_at < $1::timestamptz - make_interval(days => coalesce(pol.retention_days, 90))
           AND e.updated_at < $1::timestamptz - make_interval(days => coalesce(pol.retention_days, 90))
           AND e.state IN ('succeeded', 'failed', 'denied')
-          AND e.group_id IS NULL -- effects_ungrouped_type_created_idx
+          AND e.group_id IS NULL -- these two: effects_ended_ungrouped_idx
         ORDER BY e.created_at
         LIMIT $2::int
         FOR UPDATE OF e SKIP LOCKED

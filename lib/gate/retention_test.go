@@ -391,6 +391,37 @@ func TestRetentionDeletesAnEndedRollbackWithAStepAwaitingApproval(t *testing.T) 
 	b.requireKept(true, "/api/v1/groups/"+g, "/api/v1/effects/"+steps[0], "/api/v1/effects/"+str(c["effect_id"]))
 }
 
+// A pass skips an ended rollback one of whose approvals a decide holds: a
+// decide locks its approval, then its effect, and a pass that locked the
+// effect, then waited for the approval to delete it, deadlocked with it
+// (review). Not parallel, in its own era (1942).
+func TestRetentionSkipsAGroupWhoseApprovalADecideHolds(t *testing.T) {
+	b, sweep := inEra(t, 1942)
+	ctx := context.Background()
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval", "retention_days": 1})
+	g := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "payout"}).JSON()["id"])
+	w := wire(key("wire"))
+	w["group_id"] = g
+	asked := b.mustBegin("approval_required", w)
+	require.Equal(t, "unwound", b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil).JSON()["state"])
+	paths := []string{"/api/v1/groups/" + g, "/api/v1/effects/" + str(asked["effect_id"]),
+		"/api/v1/approvals/" + str(asked["approval_id"])}
+	b.clock.Add(49 * time.Hour)
+
+	decide := b.holding(`UPDATE approvals SET note = note WHERE id = $1`, str(asked["approval_id"]))
+	waited, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := b.env.App.Server.Gate.SweepRetention(waited, b.clock.Now(), 1000)
+	require.NoError(t, err, "the pass must not wait for the approval")
+	_, err = decide.Exec(ctx, `UPDATE effects SET updated_at = updated_at WHERE id = $1`, str(asked["effect_id"]))
+	require.NoError(t, err)
+	require.NoError(t, decide.Rollback(ctx))
+	b.requireKept(true, paths...)
+
+	sweep()
+	b.requireKept(false, paths...)
+}
+
 // A learned surge baseline leaves out the hours whose effects retention
 // deleted (0035): with retention_days under 7 those hours counted as quiet,
 // the median fell to 0 and the learned ceiling to its floor of 30, so the
