@@ -826,6 +826,11 @@ func TestCancelWaitingAndRetryScheduledSteps(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "CANCELLED", st.Status)
 	require.Nil(t, st.DurableJob.DueAt)
+	// Its attempt was reported before the cancel: its heartbeat gets no
+	// lease back (QA: 200 with the old lease's expiry).
+	_, err = b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+	require.Equal(t, apierr.CodeInvalidState, code(t, err))
+	require.Equal(t, "This attempt already ended; the job is CANCELLED.", err.(*apierr.Error).Message)
 	b.clock.Add(time.Hour)
 	require.Empty(t, b.claim(t, w, 5), "a cancelled retry is never claimed")
 }

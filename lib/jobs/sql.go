@@ -513,11 +513,12 @@ func replayedOpen(token string) string {
 // sqlLeaseState explains why a heartbeat did not extend a lease. A job
 // never claimed has no token: no token is current. Then whether the job
 // was requeued under this token (requeuedFor): the heartbeat may take it
-// back (sqlReviveRequeued); and whether a replay queued it again while
-// this token's attempt was open (replayedOpen).
+// back (sqlReviveRequeued); whether a replay queued it again while this
+// token's attempt was open (replayedOpen); and whether the job's current
+// attempt is still open (a cancelled job's worker may be at work still).
 var sqlLeaseState = `
 SELECT j.status, coalesce(jobs_lease_token_matches(j.lease_token, $3::text), false), j.lease_expires_at, j.cancel_requested, j.name, j.version,
-       ` + requeuedFor("$3::text") + `, ` + replayedOpen("$3::text") + `
+       ` + requeuedFor("$3::text") + `, ` + replayedOpen("$3::text") + `, ` + openAttempt("true") + `
 FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
 
 // sqlExecutionRetryable reads whether a reported failure was retryable (a

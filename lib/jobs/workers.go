@@ -261,9 +261,9 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 		return out, err
 	}
 	var status, name, version string
-	var current, requeued, replayedOpen bool
+	var current, requeued, replayedOpen, open bool
 	err = s.pool.QueryRow(ctx, sqlLeaseState, jobID, p.WorkspaceID, req.LeaseToken).Scan(&status, &current,
-		&out.LeaseExpiresAt, &out.CancelRequested, &name, &version, &requeued, &replayedOpen)
+		&out.LeaseExpiresAt, &out.CancelRequested, &name, &version, &requeued, &replayedOpen, &open)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return out, apierr.NotFound("job")
@@ -280,8 +280,11 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 		return out, nil
 	case !current:
 		return out, errLeaseLost()
-	case status == StatusCancelled:
+	case status == StatusCancelled && open:
 		return out, nil // the worker should stop; cancelRequested is true
+	case status == StatusCancelled:
+		// QA: an attempt reported before the cancel got its lease back.
+		return out, apierr.InvalidState("This attempt already ended; the job is %s.", status)
 	case status == StatusRetryScheduled || status == StatusQueued:
 		// QA: "the job already ended" read wrong of a job due again.
 		return out, apierr.InvalidState("This attempt already ended; the job is %s.", status)
