@@ -757,7 +757,15 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 		cause = nil
 	}
 	if errors.Is(cause, ErrLeaseLost) {
-		return nil // someone else owns the job now; a report would be refused
+		// A success is reported all the same: the server records the
+		// outcome of a lapsed attempt that no claim has superseded (its
+		// job requeued, its slot taken meanwhile), which spares the job a
+		// second run; a newer claim answers lease_lost, which settles it.
+		// A failure is not: the job runs again either way.
+		if err == nil {
+			w.report(j, expires, JobReport{Status: ReportSucceeded, Output: out})
+		}
+		return nil
 	}
 	if err == nil {
 		w.report(j, expires, JobReport{Status: ReportSucceeded, Output: out})

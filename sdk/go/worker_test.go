@@ -427,36 +427,54 @@ func TestWorkerHeartbeatCancelRequested(t *testing.T) {
 	}
 }
 
-func TestWorkerLeaseLostStopsWithoutReport(t *testing.T) {
+// A heartbeat's lease_lost cancels the handler. Its failure is not
+// reported (the job runs again either way); its success is, since the
+// server records a lapsed attempt's outcome while no newer claim holds the
+// job (QA: the SDK dropped a result the server would have taken, and the
+// job ran twice).
+func TestWorkerLeaseLostReportsOnlyASuccess(t *testing.T) {
 	t.Parallel()
-	f := newFakeJobs()
-	f.leaseFor = 3 * time.Second
-	f.heartbeat = func(string) (int, string) { return 409, CodeLeaseLost }
-	f.add("long", "1", welcomeIn{}, 60000)
-	canary := make(chan error, 1)
-	w, sink := startWorker(t, f, func(w *Worker) {
-		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
-			Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
-				<-ctx.Done()
-				canary <- context.Cause(ctx)
-				return welcomeOut{}, nil
-			}}))
-	}, StartOptions{})
-	if cause := <-canary; !errors.Is(cause, ErrLeaseLost) {
-		t.Fatalf("cause %v", cause)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := w.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if len(f.reports) != 0 {
-		t.Fatalf("reported after losing the lease: %v", f.reports)
-	}
-	if len(sink.list()) == 0 || !IsCode(sink.list()[0], CodeLeaseLost) {
-		t.Fatalf("OnError %v", sink.list())
+	for _, succeed := range []bool{false, true} {
+		f := newFakeJobs()
+		f.leaseFor = 3 * time.Second
+		f.heartbeat = func(string) (int, string) { return 409, CodeLeaseLost }
+		id := f.add("long", "1", welcomeIn{}, 60000)
+		canary := make(chan error, 1)
+		w, sink := startWorker(t, f, func(w *Worker) {
+			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
+				Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+					<-ctx.Done()
+					canary <- context.Cause(ctx)
+					if succeed {
+						return welcomeOut{Key: "done"}, nil
+					}
+					return welcomeOut{}, ctx.Err()
+				}}))
+		}, StartOptions{})
+		if cause := <-canary; !errors.Is(cause, ErrLeaseLost) {
+			t.Fatalf("cause %v", cause)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := w.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		if len(sink.list()) == 0 || !IsCode(sink.list()[0], CodeLeaseLost) {
+			t.Fatalf("OnError %v", sink.list())
+		}
+		f.mu.Lock()
+		got := len(f.reports)
+		f.mu.Unlock()
+		if !succeed {
+			if got != 0 {
+				t.Fatalf("a failure reported after losing the lease: %d", got)
+			}
+			continue
+		}
+		r := f.report(t, id)
+		if r["status"] != "SUCCEEDED" || r["output"].(map[string]any)["key"] != "done" {
+			t.Fatalf("report %v", r)
+		}
 	}
 }
 
