@@ -312,16 +312,7 @@ VALUES ('eff_1', 'ws_1', 'charge', 'k1', 'f', 'succeeded', 60, 'grp_short', 'key
 
 	_, err = db.MigrateURL(ctx, target, migrations.FS)
 	require.NoError(t, err)
-	rows, err := conn.Query(ctx, `SELECT id, (keep_until::date - committed_at::date) || ' days' FROM effect_groups ORDER BY id`)
-	require.NoError(t, err)
-	got := map[string]*string{}
-	for rows.Next() {
-		var id string
-		var span *string
-		require.NoError(t, rows.Scan(&id, &span))
-		got[id] = span
-	}
-	require.NoError(t, rows.Err())
+	got := byID[*string](t, conn, `SELECT id, (keep_until::date - committed_at::date) || ' days' FROM effect_groups`)
 	days := func(s string) *string { return &s }
 	require.Equal(t, map[string]*string{"grp_short": days("3 days"), "grp_mixed": days("90 days"),
 		"grp_empty": days("90 days"), "grp_open": nil}, got)
@@ -360,37 +351,36 @@ VALUES ('eff_1', 'ws_1', 'charge', 'k1', 'f', 'succeeded', 60, 'grp_unwound', 'k
 
 	_, err = db.MigrateURL(ctx, target, migrations.FS)
 	require.NoError(t, err)
-	rows, err := conn.Query(ctx, `SELECT id, keep_until::date::text FROM effect_groups ORDER BY id`)
-	require.NoError(t, err)
-	got := map[string]*string{}
-	for rows.Next() {
-		var id string
-		var until *string
-		require.NoError(t, rows.Scan(&id, &until))
-		got[id] = until
-	}
-	require.NoError(t, rows.Err())
+	got := byID[*string](t, conn, `SELECT id, keep_until::date::text FROM effect_groups`)
 	day := func(s string) *string { return &s }
 	require.Equal(t, map[string]*string{"grp_unwound": day("2026-07-24"), "grp_failed": day("2026-01-08"),
 		"grp_emptied": day("2026-04-05"), "grp_committed": day("2026-01-04"), "grp_recommitted": day("2026-01-12"),
 		"grp_unwinding": nil}, got)
 
-	predicates := map[string]string{}
-	rows, err = conn.Query(ctx, `SELECT c.relname::text, pg_get_expr(i.indpred, i.indrelid) FROM pg_index i
+	predicates := byID[string](t, conn, `SELECT c.relname::text, pg_get_expr(i.indpred, i.indrelid) FROM pg_index i
 JOIN pg_class c ON c.oid = i.indexrelid
 WHERE c.relname IN ('effect_groups_kept_idx', 'effects_ended_ungrouped_idx', 'effect_groups_due_idx')`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var name, predicate string
-		require.NoError(t, rows.Scan(&name, &predicate))
-		predicates[name] = predicate
-	}
-	require.NoError(t, rows.Err())
 	require.Equal(t, map[string]string{
 		"effect_groups_kept_idx":      "(state = ANY (ARRAY['committed'::text, 'unwound'::text, 'unwind_failed'::text]))",
 		"effects_ended_ungrouped_idx": "((group_id IS NULL) AND (state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'denied'::text])))",
 		"effect_groups_due_idx":       "(state = 'committed'::text)", // the previous release's, kept for its deploy
 	}, predicates)
+}
+
+// byID runs sql, whose rows are (id, value), and maps each id to its value.
+func byID[T any](t *testing.T, conn *pgx.Conn, sql string) map[string]T {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), sql)
+	require.NoError(t, err)
+	out := map[string]T{}
+	for rows.Next() {
+		var id string
+		var v T
+		require.NoError(t, rows.Scan(&id, &v))
+		out[id] = v
+	}
+	require.NoError(t, rows.Err())
+	return out
 }
 
 // policiesWithRetention is SQL giving workspace ws_1 a policy for each

@@ -281,7 +281,7 @@ func (s *Service) GetGroup(ctx context.Context, p *auth.Principal, id string) (G
 		}
 	}
 	out, err := s.withSteps(ctx, s.pool, g)
-	if err == nil && g.State != GroupOpen && len(out.Steps) == 0 {
+	if err == nil && (g.State == GroupCommitted || groupEnded(g.State)) && len(out.Steps) == 0 {
 		// Retention may have deleted an ended group, steps and all, between
 		// the two reads (review): such a group without steps may be gone.
 		_, err := scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, workspaceID, owner))

@@ -744,10 +744,10 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 ), held AS (
     SELECT l.group_id, count(*) AS steps FROM locked l GROUP BY l.group_id
-), asked AS (
+), step_approvals AS (
     SELECT e.group_id, count(*) AS approvals FROM approvals a JOIN effects e ON e.id = a.effect_id
     WHERE e.group_id IN (SELECT id FROM expired) GROUP BY e.group_id
-), answered AS (
+), approvals_locked AS (
     -- their approvals, locked too: a decide locks its approval, then its
     -- effect, so a pass that waited for an approval a decide holds while
     -- holding its effect would deadlock with it (review)
@@ -759,9 +759,9 @@ WITH due AS (
 )
 DELETE FROM effect_groups g USING expired x
 LEFT JOIN held h ON h.group_id = x.id
-LEFT JOIN asked q ON q.group_id = x.id
+LEFT JOIN step_approvals sa ON sa.group_id = x.id
 WHERE g.id = x.id AND coalesce(h.steps, 0) = x.steps
-  AND coalesce(q.approvals, 0) = (SELECT count(*) FROM answered r WHERE r.group_id = x.id)
+  AND coalesce(sa.approvals, 0) = (SELECT count(*) FROM approvals_locked al WHERE al.group_id = x.id)
 RETURNING g.id`
 
 // sqlPurgeExpired deletes up to $2 effects whose retention has passed: the

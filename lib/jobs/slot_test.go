@@ -101,6 +101,12 @@ func TestCancelledAttemptSlotFreedWhenItsLeaseExpires(t *testing.T) {
 	require.False(t, xs[0].Reported)
 	require.Equal(t, next.JobID, b.claimOne(t, wid).JobID)
 
+	// Its worker, still at work, is told to stop, not that its attempt
+	// ended (review: the lapse's outcome read as a report).
+	hb, err := b.svc.Heartbeat(ctx, b.worker, held.JobID, jobs.HeartbeatRequest{LeaseToken: held.LeaseToken})
+	require.NoError(t, err)
+	require.True(t, hb.CancelRequested)
+
 	// The worker's report, late, is still recorded; the slot stays freed once.
 	r, err := b.svc.Report(ctx, b.worker, held.JobID, jobs.ReportRequest{LeaseToken: held.LeaseToken, Status: "SUCCEEDED"})
 	require.NoError(t, err)

@@ -515,10 +515,13 @@ func replayedOpen(token string) string {
 // was requeued under this token (requeuedFor): the heartbeat may take it
 // back (sqlReviveRequeued); whether a replay queued it again while this
 // token's attempt was open (replayedOpen); and whether the job's current
-// attempt is still open (a cancelled job's worker may be at work still).
+// attempt is still unreported (a cancelled job's worker may be at work
+// still, its report recorded, even once its lease lapsed and the sweeper
+// failed it to free its slot).
 var sqlLeaseState = `
 SELECT j.status, coalesce(jobs_lease_token_matches(j.lease_token, $3::text), false), j.lease_expires_at, j.cancel_requested, j.name, j.version,
-       ` + requeuedFor("$3::text") + `, ` + replayedOpen("$3::text") + `, ` + openAttempt("true") + `
+       ` + requeuedFor("$3::text") + `, ` + replayedOpen("$3::text") + `,
+       EXISTS (SELECT 1 FROM job_executions x WHERE x.job_id = j.id AND x.attempt = j.attempt AND x.reported_at IS NULL)
 FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
 
 // sqlExecutionRetryable reads whether a reported failure was retryable (a

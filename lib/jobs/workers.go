@@ -261,9 +261,9 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 		return out, err
 	}
 	var status, name, version string
-	var current, requeued, replayedOpen, open bool
+	var current, requeued, replayedOpen, unreported bool
 	err = s.pool.QueryRow(ctx, sqlLeaseState, jobID, p.WorkspaceID, req.LeaseToken).Scan(&status, &current,
-		&out.LeaseExpiresAt, &out.CancelRequested, &name, &version, &requeued, &replayedOpen, &open)
+		&out.LeaseExpiresAt, &out.CancelRequested, &name, &version, &requeued, &replayedOpen, &unreported)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return out, apierr.NotFound("job")
@@ -280,7 +280,7 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 		return out, nil
 	case !current:
 		return out, errLeaseLost()
-	case status == StatusCancelled && open:
+	case status == StatusCancelled && unreported:
 		return out, nil // the worker should stop; cancelRequested is true
 	case status == StatusCancelled:
 		// QA: an attempt reported before the cancel got its lease back.

@@ -204,9 +204,9 @@ var (
 	// ErrLeaseLost: the server no longer recognises the lease (another
 	// worker reclaimed the job or it ended; for DoEffect, the effect lease
 	// expired or was superseded, or no heartbeat extended it before it
-	// lapsed). A job's handler that still returns success has it reported
-	// (the server records it unless a newer attempt holds the job); nothing
-	// else is reported. DoEffect's cause reads
+	// lapsed). After a heartbeat's lease_lost, a job's handler that still
+	// returns success has it reported (the server records it unless a newer
+	// attempt holds the job); nothing else is reported. DoEffect's cause reads
 	// "effect lease lost" and matches ErrLeaseLost with errors.Is.
 	ErrLeaseLost = errors.New("ratchet: job lease lost")
 	// ErrWorkerStopped: the worker stopped before the handler finished. The

@@ -49,9 +49,12 @@ type Tool[In, Out any] struct {
 	// Handler runs one attempt. Honour ctx: it ends at the job's timeout
 	// (cause ErrTimeout), when the server asks for cancellation
 	// (ErrCancelRequested), when the lease is lost (ErrLeaseLost) and when
-	// the worker stops (ErrWorkerStopped); see context.Cause. Return a
-	// *RetryableError or *NonRetryableError to decide the retry yourself;
-	// any other error goes to ClassifyError, else counts as retryable.
+	// the worker stops (ErrWorkerStopped); see context.Cause. A handler
+	// cut short by its ctx must return an error (ctx.Err() will do): a nil
+	// error says the work was done, and is reported as a success even then.
+	// Return a *RetryableError or *NonRetryableError to decide the retry
+	// yourself; any other error goes to ClassifyError, else counts as
+	// retryable.
 	Handler func(ctx context.Context, in In, job JobContext) (Out, error)
 	// ClassifyError decides retryability of errors that are not explicit SDK
 	// errors (third-party error types). It never sees successes, schema

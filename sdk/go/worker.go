@@ -757,12 +757,15 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 		cause = nil
 	}
 	if errors.Is(cause, ErrLeaseLost) {
-		// A success is reported all the same: the server records the
-		// outcome of a lapsed attempt that no claim has superseded (its
-		// job requeued, its slot taken meanwhile), which spares the job a
-		// second run; a newer claim answers lease_lost, which settles it.
-		// A failure is not: the job runs again either way.
-		if err == nil {
+		// After a heartbeat's lease_lost a success is reported all the
+		// same: the server records the outcome of a lapsed attempt that no
+		// claim has superseded (its job requeued, its slot taken
+		// meanwhile), which spares the job a second run; a newer claim
+		// answers lease_lost, which settles it. A failure is not: the job
+		// runs again either way. Nor is anything after another refusal (the
+		// job ended, or is gone): the server would refuse that too.
+		var lost *jobLeaseLostError
+		if err == nil && errors.As(cause, &lost) && lost.code == CodeLeaseLost {
 			w.report(j, expires, JobReport{Status: ReportSucceeded, Output: out})
 		}
 		return nil
@@ -862,7 +865,7 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 		if err != nil {
 			var apiErr *Error
 			if errors.As(err, &apiErr) && (apiErr.StatusCode == 404 || apiErr.StatusCode == 409) {
-				cancel(ErrLeaseLost)
+				cancel(&jobLeaseLostError{code: apiErr.Code})
 				w.opts.OnError(fmt.Errorf("ratchet: job %s attempt %d no longer holds its lease: %w", j.JobID, j.Attempt, err))
 				return end
 			}
@@ -899,3 +902,14 @@ func (w *Worker) heartbeatEvery(end time.Time, j ClaimedJob) time.Duration {
 	}
 	return min(max(left/3, minHeartbeat), maxHeartbeat)
 }
+
+// jobLeaseLostError is the cause a handler is cancelled with when a
+// heartbeat is refused for good; it matches ErrLeaseLost and keeps the
+// refusal's code (only lease_lost leaves a success worth reporting).
+type jobLeaseLostError struct{ code string }
+
+// Error implements error.
+func (e *jobLeaseLostError) Error() string { return ErrLeaseLost.Error() + " (" + e.code + ")" }
+
+// Is makes errors.Is(err, ErrLeaseLost) true.
+func (e *jobLeaseLostError) Is(target error) bool { return target == ErrLeaseLost }

@@ -427,17 +427,22 @@ func TestWorkerHeartbeatCancelRequested(t *testing.T) {
 	}
 }
 
-// A heartbeat's lease_lost cancels the handler. Its failure is not
-// reported (the job runs again either way); its success is, since the
-// server records a lapsed attempt's outcome while no newer claim holds the
-// job (QA: the SDK dropped a result the server would have taken, and the
-// job ran twice).
+// A heartbeat's refusal cancels the handler. Its failure is not reported
+// (the job runs again either way); its success is after a lease_lost,
+// since the server records a lapsed attempt's outcome while no newer claim
+// holds the job (QA: the SDK dropped a result the server would have taken,
+// and the job ran twice), but not after an invalid_state (the job ended:
+// the server would refuse it, and Stop would count it lost; review).
 func TestWorkerLeaseLostReportsOnlyASuccess(t *testing.T) {
 	t.Parallel()
-	for _, succeed := range []bool{false, true} {
+	for _, c := range []struct {
+		refusal string
+		succeed bool
+	}{{CodeLeaseLost, false}, {CodeLeaseLost, true}, {CodeInvalidState, true}} {
+		succeed := c.succeed
 		f := newFakeJobs()
 		f.leaseFor = 3 * time.Second
-		f.heartbeat = func(string) (int, string) { return 409, CodeLeaseLost }
+		f.heartbeat = func(string) (int, string) { return 409, c.refusal }
 		id := f.add("long", "1", welcomeIn{}, 60000)
 		canary := make(chan error, 1)
 		w, sink := startWorker(t, f, func(w *Worker) {
@@ -459,13 +464,13 @@ func TestWorkerLeaseLostReportsOnlyASuccess(t *testing.T) {
 			t.Fatal(err)
 		}
 		cancel()
-		if len(sink.list()) == 0 || !IsCode(sink.list()[0], CodeLeaseLost) {
+		if len(sink.list()) == 0 || !IsCode(sink.list()[0], c.refusal) {
 			t.Fatalf("OnError %v", sink.list())
 		}
 		f.mu.Lock()
 		got := len(f.reports)
 		f.mu.Unlock()
-		if !succeed {
+		if !succeed || c.refusal != CodeLeaseLost {
 			if got != 0 {
 				t.Fatalf("a failure reported after losing the lease: %d", got)
 			}
