@@ -1030,6 +1030,7 @@ func TestSweeperRequeuesALongLapsedLease(t *testing.T) {
 	// other attempt ran: its report is recorded, and the count nets out.
 	_, err = b.svc.Heartbeat(ctx, b.worker, lost.JobID, jobs.HeartbeatRequest{LeaseToken: lost.LeaseToken})
 	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+	require.Contains(t, err.Error(), "slot went to another job", "not that another attempt holds it")
 	r, err := b.svc.Report(ctx, b.worker, lost.JobID, jobs.ReportRequest{LeaseToken: lost.LeaseToken, Status: "SUCCEEDED"})
 	require.NoError(t, err)
 	require.Equal(t, "SUCCEEDED", r.Status)

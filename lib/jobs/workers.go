@@ -329,7 +329,12 @@ func (s *Service) revive(ctx context.Context, p *auth.Principal, jobID, token st
 	}
 	out, err = s.extendLease(ctx, p, jobID, token)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return HeartbeatResult{}, errLeaseLost()
+		// lease_lost all the same: the worker must stop, or the endpoint's
+		// limit is passed. Said plainly, since no attempt supersedes this
+		// one yet (QA: "another attempt holds the job" misled).
+		return HeartbeatResult{}, apierr.Conflict(apierr.CodeLeaseLost, "This lease lapsed and the job was "+
+			"queued again; its endpoint's concurrency slot went to another job, so stop. A report with this "+
+			"token is still recorded until the job is claimed again.")
 	}
 	return out, err
 }
