@@ -166,13 +166,17 @@ var runColumns = `id, name, status, completion_requested, created_at, finished_a
 
 var sqlGetRun = `SELECT ` + runColumns + ` FROM job_runs WHERE id = $1::text AND workspace_id = $2::text`
 
+// currentAttempt is true of a job (alias j) whose current attempt's
+// execution (alias x) meets cond.
+func currentAttempt(cond string) string {
+	return `EXISTS (SELECT 1 FROM job_executions x
+    WHERE x.job_id = j.id AND x.attempt = j.attempt AND ` + cond + `)`
+}
+
 // openAttempt is true of a job (alias j) whose current attempt's execution
 // (alias x) has no outcome yet and meets cond: neither reported nor failed
 // by the sweeper as lapsed.
-func openAttempt(cond string) string {
-	return `EXISTS (SELECT 1 FROM job_executions x
-    WHERE x.job_id = j.id AND x.attempt = j.attempt AND x.outcome IS NULL AND ` + cond + `)`
-}
+func openAttempt(cond string) string { return currentAttempt("x.outcome IS NULL AND " + cond) }
 
 // heldLease is a job's (alias j) lease while an attempt holds it: running,
 // or cancelled (the job replayed since, or not) and not yet reported; NULL
@@ -494,9 +498,8 @@ SELECT lease_expires_at, cancel_requested FROM j`
 // one, a replay sets ”), and that attempt, the job's latest, never
 // reported (the lapse failed it).
 func requeuedFor(token string) string {
-	return `(j.status = 'QUEUED' AND j.lease_token IS NULL AND EXISTS (SELECT 1 FROM job_executions x
-    WHERE x.job_id = j.id AND x.attempt = j.attempt AND x.reported_at IS NULL
-      AND jobs_lease_token_matches(x.lease_token, ` + token + `)))`
+	return `(j.status = 'QUEUED' AND j.lease_token IS NULL AND ` +
+		currentAttempt("x.reported_at IS NULL AND jobs_lease_token_matches(x.lease_token, "+token+")") + `)`
 }
 
 // replayedOpen is true of a job (alias j) a replay queued again (its
@@ -521,7 +524,7 @@ func replayedOpen(token string) string {
 var sqlLeaseState = `
 SELECT j.status, coalesce(jobs_lease_token_matches(j.lease_token, $3::text), false), j.lease_expires_at, j.cancel_requested, j.name, j.version,
        ` + requeuedFor("$3::text") + `, ` + replayedOpen("$3::text") + `,
-       EXISTS (SELECT 1 FROM job_executions x WHERE x.job_id = j.id AND x.attempt = j.attempt AND x.reported_at IS NULL)
+       ` + currentAttempt("x.reported_at IS NULL") + `
 FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
 
 // sqlExecutionRetryable reads whether a reported failure was retryable (a
