@@ -49,6 +49,6 @@ var FunctionFragments = map[string][]string{
 // a test can hold one open in a transaction of its own.
 var PurgeExpiredSQL = sqlPurgeExpired
 
-// PurgeKeptGroupsSQL is the retention pass's group statement ($1 now, $2
-// groups read, $3 steps deleted at most).
-var PurgeKeptGroupsSQL = sqlPurgeKeptGroups
+// PurgeKeptGroups is the retention pass's group deletion (now, groups read,
+// steps deleted at most), so a test can run it in a transaction of its own.
+var PurgeKeptGroups = purgeKeptGroups

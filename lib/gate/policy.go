@@ -400,6 +400,7 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		if err != nil {
 			return err
 		}
+		oldRetention := p.RetentionDays
 		// API.md §5: expected_version, when sent, must equal the version,
 		// even for a PUT that would change nothing. A request invalid
 		// whatever the version is refused as such first (fuzz QA:
@@ -419,6 +420,15 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 			// first PUT writes even so: it configures the type.
 			out = p
 			return nil
+		}
+		// Ended groups were dated by the longest retention of their steps'
+		// types when they ended: a shorter one applies to them from now, as
+		// to every other effect of the type.
+		var shorten []string
+		if p.RetentionDays < oldRetention {
+			if shorten, err = lockGroupsToShorten(ctx, tx, workspaceID, effectType, p.RetentionDays); err != nil {
+				return err
+			}
 		}
 		surgeOff := p.SurgePerHour == nil && p.SurgeMultiplier == nil
 		if surgeOff {
@@ -441,6 +451,11 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		if err != nil {
 			return err
 		}
+		if len(shorten) > 0 {
+			if _, err := tx.Exec(ctx, sqlShortenKeptGroups, shorten); err != nil {
+				return fmt.Errorf("shorten kept groups: %w", err)
+			}
+		}
 		if surgeOff {
 			// Surge turned off: a breaker the surge opened closes with it
 			// (QA: it went on denying until its cooldown, up to a day).
@@ -453,6 +468,20 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		return nil
 	})
 	return out, err
+}
+
+// lockGroupsToShorten locks the ended groups a type's retention lowered to
+// days may shorten (sqlLockGroupsToShorten) and answers their ids.
+func lockGroupsToShorten(ctx context.Context, tx pgx.Tx, workspaceID, effectType string, days int) ([]string, error) {
+	rows, err := tx.Query(ctx, sqlLockGroupsToShorten, workspaceID, effectType, days)
+	if err != nil {
+		return nil, fmt.Errorf("lock groups to shorten: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("lock groups to shorten: %w", err)
+	}
+	return ids, nil
 }
 
 // writePolicy upserts p as version p.Version+1.

@@ -689,34 +689,67 @@ const sqlLongestRetention = `SELECT coalesce(max(coalesce(p.retention_days, 90))
     LEFT JOIN gate_policies p ON p.workspace_id = f.workspace_id AND p.effect_type = f.effect_type
     WHERE f.group_id = effect_groups.id`
 
-// sqlPurgeKeptGroups deletes, at $1, ended groups (committed, unwound,
-// unwind_failed) that are due (keep_until; none, for a group an instance
-// older than 0037 committed or 0038 ended) and whose every effect has
-// passed its type's retention under the policies of the day, counted from
-// the later of its end and the group's (a committed group could be unwound
-// until then, and its plan needed them all; an ended rollback's record is
-// its steps with their compensations), and answers their ids;
-// sqlPurgeExpired then deletes their effects in the same transaction. It
-// reads up to $2 groups due, oldest first (effect_groups_kept_idx), and
-// takes those that start within $3 steps (the first always, the last
-// perhaps past it). It locks only their steps and their approvals, and
-// keeps a group any of which another transaction holds (a report, a
-// resolve, a replayed begin, a decide), so no step can outlive its group
-// and no pass waits for a lock (review). A group due whose
-// retention was raised since it ended, or not yet dated, gets its
-// keep_until instead, so it is not read again before then. A group a
-// commit, unwind or begin holds is skipped: an unwind waiting for it finds
-// no group (404), never a plan with steps missing.
+// sqlLockGroupsToShorten locks the ended groups of workspace $1 holding an
+// effect of type $2 whose retention PutPolicy is lowering to $3 days, and
+// answers their ids: keep_until was set from the longest retention of a
+// group's types when it ended, and only a pass reaching it rereads the
+// policies (so a raised retention keeps a group longer, but a lowered one
+// kept it as long as before). Only a group kept longer than $3 days past
+// its end can be shortened. In id order, so that two policy writes of the
+// workspace cannot deadlock; it waits for a pass holding one
+// (sqlLockDueGroups) and then reads what that pass left. PutPolicy takes
+// these locks before the surge turn: a grouped begin (a step's replay)
+// holds its group shared and then may wait for that turn.
+const sqlLockGroupsToShorten = `SELECT g.id FROM effect_groups g
+WHERE g.workspace_id = $1 AND g.state IN ('committed', 'unwound', 'unwind_failed')
+  AND g.keep_until > coalesce(g.finished_at, g.committed_at) + make_interval(days => $3::int)
+  AND EXISTS (SELECT 1 FROM effects e WHERE e.group_id = g.id AND e.effect_type = $2)
+ORDER BY g.id
+FOR UPDATE`
+
+// sqlShortenKeptGroups dates the groups sqlLockGroupsToShorten locked ($1)
+// again by sqlLongestRetention, once the lowered policy is written.
+const sqlShortenKeptGroups = `UPDATE effect_groups
+SET keep_until = coalesce(finished_at, committed_at) + make_interval(days => (` + sqlLongestRetention + `))
+WHERE id = ANY($1::text[])`
+
+// sqlLockDueGroups locks, at $1, up to $2 ended groups (committed,
+// unwound, unwind_failed) that are due (keep_until; none, for a group an
+// instance older than 0037 committed or 0038 ended), oldest first
+// (effect_groups_kept_idx), skipping a group a commit, unwind or begin
+// holds: an unwind waiting for it would find no group (404), never a plan
+// with steps missing. A statement of its own, before sqlPurgeKeptGroups:
+// that one then reads the policies of the day in a snapshot taken once the
+// groups are locked, so a policy write that shortened one of them
+// (sqlLockGroupsToShorten waits for the lock) either committed before
+// it or reads what the pass left; read in the same snapshot as the lock, a
+// pass could date a group by the retention just lowered (review).
+const sqlLockDueGroups = `SELECT g.id FROM effect_groups g
+WHERE g.state IN ('committed', 'unwound', 'unwind_failed')
+  AND coalesce(g.keep_until, '-infinity'::timestamptz) <= $1::timestamptz
+ORDER BY coalesce(g.keep_until, '-infinity'::timestamptz)
+LIMIT $2::int
+FOR UPDATE SKIP LOCKED`
+
+// sqlPurgeKeptGroups deletes, at $1, the groups sqlLockDueGroups locked
+// ($2) whose every effect has passed its type's retention under the
+// policies of the day, counted from the later of its end and the group's
+// (a committed group could be unwound until then, and its plan needed them
+// all; an ended rollback's record is its steps with their compensations),
+// and answers their ids; sqlPurgeExpired then deletes their effects in the
+// same transaction. It takes, oldest due first, those that start within $3
+// steps (the first always, the last perhaps past it). It locks only their
+// steps and their approvals, and keeps a group any of which another
+// transaction holds (a report, a resolve, a replayed begin, a decide), so
+// no step can outlive its group and no pass waits for a lock (review). A
+// group due whose retention was raised since it ended, or not yet dated,
+// gets its keep_until instead, so it is not read again before then.
 const sqlPurgeKeptGroups = `
 WITH due AS (
     SELECT g.id, g.state, coalesce(g.finished_at, g.committed_at) AS ended_at,
         coalesce(g.keep_until, '-infinity'::timestamptz) AS due_at
     FROM effect_groups g
-    WHERE g.state IN ('committed', 'unwound', 'unwind_failed')
-      AND coalesce(g.keep_until, '-infinity'::timestamptz) <= $1::timestamptz
-    ORDER BY coalesce(g.keep_until, '-infinity'::timestamptz)
-    LIMIT $2::int
-    FOR UPDATE SKIP LOCKED
+    WHERE g.id = ANY($2::text[])
 ), kept AS (
     SELECT d.id, d.due_at, s.steps, s.until
     FROM due d CROSS JOIN LATERAL (

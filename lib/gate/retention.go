@@ -21,13 +21,9 @@ import (
 func (s *Service) SweepRetention(ctx context.Context, now time.Time, limit int) (int, error) {
 	var n int
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, sqlPurgeKeptGroups, now.UTC(), max(limit/groupsPerEffects, 1), limit)
+		groups, err := purgeKeptGroups(ctx, tx, now.UTC(), max(limit/groupsPerEffects, 1), limit)
 		if err != nil {
-			return fmt.Errorf("purge expired groups: %w", err)
-		}
-		groups, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return fmt.Errorf("purge expired groups: %w", err)
+			return err
 		}
 		ct, err := tx.Exec(ctx, sqlPurgeExpired, now.UTC(), limit, groups)
 		if err != nil {
@@ -37,6 +33,33 @@ func (s *Service) SweepRetention(ctx context.Context, now time.Time, limit int) 
 		return nil
 	})
 	return n, err
+}
+
+// purgeKeptGroups locks up to limit ended groups due at now, then deletes
+// those whose steps have all passed their retention (the groups starting
+// within steps steps), and answers their ids. Two statements, so that the
+// second reads the policies after the locks are taken (sqlLockDueGroups).
+func purgeKeptGroups(ctx context.Context, tx pgx.Tx, now time.Time, limit, steps int) ([]string, error) {
+	rows, err := tx.Query(ctx, sqlLockDueGroups, now, limit)
+	if err != nil {
+		return nil, fmt.Errorf("lock due groups: %w", err)
+	}
+	due, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("lock due groups: %w", err)
+	}
+	if len(due) == 0 {
+		return nil, nil
+	}
+	rows, err = tx.Query(ctx, sqlPurgeKeptGroups, now, due, steps)
+	if err != nil {
+		return nil, fmt.Errorf("purge expired groups: %w", err)
+	}
+	groups, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("purge expired groups: %w", err)
+	}
+	return groups, nil
 }
 
 // groupsPerEffects bounds the ended groups a pass reads to a tenth of
