@@ -94,7 +94,7 @@ const llmsIntro = `# Ratchet
 
 ## Get a key
 
-POST /api/v1/workspaces {"name": "acme"} returns {"workspace_id", "key": {"id", "secret", "scopes"}}.
+POST /api/v1/workspaces {"name": "acme"} returns {"workspace_id", "name", "key": {"id", "secret", "scopes", ...}}.
 The secret is shown once. Send it as Authorization: Bearer <secret>.
 Give an agent a narrower key: POST /api/v1/keys {"name": "agent", "preset": "AGENT"}.
 
