@@ -2,6 +2,7 @@ package gate_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -379,4 +380,186 @@ func TestAmountsAreBoundedSoCountersNeverOverflow(t *testing.T) {
 		WHERE workspace_id = $1 AND scope LIKE 'dim:wire.send:counterparty:%'`, b.ws.ID).Scan(&micros, &count))
 	require.Equal(t, int64(10), count)
 	require.Zero(t, micros)
+}
+
+// A daily budget set during the day bounds the whole day's spend: the
+// grants made before it, while the type had no ceiling (begins then charge
+// nothing), count from the moment it is set (money QA: a budget set at noon
+// over a runaway admitted its whole amount again). Only the day's grants
+// not known to have failed count, and each records its new charge, so a
+// failure reported later gives it back. A budget cleared and set again
+// counts what was granted meanwhile.
+func TestABudgetSetDuringTheDayCountsTheDaysEarlierGrants(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"lease_seconds": 60})
+	yesterday := b.mustBegin("execute", charge(key("yesterday"), 5000))
+	require.Equal(t, http.StatusOK, b.report(str(yesterday["effect_id"]), str(yesterday["lease_token"]), "succeeded", nil).Status)
+	b.clock.Add(18 * time.Hour) // 06:00 the next day
+
+	b.mustBegin("execute", charge(key("lapsed"), 100))
+	b.clock.Add(2 * time.Minute) // indeterminate: keeps counting
+	done := b.mustBegin("execute", charge(key("done"), 1000))
+	require.Equal(t, http.StatusOK, b.report(str(done["effect_id"]), str(done["lease_token"]), "succeeded", nil).Status)
+	failed := b.mustBegin("execute", charge(key("failed"), 300))
+	require.Equal(t, http.StatusOK, b.report(str(failed["effect_id"]), str(failed["lease_token"]), "failed", nil).Status)
+	live := b.mustBegin("execute", charge(key("live"), 200))
+
+	// 100 + 1 000 + 200 = 1 300 of 1 500 granted today.
+	b.putPolicy("api.call", map[string]any{"daily_budget_micros": 1500})
+	b.denialOf("budget_exceeded", charge(key("over"), 201))
+	b.mustBegin("execute", charge(key("fits"), 200))
+	b.denialOf("budget_exceeded", charge(key("full"), 1))
+	// The live grant's later failure gives back what it was charged.
+	require.Equal(t, http.StatusOK, b.report(str(live["effect_id"]), str(live["lease_token"]), "failed", nil).Status)
+	b.mustBegin("execute", charge(key("refill"), 200))
+	b.denialOf("budget_exceeded", charge(key("full-again"), 1))
+
+	// Cleared, 50 granted uncharged, set again: the 50 count.
+	b.putPolicy("api.call", map[string]any{"daily_budget_micros": nil})
+	b.mustBegin("execute", charge(key("meanwhile"), 50))
+	b.putPolicy("api.call", map[string]any{"daily_budget_micros": 1540})
+	b.denialOf("budget_exceeded", charge(key("still-full"), 0))
+	b.putPolicy("api.call", map[string]any{"daily_budget_micros": 1551})
+	b.mustBegin("execute", charge(key("last"), 1))
+	b.denialOf("budget_exceeded", charge(key("after-last"), 1))
+}
+
+// A dimension limit set during the day counts the day's earlier grants to
+// each value of the dimension, and a money limit added to a count-only one
+// counts their money, which the count-only limit did not (money QA).
+func TestADimensionLimitSetDuringTheDayCountsTheDaysEarlierGrants(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pay := func(k, acct string, cost int) map[string]any {
+		return map[string]any{"effect_type": "wire.send", "idempotency_key": key(k), "cost_micros": cost,
+			"dimensions": map[string]any{"account": acct}}
+	}
+	b.mustBegin("execute", pay("q1", "acct_q", 1000))
+	b.mustBegin("execute", pay("r1", "acct_r", 1400))
+	b.putPolicy("wire.send", map[string]any{"dimension_limits": map[string]any{
+		"account": map[string]any{"daily_micros": 1500, "daily_count": 2}}})
+	b.denialOf("dimension_limit_exceeded", pay("q2", "acct_q", 600))
+	b.mustBegin("execute", pay("q3", "acct_q", 500))
+	b.denialOf("dimension_limit_exceeded", pay("q4", "acct_q", 0)) // a third of the day
+	b.denialOf("dimension_limit_exceeded", pay("r2", "acct_r", 101))
+	b.mustBegin("execute", pay("s1", "acct_s", 1500))
+
+	b.putPolicy("sms.send", map[string]any{"dimension_limits": map[string]any{
+		"account": map[string]any{"daily_count": 100}}})
+	sms := func(k string, cost int) map[string]any {
+		body := pay(k, "acct_o", cost)
+		body["effect_type"] = "sms.send"
+		return body
+	}
+	b.mustBegin("execute", sms("o1", 1000))
+	b.putPolicy("sms.send", map[string]any{"dimension_limits": map[string]any{
+		"account": map[string]any{"daily_count": 100, "daily_micros": 1500}}})
+	b.denialOf("dimension_limit_exceeded", sms("o2", 501))
+	b.mustBegin("execute", sms("o3", 500))
+}
+
+// A probe and the attempt of unknown outcome before it, granted the same
+// day, are one action at the vendor: a ceiling set afterwards counts it
+// once, as their grants would have been charged.
+func TestABudgetSetDuringTheDayCountsAProbeAndItsUnknownAttemptOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"on_indeterminate": "probe"})
+	k := charge(key("probed"), 700)
+	b.mustBegin("execute", k)
+	b.clock.Add(2 * time.Minute)
+	probe := b.mustBegin("execute", k)
+	require.Equal(t, true, probe["probe"])
+	b.putPolicy("api.call", map[string]any{"daily_budget_micros": 1000})
+	b.mustBegin("execute", charge(key("fits"), 300))
+	b.denialOf("budget_exceeded", charge(key("full"), 1))
+}
+
+// Ceilings set and cleared again and again while begins are granted and
+// reported (half of them failed) on two instances: no deadlock or error,
+// and once a last write sets them, each counter holds exactly what the
+// day's attempts that did not fail were charged, every one of them once.
+func TestCeilingsSetDuringGrantsAndReleasesAgree(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	env1 := apitest.Start(t, apitest.WithNow(c.Now))
+	env2 := apitest.Start(t, apitest.WithNow(c.Now))
+	ws := env1.Signup()
+	agent := env1.Key(ws, map[string]any{"name": "agent", "preset": "AGENT"})
+	ceilings := map[string]any{"daily_budget_micros": 1_000_000_000,
+		"dimension_limits": map[string]any{"vendor": map[string]any{"daily_micros": 1_000_000_000}}}
+	cleared := map[string]any{"daily_budget_micros": nil, "dimension_limits": map[string]any{}}
+	const racers = 80
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		codes = map[string]int{}
+		start = make(chan struct{})
+	)
+	note := func(s string) { mu.Lock(); codes[s]++; mu.Unlock() }
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		<-start
+		for i := 0; i < 20; i++ {
+			status, _, err := put(env1, "/api/v1/policies/api.call", ws.Key, []map[string]any{ceilings, cleared}[i%2])
+			if err != nil || status != http.StatusOK {
+				note("policy error")
+			}
+		}
+	}()
+	for i := 0; i < racers; i++ {
+		env := []*apitest.Env{env1, env2}[i%2]
+		outcome := []string{"succeeded", "failed"}[i%2]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			body := charge(key("mix"), 10)
+			body["dimensions"] = map[string]any{"vendor": "acme"}
+			status, out, err := post(env, "/api/v1/effects/begin", agent, body)
+			if err != nil || status != http.StatusOK || out["decision"] != "execute" {
+				note(fmt.Sprintf("begin %d %v", status, out["error"]))
+				return
+			}
+			status, _, err = post(env, "/api/v1/effects/"+str(out["effect_id"])+"/report", agent,
+				map[string]any{"lease_token": out["lease_token"], "outcome": outcome})
+			if err != nil || status != http.StatusOK {
+				note("report error")
+				return
+			}
+			note(outcome)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	env1.Must(http.StatusOK, "PUT", "/api/v1/policies/api.call", ws.Key, cleared)
+	env1.Must(http.StatusOK, "PUT", "/api/v1/policies/api.call", ws.Key, ceilings)
+	t.Logf("outcomes: %v", codes)
+	require.Equal(t, map[string]int{"succeeded": racers / 2, "failed": racers / 2}, codes)
+
+	ctx := context.Background()
+	var attempts, entries int64
+	require.NoError(t, env1.App.Pool.QueryRow(ctx, `SELECT count(DISTINCT (a.effect_id, a.attempt)), count(x.scope)
+		FROM effect_attempts a LEFT JOIN LATERAL jsonb_to_recordset(a.charges) AS x(scope text, micros bigint) ON x.micros = 10
+		WHERE a.workspace_id = $1 AND a.outcome = 'succeeded'`, ws.ID).Scan(&attempts, &entries))
+	require.EqualValues(t, racers/2, attempts)
+	require.EqualValues(t, 2*attempts, entries, "every attempt charged once on each ceiling")
+	rows, err := env1.App.Pool.Query(ctx, `SELECT scope, micros, count FROM gate_spend WHERE workspace_id = $1`, ws.ID)
+	require.NoError(t, err)
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var (
+			scope         string
+			micros, count int64
+		)
+		require.NoError(t, rows.Scan(&scope, &micros, &count))
+		require.Equal(t, attempts*10, micros, scope)
+		require.Equal(t, attempts, count, scope)
+		n++
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, 2, n)
 }

@@ -18,11 +18,20 @@ import (
 
 // post sends a request without touching testing.T, for use from goroutines.
 func post(env *apitest.Env, path, key string, body any) (int, map[string]any, error) {
+	return send(env, "POST", path, key, body)
+}
+
+// put is post's PUT.
+func put(env *apitest.Env, path, key string, body any) (int, map[string]any, error) {
+	return send(env, "PUT", path, key, body)
+}
+
+func send(env *apitest.Env, method, path, key string, body any) (int, map[string]any, error) {
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return 0, nil, err
 	}
-	req, err := http.NewRequest("POST", env.Server.URL+path, bytes.NewReader(raw))
+	req, err := http.NewRequest(method, env.Server.URL+path, bytes.NewReader(raw))
 	if err != nil {
 		return 0, nil, err
 	}

@@ -400,7 +400,7 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		if err != nil {
 			return err
 		}
-		oldRetention := p.RetentionDays
+		was := p // merge replaces the dimension limits' map, never edits it
 		// API.md §5: expected_version, when sent, must equal the version,
 		// even for a PUT that would change nothing. A request invalid
 		// whatever the version is refused as such first (fuzz QA:
@@ -425,7 +425,7 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		// types when they ended: a shorter one applies to them from now, as
 		// to every other effect of the type.
 		var shorten []string
-		if p.RetentionDays < oldRetention {
+		if p.RetentionDays < was.RetentionDays {
 			if shorten, err = lockGroupsToShorten(ctx, tx, workspaceID, effectType, p.RetentionDays); err != nil {
 				return err
 			}
@@ -451,6 +451,11 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		if err != nil {
 			return err
 		}
+		if was.ceilingsAdded(p) {
+			if _, err := tx.Exec(ctx, sqlChargeEarlierGrants, workspaceID, effectType, now); err != nil {
+				return fmt.Errorf("charge the day's earlier grants: %w", err)
+			}
+		}
 		if len(shorten) > 0 {
 			if _, err := tx.Exec(ctx, sqlShortenKeptGroups, shorten); err != nil {
 				return fmt.Errorf("shorten kept groups: %w", err)
@@ -468,6 +473,25 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		return nil
 	})
 	return out, err
+}
+
+// ceilingsAdded says whether next sets a daily ceiling on money or count
+// that p did not (a type budget, a dimension's limit, a dimension's money
+// limit where it had a count only): begins under p were not charged to it,
+// so the day's earlier grants must be (sqlChargeEarlierGrants). Every
+// charge of a dimension's limit counts 1, so a count limit added beside a
+// money one needs nothing more.
+func (p Policy) ceilingsAdded(next Policy) bool {
+	if next.DailyBudgetMicros != nil && p.DailyBudgetMicros == nil {
+		return true
+	}
+	for name, lim := range next.DimensionLimits {
+		had, ok := p.DimensionLimits[name]
+		if !ok || (lim.DailyMicros != nil && had.DailyMicros == nil) {
+			return true
+		}
+	}
+	return false
 }
 
 // lockGroupsToShorten locks the ended groups a type's retention lowered to

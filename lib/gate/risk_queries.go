@@ -48,17 +48,10 @@ plan AS (
     SELECT s.workspace_id, s.day, p.scope, p.label,
         CASE WHEN p.cap_micros IS NULL THEN 0 ELSE coalesce(s.cost, 0) END::bigint AS micros, 1::bigint AS count,
         p.cap_micros, p.cap_count
-    FROM ` + src + ` s, LATERAL (
-        SELECT 'type:' || s.effect_type AS scope, 'type' AS label, s.daily_budget_micros AS cap_micros,
-            NULL::bigint AS cap_count
-        WHERE s.daily_budget_micros IS NOT NULL
+    FROM ` + src + ` s, LATERAL (` + typeCeiling + `
         UNION ALL
         SELECT 'key:' || s.key_id, 'key', s.key_ceiling, NULL WHERE s.key_ceiling IS NOT NULL
-        UNION ALL
-        SELECT 'dim:' || s.effect_type || ':' || l.key || ':' || coalesce(s.dims ->> l.key, ''), 'dim:' || l.key,
-            (l.value ->> 'daily_micros')::bigint, (l.value ->> 'daily_count')::bigint
-        FROM jsonb_each(s.dimension_limits) l
-        WHERE l.value ->> 'daily_micros' IS NOT NULL OR l.value ->> 'daily_count' IS NOT NULL
+        UNION ALL` + dimensionCeilings + `
     ) p` + except + `
 ),
 chg AS (
@@ -78,6 +71,84 @@ refused AS (
     HAVING count(*) > 0
 )`
 }
+
+// typeCeiling and dimensionCeilings are the ceilings a type's policy sets
+// on a grant s (columns effect_type, dims, daily_budget_micros,
+// dimension_limits): its scope, its label (gate_refuse's), and its caps.
+// (Their text is also in gate_begin's body, migration 0013.)
+const (
+	typeCeiling = `
+        SELECT 'type:' || s.effect_type AS scope, 'type' AS label, s.daily_budget_micros AS cap_micros,
+            NULL::bigint AS cap_count
+        WHERE s.daily_budget_micros IS NOT NULL`
+	dimensionCeilings = `
+        SELECT 'dim:' || s.effect_type || ':' || l.key || ':' || coalesce(s.dims ->> l.key, ''), 'dim:' || l.key,
+            (l.value ->> 'daily_micros')::bigint, (l.value ->> 'daily_count')::bigint
+        FROM jsonb_each(s.dimension_limits) l
+        WHERE l.value ->> 'daily_micros' IS NOT NULL OR l.value ->> 'daily_count' IS NOT NULL`
+)
+
+// sqlChargeEarlierGrants charges the day's earlier grants of a type to the
+// ceilings a policy write has just set on it, so that a ceiling set during
+// the day bounds the whole day's spend (money QA: a budget set at noon over
+// a runaway admitted its whole amount again, as begins under a type with no
+// ceiling are charged nothing; one cleared and set again missed what was
+// spent meanwhile). Every attempt of the type granted on the UTC day of $3
+// and not known to have failed is charged what a grant under the policy
+// now written would have been charged (sqlGrant), less what it was charged
+// already on each scope: the counters grow by the difference, and each
+// attempt records its new charges, so a later failed report or resolution
+// releases exactly them. A probe whose earlier attempt of the same day is
+// still of unknown outcome is not charged, as its grant would not have
+// been (one of the two acted). The attempts are locked first, then the
+// counters in scope order, as a report and a grant lock them; a counter
+// may end above its cap: that day's later grants are refused. A grant in
+// flight while the policy write commits, under the policy before it, is
+// not charged: policies apply from the moment they commit.
+// $1 workspace, $2 effect type, $3 now.
+var sqlChargeEarlierGrants = `
+WITH day AS (
+    SELECT ` + utcDay("$3") + ` AS day, (` + utcDay("$3") + `)::timestamp AT TIME ZONE 'UTC' AS starts
+), granted AS (
+    SELECT a.effect_id, a.attempt, a.charges, e.workspace_id, e.effect_type, e.cost_micros AS cost,
+        e.dimensions AS dims, p.daily_budget_micros, p.dimension_limits
+    FROM day, effects e
+    JOIN gate_policies p ON p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type
+    JOIN effect_attempts a ON a.effect_id = e.id
+    WHERE e.workspace_id = $1 AND e.effect_type = $2 AND e.updated_at >= day.starts
+      AND a.started_at >= day.starts AND a.started_at < day.starts + interval '1 day'
+      AND a.outcome IS DISTINCT FROM 'failed'
+      AND NOT (a.probe AND EXISTS (
+          SELECT 1 FROM effect_attempts u WHERE u.effect_id = a.effect_id AND u.attempt < a.attempt
+            AND u.started_at >= day.starts AND u.outcome = 'indeterminate'))
+    FOR UPDATE OF a
+), missing AS (
+    SELECT s.effect_id, s.attempt, c.scope, c.cap_micros, c.cap_count,
+        greatest(w.micros, coalesce(had.micros, 0)) AS micros, greatest(1, coalesce(had.count, 0)) AS count,
+        greatest(w.micros - coalesce(had.micros, 0), 0) AS add_micros, greatest(1 - coalesce(had.count, 0), 0) AS add_count
+    FROM granted s
+    CROSS JOIN LATERAL (` + typeCeiling + `
+        UNION ALL` + dimensionCeilings + `
+    ) c
+    CROSS JOIN LATERAL (SELECT CASE WHEN c.cap_micros IS NULL THEN 0 ELSE coalesce(s.cost, 0) END::bigint AS micros) w
+    LEFT JOIN LATERAL (SELECT x.micros, x.count FROM jsonb_to_recordset(s.charges) AS x(scope text, micros bigint, count bigint)
+                       WHERE x.scope = c.scope) had ON true
+    WHERE w.micros > coalesce(had.micros, 0) OR had.count IS NULL OR had.count < 1
+), recharged AS (
+    UPDATE effect_attempts a SET charged_on = (SELECT day FROM day), charges = (
+        SELECT jsonb_agg(jsonb_build_object('scope', n.scope, 'micros', n.micros, 'count', n.count) ORDER BY n.scope)
+        FROM (SELECT x.scope, x.micros, x.count FROM jsonb_to_recordset(a.charges) AS x(scope text, micros bigint, count bigint)
+              WHERE x.scope NOT IN (SELECT m.scope FROM missing m WHERE m.effect_id = a.effect_id AND m.attempt = a.attempt)
+              UNION ALL
+              SELECT m.scope, m.micros, m.count FROM missing m WHERE m.effect_id = a.effect_id AND m.attempt = a.attempt) n)
+    WHERE (a.effect_id, a.attempt) IN (SELECT effect_id, attempt FROM missing)
+)
+INSERT INTO gate_spend AS g (workspace_id, scope, day, micros, count, cap_micros, cap_count)
+SELECT $1, m.scope, (SELECT day FROM day), sum(m.add_micros), sum(m.add_count), min(m.cap_micros), min(m.cap_count)
+FROM missing m GROUP BY m.scope ORDER BY m.scope
+ON CONFLICT (workspace_id, scope, day) DO UPDATE
+SET micros = g.micros + excluded.micros, count = g.count + excluded.count,
+    cap_micros = excluded.cap_micros, cap_count = excluded.cap_count`
 
 // chargesJSON and chargedOn are what the attempt row records of plan.
 const (

@@ -114,7 +114,8 @@ func (s *Server) gateRoutes() []Route {
 			Method: "PUT", Pattern: "/api/v1/policies/{effect_type}", Name: "policies.put", Tag: "policies",
 			Scopes: []string{auth.ScopePoliciesWrite},
 			Summary: "Merge fields into an effect type's policy: omitted fields keep their value, null clears a " +
-				"nullable one; expected_version, when sent, must equal the current version.",
+				"nullable one; expected_version, when sent, must equal the current version. A daily ceiling " +
+				"set during the day counts the type's earlier grants of that UTC day.",
 			Request: gate.PutPolicyRequest{}, Response: gate.Policy{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeApprovalAboveCeiling, apierr.CodeVersionConflict},
 			Handle: s.putPolicy,
