@@ -64,6 +64,13 @@ func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
 	for _, f := range []string{"decision", "effect_id", "state", "attempt", "error"} {
 		require.Contains(t, props, f)
 	}
+	// The error's detail names the fields API.md tells clients to branch
+	// on (money QA: it was a bare object).
+	errSchema := doc["components"].(map[string]any)["schemas"].(map[string]any)["Error"].(map[string]any)
+	detail := errSchema["properties"].(map[string]any)["error"].(map[string]any)["properties"].(map[string]any)["detail"]
+	for _, f := range []string{"validation", "required", "resets_at", "dimension", "retry_after_seconds", "outcome"} {
+		require.Contains(t, detail.(map[string]any)["properties"], f)
+	}
 	mcp := paths["/api/v1/mcp"].(map[string]any)["post"].(map[string]any)["responses"].(map[string]any)
 	require.Contains(t, mcp, "202", "a notification's answer (QA)")
 	for p := range paths {

@@ -87,9 +87,46 @@ func errorSchema() map[string]any {
 				"properties": map[string]any{
 					"code":    map[string]any{"type": "string", "enum": codes},
 					"message": map[string]any{"type": "string"},
-					"detail":  map[string]any{"type": "object"},
+					"detail":  errorDetailSchema(),
 				},
 			},
+		},
+	}
+}
+
+// errorDetailSchema names the detail fields clients branch on (API.md §0
+// and §5, and what this server adds); which ones an error carries depends on
+// its code, and others may be added.
+func errorDetailSchema() map[string]any {
+	str := func(desc string) map[string]any { return map[string]any{"type": "string", "description": desc} }
+	integer := func(desc string) map[string]any { return map[string]any{"type": "integer", "description": desc} }
+	return map[string]any{
+		"type":                 "object",
+		"additionalProperties": true,
+		"properties": map[string]any{
+			"validation": map[string]any{"type": "array", "description": "invalid_request (and " +
+				"approval_threshold_above_ceiling): each problem, field named by its dotted path from the body root.",
+				"items": map[string]any{"type": "object", "required": []string{"field", "message"},
+					"properties": map[string]any{"field": map[string]any{"type": "string"},
+						"message": map[string]any{"type": "string"}}}},
+			"required": map[string]any{"type": "array", "items": map[string]any{"type": "string"},
+				"description": "forbidden: the scopes (or tool:<name>@<version>) the key lacks."},
+			"resets_at": map[string]any{"type": "string", "format": "date-time",
+				"description": "budget_exceeded, key_budget_exceeded, dimension_limit_exceeded: the next UTC midnight."},
+			"dimension": str("dimension_limit_exceeded: the dimension whose limit would be breached."),
+			"dimensions": map[string]any{"type": "array", "items": map[string]any{"type": "string"},
+				"description": "dimension_required: the required dimensions the begin left out."},
+			"run_id":              str("run_budget_exceeded: the run whose wallet refused."),
+			"budget_micros":       integer("run_budget_exceeded: the run's budget."),
+			"spent_micros":        integer("run_budget_exceeded: what the run has spent."),
+			"max_cost_micros":     integer("cost_ceiling_exceeded: the type's ceiling."),
+			"retry_after_seconds": integer("rate_limited (also in Retry-After), retry_request: when to try again."),
+			"outcome": map[string]any{"type": "string", "enum": []string{apierr.OutcomeNotApplied, apierr.OutcomeUnknown},
+				"description": "database_unavailable: whether the request may have been applied."},
+			"request_id":      str("internal_error, database_unavailable: the request's id, as in X-Request-Id."),
+			"current_version": integer("version_conflict: the version to re-read."),
+			"state":           str("invalid_state and others: the state that refused the request."),
+			"attempt":         integer("lease_lost: the attempt that superseded the token."),
 		},
 	}
 }
