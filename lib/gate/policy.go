@@ -452,8 +452,8 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 			return err
 		}
 		if was.ceilingsAdded(p) {
-			if _, err := tx.Exec(ctx, sqlChargeEarlierGrants, workspaceID, effectType, now); err != nil {
-				return fmt.Errorf("charge the day's earlier grants: %w", err)
+			if err := chargeEarlierGrants(ctx, tx, workspaceID, effectType, now); err != nil {
+				return err
 			}
 		}
 		if len(shorten) > 0 {
@@ -492,6 +492,27 @@ func (p Policy) ceilingsAdded(next Policy) bool {
 		}
 	}
 	return false
+}
+
+// chargeEarlierGrants charges the type's grants of now's UTC day to the
+// ceilings its policy now sets (sqlChargeEarlierGrants). Without JIT
+// compilation: its plan's cost estimates can pass the threshold at which
+// PostgreSQL compiles it, which took longer (over a second) than running
+// it.
+func chargeEarlierGrants(ctx context.Context, tx pgx.Tx, workspaceID, effectType string, now time.Time) error {
+	if _, err := tx.Exec(ctx, `SET LOCAL jit = off`); err != nil {
+		return fmt.Errorf("charge the day's earlier grants: %w", err)
+	}
+	day := now.UTC().Truncate(24 * time.Hour)
+	_, err := tx.Exec(ctx, sqlChargeEarlierGrants, workspaceID, effectType, day, day.Add(24*time.Hour))
+	if _, refused := refusedCeiling(err); refused {
+		return apierr.InvalidState("The type's declared spend granted today is too large to count against " +
+			"a daily ceiling (over 8e18 micros); set max_cost_micros, or set the ceiling tomorrow.")
+	}
+	if err != nil {
+		return fmt.Errorf("charge the day's earlier grants: %w", err)
+	}
+	return nil
 }
 
 // lockGroupsToShorten locks the ended groups a type's retention lowered to

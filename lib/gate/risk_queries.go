@@ -88,6 +88,11 @@ const (
         WHERE l.value ->> 'daily_micros' IS NOT NULL OR l.value ->> 'daily_count' IS NOT NULL`
 )
 
+// maxBackfilledCounter bounds a counter sqlChargeEarlierGrants raises
+// (numeric: the sum is taken before any bigint could overflow): a day's
+// declared spend beyond it (over $8 trillion) is refused, not counted.
+const maxBackfilledCounter = "8000000000000000000::numeric"
+
 // sqlChargeEarlierGrants charges the day's earlier grants of a type to the
 // ceilings a policy write has just set on it, so that a ceiling set during
 // the day bounds the whole day's spend (money QA: a budget set at noon over
@@ -100,28 +105,36 @@ const (
 // attempt records its new charges, so a later failed report or resolution
 // releases exactly them. A probe whose earlier attempt of the same day is
 // still of unknown outcome is not charged, as its grant would not have
-// been (one of the two acted). The attempts are locked first, then the
-// counters in scope order, as a report and a grant lock them; a counter
-// may end above its cap: that day's later grants are refused. A grant in
+// been (one of the two acted). The effects and their attempts are locked
+// first, in effect id order, then the counters in scope order, as a begin,
+// a report, a resolve, the lapse sweep and a reconciliation lock them (a
+// lock in heap order deadlocked with the sweep, review); a counter may end
+// above its cap: that day's later grants are refused. A grant in
 // flight while the policy write commits, under the policy before it, is
-// not charged: policies apply from the moment they commit.
-// $1 workspace, $2 effect type, $3 now.
+// not charged: policies apply from the moment they commit. The day's
+// attempts of the workspace are found by effect_attempts_started_idx
+// (migration 0039), a grant's start being its grant; the day's bounds are
+// parameters, not expressions, so that the plan knows how few rows a day
+// holds (reckoned from expressions, a ninth of the table, and a hash join
+// that read every attempt).
+// $1 workspace, $2 effect type, $3 the UTC day's start, $4 the next day's.
 var sqlChargeEarlierGrants = `
 WITH day AS (
-    SELECT ` + utcDay("$3") + ` AS day, (` + utcDay("$3") + `)::timestamp AT TIME ZONE 'UTC' AS starts
+    SELECT ` + utcDay("$3") + ` AS day
 ), granted AS (
     SELECT a.effect_id, a.attempt, a.charges, e.workspace_id, e.effect_type, e.cost_micros AS cost,
         e.dimensions AS dims, p.daily_budget_micros, p.dimension_limits
-    FROM day, effects e
+    FROM effect_attempts a
+    JOIN effects e ON e.id = a.effect_id
     JOIN gate_policies p ON p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type
-    JOIN effect_attempts a ON a.effect_id = e.id
-    WHERE e.workspace_id = $1 AND e.effect_type = $2 AND e.updated_at >= day.starts
-      AND a.started_at >= day.starts AND a.started_at < day.starts + interval '1 day'
+    WHERE a.workspace_id = $1 AND a.started_at >= $3::timestamptz AND a.started_at < $4::timestamptz
+      AND e.effect_type = $2
       AND a.outcome IS DISTINCT FROM 'failed'
       AND NOT (a.probe AND EXISTS (
           SELECT 1 FROM effect_attempts u WHERE u.effect_id = a.effect_id AND u.attempt < a.attempt
-            AND u.started_at >= day.starts AND u.outcome = 'indeterminate'))
-    FOR UPDATE OF a
+            AND u.started_at >= $3::timestamptz AND u.outcome = 'indeterminate'))
+    ORDER BY e.id, a.attempt
+    FOR UPDATE OF e, a
 ), missing AS (
     SELECT s.effect_id, s.attempt, c.scope, c.cap_micros, c.cap_count,
         greatest(w.micros, coalesce(had.micros, 0)) AS micros, greatest(1, coalesce(had.count, 0)) AS count,
@@ -134,18 +147,38 @@ WITH day AS (
     LEFT JOIN LATERAL (SELECT x.micros, x.count FROM jsonb_to_recordset(s.charges) AS x(scope text, micros bigint, count bigint)
                        WHERE x.scope = c.scope) had ON true
     WHERE w.micros > coalesce(had.micros, 0) OR had.count IS NULL OR had.count < 1
+), recharges AS (
+    -- each attempt's charges: those it had on other scopes, and the new
+    SELECT n.effect_id, n.attempt,
+        jsonb_agg(jsonb_build_object('scope', n.scope, 'micros', n.micros, 'count', n.count) ORDER BY n.scope) AS charges
+    FROM (
+        SELECT s.effect_id, s.attempt, x.scope, x.micros, x.count
+        FROM granted s, jsonb_to_recordset(s.charges) AS x(scope text, micros bigint, count bigint)
+        WHERE EXISTS (SELECT 1 FROM missing m WHERE m.effect_id = s.effect_id AND m.attempt = s.attempt)
+          AND NOT EXISTS (SELECT 1 FROM missing m
+                          WHERE m.effect_id = s.effect_id AND m.attempt = s.attempt AND m.scope = x.scope)
+        UNION ALL
+        SELECT m.effect_id, m.attempt, m.scope, m.micros, m.count FROM missing m
+    ) n
+    GROUP BY n.effect_id, n.attempt
 ), recharged AS (
-    UPDATE effect_attempts a SET charged_on = (SELECT day FROM day), charges = (
-        SELECT jsonb_agg(jsonb_build_object('scope', n.scope, 'micros', n.micros, 'count', n.count) ORDER BY n.scope)
-        FROM (SELECT x.scope, x.micros, x.count FROM jsonb_to_recordset(a.charges) AS x(scope text, micros bigint, count bigint)
-              WHERE x.scope NOT IN (SELECT m.scope FROM missing m WHERE m.effect_id = a.effect_id AND m.attempt = a.attempt)
-              UNION ALL
-              SELECT m.scope, m.micros, m.count FROM missing m WHERE m.effect_id = a.effect_id AND m.attempt = a.attempt) n)
-    WHERE (a.effect_id, a.attempt) IN (SELECT effect_id, attempt FROM missing)
+    UPDATE effect_attempts a SET charges = r.charges, charged_on = (SELECT day FROM day)
+    FROM recharges r WHERE a.effect_id = r.effect_id AND a.attempt = r.attempt
+), added AS (
+    SELECT m.scope, sum(m.add_micros) AS micros, sum(m.add_count) AS count, min(m.cap_micros) AS cap_micros,
+        min(m.cap_count) AS cap_count
+    FROM missing m GROUP BY m.scope
+), overflow AS (
+    -- a grant's charge adds up to 10^18 to a counter it finds at most at
+    -- its cap (10^18 at most) without leaving bigint; a counter this
+    -- raised far above any cap must stay where that still holds
+    SELECT gate_refuse('overflow') FROM added d
+    LEFT JOIN gate_spend g ON g.workspace_id = $1 AND g.scope = d.scope AND g.day = (SELECT day FROM day)
+    WHERE coalesce(g.micros, 0) + d.micros > ` + maxBackfilledCounter + `
 )
 INSERT INTO gate_spend AS g (workspace_id, scope, day, micros, count, cap_micros, cap_count)
-SELECT $1, m.scope, (SELECT day FROM day), sum(m.add_micros), sum(m.add_count), min(m.cap_micros), min(m.cap_count)
-FROM missing m GROUP BY m.scope ORDER BY m.scope
+SELECT $1, d.scope, (SELECT day FROM day), d.micros, d.count, d.cap_micros, d.cap_count
+FROM added d WHERE NOT EXISTS (SELECT 1 FROM overflow) ORDER BY d.scope
 ON CONFLICT (workspace_id, scope, day) DO UPDATE
 SET micros = g.micros + excluded.micros, count = g.count + excluded.count,
     cap_micros = excluded.cap_micros, cap_count = excluded.cap_count`

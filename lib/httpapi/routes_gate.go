@@ -117,7 +117,8 @@ func (s *Server) gateRoutes() []Route {
 				"nullable one; expected_version, when sent, must equal the current version. A daily ceiling " +
 				"set during the day counts the type's earlier grants of that UTC day.",
 			Request: gate.PutPolicyRequest{}, Response: gate.Policy{}, Status: 200,
-			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeApprovalAboveCeiling, apierr.CodeVersionConflict},
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeApprovalAboveCeiling, apierr.CodeVersionConflict,
+				apierr.CodeInvalidState},
 			Handle: s.putPolicy,
 		},
 		{

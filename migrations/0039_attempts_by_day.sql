@@ -1,0 +1,11 @@
+-- A daily ceiling set during the day charges the type's grants of that day
+-- made before it (lib/gate sqlChargeEarlierGrants). Found through effects,
+-- they took a scan of every effect of the type (seconds a million): an
+-- attempt's start is its grant, so this index finds a workspace's grants of
+-- the day directly. A grant inserts one entry (at the index's right edge
+-- for its workspace); a report's update of the attempt changes no indexed
+-- column and stays HOT.
+--
+-- Built inside this migration's transaction, which blocks begins
+-- meanwhile; README "Upgrading" shows how to build it first, concurrently.
+CREATE INDEX IF NOT EXISTS effect_attempts_started_idx ON effect_attempts (workspace_id, started_at);
