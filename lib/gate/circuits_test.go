@@ -555,3 +555,37 @@ func TestABeginThatWaitedForItsSurgeTurnGetsAWholeLease(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, exp.Before(b.clock.Now().Add(6*time.Second)), "lease from before the wait: %s", exp)
 }
+
+// A policy that changes surge_action changes the action of the breaker the
+// surge opened, at once, and says so (circuit.tripped): it held with the
+// action it tripped with until a new key tripped it again, so a monitor
+// breaker made deny let the retries of known keys execute meanwhile (QA).
+// A manual breaker keeps its operator's action.
+func TestChangingTheSurgeActionRetunesTheOpenBreaker(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 2, "surge_action": "monitor"})
+	first := b.mustBegin("execute", sms(key("a")))
+	b.mustBegin("execute", sms(key("b")))
+	b.mustBegin("execute", sms(key("c")))
+	require.Equal(t, "monitor", b.circuit("sms.send")["action"])
+	retry := sms(str(b.get(str(first["effect_id"]))["idempotency_key"]))
+	require.Equal(t, http.StatusOK, b.report(str(first["effect_id"]), str(first["lease_token"]), "failed", nil).Status)
+	closesAt := b.circuit("sms.send")["closes_at"]
+
+	b.putPolicy("sms.send", map[string]any{"surge_action": "deny"})
+	c := b.circuit("sms.send")
+	require.Equal(t, "deny", c["action"])
+	require.Equal(t, closesAt, c["closes_at"], "the cooldown is the trip's")
+	require.Equal(t, 2, b.events("circuit.tripped"))
+	b.denialOf("circuit_open", retry)
+
+	b.putPolicy("sms.send", map[string]any{"surge_action": "require_approval"})
+	b.mustBegin("approval_required", retry)
+	require.Equal(t, 3, b.events("circuit.tripped"))
+
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key,
+		map[string]any{"action": "deny", "reason": "vendor down"})
+	b.putPolicy("sms.send", map[string]any{"surge_action": "monitor"})
+	require.Equal(t, "deny", b.circuit("sms.send")["action"], "an operator's breaker is theirs")
+}

@@ -431,12 +431,14 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 			}
 		}
 		surgeOff := p.SurgePerHour == nil && p.SurgeMultiplier == nil
-		if surgeOff {
+		retuned := !surgeOff && p.SurgeAction != was.SurgeAction
+		if surgeOff || retuned {
 			// Begins that count the surge take this lock for their whole
 			// transaction (gate_begin_in_turn): one evaluated under the
-			// old policy trips before the close below, and one that waits
-			// reads the new policy (review: a trip landing between the
-			// close and a begin's evaluation kept a breaker open).
+			// old policy trips before the close (or the new action) below,
+			// and one that waits reads the new policy (review: a trip
+			// landing between the close and a begin's evaluation kept a
+			// breaker open).
 			if _, err := tx.Exec(ctx, sqlLockSurgeTurn, workspaceID, effectType); err != nil {
 				return fmt.Errorf("lock surge turn: %w", err)
 			}
@@ -459,6 +461,13 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		if len(shorten) > 0 {
 			if _, err := tx.Exec(ctx, sqlShortenKeptGroups, shorten); err != nil {
 				return fmt.Errorf("shorten kept groups: %w", err)
+			}
+		}
+		if retuned {
+			// The surge's breaker, open, holds with the new action from now.
+			if _, err := tx.Exec(ctx, sqlRetuneSurgeCircuit, workspaceID, effectType, p.SurgeAction, now,
+				ids.NewAt(ids.Event, now)); err != nil {
+				return fmt.Errorf("retune surge breaker: %w", err)
 			}
 		}
 		if surgeOff {

@@ -419,6 +419,28 @@ var (
 	sqlCloseSurgeCircuit = closeSQL(`SELECT workspace_id, effect_type FROM gate_circuits
     WHERE workspace_id = $1 AND effect_type = $2 AND state = 'open' AND opened_by = 'surge' FOR UPDATE`,
 		"$3::timestamptz", "$4")
+	// sqlRetuneSurgeCircuit gives a breaker the surge opened, still open,
+	// the action the policy PUT has just set, and records circuit.tripped
+	// with it, as a re-issued stop does: it went on holding with the action
+	// it tripped with until a new key's begin tripped it again, so a
+	// monitor breaker made deny let every retry through meanwhile (QA).
+	// $1 workspace, $2 type, $3 action, $4 now, $5 event id.
+	sqlRetuneSurgeCircuit = `
+WITH up AS (
+    UPDATE gate_circuits SET action = $3, updated_at = $4
+    WHERE workspace_id = $1 AND effect_type = $2 AND state = 'open' AND opened_by = 'surge'
+      AND (closes_at IS NULL OR closes_at > $4) AND action <> $3
+    RETURNING opened_at, closes_at, action
+), evt AS (
+    INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
+    SELECT $5, $1, '` + events.CircuitTripped + `', $2,
+        jsonb_build_object('effect_type', $2::text, 'opened_by', 'surge', 'action', up.action,
+            'opened_at', up.opened_at, 'closes_at', up.closes_at), $4,
+        'surge:' || extract(epoch FROM up.opened_at)::text || ':' || up.action || ':' || $5::text
+    FROM up
+    ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
+)
+SELECT count(*) FROM up`
 	// sqlSweepCircuits closes surge breakers whose cooldown has passed.
 	// $1 now, $2 limit, $3 event ids.
 	sqlSweepCircuits = closeSQL(`SELECT workspace_id, effect_type FROM gate_circuits
