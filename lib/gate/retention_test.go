@@ -121,11 +121,6 @@ func TestRetentionDeletesACommittedGroupOnceAllItsStepsExpired(t *testing.T) {
 		s["effect_type"], s["group_id"], s["compensation"] = typ, g, map[string]any{"effect_type": "email.retract"}
 		return s
 	}
-	keepUntil := func(g string) time.Time {
-		var until time.Time
-		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT keep_until FROM effect_groups WHERE id = $1`, g).Scan(&until))
-		return until
-	}
 	sagaKey := key("saga")
 	committed, open := group(sagaKey), group(key("open"))
 	mail, charge := stepOf(committed, "email.send", "mail"), stepOf(committed, "charge.card", "charge")
@@ -134,7 +129,7 @@ func TestRetentionDeletesACommittedGroupOnceAllItsStepsExpired(t *testing.T) {
 	b.clock.Add(30 * time.Hour)
 	commitAt := b.clock.Now()
 	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+committed+"/commit", b.ws.Key, nil)
-	require.WithinDuration(t, commitAt.Add(72*time.Hour), keepUntil(committed), time.Second, "the charge's three days")
+	require.WithinDuration(t, commitAt.Add(72*time.Hour), *b.keepUntil(committed), time.Second, "the charge's three days")
 
 	// Three days since the steps ended, not since the commit: the charge's
 	// retention has not passed.
@@ -150,7 +145,7 @@ func TestRetentionDeletesACommittedGroupOnceAllItsStepsExpired(t *testing.T) {
 	b.clock.Set(commitAt.Add(72*time.Hour + time.Minute))
 	sweep()
 	b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(c["effect_id"]), b.ws.Key, nil)
-	require.WithinDuration(t, commitAt.Add(96*time.Hour), keepUntil(committed), time.Second)
+	require.WithinDuration(t, commitAt.Add(96*time.Hour), *b.keepUntil(committed), time.Second)
 
 	// Four days since the commit: the group and both its steps go in one
 	// pass, though the pass may delete one effect only.
@@ -296,15 +291,9 @@ DELETE FROM effects WHERE id = $1`, str(c["effect_id"]))
 // own era (1956).
 func TestRetentionDeletesAnEndedRollbackWhole(t *testing.T) {
 	b, sweep := inEra(t, 1956)
-	ctx := context.Background()
 	b.putPolicy("email.send", map[string]any{"retention_days": 1})
 	b.putPolicy("email.retract", map[string]any{"retention_days": 3})
 	b.putPolicy("charge.card", map[string]any{"retention_days": 1})
-	keepUntil := func(g string) time.Time {
-		var until time.Time
-		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT keep_until FROM effect_groups WHERE id = $1`, g).Scan(&until))
-		return until
-	}
 	groupKey := key("rollback")
 	unwound := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key,
 		map[string]any{"name": "order", "idempotency_key": groupKey}).JSON()["id"])
@@ -316,7 +305,7 @@ func TestRetentionDeletesAnEndedRollbackWhole(t *testing.T) {
 		"idempotency_key": "compensate:" + str(s["effect_id"]), "compensates_effect_id": s["effect_id"]})
 	endedAt := b.clock.Now()
 	require.Equal(t, "unwound", b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+unwound, b.ws.Key, nil).JSON()["state"])
-	require.WithinDuration(t, endedAt.Add(72*time.Hour), keepUntil(unwound), time.Second, "the compensation's three days")
+	require.WithinDuration(t, endedAt.Add(72*time.Hour), *b.keepUntil(unwound), time.Second, "the compensation's three days")
 
 	failed := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "order"}).JSON()["id"])
 	charge := email(key("charge"))
@@ -324,7 +313,7 @@ func TestRetentionDeletesAnEndedRollbackWhole(t *testing.T) {
 	ch := b.executedAs("succeeded", charge)
 	require.Equal(t, "unwind_failed",
 		b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+failed+"/unwind", b.ws.Key, nil).JSON()["state"])
-	require.WithinDuration(t, endedAt.Add(24*time.Hour), keepUntil(failed), time.Second)
+	require.WithinDuration(t, endedAt.Add(24*time.Hour), *b.keepUntil(failed), time.Second)
 
 	unwoundPaths := []string{"/api/v1/groups/" + unwound, "/api/v1/effects/" + str(s["effect_id"]),
 		"/api/v1/effects/" + str(c["effect_id"])}
@@ -354,25 +343,19 @@ func TestRetentionDeletesAnEndedRollbackWhole(t *testing.T) {
 // not while it unwinds. Not parallel, in its own era (1958).
 func TestRetentionDeletesAnEndedRollbackWithAStepAwaitingApproval(t *testing.T) {
 	b, sweep := inEra(t, 1958)
-	ctx := context.Background()
 	b.putPolicy("email.send", map[string]any{"retention_days": 1})
 	b.putPolicy("wire.send", map[string]any{"mode": "require_approval", "retention_days": 1})
-	keepUntil := func(g string) *time.Time {
-		var until *time.Time
-		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT keep_until FROM effect_groups WHERE id = $1`, g).Scan(&until))
-		return until
-	}
 
 	g, steps := b.committedGroup("email.send")
-	require.NotNil(t, keepUntil(g))
+	require.NotNil(t, b.keepUntil(g))
 	b.clock.Add(10 * time.Hour)
 	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil)
-	require.Nil(t, keepUntil(g), "an unwinding group is kept whole until it ends")
+	require.Nil(t, b.keepUntil(g), "an unwinding group is kept whole until it ends")
 	b.clock.Add(10 * time.Hour)
 	c := b.executedAs("succeeded", map[string]any{"effect_type": "email.retract",
 		"idempotency_key": "compensate:" + steps[0], "compensates_effect_id": steps[0]})
 	require.Equal(t, "unwound", b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, b.ws.Key, nil).JSON()["state"])
-	require.WithinDuration(t, b.clock.Now().Add(90*24*time.Hour), *keepUntil(g), time.Second,
+	require.WithinDuration(t, b.clock.Now().Add(90*24*time.Hour), *b.keepUntil(g), time.Second,
 		"the compensation's type has no policy: 90 days from the end")
 
 	pending := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "payout"}).JSON()["id"])
@@ -539,6 +522,15 @@ func (b *bundle) holding(sql string, args ...any) pgx.Tx {
 	return tx
 }
 
+// keepUntil is group g's keep_until (nil: not dated).
+func (b *bundle) keepUntil(g string) *time.Time {
+	b.t.Helper()
+	var until *time.Time
+	require.NoError(b.t, b.env.App.Pool.QueryRow(context.Background(),
+		`SELECT keep_until FROM effect_groups WHERE id = $1`, g).Scan(&until))
+	return until
+}
+
 // requireKept says whether each of paths reads (200) or is gone (404).
 func (b *bundle) requireKept(kept bool, paths ...string) {
 	b.t.Helper()
@@ -601,9 +593,7 @@ func TestRetentionBoundsTheStepsOfTheGroupsAPassDeletes(t *testing.T) {
 
 	b.clock.Add(time.Hour)
 	sweep()
-	var until time.Time
-	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT keep_until FROM effect_groups WHERE id = $1`, undated).Scan(&until))
-	require.WithinDuration(t, commitAt.Add(24*time.Hour), until, time.Second, "dated by the pass")
+	require.WithinDuration(t, commitAt.Add(24*time.Hour), *b.keepUntil(undated), time.Second, "dated by the pass")
 
 	b.clock.Add(49 * time.Hour)
 	tx, err := b.env.App.Pool.Begin(ctx)
@@ -629,14 +619,8 @@ func TestRetentionBoundsTheStepsOfTheGroupsAPassDeletes(t *testing.T) {
 // type keeps longer. Not parallel, in its own era (1940).
 func TestLoweringARetentionShortensTheEndedGroupsOfItsType(t *testing.T) {
 	b, sweep := inEra(t, 1940)
-	ctx := context.Background()
 	b.putPolicy("email.send", map[string]any{"retention_days": 30})
 	b.putPolicy("charge.card", map[string]any{"retention_days": 60})
-	keepUntil := func(g string) time.Time {
-		var until time.Time
-		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT keep_until FROM effect_groups WHERE id = $1`, g).Scan(&until))
-		return until
-	}
 	day := 24 * time.Hour
 	endedAt := b.clock.Now()
 	both, _ := b.committedGroup("email.send", "charge.card")
@@ -649,19 +633,19 @@ func TestLoweringARetentionShortensTheEndedGroupsOfItsType(t *testing.T) {
 	b.executedAs("succeeded", charge)
 	require.Equal(t, "unwind_failed",
 		b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+failed+"/unwind", b.ws.Key, nil).JSON()["state"])
-	require.WithinDuration(t, endedAt.Add(60*day), keepUntil(both), time.Second)
+	require.WithinDuration(t, endedAt.Add(60*day), *b.keepUntil(both), time.Second)
 
 	b.putPolicy("charge.card", map[string]any{"retention_days": 2})
-	require.WithinDuration(t, endedAt.Add(30*day), keepUntil(both), time.Second, "the mail's 30 days are now the longest")
-	require.WithinDuration(t, endedAt.Add(2*day), keepUntil(charges), time.Second)
-	require.WithinDuration(t, endedAt.Add(2*day), keepUntil(failed), time.Second, "an ended rollback too")
-	require.WithinDuration(t, endedAt.Add(30*day), keepUntil(mails), time.Second, "no charge in it")
-	require.WithinDuration(t, endedAt.Add(90*day), keepUntil(others), time.Second)
+	require.WithinDuration(t, endedAt.Add(30*day), *b.keepUntil(both), time.Second, "the mail's 30 days are now the longest")
+	require.WithinDuration(t, endedAt.Add(2*day), *b.keepUntil(charges), time.Second)
+	require.WithinDuration(t, endedAt.Add(2*day), *b.keepUntil(failed), time.Second, "an ended rollback too")
+	require.WithinDuration(t, endedAt.Add(30*day), *b.keepUntil(mails), time.Second, "no charge in it")
+	require.WithinDuration(t, endedAt.Add(90*day), *b.keepUntil(others), time.Second)
 
 	b.putPolicy("email.send", map[string]any{"retention_days": 1})
-	require.WithinDuration(t, endedAt.Add(2*day), keepUntil(both), time.Second)
-	require.WithinDuration(t, endedAt.Add(1*day), keepUntil(mails), time.Second)
-	require.WithinDuration(t, endedAt.Add(90*day), keepUntil(others), time.Second)
+	require.WithinDuration(t, endedAt.Add(2*day), *b.keepUntil(both), time.Second)
+	require.WithinDuration(t, endedAt.Add(1*day), *b.keepUntil(mails), time.Second)
+	require.WithinDuration(t, endedAt.Add(90*day), *b.keepUntil(others), time.Second)
 
 	// The next pass after the new dates deletes them; the other keeps its.
 	b.clock.Set(endedAt.Add(2*day + time.Hour))
@@ -706,7 +690,5 @@ func TestLoweringARetentionWaitsForAPassHoldingAGroup(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, pass.Commit(ctx))
 	require.Equal(t, http.StatusOK, <-lowered)
-	var until time.Time
-	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT keep_until FROM effect_groups WHERE id = $1`, g).Scan(&until))
-	require.WithinDuration(t, endedAt.Add(2*24*time.Hour), until, time.Second)
+	require.WithinDuration(t, endedAt.Add(2*24*time.Hour), *b.keepUntil(g), time.Second)
 }
