@@ -418,7 +418,7 @@ func TestABudgetSetDuringTheDayCountsTheDaysEarlierGrants(t *testing.T) {
 	require.Equal(t, http.StatusOK, b.report(str(yesterday["effect_id"]), str(yesterday["lease_token"]), "succeeded", nil).Status)
 	b.clock.Add(18 * time.Hour) // 06:00 the next day
 
-	b.mustBegin("execute", charge(key("lapsed"), 100))
+	lapsed := b.mustBegin("execute", charge(key("lapsed"), 100))
 	b.clock.Add(2 * time.Minute) // indeterminate: keeps counting
 	done := b.mustBegin("execute", charge(key("done"), 1000))
 	require.Equal(t, http.StatusOK, b.report(str(done["effect_id"]), str(done["lease_token"]), "succeeded", nil).Status)
@@ -435,6 +435,11 @@ func TestABudgetSetDuringTheDayCountsTheDaysEarlierGrants(t *testing.T) {
 	require.Equal(t, http.StatusOK, b.report(str(live["effect_id"]), str(live["lease_token"]), "failed", nil).Status)
 	b.mustBegin("execute", charge(key("refill"), 200))
 	b.denialOf("budget_exceeded", charge(key("full-again"), 1))
+	// So does the lapsed one's, resolved failed by an operator.
+	b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+str(lapsed["effect_id"])+"/resolve", b.ws.Key,
+		map[string]any{"outcome": "failed"})
+	b.mustBegin("execute", charge(key("refill-2"), 100))
+	b.denialOf("budget_exceeded", charge(key("full-once-more"), 1))
 
 	// Cleared, 50 granted uncharged, set again: the 50 count.
 	b.putPolicy("api.call", map[string]any{"daily_budget_micros": nil})
@@ -458,6 +463,9 @@ func TestADimensionLimitSetDuringTheDayCountsTheDaysEarlierGrants(t *testing.T) 
 	}
 	b.mustBegin("execute", pay("q1", "acct_q", 1000))
 	b.mustBegin("execute", pay("r1", "acct_r", 1400))
+	undeclared := pay("none", "", 700)
+	delete(undeclared, "dimensions")
+	b.mustBegin("execute", undeclared)
 	b.putPolicy("wire.send", map[string]any{"dimension_limits": map[string]any{
 		"account": map[string]any{"daily_micros": 1500, "daily_count": 2}}})
 	b.denialOf("dimension_limit_exceeded", pay("q2", "acct_q", 600))
@@ -478,6 +486,11 @@ func TestADimensionLimitSetDuringTheDayCountsTheDaysEarlierGrants(t *testing.T) 
 		"account": map[string]any{"daily_count": 100, "daily_micros": 1500}}})
 	b.denialOf("dimension_limit_exceeded", sms("o2", 501))
 	b.mustBegin("execute", sms("o3", 500))
+	// A grant that declared no value of the dimension (before it was
+	// limited) is charged to none of its values.
+	for scope := range spendCounters(t, b.env, b.ws.ID) {
+		require.False(t, strings.HasSuffix(scope, ":"), scope)
+	}
 }
 
 // A probe and the attempt of unknown outcome before it, granted the same

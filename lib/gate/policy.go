@@ -387,7 +387,10 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 	// Concurrent writers of one type take turns: each merges into what the
 	// one before it wrote. (Optimistic retries gave up under contention
 	// and answered 500; a type's first write has no row to lock.)
-	var out Policy
+	var (
+		out       Policy
+		shortenTo int // the retention lowered to, if it was
+	)
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, sqlLockPolicy, workspaceID, effectType); err != nil {
 			return fmt.Errorf("lock policy: %w", err)
@@ -421,18 +424,13 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 			out = p
 			return nil
 		}
-		// Ended groups were dated by the longest retention of their steps'
-		// types when they ended: a shorter one applies to them from now, as
-		// to every other effect of the type.
-		var shorten []string
 		if p.RetentionDays < was.RetentionDays {
-			if shorten, err = lockGroupsToShorten(ctx, tx, workspaceID, effectType, p.RetentionDays); err != nil {
-				return err
-			}
+			shortenTo = p.RetentionDays
 		}
-		surgeOff := p.SurgePerHour == nil && p.SurgeMultiplier == nil
-		retuned := !surgeOff && p.SurgeAction != was.SurgeAction
-		if surgeOff || retuned {
+		surgeOn := p.SurgePerHour != nil || p.SurgeMultiplier != nil
+		turnedOff := !surgeOn && (was.SurgePerHour != nil || was.SurgeMultiplier != nil)
+		retuned := surgeOn && p.SurgeAction != was.SurgeAction
+		if turnedOff || retuned {
 			// Begins that count the surge take this lock for their whole
 			// transaction (gate_begin_in_turn): one evaluated under the
 			// old policy trips before the close (or the new action) below,
@@ -458,11 +456,6 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 				return err
 			}
 		}
-		if len(shorten) > 0 {
-			if _, err := tx.Exec(ctx, sqlShortenKeptGroups, shorten); err != nil {
-				return fmt.Errorf("shorten kept groups: %w", err)
-			}
-		}
 		if retuned {
 			// The surge's breaker, open, holds with the new action from now.
 			if _, err := tx.Exec(ctx, sqlRetuneSurgeCircuit, workspaceID, effectType, p.SurgeAction, now,
@@ -470,7 +463,7 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 				return fmt.Errorf("retune surge breaker: %w", err)
 			}
 		}
-		if surgeOff {
+		if turnedOff {
 			// Surge turned off: a breaker the surge opened closes with it
 			// (QA: it went on denying until its cooldown, up to a day).
 			// One an operator opened stays as they set it.
@@ -481,7 +474,41 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		}
 		return nil
 	})
+	if err == nil && shortenTo > 0 {
+		err = s.shortenKeptGroups(ctx, workspaceID, effectType, shortenTo)
+	}
 	return out, err
+}
+
+// shortenKeptGroups dates again the ended groups holding an effect of a
+// type whose retention was just lowered to days: they were dated by the
+// longest retention of their steps' types when they ended, and a shorter
+// one applies to them from now, as to every other effect of the type. In
+// a transaction of its own, once the policy is committed: it needs no more
+// than that, and the policy's transaction may hold effects (its charges)
+// that a step's retry holds before its group, or the surge turn that a
+// grouped begin waits for holding its group (review: deadlocks). Should it
+// fail, the policy is written all the same and the groups keep their date
+// (the retention pass rereads the policies when they are due); the error
+// is answered.
+func (s *Service) shortenKeptGroups(ctx context.Context, workspaceID, effectType string, days int) error {
+	return db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sqlLockGroupsToShorten, workspaceID, effectType, days)
+		if err != nil {
+			return fmt.Errorf("lock groups to shorten: %w", err)
+		}
+		groups, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("lock groups to shorten: %w", err)
+		}
+		if len(groups) == 0 {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, sqlShortenKeptGroups, groups); err != nil {
+			return fmt.Errorf("shorten kept groups: %w", err)
+		}
+		return nil
+	})
 }
 
 // ceilingsAdded says whether next sets a daily ceiling on money or count
@@ -522,20 +549,6 @@ func chargeEarlierGrants(ctx context.Context, tx pgx.Tx, workspaceID, effectType
 		return fmt.Errorf("charge the day's earlier grants: %w", err)
 	}
 	return nil
-}
-
-// lockGroupsToShorten locks the ended groups a type's retention lowered to
-// days may shorten (sqlLockGroupsToShorten) and answers their ids.
-func lockGroupsToShorten(ctx context.Context, tx pgx.Tx, workspaceID, effectType string, days int) ([]string, error) {
-	rows, err := tx.Query(ctx, sqlLockGroupsToShorten, workspaceID, effectType, days)
-	if err != nil {
-		return nil, fmt.Errorf("lock groups to shorten: %w", err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("lock groups to shorten: %w", err)
-	}
-	return ids, nil
 }
 
 // writePolicy upserts p as version p.Version+1.

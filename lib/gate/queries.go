@@ -697,9 +697,9 @@ const sqlLongestRetention = `SELECT coalesce(max(coalesce(p.retention_days, 90))
 // kept it as long as before). Only a group kept longer than $3 days past
 // its end can be shortened. In id order, so that two policy writes of the
 // workspace cannot deadlock; it waits for a pass holding one
-// (sqlLockDueGroups) and then reads what that pass left. PutPolicy takes
-// these locks before the surge turn: a grouped begin (a step's replay)
-// holds its group shared and then may wait for that turn.
+// (sqlLockDueGroups) and then reads what that pass left. Run once the
+// lowered policy is committed, in a transaction holding nothing else
+// (shortenKeptGroups).
 const sqlLockGroupsToShorten = `SELECT g.id FROM effect_groups g
 WHERE g.workspace_id = $1 AND g.state IN ('committed', 'unwound', 'unwind_failed')
   AND g.keep_until > coalesce(g.finished_at, g.committed_at) + make_interval(days => $3::int)

@@ -647,6 +647,12 @@ func TestLoweringARetentionShortensTheEndedGroupsOfItsType(t *testing.T) {
 	require.WithinDuration(t, endedAt.Add(1*day), *b.keepUntil(mails), time.Second)
 	require.WithinDuration(t, endedAt.Add(90*day), *b.keepUntil(others), time.Second)
 
+	// Lowered once more together with a ceiling set on the type: both
+	// apply (the groups are dated after the policy's transaction, which
+	// charged the day's grants).
+	b.putPolicy("charge.card", map[string]any{"retention_days": 1, "daily_budget_micros": 1_000_000})
+	require.WithinDuration(t, endedAt.Add(1*day), *b.keepUntil(charges), time.Second)
+
 	// The next pass after the new dates deletes them; the other keeps its.
 	b.clock.Set(endedAt.Add(2*day + time.Hour))
 	sweep()

@@ -146,7 +146,11 @@ WITH day AS (
     CROSS JOIN LATERAL (SELECT CASE WHEN c.cap_micros IS NULL THEN 0 ELSE coalesce(s.cost, 0) END::bigint AS micros) w
     LEFT JOIN LATERAL (SELECT x.micros, x.count FROM jsonb_to_recordset(s.charges) AS x(scope text, micros bigint, count bigint)
                        WHERE x.scope = c.scope) had ON true
-    WHERE w.micros > coalesce(had.micros, 0) OR had.count IS NULL OR had.count < 1
+    WHERE (w.micros > coalesce(had.micros, 0) OR had.count IS NULL OR had.count < 1)
+      -- a grant made before its dimension was limited may not have declared
+      -- it: no counter of the dimension's values holds it (a begin must
+      -- declare it now), so it is not charged to one
+      AND (c.label = 'type' OR s.dims ? substr(c.label, 5))
 ), recharges AS (
     -- each attempt's charges: those it had on other scopes, and the new
     SELECT n.effect_id, n.attempt,
@@ -168,20 +172,22 @@ WITH day AS (
     SELECT m.scope, sum(m.add_micros) AS micros, sum(m.add_count) AS count, min(m.cap_micros) AS cap_micros,
         min(m.cap_count) AS cap_count
     FROM missing m GROUP BY m.scope
-), overflow AS (
+), counted AS (
     -- a grant's charge adds up to 10^18 to a counter it finds at most at
-    -- its cap (10^18 at most) without leaving bigint; a counter this
-    -- raised far above any cap must stay where that still holds
-    SELECT gate_refuse('overflow') FROM added d
-    LEFT JOIN gate_spend g ON g.workspace_id = $1 AND g.scope = d.scope AND g.day = (SELECT day FROM day)
-    WHERE coalesce(g.micros, 0) + d.micros > ` + maxBackfilledCounter + `
+    -- its cap (10^18 at most) without leaving bigint; a counter raised this
+    -- far above any cap must stay where that still holds, checked on the
+    -- row as it is under its lock (review: a check of the snapshot's row
+    -- missed what grants added meanwhile)
+    INSERT INTO gate_spend AS g (workspace_id, scope, day, micros, count, cap_micros, cap_count)
+    SELECT $1, d.scope, (SELECT day FROM day), d.micros, d.count, d.cap_micros, d.cap_count
+    FROM added d WHERE d.micros <= ` + maxBackfilledCounter + ` ORDER BY d.scope
+    ON CONFLICT (workspace_id, scope, day) DO UPDATE
+    SET micros = g.micros + excluded.micros, count = g.count + excluded.count,
+        cap_micros = excluded.cap_micros, cap_count = excluded.cap_count
+    WHERE g.micros::numeric + excluded.micros <= ` + maxBackfilledCounter + `
+    RETURNING g.scope
 )
-INSERT INTO gate_spend AS g (workspace_id, scope, day, micros, count, cap_micros, cap_count)
-SELECT $1, d.scope, (SELECT day FROM day), d.micros, d.count, d.cap_micros, d.cap_count
-FROM added d WHERE NOT EXISTS (SELECT 1 FROM overflow) ORDER BY d.scope
-ON CONFLICT (workspace_id, scope, day) DO UPDATE
-SET micros = g.micros + excluded.micros, count = g.count + excluded.count,
-    cap_micros = excluded.cap_micros, cap_count = excluded.cap_count`
+SELECT gate_refuse('overflow') FROM added d WHERE d.scope NOT IN (SELECT scope FROM counted)`
 
 // chargesJSON and chargedOn are what the attempt row records of plan.
 const (
