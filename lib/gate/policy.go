@@ -420,8 +420,13 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 		if after, err := json.Marshal(p); err == nil && p.Version > 0 && bytes.Equal(before, after) {
 			// Nothing changed (an empty body, or the values it has): no new
 			// version, as a repeated PUT must not make one (QA). A type's
-			// first PUT writes even so: it configures the type.
+			// first PUT writes even so: it configures the type. The groups
+			// are dated again all the same: a repeat is how a client
+			// retries a PUT whose dating failed after its policy committed.
 			out = p
+			if req.RetentionDays.Set {
+				shortenTo = p.RetentionDays
+			}
 			return nil
 		}
 		if p.RetentionDays < was.RetentionDays {
@@ -488,9 +493,9 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 // than that, and the policy's transaction may hold effects (its charges)
 // that a step's retry holds before its group, or the surge turn that a
 // grouped begin waits for holding its group (review: deadlocks). Should it
-// fail, the policy is written all the same and the groups keep their date
-// (the retention pass rereads the policies when they are due); the error
-// is answered.
+// fail, the policy is written all the same and the error is answered; the
+// same PUT again dates them (it runs on a PUT that changes nothing too).
+// It takes every such group of the workspace at once.
 func (s *Service) shortenKeptGroups(ctx context.Context, workspaceID, effectType string, days int) error {
 	return db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, sqlLockGroupsToShorten, workspaceID, effectType, days)
@@ -537,7 +542,7 @@ func (p Policy) ceilingsAdded(next Policy) bool {
 // it.
 func chargeEarlierGrants(ctx context.Context, tx pgx.Tx, workspaceID, effectType string, now time.Time) error {
 	if _, err := tx.Exec(ctx, `SET LOCAL jit = off`); err != nil {
-		return fmt.Errorf("charge the day's earlier grants: %w", err)
+		return fmt.Errorf("charge the day's earlier grants: turn jit off: %w", err)
 	}
 	day := now.UTC().Truncate(24 * time.Hour)
 	_, err := tx.Exec(ctx, sqlChargeEarlierGrants, workspaceID, effectType, day, day.Add(24*time.Hour))

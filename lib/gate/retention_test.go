@@ -619,6 +619,7 @@ func TestRetentionBoundsTheStepsOfTheGroupsAPassDeletes(t *testing.T) {
 // type keeps longer. Not parallel, in its own era (1940).
 func TestLoweringARetentionShortensTheEndedGroupsOfItsType(t *testing.T) {
 	b, sweep := inEra(t, 1940)
+	ctx := context.Background()
 	b.putPolicy("email.send", map[string]any{"retention_days": 30})
 	b.putPolicy("charge.card", map[string]any{"retention_days": 60})
 	day := 24 * time.Hour
@@ -635,23 +636,38 @@ func TestLoweringARetentionShortensTheEndedGroupsOfItsType(t *testing.T) {
 		b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+failed+"/unwind", b.ws.Key, nil).JSON()["state"])
 	require.WithinDuration(t, endedAt.Add(60*day), *b.keepUntil(both), time.Second)
 
+	// (Moved an hour on, so that dating them again would show.)
+	_, err := b.env.App.Pool.Exec(ctx, `UPDATE effect_groups SET keep_until = keep_until + interval '1 hour'
+		WHERE id = ANY($1)`, []string{mails, others})
+	require.NoError(t, err)
 	b.putPolicy("charge.card", map[string]any{"retention_days": 2})
 	require.WithinDuration(t, endedAt.Add(30*day), *b.keepUntil(both), time.Second, "the mail's 30 days are now the longest")
 	require.WithinDuration(t, endedAt.Add(2*day), *b.keepUntil(charges), time.Second)
 	require.WithinDuration(t, endedAt.Add(2*day), *b.keepUntil(failed), time.Second, "an ended rollback too")
-	require.WithinDuration(t, endedAt.Add(30*day), *b.keepUntil(mails), time.Second, "no charge in it")
-	require.WithinDuration(t, endedAt.Add(90*day), *b.keepUntil(others), time.Second)
+	require.WithinDuration(t, endedAt.Add(30*day+time.Hour), *b.keepUntil(mails), time.Second, "no charge in it")
+	require.WithinDuration(t, endedAt.Add(90*day+time.Hour), *b.keepUntil(others), time.Second)
+	// A repeat of the PUT, which changes nothing, dates them again: it is
+	// how a PUT whose dating failed after its policy committed is retried.
+	version := b.env.Must(http.StatusOK, "GET", "/api/v1/policies/charge.card", b.ws.Key, nil).JSON()["version"]
+	_, err = b.env.App.Pool.Exec(ctx, `UPDATE effect_groups SET keep_until = $2 WHERE id = $1`, charges, endedAt.Add(60*day))
+	require.NoError(t, err) // as a failed dating left it
+	require.Equal(t, version, b.putPolicy("charge.card", map[string]any{"retention_days": 2})["version"], "no new version")
+	require.WithinDuration(t, endedAt.Add(2*day), *b.keepUntil(charges), time.Second)
 
 	b.putPolicy("email.send", map[string]any{"retention_days": 1})
 	require.WithinDuration(t, endedAt.Add(2*day), *b.keepUntil(both), time.Second)
 	require.WithinDuration(t, endedAt.Add(1*day), *b.keepUntil(mails), time.Second)
-	require.WithinDuration(t, endedAt.Add(90*day), *b.keepUntil(others), time.Second)
+	require.WithinDuration(t, endedAt.Add(90*day+time.Hour), *b.keepUntil(others), time.Second)
 
 	// Lowered once more together with a ceiling set on the type: both
 	// apply (the groups are dated after the policy's transaction, which
 	// charged the day's grants).
 	b.putPolicy("charge.card", map[string]any{"retention_days": 1, "daily_budget_micros": 1_000_000})
 	require.WithinDuration(t, endedAt.Add(1*day), *b.keepUntil(charges), time.Second)
+	var charged int64
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count FROM gate_spend WHERE workspace_id = $1
+		AND scope = 'type:charge.card'`, b.ws.ID).Scan(&charged))
+	require.EqualValues(t, 3, charged, "the day's three charges counted")
 
 	// The next pass after the new dates deletes them; the other keeps its.
 	b.clock.Set(endedAt.Add(2*day + time.Hour))
@@ -666,34 +682,37 @@ func TestLoweringARetentionShortensTheEndedGroupsOfItsType(t *testing.T) {
 // the groups it dates again, then dates what the pass left: a pass reads
 // the policies of the day after it has locked its groups, so one that
 // dated a group by the retention being lowered committed first, and is
-// corrected (review). It takes the groups before the type's surge turn.
+// corrected (review). It dates the groups once the policy is committed,
+// holding nothing else: not the type's surge turn (which a grouped begin
+// waits for holding its group), which a write changing surge_action takes.
 // Not parallel, in its own era (1941).
 func TestLoweringARetentionWaitsForAPassHoldingAGroup(t *testing.T) {
 	b, _ := inEra(t, 1941)
 	ctx := context.Background()
-	b.putPolicy("charge.card", map[string]any{"retention_days": 60})
+	b.putPolicy("charge.card", map[string]any{"retention_days": 60, "surge_per_hour": 1000, "surge_action": "deny"})
 	endedAt := b.clock.Now()
 	g, _ := b.committedGroup("charge.card")
 
 	pass := b.holding(`UPDATE effect_groups SET keep_until = $2 WHERE id = $1`, g, endedAt.Add(61*24*time.Hour))
 	lowered := make(chan int, 1)
 	go func() {
-		lowered <- b.env.Do("PUT", "/api/v1/policies/charge.card", b.ws.Key, map[string]any{"retention_days": 2}).Status
+		lowered <- b.env.Do("PUT", "/api/v1/policies/charge.card", b.ws.Key,
+			map[string]any{"retention_days": 2, "surge_action": "monitor"}).Status
 	}()
 	select {
 	case status := <-lowered:
 		t.Fatalf("the policy write did not wait for the pass holding the group (%d)", status)
 	case <-time.After(300 * time.Millisecond):
 	}
-	// Nor does it hold the type's surge turn while it waits: a grouped
-	// begin (a step's replay) holds its group shared, then waits for that
-	// turn.
-	var free bool
-	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended('surge:' || $1 || ':charge.card', 0))`,
-		b.ws.ID).Scan(&free))
-	require.True(t, free, "the surge turn is free while the write waits for the group")
-	_, err := b.env.App.Pool.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
+	turn, err := b.env.App.Pool.Begin(ctx)
 	require.NoError(t, err)
+	var free bool
+	require.NoError(t, turn.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended('surge:' || $1 || ':charge.card', 0))`,
+		b.ws.ID).Scan(&free))
+	require.NoError(t, turn.Rollback(ctx))
+	require.True(t, free, "the surge turn is free while the groups wait")
+	require.Equal(t, "monitor", b.env.Must(http.StatusOK, "GET", "/api/v1/policies/charge.card", b.ws.Key, nil).JSON()["surge_action"],
+		"the policy is committed")
 	require.NoError(t, pass.Commit(ctx))
 	require.Equal(t, http.StatusOK, <-lowered)
 	require.WithinDuration(t, endedAt.Add(2*24*time.Hour), *b.keepUntil(g), time.Second)

@@ -5,10 +5,11 @@ import "github.com/getratchet/ratchet/lib/events"
 // The SQL of the risk controls: daily ceilings (charged with a grant,
 // released with a failed report) and circuits. Fragments here are spliced
 // into the locked path's grant, resolve and the circuit statements; begin's
-// and report's copies live in gate_begin and gate_report (migration 0013),
+// and report's copies live in gate_begin and gate_report (their latest
+// bodies: migrations 0020 and 0033),
 // so a begin with nothing configured stays one round trip (and skips the
 // charge altogether). How begin evaluates the circuits, and what bounds its
-// cost, is explained beside gate_evaluate (0008, 0010, 0013).
+// cost, is explained beside gate_evaluate (0008, 0010, 0013, 0020).
 
 // utcDay is the UTC day of a timestamptz expression: ceilings roll at UTC
 // midnight whatever the session's time zone.
@@ -75,7 +76,7 @@ refused AS (
 // typeCeiling and dimensionCeilings are the ceilings a type's policy sets
 // on a grant s (columns effect_type, dims, daily_budget_micros,
 // dimension_limits): its scope, its label (gate_refuse's), and its caps.
-// (Their text is also in gate_begin's body, migration 0013.)
+// (Their text is also in gate_begin's body, migration 0020.)
 const (
 	typeCeiling = `
         SELECT 'type:' || s.effect_type AS scope, 'type' AS label, s.daily_budget_micros AS cap_micros,
@@ -444,7 +445,6 @@ WITH up AS (
             'opened_at', up.opened_at, 'closes_at', up.closes_at), $4,
         'surge:' || extract(epoch FROM up.opened_at)::text || ':' || up.action || ':' || $5::text
     FROM up
-    ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
 )
 SELECT count(*) FROM up`
 	// sqlSweepCircuits closes surge breakers whose cooldown has passed.

@@ -111,6 +111,8 @@ func errorDetailSchema() map[string]any {
 						"message": map[string]any{"type": "string"}}}},
 			"required": map[string]any{"type": "array", "items": map[string]any{"type": "string"},
 				"description": "forbidden: the scopes (or tool:<name>@<version>) the key lacks."},
+			"any_of": map[string]any{"type": "array", "items": map[string]any{"type": "string"},
+				"description": "forbidden, where holding one of several scopes is enough: each of them."},
 			"resets_at": map[string]any{"type": "string", "format": "date-time",
 				"description": "budget_exceeded, key_budget_exceeded, dimension_limit_exceeded: the next UTC midnight."},
 			"dimension": str("dimension_limit_exceeded: the dimension whose limit would be breached."),
@@ -126,7 +128,7 @@ func errorDetailSchema() map[string]any {
 			"request_id":      str("internal_error, database_unavailable: the request's id, as in X-Request-Id."),
 			"current_version": integer("version_conflict: the version to re-read."),
 			"state":           str("invalid_state and others: the state that refused the request."),
-			"attempt":         integer("lease_lost: the attempt that superseded the token."),
+			"attempt":         integer("lease_lost: the attempt that superseded the token; a replay's invalid_state: the job's last attempt."),
 		},
 	}
 }
