@@ -165,6 +165,15 @@ func ConstraintName(err error) string {
 	return ""
 }
 
+// CollectIDs reads a one-column result of ids, straight from a Query's
+// two results, so that a caller wraps one error for both.
+func CollectIDs(rows pgx.Rows, err error) ([]string, error) {
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // Tx runs fn in a transaction, committing when fn returns nil. When ctx
 // carries a request's transaction (BeginRequest), fn runs in a savepoint of
 // it instead, and what it writes commits with the request's own work. It is

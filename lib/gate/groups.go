@@ -416,11 +416,7 @@ func (s *Service) afterStep(ctx context.Context, workspaceID string, groupID *st
 // SweepGroups is the sweeper's backstop: it settles up to limit unwinding
 // groups, least recently checked first.
 func (s *Service) SweepGroups(ctx context.Context, now time.Time, limit int) (int, error) {
-	rows, err := s.pool.Query(ctx, sqlUnwindingDue, now.UTC(), limit)
-	if err != nil {
-		return 0, fmt.Errorf("sweep groups: %w", err)
-	}
-	groups, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	groups, err := db.CollectIDs(s.pool.Query(ctx, sqlUnwindingDue, now.UTC(), limit))
 	if err != nil {
 		return 0, fmt.Errorf("sweep groups: %w", err)
 	}

@@ -498,11 +498,7 @@ func (s *Service) PutPolicy(ctx context.Context, workspaceID, effectType string,
 // It takes every such group of the workspace at once.
 func (s *Service) shortenKeptGroups(ctx context.Context, workspaceID, effectType string, days int) error {
 	return db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, sqlLockGroupsToShorten, workspaceID, effectType, days)
-		if err != nil {
-			return fmt.Errorf("lock groups to shorten: %w", err)
-		}
-		groups, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		groups, err := db.CollectIDs(tx.Query(ctx, sqlLockGroupsToShorten, workspaceID, effectType, days))
 		if err != nil {
 			return fmt.Errorf("lock groups to shorten: %w", err)
 		}

@@ -40,22 +40,14 @@ func (s *Service) SweepRetention(ctx context.Context, now time.Time, limit int) 
 // within steps steps), and answers their ids. Two statements, so that the
 // second reads the policies after the locks are taken (sqlLockDueGroups).
 func purgeKeptGroups(ctx context.Context, tx pgx.Tx, now time.Time, limit, steps int) ([]string, error) {
-	rows, err := tx.Query(ctx, sqlLockDueGroups, now, limit)
-	if err != nil {
-		return nil, fmt.Errorf("lock due groups: %w", err)
-	}
-	due, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	due, err := db.CollectIDs(tx.Query(ctx, sqlLockDueGroups, now, limit))
 	if err != nil {
 		return nil, fmt.Errorf("lock due groups: %w", err)
 	}
 	if len(due) == 0 {
 		return nil, nil
 	}
-	rows, err = tx.Query(ctx, sqlPurgeKeptGroups, now, due, steps)
-	if err != nil {
-		return nil, fmt.Errorf("purge expired groups: %w", err)
-	}
-	groups, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	groups, err := db.CollectIDs(tx.Query(ctx, sqlPurgeKeptGroups, now, due, steps))
 	if err != nil {
 		return nil, fmt.Errorf("purge expired groups: %w", err)
 	}

@@ -71,7 +71,7 @@ func (s *Service) PurgeRetired(ctx context.Context, cutoff time.Time, limit int)
 		if err != nil || len(candidates) == 0 {
 			return err
 		}
-		retired, err := collectIDs(tx.Query(ctx, sqlLockRetiredJobs, candidates, cutoff))
+		retired, err := db.CollectIDs(tx.Query(ctx, sqlLockRetiredJobs, candidates, cutoff))
 		if err != nil || len(retired) == 0 {
 			return err
 		}
@@ -89,14 +89,6 @@ func (s *Service) PurgeRetired(ctx context.Context, cutoff time.Time, limit int)
 		return runs, fmt.Errorf("purge workers: %w", err)
 	}
 	return runs + int(tag.RowsAffected()), nil
-}
-
-// collectIDs reads a one-column result of ids.
-func collectIDs(rows pgx.Rows, err error) ([]string, error) {
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // exhaustLapsed ends jobs whose lease lapsed on their last attempt (a lapsed
