@@ -109,6 +109,10 @@ type beginInput struct {
 	walletRefused bool
 	effectKnown   bool // the key's effect was read: effectRun is its run
 	effectRun     *string
+	// arrival: the key's effect, as read before its row lock, was refused
+	// by a breaker before it was ever granted, so the locked path takes the
+	// type's surge turn first (takeArrivalTurn).
+	arrival bool
 }
 
 func (in *beginInput) args() []any {
@@ -524,6 +528,7 @@ func (s *Service) decide(ctx context.Context, q db.Querier, in *beginInput,
 	if row.CompensatesEffectID != nil {
 		in.effectRun = nil // an undo is no wallet's spend (money.walletEffect)
 	}
+	in.arrival = row.refusedBeforeGrant()
 	return locked(ctx, in)
 }
 
@@ -801,6 +806,10 @@ func (s *Service) decideLocked(ctx context.Context, tx pgx.Tx, in *beginInput) (
 	if err := s.chargeEffectWallet(ctx, tx, in); err != nil {
 		return Decision{}, err
 	}
+	turn, err := s.takeArrivalTurn(ctx, tx, in)
+	if err != nil {
+		return Decision{}, err
+	}
 	ev, _, _, row, err := scanBegin(tx.QueryRow(ctx, sqlBeginLocked, in.lockedArgs()...))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Decision{}, retryRequest()
@@ -814,6 +823,11 @@ func (s *Service) decideLocked(ctx context.Context, tx pgx.Tx, in *beginInput) (
 	}
 	if d, ok, err := s.settled(ctx, tx, in, &row, &ev); ok || err != nil {
 		return d, err
+	}
+	if row.refusedBeforeGrant() {
+		if err := s.arrive(ctx, tx, in, turn, &ev, &row); err != nil {
+			return Decision{}, err
+		}
 	}
 	return s.transition(ctx, tx, in, &ev, &row)
 }

@@ -2,6 +2,7 @@ package gate_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"testing"
@@ -9,7 +10,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/gate"
 )
 
 func (b *bundle) circuits() map[string]map[string]any {
@@ -588,4 +592,156 @@ func TestChangingTheSurgeActionRetunesTheOpenBreaker(t *testing.T) {
 		map[string]any{"action": "deny", "reason": "vendor down"})
 	b.putPolicy("sms.send", map[string]any{"surge_action": "monitor"})
 	require.Equal(t, "deny", b.circuit("sms.send")["action"], "an operator's breaker is theirs")
+}
+
+// A key a breaker refused before it was ever granted counts towards the
+// surge again when it is retried after the close (migration 0040): closing
+// grants a fresh allowance and the breaker stays armed (seed 003), so a
+// runaway loop's refused backlog is admitted up to the allowance and then
+// trips the breaker again (circuits QA: all 70 of 70 refused keys executed
+// once it closed). The circuits' volume_last_hour still counts first begins.
+func TestARefusedBacklogIsCountedAgainAfterTheClose(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 10, "surge_action": "deny",
+		"surge_cooldown_seconds": 60})
+	var refused []string
+	for i := range 30 {
+		k := key("loop")
+		if i < 10 {
+			b.mustBegin("execute", sms(k))
+			continue
+		}
+		b.denialOf("circuit_open", sms(k))
+		refused = append(refused, k)
+	}
+	require.Equal(t, 1, b.events("circuit.tripped"))
+
+	// The cooldown ends: ten of the backlog fit the fresh allowance, the
+	// eleventh trips the breaker again (recorded closed first) and is
+	// refused, as is the rest.
+	b.clock.Add(61 * time.Second)
+	for i, k := range refused {
+		if i < 10 {
+			b.mustBegin("execute", sms(k))
+		} else {
+			b.denialOf("circuit_open", sms(k))
+		}
+	}
+	c := b.circuit("sms.send")
+	require.Equal(t, "open", c["state"])
+	require.Equal(t, "surge", c["opened_by"])
+	require.Equal(t, b.clock.Now().Format(time.RFC3339), c["opened_at"])
+	require.EqualValues(t, 30, c["volume_last_hour"], "first begins only")
+	require.Equal(t, 2, b.events("circuit.tripped"))
+	require.Equal(t, 1, b.events("circuit.closed"), "the first opening, closed before the second")
+	var data map[string]any
+	require.NoError(t, b.env.App.Pool.QueryRow(t.Context(), `SELECT data FROM events WHERE workspace_id = $1
+		AND type = 'circuit.tripped' ORDER BY created_at DESC, id DESC LIMIT 1`, b.ws.ID).Scan(&data))
+	require.EqualValues(t, 11, data["volume_last_hour"], "the allowance's count that tripped it")
+	require.EqualValues(t, 10, data["threshold"])
+	b.denialOf("circuit_open", sms(refused[10]))
+
+	// An operator's close is a fresh allowance too, shared by the backlog
+	// and new keys: five of each, then a new key trips it.
+	b.clock.Add(time.Second)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
+	b.clock.Add(time.Second)
+	for _, k := range refused[10:15] {
+		b.mustBegin("execute", sms(k))
+	}
+	for range 5 {
+		b.mustBegin("execute", sms(key("new")))
+	}
+	b.denialOf("circuit_open", sms(key("new")))
+	b.denialOf("circuit_open", sms(refused[15]))
+	require.Equal(t, 3, b.events("circuit.tripped"))
+}
+
+// Retried at once from two instances, a refused backlog is admitted exactly
+// up to the fresh allowance: each arrival takes the type's surge turn, as a
+// new key does.
+func TestConcurrentRetriesOfARefusedBacklogFitTheAllowance(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	env2 := apitest.Start(t, apitest.WithNow(b.clock.Now))
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 10, "surge_action": "deny"})
+	const racers = 60
+	keys := make([]string, racers)
+	for i := range keys {
+		keys[i] = key("backlog")
+	}
+	bodyOf := func(i int) map[string]any { return sms(keys[i]) }
+	counts, _ := raceBodies(t, racers, b.ws.Key, bodyOf, b.env, env2)
+	require.Equal(t, map[string]int{"execute": 10, "403:circuit_open": racers - 10}, counts)
+
+	// (Begins that waited for their turn stamped their keys up to the wait
+	// after the test clock's reading: the close comes later.)
+	b.clock.Add(time.Second)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
+	b.clock.Add(time.Second)
+	counts, _ = raceBodies(t, racers, b.ws.Key, bodyOf, b.env, env2)
+	require.Equal(t, map[string]int{"in_flight": 10, "execute": 10, "403:circuit_open": racers - 20}, counts)
+	require.Equal(t, 2, b.events("circuit.tripped"))
+}
+
+// Only a key refused before its first grant arrives again: a retry of a
+// key that was granted and failed, refused while the breaker was open, is a
+// retry after the close, as before it, and takes nothing of the allowance.
+// Nor is a refusal counted again while the breaker still holds the type.
+func TestARefusedRetryOfAGrantedKeyIsNotAnArrival(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 2, "surge_action": "deny",
+		"surge_cooldown_seconds": 60})
+	var granted []map[string]any
+	for range 2 {
+		d := b.mustBegin("execute", sms(key("granted")))
+		require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
+		granted = append(granted, sms(str(b.get(str(d["effect_id"]))["idempotency_key"])))
+	}
+	held := sms(key("held"))
+	b.denialOf("circuit_open", held)
+	for _, retry := range granted {
+		b.denialOf("circuit_open", retry)
+	}
+	for range 3 {
+		b.denialOf("circuit_open", held) // the open breaker holds it: not counted
+	}
+
+	b.clock.Add(61 * time.Second)
+	for _, retry := range granted {
+		b.mustBegin("execute", retry)
+	}
+	b.mustBegin("execute", held)
+	b.mustBegin("execute", sms(key("new")))
+	b.denialOf("circuit_open", sms(key("new")))
+	require.Equal(t, 2, b.events("circuit.tripped"))
+}
+
+// A key that turned into an arrival between its read and its row lock (its
+// begin did not take the surge turn first) is begun again: retry_request,
+// rather than take the turn after the row (a deadlock with a begin holding
+// the turn and waiting for the row). Nothing changes meanwhile.
+func TestAnArrivalWithoutItsSurgeTurnIsBegunAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 1, "surge_action": "deny"})
+	b.mustBegin("execute", sms(key("first")))
+	held := sms(key("held"))
+	refused := b.mustBegin("denied", held)
+	b.clock.Add(time.Second)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
+	b.clock.Add(time.Second)
+
+	p := &auth.Principal{WorkspaceID: b.ws.ID, KeyID: keyID(b.ws.Key)}
+	_, err := b.env.App.Server.Gate.BeginLocked(t.Context(), p, gate.BeginRequest{EffectType: "sms.send",
+		IdempotencyKey: str(held["idempotency_key"]), Payload: json.RawMessage(`{"to":"+1"}`)})
+	ae, ok := apierr.As(err)
+	require.True(t, ok, "%v", err)
+	require.Equal(t, apierr.CodeRetryRequest, ae.Code)
+	require.Equal(t, "closed", b.circuit("sms.send")["state"])
+
+	d := b.mustBegin("execute", held) // the retry, through the front door
+	require.Equal(t, refused["effect_id"], d["effect_id"])
 }

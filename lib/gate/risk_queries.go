@@ -454,6 +454,72 @@ SELECT count(*) FROM up`
 		"$1::timestamptz", "$3")
 )
 
+// A key a breaker refused before it was ever granted is the surge's arrival
+// when it is next begun (migration 0040): begin's locked path counts it as
+// gate_begin counts a new key.
+const (
+	// sqlSurgeOn says whether workspace $1's policy for type $2 configures
+	// a surge, so that an arrival takes the type's surge turn
+	// (sqlLockSurgeTurn), as gate_begin_in_turn checks for a new key.
+	sqlSurgeOn = `SELECT EXISTS (SELECT 1 FROM gate_policies p WHERE p.workspace_id = $1 AND p.effect_type = $2
+    AND (p.surge_per_hour IS NOT NULL OR p.surge_multiplier IS NOT NULL))`
+	// sqlEvaluateArrival is gate_evaluate for the arrival: named by no key,
+	// its surge is counted (gate_surge counts a key it does not find).
+	// $1 workspace, $2 type, $3 cost, $4 declared dimensions, $5 requested
+	// lease, $6 now.
+	sqlEvaluateArrival = `SELECT on_indeterminate, max_attempts, max_cost_micros, approval_above_micros, precheck,
+    missing_dimensions, fresh, approval_reason, eff_lease, surge_action, surge_cooldown_seconds, surge_trips,
+    surge_volume, surge_threshold
+FROM gate_evaluate($1::text, $2::text, NULL::text, $3::bigint, $4::text[], $5::int, $6::timestamptz)`
+	// sqlRecordArrival records effect $1's arrival at $2: gate_surge counts
+	// it from then, as a new key from its creation.
+	sqlRecordArrival = `UPDATE effects SET surge_arrived_at = $2::timestamptz WHERE id = $1::text`
+)
+
+var (
+	// sqlTripSurge is surgeTripSQL for an arrival. $1 workspace, $2 type,
+	// $3 action, $4 now, $5 cooldown seconds, $6 volume, $7 threshold,
+	// $8 event id.
+	sqlTripSurge = surgeTripSQL("$1::text", "$2::text", "$3::text", "$4::timestamptz", "$5::int", "$6::bigint",
+		"$7::bigint", "$8::text")
+)
+
+// surgeTripSQL opens type typ's breaker for a surge that went over its
+// threshold, or raises the action of a weaker breaker the surge opened (a
+// breaker opened by hand is left as set), and records circuit.tripped with
+// the count that tripped it. gate_begin (migration 0020) holds this text
+// for a new key, with its own names (FunctionFragments), indented as it is
+// there.
+func surgeTripSQL(ws, typ, action, now, cooldown, volume, threshold, eventID string) string {
+	return `WITH trip AS (
+                INSERT INTO gate_circuits AS c (workspace_id, effect_type, state, opened_by, action, reason, opened_at,
+                    closes_at, allowance_from, updated_at)
+                VALUES (` + ws + `, ` + typ + `, 'open', 'surge', ` + action + `, NULL, ` + now + `,
+                    ` + now + `::timestamptz + make_interval(secs => ` + cooldown + `), NULL, ` + now + `)
+                ON CONFLICT (workspace_id, effect_type) DO UPDATE
+                SET state = 'open', opened_by = 'surge', action = excluded.action,
+                    reason = CASE WHEN c.state = 'closed' OR c.closes_at <= excluded.opened_at THEN NULL ELSE c.reason END,
+                    opened_at = CASE WHEN c.state = 'closed' OR c.closes_at <= excluded.opened_at
+                                     THEN excluded.opened_at ELSE c.opened_at END,
+                    closes_at = CASE WHEN c.state = 'closed' OR c.closes_at <= excluded.opened_at
+                                     THEN excluded.closes_at ELSE c.closes_at END,
+                    updated_at = excluded.updated_at
+                WHERE c.state = 'closed' OR c.closes_at <= excluded.opened_at
+                   OR (c.opened_by = 'surge' AND array_position(ARRAY['monitor', 'require_approval', 'deny'], c.action)
+                                                 < array_position(ARRAY['monitor', 'require_approval', 'deny'], excluded.action))
+                RETURNING c.action, c.opened_at, c.closes_at
+            )
+            INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
+            SELECT ` + eventID + `, ` + ws + `, '` + events.CircuitTripped + `', ` + typ + `,
+                jsonb_build_object('effect_type', ` + typ + `::text, 'opened_by', 'surge', 'action', trip.action,
+                    'volume_last_hour', ` + volume + `, 'threshold', ` + threshold + `, 'opened_at', trip.opened_at,
+                    'closes_at', trip.closes_at), ` + now + `,
+                'surge:' || extract(epoch FROM trip.opened_at)::text
+                    || CASE WHEN trip.opened_at = ` + now + ` THEN '' ELSE ':' || trip.action END
+            FROM trip
+            ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING`
+}
+
 // sqlPruneSpend deletes counters of days no grant can be charged to any
 // more; a failure reported later than that releases nothing.
 // $1 oldest day kept ('YYYY-MM-DD'), $2 limit.

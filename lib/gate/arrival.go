@@ -1,0 +1,99 @@
+package gate
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+)
+
+// A surge counts keys begun for the first time (API.md §5), and a key a
+// breaker refused had been begun: once the breaker closed, every such key
+// of a runaway loop's backlog executed when retried, and nothing tripped
+// again (session 21's circuits QA: 80 keys at surge_per_hour 10 and deny
+// gave 10 execute and 70 circuit_open, then the 70 all executed after the
+// close). Seed 003: closing "gives the effect type a fresh allowance; it
+// does not disarm the breaker, so a second surge trips it again". So a key
+// refused before it was ever granted is counted once more when it is next
+// begun, as an arrival within the fresh allowance (migration 0040): it
+// takes the type's surge turn, is counted with the new keys, trips the
+// breaker over the threshold and is held by its action, as the new key
+// that trips it is.
+
+// refusedBeforeGrant says whether a breaker refused the effect before any
+// attempt was granted: its next begin is the surge's arrival. A refusal of
+// a later attempt (a retry after a failure) is not: the key was admitted.
+func (r *effectRow) refusedBeforeGrant() bool {
+	return r.State == StateDenied && r.DenialCode != nil && *r.DenialCode == apierr.CodeCircuitOpen && r.Attempt == 0
+}
+
+// takeArrivalTurn takes the type's surge turn for a begin whose key read as
+// an arrival before its row lock (in.arrival), when the policy configures a
+// surge: the turn comes before the row, the order of a new key's begin
+// (gate_begin_in_turn takes it, then inserts), and of the policy PUT that
+// holds it while it charges grants. It records a breaker whose cooldown
+// ended closed first, as gate_begin_in_turn does, so that a trip after it
+// is announced after its close. taken says whether the turn is held.
+func (s *Service) takeArrivalTurn(ctx context.Context, tx pgx.Tx, in *beginInput) (taken bool, err error) {
+	if !in.arrival {
+		return false, nil
+	}
+	if err := tx.QueryRow(ctx, sqlSurgeOn, in.ws, in.effectType).Scan(&taken); err != nil {
+		return false, fmt.Errorf("begin: surge policy: %w", err)
+	}
+	if !taken {
+		return false, nil
+	}
+	if _, err := tx.Exec(ctx, sqlLockSurgeTurn, in.ws, in.effectType); err != nil {
+		return false, fmt.Errorf("begin: surge turn: %w", err)
+	}
+	s.lockedAt(in)
+	if _, err := tx.Exec(ctx, sqlCloseLapsedCircuit, in.ws, in.effectType, in.now,
+		[]string{in.risk.closeEventID}); err != nil {
+		return false, fmt.Errorf("begin: close lapsed breaker: %w", err)
+	}
+	return true, nil
+}
+
+// arrive evaluates a locked key a breaker refused before it was ever
+// granted as the surge's arrival: ev becomes that evaluation, whose fresh
+// verdict holds the key when the surge is over its threshold. The arrival
+// is recorded whatever the decision, and a trip opens (or raises) the
+// breaker. A key that turned into an arrival after it was read (turn not
+// taken) is begun again: taking the turn now, after the row, could
+// deadlock with a begin that holds the turn and waits for the row.
+func (s *Service) arrive(ctx context.Context, tx pgx.Tx, in *beginInput, turn bool, ev *eval, row *effectRow) error {
+	var (
+		action    string
+		cooldown  int
+		trips     *bool
+		volume    *int64
+		threshold *int64
+		next      eval
+	)
+	if err := tx.QueryRow(ctx, sqlEvaluateArrival, in.ws, in.effectType, in.cost, in.dimNames, in.lease, in.now).Scan(
+		&next.onIndeterminate, &next.maxAttempts, &next.maxCost, &next.approvalAbove, &next.precheck,
+		&next.missingDimensions, &next.fresh, &next.approvalReason, &next.lease, &action, &cooldown, &trips,
+		&volume, &threshold); err != nil {
+		return fmt.Errorf("begin: evaluate arrival: %w", err)
+	}
+	if volume == nil {
+		return nil // no surge counted: none configured, or a breaker at least as strict holds the type
+	}
+	if !turn {
+		return retryRequest()
+	}
+	*ev = next
+	if _, err := tx.Exec(ctx, sqlRecordArrival, row.ID, in.now); err != nil {
+		return fmt.Errorf("begin: record arrival: %w", err)
+	}
+	if trips != nil && *trips {
+		if _, err := tx.Exec(ctx, sqlTripSurge, in.ws, in.effectType, action, in.now, cooldown, *volume, *threshold,
+			in.risk.tripEventID); err != nil {
+			return fmt.Errorf("begin: trip surge breaker: %w", err)
+		}
+	}
+	return nil
+}
