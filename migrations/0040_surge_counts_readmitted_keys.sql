@@ -10,20 +10,30 @@
 -- breaker, so a second surge trips it again".
 --
 -- Such a key (state denied, denial_code circuit_open, attempt 0) is now
--- evaluated as an arrival by begin's locked path: it takes the type's surge
--- turn as a new key does, is counted with the new keys since the allowance
--- began, trips the breaker when it goes over the threshold (and is held by
--- its action, as the new key that trips it is), and is recorded in
--- effects.surge_arrived_at whatever the decision, as a new key is counted
--- whatever its decision. gate_surge's volume adds the keys that arrived so
--- since the later of an hour ago and the allowance's start and were created
--- before it (one created after it is counted by its creation already). The
--- volume_last_hour that GET /circuits shows still counts keys begun for the
--- first time in the trailing hour.
+-- counted as an arrival when begun again: begin's locked path takes the
+-- type's surge turn first, as a new key's begin does, gate_surge counts it
+-- with the new keys since the allowance began, it trips the breaker when it
+-- goes over the threshold (and is held by its action, as the new key that
+-- trips it is), and it is recorded in effects.surge_arrived_at whatever the
+-- decision, as a new key is counted whatever its decision.
 --
--- gate_surge's body is 0035's but for the volume's second count. The
--- column is NULL for every effect but those arrivals, so the partial index
--- has no entry for the rest and a begin of a new key adds none.
+-- gate_surge's body is 0035's but for three things. It counts for a key
+-- that is new or such an arrival (it counted only a new key). Its volume
+-- adds the keys that arrived since the later of an hour ago and the
+-- allowance's start and were created before it (one created after it is
+-- counted by its creation already). And it takes the begin's own key out
+-- of both counts, for the "1 +" counts it (review: a key refused under the
+-- emergency stop, created within the hour, or begun again within the hour
+-- of its last arrival, was counted twice and tripped the breaker one key
+-- early); each count reads one row more than the threshold for that, so
+-- that taking one out still leaves the threshold's worth. A key begun again
+-- and again (under the stop, which does not stop the counting, or a
+-- weaker breaker) counts once, at its latest arrival. The volume_last_hour
+-- that GET /circuits shows still counts keys begun for the first time in
+-- the trailing hour.
+--
+-- The column is NULL for every effect but those arrivals, so the partial
+-- index has no entry for the rest and a begin of a new key adds none.
 --
 -- Built inside this migration's transaction, which blocks begins
 -- meanwhile; README "Upgrading" shows how to build it first, concurrently.
@@ -63,22 +73,27 @@ srg_base AS MATERIALIZED (
         FROM (SELECT cbs.baseline_for IS DISTINCT FROM date_trunc('hour', ($7)::timestamptz, 'UTC') AS v) stale
         OFFSET 0 -- not pulled up, so the median is one subplan, evaluated once
     ) b
-    WHERE NOT EXISTS (SELECT 1 FROM effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $3)
+    WHERE NOT EXISTS (SELECT 1 FROM effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $3
+                      AND NOT (e.state = 'denied' AND e.denial_code = 'circuit_open' AND e.attempt = 0))
 ),
+win AS (SELECT greatest($7::timestamptz - interval '1 hour', cbs.allowance_from) AS start FROM cbs),
 srg AS MATERIALIZED (
     SELECT v.median, v.stale, v.volume, v.threshold, v.threshold IS NOT NULL AND v.volume > v.threshold AS trips
     FROM (
         SELECT b.median, b.stale, b.threshold, 1 + (SELECT count(*) FROM (
             SELECT 1 FROM effects x
             WHERE x.workspace_id = $1 AND x.effect_type = $2
-              AND x.created_at > (SELECT greatest($7::timestamptz - interval '1 hour', cbs.allowance_from) FROM cbs)
+              AND x.created_at > (SELECT start FROM win)
             ORDER BY x.created_at DESC
-            LIMIT coalesce(b.threshold, 0)) q) + (SELECT count(*) FROM (
+            LIMIT coalesce(b.threshold + 1, 0)) q) + (SELECT count(*) FROM (
             SELECT 1 FROM effects x
             WHERE x.workspace_id = $1 AND x.effect_type = $2
-              AND x.surge_arrived_at > (SELECT greatest($7::timestamptz - interval '1 hour', cbs.allowance_from) FROM cbs)
-              AND x.created_at <= (SELECT greatest($7::timestamptz - interval '1 hour', cbs.allowance_from) FROM cbs)
-            LIMIT coalesce(b.threshold, 0)) r) AS volume
+              AND x.surge_arrived_at > (SELECT start FROM win) AND x.created_at <= (SELECT start FROM win)
+            LIMIT coalesce(b.threshold + 1, 0)) r) - (SELECT count(*) FROM effects me
+            WHERE me.workspace_id = $1 AND me.idempotency_key = $3
+              AND (me.created_at > (SELECT start FROM win)
+                   OR (me.surge_arrived_at > (SELECT start FROM win) AND me.created_at <= (SELECT start FROM win))))
+            AS volume
         FROM srg_base b
     ) v
 )

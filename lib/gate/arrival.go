@@ -30,20 +30,16 @@ func (r *effectRow) refusedBeforeGrant() bool {
 }
 
 // takeArrivalTurn takes the type's surge turn for a begin whose key read as
-// an arrival before its row lock (in.arrival), when the policy configures a
-// surge: the turn comes before the row, the order of a new key's begin
-// (gate_begin_in_turn takes it, then inserts), and of the policy PUT that
-// holds it while it charges grants. It records a breaker whose cooldown
-// ended closed first, as gate_begin_in_turn does, so that a trip after it
-// is announced after its close. taken says whether the turn is held.
+// an arrival before its row lock (in.arrival): the turn comes before the
+// row, the order of a new key's begin (gate_begin_in_turn takes it, then
+// inserts) and of the policy PUT that holds it while it charges grants. It
+// is taken whether or not the policy configures a surge now (a PUT may set
+// one before this begin evaluates it; only begins of arrivals take it when
+// none is). It records a breaker whose cooldown ended closed first, as
+// gate_begin_in_turn does, so that a trip after it is announced after its
+// close. taken says whether the turn is held.
 func (s *Service) takeArrivalTurn(ctx context.Context, tx pgx.Tx, in *beginInput) (taken bool, err error) {
 	if !in.arrival {
-		return false, nil
-	}
-	if err := tx.QueryRow(ctx, sqlSurgeOn, in.ws, in.effectType).Scan(&taken); err != nil {
-		return false, fmt.Errorf("begin: surge policy: %w", err)
-	}
-	if !taken {
 		return false, nil
 	}
 	if _, err := tx.Exec(ctx, sqlLockSurgeTurn, in.ws, in.effectType); err != nil {
@@ -73,7 +69,8 @@ func (s *Service) arrive(ctx context.Context, tx pgx.Tx, in *beginInput, turn bo
 		threshold *int64
 		next      eval
 	)
-	if err := tx.QueryRow(ctx, sqlEvaluateArrival, in.ws, in.effectType, in.cost, in.dimNames, in.lease, in.now).Scan(
+	if err := tx.QueryRow(ctx, sqlEvaluateArrival, in.ws, in.effectType, in.key, in.cost, in.dimNames, in.lease,
+		in.now).Scan(
 		&next.onIndeterminate, &next.maxAttempts, &next.maxCost, &next.approvalAbove, &next.precheck,
 		&next.missingDimensions, &next.fresh, &next.approvalReason, &next.lease, &action, &cooldown, &trips,
 		&volume, &threshold); err != nil {

@@ -745,3 +745,49 @@ func TestAnArrivalWithoutItsSurgeTurnIsBegunAgain(t *testing.T) {
 	d := b.mustBegin("execute", held) // the retry, through the front door
 	require.Equal(t, refused["effect_id"], d["effect_id"])
 }
+
+// A key begun again counts once in the surge's window: the begin's own key
+// is taken out of the counts its "1 +" stands for (review: a key refused
+// under the emergency stop, created within the hour, and a key begun again
+// within the hour of its last arrival, counted twice and tripped the
+// breaker one key early, or held a key that was alone in its hour).
+func TestAnArrivalCountsItsOwnKeyOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 10, "surge_action": "deny"})
+	for range 5 {
+		b.mustBegin("execute", sms(key("before")))
+	}
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key,
+		map[string]any{"reason": "incident", "action": "deny"})
+	var refused []map[string]any
+	for range 5 {
+		body := sms(key("held"))
+		b.denialOf("circuit_open", body)
+		refused = append(refused, body)
+	}
+	tripped := b.events("circuit.tripped")
+	for range 3 {
+		b.denialOf("circuit_open", refused[0]) // the stop holds it; ten keys this hour, not more
+	}
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/release", b.ws.Key, nil)
+	for _, body := range refused {
+		b.mustBegin("execute", body)
+	}
+	require.Equal(t, tripped, b.events("circuit.tripped"), "ten keys: the threshold, not over it")
+	b.denialOf("circuit_open", sms(key("eleventh")))
+
+	// Under an operator's monitor breaker a deny surge holds each key over
+	// the ceiling without opening a breaker, so a held key arrives at each
+	// begin: alone in its trailing hour, it is under the ceiling of 1.
+	b.putPolicy("email.send", map[string]any{"surge_per_hour": 1, "surge_action": "deny"})
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/email.send/open", b.ws.Key,
+		map[string]any{"action": "monitor", "reason": "watching"})
+	b.mustBegin("execute", email(key("first")))
+	held := email(key("held"))
+	b.denialOf("circuit_open", held)
+	b.clock.Add(59 * time.Minute)
+	b.denialOf("circuit_open", held) // with the first, two in the hour
+	b.clock.Add(2 * time.Minute)
+	b.mustBegin("execute", held)
+}

@@ -458,19 +458,14 @@ SELECT count(*) FROM up`
 // when it is next begun (migration 0040): begin's locked path counts it as
 // gate_begin counts a new key.
 const (
-	// sqlSurgeOn says whether workspace $1's policy for type $2 configures
-	// a surge, so that an arrival takes the type's surge turn
-	// (sqlLockSurgeTurn), as gate_begin_in_turn checks for a new key.
-	sqlSurgeOn = `SELECT EXISTS (SELECT 1 FROM gate_policies p WHERE p.workspace_id = $1 AND p.effect_type = $2
-    AND (p.surge_per_hour IS NOT NULL OR p.surge_multiplier IS NOT NULL))`
-	// sqlEvaluateArrival is gate_evaluate for the arrival: named by no key,
-	// its surge is counted (gate_surge counts a key it does not find).
-	// $1 workspace, $2 type, $3 cost, $4 declared dimensions, $5 requested
-	// lease, $6 now.
+	// sqlEvaluateArrival is gate_evaluate for the arrival, with the surge's
+	// count and whether it trips (gate_begin_locked's evaluation counts it
+	// too, but answers only its verdict). $1 workspace, $2 type, $3 key,
+	// $4 cost, $5 declared dimensions, $6 requested lease, $7 now.
 	sqlEvaluateArrival = `SELECT on_indeterminate, max_attempts, max_cost_micros, approval_above_micros, precheck,
     missing_dimensions, fresh, approval_reason, eff_lease, surge_action, surge_cooldown_seconds, surge_trips,
     surge_volume, surge_threshold
-FROM gate_evaluate($1::text, $2::text, NULL::text, $3::bigint, $4::text[], $5::int, $6::timestamptz)`
+FROM gate_evaluate($1::text, $2::text, $3::text, $4::bigint, $5::text[], $6::int, $7::timestamptz)`
 	// sqlRecordArrival records effect $1's arrival at $2: gate_surge counts
 	// it from then, as a new key from its creation.
 	sqlRecordArrival = `UPDATE effects SET surge_arrived_at = $2::timestamptz WHERE id = $1::text`
