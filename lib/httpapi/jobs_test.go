@@ -267,6 +267,28 @@ func TestEndpointPolicyValidation(t *testing.T) {
 	require.Equal(t, []string{"name"}, validationFields(t, e.Do("POST", "/api/v1/endpoints", e.ws.Key, map[string]any{"name": ""})))
 }
 
+// An endpoint's name may hold spaces, but no control or format character
+// and no white space at either end: look-alike names were separate
+// endpoints, each with its own pause, limits and circuit (jobs QA). Neither
+// an enqueue nor a create naming one changes anything.
+func TestEndpointNamesArePrintable(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t, "send_email@1")
+	runID := e.run()
+	steps := "/api/v1/runs/" + runID + "/steps"
+	for i, decoded := range []string{"e\u0007x", "e\u200bx", " ex", "ex ", "e\tx", "\ufeffex", strings.Repeat("é", 201)} {
+		require.Equal(t, []string{"endpoint"}, validationFields(t, e.Do("POST", steps, e.ingest, map[string]any{
+			"name": "send_email", "version": "1", "endpoint": decoded, "idempotencyKey": fmt.Sprint("k", i)})), "%q", decoded)
+		require.Equal(t, []string{"name"}, validationFields(t, e.Do("POST", "/api/v1/endpoints", e.ws.Key,
+			map[string]any{"name": decoded})), "%q", decoded)
+	}
+	require.Empty(t, e.Must(http.StatusOK, "GET", "/api/v1/endpoints", e.ws.Key, nil).JSON()["data"])
+	e.Must(http.StatusCreated, "POST", "/api/v1/endpoints", e.ws.Key, map[string]any{"name": "Stripe API"})
+	e.Must(http.StatusCreated, "POST", steps, e.ingest, map[string]any{"name": "send_email", "version": "1",
+		"endpoint": "Stripe API", "idempotencyKey": "ok"})
+	e.Must(http.StatusCreated, "POST", "/api/v1/endpoints", e.ws.Key, map[string]any{"name": strings.Repeat("é", 200)})
+}
+
 func TestReportAndEnqueueValidation(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t)
@@ -439,6 +461,35 @@ func TestQueueHealthSaysWhenNoWorkerServesAVersion(t *testing.T) {
 	require.Equal(t, []any{"send_email"}, v1held["pausedEndpoints"])
 	require.Equal(t, []any{}, v1held["openCircuitEndpoints"])
 	require.Contains(t, v1held["message"], "Endpoint send_email is paused")
+}
+
+// Jobs waiting for their time (a delayed enqueue, a scheduled retry) are
+// queued but not due: with no worker about, queue health counts them and
+// raises no alarm until one is due (QA: a retry a day out said no worker
+// served it).
+func TestQueueHealthAlarmsOnlyForDueJobs(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t, "later@1")
+	runID := e.run()
+	e.enqueue(runID, map[string]any{"name": "later", "version": "1", "input": 1, "delayMs": 3_600_000})
+	e.enqueue(runID, map[string]any{"name": "later", "version": "1", "input": 2, "delayMs": 60_000})
+	health := func() map[string]any {
+		data := e.Must(http.StatusOK, "GET", "/api/v1/queue/health", e.ws.Key, nil).JSON()["data"].([]any)
+		require.Len(t, data, 1)
+		return data[0].(map[string]any)
+	}
+	h := health()
+	require.EqualValues(t, 2, h["queued"])
+	require.EqualValues(t, 0, h["due"])
+	require.EqualValues(t, 0, h["oldestQueuedAgeSeconds"])
+	require.Nil(t, h["message"])
+
+	e.clock.Add(90 * time.Second)
+	h = health()
+	require.EqualValues(t, 2, h["queued"])
+	require.EqualValues(t, 1, h["due"])
+	require.EqualValues(t, 30, h["oldestQueuedAgeSeconds"])
+	require.Contains(t, h["message"], "1 job(s) are due")
 }
 
 // Queue health pages like every list: limit rows in name@version order, and

@@ -460,6 +460,12 @@ func TestAReplayExpectingAnAttemptRunsOnce(t *testing.T) {
 	require.Equal(t, http.StatusConflict, again.Status, "%s", again.Body)
 	require.Equal(t, "invalid_state", again.ErrorCode())
 	require.EqualValues(t, 3, again.JSON()["error"].(map[string]any)["detail"].(map[string]any)["attempt"])
+	require.Contains(t, again.JSON()["error"].(map[string]any)["message"], "has run since the attempt expected (2)")
+	// An attempt the step has not reached is refused as that (QA: it was
+	// told the step had run since).
+	ahead := e.replay(stepID, map[string]any{"acknowledgeDuplicateRisk": true, "expectedAttempt": 4})
+	require.Equal(t, http.StatusConflict, ahead.Status, "%s", ahead.Body)
+	require.Contains(t, ahead.JSON()["error"].(map[string]any)["message"], "has not reached the attempt expected (4)")
 	require.Len(t, durable(e.getRun(runID), 0)["replays"], 1)
 	require.Equal(t, []string{"expectedAttempt"}, validationFields(t, e.replay(stepID,
 		map[string]any{"acknowledgeDuplicateRisk": true, "expectedAttempt": -1})))

@@ -257,7 +257,8 @@ func (s *Service) checkContract(ctx context.Context, q db.Querier, workspaceID s
 	case err != nil:
 		return nil, err
 	case c == nil:
-		return nil, apierr.InvalidField("contractVersion", "no contract %d is published for tool %s", version, op.name)
+		return nil, apierr.InvalidField("contractVersion", "must be a contract of tool %s: none is numbered %d",
+			op.name, version)
 	case c.HandlerVersion != op.version:
 		return nil, apierr.InvalidField("version", "must be %s, the handlerVersion of contract %d",
 			c.HandlerVersion, c.ContractVersion)

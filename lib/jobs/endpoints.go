@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -220,8 +221,24 @@ func nullableInt(p *apierr.Problems, field string, o jsonx.Optional[int64], lo, 
 	return &v
 }
 
+// endpointNameRule says what validEndpointName takes.
+const endpointNameRule = "must be 1-200 printable characters, without white space at either end"
+
+// validEndpointName reports whether name can name an endpoint: unlike a
+// tool's name it may hold spaces ("Stripe API"), but neither a control or
+// format character nor white space at either end, which made look-alike
+// names ("e\u200bx", " ex") separate endpoints with their own pause, limits
+// and circuit (jobs QA).
 func validEndpointName(name string) bool {
-	return strings.TrimSpace(name) != "" && utf8.RuneCountInString(name) <= 200
+	if name == "" || !utf8.ValidString(name) || utf8.RuneCountInString(name) > 200 || strings.TrimSpace(name) != name {
+		return false
+	}
+	for _, r := range name {
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
+			return false
+		}
+	}
+	return true
 }
 
 func scanEndpoint(row pgx.Row) (Endpoint, error) {
@@ -266,7 +283,7 @@ func (e Endpoint) current() endpointPolicy {
 func (s *Service) CreateEndpoint(ctx context.Context, workspaceID string, req CreateEndpointRequest) (Endpoint, bool, error) {
 	var p apierr.Problems
 	if !validEndpointName(req.Name) {
-		p.Add("name", "must be 1-200 characters")
+		p.Add("name", endpointNameRule)
 	}
 	pol := req.PolicyFields.merge(defaultEndpointPolicy(), &p)
 	if err := p.Err(); err != nil {

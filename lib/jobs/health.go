@@ -18,11 +18,14 @@ const workerSeenWindow = 2 * time.Minute
 
 // QueueHealth is one exact name@version with queued work.
 type QueueHealth struct {
-	Name                   string `json:"name"`
-	Version                string `json:"version"`
-	Queued                 int64  `json:"queued"`
-	OldestQueuedAgeSeconds int64  `json:"oldestQueuedAgeSeconds"`
-	WorkersSeen            int64  `json:"workersSeen"`
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	Queued  int64  `json:"queued"`
+	// Due is how many of them a claim could take now: the rest are
+	// retries or delayed enqueues waiting for their time.
+	Due                    int64 `json:"due"`
+	OldestQueuedAgeSeconds int64 `json:"oldestQueuedAgeSeconds"`
+	WorkersSeen            int64 `json:"workersSeen"`
 	// The endpoints of its queued jobs that hold them: circuit open, paused.
 	OpenCircuitEndpoints []string `json:"openCircuitEndpoints"`
 	PausedEndpoints      []string `json:"pausedEndpoints"`
@@ -53,7 +56,7 @@ func (s *Service) QueueHealth(ctx context.Context, workspaceID, cursor string, l
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (QueueHealth, error) {
 		var h QueueHealth
 		var oldest *time.Time
-		if err := r.Scan(&h.Name, &h.Version, &h.Queued, &oldest, &h.WorkersSeen, &h.OpenCircuitEndpoints,
+		if err := r.Scan(&h.Name, &h.Version, &h.Queued, &h.Due, &oldest, &h.WorkersSeen, &h.OpenCircuitEndpoints,
 			&h.PausedEndpoints); err != nil {
 			return h, err
 		}
@@ -73,14 +76,15 @@ func (s *Service) QueueHealth(ctx context.Context, workspaceID, cursor string, l
 }
 
 // explain says what holds h's queue, in seed 000's runbook order: no worker
-// serving the exact version, an open circuit, a pause. nil when nothing
-// does.
+// serving the exact version while jobs are due (jobs all waiting for their
+// time hold nothing yet: QA, a retry a day out raised the alarm), an open
+// circuit, a pause. nil when nothing does.
 func (h QueueHealth) explain() *string {
 	var parts []string
-	if h.WorkersSeen == 0 {
+	if h.WorkersSeen == 0 && h.Due > 0 {
 		parts = append(parts, fmt.Sprintf("No worker serving %s@%s has polled in the last %d minutes; %d job(s) are "+
-			"waiting. Start a worker whose WORKER key lists %s@%s and that registers exactly that version.",
-			h.Name, h.Version, int(workerSeenWindow.Minutes()), h.Queued, h.Name, h.Version))
+			"due. Start a worker whose WORKER key lists %s@%s and that registers exactly that version.",
+			h.Name, h.Version, int(workerSeenWindow.Minutes()), h.Due, h.Name, h.Version))
 	}
 	if len(h.OpenCircuitEndpoints) > 0 {
 		parts = append(parts, fmt.Sprintf("The circuit of endpoint %s is open: its jobs wait for one probe per "+

@@ -298,10 +298,13 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 			}
 			return apierr.InvalidState("Only an EXHAUSTED or CANCELLED step can be replayed; this one is %s.", j.status)
 		}
-		if a := req.ExpectedAttempt; a != nil && *a != int64(j.attempt) {
+		if a := req.ExpectedAttempt; a != nil && *a < int64(j.attempt) {
 			return apierr.InvalidState("The step has run since the attempt expected (%d): it is at attempt %d. "+
 				"Re-read the preview; if this is the retry of a replay whose answer was lost, that replay landed.",
 				*a, j.attempt).WithDetail("attempt", j.attempt)
+		} else if a != nil && *a != int64(j.attempt) {
+			return apierr.InvalidState("The step has not reached the attempt expected (%d): it is at attempt %d. "+
+				"expectedAttempt is the attempt the preview shows.", *a, j.attempt).WithDetail("attempt", j.attempt)
 		}
 		if h := req.ExpectedHandlerVersion; h != nil && *h != j.version {
 			return apierr.Conflict(apierr.CodeVersionConflict,
@@ -381,7 +384,8 @@ func (s *Service) replayTarget(ctx context.Context, q db.Querier, workspaceID st
 		return nil, err
 	}
 	if c == nil {
-		return nil, apierr.InvalidField("targetContractVersion", "no contract %d is published for tool %s", version, j.name)
+		return nil, apierr.InvalidField("targetContractVersion", "must be a contract of tool %s: none is numbered %d",
+			j.name, version)
 	}
 	if c.Status == ContractForbidden {
 		return nil, apierr.InvalidState("Contract %d of tool %s is FORBIDDEN; it cannot be a replay target.",

@@ -493,7 +493,7 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 	if req.Endpoint != nil {
 		op.endpoint = *req.Endpoint
 		if !validEndpointName(op.endpoint) {
-			p.Add("endpoint", "must be 1-200 characters")
+			p.Add("endpoint", endpointNameRule)
 		}
 	}
 	raw := req.Input

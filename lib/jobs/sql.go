@@ -702,8 +702,9 @@ WITH j AS (
 UPDATE job_endpoints e SET running_count = GREATEST(0, e.running_count - 1) FROM j
 WHERE e.id = j.endpoint_id AND $3::bool AND NOT j.held AND e.max_concurrent IS NOT NULL`
 
-// sqlQueueHealth summarises queued work per exact name@version, with the
-// workers that polled for it recently. A RUNNING job whose lease lapsed is
+// sqlQueueHealth summarises queued work per exact name@version (all of it,
+// and how much is due: a retry or a delayed enqueue waits for its time),
+// with the workers that polled for it recently. A RUNNING job whose lease lapsed is
 // waiting too (its worker is gone, and it is claimable again): it counts,
 // as of its lease's expiry, unless that was its last attempt (no claim takes
 // it; the sweeper or the next read of its run ends it EXHAUSTED). Pages go
@@ -711,7 +712,8 @@ WHERE e.id = j.endpoint_id AND $3::bool AND NOT j.held AND e.max_concurrent IS N
 // page), $6 the page's rows.
 const sqlQueueHealth = `
 WITH q AS (
-    SELECT name, version, count(*)::bigint AS queued, min(ready_at) FILTER (WHERE ready_at <= $2::timestamptz) AS oldest,
+    SELECT name, version, count(*)::bigint AS queued, count(*) FILTER (WHERE ready_at <= $2::timestamptz)::bigint AS due,
+           min(ready_at) FILTER (WHERE ready_at <= $2::timestamptz) AS oldest,
            array_agg(DISTINCT endpoint_id) AS endpoint_ids
     FROM jobs
     WHERE workspace_id = $1::text AND (status IN ('QUEUED', 'RETRY_SCHEDULED')
@@ -726,7 +728,7 @@ WITH q AS (
     WHERE wk.workspace_id = $1::text AND wk.last_seen_at > $3::timestamptz
     GROUP BY t.name, t.version
 )
-SELECT q.name, q.version, q.queued, q.oldest, coalesce(w.seen, 0),
+SELECT q.name, q.version, q.queued, q.due, q.oldest, coalesce(w.seen, 0),
        coalesce(h.open_circuits, '{}'), coalesce(h.paused, '{}')
 FROM q LEFT JOIN w ON w.name = q.name AND w.version = q.version
 CROSS JOIN LATERAL (

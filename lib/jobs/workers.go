@@ -340,7 +340,8 @@ func (s *Service) revive(ctx context.Context, p *auth.Principal, jobID, token st
 }
 
 func errLeaseLost() error {
-	return apierr.Conflict(apierr.CodeLeaseLost, "This lease token is no longer current; another attempt holds the job.")
+	return apierr.Conflict(apierr.CodeLeaseLost, "This lease token does not hold the job: a later attempt does, "+
+		"or the token was never this job's.")
 }
 
 // ReportRequest is the body of POST /api/v1/jobs/{id}/report.
