@@ -142,7 +142,7 @@ func (d *drainingPipes) admit(line []byte) {
 	}
 	switch {
 	case !json.Valid(line):
-		d.refuse(nil, jsonrpc.CodeParseError, "Parse error: the message is not JSON")
+		d.refuse(nil, jsonrpc.CodeParseError, mcpserver.ParseErrorMessage)
 		return
 	case line[0] == '[':
 		// Batches were dropped from MCP in 2025-06-18; the transport

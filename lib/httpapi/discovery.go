@@ -50,19 +50,23 @@ var Decisions = []string{"execute", "duplicate", "in_flight", "blocked", "approv
 
 // Limits published by the API.
 var Limits = map[string]int64{
-	"request_body_bytes":     MaxBodyBytes,
-	"result_bytes":           256 << 10,
-	"list_limit_max":         200,
-	"list_limit_default":     50,
-	"idempotency_key_max":    255,
-	"lease_seconds_min":      5,
-	"lease_seconds_max":      3600,
-	"effect_max_attempts":    50,
-	"job_max_attempts":       10,
-	"claim_batch_max":        100,
-	"claim_wait_seconds_max": 20,
-	"retry_after_ms_min":     1000,
-	"retry_after_ms_max":     86_400_000,
+	"request_body_bytes":  MaxBodyBytes,
+	"result_bytes":        256 << 10,
+	"list_limit_max":      200,
+	"list_limit_default":  50,
+	"idempotency_key_max": 255,
+	// A policy's lease_seconds; a begin may ask for a shorter lease, down
+	// to a second, and never gets more than its policy's (QA: the
+	// manifest's 5 was read as begin's minimum).
+	"policy_lease_seconds_min": 5,
+	"policy_lease_seconds_max": 3600,
+	"begin_lease_seconds_min":  1,
+	"effect_max_attempts":      50,
+	"job_max_attempts":         10,
+	"claim_batch_max":          100,
+	"claim_wait_seconds_max":   20,
+	"retry_after_ms_min":       1000,
+	"retry_after_ms_max":       86_400_000,
 }
 
 // NewManifest builds the manifest from the route table.
@@ -73,7 +77,8 @@ func NewManifest() Manifest {
 		Decisions: Decisions, Scopes: auth.AllScopes, Presets: auth.Presets,
 		Errors: apierr.Statuses, Limits: Limits,
 		MCP: ManifestMCP{Endpoint: "/api/v1/mcp", Transport: "streamable-http (stateless, JSON responses)",
-			Stdio: "go run ./functions/mcp (RATCHET_BASE_URL, RATCHET_API_KEY)", Tools: mcpserver.ToolNames()},
+			Stdio: "go build -o ratchet-mcp ./functions/mcp, then launch it by its absolute path " +
+				"(RATCHET_BASE_URL, RATCHET_API_KEY)", Tools: mcpserver.ToolNames()},
 	}
 	for _, r := range Routes() {
 		scopes := r.Scopes
@@ -142,7 +147,8 @@ retry gets the answer if it committed and acts if it did not.
 ## MCP
 
 Nine tools (ratchet_begin, ratchet_report, ...) at /api/v1/mcp over streamable HTTP
-(send your key as Authorization: Bearer), or over stdio with go run ./functions/mcp.
+(send your key as Authorization: Bearer), or over stdio: go build -o ratchet-mcp
+./functions/mcp, then have the client launch that binary by its absolute path.
 
 ## Errors
 

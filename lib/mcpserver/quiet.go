@@ -25,6 +25,15 @@ var rpcMessages = map[int64]string{jsonrpc.CodeParseError: "Parse error", jsonrp
 // protocol's own words (a member the message says is missing, a method); a
 // message that is nothing but a quote says what its code means.
 func QuietMessage(msg string, code int64) string {
+	if code == jsonrpc.CodeParseError {
+		// The parser's message quotes the input from where it stopped,
+		// unquoted ("found invalid token: tok_…"): nothing of it comes
+		// back (QA: a lease token did).
+		return ParseErrorMessage
+	}
+	if plainMessages[msg] {
+		return msg
+	}
 	var b strings.Builder
 	for {
 		start, end, ok := nextQuote(msg)
@@ -90,12 +99,21 @@ func closingQuote(s string, i int) int {
 	return len(s)
 }
 
+// ParseErrorMessage answers a message that is not JSON, over HTTP and
+// stdio alike.
+const ParseErrorMessage = "Parse error: the message is not JSON"
+
+// plainMessages are the transport's messages that quote only the protocol's
+// own values, kept whole (QA: the Accept rule lost both media types, its
+// quotes being taken for one span).
+var plainMessages = map[string]bool{"Accept must contain both 'application/json' and 'text/event-stream'": true}
+
 // protocolWords are the JSON-RPC and MCP member names a transport message
 // may quote and keep: they name what is wrong, and hold no value of the
 // caller's.
 var protocolWords = map[string]bool{"jsonrpc": true, "id": true, "method": true, "params": true, "name": true,
 	"arguments": true, "_meta": true, "protocolVersion": true, "capabilities": true, "clientInfo": true,
-	"cursor": true, "uri": true, "io.modelcontextprotocol/protocolVersion": true,
+	"cursor": true, "uri": true, "2.0": true, "io.modelcontextprotocol/protocolVersion": true,
 	"io.modelcontextprotocol/clientCapabilities": true, "io.modelcontextprotocol/clientInfo": true,
 	// The methods the server serves, named by a message about their headers
 	// or their phase (QA: "missing required Mcp-Name header for method" hid

@@ -27,9 +27,15 @@ func TestQuietMessageKeepsProtocolWordsOnly(t *testing.T) {
 		`missing or invalid _meta field "io.modelcontextprotocol/clientInfo"`: `missing or invalid _meta field "io.modelcontextprotocol/clientInfo"`,
 		`missing required Mcp-Name header for method "tools/call"`:            `missing required Mcp-Name header for method "tools/call"`,
 		`missing required Mcp-Name header for method "sk_live_SECRET"`:        `missing required Mcp-Name header for method "…"`,
+		// QA: the rule's media types and the version expected were hidden.
+		`Accept must contain both 'application/json' and 'text/event-stream'`: `Accept must contain both 'application/json' and 'text/event-stream'`,
+		`invalid message version tag "sk_live_SECRET"; expected "2.0"`:        `invalid message version tag "…"; expected "2.0"`,
 	} {
 		require.Equal(t, want, QuietMessage(msg, jsonrpc.CodeInvalidParams), msg)
 	}
+	// The parser quotes the input where it stopped, unquoted (QA).
+	require.Equal(t, ParseErrorMessage, QuietMessage(`unmarshaling jsonrpc message: json: expected '…' but found `+
+		`invalid token: tok_SECRET, "outcome"`, jsonrpc.CodeParseError))
 	require.Equal(t, json.RawMessage(`{"supported":["2025-06-18"]}`),
 		quietData(json.RawMessage(`{"supported":["2025-06-18"],"requested":"sk_live_SECRET"}`)))
 	require.Nil(t, quietData(json.RawMessage(`{"uri":"file:///sk_live_SECRET"}`)))

@@ -88,6 +88,9 @@ func TestTransportErrorsDoNotEchoValues(t *testing.T) {
 		{`{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///` + secret + `"}}`, -32601},
 		{`{"jsonrpc":"2.0","id":1,"method":"resources/list"}`, -32601},
 		{`{"jsonrpc":"2.0","id":1,"method":"logging/setLevel","params":{"level":"debug"}}`, -32601},
+		// Not JSON: the parser's message quoted the rest of the input, unquoted (QA).
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ratchet_report","arguments":` +
+			`{"lease_token":` + secret + `, "outcome":"succeeded"}}}`, -32700},
 	} {
 		req, err := http.NewRequest("POST", env.Server.URL+"/api/v1/mcp", strings.NewReader(c.body))
 		require.NoError(t, err)

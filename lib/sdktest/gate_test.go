@@ -132,6 +132,19 @@ func TestGateUnsureErrorLeavesIndeterminateThenBlocked(t *testing.T) {
 		Outcome: ratchet.OutcomeSucceeded, Result: sent{MessageID: "vendor_1"}, Note: "found at the vendor"})
 	require.NoError(t, err)
 	require.Equal(t, ratchet.EffectSucceeded, resolved.State)
+	// The record says who did what (QA: the SDK's Effect left these out).
+	read, err := g.operator.GetEffect(ctx, blocked.EffectID)
+	require.NoError(t, err)
+	require.Len(t, read.Attempts, 1)
+	a := read.Attempts[0]
+	require.NotEmpty(t, a.BeganByKeyID)
+	require.NotNil(t, a.ResolvedByKeyID)
+	require.NotNil(t, a.ResolvedAt)
+	require.Equal(t, "found at the vendor", *a.ResolveNote)
+	require.False(t, a.Probe)
+	require.JSONEq(t, `{"message_id":"vendor_1"}`, string(read.Result))
+	require.NotEmpty(t, read.ResultPreview)
+	require.Nil(t, read.LeaseExpiresAt, "no live lease")
 	out, err := ratchet.DoEffect(ctx, g.agent, req("payment.charge", "charge:1"), func(context.Context, ratchet.Lease) (sent, error) {
 		t.Error("acted after the resolution")
 		return sent{}, nil
@@ -188,10 +201,13 @@ func TestGateGroupUnwindThroughTheSDK(t *testing.T) {
 		r := ratchet.BeginRequest{EffectType: item.Compensation["effect_type"].(string),
 			IdempotencyKey: item.SuggestedIdempotencyKey, Payload: item.Compensation["payload"],
 			CompensatesEffectID: item.CompensatesEffectID, CostMicros: ratchet.Micros(0)}
-		_, err := ratchet.DoEffect(ctx, g.agent, r, func(context.Context, ratchet.Lease) (sent, error) {
+		undo, err := ratchet.DoEffect(ctx, g.agent, r, func(context.Context, ratchet.Lease) (sent, error) {
 			return sent{MessageID: "undone"}, nil
 		})
 		require.NoError(t, err)
+		eff, err := g.operator.GetEffect(ctx, undo.EffectID)
+		require.NoError(t, err)
+		require.Equal(t, item.CompensatesEffectID, *eff.CompensatesEffectID)
 	}
 	final, err := g.agent.GetGroup(ctx, group.ID)
 	require.NoError(t, err)
@@ -294,6 +310,9 @@ func TestGateApprovalRequired(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.Equal(t, "approved", out.Result.MessageID)
+	eff, err := g.operator.GetEffect(ctx, out.EffectID)
+	require.NoError(t, err)
+	require.Equal(t, pending.ApprovalID, *eff.ApprovalID)
 }
 
 func TestGateDenied(t *testing.T) {

@@ -161,9 +161,18 @@ func (c *Client) Begin(ctx context.Context, req BeginRequest) (*BeginResponse, e
 type EffectAttempt struct {
 	Attempt        int        `json:"attempt"`          // from 1
 	Outcome        *string    `json:"outcome"`          // succeeded, failed, indeterminate or null while leased
+	Probe          bool       `json:"probe"`            // granted to find out what an unknown attempt did
 	StartedAt      time.Time  `json:"started_at"`       // when execute was granted
 	LeaseExpiresAt *time.Time `json:"lease_expires_at"` // the lease's (last) expiry
 	ReportedAt     *time.Time `json:"reported_at"`      // when a report or resolve recorded it
+	// The keys that began, reported and resolved it, when it was resolved,
+	// and the resolve's note ("reconciliation" or "probe" when those
+	// settled it).
+	BeganByKeyID    string     `json:"began_by_key_id"`
+	ReportedByKeyID *string    `json:"reported_by_key_id"`
+	ResolvedByKeyID *string    `json:"resolved_by_key_id"`
+	ResolvedAt      *time.Time `json:"resolved_at"`
+	ResolveNote     *string    `json:"resolve_note"`
 }
 
 // Effect is the gate's record of one idempotency key.
@@ -174,15 +183,21 @@ type Effect struct {
 	State          string          `json:"state"`    // one of the Effect* state constants
 	Attempt        int             `json:"attempt"`  // execute grants so far
 	Attempts       []EffectAttempt `json:"attempts"` // the history, oldest first
-	Result         json.RawMessage `json:"result"`   // the recorded result, if succeeded
-	// PayloadPreview shows the payload's shape with values redacted.
+	Result         json.RawMessage `json:"result"`   // the recorded result, if succeeded (single reads)
+	// ResultPreview and PayloadPreview show the result's and the payload's
+	// shape with values redacted.
+	ResultPreview  json.RawMessage `json:"result_preview"`
 	PayloadPreview json.RawMessage `json:"payload_preview"`
 	CostMicros     *int64          `json:"cost_micros"`
 	RunID          *string         `json:"run_id"`
 	GroupID        *string         `json:"group_id"`
-	DenialCode     *string         `json:"denial_code"` // why it was denied, if it was
-	CreatedAt      time.Time       `json:"created_at"`
-	UpdatedAt      time.Time       `json:"updated_at"`
+	// CompensatesEffectID is the group step this effect undoes, if any.
+	CompensatesEffectID *string    `json:"compensates_effect_id"`
+	DenialCode          *string    `json:"denial_code"`      // why it was denied, if it was
+	ApprovalID          *string    `json:"approval_id"`      // the approval it asked for, if any
+	LeaseExpiresAt      *time.Time `json:"lease_expires_at"` // the live lease's expiry while leased
+	CreatedAt           time.Time  `json:"created_at"`
+	UpdatedAt           time.Time  `json:"updated_at"`
 }
 
 // ReportEffect records what happened (POST /api/v1/effects/{id}/report).
