@@ -22,7 +22,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/getratchet/ratchet/lib/config"
@@ -42,17 +41,16 @@ func Open(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
 	pc.HealthCheckPeriod = time.Minute
 	pc.ConnConfig.ConnectTimeout = cfg.DBConnectTimeout
 	pc.ConnConfig.DefaultQueryExecMode = execMode(cfg.DBQueryExecMode)
-	// Every request and sweep task runs under a deadline. When it passes,
-	// ask the server to cancel the statement (a cancel request, which
-	// PgBouncer forwards to the server connection serving us) and keep the
-	// connection; close it only if the cancel has not ended the statement
-	// within a second. pgx's default closes the connection at once (and
-	// cancels on the way out), so the pool reconnects after every request
-	// that ran out of time. The deadline is what bounds a statement behind
-	// a pooler, where statement_timeout cannot be sent (see below).
-	pc.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: time.Second}
-	}
+	// Every request and sweep task runs under a deadline. When it passes
+	// mid-statement, pgx's default handler closes the connection, sending a
+	// cancel request on the way out so that the server stops the statement,
+	// and the pool opens another when needed. The deadline is what bounds a
+	// statement behind a pooler, where statement_timeout cannot be sent (see
+	// below). A cancel request that kept the connection
+	// (pgconn.CancelRequestContextWatcherHandler) crashed PgBouncer 1.18,
+	// Debian 12's, in transaction mode, taking every instance's database
+	// away (pooler QA: one client hanging up on a begin that waited for a
+	// lock was enough); the default has not.
 	if pc.ConnConfig.RuntimeParams == nil {
 		pc.ConnConfig.RuntimeParams = map[string]string{}
 	}

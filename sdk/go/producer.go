@@ -361,11 +361,21 @@ func (c *Client) CancelStep(ctx context.Context, stepID string) (*Step, error) {
 // ReplayPreview says whether a step can be replayed and to which contract
 // versions it could be upgraded.
 type ReplayPreview struct {
-	Eligible bool `json:"eligible"` // exhausted or cancelled, so replayable
+	StepID   string `json:"stepId"`
+	JobID    string `json:"jobId"`
+	Name     string `json:"name"`
+	Status   string `json:"status"`   // one of the Job* status constants
+	Eligible bool   `json:"eligible"` // exhausted or cancelled, so replayable
 	// HandlerVersion is the step's current handler version: pass it as
 	// ReplayOptions.ExpectedHandlerVersion for an upgrade.
-	HandlerVersion string          `json:"handlerVersion"`
-	Upgrades       []ReplayUpgrade `json:"upgrades"` // contracts it could move to
+	HandlerVersion  string `json:"handlerVersion"`
+	ContractVersion *int   `json:"contractVersion"` // the step's contract, if any
+	// Attempt is the step's attempt now: pass it as
+	// ReplayOptions.ExpectedAttempt so that a retried replay runs once.
+	Attempt        int             `json:"attempt"`
+	MaxAttempts    int             `json:"maxAttempts"`
+	EndpointPaused bool            `json:"endpointPaused"` // a replay would wait for the resume
+	Upgrades       []ReplayUpgrade `json:"upgrades"`       // contracts it could move to
 }
 
 // ReplayUpgrade is one contract a replay could move to. Compatible means the
