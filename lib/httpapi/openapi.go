@@ -181,7 +181,8 @@ func operation(r Route) map[string]any {
 				"request that acted, to the same request (route, path and body bytes) sent with the same key by " +
 				"the same API key. Another request under an answered key is 409 idempotency_key_reuse; any " +
 				"request sent while the first is still acting is 409 retry_request (wait " +
-				"detail.retry_after_seconds, also in Retry-After). The request's work and its answer commit " +
+				"detail.retry_after_seconds, also in Retry-After); one sent as the first records its answer " +
+				"waits the moment it takes to commit and is given that answer. The request's work and its answer commit " +
 				"together: a request that failed (a 4xx, a 500, a 503 with detail.outcome not_applied) changed " +
 				"nothing and frees the key (or its claim lapses within 30 seconds); one " +
 				"whose commit's outcome is unknown (a 503 with detail.outcome unknown) holds it for 30 seconds, " +

@@ -72,12 +72,42 @@ func (s *Server) mcpRoutes() []Route {
 			// A message the transport cannot take is a JSON-RPC error
 			// response (HTTP 400); a wrong content type is the envelope's.
 			rt.Errors = []string{apierr.CodeInvalidRequest}
+			rt.Request, rt.Response = mcpMessage{}, mcpAnswer{}
+			rt.ErrorBodies = map[int]any{http.StatusBadRequest: mcpAnswer{}}
 			rt.Bodiless = map[int]string{http.StatusAccepted: "Accepted: a JSON-RPC notification or response, " +
 				"which has no answer"}
 		}
 		routes = append(routes, rt)
 	}
 	return routes
+}
+
+// mcpMessage is a JSON-RPC 2.0 message as POST /api/v1/mcp takes it, for
+// the OpenAPI document (QA: it showed no body); the transport parses it.
+type mcpMessage struct {
+	JSONRPC string `json:"jsonrpc" openapi:"enum=2.0"`
+	// ID is a string or an integer; a notification has none.
+	ID     json.RawMessage `json:"id,omitempty"`
+	Method string          `json:"method"`
+	Params json.RawMessage `json:"params,omitempty"`
+}
+
+// mcpAnswer is a JSON-RPC 2.0 response: its result, or its error (also the
+// body of a 400 for a message the transport cannot take).
+type mcpAnswer struct {
+	JSONRPC string          `json:"jsonrpc" openapi:"enum=2.0"`
+	ID      json.RawMessage `json:"id"`
+	Result  json.RawMessage `json:"result,omitempty"`
+	Error   *mcpAnswerError `json:"error,omitempty"`
+}
+
+// mcpAnswerError is a JSON-RPC error object: its code is an integer
+// (-32700 parse error, -32600 invalid request, -32601 method not found,
+// -32602 invalid params).
+type mcpAnswerError struct {
+	Code    int64           `json:"code"`
+	Message string          `json:"message"`
+	Data    json.RawMessage `json:"data,omitempty"`
 }
 
 // jsonRPCErrors turns the transport's plain-text refusals into answers an
