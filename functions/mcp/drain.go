@@ -114,7 +114,8 @@ func (d *drainingPipes) read(b []byte, end bool) {
 		}
 		if len(d.inLine) > d.maxLine {
 			if !d.skipping {
-				d.refuse(nil, jsonrpc.CodeInvalidRequest, fmt.Sprintf("Invalid Request: a message is at most %d bytes", d.maxLine))
+				d.refuseWithID(leadingID(d.inLine), jsonrpc.CodeInvalidRequest,
+					fmt.Sprintf("Invalid Request: a message is at most %d bytes", d.maxLine))
 			}
 			d.skipping, d.inLine = true, d.inLine[:0]
 		}
@@ -172,10 +173,62 @@ func (d *drainingPipes) refuse(line []byte, code int64, message string) {
 	}
 	id := any(nil)
 	if line != nil && json.Unmarshal(line, &probe) == nil {
-		if v, err := jsonrpc.MakeID(probe.ID); err == nil && v.IsValid() {
-			id = v.Raw()
-		}
+		id = validID(probe.ID)
 	}
+	d.refuseWithID(id, code, message)
+}
+
+// validID is v as an answer's id when it is a valid JSON-RPC id (a string
+// or an integer), else nil.
+func validID(v any) any {
+	if id, err := jsonrpc.MakeID(v); err == nil && id.IsValid() {
+		return id.Raw()
+	}
+	return nil
+}
+
+// leadingID reads the id of a message from the start of its line, which
+// may be cut short (a line over the limit is refused as its first maxLine
+// bytes arrive): the top-level "id" member if it comes before the cut, so
+// that the client can match the refusal to its request (QA: it answered id
+// null, and the client waited out its timeout). nil when it cannot tell.
+func leadingID(prefix []byte) any {
+	dec := json.NewDecoder(bytes.NewReader(prefix))
+	dec.UseNumber()
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil
+	}
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		var v any
+		if err := dec.Decode(&v); err != nil {
+			return nil // cut short, or malformed, before or within the id
+		}
+		if key != "id" {
+			continue
+		}
+		switch v := v.(type) {
+		case json.Number:
+			// A number that runs to the cut may go on past it.
+			i, err := v.Int64()
+			if err != nil || dec.InputOffset() >= int64(len(prefix)) {
+				return nil
+			}
+			return i
+		case string:
+			return v
+		}
+		return nil
+	}
+	return nil
+}
+
+// refuseWithID answers a message the transport is not given with a
+// JSON-RPC error for id (nil: the message's id is unknown).
+func (d *drainingPipes) refuseWithID(id any, code int64, message string) {
 	answer, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id,
 		"error": map[string]any{"code": code, "message": message}})
 	d.writeMu.Lock()

@@ -151,8 +151,33 @@ func TestAnOverlongLineIsRefused(t *testing.T) {
 	if !strings.Contains(out.String(), `"code":-32600`) || strings.Count(out.String(), "\n") != 1 {
 		t.Fatalf("answered %q; want one refusal", out.String())
 	}
+	// The refusal names the request's id, read from the start of its line
+	// (QA: it said null).
+	if !strings.Contains(out.String(), `"id":1,`) {
+		t.Fatalf("answered %q; want id 1", out.String())
+	}
 	if string(d.ready) != `{"jsonrpc":"2.0","id":2,"method":"ping"}`+"\n" || !d.pending["int64:2"] || len(d.pending) != 1 {
 		t.Fatalf("passed on %q, pending %v", d.ready, d.pending)
+	}
+}
+
+// An id is read from a line's start only when it is there whole: before
+// the cut, at the top level, a string or an integer.
+func TestLeadingID(t *testing.T) {
+	for prefix, want := range map[string]any{
+		`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"a":"xxx`:   int64(7),
+		`{"id":"req-1","jsonrpc":"2.0"`:                                      "req-1",
+		`{"jsonrpc":"2.0","method":"tools/call","params":{"id":3,"pad":"xx`:  nil, // not top level, and cut
+		`{"jsonrpc":"2.0","method":"tools/call","params":{"pad":"xx","id":3`: nil,
+		`{"jsonrpc":"2.0","id":12`:                                           nil, // the number may go on
+		`{"jsonrpc":"2.0","id":1.5,"method":"x"`:                             nil,
+		`{"jsonrpc":"2.0","id":null,"method":"x"`:                            nil,
+		`[{"jsonrpc":"2.0","id":1`:                                           nil,
+		`{"jsonrpc":"2.0","id":"abc`:                                         nil,
+	} {
+		if got := leadingID([]byte(prefix)); got != want {
+			t.Errorf("%s: got %#v, want %#v", prefix, got, want)
+		}
 	}
 }
 
