@@ -3,20 +3,20 @@
 package main
 
 import (
-	"fmt"
-	"os"
-
 	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/getratchet/ratchet/lib/app"
+	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/lambdaurl"
 )
 
 func main() {
 	a, err := app.Default()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		// Answered in the API's envelope, as on Vercel: an exit would
+		// give every request the Function URL's bare 502.
+		lambda.Start(lambdaurl.Handler(httpapi.StartFailed(err)))
+		return
 	}
 	lambda.Start(lambdaurl.Handler(a.Server))
 }

@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jsonstrict"
 	"github.com/getratchet/ratchet/lib/jsonx"
@@ -144,6 +146,24 @@ func WriteOutsideError(w http.ResponseWriter, e *apierr.Error) {
 		e = e.WithDetail("request_id", reqID)
 	}
 	writeError(w, e)
+}
+
+// StartFailed answers every request an instance could not start for (a
+// Vercel function's, a Lambda's, on each request while the cause lasts):
+// 503 database_unavailable when the database was out of reach, else 500 for
+// a configuration to fix. The error names the setting, never its value;
+// the log says what failed. (QA: on Lambda the process exited, and each
+// request got the Function URL's bare 502.)
+func StartFailed(err error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		slog.Error("start-up failed", "err", err.Error())
+		e := apierr.New(http.StatusInternalServerError, apierr.CodeInternal,
+			"The service is misconfigured; see the function logs.")
+		if db.IsUnavailable(err) {
+			e = apierr.DatabaseUnavailable(err)
+		}
+		WriteOutsideError(w, e)
+	})
 }
 
 func writeError(w http.ResponseWriter, e *apierr.Error) {

@@ -298,7 +298,7 @@ func TestVercelDeploymentPublishesNoSource(t *testing.T) {
 	ignore, err := os.ReadFile("../../.vercelignore")
 	require.NoError(t, err)
 	lines := strings.Split(string(ignore), "\n")
-	for _, must := range []string{".data", "bin"} {
+	for _, must := range []string{"/.data", "/bin"} { // anchored at the root, as in .gitignore
 		require.Contains(t, lines, must)
 	}
 }

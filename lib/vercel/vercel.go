@@ -3,12 +3,9 @@
 package vercel
 
 import (
-	"log/slog"
 	"net/http"
 
-	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/app"
-	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/httpapi"
 )
 
@@ -16,22 +13,8 @@ import (
 func Serve(w http.ResponseWriter, r *http.Request, pattern string) {
 	a, err := app.Default()
 	if err != nil {
-		startFailed(w, err)
+		httpapi.StartFailed(err).ServeHTTP(w, r)
 		return
 	}
 	a.Server.ServeRoute(w, r, pattern)
-}
-
-// startFailed answers a request the instance could not start for: 503
-// database_unavailable when the database was out of reach (the next request
-// tries again), else 500 for a configuration to fix. The error names the
-// setting, never its value.
-func startFailed(w http.ResponseWriter, err error) {
-	slog.Error("start-up failed", "err", err.Error())
-	e := apierr.New(http.StatusInternalServerError, apierr.CodeInternal,
-		"The service is misconfigured; see the function logs.")
-	if db.IsUnavailable(err) {
-		e = apierr.DatabaseUnavailable(err)
-	}
-	httpapi.WriteOutsideError(w, e)
 }
