@@ -35,6 +35,14 @@
 -- The column is NULL for every effect but those arrivals, so the partial
 -- index has no entry for the rest and a begin of a new key adds none.
 --
+-- An arrival never reports the cached baseline stale (final read): its
+-- begin's first statement, the fast path's, runs outside the surge turn,
+-- inside a grouped or run-wallet begin's transaction, and gate_begin's
+-- refresh of gate_effect_types held that row into the turn the arrival
+-- takes next, while a new key's begin held the turn and waited for the row
+-- (a deadlock). Only a new key's begin, which holds the turn, refreshes it;
+-- an arrival computes the median when it is stale and writes nothing.
+--
 -- Built inside this migration's transaction, which blocks begins
 -- meanwhile; README "Upgrading" shows how to build it first, concurrently.
 ALTER TABLE effects ADD COLUMN IF NOT EXISTS surge_arrived_at timestamptz;
@@ -69,12 +77,14 @@ srg_base AS MATERIALIZED (
                WHERE x.workspace_id = $1 AND x.effect_type = $2
                  AND x.created_at >= date_trunc('hour', ($7::timestamptz)::timestamptz, 'UTC') - interval '168 hours' AND x.created_at < date_trunc('hour', ($7::timestamptz)::timestamptz, 'UTC')
                GROUP BY 1) n ON n.hr = h.hr) END AS median,
-            stale.v AND pol.surge_per_hour IS NULL AND cbs.first_seen IS NOT NULL AS stale
+            stale.v AND pol.surge_per_hour IS NULL AND cbs.first_seen IS NOT NULL
+                AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $3) AS stale
         FROM (SELECT cbs.baseline_for IS DISTINCT FROM date_trunc('hour', ($7)::timestamptz, 'UTC') AS v) stale
         OFFSET 0 -- not pulled up, so the median is one subplan, evaluated once
     ) b
     WHERE NOT EXISTS (SELECT 1 FROM effects e WHERE e.workspace_id = $1 AND e.idempotency_key = $3
-                      AND NOT (e.state = 'denied' AND e.denial_code = 'circuit_open' AND e.attempt = 0))
+                      AND NOT (e.effect_type = $2 AND e.state = 'denied' AND e.denial_code = 'circuit_open'
+                               AND e.attempt = 0))
 ),
 win AS (SELECT greatest($7::timestamptz - interval '1 hour', cbs.allowance_from) AS start FROM cbs),
 srg AS MATERIALIZED (
@@ -90,7 +100,7 @@ srg AS MATERIALIZED (
             WHERE x.workspace_id = $1 AND x.effect_type = $2
               AND x.surge_arrived_at > (SELECT start FROM win) AND x.created_at <= (SELECT start FROM win)
             LIMIT coalesce(b.threshold + 1, 0)) r) - (SELECT count(*) FROM effects me
-            WHERE me.workspace_id = $1 AND me.idempotency_key = $3
+            WHERE me.workspace_id = $1 AND me.idempotency_key = $3 AND me.effect_type = $2
               AND (me.created_at > (SELECT start FROM win)
                    OR (me.surge_arrived_at > (SELECT start FROM win) AND me.created_at <= (SELECT start FROM win))))
             AS volume

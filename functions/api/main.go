@@ -3,6 +3,8 @@
 package main
 
 import (
+	"net/http"
+
 	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/getratchet/ratchet/lib/app"
@@ -11,12 +13,22 @@ import (
 )
 
 func main() {
+	// Built in the function's init, before the first invocation, as Lambda
+	// intends; a build that failed is retried by the requests (serve).
+	_, _ = app.Default()
+	lambda.Start(lambdaurl.Handler(http.HandlerFunc(serve)))
+}
+
+// serve answers a request with the instance's App. A build that failed is
+// answered in the API's envelope (httpapi.StartFailed: an exit gave every
+// request the Function URL's bare 502) and tried again by a later request
+// (app.Default waits a few seconds between tries), as on Vercel: a database
+// down at a cold start must not fail the instance for good.
+func serve(w http.ResponseWriter, r *http.Request) {
 	a, err := app.Default()
 	if err != nil {
-		// Answered in the API's envelope, as on Vercel: an exit would
-		// give every request the Function URL's bare 502.
-		lambda.Start(lambdaurl.Handler(httpapi.StartFailed(err)))
+		httpapi.StartFailed(err).ServeHTTP(w, r)
 		return
 	}
-	lambda.Start(lambdaurl.Handler(a.Server))
+	a.Server.ServeHTTP(w, r)
 }

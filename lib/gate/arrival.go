@@ -9,18 +9,18 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 )
 
-// A surge counts keys begun for the first time (API.md §5), and a key a
-// breaker refused had been begun: once the breaker closed, every such key
-// of a runaway loop's backlog executed when retried, and nothing tripped
-// again (session 21's circuits QA: 80 keys at surge_per_hour 10 and deny
-// gave 10 execute and 70 circuit_open, then the 70 all executed after the
-// close). Seed 003: closing "gives the effect type a fresh allowance; it
-// does not disarm the breaker, so a second surge trips it again". So a key
-// refused before it was ever granted is counted once more when it is next
-// begun, as an arrival within the fresh allowance (migration 0040): it
-// takes the type's surge turn, is counted with the new keys, trips the
-// breaker over the threshold and is held by its action, as the new key
-// that trips it is.
+// A surge counts keys begun for the first time (API.md §5, which
+// volume_last_hour still reports), and a key a breaker refused had been
+// begun: once the breaker closed, every such key of a runaway loop's
+// backlog executed when retried, and nothing tripped again (session 21's
+// circuits QA: 80 keys at surge_per_hour 10 and deny gave 10 execute and 70
+// circuit_open, then the 70 all executed after the close). Seed 003:
+// closing "gives the effect type a fresh allowance; it does not disarm the
+// breaker, so a second surge trips it again". So a key refused before it
+// was ever granted is counted once more when it is next begun, as an
+// arrival within the fresh allowance (migration 0040): it takes the type's
+// surge turn, is counted with the new keys, trips the breaker over the
+// threshold and is held by its action, as the new key that trips it is.
 
 // refusedBeforeGrant says whether a breaker refused the effect before any
 // attempt was granted: its next begin is the surge's arrival. A refusal of

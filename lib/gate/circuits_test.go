@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apierr"
@@ -790,4 +791,37 @@ func TestAnArrivalCountsItsOwnKeyOnce(t *testing.T) {
 	b.denialOf("circuit_open", held) // with the first, two in the hour
 	b.clock.Add(2 * time.Minute)
 	b.mustBegin("execute", held)
+}
+
+// An arrival never reports the type's cached baseline stale, so its begin
+// writes no gate_effect_types row outside the surge turn (final read: a
+// grouped begin of a refused key held that row into the turn it took next,
+// while a new key's begin held the turn and waited for the row, a
+// deadlock). gate_surge still counts it, and a new key still refreshes the
+// cache; a key that was granted is not counted at all.
+func TestAnArrivalLeavesTheBaselineCacheToNewKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 1, "surge_action": "deny"})
+	first := sms(key("first"))
+	b.mustBegin("execute", first)
+	held := sms(key("held"))
+	b.denialOf("circuit_open", held)
+	// As gate_evaluate calls it for a learned ceiling whose cache is stale.
+	surge := func(k string) (stale, counted bool, err error) {
+		err = b.env.App.Pool.QueryRow(t.Context(), `SELECT stale, volume IS NOT NULL FROM gate_surge($1::text,
+			'sms.send'::text, $2::text, NULL::int, 2, $3::timestamptz - interval '7 hours', $3::timestamptz,
+			NULL::timestamptz, NULL::float8, NULL::timestamptz)`, b.ws.ID, k, b.clock.Now()).Scan(&stale, &counted)
+		return
+	}
+	stale, counted, err := surge(str(held["idempotency_key"]))
+	require.NoError(t, err)
+	require.True(t, counted, "an arrival is counted")
+	require.False(t, stale, "an arrival leaves the cache alone")
+	stale, counted, err = surge(key("new"))
+	require.NoError(t, err)
+	require.True(t, counted)
+	require.True(t, stale, "a new key refreshes it")
+	_, _, err = surge(str(first["idempotency_key"]))
+	require.ErrorIs(t, err, pgx.ErrNoRows, "a granted key is not counted")
 }

@@ -55,18 +55,18 @@ var Limits = map[string]int64{
 	"list_limit_max":      200,
 	"list_limit_default":  50,
 	"idempotency_key_max": 255,
-	// A policy's lease_seconds; a begin may ask for a shorter lease, down
-	// to a second, and never gets more than its policy's (QA: the
-	// manifest's 5 was read as begin's minimum).
-	"policy_lease_seconds_min": 5,
-	"policy_lease_seconds_max": 3600,
-	"begin_lease_seconds_min":  1,
-	"effect_max_attempts":      50,
-	"job_max_attempts":         10,
-	"claim_batch_max":          100,
-	"claim_wait_seconds_max":   20,
-	"retry_after_ms_min":       1000,
-	"retry_after_ms_max":       86_400_000,
+	// A policy's lease_seconds (the names earlier releases published); a
+	// begin may ask for a shorter lease, down to a second, and never gets
+	// more than its policy's (QA: the 5 was read as begin's minimum).
+	"lease_seconds_min":       5,
+	"lease_seconds_max":       3600,
+	"begin_lease_seconds_min": 1,
+	"effect_max_attempts":     50,
+	"job_max_attempts":        10,
+	"claim_batch_max":         100,
+	"claim_wait_seconds_max":  20,
+	"retry_after_ms_min":      1000,
+	"retry_after_ms_max":      86_400_000,
 }
 
 // NewManifest builds the manifest from the route table.

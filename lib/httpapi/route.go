@@ -72,7 +72,8 @@ type Route struct {
 	Bodiless map[int]string
 	Errors   []string // error codes this route can answer beyond the common ones
 	// ErrorBodies are bodies an error status may carry instead of the bare
-	// envelope: the envelope with more fields (begin's 403 denied decision).
+	// envelope: the envelope with more fields (begin's 403 denied
+	// decision), or another body the route answers (MCP's JSON-RPC error).
 	ErrorBodies map[int]any
 	// Timeout bounds the whole request, database work included; zero means
 	// DefaultTimeout. Long-polling routes set their own.

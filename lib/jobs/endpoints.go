@@ -225,16 +225,17 @@ func nullableInt(p *apierr.Problems, field string, o jsonx.Optional[int64], lo, 
 const endpointNameRule = "must be 1-200 printable characters, without white space at either end"
 
 // validEndpointName reports whether name can name an endpoint: unlike a
-// tool's name it may hold spaces ("Stripe API"), but neither a control or
-// format character nor white space at either end, which made look-alike
-// names ("e\u200bx", " ex") separate endpoints with their own pause, limits
-// and circuit (jobs QA).
+// tool's name it may hold spaces ("Stripe API"), but only the plain space,
+// never at either end, and no other character that prints nothing (a
+// control or format character, another space): look-alike names
+// ("e\u200bx", " ex", "Stripe\u00a0API") were separate endpoints with their
+// own pause, limits and circuit (jobs QA, final read).
 func validEndpointName(name string) bool {
 	if name == "" || !utf8.ValidString(name) || utf8.RuneCountInString(name) > 200 || strings.TrimSpace(name) != name {
 		return false
 	}
 	for _, r := range name {
-		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
+		if !unicode.IsPrint(r) {
 			return false
 		}
 	}

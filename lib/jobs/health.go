@@ -76,15 +76,20 @@ func (s *Service) QueueHealth(ctx context.Context, workspaceID, cursor string, l
 }
 
 // explain says what holds h's queue, in seed 000's runbook order: no worker
-// serving the exact version while jobs are due (jobs all waiting for their
-// time hold nothing yet: QA, a retry a day out raised the alarm), an open
-// circuit, a pause. nil when nothing does.
+// serving the exact version, an open circuit, a pause. nil when nothing
+// does. With no job due yet (retries and delayed enqueues waiting for their
+// time), a missing worker holds nothing yet and says so (QA: a retry a day
+// out read as jobs waiting).
 func (h QueueHealth) explain() *string {
 	var parts []string
-	if h.WorkersSeen == 0 && h.Due > 0 {
-		parts = append(parts, fmt.Sprintf("No worker serving %s@%s has polled in the last %d minutes; %d job(s) are "+
-			"due. Start a worker whose WORKER key lists %s@%s and that registers exactly that version.",
-			h.Name, h.Version, int(workerSeenWindow.Minutes()), h.Due, h.Name, h.Version))
+	if h.WorkersSeen == 0 {
+		waiting := fmt.Sprintf("%d job(s) are due", h.Due)
+		if h.Due == 0 {
+			waiting = fmt.Sprintf("%d job(s) are queued, none due yet", h.Queued)
+		}
+		parts = append(parts, fmt.Sprintf("No worker serving %s@%s has polled in the last %d minutes; %s. "+
+			"Start a worker whose WORKER key lists %s@%s and that registers exactly that version.",
+			h.Name, h.Version, int(workerSeenWindow.Minutes()), waiting, h.Name, h.Version))
 	}
 	if len(h.OpenCircuitEndpoints) > 0 {
 		parts = append(parts, fmt.Sprintf("The circuit of endpoint %s is open: its jobs wait for one probe per "+
