@@ -43,6 +43,15 @@ func (b *bundle) events(typ string) int {
 	return n
 }
 
+// lastEventData is the data of the workspace's latest event of type typ.
+func (b *bundle) lastEventData(typ string) map[string]any {
+	b.t.Helper()
+	var data map[string]any
+	require.NoError(b.t, b.env.App.Pool.QueryRow(context.Background(), `SELECT data FROM events
+		WHERE workspace_id = $1 AND type = $2 ORDER BY created_at DESC, id DESC LIMIT 1`, b.ws.ID, typ).Scan(&data))
+	return data
+}
+
 func sms(k string) map[string]any {
 	return map[string]any{"effect_type": "sms.send", "idempotency_key": k, "payload": map[string]any{"to": "+1"}}
 }
@@ -246,6 +255,10 @@ func TestManualBreakerHasNoCooldownAndCloseDoesNotDisarm(t *testing.T) {
 	require.Equal(t, "runaway loop", c["reason"])
 	require.Nil(t, c["closes_at"])
 	require.Equal(t, 1, b.events("circuit.tripped"))
+	// The event has a surge trip's shape (QA): what no count opened is null.
+	require.Equal(t, map[string]any{"effect_type": "sms.send", "opened_by": "manual", "action": "deny",
+		"opened_at": b.lastEventData("circuit.tripped")["opened_at"], "closes_at": nil, "volume_last_hour": nil,
+		"threshold": nil}, b.lastEventData("circuit.tripped"))
 	e := b.denialOf("circuit_open", sms(key("x")))
 	require.Equal(t, map[string]any{"opened_by": "manual", "opened_at": c["opened_at"], "closes_at": nil}, e["detail"])
 	b.clock.Add(48 * time.Hour)
@@ -583,6 +596,10 @@ func TestChangingTheSurgeActionRetunesTheOpenBreaker(t *testing.T) {
 	require.Equal(t, "deny", c["action"])
 	require.Equal(t, closesAt, c["closes_at"], "the cooldown is the trip's")
 	require.Equal(t, 2, b.events("circuit.tripped"))
+	retuned := b.lastEventData("circuit.tripped")
+	require.Equal(t, "deny", retuned["action"])
+	require.Contains(t, retuned, "threshold", "a surge trip's shape")
+	require.Nil(t, retuned["volume_last_hour"])
 	b.denialOf("circuit_open", retry)
 
 	b.putPolicy("sms.send", map[string]any{"surge_action": "require_approval"})
@@ -636,9 +653,7 @@ func TestARefusedBacklogIsCountedAgainAfterTheClose(t *testing.T) {
 	require.EqualValues(t, 30, c["volume_last_hour"], "first begins only")
 	require.Equal(t, 2, b.events("circuit.tripped"))
 	require.Equal(t, 1, b.events("circuit.closed"), "the first opening, closed before the second")
-	var data map[string]any
-	require.NoError(t, b.env.App.Pool.QueryRow(t.Context(), `SELECT data FROM events WHERE workspace_id = $1
-		AND type = 'circuit.tripped' ORDER BY created_at DESC, id DESC LIMIT 1`, b.ws.ID).Scan(&data))
+	data := b.lastEventData("circuit.tripped")
 	require.EqualValues(t, 11, data["volume_last_hour"], "the allowance's count that tripped it")
 	require.EqualValues(t, 10, data["threshold"])
 	b.denialOf("circuit_open", sms(refused[10]))

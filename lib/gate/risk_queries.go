@@ -335,6 +335,8 @@ FOR UPDATE`
 // and for every re-opening that changes the opener or the action (QA: a
 // stop re-issued with a weaker action changed it silently, and one made
 // strict again after that was not announced); a repeat is not announced.
+// The event has a surge trip's fields, volume_last_hour and threshold null
+// (no count opened it), so receivers read one shape.
 // $1 workspace, $2 type or '*', $3 opened_by, $4 action, $5 reason, $6 now,
 // $7 event id, $8 and $9 the open breaker's opener and action as
 // sqlLockOpenCircuit read them (NULL when it was closed).
@@ -362,7 +364,8 @@ WITH up AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
     SELECT $7, $1, '` + events.CircuitTripped + `', $2,
         jsonb_build_object('effect_type', CASE WHEN $2::text <> '*' THEN $2::text END, 'opened_by', $3::text,
-            'action', up.action, 'opened_at', up.opened_at, 'closes_at', NULL), $6,
+            'action', up.action, 'opened_at', up.opened_at, 'closes_at', NULL,
+            'volume_last_hour', NULL, 'threshold', NULL), $6,
         $3::text || ':' || extract(epoch FROM up.opened_at)::text || ':' || up.action
             || CASE WHEN $8::text IS NULL THEN '' ELSE ':' || $7::text END
     FROM up
@@ -442,7 +445,7 @@ WITH up AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
     SELECT $5, $1, '` + events.CircuitTripped + `', $2,
         jsonb_build_object('effect_type', $2::text, 'opened_by', 'surge', 'action', up.action,
-            'opened_at', up.opened_at, 'closes_at', up.closes_at), $4,
+            'opened_at', up.opened_at, 'closes_at', up.closes_at, 'volume_last_hour', NULL, 'threshold', NULL), $4,
         'surge:' || extract(epoch FROM up.opened_at)::text || ':' || up.action || ':' || $5::text
     FROM up
 )
