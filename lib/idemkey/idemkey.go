@@ -18,12 +18,18 @@ const MaxRunes = 255
 const Rule = "must be 1-255 printable characters"
 
 // Valid reports whether k is a well-formed idempotency key.
-func Valid(k string) bool {
-	n := utf8.RuneCountInString(k)
-	if n < 1 || n > MaxRunes || !utf8.ValidString(k) {
+func Valid(k string) bool { return Printable(k, MaxRunes) }
+
+// Printable reports whether s is 1-maxRunes printable characters of valid
+// UTF-8: no control or format character, no space but the plain one. It is
+// the key's rule, for other names that follow it with a length of their
+// own (an endpoint's).
+func Printable(s string, maxRunes int) bool {
+	n := utf8.RuneCountInString(s)
+	if n < 1 || n > maxRunes || !utf8.ValidString(s) {
 		return false
 	}
-	for _, r := range k {
+	for _, r := range s {
 		if !unicode.IsPrint(r) {
 			return false
 		}

@@ -8,13 +8,12 @@ import (
 	"reflect"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/idemkey"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jsonx"
 )
@@ -231,15 +230,7 @@ const endpointNameRule = "must be 1-200 printable characters, without white spac
 // ("e\u200bx", " ex", "Stripe\u00a0API") were separate endpoints with their
 // own pause, limits and circuit (jobs QA, final read).
 func validEndpointName(name string) bool {
-	if name == "" || !utf8.ValidString(name) || utf8.RuneCountInString(name) > 200 || strings.TrimSpace(name) != name {
-		return false
-	}
-	for _, r := range name {
-		if !unicode.IsPrint(r) {
-			return false
-		}
-	}
-	return true
+	return idemkey.Printable(name, 200) && strings.TrimSpace(name) == name
 }
 
 func scanEndpoint(row pgx.Row) (Endpoint, error) {
