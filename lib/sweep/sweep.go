@@ -61,7 +61,22 @@ type Sweeper struct {
 	tasks  []Task
 	now    func() time.Time
 	logger *slog.Logger
+
+	mu     sync.Mutex
+	outage outage
 }
+
+// outage is what the sweeper has seen of the database being unreachable
+// since it last answered: a pass every 5 s of a dozen tasks would otherwise
+// log a dozen warnings every 5 s for as long as it lasts (pooler QA).
+type outage struct {
+	since       time.Time // zero: the database answered last
+	reported    time.Time // when the last warning was written
+	interrupted int       // tasks interrupted since that warning
+}
+
+// outageReminder is how often a continuing outage is logged again.
+const outageReminder = time.Minute
 
 // taskReserve is the time a pass keeps for each task still to run after
 // the one running: a task stuck on a lock (a migration's, say) ends in time
@@ -87,11 +102,50 @@ func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration) (int, er
 		// An outage or a restart of the database: the next pass does it
 		// (QA: every terminated connection logged an ERROR). A task that
 		// ran out of its time, stuck on a lock say, stays an error.
-		s.logger.Warn("sweep task interrupted: database unavailable", "task", t.Name, "err", err.Error())
+		s.noteUnavailable(t.Name, err)
 	case err != nil:
 		s.logger.Error("sweep task failed", "task", t.Name, "err", err.Error())
+	default:
+		s.noteAvailable()
 	}
 	return n, err
+}
+
+// noteUnavailable logs the start of an outage, then a reminder a minute
+// while it lasts, instead of every interrupted task.
+func (s *Sweeper) noteUnavailable(task string, err error) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o := &s.outage
+	o.interrupted++
+	switch {
+	case o.since.IsZero():
+		o.since = now
+		s.logger.Warn("sweep task interrupted: database unavailable; further interruptions are summarised every minute",
+			"task", task, "err", err.Error())
+	case now.Sub(o.reported) >= outageReminder:
+		s.logger.Warn("sweep tasks interrupted: database still unavailable",
+			"since", o.since.UTC().Format(time.RFC3339), "interrupted", o.interrupted, "err", err.Error())
+	default:
+		return
+	}
+	o.reported, o.interrupted = now, 0
+}
+
+// noteAvailable ends an outage: one line says how long it lasted, at the
+// outage's own level, so that a log showing warnings only (the local
+// server's) shows its end as well as its start.
+func (s *Sweeper) noteAvailable() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o := &s.outage
+	if o.since.IsZero() {
+		return
+	}
+	s.logger.Warn("sweep: database available again",
+		"unavailable_for", s.now().Sub(o.since).Round(time.Second).String(), "interrupted", o.interrupted)
+	*o = outage{}
 }
 
 // New returns a sweeper over tasks.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -67,10 +68,55 @@ func TestTaskFailuresAreLoggedByCause(t *testing.T) {
 		return 0, fmt.Errorf("x: %w", context.DeadlineExceeded)
 	}})
 	s.RunOnce(context.Background())
-	require.Contains(t, logs.String(), `level=WARN msg="sweep task interrupted: database unavailable" task=gone`)
+	require.Contains(t, logs.String(), `level=WARN msg="sweep task interrupted: database unavailable; further interruptions are summarised every minute" task=gone`)
 	require.Contains(t, logs.String(), `level=ERROR msg="sweep task failed" task=boom`)
 	require.Contains(t, logs.String(), `level=ERROR msg="sweep task failed" task=stuck`, "out of its time: not an outage")
 	require.NotContains(t, logs.String(), `level=ERROR msg="sweep task failed" task=gone`)
+}
+
+// An outage is logged when it starts, reminded of once a minute, and its
+// end said once, rather than a warning per task per pass (pooler QA: a
+// dozen every 5 s while the database was down).
+func TestAnOutageIsLoggedOnceAMinute(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	clock := time.Date(2026, 12, 2, 5, 0, 0, 0, time.UTC)
+	var down atomic.Bool
+	down.Store(true)
+	task := func(context.Context, time.Time) (int, error) {
+		if down.Load() {
+			return 0, fmt.Errorf("x: %w", io.ErrUnexpectedEOF)
+		}
+		return 0, nil
+	}
+	s := New(func() time.Time { return clock }, slog.New(slog.NewTextHandler(&logs, nil)),
+		Task{Name: "a", Run: task}, Task{Name: "b", Run: task}, Task{Name: "c", Run: task})
+	lines := func() []string { return strings.Split(strings.TrimSpace(logs.String()), "\n") }
+
+	for range 12 { // a minute of passes every 5 s
+		s.RunOnce(context.Background())
+		clock = clock.Add(5 * time.Second)
+	}
+	got := lines()
+	require.Len(t, got, 1, "one warning for the first minute's 36 interruptions: %q", got)
+	require.Contains(t, got[0], `level=WARN msg="sweep task interrupted: database unavailable; further interruptions are summarised every minute" task=a`)
+
+	s.RunOnce(context.Background())
+	got = lines()
+	require.Len(t, got, 2, "a minute on, a reminder: %q", got)
+	require.Contains(t, got[1], `level=WARN msg="sweep tasks interrupted: database still unavailable" since=2026-12-02T05:00:00Z interrupted=36`)
+
+	clock = clock.Add(5 * time.Second)
+	down.Store(false)
+	s.RunOnce(context.Background())
+	s.RunOnce(context.Background())
+	got = lines()
+	require.Len(t, got, 3, "the end once: %q", got)
+	require.Contains(t, got[2], `level=WARN msg="sweep: database available again" unavailable_for=1m5s interrupted=2`)
+
+	down.Store(true)
+	s.RunOnce(context.Background())
+	require.Len(t, lines(), 4, "a new outage is logged at once")
 }
 
 // Loop does not wait for a detached task: the other tasks run every tick
