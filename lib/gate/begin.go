@@ -124,9 +124,18 @@ func (in *beginInput) args() []any {
 // lockedArgs are the locked path's parameters ($1-$8).
 func (in *beginInput) lockedArgs() []any { return in.args()[:8] }
 
-func optionalID(pr *apierr.Problems, field, prefix string, v *string) {
-	if v != nil && !ids.Valid(prefix, *v) {
-		pr.Add(field, "must be an id of the form %s_… or null", prefix)
+// optionalID checks a reference to another object. A string that cannot
+// be such an id names nothing, as a well-formed id of no object does: it is
+// answered 404 like one (API.md §0: an unknown id is never a hint, and QA:
+// "grp_missing" was a 400 whose message told the ids' form), once the
+// request has no validation problem. Only an empty one is malformed.
+func optionalID(pr *apierr.Problems, unknown **apierr.Error, field, prefix, what string, v *string) {
+	switch {
+	case v == nil || ids.Valid(prefix, *v):
+	case *v == "":
+		pr.Add(field, "must be an id or null")
+	case *unknown == nil:
+		*unknown = apierr.NotFound(what)
 	}
 }
 
@@ -154,9 +163,10 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 			pr.Add("dimensions."+name, "must be a string of 1-%d characters", maxDimensionValue)
 		}
 	}
-	optionalID(&pr, "run_id", ids.Run, req.RunID)
-	optionalID(&pr, "group_id", ids.Group, req.GroupID)
-	optionalID(&pr, "compensates_effect_id", ids.Effect, req.CompensatesEffectID)
+	var unknown *apierr.Error
+	optionalID(&pr, &unknown, "run_id", ids.Run, "run", req.RunID)
+	optionalID(&pr, &unknown, "group_id", ids.Group, "group", req.GroupID)
+	optionalID(&pr, &unknown, "compensates_effect_id", ids.Effect, "effect", req.CompensatesEffectID)
 	if c := req.Compensation; c != nil && !ValidEffectType(c.EffectType) {
 		pr.Add("compensation.effect_type", "must be an effect type")
 	}
@@ -174,6 +184,9 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 	}
 	if err := pr.Err(); err != nil {
 		return nil, err
+	}
+	if unknown != nil {
+		return nil, unknown
 	}
 
 	payload := nullJSON(req.Payload)

@@ -73,7 +73,9 @@ func TestBeginValidation(t *testing.T) {
 			"compensation": map[string]any{"effect_type": "email.retract"}}, "compensation"},
 		{"empty dimension", map[string]any{"effect_type": "email.send", "idempotency_key": "k", "dimensions": map[string]any{"r": ""}}, "dimensions.r"},
 		{"lease", map[string]any{"effect_type": "email.send", "idempotency_key": "k", "lease_seconds": 0}, "lease_seconds"},
-		{"run id", map[string]any{"effect_type": "email.send", "idempotency_key": "k", "run_id": "nope"}, "run_id"},
+		{"run id", map[string]any{"effect_type": "email.send", "idempotency_key": "k", "run_id": ""}, "run_id"},
+		{"group id", map[string]any{"effect_type": "email.send", "idempotency_key": "k", "group_id": ""}, "group_id"},
+		{"an id beside a problem", map[string]any{"effect_type": "a b", "idempotency_key": "k", "run_id": "run_missing"}, "effect_type"},
 		{"unknown field", map[string]any{"effect_type": "email.send", "idempotency_key": "k", "colour": 1}, "colour"},
 	}
 	for _, c := range cases {
@@ -85,6 +87,27 @@ func TestBeginValidation(t *testing.T) {
 	// Nothing was stored by the refusals.
 	list := b.env.Must(http.StatusOK, "GET", "/api/v1/effects", b.ws.Key, nil).JSON()
 	require.Len(t, list["data"], 1)
+}
+
+// An id in the body that names nothing is unknown whatever its form
+// (API.md §0): "grp_missing" is answered as a well-formed id of no group
+// is, 404, never a 400 telling the ids' form (contract QA), and nothing
+// is stored.
+func TestBeginWithAnUnknownIdOfAnyFormIsNotFound(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, c := range []struct{ field, id, what string }{
+		{"run_id", "run_missing", "run"}, {"run_id", "run_00000000000000000000000000", "run"},
+		{"group_id", "grp_missing", "group"}, {"group_id", "eff_00000000000000000000000000", "group"},
+		{"group_id", "grp_00000000000000000000000000", "group"},
+		{"compensates_effect_id", "eff_missing", "effect"}, {"compensates_effect_id", "x", "effect"},
+	} {
+		r := b.begin(map[string]any{"effect_type": "email.send", "idempotency_key": "k-" + c.field, c.field: c.id})
+		errCode(t, r, http.StatusNotFound, "not_found")
+		require.Contains(t, string(r.Body), "No such "+c.what+" in this workspace.", "%s %s", c.field, c.id)
+	}
+	list := b.env.Must(http.StatusOK, "GET", "/api/v1/effects", b.ws.Key, nil).JSON()
+	require.Empty(t, list["data"])
 }
 
 func TestIdempotencyKeyReuseAndCanonicalFingerprint(t *testing.T) {

@@ -290,6 +290,32 @@ func TestEndpointNamesArePrintable(t *testing.T) {
 	e.Must(http.StatusCreated, "POST", "/api/v1/endpoints", e.ws.Key, map[string]any{"name": strings.Repeat("é", 200)})
 }
 
+// An afterStepId that is no step of the run is unknown, whatever its form
+// and wherever the step is: 404 (API.md §0), after any validation problem,
+// and nothing is enqueued (contract QA: 400 "must be a step id of this
+// run").
+func TestEnqueueAfterAStepNotOfTheRunIsNotFound(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID, other := e.run(), e.run()
+	steps := "/api/v1/runs/" + runID + "/steps"
+	otherStep := e.enqueue(other, map[string]any{"name": "send_email", "version": "1"})["stepId"].(string)
+	ws2 := e.Signup()
+	run2 := e.Must(http.StatusCreated, "POST", "/api/v1/runs", ws2.Key, map[string]any{"name": "x"}).JSON()["id"].(string)
+	foreign := e.Must(http.StatusCreated, "POST", "/api/v1/runs/"+run2+"/steps", ws2.Key,
+		map[string]any{"name": "send_email", "version": "1"}).JSON()["stepId"].(string)
+	for _, id := range []string{"stp_missing", "stp_01m8kjt9g002extbwvcndh4bkd", otherStep, foreign, "run_" + runID[4:]} {
+		r := e.Do("POST", steps, e.ingest, map[string]any{"name": "a", "version": "1", "afterStepId": id, "afterStatus": "FAILED"})
+		require.Equal(t, http.StatusNotFound, r.Status, "%s: %s", id, r.Body)
+		require.Equal(t, "not_found", r.ErrorCode())
+		require.Contains(t, string(r.Body), "No such step in this run (afterStepId).")
+	}
+	r := e.Do("POST", steps, e.ingest, map[string]any{"name": "a", "version": "1", "afterStepId": "stp_missing", "afterStatus": "DONE"})
+	require.Equal(t, []string{"afterStatus"}, validationFields(t, r), "a validation problem is answered first")
+	run := e.Must(http.StatusOK, "GET", "/api/v1/runs/"+runID, e.ws.Key, nil).JSON()
+	require.Empty(t, run["steps"])
+}
+
 func TestReportAndEnqueueValidation(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t)
@@ -305,7 +331,7 @@ func TestReportAndEnqueueValidation(t *testing.T) {
 		"timeoutMs small":          {map[string]any{"name": "a", "version": "1", "timeoutMs": 5}, []string{"timeoutMs"}},
 		"afterStatus alone":        {map[string]any{"name": "a", "version": "1", "afterStatus": "FAILED"}, []string{"afterStepId"}},
 		"afterStatus bad":          {map[string]any{"name": "a", "version": "1", "afterStepId": "stp_01m8kjt9g002extbwvcndh4bkd", "afterStatus": "DONE"}, []string{"afterStatus"}},
-		"afterStepId unknown":      {map[string]any{"name": "a", "version": "1", "afterStepId": "stp_01m8kjt9g002extbwvcndh4bkd", "afterStatus": "FAILED"}, []string{"afterStepId"}},
+		"afterStepId empty":        {map[string]any{"name": "a", "version": "1", "afterStepId": "", "afterStatus": "FAILED"}, []string{"afterStepId"}},
 		"unknown field":            {map[string]any{"name": "a", "version": "1", "priority": 1}, []string{"priority"}},
 	} {
 		require.Equal(t, tc.fields, validationFields(t, e.Do("POST", steps, e.ingest, tc.body)), name)

@@ -85,7 +85,7 @@ func TestEnqueueRoundTrips(t *testing.T) {
 	require.Equal(t, "WAITING", dep.Status)
 	require.EqualValues(t, 1, n)
 	_, n, err = trips(jobs.EnqueueRequest{AfterStepID: ptr("stp_01m8kjt9g002extbwvcndh4bkd"), AfterStatus: ptr("FAILED")})
-	require.Equal(t, apierr.CodeInvalidRequest, code(t, err))
+	require.Equal(t, apierr.CodeNotFound, code(t, err))
 	require.EqualValues(t, 1, n)
 
 	// A contract: the call, the contract's read, the call.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,6 +29,13 @@ import (
 	"github.com/getratchet/ratchet/lib/seal"
 	"github.com/getratchet/ratchet/lib/toolname"
 )
+
+// noSuchDependency answers an afterStepId that is no step of the run:
+// unknown, another workspace's or another run's alike, and whatever its
+// form (API.md §0: an unknown id is 404, never a hint; contract QA).
+func noSuchDependency() *apierr.Error {
+	return apierr.New(http.StatusNotFound, apierr.CodeNotFound, "No such step in this run (afterStepId).")
+}
 
 // RunSummary is a run without its steps, as GET /api/v1/runs lists it.
 type RunSummary struct {
@@ -534,8 +542,8 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 	case req.AfterStepID != nil && req.AfterStatus == nil:
 		p.Add("afterStatus", "is required with afterStepId (SUCCEEDED or FAILED)")
 	case req.AfterStepID != nil:
-		if !ids.Valid(ids.Step, *req.AfterStepID) {
-			p.Add("afterStepId", "must be a step id of this run")
+		if *req.AfterStepID == "" {
+			p.Add("afterStepId", "must be the id of a step of this run")
 		}
 		if *req.AfterStatus != StatusSucceeded && *req.AfterStatus != "FAILED" {
 			p.Add("afterStatus", "must be SUCCEEDED or FAILED")
@@ -543,6 +551,9 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 	}
 	if err := p.Err(); err != nil {
 		return op, err
+	}
+	if req.AfterStepID != nil && !ids.Valid(ids.Step, *req.AfterStepID) {
+		return op, noSuchDependency() // names no step, as a well-formed id of none does
 	}
 	if req.IdempotencyKey != nil {
 		op.key = *req.IdempotencyKey
@@ -674,7 +685,7 @@ func (s *Service) enqueue(ctx context.Context, q db.Querier, workspaceID string,
 		case "ended":
 			return EnqueueResult{}, apierr.InvalidState("The run's completion was requested; it takes no new steps.")
 		case "dependency":
-			return EnqueueResult{}, apierr.InvalidField("afterStepId", "must be a step id of this run")
+			return EnqueueResult{}, noSuchDependency()
 		case "endpoint":
 			if _, err := s.endpointForEnqueue(ctx, q, workspaceID, op.endpoint); err != nil {
 				return EnqueueResult{}, fmt.Errorf("enqueue endpoint: %w", err)
