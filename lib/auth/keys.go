@@ -309,9 +309,6 @@ func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, 
 	if r.Preset == "WORKER" && len(r.Tools) == 0 {
 		pr.Add("tools", "a WORKER key must list the exact name@version pairs it may register")
 	}
-	if r.Tools != nil && !slices.Contains(scopes, ScopeJobsWork) {
-		pr.Add("tools", "only keys with jobs:work take a tools list")
-	}
 	if r.DailySpendCeilingMicros != nil && !money.Valid(*r.DailySpendCeilingMicros) {
 		pr.Add("daily_spend_ceiling_micros", money.Rule)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"runtime/debug"
 	"slices"
 	"sort"
@@ -282,6 +283,29 @@ func textParams(r *http.Request, pattern string, pathParams []string) error {
 	return nil
 }
 
+// undecodableQuery names the first query parameter that cannot be decoded
+// (a bad percent escape, a ';' separator): url.Values leaves such a pair
+// out silently, so ?limit=%zz listed a default page instead of refusing
+// the limit (contract QA). A name that cannot be decoded either is named
+// "query".
+func undecodableQuery(raw string) (string, bool) {
+	for pair := range strings.SplitSeq(raw, "&") {
+		if pair == "" {
+			continue
+		}
+		key, value, _ := strings.Cut(pair, "=")
+		name, kerr := url.QueryUnescape(key)
+		_, verr := url.QueryUnescape(value)
+		switch {
+		case kerr != nil || strings.Contains(key, ";") || !utf8.ValidString(name):
+			return "query", true
+		case verr != nil || strings.Contains(value, ";"):
+			return name, true
+		}
+	}
+	return "", false
+}
+
 // knownQuery refuses a query parameter the route does not take, and one
 // given more than once, as unknown body fields are refused (API.md §0).
 // QA: GET /effects?status=indeterminate, a typo of state, listed every
@@ -291,6 +315,9 @@ func textParams(r *http.Request, pattern string, pathParams []string) error {
 // else. Public routes (health, discovery) take any: a cache-busting
 // parameter there asks for nothing.
 func knownQuery(r *http.Request, route *Route) error {
+	if name, ok := undecodableQuery(r.URL.RawQuery); ok {
+		return apierr.InvalidField(name, "must be percent-encoded (%% and two hex digits) in a query of name=value pairs joined by &")
+	}
 	var p apierr.Problems
 	pathParams := route.PathParams()
 	for name, values := range r.URL.Query() {
