@@ -291,13 +291,14 @@ func (b *bundle) executeThroughApprovedBreaker(body map[string]any) map[string]a
 	return a
 }
 
-// An approval given for a breaker approves neither an amount nor a
-// policy's require_approval (QA): a key held by a breaker while its amount
-// was also at or above approval_above_micros was asked once, for the
-// breaker, and that yes let a $500 effect run against a $1 threshold; one
-// given for a breaker carried the key through a require_approval mode set
-// afterwards. Each question gets its own yes; yeses given stay given.
-func TestABreakerApprovalApprovesNoAmountAndNoPolicy(t *testing.T) {
+// An approval answers every question that held when it was given, so the
+// next begin executes (API.md §2.4; contract QA: a key held by the policy's
+// mode and its amount was asked twice, the second question only after the
+// first yes; so was one whose type the emergency stop held by the time the
+// policy's question was answered). What arises after the yes asks again
+// (QA: a breaker's yes carried a key through a require_approval mode set
+// afterwards, and a lower threshold likewise).
+func TestAnApprovalAnswersWhatHeldWhenItWasGiven(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	approve := func(d map[string]any) {
@@ -312,22 +313,55 @@ func TestABreakerApprovalApprovesNoAmountAndNoPolicy(t *testing.T) {
 		t.Fatalf("approval %v not listed", d["approval_id"])
 		return ""
 	}
+	pending := func() int {
+		return len(b.env.Must(http.StatusOK, "GET", "/api/v1/approvals?state=pending", b.ws.Key, nil).JSON()["data"].([]any))
+	}
 
-	// A breaker and an amount: two questions, one after the other.
-	b.putPolicy("wire.send", map[string]any{"approval_above_micros": 1_000_000})
-	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/wire.send/open", b.ws.Key,
-		map[string]any{"action": "require_approval", "reason": "incident"})
-	k := wire(key("big"))
+	// The policy's mode and an amount: one question.
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval", "approval_above_micros": 1_000_000})
+	k := wire(key("both"))
 	held := b.mustBegin("approval_required", k)
-	require.Equal(t, "circuit_open", reason(held))
+	require.Equal(t, "policy_requires_approval", reason(held))
 	approve(held)
-	amount := b.mustBegin("approval_required", k)
-	require.NotEqual(t, held["approval_id"], amount["approval_id"])
-	require.Equal(t, "cost_at_or_above_threshold", reason(amount))
-	approve(amount)
 	d := b.mustBegin("execute", k)
 	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
-	b.mustBegin("execute", k) // both yeses still answer the retry
+	b.mustBegin("execute", k) // the yes still answers the retry
+	require.Zero(t, pending())
+
+	// A breaker and an amount: one question, asked for the breaker.
+	b.putPolicy("wire.send", map[string]any{"mode": "allow"})
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/wire.send/open", b.ws.Key,
+		map[string]any{"action": "require_approval", "reason": "incident"})
+	k = wire(key("big"))
+	held = b.mustBegin("approval_required", k)
+	require.Equal(t, "circuit_open", reason(held))
+	approve(held)
+	b.mustBegin("execute", k)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/wire.send/close", b.ws.Key, nil)
+
+	// The stop opened while the policy's question waited: the yes given
+	// under it answers it.
+	b.putPolicy("sms.send", map[string]any{"mode": "require_approval"})
+	st := sms(key("stop"))
+	held = b.mustBegin("approval_required", st)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"reason": "incident"})
+	b.clock.Add(time.Minute)
+	approve(held)
+	b.mustBegin("execute", st)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/release", b.ws.Key, nil)
+	b.putPolicy("sms.send", map[string]any{"mode": "allow"})
+
+	// A threshold lowered after the policy's yes: a new question.
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval", "approval_above_micros": 10_000_000})
+	k = wire(key("lowered"))
+	approve(b.mustBegin("approval_required", k))
+	d = b.mustBegin("execute", k)
+	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
+	b.putPolicy("wire.send", map[string]any{"approval_above_micros": 1_000_000})
+	again := b.mustBegin("approval_required", k)
+	require.Equal(t, "cost_at_or_above_threshold", reason(again))
+	approve(again)
+	b.mustBegin("execute", k)
 
 	// A breaker, then the policy's mode.
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key,

@@ -954,17 +954,16 @@ const (
 // approvalStillAnswers says whether the effect's approvals answer every
 // question this begin needs an operator's yes to: the policy's mode, a
 // breaker or the emergency stop holding the type with require_approval, and
-// an amount at or above approval_above_micros. An approval answers the
-// question it was asked: one given for an amount or by a policy does not
-// carry a key through a breaker or the stop (each such begin needs a yes of
-// its own), one given for a breaker approves neither an amount nor a policy
-// (QA: a yes given for a breaker let a $500 effect run against a $1
-// threshold, and carried the key through a require_approval mode set later),
-// and one given for a breaker does not answer a breaker or a stop opened (or
-// escalated) after it was decided: the operator said yes to that incident,
-// not to the next. Every approval the effect was given counts, so a key held
-// for two reasons asks twice, once for each. When they do not answer, ev's
-// reason becomes the first question still open, to ask next.
+// an amount at or above approval_above_micros. An approval answers what held
+// when it was given (sqlDecideApproval), so the next begin after it executes
+// (API.md §2.4; contract QA: a key held by the policy's mode and its amount
+// at once was asked twice, the second time only after the first yes). What
+// arises after the yes asks again: a require_approval mode or a lower
+// threshold set later (QA: a breaker's yes carried a key through a mode set
+// afterwards), a breaker or stop opened or made stricter after it (the
+// operator said yes to that incident, not to the next). Every approval the
+// effect was given counts. When they do not answer, ev's reason becomes the
+// first question still open, to ask next.
 func (s *Service) approvalStillAnswers(ctx context.Context, tx pgx.Tx, row *effectRow, ev *eval, now time.Time) (bool, error) {
 	var answered []string
 	var circuitHolds bool

@@ -259,25 +259,34 @@ UPDATE effects SET state = CASE WHEN state = 'indeterminate' THEN state ELSE 'aw
 WHERE id = $1
 RETURNING ` + effectCols("", false)
 
-// sqlApprovalsAnswer reads the reasons an effect's approvals were given
-// for, leaving out a breaker's approval when a breaker or the emergency stop
-// holding the type now opened, or was made stricter, after it was decided
-// (updated_at, since opening an open breaker or stop again, a monitor stop
-// escalated to require_approval, keeps its opened_at), and whether one holds
-// the type with require_approval now (as gate_evaluate reads them: the stop
-// has no cooldown, a breaker holds until closes_at). $1 effect id, $2
+// sqlApprovalsAnswer reads the reasons an effect's approvals answer (what
+// each recorded as it was given; one given before 0041, the reason it was
+// asked for), leaving out a breaker's reason when a breaker or the emergency
+// stop holding the type now opened, or was made stricter, after it was
+// decided (updated_at, since opening an open breaker or stop again, a
+// monitor stop escalated to require_approval, keeps its opened_at), and
+// whether one holds the type with require_approval now. $1 effect id, $2
 // workspace, $3 effect type, $4 now.
-const sqlApprovalsAnswer = `
-WITH holding AS (
-    SELECT c.updated_at FROM gate_circuits c
-    WHERE c.workspace_id = $2 AND c.state = 'open' AND c.action = 'require_approval'
-      AND (c.effect_type = '*' OR (c.effect_type = $3 AND (c.closes_at IS NULL OR c.closes_at > $4)))
-)
-SELECT (SELECT coalesce(array_agg(DISTINCT a.reason), '{}') FROM approvals a
+var sqlApprovalsAnswer = `
+WITH holding AS (` + holdingCircuitsSQL("$3") + `)
+SELECT (SELECT coalesce(array_agg(DISTINCT r.reason), '{}')
+        FROM approvals a, unnest(coalesce(a.answers, ARRAY[a.reason])) AS r (reason)
         WHERE a.effect_id = $1 AND a.workspace_id = $2 AND a.state = 'approved'
-          AND (a.reason <> '` + reasonCircuitOpen + `'
+          AND (r.reason <> '` + reasonCircuitOpen + `'
                OR NOT EXISTS (SELECT 1 FROM holding h WHERE h.updated_at > a.decided_at))),
     EXISTS (SELECT 1 FROM holding)`
+
+// holdingCircuitsSQL selects the breakers, and the emergency stop, that
+// hold the effect type effectType names, of workspace $2, with
+// require_approval at $4 (as gate_evaluate reads them: the stop has no
+// cooldown, a breaker holds until closes_at), with when each was last
+// opened or made stricter (updated_at).
+func holdingCircuitsSQL(effectType string) string {
+	return `
+    SELECT c.updated_at FROM gate_circuits c
+    WHERE c.workspace_id = $2 AND c.state = 'open' AND c.action = 'require_approval'
+      AND (c.effect_type = '*' OR (c.effect_type = ` + effectType + ` AND (c.closes_at IS NULL OR c.closes_at > $4)))`
+}
 
 // lapseSQL makes lapsed leases durably indeterminate: the effect, its current
 // attempt, and one effect.indeterminate event per attempt in the outbox. The
@@ -648,11 +657,25 @@ const approvalCols = `id, effect_id, effect_type, state, reason, created_at, dec
 // that needed approval) waited indeterminate and stays so, its unknown
 // outcome resolvable; begin still answers approval_rejected. (One that
 // waited as awaiting_approval before that rule goes back to indeterminate.)
+// An approval records what it answers (answers): the reason it was asked
+// for and every other that holds as it is given, read in the statement's
+// snapshot (see approvalStillAnswers).
 // $1 approval id, $2 workspace, $3 'approved'|'rejected', $4 now, $5 key id,
 // $6 note, $7 event id.
-const sqlDecideApproval = `
-WITH a AS (
-    UPDATE approvals SET state = $3, decided_at = $4, decided_by_key_id = $5, note = $6
+var sqlDecideApproval = `
+WITH asked AS (
+    SELECT ap.reason, ap.effect_type, f.cost_micros FROM approvals ap JOIN effects f ON f.id = ap.effect_id
+    WHERE ap.id = $1 AND ap.workspace_id = $2 AND ap.state = 'pending'
+), held AS (
+    SELECT array_remove(ARRAY[asked.reason,
+        CASE WHEN p.mode = 'require_approval' THEN '` + reasonPolicy + `' END,
+        CASE WHEN EXISTS (` + holdingCircuitsSQL("asked.effect_type") + `)
+             THEN '` + reasonCircuitOpen + `' END,
+        CASE WHEN asked.cost_micros >= p.approval_above_micros THEN '` + reasonAmount + `' END], NULL) AS answers
+    FROM asked LEFT JOIN gate_policies p ON p.workspace_id = $2 AND p.effect_type = asked.effect_type
+), a AS (
+    UPDATE approvals SET state = $3, decided_at = $4, decided_by_key_id = $5, note = $6,
+        answers = CASE WHEN $3 = 'approved' THEN (SELECT held.answers FROM held) END
     WHERE id = $1 AND workspace_id = $2 AND state = 'pending'
     RETURNING ` + approvalCols + `
 ), e AS (
