@@ -694,8 +694,11 @@ func TestConcurrentRetriesOfARefusedBacklogFitTheAllowance(t *testing.T) {
 	require.Equal(t, map[string]int{"execute": 10, "403:circuit_open": racers - 10}, counts)
 
 	// (Begins that waited for their turn stamped their keys up to the wait
-	// after the test clock's reading: the close comes later.)
-	b.clock.Add(time.Second)
+	// after the test clock's reading, gate_begin_in_turn: the close comes
+	// later. Under -race on a loaded machine, 60 begins in turn waited past
+	// a second: the refused ones arrived after the close, and took the
+	// allowance.)
+	b.clock.Add(30 * time.Second)
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil)
 	b.clock.Add(time.Second)
 	counts, _ = raceBodies(t, racers, b.ws.Key, bodyOf, b.env, env2)
