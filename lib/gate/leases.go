@@ -13,6 +13,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/canonjson"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/redact"
@@ -60,7 +61,7 @@ func checkToken(pr *apierr.Problems, token string) {
 // sealedResult validates and seals a result; a missing result stays NULL.
 func (s *Service) sealedResult(effectID string, result json.RawMessage) (sealed []byte, preview *string, err error) {
 	res := nullJSON(result)
-	if len(res) > MaxResultBytes {
+	if len(res) > MaxResultBytes && !fitsWritten(res, MaxResultBytes) {
 		return nil, nil, apierr.PayloadTooLarge(MaxResultBytes)
 	}
 	if res == nil {
@@ -68,6 +69,18 @@ func (s *Service) sealedResult(effectID string, result json.RawMessage) (sealed 
 	}
 	p := string(redact.PreviewJSON(res))
 	return s.sealJSON(effectID, "result", res), &p, nil
+}
+
+// fitsWritten says whether doc, written without white space or escapes it
+// does not need (canonical JSON), takes at most limit bytes. The result
+// limit is on the value, not on how its sender wrote it (contract QA:
+// Python's json.dumps escapes every character beyond ASCII, so 150 KB of
+// text sent as 300 KB was refused, and so was a retry of an accepted
+// report sent that way). Only a document over the limit as sent is written
+// again; it is stored as sent.
+func fitsWritten(doc json.RawMessage, limit int) bool {
+	c, err := canonjson.Marshal(doc)
+	return err == nil && len(c) <= limit
 }
 
 func leaseExpired() error {

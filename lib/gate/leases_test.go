@@ -3,6 +3,7 @@ package gate_test
 import (
 	"bytes"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -139,6 +140,34 @@ func TestOnIndeterminateProbe(t *testing.T) {
 	attempts := r.JSON()["attempts"].([]any)
 	require.Equal(t, true, attempts[1].(map[string]any)["probe"])
 	require.Equal(t, "indeterminate", attempts[0].(map[string]any)["outcome"])
+}
+
+// The result limit is on the value, not on how it was written (contract
+// QA: Python's json.dumps escapes every character beyond ASCII, so 150 KB
+// of text sent as 300 KB was refused, and so was the retry of a report
+// accepted in UTF-8).
+func TestTheResultLimitIsOnTheValue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	report := func(id, token, result string) *apitest.Response {
+		return b.env.Do("POST", "/api/v1/effects/"+id+"/report", b.ws.Key,
+			`{"lease_token":"`+token+`","outcome":"succeeded","result":`+result+`}`)
+	}
+	escaped := `{"text":"` + strings.Repeat(`\u65e5`, 50_000) + `"}` // 300 KB as sent, 150 KB as UTF-8
+	padded := `{"text":"` + strings.Repeat("x", 200_000) + `"` + strings.Repeat(" ", 100_000) + `}`
+	for _, result := range []string{escaped, padded} {
+		d := b.mustBegin("execute", email(key("written")))
+		id, token := str(d["effect_id"]), str(d["lease_token"])
+		first := report(id, token, result)
+		require.Equal(t, http.StatusOK, first.Status, "%.200s", first.Body)
+		again := report(id, token, result)
+		require.Equal(t, http.StatusOK, again.Status, "a retry written the same way")
+		require.JSONEq(t, string(first.Body), string(again.Body))
+	}
+	d := b.mustBegin("execute", email(key("large")))
+	large := `{"text":"` + strings.Repeat("日", 90_000) + `"}` // 270 KB however written
+	errCode(t, report(str(d["effect_id"]), str(d["lease_token"]), large), http.StatusRequestEntityTooLarge, "payload_too_large")
+	require.Equal(t, "leased", b.get(str(d["effect_id"]))["state"])
 }
 
 func TestReportRules(t *testing.T) {
