@@ -31,6 +31,10 @@ type Approval struct {
 	CreatedAt  time.Time  `json:"created_at"`
 	DecidedAt  *time.Time `json:"decided_at"`
 	Note       *string    `json:"note"`
+	// Answers, once approved, is every reason the approval answers: the
+	// one it was asked for and every other that held as it was given
+	// (null while pending, and for a rejection).
+	Answers []string `json:"answers"`
 }
 
 // DecideRequest is the body of approve and reject.
@@ -40,7 +44,8 @@ type DecideRequest struct {
 
 func scanApproval(row pgx.Row) (Approval, error) {
 	var a Approval
-	err := row.Scan(&a.ID, &a.EffectID, &a.EffectType, &a.State, &a.Reason, &a.CreatedAt, &a.DecidedAt, &a.Note)
+	err := row.Scan(&a.ID, &a.EffectID, &a.EffectType, &a.State, &a.Reason, &a.CreatedAt, &a.DecidedAt, &a.Note,
+		&a.Answers)
 	return a, err
 }
 

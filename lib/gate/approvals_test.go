@@ -317,12 +317,18 @@ func TestAnApprovalAnswersWhatHeldWhenItWasGiven(t *testing.T) {
 		return len(b.env.Must(http.StatusOK, "GET", "/api/v1/approvals?state=pending", b.ws.Key, nil).JSON()["data"].([]any))
 	}
 
-	// The policy's mode and an amount: one question.
+	// The policy's mode and an amount: one question, whose yes says what
+	// it answers.
 	b.putPolicy("wire.send", map[string]any{"mode": "require_approval", "approval_above_micros": 1_000_000})
 	k := wire(key("both"))
 	held := b.mustBegin("approval_required", k)
 	require.Equal(t, "policy_requires_approval", reason(held))
-	approve(held)
+	pendingOne := b.env.Must(http.StatusOK, "GET", "/api/v1/approvals/"+str(held["approval_id"]), b.ws.Key, nil).JSON()
+	require.Contains(t, pendingOne, "answers")
+	require.Nil(t, pendingOne["answers"], "nothing answered while pending")
+	yes := b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(held["approval_id"])+"/approve", b.ws.Key, nil).JSON()
+	require.Equal(t, []any{"policy_requires_approval", "cost_at_or_above_threshold"}, yes["answers"])
+	require.Equal(t, yes["answers"], b.lastEventData("approval.decided")["answers"])
 	d := b.mustBegin("execute", k)
 	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "failed", nil).Status)
 	b.mustBegin("execute", k) // the yes still answers the retry
@@ -335,7 +341,8 @@ func TestAnApprovalAnswersWhatHeldWhenItWasGiven(t *testing.T) {
 	k = wire(key("big"))
 	held = b.mustBegin("approval_required", k)
 	require.Equal(t, "circuit_open", reason(held))
-	approve(held)
+	yes = b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(held["approval_id"])+"/approve", b.ws.Key, nil).JSON()
+	require.Equal(t, []any{"circuit_open", "cost_at_or_above_threshold"}, yes["answers"])
 	b.mustBegin("execute", k)
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/wire.send/close", b.ws.Key, nil)
 

@@ -124,19 +124,21 @@ func (in *beginInput) args() []any {
 // lockedArgs are the locked path's parameters ($1-$8).
 func (in *beginInput) lockedArgs() []any { return in.args()[:8] }
 
-// optionalID checks a reference to another object. A string that cannot
-// be such an id names nothing, as a well-formed id of no object does: it is
-// answered 404 like one (API.md §0: an unknown id is never a hint, and QA:
-// "grp_missing" was a 400 whose message told the ids' form), once the
-// request has no validation problem. Only an empty one is malformed.
-func optionalID(pr *apierr.Problems, unknown **apierr.Error, field, prefix, what string, v *string) {
+// reference is a body's reference to another object as begin looks it up:
+// one that cannot be an id of prefix's kind names nothing, and is looked up
+// as ids.None, answered as a well-formed id of no object is (404; contract
+// QA: "grp_missing" was a 400 whose message told the ids' form). Only an
+// empty one is malformed.
+func reference(pr *apierr.Problems, field, prefix string, v *string) *string {
 	switch {
 	case v == nil || ids.Valid(prefix, *v):
+		return v
 	case *v == "":
 		pr.Add(field, "must be an id or null")
-	case *unknown == nil:
-		*unknown = apierr.NotFound(what)
+		return v
 	}
+	none := ids.None(prefix)
+	return &none
 }
 
 // prepare validates the request, fingerprints it and seals what is stored.
@@ -163,10 +165,9 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 			pr.Add("dimensions."+name, "must be a string of 1-%d characters", maxDimensionValue)
 		}
 	}
-	var unknown *apierr.Error
-	optionalID(&pr, &unknown, "run_id", ids.Run, "run", req.RunID)
-	optionalID(&pr, &unknown, "group_id", ids.Group, "group", req.GroupID)
-	optionalID(&pr, &unknown, "compensates_effect_id", ids.Effect, "effect", req.CompensatesEffectID)
+	req.RunID = reference(&pr, "run_id", ids.Run, req.RunID)
+	req.GroupID = reference(&pr, "group_id", ids.Group, req.GroupID)
+	req.CompensatesEffectID = reference(&pr, "compensates_effect_id", ids.Effect, req.CompensatesEffectID)
 	if c := req.Compensation; c != nil && !ValidEffectType(c.EffectType) {
 		pr.Add("compensation.effect_type", "must be an effect type")
 	}
@@ -184,9 +185,6 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 	}
 	if err := pr.Err(); err != nil {
 		return nil, err
-	}
-	if unknown != nil {
-		return nil, unknown
 	}
 
 	payload := nullJSON(req.Payload)

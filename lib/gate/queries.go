@@ -649,7 +649,10 @@ WITH due AS (
 )
 SELECT count(*) FROM ins`
 
-const approvalCols = `id, effect_id, effect_type, state, reason, created_at, decided_at, note`
+// approvalCols are an approval's fields; answers is what an approved one
+// answers (one approved before 0041 recorded none: its reason alone).
+const approvalCols = `id, effect_id, effect_type, state, reason, created_at, decided_at, note,
+    CASE WHEN state = 'approved' THEN coalesce(answers, ARRAY[reason]) END AS answers`
 
 // sqlDecideApproval approves or rejects a pending approval and updates its
 // effect in one statement: a rejection is a final denial for the key. An
@@ -667,11 +670,13 @@ WITH asked AS (
     SELECT ap.reason, ap.effect_type, f.cost_micros FROM approvals ap JOIN effects f ON f.id = ap.effect_id
     WHERE ap.id = $1 AND ap.workspace_id = $2 AND ap.state = 'pending'
 ), held AS (
-    SELECT array_remove(ARRAY[asked.reason,
+    SELECT ARRAY(SELECT r FROM unnest(ARRAY[asked.reason,
         CASE WHEN p.mode = 'require_approval' THEN '` + reasonPolicy + `' END,
         CASE WHEN EXISTS (` + holdingCircuitsSQL("asked.effect_type") + `)
              THEN '` + reasonCircuitOpen + `' END,
-        CASE WHEN asked.cost_micros >= p.approval_above_micros THEN '` + reasonAmount + `' END], NULL) AS answers
+        CASE WHEN asked.cost_micros >= p.approval_above_micros THEN '` + reasonAmount + `' END]) AS r
+        WHERE r IS NOT NULL GROUP BY r
+        ORDER BY array_position(ARRAY['` + reasonPolicy + `', '` + reasonCircuitOpen + `', '` + reasonAmount + `'], r)) AS answers
     FROM asked LEFT JOIN gate_policies p ON p.workspace_id = $2 AND p.effect_type = asked.effect_type
 ), a AS (
     UPDATE approvals SET state = $3, decided_at = $4, decided_by_key_id = $5, note = $6,
@@ -692,7 +697,7 @@ WITH asked AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at)
     SELECT $7, $2, '` + events.ApprovalDecided + `', a.id,
         jsonb_build_object('approval_id', a.id, 'effect_id', a.effect_id, 'effect_type', a.effect_type,
-                           'state', a.state), $4
+                           'state', a.state, 'answers', a.answers), $4
     FROM a
 )
 SELECT ` + approvalCols + ` FROM a`

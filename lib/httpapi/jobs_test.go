@@ -314,6 +314,15 @@ func TestEnqueueAfterAStepNotOfTheRunIsNotFound(t *testing.T) {
 	require.Equal(t, []string{"afterStatus"}, validationFields(t, r), "a validation problem is answered first")
 	run := e.Must(http.StatusOK, "GET", "/api/v1/runs/"+runID, e.ws.Key, nil).JSON()
 	require.Empty(t, run["steps"])
+
+	// Whatever its form, it is answered as an id of no step is, in the
+	// same order as the run's own checks (review): a finished run's refusal
+	// comes first.
+	e.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/finish", e.ingest, nil)
+	for _, id := range []string{"stp_missing", "stp_01m8kjt9g002extbwvcndh4bkd"} {
+		r := e.Do("POST", steps, e.ingest, map[string]any{"name": "a", "version": "1", "afterStepId": id, "afterStatus": "FAILED"})
+		require.Equal(t, "invalid_state", r.ErrorCode(), "%s: %s", id, r.Body)
+	}
 }
 
 func TestReportAndEnqueueValidation(t *testing.T) {

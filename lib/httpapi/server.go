@@ -267,7 +267,7 @@ func pathResource(pattern, name string) string {
 func textParams(r *http.Request, pattern string, pathParams []string) error {
 	for _, name := range pathParams {
 		if v := r.PathValue(name); !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
-			if name == "id" || strings.HasSuffix(name, "Id") {
+			if isIDParam(name) {
 				return apierr.NotFound(pathResource(pattern, name))
 			}
 			return apierr.InvalidField(name, "must be UTF-8 text without NUL characters")
@@ -282,6 +282,10 @@ func textParams(r *http.Request, pattern string, pathParams []string) error {
 	}
 	return nil
 }
+
+// isIDParam says whether a path parameter holds an id (an unknown one is
+// 404) rather than a name (a malformed one is 400 at its field).
+func isIDParam(name string) bool { return name == "id" || strings.HasSuffix(name, "Id") }
 
 // undecodableQuery names the first query parameter that cannot be decoded
 // (a bad percent escape, a ';' separator): url.Values leaves such a pair
@@ -316,6 +320,11 @@ func undecodableQuery(raw string) (string, bool) {
 // parameter there asks for nothing.
 func knownQuery(r *http.Request, route *Route) error {
 	if name, ok := undecodableQuery(r.URL.RawQuery); ok {
+		if slices.Contains(route.PathParams(), name) && isIDParam(name) {
+			// A path id Vercel's rewrite put in the query (ServeRoute):
+			// it names nothing, as the same path served locally says.
+			return apierr.NotFound(pathResource(route.Pattern, name))
+		}
 		return apierr.InvalidField(name, "must be percent-encoded (%% and two hex digits) in a query of name=value pairs joined by &")
 	}
 	var p apierr.Problems

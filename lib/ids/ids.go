@@ -59,6 +59,13 @@ func NewAt(prefix string, t time.Time) string {
 	return sb.String()
 }
 
+// None is an id of prefix's kind that names nothing: the epoch with no
+// randomness, which New never makes. A reference in a request that cannot
+// be an id is looked up as None, so that it is answered in every respect as
+// a well-formed id of nothing is (API.md §0: an unknown id is 404, never a
+// hint), in the same order as the other checks.
+func None(prefix string) string { return prefix + "_" + strings.Repeat("0", 26) }
+
 // Valid reports whether s looks like an id with the given prefix. Handlers use
 // it to answer 404 for malformed ids without a database round trip.
 func Valid(prefix, s string) bool {

@@ -35,3 +35,13 @@ func TestRandomIsHex(t *testing.T) {
 	require.Len(t, r, 32)
 	require.Regexp(t, `^[0-9a-f]+$`, r)
 }
+
+// None is an id of its kind (so lookups take it) that New never makes: it
+// sorts before every id made since the epoch.
+func TestNoneIsValidAndBeforeEveryMadeID(t *testing.T) {
+	t.Parallel()
+	none := None(Group)
+	require.True(t, Valid(Group, none))
+	require.Less(t, none, NewAt(Group, time.UnixMilli(1)))
+	require.False(t, Valid(Run, none))
+}

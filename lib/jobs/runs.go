@@ -553,7 +553,10 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 		return op, err
 	}
 	if req.AfterStepID != nil && !ids.Valid(ids.Step, *req.AfterStepID) {
-		return op, noSuchDependency() // names no step, as a well-formed id of none does
+		// It names no step: looked up as one that names none, it is answered
+		// as such an id is, after the run's own checks (ids.None).
+		none := ids.None(ids.Step)
+		op.afterStepID = &none
 	}
 	if req.IdempotencyKey != nil {
 		op.key = *req.IdempotencyKey

@@ -70,9 +70,9 @@ type Sweeper struct {
 // since it last answered: a pass every 5 s of a dozen tasks would otherwise
 // log a dozen warnings every 5 s for as long as it lasts (pooler QA).
 type outage struct {
-	since       time.Time // zero: the database answered last
+	since       time.Time // zero: the last pass met no outage
 	reported    time.Time // when the last warning was written
-	interrupted int       // tasks interrupted since that warning
+	interrupted int       // tasks interrupted since since
 }
 
 // outageReminder is how often a continuing outage is logged again.
@@ -105,8 +105,6 @@ func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration) (int, er
 		s.noteUnavailable(t.Name, err)
 	case err != nil:
 		s.logger.Error("sweep task failed", "task", t.Name, "err", err.Error())
-	default:
-		s.noteAvailable()
 	}
 	return n, err
 }
@@ -130,12 +128,14 @@ func (s *Sweeper) noteUnavailable(task string, err error) {
 	default:
 		return
 	}
-	o.reported, o.interrupted = now, 0
+	o.reported = now
 }
 
-// noteAvailable ends an outage: one line says how long it lasted, at the
-// outage's own level, so that a log showing warnings only (the local
-// server's) shows its end as well as its start.
+// noteAvailable ends an outage once a whole pass met none (review: one
+// task reaching the database while the others failed ended it and began it
+// again every pass): one line says how long it lasted, at the outage's own
+// level, so that a log showing warnings only (the local server's) shows its
+// end as well as its start.
 func (s *Sweeper) noteAvailable() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -186,6 +186,9 @@ func (s *Sweeper) RunOnce(ctx context.Context) Result {
 			}
 		}
 	}
+	if unreachable == 0 {
+		s.noteAvailable()
+	}
 	res.Unreachable = len(s.tasks) > 0 && unreachable == len(s.tasks)
 	res.Ms = s.now().Sub(start).Milliseconds()
 	return res
@@ -211,10 +214,15 @@ func (s *Sweeper) Loop(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 		}
+		unreachable := false
 		for _, task := range s.tasks {
 			if !task.Detached {
-				_, _ = s.run(ctx, task, 0) // the loop has no deadline to share
+				_, err := s.run(ctx, task, 0) // the loop has no deadline to share
+				unreachable = unreachable || (err != nil && db.IsUnavailable(err))
 			}
+		}
+		if !unreachable {
+			s.noteAvailable()
 		}
 		for _, task := range s.tasks {
 			if !task.Detached {

@@ -104,7 +104,7 @@ func TestAnOutageIsLoggedOnceAMinute(t *testing.T) {
 	s.RunOnce(context.Background())
 	got = lines()
 	require.Len(t, got, 2, "a minute on, a reminder: %q", got)
-	require.Contains(t, got[1], `level=WARN msg="sweep tasks interrupted: database still unavailable" since=2026-12-02T05:00:00Z interrupted=36`)
+	require.Contains(t, got[1], `level=WARN msg="sweep tasks interrupted: database still unavailable" since=2026-12-02T05:00:00Z interrupted=37`)
 
 	clock = clock.Add(5 * time.Second)
 	down.Store(false)
@@ -112,11 +112,37 @@ func TestAnOutageIsLoggedOnceAMinute(t *testing.T) {
 	s.RunOnce(context.Background())
 	got = lines()
 	require.Len(t, got, 3, "the end once: %q", got)
-	require.Contains(t, got[2], `level=WARN msg="sweep: database available again" unavailable_for=1m5s interrupted=2`)
+	require.Contains(t, got[2], `level=WARN msg="sweep: database available again" unavailable_for=1m5s interrupted=39`)
 
 	down.Store(true)
 	s.RunOnce(context.Background())
 	require.Len(t, lines(), 4, "a new outage is logged at once")
+}
+
+// A pass in which some tasks reach the database and others do not is part
+// of the outage: it ends only with a pass that met none (review: each such
+// pass logged an end and a start).
+func TestAPartialOutageEndsWithAWholePass(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	var down atomic.Bool
+	down.Store(true)
+	s := New(time.Now, slog.New(slog.NewTextHandler(&logs, nil)),
+		Task{Name: "ok", Run: func(context.Context, time.Time) (int, error) { return 0, nil }},
+		Task{Name: "flaky", Run: func(context.Context, time.Time) (int, error) {
+			if down.Load() {
+				return 0, fmt.Errorf("x: %w", io.ErrUnexpectedEOF)
+			}
+			return 0, nil
+		}})
+	for range 5 {
+		s.RunOnce(context.Background())
+	}
+	require.Equal(t, 1, strings.Count(logs.String(), "\n"), "%s", logs.String())
+	down.Store(false)
+	s.RunOnce(context.Background())
+	require.Contains(t, logs.String(), `msg="sweep: database available again"`)
+	require.Contains(t, logs.String(), `interrupted=5`)
 }
 
 // Loop does not wait for a detached task: the other tasks run every tick
