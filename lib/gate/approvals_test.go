@@ -206,6 +206,26 @@ func TestApprovalForAnAmountDoesNotPassAHold(t *testing.T) {
 	b.mustBegin("approval_required", wire(k2))
 }
 
+// An approval given before 0041 recorded no answers: it answers the reason
+// it was asked for alone (and lists that), so a key it held for two
+// reasons is asked once more, as that release asked it.
+func TestAnApprovalOfAnEarlierReleaseAnswersItsReason(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval", "approval_above_micros": 1_000_000})
+	k := wire(key("old"))
+	held := b.mustBegin("approval_required", k)
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(held["approval_id"])+"/approve", b.ws.Key, nil)
+	_, err := b.env.App.Pool.Exec(t.Context(), `UPDATE approvals SET answers = NULL WHERE id = $1`, str(held["approval_id"]))
+	require.NoError(t, err)
+	old := b.env.Must(http.StatusOK, "GET", "/api/v1/approvals/"+str(held["approval_id"]), b.ws.Key, nil).JSON()
+	require.Equal(t, []any{"policy_requires_approval"}, old["answers"])
+	again := b.mustBegin("approval_required", k)
+	require.NotEqual(t, held["approval_id"], again["approval_id"])
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(again["approval_id"])+"/approve", b.ws.Key, nil)
+	b.mustBegin("execute", k)
+}
+
 // An approval given for one breaker's opening answers that opening only: a
 // breaker or the emergency stop opened after it was decided holds the key
 // again (the stop halts every effect; the operator said yes to the earlier
