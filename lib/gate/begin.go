@@ -42,7 +42,7 @@ type BeginRequest struct {
 	// characters, random, never stored): a retry by the same key whose
 	// first answer was lost gets the same execute, lease token included,
 	// instead of in_flight.
-	RequestID *string `json:"request_id"`
+	RequestID *string `json:"request_id" openapi:"minLength=16,maxLength=255"`
 }
 
 // Compensation is how to undo an effect of a group.

@@ -2,6 +2,7 @@ package gate_test
 
 import (
 	"fmt"
+	"net/http"
 	"reflect"
 	"regexp"
 	"strconv"
@@ -103,4 +104,14 @@ func TestBeginOpenAPITagsAgreeWithTheHandler(t *testing.T) {
 		"/api/v1/effects/begin", b.ws.Key, map[string]any{"effect_type": "tags.begin",
 			"idempotency_key": strings.Repeat("k", longest+1), "cost_micros": most + 1})))
 	require.Equal(t, "0", cost["min"], fmt.Sprint(cost))
+
+	// request_id's length bounds are begin's (docs QA: the schema had none).
+	rid := field("RequestID")
+	shortest, _ := strconv.Atoi(rid["minLength"])
+	longestID, _ := strconv.Atoi(rid["maxLength"])
+	for n, ok := range map[int]bool{shortest - 1: false, shortest: true, longestID: true, longestID + 1: false} {
+		r := b.env.Do("POST", "/api/v1/effects/begin", b.ws.Key, map[string]any{"effect_type": "tags.begin",
+			"idempotency_key": fmt.Sprint("rid-", n), "request_id": strings.Repeat("r", n)})
+		require.Equal(t, ok, r.Status == http.StatusOK, "%d: %s", n, r.Body)
+	}
 }
