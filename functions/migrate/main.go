@@ -1,15 +1,21 @@
 // Command migrate applies pending migrations to MIGRATION_DATABASE_URL (a
 // direct, non-pooled URL) or DATABASE_URL. It runs as a CLI
-// (go run ./functions/migrate) or, inside Lambda, as a function to invoke
-// once per deploy.
+// (go run ./functions/migrate) or inside Lambda, where template.yaml's
+// Migrations custom resource invokes it during every deploy whose migrate
+// code changed, before the API and the sweeper are updated (deploy), and
+// where it may also be invoked by hand.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
+	"time"
 
+	"github.com/aws/aws-lambda-go/cfn"
 	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/getratchet/ratchet/lib/db"
@@ -36,9 +42,69 @@ func migrate(ctx context.Context) (Result, error) {
 	return Result{Applied: applied}, err
 }
 
+// physicalID names the Migrations resource: one per stack, the same on
+// every update (a new one would have CloudFormation delete the old).
+const physicalID = "ratchet-migrations"
+
+// responseReserve is the part of the invocation's time kept for answering
+// CloudFormation: a migration still running when the function is stopped
+// would leave the stack waiting an hour for an answer that never comes.
+const responseReserve = 15 * time.Second
+
+// deploy is the Migrations custom resource. Create and Update apply the
+// pending migrations (a failure fails the deploy before the API changes).
+// An update whose Version is not this function's own is CloudFormation
+// rolling the stack back to an older release: migrations only go forward,
+// and the older code runs on the newer schema (README "Upgrading"), so it
+// succeeds without touching the database; migrating again there could
+// only fail the rollback too, as the failure it rolls back from did.
+// Delete removes nothing: the data outlives the stack.
+func deploy(ctx context.Context, ev cfn.Event) (string, map[string]any, error) {
+	if ev.RequestType == cfn.RequestDelete || !ownVersion(ev.ResourceProperties["Version"]) {
+		return physicalID, nil, nil
+	}
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline.Add(-responseReserve))
+		defer cancel()
+	}
+	res, err := migrate(ctx)
+	if err != nil {
+		return physicalID, nil, fmt.Errorf("migrate: %w (the function's log has the rest)", err)
+	}
+	return physicalID, map[string]any{"Applied": len(res.Applied)}, nil
+}
+
+// ownVersion says whether version (the published version's ARN the
+// template passes, ending in :N) is the one running. One the template did
+// not give, or a function run unpublished, counts as its own.
+func ownVersion(version any) bool {
+	arn, _ := version.(string)
+	running := os.Getenv("AWS_LAMBDA_FUNCTION_VERSION")
+	if arn == "" || running == "" || running == "$LATEST" {
+		return true
+	}
+	return arn[strings.LastIndex(arn, ":")+1:] == running
+}
+
+// handle serves both ways the function is invoked: by CloudFormation (an
+// event with a RequestType and a ResponseURL), answered through its
+// ResponseURL, and by hand (any other event), answered with the result.
+func handle(ctx context.Context, raw json.RawMessage) (any, error) {
+	var ev cfn.Event
+	if json.Unmarshal(raw, &ev) == nil && ev.RequestType != "" && ev.ResponseURL != "" {
+		reason, err := cfn.LambdaWrap(deploy)(ctx, ev)
+		if err != nil {
+			return nil, fmt.Errorf("answer CloudFormation: %s: %w", reason, err)
+		}
+		return map[string]string{"answered": string(ev.RequestType)}, nil
+	}
+	return migrate(ctx)
+}
+
 func main() {
 	if os.Getenv("AWS_LAMBDA_RUNTIME_API") != "" {
-		lambda.Start(migrate)
+		lambda.Start(handle)
 		return
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)

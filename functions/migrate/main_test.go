@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/testpg"
+)
+
+var clusterURL string
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	cluster, err := testpg.Provision(context.Background(), testpg.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "migrate test:", err)
+		return 1
+	}
+	defer cluster.Close()
+	clusterURL = cluster.URL
+	return m.Run()
+}
+
+// freshDatabase is an empty database, dropped after the test.
+func freshDatabase(t *testing.T) string {
+	t.Helper()
+	name := "ratchet_test_" + strings.ToLower(ids.Random(6))
+	url, err := testpg.CreateDatabase(t.Context(), clusterURL, name)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = testpg.DropDatabase(context.Background(), clusterURL, name) })
+	return url
+}
+
+// cloudFormation stands in for the pre-signed URL a custom resource
+// answers: it keeps each response body.
+type cloudFormation struct {
+	*httptest.Server
+	mu        sync.Mutex
+	responses []map[string]any
+}
+
+func newCloudFormation(t *testing.T) *cloudFormation {
+	cf := &cloudFormation{}
+	cf.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var resp map[string]any
+		if r.Method != http.MethodPut || json.Unmarshal(body, &resp) != nil {
+			http.Error(w, "want a PUT of JSON", http.StatusBadRequest)
+			return
+		}
+		cf.mu.Lock()
+		cf.responses = append(cf.responses, resp)
+		cf.mu.Unlock()
+	}))
+	t.Cleanup(cf.Close)
+	return cf
+}
+
+func (cf *cloudFormation) last(t *testing.T) map[string]any {
+	t.Helper()
+	cf.mu.Lock()
+	defer cf.mu.Unlock()
+	require.NotEmpty(t, cf.responses, "CloudFormation was not answered")
+	return cf.responses[len(cf.responses)-1]
+}
+
+func (cf *cloudFormation) invoke(t *testing.T, requestType, version string) {
+	t.Helper()
+	ev, _ := json.Marshal(map[string]any{
+		"RequestType": requestType, "RequestId": "req-1", "ResponseURL": cf.URL + "/answer",
+		"ResourceType": "Custom::Migrations", "LogicalResourceId": "Migrations", "StackId": "stack-1",
+		"PhysicalResourceId": physicalID, "ResourceProperties": map[string]any{"ServiceToken": "arn:x",
+			"Version": "arn:aws:lambda:eu-west-1:123456789012:function:migrate:" + version},
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	out, err := handle(ctx, ev)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"answered": requestType}, out)
+}
+
+func migrated(t *testing.T, url string) int {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), url)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM schema_migrations`).Scan(&n); err != nil {
+		return 0 // no table: nothing applied
+	}
+	return n
+}
+
+// A deploy's Create and Update apply the migrations before CloudFormation
+// goes on to the API, and say so through the ResponseURL; a rollback to an
+// older release (an update naming another version than the running one)
+// and a Delete succeed without touching the database.
+func TestTheCustomResourceMigratesDuringTheDeploy(t *testing.T) {
+	url := freshDatabase(t)
+	t.Setenv("MIGRATION_DATABASE_URL", url)
+	t.Setenv("AWS_LAMBDA_FUNCTION_VERSION", "7")
+	cf := newCloudFormation(t)
+
+	cf.invoke(t, "Create", "7")
+	resp := cf.last(t)
+	require.Equal(t, "SUCCESS", resp["Status"], "%v", resp)
+	require.Equal(t, physicalID, resp["PhysicalResourceId"])
+	total := migrated(t, url)
+	require.Positive(t, total)
+	require.EqualValues(t, total, resp["Data"].(map[string]any)["Applied"])
+
+	cf.invoke(t, "Update", "7")
+	require.Equal(t, "SUCCESS", cf.last(t)["Status"])
+	require.EqualValues(t, 0, cf.last(t)["Data"].(map[string]any)["Applied"], "nothing pending")
+
+	// A database that cannot be reached: the forward update fails the
+	// deploy, and the rollback (the old version) and the delete succeed.
+	t.Setenv("MIGRATION_DATABASE_URL", "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=2")
+	cf.invoke(t, "Update", "7")
+	resp = cf.last(t)
+	require.Equal(t, "FAILED", resp["Status"])
+	require.Contains(t, resp["Reason"], "migrate:")
+	cf.invoke(t, "Update", "6")
+	require.Equal(t, "SUCCESS", cf.last(t)["Status"], "a rollback to an older release")
+	cf.invoke(t, "Delete", "7")
+	require.Equal(t, "SUCCESS", cf.last(t)["Status"])
+	require.Equal(t, physicalID, cf.last(t)["PhysicalResourceId"])
+}
+
+// Invoked by hand (any event that is not CloudFormation's), it migrates
+// and answers what it applied.
+func TestAnInvocationByHandMigrates(t *testing.T) {
+	url := freshDatabase(t)
+	t.Setenv("MIGRATION_DATABASE_URL", url)
+	out, err := handle(t.Context(), json.RawMessage(`{}`))
+	require.NoError(t, err)
+	require.Len(t, out.(Result).Applied, migrated(t, url))
+	require.Positive(t, migrated(t, url))
+}
+
+func TestOwnVersion(t *testing.T) {
+	t.Setenv("AWS_LAMBDA_FUNCTION_VERSION", "12")
+	require.True(t, ownVersion("arn:aws:lambda:eu-west-1:1:function:m:12"))
+	require.False(t, ownVersion("arn:aws:lambda:eu-west-1:1:function:m:1"))
+	require.True(t, ownVersion(nil), "a template that passes none")
+	t.Setenv("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
+	require.True(t, ownVersion("arn:aws:lambda:eu-west-1:1:function:m:1"), "an unpublished function")
+}
