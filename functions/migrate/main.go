@@ -10,8 +10,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"time"
 
@@ -53,14 +55,15 @@ const responseReserve = 15 * time.Second
 
 // deploy is the Migrations custom resource. Create and Update apply the
 // pending migrations (a failure fails the deploy before the API changes).
-// An update whose Version is not this function's own is CloudFormation
-// rolling the stack back to an older release: migrations only go forward,
-// and the older code runs on the newer schema (README "Upgrading"), so it
-// succeeds without touching the database; migrating again there could
-// only fail the rollback too, as the failure it rolls back from did.
-// Delete removes nothing: the data outlives the stack.
+// An update that rolls the stack back to an older release (rollback; or
+// one naming another version than the one running) succeeds without
+// touching the database: migrations only go forward, and the older code
+// runs on the newer schema (README "Upgrading"); migrating again there
+// could only fail the rollback too, as the failure it rolls back from did
+// (review: the stack was left UPDATE_ROLLBACK_FAILED). Delete removes
+// nothing: the data outlives the stack.
 func deploy(ctx context.Context, ev cfn.Event) (string, map[string]any, error) {
-	if ev.RequestType == cfn.RequestDelete || !ownVersion(ev.ResourceProperties["Version"]) {
+	if ev.RequestType == cfn.RequestDelete || rollback(ev) || !ownVersion(ev.ResourceProperties["Version"]) {
 		return physicalID, nil, nil
 	}
 	if deadline, ok := ctx.Deadline(); ok {
@@ -70,9 +73,39 @@ func deploy(ctx context.Context, ev cfn.Event) (string, map[string]any, error) {
 	}
 	res, err := migrate(ctx)
 	if err != nil {
-		return physicalID, nil, fmt.Errorf("migrate: %w (the function's log has the rest)", err)
+		// The reason shows in the stack's events, and a response must stay
+		// under 4 KB: the start of the error, the rest in the log.
+		msg := err.Error()
+		if len(msg) > maxReason {
+			msg = strings.ToValidUTF8(msg[:maxReason], "") + "…"
+		}
+		log.Printf("migrate: %v", err)
+		return physicalID, nil, fmt.Errorf("migrate: %s (the function's log has the rest)", msg)
 	}
 	return physicalID, map[string]any{"Applied": len(res.Applied)}, nil
+}
+
+// maxReason bounds the error text a failed deploy step reports.
+const maxReason = 1000
+
+// rollback says whether an update is CloudFormation rolling the stack back:
+// it names an older version of the migrate function than the update it
+// undoes (versions only grow). By then the alias may point at the older
+// version again, so the code answering may be either release's.
+func rollback(ev cfn.Event) bool {
+	if ev.RequestType != cfn.RequestUpdate {
+		return false
+	}
+	to, ok := versionNumber(ev.ResourceProperties["Version"])
+	from, okOld := versionNumber(ev.OldResourceProperties["Version"])
+	return ok && okOld && to < from
+}
+
+// versionNumber is the N of a published version's ARN (…:function:name:N).
+func versionNumber(v any) (int, bool) {
+	arn, _ := v.(string)
+	n, err := strconv.Atoi(arn[strings.LastIndex(arn, ":")+1:])
+	return n, err == nil
 }
 
 // ownVersion says whether version (the published version's ARN the

@@ -78,14 +78,22 @@ func (cf *cloudFormation) last(t *testing.T) map[string]any {
 	return cf.responses[len(cf.responses)-1]
 }
 
-func (cf *cloudFormation) invoke(t *testing.T, requestType, version string) {
+// invoke sends an event of requestType whose Version property names
+// version and, for an update from another version, OldResourceProperties
+// naming old.
+func (cf *cloudFormation) invoke(t *testing.T, requestType, version string, old ...string) {
 	t.Helper()
-	ev, _ := json.Marshal(map[string]any{
+	arn := func(n string) string { return "arn:aws:lambda:eu-west-1:123456789012:function:migrate:" + n }
+	event := map[string]any{
 		"RequestType": requestType, "RequestId": "req-1", "ResponseURL": cf.URL + "/answer",
 		"ResourceType": "Custom::Migrations", "LogicalResourceId": "Migrations", "StackId": "stack-1",
 		"PhysicalResourceId": physicalID, "ResourceProperties": map[string]any{"ServiceToken": "arn:x",
-			"Version": "arn:aws:lambda:eu-west-1:123456789012:function:migrate:" + version},
-	})
+			"Version": arn(version)},
+	}
+	if len(old) > 0 {
+		event["OldResourceProperties"] = map[string]any{"ServiceToken": "arn:x", "Version": arn(old[0])}
+	}
+	ev, _ := json.Marshal(event)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	out, err := handle(ctx, ev)
@@ -134,8 +142,16 @@ func TestTheCustomResourceMigratesDuringTheDeploy(t *testing.T) {
 	resp = cf.last(t)
 	require.Equal(t, "FAILED", resp["Status"])
 	require.Contains(t, resp["Reason"], "migrate:")
-	cf.invoke(t, "Update", "6")
-	require.Equal(t, "SUCCESS", cf.last(t)["Status"], "a rollback to an older release")
+	cf.invoke(t, "Update", "7", "6")
+	require.Equal(t, "FAILED", cf.last(t)["Status"], "an update from an older release migrates")
+	// A rollback: to an older version than the update it undoes, answered
+	// by the older code (the alias went back first) or by the newer.
+	t.Setenv("AWS_LAMBDA_FUNCTION_VERSION", "6")
+	cf.invoke(t, "Update", "6", "7")
+	require.Equal(t, "SUCCESS", cf.last(t)["Status"], "a rollback, answered by the older version")
+	t.Setenv("AWS_LAMBDA_FUNCTION_VERSION", "7")
+	cf.invoke(t, "Update", "6", "7")
+	require.Equal(t, "SUCCESS", cf.last(t)["Status"], "a rollback, answered by the newer version")
 	cf.invoke(t, "Delete", "7")
 	require.Equal(t, "SUCCESS", cf.last(t)["Status"])
 	require.Equal(t, physicalID, cf.last(t)["PhysicalResourceId"])
@@ -150,6 +166,16 @@ func TestAnInvocationByHandMigrates(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, out.(Result).Applied, migrated(t, url))
 	require.Positive(t, migrated(t, url))
+}
+
+func TestVersionNumber(t *testing.T) {
+	n, ok := versionNumber("arn:aws:lambda:eu-west-1:1:function:m:12")
+	require.True(t, ok)
+	require.Equal(t, 12, n)
+	for _, v := range []any{nil, "", "arn:aws:lambda:eu-west-1:1:function:m:live", 12} {
+		_, ok := versionNumber(v)
+		require.False(t, ok, "%v", v)
+	}
 }
 
 func TestOwnVersion(t *testing.T) {
