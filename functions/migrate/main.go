@@ -54,17 +54,24 @@ const physicalID = "ratchet-migrations"
 const responseReserve = 15 * time.Second
 
 // deploy is the Migrations custom resource. Create and Update apply the
-// pending migrations (a failure fails the deploy before the API changes).
-// An update that rolls the stack back to an older release (rollback; or
-// one naming another version than the one running) succeeds without
-// touching the database: migrations only go forward, and the older code
+// pending migrations (a failure fails the deploy before the API changes;
+// so does one answered by another version than the deploy's). An update
+// that rolls the stack back to an older release (rollback) succeeds
+// without touching the database: migrations only go forward, and the older code
 // runs on the newer schema (README "Upgrading"); migrating again there
 // could only fail the rollback too, as the failure it rolls back from did
 // (review: the stack was left UPDATE_ROLLBACK_FAILED). Delete removes
 // nothing: the data outlives the stack.
 func deploy(ctx context.Context, ev cfn.Event) (string, map[string]any, error) {
-	if ev.RequestType == cfn.RequestDelete || rollback(ev) || !ownVersion(ev.ResourceProperties["Version"]) {
+	if ev.RequestType == cfn.RequestDelete || rollback(ev) {
 		return physicalID, nil, nil
+	}
+	if version := ev.ResourceProperties["Version"]; !ownVersion(version) {
+		// Another release's code would apply its own migrations, not the
+		// deploy's, and the new API would go live without its schema
+		// (review): fail the deploy instead.
+		return physicalID, nil, fmt.Errorf("migrate: the deploy asked for %v, but version %s answered; deploy again",
+			version, os.Getenv("AWS_LAMBDA_FUNCTION_VERSION"))
 	}
 	if deadline, ok := ctx.Deadline(); ok {
 		var cancel context.CancelFunc

@@ -152,6 +152,21 @@ func TestTheCustomResourceMigratesDuringTheDeploy(t *testing.T) {
 	t.Setenv("AWS_LAMBDA_FUNCTION_VERSION", "7")
 	cf.invoke(t, "Update", "6", "7")
 	require.Equal(t, "SUCCESS", cf.last(t)["Status"], "a rollback, answered by the newer version")
+	// A forward deploy answered by another version than its own would
+	// apply another release's migrations: it fails (review: it succeeded
+	// without migrating).
+	t.Setenv("MIGRATION_DATABASE_URL", url)
+	t.Setenv("AWS_LAMBDA_FUNCTION_VERSION", "6")
+	for _, old := range [][]string{{"6"}, nil} {
+		requestType := "Update"
+		if old == nil {
+			requestType = "Create"
+		}
+		cf.invoke(t, requestType, "8", old...)
+		resp = cf.last(t)
+		require.Equal(t, "FAILED", resp["Status"], requestType)
+		require.Contains(t, resp["Reason"], "version 6 answered")
+	}
 	cf.invoke(t, "Delete", "7")
 	require.Equal(t, "SUCCESS", cf.last(t)["Status"])
 	require.Equal(t, physicalID, cf.last(t)["PhysicalResourceId"])

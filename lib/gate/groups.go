@@ -776,6 +776,14 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 		if err != nil {
 			return fmt.Errorf("begin: compensation target: %w", err)
 		}
+		if in.groupID != nil && (group == nil || *in.groupID != *group) {
+			// A group_id that names no group this key sees is unknown
+			// (404), whatever step it is paired with (review: it was told
+			// the step is not of that group).
+			if err := groupVisible(ctx, tx, in); err != nil {
+				return err
+			}
+		}
 		switch {
 		case group == nil || target != nil:
 			return apierr.InvalidField("compensates_effect_id", "must name a forward step of an effect group")
@@ -907,3 +915,21 @@ func admitCompensationGrant(ctx context.Context, tx pgx.Tx, row *effectRow) erro
 
 // groupEnded says whether a group's rollback ended.
 func groupEnded(state string) bool { return state == GroupUnwound || state == GroupUnwindFailed }
+
+// groupVisible answers 404 unless in's group_id names a group of the
+// workspace that the begin's key may read: its own, or any with
+// effects:read.
+func groupVisible(ctx context.Context, tx pgx.Tx, in *beginInput) error {
+	owner := in.groupOwner
+	if in.readsEffects {
+		owner = nil
+	}
+	var seen bool
+	if err := tx.QueryRow(ctx, sqlGroupVisible, *in.groupID, in.ws, owner).Scan(&seen); err != nil {
+		return fmt.Errorf("begin: group: %w", err)
+	}
+	if !seen {
+		return apierr.NotFound("group")
+	}
+	return nil
+}

@@ -1,6 +1,7 @@
 package gate
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,7 +14,6 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
-	"github.com/getratchet/ratchet/lib/canonjson"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/redact"
@@ -61,8 +61,12 @@ func checkToken(pr *apierr.Problems, token string) {
 // sealedResult validates and seals a result; a missing result stays NULL.
 func (s *Service) sealedResult(effectID string, result json.RawMessage) (sealed []byte, preview *string, err error) {
 	res := nullJSON(result)
-	if len(res) > MaxResultBytes && !fitsWritten(res, MaxResultBytes) {
-		return nil, nil, apierr.PayloadTooLarge(MaxResultBytes)
+	if len(res) > MaxResultBytes {
+		compact, err := compactJSON(res)
+		if err != nil || len(compact) > MaxResultBytes {
+			return nil, nil, apierr.PayloadTooLarge(MaxResultBytes)
+		}
+		res = compact
 	}
 	if res == nil {
 		return nil, nil, nil
@@ -71,16 +75,28 @@ func (s *Service) sealedResult(effectID string, result json.RawMessage) (sealed 
 	return s.sealJSON(effectID, "result", res), &p, nil
 }
 
-// fitsWritten says whether doc, written without white space or escapes it
-// does not need (canonical JSON), takes at most limit bytes. The result
-// limit is on the value, not on how its sender wrote it (contract QA:
-// Python's json.dumps escapes every character beyond ASCII, so 150 KB of
-// text sent as 300 KB was refused, and so was a retry of an accepted
-// report sent that way). Only a document over the limit as sent is written
-// again; it is stored as sent.
-func fitsWritten(doc json.RawMessage, limit int) bool {
-	c, err := canonjson.Marshal(doc)
-	return err == nil && len(c) <= limit
+// compactJSON writes doc without white space or escapes it does not need
+// (every string in UTF-8, <, > and & as themselves). The result limit is on
+// the value, not on how its sender wrote it (contract QA: Python's
+// json.dumps escapes every character beyond ASCII, so 150 KB of text sent
+// as 300 KB was refused, and so was a retry of an accepted report sent that
+// way; review: padding, or HTML escaped by the measure, counted too). Only
+// a result over the limit as sent is written again, and it is stored so
+// (its object keys sorted): never more than the limit.
+func compactJSON(doc json.RawMessage) (json.RawMessage, error) {
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
 func leaseExpired() error {

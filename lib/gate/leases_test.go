@@ -12,6 +12,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/gate"
 )
 
 func TestLapsedLeaseBlocksUntilResolved(t *testing.T) {
@@ -155,7 +156,9 @@ func TestTheResultLimitIsOnTheValue(t *testing.T) {
 	}
 	escaped := `{"text":"` + strings.Repeat(`\u65e5`, 50_000) + `"}` // 300 KB as sent, 150 KB as UTF-8
 	padded := `{"text":"` + strings.Repeat("x", 200_000) + `"` + strings.Repeat(" ", 100_000) + `}`
-	for _, result := range []string{escaped, padded} {
+	// Review: HTML characters were measured escaped (6 bytes each).
+	html := `{"html":"` + strings.Repeat("<", 100_000) + strings.Repeat("x", 150_000) + `"}` + strings.Repeat(" ", 20_000)
+	for _, result := range []string{escaped, padded, html} {
 		d := b.mustBegin("execute", email(key("written")))
 		id, token := str(d["effect_id"]), str(d["lease_token"])
 		first := report(id, token, result)
@@ -163,6 +166,10 @@ func TestTheResultLimitIsOnTheValue(t *testing.T) {
 		again := report(id, token, result)
 		require.Equal(t, http.StatusOK, again.Status, "a retry written the same way")
 		require.JSONEq(t, string(first.Body), string(again.Body))
+		var stored int
+		require.NoError(t, b.env.App.Pool.QueryRow(t.Context(), `SELECT octet_length(result) FROM effects WHERE id = $1`,
+			id).Scan(&stored))
+		require.Less(t, stored, gate.MaxResultBytes+1024, "stored written again, within the limit (and its seal)")
 	}
 	d := b.mustBegin("execute", email(key("large")))
 	large := `{"text":"` + strings.Repeat("日", 90_000) + `"}` // 270 KB however written

@@ -464,6 +464,11 @@ FOR SHARE OF g`
 // sqlEffectCompensation reads an effect's sealed compensation. $1 effect id.
 const sqlEffectCompensation = `SELECT compensation FROM effects WHERE id = $1`
 
+// sqlGroupVisible says whether group $1 is workspace $2's and, with $3,
+// was created by key $3.
+const sqlGroupVisible = `SELECT EXISTS (SELECT 1 FROM effect_groups
+    WHERE id = $1 AND workspace_id = $2 AND ($3::text IS NULL OR created_by_key_id = $3::text))`
+
 // sqlGroupOfKey says whether group $1 was created by key $2.
 const sqlGroupOfKey = `SELECT EXISTS (SELECT 1 FROM effect_groups WHERE id = $1 AND created_by_key_id = $2)`
 

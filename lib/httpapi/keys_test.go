@@ -676,11 +676,12 @@ func TestUnknownQueryParametersAreRefused(t *testing.T) {
 		"/api/v1/effects/eff_01m8kjt9g002extbwvcndh4bkd?x=1": {"x"},
 		// One that cannot be decoded is refused, not left out (contract
 		// QA: ?limit=%zz listed a default page).
-		"/api/v1/effects?limit=%zz":             {"limit"},
-		"/api/v1/effects?state=leased&cursor=%": {"cursor"},
-		"/api/v1/keys?limit=1;x":                {"limit"},
-		"/api/v1/approvals?%zz=1":               {"query"},
-		"/api/v1/runs?a;b=1":                    {"query"},
+		"/api/v1/effects?limit=%zz":                          {"limit"},
+		"/api/v1/effects?state=leased&cursor=%":              {"cursor"},
+		"/api/v1/keys?limit=1;x":                             {"limit"},
+		"/api/v1/approvals?%zz=1":                            {"query"},
+		"/api/v1/runs?a;b=1":                                 {"query"},
+		"/api/v1/runs/run_01m8kjt9g002extbwvcndh4bkd?id=%zz": {"id"},
 	} {
 		r := env.Do("GET", path, ws.Key, nil)
 		require.Equal(t, fields, validationFields(t, r), path)

@@ -320,9 +320,11 @@ func undecodableQuery(raw string) (string, bool) {
 // parameter there asks for nothing.
 func knownQuery(r *http.Request, route *Route) error {
 	if name, ok := undecodableQuery(r.URL.RawQuery); ok {
-		if slices.Contains(route.PathParams(), name) && isIDParam(name) {
-			// A path id Vercel's rewrite put in the query (ServeRoute):
-			// it names nothing, as the same path served locally says.
+		if slices.Contains(route.PathParams(), name) && isIDParam(name) && r.PathValue(name) == name {
+			// A path id Vercel's rewrite put in the query (ServeRoute; the
+			// function's path holds the parameter's name in its place): it
+			// names nothing, as the same path served locally says. Beside
+			// a path that holds the id, it is a bad query (review).
 			return apierr.NotFound(pathResource(route.Pattern, name))
 		}
 		return apierr.InvalidField(name, "must be percent-encoded (%% and two hex digits) in a query of name=value pairs joined by &")

@@ -86,8 +86,10 @@ const taskReserve = 500 * time.Millisecond
 
 // run runs one task under TaskTimeout, leaving the tasks after it their
 // reserve of ctx's deadline (after: what they need in all), and reports a
-// failure.
-func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration) (int, error) {
+// failure; interrupted says it was the database's (an outage's), not the
+// task's own (review: a task out of its time, stuck on a lock, kept an
+// outage from ever being logged as ended).
+func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration) (n int, interrupted bool, err error) {
 	limit := TaskTimeout
 	if deadline, ok := ctx.Deadline(); ok {
 		if left := time.Until(deadline) - after; left < limit {
@@ -96,17 +98,18 @@ func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration) (int, er
 	}
 	taskCtx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	n, err := t.Run(taskCtx, s.now())
+	n, err = t.Run(taskCtx, s.now())
 	switch {
 	case err != nil && db.IsUnavailable(err) && !errors.Is(err, context.DeadlineExceeded) && taskCtx.Err() == nil:
 		// An outage or a restart of the database: the next pass does it
 		// (QA: every terminated connection logged an ERROR). A task that
 		// ran out of its time, stuck on a lock say, stays an error.
 		s.noteUnavailable(t.Name, err)
+		interrupted = true
 	case err != nil:
 		s.logger.Error("sweep task failed", "task", t.Name, "err", err.Error())
 	}
-	return n, err
+	return n, interrupted, err
 }
 
 // noteUnavailable logs the start of an outage, then a reminder a minute
@@ -171,14 +174,15 @@ func (s *Sweeper) Tasks() []string {
 func (s *Sweeper) RunOnce(ctx context.Context) Result {
 	start := s.now()
 	res := Result{Changed: map[string]int{}, Errors: map[string]string{}}
-	unreachable := 0
+	unreachable, outage := 0, false
 	for i, t := range s.tasks {
 		var after time.Duration
 		for _, later := range s.tasks[i+1:] {
 			after += max(later.Needs, taskReserve)
 		}
-		n, err := s.run(ctx, t, after)
+		n, interrupted, err := s.run(ctx, t, after)
 		res.Changed[t.Name] = n
+		outage = outage || interrupted
 		if err != nil {
 			res.Errors[t.Name] = "failed"
 			if db.IsUnavailable(err) {
@@ -186,7 +190,7 @@ func (s *Sweeper) RunOnce(ctx context.Context) Result {
 			}
 		}
 	}
-	if unreachable == 0 {
+	if !outage {
 		s.noteAvailable()
 	}
 	res.Unreachable = len(s.tasks) > 0 && unreachable == len(s.tasks)
@@ -214,14 +218,14 @@ func (s *Sweeper) Loop(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 		}
-		unreachable := false
+		outage := false
 		for _, task := range s.tasks {
 			if !task.Detached {
-				_, err := s.run(ctx, task, 0) // the loop has no deadline to share
-				unreachable = unreachable || (err != nil && db.IsUnavailable(err))
+				_, interrupted, _ := s.run(ctx, task, 0) // the loop has no deadline to share
+				outage = outage || interrupted
 			}
 		}
-		if !unreachable {
+		if !outage {
 			s.noteAvailable()
 		}
 		for _, task := range s.tasks {
@@ -237,7 +241,7 @@ func (s *Sweeper) Loop(ctx context.Context, interval time.Duration) {
 			go func() {
 				defer wg.Done()
 				defer func() { <-slots[task.Name] }()
-				_, _ = s.run(ctx, task, 0) // the loop has no deadline to share
+				_, _, _ = s.run(ctx, task, 0) // the loop has no deadline to share
 			}()
 		}
 	}

@@ -145,6 +145,29 @@ func TestAPartialOutageEndsWithAWholePass(t *testing.T) {
 	require.Contains(t, logs.String(), `interrupted=5`)
 }
 
+// A task out of its time (stuck on a lock) is its own failure, not the
+// database's: it does not keep an outage from ending (review).
+func TestAStuckTaskDoesNotProlongAnOutage(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	var down atomic.Bool
+	down.Store(true)
+	s := New(time.Now, slog.New(slog.NewTextHandler(&logs, nil)),
+		Task{Name: "stuck", Run: func(context.Context, time.Time) (int, error) {
+			return 0, fmt.Errorf("x: %w", context.DeadlineExceeded)
+		}},
+		Task{Name: "flaky", Run: func(context.Context, time.Time) (int, error) {
+			if down.Load() {
+				return 0, fmt.Errorf("x: %w", io.ErrUnexpectedEOF)
+			}
+			return 0, nil
+		}})
+	s.RunOnce(context.Background())
+	down.Store(false)
+	s.RunOnce(context.Background())
+	require.Contains(t, logs.String(), `msg="sweep: database available again"`)
+}
+
 // Loop does not wait for a detached task: the other tasks run every tick
 // while it is blocked, and at most maxDetached runs of it are in flight.
 func TestLoopRunsDetachedTasksBesideThePasses(t *testing.T) {

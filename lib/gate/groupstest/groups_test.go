@@ -249,6 +249,12 @@ func TestCompensationAdmission(t *testing.T) {
 	other := f.done(g2, true)
 	errCode(t, f.do("POST", "/api/v1/effects/begin", refund(other, map[string]any{"group_id": g})),
 		http.StatusBadRequest, "invalid_request")
+	// A group_id that names no group is unknown, whatever the step (review:
+	// it was told the step is not of that group), in any form.
+	for _, unknown := range []string{ids.New(ids.Group), "grp_x"} {
+		errCode(t, f.do("POST", "/api/v1/effects/begin", refund(other, map[string]any{"group_id": unknown})),
+			http.StatusNotFound, "not_found")
+	}
 	// A compensating effect declares no compensation of its own.
 	errCode(t, f.do("POST", "/api/v1/effects/begin", refund(a, map[string]any{
 		"compensation": map[string]any{"effect_type": "x"}})), http.StatusBadRequest, "invalid_request")
