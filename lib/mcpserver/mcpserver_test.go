@@ -150,6 +150,7 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": strings.Repeat("k", 256)}, "idempotency_key"},
 		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k", "cost_micros": -1}, "cost_micros"},
 		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k", "lease_seconds": 0}, "lease_seconds"},
+		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k", "request_id": "short"}, "request_id"},
 		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k",
 			"compensation": map[string]any{"effect_type": "-refund"}}, "compensation.effect_type"},
 		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k",
@@ -182,6 +183,7 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 		{"ratchet_begin", "idempotency_key", reflect.TypeFor[gate.BeginRequest](), "IdempotencyKey"},
 		{"ratchet_begin", "cost_micros", reflect.TypeFor[gate.BeginRequest](), "CostMicros"},
 		{"ratchet_begin", "lease_seconds", reflect.TypeFor[gate.BeginRequest](), "LeaseSeconds"},
+		{"ratchet_begin", "request_id", reflect.TypeFor[gate.BeginRequest](), "RequestID"},
 		{"ratchet_resolve", "note", reflect.TypeFor[gate.ResolveRequest](), "Note"},
 	} {
 		f, ok := c.rest.FieldByName(c.field)
