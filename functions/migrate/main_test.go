@@ -172,6 +172,21 @@ func TestTheCustomResourceMigratesDuringTheDeploy(t *testing.T) {
 	require.Equal(t, physicalID, cf.last(t)["PhysicalResourceId"])
 }
 
+// A response CloudFormation refuses is the invocation's error, so that
+// Lambda retries it (an asynchronous invocation) rather than leave the
+// stack waiting.
+func TestAnUnansweredRequestIsAnError(t *testing.T) {
+	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "expired", http.StatusForbidden)
+	}))
+	defer refusing.Close()
+	ev, _ := json.Marshal(map[string]any{"RequestType": "Delete", "RequestId": "req-1",
+		"ResponseURL": refusing.URL, "LogicalResourceId": "Migrations", "StackId": "stack-1",
+		"PhysicalResourceId": physicalID})
+	_, err := handle(t.Context(), ev)
+	require.ErrorContains(t, err, "answer CloudFormation")
+}
+
 // Invoked by hand (any event that is not CloudFormation's), it migrates
 // and answers what it applied.
 func TestAnInvocationByHandMigrates(t *testing.T) {

@@ -131,14 +131,14 @@ func (in *beginInput) lockedArgs() []any { return in.args()[:8] }
 // empty one is malformed.
 func reference(pr *apierr.Problems, field, prefix string, v *string) *string {
 	switch {
-	case v == nil || ids.Valid(prefix, *v):
-		return v
+	case v == nil:
+		return nil
 	case *v == "":
 		pr.Add(field, "must be an id or null")
 		return v
 	}
-	none := ids.None(prefix)
-	return &none
+	id := ids.Lookup(prefix, *v)
+	return &id
 }
 
 // prepare validates the request, fingerprints it and seals what is stored.

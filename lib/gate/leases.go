@@ -16,6 +16,7 @@ import (
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/redact"
 )
 
@@ -76,13 +77,13 @@ func (s *Service) sealedResult(effectID string, result json.RawMessage) (sealed 
 }
 
 // compactJSON writes doc without white space or escapes it does not need
-// (every string in UTF-8, <, > and & as themselves). The result limit is on
-// the value, not on how its sender wrote it (contract QA: Python's
-// json.dumps escapes every character beyond ASCII, so 150 KB of text sent
-// as 300 KB was refused, and so was a retry of an accepted report sent that
-// way; review: padding, or HTML escaped by the measure, counted too). Only
-// a result over the limit as sent is written again, and it is stored so
-// (its object keys sorted): never more than the limit.
+// (jsonx.Marshal: every string in UTF-8, <, > and & as themselves). The
+// result limit is on the value, not on how its sender wrote it (contract
+// QA: Python's json.dumps escapes every character beyond ASCII, so 150 KB
+// of text sent as 300 KB was refused, and so was a retry of an accepted
+// report sent that way; review: padding, or HTML escaped by the measure,
+// counted too). Only a result over the limit as sent is written again, and
+// it is stored so (its object keys sorted): never more than the limit.
 func compactJSON(doc json.RawMessage) (json.RawMessage, error) {
 	dec := json.NewDecoder(bytes.NewReader(doc))
 	dec.UseNumber()
@@ -90,13 +91,7 @@ func compactJSON(doc json.RawMessage) (json.RawMessage, error) {
 	if err := dec.Decode(&v); err != nil {
 		return nil, err
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+	return jsonx.Marshal(v)
 }
 
 func leaseExpired() error {

@@ -66,6 +66,15 @@ func NewAt(prefix string, t time.Time) string {
 // hint), in the same order as the other checks.
 func None(prefix string) string { return prefix + "_" + strings.Repeat("0", 26) }
 
+// Lookup is s when it can be an id of prefix's kind, and None(prefix)
+// otherwise: a request's reference as a lookup takes it.
+func Lookup(prefix, s string) string {
+	if Valid(prefix, s) {
+		return s
+	}
+	return None(prefix)
+}
+
 // Valid reports whether s looks like an id with the given prefix. Handlers use
 // it to answer 404 for malformed ids without a database round trip.
 func Valid(prefix, s string) bool {

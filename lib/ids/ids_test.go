@@ -45,3 +45,13 @@ func TestNoneIsValidAndBeforeEveryMadeID(t *testing.T) {
 	require.Less(t, none, NewAt(Group, time.UnixMilli(1)))
 	require.False(t, Valid(Run, none))
 }
+
+// Lookup keeps an id of its kind and turns anything else into None.
+func TestLookup(t *testing.T) {
+	t.Parallel()
+	id := New(Run)
+	require.Equal(t, id, Lookup(Run, id))
+	for _, s := range []string{"run_missing", New(Group), "", "x"} {
+		require.Equal(t, None(Run), Lookup(Run, s), s)
+	}
+}

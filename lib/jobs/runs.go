@@ -552,11 +552,12 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 	if err := p.Err(); err != nil {
 		return op, err
 	}
-	if req.AfterStepID != nil && !ids.Valid(ids.Step, *req.AfterStepID) {
-		// It names no step: looked up as one that names none, it is answered
-		// as such an id is, after the run's own checks (ids.None).
-		none := ids.None(ids.Step)
-		op.afterStepID = &none
+	if req.AfterStepID != nil {
+		// One that cannot be a step's id names no step: looked up as such
+		// an id (ids.Lookup), it is answered as one is, after the run's own
+		// checks.
+		id := ids.Lookup(ids.Step, *req.AfterStepID)
+		op.afterStepID = &id
 	}
 	if req.IdempotencyKey != nil {
 		op.key = *req.IdempotencyKey
