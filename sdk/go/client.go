@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand"
 	"net/http"
 	"net/url"
@@ -274,19 +275,25 @@ func (c *Client) retryDelay(err error, attempt int, safe idempotency) (time.Dura
 			// does not say): it may have been applied, so repeat only what
 			// a key or token makes safe.
 			return c.backoff(attempt), bool(safe)
+		case apiErr.StatusCode == http.StatusServiceUnavailable:
+			// A Retry-After on a 503 (a proxy's, or a host's shedding
+			// load) is the earliest the server wants to see us again.
+			return max(c.backoff(attempt), time.Duration(apiErr.RetryAfterSeconds())*time.Second), bool(safe)
 		case apiErr.StatusCode >= 500:
 			return c.backoff(attempt), bool(safe)
 		}
 		return 0, false
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return 0, false
-	}
+	// Before the context check: a transport failure while the caller's
+	// context was live is a lost answer even when it matches
+	// context.DeadlineExceeded, as an http.Client Timeout's does (QA: a
+	// begin whose answer took longer than the client's timeout was never
+	// asked again, and its key ended indeterminate).
 	var ne *netError
 	if errors.As(err, &ne) {
 		return c.backoff(attempt), bool(safe)
 	}
-	return 0, false
+	return 0, false // the caller's context ended, or an error of ours
 }
 
 // backoff is capped exponential backoff with "equal jitter": half the step
@@ -382,8 +389,9 @@ func decodeError(res *http.Response, raw []byte) *Error {
 	} else {
 		e.Message = http.StatusText(res.StatusCode)
 	}
-	if res.StatusCode == http.StatusTooManyRequests && e.RetryAfterSeconds() == 0 {
-		if s, err := strconv.Atoi(strings.TrimSpace(res.Header.Get("Retry-After"))); err == nil && s > 0 {
+	limited := res.StatusCode == http.StatusTooManyRequests || res.StatusCode == http.StatusServiceUnavailable
+	if limited && e.RetryAfterSeconds() == 0 {
+		if s := retryAfterHeader(res.Header.Get("Retry-After"), time.Now()); s > 0 {
 			if e.Detail == nil {
 				e.Detail = map[string]any{}
 			}
@@ -391,6 +399,23 @@ func decodeError(res *http.Response, raw []byte) *Error {
 		}
 	}
 	return e
+}
+
+// retryAfterHeader reads a Retry-After header in whole seconds from now:
+// delay-seconds or an HTTP date (RFC 9110 §10.2.3); 0 when it is absent,
+// unreadable or already past.
+func retryAfterHeader(v string, now time.Time) int {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(v); err == nil {
+		return max(s, 0)
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(int(math.Ceil(t.Sub(now).Seconds())), 0)
+	}
+	return 0
 }
 
 // pathID escapes an id for use as one path segment.

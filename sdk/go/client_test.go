@@ -219,6 +219,42 @@ func TestRateLimitedRetryAfterHeader(t *testing.T) {
 	}
 }
 
+// Retry-After may be an HTTP date (RFC 9110), and a 503 may carry one too
+// (a proxy or host shedding load): an idempotent call waits it out.
+func TestRetryAfterDateAndServiceUnavailable(t *testing.T) {
+	t.Parallel()
+	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
+		func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Retry-After", time.Now().Add(5*time.Second).UTC().Format(http.TimeFormat))
+			apiError(w, 429, CodeRateLimited, nil)
+		},
+		func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Retry-After", "6")
+			w.WriteHeader(http.StatusServiceUnavailable)
+		},
+		func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]any{"id": "run_1"}) },
+	}}
+	c, log := testClient(t, seq)
+	if _, err := c.GetRun(context.Background(), "run_1"); err != nil {
+		t.Fatal(err)
+	}
+	got := log.all()
+	if len(got) != 2 || got[0] < 4*time.Second || got[0] > 6*time.Second || got[1] != 6*time.Second {
+		t.Fatalf("sleeps %v, want about 5s then 6s", got)
+	}
+}
+
+func TestRetryAfterHeaderForms(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
+	for v, want := range map[string]int{"": 0, "7": 7, " 7 ": 7, "-3": 0, "soon": 0,
+		now.Add(90 * time.Second).Format(http.TimeFormat): 90, now.Add(-time.Minute).Format(http.TimeFormat): 0} {
+		if got := retryAfterHeader(v, now); got != want {
+			t.Errorf("retryAfterHeader(%q) = %d, want %d", v, got, want)
+		}
+	}
+}
+
 func TestRateLimitBeyondDeadlineReturnsAtOnce(t *testing.T) {
 	t.Parallel()
 	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
@@ -379,6 +415,40 @@ func TestNetworkErrorsRetriedForIdempotentCalls(t *testing.T) {
 	ft.n.Store(1)
 	if _, err := c.StartRun(context.Background(), "x"); err == nil || !strings.Contains(err.Error(), "connection reset") {
 		t.Fatalf("err %v", err)
+	}
+}
+
+// An http.Client Timeout's error matches context.DeadlineExceeded, yet the
+// caller's context is live: the answer was lost, so an idempotent call is
+// asked again (QA: a begin whose answer came after the client's timeout was
+// given up at once), and a call that is not ends with an error saying it may
+// have been applied.
+func TestClientTimeoutIsALostAnswer(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			time.Sleep(300 * time.Millisecond)
+		}
+		writeJSON(w, 200, map[string]any{"leaseExpiresAt": time.Now().Add(time.Minute), "cancelRequested": false})
+	}))
+	defer srv.Close()
+	c, err := NewClient(Config{BaseURL: srv.URL, APIKey: "k", HTTPClient: &http.Client{Timeout: 100 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &sleepLog{}
+	c.sleep = log.sleep
+	if _, err := c.HeartbeatJob(context.Background(), "job_1", "tok"); err != nil {
+		t.Fatalf("heartbeat: %v", err)
+	}
+	if calls.Load() != 2 || len(log.all()) != 1 {
+		t.Fatalf("calls %d sleeps %v", calls.Load(), log.all())
+	}
+	calls.Store(0)
+	_, err = c.StartRun(context.Background(), "x")
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) || !mayHaveApplied(err) || calls.Load() != 1 {
+		t.Fatalf("start run: err %v (may have applied %v) calls %d", err, mayHaveApplied(err), calls.Load())
 	}
 }
 

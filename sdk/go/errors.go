@@ -113,7 +113,8 @@ func detailStrings(v any) []string {
 func (e *Error) AnyOf() []string { return detailStrings(e.Detail["any_of"]) }
 
 // RetryAfterSeconds returns detail.retry_after_seconds when the server sent
-// it (rate_limited), and 0 otherwise.
+// it (rate_limited), else a 429's or 503's Retry-After header in seconds,
+// and 0 otherwise.
 func (e *Error) RetryAfterSeconds() int {
 	switch v := e.Detail["retry_after_seconds"].(type) {
 	case float64:

@@ -60,9 +60,11 @@ type StartOptions struct {
 	WaitSeconds int
 	// OnError receives problems that stay in the process: failed claims,
 	// heartbeats and reports, handler and classifier panics, invalid
-	// classifier decisions. It may be called from several goroutines at
-	// once. Errors may hold payload details: do not ship them anywhere you
-	// would not ship the payload.
+	// classifier decisions. Each call runs on a goroutine of its own, so
+	// calls may overlap and arrive in any order, a slow OnError holds up
+	// nothing, and it may call Stop; a panic in it is recovered and dropped.
+	// Errors may hold payload details: do not ship them anywhere you would
+	// not ship the payload.
 	OnError func(error)
 }
 
@@ -97,6 +99,7 @@ type Worker struct {
 	returned   chan struct{}           // signalled (buffered, 1) when running drops
 	cancelJobs context.CancelCauseFunc // ends every handler's context
 	reporter   *reporter               // batches the handlers' reports
+	notices    *notices                // delivers OnError calls (opts.OnError is its notify)
 
 	// Test seams.
 	clock        clock
@@ -190,9 +193,8 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 	if opts.PollInterval <= 0 {
 		opts.PollInterval = DefaultPollInterval
 	}
-	if opts.OnError == nil {
-		opts.OnError = func(error) {}
-	}
+	notices := newNotices(opts.OnError)
+	opts.OnError = notices.notify
 	opts.WaitSeconds = min(max(opts.WaitSeconds, 0), 20)
 	id, err := w.c.RegisterWorker(pollCtx, refs)
 
@@ -219,7 +221,7 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 		cancel(ErrWorkerStopped)
 	})
 	w.cancelJobs = func(cause error) { unhook(); cancel(cause) }
-	w.workerID, w.refs, w.opts = id, refs, opts
+	w.workerID, w.refs, w.opts, w.notices = id, refs, opts, notices
 	w.reporter = newReporter(ctx, w.c, opts.OnError, w.reportLinger)
 	w.slotFreed, w.returned = make(chan struct{}, 1), make(chan struct{}, 1)
 	go w.loop(ctx, pollCtx, jobsCtx)
@@ -261,7 +263,24 @@ func closed(ch chan struct{}) bool {
 // polling; Stop then returns nil once Start has returned (or, at ctx's end,
 // cuts the registration off). Stop called after Start's context ended
 // returns an error matching ErrWorkerStopped when that cut handlers off.
+//
+// OnError calls still running when Stop is done are waited for up to a
+// second, so that the notices its error refers to have been delivered. Stop
+// may be called from OnError (on a 401, say): OnError runs on goroutines of
+// its own, never on those Stop waits for.
 func (w *Worker) Stop(ctx context.Context) error {
+	err := w.stop(ctx)
+	w.mu.Lock()
+	notices := w.notices
+	w.mu.Unlock()
+	if notices != nil {
+		notices.flush()
+	}
+	return err
+}
+
+// stop is Stop without waiting for OnError calls.
+func (w *Worker) stop(ctx context.Context) error {
 	w.mu.Lock()
 	stopping, loopDone, cancelPoll := w.stopping, w.loopDone, w.cancelPoll
 	if stopping != nil && !closed(stopping) {

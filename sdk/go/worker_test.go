@@ -1509,3 +1509,50 @@ func (f *fakeJobs) reportsDown() *atomic.Bool {
 	}
 	return down
 }
+
+// Stop may be called from OnError (a worker stopping itself on a refused
+// claim or report): OnError runs on goroutines of its own, so Stop does not
+// wait for the call it is made from (QA: the poll loop, and the reporter,
+// waited in OnError for a Stop that waited for them, and it never returned).
+func TestStopFromOnErrorReturns(t *testing.T) {
+	t.Parallel()
+	for _, refused := range []string{"claim", "report"} {
+		t.Run(refused, func(t *testing.T) {
+			t.Parallel()
+			f := newFakeJobs()
+			if refused == "claim" {
+				f.claimError = func() (int, string, map[string]any) { return 401, "unauthorized", nil }
+			} else {
+				f.reportError = func(json.RawMessage) (int, string) { return 400, "invalid_request" }
+				f.add("welcome", "1", welcomeIn{CustomerID: "cus_1"}, 60000)
+			}
+			c, _ := testClient(t, f)
+			w := NewWorker(c)
+			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "welcome", Version: "1",
+				Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) {
+					return welcomeOut{Sent: true}, nil
+				}}))
+			stopped := make(chan error, 1)
+			var once sync.Once
+			onError := func(error) {
+				once.Do(func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+					defer cancel()
+					stopped <- w.Stop(ctx)
+				})
+			}
+			must(t, w.Start(context.Background(), StartOptions{PollInterval: 10 * time.Millisecond, OnError: onError}))
+			select {
+			case err := <-stopped:
+				if refused == "claim" && err != nil {
+					t.Fatalf("Stop = %v", err)
+				}
+				if refused == "report" && (err == nil || !strings.Contains(err.Error(), "1 report(s) were not recorded")) {
+					t.Fatalf("Stop = %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("Stop called from OnError has not returned")
+			}
+		})
+	}
+}

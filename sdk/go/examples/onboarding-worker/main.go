@@ -50,12 +50,15 @@ func run() error {
 	}
 	err = worker.Start(context.Background(), ratchet.StartOptions{
 		Concurrency: 4,
-		// PollInterval defaults to 30 s; an idle worker claims about twice a
-		// minute. A long-polling claim (held up to 20 s, answered as soon as a
-		// job is due) starts a job enqueued meanwhile within a second, for no
-		// more claim calls; on serverless hosting each idle claim is a
-		// request held open, so weigh it there.
-		WaitSeconds: 20,
+		// A long-polling claim (held up to 20 s, answered as soon as a job is
+		// due) starts a job enqueued meanwhile within a second. With the
+		// interval equal to the wait a claim is always waiting (about 30
+		// claims per idle 10 minutes; the default 30 s interval would leave
+		// 10 s gaps between waits, when a new job waits for the next claim).
+		// On serverless hosting each idle claim is a request held open, so
+		// weigh it there.
+		WaitSeconds:  20,
+		PollInterval: 20 * time.Second,
 		OnError: func(err error) {
 			// Local diagnostics only. Errors can carry payload details, so keep
 			// them out of shared logs; RedactMessage bounds and masks the text.
