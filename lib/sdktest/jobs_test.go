@@ -210,12 +210,12 @@ func TestClassifierPrecedence(t *testing.T) {
 		ClassifyError: func(err error, _ ratchet.JobContext) ratchet.Decision {
 			var pe *providerError
 			if errors.As(err, &pe) && pe.status == 400 {
-				return ratchet.Decision{Retryable: false}
+				return ratchet.Decision{NonRetryable: true}
 			}
 			if err.Error() == "explicit wins" {
-				return ratchet.Decision{Retryable: false} // must never be asked
+				return ratchet.Decision{NonRetryable: true} // must never be asked
 			}
-			return ratchet.Decision{Retryable: true, RetryAfter: 2 * time.Hour}
+			return ratchet.Decision{RetryAfter: 2 * time.Hour}
 		}}))
 	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "shaky", Version: "1",
 		Handler: func(context.Context, welcomeIn, ratchet.JobContext) (welcomeOut, error) {

@@ -28,16 +28,19 @@ type JobContext struct {
 	Timeout time.Duration
 }
 
-// Decision is a classifier's verdict on a handler error. RetryAfter, when
-// positive, is a minimum wait before the next attempt and is treated as a
-// RetryableError's is: sent as whole milliseconds clamped to the API's range
-// of 1 second to 24 hours, so a provider's "retry in 2 days" waits 24 hours
-// and a sub-second hint waits 1 second. A hint is only valid with Retryable:
-// a positive RetryAfter with Retryable false is invalid and falls back to a
-// plain retryable failure.
+// Decision is a classifier's verdict on a handler error. Its zero value is
+// the default for an unknown error, retryable (seed: "Unknown errors default
+// to retryable"), so a classifier's fall-through `return Decision{}` never
+// exhausts a job by accident (QA: with a Retryable field it did).
+// RetryAfter, when positive, is a minimum wait before the next attempt and is
+// treated as a RetryableError's is: sent as whole milliseconds clamped to the
+// API's range of 1 second to 24 hours, so a provider's "retry in 2 days"
+// waits 24 hours and a sub-second hint waits 1 second. A hint is only valid
+// on a retryable decision: a positive RetryAfter with NonRetryable is invalid
+// and falls back to a plain retryable failure.
 type Decision struct {
-	Retryable  bool          // whether another attempt may run
-	RetryAfter time.Duration // optional minimum wait before it, clamped to 1 s–24 h
+	NonRetryable bool          // no further attempt may run: the job is EXHAUSTED at once
+	RetryAfter   time.Duration // optional minimum wait before the next attempt, clamped to 1 s–24 h
 }
 
 // Tool is a handler for one exact name@version. In is decoded from the job's
@@ -60,8 +63,9 @@ type Tool[In, Out any] struct {
 	// errors (third-party error types). It never sees successes, schema
 	// failures, cancellations or panics. A RetryAfter hint is clamped to
 	// 1 s–24 h as a RetryableError's is. If it panics or returns an invalid
-	// Decision (a hint without Retryable) the failure is retryable and the
-	// problem goes to OnError.
+	// Decision (a hint with NonRetryable) the failure is retryable and the
+	// problem goes to OnError. Decision{} leaves an error to the default,
+	// retryable.
 	ClassifyError func(err error, job JobContext) Decision
 }
 
@@ -167,8 +171,8 @@ type InvalidDecisionError struct {
 
 // Error implements error.
 func (e *InvalidDecisionError) Error() string {
-	return fmt.Sprintf("ratchet: classifier for %s@%s returned an invalid decision (retryable=%v, retryAfter=%s); treated as retryable",
-		e.Tool.Name, e.Tool.Version, e.Decision.Retryable, e.Decision.RetryAfter)
+	return fmt.Sprintf("ratchet: classifier for %s@%s returned an invalid decision (nonRetryable=%v, retryAfter=%s); treated as retryable",
+		e.Tool.Name, e.Tool.Version, e.Decision.NonRetryable, e.Decision.RetryAfter)
 }
 
 // unexplainedFailure is reported when a handler's error could not even be
@@ -236,7 +240,7 @@ func (rt *registeredTool) judge(err, cause error, job JobContext, onError func(e
 	if !ok {
 		return JobError{Message: msg, Retryable: true}
 	}
-	if !d.Retryable {
+	if d.NonRetryable {
 		return JobError{Message: msg, Retryable: false}
 	}
 	return JobError{Message: msg, Retryable: true, RetryAfterMs: clampRetryAfter(d.RetryAfter)}
@@ -248,7 +252,7 @@ func (rt *registeredTool) runClassifier(err error, job JobContext, onError func(
 	defer func() {
 		if v := recover(); v != nil {
 			onError(&PanicError{Where: "classifier " + rt.ref.Name + "@" + rt.ref.Version, Value: v, Stack: debug.Stack()})
-			d, ok = Decision{Retryable: true}, false
+			d, ok = Decision{}, false
 		}
 	}()
 	d = rt.classify(err, job)
@@ -256,9 +260,9 @@ func (rt *registeredTool) runClassifier(err error, job JobContext, onError func(
 	// retryAfterMs with retryable false, and guessing which half the
 	// classifier meant is worse than the default. An out-of-range hint is
 	// clamped by judge, as a RetryableError's is.
-	if d.RetryAfter > 0 && !d.Retryable {
+	if d.RetryAfter > 0 && d.NonRetryable {
 		onError(&InvalidDecisionError{Tool: rt.ref, Decision: d})
-		return Decision{Retryable: true}, false
+		return Decision{}, false
 	}
 	return d, true
 }

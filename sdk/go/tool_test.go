@@ -66,7 +66,7 @@ func (s *errSink) list() []error {
 func TestClassifierPrecedence(t *testing.T) {
 	t.Parallel()
 	ms := func(n int64) *int64 { return &n }
-	nonRetryableClassifier := func(error, JobContext) Decision { return Decision{Retryable: false} }
+	nonRetryableClassifier := func(error, JobContext) Decision { return Decision{NonRetryable: true} }
 	panicking := func(error, JobContext) Decision { panic("classifier bug") }
 	cases := []struct {
 		name     string
@@ -81,11 +81,11 @@ func TestClassifierPrecedence(t *testing.T) {
 		{name: "explicit retryable beats classifier", err: Retryable("busy", 2*time.Second), classify: nonRetryableClassifier,
 			want: JobError{Message: "busy", Retryable: true, RetryAfterMs: ms(2000)}},
 		{name: "wrapped explicit non-retryable beats classifier", err: fmt.Errorf("ctx: %w", NonRetryable("invalid recipient")),
-			classify: func(error, JobContext) Decision { return Decision{Retryable: true} },
+			classify: func(error, JobContext) Decision { return Decision{} },
 			want:     JobError{Message: "invalid recipient", Retryable: false}},
 		{name: "schema failure is non-retryable before the classifier",
 			err:      &schemaError{what: "input does not match the handler's input type", err: errors.New("json: bad")},
-			classify: func(error, JobContext) Decision { return Decision{Retryable: true} },
+			classify: func(error, JobContext) Decision { return Decision{} },
 			want:     JobError{Message: "input does not match the handler's input type", Retryable: false}, onError: true},
 		{name: "a schema failure names the field, never the value",
 			err: &schemaError{what: "input does not match the handler's input type",
@@ -97,39 +97,42 @@ func TestClassifierPrecedence(t *testing.T) {
 		{name: "classifier decides third-party errors", err: &providerError{400}, classify: func(err error, _ JobContext) Decision {
 			var pe *providerError
 			if errors.As(err, &pe) && pe.status == 400 {
-				return Decision{Retryable: false}
+				return Decision{NonRetryable: true}
 			}
-			return Decision{Retryable: true}
+			return Decision{}
 		}, want: JobError{Message: "provider status 400", Retryable: false}},
+		{name: "a classifier's zero Decision is the default, retryable", err: &providerError{503},
+			classify: func(error, JobContext) Decision { return Decision{} },
+			want:     JobError{Message: "provider status 503", Retryable: true}},
 		{name: "classifier retry hint", err: &providerError{429},
-			classify: func(error, JobContext) Decision { return Decision{Retryable: true, RetryAfter: 90 * time.Second} },
+			classify: func(error, JobContext) Decision { return Decision{RetryAfter: 90 * time.Second} },
 			want:     JobError{Message: "provider status 429", Retryable: true, RetryAfterMs: ms(90000)}},
 		{name: "classifier panic falls back to retryable", err: errors.New("x"), classify: panicking,
 			want: JobError{Message: "x", Retryable: true}, onError: true},
 		{name: "non-retryable with hint is invalid", err: errors.New("x"),
-			classify: func(error, JobContext) Decision { return Decision{Retryable: false, RetryAfter: time.Minute} },
+			classify: func(error, JobContext) Decision { return Decision{NonRetryable: true, RetryAfter: time.Minute} },
 			want:     JobError{Message: "x", Retryable: true}, onError: true},
 		// A classifier's hint is clamped into the API's range as a
 		// RetryableError's is, not refused: both say "wait at least this".
 		{name: "classifier hint beyond 24h is clamped to 24h", err: errors.New("x"),
-			classify: func(error, JobContext) Decision { return Decision{Retryable: true, RetryAfter: 25 * time.Hour} },
+			classify: func(error, JobContext) Decision { return Decision{RetryAfter: 25 * time.Hour} },
 			want:     JobError{Message: "x", Retryable: true, RetryAfterMs: ms(86_400_000)}},
 		{name: "classifier hint below 1s is clamped to 1s", err: errors.New("x"),
-			classify: func(error, JobContext) Decision { return Decision{Retryable: true, RetryAfter: time.Millisecond} },
+			classify: func(error, JobContext) Decision { return Decision{RetryAfter: time.Millisecond} },
 			want:     JobError{Message: "x", Retryable: true, RetryAfterMs: ms(1000)}},
 		{name: "classifier hint rounds up to whole milliseconds", err: errors.New("x"),
 			classify: func(error, JobContext) Decision {
-				return Decision{Retryable: true, RetryAfter: 1500*time.Millisecond + time.Microsecond}
+				return Decision{RetryAfter: 1500*time.Millisecond + time.Microsecond}
 			},
 			want: JobError{Message: "x", Retryable: true, RetryAfterMs: ms(1501)}},
 		{name: "negative classifier hint means none", err: errors.New("x"),
-			classify: func(error, JobContext) Decision { return Decision{Retryable: true, RetryAfter: -time.Second} },
+			classify: func(error, JobContext) Decision { return Decision{RetryAfter: -time.Second} },
 			want:     JobError{Message: "x", Retryable: true}},
 		{name: "non-retryable with a negative hint (none) is valid", err: errors.New("x"),
-			classify: func(error, JobContext) Decision { return Decision{Retryable: false, RetryAfter: -time.Second} },
+			classify: func(error, JobContext) Decision { return Decision{NonRetryable: true, RetryAfter: -time.Second} },
 			want:     JobError{Message: "x", Retryable: false}},
 		{name: "non-retryable with an out-of-range hint is still invalid", err: errors.New("x"),
-			classify: func(error, JobContext) Decision { return Decision{Retryable: false, RetryAfter: 48 * time.Hour} },
+			classify: func(error, JobContext) Decision { return Decision{NonRetryable: true, RetryAfter: 48 * time.Hour} },
 			want:     JobError{Message: "x", Retryable: true}, onError: true},
 		{name: "timeout is retryable without the classifier", err: context.DeadlineExceeded, cause: ErrTimeout, classify: panicking,
 			want: JobError{Message: "handler timed out after 1500ms", Retryable: true}},
@@ -241,7 +244,7 @@ func TestDecideSurvivesPanickingErrorCode(t *testing.T) {
 	}{
 		{name: "typed nil error", err: typedNil},
 		{name: "typed nil error with a classifier", err: typedNil,
-			classify: func(error, JobContext) Decision { return Decision{Retryable: false} }},
+			classify: func(error, JobContext) Decision { return Decision{NonRetryable: true} }},
 		{name: "As method panics", err: panickyAs{}},
 		{name: "OnError panics", err: &PanicError{Where: "handler", Value: "boom"},
 			onError: func(sink *errSink) func(error) {
