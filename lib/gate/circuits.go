@@ -236,13 +236,29 @@ func (s *Service) Release(ctx context.Context, p *auth.Principal) ([]Circuit, er
 	return s.ListCircuits(ctx, p.WorkspaceID, "", maxCircuitsAnswered)
 }
 
+// close closes effectType's breaker ('*' lifts the stop). A type's close
+// takes the type's surge turn first and only then reads the clock that the
+// fresh allowance is measured from: begins that count the surge hold the
+// turn for their whole transaction and are stamped as of when they got it
+// (gate_begin_in_turn), so every begin stamped after the allowance's start
+// is one that saw the breaker closed (race QA: read before waiting for the
+// breaker's row, behind a burst the breaker was refusing, the clock put
+// those refusals inside the new allowance, which they used up at once, and
+// the next begin tripped it again).
 func (s *Service) close(ctx context.Context, workspaceID, effectType string) error {
-	now := s.clock()
-	if _, err := s.pool.Exec(ctx, sqlCloseCircuit, workspaceID, effectType, now,
-		[]string{ids.NewAt(ids.Event, now)}); err != nil {
-		return fmt.Errorf("close circuit: %w", err)
-	}
-	return nil
+	return db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		if effectType != stopType {
+			if _, err := tx.Exec(ctx, sqlLockSurgeTurn, workspaceID, effectType); err != nil {
+				return fmt.Errorf("close circuit: lock surge turn: %w", err)
+			}
+		}
+		now := s.clock()
+		if _, err := tx.Exec(ctx, sqlCloseCircuit, workspaceID, effectType, now,
+			[]string{ids.NewAt(ids.Event, now)}); err != nil {
+			return fmt.Errorf("close circuit: %w", err)
+		}
+		return nil
+	})
 }
 
 // SweepCircuits closes up to limit surge breakers whose cooldown has passed

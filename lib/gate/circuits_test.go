@@ -246,6 +246,50 @@ func TestTurningSurgeOffWaitsForABeginsTrip(t *testing.T) {
 	require.Equal(t, "closed", b.circuit("sms.send")["state"])
 }
 
+// An operator's close waits for a begin in the type's surge turn and
+// measures the fresh allowance from when it got the turn: begins stamped
+// after the allowance's start are then only those that saw the breaker
+// closed (race QA: a close that read the clock before waiting behind a
+// burst the breaker refused counted those refusals in the new allowance,
+// which they used up at once). Not parallel: it waits for a lock wait.
+func TestACloseMeasuresItsAllowanceFromWhenItGotTheTurn(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 2, "surge_action": "deny"})
+	b.mustBegin("execute", sms(key("a")))
+	b.mustBegin("execute", sms(key("b")))
+	b.denialOf("circuit_open", sms(key("c")))
+
+	tx, err := b.env.App.Pool.Begin(ctx) // a begin in its surge turn, refused
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('surge:' || $1::text || ':sms.send', 0))`, b.ws.ID)
+	require.NoError(t, err)
+	closed := make(chan int, 1)
+	go func() {
+		closed <- b.env.Do("POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil).Status
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n))
+		return n > 0
+	}, 10*time.Second, 10*time.Millisecond, "the close waits for the surge turn")
+	b.clock.Add(time.Second)
+	gotTurn := b.clock.Now()
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, http.StatusOK, <-closed)
+
+	var from time.Time
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT allowance_from FROM gate_circuits
+		WHERE workspace_id = $1 AND effect_type = 'sms.send'`, b.ws.ID).Scan(&from))
+	require.True(t, from.Equal(gotTurn), "allowance from %v, the turn came at %v", from, gotTurn)
+	b.clock.Add(time.Second) // (the allowance counts arrivals after its start)
+	b.mustBegin("execute", sms(key("d")))
+	b.mustBegin("execute", sms(key("e")))
+	b.denialOf("circuit_open", sms(key("f")))
+}
+
 func TestManualBreakerHasNoCooldownAndCloseDoesNotDisarm(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
