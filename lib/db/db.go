@@ -172,6 +172,13 @@ func CollectIDs(rows pgx.Rows, err error) ([]string, error) {
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
+// Snapshot runs fn in a read-only REPEATABLE READ transaction, so that a
+// read made of several statements (a run, then its steps and their
+// attempts) sees one moment and not a transition halfway.
+func Snapshot(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, fn)
+}
+
 // Tx runs fn in a transaction, committing when fn returns nil. When ctx
 // carries a request's transaction (BeginRequest), fn runs in a savepoint of
 // it instead, and what it writes commits with the request's own work. It is

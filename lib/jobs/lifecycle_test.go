@@ -367,10 +367,11 @@ func TestLapsedOnLastAttemptIsExhaustedAtRunRead(t *testing.T) {
 	b.claimOne(t, w)
 	b.clock.Add(20 * time.Second)
 	// Another test's sweep (the sweeper is global, and other tests' clocks
-	// run ahead) may hold the lapsed job's row at the instant of the read,
-	// which then skips it and shows it still RUNNING; the next read ends it.
-	require.Eventually(t, func() bool { return b.getRun(t, runID).Steps[0].Status == "EXHAUSTED" },
-		5*time.Second, 10*time.Millisecond)
+	// run ahead) may hold the lapsed job's row at the instant of the read:
+	// the read waits for it and reads again.
+	r := b.getRun(t, runID)
+	require.Equal(t, "EXHAUSTED", r.Steps[0].Status)
+	require.Equal(t, "FAILED", r.Status)
 
 	other := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`2`), MaxAttempts: ptr[int64](1),
 		TimeoutMs: ptr[int64](1_000)})
@@ -378,6 +379,49 @@ func TestLapsedOnLastAttemptIsExhaustedAtRunRead(t *testing.T) {
 	b.clock.Add(20 * time.Second)
 	require.Eventually(t, func() bool { return b.step(t, other.StepID).Status == "EXHAUSTED" },
 		5*time.Second, 10*time.Millisecond, "at step read too")
+}
+
+// Reads racing as a last attempt's lease lapses each answer the run and its
+// steps as of one moment, and after the lapse: a read whose settling skipped
+// the job another read was ending waits for it (race QA: such reads
+// answered the run RUNNING beside its EXHAUSTED step, or both RUNNING).
+// Not parallel: it counts on no other test's sweep touching its run.
+func TestConcurrentRunReadsAtALapseAgree(t *testing.T) {
+	b := setup(t)
+	runID := b.run(t)
+	for i := range 3 {
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(strconv.Itoa(i)),
+			MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
+	}
+	w := b.register(t)
+	require.Len(t, b.claim(t, w, 3), 3)
+	b.clock.Add(20 * time.Second)
+	const readers = 20
+	type answer struct {
+		run   string
+		steps []string
+		err   error
+	}
+	answers := make(chan answer, readers)
+	start := make(chan struct{})
+	for range readers {
+		go func() {
+			<-start
+			r, err := b.svc.GetRun(ctx, b.ws, runID)
+			a := answer{run: r.Status, err: err}
+			for _, st := range r.Steps {
+				a.steps = append(a.steps, st.Status)
+			}
+			answers <- a
+		}()
+	}
+	close(start)
+	for range readers {
+		a := <-answers
+		require.NoError(t, a.err)
+		require.Equal(t, "FAILED", a.run)
+		require.Equal(t, []string{"EXHAUSTED", "EXHAUSTED", "EXHAUSTED"}, a.steps)
+	}
 }
 
 // A claim that comes before any sweep or read must not take a job whose

@@ -295,21 +295,70 @@ func (s *Service) CreateRun(ctx context.Context, workspaceID string, req CreateR
 // MB). Beyond it the read says stepsTruncated, and ListSteps pages the rest.
 const runStepsMax = 1000
 
-// GetRun reads a run with its first runStepsMax steps (in id order).
-// Leases that lapsed on their last attempt are settled first, so the read
-// never shows a dead job as RUNNING.
+// GetRun reads a run with its first runStepsMax steps (in id order), the
+// run and its steps from one snapshot. Leases that lapsed on their last
+// attempt are settled first, so the read never shows a dead job as RUNNING;
+// when another read or the sweeper is settling them (its lock made ours skip
+// them) the read waits for it and reads again (race QA: concurrent reads as
+// a last attempt lapsed answered the run RUNNING beside its EXHAUSTED step).
 func (s *Service) GetRun(ctx context.Context, workspaceID, runID string) (Run, error) {
-	r, err := s.readRunSettled(ctx, workspaceID, runID)
+	r, err := s.readRunAndSteps(ctx, workspaceID, runID)
+	for settles := 0; err == nil && r.Status == RunRunning && settles < 2; settles++ {
+		now := s.now()
+		var lapsed []string
+		for _, st := range r.Steps {
+			if st.DurableJob.lapsedOnLastAttempt(now) {
+				lapsed = append(lapsed, st.DurableJob.ID)
+			}
+		}
+		if len(lapsed) == 0 && !r.StepsTruncated {
+			break
+		}
+		n, serr := s.exhaustLapsed(ctx, &runID, 1000)
+		if serr != nil {
+			return Run{}, serr
+		}
+		if n == 0 {
+			if len(lapsed) == 0 {
+				break
+			}
+			if _, err := s.pool.Exec(ctx, sqlAwaitJobLocks, lapsed); err != nil {
+				return Run{}, fmt.Errorf("get run: await settling: %w", err)
+			}
+		}
+		r, err = s.readRunAndSteps(ctx, workspaceID, runID)
+	}
+	return r, err
+}
+
+// readRunAndSteps reads a run and its first runStepsMax steps with their
+// attempts, all from one snapshot.
+func (s *Service) readRunAndSteps(ctx context.Context, workspaceID, runID string) (Run, error) {
+	var r Run
+	err := db.Snapshot(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		if r, err = s.readRun(ctx, tx, workspaceID, runID); err != nil {
+			return err
+		}
+		if r.Steps, err = s.stepsPage(ctx, tx, runID, "", "", runStepsMax+1); err != nil {
+			return err
+		}
+		if len(r.Steps) > runStepsMax {
+			r.Steps, r.StepsTruncated = r.Steps[:runStepsMax], true
+		}
+		return nil
+	})
 	if err != nil {
 		return Run{}, err
 	}
-	if r.Steps, err = s.stepsPage(ctx, runID, "", "", runStepsMax+1); err != nil {
-		return Run{}, err
-	}
-	if len(r.Steps) > runStepsMax {
-		r.Steps, r.StepsTruncated = r.Steps[:runStepsMax], true
-	}
 	return r, nil
+}
+
+// lapsedOnLastAttempt says whether j's lease lapsed by now on its last
+// attempt: a read ends it (exhaustLapsed).
+func (j *DurableJob) lapsedOnLastAttempt(now time.Time) bool {
+	return j.Status == StatusRunning && j.Attempt >= j.MaxAttempts && j.LeaseExpiresAt != nil &&
+		!j.LeaseExpiresAt.After(now)
 }
 
 // ListRuns pages the workspace's runs newest first, optionally only those
@@ -350,13 +399,13 @@ func (s *Service) ListSteps(ctx context.Context, workspaceID, runID, status, cur
 	if _, err := s.readRunSettled(ctx, workspaceID, runID); err != nil {
 		return nil, err
 	}
-	return s.stepsPage(ctx, runID, status, cursor, limit)
+	return s.stepsPage(ctx, s.pool, runID, status, cursor, limit)
 }
 
 // stepsPage reads up to limit of a run's steps after cursor in id order,
 // optionally only those in one status, each with its attempts.
-func (s *Service) stepsPage(ctx context.Context, runID, status, cursor string, limit int) ([]Step, error) {
-	rows, err := s.pool.Query(ctx, sqlRunStepsPage, runID, cursor, status, limit)
+func (s *Service) stepsPage(ctx context.Context, q db.Querier, runID, status, cursor string, limit int) ([]Step, error) {
+	rows, err := q.Query(ctx, sqlRunStepsPage, runID, cursor, status, limit)
 	if err != nil {
 		return nil, fmt.Errorf("run steps: %w", err)
 	}
@@ -367,7 +416,7 @@ func (s *Service) stepsPage(ctx context.Context, runID, status, cursor string, l
 	if steps == nil {
 		return []Step{}, nil
 	}
-	if err := s.attachAttempts(ctx, steps); err != nil {
+	if err := s.attachAttempts(ctx, q, steps); err != nil {
 		return nil, err
 	}
 	return steps, nil
@@ -375,7 +424,7 @@ func (s *Service) stepsPage(ctx context.Context, runID, status, cursor string, l
 
 // attachAttempts reads the executions of steps' jobs, in attempt order, into
 // their durable jobs.
-func (s *Service) attachAttempts(ctx context.Context, steps []Step) error {
+func (s *Service) attachAttempts(ctx context.Context, q db.Querier, steps []Step) error {
 	jobIDs := make([]string, len(steps))
 	byJob := make(map[string]*DurableJob, len(steps))
 	for i := range steps {
@@ -383,7 +432,7 @@ func (s *Service) attachAttempts(ctx context.Context, steps []Step) error {
 		j.Attempts = []Attempt{}
 		jobIDs[i], byJob[j.ID] = j.ID, j
 	}
-	rows, err := s.pool.Query(ctx, sqlJobsAttempts, jobIDs)
+	rows, err := q.Query(ctx, sqlJobsAttempts, jobIDs)
 	if err != nil {
 		return fmt.Errorf("attempts: %w", err)
 	}
@@ -419,7 +468,7 @@ func (s *Service) attachAttempts(ctx context.Context, steps []Step) error {
 // readRunSettled reads a run after ending its jobs whose lease lapsed on
 // their last attempt (a transition a read can decide, API.md §5).
 func (s *Service) readRunSettled(ctx context.Context, workspaceID, runID string) (Run, error) {
-	r, err := s.readRun(ctx, workspaceID, runID)
+	r, err := s.readRun(ctx, s.pool, workspaceID, runID)
 	if err != nil || r.Status != RunRunning {
 		return r, err
 	}
@@ -427,7 +476,7 @@ func (s *Service) readRunSettled(ctx context.Context, workspaceID, runID string)
 	if err != nil || n == 0 {
 		return r, err
 	}
-	return s.readRun(ctx, workspaceID, runID)
+	return s.readRun(ctx, s.pool, workspaceID, runID)
 }
 
 // scanRun reads a row of runColumns.
@@ -438,8 +487,8 @@ func scanRun(row pgx.Row) (RunSummary, error) {
 	return r, err
 }
 
-func (s *Service) readRun(ctx context.Context, workspaceID, runID string) (Run, error) {
-	sum, err := scanRun(s.pool.QueryRow(ctx, sqlGetRun, runID, workspaceID))
+func (s *Service) readRun(ctx context.Context, q db.Querier, workspaceID, runID string) (Run, error) {
+	sum, err := scanRun(q.QueryRow(ctx, sqlGetRun, runID, workspaceID))
 	r := Run{RunSummary: sum}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Run{}, apierr.NotFound("run")
@@ -752,8 +801,7 @@ func (s *Service) GetStep(ctx context.Context, workspaceID, stepID string) (Step
 	if err != nil {
 		return Step{}, err
 	}
-	if j := st.DurableJob; j.Status == StatusRunning && j.Attempt >= j.MaxAttempts && j.LeaseExpiresAt != nil &&
-		!j.LeaseExpiresAt.After(s.now()) {
+	if st.DurableJob.lapsedOnLastAttempt(s.now()) {
 		// A lease that lapsed on the last attempt ends the job at read.
 		if _, err := s.exhaustLapsed(ctx, &st.RunID, 1000); err != nil {
 			return Step{}, err
@@ -763,7 +811,7 @@ func (s *Service) GetStep(ctx context.Context, workspaceID, stepID string) (Step
 		}
 	}
 	steps := []Step{st}
-	if err := s.attachAttempts(ctx, steps); err != nil {
+	if err := s.attachAttempts(ctx, s.pool, steps); err != nil {
 		return Step{}, err
 	}
 	return steps[0], nil

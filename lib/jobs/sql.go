@@ -377,6 +377,11 @@ WITH lapsed AS (
 ` + failLapsed("$1", "$4") + `
 SELECT step_id, run_id, workspace_id, id, status, attempt FROM upd`
 
+// sqlAwaitJobLocks waits for whoever holds the jobs $1 locked (a read or
+// the sweeper ending their lapsed last attempts) to commit. It holds no
+// other lock, so it cannot deadlock; its share locks end with the statement.
+const sqlAwaitJobLocks = `SELECT id FROM jobs WHERE id = ANY($1::text[]) FOR SHARE`
+
 // sqlLapsedGates takes the gate protocol's shared lock on the endpoints of
 // the jobs sqlExhaustLapsed is about to end (a separate, earlier statement,
 // so that the ending statement reads max_concurrent after the lock).
