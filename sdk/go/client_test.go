@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -449,6 +450,28 @@ func TestClientTimeoutIsALostAnswer(t *testing.T) {
 	_, err = c.StartRun(context.Background(), "x")
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) || !mayHaveApplied(err) || calls.Load() != 1 {
 		t.Fatalf("start run: err %v (may have applied %v) calls %d", err, mayHaveApplied(err), calls.Load())
+	}
+}
+
+func TestMayHaveApplied(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{&Error{StatusCode: 400, Code: CodeInvalidRequest}, false},
+		{&Error{StatusCode: 409, Code: CodeInvalidState}, false},
+		{&Error{StatusCode: 503, Code: CodeDatabaseUnavailable, Detail: map[string]any{"outcome": "not_applied"}}, false},
+		{&Error{StatusCode: 503, Code: CodeDatabaseUnavailable, Detail: map[string]any{"outcome": "unknown"}}, true},
+		{&Error{StatusCode: 500, Code: CodeInternal}, true},
+		{&netError{err: errors.New("connection reset")}, true},
+		{context.Canceled, true},
+		{fmt.Errorf("start run: %w", &unconfirmed{err: &Error{StatusCode: 409, Code: CodeInvalidState}}), true},
+	} {
+		if got := MayHaveApplied(c.err); got != c.want {
+			t.Errorf("MayHaveApplied(%v) = %v, want %v", c.err, got, c.want)
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package ratchet
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -159,6 +160,22 @@ func ErrorCode(err error) string {
 
 // IsCode reports whether err carries the API error code code.
 func IsCode(err error, code string) bool { return err != nil && ErrorCode(err) == code }
+
+// MayHaveApplied reports whether a call that failed with err may still have
+// been applied by the server: its answer was lost (a network failure, the
+// HTTP client's timeout, the caller's context ending while it was on its
+// way), or the server failed after it may have acted (a 5xx, but a
+// database_unavailable whose detail.outcome is "not_applied"), including
+// when a later repeat of the call was refused. Before doing again what such
+// a call asked (a run started without an idempotency key, say), look first
+// or repeat it under the same key. nil, or a refusal the server answered
+// before acting (a 4xx), is false.
+func MayHaveApplied(err error) bool {
+	if err == nil {
+		return false
+	}
+	return errors.Is(err, context.Canceled) || mayHaveApplied(err)
+}
 
 // RetryableError is returned by a tool handler to ask for another attempt.
 // RetryAfter, when positive, is a minimum wait before that attempt; the
