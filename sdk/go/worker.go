@@ -24,6 +24,10 @@ const (
 	maxHeartbeat = time.Minute
 )
 
+// claimWaitMargin is the part of the HTTP client's timeout a long-polling
+// claim leaves for its round trip.
+const claimWaitMargin = 5 * time.Second
+
 // reportTimeout bounds one delivery of a report or batch of reports (with
 // the client's own retries), and paces the OnError notices of a report that
 // keeps failing (it is retried until the server answers it); stopGrace is
@@ -56,7 +60,8 @@ type StartOptions struct {
 	// without it; but each idle
 	// claim is then a request held open for WaitSeconds (billed time on
 	// serverless hosting), and Stop waits for a claim in flight (until its
-	// deadline). Values above 20 are clamped.
+	// deadline). Values above 20 are clamped, and so are values that would
+	// not leave 5 s of the Config.HTTPClient's Timeout for the answer.
 	WaitSeconds int
 	// OnError receives problems that stay in the process: failed claims,
 	// heartbeats and reports, handler and classifier panics, invalid
@@ -196,6 +201,13 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 	notices := newNotices(opts.OnError)
 	opts.OnError = notices.notify
 	opts.WaitSeconds = min(max(opts.WaitSeconds, 0), 20)
+	if t := w.c.hc.Timeout; t > 0 && opts.WaitSeconds > 0 {
+		// A claim held WaitSeconds must be answered within the HTTP
+		// client's timeout, with room for the round trip: otherwise every
+		// idle claim ends in the timeout (QA: each went to OnError, and
+		// the worker slept a whole interval after it).
+		opts.WaitSeconds = min(opts.WaitSeconds, max(int((t-claimWaitMargin)/time.Second), 0))
+	}
 	id, err := w.c.RegisterWorker(pollCtx, refs)
 
 	w.mu.Lock()

@@ -1556,3 +1556,31 @@ func TestStopFromOnErrorReturns(t *testing.T) {
 		})
 	}
 }
+
+// A long-polling claim leaves 5 s of the HTTP client's timeout for its
+// answer (QA: with a client timeout under WaitSeconds every idle claim
+// timed out and went to OnError).
+func TestClaimWaitFitsTheHTTPClientTimeout(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		timeout time.Duration
+		want    int
+	}{{0, 20}, {60 * time.Second, 20}, {8 * time.Second, 3}, {3 * time.Second, 0}} {
+		f := newFakeJobs()
+		cl, _ := testClient(t, f)
+		cl.hc.Timeout = c.timeout
+		w := NewWorker(cl)
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "welcome", Version: "1",
+			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+		must(t, w.Start(context.Background(), StartOptions{WaitSeconds: 20, PollInterval: time.Hour}))
+		w.mu.Lock()
+		got := w.opts.WaitSeconds
+		w.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		must(t, w.Stop(ctx))
+		cancel()
+		if got != c.want {
+			t.Errorf("client timeout %v: WaitSeconds %d, want %d", c.timeout, got, c.want)
+		}
+	}
+}
