@@ -28,6 +28,13 @@ var redactions = []struct {
 	{regexp.MustCompile(`://[^/\s:@]+:[^/\s@]+@`), "://[redacted]@"},
 	{regexp.MustCompile(`\?[^\s"']+`), "?[redacted]"},
 	{regexp.MustCompile(`[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(\.[A-Za-z0-9\-]+)+`), "[email]"},
+	// Credentials known by their form, however short: Stripe-style keys
+	// (sk_live_…, rk_test_…, whsec_…), GitHub, Slack, AWS access key ids,
+	// Google API keys, and JWTs (base64url segments joined by dots, the
+	// first starting with a JSON object's "eyJ").
+	{regexp.MustCompile(`\b(?:(?:sk|rk|pk)_(?:live|test)_|whsec_|gh[pousr]_|xox[abposr]-)[A-Za-z0-9_\-]+`), "[redacted]"},
+	{regexp.MustCompile(`\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|\bAIza[0-9A-Za-z_\-]{20,}`), "[redacted]"},
+	{regexp.MustCompile(`\beyJ[A-Za-z0-9_\-]*\.[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]*)?`), "[redacted]"},
 	{regexp.MustCompile(`[A-Za-z0-9_\-+/=]{32,}`), "[redacted]"},
 	{regexp.MustCompile(`\(?\d[\d \-().]{7,}\d`), "[number]"},
 }

@@ -200,6 +200,11 @@ func TestRedactMessage(t *testing.T) {
 		"got ApiKey k-456 from env":               "k-456",
 		`body {\"password\":\"hunter2\",\"x\":1}`: "hunter2",
 		"call (555) 123-4567 now":                 "123-4567",
+		// Known forms, however short (QA: these passed).
+		"stripe said sk_live_51H8abcDEF123 is invalid":          "51H8abcDEF123",
+		"jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.abc rejected": "eyJzdWIiOiIxIn0",
+		"webhook whsec_abc123 mismatch":                         "abc123",
+		"aws AKIAABCDEFGHIJKLMNOP denied":                       "ABCDEFGHIJKLMNOP",
 	} {
 		if got := RedactMessage(in); strings.Contains(got, secret) {
 			t.Errorf("%q → %q", in, got)
