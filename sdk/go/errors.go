@@ -230,6 +230,10 @@ var (
 	// ErrWorkerStopped: the worker stopped before the handler finished. The
 	// attempt is reported as a retryable failure.
 	ErrWorkerStopped = errors.New("ratchet: worker stopped")
+	// ErrReportsNotRecorded: Stop's error when reports of the worker's life
+	// were not recorded (each went to OnError): their jobs run again once
+	// their leases lapse.
+	ErrReportsNotRecorded = errors.New("ratchet: reports not recorded")
 )
 
 // PanicError is passed to a worker's OnError when a handler or classifier

@@ -329,7 +329,8 @@ func (w *Worker) stop(ctx context.Context) error {
 			return stopDeadlineError(stopState{sent: sent, lost: lost, abandoned: abandoned}, ctx.Err())
 		}
 		if lost > 0 {
-			return fmt.Errorf("ratchet: %d report(s) were not recorded (see OnError); their jobs run again once their leases lapse", lost)
+			return fmt.Errorf("ratchet: %d report(s) were not recorded (see OnError); their jobs run again once their leases lapse: %w",
+				lost, ErrReportsNotRecorded)
 		}
 		w.mu.Lock()
 		cut := w.cutByStart
@@ -454,6 +455,9 @@ func stopDeadlineError(st stopState, err error) error {
 	}
 	if st.abandoned {
 		b.WriteString("; a claim in flight was abandoned (the jobs it claimed run again once their leases lapse)")
+	}
+	if st.lost > 0 || !st.sent {
+		return fmt.Errorf("%s: %w (%w)", b.String(), err, ErrReportsNotRecorded)
 	}
 	return fmt.Errorf("%s: %w", b.String(), err)
 }

@@ -1190,7 +1190,8 @@ func TestStopKeepsItsDeadlineWhenNoReportIsTaken(t *testing.T) {
 	if took := time.Since(began); took > 3*time.Second {
 		t.Fatalf("Stop took %v past a 300 ms deadline and 200 ms graces", took)
 	}
-	if err == nil || strings.Contains(err.Error(), "ignored cancellation") || !strings.Contains(err.Error(), "OnError") {
+	if err == nil || strings.Contains(err.Error(), "ignored cancellation") || !strings.Contains(err.Error(), "OnError") ||
+		!errors.Is(err, ErrReportsNotRecorded) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Stop: %v", err)
 	}
 }
@@ -1547,7 +1548,8 @@ func TestStopFromOnErrorReturns(t *testing.T) {
 				if refused == "claim" && err != nil {
 					t.Fatalf("Stop = %v", err)
 				}
-				if refused == "report" && (err == nil || !strings.Contains(err.Error(), "1 report(s) were not recorded")) {
+				if refused == "report" && (!errors.Is(err, ErrReportsNotRecorded) ||
+					!strings.Contains(err.Error(), "1 report(s) were not recorded")) {
 					t.Fatalf("Stop = %v", err)
 				}
 			case <-time.After(10 * time.Second):
