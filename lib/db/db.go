@@ -146,6 +146,7 @@ const (
 	CodeForeignKeyViolation  = "23503"
 	CodeCheckViolation       = "23514"
 	CodeQueryCanceled        = "57014"
+	CodeLockNotAvailable     = "55P03" // lock_timeout passed, or NOWAIT
 )
 
 // HasCode reports whether err is a Postgres error with the given SQLSTATE.

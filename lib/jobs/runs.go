@@ -297,38 +297,72 @@ const runStepsMax = 1000
 
 // GetRun reads a run with its first runStepsMax steps (in id order), the
 // run and its steps from one snapshot. Leases that lapsed on their last
-// attempt are settled first, so the read never shows a dead job as RUNNING;
-// when another read or the sweeper is settling them (its lock made ours skip
-// them) the read waits for it and reads again (race QA: concurrent reads as
-// a last attempt lapsed answered the run RUNNING beside its EXHAUSTED step).
+// attempt are settled first (settleLapsed), so the read does not show a dead
+// job as RUNNING, nor the run RUNNING beside its EXHAUSTED step (race QA:
+// concurrent reads at a lapse answered both).
 func (s *Service) GetRun(ctx context.Context, workspaceID, runID string) (Run, error) {
 	r, err := s.readRunAndSteps(ctx, workspaceID, runID)
-	for settles := 0; err == nil && r.Status == RunRunning && settles < 2; settles++ {
-		now := s.now()
-		var lapsed []string
-		for _, st := range r.Steps {
-			if st.DurableJob.lapsedOnLastAttempt(now) {
-				lapsed = append(lapsed, st.DurableJob.ID)
-			}
-		}
+	for round := 0; err == nil && r.Status == RunRunning && round < settleRounds; round++ {
+		lapsed := lapsedJobs(r.Steps, s.now())
 		if len(lapsed) == 0 && !r.StepsTruncated {
 			break
 		}
-		n, serr := s.exhaustLapsed(ctx, &runID, 1000)
+		again, serr := s.settleLapsed(ctx, runID, lapsed)
 		if serr != nil {
 			return Run{}, serr
 		}
-		if n == 0 {
-			if len(lapsed) == 0 {
-				break
-			}
-			if _, err := s.pool.Exec(ctx, sqlAwaitJobLocks, lapsed); err != nil {
-				return Run{}, fmt.Errorf("get run: await settling: %w", err)
-			}
+		if !again {
+			break
 		}
 		r, err = s.readRunAndSteps(ctx, workspaceID, runID)
 	}
 	return r, err
+}
+
+// settleRounds bounds how many times a read settles lapsed last attempts
+// and reads again.
+const settleRounds = 2
+
+// lapseWait bounds how long a read waits for another transaction holding a
+// lapsed job (settling it, or reporting it) before it answers what it read.
+const lapseWait = 2 * time.Second
+
+// settleLapsed ends run runID's jobs whose lease lapsed on their last
+// attempt, lapsed being those of them the read saw. When it ended none of
+// those, another read, the sweeper or a report holds them (its lock made
+// ours skip them, SKIP LOCKED), and it waits for that transaction to end,
+// for at most lapseWait. It reports whether reading again may show more.
+func (s *Service) settleLapsed(ctx context.Context, runID string, lapsed []string) (bool, error) {
+	n, err := s.exhaustLapsed(ctx, &runID, 1000)
+	if err != nil || n > 0 || len(lapsed) == 0 {
+		return n > 0, err
+	}
+	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlLapseWaitTimeout, fmt.Sprintf("%dms", lapseWait.Milliseconds())); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, sqlAwaitJobLocks, lapsed)
+		return err
+	})
+	if db.HasCode(err, db.CodeLockNotAvailable) {
+		return false, nil // still held: answer what was read
+	}
+	if err != nil {
+		return false, fmt.Errorf("await settling: %w", err)
+	}
+	return true, nil
+}
+
+// lapsedJobs lists the jobs of steps whose lease lapsed by now on their
+// last attempt.
+func lapsedJobs(steps []Step, now time.Time) []string {
+	var ids []string
+	for i := range steps {
+		if j := &steps[i].DurableJob; j.lapsedOnLastAttempt(now) {
+			ids = append(ids, j.ID)
+		}
+	}
+	return ids
 }
 
 // readRunAndSteps reads a run and its first runStepsMax steps with their
@@ -399,7 +433,22 @@ func (s *Service) ListSteps(ctx context.Context, workspaceID, runID, status, cur
 	if _, err := s.readRunSettled(ctx, workspaceID, runID); err != nil {
 		return nil, err
 	}
-	return s.stepsPage(ctx, s.pool, runID, status, cursor, limit)
+	steps, err := s.stepsPage(ctx, s.pool, runID, status, cursor, limit)
+	for round := 0; err == nil && round < settleRounds; round++ {
+		lapsed := lapsedJobs(steps, s.now())
+		if len(lapsed) == 0 {
+			break
+		}
+		again, serr := s.settleLapsed(ctx, runID, lapsed)
+		if serr != nil {
+			return nil, serr
+		}
+		if !again {
+			break
+		}
+		steps, err = s.stepsPage(ctx, s.pool, runID, status, cursor, limit)
+	}
+	return steps, err
 }
 
 // stepsPage reads up to limit of a run's steps after cursor in id order,
@@ -792,29 +841,46 @@ func ended(status string) bool {
 	return false
 }
 
-// GetStep reads one step.
+// GetStep reads one step with its attempts, from one snapshot. A lease that
+// lapsed on the last attempt ends the job at read (settleLapsed).
 func (s *Service) GetStep(ctx context.Context, workspaceID, stepID string) (Step, error) {
-	st, err := scanStep(s.pool.QueryRow(ctx, sqlStepByID, stepID, workspaceID))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Step{}, apierr.NotFound("step")
+	st, err := s.readStep(ctx, workspaceID, stepID)
+	for round := 0; err == nil && round < settleRounds && st.DurableJob.lapsedOnLastAttempt(s.now()); round++ {
+		again, serr := s.settleLapsed(ctx, st.RunID, []string{st.DurableJob.ID})
+		if serr != nil {
+			return Step{}, serr
+		}
+		if !again {
+			break
+		}
+		st, err = s.readStep(ctx, workspaceID, stepID)
 	}
+	return st, err
+}
+
+// readStep reads a step and its attempts from one snapshot.
+func (s *Service) readStep(ctx context.Context, workspaceID, stepID string) (Step, error) {
+	var st Step
+	err := db.Snapshot(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		st, err = scanStep(tx.QueryRow(ctx, sqlStepByID, stepID, workspaceID))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return apierr.NotFound("step")
+		}
+		if err != nil {
+			return err
+		}
+		steps := []Step{st}
+		if err := s.attachAttempts(ctx, tx, steps); err != nil {
+			return err
+		}
+		st = steps[0]
+		return nil
+	})
 	if err != nil {
 		return Step{}, err
 	}
-	if st.DurableJob.lapsedOnLastAttempt(s.now()) {
-		// A lease that lapsed on the last attempt ends the job at read.
-		if _, err := s.exhaustLapsed(ctx, &st.RunID, 1000); err != nil {
-			return Step{}, err
-		}
-		if st, err = scanStep(s.pool.QueryRow(ctx, sqlStepByID, stepID, workspaceID)); err != nil {
-			return Step{}, err
-		}
-	}
-	steps := []Step{st}
-	if err := s.attachAttempts(ctx, s.pool, steps); err != nil {
-		return Step{}, err
-	}
-	return steps[0], nil
+	return st, nil
 }
 
 // CancelStep cancels a step that has not ended. A RUNNING job is cancelled at

@@ -378,9 +378,13 @@ WITH lapsed AS (
 SELECT step_id, run_id, workspace_id, id, status, attempt FROM upd`
 
 // sqlAwaitJobLocks waits for whoever holds the jobs $1 locked (a read or
-// the sweeper ending their lapsed last attempts) to commit. It holds no
-// other lock, so it cannot deadlock; its share locks end with the statement.
-const sqlAwaitJobLocks = `SELECT id FROM jobs WHERE id = ANY($1::text[]) FOR SHARE`
+// the sweeper ending their lapsed last attempts, a report) to end, within
+// sqlLapseWaitTimeout's bound, in its own transaction. It locks in id order,
+// as a batch report does (jobs_report_lock), so the two cannot deadlock.
+const sqlAwaitJobLocks = `SELECT id FROM jobs WHERE id = ANY($1::text[]) ORDER BY id FOR SHARE`
+
+// sqlLapseWaitTimeout bounds sqlAwaitJobLocks' wait ($1, as '2000ms').
+const sqlLapseWaitTimeout = `SELECT set_config('lock_timeout', $1::text, true)`
 
 // sqlLapsedGates takes the gate protocol's shared lock on the endpoints of
 // the jobs sqlExhaustLapsed is about to end (a separate, earlier statement,
