@@ -1,28 +1,38 @@
 package ratchet
 
 import (
+	"fmt"
 	"sync"
 	"time"
 )
 
-// noticeFlush bounds how long Stop waits for OnError calls still running
-// when it is done: long enough for a logger, short enough that a Stop called
-// from OnError itself (which waits for its own call) returns promptly.
+// noticeFlush bounds how long Stop waits for OnError notices still queued
+// or being delivered when it is done: long enough for a logger, short enough
+// that a Stop called from OnError itself (which waits for its own call)
+// returns promptly.
 const noticeFlush = time.Second
 
-// notices delivers a worker's OnError calls, each on a goroutine of its own,
-// so that neither the poll loop, nor a heartbeat, nor the reporter waits for
-// the caller's callback (QA: a Stop called from OnError waited for the poll
+// maxQueuedNotices bounds the notices waiting for a slow OnError; beyond it
+// they are dropped and counted, and the count is delivered once the queue
+// has drained.
+const maxQueuedNotices = 256
+
+// notices delivers a worker's OnError calls in order on a goroutine of its
+// own, started when a notice arrives and ended when none is left, so that
+// neither the poll loop, nor a heartbeat, nor the reporter waits for the
+// caller's callback (QA: a Stop called from OnError waited for the poll
 // loop, which was waiting for that OnError call to return, and never
 // returned; a slow logger held up every report). A panic in OnError is
-// recovered and dropped: it must not take the worker down with every
-// unsent report, and there is nowhere left to report it.
+// recovered and dropped: it must not take the worker down with every unsent
+// report, and there is nowhere left to report it.
 type notices struct {
 	onError func(error)
 
-	mu      sync.Mutex
-	pending int           // calls not yet returned
-	idle    chan struct{} // closed when pending drops to zero; nil while it is zero
+	mu         sync.Mutex
+	queue      []error
+	dropped    int           // notices refused since the last delivered count
+	delivering bool          // the delivery goroutine runs
+	idle       chan struct{} // closed when delivery ends with nothing left; nil while idle
 }
 
 func newNotices(onError func(error)) *notices {
@@ -32,32 +42,53 @@ func newNotices(onError func(error)) *notices {
 	return &notices{onError: onError}
 }
 
-// notify calls OnError with err on a goroutine of its own.
+// notify queues err for OnError, or counts it when the queue is full.
 func (n *notices) notify(err error) {
 	n.mu.Lock()
-	n.pending++
-	if n.idle == nil {
-		n.idle = make(chan struct{})
-	}
-	n.mu.Unlock()
-	go func() {
-		defer n.done()
-		defer func() { _ = recover() }()
-		n.onError(err)
-	}()
-}
-
-func (n *notices) done() {
-	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.pending--
-	if n.pending == 0 {
-		close(n.idle)
-		n.idle = nil
+	if len(n.queue) >= maxQueuedNotices {
+		n.dropped++
+		return
+	}
+	n.queue = append(n.queue, err)
+	if !n.delivering {
+		n.delivering, n.idle = true, make(chan struct{})
+		go n.deliver()
 	}
 }
 
-// flush waits for the OnError calls in progress to return, for at most
+// deliver calls OnError for each queued notice, then for the count of those
+// dropped, until none is left.
+func (n *notices) deliver() {
+	for {
+		n.mu.Lock()
+		var next error
+		switch {
+		case len(n.queue) > 0:
+			next, n.queue[0] = n.queue[0], nil
+			n.queue = n.queue[1:]
+		case n.dropped > 0:
+			next = fmt.Errorf("ratchet: %d OnError notice(s) dropped: %d were waiting for OnError to return",
+				n.dropped, maxQueuedNotices)
+			n.dropped = 0
+		default:
+			n.delivering = false
+			close(n.idle)
+			n.idle = nil
+			n.mu.Unlock()
+			return
+		}
+		n.mu.Unlock()
+		n.call(next)
+	}
+}
+
+func (n *notices) call(err error) {
+	defer func() { _ = recover() }()
+	n.onError(err)
+}
+
+// flush waits for the notices queued so far to be delivered, for at most
 // noticeFlush, so that what Stop's error refers to ("see OnError") has been
 // delivered when it returns, even when its deadline has passed.
 func (n *notices) flush() {

@@ -63,6 +63,18 @@ func (s *errSink) list() []error {
 	return append([]error(nil), s.errs...)
 }
 
+// delivered is list once w's OnError notices queued so far have been
+// delivered (they run on a goroutine of their own).
+func (s *errSink) delivered(w *Worker) []error {
+	w.mu.Lock()
+	n := w.notices
+	w.mu.Unlock()
+	if n != nil {
+		n.flush()
+	}
+	return s.list()
+}
+
 func TestClassifierPrecedence(t *testing.T) {
 	t.Parallel()
 	ms := func(n int64) *int64 { return &n }

@@ -65,9 +65,11 @@ type StartOptions struct {
 	WaitSeconds int
 	// OnError receives problems that stay in the process: failed claims,
 	// heartbeats and reports, handler and classifier panics, invalid
-	// classifier decisions. Each call runs on a goroutine of its own, so
-	// calls may overlap and arrive in any order, a slow OnError holds up
-	// nothing, and it may call Stop; a panic in it is recovered and dropped.
+	// classifier decisions. Calls are made in order on a goroutine of the
+	// worker's own, never on the poll loop, a heartbeat or the reporter, so
+	// a slow OnError holds up no work (up to 256 notices wait for it; more
+	// are dropped and their count delivered after), and it may call Stop. A
+	// panic in it is recovered and dropped.
 	// Errors may hold payload details: do not ship them anywhere you would
 	// not ship the payload.
 	OnError func(error)
@@ -276,10 +278,11 @@ func closed(ch chan struct{}) bool {
 // cuts the registration off). Stop called after Start's context ended
 // returns an error matching ErrWorkerStopped when that cut handlers off.
 //
-// OnError calls still running when Stop is done are waited for up to a
-// second, so that the notices its error refers to have been delivered. Stop
-// may be called from OnError (on a 401, say): OnError runs on goroutines of
-// its own, never on those Stop waits for.
+// OnError notices still queued or being delivered when Stop is done are
+// waited for up to a second, so that those its error refers to have been
+// delivered. Stop may be called from OnError (on a 401, say): OnError runs on
+// a goroutine of its own, never on those Stop waits for (such a Stop takes
+// that second, since it waits for the call it is made from).
 func (w *Worker) Stop(ctx context.Context) error {
 	err := w.stop(ctx)
 	w.mu.Lock()

@@ -285,7 +285,7 @@ func TestWorkerFailureReports(t *testing.T) {
 	leaky := f.add("leaky", "1", welcomeIn{}, 0)
 	schema := f.add("typed", "1", map[string]any{"customerId": 42}, 0)
 	hinted := f.add("hinted", "1", welcomeIn{}, 0)
-	_, sink := startWorker(t, f, func(w *Worker) {
+	worker, sink := startWorker(t, f, func(w *Worker) {
 		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "panic", Version: "1",
 			Handler: func(_ context.Context, in welcomeIn, _ JobContext) (welcomeOut, error) { panic(in.CustomerID) }}))
 		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "leaky", Version: "1",
@@ -312,7 +312,7 @@ func TestWorkerFailureReports(t *testing.T) {
 		t.Fatalf("panic value or stack left the process: %s", raw)
 	}
 	var pe *PanicError
-	if errs := sink.list(); !slices.ContainsFunc(errs, func(err error) bool { return errors.As(err, &pe) && len(pe.Stack) > 0 }) {
+	if errs := sink.delivered(worker); !slices.ContainsFunc(errs, func(err error) bool { return errors.As(err, &pe) && len(pe.Stack) > 0 }) {
 		t.Fatalf("OnError %v", errs)
 	}
 
@@ -650,14 +650,14 @@ func TestWorkerReportOutlastsAnOutage(t *testing.T) {
 		return 0, ""
 	}
 	id := f.add("quick", "1", welcomeIn{}, 30000)
-	_, sink := startWorker(t, f, func(w *Worker) {
+	worker, sink := startWorker(t, f, func(w *Worker) {
 		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "quick", Version: "1",
 			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{Sent: true}, nil }}))
 	}, StartOptions{})
 	if rep := f.waitReport(t, id); rep["status"] != "SUCCEEDED" {
 		t.Fatalf("report %v", rep)
 	}
-	if errs := sink.list(); len(errs) != 0 {
+	if errs := sink.delivered(worker); len(errs) != 0 {
 		t.Fatalf("errors reported: %v", errs)
 	}
 }
@@ -1090,7 +1090,7 @@ func TestWorkerRegistersAgainAfterAFailedRegistration(t *testing.T) {
 		return 0, ""
 	}
 	id := f.add("send_welcome_email", "1", welcomeIn{CustomerID: "cus_1"}, 30000)
-	_, sink := startWorker(t, f, func(w *Worker) {
+	worker, sink := startWorker(t, f, func(w *Worker) {
 		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "send_welcome_email", Version: "1",
 			Handler: func(ctx context.Context, in welcomeIn, job JobContext) (welcomeOut, error) {
 				return welcomeOut{Sent: true}, nil
@@ -1106,7 +1106,7 @@ func TestWorkerRegistersAgainAfterAFailedRegistration(t *testing.T) {
 		t.Fatalf("registrations %d, want 3", registrations)
 	}
 	var seen bool
-	for _, err := range sink.list() {
+	for _, err := range sink.delivered(worker) {
 		seen = seen || strings.Contains(err.Error(), "register again")
 	}
 	if !seen {
@@ -1128,7 +1128,7 @@ func TestSchemaFailureReportsNoInputValue(t *testing.T) {
 	quoted := f.add("typed", "1", map[string]any{"amount": "salary 98000 for Jane Roe"}, 0)
 	parsed := f.add("typed", "1", map[string]any{"when": "Customer Jane Roe DOB"}, 0)
 	typed := f.add("typed", "1", map[string]any{"count": "Jane Roe"}, 0)
-	_, sink := startWorker(t, f, func(w *Worker) {
+	worker, sink := startWorker(t, f, func(w *Worker) {
 		must(t, RegisterTool(w, Tool[amounts, welcomeOut]{Name: "typed", Version: "1",
 			Handler: func(context.Context, amounts, JobContext) (welcomeOut, error) {
 				t.Error("handler ran on input of the wrong shape")
@@ -1145,7 +1145,7 @@ func TestSchemaFailureReportsNoInputValue(t *testing.T) {
 	if e["message"] != `input does not match the handler's input type: field "count": expected int, got a JSON string` {
 		t.Fatalf("report %v", e)
 	}
-	if errs := sink.list(); !slices.ContainsFunc(errs, func(err error) bool { return strings.Contains(err.Error(), "Jane Roe") }) {
+	if errs := sink.delivered(worker); !slices.ContainsFunc(errs, func(err error) bool { return strings.Contains(err.Error(), "Jane Roe") }) {
 		t.Fatalf("the full error should reach OnError: %v", errs)
 	}
 }
@@ -1252,7 +1252,7 @@ func TestWorkerSurvivesAHandlerErrorThatPanics(t *testing.T) {
 	t.Parallel()
 	f := newFakeJobs()
 	id := f.add("nilerr", "1", welcomeIn{}, 60000)
-	_, sink := startWorker(t, f, func(w *Worker) {
+	worker, sink := startWorker(t, f, func(w *Worker) {
 		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "nilerr", Version: "1",
 			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) {
 				var pe *providerError
@@ -1264,7 +1264,7 @@ func TestWorkerSurvivesAHandlerErrorThatPanics(t *testing.T) {
 		t.Fatalf("report %v", e)
 	}
 	var pe *PanicError
-	if errs := sink.list(); len(errs) == 0 || !errors.As(errs[0], &pe) {
+	if errs := sink.delivered(worker); len(errs) == 0 || !errors.As(errs[0], &pe) {
 		t.Fatalf("OnError %v", errs)
 	}
 }
