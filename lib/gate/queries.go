@@ -556,7 +556,7 @@ FROM effects e WHERE e.group_id = $1 ORDER BY e.id`
 const sqlSetGroupState = `UPDATE effect_groups SET state = $2, updated_at = $3,
     committed_at = CASE WHEN $2 = 'committed' THEN $3 ELSE committed_at END,
     keep_until = CASE WHEN $2 IN ('committed', 'unwound', 'unwind_failed')
-                      THEN $3 + make_interval(days => (` + sqlLongestRetention + `)) END,
+                      THEN $3::timestamptz + make_interval(days => (` + sqlLongestRetention + `)) END,
     unwind_started_at = CASE WHEN $2 = 'unwinding' THEN $3 ELSE unwind_started_at END,
     finished_at = CASE WHEN $2 IN ('unwound', 'unwind_failed') THEN $3 ELSE finished_at END
 WHERE id = $1 RETURNING ` + groupCols

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/gate"
 )
 
@@ -716,4 +717,23 @@ func TestLoweringARetentionWaitsForAPassHoldingAGroup(t *testing.T) {
 	require.NoError(t, pass.Commit(ctx))
 	require.Equal(t, http.StatusOK, <-lowered)
 	require.WithinDuration(t, endedAt.Add(2*24*time.Hour), *b.keepUntil(g), time.Second)
+}
+
+// Groups commit and unwind in every query mode the service accepts: under
+// simple_protocol, parameters arrive untyped, and "$3 + make_interval(…)"
+// read the time as an interval (PgBouncer QA: every commit and unwind was a
+// 500 in that mode).
+func TestGroupsInSimpleProtocolMode(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	env := apitest.Start(t, apitest.WithNow(c.Now), apitest.WithConfig(func(cfg *config.Config) {
+		cfg.DBQueryExecMode = "simple_protocol"
+	}))
+	b := &bundle{t: t, env: env, ws: env.Signup(), clock: c}
+	g, _ := b.committedGroup("email.send")
+	require.Equal(t, "committed", str(b.env.Must(http.StatusOK, "GET", "/api/v1/groups/"+g, b.ws.Key, nil).JSON()["state"]))
+	unwound := b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil).JSON()
+	require.Equal(t, "unwinding", str(unwound["state"]))
+	empty := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "empty"}).JSON()["id"])
+	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+empty+"/commit", b.ws.Key, nil)
 }
