@@ -272,7 +272,7 @@ func TestACloseMeasuresItsAllowanceFromWhenItGotTheTurn(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var n int
 		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n))
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n))
 		return n > 0
 	}, 10*time.Second, 10*time.Millisecond, "the close waits for the surge turn")
 	b.clock.Add(time.Second)

@@ -17,7 +17,7 @@ import (
 )
 
 // Version is this SDK's version, sent in the User-Agent header.
-const Version = "0.1.0"
+const Version = "0.2.0"
 
 // DefaultBaseURL is the hosted service.
 const DefaultBaseURL = "https://getratchet.app"
@@ -50,14 +50,15 @@ type Config struct {
 
 // Client calls the Ratchet API. It is safe for concurrent use.
 //
-// Retries: a 429 is repeated after the server's retry_after_seconds, a 409
-// retry_request at once, a 503 database_unavailable that changed nothing
-// with backoff, and one whose outcome is unknown, other 5xx responses and
-// network errors with capped exponential backoff and jitter, but only for
-// calls that are idempotent (every effect-gate and job call is, by
-// idempotency key, Idempotency-Key header or lease token; StartRun without
-// a key is not, so it is never repeated after an ambiguous failure). Every
-// wait ends with ctx.
+// Retries: a 429 is repeated after the server's retry_after_seconds (or
+// Retry-After), a 409 retry_request at once, a 503 database_unavailable that
+// changed nothing with backoff, and one whose outcome is unknown, other 5xx
+// responses (a 503's Retry-After heeded up to 8 s) and lost answers (network
+// errors, the HTTP client's Timeout) with capped exponential backoff and
+// jitter, but only for calls that are idempotent (every effect-gate and job
+// call is, by idempotency key, Idempotency-Key header or lease token;
+// StartRun without a key is not, so it is never repeated after an ambiguous
+// failure). Every wait ends with ctx.
 type Client struct {
 	base       string
 	key        string
@@ -242,7 +243,7 @@ func mayHaveApplied(err error) bool {
 		return true
 	}
 	var apiErr *Error
-	if errors.As(err, &apiErr) {
+	if errors.As(err, &apiErr) && apiErr != nil {
 		return apiErr.StatusCode >= 500 &&
 			!(apiErr.Code == CodeDatabaseUnavailable && apiErr.Detail["outcome"] == outcomeNotApplied)
 	}
@@ -277,8 +278,12 @@ func (c *Client) retryDelay(err error, attempt int, safe idempotency) (time.Dura
 			return c.backoff(attempt), bool(safe)
 		case apiErr.StatusCode == http.StatusServiceUnavailable:
 			// A Retry-After on a 503 (a proxy's, or a host's shedding
-			// load) is the earliest the server wants to see us again.
-			return max(c.backoff(attempt), time.Duration(apiErr.RetryAfterSeconds())*time.Second), bool(safe)
+			// load) is the earliest the server wants to see us again, up
+			// to the backoff's cap: a heartbeat or a report that slept a
+			// maintenance page's two minutes would let its lease lapse
+			// (review).
+			wait := min(time.Duration(apiErr.RetryAfterSeconds())*time.Second, backoffCap)
+			return max(c.backoff(attempt), wait), bool(safe)
 		case apiErr.StatusCode >= 500:
 			return c.backoff(attempt), bool(safe)
 		}
@@ -359,7 +364,8 @@ func (c *Client) once(ctx context.Context, method, path, key string, body []byte
 		return nil
 	}
 	if err := json.Unmarshal(raw, out); err != nil {
-		return fmt.Errorf("ratchet: decode %s %s response: %w", method, path, err)
+		// The server acted and answered; only its answer is unreadable.
+		return &unconfirmed{err: fmt.Errorf("ratchet: decode %s %s response: %w", method, path, err)}
 	}
 	if sd, ok := out.(serverDated); ok {
 		if d, err := http.ParseTime(res.Header.Get("Date")); err == nil {
@@ -391,7 +397,13 @@ func decodeError(res *http.Response, raw []byte) *Error {
 	}
 	limited := res.StatusCode == http.StatusTooManyRequests || res.StatusCode == http.StatusServiceUnavailable
 	if limited && e.RetryAfterSeconds() == 0 {
-		if s := retryAfterHeader(res.Header.Get("Retry-After"), time.Now()); s > 0 {
+		// An HTTP date is measured against the server's own clock (its
+		// Date header) when it sent one, as lease lengths are.
+		now := time.Now()
+		if d, err := http.ParseTime(res.Header.Get("Date")); err == nil {
+			now = d
+		}
+		if s := retryAfterHeader(res.Header.Get("Retry-After"), now); s > 0 {
 			if e.Detail == nil {
 				e.Detail = map[string]any{}
 			}

@@ -245,6 +245,32 @@ func TestRetryAfterDateAndServiceUnavailable(t *testing.T) {
 	}
 }
 
+// A 503's Retry-After is heeded up to the backoff's cap (a heartbeat that
+// slept a maintenance page's two minutes would lose its lease), and a call
+// that is not idempotent is not repeated after a 503 whatever it says.
+func TestServiceUnavailableRetryAfterIsCapped(t *testing.T) {
+	t.Parallel()
+	unavailable := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "120")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){unavailable,
+		func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]any{"id": "run_1"}) },
+	}}
+	c, log := testClient(t, seq)
+	if _, err := c.GetRun(context.Background(), "run_1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := log.all(); len(got) != 1 || got[0] != backoffCap {
+		t.Fatalf("sleeps %v, want %v", got, backoffCap)
+	}
+	once := &sequence{steps: []func(http.ResponseWriter, *http.Request){unavailable}}
+	c, log = testClient(t, once)
+	if _, err := c.StartRun(context.Background(), "x"); err == nil || once.calls.Load() != 1 || len(log.all()) != 0 {
+		t.Fatalf("err %v calls %d sleeps %v", err, once.calls.Load(), log.all())
+	}
+}
+
 func TestRetryAfterHeaderForms(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
@@ -468,6 +494,11 @@ func TestMayHaveApplied(t *testing.T) {
 		{&netError{err: errors.New("connection reset")}, true},
 		{context.Canceled, true},
 		{fmt.Errorf("start run: %w", &unconfirmed{err: &Error{StatusCode: 409, Code: CodeInvalidState}}), true},
+		{&BlockedError{EffectID: "eff_1"}, false},
+		{&ApprovalRequiredError{EffectID: "eff_1"}, false},
+		{&DeniedError{Code: "policy_denied"}, false}, // a nil Err, as a test builds it
+		{&InFlightError{Err: context.DeadlineExceeded}, false},
+		{errors.New("ratchet: something of the process"), true},
 	} {
 		if got := MayHaveApplied(c.err); got != c.want {
 			t.Errorf("MayHaveApplied(%v) = %v, want %v", c.err, got, c.want)

@@ -164,14 +164,19 @@ func IsCode(err error, code string) bool { return err != nil && ErrorCode(err) =
 // MayHaveApplied reports whether a call that failed with err may still have
 // been applied by the server: its answer was lost (a network failure, the
 // HTTP client's timeout, the caller's context ending while it was on its
-// way), or the server failed after it may have acted (a 5xx, but a
-// database_unavailable whose detail.outcome is "not_applied"), including
-// when a later repeat of the call was refused. Before doing again what such
-// a call asked (a run started without an idempotency key, say), look first
-// or repeat it under the same key. nil, or a refusal the server answered
-// before acting (a 4xx), is false.
+// way) or unreadable, or the server failed after it may have acted (a 5xx,
+// but a database_unavailable whose detail.outcome is "not_applied"),
+// including when a later repeat of the call was refused. Before doing again
+// what such a call asked (a run started without an idempotency key, say),
+// look first or repeat it under the same key. nil, a refusal the server
+// answered before acting (a 4xx) and a decision it answered (ErrDenied and
+// the gate's other answers) are false; an error it cannot place, such as
+// one raised before the call was sent, is true, erring towards looking
+// first.
 func MayHaveApplied(err error) bool {
-	if err == nil {
+	switch {
+	case err == nil, errors.Is(err, ErrBlocked), errors.Is(err, ErrApprovalRequired), errors.Is(err, ErrDenied),
+		errors.Is(err, ErrInFlight):
 		return false
 	}
 	return errors.Is(err, context.Canceled) || mayHaveApplied(err)

@@ -216,6 +216,7 @@ func TestRedactMessage(t *testing.T) {
 		"stripe said sk_live_51H8abcDEF123 is invalid":          "51H8abcDEF123",
 		"jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.abc rejected": "eyJzdWIiOiIxIn0",
 		"webhook whsec_abc123 mismatch":                         "abc123",
+		"env stripe_sk_live_51H8abcDEF123 unset":                "51H8abcDEF123",
 		"aws AKIAABCDEFGHIJKLMNOP denied":                       "ABCDEFGHIJKLMNOP",
 	} {
 		if got := RedactMessage(in); strings.Contains(got, secret) {

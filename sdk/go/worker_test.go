@@ -22,6 +22,7 @@ type fakeJobs struct {
 	queue         []ClaimedJob
 	claims        int
 	limits        []int
+	waits         []int // each claim's waitSeconds
 	heartbeats    int
 	registrations int
 	claimedJobs   int
@@ -99,6 +100,8 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		limit := int(body["limit"].(float64))
 		f.claims++
 		f.limits = append(f.limits, limit)
+		wait, _ := body["waitSeconds"].(float64)
+		f.waits = append(f.waits, int(wait))
 		n := min(limit, len(f.queue))
 		jobs := append([]ClaimedJob{}, f.queue[:n]...)
 		f.claimedJobs += n
@@ -1575,9 +1578,18 @@ func TestClaimWaitFitsTheHTTPClientTimeout(t *testing.T) {
 		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "welcome", Version: "1",
 			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
 		must(t, w.Start(context.Background(), StartOptions{WaitSeconds: 20, PollInterval: time.Hour}))
-		w.mu.Lock()
-		got := w.opts.WaitSeconds
-		w.mu.Unlock()
+		var got int
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			f.mu.Lock()
+			claimed := len(f.waits) > 0
+			if claimed {
+				got = f.waits[0]
+			}
+			f.mu.Unlock()
+			if claimed || time.Now().After(deadline) {
+				break
+			}
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		must(t, w.Stop(ctx))
 		cancel()

@@ -52,9 +52,10 @@ func run() error {
 		Concurrency: 4,
 		// A long-polling claim (held up to 20 s, answered as soon as a job is
 		// due) starts a job enqueued meanwhile within a second. With the
-		// interval equal to the wait a claim is always waiting (about 30
-		// claims per idle 10 minutes; the default 30 s interval would leave
-		// 10 s gaps between waits, when a new job waits for the next claim).
+		// interval equal to the wait a claim is nearly always waiting (the
+		// interval's ±10% jitter leaves gaps of up to 2 s; about 30 claims
+		// per idle 10 minutes; the default 30 s interval would leave 10 s
+		// gaps, when a new job waits for the next claim).
 		// On serverless hosting each idle claim is a request held open, so
 		// weigh it there.
 		WaitSeconds:  20,
