@@ -456,9 +456,13 @@ func TestAReadGivesUpWaitingForAHeldLapsedJob(t *testing.T) {
 	_, err = tx.Exec(ctx, `SELECT id FROM jobs WHERE step_id = $1 FOR UPDATE`, enq.StepID)
 	require.NoError(t, err)
 
-	st, err := b.svc.GetStep(ctx, b.ws, enq.StepID)
+	readCtx, cancel := context.WithTimeout(ctx, 10*time.Second) // a wait without its bound fails here
+	defer cancel()
+	began := time.Now()
+	st, err := b.svc.GetStep(readCtx, b.ws, enq.StepID)
 	require.NoError(t, err)
 	require.Equal(t, "RUNNING", st.Status, "held elsewhere: answered as read")
+	require.GreaterOrEqual(t, time.Since(began), time.Second, "the read waited for the holder")
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, "EXHAUSTED", b.step(t, enq.StepID).Status, "released: the next read ends it")
 }

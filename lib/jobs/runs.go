@@ -331,12 +331,16 @@ const lapseWait = 2 * time.Second
 // attempt, lapsed being those of them the read saw. When it ended none of
 // those, another read, the sweeper or a report holds them (its lock made
 // ours skip them, SKIP LOCKED), and it waits for that transaction to end,
-// for at most lapseWait. It reports whether reading again may show more.
+// for at most lapseWait per job held. It reports whether reading again may
+// show more.
 func (s *Service) settleLapsed(ctx context.Context, runID string, lapsed []string) (bool, error) {
 	n, err := s.exhaustLapsed(ctx, &runID, 1000)
 	if err != nil || n > 0 || len(lapsed) == 0 {
 		return n > 0, err
 	}
+	// In a transaction of its own, never a request's (where the lock
+	// timeout and the share locks would last until the request commits).
+	ctx = db.OutsideRequest(ctx)
 	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, sqlLapseWaitTimeout, fmt.Sprintf("%dms", lapseWait.Milliseconds())); err != nil {
 			return err
@@ -344,8 +348,10 @@ func (s *Service) settleLapsed(ctx context.Context, runID string, lapsed []strin
 		_, err := tx.Exec(ctx, sqlAwaitJobLocks, lapsed)
 		return err
 	})
-	if db.HasCode(err, db.CodeLockNotAvailable) {
-		return false, nil // still held: answer what was read
+	if db.HasCode(err, db.CodeLockNotAvailable) || (db.HasCode(err, db.CodeQueryCanceled) && ctx.Err() == nil) {
+		// Still held after lapseWait (or a statement_timeout shorter than
+		// it cut the wait): answer what was read.
+		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("await settling: %w", err)

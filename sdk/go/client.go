@@ -151,6 +151,10 @@ const (
 // have been applied.
 const outcomeNotApplied = "not_applied"
 
+// maxRateLimitWaitSeconds bounds the wait a 429 asks for: the API's rate
+// limits count per minute.
+const maxRateLimitWaitSeconds = 60
+
 // Backoff bounds for 5xx and network errors.
 const (
 	backoffBase = 500 * time.Millisecond
@@ -243,7 +247,7 @@ func mayHaveApplied(err error) bool {
 		return true
 	}
 	var apiErr *Error
-	if errors.As(err, &apiErr) && apiErr != nil {
+	if errors.As(err, &apiErr) {
 		return apiErr.StatusCode >= 500 &&
 			!(apiErr.Code == CodeDatabaseUnavailable && apiErr.Detail["outcome"] == outcomeNotApplied)
 	}
@@ -258,10 +262,10 @@ func (c *Client) retryDelay(err error, attempt int, safe idempotency) (time.Dura
 		switch {
 		case apiErr.StatusCode == http.StatusTooManyRequests:
 			// The limiter refused before acting, so any call may repeat.
-			secs := apiErr.RetryAfterSeconds()
-			if secs < 1 {
-				secs = 1
-			}
+			// Its windows are a minute long; a longer wait (a proxy's) is
+			// cut to that, so a heartbeat does not sleep its lease away and
+			// a huge header cannot overflow into no wait at all (review).
+			secs := min(max(apiErr.RetryAfterSeconds(), 1), maxRateLimitWaitSeconds)
 			return time.Duration(secs) * time.Second, true
 		case apiErr.Code == CodeRetryRequest:
 			// At once after a lost race (begin); after the pause the server

@@ -271,6 +271,28 @@ func TestServiceUnavailableRetryAfterIsCapped(t *testing.T) {
 	}
 }
 
+// A 429's wait is cut to the API's one-minute windows (a proxy asking for
+// an hour, or for more seconds than a Duration holds, would otherwise stall
+// a heartbeat past its lease or overflow into no wait at all).
+func TestRateLimitWaitIsCappedAtAMinute(t *testing.T) {
+	t.Parallel()
+	for _, secs := range []any{3600, 1e12} {
+		seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
+			func(w http.ResponseWriter, r *http.Request) {
+				apiError(w, 429, CodeRateLimited, map[string]any{"retry_after_seconds": secs})
+			},
+			func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]any{"id": "run_1"}) },
+		}}
+		c, log := testClient(t, seq)
+		if _, err := c.GetRun(context.Background(), "run_1"); err != nil {
+			t.Fatal(err)
+		}
+		if got := log.all(); len(got) != 1 || got[0] != time.Minute {
+			t.Fatalf("retry_after_seconds %v: sleeps %v", secs, got)
+		}
+	}
+}
+
 func TestRetryAfterHeaderForms(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
@@ -497,12 +519,14 @@ func TestMayHaveApplied(t *testing.T) {
 		{&BlockedError{EffectID: "eff_1"}, false},
 		{&ApprovalRequiredError{EffectID: "eff_1"}, false},
 		{&DeniedError{Code: "policy_denied"}, false}, // a nil Err, as a test builds it
+		{&DeniedError{Code: "policy_denied", Err: &Error{StatusCode: 403, Code: "policy_denied"}}, false},
 		{&InFlightError{Err: context.DeadlineExceeded}, false},
 		{errors.New("ratchet: something of the process"), true},
 	} {
 		if got := MayHaveApplied(c.err); got != c.want {
 			t.Errorf("MayHaveApplied(%v) = %v, want %v", c.err, got, c.want)
 		}
+		_ = ErrorCode(c.err) // never panics, a DeniedError without its Err included
 	}
 }
 

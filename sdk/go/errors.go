@@ -172,7 +172,9 @@ func IsCode(err error, code string) bool { return err != nil && ErrorCode(err) =
 // answered before acting (a 4xx) and a decision it answered (ErrDenied and
 // the gate's other answers) are false; an error it cannot place, such as
 // one raised before the call was sent, is true, erring towards looking
-// first.
+// first. It speaks of API calls: whether DoEffect's action ran is told by
+// its outcome (non-nil when the action ran, even with an error saying its
+// report or result was refused).
 func MayHaveApplied(err error) bool {
 	switch {
 	case err == nil, errors.Is(err, ErrBlocked), errors.Is(err, ErrApprovalRequired), errors.Is(err, ErrDenied),

@@ -76,7 +76,12 @@ func (e *DeniedError) Error() string { return ErrDenied.Error() + ": " + e.Code 
 func (e *DeniedError) Is(target error) bool { return target == ErrDenied }
 
 // Unwrap returns the API error that carried the denial.
-func (e *DeniedError) Unwrap() error { return e.Err }
+func (e *DeniedError) Unwrap() error {
+	if e.Err == nil {
+		return nil // not a nil *Error in an interface: errors.As would hand it on (review)
+	}
+	return e.Err
+}
 
 // InFlightError is returned when ctx ended while another caller held the
 // lease. It wraps the context's error.

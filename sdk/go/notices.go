@@ -42,10 +42,15 @@ func newNotices(onError func(error)) *notices {
 	return &notices{onError: onError}
 }
 
-// notify queues err for OnError, or counts it when the queue is full.
+// notify queues err for OnError, or counts it when the queue is full. The
+// count of notices dropped goes in the queue ahead of the next one taken,
+// where they would have been (or is delivered once the queue drains).
 func (n *notices) notify(err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.dropped > 0 && len(n.queue) < maxQueuedNotices {
+		n.queue = append(n.queue, n.droppedNotice())
+	}
 	if len(n.queue) >= maxQueuedNotices {
 		n.dropped++
 		return
@@ -68,9 +73,7 @@ func (n *notices) deliver() {
 			next, n.queue[0] = n.queue[0], nil
 			n.queue = n.queue[1:]
 		case n.dropped > 0:
-			next = fmt.Errorf("ratchet: %d OnError notice(s) dropped: %d were waiting for OnError to return",
-				n.dropped, maxQueuedNotices)
-			n.dropped = 0
+			next = n.droppedNotice()
 		default:
 			n.delivering = false
 			close(n.idle)
@@ -81,6 +84,15 @@ func (n *notices) deliver() {
 		n.mu.Unlock()
 		n.call(next)
 	}
+}
+
+// droppedNotice is the notice of those dropped since the last one, and
+// resets their count (under mu).
+func (n *notices) droppedNotice() error {
+	err := fmt.Errorf("ratchet: %d OnError notice(s) dropped: %d were queued while OnError was still busy",
+		n.dropped, maxQueuedNotices)
+	n.dropped = 0
+	return err
 }
 
 func (n *notices) call(err error) {
