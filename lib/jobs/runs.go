@@ -301,22 +301,39 @@ const runStepsMax = 1000
 // job as RUNNING, nor the run RUNNING beside its EXHAUSTED step (race QA:
 // concurrent reads at a lapse answered both).
 func (s *Service) GetRun(ctx context.Context, workspaceID, runID string) (Run, error) {
-	r, err := s.readRunAndSteps(ctx, workspaceID, runID)
-	for round := 0; err == nil && r.Status == RunRunning && round < settleRounds; round++ {
-		lapsed := lapsedJobs(r.Steps, s.now())
-		if len(lapsed) == 0 && !r.StepsTruncated {
+	return readSettled(ctx, s, func() (Run, error) { return s.readRunAndSteps(ctx, workspaceID, runID) },
+		func(r Run) (string, []string, bool) {
+			if r.Status != RunRunning {
+				return "", nil, false
+			}
+			lapsed := lapsedJobs(r.Steps, s.now())
+			return runID, lapsed, len(lapsed) > 0 || r.StepsTruncated // unseen steps may have lapsed too
+		})
+}
+
+// readSettled answers read, settling lapsed last attempts first: while
+// what it read shows some (lapsed gives their run, their jobs, and whether
+// to settle at all), it settles them (settleLapsed) and reads again, at
+// most settleRounds times.
+func readSettled[T any](ctx context.Context, s *Service, read func() (T, error),
+	lapsed func(T) (runID string, jobIDs []string, settle bool)) (T, error) {
+	v, err := read()
+	for round := 0; err == nil && round < settleRounds; round++ {
+		runID, jobIDs, settle := lapsed(v)
+		if !settle {
 			break
 		}
-		again, serr := s.settleLapsed(ctx, runID, lapsed)
+		again, serr := s.settleLapsed(ctx, runID, jobIDs)
 		if serr != nil {
-			return Run{}, serr
+			var zero T
+			return zero, serr
 		}
 		if !again {
 			break
 		}
-		r, err = s.readRunAndSteps(ctx, workspaceID, runID)
+		v, err = read()
 	}
-	return r, err
+	return v, err
 }
 
 // settleRounds bounds how many times a read settles lapsed last attempts
@@ -439,22 +456,11 @@ func (s *Service) ListSteps(ctx context.Context, workspaceID, runID, status, cur
 	if _, err := s.readRunSettled(ctx, workspaceID, runID); err != nil {
 		return nil, err
 	}
-	steps, err := s.stepsPage(ctx, s.pool, runID, status, cursor, limit)
-	for round := 0; err == nil && round < settleRounds; round++ {
-		lapsed := lapsedJobs(steps, s.now())
-		if len(lapsed) == 0 {
-			break
-		}
-		again, serr := s.settleLapsed(ctx, runID, lapsed)
-		if serr != nil {
-			return nil, serr
-		}
-		if !again {
-			break
-		}
-		steps, err = s.stepsPage(ctx, s.pool, runID, status, cursor, limit)
-	}
-	return steps, err
+	return readSettled(ctx, s, func() ([]Step, error) { return s.stepsPage(ctx, s.pool, runID, status, cursor, limit) },
+		func(steps []Step) (string, []string, bool) {
+			lapsed := lapsedJobs(steps, s.now())
+			return runID, lapsed, len(lapsed) > 0
+		})
 }
 
 // stepsPage reads up to limit of a run's steps after cursor in id order,
@@ -850,18 +856,13 @@ func ended(status string) bool {
 // GetStep reads one step with its attempts, from one snapshot. A lease that
 // lapsed on the last attempt ends the job at read (settleLapsed).
 func (s *Service) GetStep(ctx context.Context, workspaceID, stepID string) (Step, error) {
-	st, err := s.readStep(ctx, workspaceID, stepID)
-	for round := 0; err == nil && round < settleRounds && st.DurableJob.lapsedOnLastAttempt(s.now()); round++ {
-		again, serr := s.settleLapsed(ctx, st.RunID, []string{st.DurableJob.ID})
-		if serr != nil {
-			return Step{}, serr
-		}
-		if !again {
-			break
-		}
-		st, err = s.readStep(ctx, workspaceID, stepID)
-	}
-	return st, err
+	return readSettled(ctx, s, func() (Step, error) { return s.readStep(ctx, workspaceID, stepID) },
+		func(st Step) (string, []string, bool) {
+			if !st.DurableJob.lapsedOnLastAttempt(s.now()) {
+				return "", nil, false
+			}
+			return st.RunID, []string{st.DurableJob.ID}, true
+		})
 }
 
 // readStep reads a step and its attempts from one snapshot.
