@@ -53,6 +53,33 @@ func (b *bundle) lastEventData(typ string) map[string]any {
 	return data
 }
 
+// holdSurgeTurn takes effectType's surge turn in a transaction of its own,
+// as a begin that counts the surge holds it, until the test commits or
+// rolls it back (or ends).
+func (b *bundle) holdSurgeTurn(effectType string) pgx.Tx {
+	b.t.Helper()
+	ctx := context.Background()
+	tx, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(b.t, err)
+	b.t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('surge:' || $1::text || ':' || $2::text, 0))`,
+		b.ws.ID, effectType)
+	require.NoError(b.t, err)
+	return tx
+}
+
+// awaitSurgeTurnWaiter waits until a statement waits for an advisory lock
+// (the surge turn holdSurgeTurn holds).
+func (b *bundle) awaitSurgeTurnWaiter(msg string) {
+	b.t.Helper()
+	require.Eventually(b.t, func() bool {
+		var n int
+		require.NoError(b.t, b.env.App.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n))
+		return n > 0
+	}, 10*time.Second, 10*time.Millisecond, msg)
+}
+
 func sms(k string) map[string]any {
 	return map[string]any{"effect_type": "sms.send", "idempotency_key": k, "payload": map[string]any{"to": "+1"}}
 }
@@ -222,22 +249,13 @@ func TestTurningSurgeOffWaitsForABeginsTrip(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 2, "surge_action": "deny"})
-	tx, err := b.env.App.Pool.Begin(ctx) // a begin in its surge turn, about to trip
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('surge:' || $1::text || ':sms.send', 0))`, b.ws.ID)
-	require.NoError(t, err)
+	tx := b.holdSurgeTurn("sms.send") // a begin in its surge turn, about to trip
 	put := make(chan int, 1)
 	go func() {
 		put <- b.env.Do("PUT", "/api/v1/policies/sms.send", b.ws.Key, map[string]any{"surge_per_hour": nil}).Status
 	}()
-	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n))
-		return n > 0
-	}, 10*time.Second, 10*time.Millisecond, "the policy waits for the surge turn")
-	_, err = tx.Exec(ctx, `INSERT INTO gate_circuits (workspace_id, effect_type, state, opened_by, action, opened_at,
+	b.awaitSurgeTurnWaiter("the policy waits for the surge turn")
+	_, err := tx.Exec(ctx, `INSERT INTO gate_circuits (workspace_id, effect_type, state, opened_by, action, opened_at,
 		closes_at, updated_at) VALUES ($1, 'sms.send', 'open', 'surge', 'deny', $2, $2::timestamptz + interval '1 hour', $2)`,
 		b.ws.ID, b.clock.Now())
 	require.NoError(t, err)
@@ -260,21 +278,12 @@ func TestACloseMeasuresItsAllowanceFromWhenItGotTheTurn(t *testing.T) {
 	b.mustBegin("execute", sms(key("b")))
 	b.denialOf("circuit_open", sms(key("c")))
 
-	tx, err := b.env.App.Pool.Begin(ctx) // a begin in its surge turn, refused
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('surge:' || $1::text || ':sms.send', 0))`, b.ws.ID)
-	require.NoError(t, err)
+	tx := b.holdSurgeTurn("sms.send") // a begin in its surge turn, refused
 	closed := make(chan int, 1)
 	go func() {
 		closed <- b.env.Do("POST", "/api/v1/circuits/sms.send/close", b.ws.Key, nil).Status
 	}()
-	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n))
-		return n > 0
-	}, 10*time.Second, 10*time.Millisecond, "the close waits for the surge turn")
+	b.awaitSurgeTurnWaiter("the close waits for the surge turn")
 	b.clock.Add(time.Second)
 	gotTurn := b.clock.Now()
 	require.NoError(t, tx.Commit(ctx))
