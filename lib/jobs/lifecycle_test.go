@@ -467,6 +467,31 @@ func TestAReadGivesUpWaitingForAHeldLapsedJob(t *testing.T) {
 	require.Equal(t, "EXHAUSTED", b.step(t, enq.StepID).Status, "released: the next read ends it")
 }
 
+// A run that has failed goes on reading its other steps' lapses: they keep
+// running after the failure (seed 000), and a lease that lapses on a last
+// attempt is ended by the run's read as by the step's (§5 QA: the run read
+// left it RUNNING once the run had failed).
+func TestAFailedRunsReadEndsItsLapsedSteps(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	for i := range 2 {
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(strconv.Itoa(i)),
+			MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
+	}
+	w := b.register(t)
+	claimed := b.claim(t, w, 2)
+	require.Len(t, claimed, 2)
+	b.fail(t, claimed[0], &jobs.ReportError{Message: "no", Retryable: ptr(false)})
+	require.Equal(t, "FAILED", b.getRun(t, runID).Status)
+	b.clock.Add(20 * time.Second)
+	r := b.getRun(t, runID)
+	require.Equal(t, "FAILED", r.Status)
+	for _, st := range r.Steps {
+		require.Equal(t, "EXHAUSTED", st.Status, "step %s", st.ID)
+	}
+}
+
 // A claim that comes before any sweep or read must not take a job whose
 // lease lapsed on its last attempt: that would run it past maxAttempts.
 func TestLapsedOnLastAttemptIsNotReclaimed(t *testing.T) {

@@ -303,11 +303,12 @@ const runStepsMax = 1000
 func (s *Service) GetRun(ctx context.Context, workspaceID, runID string) (Run, error) {
 	return readSettled(ctx, s, func() (Run, error) { return s.readRunAndSteps(ctx, workspaceID, runID) },
 		func(r Run) (string, []string, bool) {
-			if r.Status != RunRunning {
-				return "", nil, false
-			}
+			// A FAILED run's other steps go on (seed 000: a failed run
+			// does not cancel them), so they lapse too (QA: a run read
+			// left them RUNNING once the run had failed).
 			lapsed := lapsedJobs(r.Steps, s.now())
-			return runID, lapsed, len(lapsed) > 0 || r.StepsTruncated // unseen steps may have lapsed too
+			unseen := r.StepsTruncated && r.Status != RunSucceeded // steps past the page may have lapsed
+			return runID, lapsed, len(lapsed) > 0 || unseen
 		})
 }
 
@@ -530,7 +531,7 @@ func (s *Service) attachAttempts(ctx context.Context, q db.Querier, steps []Step
 // their last attempt (a transition a read can decide, API.md §5).
 func (s *Service) readRunSettled(ctx context.Context, workspaceID, runID string) (Run, error) {
 	r, err := s.readRun(ctx, s.pool, workspaceID, runID)
-	if err != nil || r.Status != RunRunning {
+	if err != nil || r.Status == RunSucceeded {
 		return r, err
 	}
 	n, err := s.exhaustLapsed(ctx, &runID, 1000)
