@@ -90,7 +90,8 @@ func New(c Caller, defaultAuth string) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "ratchet", Version: Version}, &mcp.ServerOptions{
 		Instructions: "Ask ratchet_begin before any side effect (email, charge, vendor call) and branch on " +
 			"decision: execute → act, then ratchet_report; duplicate → use result, do not act; in_flight → wait " +
-			"retry_after_seconds; blocked → verify at the vendor, then ratchet_resolve; approval_required → wait; " +
+			"retry_after_seconds; blocked → verify at the vendor, then ratchet_resolve (a key with effects:resolve; " +
+			"an AGENT key has not, so ask an operator); approval_required → wait; " +
 			"denied → stop and report why. Report failed only when the action surely did not happen; if unsure, " +
 			"report nothing.",
 		// Tools only, and a fixed list: the SDK would also advertise

@@ -202,6 +202,16 @@ func oneOf(name string, values ...any) func(*jsonschema.Schema) {
 	}
 }
 
+// nonEmpty refuses an empty value of the optional URL argument name: the
+// REST list drops an empty filter, so "" would answer every row instead of
+// none (MCP QA).
+func nonEmpty(name string) func(*jsonschema.Schema) {
+	return func(s *jsonschema.Schema) {
+		one := 1
+		s.Properties[name].MinLength = &one
+	}
+}
+
 func anys(values []string) []any {
 	out := make([]any, len(values))
 	for i, v := range values {
@@ -456,7 +466,7 @@ var tools = []tool{
 			q := in.params()
 			q["state"], q["effect_type"] = in.State, in.EffectType
 			return "GET", "/api/v1/effects" + query(q), nil
-		}, oneOf("state", anys(gate.States)...), pageLimit)),
+		}, oneOf("state", anys(gate.States)...), nonEmpty("effect_type"), pageLimit)),
 	readOnly(define("ratchet_get_policy", "Read the policy that governs an effect type.", "policies:read",
 		func(in PolicyInput) (string, string, any) {
 			return "GET", "/api/v1/policies/" + pathEscape(in.EffectType), nil

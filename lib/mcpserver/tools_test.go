@@ -210,6 +210,13 @@ func TestListToolsPage(t *testing.T) {
 		require.True(t, isErr, "%s: %s", tool, text)
 		require.Equal(t, "invalid_request", errorCode(t, text), tool)
 	}
+	// An empty filter would be dropped on its way to REST and answer every
+	// row (MCP QA): refused, as an empty state is.
+	for _, args := range []string{`{"effect_type":""}`, `{"state":""}`} {
+		text, isErr := callRaw(t, cs, "ratchet_list_effects", args)
+		require.True(t, isErr, "%s: %s", args, text)
+		require.Equal(t, "invalid_request", errorCode(t, text), args)
+	}
 }
 
 // A result within the API's limit through REST is within it through MCP:
