@@ -9,6 +9,7 @@ package mcpserver
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -192,8 +193,15 @@ const CodeServerUnreachable = "server_unreachable"
 // request_id or lease token answers what happened).
 func unanswered(err error) *mcp.CallToolResult {
 	outcome := apierr.OutcomeUnknown
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
+	var (
+		op   *net.OpError
+		cert *tls.CertificateVerificationError
+		rec  tls.RecordHeaderError
+	)
+	// No connection, or a TLS handshake that failed (an untrusted
+	// certificate, a server that does not speak TLS): nothing was sent
+	// (MCP QA: a certificate error read as "unknown").
+	if (errors.As(err, &op) && op.Op == "dial") || errors.As(err, &cert) || errors.As(err, &rec) {
 		outcome = apierr.OutcomeNotApplied
 	}
 	return errorResult(map[string]any{"code": CodeServerUnreachable,

@@ -266,8 +266,11 @@ func TestCallsWithoutAnAnswerSayWhetherTheyMayHaveBeenApplied(t *testing.T) {
 		_ = conn.Close() // the request arrived; no answer comes back
 	}))
 	defer hangUp.Close()
+	untrusted := httptest.NewTLSServer(http.NotFoundHandler()) // a certificate no client trusts
+	defer untrusted.Close()
 	for base, outcome := range map[string]string{
 		"http://127.0.0.1:1": "not_applied", // nothing listens: no connection was made
+		untrusted.URL:        "not_applied", // the handshake failed: nothing was sent
 		hangUp.URL:           "unknown",
 	} {
 		cs := connect(t, mcpserver.New(mcpserver.HTTPCaller{BaseURL: base}, "Bearer rk_test"))
