@@ -588,6 +588,9 @@ func TestWorkerBatchesManyJobs(t *testing.T) {
 		require.Equal(t, ratchet.JobSucceeded, s.Status)
 		require.Equal(t, 1, s.DurableJob.Attempt)
 	}
+	// Stopped first: OnError runs on a goroutine of its own, and Stop
+	// waits for the notices queued so far.
+	require.NoError(t, w.Stop(ctx))
 	errs.mu.Lock()
 	defer errs.mu.Unlock()
 	require.Empty(t, errs.list)
