@@ -43,6 +43,21 @@ func (b *bundle) claimOne(t testing.TB, wid string) jobs.ClaimedJob {
 	return js[0]
 }
 
+// lastAttemptsClaimed enqueues n jobs of one attempt each (1 s timeout) in
+// run runID, and claims them all: each lapses on its last attempt once the
+// clock passes the lease. It answers their steps and the claims.
+func (b *bundle) lastAttemptsClaimed(t testing.TB, runID string, n int) ([]string, []jobs.ClaimedJob) {
+	t.Helper()
+	stepIDs := make([]string, n)
+	for i := range n {
+		stepIDs[i] = b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(strconv.Itoa(i)),
+			MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)}).StepID
+	}
+	claimed := b.claim(t, b.register(t), n)
+	require.Len(t, claimed, n)
+	return stepIDs, claimed
+}
+
 func (b *bundle) succeed(t testing.TB, j jobs.ClaimedJob) jobs.ReportResult {
 	t.Helper()
 	r, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
@@ -388,14 +403,7 @@ func TestLapsedOnLastAttemptIsExhaustedAtRunRead(t *testing.T) {
 func TestConcurrentRunReadsAtALapseAgree(t *testing.T) {
 	b := setup(t)
 	runID := b.run(t)
-	var stepIDs []string
-	for i := range 3 {
-		enq := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(strconv.Itoa(i)),
-			MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
-		stepIDs = append(stepIDs, enq.StepID)
-	}
-	w := b.register(t)
-	require.Len(t, b.claim(t, w, 3), 3)
+	stepIDs, _ := b.lastAttemptsClaimed(t, runID, 3)
 	b.clock.Add(20 * time.Second)
 	const readers = 30
 	type answer struct {
@@ -475,13 +483,7 @@ func TestAFailedRunsReadEndsItsLapsedSteps(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	runID := b.run(t)
-	for i := range 2 {
-		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(strconv.Itoa(i)),
-			MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
-	}
-	w := b.register(t)
-	claimed := b.claim(t, w, 2)
-	require.Len(t, claimed, 2)
+	_, claimed := b.lastAttemptsClaimed(t, runID, 2)
 	b.fail(t, claimed[0], &jobs.ReportError{Message: "no", Retryable: ptr(false)})
 	require.Equal(t, "FAILED", b.getRun(t, runID).Status)
 	b.clock.Add(20 * time.Second)
@@ -490,6 +492,21 @@ func TestAFailedRunsReadEndsItsLapsedSteps(t *testing.T) {
 	for _, st := range r.Steps {
 		require.Equal(t, "EXHAUSTED", st.Status, "step %s", st.ID)
 	}
+}
+
+// A step list filtered by status settles the run's lapsed last attempts
+// before it answers, though none of them is on its page until then: the
+// EXHAUSTED page lists the job whose lease lapsed.
+func TestAStepListSettlesLapsesOffItsPage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	stepIDs, _ := b.lastAttemptsClaimed(t, runID, 1)
+	b.clock.Add(20 * time.Second)
+	steps, err := b.svc.ListSteps(ctx, b.ws, runID, "EXHAUSTED", "", 50)
+	require.NoError(t, err)
+	require.Len(t, steps, 1)
+	require.Equal(t, stepIDs[0], steps[0].ID)
 }
 
 // A claim that comes before any sweep or read must not take a job whose
@@ -1004,12 +1021,7 @@ func TestConcurrentSweepsEndEachLapsedJobOnce(t *testing.T) {
 	// own clock could hold this test's rows (SKIP LOCKED) when it sweeps.
 	b := setup(t)
 	runID := b.run(t)
-	for i := range 30 {
-		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(strconv.Itoa(i)),
-			MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
-	}
-	w := b.register(t)
-	require.Len(t, b.claim(t, w, 30), 30)
+	b.lastAttemptsClaimed(t, runID, 30)
 	_, err := b.svc.FinishRun(ctx, b.ws, runID)
 	require.NoError(t, err)
 	b.clock.Add(time.Minute)

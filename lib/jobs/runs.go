@@ -454,13 +454,16 @@ func (s *Service) ListSteps(ctx context.Context, workspaceID, runID, status, cur
 		return nil, apierr.InvalidField("status", "must be a job status (WAITING, QUEUED, RUNNING, "+
 			"RETRY_SCHEDULED, SUCCEEDED, EXHAUSTED, CANCELLED or SKIPPED)")
 	}
-	if _, err := s.readRunSettled(ctx, workspaceID, runID); err != nil {
+	r, err := s.readRun(ctx, s.pool, workspaceID, runID) // the workspace's run, or 404
+	if err != nil {
 		return nil, err
 	}
 	return readSettled(ctx, s, func() ([]Step, error) { return s.stepsPage(ctx, s.pool, runID, status, cursor, limit) },
 		func(steps []Step) (string, []string, bool) {
+			// Lapsed jobs off this page (another page, another status
+			// filter) are settled too, unless the run has succeeded.
 			lapsed := lapsedJobs(steps, s.now())
-			return runID, lapsed, len(lapsed) > 0
+			return runID, lapsed, len(lapsed) > 0 || r.Status != RunSucceeded
 		})
 }
 
@@ -525,20 +528,6 @@ func (s *Service) attachAttempts(ctx context.Context, q db.Querier, steps []Step
 		return fmt.Errorf("attempts: %w", err)
 	}
 	return nil
-}
-
-// readRunSettled reads a run after ending its jobs whose lease lapsed on
-// their last attempt (a transition a read can decide, API.md §5).
-func (s *Service) readRunSettled(ctx context.Context, workspaceID, runID string) (Run, error) {
-	r, err := s.readRun(ctx, s.pool, workspaceID, runID)
-	if err != nil || r.Status == RunSucceeded {
-		return r, err
-	}
-	n, err := s.exhaustLapsed(ctx, &runID, 1000)
-	if err != nil || n == 0 {
-		return r, err
-	}
-	return s.readRun(ctx, s.pool, workspaceID, runID)
 }
 
 // scanRun reads a row of runColumns.

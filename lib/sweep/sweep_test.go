@@ -74,6 +74,17 @@ func TestTaskFailuresAreLoggedByCause(t *testing.T) {
 	require.NotContains(t, logs.String(), `level=ERROR msg="sweep task failed" task=gone`)
 }
 
+// failWhile is a task that fails as a lost connection does while down is
+// set, and succeeds otherwise.
+func failWhile(down *atomic.Bool) func(context.Context, time.Time) (int, error) {
+	return func(context.Context, time.Time) (int, error) {
+		if down.Load() {
+			return 0, fmt.Errorf("x: %w", io.ErrUnexpectedEOF)
+		}
+		return 0, nil
+	}
+}
+
 // An outage is logged when it starts, reminded of once a minute, and its
 // end said once, rather than a warning per task per pass (pooler QA: a
 // dozen every 5 s while the database was down).
@@ -83,12 +94,7 @@ func TestAnOutageIsLoggedOnceAMinute(t *testing.T) {
 	clock := time.Date(2026, 12, 2, 5, 0, 0, 0, time.UTC)
 	var down atomic.Bool
 	down.Store(true)
-	task := func(context.Context, time.Time) (int, error) {
-		if down.Load() {
-			return 0, fmt.Errorf("x: %w", io.ErrUnexpectedEOF)
-		}
-		return 0, nil
-	}
+	task := failWhile(&down)
 	s := New(func() time.Time { return clock }, slog.New(slog.NewTextHandler(&logs, nil)),
 		Task{Name: "a", Run: task}, Task{Name: "b", Run: task}, Task{Name: "c", Run: task})
 	lines := func() []string { return strings.Split(strings.TrimSpace(logs.String()), "\n") }
@@ -129,12 +135,7 @@ func TestAPartialOutageEndsWithAWholePass(t *testing.T) {
 	down.Store(true)
 	s := New(time.Now, slog.New(slog.NewTextHandler(&logs, nil)),
 		Task{Name: "ok", Run: func(context.Context, time.Time) (int, error) { return 0, nil }},
-		Task{Name: "flaky", Run: func(context.Context, time.Time) (int, error) {
-			if down.Load() {
-				return 0, fmt.Errorf("x: %w", io.ErrUnexpectedEOF)
-			}
-			return 0, nil
-		}})
+		Task{Name: "flaky", Run: failWhile(&down)})
 	for range 5 {
 		s.RunOnce(context.Background())
 	}
@@ -156,12 +157,7 @@ func TestAStuckTaskDoesNotProlongAnOutage(t *testing.T) {
 		Task{Name: "stuck", Run: func(context.Context, time.Time) (int, error) {
 			return 0, fmt.Errorf("x: %w", context.DeadlineExceeded)
 		}},
-		Task{Name: "flaky", Run: func(context.Context, time.Time) (int, error) {
-			if down.Load() {
-				return 0, fmt.Errorf("x: %w", io.ErrUnexpectedEOF)
-			}
-			return 0, nil
-		}})
+		Task{Name: "flaky", Run: failWhile(&down)})
 	s.RunOnce(context.Background())
 	down.Store(false)
 	s.RunOnce(context.Background())

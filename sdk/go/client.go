@@ -293,8 +293,8 @@ func (c *Client) retryDelay(err error, attempt int, safe idempotency) (time.Dura
 		}
 		return 0, false
 	}
-	// Before the context check: a transport failure while the caller's
-	// context was live is a lost answer even when it matches
+	// A transport failure (once answers the caller's ctx.Err() instead
+	// when its context ended) is a lost answer even when it matches
 	// context.DeadlineExceeded, as an http.Client Timeout's does (QA: a
 	// begin whose answer took longer than the client's timeout was never
 	// asked again, and its key ended indeterminate).
