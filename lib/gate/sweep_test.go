@@ -13,8 +13,9 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 )
 
-// TestSweeperAndLapseRaces and the retention tests (in 1980, 1985 and 1990,
-// leaving no lease behind) are the only tests that sweep. A sweep
+// TestSweeperAndLapseRaces, the retention tests (in 1980, 1985 and 1990,
+// leaving no lease behind) and TestCeilingsSetDuringLapsesAndReconciliationsAgree
+// are the only tests that sweep, and none of them is parallel. A sweep
 // acts on every workspace of the package database, so its clocks live in
 // 1995, long before any other test's leases (which follow the wall clock)
 // could lapse; its parts run in sequence for the same reason.
