@@ -20,3 +20,6 @@ func SetClaimInputBudget(s *Service, bytes int64) { s.claimInputBudget = bytes }
 
 // SettleRuns runs the sweeper's run-settling backstop once.
 func SettleRuns(s *Service, limit int) (int, error) { return s.settleRuns(context.Background(), limit) }
+
+// LapseWait is how long a read waits for a held lapsed job.
+const LapseWait = lapseWait

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -473,6 +474,44 @@ func TestAReadGivesUpWaitingForAHeldLapsedJob(t *testing.T) {
 	require.GreaterOrEqual(t, time.Since(began), time.Second, "the read waited for the holder")
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, "EXHAUSTED", b.step(t, enq.StepID).Status, "released: the next read ends it")
+}
+
+// The bound is the read's, not each held job's: three lapsed jobs held by
+// three transactions that end one after another, each within LapseWait of
+// the one before, kept a read waiting for all three when a lock_timeout
+// bounded each lock (review). It answers within a deadline shorter than
+// their sum. Not parallel: it holds row locks.
+func TestAReadWaitsOnceForSeveralHeldLapsedJobs(t *testing.T) {
+	b := setup(t)
+	runID := b.run(t)
+	stepIDs, claimed := b.lastAttemptsClaimed(t, runID, 3)
+	b.clock.Add(20 * time.Second)
+	step := jobs.LapseWait * 3 / 4
+	var held sync.WaitGroup
+	for i, j := range claimed {
+		tx, err := b.env.App.Pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, `SELECT id FROM jobs WHERE id = $1 FOR UPDATE`, j.JobID)
+		require.NoError(t, err)
+		held.Add(1)
+		release := time.AfterFunc(time.Duration(i+1)*step, func() { defer held.Done(); _ = tx.Rollback(ctx) })
+		t.Cleanup(func() {
+			if release.Stop() {
+				_ = tx.Rollback(ctx)
+				held.Done()
+			}
+		})
+	}
+
+	readCtx, cancel := context.WithTimeout(ctx, 2*jobs.LapseWait) // the three waits, 3 × step, fail here
+	defer cancel()
+	r, err := b.svc.GetRun(readCtx, b.ws, runID)
+	require.NoError(t, err)
+	require.Len(t, r.Steps, 3)
+	held.Wait()
+	for _, id := range stepIDs {
+		require.Equal(t, "EXHAUSTED", b.step(t, id).Status, "released: the next read ends it")
+	}
 }
 
 // A run that has failed goes on reading its other steps' lapses: they keep

@@ -349,8 +349,9 @@ const lapseWait = 2 * time.Second
 // attempt, lapsed being those of them the read saw. When it ended none of
 // those, another read, the sweeper or a report holds them (its lock made
 // ours skip them, SKIP LOCKED), and it waits for that transaction to end,
-// for at most lapseWait per job held. It reports whether reading again may
-// show more.
+// for at most lapseWait in all, however many jobs are held (a lock_timeout
+// bounded each lock, so a read waited lapseWait for each held job). It
+// reports whether reading again may show more.
 func (s *Service) settleLapsed(ctx context.Context, runID string, lapsed []string) (bool, error) {
 	n, err := s.exhaustLapsed(ctx, &runID, 1000)
 	if err != nil || n > 0 || len(lapsed) == 0 {
@@ -367,8 +368,8 @@ func (s *Service) settleLapsed(ctx context.Context, runID string, lapsed []strin
 		return err
 	})
 	if db.HasCode(err, db.CodeLockNotAvailable) || (db.HasCode(err, db.CodeQueryCanceled) && ctx.Err() == nil) {
-		// Still held after lapseWait (or a statement_timeout shorter than
-		// it cut the wait): answer what was read.
+		// Still held after lapseWait (or a lock_timeout set for the role
+		// cut the wait): answer what was read.
 		return false, nil
 	}
 	if err != nil {

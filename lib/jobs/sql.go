@@ -383,8 +383,10 @@ SELECT step_id, run_id, workspace_id, id, status, attempt FROM upd`
 // as a batch report does (jobs_report_lock), so the two cannot deadlock.
 const sqlAwaitJobLocks = `SELECT id FROM jobs WHERE id = ANY($1::text[]) ORDER BY id FOR SHARE`
 
-// sqlLapseWaitTimeout bounds sqlAwaitJobLocks' wait ($1, as '2000ms').
-const sqlLapseWaitTimeout = `SELECT set_config('lock_timeout', $1::text, true)`
+// sqlLapseWaitTimeout bounds sqlAwaitJobLocks' whole wait ($1, as
+// '2000ms'): a statement_timeout, where a lock_timeout would bound each of
+// its locks.
+const sqlLapseWaitTimeout = `SELECT set_config('statement_timeout', $1::text, true)`
 
 // sqlLapsedGates takes the gate protocol's shared lock on the endpoints of
 // the jobs sqlExhaustLapsed is about to end (a separate, earlier statement,
