@@ -107,6 +107,10 @@ func TestWorkerHoldsAFinishedJobsReportThroughAnOutageLongerThanItsLease(t *test
 	t.Logf("executions: %v; report requests %d", executions(t, b, s.DurableJob.ID), trouble.reports.Load())
 	require.Equal(t, ratchet.JobSucceeded, s.Status)
 	require.EqualValues(t, 1, runs.Load(), "the handler ran again after the outage")
+	// Stop delivers every OnError call queued before it returns.
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, w.Stop(sctx))
 	require.Empty(t, e.reportErrors(), "no report may be given up while the server can still take it")
 }
 
