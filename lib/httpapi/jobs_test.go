@@ -378,6 +378,27 @@ func TestReportAndEnqueueValidation(t *testing.T) {
 	require.Equal(t, []string{"waitSeconds"}, validationFields(t, e.Do("POST", "/api/v1/workers/"+wid+"/claim", e.worker, map[string]any{"waitSeconds": 21})))
 }
 
+// A claim sent again with its claimId answers the same jobs and tokens;
+// a claimId outside its rule is refused by name.
+func TestAKeyedClaimOverHTTP(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t, "send_email@1")
+	runID := e.run()
+	e.enqueue(runID, map[string]any{"name": "send_email", "version": "1"})
+	e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"n": 2}})
+	wid := e.register("send_email@1")
+	path := "/api/v1/workers/" + wid + "/claim"
+	for _, bad := range []any{"", "a b", strings.Repeat("x", 65), 7} {
+		require.Equal(t, []string{"claimId"}, validationFields(t, e.Do("POST", path, e.worker,
+			map[string]any{"claimId": bad})), "%v", bad)
+	}
+	body := map[string]any{"limit": 1, "claimId": "w1:poll-0001"}
+	first := e.Must(http.StatusOK, "POST", path, e.worker, body).JSON()
+	require.Len(t, first["jobs"], 1)
+	require.Equal(t, first, e.Must(http.StatusOK, "POST", path, e.worker, body).JSON())
+	require.Len(t, e.claim(wid, 10), 1, "the other job is still queued")
+}
+
 func TestJobScopesAndTenancy(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t, "send_email@1")

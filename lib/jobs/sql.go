@@ -462,9 +462,11 @@ const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND wo
 //
 // $1 worker, $2 workspace, $3 now, $4 key, $5 limit, $6 lease grace ms,
 // $7 rate window (minute), $8 warning, $9 the most bytes of sealed input one
-// claim answers (always at least one job; ClaimInputBudget). The statement
-// is the PL/pgSQL function jobs_claim_hashed (migration 0032; 0011 has its
-// design), which
+// claim answers (always at least one job; ClaimInputBudget), $10 the
+// claim's ClaimID and $11 its secret (both NULL for a claim without one).
+// The statement is the PL/pgSQL function jobs_claim_keyed (migration 0042:
+// 0032's jobs_claim_hashed with the keyed claim's answer again and derived
+// tokens; 0011 has its design), which
 // answers each lease token and stores only its hash (every comparison is
 // jobs_lease_token_matches, which also accepts a token stored in clear
 // before 0032). Each server connection parses the call once, but the
@@ -478,8 +480,8 @@ const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND wo
 // commits, though it was authenticated before (QA: one opened before the
 // revocation leased a job queued after it, decrypted input included).
 const sqlClaim = `SELECT c.* FROM api_keys k,
-    LATERAL jobs_claim_hashed($1::text, $2::text, $3::timestamptz, k.id, $5::int, $6::bigint, $7::timestamptz, $8::text,
-                              $9::bigint) c
+    LATERAL jobs_claim_keyed($1::text, $2::text, $3::timestamptz, k.id, $5::int, $6::bigint, $7::timestamptz, $8::text,
+                             $9::bigint, $10::text, $11::text) c
 WHERE k.id = $4::text AND k.revoked_at IS NULL`
 
 // sqlHeartbeat extends a current lease by the job's timeout plus the grace,

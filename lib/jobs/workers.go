@@ -3,9 +3,11 @@ package jobs
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"time"
 	"unicode/utf8"
 
@@ -73,7 +75,15 @@ func (s *Service) RegisterWorker(ctx context.Context, p *auth.Principal, req Reg
 type ClaimRequest struct {
 	Limit       *int `json:"limit,omitempty" openapi:"min=1,max=100"`
 	WaitSeconds *int `json:"waitSeconds,omitempty" openapi:"min=0,max=20"`
+	// ClaimID names this claim, so that the worker can send it again when
+	// its answer was lost: the claim sent again answers the jobs the first
+	// leased under the id, with the same lease tokens, while their leases
+	// hold (and leases nothing more). A new id for every new claim.
+	ClaimID *string `json:"claimId,omitempty" openapi:"minLength=1,maxLength=64,pattern=^[A-Za-z0-9._:-]+$"`
 }
+
+// validClaimID is ClaimRequest.ClaimID's rule.
+var validClaimID = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
 
 // ClaimedJob is one leased job.
 type ClaimedJob struct {
@@ -132,6 +142,13 @@ func (s *Service) Claim(ctx context.Context, p *auth.Principal, workerID string,
 			pr.Add("waitSeconds", "must be an integer from 0 to %d", MaxClaimWaitSeconds)
 		}
 	}
+	var key *claimKey
+	if req.ClaimID != nil {
+		if !validClaimID.MatchString(*req.ClaimID) {
+			pr.Add("claimId", "must be 1 to 64 characters of A-Z, a-z, 0-9, '.', '_', ':' and '-'")
+		}
+		key = &claimKey{id: *req.ClaimID, secret: s.claimSecret(p.KeyID, workerID, *req.ClaimID)}
+	}
 	if err := pr.Err(); err != nil {
 		return ClaimResult{}, err
 	}
@@ -148,7 +165,7 @@ func (s *Service) Claim(ctx context.Context, p *auth.Principal, workerID string,
 	}
 	poll := longPoll{parked: wait > 0, deadline: deadline, pause: s.pollMin}
 	for first := true; ; first = false {
-		jobs, again, err := s.claimOrWait(ctx, p, workerID, limit, first, &poll)
+		jobs, again, err := s.claimOrWait(ctx, p, workerID, limit, key, first, &poll)
 		if err != nil {
 			return ClaimResult{}, err
 		}
@@ -173,15 +190,15 @@ type longPoll struct {
 // before it claims, so a commit after the claim's snapshot still wakes it;
 // when it stops without looking again, a wake it got is passed on to the
 // next parked claim.
-func (s *Service) claimOrWait(ctx context.Context, p *auth.Principal, workerID string, limit int, first bool,
-	poll *longPoll) (jobs []ClaimedJob, again bool, err error) {
+func (s *Service) claimOrWait(ctx context.Context, p *auth.Principal, workerID string, limit int, key *claimKey,
+	first bool, poll *longPoll) (jobs []ClaimedJob, again bool, err error) {
 	var woken <-chan struct{}
 	if poll.parked {
 		var leave func(last bool)
 		woken, leave = s.wake.park(p.WorkspaceID)
 		defer func() { leave(!again) }()
 	}
-	jobs, err = s.claimOnce(ctx, p, workerID, limit)
+	jobs, err = s.claimOnce(ctx, p, workerID, limit, key)
 	if err != nil || len(jobs) > 0 {
 		return jobs, false, err
 	}
@@ -213,10 +230,27 @@ func (s *Service) claimOrWait(ctx context.Context, p *auth.Principal, workerID s
 	return nil, true, nil
 }
 
-func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID string, limit int) ([]ClaimedJob, error) {
+// claimKey is a claim's ClaimID and the secret its lease tokens are
+// derived from.
+type claimKey struct{ id, secret string }
+
+// claimSecret is the secret a keyed claim's lease tokens are derived from
+// (migration 0042, jobs_claim_token): only the service, which holds the
+// hash key, can compute it, and a claim sent again under the same key,
+// worker and id computes the same one, and so answers the same tokens.
+func (s *Service) claimSecret(keyID, workerID, claimID string) string {
+	return hex.EncodeToString(s.mac([]byte("job.claim:" + keyID + ":" + workerID + ":" + claimID)))
+}
+
+func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID string, limit int,
+	key *claimKey) ([]ClaimedJob, error) {
 	now := s.now()
+	var claimID, secret *string
+	if key != nil {
+		claimID, secret = &key.id, &key.secret
+	}
 	rows, err := s.pool.Query(ctx, sqlClaim, workerID, p.WorkspaceID, now, p.KeyID, limit,
-		s.leaseGrace.Milliseconds(), now.Truncate(time.Minute), LapseWarning, s.claimInputBudget)
+		s.leaseGrace.Milliseconds(), now.Truncate(time.Minute), LapseWarning, s.claimInputBudget, claimID, secret)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}

@@ -67,19 +67,48 @@ func leaseEndFrom(sent time.Time, j ClaimedJob, serverExpiry time.Time) time.Tim
 }
 
 // Claim leases up to limit (1–100) due jobs for workerID, waiting up to
-// waitSeconds (0–20) for one to appear.
+// waitSeconds (0–20) for one to appear. It is ClaimKeyed under a new claim
+// id.
 func (c *Client) Claim(ctx context.Context, workerID string, limit, waitSeconds int) ([]ClaimedJob, error) {
+	return c.ClaimKeyed(ctx, workerID, NewClaimID(), limit, waitSeconds)
+}
+
+// NewClaimID is a random claim id for ClaimKeyed.
+func NewClaimID() string { return newRequestID() }
+
+// ClaimKeyed is Claim under claimID (1–64 characters of A-Z a-z 0-9 . _ :
+// -), new for every claim. The call is retried under the same id, and a
+// failed call whose answer may have been lost (MayHaveApplied) can be made
+// again with it: the server answers the jobs the first call leased under
+// the id, with the same lease tokens, while their leases hold, instead of
+// leaving them leased to nobody until they lapse (each lapse spends an
+// attempt).
+func (c *Client) ClaimKeyed(ctx context.Context, workerID, claimID string, limit, waitSeconds int) ([]ClaimedJob, error) {
 	var out struct {
 		Jobs []ClaimedJob `json:"jobs"`
 	}
-	body := map[string]int{"limit": limit, "waitSeconds": waitSeconds}
-	// A repeated claim after a lost response leases other jobs; the lost
-	// ones are reclaimed when their leases lapse, retry or not, so retrying
-	// only saves time.
-	if err := c.do(ctx, "POST", "/workers/"+pathID(workerID)+"/claim", body, &out, idempotent); err != nil {
+	path := "/workers/" + pathID(workerID) + "/claim"
+	body := claimBody{Limit: limit, WaitSeconds: waitSeconds, ClaimID: claimID}
+	err := c.do(ctx, "POST", path, body, &out, idempotent) // the same claim id each retry
+	if unknownField(err, "claimId") {
+		// A server from before claimId (an instance of the previous
+		// release during a deploy) refuses it and leased nothing: claim
+		// without it.
+		body.ClaimID = ""
+		out.Jobs = nil
+		err = c.do(ctx, "POST", path, body, &out, idempotent)
+	}
+	if err != nil {
 		return nil, err
 	}
 	return out.Jobs, nil
+}
+
+// claimBody is a claim's request body.
+type claimBody struct {
+	Limit       int    `json:"limit"`
+	WaitSeconds int    `json:"waitSeconds"`
+	ClaimID     string `json:"claimId,omitempty"`
 }
 
 // JobHeartbeat is the answer to a job heartbeat.

@@ -97,6 +97,7 @@ type Worker struct {
 	slotFreed  chan struct{}           // a handler finished (buffered, 1)
 	loopDone   chan struct{}           // closed when polling ended, or Start gave up before it
 	claiming   bool                    // a claim is in flight (mu), for Stop's error
+	claimID    string                  // the next claim's id: a lost claim's, to ask again (poll loop only)
 	jobs       sync.WaitGroup          // dispatched jobs, until their report is queued (or left unreported)
 	handlers   sync.WaitGroup          // handler calls in progress, stragglers included
 	running    int                     // handler calls in progress whose attempt is not reported (mu)
@@ -574,7 +575,10 @@ func (w *Worker) awaitReports(ctx context.Context) bool {
 	return true
 }
 
-// claim asks for up to limit jobs, marked in flight while it is.
+// claim asks for up to limit jobs, marked in flight while it is. A claim
+// whose answer may have been lost leaves its id for the next, which then
+// answers what the lost one leased (while those leases hold) rather than
+// leaving it leased to nobody.
 func (w *Worker) claim(pollCtx context.Context, limit int) ([]ClaimedJob, error) {
 	w.mu.Lock()
 	w.claiming = true
@@ -584,7 +588,14 @@ func (w *Worker) claim(pollCtx context.Context, limit int) ([]ClaimedJob, error)
 		w.claiming = false
 		w.mu.Unlock()
 	}()
-	return w.c.Claim(withRetryCutoff(pollCtx, w.stopping), w.ID(), limit, w.opts.WaitSeconds)
+	if w.claimID == "" {
+		w.claimID = NewClaimID()
+	}
+	jobs, err := w.c.ClaimKeyed(withRetryCutoff(pollCtx, w.stopping), w.ID(), w.claimID, limit, w.opts.WaitSeconds)
+	if err == nil || !MayHaveApplied(err) {
+		w.claimID = ""
+	}
+	return jobs, err
 }
 
 // registerAgain registers the worker's tools under a new worker id, for a

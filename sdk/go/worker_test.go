@@ -21,6 +21,7 @@ type fakeJobs struct {
 	mu            sync.Mutex
 	queue         []ClaimedJob
 	claims        int
+	claimIDs      []string // each claim request's claimId, refused ones included
 	limits        []int
 	waits         []int // each claim's waitSeconds
 	heartbeats    int
@@ -89,6 +90,8 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 201, map[string]any{"workerId": "wkr_1"})
 	case p == "/workers/wkr_1/claim":
 		f.mu.Lock()
+		id, _ := body["claimId"].(string)
+		f.claimIDs = append(f.claimIDs, id)
 		if f.claimError != nil {
 			if status, code, detail := f.claimError(); status != 0 {
 				f.claims++
@@ -1038,6 +1041,80 @@ func (c *countingWaits) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = io.NopCloser(bytes.NewReader(raw))
 	}
 	c.next.ServeHTTP(w, r)
+}
+
+// A claim whose answer may have been lost (here a 500 after every retry)
+// leaves its claim id to the worker's next claim, so that the server can
+// answer what the lost one leased; a claim answered, or refused before the
+// server acted (a 4xx), does not.
+func TestWorkerAsksAgainUnderALostClaimsID(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	answers := []int{500, 500, 500, 500, 500, 500, 500, 500, 500, 500, 0, 400, 0}
+	f.claimError = func() (int, string, map[string]any) {
+		if len(f.claimIDs) > len(answers) {
+			return 0, "", nil
+		}
+		switch answers[len(f.claimIDs)-1] {
+		case 500:
+			return 500, "internal", nil
+		case 400:
+			return 400, CodeInvalidRequest, nil
+		}
+		return 0, "", nil
+	}
+	startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "any", Version: "1",
+			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+	}, StartOptions{PollInterval: time.Millisecond})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f.mu.Lock()
+		n := len(f.claimIDs)
+		ids := append([]string(nil), f.claimIDs...)
+		f.mu.Unlock()
+		if n > len(answers) {
+			for i, id := range ids[:11] {
+				if id == "" || id != ids[0] {
+					t.Fatalf("claim %d under %q, want the lost claims' %q (all: %q)", i, id, ids[0], ids)
+				}
+			}
+			if ids[11] == ids[10] || ids[12] == ids[11] {
+				t.Fatalf("a claim answered or refused left its id to the next: %q", ids)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d claims after 10 s: %q", n, ids)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A server from before claimId refuses it as an unknown field and leases
+// nothing: the claim is made again without it.
+func TestClaimWithoutClaimIDForAnOlderServer(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.claimError = func() (int, string, map[string]any) {
+		if f.claimIDs[len(f.claimIDs)-1] != "" {
+			return 400, CodeInvalidRequest, map[string]any{"validation": []map[string]any{
+				{"field": "claimId", "message": "is not a known field"}}}
+		}
+		return 0, "", nil
+	}
+	id := f.add("send_welcome_email", "1", welcomeIn{CustomerID: "cus_1"}, 30000)
+	c, _ := testClient(t, f)
+	jobs, err := c.Claim(context.Background(), "wkr_1", 5, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(jobs) != 1 || jobs[0].JobID != id {
+		t.Fatalf("jobs %+v", jobs)
+	}
+	if len(f.claimIDs) != 2 || f.claimIDs[0] == "" || f.claimIDs[1] != "" {
+		t.Fatalf("claim ids %q, want one refused then none", f.claimIDs)
+	}
 }
 
 // A server that no longer knows the worker (it deletes registrations long

@@ -1,0 +1,80 @@
+package sdktest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
+	ratchet "github.com/getratchet/ratchet/sdk/go"
+)
+
+// claimAnswerLost forwards every request, and loses the answer of the first
+// claim that leased a job: the server committed the lease, the worker never
+// read it.
+type claimAnswerLost struct {
+	next http.RoundTripper
+	lost atomic.Bool
+}
+
+func (l *claimAnswerLost) RoundTrip(r *http.Request) (*http.Response, error) {
+	res, err := l.next.RoundTrip(r)
+	if err != nil || !strings.HasSuffix(r.URL.Path, "/claim") || l.lost.Load() {
+		return res, err
+	}
+	body, err := io.ReadAll(res.Body)
+	_ = res.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	if bytes.Contains(body, []byte(`"jobId"`)) && l.lost.CompareAndSwap(false, true) {
+		return nil, errors.New("read tcp 127.0.0.1:50000: connection reset by peer")
+	}
+	res.Body = io.NopCloser(bytes.NewReader(body))
+	return res, nil
+}
+
+// A claim's answer lost on the way back is asked for again under the
+// claim's id, so the job leased by the lost answer runs at once, on its
+// first attempt: on its only attempt, it used to end EXHAUSTED after its
+// lease lapsed, no handler having seen it.
+func TestALostClaimAnswerCostsNoAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, apitest.WithConfig(func(c *config.Config) { c.JobLeaseGraceMs = 1000 }))
+	ctx := context.Background()
+	lossy := &claimAnswerLost{}
+	w := ratchet.NewWorker(b.client(t, b.workerKey(t, "charge@1"),
+		func(rt http.RoundTripper) http.RoundTripper { lossy.next = rt; return lossy }))
+	var runs atomic.Int32
+	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "charge", Version: "1",
+		Handler: func(_ context.Context, _ welcomeIn, job ratchet.JobContext) (welcomeOut, error) {
+			runs.Add(1)
+			return welcomeOut{MessageID: "charged"}, nil
+		}}))
+	run, err := b.producer.StartRun(ctx, "lost-claim")
+	require.NoError(t, err)
+	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"}, ratchet.EnqueueOptions{
+		Name: "charge", Version: "1", Timeout: 2 * time.Second, MaxAttempts: 1})
+	require.NoError(t, err)
+	e := start(t, w, 1)
+	s := stepIs(t, b.producer, run.ID, st.StepID, ratchet.JobSucceeded, ratchet.JobExhausted)
+	require.True(t, lossy.lost.Load(), "no claim answer was lost")
+	require.Equal(t, ratchet.JobSucceeded, s.Status)
+	require.Equal(t, 1, s.DurableJob.Attempt)
+	require.EqualValues(t, 1, runs.Load())
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, w.Stop(sctx))
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	require.Empty(t, e.list, "the retried claim is no error")
+}

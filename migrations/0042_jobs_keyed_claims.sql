@@ -1,0 +1,185 @@
+-- A claim's answer can be lost after its statement committed (a proxy's
+-- timeout, a connection reset, a function ended at its deadline): its jobs
+-- stay leased to a worker that never saw them until the leases lapse, and
+-- each lapse counts as a failed attempt (API.md §5), so one lost answer
+-- could spend a job's last attempt on nothing. A claim may now carry a
+-- claimId (lib/jobs ClaimRequest) that the worker sends again when it
+-- retries that claim: the retry answers the jobs the first leased under
+-- that id, with the same lease tokens, while their leases hold, and leases
+-- nothing more.
+--
+-- A keyed claim's tokens are derived, so that a retry can answer them
+-- again without any token kept in clear: the token of a job's attempt is
+-- the first 128 bits of SHA-256 over a claim secret, the job and the
+-- attempt, where the secret is the service's HMAC of the key, worker and
+-- claim id (lib/jobs claimSecret; only the service can compute it). As
+-- before, only the token's hash is stored. A claim without a claimId draws
+-- random tokens, as jobs_claim_hashed does.
+--
+-- jobs_claim_keyed is 0032's jobs_claim_hashed but for that: the replay
+-- first, the derived tokens, and the claim id on each execution.
+-- jobs_claim_hashed stays, unchanged, for the previous release during a
+-- deploy.
+--
+-- The index is built inside the migration's transaction, which blocks
+-- writes to job_executions while it builds (it holds no row before this
+-- release, but the table is read whole); on a large table build it first
+-- with CREATE INDEX CONCURRENTLY under the same name (README, "Upgrading"):
+-- IF NOT EXISTS then leaves it be.
+ALTER TABLE job_executions ADD COLUMN IF NOT EXISTS claim_id text;
+CREATE INDEX IF NOT EXISTS job_executions_claim_idx ON job_executions (worker_id, claim_id)
+    WHERE claim_id IS NOT NULL;
+
+-- jobs_claim_token is the lease token of job $2's attempt $3 leased by the
+-- keyed claim whose secret is $1.
+CREATE FUNCTION jobs_claim_token(p_secret text, p_job_id text, p_attempt integer) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $fn$ SELECT left(encode(sha256(convert_to($1 || ':' || $2 || ':' || $3::text, 'UTF8')), 'hex'), 32) $fn$;
+
+-- jobs_claim_keyed leases up to $5 jobs to worker $1 whose sealed inputs
+-- add up to at most $9 bytes (see sqlClaim); with a claim id ($10, and its
+-- secret $11), it first answers what that claim leased.
+CREATE FUNCTION jobs_claim_keyed(p_worker_id text, p_workspace_id text, p_now timestamptz, p_key_id text,
+    p_limit integer, p_grace_ms bigint, p_rate_window timestamptz, p_warning text, p_max_input_bytes bigint,
+    p_claim_id text, p_claim_secret text)
+RETURNS TABLE (id text, step_id text, run_id text, name text, version text, attempt integer, max_attempts integer,
+    lease_token text, lease_expires_at timestamptz, timeout_ms bigint, idempotency_key text, input_sealed bytea)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $fn$
+#variable_conflict use_column
+BEGIN
+IF $10 IS NOT NULL THEN
+    -- A claim sent again under its claim id takes the id's turn, so that it
+    -- waits for the first to commit, and answers what the first leased, as
+    -- long as the first's leases still hold.
+    PERFORM pg_advisory_xact_lock(hashtextextended('claim:' || $1 || ':' || $10, 0));
+    RETURN QUERY
+    SELECT j.id, j.step_id, j.run_id, j.name, j.version, j.attempt, j.max_attempts,
+           jobs_claim_token($11, j.id, j.attempt), j.lease_expires_at, j.timeout_ms, j.idempotency_key,
+           j.input_sealed
+    FROM job_executions x
+    JOIN jobs j ON j.id = x.job_id AND j.attempt = x.attempt
+    WHERE x.worker_id = $1::text AND x.claim_id = $10::text AND x.workspace_id = $2::text
+      AND j.status = 'RUNNING' AND j.worker_id = $1::text AND j.lease_expires_at > $3::timestamptz
+      AND jobs_lease_token_matches(j.lease_token, jobs_claim_token($11, j.id, j.attempt))
+      AND EXISTS (SELECT 1 FROM job_workers w WHERE w.id = $1::text AND w.workspace_id = $2::text
+                  AND w.key_id = $4::text)
+    ORDER BY j.lease_expires_at, j.id;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+END IF;
+RETURN QUERY
+WITH wk AS (
+    UPDATE job_workers SET last_seen_at = $3::timestamptz
+    WHERE id = $1::text AND workspace_id = $2::text AND key_id = $4::text
+    RETURNING names, versions
+), tools AS (
+    SELECT DISTINCT t.name, t.version FROM wk, unnest(wk.names, wk.versions) AS t(name, version)
+), locked AS (
+    SELECT c.id, c.endpoint_id, c.ready_at, c.status = 'RUNNING' AS reclaim, c.size, c.attempt
+    FROM tools t
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.endpoint_id, j.ready_at, j.status, coalesce(octet_length(j.input_sealed), 0) AS size,
+               j.attempt
+        FROM jobs j
+        WHERE j.workspace_id = $2::text AND j.name = t.name AND j.version = t.version
+          AND j.status IN ('QUEUED', 'RETRY_SCHEDULED', 'RUNNING') AND j.ready_at <= $3::timestamptz
+          AND (j.status <> 'RUNNING' OR j.attempt < j.max_attempts)
+          AND NOT EXISTS (SELECT 1 FROM job_endpoints p WHERE p.id = j.endpoint_id
+              AND (p.paused
+                   OR (p.rate_limit_per_minute IS NOT NULL AND p.rate_window_start >= $7::timestamptz
+                       AND p.rate_window_count >= p.rate_limit_per_minute)
+                   OR (j.status <> 'RUNNING' AND p.max_concurrent IS NOT NULL
+                       AND p.running_count >= p.max_concurrent)
+                   OR (p.circuit_state = 'open' AND p.circuit_probe_at > $3::timestamptz)))
+        ORDER BY j.ready_at
+        LIMIT $5::int
+        FOR UPDATE OF j SKIP LOCKED
+    ) c
+    ORDER BY c.ready_at
+    LIMIT $5::int
+), cand AS (
+    -- The answer carries every input, and serverless platforms cap an
+    -- answer (Vercel 4.5 MB, Lambda 6 MB; a claim over it is lost with its
+    -- leases, again and again): the first candidates whose inputs fit in
+    -- $9 bytes together, and always the first. Endpoint slots are granted
+    -- from these only.
+    SELECT b.id, b.endpoint_id, b.ready_at, b.reclaim, b.attempt FROM (
+        SELECT l.*, sum(l.size) OVER (ORDER BY l.ready_at, l.id) AS upto,
+               row_number() OVER (ORDER BY l.ready_at, l.id) AS n
+        FROM locked l
+    ) b
+    WHERE b.n = 1 OR b.upto <= $9::bigint
+), eps AS (
+    SELECT e.id, e.paused, e.running_count, e.max_concurrent, e.rate_limit_per_minute, e.circuit_state,
+           e.circuit_probe_at,
+           CASE WHEN e.rate_window_start >= $7::timestamptz THEN e.rate_window_count ELSE 0 END AS window_count
+    FROM job_endpoints e WHERE e.id IN (SELECT endpoint_id FROM cand)
+    ORDER BY e.id
+    FOR NO KEY UPDATE
+), room AS (
+    SELECT e.id, c.n_re, c.n_new,
+           CASE WHEN e.paused THEN 0
+                WHEN e.rate_limit_per_minute IS NULL THEN 2147483647
+                ELSE GREATEST(0, e.rate_limit_per_minute - e.window_count) END AS rate_left,
+           CASE WHEN e.max_concurrent IS NULL THEN 2147483647
+                ELSE GREATEST(0, e.max_concurrent - e.running_count) END AS conc_left,
+           CASE WHEN e.circuit_state <> 'open' THEN 2147483647
+                WHEN e.circuit_probe_at IS NULL OR e.circuit_probe_at <= $3::timestamptz THEN 1
+                ELSE 0 END AS probe_left
+    FROM eps e
+    JOIN (SELECT endpoint_id, count(*) FILTER (WHERE reclaim)::int AS n_re,
+                 count(*) FILTER (WHERE NOT reclaim)::int AS n_new
+          FROM cand GROUP BY endpoint_id) c ON c.endpoint_id = e.id
+), grants AS (
+    SELECT id, g_re, LEAST(n_new, rate_left - g_re, conc_left, probe_left - g_re) AS g_new
+    FROM (SELECT room.*, LEAST(n_re, rate_left, probe_left) AS g_re FROM room) r
+), bump AS (
+    UPDATE job_endpoints e SET
+        running_count = e.running_count + CASE WHEN e.max_concurrent IS NULL THEN 0 ELSE g.g_new END,
+        rate_window_count = CASE WHEN e.rate_window_start >= $7::timestamptz THEN e.rate_window_count ELSE 0 END
+                            + g.g_re + g.g_new,
+        rate_window_start = greatest(e.rate_window_start, $7::timestamptz),
+        circuit_probe_at = CASE WHEN e.circuit_state = 'open'
+                                THEN $3::timestamptz + e.circuit_cooldown_ms * interval '1 millisecond'
+                                ELSE e.circuit_probe_at END
+    FROM grants g
+    WHERE e.id = g.id AND ((e.max_concurrent IS NOT NULL AND g.g_new > 0)
+                           OR ((e.rate_limit_per_minute IS NOT NULL OR e.circuit_state = 'open')
+                               AND g.g_re + g.g_new > 0))
+), pick AS (
+    -- A CTE with a volatile call is never inlined: one token per job.
+    SELECT c.id, c.reclaim,
+           CASE WHEN $11 IS NULL THEN replace(gen_random_uuid()::text, '-', '')
+                ELSE jobs_claim_token($11, c.id, c.attempt + 1) END AS token FROM (
+        SELECT cand.*, row_number() OVER (PARTITION BY endpoint_id, reclaim ORDER BY ready_at, id) AS rn FROM cand
+    ) c JOIN grants g ON g.id = c.endpoint_id
+    WHERE c.rn <= CASE WHEN c.reclaim THEN g.g_re ELSE g.g_new END
+), claimed AS (
+    UPDATE jobs j SET status = 'RUNNING', attempt = j.attempt + 1,
+        lease_token = jobs_lease_token_stored(p.token),
+        lease_expires_at = $3::timestamptz + (j.timeout_ms + $6::bigint) * interval '1 millisecond',
+        ready_at = $3::timestamptz + (j.timeout_ms + $6::bigint) * interval '1 millisecond',
+        worker_id = $1::text, updated_at = $3::timestamptz
+    FROM pick p WHERE j.id = p.id
+    RETURNING j.id, j.step_id, j.run_id, j.name, j.version, j.attempt, j.max_attempts, p.token AS lease_token,
+              j.lease_token AS stored_token, j.lease_expires_at, j.timeout_ms, j.idempotency_key, j.input_sealed,
+              p.reclaim
+), lapsed AS (
+    UPDATE job_executions x SET outcome = 'FAILED', warning = $8::text, ended_at = $3::timestamptz
+    FROM claimed c
+    -- The array keeps this a primary-key probe however the planner sizes claimed.
+    WHERE x.job_id = ANY (ARRAY(SELECT id FROM claimed WHERE reclaim))
+      AND c.reclaim AND x.job_id = c.id AND x.attempt = c.attempt - 1 AND x.outcome IS NULL
+), exe AS (
+    INSERT INTO job_executions (job_id, attempt, workspace_id, worker_id, lease_token, started_at, lease_expires_at,
+        claim_id)
+    SELECT id, attempt, $2::text, $1::text, stored_token, $3::timestamptz, lease_expires_at, $10::text FROM claimed
+)
+SELECT id, step_id, run_id, name, version, attempt, max_attempts, lease_token, lease_expires_at, timeout_ms,
+       idempotency_key, input_sealed
+FROM claimed ORDER BY lease_expires_at, id;
+END
+$fn$;
