@@ -97,6 +97,11 @@ func errBadKey() error {
 	return apierr.Unauthorized("Missing, malformed, or revoked key.")
 }
 
+// ErrRevokedKey is the answer to a request whose key was authenticated from
+// an instance's cache but is found revoked by the statement that would act
+// for it: the same as for any key that does not authenticate.
+func ErrRevokedKey() error { return errBadKey() }
+
 // parseSecret splits rk_<id body>_<hex>.
 func parseSecret(secret string) (keyID string, ok bool) {
 	rest, ok := strings.CutPrefix(secret, secretPrefix)

@@ -511,6 +511,9 @@ func (s *Service) decide(ctx context.Context, q db.Querier, in *beginInput,
 	locked func(context.Context, *beginInput) (Decision, error)) (Decision, error) {
 	sent := time.Now()
 	ev, found, inserted, row, err := scanBegin(q.QueryRow(ctx, sqlBeginFast, in.args()...))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Decision{}, auth.ErrRevokedKey() // revoked since this instance cached it
+	}
 	if err != nil {
 		return Decision{}, fmt.Errorf("begin: %w", err)
 	}
