@@ -6,14 +6,21 @@
 -- claimId (lib/jobs ClaimRequest) that the worker sends again when it
 -- retries that claim: the retry answers the jobs the first leased under
 -- that id, with the same lease tokens, while their leases hold, and leases
--- nothing more.
+-- nothing more. The answer again renews those leases from its own time,
+-- as a heartbeat does. It answers every job still held, whatever the
+-- limit it asks (the first claim's limit bounded them).
 --
 -- A keyed claim's tokens are derived, so that a retry can answer them
 -- again without any token kept in clear: the token of a job's attempt is
 -- the first 128 bits of SHA-256 over a claim secret, the job and the
 -- attempt, where the secret is the service's HMAC of the key, worker and
 -- claim id (lib/jobs claimSecret; only the service can compute it). As
--- before, only the token's hash is stored. A claim without a claimId draws
+-- before, only the token's hash is stored. The secret reaches the server
+-- as a parameter of the claim's statement, which PostgreSQL writes into
+-- its log for a statement logged with its parameters (e.g. a slow one
+-- under log_min_duration_statement): with that log and the jobs' ids, that
+-- one claim's tokens could be computed (README: set log_parameter_max_length
+-- to 0 for the service's role). A claim without a claimId draws
 -- random tokens, as jobs_claim_hashed does.
 --
 -- jobs_claim_keyed is 0032's jobs_claim_hashed but for that: the replay
@@ -50,22 +57,47 @@ AS $fn$
 #variable_conflict use_column
 BEGIN
 IF $10 IS NOT NULL THEN
-    -- A claim sent again under its claim id takes the id's turn, so that it
-    -- waits for the first to commit, and answers what the first leased, as
-    -- long as the first's leases still hold.
-    PERFORM pg_advisory_xact_lock(hashtextextended('claim:' || $1 || ':' || $10, 0));
+    -- A claim sent again under its claim id takes the id's turn (the
+    -- two-key form: a key space of its own), so that it waits for the first
+    -- to commit, and answers what the first leased while those leases hold,
+    -- renewed from now as a heartbeat would: the answer says the lease's
+    -- full length (leaseMs), which the worker measures from when it sent
+    -- this claim (review: the lease left by the first was shorter, and the
+    -- worker's first heartbeat came after it lapsed and another worker had
+    -- the job). Held jobs are locked in id order, as reports lock them.
+    PERFORM pg_advisory_xact_lock(hashtext('ratchet.job_claim'), hashtext($1 || ':' || $10));
     RETURN QUERY
-    SELECT j.id, j.step_id, j.run_id, j.name, j.version, j.attempt, j.max_attempts,
-           jobs_claim_token($11, j.id, j.attempt), j.lease_expires_at, j.timeout_ms, j.idempotency_key,
-           j.input_sealed
-    FROM job_executions x
-    JOIN jobs j ON j.id = x.job_id AND j.attempt = x.attempt
-    WHERE x.worker_id = $1::text AND x.claim_id = $10::text AND x.workspace_id = $2::text
-      AND j.status = 'RUNNING' AND j.worker_id = $1::text AND j.lease_expires_at > $3::timestamptz
-      AND jobs_lease_token_matches(j.lease_token, jobs_claim_token($11, j.id, j.attempt))
-      AND EXISTS (SELECT 1 FROM job_workers w WHERE w.id = $1::text AND w.workspace_id = $2::text
-                  AND w.key_id = $4::text)
-    ORDER BY j.lease_expires_at, j.id;
+    WITH held AS (
+        SELECT j.id, j.attempt
+        FROM job_executions x
+        JOIN jobs j ON j.id = x.job_id AND j.attempt = x.attempt
+        WHERE x.worker_id = $1::text AND x.claim_id = $10::text AND x.workspace_id = $2::text
+          AND j.status = 'RUNNING' AND j.worker_id = $1::text AND j.lease_expires_at > $3::timestamptz
+          AND jobs_lease_token_matches(j.lease_token, jobs_claim_token($11, j.id, j.attempt))
+          AND EXISTS (SELECT 1 FROM job_workers w WHERE w.id = $1::text AND w.workspace_id = $2::text
+                      AND w.key_id = $4::text)
+        ORDER BY j.id
+        FOR UPDATE OF j
+    ), renewed AS (
+        UPDATE jobs j SET lease_expires_at = $3::timestamptz + (j.timeout_ms + $6::bigint) * interval '1 millisecond',
+            ready_at = $3::timestamptz + (j.timeout_ms + $6::bigint) * interval '1 millisecond',
+            updated_at = $3::timestamptz
+        FROM held h
+        WHERE j.id = h.id AND j.attempt = h.attempt AND j.status = 'RUNNING'
+        RETURNING j.id, j.step_id, j.run_id, j.name, j.version, j.attempt, j.max_attempts, j.lease_expires_at,
+                  j.timeout_ms, j.idempotency_key, j.input_sealed
+    ), renewed_executions AS (
+        UPDATE job_executions x SET lease_expires_at = r.lease_expires_at
+        FROM renewed r WHERE x.job_id = r.id AND x.attempt = r.attempt
+    ), wk AS (
+        UPDATE job_workers SET last_seen_at = $3::timestamptz
+        WHERE id = $1::text AND workspace_id = $2::text AND key_id = $4::text AND EXISTS (SELECT 1 FROM renewed)
+    )
+    SELECT r.id, r.step_id, r.run_id, r.name, r.version, r.attempt, r.max_attempts,
+           jobs_claim_token($11, r.id, r.attempt), r.lease_expires_at, r.timeout_ms, r.idempotency_key,
+           r.input_sealed
+    FROM renewed r
+    ORDER BY r.lease_expires_at, r.id;
     IF FOUND THEN
         RETURN;
     END IF;

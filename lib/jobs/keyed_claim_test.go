@@ -35,7 +35,10 @@ func (b *bundle) enqueueJobs(t testing.TB, runID string, n int) []string {
 
 // A claim whose answer was lost, sent again under its claimId, answers the
 // jobs it leased, attempt and lease token alike, and leases nothing more:
-// the attempt is not spent on a lapse.
+// the attempt is not spent on a lapse. Their leases are renewed from the
+// answer again, whose leaseMs the worker measures from when it sent it
+// (review: answered as the first left them, the worker took them for
+// longer than they had left, and its first heartbeat came too late).
 func TestAClaimSentAgainAnswersWhatItLeased(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -45,11 +48,18 @@ func TestAClaimSentAgainAnswersWhatItLeased(t *testing.T) {
 
 	first := b.claimKeyed(t, w, "claim-1", 2)
 	require.Len(t, first, 2)
-	b.clock.Add(time.Second)
-	again := b.claimKeyed(t, w, "claim-1", 2)
-	require.Equal(t, first, again, "the same jobs, attempts, tokens and leases")
-	for _, j := range again {
+	b.clock.Add(4 * time.Second)
+	again := b.claimKeyed(t, w, "claim-1", 1) // whatever the limit: every job it leased
+	require.Len(t, again, 2)
+	for i, j := range again {
 		require.Equal(t, 1, j.Attempt)
+		require.Equal(t, first[i].LeaseMs, j.LeaseMs)
+		require.Equal(t, b.clock.Now().Add(time.Duration(j.LeaseMs)*time.Millisecond), j.LeaseExpiresAt,
+			"renewed from the answer again")
+		j.LeaseExpiresAt = first[i].LeaseExpiresAt
+		require.Equal(t, first[i], j, "the same job, attempt and token")
+		stored := b.step(t, j.StepID).DurableJob.LeaseExpiresAt
+		require.True(t, stored.Equal(j.LeaseExpiresAt.Add(4*time.Second)), "the job's lease is renewed: %v", stored)
 	}
 
 	// The third job is still there for another claim.
@@ -60,7 +70,10 @@ func TestAClaimSentAgainAnswersWhatItLeased(t *testing.T) {
 	// The answered tokens are the live ones.
 	b.succeed(t, again[0])
 	// A job reported is no longer answered; the other still is.
-	require.Equal(t, first[1:], b.claimKeyed(t, w, "claim-1", 2))
+	left := b.claimKeyed(t, w, "claim-1", 2)
+	require.Len(t, left, 1)
+	require.Equal(t, first[1].JobID, left[0].JobID)
+	require.Equal(t, first[1].LeaseToken, left[0].LeaseToken)
 	b.succeed(t, again[1])
 	b.succeed(t, other[0])
 	// Once nothing it leased is held, the id claims afresh (nothing is due).

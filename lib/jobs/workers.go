@@ -77,8 +77,9 @@ type ClaimRequest struct {
 	WaitSeconds *int `json:"waitSeconds,omitempty" openapi:"min=0,max=20"`
 	// ClaimID names this claim, so that the worker can send it again when
 	// its answer was lost: the claim sent again answers the jobs the first
-	// leased under the id, with the same lease tokens, while their leases
-	// hold (and leases nothing more). A new id for every new claim.
+	// leased under the id, with the same lease tokens and their leases
+	// renewed, while those leases hold (and leases nothing more). A new id
+	// for every new claim.
 	ClaimID *string `json:"claimId,omitempty" openapi:"minLength=1,maxLength=64,pattern=^[A-Za-z0-9._:-]+$"`
 }
 

@@ -24,9 +24,16 @@ import (
 type claimAnswerLost struct {
 	next http.RoundTripper
 	lost atomic.Bool
+	// outage, when set, refuses every claim for that long after the lost
+	// answer, retries included.
+	outage      time.Duration
+	outageUntil atomic.Pointer[time.Time]
 }
 
 func (l *claimAnswerLost) RoundTrip(r *http.Request) (*http.Response, error) {
+	if until := l.outageUntil.Load(); until != nil && strings.HasSuffix(r.URL.Path, "/claim") && time.Now().Before(*until) {
+		return nil, errors.New("dial tcp 127.0.0.1:50000: connection refused")
+	}
 	res, err := l.next.RoundTrip(r)
 	if err != nil || !strings.HasSuffix(r.URL.Path, "/claim") || l.lost.Load() {
 		return res, err
@@ -37,6 +44,8 @@ func (l *claimAnswerLost) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	if bytes.Contains(body, []byte(`"jobId"`)) && l.lost.CompareAndSwap(false, true) {
+		until := time.Now().Add(l.outage)
+		l.outageUntil.Store(&until)
 		return nil, errors.New("read tcp 127.0.0.1:50000: connection reset by peer")
 	}
 	res.Body = io.NopCloser(bytes.NewReader(body))
@@ -77,4 +86,55 @@ func TestALostClaimAnswerCostsNoAttempt(t *testing.T) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	require.Empty(t, e.list, "the retried claim is no error")
+}
+
+// A lost claim answer asked for again only after its call's retries failed
+// (an outage of most of the lease) gets the job back with its lease renewed:
+// the worker measures the lease from when it sent the claim that got the
+// answer, so the lease it measures must start then. With the first lease
+// answered as it was left, its heartbeat came too late, another worker
+// claimed the job at the lapse, and the handler ran twice (review).
+func TestALostClaimAskedAgainLateStillHoldsItsJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t, apitest.WithConfig(func(c *config.Config) { c.JobLeaseGraceMs = 1000 }))
+	ctx := context.Background()
+	key := b.workerKey(t, "charge@1")
+	var runs atomic.Int32
+	tool := ratchet.Tool[welcomeIn, welcomeOut]{Name: "charge", Version: "1",
+		Handler: func(ctx context.Context, _ welcomeIn, _ ratchet.JobContext) (welcomeOut, error) {
+			runs.Add(1)
+			select {
+			case <-time.After(2500 * time.Millisecond):
+			case <-ctx.Done():
+				return welcomeOut{}, ctx.Err()
+			}
+			return welcomeOut{MessageID: "charged"}, nil
+		}}
+	// Claims are not retried within a call, so the worker asks again at its
+	// first poll after the outage (its poll interval is 100 ms): 3.8 s into
+	// the 5 s lease, with the first heartbeat due 1.7 s later.
+	lossy := &claimAnswerLost{next: b.env.Server.Client().Transport, outage: 3800 * time.Millisecond}
+	c, err := ratchet.NewClient(ratchet.Config{BaseURL: b.env.Server.URL, APIKey: key,
+		HTTPClient: &http.Client{Transport: lossy}, MaxRetries: -1})
+	require.NoError(t, err)
+	w := ratchet.NewWorker(c)
+	require.NoError(t, ratchet.RegisterTool(w, tool))
+	run, err := b.producer.StartRun(ctx, "lost-claim-late")
+	require.NoError(t, err)
+	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"}, ratchet.EnqueueOptions{
+		Name: "charge", Version: "1", Timeout: 4 * time.Second, MaxAttempts: 2})
+	require.NoError(t, err)
+	start(t, w, 1)
+	for !lossy.lost.Load() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Another worker, ready to take the job the moment its lease lapses.
+	other := ratchet.NewWorker(b.client(t, key, nil))
+	require.NoError(t, ratchet.RegisterTool(other, tool))
+	start(t, other, 1)
+
+	s := stepIs(t, b.producer, run.ID, st.StepID, ratchet.JobSucceeded, ratchet.JobExhausted)
+	require.Equal(t, ratchet.JobSucceeded, s.Status)
+	require.Equal(t, 1, s.DurableJob.Attempt, "the job was claimed again")
+	require.EqualValues(t, 1, runs.Load(), "the handler ran twice")
 }
