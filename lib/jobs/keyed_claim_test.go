@@ -168,3 +168,20 @@ func TestAClaimIDIsChecked(t *testing.T) {
 	}
 	require.Equal(t, "QUEUED", b.step(t, steps[0]).Status)
 }
+
+// A job cancelled while its claim's answer was lost is not answered again:
+// its worker would start what the operator stopped. The other job of the
+// claim still is.
+func TestAClaimSentAgainLeavesOutACancelledJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	steps := b.enqueueJobs(t, b.run(t), 2)
+	w := b.register(t)
+	first := b.claimKeyed(t, w, "cancel", 2)
+	require.Len(t, first, 2)
+	_, err := b.svc.CancelStep(ctx, b.ws, steps[0])
+	require.NoError(t, err)
+	again := b.claimKeyed(t, w, "cancel", 2)
+	require.Len(t, again, 1)
+	require.Equal(t, steps[1], again[0].StepID)
+}
