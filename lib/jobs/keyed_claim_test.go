@@ -185,3 +185,16 @@ func TestAClaimSentAgainLeavesOutACancelledJob(t *testing.T) {
 	require.Len(t, again, 1)
 	require.Equal(t, steps[1], again[0].StepID)
 }
+
+// ExplainClaim (scripts/jobsbench) plans the claim statement as the service
+// sends it, and leases nothing: it rolls back (it once sent a parameter
+// short, and failed).
+func TestExplainClaimPlansTheClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	steps := b.enqueueJobs(t, b.run(t), 1)
+	plan, err := b.svc.ExplainClaim(ctx, b.worker, b.register(t), 10)
+	require.NoError(t, err)
+	require.Contains(t, plan, "jobs_claim_keyed")
+	require.Equal(t, "QUEUED", b.step(t, steps[0]).Status)
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -38,9 +37,8 @@ func (s *Service) ExplainClaim(ctx context.Context, p *auth.Principal, workerID 
 		return "", err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	now := s.now()
-	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+sqlClaim, workerID, p.WorkspaceID, now, p.KeyID,
-		limit, s.leaseGrace.Milliseconds(), now.Truncate(time.Minute), LapseWarning)
+	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+sqlClaim,
+		s.claimArgs(p, workerID, limit, nil, s.now())...)
 	if err != nil {
 		return "", fmt.Errorf("explain claim: %w", err)
 	}

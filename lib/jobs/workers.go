@@ -243,15 +243,20 @@ func (s *Service) claimSecret(keyID, workerID, claimID string) string {
 	return hex.EncodeToString(s.mac([]byte("job.claim:" + keyID + ":" + workerID + ":" + claimID)))
 }
 
-func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID string, limit int,
-	key *claimKey) ([]ClaimedJob, error) {
-	now := s.now()
+// claimArgs are sqlClaim's parameters for a claim at now (key: nil for a
+// claim without a claimId).
+func (s *Service) claimArgs(p *auth.Principal, workerID string, limit int, key *claimKey, now time.Time) []any {
 	var claimID, secret *string
 	if key != nil {
 		claimID, secret = &key.id, &key.secret
 	}
-	rows, err := s.pool.Query(ctx, sqlClaim, workerID, p.WorkspaceID, now, p.KeyID, limit,
-		s.leaseGrace.Milliseconds(), now.Truncate(time.Minute), LapseWarning, s.claimInputBudget, claimID, secret)
+	return []any{workerID, p.WorkspaceID, now, p.KeyID, limit, s.leaseGrace.Milliseconds(), now.Truncate(time.Minute),
+		LapseWarning, s.claimInputBudget, claimID, secret}
+}
+
+func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID string, limit int,
+	key *claimKey) ([]ClaimedJob, error) {
+	rows, err := s.pool.Query(ctx, sqlClaim, s.claimArgs(p, workerID, limit, key, s.now())...)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
