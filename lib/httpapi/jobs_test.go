@@ -399,6 +399,33 @@ func TestAKeyedClaimOverHTTP(t *testing.T) {
 	require.Len(t, e.claim(wid, 10), 1, "the other job is still queued")
 }
 
+// A producer key revoked on one instance enqueues nothing on another whose
+// cache still holds it (KEY_CACHE_TTL): 401, and no step is added.
+func TestARevokedKeyEnqueuesNothingOnAnotherInstance(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t, "send_email@1")
+	other := apitest.Start(t, apitest.WithNow(e.clock.Now))
+	runID := e.run()
+	steps := "/api/v1/runs/" + runID + "/steps"
+	step := map[string]any{"name": "send_email", "version": "1"}
+	other.Must(http.StatusCreated, "POST", steps, e.ingest, step) // cached there now
+	id := e.Must(http.StatusOK, "GET", "/api/v1/keys", e.ws.Key, nil).JSON()
+	var producer string
+	for _, k := range id["data"].([]any) {
+		if k := k.(map[string]any); k["name"] == "producer" {
+			producer = k["id"].(string)
+		}
+	}
+	require.NotEmpty(t, producer)
+	e.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+producer, e.ws.Key, nil)
+
+	r := other.Do("POST", steps, e.ingest, map[string]any{"name": "send_email", "version": "1", "idempotencyKey": "after"})
+	require.Equal(t, http.StatusUnauthorized, r.Status, "%s", r.Body)
+	require.Equal(t, "unauthorized", r.ErrorCode())
+	list := e.Must(http.StatusOK, "GET", steps, e.ws.Key, nil).JSON()
+	require.Len(t, list["data"], 1, "only the step enqueued before the revocation")
+}
+
 func TestJobScopesAndTenancy(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t, "send_email@1")

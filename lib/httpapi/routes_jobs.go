@@ -243,7 +243,7 @@ func (s *Server) enqueue(ctx context.Context, c *Call) (any, error) {
 	if err := c.Decode(&req); err != nil {
 		return nil, err
 	}
-	res, err := s.Jobs.Enqueue(ctx, c.Principal.WorkspaceID, id, req)
+	res, err := s.Jobs.EnqueueAs(ctx, c.Principal, id, req)
 	if err != nil {
 		return nil, err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/canonjson"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/idemkey"
@@ -713,11 +714,24 @@ func (op enqueueOp) withDelay(fields []any) []any {
 // Enqueue adds a step to a run. A known key with the same operation answers
 // the existing step (deduplicated); with another operation it is 409.
 func (s *Service) Enqueue(ctx context.Context, workspaceID, runID string, req EnqueueRequest) (EnqueueResult, error) {
+	return s.enqueueChecked(ctx, workspaceID, nil, runID, req)
+}
+
+// EnqueueAs is Enqueue for the key that asks: its statement enqueues only
+// while the key is not revoked (401 otherwise), so a key revoked on one
+// instance enqueues nothing on another whose cache still holds it, as it
+// begins and claims nothing (a runaway producer's jobs would be run).
+func (s *Service) EnqueueAs(ctx context.Context, p *auth.Principal, runID string, req EnqueueRequest) (EnqueueResult, error) {
+	return s.enqueueChecked(ctx, p.WorkspaceID, &p.KeyID, runID, req)
+}
+
+func (s *Service) enqueueChecked(ctx context.Context, workspaceID string, keyID *string, runID string,
+	req EnqueueRequest) (EnqueueResult, error) {
 	op, err := req.validate(runID)
 	if err != nil {
 		return EnqueueResult{}, err
 	}
-	res, err := s.enqueue(ctx, s.pool, workspaceID, op)
+	res, err := s.enqueue(ctx, s.pool, workspaceID, keyID, op)
 	if err == nil && res.Status == StatusQueued && !res.Deduplicated && op.delayMs == nil {
 		s.wake.wakeOne(workspaceID) // the enqueue is its own transaction: committed
 	}
@@ -731,8 +745,9 @@ func (s *Service) Enqueue(ctx context.Context, workspaceID, runID string, req En
 // validated against its inputSchema (checkContract), a missing endpoint is
 // created (endpointForEnqueue), and the function is called again, which
 // checks everything again. Inside a transaction (q is a pgx.Tx) the calls
-// run in it.
-func (s *Service) enqueue(ctx context.Context, q db.Querier, workspaceID string, op enqueueOp) (EnqueueResult, error) {
+// run in it. With keyID, each call acts only while that key is not revoked.
+func (s *Service) enqueue(ctx context.Context, q db.Querier, workspaceID string, keyID *string,
+	op enqueueOp) (EnqueueResult, error) {
 	now := s.now()
 	jobID, stepID := ids.NewAt(ids.Job, now), ids.NewAt(ids.Step, now)
 	hash := s.mac(op.fingerprint())
@@ -764,8 +779,11 @@ func (s *Service) enqueue(ctx context.Context, q db.Querier, workspaceID string,
 		var taken *string
 		err := q.QueryRow(ctx, sqlEnqueue, workspaceID, op.runID, op.key, hash, op.name, op.version, op.endpoint,
 			op.afterStepID, op.afterStatus, contract, checked, op.maxAttempts, op.timeoutMs, jobID, stepID, sealed,
-			preview, now, notBefore, keyedKey, keyedHash).Scan(&outcome, &step, &job, &status, &due, &stored, &cv,
+			preview, now, notBefore, keyedKey, keyedHash, keyID).Scan(&outcome, &step, &job, &status, &due, &stored, &cv,
 			&taken)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return EnqueueResult{}, auth.ErrRevokedKey() // revoked since this instance cached it
+		}
 		if err != nil {
 			return EnqueueResult{}, fmt.Errorf("enqueue: %w", err)
 		}

@@ -241,9 +241,15 @@ ORDER BY x.job_id, x.attempt`
 //
 // It answers outcome, step_id, job_id, status, due_at, request_hash,
 // contract_version and key_taken (the key the step has or gets).
+//
+// With a key ($22), the function runs only while the key is not revoked:
+// the condition names no column of the function, so it is a one-time
+// filter evaluated before the function is called, and no row comes back
+// once the revocation committed (the function always answers one).
 const sqlEnqueue = `SELECT * FROM jobs_enqueue($1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text,
     $7::text, $8::text, $9::text, $10::int, $11::bool, $12::int, $13::bigint, $14::text, $15::text, $16::bytea,
-    $17::jsonb, $18::timestamptz, $19::timestamptz, $20::text, $21::bytea)`
+    $17::jsonb, $18::timestamptz, $19::timestamptz, $20::text, $21::bytea)
+WHERE $22::text IS NULL OR EXISTS (SELECT 1 FROM api_keys k WHERE k.id = $22::text AND k.revoked_at IS NULL)`
 
 // Run completion uses two transaction-scoped advisory locks per run. Finish
 // takes the run key exclusively; every transaction that ends a step holds it

@@ -51,7 +51,7 @@ func (s *Service) TestTool(ctx context.Context, workspaceID, name string, req To
 			now); err != nil {
 			return fmt.Errorf("synthetic run: %w", err)
 		}
-		res, err := s.enqueue(ctx, tx, workspaceID, op)
+		res, err := s.enqueue(ctx, tx, workspaceID, nil, op)
 		if err != nil {
 			return err
 		}
