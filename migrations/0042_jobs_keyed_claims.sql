@@ -79,8 +79,11 @@ IF $10 IS NOT NULL THEN
         ORDER BY j.id
         FOR UPDATE OF j
     ), renewed AS (
-        UPDATE jobs j SET lease_expires_at = $3::timestamptz + (j.timeout_ms + $6::bigint) * interval '1 millisecond',
-            ready_at = $3::timestamptz + (j.timeout_ms + $6::bigint) * interval '1 millisecond',
+        -- Never shorter: a heartbeat may have renewed it later than this
+        -- claim's clock reading, taken before it waited for its turn.
+        UPDATE jobs j SET lease_expires_at = greatest(j.lease_expires_at,
+                $3::timestamptz + (j.timeout_ms + $6::bigint) * interval '1 millisecond'),
+            ready_at = greatest(j.ready_at, $3::timestamptz + (j.timeout_ms + $6::bigint) * interval '1 millisecond'),
             updated_at = $3::timestamptz
         FROM held h
         WHERE j.id = h.id AND j.attempt = h.attempt AND j.status = 'RUNNING'

@@ -102,6 +102,28 @@ func errBadKey() error {
 // for it: the same as for any key that does not authenticate.
 func ErrRevokedKey() error { return errBadKey() }
 
+// sqlLiveKey share-locks key $1's row while it is not revoked: a revocation
+// (an UPDATE of the row) waits for the transaction that took it.
+const sqlLiveKey = `SELECT true FROM api_keys WHERE id = $1::text AND revoked_at IS NULL FOR SHARE`
+
+// RequireLive checks, inside tx, that keyID is not revoked, and holds its
+// row until tx ends, so the key cannot be revoked before tx commits: a key
+// revoked on another instance, whose cache still holds it for
+// KEY_CACHE_TTL, acts no more (ErrRevokedKey). For rare acts that queue
+// work (a replay, a tool test); begin, enqueue and claim check the key in
+// their own statements instead, without a lock.
+func RequireLive(ctx context.Context, tx pgx.Tx, keyID string) error {
+	var live bool
+	err := tx.QueryRow(ctx, sqlLiveKey, keyID).Scan(&live)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrRevokedKey()
+	}
+	if err != nil {
+		return fmt.Errorf("check key: %w", err)
+	}
+	return nil
+}
+
 // parseSecret splits rk_<id body>_<hex>.
 func parseSecret(secret string) (keyID string, ok bool) {
 	rest, ok := strings.CutPrefix(secret, secretPrefix)

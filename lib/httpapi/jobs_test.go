@@ -426,6 +426,32 @@ func TestARevokedKeyEnqueuesNothingOnAnotherInstance(t *testing.T) {
 	require.Len(t, list["data"], 1, "only the step enqueued before the revocation")
 }
 
+// The other calls that queue a job to run, a tool test and a replay, queue
+// nothing for a key revoked on another instance either (review: the tool
+// test queued a job there).
+func TestARevokedKeyTestsAndReplaysNothingOnAnotherInstance(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t, "send_email@1")
+	other := apitest.Start(t, apitest.WithNow(e.clock.Now))
+	step := e.enqueue(e.run(), map[string]any{"name": "send_email", "version": "1"})["stepId"].(string)
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+step+"/cancel", e.ws.Key, nil)
+	ops := e.Key(e.ws, map[string]any{"name": "ops", "scopes": []string{"contracts:write", "steps:replay"}})
+	other.Must(http.StatusOK, "GET", "/api/v1/steps/"+step+"/replay", ops, nil) // cached there now
+	body, _, _ := strings.Cut(strings.TrimPrefix(ops, "rk_"), "_")
+	e.Must(http.StatusOK, "DELETE", "/api/v1/keys/key_"+body, e.ws.Key, nil)
+
+	r := other.Do("POST", "/api/v1/tools/send_email/test", ops, map[string]any{"version": "1", "input": map[string]any{}})
+	require.Equal(t, http.StatusUnauthorized, r.Status, "%s", r.Body)
+	r = other.Do("POST", "/api/v1/steps/"+step+"/replay", ops,
+		map[string]any{"acknowledgeDuplicateRisk": true, "maxAttempts": 1, "reason": "after revocation"})
+	require.Equal(t, http.StatusUnauthorized, r.Status, "%s", r.Body)
+	require.Equal(t, "CANCELLED", e.Must(http.StatusOK, "GET", "/api/v1/steps/"+step, e.ws.Key, nil).JSON()["status"])
+	var runs int
+	require.NoError(t, e.App.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM job_runs WHERE workspace_id = $1`, e.ws.ID).Scan(&runs))
+	require.Equal(t, 1, runs, "no synthetic run of a tool test")
+}
+
 func TestJobScopesAndTenancy(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t, "send_email@1")

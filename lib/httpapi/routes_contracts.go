@@ -98,7 +98,7 @@ func (s *Server) testTool(ctx context.Context, c *Call) (any, error) {
 	if err := c.Decode(&req); err != nil {
 		return nil, err
 	}
-	return s.Jobs.TestTool(ctx, c.Principal.WorkspaceID, c.R.PathValue("name"), req)
+	return s.Jobs.TestTool(ctx, c.Principal, c.R.PathValue("name"), req)
 }
 
 func (s *Server) previewReplay(ctx context.Context, c *Call) (any, error) {

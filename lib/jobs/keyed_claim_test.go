@@ -198,3 +198,24 @@ func TestExplainClaimPlansTheClaim(t *testing.T) {
 	require.Contains(t, plan, "jobs_claim_keyed")
 	require.Equal(t, "QUEUED", b.step(t, steps[0]).Status)
 }
+
+// A claim sent again never shortens a lease a heartbeat renewed after the
+// claim read its clock (it reads it before it waits for the id's turn): here
+// the heartbeat's reading is ahead of the repeat's (review).
+func TestAClaimSentAgainNeverShortensALease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.enqueueJobs(t, b.run(t), 1)
+	w := b.register(t)
+	t0 := b.clock.Now()
+	first := b.claimKeyed(t, w, "late-repeat", 1)
+	require.Len(t, first, 1)
+	b.clock.Set(t0.Add(10 * time.Second))
+	hb, err := b.svc.Heartbeat(ctx, b.worker, first[0].JobID, jobs.HeartbeatRequest{LeaseToken: first[0].LeaseToken})
+	require.NoError(t, err)
+	b.clock.Set(t0.Add(5 * time.Second)) // the repeat's reading, taken before the heartbeat committed
+	again := b.claimKeyed(t, w, "late-repeat", 1)
+	require.Len(t, again, 1)
+	require.True(t, again[0].LeaseExpiresAt.Equal(*hb.LeaseExpiresAt), "%v, heartbeat %v", again[0].LeaseExpiresAt,
+		*hb.LeaseExpiresAt)
+}

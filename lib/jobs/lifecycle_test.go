@@ -1613,7 +1613,7 @@ func TestEveryNewRunTakesKeyedStepKeys(t *testing.T) {
 	b.run(t)
 	_, err := b.svc.CreateRun(ctx, b.ws, jobs.CreateRunRequest{Name: "keyed", IdempotencyKey: ptr("start:1")})
 	require.NoError(t, err)
-	_, err = b.svc.TestTool(ctx, b.ws, "send_email", jobs.ToolTestRequest{Version: "1"})
+	_, err = b.svc.TestTool(ctx, b.worker, "send_email", jobs.ToolTestRequest{Version: "1"})
 	require.NoError(t, err)
 	var runs, keyed int
 	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE keyed_step_keys)

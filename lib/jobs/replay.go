@@ -285,6 +285,11 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 	}
 	var out ReplayResult
 	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		// A replay queues the job to run again: not for a key revoked on
+		// another instance whose cache still holds it.
+		if err := auth.RequireLive(ctx, tx, p.KeyID); err != nil {
+			return err
+		}
 		j, err := scanReplayJob(tx.QueryRow(ctx, sqlReplayLock, stepID, p.WorkspaceID))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return apierr.NotFound("step")

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
 )
@@ -36,8 +37,10 @@ type ToolTestResult struct {
 // TestTool enqueues a synthetic one-attempt job of name@version in a new
 // synthetic run. Contract selection, input validation and output
 // validation are those of a normal enqueue (the implicit contract of
-// name@version); the attempt count is always 1 (seed 000).
-func (s *Service) TestTool(ctx context.Context, workspaceID, name string, req ToolTestRequest) (ToolTestResult, error) {
+// name@version); the attempt count is always 1 (seed 000). Like an
+// enqueue, it queues nothing for a key revoked meanwhile (EnqueueAs).
+func (s *Service) TestTool(ctx context.Context, p *auth.Principal, name string, req ToolTestRequest) (ToolTestResult, error) {
+	workspaceID := p.WorkspaceID
 	now := s.now()
 	runID := ids.NewAt(ids.Run, now)
 	one := int64(1)
@@ -51,7 +54,7 @@ func (s *Service) TestTool(ctx context.Context, workspaceID, name string, req To
 			now); err != nil {
 			return fmt.Errorf("synthetic run: %w", err)
 		}
-		res, err := s.enqueue(ctx, tx, workspaceID, nil, op)
+		res, err := s.enqueue(ctx, tx, workspaceID, &p.KeyID, op)
 		if err != nil {
 			return err
 		}

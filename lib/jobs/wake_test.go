@@ -108,7 +108,7 @@ func TestLongPollClaimIsWokenByAToolTest(t *testing.T) {
 	wid := b.register(t)
 	parked := b.parkClaim(t, wid)
 
-	res, err := b.svc.TestTool(ctx, b.ws, "send_email", jobs.ToolTestRequest{Version: "1"})
+	res, err := b.svc.TestTool(ctx, b.worker, "send_email", jobs.ToolTestRequest{Version: "1"})
 	require.NoError(t, err)
 	require.Equal(t, []string{res.StepID}, claimedSteps(<-parked))
 }
