@@ -7,8 +7,10 @@
 -- retries that claim: the retry answers the jobs the first leased under
 -- that id, with the same lease tokens, while their leases hold, and leases
 -- nothing more. The answer again renews those leases from its own time,
--- as a heartbeat does. It answers every job still held, whatever the
--- limit it asks (the first claim's limit bounded them).
+-- as a heartbeat does, but only within one lease's length of the first
+-- claim, so that asking again and again never holds a job for good. It
+-- answers every job still held, whatever the limit it asks (the first
+-- claim's limit bounded them).
 --
 -- A keyed claim's tokens are derived, so that a retry can answer them
 -- again without any token kept in clear: the token of a job's attempt is
@@ -73,6 +75,11 @@ IF $10 IS NOT NULL THEN
         JOIN jobs j ON j.id = x.job_id AND j.attempt = x.attempt
         WHERE x.worker_id = $1::text AND x.claim_id = $10::text AND x.workspace_id = $2::text
           AND j.status = 'RUNNING' AND j.worker_id = $1::text AND j.lease_expires_at > $3::timestamptz
+          -- Only within one lease's length of the claim that leased it: a
+          -- worker whose answers keep getting lost would otherwise renew
+          -- the lease for good by asking again, and the job would never
+          -- lapse to another worker.
+          AND x.started_at > $3::timestamptz - (j.timeout_ms + $6::bigint) * interval '1 millisecond'
           AND jobs_lease_token_matches(j.lease_token, jobs_claim_token($11, j.id, j.attempt))
           AND EXISTS (SELECT 1 FROM job_workers w WHERE w.id = $1::text AND w.workspace_id = $2::text
                       AND w.key_id = $4::text)

@@ -94,8 +94,8 @@ func (s *Server) jobsRoutes() []Route {
 				"(always one); waitSeconds (0-20) long-polls (re-checking after 50 ms, doubling to 1 s, and at once " +
 				"when the same instance queues work in the workspace). A claim sent again with its claimId (new for " +
 				"every claim) answers the jobs the first leased under it, with the same lease tokens and their leases " +
-				"renewed, while those leases hold, and then leases nothing more (so a lost answer costs no attempt); " +
-				"once none is held, the id claims afresh.",
+				"renewed, while those leases hold and within one lease's length of the first claim, and then leases " +
+				"nothing more (so a lost answer costs no attempt); once none is answered, the id claims afresh.",
 			Request: jobs.ClaimRequest{}, Response: jobs.ClaimResult{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.claim,
 			// The longest wait (20 s) plus its last look, well inside the

@@ -219,3 +219,26 @@ func TestAClaimSentAgainNeverShortensALease(t *testing.T) {
 	require.True(t, again[0].LeaseExpiresAt.Equal(*hb.LeaseExpiresAt), "%v, heartbeat %v", again[0].LeaseExpiresAt,
 		*hb.LeaseExpiresAt)
 }
+
+// A claim is answered again only within one lease's length of the claim
+// that leased its jobs: a worker whose answers keep getting lost, asking
+// again and again, would otherwise renew the lease for good, and the job
+// would never lapse to another worker.
+func TestAClaimIsAnsweredAgainWithinOneLeaseOnly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	steps := b.enqueueJobs(t, b.run(t), 1)
+	w := b.register(t)
+	first := b.claimKeyed(t, w, "lost-again", 1)
+	require.Len(t, first, 1)
+	lease := time.Duration(first[0].LeaseMs) * time.Millisecond
+	b.clock.Add(lease - time.Second)
+	require.Len(t, b.claimKeyed(t, w, "lost-again", 1), 1, "within the first lease: answered again, renewed")
+	b.clock.Add(lease - time.Second)
+	require.Empty(t, b.claimKeyed(t, w, "lost-again", 1), "past it: not answered again, and still leased")
+	b.clock.Add(2 * time.Second) // the renewed lease lapses
+	again := b.claimKeyed(t, w, "lost-again", 1)
+	require.Len(t, again, 1)
+	require.Equal(t, 2, again[0].Attempt, "claimed afresh, the lapse counted")
+	require.Equal(t, steps[0], again[0].StepID)
+}
