@@ -11,6 +11,7 @@ import (
 	"math/rand"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -299,7 +300,11 @@ func (c *Client) retryDelay(err error, attempt int, safe idempotency) (time.Dura
 	// begin whose answer took longer than the client's timeout was never
 	// asked again, and its key ended indeterminate).
 	var ne *netError
-	if errors.As(err, &ne) {
+	var ua *unreadableAnswer
+	if errors.As(err, &ne) || errors.As(err, &ua) {
+		// A call safe to repeat is asked again for its answer (a report
+		// counted lost because its answer was unreadable made Stop say
+		// reports were not recorded, though they were).
 		return c.backoff(attempt), bool(safe)
 	}
 	return 0, false // the caller's context ended, or an error of ours
@@ -314,6 +319,13 @@ func (c *Client) backoff(attempt int) time.Duration {
 	}
 	return d/2 + time.Duration(c.jitter()*float64(d/2))
 }
+
+// unreadableAnswer marks a 2xx whose body could not be decoded: the call
+// was applied, and its answer lost as surely as by a dropped connection.
+type unreadableAnswer struct{ err error }
+
+func (e *unreadableAnswer) Error() string { return e.err.Error() }
+func (e *unreadableAnswer) Unwrap() error { return e.err }
 
 // netError marks a transport failure (the request may or may not have
 // reached the server).
@@ -367,9 +379,15 @@ func (c *Client) once(ctx context.Context, method, path, key string, body []byte
 	if out == nil || len(bytes.TrimSpace(raw)) == 0 {
 		return nil
 	}
+	// A repeat after an unreadable answer decodes into a clean value, not
+	// over what the unreadable one half filled in.
+	if v := reflect.ValueOf(out); v.Kind() == reflect.Pointer && !v.IsNil() {
+		v.Elem().SetZero()
+	}
 	if err := json.Unmarshal(raw, out); err != nil {
-		// The server acted and answered; only its answer is unreadable.
-		return &unconfirmed{err: fmt.Errorf("ratchet: decode %s %s response: %w", method, path, err)}
+		// The server acted and answered; only its answer is unreadable
+		// (cut short by a proxy, say).
+		return &unconfirmed{err: &unreadableAnswer{err: fmt.Errorf("ratchet: decode %s %s response: %w", method, path, err)}}
 	}
 	if sd, ok := out.(serverDated); ok {
 		if d, err := http.ParseTime(res.Header.Get("Date")); err == nil {

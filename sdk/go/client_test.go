@@ -843,3 +843,35 @@ func TestNegativeMaxRetriesWaitsForNoHeldKey(t *testing.T) {
 		t.Fatalf("calls %d", calls.Load())
 	}
 }
+
+// A 2xx whose body cannot be read (cut short by a proxy, say) lost the
+// answer of a call the server applied: a call safe to repeat is asked again
+// for it, and decodes into a clean value (not over what the unreadable one
+// half filled in); one that is not says it may have been applied.
+func TestAnUnreadableAnswerIsAskedForAgainWhereSafe(t *testing.T) {
+	t.Parallel()
+	answer := func(body string) func(http.ResponseWriter, *http.Request) {
+		return func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, body)
+		}
+	}
+	hb := &sequence{steps: []func(http.ResponseWriter, *http.Request){
+		answer(`{"cancelRequested":true,"leaseExpiresAt":5}`), // a type error, after cancelRequested was set
+		answer(`{"leaseExpiresAt":"2026-12-02T10:01:00Z"}`),
+	}}
+	c, _ := testClient(t, hb)
+	got, err := c.HeartbeatJob(context.Background(), "job_1", "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hb.calls.Load() != 2 || got.CancelRequested || !got.LeaseExpiresAt.Equal(time.Date(2026, 12, 2, 10, 1, 0, 0, time.UTC)) {
+		t.Fatalf("calls %d, answer %+v", hb.calls.Load(), got)
+	}
+
+	run := &sequence{steps: []func(http.ResponseWriter, *http.Request){answer(`{"id":"run_1","na`)}}
+	c, _ = testClient(t, run)
+	if _, err := c.StartRun(context.Background(), "x"); err == nil || !MayHaveApplied(err) || run.calls.Load() != 1 {
+		t.Fatalf("err %v (may have applied: %v), calls %d", err, MayHaveApplied(err), run.calls.Load())
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -1672,6 +1673,45 @@ func TestClaimWaitFitsTheHTTPClientTimeout(t *testing.T) {
 		cancel()
 		if got != c.want {
 			t.Errorf("client timeout %v: WaitSeconds %d, want %d", c.timeout, got, c.want)
+		}
+	}
+}
+
+// A report the server recorded but whose answer was cut short is sent
+// again for its answer (reports are safe to repeat), not counted lost: Stop
+// said reports were not recorded although they were.
+func TestWorkerAsksAgainForAnUnreadableReportAnswer(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	id := f.add("send_welcome_email", "1", welcomeIn{CustomerID: "cus_1"}, 30000)
+	var cut atomic.Bool
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/report") && cut.CompareAndSwap(false, true) {
+			rec := httptest.NewRecorder()
+			f.ServeHTTP(rec, r) // recorded
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(rec.Body.Bytes()[:rec.Body.Len()/2])
+			return
+		}
+		f.ServeHTTP(w, r)
+	}))
+	w := NewWorker(c)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "send_welcome_email", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{Sent: true}, nil }}))
+	sink := &errSink{}
+	must(t, w.Start(context.Background(), StartOptions{PollInterval: 20 * time.Millisecond, OnError: sink.add}))
+	f.waitReport(t, id)
+	if !cut.Load() {
+		t.Fatal("the report's answer was not cut")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.Stop(ctx); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	for _, err := range sink.list() {
+		if strings.Contains(err.Error(), "report job") {
+			t.Fatalf("a report was given up: %v", err)
 		}
 	}
 }
