@@ -102,6 +102,20 @@ func errBadKey() error {
 // for it: the same as for any key that does not authenticate.
 func ErrRevokedKey() error { return errBadKey() }
 
+// sqlKeyRevoked says whether key $1 is revoked (or unknown).
+const sqlKeyRevoked = `SELECT NOT EXISTS (SELECT 1 FROM api_keys WHERE id = $1::text AND revoked_at IS NULL)`
+
+// KeyRevoked says whether keyID is revoked (or unknown): for a statement
+// that checked the key and acted on nothing, to tell a revoked key from
+// nothing to act on.
+func KeyRevoked(ctx context.Context, q db.Querier, keyID string) (bool, error) {
+	var revoked bool
+	if err := q.QueryRow(ctx, sqlKeyRevoked, keyID).Scan(&revoked); err != nil {
+		return false, fmt.Errorf("check key: %w", err)
+	}
+	return revoked, nil
+}
+
 // sqlLiveKey share-locks key $1's row while it is not revoked: a revocation
 // (an UPDATE of the row) waits for the transaction that took it.
 const sqlLiveKey = `SELECT true FROM api_keys WHERE id = $1::text AND revoked_at IS NULL FOR SHARE`

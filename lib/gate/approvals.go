@@ -95,6 +95,13 @@ func (s *Service) Decide(ctx context.Context, p *auth.Principal, id, state strin
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return Approval{}, fmt.Errorf("decide approval: %w", err)
 	}
+	revoked, err := auth.KeyRevoked(ctx, s.pool, p.KeyID)
+	if err != nil {
+		return Approval{}, err
+	}
+	if revoked {
+		return Approval{}, auth.ErrRevokedKey() // revoked since this instance cached it
+	}
 	a, err = s.GetApproval(ctx, p.WorkspaceID, id)
 	if err != nil {
 		return Approval{}, err

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
 )
 
 func wire(k string) map[string]any {
@@ -401,4 +403,22 @@ func TestAnApprovalAnswersWhatHeldWhenItWasGiven(t *testing.T) {
 	require.Equal(t, "policy_requires_approval", reason(policy))
 	approve(policy)
 	b.mustBegin("execute", s)
+}
+
+// A key revoked on one instance decides no approval on another whose cache
+// still holds it (an approval lets the effect execute): 401, and the
+// approval stays pending.
+func TestARevokedKeyDecidesNoApprovalOnAnotherInstance(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	env2 := apitest.Start(t, apitest.WithNow(b.clock.Now))
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval"})
+	aid := str(b.mustBegin("approval_required", wire(key("wire")))["approval_id"])
+	approver := b.env.Key(b.ws, map[string]any{"name": "approver", "scopes": []string{"approvals:write"}})
+	env2.Must(http.StatusOK, "GET", "/api/v1/approvals/"+aid, approver, nil) // cached there now
+	b.env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+keyID(approver), b.ws.Key, nil)
+
+	errCode(t, env2.Do("POST", "/api/v1/approvals/"+aid+"/approve", approver, nil), http.StatusUnauthorized,
+		"unauthorized")
+	require.Equal(t, "pending", b.env.Must(http.StatusOK, "GET", "/api/v1/approvals/"+aid, b.ws.Key, nil).JSON()["state"])
 }

@@ -697,6 +697,9 @@ WITH asked AS (
     UPDATE approvals SET state = $3, decided_at = $4, decided_by_key_id = $5, note = $6,
         answers = CASE WHEN $3 = 'approved' THEN (SELECT held.answers FROM held) END
     WHERE id = $1 AND workspace_id = $2 AND state = 'pending'
+      -- Decided only by a key not revoked (another instance's cache may
+      -- still hold a revoked one): an approval lets an effect execute.
+      AND EXISTS (SELECT 1 FROM api_keys k WHERE k.id = $5 AND k.revoked_at IS NULL)
     RETURNING ` + approvalCols + `
 ), e AS (
     UPDATE effects e SET approval_state = $3, updated_at = $4,
