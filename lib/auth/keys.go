@@ -102,8 +102,16 @@ func errBadKey() error {
 // for it: the same as for any key that does not authenticate.
 func ErrRevokedKey() error { return errBadKey() }
 
+// LiveKeySQL is a condition that holds while the key whose id is the SQL
+// expression id is not revoked. A statement that acts for a key carries
+// it, so that a key revoked on one instance acts no more on another whose
+// cache still holds it (KEY_CACHE_TTL).
+func LiveKeySQL(id string) string {
+	return `EXISTS (SELECT 1 FROM api_keys k WHERE k.id = ` + id + ` AND k.revoked_at IS NULL)`
+}
+
 // sqlKeyRevoked says whether key $1 is revoked (or unknown).
-const sqlKeyRevoked = `SELECT NOT EXISTS (SELECT 1 FROM api_keys WHERE id = $1::text AND revoked_at IS NULL)`
+var sqlKeyRevoked = `SELECT NOT ` + LiveKeySQL("$1::text")
 
 // KeyRevoked says whether keyID is revoked (or unknown): for a statement
 // that checked the key and acted on nothing, to tell a revoked key from

@@ -3,6 +3,7 @@ package gate
 import (
 	"strings"
 
+	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/money"
 )
@@ -699,7 +700,7 @@ WITH asked AS (
     WHERE id = $1 AND workspace_id = $2 AND state = 'pending'
       -- Decided only by a key not revoked (another instance's cache may
       -- still hold a revoked one): an approval lets an effect execute.
-      AND EXISTS (SELECT 1 FROM api_keys k WHERE k.id = $5 AND k.revoked_at IS NULL)
+      AND ` + auth.LiveKeySQL("$5") + `
     RETURNING ` + approvalCols + `
 ), e AS (
     UPDATE effects e SET approval_state = $3, updated_at = $4,

@@ -1,6 +1,9 @@
 package jobs
 
-import "github.com/getratchet/ratchet/lib/money"
+import (
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/money"
+)
 
 // Every statement of the package. Parameters are cast explicitly because the
 // pool runs in QueryExecModeExec (types come from Go values, not from a
@@ -246,10 +249,10 @@ ORDER BY x.job_id, x.attempt`
 // the condition names no column of the function, so it is a one-time
 // filter evaluated before the function is called, and no row comes back
 // once the revocation committed (the function always answers one).
-const sqlEnqueue = `SELECT * FROM jobs_enqueue($1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text,
+var sqlEnqueue = `SELECT * FROM jobs_enqueue($1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text,
     $7::text, $8::text, $9::text, $10::int, $11::bool, $12::int, $13::bigint, $14::text, $15::text, $16::bytea,
     $17::jsonb, $18::timestamptz, $19::timestamptz, $20::text, $21::bytea)
-WHERE $22::text IS NULL OR EXISTS (SELECT 1 FROM api_keys k WHERE k.id = $22::text AND k.revoked_at IS NULL)`
+WHERE $22::text IS NULL OR ` + auth.LiveKeySQL("$22::text")
 
 // Run completion uses two transaction-scoped advisory locks per run. Finish
 // takes the run key exclusively; every transaction that ends a step holds it
