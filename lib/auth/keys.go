@@ -181,14 +181,24 @@ FROM k`
 // unless it is rate limited; an uncached key costs exactly one, which both
 // looks it up and counts it.
 func (s *Service) Authenticate(ctx context.Context, secret string) (*Principal, error) {
-	return s.authenticate(ctx, secret, true)
+	return s.authenticate(ctx, secret, true, true)
+}
+
+// AuthenticateUncached is Authenticate read from the database whatever the
+// cache holds: for a call that changes something and whose own statements
+// do not check the key (a policy, a key, a webhook, a run...), so that a key
+// revoked on another instance changes nothing here either. It costs the
+// one round trip a rate-limited cached key costs anyway, and caches what
+// it reads.
+func (s *Service) AuthenticateUncached(ctx context.Context, secret string) (*Principal, error) {
+	return s.authenticate(ctx, secret, true, false)
 }
 
 // Verify resolves a bearer secret like Authenticate without counting the
 // request against the key's rate limit: for a protocol endpoint (MCP) whose
 // every tool call is a request of its own, counted when it runs.
 func (s *Service) Verify(ctx context.Context, secret string) (*Principal, error) {
-	return s.authenticate(ctx, secret, false)
+	return s.authenticate(ctx, secret, false, true)
 }
 
 // Settling calls (a report, a heartbeat: they settle what a counted call
@@ -207,7 +217,7 @@ const (
 // AuthenticateSettling is Authenticate for a settling call: counted in the
 // key's settling bucket instead of its limit.
 func (s *Service) AuthenticateSettling(ctx context.Context, secret string) (*Principal, error) {
-	p, err := s.authenticate(ctx, secret, false)
+	p, err := s.authenticate(ctx, secret, false, true)
 	if err != nil || p.RateLimitPerMinute == nil {
 		return p, err
 	}
@@ -222,7 +232,10 @@ func (s *Service) AuthenticateSettling(ctx context.Context, secret string) (*Pri
 	return p, nil
 }
 
-func (s *Service) authenticate(ctx context.Context, secret string, count bool) (*Principal, error) {
+// authenticate resolves secret, counting the request against the key's
+// limit when count is set, and answering from the cache when useCache is set
+// and the cache holds the key.
+func (s *Service) authenticate(ctx context.Context, secret string, count, useCache bool) (*Principal, error) {
 	keyID, ok := parseSecret(secret)
 	if !ok {
 		return nil, errBadKey()
@@ -231,7 +244,7 @@ func (s *Service) authenticate(ctx context.Context, secret string, count bool) (
 	now := s.now().UTC()
 	window := now.Truncate(time.Minute)
 
-	if p := s.cached(keyID, hash, now); p != nil {
+	if p := s.cached(keyID, hash, now); useCache && p != nil {
 		if p.RateLimitPerMinute == nil || !count {
 			return p, nil
 		}
@@ -492,7 +505,9 @@ func (s *Service) ListKeys(ctx context.Context, workspaceID, cursor string, limi
 }
 
 // RevokeKey revokes a key for good and returns it; revoking twice answers the
-// same key. Another instance may accept the key for up to KEY_CACHE_TTL.
+// same key. Another instance may accept the key for reads, reports and
+// heartbeats for up to KEY_CACHE_TTL; every other call reads it afresh or
+// checks it in its own statements.
 //
 // A key may revoke only keys whose scopes it holds itself, the rule that
 // bounds the keys it may create: otherwise a key with keys:write alone could

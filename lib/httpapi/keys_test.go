@@ -413,6 +413,61 @@ func TestRevocationReachesOtherInstancesWithinCacheTTL(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, b.Do("GET", "/api/v1/keys", secret, nil).Status, "after KEY_CACHE_TTL")
 }
 
+// A call that changes something and does not check the key in its own
+// statements (a key, a policy, a webhook, a run, a circuit...) reads the key
+// afresh: a key revoked on one instance changes nothing on another whose
+// cache still holds it. Reads still pass there within KEY_CACHE_TTL. Every
+// such route of the table is tried, so a new one is covered as it lands.
+func TestARevokedKeyChangesNothingOnAnotherInstance(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := apitest.WithNow(func() time.Time { return now })
+	a := apitest.Start(t, clock)
+	b := apitest.Start(t, clock, apitest.WithConfig(func(c *config.Config) { c.KeyCacheTTL = time.Hour }))
+	ws := a.Signup()
+	r := a.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key, map[string]any{"name": "x", "preset": "OPERATOR"})
+	secret, id := r.JSON()["secret"].(string), r.JSON()["id"].(string)
+	b.Must(http.StatusOK, "GET", "/api/v1/keys", secret, nil) // b caches it
+
+	var changing []httpapi.Route
+	for _, rt := range httpapi.Routes() {
+		if rt.Method != http.MethodGet && rt.Auth == httpapi.AuthKey && !rt.Settles && !rt.ChecksKey && rt.Raw == nil {
+			changing = append(changing, rt)
+		}
+	}
+	var names []string
+	for _, rt := range changing {
+		names = append(names, rt.Name)
+	}
+	require.Subset(t, names, []string{"keys.create", "keys.revoke", "policies.put", "webhooks.create", "runs.create",
+		"circuits.stop", "endpoints.policy.put", "workers.register", "effects.resolve"})
+	path := func(rt httpapi.Route) string {
+		p := rt.Pattern
+		for _, param := range rt.PathParams() {
+			p = strings.ReplaceAll(p, "{"+param+"}", "nothing")
+		}
+		return p
+	}
+	for _, rt := range changing {
+		// While the key is live, each route gets past its authentication
+		// (to whatever its empty body earns).
+		require.NotEqual(t, http.StatusUnauthorized, b.Do(rt.Method, path(rt), secret, map[string]any{}).Status, rt.Name)
+	}
+
+	a.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+id, ws.Key, nil)
+	for _, rt := range changing {
+		got := b.Do(rt.Method, path(rt), secret, map[string]any{})
+		require.Equal(t, http.StatusUnauthorized, got.Status, "%s: %s", rt.Name, got.Body)
+	}
+	created := b.Do("POST", "/api/v1/keys", secret, map[string]any{"name": "escape", "preset": "OPERATOR"})
+	require.Equal(t, http.StatusUnauthorized, created.Status, "a revoked key mints no key to outlive it")
+	var keys int
+	require.NoError(t, a.App.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM api_keys WHERE workspace_id = $1 AND name = 'escape'`, ws.ID).Scan(&keys))
+	require.Zero(t, keys)
+	require.Equal(t, http.StatusOK, b.Do("GET", "/api/v1/keys", secret, nil).Status, "reads: within the documented bound")
+}
+
 func TestSignupModes(t *testing.T) {
 	t.Parallel()
 	closed := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.SignupMode = "closed" }))

@@ -52,7 +52,14 @@ type Route struct {
 	// and under on_indeterminate retry the key's next begin was told to act
 	// again; a refused job heartbeat lapses a lease.
 	Settles bool
-	Query   []Param
+	// ChecksKey marks a call that changes something and whose own
+	// statements refuse a revoked key (auth.LiveKeySQL, auth.RequireLive):
+	// a begin, an enqueue, a claim... It may take the key from the
+	// instance's cache. Any other call that changes something, settling
+	// calls aside, reads its key afresh (auth.AuthenticateUncached), so a
+	// key revoked on another instance changes nothing there either.
+	ChecksKey bool
+	Query     []Param
 	// Request and Response are zero values of the body types, used for the
 	// OpenAPI schemas; nil means no body. Text responses set ContentType.
 	Request     any
@@ -132,6 +139,9 @@ func (r *Route) PathParams() []string {
 
 // OpenAPIPath is the pattern in OpenAPI form (the same braces).
 func (r *Route) OpenAPIPath() string { return r.Pattern }
+
+// changes says whether the route may change something: any method but GET.
+func (r *Route) changes() bool { return r.Method != http.MethodGet }
 
 // IsAPI reports whether the route lives under /api/v1.
 func (r *Route) IsAPI() bool { return strings.HasPrefix(r.Pattern, "/api/v1/") }

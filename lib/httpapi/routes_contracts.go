@@ -44,7 +44,8 @@ func (s *Server) contractsRoutes() []Route {
 				"requested). The implicit contract of name@version applies: input and output are validated, its " +
 				"timeout is used, maxAttempts is always 1. Answers the run, step and job ids.",
 			Request: jobs.ToolTestRequest{}, Response: jobs.ToolTestResult{}, Status: 200,
-			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeInvalidState}, Handle: s.testTool,
+			Errors:    []string{apierr.CodeInvalidRequest, apierr.CodeInvalidState},
+			ChecksKey: true, Handle: s.testTool,
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/steps/{id}/replay", Name: "steps.replay.preview", Tag: "jobs",
@@ -65,7 +66,8 @@ func (s *Server) contractsRoutes() []Route {
 			Request: jobs.ReplayRequest{}, Response: jobs.ReplayResult{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeInvalidState,
 				apierr.CodeVersionConflict},
-			Handle: s.replayStep,
+			ChecksKey: true,
+			Handle:    s.replayStep,
 		},
 	}
 }

@@ -62,9 +62,8 @@ func (s *Server) coreRoutes() []Route {
 		},
 		{
 			Method: "DELETE", Pattern: "/api/v1/keys/{id}", Name: "keys.revoke", Tag: "keys", Scopes: []string{auth.ScopeKeysWrite},
-			Summary: "Revoke a key for good; returns the revoked key. Begins, enqueues, tool tests, replays, approval decisions " +
-				"and claims honour it at once on every instance, " +
-				"other calls within KEY_CACHE_TTL. " +
+			Summary: "Revoke a key for good; returns the revoked key. Every call that changes something honours it " +
+				"at once on every instance; reads, reports and heartbeats within KEY_CACHE_TTL. " +
 				"The workspace's last root key (every scope, no tools, no ceiling) cannot be revoked (409 invalid_state).",
 			Response: auth.Key{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidState},
 			Handle: s.revokeKey,

@@ -59,7 +59,7 @@ func (s *Server) jobsRoutes() []Route {
 			Request: jobs.EnqueueRequest{}, Response: jobs.EnqueueResult{}, Status: 201,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeIdempotencyKeyReuse,
 				apierr.CodeInvalidState},
-			DedupOK: true, Handle: s.enqueue,
+			DedupOK: true, ChecksKey: true, Handle: s.enqueue,
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/runs/{id}/finish", Name: "runs.finish", Tag: "jobs", Scopes: runsWrite,
@@ -97,7 +97,8 @@ func (s *Server) jobsRoutes() []Route {
 				"renewed, while those leases hold and within one lease's length of the first claim, and then leases " +
 				"nothing more (so a lost answer costs no attempt); once none is answered, the id claims afresh.",
 			Request: jobs.ClaimRequest{}, Response: jobs.ClaimResult{}, Status: 200,
-			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.claim,
+			Errors:    []string{apierr.CodeInvalidRequest, apierr.CodeNotFound},
+			ChecksKey: true, Handle: s.claim,
 			// The longest wait (20 s) plus its last look, well inside the
 			// functions' 30 s: the default 15 s cut waits of 16-20 s short,
 			// sometimes during that look, whose leases were then lost.

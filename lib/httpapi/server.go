@@ -361,6 +361,8 @@ func (s *Server) authorize(ctx context.Context, c *Call, count bool) error {
 			verify = s.Auth.Verify
 		case c.Route.Settles:
 			verify = s.Auth.AuthenticateSettling
+		case c.Route.changes() && !c.Route.ChecksKey:
+			verify = s.Auth.AuthenticateUncached
 		}
 		p, err := verify(ctx, secret)
 		if err != nil {
