@@ -1,10 +1,12 @@
 package gate_test
 
 import (
+	"context"
 	"net/http"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
@@ -421,4 +423,53 @@ func TestARevokedKeyDecidesNoApprovalOnAnotherInstance(t *testing.T) {
 	errCode(t, env2.Do("POST", "/api/v1/approvals/"+aid+"/approve", approver, nil), http.StatusUnauthorized,
 		"unauthorized")
 	require.Equal(t, "pending", b.env.Must(http.StatusOK, "GET", "/api/v1/approvals/"+aid, b.ws.Key, nil).JSON()["state"])
+}
+
+// announcements is the data of the approval.requested events of approval id.
+func (b *bundle) announcements(id string) []map[string]any {
+	b.t.Helper()
+	rows, err := b.env.App.Pool.Query(context.Background(), `SELECT data FROM events
+		WHERE workspace_id = $1 AND type = 'approval.requested' AND subject_id = $2`, b.ws.ID, id)
+	require.NoError(b.t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[map[string]any])
+	require.NoError(b.t, err)
+	return out
+}
+
+// Every approval an operator is asked for is announced once
+// (approval.requested: API.md §2.7; seed 003 tells an agent held for one to
+// "wait for the webhook"): for each reason a begin holds a key, on a new key
+// (begin's first statement) and on a retry (the locked path), and not again
+// for begins that find the question pending.
+func TestEveryApprovalRequestIsAnnounced(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	requested := func(d map[string]any, reason string) {
+		t.Helper()
+		require.Equal(t, []map[string]any{{"approval_id": d["approval_id"], "effect_id": d["effect_id"],
+			"effect_type": "wire.send", "reason": reason}}, b.announcements(str(d["approval_id"])))
+	}
+
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval"})
+	byMode := wire(key("mode"))
+	d := b.mustBegin("approval_required", byMode)
+	requested(d, "policy_requires_approval")
+	b.mustBegin("approval_required", byMode)
+	requested(d, "policy_requires_approval") // not announced again
+
+	b.putPolicy("wire.send", map[string]any{"mode": "allow", "approval_above_micros": 1_000_000})
+	requested(b.mustBegin("approval_required", wire(key("amount"))), "cost_at_or_above_threshold")
+
+	// A retry of a failed attempt, held by a policy changed since.
+	b.putPolicy("wire.send", map[string]any{"mode": "allow", "approval_above_micros": nil})
+	retried := wire(key("retry"))
+	ex := b.mustBegin("execute", retried)
+	require.Equal(t, http.StatusOK, b.report(str(ex["effect_id"]), str(ex["lease_token"]), "failed", nil).Status)
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval"})
+	requested(b.mustBegin("approval_required", retried), "policy_requires_approval")
+
+	b.putPolicy("wire.send", map[string]any{"mode": "allow"})
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/wire.send/open", b.ws.Key,
+		map[string]any{"action": "require_approval"})
+	requested(b.mustBegin("approval_required", wire(key("breaker"))), "circuit_open")
 }
