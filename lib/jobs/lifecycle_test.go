@@ -331,12 +331,26 @@ func TestReportRepeatsAndConflicts(t *testing.T) {
 	_, err = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: "unknown", Status: "SUCCEEDED"})
 	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
 
-	// After the next claim the old attempt's repeat still answers the same
-	// object, but any other use of its token is lease_lost.
+	// After the next claim every use of the old attempt's token is
+	// lease_lost, its report's repeat included (API.md §5: a superseded
+	// token; its answer would say RETRY_SCHEDULED of a job running again).
 	b.clock.Add(time.Hour)
 	j2 := b.claimOne(t, w)
 	require.Equal(t, 2, j2.Attempt)
-	require.Equal(t, first, b.fail(t, j, &jobs.ReportError{Message: "x"}))
+	for _, status := range []string{"FAILED", "SUCCEEDED"} {
+		var failure *jobs.ReportError
+		if status == "FAILED" {
+			failure = &jobs.ReportError{Message: "x"} // the first report, repeated
+		}
+		_, err = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: status,
+			Error: failure})
+		require.Equal(t, apierr.CodeLeaseLost, code(t, err), status)
+		res, err := b.svc.ReportBatch(ctx, b.worker, jobs.BatchReportRequest{Reports: []jobs.BatchReportItem{{
+			JobID: j.JobID, LeaseToken: j.LeaseToken, Status: status, Error: failure}}})
+		require.NoError(t, err)
+		require.NotNil(t, res.Results[0].Error, status)
+		require.Equal(t, apierr.CodeLeaseLost, res.Results[0].Error.Code, status)
+	}
 	_, err = b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
 	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
 	require.Equal(t, "SUCCEEDED", b.succeed(t, j2).Status)

@@ -245,6 +245,12 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 	}
 	xa := int(*j.xAttempt)
 	switch {
+	case xa < j.attempt:
+		// A newer claim superseded this attempt: lease_lost, even for a
+		// repeat of the report it made (API.md §5), whose answer would
+		// describe a job that has moved on (contract QA: a repeat after a
+		// retry succeeded answered RETRY_SCHEDULED).
+		return ReportResult{}, nil, errLeaseLost()
 	case j.xReported != nil && j.xOutcome != nil:
 		// Already reported: the same outcome answers the same object (a
 		// success the contract refused is recorded as FAILED).
@@ -269,8 +275,6 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 			}
 		}
 		return ReportResult{JobID: j.jobID, Status: *j.xResult, Attempt: xa, NextDueAt: utc(j.xNext)}, nil, nil
-	case xa < j.attempt:
-		return ReportResult{}, nil, errLeaseLost()
 	case j.status == StatusCancelled, j.status == StatusQueued && !j.requeued && j.xOutcome == nil:
 		// Cancelled while running, or since replayed (QUEUED again) while
 		// this attempt may still have been running and no claim has

@@ -153,11 +153,10 @@ func TestReplayWaitsForTheCancelledAttemptsSlot(t *testing.T) {
 	require.Equal(t, held.JobID, again.JobID)
 	require.Equal(t, 2, again.Attempt)
 	b.requireRunningCount(t, "mailer", 1)
-	// The old attempt's report repeated answers as before; its heartbeat
-	// is superseded now that a claim took the job.
-	r, err = b.svc.Report(ctx, b.worker, held.JobID, report)
-	require.NoError(t, err)
-	require.Equal(t, 1, r.Attempt)
+	// The old attempt's token is superseded now that a claim took the
+	// job: its report's repeat and its heartbeat are lease_lost.
+	_, err = b.svc.Report(ctx, b.worker, held.JobID, report)
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
 	_, err = b.svc.Heartbeat(ctx, b.worker, held.JobID, jobs.HeartbeatRequest{LeaseToken: held.LeaseToken})
 	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
 
