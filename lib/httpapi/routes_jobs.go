@@ -150,6 +150,17 @@ func (s *Server) jobsRoutes() []Route {
 			Response: jobs.Endpoint{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.getEndpoint,
 		},
 		{
+			Method: "GET", Pattern: "/api/v1/endpoints/{id}/attempts", Name: "endpoints.attempts", Tag: "endpoints",
+			Scopes: runsRead,
+			Summary: "Page the endpoint's attempts (one per claim) newest first, each with its job, step and run, its " +
+				"outcome and the message its worker reported (what to inspect when the endpoint fails, before " +
+				"closing its circuit or resuming it); ?outcome= SUCCEEDED or FAILED keeps only those.",
+			Query: append([]Param{{Name: "outcome", Type: "string", Description: "SUCCEEDED or FAILED"}},
+				listParams...),
+			Response: CamelPage[jobs.EndpointAttempt]{}, Status: 200,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.listEndpointAttempts,
+		},
+		{
 			Method: "PUT", Pattern: "/api/v1/endpoints/{id}/policy", Name: "endpoints.policy.put", Tag: "endpoints",
 			Scopes:  endpointsWrite,
 			Summary: "Merge policy fields (expectedVersion required). Existing jobs keep their policy snapshot and dueAt.",
@@ -380,6 +391,23 @@ func (s *Server) getEndpoint(ctx context.Context, c *Call) (any, error) {
 		return nil, err
 	}
 	return s.Jobs.GetEndpoint(ctx, c.Principal.WorkspaceID, id)
+}
+
+func (s *Server) listEndpointAttempts(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	limit, cursor, err := c.ListParams(nil) // the service parses it
+	if err != nil {
+		return nil, err
+	}
+	attempts, err := s.Jobs.ListEndpointAttempts(ctx, c.Principal.WorkspaceID, id, c.R.URL.Query().Get("outcome"),
+		cursor, limit+1)
+	if err != nil {
+		return nil, err
+	}
+	return NewCamelPage(attempts, limit, jobs.AttemptsCursor), nil
 }
 
 func (s *Server) updatePolicy(ctx context.Context, c *Call) (any, error) {

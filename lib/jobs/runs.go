@@ -506,21 +506,15 @@ func (s *Service) attachAttempts(ctx context.Context, q db.Querier, steps []Step
 	defer rows.Close()
 	for rows.Next() {
 		var (
-			jobID  string
-			a      Attempt
-			sealed []byte
+			jobID string
+			a     Attempt
+			read  attemptRow
 		)
-		if err := rows.Scan(&jobID, &a.Attempt, &a.WorkerID, &a.Outcome, &a.Warning, &a.Retryable, &a.RetryAfterMs,
-			&a.StartedAt, &a.LeaseExpiresAt, &a.ReportedAt, &sealed); err != nil {
+		if err := rows.Scan(read.dest(&jobID, &a)...); err != nil {
 			return fmt.Errorf("attempts: %w", err)
 		}
-		if sealed != nil {
-			msg, err := s.sealer.Open(sealed, seal.AAD(jobID, fmt.Sprintf("error/%d", a.Attempt)))
-			if err != nil {
-				return fmt.Errorf("attempts: open error message: %w", err)
-			}
-			m := string(msg)
-			a.ErrorMessage = &m
+		if err := s.openAttempt(jobID, &a, read); err != nil {
+			return err
 		}
 		if j := byJob[jobID]; j != nil {
 			j.Attempts = append(j.Attempts, a)
@@ -529,6 +523,31 @@ func (s *Service) attachAttempts(ctx context.Context, q db.Querier, steps []Step
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("attempts: %w", err)
 	}
+	return nil
+}
+
+// attemptRow holds what a row of attemptColumns has beyond an Attempt's
+// fields: its error message, sealed.
+type attemptRow struct{ sealed []byte }
+
+// dest is the scan destinations of attemptColumns, into jobID and a, the
+// sealed message into r, followed by more for the columns after them.
+func (r *attemptRow) dest(jobID *string, a *Attempt, more ...any) []any {
+	return append([]any{jobID, &a.Attempt, &a.WorkerID, &a.Outcome, &a.Warning, &a.Retryable, &a.RetryAfterMs,
+		&a.StartedAt, &a.LeaseExpiresAt, &a.ReportedAt, &r.sealed}, more...)
+}
+
+// openAttempt opens the error message of job jobID's attempt a read with r.
+func (s *Service) openAttempt(jobID string, a *Attempt, r attemptRow) error {
+	if r.sealed == nil {
+		return nil
+	}
+	msg, err := s.sealer.Open(r.sealed, seal.AAD(jobID, fmt.Sprintf("error/%d", a.Attempt)))
+	if err != nil {
+		return fmt.Errorf("attempts: open error message: %w", err)
+	}
+	m := string(msg)
+	a.ErrorMessage = &m
 	return nil
 }
 

@@ -227,6 +227,22 @@ ORDER BY j.step_id LIMIT $4::int`
 const sqlJobsAttempts = `SELECT ` + attemptColumns + ` FROM job_executions x WHERE x.job_id = ANY($1::text[])
 ORDER BY x.job_id, x.attempt`
 
+// sqlEndpointAttempts pages endpoint $2's executions in workspace $1 newest
+// first, each with its job (job_executions_endpoint_idx, one range of it):
+// after the previous page's last ($3 started, $4 job, $5 attempt; $3 null
+// for the first page), only those of outcome $6 (” for any), $7 at most.
+// The first page's bound is infinity rather than no bound, so that a
+// generic plan still starts the index range at the cursor.
+const sqlEndpointAttempts = `SELECT ` + attemptColumns + `, j.step_id, j.run_id, j.name, j.version
+FROM job_executions x JOIN jobs j ON j.id = x.job_id
+WHERE x.endpoint_id = $2::text AND x.workspace_id = $1::text
+  AND (x.started_at, x.job_id, x.attempt) < (coalesce($3::timestamptz, 'infinity'), $4::text, $5::int)
+  AND ($6::text = '' OR x.outcome = $6::text)
+ORDER BY x.started_at DESC, x.job_id DESC, x.attempt DESC LIMIT $7::int`
+
+// sqlEndpointExists says whether endpoint $2 is workspace $1's.
+const sqlEndpointExists = `SELECT EXISTS (SELECT 1 FROM job_endpoints WHERE workspace_id = $1::text AND id = $2::text)`
+
 // sqlEnqueue is an enqueue in one call of jobs_enqueue (migration 0009,
 // the only copy of its SQL, which documents its locks and answers): the
 // dependency, the run's shared lock and the key lookup, the contract
