@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/mcpserver"
@@ -26,12 +28,16 @@ type Manifest struct {
 	MCP       ManifestMCP         `json:"mcp"`
 }
 
-// ManifestMCP says where the MCP tools are.
+// ManifestMCP says where the MCP tools are, and what they take.
 type ManifestMCP struct {
 	Endpoint  string   `json:"endpoint"`
 	Transport string   `json:"transport"`
 	Stdio     string   `json:"stdio"`
 	Tools     []string `json:"tools"`
+	// ToolDefinitions are the tools as tools/list describes them, readable
+	// without a key, as the OpenAPI document is (the MCP endpoint needs
+	// one even to list them).
+	ToolDefinitions []*mcp.Tool `json:"tool_definitions"`
 }
 
 // ManifestRoute is one route in the manifest.
@@ -78,7 +84,8 @@ func NewManifest() Manifest {
 		Errors: apierr.Statuses, Limits: Limits,
 		MCP: ManifestMCP{Endpoint: "/api/v1/mcp", Transport: "streamable-http (stateless, JSON responses)",
 			Stdio: "go build -o ratchet-mcp ./functions/mcp, then launch it by its absolute path " +
-				"(RATCHET_BASE_URL, RATCHET_API_KEY)", Tools: mcpserver.ToolNames()},
+				"(RATCHET_BASE_URL, RATCHET_API_KEY)", Tools: mcpserver.ToolNames(),
+			ToolDefinitions: mcpserver.ToolDefinitions()},
 	}
 	for _, r := range Routes() {
 		scopes := r.Scopes

@@ -77,6 +77,37 @@ func TestNineToolsListed(t *testing.T) {
 	require.Nil(t, caps.Prompts)
 }
 
+// The capability manifest, read without a key, describes each tool as
+// tools/list does (seed: "MCP tool schemas" among the machine-readable
+// documents; the MCP endpoint needs a key even to list them).
+func TestTheManifestDescribesEveryToolAsToolsListDoes(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, ""))
+	res, err := cs.ListTools(context.Background(), nil)
+	require.NoError(t, err)
+	var manifest struct {
+		MCP struct {
+			ToolDefinitions []json.RawMessage `json:"tool_definitions"`
+		} `json:"mcp"`
+	}
+	env.Must(http.StatusOK, "GET", "/.well-known/ratchet.json", "", nil).Decode(t, &manifest)
+	require.Len(t, manifest.MCP.ToolDefinitions, len(res.Tools))
+	require.NotEmpty(t, res.Tools)
+	described := map[string]string{}
+	for _, raw := range manifest.MCP.ToolDefinitions {
+		var named struct{ Name string }
+		require.NoError(t, json.Unmarshal(raw, &named))
+		described[named.Name] = string(raw)
+	}
+	for _, tl := range res.Tools {
+		listed, err := json.Marshal(tl)
+		require.NoError(t, err)
+		require.Contains(t, described, tl.Name)
+		require.JSONEq(t, string(listed), described[tl.Name], tl.Name)
+	}
+}
+
 // toolProperties lists each tool's input schema properties, as tools/list
 // answers them.
 func toolProperties(t *testing.T, cs *mcp.ClientSession) map[string]map[string]any {

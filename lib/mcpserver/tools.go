@@ -497,6 +497,17 @@ func ToolScopes() map[string]string {
 	return m
 }
 
+// ToolDefinitions lists the tools as tools/list answers them (name,
+// description, input schema, annotations), for the capability manifest,
+// which a client reads without a key. They are shared: read them only.
+func ToolDefinitions() []*mcp.Tool {
+	specs := make([]*mcp.Tool, len(tools))
+	for i, t := range tools {
+		specs[i] = t.spec
+	}
+	return specs
+}
+
 // ToolNames lists the tools (for the capability manifest and tests).
 func ToolNames() []string {
 	names := make([]string, len(tools))
