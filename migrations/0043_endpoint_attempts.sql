@@ -11,19 +11,35 @@
 -- from the jobs it leases and writes on their executions. The previous
 -- release calls it with the same arguments during a deploy.
 --
--- The column is added without a default (no rewrite). The fill and the
--- index take the table whole inside the migration's transaction, which
--- blocks claims while they run; on a large table build the index first
--- with CREATE INDEX CONCURRENTLY under the same name (README, "Upgrading"),
--- and run the UPDATE in batches: both are then no-ops here.
-ALTER TABLE job_executions ADD COLUMN IF NOT EXISTS endpoint_id text;
+-- The column is added without a default (no rewrite), but ALTER TABLE
+-- holds the table's ACCESS EXCLUSIVE lock to the end of the migration's
+-- transaction, blocking every read and write of executions (claims,
+-- reports, heartbeats, run reads) while the fill and the index run. So
+-- each step is taken only when it is still to do: on a large table add the
+-- column, fill it in batches and build the index concurrently under the
+-- same name beforehand (README, "Upgrading"); the migration then takes no
+-- lock but the fill's check, a read of the table that blocks nothing.
+DO $mig$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'job_executions'::regclass
+                   AND attname = 'endpoint_id' AND NOT attisdropped) THEN
+        ALTER TABLE job_executions ADD COLUMN endpoint_id text;
+    END IF;
+END
+$mig$;
 
 UPDATE job_executions x SET endpoint_id = j.endpoint_id
 FROM jobs j WHERE j.id = x.job_id AND x.endpoint_id IS NULL;
 
-CREATE INDEX IF NOT EXISTS job_executions_endpoint_idx
-    ON job_executions (endpoint_id, started_at DESC, job_id DESC, attempt DESC)
-    WHERE endpoint_id IS NOT NULL;
+DO $mig$
+BEGIN
+    IF to_regclass('job_executions_endpoint_idx') IS NULL THEN
+        CREATE INDEX job_executions_endpoint_idx
+            ON job_executions (endpoint_id, started_at DESC, job_id DESC, attempt DESC)
+            WHERE endpoint_id IS NOT NULL;
+    END IF;
+END
+$mig$;
 
 -- jobs_claim_keyed leases up to $5 jobs to worker $1 whose sealed inputs
 -- add up to at most $9 bytes (see sqlClaim); with a claim id ($10, and its

@@ -132,8 +132,8 @@ const sqlLiveKey = `SELECT true FROM api_keys WHERE id = $1::text AND revoked_at
 // row until tx ends, so the key cannot be revoked before tx commits: a key
 // revoked on another instance, whose cache still holds it for
 // KEY_CACHE_TTL, acts no more (ErrRevokedKey). For rare acts that queue
-// work (a replay, a tool test); begin, enqueue and claim check the key in
-// their own statements instead, without a lock.
+// work (a replay, a tool test) or mint a key; begin, enqueue and claim
+// check the key in their own statements instead, without a lock.
 func RequireLive(ctx context.Context, tx pgx.Tx, keyID string) error {
 	var live bool
 	err := tx.QueryRow(ctx, sqlLiveKey, keyID).Scan(&live)
@@ -487,6 +487,12 @@ func (s *Service) CreateKey(ctx context.Context, creator *Principal, req CreateK
 	}
 	var out NewKey
 	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		// The creator's row is held while the key is minted, so a key
+		// revoked as its request ran cannot mint one to outlive it (the
+		// route's fresh read of the key leaves that moment open).
+		if err := RequireLive(ctx, tx, creator.KeyID); err != nil {
+			return err
+		}
 		out, err = s.mint(ctx, tx, creator.WorkspaceID, creator.KeyID, strings.TrimSpace(req.Name), scopes, tools,
 			req.DailySpendCeilingMicros, req.RateLimitPerMinute)
 		return err

@@ -454,8 +454,9 @@ func TestEveryApprovalRequestIsAnnounced(t *testing.T) {
 	byMode := wire(key("mode"))
 	d := b.mustBegin("approval_required", byMode)
 	requested(d, "policy_requires_approval")
-	b.mustBegin("approval_required", byMode)
+	require.Equal(t, d["approval_id"], b.mustBegin("approval_required", byMode)["approval_id"])
 	requested(d, "policy_requires_approval") // not announced again
+	require.Equal(t, 1, b.events("approval.requested"))
 
 	b.putPolicy("wire.send", map[string]any{"mode": "allow", "approval_above_micros": 1_000_000})
 	requested(b.mustBegin("approval_required", wire(key("amount"))), "cost_at_or_above_threshold")
@@ -472,4 +473,5 @@ func TestEveryApprovalRequestIsAnnounced(t *testing.T) {
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/wire.send/open", b.ws.Key,
 		map[string]any{"action": "require_approval"})
 	requested(b.mustBegin("approval_required", wire(key("breaker"))), "circuit_open")
+	require.Equal(t, 4, b.events("approval.requested"), "one per approval asked for, none more")
 }

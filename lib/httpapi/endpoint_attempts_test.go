@@ -87,7 +87,8 @@ func TestAnEndpointsAttemptsAreReadNewestFirst(t *testing.T) {
 
 	for query, field := range map[string]string{
 		"?outcome=LOST": "outcome", "?cursor=yesterday": "cursor", "?cursor=1:job_nope:1": "cursor", "?limit=0": "limit",
-		"?cursor=" + url.QueryEscape(cursor[:len(cursor)-1]+"0"): "cursor",
+		"?cursor=" + url.QueryEscape(cursor[:len(cursor)-1]+"0"):                  "cursor",
+		"?cursor=" + url.QueryEscape("1:"+email["jobId"].(string)+":99999999999"): "cursor", // no integer's attempt
 	} {
 		r := e.Do("GET", path+query, e.ingest, nil)
 		require.Equal(t, http.StatusBadRequest, r.Status, "%s: %s", query, r.Body)
@@ -97,4 +98,39 @@ func TestAnEndpointsAttemptsAreReadNewestFirst(t *testing.T) {
 	stranger := e.Signup()
 	require.Equal(t, http.StatusNotFound, e.Do("GET", path, stranger.Key, nil).Status, "another workspace's endpoint")
 	require.Equal(t, http.StatusForbidden, e.Do("GET", path, e.worker, nil).Status, "a WORKER key reads no runs")
+}
+
+// Attempts leased by one claim start at the same instant: pages of them
+// follow job and attempt, so each is read once, none skipped.
+func TestAttemptsOfOneClaimArePagedOnce(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t, "send_email@1")
+	runID := e.run()
+	want := map[string]bool{}
+	for i := range 5 {
+		st := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"n": i}})
+		want[st["jobId"].(string)] = true
+	}
+	require.Len(t, e.claim(e.register("send_email@1"), 10), 5)
+	var endpoint string
+	for _, ep := range e.Must(http.StatusOK, "GET", "/api/v1/endpoints", e.ws.Key, nil).JSON()["data"].([]any) {
+		endpoint = ep.(map[string]any)["id"].(string)
+	}
+	seen := map[string]bool{}
+	query := "?limit=2"
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, 3, "5 attempts in pages of 2")
+		page := e.Must(http.StatusOK, "GET", "/api/v1/endpoints/"+endpoint+"/attempts"+query, e.ingest, nil).JSON()
+		for _, a := range page["data"].([]any) {
+			id := a.(map[string]any)["jobId"].(string)
+			require.False(t, seen[id], "%s read twice", id)
+			seen[id] = true
+		}
+		next, ok := page["nextCursor"].(string)
+		if !ok {
+			break
+		}
+		query = "?limit=2&cursor=" + url.QueryEscape(next)
+	}
+	require.Equal(t, want, seen)
 }

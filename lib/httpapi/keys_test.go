@@ -16,7 +16,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/sweep"
@@ -430,11 +432,19 @@ func TestARevokedKeyChangesNothingOnAnotherInstance(t *testing.T) {
 	b.Must(http.StatusOK, "GET", "/api/v1/keys", secret, nil) // b caches it
 
 	var changing []httpapi.Route
+	var checking []string
 	for _, rt := range httpapi.Routes() {
+		if rt.ChecksKey {
+			checking = append(checking, rt.Name)
+		}
 		if rt.Method != http.MethodGet && rt.Auth == httpapi.AuthKey && !rt.Settles && !rt.ChecksKey && rt.Raw == nil {
 			changing = append(changing, rt)
 		}
 	}
+	// The routes trusted to check the key themselves are exactly those with
+	// a revocation test of their own (this test leaves them out).
+	require.ElementsMatch(t, []string{"effects.begin", "approvals.approve", "approvals.reject", "runs.enqueue",
+		"workers.claim", "tools.test", "steps.replay"}, checking)
 	var names []string
 	for _, rt := range changing {
 		names = append(names, rt.Name)
@@ -466,6 +476,15 @@ func TestARevokedKeyChangesNothingOnAnotherInstance(t *testing.T) {
 		`SELECT count(*) FROM api_keys WHERE workspace_id = $1 AND name = 'escape'`, ws.ID).Scan(&keys))
 	require.Zero(t, keys)
 	require.Equal(t, http.StatusOK, b.Do("GET", "/api/v1/keys", secret, nil).Status, "reads: within the documented bound")
+
+	// A request whose read of the key came before the revocation mints
+	// nothing either: the creator's row is checked as the key is minted.
+	_, err := b.App.Server.Auth.CreateKey(context.Background(),
+		&auth.Principal{KeyID: id, WorkspaceID: ws.ID, Scopes: auth.Presets["OPERATOR"]},
+		auth.CreateKeyRequest{Name: "escape", Preset: "AGENT"})
+	var refused *apierr.Error
+	require.ErrorAs(t, err, &refused)
+	require.Equal(t, http.StatusUnauthorized, refused.Status)
 }
 
 func TestSignupModes(t *testing.T) {

@@ -104,7 +104,7 @@ func (s *Server) coreRoutes() []Route {
 
 var listParams = []Param{
 	{Name: "limit", Type: "integer", Description: "1-200, default 50", Min: ptr(1), Max: ptr(200)},
-	{Name: "cursor", Type: "string", Description: "next_cursor from the previous page"},
+	{Name: "cursor", Type: "string", Description: "the previous page's next_cursor (nextCursor on durable-job routes)"},
 }
 
 func (s *Server) health(ctx context.Context, _ *Call) (any, error) {

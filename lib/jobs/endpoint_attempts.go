@@ -58,18 +58,23 @@ func parseAttemptsCursor(cursor string) (attemptsAfter, error) {
 	if err != nil || micros < 0 {
 		return attemptsAfter{}, bad
 	}
-	attempt, err := strconv.Atoi(parts[2])
+	attempt, err := strconv.ParseInt(parts[2], 10, 32) // the column's integer
 	if err != nil || attempt < 1 {
 		return attemptsAfter{}, bad
 	}
 	started := time.UnixMicro(micros).UTC()
-	return attemptsAfter{started: &started, jobID: parts[1], attempt: attempt}, nil
+	return attemptsAfter{started: &started, jobID: parts[1], attempt: int(attempt)}, nil
 }
 
 // ListEndpointAttempts pages endpoint id's attempts newest first (by start,
 // then job and attempt), only those of outcome when it is set (SUCCEEDED or
 // FAILED; an attempt still running, or lapsed and not yet marked, has
 // none). cursor is the previous page's AttemptsCursor.
+//
+// The outcome filter reads the endpoint's attempts newest first and keeps
+// those it names: no index holds outcomes, since one would make every
+// report's update of its attempt write all the table's indexes (not HOT),
+// so on a busy endpoint whose failures are rare a FAILED page may read far.
 func (s *Service) ListEndpointAttempts(ctx context.Context, workspaceID, id, outcome, cursor string,
 	limit int) ([]EndpointAttempt, error) {
 	if outcome != "" && outcome != StatusSucceeded && outcome != OutcomeFailed {
@@ -92,7 +97,8 @@ func (s *Service) ListEndpointAttempts(ctx context.Context, workspaceID, id, out
 		if err := row.Scan(read.dest(&a.JobID, &a.AttemptFields, &a.StepID, &a.RunID, &a.Name, &a.Version)...); err != nil {
 			return a, err
 		}
-		return a, s.openAttempt(a.JobID, &a.AttemptFields, read)
+		err := s.openAttempt(a.JobID, &a.AttemptFields, read) // before a is returned: it sets the message
+		return a, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("endpoint attempts: %w", err)

@@ -489,8 +489,9 @@ const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND wo
 // $7 rate window (minute), $8 warning, $9 the most bytes of sealed input one
 // claim answers (always at least one job; ClaimInputBudget), $10 the
 // claim's ClaimID and $11 its secret (both NULL for a claim without one).
-// The statement is the PL/pgSQL function jobs_claim_keyed (migration 0042:
-// 0032's jobs_claim_hashed with the keyed claim's answer again and derived
+// The statement is the PL/pgSQL function jobs_claim_keyed (migration 0043,
+// which writes each execution's endpoint; 0042 made it: 0032's
+// jobs_claim_hashed with the keyed claim's answer again and derived
 // tokens; 0011 has its design), which
 // answers each lease token and stores only its hash (every comparison is
 // jobs_lease_token_matches, which also accepts a token stored in clear
