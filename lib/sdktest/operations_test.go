@@ -1,0 +1,131 @@
+package sdktest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	ratchet "github.com/getratchet/ratchet/sdk/go"
+)
+
+// An operator reads a failing endpoint's recent attempts, changes its
+// policy under its version, pauses and resumes it and closes its circuit,
+// and reads the queue's health, all through the SDK.
+func TestOperatorManagesAnEndpointThroughTheSDK(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.env.Must(http.StatusCreated, "POST", "/api/v1/endpoints", b.ws.Key, map[string]any{
+		"name": "fast", "preset": "CUSTOM", "maxAttempts": 3, "initialDelayMs": 1000, "multiplier": 1,
+		"maxDelayMs": 1000, "jitterPercent": 0})
+	w := ratchet.NewWorker(b.client(t, b.workerKey(t, "flaky@1"), nil))
+	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "flaky", Version: "1",
+		Handler: func(_ context.Context, _ welcomeIn, job ratchet.JobContext) (welcomeOut, error) {
+			if job.Attempt == 1 {
+				return welcomeOut{}, ratchet.Retryable("provider busy", time.Second)
+			}
+			return welcomeOut{MessageID: "ok"}, nil
+		}}))
+	start(t, w, 1)
+	run, err := b.producer.StartRun(ctx, "operations")
+	require.NoError(t, err)
+	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"},
+		ratchet.EnqueueOptions{Name: "flaky", Version: "1", Endpoint: "fast"})
+	require.NoError(t, err)
+	_, err = b.producer.FinishRun(ctx, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, ratchet.RunSucceeded, waitRun(t, b.producer, run.ID, func(r *ratchet.Run) bool {
+		return r.Status != ratchet.RunRunning
+	}).Status)
+
+	eps, err := b.operator.ListEndpoints(ctx, ratchet.ListQuery{})
+	require.NoError(t, err)
+	var ep ratchet.Endpoint
+	for _, e := range eps.Data {
+		if e.Name == "fast" {
+			ep = e
+		}
+	}
+	require.NotEmpty(t, ep.ID)
+	require.Equal(t, "CUSTOM", ep.PolicyPreset)
+	got, err := b.operator.GetEndpoint(ctx, ep.ID)
+	require.NoError(t, err)
+	require.Equal(t, ep, *got)
+	sameJSON(t, b, "/api/v1/endpoints/"+ep.ID+"/policy", got)
+
+	failed, err := b.operator.ListEndpointAttempts(ctx, ep.ID, ratchet.AttemptQuery{Outcome: "FAILED"})
+	require.NoError(t, err)
+	require.Len(t, failed.Data, 1)
+	f := failed.Data[0]
+	require.Equal(t, st.JobID, f.JobID)
+	require.Equal(t, st.StepID, f.StepID)
+	require.Equal(t, run.ID, f.RunID)
+	require.Equal(t, "flaky", f.Name)
+	require.Equal(t, 1, f.Attempt)
+	require.NotNil(t, f.ErrorMessage)
+	require.Contains(t, *f.ErrorMessage, "provider busy")
+	first, err := b.operator.ListEndpointAttempts(ctx, ep.ID, ratchet.AttemptQuery{ListQuery: ratchet.ListQuery{Limit: 1}})
+	require.NoError(t, err)
+	require.Len(t, first.Data, 1)
+	require.Equal(t, 2, first.Data[0].Attempt, "newest first")
+	require.NotNil(t, first.NextCursor)
+	rest, err := b.operator.ListEndpointAttempts(ctx, ep.ID, ratchet.AttemptQuery{ListQuery: ratchet.ListQuery{Cursor: *first.NextCursor}})
+	require.NoError(t, err)
+	require.Equal(t, failed.Data, rest.Data)
+	require.Nil(t, rest.NextCursor)
+	all, err := b.operator.ListEndpointAttempts(ctx, ep.ID, ratchet.AttemptQuery{})
+	require.NoError(t, err)
+	sameJSON(t, b, "/api/v1/endpoints/"+ep.ID+"/attempts", all)
+
+	limited, err := b.operator.UpdateEndpointPolicy(ctx, ep.ID, ep.Version, ratchet.PolicyUpdate{"maxConcurrent": 3})
+	require.NoError(t, err)
+	require.Equal(t, 3, *limited.MaxConcurrent)
+	require.Equal(t, ep.Version+1, limited.Version)
+	_, err = b.operator.UpdateEndpointPolicy(ctx, ep.ID, ep.Version, ratchet.PolicyUpdate{"maxConcurrent": 4})
+	var apiErr *ratchet.Error
+	require.True(t, errors.As(err, &apiErr), "%v", err)
+	require.Equal(t, "version_conflict", apiErr.Code)
+	lifted, err := b.operator.UpdateEndpointPolicy(ctx, ep.ID, limited.Version, ratchet.PolicyUpdate{"maxConcurrent": nil})
+	require.NoError(t, err)
+	require.Nil(t, lifted.MaxConcurrent, "nil clears")
+
+	paused, err := b.operator.PauseEndpoint(ctx, ep.ID)
+	require.NoError(t, err)
+	require.True(t, paused.Paused)
+	_, err = b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "held"},
+		ratchet.EnqueueOptions{Name: "flaky", Version: "1", Endpoint: "fast"})
+	require.Error(t, err, "the run was finished")
+	held, err := b.producer.StartRun(ctx, "held")
+	require.NoError(t, err)
+	_, err = b.producer.Enqueue(ctx, held.ID, welcomeIn{CustomerID: "held"},
+		ratchet.EnqueueOptions{Name: "flaky", Version: "1", Endpoint: "fast"})
+	require.NoError(t, err)
+	health, err := b.operator.GetQueueHealth(ctx, ratchet.ListQuery{})
+	require.NoError(t, err)
+	require.Len(t, health.Data, 1)
+	require.Equal(t, "flaky", health.Data[0].Name)
+	require.EqualValues(t, 1, health.Data[0].Queued)
+	require.Equal(t, []string{"fast"}, health.Data[0].PausedEndpoints)
+	sameJSON(t, b, "/api/v1/queue/health", health)
+	resumed, err := b.operator.ResumeEndpoint(ctx, ep.ID)
+	require.NoError(t, err)
+	require.False(t, resumed.Paused)
+	closed, err := b.operator.CloseEndpointCircuit(ctx, ep.ID)
+	require.NoError(t, err)
+	require.Equal(t, "closed", closed.Circuit.State)
+}
+
+// sameJSON requires that v, as the SDK decoded it, encodes to what the
+// server answers at path: every field the server sends has its field in the
+// SDK's type, under the same name.
+func sameJSON(t *testing.T, b *bundle, path string, v any) {
+	t.Helper()
+	decoded, err := json.Marshal(v)
+	require.NoError(t, err)
+	require.JSONEq(t, string(b.env.Must(http.StatusOK, "GET", path, b.ws.Key, nil).Body), string(decoded), path)
+}

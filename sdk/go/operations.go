@@ -1,0 +1,212 @@
+package ratchet
+
+import (
+	"context"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// Endpoint is a service its jobs call (GET /api/v1/endpoints/{id}/policy):
+// its retry policy, gates and circuit breaker. A job snapshots the policy
+// when it is enqueued; edits apply to jobs enqueued after them.
+type Endpoint struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	// Version is the policy's version, the expectedVersion of an update.
+	Version      int64  `json:"version"`
+	PolicyPreset string `json:"policyPreset"` // STANDARD, AGGRESSIVE, RELAXED or CUSTOM
+	// RetryPolicy is the complete CUSTOM schedule, nil for a built-in
+	// preset.
+	RetryPolicy        *RetrySchedule `json:"retryPolicy"`
+	MaxAttempts        int            `json:"maxAttempts"`
+	DefaultTimeoutMs   int64          `json:"defaultTimeoutMs"`
+	MaxConcurrent      *int           `json:"maxConcurrent"`
+	RateLimitPerMinute *int           `json:"rateLimitPerMinute"`
+	// Paused endpoints accept jobs but leave them unclaimed.
+	Paused bool `json:"paused"`
+	// CircuitFailureThreshold consecutive retryable failures open the
+	// circuit (nil: the breaker is off).
+	CircuitFailureThreshold *int            `json:"circuitFailureThreshold"`
+	CircuitCooldownMs       int64           `json:"circuitCooldownMs"`
+	Circuit                 EndpointCircuit `json:"circuit"`
+	CreatedAt               time.Time       `json:"createdAt"`
+	UpdatedAt               time.Time       `json:"updatedAt"`
+}
+
+// RetrySchedule is an endpoint's retry schedule: after failure n the wait
+// is min(MaxDelayMs, InitialDelayMs × Multiplier^(n-1)) ± JitterPercent.
+// A job snapshots it with its timeout (RetryPolicy).
+type RetrySchedule struct {
+	Preset         string  `json:"preset"`
+	MaxAttempts    int     `json:"maxAttempts"`
+	InitialDelayMs int64   `json:"initialDelayMs"`
+	Multiplier     float64 `json:"multiplier"`
+	MaxDelayMs     int64   `json:"maxDelayMs"`
+	JitterPercent  float64 `json:"jitterPercent"`
+}
+
+// EndpointCircuit is an endpoint's breaker: "closed", or "open" since
+// OpenedAt, when claims skip its jobs but for one probe from ProbeAt.
+type EndpointCircuit struct {
+	State               string     `json:"state"`
+	OpenedAt            *time.Time `json:"openedAt"`
+	ProbeAt             *time.Time `json:"probeAt"`
+	ConsecutiveFailures int        `json:"consecutiveFailures"`
+}
+
+// ListQuery pages a list: Limit 0 is the server's default (50), at most
+// 200; Cursor is the previous page's NextCursor.
+type ListQuery struct {
+	Limit  int
+	Cursor string
+}
+
+// values is q as query parameters.
+func (q ListQuery) values() url.Values {
+	v := url.Values{}
+	if q.Limit > 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	if q.Cursor != "" {
+		v.Set("cursor", q.Cursor)
+	}
+	return v
+}
+
+// Page is one page of a list; NextCursor is nil on the last.
+type Page[T any] struct {
+	Data       []T     `json:"data"`
+	NextCursor *string `json:"nextCursor"`
+}
+
+// ListEndpoints pages the workspace's endpoints (GET /api/v1/endpoints).
+func (c *Client) ListEndpoints(ctx context.Context, q ListQuery) (*Page[Endpoint], error) {
+	var out Page[Endpoint]
+	if err := c.do(ctx, "GET", withQuery("/endpoints", q.values()), nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// GetEndpoint reads an endpoint and its policy.
+func (c *Client) GetEndpoint(ctx context.Context, endpointID string) (*Endpoint, error) {
+	return c.endpointCall(ctx, "GET", endpointID, "/policy", nil, idempotent)
+}
+
+// PolicyUpdate holds the policy fields to change, by their API names
+// (preset, maxAttempts, initialDelayMs, multiplier, maxDelayMs,
+// jitterPercent, defaultTimeoutMs, maxConcurrent, rateLimitPerMinute,
+// circuitFailureThreshold, circuitCooldownMs); a nil value clears an
+// optional one (maxConcurrent: nil lifts the limit). Fields left out keep
+// their values.
+type PolicyUpdate map[string]any
+
+// UpdateEndpointPolicy merges update into the endpoint's policy when
+// expectedVersion is still its version (otherwise *Error with code
+// version_conflict: read it again, and decide again). Jobs already
+// enqueued keep their snapshot. It is not retried after an answer that
+// was lost: the repeat of an update that was applied would meet the new
+// version (MayHaveApplied tells; read the endpoint to see).
+func (c *Client) UpdateEndpointPolicy(ctx context.Context, endpointID string, expectedVersion int64,
+	update PolicyUpdate) (*Endpoint, error) {
+	body := make(map[string]any, len(update)+1)
+	for k, v := range update {
+		body[k] = v
+	}
+	body["expectedVersion"] = expectedVersion
+	return c.endpointCall(ctx, "PUT", endpointID, "/policy", body, notIdempotent)
+}
+
+// PauseEndpoint pauses an endpoint: its jobs are accepted but not claimed,
+// consuming no attempts, until ResumeEndpoint.
+func (c *Client) PauseEndpoint(ctx context.Context, endpointID string) (*Endpoint, error) {
+	return c.endpointCall(ctx, "POST", endpointID, "/pause", struct{}{}, idempotent)
+}
+
+// ResumeEndpoint resumes a paused endpoint.
+func (c *Client) ResumeEndpoint(ctx context.Context, endpointID string) (*Endpoint, error) {
+	return c.endpointCall(ctx, "POST", endpointID, "/resume", struct{}{}, idempotent)
+}
+
+// CloseEndpointCircuit closes the endpoint's circuit breaker by hand (an
+// operator's word that the service is back: inspect its recent attempts
+// first, ListEndpointAttempts). Closing a closed circuit changes nothing.
+func (c *Client) CloseEndpointCircuit(ctx context.Context, endpointID string) (*Endpoint, error) {
+	return c.endpointCall(ctx, "POST", endpointID, "/circuit/close", struct{}{}, idempotent)
+}
+
+// endpointCall sends one call on /endpoints/{id}{suffix} answered with the
+// endpoint.
+func (c *Client) endpointCall(ctx context.Context, method, endpointID, suffix string, in any,
+	safe idempotency) (*Endpoint, error) {
+	var e Endpoint
+	if err := c.do(ctx, method, "/endpoints/"+pathID(endpointID)+suffix, in, &e, safe); err != nil {
+		return nil, err
+	}
+	return &e, nil
+}
+
+// EndpointAttempt is one attempt (one claim) of a job of an endpoint, with
+// the job it belongs to.
+type EndpointAttempt struct {
+	JobID   string `json:"jobId"`
+	StepID  string `json:"stepId"`
+	RunID   string `json:"runId"`
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	JobAttempt
+}
+
+// AttemptQuery filters ListEndpointAttempts: Outcome "SUCCEEDED" or
+// "FAILED" keeps only those ("" keeps all, running ones included).
+type AttemptQuery struct {
+	Outcome string
+	ListQuery
+}
+
+// ListEndpointAttempts pages an endpoint's attempts newest first (GET
+// /api/v1/endpoints/{id}/attempts), each with its job and the message its
+// worker reported: what to read before closing its circuit or resuming it.
+func (c *Client) ListEndpointAttempts(ctx context.Context, endpointID string, q AttemptQuery) (*Page[EndpointAttempt], error) {
+	v := q.values()
+	if q.Outcome != "" {
+		v.Set("outcome", q.Outcome)
+	}
+	var out Page[EndpointAttempt]
+	path := withQuery("/endpoints/"+pathID(endpointID)+"/attempts", v)
+	if err := c.do(ctx, "GET", path, nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// QueueHealth is the queued work of one exact name@version, and what
+// holds it when something does (GET /api/v1/queue/health).
+type QueueHealth struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	Queued  int64  `json:"queued"`
+	// Due is how many of them a claim could take now.
+	Due                    int64 `json:"due"`
+	OldestQueuedAgeSeconds int64 `json:"oldestQueuedAgeSeconds"`
+	// WorkersSeen counts the workers serving the version that polled
+	// recently.
+	WorkersSeen int64 `json:"workersSeen"`
+	// The names of the endpoints holding its queued jobs: circuit open,
+	// paused.
+	OpenCircuitEndpoints []string `json:"openCircuitEndpoints"`
+	PausedEndpoints      []string `json:"pausedEndpoints"`
+	// Message says plainly what holds the queue (no worker, a pause, an
+	// open circuit), nil when nothing does.
+	Message *string `json:"message"`
+}
+
+// GetQueueHealth pages the queue's health in name, version order.
+func (c *Client) GetQueueHealth(ctx context.Context, q ListQuery) (*Page[QueueHealth], error) {
+	var out Page[QueueHealth]
+	if err := c.do(ctx, "GET", withQuery("/queue/health", q.values()), nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
