@@ -84,11 +84,11 @@ func TestProducerWorkerRunSucceeds(t *testing.T) {
 	require.True(t, dup.Deduplicated)
 }
 
-func TestRetryableThenSuccess(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := context.Background()
-	// A one-second CUSTOM schedule so the retry comes due quickly.
+// serveFlaky creates the endpoint "fast", whose one-second CUSTOM schedule
+// brings a retry due quickly, and runs a worker whose flaky@1 handler fails
+// its first attempt ("provider busy", retryable) and succeeds after.
+func serveFlaky(t *testing.T, b *bundle) {
+	t.Helper()
 	b.env.Must(http.StatusCreated, "POST", "/api/v1/endpoints", b.ws.Key, map[string]any{
 		"name": "fast", "preset": "CUSTOM", "maxAttempts": 3, "initialDelayMs": 1000, "multiplier": 1,
 		"maxDelayMs": 1000, "jitterPercent": 0})
@@ -101,6 +101,13 @@ func TestRetryableThenSuccess(t *testing.T) {
 			return welcomeOut{MessageID: "ok"}, nil
 		}}))
 	start(t, w, 1)
+}
+
+func TestRetryableThenSuccess(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	serveFlaky(t, b)
 	run, err := b.producer.StartRun(ctx, "retry")
 	require.NoError(t, err)
 	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"}, ratchet.EnqueueOptions{Name: "flaky", Version: "1", Endpoint: "fast"})

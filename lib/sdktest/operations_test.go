@@ -6,7 +6,6 @@ import (
 	"errors"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -20,18 +19,7 @@ func TestOperatorManagesAnEndpointThroughTheSDK(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	b.env.Must(http.StatusCreated, "POST", "/api/v1/endpoints", b.ws.Key, map[string]any{
-		"name": "fast", "preset": "CUSTOM", "maxAttempts": 3, "initialDelayMs": 1000, "multiplier": 1,
-		"maxDelayMs": 1000, "jitterPercent": 0})
-	w := ratchet.NewWorker(b.client(t, b.workerKey(t, "flaky@1"), nil))
-	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "flaky", Version: "1",
-		Handler: func(_ context.Context, _ welcomeIn, job ratchet.JobContext) (welcomeOut, error) {
-			if job.Attempt == 1 {
-				return welcomeOut{}, ratchet.Retryable("provider busy", time.Second)
-			}
-			return welcomeOut{MessageID: "ok"}, nil
-		}}))
-	start(t, w, 1)
+	serveFlaky(t, b)
 	run, err := b.producer.StartRun(ctx, "operations")
 	require.NoError(t, err)
 	st, err := b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"},
