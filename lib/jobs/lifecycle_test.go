@@ -345,6 +345,9 @@ func TestReportRepeatsAndConflicts(t *testing.T) {
 		_, err = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: status,
 			Error: failure})
 		require.Equal(t, apierr.CodeLeaseLost, code(t, err), status)
+		// It says what the attempt was reported as: a worker whose first
+		// answer was lost learns that its report landed.
+		require.Equal(t, map[string]any{"attempt": 1, "reportedOutcome": "FAILED"}, err.(*apierr.Error).Detail, status)
 		res, err := b.svc.ReportBatch(ctx, b.worker, jobs.BatchReportRequest{Reports: []jobs.BatchReportItem{{
 			JobID: j.JobID, LeaseToken: j.LeaseToken, Status: status, Error: failure}}})
 		require.NoError(t, err)

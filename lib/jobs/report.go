@@ -225,6 +225,19 @@ func (s *Service) lockForReport(ctx context.Context, tx pgx.Tx, p *auth.Principa
 	return locked, nil
 }
 
+// reportedAs is the status the attempt read with j was reported as, if it
+// was: what the worker sent (a success its contract refused is recorded
+// FAILED, and was reported SUCCEEDED).
+func (j *lockedJob) reportedAs() (string, bool) {
+	if j.xReported == nil || j.xOutcome == nil {
+		return "", false
+	}
+	if j.xRejected {
+		return StatusSucceeded, true
+	}
+	return *j.xOutcome, true
+}
+
 // decideReport answers one report on its locked job: its result and the row
 // to record (nil when nothing is recorded), or its refusal.
 func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req ReportRequest, now time.Time) (ReportResult, *applyRow, error) {
@@ -249,15 +262,17 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 		// A newer claim superseded this attempt: lease_lost, even for a
 		// repeat of the report it made (API.md §5), whose answer would
 		// describe a job that has moved on (contract QA: a repeat after a
-		// retry succeeded answered RETRY_SCHEDULED).
-		return ReportResult{}, nil, errLeaseLost()
-	case j.xReported != nil && j.xOutcome != nil:
-		// Already reported: the same outcome answers the same object (a
-		// success the contract refused is recorded as FAILED).
-		sent := *j.xOutcome // what the worker reported: a refused success is recorded FAILED
-		if j.xRejected {
-			sent = StatusSucceeded
+		// retry succeeded answered RETRY_SCHEDULED). The refusal says what
+		// the attempt was reported as, if it was, so that a worker whose
+		// first answer was lost learns it landed (as the gate's does).
+		lost := errLeaseLost().WithDetail("attempt", xa)
+		if sent, ok := j.reportedAs(); ok {
+			lost = lost.WithDetail("reportedOutcome", sent)
 		}
+		return ReportResult{}, nil, lost
+	case j.xReported != nil && j.xOutcome != nil:
+		// Already reported: the same outcome answers the same object.
+		sent, _ := j.reportedAs()
 		if sent != req.Status {
 			return ReportResult{}, nil, apierr.InvalidState("This attempt was already reported as %s.", sent)
 		}

@@ -379,7 +379,7 @@ func (s *Service) revive(ctx context.Context, p *auth.Principal, jobID, token st
 	return out, err
 }
 
-func errLeaseLost() error {
+func errLeaseLost() *apierr.Error {
 	return apierr.Conflict(apierr.CodeLeaseLost, "This lease token does not hold the job: a later attempt does, "+
 		"or the token was never this job's.")
 }
