@@ -117,3 +117,58 @@ func sameJSON(t *testing.T, b *bundle, path string, v any) {
 	require.NoError(t, err)
 	require.JSONEq(t, string(b.env.Must(http.StatusOK, "GET", path, b.ws.Key, nil).Body), string(decoded), path)
 }
+
+// An operator decides the effects the gate held for approval through the
+// SDK: listed while pending, approved (the next begin executes) or
+// rejected (every begin is denied), each answer the server's own.
+func TestOperatorDecidesApprovalsThroughTheSDK(t *testing.T) {
+	t.Parallel()
+	g := setupGate(t)
+	ctx := context.Background()
+	g.policy(t, "wire.send", map[string]any{"mode": "require_approval"})
+	held := func(key string) string {
+		t.Helper()
+		d, err := g.agent.Begin(ctx, req("wire.send", key))
+		require.NoError(t, err)
+		require.Equal(t, ratchet.DecisionApprovalRequired, d.Decision)
+		require.NotEmpty(t, d.ApprovalID)
+		return d.ApprovalID
+	}
+	yes, no := held("wire:yes"), held("wire:no")
+
+	pending, err := g.operator.ListApprovals(ctx, ratchet.ApprovalQuery{State: ratchet.ApprovalPending})
+	require.NoError(t, err)
+	require.Len(t, pending.Data, 2)
+	sameJSON(t, g.bundle, "/api/v1/approvals?state=pending", pending)
+	one, err := g.operator.ListApprovals(ctx, ratchet.ApprovalQuery{ListQuery: ratchet.ListQuery{Limit: 1}})
+	require.NoError(t, err)
+	require.Len(t, one.Data, 1)
+	require.NotNil(t, one.NextCursor, "a cursor to the other")
+
+	approved, err := g.operator.Approve(ctx, yes, "checked with finance")
+	require.NoError(t, err)
+	require.Equal(t, ratchet.ApprovalApproved, approved.State)
+	require.Equal(t, "checked with finance", *approved.Note)
+	require.Equal(t, []string{"policy_requires_approval"}, approved.Answers)
+	again, err := g.operator.Approve(ctx, yes, "")
+	require.NoError(t, err)
+	require.Equal(t, approved, again, "approving again answers the same approval")
+	read, err := g.operator.GetApproval(ctx, yes)
+	require.NoError(t, err)
+	require.Equal(t, approved, read)
+	sameJSON(t, g.bundle, "/api/v1/approvals/"+yes, read)
+	d, err := g.agent.Begin(ctx, req("wire.send", "wire:yes"))
+	require.NoError(t, err)
+	require.Equal(t, ratchet.DecisionExecute, d.Decision)
+
+	rejected, err := g.operator.Reject(ctx, no, "")
+	require.NoError(t, err)
+	require.Equal(t, ratchet.ApprovalRejected, rejected.State)
+	d, err = g.agent.Begin(ctx, req("wire.send", "wire:no"))
+	require.NoError(t, err)
+	require.Equal(t, ratchet.DecisionDenied, d.Decision)
+	_, err = g.operator.Approve(ctx, no, "")
+	var apiErr *ratchet.Error
+	require.True(t, errors.As(err, &apiErr), "%v", err)
+	require.Equal(t, "invalid_state", apiErr.Code)
+}

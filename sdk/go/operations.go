@@ -210,3 +210,88 @@ func (c *Client) GetQueueHealth(ctx context.Context, q ListQuery) (*Page[QueueHe
 	}
 	return &out, nil
 }
+
+// Approval states.
+const (
+	ApprovalPending  = "pending"
+	ApprovalApproved = "approved"
+	ApprovalRejected = "rejected"
+)
+
+// Approval is an operator's decision on an effect the gate held
+// (ApprovalRequiredError.ApprovalID names it).
+type Approval struct {
+	ID         string `json:"id"`
+	EffectID   string `json:"effect_id"`
+	EffectType string `json:"effect_type"`
+	State      string `json:"state"` // ApprovalPending, ApprovalApproved or ApprovalRejected
+	// Reason is why the effect was held: policy_requires_approval,
+	// cost_at_or_above_threshold, circuit_open, ...
+	Reason    string     `json:"reason"`
+	CreatedAt time.Time  `json:"created_at"`
+	DecidedAt *time.Time `json:"decided_at"`
+	Note      *string    `json:"note"`
+	// Answers, once approved, is every reason the approval answers (the
+	// one it was asked for and any other that held as it was given).
+	Answers []string `json:"answers"`
+}
+
+// ApprovalQuery filters ListApprovals: State "" lists every state.
+type ApprovalQuery struct {
+	State string
+	ListQuery
+}
+
+// ApprovalPage is one page of approvals, newest first; NextCursor is nil on
+// the last (the gate's routes name it next_cursor).
+type ApprovalPage struct {
+	Data       []Approval `json:"data"`
+	NextCursor *string    `json:"next_cursor"`
+}
+
+// ListApprovals pages the workspace's approvals newest first (GET
+// /api/v1/approvals, scope approvals:write): say, the pending ones.
+func (c *Client) ListApprovals(ctx context.Context, q ApprovalQuery) (*ApprovalPage, error) {
+	v := q.values()
+	if q.State != "" {
+		v.Set("state", q.State)
+	}
+	var out ApprovalPage
+	if err := c.do(ctx, "GET", withQuery("/approvals", v), nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// GetApproval reads one approval.
+func (c *Client) GetApproval(ctx context.Context, approvalID string) (*Approval, error) {
+	return c.approvalCall(ctx, "GET", approvalID, "", nil)
+}
+
+// Approve approves a pending effect: the next begin of its key executes.
+// Approving an approved effect answers it unchanged, so the call is retried
+// through transient failures; approving a rejected one is 409 invalid_state.
+func (c *Client) Approve(ctx context.Context, approvalID, note string) (*Approval, error) {
+	return c.approvalCall(ctx, "POST", approvalID, "/approve", decideBody{Note: note})
+}
+
+// Reject rejects a pending effect: every begin of its key is denied
+// approval_rejected, for good. Retried like Approve.
+func (c *Client) Reject(ctx context.Context, approvalID, note string) (*Approval, error) {
+	return c.approvalCall(ctx, "POST", approvalID, "/reject", decideBody{Note: note})
+}
+
+// decideBody is the body of approve and reject.
+type decideBody struct {
+	Note string `json:"note,omitempty"`
+}
+
+// approvalCall sends one call on /approvals/{id}{suffix} answered with the
+// approval.
+func (c *Client) approvalCall(ctx context.Context, method, approvalID, suffix string, in any) (*Approval, error) {
+	var a Approval
+	if err := c.do(ctx, method, "/approvals/"+pathID(approvalID)+suffix, in, &a, idempotent); err != nil {
+		return nil, err
+	}
+	return &a, nil
+}
