@@ -172,3 +172,43 @@ func TestOperatorDecidesApprovalsThroughTheSDK(t *testing.T) {
 	require.True(t, errors.As(err, &apiErr), "%v", err)
 	require.Equal(t, "invalid_state", apiErr.Code)
 }
+
+// A contract published through the SDK whose answer is lost is published
+// once (the retry carries the first attempt's Idempotency-Key); its tool is
+// tested through the SDK against it, and input the schema refuses is 400.
+func TestContractsAndToolTestsThroughTheSDK(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	publisher, lose := b.losingClient(t, b.ws.Key, "/contracts")
+	spec := ratchet.ContractSpec{HandlerVersion: "1",
+		InputSchema: json.RawMessage(`{"type":"object","required":["customerId"],` +
+			`"properties":{"customerId":{"type":"string"}}}`),
+		RetryPreset: "CUSTOM", RetryPolicy: &ratchet.RetrySchedule{MaxAttempts: 2, InitialDelayMs: 1000,
+			Multiplier: 2, MaxDelayMs: 4000, JitterPercent: 10}}
+	c, err := publisher.PublishContract(ctx, "welcome", spec)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, lose.seen.Load(), "the first answer was lost and the call sent again")
+	require.Equal(t, 1, c.ContractVersion)
+	require.Equal(t, "CUSTOM", c.RetryPreset)
+	require.Equal(t, 2, c.RetryPolicy.MaxAttempts)
+	list, err := b.operator.ListContracts(ctx, "welcome", ratchet.ListQuery{})
+	require.NoError(t, err)
+	require.Len(t, list.Data, 1, "published once")
+	require.Equal(t, *c, list.Data[0])
+	sameJSON(t, b, "/api/v1/tools/welcome/contracts", list)
+
+	test, err := b.operator.TestTool(ctx, "welcome", "1", map[string]string{"customerId": "c_1"})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), *test.ContractVersion)
+	require.Equal(t, 1, test.MaxAttempts)
+	require.Equal(t, ratchet.JobQueued, test.Status)
+	run, err := b.operator.GetRun(ctx, test.RunID)
+	require.NoError(t, err)
+	require.Equal(t, test.StepID, run.Steps[0].ID)
+
+	_, err = b.operator.TestTool(ctx, "welcome", "1", map[string]string{"other": "x"})
+	var apiErr *ratchet.Error
+	require.True(t, errors.As(err, &apiErr), "%v", err)
+	require.Equal(t, "invalid_request", apiErr.Code)
+}

@@ -2,6 +2,7 @@ package ratchet
 
 import (
 	"context"
+	"encoding/json"
 	"net/url"
 	"strconv"
 	"time"
@@ -294,4 +295,119 @@ func (c *Client) approvalCall(ctx context.Context, method, approvalID, suffix st
 		return nil, err
 	}
 	return &a, nil
+}
+
+// Contract statuses.
+const (
+	ContractActive    = "ACTIVE"
+	ContractForbidden = "FORBIDDEN"
+)
+
+// Contract is a published version of a tool's contract (POST
+// /api/v1/tools/{name}/contracts): the handler version it binds, its input
+// and output JSON Schemas (2020-12), its timeout and retry policy.
+type Contract struct {
+	Name            string          `json:"name"`
+	ContractVersion int             `json:"contractVersion"`
+	HandlerVersion  string          `json:"handlerVersion"`
+	InputSchema     json.RawMessage `json:"inputSchema"`
+	OutputSchema    json.RawMessage `json:"outputSchema"`
+	TimeoutMs       int64           `json:"timeoutMs"`
+	RetryPreset     string          `json:"retryPreset"`
+	// RetryPolicy is the complete CUSTOM schedule, nil for a built-in preset.
+	RetryPolicy *RetrySchedule `json:"retryPolicy"`
+	Status      string         `json:"status"` // ContractActive or ContractForbidden
+	CreatedAt   time.Time      `json:"createdAt"`
+}
+
+// ContractSpec is what PublishContract publishes. InputSchema is required;
+// a nil OutputSchema accepts any output. Zero TimeoutMs, RetryPreset and
+// Status take the server's defaults (30 000 ms, STANDARD, ACTIVE);
+// RetryPolicy goes with RetryPreset "CUSTOM" only (its Preset field is not
+// sent).
+type ContractSpec struct {
+	HandlerVersion string
+	InputSchema    json.RawMessage
+	OutputSchema   json.RawMessage
+	TimeoutMs      int64
+	RetryPreset    string
+	RetryPolicy    *RetrySchedule
+	Status         string
+}
+
+// contractBody is ContractSpec as the route takes it.
+type contractBody struct {
+	HandlerVersion string          `json:"handlerVersion"`
+	InputSchema    json.RawMessage `json:"inputSchema"`
+	OutputSchema   json.RawMessage `json:"outputSchema,omitempty"`
+	TimeoutMs      int64           `json:"timeoutMs,omitempty"`
+	RetryPreset    string          `json:"retryPreset,omitempty"`
+	RetryPolicy    *customPolicy   `json:"retryPolicy,omitempty"`
+	Status         string          `json:"status,omitempty"`
+}
+
+// customPolicy is a CUSTOM schedule as a contract takes it (no preset).
+type customPolicy struct {
+	MaxAttempts    int     `json:"maxAttempts"`
+	InitialDelayMs int64   `json:"initialDelayMs"`
+	Multiplier     float64 `json:"multiplier"`
+	MaxDelayMs     int64   `json:"maxDelayMs"`
+	JitterPercent  float64 `json:"jitterPercent"`
+}
+
+// PublishContract publishes a new contract version of tool name
+// (contracts:write). Every attempt of the call carries one Idempotency-Key,
+// so a repeat after a lost answer gets the version the first published
+// instead of publishing another.
+func (c *Client) PublishContract(ctx context.Context, name string, spec ContractSpec) (*Contract, error) {
+	body := contractBody{HandlerVersion: spec.HandlerVersion, InputSchema: spec.InputSchema,
+		OutputSchema: spec.OutputSchema, TimeoutMs: spec.TimeoutMs, RetryPreset: spec.RetryPreset, Status: spec.Status}
+	if p := spec.RetryPolicy; p != nil {
+		body.RetryPolicy = &customPolicy{MaxAttempts: p.MaxAttempts, InitialDelayMs: p.InitialDelayMs,
+			Multiplier: p.Multiplier, MaxDelayMs: p.MaxDelayMs, JitterPercent: p.JitterPercent}
+	}
+	var out Contract
+	if err := c.doKeyed(ctx, "POST", "/tools/"+pathID(name)+"/contracts", newRequestID(), body, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ListContracts pages tool name's contracts by version.
+func (c *Client) ListContracts(ctx context.Context, name string, q ListQuery) (*Page[Contract], error) {
+	var out Page[Contract]
+	if err := c.do(ctx, "GET", withQuery("/tools/"+pathID(name)+"/contracts", q.values()), nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ToolTest is a synthetic test's job (TestTool): one attempt, in a run of
+// its own that ends with it.
+type ToolTest struct {
+	RunID           string     `json:"runId"`
+	StepID          string     `json:"stepId"`
+	JobID           string     `json:"jobId"`
+	Name            string     `json:"name"`
+	Version         string     `json:"version"`
+	ContractVersion *int64     `json:"contractVersion"`
+	Status          string     `json:"status"`
+	MaxAttempts     int        `json:"maxAttempts"`
+	DueAt           *time.Time `json:"dueAt"`
+}
+
+// TestTool enqueues a synthetic one-attempt job of name@version with input
+// (contracts:write), checked against the version's contract as any
+// enqueue: follow it with GetRun(RunID). Retried under one
+// Idempotency-Key, as PublishContract.
+func (c *Client) TestTool(ctx context.Context, name, version string, input any) (*ToolTest, error) {
+	body := struct {
+		Version string `json:"version"`
+		Input   any    `json:"input,omitempty"`
+	}{version, input}
+	var out ToolTest
+	if err := c.doKeyed(ctx, "POST", "/tools/"+pathID(name)+"/test", newRequestID(), body, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
