@@ -212,3 +212,64 @@ func TestContractsAndToolTestsThroughTheSDK(t *testing.T) {
 	require.True(t, errors.As(err, &apiErr), "%v", err)
 	require.Equal(t, "invalid_request", apiErr.Code)
 }
+
+// An operator sets an effect type's policy under its version and works its
+// breakers and the emergency stop through the SDK; an agent's begins meet
+// what was set.
+func TestOperatorSetsGatePoliciesAndCircuitsThroughTheSDK(t *testing.T) {
+	t.Parallel()
+	g := setupGate(t)
+	ctx := context.Background()
+	def, err := g.operator.GetPolicy(ctx, "sms.send")
+	require.NoError(t, err)
+	require.EqualValues(t, 0, def.Version, "the safe default")
+	require.Equal(t, "block", def.OnIndeterminate)
+	p, err := g.operator.PutPolicy(ctx, "sms.send", def.Version, ratchet.PolicyUpdate{
+		"mode": "require_approval", "max_cost_micros": 5_000_000,
+		"dimension_limits": map[string]any{"recipient": map[string]any{"daily_count": 3}}})
+	require.NoError(t, err)
+	require.Equal(t, "require_approval", p.Mode)
+	require.Equal(t, int64(5_000_000), *p.MaxCostMicros)
+	require.Equal(t, int64(3), *p.DimensionLimits["recipient"].DailyCount)
+	sameJSON(t, g.bundle, "/api/v1/policies/sms.send", p)
+	_, err = g.operator.PutPolicy(ctx, "sms.send", def.Version, ratchet.PolicyUpdate{"mode": "allow"})
+	var apiErr *ratchet.Error
+	require.True(t, errors.As(err, &apiErr), "%v", err)
+	require.Equal(t, "version_conflict", apiErr.Code)
+	p, err = g.operator.PutPolicy(ctx, "sms.send", p.Version,
+		ratchet.PolicyUpdate{"mode": "allow", "max_cost_micros": nil, "dimension_limits": nil})
+	require.NoError(t, err)
+	require.Nil(t, p.MaxCostMicros, "nil clears")
+	all, err := g.operator.ListPolicies(ctx, ratchet.ListQuery{})
+	require.NoError(t, err)
+	sameJSON(t, g.bundle, "/api/v1/policies", all)
+
+	open, err := g.operator.OpenCircuit(ctx, "sms.send", ratchet.BreakerDeny, "vendor incident")
+	require.NoError(t, err)
+	require.Equal(t, "open", open.State)
+	require.Equal(t, "manual", *open.OpenedBy)
+	d, err := g.agent.Begin(ctx, req("sms.send", "sms:1"))
+	require.NoError(t, err)
+	require.Equal(t, ratchet.DecisionDenied, d.Decision)
+	closed, err := g.operator.CloseCircuit(ctx, "sms.send")
+	require.NoError(t, err)
+	require.Equal(t, "closed", closed.State)
+	circuits, err := g.operator.ListCircuits(ctx, ratchet.ListQuery{})
+	require.NoError(t, err)
+	sameJSON(t, g.bundle, "/api/v1/circuits", circuits)
+
+	stopped, err := g.operator.EmergencyStop(ctx, "", "all hands")
+	require.NoError(t, err)
+	require.NotEmpty(t, stopped.Data)
+	for _, c := range stopped.Data {
+		require.Equal(t, "stop", *c.OpenedBy, c.EffectType)
+	}
+	d, err = g.agent.Begin(ctx, req("email.send", "stopped:1"))
+	require.NoError(t, err)
+	require.Equal(t, ratchet.DecisionApprovalRequired, d.Decision, "a type first seen during the stop is held too")
+	_, err = g.operator.ReleaseEmergencyStop(ctx)
+	require.NoError(t, err)
+	d, err = g.agent.Begin(ctx, req("email.send", "released:1"))
+	require.NoError(t, err)
+	require.Equal(t, ratchet.DecisionExecute, d.Decision)
+}

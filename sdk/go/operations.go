@@ -75,10 +75,18 @@ func (q ListQuery) values() url.Values {
 	return v
 }
 
-// Page is one page of a list; NextCursor is nil on the last.
+// Page is one page of a list on the durable-job routes (camelCase);
+// NextCursor is nil on the last.
 type Page[T any] struct {
 	Data       []T     `json:"data"`
 	NextCursor *string `json:"nextCursor"`
+}
+
+// GatePage is Page on the effect gate's routes, whose fields are
+// snake_case: NextCursor is next_cursor there.
+type GatePage[T any] struct {
+	Data       []T     `json:"data"`
+	NextCursor *string `json:"next_cursor"`
 }
 
 // ListEndpoints pages the workspace's endpoints (GET /api/v1/endpoints).
@@ -95,11 +103,12 @@ func (c *Client) GetEndpoint(ctx context.Context, endpointID string) (*Endpoint,
 	return c.endpointCall(ctx, "GET", endpointID, "/policy", nil, idempotent)
 }
 
-// PolicyUpdate holds the policy fields to change, by their API names
-// (preset, maxAttempts, initialDelayMs, multiplier, maxDelayMs,
-// jitterPercent, defaultTimeoutMs, maxConcurrent, rateLimitPerMinute,
-// circuitFailureThreshold, circuitCooldownMs); a nil value clears an
-// optional one (maxConcurrent: nil lifts the limit). Fields left out keep
+// PolicyUpdate holds the policy fields to change, by their API names: an
+// endpoint's (UpdateEndpointPolicy: preset, maxAttempts, initialDelayMs,
+// multiplier, maxDelayMs, jitterPercent, defaultTimeoutMs, maxConcurrent,
+// rateLimitPerMinute, circuitFailureThreshold, circuitCooldownMs) or an
+// effect type's (PutPolicy: mode, max_cost_micros, ...). A nil value clears
+// an optional one (maxConcurrent: nil lifts the limit); fields left out keep
 // their values.
 type PolicyUpdate map[string]any
 
@@ -243,21 +252,14 @@ type ApprovalQuery struct {
 	ListQuery
 }
 
-// ApprovalPage is one page of approvals, newest first; NextCursor is nil on
-// the last (the gate's routes name it next_cursor).
-type ApprovalPage struct {
-	Data       []Approval `json:"data"`
-	NextCursor *string    `json:"next_cursor"`
-}
-
 // ListApprovals pages the workspace's approvals newest first (GET
 // /api/v1/approvals, scope approvals:write): say, the pending ones.
-func (c *Client) ListApprovals(ctx context.Context, q ApprovalQuery) (*ApprovalPage, error) {
+func (c *Client) ListApprovals(ctx context.Context, q ApprovalQuery) (*GatePage[Approval], error) {
 	v := q.values()
 	if q.State != "" {
 		v.Set("state", q.State)
 	}
-	var out ApprovalPage
+	var out GatePage[Approval]
 	if err := c.do(ctx, "GET", withQuery("/approvals", v), nil, &out, idempotent); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,162 @@
+package ratchet
+
+import (
+	"context"
+	"time"
+)
+
+// Policy is an effect type's policy (GET /api/v1/policies/{effect_type}):
+// an unconfigured type reads as the safe default, Version 0.
+type Policy struct {
+	EffectType      string `json:"effect_type"`
+	Version         int64  `json:"version"`
+	Mode            string `json:"mode"`             // allow, require_approval or deny
+	OnIndeterminate string `json:"on_indeterminate"` // block, retry or probe
+	LeaseSeconds    int    `json:"lease_seconds"`
+	MaxAttempts     int    `json:"max_attempts"`
+	// Money in micros of USD; nil for no limit.
+	MaxCostMicros              *int64                    `json:"max_cost_micros"`
+	ApprovalAboveMicros        *int64                    `json:"approval_above_micros"`
+	DailyBudgetMicros          *int64                    `json:"daily_budget_micros"`
+	ReconcileEveryHours        *int                      `json:"reconcile_every_hours"`
+	RequireCost                bool                      `json:"require_cost"`
+	RequiredDimensions         []string                  `json:"required_dimensions"`
+	DimensionLimits            map[string]DimensionLimit `json:"dimension_limits"`
+	StructuringThresholdMicros *int64                    `json:"structuring_threshold_micros"`
+	SurgePerHour               *int                      `json:"surge_per_hour"`
+	SurgeMultiplier            *int                      `json:"surge_multiplier"`
+	SurgeAction                string                    `json:"surge_action"` // monitor, require_approval or deny
+	SurgeCooldownSeconds       int                       `json:"surge_cooldown_seconds"`
+	RetentionDays              int                       `json:"retention_days"`
+	UpdatedAt                  *time.Time                `json:"updated_at"`
+}
+
+// DimensionLimit bounds one dimension's value per UTC day: by the cost it
+// declares and by count (nil: no bound).
+type DimensionLimit struct {
+	DailyMicros *int64 `json:"daily_micros"`
+	DailyCount  *int64 `json:"daily_count"`
+}
+
+// ListPolicies pages the workspace's configured policies
+// (policies:read).
+func (c *Client) ListPolicies(ctx context.Context, q ListQuery) (*GatePage[Policy], error) {
+	var out GatePage[Policy]
+	if err := c.do(ctx, "GET", withQuery("/policies", q.values()), nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// GetPolicy reads effectType's policy, the safe default when it has none.
+func (c *Client) GetPolicy(ctx context.Context, effectType string) (*Policy, error) {
+	var out Policy
+	if err := c.do(ctx, "GET", "/policies/"+pathID(effectType), nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// PutPolicy merges update (by the API's snake_case names: "mode",
+// "max_cost_micros", ...; nil clears a nullable field) into effectType's
+// policy when expectedVersion is still its version (0 for a type still on
+// the safe default; otherwise *Error code version_conflict), and returns
+// the policy (policies:write). Like UpdateEndpointPolicy it is not repeated
+// after a lost answer.
+func (c *Client) PutPolicy(ctx context.Context, effectType string, expectedVersion int64,
+	update PolicyUpdate) (*Policy, error) {
+	body := make(map[string]any, len(update)+1)
+	for k, v := range update {
+		body[k] = v
+	}
+	body["expected_version"] = expectedVersion
+	var out Policy
+	if err := c.do(ctx, "PUT", "/policies/"+pathID(effectType), body, &out, notIdempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Circuit is an effect type's breaker (GET /api/v1/circuits): closed, or
+// open by a surge, an operator or the emergency stop, with the action
+// begins of the type meet while it is.
+type Circuit struct {
+	EffectType           string     `json:"effect_type"`
+	State                string     `json:"state"`     // closed or open
+	OpenedBy             *string    `json:"opened_by"` // surge, manual or stop
+	Action               *string    `json:"action"`    // monitor, require_approval or deny
+	Reason               *string    `json:"reason"`
+	VolumeLastHour       int64      `json:"volume_last_hour"`
+	BaselineMedianHourly *float64   `json:"baseline_median_hourly"`
+	Threshold            *int64     `json:"threshold"`
+	OpenedAt             *time.Time `json:"opened_at"`
+	ClosesAt             *time.Time `json:"closes_at"`
+}
+
+// Breaker actions for OpenCircuit and EmergencyStop.
+const (
+	BreakerMonitor         = "monitor"
+	BreakerRequireApproval = "require_approval"
+	BreakerDeny            = "deny"
+)
+
+// breakerBody is the body of a circuit's open and of the emergency stop.
+type breakerBody struct {
+	Action string `json:"action,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// ListCircuits pages the circuit of every effect type seen or configured
+// (policies:write).
+func (c *Client) ListCircuits(ctx context.Context, q ListQuery) (*GatePage[Circuit], error) {
+	var out GatePage[Circuit]
+	if err := c.do(ctx, "GET", withQuery("/circuits", q.values()), nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// OpenCircuit opens effectType's breaker by hand: its begins meet action
+// (BreakerRequireApproval when empty) until CloseCircuit.
+func (c *Client) OpenCircuit(ctx context.Context, effectType, action, reason string) (*Circuit, error) {
+	return c.circuitCall(ctx, "/circuits/"+pathID(effectType)+"/open", breakerBody{Action: action, Reason: reason})
+}
+
+// CloseCircuit closes effectType's breaker, with a fresh surge allowance
+// counted from now.
+func (c *Client) CloseCircuit(ctx context.Context, effectType string) (*Circuit, error) {
+	return c.circuitCall(ctx, "/circuits/"+pathID(effectType)+"/close", struct{}{})
+}
+
+// circuitCall sends one POST answered with a circuit. Opening or closing
+// again changes nothing more, so it is retried.
+func (c *Client) circuitCall(ctx context.Context, path string, in any) (*Circuit, error) {
+	var out Circuit
+	if err := c.do(ctx, "POST", path, in, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// EmergencyStop holds every effect type, those first seen while it is on
+// included, with action (BreakerRequireApproval when empty) until
+// ReleaseEmergencyStop; it answers the first page of circuits.
+func (c *Client) EmergencyStop(ctx context.Context, action, reason string) (*GatePage[Circuit], error) {
+	return c.circuitsCall(ctx, "/circuits/stop", breakerBody{Action: action, Reason: reason})
+}
+
+// ReleaseEmergencyStop lifts the emergency stop; breakers of single types
+// stay as they are.
+func (c *Client) ReleaseEmergencyStop(ctx context.Context) (*GatePage[Circuit], error) {
+	return c.circuitsCall(ctx, "/circuits/release", struct{}{})
+}
+
+// circuitsCall sends one POST answered with a page of circuits; stopping
+// or releasing again changes nothing more, so it is retried.
+func (c *Client) circuitsCall(ctx context.Context, path string, in any) (*GatePage[Circuit], error) {
+	var out GatePage[Circuit]
+	if err := c.do(ctx, "POST", path, in, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
