@@ -1,0 +1,128 @@
+package sdktest
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
+	"github.com/getratchet/ratchet/lib/webhooks"
+	ratchet "github.com/getratchet/ratchet/sdk/go"
+)
+
+// The SDK verifies what the server signs (webhooks.Sign), and nothing else:
+// another body, secret or time, a malformed header.
+func TestVerifyWebhookChecksTheServersSignature(t *testing.T) {
+	t.Parallel()
+	secret := "whsec_0123456789abcdef"
+	body := []byte(`{"id":"evt_1","type":"run.finished","created_at":"2030-01-01T00:00:00Z",` +
+		`"workspace_id":"ws_1","subject_id":"run_1","data":{"status":"SUCCEEDED"}}`)
+	at := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	sig := webhooks.Sign(secret, at, body)
+
+	ev, err := ratchet.VerifyWebhookAt(secret, sig, body, 0, at.Add(4*time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, "evt_1", ev.ID)
+	require.Equal(t, "run.finished", ev.Type)
+	require.Equal(t, "run_1", ev.SubjectID)
+	require.JSONEq(t, `{"status":"SUCCEEDED"}`, string(ev.Data))
+	_, err = ratchet.VerifyWebhookAt(secret, "v1=00,"+sig, body, 0, at)
+	require.NoError(t, err, "any matching v1 will do")
+
+	for name, c := range map[string]struct {
+		secret, sig string
+		body        []byte
+		now         time.Time
+	}{
+		"another body":         {secret, sig, []byte(strings.Replace(string(body), "SUCCEEDED", "FAILED", 1)), at},
+		"another secret":       {"whsec_other", sig, body, at},
+		"signed too long ago":  {secret, sig, body, at.Add(6 * time.Minute)},
+		"signed in the future": {secret, sig, body, at.Add(-6 * time.Minute)},
+		"no signature":         {secret, "", body, at},
+		"no v1":                {secret, strings.Split(sig, ",")[0], body, at},
+		"no time":              {secret, strings.Split(sig, ",")[1], body, at},
+		"not hex":              {secret, strings.Split(sig, ",")[0] + ",v1=zz", body, at},
+	} {
+		_, err := ratchet.VerifyWebhookAt(c.secret, c.sig, c.body, 0, c.now)
+		require.ErrorIs(t, err, ratchet.ErrWebhookSignature, name)
+	}
+}
+
+// A subscription made through the SDK receives an event the receiver
+// verifies with the SDK; its deliveries read delivered, and it is deleted.
+// Not parallel: it runs the global delivery pass.
+func TestWebhooksThroughTheSDK(t *testing.T) {
+	b := setup(t, apitest.WithConfig(func(c *config.Config) { c.WebhookAllowPrivateNetworks = true }))
+	ctx := context.Background()
+	var (
+		mu       sync.Mutex
+		received []*ratchet.WebhookEvent
+		refused  []error // what the receiver refused, read by the test's goroutine
+		secret   string
+	)
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		body, err := io.ReadAll(r.Body)
+		if err == nil {
+			var ev *ratchet.WebhookEvent
+			ev, err = ratchet.VerifyWebhook(secret, r.Header.Get(ratchet.WebhookSignatureHeader), body)
+			if err == nil && ev.ID != r.Header.Get(ratchet.WebhookEventIDHeader) {
+				err = errors.New("the event id header names another event")
+			}
+			if err == nil {
+				received = append(received, ev)
+				return
+			}
+		}
+		refused = append(refused, err)
+		w.WriteHeader(http.StatusUnauthorized)
+	}))
+	t.Cleanup(recv.Close)
+
+	hook, err := b.operator.CreateWebhook(ctx, recv.URL, []string{"circuit.tripped"})
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(hook.Secret, "whsec_"), "the secret, once")
+	mu.Lock()
+	secret = hook.Secret
+	mu.Unlock()
+	list, err := b.operator.ListWebhooks(ctx, ratchet.ListQuery{})
+	require.NoError(t, err)
+	require.Equal(t, []ratchet.Webhook{hook.Webhook}, list.Data)
+	sameJSON(t, b, "/api/v1/webhooks", list)
+
+	_, err = b.operator.OpenCircuit(ctx, "sms.send", ratchet.BreakerDeny, "test")
+	require.NoError(t, err)
+	now := time.Now()
+	_, err = b.env.App.Server.Webhooks.Dispatch(ctx, now)
+	require.NoError(t, err)
+	_, err = b.env.App.Server.Webhooks.Deliver(ctx, now)
+	require.NoError(t, err)
+	mu.Lock()
+	require.Empty(t, refused)
+	require.Len(t, received, 1)
+	require.Equal(t, "circuit.tripped", received[0].Type)
+	require.Equal(t, b.ws.ID, received[0].WorkspaceID)
+	mu.Unlock()
+	deliveries, err := b.operator.ListWebhookDeliveries(ctx, hook.ID, ratchet.ListQuery{})
+	require.NoError(t, err)
+	require.Len(t, deliveries.Data, 1)
+	require.Equal(t, "delivered", deliveries.Data[0].State)
+	sameJSON(t, b, "/api/v1/webhooks/"+hook.ID+"/deliveries", deliveries)
+
+	gone, err := b.operator.DeleteWebhook(ctx, hook.ID)
+	require.NoError(t, err)
+	require.Equal(t, hook.Webhook, *gone)
+	list, err = b.operator.ListWebhooks(ctx, ratchet.ListQuery{})
+	require.NoError(t, err)
+	require.Empty(t, list.Data)
+}

@@ -1,0 +1,181 @@
+package ratchet
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Webhook is a subscription of a URL to event types (POST /api/v1/webhooks,
+// scope webhooks:write).
+type Webhook struct {
+	ID        string    `json:"id"`
+	URL       string    `json:"url"`
+	Events    []string  `json:"events"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// NewWebhook is a created subscription with its signing secret, shown
+// once: keep it where the receiver reads it (VerifyWebhook).
+type NewWebhook struct {
+	Webhook
+	Secret string `json:"secret"`
+}
+
+// WebhookDelivery is the record of sending one event to one subscription.
+type WebhookDelivery struct {
+	ID             string     `json:"id"`
+	EventID        string     `json:"event_id"`
+	EventType      string     `json:"event_type"`
+	State          string     `json:"state"` // pending, delivered or failed
+	Attempts       int        `json:"attempts"`
+	LastStatusCode *int       `json:"last_status_code"`
+	LastError      *string    `json:"last_error"`
+	NextAttemptAt  *time.Time `json:"next_attempt_at"`
+	CreatedAt      time.Time  `json:"created_at"`
+	DeliveredAt    *time.Time `json:"delivered_at"`
+}
+
+// CreateWebhook subscribes url to events. Every attempt of the call carries
+// one Idempotency-Key, so a retry after a lost answer gets the subscription
+// (and the secret) the first attempt made instead of a second one.
+func (c *Client) CreateWebhook(ctx context.Context, url string, events []string) (*NewWebhook, error) {
+	body := struct {
+		URL    string   `json:"url"`
+		Events []string `json:"events"`
+	}{url, events}
+	var out NewWebhook
+	if err := c.doKeyed(ctx, "POST", "/webhooks", newRequestID(), body, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ListWebhooks pages the workspace's subscriptions.
+func (c *Client) ListWebhooks(ctx context.Context, q ListQuery) (*GatePage[Webhook], error) {
+	var out GatePage[Webhook]
+	if err := c.do(ctx, "GET", withQuery("/webhooks", q.values()), nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// DeleteWebhook removes a subscription; its pending deliveries end failed.
+// Deleting it again answers it again, so the call is retried.
+func (c *Client) DeleteWebhook(ctx context.Context, webhookID string) (*Webhook, error) {
+	var out Webhook
+	if err := c.do(ctx, "DELETE", "/webhooks/"+pathID(webhookID), nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ListWebhookDeliveries pages a subscription's deliveries: each one's state,
+// attempts and last status.
+func (c *Client) ListWebhookDeliveries(ctx context.Context, webhookID string, q ListQuery) (*GatePage[WebhookDelivery], error) {
+	var out GatePage[WebhookDelivery]
+	path := withQuery("/webhooks/"+pathID(webhookID)+"/deliveries", q.values())
+	if err := c.do(ctx, "GET", path, nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Headers of a webhook delivery.
+const (
+	WebhookSignatureHeader = "Ratchet-Signature" // t=<unix>,v1=<hex HMAC-SHA-256>
+	WebhookEventIDHeader   = "Ratchet-Event-Id"
+)
+
+// DefaultWebhookTolerance is how far a delivery's signed time may be from
+// the receiver's clock: every attempt is signed as it is sent, so a
+// delivery captured and replayed later fails.
+const DefaultWebhookTolerance = 5 * time.Minute
+
+// WebhookEvent is what a delivery carries: ids and states, never payloads.
+type WebhookEvent struct {
+	ID          string    `json:"id"` // the same in every attempt: deduplicate by it
+	Type        string    `json:"type"`
+	CreatedAt   time.Time `json:"created_at"`
+	WorkspaceID string    `json:"workspace_id"`
+	// SubjectID is what the event is about: an effect, run, step,
+	// approval, effect type or endpoint ("*" for the emergency stop).
+	SubjectID string          `json:"subject_id"`
+	Data      json.RawMessage `json:"data"`
+}
+
+// ErrWebhookSignature is VerifyWebhook's answer to a delivery whose
+// signature is missing, malformed, wrong or outside the tolerance.
+var ErrWebhookSignature = errors.New("ratchet: webhook signature does not verify")
+
+// VerifyWebhook checks a delivery's Ratchet-Signature header (signature)
+// over its raw body with the subscription's secret, refuses a signed time
+// more than DefaultWebhookTolerance from now, and decodes the event. Read
+// body whole and unmodified before calling it (no re-encoding: the
+// signature is over the bytes sent). Errors match ErrWebhookSignature for a
+// delivery that is not Ratchet's:
+//
+//	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+//	ev, err := ratchet.VerifyWebhook(secret, r.Header.Get(ratchet.WebhookSignatureHeader), body)
+//	if errors.Is(err, ratchet.ErrWebhookSignature) { w.WriteHeader(http.StatusUnauthorized); return }
+func VerifyWebhook(secret, signature string, body []byte) (*WebhookEvent, error) {
+	return VerifyWebhookAt(secret, signature, body, DefaultWebhookTolerance, time.Now())
+}
+
+// VerifyWebhookAt is VerifyWebhook at now, with a tolerance of its own
+// (DefaultWebhookTolerance when 0).
+func VerifyWebhookAt(secret, signature string, body []byte, tolerance time.Duration, now time.Time) (*WebhookEvent, error) {
+	if tolerance <= 0 {
+		tolerance = DefaultWebhookTolerance
+	}
+	var (
+		ts      string
+		signed  [][]byte
+		invalid = fmt.Errorf("%w: malformed %s", ErrWebhookSignature, WebhookSignatureHeader)
+	)
+	for _, part := range strings.Split(signature, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok {
+			return nil, invalid
+		}
+		switch k {
+		case "t":
+			ts = v
+		case "v1":
+			mac, err := hex.DecodeString(v)
+			if err != nil {
+				return nil, invalid
+			}
+			signed = append(signed, mac)
+		}
+	}
+	unix, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil || len(signed) == 0 {
+		return nil, invalid
+	}
+	if d := now.Sub(time.Unix(unix, 0)); d > tolerance || d < -tolerance {
+		return nil, fmt.Errorf("%w: signed %s from now, beyond %s", ErrWebhookSignature, d.Round(time.Second), tolerance)
+	}
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write([]byte(ts))
+	m.Write([]byte("."))
+	m.Write(body)
+	want := m.Sum(nil)
+	for _, mac := range signed {
+		if hmac.Equal(mac, want) {
+			var ev WebhookEvent
+			if err := json.Unmarshal(body, &ev); err != nil {
+				return nil, fmt.Errorf("ratchet: decode webhook event: %w", err)
+			}
+			return &ev, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: no v1 signature matches", ErrWebhookSignature)
+}
