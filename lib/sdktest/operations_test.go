@@ -273,3 +273,36 @@ func TestOperatorSetsGatePoliciesAndCircuitsThroughTheSDK(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, ratchet.DecisionExecute, d.Decision)
 }
+
+// Keys are minted once however the answer is lost, listed without secrets
+// and revoked through the SDK; a revoked key's client is refused.
+func TestKeysThroughTheSDK(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	minter, lose := b.losingClient(t, b.ws.Key, "/keys")
+	k, err := minter.CreateKey(ctx, ratchet.KeySpec{Name: "mailer", Preset: "WORKER", Tools: []string{"send@1"}})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, lose.seen.Load(), "the first answer was lost and the call sent again")
+	require.NotEmpty(t, k.Secret)
+	require.Equal(t, []string{"send@1"}, k.Tools)
+	keys, err := b.operator.ListKeys(ctx, ratchet.ListQuery{})
+	require.NoError(t, err)
+	var mailers int
+	for _, key := range keys.Data {
+		if key.Name == "mailer" {
+			mailers++
+			require.Equal(t, k.APIKey, key)
+		}
+	}
+	require.Equal(t, 1, mailers, "minted once")
+	sameJSON(t, b, "/api/v1/keys", keys)
+
+	revoked, err := b.operator.RevokeKey(ctx, k.ID)
+	require.NoError(t, err)
+	require.NotNil(t, revoked.RevokedAt)
+	_, err = b.client(t, k.Secret, nil).RegisterWorker(ctx, []ratchet.ToolRef{{Name: "send", Version: "1"}})
+	var apiErr *ratchet.Error
+	require.True(t, errors.As(err, &apiErr), "%v", err)
+	require.Equal(t, http.StatusUnauthorized, apiErr.StatusCode)
+}

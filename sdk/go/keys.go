@@ -1,0 +1,68 @@
+package ratchet
+
+import (
+	"context"
+	"time"
+)
+
+// APIKey is a key of the workspace (scope keys:write to manage them). Its
+// secret is shown once, when it is created (NewAPIKey).
+type APIKey struct {
+	ID                      string     `json:"id"`
+	Name                    string     `json:"name"`
+	Scopes                  []string   `json:"scopes"`
+	Tools                   []string   `json:"tools"` // name@version pairs a worker key may serve; nil for any
+	DailySpendCeilingMicros *int64     `json:"daily_spend_ceiling_micros"`
+	RateLimitPerMinute      *int       `json:"rate_limit_per_minute"`
+	CreatedAt               time.Time  `json:"created_at"`
+	RevokedAt               *time.Time `json:"revoked_at"`
+}
+
+// NewAPIKey is a created key with its secret: keep it in a secret store.
+type NewAPIKey struct {
+	APIKey
+	Secret string `json:"secret"`
+}
+
+// KeySpec is what CreateKey creates: a Preset (AGENT, INGEST, WORKER,
+// OPERATOR) or explicit Scopes, never more than the creating key holds;
+// Tools bound a WORKER key to exact name@version pairs.
+type KeySpec struct {
+	Name                    string   `json:"name"`
+	Preset                  string   `json:"preset,omitempty"`
+	Scopes                  []string `json:"scopes,omitempty"`
+	Tools                   []string `json:"tools,omitempty"`
+	DailySpendCeilingMicros *int64   `json:"daily_spend_ceiling_micros,omitempty"`
+	RateLimitPerMinute      *int     `json:"rate_limit_per_minute,omitempty"`
+}
+
+// CreateKey mints a key. Every attempt of the call carries one
+// Idempotency-Key, so a retry after a lost answer gets the key (and the
+// secret) the first attempt minted instead of a second key.
+func (c *Client) CreateKey(ctx context.Context, spec KeySpec) (*NewAPIKey, error) {
+	var out NewAPIKey
+	if err := c.doKeyed(ctx, "POST", "/keys", newRequestID(), spec, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ListKeys pages the workspace's keys (never their secrets).
+func (c *Client) ListKeys(ctx context.Context, q ListQuery) (*GatePage[APIKey], error) {
+	var out GatePage[APIKey]
+	if err := c.do(ctx, "GET", withQuery("/keys", q.values()), nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// RevokeKey revokes a key for good and returns it; revoking again answers
+// the same key, so the call is retried. Every call that changes something
+// refuses the key at once, on every instance.
+func (c *Client) RevokeKey(ctx context.Context, keyID string) (*APIKey, error) {
+	var out APIKey
+	if err := c.do(ctx, "DELETE", "/keys/"+pathID(keyID), nil, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
