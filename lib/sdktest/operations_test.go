@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -57,12 +58,12 @@ func TestOperatorManagesAnEndpointThroughTheSDK(t *testing.T) {
 	require.Equal(t, 1, f.Attempt)
 	require.NotNil(t, f.ErrorMessage)
 	require.Contains(t, *f.ErrorMessage, "provider busy")
-	first, err := b.operator.ListEndpointAttempts(ctx, ep.ID, ratchet.AttemptQuery{ListQuery: ratchet.ListQuery{Limit: 1}})
+	first, err := b.operator.ListEndpointAttempts(ctx, ep.ID, ratchet.AttemptQuery{Limit: 1})
 	require.NoError(t, err)
 	require.Len(t, first.Data, 1)
 	require.Equal(t, 2, first.Data[0].Attempt, "newest first")
 	require.NotNil(t, first.NextCursor)
-	rest, err := b.operator.ListEndpointAttempts(ctx, ep.ID, ratchet.AttemptQuery{ListQuery: ratchet.ListQuery{Cursor: *first.NextCursor}})
+	rest, err := b.operator.ListEndpointAttempts(ctx, ep.ID, ratchet.AttemptQuery{Cursor: *first.NextCursor})
 	require.NoError(t, err)
 	require.Equal(t, failed.Data, rest.Data)
 	require.Nil(t, rest.NextCursor)
@@ -87,13 +88,15 @@ func TestOperatorManagesAnEndpointThroughTheSDK(t *testing.T) {
 	require.True(t, paused.Paused)
 	_, err = b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "held"},
 		ratchet.EnqueueOptions{Name: "flaky", Version: "1", Endpoint: "fast"})
-	require.Error(t, err, "the run was finished")
+	var finished *ratchet.Error
+	require.True(t, errors.As(err, &finished), "%v", err)
+	require.Equal(t, "invalid_state", finished.Code, "the run was finished")
 	held, err := b.producer.StartRun(ctx, "held")
 	require.NoError(t, err)
 	_, err = b.producer.Enqueue(ctx, held.ID, welcomeIn{CustomerID: "held"},
 		ratchet.EnqueueOptions{Name: "flaky", Version: "1", Endpoint: "fast"})
 	require.NoError(t, err)
-	health, err := b.operator.GetQueueHealth(ctx, ratchet.ListQuery{})
+	health, err := b.operator.ListQueueHealth(ctx, ratchet.ListQuery{})
 	require.NoError(t, err)
 	require.Len(t, health.Data, 1)
 	require.Equal(t, "flaky", health.Data[0].Name)
@@ -103,9 +106,51 @@ func TestOperatorManagesAnEndpointThroughTheSDK(t *testing.T) {
 	resumed, err := b.operator.ResumeEndpoint(ctx, ep.ID)
 	require.NoError(t, err)
 	require.False(t, resumed.Paused)
+	require.Equal(t, ratchet.RunSucceeded, waitRun(t, b.producer, held.ID, func(r *ratchet.Run) bool {
+		return r.Steps[0].Status == ratchet.JobSucceeded
+	}).Steps[0].Status)
+
+	// A breaker that opens at the first retryable failure, closed by hand.
+	tripping, err := b.operator.UpdateEndpointPolicy(ctx, ep.ID, resumed.Version, ratchet.PolicyUpdate{
+		"circuitFailureThreshold": 1, "circuitCooldownMs": 3_600_000})
+	require.NoError(t, err)
+	tripped, err := b.producer.StartRun(ctx, "tripped")
+	require.NoError(t, err)
+	_, err = b.producer.Enqueue(ctx, tripped.ID, welcomeIn{CustomerID: "trip"},
+		ratchet.EnqueueOptions{Name: "flaky", Version: "1", Endpoint: "fast"})
+	require.NoError(t, err)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		e, err := b.operator.GetEndpoint(ctx, ep.ID)
+		require.NoError(t, err)
+		if e.Circuit.State == "open" {
+			require.Equal(t, 1, e.Circuit.ConsecutiveFailures)
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the circuit never opened")
+		time.Sleep(50 * time.Millisecond)
+	}
 	closed, err := b.operator.CloseEndpointCircuit(ctx, ep.ID)
 	require.NoError(t, err)
 	require.Equal(t, "closed", closed.Circuit.State)
+	require.Zero(t, closed.Circuit.ConsecutiveFailures)
+	require.Equal(t, tripping.Version, closed.Version, "closing changes no policy")
+}
+
+// An endpoint created ahead of its jobs through the SDK takes the policy
+// given; creating it again answers it unchanged.
+func TestCreateEndpointThroughTheSDK(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	e, err := b.operator.CreateEndpoint(ctx, "billing", ratchet.PolicyUpdate{"preset": "RELAXED", "maxConcurrent": 2})
+	require.NoError(t, err)
+	require.Equal(t, "RELAXED", e.PolicyPreset)
+	require.Equal(t, 2, *e.MaxConcurrent)
+	again, err := b.operator.CreateEndpoint(ctx, "billing", nil)
+	require.NoError(t, err)
+	require.Equal(t, e, again)
+	sameJSON(t, b, "/api/v1/endpoints/"+e.ID+"/policy", again)
 }
 
 // sameJSON requires that v, as the SDK decoded it, encodes to what the
@@ -140,7 +185,7 @@ func TestOperatorDecidesApprovalsThroughTheSDK(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, pending.Data, 2)
 	sameJSON(t, g.bundle, "/api/v1/approvals?state=pending", pending)
-	one, err := g.operator.ListApprovals(ctx, ratchet.ApprovalQuery{ListQuery: ratchet.ListQuery{Limit: 1}})
+	one, err := g.operator.ListApprovals(ctx, ratchet.ApprovalQuery{Limit: 1})
 	require.NoError(t, err)
 	require.Len(t, one.Data, 1)
 	require.NotNil(t, one.NextCursor, "a cursor to the other")
@@ -198,9 +243,15 @@ func TestContractsAndToolTestsThroughTheSDK(t *testing.T) {
 	require.Equal(t, *c, list.Data[0])
 	sameJSON(t, b, "/api/v1/tools/welcome/contracts", list)
 
-	test, err := b.operator.TestTool(ctx, "welcome", "1", map[string]string{"customerId": "c_1"})
+	tester, lostTest := b.losingClient(t, b.ws.Key, "/test")
+	test, err := tester.TestTool(ctx, "welcome", "1", map[string]string{"customerId": "c_1"})
 	require.NoError(t, err)
-	require.Equal(t, int64(1), *test.ContractVersion)
+	require.EqualValues(t, 2, lostTest.seen.Load(), "the first answer was lost and the call sent again")
+	var runs int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM job_runs WHERE workspace_id = $1`,
+		b.ws.ID).Scan(&runs))
+	require.Equal(t, 1, runs, "one synthetic run")
+	require.Equal(t, 1, *test.ContractVersion)
 	require.Equal(t, 1, test.MaxAttempts)
 	require.Equal(t, ratchet.JobQueued, test.Status)
 	run, err := b.operator.GetRun(ctx, test.RunID)
@@ -220,11 +271,11 @@ func TestOperatorSetsGatePoliciesAndCircuitsThroughTheSDK(t *testing.T) {
 	t.Parallel()
 	g := setupGate(t)
 	ctx := context.Background()
-	def, err := g.operator.GetPolicy(ctx, "sms.send")
+	def, err := g.operator.GetEffectPolicy(ctx, "sms.send")
 	require.NoError(t, err)
 	require.EqualValues(t, 0, def.Version, "the safe default")
 	require.Equal(t, "block", def.OnIndeterminate)
-	p, err := g.operator.PutPolicy(ctx, "sms.send", def.Version, ratchet.PolicyUpdate{
+	p, err := g.operator.UpdateEffectPolicy(ctx, "sms.send", &def.Version, ratchet.PolicyUpdate{
 		"mode": "require_approval", "max_cost_micros": 5_000_000,
 		"dimension_limits": map[string]any{"recipient": map[string]any{"daily_count": 3}}})
 	require.NoError(t, err)
@@ -232,15 +283,19 @@ func TestOperatorSetsGatePoliciesAndCircuitsThroughTheSDK(t *testing.T) {
 	require.Equal(t, int64(5_000_000), *p.MaxCostMicros)
 	require.Equal(t, int64(3), *p.DimensionLimits["recipient"].DailyCount)
 	sameJSON(t, g.bundle, "/api/v1/policies/sms.send", p)
-	_, err = g.operator.PutPolicy(ctx, "sms.send", def.Version, ratchet.PolicyUpdate{"mode": "allow"})
+	_, err = g.operator.UpdateEffectPolicy(ctx, "sms.send", &def.Version, ratchet.PolicyUpdate{"mode": "allow"})
 	var apiErr *ratchet.Error
 	require.True(t, errors.As(err, &apiErr), "%v", err)
 	require.Equal(t, "version_conflict", apiErr.Code)
-	p, err = g.operator.PutPolicy(ctx, "sms.send", p.Version,
+	p, err = g.operator.UpdateEffectPolicy(ctx, "sms.send", &p.Version,
 		ratchet.PolicyUpdate{"mode": "allow", "max_cost_micros": nil, "dimension_limits": nil})
 	require.NoError(t, err)
 	require.Nil(t, p.MaxCostMicros, "nil clears")
-	all, err := g.operator.ListPolicies(ctx, ratchet.ListQuery{})
+	blind, err := g.operator.UpdateEffectPolicy(ctx, "sms.send", nil, ratchet.PolicyUpdate{"lease_seconds": 30})
+	require.NoError(t, err, "without a version: merged whatever it is")
+	require.Equal(t, 30, blind.LeaseSeconds)
+	require.Equal(t, p.Version+1, blind.Version)
+	all, err := g.operator.ListEffectPolicies(ctx, ratchet.ListQuery{})
 	require.NoError(t, err)
 	sameJSON(t, g.bundle, "/api/v1/policies", all)
 
@@ -297,6 +352,16 @@ func TestKeysThroughTheSDK(t *testing.T) {
 	}
 	require.Equal(t, 1, mailers, "minted once")
 	sameJSON(t, b, "/api/v1/keys", keys)
+
+	// An empty tools list is sent as such: a worker key for no tool, not
+	// one for any tool.
+	none, err := b.operator.CreateKey(ctx, ratchet.KeySpec{Name: "idle", Scopes: []string{"jobs:work"}, Tools: []string{}})
+	require.NoError(t, err)
+	require.NotNil(t, none.Tools)
+	require.Empty(t, none.Tools)
+	anyTool, err := b.operator.CreateKey(ctx, ratchet.KeySpec{Name: "agent", Preset: "AGENT"})
+	require.NoError(t, err)
+	require.Nil(t, anyTool.Tools, "nil leaves the key unrestricted")
 
 	revoked, err := b.operator.RevokeKey(ctx, k.ID)
 	require.NoError(t, err)

@@ -38,6 +38,11 @@ func TestVerifyWebhookChecksTheServersSignature(t *testing.T) {
 	_, err = ratchet.VerifyWebhookAt(secret, "v1=00,"+sig, body, 0, at)
 	require.NoError(t, err, "any matching v1 will do")
 
+	// No secret to check with verifies nothing, whatever was signed with it.
+	_, err = ratchet.VerifyWebhookAt("", webhooks.Sign("", at, body), body, 0, at)
+	require.ErrorIs(t, err, ratchet.ErrNoWebhookSecret)
+	require.NotErrorIs(t, err, ratchet.ErrWebhookSignature, "a misconfiguration, not a forgery")
+
 	for name, c := range map[string]struct {
 		secret, sig string
 		body        []byte
@@ -51,6 +56,8 @@ func TestVerifyWebhookChecksTheServersSignature(t *testing.T) {
 		"no v1":                {secret, strings.Split(sig, ",")[0], body, at},
 		"no time":              {secret, strings.Split(sig, ",")[1], body, at},
 		"not hex":              {secret, strings.Split(sig, ",")[0] + ",v1=zz", body, at},
+		"two times":            {secret, sig + ",t=1", body, at},
+		"a huge header":        {secret, sig + strings.Repeat(",v1=00", 1000), body, at},
 	} {
 		_, err := ratchet.VerifyWebhookAt(c.secret, c.sig, c.body, 0, c.now)
 		require.ErrorIs(t, err, ratchet.ErrWebhookSignature, name)
@@ -89,16 +96,21 @@ func TestWebhooksThroughTheSDK(t *testing.T) {
 	}))
 	t.Cleanup(recv.Close)
 
-	hook, err := b.operator.CreateWebhook(ctx, recv.URL, []string{"circuit.tripped"})
+	creator, lose := b.losingClient(t, b.ws.Key, "/webhooks")
+	hook, err := creator.CreateWebhook(ctx, recv.URL, []string{ratchet.EventCircuitTripped})
 	require.NoError(t, err)
+	require.EqualValues(t, 2, lose.seen.Load(), "the first answer was lost and the call sent again")
 	require.True(t, strings.HasPrefix(hook.Secret, "whsec_"), "the secret, once")
 	mu.Lock()
 	secret = hook.Secret
 	mu.Unlock()
 	list, err := b.operator.ListWebhooks(ctx, ratchet.ListQuery{})
 	require.NoError(t, err)
-	require.Equal(t, []ratchet.Webhook{hook.Webhook}, list.Data)
+	require.Equal(t, []ratchet.Webhook{hook.Webhook}, list.Data, "subscribed once")
 	sameJSON(t, b, "/api/v1/webhooks", list)
+	read, err := b.operator.GetWebhook(ctx, hook.ID)
+	require.NoError(t, err)
+	require.Equal(t, hook.Webhook, *read)
 
 	_, err = b.operator.OpenCircuit(ctx, "sms.send", ratchet.BreakerDeny, "test")
 	require.NoError(t, err)
@@ -116,7 +128,7 @@ func TestWebhooksThroughTheSDK(t *testing.T) {
 	deliveries, err := b.operator.ListWebhookDeliveries(ctx, hook.ID, ratchet.ListQuery{})
 	require.NoError(t, err)
 	require.Len(t, deliveries.Data, 1)
-	require.Equal(t, "delivered", deliveries.Data[0].State)
+	require.Equal(t, ratchet.DeliveryDelivered, deliveries.Data[0].State)
 	sameJSON(t, b, "/api/v1/webhooks/"+hook.ID+"/deliveries", deliveries)
 
 	gone, err := b.operator.DeleteWebhook(ctx, hook.ID)

@@ -41,7 +41,8 @@ type Config struct {
 	// MaxRetries bounds how often one call is repeated after a retryable
 	// failure (429, 5xx, network error, retry_request). Zero means 3;
 	// negative disables retries. A call sent under an Idempotency-Key
-	// (RegisterWorker, Replay) also waits, outside this bound, while the server
+	// (RegisterWorker, Replay, CreateKey, CreateWebhook, PublishContract,
+	// TestTool, CreateGroupWithKey) also waits, outside this bound, while the server
 	// holds its key for an earlier attempt (up to 40 times); negative
 	// disables that too.
 	MaxRetries int
@@ -58,8 +59,10 @@ type Config struct {
 // errors, the HTTP client's Timeout) with capped exponential backoff and
 // jitter, but only for calls that are idempotent (every effect-gate and job
 // call is, by idempotency key, Idempotency-Key header or lease token;
-// StartRun without a key is not, so it is never repeated after an ambiguous
-// failure). Every wait ends with ctx.
+// StartRun without a key is not, nor are UpdateEndpointPolicy and
+// UpdateEffectPolicy, whose repeat would meet the version the first wrote, so
+// they are never repeated after an ambiguous failure). Every wait ends with
+// ctx.
 type Client struct {
 	base       string
 	key        string

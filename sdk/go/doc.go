@@ -1,6 +1,8 @@
 // Package ratchet is the Go SDK for Ratchet: a producer for durable runs and
-// steps, a worker runtime that claims and executes jobs, and a helper that
-// wraps an agent's side effect in the effect gate's begin/report protocol.
+// steps, a worker runtime that claims and executes jobs, a helper that wraps
+// an agent's side effect in the effect gate's begin/report protocol, an
+// operator's calls (endpoints, queue health, contracts, approvals, policies,
+// breakers, webhooks, keys) and VerifyWebhook for webhook receivers.
 //
 // The package uses only the standard library. Every call takes a context,
 // failures from the API are *Error values carrying the stable error code, and

@@ -38,9 +38,9 @@ type DimensionLimit struct {
 	DailyCount  *int64 `json:"daily_count"`
 }
 
-// ListPolicies pages the workspace's configured policies
-// (policies:read).
-func (c *Client) ListPolicies(ctx context.Context, q ListQuery) (*GatePage[Policy], error) {
+// ListEffectPolicies pages the workspace's configured effect-type
+// policies (policies:read).
+func (c *Client) ListEffectPolicies(ctx context.Context, q ListQuery) (*GatePage[Policy], error) {
 	var out GatePage[Policy]
 	if err := c.do(ctx, "GET", withQuery("/policies", q.values()), nil, &out, idempotent); err != nil {
 		return nil, err
@@ -48,8 +48,9 @@ func (c *Client) ListPolicies(ctx context.Context, q ListQuery) (*GatePage[Polic
 	return &out, nil
 }
 
-// GetPolicy reads effectType's policy, the safe default when it has none.
-func (c *Client) GetPolicy(ctx context.Context, effectType string) (*Policy, error) {
+// GetEffectPolicy reads effectType's policy, the safe default when it has
+// none.
+func (c *Client) GetEffectPolicy(ctx context.Context, effectType string) (*Policy, error) {
 	var out Policy
 	if err := c.do(ctx, "GET", "/policies/"+pathID(effectType), nil, &out, idempotent); err != nil {
 		return nil, err
@@ -57,19 +58,20 @@ func (c *Client) GetPolicy(ctx context.Context, effectType string) (*Policy, err
 	return &out, nil
 }
 
-// PutPolicy merges update (by the API's snake_case names: "mode",
+// UpdateEffectPolicy merges update (by the API's snake_case names: "mode",
 // "max_cost_micros", ...; nil clears a nullable field) into effectType's
-// policy when expectedVersion is still its version (0 for a type still on
-// the safe default; otherwise *Error code version_conflict), and returns
-// the policy (policies:write). Like UpdateEndpointPolicy it is not repeated
-// after a lost answer.
-func (c *Client) PutPolicy(ctx context.Context, effectType string, expectedVersion int64,
+// policy and returns it (policies:write). With expectedVersion set it
+// merges only while that is still the policy's version (0 for a type still
+// on the safe default; otherwise *Error code version_conflict); nil merges
+// whatever the version. Like UpdateEndpointPolicy it is not repeated after
+// a lost answer.
+func (c *Client) UpdateEffectPolicy(ctx context.Context, effectType string, expectedVersion *int64,
 	update PolicyUpdate) (*Policy, error) {
-	body := make(map[string]any, len(update)+1)
-	for k, v := range update {
-		body[k] = v
+	extra := map[string]any{}
+	if expectedVersion != nil {
+		extra["expected_version"] = *expectedVersion
 	}
-	body["expected_version"] = expectedVersion
+	body := update.with(extra)
 	var out Policy
 	if err := c.do(ctx, "PUT", "/policies/"+pathID(effectType), body, &out, notIdempotent); err != nil {
 		return nil, err
@@ -140,13 +142,14 @@ func (c *Client) circuitCall(ctx context.Context, path string, in any) (*Circuit
 
 // EmergencyStop holds every effect type, those first seen while it is on
 // included, with action (BreakerRequireApproval when empty) until
-// ReleaseEmergencyStop; it answers the first page of circuits.
+// ReleaseEmergencyStop. It answers at most the first 200 circuits, without
+// a cursor: ListCircuits pages them all.
 func (c *Client) EmergencyStop(ctx context.Context, action, reason string) (*GatePage[Circuit], error) {
 	return c.circuitsCall(ctx, "/circuits/stop", breakerBody{Action: action, Reason: reason})
 }
 
 // ReleaseEmergencyStop lifts the emergency stop; breakers of single types
-// stay as they are.
+// stay as they are. It answers circuits as EmergencyStop does.
 func (c *Client) ReleaseEmergencyStop(ctx context.Context) (*GatePage[Circuit], error) {
 	return c.circuitsCall(ctx, "/circuits/release", struct{}{})
 }

@@ -28,10 +28,12 @@ type NewAPIKey struct {
 // OPERATOR) or explicit Scopes, never more than the creating key holds;
 // Tools bound a WORKER key to exact name@version pairs.
 type KeySpec struct {
-	Name                    string   `json:"name"`
-	Preset                  string   `json:"preset,omitempty"`
-	Scopes                  []string `json:"scopes,omitempty"`
-	Tools                   []string `json:"tools,omitempty"`
+	Name   string   `json:"name"`
+	Preset string   `json:"preset,omitempty"`
+	Scopes []string `json:"scopes,omitempty"`
+	// Tools is sent as it is: nil (null) leaves the key unrestricted
+	// (AGENT, OPERATOR) where an empty list restricts it to no tool.
+	Tools                   []string `json:"tools"`
 	DailySpendCeilingMicros *int64   `json:"daily_spend_ceiling_micros,omitempty"`
 	RateLimitPerMinute      *int     `json:"rate_limit_per_minute,omitempty"`
 }
@@ -40,8 +42,16 @@ type KeySpec struct {
 // Idempotency-Key, so a retry after a lost answer gets the key (and the
 // secret) the first attempt minted instead of a second key.
 func (c *Client) CreateKey(ctx context.Context, spec KeySpec) (*NewAPIKey, error) {
+	return c.CreateKeyWithKey(ctx, spec, newRequestID())
+}
+
+// CreateKeyWithKey is CreateKey under an Idempotency-Key of the caller's
+// (at most 255 characters): the same call with the same key within a day
+// answers the same key and secret, so a caller whose retries ran out can
+// still recover the secret, shown only here.
+func (c *Client) CreateKeyWithKey(ctx context.Context, spec KeySpec, idempotencyKey string) (*NewAPIKey, error) {
 	var out NewAPIKey
-	if err := c.doKeyed(ctx, "POST", "/keys", newRequestID(), spec, &out, idempotent); err != nil {
+	if err := c.doKeyed(ctx, "POST", "/keys", idempotencyKey, spec, &out, idempotent); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -58,7 +68,9 @@ func (c *Client) ListKeys(ctx context.Context, q ListQuery) (*GatePage[APIKey], 
 
 // RevokeKey revokes a key for good and returns it; revoking again answers
 // the same key, so the call is retried. Every call that changes something
-// refuses the key at once, on every instance.
+// refuses the key at once, on every instance. A client revoking its own
+// key whose answer was lost is refused (401) when it asks again: read the
+// key with another to confirm.
 func (c *Client) RevokeKey(ctx context.Context, keyID string) (*APIKey, error) {
 	var out APIKey
 	if err := c.do(ctx, "DELETE", "/keys/"+pathID(keyID), nil, &out, idempotent); err != nil {

@@ -98,6 +98,17 @@ func (c *Client) ListEndpoints(ctx context.Context, q ListQuery) (*Page[Endpoint
 	return &out, nil
 }
 
+// CreateEndpoint creates an endpoint ahead of its first job, with policy
+// fields as UpdateEndpointPolicy takes them (nil: the defaults, STANDARD).
+// An existing name answers the endpoint unchanged, so the call is retried.
+func (c *Client) CreateEndpoint(ctx context.Context, name string, policy PolicyUpdate) (*Endpoint, error) {
+	var e Endpoint
+	if err := c.do(ctx, "POST", "/endpoints", policy.with(map[string]any{"name": name}), &e, idempotent); err != nil {
+		return nil, err
+	}
+	return &e, nil
+}
+
 // GetEndpoint reads an endpoint and its policy.
 func (c *Client) GetEndpoint(ctx context.Context, endpointID string) (*Endpoint, error) {
 	return c.endpointCall(ctx, "GET", endpointID, "/policy", nil, idempotent)
@@ -107,10 +118,23 @@ func (c *Client) GetEndpoint(ctx context.Context, endpointID string) (*Endpoint,
 // endpoint's (UpdateEndpointPolicy: preset, maxAttempts, initialDelayMs,
 // multiplier, maxDelayMs, jitterPercent, defaultTimeoutMs, maxConcurrent,
 // rateLimitPerMinute, circuitFailureThreshold, circuitCooldownMs) or an
-// effect type's (PutPolicy: mode, max_cost_micros, ...). A nil value clears
+// effect type's (UpdateEffectPolicy: mode, max_cost_micros, ...). A nil value clears
 // an optional one (maxConcurrent: nil lifts the limit); fields left out keep
 // their values.
 type PolicyUpdate map[string]any
+
+// with is the request body: u's fields and extra's (never nil: an empty
+// update is {}).
+func (u PolicyUpdate) with(extra map[string]any) map[string]any {
+	body := make(map[string]any, len(u)+len(extra))
+	for k, v := range u {
+		body[k] = v
+	}
+	for k, v := range extra {
+		body[k] = v
+	}
+	return body
+}
 
 // UpdateEndpointPolicy merges update into the endpoint's policy when
 // expectedVersion is still its version (otherwise *Error with code
@@ -120,12 +144,8 @@ type PolicyUpdate map[string]any
 // version (MayHaveApplied tells; read the endpoint to see).
 func (c *Client) UpdateEndpointPolicy(ctx context.Context, endpointID string, expectedVersion int64,
 	update PolicyUpdate) (*Endpoint, error) {
-	body := make(map[string]any, len(update)+1)
-	for k, v := range update {
-		body[k] = v
-	}
-	body["expectedVersion"] = expectedVersion
-	return c.endpointCall(ctx, "PUT", endpointID, "/policy", body, notIdempotent)
+	return c.endpointCall(ctx, "PUT", endpointID, "/policy", update.with(map[string]any{"expectedVersion": expectedVersion}),
+		notIdempotent)
 }
 
 // PauseEndpoint pauses an endpoint: its jobs are accepted but not claimed,
@@ -169,17 +189,19 @@ type EndpointAttempt struct {
 }
 
 // AttemptQuery filters ListEndpointAttempts: Outcome "SUCCEEDED" or
-// "FAILED" keeps only those ("" keeps all, running ones included).
+// "FAILED" keeps only those ("" keeps all, running ones included). Limit 0
+// is the server's default (50), at most 200.
 type AttemptQuery struct {
 	Outcome string
-	ListQuery
+	Limit   int
+	Cursor  string // NextCursor of the previous page
 }
 
 // ListEndpointAttempts pages an endpoint's attempts newest first (GET
 // /api/v1/endpoints/{id}/attempts), each with its job and the message its
 // worker reported: what to read before closing its circuit or resuming it.
 func (c *Client) ListEndpointAttempts(ctx context.Context, endpointID string, q AttemptQuery) (*Page[EndpointAttempt], error) {
-	v := q.values()
+	v := ListQuery{Limit: q.Limit, Cursor: q.Cursor}.values()
 	if q.Outcome != "" {
 		v.Set("outcome", q.Outcome)
 	}
@@ -212,8 +234,8 @@ type QueueHealth struct {
 	Message *string `json:"message"`
 }
 
-// GetQueueHealth pages the queue's health in name, version order.
-func (c *Client) GetQueueHealth(ctx context.Context, q ListQuery) (*Page[QueueHealth], error) {
+// ListQueueHealth pages the queue's health in name, version order.
+func (c *Client) ListQueueHealth(ctx context.Context, q ListQuery) (*Page[QueueHealth], error) {
 	var out Page[QueueHealth]
 	if err := c.do(ctx, "GET", withQuery("/queue/health", q.values()), nil, &out, idempotent); err != nil {
 		return nil, err
@@ -246,16 +268,18 @@ type Approval struct {
 	Answers []string `json:"answers"`
 }
 
-// ApprovalQuery filters ListApprovals: State "" lists every state.
+// ApprovalQuery filters ListApprovals: State "" lists every state. Limit 0
+// is the server's default (50), at most 200.
 type ApprovalQuery struct {
-	State string
-	ListQuery
+	State  string
+	Limit  int
+	Cursor string // NextCursor of the previous page
 }
 
 // ListApprovals pages the workspace's approvals newest first (GET
 // /api/v1/approvals, scope approvals:write): say, the pending ones.
 func (c *Client) ListApprovals(ctx context.Context, q ApprovalQuery) (*GatePage[Approval], error) {
-	v := q.values()
+	v := ListQuery{Limit: q.Limit, Cursor: q.Cursor}.values()
 	if q.State != "" {
 		v.Set("state", q.State)
 	}
@@ -323,18 +347,18 @@ type Contract struct {
 }
 
 // ContractSpec is what PublishContract publishes. InputSchema is required;
-// a nil OutputSchema accepts any output. Zero TimeoutMs, RetryPreset and
-// Status take the server's defaults (30 000 ms, STANDARD, ACTIVE);
-// RetryPolicy goes with RetryPreset "CUSTOM" only (its Preset field is not
-// sent).
+// a nil OutputSchema accepts any output. Zero Timeout, RetryPreset and
+// Status take the server's defaults (30 s, STANDARD, ACTIVE); Timeout is
+// sent in whole milliseconds. RetryPolicy goes with RetryPreset "CUSTOM"
+// only (its Preset field is not sent).
 type ContractSpec struct {
 	HandlerVersion string
 	InputSchema    json.RawMessage
 	OutputSchema   json.RawMessage
-	TimeoutMs      int64
-	RetryPreset    string
+	Timeout        time.Duration
+	RetryPreset    string // STANDARD, AGGRESSIVE, RELAXED or CUSTOM
 	RetryPolicy    *RetrySchedule
-	Status         string
+	Status         string // ContractActive or ContractForbidden
 }
 
 // contractBody is ContractSpec as the route takes it.
@@ -363,7 +387,8 @@ type customPolicy struct {
 // instead of publishing another.
 func (c *Client) PublishContract(ctx context.Context, name string, spec ContractSpec) (*Contract, error) {
 	body := contractBody{HandlerVersion: spec.HandlerVersion, InputSchema: spec.InputSchema,
-		OutputSchema: spec.OutputSchema, TimeoutMs: spec.TimeoutMs, RetryPreset: spec.RetryPreset, Status: spec.Status}
+		OutputSchema: spec.OutputSchema, TimeoutMs: spec.Timeout.Milliseconds(), RetryPreset: spec.RetryPreset,
+		Status: spec.Status}
 	if p := spec.RetryPolicy; p != nil {
 		body.RetryPolicy = &customPolicy{MaxAttempts: p.MaxAttempts, InitialDelayMs: p.InitialDelayMs,
 			Multiplier: p.Multiplier, MaxDelayMs: p.MaxDelayMs, JitterPercent: p.JitterPercent}
@@ -392,7 +417,7 @@ type ToolTest struct {
 	JobID           string     `json:"jobId"`
 	Name            string     `json:"name"`
 	Version         string     `json:"version"`
-	ContractVersion *int64     `json:"contractVersion"`
+	ContractVersion *int       `json:"contractVersion"`
 	Status          string     `json:"status"`
 	MaxAttempts     int        `json:"maxAttempts"`
 	DueAt           *time.Time `json:"dueAt"`

@@ -34,7 +34,7 @@ type WebhookDelivery struct {
 	ID             string     `json:"id"`
 	EventID        string     `json:"event_id"`
 	EventType      string     `json:"event_type"`
-	State          string     `json:"state"` // pending, delivered or failed
+	State          string     `json:"state"` // DeliveryPending, DeliveryDelivered or DeliveryFailed
 	Attempts       int        `json:"attempts"`
 	LastStatusCode *int       `json:"last_status_code"`
 	LastError      *string    `json:"last_error"`
@@ -43,16 +43,34 @@ type WebhookDelivery struct {
 	DeliveredAt    *time.Time `json:"delivered_at"`
 }
 
-// CreateWebhook subscribes url to events. Every attempt of the call carries
-// one Idempotency-Key, so a retry after a lost answer gets the subscription
-// (and the secret) the first attempt made instead of a second one.
+// CreateWebhook subscribes url to events (the Event* constants). Every
+// attempt of the call carries one Idempotency-Key, so a retry after a lost
+// answer gets the subscription (and the secret) the first attempt made
+// instead of a second one.
 func (c *Client) CreateWebhook(ctx context.Context, url string, events []string) (*NewWebhook, error) {
+	return c.CreateWebhookWithKey(ctx, url, events, newRequestID())
+}
+
+// CreateWebhookWithKey is CreateWebhook under an Idempotency-Key of the
+// caller's (at most 255 characters): the same call with the same key within
+// a day answers the same subscription and secret, so a caller whose
+// retries ran out can still recover the secret, shown only here.
+func (c *Client) CreateWebhookWithKey(ctx context.Context, url string, events []string, idempotencyKey string) (*NewWebhook, error) {
 	body := struct {
 		URL    string   `json:"url"`
 		Events []string `json:"events"`
 	}{url, events}
 	var out NewWebhook
-	if err := c.doKeyed(ctx, "POST", "/webhooks", newRequestID(), body, &out, idempotent); err != nil {
+	if err := c.doKeyed(ctx, "POST", "/webhooks", idempotencyKey, body, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// GetWebhook reads one subscription.
+func (c *Client) GetWebhook(ctx context.Context, webhookID string) (*Webhook, error) {
+	var out Webhook
+	if err := c.do(ctx, "GET", "/webhooks/"+pathID(webhookID), nil, &out, idempotent); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -88,6 +106,26 @@ func (c *Client) ListWebhookDeliveries(ctx context.Context, webhookID string, q 
 	return &out, nil
 }
 
+// Event types a webhook subscribes to.
+const (
+	EventEffectIndeterminate = "effect.indeterminate"
+	EventCircuitTripped      = "circuit.tripped"
+	EventCircuitClosed       = "circuit.closed"
+	EventApprovalRequested   = "approval.requested"
+	EventApprovalDecided     = "approval.decided"
+	EventReconciliationDue   = "reconciliation.due"
+	EventRunFinished         = "run.finished"
+	EventStepExhausted       = "step.exhausted"
+	EventStepReplayed        = "step.replayed"
+)
+
+// Delivery states.
+const (
+	DeliveryPending   = "pending"
+	DeliveryDelivered = "delivered"
+	DeliveryFailed    = "failed"
+)
+
 // Headers of a webhook delivery.
 const (
 	WebhookSignatureHeader = "Ratchet-Signature" // t=<unix>,v1=<hex HMAC-SHA-256>
@@ -115,6 +153,19 @@ type WebhookEvent struct {
 // signature is missing, malformed, wrong or outside the tolerance.
 var ErrWebhookSignature = errors.New("ratchet: webhook signature does not verify")
 
+// ErrNoWebhookSecret is VerifyWebhook's answer when the receiver has no
+// secret to check with (an unset variable, say): with an empty key anyone
+// could sign, so nothing is accepted. It is a misconfiguration, not a
+// forged delivery, so it does not match ErrWebhookSignature.
+var ErrNoWebhookSecret = errors.New("ratchet: no webhook secret to verify with")
+
+// maxSignatureHeader bounds the Ratchet-Signature header read, and
+// maxSignatures the v1 entries in it (the server sends one).
+const (
+	maxSignatureHeader = 4096
+	maxSignatures      = 8
+)
+
 // VerifyWebhook checks a delivery's Ratchet-Signature header (signature)
 // over its raw body with the subscription's secret, refuses a signed time
 // more than DefaultWebhookTolerance from now, and decodes the event. Read
@@ -132,13 +183,19 @@ func VerifyWebhook(secret, signature string, body []byte) (*WebhookEvent, error)
 // VerifyWebhookAt is VerifyWebhook at now, with a tolerance of its own
 // (DefaultWebhookTolerance when 0).
 func VerifyWebhookAt(secret, signature string, body []byte, tolerance time.Duration, now time.Time) (*WebhookEvent, error) {
+	if secret == "" {
+		return nil, ErrNoWebhookSecret
+	}
 	if tolerance <= 0 {
 		tolerance = DefaultWebhookTolerance
 	}
+	invalid := fmt.Errorf("%w: malformed %s", ErrWebhookSignature, WebhookSignatureHeader)
+	if len(signature) > maxSignatureHeader {
+		return nil, invalid
+	}
 	var (
-		ts      string
-		signed  [][]byte
-		invalid = fmt.Errorf("%w: malformed %s", ErrWebhookSignature, WebhookSignatureHeader)
+		ts     string
+		signed [][]byte
 	)
 	for _, part := range strings.Split(signature, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
@@ -147,10 +204,13 @@ func VerifyWebhookAt(secret, signature string, body []byte, tolerance time.Durat
 		}
 		switch k {
 		case "t":
+			if ts != "" {
+				return nil, invalid // two times: which one was signed is ambiguous
+			}
 			ts = v
 		case "v1":
 			mac, err := hex.DecodeString(v)
-			if err != nil {
+			if err != nil || len(signed) == maxSignatures {
 				return nil, invalid
 			}
 			signed = append(signed, mac)
