@@ -138,3 +138,50 @@ func TestWebhooksThroughTheSDK(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, list.Data)
 }
+
+// WebhookHandler answers each delivery as the server's retries need: 204
+// once handled, 500 (sent again later) when handling failed, 401 to what
+// does not verify, 400 to what cannot be read, 405 to anything but a POST.
+func TestWebhookHandlerAnswersEachDelivery(t *testing.T) {
+	t.Parallel()
+	secret := "whsec_handler"
+	body := []byte(`{"id":"evt_2","type":"step.exhausted","created_at":"2030-01-01T00:00:00Z",` +
+		`"workspace_id":"ws_1","subject_id":"stp_1","data":{"jobId":"job_1","attempt":3,"leaseLapsed":false}}`)
+	var handled []string
+	failing := false
+	h := ratchet.WebhookHandler(secret, func(_ context.Context, ev *ratchet.WebhookEvent) error {
+		if failing {
+			return errors.New("database down")
+		}
+		handled = append(handled, ev.ID)
+		return nil
+	})
+	deliver := func(h http.Handler, method string, body []byte, sig string) int {
+		t.Helper()
+		r := httptest.NewRequest(method, "/ratchet", strings.NewReader(string(body)))
+		if sig != "" {
+			r.Header.Set(ratchet.WebhookSignatureHeader, sig)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	now := time.Now()
+	require.Equal(t, http.StatusNoContent, deliver(h, "POST", body, webhooks.Sign(secret, now, body)))
+	require.Equal(t, []string{"evt_2"}, handled)
+	failing = true
+	require.Equal(t, http.StatusInternalServerError, deliver(h, "POST", body, webhooks.Sign(secret, now, body)))
+	failing = false
+
+	require.Equal(t, http.StatusUnauthorized, deliver(h, "POST", body, webhooks.Sign("whsec_other", now, body)))
+	require.Equal(t, http.StatusUnauthorized, deliver(h, "POST", body, ""))
+	require.Equal(t, http.StatusUnauthorized, deliver(h, "POST", body, webhooks.Sign(secret, now.Add(-time.Hour), body)))
+	unset := ratchet.WebhookHandler("", func(context.Context, *ratchet.WebhookEvent) error { return nil })
+	require.Equal(t, http.StatusUnauthorized, deliver(unset, "POST", body, webhooks.Sign("", now, body)))
+	notJSON := []byte("not json")
+	require.Equal(t, http.StatusBadRequest, deliver(h, "POST", notJSON, webhooks.Sign(secret, now, notJSON)))
+	huge := []byte(strings.Repeat(" ", 1<<20+1))
+	require.Equal(t, http.StatusBadRequest, deliver(h, "POST", huge, webhooks.Sign(secret, now, huge)))
+	require.Equal(t, http.StatusMethodNotAllowed, deliver(h, "GET", nil, ""))
+	require.Equal(t, []string{"evt_2"}, handled, "nothing else was handled")
+}

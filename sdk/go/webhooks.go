@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -238,4 +240,44 @@ func VerifyWebhookAt(secret, signature string, body []byte, tolerance time.Durat
 		}
 	}
 	return nil, fmt.Errorf("%w: no v1 signature matches", ErrWebhookSignature)
+}
+
+// maxWebhookBody bounds what WebhookHandler reads of a delivery: an event
+// carries ids and states only, far below it.
+const maxWebhookBody = 1 << 20
+
+// WebhookHandler is an http.Handler for a webhook receiver: it reads the
+// delivery (up to 1 MiB), verifies it with secret (VerifyWebhook) and calls
+// handle with the event. It answers 401 to a delivery that does not verify
+// (and to every one while secret is empty), 400 to an unreadable one, 500
+// when handle fails, so that Ratchet sends it again later, and 204 when
+// handle succeeds. Delivery is at least once: handle should deduplicate by
+// the event's ID.
+func WebhookHandler(secret string, handle func(ctx context.Context, ev *WebhookEvent) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxWebhookBody))
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		ev, err := VerifyWebhook(secret, r.Header.Get(WebhookSignatureHeader), body)
+		switch {
+		case errors.Is(err, ErrWebhookSignature), errors.Is(err, ErrNoWebhookSecret):
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		case err != nil: // signed by Ratchet but not an event this SDK reads
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		if err := handle(r.Context(), ev); err != nil {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
 }
