@@ -41,21 +41,13 @@ type DimensionLimit struct {
 // ListEffectPolicies pages the workspace's configured effect-type
 // policies (policies:read).
 func (c *Client) ListEffectPolicies(ctx context.Context, q ListQuery) (*GatePage[Policy], error) {
-	var out GatePage[Policy]
-	if err := c.do(ctx, "GET", withQuery("/policies", q.values()), nil, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[GatePage[Policy]](ctx, c, "GET", withQuery("/policies", q.values()), nil, idempotent)
 }
 
 // GetEffectPolicy reads effectType's policy, the safe default when it has
 // none.
 func (c *Client) GetEffectPolicy(ctx context.Context, effectType string) (*Policy, error) {
-	var out Policy
-	if err := c.do(ctx, "GET", "/policies/"+pathID(effectType), nil, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[Policy](ctx, c, "GET", "/policies/"+pathID(effectType), nil, idempotent)
 }
 
 // UpdateEffectPolicy merges update (by the API's snake_case names: "mode",
@@ -72,11 +64,7 @@ func (c *Client) UpdateEffectPolicy(ctx context.Context, effectType string, expe
 		extra["expected_version"] = *expectedVersion
 	}
 	body := update.with(extra)
-	var out Policy
-	if err := c.do(ctx, "PUT", "/policies/"+pathID(effectType), body, &out, notIdempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[Policy](ctx, c, "PUT", "/policies/"+pathID(effectType), body, notIdempotent)
 }
 
 // Circuit is an effect type's breaker (GET /api/v1/circuits): closed, or
@@ -111,33 +99,21 @@ type breakerBody struct {
 // ListCircuits pages the circuit of every effect type seen or configured
 // (policies:write).
 func (c *Client) ListCircuits(ctx context.Context, q ListQuery) (*GatePage[Circuit], error) {
-	var out GatePage[Circuit]
-	if err := c.do(ctx, "GET", withQuery("/circuits", q.values()), nil, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[GatePage[Circuit]](ctx, c, "GET", withQuery("/circuits", q.values()), nil, idempotent)
 }
 
 // OpenCircuit opens effectType's breaker by hand: its begins meet action
-// (BreakerRequireApproval when empty) until CloseCircuit.
+// (BreakerRequireApproval when empty) until CloseCircuit. Opening again
+// changes nothing more, so it is retried, as are the other breaker calls.
 func (c *Client) OpenCircuit(ctx context.Context, effectType, action, reason string) (*Circuit, error) {
-	return c.circuitCall(ctx, "/circuits/"+pathID(effectType)+"/open", breakerBody{Action: action, Reason: reason})
+	return call[Circuit](ctx, c, "POST", "/circuits/"+pathID(effectType)+"/open",
+		breakerBody{Action: action, Reason: reason}, idempotent)
 }
 
 // CloseCircuit closes effectType's breaker, with a fresh surge allowance
 // counted from now.
 func (c *Client) CloseCircuit(ctx context.Context, effectType string) (*Circuit, error) {
-	return c.circuitCall(ctx, "/circuits/"+pathID(effectType)+"/close", struct{}{})
-}
-
-// circuitCall sends one POST answered with a circuit. Opening or closing
-// again changes nothing more, so it is retried.
-func (c *Client) circuitCall(ctx context.Context, path string, in any) (*Circuit, error) {
-	var out Circuit
-	if err := c.do(ctx, "POST", path, in, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[Circuit](ctx, c, "POST", "/circuits/"+pathID(effectType)+"/close", struct{}{}, idempotent)
 }
 
 // EmergencyStop holds every effect type, those first seen while it is on
@@ -145,21 +121,12 @@ func (c *Client) circuitCall(ctx context.Context, path string, in any) (*Circuit
 // ReleaseEmergencyStop. It answers at most the first 200 circuits, without
 // a cursor: ListCircuits pages them all.
 func (c *Client) EmergencyStop(ctx context.Context, action, reason string) (*GatePage[Circuit], error) {
-	return c.circuitsCall(ctx, "/circuits/stop", breakerBody{Action: action, Reason: reason})
+	return call[GatePage[Circuit]](ctx, c, "POST", "/circuits/stop", breakerBody{Action: action, Reason: reason},
+		idempotent)
 }
 
 // ReleaseEmergencyStop lifts the emergency stop; breakers of single types
 // stay as they are. It answers circuits as EmergencyStop does.
 func (c *Client) ReleaseEmergencyStop(ctx context.Context) (*GatePage[Circuit], error) {
-	return c.circuitsCall(ctx, "/circuits/release", struct{}{})
-}
-
-// circuitsCall sends one POST answered with a page of circuits; stopping
-// or releasing again changes nothing more, so it is retried.
-func (c *Client) circuitsCall(ctx context.Context, path string, in any) (*GatePage[Circuit], error) {
-	var out GatePage[Circuit]
-	if err := c.do(ctx, "POST", path, in, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[GatePage[Circuit]](ctx, c, "POST", "/circuits/release", struct{}{}, idempotent)
 }

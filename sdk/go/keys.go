@@ -50,20 +50,12 @@ func (c *Client) CreateKey(ctx context.Context, spec KeySpec) (*NewAPIKey, error
 // answers the same key and secret, so a caller whose retries ran out can
 // still recover the secret, shown only here.
 func (c *Client) CreateKeyWithKey(ctx context.Context, spec KeySpec, idempotencyKey string) (*NewAPIKey, error) {
-	var out NewAPIKey
-	if err := c.doKeyed(ctx, "POST", "/keys", idempotencyKey, spec, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return callKeyed[NewAPIKey](ctx, c, "POST", "/keys", idempotencyKey, spec)
 }
 
 // ListKeys pages the workspace's keys (never their secrets).
 func (c *Client) ListKeys(ctx context.Context, q ListQuery) (*GatePage[APIKey], error) {
-	var out GatePage[APIKey]
-	if err := c.do(ctx, "GET", withQuery("/keys", q.values()), nil, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[GatePage[APIKey]](ctx, c, "GET", withQuery("/keys", q.values()), nil, idempotent)
 }
 
 // RevokeKey revokes a key for good and returns it; revoking again answers
@@ -72,9 +64,5 @@ func (c *Client) ListKeys(ctx context.Context, q ListQuery) (*GatePage[APIKey], 
 // key whose answer was lost is refused (401) when it asks again: read the
 // key with another to confirm.
 func (c *Client) RevokeKey(ctx context.Context, keyID string) (*APIKey, error) {
-	var out APIKey
-	if err := c.do(ctx, "DELETE", "/keys/"+pathID(keyID), nil, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[APIKey](ctx, c, "DELETE", "/keys/"+pathID(keyID), nil, idempotent)
 }

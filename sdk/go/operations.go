@@ -8,6 +8,25 @@ import (
 	"time"
 )
 
+// call sends one API call (Client.do) and answers its decoded body.
+func call[T any](ctx context.Context, c *Client, method, path string, in any, safe idempotency) (*T, error) {
+	var out T
+	if err := c.do(ctx, method, path, in, &out, safe); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// callKeyed is call under an Idempotency-Key (Client.doKeyed), for the
+// creates the server keys.
+func callKeyed[T any](ctx context.Context, c *Client, method, path, key string, in any) (*T, error) {
+	var out T
+	if err := c.doKeyed(ctx, method, path, key, in, &out, idempotent); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // Endpoint is a service its jobs call (GET /api/v1/endpoints/{id}/policy):
 // its retry policy, gates and circuit breaker. A job snapshots the policy
 // when it is enqueued; edits apply to jobs enqueued after them.
@@ -91,22 +110,14 @@ type GatePage[T any] struct {
 
 // ListEndpoints pages the workspace's endpoints (GET /api/v1/endpoints).
 func (c *Client) ListEndpoints(ctx context.Context, q ListQuery) (*Page[Endpoint], error) {
-	var out Page[Endpoint]
-	if err := c.do(ctx, "GET", withQuery("/endpoints", q.values()), nil, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[Page[Endpoint]](ctx, c, "GET", withQuery("/endpoints", q.values()), nil, idempotent)
 }
 
 // CreateEndpoint creates an endpoint ahead of its first job, with policy
 // fields as UpdateEndpointPolicy takes them (nil: the defaults, STANDARD).
 // An existing name answers the endpoint unchanged, so the call is retried.
 func (c *Client) CreateEndpoint(ctx context.Context, name string, policy PolicyUpdate) (*Endpoint, error) {
-	var e Endpoint
-	if err := c.do(ctx, "POST", "/endpoints", policy.with(map[string]any{"name": name}), &e, idempotent); err != nil {
-		return nil, err
-	}
-	return &e, nil
+	return call[Endpoint](ctx, c, "POST", "/endpoints", policy.with(map[string]any{"name": name}), idempotent)
 }
 
 // GetEndpoint reads an endpoint and its policy.
@@ -170,11 +181,7 @@ func (c *Client) CloseEndpointCircuit(ctx context.Context, endpointID string) (*
 // endpoint.
 func (c *Client) endpointCall(ctx context.Context, method, endpointID, suffix string, in any,
 	safe idempotency) (*Endpoint, error) {
-	var e Endpoint
-	if err := c.do(ctx, method, "/endpoints/"+pathID(endpointID)+suffix, in, &e, safe); err != nil {
-		return nil, err
-	}
-	return &e, nil
+	return call[Endpoint](ctx, c, method, "/endpoints/"+pathID(endpointID)+suffix, in, safe)
 }
 
 // EndpointAttempt is one attempt (one claim) of a job of an endpoint, with
@@ -205,12 +212,8 @@ func (c *Client) ListEndpointAttempts(ctx context.Context, endpointID string, q 
 	if q.Outcome != "" {
 		v.Set("outcome", q.Outcome)
 	}
-	var out Page[EndpointAttempt]
-	path := withQuery("/endpoints/"+pathID(endpointID)+"/attempts", v)
-	if err := c.do(ctx, "GET", path, nil, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[Page[EndpointAttempt]](ctx, c, "GET", withQuery("/endpoints/"+pathID(endpointID)+"/attempts", v), nil,
+		idempotent)
 }
 
 // QueueHealth is the queued work of one exact name@version, and what
@@ -236,11 +239,7 @@ type QueueHealth struct {
 
 // ListQueueHealth pages the queue's health in name, version order.
 func (c *Client) ListQueueHealth(ctx context.Context, q ListQuery) (*Page[QueueHealth], error) {
-	var out Page[QueueHealth]
-	if err := c.do(ctx, "GET", withQuery("/queue/health", q.values()), nil, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[Page[QueueHealth]](ctx, c, "GET", withQuery("/queue/health", q.values()), nil, idempotent)
 }
 
 // Approval states.
@@ -283,11 +282,7 @@ func (c *Client) ListApprovals(ctx context.Context, q ApprovalQuery) (*GatePage[
 	if q.State != "" {
 		v.Set("state", q.State)
 	}
-	var out GatePage[Approval]
-	if err := c.do(ctx, "GET", withQuery("/approvals", v), nil, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[GatePage[Approval]](ctx, c, "GET", withQuery("/approvals", v), nil, idempotent)
 }
 
 // GetApproval reads one approval.
@@ -316,11 +311,7 @@ type decideBody struct {
 // approvalCall sends one call on /approvals/{id}{suffix} answered with the
 // approval.
 func (c *Client) approvalCall(ctx context.Context, method, approvalID, suffix string, in any) (*Approval, error) {
-	var a Approval
-	if err := c.do(ctx, method, "/approvals/"+pathID(approvalID)+suffix, in, &a, idempotent); err != nil {
-		return nil, err
-	}
-	return &a, nil
+	return call[Approval](ctx, c, method, "/approvals/"+pathID(approvalID)+suffix, in, idempotent)
 }
 
 // Contract statuses.
@@ -393,20 +384,12 @@ func (c *Client) PublishContract(ctx context.Context, name string, spec Contract
 		body.RetryPolicy = &customPolicy{MaxAttempts: p.MaxAttempts, InitialDelayMs: p.InitialDelayMs,
 			Multiplier: p.Multiplier, MaxDelayMs: p.MaxDelayMs, JitterPercent: p.JitterPercent}
 	}
-	var out Contract
-	if err := c.doKeyed(ctx, "POST", "/tools/"+pathID(name)+"/contracts", newRequestID(), body, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return callKeyed[Contract](ctx, c, "POST", "/tools/"+pathID(name)+"/contracts", newRequestID(), body)
 }
 
 // ListContracts pages tool name's contracts by version.
 func (c *Client) ListContracts(ctx context.Context, name string, q ListQuery) (*Page[Contract], error) {
-	var out Page[Contract]
-	if err := c.do(ctx, "GET", withQuery("/tools/"+pathID(name)+"/contracts", q.values()), nil, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[Page[Contract]](ctx, c, "GET", withQuery("/tools/"+pathID(name)+"/contracts", q.values()), nil, idempotent)
 }
 
 // ToolTest is a synthetic test's job (TestTool): one attempt, in a run of
@@ -432,9 +415,5 @@ func (c *Client) TestTool(ctx context.Context, name, version string, input any) 
 		Version string `json:"version"`
 		Input   any    `json:"input,omitempty"`
 	}{version, input}
-	var out ToolTest
-	if err := c.doKeyed(ctx, "POST", "/tools/"+pathID(name)+"/test", newRequestID(), body, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return callKeyed[ToolTest](ctx, c, "POST", "/tools/"+pathID(name)+"/test", newRequestID(), body)
 }

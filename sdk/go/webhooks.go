@@ -62,50 +62,30 @@ func (c *Client) CreateWebhookWithKey(ctx context.Context, url string, events []
 		URL    string   `json:"url"`
 		Events []string `json:"events"`
 	}{url, events}
-	var out NewWebhook
-	if err := c.doKeyed(ctx, "POST", "/webhooks", idempotencyKey, body, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return callKeyed[NewWebhook](ctx, c, "POST", "/webhooks", idempotencyKey, body)
 }
 
 // GetWebhook reads one subscription.
 func (c *Client) GetWebhook(ctx context.Context, webhookID string) (*Webhook, error) {
-	var out Webhook
-	if err := c.do(ctx, "GET", "/webhooks/"+pathID(webhookID), nil, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[Webhook](ctx, c, "GET", "/webhooks/"+pathID(webhookID), nil, idempotent)
 }
 
 // ListWebhooks pages the workspace's subscriptions.
 func (c *Client) ListWebhooks(ctx context.Context, q ListQuery) (*GatePage[Webhook], error) {
-	var out GatePage[Webhook]
-	if err := c.do(ctx, "GET", withQuery("/webhooks", q.values()), nil, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[GatePage[Webhook]](ctx, c, "GET", withQuery("/webhooks", q.values()), nil, idempotent)
 }
 
 // DeleteWebhook removes a subscription; its pending deliveries end failed.
 // Deleting it again answers it again, so the call is retried.
 func (c *Client) DeleteWebhook(ctx context.Context, webhookID string) (*Webhook, error) {
-	var out Webhook
-	if err := c.do(ctx, "DELETE", "/webhooks/"+pathID(webhookID), nil, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[Webhook](ctx, c, "DELETE", "/webhooks/"+pathID(webhookID), nil, idempotent)
 }
 
 // ListWebhookDeliveries pages a subscription's deliveries: each one's state,
 // attempts and last status.
 func (c *Client) ListWebhookDeliveries(ctx context.Context, webhookID string, q ListQuery) (*GatePage[WebhookDelivery], error) {
-	var out GatePage[WebhookDelivery]
 	path := withQuery("/webhooks/"+pathID(webhookID)+"/deliveries", q.values())
-	if err := c.do(ctx, "GET", path, nil, &out, idempotent); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return call[GatePage[WebhookDelivery]](ctx, c, "GET", path, nil, idempotent)
 }
 
 // Event types a webhook subscribes to.
