@@ -244,18 +244,22 @@ func (s *Service) authenticate(ctx context.Context, secret string, count, useCac
 	now := s.now().UTC()
 	window := now.Truncate(time.Minute)
 
-	if p := s.cached(keyID, hash, now); useCache && p != nil {
-		if p.RateLimitPerMinute == nil || !count {
-			return p, nil
+	var hit *Principal
+	if useCache {
+		hit = s.cached(keyID, hash, now)
+	}
+	if hit != nil {
+		if hit.RateLimitPerMinute == nil || !count {
+			return hit, nil
 		}
-		ok, retry, err := s.limiter.Allow(ctx, "key:"+keyID, *p.RateLimitPerMinute, time.Minute)
+		ok, retry, err := s.limiter.Allow(ctx, "key:"+keyID, *hit.RateLimitPerMinute, time.Minute)
 		if err != nil {
 			return nil, err
 		}
 		if !ok {
 			return nil, apierr.RateLimited(retry)
 		}
-		return p, nil
+		return hit, nil
 	}
 
 	s.mu.Lock()

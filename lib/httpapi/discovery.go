@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -73,6 +74,18 @@ var Limits = map[string]int64{
 	"claim_wait_seconds_max":  20,
 	"retry_after_ms_min":      1000,
 	"retry_after_ms_max":      86_400_000,
+}
+
+var (
+	manifestOnce sync.Once
+	manifestDoc  Manifest
+)
+
+// manifest is the manifest, built once per instance as the OpenAPI
+// document is: it depends only on the code (its MCP tool schemas included).
+func manifest() Manifest {
+	manifestOnce.Do(func() { manifestDoc = NewManifest() })
+	return manifestDoc
 }
 
 // NewManifest builds the manifest from the route table.

@@ -83,7 +83,7 @@ func (s *Server) coreRoutes() []Route {
 		{
 			Method: "GET", Pattern: "/.well-known/ratchet.json", Name: "discovery.manifest", Tag: "discovery", Auth: AuthNone,
 			Summary: "Capability manifest: version, routes, decisions, scopes, limits.", Response: Manifest{}, Status: 200,
-			Handle: func(context.Context, *Call) (any, error) { return NewManifest(), nil },
+			Handle: func(context.Context, *Call) (any, error) { return manifest(), nil },
 		},
 		{
 			Method: "GET", Pattern: "/api/cron/sweep", Name: "cron.sweep", Tag: "operations", Auth: AuthCron,

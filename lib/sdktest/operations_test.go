@@ -76,9 +76,7 @@ func TestOperatorManagesAnEndpointThroughTheSDK(t *testing.T) {
 	require.Equal(t, 3, *limited.MaxConcurrent)
 	require.Equal(t, ep.Version+1, limited.Version)
 	_, err = b.operator.UpdateEndpointPolicy(ctx, ep.ID, ep.Version, ratchet.PolicyUpdate{"maxConcurrent": 4})
-	var apiErr *ratchet.Error
-	require.True(t, errors.As(err, &apiErr), "%v", err)
-	require.Equal(t, "version_conflict", apiErr.Code)
+	requireAPIError(t, err, "version_conflict")
 	lifted, err := b.operator.UpdateEndpointPolicy(ctx, ep.ID, limited.Version, ratchet.PolicyUpdate{"maxConcurrent": nil})
 	require.NoError(t, err)
 	require.Nil(t, lifted.MaxConcurrent, "nil clears")
@@ -88,9 +86,7 @@ func TestOperatorManagesAnEndpointThroughTheSDK(t *testing.T) {
 	require.True(t, paused.Paused)
 	_, err = b.producer.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "held"},
 		ratchet.EnqueueOptions{Name: "flaky", Version: "1", Endpoint: "fast"})
-	var finished *ratchet.Error
-	require.True(t, errors.As(err, &finished), "%v", err)
-	require.Equal(t, "invalid_state", finished.Code, "the run was finished")
+	requireAPIError(t, err, "invalid_state", "the run was finished")
 	held, err := b.producer.StartRun(ctx, "held")
 	require.NoError(t, err)
 	_, err = b.producer.Enqueue(ctx, held.ID, welcomeIn{CustomerID: "held"},
@@ -153,6 +149,16 @@ func TestCreateEndpointThroughTheSDK(t *testing.T) {
 	sameJSON(t, b, "/api/v1/endpoints/"+e.ID+"/policy", again)
 }
 
+// requireAPIError requires that err is the API's refusal with code, and
+// returns it.
+func requireAPIError(t *testing.T, err error, code string, msgAndArgs ...any) *ratchet.Error {
+	t.Helper()
+	var apiErr *ratchet.Error
+	require.True(t, errors.As(err, &apiErr), "%v", err)
+	require.Equal(t, code, apiErr.Code, msgAndArgs...)
+	return apiErr
+}
+
 // sameJSON requires that v, as the SDK decoded it, encodes to what the
 // server answers at path: every field the server sends has its field in the
 // SDK's type, under the same name.
@@ -213,9 +219,7 @@ func TestOperatorDecidesApprovalsThroughTheSDK(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, ratchet.DecisionDenied, d.Decision)
 	_, err = g.operator.Approve(ctx, no, "")
-	var apiErr *ratchet.Error
-	require.True(t, errors.As(err, &apiErr), "%v", err)
-	require.Equal(t, "invalid_state", apiErr.Code)
+	requireAPIError(t, err, "invalid_state")
 }
 
 // A contract published through the SDK whose answer is lost is published
@@ -259,9 +263,7 @@ func TestContractsAndToolTestsThroughTheSDK(t *testing.T) {
 	require.Equal(t, test.StepID, run.Steps[0].ID)
 
 	_, err = b.operator.TestTool(ctx, "welcome", "1", map[string]string{"other": "x"})
-	var apiErr *ratchet.Error
-	require.True(t, errors.As(err, &apiErr), "%v", err)
-	require.Equal(t, "invalid_request", apiErr.Code)
+	requireAPIError(t, err, "invalid_request")
 }
 
 // An operator sets an effect type's policy under its version and works its
@@ -284,9 +286,7 @@ func TestOperatorSetsGatePoliciesAndCircuitsThroughTheSDK(t *testing.T) {
 	require.Equal(t, int64(3), *p.DimensionLimits["recipient"].DailyCount)
 	sameJSON(t, g.bundle, "/api/v1/policies/sms.send", p)
 	_, err = g.operator.UpdateEffectPolicy(ctx, "sms.send", &def.Version, ratchet.PolicyUpdate{"mode": "allow"})
-	var apiErr *ratchet.Error
-	require.True(t, errors.As(err, &apiErr), "%v", err)
-	require.Equal(t, "version_conflict", apiErr.Code)
+	requireAPIError(t, err, "version_conflict")
 	p, err = g.operator.UpdateEffectPolicy(ctx, "sms.send", &p.Version,
 		ratchet.PolicyUpdate{"mode": "allow", "max_cost_micros": nil, "dimension_limits": nil})
 	require.NoError(t, err)
@@ -353,6 +353,15 @@ func TestKeysThroughTheSDK(t *testing.T) {
 	require.Equal(t, 1, mailers, "minted once")
 	sameJSON(t, b, "/api/v1/keys", keys)
 
+	// A caller whose retries ran out asks again under its own key and gets
+	// the same key and secret, shown only in that answer.
+	spec := ratchet.KeySpec{Name: "recoverable", Preset: "INGEST"}
+	kept, err := b.operator.CreateKeyWithKey(ctx, spec, "mint:recoverable")
+	require.NoError(t, err)
+	again, err := b.operator.CreateKeyWithKey(ctx, spec, "mint:recoverable")
+	require.NoError(t, err)
+	require.Equal(t, kept, again)
+
 	// An empty tools list is sent as such: a worker key for no tool, not
 	// one for any tool.
 	none, err := b.operator.CreateKey(ctx, ratchet.KeySpec{Name: "idle", Scopes: []string{"jobs:work"}, Tools: []string{}})
@@ -367,7 +376,5 @@ func TestKeysThroughTheSDK(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, revoked.RevokedAt)
 	_, err = b.client(t, k.Secret, nil).RegisterWorker(ctx, []ratchet.ToolRef{{Name: "send", Version: "1"}})
-	var apiErr *ratchet.Error
-	require.True(t, errors.As(err, &apiErr), "%v", err)
-	require.Equal(t, http.StatusUnauthorized, apiErr.StatusCode)
+	require.Equal(t, http.StatusUnauthorized, requireAPIError(t, err, "unauthorized").StatusCode)
 }

@@ -137,6 +137,16 @@ func TestWebhooksThroughTheSDK(t *testing.T) {
 	list, err = b.operator.ListWebhooks(ctx, ratchet.ListQuery{})
 	require.NoError(t, err)
 	require.Empty(t, list.Data)
+
+	// Under the caller's own key, asking again recovers the same
+	// subscription and secret.
+	kept, err := b.operator.CreateWebhookWithKey(ctx, recv.URL, []string{ratchet.EventRunFinished}, "hook:recoverable")
+	require.NoError(t, err)
+	again, err := b.operator.CreateWebhookWithKey(ctx, recv.URL, []string{ratchet.EventRunFinished}, "hook:recoverable")
+	require.NoError(t, err)
+	require.Equal(t, kept, again)
+	_, err = b.operator.DeleteWebhook(ctx, kept.ID)
+	require.NoError(t, err)
 }
 
 // WebhookHandler answers each delivery as the server's retries need: 204

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net/url"
-	"strconv"
 	"time"
 )
 
@@ -223,15 +221,9 @@ type StepPage struct {
 // (GET /api/v1/runs/{id}/steps): every step of a run, however many, where
 // GetRun holds the first 1000.
 func (c *Client) ListRunSteps(ctx context.Context, runID string, q StepQuery) (*StepPage, error) {
-	v := url.Values{}
+	v := ListQuery{Limit: q.Limit, Cursor: q.Cursor}.values()
 	if q.Status != "" {
 		v.Set("status", q.Status)
-	}
-	if q.Limit > 0 {
-		v.Set("limit", strconv.Itoa(q.Limit))
-	}
-	if q.Cursor != "" {
-		v.Set("cursor", q.Cursor)
 	}
 	var out StepPage
 	if err := c.do(ctx, "GET", withQuery("/runs/"+pathID(runID)+"/steps", v), nil, &out, idempotent); err != nil {

@@ -2,8 +2,6 @@ package ratchet
 
 import (
 	"context"
-	"net/url"
-	"strconv"
 	"time"
 )
 
@@ -52,18 +50,12 @@ type EffectPage struct {
 // ListEffects lists effects newest first (GET /api/v1/effects), results as
 // redacted previews only: say, every indeterminate one to verify.
 func (c *Client) ListEffects(ctx context.Context, q EffectQuery) (*EffectPage, error) {
-	v := url.Values{}
+	v := ListQuery{Limit: q.Limit, Cursor: q.Cursor}.values()
 	if q.State != "" {
 		v.Set("state", q.State)
 	}
 	if q.EffectType != "" {
 		v.Set("effect_type", q.EffectType)
-	}
-	if q.Limit > 0 {
-		v.Set("limit", strconv.Itoa(q.Limit))
-	}
-	if q.Cursor != "" {
-		v.Set("cursor", q.Cursor)
 	}
 	var out EffectPage
 	if err := c.do(ctx, "GET", withQuery("/effects", v), nil, &out, idempotent); err != nil {
