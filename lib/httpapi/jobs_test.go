@@ -400,7 +400,9 @@ func TestAKeyedClaimOverHTTP(t *testing.T) {
 }
 
 // A producer key revoked on one instance enqueues nothing on another whose
-// cache still holds it (KEY_CACHE_TTL): 401, and no step is added.
+// cache still holds it (KEY_CACHE_TTL): 401, and nothing changes: no step
+// is added, and the step it named as its dependency is not marked as
+// having dependents.
 func TestARevokedKeyEnqueuesNothingOnAnotherInstance(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t, "send_email@1")
@@ -408,7 +410,7 @@ func TestARevokedKeyEnqueuesNothingOnAnotherInstance(t *testing.T) {
 	runID := e.run()
 	steps := "/api/v1/runs/" + runID + "/steps"
 	step := map[string]any{"name": "send_email", "version": "1"}
-	other.Must(http.StatusCreated, "POST", steps, e.ingest, step) // cached there now
+	first := other.Must(http.StatusCreated, "POST", steps, e.ingest, step).JSON()["stepId"].(string) // cached there now
 	id := e.Must(http.StatusOK, "GET", "/api/v1/keys", e.ws.Key, nil).JSON()
 	var producer string
 	for _, k := range id["data"].([]any) {
@@ -419,11 +421,16 @@ func TestARevokedKeyEnqueuesNothingOnAnotherInstance(t *testing.T) {
 	require.NotEmpty(t, producer)
 	e.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+producer, e.ws.Key, nil)
 
-	r := other.Do("POST", steps, e.ingest, map[string]any{"name": "send_email", "version": "1", "idempotencyKey": "after"})
+	r := other.Do("POST", steps, e.ingest, map[string]any{"name": "send_email", "version": "1", "idempotencyKey": "after",
+		"afterStepId": first, "afterStatus": "SUCCEEDED"})
 	require.Equal(t, http.StatusUnauthorized, r.Status, "%s", r.Body)
 	require.Equal(t, "unauthorized", r.ErrorCode())
 	list := e.Must(http.StatusOK, "GET", steps, e.ws.Key, nil).JSON()
 	require.Len(t, list["data"], 1, "only the step enqueued before the revocation")
+	var hasDependents bool
+	require.NoError(t, e.App.Pool.QueryRow(context.Background(),
+		`SELECT has_dependents FROM jobs WHERE step_id = $1`, first).Scan(&hasDependents))
+	require.False(t, hasDependents, "the refused enqueue marked its dependency")
 }
 
 // The other calls that queue a job to run, a tool test and a replay, queue

@@ -800,9 +800,6 @@ func (s *Service) enqueue(ctx context.Context, q db.Querier, workspaceID string,
 			op.afterStepID, op.afterStatus, contract, checked, op.maxAttempts, op.timeoutMs, jobID, stepID, sealed,
 			preview, now, notBefore, keyedKey, keyedHash, keyID).Scan(&outcome, &step, &job, &status, &due, &stored, &cv,
 			&taken)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return EnqueueResult{}, auth.ErrRevokedKey() // revoked since this instance cached it
-		}
 		if err != nil {
 			return EnqueueResult{}, fmt.Errorf("enqueue: %w", err)
 		}
@@ -822,6 +819,8 @@ func (s *Service) enqueue(ctx context.Context, q db.Querier, workspaceID string,
 				contractVersion: int64Ptr(cv)}, nil
 		case "existing":
 			return dedupe(op.key, hash, *step, *job, *status, due, stored)
+		case "revoked":
+			return EnqueueResult{}, auth.ErrRevokedKey() // revoked since this instance cached it
 		case "not_found":
 			return EnqueueResult{}, apierr.NotFound("run")
 		case "ended":

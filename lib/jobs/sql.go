@@ -1,9 +1,6 @@
 package jobs
 
-import (
-	"github.com/getratchet/ratchet/lib/auth"
-	"github.com/getratchet/ratchet/lib/money"
-)
+import "github.com/getratchet/ratchet/lib/money"
 
 // Every statement of the package. Parameters are cast explicitly because the
 // pool runs in QueryExecModeExec (types come from Go values, not from a
@@ -256,19 +253,16 @@ const sqlEndpointExists = `SELECT EXISTS (SELECT 1 FROM job_endpoints WHERE work
 //	$18 now  $19 not before (a delayed step's due time; NULL: due now,
 //	migration 0027)  $20 and $21 a generated key's keyed form and its
 //	request hash (NULL for a key the producer named; migration 0031: $3 and
-//	$4 are then the plain form, which runs from before 0031 keep)
+//	$4 are then the plain form, which runs from before 0031 keep)  $22 the
+//	calling key (NULL for the service's own calls; migration 0044)
 //
 // It answers outcome, step_id, job_id, status, due_at, request_hash,
-// contract_version and key_taken (the key the step has or gets).
-//
-// With a key ($22), the function runs only while the key is not revoked:
-// the condition names no column of the function, so it is a one-time
-// filter evaluated before the function is called, and no row comes back
-// once the revocation committed (the function always answers one).
-var sqlEnqueue = `SELECT * FROM jobs_enqueue($1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text,
+// contract_version and key_taken (the key the step has or gets). Outcome
+// 'revoked' says the calling key was revoked once the revocation committed,
+// whatever this instance's key cache holds; the call then changed nothing.
+const sqlEnqueue = `SELECT * FROM jobs_enqueue($1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text,
     $7::text, $8::text, $9::text, $10::int, $11::bool, $12::int, $13::bigint, $14::text, $15::text, $16::bytea,
-    $17::jsonb, $18::timestamptz, $19::timestamptz, $20::text, $21::bytea)
-WHERE $22::text IS NULL OR ` + auth.LiveKeySQL("$22::text")
+    $17::jsonb, $18::timestamptz, $19::timestamptz, $20::text, $21::bytea, $22::text)`
 
 // Run completion uses two transaction-scoped advisory locks per run. Finish
 // takes the run key exclusively; every transaction that ends a step holds it
