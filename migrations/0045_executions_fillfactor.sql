@@ -1,0 +1,13 @@
+-- job_executions keeps half of each page free, for the report that
+-- rewrites each row inserted there (benchmark run R). A claim inserts its
+-- jobs' executions onto consecutive pages, and their reports, a batch at a
+-- time, rewrite them a moment later, larger (outcome, times, error): on
+-- full pages the new versions went to other pages, so nearly every report
+-- (96 %) wrote every index entry of its execution again (the key, the
+-- claim's, the endpoint's) and left the old ones behind for vacuum. With
+-- room on the page the update is HOT (93 % in the benchmark's work figure):
+-- no index is touched, and the page's next reader prunes the old version.
+-- Measured over four alternating pairs of that figure: 16 % more jobs
+-- worked per second (medians), the table 63 % larger. Only pages written
+-- from now on keep the room; the lock taken does not block reads or writes.
+ALTER TABLE job_executions SET (fillfactor = 50);
