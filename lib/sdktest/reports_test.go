@@ -152,6 +152,12 @@ func TestWorkerKeepsAReportTheServerAsksToRetryMuchLater(t *testing.T) {
 	require.Error(t, stopErr)
 	require.Contains(t, stopErr.Error(), "1 report(s) were not recorded")
 	require.Less(t, time.Since(began), 15*time.Second, "Stop outlived its deadline and grace")
+	// OnError runs on a goroutine of its own, so the check before Stop could
+	// pass with a give-up still queued. Stop delivers every call queued before
+	// it returns, its own give-up of the held report included: exactly that
+	// one may be there now.
+	t.Logf("OnError after Stop: %v", e.reportErrors())
+	require.Len(t, e.reportErrors(), 1, "a report was given up before Stop although the server asked only to wait")
 }
 
 // A report the server refuses for good, for a reason that does not settle
