@@ -106,8 +106,9 @@ func (s *Server) jobsRoutes() []Route {
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/jobs/{id}/heartbeat", Name: "jobs.heartbeat", Tag: "workers", Scopes: work,
-			Summary: "Extend the lease by the job's timeout plus the grace; returns cancelRequested. A key " +
-				"restricted to tools may heartbeat only their jobs (403).",
+			Summary: "Extend the lease by the job's timeout plus the grace; returns cancelRequested. A cancelled " +
+				"attempt's lease is not extended (the answer carries it unchanged, with cancelRequested true): its " +
+				"worker should stop. A key restricted to tools may heartbeat only their jobs (403).",
 			Request: jobs.HeartbeatRequest{}, Response: jobs.HeartbeatResult{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeLeaseLost,
 				apierr.CodeInvalidState},

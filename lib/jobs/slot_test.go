@@ -83,6 +83,31 @@ func TestCancelledAttemptHoldsItsSlotUntilReported(t *testing.T) {
 // Its worker gone, the cancelled attempt's slot is freed by the sweeper once
 // its lease expires, and its execution fails with the lapse warning. Not
 // parallel: the sweep is global and the clock moves past other tests' leases.
+// A heartbeat of a cancelled attempt tells its worker to stop and does not
+// extend its lease (QA asked whether that was meant): were it extended, a
+// worker that kept heartbeating after the cancel would hold its endpoint's
+// slot for as long as it liked. Its answer is the lease it holds, in UTC as
+// every lease the API answers.
+func TestACancelledAttemptsHeartbeatDoesNotExtendItsLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	held, _, _, _ := b.cancelledHolder(t)
+
+	b.clock.Add(3 * time.Second)
+	hb, err := b.svc.Heartbeat(ctx, b.worker, held.JobID, jobs.HeartbeatRequest{LeaseToken: held.LeaseToken})
+	require.NoError(t, err)
+	require.True(t, hb.CancelRequested)
+	require.NotNil(t, hb.LeaseExpiresAt)
+	require.True(t, hb.LeaseExpiresAt.Equal(held.LeaseExpiresAt), "the lease the claim gave, not now plus its length: %s, claimed %s",
+		hb.LeaseExpiresAt, held.LeaseExpiresAt)
+	require.Equal(t, time.UTC, hb.LeaseExpiresAt.Location())
+
+	// The job's own lease is unchanged too: the sweeper frees the slot at it.
+	var lease time.Time
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT lease_expires_at FROM jobs WHERE id = $1`, held.JobID).Scan(&lease))
+	require.True(t, lease.Equal(held.LeaseExpiresAt))
+}
+
 func TestCancelledAttemptSlotFreedWhenItsLeaseExpires(t *testing.T) {
 	b := setup(t)
 	held, _, next, wid := b.cancelledHolder(t)

@@ -290,7 +290,8 @@ type HeartbeatResult struct {
 	CancelRequested bool       `json:"cancelRequested"`
 }
 
-// Heartbeat extends the current lease by the job's timeout plus the grace.
+// Heartbeat extends the current lease by the job's timeout plus the grace
+// (not a cancelled attempt's: see below).
 // A key restricted to some tools may heartbeat only their jobs.
 func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string, req HeartbeatRequest) (HeartbeatResult, error) {
 	if req.LeaseToken == "" {
@@ -321,7 +322,11 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 	case !current:
 		return out, errLeaseLost()
 	case status == StatusCancelled && unreported:
-		return out, nil // the worker should stop; cancelRequested is true
+		// The worker should stop (cancelRequested is true). Its lease is
+		// not extended: a worker heartbeating on after the cancel would
+		// otherwise hold its endpoint's slot for as long as it liked.
+		out.LeaseExpiresAt = utc(out.LeaseExpiresAt)
+		return out, nil
 	case status == StatusCancelled:
 		// QA: an attempt reported before the cancel got its lease back.
 		return out, apierr.InvalidState("This attempt already ended; the job is %s.", status)

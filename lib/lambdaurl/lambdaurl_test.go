@@ -3,6 +3,7 @@ package lambdaurl
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"io"
 	"net/http"
 	"testing"
@@ -46,6 +47,33 @@ func TestHandlerRejectsBadBase64(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusBadRequest, res.StatusCode)
 	require.True(t, ids.Valid(ids.Request, res.Headers["X-Request-Id"]), "every response carries a request id")
+}
+
+// A path with a bad percent escape cannot become a request; it is answered
+// in the envelope with a request id, the handler never called (the local
+// server's Go HTTP server answers it in plain text: README).
+func TestHandlerAnswersABadPathEscapeInTheEnvelope(t *testing.T) {
+	t.Parallel()
+	h := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("the handler was called") })
+	ev := events.LambdaFunctionURLRequest{RawPath: "/api/v1/effects/eff_%ZZ/report", Body: "{}"}
+	ev.RequestContext.HTTP.Method = "POST"
+	res, err := Handler(h)(context.Background(), ev)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusBadRequest, res.StatusCode)
+	require.JSONEq(t, `"invalid_request"`, mustField(t, res.Body, "code"))
+	require.True(t, ids.Valid(ids.Request, res.Headers["X-Request-Id"]))
+}
+
+// mustField answers the error envelope's field name, as JSON.
+func mustField(t *testing.T, body, name string) string {
+	t.Helper()
+	var env struct {
+		Error map[string]json.RawMessage `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &env), body)
+	v, ok := env.Error[name]
+	require.True(t, ok, body)
+	return string(v)
 }
 
 // A HEAD answer has no body, as a server would send it.
