@@ -45,7 +45,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*App, error) {
 	}
 	now := opts.Now
 	if now == nil {
-		now = time.Now
+		now = utcNow
 	}
 	if cfg.AutoMigrate {
 		if _, err := db.MigrateURL(ctx, cfg.MigrationURL(), migrations.FS); err != nil {
@@ -83,6 +83,12 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*App, error) {
 	}
 	return &App{Config: cfg, Pool: pool, Server: httpapi.New(deps), Sweeper: sweeper, Logger: logger}, nil
 }
+
+// utcNow is the default clock. It reads UTC, as API.md answers every
+// timestamp: the process's local zone would otherwise show in what a
+// request stamps with its clock (the database's times scan in UTC too,
+// db.Open).
+func utcNow() time.Time { return time.Now().UTC() }
 
 // Close releases the pool.
 func (a *App) Close() { a.Pool.Close() }

@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -61,4 +62,11 @@ func TestRetentionTasksFollowTheirSettings(t *testing.T) {
 	require.NotContains(t, none, "jobs.retention")
 	require.NotContains(t, none, "events.retention")
 	require.Len(t, none, len(all)-2)
+}
+
+// The default clock reads UTC, as API.md answers every timestamp: what a
+// request stamps with it would otherwise carry the host's zone.
+func TestTheDefaultClockReadsUTC(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, time.UTC, app.UTCNow().Location())
 }

@@ -8,3 +8,6 @@ func ForgetFailedStart() {
 	defer defaultMu.Unlock()
 	defaultFailedAt = time.Time{}
 }
+
+// UTCNow is the default clock.
+var UTCNow = utcNow

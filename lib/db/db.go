@@ -22,6 +22,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/getratchet/ratchet/lib/config"
@@ -64,7 +65,20 @@ func Open(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
 		pc.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(cfg.DBStatementTimeout.Milliseconds(), 10)
 	}
 	pc.ConnConfig.RuntimeParams["timezone"] = "UTC"
+	pc.AfterConnect = scanTimesInUTC
 	return pgxpool.NewWithConfig(ctx, pc)
+}
+
+// scanTimesInUTC makes the connection scan timestamptz values in UTC. pgx
+// scans them in the process's local zone, and API.md wants every timestamp
+// answered in UTC: on a host whose zone is not UTC (a laptop running
+// scripts/dev) answers carried "-05:00" (QA). The session's TimeZone above
+// is the server side's (date arithmetic, to_char); this is the client's.
+// Registering a type changes only the connection's own map; no round trip.
+func scanTimesInUTC(_ context.Context, conn *pgx.Conn) error {
+	conn.TypeMap().RegisterType(&pgtype.Type{Name: "timestamptz", OID: pgtype.TimestamptzOID,
+		Codec: &pgtype.TimestamptzCodec{ScanLocation: time.UTC}})
+	return nil
 }
 
 func execMode(s string) pgx.QueryExecMode {

@@ -52,3 +52,31 @@ func TestAnEndedContextCancelsTheStatementOnTheServer(t *testing.T) {
 		return err == nil && running == 0
 	}, 5*time.Second, 50*time.Millisecond)
 }
+
+// Every timestamptz a pool scans is in UTC, in every exec mode (simple
+// protocol reads text, the others binary): pgx would scan it in the
+// process's local zone, and on a host whose zone is not UTC the API
+// answered "-05:00" timestamps where API.md promises UTC (QA). Location is
+// compared, not the rendering, so the test fails on a UTC host too
+// (time.Local is not time.UTC even there).
+func TestTimestampsScanInUTCWhateverTheHostsZone(t *testing.T) {
+	t.Parallel()
+	url := apitest.DatabaseURL(t)
+	for _, mode := range []string{"exec", "simple_protocol", "cache_statement", "cache_describe", "describe_exec"} {
+		t.Run(mode, func(t *testing.T) {
+			pool, err := db.Open(context.Background(), &config.Config{DatabaseURL: url, DBMaxConns: 1,
+				DBMaxConnIdleTime: time.Minute, DBConnectTimeout: 5 * time.Second, DBQueryExecMode: mode})
+			require.NoError(t, err)
+			defer pool.Close()
+			var now time.Time
+			var given, null *time.Time
+			in := time.Date(2026, 12, 3, 0, 34, 36, 0, time.FixedZone("EST", -5*3600))
+			require.NoError(t, pool.QueryRow(context.Background(), `SELECT now(), $1::timestamptz, NULL::timestamptz`, in).
+				Scan(&now, &given, &null))
+			require.Equal(t, time.UTC, now.Location())
+			require.Equal(t, time.UTC, given.Location())
+			require.True(t, given.Equal(in), "the same instant: %s", given)
+			require.Nil(t, null)
+		})
+	}
+}
