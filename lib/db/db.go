@@ -56,7 +56,7 @@ func Open(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
 		pc.ConnConfig.RuntimeParams = map[string]string{}
 	}
 	// Startup parameters, not SET: they cost no round trip. PgBouncer
-	// forwards application_name and TimeZone and refuses any other startup
+	// forwards application_name, TimeZone and DateStyle and refuses any other startup
 	// parameter (unless told to ignore it, and then drops it), so
 	// statement_timeout is sent only when DB_STATEMENT_TIMEOUT asks for it,
 	// for a direct connection; behind a pooler set it on the role instead.
@@ -65,6 +65,11 @@ func Open(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
 		pc.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(cfg.DBStatementTimeout.Milliseconds(), 10)
 	}
 	pc.ConnConfig.RuntimeParams["timezone"] = "UTC"
+	// pgx reads dates and times in ISO output only: a database or role
+	// set to another DateStyle ('SQL, DMY', a legacy default) failed every
+	// statement that answers a time, in every exec mode (QA). PgBouncer
+	// forwards DateStyle as it does TimeZone.
+	pc.ConnConfig.RuntimeParams["datestyle"] = "ISO, MDY"
 	pc.AfterConnect = scanTimesInUTC
 	return pgxpool.NewWithConfig(ctx, pc)
 }

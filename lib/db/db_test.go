@@ -2,6 +2,7 @@ package db_test
 
 import (
 	"context"
+	neturl "net/url"
 	"testing"
 	"time"
 
@@ -77,6 +78,26 @@ func TestTimestampsScanInUTCWhateverTheHostsZone(t *testing.T) {
 			require.Equal(t, time.UTC, given.Location())
 			require.True(t, given.Equal(in), "the same instant: %s", given)
 			require.Nil(t, null)
+		})
+	}
+}
+
+// A database or role whose DateStyle is not ISO ('SQL, DMY' below, set as
+// the connection's options, which rank as a role's setting would under the
+// startup parameters) still reads its times: pgx parses ISO output only,
+// and every statement answering a time failed, in every exec mode (QA).
+func TestTimesReadWhateverTheDatabasesDateStyle(t *testing.T) {
+	t.Parallel()
+	url := apitest.DatabaseURL(t) + "&options=" + neturl.QueryEscape("-c DateStyle=SQL,DMY")
+	for _, mode := range []string{"exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			pool, err := db.Open(context.Background(), &config.Config{DatabaseURL: url, DBMaxConns: 1,
+				DBMaxConnIdleTime: time.Minute, DBConnectTimeout: 5 * time.Second, DBQueryExecMode: mode})
+			require.NoError(t, err)
+			defer pool.Close()
+			var at time.Time
+			require.NoError(t, pool.QueryRow(context.Background(), `SELECT '2026-12-03 05:49:01.5+00'::timestamptz`).Scan(&at))
+			require.True(t, at.Equal(time.Date(2026, 12, 3, 5, 49, 1, 500_000_000, time.UTC)), "read %s", at)
 		})
 	}
 }
