@@ -2,7 +2,6 @@ package db_test
 
 import (
 	"context"
-	neturl "net/url"
 	"testing"
 	"time"
 
@@ -88,7 +87,7 @@ func TestTimestampsScanInUTCWhateverTheHostsZone(t *testing.T) {
 // and every statement answering a time failed, in every exec mode (QA).
 func TestTimesReadWhateverTheDatabasesDateStyle(t *testing.T) {
 	t.Parallel()
-	url := apitest.DatabaseURL(t) + "&options=" + neturl.QueryEscape("-c DateStyle=SQL,DMY")
+	url := apitest.DatabaseURL(t) + "&options=-c%20DateStyle%3DSQL%2CDMY"
 	for _, mode := range []string{"exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
 			pool, err := db.Open(context.Background(), &config.Config{DatabaseURL: url, DBMaxConns: 1,
