@@ -151,6 +151,10 @@ func (d *drainingPipes) admit(line []byte) {
 		d.refuse(nil, jsonrpc.CodeInvalidRequest, "Invalid Request: JSON-RPC batches are not supported")
 		return
 	}
+	if !mcpserver.IDsAnswerable(line) {
+		d.refuseWithID(nil, jsonrpc.CodeInvalidRequest, mcpserver.BadIDMessage)
+		return
+	}
 	msg, err := jsonrpc.DecodeMessage(line)
 	if err != nil {
 		d.refuse(line, jsonrpc.CodeInvalidRequest, "Invalid Request: not a JSON-RPC 2.0 message")

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
 func TestMain(m *testing.M) {
@@ -101,6 +103,11 @@ func TestLinesAreAdmittedOrRefused(t *testing.T) {
 		{`[{"jsonrpc":"2.0","id":1,"method":"ping"}]`, nil,
 			`{"error":{"code":-32600,"message":"Invalid Request: JSON-RPC batches are not supported"},"id":null,"jsonrpc":"2.0"}`},
 		{`[]`, nil, `{"error":{"code":-32600,"message":"Invalid Request: JSON-RPC batches are not supported"},"id":null,"jsonrpc":"2.0"}`},
+		// The SDK read 7.5 as the 7 still in progress and never answered it (MCP QA).
+		{`{"jsonrpc":"2.0","id":7.5,"method":"ping"}`, nil,
+			`{"error":{"code":-32600,"message":"` + mcpserver.BadIDMessage + `"},"id":null,"jsonrpc":"2.0"}`},
+		{`{"jsonrpc":"2.0","id":12345678901234567890,"method":"ping"}`, nil,
+			`{"error":{"code":-32600,"message":"` + mcpserver.BadIDMessage + `"},"id":null,"jsonrpc":"2.0"}`},
 	} {
 		var out bytes.Buffer
 		d := newTestPipes(&out)

@@ -49,6 +49,11 @@ func (s *Server) mcpRoutes() []Route {
 			}
 			return
 		}
+		if !mcpserver.IDsAnswerable(body) {
+			writeJSON(w, http.StatusBadRequest, map[string]any{"jsonrpc": "2.0", "id": nil,
+				"error": map[string]any{"code": jsonrpc.CodeInvalidRequest, "message": mcpserver.BadIDMessage}})
+			return
+		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		s.mcp.once.Do(func() {
 			s.mcp.handler = mcpserver.Handler(mcpserver.New(mcpserver.HandlerCaller{Handler: s}, ""))

@@ -44,6 +44,11 @@ func TestTransportRefusalsAreJSON(t *testing.T) {
 		{`not json`, -32700, nil},
 		{`{"jsonrpc":"1.0","id":1,"method":"tools/list"}`, -32600, 1.0},
 		{`{"jsonrpc":"2.0","id":"m7","method":"nope/nope"}`, -32601, "m7"},
+		// Ids the answer could not carry back unchanged (MCP QA: answered
+		// as -9223372036854775808 and 1).
+		{`{"jsonrpc":"2.0","id":12345678901234567890,"method":"ping"}`, -32600, nil},
+		{`{"jsonrpc":"2.0","id":1.5,"method":"ping"}`, -32600, nil},
+		{`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2.5,"method":"ping"}]`, -32600, nil},
 	} {
 		status, out := post("application/json", []byte(c.body))
 		require.Equal(t, http.StatusBadRequest, status, c.body)
@@ -63,6 +68,9 @@ func TestTransportRefusalsAreJSON(t *testing.T) {
 	status, out = post("application/json", []byte(`{"jsonrpc":"2.0","id":2,"method":"ping"}`))
 	require.Equal(t, http.StatusOK, status, "%v", out)
 	require.EqualValues(t, 2, out["id"])
+	status, out = post("application/json", []byte(`{"jsonrpc":"2.0","id":9007199254740991,"method":"ping"}`))
+	require.Equal(t, http.StatusOK, status, "%v", out)
+	require.EqualValues(t, 9007199254740991, out["id"], "the largest id answered exactly")
 }
 
 // A JSON-RPC error names what is wrong, never the value sent: the

@@ -1,0 +1,92 @@
+package mcpserver
+
+import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+	"strings"
+)
+
+// BadIDMessage is the message of the Invalid Request error that refuses a
+// message whose id could not be answered exactly (IDsAnswerable).
+const BadIDMessage = "Invalid Request: id must be a string or an integer from -(2^53 - 1) to 2^53 - 1"
+
+// maxExactID is the largest integer every JSON reader, the SDK's included
+// (it reads ids as float64), holds exactly.
+const maxExactID = 1<<53 - 1
+
+var maxExactIDDigits = strconv.Itoa(maxExactID)
+
+// IDsAnswerable reports whether every message in body (one message or a
+// batch) has an id its answer can carry back exactly: none, a string, or
+// an integer within ±(2^53 - 1), however spelt. The SDK reads numeric ids as float64
+// and answered 12345678901234567890 as -9223372036854775808 and 1.5 as 1 (MCP
+// QA), so a client could not match the answer, or, over stdio, a 7.5 was
+// taken for the 7 still in progress and never answered. JSON-RPC wants the
+// id returned unchanged and MCP's ids are strings or integers: such a
+// message is refused instead. A body that is not JSON is for the caller's
+// own parse error to answer.
+func IDsAnswerable(body []byte) bool {
+	body = bytes.TrimSpace(body)
+	if len(body) > 0 && body[0] == '[' {
+		var batch []json.RawMessage
+		if json.Unmarshal(body, &batch) != nil {
+			return true
+		}
+		for _, m := range batch {
+			if !idAnswerable(m) {
+				return false
+			}
+		}
+		return true
+	}
+	return idAnswerable(body)
+}
+
+func idAnswerable(message []byte) bool {
+	var probe struct {
+		ID json.RawMessage `json:"id"`
+	}
+	if json.Unmarshal(message, &probe) != nil || len(probe.ID) == 0 {
+		return true // not an object, or no id: not this check's to refuse
+	}
+	c := probe.ID[0]
+	if c != '-' && (c < '0' || c > '9') {
+		return true // a string, null or another type: the SDK refuses what it must
+	}
+	return exactInteger(string(probe.ID))
+}
+
+// exactInteger reports whether the JSON number literal n is an integer
+// within ±(2^53 - 1), however it is spelt (1.0 and 10e-1 are 1, which the
+// SDK answers as 1: the same value). It reads the literal's digits rather
+// than parsing it, so that neither a long one nor a huge exponent costs
+// more than its length.
+func exactInteger(n string) bool {
+	n = strings.TrimPrefix(n, "-")
+	mantissa, exponent, _ := strings.Cut(strings.ToLower(n), "e")
+	whole, fraction, _ := strings.Cut(mantissa, ".")
+	shift := 0
+	if exponent != "" {
+		e, err := strconv.Atoi(strings.TrimPrefix(exponent, "+"))
+		if err != nil || e > 1000 || e < -1000 {
+			return strings.Trim(whole+fraction, "0") == "" // zero, whatever its exponent
+		}
+		shift = e
+	}
+	digits := whole + fraction
+	shift -= len(fraction)
+	trimmed := strings.TrimRight(digits, "0")
+	shift += len(digits) - len(trimmed)
+	trimmed = strings.TrimLeft(trimmed, "0")
+	switch {
+	case trimmed == "":
+		return true // zero
+	case shift < 0:
+		return false // a fraction
+	case len(trimmed)+shift > len(maxExactIDDigits):
+		return false
+	}
+	v, err := strconv.ParseInt(trimmed+strings.Repeat("0", shift), 10, 64)
+	return err == nil && v <= maxExactID
+}

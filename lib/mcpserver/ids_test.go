@@ -1,0 +1,40 @@
+package mcpserver_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/mcpserver"
+)
+
+func TestIDsAnswerable(t *testing.T) {
+	t.Parallel()
+	for body, want := range map[string]bool{
+		`{"jsonrpc":"2.0","id":1,"method":"ping"}`:                                              true,
+		`{"jsonrpc":"2.0","id":"12345678901234567890","method":"ping"}`:                         true,
+		`{"jsonrpc":"2.0","method":"notifications/initialized"}`:                                true,
+		`{"jsonrpc":"2.0","id":null,"method":"ping"}`:                                           true, // the SDK's to refuse
+		`{"jsonrpc":"2.0","id":9007199254740991,"method":"ping"}`:                               true,
+		`{"jsonrpc":"2.0","id":-9007199254740991,"method":"ping"}`:                              true,
+		`{"jsonrpc":"2.0","id":9007199254740992,"method":"ping"}`:                               false,
+		`{"jsonrpc":"2.0","id":12345678901234567890,"method":"ping"}`:                           false,
+		`{"jsonrpc":"2.0","id":1.5,"method":"ping"}`:                                            false,
+		`{"jsonrpc":"2.0","id":1e2,"method":"ping"}`:                                            true, // 100, as the SDK answers it
+		`{"jsonrpc":"2.0","id":7.0,"method":"ping"}`:                                            true,
+		`{"jsonrpc":"2.0","id":10e-1,"method":"ping"}`:                                          true,
+		`{"jsonrpc":"2.0","id":-0,"method":"ping"}`:                                             true,
+		`{"jsonrpc":"2.0","id":0e999999999999,"method":"ping"}`:                                 true,
+		`{"jsonrpc":"2.0","id":1e999999999999,"method":"ping"}`:                                 false,
+		`{"jsonrpc":"2.0","id":1e-999999999999,"method":"ping"}`:                                false,
+		`{"jsonrpc":"2.0","id":90071992547409.91e2,"method":"ping"}`:                            true,
+		`{"jsonrpc":"2.0","id":90071992547409.92e2,"method":"ping"}`:                            false,
+		`{"jsonrpc":"2.0","id":7.25e1,"method":"ping"}`:                                         false,
+		`{"jsonrpc":"2.0","id":0.5,"method":"ping"}`:                                            false,
+		`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2,"method":"ping"}]`:   true,
+		`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2.5,"method":"ping"}]`: false,
+		`not json`: true, // the caller's parse error
+	} {
+		require.Equal(t, want, mcpserver.IDsAnswerable([]byte(body)), body)
+	}
+}
