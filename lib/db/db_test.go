@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
@@ -53,6 +54,17 @@ func TestAnEndedContextCancelsTheStatementOnTheServer(t *testing.T) {
 	}, 5*time.Second, 50*time.Millisecond)
 }
 
+// openOne opens a pool of one connection over url in exec mode mode,
+// closed when the test ends.
+func openOne(t *testing.T, url, mode string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := db.Open(context.Background(), &config.Config{DatabaseURL: url, DBMaxConns: 1,
+		DBMaxConnIdleTime: time.Minute, DBConnectTimeout: 5 * time.Second, DBQueryExecMode: mode})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // Every timestamptz a pool scans is in UTC, in every exec mode (simple
 // protocol reads text, the others binary): pgx would scan it in the
 // process's local zone, and on a host whose zone is not UTC the API
@@ -64,10 +76,7 @@ func TestTimestampsScanInUTCWhateverTheHostsZone(t *testing.T) {
 	url := apitest.DatabaseURL(t)
 	for _, mode := range []string{"exec", "simple_protocol", "cache_statement", "cache_describe", "describe_exec"} {
 		t.Run(mode, func(t *testing.T) {
-			pool, err := db.Open(context.Background(), &config.Config{DatabaseURL: url, DBMaxConns: 1,
-				DBMaxConnIdleTime: time.Minute, DBConnectTimeout: 5 * time.Second, DBQueryExecMode: mode})
-			require.NoError(t, err)
-			defer pool.Close()
+			pool := openOne(t, url, mode)
 			var now time.Time
 			var given, null *time.Time
 			in := time.Date(2026, 12, 3, 0, 34, 36, 0, time.FixedZone("EST", -5*3600))
@@ -90,10 +99,7 @@ func TestTimesReadWhateverTheDatabasesDateStyle(t *testing.T) {
 	url := apitest.DatabaseURL(t) + "&options=-c%20DateStyle%3DSQL%2CDMY"
 	for _, mode := range []string{"exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
-			pool, err := db.Open(context.Background(), &config.Config{DatabaseURL: url, DBMaxConns: 1,
-				DBMaxConnIdleTime: time.Minute, DBConnectTimeout: 5 * time.Second, DBQueryExecMode: mode})
-			require.NoError(t, err)
-			defer pool.Close()
+			pool := openOne(t, url, mode)
 			var at time.Time
 			require.NoError(t, pool.QueryRow(context.Background(), `SELECT '2026-12-03 05:49:01.5+00'::timestamptz`).Scan(&at))
 			require.True(t, at.Equal(time.Date(2026, 12, 3, 5, 49, 1, 500_000_000, time.UTC)), "read %s", at)
