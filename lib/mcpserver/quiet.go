@@ -135,10 +135,22 @@ func quietData(data json.RawMessage) json.RawMessage {
 	return nil
 }
 
+// codeOfUncoded is the code of an error the SDK answered without one: its
+// initialize reads its params itself and, unlike every other method's,
+// leaves a params it cannot read uncoded (MCP QA: `"protocolVersion": 5`
+// answered -32600), so that one is Invalid params; the rest (a call made
+// before initialize) Invalid Request.
+func codeOfUncoded(message string) int64 {
+	if strings.HasPrefix(message, "handling 'initialize': ") &&
+		(strings.Contains(message, ": unmarshaling ") || strings.Contains(message, `missing required "params"`)) {
+		return jsonrpc.CodeInvalidParams
+	}
+	return jsonrpc.CodeInvalidRequest
+}
+
 // QuietErrors quiets the message of each JSON-RPC error in an answer (one
 // response or a batch of them) with QuietMessage, keeps only quietData of
-// its data, and gives an error without a code (the SDK answers a call made
-// before initialize with code 0) Invalid Request's. An answer with no
+// its data, and gives an error without a code its code (codeOfUncoded). An answer with no
 // error, or one that is not JSON-RPC, is returned as it is. Both
 // transports write their answers through it.
 func QuietErrors(answer []byte) []byte {
@@ -166,7 +178,7 @@ func QuietErrors(answer []byte) []byte {
 		}
 		code := e.Code
 		if code == 0 {
-			code = jsonrpc.CodeInvalidRequest
+			code = codeOfUncoded(e.Message)
 		}
 		quiet, data := QuietMessage(e.Message, code), quietData(e.Data)
 		if code == e.Code && quiet == e.Message && bytes.Equal(data, e.Data) {

@@ -68,6 +68,14 @@ func TestTransportRefusalsAreJSON(t *testing.T) {
 	status, out = post("application/json", []byte(`{"jsonrpc":"2.0","id":2,"method":"ping"}`))
 	require.Equal(t, http.StatusOK, status, "%v", out)
 	require.EqualValues(t, 2, out["id"])
+	// initialize's params it cannot read are Invalid params, as every other
+	// method's are (MCP QA: the SDK left them uncoded, answered -32600).
+	for _, params := range []string{`{"protocolVersion":5,"capabilities":{},"clientInfo":{"name":"q","version":"1"}}`,
+		`{"protocolVersion":"2025-06-18","capabilities":"x","clientInfo":{"name":"q","version":"1"}}`, `[1]`} {
+		status, out = post("application/json", []byte(`{"jsonrpc":"2.0","id":3,"method":"initialize","params":`+params+`}`))
+		require.EqualValues(t, -32602, out["error"].(map[string]any)["code"], "%s: %d %v", params, status, out)
+		require.EqualValues(t, 3, out["id"])
+	}
 	status, out = post("application/json", []byte(`{"jsonrpc":"2.0","id":9007199254740991,"method":"ping"}`))
 	require.Equal(t, http.StatusOK, status, "%v", out)
 	require.EqualValues(t, 9007199254740991, out["id"], "the largest id answered exactly")
