@@ -56,7 +56,8 @@ func Open(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
 		pc.ConnConfig.RuntimeParams = map[string]string{}
 	}
 	// Startup parameters, not SET: they cost no round trip. PgBouncer
-	// forwards application_name, TimeZone and DateStyle and refuses any other startup
+	// forwards application_name, TimeZone, DateStyle, client_encoding and
+	// standard_conforming_strings and refuses any other startup
 	// parameter (unless told to ignore it, and then drops it), so
 	// statement_timeout is sent only when DB_STATEMENT_TIMEOUT asks for it,
 	// for a direct connection; behind a pooler set it on the role instead.
@@ -64,14 +65,29 @@ func Open(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
 	if cfg.DBStatementTimeout > 0 {
 		pc.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(cfg.DBStatementTimeout.Milliseconds(), 10)
 	}
-	pc.ConnConfig.RuntimeParams["timezone"] = "UTC"
+	pinSession(pc.ConnConfig.RuntimeParams)
+	pc.AfterConnect = scanTimesInUTC
+	return pgxpool.NewWithConfig(ctx, pc)
+}
+
+// pinSession sets the session settings Ratchet's statements and pgx's
+// readers depend on, as startup parameters (no round trip) that PgBouncer
+// forwards: the pool's connections and the migrations' alike.
+func pinSession(params map[string]string) {
+	params["timezone"] = "UTC"
 	// pgx reads dates and times in ISO output only: a database or role
 	// set to another DateStyle ('SQL, DMY', a legacy default) failed every
 	// statement that answers a time, in every exec mode (QA). PgBouncer
 	// forwards DateStyle as it does TimeZone.
-	pc.ConnConfig.RuntimeParams["datestyle"] = "ISO, MDY"
-	pc.AfterConnect = scanTimesInUTC
-	return pgxpool.NewWithConfig(ctx, pc)
+	params["datestyle"] = "ISO, MDY"
+	// The same for what pgx's simple protocol insists on and a legacy
+	// database may have otherwise (QA: every statement failed in
+	// simple_protocol mode), and for text: a LATIN1 or SQL_ASCII database
+	// talking in its own encoding stored UTF-8 bytes as one character each,
+	// where with UTF8 declared it converts or refuses. PgBouncer forwards
+	// both. bytea_output and array_nulls it does not: Migrate checks them.
+	params["client_encoding"] = "UTF8"
+	params["standard_conforming_strings"] = "on"
 }
 
 // scanTimesInUTC makes the connection scan timestamptz values in UTC. pgx

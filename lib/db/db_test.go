@@ -96,7 +96,7 @@ func TestTimestampsScanInUTCWhateverTheHostsZone(t *testing.T) {
 // and every statement answering a time failed, in every exec mode (QA).
 func TestTimesReadWhateverTheDatabasesDateStyle(t *testing.T) {
 	t.Parallel()
-	url := apitest.DatabaseURL(t) + "&options=-c%20DateStyle%3DSQL%2CDMY"
+	url := withOptions(apitest.DatabaseURL(t), "DateStyle=SQL,DMY")
 	for _, mode := range []string{"exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
 			pool := openOne(t, url, mode)
@@ -105,4 +105,19 @@ func TestTimesReadWhateverTheDatabasesDateStyle(t *testing.T) {
 			require.True(t, at.Equal(time.Date(2026, 12, 3, 5, 49, 1, 500_000_000, time.UTC)), "read %s", at)
 		})
 	}
+}
+
+// A database or role talking another client encoding, or with
+// standard_conforming_strings off, still works in the simple protocol
+// (pgx refuses both there: every statement failed, QA), and text is sent
+// as UTF-8, which a LATIN1 database converts or refuses rather than
+// storing its bytes one character each.
+func TestSessionsTalkUTF8WithStandardStrings(t *testing.T) {
+	t.Parallel()
+	pool := openOne(t, withOptions(apitest.DatabaseURL(t), "client_encoding=LATIN1", "standard_conforming_strings=off"), "simple_protocol")
+	var encoding, text string
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT current_setting('client_encoding'), $1::text`, "ws 日本 ✓").
+		Scan(&encoding, &text))
+	require.Equal(t, "UTF8", encoding)
+	require.Equal(t, "ws 日本 ✓", text)
 }

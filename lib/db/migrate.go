@@ -67,6 +67,9 @@ func Migrate(ctx context.Context, conn *pgx.Conn, fsys fs.FS) (applied []int, er
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(1918989411)`); err != nil {
 			return fmt.Errorf("take migration lock: %w", err)
 		}
+		if err := checkSettings(ctx, tx); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 			version    integer PRIMARY KEY,
 			name       text NOT NULL,
@@ -123,6 +126,7 @@ func MigrateURL(ctx context.Context, url string, fsys fs.FS) ([]int, error) {
 	}
 	cfg := pc.ConnConfig
 	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+	pinSession(cfg.RuntimeParams)
 	if cfg.ConnectTimeout == 0 || cfg.ConnectTimeout > migrateConnectTimeout {
 		cfg.ConnectTimeout = migrateConnectTimeout
 	}
@@ -132,4 +136,43 @@ func MigrateURL(ctx context.Context, url string, fsys fs.FS) ([]int, error) {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	return Migrate(ctx, conn, fsys)
+}
+
+// checkSettings refuses a database whose settings Ratchet cannot work with,
+// before anything is created, naming the setting and the fix: a start that
+// fails here is better than what each did once running (QA).
+//
+//   - bytea_output other than hex: pgx reads bytea as hex text only, and
+//     every keyed request failed (500) reading its key's hash.
+//   - array_nulls off: the NULLs of the arrays a batch report sends were
+//     read as the string "NULL", and every job report failed (500).
+//   - A search_path that does not find the schema Ratchet was migrated in
+//     (it was changed since): migrating would build a second, empty copy
+//     in the new schema and serve from it, every workspace gone from view.
+//
+// The first two cannot be sent at connection start behind PgBouncer (it
+// refuses startup parameters it does not track), so they are the
+// database's or role's to hold.
+func checkSettings(ctx context.Context, tx pgx.Tx) error {
+	var byteaOutput, arrayNulls string
+	var visible bool
+	var elsewhere *string
+	err := tx.QueryRow(ctx, `SELECT current_setting('bytea_output'), current_setting('array_nulls'),
+		to_regclass('schema_migrations') IS NOT NULL,
+		(SELECT min(schemaname) FROM pg_tables WHERE tablename = 'schema_migrations')`).
+		Scan(&byteaOutput, &arrayNulls, &visible, &elsewhere)
+	switch {
+	case err != nil:
+		return fmt.Errorf("read database settings: %w", err)
+	case byteaOutput != "hex":
+		return fmt.Errorf("database setting bytea_output is %q; Ratchet needs hex, the default "+
+			"(ALTER DATABASE … SET bytea_output = hex, or on the role)", byteaOutput)
+	case arrayNulls != "on":
+		return fmt.Errorf("database setting array_nulls is %q; Ratchet needs on, the default "+
+			"(ALTER DATABASE … SET array_nulls = on, or on the role)", arrayNulls)
+	case !visible && elsewhere != nil:
+		return fmt.Errorf("this database was migrated in schema %q, which the search_path does not find; "+
+			"migrating would build an empty copy beside it: restore the search_path (or move the schema)", *elsewhere)
+	}
+	return nil
 }

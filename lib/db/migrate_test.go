@@ -392,3 +392,58 @@ func policiesWithRetention(values string) string {
 SELECT 'ws_1', t, 1, 'allow', 'block', 60, 3, false, '{}', '{}', 'require_approval', 3600, d, now(), now()
 FROM (VALUES ` + values + `) v(t, d)`
 }
+
+// withOptions is url with the session settings given as the connection's
+// options, which rank as a database's or role's settings would beneath the
+// startup parameters Ratchet sends.
+func withOptions(url string, settings ...string) string {
+	var opts []string
+	for _, s := range settings {
+		opts = append(opts, "-c%20"+strings.NewReplacer("=", "%3D", ",", "%2C", " ", "%20").Replace(s))
+	}
+	return url + "&options=" + strings.Join(opts, "%20")
+}
+
+// Settings Ratchet cannot work with, and that PgBouncer would not let it
+// send at connection start, stop the migration before it creates anything,
+// naming the setting (QA: each made every keyed request, or every job
+// report, answer 500 once running).
+func TestMigrateRefusesSettingsRatchetCannotWorkWith(t *testing.T) {
+	t.Parallel()
+	for setting, named := range map[string]string{"bytea_output=escape": "bytea_output", "array_nulls=off": "array_nulls"} {
+		target := freshDatabase(t)
+		_, err := db.MigrateURL(context.Background(), withOptions(target, setting), migrations.FS)
+		require.ErrorContains(t, err, named)
+		conn, err := pgx.Connect(context.Background(), target)
+		require.NoError(t, err)
+		var tables int
+		require.NoError(t, conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_tables WHERE schemaname = 'public'`).Scan(&tables))
+		require.Zero(t, tables, "%s: nothing created", setting)
+		conn.Close(context.Background())
+	}
+}
+
+// A search_path changed after migrating does not fork the schema: the
+// migration refuses to build an empty copy in the schema it now finds first,
+// which the service would have served from, every workspace gone (QA).
+func TestMigrateRefusesASearchPathThatLostItsSchema(t *testing.T) {
+	t.Parallel()
+	target := freshDatabase(t)
+	fsys := fstest.MapFS{"0001_a.sql": {Data: []byte(`CREATE TABLE a (id int);`)}}
+	_, err := db.MigrateURL(context.Background(), target, fsys)
+	require.NoError(t, err)
+	conn, err := pgx.Connect(context.Background(), target)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(context.Background(), `CREATE SCHEMA other`)
+	require.NoError(t, err)
+
+	_, err = db.MigrateURL(context.Background(), withOptions(target, "search_path=other"), fsys)
+	require.ErrorContains(t, err, `migrated in schema "public"`)
+	var copies int
+	require.NoError(t, conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_tables WHERE schemaname = 'other'`).Scan(&copies))
+	require.Zero(t, copies)
+	// Where it finds the schema first, it migrates as ever.
+	_, err = db.MigrateURL(context.Background(), withOptions(target, "search_path=other,public"), fsys)
+	require.NoError(t, err)
+}
