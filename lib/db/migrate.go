@@ -70,10 +70,7 @@ func Migrate(ctx context.Context, conn *pgx.Conn, fsys fs.FS) (applied []int, er
 		if err := checkSettings(ctx, tx); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-			version    integer PRIMARY KEY,
-			name       text NOT NULL,
-			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		if _, err := tx.Exec(ctx, sqlMigrationsTable); err != nil {
 			return fmt.Errorf("create schema_migrations: %w", err)
 		}
 		done := map[int]bool{}
@@ -138,6 +135,11 @@ func MigrateURL(ctx context.Context, url string, fsys fs.FS) ([]int, error) {
 	return Migrate(ctx, conn, fsys)
 }
 
+// sqlMigrationsTable records the migrations applied, in the schema the
+// search_path creates in.
+const sqlMigrationsTable = `CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, ` +
+	`name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`
+
 // checkSettings refuses a database whose settings Ratchet cannot work with,
 // before anything is created, naming the setting and the fix: a start that
 // fails here is better than what each did once running (QA).
@@ -172,7 +174,8 @@ func checkSettings(ctx context.Context, tx pgx.Tx) error {
 			"(ALTER DATABASE … SET array_nulls = on, or on the role)", arrayNulls)
 	case !visible && elsewhere != nil:
 		return fmt.Errorf("this database was migrated in schema %q, which the search_path does not find; "+
-			"migrating would build an empty copy beside it: restore the search_path (or move the schema)", *elsewhere)
+			"migrating would build an empty copy beside it: restore the search_path (to install a second "+
+			"copy in another schema on purpose, create its schema_migrations first: %s)", *elsewhere, sqlMigrationsTable)
 	}
 	return nil
 }

@@ -446,4 +446,15 @@ func TestMigrateRefusesASearchPathThatLostItsSchema(t *testing.T) {
 	// Where it finds the schema first, it migrates as ever.
 	_, err = db.MigrateURL(context.Background(), withOptions(target, "search_path=other,public"), fsys)
 	require.NoError(t, err)
+	// A second copy on purpose: its schema_migrations created first, as the
+	// refusal says.
+	_, err = conn.Exec(context.Background(), `SET search_path = other`)
+	require.NoError(t, err)
+	_, err = conn.Exec(context.Background(), `CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, `+
+		`name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`)
+	require.NoError(t, err)
+	_, err = db.MigrateURL(context.Background(), withOptions(target, "search_path=other"), fsys)
+	require.NoError(t, err)
+	require.NoError(t, conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_tables WHERE schemaname = 'other'`).Scan(&copies))
+	require.Equal(t, 2, copies, "schema_migrations and a")
 }
