@@ -44,17 +44,21 @@ func IDsAnswerable(body []byte) bool {
 }
 
 func idAnswerable(message []byte) bool {
-	var probe struct {
-		ID json.RawMessage `json:"id"`
+	// A map, not a struct: encoding/json would take "ID" for "id", which
+	// the SDK does not (to it, such a message has no id).
+	var members map[string]json.RawMessage
+	if json.Unmarshal(message, &members) != nil {
+		return true // not an object: not this check's to refuse
 	}
-	if json.Unmarshal(message, &probe) != nil || len(probe.ID) == 0 {
-		return true // not an object, or no id: not this check's to refuse
+	id, ok := members["id"]
+	if !ok || len(id) == 0 {
+		return true // no id: a notification
 	}
-	c := probe.ID[0]
+	c := id[0]
 	if c != '-' && (c < '0' || c > '9') {
 		return true // a string, null or another type: the SDK refuses what it must
 	}
-	return exactInteger(string(probe.ID))
+	return exactInteger(string(id))
 }
 
 // exactInteger reports whether the JSON number literal n is an integer

@@ -33,6 +33,7 @@ func TestIDsAnswerable(t *testing.T) {
 		`{"jsonrpc":"2.0","id":0.5,"method":"ping"}`:                                            false,
 		`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2,"method":"ping"}]`:   true,
 		`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2.5,"method":"ping"}]`: false,
+		`{"jsonrpc":"2.0","ID":7.5,"method":"ping"}`:                                            true, // no id to the SDK: a notification
 		`not json`: true, // the caller's parse error
 	} {
 		require.Equal(t, want, mcpserver.IDsAnswerable([]byte(body)), body)
