@@ -148,24 +148,33 @@ const sqlMigrationsTable = `CREATE TABLE IF NOT EXISTS schema_migrations (versio
 //     every keyed request failed (500) reading its key's hash.
 //   - array_nulls off: the NULLs of the arrays a batch report sends were
 //     read as the string "NULL", and every job report failed (500).
+//   - default_transaction_isolation stricter than read committed: the
+//     statements lock rows and re-read their latest versions, and under
+//     repeatable read or serializable concurrent begins, reports and
+//     settlements failed with serialization errors (QA).
 //   - A search_path that does not find the schema Ratchet was migrated in
 //     (it was changed since): migrating would build a second, empty copy
 //     in the new schema and serve from it, every workspace gone from view.
 //
-// The first two cannot be sent at connection start behind PgBouncer (it
+// The first three cannot be sent at connection start behind PgBouncer (it
 // refuses startup parameters it does not track), so they are the
 // database's or role's to hold.
 func checkSettings(ctx context.Context, tx pgx.Tx) error {
-	var byteaOutput, arrayNulls string
+	var byteaOutput, arrayNulls, isolation string
 	var visible bool
 	var elsewhere *string
 	err := tx.QueryRow(ctx, `SELECT current_setting('bytea_output'), current_setting('array_nulls'),
-		to_regclass('schema_migrations') IS NOT NULL,
+		current_setting('default_transaction_isolation'), to_regclass('schema_migrations') IS NOT NULL,
 		(SELECT min(schemaname) FROM pg_tables WHERE tablename = 'schema_migrations')`).
-		Scan(&byteaOutput, &arrayNulls, &visible, &elsewhere)
+		Scan(&byteaOutput, &arrayNulls, &isolation, &visible, &elsewhere)
 	switch {
 	case err != nil:
 		return fmt.Errorf("read database settings: %w", err)
+	case isolation != "read committed":
+		return fmt.Errorf("database setting default_transaction_isolation is %q; Ratchet needs read committed, "+
+			"the default: its statements lock rows and read their latest versions, which a stricter level "+
+			"answers with serialization failures under concurrency "+
+			"(ALTER DATABASE … SET default_transaction_isolation = 'read committed', or on the role)", isolation)
 	case byteaOutput != "hex":
 		return fmt.Errorf("database setting bytea_output is %q; Ratchet needs hex, the default "+
 			"(ALTER DATABASE … SET bytea_output = hex, or on the role)", byteaOutput)

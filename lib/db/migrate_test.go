@@ -394,12 +394,13 @@ FROM (VALUES ` + values + `) v(t, d)`
 }
 
 // withOptions is url with the session settings given as the connection's
-// options, which rank as a database's or role's settings would beneath the
+// options (a space in a value escaped with a backslash, as the server
+// reads them), which rank as a database's or role's settings would beneath the
 // startup parameters Ratchet sends.
 func withOptions(url string, settings ...string) string {
 	var opts []string
 	for _, s := range settings {
-		opts = append(opts, "-c%20"+strings.NewReplacer("=", "%3D", ",", "%2C", " ", "%20").Replace(s))
+		opts = append(opts, "-c%20"+strings.NewReplacer("=", "%3D", ",", "%2C", " ", "%20", `\`, "%5C").Replace(s))
 	}
 	return url + "&options=" + strings.Join(opts, "%20")
 }
@@ -410,7 +411,12 @@ func withOptions(url string, settings ...string) string {
 // report, answer 500 once running).
 func TestMigrateRefusesSettingsRatchetCannotWorkWith(t *testing.T) {
 	t.Parallel()
-	for setting, named := range map[string]string{"bytea_output=escape": "bytea_output", "array_nulls=off": "array_nulls"} {
+	for setting, named := range map[string]string{
+		"bytea_output=escape":                            `bytea_output is "escape"`,
+		"array_nulls=off":                                `array_nulls is "off"`,
+		"default_transaction_isolation=serializable":     `default_transaction_isolation is "serializable"`,
+		`default_transaction_isolation=repeatable\ read`: `default_transaction_isolation is "repeatable read"`,
+	} {
 		target := freshDatabase(t)
 		_, err := db.MigrateURL(context.Background(), withOptions(target, setting), migrations.FS)
 		require.ErrorContains(t, err, named)
