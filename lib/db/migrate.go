@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -149,9 +150,9 @@ const sqlMigrationsTable = `CREATE TABLE IF NOT EXISTS schema_migrations (versio
 //   - array_nulls off: the NULLs of the arrays a batch report sends were
 //     read as the string "NULL", and every job report failed (500).
 //   - default_transaction_isolation stricter than read committed: the
-//     statements lock rows and re-read their latest versions, and under
-//     repeatable read or serializable concurrent begins, reports and
-//     settlements failed with serialization errors (QA).
+//     statements lock rows and re-read their latest versions; with
+//     serializable set on the role, six of the gate's concurrency tests
+//     failed (begins, reports and settlements under contention).
 //   - A search_path that does not find the schema Ratchet was migrated in
 //     (it was changed since): migrating would build a second, empty copy
 //     in the new schema and serve from it, every workspace gone from view.
@@ -171,20 +172,24 @@ func checkSettings(ctx context.Context, tx pgx.Tx) error {
 	case err != nil:
 		return fmt.Errorf("read database settings: %w", err)
 	case isolation != "read committed":
-		return fmt.Errorf("database setting default_transaction_isolation is %q; Ratchet needs read committed, "+
-			"the default: its statements lock rows and read their latest versions, which a stricter level "+
-			"answers with serialization failures under concurrency "+
-			"(ALTER DATABASE … SET default_transaction_isolation = 'read committed', or on the role)", isolation)
+		return needSetting("default_transaction_isolation", isolation, "'read committed'",
+			"its statements lock rows and read their latest versions, which a stricter level answers "+
+				"with serialization failures under concurrency")
 	case byteaOutput != "hex":
-		return fmt.Errorf("database setting bytea_output is %q; Ratchet needs hex, the default "+
-			"(ALTER DATABASE … SET bytea_output = hex, or on the role)", byteaOutput)
+		return needSetting("bytea_output", byteaOutput, "hex", "pgx reads bytea in hex only")
 	case arrayNulls != "on":
-		return fmt.Errorf("database setting array_nulls is %q; Ratchet needs on, the default "+
-			"(ALTER DATABASE … SET array_nulls = on, or on the role)", arrayNulls)
+		return needSetting("array_nulls", arrayNulls, "on", "NULL array elements would read as the text NULL")
 	case !visible && elsewhere != nil:
 		return fmt.Errorf("this database was migrated in schema %q, which the search_path does not find; "+
 			"migrating would build an empty copy beside it: restore the search_path (to install a second "+
 			"copy in another schema on purpose, create its schema_migrations first: %s)", *elsewhere, sqlMigrationsTable)
 	}
 	return nil
+}
+
+// needSetting refuses a database setting that is not the default Ratchet
+// needs, naming the fix.
+func needSetting(name, got, want, why string) error {
+	return fmt.Errorf("database setting %s is %q; Ratchet needs %s, the default (%s): "+
+		"ALTER DATABASE … SET %s = %s, or on the role", name, got, strings.Trim(want, "'"), why, name, want)
 }
