@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -255,15 +257,24 @@ func TestVercelFilesMatchRouteTable(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, string(body), string(got), "%s is stale: run go run ./scripts/genvercel", name)
 	}
-	// Vercel rewrites nothing under /.well-known: the manifest is a file.
+	// Vercel rewrites nothing under /.well-known: the manifest is a file,
+	// and no function is deployed that nothing reaches (deployment review).
 	require.NotContains(t, string(vj), `"/.well-known/`)
+	for _, f := range wantFiles {
+		require.NotContains(t, f, "well_known")
+	}
+	// The README's count of functions, which a plan's limit is read against.
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(readme), fmt.Sprintf("the bundle is %d functions", len(wantFiles)))
 	var served httpapi.Manifest
 	require.NoError(t, json.Unmarshal(httpapi.VercelStaticFiles()["public/.well-known/ratchet.json"], &served))
 	require.Equal(t, httpapi.NewManifest().Routes, served.Routes)
 }
 
 // On Vercel a path no route serves reaches the catch-all entry (the last
-// rewrites) and is answered 404 in the envelope, as locally.
+// rewrite) and is answered 404 in the envelope, as locally: outside /api
+// and /v1 too (deployment review: Vercel's own 404 page answered /nope).
 func TestVercelCatchAllAnswersTheEnvelope(t *testing.T) {
 	t.Parallel()
 	var doc struct {
@@ -271,16 +282,18 @@ func TestVercelCatchAllAnswersTheEnvelope(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(httpapi.VercelJSON(), &doc))
 	n := len(doc.Rewrites)
-	require.Equal(t, "/api/:path*", doc.Rewrites[n-2].Source)
-	require.Equal(t, "/v1/:path*", doc.Rewrites[n-1].Source)
+	require.Equal(t, "/:path*", doc.Rewrites[n-1].Source, "the last rewrite takes every path")
 	require.Equal(t, "/api/not_found", doc.Rewrites[n-1].Destination)
+	for _, rw := range doc.Rewrites[:n-1] {
+		require.NotEqual(t, "/api/not_found", rw.Destination, "only the last rewrite is the catch-all")
+	}
 	env := apitest.Start(t)
-	req, _ := http.NewRequest("GET", "/api/v1/nope", nil)
-	rec := newRecorder()
-	env.App.Server.ServeRoute(rec, req, "")
-	require.Equal(t, http.StatusNotFound, rec.Code)
-	require.Contains(t, rec.Body.String(), `"code":"not_found"`)
-	require.NotEmpty(t, rec.Header().Get("X-Request-Id"))
+	for _, path := range []string{"/api/v1/nope", "/nope", "/"} {
+		rec := onVercel(t, env, "GET", path, "", "")
+		require.Equal(t, http.StatusNotFound, rec.Code, path)
+		require.Contains(t, rec.Body.String(), `"code":"not_found"`, path)
+		require.NotEmpty(t, rec.Header().Get("X-Request-Id"), path)
+	}
 }
 
 // A Vercel deployment publishes no source and uploads no local secrets:
@@ -303,6 +316,35 @@ func TestVercelDeploymentPublishesNoSource(t *testing.T) {
 	}
 }
 
+// onVercel serves target as the generated entry of pattern does on Vercel,
+// with key as the bearer (none when empty).
+func onVercel(t *testing.T, env *apitest.Env, method, target, key, pattern string) *httptest.ResponseRecorder {
+	t.Helper()
+	req, err := http.NewRequest(method, target, nil)
+	require.NoError(t, err)
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	rec := newRecorder()
+	env.App.Server.ServeRoute(rec, req, pattern)
+	return rec
+}
+
+// contractNames are the tools a contract list answer names.
+func contractNames(t *testing.T, rec *httptest.ResponseRecorder) []string {
+	t.Helper()
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	var list struct {
+		Data []struct{ Name string } `json:"data"`
+	}
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &list))
+	var names []string
+	for _, c := range list.Data {
+		names = append(names, c.Name)
+	}
+	return names
+}
+
 // Vercel serves a function's file before any rewrite: a tool literally
 // named like the file's segment reaches the file without ?name=, and is
 // still that tool (deployment review: it read as an empty name).
@@ -312,17 +354,29 @@ func TestVercelEntryServesALiteralSegment(t *testing.T) {
 	ws := env.Signup()
 	env.Must(http.StatusCreated, "POST", "/api/v1/tools/name/contracts", ws.Key, map[string]any{
 		"handlerVersion": "1", "inputSchema": map[string]any{"type": "object"}, "outputSchema": true})
-	req, _ := http.NewRequest("GET", "/api/v1/tools/name/contracts", nil)
-	req.Header.Set("Authorization", "Bearer "+ws.Key)
-	rec := newRecorder()
-	env.App.Server.ServeRoute(rec, req, "/api/v1/tools/{name}/contracts")
-	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
-	var list struct {
-		Data []struct{ Name string } `json:"data"`
+	rec := onVercel(t, env, "GET", "/api/v1/tools/name/contracts", ws.Key, "/api/v1/tools/{name}/contracts")
+	require.Equal(t, []string{"name"}, contractNames(t, rec))
+}
+
+// A path segment vercel.json copies into the query is read as the path
+// segment it was: a tool named c++ is that tool whether its pluses came
+// percent-encoded or not (deployment review: ?name=c++ read as "c  ", 400).
+func TestVercelEntryReadsARewrittenSegmentAsAPath(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	env.Must(http.StatusCreated, "POST", "/api/v1/tools/"+url.PathEscape("c++")+"/contracts", ws.Key, map[string]any{
+		"handlerVersion": "1", "inputSchema": map[string]any{"type": "object"}, "outputSchema": true})
+	const pattern = "/api/v1/tools/{name}/contracts"
+	for _, q := range []string{"name=c++", "name=c%2B%2B"} {
+		rec := onVercel(t, env, "GET", "/api/v1/tools/name/contracts?"+q, ws.Key, pattern)
+		require.Equal(t, []string{"c++"}, contractNames(t, rec), q)
 	}
-	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &list))
-	require.Len(t, list.Data, 1)
-	require.Equal(t, "name", list.Data[0].Name)
+	// Another value of the path's parameter in the client's own query is
+	// refused, as the same path served locally refuses it.
+	rec := onVercel(t, env, "GET", "/api/v1/tools/name/contracts?name=c++&name=other", ws.Key, pattern)
+	require.Equal(t, http.StatusBadRequest, rec.Code, rec.Body.String())
+	require.Contains(t, rec.Body.String(), "the path's own parameter")
 }
 
 // TestVercelEntryServesItsRoute drives a generated entry point the way
@@ -336,20 +390,14 @@ func TestVercelEntryServesRewrittenPath(t *testing.T) {
 		key    string
 		status int
 	}{{b.Key, http.StatusNotFound}, {a.Key, http.StatusOK}} {
-		req, _ := http.NewRequest("DELETE", "/api/v1/keys/id?id="+id, nil)
-		req.Header.Set("Authorization", "Bearer "+tc.key)
-		rec := newRecorder()
-		env.App.Server.ServeRoute(rec, req, "/api/v1/keys/{id}")
+		rec := onVercel(t, env, "DELETE", "/api/v1/keys/id?id="+id, tc.key, "/api/v1/keys/{id}")
 		require.Equal(t, tc.status, rec.Code, rec.Body.String())
 	}
 
 	// A path id the rewrite put in the query undecodable names nothing, as
 	// the same path served locally says (review: it was a 400 at id).
 	for _, q := range []string{"id=key_a;b", "id=%zz"} {
-		req, _ := http.NewRequest("DELETE", "/api/v1/keys/id?"+q, nil)
-		req.Header.Set("Authorization", "Bearer "+a.Key)
-		rec := newRecorder()
-		env.App.Server.ServeRoute(rec, req, "/api/v1/keys/{id}")
+		rec := onVercel(t, env, "DELETE", "/api/v1/keys/id?"+q, a.Key, "/api/v1/keys/{id}")
 		require.Equal(t, http.StatusNotFound, rec.Code, "%s: %s", q, rec.Body.String())
 	}
 

@@ -120,16 +120,40 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) ServeRoute(w http.ResponseWriter, r *http.Request, pattern string) {
 	g := s.groups[pattern]
 	if g != nil {
-		q := r.URL.Query()
 		for _, p := range g.params {
-			if !q.Has(p) {
+			v, rest, ok := rewrittenParam(r.URL.RawQuery, p)
+			if !ok {
 				s.ServeHTTP(w, r)
 				return
 			}
-			r.SetPathValue(p, q.Get(p))
+			r.SetPathValue(p, v)
+			r.URL.RawQuery = rest
 		}
 	}
 	s.serveGroup(w, r, g)
+}
+
+// rewrittenParam takes path parameter name out of the query vercel.json's
+// rewrite built (?name=:name, its first occurrence), answering its value
+// and the query without it, so that the route reads the client's own query
+// only. The value is a path segment copied into the query, so it is
+// decoded as a path segment is: a '+' stays a plus (a tool named c++ read
+// as "c  " and was refused, on Vercel only: deployment review). ok is false
+// when the parameter is missing or its escapes are malformed.
+func rewrittenParam(rawQuery, name string) (value, rest string, ok bool) {
+	pairs := strings.Split(rawQuery, "&")
+	for i, pair := range pairs {
+		key, val, _ := strings.Cut(pair, "=")
+		if k, err := url.QueryUnescape(key); err != nil || k != name {
+			continue
+		}
+		v, err := url.PathUnescape(val)
+		if err != nil {
+			return "", "", false
+		}
+		return v, strings.Join(slices.Delete(pairs, i, i+1), "&"), true
+	}
+	return "", "", false
 }
 
 func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {

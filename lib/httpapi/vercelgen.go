@@ -51,6 +51,12 @@ func VercelFunctions() []VercelFunction {
 	byPattern := map[string]*VercelFunction{}
 	var order []string
 	for _, r := range Routes() {
+		if strings.HasPrefix(r.Pattern, wellKnown) {
+			// Vercel reaches nothing there but public/'s file
+			// (VercelStaticFiles): a function would only count against
+			// the plan's limit (deployment review).
+			continue
+		}
 		f, ok := byPattern[r.Pattern]
 		if !ok {
 			p := strings.TrimPrefix(r.Pattern, "/")
@@ -136,9 +142,6 @@ func VercelJSON() []byte {
 		if f.Pattern == "" {
 			continue // the catch-all's rewrites come last
 		}
-		if strings.HasPrefix(f.Pattern, wellKnown) {
-			continue // Vercel rewrites nothing there: VercelStaticFiles serves it
-		}
 		params := (&Route{Pattern: f.Pattern}).PathParams()
 		src := f.Pattern
 		var q []string
@@ -168,9 +171,11 @@ func VercelJSON() []byte {
 	doc := map[string]any{
 		"$schema":   "https://openapi.vercel.sh/vercel.json",
 		"functions": map[string]any{"api/**/*.go": map[string]any{"maxDuration": 30}},
+		// Any other path, under /api or not, reaches the catch-all (Vercel
+		// serves its own 404 page otherwise), as on the local server and
+		// Lambda; public/'s files are served before any rewrite.
 		"rewrites": append(append(static, dynamic...),
-			rewrite{Source: "/api/:path*", Destination: notFoundFunction.Dest()},
-			rewrite{Source: "/v1/:path*", Destination: notFoundFunction.Dest()}),
+			rewrite{Source: "/:path*", Destination: notFoundFunction.Dest()}),
 		"crons": []any{map[string]any{"path": "/api/cron/sweep", "schedule": "* * * * *"}},
 	}
 	b, _ := json.MarshalIndent(doc, "", "  ")

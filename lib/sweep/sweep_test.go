@@ -74,6 +74,31 @@ func TestTaskFailuresAreLoggedByCause(t *testing.T) {
 	require.NotContains(t, logs.String(), `level=ERROR msg="sweep task failed" task=gone`)
 }
 
+// A pass stopped by its caller (a shutdown) logs nothing for the task it
+// cut short or the ones after it: none of them failed.
+func TestAStoppedPassLogsNoFailure(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	s := New(time.Now, slog.New(slog.NewTextHandler(&logs, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	s.Add(Task{Name: "cut", Run: func(ctx context.Context, _ time.Time) (int, error) {
+		cancel()
+		<-ctx.Done()
+		return 0, fmt.Errorf("x: %w", ctx.Err())
+	}})
+	s.Add(Task{Name: "after", Run: func(ctx context.Context, _ time.Time) (int, error) {
+		return 0, fmt.Errorf("y: %w", ctx.Err())
+	}})
+	res := s.RunOnce(ctx)
+	require.Len(t, res.Errors, 2, "neither task finished")
+	require.Empty(t, logs.String())
+	// A task failing on its own is still an error in a pass not stopped.
+	s = New(time.Now, slog.New(slog.NewTextHandler(&logs, nil)), Task{Name: "boom",
+		Run: func(context.Context, time.Time) (int, error) { return 0, context.Canceled }})
+	s.RunOnce(context.Background())
+	require.Contains(t, logs.String(), `level=ERROR msg="sweep task failed" task=boom`)
+}
+
 // failWhile is a task that fails as a lost connection does while down is
 // set, and succeeds otherwise.
 func failWhile(down *atomic.Bool) func(context.Context, time.Time) (int, error) {

@@ -18,7 +18,7 @@ import (
 )
 
 // Version is this SDK's version, sent in the User-Agent header.
-const Version = "0.4.0"
+const Version = "0.4.1"
 
 // DefaultBaseURL is the hosted service.
 const DefaultBaseURL = "https://getratchet.app"
@@ -455,8 +455,26 @@ func retryAfterHeader(v string, now time.Time) int {
 	return 0
 }
 
-// pathID escapes an id for use as one path segment.
-func pathID(id string) string { return url.PathEscape(id) }
+// pathID escapes an id, a tool name or an effect type for use as one path
+// segment: every byte but RFC 3986's unreserved ones (letters, digits,
+// - . _ ~) is percent-encoded. url.PathEscape leaves + & = ; : as they are,
+// which a path may hold, but a proxy that copies the segment into a query
+// (Vercel's rewrites: ?name=:name) splits it at & and reads + as a space.
+func pathID(id string) string {
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	for i := range len(id) {
+		c := id[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~' {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hex[c>>4])
+		b.WriteByte(hex[c&15])
+	}
+	return b.String()
+}
 
 // withQuery is path with v as its query, when v has any.
 func withQuery(path string, v url.Values) string {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -124,6 +125,28 @@ func TestRequestShape(t *testing.T) {
 		if !jsonEqual(body[k], v) {
 			t.Fatalf("body[%s] = %v, want %v", k, body[k], v)
 		}
+	}
+}
+
+// A path segment reaches the server percent-encoded but for unreserved
+// characters, so a proxy that copies it into a query (Vercel's rewrites)
+// neither splits it at & nor reads + as a space.
+func TestPathSegmentsEscapeReservedCharacters(t *testing.T) {
+	t.Parallel()
+	var raw string
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		raw = r.URL.EscapedPath()
+		writeJSON(w, 200, map[string]any{"data": []any{}})
+	}))
+	if _, err := c.ListContracts(context.Background(), "c++&a=b;x:y/z é~", ListQuery{}); err != nil {
+		t.Fatal(err)
+	}
+	want := "/api/v1/tools/c%2B%2B%26a%3Db%3Bx%3Ay%2Fz%20%C3%A9~/contracts"
+	if raw != want {
+		t.Fatalf("path %s, want %s", raw, want)
+	}
+	if got, err := url.PathUnescape(strings.TrimSuffix(strings.TrimPrefix(raw, "/api/v1/tools/"), "/contracts")); err != nil || got != "c++&a=b;x:y/z é~" {
+		t.Fatalf("segment decodes to %q (%v)", got, err)
 	}
 }
 
