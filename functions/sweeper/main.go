@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 
 	"github.com/aws/aws-lambda-go/lambda"
 
@@ -13,14 +12,19 @@ import (
 	"github.com/getratchet/ratchet/lib/sweep"
 )
 
-func main() {
-	a, err := app.Default()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	lambda.Start(func(ctx context.Context) (sweep.Result, error) {
+func main() { lambda.Start(handler(app.Default)) }
+
+// handler runs one pass of the instance's app per invocation. The app is
+// built at the first invocation and kept (app.Default); a start that failed
+// is that invocation's error and is tried again by a later one, as the API
+// function's is, rather than ending the process at init.
+func handler(instance func() (*app.App, error)) func(context.Context) (sweep.Result, error) {
+	return func(ctx context.Context) (sweep.Result, error) {
+		a, err := instance()
+		if err != nil {
+			return sweep.Result{}, fmt.Errorf("sweeper: start: %w", err)
+		}
 		res := a.Sweeper.RunOnce(ctx)
 		return res, res.Error()
-	})
+	}
 }
