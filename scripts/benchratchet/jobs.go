@@ -417,7 +417,8 @@ func jobsInsertAndWork(ctx context.Context, b *bench) error {
 // SDK client) with each of b.scale.ClaimQueued jobs queued behind it (bulk
 // loaded with CloneQueued, then VACUUM ANALYZE, as a long-lived queue table
 // would be), b.scale.ClaimSamples sequential
-// claims per depth, each reported (not timed) before the next. Emits
+// claims per depth, each reported (not timed) before the next, from a
+// CHECKPOINT taken after the load and its vacuum. Emits
 // ratchet.jobs.claim_p50_ms_<depth> and _p99_ (depth as 10k, 1m, …).
 func jobsClaimLatency(ctx context.Context, b *bench) error {
 	s, err := b.jobsSetup(ctx, nil)
@@ -451,6 +452,14 @@ func jobsClaimLatency(ctx context.Context, b *bench) error {
 		}
 		if err := vacuumAnalyze(ctx, s.in.App.Pool, "jobs", "job_executions"); err != nil {
 			return err
+		}
+		// Each depth is timed from a checkpoint, so that both start from the
+		// same state: otherwise the 1 M depth was timed while the checkpoint
+		// its bulk load set off (about a gigabyte of WAL) ran or had just
+		// run, and the 10 k one after no such load (BENCHMARKS.md, session
+		// 30: the ratio read 0.73-1.14 without it, 1.02-1.38 with it).
+		if _, err := s.in.App.Pool.Exec(ctx, "CHECKPOINT"); err != nil {
+			fmt.Fprintf(b.out, "# claim latency: CHECKPOINT refused (it needs superuser or pg_checkpoint); depths timed without one\n")
 		}
 		lat := make([]time.Duration, b.scale.ClaimSamples)
 		for k := range lat {
