@@ -454,13 +454,14 @@ func jobsClaimLatency(ctx context.Context, b *bench) error {
 			return err
 		}
 		// Each depth is timed from a checkpoint, so that both start from the
-		// same state: otherwise the 1 M depth was timed while the checkpoint
-		// its bulk load set off (about a gigabyte of WAL) ran or had just
-		// run, and the 10 k one after no such load (BENCHMARKS.md, session
-		// 30: the ratio read 0.73-1.14 without it, 1.02-1.38 with it).
+		// same state: otherwise the 1 M depth may be timed while the
+		// checkpoint its bulk load set off (about a gigabyte of WAL) runs,
+		// and the 10 k one after no such load (BENCHMARKS.md, session 30:
+		// not a difference the ratio's spread shows, but one fewer).
 		if _, err := s.in.App.Pool.Exec(ctx, "CHECKPOINT"); err != nil {
 			fmt.Fprintf(b.out, "# claim latency: CHECKPOINT refused (it needs superuser or pg_checkpoint); depths timed without one\n")
 		}
+		before, ioErr := readClaimIO(ctx, s.in.App.Pool)
 		lat := make([]time.Duration, b.scale.ClaimSamples)
 		for k := range lat {
 			t := time.Now()
@@ -479,6 +480,12 @@ func jobsClaimLatency(ctx context.Context, b *bench) error {
 			}
 		}
 		label := depthLabel(depth)
+		if after, err := readClaimIO(ctx, s.in.App.Pool); err == nil && ioErr == nil {
+			n := float64(len(lat))
+			fmt.Fprintf(b.out, "# claim io %s: per claim and report: WAL %.1f records, %.0f B, %.2f full pages; buffers %.1f hit, %.2f read\n",
+				label, float64(after.walRecords-before.walRecords)/n, float64(after.walBytes-before.walBytes)/n,
+				float64(after.walFPI-before.walFPI)/n, float64(after.hit-before.hit)/n, float64(after.read-before.read)/n)
+		}
 		b.emit("ratchet.jobs.claim_p50_ms_"+label, ms(percentile(lat, 50)))
 		b.emit("ratchet.jobs.claim_p99_ms_"+label, ms(percentile(lat, 99)))
 	}

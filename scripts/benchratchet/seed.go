@@ -92,3 +92,17 @@ func vacuumAnalyze(ctx context.Context, pool *pgxpool.Pool, tables ...string) er
 	}
 	return nil
 }
+
+// claimIO is what the server has written to its WAL and read from its
+// buffers, for the claim figure's "# claim io" line: where a deeper queue's
+// claim spends more (full-page writes, buffers read from outside
+// shared_buffers).
+type claimIO struct{ walRecords, walBytes, walFPI, hit, read int64 }
+
+func readClaimIO(ctx context.Context, pool *pgxpool.Pool) (claimIO, error) {
+	var c claimIO
+	err := pool.QueryRow(ctx, `SELECT w.wal_records, w.wal_bytes::bigint, w.wal_fpi, d.blks_hit, d.blks_read
+FROM pg_stat_wal w, pg_stat_database d WHERE d.datname = current_database()`).Scan(
+		&c.walRecords, &c.walBytes, &c.walFPI, &c.hit, &c.read)
+	return c, err
+}
