@@ -32,7 +32,7 @@ type BeginRequest struct {
 	IdempotencyKey      string            `json:"idempotency_key" openapi:"minLength=1,maxLength=255"`
 	Payload             json.RawMessage   `json:"payload"`
 	CostMicros          *int64            `json:"cost_micros" openapi:"min=0,max=1000000000000000000"`
-	Dimensions          map[string]string `json:"dimensions"`
+	Dimensions          map[string]string `json:"dimensions" openapi:"maxProperties=16,keyPattern=^[A-Za-z0-9][A-Za-z0-9._-]*$,keyMaxLength=64,valueMinLength=1,valueMaxLength=255"`
 	RunID               *string           `json:"run_id"`
 	GroupID             *string           `json:"group_id"`
 	Compensation        *Compensation     `json:"compensation"`

@@ -114,4 +114,40 @@ func TestBeginOpenAPITagsAgreeWithTheHandler(t *testing.T) {
 			"idempotency_key": fmt.Sprint("rid-", n), "request_id": strings.Repeat("r", n)})
 		require.Equal(t, ok, r.Status == http.StatusOK, "%d: %s", n, r.Body)
 	}
+
+	// dimensions' bounds are begin's: how many, which names, each value's
+	// length (docs QA: the schema said only "an object of strings").
+	dims := field("Dimensions")
+	keyRe := regexp.MustCompile(dims["keyPattern"])
+	keyMax, _ := strconv.Atoi(dims["keyMaxLength"])
+	most, _ = strconv.ParseInt(dims["maxProperties"], 10, 64)
+	valMin, _ := strconv.Atoi(dims["valueMinLength"])
+	valMax, _ := strconv.Atoi(dims["valueMaxLength"])
+	require.Positive(t, keyMax*int(most)*valMin*valMax, fmt.Sprint(dims))
+	n := 0
+	refused := func(d map[string]string) bool {
+		n++
+		r := b.env.Do("POST", "/api/v1/effects/begin", b.ws.Key, map[string]any{"effect_type": "tags.dims",
+			"idempotency_key": fmt.Sprint("dims-", n), "dimensions": d})
+		if r.Status == http.StatusOK {
+			return false
+		}
+		require.NotEmpty(t, validationFields(t, r), "%v", d)
+		return true
+	}
+	for _, name := range []string{"recipient", "a", "A9._-", ".x", "-x", "_x", "a b", "a:b", "é", "",
+		strings.Repeat("a", keyMax), strings.Repeat("a", keyMax+1)} {
+		tagged := keyRe.MatchString(name) && len([]rune(name)) <= keyMax
+		require.Equal(t, tagged, !refused(map[string]string{name: "v"}), "%q", name)
+	}
+	for length, ok := range map[int]bool{valMin - 1: false, valMin: true, valMax: true, valMax + 1: false} {
+		require.Equal(t, ok, !refused(map[string]string{"to": strings.Repeat("é", length)}), "value of %d", length)
+	}
+	for count, ok := range map[int64]bool{most: true, most + 1: false} {
+		d := map[string]string{}
+		for i := range count {
+			d[fmt.Sprint("d", i)] = "v"
+		}
+		require.Equal(t, ok, !refused(d), "%d dimensions", count)
+	}
 }

@@ -468,7 +468,13 @@ func TestOpenAPIStatesBoundsAndEnumerations(t *testing.T) {
 	require.Equal(t, []any{"succeeded", "failed"}, prop("/api/v1/effects/{id}/resolve", "post", "outcome")["enum"])
 	// A request's map field takes null as "not sent", as the decoder does
 	// (jsonstrict.takesNull), and a string field does not.
-	require.Equal(t, []any{"object", "null"}, prop("/api/v1/effects/begin", "post", "dimensions")["type"])
+	dims := prop("/api/v1/effects/begin", "post", "dimensions")
+	require.Equal(t, []any{"object", "null"}, dims["type"])
+	// Its bounds (docs QA: "an object of strings" only; lib/gate holds them
+	// to begin's checks).
+	require.EqualValues(t, 16, dims["maxProperties"])
+	require.Equal(t, map[string]any{"pattern": "^[A-Za-z0-9][A-Za-z0-9._-]*$", "maxLength": 64.0}, dims["propertyNames"])
+	require.Equal(t, map[string]any{"type": "string", "minLength": 1.0, "maxLength": 255.0}, dims["additionalProperties"])
 	require.Equal(t, "string", prop("/api/v1/approvals/{id}/approve", "post", "note")["type"])
 	require.EqualValues(t, 2000, prop("/api/v1/effects/{id}/resolve", "post", "note")["maxLength"])
 	require.Contains(t, prop("/api/v1/circuits/stop", "post", "action")["enum"], "deny")

@@ -163,6 +163,10 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 	cs := connect(t, mcpserver.New(mcpserver.HandlerCaller{Handler: env.App.Server}, "Bearer "+ws.Key))
 	eff := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key,
 		map[string]any{"effect_type": "m.x", "idempotency_key": "schemas"}).JSON()["effect_id"]
+	seventeen := map[string]any{}
+	for i := range 17 {
+		seventeen[fmt.Sprint("d", i)] = "v"
+	}
 	for _, c := range []struct {
 		tool  string
 		args  map[string]any
@@ -187,6 +191,12 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k",
 			"compensation": map[string]any{}}, "compensation.effect_type"},
 		{"ratchet_resolve", map[string]any{"effect_id": eff, "outcome": "failed", "note": strings.Repeat("n", 2001)}, "note"},
+		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k",
+			"dimensions": map[string]any{"to": strings.Repeat("v", 256)}}, "dimensions.to"},
+		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k",
+			"dimensions": map[string]any{"-to": "v"}}, "dimensions.-to"},
+		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k",
+			"dimensions": seventeen}, "dimensions"},
 	} {
 		body, isErr := callJSON(t, cs, c.tool, c.args)
 		require.True(t, isErr, "%s %v", c.tool, c.args)
@@ -231,6 +241,12 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 			require.Equal(t, val, got, "%s.%s %s", c.tool, c.arg, rule)
 		}
 	}
+	// A map's bounds too (MCP QA: the tool took any number of dimensions
+	// of any length, which the REST call then refused).
+	dims := schemas["ratchet_begin"]["dimensions"].(map[string]any)
+	require.EqualValues(t, 16, dims["maxProperties"])
+	require.Equal(t, map[string]any{"pattern": "^[A-Za-z0-9][A-Za-z0-9._-]*$", "maxLength": 64.0}, dims["propertyNames"])
+	require.EqualValues(t, 255, dims["additionalProperties"].(map[string]any)["maxLength"])
 	require.Equal(t, "^[A-Za-z0-9][A-Za-z0-9._:-]*$",
 		schemas["ratchet_begin"]["compensation"].(map[string]any)["properties"].(map[string]any)["effect_type"].(map[string]any)["pattern"])
 

@@ -1,6 +1,7 @@
 // Package schematags reads the openapi struct tags that state the bounds a
 // handler checks (enum=a|b, min=N, max=N, minLength=N, maxLength=N,
-// pattern=RE, required) and adds them to a JSON Schema inferred from the
+// pattern=RE, required; for a map, maxProperties=N, keyPattern=RE,
+// keyMaxLength=N, valueMinLength=N, valueMaxLength=N) and adds them to a JSON Schema inferred from the
 // type: one reading for the OpenAPI document (lib/httpapi), the MCP tools'
 // input schemas (lib/mcpserver) and the tests that hold each tag to its
 // handler.
@@ -19,8 +20,9 @@ import (
 // Constrain adds to s what the openapi tags of t's fields say of their
 // values, the bounds the handlers check (QA: clients generated from the
 // document knew no enum or range): enum=a|b, min=N, max=N, minLength=N,
-// maxLength=N, pattern=RE (rules are split on commas: a pattern holds
-// none). A value the tags allow may still be refused for
+// maxLength=N, pattern=RE, and for a map maxProperties=N, keyPattern=RE,
+// keyMaxLength=N, valueMinLength=N, valueMaxLength=N (rules are split on
+// commas: a pattern holds none). A value the tags allow may still be refused for
 // what only the handler knows; one they refuse always is. Answers are held
 // to the same tags by lib/apitest, so a tag cannot drift from the code.
 func Constrain(t reflect.Type, s *jsonschema.Schema) {
@@ -104,7 +106,39 @@ func applyRule(s *jsonschema.Schema, key, val string) {
 		s.MaxLength = length()
 	case "pattern":
 		s.Pattern = val
+	// An object keyed by names (a map): how many, which names, and each
+	// value's length.
+	case "maxProperties":
+		s.MaxProperties = length()
+	case "keyPattern":
+		keys(s).Pattern = val
+	case "keyMaxLength":
+		keys(s).MaxLength = length()
+	case "valueMinLength":
+		values(s).MinLength = length()
+	case "valueMaxLength":
+		values(s).MaxLength = length()
 	default:
 		panic(fmt.Sprintf("openapi tag: unknown rule %q", key))
 	}
+}
+
+// keys is s's propertyNames schema, made when s has none.
+func keys(s *jsonschema.Schema) *jsonschema.Schema {
+	if s.PropertyNames == nil {
+		s.PropertyNames = &jsonschema.Schema{}
+	}
+	return s.PropertyNames
+}
+
+// values is s's additionalProperties schema, copied first: inference may
+// share one schema between the values of several maps.
+func values(s *jsonschema.Schema) *jsonschema.Schema {
+	v := &jsonschema.Schema{}
+	if s.AdditionalProperties != nil {
+		c := *s.AdditionalProperties
+		v = &c
+	}
+	s.AdditionalProperties = v
+	return v
 }
