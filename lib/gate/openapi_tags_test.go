@@ -151,3 +151,64 @@ func TestBeginOpenAPITagsAgreeWithTheHandler(t *testing.T) {
 		require.Equal(t, ok, !refused(d), "%d dimensions", count)
 	}
 }
+
+// A policy's dimension lists state begin's name rule and their own limits
+// (how many, no repeats), held to the PUT's checks here; the answered
+// policy carries the same tags (TestPolicyOpenAPITagsAgreeWithTheHandler).
+func TestPolicyDimensionTagsAgreeWithTheHandler(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	field := func(name string) map[string]string {
+		f, ok := reflect.TypeFor[gate.PutPolicyRequest]().FieldByName(name)
+		require.True(t, ok, name)
+		return schematags.Rules(f)
+	}
+	accepted := func(body map[string]any) bool {
+		r := b.env.Do("PUT", "/api/v1/policies/tags.dims", b.ws.Key, body)
+		if r.Status == http.StatusOK {
+			return true
+		}
+		require.NotEmpty(t, validationFields(t, r), "%v", body)
+		return false
+	}
+	names := []string{"recipient", "a", "A9._-", ".x", "-x", "_x", "a b", "a:b", "é", "",
+		strings.Repeat("a", 64), strings.Repeat("a", 65)}
+	listed := func(n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprint("d", i)
+		}
+		return out
+	}
+
+	req := field("RequiredDimensions")
+	itemRe := regexp.MustCompile(req["itemPattern"])
+	itemMax, _ := strconv.Atoi(req["itemMaxLength"])
+	most, _ := strconv.Atoi(req["maxItems"])
+	require.Contains(t, req, "uniqueItems")
+	for _, name := range names {
+		tagged := itemRe.MatchString(name) && len([]rune(name)) <= itemMax
+		require.Equal(t, tagged, accepted(map[string]any{"required_dimensions": []string{name}}), "%q", name)
+	}
+	require.True(t, accepted(map[string]any{"required_dimensions": listed(most)}))
+	require.False(t, accepted(map[string]any{"required_dimensions": listed(most + 1)}))
+	require.False(t, accepted(map[string]any{"required_dimensions": []string{"to", "to"}}))
+
+	lim := field("DimensionLimits")
+	keyRe := regexp.MustCompile(lim["keyPattern"])
+	keyMax, _ := strconv.Atoi(lim["keyMaxLength"])
+	most, _ = strconv.Atoi(lim["maxProperties"])
+	limits := func(names ...string) map[string]any {
+		out := map[string]any{}
+		for _, n := range names {
+			out[n] = map[string]any{"daily_count": 1}
+		}
+		return map[string]any{"dimension_limits": out}
+	}
+	for _, name := range names {
+		tagged := keyRe.MatchString(name) && len([]rune(name)) <= keyMax
+		require.Equal(t, tagged, accepted(limits(name)), "%q", name)
+	}
+	require.True(t, accepted(limits(listed(most)...)))
+	require.False(t, accepted(limits(listed(most+1)...)))
+}

@@ -76,8 +76,8 @@ type Policy struct {
 	DailyBudgetMicros          *int64                    `json:"daily_budget_micros" openapi:"min=0,max=1000000000000000000"`
 	ReconcileEveryHours        *int                      `json:"reconcile_every_hours" openapi:"min=1,max=8760"`
 	RequireCost                bool                      `json:"require_cost"`
-	RequiredDimensions         []string                  `json:"required_dimensions"`
-	DimensionLimits            map[string]DimensionLimit `json:"dimension_limits"`
+	RequiredDimensions         []string                  `json:"required_dimensions" openapi:"maxItems=8,itemPattern=^[A-Za-z0-9][A-Za-z0-9._-]*$,itemMaxLength=64,uniqueItems"`
+	DimensionLimits            map[string]DimensionLimit `json:"dimension_limits" openapi:"maxProperties=8,keyPattern=^[A-Za-z0-9][A-Za-z0-9._-]*$,keyMaxLength=64"`
 	StructuringThresholdMicros *int64                    `json:"structuring_threshold_micros" openapi:"min=0,max=1000000000000000000"`
 	SurgePerHour               *int                      `json:"surge_per_hour" openapi:"min=1,max=1000000000"`
 	SurgeMultiplier            *int                      `json:"surge_multiplier" openapi:"min=2,max=1000"`
@@ -100,8 +100,8 @@ type PutPolicyRequest struct {
 	DailyBudgetMicros          jsonx.Optional[int64]                      `json:"daily_budget_micros" openapi:"min=0,max=1000000000000000000"`
 	ReconcileEveryHours        jsonx.Optional[int]                        `json:"reconcile_every_hours" openapi:"min=1,max=8760"`
 	RequireCost                jsonx.Optional[bool]                       `json:"require_cost"`
-	RequiredDimensions         jsonx.Optional[[]string]                   `json:"required_dimensions"`
-	DimensionLimits            jsonx.Optional[map[string]json.RawMessage] `json:"dimension_limits"`
+	RequiredDimensions         jsonx.Optional[[]string]                   `json:"required_dimensions" openapi:"maxItems=8,itemPattern=^[A-Za-z0-9][A-Za-z0-9._-]*$,itemMaxLength=64,uniqueItems"`
+	DimensionLimits            jsonx.Optional[map[string]json.RawMessage] `json:"dimension_limits" openapi:"maxProperties=8,keyPattern=^[A-Za-z0-9][A-Za-z0-9._-]*$,keyMaxLength=64"`
 	StructuringThresholdMicros jsonx.Optional[int64]                      `json:"structuring_threshold_micros" openapi:"min=0,max=1000000000000000000"`
 	SurgePerHour               jsonx.Optional[int]                        `json:"surge_per_hour" openapi:"min=1,max=1000000000"`
 	SurgeMultiplier            jsonx.Optional[int]                        `json:"surge_multiplier" openapi:"min=2,max=1000"`

@@ -1,7 +1,8 @@
 // Package schematags reads the openapi struct tags that state the bounds a
 // handler checks (enum=a|b, min=N, max=N, minLength=N, maxLength=N,
 // pattern=RE, required; for a map, maxProperties=N, keyPattern=RE,
-// keyMaxLength=N, valueMinLength=N, valueMaxLength=N) and adds them to a JSON Schema inferred from the
+// keyMaxLength=N, valueMinLength=N, valueMaxLength=N; for an array,
+// maxItems=N, itemPattern=RE, itemMaxLength=N, uniqueItems) and adds them to a JSON Schema inferred from the
 // type: one reading for the OpenAPI document (lib/httpapi), the MCP tools'
 // input schemas (lib/mcpserver) and the tests that hold each tag to its
 // handler.
@@ -20,9 +21,10 @@ import (
 // Constrain adds to s what the openapi tags of t's fields say of their
 // values, the bounds the handlers check (QA: clients generated from the
 // document knew no enum or range): enum=a|b, min=N, max=N, minLength=N,
-// maxLength=N, pattern=RE, and for a map maxProperties=N, keyPattern=RE,
-// keyMaxLength=N, valueMinLength=N, valueMaxLength=N (rules are split on
-// commas: a pattern holds none). A value the tags allow may still be refused for
+// maxLength=N, pattern=RE, for a map maxProperties=N, keyPattern=RE,
+// keyMaxLength=N, valueMinLength=N, valueMaxLength=N, and for an array
+// maxItems=N, itemPattern=RE, itemMaxLength=N, uniqueItems (rules are split
+// on commas: a pattern holds none). A value the tags allow may still be refused for
 // what only the handler knows; one they refuse always is. Answers are held
 // to the same tags by lib/apitest, so a tag cannot drift from the code.
 func Constrain(t reflect.Type, s *jsonschema.Schema) {
@@ -118,6 +120,16 @@ func applyRule(s *jsonschema.Schema, key, val string) {
 		values(s).MinLength = length()
 	case "valueMaxLength":
 		values(s).MaxLength = length()
+	// An array of names: how many, each one's pattern and length, no
+	// repeats.
+	case "maxItems":
+		s.MaxItems = length()
+	case "itemPattern":
+		items(s).Pattern = val
+	case "itemMaxLength":
+		items(s).MaxLength = length()
+	case "uniqueItems":
+		s.UniqueItems = true
 	default:
 		panic(fmt.Sprintf("openapi tag: unknown rule %q", key))
 	}
@@ -140,5 +152,16 @@ func values(s *jsonschema.Schema) *jsonschema.Schema {
 		v = &c
 	}
 	s.AdditionalProperties = v
+	return v
+}
+
+// items is s's items schema, copied first, as values does.
+func items(s *jsonschema.Schema) *jsonschema.Schema {
+	v := &jsonschema.Schema{}
+	if s.Items != nil {
+		c := *s.Items
+		v = &c
+	}
+	s.Items = v
 	return v
 }
