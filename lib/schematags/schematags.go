@@ -143,25 +143,21 @@ func keys(s *jsonschema.Schema) *jsonschema.Schema {
 	return s.PropertyNames
 }
 
-// values is s's additionalProperties schema, copied first: inference may
-// share one schema between the values of several maps.
-func values(s *jsonschema.Schema) *jsonschema.Schema {
-	v := &jsonschema.Schema{}
-	if s.AdditionalProperties != nil {
-		c := *s.AdditionalProperties
-		v = &c
-	}
-	s.AdditionalProperties = v
-	return v
-}
+// values is s's additionalProperties schema, and items its items schema,
+// each copied first (own): inference may share one schema between the
+// values of several maps or the items of several arrays.
+func values(s *jsonschema.Schema) *jsonschema.Schema { return own(&s.AdditionalProperties) }
 
-// items is s's items schema, copied first, as values does.
-func items(s *jsonschema.Schema) *jsonschema.Schema {
-	v := &jsonschema.Schema{}
-	if s.Items != nil {
-		c := *s.Items
-		v = &c
+func items(s *jsonschema.Schema) *jsonschema.Schema { return own(&s.Items) }
+
+// own replaces *sub with a copy of itself (an empty schema when it has
+// none) and answers the copy.
+func own(sub **jsonschema.Schema) *jsonschema.Schema {
+	c := &jsonschema.Schema{}
+	if *sub != nil {
+		v := **sub
+		c = &v
 	}
-	s.Items = v
-	return v
+	*sub = c
+	return c
 }
