@@ -135,17 +135,12 @@ func applyRule(s *jsonschema.Schema, key, val string) {
 	}
 }
 
-// keys is s's propertyNames schema, made when s has none.
-func keys(s *jsonschema.Schema) *jsonschema.Schema {
-	if s.PropertyNames == nil {
-		s.PropertyNames = &jsonschema.Schema{}
-	}
-	return s.PropertyNames
-}
+// keys is s's propertyNames schema, values its additionalProperties schema
+// and items its items schema, each copied first (own): inference may share
+// one schema between the values of several maps or the items of several
+// arrays.
+func keys(s *jsonschema.Schema) *jsonschema.Schema { return own(&s.PropertyNames) }
 
-// values is s's additionalProperties schema, and items its items schema,
-// each copied first (own): inference may share one schema between the
-// values of several maps or the items of several arrays.
 func values(s *jsonschema.Schema) *jsonschema.Schema { return own(&s.AdditionalProperties) }
 
 func items(s *jsonschema.Schema) *jsonschema.Schema { return own(&s.Items) }
