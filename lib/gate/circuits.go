@@ -123,11 +123,15 @@ func (s *Service) withBreaker(ctx context.Context, workspaceID, effectType strin
 // ListCircuits pages through the circuits of every effect type seen or
 // configured, by type.
 func (s *Service) ListCircuits(ctx context.Context, workspaceID, cursor string, limit int) ([]Circuit, error) {
-	return s.circuits(ctx, workspaceID, cursor, limit, "")
+	return s.circuits(ctx, s.pool, workspaceID, cursor, limit, "", s.clock())
 }
 
-func (s *Service) circuits(ctx context.Context, workspaceID, cursor string, limit int, one string) ([]Circuit, error) {
-	rows, err := s.pool.Query(ctx, sqlListCircuits, workspaceID, cursor, limit, s.clock(), one)
+// circuits reads up to limit circuits after cursor (only one's, when set)
+// as they read at now, through q: the pool, or the transaction of the
+// change an action answers with.
+func (s *Service) circuits(ctx context.Context, q db.Querier, workspaceID, cursor string, limit int, one string,
+	now time.Time) ([]Circuit, error) {
+	rows, err := q.Query(ctx, sqlListCircuits, workspaceID, cursor, limit, now, one)
 	if err != nil {
 		return nil, fmt.Errorf("list circuits: %w", err)
 	}
@@ -143,7 +147,11 @@ func (s *Service) GetCircuit(ctx context.Context, workspaceID, effectType string
 	if err := checkEffectType(effectType); err != nil {
 		return Circuit{}, err
 	}
-	cs, err := s.circuits(ctx, workspaceID, "", 1, effectType)
+	return s.circuit(ctx, s.pool, workspaceID, effectType, s.clock())
+}
+
+func (s *Service) circuit(ctx context.Context, q db.Querier, workspaceID, effectType string, now time.Time) (Circuit, error) {
+	cs, err := s.circuits(ctx, q, workspaceID, "", 1, effectType, now)
 	if err != nil {
 		return Circuit{}, err
 	}
@@ -171,31 +179,45 @@ func (s *Service) OpenCircuit(ctx context.Context, p *auth.Principal, effectType
 	if err := checkEffectType(effectType); err != nil {
 		return Circuit{}, err
 	}
-	if err := s.open(ctx, p, effectType, OpenedByManual, req); err != nil {
-		return Circuit{}, err
-	}
-	return s.GetCircuit(ctx, p.WorkspaceID, effectType)
+	var c Circuit
+	err := s.open(ctx, p, effectType, OpenedByManual, req, func(tx pgx.Tx, now time.Time) (err error) {
+		c, err = s.circuit(ctx, tx, p.WorkspaceID, effectType, now)
+		return err
+	})
+	return c, err
 }
 
 // Stop opens the emergency stop: every effect type, including types first
 // seen while it is on, is held until Release.
 func (s *Service) Stop(ctx context.Context, p *auth.Principal, req OpenCircuitRequest) ([]Circuit, error) {
-	if err := s.open(ctx, p, stopType, OpenedByStop, req); err != nil {
-		return nil, err
-	}
-	return s.ListCircuits(ctx, p.WorkspaceID, "", maxCircuitsAnswered)
+	var cs []Circuit
+	err := s.open(ctx, p, stopType, OpenedByStop, req, func(tx pgx.Tx, now time.Time) (err error) {
+		cs, err = s.circuits(ctx, tx, p.WorkspaceID, "", maxCircuitsAnswered, "", now)
+		return err
+	})
+	return cs, err
 }
 
 // maxCircuitsAnswered bounds the list stop and release answer with.
 const maxCircuitsAnswered = 200
 
-func (s *Service) open(ctx context.Context, p *auth.Principal, effectType, by string, req OpenCircuitRequest) error {
+// answerIn reads what an action answers with, in the action's transaction
+// after its change and with its clock, so that it answers the state it made
+// (race QA: read after the commit, an open racing a close of the same type
+// answered "closed", a stop racing a release a list the stop no longer held).
+type answerIn func(tx pgx.Tx, now time.Time) error
+
+func (s *Service) open(ctx context.Context, p *auth.Principal, effectType, by string, req OpenCircuitRequest,
+	answer answerIn) error {
 	action, reason, err := req.validate()
 	if err != nil {
 		return err
 	}
-	now := s.clock()
 	return db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlLockCircuitTurn, p.WorkspaceID, effectType); err != nil {
+			return fmt.Errorf("open circuit: lock turn: %w", err)
+		}
+		now := s.clock()
 		// A surge breaker whose cooldown ended is closed first, as the
 		// sweeper would have: this opening is a new one.
 		if _, err := tx.Exec(ctx, sqlCloseLapsedCircuit, p.WorkspaceID, effectType, now,
@@ -211,7 +233,7 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, effectType, by st
 			ids.NewAt(ids.Event, now), wasBy, wasAction); err != nil {
 			return fmt.Errorf("open circuit: %w", err)
 		}
-		return nil
+		return answer(tx, now)
 	})
 }
 
@@ -222,18 +244,22 @@ func (s *Service) CloseCircuit(ctx context.Context, p *auth.Principal, effectTyp
 	if err := checkEffectType(effectType); err != nil {
 		return Circuit{}, err
 	}
-	if err := s.close(ctx, p.WorkspaceID, effectType); err != nil {
-		return Circuit{}, err
-	}
-	return s.GetCircuit(ctx, p.WorkspaceID, effectType)
+	var c Circuit
+	err := s.close(ctx, p.WorkspaceID, effectType, func(tx pgx.Tx, now time.Time) (err error) {
+		c, err = s.circuit(ctx, tx, p.WorkspaceID, effectType, now)
+		return err
+	})
+	return c, err
 }
 
 // Release lifts the emergency stop; breakers of single types stay as they are.
 func (s *Service) Release(ctx context.Context, p *auth.Principal) ([]Circuit, error) {
-	if err := s.close(ctx, p.WorkspaceID, stopType); err != nil {
-		return nil, err
-	}
-	return s.ListCircuits(ctx, p.WorkspaceID, "", maxCircuitsAnswered)
+	var cs []Circuit
+	err := s.close(ctx, p.WorkspaceID, stopType, func(tx pgx.Tx, now time.Time) (err error) {
+		cs, err = s.circuits(ctx, tx, p.WorkspaceID, "", maxCircuitsAnswered, "", now)
+		return err
+	})
+	return cs, err
 }
 
 // close closes effectType's breaker ('*' lifts the stop). A type's close
@@ -245,8 +271,11 @@ func (s *Service) Release(ctx context.Context, p *auth.Principal) ([]Circuit, er
 // breaker's row, behind a burst the breaker was refusing, the clock put
 // those refusals inside the new allowance, which they used up at once, and
 // the next begin tripped it again).
-func (s *Service) close(ctx context.Context, workspaceID, effectType string) error {
+func (s *Service) close(ctx context.Context, workspaceID, effectType string, answer answerIn) error {
 	return db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlLockCircuitTurn, workspaceID, effectType); err != nil {
+			return fmt.Errorf("close circuit: lock turn: %w", err)
+		}
 		if effectType != stopType {
 			if _, err := tx.Exec(ctx, sqlLockSurgeTurn, workspaceID, effectType); err != nil {
 				return fmt.Errorf("close circuit: lock surge turn: %w", err)
@@ -257,7 +286,7 @@ func (s *Service) close(ctx context.Context, workspaceID, effectType string) err
 			[]string{ids.NewAt(ids.Event, now)}); err != nil {
 			return fmt.Errorf("close circuit: %w", err)
 		}
-		return nil
+		return answer(tx, now)
 	})
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -897,4 +898,62 @@ func TestAnArrivalLeavesTheBaselineCacheToNewKeys(t *testing.T) {
 	require.True(t, stale, "a new key refreshes it")
 	_, _, err = surge(str(first["idempotency_key"]))
 	require.ErrorIs(t, err, pgx.ErrNoRows, "a granted key is not counted")
+}
+
+// Opens and closes of one breaker racing each other each answer the state
+// they made, as do stops and releases racing each other (race QA: read
+// after the commit, an open answered "closed" and a stop a list it no
+// longer held).
+func TestCircuitActionsAnswerTheStateTheyMade(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.mustBegin("execute", sms(key("seen")))
+	const n = 12
+	for round := range 3 {
+		type answer struct {
+			path string
+			r    *apitest.Response
+		}
+		answers := make(chan answer, 4*n)
+		var paths []string
+		for range n {
+			paths = append(paths, "/api/v1/circuits/sms.send/open", "/api/v1/circuits/sms.send/close",
+				"/api/v1/circuits/stop", "/api/v1/circuits/release")
+		}
+		start := make(chan struct{})
+		for _, path := range paths {
+			var body any
+			if strings.HasSuffix(path, "/open") || strings.HasSuffix(path, "/stop") {
+				body = map[string]any{"action": "deny"}
+			}
+			go func() {
+				<-start
+				answers <- answer{path, b.env.Do("POST", path, b.ws.Key, body)}
+			}()
+		}
+		close(start)
+		for range paths {
+			a := <-answers
+			require.Equal(t, http.StatusOK, a.r.Status, "%s: %s", a.path, a.r.Body)
+			body := a.r.JSON()
+			switch a.path {
+			case "/api/v1/circuits/sms.send/open":
+				require.Equal(t, "open", body["state"], "round %d: %v", round, body)
+			case "/api/v1/circuits/sms.send/close":
+				// Closed, unless the stop holds it: the close does not lift it.
+				if body["opened_by"] != "stop" {
+					require.Equal(t, "closed", body["state"], "round %d: %v", round, body)
+				}
+			default:
+				for _, x := range body["data"].([]any) {
+					c := x.(map[string]any)
+					if c["effect_type"] != "sms.send" || c["opened_by"] == "manual" {
+						continue // a type's own breaker may hold it, whatever the stop
+					}
+					held := c["opened_by"] == "stop"
+					require.Equal(t, a.path == "/api/v1/circuits/stop", held, "round %d %s: %v", round, a.path, c)
+				}
+			}
+		}
+	}
 }

@@ -423,6 +423,12 @@ var (
 	// sqlLockSurgeTurn takes a type's surge turn, as gate_begin_in_turn
 	// does (migration 0028). $1 workspace, $2 type.
 	sqlLockSurgeTurn = `SELECT pg_advisory_xact_lock(hashtextextended('surge:' || $1::text || ':' || $2::text, 0))`
+	// sqlLockCircuitTurn takes a type's (or the stop's, '*') turn among an
+	// operator's opens and closes, first in each, so that each answers the
+	// state it made: a close finding the breaker closed changes no row and
+	// locks none, and an open committing before its answer was read made it
+	// answer "open" (race QA). $1 workspace, $2 type or '*'.
+	sqlLockCircuitTurn = `SELECT pg_advisory_xact_lock(hashtextextended('circuit:' || $1::text || ':' || $2::text, 0))`
 	// sqlCloseSurgeCircuit closes a type's breaker if the surge opened it:
 	// the policy PUT that turns surge off. $1 workspace, $2 type, $3 now,
 	// $4 event ids.
