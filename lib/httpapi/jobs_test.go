@@ -433,6 +433,31 @@ func TestARevokedKeyEnqueuesNothingOnAnotherInstance(t *testing.T) {
 	require.False(t, hasDependents, "the refused enqueue marked its dependency")
 }
 
+// A worker key revoked on one instance claims nothing on another whose
+// cache still holds it, and is told so: 401 on its first look, the job left
+// queued (race QA: 200 with no jobs).
+func TestARevokedKeyClaimsNothingOnAnotherInstance(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	other := apitest.Start(t, apitest.WithNow(e.clock.Now))
+	runID := e.run()
+	worker := e.Key(e.ws, map[string]any{"name": "doomed", "preset": "WORKER", "tools": []string{"send_email@1"}})
+	wid := e.registerAs(worker, "send_email@1")
+	claim := "/api/v1/workers/" + wid + "/claim"
+	require.Empty(t, other.Must(http.StatusOK, "POST", claim, worker, nil).JSON()["jobs"]) // cached there now
+	keyID := "key_" + strings.SplitN(strings.TrimPrefix(worker, "rk_"), "_", 2)[0]
+	e.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+keyID, e.ws.Key, nil)
+	enq := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1"})
+
+	r := other.Do("POST", claim, worker, nil)
+	require.Equal(t, http.StatusUnauthorized, r.Status, "%s", r.Body)
+	require.Equal(t, "unauthorized", r.ErrorCode())
+	var status string
+	require.NoError(t, e.App.Pool.QueryRow(context.Background(), `SELECT status FROM jobs WHERE id = $1`,
+		enq["jobId"]).Scan(&status))
+	require.Equal(t, "QUEUED", status)
+}
+
 // The other calls that queue a job to run, a tool test and a replay, queue
 // nothing for a key revoked on another instance either (review: the tool
 // test queued a job there).
@@ -660,8 +685,10 @@ func TestClaimLongPollsUntilAJobArrives(t *testing.T) {
 
 // A claim long-polling when its key is revoked leases nothing after the
 // revocation, though it was authenticated before it (QA: it leased a job
-// queued after the revocation, decrypted input included). The job waits
-// for a worker whose key is live.
+// queued after the revocation, decrypted input included), and its next look
+// answers 401, as README says (race QA: it answered 200 with no jobs, and
+// its worker polled on, unaware). The job waits for a worker whose key is
+// live.
 func TestClaimLeasesNothingOnceItsKeyIsRevoked(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t)
@@ -683,8 +710,8 @@ func TestClaimLeasesNothingOnceItsKeyIsRevoked(t *testing.T) {
 	e.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+keyID, e.ws.Key, nil)
 	enq := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"card": "secret"}})
 	r := <-done // woken by the enqueue, it looks again
-	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
-	require.Empty(t, r.JSON()["jobs"])
+	require.Equal(t, http.StatusUnauthorized, r.Status, "%s", r.Body)
+	require.Equal(t, "unauthorized", r.JSON()["error"].(map[string]any)["code"])
 	live := e.register("send_email@1")
 	jobs := e.Must(http.StatusOK, "POST", "/api/v1/workers/"+live+"/claim", e.worker, nil).JSON()["jobs"].([]any)
 	require.Len(t, jobs, 1)

@@ -498,11 +498,17 @@ const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND wo
 // (LATERAL: it is called per row of k, and there is none once revoked), so
 // a long-polling claim stops leasing jobs the moment its key's revocation
 // commits, though it was authenticated before (QA: one opened before the
-// revocation leased a job queued after it, decrypted input included).
+// revocation leased a job queued after it, decrypted input included). A
+// revoked key gets one row of NULLs instead (the second branch, which calls
+// nothing), its job id NULL, which claimOnce answers 401 (race QA: the
+// claim answered 200 with no jobs, so its worker polled on, unaware).
 const sqlClaim = `SELECT c.* FROM api_keys k,
     LATERAL jobs_claim_keyed($1::text, $2::text, $3::timestamptz, k.id, $5::int, $6::bigint, $7::timestamptz, $8::text,
                              $9::bigint, $10::text, $11::text) c
-WHERE k.id = $4::text AND k.revoked_at IS NULL`
+WHERE k.id = $4::text AND k.revoked_at IS NULL
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM api_keys k WHERE k.id = $4::text AND k.revoked_at IS NOT NULL`
 
 // sqlHeartbeat extends a current lease by the job's timeout plus the grace,
 // when the key may work the job's tool ($6: its name@version list, NULL for

@@ -262,6 +262,9 @@ func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID str
 	}
 	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ClaimedJob, error) {
 		var j ClaimedJob
+		if r.RawValues()[0] == nil {
+			return j, errClaimKeyRevoked // sqlClaim's row for a revoked key
+		}
 		var sealed []byte
 		err := r.Scan(&j.JobID, &j.StepID, &j.RunID, &j.Name, &j.Version, &j.Attempt, &j.MaxAttempts, &j.LeaseToken,
 			&j.LeaseExpiresAt, &j.TimeoutMs, &j.IdempotencyKey, &sealed)
@@ -273,11 +276,18 @@ func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID str
 		j.Input, err = s.open(j.JobID, "input", sealed)
 		return j, err
 	})
+	if errors.Is(err, errClaimKeyRevoked) {
+		return nil, auth.ErrRevokedKey() // revoked since this instance authenticated the claim
+	}
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	return jobs, nil
 }
+
+// errClaimKeyRevoked stops reading a claim's rows at the one sqlClaim
+// answers for a revoked key.
+var errClaimKeyRevoked = errors.New("claim: key revoked")
 
 // HeartbeatRequest is the body of POST /api/v1/jobs/{id}/heartbeat.
 type HeartbeatRequest struct {
