@@ -21,6 +21,17 @@ func jsonName(f reflect.StructField) string {
 	return name
 }
 
+// dimensionNames are names to try against a tag's name rule: valid ones,
+// every kind begin refuses, and the longest allowed and one past it.
+var dimensionNames = []string{"recipient", "a", "A9._-", ".x", "-x", "_x", "a b", "a:b", "é", "",
+	strings.Repeat("a", 64), strings.Repeat("a", 65)}
+
+// tagAdmits reports whether a name pattern and length tag admit name.
+func tagAdmits(pattern, maxLength, name string) bool {
+	most, err := strconv.Atoi(maxLength)
+	return err == nil && regexp.MustCompile(pattern).MatchString(name) && len([]rune(name)) <= most
+}
+
 // The openapi tags of a policy PUT restate the bounds its handler checks:
 // each is held to the handler here (the tag's bounds and values accepted,
 // one past a bound or another word refused), so neither drifts from the
@@ -118,12 +129,10 @@ func TestBeginOpenAPITagsAgreeWithTheHandler(t *testing.T) {
 	// dimensions' bounds are begin's: how many, which names, each value's
 	// length (docs QA: the schema said only "an object of strings").
 	dims := field("Dimensions")
-	keyRe := regexp.MustCompile(dims["keyPattern"])
-	keyMax, _ := strconv.Atoi(dims["keyMaxLength"])
 	most, _ = strconv.ParseInt(dims["maxProperties"], 10, 64)
 	valMin, _ := strconv.Atoi(dims["valueMinLength"])
 	valMax, _ := strconv.Atoi(dims["valueMaxLength"])
-	require.Positive(t, keyMax*int(most)*valMin*valMax, fmt.Sprint(dims))
+	require.Positive(t, int(most)*valMin*valMax, fmt.Sprint(dims))
 	n := 0
 	refused := func(d map[string]string) bool {
 		n++
@@ -135,9 +144,8 @@ func TestBeginOpenAPITagsAgreeWithTheHandler(t *testing.T) {
 		require.NotEmpty(t, validationFields(t, r), "%v", d)
 		return true
 	}
-	for _, name := range []string{"recipient", "a", "A9._-", ".x", "-x", "_x", "a b", "a:b", "é", "",
-		strings.Repeat("a", keyMax), strings.Repeat("a", keyMax+1)} {
-		tagged := keyRe.MatchString(name) && len([]rune(name)) <= keyMax
+	for _, name := range dimensionNames {
+		tagged := tagAdmits(dims["keyPattern"], dims["keyMaxLength"], name)
 		require.Equal(t, tagged, !refused(map[string]string{name: "v"}), "%q", name)
 	}
 	for length, ok := range map[int]bool{valMin - 1: false, valMin: true, valMax: true, valMax + 1: false} {
@@ -171,8 +179,6 @@ func TestPolicyDimensionTagsAgreeWithTheHandler(t *testing.T) {
 		require.NotEmpty(t, validationFields(t, r), "%v", body)
 		return false
 	}
-	names := []string{"recipient", "a", "A9._-", ".x", "-x", "_x", "a b", "a:b", "é", "",
-		strings.Repeat("a", 64), strings.Repeat("a", 65)}
 	listed := func(n int) []string {
 		out := make([]string, n)
 		for i := range out {
@@ -182,12 +188,10 @@ func TestPolicyDimensionTagsAgreeWithTheHandler(t *testing.T) {
 	}
 
 	req := field("RequiredDimensions")
-	itemRe := regexp.MustCompile(req["itemPattern"])
-	itemMax, _ := strconv.Atoi(req["itemMaxLength"])
 	most, _ := strconv.Atoi(req["maxItems"])
 	require.Contains(t, req, "uniqueItems")
-	for _, name := range names {
-		tagged := itemRe.MatchString(name) && len([]rune(name)) <= itemMax
+	for _, name := range dimensionNames {
+		tagged := tagAdmits(req["itemPattern"], req["itemMaxLength"], name)
 		require.Equal(t, tagged, accepted(map[string]any{"required_dimensions": []string{name}}), "%q", name)
 	}
 	require.True(t, accepted(map[string]any{"required_dimensions": listed(most)}))
@@ -195,8 +199,6 @@ func TestPolicyDimensionTagsAgreeWithTheHandler(t *testing.T) {
 	require.False(t, accepted(map[string]any{"required_dimensions": []string{"to", "to"}}))
 
 	lim := field("DimensionLimits")
-	keyRe := regexp.MustCompile(lim["keyPattern"])
-	keyMax, _ := strconv.Atoi(lim["keyMaxLength"])
 	most, _ = strconv.Atoi(lim["maxProperties"])
 	limits := func(names ...string) map[string]any {
 		out := map[string]any{}
@@ -205,8 +207,8 @@ func TestPolicyDimensionTagsAgreeWithTheHandler(t *testing.T) {
 		}
 		return map[string]any{"dimension_limits": out}
 	}
-	for _, name := range names {
-		tagged := keyRe.MatchString(name) && len([]rune(name)) <= keyMax
+	for _, name := range dimensionNames {
+		tagged := tagAdmits(lim["keyPattern"], lim["keyMaxLength"], name)
 		require.Equal(t, tagged, accepted(limits(name)), "%q", name)
 	}
 	require.True(t, accepted(limits(listed(most)...)))

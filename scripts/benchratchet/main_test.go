@@ -51,10 +51,12 @@ func TestFiguresSmoke(t *testing.T) {
 	require.NoError(t, b.runFigures(ctx, nil))
 
 	values := map[string]float64{}
+	var comments []string
 	sc := bufio.NewScanner(&out)
 	for sc.Scan() {
 		line := sc.Text()
 		if strings.HasPrefix(line, "#") {
+			comments = append(comments, line)
 			continue
 		}
 		fields := strings.Fields(line)
@@ -75,6 +77,12 @@ func TestFiguresSmoke(t *testing.T) {
 		require.Contains(t, values, name)
 	}
 	require.LessOrEqual(t, values["ratchet.serverless.db_conns_burst"], values["ratchet.serverless.db_conns_max"])
+	// The claim figure's diagnostics: each depth timed from a checkpoint
+	// (the test's role may take one) with its io line.
+	joined := strings.Join(comments, "\n")
+	require.Contains(t, joined, "# claim io 10: per claim and report: WAL ")
+	require.Contains(t, joined, "# claim io 100: per claim and report: WAL ")
+	require.NotContains(t, joined, "CHECKPOINT refused")
 }
 
 // TestOnlySelectsByPrefix checks -only, which the lead's per-figure runs use.
