@@ -11,15 +11,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/schematags"
 )
-
-// jsonName is a struct field's JSON name.
-func jsonName(f reflect.StructField) string {
-	name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-	return name
-}
 
 // dimensionNames are names to try against a tag's name rule: valid ones,
 // every kind begin refuses, and the longest allowed and one past it.
@@ -32,45 +27,22 @@ func tagAdmits(pattern, maxLength, name string) bool {
 	return err == nil && regexp.MustCompile(pattern).MatchString(name) && len([]rune(name)) <= most
 }
 
-// The openapi tags of a policy PUT restate the bounds its handler checks:
-// each is held to the handler here (the tag's bounds and values accepted,
-// one past a bound or another word refused), so neither drifts from the
-// other without a failing test.
+// The openapi tags of a policy PUT restate the bounds its handler checks,
+// and which fields may be null: each is held to the handler
+// (apitest.CheckRequestTags), so neither drifts from the other without a
+// failing test.
 func TestPolicyOpenAPITagsAgreeWithTheHandler(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	typ := reflect.TypeFor[gate.PutPolicyRequest]()
-	checked := 0
-	for i := range typ.NumField() {
-		f := typ.Field(i)
-		rules, name := schematags.Rules(f), jsonName(f)
-		effectType := "tags." + strings.ReplaceAll(name, "_", "-")
-		for _, bound := range []string{"min", "max"} {
-			v, ok := rules[bound]
-			if !ok {
-				continue
-			}
-			n, err := strconv.ParseInt(v, 10, 64)
-			require.NoError(t, err, name)
-			past := n - 1
-			if bound == "max" {
-				past = n + 1
-			}
-			b.putPolicy(effectType, map[string]any{name: n})
-			require.Equal(t, []string{name}, validationFields(t, b.env.Do("PUT", "/api/v1/policies/"+effectType,
-				b.ws.Key, map[string]any{name: past})), "%s %s", name, bound)
-			checked++
-		}
-		if values, ok := rules["enum"]; ok {
-			for _, v := range strings.Split(values, "|") {
-				b.putPolicy(effectType, map[string]any{name: v})
-			}
-			require.Equal(t, []string{name}, validationFields(t, b.env.Do("PUT", "/api/v1/policies/"+effectType,
-				b.ws.Key, map[string]any{name: "other"})), name)
-			checked++
-		}
-	}
-	require.Greater(t, checked, 20, "the policy's bounds are tagged")
+	checked := apitest.CheckRequestTags(t, apitest.TagProbe{
+		Type: typ,
+		Base: func(string) map[string]any { return map[string]any{} },
+		Send: func(body map[string]any) *apitest.Response {
+			return b.env.Do("PUT", "/api/v1/policies/"+apitest.Unique("tags.t"), b.ws.Key, body)
+		},
+	})
+	require.Greater(t, checked, 40, "the policy's bounds are tagged")
 
 	// The policy as answered carries the same tags as the PUT that sets it.
 	answered := reflect.TypeFor[gate.Policy]()

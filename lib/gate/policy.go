@@ -67,23 +67,23 @@ type DimensionLimit struct {
 type Policy struct {
 	EffectType                 string                    `json:"effect_type"`
 	Version                    int64                     `json:"version"`
-	Mode                       string                    `json:"mode" openapi:"enum=allow|require_approval|deny"`
-	OnIndeterminate            string                    `json:"on_indeterminate" openapi:"enum=block|retry|probe"`
-	LeaseSeconds               int                       `json:"lease_seconds" openapi:"min=5,max=3600"`
-	MaxAttempts                int                       `json:"max_attempts" openapi:"min=1,max=50"`
+	Mode                       string                    `json:"mode" openapi:"enum=allow|require_approval|deny,notNull"`
+	OnIndeterminate            string                    `json:"on_indeterminate" openapi:"enum=block|retry|probe,notNull"`
+	LeaseSeconds               int                       `json:"lease_seconds" openapi:"min=5,max=3600,notNull"`
+	MaxAttempts                int                       `json:"max_attempts" openapi:"min=1,max=50,notNull"`
 	MaxCostMicros              *int64                    `json:"max_cost_micros" openapi:"min=0,max=1000000000000000000"`
 	ApprovalAboveMicros        *int64                    `json:"approval_above_micros" openapi:"min=0,max=1000000000000000000"`
 	DailyBudgetMicros          *int64                    `json:"daily_budget_micros" openapi:"min=0,max=1000000000000000000"`
 	ReconcileEveryHours        *int                      `json:"reconcile_every_hours" openapi:"min=1,max=8760"`
-	RequireCost                bool                      `json:"require_cost"`
+	RequireCost                bool                      `json:"require_cost" openapi:"notNull"`
 	RequiredDimensions         []string                  `json:"required_dimensions" openapi:"maxItems=8,itemPattern=^[A-Za-z0-9][A-Za-z0-9._-]*$,itemMaxLength=64,uniqueItems"`
 	DimensionLimits            map[string]DimensionLimit `json:"dimension_limits" openapi:"maxProperties=8,keyPattern=^[A-Za-z0-9][A-Za-z0-9._-]*$,keyMaxLength=64"`
 	StructuringThresholdMicros *int64                    `json:"structuring_threshold_micros" openapi:"min=0,max=1000000000000000000"`
 	SurgePerHour               *int                      `json:"surge_per_hour" openapi:"min=1,max=1000000000"`
 	SurgeMultiplier            *int                      `json:"surge_multiplier" openapi:"min=2,max=1000"`
-	SurgeAction                string                    `json:"surge_action" openapi:"enum=monitor|require_approval|deny"`
-	SurgeCooldownSeconds       int                       `json:"surge_cooldown_seconds" openapi:"min=60,max=86400"`
-	RetentionDays              int                       `json:"retention_days" openapi:"min=1,max=400"`
+	SurgeAction                string                    `json:"surge_action" openapi:"enum=monitor|require_approval|deny,notNull"`
+	SurgeCooldownSeconds       int                       `json:"surge_cooldown_seconds" openapi:"min=60,max=86400,notNull"`
+	RetentionDays              int                       `json:"retention_days" openapi:"min=1,max=400,notNull"`
 	UpdatedAt                  *time.Time                `json:"updated_at"`
 }
 
@@ -91,23 +91,23 @@ type Policy struct {
 // fields keep their value, null clears a nullable field.
 type PutPolicyRequest struct {
 	ExpectedVersion            *int64                                     `json:"expected_version,omitempty"`
-	Mode                       jsonx.Optional[string]                     `json:"mode" openapi:"enum=allow|require_approval|deny"`
-	OnIndeterminate            jsonx.Optional[string]                     `json:"on_indeterminate" openapi:"enum=block|retry|probe"`
-	LeaseSeconds               jsonx.Optional[int]                        `json:"lease_seconds" openapi:"min=5,max=3600"`
-	MaxAttempts                jsonx.Optional[int]                        `json:"max_attempts" openapi:"min=1,max=50"`
+	Mode                       jsonx.Optional[string]                     `json:"mode" openapi:"enum=allow|require_approval|deny,notNull"`
+	OnIndeterminate            jsonx.Optional[string]                     `json:"on_indeterminate" openapi:"enum=block|retry|probe,notNull"`
+	LeaseSeconds               jsonx.Optional[int]                        `json:"lease_seconds" openapi:"min=5,max=3600,notNull"`
+	MaxAttempts                jsonx.Optional[int]                        `json:"max_attempts" openapi:"min=1,max=50,notNull"`
 	MaxCostMicros              jsonx.Optional[int64]                      `json:"max_cost_micros" openapi:"min=0,max=1000000000000000000"`
 	ApprovalAboveMicros        jsonx.Optional[int64]                      `json:"approval_above_micros" openapi:"min=0,max=1000000000000000000"`
 	DailyBudgetMicros          jsonx.Optional[int64]                      `json:"daily_budget_micros" openapi:"min=0,max=1000000000000000000"`
 	ReconcileEveryHours        jsonx.Optional[int]                        `json:"reconcile_every_hours" openapi:"min=1,max=8760"`
-	RequireCost                jsonx.Optional[bool]                       `json:"require_cost"`
+	RequireCost                jsonx.Optional[bool]                       `json:"require_cost" openapi:"notNull"`
 	RequiredDimensions         jsonx.Optional[[]string]                   `json:"required_dimensions" openapi:"maxItems=8,itemPattern=^[A-Za-z0-9][A-Za-z0-9._-]*$,itemMaxLength=64,uniqueItems"`
 	DimensionLimits            jsonx.Optional[map[string]json.RawMessage] `json:"dimension_limits" openapi:"maxProperties=8,keyPattern=^[A-Za-z0-9][A-Za-z0-9._-]*$,keyMaxLength=64"`
 	StructuringThresholdMicros jsonx.Optional[int64]                      `json:"structuring_threshold_micros" openapi:"min=0,max=1000000000000000000"`
 	SurgePerHour               jsonx.Optional[int]                        `json:"surge_per_hour" openapi:"min=1,max=1000000000"`
 	SurgeMultiplier            jsonx.Optional[int]                        `json:"surge_multiplier" openapi:"min=2,max=1000"`
-	SurgeAction                jsonx.Optional[string]                     `json:"surge_action" openapi:"enum=monitor|require_approval|deny"`
-	SurgeCooldownSeconds       jsonx.Optional[int]                        `json:"surge_cooldown_seconds" openapi:"min=60,max=86400"`
-	RetentionDays              jsonx.Optional[int]                        `json:"retention_days" openapi:"min=1,max=400"`
+	SurgeAction                jsonx.Optional[string]                     `json:"surge_action" openapi:"enum=monitor|require_approval|deny,notNull"`
+	SurgeCooldownSeconds       jsonx.Optional[int]                        `json:"surge_cooldown_seconds" openapi:"min=60,max=86400,notNull"`
+	RetentionDays              jsonx.Optional[int]                        `json:"retention_days" openapi:"min=1,max=400,notNull"`
 }
 
 // required sets a non-nullable field: null is refused, omitted keeps.

@@ -6,7 +6,6 @@ import (
 	"maps"
 	"net/http"
 	"reflect"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -386,7 +385,7 @@ func relaxRequired(t reflect.Type, s *jsonschema.Schema) {
 	for name, ft := range fields {
 		switch {
 		case must[name]:
-			notNull(s.Properties[name]) // sent, and refused as null (a batch's reports)
+			schematags.NotNull(s.Properties[name]) // sent, and refused as null (a batch's reports)
 		case ft.Kind() == reflect.Map:
 			orNull(s.Properties[name]) // null is "not sent" (jsonstrict.takesNull); inference says object
 		}
@@ -400,20 +399,6 @@ func orNull(s *jsonschema.Schema) {
 		return
 	}
 	s.Types, s.Type = []string{s.Type, "null"}, ""
-}
-
-// notNull drops null from a schema's types: inference allows it for every
-// list and pointer.
-func notNull(s *jsonschema.Schema) {
-	if s == nil || len(s.Types) == 0 {
-		return
-	}
-	types := slices.DeleteFunc(slices.Clone(s.Types), func(t string) bool { return t == "null" })
-	if len(types) == 1 {
-		s.Type, s.Types = types[0], nil
-	} else {
-		s.Types = types
-	}
 }
 
 // mustSend lists the fields of struct t tagged openapi:"required": fields

@@ -47,12 +47,12 @@ type Contract struct {
 
 // ContractRetryPolicy is a contract's CUSTOM retry policy as sent.
 type ContractRetryPolicy struct {
-	Preset         jsonx.Optional[string]  `json:"preset"`
-	MaxAttempts    jsonx.Optional[int64]   `json:"maxAttempts"`
-	InitialDelayMs jsonx.Optional[int64]   `json:"initialDelayMs"`
-	Multiplier     jsonx.Optional[float64] `json:"multiplier"`
-	MaxDelayMs     jsonx.Optional[int64]   `json:"maxDelayMs"`
-	JitterPercent  jsonx.Optional[float64] `json:"jitterPercent"`
+	Preset         jsonx.Optional[string]  `json:"preset" openapi:"enum=CUSTOM,notNull"`
+	MaxAttempts    jsonx.Optional[int64]   `json:"maxAttempts" openapi:"required,min=1,max=10"`
+	InitialDelayMs jsonx.Optional[int64]   `json:"initialDelayMs" openapi:"required,min=1,max=86400000"`
+	Multiplier     jsonx.Optional[float64] `json:"multiplier" openapi:"required,min=1,max=10"`
+	MaxDelayMs     jsonx.Optional[int64]   `json:"maxDelayMs" openapi:"required,min=1,max=86400000"`
+	JitterPercent  jsonx.Optional[float64] `json:"jitterPercent" openapi:"required,min=0,max=100"`
 }
 
 // PublishContractRequest is the body of POST /api/v1/tools/{name}/contracts.
@@ -63,10 +63,10 @@ type PublishContractRequest struct {
 	HandlerVersion string               `json:"handlerVersion"`
 	InputSchema    json.RawMessage      `json:"inputSchema" openapi:"required"`
 	OutputSchema   json.RawMessage      `json:"outputSchema,omitempty"`
-	TimeoutMs      *int64               `json:"timeoutMs,omitempty"`
-	RetryPreset    *string              `json:"retryPreset,omitempty"`
+	TimeoutMs      *int64               `json:"timeoutMs,omitempty" openapi:"min=1000,max=86400000"`
+	RetryPreset    *string              `json:"retryPreset,omitempty" openapi:"enum=STANDARD|AGGRESSIVE|RELAXED|CUSTOM"`
 	RetryPolicy    *ContractRetryPolicy `json:"retryPolicy,omitempty"`
-	Status         *string              `json:"status,omitempty"`
+	Status         *string              `json:"status,omitempty" openapi:"enum=ACTIVE|FORBIDDEN"`
 }
 
 // contractRetryPolicy validates retryPreset and retryPolicy with the

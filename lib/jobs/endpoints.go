@@ -78,23 +78,23 @@ func defaultEndpointPolicy() endpointPolicy {
 // PolicyFields are the policy fields shared by POST /endpoints and PUT …/policy.
 // Omitted fields keep their value; null clears a nullable field.
 type PolicyFields struct {
-	Preset             jsonx.Optional[string]  `json:"preset"`
-	MaxAttempts        jsonx.Optional[int64]   `json:"maxAttempts"`
-	InitialDelayMs     jsonx.Optional[int64]   `json:"initialDelayMs"`
-	Multiplier         jsonx.Optional[float64] `json:"multiplier"`
-	MaxDelayMs         jsonx.Optional[int64]   `json:"maxDelayMs"`
-	JitterPercent      jsonx.Optional[float64] `json:"jitterPercent"`
-	DefaultTimeoutMs   jsonx.Optional[int64]   `json:"defaultTimeoutMs"`
-	MaxConcurrent      jsonx.Optional[int64]   `json:"maxConcurrent"`
-	RateLimitPerMinute jsonx.Optional[int64]   `json:"rateLimitPerMinute"`
+	Preset             jsonx.Optional[string]  `json:"preset" openapi:"enum=STANDARD|AGGRESSIVE|RELAXED|CUSTOM,notNull"`
+	MaxAttempts        jsonx.Optional[int64]   `json:"maxAttempts" openapi:"min=1,max=10,notNull"`
+	InitialDelayMs     jsonx.Optional[int64]   `json:"initialDelayMs" openapi:"min=1,max=86400000,notNull"`
+	Multiplier         jsonx.Optional[float64] `json:"multiplier" openapi:"min=1,max=10,notNull"`
+	MaxDelayMs         jsonx.Optional[int64]   `json:"maxDelayMs" openapi:"min=1,max=86400000,notNull"`
+	JitterPercent      jsonx.Optional[float64] `json:"jitterPercent" openapi:"min=0,max=100,notNull"`
+	DefaultTimeoutMs   jsonx.Optional[int64]   `json:"defaultTimeoutMs" openapi:"min=1000,max=86400000,notNull"`
+	MaxConcurrent      jsonx.Optional[int64]   `json:"maxConcurrent" openapi:"min=1,max=1000"`
+	RateLimitPerMinute jsonx.Optional[int64]   `json:"rateLimitPerMinute" openapi:"min=1,max=100000"`
 	// null turns the breaker off, closing an open circuit.
-	CircuitFailureThreshold jsonx.Optional[int64] `json:"circuitFailureThreshold"`
-	CircuitCooldownMs       jsonx.Optional[int64] `json:"circuitCooldownMs"`
+	CircuitFailureThreshold jsonx.Optional[int64] `json:"circuitFailureThreshold" openapi:"min=1,max=1000"`
+	CircuitCooldownMs       jsonx.Optional[int64] `json:"circuitCooldownMs" openapi:"min=1000,max=86400000,notNull"`
 }
 
 // UpdatePolicyRequest is the body of PUT /api/v1/endpoints/{id}/policy.
 type UpdatePolicyRequest struct {
-	ExpectedVersion jsonx.Optional[int64] `json:"expectedVersion"`
+	ExpectedVersion jsonx.Optional[int64] `json:"expectedVersion" openapi:"required,min=0"`
 	PolicyFields
 }
 

@@ -1,6 +1,6 @@
 // Package schematags reads the openapi struct tags that state the bounds a
 // handler checks (enum=a|b, min=N, max=N, minLength=N, maxLength=N,
-// pattern=RE, required; for a map, maxProperties=N, keyPattern=RE,
+// pattern=RE, required, notNull; for a map, maxProperties=N, keyPattern=RE,
 // keyMaxLength=N, valueMinLength=N, valueMaxLength=N; for an array,
 // maxItems=N, itemPattern=RE, itemMaxLength=N, uniqueItems) and adds them to a JSON Schema inferred from the
 // type: one reading for the OpenAPI document (lib/httpapi), the MCP tools'
@@ -21,7 +21,8 @@ import (
 // Constrain adds to s what the openapi tags of t's fields say of their
 // values, the bounds the handlers check (QA: clients generated from the
 // document knew no enum or range): enum=a|b, min=N, max=N, minLength=N,
-// maxLength=N, pattern=RE, for a map maxProperties=N, keyPattern=RE,
+// maxLength=N, pattern=RE, notNull (a field a request may leave out but
+// never send as null, such as a policy's mode), for a map maxProperties=N, keyPattern=RE,
 // keyMaxLength=N, valueMinLength=N, valueMaxLength=N, and for an array
 // maxItems=N, itemPattern=RE, itemMaxLength=N, uniqueItems (rules are split
 // on commas: a pattern holds none). A value the tags allow may still be refused for
@@ -98,6 +99,8 @@ func applyRule(s *jsonschema.Schema, key, val string) {
 		if slices.Contains(s.Types, "null") {
 			s.Enum = append(s.Enum, nil)
 		}
+	case "notNull":
+		NotNull(s)
 	case "min":
 		s.Minimum = num()
 	case "max":
@@ -132,6 +135,26 @@ func applyRule(s *jsonschema.Schema, key, val string) {
 		s.UniqueItems = true
 	default:
 		panic(fmt.Sprintf("openapi tag: unknown rule %q", key))
+	}
+}
+
+// NotNull drops null from a schema's types and enum: inference allows it
+// for every list, pointer and Optional, and enum=… adds it when the type
+// allows it (so either rule may be applied first).
+func NotNull(s *jsonschema.Schema) {
+	if s == nil {
+		return
+	}
+	if len(s.Types) > 0 {
+		types := slices.DeleteFunc(slices.Clone(s.Types), func(t string) bool { return t == "null" })
+		if len(types) == 1 {
+			s.Type, s.Types = types[0], nil
+		} else {
+			s.Types = types
+		}
+	}
+	if s.Enum != nil {
+		s.Enum = slices.DeleteFunc(slices.Clone(s.Enum), func(v any) bool { return v == nil })
 	}
 }
 

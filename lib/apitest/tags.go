@@ -1,0 +1,165 @@
+package apitest
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/schematags"
+)
+
+// TagProbe sends request bodies of one type for CheckRequestTags.
+type TagProbe struct {
+	// Type is the request struct whose openapi tags are checked (the
+	// fields of an embedded struct are its own).
+	Type reflect.Type
+	// Prefix is put before a field's name in the validation errors a
+	// refusal names ("retryPolicy." for a nested object).
+	Prefix string
+	// Base answers a body the handler accepts, before the field under
+	// test is set in it or taken out of it; a new map for each call.
+	Base func(field string) map[string]any
+	// Send sends the body and answers the handler's response.
+	Send func(body map[string]any) *Response
+}
+
+// CheckRequestTags holds a request type's openapi tags, which the OpenAPI
+// document and the MCP tools' schemas state (lib/schematags), to the
+// handler that checks them: each min and max is sent at the bound
+// (accepted) and one past it (refused, naming the field), each enum value
+// is accepted and another word refused, a field tagged required is refused
+// when left out, and null is refused exactly where the document says the
+// field cannot be null (QA, session 31: the document allowed null for
+// eight policy fields the PUT refuses). It answers how many rules it
+// checked.
+func CheckRequestTags(t *testing.T, p TagProbe) int {
+	t.Helper()
+	checked := 0
+	for _, f := range requestFields(p.Type) {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		rules := schematags.Rules(f)
+		try := func(what string, value any, omit bool) (bool, []string) {
+			t.Helper()
+			body := p.Base(name)
+			delete(body, name)
+			if !omit {
+				body[name] = value
+			}
+			r := p.Send(body)
+			if r.Status == http.StatusOK || r.Status == http.StatusCreated {
+				return true, nil
+			}
+			require.Equal(t, http.StatusBadRequest, r.Status, "%s%s %s: %s", p.Prefix, name, what, r.Body)
+			return false, validationFields(t, r)
+		}
+		accepted := func(what string, value any) {
+			t.Helper()
+			ok, fields := try(what, value, false)
+			require.True(t, ok, "%s%s %s (%v) is refused: %v", p.Prefix, name, what, value, fields)
+			checked++
+		}
+		refused := func(what string, value any, omit bool) {
+			t.Helper()
+			ok, fields := try(what, value, omit)
+			require.False(t, ok, "%s%s %s (%v) is accepted", p.Prefix, name, what, value)
+			require.Contains(t, fields, p.Prefix+name, "%s%s %s", p.Prefix, name, what)
+			checked++
+		}
+
+		for _, bound := range []string{"min", "max"} {
+			v, ok := rules[bound]
+			if !ok {
+				continue
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			require.NoError(t, err, "%s %s", name, bound)
+			past := n - 1
+			if bound == "max" {
+				past = n + 1
+			}
+			accepted(bound, n)
+			refused("past "+bound, past, false)
+		}
+		if values, ok := rules["enum"]; ok {
+			for _, v := range strings.Split(values, "|") {
+				accepted("enum", v)
+			}
+			refused("outside the enum", "other", false)
+		}
+		_, required := rules["required"]
+		if required {
+			refused("left out", nil, true)
+		}
+		_, notNull := rules["notNull"]
+		if required || notNull || !mayBeNull(f.Type) {
+			refused("null", nil, false)
+		} else {
+			accepted("null", nil)
+		}
+	}
+	return checked
+}
+
+// requestFields are t's JSON fields, an embedded struct's flattened.
+func requestFields(t reflect.Type) []reflect.StructField {
+	var out []reflect.StructField
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case f.Anonymous && name == "":
+			out = append(out, requestFields(f.Type)...)
+		case f.IsExported() && name != "-":
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// mayBeNull reports whether the document's inference lets a field of type
+// t be null: a pointer, map, list, raw JSON or Optional.
+func mayBeNull(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Interface:
+		return true
+	case reflect.Struct:
+		return strings.HasPrefix(t.Name(), "Optional[")
+	}
+	return false
+}
+
+// validationFields are the fields a 400 invalid_request names.
+func validationFields(t *testing.T, r *Response) []string {
+	t.Helper()
+	var env struct {
+		Error struct {
+			Code   string `json:"code"`
+			Detail struct {
+				Validation []struct {
+					Field string `json:"field"`
+				} `json:"validation"`
+			} `json:"detail"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal(r.Body, &env), "%s", r.Body)
+	require.Equal(t, "invalid_request", env.Error.Code, "%s", r.Body)
+	var out []string
+	for _, v := range env.Error.Detail.Validation {
+		out = append(out, v.Field)
+	}
+	return out
+}
+
+// unique numbers the names Unique answers.
+var unique atomic.Int64
+
+// Unique answers prefix followed by a number no earlier call answered, for
+// names a probe must not repeat (a new endpoint or effect type per request).
+func Unique(prefix string) string { return fmt.Sprint(prefix, unique.Add(1)) }

@@ -1,0 +1,101 @@
+package httpapi_test
+
+import (
+	"maps"
+	"net/http"
+	"reflect"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/jobs"
+)
+
+// customPolicy is a complete CUSTOM retry policy whose delays leave every
+// field's bounds reachable: initialDelayMs at its least, maxDelayMs at its
+// most, so neither bound of one is refused for the other's sake.
+func customPolicy() map[string]any {
+	return map[string]any{"maxAttempts": 5, "initialDelayMs": 1, "multiplier": 2, "maxDelayMs": jobs.MaxDelayLimitMs,
+		"jitterPercent": 10}
+}
+
+// An endpoint's policy fields, a contract's retry policy and the PUT's
+// expectedVersion state in the OpenAPI document the bounds, values and
+// nullability their handlers check (QA, session 31: the document stated no
+// bound for them, and allowed null for fields the handlers refuse as
+// null); apitest.CheckRequestTags holds each tag to its handler.
+func TestEndpointAndContractPolicyTagsAgreeWithTheHandlers(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+
+	// A body for POST /endpoints: the custom fields come with a complete
+	// CUSTOM policy, the preset CUSTOM with the fields it needs.
+	custom := customPolicy()
+	endpointBody := func(field string) map[string]any {
+		if _, ok := custom[field]; ok {
+			return merged(customPolicy(), map[string]any{"preset": jobs.PresetCustom})
+		}
+		return map[string]any{}
+	}
+	withCustom := func(body map[string]any) map[string]any {
+		if body["preset"] == jobs.PresetCustom {
+			return merged(customPolicy(), body)
+		}
+		return body
+	}
+	checked := apitest.CheckRequestTags(t, apitest.TagProbe{
+		Type: reflect.TypeFor[jobs.PolicyFields](),
+		Base: endpointBody,
+		Send: func(body map[string]any) *apitest.Response {
+			body = withCustom(body)
+			body["name"] = apitest.Unique("tags endpoint ")
+			return e.Do("POST", "/api/v1/endpoints", e.ws.Key, body)
+		},
+	})
+	require.Greater(t, checked, 40, "the endpoint policy's bounds are tagged")
+
+	// PUT …/policy takes the same fields and requires expectedVersion, a
+	// version read (0 or more).
+	ep := e.endpoint("Tags")
+	put := func(body map[string]any) *apitest.Response {
+		return e.Do("PUT", "/api/v1/endpoints/"+ep["id"].(string)+"/policy", e.ws.Key, body)
+	}
+	for _, body := range []map[string]any{{}, {"expectedVersion": nil}, {"expectedVersion": -1}} {
+		require.Equal(t, []string{"expectedVersion"}, validationFields(t, put(body)), "%v", body)
+	}
+	require.Equal(t, http.StatusOK, put(map[string]any{"expectedVersion": ep["version"]}).Status)
+
+	// A contract's retry policy: its fields are required (a CUSTOM policy
+	// is complete), its preset may only say CUSTOM.
+	publish := func(body map[string]any) *apitest.Response {
+		if body["retryPreset"] == jobs.PresetCustom && body["retryPolicy"] == nil {
+			body["retryPolicy"] = customPolicy()
+		}
+		return e.Do("POST", "/api/v1/tools/"+apitest.Unique("tags_tool_")+"/contracts", e.ws.Key, body)
+	}
+	contract := func(string) map[string]any { return map[string]any{"handlerVersion": "1", "inputSchema": true} }
+	checked = apitest.CheckRequestTags(t, apitest.TagProbe{
+		Type:   reflect.TypeFor[jobs.ContractRetryPolicy](),
+		Prefix: "retryPolicy.",
+		Base:   func(string) map[string]any { return customPolicy() },
+		Send: func(body map[string]any) *apitest.Response {
+			return publish(merged(contract(""), map[string]any{"retryPreset": jobs.PresetCustom,
+				"retryPolicy": body}))
+		},
+	})
+	require.Greater(t, checked, 20, "the contract's retry policy is tagged")
+	checked = apitest.CheckRequestTags(t, apitest.TagProbe{
+		Type: reflect.TypeFor[jobs.PublishContractRequest](),
+		Base: contract,
+		Send: publish,
+	})
+	require.Greater(t, checked, 10, "the contract's fields are tagged")
+}
+
+// merged answers a copy of base with extra's fields set over it.
+func merged(base, extra map[string]any) map[string]any {
+	out := maps.Clone(base)
+	maps.Copy(out, extra)
+	return out
+}
