@@ -32,8 +32,9 @@ type TagProbe struct {
 
 // CheckRequestTags holds a request type's openapi tags, which the OpenAPI
 // document and the MCP tools' schemas state (lib/schematags), to the
-// handler that checks them: each min and max is sent at the bound
-// (accepted) and one past it (refused, naming the field), each enum value
+// handler that checks them: each min and max, and each minLength and
+// maxLength (a string of as many k's), is sent at the bound (accepted) and
+// one past it (refused, naming the field), each enum value
 // is accepted and another word refused, a field tagged required is refused
 // when left out, and null is refused exactly where the document says the
 // field cannot be null (QA, session 31: the document allowed null for
@@ -86,6 +87,22 @@ func CheckRequestTags(t *testing.T, p TagProbe) int {
 			}
 			accepted(bound, n)
 			refused("past "+bound, past, false)
+		}
+		for _, bound := range []string{"minLength", "maxLength"} {
+			v, ok := rules[bound]
+			if !ok {
+				continue
+			}
+			n, err := strconv.Atoi(v)
+			require.NoError(t, err, "%s %s", name, bound)
+			past := n - 1
+			if bound == "maxLength" {
+				past = n + 1
+			}
+			accepted(bound, strings.Repeat("k", n))
+			if past >= 0 {
+				refused("past "+bound, strings.Repeat("k", past), false)
+			}
 		}
 		if values, ok := rules["enum"]; ok {
 			for _, v := range strings.Split(values, "|") {

@@ -333,12 +333,12 @@ func (s *Service) forget(keyID string) {
 
 // CreateKeyRequest is the body of POST /api/v1/keys.
 type CreateKeyRequest struct {
-	Name                    string   `json:"name"`
+	Name                    string   `json:"name" openapi:"minLength=1,maxLength=100"`
 	Scopes                  []string `json:"scopes,omitempty"`
-	Preset                  string   `json:"preset,omitempty"`
+	Preset                  string   `json:"preset,omitempty" openapi:"enum=OPERATOR|AGENT|INGEST|WORKER"`
 	Tools                   []string `json:"tools,omitempty"`
-	DailySpendCeilingMicros *int64   `json:"daily_spend_ceiling_micros,omitempty"`
-	RateLimitPerMinute      *int     `json:"rate_limit_per_minute,omitempty"`
+	DailySpendCeilingMicros *int64   `json:"daily_spend_ceiling_micros,omitempty" openapi:"min=0,max=1000000000000000000"`
+	RateLimitPerMinute      *int     `json:"rate_limit_per_minute,omitempty" openapi:"min=1,max=1000000"`
 }
 
 // resolve validates the request against the creator's own powers and returns

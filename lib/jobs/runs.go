@@ -151,13 +151,13 @@ type PolicySnapshot struct {
 
 // CreateRunRequest is the body of POST /api/v1/runs.
 type CreateRunRequest struct {
-	Name         string `json:"name"`
-	BudgetMicros *int64 `json:"budgetMicros,omitempty"`
+	Name         string `json:"name" openapi:"minLength=1,maxLength=200"`
+	BudgetMicros *int64 `json:"budgetMicros,omitempty" openapi:"min=0,max=1000000000000000000"`
 	// IdempotencyKey makes the start safe to retry: the same key and the
 	// same name and budget answer the run it started (deduplicated), another
 	// name or budget is 409 idempotency_key_reuse. Unique per workspace
 	// among the runs kept (JOB_RETENTION_DAYS).
-	IdempotencyKey *string `json:"idempotencyKey,omitempty"`
+	IdempotencyKey *string `json:"idempotencyKey,omitempty" openapi:"minLength=1,maxLength=255"`
 }
 
 // EnqueueRequest is the body of POST /api/v1/runs/{id}/steps.
@@ -166,15 +166,15 @@ type EnqueueRequest struct {
 	Version         string          `json:"version"`
 	Input           json.RawMessage `json:"input,omitempty"`
 	Endpoint        *string         `json:"endpoint,omitempty"`
-	IdempotencyKey  *string         `json:"idempotencyKey,omitempty"`
-	TimeoutMs       *int64          `json:"timeoutMs,omitempty"`
-	MaxAttempts     *int64          `json:"maxAttempts,omitempty"`
-	ContractVersion *int64          `json:"contractVersion,omitempty"`
+	IdempotencyKey  *string         `json:"idempotencyKey,omitempty" openapi:"minLength=1,maxLength=255"`
+	TimeoutMs       *int64          `json:"timeoutMs,omitempty" openapi:"min=1000,max=86400000"`
+	MaxAttempts     *int64          `json:"maxAttempts,omitempty" openapi:"min=1,max=10"`
+	ContractVersion *int64          `json:"contractVersion,omitempty" openapi:"min=1"`
 	AfterStepID     *string         `json:"afterStepId,omitempty"`
-	AfterStatus     *string         `json:"afterStatus,omitempty"`
+	AfterStatus     *string         `json:"afterStatus,omitempty" openapi:"enum=SUCCEEDED|FAILED"`
 	// DelayMs makes the step due this long after the enqueue (0 to 30 days)
 	// instead of at once; not with afterStepId.
-	DelayMs *int64 `json:"delayMs,omitempty"`
+	DelayMs *int64 `json:"delayMs,omitempty" openapi:"min=0,max=2592000000"`
 }
 
 // EnqueueResult answers an enqueue (201, or 200 when deduplicated).

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/jobs"
 )
 
@@ -98,4 +99,54 @@ func merged(base, extra map[string]any) map[string]any {
 	out := maps.Clone(base)
 	maps.Copy(out, extra)
 	return out
+}
+
+// A key's, a run's and an enqueue's bounds and values in the OpenAPI
+// document are the ones their handlers check (the document stated none).
+func TestKeyRunAndEnqueueTagsAgreeWithTheHandlers(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	checked := apitest.CheckRequestTags(t, apitest.TagProbe{
+		Type: reflect.TypeFor[auth.CreateKeyRequest](),
+		Base: func(field string) map[string]any {
+			if field == "preset" {
+				return map[string]any{"name": "tags"}
+			}
+			return map[string]any{"name": "tags", "preset": "AGENT"}
+		},
+		Send: func(body map[string]any) *apitest.Response {
+			if body["preset"] == "WORKER" {
+				body["tools"] = []string{"send_email@1"}
+			}
+			return e.Do("POST", "/api/v1/keys", e.ws.Key, body)
+		},
+	})
+	require.Greater(t, checked, 15, "a key's bounds are tagged")
+
+	checked = apitest.CheckRequestTags(t, apitest.TagProbe{
+		Type: reflect.TypeFor[jobs.CreateRunRequest](),
+		Base: func(string) map[string]any { return map[string]any{"name": "tags"} },
+		Send: func(body map[string]any) *apitest.Response { return e.Do("POST", "/api/v1/runs", e.ingest, body) },
+	})
+	require.Greater(t, checked, 10, "a run's bounds are tagged")
+
+	// contractVersion 1 names this contract; afterStatus comes with a step
+	// of the run to wait for.
+	e.Must(http.StatusCreated, "POST", "/api/v1/tools/send_email/contracts", e.ws.Key,
+		map[string]any{"handlerVersion": "1", "inputSchema": true})
+	runID := e.run()
+	first := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": map[string]any{}})
+	checked = apitest.CheckRequestTags(t, apitest.TagProbe{
+		Type: reflect.TypeFor[jobs.EnqueueRequest](),
+		Base: func(string) map[string]any {
+			return map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"n": apitest.Unique("")}}
+		},
+		Send: func(body map[string]any) *apitest.Response {
+			if _, ok := body["afterStatus"].(string); ok {
+				body["afterStepId"] = first["stepId"]
+			}
+			return e.Do("POST", "/api/v1/runs/"+runID+"/steps", e.ingest, body)
+		},
+	})
+	require.Greater(t, checked, 20, "an enqueue's bounds are tagged")
 }
