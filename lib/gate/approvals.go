@@ -39,7 +39,7 @@ type Approval struct {
 
 // DecideRequest is the body of approve and reject.
 type DecideRequest struct {
-	Note string `json:"note,omitempty"`
+	Note string `json:"note,omitempty" openapi:"maxLength=2000"`
 }
 
 func scanApproval(row pgx.Row) (Approval, error) {

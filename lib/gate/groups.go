@@ -59,11 +59,11 @@ const maxGroupNameRunes = 200
 
 // CreateGroupRequest is the body of POST /api/v1/groups.
 type CreateGroupRequest struct {
-	Name string `json:"name"`
+	Name string `json:"name" openapi:"minLength=1,maxLength=200"`
 	// IdempotencyKey makes the create safe to retry: the same key answers
 	// the group it opened (with the same name; another is 409
 	// idempotency_key_reuse).
-	IdempotencyKey *string `json:"idempotency_key"`
+	IdempotencyKey *string `json:"idempotency_key" openapi:"minLength=1,maxLength=255"`
 }
 
 // GroupStep is one effect of a group as GET shows it. Compensation payloads

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -185,4 +186,54 @@ func TestPolicyDimensionTagsAgreeWithTheHandler(t *testing.T) {
 	}
 	require.True(t, accepted(limits(listed(most)...)))
 	require.False(t, accepted(limits(listed(most+1)...)))
+}
+
+// An approval decision's note, a group's create and a reconciliation's
+// records state in the document the bounds and values their handlers
+// check (the document stated none), held to them here.
+func TestDecideGroupAndReconcileTagsAgreeWithTheHandlers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("tags.approve", map[string]any{"mode": "require_approval"})
+	checked := apitest.CheckRequestTags(t, apitest.TagProbe{
+		Type: reflect.TypeFor[gate.DecideRequest](),
+		// Each decision decides an approval of its own: the id rides in
+		// the body until Send takes it out.
+		Base: func(string) map[string]any {
+			a := b.mustBegin("approval_required", map[string]any{"effect_type": "tags.approve",
+				"idempotency_key": key("approve")})
+			return map[string]any{"approval": a["approval_id"]}
+		},
+		Send: func(body map[string]any) *apitest.Response {
+			id := str(body["approval"])
+			delete(body, "approval")
+			return b.env.Do("POST", "/api/v1/approvals/"+id+"/approve", b.ws.Key, body)
+		},
+	})
+	require.Greater(t, checked, 2, "a decision's note is tagged")
+
+	checked = apitest.CheckRequestTags(t, apitest.TagProbe{
+		Type: reflect.TypeFor[gate.CreateGroupRequest](),
+		Base: func(string) map[string]any { return map[string]any{"name": "tags"} },
+		Send: func(body map[string]any) *apitest.Response {
+			return b.env.Do("POST", "/api/v1/groups", b.ws.Key, body)
+		},
+	})
+	require.GreaterOrEqual(t, checked, 10, "a group's create is tagged")
+
+	now := time.Now().UTC()
+	checked = apitest.CheckRequestTags(t, apitest.TagProbe{
+		Type:   reflect.TypeFor[gate.ReconcileRecord](),
+		Prefix: "records.0.",
+		Base: func(string) map[string]any {
+			return map[string]any{"idempotency_key": apitest.Unique("tags-rec-"), "status": "succeeded",
+				"amount_micros": 100}
+		},
+		Send: func(record map[string]any) *apitest.Response {
+			return b.env.Do("POST", "/api/v1/reconcile", b.ws.Key, map[string]any{"effect_type": "tags.reconcile",
+				"from": now.Add(-time.Hour).Format(time.RFC3339), "to": now.Format(time.RFC3339),
+				"records": []any{record}})
+		},
+	})
+	require.Greater(t, checked, 10, "a reconciliation record is tagged")
 }
