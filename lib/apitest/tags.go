@@ -115,7 +115,7 @@ func CheckRequestTags(t *testing.T, p TagProbe) int {
 			refused("left out", nil, true)
 		}
 		_, notNull := rules["notNull"]
-		if required || notNull || !mayBeNull(f.Type) {
+		if required || notNull || !schematags.Nullable(f.Type) {
 			refused("null", nil, false)
 		} else {
 			accepted("null", nil)
@@ -146,18 +146,6 @@ func requestFields(t reflect.Type) []reflect.StructField {
 		}
 	}
 	return out
-}
-
-// mayBeNull reports whether the document's inference lets a field of type
-// t be null: a pointer, map, list, raw JSON or Optional.
-func mayBeNull(t reflect.Type) bool {
-	switch t.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Interface:
-		return true
-	case reflect.Struct:
-		return strings.HasPrefix(t.Name(), "Optional[")
-	}
-	return false
 }
 
 // validationFields are the fields a 400 invalid_request names.

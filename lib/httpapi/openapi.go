@@ -377,7 +377,7 @@ func relaxRequired(t reflect.Type, s *jsonschema.Schema) {
 	must := mustSend(t)
 	required := s.Required[:0]
 	for _, name := range s.Required {
-		if ft, ok := fields[name]; ok && (!nullable(ft) || must[name]) {
+		if ft, ok := fields[name]; ok && (!schematags.Nullable(ft) || must[name]) {
 			required = append(required, name)
 		}
 	}
@@ -416,17 +416,6 @@ func mustSend(t reflect.Type) map[string]bool {
 	return out
 }
 
-// nullable reports whether a request field of type t may be left out: it
-// decodes from null (or absence) to a value the handler reads as "not sent".
-func nullable(t reflect.Type) bool {
-	switch t.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Interface:
-		return true
-	case reflect.Struct:
-		return strings.HasPrefix(t.Name(), "Optional[")
-	}
-	return false
-}
 
 // anyForNullOnly undoes what inference makes of a pointer to raw JSON
 // (*json.RawMessage, "any value or null"): it adds null to the element's

@@ -138,6 +138,20 @@ func applyRule(s *jsonschema.Schema, key, val string) {
 	}
 }
 
+// Nullable reports whether a request field of type t may be null, and so
+// be left out: it decodes from null (or absence) to a value the handler
+// reads as "not sent" (a pointer, map, list, raw JSON or jsonx.Optional),
+// unless its tags say required or notNull.
+func Nullable(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Interface:
+		return true
+	case reflect.Struct:
+		return strings.HasPrefix(t.Name(), "Optional[")
+	}
+	return false
+}
+
 // NotNull drops null from a schema's types and enum: inference allows it
 // for every list, pointer and Optional, and enum=… adds it when the type
 // allows it (so either rule may be applied first).
