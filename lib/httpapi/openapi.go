@@ -416,7 +416,6 @@ func mustSend(t reflect.Type) map[string]bool {
 	return out
 }
 
-
 // anyForNullOnly undoes what inference makes of a pointer to raw JSON
 // (*json.RawMessage, "any value or null"): it adds null to the element's
 // types, and the element, any value, has none, so the result allowed only
