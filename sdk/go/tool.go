@@ -62,7 +62,8 @@ type Tool[In, Out any] struct {
 	// ClassifyError decides retryability of errors that are not explicit SDK
 	// errors (third-party error types). It never sees successes, schema
 	// failures, cancellations or panics. A RetryAfter hint is clamped to
-	// 1 s–24 h as a RetryableError's is. If it panics or returns an invalid
+	// 1 s–24 h as a RetryableError's is, and an out-of-range one is told to
+	// OnError (an *InvalidDecisionError, Clamped). If it panics or returns an invalid
 	// Decision (a hint with NonRetryable) the failure is retryable and the
 	// problem goes to OnError. Decision{} leaves an error to the default,
 	// retryable.
@@ -163,16 +164,31 @@ func clampRetryAfter(d time.Duration) *int64 {
 }
 
 // InvalidDecisionError goes to OnError when a classifier returns a Decision
-// the API cannot accept; the failure is then reported as plainly retryable.
+// the API cannot accept as it is: a hint with NonRetryable, reported as
+// plainly retryable, or a hint outside the API's 1 s–24 h (Clamped), sent
+// clamped into it (seed 000: invalid decisions reach the local onError; QA:
+// a provider's "retry in 3 days" became a 24-hour wait without a word).
 type InvalidDecisionError struct {
 	Tool     ToolRef  // whose classifier
 	Decision Decision // what it returned
+	Clamped  bool     // the hint was out of range and was sent clamped
 }
 
 // Error implements error.
 func (e *InvalidDecisionError) Error() string {
+	if e.Clamped {
+		return fmt.Sprintf("ratchet: classifier for %s@%s returned a retry hint outside 1s-24h (%s); sent as %dms",
+			e.Tool.Name, e.Tool.Version, e.Decision.RetryAfter, *clampRetryAfter(e.Decision.RetryAfter))
+	}
 	return fmt.Sprintf("ratchet: classifier for %s@%s returned an invalid decision (nonRetryable=%v, retryAfter=%s); treated as retryable",
 		e.Tool.Name, e.Tool.Version, e.Decision.NonRetryable, e.Decision.RetryAfter)
+}
+
+// hintInRange reports whether a positive hint is within the API's range
+// once rounded up to whole milliseconds (what clampRetryAfter leaves as is).
+func hintInRange(d time.Duration) bool {
+	ms := int64(math.Ceil(float64(d) / float64(time.Millisecond)))
+	return ms >= minRetryAfterMs && ms <= maxRetryAfterMs
 }
 
 // unexplainedFailure is reported when a handler's error could not even be
@@ -259,10 +275,14 @@ func (rt *registeredTool) runClassifier(err error, job JobContext, onError func(
 	// Only a hint on a non-retryable decision is refused: the API never takes
 	// retryAfterMs with retryable false, and guessing which half the
 	// classifier meant is worse than the default. An out-of-range hint is
-	// clamped by judge, as a RetryableError's is.
-	if d.RetryAfter > 0 && d.NonRetryable {
+	// clamped by judge, as a RetryableError's is (its "wait at least this"
+	// holds as far as the API allows), and told to OnError.
+	switch {
+	case d.RetryAfter > 0 && d.NonRetryable:
 		onError(&InvalidDecisionError{Tool: rt.ref, Decision: d})
 		return Decision{}, false
+	case d.RetryAfter > 0 && !hintInRange(d.RetryAfter):
+		onError(&InvalidDecisionError{Tool: rt.ref, Decision: d, Clamped: true})
 	}
 	return d, true
 }

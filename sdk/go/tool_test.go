@@ -125,13 +125,17 @@ func TestClassifierPrecedence(t *testing.T) {
 			classify: func(error, JobContext) Decision { return Decision{NonRetryable: true, RetryAfter: time.Minute} },
 			want:     JobError{Message: "x", Retryable: true}, onError: true},
 		// A classifier's hint is clamped into the API's range as a
-		// RetryableError's is, not refused: both say "wait at least this".
+		// RetryableError's is, not refused: both say "wait at least this";
+		// the classifier's out-of-range hint is told to OnError too.
 		{name: "classifier hint beyond 24h is clamped to 24h", err: errors.New("x"),
 			classify: func(error, JobContext) Decision { return Decision{RetryAfter: 25 * time.Hour} },
-			want:     JobError{Message: "x", Retryable: true, RetryAfterMs: ms(86_400_000)}},
+			want:     JobError{Message: "x", Retryable: true, RetryAfterMs: ms(86_400_000)}, onError: true},
 		{name: "classifier hint below 1s is clamped to 1s", err: errors.New("x"),
 			classify: func(error, JobContext) Decision { return Decision{RetryAfter: time.Millisecond} },
-			want:     JobError{Message: "x", Retryable: true, RetryAfterMs: ms(1000)}},
+			want:     JobError{Message: "x", Retryable: true, RetryAfterMs: ms(1000)}, onError: true},
+		{name: "classifier hint of exactly 24h is in range", err: errors.New("x"),
+			classify: func(error, JobContext) Decision { return Decision{RetryAfter: 24 * time.Hour} },
+			want:     JobError{Message: "x", Retryable: true, RetryAfterMs: ms(86_400_000)}},
 		{name: "classifier hint rounds up to whole milliseconds", err: errors.New("x"),
 			classify: func(error, JobContext) Decision {
 				return Decision{RetryAfter: 1500*time.Millisecond + time.Microsecond}
@@ -296,5 +300,26 @@ func TestDecideSurvivesPanickingErrorCode(t *testing.T) {
 				t.Fatalf("OnError %v", errs)
 			}
 		})
+	}
+}
+
+// An out-of-range classifier hint tells OnError what was asked and what
+// was sent.
+func TestClampedHintIsToldToOnError(t *testing.T) {
+	t.Parallel()
+	sink := &errSink{}
+	rt := &registeredTool{ref: ToolRef{Name: "t", Version: "1"},
+		classify: func(error, JobContext) Decision { return Decision{RetryAfter: 72 * time.Hour} }}
+	rt.decide(errors.New("x"), nil, JobContext{}, sink.add)
+	errs := sink.list()
+	if len(errs) != 1 {
+		t.Fatalf("OnError calls %v, want one", errs)
+	}
+	var ide *InvalidDecisionError
+	if !errors.As(errs[0], &ide) || !ide.Clamped {
+		t.Fatalf("OnError got %#v, want a clamped *InvalidDecisionError", errs[0])
+	}
+	if want := "returned a retry hint outside 1s-24h (72h0m0s); sent as 86400000ms"; !strings.Contains(ide.Error(), want) {
+		t.Fatalf("message %q lacks %q", ide.Error(), want)
 	}
 }
