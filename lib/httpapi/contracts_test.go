@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"sort"
@@ -9,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/jobs"
 )
 
 // customerSchema requires {customerId: string} and nothing else.
@@ -176,9 +179,35 @@ func TestContractPublicationValidation(t *testing.T) {
 		contractBody("1", map[string]any{"retryPreset": "CUSTOM", "retryPolicy": with("bogus", 1)}))), 1)
 	require.Equal(t, []string{"name"}, validationFields(t, e.Do("POST", "/api/v1/tools/a@b/contracts", e.ws.Key,
 		contractBody("1", nil))))
+	// A schema nests at most jobs.MaxSchemaDepth levels (QA: compiling a
+	// chain of thousands took seconds of CPU past the request's deadline),
+	// counted over objects and arrays, whatever the keywords.
+	nested := func(levels int, wrap func(inner string) string) json.RawMessage {
+		doc := "{}"
+		for range levels - 1 {
+			doc = wrap(doc)
+		}
+		return json.RawMessage(doc)
+	}
+	not := func(inner string) string { return `{"not":` + inner + `}` }
+	props := func(inner string) string { return `{"properties":{"a":` + inner + `}}` }
+	for _, field := range []string{"inputSchema", "outputSchema"} {
+		for _, deep := range []json.RawMessage{nested(jobs.MaxSchemaDepth+1, not), nested(jobs.MaxSchemaDepth/2+1, props),
+			json.RawMessage(`{"enum":[` + strings.Repeat("[", jobs.MaxSchemaDepth) + strings.Repeat("]", jobs.MaxSchemaDepth) + `]}`)} {
+			require.Equal(t, []string{field}, validationFields(t, e.Do("POST", "/api/v1/tools/send_email/contracts",
+				e.ws.Key, contractBody("1", map[string]any{field: deep}))), "%s of %d bytes", field, len(deep))
+		}
+	}
 	// Nothing was published, and the first real publication is still 1.
 	require.Empty(t, e.contracts("send_email"))
 	require.EqualValues(t, 1, e.publish("send_email", contractBody("1", nil))["contractVersion"])
+	// At the bound, in either shape, a schema is published; brackets inside
+	// strings do not count.
+	deepest := `{"properties":{"a":` + strings.Repeat(`{"properties":{"a":`, jobs.MaxSchemaDepth/2-2) + `{"description":"[[[[{{{{","properties":{}}` +
+		strings.Repeat(`}}`, jobs.MaxSchemaDepth/2-2) + `}}`
+	require.True(t, json.Valid([]byte(deepest)))
+	require.EqualValues(t, 2, e.publish("send_email", contractBody("1", map[string]any{"inputSchema": json.RawMessage(deepest),
+		"outputSchema": nested(jobs.MaxSchemaDepth, not)}))["contractVersion"])
 }
 
 func TestConcurrentPublicationsGetDistinctVersions(t *testing.T) {

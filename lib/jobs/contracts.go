@@ -29,6 +29,15 @@ const (
 // maxSchemaBytes bounds one published schema.
 const maxSchemaBytes = 256 << 10
 
+// MaxSchemaDepth bounds how deeply a published schema nests objects and
+// arrays. Compiling a schema, and checking a value against it, cost more
+// than linearly in its depth, and the compiler heeds no deadline (QA: a
+// chain of 2 000 "not" or "properties" levels, 10-40 kB, took 6-40 s of
+// CPU, long after the request's deadline had answered 503). Real contracts
+// nest a few dozen levels at most: 20 levels of objects, each
+// {"properties": {"name": …}}, are 40.
+const MaxSchemaDepth = 100
+
 // Contract is a published, immutable version of a tool's contract (API.md §5).
 type Contract struct {
 	Name            string          `json:"name"`
@@ -115,6 +124,9 @@ func checkSchema(field string, raw json.RawMessage, p *apierr.Problems) json.Raw
 		return nil
 	case doc[0] != '{' && doc[0] != 't' && doc[0] != 'f':
 		p.Add(field, "must be a JSON Schema object or boolean")
+		return nil
+	case nestsDeeperThan(doc, MaxSchemaDepth):
+		p.Add(field, "must not nest objects and arrays more than %d levels deep", MaxSchemaDepth)
 		return nil
 	}
 	if err := publishableSchema(doc); err != nil {

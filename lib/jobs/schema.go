@@ -158,6 +158,35 @@ func appliesItself(s *jsonschema.Schema, state map[*jsonschema.Schema]int) bool 
 	return false
 }
 
+// nestsDeeperThan reports whether JSON document doc nests objects and
+// arrays more than max levels deep, scanning its bytes once (brackets
+// inside strings do not count) and stopping at the first level too deep.
+func nestsDeeperThan(doc []byte, max int) bool {
+	depth, inString, escaped := 0, false, false
+	for _, c := range doc {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '{' || c == '[':
+			if depth++; depth > max {
+				return true
+			}
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	return false
+}
+
 // compileStoredSchema compiles a published schema: as publication does, or,
 // for one published before schemaURL, as it was then.
 func compileStoredSchema(doc []byte) (*jsonschema.Schema, error) {
