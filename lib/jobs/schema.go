@@ -254,6 +254,11 @@ func validateDoc(schema, doc []byte, root string) ([]apierr.FieldError, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stored contract schema does not compile: %w", err)
 	}
+	if nestsDeeperThan(doc, MaxCheckedDepth) {
+		return []apierr.FieldError{{Field: root, Message: fmt.Sprintf(
+			"nests objects and arrays more than %d levels deep, too deep to check against the contract's schema",
+			MaxCheckedDepth)}}, nil
+	}
 	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
 	if err != nil {
 		return []apierr.FieldError{{Field: root, Message: "must be JSON"}}, nil
@@ -280,6 +285,14 @@ func validateDoc(schema, doc []byte, root string) ([]apierr.FieldError, error) {
 	}
 	return out, nil
 }
+
+// MaxCheckedDepth bounds how deeply an input or output checked against a
+// contract schema may nest objects and arrays. Against a recursive schema
+// ({"$ref"} through properties) the validator walks the whole depth, and a
+// value it refuses costs time and memory quadratic in it (QA follow-up: 10 000
+// levels, a 50 kB input, took 1 s and allocated 800 MiB; 1 000 levels take
+// milliseconds). A document without a contract is never walked so.
+const MaxCheckedDepth = 1000
 
 // errUncheckable is a document the validator could not check.
 var errUncheckable = errors.New("document cannot be checked")

@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -109,4 +110,29 @@ func TestStoredSchemaWithARelativeReferenceKeepsItsMeaning(t *testing.T) {
 		[]byte(`{"a":{}}`), "input")
 	require.NoError(t, err)
 	require.Empty(t, problems, "a is checked against the root, as before")
+}
+
+// A document checked against a recursive schema nests at most
+// MaxCheckedDepth levels: one more is refused at its root, unchecked.
+func TestValidateDocRefusesADocumentTooDeepToCheck(t *testing.T) {
+	t.Parallel()
+	schema := []byte(`{"$defs":{"n":{"type":"object","properties":{"a":{"$ref":"#/$defs/n"}}}},"$ref":"#/$defs/n"}`)
+	require.NoError(t, publishableSchema(schema))
+	nested := func(levels int, leaf string) []byte {
+		return []byte(strings.Repeat(`{"a":`, levels-1) + leaf + strings.Repeat(`}`, levels-1))
+	}
+	problems, err := validateDoc(schema, nested(MaxCheckedDepth, `{}`), "input")
+	require.NoError(t, err)
+	require.Nil(t, problems)
+	problems, err = validateDoc(schema, nested(MaxCheckedDepth-1, `{"a":5}`), "input")
+	require.NoError(t, err)
+	require.Len(t, problems, 1, "a refusal at the bound is the schema's")
+	require.NotContains(t, problems[0].Message, "too deep")
+	problems, err = validateDoc(schema, nested(MaxCheckedDepth+1, `{}`), "output")
+	require.NoError(t, err)
+	require.Equal(t, []apierr.FieldError{{Field: "output",
+		Message: "nests objects and arrays more than 1000 levels deep, too deep to check against the contract's schema"}}, problems)
+	// Brackets inside strings are not levels.
+	require.False(t, nestsDeeperThan([]byte(`{"s":"[[[[{{{{\\\"[["}`), 1))
+	require.True(t, nestsDeeperThan([]byte(`{"s":"\\"}[[`), 1))
 }
