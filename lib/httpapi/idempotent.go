@@ -80,8 +80,9 @@ func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, er
 	case errors.As(err, &busy):
 		return nil, retryRequest(busy.RetryAfter)
 	case lostDatabase(err):
-		// The route never ran (a claim that may have landed holds the
-		// key until it lapses, and a retry is told to wait).
+		// The route never ran (Begin gave up a claim that may have
+		// landed; one it could not give up holds the key until it
+		// lapses, and a retry is told to wait).
 		return nil, notApplied(ctx, err)
 	case err != nil:
 		return nil, err

@@ -87,6 +87,9 @@ type Store struct {
 	pool   *pgxpool.Pool
 	sealer *seal.Sealer
 	now    func() time.Time
+	// claimed, when set (tests), sees the claim statement's error first:
+	// it may lose an answer the database gave.
+	claimed func(error) error
 }
 
 // New returns a store over pool.
@@ -133,10 +136,24 @@ func (s *Store) Begin(ctx context.Context, req Request) (*Claim, *Answer, error)
 		var claimed bool
 		err := s.pool.QueryRow(ctx, sqlClaim, req.APIKeyID, req.Key, hash, req.ID, now.Add(ClaimTTL), now,
 			now.Add(-TTL)).Scan(&claimed)
+		if s.claimed != nil {
+			err = s.claimed(err)
+		}
+		claim := &Claim{s: s, apiKey: req.APIKeyID, key: req.Key, id: req.ID}
 		switch {
 		case err == nil:
-			return &Claim{s: s, apiKey: req.APIKeyID, key: req.Key, id: req.ID}, nil, nil
+			return claim, nil, nil
 		case !errors.Is(err, pgx.ErrNoRows):
+			// The claim's answer was lost (the client went away and the
+			// request was cancelled, the connection dropped): it may have
+			// landed, and nothing will act under it, so it is given up at
+			// once rather than holding the key until it lapses (security
+			// QA: a client that disconnected right after sending held its
+			// key for ClaimTTL). At worst the give-up fails, or runs before
+			// the claim lands, and the claim lapses as before.
+			gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lostClaimGiveUpTimeout)
+			defer cancel()
+			_ = claim.giveUp(gctx)
 			return nil, nil, fmt.Errorf("idempotency: claim: %w", err)
 		}
 		var stored, answer []byte
@@ -192,6 +209,15 @@ func (c *Claim) Record(ctx context.Context, q db.Querier, a Answer) (taken bool,
 func (c *Claim) GiveUp(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StoreTimeout)
 	defer cancel()
+	return c.giveUp(ctx)
+}
+
+// lostClaimGiveUpTimeout bounds giving up a claim whose answer was lost: a
+// best effort, which must not hold the request's own answer (often a 503)
+// for long when the database is what failed.
+const lostClaimGiveUpTimeout = time.Second
+
+func (c *Claim) giveUp(ctx context.Context) error {
 	if _, err := c.s.pool.Exec(ctx, sqlGiveUp, c.apiKey, c.key, c.id); err != nil {
 		return fmt.Errorf("idempotency: give up claim: %w", err)
 	}

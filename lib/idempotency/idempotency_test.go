@@ -89,6 +89,19 @@ func TestRefusedRequestLeavesTheKeyFree(t *testing.T) {
 	mustClaim(t, s, corrected)
 }
 
+// A claim whose answer was lost (the client went away while it committed)
+// is given up at once: nothing acts under it, and the retry takes the key
+// instead of waiting ClaimTTL (security QA).
+func TestAClaimWhoseAnswerWasLostFreesTheKey(t *testing.T) {
+	t.Parallel()
+	s, _, req := store(t, time.Now())
+	lost := testStore{Store: idempotency.New(s.pool, nil, time.Now), pool: s.pool}
+	idempotency.LoseClaimAnswers(lost.Store, context.Canceled)
+	_, _, err := lost.Begin(context.Background(), req)
+	require.ErrorIs(t, err, context.Canceled)
+	mustClaim(t, s, retry(req))
+}
+
 // A request sent while the first is acting, the same or another, is
 // refused until the first's claim lapses, told how long to wait (reuse
 // would read as final, yet the first may do nothing and free the key);

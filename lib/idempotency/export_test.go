@@ -1,0 +1,5 @@
+package idempotency
+
+// LoseClaimAnswers makes s's claim statements fail with err after they ran,
+// as a request cancelled while its claim was committing does.
+func LoseClaimAnswers(s *Store, err error) { s.claimed = func(error) error { return err } }
