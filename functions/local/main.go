@@ -65,7 +65,13 @@ func run(ctx context.Context, logOut io.Writer, ready chan<- string) error {
 	if err != nil {
 		return fmt.Errorf("listen on PORT %d: %w", cfg.Port, err)
 	}
-	srv := &http.Server{Handler: a.Server, ReadHeaderTimeout: 10 * time.Second}
+	// Reading a request is bounded whole: each route cuts its body at its
+	// own time (lib/httpapi), and ReadTimeout is the backstop for the MCP
+	// endpoint, which reads its own (security QA: a body held back kept its
+	// connection and goroutine indefinitely). net/http lifts it once the
+	// body is read, so a long poll's answer is not cut.
+	srv := &http.Server{Handler: a.Server, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute,
+		IdleTimeout: 2 * time.Minute}
 	// The sweeper (and the webhook sends it runs detached) stops before the
 	// pool closes: the deferred a.Close runs after this.
 	sweepCtx, stopSweeping := context.WithCancel(ctx)

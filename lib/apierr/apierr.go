@@ -40,6 +40,7 @@ const (
 	CodeGroupUnwinding         = "group_unwinding"
 	CodeVersionConflict        = "version_conflict"
 	CodePayloadTooLarge        = "payload_too_large"
+	CodeRequestTimeout         = "request_timeout"
 	CodeRateLimited            = "rate_limited"
 	CodeInternal               = "internal_error"
 	CodeBillingUnavailable     = "billing_unavailable"
@@ -217,6 +218,13 @@ func RateLimited(retryAfterSeconds int) *Error {
 		WithDetail("retry_after_seconds", retryAfterSeconds)
 }
 
+// RequestTimeout is the 408 of a request whose body had not arrived when its
+// time ran out: nothing was done with it.
+func RequestTimeout() *Error {
+	return New(http.StatusRequestTimeout, CodeRequestTimeout,
+		"The request's body did not arrive within the request's time; nothing was done. Send it again.")
+}
+
 // PayloadTooLarge is a 413.
 func PayloadTooLarge(limit int64) *Error {
 	return New(http.StatusRequestEntityTooLarge, CodePayloadTooLarge,
@@ -299,6 +307,7 @@ var Statuses = map[string]int{
 	CodeRetryRequest:           409,
 	CodeGroupUnwinding:         409,
 	CodeVersionConflict:        409,
+	CodeRequestTimeout:         408,
 	CodePayloadTooLarge:        413,
 	CodeRateLimited:            429,
 	CodeInternal:               500,

@@ -37,7 +37,8 @@ func OpenAPI() map[string]any {
 // commonErrors apply to every authenticated route (invalid_request: a query
 // parameter it does not take, knownQuery).
 var commonErrors = []string{apierr.CodeUnauthorized, apierr.CodeForbidden, apierr.CodeInvalidRequest,
-	apierr.CodeRateLimited, apierr.CodePayloadTooLarge, apierr.CodeInternal, apierr.CodeDatabaseUnavailable}
+	apierr.CodeRateLimited, apierr.CodeRequestTimeout, apierr.CodePayloadTooLarge, apierr.CodeInternal,
+	apierr.CodeDatabaseUnavailable}
 
 func buildOpenAPI(routes []Route) map[string]any {
 	paths := map[string]map[string]any{}
@@ -250,7 +251,8 @@ func operation(r Route) map[string]any {
 	} else {
 		codes = append(codes, apierr.CodeInternal)
 		if r.Request != nil || takesNoBody(r) {
-			codes = append(codes, apierr.CodePayloadTooLarge) // every body is read through the same limit
+			// every body is read through the same limit, within the request's time
+			codes = append(codes, apierr.CodePayloadTooLarge, apierr.CodeRequestTimeout)
 		}
 	}
 	byStatus := map[int][]string{}

@@ -1,12 +1,17 @@
 package httpapi_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -198,6 +203,69 @@ func TestRouteTimeoutIs503(t *testing.T) {
 	body := readAll(t, res)
 	require.Equal(t, http.StatusServiceUnavailable, res.StatusCode)
 	require.Contains(t, body, "database_unavailable")
+}
+
+// lateBody is the body of TestABodyLateForTheRequestsTimeIs408's route.
+type lateBody struct {
+	N int `json:"n"`
+}
+
+// A body that has not arrived when the request's time runs out is 408
+// request_timeout, nothing done, not 503 database_unavailable "may have
+// been applied" (security QA). Over a connection the read itself is cut at
+// the deadline; where the server cannot cut it (an adapter holding the
+// request), a body read whole after the deadline is refused the same way.
+func TestABodyLateForTheRequestsTimeIs408(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	var ran atomic.Int32
+	h := httpapi.NewWithExtraRoutes(env.App.Server.Deps, []httpapi.Route{
+		{Method: "POST", Pattern: "/api/v1/test/late", Name: "test.late", Auth: httpapi.AuthNone, Status: 200,
+			Timeout: 300 * time.Millisecond, Request: lateBody{},
+			Handle: func(ctx context.Context, c *httpapi.Call) (any, error) {
+				var body lateBody
+				if err := c.Decode(&body); err != nil {
+					return nil, err
+				}
+				ran.Add(1)
+				_, err := env.App.Pool.Exec(ctx, `SELECT 1`)
+				return map[string]any{"n": body.N}, err
+			}},
+	})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = fmt.Fprintf(conn, "POST /api/v1/test/late HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
+		"Content-Length: 7\r\n\r\n{\"n\"")
+	require.NoError(t, err)
+	// The answer comes at the deadline, not after the client's own wait.
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err, "the read was cut at the deadline, not left waiting")
+	body := readAll(t, res)
+	require.Equal(t, http.StatusRequestTimeout, res.StatusCode, body)
+	require.Contains(t, body, `"request_timeout"`)
+
+	// Held by an adapter: the body arrives whole, after the deadline.
+	pr, pw := io.Pipe()
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		_, _ = pw.Write([]byte(`{"n":1}`))
+		_ = pw.Close()
+	}()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("POST", "/api/v1/test/late", pr))
+	require.Equal(t, http.StatusRequestTimeout, rec.Code, rec.Body.String())
+	require.Contains(t, rec.Body.String(), `"request_timeout"`)
+	require.Zero(t, ran.Load(), "the route never acted")
+
+	// In time, the same route answers.
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("POST", "/api/v1/test/late", strings.NewReader(`{"n":2}`)))
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
 }
 
 // A cursor a list could never have handed out is 400 on every list (it

@@ -224,6 +224,15 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
 	defer cancel()
 	r = r.WithContext(ctx)
+	// The body must arrive within the request's time (Call.Body): the
+	// connection's reads are cut then, where the server allows it (not
+	// Lambda's adapter, which has the whole body already). net/http clears
+	// the deadline once the body is read, before watching for the client
+	// going away, so a long poll is not cut; a request without a body is
+	// watched from the start, and is left alone.
+	if deadline, ok := ctx.Deadline(); ok && r.ContentLength != 0 {
+		_ = http.NewResponseController(w).SetReadDeadline(deadline)
+	}
 	call := &Call{R: r, RequestID: reqID, Route: route}
 	body, err := s.run(ctx, call)
 	if err != nil {
