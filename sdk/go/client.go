@@ -276,8 +276,10 @@ func (c *Client) retryDelay(err error, attempt int, safe idempotency) (time.Dura
 			// asks for while the first request under an Idempotency-Key is
 			// still acting.
 			return time.Duration(max(apiErr.RetryAfterSeconds(), 0)) * time.Second, true
-		case apiErr.Code == CodeDatabaseUnavailable && apiErr.Detail["outcome"] == outcomeNotApplied:
-			// The server says nothing was changed, so any call may repeat.
+		case apiErr.Code == CodeDatabaseUnavailable && apiErr.Detail["outcome"] == outcomeNotApplied,
+			apiErr.Code == CodeRequestTimeout:
+			// The server says nothing was changed (a body that arrived too
+			// late was never acted on), so any call may repeat.
 			return c.backoff(attempt), true
 		case apiErr.Code == CodeDatabaseUnavailable:
 			// The database failed after the call was sent (or the server

@@ -268,6 +268,28 @@ func TestRetryAfterDateAndServiceUnavailable(t *testing.T) {
 	}
 }
 
+// A 408 request_timeout (the body arrived too late, nothing done) is sent
+// again, even for a call that is not idempotent.
+func TestRequestTimeoutIsSentAgain(t *testing.T) {
+	t.Parallel()
+	seq := &sequence{steps: []func(http.ResponseWriter, *http.Request){
+		func(w http.ResponseWriter, r *http.Request) {
+			apiError(w, http.StatusRequestTimeout, CodeRequestTimeout, nil)
+		},
+		func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, 201, map[string]any{"id": "run_1", "name": "x", "status": "RUNNING"})
+		},
+	}}
+	c, log := testClient(t, seq)
+	run, err := c.StartRun(context.Background(), "x")
+	if err != nil || run.ID != "run_1" {
+		t.Fatalf("StartRun = %+v, %v", run, err)
+	}
+	if got := log.all(); len(got) != 1 {
+		t.Fatalf("sleeps %v, want one backoff", got)
+	}
+}
+
 // A 503's Retry-After is heeded up to the backoff's cap (a heartbeat that
 // slept a maintenance page's two minutes would lose its lease), and a call
 // that is not idempotent is not repeated after a 503 whatever it says.

@@ -47,6 +47,9 @@ const (
 	// detail.outcome "not_applied" says the call changed nothing; the
 	// client retries it either way when that is safe.
 	CodeDatabaseUnavailable = "database_unavailable"
+	// CodeRequestTimeout: the call's body had not arrived when its time ran
+	// out (408); nothing was done, and the client sends it again.
+	CodeRequestTimeout = "request_timeout"
 )
 
 // Error is a failure answered by the API: the HTTP status and the error
