@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -203,6 +204,24 @@ func TestRouteTimeoutIs503(t *testing.T) {
 	body := readAll(t, res)
 	require.Equal(t, http.StatusServiceUnavailable, res.StatusCode)
 	require.Contains(t, body, "database_unavailable")
+}
+
+// A request's method is logged only when it is an HTTP method: any other
+// token the client sends is "other" (security QA: it was logged verbatim,
+// unauthenticated and unbounded).
+func TestAnUnknownMethodIsNotLoggedVerbatim(t *testing.T) {
+	t.Parallel()
+	var logs lockedBuffer
+	env := apitest.Start(t, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	for _, method := range []string{"MARKERMETHOD", strings.Repeat("M", 10_000)} {
+		r := env.Do(method, "/api/v1/health", "", nil)
+		require.Equal(t, http.StatusNotFound, r.Status)
+	}
+	env.Do("GET", "/api/v1/health", "", nil)
+	require.NotContains(t, logs.String(), "MARKERMETHOD")
+	require.NotContains(t, logs.String(), "MMMM")
+	require.Contains(t, logs.String(), "method=other")
+	require.Contains(t, logs.String(), "method=GET")
 }
 
 // lateBody is the body of TestABodyLateForTheRequestsTimeIs408's route.
