@@ -150,3 +150,27 @@ func TestKeyRunAndEnqueueTagsAgreeWithTheHandlers(t *testing.T) {
 	})
 	require.Greater(t, checked, 20, "an enqueue's bounds are tagged")
 }
+
+// A replay's bounds in the document are its handler's. Each probe replays
+// a step of its own, cancelled before any claim (attempt 0, so
+// expectedAttempt's least value names it).
+func TestReplayTagsAgreeWithTheHandler(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	checked := apitest.CheckRequestTags(t, apitest.TagProbe{
+		Type: reflect.TypeFor[jobs.ReplayRequest](),
+		Base: func(string) map[string]any {
+			step := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1",
+				"input": map[string]any{"n": apitest.Unique("")}})
+			e.Must(http.StatusOK, "POST", "/api/v1/steps/"+step["stepId"].(string)+"/cancel", e.ws.Key, nil)
+			return map[string]any{"acknowledgeDuplicateRisk": true, "step": step["stepId"]}
+		},
+		Send: func(body map[string]any) *apitest.Response {
+			step := body["step"].(string)
+			delete(body, "step")
+			return e.Do("POST", "/api/v1/steps/"+step+"/replay", e.ws.Key, body)
+		},
+	})
+	require.Greater(t, checked, 10, "a replay's bounds are tagged")
+}

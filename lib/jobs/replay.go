@@ -65,8 +65,8 @@ type ReplayPreview struct {
 // ReplayRequest is the body of POST /api/v1/steps/{id}/replay.
 type ReplayRequest struct {
 	AcknowledgeDuplicateRisk *bool   `json:"acknowledgeDuplicateRisk" openapi:"required"`
-	MaxAttempts              *int64  `json:"maxAttempts,omitempty"`
-	Reason                   *string `json:"reason,omitempty"`
+	MaxAttempts              *int64  `json:"maxAttempts,omitempty" openapi:"min=1,max=10"`
+	Reason                   *string `json:"reason,omitempty" openapi:"maxLength=1000"`
 	TargetContractVersion    *int64  `json:"targetContractVersion,omitempty"`
 	ExpectedHandlerVersion   *string `json:"expectedHandlerVersion,omitempty"`
 	AcknowledgeVersionChange *bool   `json:"acknowledgeVersionChange,omitempty"`
