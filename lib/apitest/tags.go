@@ -28,6 +28,9 @@ type TagProbe struct {
 	Base func(field string) map[string]any
 	// Send sends the body and answers the handler's response.
 	Send func(body map[string]any) *Response
+	// Text, when set, answers a string of n characters the handler takes
+	// for field but for its length (a URL); nil: n k's.
+	Text func(field string, n int) string
 }
 
 // CheckRequestTags holds a request type's openapi tags, which the OpenAPI
@@ -99,9 +102,13 @@ func CheckRequestTags(t *testing.T, p TagProbe) int {
 			if bound == "maxLength" {
 				past = n + 1
 			}
-			accepted(bound, strings.Repeat("k", n))
+			text := func(n int) string { return strings.Repeat("k", n) }
+			if p.Text != nil {
+				text = func(n int) string { return p.Text(name, n) }
+			}
+			accepted(bound, text(n))
 			if past >= 0 {
-				refused("past "+bound, strings.Repeat("k", past), false)
+				refused("past "+bound, text(past), false)
 			}
 		}
 		if values, ok := rules["enum"]; ok {

@@ -54,7 +54,7 @@ type Delivery struct {
 
 // CreateRequest is the body of POST /api/v1/webhooks.
 type CreateRequest struct {
-	URL    string   `json:"url"`
+	URL    string   `json:"url" openapi:"maxLength=2000"`
 	Events []string `json:"events" openapi:"required"`
 }
 

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -104,6 +105,26 @@ func deliveries(t *testing.T, env *apitest.Env, key, id string) []map[string]any
 	}
 	env.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+id+"/deliveries", key, nil).Decode(t, &page)
 	return page.Data
+}
+
+// A webhook create's bounds in the document are its handler's: the URL's
+// length, the events list required.
+func TestCreateTagsAgreeWithTheHandler(t *testing.T) {
+	t.Parallel()
+	env, _ := start(t, false)
+	ws := env.Signup()
+	checked := apitest.CheckRequestTags(t, apitest.TagProbe{
+		Type: reflect.TypeFor[webhooks.CreateRequest](),
+		Base: func(string) map[string]any {
+			return map[string]any{"url": "https://example.com/hook", "events": []string{"run.finished"}}
+		},
+		Send: func(body map[string]any) *apitest.Response { return env.Do("POST", "/api/v1/webhooks", ws.Key, body) },
+		Text: func(_ string, n int) string {
+			const base = "https://example.com/"
+			return base + strings.Repeat("k", max(n-len(base), 0))
+		},
+	})
+	require.GreaterOrEqual(t, checked, 5, "a webhook's create is tagged")
 }
 
 func TestCreateValidatesAndShowsSecretOnce(t *testing.T) {
