@@ -247,7 +247,12 @@ func operation(r Route) map[string]any {
 		responses[fmt.Sprint(st)] = map[string]any{"description": why}
 	}
 	if r.Auth == AuthKey {
-		codes = append(codes, commonErrors...)
+		for _, c := range commonErrors {
+			// A protocol endpoint reads its own body, outside a route's time.
+			if c != apierr.CodeRequestTimeout || r.Raw == nil {
+				codes = append(codes, c)
+			}
+		}
 	} else {
 		codes = append(codes, apierr.CodeInternal)
 		if r.Request != nil || takesNoBody(r) {
