@@ -134,8 +134,15 @@ func (s *Store) Begin(ctx context.Context, req Request) (*Claim, *Answer, error)
 	for range 3 {
 		now := s.now()
 		var claimed bool
-		err := s.pool.QueryRow(ctx, sqlClaim, req.APIKeyID, req.Key, hash, req.ID, now.Add(ClaimTTL), now,
+		// The claim is not cancelled with its request: a client gone
+		// mid-statement left a claim that landed after the give-up below
+		// had run, holding the key for ClaimTTL (QA: a connection reset
+		// right after sending). It runs to its end, and the caller, whose
+		// context is done, fails at once and gives it up.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StoreTimeout)
+		err := s.pool.QueryRow(cctx, sqlClaim, req.APIKeyID, req.Key, hash, req.ID, now.Add(ClaimTTL), now,
 			now.Add(-TTL)).Scan(&claimed)
+		cancel()
 		if s.claimed != nil {
 			err = s.claimed(err)
 		}
@@ -144,13 +151,11 @@ func (s *Store) Begin(ctx context.Context, req Request) (*Claim, *Answer, error)
 		case err == nil:
 			return claim, nil, nil
 		case !errors.Is(err, pgx.ErrNoRows):
-			// The claim's answer was lost (the client went away and the
-			// request was cancelled, the connection dropped): it may have
-			// landed, and nothing will act under it, so it is given up at
-			// once rather than holding the key until it lapses (security
-			// QA: a client that disconnected right after sending held its
-			// key for ClaimTTL). At worst the give-up fails, or runs before
-			// the claim lands, and the claim lapses as before.
+			// The claim's answer was lost (the connection dropped, its
+			// time ran out): it may have landed, and nothing will act
+			// under it, so it is given up at once rather than holding the
+			// key until it lapses. At worst the give-up fails, or runs
+			// before the claim lands, and the claim lapses as before.
 			gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lostClaimGiveUpTimeout)
 			defer cancel()
 			_ = claim.giveUp(gctx)

@@ -102,6 +102,22 @@ func TestAClaimWhoseAnswerWasLostFreesTheKey(t *testing.T) {
 	mustClaim(t, s, retry(req))
 }
 
+// A claim runs to its end though its request is cancelled (the client
+// reset the connection): the caller, whose context is done, then fails and
+// gives it up, where a claim cancelled mid-statement could land after the
+// give-up and hold the key for ClaimTTL (QA).
+func TestAClaimIsNotCutByItsRequestsCancellation(t *testing.T) {
+	t.Parallel()
+	s, _, req := store(t, time.Now())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	claim, stored, err := s.Begin(ctx, req)
+	require.NoError(t, err)
+	require.Nil(t, stored)
+	require.NoError(t, claim.GiveUp(ctx))
+	mustClaim(t, s, retry(req))
+}
+
 // A request sent while the first is acting, the same or another, is
 // refused until the first's claim lapses, told how long to wait (reuse
 // would read as final, yet the first may do nothing and free the key);
