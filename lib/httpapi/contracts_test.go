@@ -198,6 +198,26 @@ func TestContractPublicationValidation(t *testing.T) {
 				e.ws.Key, contractBody("1", map[string]any{field: deep}))), "%s of %d bytes", field, len(deep))
 		}
 	}
+	// At most jobs.MaxSchemaParts objects and booleans (the compiler's time
+	// grows with the square of their number), and a schema whose $refs
+	// reach the same parts again and again is refused before any enqueue
+	// pays for it (QA: 27 levels each applying the next twice, 1.7 kB).
+	allOf := func(n int, part string) json.RawMessage {
+		return json.RawMessage(`{"allOf":[` + strings.TrimSuffix(strings.Repeat(part+",", n), ",") + `]}`)
+	}
+	doubling := func(levels int) json.RawMessage {
+		defs := make([]string, levels)
+		for i := range levels - 1 {
+			defs[i] = fmt.Sprintf(`"a%d":{"allOf":[{"$ref":"#/$defs/a%d"},{"$ref":"#/$defs/a%d"}]}`, i, i+1, i+1)
+		}
+		defs[levels-1] = fmt.Sprintf(`"a%d":{"type":"object"}`, levels-1)
+		return json.RawMessage(`{"$ref":"#/$defs/a0","$defs":{` + strings.Join(defs, ",") + `}}`)
+	}
+	for name, wide := range map[string]json.RawMessage{"objects": allOf(jobs.MaxSchemaParts, "{}"),
+		"booleans": allOf(jobs.MaxSchemaParts, "true"), "doubling refs": doubling(16)} {
+		require.Equal(t, []string{"inputSchema"}, validationFields(t, e.Do("POST", "/api/v1/tools/send_email/contracts",
+			e.ws.Key, contractBody("1", map[string]any{"inputSchema": wide}))), name)
+	}
 	// Nothing was published, and the first real publication is still 1.
 	require.Empty(t, e.contracts("send_email"))
 	require.EqualValues(t, 1, e.publish("send_email", contractBody("1", nil))["contractVersion"])
@@ -208,6 +228,9 @@ func TestContractPublicationValidation(t *testing.T) {
 	require.True(t, json.Valid([]byte(deepest)))
 	require.EqualValues(t, 2, e.publish("send_email", contractBody("1", map[string]any{"inputSchema": json.RawMessage(deepest),
 		"outputSchema": nested(jobs.MaxSchemaDepth, not)}))["contractVersion"])
+	// At the bounds: as many parts as allowed, and refs shared a few times.
+	require.EqualValues(t, 3, e.publish("send_email", contractBody("1", map[string]any{
+		"inputSchema": allOf(jobs.MaxSchemaParts-1, "{}"), "outputSchema": doubling(10)}))["contractVersion"])
 }
 
 func TestConcurrentPublicationsGetDistinctVersions(t *testing.T) {

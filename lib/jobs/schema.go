@@ -69,6 +69,11 @@ func publishableSchema(doc []byte) error {
 	if err != nil {
 		return err
 	}
+	if evaluationsPerValue(s, MaxSchemaEvaluations) > MaxSchemaEvaluations {
+		return fmt.Errorf("checking a value against it could evaluate more than %d subschemas ($ref and allOf, "+
+			"anyOf, oneOf reaching the same parts again and again): share fewer parts, or flatten them",
+			MaxSchemaEvaluations)
+	}
 	state := map[*jsonschema.Schema]int{}
 	if slices.ContainsFunc(reachable(s), func(part *jsonschema.Schema) bool { return appliesItself(part, state) }) {
 		return errors.New("a $ref loop applies a part of it to the same value it is checking (through $ref, " +
@@ -156,6 +161,70 @@ func appliesItself(s *jsonschema.Schema, state map[*jsonschema.Schema]int) bool 
 	}
 	state[s] = 2
 	return false
+}
+
+// possibleSubschemas counts the values of JSON document doc that could be
+// subschemas, its objects and booleans (scanning its bytes once; strings
+// do not count), stopping once it passes max.
+func possibleSubschemas(doc []byte, max int) int {
+	n, inString, escaped := 0, false, false
+	for _, c := range doc {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '{' || c == 't' || c == 'f':
+			if n++; n > max {
+				return n
+			}
+		}
+	}
+	return n
+}
+
+// evaluationsPerValue bounds how many subschemas checking one value against
+// s may evaluate, stopping once it passes max: each subschema counts once
+// plus what it applies, to the same value or to those inside it, so a
+// part reached twice counts twice (QA: 27 levels of $defs, each applying
+// the next twice through allOf, 1.7 kB, made one enqueue evaluate 2^27
+// subschemas, minutes of CPU past the request's deadline). Recursion back
+// into a part being counted counts once: it moves to a child value each
+// time (publishableSchema refuses the rest), so the input bounds it.
+func evaluationsPerValue(s *jsonschema.Schema, max int64) int64 {
+	counted := map[*jsonschema.Schema]int64{}
+	onPath := map[*jsonschema.Schema]bool{}
+	var count func(*jsonschema.Schema) int64
+	count = func(s *jsonschema.Schema) int64 {
+		switch {
+		case s == nil:
+			return 0
+		case onPath[s]:
+			return 1
+		}
+		if n, ok := counted[s]; ok {
+			return n
+		}
+		onPath[s] = true
+		n := int64(1)
+		for _, next := range append(sameValue(s), childValues(s)...) {
+			if n += count(next); n > max {
+				n = max + 1
+				break
+			}
+		}
+		onPath[s] = false
+		counted[s] = n
+		return n
+	}
+	return count(s)
 }
 
 // nestsDeeperThan reports whether JSON document doc nests objects and
