@@ -162,10 +162,10 @@ type CreateRunRequest struct {
 
 // EnqueueRequest is the body of POST /api/v1/runs/{id}/steps.
 type EnqueueRequest struct {
-	Name            string          `json:"name"`
-	Version         string          `json:"version"`
+	Name            string          `json:"name" openapi:"minLength=1,maxLength=200"`
+	Version         string          `json:"version" openapi:"minLength=1,maxLength=100"`
 	Input           json.RawMessage `json:"input,omitempty"`
-	Endpoint        *string         `json:"endpoint,omitempty"`
+	Endpoint        *string         `json:"endpoint,omitempty" openapi:"minLength=1,maxLength=200"`
 	IdempotencyKey  *string         `json:"idempotencyKey,omitempty" openapi:"minLength=1,maxLength=255"`
 	TimeoutMs       *int64          `json:"timeoutMs,omitempty" openapi:"min=1000,max=86400000"`
 	MaxAttempts     *int64          `json:"maxAttempts,omitempty" openapi:"min=1,max=10"`
