@@ -164,30 +164,39 @@ func appliesItself(s *jsonschema.Schema, state map[*jsonschema.Schema]int) bool 
 }
 
 // possibleSubschemas counts the values of JSON document doc that could be
-// subschemas, its objects and booleans (scanning its bytes once; strings
-// do not count), stopping once it passes max.
+// subschemas, its objects and booleans (strings do not count), stopping
+// once it passes max.
 func possibleSubschemas(doc []byte, max int) int {
-	n, inString, escaped := 0, false, false
+	n := 0
+	outsideStrings(doc, func(c byte) bool {
+		if c == '{' || c == 't' || c == 'f' {
+			n++
+		}
+		return n > max
+	})
+	return n
+}
+
+// outsideStrings calls visit with each byte of JSON document doc that is
+// not inside a string, until visit answers true.
+func outsideStrings(doc []byte, visit func(c byte) (stop bool)) {
+	inString, escaped := false, false
 	for _, c := range doc {
 		switch {
-		case inString:
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
+		case !inString:
+			if c == '"' {
+				inString = true
+			} else if visit(c) {
+				return
 			}
+		case escaped:
+			escaped = false
+		case c == '\\':
+			escaped = true
 		case c == '"':
-			inString = true
-		case c == '{' || c == 't' || c == 'f':
-			if n++; n > max {
-				return n
-			}
+			inString = false
 		}
 	}
-	return n
 }
 
 // evaluationsPerValue bounds how many subschemas checking one value against
@@ -228,32 +237,20 @@ func evaluationsPerValue(s *jsonschema.Schema, max int64) int64 {
 }
 
 // nestsDeeperThan reports whether JSON document doc nests objects and
-// arrays more than max levels deep, scanning its bytes once (brackets
-// inside strings do not count) and stopping at the first level too deep.
+// arrays more than max levels deep (brackets inside strings do not count),
+// stopping at the first level too deep.
 func nestsDeeperThan(doc []byte, max int) bool {
-	depth, inString, escaped := 0, false, false
-	for _, c := range doc {
-		switch {
-		case inString:
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-			}
-		case c == '"':
-			inString = true
-		case c == '{' || c == '[':
-			if depth++; depth > max {
-				return true
-			}
-		case c == '}' || c == ']':
+	depth := 0
+	outsideStrings(doc, func(c byte) bool {
+		switch c {
+		case '{', '[':
+			depth++
+		case '}', ']':
 			depth--
 		}
-	}
-	return false
+		return depth > max
+	})
+	return depth > max
 }
 
 // compileStoredSchema compiles a published schema: as publication does, or,
