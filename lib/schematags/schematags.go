@@ -105,32 +105,19 @@ func applyRule(s *jsonschema.Schema, key, val string) {
 		s.Minimum = num()
 	case "max":
 		s.Maximum = num()
-	case "minLength":
-		s.MinLength = length()
-	case "maxLength":
-		s.MaxLength = length()
-	case "pattern":
-		s.Pattern = val
-	// An object keyed by names (a map): how many, which names, and each
-	// value's length.
+	// A string's rules, and the same for a part: a map's keys (key…) or
+	// values (value…), an array's items (item…).
+	case "minLength", "valueMinLength":
+		part(s, key).MinLength = length()
+	case "maxLength", "keyMaxLength", "valueMaxLength", "itemMaxLength":
+		part(s, key).MaxLength = length()
+	case "pattern", "keyPattern", "itemPattern":
+		part(s, key).Pattern = val
+	// How many entries a map, or items an array, may hold.
 	case "maxProperties":
 		s.MaxProperties = length()
-	case "keyPattern":
-		keys(s).Pattern = val
-	case "keyMaxLength":
-		keys(s).MaxLength = length()
-	case "valueMinLength":
-		values(s).MinLength = length()
-	case "valueMaxLength":
-		values(s).MaxLength = length()
-	// An array of names: how many, each one's pattern and length, no
-	// repeats.
 	case "maxItems":
 		s.MaxItems = length()
-	case "itemPattern":
-		items(s).Pattern = val
-	case "itemMaxLength":
-		items(s).MaxLength = length()
 	case "uniqueItems":
 		s.UniqueItems = true
 	default:
@@ -170,6 +157,20 @@ func NotNull(s *jsonschema.Schema) {
 	if s.Enum != nil {
 		s.Enum = slices.DeleteFunc(slices.Clone(s.Enum), func(v any) bool { return v == nil })
 	}
+}
+
+// part is the schema a rule applies to: s itself, or the part of s its
+// name begins with (keys, values, items).
+func part(s *jsonschema.Schema, rule string) *jsonschema.Schema {
+	switch {
+	case strings.HasPrefix(rule, "key"):
+		return keys(s)
+	case strings.HasPrefix(rule, "value"):
+		return values(s)
+	case strings.HasPrefix(rule, "item"):
+		return items(s)
+	}
+	return s
 }
 
 // keys is s's propertyNames schema, values its additionalProperties schema

@@ -158,9 +158,13 @@ func clampRetryAfter(d time.Duration) *int64 {
 	if d <= 0 {
 		return nil
 	}
-	ms := int64(math.Ceil(float64(d) / float64(time.Millisecond)))
-	ms = min(max(ms, minRetryAfterMs), maxRetryAfterMs)
+	ms := min(max(wholeMillis(d), minRetryAfterMs), maxRetryAfterMs)
 	return &ms
+}
+
+// wholeMillis is d in milliseconds, rounded up: a hint is a minimum wait.
+func wholeMillis(d time.Duration) int64 {
+	return int64(math.Ceil(float64(d) / float64(time.Millisecond)))
 }
 
 // InvalidDecisionError goes to OnError when a classifier returns a Decision
@@ -187,7 +191,7 @@ func (e *InvalidDecisionError) Error() string {
 // hintInRange reports whether a positive hint is within the API's range
 // once rounded up to whole milliseconds (what clampRetryAfter leaves as is).
 func hintInRange(d time.Duration) bool {
-	ms := int64(math.Ceil(float64(d) / float64(time.Millisecond)))
+	ms := wholeMillis(d)
 	return ms >= minRetryAfterMs && ms <= maxRetryAfterMs
 }
 
