@@ -237,3 +237,34 @@ func TestDecideGroupAndReconcileTagsAgreeWithTheHandlers(t *testing.T) {
 	})
 	require.Greater(t, checked, 10, "a reconciliation record is tagged")
 }
+
+// A reconciliation's records state in the document the count its handler
+// takes (verification QA: enforced, not stated): none (the vendor has no
+// records in the window) up to maxItems, which is accepted, and one more
+// refused naming records.
+func TestReconcileRecordsTagsAgreeWithTheHandler(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	f, ok := reflect.TypeFor[gate.ReconcileRequest]().FieldByName("Records")
+	require.True(t, ok)
+	rules := schematags.Rules(f)
+	most, err := strconv.Atoi(rules["maxItems"])
+	require.NoError(t, err, "records states its greatest count")
+	require.Equal(t, gate.MaxReconcileRecords, most)
+	require.NotContains(t, rules, "minItems", "an empty list is taken")
+
+	now := time.Now().UTC()
+	send := func(n int) *apitest.Response {
+		records := make([]map[string]any, n)
+		for i := range records {
+			records[i] = map[string]any{"idempotency_key": fmt.Sprintf("r%05d", i), "status": "pending"}
+		}
+		return b.env.Do("POST", "/api/v1/reconcile", b.ws.Key, map[string]any{"effect_type": "tags.records",
+			"from": now.Add(-time.Hour).Format(time.RFC3339), "to": now.Format(time.RFC3339), "records": records})
+	}
+	for _, n := range []int{0, most} {
+		r := send(n)
+		require.Equal(t, http.StatusOK, r.Status, "%d records: %s", n, r.Body)
+	}
+	require.Equal(t, []string{"records"}, validationFields(t, send(most+1)))
+}

@@ -50,12 +50,14 @@ type ReconcileRecord struct {
 	AmountMicros *int64 `json:"amount_micros" openapi:"min=0,max=1000000000000000000"`
 }
 
-// ReconcileRequest is the body of POST /api/v1/reconcile.
+// ReconcileRequest is the body of POST /api/v1/reconcile. Its records may
+// be empty (the vendor has none in the window), never more than
+// MaxReconcileRecords.
 type ReconcileRequest struct {
 	EffectType string            `json:"effect_type"`
 	From       string            `json:"from"`
 	To         string            `json:"to"`
-	Records    []ReconcileRecord `json:"records" openapi:"required"`
+	Records    []ReconcileRecord `json:"records" openapi:"required,maxItems=10000"`
 }
 
 // ReconcileItem is one classified record or effect. Fields that do not

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/mcpserver"
 )
@@ -490,6 +491,25 @@ func TestOpenAPIStatesBoundsAndEnumerations(t *testing.T) {
 			require.Equal(t, map[string]any{"type": "integer", "minimum": 1.0, "maximum": 200.0}, p["schema"])
 		}
 	}
+	// A webhook's events, a reconciliation's records and an endpoint's
+	// name state the bounds their handlers check (verification QA:
+	// enforced, not stated; lib/webhooks, lib/gate and this package's
+	// request-tag tests hold them to the handlers).
+	subscribed := prop("/api/v1/webhooks", "post", "events")
+	require.EqualValues(t, 1, subscribed["minItems"])
+	require.EqualValues(t, 50, subscribed["maxItems"])
+	var types []any
+	for _, typ := range events.Types {
+		types = append(types, typ)
+	}
+	require.Equal(t, map[string]any{"type": "string", "enum": types}, subscribed["items"])
+	require.NotContains(t, subscribed, "uniqueItems", "repeats are taken, and stored once")
+	records := prop("/api/v1/reconcile", "post", "records")
+	require.EqualValues(t, 10000, records["maxItems"])
+	require.NotContains(t, records, "minItems", "an empty list is taken")
+	endpointName := prop("/api/v1/endpoints", "post", "name")
+	require.EqualValues(t, 1, endpointName["minLength"])
+	require.EqualValues(t, 200, endpointName["maxLength"])
 	// A failure's message may be left out, as the handler lets it.
 	errSchema := prop("/api/v1/jobs/{id}/report", "post", "error")
 	required, _ := errSchema["required"].([]any)

@@ -11,6 +11,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/jobs"
+	"github.com/getratchet/ratchet/lib/schematags"
 )
 
 // customPolicy is a complete CUSTOM retry policy whose delays leave every
@@ -21,11 +22,12 @@ func customPolicy() map[string]any {
 		"jitterPercent": 10}
 }
 
-// An endpoint's policy fields, a contract's retry policy and the PUT's
-// expectedVersion state in the OpenAPI document the bounds, values and
-// nullability their handlers check (QA, session 31: the document stated no
-// bound for them, and allowed null for fields the handlers refuse as
-// null); apitest.CheckRequestTags holds each tag to its handler.
+// An endpoint's name and policy fields, a contract's retry policy and the
+// PUT's expectedVersion state in the OpenAPI document the bounds, values
+// and nullability their handlers check (QA, session 31: the document
+// stated no bound for them, and allowed null for fields the handlers
+// refuse as null; verification QA: the name's length was enforced, not
+// stated); apitest.CheckRequestTags holds each tag to its handler.
 func TestEndpointAndContractPolicyTagsAgreeWithTheHandlers(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t)
@@ -45,16 +47,25 @@ func TestEndpointAndContractPolicyTagsAgreeWithTheHandlers(t *testing.T) {
 		}
 		return body
 	}
+	// The name is the probe's own when it is the field under test, else a
+	// new one.
+	create := reflect.TypeFor[jobs.CreateEndpointRequest]()
 	checked := apitest.CheckRequestTags(t, apitest.TagProbe{
-		Type: reflect.TypeFor[jobs.PolicyFields](),
+		Type: create,
 		Base: endpointBody,
 		Send: func(body map[string]any) *apitest.Response {
 			body = withCustom(body)
-			body["name"] = apitest.Unique("tags endpoint ")
+			if _, ok := body["name"]; !ok {
+				body["name"] = apitest.Unique("tags endpoint ")
+			}
 			return e.Do("POST", "/api/v1/endpoints", e.ws.Key, body)
 		},
 	})
 	require.Greater(t, checked, 40, "the endpoint policy's bounds are tagged")
+	name, ok := create.FieldByName("Name")
+	require.True(t, ok)
+	require.Equal(t, map[string]string{"minLength": "1", "maxLength": "200"}, schematags.Rules(name),
+		"the name states its length, probed above")
 
 	// PUT …/policy takes the same fields and requires expectedVersion, a
 	// version read (0 or more).

@@ -98,9 +98,12 @@ type UpdatePolicyRequest struct {
 	PolicyFields
 }
 
-// CreateEndpointRequest is the body of POST /api/v1/endpoints.
+// CreateEndpointRequest is the body of POST /api/v1/endpoints. Its name's
+// tag states validEndpointName's length (1-200 characters); the rest of
+// that rule (printable, no white space at either end) only the handler
+// states.
 type CreateEndpointRequest struct {
-	Name string `json:"name"`
+	Name string `json:"name" openapi:"minLength=1,maxLength=200"`
 	PolicyFields
 }
 

@@ -2,7 +2,8 @@
 // handler checks (enum=a|b, min=N, max=N, minLength=N, maxLength=N,
 // pattern=RE, required, notNull; for a map, maxProperties=N, keyPattern=RE,
 // keyMaxLength=N, valueMinLength=N, valueMaxLength=N; for an array,
-// maxItems=N, itemPattern=RE, itemMaxLength=N, uniqueItems) and adds them to a JSON Schema inferred from the
+// minItems=N, maxItems=N, itemEnum=a|b, itemPattern=RE, itemMaxLength=N,
+// uniqueItems) and adds them to a JSON Schema inferred from the
 // type: one reading for the OpenAPI document (lib/httpapi), the MCP tools'
 // input schemas (lib/mcpserver) and the tests that hold each tag to its
 // handler.
@@ -24,7 +25,8 @@ import (
 // maxLength=N, pattern=RE, notNull (a field a request may leave out but
 // never send as null, such as a policy's mode), for a map maxProperties=N, keyPattern=RE,
 // keyMaxLength=N, valueMinLength=N, valueMaxLength=N, and for an array
-// maxItems=N, itemPattern=RE, itemMaxLength=N, uniqueItems (rules are split
+// minItems=N, maxItems=N, itemEnum=a|b, itemPattern=RE, itemMaxLength=N,
+// uniqueItems (rules are split
 // on commas: a pattern holds none). A value the tags allow may still be refused for
 // what only the handler knows; one they refuse always is. Answers are held
 // to the same tags by lib/apitest, so a tag cannot drift from the code.
@@ -91,22 +93,24 @@ func applyRule(s *jsonschema.Schema, key, val string) {
 	length := func() *int { n := int(*num()); return &n }
 	switch key {
 	case "required":
-	case "enum":
-		s.Enum = nil
-		for _, v := range strings.Split(val, "|") {
-			s.Enum = append(s.Enum, v)
-		}
-		if slices.Contains(s.Types, "null") {
-			s.Enum = append(s.Enum, nil)
-		}
 	case "notNull":
 		NotNull(s)
 	case "min":
 		s.Minimum = num()
 	case "max":
 		s.Maximum = num()
-	// A string's rules, and the same for a part: a map's keys (key…) or
-	// values (value…), an array's items (item…).
+	// A value's allowed values and a string's rules, and the same for a
+	// part: a map's keys (key…) or values (value…), an array's items
+	// (item…).
+	case "enum", "itemEnum":
+		p := part(s, key)
+		p.Enum = nil
+		for _, v := range strings.Split(val, "|") {
+			p.Enum = append(p.Enum, v)
+		}
+		if slices.Contains(p.Types, "null") {
+			p.Enum = append(p.Enum, nil)
+		}
 	case "minLength", "valueMinLength":
 		part(s, key).MinLength = length()
 	case "maxLength", "keyMaxLength", "valueMaxLength", "itemMaxLength":
@@ -116,6 +120,8 @@ func applyRule(s *jsonschema.Schema, key, val string) {
 	// How many entries a map, or items an array, may hold.
 	case "maxProperties":
 		s.MaxProperties = length()
+	case "minItems":
+		s.MinItems = length()
 	case "maxItems":
 		s.MaxItems = length()
 	case "uniqueItems":

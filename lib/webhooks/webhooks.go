@@ -52,10 +52,12 @@ type Delivery struct {
 	DeliveredAt    *time.Time `json:"delivered_at"`
 }
 
-// CreateRequest is the body of POST /api/v1/webhooks.
+// CreateRequest is the body of POST /api/v1/webhooks. Its tags restate
+// validate's checks: events lists 1 to maxEventsListed names, repeats
+// included, each one of events.Types.
 type CreateRequest struct {
 	URL    string   `json:"url" openapi:"maxLength=2000"`
-	Events []string `json:"events" openapi:"required"`
+	Events []string `json:"events" openapi:"required,minItems=1,maxItems=50,itemEnum=effect.indeterminate|circuit.tripped|circuit.closed|approval.requested|approval.decided|reconciliation.due|run.finished|step.exhausted|step.replayed"`
 }
 
 // Service stores subscriptions and sends deliveries.

@@ -13,6 +13,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/schematags"
 	"github.com/getratchet/ratchet/lib/webhooks"
 )
 
@@ -125,6 +127,58 @@ func TestCreateTagsAgreeWithTheHandler(t *testing.T) {
 		},
 	})
 	require.GreaterOrEqual(t, checked, 5, "a webhook's create is tagged")
+}
+
+// A webhook create's events list states in the document what validate
+// checks (verification QA: enforced, not stated): how many names, repeats
+// included, and which (events.Types). Each bound is sent at the bound,
+// accepted, and one past it, refused naming the field; each name is
+// accepted and another refused.
+func TestCreateEventsTagsAgreeWithTheHandler(t *testing.T) {
+	t.Parallel()
+	env, _ := start(t, false)
+	ws := env.Signup()
+	f, ok := reflect.TypeFor[webhooks.CreateRequest]().FieldByName("Events")
+	require.True(t, ok)
+	rules := schematags.Rules(f)
+	least, err := strconv.Atoi(rules["minItems"])
+	require.NoError(t, err, "events states its least count")
+	most, err := strconv.Atoi(rules["maxItems"])
+	require.NoError(t, err, "events states its greatest count")
+	named := strings.Split(rules["itemEnum"], "|")
+	require.ElementsMatch(t, events.Types, named, "events states the types a webhook may subscribe to")
+
+	create := func(evs []string) *apitest.Response {
+		return env.Do("POST", "/api/v1/webhooks", ws.Key, map[string]any{"url": "https://example.com/hook",
+			"events": evs})
+	}
+	// Each accepted subscription is deleted: a workspace holds at most
+	// MaxWebhooks.
+	accepted := func(evs []string) {
+		t.Helper()
+		r := create(evs)
+		require.Equal(t, http.StatusCreated, r.Status, "%d events %v: %s", len(evs), evs[0], r.Body)
+		env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+r.JSON()["id"].(string), ws.Key, nil)
+	}
+	refused := func(evs []string, field string) {
+		t.Helper()
+		r := create(evs)
+		require.Equal(t, http.StatusBadRequest, r.Status, "%d events: %s", len(evs), r.Body)
+		require.Equal(t, "invalid_request", r.ErrorCode(), "%s", r.Body)
+		var fields []string
+		for _, v := range r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["validation"].([]any) {
+			fields = append(fields, v.(map[string]any)["field"].(string))
+		}
+		require.Equal(t, []string{field}, fields, "%d events", len(evs))
+	}
+	for _, typ := range named {
+		accepted([]string{typ})
+	}
+	refused([]string{events.RunFinished, "run.started"}, "events.1")
+	accepted(slices.Repeat([]string{events.RunFinished}, least))
+	refused(slices.Repeat([]string{events.RunFinished}, least-1), "events")
+	accepted(slices.Repeat([]string{events.RunFinished}, most))
+	refused(slices.Repeat([]string{events.RunFinished}, most+1), "events")
 }
 
 func TestCreateValidatesAndShowsSecretOnce(t *testing.T) {
