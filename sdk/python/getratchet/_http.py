@@ -1,0 +1,189 @@
+"""One HTTP call to the API, with the retries that are safe for it."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import secrets
+import socket
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Callable, Optional
+
+from .errors import (DATABASE_UNAVAILABLE, REQUEST_TIMEOUT, RETRY_REQUEST, ConnectionLost,
+                     RatchetError)
+
+VERSION = "0.1.0"
+DEFAULT_BASE_URL = "https://getratchet.app"
+
+# Capped exponential backoff with equal jitter, as the Go SDK's.
+BACKOFF_BASE = 0.5
+BACKOFF_CAP = 8.0
+# A 429's wait is cut to the rate windows' minute.
+MAX_RATE_LIMIT_WAIT = 60
+# How often a call sent under an Idempotency-Key waits while the server
+# still holds the key for an earlier attempt (409 retry_request).
+MAX_KEY_HELD_WAITS = 40
+
+
+def new_request_id() -> str:
+    """A random id for an Idempotency-Key, a begin's request_id or a claimId."""
+    return secrets.token_hex(16)
+
+
+def path_id(value: str) -> str:
+    """A path segment with everything but letters, digits and - . _ ~
+    percent-encoded (a tool named "a&b" must reach the route as that name)."""
+    return urllib.parse.quote(value, safe="")
+
+
+class Transport:
+    """Sends calls to one API base URL with one key. Thread-safe."""
+
+    def __init__(self, base_url: Optional[str], api_key: str, timeout: float = 60.0,
+                 max_retries: int = 3, user_agent: str = "",
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if not api_key:
+            raise ValueError("ratchet: an API key is required (read it from the environment)")
+        base = (base_url or DEFAULT_BASE_URL).rstrip("/")
+        parsed = urllib.parse.urlparse(base)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ValueError("ratchet: base_url must be an http(s) URL")
+        self.base = base
+        self._key = api_key
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.user_agent = ((user_agent + " ") if user_agent else "") + f"getratchet-python/{VERSION}"
+        self.sleep = sleep
+        self._jitter = random.Random()
+        self._jitter_lock = threading.Lock()
+
+    def call(self, method: str, path: str, body: Any = None, *, safe: bool,
+             idempotency_key: Optional[str] = None, timeout: Optional[float] = None,
+             max_retries: Optional[int] = None) -> Any:
+        """Sends method path (under /api/v1) and returns the decoded answer.
+
+        safe says whether the call may be repeated after an answer was lost
+        (network failure, timeout, 5xx): true for calls made idempotent by a
+        key, an Idempotency-Key or a lease token. Failures the server says
+        changed nothing (429, retry_request, 408, a database_unavailable
+        with outcome not_applied) are repeated for any call.
+        """
+        data = None if body is None else json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        retries = self.max_retries if max_retries is None else max_retries
+        attempt = 0
+        held = 0
+        while True:
+            try:
+                return self._once(method, path, data, idempotency_key, timeout or self.timeout)
+            except RatchetError as err:
+                if idempotency_key and err.code == RETRY_REQUEST and held < MAX_KEY_HELD_WAITS:
+                    # The server still acts on an earlier attempt under this
+                    # key: wait as asked, outside the retry bound.
+                    held += 1
+                    self.sleep(max(err.retry_after_seconds, 1))
+                    continue
+                wait = self.retry_delay(err, attempt, safe)
+                if wait is None or attempt >= retries:
+                    raise
+            except ConnectionLost:
+                if not safe or attempt >= retries:
+                    raise
+                wait = self.backoff(attempt)
+            attempt += 1
+            self.sleep(wait)
+
+    def retry_delay(self, err: RatchetError, attempt: int, safe: bool) -> Optional[float]:
+        """How long to wait before repeating a call that failed with err
+        (after attempt repeats), or None when it must not be repeated."""
+        if err.status == 429:
+            # The limiter refused before acting: any call may repeat.
+            return float(min(max(err.retry_after_seconds, 1), MAX_RATE_LIMIT_WAIT))
+        if err.code == RETRY_REQUEST:
+            return float(err.retry_after_seconds)
+        if err.code == REQUEST_TIMEOUT or (err.code == DATABASE_UNAVAILABLE
+                                           and err.detail.get("outcome") == "not_applied"):
+            return self.backoff(attempt)
+        if err.status >= 500 and safe:
+            # A 503's Retry-After is heeded up to the backoff's cap, so a
+            # heartbeat does not sleep its lease away.
+            return max(self.backoff(attempt), min(float(err.retry_after_seconds), BACKOFF_CAP))
+        return None
+
+    def backoff(self, attempt: int) -> float:
+        """Capped exponential backoff, half fixed and half random."""
+        step = min(BACKOFF_BASE * (2 ** min(attempt, 10)), BACKOFF_CAP)
+        with self._jitter_lock:
+            return step / 2 + self._jitter.random() * step / 2
+
+    def _once(self, method: str, path: str, data: Optional[bytes], idempotency_key: Optional[str],
+              timeout: float) -> Any:
+        request = urllib.request.Request(self.base + "/api/v1" + path, data=data, method=method)
+        request.add_header("Authorization", "Bearer " + self._key)
+        request.add_header("Accept", "application/json")
+        request.add_header("User-Agent", self.user_agent)
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        if idempotency_key:
+            request.add_header("Idempotency-Key", idempotency_key)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as failure:
+            try:
+                raw = failure.read()
+            except (OSError, http.client.HTTPException):
+                raw = b""
+            raise _decode_error(failure.code, failure.headers, raw) from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException, socket.timeout) as failure:
+            # Connection refused, reset, timed out, or an answer cut short.
+            raise ConnectionLost(f"ratchet: {method} {path.split('?')[0]}: {_reason(failure)}") from None
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            # A 2xx whose body cannot be read (cut short by a proxy): the
+            # call was applied, and its answer lost as by a dropped connection.
+            raise ConnectionLost(f"ratchet: {method} {path.split('?')[0]}: unreadable answer") from None
+
+
+def _reason(failure: BaseException) -> str:
+    reason = getattr(failure, "reason", None)
+    return type(reason if isinstance(reason, BaseException) else failure).__name__
+
+
+def _decode_error(status: int, headers: Any, raw: bytes) -> RatchetError:
+    request_id = headers.get("X-Request-Id", "") if headers else ""
+    body: Any = None
+    try:
+        body = json.loads(raw) if raw else None
+    except ValueError:
+        body = None
+    envelope = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(envelope, dict):
+        # Not the API's envelope (a proxy's page): name the status only.
+        envelope = {"code": "http_%d" % status, "message": "HTTP %d" % status}
+    detail = envelope.get("detail") if isinstance(envelope.get("detail"), dict) else {}
+    detail = dict(detail)
+    if status in (429, 503) and "retry_after_seconds" not in detail and headers:
+        seconds = _retry_after_header(headers.get("Retry-After", ""))
+        if seconds:
+            detail["retry_after_seconds"] = seconds
+    return RatchetError(status, str(envelope.get("code", "")), str(envelope.get("message", "")),
+                        detail, request_id, body)
+
+
+def _retry_after_header(value: str) -> int:
+    value = (value or "").strip()
+    if value.isdigit():
+        return int(value)
+    try:
+        from email.utils import parsedate_to_datetime
+        return max(0, int(parsedate_to_datetime(value).timestamp() - time.time() + 0.999))
+    except (TypeError, ValueError, OverflowError, IndexError):
+        return 0

@@ -1,0 +1,399 @@
+"""The client: producer calls, the effect gate, and the worker's registry."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Optional
+
+from ._http import Transport, new_request_id, path_id
+from .errors import (INVALID_REQUEST, PAYLOAD_TOO_LARGE, ApprovalRequired, EffectBlocked, EffectDenied,
+                     EffectInFlight, LEASE_EXPIRED, LEASE_LOST, NotPerformed, RatchetError, ResultNotStored)
+
+AFTER_SUCCEEDED = "SUCCEEDED"
+AFTER_FAILED = "FAILED"
+
+# How often do_effect asks again while another caller holds the lease: from
+# the first wait, doubling to the last (a begin that finds a live lease is
+# one indexed read), never longer than the server's retry_after_seconds.
+_FIRST_IN_FLIGHT_WAIT = 0.25
+_MAX_IN_FLIGHT_WAIT = 5.0
+
+# The "ratchet" field of the result recorded in place of one the gate refused.
+_PLACEHOLDER_MARK = "result_not_recorded"
+
+
+def create_ratchet(base_url: Optional[str] = None, api_key: str = "", **options: Any) -> "Ratchet":
+    """Returns a Ratchet client (see Ratchet)."""
+    return Ratchet(base_url=base_url, api_key=api_key, **options)
+
+
+def blind_key(secret: str, key: str) -> str:
+    """An idempotency key that is still deterministic but no longer
+    guessable: HMAC-SHA-256 of key under a secret only your system holds,
+    hex, 32 characters."""
+    return hmac.new(secret.encode("utf-8"), key.encode("utf-8"), hashlib.sha256).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What do_effect's action is given: the attempt it performs.
+
+    With ``probe`` the holder must first check the vendor for
+    ``prior_attempt`` (whose outcome is unknown) and return what it found,
+    or perform the action. ``lost`` is set when the lease was lost (a newer
+    attempt exists, or it lapsed): stop, the outcome will not be recorded.
+    """
+    effect_id: str
+    attempt: int
+    probe: bool
+    prior_attempt: Optional[dict]
+    lease_expires_at: str
+    lost: threading.Event
+
+
+@dataclass(frozen=True)
+class EffectOutcome:
+    """do_effect's answer: the action's result, or with ``duplicate`` the
+    result recorded by the attempt that performed it earlier."""
+    effect_id: str
+    attempt: int
+    result: Any
+    duplicate: bool
+
+
+class Ratchet:
+    """A client of the Ratchet API. Thread-safe.
+
+    ``api_key`` is read from the environment or a secret store, never from
+    source: an INGEST key to produce, a WORKER key listing its exact
+    ``name@version`` tools to work, an AGENT key to use the gate.
+
+    Calls that are idempotent (every gate and job call, by key, lease token
+    or Idempotency-Key) are repeated after a lost answer or a 5xx, with
+    capped backoff and jitter, up to ``max_retries`` times; a 429 after the
+    server's retry_after_seconds; start_run without an idempotency key is
+    never repeated after an ambiguous failure.
+    """
+
+    def __init__(self, base_url: Optional[str] = None, api_key: str = "", *, timeout: float = 60.0,
+                 max_retries: int = 3, user_agent: str = "") -> None:
+        self._transport = Transport(base_url, api_key, timeout=timeout, max_retries=max_retries,
+                                    user_agent=user_agent)
+        self._run_lock = threading.Lock()
+        self._run_id: Optional[str] = None
+        self._worker: Any = None
+
+    # -- escape hatch -------------------------------------------------------
+
+    def request(self, method: str, path: str, body: Any = None, *, safe: bool = False,
+                idempotency_key: Optional[str] = None) -> Any:
+        """Calls any route (path under /api/v1, e.g. "/endpoints") and
+        returns the decoded answer; failures raise RatchetError. safe=True
+        lets the call be repeated after a lost answer: only for calls that
+        are idempotent."""
+        return self._transport.call(method, path, body, safe=safe, idempotency_key=idempotency_key)
+
+    # -- producer -----------------------------------------------------------
+
+    @property
+    def run_id(self) -> Optional[str]:
+        """The run start_run started, which enqueue and finish_run default to."""
+        with self._run_lock:
+            return self._run_id
+
+    def start_run(self, name: str, *, idempotency_key: Optional[str] = None,
+                  budget_micros: Optional[int] = None) -> dict:
+        """Starts a run (POST /runs) and makes it this client's current run.
+
+        With idempotency_key (derived from the work, as a Temporal workflow
+        id) the call is repeated after an ambiguous failure and starting it
+        again answers the same run; without one it is not repeated, since a
+        repeat would start a second run."""
+        body: dict = {"name": name}
+        if idempotency_key is not None:
+            body["idempotencyKey"] = idempotency_key
+        if budget_micros is not None:
+            body["budgetMicros"] = budget_micros
+        run = self._transport.call("POST", "/runs", body, safe=idempotency_key is not None)
+        with self._run_lock:
+            self._run_id = run["id"]
+        return run
+
+    def _run(self, run_id: Optional[str]) -> str:
+        run_id = run_id or self.run_id
+        if not run_id:
+            raise ValueError("ratchet: no run: call start_run first or pass run_id")
+        return run_id
+
+    def enqueue(self, input: Any, *, name: str, version: str, endpoint: Optional[str] = None,
+                idempotency_key: Optional[str] = None, timeout_ms: Optional[int] = None,
+                max_attempts: Optional[int] = None, contract_version: Optional[int] = None,
+                after_step_id: Optional[str] = None, after_status: Optional[str] = None,
+                delay_ms: Optional[int] = None, run_id: Optional[str] = None) -> dict:
+        """Adds a step to the run (POST /runs/{id}/steps): the exact handler
+        name@version, its JSON input and options. Without idempotency_key
+        the server derives one from the run, name, version, contract
+        version, endpoint, dependency and canonical input, so an identical
+        enqueue is deduplicated (``deduplicated`` in the answer); use an
+        explicit key when producers in different languages must agree.
+        Enqueue is idempotent either way, so it is retried."""
+        if not name or not version:
+            raise ValueError("ratchet: enqueue needs a tool name and version")
+        body: dict = {"name": name, "version": version, "input": input}
+        optional = {"endpoint": endpoint, "idempotencyKey": idempotency_key, "timeoutMs": timeout_ms,
+                    "maxAttempts": max_attempts, "contractVersion": contract_version,
+                    "afterStepId": after_step_id, "afterStatus": after_status, "delayMs": delay_ms}
+        body.update({k: v for k, v in optional.items() if v is not None})
+        return self._transport.call("POST", "/runs/" + path_id(self._run(run_id)) + "/steps", body, safe=True)
+
+    def finish_run(self, run_id: Optional[str] = None) -> dict:
+        """Requests the run's completion: it ends SUCCEEDED once every step
+        ended well, FAILED when one is EXHAUSTED or CANCELLED. Enqueue every
+        branch before this."""
+        return self._transport.call("POST", "/runs/" + path_id(self._run(run_id)) + "/finish", {}, safe=True)
+
+    def get_run(self, run_id: Optional[str] = None) -> dict:
+        """Reads a run with its steps (each with ``durableJob``)."""
+        return self._transport.call("GET", "/runs/" + path_id(self._run(run_id)), safe=True)
+
+    def get_step(self, step_id: str) -> dict:
+        """Reads one step with its executions and replays."""
+        return self._transport.call("GET", "/steps/" + path_id(step_id), safe=True)
+
+    def cancel_step(self, step_id: str) -> dict:
+        """Cancels a step's job; a running handler learns of it at its next
+        heartbeat. Cancelling again answers the same step."""
+        return self._transport.call("POST", "/steps/" + path_id(step_id) + "/cancel", {}, safe=True)
+
+    def replay_preview(self, step_id: str) -> dict:
+        """Whether an exhausted or cancelled step may be replayed, and the
+        contract versions it could be upgraded to (``upgrades``)."""
+        return self._transport.call("GET", "/steps/" + path_id(step_id) + "/replay", safe=True)
+
+    def replay(self, step_id: str, *, reason: Optional[str] = None, max_attempts: int = 1,
+               acknowledge_duplicate_risk: bool = True, target_contract_version: Optional[int] = None,
+               expected_handler_version: Optional[str] = None, acknowledge_version_change: bool = False,
+               expected_attempt: Optional[int] = None) -> dict:
+        """Queues an exhausted or cancelled step again (scope steps:replay).
+
+        The previous worker may have completed a side effect whose result
+        was never recorded: confirm destination-side idempotency first. For
+        a version upgrade pass target_contract_version, the preview's
+        handler version as expected_handler_version, and
+        acknowledge_version_change=True. expected_attempt (the preview's
+        ``attempt``) refuses a replay of a step that ran since. One
+        Idempotency-Key spans the call's retries, so a repeat after a lost
+        answer gets the first replay back instead of replaying twice."""
+        if not acknowledge_duplicate_risk:
+            raise ValueError("ratchet: a replay must acknowledge the duplicate risk")
+        body: dict = {"acknowledgeDuplicateRisk": True, "maxAttempts": max_attempts}
+        optional = {"reason": reason, "targetContractVersion": target_contract_version,
+                    "expectedHandlerVersion": expected_handler_version, "expectedAttempt": expected_attempt}
+        body.update({k: v for k, v in optional.items() if v is not None})
+        if acknowledge_version_change:
+            body["acknowledgeVersionChange"] = True
+        return self._transport.call("POST", "/steps/" + path_id(step_id) + "/replay", body, safe=True,
+                                    idempotency_key=new_request_id())
+
+    # -- worker -------------------------------------------------------------
+
+    def register_tool(self, name: str, version: str, handler: Callable[[Any, Any], Any], *,
+                      classify_error: Optional[Callable[[BaseException, Any], Any]] = None) -> None:
+        """Registers the handler for the exact tool name@version (the WORKER
+        key must list it). handler(input, context) returns the output (JSON
+        values); raise RetryableError or NonRetryableError to decide the
+        retry, or let classify_error(error, context) decide for other
+        exceptions ({"retryable": True, "retry_after_ms": ...} or
+        {"retryable": False}); unknown errors are retryable."""
+        self.worker.add_tool(name, version, handler, classify_error)
+
+    @property
+    def worker(self) -> Any:
+        """This client's worker runtime: start(), stop()."""
+        with self._run_lock:
+            if self._worker is None:
+                from .worker import Worker
+                self._worker = Worker(self._transport)
+            return self._worker
+
+    # -- the effect gate ----------------------------------------------------
+
+    def begin(self, effect_type: str, idempotency_key: str, payload: Any = None, *,
+              cost_micros: Optional[int] = None, dimensions: Optional[dict] = None,
+              run_id: Optional[str] = None, group_id: Optional[str] = None,
+              compensation: Optional[dict] = None, compensates_effect_id: Optional[str] = None,
+              lease_seconds: Optional[int] = None, request_id: Optional[str] = None) -> dict:
+        """Asks before acting (POST /effects/begin) and returns the answer:
+        ``decision`` is execute, duplicate, in_flight, blocked,
+        approval_required or denied (a denial is answered, not raised: its
+        ``error`` holds the code). The key is derived from the work, never
+        from time or randomness. A request_id (random when not given) spans
+        the call's retries, so a begin whose answer was lost gets the same
+        lease again instead of in_flight."""
+        body: dict = {"effect_type": effect_type, "idempotency_key": idempotency_key, "payload": payload,
+                      "request_id": request_id or new_request_id()}
+        optional = {"cost_micros": cost_micros, "dimensions": dimensions, "run_id": run_id,
+                    "group_id": group_id, "compensation": compensation,
+                    "compensates_effect_id": compensates_effect_id, "lease_seconds": lease_seconds}
+        body.update({k: v for k, v in optional.items() if v is not None})
+        try:
+            return self._transport.call("POST", "/effects/begin", body, safe=True)
+        except RatchetError as err:
+            if err.status == 403 and isinstance(err.body, dict) and err.body.get("decision") == "denied":
+                return err.body
+            raise
+
+    def report_effect(self, effect_id: str, lease_token: str, outcome: str, result: Any = None) -> dict:
+        """Reports an execute's outcome: "succeeded" with its result, or
+        "failed" only when the action surely did not reach the outside
+        world. Unsure? Report nothing: the lease lapses and the outcome is
+        recorded honestly as indeterminate."""
+        body: dict = {"lease_token": lease_token, "outcome": outcome}
+        if result is not None:
+            body["result"] = result
+        return self._transport.call("POST", "/effects/" + path_id(effect_id) + "/report", body, safe=True)
+
+    def heartbeat_effect(self, effect_id: str, lease_token: str) -> dict:
+        """Extends an execute's lease: {"effect_id", "lease_expires_at"}."""
+        return self._transport.call("POST", "/effects/" + path_id(effect_id) + "/heartbeat",
+                                    {"lease_token": lease_token}, safe=True)
+
+    def get_effect(self, effect_id: str) -> dict:
+        """Reads an effect with its attempts."""
+        return self._transport.call("GET", "/effects/" + path_id(effect_id), safe=True)
+
+    def do_effect(self, effect_type: str, idempotency_key: str, action: Callable[[Lease], Any],
+                  payload: Any = None, *, in_flight_timeout: Optional[float] = None,
+                  **begin_options: Any) -> EffectOutcome:
+        """Wraps a side effect in the gate's protocol.
+
+        execute: runs action(lease) under a heartbeated lease and reports
+        "succeeded" with what it returns; if it raises NotPerformed the
+        attempt is reported "failed" (it surely did not happen) and the
+        exception re-raised; any other exception reports nothing (the lease
+        lapses: an honest indeterminate) and is re-raised. duplicate: returns
+        the recorded result without acting. in_flight: asks again (0.25 s
+        doubling to 5 s, never past the server's retry_after_seconds) until
+        in_flight_timeout seconds, then EffectInFlight. blocked,
+        approval_required and denied raise EffectBlocked, ApprovalRequired
+        and EffectDenied. begin_options are begin's keyword options."""
+        # One request id for the whole call: a begin whose answer was lost
+        # is answered again by the next, whichever retry asks.
+        begin_options.setdefault("request_id", new_request_id())
+        give_up = None if in_flight_timeout is None else time.monotonic() + in_flight_timeout
+        wait = _FIRST_IN_FLIGHT_WAIT
+        while True:
+            answer = self.begin(effect_type, idempotency_key, payload, **begin_options)
+            decision = answer.get("decision")
+            effect_id = answer.get("effect_id", "")
+            if decision == "execute":
+                return self._run_leased(answer, action)
+            if decision == "duplicate":
+                return EffectOutcome(effect_id, answer.get("attempt", 0), answer.get("result"), True)
+            if decision == "in_flight":
+                pause = min(wait, max(answer.get("retry_after_seconds") or 1, 1))
+                wait = min(2 * wait, _MAX_IN_FLIGHT_WAIT)
+                if give_up is not None and time.monotonic() + pause > give_up:
+                    raise EffectInFlight(effect_id)
+                time.sleep(pause)
+                continue
+            if decision == "blocked":
+                raise EffectBlocked(effect_id, answer.get("prior_attempt"))
+            if decision == "approval_required":
+                raise ApprovalRequired(effect_id, answer.get("approval_id", ""))
+            if decision == "denied":
+                error = answer.get("error") or {}
+                raise EffectDenied(effect_id, RatchetError(403, str(error.get("code", "")),
+                                                           str(error.get("message", "")),
+                                                           error.get("detail") or {}, "", answer))
+            raise RatchetError(200, "unknown_decision", f"unknown begin decision {decision!r}")
+
+    def _run_leased(self, answer: dict, action: Callable[[Lease], Any]) -> EffectOutcome:
+        effect_id, token = answer["effect_id"], answer["lease_token"]
+        lost = threading.Event()
+        lease = Lease(effect_id, answer.get("attempt", 0), bool(answer.get("probe")),
+                      answer.get("prior_attempt"), answer.get("lease_expires_at", ""), lost)
+        # The heartbeats run until the outcome is reported, not only while
+        # the action runs: a report retried through a server blip must still
+        # find the lease.
+        stop = threading.Event()
+        beats = threading.Thread(target=self._heartbeat_effect, args=(effect_id, token, answer, stop, lost),
+                                 name="ratchet-effect-heartbeat", daemon=True)
+        beats.start()
+        try:
+            try:
+                result = action(lease)
+            except NotPerformed:
+                self.report_effect(effect_id, token, "failed")
+                raise
+            try:
+                self.report_effect(effect_id, token, "succeeded", result)
+            except RatchetError as err:
+                reason = _unrecordable_result(err)
+                if reason is None:
+                    raise
+                # The action happened; only its result cannot be kept.
+                # Recording the success without it settles the key: left
+                # unreported it would turn indeterminate.
+                self.report_effect(effect_id, token, "succeeded", {"ratchet": _PLACEHOLDER_MARK, "reason": reason})
+                raise ResultNotStored(effect_id, reason, result) from err
+            return EffectOutcome(effect_id, lease.attempt, result, False)
+        finally:
+            stop.set()
+            beats.join()
+
+    def _heartbeat_effect(self, effect_id: str, token: str, answer: dict,
+                          stop: threading.Event, lost: threading.Event) -> None:
+        # Paced at a third of the lease left, within 1 s to 1 min.
+        lease_seconds = seconds_until(answer.get("lease_expires_at")) or 30.0
+        every = min(max(lease_seconds / 3, 1.0), 60.0)
+        while not stop.wait(every):
+            try:
+                self._transport.call("POST", "/effects/" + path_id(effect_id) + "/heartbeat",
+                                     {"lease_token": token}, safe=True, max_retries=1)
+            except RatchetError as err:
+                if err.code in (LEASE_LOST, LEASE_EXPIRED) or err.status in (404, 409):
+                    lost.set()
+                    return
+            except Exception:  # a lost answer: the next beat tries again
+                continue
+
+
+def _unrecordable_result(err: RatchetError) -> Optional[str]:
+    """Why a success's result cannot be recorded (its size, or a field
+    under result the gate refused), or None for other refusals."""
+    if err.code == PAYLOAD_TOO_LARGE:
+        return PAYLOAD_TOO_LARGE
+    if err.code == INVALID_REQUEST:
+        for item in err.validation:
+            field = str(item.get("field", "")) if isinstance(item, dict) else ""
+            if field == "result" or field.startswith("result."):
+                return field
+    return None
+
+
+def seconds_until(timestamp: Any) -> Optional[float]:
+    """Seconds from now (this process's clock) until an RFC 3339 timestamp
+    of the server's, or None when it does not parse or has passed."""
+    match = _RFC3339.match(str(timestamp or ""))
+    if not match:
+        return None
+    whole, fraction, zone = match.groups()
+    zone = "+00:00" if zone in ("Z", "z") else zone
+    try:
+        end = datetime.fromisoformat(whole + (fraction or "")[:7] + zone)
+    except ValueError:
+        return None
+    seconds = (end - datetime.now(timezone.utc)).total_seconds()
+    return seconds if seconds > 0 else None
+
+
+# Python 3.10's fromisoformat takes at most six fractional digits; the
+# server's timestamps may carry nine.
+_RFC3339 = re.compile(r"^(\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")

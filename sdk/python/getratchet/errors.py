@@ -1,0 +1,192 @@
+"""Errors the SDK raises, and the ones handlers raise to decide a retry."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+# The API's stable error codes (API.md, "Errors").
+INVALID_REQUEST = "invalid_request"
+UNAUTHORIZED = "unauthorized"
+FORBIDDEN = "forbidden"
+NOT_FOUND = "not_found"
+IDEMPOTENCY_KEY_REUSE = "idempotency_key_reuse"
+INVALID_STATE = "invalid_state"
+LEASE_EXPIRED = "lease_expired"
+LEASE_LOST = "lease_lost"
+RETRY_REQUEST = "retry_request"
+VERSION_CONFLICT = "version_conflict"
+PAYLOAD_TOO_LARGE = "payload_too_large"
+RATE_LIMITED = "rate_limited"
+INTERNAL_ERROR = "internal_error"
+DATABASE_UNAVAILABLE = "database_unavailable"
+REQUEST_TIMEOUT = "request_timeout"
+
+# The shortest and longest retry hint the API takes, in milliseconds.
+MIN_RETRY_AFTER_MS = 1_000
+MAX_RETRY_AFTER_MS = 86_400_000
+
+
+class RatchetError(Exception):
+    """A failure the API answered: its HTTP status and the stable ``code``.
+
+    ``detail`` is the envelope's detail object (``validation``,
+    ``required``, ``retry_after_seconds``...), ``request_id`` the response's
+    ``X-Request-Id`` to quote to support.
+    """
+
+    def __init__(self, status: int, code: str, message: str,
+                 detail: Optional[dict] = None, request_id: str = "",
+                 body: Any = None) -> None:
+        super().__init__(f"ratchet: {status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.detail = detail or {}
+        self.request_id = request_id
+        # The whole decoded answer, for a denied begin's decision fields.
+        self.body = body
+
+    @property
+    def retry_after_seconds(self) -> int:
+        """The wait the server asked for (a 429's or a retry_request's), or 0."""
+        value = self.detail.get("retry_after_seconds")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        return 0
+
+    @property
+    def validation(self) -> list:
+        """The fields a 400 invalid_request refused: [{"field", "rule", ...}]."""
+        value = self.detail.get("validation")
+        return value if isinstance(value, list) else []
+
+    @property
+    def may_have_applied(self) -> bool:
+        """Whether the call may have been applied despite this answer: a 5xx
+        other than a database_unavailable that says nothing was applied."""
+        if self.status < 500:
+            return False
+        return not (self.code == DATABASE_UNAVAILABLE
+                    and self.detail.get("outcome") == "not_applied")
+
+
+class ConnectionLost(Exception):
+    """The answer to a call was lost (a network failure or a timeout): the
+    call may have been applied. Calls that are safe to repeat are retried
+    before this is raised."""
+
+
+class RetryableError(Exception):
+    """Raise from a handler: the attempt failed and the job should run again.
+
+    ``retry_after_ms`` (an integer from 1 000 to 86 400 000) asks for at
+    least that long before the next attempt; the server waits the longer of
+    it and the policy's own delay, never bypassing a pause, an open circuit
+    or the attempt limit.
+    """
+
+    def __init__(self, message: str, retry_after_ms: Optional[int] = None) -> None:
+        super().__init__(message)
+        if retry_after_ms is not None and not valid_retry_after_ms(retry_after_ms):
+            raise ValueError("retry_after_ms must be an integer from 1000 to 86400000")
+        self.message = message
+        self.retry_after_ms = retry_after_ms
+
+
+class NonRetryableError(Exception):
+    """Raise from a handler: the attempt failed for good and the job ends
+    EXHAUSTED without another attempt."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidDecisionError(Exception):
+    """Passed to a worker's ``on_error`` when a tool's ``classify_error``
+    returned a decision the API cannot take as it is. The job is reported
+    retryable without a hint, or, when only the hint was out of range
+    (``clamped``), with the hint clamped into 1 s to 24 h."""
+
+    def __init__(self, tool: str, decision: Any, clamped: bool = False) -> None:
+        what = ("a retry hint outside 1000-86400000 ms; sent clamped" if clamped
+                else "an invalid decision; treated as retryable")
+        super().__init__(f"ratchet: classify_error of {tool} returned {what}")
+        self.tool = tool
+        self.decision = decision
+        self.clamped = clamped
+
+
+class ReportNotRecorded(Exception):
+    """Passed to a worker's ``on_error`` when a job's report was refused or
+    could not be delivered: the job's lease lapses and it runs again (or,
+    on its last attempt, ends EXHAUSTED)."""
+
+
+def valid_retry_after_ms(value: Any) -> bool:
+    """Whether value is a retry hint the API takes (an int, not a bool)."""
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and MIN_RETRY_AFTER_MS <= value <= MAX_RETRY_AFTER_MS)
+
+
+# The effect gate's decisions other than execute and duplicate, raised by
+# Ratchet.do_effect.
+
+class EffectBlocked(Exception):
+    """A prior attempt's outcome is unknown: verify at the vendor, then have
+    an operator resolve the effect (POST /effects/{id}/resolve)."""
+
+    def __init__(self, effect_id: str, prior_attempt: Optional[dict]) -> None:
+        super().__init__(f"ratchet: effect {effect_id} is blocked: a prior attempt's outcome is unknown")
+        self.effect_id = effect_id
+        self.prior_attempt = prior_attempt
+
+
+class ApprovalRequired(Exception):
+    """An operator decision is pending: poll, or wait for the webhook."""
+
+    def __init__(self, effect_id: str, approval_id: str) -> None:
+        super().__init__(f"ratchet: effect {effect_id} awaits approval {approval_id}")
+        self.effect_id = effect_id
+        self.approval_id = approval_id
+
+
+class EffectDenied(Exception):
+    """Policy, budget, breaker or rejection: report the reason, do not work
+    around it. ``code`` is the denial's error code (policy_denied,
+    budget_exceeded, circuit_open...), ``error`` the whole RatchetError."""
+
+    def __init__(self, effect_id: str, error: RatchetError) -> None:
+        super().__init__(f"ratchet: effect {effect_id} denied: {error.code}")
+        self.effect_id = effect_id
+        self.code = error.code
+        self.error = error
+
+
+class EffectInFlight(Exception):
+    """Another caller still held the effect's lease when do_effect stopped
+    waiting (its ``in_flight_timeout``)."""
+
+    def __init__(self, effect_id: str) -> None:
+        super().__init__(f"ratchet: effect {effect_id} is still in flight elsewhere")
+        self.effect_id = effect_id
+
+
+class NotPerformed(Exception):
+    """Raise from a do_effect action when the action surely did not reach
+    the outside world: the attempt is reported ``failed`` and a later caller
+    may try again. Any other exception reports nothing, so the lease lapses
+    and the outcome is honestly indeterminate."""
+
+
+class ResultNotStored(Exception):
+    """The action succeeded but the gate refused its result (too large, or
+    refused field): a placeholder result was recorded instead, so the key is
+    settled. ``result`` is the action's own result."""
+
+    def __init__(self, effect_id: str, reason: str, result: Any) -> None:
+        super().__init__(f"ratchet: effect {effect_id} succeeded, but the gate refused its result ({reason}); "
+                         "a placeholder was recorded")
+        self.effect_id = effect_id
+        self.reason = reason
+        self.result = result

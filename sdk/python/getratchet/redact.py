@@ -1,0 +1,55 @@
+"""The form of an error message that may leave the worker's process."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+# Bounds the error message a worker sends to the API, in UTF-8 bytes.
+MAX_ERROR_MESSAGE_BYTES = 500
+
+def _ascii(pattern: str) -> "re.Pattern[str]":
+    # ASCII classes (\w, \s, \b), as in the Go SDK's RE2 patterns.
+    return re.compile(pattern, re.ASCII)
+
+
+# What commonly leaks into error text: credentials, e-mail addresses, URL
+# query strings, long tokens and long digit runs (card or phone numbers).
+# Specific patterns run before generic ones. The same list as the Go SDK's.
+_REDACTIONS = [
+    # An Authorization header's whole value, whatever its scheme.
+    (_ascii(r"(?i)\b((?:proxy-)?authorization)(\\?[\"']?\s*[=:]\s*)[^\r\n,;]+"), r"\1\2[redacted]"),
+    (_ascii(r"(?i)\b(bearer|basic|token|apikey|digest)\s+[^\s,;]+"), r"\1 [redacted]"),
+    # A name containing a secret's word (client_secret, access_token,
+    # AWS_SECRET_ACCESS_KEY), also as JSON quoted inside a message.
+    (_ascii(r"(?i)\b([\w.-]*(?:password|passwd|passphrase|pwd|secret|token|api[_-]?key|private[_-]?key"
+                r"|access[_-]?key|credential|cookie)[\w.-]*)(\\?[\"']?\s*[=:]\s*)"
+                r"(\\\"(?:[^\"\\]|\\[^\"])*\\\"|\"[^\"]*\"|'[^']*'|[^\s,;&]+)"), r"\1\2[redacted]"),
+    (_ascii(r"://[^/\s:@]+:[^/\s@]+@"), "://[redacted]@"),
+    (_ascii(r"\?[^\s\"']+"), "?[redacted]"),
+    (_ascii(r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(\.[A-Za-z0-9\-]+)+"), "[email]"),
+    # Credentials known by their form: Stripe-style keys, GitHub, Slack,
+    # AWS access key ids, Google API keys, JWTs.
+    (_ascii(r"(^|[^A-Za-z0-9])(?:(?:sk|rk|pk)_(?:live|test)_|whsec_|gh[pousr]_|xox[abposr]-)[A-Za-z0-9_\-]+"),
+     r"\1[redacted]"),
+    (_ascii(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|\bAIza[0-9A-Za-z_\-]{20,}"), "[redacted]"),
+    (_ascii(r"\beyJ[A-Za-z0-9_\-]*\.[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]*)?"), "[redacted]"),
+    (_ascii(r"[A-Za-z0-9_\-+/=]{32,}"), "[redacted]"),
+    (_ascii(r"\(?\d[\d \-().]{7,}\d"), "[number]"),
+]
+
+
+def redact_message(message: str) -> str:
+    """Control characters flattened, likely secrets and personal data
+    masked, at most MAX_ERROR_MESSAGE_BYTES of UTF-8. Workers apply it to
+    every error message they report; use it for your own logs too."""
+    message = "".join(" " if unicodedata.category(ch) in ("Cc", "Cs") else ch for ch in message)
+    for pattern, replacement in _REDACTIONS:
+        message = pattern.sub(replacement, message)
+    message = " ".join(message.split())
+    encoded = message.encode("utf-8")
+    if len(encoded) > MAX_ERROR_MESSAGE_BYTES:
+        ellipsis = "…"
+        cut = encoded[:MAX_ERROR_MESSAGE_BYTES - len(ellipsis.encode("utf-8"))]
+        message = cut.decode("utf-8", errors="ignore") + ellipsis
+    return message or "error"

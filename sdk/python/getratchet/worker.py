@@ -1,0 +1,560 @@
+"""The worker runtime: claims jobs for registered tools and runs them."""
+
+from __future__ import annotations
+
+import json
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from ._http import Transport, new_request_id, path_id
+from .errors import (INVALID_REQUEST, LEASE_LOST, MAX_RETRY_AFTER_MS, MIN_RETRY_AFTER_MS, NOT_FOUND,
+                     PAYLOAD_TOO_LARGE, ConnectionLost, InvalidDecisionError, NonRetryableError, RatchetError,
+                     ReportNotRecorded, RetryableError)
+from .redact import redact_message
+
+# Heartbeat pacing: a third of the lease left, within these bounds, so a
+# heartbeat lands well inside the lease and a cancellation is seen soon.
+_MIN_HEARTBEAT = 1.0
+_MAX_HEARTBEAT = 60.0
+# How long a handler whose timeout passed (or whose worker's stop deadline
+# passed) has to return before the worker reports without it: enough for
+# a handler that honours context.cancelled to unwind, too short for one
+# that ignores it to hold its job.
+_GRACE = 1.0
+# How long a report is retried after its lease lapses at the latest: the
+# server still records a lapsed attempt's report until a newer claim.
+_REPORT_PATIENCE = 30.0
+_MAX_CLAIM = 100
+
+
+@dataclass
+class JobContext:
+    """What a handler is told about the job it runs.
+
+    Pass ``idempotency_key`` to the destination so that a repeated attempt
+    is deduplicated there. ``cancelled`` is set when the handler should
+    stop: its timeout passed ("timeout"), the server asked ("cancelled"),
+    the lease was lost ("lease_lost") or the worker is stopping
+    ("stopping"); ``cancel_reason`` says which. Python cannot stop a
+    blocked thread: check ``cancelled`` (or ``remaining()``) and bound your
+    own network calls with timeouts.
+    """
+    job_id: str
+    step_id: str
+    run_id: str
+    name: str
+    version: str
+    attempt: int
+    idempotency_key: str
+    timeout_ms: int
+    cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+    cancel_reason: Optional[str] = None
+    _deadline: float = field(default=float("inf"), repr=False)
+    _lease_token: str = field(default="", repr=False)
+
+    def remaining(self) -> float:
+        """Seconds left before the attempt's timeout (0 when passed)."""
+        return max(0.0, self._deadline - time.monotonic())
+
+    def _cancel(self, reason: str) -> None:
+        if not self.cancelled.is_set():
+            self.cancel_reason = reason
+            self.cancelled.set()
+
+
+@dataclass
+class _Tool:
+    name: str
+    version: str
+    handler: Callable[[Any, JobContext], Any]
+    classify: Optional[Callable[[BaseException, JobContext], Any]]
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
+class _Active:
+    """One claimed job while its supervisor runs it."""
+
+    def __init__(self, context: JobContext) -> None:
+        self.context = context
+        self.wake = threading.Event()  # the handler returned, or the worker is stopping
+        self.stop_requested = False
+
+
+class Worker:
+    """Claims jobs of its registered tools and runs them (``Ratchet.worker``).
+
+    Register tools first (``Ratchet.register_tool``), then ``start``. The
+    worker claims in batches sized to its free slots, claims again at once
+    after a full batch and waits ``poll_interval`` (±10 %) when idle,
+    heartbeats each job well inside its lease, sets the handler's
+    ``context.cancelled`` at its timeout and when the server asks, and
+    reports each outcome (retried until the server answers). Nothing but a
+    bounded, redacted message leaves the process for a failure.
+    """
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+        self._tools: Dict[Tuple[str, str], _Tool] = {}
+        self._lock = threading.Condition()
+        self._running = 0  # jobs holding a slot
+        self._active: Dict[str, _Active] = {}  # supervisors not yet ended, by job id
+        self._started = False
+        self._stopping = threading.Event()
+        self._stop_at: Optional[float] = None  # when running handlers are told to stop
+        self._done = threading.Event()
+        self._loop_thread: Optional[threading.Thread] = None
+        self._errors: "queue.Queue[BaseException]" = queue.Queue()
+        self._on_error: Optional[Callable[[BaseException], Any]] = None
+        self._lost_reports = 0
+        self.worker_id: Optional[str] = None
+
+    def add_tool(self, name: str, version: str, handler: Callable[[Any, JobContext], Any],
+                 classify_error: Optional[Callable[[BaseException, JobContext], Any]] = None) -> None:
+        """Registers handler for name@version (see Ratchet.register_tool)."""
+        if not name or not version:
+            raise ValueError("ratchet: a tool needs a name and a version")
+        if not callable(handler) or (classify_error is not None and not callable(classify_error)):
+            raise TypeError("ratchet: handler and classify_error must be callable")
+        with self._lock:
+            if self._started:
+                raise RuntimeError("ratchet: register tools before start()")
+            if (name, version) in self._tools:
+                raise ValueError(f"ratchet: {name}@{version} is already registered")
+            self._tools[(name, version)] = _Tool(name, version, handler, classify_error)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def start(self, concurrency: int = 1, *, poll_interval: float = 30.0, wait_seconds: int = 0,
+              on_error: Optional[Callable[[BaseException], Any]] = None,
+              stop_event: Optional[threading.Event] = None, block: bool = True) -> None:
+        """Registers the worker and polls for jobs until stop().
+
+        concurrency bounds the handlers running at once. poll_interval is
+        the idle wait between claims (30 s by default: every claim is a
+        database query and, on Vercel, a function invocation); with
+        wait_seconds (0-20) each claim long-polls on the server instead.
+        on_error(error) receives what the worker cannot hand to anyone else
+        (claims and heartbeats that failed, reports not recorded, classifier
+        failures), on a thread of the worker's own, in order. stop_event,
+        when set, stops the worker as stop() does. With block=True (the
+        default) start returns once the worker has stopped and its running
+        jobs ended; with block=False it returns at once."""
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError("ratchet: concurrency must be a positive integer")
+        if not 0 <= wait_seconds <= 20:
+            raise ValueError("ratchet: wait_seconds must be from 0 to 20")
+        with self._lock:
+            if not self._tools:
+                raise RuntimeError("ratchet: register at least one tool before start()")
+            if self._started:
+                raise RuntimeError("ratchet: the worker was already started")
+            self._started = True
+        self._on_error = on_error
+        threading.Thread(target=self._deliver_errors, name="ratchet-on-error", daemon=True).start()
+        tools = [{"name": t.name, "version": t.version} for t in self._tools.values()]
+        try:
+            self.worker_id = self._register(tools)
+        except BaseException:
+            with self._lock:
+                self._started = False
+            raise
+        if stop_event is not None:
+            threading.Thread(target=lambda: (stop_event.wait(), self._request_stop(30.0)),
+                             name="ratchet-stop-event", daemon=True).start()
+        args = (concurrency, poll_interval, wait_seconds, tools)
+        if block:
+            self._loop_thread = threading.current_thread()
+            self._loop(*args)
+        else:
+            self._loop_thread = threading.Thread(target=self._loop, args=args, name="ratchet-worker", daemon=True)
+            self._loop_thread.start()
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stops polling and lets running handlers finish within timeout
+        seconds; then their ``context.cancelled`` is set ("stopping") and
+        those that still do not return within a second are left unreported
+        (their leases lapse and another worker runs them again). Returns
+        whether every claimed job ended with its outcome recorded. Called
+        from the thread running a blocking start() (a signal handler), it
+        only asks for the stop, and start() returns once done."""
+        self._request_stop(timeout)
+        if self._loop_thread is threading.current_thread() or not self._started:
+            return False
+        self._done.wait(timeout + _GRACE + _REPORT_PATIENCE)
+        with self._lock:
+            return self._done.is_set() and not self._active and self._lost_reports == 0
+
+    def _request_stop(self, timeout: float) -> None:
+        with self._lock:
+            if self._stop_at is None:
+                self._stop_at = time.monotonic() + max(0.0, timeout)
+            self._stopping.set()
+            self._lock.notify_all()
+
+    # -- polling ------------------------------------------------------------
+
+    def _register(self, tools: list) -> str:
+        answer = self._transport.call("POST", "/workers/register", {"tools": tools}, safe=True,
+                                      idempotency_key=new_request_id())
+        return answer["workerId"]
+
+    def _loop(self, concurrency: int, poll_interval: float, wait_seconds: int, tools: list) -> None:
+        try:
+            while not self._stopping.is_set():
+                with self._lock:
+                    while self._running >= concurrency and not self._stopping.is_set():
+                        self._lock.wait()
+                    if self._stopping.is_set():
+                        break
+                    limit = min(concurrency - self._running, _MAX_CLAIM)
+                sent = time.monotonic()
+                try:
+                    jobs = self._claim(limit, wait_seconds)
+                except RatchetError as err:
+                    if err.status == 404 and err.code == NOT_FOUND:
+                        # The worker id is unknown (its registration was
+                        # removed): register again under a new one.
+                        try:
+                            self.worker_id = self._register(tools)
+                        except (RatchetError, ConnectionLost) as again:
+                            self._notify(again)
+                    self._notify(err)
+                    self._stopping.wait(_jittered(poll_interval))
+                    continue
+                except ConnectionLost as err:
+                    self._notify(err)
+                    self._stopping.wait(_jittered(poll_interval))
+                    continue
+                for job in jobs:
+                    self._dispatch(job, sent)
+                if len(jobs) < limit:
+                    self._stopping.wait(_jittered(poll_interval))
+        finally:
+            self._drain()
+
+    def _claim(self, limit: int, wait_seconds: int) -> list:
+        # One claim id across the call's retries: a claim whose answer was
+        # lost is answered again with the jobs it leased.
+        body = {"limit": limit, "waitSeconds": wait_seconds, "claimId": new_request_id()}
+        answer = self._transport.call("POST", "/workers/" + path_id(self.worker_id or "") + "/claim", body,
+                                      safe=True, timeout=max(self._transport.timeout, wait_seconds + 10.0))
+        return answer.get("jobs") or []
+
+    def _dispatch(self, job: dict, sent: float) -> None:
+        context = JobContext(job_id=job["jobId"], step_id=job.get("stepId", ""), run_id=job.get("runId", ""),
+                             name=job.get("name", ""), version=job.get("version", ""),
+                             attempt=int(job.get("attempt", 0)), idempotency_key=job.get("idempotencyKey", ""),
+                             timeout_ms=int(job.get("timeoutMs") or 0), _lease_token=job["leaseToken"])
+        active = _Active(context)
+        with self._lock:
+            self._running += 1
+            self._active[context.job_id] = active
+        threading.Thread(target=self._supervise, args=(active, job, sent),
+                         name="ratchet-job", daemon=True).start()
+
+    def _drain(self) -> None:
+        """Waits for running jobs until the stop deadline, then tells the
+        rest to stop and waits for their supervisors (which report what
+        returned within the grace)."""
+        with self._lock:
+            while self._active and (self._stop_at is None or time.monotonic() < self._stop_at):
+                self._lock.wait(None if self._stop_at is None else max(0.0, self._stop_at - time.monotonic()))
+            for active in self._active.values():
+                active.stop_requested = True
+                active.context._cancel("stopping")
+                active.wake.set()
+            while self._active:
+                self._lock.wait()
+        self._done.set()
+
+    def _release_slot(self) -> None:
+        with self._lock:
+            self._running -= 1
+            self._lock.notify_all()
+
+    # -- one job ------------------------------------------------------------
+
+    def _supervise(self, active: _Active, job: dict, sent: float) -> None:
+        context = active.context
+        slot_held = True
+        try:
+            tool = self._tools.get((context.name, context.version))
+            lease_ms = int(job.get("leaseMs") or 0) or context.timeout_ms + 10_000
+            lease_end = sent + lease_ms / 1000
+            if tool is None:
+                # The server only hands out registered pairs; if it ever
+                # does not, give the job back for a worker that has it.
+                self._report(context, lease_end, {"status": "FAILED", "error": {
+                    "message": "worker has no handler for this name@version", "retryable": True}})
+                return
+            outcome: Dict[str, Any] = {}
+
+            def run_handler() -> None:
+                try:
+                    outcome["output"] = tool.handler(job.get("input"), context)
+                except BaseException as failure:  # noqa: BLE001 - every failure is the job's outcome
+                    outcome["error"] = failure
+                finally:
+                    outcome["returned"] = True
+                    active.wake.set()
+
+            started = time.monotonic()
+            context._deadline = started + context.timeout_ms / 1000 if context.timeout_ms > 0 else float("inf")
+            threading.Thread(target=run_handler, name=f"ratchet-handler-{tool.ref}", daemon=True).start()
+            lease_end, lost_code = self._watch(active, tool, job, lease_end, lease_ms, outcome)
+            if not outcome.get("returned"):
+                # The handler ignored its cancellation; whatever it returns
+                # later is dropped. A timeout is recorded now (the job
+                # retries per its policy) and its slot freed; a stopping
+                # worker leaves the job unreported, its lease lapses.
+                self._release_slot()
+                slot_held = False
+                if context.cancel_reason == "timeout":
+                    self._report(context, lease_end, {"status": "FAILED", "error": {
+                        "message": f"handler timed out after {context.timeout_ms}ms", "retryable": True}})
+                return
+            error = outcome.get("error")
+            if context.cancel_reason == "lease_lost":
+                # A success is reported all the same: the server records a
+                # lapsed attempt that no claim superseded. A failure is not:
+                # the job runs again either way; nor is anything after the
+                # job ended.
+                if error is None and lost_code == LEASE_LOST:
+                    self._report_success(context, tool, lease_end, outcome.get("output"))
+                return
+            if error is None:
+                self._report_success(context, tool, lease_end, outcome.get("output"))
+                return
+            message, retryable, hint = self._judge(tool, error, context)
+            report: Dict[str, Any] = {"message": message, "retryable": retryable}
+            if hint is not None:
+                report["retryAfterMs"] = hint
+            self._report(context, lease_end, {"status": "FAILED", "error": report})
+        finally:
+            if slot_held:
+                self._release_slot()
+            with self._lock:
+                self._active.pop(context.job_id, None)
+                self._lock.notify_all()
+
+    def _watch(self, active: _Active, tool: _Tool, job: dict, lease_end: float, lease_ms: int,
+               outcome: dict) -> Tuple[float, Optional[str]]:
+        """Heartbeats while the handler runs and cancels it at its timeout,
+        at the server's request, or when the lease is lost. Returns the
+        lease's end as last extended and the code of a lost lease."""
+        context = active.context
+        heartbeating = True
+        grace_end: Optional[float] = None
+        lost_code: Optional[str] = None
+        next_beat = time.monotonic() + _beat_every(lease_end, context)
+        while not outcome.get("returned"):
+            now = time.monotonic()
+            if active.stop_requested and grace_end is None:
+                grace_end = now + _GRACE
+            marks = [grace_end if grace_end is not None else float("inf")]
+            if heartbeating:
+                marks.append(next_beat)
+            if not context.cancelled.is_set():
+                marks.append(context._deadline)
+            until = min(marks)
+            # Nothing left to time (cancelled, heartbeats over): wait for
+            # the handler or the worker's stop.
+            active.wake.wait(None if until == float("inf") else max(0.0, until - now))
+            active.wake.clear()
+            if outcome.get("returned"):
+                break
+            now = time.monotonic()
+            if grace_end is not None and now >= grace_end:
+                break
+            if not context.cancelled.is_set() and now >= context._deadline:
+                context._cancel("timeout")
+                grace_end = now + _GRACE
+            if heartbeating and now >= next_beat:
+                sent = time.monotonic()
+                try:
+                    beat = self._transport.call("POST", "/jobs/" + path_id(context.job_id) + "/heartbeat",
+                                                {"leaseToken": context._lease_token}, safe=True, max_retries=1,
+                                                timeout=min(self._transport.timeout, 10.0))
+                    if beat.get("cancelRequested"):
+                        # The lease is not extended for a cancelled job.
+                        context._cancel("cancelled")
+                        heartbeating = False
+                    else:
+                        lease_end = sent + lease_ms / 1000
+                except RatchetError as err:
+                    if err.status in (403, 404, 409):
+                        # The lease is lost (a newer claim) or the job
+                        # ended: nothing this attempt does will count.
+                        lost_code = err.code
+                        context._cancel("lease_lost")
+                        heartbeating = False
+                    else:
+                        self._notify(err)
+                except ConnectionLost as err:
+                    self._notify(err)
+                if heartbeating:
+                    next_beat = time.monotonic() + _beat_every(lease_end, context)
+        return lease_end, lost_code
+
+    # -- deciding and reporting ---------------------------------------------
+
+    def _judge(self, tool: _Tool, error: BaseException, context: JobContext) -> Tuple[str, bool, Optional[int]]:
+        """Maps a failed attempt to the error the API is told. Order:
+        server-requested cancellation; explicit SDK errors; timeout and
+        worker stop; the tool's classifier; retryable by default."""
+        if context.cancel_reason == "cancelled":
+            return "cancelled at the server's request", False, None
+        if isinstance(error, RetryableError):
+            return redact_message(_describe(error.message)), True, error.retry_after_ms
+        if isinstance(error, NonRetryableError):
+            return redact_message(_describe(error.message)), False, None
+        if context.cancel_reason == "timeout":
+            return f"handler timed out after {context.timeout_ms}ms", True, None
+        if context.cancel_reason == "stopping":
+            return "worker stopped before the handler finished", True, None
+        message = redact_message(f"{type(error).__name__}: {_describe(error)}")
+        if tool.classify is None:
+            return message, True, None
+        try:
+            decision = tool.classify(error, context)
+        except Exception as failure:  # noqa: BLE001 - a classifier failure falls back to retryable
+            self._notify(failure)
+            return message, True, None
+        verdict = _read_decision(decision)
+        if verdict is None:
+            self._notify(InvalidDecisionError(tool.ref, decision))
+            return message, True, None
+        retryable, hint = verdict
+        if hint is not None and not MIN_RETRY_AFTER_MS <= hint <= MAX_RETRY_AFTER_MS:
+            self._notify(InvalidDecisionError(tool.ref, decision, clamped=True))
+            hint = min(max(hint, MIN_RETRY_AFTER_MS), MAX_RETRY_AFTER_MS)
+        return message, retryable, hint
+
+    def _report_success(self, context: JobContext, tool: _Tool, lease_end: float, output: Any) -> None:
+        try:
+            json.dumps(output, allow_nan=False)
+        except (TypeError, ValueError) as failure:
+            self._notify(TypeError(f"ratchet: {tool.ref} returned an output that is not JSON "
+                                   f"({type(failure).__name__}); reported as a non-retryable failure"))
+            self._report(context, lease_end, {"status": "FAILED", "error": {
+                "message": "handler output is not JSON", "retryable": False}})
+            return
+        refusal = self._report(context, lease_end, {"status": "SUCCEEDED", "output": output}, notify=False)
+        if refusal is None:
+            return
+        why = _unrecordable_output(refusal)
+        if why is None:
+            self._lost(context, refusal)
+            return
+        # The server can never record this output (its size, or the tool's
+        # contract): report the attempt failed for good instead.
+        self._notify(ReportNotRecorded(f"ratchet: job {context.job_id} attempt {context.attempt}: the server "
+                                       f"refused the output ({refusal.code}); reporting it failed"))
+        self._report(context, lease_end, {"status": "FAILED", "error": {"message": why, "retryable": False}})
+
+    def _report(self, context: JobContext, lease_end: float, body: dict,
+                notify: bool = True) -> Optional[RatchetError]:
+        """Sends a report, repeating it through lost answers and server
+        failures until the server answers or the lease is long gone. Returns
+        the refusal; None when recorded, or when its answer was lost for
+        good (then already told to on_error)."""
+        body = {"leaseToken": context._lease_token, **body}
+        give_up = max(lease_end, time.monotonic()) + _REPORT_PATIENCE
+        attempt = 0
+        while True:
+            try:
+                self._transport.call("POST", "/jobs/" + path_id(context.job_id) + "/report", body,
+                                     safe=True, max_retries=0)
+                return None
+            except RatchetError as err:
+                if err.code == LEASE_LOST and err.detail.get("reportedOutcome") == body["status"]:
+                    return None  # an earlier send of this report landed
+                wait = self._transport.retry_delay(err, attempt, True)
+                if wait is None or time.monotonic() + wait > give_up:
+                    if notify:
+                        self._lost(context, err)
+                    return err
+            except ConnectionLost as err:
+                wait = self._transport.backoff(attempt)
+                if time.monotonic() + wait > give_up:
+                    self._lost(context, err)
+                    return None
+            attempt += 1
+            time.sleep(wait)
+
+    def _lost(self, context: JobContext, error: BaseException) -> None:
+        with self._lock:
+            self._lost_reports += 1
+        detail = error.code if isinstance(error, RatchetError) else type(error).__name__
+        self._notify(ReportNotRecorded(f"ratchet: the report of job {context.job_id} attempt {context.attempt} "
+                                       f"was not recorded ({detail}); its lease lapses and it runs again"))
+
+    # -- errors -------------------------------------------------------------
+
+    def _notify(self, error: BaseException) -> None:
+        self._errors.put(error)
+
+    def _deliver_errors(self) -> None:
+        while True:
+            error = self._errors.get()
+            if self._on_error is None:
+                continue
+            try:
+                self._on_error(error)
+            except Exception:  # noqa: BLE001 - on_error's own failure has nowhere to go
+                pass
+
+
+def _jittered(seconds: float) -> float:
+    return seconds * random.uniform(0.9, 1.1)
+
+
+def _beat_every(lease_end: float, context: JobContext) -> float:
+    left = lease_end - time.monotonic()
+    if context.timeout_ms > 0:
+        left = min(left, context.timeout_ms / 1000)
+    return min(max(left / 3, _MIN_HEARTBEAT), _MAX_HEARTBEAT)
+
+
+def _describe(value: Any) -> str:
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001 - an error whose __str__ fails still fails its job
+        return "an error that could not be described"
+
+
+def _read_decision(decision: Any) -> Optional[Tuple[bool, Optional[int]]]:
+    """A classifier's decision as (retryable, hint), or None when invalid:
+    not {"retryable": bool[, "retry_after_ms": int]}, or a hint with
+    retryable False (the API never takes one)."""
+    if not isinstance(decision, dict) or not set(decision) <= {"retryable", "retry_after_ms"}:
+        return None
+    retryable = decision.get("retryable")
+    hint = decision.get("retry_after_ms")
+    if not isinstance(retryable, bool):
+        return None
+    if hint is None:
+        return retryable, None
+    if not retryable or not isinstance(hint, int) or isinstance(hint, bool):
+        return None
+    return True, hint
+
+
+def _unrecordable_output(err: RatchetError) -> Optional[str]:
+    """What to report instead of a success whose output the server refused:
+    413 for its size, or 400 naming a field under output (never the value)."""
+    if err.code == PAYLOAD_TOO_LARGE:
+        return "handler output exceeds the server's request size limit"
+    if err.code == INVALID_REQUEST:
+        for item in err.validation:
+            name = str(item.get("field", "")) if isinstance(item, dict) else ""
+            if name == "output" or name.startswith("output."):
+                return "handler output refused by the server at " + name
+    return None

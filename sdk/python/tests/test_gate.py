@@ -1,0 +1,111 @@
+"""The effect gate helper against a real server: every decision."""
+
+from __future__ import annotations
+
+import time
+import unittest
+
+import getratchet
+from getratchet import (ApprovalRequired, EffectBlocked, EffectDenied, EffectInFlight, NotPerformed,
+                        ResultNotStored)
+from support import Workspace, require_server, unique
+
+
+class GateTest(unittest.TestCase):
+    def setUp(self) -> None:
+        require_server(self)
+        self.ws = Workspace()
+        self.agent = self.ws.client("AGENT")
+
+    def policy(self, effect_type: str, **fields) -> None:
+        current = self.ws.operator.request("GET", f"/policies/{effect_type}")
+        self.ws.operator.request("PUT", f"/policies/{effect_type}",
+                                 dict(fields, expected_version=current["version"]))
+
+    def test_execute_then_duplicate_returns_the_recorded_result(self) -> None:
+        key, calls = unique("welcome-email:user"), []
+
+        def send(lease):
+            calls.append(lease.attempt)
+            self.assertFalse(lease.probe)
+            return {"message_id": "m_1"}
+
+        first = self.agent.do_effect("email.send", key, send, {"to": "user_123"})
+        self.assertEqual((first.result, first.duplicate, first.attempt), ({"message_id": "m_1"}, False, 1))
+        again = self.agent.do_effect("email.send", key, send, {"to": "user_123"})
+        self.assertEqual((again.result, again.duplicate, again.effect_id), ({"message_id": "m_1"}, True, first.effect_id))
+        self.assertEqual(calls, [1])
+        self.assertEqual(self.ws.operator.get_effect(first.effect_id)["state"], "succeeded")
+
+    def test_not_performed_reports_failed_and_allows_a_new_attempt(self) -> None:
+        key = unique("charge")
+
+        def declined(lease):
+            raise NotPerformed("card declined before the charge")
+
+        with self.assertRaises(NotPerformed):
+            self.agent.do_effect("payment.charge", key, declined, {"amount": 1}, cost_micros=1_000_000)
+        effect = self.agent.do_effect("payment.charge", key, lambda lease: {"charged": lease.attempt},
+                                      {"amount": 1}, cost_micros=1_000_000)
+        self.assertEqual((effect.result, effect.attempt), ({"charged": 2}, 2))
+        attempts = self.ws.operator.get_effect(effect.effect_id)["attempts"]
+        self.assertEqual([a["outcome"] for a in attempts], ["failed", "succeeded"])
+
+    def test_an_unsure_failure_reports_nothing(self) -> None:
+        key = unique("unsure")
+
+        def timeout(lease):
+            raise TimeoutError("vendor did not answer")
+
+        with self.assertRaises(TimeoutError):
+            self.agent.do_effect("email.send", key, timeout, {"to": "x"}, lease_seconds=5)
+        begun = self.agent.begin("email.send", key, {"to": "x"})
+        self.assertEqual(begun["decision"], "in_flight")
+        time.sleep(5.5)
+        # The lease lapsed unreported: an honest indeterminate, and the
+        # default policy (on_indeterminate: block) blocks the key.
+        with self.assertRaises(EffectBlocked) as blocked:
+            self.agent.do_effect("email.send", key, lambda lease: None, {"to": "x"})
+        self.assertEqual(blocked.exception.prior_attempt["attempt"], 1)
+        self.assertEqual(self.ws.operator.get_effect(blocked.exception.effect_id)["state"], "indeterminate")
+
+    def test_in_flight_waits_then_gives_up(self) -> None:
+        key = unique("held")
+        held = self.agent.begin("email.send", key, {"to": "y"})
+        self.assertEqual(held["decision"], "execute")
+        with self.assertRaises(EffectInFlight):
+            self.agent.do_effect("email.send", key, lambda lease: None, {"to": "y"}, in_flight_timeout=0.6)
+        self.agent.report_effect(held["effect_id"], held["lease_token"], "succeeded", {"sent": True})
+        done = self.agent.do_effect("email.send", key, lambda lease: None, {"to": "y"}, in_flight_timeout=5)
+        self.assertEqual((done.duplicate, done.result), (True, {"sent": True}))
+
+    def test_denied_and_approval_required(self) -> None:
+        denied_type, held_type = unique("vendor.call"), unique("wire.send")
+        self.policy(denied_type, mode="deny")
+        self.policy(held_type, mode="require_approval")
+        with self.assertRaises(EffectDenied) as denied:
+            self.agent.do_effect(denied_type, unique("k"), lambda lease: None, {})
+        self.assertEqual(denied.exception.code, "policy_denied")
+        with self.assertRaises(ApprovalRequired) as held:
+            self.agent.do_effect(held_type, unique("k"), lambda lease: None, {})
+        self.assertTrue(held.exception.approval_id.startswith("apr_"))
+
+    def test_a_refused_result_is_replaced_by_a_placeholder(self) -> None:
+        key = unique("big")
+        with self.assertRaises(ResultNotStored) as refused:
+            self.agent.do_effect("report.export", key, lambda lease: {"blob": "x" * (300 * 1024)}, {})
+        self.assertEqual(refused.exception.reason, "payload_too_large")
+        again = self.agent.do_effect("report.export", key, lambda lease: None, {})
+        self.assertTrue(again.duplicate)
+        self.assertEqual(again.result["ratchet"], "result_not_recorded")
+
+    def test_reusing_a_key_for_another_payload_is_refused(self) -> None:
+        key = unique("reuse")
+        self.agent.do_effect("email.send", key, lambda lease: {"ok": 1}, {"to": "a"})
+        with self.assertRaises(getratchet.RatchetError) as reused:
+            self.agent.do_effect("email.send", key, lambda lease: {"ok": 1}, {"to": "b"})
+        self.assertEqual((reused.exception.status, reused.exception.code), (409, "idempotency_key_reuse"))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,325 @@
+"""The producer and the worker runtime against a real server."""
+
+from __future__ import annotations
+
+import threading
+import time
+import unittest
+
+import getratchet
+from getratchet import InvalidDecisionError, NonRetryableError, RetryableError
+from support import Workspace, require_server, start_worker, step_of, unique, wait_for, wait_run_ended
+
+
+class JobsTest(unittest.TestCase):
+    def setUp(self) -> None:
+        require_server(self)
+        self.ws = Workspace()
+        self.producer = self.ws.client("INGEST")
+
+    def worker(self, tool: str, version: str = "1") -> getratchet.Ratchet:
+        return self.ws.client("WORKER", [f"{tool}@{version}"])
+
+    def attempts(self, step_id: str) -> list:
+        return self.ws.operator.get_step(step_id)["durableJob"]["attempts"]
+
+    def test_seed_onboarding_run_succeeds_and_enqueue_deduplicates(self) -> None:
+        tool = unique("send_welcome_email")
+        seen = []
+        worker = self.worker(tool)
+
+        def send_welcome(input, context):
+            seen.append((input, context.idempotency_key, context.attempt))
+            return {"messageId": "msg_" + input["customerId"]}
+
+        worker.register_tool(tool, "1", send_welcome)
+        start_worker(self, worker, concurrency=4)
+        run = self.producer.start_run("Customer onboarding")
+        self.assertEqual(run["status"], "RUNNING")
+        step = self.producer.enqueue({"customerId": "cus_2048"}, name=tool, version="1", endpoint="Email service",
+                                     idempotency_key="welcome:cus_2048", timeout_ms=30_000, max_attempts=5)
+        self.assertFalse(step["deduplicated"])
+        again = self.producer.enqueue({"customerId": "cus_2048"}, name=tool, version="1", endpoint="Email service",
+                                      idempotency_key="welcome:cus_2048", timeout_ms=30_000, max_attempts=5)
+        self.assertTrue(again["deduplicated"])
+        self.assertEqual(again["stepId"], step["stepId"])
+        self.producer.finish_run()
+        done = wait_run_ended(self.producer, run["id"])
+        self.assertEqual(done["status"], "SUCCEEDED")
+        self.assertEqual(seen, [({"customerId": "cus_2048"}, "welcome:cus_2048", 1)])
+        job = step_of(done, step["stepId"])["durableJob"]
+        self.assertEqual((job["status"], job["attempt"], job["maxAttempts"]), ("SUCCEEDED", 1, 5))
+
+    def test_generated_keys_deduplicate_the_same_operation(self) -> None:
+        tool = unique("tool")
+        run = self.producer.start_run("keys")
+        first = self.producer.enqueue({"b": 1, "a": [1, 2]}, name=tool, version="1")
+        same = self.producer.enqueue({"a": [1, 2], "b": 1}, name=tool, version="1")
+        other = self.producer.enqueue({"a": [2, 1], "b": 1}, name=tool, version="1")
+        self.assertTrue(same["deduplicated"])
+        self.assertEqual(same["idempotencyKey"], first["idempotencyKey"])
+        self.assertFalse(other["deduplicated"])
+        self.assertEqual(self.producer.run_id, run["id"])
+
+    def test_retryable_error_then_success(self) -> None:
+        tool = unique("flaky")
+        self.ws.fast_endpoint("fast")
+        worker = self.worker(tool)
+
+        def flaky(input, context):
+            if context.attempt == 1:
+                raise RetryableError("provider busy", retry_after_ms=1000)
+            return {"ok": True}
+
+        worker.register_tool(tool, "1", flaky)
+        start_worker(self, worker)
+        self.producer.start_run("retry")
+        step = self.producer.enqueue({}, name=tool, version="1", endpoint="fast")
+        self.producer.finish_run()
+        done = wait_run_ended(self.producer, self.producer.run_id)
+        self.assertEqual(done["status"], "SUCCEEDED")
+        attempts = self.attempts(step["stepId"])
+        self.assertEqual([a["outcome"] for a in attempts], ["FAILED", "SUCCEEDED"])
+        self.assertEqual((attempts[0]["retryable"], attempts[0]["retryAfterMs"], attempts[0]["errorMessage"]),
+                         (True, 1000, "provider busy"))
+
+    def test_non_retryable_error_exhausts_and_fails_the_run(self) -> None:
+        tool = unique("strict")
+        worker = self.worker(tool)
+
+        def strict(input, context):
+            raise NonRetryableError("Invalid recipient bob@example.com")
+
+        worker.register_tool(tool, "1", strict)
+        start_worker(self, worker)
+        self.producer.start_run("strict")
+        step = self.producer.enqueue({}, name=tool, version="1", max_attempts=5)
+        self.producer.finish_run()
+        done = wait_run_ended(self.producer, self.producer.run_id)
+        self.assertEqual(done["status"], "FAILED")
+        self.assertEqual(step_of(done, step["stepId"])["durableJob"]["status"], "EXHAUSTED")
+        attempts = self.attempts(step["stepId"])
+        self.assertEqual(len(attempts), 1)
+        # Only a redacted message leaves the process.
+        self.assertEqual((attempts[0]["retryable"], attempts[0]["errorMessage"]), (False, "Invalid recipient [email]"))
+
+    def test_classifier_precedence_and_fallback(self) -> None:
+        self.ws.fast_endpoint("fast")
+        cases = {
+            # The classifier decides an unknown error.
+            "says_no": (lambda e, c: {"retryable": False}, ValueError("bad input"), 1, False),
+            # An explicit SDK error is not given to the classifier.
+            "explicit": (lambda e, c: {"retryable": False}, RetryableError("busy"), 3, True),
+            # A classifier that raises falls back to retryable.
+            "raises": (lambda e, c: 1 / 0, ValueError("x"), 3, True),
+            # An invalid decision (a hint with retryable False) too.
+            "invalid": (lambda e, c: {"retryable": False, "retry_after_ms": 5000}, ValueError("x"), 3, True),
+        }
+        keys = {case: unique(case) for case in cases}
+        worker = self.ws.client("WORKER", [f"{tool}@1" for tool in keys.values()])
+        for case, (classify, error, _, _) in cases.items():
+            def handler(input, context, error=error):
+                raise error
+            worker.register_tool(keys[case], "1", handler, classify_error=classify)
+        errors = start_worker(self, worker, concurrency=4)
+        self.producer.start_run("classify")
+        steps = {case: self.producer.enqueue({}, name=keys[case], version="1", endpoint="fast")["stepId"]
+                 for case in cases}
+        for case, (_, _, attempts, retryable) in cases.items():
+            job = wait_for(case, lambda: (lambda j: j if j["status"] == "EXHAUSTED" else None)(
+                self.ws.operator.get_step(steps[case])["durableJob"]))
+            self.assertEqual(len(job["attempts"]), attempts, case)
+            self.assertEqual({a["retryable"] for a in job["attempts"]}, {retryable}, case)
+        wait_for("on_error", lambda: errors.of(ZeroDivisionError) and errors.of(InvalidDecisionError))
+
+    def test_classifier_hint_out_of_range_is_clamped_and_told(self) -> None:
+        tool = unique("hinted")
+        worker = self.worker(tool)
+
+        def handler(input, context):
+            raise ValueError("rate limited")
+
+        worker.register_tool(tool, "1", handler,
+                             classify_error=lambda e, c: {"retryable": True, "retry_after_ms": 3 * 86_400_000})
+        errors = start_worker(self, worker)
+        self.producer.start_run("hint")
+        step = self.producer.enqueue({}, name=tool, version="1")
+        job = wait_for("retry scheduled", lambda: (lambda j: j if j["status"] == "RETRY_SCHEDULED" else None)(
+            self.ws.operator.get_step(step["stepId"])["durableJob"]))
+        self.assertEqual(job["attempts"][0]["retryAfterMs"], 86_400_000)
+        clamped = wait_for("on_error", lambda: errors.of(InvalidDecisionError))
+        self.assertTrue(clamped[0].clamped)
+
+    def test_timeout_cancels_the_handler(self) -> None:
+        tool = unique("slow")
+        worker = self.worker(tool)
+        reasons = []
+
+        def slow(input, context):
+            context.cancelled.wait(30)
+            reasons.append(context.cancel_reason)
+            raise TimeoutError("gave up")
+
+        worker.register_tool(tool, "1", slow)
+        start_worker(self, worker)
+        self.producer.start_run("timeout")
+        step = self.producer.enqueue({}, name=tool, version="1", timeout_ms=1000, max_attempts=1)
+        job = wait_for("exhausted", lambda: (lambda j: j if j["status"] == "EXHAUSTED" else None)(
+            self.ws.operator.get_step(step["stepId"])["durableJob"]))
+        self.assertEqual(reasons, ["timeout"])
+        self.assertEqual(job["attempts"][0]["errorMessage"], "handler timed out after 1000ms")
+        self.assertTrue(job["attempts"][0]["retryable"])
+
+    def test_a_handler_that_ignores_its_timeout_is_reported_without_it(self) -> None:
+        tool = unique("stubborn")
+        worker = self.worker(tool)
+        release = threading.Event()
+        self.addCleanup(release.set)
+
+        def stubborn(input, context):
+            release.wait(30)
+            return {"late": True}
+
+        worker.register_tool(tool, "1", stubborn)
+        start_worker(self, worker)
+        self.producer.start_run("stubborn")
+        step = self.producer.enqueue({}, name=tool, version="1", timeout_ms=1000, max_attempts=1)
+        job = wait_for("exhausted", lambda: (lambda j: j if j["status"] == "EXHAUSTED" else None)(
+            self.ws.operator.get_step(step["stepId"])["durableJob"]))
+        self.assertEqual(job["attempts"][0]["errorMessage"], "handler timed out after 1000ms")
+
+    def test_cancel_step_reaches_the_handler(self) -> None:
+        tool = unique("cancellable")
+        worker = self.worker(tool)
+        running = threading.Event()
+        reasons = []
+
+        def handler(input, context):
+            running.set()
+            context.cancelled.wait(30)
+            reasons.append(context.cancel_reason)
+            raise RuntimeError("stopped")
+
+        worker.register_tool(tool, "1", handler)
+        start_worker(self, worker)
+        self.producer.start_run("cancel")
+        step = self.producer.enqueue({}, name=tool, version="1", timeout_ms=3000)
+        self.assertTrue(running.wait(30))
+        cancelled = self.producer.cancel_step(step["stepId"])
+        self.assertEqual(cancelled["status"], "CANCELLED")
+        job = wait_for("reported", lambda: (lambda j: j if j["attempts"][0]["outcome"] else None)(
+            self.ws.operator.get_step(step["stepId"])["durableJob"]))
+        self.assertEqual(reasons, ["cancelled"])
+        self.assertEqual((job["status"], job["attempts"][0]["retryable"], job["attempts"][0]["errorMessage"]),
+                         ("CANCELLED", False, "cancelled at the server's request"))
+
+    def test_graceful_stop_lets_running_handlers_report(self) -> None:
+        tool = unique("graceful")
+        worker = self.worker(tool)
+        running = threading.Event()
+
+        def handler(input, context):
+            running.set()
+            time.sleep(0.5)
+            return {"done": True}
+
+        worker.register_tool(tool, "1", handler)
+        worker.worker.start(2, poll_interval=0.1, block=False)
+        self.producer.start_run("graceful")
+        step = self.producer.enqueue({}, name=tool, version="1")
+        self.assertTrue(running.wait(30))
+        self.assertTrue(worker.worker.stop(10.0))
+        job = self.ws.operator.get_step(step["stepId"])["durableJob"]
+        self.assertEqual((job["status"], job["attempts"][0]["outcome"]), ("SUCCEEDED", "SUCCEEDED"))
+
+    def test_output_refused_by_the_contract_ends_the_job_once(self) -> None:
+        tool = unique("contracted")
+        contract = self.ws.operator.request("POST", f"/tools/{tool}/contracts", {
+            "handlerVersion": "1", "inputSchema": {"type": "object"},
+            "outputSchema": {"type": "object", "required": ["id"]}, "timeoutMs": 5000,
+            "retryPreset": "STANDARD", "status": "ACTIVE"})
+        worker = self.worker(tool)
+        worker.register_tool(tool, "1", lambda input, context: {"no_id": True})
+        errors = start_worker(self, worker)
+        self.producer.start_run("contract")
+        step = self.producer.enqueue({}, name=tool, version="1", contract_version=contract["contractVersion"])
+        job = wait_for("exhausted", lambda: (lambda j: j if j["status"] == "EXHAUSTED" else None)(
+            self.ws.operator.get_step(step["stepId"])["durableJob"]))
+        # The server records the rejection itself: one attempt, reported.
+        self.assertEqual(len(job["attempts"]), 1)
+        self.assertEqual((job["attempts"][0]["outcome"], job["attempts"][0]["retryable"]), ("FAILED", False))
+        self.assertIn("output", job["attempts"][0]["warning"])
+        self.assertEqual(errors.of(getratchet.ReportNotRecorded), [])
+
+    def test_output_the_server_can_never_record_is_reported_failed_once(self) -> None:
+        nul, not_json = unique("nul"), unique("notjson")
+        worker = self.ws.client("WORKER", [f"{nul}@1", f"{not_json}@1"])
+        runs = []
+
+        def with_nul(input, context):
+            runs.append(nul)
+            return {"id": "has\x00nul"}
+
+        def with_set(input, context):
+            runs.append(not_json)
+            return {"ids": {1, 2}}
+
+        worker.register_tool(nul, "1", with_nul)
+        worker.register_tool(not_json, "1", with_set)
+        errors = start_worker(self, worker, concurrency=2)
+        self.producer.start_run("unrecordable")
+        steps = {tool: self.producer.enqueue({}, name=tool, version="1", max_attempts=3)["stepId"]
+                 for tool in (nul, not_json)}
+        messages = {}
+        for tool, step_id in steps.items():
+            job = wait_for("exhausted", lambda: (lambda j: j if j["status"] == "EXHAUSTED" else None)(
+                self.ws.operator.get_step(step_id)["durableJob"]))
+            self.assertEqual(len(job["attempts"]), 1, tool)
+            self.assertFalse(job["attempts"][0]["retryable"], tool)
+            messages[tool] = job["attempts"][0]["errorMessage"]
+        self.assertEqual(messages, {nul: "handler output refused by the server at output.id",
+                                    not_json: "handler output is not JSON"})
+        self.assertEqual(sorted(runs), sorted([nul, not_json]))
+        self.assertEqual(len(errors.of(getratchet.ReportNotRecorded)), 1)
+        self.assertEqual(len(errors.of(TypeError)), 1)
+
+    def test_dependency_and_replay_after_exhaustion(self) -> None:
+        tool, fallback = unique("charge"), unique("notify")
+        worker = self.ws.client("WORKER", [f"{tool}@1", f"{fallback}@1"])
+        fail = {"on": True}
+
+        def charge(input, context):
+            if fail["on"]:
+                raise NonRetryableError("card declined")
+            return {"charged": True}
+
+        worker.register_tool(tool, "1", charge)
+        worker.register_tool(fallback, "1", lambda input, context: {"notified": True})
+        start_worker(self, worker, concurrency=2)
+        self.producer.start_run("replay")
+        first = self.producer.enqueue({"amount": 100}, name=tool, version="1")
+        branch = self.producer.enqueue({}, name=fallback, version="1", after_step_id=first["stepId"],
+                                       after_status=getratchet.AFTER_FAILED)
+        self.assertEqual(branch["status"], "WAITING")
+        wait_for("branch ran", lambda: self.ws.operator.get_step(branch["stepId"])["status"] == "SUCCEEDED")
+        preview = self.ws.operator.replay_preview(first["stepId"])
+        self.assertTrue(preview["eligible"])
+        fail["on"] = False
+        replayed = self.ws.operator.replay(first["stepId"], reason="card updated", max_attempts=1,
+                                          expected_attempt=preview["attempt"])
+        self.assertEqual(replayed["status"], "QUEUED")
+        wait_for("replay ran", lambda: self.ws.operator.get_step(first["stepId"])["status"] == "SUCCEEDED")
+        with self.assertRaises(getratchet.RatchetError) as refused:
+            self.ws.operator.replay(first["stepId"], reason="again")
+        self.assertEqual(refused.exception.code, "invalid_state")
+
+    def test_worker_key_must_list_the_tool(self) -> None:
+        worker = self.ws.client("WORKER", ["other@1"])
+        worker.register_tool("mine", "1", lambda input, context: None)
+        with self.assertRaises(getratchet.RatchetError) as refused:
+            worker.worker.start(1, block=False)
+        self.assertEqual((refused.exception.status, refused.exception.code), (403, "forbidden"))
+
+
+if __name__ == "__main__":
+    unittest.main()

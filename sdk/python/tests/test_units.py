@@ -1,0 +1,216 @@
+"""What the SDK decides on its own, against a fake server where it needs one."""
+
+from __future__ import annotations
+
+import json
+import threading
+import unittest
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, List, Tuple
+
+import getratchet
+from getratchet import ConnectionLost, RatchetError, RetryableError, redact_message
+from getratchet._http import Transport
+from getratchet.worker import _read_decision
+
+
+class FakeServer:
+    """Answers each request with the next (status, body, headers) of a
+    script, recording method, path, headers and body."""
+
+    def __init__(self, script: List[Tuple[int, object, dict]]) -> None:
+        self.script = list(script)
+        self.seen: List[Tuple[str, str, dict, object]] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # keep test output clean
+                pass
+
+            def handle_one(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                fake.seen.append((self.command, self.path, dict(self.headers), body))
+                status, answer, headers = fake.script.pop(0) if fake.script else (500, None, {})
+                if status == 0:  # drop the connection without an answer
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                raw = json.dumps(answer).encode() if answer is not None else b""
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            do_GET = do_POST = do_PUT = handle_one
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def error(code: str, **detail) -> dict:
+    return {"error": {"code": code, "message": code, "detail": detail}}
+
+
+class TransportTest(unittest.TestCase):
+    def transport(self, script) -> Tuple[Transport, FakeServer, List[float]]:
+        server = FakeServer(script)
+        self.addCleanup(server.close)
+        waits: List[float] = []
+        return Transport(server.url, "rk_test", timeout=5, sleep=waits.append), server, waits
+
+    def test_a_429_is_repeated_after_the_servers_wait_for_any_call(self) -> None:
+        t, server, waits = self.transport([(429, error("rate_limited", retry_after_seconds=7), {}),
+                                           (201, {"id": "run_1"}, {})])
+        self.assertEqual(t.call("POST", "/runs", {"name": "x"}, safe=False), {"id": "run_1"})
+        self.assertEqual(waits, [7.0])
+        self.assertEqual(len(server.seen), 2)
+        method, path, headers, body = server.seen[0]
+        self.assertEqual((method, path, headers["Authorization"], body), ("POST", "/api/v1/runs", "Bearer rk_test",
+                                                                          {"name": "x"}))
+
+    def test_a_5xx_is_repeated_only_for_a_safe_call(self) -> None:
+        t, server, waits = self.transport([(500, error("internal_error"), {}), (200, {"ok": 1}, {})])
+        self.assertEqual(t.call("POST", "/jobs/j/report", {}, safe=True), {"ok": 1})
+        self.assertEqual(len(waits), 1)
+        self.assertTrue(0.25 <= waits[0] <= 0.5)
+        t, server, waits = self.transport([(500, error("internal_error"), {"X-Request-Id": "req_1"})])
+        with self.assertRaises(RatchetError) as failed:
+            t.call("POST", "/runs", {}, safe=False)
+        self.assertEqual((failed.exception.status, failed.exception.code, failed.exception.request_id),
+                         (500, "internal_error", "req_1"))
+        self.assertTrue(failed.exception.may_have_applied)
+        self.assertEqual(len(server.seen), 1)
+
+    def test_a_failure_that_changed_nothing_is_repeated_for_any_call(self) -> None:
+        t, server, waits = self.transport([(503, error("database_unavailable", outcome="not_applied"), {}),
+                                           (408, error("request_timeout"), {}), (201, {"id": "r"}, {})])
+        self.assertEqual(t.call("POST", "/runs", {}, safe=False), {"id": "r"})
+        self.assertEqual(len(server.seen), 3)
+
+    def test_a_lost_answer_is_repeated_only_for_a_safe_call(self) -> None:
+        t, server, _ = self.transport([(0, None, {}), (200, {"jobs": []}, {})])
+        self.assertEqual(t.call("POST", "/workers/w/claim", {"limit": 1}, safe=True), {"jobs": []})
+        self.assertEqual(server.seen[0][3], server.seen[1][3])  # the same body, claim id included
+        t, server, _ = self.transport([(0, None, {})])
+        with self.assertRaises(ConnectionLost):
+            t.call("POST", "/runs", {}, safe=False)
+        self.assertEqual(len(server.seen), 1)
+
+    def test_retries_are_bounded(self) -> None:
+        t, server, waits = self.transport([(502, None, {})] * 5)
+        with self.assertRaises(RatchetError) as failed:
+            t.call("GET", "/runs/r", safe=True)
+        self.assertEqual((failed.exception.status, failed.exception.code), (502, "http_502"))
+        self.assertEqual(len(server.seen), 4)  # the call and three retries
+
+    def test_a_held_idempotency_key_is_waited_for(self) -> None:
+        t, server, waits = self.transport([(409, error("retry_request", retry_after_seconds=1), {})] * 5
+                                          + [(200, {"workerId": "wkr_1"}, {})])
+        self.assertEqual(t.call("POST", "/workers/register", {}, safe=True, idempotency_key="k1"),
+                         {"workerId": "wkr_1"})
+        self.assertEqual({s[2]["Idempotency-Key"] for s in server.seen}, {"k1"})
+        self.assertEqual(waits, [1.0] * 5)
+
+    def test_bad_configuration_is_refused(self) -> None:
+        with self.assertRaises(ValueError):
+            Transport("http://x", "")
+        with self.assertRaises(ValueError):
+            Transport("ftp://x", "k")
+
+
+class DecisionTest(unittest.TestCase):
+    def test_classifier_decisions(self) -> None:
+        self.assertEqual(_read_decision({"retryable": True}), (True, None))
+        self.assertEqual(_read_decision({"retryable": False}), (False, None))
+        self.assertEqual(_read_decision({"retryable": True, "retry_after_ms": 60000}), (True, 60000))
+        # Out of range is read, then clamped and told by the worker.
+        self.assertEqual(_read_decision({"retryable": True, "retry_after_ms": 10}), (True, 10))
+        for invalid in (None, True, {}, {"retryable": "yes"}, {"retryable": False, "retry_after_ms": 5000},
+                        {"retryable": True, "retry_after_ms": 1500.5}, {"retryable": True, "retry_after_ms": True},
+                        {"retryable": True, "retryAfterMs": 5000}):
+            self.assertIsNone(_read_decision(invalid), invalid)
+
+    def test_retryable_error_hints_are_checked(self) -> None:
+        self.assertEqual(RetryableError("busy", retry_after_ms=1000).retry_after_ms, 1000)
+        for bad in (999, 86_400_001, 1500.0, True):
+            with self.assertRaises(ValueError):
+                RetryableError("busy", retry_after_ms=bad)
+
+
+class RedactTest(unittest.TestCase):
+    def test_secrets_and_personal_data_are_masked(self) -> None:
+        cases = {
+            "Authorization: Bearer abc.def": "Authorization: [redacted]",
+            "token=hunter2 rest": "token=[redacted] rest",
+            'failed {"password":"pw"}': 'failed {"password":[redacted]}',
+            "mail bob@example.com now": "mail [email] now",
+            "GET https://user:pw@api.example/x?key=1": "GET https://[redacted]@api.example/x?[redacted]",
+            "stripe_sk_live_abc123 leaked": "stripe_[redacted] leaked",
+            "card 4242 4242 4242 4242 declined": "card [number] declined",
+            "line\nbreak\ttab": "line break tab",
+            "": "error",
+        }
+        for raw, want in cases.items():
+            self.assertEqual(redact_message(raw), want, raw)
+
+    def test_messages_are_bounded_in_utf8_bytes(self) -> None:
+        out = redact_message("é" * 1000)
+        self.assertLessEqual(len(out.encode("utf-8")), 500)
+        self.assertTrue(out.endswith("…"))
+
+
+class BlindKeyTest(unittest.TestCase):
+    def test_blind_key_matches_hmac_sha256(self) -> None:
+        # printf %s refund:order_551:full | openssl dgst -sha256 -hmac s3cret
+        self.assertEqual(getratchet.blind_key("s3cret", "refund:order_551:full"),
+                         "4b1cca52451781050091c5d62a2f211a")
+
+
+class IdleWorkerTest(unittest.TestCase):
+    def test_an_idle_worker_claims_once_per_poll_interval(self) -> None:
+        server = FakeServer([(200, {"workerId": "wkr_1"}, {})] + [(200, {"jobs": []}, {})] * 100)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.register_tool("t", "1", lambda input, context: None)
+        stop = threading.Event()
+        client.worker.start(4, poll_interval=0.2, stop_event=stop, block=False)
+        threading.Event().wait(1.0)
+        self.assertTrue(client.worker.stop(5))
+        claims = [s for s in server.seen if s[1].endswith("/claim")]
+        # Five intervals of 0.2 s (±10 %): about five claims, never a busy loop.
+        self.assertTrue(4 <= len(claims) <= 7, len(claims))
+        self.assertEqual(claims[0][1], "/api/v1/workers/wkr_1/claim")
+        self.assertEqual(claims[0][3]["limit"], 4)
+        self.assertEqual(len({c[3]["claimId"] for c in claims}), len(claims))
+        self.assertEqual(server.seen[0][3], {"tools": [{"name": "t", "version": "1"}]})
+
+    def test_a_stop_event_ends_a_blocking_start(self) -> None:
+        server = FakeServer([(200, {"workerId": "wkr_1"}, {})] + [(200, {"jobs": []}, {})] * 100)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.register_tool("t", "1", lambda input, context: None)
+        stop = threading.Event()
+        returned = threading.Event()
+
+        def run() -> None:
+            client.worker.start(1, poll_interval=0.05, stop_event=stop)
+            returned.set()
+
+        threading.Thread(target=run, daemon=True).start()
+        self.assertFalse(returned.wait(0.3))
+        stop.set()
+        self.assertTrue(returned.wait(5))
+        with self.assertRaises(RuntimeError):
+            client.worker.start(1)
+
+
+if __name__ == "__main__":
+    unittest.main()
