@@ -23,6 +23,13 @@ class JobsTest(unittest.TestCase):
     def attempts(self, step_id: str) -> list:
         return self.ws.operator.get_step(step_id)["durableJob"]["attempts"]
 
+    def job_when(self, step_id: str, status: str) -> dict:
+        """The step's durable job once it reaches status."""
+        def probe():
+            job = self.ws.operator.get_step(step_id)["durableJob"]
+            return job if job["status"] == status else None
+        return wait_for(f"step {step_id} {status}", probe)
+
     def test_seed_onboarding_run_succeeds_and_enqueue_deduplicates(self) -> None:
         tool = unique("send_welcome_email")
         seen = []
@@ -126,8 +133,7 @@ class JobsTest(unittest.TestCase):
         steps = {case: self.producer.enqueue({}, name=keys[case], version="1", endpoint="fast")["stepId"]
                  for case in cases}
         for case, (_, _, attempts, retryable) in cases.items():
-            job = wait_for(case, lambda: (lambda j: j if j["status"] == "EXHAUSTED" else None)(
-                self.ws.operator.get_step(steps[case])["durableJob"]))
+            job = self.job_when(steps[case], "EXHAUSTED")
             self.assertEqual(len(job["attempts"]), attempts, case)
             self.assertEqual({a["retryable"] for a in job["attempts"]}, {retryable}, case)
         wait_for("on_error", lambda: errors.of(ZeroDivisionError) and errors.of(InvalidDecisionError))
@@ -144,8 +150,7 @@ class JobsTest(unittest.TestCase):
         errors = start_worker(self, worker)
         self.producer.start_run("hint")
         step = self.producer.enqueue({}, name=tool, version="1")
-        job = wait_for("retry scheduled", lambda: (lambda j: j if j["status"] == "RETRY_SCHEDULED" else None)(
-            self.ws.operator.get_step(step["stepId"])["durableJob"]))
+        job = self.job_when(step["stepId"], "RETRY_SCHEDULED")
         self.assertEqual(job["attempts"][0]["retryAfterMs"], 86_400_000)
         clamped = wait_for("on_error", lambda: errors.of(InvalidDecisionError))
         self.assertTrue(clamped[0].clamped)
@@ -164,8 +169,7 @@ class JobsTest(unittest.TestCase):
         start_worker(self, worker)
         self.producer.start_run("timeout")
         step = self.producer.enqueue({}, name=tool, version="1", timeout_ms=1000, max_attempts=1)
-        job = wait_for("exhausted", lambda: (lambda j: j if j["status"] == "EXHAUSTED" else None)(
-            self.ws.operator.get_step(step["stepId"])["durableJob"]))
+        job = self.job_when(step["stepId"], "EXHAUSTED")
         self.assertEqual(reasons, ["timeout"])
         self.assertEqual(job["attempts"][0]["errorMessage"], "handler timed out after 1000ms")
         self.assertTrue(job["attempts"][0]["retryable"])
@@ -184,8 +188,7 @@ class JobsTest(unittest.TestCase):
         start_worker(self, worker)
         self.producer.start_run("stubborn")
         step = self.producer.enqueue({}, name=tool, version="1", timeout_ms=1000, max_attempts=1)
-        job = wait_for("exhausted", lambda: (lambda j: j if j["status"] == "EXHAUSTED" else None)(
-            self.ws.operator.get_step(step["stepId"])["durableJob"]))
+        job = self.job_when(step["stepId"], "EXHAUSTED")
         self.assertEqual(job["attempts"][0]["errorMessage"], "handler timed out after 1000ms")
 
     def test_cancel_step_reaches_the_handler(self) -> None:
@@ -243,8 +246,7 @@ class JobsTest(unittest.TestCase):
         errors = start_worker(self, worker)
         self.producer.start_run("contract")
         step = self.producer.enqueue({}, name=tool, version="1", contract_version=contract["contractVersion"])
-        job = wait_for("exhausted", lambda: (lambda j: j if j["status"] == "EXHAUSTED" else None)(
-            self.ws.operator.get_step(step["stepId"])["durableJob"]))
+        job = self.job_when(step["stepId"], "EXHAUSTED")
         # The server records the rejection itself: one attempt, reported.
         self.assertEqual(len(job["attempts"]), 1)
         self.assertEqual((job["attempts"][0]["outcome"], job["attempts"][0]["retryable"]), ("FAILED", False))
@@ -272,8 +274,7 @@ class JobsTest(unittest.TestCase):
                  for tool in (nul, not_json)}
         messages = {}
         for tool, step_id in steps.items():
-            job = wait_for("exhausted", lambda: (lambda j: j if j["status"] == "EXHAUSTED" else None)(
-                self.ws.operator.get_step(step_id)["durableJob"]))
+            job = self.job_when(step_id, "EXHAUSTED")
             self.assertEqual(len(job["attempts"]), 1, tool)
             self.assertFalse(job["attempts"][0]["retryable"], tool)
             messages[tool] = job["attempts"][0]["errorMessage"]

@@ -6,7 +6,7 @@ import json
 import threading
 import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, List, Tuple
+from typing import List, Tuple
 
 import getratchet
 from getratchet import ConnectionLost, RatchetError, RetryableError, redact_message
@@ -175,11 +175,16 @@ class BlindKeyTest(unittest.TestCase):
 
 
 class IdleWorkerTest(unittest.TestCase):
-    def test_an_idle_worker_claims_once_per_poll_interval(self) -> None:
+    def idle(self) -> Tuple[getratchet.Ratchet, FakeServer]:
+        """A client with one tool against a server that has no jobs."""
         server = FakeServer([(200, {"workerId": "wkr_1"}, {})] + [(200, {"jobs": []}, {})] * 100)
         self.addCleanup(server.close)
         client = getratchet.Ratchet(server.url, "rk_test")
         client.register_tool("t", "1", lambda input, context: None)
+        return client, server
+
+    def test_an_idle_worker_claims_once_per_poll_interval(self) -> None:
+        client, server = self.idle()
         stop = threading.Event()
         client.worker.start(4, poll_interval=0.2, stop_event=stop, block=False)
         threading.Event().wait(1.0)
@@ -193,10 +198,7 @@ class IdleWorkerTest(unittest.TestCase):
         self.assertEqual(server.seen[0][3], {"tools": [{"name": "t", "version": "1"}]})
 
     def test_a_stop_event_ends_a_blocking_start(self) -> None:
-        server = FakeServer([(200, {"workerId": "wkr_1"}, {})] + [(200, {"jobs": []}, {})] * 100)
-        self.addCleanup(server.close)
-        client = getratchet.Ratchet(server.url, "rk_test")
-        client.register_tool("t", "1", lambda input, context: None)
+        client, _ = self.idle()
         stop = threading.Event()
         returned = threading.Event()
 
