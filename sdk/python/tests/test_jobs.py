@@ -23,6 +23,16 @@ class JobsTest(unittest.TestCase):
     def attempts(self, step_id: str) -> list:
         return self.ws.operator.get_step(step_id)["durableJob"]["attempts"]
 
+    def serve_one(self, prefix: str, handler, classify_error=None, **options) -> dict:
+        """Serves handler as a new tool on a worker of its own, then starts
+        a run and enqueues one step of it with options; returns the step."""
+        tool = unique(prefix)
+        worker = self.worker(tool)
+        worker.register_tool(tool, "1", handler, classify_error=classify_error)
+        self.errors = start_worker(self, worker)
+        self.producer.start_run(prefix)
+        return self.producer.enqueue({}, name=tool, version="1", **options)
+
     def job_when(self, step_id: str, status: str) -> dict:
         """The step's durable job once it reaches status."""
         def probe():
@@ -91,16 +101,10 @@ class JobsTest(unittest.TestCase):
                          (True, 1000, "provider busy"))
 
     def test_non_retryable_error_exhausts_and_fails_the_run(self) -> None:
-        tool = unique("strict")
-        worker = self.worker(tool)
-
         def strict(input, context):
             raise NonRetryableError("Invalid recipient bob@example.com")
 
-        worker.register_tool(tool, "1", strict)
-        start_worker(self, worker)
-        self.producer.start_run("strict")
-        step = self.producer.enqueue({}, name=tool, version="1", max_attempts=5)
+        step = self.serve_one("strict", strict, max_attempts=5)
         self.producer.finish_run()
         done = wait_run_ended(self.producer, self.producer.run_id)
         self.assertEqual(done["status"], "FAILED")
@@ -139,25 +143,17 @@ class JobsTest(unittest.TestCase):
         wait_for("on_error", lambda: errors.of(ZeroDivisionError) and errors.of(InvalidDecisionError))
 
     def test_classifier_hint_out_of_range_is_clamped_and_told(self) -> None:
-        tool = unique("hinted")
-        worker = self.worker(tool)
-
         def handler(input, context):
             raise ValueError("rate limited")
 
-        worker.register_tool(tool, "1", handler,
-                             classify_error=lambda e, c: {"retryable": True, "retry_after_ms": 3 * 86_400_000})
-        errors = start_worker(self, worker)
-        self.producer.start_run("hint")
-        step = self.producer.enqueue({}, name=tool, version="1")
+        step = self.serve_one("hinted", handler,
+                              classify_error=lambda e, c: {"retryable": True, "retry_after_ms": 3 * 86_400_000})
         job = self.job_when(step["stepId"], "RETRY_SCHEDULED")
         self.assertEqual(job["attempts"][0]["retryAfterMs"], 86_400_000)
-        clamped = wait_for("on_error", lambda: errors.of(InvalidDecisionError))
+        clamped = wait_for("on_error", lambda: self.errors.of(InvalidDecisionError))
         self.assertTrue(clamped[0].clamped)
 
     def test_timeout_cancels_the_handler(self) -> None:
-        tool = unique("slow")
-        worker = self.worker(tool)
         reasons = []
 
         def slow(input, context):
@@ -165,18 +161,13 @@ class JobsTest(unittest.TestCase):
             reasons.append(context.cancel_reason)
             raise TimeoutError("gave up")
 
-        worker.register_tool(tool, "1", slow)
-        start_worker(self, worker)
-        self.producer.start_run("timeout")
-        step = self.producer.enqueue({}, name=tool, version="1", timeout_ms=1000, max_attempts=1)
+        step = self.serve_one("slow", slow, timeout_ms=1000, max_attempts=1)
         job = self.job_when(step["stepId"], "EXHAUSTED")
         self.assertEqual(reasons, ["timeout"])
         self.assertEqual(job["attempts"][0]["errorMessage"], "handler timed out after 1000ms")
         self.assertTrue(job["attempts"][0]["retryable"])
 
     def test_a_handler_that_ignores_its_timeout_is_reported_without_it(self) -> None:
-        tool = unique("stubborn")
-        worker = self.worker(tool)
         release = threading.Event()
         self.addCleanup(release.set)
 
@@ -184,16 +175,11 @@ class JobsTest(unittest.TestCase):
             release.wait(30)
             return {"late": True}
 
-        worker.register_tool(tool, "1", stubborn)
-        start_worker(self, worker)
-        self.producer.start_run("stubborn")
-        step = self.producer.enqueue({}, name=tool, version="1", timeout_ms=1000, max_attempts=1)
+        step = self.serve_one("stubborn", stubborn, timeout_ms=1000, max_attempts=1)
         job = self.job_when(step["stepId"], "EXHAUSTED")
         self.assertEqual(job["attempts"][0]["errorMessage"], "handler timed out after 1000ms")
 
     def test_cancel_step_reaches_the_handler(self) -> None:
-        tool = unique("cancellable")
-        worker = self.worker(tool)
         running = threading.Event()
         reasons = []
 
@@ -203,10 +189,7 @@ class JobsTest(unittest.TestCase):
             reasons.append(context.cancel_reason)
             raise RuntimeError("stopped")
 
-        worker.register_tool(tool, "1", handler)
-        start_worker(self, worker)
-        self.producer.start_run("cancel")
-        step = self.producer.enqueue({}, name=tool, version="1", timeout_ms=3000)
+        step = self.serve_one("cancellable", handler, timeout_ms=3000)
         self.assertTrue(running.wait(30))
         cancelled = self.producer.cancel_step(step["stepId"])
         self.assertEqual(cancelled["status"], "CANCELLED")
