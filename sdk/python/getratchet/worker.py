@@ -113,6 +113,7 @@ class Worker:
         self._errors: "queue.Queue[BaseException]" = queue.Queue()
         self._on_error: Optional[Callable[[BaseException], Any]] = None
         self._lost_reports = 0
+        self._left_unreported = 0  # handlers still running when a stop gave up on them
         self.worker_id: Optional[str] = None
 
     def add_tool(self, name: str, version: str, handler: Callable[[Any, JobContext], Any],
@@ -181,7 +182,8 @@ class Worker:
         seconds; then their ``context.cancelled`` is set ("stopping") and
         those that still do not return within a second are left unreported
         (their leases lapse and another worker runs them again). Returns
-        whether every claimed job ended with its outcome recorded. Called
+        whether every job this worker claimed ended with its outcome
+        recorded (no report lost, no handler left running). Called
         from the thread running a blocking start() (a signal handler), it
         only asks for the stop, and start() returns once done."""
         self._request_stop(timeout)
@@ -189,7 +191,8 @@ class Worker:
             return False
         self._done.wait(timeout + _GRACE + _REPORT_PATIENCE)
         with self._lock:
-            return self._done.is_set() and not self._active and self._lost_reports == 0
+            return (self._done.is_set() and not self._active and self._lost_reports == 0
+                    and self._left_unreported == 0)
 
     def _request_stop(self, timeout: float) -> None:
         with self._lock:
@@ -302,6 +305,9 @@ class Worker:
                 except BaseException as failure:  # noqa: BLE001 - every failure is the job's outcome
                     outcome["error"] = failure
                 finally:
+                    # Why it was cancelled when it returned: a stop that
+                    # comes after must not change how its outcome is read.
+                    outcome["reason"] = context.cancel_reason
                     outcome["returned"] = True
                     active.wake.set()
 
@@ -319,9 +325,13 @@ class Worker:
                 if context.cancel_reason == "timeout":
                     self._report(context, lease_end, {"status": "FAILED", "error": {
                         "message": f"handler timed out after {context.timeout_ms}ms", "retryable": True}})
+                elif context.cancel_reason == "stopping":
+                    with self._lock:
+                        self._left_unreported += 1
                 return
             error = outcome.get("error")
-            if context.cancel_reason == "lease_lost":
+            reason = outcome.get("reason")
+            if reason == "lease_lost":
                 # A success is reported all the same: the server records a
                 # lapsed attempt that no claim superseded. A failure is not:
                 # the job runs again either way; nor is anything after the
@@ -332,7 +342,7 @@ class Worker:
             if error is None:
                 self._report_success(context, tool, lease_end, outcome.get("output"))
                 return
-            message, retryable, hint = self._judge(tool, error, context)
+            message, retryable, hint = self._judge(tool, error, context, reason)
             report: Dict[str, Any] = {"message": message, "retryable": retryable}
             if hint is not None:
                 report["retryAfterMs"] = hint
@@ -405,19 +415,21 @@ class Worker:
 
     # -- deciding and reporting ---------------------------------------------
 
-    def _judge(self, tool: _Tool, error: BaseException, context: JobContext) -> Tuple[str, bool, Optional[int]]:
-        """Maps a failed attempt to the error the API is told. Order:
+    def _judge(self, tool: _Tool, error: BaseException, context: JobContext,
+               reason: Optional[str]) -> Tuple[str, bool, Optional[int]]:
+        """Maps a failed attempt to the error the API is told; reason is why
+        the handler was cancelled, if it was, when it returned. Order:
         server-requested cancellation; explicit SDK errors; timeout and
         worker stop; the tool's classifier; retryable by default."""
-        if context.cancel_reason == "cancelled":
+        if reason == "cancelled":
             return "cancelled at the server's request", False, None
         if isinstance(error, RetryableError):
             return redact_message(_describe(error.message)), True, error.retry_after_ms
         if isinstance(error, NonRetryableError):
             return redact_message(_describe(error.message)), False, None
-        if context.cancel_reason == "timeout":
+        if reason == "timeout":
             return f"handler timed out after {context.timeout_ms}ms", True, None
-        if context.cancel_reason == "stopping":
+        if reason == "stopping":
             return "worker stopped before the handler finished", True, None
         message = redact_message(f"{type(error).__name__}: {_describe(error)}")
         if tool.classify is None:

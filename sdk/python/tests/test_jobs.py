@@ -218,6 +218,30 @@ class JobsTest(unittest.TestCase):
         job = self.ws.operator.get_step(step["stepId"])["durableJob"]
         self.assertEqual((job["status"], job["attempts"][0]["outcome"]), ("SUCCEEDED", "SUCCEEDED"))
 
+    def test_stop_leaves_a_handler_that_will_not_return_unreported(self) -> None:
+        tool = unique("stuck")
+        worker = self.worker(tool)
+        running, release = threading.Event(), threading.Event()
+        self.addCleanup(release.set)
+        reasons = []
+
+        def stuck(input, context):
+            running.set()
+            context.cancelled.wait(30)
+            reasons.append(context.cancel_reason)
+            release.wait(30)
+
+        worker.register_tool(tool, "1", stuck)
+        worker.worker.start(1, poll_interval=0.1, block=False)
+        self.producer.start_run("stuck")
+        step = self.producer.enqueue({}, name=tool, version="1", timeout_ms=60_000)
+        self.assertTrue(running.wait(30))
+        self.assertFalse(worker.worker.stop(0.2))
+        self.assertEqual(reasons, ["stopping"])
+        job = self.ws.operator.get_step(step["stepId"])["durableJob"]
+        # Nothing reported: the lease lapses and another worker runs it again.
+        self.assertEqual((job["status"], job["attempts"][0]["outcome"]), ("RUNNING", None))
+
     def test_output_refused_by_the_contract_ends_the_job_once(self) -> None:
         tool = unique("contracted")
         contract = self.ws.operator.request("POST", f"/tools/{tool}/contracts", {
