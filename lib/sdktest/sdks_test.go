@@ -1,0 +1,100 @@
+package sdktest
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+)
+
+// The other languages' SDKs, from this package's directory. Their own tests
+// run against the real service here: this package's router over real
+// Postgres, reached over HTTP at RATCHET_TEST_BASE_URL.
+const (
+	pythonSDK     = "../../sdk/python"
+	typescriptSDK = "../../sdk/typescript"
+)
+
+// TestPythonSDK runs sdk/python/tests (the standard library's unittest).
+// RATCHET_PYTHON names the interpreter (python3 by default, 3.10 or newer).
+func TestPythonSDK(t *testing.T) {
+	python := interpreter(t, "RATCHET_PYTHON", "python3", "Python 3.10 or newer (Debian: apt-get install python3)",
+		"-c", "import sys; print(sys.version_info >= (3, 10))")
+	out := runAgainstServer(t, pythonSDK, python, "-m", "unittest", "discover", "-v", "-s", "tests", "-t", "tests")
+	ran := regexp.MustCompile(`(?m)^Ran (\d+) tests?`).FindStringSubmatch(out)
+	require.NotNil(t, ran, "no unittest summary in:\n%s", out)
+	requireRanAll(t, out, ran[1], regexp.MustCompile(`(?m)skipped|\.\.\. skip`).MatchString(out))
+}
+
+// TestTypeScriptSDK runs sdk/typescript/test (node:test). RATCHET_NODE
+// names the runtime (node by default, 18 or newer).
+func TestTypeScriptSDK(t *testing.T) {
+	node := interpreter(t, "RATCHET_NODE", "node", "Node.js 18 or newer (Debian: apt-get install nodejs)",
+		"-e", "console.log(String(Number(process.versions.node.split('.')[0]) >= 18).replace(/^./, c => c.toUpperCase()))")
+	files, err := filepath.Glob(filepath.Join(typescriptSDK, "test", "*.test.js"))
+	require.NoError(t, err)
+	require.NotEmpty(t, files, "no test files in %s/test", typescriptSDK)
+	args := []string{"--test", "--test-reporter=tap"}
+	for _, f := range files {
+		args = append(args, filepath.Join("test", filepath.Base(f)))
+	}
+	out := runAgainstServer(t, typescriptSDK, node, args...)
+	count := func(name string) string {
+		m := regexp.MustCompile(`(?m)^# ` + name + ` (\d+)$`).FindStringSubmatch(out)
+		require.NotNil(t, m, "no %q count in the TAP summary:\n%s", name, out)
+		return m[1]
+	}
+	require.Equal(t, "0", count("fail"), out)
+	requireRanAll(t, out, count("pass"), count("skipped") != "0" || count("todo") != "0" || count("cancelled") != "0")
+}
+
+// runAgainstServer starts the service and runs name args in dir with
+// RATCHET_TEST_BASE_URL pointing at it, failing on a non-zero exit.
+func runAgainstServer(t *testing.T, dir, name string, args ...string) string {
+	t.Helper()
+	env := apitest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "RATCHET_TEST_BASE_URL="+env.Server.URL, "PYTHONPATH=.", "PYTHONDONTWRITEBYTECODE=1")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s's tests failed:\n%s", dir, out)
+	return string(out)
+}
+
+// requireRanAll fails when any test was skipped (a test counted as passing
+// that never ran) or when too few ran (a file not picked up).
+func requireRanAll(t *testing.T, out, ran string, skipped bool) {
+	t.Helper()
+	require.False(t, skipped, "some tests were skipped:\n%s", out)
+	n, err := strconv.Atoi(ran)
+	require.NoError(t, err)
+	require.Greater(t, n, 20, "fewer tests ran than exist:\n%s", out)
+}
+
+// interpreter finds the program named by env (or def) and checks its
+// version with check, which must print True; it fails saying what to
+// install when there is none.
+func interpreter(t *testing.T, env, def, needs string, check ...string) string {
+	t.Helper()
+	name := os.Getenv(env)
+	if name == "" {
+		name = def
+	}
+	path, err := exec.LookPath(name)
+	require.NoError(t, err, "these tests need %s, or %s naming one", needs, env)
+	out, err := exec.Command(path, check...).Output()
+	require.NoError(t, err, "running %s", path)
+	require.Equal(t, "True", strings.TrimSpace(string(out)), "%s is too old: these tests need %s, or %s naming one", path, needs, env)
+	return path
+}

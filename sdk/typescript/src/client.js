@@ -1,0 +1,297 @@
+// The client: producer calls, the effect gate, and the worker's registry.
+
+import { createHmac } from 'node:crypto';
+import {
+  ApprovalRequiredError, EffectBlockedError, EffectDeniedError, EffectInFlightError, NotPerformedError,
+  RatchetError, ResultNotStoredError,
+} from './errors.js';
+import { Transport, newRequestId, pathId, sleep } from './transport.js';
+import { Worker } from './worker.js';
+
+export const AFTER_SUCCEEDED = 'SUCCEEDED';
+export const AFTER_FAILED = 'FAILED';
+
+// How often doEffect asks again while another caller holds the lease: from
+// the first wait, doubling to the last, never past retry_after_seconds.
+const FIRST_IN_FLIGHT_WAIT_MS = 250;
+const MAX_IN_FLIGHT_WAIT_MS = 5_000;
+// The "ratchet" field of the result recorded in place of one the gate refused.
+const PLACEHOLDER_MARK = 'result_not_recorded';
+
+/** Returns a Ratchet client: createRatchet({ baseUrl, apiKey }). */
+export function createRatchet(options) {
+  return new Ratchet(options);
+}
+
+/** An idempotency key that is still deterministic but no longer guessable:
+ * HMAC-SHA-256 of key under a secret only your system holds, hex, 32 characters. */
+export function blindKey(secret, key) {
+  return createHmac('sha256', secret).update(key).digest('hex').slice(0, 32);
+}
+
+function defined(fields) {
+  return Object.fromEntries(Object.entries(fields).filter(([, v]) => v !== undefined && v !== null));
+}
+
+/**
+ * A client of the Ratchet API. Calls that are idempotent (every gate and job
+ * call, by key, lease token or Idempotency-Key) are repeated after a lost
+ * answer or a 5xx with capped backoff and jitter, up to maxRetries times; a
+ * 429 after the server's retry_after_seconds; startRun without an
+ * idempotency key is never repeated after an ambiguous failure.
+ */
+export class Ratchet {
+  #transport;
+  #runId = null;
+  #worker = null;
+
+  constructor({ baseUrl, apiKey, timeoutMs, maxRetries, userAgent, fetch } = {}) {
+    this.#transport = new Transport({ baseUrl, apiKey, timeoutMs, maxRetries, userAgent, fetch });
+  }
+
+  /** Calls any route (path under /api/v1); `safe: true` lets it be repeated after a lost answer. */
+  request(method, path, body, { safe = false, idempotencyKey } = {}) {
+    return this.#transport.call(method, path, body, { safe, idempotencyKey });
+  }
+
+  // -- producer -------------------------------------------------------------
+
+  /** The run startRun started, which enqueue and finishRun default to. */
+  get runId() {
+    return this.#runId;
+  }
+
+  /** Starts a run and makes it this client's current run. With an
+   * idempotencyKey the call is repeated after an ambiguous failure and
+   * starting it again answers the same run; without one it is not. */
+  async startRun(name, { idempotencyKey, budgetMicros } = {}) {
+    const run = await this.#transport.call('POST', '/runs', defined({ name, idempotencyKey, budgetMicros }),
+      { safe: idempotencyKey !== undefined });
+    this.#runId = run.id;
+    return run;
+  }
+
+  #run(runId) {
+    const id = runId ?? this.#runId;
+    if (!id) throw new Error('ratchet: no run: call startRun first or pass runId');
+    return pathId(id);
+  }
+
+  /** Adds a step to the run: the exact handler name@version, its JSON input
+   * and options. Without idempotencyKey the server derives one from the run,
+   * name, version, contract version, endpoint, dependency and canonical
+   * input, so an identical enqueue is deduplicated. */
+  enqueue(input, { name, version, endpoint, idempotencyKey, timeoutMs, maxAttempts, contractVersion, afterStepId,
+    afterStatus, delayMs, runId } = {}) {
+    if (!name || !version) throw new TypeError('ratchet: enqueue needs a tool name and version');
+    const body = { name, version, input, ...defined({ endpoint, idempotencyKey, timeoutMs, maxAttempts, contractVersion, afterStepId, afterStatus, delayMs }) };
+    return this.#transport.call('POST', `/runs/${this.#run(runId)}/steps`, body, { safe: true });
+  }
+
+  /** Requests the run's completion. Enqueue every branch before this. */
+  finishRun(runId) {
+    return this.#transport.call('POST', `/runs/${this.#run(runId)}/finish`, {}, { safe: true });
+  }
+
+  /** Reads a run with its steps. */
+  getRun(runId) {
+    return this.#transport.call('GET', `/runs/${this.#run(runId)}`, undefined, { safe: true });
+  }
+
+  /** Reads one step with its executions and replays. */
+  getStep(stepId) {
+    return this.#transport.call('GET', `/steps/${pathId(stepId)}`, undefined, { safe: true });
+  }
+
+  /** Cancels a step's job; a running handler learns of it at its next heartbeat. */
+  cancelStep(stepId) {
+    return this.#transport.call('POST', `/steps/${pathId(stepId)}/cancel`, {}, { safe: true });
+  }
+
+  /** Whether an exhausted or cancelled step may be replayed, and its upgrades. */
+  replayPreview(stepId) {
+    return this.#transport.call('GET', `/steps/${pathId(stepId)}/replay`, undefined, { safe: true });
+  }
+
+  /** Queues an exhausted or cancelled step again (scope steps:replay). The
+   * previous worker may have completed a side effect whose result was never
+   * recorded: confirm destination-side idempotency first. One
+   * Idempotency-Key spans the call's retries. */
+  replay(stepId, { reason, maxAttempts = 1, acknowledgeDuplicateRisk = true, targetContractVersion, expectedHandlerVersion,
+    acknowledgeVersionChange = false, expectedAttempt } = {}) {
+    if (acknowledgeDuplicateRisk !== true) throw new TypeError('ratchet: a replay must acknowledge the duplicate risk');
+    const body = {
+      acknowledgeDuplicateRisk: true, maxAttempts,
+      ...defined({ reason, targetContractVersion, expectedHandlerVersion, expectedAttempt }),
+      ...(acknowledgeVersionChange ? { acknowledgeVersionChange: true } : {}),
+    };
+    return this.#transport.call('POST', `/steps/${pathId(stepId)}/replay`, body, { safe: true, idempotencyKey: newRequestId() });
+  }
+
+  // -- worker ---------------------------------------------------------------
+
+  /** Registers the handler for the exact tool name@version (the WORKER key
+   * must list it): handler(input, context) returns the output. */
+  registerTool({ name, version, handler, classifyError }) {
+    this.worker.addTool({ name, version, handler, classifyError });
+  }
+
+  /** This client's worker runtime: start(), stop(). */
+  get worker() {
+    this.#worker ??= new Worker(this.#transport);
+    return this.#worker;
+  }
+
+  // -- the effect gate ------------------------------------------------------
+
+  /** Asks before acting (POST /effects/begin); a denial is answered, not
+   * thrown (its `error` holds the code). A request_id (random when not
+   * given) spans the call's retries. */
+  async begin({ effectType, idempotencyKey, payload = null, costMicros, dimensions, runId, groupId, compensation,
+    compensatesEffectId, leaseSeconds, requestId }) {
+    const body = {
+      effect_type: effectType, idempotency_key: idempotencyKey, payload, request_id: requestId ?? newRequestId(),
+      ...defined({ cost_micros: costMicros, dimensions, run_id: runId, group_id: groupId, compensation,
+        compensates_effect_id: compensatesEffectId, lease_seconds: leaseSeconds }),
+    };
+    try {
+      return await this.#transport.call('POST', '/effects/begin', body, { safe: true });
+    } catch (err) {
+      if (err instanceof RatchetError && err.status === 403 && err.body?.decision === 'denied') return err.body;
+      throw err;
+    }
+  }
+
+  /** Reports an execute's outcome: 'succeeded' with its result, or 'failed'
+   * only when the action surely did not reach the outside world. */
+  reportEffect(effectId, leaseToken, outcome, result) {
+    return this.#transport.call('POST', `/effects/${pathId(effectId)}/report`,
+      { lease_token: leaseToken, outcome, ...defined({ result }) }, { safe: true });
+  }
+
+  /** Extends an execute's lease. */
+  heartbeatEffect(effectId, leaseToken) {
+    return this.#transport.call('POST', `/effects/${pathId(effectId)}/heartbeat`, { lease_token: leaseToken }, { safe: true });
+  }
+
+  /** Reads an effect with its attempts. */
+  getEffect(effectId) {
+    return this.#transport.call('GET', `/effects/${pathId(effectId)}`, undefined, { safe: true });
+  }
+
+  /**
+   * Wraps a side effect in the gate's protocol. execute: runs
+   * action(lease) under a heartbeated lease and reports 'succeeded' with
+   * what it returns; a NotPerformedError reports 'failed' and is rethrown;
+   * any other error reports nothing (the lease lapses: an honest
+   * indeterminate) and is rethrown. duplicate: returns the recorded result
+   * without acting. in_flight: asks again until inFlightTimeoutMs. blocked,
+   * approval_required and denied throw EffectBlockedError,
+   * ApprovalRequiredError and EffectDeniedError.
+   */
+  async doEffect(request, action, { inFlightTimeoutMs } = {}) {
+    // One request id for the whole call: a begin whose answer was lost is
+    // answered again by the next, whichever retry asks.
+    const req = { ...request, requestId: request.requestId ?? newRequestId() };
+    const giveUp = inFlightTimeoutMs === undefined ? Infinity : Date.now() + inFlightTimeoutMs;
+    let wait = FIRST_IN_FLIGHT_WAIT_MS;
+    for (;;) {
+      const answer = await this.begin(req);
+      const effectId = answer.effect_id ?? '';
+      switch (answer.decision) {
+        case 'execute':
+          return this.#runLeased(answer, action);
+        case 'duplicate':
+          return { effectId, attempt: answer.attempt, result: answer.result, duplicate: true };
+        case 'in_flight': {
+          const pause = Math.min(wait, Math.max(answer.retry_after_seconds || 1, 1) * 1000);
+          wait = Math.min(2 * wait, MAX_IN_FLIGHT_WAIT_MS);
+          if (Date.now() + pause > giveUp) throw new EffectInFlightError(effectId);
+          await sleep(pause);
+          continue;
+        }
+        case 'blocked':
+          throw new EffectBlockedError(effectId, answer.prior_attempt);
+        case 'approval_required':
+          throw new ApprovalRequiredError(effectId, answer.approval_id);
+        case 'denied': {
+          const e = answer.error ?? {};
+          throw new EffectDeniedError(effectId, new RatchetError(403, String(e.code ?? ''), String(e.message ?? ''), e.detail ?? {}, '', answer));
+        }
+        default:
+          throw new RatchetError(200, 'unknown_decision', `unknown begin decision ${JSON.stringify(answer.decision)}`);
+      }
+    }
+  }
+
+  async #runLeased(answer, action) {
+    const { effect_id: effectId, lease_token: token } = answer;
+    const lost = new AbortController();
+    const lease = {
+      effectId, attempt: answer.attempt, probe: Boolean(answer.probe), priorAttempt: answer.prior_attempt ?? null,
+      leaseExpiresAt: answer.lease_expires_at, signal: lost.signal,
+    };
+    // The heartbeats run until the outcome is reported, not only while the
+    // action runs: a report retried through a server blip must still find
+    // the lease.
+    const stop = new AbortController();
+    const beats = this.#heartbeat(effectId, token, answer.lease_expires_at, stop.signal, lost);
+    try {
+      let result;
+      try {
+        result = await action(lease);
+      } catch (err) {
+        if (err instanceof NotPerformedError) await this.reportEffect(effectId, token, 'failed');
+        throw err;
+      }
+      try {
+        await this.reportEffect(effectId, token, 'succeeded', result);
+      } catch (err) {
+        const reason = err instanceof RatchetError ? unrecordableResult(err) : null;
+        if (reason === null) throw err;
+        // The action happened; only its result cannot be kept. Recording
+        // the success without it settles the key.
+        await this.reportEffect(effectId, token, 'succeeded', { ratchet: PLACEHOLDER_MARK, reason });
+        throw new ResultNotStoredError(effectId, reason, result);
+      }
+      return { effectId, attempt: answer.attempt, result, duplicate: false };
+    } finally {
+      stop.abort();
+      await beats;
+    }
+  }
+
+  async #heartbeat(effectId, token, expiresAt, signal, lost) {
+    const left = Date.parse(expiresAt) - Date.now();
+    const every = Math.min(Math.max((Number.isFinite(left) && left > 0 ? left : 30_000) / 3, 1_000), 60_000);
+    for (;;) {
+      try {
+        await sleep(every, signal);
+      } catch {
+        return; // the outcome was reported
+      }
+      try {
+        await this.#transport.call('POST', `/effects/${pathId(effectId)}/heartbeat`, { lease_token: token },
+          { safe: true, maxRetries: 1, signal });
+      } catch (err) {
+        if (err instanceof RatchetError && (err.status === 404 || err.status === 409)) {
+          lost.abort(err);
+          return;
+        }
+        if (signal.aborted) return;
+        // A lost answer: the next beat tries again.
+      }
+    }
+  }
+}
+
+function unrecordableResult(err) {
+  if (err.code === 'payload_too_large') return 'payload_too_large';
+  if (err.code === 'invalid_request') {
+    for (const item of err.validation) {
+      const field = String(item?.field ?? '');
+      if (field === 'result' || field.startsWith('result.')) return field;
+    }
+  }
+  return null;
+}

@@ -1,0 +1,175 @@
+// Errors the SDK throws, and the ones handlers throw to decide a retry.
+
+/** The shortest and longest retry hint the API takes, in milliseconds. */
+export const MIN_RETRY_AFTER_MS = 1_000;
+export const MAX_RETRY_AFTER_MS = 86_400_000;
+
+/** Whether value is a retry hint the API takes: an integer from 1 000 to 86 400 000. */
+export function validRetryAfterMs(value) {
+  return Number.isSafeInteger(value) && value >= MIN_RETRY_AFTER_MS && value <= MAX_RETRY_AFTER_MS;
+}
+
+/**
+ * A failure the API answered: its HTTP status and the stable `code`
+ * (`invalid_request`, `lease_lost`, `rate_limited`...), the envelope's
+ * `detail` and the response's `requestId`.
+ */
+export class RatchetError extends Error {
+  constructor(status, code, message, detail = {}, requestId = '', body = undefined) {
+    super(`ratchet: ${status} ${code}: ${message}`);
+    this.name = 'RatchetError';
+    this.status = status;
+    this.code = code;
+    this.detail = detail ?? {};
+    this.requestId = requestId;
+    this.body = body;
+  }
+
+  /** The wait the server asked for (a 429's or a retry_request's), or 0. */
+  get retryAfterSeconds() {
+    const v = this.detail.retry_after_seconds;
+    return Number.isSafeInteger(v) && v > 0 ? v : 0;
+  }
+
+  /** The fields a 400 invalid_request refused. */
+  get validation() {
+    return Array.isArray(this.detail.validation) ? this.detail.validation : [];
+  }
+
+  /** Whether the call may have been applied despite this answer: a 5xx
+   * other than a database_unavailable that says nothing was applied. */
+  get mayHaveApplied() {
+    return this.status >= 500 && !(this.code === 'database_unavailable' && this.detail.outcome === 'not_applied');
+  }
+}
+
+/** The answer to a call was lost (a network failure or a timeout): it may
+ * have been applied. Calls safe to repeat are retried before this is thrown. */
+export class ConnectionLostError extends Error {
+  constructor(message, options) {
+    super(message, options);
+    this.name = 'ConnectionLostError';
+  }
+}
+
+/**
+ * Throw from a handler: the attempt failed and the job should run again.
+ * `retryAfterMs` (an integer from 1 000 to 86 400 000) asks for at least
+ * that long before the next attempt; the server waits the longer of it and
+ * the policy's delay, never bypassing a pause, an open circuit or the
+ * attempt limit.
+ */
+export class RetryableError extends Error {
+  constructor(message, { retryAfterMs } = {}) {
+    super(message);
+    if (retryAfterMs !== undefined && retryAfterMs !== null && !validRetryAfterMs(retryAfterMs)) {
+      throw new RangeError('retryAfterMs must be an integer from 1000 to 86400000');
+    }
+    this.name = 'RetryableError';
+    this.retryAfterMs = retryAfterMs ?? undefined;
+  }
+}
+
+/** Throw from a handler: the attempt failed for good, the job ends EXHAUSTED. */
+export class NonRetryableError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = 'NonRetryableError';
+  }
+}
+
+/** Given to a worker's onError when a tool's classifyError returned a
+ * decision the API cannot take as it is: the job is reported retryable
+ * without a hint or, when only the hint was out of range (`clamped`), with
+ * the hint clamped into 1 s to 24 h. */
+export class InvalidDecisionError extends Error {
+  constructor(tool, decision, clamped = false) {
+    super(`ratchet: classifyError of ${tool} returned ${clamped
+      ? 'a retry hint outside 1000-86400000 ms; sent clamped'
+      : 'an invalid decision; treated as retryable'}`);
+    this.name = 'InvalidDecisionError';
+    this.tool = tool;
+    this.decision = decision;
+    this.clamped = clamped;
+  }
+}
+
+/** Given to a worker's onError when a job's report was refused or could not
+ * be delivered: its lease lapses and it runs again (or, on its last
+ * attempt, ends EXHAUSTED). */
+export class ReportNotRecordedError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = 'ReportNotRecordedError';
+  }
+}
+
+// The effect gate's decisions other than execute and duplicate, thrown by
+// doEffect.
+
+/** A prior attempt's outcome is unknown: verify at the vendor, then have an
+ * operator resolve the effect. */
+export class EffectBlockedError extends Error {
+  constructor(effectId, priorAttempt) {
+    super(`ratchet: effect ${effectId} is blocked: a prior attempt's outcome is unknown`);
+    this.name = 'EffectBlockedError';
+    this.effectId = effectId;
+    this.priorAttempt = priorAttempt ?? null;
+  }
+}
+
+/** An operator decision is pending: poll, or wait for the webhook. */
+export class ApprovalRequiredError extends Error {
+  constructor(effectId, approvalId) {
+    super(`ratchet: effect ${effectId} awaits approval ${approvalId}`);
+    this.name = 'ApprovalRequiredError';
+    this.effectId = effectId;
+    this.approvalId = approvalId;
+  }
+}
+
+/** Policy, budget, breaker or rejection: report the reason, do not work
+ * around it. `code` is the denial's error code, `error` the RatchetError. */
+export class EffectDeniedError extends Error {
+  constructor(effectId, error) {
+    super(`ratchet: effect ${effectId} denied: ${error.code}`);
+    this.name = 'EffectDeniedError';
+    this.effectId = effectId;
+    this.code = error.code;
+    this.error = error;
+  }
+}
+
+/** Another caller still held the effect's lease when doEffect stopped
+ * waiting (its inFlightTimeoutMs). */
+export class EffectInFlightError extends Error {
+  constructor(effectId) {
+    super(`ratchet: effect ${effectId} is still in flight elsewhere`);
+    this.name = 'EffectInFlightError';
+    this.effectId = effectId;
+  }
+}
+
+/** Throw from a doEffect action when the action surely did not reach the
+ * outside world: the attempt is reported `failed` and a later caller may
+ * try again. Any other error reports nothing, so the lease lapses and the
+ * outcome is honestly indeterminate. */
+export class NotPerformedError extends Error {
+  constructor(message, options) {
+    super(message, options);
+    this.name = 'NotPerformedError';
+  }
+}
+
+/** The action succeeded but the gate refused its result (too large, or a
+ * refused field): a placeholder was recorded instead, so the key is
+ * settled. `result` is the action's own result. */
+export class ResultNotStoredError extends Error {
+  constructor(effectId, reason, result) {
+    super(`ratchet: effect ${effectId} succeeded, but the gate refused its result (${reason}); a placeholder was recorded`);
+    this.name = 'ResultNotStoredError';
+    this.effectId = effectId;
+    this.reason = reason;
+    this.result = result;
+  }
+}

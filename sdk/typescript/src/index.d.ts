@@ -1,0 +1,238 @@
+// Type declarations of @getratchet/sdk (the implementation is plain
+// JavaScript, ES modules, no dependencies).
+
+export declare const VERSION: string;
+export declare const AFTER_SUCCEEDED: 'SUCCEEDED';
+export declare const AFTER_FAILED: 'FAILED';
+export declare const MIN_RETRY_AFTER_MS: 1000;
+export declare const MAX_RETRY_AFTER_MS: 86400000;
+export declare const MAX_ERROR_MESSAGE_BYTES: 500;
+
+/** JSON values as the API takes and answers them. */
+export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+
+export interface RatchetOptions {
+  /** https://getratchet.app when omitted. */
+  baseUrl?: string;
+  /** Read from the environment or a secret store, never from source. */
+  apiKey: string;
+  /** Per request; 60 000 by default. */
+  timeoutMs?: number;
+  /** Repeats of a retryable failure; 3 by default. */
+  maxRetries?: number;
+  userAgent?: string;
+  /** Replaces the global fetch (proxies, tracing, tests). */
+  fetch?: typeof fetch;
+}
+
+export interface RunOptions {
+  idempotencyKey?: string;
+  budgetMicros?: number;
+}
+
+export interface EnqueueOptions {
+  name: string;
+  version: string;
+  endpoint?: string;
+  idempotencyKey?: string;
+  timeoutMs?: number;
+  maxAttempts?: number;
+  contractVersion?: number;
+  afterStepId?: string;
+  afterStatus?: 'SUCCEEDED' | 'FAILED';
+  delayMs?: number;
+  /** Another run than the one startRun started. */
+  runId?: string;
+}
+
+export interface EnqueueResult {
+  stepId: string;
+  jobId: string;
+  idempotencyKey: string;
+  status: string;
+  dueAt: string | null;
+  deduplicated: boolean;
+}
+
+export interface ReplayOptions {
+  reason?: string;
+  /** Additional executions allowed; 1 by default. */
+  maxAttempts?: number;
+  /** Must stay true: a replay may repeat a side effect. */
+  acknowledgeDuplicateRisk?: true;
+  targetContractVersion?: number;
+  expectedHandlerVersion?: string;
+  acknowledgeVersionChange?: boolean;
+  /** The preview's attempt: refuses a replay of a step that ran since. */
+  expectedAttempt?: number;
+}
+
+export type CancelReason = 'timeout' | 'cancelled' | 'lease_lost' | 'stopping';
+
+export interface JobContext {
+  jobId: string;
+  stepId: string;
+  runId: string;
+  name: string;
+  version: string;
+  attempt: number;
+  /** Pass it to the destination so a repeated attempt is deduplicated there. */
+  idempotencyKey: string;
+  timeoutMs: number;
+  /** Aborted at the job's timeout, at the server's request, when the lease is lost, or when the worker stops. */
+  signal: AbortSignal;
+  readonly cancelReason: CancelReason | null;
+}
+
+export type ErrorDecision = { retryable: true; retryAfterMs?: number } | { retryable: false };
+
+export interface Tool<In = any, Out = any> {
+  name: string;
+  version: string;
+  handler: (input: In, context: JobContext) => Out | Promise<Out>;
+  classifyError?: (error: unknown, context: JobContext) => ErrorDecision;
+}
+
+export interface StartOptions {
+  concurrency?: number;
+  /** The idle wait between claims; 30 000 by default. */
+  pollIntervalMs?: number;
+  /** 0-20: each claim long-polls on the server. */
+  waitSeconds?: number;
+  onError?: (error: unknown) => void | Promise<void>;
+  /** Aborting it stops the worker as stop() does. */
+  signal?: AbortSignal;
+}
+
+export declare class Worker {
+  workerId: string | null;
+  /** Resolves once the worker has stopped and its running jobs ended. */
+  start(options?: StartOptions): Promise<void>;
+  /** Resolves to whether every claimed job ended with its outcome recorded. */
+  stop(options?: { timeoutMs?: number }): Promise<boolean>;
+}
+
+export interface BeginRequest {
+  effectType: string;
+  idempotencyKey: string;
+  payload?: Json;
+  costMicros?: number;
+  dimensions?: Record<string, string>;
+  runId?: string;
+  groupId?: string;
+  compensation?: { effect_type: string; payload: Json };
+  compensatesEffectId?: string;
+  leaseSeconds?: number;
+  requestId?: string;
+}
+
+/** The gate's answer (snake_case, as on the wire). */
+export interface BeginResponse {
+  decision: 'execute' | 'duplicate' | 'in_flight' | 'blocked' | 'approval_required' | 'denied';
+  effect_id: string;
+  state: string;
+  attempt: number;
+  lease_token?: string;
+  lease_expires_at?: string;
+  probe?: boolean;
+  prior_attempt?: { attempt: number; started_at: string; lease_expired_at: string };
+  result?: Json;
+  retry_after_seconds?: number;
+  approval_id?: string;
+  error?: { code: string; message: string; detail?: Record<string, unknown> };
+}
+
+export interface Lease {
+  effectId: string;
+  attempt: number;
+  /** Check the vendor for priorAttempt first, then perform or report what you found. */
+  probe: boolean;
+  priorAttempt: BeginResponse['prior_attempt'] | null;
+  leaseExpiresAt: string;
+  /** Aborted when the lease was lost: the outcome will not be recorded. */
+  signal: AbortSignal;
+}
+
+export interface EffectOutcome<T> {
+  effectId: string;
+  attempt: number;
+  result: T;
+  duplicate: boolean;
+}
+
+export declare class Ratchet {
+  constructor(options: RatchetOptions);
+  readonly runId: string | null;
+  readonly worker: Worker;
+  request<T = any>(method: string, path: string, body?: unknown, options?: { safe?: boolean; idempotencyKey?: string }): Promise<T>;
+  startRun(name: string, options?: RunOptions): Promise<any>;
+  enqueue(input: unknown, options: EnqueueOptions): Promise<EnqueueResult>;
+  finishRun(runId?: string): Promise<any>;
+  getRun(runId?: string): Promise<any>;
+  getStep(stepId: string): Promise<any>;
+  cancelStep(stepId: string): Promise<any>;
+  replayPreview(stepId: string): Promise<any>;
+  replay(stepId: string, options?: ReplayOptions): Promise<any>;
+  registerTool<In = any, Out = any>(tool: Tool<In, Out>): void;
+  begin(request: BeginRequest): Promise<BeginResponse>;
+  reportEffect(effectId: string, leaseToken: string, outcome: 'succeeded' | 'failed', result?: Json): Promise<any>;
+  heartbeatEffect(effectId: string, leaseToken: string): Promise<{ effect_id: string; lease_expires_at: string }>;
+  getEffect(effectId: string): Promise<any>;
+  doEffect<T>(request: BeginRequest, action: (lease: Lease) => T | Promise<T>, options?: { inFlightTimeoutMs?: number }): Promise<EffectOutcome<T>>;
+}
+
+export declare function createRatchet(options: RatchetOptions): Ratchet;
+export declare function blindKey(secret: string, key: string): string;
+export declare function redactMessage(message: string): string;
+
+export declare class RatchetError extends Error {
+  status: number;
+  code: string;
+  detail: Record<string, any>;
+  requestId: string;
+  body: unknown;
+  readonly retryAfterSeconds: number;
+  readonly validation: Array<{ field: string; rule?: string; [key: string]: unknown }>;
+  readonly mayHaveApplied: boolean;
+}
+export declare class ConnectionLostError extends Error {}
+export declare class RetryableError extends Error {
+  constructor(message: string, options?: { retryAfterMs?: number });
+  retryAfterMs: number | undefined;
+}
+export declare class NonRetryableError extends Error {
+  constructor(message: string);
+}
+export declare class CancelledError extends Error {
+  reason: CancelReason;
+}
+export declare class InvalidDecisionError extends Error {
+  tool: string;
+  decision: unknown;
+  clamped: boolean;
+}
+export declare class ReportNotRecordedError extends Error {}
+export declare class EffectBlockedError extends Error {
+  effectId: string;
+  priorAttempt: BeginResponse['prior_attempt'] | null;
+}
+export declare class ApprovalRequiredError extends Error {
+  effectId: string;
+  approvalId: string;
+}
+export declare class EffectDeniedError extends Error {
+  effectId: string;
+  code: string;
+  error: RatchetError;
+}
+export declare class EffectInFlightError extends Error {
+  effectId: string;
+}
+export declare class NotPerformedError extends Error {
+  constructor(message: string, options?: { cause?: unknown });
+}
+export declare class ResultNotStoredError extends Error {
+  effectId: string;
+  reason: string;
+  result: unknown;
+}

@@ -1,0 +1,191 @@
+// One HTTP call to the API, with the retries that are safe for it.
+
+import { randomBytes } from 'node:crypto';
+import { ConnectionLostError, RatchetError } from './errors.js';
+
+export const VERSION = '0.1.0';
+export const DEFAULT_BASE_URL = 'https://getratchet.app';
+
+// Capped exponential backoff with equal jitter, as the Go SDK's.
+const BACKOFF_BASE_MS = 500;
+const BACKOFF_CAP_MS = 8_000;
+// A 429's wait is cut to the rate windows' minute.
+const MAX_RATE_LIMIT_WAIT_S = 60;
+// How often a call sent under an Idempotency-Key waits while the server
+// still holds the key for an earlier attempt (409 retry_request).
+const MAX_KEY_HELD_WAITS = 40;
+
+/** A random id for an Idempotency-Key, a begin's request_id or a claimId. */
+export function newRequestId() {
+  return randomBytes(16).toString('hex');
+}
+
+/** A path segment with everything but letters, digits and - . _ ~ percent-encoded. */
+export function pathId(value) {
+  return encodeURIComponent(String(value)).replace(/[!'()*]/g, (c) => '%' + c.charCodeAt(0).toString(16).toUpperCase());
+}
+
+/** Resolves after ms, or rejects with the signal's reason once it aborts. */
+export function sleep(ms, signal) {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const timer = setTimeout(() => {
+      signal?.removeEventListener('abort', onAbort);
+      resolve();
+    }, Math.max(0, ms));
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal.reason);
+    };
+    signal?.addEventListener('abort', onAbort, { once: true });
+  });
+}
+
+/** Sends calls to one API base URL with one key. */
+export class Transport {
+  constructor({ baseUrl, apiKey, timeoutMs = 60_000, maxRetries = 3, userAgent = '', fetch: fetchImpl, sleep: sleepImpl } = {}) {
+    if (!apiKey) throw new TypeError('ratchet: an API key is required (read it from the environment)');
+    const base = String(baseUrl || DEFAULT_BASE_URL).replace(/\/+$/, '');
+    let parsed;
+    try {
+      parsed = new URL(base);
+    } catch {
+      throw new TypeError('ratchet: baseUrl must be an http(s) URL');
+    }
+    if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') throw new TypeError('ratchet: baseUrl must be an http(s) URL');
+    this.base = base;
+    this.timeoutMs = timeoutMs;
+    this.maxRetries = maxRetries;
+    this.userAgent = (userAgent ? userAgent + ' ' : '') + `getratchet-node/${VERSION}`;
+    this.fetch = fetchImpl ?? globalThis.fetch;
+    this.sleep = sleepImpl ?? sleep;
+    this.#key = apiKey;
+  }
+
+  #key;
+
+  /**
+   * Sends method path (under /api/v1) and returns the decoded answer.
+   * `safe` says whether the call may be repeated after an answer was lost
+   * (network failure, timeout, 5xx): true for calls made idempotent by a
+   * key, an Idempotency-Key or a lease token. Failures the server says
+   * changed nothing (429, retry_request, 408, a database_unavailable with
+   * outcome not_applied) are repeated for any call.
+   */
+  async call(method, path, body, { safe, idempotencyKey, timeoutMs, maxRetries, signal } = {}) {
+    const data = body === undefined ? undefined : JSON.stringify(body);
+    const retries = maxRetries ?? this.maxRetries;
+    let attempt = 0;
+    let held = 0;
+    for (;;) {
+      let wait;
+      try {
+        return await this.#once(method, path, data, idempotencyKey, timeoutMs ?? this.timeoutMs, signal);
+      } catch (err) {
+        if (err instanceof RatchetError) {
+          if (idempotencyKey && err.code === 'retry_request' && held < MAX_KEY_HELD_WAITS) {
+            // The server still acts on an earlier attempt under this key:
+            // wait as asked, outside the retry bound.
+            held++;
+            await this.sleep(Math.max(err.retryAfterSeconds, 1) * 1000, signal);
+            continue;
+          }
+          wait = this.retryDelay(err, attempt, safe);
+          if (wait === null || attempt >= retries) throw err;
+        } else if (err instanceof ConnectionLostError) {
+          if (!safe || attempt >= retries) throw err;
+          wait = this.backoff(attempt);
+        } else {
+          throw err; // the caller's signal aborted, or an error of ours
+        }
+      }
+      attempt++;
+      await this.sleep(wait, signal);
+    }
+  }
+
+  /** How long to wait (ms) before repeating a call that failed with err,
+   * or null when it must not be repeated. */
+  retryDelay(err, attempt, safe) {
+    if (err.status === 429) return Math.min(Math.max(err.retryAfterSeconds, 1), MAX_RATE_LIMIT_WAIT_S) * 1000;
+    if (err.code === 'retry_request') return err.retryAfterSeconds * 1000;
+    if (err.code === 'request_timeout' || (err.code === 'database_unavailable' && err.detail.outcome === 'not_applied')) {
+      return this.backoff(attempt);
+    }
+    if (err.status >= 500 && safe) {
+      // A 503's Retry-After is heeded up to the backoff's cap, so a
+      // heartbeat does not sleep its lease away.
+      return Math.max(this.backoff(attempt), Math.min(err.retryAfterSeconds * 1000, BACKOFF_CAP_MS));
+    }
+    return null;
+  }
+
+  /** Capped exponential backoff (ms), half fixed and half random. */
+  backoff(attempt) {
+    const step = Math.min(BACKOFF_BASE_MS * 2 ** Math.min(attempt, 10), BACKOFF_CAP_MS);
+    return step / 2 + Math.random() * (step / 2);
+  }
+
+  async #once(method, path, data, idempotencyKey, timeoutMs, signal) {
+    const headers = { Authorization: 'Bearer ' + this.#key, Accept: 'application/json', 'User-Agent': this.userAgent };
+    if (data !== undefined) headers['Content-Type'] = 'application/json';
+    if (idempotencyKey) headers['Idempotency-Key'] = idempotencyKey;
+    const timeout = new AbortController();
+    const timer = setTimeout(() => timeout.abort(new Error('timed out')), timeoutMs);
+    const onAbort = () => timeout.abort(signal.reason);
+    signal?.addEventListener('abort', onAbort, { once: true });
+    const name = `${method} ${path.split('?')[0]}`;
+    try {
+      let response;
+      let raw;
+      try {
+        response = await this.fetch(this.base + '/api/v1' + path, { method, headers, body: data, signal: timeout.signal });
+        raw = await response.text();
+      } catch (failure) {
+        if (signal?.aborted) throw signal.reason;
+        // Connection refused, reset, timed out, or an answer cut short.
+        throw new ConnectionLostError(`ratchet: ${name}: ${failure?.cause?.code ?? failure?.name ?? 'network error'}`);
+      }
+      if (!response.ok) throw decodeError(response, raw);
+      if (!raw) return null;
+      try {
+        return JSON.parse(raw);
+      } catch {
+        // A 2xx whose body cannot be read (cut short by a proxy): the call
+        // was applied, and its answer lost as by a dropped connection.
+        throw new ConnectionLostError(`ratchet: ${name}: unreadable answer`);
+      }
+    } finally {
+      clearTimeout(timer);
+      signal?.removeEventListener('abort', onAbort);
+    }
+  }
+}
+
+function decodeError(response, raw) {
+  const requestId = response.headers.get('x-request-id') ?? '';
+  let body;
+  try {
+    body = raw ? JSON.parse(raw) : undefined;
+  } catch {
+    body = undefined;
+  }
+  let envelope = body && typeof body === 'object' ? body.error : undefined;
+  if (!envelope || typeof envelope !== 'object') {
+    // Not the API's envelope (a proxy's page): name the status only.
+    envelope = { code: `http_${response.status}`, message: `HTTP ${response.status}` };
+  }
+  const detail = envelope.detail && typeof envelope.detail === 'object' ? { ...envelope.detail } : {};
+  if ((response.status === 429 || response.status === 503) && detail.retry_after_seconds === undefined) {
+    const seconds = retryAfterHeader(response.headers.get('retry-after'));
+    if (seconds > 0) detail.retry_after_seconds = seconds;
+  }
+  return new RatchetError(response.status, String(envelope.code ?? ''), String(envelope.message ?? ''), detail, requestId, body);
+}
+
+function retryAfterHeader(value) {
+  const v = (value ?? '').trim();
+  if (/^\d+$/.test(v)) return Number(v);
+  const at = Date.parse(v);
+  return Number.isFinite(at) ? Math.max(0, Math.ceil((at - Date.now()) / 1000)) : 0;
+}

@@ -1,0 +1,278 @@
+// The producer and the worker runtime against a real server.
+
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import {
+  AFTER_FAILED, InvalidDecisionError, NonRetryableError, RatchetError, ReportNotRecordedError, RetryableError,
+} from '../src/index.js';
+import { Workspace, needsServer, startWorker, unique, waitFor, waitRunEnded } from './support.js';
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function setup() {
+  const ws = await Workspace.create();
+  return { ws, producer: await ws.client('INGEST') };
+}
+
+/** Serves handler as a new tool on a worker of its own, starts a run and
+ * enqueues one step of it; returns the step and the worker's errors. */
+async function serveOne(t, { ws, producer }, prefix, handler, options = {}, classifyError) {
+  const tool = unique(prefix);
+  const worker = await ws.client('WORKER', [`${tool}@1`]);
+  worker.registerTool({ name: tool, version: '1', handler, classifyError });
+  const errors = startWorker(t, worker);
+  await producer.startRun(prefix);
+  return { step: await producer.enqueue({}, { name: tool, version: '1', ...options }), errors };
+}
+
+test('the seed\'s onboarding run succeeds and an enqueue is deduplicated', needsServer, async (t) => {
+  const s = await setup();
+  const tool = unique('send_welcome_email');
+  const worker = await s.ws.client('WORKER', [`${tool}@1`]);
+  const seen = [];
+  worker.registerTool({
+    name: tool, version: '1',
+    handler: async (input, { idempotencyKey, attempt, signal }) => {
+      assert.ok(signal instanceof AbortSignal);
+      seen.push([input, idempotencyKey, attempt]);
+      return { messageId: 'msg_' + input.customerId };
+    },
+  });
+  startWorker(t, worker, 4);
+  const run = await s.producer.startRun('Customer onboarding');
+  assert.equal(run.status, 'RUNNING');
+  const options = { name: tool, version: '1', endpoint: 'Email service', idempotencyKey: 'welcome:cus_2048', timeoutMs: 30_000, maxAttempts: 5 };
+  const step = await s.producer.enqueue({ customerId: 'cus_2048' }, options);
+  assert.equal(step.deduplicated, false);
+  const again = await s.producer.enqueue({ customerId: 'cus_2048' }, options);
+  assert.deepEqual([again.deduplicated, again.stepId], [true, step.stepId]);
+  await s.producer.finishRun();
+  const done = await waitRunEnded(s.producer, run.id);
+  assert.equal(done.status, 'SUCCEEDED');
+  assert.deepEqual(seen, [[{ customerId: 'cus_2048' }, 'welcome:cus_2048', 1]]);
+  const job = done.steps.find((st) => st.id === step.stepId).durableJob;
+  assert.deepEqual([job.status, job.attempt, job.maxAttempts], ['SUCCEEDED', 1, 5]);
+});
+
+test('generated keys deduplicate the same operation', needsServer, async () => {
+  const { producer } = await setup();
+  const tool = unique('tool');
+  const run = await producer.startRun('keys');
+  const first = await producer.enqueue({ b: 1, a: [1, 2] }, { name: tool, version: '1' });
+  const same = await producer.enqueue({ a: [1, 2], b: 1 }, { name: tool, version: '1' });
+  const other = await producer.enqueue({ a: [2, 1], b: 1 }, { name: tool, version: '1' });
+  assert.deepEqual([same.deduplicated, same.idempotencyKey, other.deduplicated], [true, first.idempotencyKey, false]);
+  assert.equal(producer.runId, run.id);
+});
+
+test('a RetryableError, then success', needsServer, async (t) => {
+  const s = await setup();
+  await s.ws.fastEndpoint('fast');
+  const { step } = await serveOne(t, s, 'flaky', (input, ctx) => {
+    if (ctx.attempt === 1) throw new RetryableError('provider busy', { retryAfterMs: 1000 });
+    return { ok: true };
+  }, { endpoint: 'fast' });
+  await s.producer.finishRun();
+  assert.equal((await waitRunEnded(s.producer, s.producer.runId)).status, 'SUCCEEDED');
+  const attempts = (await s.ws.operator.getStep(step.stepId)).durableJob.attempts;
+  assert.deepEqual(attempts.map((a) => a.outcome), ['FAILED', 'SUCCEEDED']);
+  assert.deepEqual([attempts[0].retryable, attempts[0].retryAfterMs, attempts[0].errorMessage], [true, 1000, 'provider busy']);
+});
+
+test('a NonRetryableError exhausts the job and fails the run', needsServer, async (t) => {
+  const s = await setup();
+  const { step } = await serveOne(t, s, 'strict', () => { throw new NonRetryableError('Invalid recipient bob@example.com'); }, { maxAttempts: 5 });
+  await s.producer.finishRun();
+  assert.equal((await waitRunEnded(s.producer, s.producer.runId)).status, 'FAILED');
+  const job = await s.ws.jobWhen(step.stepId, 'EXHAUSTED');
+  // Only a redacted message leaves the process.
+  assert.deepEqual(job.attempts.map((a) => [a.retryable, a.errorMessage]), [[false, 'Invalid recipient [email]']]);
+});
+
+test('the classifier\'s precedence and fallback', needsServer, async (t) => {
+  const s = await setup();
+  await s.ws.fastEndpoint('fast');
+  const cases = {
+    says_no: [() => ({ retryable: false }), new Error('bad input'), 1, false], // the classifier decides an unknown error
+    explicit: [() => ({ retryable: false }), new RetryableError('busy'), 3, true], // an explicit SDK error is not classified
+    throws: [() => { throw new Error('classifier broke'); }, new Error('x'), 3, true], // a classifier that throws: retryable
+    invalid: [() => ({ retryable: false, retryAfterMs: 5000 }), new Error('x'), 3, true], // an invalid decision too
+  };
+  const names = Object.fromEntries(Object.keys(cases).map((c) => [c, unique(c)]));
+  const worker = await s.ws.client('WORKER', Object.values(names).map((n) => `${n}@1`));
+  for (const [c, [classifyError, error]] of Object.entries(cases)) {
+    worker.registerTool({ name: names[c], version: '1', handler: () => { throw error; }, classifyError });
+  }
+  const errors = startWorker(t, worker, 4);
+  await s.producer.startRun('classify');
+  const steps = {};
+  for (const c of Object.keys(cases)) steps[c] = (await s.producer.enqueue({}, { name: names[c], version: '1', endpoint: 'fast' })).stepId;
+  for (const [c, [, , attempts, retryable]] of Object.entries(cases)) {
+    const job = await s.ws.jobWhen(steps[c], 'EXHAUSTED');
+    assert.equal(job.attempts.length, attempts, c);
+    assert.deepEqual(new Set(job.attempts.map((a) => a.retryable)), new Set([retryable]), c);
+  }
+  await waitFor('onError', () => errors.items.some((e) => e.message === 'classifier broke') && errors.of(InvalidDecisionError).length > 0);
+});
+
+test('a classifier hint out of range is clamped and told', needsServer, async (t) => {
+  const s = await setup();
+  const { step, errors } = await serveOne(t, s, 'hinted', () => { throw new Error('rate limited'); }, {},
+    () => ({ retryable: true, retryAfterMs: 3 * 86_400_000 }));
+  const job = await s.ws.jobWhen(step.stepId, 'RETRY_SCHEDULED');
+  assert.equal(job.attempts[0].retryAfterMs, 86_400_000);
+  const told = await waitFor('onError', () => errors.of(InvalidDecisionError));
+  assert.equal(told[0].clamped, true);
+});
+
+test('a timeout aborts the handler\'s signal', needsServer, async (t) => {
+  const s = await setup();
+  const reasons = [];
+  const { step } = await serveOne(t, s, 'slow', (input, ctx) => new Promise((_, reject) => {
+    ctx.signal.addEventListener('abort', () => { reasons.push(ctx.cancelReason); reject(ctx.signal.reason); });
+  }), { timeoutMs: 1000, maxAttempts: 1 });
+  const job = await s.ws.jobWhen(step.stepId, 'EXHAUSTED');
+  assert.deepEqual(reasons, ['timeout']);
+  assert.deepEqual([job.attempts[0].errorMessage, job.attempts[0].retryable], ['handler timed out after 1000ms', true]);
+});
+
+test('a handler that ignores its timeout is reported without it', needsServer, async (t) => {
+  const s = await setup();
+  let release;
+  const held = new Promise((r) => { release = r; });
+  t.after(() => release());
+  const { step } = await serveOne(t, s, 'stubborn', () => held.then(() => ({ late: true })), { timeoutMs: 1000, maxAttempts: 1 });
+  const job = await s.ws.jobWhen(step.stepId, 'EXHAUSTED');
+  assert.equal(job.attempts[0].errorMessage, 'handler timed out after 1000ms');
+});
+
+test('cancelStep reaches the handler', needsServer, async (t) => {
+  const s = await setup();
+  const reasons = [];
+  let running;
+  const started = new Promise((r) => { running = r; });
+  const { step } = await serveOne(t, s, 'cancellable', (input, ctx) => new Promise((_, reject) => {
+    running();
+    ctx.signal.addEventListener('abort', () => { reasons.push(ctx.cancelReason); reject(new Error('stopped')); });
+  }), { timeoutMs: 3000 });
+  await started;
+  assert.equal((await s.producer.cancelStep(step.stepId)).status, 'CANCELLED');
+  const job = await waitFor('reported', async () => {
+    const j = (await s.ws.operator.getStep(step.stepId)).durableJob;
+    return j.attempts[0].outcome ? j : null;
+  });
+  assert.deepEqual(reasons, ['cancelled']);
+  assert.deepEqual([job.status, job.attempts[0].retryable, job.attempts[0].errorMessage], ['CANCELLED', false, "cancelled at the server's request"]);
+});
+
+test('a graceful stop lets running handlers report', needsServer, async () => {
+  const s = await setup();
+  const tool = unique('graceful');
+  const worker = await s.ws.client('WORKER', [`${tool}@1`]);
+  let running;
+  const isRunning = new Promise((r) => { running = r; });
+  worker.registerTool({ name: tool, version: '1', handler: async () => { running(); await sleep(500); return { done: true }; } });
+  const started = worker.worker.start({ concurrency: 2, pollIntervalMs: 100 });
+  await s.producer.startRun('graceful');
+  const step = await s.producer.enqueue({}, { name: tool, version: '1' });
+  await isRunning;
+  assert.equal(await worker.worker.stop({ timeoutMs: 10_000 }), true);
+  await started;
+  const job = (await s.ws.operator.getStep(step.stepId)).durableJob;
+  assert.deepEqual([job.status, job.attempts[0].outcome], ['SUCCEEDED', 'SUCCEEDED']);
+});
+
+test('stop leaves a handler that will not return unreported', needsServer, async () => {
+  const s = await setup();
+  const tool = unique('stuck');
+  const worker = await s.ws.client('WORKER', [`${tool}@1`]);
+  let running;
+  const isRunning = new Promise((r) => { running = r; });
+  const reasons = [];
+  worker.registerTool({
+    name: tool, version: '1',
+    handler: (input, ctx) => { running(); ctx.signal.addEventListener('abort', () => reasons.push(ctx.cancelReason)); return new Promise(() => {}); },
+  });
+  const started = worker.worker.start({ concurrency: 1, pollIntervalMs: 100 });
+  await s.producer.startRun('stuck');
+  const step = await s.producer.enqueue({}, { name: tool, version: '1', timeoutMs: 60_000 });
+  await isRunning;
+  assert.equal(await worker.worker.stop({ timeoutMs: 200 }), false);
+  await started;
+  assert.deepEqual(reasons, ['stopping']);
+  const job = (await s.ws.operator.getStep(step.stepId)).durableJob;
+  // Nothing reported: the lease lapses and another worker runs it again.
+  assert.deepEqual([job.status, job.attempts[0].outcome], ['RUNNING', null]);
+});
+
+test('an output refused by the contract ends the job once', needsServer, async (t) => {
+  const s = await setup();
+  const tool = unique('contracted');
+  const contract = await s.ws.operator.request('POST', `/tools/${tool}/contracts`, {
+    handlerVersion: '1', inputSchema: { type: 'object' }, outputSchema: { type: 'object', required: ['id'] },
+    timeoutMs: 5000, retryPreset: 'STANDARD', status: 'ACTIVE',
+  });
+  const worker = await s.ws.client('WORKER', [`${tool}@1`]);
+  worker.registerTool({ name: tool, version: '1', handler: () => ({ no_id: true }) });
+  const errors = startWorker(t, worker);
+  await s.producer.startRun('contract');
+  const step = await s.producer.enqueue({}, { name: tool, version: '1', contractVersion: contract.contractVersion });
+  const job = await s.ws.jobWhen(step.stepId, 'EXHAUSTED');
+  // The server records the rejection itself: one attempt, reported.
+  assert.deepEqual(job.attempts.map((a) => [a.outcome, a.retryable]), [['FAILED', false]]);
+  assert.match(job.attempts[0].warning, /output/);
+  assert.deepEqual(errors.of(ReportNotRecordedError), []);
+});
+
+test('an output the server can never record is reported failed once', needsServer, async (t) => {
+  const s = await setup();
+  const nul = unique('nul');
+  const notJson = unique('notjson');
+  const worker = await s.ws.client('WORKER', [`${nul}@1`, `${notJson}@1`]);
+  const runs = [];
+  worker.registerTool({ name: nul, version: '1', handler: () => { runs.push(nul); return { id: 'has\u0000nul' }; } });
+  worker.registerTool({ name: notJson, version: '1', handler: () => { runs.push(notJson); return { big: 10n }; } });
+  const errors = startWorker(t, worker, 2);
+  await s.producer.startRun('unrecordable');
+  const messages = {};
+  for (const tool of [nul, notJson]) {
+    const step = await s.producer.enqueue({}, { name: tool, version: '1', maxAttempts: 3 });
+    const job = await s.ws.jobWhen(step.stepId, 'EXHAUSTED');
+    assert.equal(job.attempts.length, 1, tool);
+    assert.equal(job.attempts[0].retryable, false, tool);
+    messages[tool] = job.attempts[0].errorMessage;
+  }
+  assert.deepEqual(messages, { [nul]: 'handler output refused by the server at output.id', [notJson]: 'handler output is not JSON' });
+  assert.deepEqual(runs.sort(), [nul, notJson].sort());
+  await waitFor('onError', () => errors.of(ReportNotRecordedError).length === 1 && errors.of(TypeError).length === 1);
+});
+
+test('a dependency, and a replay after exhaustion', needsServer, async (t) => {
+  const s = await setup();
+  const charge = unique('charge');
+  const notify = unique('notify');
+  const worker = await s.ws.client('WORKER', [`${charge}@1`, `${notify}@1`]);
+  let fail = true;
+  worker.registerTool({ name: charge, version: '1', handler: () => { if (fail) throw new NonRetryableError('card declined'); return { charged: true }; } });
+  worker.registerTool({ name: notify, version: '1', handler: () => ({ notified: true }) });
+  startWorker(t, worker, 2);
+  await s.producer.startRun('replay');
+  const first = await s.producer.enqueue({ amount: 100 }, { name: charge, version: '1' });
+  const branch = await s.producer.enqueue({}, { name: notify, version: '1', afterStepId: first.stepId, afterStatus: AFTER_FAILED });
+  assert.equal(branch.status, 'WAITING');
+  await waitFor('branch ran', async () => (await s.ws.operator.getStep(branch.stepId)).status === 'SUCCEEDED');
+  const preview = await s.ws.operator.replayPreview(first.stepId);
+  assert.equal(preview.eligible, true);
+  fail = false;
+  const replayed = await s.ws.operator.replay(first.stepId, { reason: 'card updated', maxAttempts: 1, expectedAttempt: preview.attempt });
+  assert.equal(replayed.status, 'QUEUED');
+  await waitFor('replay ran', async () => (await s.ws.operator.getStep(first.stepId)).status === 'SUCCEEDED');
+  await assert.rejects(s.ws.operator.replay(first.stepId, { reason: 'again' }), (err) => err instanceof RatchetError && err.code === 'invalid_state');
+});
+
+test('a worker key must list the tool', needsServer, async () => {
+  const { ws } = await setup();
+  const worker = await ws.client('WORKER', ['other@1']);
+  worker.registerTool({ name: 'mine', version: '1', handler: () => null });
+  await assert.rejects(worker.worker.start(), (err) => err instanceof RatchetError && err.status === 403 && err.code === 'forbidden');
+});

@@ -1,0 +1,170 @@
+// What the SDK decides on its own, against a fake server where it needs one.
+
+import assert from 'node:assert/strict';
+import { createServer } from 'node:http';
+import { test } from 'node:test';
+import {
+  ConnectionLostError, Ratchet, RatchetError, RetryableError, blindKey, redactMessage,
+} from '../src/index.js';
+import { Transport } from '../src/transport.js';
+import { readDecision } from '../src/worker.js';
+
+/** Answers each request with the next [status, body, headers] of a script
+ * (status 0 drops the connection), recording what it was sent. */
+async function fakeServer(t, script) {
+  const seen = [];
+  const server = createServer((req, res) => {
+    let raw = '';
+    req.on('data', (c) => { raw += c; });
+    req.on('end', () => {
+      seen.push({ method: req.method, path: req.url, headers: req.headers, body: raw ? JSON.parse(raw) : undefined });
+      const [status, body, headers = {}] = script.shift() ?? [500, null];
+      if (status === 0) return req.socket.destroy();
+      const out = body === null ? '' : JSON.stringify(body);
+      res.writeHead(status, { ...headers, 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(out) });
+      res.end(out);
+    });
+  });
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  t.after(() => new Promise((r) => { server.closeAllConnections(); server.close(r); }));
+  return { url: `http://127.0.0.1:${server.address().port}`, seen };
+}
+
+const error = (code, detail = {}) => ({ error: { code, message: code, detail } });
+
+async function transport(t, script) {
+  const server = await fakeServer(t, script);
+  const waits = [];
+  return { t: new Transport({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 5000, sleep: async (ms) => { waits.push(ms); } }), server, waits };
+}
+
+test('a 429 is repeated after the server\'s wait for any call', async (t) => {
+  const { t: tr, server, waits } = await transport(t, [[429, error('rate_limited', { retry_after_seconds: 7 })], [201, { id: 'run_1' }]]);
+  assert.deepEqual(await tr.call('POST', '/runs', { name: 'x' }, { safe: false }), { id: 'run_1' });
+  assert.deepEqual(waits, [7000]);
+  assert.equal(server.seen.length, 2);
+  const first = server.seen[0];
+  assert.deepEqual([first.method, first.path, first.headers.authorization, first.body], ['POST', '/api/v1/runs', 'Bearer rk_test', { name: 'x' }]);
+});
+
+test('a 5xx is repeated only for a safe call', async (t) => {
+  let { t: tr, waits } = await transport(t, [[500, error('internal_error')], [200, { ok: 1 }]]);
+  assert.deepEqual(await tr.call('POST', '/jobs/j/report', {}, { safe: true }), { ok: 1 });
+  assert.equal(waits.length, 1);
+  assert.ok(waits[0] >= 250 && waits[0] <= 500);
+  const unsafe = await transport(t, [[500, error('internal_error'), { 'X-Request-Id': 'req_1' }]]);
+  await assert.rejects(unsafe.t.call('POST', '/runs', {}, { safe: false }), (err) => {
+    assert.ok(err instanceof RatchetError);
+    assert.deepEqual([err.status, err.code, err.requestId, err.mayHaveApplied], [500, 'internal_error', 'req_1', true]);
+    return true;
+  });
+  assert.equal(unsafe.server.seen.length, 1);
+});
+
+test('a failure that changed nothing is repeated for any call', async (t) => {
+  const { t: tr, server } = await transport(t, [[503, error('database_unavailable', { outcome: 'not_applied' })],
+    [408, error('request_timeout')], [201, { id: 'r' }]]);
+  assert.deepEqual(await tr.call('POST', '/runs', {}, { safe: false }), { id: 'r' });
+  assert.equal(server.seen.length, 3);
+});
+
+test('a lost answer is repeated only for a safe call', async (t) => {
+  const { t: tr, server } = await transport(t, [[0, null], [200, { jobs: [] }]]);
+  assert.deepEqual(await tr.call('POST', '/workers/w/claim', { limit: 1, claimId: 'c1' }, { safe: true }), { jobs: [] });
+  assert.deepEqual(server.seen[0].body, server.seen[1].body);
+  const unsafe = await transport(t, [[0, null]]);
+  await assert.rejects(unsafe.t.call('POST', '/runs', {}, { safe: false }), ConnectionLostError);
+  assert.equal(unsafe.server.seen.length, 1);
+});
+
+test('retries are bounded', async (t) => {
+  const { t: tr, server } = await transport(t, Array(5).fill([502, null]));
+  await assert.rejects(tr.call('GET', '/runs/r', undefined, { safe: true }), (err) => err.status === 502 && err.code === 'http_502');
+  assert.equal(server.seen.length, 4);
+});
+
+test('a held idempotency key is waited for', async (t) => {
+  const { t: tr, server, waits } = await transport(t, [...Array(5).fill([409, error('retry_request', { retry_after_seconds: 1 })]), [200, { workerId: 'wkr_1' }]]);
+  assert.deepEqual(await tr.call('POST', '/workers/register', {}, { safe: true, idempotencyKey: 'k1' }), { workerId: 'wkr_1' });
+  assert.deepEqual(new Set(server.seen.map((s) => s.headers['idempotency-key'])), new Set(['k1']));
+  assert.deepEqual(waits, Array(5).fill(1000));
+});
+
+test('bad configuration is refused', () => {
+  assert.throws(() => new Transport({ baseUrl: 'http://x', apiKey: '' }), TypeError);
+  assert.throws(() => new Transport({ baseUrl: 'ftp://x', apiKey: 'k' }), TypeError);
+});
+
+test('classifier decisions', () => {
+  assert.deepEqual(readDecision({ retryable: true }), { retryable: true, hint: undefined });
+  assert.deepEqual(readDecision({ retryable: false }), { retryable: false, hint: undefined });
+  assert.deepEqual(readDecision({ retryable: true, retryAfterMs: 60000 }), { retryable: true, hint: 60000 });
+  assert.deepEqual(readDecision({ retryable: true, retryAfterMs: 10 }), { retryable: true, hint: 10 });
+  for (const invalid of [null, true, {}, [], { retryable: 'yes' }, { retryable: false, retryAfterMs: 5000 },
+    { retryable: true, retryAfterMs: 1500.5 }, { retryable: true, retry_after_ms: 5000 }]) {
+    assert.equal(readDecision(invalid), null, JSON.stringify(invalid));
+  }
+});
+
+test('retryable error hints are checked', () => {
+  assert.equal(new RetryableError('busy', { retryAfterMs: 1000 }).retryAfterMs, 1000);
+  for (const bad of [999, 86_400_001, 1500.5, '1000']) assert.throws(() => new RetryableError('busy', { retryAfterMs: bad }), RangeError);
+});
+
+test('secrets and personal data are masked as the Go SDK masks them', () => {
+  const cases = {
+    'Authorization: Bearer abc.def': 'Authorization: [redacted]',
+    'token=hunter2 rest': 'token=[redacted] rest',
+    'failed {"password":"pw"}': 'failed {"password":[redacted]}',
+    'mail bob@example.com now': 'mail [email] now',
+    'GET https://user:pw@api.example/x?key=1': 'GET https://[redacted]@api.example/x?[redacted]',
+    'stripe_sk_live_abc123 leaked': 'stripe_[redacted] leaked',
+    'card 4242 4242 4242 4242 declined': 'card [number] declined',
+    'line\nbreak\ttab': 'line break tab',
+    '': 'error',
+  };
+  for (const [raw, want] of Object.entries(cases)) assert.equal(redactMessage(raw), want, raw);
+  const long = redactMessage('é'.repeat(1000));
+  assert.ok(Buffer.byteLength(long) <= 500);
+  assert.ok(long.endsWith('…'));
+});
+
+test('blindKey is HMAC-SHA-256, hex, 32 characters', () => {
+  // printf %s refund:order_551:full | openssl dgst -sha256 -hmac s3cret
+  assert.equal(blindKey('s3cret', 'refund:order_551:full'), '4b1cca52451781050091c5d62a2f211a');
+});
+
+async function idle(t) {
+  const server = await fakeServer(t, [[200, { workerId: 'wkr_1' }], ...Array(100).fill([200, { jobs: [] }])]);
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  client.registerTool({ name: 't', version: '1', handler: () => null });
+  return { client, server };
+}
+
+test('an idle worker claims once per poll interval', async (t) => {
+  const { client, server } = await idle(t);
+  const started = client.worker.start({ concurrency: 4, pollIntervalMs: 200 });
+  await new Promise((r) => setTimeout(r, 1000));
+  assert.equal(await client.worker.stop({ timeoutMs: 5000 }), true);
+  await started;
+  const claims = server.seen.filter((s) => s.path.endsWith('/claim'));
+  // Five intervals of 0.2 s (±10 %): about five claims, never a busy loop.
+  assert.ok(claims.length >= 4 && claims.length <= 7, String(claims.length));
+  assert.equal(claims[0].path, '/api/v1/workers/wkr_1/claim');
+  assert.equal(claims[0].body.limit, 4);
+  assert.equal(new Set(claims.map((c) => c.body.claimId)).size, claims.length);
+  assert.deepEqual(server.seen[0].body, { tools: [{ name: 't', version: '1' }] });
+});
+
+test('an aborted signal ends start', async (t) => {
+  const { client } = await idle(t);
+  const shutdown = new AbortController();
+  let returned = false;
+  const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, signal: shutdown.signal }).then(() => { returned = true; });
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal(returned, false);
+  shutdown.abort();
+  await started;
+  assert.equal(returned, true);
+  await assert.rejects(client.worker.start(), /already started/);
+});
