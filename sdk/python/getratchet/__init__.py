@@ -8,14 +8,14 @@ effect gate (do_effect, blind_key).
 from ._http import VERSION as __version__
 from .client import AFTER_FAILED, AFTER_SUCCEEDED, EffectOutcome, Lease, Ratchet, blind_key, create_ratchet
 from .errors import (ApprovalRequired, ConnectionLost, EffectBlocked, EffectDenied, EffectInFlight,
-                     InvalidDecisionError, NonRetryableError, NotPerformed, RatchetError, ReportNotRecorded,
-                     ResultNotStored, RetryableError)
+                     InvalidDecisionError, NonRetryableError, NotPerformed, OutcomeNotReported, RatchetError,
+                     ReportNotRecorded, ResultNotStored, RetryableError)
 from .redact import redact_message
 from .worker import JobContext, Worker
 
 __all__ = [
     "__version__", "AFTER_FAILED", "AFTER_SUCCEEDED", "ApprovalRequired", "ConnectionLost", "EffectBlocked",
     "EffectDenied", "EffectInFlight", "EffectOutcome", "InvalidDecisionError", "JobContext", "Lease",
-    "NonRetryableError", "NotPerformed", "Ratchet", "RatchetError", "ReportNotRecorded", "ResultNotStored",
-    "RetryableError", "Worker", "blind_key", "create_ratchet", "redact_message",
+    "NonRetryableError", "NotPerformed", "OutcomeNotReported", "Ratchet", "RatchetError", "ReportNotRecorded",
+    "ResultNotStored", "RetryableError", "Worker", "blind_key", "create_ratchet", "redact_message",
 ]

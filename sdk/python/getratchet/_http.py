@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Optional
 
 from .errors import (DATABASE_UNAVAILABLE, REQUEST_TIMEOUT, RETRY_REQUEST, ConnectionLost,
@@ -64,14 +65,16 @@ class Transport:
 
     def call(self, method: str, path: str, body: Any = None, *, safe: bool,
              idempotency_key: Optional[str] = None, timeout: Optional[float] = None,
-             max_retries: Optional[int] = None) -> Any:
+             max_retries: Optional[int] = None, with_date: bool = False) -> Any:
         """Sends method path (under /api/v1) and returns the decoded answer.
 
         safe says whether the call may be repeated after an answer was lost
         (network failure, timeout, 5xx): true for calls made idempotent by a
         key, an Idempotency-Key or a lease token. Failures the server says
         changed nothing (429, retry_request, 408, a database_unavailable
-        with outcome not_applied) are repeated for any call.
+        with outcome not_applied) are repeated for any call. with_date
+        returns (answer, the response's Date as a datetime or None), for
+        lease lengths measured by the server's own clock.
         """
         data = None if body is None else json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
         retries = self.max_retries if max_retries is None else max_retries
@@ -79,7 +82,8 @@ class Transport:
         held = 0
         while True:
             try:
-                return self._once(method, path, data, idempotency_key, timeout or self.timeout)
+                answer, date = self._once(method, path, data, idempotency_key, timeout or self.timeout)
+                return (answer, date) if with_date else answer
             except RatchetError as err:
                 if idempotency_key and err.code == RETRY_REQUEST and held < MAX_KEY_HELD_WAITS:
                     # The server still acts on an earlier attempt under this
@@ -133,6 +137,7 @@ class Transport:
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 raw = response.read()
+                date = _http_date(response.headers.get("Date"))
         except urllib.error.HTTPError as failure:
             try:
                 raw = failure.read()
@@ -143,9 +148,9 @@ class Transport:
             # Connection refused, reset, timed out, or an answer cut short.
             raise ConnectionLost(f"ratchet: {method} {path.split('?')[0]}: {_reason(failure)}") from None
         if not raw:
-            return None
+            return None, date
         try:
-            return json.loads(raw)
+            return json.loads(raw), date
         except ValueError:
             # A 2xx whose body cannot be read (cut short by a proxy): the
             # call was applied, and its answer lost as by a dropped connection.
@@ -178,12 +183,18 @@ def _decode_error(status: int, headers: Any, raw: bytes) -> RatchetError:
                         detail, request_id, body)
 
 
+def _http_date(value: Optional[str]) -> Any:
+    try:
+        return parsedate_to_datetime(value) if value else None
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
 def _retry_after_header(value: str) -> int:
     value = (value or "").strip()
     if value.isdigit():
         return int(value)
     try:
-        from email.utils import parsedate_to_datetime
         return max(0, int(parsedate_to_datetime(value).timestamp() - time.time() + 0.999))
     except (TypeError, ValueError, OverflowError, IndexError):
         return 0

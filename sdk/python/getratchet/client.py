@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 from ._http import Transport, new_request_id, path_id
-from .errors import (INVALID_REQUEST, PAYLOAD_TOO_LARGE, ApprovalRequired, EffectBlocked, EffectDenied,
-                     EffectInFlight, LEASE_EXPIRED, LEASE_LOST, NotPerformed, RatchetError, ResultNotStored)
+from .errors import (INVALID_REQUEST, PAYLOAD_TOO_LARGE, ApprovalRequired, ConnectionLost, EffectBlocked,
+                     EffectDenied, EffectInFlight, NotPerformed, OutcomeNotReported, RatchetError, ResultNotStored)
 
 AFTER_SUCCEEDED = "SUCCEEDED"
 AFTER_FAILED = "FAILED"
@@ -26,6 +27,8 @@ _MAX_IN_FLIGHT_WAIT = 5.0
 
 # The "ratchet" field of the result recorded in place of one the gate refused.
 _PLACEHOLDER_MARK = "result_not_recorded"
+# The server refuses request bodies over 1 MiB (and results over 256 KiB).
+_MAX_RESULT_BYTES = 1024 * 1024 - 1024
 
 
 def create_ratchet(base_url: Optional[str] = None, api_key: str = "", **options: Any) -> "Ratchet":
@@ -236,18 +239,33 @@ class Ratchet:
         from time or randomness. A request_id (random when not given) spans
         the call's retries, so a begin whose answer was lost gets the same
         lease again instead of in_flight."""
+        return self._begin(self._begin_body(
+            effect_type, idempotency_key, payload, cost_micros=cost_micros, dimensions=dimensions, run_id=run_id,
+            group_id=group_id, compensation=compensation, compensates_effect_id=compensates_effect_id,
+            lease_seconds=lease_seconds, request_id=request_id))[0]
+
+    @staticmethod
+    def _begin_body(effect_type: str, idempotency_key: str, payload: Any, *, request_id: Optional[str] = None,
+                    **options: Any) -> dict:
+        unknown = set(options) - {"cost_micros", "dimensions", "run_id", "group_id", "compensation",
+                                  "compensates_effect_id", "lease_seconds"}
+        if unknown:
+            raise TypeError(f"ratchet: unknown begin option(s): {', '.join(sorted(unknown))}")
         body: dict = {"effect_type": effect_type, "idempotency_key": idempotency_key, "payload": payload,
                       "request_id": request_id or new_request_id()}
-        optional = {"cost_micros": cost_micros, "dimensions": dimensions, "run_id": run_id,
-                    "group_id": group_id, "compensation": compensation,
-                    "compensates_effect_id": compensates_effect_id, "lease_seconds": lease_seconds}
-        body.update({k: v for k, v in optional.items() if v is not None})
+        body.update({k: v for k, v in options.items() if v is not None})
+        return body
+
+    def _begin(self, body: dict) -> Tuple[dict, float]:
+        """begin's answer and, for an execute, the lease's length in seconds
+        by the server's clock (its expiry less the answer's Date)."""
         try:
-            return self._transport.call("POST", "/effects/begin", body, safe=True)
+            answer, date = self._transport.call("POST", "/effects/begin", body, safe=True, with_date=True)
         except RatchetError as err:
             if err.status == 403 and isinstance(err.body, dict) and err.body.get("decision") == "denied":
-                return err.body
+                return err.body, 0.0
             raise
+        return answer, _lease_seconds(answer.get("lease_expires_at"), date)
 
     def report_effect(self, effect_id: str, lease_token: str, outcome: str, result: Any = None) -> dict:
         """Reports an execute's outcome: "succeeded" with its result, or
@@ -289,13 +307,18 @@ class Ratchet:
         give_up = None if in_flight_timeout is None else time.monotonic() + in_flight_timeout
         wait = _FIRST_IN_FLIGHT_WAIT
         while True:
-            answer = self.begin(effect_type, idempotency_key, payload, **begin_options)
+            sent = time.monotonic()
+            answer, lease_seconds = self._begin(self._begin_body(effect_type, idempotency_key, payload, **begin_options))
             decision = answer.get("decision")
             effect_id = answer.get("effect_id", "")
             if decision == "execute":
-                return self._run_leased(answer, action)
+                return self._run_leased(answer, sent + lease_seconds, action)
             if decision == "duplicate":
-                return EffectOutcome(effect_id, answer.get("attempt", 0), answer.get("result"), True)
+                recorded = answer.get("result")
+                if isinstance(recorded, dict) and recorded.get("ratchet") == _PLACEHOLDER_MARK:
+                    # The attempt that acted could not record its result.
+                    raise ResultNotStored(effect_id, str(recorded.get("reason", "")), None)
+                return EffectOutcome(effect_id, answer.get("attempt", 0), recorded, True)
             if decision == "in_flight":
                 pause = min(wait, max(answer.get("retry_after_seconds") or 1, 1))
                 wait = min(2 * wait, _MAX_IN_FLIGHT_WAIT)
@@ -314,55 +337,114 @@ class Ratchet:
                                                            error.get("detail") or {}, "", answer))
             raise RatchetError(200, "unknown_decision", f"unknown begin decision {decision!r}")
 
-    def _run_leased(self, answer: dict, action: Callable[[Lease], Any]) -> EffectOutcome:
+    def _run_leased(self, answer: dict, lease_end: float, action: Callable[[Lease], Any]) -> EffectOutcome:
         effect_id, token = answer["effect_id"], answer["lease_token"]
         lost = threading.Event()
         lease = Lease(effect_id, answer.get("attempt", 0), bool(answer.get("probe")),
                       answer.get("prior_attempt"), answer.get("lease_expires_at", ""), lost)
         # The heartbeats run until the outcome is reported, not only while
         # the action runs: a report retried through a server blip must still
-        # find the lease.
+        # find the lease. lease_end is this process's clock's view of the
+        # lease's end, as last extended.
+        state = {"end": lease_end}
         stop = threading.Event()
-        beats = threading.Thread(target=self._heartbeat_effect, args=(effect_id, token, answer, stop, lost),
+        beats = threading.Thread(target=self._heartbeat_effect, args=(effect_id, token, state, stop, lost),
                                  name="ratchet-effect-heartbeat", daemon=True)
         beats.start()
         try:
             try:
                 result = action(lease)
-            except NotPerformed:
-                self.report_effect(effect_id, token, "failed")
+            except NotPerformed as not_performed:
+                try:
+                    self._report_effect(effect_id, token, "failed", None, state)
+                except (RatchetError, ConnectionLost) as err:
+                    # Raised all the same, with why its failure may not be
+                    # recorded (the lease then lapses: indeterminate).
+                    not_performed.report_error = err  # type: ignore[attr-defined]
                 raise
+            reason = _unsendable_result(result)
+            if reason is None:
+                try:
+                    self._report_effect(effect_id, token, "succeeded", result, state)
+                    return EffectOutcome(effect_id, lease.attempt, result, False)
+                except RatchetError as err:
+                    reason = _unrecordable_result(err)
+                    if reason is None:
+                        raise OutcomeNotReported(effect_id, result, err) from err
+                except ConnectionLost as err:
+                    raise OutcomeNotReported(effect_id, result, err) from err
+            # The action happened; only its result cannot be kept. Recording
+            # the success without it settles the key: left unreported it
+            # would turn indeterminate.
             try:
-                self.report_effect(effect_id, token, "succeeded", result)
-            except RatchetError as err:
-                reason = _unrecordable_result(err)
-                if reason is None:
-                    raise
-                # The action happened; only its result cannot be kept.
-                # Recording the success without it settles the key: left
-                # unreported it would turn indeterminate.
-                self.report_effect(effect_id, token, "succeeded", {"ratchet": _PLACEHOLDER_MARK, "reason": reason})
-                raise ResultNotStored(effect_id, reason, result) from err
-            return EffectOutcome(effect_id, lease.attempt, result, False)
+                self._report_effect(effect_id, token, "succeeded",
+                                    {"ratchet": _PLACEHOLDER_MARK, "reason": reason}, state)
+            except (RatchetError, ConnectionLost) as err:
+                raise OutcomeNotReported(effect_id, result, err) from err
+            raise ResultNotStored(effect_id, reason, result)
         finally:
             stop.set()
             beats.join()
 
-    def _heartbeat_effect(self, effect_id: str, token: str, answer: dict,
-                          stop: threading.Event, lost: threading.Event) -> None:
-        # Paced at a third of the lease left, within 1 s to 1 min.
-        lease_seconds = seconds_until(answer.get("lease_expires_at")) or 30.0
-        every = min(max(lease_seconds / 3, 1.0), 60.0)
-        while not stop.wait(every):
+    def _report_effect(self, effect_id: str, token: str, outcome: str, result: Any, state: dict) -> None:
+        """Reports, repeating through lost answers and server failures while
+        the lease stands (the heartbeats keep it)."""
+        body: dict = {"lease_token": token, "outcome": outcome}
+        if result is not None:
+            body["result"] = result
+        attempt = 0
+        while True:
             try:
-                self._transport.call("POST", "/effects/" + path_id(effect_id) + "/heartbeat",
-                                     {"lease_token": token}, safe=True, max_retries=1)
+                self._transport.call("POST", "/effects/" + path_id(effect_id) + "/report", body, safe=True,
+                                     max_retries=0)
+                return
             except RatchetError as err:
-                if err.code in (LEASE_LOST, LEASE_EXPIRED) or err.status in (404, 409):
+                wait = self._transport.retry_delay(err, attempt, True)
+                if wait is None or time.monotonic() + wait >= state["end"]:
+                    raise
+            except ConnectionLost:
+                wait = self._transport.backoff(attempt)
+                if time.monotonic() + wait >= state["end"]:
+                    raise
+            attempt += 1
+            time.sleep(wait)
+
+    def _heartbeat_effect(self, effect_id: str, token: str, state: dict,
+                          stop: threading.Event, lost: threading.Event) -> None:
+        # Paced at a third of the lease left, within 1 s to 1 min; the
+        # action is told the lease is lost on a refusal, or a second before
+        # its end by this process's clock when heartbeats keep failing.
+        while True:
+            left = state["end"] - time.monotonic()
+            if stop.wait(min(max(left / 3, 1.0), 60.0, max(left - 1.0, 0.0))):
+                return
+            if time.monotonic() >= state["end"] - 1.0:
+                lost.set()
+                return
+            sent = time.monotonic()
+            try:
+                beat, date = self._transport.call("POST", "/effects/" + path_id(effect_id) + "/heartbeat",
+                                                  {"lease_token": token}, safe=True, max_retries=1, with_date=True)
+            except RatchetError as err:
+                if err.status in (404, 409):
                     lost.set()
                     return
-            except Exception:  # a lost answer: the next beat tries again
+                continue  # a server failure: the next beat tries again
+            except ConnectionLost:
                 continue
+            seconds = _lease_seconds(beat.get("lease_expires_at"), date)
+            if seconds > 0:
+                state["end"] = sent + seconds
+
+
+def _unsendable_result(result: Any) -> Optional[str]:
+    """Why a result cannot even be sent (not JSON, or over the server's
+    request size limit), or None."""
+    try:
+        size = len(json.dumps(result, allow_nan=False).encode("utf-8"))
+    except (TypeError, ValueError, RecursionError):
+        return "result_not_json"
+    return PAYLOAD_TOO_LARGE if size > _MAX_RESULT_BYTES else None
 
 
 def _unrecordable_result(err: RatchetError) -> Optional[str]:
@@ -378,22 +460,32 @@ def _unrecordable_result(err: RatchetError) -> Optional[str]:
     return None
 
 
-def seconds_until(timestamp: Any) -> Optional[float]:
-    """Seconds from now (this process's clock) until an RFC 3339 timestamp
-    of the server's, or None when it does not parse or has passed."""
+def parse_time(timestamp: Any) -> Optional[datetime]:
+    """An RFC 3339 timestamp of the server's, or None when it does not parse."""
     match = _RFC3339.match(str(timestamp or ""))
     if not match:
         return None
     whole, fraction, zone = match.groups()
     zone = "+00:00" if zone in ("Z", "z") else zone
+    # Python 3.10's fromisoformat takes exactly three or six fractional
+    # digits; the server writes up to nine, trailing zeros trimmed.
+    digits = (fraction or ".")[1:7].ljust(6, "0")
     try:
-        end = datetime.fromisoformat(whole + (fraction or "")[:7] + zone)
+        return datetime.fromisoformat(f"{whole}.{digits}{zone}")
     except ValueError:
         return None
-    seconds = (end - datetime.now(timezone.utc)).total_seconds()
-    return seconds if seconds > 0 else None
 
 
-# Python 3.10's fromisoformat takes at most six fractional digits; the
-# server's timestamps may carry nine.
+def _lease_seconds(expires: Any, date: Optional[datetime]) -> float:
+    """A lease's length by the server's clock: its expiry less the
+    answer's Date (whole seconds, so less a second), or by this process's
+    clock without one; 0 when unknown."""
+    end = parse_time(expires)
+    if end is None:
+        return 0.0
+    if date is None:
+        return max((end - datetime.now(timezone.utc)).total_seconds(), 0.0)
+    return max((end - date).total_seconds() - 1.0, 0.0)
+
+
 _RFC3339 = re.compile(r"^(\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")

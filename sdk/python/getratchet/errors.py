@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 # The API's stable error codes (API.md, "Errors").
@@ -79,18 +80,21 @@ class ConnectionLost(Exception):
 class RetryableError(Exception):
     """Raise from a handler: the attempt failed and the job should run again.
 
-    ``retry_after_ms`` (an integer from 1 000 to 86 400 000) asks for at
-    least that long before the next attempt; the server waits the longer of
-    it and the policy's own delay, never bypassing a pause, an open circuit
-    or the attempt limit.
+    ``retry_after_ms`` asks for at least that long before the next attempt;
+    the server waits the longer of it and the policy's own delay, never
+    bypassing a pause, an open circuit or the attempt limit. It is rounded
+    up to whole milliseconds and clamped into the API's 1 000 to 86 400 000
+    (as the Go SDK does), so raising one never fails; anything but a finite
+    number is no hint.
     """
 
-    def __init__(self, message: str, retry_after_ms: Optional[int] = None) -> None:
+    def __init__(self, message: str, retry_after_ms: Optional[float] = None) -> None:
         super().__init__(message)
-        if retry_after_ms is not None and not valid_retry_after_ms(retry_after_ms):
-            raise ValueError("retry_after_ms must be an integer from 1000 to 86400000")
         self.message = message
-        self.retry_after_ms = retry_after_ms
+        self.retry_after_ms: Optional[int] = None
+        if (isinstance(retry_after_ms, (int, float)) and not isinstance(retry_after_ms, bool)
+                and math.isfinite(retry_after_ms)):
+            self.retry_after_ms = clamp_retry_after_ms(math.ceil(retry_after_ms))
 
 
 class NonRetryableError(Exception):
@@ -123,10 +127,10 @@ class ReportNotRecorded(Exception):
     on its last attempt, ends EXHAUSTED)."""
 
 
-def valid_retry_after_ms(value: Any) -> bool:
-    """Whether value is a retry hint the API takes (an int, not a bool)."""
-    return (isinstance(value, int) and not isinstance(value, bool)
-            and MIN_RETRY_AFTER_MS <= value <= MAX_RETRY_AFTER_MS)
+def clamp_retry_after_ms(value: int) -> int:
+    """A hint moved into the API's range: a shorter one waits 1 s, a longer
+    one 24 h."""
+    return min(max(value, MIN_RETRY_AFTER_MS), MAX_RETRY_AFTER_MS)
 
 
 # The effect gate's decisions other than execute and duplicate, raised by
@@ -190,3 +194,17 @@ class ResultNotStored(Exception):
         self.effect_id = effect_id
         self.reason = reason
         self.result = result
+
+
+class OutcomeNotReported(Exception):
+    """The action succeeded but its report failed (refused, or its answers
+    lost while the lease stood): ``result`` is the action's result, and
+    ``cause`` says why. If the report's answer was lost it may have been
+    recorded; if not, the lease lapses and the outcome is indeterminate
+    (the key's next begin says which)."""
+
+    def __init__(self, effect_id: str, result: Any, cause: BaseException) -> None:
+        super().__init__(f"ratchet: effect {effect_id} succeeded, but its report failed: {cause}")
+        self.effect_id = effect_id
+        self.result = result
+        self.cause = cause

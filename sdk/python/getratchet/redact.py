@@ -7,6 +7,12 @@ import unicodedata
 
 # Bounds the error message a worker sends to the API, in UTF-8 bytes.
 MAX_ERROR_MESSAGE_BYTES = 500
+# How much of a message is looked at: Python's regular expressions
+# backtrack (the Go SDK's RE2 does not), and the secret-name pattern is
+# quadratic in a long run of name characters (30 kB took 45 s, holding the
+# GIL). A thousand characters take a few milliseconds and still fill the
+# 500 bytes that are sent.
+_MAX_SCANNED_CHARS = 1000
 
 def _ascii(pattern: str) -> "re.Pattern[str]":
     # ASCII classes (\w, \s, \b), as in the Go SDK's RE2 patterns.
@@ -43,13 +49,21 @@ def redact_message(message: str) -> str:
     """Control characters flattened, likely secrets and personal data
     masked, at most MAX_ERROR_MESSAGE_BYTES of UTF-8. Workers apply it to
     every error message they report; use it for your own logs too."""
+    cut = len(message) > _MAX_SCANNED_CHARS
+    if cut:
+        message = message[:_MAX_SCANNED_CHARS]
+        # Drop the word the cut went through, so no fragment of a secret
+        # too short for the patterns to recognise is left at the end.
+        space = message.rfind(" ")
+        if space > 0:
+            message = message[:space]
     message = "".join(" " if unicodedata.category(ch) in ("Cc", "Cs") else ch for ch in message)
     for pattern, replacement in _REDACTIONS:
         message = pattern.sub(replacement, message)
     message = " ".join(message.split())
     encoded = message.encode("utf-8")
-    if len(encoded) > MAX_ERROR_MESSAGE_BYTES:
+    if cut or len(encoded) > MAX_ERROR_MESSAGE_BYTES:
         ellipsis = "…"
-        cut = encoded[:MAX_ERROR_MESSAGE_BYTES - len(ellipsis.encode("utf-8"))]
-        message = cut.decode("utf-8", errors="ignore") + ellipsis
+        kept = encoded[:MAX_ERROR_MESSAGE_BYTES - len(ellipsis.encode("utf-8"))]
+        message = kept.decode("utf-8", errors="ignore") + ellipsis
     return message or "error"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import queue
 import random
 import threading
@@ -13,7 +14,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from ._http import Transport, new_request_id, path_id
 from .errors import (INVALID_REQUEST, LEASE_LOST, MAX_RETRY_AFTER_MS, MIN_RETRY_AFTER_MS, NOT_FOUND,
                      PAYLOAD_TOO_LARGE, ConnectionLost, InvalidDecisionError, NonRetryableError, RatchetError,
-                     ReportNotRecorded, RetryableError)
+                     ReportNotRecorded, RetryableError, clamp_retry_after_ms)
 from .redact import redact_message
 
 # Heartbeat pacing: a third of the lease left, within these bounds, so a
@@ -29,6 +30,9 @@ _GRACE = 1.0
 # server still records a lapsed attempt's report until a newer claim.
 _REPORT_PATIENCE = 30.0
 _MAX_CLAIM = 100
+# The server refuses request bodies over 1 MiB; an output that large (with
+# the report around it) can never be recorded.
+MAX_OUTPUT_BYTES = 1024 * 1024 - 1024
 
 
 @dataclass
@@ -81,10 +85,15 @@ class _Tool:
 class _Active:
     """One claimed job while its supervisor runs it."""
 
-    def __init__(self, context: JobContext) -> None:
+    def __init__(self, context: JobContext, lease_ms: int, lease_end: float) -> None:
         self.context = context
-        self.wake = threading.Event()  # the handler returned, or the worker is stopping
+        self.wake = threading.Event()  # the handler returned, a heartbeat cancelled it, or the worker stops
         self.stop_requested = False
+        self.lease_ms = lease_ms
+        self.lease_end = lease_end  # by this process's clock, as last extended
+        self.lost_code: Optional[str] = None  # why the lease was lost: the server's code, or "" for a local lapse
+        self.beats_done = threading.Event()
+        self.straggler = False  # the supervisor went on without the handler (under the worker's lock)
 
 
 class Worker:
@@ -93,27 +102,32 @@ class Worker:
     Register tools first (``Ratchet.register_tool``), then ``start``. The
     worker claims in batches sized to its free slots, claims again at once
     after a full batch and waits ``poll_interval`` (±10 %) when idle,
-    heartbeats each job well inside its lease, sets the handler's
+    heartbeats each job well inside its lease (on a thread of its own, so a
+    slow heartbeat never delays a timeout), sets the handler's
     ``context.cancelled`` at its timeout and when the server asks, and
-    reports each outcome (retried until the server answers). Nothing but a
-    bounded, redacted message leaves the process for a failure.
+    reports each outcome (retried until the server answers; no new claim is
+    made while a report is failing, so a job whose outcome is still being
+    reported is never run again here). Nothing but a bounded, redacted
+    message leaves the process for a failure.
     """
 
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
         self._tools: Dict[Tuple[str, str], _Tool] = {}
         self._lock = threading.Condition()
-        self._running = 0  # jobs holding a slot
+        self._running = 0  # slots taken: a slot is freed when its handler returns
         self._active: Dict[str, _Active] = {}  # supervisors not yet ended, by job id
+        self._stragglers = 0  # handlers still running after the worker went on without them
+        self._reports_failing = 0  # reports being retried after a failure
         self._started = False
         self._stopping = threading.Event()
         self._stop_at: Optional[float] = None  # when running handlers are told to stop
         self._done = threading.Event()
         self._loop_thread: Optional[threading.Thread] = None
-        self._errors: "queue.Queue[BaseException]" = queue.Queue()
+        self._errors: "queue.Queue[Optional[BaseException]]" = queue.Queue()
         self._on_error: Optional[Callable[[BaseException], Any]] = None
         self._lost_reports = 0
-        self._left_unreported = 0  # handlers still running when a stop gave up on them
+        self._left_unreported = 0  # handlers a stop gave up on, their jobs unreported
         self.worker_id: Optional[str] = None
 
     def add_tool(self, name: str, version: str, handler: Callable[[Any, JobContext], Any],
@@ -137,20 +151,25 @@ class Worker:
               stop_event: Optional[threading.Event] = None, block: bool = True) -> None:
         """Registers the worker and polls for jobs until stop().
 
-        concurrency bounds the handlers running at once. poll_interval is
-        the idle wait between claims (30 s by default: every claim is a
-        database query and, on Vercel, a function invocation); with
-        wait_seconds (0-20) each claim long-polls on the server instead.
+        concurrency bounds the handlers running at once (a handler that
+        ignores its cancellation keeps its slot until it returns).
+        poll_interval (seconds, > 0) is the idle wait between claims (30 s
+        by default: every claim is a database query and, on Vercel, a
+        function invocation); with wait_seconds (0-20) each claim long-polls
+        on the server, and the idle wait is what is left of the interval.
         on_error(error) receives what the worker cannot hand to anyone else
         (claims and heartbeats that failed, reports not recorded, classifier
         failures), on a thread of the worker's own, in order. stop_event,
         when set, stops the worker as stop() does. With block=True (the
         default) start returns once the worker has stopped and its running
-        jobs ended; with block=False it returns at once."""
-        if not isinstance(concurrency, int) or concurrency < 1:
+        jobs ended (a KeyboardInterrupt there asks for the stop, waits, and
+        is raised again); with block=False it returns at once."""
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError("ratchet: concurrency must be a positive integer")
-        if not 0 <= wait_seconds <= 20:
-            raise ValueError("ratchet: wait_seconds must be from 0 to 20")
+        if isinstance(wait_seconds, bool) or not isinstance(wait_seconds, int) or not 0 <= wait_seconds <= 20:
+            raise ValueError("ratchet: wait_seconds must be an integer from 0 to 20")
+        if not isinstance(poll_interval, (int, float)) or not math.isfinite(poll_interval) or poll_interval <= 0:
+            raise ValueError("ratchet: poll_interval must be a positive number of seconds")
         with self._lock:
             if not self._tools:
                 raise RuntimeError("ratchet: register at least one tool before start()")
@@ -158,7 +177,6 @@ class Worker:
                 raise RuntimeError("ratchet: the worker was already started")
             self._started = True
         self._on_error = on_error
-        threading.Thread(target=self._deliver_errors, name="ratchet-on-error", daemon=True).start()
         tools = [{"name": t.name, "version": t.version} for t in self._tools.values()]
         try:
             self.worker_id = self._register(tools)
@@ -166,10 +184,11 @@ class Worker:
             with self._lock:
                 self._started = False
             raise
+        threading.Thread(target=self._deliver_errors, name="ratchet-on-error", daemon=True).start()
         if stop_event is not None:
-            threading.Thread(target=lambda: (stop_event.wait(), self._request_stop(30.0)),
-                             name="ratchet-stop-event", daemon=True).start()
-        args = (concurrency, poll_interval, wait_seconds, tools)
+            threading.Thread(target=self._watch_stop_event, args=(stop_event,), name="ratchet-stop-event",
+                             daemon=True).start()
+        args = (concurrency, float(poll_interval), wait_seconds, tools)
         if block:
             self._loop_thread = threading.current_thread()
             self._loop(*args)
@@ -183,16 +202,21 @@ class Worker:
         those that still do not return within a second are left unreported
         (their leases lapse and another worker runs them again). Returns
         whether every job this worker claimed ended with its outcome
-        recorded (no report lost, no handler left running). Called
-        from the thread running a blocking start() (a signal handler), it
-        only asks for the stop, and start() returns once done."""
+        recorded (no report lost, no handler left running). A stop before
+        start() does nothing and answers True. Called from the thread
+        running a blocking start() (a signal handler), it only asks for the
+        stop, answers False, and start() returns once done."""
+        with self._lock:
+            if not self._started:
+                return True
         self._request_stop(timeout)
-        if self._loop_thread is threading.current_thread() or not self._started:
+        if self._loop_thread is threading.current_thread():
             return False
         self._done.wait(timeout + _GRACE + _REPORT_PATIENCE)
+        self._flush_errors()
         with self._lock:
             return (self._done.is_set() and not self._active and self._lost_reports == 0
-                    and self._left_unreported == 0)
+                    and self._left_unreported == 0 and self._stragglers == 0)
 
     def _request_stop(self, timeout: float) -> None:
         with self._lock:
@@ -200,6 +224,12 @@ class Worker:
                 self._stop_at = time.monotonic() + max(0.0, timeout)
             self._stopping.set()
             self._lock.notify_all()
+
+    def _watch_stop_event(self, stop_event: threading.Event) -> None:
+        while not self._done.is_set():
+            if stop_event.wait(0.5):
+                self._request_stop(30.0)
+                return
 
     # -- polling ------------------------------------------------------------
 
@@ -212,8 +242,12 @@ class Worker:
         try:
             while not self._stopping.is_set():
                 with self._lock:
-                    while self._running >= concurrency and not self._stopping.is_set():
-                        self._lock.wait()
+                    # No claim while a slot is missing, or while a report is
+                    # failing: the job it reports may lapse and come back to
+                    # this very worker, which would run it again.
+                    while ((self._running >= concurrency or self._reports_failing)
+                           and not self._stopping.is_set()):
+                        self._lock.wait(1.0)
                     if self._stopping.is_set():
                         break
                     limit = min(concurrency - self._running, _MAX_CLAIM)
@@ -237,8 +271,14 @@ class Worker:
                     continue
                 for job in jobs:
                     self._dispatch(job, sent)
-                if len(jobs) < limit:
-                    self._stopping.wait(_jittered(poll_interval))
+                if len(jobs) >= limit or (jobs and wait_seconds):
+                    continue  # work is waiting, or the next claim waits on the server anyway
+                # A long poll already waited part of the interval.
+                waited = time.monotonic() - sent if wait_seconds else 0.0
+                self._stopping.wait(max(0.0, _jittered(poll_interval) - waited))
+        except BaseException:
+            self._request_stop(30.0)  # a KeyboardInterrupt: stop as stop() would, then raise it again
+            raise
         finally:
             self._drain()
 
@@ -255,12 +295,15 @@ class Worker:
                              name=job.get("name", ""), version=job.get("version", ""),
                              attempt=int(job.get("attempt", 0)), idempotency_key=job.get("idempotencyKey", ""),
                              timeout_ms=int(job.get("timeoutMs") or 0), _lease_token=job["leaseToken"])
-        active = _Active(context)
+        lease_ms = int(job.get("leaseMs") or 0) or context.timeout_ms + 10_000
+        active = _Active(context, lease_ms, sent + lease_ms / 1000)
         with self._lock:
             self._running += 1
             self._active[context.job_id] = active
-        threading.Thread(target=self._supervise, args=(active, job, sent),
-                         name="ratchet-job", daemon=True).start()
+            if self._stopping.is_set() and self._stop_at is not None and time.monotonic() >= self._stop_at:
+                active.stop_requested = True
+                context._cancel("stopping")
+        threading.Thread(target=self._supervise, args=(active, job), name="ratchet-job", daemon=True).start()
 
     def _drain(self) -> None:
         """Waits for running jobs until the stop deadline, then tells the
@@ -276,6 +319,7 @@ class Worker:
             while self._active:
                 self._lock.wait()
         self._done.set()
+        self._errors.put(None)  # ends the on_error thread once it has delivered the rest
 
     def _release_slot(self) -> None:
         with self._lock:
@@ -284,17 +328,15 @@ class Worker:
 
     # -- one job ------------------------------------------------------------
 
-    def _supervise(self, active: _Active, job: dict, sent: float) -> None:
+    def _supervise(self, active: _Active, job: dict) -> None:
         context = active.context
         slot_held = True
         try:
             tool = self._tools.get((context.name, context.version))
-            lease_ms = int(job.get("leaseMs") or 0) or context.timeout_ms + 10_000
-            lease_end = sent + lease_ms / 1000
             if tool is None:
                 # The server only hands out registered pairs; if it ever
                 # does not, give the job back for a worker that has it.
-                self._report(context, lease_end, {"status": "FAILED", "error": {
+                self._report(context, {"status": "FAILED", "error": {
                     "message": "worker has no handler for this name@version", "retryable": True}})
                 return
             outcome: Dict[str, Any] = {}
@@ -305,48 +347,46 @@ class Worker:
                 except BaseException as failure:  # noqa: BLE001 - every failure is the job's outcome
                     outcome["error"] = failure
                 finally:
-                    # Why it was cancelled when it returned: a stop that
-                    # comes after must not change how its outcome is read.
-                    outcome["reason"] = context.cancel_reason
-                    outcome["returned"] = True
+                    with self._lock:
+                        # Why it was cancelled when it returned: a stop that
+                        # comes after must not change how its outcome is read.
+                        outcome["reason"] = context.cancel_reason
+                        outcome["returned"] = True
+                        straggler = active.straggler
+                        if straggler:
+                            self._stragglers -= 1
                     active.wake.set()
+                    if straggler:
+                        self._release_slot()  # its slot was kept until now
 
-            started = time.monotonic()
-            context._deadline = started + context.timeout_ms / 1000 if context.timeout_ms > 0 else float("inf")
+            context._deadline = (time.monotonic() + context.timeout_ms / 1000 if context.timeout_ms > 0
+                                 else float("inf"))
             threading.Thread(target=run_handler, name=f"ratchet-handler-{tool.ref}", daemon=True).start()
-            lease_end, lost_code = self._watch(active, tool, job, lease_end, lease_ms, outcome)
-            if not outcome.get("returned"):
-                # The handler ignored its cancellation; whatever it returns
-                # later is dropped. A timeout is recorded now (the job
-                # retries per its policy) and its slot freed; a stopping
-                # worker leaves the job unreported, its lease lapses.
-                self._release_slot()
-                slot_held = False
+            threading.Thread(target=self._heartbeats, args=(active,), name="ratchet-heartbeat", daemon=True).start()
+            self._watch(active, outcome)
+            active.beats_done.set()
+            with self._lock:
+                if not outcome.get("returned"):
+                    # The handler ignored its cancellation; whatever it
+                    # returns later is dropped, and its slot stays taken
+                    # until it does.
+                    active.straggler = True
+                    slot_held = False
+                    self._stragglers += 1
+            if active.straggler:
+                # A timeout is recorded now (the job retries per its
+                # policy); a stopping worker leaves the job unreported,
+                # its lease lapses.
                 if context.cancel_reason == "timeout":
-                    self._report(context, lease_end, {"status": "FAILED", "error": {
+                    self._report(context, {"status": "FAILED", "error": {
                         "message": f"handler timed out after {context.timeout_ms}ms", "retryable": True}})
                 elif context.cancel_reason == "stopping":
                     with self._lock:
                         self._left_unreported += 1
                 return
-            error = outcome.get("error")
-            reason = outcome.get("reason")
-            if reason == "lease_lost":
-                # A success is reported all the same: the server records a
-                # lapsed attempt that no claim superseded. A failure is not:
-                # the job runs again either way; nor is anything after the
-                # job ended.
-                if error is None and lost_code == LEASE_LOST:
-                    self._report_success(context, tool, lease_end, outcome.get("output"))
-                return
-            if error is None:
-                self._report_success(context, tool, lease_end, outcome.get("output"))
-                return
-            message, retryable, hint = self._judge(tool, error, context, reason)
-            report: Dict[str, Any] = {"message": message, "retryable": retryable}
-            if hint is not None:
-                report["retryAfterMs"] = hint
-            self._report(context, lease_end, {"status": "FAILED", "error": report})
+            self._report_outcome(tool, active, outcome)
+        except BaseException as failure:  # noqa: BLE001 - a supervisor must not die silently
+            self._notify(failure)
         finally:
             if slot_held:
                 self._release_slot()
@@ -354,64 +394,91 @@ class Worker:
                 self._active.pop(context.job_id, None)
                 self._lock.notify_all()
 
-    def _watch(self, active: _Active, tool: _Tool, job: dict, lease_end: float, lease_ms: int,
-               outcome: dict) -> Tuple[float, Optional[str]]:
-        """Heartbeats while the handler runs and cancels it at its timeout,
-        at the server's request, or when the lease is lost. Returns the
-        lease's end as last extended and the code of a lost lease."""
+    def _report_outcome(self, tool: _Tool, active: _Active, outcome: dict) -> None:
         context = active.context
-        heartbeating = True
+        error = outcome.get("error")
+        reason = outcome.get("reason")
+        if reason == "lease_lost":
+            # A success is reported all the same unless the job ended: the
+            # server records a lapsed attempt that no claim superseded, and
+            # a newer claim answers lease_lost, which settles it. A failure
+            # is not: the job runs again either way.
+            if error is None and active.lost_code in (LEASE_LOST, ""):
+                self._report_success(context, tool, outcome.get("output"))
+            return
+        if error is None:
+            self._report_success(context, tool, outcome.get("output"))
+            return
+        try:
+            message, retryable, hint = self._judge(tool, error, context, reason)
+        except BaseException as failure:  # noqa: BLE001 - an error that fails when inspected
+            self._notify(failure)
+            message, retryable, hint = "handler failed with an error that could not be inspected", True, None
+        report: Dict[str, Any] = {"message": message, "retryable": retryable}
+        if hint is not None:
+            report["retryAfterMs"] = hint
+        self._report(context, {"status": "FAILED", "error": report})
+
+    def _watch(self, active: _Active, outcome: dict) -> None:
+        """Waits for the handler, cancelling it at its timeout; once it is
+        cancelled for its timeout or the worker's stop, waits at most the
+        grace. A server's cancellation or a lost lease (set by the
+        heartbeats) waits for the handler as before, until a stop."""
+        context = active.context
         grace_end: Optional[float] = None
-        lost_code: Optional[str] = None
-        next_beat = time.monotonic() + _beat_every(lease_end, context)
         while not outcome.get("returned"):
             now = time.monotonic()
             if active.stop_requested and grace_end is None:
                 grace_end = now + _GRACE
-            marks = [grace_end if grace_end is not None else float("inf")]
-            if heartbeating:
-                marks.append(next_beat)
-            if not context.cancelled.is_set():
-                marks.append(context._deadline)
-            until = min(marks)
-            # Nothing left to time (cancelled, heartbeats over): wait for
-            # the handler or the worker's stop.
+            until = min(grace_end if grace_end is not None else float("inf"),
+                        context._deadline if not context.cancelled.is_set() else float("inf"))
             active.wake.wait(None if until == float("inf") else max(0.0, until - now))
             active.wake.clear()
             if outcome.get("returned"):
-                break
+                return
             now = time.monotonic()
             if grace_end is not None and now >= grace_end:
-                break
+                return
             if not context.cancelled.is_set() and now >= context._deadline:
                 context._cancel("timeout")
                 grace_end = now + _GRACE
-            if heartbeating and now >= next_beat:
-                sent = time.monotonic()
-                try:
-                    beat = self._transport.call("POST", "/jobs/" + path_id(context.job_id) + "/heartbeat",
-                                                {"leaseToken": context._lease_token}, safe=True, max_retries=1,
-                                                timeout=min(self._transport.timeout, 10.0))
-                    if beat.get("cancelRequested"):
-                        # The lease is not extended for a cancelled job.
-                        context._cancel("cancelled")
-                        heartbeating = False
-                    else:
-                        lease_end = sent + lease_ms / 1000
-                except RatchetError as err:
-                    if err.status in (403, 404, 409):
-                        # The lease is lost (a newer claim) or the job
-                        # ended: nothing this attempt does will count.
-                        lost_code = err.code
-                        context._cancel("lease_lost")
-                        heartbeating = False
-                    else:
-                        self._notify(err)
-                except ConnectionLost as err:
-                    self._notify(err)
-                if heartbeating:
-                    next_beat = time.monotonic() + _beat_every(lease_end, context)
-        return lease_end, lost_code
+
+    def _heartbeats(self, active: _Active) -> None:
+        """Extends the lease well before it lapses until the handler is
+        done, and cancels the handler when the server asks or the lease is
+        gone (a refusal, or its end passing by this process's clock while
+        heartbeats fail)."""
+        context = active.context
+        while not active.beats_done.wait(_beat_every(active.lease_end, context)):
+            if time.monotonic() >= active.lease_end:
+                active.lost_code = ""
+                context._cancel("lease_lost")
+                active.wake.set()
+                return
+            sent = time.monotonic()
+            try:
+                beat = self._transport.call("POST", "/jobs/" + path_id(context.job_id) + "/heartbeat",
+                                            {"leaseToken": context._lease_token}, safe=True, max_retries=1,
+                                            timeout=min(self._transport.timeout, 10.0))
+            except RatchetError as err:
+                if err.status in (403, 404, 409):
+                    # The lease is lost (a newer claim) or the job ended:
+                    # nothing this attempt does will count.
+                    active.lost_code = err.code
+                    context._cancel("lease_lost")
+                    active.wake.set()
+                    return
+                self._notify(err)
+                continue
+            except ConnectionLost as err:
+                self._notify(err)
+                continue
+            if beat.get("cancelRequested"):
+                # The lease is not extended for a cancelled job.
+                context._cancel("cancelled")
+                active.wake.set()
+                return
+            active.lease_end = sent + active.lease_ms / 1000
 
     # -- deciding and reporting ---------------------------------------------
 
@@ -424,9 +491,10 @@ class Worker:
         if reason == "cancelled":
             return "cancelled at the server's request", False, None
         if isinstance(error, RetryableError):
-            return redact_message(_describe(error.message)), True, error.retry_after_ms
+            return (redact_message(_describe(getattr(error, "message", error))), True,
+                    getattr(error, "retry_after_ms", None))
         if isinstance(error, NonRetryableError):
-            return redact_message(_describe(error.message)), False, None
+            return redact_message(_describe(getattr(error, "message", error))), False, None
         if reason == "timeout":
             return f"handler timed out after {context.timeout_ms}ms", True, None
         if reason == "stopping":
@@ -436,7 +504,7 @@ class Worker:
             return message, True, None
         try:
             decision = tool.classify(error, context)
-        except Exception as failure:  # noqa: BLE001 - a classifier failure falls back to retryable
+        except BaseException as failure:  # noqa: BLE001 - a classifier failure falls back to retryable
             self._notify(failure)
             return message, True, None
         verdict = _read_decision(decision)
@@ -446,19 +514,24 @@ class Worker:
         retryable, hint = verdict
         if hint is not None and not MIN_RETRY_AFTER_MS <= hint <= MAX_RETRY_AFTER_MS:
             self._notify(InvalidDecisionError(tool.ref, decision, clamped=True))
-            hint = min(max(hint, MIN_RETRY_AFTER_MS), MAX_RETRY_AFTER_MS)
+            hint = clamp_retry_after_ms(hint)
         return message, retryable, hint
 
-    def _report_success(self, context: JobContext, tool: _Tool, lease_end: float, output: Any) -> None:
+    def _report_success(self, context: JobContext, tool: _Tool, output: Any) -> None:
         try:
-            json.dumps(output, allow_nan=False)
-        except (TypeError, ValueError) as failure:
+            size = len(json.dumps(output, allow_nan=False).encode("utf-8"))
+        except (TypeError, ValueError, RecursionError) as failure:
             self._notify(TypeError(f"ratchet: {tool.ref} returned an output that is not JSON "
                                    f"({type(failure).__name__}); reported as a non-retryable failure"))
-            self._report(context, lease_end, {"status": "FAILED", "error": {
+            self._report(context, {"status": "FAILED", "error": {
                 "message": "handler output is not JSON", "retryable": False}})
             return
-        refusal = self._report(context, lease_end, {"status": "SUCCEEDED", "output": output}, notify=False)
+        if size > MAX_OUTPUT_BYTES:
+            # Over the server's request size limit: sending it could only be
+            # refused (or cut off by a proxy), and the job would run again.
+            refusal: Optional[RatchetError] = RatchetError(413, PAYLOAD_TOO_LARGE, "output too large")
+        else:
+            refusal = self._report(context, {"status": "SUCCEEDED", "output": output}, notify=False)
         if refusal is None:
             return
         why = _unrecordable_output(refusal)
@@ -468,38 +541,52 @@ class Worker:
         # The server can never record this output (its size, or the tool's
         # contract): report the attempt failed for good instead.
         self._notify(ReportNotRecorded(f"ratchet: job {context.job_id} attempt {context.attempt}: the server "
-                                       f"refused the output ({refusal.code}); reporting it failed"))
-        self._report(context, lease_end, {"status": "FAILED", "error": {"message": why, "retryable": False}})
+                                       f"refuses the output ({refusal.code}); reporting it failed"))
+        self._report(context, {"status": "FAILED", "error": {"message": why, "retryable": False}})
 
-    def _report(self, context: JobContext, lease_end: float, body: dict,
-                notify: bool = True) -> Optional[RatchetError]:
+    def _report(self, context: JobContext, body: dict, notify: bool = True) -> Optional[RatchetError]:
         """Sends a report, repeating it through lost answers and server
-        failures until the server answers or the lease is long gone. Returns
-        the refusal; None when recorded, or when its answer was lost for
-        good (then already told to on_error)."""
+        failures until the server answers (once the worker is stopping, at
+        most until its stop deadline and the grace). Returns the refusal;
+        None when recorded, or when its answer was lost for good (then
+        already told to on_error)."""
         body = {"leaseToken": context._lease_token, **body}
-        give_up = max(lease_end, time.monotonic()) + _REPORT_PATIENCE
         attempt = 0
-        while True:
-            try:
-                self._transport.call("POST", "/jobs/" + path_id(context.job_id) + "/report", body,
-                                     safe=True, max_retries=0)
-                return None
-            except RatchetError as err:
-                if err.code == LEASE_LOST and err.detail.get("reportedOutcome") == body["status"]:
-                    return None  # an earlier send of this report landed
-                wait = self._transport.retry_delay(err, attempt, True)
-                if wait is None or time.monotonic() + wait > give_up:
-                    if notify:
-                        self._lost(context, err)
-                    return err
-            except ConnectionLost as err:
-                wait = self._transport.backoff(attempt)
-                if time.monotonic() + wait > give_up:
-                    self._lost(context, err)
+        failing = False
+        try:
+            while True:
+                try:
+                    self._transport.call("POST", "/jobs/" + path_id(context.job_id) + "/report", body,
+                                         safe=True, max_retries=0)
                     return None
-            attempt += 1
-            time.sleep(wait)
+                except RatchetError as err:
+                    if err.code == LEASE_LOST and err.detail.get("reportedOutcome") == body["status"]:
+                        return None  # an earlier send of this report landed
+                    wait = self._transport.retry_delay(err, attempt, True)
+                    if wait is None:
+                        if notify:
+                            self._lost(context, err)
+                        return err
+                    last: BaseException = err
+                except ConnectionLost as err:
+                    wait = self._transport.backoff(attempt)
+                    last = err
+                with self._lock:
+                    if not failing:
+                        failing = True
+                        self._reports_failing += 1
+                    give_up = (self._stop_at is not None
+                               and time.monotonic() + wait > self._stop_at + _GRACE + _REPORT_PATIENCE)
+                if give_up:
+                    self._lost(context, last)
+                    return None
+                attempt += 1
+                time.sleep(wait)
+        finally:
+            if failing:
+                with self._lock:
+                    self._reports_failing -= 1
+                    self._lock.notify_all()
 
     def _lost(self, context: JobContext, error: BaseException) -> None:
         with self._lock:
@@ -516,12 +603,21 @@ class Worker:
     def _deliver_errors(self) -> None:
         while True:
             error = self._errors.get()
-            if self._on_error is None:
-                continue
             try:
-                self._on_error(error)
-            except Exception:  # noqa: BLE001 - on_error's own failure has nowhere to go
+                if error is None:
+                    return  # the worker is done
+                if self._on_error is not None:
+                    self._on_error(error)
+            except BaseException:  # noqa: BLE001 - on_error's own failure has nowhere to go
                 pass
+            finally:
+                self._errors.task_done()
+
+    def _flush_errors(self) -> None:
+        """Waits up to a second for on_error to be told what is queued."""
+        deadline = time.monotonic() + 1.0
+        while self._errors.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 def _jittered(seconds: float) -> float:
@@ -544,8 +640,9 @@ def _describe(value: Any) -> str:
 
 def _read_decision(decision: Any) -> Optional[Tuple[bool, Optional[int]]]:
     """A classifier's decision as (retryable, hint), or None when invalid:
-    not {"retryable": bool[, "retry_after_ms": int]}, or a hint with
-    retryable False (the API never takes one)."""
+    not {"retryable": bool[, "retry_after_ms": number]}, or a hint with
+    retryable False (the API never takes one). A fractional hint is rounded
+    up to whole milliseconds (a hint is a minimum wait)."""
     if not isinstance(decision, dict) or not set(decision) <= {"retryable", "retry_after_ms"}:
         return None
     retryable = decision.get("retryable")
@@ -554,9 +651,9 @@ def _read_decision(decision: Any) -> Optional[Tuple[bool, Optional[int]]]:
         return None
     if hint is None:
         return retryable, None
-    if not retryable or not isinstance(hint, int) or isinstance(hint, bool):
+    if not retryable or isinstance(hint, bool) or not isinstance(hint, (int, float)) or not math.isfinite(hint):
         return None
-    return True, hint
+    return True, math.ceil(hint)
 
 
 def _unrecordable_output(err: RatchetError) -> Optional[str]:

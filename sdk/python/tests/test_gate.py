@@ -91,13 +91,31 @@ class GateTest(unittest.TestCase):
         self.assertTrue(held.exception.approval_id.startswith("apr_"))
 
     def test_a_refused_result_is_replaced_by_a_placeholder(self) -> None:
-        key = unique("big")
-        with self.assertRaises(ResultNotStored) as refused:
-            self.agent.do_effect("report.export", key, lambda lease: {"blob": "x" * (300 * 1024)}, {})
-        self.assertEqual(refused.exception.reason, "payload_too_large")
-        again = self.agent.do_effect("report.export", key, lambda lease: None, {})
-        self.assertTrue(again.duplicate)
-        self.assertEqual(again.result["ratchet"], "result_not_recorded")
+        cases = {"big": ({"blob": "x" * (300 * 1024)}, "payload_too_large"),
+                 "huge": ({"blob": "x" * (2 * 1024 * 1024)}, "payload_too_large"),
+                 "not_json": ({"ids": {1, 2}}, "result_not_json")}
+        for name, (result, reason) in cases.items():
+            key = unique(name)
+            with self.assertRaises(ResultNotStored) as refused:
+                self.agent.do_effect("report.export", key, lambda lease: result, {})
+            self.assertEqual((refused.exception.reason, refused.exception.result), (reason, result), name)
+            # The key is settled: a later caller does not act again, and is
+            # told the recorded result is a placeholder.
+            with self.assertRaises(ResultNotStored) as again:
+                self.agent.do_effect("report.export", key, lambda lease: self.fail("acted again"), {})
+            self.assertEqual(again.exception.reason, reason, name)
+            self.assertEqual(self.ws.operator.get_effect(refused.exception.effect_id)["state"], "succeeded")
+
+    def test_a_lease_outlives_its_length_while_the_action_runs(self) -> None:
+        key = unique("long")
+
+        def slow(lease):
+            time.sleep(7)  # longer than the 5 s lease: the heartbeats keep it
+            self.assertFalse(lease.lost.is_set())
+            return {"done": True}
+
+        effect = self.agent.do_effect("email.send", key, slow, {"to": "z"}, lease_seconds=5)
+        self.assertEqual(self.ws.operator.get_effect(effect.effect_id)["state"], "succeeded")
 
     def test_reusing_a_key_for_another_payload_is_refused(self) -> None:
         key = unique("reuse")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import List, Tuple
@@ -18,8 +19,10 @@ class FakeServer:
     """Answers each request with the next (status, body, headers) of a
     script, recording method, path, headers and body."""
 
-    def __init__(self, script: List[Tuple[int, object, dict]]) -> None:
-        self.script = list(script)
+    def __init__(self, script) -> None:
+        # A list of answers, or respond(method, path, body) -> answer.
+        self.respond = script if callable(script) else (lambda m, p, b, queue=list(script): (
+            queue.pop(0) if queue else (500, None, {})))
         self.seen: List[Tuple[str, str, dict, object]] = []
         fake = self
 
@@ -31,7 +34,7 @@ class FakeServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
                 fake.seen.append((self.command, self.path, dict(self.headers), body))
-                status, answer, headers = fake.script.pop(0) if fake.script else (500, None, {})
+                status, answer, headers = fake.respond(self.command, self.path, body)
                 if status == 0:  # drop the connection without an answer
                     self.close_connection = True
                     self.connection.shutdown(2)
@@ -131,18 +134,22 @@ class DecisionTest(unittest.TestCase):
         self.assertEqual(_read_decision({"retryable": True}), (True, None))
         self.assertEqual(_read_decision({"retryable": False}), (False, None))
         self.assertEqual(_read_decision({"retryable": True, "retry_after_ms": 60000}), (True, 60000))
+        # A fractional hint is a minimum wait: rounded up.
+        self.assertEqual(_read_decision({"retryable": True, "retry_after_ms": 1500.2}), (True, 1501))
         # Out of range is read, then clamped and told by the worker.
         self.assertEqual(_read_decision({"retryable": True, "retry_after_ms": 10}), (True, 10))
         for invalid in (None, True, {}, {"retryable": "yes"}, {"retryable": False, "retry_after_ms": 5000},
-                        {"retryable": True, "retry_after_ms": 1500.5}, {"retryable": True, "retry_after_ms": True},
-                        {"retryable": True, "retryAfterMs": 5000}):
+                        {"retryable": True, "retry_after_ms": float("nan")}, {"retryable": True, "retry_after_ms": True},
+                        {"retryable": True, "retry_after_ms": "5000"}, {"retryable": True, "retryAfterMs": 5000}):
             self.assertIsNone(_read_decision(invalid), invalid)
 
-    def test_retryable_error_hints_are_checked(self) -> None:
-        self.assertEqual(RetryableError("busy", retry_after_ms=1000).retry_after_ms, 1000)
-        for bad in (999, 86_400_001, 1500.0, True):
-            with self.assertRaises(ValueError):
-                RetryableError("busy", retry_after_ms=bad)
+    def test_retryable_error_hints_are_rounded_and_clamped_never_refused(self) -> None:
+        # Raising a RetryableError must never fail: a ValueError there would
+        # hand the failure to the classifier, which could end the job.
+        cases = {1000: 1000, 1500.2: 1501, 999: 1000, 86_400_001: 86_400_000, 60e3: 60000,
+                 None: None, True: None, "5000": None, float("inf"): None}
+        for given, want in cases.items():
+            self.assertEqual(RetryableError("busy", retry_after_ms=given).retry_after_ms, want, given)
 
 
 class RedactTest(unittest.TestCase):
@@ -160,6 +167,16 @@ class RedactTest(unittest.TestCase):
         }
         for raw, want in cases.items():
             self.assertEqual(redact_message(raw), want, raw)
+
+    def test_a_long_message_is_cut_before_it_is_scanned(self) -> None:
+        # The patterns backtrack (30 kB of name characters took 45 s), so
+        # only the first thousand characters are ever scanned.
+        long = "a-" * 15_000
+        self.assertEqual(redact_message(long), redact_message(long[:1000] + " tail"))
+        # The word the cut went through is dropped: no fragment of a secret.
+        out = redact_message("x " * 499 + "sk_live_" + "a" * 40)
+        self.assertNotIn("sk_", out)
+        self.assertTrue(out.endswith("…"))
 
     def test_messages_are_bounded_in_utf8_bytes(self) -> None:
         out = redact_message("é" * 1000)
@@ -212,6 +229,80 @@ class IdleWorkerTest(unittest.TestCase):
         self.assertTrue(returned.wait(5))
         with self.assertRaises(RuntimeError):
             client.worker.start(1)
+
+
+class WorkerRulesTest(unittest.TestCase):
+    def serve(self, respond, handler, concurrency=1) -> Tuple[getratchet.Ratchet, FakeServer]:
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.register_tool("t", "1", handler)
+        client.worker.start(concurrency, poll_interval=0.05, block=False)
+        self.addCleanup(client.worker.stop, 5)
+        return client, server
+
+    @staticmethod
+    def job(n: int, timeout_ms: int = 5000) -> dict:
+        return {"jobId": f"job_{n}", "stepId": "s", "runId": "r", "name": "t", "version": "1", "attempt": 1,
+                "leaseToken": f"tok_{n}", "leaseMs": timeout_ms + 10_000, "timeoutMs": timeout_ms,
+                "idempotencyKey": "k", "input": {}}
+
+    def test_a_handler_that_ignores_its_timeout_keeps_its_slot(self) -> None:
+        lock, state = threading.Lock(), {"running": 0, "most": 0, "claimed": 0}
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                with lock:
+                    state["claimed"] += 1
+                    n = state["claimed"]
+                return 200, {"jobs": [self.job(n, timeout_ms=100)] if n <= 3 else []}, {}
+            return 200, {"jobId": "x", "status": "RETRY_SCHEDULED", "attempt": 1}, {}
+
+        def stubborn(input, context):
+            with lock:
+                state["running"] += 1
+                state["most"] = max(state["most"], state["running"])
+            time.sleep(1.4)  # ignores context.cancelled, past the 1 s grace
+            with lock:
+                state["running"] -= 1
+
+        client, server = self.serve(respond, stubborn)
+        wait_until(lambda: state["claimed"] > 3)
+        self.assertEqual(state["most"], 1)
+        timeouts = [s for s in server.seen if s[1].endswith("/report")]
+        self.assertTrue(all(s[3]["error"]["message"] == "handler timed out after 100ms" for s in timeouts))
+
+    def test_no_claim_while_a_report_is_failing(self) -> None:
+        order, failures = [], {"left": 2}
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                order.append("claim")
+                return 200, {"jobs": [self.job(1)] if order.count("claim") == 1 else []}, {}
+            if failures["left"]:
+                failures["left"] -= 1
+                order.append("report failed")
+                return 503, error("internal_error"), {}
+            order.append("report")
+            return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}, {}
+
+        # With a second slot free, only the failing report holds the claims.
+        self.serve(respond, lambda input, context: {"ok": True}, concurrency=2)
+        wait_until(lambda: order.count("claim") >= 3)
+        first_report = order.index("report")
+        self.assertEqual(order[:first_report + 1], ["claim", "report failed", "report failed", "report"])
+
+
+def wait_until(probe, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            raise AssertionError("never happened")
+        time.sleep(0.02)
 
 
 if __name__ == "__main__":
