@@ -2,8 +2,8 @@
 
 import { createHmac } from 'node:crypto';
 import {
-  ApprovalRequiredError, EffectBlockedError, EffectDeniedError, EffectInFlightError, NotPerformedError,
-  RatchetError, ResultNotStoredError,
+  ApprovalRequiredError, ConnectionLostError, EffectBlockedError, EffectDeniedError, EffectInFlightError,
+  NotPerformedError, OutcomeNotReportedError, RatchetError, ResultNotStoredError,
 } from './errors.js';
 import { Transport, newRequestId, pathId, sleep } from './transport.js';
 import { Worker } from './worker.js';
@@ -17,6 +17,8 @@ const FIRST_IN_FLIGHT_WAIT_MS = 250;
 const MAX_IN_FLIGHT_WAIT_MS = 5_000;
 // The "ratchet" field of the result recorded in place of one the gate refused.
 const PLACEHOLDER_MARK = 'result_not_recorded';
+// The server refuses request bodies over 1 MiB (and results over 256 KiB).
+const MAX_RESULT_BYTES = 1024 * 1024 - 1024;
 
 /** Returns a Ratchet client: createRatchet({ baseUrl, apiKey }). */
 export function createRatchet(options) {
@@ -65,8 +67,8 @@ export class Ratchet {
    * idempotencyKey the call is repeated after an ambiguous failure and
    * starting it again answers the same run; without one it is not. */
   async startRun(name, { idempotencyKey, budgetMicros } = {}) {
-    const run = await this.#transport.call('POST', '/runs', defined({ name, idempotencyKey, budgetMicros }),
-      { safe: idempotencyKey !== undefined });
+    const body = defined({ name, idempotencyKey, budgetMicros });
+    const run = await this.#transport.call('POST', '/runs', body, { safe: body.idempotencyKey !== undefined });
     this.#runId = run.id;
     return run;
   }
@@ -81,7 +83,7 @@ export class Ratchet {
    * and options. Without idempotencyKey the server derives one from the run,
    * name, version, contract version, endpoint, dependency and canonical
    * input, so an identical enqueue is deduplicated. */
-  enqueue(input, { name, version, endpoint, idempotencyKey, timeoutMs, maxAttempts, contractVersion, afterStepId,
+  async enqueue(input, { name, version, endpoint, idempotencyKey, timeoutMs, maxAttempts, contractVersion, afterStepId,
     afterStatus, delayMs, runId } = {}) {
     if (!name || !version) throw new TypeError('ratchet: enqueue needs a tool name and version');
     const body = { name, version, input, ...defined({ endpoint, idempotencyKey, timeoutMs, maxAttempts, contractVersion, afterStepId, afterStatus, delayMs }) };
@@ -89,12 +91,12 @@ export class Ratchet {
   }
 
   /** Requests the run's completion. Enqueue every branch before this. */
-  finishRun(runId) {
+  async finishRun(runId) {
     return this.#transport.call('POST', `/runs/${this.#run(runId)}/finish`, {}, { safe: true });
   }
 
   /** Reads a run with its steps. */
-  getRun(runId) {
+  async getRun(runId) {
     return this.#transport.call('GET', `/runs/${this.#run(runId)}`, undefined, { safe: true });
   }
 
@@ -117,7 +119,7 @@ export class Ratchet {
    * previous worker may have completed a side effect whose result was never
    * recorded: confirm destination-side idempotency first. One
    * Idempotency-Key spans the call's retries. */
-  replay(stepId, { reason, maxAttempts = 1, acknowledgeDuplicateRisk = true, targetContractVersion, expectedHandlerVersion,
+  async replay(stepId, { reason, maxAttempts = 1, acknowledgeDuplicateRisk = true, targetContractVersion, expectedHandlerVersion,
     acknowledgeVersionChange = false, expectedAttempt } = {}) {
     if (acknowledgeDuplicateRisk !== true) throw new TypeError('ratchet: a replay must acknowledge the duplicate risk');
     const body = {
@@ -147,7 +149,13 @@ export class Ratchet {
   /** Asks before acting (POST /effects/begin); a denial is answered, not
    * thrown (its `error` holds the code). A request_id (random when not
    * given) spans the call's retries. */
-  async begin({ effectType, idempotencyKey, payload = null, costMicros, dimensions, runId, groupId, compensation,
+  async begin(request) {
+    return (await this.#begin(request))[0];
+  }
+
+  /** begin's answer and, for an execute, the lease's length in ms by the
+   * server's clock (its expiry less the answer's Date, whole seconds). */
+  async #begin({ effectType, idempotencyKey, payload = null, costMicros, dimensions, runId, groupId, compensation,
     compensatesEffectId, leaseSeconds, requestId }) {
     const body = {
       effect_type: effectType, idempotency_key: idempotencyKey, payload, request_id: requestId ?? newRequestId(),
@@ -155,9 +163,10 @@ export class Ratchet {
         compensates_effect_id: compensatesEffectId, lease_seconds: leaseSeconds }),
     };
     try {
-      return await this.#transport.call('POST', '/effects/begin', body, { safe: true });
+      const [answer, date] = await this.#transport.call('POST', '/effects/begin', body, { safe: true, withDate: true });
+      return [answer, leaseLength(answer.lease_expires_at, date)];
     } catch (err) {
-      if (err instanceof RatchetError && err.status === 403 && err.body?.decision === 'denied') return err.body;
+      if (err instanceof RatchetError && err.status === 403 && err.body?.decision === 'denied') return [err.body, 0];
       throw err;
     }
   }
@@ -196,12 +205,17 @@ export class Ratchet {
     const giveUp = inFlightTimeoutMs === undefined ? Infinity : Date.now() + inFlightTimeoutMs;
     let wait = FIRST_IN_FLIGHT_WAIT_MS;
     for (;;) {
-      const answer = await this.begin(req);
+      const sent = Date.now();
+      const [answer, leaseMs] = await this.#begin(req);
       const effectId = answer.effect_id ?? '';
       switch (answer.decision) {
         case 'execute':
-          return this.#runLeased(answer, action);
+          return this.#runLeased(answer, sent + leaseMs, action);
         case 'duplicate':
+          if (answer.result?.ratchet === PLACEHOLDER_MARK) {
+            // The attempt that acted could not record its result.
+            throw new ResultNotStoredError(effectId, String(answer.result.reason ?? ''), undefined);
+          }
           return { effectId, attempt: answer.attempt, result: answer.result, duplicate: true };
         case 'in_flight': {
           const pause = Math.min(wait, Math.max(answer.retry_after_seconds || 1, 1) * 1000);
@@ -224,7 +238,7 @@ export class Ratchet {
     }
   }
 
-  async #runLeased(answer, action) {
+  async #runLeased(answer, leaseEnd, action) {
     const { effect_id: effectId, lease_token: token } = answer;
     const lost = new AbortController();
     const lease = {
@@ -233,56 +247,122 @@ export class Ratchet {
     };
     // The heartbeats run until the outcome is reported, not only while the
     // action runs: a report retried through a server blip must still find
-    // the lease.
+    // the lease. state.end is this process's clock's view of the lease's
+    // end, as last extended.
+    const state = { end: leaseEnd };
     const stop = new AbortController();
-    const beats = this.#heartbeat(effectId, token, answer.lease_expires_at, stop.signal, lost);
+    const beats = this.#heartbeat(effectId, token, state, stop.signal, lost);
     try {
       let result;
       try {
         result = await action(lease);
       } catch (err) {
-        if (err instanceof NotPerformedError) await this.reportEffect(effectId, token, 'failed');
+        if (err instanceof NotPerformedError) {
+          try {
+            await this.#reportEffect(effectId, token, 'failed', undefined, state);
+          } catch (reportError) {
+            // Thrown all the same, with why its failure may not be recorded
+            // (the lease then lapses: indeterminate).
+            err.reportError = reportError;
+          }
+        }
         throw err;
       }
-      try {
-        await this.reportEffect(effectId, token, 'succeeded', result);
-      } catch (err) {
-        const reason = err instanceof RatchetError ? unrecordableResult(err) : null;
-        if (reason === null) throw err;
-        // The action happened; only its result cannot be kept. Recording
-        // the success without it settles the key.
-        await this.reportEffect(effectId, token, 'succeeded', { ratchet: PLACEHOLDER_MARK, reason });
-        throw new ResultNotStoredError(effectId, reason, result);
+      let reason = unsendableResult(result);
+      if (reason === null) {
+        try {
+          await this.#reportEffect(effectId, token, 'succeeded', result, state);
+          return { effectId, attempt: answer.attempt, result, duplicate: false };
+        } catch (err) {
+          reason = err instanceof RatchetError ? unrecordableResult(err) : null;
+          if (reason === null) throw new OutcomeNotReportedError(effectId, result, err);
+        }
       }
-      return { effectId, attempt: answer.attempt, result, duplicate: false };
+      // The action happened; only its result cannot be kept. Recording the
+      // success without it settles the key.
+      try {
+        await this.#reportEffect(effectId, token, 'succeeded', { ratchet: PLACEHOLDER_MARK, reason }, state);
+      } catch (err) {
+        throw new OutcomeNotReportedError(effectId, result, err);
+      }
+      throw new ResultNotStoredError(effectId, reason, result);
     } finally {
       stop.abort();
       await beats;
     }
   }
 
-  async #heartbeat(effectId, token, expiresAt, signal, lost) {
-    const left = Date.parse(expiresAt) - Date.now();
-    const every = Math.min(Math.max((Number.isFinite(left) && left > 0 ? left : 30_000) / 3, 1_000), 60_000);
-    for (;;) {
+  /** Reports, repeating through lost answers and server failures while the
+   * lease stands (the heartbeats keep it). */
+  async #reportEffect(effectId, token, outcome, result, state) {
+    const body = { lease_token: token, outcome, ...defined({ result }) };
+    for (let attempt = 0; ; attempt++) {
+      let wait;
       try {
-        await sleep(every, signal);
+        return await this.#transport.call('POST', `/effects/${pathId(effectId)}/report`, body, { safe: true, maxRetries: 0 });
+      } catch (err) {
+        if (err instanceof RatchetError) wait = this.#transport.retryDelay(err, attempt, true);
+        else if (err instanceof ConnectionLostError) wait = this.#transport.backoff(attempt);
+        else throw err;
+        if (wait === null || Date.now() + wait >= state.end) throw err;
+      }
+      await sleep(wait);
+    }
+  }
+
+  // Paced at a third of the lease left, within 1 s to 1 min; the action is
+  // told the lease is lost on a refusal, or a second before its end by this
+  // process's clock when heartbeats keep failing.
+  async #heartbeat(effectId, token, state, signal, lost) {
+    for (;;) {
+      const left = state.end - Date.now();
+      try {
+        await sleep(Math.min(Math.max(left / 3, 1_000), 60_000, Math.max(left - 1_000, 0)), signal);
       } catch {
         return; // the outcome was reported
       }
+      if (Date.now() >= state.end - 1_000) {
+        lost.abort(new Error('ratchet: the lease lapsed while heartbeats failed'));
+        return;
+      }
+      const sent = Date.now();
       try {
-        await this.#transport.call('POST', `/effects/${pathId(effectId)}/heartbeat`, { lease_token: token },
-          { safe: true, maxRetries: 1, signal });
+        const [beat, date] = await this.#transport.call('POST', `/effects/${pathId(effectId)}/heartbeat`, { lease_token: token },
+          { safe: true, maxRetries: 1, signal, withDate: true });
+        const ms = leaseLength(beat?.lease_expires_at, date);
+        if (ms > 0) state.end = sent + ms;
       } catch (err) {
         if (err instanceof RatchetError && (err.status === 404 || err.status === 409)) {
           lost.abort(err);
           return;
         }
         if (signal.aborted) return;
-        // A lost answer: the next beat tries again.
+        // A lost answer or a server failure: the next beat tries again.
       }
     }
   }
+}
+
+/** A lease's length in ms by the server's clock: its expiry less the
+ * answer's Date (whole seconds, so less a second), or by this process's
+ * clock without one; 0 when unknown. */
+function leaseLength(expiresAt, date) {
+  const end = Date.parse(expiresAt ?? '');
+  if (!Number.isFinite(end)) return 0;
+  return Math.max(Number.isFinite(date) ? end - date - 1_000 : end - Date.now(), 0);
+}
+
+/** Why a result cannot even be sent (not JSON, or over the server's request
+ * size limit), or null. */
+function unsendableResult(result) {
+  let json;
+  try {
+    json = JSON.stringify(result === undefined ? null : result);
+  } catch {
+    return 'result_not_json';
+  }
+  if (typeof json !== 'string') return 'result_not_json';
+  return Buffer.byteLength(json) > MAX_RESULT_BYTES ? 'payload_too_large' : null;
 }
 
 function unrecordableResult(err) {

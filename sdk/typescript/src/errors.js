@@ -4,10 +4,6 @@
 export const MIN_RETRY_AFTER_MS = 1_000;
 export const MAX_RETRY_AFTER_MS = 86_400_000;
 
-/** Whether value is a retry hint the API takes: an integer from 1 000 to 86 400 000. */
-export function validRetryAfterMs(value) {
-  return Number.isSafeInteger(value) && value >= MIN_RETRY_AFTER_MS && value <= MAX_RETRY_AFTER_MS;
-}
 
 /**
  * A failure the API answered: its HTTP status and the stable `code`
@@ -52,21 +48,25 @@ export class ConnectionLostError extends Error {
   }
 }
 
+/** A hint moved into the API's range: a shorter one waits 1 s, a longer one 24 h. */
+export function clampRetryAfterMs(ms) {
+  return Math.min(Math.max(ms, MIN_RETRY_AFTER_MS), MAX_RETRY_AFTER_MS);
+}
+
 /**
  * Throw from a handler: the attempt failed and the job should run again.
- * `retryAfterMs` (an integer from 1 000 to 86 400 000) asks for at least
- * that long before the next attempt; the server waits the longer of it and
- * the policy's delay, never bypassing a pause, an open circuit or the
- * attempt limit.
+ * `retryAfterMs` asks for at least that long before the next attempt; the
+ * server waits the longer of it and the policy's delay, never bypassing a
+ * pause, an open circuit or the attempt limit. It is rounded up to whole
+ * milliseconds and clamped into 1 000 to 86 400 000 (as the Go SDK does),
+ * so constructing one never throws; anything but a finite number is no hint.
  */
 export class RetryableError extends Error {
   constructor(message, { retryAfterMs } = {}) {
     super(message);
-    if (retryAfterMs !== undefined && retryAfterMs !== null && !validRetryAfterMs(retryAfterMs)) {
-      throw new RangeError('retryAfterMs must be an integer from 1000 to 86400000');
-    }
     this.name = 'RetryableError';
-    this.retryAfterMs = retryAfterMs ?? undefined;
+    this.retryAfterMs = typeof retryAfterMs === 'number' && Number.isFinite(retryAfterMs)
+      ? clampRetryAfterMs(Math.ceil(retryAfterMs)) : undefined;
   }
 }
 
@@ -170,6 +170,19 @@ export class ResultNotStoredError extends Error {
     this.name = 'ResultNotStoredError';
     this.effectId = effectId;
     this.reason = reason;
+    this.result = result;
+  }
+}
+
+/** The action succeeded but its report failed (refused, or its answers lost
+ * while the lease stood): `result` is the action's result, `cause` why. If
+ * the report's answer was lost it may have been recorded; if not, the lease
+ * lapses and the outcome is indeterminate (the key's next begin says which). */
+export class OutcomeNotReportedError extends Error {
+  constructor(effectId, result, cause) {
+    super(`ratchet: effect ${effectId} succeeded, but its report failed: ${cause?.message ?? cause}`, { cause });
+    this.name = 'OutcomeNotReportedError';
+    this.effectId = effectId;
     this.result = result;
   }
 }

@@ -1,5 +1,7 @@
 // Type declarations of @getratchet/sdk (the implementation is plain
-// JavaScript, ES modules, no dependencies).
+// JavaScript, ES modules, no dependencies). fetch and AbortSignal are
+// Node's globals (Node 18+).
+/// <reference types="node" />
 
 export declare const VERSION: string;
 export declare const AFTER_SUCCEEDED: 'SUCCEEDED';
@@ -84,7 +86,7 @@ export interface JobContext {
   readonly cancelReason: CancelReason | null;
 }
 
-export type ErrorDecision = { retryable: true; retryAfterMs?: number } | { retryable: false };
+export type ErrorDecision = { retryable: true; retryAfterMs?: number | undefined } | { retryable: false };
 
 export interface Tool<In = any, Out = any> {
   name: string;
@@ -105,10 +107,13 @@ export interface StartOptions {
 }
 
 export declare class Worker {
+  /** Use Ratchet.worker. */
+  private constructor();
   workerId: string | null;
   /** Resolves once the worker has stopped and its running jobs ended. */
   start(options?: StartOptions): Promise<void>;
-  /** Resolves to whether every claimed job ended with its outcome recorded. */
+  /** Resolves to whether every claimed job ended with its outcome recorded
+   * and no handler is still running; true before start(). */
   stop(options?: { timeoutMs?: number }): Promise<boolean>;
 }
 
@@ -156,6 +161,8 @@ export interface Lease {
 export interface EffectOutcome<T> {
   effectId: string;
   attempt: number;
+  /** The action's result, or for a duplicate the result recorded earlier
+   * (the same shape when every caller of the key runs the same action). */
   result: T;
   duplicate: boolean;
 }
@@ -186,6 +193,7 @@ export declare function blindKey(secret: string, key: string): string;
 export declare function redactMessage(message: string): string;
 
 export declare class RatchetError extends Error {
+  constructor(status: number, code: string, message: string, detail?: Record<string, any>, requestId?: string, body?: unknown);
   status: number;
   code: string;
   detail: Record<string, any>;
@@ -195,44 +203,64 @@ export declare class RatchetError extends Error {
   readonly validation: Array<{ field: string; rule?: string; [key: string]: unknown }>;
   readonly mayHaveApplied: boolean;
 }
-export declare class ConnectionLostError extends Error {}
+export declare class ConnectionLostError extends Error {
+  constructor(message: string, options?: { cause?: unknown });
+}
 export declare class RetryableError extends Error {
-  constructor(message: string, options?: { retryAfterMs?: number });
+  /** retryAfterMs is rounded up and clamped into 1 000-86 400 000; never throws. */
+  constructor(message: string, options?: { retryAfterMs?: number | undefined });
   retryAfterMs: number | undefined;
 }
 export declare class NonRetryableError extends Error {
   constructor(message: string);
 }
 export declare class CancelledError extends Error {
+  constructor(reason: CancelReason);
   reason: CancelReason;
 }
 export declare class InvalidDecisionError extends Error {
+  constructor(tool: string, decision: unknown, clamped?: boolean);
   tool: string;
   decision: unknown;
   clamped: boolean;
 }
-export declare class ReportNotRecordedError extends Error {}
+export declare class ReportNotRecordedError extends Error {
+  constructor(message: string);
+}
 export declare class EffectBlockedError extends Error {
+  constructor(effectId: string, priorAttempt?: BeginResponse['prior_attempt'] | null);
   effectId: string;
   priorAttempt: BeginResponse['prior_attempt'] | null;
 }
 export declare class ApprovalRequiredError extends Error {
+  constructor(effectId: string, approvalId: string);
   effectId: string;
   approvalId: string;
 }
 export declare class EffectDeniedError extends Error {
+  constructor(effectId: string, error: RatchetError);
   effectId: string;
   code: string;
   error: RatchetError;
 }
 export declare class EffectInFlightError extends Error {
+  constructor(effectId: string);
   effectId: string;
 }
 export declare class NotPerformedError extends Error {
   constructor(message: string, options?: { cause?: unknown });
+  /** Set when reporting the failure failed too (the lease then lapses). */
+  reportError?: unknown;
 }
 export declare class ResultNotStoredError extends Error {
+  constructor(effectId: string, reason: string, result: unknown);
   effectId: string;
   reason: string;
+  result: unknown;
+}
+export declare class OutcomeNotReportedError extends Error {
+  constructor(effectId: string, result: unknown, cause: unknown);
+  effectId: string;
+  /** The action's result: the action succeeded. */
   result: unknown;
 }

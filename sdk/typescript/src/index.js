@@ -6,7 +6,8 @@
 export { AFTER_FAILED, AFTER_SUCCEEDED, Ratchet, blindKey, createRatchet } from './client.js';
 export {
   ApprovalRequiredError, ConnectionLostError, EffectBlockedError, EffectDeniedError, EffectInFlightError,
-  InvalidDecisionError, MAX_RETRY_AFTER_MS, MIN_RETRY_AFTER_MS, NonRetryableError, NotPerformedError, RatchetError,
+  InvalidDecisionError, MAX_RETRY_AFTER_MS, MIN_RETRY_AFTER_MS, NonRetryableError, NotPerformedError, OutcomeNotReportedError,
+  RatchetError,
   ReportNotRecordedError, ResultNotStoredError, RetryableError,
 } from './errors.js';
 export { MAX_ERROR_MESSAGE_BYTES, redactMessage } from './redact.js';

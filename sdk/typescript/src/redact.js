@@ -2,6 +2,11 @@
 
 /** Bounds the error message a worker sends to the API, in UTF-8 bytes. */
 export const MAX_ERROR_MESSAGE_BYTES = 500;
+// How much of a message is looked at: JavaScript's regular expressions
+// backtrack (the Go SDK's RE2 does not), and the secret-name pattern is
+// quadratic in a long run of name characters. A thousand characters take
+// milliseconds and still fill the 500 bytes that are sent.
+const MAX_SCANNED_CHARS = 1000;
 
 // What commonly leaks into error text: credentials, e-mail addresses, URL
 // query strings, long tokens and long digit runs (card or phone numbers).
@@ -26,16 +31,25 @@ const REDACTIONS = [
  * message they report; use it for your own logs too.
  */
 export function redactMessage(message) {
-  let out = String(message).toWellFormed?.() ?? String(message);
+  let out = String(message);
+  const cut = out.length > MAX_SCANNED_CHARS;
+  if (cut) {
+    out = out.slice(0, MAX_SCANNED_CHARS);
+    // Drop the word the cut went through, so no fragment of a secret too
+    // short for the patterns to recognise is left at the end.
+    const space = out.lastIndexOf(' ');
+    if (space > 0) out = out.slice(0, space);
+  }
+  out = out.toWellFormed?.() ?? out;
   out = out.replace(/\p{Cc}/gu, ' ');
   for (const [pattern, replacement] of REDACTIONS) out = out.replace(pattern, replacement);
   out = out.split(/\s+/).filter(Boolean).join(' ');
   const bytes = new TextEncoder().encode(out);
-  if (bytes.length > MAX_ERROR_MESSAGE_BYTES) {
+  if (cut || bytes.length > MAX_ERROR_MESSAGE_BYTES) {
     const ellipsis = '…';
-    let cut = MAX_ERROR_MESSAGE_BYTES - new TextEncoder().encode(ellipsis).length;
-    while (cut > 0 && (bytes[cut] & 0xc0) === 0x80) cut--; // never split a character
-    out = new TextDecoder().decode(bytes.subarray(0, cut)) + ellipsis;
+    let keep = MAX_ERROR_MESSAGE_BYTES - new TextEncoder().encode(ellipsis).length;
+    while (keep > 0 && (bytes[keep] & 0xc0) === 0x80) keep--; // never split a character
+    out = new TextDecoder().decode(bytes.subarray(0, keep)) + ellipsis;
   }
   return out || 'error';
 }

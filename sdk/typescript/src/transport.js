@@ -70,9 +70,11 @@ export class Transport {
    * (network failure, timeout, 5xx): true for calls made idempotent by a
    * key, an Idempotency-Key or a lease token. Failures the server says
    * changed nothing (429, retry_request, 408, a database_unavailable with
-   * outcome not_applied) are repeated for any call.
+   * outcome not_applied) are repeated for any call. withDate resolves to
+   * [answer, the response's Date in ms or NaN], for lease lengths measured
+   * by the server's own clock.
    */
-  async call(method, path, body, { safe, idempotencyKey, timeoutMs, maxRetries, signal } = {}) {
+  async call(method, path, body, { safe, idempotencyKey, timeoutMs, maxRetries, signal, withDate = false } = {}) {
     const data = body === undefined ? undefined : JSON.stringify(body);
     const retries = maxRetries ?? this.maxRetries;
     let attempt = 0;
@@ -80,7 +82,8 @@ export class Transport {
     for (;;) {
       let wait;
       try {
-        return await this.#once(method, path, data, idempotencyKey, timeoutMs ?? this.timeoutMs, signal);
+        const [answer, date] = await this.#once(method, path, data, idempotencyKey, timeoutMs ?? this.timeoutMs, signal);
+        return withDate ? [answer, date] : answer;
       } catch (err) {
         if (err instanceof RatchetError) {
           if (idempotencyKey && err.code === 'retry_request' && held < MAX_KEY_HELD_WAITS) {
@@ -144,12 +147,14 @@ export class Transport {
       } catch (failure) {
         if (signal?.aborted) throw signal.reason;
         // Connection refused, reset, timed out, or an answer cut short.
-        throw new ConnectionLostError(`ratchet: ${name}: ${failure?.cause?.code ?? failure?.name ?? 'network error'}`);
+        const why = timeout.signal.aborted ? 'timed out' : failure?.cause?.code ?? failure?.cause?.name ?? failure?.name ?? 'network error';
+        throw new ConnectionLostError(`ratchet: ${name}: ${why}`, { cause: failure });
       }
       if (!response.ok) throw decodeError(response, raw);
-      if (!raw) return null;
+      const date = Date.parse(response.headers.get('date') ?? '');
+      if (!raw) return [null, date];
       try {
-        return JSON.parse(raw);
+        return [JSON.parse(raw), date];
       } catch {
         // A 2xx whose body cannot be read (cut short by a proxy): the call
         // was applied, and its answer lost as by a dropped connection.

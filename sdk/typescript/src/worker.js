@@ -2,7 +2,7 @@
 
 import {
   ConnectionLostError, InvalidDecisionError, MAX_RETRY_AFTER_MS, MIN_RETRY_AFTER_MS, NonRetryableError, RatchetError,
-  ReportNotRecordedError, RetryableError,
+  ReportNotRecordedError, RetryableError, clampRetryAfterMs,
 } from './errors.js';
 import { redactMessage } from './redact.js';
 import { newRequestId, pathId, sleep } from './transport.js';
@@ -13,10 +13,12 @@ const MAX_HEARTBEAT_MS = 60_000;
 // How long a handler whose timeout (or whose worker's stop deadline) passed
 // has to return before the worker goes on without it.
 const GRACE_MS = 1_000;
-// How long a report is retried after its lease lapses at the latest: the
-// server still records a lapsed attempt's report until a newer claim.
+// How long reports are retried past a stop's deadline.
 const REPORT_PATIENCE_MS = 30_000;
 const MAX_CLAIM = 100;
+// The server refuses request bodies over 1 MiB: an output that large (with
+// the report around it) can never be recorded.
+export const MAX_OUTPUT_BYTES = 1024 * 1024 - 1024;
 
 /** Why a handler's signal was aborted: context.cancelReason. */
 export class CancelledError extends Error {
@@ -30,30 +32,48 @@ export class CancelledError extends Error {
 const jittered = (ms) => ms * (0.9 + Math.random() * 0.2);
 const now = () => performance.now();
 
+function withResolvers() {
+  let resolve;
+  const promise = new Promise((res) => { resolve = res; });
+  return { promise, resolve };
+}
+
+/** Resolves after ms or when `wake` resolves, whichever comes first. */
+function nap(ms, wake) {
+  if (ms === Infinity) return wake;
+  let timer;
+  return Promise.race([wake, new Promise((r) => { timer = setTimeout(r, Math.max(0, ms)); })]).finally(() => clearTimeout(timer));
+}
+
 /**
  * Claims jobs of its registered tools and runs them (`ratchet.worker`).
  * Claims in batches sized to its free slots, again at once after a full
  * batch and every pollIntervalMs (±10 %) when idle; heartbeats each job
- * well inside its lease; aborts the handler's signal at its timeout and
- * when the server asks; reports each outcome, retried until the server
- * answers. Only a bounded, redacted message leaves the process for a failure.
+ * well inside its lease (independently of the handler's timeout); aborts
+ * the handler's signal at its timeout and when the server asks; reports
+ * each outcome, retried until the server answers, and makes no new claim
+ * while a report is failing. Only a bounded, redacted message leaves the
+ * process for a failure.
  */
 export class Worker {
   #transport;
   #tools = new Map();
-  #running = 0;
-  #active = new Set();
+  #slots = 0; // taken: a slot is freed when its handler returns
+  #active = new Set(); // supervisors not yet ended
+  #jobs = new Set(); // each running job's record
+  #stragglers = 0;
+  #reportsFailing = 0;
   #started = false;
   #stopping = new AbortController();
+  #claimCutoff = new AbortController(); // aborted at the stop's deadline
   #stopAt = null;
-  #slotFreed = null;
+  #stopDeadlinePassed = false;
+  #changed = withResolvers(); // a slot freed, a report settled, or the stop
   #done = null;
   #onError = null;
   #errors = Promise.resolve();
   #lostReports = 0;
   #leftUnreported = 0;
-  #cancels = new Set(); // each running job's cancel(reason)
-  #stopDeadlinePassed = false;
 
   constructor(transport) {
     this.#transport = transport;
@@ -78,7 +98,8 @@ export class Worker {
    */
   async start({ concurrency = 1, pollIntervalMs = 30_000, waitSeconds = 0, onError, signal } = {}) {
     if (!Number.isSafeInteger(concurrency) || concurrency < 1) throw new RangeError('ratchet: concurrency must be a positive integer');
-    if (!(waitSeconds >= 0 && waitSeconds <= 20)) throw new RangeError('ratchet: waitSeconds must be from 0 to 20');
+    if (!Number.isSafeInteger(waitSeconds) || waitSeconds < 0 || waitSeconds > 20) throw new RangeError('ratchet: waitSeconds must be an integer from 0 to 20');
+    if (!Number.isFinite(pollIntervalMs) || pollIntervalMs <= 0) throw new RangeError('ratchet: pollIntervalMs must be a positive number');
     if (this.#tools.size === 0) throw new Error('ratchet: register at least one tool before start()');
     if (this.#started) throw new Error('ratchet: the worker was already started');
     this.#started = true;
@@ -90,11 +111,11 @@ export class Worker {
       this.#started = false;
       throw err;
     }
-    if (signal) {
-      if (signal.aborted) this.#requestStop(30_000);
-      else signal.addEventListener('abort', () => this.#requestStop(30_000), { once: true });
-    }
-    this.#done = this.#loop(concurrency, pollIntervalMs, waitSeconds, tools);
+    const onAbort = () => this.#requestStop(30_000);
+    if (signal?.aborted) onAbort();
+    else signal?.addEventListener('abort', onAbort, { once: true });
+    this.#done = this.#loop(concurrency, pollIntervalMs, waitSeconds, tools)
+      .finally(() => signal?.removeEventListener('abort', onAbort));
     await this.#done;
   }
 
@@ -103,20 +124,31 @@ export class Worker {
    * their signals abort ('stopping') and those that do not return within a
    * second are left unreported (their leases lapse and another worker runs
    * them). Resolves to whether every job this worker claimed ended with its
-   * outcome recorded.
+   * outcome recorded and no handler is still running. A stop before start()
+   * does nothing and resolves to true. It may be called from onError.
    */
   async stop({ timeoutMs = 30_000 } = {}) {
+    if (!this.#started) return true;
     this.#requestStop(timeoutMs);
-    if (!this.#done) return false;
-    await this.#done;
-    await this.#errors;
-    return this.#lostReports === 0 && this.#leftUnreported === 0;
+    if (this.#done) await this.#done;
+    // onError is told what is queued, for at most a second (stop may be
+    // awaited by an onError call in that very queue).
+    await nap(1_000, this.#errors);
+    return this.#lostReports === 0 && this.#leftUnreported === 0 && this.#stragglers === 0;
   }
 
   #requestStop(timeoutMs) {
-    this.#stopAt ??= now() + Math.max(0, timeoutMs);
+    if (this.#stopAt === null) {
+      this.#stopAt = now() + Math.max(0, timeoutMs);
+      setTimeout(() => this.#claimCutoff.abort(new Error('stopping')), Math.max(0, timeoutMs)).unref?.();
+    }
     this.#stopping.abort();
-    this.#slotFreed?.resolve();
+    this.#signal();
+  }
+
+  #signal() {
+    this.#changed.resolve();
+    this.#changed = withResolvers();
   }
 
   #register(tools) {
@@ -134,196 +166,238 @@ export class Worker {
 
   async #loop(concurrency, pollIntervalMs, waitSeconds, tools) {
     const stopping = this.#stopping.signal;
-    while (!stopping.aborted) {
-      while (this.#running >= concurrency && !stopping.aborted) {
-        this.#slotFreed = withResolvers();
-        await this.#slotFreed.promise;
-      }
-      if (stopping.aborted) break;
-      const limit = Math.min(concurrency - this.#running, MAX_CLAIM);
-      const sent = now();
-      let jobs;
-      try {
-        jobs = await this.#claim(limit, waitSeconds);
-      } catch (err) {
-        if (err instanceof RatchetError && err.status === 404 && err.code === 'not_found') {
-          // The worker id is unknown: register again under a new one.
-          try {
-            this.workerId = await this.#register(tools);
-          } catch (again) {
-            this.#notify(again);
-          }
+    try {
+      while (!stopping.aborted) {
+        // No claim while a slot is missing, or while a report is failing:
+        // the job it reports may lapse and come back to this very worker,
+        // which would run it again.
+        while ((this.#slots >= concurrency || this.#reportsFailing > 0) && !stopping.aborted) {
+          await nap(1_000, this.#changed.promise);
         }
-        this.#notify(err);
-        await this.#pause(jittered(pollIntervalMs));
-        continue;
+        if (stopping.aborted) break;
+        const limit = Math.min(concurrency - this.#slots, MAX_CLAIM);
+        const sent = now();
+        let jobs;
+        try {
+          jobs = await this.#claim(limit, waitSeconds);
+        } catch (err) {
+          if (this.#claimCutoff.signal.aborted) break;
+          if (err instanceof RatchetError && err.status === 404 && err.code === 'not_found') {
+            // The worker id is unknown: register again under a new one.
+            try {
+              this.workerId = await this.#register(tools);
+            } catch (again) {
+              this.#notify(again);
+            }
+          }
+          this.#notify(err);
+          await this.#pause(jittered(pollIntervalMs));
+          continue;
+        }
+        for (const job of jobs) this.#dispatch(job, sent);
+        if (jobs.length >= limit || (jobs.length > 0 && waitSeconds > 0)) continue; // work is waiting
+        // A long poll already waited part of the interval.
+        await this.#pause(jittered(pollIntervalMs) - (waitSeconds > 0 ? now() - sent : 0));
       }
-      for (const job of jobs) this.#dispatch(job, sent);
-      if (jobs.length < limit) await this.#pause(jittered(pollIntervalMs));
+    } finally {
+      await this.#drain();
     }
-    await this.#drain();
   }
 
   async #claim(limit, waitSeconds) {
     // One claim id across the call's retries: a claim whose answer was lost
-    // is answered again with the jobs it leased.
+    // is answered again with the jobs it leased. Cut at the stop's deadline.
     const body = { limit, waitSeconds, claimId: newRequestId() };
-    const answer = await this.#transport.call('POST', `/workers/${pathId(this.workerId)}/claim`, body,
-      { safe: true, timeoutMs: Math.max(this.#transport.timeoutMs, waitSeconds * 1000 + 10_000) });
+    const answer = await this.#transport.call('POST', `/workers/${pathId(this.workerId)}/claim`, body, {
+      safe: true, timeoutMs: Math.max(this.#transport.timeoutMs, waitSeconds * 1000 + 10_000), signal: this.#claimCutoff.signal,
+    });
     return answer?.jobs ?? [];
   }
 
   #dispatch(job, sent) {
-    this.#running++;
-    const run = this.#execute(job, sent).finally(() => this.#active.delete(run));
+    this.#slots++;
+    const run = this.#supervise(job, sent).catch((err) => this.#notify(err)).finally(() => {
+      this.#active.delete(run);
+      this.#signal();
+    });
     this.#active.add(run);
   }
 
-  #releaseSlot() {
-    this.#running--;
-    this.#slotFreed?.resolve();
+  #freeSlot() {
+    this.#slots--;
+    this.#signal();
   }
 
   async #drain() {
     // Running jobs until the stop deadline, then abort the rest and wait
     // for their supervisors (which report what returned within the grace).
-    const left = this.#stopAt === null ? Infinity : this.#stopAt - now();
-    if (this.#active.size > 0 && left > 0) {
-      let timer;
-      await Promise.race([Promise.allSettled([...this.#active]), new Promise((r) => { timer = setTimeout(r, left); })]);
-      clearTimeout(timer);
+    while (this.#active.size > 0) {
+      const left = this.#stopAt === null ? Infinity : this.#stopAt - now();
+      if (left <= 0) break;
+      await nap(left, this.#changed.promise);
     }
     this.#stopDeadlinePassed = true;
-    for (const cancel of this.#cancels) cancel('stopping');
+    for (const job of this.#jobs) job.stop();
     while (this.#active.size > 0) await Promise.allSettled([...this.#active]);
   }
 
-  async #execute(job, sent) {
-    let slotHeld = true;
-    const release = () => {
-      if (slotHeld) {
-        slotHeld = false;
-        this.#releaseSlot();
-      }
-    };
-    try {
-      await this.#supervise(job, sent, release);
-    } catch (err) {
-      this.#notify(err);
-    } finally {
-      release();
-    }
-  }
-
-  async #supervise(job, sent, release) {
+  async #supervise(job, sent) {
     const tool = this.#tools.get(`${job.name}@${job.version}`);
     const timeoutMs = Number(job.timeoutMs) || 0;
-    const leaseMs = Number(job.leaseMs) || timeoutMs + 10_000;
-    let leaseEnd = sent + leaseMs;
-    const token = job.leaseToken;
-    const label = { jobId: job.jobId, attempt: job.attempt };
+    const label = { jobId: job.jobId, attempt: job.attempt, token: job.leaseToken };
     if (!tool) {
       // The server only hands out registered pairs; if it ever does not,
       // give the job back for a worker that has it.
-      await this.#report(label, token, leaseEnd, { status: 'FAILED', error: { message: 'worker has no handler for this name@version', retryable: true } });
+      try {
+        await this.#report(label, { status: 'FAILED', error: { message: 'worker has no handler for this name@version', retryable: true } });
+      } finally {
+        this.#freeSlot();
+      }
       return;
     }
+    const leaseMs = Number(job.leaseMs) || timeoutMs + 10_000;
     const aborter = new AbortController();
     let reason = null;
     let wake = withResolvers();
-    const cancel = (why) => {
-      if (reason === null) {
-        reason = why;
-        aborter.abort(new CancelledError(why));
-      }
-      wake.resolve();
+    const record = {
+      leaseEnd: sent + leaseMs, // by this process's clock, as last extended
+      lostCode: null, // why the lease was lost: the server's code, or '' for a local lapse
+      stopRequested: false,
+      cancel(why) {
+        if (reason === null) {
+          reason = why;
+          aborter.abort(new CancelledError(why));
+        }
+        wake.resolve();
+      },
+      stop() {
+        record.stopRequested = true;
+        record.cancel('stopping');
+      },
     };
-    this.#cancels.add(cancel);
-    if (this.#stopDeadlinePassed) cancel('stopping');
+    this.#jobs.add(record);
+    if (this.#stopDeadlinePassed) record.stop();
     const context = {
       jobId: job.jobId, stepId: job.stepId, runId: job.runId, name: job.name, version: job.version,
       attempt: job.attempt, idempotencyKey: job.idempotencyKey, timeoutMs, signal: aborter.signal,
       get cancelReason() { return reason; },
     };
-    const started = now();
-    const deadline = timeoutMs > 0 ? started + timeoutMs : Infinity;
+    const deadline = timeoutMs > 0 ? now() + timeoutMs : Infinity;
     let settled = null;
-    (async () => tool.handler(job.input, context))().then(
-      (output) => { settled = { output, reason }; wake.resolve(); },
-      (error) => { settled = { error, reason }; wake.resolve(); },
-    );
-    let heartbeating = true;
-    let graceEnd = null;
-    let lostCode = null;
-    let nextBeat = now() + beatEvery(leaseEnd, timeoutMs);
+    let straggler = false;
+    (async () => tool.handler(job.input, context))()
+      .then((output) => ({ output }), (error) => ({ error }))
+      .then((result) => {
+        settled = { ...result, reason }; // why it was cancelled when it returned
+        wake.resolve();
+        if (straggler) {
+          // Its slot was kept until now.
+          this.#stragglers--;
+          this.#freeSlot();
+        }
+      });
+    const beatsDone = new AbortController();
+    const beats = this.#heartbeats(label, record, leaseMs, timeoutMs, beatsDone.signal);
     try {
+      let graceEnd = null;
       while (settled === null) {
-        if (reason === 'stopping' && graceEnd === null) graceEnd = now() + GRACE_MS;
-        const marks = [graceEnd ?? Infinity, heartbeating ? nextBeat : Infinity, reason === null ? deadline : Infinity];
-        const until = Math.min(...marks);
-        let timer;
-        await Promise.race([wake.promise, ...(until === Infinity ? [] : [new Promise((r) => { timer = setTimeout(r, until - now()); })])]);
-        clearTimeout(timer);
+        if (record.stopRequested && graceEnd === null) graceEnd = now() + GRACE_MS;
+        const until = Math.min(graceEnd ?? Infinity, reason === null ? deadline : Infinity);
+        await nap(until - now(), wake.promise);
         wake = withResolvers();
         if (settled !== null) break;
         const t = now();
         if (graceEnd !== null && t >= graceEnd) break;
         if (reason === null && t >= deadline) {
-          cancel('timeout');
+          record.cancel('timeout');
           graceEnd = t + GRACE_MS;
-        }
-        if (heartbeating && t >= nextBeat) {
-          const beatSent = now();
-          try {
-            const beat = await this.#transport.call('POST', `/jobs/${pathId(job.jobId)}/heartbeat`, { leaseToken: token },
-              { safe: true, maxRetries: 1, timeoutMs: Math.min(this.#transport.timeoutMs, 10_000) });
-            if (beat?.cancelRequested) {
-              // The lease is not extended for a cancelled job.
-              cancel('cancelled');
-              heartbeating = false;
-            } else {
-              leaseEnd = beatSent + leaseMs;
-            }
-          } catch (err) {
-            if (err instanceof RatchetError && [403, 404, 409].includes(err.status)) {
-              // The lease is lost (a newer claim) or the job ended.
-              lostCode = err.code;
-              cancel('lease_lost');
-              heartbeating = false;
-            } else {
-              this.#notify(err);
-            }
-          }
-          if (heartbeating) nextBeat = now() + beatEvery(leaseEnd, timeoutMs);
         }
       }
     } finally {
-      this.#cancels.delete(cancel);
+      beatsDone.abort();
+      await beats;
+      this.#jobs.delete(record);
     }
     if (settled === null) {
       // The handler ignored its signal; whatever it returns later is
-      // dropped. A timeout is recorded now and its slot freed; a stopping
-      // worker leaves the job unreported, its lease lapses.
-      release();
+      // dropped, and its slot stays taken until it does. A timeout is
+      // recorded now; a stopping worker leaves the job unreported.
+      straggler = true;
+      this.#stragglers++;
       if (reason === 'timeout') {
-        await this.#report(label, token, leaseEnd, { status: 'FAILED', error: { message: `handler timed out after ${timeoutMs}ms`, retryable: true } });
+        await this.#report(label, { status: 'FAILED', error: { message: `handler timed out after ${timeoutMs}ms`, retryable: true } });
       } else if (reason === 'stopping') {
         this.#leftUnreported++;
       }
       return;
     }
+    try {
+      await this.#reportOutcome(tool, label, record, context, settled);
+    } finally {
+      this.#freeSlot();
+    }
+  }
+
+  async #reportOutcome(tool, label, record, context, settled) {
     if (settled.reason === 'lease_lost') {
-      // A success is reported all the same: the server records a lapsed
-      // attempt that no claim superseded. A failure is not.
-      if (!('error' in settled) && lostCode === 'lease_lost') await this.#reportSuccess(label, token, tool, leaseEnd, settled.output);
+      // A success is reported all the same unless the job ended: the server
+      // records a lapsed attempt that no claim superseded. A failure is not.
+      if (!('error' in settled) && (record.lostCode === 'lease_lost' || record.lostCode === '')) {
+        await this.#reportSuccess(label, tool, settled.output);
+      }
       return;
     }
     if (!('error' in settled)) {
-      await this.#reportSuccess(label, token, tool, leaseEnd, settled.output);
+      await this.#reportSuccess(label, tool, settled.output);
       return;
     }
-    const { message, retryable, hint } = this.#judge(tool, settled.error, context, settled.reason);
-    await this.#report(label, token, leaseEnd, { status: 'FAILED', error: { message, retryable, ...(hint === undefined ? {} : { retryAfterMs: hint }) } });
+    let decision;
+    try {
+      decision = this.#judge(tool, settled.error, context, settled.reason);
+    } catch (failure) {
+      this.#notify(failure);
+      decision = { message: 'handler failed with an error that could not be inspected', retryable: true };
+    }
+    const { message, retryable, hint } = decision;
+    await this.#report(label, { status: 'FAILED', error: { message, retryable, ...(hint === undefined ? {} : { retryAfterMs: hint }) } });
+  }
+
+  /** Extends the lease well before it lapses until `done` aborts, and
+   * cancels the handler when the server asks or the lease is gone (a
+   * refusal, or its end passing by this process's clock while heartbeats
+   * fail). Never delays the supervisor's own timing. */
+  async #heartbeats(label, record, leaseMs, timeoutMs, done) {
+    for (;;) {
+      try {
+        await sleep(beatEvery(record.leaseEnd, timeoutMs), done);
+      } catch {
+        return;
+      }
+      if (now() >= record.leaseEnd) {
+        record.lostCode = '';
+        record.cancel('lease_lost');
+        return;
+      }
+      const beatSent = now();
+      try {
+        const beat = await this.#transport.call('POST', `/jobs/${pathId(label.jobId)}/heartbeat`, { leaseToken: label.token },
+          { safe: true, maxRetries: 1, timeoutMs: Math.min(this.#transport.timeoutMs, 10_000), signal: done });
+        if (beat?.cancelRequested) {
+          record.cancel('cancelled'); // the lease is not extended for a cancelled job
+          return;
+        }
+        record.leaseEnd = beatSent + leaseMs;
+      } catch (err) {
+        if (done.aborted) return;
+        if (err instanceof RatchetError && [403, 404, 409].includes(err.status)) {
+          // The lease is lost (a newer claim) or the job ended.
+          record.lostCode = err.code;
+          record.cancel('lease_lost');
+          return;
+        }
+        this.#notify(err);
+      }
+    }
   }
 
   /** Maps a failed attempt to the error the API is told. Order:
@@ -335,7 +409,7 @@ export class Worker {
     if (error instanceof NonRetryableError) return { message: redactMessage(describe(error.message)), retryable: false };
     if (reason === 'timeout') return { message: `handler timed out after ${context.timeoutMs}ms`, retryable: true };
     if (reason === 'stopping') return { message: 'worker stopped before the handler finished', retryable: true };
-    const message = redactMessage(`${errorName(error)}: ${describe(error?.message ?? error)}`);
+    const message = redactMessage(`${errorName(error)}: ${describe(error instanceof Error ? error.message : error)}`);
     if (!tool.classifyError) return { message, retryable: true };
     let decision;
     try {
@@ -352,66 +426,84 @@ export class Worker {
     let { retryable, hint } = verdict;
     if (hint !== undefined && (hint < MIN_RETRY_AFTER_MS || hint > MAX_RETRY_AFTER_MS)) {
       this.#notify(new InvalidDecisionError(tool.ref, decision, true));
-      hint = Math.min(Math.max(hint, MIN_RETRY_AFTER_MS), MAX_RETRY_AFTER_MS);
+      hint = clampRetryAfterMs(hint);
     }
     return { message, retryable, hint };
   }
 
-  async #reportSuccess(label, token, tool, leaseEnd, output) {
+  async #reportSuccess(label, tool, output) {
     let json;
     try {
       json = JSON.stringify(output === undefined ? null : output);
     } catch (failure) {
-      json = undefined;
       this.#notify(new TypeError(`ratchet: ${tool.ref} returned an output that is not JSON (${errorName(failure)}); reported as a non-retryable failure`));
     }
-    if (json === undefined) {
-      await this.#report(label, token, leaseEnd, { status: 'FAILED', error: { message: 'handler output is not JSON', retryable: false } });
+    if (typeof json !== 'string') {
+      // A BigInt, a cycle, or a function or symbol as the whole output.
+      await this.#report(label, { status: 'FAILED', error: { message: 'handler output is not JSON', retryable: false } });
       return;
     }
-    const refusal = await this.#report(label, token, leaseEnd, { status: 'SUCCEEDED', output: JSON.parse(json) }, false);
+    const refusal = Buffer.byteLength(json) > MAX_OUTPUT_BYTES
+      // Over the server's request size limit: sending it could only be
+      // refused (or cut off by a proxy), and the job would run again.
+      ? new RatchetError(413, 'payload_too_large', 'output too large')
+      : await this.#report(label, { status: 'SUCCEEDED', output: JSON.parse(json) }, false);
     if (refusal === null) return;
     const why = unrecordableOutput(refusal);
     if (why === null) {
       this.#lost(label, refusal);
       return;
     }
-    // The server can never record this output (its size, or its rules):
-    // report the attempt failed for good instead.
-    this.#notify(new ReportNotRecordedError(`ratchet: job ${label.jobId} attempt ${label.attempt}: the server refused the output (${refusal.code}); reporting it failed`));
-    await this.#report(label, token, leaseEnd, { status: 'FAILED', error: { message: why, retryable: false } });
+    // The server can never record this output: report the attempt failed
+    // for good instead, so the handler runs once.
+    this.#notify(new ReportNotRecordedError(`ratchet: job ${label.jobId} attempt ${label.attempt}: the server refuses the output (${refusal.code}); reporting it failed`));
+    await this.#report(label, { status: 'FAILED', error: { message: why, retryable: false } });
   }
 
   /** Sends a report, repeating it through lost answers and server failures
-   * until the server answers or the lease is long gone. Resolves to the
-   * refusal, or null when recorded (or lost for good, then told to onError). */
-  async #report(label, token, leaseEnd, report, notify = true) {
-    const body = { leaseToken: token, ...report };
-    const giveUp = Math.max(leaseEnd, now()) + REPORT_PATIENCE_MS;
-    for (let attempt = 0; ; attempt++) {
-      let wait;
-      try {
-        await this.#transport.call('POST', `/jobs/${pathId(label.jobId)}/report`, body, { safe: true, maxRetries: 0 });
-        return null;
-      } catch (err) {
-        if (err instanceof RatchetError) {
-          if (err.code === 'lease_lost' && err.detail.reportedOutcome === body.status) return null; // an earlier send landed
-          wait = this.#transport.retryDelay(err, attempt, true);
-          if (wait === null || now() + wait > giveUp) {
-            if (notify) this.#lost(label, err);
-            return err;
+   * until the server answers (once stopping, at most until the stop's
+   * deadline and REPORT_PATIENCE_MS). Resolves to the refusal, or null when
+   * recorded (or lost for good, then told to onError). */
+  async #report(label, report, notify = true) {
+    const body = { leaseToken: label.token, ...report };
+    let failing = false;
+    try {
+      for (let attempt = 0; ; attempt++) {
+        let wait;
+        let last;
+        try {
+          await this.#transport.call('POST', `/jobs/${pathId(label.jobId)}/report`, body, { safe: true, maxRetries: 0 });
+          return null;
+        } catch (err) {
+          if (err instanceof RatchetError) {
+            if (err.code === 'lease_lost' && err.detail.reportedOutcome === body.status) return null; // an earlier send landed
+            wait = this.#transport.retryDelay(err, attempt, true);
+            if (wait === null) {
+              if (notify) this.#lost(label, err);
+              return err;
+            }
+          } else if (err instanceof ConnectionLostError) {
+            wait = this.#transport.backoff(attempt);
+          } else {
+            throw err;
           }
-        } else if (err instanceof ConnectionLostError) {
-          wait = this.#transport.backoff(attempt);
-          if (now() + wait > giveUp) {
-            this.#lost(label, err);
-            return null;
-          }
-        } else {
-          throw err;
+          last = err;
         }
+        if (!failing) {
+          failing = true;
+          this.#reportsFailing++;
+        }
+        if (this.#stopAt !== null && now() + wait > this.#stopAt + GRACE_MS + REPORT_PATIENCE_MS) {
+          this.#lost(label, last);
+          return null;
+        }
+        await sleep(wait);
       }
-      await sleep(wait);
+    } finally {
+      if (failing) {
+        this.#reportsFailing--;
+        this.#signal();
+      }
     }
   }
 
@@ -435,13 +527,6 @@ export class Worker {
   }
 }
 
-function withResolvers() {
-  let resolve;
-  let reject;
-  const promise = new Promise((res, rej) => { resolve = res; reject = rej; });
-  return { promise, resolve, reject };
-}
-
 function beatEvery(leaseEnd, timeoutMs) {
   let left = leaseEnd - now();
   if (timeoutMs > 0) left = Math.min(left, timeoutMs);
@@ -450,7 +535,8 @@ function beatEvery(leaseEnd, timeoutMs) {
 
 function errorName(error) {
   try {
-    return error?.name || error?.constructor?.name || typeof error;
+    const name = error?.name ?? error?.constructor?.name;
+    return typeof name === 'string' && name ? name : typeof error;
   } catch {
     return 'Error';
   }
@@ -465,16 +551,17 @@ function describe(value) {
 }
 
 /** A classifier's decision as {retryable, hint}, or null when invalid: not
- * {retryable: boolean[, retryAfterMs: integer]}, or a hint with
- * retryable false (the API never takes one). */
+ * {retryable: boolean[, retryAfterMs: number]}, or a hint with retryable
+ * false (the API never takes one). A fractional hint is rounded up (a hint
+ * is a minimum wait). */
 export function readDecision(decision) {
   if (decision === null || typeof decision !== 'object' || Array.isArray(decision)) return null;
   if (!Object.keys(decision).every((k) => k === 'retryable' || k === 'retryAfterMs')) return null;
   const { retryable, retryAfterMs } = decision;
   if (typeof retryable !== 'boolean') return null;
   if (retryAfterMs === undefined || retryAfterMs === null) return { retryable, hint: undefined };
-  if (!retryable || !Number.isSafeInteger(retryAfterMs)) return null;
-  return { retryable: true, hint: retryAfterMs };
+  if (!retryable || typeof retryAfterMs !== 'number' || !Number.isFinite(retryAfterMs)) return null;
+  return { retryable: true, hint: Math.ceil(retryAfterMs) };
 }
 
 function unrecordableOutput(err) {

@@ -82,12 +82,38 @@ test('denied and approval_required', needsServer, async () => {
 });
 
 test('a refused result is replaced by a placeholder', needsServer, async () => {
-  const { agent } = await setup();
-  const request = { effectType: 'report.export', idempotencyKey: unique('big'), payload: {} };
-  await assert.rejects(agent.doEffect(request, () => ({ blob: 'x'.repeat(300 * 1024) })),
-    (err) => err instanceof ResultNotStoredError && err.reason === 'payload_too_large');
-  const again = await agent.doEffect(request, () => null);
-  assert.deepEqual([again.duplicate, again.result.ratchet], [true, 'result_not_recorded']);
+  const { ws, agent } = await setup();
+  const cases = {
+    big: [{ blob: 'x'.repeat(300 * 1024) }, 'payload_too_large'],
+    huge: [{ blob: 'x'.repeat(2 * 1024 * 1024) }, 'payload_too_large'],
+    not_json: [{ amount: 10n }, 'result_not_json'],
+  };
+  for (const [name, [result, reason]] of Object.entries(cases)) {
+    const request = { effectType: 'report.export', idempotencyKey: unique(name), payload: {} };
+    let effectId;
+    await assert.rejects(agent.doEffect(request, () => result), (err) => {
+      assert.ok(err instanceof ResultNotStoredError, name);
+      assert.deepEqual([err.reason, err.result], [reason, result]);
+      effectId = err.effectId;
+      return true;
+    });
+    // The key is settled: a later caller does not act again, and is told
+    // the recorded result is a placeholder.
+    await assert.rejects(agent.doEffect(request, () => assert.fail('acted again')),
+      (err) => err instanceof ResultNotStoredError && err.reason === reason);
+    assert.equal((await ws.operator.getEffect(effectId)).state, 'succeeded');
+  }
+});
+
+test('a lease outlives its length while the action runs', needsServer, async () => {
+  const { ws, agent } = await setup();
+  const effect = await agent.doEffect({ effectType: 'email.send', idempotencyKey: unique('long'), payload: { to: 'z' }, leaseSeconds: 5 },
+    async (lease) => {
+      await new Promise((r) => setTimeout(r, 7000)); // longer than the 5 s lease: the heartbeats keep it
+      assert.equal(lease.signal.aborted, false);
+      return { done: true };
+    });
+  assert.equal((await ws.operator.getEffect(effect.effectId)).state, 'succeeded');
 });
 
 test('reusing a key for another payload is refused', needsServer, async () => {

@@ -12,13 +12,16 @@ import { readDecision } from '../src/worker.js';
 /** Answers each request with the next [status, body, headers] of a script
  * (status 0 drops the connection), recording what it was sent. */
 async function fakeServer(t, script) {
+  // script: a list of answers, or respond(method, path, body) -> answer.
+  const respond = typeof script === 'function' ? script : () => script.shift() ?? [500, null];
   const seen = [];
   const server = createServer((req, res) => {
     let raw = '';
     req.on('data', (c) => { raw += c; });
     req.on('end', () => {
-      seen.push({ method: req.method, path: req.url, headers: req.headers, body: raw ? JSON.parse(raw) : undefined });
-      const [status, body, headers = {}] = script.shift() ?? [500, null];
+      const sent = raw ? JSON.parse(raw) : undefined;
+      seen.push({ method: req.method, path: req.url, headers: req.headers, body: sent });
+      const [status, body, headers = {}] = respond(req.method, req.url, sent);
       if (status === 0) return req.socket.destroy();
       const out = body === null ? '' : JSON.stringify(body);
       res.writeHead(status, { ...headers, 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(out) });
@@ -99,16 +102,22 @@ test('classifier decisions', () => {
   assert.deepEqual(readDecision({ retryable: true }), { retryable: true, hint: undefined });
   assert.deepEqual(readDecision({ retryable: false }), { retryable: false, hint: undefined });
   assert.deepEqual(readDecision({ retryable: true, retryAfterMs: 60000 }), { retryable: true, hint: 60000 });
+  // A fractional hint is a minimum wait: rounded up.
+  assert.deepEqual(readDecision({ retryable: true, retryAfterMs: 1500.2 }), { retryable: true, hint: 1501 });
+  // Out of range is read, then clamped and told by the worker.
   assert.deepEqual(readDecision({ retryable: true, retryAfterMs: 10 }), { retryable: true, hint: 10 });
   for (const invalid of [null, true, {}, [], { retryable: 'yes' }, { retryable: false, retryAfterMs: 5000 },
-    { retryable: true, retryAfterMs: 1500.5 }, { retryable: true, retry_after_ms: 5000 }]) {
+    { retryable: true, retryAfterMs: NaN }, { retryable: true, retryAfterMs: '5000' }, { retryable: true, retry_after_ms: 5000 }]) {
     assert.equal(readDecision(invalid), null, JSON.stringify(invalid));
   }
 });
 
-test('retryable error hints are checked', () => {
-  assert.equal(new RetryableError('busy', { retryAfterMs: 1000 }).retryAfterMs, 1000);
-  for (const bad of [999, 86_400_001, 1500.5, '1000']) assert.throws(() => new RetryableError('busy', { retryAfterMs: bad }), RangeError);
+test('RetryableError hints are rounded and clamped, never refused', () => {
+  // Constructing one must never throw: an error there would hand the
+  // failure to the classifier, which could end the job.
+  const cases = [[1000, 1000], [1500.2, 1501], [999, 1000], [86_400_001, 86_400_000], [undefined, undefined],
+    ['5000', undefined], [Infinity, undefined], [NaN, undefined]];
+  for (const [given, want] of cases) assert.equal(new RetryableError('busy', { retryAfterMs: given }).retryAfterMs, want, String(given));
 });
 
 test('secrets and personal data are masked as the Go SDK masks them', () => {
@@ -124,6 +133,12 @@ test('secrets and personal data are masked as the Go SDK masks them', () => {
     '': 'error',
   };
   for (const [raw, want] of Object.entries(cases)) assert.equal(redactMessage(raw), want, raw);
+  // The patterns backtrack, so only the first thousand characters are
+  // scanned, and the word the cut went through is dropped.
+  const run = 'a-'.repeat(15_000);
+  assert.equal(redactMessage(run), redactMessage(run.slice(0, 1000) + ' tail'));
+  const fragment = redactMessage('x '.repeat(499) + 'sk_live_' + 'a'.repeat(40));
+  assert.ok(!fragment.includes('sk_') && fragment.endsWith('…'));
   const long = redactMessage('é'.repeat(1000));
   assert.ok(Buffer.byteLength(long) <= 500);
   assert.ok(long.endsWith('…'));
@@ -167,4 +182,91 @@ test('an aborted signal ends start', async (t) => {
   await started;
   assert.equal(returned, true);
   await assert.rejects(client.worker.start(), /already started/);
+});
+
+const job = (n, timeoutMs = 5000) => ({
+  jobId: `job_${n}`, stepId: 's', runId: 'r', name: 't', version: '1', attempt: 1, leaseToken: `tok_${n}`,
+  leaseMs: timeoutMs + 10_000, timeoutMs, idempotencyKey: 'k', input: {},
+});
+
+async function serve(t, respond, handler, concurrency = 1) {
+  const server = await fakeServer(t, respond);
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  client.registerTool({ name: 't', version: '1', handler });
+  const started = client.worker.start({ concurrency, pollIntervalMs: 50 });
+  t.after(async () => { await client.worker.stop({ timeoutMs: 5000 }); await started; });
+  return server;
+}
+
+async function until(probe) {
+  const deadline = Date.now() + 10_000;
+  while (!probe()) {
+    if (Date.now() > deadline) throw new Error('never happened');
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+test('a handler that ignores its timeout keeps its slot', async (t) => {
+  const state = { running: 0, most: 0, claimed: 0 };
+  const server = await serve(t, (method, path) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      state.claimed++;
+      return [200, { jobs: state.claimed <= 3 ? [job(state.claimed, 100)] : [] }];
+    }
+    return [200, { jobId: 'x', status: 'RETRY_SCHEDULED', attempt: 1 }];
+  }, async () => {
+    state.running++;
+    state.most = Math.max(state.most, state.running);
+    await new Promise((r) => setTimeout(r, 1400)); // ignores its signal, past the 1 s grace
+    state.running--;
+  });
+  await until(() => state.claimed > 3);
+  assert.equal(state.most, 1);
+  const reports = server.seen.filter((s) => s.path.endsWith('/report'));
+  assert.ok(reports.length >= 3 && reports.every((s) => s.body.error.message === 'handler timed out after 100ms'));
+});
+
+test('no claim while a report is failing', async (t) => {
+  const order = [];
+  let failures = 2;
+  await serve(t, (method, path) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      order.push('claim');
+      return [200, { jobs: order.filter((o) => o === 'claim').length === 1 ? [job(1)] : [] }];
+    }
+    if (failures > 0) {
+      failures--;
+      order.push('report failed');
+      return [503, error('internal_error')];
+    }
+    order.push('report');
+    return [200, { jobId: 'job_1', status: 'SUCCEEDED', attempt: 1 }];
+  }, () => ({ ok: true }), 2); // a second slot is free: only the failing report holds the claims
+  await until(() => order.filter((o) => o === 'claim').length >= 3);
+  assert.deepEqual(order.slice(0, order.indexOf('report') + 1), ['claim', 'report failed', 'report failed', 'report']);
+});
+
+test('stop resolves at its deadline though a cancelled handler never returns', async (t) => {
+  const server = await fakeServer(t, (method, path) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) return [200, { jobs: [job(1, 3000)] }];
+    if (path.endsWith('/heartbeat')) return [200, { leaseExpiresAt: null, cancelRequested: true }];
+    return [200, {}];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  let reason;
+  client.registerTool({ name: 't', version: '1', handler: (input, ctx) => { ctx.signal.addEventListener('abort', () => { reason ??= ctx.cancelReason; }); return new Promise(() => {}); } });
+  const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50 });
+  t.after(() => client.worker.stop({ timeoutMs: 0 }));
+  await until(() => reason === 'cancelled'); // the first heartbeat, a second in, before the 3 s timeout
+  assert.equal(await client.worker.stop({ timeoutMs: 200 }), false);
+  await started;
+});
+
+test('stop before start does nothing', async () => {
+  const client = new Ratchet({ baseUrl: 'http://127.0.0.1:9', apiKey: 'rk_test' });
+  assert.equal(await client.worker.stop(), true);
+  await assert.rejects(client.getRun(), /no run/); // a refusal, not a synchronous throw
 });
