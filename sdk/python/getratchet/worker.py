@@ -129,6 +129,7 @@ class Worker:
         self._lost_reports = 0
         self._left_unreported = 0  # handlers a stop gave up on, their jobs unreported
         self.worker_id: Optional[str] = None
+        self._claim_id: Optional[str] = None  # a claim whose answer was lost, to ask again (loop thread only)
 
     def add_tool(self, name: str, version: str, handler: Callable[[Any, JobContext], Any],
                  classify_error: Optional[Callable[[BaseException, JobContext], Any]] = None) -> None:
@@ -283,11 +284,19 @@ class Worker:
             self._drain()
 
     def _claim(self, limit: int, wait_seconds: int) -> list:
-        # One claim id across the call's retries: a claim whose answer was
-        # lost is answered again with the jobs it leased.
-        body = {"limit": limit, "waitSeconds": wait_seconds, "claimId": new_request_id()}
-        answer = self._transport.call("POST", "/workers/" + path_id(self.worker_id or "") + "/claim", body,
-                                      safe=True, timeout=max(self._transport.timeout, wait_seconds + 10.0))
+        # One claim id across the call's retries, and across claims until
+        # one is answered: a claim whose answer was lost is answered again
+        # with the jobs it leased, instead of leaving them to lapse.
+        if self._claim_id is None:
+            self._claim_id = new_request_id()
+        body = {"limit": limit, "waitSeconds": wait_seconds, "claimId": self._claim_id}
+        try:
+            answer = self._transport.call("POST", "/workers/" + path_id(self.worker_id or "") + "/claim", body,
+                                          safe=True, timeout=max(self._transport.timeout, wait_seconds + 10.0))
+        except RatchetError:
+            self._claim_id = None  # answered: nothing was leased under it
+            raise
+        self._claim_id = None
         return answer.get("jobs") or []
 
     def _dispatch(self, job: dict, sent: float) -> None:

@@ -296,6 +296,24 @@ class WorkerRulesTest(unittest.TestCase):
         first_report = order.index("report")
         self.assertEqual(order[:first_report + 1], ["claim", "report failed", "report failed", "report"])
 
+    def test_a_claim_whose_answer_was_lost_is_asked_again_under_its_id(self) -> None:
+        ids = []
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            ids.append(body["claimId"])
+            if len(ids) <= 4:
+                return 0, None, {}  # the call and its three retries lose their answers
+            return 200, {"jobs": []}, {}
+
+        self.serve(respond, lambda input, context: None)
+        wait_until(lambda: len(ids) >= 6)
+        # The next claim after the lost ones asks again under the same id;
+        # an answered claim's successor gets a new one.
+        self.assertEqual(len(set(ids[:5])), 1)
+        self.assertNotEqual(ids[5], ids[4])
+
 
 def wait_until(probe, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout

@@ -74,6 +74,7 @@ export class Worker {
   #errors = Promise.resolve();
   #lostReports = 0;
   #leftUnreported = 0;
+  #claimId = null; // a claim whose answer was lost, to ask again
 
   constructor(transport) {
     this.#transport = transport;
@@ -205,12 +206,22 @@ export class Worker {
   }
 
   async #claim(limit, waitSeconds) {
-    // One claim id across the call's retries: a claim whose answer was lost
-    // is answered again with the jobs it leased. Cut at the stop's deadline.
-    const body = { limit, waitSeconds, claimId: newRequestId() };
-    const answer = await this.#transport.call('POST', `/workers/${pathId(this.workerId)}/claim`, body, {
-      safe: true, timeoutMs: Math.max(this.#transport.timeoutMs, waitSeconds * 1000 + 10_000), signal: this.#claimCutoff.signal,
-    });
+    // One claim id across the call's retries, and across claims until one
+    // is answered: a claim whose answer was lost is answered again with the
+    // jobs it leased, instead of leaving them to lapse. Cut at the stop's
+    // deadline.
+    this.#claimId ??= newRequestId();
+    const body = { limit, waitSeconds, claimId: this.#claimId };
+    let answer;
+    try {
+      answer = await this.#transport.call('POST', `/workers/${pathId(this.workerId)}/claim`, body, {
+        safe: true, timeoutMs: Math.max(this.#transport.timeoutMs, waitSeconds * 1000 + 10_000), signal: this.#claimCutoff.signal,
+      });
+    } catch (err) {
+      if (err instanceof RatchetError) this.#claimId = null; // answered: nothing was leased under it
+      throw err;
+    }
+    this.#claimId = null;
     return answer?.jobs ?? [];
   }
 

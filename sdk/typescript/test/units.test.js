@@ -270,3 +270,17 @@ test('stop before start does nothing', async () => {
   assert.equal(await client.worker.stop(), true);
   await assert.rejects(client.getRun(), /no run/); // a refusal, not a synchronous throw
 });
+
+test('a claim whose answer was lost is asked again under its id', async (t) => {
+  const ids = [];
+  await serve(t, (method, path, body) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    ids.push(body.claimId);
+    return ids.length <= 4 ? [0, null] : [200, { jobs: [] }]; // the call and its three retries lose their answers
+  }, () => null);
+  await until(() => ids.length >= 6);
+  // The next claim after the lost ones asks again under the same id; an
+  // answered claim's successor gets a new one.
+  assert.equal(new Set(ids.slice(0, 5)).size, 1);
+  assert.notEqual(ids[5], ids[4]);
+});
