@@ -383,8 +383,9 @@ class Ratchet:
                 raise OutcomeNotReported(effect_id, result, err) from err
             raise ResultNotStored(effect_id, reason, result)
         finally:
+            # Not joined: a heartbeat still in flight ends on its own (a
+            # reported lease answers it 409), and must not hold the answer.
             stop.set()
-            beats.join()
 
     def _report_effect(self, effect_id: str, token: str, outcome: str, result: Any, state: dict) -> None:
         """Reports, repeating through lost answers and server failures while
@@ -423,8 +424,11 @@ class Ratchet:
                 return
             sent = time.monotonic()
             try:
+                # No retries inside the call (a 429's wait could outlast the
+                # lease): this loop beats again, and watches the lease's end.
                 beat, date = self._transport.call("POST", "/effects/" + path_id(effect_id) + "/heartbeat",
-                                                  {"lease_token": token}, safe=True, max_retries=1, with_date=True)
+                                                  {"lease_token": token}, safe=True, max_retries=0, with_date=True,
+                                                  timeout=min(self._transport.timeout, 10.0))
             except RatchetError as err:
                 if err.status in (404, 409):
                     lost.set()

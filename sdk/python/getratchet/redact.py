@@ -13,6 +13,9 @@ MAX_ERROR_MESSAGE_BYTES = 500
 # GIL). A thousand characters take a few milliseconds and still fill the
 # 500 bytes that are sent.
 _MAX_SCANNED_CHARS = 1000
+# The white space before the last word (any white space: a newline or a tab
+# separates a secret as well as a space does).
+_LAST_WORD = re.compile(r"\s\S*$")
 
 def _ascii(pattern: str) -> "re.Pattern[str]":
     # ASCII classes (\w, \s, \b), as in the Go SDK's RE2 patterns.
@@ -54,9 +57,9 @@ def redact_message(message: str) -> str:
         message = message[:_MAX_SCANNED_CHARS]
         # Drop the word the cut went through, so no fragment of a secret
         # too short for the patterns to recognise is left at the end.
-        space = message.rfind(" ")
-        if space > 0:
-            message = message[:space]
+        last_space = _LAST_WORD.search(message)
+        if last_space and last_space.start() > 0:
+            message = message[:last_space.start()]
     message = "".join(" " if unicodedata.category(ch) in ("Cc", "Cs") else ch for ch in message)
     for pattern, replacement in _REDACTIONS:
         message = pattern.sub(replacement, message)

@@ -467,7 +467,7 @@ class Worker:
             sent = time.monotonic()
             try:
                 beat = self._transport.call("POST", "/jobs/" + path_id(context.job_id) + "/heartbeat",
-                                            {"leaseToken": context._lease_token}, safe=True, max_retries=1,
+                                            {"leaseToken": context._lease_token}, safe=True, max_retries=0,
                                             timeout=min(self._transport.timeout, 10.0))
             except RatchetError as err:
                 if err.status in (403, 404, 409):

@@ -177,6 +177,9 @@ class RedactTest(unittest.TestCase):
         out = redact_message("x " * 499 + "sk_live_" + "a" * 40)
         self.assertNotIn("sk_", out)
         self.assertTrue(out.endswith("…"))
+        for separator in ("\n", "\t"):
+            out = redact_message("Q" * 985 + separator + "AKIAIOSFODNN7EXAMPLE" + separator + "x")
+            self.assertNotIn("AKIA", out, repr(separator))
 
     def test_messages_are_bounded_in_utf8_bytes(self) -> None:
         out = redact_message("é" * 1000)
@@ -313,6 +316,29 @@ class WorkerRulesTest(unittest.TestCase):
         # an answered claim's successor gets a new one.
         self.assertEqual(len(set(ids[:5])), 1)
         self.assertNotEqual(ids[5], ids[4])
+
+
+class GateLeaseTest(unittest.TestCase):
+    def test_the_action_is_told_its_lease_is_lost_when_heartbeats_are_rate_limited(self) -> None:
+        from datetime import datetime, timedelta, timezone
+
+        def respond(method, path, body):
+            if path.endswith("/begin"):
+                expires = (datetime.now(timezone.utc) + timedelta(seconds=4)).isoformat().replace("+00:00", "Z")
+                return 200, {"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
+                             "lease_token": "tok", "lease_expires_at": expires}, {}
+            if path.endswith("/heartbeat"):
+                # A wait far past the lease: it must not be waited out.
+                return 429, error("rate_limited", retry_after_seconds=20), {}
+            return 409, error("lease_expired"), {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        told = []
+        with self.assertRaises(getratchet.OutcomeNotReported):
+            client.do_effect("email.send", "k", lambda lease: told.append(lease.lost.wait(15)), {})
+        self.assertEqual(told, [True])
 
 
 def wait_until(probe, timeout: float = 10.0) -> None:

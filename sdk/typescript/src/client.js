@@ -328,7 +328,9 @@ export class Ratchet {
       const sent = Date.now();
       try {
         const [beat, date] = await this.#transport.call('POST', `/effects/${pathId(effectId)}/heartbeat`, { lease_token: token },
-          { safe: true, maxRetries: 1, signal, withDate: true });
+          // No retries inside the call (a 429's wait could outlast the lease):
+          // this loop beats again, and watches the lease's end.
+          { safe: true, maxRetries: 0, signal, withDate: true, timeoutMs: Math.min(this.#transport.timeoutMs, 10_000) });
         const ms = leaseLength(beat?.lease_expires_at, date);
         if (ms > 0) state.end = sent + ms;
       } catch (err) {

@@ -37,7 +37,8 @@ export function redactMessage(message) {
     out = out.slice(0, MAX_SCANNED_CHARS);
     // Drop the word the cut went through, so no fragment of a secret too
     // short for the patterns to recognise is left at the end.
-    const space = out.lastIndexOf(' ');
+    // Any white space: a newline or a tab separates a secret as well as a space.
+    const space = out.search(/\s\S*$/);
     if (space > 0) out = out.slice(0, space);
   }
   out = out.toWellFormed?.() ?? out;

@@ -392,7 +392,7 @@ export class Worker {
       const beatSent = now();
       try {
         const beat = await this.#transport.call('POST', `/jobs/${pathId(label.jobId)}/heartbeat`, { leaseToken: label.token },
-          { safe: true, maxRetries: 1, timeoutMs: Math.min(this.#transport.timeoutMs, 10_000), signal: done });
+          { safe: true, maxRetries: 0, timeoutMs: Math.min(this.#transport.timeoutMs, 10_000), signal: done });
         if (beat?.cancelRequested) {
           record.cancel('cancelled'); // the lease is not extended for a cancelled job
           return;

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { createServer } from 'node:http';
 import { test } from 'node:test';
 import {
-  ConnectionLostError, Ratchet, RatchetError, RetryableError, blindKey, redactMessage,
+  ConnectionLostError, OutcomeNotReportedError, Ratchet, RatchetError, RetryableError, blindKey, redactMessage,
 } from '../src/index.js';
 import { Transport } from '../src/transport.js';
 import { readDecision } from '../src/worker.js';
@@ -139,6 +139,9 @@ test('secrets and personal data are masked as the Go SDK masks them', () => {
   assert.equal(redactMessage(run), redactMessage(run.slice(0, 1000) + ' tail'));
   const fragment = redactMessage('x '.repeat(499) + 'sk_live_' + 'a'.repeat(40));
   assert.ok(!fragment.includes('sk_') && fragment.endsWith('…'));
+  for (const separator of ['\n', '\t']) {
+    assert.ok(!redactMessage('Q'.repeat(985) + separator + 'AKIAIOSFODNN7EXAMPLE' + separator + 'x').includes('AKIA'), JSON.stringify(separator));
+  }
   const long = redactMessage('é'.repeat(1000));
   assert.ok(Buffer.byteLength(long) <= 500);
   assert.ok(long.endsWith('…'));
@@ -283,4 +286,25 @@ test('a claim whose answer was lost is asked again under its id', async (t) => {
   // answered claim's successor gets a new one.
   assert.equal(new Set(ids.slice(0, 5)).size, 1);
   assert.notEqual(ids[5], ids[4]);
+});
+
+test('the action is told its lease is lost when heartbeats are rate limited', async (t) => {
+  const server = await fakeServer(t, (method, path) => {
+    if (path.endsWith('/begin')) {
+      return [200, { decision: 'execute', effect_id: 'eff_1', state: 'leased', attempt: 1, lease_token: 'tok',
+        lease_expires_at: new Date(Date.now() + 4000).toISOString() }, { Date: new Date().toUTCString() }];
+    }
+    // A wait far past the lease: it must not be waited out.
+    if (path.endsWith('/heartbeat')) return [429, error('rate_limited', { retry_after_seconds: 20 })];
+    return [409, error('lease_expired')];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  let told = false;
+  await assert.rejects(client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, async (lease) => {
+    await new Promise((r) => {
+      const timer = setTimeout(r, 15_000);
+      lease.signal.addEventListener('abort', () => { told = true; clearTimeout(timer); r(); });
+    });
+  }), OutcomeNotReportedError);
+  assert.equal(told, true);
 });
