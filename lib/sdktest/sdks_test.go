@@ -27,6 +27,7 @@ const (
 // TestPythonSDK runs sdk/python/tests (the standard library's unittest).
 // RATCHET_PYTHON names the interpreter (python3 by default, 3.10 or newer).
 func TestPythonSDK(t *testing.T) {
+	t.Parallel()
 	python := interpreter(t, "RATCHET_PYTHON", "python3", "Python 3.10 or newer (Debian: apt-get install python3)",
 		"-c", "import sys; print(sys.version_info >= (3, 10))")
 	out := runAgainstServer(t, pythonSDK, python, "-m", "unittest", "discover", "-v", "-s", "tests", "-t", "tests")
@@ -38,6 +39,7 @@ func TestPythonSDK(t *testing.T) {
 // TestTypeScriptSDK runs sdk/typescript/test (node:test). RATCHET_NODE
 // names the runtime (node by default, 18 or newer).
 func TestTypeScriptSDK(t *testing.T) {
+	t.Parallel()
 	node := interpreter(t, "RATCHET_NODE", "node", "Node.js 18 or newer (Debian: apt-get install nodejs)",
 		"-e", "console.log(String(Number(process.versions.node.split('.')[0]) >= 18).replace(/^./, c => c.toUpperCase()))")
 	files, err := filepath.Glob(filepath.Join(typescriptSDK, "test", "*.test.js"))
