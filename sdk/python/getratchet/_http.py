@@ -101,6 +101,28 @@ class Transport:
             attempt += 1
             self.sleep(wait)
 
+    def call_until(self, method: str, path: str, body: Any, *, may_wait: Callable[[float], bool],
+                   on_retry: Callable[[], None] = lambda: None) -> Any:
+        """Sends a call that is safe to repeat (a report), repeating it
+        through every failure worth repeating for as long as may_wait(wait)
+        allows the next wait (seconds); on_retry runs before each wait.
+        Raises the last failure: a refusal, or one may_wait gave up on."""
+        attempt = 0
+        while True:
+            try:
+                return self.call(method, path, body, safe=True, max_retries=0)
+            except RatchetError as err:
+                wait = self.retry_delay(err, attempt, True)
+                if wait is None or not may_wait(wait):
+                    raise
+            except ConnectionLost:
+                wait = self.backoff(attempt)
+                if not may_wait(wait):
+                    raise
+            on_retry()
+            attempt += 1
+            self.sleep(wait)
+
     def retry_delay(self, err: RatchetError, attempt: int, safe: bool) -> Optional[float]:
         """How long to wait before repeating a call that failed with err
         (after attempt repeats), or None when it must not be repeated."""

@@ -88,7 +88,7 @@ class Ratchet:
                  max_retries: int = 3, user_agent: str = "") -> None:
         self._transport = Transport(base_url, api_key, timeout=timeout, max_retries=max_retries,
                                     user_agent=user_agent)
-        self._run_lock = threading.Lock()
+        self._lock = threading.Lock()
         self._run_id: Optional[str] = None
         self._worker: Any = None
 
@@ -107,7 +107,7 @@ class Ratchet:
     @property
     def run_id(self) -> Optional[str]:
         """The run start_run started, which enqueue and finish_run default to."""
-        with self._run_lock:
+        with self._lock:
             return self._run_id
 
     def start_run(self, name: str, *, idempotency_key: Optional[str] = None,
@@ -124,7 +124,7 @@ class Ratchet:
         if budget_micros is not None:
             body["budgetMicros"] = budget_micros
         run = self._transport.call("POST", "/runs", body, safe=idempotency_key is not None)
-        with self._run_lock:
+        with self._lock:
             self._run_id = run["id"]
         return run
 
@@ -219,7 +219,7 @@ class Ratchet:
     @property
     def worker(self) -> Any:
         """This client's worker runtime: start(), stop()."""
-        with self._run_lock:
+        with self._lock:
             if self._worker is None:
                 from .worker import Worker
                 self._worker = Worker(self._transport)
@@ -272,10 +272,8 @@ class Ratchet:
         "failed" only when the action surely did not reach the outside
         world. Unsure? Report nothing: the lease lapses and the outcome is
         recorded honestly as indeterminate."""
-        body: dict = {"lease_token": lease_token, "outcome": outcome}
-        if result is not None:
-            body["result"] = result
-        return self._transport.call("POST", "/effects/" + path_id(effect_id) + "/report", body, safe=True)
+        return self._transport.call("POST", "/effects/" + path_id(effect_id) + "/report",
+                                    _effect_report(lease_token, outcome, result), safe=True)
 
     def heartbeat_effect(self, effect_id: str, lease_token: str) -> dict:
         """Extends an execute's lease: {"effect_id", "lease_expires_at"}."""
@@ -390,25 +388,9 @@ class Ratchet:
     def _report_effect(self, effect_id: str, token: str, outcome: str, result: Any, state: dict) -> None:
         """Reports, repeating through lost answers and server failures while
         the lease stands (the heartbeats keep it)."""
-        body: dict = {"lease_token": token, "outcome": outcome}
-        if result is not None:
-            body["result"] = result
-        attempt = 0
-        while True:
-            try:
-                self._transport.call("POST", "/effects/" + path_id(effect_id) + "/report", body, safe=True,
-                                     max_retries=0)
-                return
-            except RatchetError as err:
-                wait = self._transport.retry_delay(err, attempt, True)
-                if wait is None or time.monotonic() + wait >= state["end"]:
-                    raise
-            except ConnectionLost:
-                wait = self._transport.backoff(attempt)
-                if time.monotonic() + wait >= state["end"]:
-                    raise
-            attempt += 1
-            time.sleep(wait)
+        self._transport.call_until("POST", "/effects/" + path_id(effect_id) + "/report",
+                                   _effect_report(token, outcome, result),
+                                   may_wait=lambda wait: time.monotonic() + wait < state["end"])
 
     def _heartbeat_effect(self, effect_id: str, token: str, state: dict,
                           stop: threading.Event, lost: threading.Event) -> None:
@@ -441,6 +423,13 @@ class Ratchet:
                 state["end"] = sent + seconds
 
 
+def _effect_report(token: str, outcome: str, result: Any) -> dict:
+    body: dict = {"lease_token": token, "outcome": outcome}
+    if result is not None:
+        body["result"] = result
+    return body
+
+
 def _unsendable_result(result: Any) -> Optional[str]:
     """Why a result cannot even be sent (not JSON, or over the server's
     request size limit), or None."""
@@ -464,7 +453,7 @@ def _unrecordable_result(err: RatchetError) -> Optional[str]:
     return None
 
 
-def parse_time(timestamp: Any) -> Optional[datetime]:
+def _parse_time(timestamp: Any) -> Optional[datetime]:
     """An RFC 3339 timestamp of the server's, or None when it does not parse."""
     match = _RFC3339.match(str(timestamp or ""))
     if not match:
@@ -484,7 +473,7 @@ def _lease_seconds(expires: Any, date: Optional[datetime]) -> float:
     """A lease's length by the server's clock: its expiry less the
     answer's Date (whole seconds, so less a second), or by this process's
     clock without one; 0 when unknown."""
-    end = parse_time(expires)
+    end = _parse_time(expires)
     if end is None:
         return 0.0
     if date is None:

@@ -95,6 +95,13 @@ class _Active:
         self.beats_done = threading.Event()
         self.straggler = False  # the supervisor went on without the handler (under the worker's lock)
 
+    def stop(self) -> None:
+        """The worker's stop deadline passed: cancel the handler, and have
+        the supervisor wait for it at most the grace."""
+        self.stop_requested = True
+        self.context._cancel("stopping")
+        self.wake.set()
+
 
 class Worker:
     """Claims jobs of its registered tools and runs them (``Ratchet.worker``).
@@ -310,8 +317,7 @@ class Worker:
             self._running += 1
             self._active[context.job_id] = active
             if self._stopping.is_set() and self._stop_at is not None and time.monotonic() >= self._stop_at:
-                active.stop_requested = True
-                context._cancel("stopping")
+                active.stop()
         threading.Thread(target=self._supervise, args=(active, job), name="ratchet-job", daemon=True).start()
 
     def _drain(self) -> None:
@@ -322,9 +328,7 @@ class Worker:
             while self._active and (self._stop_at is None or time.monotonic() < self._stop_at):
                 self._lock.wait(None if self._stop_at is None else max(0.0, self._stop_at - time.monotonic()))
             for active in self._active.values():
-                active.stop_requested = True
-                active.context._cancel("stopping")
-                active.wake.set()
+                active.stop()
             while self._active:
                 self._lock.wait()
         self._done.set()
@@ -556,43 +560,43 @@ class Worker:
     def _report(self, context: JobContext, body: dict, notify: bool = True) -> Optional[RatchetError]:
         """Sends a report, repeating it through lost answers and server
         failures until the server answers (once the worker is stopping, at
-        most until its stop deadline and the grace). Returns the refusal;
-        None when recorded, or when its answer was lost for good (then
-        already told to on_error)."""
+        most until its stop deadline and the grace), and counting it as
+        failing meanwhile, so that no claim is made. Returns the refusal;
+        None when recorded, or when it was given up (then already told to
+        on_error)."""
         body = {"leaseToken": context._lease_token, **body}
-        attempt = 0
-        failing = False
-        try:
-            while True:
-                try:
-                    self._transport.call("POST", "/jobs/" + path_id(context.job_id) + "/report", body,
-                                         safe=True, max_retries=0)
-                    return None
-                except RatchetError as err:
-                    if err.code == LEASE_LOST and err.detail.get("reportedOutcome") == body["status"]:
-                        return None  # an earlier send of this report landed
-                    wait = self._transport.retry_delay(err, attempt, True)
-                    if wait is None:
-                        if notify:
-                            self._lost(context, err)
-                        return err
-                    last: BaseException = err
-                except ConnectionLost as err:
-                    wait = self._transport.backoff(attempt)
-                    last = err
+        state = {"failing": False, "gave_up": False}
+
+        def may_wait(wait: float) -> bool:
+            with self._lock:
+                state["gave_up"] = (self._stop_at is not None
+                                    and time.monotonic() + wait > self._stop_at + _GRACE + _REPORT_PATIENCE)
+            return not state["gave_up"]
+
+        def on_retry() -> None:
+            if not state["failing"]:
+                state["failing"] = True
                 with self._lock:
-                    if not failing:
-                        failing = True
-                        self._reports_failing += 1
-                    give_up = (self._stop_at is not None
-                               and time.monotonic() + wait > self._stop_at + _GRACE + _REPORT_PATIENCE)
-                if give_up:
-                    self._lost(context, last)
-                    return None
-                attempt += 1
-                time.sleep(wait)
+                    self._reports_failing += 1
+
+        try:
+            self._transport.call_until("POST", "/jobs/" + path_id(context.job_id) + "/report", body,
+                                       may_wait=may_wait, on_retry=on_retry)
+            return None
+        except RatchetError as err:
+            if err.code == LEASE_LOST and err.detail.get("reportedOutcome") == body["status"]:
+                return None  # an earlier send of this report landed
+            if state["gave_up"]:
+                self._lost(context, err)
+                return None
+            if notify:
+                self._lost(context, err)
+            return err
+        except ConnectionLost as err:
+            self._lost(context, err)
+            return None
         finally:
-            if failing:
+            if state["failing"]:
                 with self._lock:
                     self._reports_failing -= 1
                     self._lock.notify_all()

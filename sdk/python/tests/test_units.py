@@ -317,6 +317,21 @@ class WorkerRulesTest(unittest.TestCase):
         self.assertEqual(len(set(ids[:5])), 1)
         self.assertNotEqual(ids[5], ids[4])
 
+    def test_an_unknown_worker_id_registers_again(self) -> None:
+        claims = []
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_%d" % (len(claims) + 1)}, {}
+            claims.append(path)
+            if path == "/api/v1/workers/wkr_1/claim":
+                return 404, error("not_found"), {}
+            return 200, {"jobs": []}, {}
+
+        self.serve(respond, lambda input, context: None)
+        wait_until(lambda: len(claims) >= 2)
+        self.assertEqual(claims[:2], ["/api/v1/workers/wkr_1/claim", "/api/v1/workers/wkr_2/claim"])
+
 
 class GateLeaseTest(unittest.TestCase):
     def test_the_action_is_told_its_lease_is_lost_when_heartbeats_are_rate_limited(self) -> None:

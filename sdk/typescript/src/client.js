@@ -2,7 +2,7 @@
 
 import { createHmac } from 'node:crypto';
 import {
-  ApprovalRequiredError, ConnectionLostError, EffectBlockedError, EffectDeniedError, EffectInFlightError,
+  ApprovalRequiredError, EffectBlockedError, EffectDeniedError, EffectInFlightError,
   NotPerformedError, OutcomeNotReportedError, RatchetError, ResultNotStoredError,
 } from './errors.js';
 import { Transport, newRequestId, pathId, sleep } from './transport.js';
@@ -174,8 +174,7 @@ export class Ratchet {
   /** Reports an execute's outcome: 'succeeded' with its result, or 'failed'
    * only when the action surely did not reach the outside world. */
   reportEffect(effectId, leaseToken, outcome, result) {
-    return this.#transport.call('POST', `/effects/${pathId(effectId)}/report`,
-      { lease_token: leaseToken, outcome, ...defined({ result }) }, { safe: true });
+    return this.#transport.call('POST', `/effects/${pathId(effectId)}/report`, effectReport(leaseToken, outcome, result), { safe: true });
   }
 
   /** Extends an execute's lease. */
@@ -294,20 +293,9 @@ export class Ratchet {
 
   /** Reports, repeating through lost answers and server failures while the
    * lease stands (the heartbeats keep it). */
-  async #reportEffect(effectId, token, outcome, result, state) {
-    const body = { lease_token: token, outcome, ...defined({ result }) };
-    for (let attempt = 0; ; attempt++) {
-      let wait;
-      try {
-        return await this.#transport.call('POST', `/effects/${pathId(effectId)}/report`, body, { safe: true, maxRetries: 0 });
-      } catch (err) {
-        if (err instanceof RatchetError) wait = this.#transport.retryDelay(err, attempt, true);
-        else if (err instanceof ConnectionLostError) wait = this.#transport.backoff(attempt);
-        else throw err;
-        if (wait === null || Date.now() + wait >= state.end) throw err;
-      }
-      await sleep(wait);
-    }
+  #reportEffect(effectId, token, outcome, result, state) {
+    return this.#transport.callUntil('POST', `/effects/${pathId(effectId)}/report`, effectReport(token, outcome, result),
+      { mayWait: (wait) => Date.now() + wait < state.end });
   }
 
   // Paced at a third of the lease left, within 1 s to 1 min; the action is
@@ -343,6 +331,10 @@ export class Ratchet {
       }
     }
   }
+}
+
+function effectReport(token, outcome, result) {
+  return { lease_token: token, outcome, ...defined({ result }) };
 }
 
 /** A lease's length in ms by the server's clock: its expiry less the

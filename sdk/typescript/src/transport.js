@@ -107,6 +107,28 @@ export class Transport {
     }
   }
 
+  /**
+   * Sends a call that is safe to repeat (a report), repeating it through
+   * every failure worth repeating for as long as mayWait(waitMs) allows the
+   * next wait; onRetry runs before each wait. Rejects with the last
+   * failure: a refusal, or one mayWait gave up on.
+   */
+  async callUntil(method, path, body, { mayWait, onRetry = () => {} }) {
+    for (let attempt = 0; ; attempt++) {
+      let wait;
+      try {
+        return await this.call(method, path, body, { safe: true, maxRetries: 0 });
+      } catch (err) {
+        if (err instanceof RatchetError) wait = this.retryDelay(err, attempt, true);
+        else if (err instanceof ConnectionLostError) wait = this.backoff(attempt);
+        else throw err;
+        if (wait === null || !mayWait(wait)) throw err;
+      }
+      onRetry();
+      await this.sleep(wait);
+    }
+  }
+
   /** How long to wait (ms) before repeating a call that failed with err,
    * or null when it must not be repeated. */
   retryDelay(err, attempt, safe) {

@@ -1,7 +1,7 @@
 // The worker runtime: claims jobs for registered tools and runs them.
 
 import {
-  ConnectionLostError, InvalidDecisionError, MAX_RETRY_AFTER_MS, MIN_RETRY_AFTER_MS, NonRetryableError, RatchetError,
+  InvalidDecisionError, MAX_RETRY_AFTER_MS, MIN_RETRY_AFTER_MS, NonRetryableError, RatchetError,
   ReportNotRecordedError, RetryableError, clampRetryAfterMs,
 } from './errors.js';
 import { redactMessage } from './redact.js';
@@ -473,43 +473,35 @@ export class Worker {
 
   /** Sends a report, repeating it through lost answers and server failures
    * until the server answers (once stopping, at most until the stop's
-   * deadline and REPORT_PATIENCE_MS). Resolves to the refusal, or null when
-   * recorded (or lost for good, then told to onError). */
+   * deadline and REPORT_PATIENCE_MS), and counting it as failing meanwhile,
+   * so that no claim is made. Resolves to the refusal, or null when
+   * recorded or given up (then told to onError). */
   async #report(label, report, notify = true) {
     const body = { leaseToken: label.token, ...report };
     let failing = false;
+    let gaveUp = false;
     try {
-      for (let attempt = 0; ; attempt++) {
-        let wait;
-        let last;
-        try {
-          await this.#transport.call('POST', `/jobs/${pathId(label.jobId)}/report`, body, { safe: true, maxRetries: 0 });
-          return null;
-        } catch (err) {
-          if (err instanceof RatchetError) {
-            if (err.code === 'lease_lost' && err.detail.reportedOutcome === body.status) return null; // an earlier send landed
-            wait = this.#transport.retryDelay(err, attempt, true);
-            if (wait === null) {
-              if (notify) this.#lost(label, err);
-              return err;
-            }
-          } else if (err instanceof ConnectionLostError) {
-            wait = this.#transport.backoff(attempt);
-          } else {
-            throw err;
+      await this.#transport.callUntil('POST', `/jobs/${pathId(label.jobId)}/report`, body, {
+        mayWait: (wait) => {
+          gaveUp = this.#stopAt !== null && now() + wait > this.#stopAt + GRACE_MS + REPORT_PATIENCE_MS;
+          return !gaveUp;
+        },
+        onRetry: () => {
+          if (!failing) {
+            failing = true;
+            this.#reportsFailing++;
           }
-          last = err;
-        }
-        if (!failing) {
-          failing = true;
-          this.#reportsFailing++;
-        }
-        if (this.#stopAt !== null && now() + wait > this.#stopAt + GRACE_MS + REPORT_PATIENCE_MS) {
-          this.#lost(label, last);
-          return null;
-        }
-        await sleep(wait);
+        },
+      });
+      return null;
+    } catch (err) {
+      if (err instanceof RatchetError && err.code === 'lease_lost' && err.detail.reportedOutcome === body.status) return null; // an earlier send landed
+      if (!(err instanceof RatchetError) || gaveUp) {
+        this.#lost(label, err);
+        return null;
       }
+      if (notify) this.#lost(label, err);
+      return err;
     } finally {
       if (failing) {
         this.#reportsFailing--;

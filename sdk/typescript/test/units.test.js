@@ -308,3 +308,14 @@ test('the action is told its lease is lost when heartbeats are rate limited', as
   }), OutcomeNotReportedError);
   assert.equal(told, true);
 });
+
+test('an unknown worker id registers again', async (t) => {
+  const claims = [];
+  await serve(t, (method, path) => {
+    if (path.endsWith('/register')) return [200, { workerId: `wkr_${claims.length + 1}` }];
+    claims.push(path);
+    return path === '/api/v1/workers/wkr_1/claim' ? [404, error('not_found')] : [200, { jobs: [] }];
+  }, () => null);
+  await until(() => claims.length >= 2);
+  assert.deepEqual(claims.slice(0, 2), ['/api/v1/workers/wkr_1/claim', '/api/v1/workers/wkr_2/claim']);
+});
