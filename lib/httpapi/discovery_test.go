@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -308,7 +309,15 @@ func TestVercelDeploymentPublishesNoSource(t *testing.T) {
 	for _, f := range files {
 		names = append(names, f.Name())
 	}
-	require.Equal(t, []string{".well-known", "robots.txt"}, names) // .well-known: VercelStaticFiles
+	require.Equal(t, []string{".well-known", "console", "robots.txt"}, names) // .well-known, console: VercelStaticFiles
+	for _, dir := range []string{".well-known", "console"} {
+		files, err := os.ReadDir(filepath.Join("../../public", dir))
+		require.NoError(t, err)
+		for _, f := range files {
+			_, generated := httpapi.VercelStaticFiles()[path.Join("public", dir, f.Name())]
+			require.True(t, generated, "public/%s/%s is not a file genvercel writes", dir, f.Name())
+		}
+	}
 	ignore, err := os.ReadFile("../../.vercelignore")
 	require.NoError(t, err)
 	lines := strings.Split(string(ignore), "\n")

@@ -70,7 +70,7 @@ func newWithRoutes(d Deps, table func(*Server) []Route) *Server {
 		d.Now = time.Now
 	}
 	s := &Server{Deps: d, mux: http.NewServeMux(), groups: map[string]*group{}}
-	for _, r := range table(s) {
+	for _, r := range append(table(s), consoleRoutes()...) {
 		g, ok := s.groups[r.Pattern]
 		if !ok {
 			g = &group{pattern: r.Pattern, params: r.PathParams(), routes: map[string]*Route{}}

@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strings"
 	"unicode"
+
+	"github.com/getratchet/ratchet/lib/console"
 )
 
 // VercelFunction is one generated api/ file: every route sharing a pattern.
@@ -130,10 +132,33 @@ const wellKnown = "/.well-known/"
 // VercelStaticFiles are the files genvercel writes under public/, which
 // Vercel serves as they are (a project with no framework serves public/
 // when it exists): the capability manifest, which depends on nothing but
-// the code, at the reserved path no rewrite may reach.
+// the code, at the reserved path no rewrite may reach, and the operator
+// console's files (lib/console), which need no function.
 func VercelStaticFiles() map[string][]byte {
 	b, _ := json.MarshalIndent(NewManifest(), "", "  ")
-	return map[string][]byte{"public" + wellKnown + "ratchet.json": append(b, '\n')}
+	out := map[string][]byte{"public" + wellKnown + "ratchet.json": append(b, '\n')}
+	for _, f := range console.Files() {
+		out["public"+console.Page+"/"+f.Name] = f.Body
+	}
+	return out
+}
+
+// vercelHeaders gives the console's files on Vercel the headers the router
+// gives them elsewhere (console.Headers).
+func vercelHeaders() []any {
+	keys := make([]string, 0, len(console.Headers))
+	for k := range console.Headers {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var hs []any
+	for _, k := range keys {
+		hs = append(hs, map[string]string{"key": k, "value": console.Headers[k]})
+	}
+	return []any{
+		map[string]any{"source": console.Page, "headers": hs},
+		map[string]any{"source": console.Page + "/:path*", "headers": hs},
+	}
 }
 
 func VercelJSON() []byte {
@@ -174,9 +199,13 @@ func VercelJSON() []byte {
 		// Any other path, under /api or not, reaches the catch-all (Vercel
 		// serves its own 404 page otherwise), as on the local server and
 		// Lambda; public/'s files are served before any rewrite.
+		// The console's page also answers at /console (public/ has
+		// console/index.html), before the catch-all takes it.
 		"rewrites": append(append(static, dynamic...),
+			rewrite{Source: console.Page, Destination: console.Page + "/index.html"},
 			rewrite{Source: "/:path*", Destination: notFoundFunction.Dest()}),
-		"crons": []any{map[string]any{"path": "/api/cron/sweep", "schedule": "* * * * *"}},
+		"headers": vercelHeaders(),
+		"crons":   []any{map[string]any{"path": "/api/cron/sweep", "schedule": "* * * * *"}},
 	}
 	b, _ := json.MarshalIndent(doc, "", "  ")
 	return append(b, '\n')

@@ -1,0 +1,412 @@
+// The console's pages driven against the real service (lib/sdktest's
+// TestConsole starts it and sets RATCHET_TEST_BASE_URL): each test does
+// what an operator would, through the page's own forms and buttons, and
+// checks the outcome through the API.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+
+import { document, MemoryStorage } from './fakedom.mjs';
+import * as app from '../static/console.js';
+
+const base = process.env.RATCHET_TEST_BASE_URL;
+const KEY_ITEM = 'ratchet.console.key';
+
+if (!base) throw new Error('RATCHET_TEST_BASE_URL is not set: run these tests through go test ./lib/sdktest -run TestConsole');
+
+async function api(method, path, key, body) {
+	const res = await fetch(base + '/api/v1' + path, {
+		method,
+		headers: { Authorization: 'Bearer ' + key, 'Content-Type': 'application/json' },
+		body: body === undefined ? undefined : JSON.stringify(body),
+	});
+	const text = await res.text();
+	return { status: res.status, body: text ? JSON.parse(text) : null };
+}
+
+let workspaces = 0;
+async function signup() {
+	const res = await fetch(base + '/api/v1/workspaces', {
+		method: 'POST',
+		headers: { 'Content-Type': 'application/json' },
+		body: JSON.stringify({ name: `console-${process.pid}-${++workspaces}` }),
+	});
+	assert.equal(res.status, 201);
+	return (await res.json()).key.secret;
+}
+
+// mount starts the console in a fresh page, signed in with key when given.
+async function mount(key, hash = '') {
+	const root = document.createElement('div');
+	const storage = new MemoryStorage();
+	if (key) storage.setItem(KEY_ITEM, key);
+	let onHash = () => {};
+	const ui = {
+		root,
+		storage,
+		confirms: [],
+		confirmAnswer: true,
+		requests: [],
+		location: {
+			_hash: hash,
+			get hash() {
+				return this._hash;
+			},
+			set hash(v) {
+				const changed = v !== this._hash;
+				this._hash = v;
+				if (changed) onHash();
+			},
+		},
+	};
+	await app.start({
+		document,
+		root,
+		storage,
+		location: ui.location,
+		fetch: (url, init) => {
+			ui.requests.push(`${init.method} ${url}`);
+			return fetch(base + url, init);
+		},
+		confirm: (m) => {
+			ui.confirms.push(m);
+			return ui.confirmAnswer;
+		},
+		onHashChange: (fn) => (onHash = fn),
+	});
+	await app.rendered();
+	return ui;
+}
+
+async function go(ui, hash) {
+	ui.location.hash = hash;
+	await app.rendered();
+}
+
+function button(el, label) {
+	const found = el.querySelectorAll('button').filter((b) => b.textContent === label);
+	assert.ok(found.length, `no "${label}" button in: ${el.textContent.slice(0, 400)}`);
+	return found[0];
+}
+
+function formOf(el) {
+	while (el && el.tagName !== 'FORM') el = el.parentNode;
+	assert.ok(el, 'not in a form');
+	return el;
+}
+
+function field(form, name) {
+	const el = form.querySelectorAll('input, select, textarea').find((e) => e.name === name);
+	assert.ok(el, `no field ${name}`);
+	return el;
+}
+
+// submit fills the form holding the button labelled label and submits it.
+async function submit(el, label, values = {}) {
+	const form = formOf(button(el, label));
+	for (const [name, v] of Object.entries(values)) field(form, name).value = v;
+	await form.dispatch('submit');
+	await app.rendered();
+	return form;
+}
+
+async function click(el, label) {
+	await button(el, label).dispatch('click');
+	await app.rendered();
+}
+
+function row(ui, containing) {
+	const found = ui.root.querySelectorAll('tr').filter((r) => r.textContent.includes(containing));
+	assert.equal(found.length, 1, `rows holding ${containing}: ${found.length}`);
+	return found[0];
+}
+
+function alerts(ui) {
+	return ui.root.querySelectorAll('div.error').map((e) => e.textContent);
+}
+
+test('a new workspace: its key shown once, then the console signed in with it', async () => {
+	const ui = await mount(null);
+	assert.match(ui.root.textContent, /Sign in with a key/);
+	const f = await submit(ui.root, 'Create workspace', { name: 'console-signup-' + process.pid });
+	const secret = f.querySelector('input.secret-value').value;
+	assert.match(secret, /^rk_/);
+	assert.equal(ui.storage.getItem(KEY_ITEM), null, 'not signed in before the operator continues');
+	await click(f, 'Continue with this key');
+	assert.equal(ui.storage.getItem(KEY_ITEM), secret);
+	assert.equal(ui.location.hash, '#/approvals');
+	assert.match(ui.root.textContent, /No approval is pending\./);
+	// The key is real: it reads the workspace's starter policies.
+	const policies = await api('GET', '/policies', secret);
+	assert.equal(policies.status, 200);
+});
+
+test('a refused key is forgotten and the sign-in says so; a narrow key signs in and is told what it lacks', async () => {
+	const ui = await mount(null);
+	await submit(ui.root, 'Sign in', { key: 'rk_nope_0000' });
+	assert.equal(ui.storage.getItem(KEY_ITEM), null);
+	assert.match(ui.root.textContent, /refused this key/);
+	assert.match(ui.root.textContent, /Sign in with a key/);
+
+	const operator = await signup();
+	const agent = (await api('POST', '/keys', operator, { name: 'agent', preset: 'AGENT' })).body.secret;
+	await submit(ui.root, 'Sign in', { key: agent });
+	assert.equal(ui.storage.getItem(KEY_ITEM), agent);
+	assert.equal(ui.location.hash, '#/approvals');
+	const [message] = alerts(ui);
+	assert.match(message, /forbidden/);
+	assert.match(message, /approvals:write/);
+
+	// A key the service refuses later (revoked, say) signs the console out.
+	const stale = await mount('rk_01m8y2j4yz1069spgexm29w4c8_' + '0'.repeat(64), '#/effects');
+	assert.equal(stale.storage.getItem(KEY_ITEM), null);
+	assert.match(stale.root.textContent, /refused this key/);
+	assert.match(stale.root.textContent, /Sign in with a key/);
+});
+
+test('approve and reject a held effect, with notes; a declined confirmation sends nothing', async () => {
+	const key = await signup();
+	assert.equal((await api('PUT', '/policies/payment.charge', key, { mode: 'require_approval' })).status, 200);
+	const held = [];
+	for (const k of ['c1', 'c2']) {
+		const r = await api('POST', '/effects/begin', key, {
+			effect_type: 'payment.charge',
+			idempotency_key: k,
+			payload: { amount: 5 },
+			cost_micros: 5_000_000,
+		});
+		assert.equal(r.body.decision, 'approval_required');
+		held.push(r.body);
+	}
+	const ui = await mount(key, '#/approvals');
+	const first = row(ui, held[0].effect_id);
+	assert.match(first.textContent, /payment\.charge/);
+	await submit(first, 'Approve', { note: 'checked with finance' });
+	let a = await api('GET', `/approvals/${held[0].approval_id}`, key);
+	assert.equal(a.body.state, 'approved');
+	assert.equal(a.body.note, 'checked with finance');
+	assert.ok(!ui.root.textContent.includes(held[0].effect_id), 'approved one left the pending list');
+
+	ui.confirmAnswer = false;
+	await submit(row(ui, held[1].effect_id), 'Reject', { note: 'no' });
+	assert.equal(ui.confirms.length, 1);
+	a = await api('GET', `/approvals/${held[1].approval_id}`, key);
+	assert.equal(a.body.state, 'pending', 'declined: nothing sent');
+
+	ui.confirmAnswer = true;
+	await submit(row(ui, held[1].effect_id), 'Reject', { note: 'duplicate order' });
+	a = await api('GET', `/approvals/${held[1].approval_id}`, key);
+	assert.equal(a.body.state, 'rejected');
+	assert.match(ui.root.textContent, /No approval is pending\./);
+
+	// The next begins follow the decisions.
+	const again = await api('POST', '/effects/begin', key, { effect_type: 'payment.charge', idempotency_key: 'c1', payload: { amount: 5 }, cost_micros: 5_000_000 });
+	assert.equal(again.body.decision, 'execute');
+	const denied = await api('POST', '/effects/begin', key, { effect_type: 'payment.charge', idempotency_key: 'c2', payload: { amount: 5 }, cost_micros: 5_000_000 });
+	assert.equal(denied.body.decision, 'denied');
+
+	// Every approval, decided ones included, under state "any".
+	await submit(ui.root, 'Filter', { state: 'any' });
+	assert.equal(ui.location.hash, '#/approvals?state=any');
+	assert.match(row(ui, held[0].effect_id).textContent, /approved/);
+	await submit(ui.root, 'Filter', { state: 'rejected' });
+	assert.equal(ui.location.hash, '#/approvals?state=rejected');
+	assert.match(row(ui, held[1].effect_id).textContent, /duplicate order/);
+});
+
+test('an unknown outcome: found by its filter, resolved from its page; bad JSON sends nothing', async () => {
+	const key = await signup();
+	const begun = await api('POST', '/effects/begin', key, {
+		effect_type: 'email.send',
+		idempotency_key: 'welcome:<b>user</b>',
+		payload: { to: 'user@example.com' },
+		lease_seconds: 1,
+	});
+	assert.equal(begun.body.decision, 'execute');
+	await new Promise((r) => setTimeout(r, 1200));
+	const ui = await mount(key, '#/effects');
+	await submit(ui.root, 'Filter', { state: 'indeterminate', effect_type: 'email.send' });
+	assert.equal(ui.location.hash, '#/effects?state=indeterminate&effect_type=email.send');
+	const r = row(ui, begun.body.effect_id);
+	assert.match(r.textContent, /welcome:<b>user<\/b>/, 'a key is shown as the text it is');
+
+	await go(ui, '#/effects/' + begun.body.effect_id);
+	assert.match(ui.root.textContent, /indeterminate/);
+	assert.match(ui.root.textContent, /"to": "<string>"/, 'the payload as its redacted preview');
+	assert.ok(!ui.root.textContent.includes('user@example.com'));
+
+	await submit(ui.root, 'Resolve', { outcome: 'succeeded', result: '{"message_id": ', note: 'found at the vendor' });
+	assert.match(alerts(ui).join(), /not valid JSON/);
+	assert.equal((await api('GET', `/effects/${begun.body.effect_id}`, key)).body.state, 'indeterminate');
+
+	await submit(ui.root, 'Resolve', { outcome: 'succeeded', result: '{"message_id": "m_1"}', note: 'found at the vendor' });
+	const e = (await api('GET', `/effects/${begun.body.effect_id}`, key)).body;
+	assert.equal(e.state, 'succeeded');
+	assert.equal(e.attempts[0].resolve_note, 'found at the vendor');
+	assert.ok(!ui.root.querySelectorAll('button').some((b) => b.textContent === 'Resolve'), 'resolved: no form');
+	const dup = await api('POST', '/effects/begin', key, { effect_type: 'email.send', idempotency_key: 'welcome:<b>user</b>', payload: { to: 'user@example.com' } });
+	assert.equal(dup.body.decision, 'duplicate');
+	assert.deepEqual(dup.body.result, { message_id: 'm_1' });
+});
+
+test('circuits: open and close a breaker by hand, then the emergency stop and its release', async () => {
+	const key = await signup();
+	await api('POST', '/effects/begin', key, { effect_type: 'sms.send', idempotency_key: 's1', payload: {} });
+	const ui = await mount(key, '#/circuits');
+	await submit(row(ui, 'sms.send'), 'Open', { action: 'deny', reason: 'loop in the agent' });
+	let c = (await api('GET', '/circuits', key)).body.data.find((x) => x.effect_type === 'sms.send');
+	assert.deepEqual([c.state, c.opened_by, c.action, c.reason], ['open', 'manual', 'deny', 'loop in the agent']);
+	const refused = await api('POST', '/effects/begin', key, { effect_type: 'sms.send', idempotency_key: 's2', payload: {} });
+	assert.equal(refused.body.error.code, 'circuit_open');
+
+	await click(row(ui, 'sms.send'), 'Close');
+	c = (await api('GET', '/circuits', key)).body.data.find((x) => x.effect_type === 'sms.send');
+	assert.equal(c.state, 'closed');
+
+	await submit(ui.root, 'Stop every effect type', { action: 'deny', reason: 'incident 42' });
+	const all = (await api('GET', '/circuits', key)).body.data;
+	assert.ok(all.length > 1 && all.every((x) => x.state === 'open' && x.opened_by === 'stop'), JSON.stringify(all));
+	assert.match(row(ui, 'sms.send').textContent, /incident 42/);
+	await click(ui.root, 'Release the stop');
+	assert.ok((await api('GET', '/circuits', key)).body.data.every((x) => x.state === 'closed'));
+	assert.equal(ui.confirms.length, 4);
+});
+
+test('a policy edited from its page; an edit made meanwhile elsewhere is refused, not overwritten', async () => {
+	const key = await signup();
+	const ui = await mount(key, '#/policies');
+	await submit(ui.root, 'Open policy', { effect_type: 'crm.update' });
+	assert.equal(ui.location.hash, '#/policies/crm.update');
+	const area = field(formOf(button(ui.root, 'Save policy')), 'policy');
+	const policy = JSON.parse(area.value);
+	assert.equal(policy.mode, 'allow');
+	await submit(ui.root, 'Save policy', { policy: JSON.stringify({ ...policy, mode: 'deny', max_attempts: 2 }) });
+	let p = (await api('GET', '/policies/crm.update', key)).body;
+	assert.deepEqual([p.mode, p.max_attempts], ['deny', 2]);
+	assert.deepEqual(alerts(ui), []);
+
+	// Someone else saves while this page is open.
+	const version = p.version;
+	assert.equal((await api('PUT', '/policies/crm.update', key, { mode: 'allow', expected_version: version })).status, 200);
+	await submit(ui.root, 'Save policy', { policy: JSON.stringify({ mode: 'require_approval' }) });
+	assert.match(alerts(ui).join(), /version_conflict/);
+	p = (await api('GET', '/policies/crm.update', key)).body;
+	assert.equal(p.mode, 'allow');
+
+	// A refused field is named.
+	await go(ui, '#/policies');
+	await go(ui, '#/policies/crm.update');
+	await submit(ui.root, 'Save policy', { policy: JSON.stringify({ lease_seconds: 1 }) });
+	assert.match(alerts(ui).join(), /lease_seconds/);
+	await go(ui, '#/policies');
+	assert.match(row(ui, 'crm.update').textContent, /allow/);
+});
+
+test('keys: one minted with its secret shown once, then revoked', async () => {
+	const key = await signup();
+	const ui = await mount(key, '#/keys');
+	const f = await submit(ui.root, 'Create key', { name: 'mailer', preset: 'WORKER', tools: 'send_email@1, send_sms@2', ceiling: '', rate: '120' });
+	const secret = f.querySelector('input.secret-value').value;
+	const listed = (await api('GET', '/keys', key)).body.data.find((k) => k.name === 'mailer');
+	assert.deepEqual(listed.tools, ['send_email@1', 'send_sms@2']);
+	assert.deepEqual(listed.scopes, ['jobs:work']);
+	assert.equal(listed.rate_limit_per_minute, 120);
+	assert.equal((await api('POST', '/workers/register', secret, { tools: [{ name: 'send_email', version: '1' }] })).status, 201);
+
+	await click(f, 'Done');
+	assert.equal(ui.root.querySelector('input.secret-value'), null, 'the secret is gone once done');
+	await click(row(ui, 'mailer'), 'Revoke');
+	assert.ok((await api('GET', '/keys', key)).body.data.find((k) => k.name === 'mailer').revoked_at);
+	assert.match(row(ui, 'mailer').textContent, /revoked/);
+	assert.equal((await api('POST', '/workers/register', secret, { tools: [{ name: 'send_email', version: '1' }] })).status, 401);
+});
+
+test('runs, steps and the queue: a step cancelled, then replayed naming what its preview saw', async () => {
+	const key = await signup();
+	const run = (await api('POST', '/runs', key, { name: 'onboarding' })).body;
+	const step = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'send_welcome_email', version: '1', input: { to: 'a@example.com' } })).body;
+	const ui = await mount(key, '#/runs');
+	assert.match(row(ui, run.id).textContent, /onboarding.*RUNNING/);
+	await go(ui, '#/runs/' + run.id);
+	assert.match(row(ui, step.stepId).textContent, /send_welcome_email@1/);
+	await go(ui, '#/queue');
+	assert.match(row(ui, 'send_welcome_email@1').textContent, /1/);
+	assert.match(ui.root.textContent, /send_welcome_email/); // its endpoint
+
+	await go(ui, '#/steps/' + step.stepId);
+	assert.match(ui.root.textContent, /QUEUED/);
+	assert.ok(!ui.root.textContent.includes('a@example.com'), 'the input as its redacted preview');
+	await click(ui.root, 'Cancel step');
+	assert.equal((await api('GET', `/steps/${step.stepId}`, key)).body.durableJob.status, 'CANCELLED');
+
+	// Replay without the acknowledgement is refused by the service, and says why.
+	await submit(ui.root, 'Replay', { maxAttempts: '2', reason: 'vendor fixed' });
+	assert.match(alerts(ui).join(), /acknowledgeDuplicateRisk/);
+	const f = formOf(button(ui.root, 'Replay'));
+	field(f, 'ack').checked = true;
+	await f.dispatch('submit');
+	await app.rendered();
+	const job = (await api('GET', `/steps/${step.stepId}`, key)).body.durableJob;
+	assert.equal(job.status, 'QUEUED');
+	assert.equal(job.maxAttempts, 2);
+	assert.ok(ui.requests.includes(`POST /api/v1/steps/${step.stepId}/replay`));
+});
+
+test('webhooks: a subscription made with its events, its deliveries page, then ended', async () => {
+	const key = await signup();
+	const ui = await mount(key, '#/webhooks');
+	const f = formOf(button(ui.root, 'Subscribe'));
+	field(f, 'url').value = 'https://example.com/hooks/ratchet';
+	for (const box of f.querySelectorAll('input').filter((i) => i.name === 'events')) {
+		box.checked = ['approval.requested', 'effect.indeterminate'].includes(box.value);
+	}
+	await f.dispatch('submit');
+	await app.rendered();
+	assert.match(f.querySelector('input.secret-value').value, /\S{16,}/);
+	const hook = (await api('GET', '/webhooks', key)).body.data[0];
+	assert.deepEqual([...hook.events].sort(), ['approval.requested', 'effect.indeterminate']);
+	await click(f, 'Done');
+	await go(ui, '#/webhooks/' + hook.id);
+	assert.match(ui.root.textContent, /Nothing delivered yet\./);
+	await go(ui, '#/webhooks');
+	await click(row(ui, 'example.com/hooks'), 'Delete');
+	assert.equal((await api('GET', '/webhooks', key)).body.data.length, 0);
+});
+
+test('lists page with Load more until the cursor runs out', async () => {
+	const key = await signup();
+	for (let i = 0; i < 3; i++) {
+		await api('POST', '/effects/begin', key, { effect_type: 'page.test', idempotency_key: 'p' + i, payload: {} });
+	}
+	const ui = await mount(key, '#/effects?limit=2');
+	assert.equal(ui.root.querySelectorAll('tr').length - 1, 2);
+	await click(ui.root, 'Load more');
+	assert.equal(ui.root.querySelectorAll('tr').length - 1, 3);
+	assert.ok(!ui.root.querySelectorAll('button').some((b) => b.textContent === 'Load more'));
+});
+
+test('routes: pages by fragment, unknown ones answered plainly', async () => {
+	assert.deepEqual(app.parseRoute(''), { section: 'approvals', page: 'approvals', id: undefined, params: {} });
+	assert.deepEqual(app.parseRoute('#/effects/eff_1'), { section: 'effects', page: 'effect', id: 'eff_1', params: {} });
+	assert.deepEqual(app.parseRoute('#/policies/a%2Fb?x=1+2'), { section: 'policies', page: 'policy', id: 'a/b', params: { x: '1 2' } });
+	assert.equal(app.parseRoute('#/effect').page, null, 'a detail page needs its id');
+	assert.equal(app.parseRoute('#/keys/key_1').page, null);
+	assert.equal(app.parseRoute('#/effects/eff_1/x').page, null);
+	assert.equal(app.parseRoute('#/%E0%A4%A').page, null);
+	const key = await signup();
+	const ui = await mount(key, '#/nope');
+	assert.match(alerts(ui).join(), /No such page/);
+	await go(ui, '#/effects/eff_00000000000000000000000000');
+	assert.match(alerts(ui).join(), /not_found/);
+});
+
+// The console never parses markup: agents write effect types, keys,
+// previews and notes, and one holding <img onerror=...> must stay text.
+test('the console builds no element from markup', () => {
+	const source = readFileSync(new URL('../static/console.js', import.meta.url), 'utf8');
+	for (const sink of ['innerHTML', 'outerHTML', 'insertAdjacentHTML', 'document.write', 'eval(', 'new Function', 'DOMParser', 'createContextualFragment']) {
+		assert.ok(!source.includes(sink), `console.js uses ${sink}`);
+	}
+	const page = readFileSync(new URL('../static/index.html', import.meta.url), 'utf8');
+	assert.doesNotMatch(page, /<script>|\son[a-z]+=|style=/i, 'no inline script, handler or style (the CSP forbids them)');
+});

@@ -1,0 +1,944 @@
+// The Ratchet console: one page over the same origin's /api/v1, for the
+// operator tasks the API serves (approvals, unknown outcomes, circuits and the
+// emergency stop, policies, runs and replays, queue health, keys, webhooks).
+//
+// Two rules hold throughout. Every element is built with textContent, never
+// from markup: effect types, idempotency keys, previews, notes and error
+// messages are written by agents and workers, and must never be parsed as
+// HTML. And the key lives in sessionStorage only (this tab, until it
+// closes), is sent only as the Authorization header to this origin, and is
+// forgotten on sign-out or the first 401.
+
+const API = '/api/v1';
+const KEY_ITEM = 'ratchet.console.key';
+
+// The environment the console runs in: the browser's in a page, a stand-in in
+// tests (lib/console/jstest).
+let env;
+
+/** A failed call: the API's error envelope, or a network failure. */
+export class ConsoleError extends Error {
+	constructor(code, message, status, requestId, detail) {
+		super(message);
+		this.code = code;
+		this.status = status;
+		this.requestId = requestId;
+		this.detail = detail;
+	}
+}
+
+// ---- elements -------------------------------------------------------------
+
+// h builds an element. Props named on* become listeners, class the class
+// name, value an input's value; children are elements or text (never markup).
+function h(tag, props, ...children) {
+	const el = env.document.createElement(tag);
+	for (const [name, v] of Object.entries(props || {})) {
+		if (v === undefined || v === null || v === false) continue;
+		if (name.startsWith('on')) el.addEventListener(name.slice(2), v);
+		else if (name === 'class') el.className = v;
+		else if (name === 'value') el.value = String(v);
+		else if (name === 'checked') el.checked = Boolean(v);
+		else el.setAttribute(name, v === true ? '' : String(v));
+	}
+	for (const c of children.flat(Infinity)) {
+		if (c === undefined || c === null || c === false) continue;
+		el.append(typeof c === 'object' ? c : String(c));
+	}
+	return el;
+}
+
+// link points inside the console only: every href is a fragment it builds,
+// so a stored value can never become a javascript: or off-site link.
+function link(parts, text) {
+	return h('a', { href: '#/' + parts.map((p) => encodeURIComponent(p)).join('/') }, text);
+}
+
+function time(s) {
+	return s ? String(s).replace('T', ' ').replace(/(\.\d+)?Z$/, ' UTC') : '—';
+}
+
+function micros(n) {
+	if (n === null || n === undefined) return '—';
+	return '$' + (n / 1e6).toLocaleString('en-US', { minimumFractionDigits: 2, maximumFractionDigits: 6 });
+}
+
+function text(v) {
+	if (v === null || v === undefined || v === '') return '—';
+	if (Array.isArray(v)) return v.length ? v.join(', ') : '—';
+	return String(v);
+}
+
+function json(v) {
+	return h('pre', { class: 'json' }, v === null || v === undefined ? '—' : JSON.stringify(v, null, 2));
+}
+
+function fields(pairs) {
+	return h('dl', { class: 'fields' }, pairs.map(([k, v]) => [h('dt', null, k), h('dd', null, v)]));
+}
+
+function table(columns, rows, empty) {
+	if (!rows.length) return h('p', { class: 'empty' }, empty || 'Nothing here.');
+	return h(
+		'table',
+		null,
+		h('thead', null, h('tr', null, columns.map((c) => h('th', null, c.title)))),
+		h('tbody', null, rows.map((r) => h('tr', null, columns.map((c) => h('td', null, c.cell(r)))))),
+	);
+}
+
+function errorBox(err) {
+	const parts = [err.message];
+	if (err.code && err.code !== 'network') parts.push(` (${err.code}`, err.requestId ? `, request ${err.requestId})` : ')');
+	const detail = err.detail || {};
+	return h(
+		'div',
+		{ class: 'error', role: 'alert' },
+		h('p', null, parts.join('')),
+		detail.required ? h('p', null, 'This key lacks the scope ' + text(detail.required) + '.') : null,
+		Array.isArray(detail.validation)
+			? h('ul', null, detail.validation.map((v) => h('li', null, `${v.field}: ${v.message}`)))
+			: null,
+	);
+}
+
+// action is a button that runs fn once at a time (disabled while in flight,
+// so a double click sends one request), asks first when confirmText is set,
+// and shows a failure beside itself; on success it re-renders the page.
+function action(label, fn, opts = {}) {
+	const out = h('span', { class: 'action' });
+	const button = h('button', { type: 'button', class: opts.danger ? 'danger' : null }, label);
+	const status = h('span', { class: 'status' });
+	button.addEventListener('click', async () => {
+		if (opts.confirm && !env.confirm(opts.confirm)) return;
+		button.disabled = true;
+		status.replaceChildren();
+		try {
+			const result = await fn();
+			if (opts.after) opts.after(result, status);
+			else rerender();
+		} catch (err) {
+			status.replaceChildren(errorBox(asError(err)));
+		} finally {
+			button.disabled = false;
+		}
+	});
+	out.append(button, status);
+	return out;
+}
+
+// form is a <form> whose submit runs fn with the named controls' values, one
+// submission at a time.
+function form(controls, submitLabel, fn, opts = {}) {
+	const status = h('div', { class: 'status' });
+	const submit = h('button', { type: 'submit', class: opts.danger ? 'danger' : null }, submitLabel);
+	const f = h('form', { class: opts.inline ? 'inline' : null }, controls, submit, status);
+	f.addEventListener('submit', async (ev) => {
+		ev.preventDefault();
+		if (opts.confirm && !env.confirm(typeof opts.confirm === 'function' ? opts.confirm() : opts.confirm)) return;
+		submit.disabled = true;
+		status.replaceChildren();
+		try {
+			const result = await fn(values(f));
+			if (opts.after) opts.after(result, status);
+			else rerender();
+		} catch (err) {
+			status.replaceChildren(errorBox(asError(err)));
+		} finally {
+			submit.disabled = false;
+		}
+	});
+	return f;
+}
+
+function values(f) {
+	const out = {};
+	for (const el of f.querySelectorAll('input, select, textarea')) {
+		if (!el.name) continue;
+		if (el.type === 'checkbox') {
+			if (el.hasAttribute('data-list')) {
+				out[el.name] = out[el.name] || [];
+				if (el.checked) out[el.name].push(el.value);
+			} else out[el.name] = el.checked;
+		} else out[el.name] = el.value;
+	}
+	return out;
+}
+
+function input(label, name, props = {}) {
+	return h('label', null, label, ' ', h('input', { name, ...props }));
+}
+
+function select(label, name, options, selected) {
+	return h(
+		'label',
+		null,
+		label,
+		' ',
+		h(
+			'select',
+			{ name },
+			options.map(([value, title]) => h('option', { value, selected: value === selected }, title)),
+		),
+	);
+}
+
+function asError(err) {
+	return err instanceof ConsoleError ? err : new ConsoleError('console', String((err && err.message) || err));
+}
+
+// parseJSONField reads a textarea holding JSON; an empty one is undefined.
+function parseJSONField(name, raw) {
+	if (!raw || !raw.trim()) return undefined;
+	try {
+		return JSON.parse(raw);
+	} catch (e) {
+		throw new ConsoleError('invalid_json', `${name} is not valid JSON: ${e.message}`);
+	}
+}
+
+// secretOnce shows a secret the API returns only at creation.
+function secretOnce(title, secret, note) {
+	return h(
+		'div',
+		{ class: 'secret', role: 'status' },
+		h('p', null, h('strong', null, title), ' ', note || 'It is shown once: store it now.'),
+		h('input', { readonly: true, value: secret, 'aria-label': title, class: 'secret-value', autocomplete: 'off' }),
+	);
+}
+
+// ---- the API --------------------------------------------------------------
+
+export function key() {
+	return env.storage.getItem(KEY_ITEM);
+}
+
+async function call(method, path, body) {
+	const headers = { Accept: 'application/json' };
+	const k = key();
+	if (k) headers.Authorization = 'Bearer ' + k;
+	if (body !== undefined) headers['Content-Type'] = 'application/json';
+	let res;
+	try {
+		res = await env.fetch(API + path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+	} catch (e) {
+		throw new ConsoleError('network', 'The service did not answer: ' + ((e && e.message) || e));
+	}
+	const raw = await res.text();
+	let data = null;
+	try {
+		data = raw ? JSON.parse(raw) : null;
+	} catch {
+		data = null;
+	}
+	if (res.ok) return data;
+	const e = (data && data.error) || {};
+	const err = new ConsoleError(
+		e.code || 'http_' + res.status,
+		e.message || `The service answered HTTP ${res.status}.`,
+		res.status,
+		res.headers.get('X-Request-Id'),
+		e.detail,
+	);
+	if (res.status === 401 && k) {
+		// The key was revoked or mistyped: forget it and ask again.
+		signOut('The service refused this key (revoked, or mistyped). Sign in again.');
+	}
+	throw err;
+}
+
+function query(params) {
+	const q = Object.entries(params).filter(([, v]) => v !== undefined && v !== null && v !== '');
+	return q.length ? '?' + q.map(([k, v]) => `${encodeURIComponent(k)}=${encodeURIComponent(v)}`).join('&') : '';
+}
+
+function seg(s) {
+	return encodeURIComponent(s);
+}
+
+// ---- pages ----------------------------------------------------------------
+
+// pager renders a list route's pages, with "Load more" while the API has a
+// next cursor (next_cursor on gate routes, nextCursor on job routes).
+async function pager(path, params, columns, empty) {
+	const body = h('div', { class: 'pager' });
+	const more = async (cursor) => {
+		const page = await call('GET', path + query({ ...params, limit: pageSize, cursor }));
+		const rows = page.data || [];
+		const next = page.next_cursor ?? page.nextCursor ?? null;
+		const last = body.lastChild;
+		if (last && last.className === 'more') last.remove();
+		if (cursor && rows.length) {
+			body.querySelector('tbody').append(...rows.map((r) => h('tr', null, columns.map((c) => h('td', null, c.cell(r))))));
+		} else if (!cursor) {
+			body.append(table(columns, rows, empty));
+		}
+		if (next) body.append(h('p', { class: 'more' }, action('Load more', () => more(next), { after: () => {} })));
+	};
+	await more(undefined);
+	return body;
+}
+
+function filters(route, current, controls) {
+	return form(controls, 'Filter', async (v) => navigate(route, v), { inline: true, after: () => {} });
+}
+
+const pages = {
+	async approvals(params) {
+		const state = params.state || 'pending';
+		const columns = [
+			{ title: 'Requested', cell: (a) => time(a.created_at) },
+			{ title: 'Effect type', cell: (a) => a.effect_type },
+			{ title: 'Effect', cell: (a) => link(['effects', a.effect_id], a.effect_id) },
+			{ title: 'Reason', cell: (a) => a.reason },
+			{ title: 'State', cell: (a) => h('span', { class: 'state ' + a.state }, a.state) },
+			{ title: 'Decided', cell: (a) => (a.decided_at ? [time(a.decided_at), a.note ? ' — ' + a.note : ''] : '—') },
+			{
+				title: '',
+				cell: (a) =>
+					a.state === 'pending'
+						? h('div', { class: 'decide' }, [
+								form([input('Note', 'note', { maxlength: 1000 })], 'Approve', (v) =>
+									call('POST', `/approvals/${seg(a.id)}/approve`, { note: v.note || undefined }),
+								{ inline: true }),
+								form([input('Note', 'note', { maxlength: 1000 })], 'Reject', (v) =>
+									call('POST', `/approvals/${seg(a.id)}/reject`, { note: v.note || undefined }),
+								{ inline: true, danger: true, confirm: `Reject ${a.effect_type} ${a.effect_id}? Every begin on its key is then denied.` }),
+							])
+						: '',
+			},
+		];
+		return [
+			h('h1', null, 'Approvals'),
+			h('p', { class: 'lead' }, 'Effects held for a human. Approving lets the next begin on the key execute; rejecting denies it for good.'),
+			filters('approvals', params, [select('State', 'state', [['pending', 'pending'], ['approved', 'approved'], ['rejected', 'rejected'], ['any', 'any']], state)]),
+			await pager('/approvals', { state: state === 'any' ? undefined : state }, columns, state === 'pending' ? 'No approval is pending.' : 'No approvals.'),
+		];
+	},
+
+	async effects(params) {
+		const columns = [
+			{ title: 'Created', cell: (e) => time(e.created_at) },
+			{ title: 'Effect', cell: (e) => link(['effects', e.id], e.id) },
+			{ title: 'Type', cell: (e) => e.effect_type },
+			{ title: 'Idempotency key', cell: (e) => h('code', null, e.idempotency_key) },
+			{ title: 'State', cell: (e) => h('span', { class: 'state ' + e.state }, e.state) },
+			{ title: 'Attempt', cell: (e) => e.attempt },
+			{ title: 'Cost', cell: (e) => micros(e.cost_micros) },
+		];
+		const states = ['', 'leased', 'succeeded', 'failed', 'indeterminate', 'awaiting_approval', 'denied'];
+		return [
+			h('h1', null, 'Effects'),
+			h('p', { class: 'lead' }, 'Every effect asked for, newest first. Indeterminate ones wait for you to check the vendor and resolve them.'),
+			filters('effects', params, [
+				select('State', 'state', states.map((s) => [s, s || 'any']), params.state || ''),
+				input('Effect type', 'effect_type', { value: params.effect_type || '', placeholder: 'email.send' }),
+			]),
+			await pager('/effects', { state: params.state, effect_type: params.effect_type }, columns, 'No effects match.'),
+		];
+	},
+
+	async effect(params, id) {
+		const e = await call('GET', `/effects/${seg(id)}`);
+		const attempts = [
+			{ title: '#', cell: (a) => a.attempt },
+			{ title: 'Outcome', cell: (a) => text(a.outcome) },
+			{ title: 'Probe', cell: (a) => (a.probe ? 'yes' : 'no') },
+			{ title: 'Started', cell: (a) => time(a.started_at) },
+			{ title: 'Lease until', cell: (a) => time(a.lease_expires_at) },
+			{ title: 'Reported', cell: (a) => time(a.reported_at) },
+			{ title: 'Resolved', cell: (a) => (a.resolved_at ? [time(a.resolved_at), a.resolve_note ? ' — ' + a.resolve_note : ''] : '—') },
+		];
+		const out = [
+			h('h1', null, 'Effect ', h('code', null, e.id)),
+			fields([
+				['Type', e.effect_type],
+				['Idempotency key', h('code', null, e.idempotency_key)],
+				['State', h('span', { class: 'state ' + e.state }, e.state)],
+				['Attempt', e.attempt],
+				['Cost', micros(e.cost_micros)],
+				['Denial', text(e.denial_code)],
+				['Approval', e.approval_id ? e.approval_id : '—'],
+				['Run', text(e.run_id)],
+				['Group', text(e.group_id)],
+				['Compensates', e.compensates_effect_id ? link(['effects', e.compensates_effect_id], e.compensates_effect_id) : '—'],
+				['Lease until', time(e.lease_expires_at)],
+				['Created', time(e.created_at)],
+				['Updated', time(e.updated_at)],
+			]),
+			h('h2', null, 'Payload (redacted preview)'),
+			json(e.payload_preview),
+			h('h2', null, 'Result (redacted preview)'),
+			json(e.result_preview),
+			h('h2', null, 'Attempts'),
+			table(attempts, e.attempts || [], 'No attempt has begun.'),
+		];
+		if (e.state === 'indeterminate') {
+			out.push(
+				h('h2', null, 'Resolve'),
+				h('p', null, 'Check the vendor for this action first, then record what you found. Succeeded makes the next begin on its key a duplicate; failed lets it run again.'),
+				form(
+					[
+						select('Outcome at the vendor', 'outcome', [['succeeded', 'succeeded'], ['failed', 'failed']], 'succeeded'),
+						h('label', null, 'Result (JSON, optional) ', h('textarea', { name: 'result', rows: 4, cols: 60, class: 'code', spellcheck: 'false' })),
+						input('Note', 'note', { maxlength: 1000 }),
+					],
+					'Resolve',
+					(v) =>
+						call('POST', `/effects/${seg(e.id)}/resolve`, {
+							outcome: v.outcome,
+							result: parseJSONField('Result', v.result),
+							note: v.note || undefined,
+						}),
+					{ confirm: 'Record this outcome? It cannot be changed afterwards.' },
+				),
+			);
+		}
+		return out;
+	},
+
+	async circuits() {
+		const actions = [['require_approval', 'require approval'], ['deny', 'deny'], ['monitor', 'monitor']];
+		const columns = [
+			{ title: 'Effect type', cell: (c) => c.effect_type },
+			{ title: 'State', cell: (c) => h('span', { class: 'state ' + c.state }, c.state) },
+			{ title: 'Opened by', cell: (c) => text(c.opened_by) },
+			{ title: 'Action', cell: (c) => text(c.action) },
+			{ title: 'Reason', cell: (c) => text(c.reason) },
+			{ title: 'Last hour', cell: (c) => c.volume_last_hour },
+			{ title: 'Median hourly', cell: (c) => text(c.baseline_median_hourly) },
+			{ title: 'Threshold', cell: (c) => text(c.threshold) },
+			{ title: 'Opened', cell: (c) => time(c.opened_at) },
+			{ title: 'Closes', cell: (c) => time(c.closes_at) },
+			{
+				title: '',
+				cell: (c) =>
+					c.state === 'open'
+						? action('Close', () => call('POST', `/circuits/${seg(c.effect_type)}/close`), {
+								confirm: `Close the ${c.effect_type} breaker? It gets a fresh allowance from now.`,
+							})
+						: form(
+								[select('Action', 'action', actions, 'require_approval'), input('Reason', 'reason', { maxlength: 500 })],
+								'Open',
+								(v) => call('POST', `/circuits/${seg(c.effect_type)}/open`, { action: v.action, reason: v.reason || undefined }),
+								{ inline: true, danger: true, confirm: `Open the ${c.effect_type} breaker by hand? It stays open until you close it.` },
+							),
+			},
+		];
+		return [
+			h('h1', null, 'Circuits'),
+			h('p', { class: 'lead' }, 'Surge breakers per effect type. A breaker you open by hand, and the emergency stop, stay open until you close them.'),
+			h(
+				'section',
+				{ class: 'stop' },
+				h('h2', null, 'Emergency stop'),
+				form(
+					[select('Action', 'action', actions, 'require_approval'), input('Reason', 'reason', { maxlength: 500 })],
+					'Stop every effect type',
+					(v) => call('POST', '/circuits/stop', { action: v.action, reason: v.reason || undefined }),
+					{ inline: true, danger: true, confirm: 'Hold every effect type in this workspace until you release the stop?' },
+				),
+				action('Release the stop', () => call('POST', '/circuits/release', {}), {
+					confirm: 'Lift the emergency stop? Breakers of single types stay as they are.',
+				}),
+			),
+			await pager('/circuits', {}, columns, 'No effect type has been seen or configured yet.'),
+		];
+	},
+
+	async policies() {
+		const columns = [
+			{ title: 'Effect type', cell: (p) => link(['policies', p.effect_type], p.effect_type) },
+			{ title: 'Mode', cell: (p) => p.mode },
+			{ title: 'On indeterminate', cell: (p) => p.on_indeterminate },
+			{ title: 'Lease', cell: (p) => p.lease_seconds + ' s' },
+			{ title: 'Max attempts', cell: (p) => p.max_attempts },
+			{ title: 'Max cost', cell: (p) => micros(p.max_cost_micros) },
+			{ title: 'Daily budget', cell: (p) => micros(p.daily_budget_micros) },
+			{ title: 'Surge', cell: (p) => (p.surge_per_hour ? p.surge_per_hour + '/h' : p.surge_multiplier ? p.surge_multiplier + '× normal' : 'off') },
+			{ title: 'Version', cell: (p) => p.version },
+		];
+		return [
+			h('h1', null, 'Policies'),
+			h('p', { class: 'lead' }, 'What each effect type may do. An unconfigured type gets the safe default (allow, block on an unknown outcome).'),
+			form([input('Effect type', 'effect_type', { required: true, placeholder: 'payment.charge', maxlength: 200 })], 'Open policy', async (v) =>
+				navigate('policies/' + encodeURIComponent(v.effect_type.trim())), { inline: true, after: () => {} }),
+			await pager('/policies', {}, columns, 'No policy is configured yet.'),
+		];
+	},
+
+	async policy(params, type) {
+		const p = await call('GET', `/policies/${seg(type)}`);
+		const { effect_type: _t, version, updated_at: _u, ...editable } = p;
+		const area = h('textarea', { name: 'policy', rows: 24, class: 'code', spellcheck: 'false' });
+		area.value = JSON.stringify(editable, null, 2);
+		return [
+			h('h1', null, 'Policy ', h('code', null, p.effect_type)),
+			fields([
+				['Version', version],
+				['Updated', time(p.updated_at)],
+			]),
+			h('p', null, 'Edit the fields and save. The save names this version, so an edit made meanwhile elsewhere is refused (version_conflict) rather than overwritten.'),
+			form([area], 'Save policy', async (v) => {
+				const body = parseJSONField('Policy', v.policy);
+				if (!body || typeof body !== 'object' || Array.isArray(body)) throw new ConsoleError('invalid_json', 'The policy must be a JSON object.');
+				return call('PUT', `/policies/${seg(p.effect_type)}`, { ...body, expected_version: version });
+			}),
+		];
+	},
+
+	async runs(params) {
+		const columns = [
+			{ title: 'Created', cell: (r) => time(r.createdAt) },
+			{ title: 'Run', cell: (r) => link(['runs', r.id], r.id) },
+			{ title: 'Name', cell: (r) => r.name },
+			{ title: 'Status', cell: (r) => h('span', { class: 'state ' + r.status.toLowerCase() }, r.status) },
+			{ title: 'Spent', cell: (r) => [micros(r.spentMicros), r.budgetMicros !== null && r.budgetMicros !== undefined ? ' of ' + micros(r.budgetMicros) : ''] },
+			{ title: 'Finished', cell: (r) => time(r.finishedAt) },
+		];
+		return [
+			h('h1', null, 'Runs'),
+			filters('runs', params, [select('Status', 'status', [['', 'any'], ['RUNNING', 'running'], ['SUCCEEDED', 'succeeded'], ['FAILED', 'failed']], params.status || '')]),
+			await pager('/runs', { status: params.status }, columns, 'No runs.'),
+		];
+	},
+
+	async run(params, id) {
+		const r = await call('GET', `/runs/${seg(id)}`);
+		return [
+			h('h1', null, 'Run ', h('code', null, r.id)),
+			fields([
+				['Name', r.name],
+				['Status', h('span', { class: 'state ' + r.status.toLowerCase() }, r.status)],
+				['Completion requested', r.completionRequested ? 'yes' : 'no'],
+				['Spent', micros(r.spentMicros)],
+				['Budget', micros(r.budgetMicros)],
+				['Created', time(r.createdAt)],
+				['Finished', time(r.finishedAt)],
+			]),
+			h('h2', null, 'Steps'),
+			await pager(`/runs/${seg(r.id)}/steps`, {}, stepColumns, 'No steps.'),
+		];
+	},
+
+	async step(params, id) {
+		const s = await call('GET', `/steps/${seg(id)}`);
+		const job = s.durableJob || {};
+		const ended = ['SUCCEEDED', 'EXHAUSTED', 'CANCELLED', 'SKIPPED'].includes(job.status);
+		const out = [
+			h('h1', null, 'Step ', h('code', null, s.id)),
+			fields([
+				['Run', link(['runs', s.runId], s.runId)],
+				['Tool', `${s.name}@${s.version}`],
+				['Endpoint', s.endpoint],
+				['Idempotency key', h('code', null, s.idempotencyKey)],
+				['Status', s.status],
+				['Job', `${text(job.status)}, attempt ${text(job.attempt)} of ${text(job.maxAttempts)}`],
+				['Due', time(job.dueAt)],
+				['Cancel requested', job.cancelRequested ? 'yes' : 'no'],
+				['After step', s.afterStepId ? link(['steps', s.afterStepId], s.afterStepId) : '—'],
+				['Created', time(s.createdAt)],
+				['Finished', time(s.finishedAt)],
+			]),
+			h('h2', null, 'Input (redacted preview)'),
+			json(s.inputPreview),
+			h('h2', null, 'Output (redacted preview)'),
+			json(s.outputPreview),
+			h('h2', null, 'Attempts'),
+			table(
+				[
+					{ title: '#', cell: (a) => a.attempt },
+					{ title: 'Worker', cell: (a) => a.workerId },
+					{ title: 'Outcome', cell: (a) => text(a.outcome) },
+					{ title: 'Retryable', cell: (a) => (a.retryable === null || a.retryable === undefined ? '—' : a.retryable ? 'yes' : 'no') },
+					{ title: 'Error (redacted)', cell: (a) => text(a.errorMessage) },
+					{ title: 'Started', cell: (a) => time(a.startedAt) },
+					{ title: 'Reported', cell: (a) => time(a.reportedAt) },
+				],
+				job.attempts || [],
+				'No attempt has started.',
+			),
+		];
+		if (!ended) {
+			out.push(action('Cancel step', () => call('POST', `/steps/${seg(s.id)}/cancel`, {}), {
+				danger: true,
+				confirm: 'Cancel this step? A running job sees it at its next heartbeat.',
+			}));
+		}
+		if (job.status === 'EXHAUSTED' || job.status === 'CANCELLED') {
+			out.push(h('h2', null, 'Replay'), await replayForm(s.id));
+		}
+		return out;
+	},
+
+	async queue() {
+		const health = [
+			{ title: 'Tool', cell: (q) => `${q.name}@${q.version}` },
+			{ title: 'Queued', cell: (q) => q.queued },
+			{ title: 'Due', cell: (q) => q.due },
+			{ title: 'Oldest queued', cell: (q) => (q.oldestQueuedAgeSeconds === null || q.oldestQueuedAgeSeconds === undefined ? '—' : q.oldestQueuedAgeSeconds + ' s') },
+			{ title: 'Workers seen', cell: (q) => q.workersSeen },
+			{ title: 'Note', cell: (q) => text(q.message) },
+		];
+		const endpoints = [
+			{ title: 'Endpoint', cell: (e) => link(['endpoints', e.id], e.name) },
+			{ title: 'Paused', cell: (e) => (e.paused ? 'yes' : 'no') },
+			{ title: 'Circuit', cell: (e) => h('span', { class: 'state ' + e.circuit.state.toLowerCase() }, e.circuit.state) },
+			{ title: 'Preset', cell: (e) => text(e.policyPreset) },
+			{ title: 'Max attempts', cell: (e) => e.maxAttempts },
+			{
+				title: '',
+				cell: (e) => [
+					e.paused
+						? action('Resume', () => call('POST', `/endpoints/${seg(e.id)}/resume`, {}))
+						: action('Pause', () => call('POST', `/endpoints/${seg(e.id)}/pause`, {}), {
+								confirm: `Pause ${e.name}? Its jobs are accepted but not claimed until you resume it.`,
+							}),
+					e.circuit.state.toLowerCase() !== 'closed' ? action('Close circuit', () => call('POST', `/endpoints/${seg(e.id)}/circuit/close`, {})) : null,
+				],
+			},
+		];
+		return [
+			h('h1', null, 'Queue'),
+			h('h2', null, 'Health by exact name@version'),
+			await pager('/queue/health', {}, health, 'Nothing is queued.'),
+			h('h2', null, 'Endpoints'),
+			await pager('/endpoints', {}, endpoints, 'No endpoints yet.'),
+		];
+	},
+
+	async endpoint(params, id) {
+		const columns = [
+			{ title: 'Started', cell: (a) => time(a.startedAt) },
+			{ title: 'Step', cell: (a) => link(['steps', a.stepId], a.stepId) },
+			{ title: 'Tool', cell: (a) => `${a.name}@${a.version}` },
+			{ title: '#', cell: (a) => a.attempt },
+			{ title: 'Outcome', cell: (a) => text(a.outcome) },
+			{ title: 'Error (redacted)', cell: (a) => text(a.errorMessage) },
+			{ title: 'Worker', cell: (a) => a.workerId },
+		];
+		return [
+			h('h1', null, 'Endpoint attempts'),
+			filters('endpoints/' + encodeURIComponent(id), params, [
+				select('Outcome', 'outcome', [['', 'any'], ['SUCCEEDED', 'succeeded'], ['FAILED', 'failed']], params.outcome || ''),
+			]),
+			await pager(`/endpoints/${seg(id)}/attempts`, { outcome: params.outcome }, columns, 'No attempts.'),
+		];
+	},
+
+	async keys() {
+		const columns = [
+			{ title: 'Name', cell: (k) => k.name },
+			{ title: 'Key', cell: (k) => h('code', null, k.id) },
+			{ title: 'Scopes', cell: (k) => text(k.scopes) },
+			{ title: 'Tools', cell: (k) => text(k.tools) },
+			{ title: 'Daily ceiling', cell: (k) => micros(k.daily_spend_ceiling_micros) },
+			{ title: 'Per minute', cell: (k) => text(k.rate_limit_per_minute) },
+			{ title: 'Created', cell: (k) => time(k.created_at) },
+			{
+				title: '',
+				cell: (k) =>
+					k.revoked_at
+						? 'revoked ' + time(k.revoked_at)
+						: action('Revoke', () => call('DELETE', `/keys/${seg(k.id)}`), {
+								danger: true,
+								confirm: `Revoke the key ${k.name} (${k.id}) for good?`,
+							}),
+			},
+		];
+		return [
+			h('h1', null, 'Keys'),
+			h('p', { class: 'lead' }, 'Give an agent an AGENT key (begin and report only) and a worker a WORKER key for its exact tools, never this console’s key.'),
+			h('h2', null, 'New key'),
+			form(
+				[
+					input('Name', 'name', { required: true, maxlength: 200 }),
+					select('Preset', 'preset', [['AGENT', 'AGENT (begin, report)'], ['WORKER', 'WORKER (jobs:work)'], ['INGEST', 'INGEST (runs)'], ['OPERATOR', 'OPERATOR (every scope)']], 'AGENT'),
+					input('Tools (WORKER: name@version, comma-separated)', 'tools', { placeholder: 'send_welcome_email@1' }),
+					input('Daily spend ceiling (micros)', 'ceiling', { type: 'number', min: 0, step: 1 }),
+					input('Requests per minute', 'rate', { type: 'number', min: 1, step: 1 }),
+				],
+				'Create key',
+				(v) =>
+					call('POST', '/keys', {
+						name: v.name,
+						preset: v.preset,
+						tools: v.tools.trim() ? v.tools.split(',').map((t) => t.trim()).filter(Boolean) : undefined,
+						daily_spend_ceiling_micros: v.ceiling === '' ? undefined : Number(v.ceiling),
+						rate_limit_per_minute: v.rate === '' ? undefined : Number(v.rate),
+					}),
+				{ after: (k, status) => status.replaceChildren(secretOnce(`Key ${k.name} (${k.id})`, k.secret), action('Done', async () => {}, {})) },
+			),
+			h('h2', null, 'Keys'),
+			await pager('/keys', {}, columns, 'No keys.'),
+		];
+	},
+
+	async webhooks() {
+		const events = ['effect.indeterminate', 'circuit.tripped', 'circuit.closed', 'approval.requested', 'approval.decided', 'reconciliation.due', 'run.finished', 'step.exhausted'];
+		const columns = [
+			{ title: 'URL', cell: (w) => h('code', null, w.url) },
+			{ title: 'Events', cell: (w) => text(w.events) },
+			{ title: 'Created', cell: (w) => time(w.created_at) },
+			{ title: '', cell: (w) => [link(['webhooks', w.id], 'Deliveries'), ' ', action('Delete', () => call('DELETE', `/webhooks/${seg(w.id)}`), { danger: true, confirm: `End the subscription to ${w.url}? Its pending deliveries are abandoned.` })] },
+		];
+		return [
+			h('h1', null, 'Webhooks'),
+			h('h2', null, 'New subscription'),
+			form(
+				[
+					input('URL', 'url', { required: true, type: 'url', placeholder: 'https://example.com/ratchet' }),
+					h('fieldset', null, h('legend', null, 'Events'), events.map((e) => h('label', { class: 'check' }, h('input', { type: 'checkbox', name: 'events', value: e, 'data-list': true }), ' ', e))),
+				],
+				'Subscribe',
+				(v) => call('POST', '/webhooks', { url: v.url, events: v.events }),
+				{ after: (w, status) => status.replaceChildren(secretOnce(`Signing secret for ${w.url}`, w.secret, 'It is shown once: verify Ratchet-Signature with it.'), action('Done', async () => {}, {})) },
+			),
+			h('h2', null, 'Subscriptions'),
+			await pager('/webhooks', {}, columns, 'No subscriptions.'),
+		];
+	},
+
+	async webhook(params, id) {
+		const w = await call('GET', `/webhooks/${seg(id)}`);
+		const columns = [
+			{ title: 'Created', cell: (d) => time(d.created_at) },
+			{ title: 'Event', cell: (d) => d.event_type },
+			{ title: 'State', cell: (d) => h('span', { class: 'state ' + d.state }, d.state) },
+			{ title: 'Attempts', cell: (d) => d.attempts },
+			{ title: 'Last status', cell: (d) => text(d.last_status_code) },
+			{ title: 'Last error', cell: (d) => text(d.last_error) },
+			{ title: 'Delivered', cell: (d) => time(d.delivered_at) },
+			{ title: 'Next attempt', cell: (d) => time(d.next_attempt_at) },
+		];
+		return [
+			h('h1', null, 'Deliveries to ', h('code', null, w.url)),
+			fields([
+				['Events', text(w.events)],
+				['Created', time(w.created_at)],
+			]),
+			await pager(`/webhooks/${seg(id)}/deliveries`, {}, columns, 'Nothing delivered yet.'),
+		];
+	},
+};
+
+const stepColumns = [
+	{ title: 'Step', cell: (s) => link(['steps', s.id], s.id) },
+	{ title: 'Tool', cell: (s) => `${s.name}@${s.version}` },
+	{ title: 'Status', cell: (s) => h('span', { class: 'state ' + String(s.status).toLowerCase() }, s.status) },
+	{ title: 'Job', cell: (s) => (s.durableJob ? `${s.durableJob.status}, ${s.durableJob.attempt}/${s.durableJob.maxAttempts}` : '—') },
+	{ title: 'Due', cell: (s) => time(s.durableJob && s.durableJob.dueAt) },
+	{ title: 'Finished', cell: (s) => time(s.finishedAt) },
+];
+
+// replayForm previews a replay, then sends it naming what the preview saw
+// (attempt and handler version), so a replay decided on stale facts is
+// refused rather than run.
+async function replayForm(stepId) {
+	const p = await call('GET', `/steps/${seg(stepId)}/replay`);
+	if (!p.eligible) return h('p', null, `Not eligible for replay (job ${p.status}).`);
+	return h('div', null, [
+		fields([
+			['Handler version', p.handlerVersion],
+			['Attempts so far', p.attempt],
+			['Endpoint paused', p.endpointPaused ? 'yes (the replay waits until it resumes)' : 'no'],
+		]),
+		form(
+			[
+				input('Max attempts (1–10)', 'maxAttempts', { type: 'number', min: 1, max: 10, value: 1 }),
+				input('Reason', 'reason', { maxlength: 500 }),
+				h('label', { class: 'check' }, h('input', { type: 'checkbox', name: 'ack' }), ' I understand the tool may act again (a duplicate at the destination unless it dedupes on the idempotency key)'),
+			],
+			'Replay',
+			(v) =>
+				call('POST', `/steps/${seg(stepId)}/replay`, {
+					maxAttempts: Number(v.maxAttempts) || 1,
+					reason: v.reason || undefined,
+					acknowledgeDuplicateRisk: v.ack,
+					expectedAttempt: p.attempt,
+					expectedHandlerVersion: p.handlerVersion,
+				}),
+			{ danger: true },
+		),
+	]);
+}
+
+// ---- signing in -----------------------------------------------------------
+
+function signInPage(message) {
+	return [
+		h('h1', null, 'Ratchet console'),
+		message ? h('p', { class: 'notice', role: 'status' }, message) : null,
+		h('section', null, [
+			h('h2', null, 'Sign in with a key'),
+			h('p', null, 'The key stays in this tab only and is forgotten when you sign out or close it.'),
+			form(
+				[input('API key', 'key', { type: 'password', required: true, autocomplete: 'off', spellcheck: 'false' })],
+				'Sign in',
+				async (v) => {
+					env.storage.setItem(KEY_ITEM, v.key.trim());
+					try {
+						// Any call tells whether the key is known: 401 if not, 403
+						// (a narrower key) still signs in.
+						await call('GET', '/approvals?limit=1');
+					} catch (err) {
+						if (err.status !== 403) {
+							env.storage.removeItem(KEY_ITEM);
+							throw err;
+						}
+					}
+				},
+				{ after: () => navigate('approvals') },
+			),
+		]),
+		h('section', null, [
+			h('h2', null, 'Or create a workspace'),
+			form(
+				[input('Workspace name', 'name', { required: true, maxlength: 200 })],
+				'Create workspace',
+				(v) => call('POST', '/workspaces', { name: v.name }),
+				{
+					after: (ws, status) =>
+						status.replaceChildren(
+							secretOnce(`Operator key for ${ws.name}`, ws.key.secret, 'It holds every scope and is shown once: store it now, then continue.'),
+							action('Continue with this key', async () => {
+								env.storage.setItem(KEY_ITEM, ws.key.secret);
+								navigate('approvals');
+							}, { after: () => {} }),
+						),
+				},
+			),
+		]),
+	];
+}
+
+function signOut(message) {
+	env.storage.removeItem(KEY_ITEM);
+	signOutMessage = message || null;
+	navigate('');
+}
+
+let signOutMessage = null;
+
+// ---- routing --------------------------------------------------------------
+
+const nav = [
+	['approvals', 'Approvals'],
+	['effects', 'Effects'],
+	['circuits', 'Circuits'],
+	['policies', 'Policies'],
+	['runs', 'Runs'],
+	['queue', 'Queue'],
+	['keys', 'Keys'],
+	['webhooks', 'Webhooks'],
+];
+
+// A route is #/<page>[/<id>][?a=b]: the list pages take their filters from
+// the query, the detail pages their id from the second segment.
+const detail = { effects: 'effect', policies: 'policy', runs: 'run', steps: 'step', endpoints: 'endpoint', webhooks: 'webhook' };
+
+export function parseRoute(hash) {
+	const raw = String(hash || '').replace(/^#\/?/, '');
+	const [path, q] = raw.split('?');
+	const parts = path.split('/').filter(Boolean).map((p) => {
+		try {
+			return decodeURIComponent(p);
+		} catch {
+			return p;
+		}
+	});
+	const params = {};
+	for (const pair of (q || '').split('&').filter(Boolean)) {
+		const [k, v = ''] = pair.split('=');
+		try {
+			params[decodeURIComponent(k)] = decodeURIComponent(v.replace(/\+/g, ' '));
+		} catch {
+			// a malformed pair is ignored
+		}
+	}
+	const [first = 'approvals', id, extra] = parts;
+	let page = null;
+	if (extra === undefined) page = id === undefined ? (nav.some(([p]) => p === first) ? first : null) : detail[first] || null;
+	return { section: first, page, id, params };
+}
+
+function navigate(path, params) {
+	const next = '#/' + path + (params ? query(params) : '');
+	if (env.location.hash === next) rerender();
+	else env.location.hash = next;
+}
+
+let generation = 0;
+// pageSize is the lists' page size: the API's default, or ?limit= in the
+// fragment.
+let pageSize;
+let drawing = Promise.resolve();
+
+function rerender() {
+	return render();
+}
+
+/** render draws the page the location names; a newer render wins. */
+export function render() {
+	drawing = draw(++generation);
+	return drawing;
+}
+
+/** rendered resolves once no render is in progress (tests wait on it). */
+export async function rendered() {
+	let seen;
+	do {
+		seen = drawing;
+		await seen;
+	} while (seen !== drawing);
+}
+
+async function draw(mine) {
+	const root = env.root;
+	if (!key()) {
+		const message = signOutMessage;
+		signOutMessage = null;
+		root.replaceChildren(h('main', null, signInPage(message)));
+		return;
+	}
+	const route = parseRoute(env.location.hash);
+	pageSize = route.params.limit;
+	const header = h(
+		'header',
+		null,
+		h('strong', { class: 'brand' }, 'Ratchet'),
+		h('nav', null, nav.map(([p, title]) => h('a', { href: '#/' + p, class: route.section === p ? 'current' : null }, title))),
+		h('button', { type: 'button', class: 'signout', onclick: () => signOut('Signed out.') }, 'Sign out'),
+	);
+	const main = h('main', { 'aria-busy': 'true' }, h('p', null, 'Loading…'));
+	root.replaceChildren(header, main);
+	let content;
+	try {
+		if (!route.page) throw new ConsoleError('not_found', 'No such page in the console.');
+		content = await pages[route.page](route.params, route.id);
+	} catch (err) {
+		content = errorBox(asError(err));
+	}
+	if (mine !== generation || !key()) return; // another render (or a 401's sign-out) took over
+	main.removeAttribute('aria-busy');
+	main.replaceChildren(...[content].flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
+}
+
+/** start runs the console in e: {document, root, storage, fetch, location, confirm, onHashChange}. */
+export function start(e) {
+	env = e;
+	e.onHashChange(() => render());
+	return render();
+}
+
+if (typeof window !== 'undefined' && typeof document !== 'undefined' && document.getElementById('app')) {
+	start({
+		document,
+		root: document.getElementById('app'),
+		storage: window.sessionStorage,
+		fetch: (url, init) => window.fetch(url, { ...init, credentials: 'omit', cache: 'no-store', referrerPolicy: 'no-referrer' }),
+		location: window.location,
+		confirm: (m) => window.confirm(m),
+		onHashChange: (fn) => window.addEventListener('hashchange', fn),
+	});
+}
