@@ -69,6 +69,10 @@ function text(v) {
 	return String(v);
 }
 
+function pick(o, names) {
+	return Object.fromEntries(names.filter((n) => n in o).map((n) => [n, o[n]]));
+}
+
 function json(v) {
 	return h('pre', { class: 'json' }, v === null || v === undefined ? '—' : JSON.stringify(v, null, 2));
 }
@@ -360,7 +364,7 @@ const pages = {
 				['Denial', text(e.denial_code)],
 				['Approval', e.approval_id ? e.approval_id : '—'],
 				['Run', text(e.run_id)],
-				['Group', text(e.group_id)],
+				['Group', e.group_id ? link(['groups', e.group_id], e.group_id) : '—'],
 				['Compensates', e.compensates_effect_id ? link(['effects', e.compensates_effect_id], e.compensates_effect_id) : '—'],
 				['Lease until', time(e.lease_expires_at)],
 				['Created', time(e.created_at)],
@@ -608,6 +612,7 @@ const pages = {
 	},
 
 	async endpoint(params, id) {
+		const e = await call('GET', `/endpoints/${seg(id)}/policy`);
 		const columns = [
 			{ title: 'Started', cell: (a) => time(a.startedAt) },
 			{ title: 'Step', cell: (a) => link(['steps', a.stepId], a.stepId) },
@@ -617,12 +622,75 @@ const pages = {
 			{ title: 'Error (redacted)', cell: (a) => text(a.errorMessage) },
 			{ title: 'Worker', cell: (a) => a.workerId },
 		];
+		// The editable fields, as PUT names them; only those changed are
+		// sent, so a field left alone is never re-validated against a
+		// preset it was not written for.
+		const editable = {
+			preset: e.policyPreset,
+			maxAttempts: e.maxAttempts,
+			...(e.retryPolicy ? pick(e.retryPolicy, ['initialDelayMs', 'multiplier', 'maxDelayMs', 'jitterPercent']) : {}),
+			defaultTimeoutMs: e.defaultTimeoutMs,
+			maxConcurrent: e.maxConcurrent,
+			rateLimitPerMinute: e.rateLimitPerMinute,
+			circuitFailureThreshold: e.circuitFailureThreshold,
+			circuitCooldownMs: e.circuitCooldownMs,
+		};
+		const area = h('textarea', { name: 'policy', rows: 14, class: 'code', spellcheck: 'false' });
+		area.value = JSON.stringify(editable, null, 2);
 		return [
-			h('h1', null, 'Endpoint attempts'),
+			h('h1', null, 'Endpoint ', h('code', null, e.name)),
+			fields([
+				['Paused', e.paused ? 'yes: jobs are accepted, not claimed' : 'no'],
+				['Circuit', `${e.circuit.state}, ${e.circuit.consecutiveFailures} failures in a row`],
+				['Policy version', e.version],
+				['Retry policy', e.retryPolicy ? json(e.retryPolicy) : e.policyPreset],
+				['Updated', time(e.updatedAt)],
+			]),
+			e.paused
+				? action('Resume', () => call('POST', `/endpoints/${seg(e.id)}/resume`, {}))
+				: action('Pause', () => call('POST', `/endpoints/${seg(e.id)}/pause`, {}), {
+						confirm: `Pause ${e.name}? Its jobs are accepted but not claimed until you resume it.`,
+					}),
+			e.circuit.state !== 'closed' ? action('Close circuit', () => call('POST', `/endpoints/${seg(e.id)}/circuit/close`, {})) : null,
+			h('h2', null, 'Policy'),
+			h('p', null, 'Jobs already enqueued keep the policy they were enqueued with. The save names this version, so an edit made meanwhile elsewhere is refused (version_conflict).'),
+			form([area], 'Save endpoint policy', async (v) => {
+				const body = parseJSONField('Policy', v.policy);
+				if (!body || typeof body !== 'object' || Array.isArray(body)) throw new ConsoleError('invalid_json', 'The policy must be a JSON object.');
+				const changed = Object.fromEntries(Object.entries(body).filter(([k, val]) => JSON.stringify(val) !== JSON.stringify(editable[k])));
+				if (!Object.keys(changed).length) throw new ConsoleError('unchanged', 'Nothing changed.');
+				return call('PUT', `/endpoints/${seg(e.id)}/policy`, { ...changed, expectedVersion: e.version });
+			}),
+			h('h2', null, 'Attempts'),
 			filters('endpoints/' + encodeURIComponent(id), params, [
 				select('Outcome', 'outcome', [['', 'any'], ['SUCCEEDED', 'succeeded'], ['FAILED', 'failed']], params.outcome || ''),
 			]),
 			await pager(`/endpoints/${seg(id)}/attempts`, { outcome: params.outcome }, columns, 'No attempts.'),
+		];
+	},
+
+	async group(params, id) {
+		const g = await call('GET', `/groups/${seg(id)}`);
+		const columns = [
+			{ title: 'Effect', cell: (s) => link(['effects', s.effect_id], s.effect_id) },
+			{ title: 'Type', cell: (s) => s.effect_type },
+			{ title: 'Idempotency key', cell: (s) => h('code', null, s.idempotency_key) },
+			{ title: 'State', cell: (s) => h('span', { class: 'state ' + s.state }, s.state) },
+			{ title: 'Compensation', cell: (s) => (s.has_compensation ? 'declared' : 'none') },
+			{ title: 'Compensates', cell: (s) => (s.compensates_effect_id ? link(['effects', s.compensates_effect_id], s.compensates_effect_id) : '—') },
+		];
+		return [
+			h('h1', null, 'Group ', h('code', null, g.name)),
+			fields([
+				['Group', h('code', null, g.id)],
+				['State', h('span', { class: 'state ' + g.state }, g.state)],
+				['Created', time(g.created_at)],
+				['Committed', time(g.committed_at)],
+				['Unwind started', time(g.unwind_started_at)],
+				['Finished', time(g.finished_at)],
+			]),
+			h('h2', null, 'Steps'),
+			table(columns, g.steps || [], 'No effect has joined this group.'),
 		];
 	},
 
@@ -835,7 +903,7 @@ const nav = [
 
 // A route is #/<page>[/<id>][?a=b]: the list pages take their filters from
 // the query, the detail pages their id from the second segment.
-const detail = { effects: 'effect', policies: 'policy', runs: 'run', steps: 'step', endpoints: 'endpoint', webhooks: 'webhook' };
+const detail = { effects: 'effect', policies: 'policy', runs: 'run', steps: 'step', endpoints: 'endpoint', webhooks: 'webhook', groups: 'group' };
 
 export function parseRoute(hash) {
 	const raw = String(hash || '').replace(/^#\/?/, '');

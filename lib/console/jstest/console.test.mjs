@@ -352,6 +352,66 @@ test('runs, steps and the queue: a step cancelled, then replayed naming what its
 	assert.ok(ui.requests.includes(`POST /api/v1/steps/${step.stepId}/replay`));
 });
 
+test("an endpoint's page: pause and resume, its policy edited naming its version, its attempts", async () => {
+	const key = await signup();
+	const run = (await api('POST', '/runs', key, { name: 'billing' })).body;
+	await api('POST', `/runs/${run.id}/steps`, key, { name: 'charge_card', version: '2', input: { amount: 5 } });
+	const endpoint = (await api('GET', '/endpoints', key)).body.data.find((e) => e.name === 'charge_card');
+	const ui = await mount(key, '#/queue');
+	const rows = ui.root.querySelectorAll('tr').filter((r) => r.textContent.includes('charge_card') && !r.textContent.includes('@2'));
+	assert.equal(rows.length, 1, 'the endpoint, beside its queue health row');
+	await click(rows[0], 'Pause');
+	assert.equal((await api('GET', `/endpoints/${endpoint.id}/policy`, key)).body.paused, true);
+	await go(ui, '#/endpoints/' + endpoint.id);
+	assert.match(ui.root.textContent, /Paused.*yes/);
+	await click(ui.root, 'Resume');
+	assert.equal((await api('GET', `/endpoints/${endpoint.id}/policy`, key)).body.paused, false);
+
+	const area = field(formOf(button(ui.root, 'Save endpoint policy')), 'policy');
+	const policy = JSON.parse(area.value);
+	assert.equal(policy.preset, 'STANDARD');
+	await submit(ui.root, 'Save endpoint policy', { policy: area.value });
+	assert.match(alerts(ui).join(), /Nothing changed/);
+	await submit(ui.root, 'Save endpoint policy', { policy: JSON.stringify({ ...policy, maxAttempts: 3 }) });
+	assert.match(alerts(ui).join(), /maxAttempts: is only allowed with preset CUSTOM/, 'the refused field named');
+	await submit(ui.root, 'Save endpoint policy', { policy: JSON.stringify({ ...policy, rateLimitPerMinute: 60, maxConcurrent: 4 }) });
+	let e = (await api('GET', `/endpoints/${endpoint.id}/policy`, key)).body;
+	assert.deepEqual([e.rateLimitPerMinute, e.maxConcurrent, e.maxAttempts, e.policyPreset], [60, 4, 5, 'STANDARD']);
+	assert.deepEqual(alerts(ui), []);
+
+	// Changed elsewhere meanwhile: refused, not overwritten.
+	assert.equal((await api('PUT', `/endpoints/${endpoint.id}/policy`, key, { expectedVersion: e.version, rateLimitPerMinute: 30 })).status, 200);
+	await submit(ui.root, 'Save endpoint policy', { policy: JSON.stringify({ ...policy, rateLimitPerMinute: 90 }) });
+	assert.match(alerts(ui).join(), /version_conflict/);
+	e = (await api('GET', `/endpoints/${endpoint.id}/policy`, key)).body;
+	assert.equal(e.rateLimitPerMinute, 30);
+
+	// Its attempts: one a worker failed.
+	const worker = (await api('POST', '/keys', key, { name: 'w', preset: 'WORKER', tools: ['charge_card@2'] })).body.secret;
+	const workerId = (await api('POST', '/workers/register', worker, { tools: [{ name: 'charge_card', version: '2' }] })).body.workerId;
+	const [job] = (await api('POST', `/workers/${workerId}/claim`, worker, { limit: 1 })).body.jobs;
+	const report = await api('POST', `/jobs/${job.jobId}/report`, worker, { leaseToken: job.leaseToken, status: 'FAILED', error: { message: 'card declined', retryable: false } });
+	assert.equal(report.status, 200);
+	await go(ui, '#/endpoints/' + endpoint.id + '?outcome=FAILED');
+	assert.match(row(ui, job.stepId).textContent, /card declined/);
+});
+
+test("a group's page lists its effects and what each compensates", async () => {
+	const key = await signup();
+	const group = (await api('POST', '/groups', key, { name: 'order-7' })).body;
+	const begun = (await api('POST', '/effects/begin', key, {
+		effect_type: 'inventory.reserve',
+		idempotency_key: 'reserve:7',
+		payload: { sku: 'a' },
+		group_id: group.id,
+		compensation: { effect_type: 'inventory.release', payload: { sku: 'a' } },
+	})).body;
+	const ui = await mount(key, '#/effects/' + begun.effect_id);
+	await go(ui, '#/groups/' + group.id); // as the effect page links it
+	assert.match(ui.root.textContent, /order-7/);
+	assert.match(row(ui, begun.effect_id).textContent, /inventory\.reserve.*reserve:7.*leased.*declared/);
+});
+
 test('webhooks: a subscription made with its events, its deliveries page, then ended', async () => {
 	const key = await signup();
 	const ui = await mount(key, '#/webhooks');
