@@ -1,8 +1,8 @@
-// Package console is the operator console: one page, its script and its
-// stylesheet (static/), a client of the same origin's /api/v1 for the tasks
-// an operator does by hand: approvals, unknown outcomes, circuits and the
-// emergency stop, policies, runs and replays, queue health, keys and
-// webhooks.
+// Package console is the operator console: one page, its script, its
+// stylesheet and its icon (static/), a client of the same origin's /api/v1
+// for the tasks an operator does by hand: approvals, unknown outcomes,
+// circuits and the emergency stop, policies, runs and replays, queue health
+// and endpoints, effect groups, keys and webhooks.
 //
 // The files are embedded, so every binary serves the same console: the
 // local server and Lambda from the router (lib/httpapi), Vercel from the
@@ -20,7 +20,7 @@ import (
 	"time"
 )
 
-//go:embed static/index.html static/console.js static/console.css
+//go:embed static/index.html static/console.js static/console.css static/favicon.svg
 var static embed.FS
 
 // Page is the console's address.
@@ -63,6 +63,9 @@ func load() []File {
 		{"index.html", "text/html; charset=utf-8", []string{Page, Page + "/{$}", Page + "/index.html"}},
 		{"console.js", "text/javascript; charset=utf-8", []string{Page + "/console.js"}},
 		{"console.css", "text/css; charset=utf-8", []string{Page + "/console.css"}},
+		// Named by the page, so a browser does not ask for /favicon.ico,
+		// which no route serves.
+		{"favicon.svg", "image/svg+xml", []string{Page + "/favicon.svg"}},
 	}
 	out := make([]File, 0, len(specs))
 	for _, s := range specs {
