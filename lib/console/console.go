@@ -35,8 +35,10 @@ var Headers = map[string]string{
 	"Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; " +
 		"img-src 'self'; form-action 'none'; base-uri 'none'; frame-ancestors 'none'",
 	"X-Content-Type-Options": "nosniff",
-	"X-Frame-Options":        "DENY",
-	"Referrer-Policy":        "no-referrer",
+	// No window it opens, or that opens it, shares its browsing context.
+	"Cross-Origin-Opener-Policy": "same-origin",
+	"X-Frame-Options":            "DENY",
+	"Referrer-Policy":            "no-referrer",
 	// Revalidated on every load (the ETag makes that a 304), so a new
 	// release's script is never run against a cached page, or the reverse.
 	"Cache-Control": "no-cache",

@@ -87,7 +87,7 @@ function table(columns, rows, empty) {
 		'table',
 		null,
 		h('thead', null, h('tr', null, columns.map((c) => h('th', null, c.title)))),
-		h('tbody', null, rows.map((r) => h('tr', null, columns.map((c) => h('td', null, c.cell(r)))))),
+		h('tbody', null, rows.map((r) => h('tr', null, columns.map((c) => h('td', { 'data-label': c.title || null }, c.cell(r)))))),
 	);
 }
 
@@ -137,19 +137,38 @@ function form(controls, submitLabel, fn, opts = {}) {
 	const status = h('div', { class: 'status' });
 	const submit = h('button', { type: 'submit', class: opts.danger ? 'danger' : null }, submitLabel);
 	const f = h('form', { class: opts.inline ? 'inline' : null }, controls, submit, status);
+	// once: a creating form (workspace, key, webhook) stays on screen after
+	// success; it stays disabled until it is edited, so the second click of a
+	// double click (or an impatient re-click) cannot create a second one and
+	// replace the first one's secret, which is shown only once.
+	let locked = false;
+	if (opts.once) f.addEventListener('input', () => {
+		if (locked) submit.disabled = locked = false;
+	});
 	f.addEventListener('submit', async (ev) => {
 		ev.preventDefault();
-		if (opts.confirm && !env.confirm(typeof opts.confirm === 'function' ? opts.confirm() : opts.confirm)) return;
+		if (locked || submit.disabled) return;
+		if (opts.validate) {
+			try {
+				opts.validate(values(f));
+			} catch (err) {
+				status.replaceChildren(errorBox(asError(err)));
+				return;
+			}
+		}
+		if (opts.confirm && !env.confirm(typeof opts.confirm === 'function' ? opts.confirm(values(f)) : opts.confirm)) return;
 		submit.disabled = true;
 		status.replaceChildren();
 		try {
 			const result = await fn(values(f));
-			if (opts.after) opts.after(result, status);
-			else rerender();
+			if (opts.after) {
+				if (opts.once) locked = true;
+				opts.after(result, status);
+			} else rerender();
 		} catch (err) {
 			status.replaceChildren(errorBox(asError(err)));
 		} finally {
-			submit.disabled = false;
+			submit.disabled = locked;
 		}
 	});
 	return f;
@@ -217,6 +236,13 @@ export function key() {
 	return env.storage.getItem(KEY_ITEM);
 }
 
+// ownKeyId is the signed-in key's id: a secret is rk_<id>_<random>, the
+// key's id key_<id>.
+function ownKeyId() {
+	const m = /^rk_([a-z0-9]+)_/.exec(key() || '');
+	return m ? 'key_' + m[1] : null;
+}
+
 async function call(method, path, body) {
 	const headers = { Accept: 'application/json' };
 	const k = key();
@@ -226,7 +252,10 @@ async function call(method, path, body) {
 	try {
 		res = await env.fetch(API + path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
 	} catch (e) {
-		throw new ConsoleError('network', 'The service did not answer: ' + ((e && e.message) || e));
+		// A change whose answer was lost may have been applied: say so, as
+		// the gate itself would (an unknown outcome is not a failure).
+		const unknown = method === 'GET' ? '' : ' It may or may not have been applied: check before trying again.';
+		throw new ConsoleError('network', 'The service did not answer: ' + ((e && e.message) || e) + '.' + unknown);
 	}
 	const raw = await res.text();
 	let data = null;
@@ -273,7 +302,7 @@ async function pager(path, params, columns, empty) {
 		const last = body.lastChild;
 		if (last && last.className === 'more') last.remove();
 		if (cursor && rows.length) {
-			body.querySelector('tbody').append(...rows.map((r) => h('tr', null, columns.map((c) => h('td', null, c.cell(r))))));
+			body.querySelector('tbody').append(...rows.map((r) => h('tr', null, columns.map((c) => h('td', { 'data-label': c.title || null }, c.cell(r))))));
 		} else if (!cursor) {
 			body.append(table(columns, rows, empty));
 		}
@@ -284,7 +313,7 @@ async function pager(path, params, columns, empty) {
 }
 
 function filters(route, current, controls) {
-	return form(controls, 'Filter', async (v) => navigate(route, v), { inline: true, after: () => {} });
+	return form(controls, 'Filter', async (v) => navigate(route, { ...v, limit: current.limit }), { inline: true, after: () => {} });
 }
 
 const pages = {
@@ -299,17 +328,7 @@ const pages = {
 			{ title: 'Decided', cell: (a) => (a.decided_at ? [time(a.decided_at), a.note ? ' — ' + a.note : ''] : '—') },
 			{
 				title: '',
-				cell: (a) =>
-					a.state === 'pending'
-						? h('div', { class: 'decide' }, [
-								form([input('Note', 'note', { maxlength: 1000 })], 'Approve', (v) =>
-									call('POST', `/approvals/${seg(a.id)}/approve`, { note: v.note || undefined }),
-								{ inline: true }),
-								form([input('Note', 'note', { maxlength: 1000 })], 'Reject', (v) =>
-									call('POST', `/approvals/${seg(a.id)}/reject`, { note: v.note || undefined }),
-								{ inline: true, danger: true, confirm: `Reject ${a.effect_type} ${a.effect_id}? Every begin on its key is then denied.` }),
-							])
-						: '',
+				cell: (a) => (a.state === 'pending' ? decide(a) : ''),
 			},
 		];
 		return [
@@ -362,8 +381,8 @@ const pages = {
 				['Attempt', e.attempt],
 				['Cost', micros(e.cost_micros)],
 				['Denial', text(e.denial_code)],
-				['Approval', e.approval_id ? e.approval_id : '—'],
-				['Run', text(e.run_id)],
+				['Approval', text(e.approval_id)],
+				['Run', e.run_id ? link(['runs', e.run_id], e.run_id) : '—'],
 				['Group', e.group_id ? link(['groups', e.group_id], e.group_id) : '—'],
 				['Compensates', e.compensates_effect_id ? link(['effects', e.compensates_effect_id], e.compensates_effect_id) : '—'],
 				['Lease until', time(e.lease_expires_at)],
@@ -377,13 +396,17 @@ const pages = {
 			h('h2', null, 'Attempts'),
 			table(attempts, e.attempts || [], 'No attempt has begun.'),
 		];
+		if (e.state === 'awaiting_approval' && e.approval_id) {
+			const a = await call('GET', `/approvals/${seg(e.approval_id)}`).catch((err) => err);
+			out.push(h('h2', null, 'Approval'), a instanceof Error ? errorBox(asError(a)) : a.state === 'pending' ? [h('p', null, `Held: ${a.reason}.`), decide(a)] : h('p', null, `${a.state} ${time(a.decided_at)}`));
+		}
 		if (e.state === 'indeterminate') {
 			out.push(
 				h('h2', null, 'Resolve'),
 				h('p', null, 'Check the vendor for this action first, then record what you found. Succeeded makes the next begin on its key a duplicate; failed lets it run again.'),
 				form(
 					[
-						select('Outcome at the vendor', 'outcome', [['succeeded', 'succeeded'], ['failed', 'failed']], 'succeeded'),
+						select('Outcome at the vendor', 'outcome', [['', 'choose what the vendor shows…'], ['succeeded', 'succeeded: it happened'], ['failed', 'failed: it did not happen']], ''),
 						h('label', null, 'Result (JSON, optional) ', h('textarea', { name: 'result', rows: 4, cols: 60, class: 'code', spellcheck: 'false' })),
 						input('Note', 'note', { maxlength: 1000 }),
 					],
@@ -394,7 +417,13 @@ const pages = {
 							result: parseJSONField('Result', v.result),
 							note: v.note || undefined,
 						}),
-					{ confirm: 'Record this outcome? It cannot be changed afterwards.' },
+					{
+						validate: (v) => {
+							if (!v.outcome) throw new ConsoleError('invalid_request', 'Choose the outcome you found at the vendor.');
+							parseJSONField('Result', v.result);
+						},
+						confirm: (v) => `Record ${e.effect_type} ${e.id} as ${v.outcome.toUpperCase()} at the vendor? It cannot be changed afterwards.`,
+					},
 				),
 			);
 		}
@@ -417,7 +446,9 @@ const pages = {
 			{
 				title: '',
 				cell: (c) =>
-					c.state === 'open'
+					c.opened_by === 'stop'
+						? h('span', { class: 'empty' }, 'Held by the emergency stop: release it above.')
+						: c.state === 'open'
 						? action('Close', () => call('POST', `/circuits/${seg(c.effect_type)}/close`), {
 								confirm: `Close the ${c.effect_type} breaker? It gets a fresh allowance from now.`,
 							})
@@ -429,6 +460,9 @@ const pages = {
 							),
 			},
 		];
+		// The stop holds every type that has no stricter breaker of its
+		// own, so any of the first types held by it says it is on.
+		const stopped = ((await call('GET', '/circuits?limit=200')).data || []).find((c) => c.opened_by === 'stop') || null;
 		return [
 			h('h1', null, 'Circuits'),
 			h('p', { class: 'lead' }, 'Surge breakers per effect type. A breaker you open by hand, and the emergency stop, stay open until you close them.'),
@@ -436,6 +470,9 @@ const pages = {
 				'section',
 				{ class: 'stop' },
 				h('h2', null, 'Emergency stop'),
+				stopped
+					? h('p', { class: 'error', role: 'status' }, `The emergency stop is ON since ${time(stopped.opened_at)} (${stopped.action}): ${text(stopped.reason)}`)
+					: h('p', { class: 'empty' }, 'The emergency stop is off.'),
 				form(
 					[select('Action', 'action', actions, 'require_approval'), input('Reason', 'reason', { maxlength: 500 })],
 					'Stop every effect type',
@@ -465,7 +502,7 @@ const pages = {
 		return [
 			h('h1', null, 'Policies'),
 			h('p', { class: 'lead' }, 'What each effect type may do. An unconfigured type gets the safe default (allow, block on an unknown outcome).'),
-			form([input('Effect type', 'effect_type', { required: true, placeholder: 'payment.charge', maxlength: 200 })], 'Open policy', async (v) =>
+			form([input('Effect type', 'effect_type', { required: true, placeholder: 'payment.charge', maxlength: 100 })], 'Open policy', async (v) =>
 				navigate('policies/' + encodeURIComponent(v.effect_type.trim())), { inline: true, after: () => {} }),
 			await pager('/policies', {}, columns, 'No policy is configured yet.'),
 		];
@@ -570,7 +607,7 @@ const pages = {
 			}));
 		}
 		if (job.status === 'EXHAUSTED' || job.status === 'CANCELLED') {
-			out.push(h('h2', null, 'Replay'), await replayForm(s.id));
+			out.push(h('h2', null, 'Replay'), await replayForm(s.id).catch((err) => errorBox(asError(err))));
 		}
 		return out;
 	},
@@ -598,7 +635,7 @@ const pages = {
 						: action('Pause', () => call('POST', `/endpoints/${seg(e.id)}/pause`, {}), {
 								confirm: `Pause ${e.name}? Its jobs are accepted but not claimed until you resume it.`,
 							}),
-					e.circuit.state.toLowerCase() !== 'closed' ? action('Close circuit', () => call('POST', `/endpoints/${seg(e.id)}/circuit/close`, {})) : null,
+					e.circuit.state.toLowerCase() !== 'closed' ? closeCircuit(e) : null,
 				],
 			},
 		];
@@ -651,7 +688,7 @@ const pages = {
 				: action('Pause', () => call('POST', `/endpoints/${seg(e.id)}/pause`, {}), {
 						confirm: `Pause ${e.name}? Its jobs are accepted but not claimed until you resume it.`,
 					}),
-			e.circuit.state !== 'closed' ? action('Close circuit', () => call('POST', `/endpoints/${seg(e.id)}/circuit/close`, {})) : null,
+			e.circuit.state !== 'closed' ? closeCircuit(e) : null,
 			h('h2', null, 'Policy'),
 			h('p', null, 'Jobs already enqueued keep the policy they were enqueued with. The save names this version, so an edit made meanwhile elsewhere is refused (version_conflict).'),
 			form([area], 'Save endpoint policy', async (v) => {
@@ -696,7 +733,7 @@ const pages = {
 
 	async keys() {
 		const columns = [
-			{ title: 'Name', cell: (k) => k.name },
+			{ title: 'Name', cell: (k) => [k.name, k.id === ownKeyId() ? h('strong', null, ' (this console’s key)') : null] },
 			{ title: 'Key', cell: (k) => h('code', null, k.id) },
 			{ title: 'Scopes', cell: (k) => text(k.scopes) },
 			{ title: 'Tools', cell: (k) => text(k.tools) },
@@ -710,7 +747,9 @@ const pages = {
 						? 'revoked ' + time(k.revoked_at)
 						: action('Revoke', () => call('DELETE', `/keys/${seg(k.id)}`), {
 								danger: true,
-								confirm: `Revoke the key ${k.name} (${k.id}) for good?`,
+								confirm:
+									`Revoke the key ${JSON.stringify(k.name)} (${k.id}) for good?` +
+									(k.id === ownKeyId() ? ' It is the key this console is signed in with: the console signs out.' : ''),
 							}),
 			},
 		];
@@ -720,7 +759,7 @@ const pages = {
 			h('h2', null, 'New key'),
 			form(
 				[
-					input('Name', 'name', { required: true, maxlength: 200 }),
+					input('Name', 'name', { required: true, maxlength: 100 }),
 					select('Preset', 'preset', [['AGENT', 'AGENT (begin, report)'], ['WORKER', 'WORKER (jobs:work)'], ['INGEST', 'INGEST (runs)'], ['OPERATOR', 'OPERATOR (every scope)']], 'AGENT'),
 					input('Tools (WORKER: name@version, comma-separated)', 'tools', { placeholder: 'send_welcome_email@1' }),
 					input('Daily spend ceiling (micros)', 'ceiling', { type: 'number', min: 0, step: 1 }),
@@ -735,7 +774,7 @@ const pages = {
 						daily_spend_ceiling_micros: v.ceiling === '' ? undefined : Number(v.ceiling),
 						rate_limit_per_minute: v.rate === '' ? undefined : Number(v.rate),
 					}),
-				{ after: (k, status) => status.replaceChildren(secretOnce(`Key ${k.name} (${k.id})`, k.secret), action('Done', async () => {}, {})) },
+				{ once: true, after: (k, status) => status.replaceChildren(secretOnce(`Key ${k.name} (${k.id})`, k.secret), action('Done', async () => {}, {})) },
 			),
 			h('h2', null, 'Keys'),
 			await pager('/keys', {}, columns, 'No keys.'),
@@ -743,12 +782,12 @@ const pages = {
 	},
 
 	async webhooks() {
-		const events = ['effect.indeterminate', 'circuit.tripped', 'circuit.closed', 'approval.requested', 'approval.decided', 'reconciliation.due', 'run.finished', 'step.exhausted'];
+		const events = ['effect.indeterminate', 'circuit.tripped', 'circuit.closed', 'approval.requested', 'approval.decided', 'reconciliation.due', 'run.finished', 'step.exhausted', 'step.replayed'];
 		const columns = [
 			{ title: 'URL', cell: (w) => h('code', null, w.url) },
 			{ title: 'Events', cell: (w) => text(w.events) },
 			{ title: 'Created', cell: (w) => time(w.created_at) },
-			{ title: '', cell: (w) => [link(['webhooks', w.id], 'Deliveries'), ' ', action('Delete', () => call('DELETE', `/webhooks/${seg(w.id)}`), { danger: true, confirm: `End the subscription to ${w.url}? Its pending deliveries are abandoned.` })] },
+			{ title: '', cell: (w) => [link(['webhooks', w.id], 'Deliveries'), ' ', action('Delete', () => call('DELETE', `/webhooks/${seg(w.id)}`), { danger: true, confirm: `End the subscription to ${JSON.stringify(w.url)}? Its pending deliveries are abandoned.` })] },
 		];
 		return [
 			h('h1', null, 'Webhooks'),
@@ -760,7 +799,7 @@ const pages = {
 				],
 				'Subscribe',
 				(v) => call('POST', '/webhooks', { url: v.url, events: v.events }),
-				{ after: (w, status) => status.replaceChildren(secretOnce(`Signing secret for ${w.url}`, w.secret, 'It is shown once: verify Ratchet-Signature with it.'), action('Done', async () => {}, {})) },
+				{ once: true, after: (w, status) => status.replaceChildren(secretOnce(`Signing secret for ${w.url}`, w.secret, 'It is shown once: verify Ratchet-Signature with it.'), action('Done', async () => {}, {})) },
 			),
 			h('h2', null, 'Subscriptions'),
 			await pager('/webhooks', {}, columns, 'No subscriptions.'),
@@ -789,6 +828,26 @@ const pages = {
 		];
 	},
 };
+
+function closeCircuit(e) {
+	return action('Close circuit', () => call('POST', `/endpoints/${seg(e.id)}/circuit/close`, {}), {
+		confirm: `Close ${JSON.stringify(e.name)}'s circuit? Its jobs are claimed again at once: check the service it calls first.`,
+	});
+}
+
+// decide is a pending approval's two forms.
+function decide(a) {
+	return h('div', { class: 'decide' }, [
+		form([input('Note', 'note', { maxlength: 1000 })], 'Approve', (v) => call('POST', `/approvals/${seg(a.id)}/approve`, { note: v.note || undefined }), {
+			inline: true,
+		}),
+		form([input('Note', 'note', { maxlength: 1000 })], 'Reject', (v) => call('POST', `/approvals/${seg(a.id)}/reject`, { note: v.note || undefined }), {
+			inline: true,
+			danger: true,
+			confirm: `Reject ${a.effect_type} ${a.effect_id}? Every begin on its key is then denied.`,
+		}),
+	]);
+}
 
 const stepColumns = [
 	{ title: 'Step', cell: (s) => link(['steps', s.id], s.id) },
@@ -856,7 +915,7 @@ function signInPage(message) {
 						}
 					}
 				},
-				{ after: () => navigate('approvals') },
+				{ after: () => (parseRoute(env.location.hash).page && /^#\/./.test(env.location.hash) ? rerender() : navigate('approvals')) },
 			),
 		]),
 		h('section', null, [
@@ -866,6 +925,7 @@ function signInPage(message) {
 				'Create workspace',
 				(v) => call('POST', '/workspaces', { name: v.name }),
 				{
+					once: true,
 					after: (ws, status) =>
 						status.replaceChildren(
 							secretOnce(`Operator key for ${ws.name}`, ws.key.secret, 'It holds every scope and is shown once: store it now, then continue.'),
@@ -878,6 +938,23 @@ function signInPage(message) {
 			),
 		]),
 	];
+}
+
+// The page each id prefix names (API.md §0), for ids pasted from a log,
+// an alert or a webhook.
+const byPrefix = { eff: 'effects', run: 'runs', stp: 'steps', grp: 'groups', end: 'endpoints', whk: 'webhooks' };
+
+function goTo() {
+	const field = h('input', { name: 'id', placeholder: 'Go to an id (eff_…, run_…, stp_…)', 'aria-label': 'Go to an id', size: 28, autocomplete: 'off', spellcheck: 'false' });
+	const f = h('form', { class: 'inline goto', role: 'search' }, field);
+	f.addEventListener('submit', (ev) => {
+		ev.preventDefault();
+		const id = field.value.trim();
+		const page = byPrefix[id.split('_')[0]];
+		if (page) navigate(page + '/' + encodeURIComponent(id));
+		else field.setAttribute('aria-invalid', 'true');
+	});
+	return f;
 }
 
 function signOut(message) {
@@ -975,7 +1052,18 @@ async function draw(mine) {
 		'header',
 		null,
 		h('strong', { class: 'brand' }, 'Ratchet'),
-		h('nav', null, nav.map(([p, title]) => h('a', { href: '#/' + p, class: route.section === p ? 'current' : null }, title))),
+		h('nav', null, nav.map(([p, title]) => h('a', {
+			href: '#/' + p,
+			class: route.section === p ? 'current' : null,
+			// The current page's link reloads it (no hashchange fires for it).
+			onclick: (ev) => {
+				if (env.location.hash === '#/' + p) {
+					ev.preventDefault();
+					rerender();
+				}
+			},
+		}, title))),
+		goTo(),
 		h('button', { type: 'button', class: 'signout', onclick: () => signOut('Signed out.') }, 'Sign out'),
 	);
 	const main = h('main', { 'aria-busy': 'true' }, h('p', null, 'Loading…'));

@@ -66,6 +66,7 @@ async function mount(key, hash = '') {
 		location: ui.location,
 		fetch: (url, init) => {
 			ui.requests.push(`${init.method} ${url}`);
+			if (ui.offline) return Promise.reject(new TypeError('Failed to fetch'));
 			return fetch(base + url, init);
 		},
 		confirm: (m) => {
@@ -235,11 +236,19 @@ test('an unknown outcome: found by its filter, resolved from its page; bad JSON 
 	assert.match(ui.root.textContent, /"to": "<string>"/, 'the payload as its redacted preview');
 	assert.ok(!ui.root.textContent.includes('user@example.com'));
 
+	// Nothing is chosen for the operator: an outcome left unchosen is
+	// refused before anything is asked or sent.
+	const before = ui.requests.length;
+	await submit(ui.root, 'Resolve', { note: 'found at the vendor' });
+	assert.match(alerts(ui).join(), /Choose the outcome/);
 	await submit(ui.root, 'Resolve', { outcome: 'succeeded', result: '{"message_id": ', note: 'found at the vendor' });
 	assert.match(alerts(ui).join(), /not valid JSON/);
+	assert.equal(ui.confirms.length, 0, 'refused before the confirmation');
+	assert.equal(ui.requests.length, before, 'nothing sent');
 	assert.equal((await api('GET', `/effects/${begun.body.effect_id}`, key)).body.state, 'indeterminate');
 
 	await submit(ui.root, 'Resolve', { outcome: 'succeeded', result: '{"message_id": "m_1"}', note: 'found at the vendor' });
+	assert.match(ui.confirms[0], new RegExp(`Record email\\.send ${begun.body.effect_id} as SUCCEEDED at the vendor`));
 	const e = (await api('GET', `/effects/${begun.body.effect_id}`, key)).body;
 	assert.equal(e.state, 'succeeded');
 	assert.equal(e.attempts[0].resolve_note, 'found at the vendor');
@@ -263,12 +272,18 @@ test('circuits: open and close a breaker by hand, then the emergency stop and it
 	c = (await api('GET', '/circuits', key)).body.data.find((x) => x.effect_type === 'sms.send');
 	assert.equal(c.state, 'closed');
 
+	assert.match(ui.root.textContent, /The emergency stop is off\./);
 	await submit(ui.root, 'Stop every effect type', { action: 'deny', reason: 'incident 42' });
 	const all = (await api('GET', '/circuits', key)).body.data;
 	assert.ok(all.length > 1 && all.every((x) => x.state === 'open' && x.opened_by === 'stop'), JSON.stringify(all));
-	assert.match(row(ui, 'sms.send').textContent, /incident 42/);
+	assert.match(ui.root.textContent, /The emergency stop is ON since .* \(deny\): incident 42/);
+	// A type the stop holds is not closed by its own Close (which the API
+	// answers without lifting the stop): the row says where to look.
+	assert.match(row(ui, 'sms.send').textContent, /incident 42.*Held by the emergency stop/);
+	assert.ok(!row(ui, 'sms.send').querySelectorAll('button').length);
 	await click(ui.root, 'Release the stop');
 	assert.ok((await api('GET', '/circuits', key)).body.data.every((x) => x.state === 'closed'));
+	assert.match(ui.root.textContent, /The emergency stop is off\./);
 	assert.equal(ui.confirms.length, 4);
 });
 
@@ -305,8 +320,18 @@ test('a policy edited from its page; an edit made meanwhile elsewhere is refused
 test('keys: one minted with its secret shown once, then revoked', async () => {
 	const key = await signup();
 	const ui = await mount(key, '#/keys');
+	assert.match(row(ui, 'operator').textContent, /this console’s key/);
 	const f = await submit(ui.root, 'Create key', { name: 'mailer', preset: 'WORKER', tools: 'send_email@1, send_sms@2', ceiling: '', rate: '120' });
 	const secret = f.querySelector('input.secret-value').value;
+	// The second click of a double click creates nothing: the secret on
+	// screen stays the only one, until the form is edited.
+	await f.dispatch('submit');
+	await app.rendered();
+	assert.equal(f.querySelector('input.secret-value').value, secret);
+	assert.equal((await api('GET', '/keys', key)).body.data.filter((k) => k.name === 'mailer').length, 1);
+	assert.equal(button(f, 'Create key').disabled, true);
+	await f.dispatch('input');
+	assert.equal(button(f, 'Create key').disabled, false, 'an edit allows another');
 	const listed = (await api('GET', '/keys', key)).body.data.find((k) => k.name === 'mailer');
 	assert.deepEqual(listed.tools, ['send_email@1', 'send_sms@2']);
 	assert.deepEqual(listed.scopes, ['jobs:work']);
@@ -316,6 +341,7 @@ test('keys: one minted with its secret shown once, then revoked', async () => {
 	await click(f, 'Done');
 	assert.equal(ui.root.querySelector('input.secret-value'), null, 'the secret is gone once done');
 	await click(row(ui, 'mailer'), 'Revoke');
+	assert.doesNotMatch(ui.confirms.at(-1), /signed in with/);
 	assert.ok((await api('GET', '/keys', key)).body.data.find((k) => k.name === 'mailer').revoked_at);
 	assert.match(row(ui, 'mailer').textContent, /revoked/);
 	assert.equal((await api('POST', '/workers/register', secret, { tools: [{ name: 'send_email', version: '1' }] })).status, 401);
@@ -410,6 +436,69 @@ test("a group's page lists its effects and what each compensates", async () => {
 	await go(ui, '#/groups/' + group.id); // as the effect page links it
 	assert.match(ui.root.textContent, /order-7/);
 	assert.match(row(ui, begun.effect_id).textContent, /inventory\.reserve.*reserve:7.*leased.*declared/);
+});
+
+test('a key without steps:replay still reads a replayable step', async () => {
+	const key = await signup();
+	const run = (await api('POST', '/runs', key, { name: 'r' })).body;
+	const step = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'sync', version: '1', input: {} })).body;
+	assert.equal((await api('POST', `/steps/${step.stepId}/cancel`, key, {})).status, 200);
+	const ingest = (await api('POST', '/keys', key, { name: 'ingest', preset: 'INGEST' })).body.secret;
+	const ui = await mount(ingest, '#/steps/' + step.stepId);
+	assert.match(ui.root.textContent, /sync@1/);
+	assert.match(ui.root.textContent, /CANCELLED/);
+	assert.match(alerts(ui).join(), /steps:replay/);
+});
+
+test('sign-in keeps the page a link named; the current page reloads from its link; a lost answer is said to be unknown', async () => {
+	const key = await signup();
+	const begun = (await api('POST', '/effects/begin', key, { effect_type: 'x.y', idempotency_key: 'deep', payload: {} })).body;
+	const ui = await mount(null, '#/effects/' + begun.effect_id);
+	await submit(ui.root, 'Sign in', { key });
+	assert.equal(ui.location.hash, '#/effects/' + begun.effect_id);
+	assert.match(ui.root.textContent, /deep/);
+
+	await go(ui, '#/approvals');
+	assert.match(ui.root.textContent, /No approval is pending\./);
+	await api('PUT', '/policies/x.y', key, { mode: 'require_approval' });
+	const held = (await api('POST', '/effects/begin', key, { effect_type: 'x.y', idempotency_key: 'later', payload: {} })).body;
+	const current = ui.root.querySelectorAll('a').find((a) => a.className === 'current');
+	assert.equal(current.textContent, 'Approvals');
+	assert.equal(await current.dispatch('click'), false, 'the browser does not follow it');
+	await app.rendered();
+	assert.match(row(ui, held.effect_id).textContent, /x\.y/);
+
+	ui.offline = true;
+	await submit(row(ui, held.effect_id), 'Approve', {});
+	assert.match(alerts(ui).join(), /did not answer.*may or may not have been applied/);
+	await go(ui, '#/effects');
+	assert.match(alerts(ui).join(), /did not answer: Failed to fetch\.$/);
+	ui.offline = false;
+});
+
+test('an effect held for approval is decided from its own page; filters keep the page size; an id goes to its page', async () => {
+	const key = await signup();
+	await api('PUT', '/policies/wire.send', key, { mode: 'require_approval' });
+	const held = (await api('POST', '/effects/begin', key, { effect_type: 'wire.send', idempotency_key: 'w1', payload: {} })).body;
+	const ui = await mount(key, '#/effects/' + held.effect_id);
+	assert.match(ui.root.textContent, /Held: policy_requires_approval\./);
+	await submit(ui.root, 'Approve', { note: 'called the customer' });
+	assert.equal((await api('GET', `/approvals/${held.approval_id}`, key)).body.state, 'approved');
+	assert.match(ui.root.textContent, /approved \d{4}-/);
+
+	await go(ui, '#/effects?limit=5');
+	await submit(ui.root, 'Filter', { state: 'awaiting_approval' });
+	assert.equal(ui.location.hash, '#/effects?state=awaiting_approval&limit=5');
+
+	const goto = ui.root.querySelector('form.goto');
+	field(goto, 'id').value = ' ' + held.effect_id + ' ';
+	await goto.dispatch('submit');
+	await app.rendered();
+	assert.equal(ui.location.hash, '#/effects/' + held.effect_id);
+	field(ui.root.querySelector('form.goto'), 'id').value = 'nope_123';
+	await ui.root.querySelector('form.goto').dispatch('submit');
+	assert.equal(ui.location.hash, '#/effects/' + held.effect_id);
+	assert.equal(field(ui.root.querySelector('form.goto'), 'id').getAttribute('aria-invalid'), 'true');
 });
 
 test('webhooks: a subscription made with its events, its deliveries page, then ended', async () => {
