@@ -1,17 +1,20 @@
 package httpapi_test
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 
+	"github.com/aws/aws-lambda-go/events"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/console"
 	"github.com/getratchet/ratchet/lib/httpapi"
+	"github.com/getratchet/ratchet/lib/lambdaurl"
 )
 
 // get sends a bare request (the console is not in the OpenAPI document,
@@ -134,4 +137,27 @@ func TestConsoleOnVercel(t *testing.T) {
 	n := len(doc.Rewrites)
 	require.Equal(t, "/console", doc.Rewrites[n-2].Source, "before the catch-all")
 	require.Equal(t, "/console/index.html", doc.Rewrites[n-2].Destination)
+}
+
+// Through a Lambda Function URL (every path reaches the API function) the
+// console is the same files with the same headers.
+func TestConsoleOnLambda(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	for _, f := range console.Files() {
+		res, err := lambdaurl.Handler(env.App.Server)(t.Context(), events.LambdaFunctionURLRequest{
+			RawPath: console.Page + "/" + f.Name, RequestContext: events.LambdaFunctionURLRequestContext{
+				HTTP: events.LambdaFunctionURLRequestContextHTTPDescription{Method: "GET"}}})
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, res.StatusCode, f.Name)
+		require.Equal(t, f.ContentType, res.Headers["Content-Type"], f.Name)
+		require.Equal(t, console.Headers["Content-Security-Policy"], res.Headers["Content-Security-Policy"], f.Name)
+		body := res.Body
+		if res.IsBase64Encoded {
+			raw, err := base64.StdEncoding.DecodeString(body)
+			require.NoError(t, err)
+			body = string(raw)
+		}
+		require.Equal(t, string(f.Body), body, f.Name)
+	}
 }
