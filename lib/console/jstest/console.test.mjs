@@ -501,6 +501,44 @@ test('an effect held for approval is decided from its own page; filters keep the
 	assert.equal(field(ui.root.querySelector('form.goto'), 'id').getAttribute('aria-invalid'), 'true');
 });
 
+test("reconcile: the vendor's CSV compared, an unknown outcome it settles resolved, the rest listed", async () => {
+	const key = await signup();
+	const begin = (k, lease) => api('POST', '/effects/begin', key, { effect_type: 'refund.issue', idempotency_key: k, payload: {}, cost_micros: 2_500_000, ...(lease ? { lease_seconds: lease } : {}) });
+	const done = (await begin('r:1')).body;
+	assert.equal((await api('POST', `/effects/${done.effect_id}/report`, key, { lease_token: done.lease_token, outcome: 'succeeded' })).status, 200);
+	const lost = (await begin('r:2', 1)).body;
+	await new Promise((r) => setTimeout(r, 1200));
+	const ui = await mount(key, '#/reconcile');
+	const csv = 'idempotency_key,status,amount_micros\r\nr:1,succeeded,2500000\n"r:2",succeeded,\n"r:""9""",failed,7\n\n';
+	await submit(ui.root, 'Reconcile', { effect_type: 'refund.issue', records: csv });
+	assert.match(ui.confirms.at(-1), /Reconcile refund\.issue from .* Unknown outcomes the records settle are resolved/);
+	assert.match(ui.root.textContent, /resolved: 1 · status mismatch: 0 · amount mismatch: 0 · missing at vendor: 0 · unknown to ratchet: 1 · unsettled: 0 · matched: 1/);
+	assert.match(row(ui, lost.effect_id).textContent, /r:2/);
+	assert.match(row(ui, 'r:"9"').textContent, /failed/);
+	assert.equal((await api('GET', `/effects/${lost.effect_id}`, key)).body.state, 'succeeded');
+
+	// Malformed records are refused before anything is asked or sent.
+	const asked = ui.confirms.length;
+	for (const [records, message] of [
+		['', /Paste the vendor/],
+		['key,status\nr:1,succeeded', /names no idempotency_key column/],
+		['idempotency_key,status,amount_micros\nr:1,succeeded,2.5', /Line 2: amount_micros "2\.5"/],
+		['idempotency_key,status,amount_micros\nr:1,succeeded,99999999999999999', /99999999999999999/],
+		['idempotency_key,status\n"r:1,succeeded', /ends inside a quoted field/],
+		['[{"idempotency_key": ', /not valid JSON/],
+		['{"idempotency_key": "r:1"}', /Paste the vendor|CSV header/],
+	]) {
+		await submit(ui.root, 'Reconcile', { effect_type: 'refund.issue', records });
+		assert.match(alerts(ui).join(), message, records);
+	}
+	assert.equal(ui.confirms.length, asked);
+	assert.deepEqual(app.parseRecords('[{"idempotency_key":"a","status":"failed","amount_micros":null}]'), [{ idempotency_key: 'a', status: 'failed', amount_micros: null }]);
+
+	// The service's own refusals are shown with their field.
+	await submit(ui.root, 'Reconcile', { effect_type: 'refund.issue', from: 'yesterday', records: 'idempotency_key,status\nr:1,succeeded' });
+	assert.match(alerts(ui).join(), /from/);
+});
+
 test('webhooks: a subscription made with its events, its deliveries page, then ended', async () => {
 	const key = await signup();
 	const ui = await mount(key, '#/webhooks');

@@ -67,8 +67,14 @@ export class Element {
 		this._value = String(v);
 	}
 
+	// append takes nodes and strings, as the DOM's does; anything else (an
+	// array, say) the DOM would turn into text like "[object ...]", so it
+	// is refused here.
 	append(...nodes) {
-		for (const n of nodes) this.appendChild(typeof n === 'object' ? n : new Text(n));
+		for (const n of nodes) {
+			if (typeof n === 'object' && !(n instanceof Element || n instanceof Text)) throw new TypeError('fakedom: append takes nodes and strings, not ' + Object.prototype.toString.call(n));
+			this.appendChild(typeof n === 'object' ? n : new Text(n));
+		}
 	}
 	appendChild(n) {
 		if (n.parentNode) n.parentNode.removeChild(n);

@@ -806,6 +806,56 @@ const pages = {
 		];
 	},
 
+	async reconcile() {
+		const now = new Date();
+		const iso = (d) => d.toISOString().replace(/\.\d+Z$/, 'Z');
+		const lists = [
+			['resolved', 'Resolved now: unknown outcomes the records settle'],
+			['status_mismatch', 'Status mismatch: one side says it happened, the other that it did not'],
+			['amount_mismatch', 'Amount mismatch'],
+			['missing_at_vendor', 'Succeeded here, no record at the vendor'],
+			['unknown_to_ratchet', 'At the vendor, unknown here'],
+			['unsettled', 'Still unknown (no record, a live lease, or pending at the vendor)'],
+			['matched', 'Matched'],
+		];
+		const columns = [
+			{ title: 'Idempotency key', cell: (r) => h('code', null, r.idempotency_key) },
+			{ title: 'Effect', cell: (r) => (r.effect_id ? link(['effects', r.effect_id], r.effect_id) : '—') },
+			{ title: 'Here', cell: (r) => text(r.ratchet_state) },
+			{ title: 'Vendor', cell: (r) => text(r.vendor_status) },
+			{ title: 'Amount here', cell: (r) => micros(r.ratchet_amount_micros) },
+			{ title: 'Vendor amount', cell: (r) => micros(r.vendor_amount_micros) },
+		];
+		return [
+			h('h1', null, 'Reconcile'),
+			h('p', { class: 'lead' }, 'Compare an effect type with the vendor’s own record of the same window. Records are matched by idempotency key; an unknown outcome a record settles is resolved as an operator’s resolve would be.'),
+			form(
+				[
+					input('Effect type', 'effect_type', { required: true, maxlength: 100, placeholder: 'payment.charge' }),
+					input('From (RFC 3339)', 'from', { required: true, value: iso(new Date(now.getTime() - 86400000)) }),
+					input('To', 'to', { required: true, value: iso(now) }),
+					h(
+						'label',
+						null,
+						'Vendor records: CSV with the header idempotency_key,status,amount_micros (status succeeded, refunded, failed or pending), or a JSON array of those objects ',
+						h('textarea', { name: 'records', rows: 10, cols: 80, class: 'code', spellcheck: 'false' }),
+					),
+				],
+				'Reconcile',
+				(v) => call('POST', '/reconcile', { effect_type: v.effect_type.trim(), from: v.from.trim(), to: v.to.trim(), records: parseRecords(v.records) }),
+				{
+					validate: (v) => parseRecords(v.records),
+					confirm: (v) => `Reconcile ${v.effect_type.trim()} from ${v.from.trim()} to ${v.to.trim()}? Unknown outcomes the records settle are resolved, which cannot be undone.`,
+					after: (r, status) =>
+						status.replaceChildren(
+							h('p', { role: 'status' }, lists.map(([k]) => `${k.replace(/_/g, ' ')}: ${(r[k] || []).length}`).join(' · ')),
+							...lists.filter(([k]) => (r[k] || []).length).flatMap(([k, title]) => [h('h2', null, title), table(columns, r[k])]),
+						),
+				},
+			),
+		];
+	},
+
 	async webhook(params, id) {
 		const w = await call('GET', `/webhooks/${seg(id)}`);
 		const columns = [
@@ -857,6 +907,64 @@ const stepColumns = [
 	{ title: 'Due', cell: (s) => time(s.durableJob && s.durableJob.dueAt) },
 	{ title: 'Finished', cell: (s) => time(s.finishedAt) },
 ];
+
+// parseRecords reads the vendor's records: a JSON array, or CSV whose first
+// line names the columns (idempotency_key, status, amount_micros; fields
+// may be double-quoted, "" inside quotes is a quote). An empty amount is
+// null (not compared).
+export function parseRecords(raw) {
+	const src = String(raw || '').trim();
+	if (!src) throw new ConsoleError('invalid_request', 'Paste the vendor’s records first.');
+	if (src.startsWith('[')) {
+		const records = parseJSONField('Records', src);
+		if (!Array.isArray(records)) throw new ConsoleError('invalid_json', 'Records must be a JSON array.');
+		return records;
+	}
+	const rows = csvRows(src);
+	const header = rows.shift().map((c) => c.trim());
+	for (const need of ['idempotency_key', 'status']) {
+		if (!header.includes(need)) throw new ConsoleError('invalid_request', `The CSV header names no ${need} column.`);
+	}
+	return rows
+		.filter((r) => r.some((c) => c.trim() !== ''))
+		.map((r, i) => {
+			const rec = {};
+			header.forEach((name, j) => (rec[name] = r[j] === undefined ? '' : r[j]));
+			const amount = String(rec.amount_micros ?? '').trim();
+			if (amount !== '' && !(/^\d+$/.test(amount) && Number.isSafeInteger(Number(amount)))) {
+				throw new ConsoleError('invalid_request', `Line ${i + 2}: amount_micros ${JSON.stringify(amount)} is not a whole number of micros this page can send exactly.`);
+			}
+			return { idempotency_key: rec.idempotency_key, status: rec.status.trim(), amount_micros: amount === '' ? null : Number(amount) };
+		});
+}
+
+function csvRows(src) {
+	const rows = [[]];
+	let field = '';
+	let quoted = false;
+	for (let i = 0; i < src.length; i++) {
+		const c = src[i];
+		if (quoted) {
+			if (c === '"' && src[i + 1] === '"') {
+				field += '"';
+				i++;
+			} else if (c === '"') quoted = false;
+			else field += c;
+		} else if (c === '"' && field === '') quoted = true;
+		else if (c === ',') {
+			rows[rows.length - 1].push(field);
+			field = '';
+		} else if (c === '\n' || c === '\r') {
+			if (c === '\r' && src[i + 1] === '\n') i++;
+			rows[rows.length - 1].push(field);
+			field = '';
+			rows.push([]);
+		} else field += c;
+	}
+	if (quoted) throw new ConsoleError('invalid_request', 'The CSV ends inside a quoted field.');
+	rows[rows.length - 1].push(field);
+	return rows;
+}
 
 // replayForm previews a replay, then sends it naming what the preview saw
 // (attempt and handler version), so a replay decided on stale facts is
@@ -972,6 +1080,7 @@ const nav = [
 	['effects', 'Effects'],
 	['circuits', 'Circuits'],
 	['policies', 'Policies'],
+	['reconcile', 'Reconcile'],
 	['runs', 'Runs'],
 	['queue', 'Queue'],
 	['keys', 'Keys'],
