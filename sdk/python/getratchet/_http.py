@@ -1,4 +1,5 @@
-"""One HTTP call to the API, with the retries that are safe for it."""
+"""One HTTP call to the API, with the retries that are safe for it, over
+connections kept alive between calls."""
 
 from __future__ import annotations
 
@@ -6,14 +7,17 @@ import http.client
 import json
 import random
 import secrets
-import socket
+import select
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from email.utils import parsedate_to_datetime
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional, Tuple
+
+try:
+    import ssl
+except ImportError:  # a Python built without OpenSSL still speaks plain http
+    ssl = None  # type: ignore[assignment]
 
 from .errors import (DATABASE_UNAVAILABLE, REQUEST_TIMEOUT, RETRY_REQUEST, ConnectionLost,
                      RatchetError)
@@ -29,6 +33,15 @@ MAX_RATE_LIMIT_WAIT = 60
 # How often a call sent under an Idempotency-Key waits while the server
 # still holds the key for an earlier attempt (409 retry_request).
 MAX_KEY_HELD_WAITS = 40
+# Idle connections kept per Transport: more than a worker's claim, reports
+# and heartbeats need at once; a busier moment opens more, closed after.
+MAX_IDLE_CONNECTIONS = 8
+
+# How a kept connection the server closed while it sat idle (its keep-alive
+# timeout) fails the next request before any answer comes back.
+_STALE: Tuple[type, ...] = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+if ssl is not None:
+    _STALE += (ssl.SSLEOFError,)
 
 
 def new_request_id() -> str:
@@ -62,6 +75,16 @@ class Transport:
         self.sleep = sleep
         self._jitter = random.Random()
         self._jitter_lock = threading.Lock()
+        self._https = parsed.scheme == "https"
+        self._host = parsed.hostname or ""
+        self._port = parsed.port
+        self._prefix = parsed.path.rstrip("/") + "/api/v1"
+        self._tls: Any = None  # one TLS context for every connection (loading the CAs is not free)
+        # Connections between calls, the most recently used last. A
+        # connection is either here or held by the one call using it.
+        self._idle: List[http.client.HTTPConnection] = []
+        self._idle_lock = threading.Lock()
+        self._closed = False
 
     def call(self, method: str, path: str, body: Any = None, *, safe: bool,
              idempotency_key: Optional[str] = None, timeout: Optional[float] = None,
@@ -82,7 +105,7 @@ class Transport:
         held = 0
         while True:
             try:
-                answer, date = self._once(method, path, data, idempotency_key, timeout or self.timeout)
+                answer, date = self._once(method, path, data, idempotency_key, timeout or self.timeout, safe)
                 return (answer, date) if with_date else answer
             except RatchetError as err:
                 if idempotency_key and err.code == RETRY_REQUEST and held < MAX_KEY_HELD_WAITS:
@@ -146,29 +169,103 @@ class Transport:
         with self._jitter_lock:
             return step / 2 + self._jitter.random() * step / 2
 
+    def close(self) -> None:
+        """Closes the idle connections and keeps no more: a call made after
+        it still works, on a connection closed when it ends. Safe to call
+        again."""
+        with self._idle_lock:
+            self._closed = True
+        self.close_idle()
+
+    def close_idle(self) -> None:
+        """Closes the connections kept between calls (the next call opens
+        one again)."""
+        with self._idle_lock:
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
+    def _connect(self, timeout: float) -> http.client.HTTPConnection:
+        """A new connection (opened by its first request)."""
+        if not self._https:
+            return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        if self._tls is None:
+            if ssl is None:
+                raise ConnectionLost("ratchet: this Python has no ssl module for an https base_url")
+            tls = ssl.create_default_context()
+            tls.set_alpn_protocols(["http/1.1"])  # as urllib announced it
+            self._tls = tls
+        return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._tls)
+
+    def _take(self, timeout: float) -> Tuple[http.client.HTTPConnection, bool]:
+        """A connection for one call, and whether it was kept from an
+        earlier one: the most recently used idle connection that the server
+        has not closed meanwhile, or a new one."""
+        while True:
+            with self._idle_lock:
+                connection = self._idle.pop() if self._idle else None
+            if connection is None:
+                return self._connect(timeout), False
+            if _dropped(connection):
+                connection.close()
+                continue
+            connection.timeout = timeout
+            if connection.sock is not None:
+                connection.sock.settimeout(timeout)
+            return connection, True
+
+    def _give_back(self, connection: http.client.HTTPConnection) -> None:
+        with self._idle_lock:
+            if not self._closed and connection.sock is not None and len(self._idle) < MAX_IDLE_CONNECTIONS:
+                self._idle.append(connection)
+                return
+        connection.close()
+
     def _once(self, method: str, path: str, data: Optional[bytes], idempotency_key: Optional[str],
-              timeout: float) -> Any:
-        request = urllib.request.Request(self.base + "/api/v1" + path, data=data, method=method)
-        request.add_header("Authorization", "Bearer " + self._key)
-        request.add_header("Accept", "application/json")
-        request.add_header("User-Agent", self.user_agent)
+              timeout: float, safe: bool) -> Any:
+        headers = {"Authorization": "Bearer " + self._key, "Accept": "application/json",
+                   "User-Agent": self.user_agent}
         if data is not None:
-            request.add_header("Content-Type", "application/json")
+            headers["Content-Type"] = "application/json"
         if idempotency_key:
-            request.add_header("Idempotency-Key", idempotency_key)
+            headers["Idempotency-Key"] = idempotency_key
+        name = f"{method} {path.split('?')[0]}"
+        # A call that is not safe to repeat never goes out on a kept
+        # connection: one the server closes as the request leaves (its
+        # keep-alive timeout) fails without saying whether the request was
+        # read, and such a call could then only fail. A fresh connection
+        # fails that way only as urllib's did.
+        connection, reused = self._take(timeout) if safe else (self._connect(timeout), False)
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                raw = response.read()
-                date = _http_date(response.headers.get("Date"))
-        except urllib.error.HTTPError as failure:
             try:
-                raw = failure.read()
-            except (OSError, http.client.HTTPException):
-                raw = b""
-            raise _decode_error(failure.code, failure.headers, raw) from None
-        except (urllib.error.URLError, OSError, http.client.HTTPException, socket.timeout) as failure:
-            # Connection refused, reset, timed out, or an answer cut short.
-            raise ConnectionLost(f"ratchet: {method} {path.split('?')[0]}: {_reason(failure)}") from None
+                connection.request(method, self._prefix + path, body=data, headers=headers)
+                response = connection.getresponse()
+            except _STALE:
+                if not (reused and safe):
+                    raise
+                # A kept connection the server had closed, found out before
+                # any answer: the call is safe to repeat (the same rules let
+                # call() repeat it), so once more at once on a new
+                # connection, without spending one of its retries.
+                connection.close()
+                connection, reused = self._connect(timeout), False
+                connection.request(method, self._prefix + path, body=data, headers=headers)
+                response = connection.getresponse()
+            raw = response.read()
+        except (OSError, http.client.HTTPException) as failure:
+            # Connection refused, reset, timed out, or an answer cut short;
+            # the connection is in an unknown state and is not kept.
+            connection.close()
+            raise ConnectionLost(f"ratchet: {name}: {_reason(failure)}") from None
+        # The whole answer was read: the connection may carry the next call
+        # (unless the server said it closes it).
+        if response.will_close:
+            connection.close()
+        else:
+            self._give_back(connection)
+        if not 200 <= response.status <= 299:
+            raise _decode_error(response.status, response.headers, raw)
+        date = _http_date(response.headers.get("Date"))
         if not raw:
             return None, date
         try:
@@ -176,12 +273,28 @@ class Transport:
         except ValueError:
             # A 2xx whose body cannot be read (cut short by a proxy): the
             # call was applied, and its answer lost as by a dropped connection.
-            raise ConnectionLost(f"ratchet: {method} {path.split('?')[0]}: unreadable answer") from None
+            raise ConnectionLost(f"ratchet: {name}: unreadable answer") from None
+
+
+def _dropped(connection: http.client.HTTPConnection) -> bool:
+    """Whether an idle connection can no longer carry a request: closed, or
+    readable, which between calls means the server closed it (an answer
+    never comes unasked)."""
+    sock = connection.sock
+    if sock is None:
+        return True
+    try:
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            return bool(poller.poll(0))
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 def _reason(failure: BaseException) -> str:
-    reason = getattr(failure, "reason", None)
-    return type(reason if isinstance(reason, BaseException) else failure).__name__
+    return type(failure).__name__
 
 
 def _decode_error(status: int, headers: Any, raw: bytes) -> RatchetError:

@@ -92,6 +92,18 @@ class Ratchet:
         self._run_id: Optional[str] = None
         self._worker: Any = None
 
+    def close(self) -> None:
+        """Closes the connections this client keeps alive between calls
+        (stop its worker first). Calls made after it still work, each on a
+        connection of its own; closing again does nothing."""
+        self._transport.close()
+
+    def __enter__(self) -> "Ratchet":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
     # -- escape hatch -------------------------------------------------------
 
     def request(self, method: str, path: str, body: Any = None, *, safe: bool = False,

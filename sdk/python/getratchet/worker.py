@@ -333,6 +333,9 @@ class Worker:
                 self._lock.wait()
         self._done.set()
         self._errors.put(None)  # ends the on_error thread once it has delivered the rest
+        # A stopped worker makes no more calls: its kept connections go
+        # (the client's own calls open new ones as they need them).
+        self._transport.close_idle()
 
     def _release_slot(self) -> None:
         with self._lock:

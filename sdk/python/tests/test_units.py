@@ -3,30 +3,51 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import List, Tuple
+from unittest import mock
 
 import getratchet
 from getratchet import ConnectionLost, RatchetError, RetryableError, redact_message
+from getratchet import _http
 from getratchet._http import Transport
 from getratchet.worker import _read_decision
 
 
 class FakeServer:
     """Answers each request with the next (status, body, headers) of a
-    script, recording method, path, headers and body."""
+    script, recording method, path, headers and body, over HTTP/1.1
+    connections kept alive as the API's are (``connections`` counts those
+    accepted)."""
 
     def __init__(self, script) -> None:
         # A list of answers, or respond(method, path, body) -> answer.
         self.respond = script if callable(script) else (lambda m, p, b, queue=list(script): (
             queue.pop(0) if queue else (500, None, {})))
         self.seen: List[Tuple[str, str, dict, object]] = []
+        self.lock = threading.Lock()
+        self.open: List[socket.socket] = []
+        self.connections = 0
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                with fake.lock:
+                    fake.connections += 1
+                    fake.open.append(self.connection)
+
+            def finish(self) -> None:
+                with fake.lock:
+                    fake.open.remove(self.connection)
+                super().finish()
+
             def log_message(self, *args) -> None:  # keep test output clean
                 pass
 
@@ -53,8 +74,19 @@ class FakeServer:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
 
+    def drop_connections(self) -> None:
+        """Closes every open connection, as a keep-alive timeout closes idle ones."""
+        with self.lock:
+            for connection in self.open:
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        wait_until(lambda: not self.open)
+
     def close(self) -> None:
         self.server.shutdown()
+        self.drop_connections()
         self.server.server_close()
 
 
@@ -67,7 +99,9 @@ class TransportTest(unittest.TestCase):
         server = FakeServer(script)
         self.addCleanup(server.close)
         waits: List[float] = []
-        return Transport(server.url, "rk_test", timeout=5, sleep=waits.append), server, waits
+        t = Transport(server.url, "rk_test", timeout=5, sleep=waits.append)
+        self.addCleanup(t.close)
+        return t, server, waits
 
     def test_a_429_is_repeated_after_the_servers_wait_for_any_call(self) -> None:
         t, server, waits = self.transport([(429, error("rate_limited", retry_after_seconds=7), {}),
@@ -127,6 +161,103 @@ class TransportTest(unittest.TestCase):
             Transport("http://x", "")
         with self.assertRaises(ValueError):
             Transport("ftp://x", "k")
+
+
+class KeepAliveTest(unittest.TestCase):
+    def transport(self, script, **options) -> Tuple[Transport, FakeServer, List[float]]:
+        server = FakeServer(script)
+        self.addCleanup(server.close)
+        waits: List[float] = []
+        t = Transport(server.url, "rk_test", timeout=5, sleep=waits.append, **options)
+        self.addCleanup(t.close)
+        return t, server, waits
+
+    @staticmethod
+    def echo(method, path, body):
+        return 200, {"path": path}, {}
+
+    def test_sequential_calls_share_one_connection(self) -> None:
+        t, server, _ = self.transport(self.echo)
+        for n in range(10):
+            self.assertEqual(t.call("POST", f"/jobs/j{n}/heartbeat", {"leaseToken": "t"}, safe=True),
+                             {"path": f"/api/v1/jobs/j{n}/heartbeat"})
+        self.assertEqual(server.connections, 1)
+        # A call that is not safe to repeat is sent on a connection of its
+        # own (a kept one closing under it could only fail it), which is
+        # kept for the next safe call.
+        t.call("POST", "/runs", {"name": "x"}, safe=False)
+        t.call("GET", "/runs/r", safe=True)
+        self.assertEqual(server.connections, 2)
+
+    def test_a_connection_the_server_closed_while_idle_is_no_error(self) -> None:
+        t, server, waits = self.transport(self.echo, max_retries=0)
+        t.call("GET", "/runs/r", safe=True)
+        self.assertFalse(_http._dropped(t._idle[-1]))
+        server.drop_connections()  # the server's keep-alive timeout
+        # Seen closed before it is used again.
+        wait_until(lambda: _http._dropped(t._idle[-1]))
+        self.assertEqual(t.call("POST", "/jobs/j/report", {}, safe=True), {"path": "/api/v1/jobs/j/report"})
+        self.assertEqual(server.connections, 2)
+        # Closed just after the check before reuse: the request fails
+        # before any answer, and is sent once more on a new connection.
+        server.drop_connections()
+        with mock.patch.object(_http, "_dropped", lambda connection: False):
+            self.assertEqual(t.call("POST", "/jobs/j/report", {}, safe=True), {"path": "/api/v1/jobs/j/report"})
+        self.assertEqual((server.connections, waits), (3, []))
+
+    def test_a_kept_connection_that_fails_is_tried_again_once_on_a_new_one(self) -> None:
+        t, server, waits = self.transport([(200, {}, {}), (0, None, {}), (200, {"ok": 1}, {})], max_retries=0)
+        t.call("GET", "/runs/r", safe=True)
+        # The server drops the request on the kept connection: a safe call
+        # is sent again at once, without a retry of its own (it has none).
+        self.assertEqual(t.call("POST", "/jobs/j/report", {"leaseToken": "t"}, safe=True), {"ok": 1})
+        self.assertEqual((len(server.seen), server.connections, waits), (3, 2, []))
+        # Once only: a new connection that fails is the call's failure.
+        t, server, waits = self.transport([(200, {}, {}), (0, None, {}), (0, None, {}), (200, {}, {})],
+                                          max_retries=0)
+        t.call("GET", "/runs/r", safe=True)
+        with self.assertRaises(ConnectionLost):
+            t.call("POST", "/jobs/j/report", {"leaseToken": "t"}, safe=True)
+        self.assertEqual(len(server.seen), 3)
+
+    def test_concurrent_calls_never_share_a_connection(self) -> None:
+        def slow_echo(method, path, body):
+            time.sleep(0.01)
+            return 200, {"path": path, "body": body}, {}
+
+        t, server, _ = self.transport(slow_echo)
+        wrong: List[object] = []
+
+        def calls(n: int) -> None:
+            for i in range(15):
+                path = f"/jobs/j{n}_{i}/heartbeat"
+                answer = t.call("POST", path, {"n": n, "i": i}, safe=True)
+                if answer != {"path": "/api/v1" + path, "body": {"n": n, "i": i}}:
+                    wrong.append(answer)
+
+        threads = [threading.Thread(target=calls, args=(n,)) for n in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        self.assertEqual(wrong, [])
+        self.assertEqual(len(server.seen), 12 * 15)
+        self.assertLessEqual(server.connections, 12 + 12)  # at most one per thread, and a few replaced
+        self.assertLessEqual(len(t._idle), _http.MAX_IDLE_CONNECTIONS)
+
+    def test_close_closes_the_kept_connections(self) -> None:
+        server = FakeServer(self.echo)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.get_run("r")
+        self.assertEqual(len(server.open), 1)
+        client.close()
+        client.close()
+        wait_until(lambda: not server.open)
+        # Still usable, without keeping the connection.
+        self.assertEqual(client.get_run("r"), {"path": "/api/v1/runs/r"})
+        wait_until(lambda: not server.open)
+        self.assertEqual(server.connections, 2)
 
 
 class DecisionTest(unittest.TestCase):
@@ -350,6 +481,7 @@ class GateLeaseTest(unittest.TestCase):
         server = FakeServer(respond)
         self.addCleanup(server.close)
         client = getratchet.Ratchet(server.url, "rk_test")
+        self.addCleanup(client.close)
         told = []
         with self.assertRaises(getratchet.OutcomeNotReported):
             client.do_effect("email.send", "k", lambda lease: told.append(lease.lost.wait(15)), {})
