@@ -125,18 +125,20 @@ class Transport:
             self.sleep(wait)
 
     def call_until(self, method: str, path: str, body: Any, *, may_wait: Callable[[float], bool],
-                   on_retry: Callable[[], None] = lambda: None) -> Any:
+                   on_retry: Callable[[], None] = lambda: None,
+                   stop_on: Callable[[RatchetError], bool] = lambda err: False) -> Any:
         """Sends a call that is safe to repeat (a report), repeating it
         through every failure worth repeating for as long as may_wait(wait)
         allows the next wait (seconds); on_retry runs before each wait.
-        Raises the last failure: a refusal, or one may_wait gave up on."""
+        Raises the last failure: a refusal, one may_wait gave up on, or a
+        failure worth repeating that stop_on(failure) says to hand back."""
         attempt = 0
         while True:
             try:
                 return self.call(method, path, body, safe=True, max_retries=0)
             except RatchetError as err:
                 wait = self.retry_delay(err, attempt, True)
-                if wait is None or not may_wait(wait):
+                if wait is None or stop_on(err) or not may_wait(wait):
                     raise
             except ConnectionLost:
                 wait = self.backoff(attempt)

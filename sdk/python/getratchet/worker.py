@@ -9,11 +9,11 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._http import Transport, new_request_id, path_id
-from .errors import (INVALID_REQUEST, LEASE_LOST, MAX_RETRY_AFTER_MS, MIN_RETRY_AFTER_MS, NOT_FOUND,
-                     PAYLOAD_TOO_LARGE, ConnectionLost, InvalidDecisionError, NonRetryableError, RatchetError,
+from .errors import (FORBIDDEN, INVALID_REQUEST, INVALID_STATE, LEASE_EXPIRED, LEASE_LOST, MAX_RETRY_AFTER_MS,
+                     MIN_RETRY_AFTER_MS, NOT_FOUND, PAYLOAD_TOO_LARGE, ConnectionLost, InvalidDecisionError, NonRetryableError, RatchetError,
                      ReportNotRecorded, RetryableError, clamp_retry_after_ms)
 from .redact import redact_message
 
@@ -30,6 +30,12 @@ _GRACE = 1.0
 # server still records a lapsed attempt's report until a newer claim.
 _REPORT_PATIENCE = 30.0
 _MAX_CLAIM = 100
+# Reports of jobs that finish while another report is being sent go out
+# together (POST /jobs/report): at most the API's 100 a batch, and about
+# half its 1 MiB request limit in bytes (a report larger than that goes
+# alone).
+_REPORT_BATCH_MAX = 100
+_REPORT_BATCH_BYTES = 512 * 1024
 # The server refuses request bodies over 1 MiB; an output that large (with
 # the report around it) can never be recorded.
 MAX_OUTPUT_BYTES = 1024 * 1024 - 1024
@@ -103,6 +109,154 @@ class _Active:
         self.wake.set()
 
 
+class _Report:
+    """One job's report on its way: its delivery's callbacks, and once
+    delivered (done) its refusal or failure (error), or that it is to be
+    sent on its own (alone)."""
+
+    def __init__(self, job_id: str, body: dict, may_wait: Callable[[float], bool],
+                 on_retry: Callable[[], None]) -> None:
+        self.job_id = job_id
+        self.body = body
+        self.may_wait = may_wait
+        self.on_retry = on_retry
+        try:
+            self.size = len(json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8"))
+        except (TypeError, ValueError, RecursionError):
+            self.size = _REPORT_BATCH_BYTES  # alone: its own send raises what it raised before
+        self.done = False
+        self.alone = False
+        self.error: Optional[BaseException] = None
+
+
+class _Reporter:
+    """Delivers the worker's job reports, batching those that finish
+    together, as the Go SDK's reporter does.
+
+    A report made while no delivery is in flight goes at once, on the
+    single-report route when it is alone; reports made while one is in
+    flight gather and go as one batch (POST /jobs/report, up to 100) when
+    it ends. No thread of its own: the thread of the first report waiting
+    sends the next batch, its own report in it or not. Each report in a
+    batch is fenced by its own lease token and answered in its own slot,
+    which is handed to its job as the single report's answer would be. A
+    batch is repeated through failures as one report is, each report's
+    callbacks told (so no claim is made while it fails, and a stop's
+    deadline ends it), except that a batch the server refuses whole (an
+    older server, a body it will not read) and one that meets a 500 twice
+    running (which one report could cause) are sent again report by report,
+    each by its own job's thread, so that one report the server chokes on
+    holds back only itself.
+    """
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+        self._cond = threading.Condition()
+        self._queue: List[_Report] = []
+        self._sending = False
+
+    def deliver(self, job_id: str, body: dict, *, may_wait: Callable[[float], bool],
+                on_retry: Callable[[], None]) -> None:
+        """Delivers job_id's report and returns once recorded; raises what
+        Transport.call_until raises for the single report: its refusal, or
+        the failure may_wait gave up on."""
+        report = _Report(job_id, body, may_wait, on_retry)
+        with self._cond:
+            self._queue.append(report)
+            while not report.done:
+                if self._sending or not self._queue:
+                    self._cond.wait()
+                    continue
+                batch = self._take()
+                self._sending = True
+                self._cond.release()
+                try:
+                    self._send(batch)
+                finally:
+                    self._cond.acquire()
+                    self._sending = False
+                    self._cond.notify_all()
+        if report.alone:
+            self._transport.call_until("POST", _report_path(job_id), body, may_wait=may_wait, on_retry=on_retry)
+        elif report.error is not None:
+            raise report.error
+
+    def _take(self) -> List[_Report]:
+        batch: List[_Report] = []
+        size = 0
+        while self._queue and len(batch) < _REPORT_BATCH_MAX:
+            if batch and size + self._queue[0].size > _REPORT_BATCH_BYTES:
+                break
+            report = self._queue.pop(0)
+            batch.append(report)
+            size += report.size
+        return batch
+
+    def _send(self, batch: List[_Report]) -> None:
+        """One delivery of batch, with its retries; every report in it is
+        done when it returns."""
+        try:
+            self._deliver(batch)
+        except BaseException as failure:  # noqa: BLE001 - each report's own thread raises it
+            for report in batch:
+                if not report.done:
+                    report.error = failure
+        finally:
+            for report in batch:
+                report.done = True
+
+    def _deliver(self, batch: List[_Report]) -> None:
+        if len(batch) == 1:
+            path, body = _report_path(batch[0].job_id), batch[0].body
+        else:
+            path, body = "/jobs/report", {"reports": [{"jobId": r.job_id, **r.body} for r in batch]}
+        failed_500 = [0]  # 500s running
+
+        def stop_on(err: RatchetError) -> bool:
+            failed_500[0] = failed_500[0] + 1 if err.status == 500 else 0
+            return failed_500[0] >= 2
+
+        def may_wait(wait: float) -> bool:
+            return all([r.may_wait(wait) for r in batch])  # every report told: each keeps whether it gave up
+
+        def on_retry() -> None:
+            for r in batch:
+                r.on_retry()
+
+        try:
+            answer = self._transport.call_until("POST", path, body, may_wait=may_wait, on_retry=on_retry,
+                                                stop_on=stop_on)
+        except RatchetError as err:
+            if failed_500[0] >= 2 or (len(batch) > 1 and 400 <= err.status < 500 and err.status != 429):
+                for r in batch:
+                    r.alone = True
+                return
+            raise
+        if len(batch) == 1:
+            return
+        results = answer.get("results") if isinstance(answer, dict) else None
+        if not isinstance(results, list) or len(results) != len(batch):
+            raise ConnectionLost("ratchet: POST /jobs/report: unreadable answer")
+        for report, result in zip(batch, results):
+            if not isinstance(result, dict) or result.get("jobId") != report.job_id:
+                report.error = ConnectionLost("ratchet: POST /jobs/report: unreadable answer")
+            elif isinstance(result.get("error"), dict):
+                report.error = _item_error(result["error"])
+
+
+def _report_path(job_id: str) -> str:
+    return "/jobs/" + path_id(job_id) + "/report"
+
+
+def _item_error(envelope: dict) -> RatchetError:
+    """A batch's refusal of one report, as the single report's refusal
+    (the status it would have answered: 409 lease_lost, 404 not_found...)."""
+    code = str(envelope.get("code", ""))
+    status = {NOT_FOUND: 404, FORBIDDEN: 403, LEASE_LOST: 409, LEASE_EXPIRED: 409, INVALID_STATE: 409}.get(code, 400)
+    detail = envelope.get("detail") if isinstance(envelope.get("detail"), dict) else {}
+    return RatchetError(status, code, str(envelope.get("message", "")), dict(detail))
+
+
 class Worker:
     """Claims jobs of its registered tools and runs them (``Ratchet.worker``).
 
@@ -112,7 +266,8 @@ class Worker:
     heartbeats each job well inside its lease (on a thread of its own, so a
     slow heartbeat never delays a timeout), sets the handler's
     ``context.cancelled`` at its timeout and when the server asks, and
-    reports each outcome (retried until the server answers; no new claim is
+    reports each outcome (those finishing together in one batch, each
+    answered as its own report; retried until the server answers; no new claim is
     made while a report is failing, so a job whose outcome is still being
     reported is never run again here). Nothing but a bounded, redacted
     message leaves the process for a failure.
@@ -120,6 +275,7 @@ class Worker:
 
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
+        self._reporter = _Reporter(transport)
         self._tools: Dict[Tuple[str, str], _Tool] = {}
         self._lock = threading.Condition()
         self._running = 0  # slots taken: a slot is freed when its handler returns
@@ -583,8 +739,7 @@ class Worker:
                     self._reports_failing += 1
 
         try:
-            self._transport.call_until("POST", "/jobs/" + path_id(context.job_id) + "/report", body,
-                                       may_wait=may_wait, on_retry=on_retry)
+            self._reporter.deliver(context.job_id, body, may_wait=may_wait, on_retry=on_retry)
             return None
         except RatchetError as err:
             if err.code == LEASE_LOST and err.detail.get("reportedOutcome") == body["status"]:

@@ -291,6 +291,34 @@ class JobsTest(unittest.TestCase):
         self.assertEqual(len(errors.of(getratchet.ReportNotRecorded)), 1)
         self.assertEqual(len(errors.of(TypeError)), 1)
 
+    def test_jobs_finishing_together_are_reported_in_batches(self) -> None:
+        tool = unique("batch")
+        worker = self.worker(tool)
+        sent = []
+        call = worker._transport.call
+
+        def recording(method, path, *args, **kwargs):
+            sent.append(path)
+            return call(method, path, *args, **kwargs)
+
+        worker._transport.call = recording  # type: ignore[method-assign]
+        together = threading.Barrier(10)
+
+        def handler(input, context):
+            together.wait(30)
+            return {"n": input["n"]}
+
+        worker.register_tool(tool, "1", handler)
+        errors = start_worker(self, worker, concurrency=10)
+        self.producer.start_run("batched reports")
+        steps = [self.producer.enqueue({"n": n}, name=tool, version="1")["stepId"] for n in range(10)]
+        for step_id in steps:
+            self.job_when(step_id, "SUCCEEDED")
+        reports = [p for p in sent if p.endswith("/report")]
+        self.assertIn("/jobs/report", reports)
+        self.assertLess(len(reports), 10)
+        self.assertEqual(errors.items, [])
+
     def test_dependency_and_replay_after_exhaustion(self) -> None:
         tool, fallback = unique("charge"), unique("notify")
         worker = self.ws.client("WORKER", [f"{tool}@1", f"{fallback}@1"])

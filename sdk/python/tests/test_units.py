@@ -36,6 +36,10 @@ class FakeServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # An answer's head and body are written apart: without this, a
+            # kept connection waits out the client's delayed ACK (40 ms)
+            # between them, which the API's server (Go) never makes it do.
+            disable_nagle_algorithm = True
 
             def setup(self) -> None:
                 super().setup()
@@ -462,6 +466,172 @@ class WorkerRulesTest(unittest.TestCase):
         self.serve(respond, lambda input, context: None)
         wait_until(lambda: len(claims) >= 2)
         self.assertEqual(claims[:2], ["/api/v1/workers/wkr_1/claim", "/api/v1/workers/wkr_2/claim"])
+
+
+class BatchedReportsTest(unittest.TestCase):
+    """Reports of jobs that finish together go out as one batch, each
+    answered in its own slot as its single report would be."""
+
+    def run_jobs(self, n: int, answer_item, batch_route: bool = True):
+        """Runs n jobs claimed at once (job_1 returns first, the others a
+        moment later, while its report is held up) and stops the worker.
+        answer_item(job_id, report) answers one report, single or batched
+        (a batch fails whole, as the server's transaction does, when one of
+        its reports meets a 5xx). Returns the server, what it recorded (job
+        id -> report), the requests in the order they were answered, the
+        errors told and stop()'s answer."""
+        lock = threading.Lock()
+        state = {"claims": 0, "reports": 0}
+        recorded = {}
+        answered = set()  # jobs whose report met an answer other than a 5xx
+        order: List[Tuple[str, int]] = []
+
+        def respond(method, path, body):
+            answer = answer_request(method, path, body)
+            order.append((path, answer[0]))
+            return answer
+
+        def answer_request(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                with lock:
+                    state["claims"] += 1
+                    first = state["claims"] == 1
+                return 200, {"jobs": [WorkerRulesTest.job(i) for i in range(1, n + 1)] if first else []}, {}
+            with lock:
+                state["reports"] += 1
+                first = state["reports"] == 1
+            if first:
+                time.sleep(0.5)  # the others finish meanwhile
+            if path != "/api/v1/jobs/report":
+                job_id = path.split("/")[-2]
+                status, answer, headers = answer_item(job_id, body)
+                if status == 200:
+                    recorded[job_id] = body
+                if status < 500:
+                    answered.add(job_id)
+                return status, answer, headers
+            if not batch_route:
+                return 404, error("not_found"), {}
+            answers = [(item, answer_item(item["jobId"], item)) for item in body["reports"]]
+            for item, (status, answer, headers) in answers:
+                if status >= 500:
+                    return status, answer, headers
+            results = []
+            for item, (status, answer, _) in answers:
+                answered.add(item["jobId"])
+                if status == 200:
+                    recorded[item["jobId"]] = item
+                    results.append({"jobId": item["jobId"], **answer})
+                else:
+                    results.append({"jobId": item["jobId"], "error": answer["error"]})
+            return 200, {"results": results}, {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        self.addCleanup(client.close)
+
+        def handler(input, context):
+            if context.job_id != "job_1":
+                time.sleep(0.1)
+            return {"job": context.job_id}
+
+        client.register_tool("t", "1", handler)
+        errors: List[BaseException] = []
+        client.worker.start(n, poll_interval=0.05, on_error=errors.append, block=False)
+        # Claims go on while the reports are sent (unless one is failing).
+        wait_until(lambda: len(answered) == n)
+        return server, recorded, order, errors, client.worker.stop(5)
+
+    @staticmethod
+    def accept(job_id, report):
+        return 200, {"jobId": job_id, "status": report["status"], "attempt": 1}, {}
+
+    @staticmethod
+    def report_calls(server: FakeServer) -> list:
+        return [(s[1], s[3]) for s in server.seen if s[1].endswith("/report")]
+
+    def test_jobs_finishing_together_are_reported_in_fewer_calls(self) -> None:
+        server, recorded, _, errors, clean = self.run_jobs(8, self.accept)
+        calls = self.report_calls(server)
+        self.assertEqual(calls[0][0], "/api/v1/jobs/job_1/report")  # alone: at once, on the single route
+        self.assertEqual(len(calls), 2)
+        self.assertEqual(calls[1][0], "/api/v1/jobs/report")
+        self.assertEqual(sorted(r["jobId"] for r in calls[1][1]["reports"]), [f"job_{i}" for i in range(2, 9)])
+        self.assertEqual(sorted(recorded), [f"job_{i}" for i in range(1, 9)])
+        for job_id, report in recorded.items():
+            self.assertEqual((report["status"], report["output"], report["leaseToken"]),
+                             ("SUCCEEDED", {"job": job_id}, "tok_" + job_id[4:]))
+        self.assertEqual((errors, clean), ([], True))
+
+    def test_a_refusal_in_a_batch_is_that_jobs_alone_as_a_single_reports(self) -> None:
+        def answer(job_id, report):
+            if job_id == "job_2":  # superseded by a newer claim: this report is lost
+                return 409, error("lease_lost", attempt=2), {}
+            if job_id == "job_3":  # an earlier send of this very report landed
+                return 409, error("lease_lost", attempt=1, reportedOutcome="SUCCEEDED"), {}
+            if job_id == "job_4" and report["status"] == "SUCCEEDED":
+                return 400, error("invalid_request", validation=[{"field": "output.job", "rule": "nul"}]), {}
+            return self.accept(job_id, report)
+
+        server, recorded, _, errors, clean = self.run_jobs(5, answer)
+        calls = self.report_calls(server)
+        self.assertEqual(sorted(r["jobId"] for r in calls[1][1]["reports"]), ["job_2", "job_3", "job_4", "job_5"])
+        self.assertEqual(sorted(recorded), ["job_1", "job_4", "job_5"])
+        # job_4's output can never be recorded: it is reported failed for
+        # good instead, as after a single report's refusal.
+        self.assertEqual(recorded["job_4"]["error"], {"message": "handler output refused by the server at output.job",
+                                                      "retryable": False})
+        told = sorted(str(e) for e in errors if isinstance(e, getratchet.ReportNotRecorded))
+        self.assertEqual(len(told), 2, told)
+        self.assertIn("the report of job job_2 attempt 1 was not recorded (lease_lost)", told[1])
+        self.assertIn("job job_4 attempt 1: the server refuses the output", told[0])
+        self.assertFalse(clean)  # job_2's outcome was lost, job_3's was not
+
+    def test_no_claim_while_a_batch_is_failing(self) -> None:
+        outage = {"left": 2}
+
+        def answer(job_id, report):
+            if job_id == "job_2" and outage["left"]:
+                outage["left"] -= 1
+                # Answered late: a claim sent before the worker knew (as
+                # job_1's report freed its slot) is answered first.
+                time.sleep(0.2)
+                return 503, error("database_unavailable"), {}
+            return self.accept(job_id, report)
+
+        server, recorded, order, errors, clean = self.run_jobs(4, answer)
+        batches = [i for i, (path, _) in enumerate(order) if path == "/api/v1/jobs/report"]
+        self.assertEqual([order[i][1] for i in batches], [503, 503, 200])
+        self.assertNotIn("/api/v1/workers/wkr_1/claim", [path for path, _ in order[batches[0]:batches[-1]]])
+        self.assertEqual(sorted(recorded), [f"job_{i}" for i in range(1, 5)])
+        self.assertEqual((errors, clean), ([], True))
+
+    def test_a_server_without_the_batch_route_gets_single_reports(self) -> None:
+        server, recorded, _, errors, clean = self.run_jobs(4, self.accept, batch_route=False)
+        singles = sorted(path for path, _ in self.report_calls(server) if path != "/api/v1/jobs/report")
+        self.assertEqual(singles, [f"/api/v1/jobs/job_{i}/report" for i in range(1, 5)])
+        self.assertEqual(sorted(recorded), [f"job_{i}" for i in range(1, 5)])
+        self.assertEqual((errors, clean), ([], True))
+
+    def test_a_batch_failing_twice_with_a_500_is_sent_report_by_report(self) -> None:
+        chokes = {"left": 3}
+
+        def answer(job_id, report):
+            if job_id == "job_3" and chokes["left"]:  # the server fails on this one for a while
+                chokes["left"] -= 1
+                return 500, error("internal_error"), {}
+            return self.accept(job_id, report)
+
+        server, recorded, _, errors, clean = self.run_jobs(4, answer)
+        calls = [path for path, _ in self.report_calls(server)]
+        self.assertEqual(calls[1:3], ["/api/v1/jobs/report"] * 2)
+        self.assertEqual(sorted(calls[3:]), ["/api/v1/jobs/job_2/report", "/api/v1/jobs/job_3/report",
+                                             "/api/v1/jobs/job_3/report", "/api/v1/jobs/job_4/report"])
+        self.assertEqual(sorted(recorded), [f"job_{i}" for i in range(1, 5)])
+        self.assertEqual((errors, clean), ([], True))
 
 
 class GateLeaseTest(unittest.TestCase):
