@@ -111,16 +111,19 @@ export class Transport {
    * Sends a call that is safe to repeat (a report), repeating it through
    * every failure worth repeating for as long as mayWait(waitMs) allows the
    * next wait; onRetry runs before each wait. Rejects with the last
-   * failure: a refusal, or one mayWait gave up on.
+   * failure: a refusal, one mayWait gave up on, or a RatchetError worth
+   * repeating that stopOn(err) says to hand back.
    */
-  async callUntil(method, path, body, { mayWait, onRetry = () => {} }) {
+  async callUntil(method, path, body, { mayWait, onRetry = () => {}, stopOn = () => false }) {
     for (let attempt = 0; ; attempt++) {
       let wait;
       try {
         return await this.call(method, path, body, { safe: true, maxRetries: 0 });
       } catch (err) {
-        if (err instanceof RatchetError) wait = this.retryDelay(err, attempt, true);
-        else if (err instanceof ConnectionLostError) wait = this.backoff(attempt);
+        if (err instanceof RatchetError) {
+          wait = this.retryDelay(err, attempt, true);
+          if (wait !== null && stopOn(err)) throw err;
+        } else if (err instanceof ConnectionLostError) wait = this.backoff(attempt);
         else throw err;
         if (wait === null || !mayWait(wait)) throw err;
       }

@@ -1,7 +1,7 @@
 // The worker runtime: claims jobs for registered tools and runs them.
 
 import {
-  InvalidDecisionError, MAX_RETRY_AFTER_MS, MIN_RETRY_AFTER_MS, NonRetryableError, RatchetError,
+  ConnectionLostError, InvalidDecisionError, MAX_RETRY_AFTER_MS, MIN_RETRY_AFTER_MS, NonRetryableError, RatchetError,
   ReportNotRecordedError, RetryableError, clampRetryAfterMs,
 } from './errors.js';
 import { redactMessage } from './redact.js';
@@ -19,6 +19,12 @@ const MAX_CLAIM = 100;
 // The server refuses request bodies over 1 MiB: an output that large (with
 // the report around it) can never be recorded.
 export const MAX_OUTPUT_BYTES = 1024 * 1024 - 1024;
+// Reports of jobs that finish while another report is being sent go out
+// together (POST /jobs/report): at most the API's 100 a batch, and about
+// half its 1 MiB request limit in bytes (a report larger than that goes
+// alone).
+const REPORT_BATCH_MAX = 100;
+const REPORT_BATCH_BYTES = 512 * 1024;
 
 /** Why a handler's signal was aborted: context.cancelReason. */
 export class CancelledError extends Error {
@@ -45,18 +51,142 @@ function nap(ms, wake) {
   return Promise.race([wake, new Promise((r) => { timer = setTimeout(r, Math.max(0, ms)); })]).finally(() => clearTimeout(timer));
 }
 
+const reportPath = (jobId) => `/jobs/${pathId(jobId)}/report`;
+
+/**
+ * Delivers the worker's job reports, batching those that finish together,
+ * as the Go SDK's reporter does. A report made while no delivery is in
+ * flight goes at once, on the single-report route when it is alone;
+ * reports made while one is in flight gather and go as one batch (POST
+ * /jobs/report, up to 100) when it ends. Each report in a batch is fenced
+ * by its own lease token and answered in its own slot, which is handed to
+ * its job as the single report's answer would be. A batch is repeated
+ * through failures as one report is, each report's callbacks told (so no
+ * claim is made while it fails, and a stop's deadline ends it), except
+ * that a batch the server refuses whole (an older server, a body it will
+ * not read) and one that meets a 500 twice running (which one report could
+ * cause) are sent again report by report, each on its own, so that one
+ * report the server chokes on holds back only itself.
+ */
+class Reporter {
+  #transport;
+  #queue = [];
+  #sending = false;
+
+  constructor(transport) {
+    this.#transport = transport;
+  }
+
+  /** Delivers jobId's report; rejects as Transport.callUntil would for the
+   * single report: with its refusal, or the failure mayWait gave up on. */
+  async deliver(jobId, body, { mayWait, onRetry }) {
+    let size;
+    try {
+      size = Buffer.byteLength(JSON.stringify(body));
+    } catch {
+      size = REPORT_BATCH_BYTES; // alone: its own send fails as it did before
+    }
+    let settle;
+    const settled = new Promise((resolve) => { settle = resolve; });
+    this.#queue.push({ jobId, body, mayWait, onRetry, size, settle, outcome: {} });
+    this.#pump();
+    const outcome = await settled;
+    if (outcome.alone) {
+      await this.#transport.callUntil('POST', reportPath(jobId), body, { mayWait, onRetry });
+    } else if (outcome.error) {
+      throw outcome.error;
+    }
+  }
+
+  #pump() {
+    if (this.#sending || this.#queue.length === 0) return;
+    const batch = [];
+    let size = 0;
+    while (this.#queue.length > 0 && batch.length < REPORT_BATCH_MAX) {
+      if (batch.length > 0 && size + this.#queue[0].size > REPORT_BATCH_BYTES) break;
+      const report = this.#queue.shift();
+      batch.push(report);
+      size += report.size;
+    }
+    this.#sending = true;
+    this.#send(batch).finally(() => {
+      this.#sending = false;
+      this.#pump();
+    });
+  }
+
+  async #send(batch) {
+    try {
+      await this.#deliverBatch(batch);
+    } catch (err) {
+      for (const report of batch) report.outcome.error ??= err;
+    } finally {
+      for (const report of batch) report.settle(report.outcome);
+    }
+  }
+
+  async #deliverBatch(batch) {
+    const [path, body] = batch.length === 1
+      ? [reportPath(batch[0].jobId), batch[0].body]
+      : ['/jobs/report', { reports: batch.map((r) => ({ jobId: r.jobId, ...r.body })) }];
+    let failed500 = 0; // 500s running
+    let answer;
+    try {
+      answer = await this.#transport.callUntil('POST', path, body, {
+        // Every report is told: each keeps whether it gave up.
+        mayWait: (wait) => batch.map((r) => r.mayWait(wait)).every(Boolean),
+        onRetry: () => { for (const r of batch) r.onRetry(); },
+        stopOn: (err) => {
+          failed500 = err.status === 500 ? failed500 + 1 : 0;
+          return failed500 >= 2;
+        },
+      });
+    } catch (err) {
+      if (err instanceof RatchetError
+        && (failed500 >= 2 || (batch.length > 1 && err.status >= 400 && err.status < 500 && err.status !== 429))) {
+        for (const r of batch) r.outcome.alone = true;
+        return;
+      }
+      throw err;
+    }
+    if (batch.length === 1) return;
+    const results = answer?.results;
+    if (!Array.isArray(results) || results.length !== batch.length) throw new ConnectionLostError('ratchet: POST /jobs/report: unreadable answer');
+    batch.forEach((report, i) => {
+      const result = results[i];
+      if (result === null || typeof result !== 'object' || result.jobId !== report.jobId) {
+        report.outcome.error = new ConnectionLostError('ratchet: POST /jobs/report: unreadable answer');
+      } else if (result.error && typeof result.error === 'object') {
+        report.outcome.error = itemError(result.error);
+      }
+    });
+  }
+}
+
+const ITEM_ERROR_STATUS = { not_found: 404, forbidden: 403, lease_lost: 409, lease_expired: 409, invalid_state: 409 };
+
+/** A batch's refusal of one report, as the single report's refusal (the
+ * status it would have answered: 409 lease_lost, 404 not_found...). */
+function itemError(envelope) {
+  const code = String(envelope.code ?? '');
+  const detail = envelope.detail && typeof envelope.detail === 'object' ? { ...envelope.detail } : {};
+  return new RatchetError(ITEM_ERROR_STATUS[code] ?? 400, code, String(envelope.message ?? ''), detail);
+}
+
 /**
  * Claims jobs of its registered tools and runs them (`ratchet.worker`).
  * Claims in batches sized to its free slots, again at once after a full
  * batch and every pollIntervalMs (±10 %) when idle; heartbeats each job
  * well inside its lease (independently of the handler's timeout); aborts
  * the handler's signal at its timeout and when the server asks; reports
- * each outcome, retried until the server answers, and makes no new claim
+ * each outcome (those finishing together in one batch, each answered as
+ * its own report), retried until the server answers, and makes no new claim
  * while a report is failing. Only a bounded, redacted message leaves the
  * process for a failure.
  */
 export class Worker {
   #transport;
+  #reporter;
   #tools = new Map();
   #slots = 0; // taken: a slot is freed when its handler returns
   #active = new Set(); // supervisors not yet ended
@@ -78,6 +208,7 @@ export class Worker {
 
   constructor(transport) {
     this.#transport = transport;
+    this.#reporter = new Reporter(transport);
     this.workerId = null;
   }
 
@@ -481,7 +612,7 @@ export class Worker {
     let failing = false;
     let gaveUp = false;
     try {
-      await this.#transport.callUntil('POST', `/jobs/${pathId(label.jobId)}/report`, body, {
+      await this.#reporter.deliver(label.jobId, body, {
         mayWait: (wait) => {
           gaveUp = this.#stopAt !== null && now() + wait > this.#stopAt + GRACE_MS + REPORT_PATIENCE_MS;
           return !gaveUp;

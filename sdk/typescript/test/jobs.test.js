@@ -3,9 +3,9 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import {
-  AFTER_FAILED, InvalidDecisionError, NonRetryableError, RatchetError, ReportNotRecordedError, RetryableError,
+  AFTER_FAILED, InvalidDecisionError, NonRetryableError, Ratchet, RatchetError, ReportNotRecordedError, RetryableError,
 } from '../src/index.js';
-import { Workspace, needsServer, startWorker, unique, waitFor, waitRunEnded } from './support.js';
+import { BASE_URL, Workspace, needsServer, startWorker, unique, waitFor, waitRunEnded } from './support.js';
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -245,6 +245,36 @@ test('an output the server can never record is reported failed once', needsServe
   assert.deepEqual(messages, { [nul]: 'handler output refused by the server at output.id', [notJson]: 'handler output is not JSON' });
   assert.deepEqual(runs.sort(), [nul, notJson].sort());
   await waitFor('onError', () => errors.of(ReportNotRecordedError).length === 1 && errors.of(TypeError).length === 1);
+});
+
+test('jobs finishing together are reported in batches', needsServer, async (t) => {
+  const s = await setup();
+  const tool = unique('batch');
+  const sent = [];
+  const worker = new Ratchet({
+    baseUrl: BASE_URL, apiKey: await s.ws.key('WORKER', [`${tool}@1`]),
+    fetch: (url, init) => { sent.push(new URL(url).pathname); return fetch(url, init); },
+  });
+  let arrived = 0;
+  let release;
+  const together = new Promise((r) => { release = r; });
+  worker.registerTool({
+    name: tool, version: '1',
+    handler: async (input) => {
+      if (++arrived === 10) release();
+      await together;
+      return { n: input.n };
+    },
+  });
+  const errors = startWorker(t, worker, 10);
+  await s.producer.startRun('batched reports');
+  const steps = [];
+  for (let n = 0; n < 10; n++) steps.push((await s.producer.enqueue({ n }, { name: tool, version: '1' })).stepId);
+  for (const stepId of steps) await s.ws.jobWhen(stepId, 'SUCCEEDED');
+  const reports = sent.filter((path) => path.endsWith('/report'));
+  assert.ok(reports.includes('/api/v1/jobs/report'), reports.join(' '));
+  assert.ok(reports.length < 10, reports.join(' '));
+  assert.deepEqual(errors.items, []);
 });
 
 test('a dependency, and a replay after exhaustion', needsServer, async (t) => {

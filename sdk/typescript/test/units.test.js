@@ -319,3 +319,170 @@ test('an unknown worker id registers again', async (t) => {
   await until(() => claims.length >= 2);
   assert.deepEqual(claims.slice(0, 2), ['/api/v1/workers/wkr_1/claim', '/api/v1/workers/wkr_2/claim']);
 });
+
+/** Runs n jobs claimed at once (job_1 returns first, the others a moment
+ * later, while its report is held up), then stops the worker once every
+ * job's report met an answer other than a 5xx. answerItem(jobId, report)
+ * answers one report, single or batched (a batch fails whole, as the
+ * server's transaction does, when one of its reports meets a 5xx). */
+async function runJobs(t, n, answerItem, { batchRoute = true } = {}) {
+  let claims = 0;
+  let reports = 0;
+  const recorded = new Map();
+  const answered = new Set();
+  const order = []; // [path, status] in the order answered
+  const answerRequest = async (path, body) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      claims++;
+      return [200, { jobs: claims === 1 ? Array.from({ length: n }, (_, i) => job(i + 1)) : [] }];
+    }
+    if (++reports === 1) await new Promise((r) => setTimeout(r, 500)); // the others finish meanwhile
+    if (path !== '/api/v1/jobs/report') {
+      const jobId = path.split('/').at(-2);
+      const [status, answer, headers] = await answerItem(jobId, body);
+      if (status === 200) recorded.set(jobId, body);
+      if (status < 500) answered.add(jobId);
+      return [status, answer, headers];
+    }
+    if (!batchRoute) return [404, error('not_found')];
+    const answers = [];
+    for (const item of body.reports) answers.push([item, await answerItem(item.jobId, item)]);
+    const failed = answers.find(([, [status]]) => status >= 500);
+    if (failed) return failed[1];
+    return [200, {
+      results: answers.map(([item, [status, answer]]) => {
+        answered.add(item.jobId);
+        if (status !== 200) return { jobId: item.jobId, error: answer.error };
+        recorded.set(item.jobId, item);
+        return { jobId: item.jobId, ...answer };
+      }),
+    }];
+  };
+  const server = await asyncServer(t, async (method, path, body) => {
+    const answer = await answerRequest(path, body);
+    order.push([path, answer[0]]);
+    return answer;
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  client.registerTool({
+    name: 't', version: '1',
+    handler: async (input, ctx) => {
+      if (ctx.jobId !== 'job_1') await new Promise((r) => setTimeout(r, 100));
+      return { job: ctx.jobId };
+    },
+  });
+  const errors = [];
+  const started = client.worker.start({ concurrency: n, pollIntervalMs: 50, onError: (err) => errors.push(err) });
+  // Claims go on while the reports are sent (unless one is failing).
+  await until(() => answered.size === n);
+  const clean = await client.worker.stop({ timeoutMs: 5000 });
+  await started;
+  return { server, recorded, order, errors, clean };
+}
+
+/** fakeServer, with respond(method, path, body) answering a promise. */
+async function asyncServer(t, respond) {
+  const seen = [];
+  const server = createServer((req, res) => {
+    let raw = '';
+    req.on('data', (c) => { raw += c; });
+    req.on('end', async () => {
+      const sent = raw ? JSON.parse(raw) : undefined;
+      seen.push({ method: req.method, path: req.url, headers: req.headers, body: sent });
+      const [status, body, headers = {}] = await respond(req.method, req.url, sent);
+      const out = body === null ? '' : JSON.stringify(body);
+      res.writeHead(status, { ...headers, 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(out) });
+      res.end(out);
+    });
+  });
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  t.after(() => new Promise((r) => { server.closeAllConnections(); server.close(r); }));
+  return { url: `http://127.0.0.1:${server.address().port}`, seen };
+}
+
+const accept = (jobId, report) => [200, { jobId, status: report.status, attempt: 1 }];
+const reportCalls = (server) => server.seen.filter((s) => s.path.endsWith('/report')).map((s) => [s.path, s.body]);
+const jobIds = (from, to) => Array.from({ length: to - from + 1 }, (_, i) => `job_${from + i}`);
+
+test('jobs finishing together are reported in fewer calls', async (t) => {
+  const { server, recorded, errors, clean } = await runJobs(t, 8, accept);
+  const calls = reportCalls(server);
+  assert.equal(calls[0][0], '/api/v1/jobs/job_1/report'); // alone: at once, on the single route
+  assert.equal(calls.length, 2);
+  assert.equal(calls[1][0], '/api/v1/jobs/report');
+  assert.deepEqual(calls[1][1].reports.map((r) => r.jobId).sort(), jobIds(2, 8));
+  assert.deepEqual([...recorded.keys()].sort(), jobIds(1, 8));
+  for (const [jobId, report] of recorded) {
+    assert.deepEqual([report.status, report.output, report.leaseToken], ['SUCCEEDED', { job: jobId }, `tok_${jobId.slice(4)}`]);
+  }
+  assert.deepEqual([errors, clean], [[], true]);
+});
+
+test('a refusal in a batch is that job\'s alone, as a single report\'s', async (t) => {
+  const { server, recorded, errors, clean } = await runJobs(t, 5, (jobId, report) => {
+    // Superseded by a newer claim: this report is lost.
+    if (jobId === 'job_2') return [409, error('lease_lost', { attempt: 2 })];
+    // An earlier send of this very report landed.
+    if (jobId === 'job_3') return [409, error('lease_lost', { attempt: 1, reportedOutcome: 'SUCCEEDED' })];
+    if (jobId === 'job_4' && report.status === 'SUCCEEDED') {
+      return [400, error('invalid_request', { validation: [{ field: 'output.job', rule: 'nul' }] })];
+    }
+    return accept(jobId, report);
+  });
+  const calls = reportCalls(server);
+  assert.deepEqual(calls[1][1].reports.map((r) => r.jobId).sort(), jobIds(2, 5));
+  assert.deepEqual([...recorded.keys()].sort(), ['job_1', 'job_4', 'job_5']);
+  // job_4's output can never be recorded: it is reported failed for good
+  // instead, as after a single report's refusal.
+  assert.deepEqual(recorded.get('job_4').error, { message: 'handler output refused by the server at output.job', retryable: false });
+  const told = errors.map(String).sort();
+  assert.equal(told.length, 2, told.join('\n'));
+  assert.match(told[0], /job job_4 attempt 1: the server refuses the output/);
+  assert.match(told[1], /the report of job job_2 attempt 1 was not recorded \(lease_lost\)/);
+  assert.equal(clean, false); // job_2's outcome was lost, job_3's was not
+});
+
+test('no claim while a batch is failing', async (t) => {
+  let outage = 2;
+  const { recorded, order, errors, clean } = await runJobs(t, 4, async (jobId, report) => {
+    if (jobId === 'job_2' && outage > 0) {
+      outage--;
+      // Answered late: a claim sent before the worker knew (as job_1's
+      // report freed its slot) is answered first.
+      await new Promise((r) => setTimeout(r, 200));
+      return [503, error('database_unavailable')];
+    }
+    return accept(jobId, report);
+  });
+  const batches = order.flatMap(([path], i) => (path === '/api/v1/jobs/report' ? [i] : []));
+  assert.deepEqual(batches.map((i) => order[i][1]), [503, 503, 200]);
+  assert.ok(!order.slice(batches[0], batches.at(-1)).some(([path]) => path.endsWith('/claim')));
+  assert.deepEqual([...recorded.keys()].sort(), jobIds(1, 4));
+  assert.deepEqual([errors, clean], [[], true]);
+});
+
+test('a server without the batch route gets single reports', async (t) => {
+  const { server, recorded, errors, clean } = await runJobs(t, 4, accept, { batchRoute: false });
+  const singles = reportCalls(server).map(([path]) => path).filter((path) => path !== '/api/v1/jobs/report').sort();
+  assert.deepEqual(singles, jobIds(1, 4).map((id) => `/api/v1/jobs/${id}/report`));
+  assert.deepEqual([...recorded.keys()].sort(), jobIds(1, 4));
+  assert.deepEqual([errors, clean], [[], true]);
+});
+
+test('a batch failing twice with a 500 is sent report by report', async (t) => {
+  let chokes = 3;
+  const { server, recorded, errors, clean } = await runJobs(t, 4, (jobId, report) => {
+    if (jobId === 'job_3' && chokes > 0) { // the server fails on this one for a while
+      chokes--;
+      return [500, error('internal_error')];
+    }
+    return accept(jobId, report);
+  });
+  const calls = reportCalls(server).map(([path]) => path);
+  assert.deepEqual(calls.slice(1, 3), ['/api/v1/jobs/report', '/api/v1/jobs/report']);
+  assert.deepEqual(calls.slice(3).sort(), ['/api/v1/jobs/job_2/report', '/api/v1/jobs/job_3/report',
+    '/api/v1/jobs/job_3/report', '/api/v1/jobs/job_4/report']);
+  assert.deepEqual([...recorded.keys()].sort(), jobIds(1, 4));
+  assert.deepEqual([errors, clean], [[], true]);
+});
