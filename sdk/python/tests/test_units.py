@@ -472,7 +472,7 @@ class BatchedReportsTest(unittest.TestCase):
     """Reports of jobs that finish together go out as one batch, each
     answered in its own slot as its single report would be."""
 
-    def run_jobs(self, n: int, answer_item, batch_route: bool = True):
+    def run_jobs(self, n: int, answer_item, batch_route: bool = True, poll_interval: float = 0.05):
         """Runs n jobs claimed at once (job_1 returns first, the others a
         moment later, while its report is held up) and stops the worker.
         answer_item(job_id, report) answers one report, single or batched
@@ -540,7 +540,7 @@ class BatchedReportsTest(unittest.TestCase):
 
         client.register_tool("t", "1", handler)
         errors: List[BaseException] = []
-        client.worker.start(n, poll_interval=0.05, on_error=errors.append, block=False)
+        client.worker.start(n, poll_interval=poll_interval, on_error=errors.append, block=False)
         # Claims go on while the reports are sent (unless one is failing).
         wait_until(lambda: len(answered) == n)
         return server, recorded, order, errors, client.worker.stop(5)
@@ -591,20 +591,21 @@ class BatchedReportsTest(unittest.TestCase):
         self.assertFalse(clean)  # job_2's outcome was lost, job_3's was not
 
     def test_no_claim_while_a_batch_is_failing(self) -> None:
-        outage = {"left": 2}
+        outage = {"left": 3}
 
         def answer(job_id, report):
             if job_id == "job_2" and outage["left"]:
                 outage["left"] -= 1
-                # Answered late: a claim sent before the worker knew (as
-                # job_1's report freed its slot) is answered first.
+                # Answered late: the claim made as job_1's report freed its
+                # slot, before the worker knew, is answered first.
                 time.sleep(0.2)
                 return 503, error("database_unavailable"), {}
             return self.accept(job_id, report)
 
-        server, recorded, order, errors, clean = self.run_jobs(4, answer)
+        # Claims every half second: the batch fails for longer than that.
+        server, recorded, order, errors, clean = self.run_jobs(4, answer, poll_interval=0.5)
         batches = [i for i, (path, _) in enumerate(order) if path == "/api/v1/jobs/report"]
-        self.assertEqual([order[i][1] for i in batches], [503, 503, 200])
+        self.assertEqual([order[i][1] for i in batches], [503, 503, 503, 200])
         self.assertNotIn("/api/v1/workers/wkr_1/claim", [path for path, _ in order[batches[0]:batches[-1]]])
         self.assertEqual(sorted(recorded), [f"job_{i}" for i in range(1, 5)])
         self.assertEqual((errors, clean), ([], True))

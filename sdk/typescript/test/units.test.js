@@ -325,7 +325,7 @@ test('an unknown worker id registers again', async (t) => {
  * job's report met an answer other than a 5xx. answerItem(jobId, report)
  * answers one report, single or batched (a batch fails whole, as the
  * server's transaction does, when one of its reports meets a 5xx). */
-async function runJobs(t, n, answerItem, { batchRoute = true } = {}) {
+async function runJobs(t, n, answerItem, { batchRoute = true, pollIntervalMs = 50 } = {}) {
   let claims = 0;
   let reports = 0;
   const recorded = new Map();
@@ -373,7 +373,7 @@ async function runJobs(t, n, answerItem, { batchRoute = true } = {}) {
     },
   });
   const errors = [];
-  const started = client.worker.start({ concurrency: n, pollIntervalMs: 50, onError: (err) => errors.push(err) });
+  const started = client.worker.start({ concurrency: n, pollIntervalMs, onError: (err) => errors.push(err) });
   // Claims go on while the reports are sent (unless one is failing).
   await until(() => answered.size === n);
   const clean = await client.worker.stop({ timeoutMs: 5000 });
@@ -444,19 +444,19 @@ test('a refusal in a batch is that job\'s alone, as a single report\'s', async (
 });
 
 test('no claim while a batch is failing', async (t) => {
-  let outage = 2;
+  let outage = 3;
   const { recorded, order, errors, clean } = await runJobs(t, 4, async (jobId, report) => {
     if (jobId === 'job_2' && outage > 0) {
       outage--;
-      // Answered late: a claim sent before the worker knew (as job_1's
-      // report freed its slot) is answered first.
+      // Answered late: the claim made as job_1's report freed its slot,
+      // before the worker knew, is answered first.
       await new Promise((r) => setTimeout(r, 200));
       return [503, error('database_unavailable')];
     }
     return accept(jobId, report);
-  });
+  }, { pollIntervalMs: 500 }); // claims every half second: the batch fails for longer than that
   const batches = order.flatMap(([path], i) => (path === '/api/v1/jobs/report' ? [i] : []));
-  assert.deepEqual(batches.map((i) => order[i][1]), [503, 503, 200]);
+  assert.deepEqual(batches.map((i) => order[i][1]), [503, 503, 503, 200]);
   assert.ok(!order.slice(batches[0], batches.at(-1)).some(([path]) => path.endsWith('/claim')));
   assert.deepEqual([...recorded.keys()].sort(), jobIds(1, 4));
   assert.deepEqual([errors, clean], [[], true]);
