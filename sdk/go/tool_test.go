@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -178,53 +179,30 @@ func TestClassifierPrecedence(t *testing.T) {
 	}
 }
 
+// TestRedactMessage holds RedactMessage to the vectors the three SDKs
+// share (../redaction_vectors.json): credentials, personal data, control
+// characters, the byte bound.
 func TestRedactMessage(t *testing.T) {
 	t.Parallel()
-	in := "POST https://api.example.com/send?to=ann@example.com&key=abc failed for ann@example.com: " +
-		"Authorization: Bearer sk_live_0123456789abcdefghijklmnopqrstuv password=hunter2 card 4242 4242 4242 4242\nline2\x00"
-	got := RedactMessage(in)
-	for _, leak := range []string{"ann@example.com", "sk_live", "hunter2", "4242", "\n", "\x00", "key=abc"} {
-		if strings.Contains(got, leak) {
-			t.Fatalf("%q leaks %q", got, leak)
+	raw, err := os.ReadFile("../redaction_vectors.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file struct {
+		Vectors []struct{ Name, Input, Output string }
+	}
+	if err := json.Unmarshal(raw, &file); err != nil {
+		t.Fatal(err)
+	}
+	if len(file.Vectors) == 0 {
+		t.Fatal("no vectors")
+	}
+	for _, v := range file.Vectors {
+		if got := RedactMessage(v.Input); got != v.Output {
+			t.Errorf("%s: %q → %q, want %q", v.Name, v.Input, got, v.Output)
 		}
-	}
-	if !strings.Contains(got, "failed for") {
-		t.Fatalf("lost the message: %q", got)
-	}
-	long := RedactMessage(strings.Repeat("é ", 1000))
-	if len(long) > MaxErrorMessageBytes || !strings.HasSuffix(long, "…") || !json.Valid([]byte(`"`+long+`"`)) {
-		t.Fatalf("not bounded: %d bytes", len(long))
-	}
-	if RedactMessage("  ") != "error" {
-		t.Fatal("empty message")
-	}
-	// Names that only contain a secret's word are secrets too.
-	for _, s := range []string{"client_secret=hunter2", "access_token=abc123", "AWS_SECRET_ACCESS_KEY=abcd",
-		"private_key=abc", "X-Api-Key: abc", `"refresh_token": "r1"`, "db.password=pw", "pwd=s3cr",
-		"passphrase=opensesame"} {
-		got := RedactMessage("failed: " + s)
-		value := s[strings.LastIndexAny(s, "=: ")+1:]
-		if strings.Contains(got, strings.Trim(value, `"`)) || !strings.Contains(got, "[redacted]") {
-			t.Errorf("%q → %q", s, got)
-		}
-	}
-	// Any Authorization scheme, JSON quoted inside a message, and a phone
-	// number with its area code in brackets.
-	for in, secret := range map[string]string{
-		"Authorization: Token tok_live_abc":       "tok_live_abc",
-		"authorization: ApiKey k-123":             "k-123",
-		"got ApiKey k-456 from env":               "k-456",
-		`body {\"password\":\"hunter2\",\"x\":1}`: "hunter2",
-		"call (555) 123-4567 now":                 "123-4567",
-		// Known forms, however short (QA: these passed).
-		"stripe said sk_live_51H8abcDEF123 is invalid":          "51H8abcDEF123",
-		"jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.abc rejected": "eyJzdWIiOiIxIn0",
-		"webhook whsec_abc123 mismatch":                         "abc123",
-		"env stripe_sk_live_51H8abcDEF123 unset":                "51H8abcDEF123",
-		"aws AKIAABCDEFGHIJKLMNOP denied":                       "ABCDEFGHIJKLMNOP",
-	} {
-		if got := RedactMessage(in); strings.Contains(got, secret) {
-			t.Errorf("%q → %q", in, got)
+		if len(v.Output) > MaxErrorMessageBytes {
+			t.Errorf("%s: the expected output is over %d bytes", v.Name, MaxErrorMessageBytes)
 		}
 	}
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -92,6 +93,10 @@ class FakeServer:
         self.server.shutdown()
         self.drop_connections()
         self.server.server_close()
+
+
+# The redaction vectors the three SDKs' tests share.
+REDACTION_VECTORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "redaction_vectors.json")
 
 
 def error(code: str, **detail) -> dict:
@@ -288,38 +293,26 @@ class DecisionTest(unittest.TestCase):
 
 
 class RedactTest(unittest.TestCase):
-    def test_secrets_and_personal_data_are_masked(self) -> None:
-        cases = {
-            "Authorization: Bearer abc.def": "Authorization: [redacted]",
-            "token=hunter2 rest": "token=[redacted] rest",
-            'failed {"password":"pw"}': 'failed {"password":[redacted]}',
-            "mail bob@example.com now": "mail [email] now",
-            "GET https://user:pw@api.example/x?key=1": "GET https://[redacted]@api.example/x?[redacted]",
-            "stripe_sk_live_abc123 leaked": "stripe_[redacted] leaked",
-            "card 4242 4242 4242 4242 declined": "card [number] declined",
-            "line\nbreak\ttab": "line break tab",
-            "": "error",
-        }
-        for raw, want in cases.items():
-            self.assertEqual(redact_message(raw), want, raw)
+    def test_the_shared_redaction_vectors(self) -> None:
+        # The vectors the three SDKs share: credentials, personal data,
+        # control characters, the byte bound.
+        with open(REDACTION_VECTORS, encoding="utf-8") as file:
+            vectors = json.load(file)["vectors"]
+        self.assertTrue(vectors)
+        for vector in vectors:
+            self.assertEqual(redact_message(vector["input"]), vector["output"], vector["name"])
 
     def test_a_long_message_is_cut_before_it_is_scanned(self) -> None:
         # The patterns backtrack (30 kB of name characters took 45 s), so
-        # only the first thousand characters are ever scanned.
+        # only the first thousand characters are ever scanned (the Go SDK,
+        # whose RE2 does not backtrack, scans them all).
         long = "a-" * 15_000
         self.assertEqual(redact_message(long), redact_message(long[:1000] + " tail"))
+        self.assertEqual(redact_message(long), "[redacted]…")
         # The word the cut went through is dropped: no fragment of a secret.
-        out = redact_message("x " * 499 + "sk_live_" + "a" * 40)
-        self.assertNotIn("sk_", out)
-        self.assertTrue(out.endswith("…"))
         for separator in ("\n", "\t"):
             out = redact_message("Q" * 985 + separator + "AKIAIOSFODNN7EXAMPLE" + separator + "x")
-            self.assertNotIn("AKIA", out, repr(separator))
-
-    def test_messages_are_bounded_in_utf8_bytes(self) -> None:
-        out = redact_message("é" * 1000)
-        self.assertLessEqual(len(out.encode("utf-8")), 500)
-        self.assertTrue(out.endswith("…"))
+            self.assertEqual(out, "[redacted]…", repr(separator))
 
 
 class BlindKeyTest(unittest.TestCase):

@@ -11,12 +11,15 @@ const MAX_SCANNED_CHARS = 1000;
 // What commonly leaks into error text: credentials, e-mail addresses, URL
 // query strings, long tokens and long digit runs (card or phone numbers).
 // Specific patterns run before generic ones; the same list as the Go SDK's.
+// White space in them is ASCII's ([\t\n\v\f\r ]), as RE2's \s is: a
+// JavaScript \s also takes a no-break space, which ended a secret's value
+// early and left the rest of it in the message.
 const REDACTIONS = [
-  [/\b((?:proxy-)?authorization)(\\?["']?\s*[=:]\s*)[^\r\n,;]+/gi, '$1$2[redacted]'],
-  [/\b(bearer|basic|token|apikey|digest)\s+[^\s,;]+/gi, '$1 [redacted]'],
-  [/\b([\w.-]*(?:password|passwd|passphrase|pwd|secret|token|api[_-]?key|private[_-]?key|access[_-]?key|credential|cookie)[\w.-]*)(\\?["']?\s*[=:]\s*)(\\"(?:[^"\\]|\\[^"])*\\"|"[^"]*"|'[^']*'|[^\s,;&]+)/gi, '$1$2[redacted]'],
-  [/:\/\/[^/\s:@]+:[^/\s@]+@/g, '://[redacted]@'],
-  [/\?[^\s"']+/g, '?[redacted]'],
+  [/\b((?:proxy-)?authorization)(\\?["']?[\t\n\v\f\r ]*[=:][\t\n\v\f\r ]*)[^\r\n,;]+/gi, '$1$2[redacted]'],
+  [/\b(bearer|basic|token|apikey|digest)[\t\n\v\f\r ]+[^\t\n\v\f\r ,;]+/gi, '$1 [redacted]'],
+  [/\b([\w.-]*(?:password|passwd|passphrase|pwd|secret|token|api[_-]?key|private[_-]?key|access[_-]?key|credential|cookie)[\w.-]*)(\\?["']?[\t\n\v\f\r ]*[=:][\t\n\v\f\r ]*)(\\"(?:[^"\\]|\\[^"])*\\"|"[^"]*"|'[^']*'|[^\t\n\v\f\r ,;&]+)/gi, '$1$2[redacted]'],
+  [/:\/\/[^/\t\n\v\f\r :@]+:[^/\t\n\v\f\r @]+@/g, '://[redacted]@'],
+  [/\?[^\t\n\v\f\r "']+/g, '?[redacted]'],
   [/[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+/g, '[email]'],
   [/(^|[^A-Za-z0-9])(?:(?:sk|rk|pk)_(?:live|test)_|whsec_|gh[pousr]_|xox[abposr]-)[A-Za-z0-9_-]+/g, '$1[redacted]'],
   [/\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|\bAIza[0-9A-Za-z_-]{20,}/g, '[redacted]'],
@@ -41,8 +44,9 @@ export function redactMessage(message) {
     const space = out.search(/\s\S*$/);
     if (space > 0) out = out.slice(0, space);
   }
-  out = out.toWellFormed?.() ?? out;
-  out = out.replace(/\p{Cc}/gu, ' ');
+  // Control characters and lone surrogates (half a character, as an
+  // invalid UTF-8 byte is to the Go SDK) become spaces.
+  out = out.replace(/[\p{Cc}\p{Cs}]/gu, ' ');
   for (const [pattern, replacement] of REDACTIONS) out = out.replace(pattern, replacement);
   out = out.split(/\s+/).filter(Boolean).join(' ');
   const bytes = new TextEncoder().encode(out);

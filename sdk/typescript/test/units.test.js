@@ -1,6 +1,7 @@
 // What the SDK decides on its own, against a fake server where it needs one.
 
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { test } from 'node:test';
 import {
@@ -120,31 +121,24 @@ test('RetryableError hints are rounded and clamped, never refused', () => {
   for (const [given, want] of cases) assert.equal(new RetryableError('busy', { retryAfterMs: given }).retryAfterMs, want, String(given));
 });
 
-test('secrets and personal data are masked as the Go SDK masks them', () => {
-  const cases = {
-    'Authorization: Bearer abc.def': 'Authorization: [redacted]',
-    'token=hunter2 rest': 'token=[redacted] rest',
-    'failed {"password":"pw"}': 'failed {"password":[redacted]}',
-    'mail bob@example.com now': 'mail [email] now',
-    'GET https://user:pw@api.example/x?key=1': 'GET https://[redacted]@api.example/x?[redacted]',
-    'stripe_sk_live_abc123 leaked': 'stripe_[redacted] leaked',
-    'card 4242 4242 4242 4242 declined': 'card [number] declined',
-    'line\nbreak\ttab': 'line break tab',
-    '': 'error',
-  };
-  for (const [raw, want] of Object.entries(cases)) assert.equal(redactMessage(raw), want, raw);
+test('the shared redaction vectors', () => {
+  // The vectors the three SDKs share: credentials, personal data, control
+  // characters, the byte bound.
+  const { vectors } = JSON.parse(readFileSync(new URL('../../redaction_vectors.json', import.meta.url), 'utf8'));
+  assert.ok(vectors.length > 0);
+  for (const { name, input, output } of vectors) assert.equal(redactMessage(input), output, name);
+});
+
+test('a long message is cut before it is scanned', () => {
   // The patterns backtrack, so only the first thousand characters are
-  // scanned, and the word the cut went through is dropped.
+  // scanned (the Go SDK, whose RE2 does not backtrack, scans them all), and
+  // the word the cut went through is dropped: no fragment of a secret.
   const run = 'a-'.repeat(15_000);
   assert.equal(redactMessage(run), redactMessage(run.slice(0, 1000) + ' tail'));
-  const fragment = redactMessage('x '.repeat(499) + 'sk_live_' + 'a'.repeat(40));
-  assert.ok(!fragment.includes('sk_') && fragment.endsWith('…'));
+  assert.equal(redactMessage(run), '[redacted]…');
   for (const separator of ['\n', '\t']) {
-    assert.ok(!redactMessage('Q'.repeat(985) + separator + 'AKIAIOSFODNN7EXAMPLE' + separator + 'x').includes('AKIA'), JSON.stringify(separator));
+    assert.equal(redactMessage('Q'.repeat(985) + separator + 'AKIAIOSFODNN7EXAMPLE' + separator + 'x'), '[redacted]…', JSON.stringify(separator));
   }
-  const long = redactMessage('é'.repeat(1000));
-  assert.ok(Buffer.byteLength(long) <= 500);
-  assert.ok(long.endsWith('…'));
 });
 
 test('blindKey is HMAC-SHA-256, hex, 32 characters', () => {
