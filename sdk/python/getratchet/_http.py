@@ -3,6 +3,7 @@ connections kept alive between calls."""
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import random
@@ -11,6 +12,7 @@ import select
 import threading
 import time
 import urllib.parse
+import urllib.request
 from email.utils import parsedate_to_datetime
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -79,6 +81,13 @@ class Transport:
         self._host = parsed.hostname or ""
         self._port = parsed.port
         self._prefix = parsed.path.rstrip("/") + "/api/v1"
+        # The proxy the environment names for base_url, as urllib honoured
+        # it (HTTPS_PROXY / HTTP_PROXY, NO_PROXY): https goes through a
+        # CONNECT tunnel, plain http as absolute-URI requests to it.
+        self._proxy = _proxy_for(parsed)
+        self._proxy_auth = _proxy_authorization(self._proxy)
+        origin = f"{parsed.scheme}://{parsed.netloc.rpartition('@')[2]}"
+        self._target = (origin if self._proxy and not self._https else "") + self._prefix
         self._tls: Any = None  # one TLS context for every connection (loading the CAs is not free)
         # Connections between calls, the most recently used last. A
         # connection is either here or held by the one call using it.
@@ -188,16 +197,24 @@ class Transport:
             connection.close()
 
     def _connect(self, timeout: float) -> http.client.HTTPConnection:
-        """A new connection (opened by its first request)."""
+        """A new connection (opened by its first request): to the API, or to
+        the proxy the environment names."""
+        host, port = self._host, self._port
+        if self._proxy is not None:
+            host, port = self._proxy.hostname or "", self._proxy.port or 80
         if not self._https:
-            return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+            return http.client.HTTPConnection(host, port, timeout=timeout)
         if self._tls is None:
             if ssl is None:
                 raise ConnectionLost("ratchet: this Python has no ssl module for an https base_url")
             tls = ssl.create_default_context()
             tls.set_alpn_protocols(["http/1.1"])  # as urllib announced it
             self._tls = tls
-        return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._tls)
+        connection = http.client.HTTPSConnection(host, port, timeout=timeout, context=self._tls)
+        if self._proxy is not None:
+            # TLS to the API inside the tunnel: the proxy sees only where.
+            connection.set_tunnel(self._host, self._port or 443, headers=self._proxy_auth)
+        return connection
 
     def _take(self, timeout: float) -> Tuple[http.client.HTTPConnection, bool]:
         """A connection for one call, and whether it was kept from an
@@ -231,6 +248,8 @@ class Transport:
             headers["Content-Type"] = "application/json"
         if idempotency_key:
             headers["Idempotency-Key"] = idempotency_key
+        if self._proxy is not None and not self._https:
+            headers.update(self._proxy_auth)
         name = f"{method} {path.split('?')[0]}"
         # A call that is not safe to repeat never goes out on a kept
         # connection: one the server closes as the request leaves (its
@@ -240,7 +259,7 @@ class Transport:
         connection, reused = self._take(timeout) if safe else (self._connect(timeout), False)
         try:
             try:
-                connection.request(method, self._prefix + path, body=data, headers=headers)
+                connection.request(method, self._target + path, body=data, headers=headers)
                 response = connection.getresponse()
             except _STALE:
                 if not (reused and safe):
@@ -251,7 +270,7 @@ class Transport:
                 # connection, without spending one of its retries.
                 connection.close()
                 connection, reused = self._connect(timeout), False
-                connection.request(method, self._prefix + path, body=data, headers=headers)
+                connection.request(method, self._target + path, body=data, headers=headers)
                 response = connection.getresponse()
             raw = response.read()
         except (OSError, http.client.HTTPException) as failure:
@@ -276,6 +295,28 @@ class Transport:
             # A 2xx whose body cannot be read (cut short by a proxy): the
             # call was applied, and its answer lost as by a dropped connection.
             raise ConnectionLost(f"ratchet: {name}: unreadable answer") from None
+
+
+def _proxy_for(base: urllib.parse.ParseResult) -> Optional[urllib.parse.SplitResult]:
+    """The proxy the environment names for base (its scheme's *_PROXY, unless
+    NO_PROXY exempts the host), read as urllib reads them, or None. The
+    proxy itself is spoken to in plain HTTP, as urllib does (an https://
+    proxy URL included)."""
+    url = urllib.request.getproxies().get(base.scheme)
+    if not url or urllib.request.proxy_bypass(base.hostname or ""):
+        return None
+    proxy = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
+    if proxy.scheme not in ("http", "https") or not proxy.hostname:
+        raise ValueError(f"ratchet: {base.scheme}_proxy must be an http(s) URL with a host")
+    return proxy
+
+
+def _proxy_authorization(proxy: Optional[urllib.parse.SplitResult]) -> dict:
+    """The Proxy-Authorization header for a proxy URL with credentials."""
+    if proxy is None or proxy.username is None:
+        return {}
+    user = urllib.parse.unquote(proxy.username) + ":" + urllib.parse.unquote(proxy.password or "")
+    return {"Proxy-Authorization": "Basic " + base64.b64encode(user.encode("utf-8")).decode("ascii")}
 
 
 def _dropped(connection: http.client.HTTPConnection) -> bool:

@@ -73,7 +73,7 @@ class FakeServer:
                 self.end_headers()
                 self.wfile.write(raw)
 
-            do_GET = do_POST = do_PUT = handle_one
+            do_GET = do_POST = do_PUT = do_CONNECT = handle_one
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -267,6 +267,65 @@ class KeepAliveTest(unittest.TestCase):
         self.assertEqual(client.get_run("r"), {"path": "/api/v1/runs/r"})
         wait_until(lambda: not server.open)
         self.assertEqual(server.connections, 2)
+
+
+class ProxyTest(unittest.TestCase):
+    """The proxy the environment names is used as urllib used it."""
+
+    def env(self, **values) -> None:
+        names = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+                 "ALL_PROXY", "all_proxy", "REQUEST_METHOD")
+        patcher = mock.patch.dict(os.environ, {k: v for k, v in values.items()})
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        for name in names:
+            if name not in values:
+                os.environ.pop(name, None)
+
+    def test_plain_http_goes_to_the_proxy_as_absolute_uris(self) -> None:
+        proxy = FakeServer(lambda m, p, b: (200, {"via": "proxy"}, {}))
+        self.addCleanup(proxy.close)
+        self.env(http_proxy=proxy.url.replace("http://", "http://us%40r:p%3Ass@"))
+        t = Transport("http://user:secret@api.example.test:8080/base", "rk_test", timeout=5)
+        self.addCleanup(t.close)
+        self.assertEqual(t.call("GET", "/runs/r", safe=True), {"via": "proxy"})
+        method, path, headers, _ = proxy.seen[0]
+        self.assertEqual((method, path), ("GET", "http://api.example.test:8080/base/api/v1/runs/r"))
+        self.assertEqual(headers["Proxy-Authorization"], "Basic dXNAcjpwOnNz")  # us@r:p:ss
+        self.assertEqual(headers["Authorization"], "Bearer rk_test")
+        # Kept alive through the proxy as well.
+        t.call("GET", "/runs/r", safe=True)
+        self.assertEqual(proxy.connections, 1)
+
+    def test_https_goes_through_a_connect_tunnel(self) -> None:
+        proxy = FakeServer(lambda m, p, b: (407, None, {}))
+        self.addCleanup(proxy.close)
+        self.env(HTTPS_PROXY=proxy.url.replace("http://", "http://ops:pw@"))
+        t = Transport("https://api.example.test", "rk_test", timeout=5, max_retries=0)
+        self.addCleanup(t.close)
+        with self.assertRaises(ConnectionLost):
+            t.call("GET", "/runs/r", safe=True)  # the proxy refuses the tunnel
+        method, target, headers, _ = proxy.seen[0]
+        self.assertEqual((method, target), ("CONNECT", "api.example.test:443"))
+        self.assertEqual(headers["Proxy-Authorization"], "Basic b3BzOnB3")
+        self.assertNotIn("Authorization", headers, "the key goes only inside the tunnel")
+
+    def test_no_proxy_and_no_setting_go_direct(self) -> None:
+        server = FakeServer(lambda m, p, b: (200, {"direct": True}, {}))
+        self.addCleanup(server.close)
+        dead = socket.socket()
+        dead.bind(("127.0.0.1", 0))
+        self.addCleanup(dead.close)
+        self.env(http_proxy="http://127.0.0.1:%d" % dead.getsockname()[1], no_proxy="127.0.0.1")
+        t = Transport(server.url, "rk_test", timeout=5, max_retries=0)
+        self.addCleanup(t.close)
+        self.assertEqual(t.call("GET", "/runs/r", safe=True), {"direct": True})
+        self.assertEqual(server.seen[0][1], "/api/v1/runs/r")
+        self.env()
+        self.assertIsNone(Transport(server.url, "rk_test")._proxy)
+        self.env(https_proxy="socks5://127.0.0.1:1080")
+        with self.assertRaises(ValueError):
+            Transport("https://api.example.test", "rk_test")
 
 
 class DecisionTest(unittest.TestCase):
