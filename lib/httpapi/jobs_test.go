@@ -832,6 +832,9 @@ func TestBatchReport(t *testing.T) {
 		map[string]any{"jobId": js[1]["jobId"], "leaseToken": nil, "status": "SUCCEEDED"},
 		map[string]any{"jobId": js[1]["jobId"], "leaseToken": "a", "status": "FAILED", "error": map[string]any{"message": nil}},
 		"not a report",
+		map[string]any{"jobId": js[1]["jobId"], "leaseToken": "a", "status": "SUCCEEDED", "output": map[string]any{"text": "a\u0000b"}},
+		json.RawMessage(`{"jobId": "` + js[1]["jobId"].(string) + `", "leaseToken": "a", "status": "SUCCEEDED", "status": "FAILED"}`),
+		json.RawMessage(`{"jobId": "` + js[1]["jobId"].(string) + `", "leaseToken": "a", "status": "SUCCEEDED", "output": 1e99999}`),
 	}}).JSON()["results"].([]any)
 	slot := func(i int) map[string]any { return mixed[i].(map[string]any) }
 	slotError := func(i int) (string, []string) {
@@ -860,7 +863,11 @@ func TestBatchReport(t *testing.T) {
 	require.Equal(t, []string{"jobId"}, fields)
 	// An item that cannot be read is refused in its slot, named from the
 	// item, and the others are applied (review: a null refused the batch).
-	for i, want := range map[int]string{6: "jobId", 7: "leaseToken", 8: "error.message", 9: "body"} {
+	// So is one the body's checks refuse (a NUL, a repeated key, a number
+	// beyond a float's range), named as the single route names it (review:
+	// such an item refused the whole batch).
+	for i, want := range map[int]string{6: "jobId", 7: "leaseToken", 8: "error.message", 9: "body",
+		10: "output.text", 11: "status", 12: "output"} {
 		code, fields = slotError(i)
 		require.Equal(t, "invalid_request", code, "slot %d", i)
 		require.Equal(t, []string{want}, fields, "slot %d", i)

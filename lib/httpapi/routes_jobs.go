@@ -10,6 +10,7 @@ import (
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jobs"
+	"github.com/getratchet/ratchet/lib/jsonstrict"
 )
 
 // jobsRoutes are the durable-job routes (API.md §3).
@@ -336,12 +337,12 @@ func (s *Server) report(ctx context.Context, c *Call) (any, error) {
 }
 
 // reportBatch reads each report of the batch on its own, so that one that
-// cannot be read (a field of the wrong type, a null) is refused in its slot
-// and the others are applied, as the service refuses one that reads but
-// breaks a rule.
+// cannot be read (a field of the wrong type, a null, a NUL in its output)
+// is refused in its slot and the others are applied, as the service
+// refuses one that reads but breaks a rule.
 func (s *Server) reportBatch(ctx context.Context, c *Call) (any, error) {
 	var raw struct {
-		Reports []json.RawMessage `json:"reports"`
+		Reports []jsonstrict.Deferred `json:"reports"`
 	}
 	if err := c.Decode(&raw); err != nil {
 		return nil, err

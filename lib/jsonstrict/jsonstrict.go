@@ -94,8 +94,28 @@ func (s *bodyScan) space() {
 	}
 }
 
+// Deferred is a value Check leaves to a decode of its own: one item of a
+// batch whose items are refused one by one (the batch report), so that a
+// NUL, a repeated key or an unreadable number inside one item is that
+// item's refusal, in its slot, and not the whole body's. Its syntax is
+// checked with the body's, and bytes that are not UTF-8 anywhere still
+// refuse the body (it is not JSON text).
+type Deferred json.RawMessage
+
+// UnmarshalJSON keeps the item's bytes, as json.RawMessage does.
+func (d *Deferred) UnmarshalJSON(b []byte) error {
+	*d = append((*d)[:0], b...)
+	return nil
+}
+
+var deferredType = reflect.TypeFor[Deferred]()
+
 // value scans one value of type t (nil: free-form) at at.
 func (s *bodyScan) value(t reflect.Type, at *place) {
+	if t == deferredType {
+		s.skip()
+		return
+	}
 	if t != nil && at != nil {
 		s.space()
 		if s.i < len(s.b) && s.b[s.i] == 'n' && !takesNull(t) { // the type is looked at only for a null
@@ -241,6 +261,43 @@ func (s *bodyScan) array(t reflect.Type, path *place) {
 		}
 		s.value(et, path.child(strconv.Itoa(n)))
 		n++
+	}
+}
+
+// skip passes over the value at s.i without looking inside it (a
+// Deferred): the body decoded, so it is well-formed JSON.
+func (s *bodyScan) skip() {
+	s.space()
+	depth := 0
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case '"':
+			for s.i++; s.i < len(s.b) && s.b[s.i] != '"'; s.i++ {
+				if s.b[s.i] == '\\' {
+					s.i++
+				}
+			}
+			s.i++ // closing quote
+			if depth == 0 {
+				return
+			}
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return // a scalar's end: its container's close
+			}
+			if depth--; depth == 0 {
+				s.i++
+				return
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return // a scalar's end
+			}
+		}
+		s.i++
 	}
 }
 

@@ -2,6 +2,7 @@ package jsonstrict
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"runtime"
@@ -79,4 +80,59 @@ func TestCheckOfADeepBodyStaysSmall(t *testing.T) {
 	if used := after.TotalAlloc - before.TotalAlloc; used > 16<<20 {
 		t.Fatalf("checking a %d-byte body allocated %d bytes", len(body), used)
 	}
+}
+
+type batch struct {
+	Items []Deferred `json:"items"`
+	After string     `json:"after"`
+}
+
+// A Deferred item is left to its own decode: what Check would refuse inside
+// it is not the body's refusal, and the body around it is still checked,
+// after the item too (so the scan found the item's end).
+func TestDeferredItemsAreLeftToTheirOwnDecode(t *testing.T) {
+	items := []string{
+		`{"output": "a\u0000b"}`,
+		`{"k": 1, "k": 2}`,
+		`{"n": 1e99999}`,
+		`"a string with \" ] } , [ { inside"`,
+		`[1, [2, {"x": "]"}], "\\"]`,
+		`12.5e3`, `-0`, `true`, `null`, `{}`, `[]`, `"\ud800"`,
+	}
+	for _, item := range items {
+		for _, sep := range []string{"", " ", "\n\t"} {
+			body := `{"items": [` + sep + item + sep + `,` + sep + item + sep + `], "after": "ok"}`
+			var b batch
+			require := func(cond bool, format string, args ...any) {
+				t.Helper()
+				if !cond {
+					t.Fatalf(format, args...)
+				}
+			}
+			require(Decode([]byte(body), &b) == nil, "%s: refused", body)
+			require(len(b.Items) == 2 && string(b.Items[0]) == item, "%s: items %q", body, b.Items)
+
+			bad := `{"items": [` + sep + item + sep + `], "after": "x\u0000"}`
+			err := Decode([]byte(bad), &b)
+			var ae *apierr.Error
+			require(errorsAs(err, &ae) && fieldOf(ae) == "after", "%s: the field after the item: %v", bad, err)
+			repeated := `{"items": [` + item + `], "items": []}`
+			err = Decode([]byte(repeated), &b)
+			require(errorsAs(err, &ae) && fieldOf(ae) == "items", "%s: the repeated key: %v", repeated, err)
+		}
+	}
+	// Not UTF-8 is no JSON text: the whole body, wherever it is.
+	var b batch
+	err := Decode([]byte("{\"items\": [\"\xff\"]}"), &b)
+	var ae *apierr.Error
+	if !errorsAs(err, &ae) || fieldOf(ae) != "items.0" {
+		t.Fatalf("bytes that are not UTF-8: %v", err)
+	}
+}
+
+func errorsAs(err error, target **apierr.Error) bool { return errors.As(err, target) }
+
+// fieldOf is the first field a refusal names.
+func fieldOf(e *apierr.Error) string {
+	return e.Detail["validation"].([]apierr.FieldError)[0].Field
 }
