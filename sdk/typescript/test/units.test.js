@@ -11,7 +11,8 @@ import { Transport } from '../src/transport.js';
 import { readDecision } from '../src/worker.js';
 
 /** Answers each request with the next [status, body, headers] of a script
- * (status 0 drops the connection), recording what it was sent. */
+ * (status 0 drops the connection), recording what it was sent; respond may
+ * answer a promise. */
 async function fakeServer(t, script) {
   // script: a list of answers, or respond(method, path, body) -> answer.
   const respond = typeof script === 'function' ? script : () => script.shift() ?? [500, null];
@@ -19,10 +20,10 @@ async function fakeServer(t, script) {
   const server = createServer((req, res) => {
     let raw = '';
     req.on('data', (c) => { raw += c; });
-    req.on('end', () => {
+    req.on('end', async () => {
       const sent = raw ? JSON.parse(raw) : undefined;
       seen.push({ method: req.method, path: req.url, headers: req.headers, body: sent });
-      const [status, body, headers = {}] = respond(req.method, req.url, sent);
+      const [status, body, headers = {}] = await respond(req.method, req.url, sent);
       if (status === 0) return req.socket.destroy();
       const out = body === null ? '' : JSON.stringify(body);
       res.writeHead(status, { ...headers, 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(out) });
@@ -353,7 +354,7 @@ async function runJobs(t, n, answerItem, { batchRoute = true, pollIntervalMs = 5
       }),
     }];
   };
-  const server = await asyncServer(t, async (method, path, body) => {
+  const server = await fakeServer(t, async (method, path, body) => {
     const answer = await answerRequest(path, body);
     order.push([path, answer[0]]);
     return answer;
@@ -373,26 +374,6 @@ async function runJobs(t, n, answerItem, { batchRoute = true, pollIntervalMs = 5
   const clean = await client.worker.stop({ timeoutMs: 5000 });
   await started;
   return { server, recorded, order, errors, clean };
-}
-
-/** fakeServer, with respond(method, path, body) answering a promise. */
-async function asyncServer(t, respond) {
-  const seen = [];
-  const server = createServer((req, res) => {
-    let raw = '';
-    req.on('data', (c) => { raw += c; });
-    req.on('end', async () => {
-      const sent = raw ? JSON.parse(raw) : undefined;
-      seen.push({ method: req.method, path: req.url, headers: req.headers, body: sent });
-      const [status, body, headers = {}] = await respond(req.method, req.url, sent);
-      const out = body === null ? '' : JSON.stringify(body);
-      res.writeHead(status, { ...headers, 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(out) });
-      res.end(out);
-    });
-  });
-  await new Promise((r) => server.listen(0, '127.0.0.1', r));
-  t.after(() => new Promise((r) => { server.closeAllConnections(); server.close(r); }));
-  return { url: `http://127.0.0.1:${server.address().port}`, seen };
 }
 
 const accept = (jobId, report) => [200, { jobId, status: report.status, attempt: 1 }];
