@@ -972,16 +972,37 @@ function csvRows(src) {
 async function replayForm(stepId) {
 	const p = await call('GET', `/steps/${seg(stepId)}/replay`);
 	if (!p.eligible) return h('p', null, `Not eligible for replay (job ${p.status}).`);
+	const upgrades = p.upgrades || [];
+	// A contract the saved input validates against and that is not
+	// FORBIDDEN may be chosen; the others are listed with why not.
+	const choosable = upgrades.filter((u) => u.compatible && !u.forbidden);
+	const upgradeColumns = [
+		{ title: 'Contract', cell: (u) => u.contractVersion },
+		{ title: 'Handler', cell: (u) => u.handlerVersion },
+		{ title: 'Status', cell: (u) => u.status },
+		{
+			title: 'Saved input',
+			cell: (u) => (u.forbidden ? 'forbidden' : u.compatible ? 'fits' : ['does not fit: ', (u.validation || []).map((v) => `${v.field}: ${v.message}`).join('; ')]),
+		},
+	];
 	return h('div', null, [
 		fields([
 			['Handler version', p.handlerVersion],
+			['Contract version', text(p.contractVersion)],
 			['Attempts so far', p.attempt],
 			['Endpoint paused', p.endpointPaused ? 'yes (the replay waits until it resumes)' : 'no'],
 		]),
+		upgrades.length ? [h('h3', null, 'Other contracts of this tool'), table(upgradeColumns, upgrades)] : null,
 		form(
 			[
 				input('Max attempts (1–10)', 'maxAttempts', { type: 'number', min: 1, max: 10, value: 1 }),
-				input('Reason', 'reason', { maxlength: 500 }),
+				input('Reason', 'reason', { maxlength: 1000 }),
+				choosable.length
+					? select('Run with', 'target', [['', `the same handler (${p.handlerVersion})`], ...choosable.map((u) => [String(u.contractVersion), `contract ${u.contractVersion}: handler ${u.handlerVersion}`])], '')
+					: null,
+				choosable.length
+					? h('label', { class: 'check' }, h('input', { type: 'checkbox', name: 'ackVersion' }), ' I reviewed the new handler’s schema and side effects')
+					: null,
 				h('label', { class: 'check' }, h('input', { type: 'checkbox', name: 'ack' }), ' I understand the tool may act again (a duplicate at the destination unless it dedupes on the idempotency key)'),
 			],
 			'Replay',
@@ -992,6 +1013,7 @@ async function replayForm(stepId) {
 					acknowledgeDuplicateRisk: v.ack,
 					expectedAttempt: p.attempt,
 					expectedHandlerVersion: p.handlerVersion,
+					...(v.target ? { targetContractVersion: Number(v.target), acknowledgeVersionChange: v.ackVersion } : {}),
 				}),
 			{ danger: true },
 		),

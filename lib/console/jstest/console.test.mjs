@@ -438,6 +438,39 @@ test("a group's page lists its effects and what each compensates", async () => {
 	assert.match(row(ui, begun.effect_id).textContent, /inventory\.reserve.*reserve:7.*leased.*declared/);
 });
 
+test('a replay onto another handler: the contracts that fit offered, the version change acknowledged', async () => {
+	const key = await signup();
+	const publish = (handlerVersion, inputSchema) =>
+		api('POST', '/tools/resize_image/contracts', key, { handlerVersion, inputSchema, timeoutMs: 30000, retryPreset: 'STANDARD' });
+	assert.equal((await publish('1', { type: 'object' })).status, 201);
+	assert.equal((await publish('2', { type: 'object', required: ['url'] })).status, 201);
+	assert.equal((await publish('3', { type: 'object', required: ['bucket'] })).status, 201);
+	const run = (await api('POST', '/runs', key, { name: 'images' })).body;
+	const step = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'resize_image', version: '1', contractVersion: 1, input: { url: 'https://x/y.png' } })).body;
+	assert.equal(step.status, 'QUEUED', JSON.stringify(step));
+	assert.equal((await api('POST', `/steps/${step.stepId}/cancel`, key, {})).status, 200);
+
+	const ui = await mount(key, '#/steps/' + step.stepId);
+	assert.match(row(ui, 'does not fit').textContent, /^3.*bucket/);
+	const f = formOf(button(ui.root, 'Replay'));
+	const target = field(f, 'target');
+	assert.deepEqual(target.querySelectorAll('option').map((o) => o.value), ['', '2'], 'only the contract the input fits');
+
+	// The version change unacknowledged: refused by the service, nothing replayed.
+	await submit(ui.root, 'Replay', { target: '2' });
+	field(f, 'ack').checked = true;
+	await f.dispatch('submit');
+	await app.rendered();
+	assert.match(alerts(ui).join(), /acknowledgeVersionChange/);
+	assert.equal((await api('GET', `/steps/${step.stepId}`, key)).body.durableJob.status, 'CANCELLED');
+
+	field(f, 'ackVersion').checked = true;
+	await f.dispatch('submit');
+	await app.rendered();
+	const s = (await api('GET', `/steps/${step.stepId}`, key)).body;
+	assert.deepEqual([s.durableJob.status, s.version, s.contractVersion], ['QUEUED', '2', 2]);
+});
+
 test('a key without steps:replay still reads a replayable step', async () => {
 	const key = await signup();
 	const run = (await api('POST', '/runs', key, { name: 'r' })).body;
