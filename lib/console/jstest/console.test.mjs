@@ -46,6 +46,7 @@ async function mount(key, hash = '') {
 		storage,
 		confirms: [],
 		confirmAnswer: true,
+		timers: [],
 		requests: [],
 		location: {
 			_hash: hash,
@@ -74,6 +75,7 @@ async function mount(key, hash = '') {
 			return ui.confirmAnswer;
 		},
 		onHashChange: (fn) => (onHash = fn),
+		setTimeout: (fn, ms) => ui.timers.push({ fn, ms }),
 	});
 	await app.rendered();
 	return ui;
@@ -469,6 +471,43 @@ test('a replay onto another handler: the contracts that fit offered, the version
 	await app.rendered();
 	const s = (await api('GET', `/steps/${step.stepId}`, key)).body;
 	assert.deepEqual([s.durableJob.status, s.version, s.contractVersion], ['QUEUED', '2', 2]);
+});
+
+test('the pages an operator watches refresh themselves in place, but not under an edit', async () => {
+	const key = await signup();
+	await api('PUT', '/policies/push.send', key, { mode: 'require_approval' });
+	const ui = await mount(key, '#/approvals');
+	assert.match(ui.root.textContent, /No approval is pending\..*refreshed every 15 s/);
+	const held = (await api('POST', '/effects/begin', key, { effect_type: 'push.send', idempotency_key: 'p1', payload: {} })).body;
+	const main = ui.root.querySelector('main');
+	const tick = async () => {
+		const timer = ui.timers.shift();
+		assert.equal(timer.ms, 15000);
+		timer.fn();
+		await app.rendered();
+	};
+	await tick();
+	assert.equal(ui.root.querySelector('main'), main, 'the same page, redrawn in place');
+	assert.match(row(ui, held.effect_id).textContent, /push\.send/);
+
+	// A note being typed is not wiped by the next refresh.
+	field(formOf(button(row(ui, held.effect_id), 'Approve')), 'note').value = 'half a no';
+	await main.dispatch('input');
+	await api('POST', '/effects/begin', key, { effect_type: 'push.send', idempotency_key: 'p2', payload: {} });
+	await tick();
+	assert.equal(ui.root.querySelectorAll('tr').length - 1, 1, 'not redrawn');
+	assert.equal(ui.timers.length, 0, 'and no longer refreshing');
+
+	// Pages that are not watched, and pages left, are not refreshed.
+	await go(ui, '#/effects');
+	assert.equal(ui.timers.length, 0);
+	await go(ui, '#/circuits');
+	assert.equal(ui.timers.length, 1);
+	await go(ui, '#/keys');
+	const sent = ui.requests.length;
+	await tick(); // the circuits page's, left before it fired
+	assert.match(ui.root.querySelector('h1').textContent, /Keys/);
+	assert.equal(ui.requests.length, sent, 'nothing fetched for a page no longer shown');
 });
 
 test('a key without steps:replay still reads a replayable step', async () => {

@@ -1169,7 +1169,12 @@ export async function rendered() {
 	} while (seen !== drawing);
 }
 
-async function draw(mine) {
+// The pages an operator watches redraw themselves every LIVE_MS, in place,
+// while nothing on them is being edited.
+const live = new Set(['approvals', 'circuits', 'queue']);
+const LIVE_MS = 15000;
+
+async function draw(mine, quiet) {
 	const root = env.root;
 	if (!key()) {
 		const message = signOutMessage;
@@ -1197,8 +1202,13 @@ async function draw(mine) {
 		goTo(),
 		h('button', { type: 'button', class: 'signout', onclick: () => signOut('Signed out.') }, 'Sign out'),
 	);
-	const main = h('main', { 'aria-busy': 'true' }, h('p', null, 'Loading…'));
-	root.replaceChildren(header, main);
+	// A quiet redraw (a live page's refresh) keeps the page on screen until
+	// its new content is there.
+	let main = quiet ? root.querySelector('main') : null;
+	if (!main) {
+		main = h('main', { 'aria-busy': 'true' }, h('p', null, 'Loading…'));
+		root.replaceChildren(header, main);
+	}
 	let content;
 	try {
 		if (!route.page) throw new ConsoleError('not_found', 'No such page in the console.');
@@ -1209,9 +1219,17 @@ async function draw(mine) {
 	if (mine !== generation || !key()) return; // another render (or a 401's sign-out) took over
 	main.removeAttribute('aria-busy');
 	main.replaceChildren(...[content].flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
+	if (live.has(route.page) && env.setTimeout) {
+		let edited = false;
+		main.addEventListener('input', () => (edited = true));
+		main.append(h('p', { class: 'empty live' }, `Shown at ${time(new Date().toISOString())}; refreshed every ${LIVE_MS / 1000} s while nothing here is being edited.`));
+		env.setTimeout(() => {
+			if (mine === generation && !edited && key()) drawing = draw(++generation, true);
+		}, LIVE_MS);
+	}
 }
 
-/** start runs the console in e: {document, root, storage, fetch, location, confirm, onHashChange}. */
+/** start runs the console in e: {document, root, storage, fetch, location, confirm, onHashChange, setTimeout}. */
 export function start(e) {
 	env = e;
 	e.onHashChange(() => render());
@@ -1227,5 +1245,6 @@ if (typeof window !== 'undefined' && typeof document !== 'undefined' && document
 		location: window.location,
 		confirm: (m) => window.confirm(m),
 		onHashChange: (fn) => window.addEventListener('hashchange', fn),
+		setTimeout: (fn, ms) => window.setTimeout(fn, ms),
 	});
 }
