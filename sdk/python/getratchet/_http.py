@@ -135,7 +135,8 @@ class Transport:
 
     def call_until(self, method: str, path: str, body: Any, *, may_wait: Callable[[float], bool],
                    on_retry: Callable[[], None] = lambda: None,
-                   stop_on: Callable[[RatchetError], bool] = lambda err: False) -> Any:
+                   stop_on: Callable[[RatchetError], bool] = lambda err: False,
+                   timeout: Optional[float] = None) -> Any:
         """Sends a call that is safe to repeat (a report), repeating it
         through every failure worth repeating for as long as may_wait(wait)
         allows the next wait (seconds); on_retry runs before each wait.
@@ -144,7 +145,7 @@ class Transport:
         attempt = 0
         while True:
             try:
-                return self.call(method, path, body, safe=True, max_retries=0)
+                return self.call(method, path, body, safe=True, max_retries=0, timeout=timeout)
             except RatchetError as err:
                 wait = self.retry_delay(err, attempt, True)
                 if wait is None or stop_on(err) or not may_wait(wait):

@@ -36,6 +36,15 @@ _MAX_CLAIM = 100
 # alone).
 _REPORT_BATCH_MAX = 100
 _REPORT_BATCH_BYTES = 512 * 1024
+# No claim is made while a report waits to be recorded and its lease (as
+# last extended) lapses within this margin (plus a long poll's wait): the
+# claim could hand this worker its own job again (the Go SDK's
+# reportLeaseMargin).
+_REPORT_LEASE_MARGIN = 5.0
+# One delivery of a report or a batch waits at most this long for its
+# answer before it is repeated (the Go SDK's reportTimeout): a connection
+# that hangs must not hold every report behind it for the client's timeout.
+_REPORT_TIMEOUT = 30.0
 # The server refuses request bodies over 1 MiB; an output that large (with
 # the report around it) can never be recorded.
 MAX_OUTPUT_BYTES = 1024 * 1024 - 1024
@@ -99,6 +108,7 @@ class _Active:
         self.lease_end = lease_end  # by this process's clock, as last extended
         self.lost_code: Optional[str] = None  # why the lease was lost: the server's code, or "" for a local lapse
         self.beats_done = threading.Event()
+        self.reporting = False  # the handler is done; lease_end no longer moves (under the worker's lock)
         self.straggler = False  # the supervisor went on without the handler (under the worker's lock)
 
     def stop(self) -> None:
@@ -177,19 +187,29 @@ class _Reporter:
                     self._sending = False
                     self._cond.notify_all()
         if report.alone:
-            self._transport.call_until("POST", _report_path(job_id), body, may_wait=may_wait, on_retry=on_retry)
+            self._transport.call_until("POST", _report_path(job_id), body, may_wait=may_wait, on_retry=on_retry,
+                                       timeout=min(self._transport.timeout, _REPORT_TIMEOUT))
         elif report.error is not None:
             raise report.error
 
     def _take(self) -> List[_Report]:
         batch: List[_Report] = []
         size = 0
+        jobs = set()
+        later: List[_Report] = []  # a second report of a job already in the batch (a newer attempt)
         while self._queue and len(batch) < _REPORT_BATCH_MAX:
+            if self._queue[0].job_id in jobs:
+                # The server answers a job named twice in one batch
+                # invalid_request for the second: it waits for the next one.
+                later.append(self._queue.pop(0))
+                continue
             if batch and size + self._queue[0].size > _REPORT_BATCH_BYTES:
                 break
             report = self._queue.pop(0)
             batch.append(report)
+            jobs.add(report.job_id)
             size += report.size
+        self._queue[:0] = later
         return batch
 
     def _send(self, batch: List[_Report]) -> None:
@@ -225,7 +245,7 @@ class _Reporter:
 
         try:
             answer = self._transport.call_until("POST", path, body, may_wait=may_wait, on_retry=on_retry,
-                                                stop_on=stop_on)
+                                                stop_on=stop_on, timeout=min(self._transport.timeout, _REPORT_TIMEOUT))
         except RatchetError as err:
             if failed_500[0] >= 2 or (len(batch) > 1 and 400 <= err.status < 500 and err.status != 429):
                 for r in batch:
@@ -281,7 +301,13 @@ class Worker:
         self._running = 0  # slots taken: a slot is freed when its handler returns
         self._active: Dict[str, _Active] = {}  # supervisors not yet ended, by job id
         self._stragglers = 0  # handlers still running after the worker went on without them
-        self._reports_failing = 0  # reports being retried after a failure
+        # The reports whose delivery met a failure, each with when it first
+        # did, and when the server last recorded one: a failing report holds
+        # the claims until the server records another after its failure
+        # began; the server takes reports then, and this one fails for a
+        # reason of its own (the Go SDK's holding()).
+        self._failing: Dict[int, float] = {}
+        self._last_recorded = float("-inf")
         self._started = False
         self._stopping = threading.Event()
         self._stop_at: Optional[float] = None  # when running handlers are told to stop
@@ -409,7 +435,8 @@ class Worker:
                     # No claim while a slot is missing, or while a report is
                     # failing: the job it reports may lapse and come back to
                     # this very worker, which would run it again.
-                    while ((self._running >= concurrency or self._reports_failing)
+                    while ((self._running >= concurrency or self._reports_holding()
+                            or self._report_lapsing(wait_seconds))
                            and not self._stopping.is_set()):
                         self._lock.wait(1.0)
                     if self._stopping.is_set():
@@ -445,6 +472,16 @@ class Worker:
             raise
         finally:
             self._drain()
+
+    def _reports_holding(self) -> bool:
+        """Whether a failing report holds the claims (under the lock)."""
+        return any(since >= self._last_recorded for since in self._failing.values())
+
+    def _report_lapsing(self, wait_seconds: int) -> bool:
+        """Whether a report not yet recorded has a lease that lapses before
+        a claim made now is surely answered (under the lock)."""
+        horizon = time.monotonic() + _REPORT_LEASE_MARGIN + wait_seconds
+        return any(a.reporting and a.lease_end <= horizon for a in self._active.values())
 
     def _claim(self, limit: int, wait_seconds: int) -> list:
         # One claim id across the call's retries, and across claims until
@@ -538,6 +575,7 @@ class Worker:
             self._watch(active, outcome)
             active.beats_done.set()
             with self._lock:
+                active.reporting = True
                 if not outcome.get("returned"):
                     # The handler ignored its cancellation; whatever it
                     # returns later is dropped, and its slot stays taken
@@ -724,7 +762,8 @@ class Worker:
         None when recorded, or when it was given up (then already told to
         on_error)."""
         body = {"leaseToken": context._lease_token, **body}
-        state = {"failing": False, "gave_up": False}
+        state = {"gave_up": False}
+        key = id(state)  # this report's key in _failing while it is
 
         def may_wait(wait: float) -> bool:
             with self._lock:
@@ -733,13 +772,13 @@ class Worker:
             return not state["gave_up"]
 
         def on_retry() -> None:
-            if not state["failing"]:
-                state["failing"] = True
-                with self._lock:
-                    self._reports_failing += 1
+            with self._lock:
+                self._failing.setdefault(key, time.monotonic())
 
         try:
             self._reporter.deliver(context.job_id, body, may_wait=may_wait, on_retry=on_retry)
+            with self._lock:
+                self._last_recorded = time.monotonic()
             return None
         except RatchetError as err:
             if err.code == LEASE_LOST and err.detail.get("reportedOutcome") == body["status"]:
@@ -754,10 +793,9 @@ class Worker:
             self._lost(context, err)
             return None
         finally:
-            if state["failing"]:
-                with self._lock:
-                    self._reports_failing -= 1
-                    self._lock.notify_all()
+            with self._lock:
+                self._failing.pop(key, None)
+                self._lock.notify_all()
 
     def _lost(self, context: JobContext, error: BaseException) -> None:
         with self._lock:

@@ -486,6 +486,102 @@ class WorkerRulesTest(unittest.TestCase):
         first_report = order.index("report")
         self.assertEqual(order[:first_report + 1], ["claim", "report failed", "report failed", "report"])
 
+    def test_a_report_failing_on_its_own_does_not_hold_the_claims(self) -> None:
+        # QA: one report the server kept failing (a 500 for its output)
+        # held every claim, though the server recorded other reports: the
+        # worker stalled. As in Go, once the server records another report
+        # after its failure began, it fails for a reason of its own.
+        lock, order = threading.Lock(), []
+
+        def respond(method, path, body):
+            with lock:
+                if path.endswith("/register"):
+                    return 200, {"workerId": "wkr_1"}, {}
+                if path.endswith("/claim"):
+                    order.append("claim")
+                    return 200, {"jobs": [self.job(1), self.job(2)] if order.count("claim") == 1 else []}, {}
+                if ("job_1" in path or "job_1" in json.dumps(body)) and order.count("claim") < 2:
+                    order.append("job_1 failed")
+                    return 500, error("internal_error"), {}
+                order.append("recorded")
+                return 200, {"jobId": "job_x", "status": "SUCCEEDED", "attempt": 1}, {}
+
+        def handler(input, context):
+            if context.job_id == "job_2":
+                time.sleep(0.3)  # reported after job_1's report began failing
+            return {"ok": True}
+
+        self.serve(respond, handler, concurrency=2)
+        wait_until(lambda: order.count("claim") >= 2 and order.count("recorded") >= 2, timeout=15)
+        with lock:
+            second_claim = [i for i, o in enumerate(order) if o == "claim"][1]
+            self.assertIn("job_1 failed", order[:second_claim])
+            self.assertIn("recorded", order[:second_claim], "claims resumed once another report was recorded")
+
+    def test_a_report_delivery_that_hangs_is_sent_again(self) -> None:
+        # QA: a delivery waited the client's whole timeout (60 s) on a
+        # connection that hung, every other report behind it. Each now waits
+        # at most the report timeout (30 s; here half a second) and is repeated.
+        calls = {"n": 0}
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                first = not calls.get("claimed")
+                calls["claimed"] = True
+                return 200, {"jobs": [self.job(1)] if first else []}, {}
+            calls["n"] += 1
+            if calls["n"] == 1:
+                time.sleep(2.5)  # the first delivery's answer never comes in time
+            return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}, {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        patcher = mock.patch("getratchet.worker._REPORT_TIMEOUT", 0.5)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.register_tool("t", "1", lambda input, context: {"ok": True})
+        client.worker.start(1, poll_interval=0.05, block=False)
+        self.addCleanup(client.worker.stop, 5)
+        wait_until(lambda: calls["n"] >= 2, timeout=10)
+        self.assertTrue(client.worker.stop(5))
+
+    def test_no_claim_while_a_report_in_flight_nears_its_lease_end(self) -> None:
+        # QA: a report whose answer hangs (a black-holed connection) was
+        # not "failing" until its 60 s timeout, so the worker kept claiming,
+        # was handed its own lapsed job and ran it again.
+        order, claims = [], {"n": 0}
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                claims["n"] += 1
+                order.append("claim")
+                job = dict(self.job(1), leaseMs=2000)  # lapses 2 s after the claim
+                return 200, {"jobs": [job] if claims["n"] == 1 else []}, {}
+            time.sleep(1.0)  # the report's answer comes late
+            order.append("report")
+            return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}, {}
+
+        self.serve(respond, lambda input, context: {"ok": True}, concurrency=2)
+        wait_until(lambda: "report" in order and order.count("claim") >= 2)
+        self.assertEqual(order[:2], ["claim", "report"])
+
+    def test_a_batch_never_names_a_job_twice(self) -> None:
+        # QA: two attempts of one job (the second claimed after the first's
+        # lease lapsed) reported in one batch: the server refuses the second
+        # (invalid_request, "appears twice"), and the newest outcome was lost.
+        from getratchet.worker import _Report, _Reporter
+        reporter = _Reporter(getratchet.Ratchet("http://127.0.0.1:9", "rk_test")._transport)
+        reports = [_Report(job_id, {"status": "SUCCEEDED"}, lambda wait: True, lambda: None)
+                   for job_id in ("job_1", "job_2", "job_1", "job_3")]
+        reporter._queue.extend(reports)
+        self.assertEqual([r.job_id for r in reporter._take()], ["job_1", "job_2", "job_3"])
+        self.assertEqual(reporter._queue, [reports[2]])  # the newer attempt goes next, alone
+
     def test_a_claim_whose_answer_was_lost_is_asked_again_under_its_id(self) -> None:
         ids = []
 

@@ -25,6 +25,15 @@ export const MAX_OUTPUT_BYTES = 1024 * 1024 - 1024;
 // alone).
 const REPORT_BATCH_MAX = 100;
 const REPORT_BATCH_BYTES = 512 * 1024;
+// No claim while a report waits to be recorded and its lease (as last
+// extended) lapses within this margin plus a long poll's wait: the claim
+// could hand this worker its own job again (the Go SDK's reportLeaseMargin).
+const REPORT_LEASE_MARGIN_MS = 5_000;
+// One delivery of a report or a batch waits at most this long for its
+// answer before it is repeated (the Go SDK's reportTimeout): a connection
+// that hangs must not hold every report behind it for the client's timeout.
+// An object so that tests can shorten it; not exported by the package.
+export const reportTimeout = { ms: 30_000 };
 
 /** Why a handler's signal was aborted: context.cancelReason. */
 export class CancelledError extends Error {
@@ -68,7 +77,7 @@ const reportPath = (jobId) => `/jobs/${pathId(jobId)}/report`;
  * cause) are sent again report by report, each on its own, so that one
  * report the server chokes on holds back only itself.
  */
-class Reporter {
+export class Reporter { // exported for the tests; not by the package
   #transport;
   #queue = [];
   #sending = false;
@@ -92,7 +101,7 @@ class Reporter {
     this.#pump();
     const outcome = await settled;
     if (outcome.alone) {
-      await this.#transport.callUntil('POST', reportPath(jobId), body, { mayWait, onRetry });
+      await this.#transport.callUntil('POST', reportPath(jobId), body, { mayWait, onRetry, timeoutMs: this.#deliveryTimeout() });
     } else if (outcome.error) {
       throw outcome.error;
     }
@@ -101,13 +110,21 @@ class Reporter {
   #pump() {
     if (this.#sending || this.#queue.length === 0) return;
     const batch = [];
+    const jobs = new Set();
+    const later = []; // a second report of a job already in the batch (a newer attempt): the server refuses it there
     let size = 0;
     while (this.#queue.length > 0 && batch.length < REPORT_BATCH_MAX) {
+      if (jobs.has(this.#queue[0].jobId)) {
+        later.push(this.#queue.shift());
+        continue;
+      }
       if (batch.length > 0 && size + this.#queue[0].size > REPORT_BATCH_BYTES) break;
       const report = this.#queue.shift();
       batch.push(report);
+      jobs.add(report.jobId);
       size += report.size;
     }
+    this.#queue.unshift(...later);
     this.#sending = true;
     this.#send(batch).finally(() => {
       this.#sending = false;
@@ -125,6 +142,10 @@ class Reporter {
     }
   }
 
+  #deliveryTimeout() {
+    return Math.min(this.#transport.timeoutMs, reportTimeout.ms);
+  }
+
   async #deliverBatch(batch) {
     const [path, body] = batch.length === 1
       ? [reportPath(batch[0].jobId), batch[0].body]
@@ -133,6 +154,7 @@ class Reporter {
     let answer;
     try {
       answer = await this.#transport.callUntil('POST', path, body, {
+        timeoutMs: this.#deliveryTimeout(),
         // Every report is told: each keeps whether it gave up.
         mayWait: (wait) => batch.map((r) => r.mayWait(wait)).every(Boolean),
         onRetry: () => { for (const r of batch) r.onRetry(); },
@@ -191,8 +213,15 @@ export class Worker {
   #slots = 0; // taken: a slot is freed when its handler returns
   #active = new Set(); // supervisors not yet ended
   #jobs = new Set(); // each running job's record
+  #reporting = new Set(); // the records of jobs whose outcome is being reported
   #stragglers = 0;
-  #reportsFailing = 0;
+  // The reports whose delivery met a failure, each with when it first did;
+  // and when the server last recorded one. A failing report holds the
+  // claims until the server records another after its failure began: the
+  // server takes reports then, and this one fails for a reason of its own
+  // (the Go SDK's holding()).
+  #failing = new Map();
+  #lastRecorded = -Infinity;
   #started = false;
   #stopping = new AbortController();
   #claimCutoff = new AbortController(); // aborted at the stop's deadline
@@ -303,7 +332,7 @@ export class Worker {
         // No claim while a slot is missing, or while a report is failing:
         // the job it reports may lapse and come back to this very worker,
         // which would run it again.
-        while ((this.#slots >= concurrency || this.#reportsFailing > 0) && !stopping.aborted) {
+        while ((this.#slots >= concurrency || this.#reportsHolding() || this.#reportLapsing(waitSeconds)) && !stopping.aborted) {
           await nap(1_000, this.#changed.promise);
         }
         if (stopping.aborted) break;
@@ -334,6 +363,17 @@ export class Worker {
     } finally {
       await this.#drain();
     }
+  }
+
+  #reportsHolding() {
+    for (const since of this.#failing.values()) if (since >= this.#lastRecorded) return true;
+    return false;
+  }
+
+  #reportLapsing(waitSeconds) {
+    const horizon = now() + REPORT_LEASE_MARGIN_MS + waitSeconds * 1000;
+    for (const record of this.#reporting) if (record.leaseEnd <= horizon) return true;
+    return false;
   }
 
   async #claim(limit, waitSeconds) {
@@ -460,11 +500,20 @@ export class Worker {
       await beats;
       this.#jobs.delete(record);
     }
+    this.#reporting.add(record);
+    try {
+      await this.#finish(tool, label, record, context, settled, reason, timeoutMs, () => { straggler = true; });
+    } finally {
+      this.#reporting.delete(record);
+    }
+  }
+
+  async #finish(tool, label, record, context, settled, reason, timeoutMs, markStraggler) {
     if (settled === null) {
       // The handler ignored its signal; whatever it returns later is
       // dropped, and its slot stays taken until it does. A timeout is
       // recorded now; a stopping worker leaves the job unreported.
-      straggler = true;
+      markStraggler();
       this.#stragglers++;
       if (reason === 'timeout') {
         await this.#report(label, { status: 'FAILED', error: { message: `handler timed out after ${timeoutMs}ms`, retryable: true } });
@@ -609,7 +658,7 @@ export class Worker {
    * recorded or given up (then told to onError). */
   async #report(label, report, notify = true) {
     const body = { leaseToken: label.token, ...report };
-    let failing = false;
+    const failing = {}; // this report's key in #failing while it is
     let gaveUp = false;
     try {
       await this.#reporter.deliver(label.jobId, body, {
@@ -618,12 +667,10 @@ export class Worker {
           return !gaveUp;
         },
         onRetry: () => {
-          if (!failing) {
-            failing = true;
-            this.#reportsFailing++;
-          }
+          if (!this.#failing.has(failing)) this.#failing.set(failing, now());
         },
       });
+      this.#lastRecorded = now();
       return null;
     } catch (err) {
       if (err instanceof RatchetError && err.code === 'lease_lost' && err.detail.reportedOutcome === body.status) return null; // an earlier send landed
@@ -634,10 +681,8 @@ export class Worker {
       if (notify) this.#lost(label, err);
       return err;
     } finally {
-      if (failing) {
-        this.#reportsFailing--;
-        this.#signal();
-      }
+      this.#failing.delete(failing);
+      this.#signal();
     }
   }
 

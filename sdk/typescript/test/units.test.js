@@ -8,7 +8,7 @@ import {
   ConnectionLostError, OutcomeNotReportedError, Ratchet, RatchetError, RetryableError, blindKey, redactMessage,
 } from '../src/index.js';
 import { Transport } from '../src/transport.js';
-import { readDecision } from '../src/worker.js';
+import { Reporter, readDecision, reportTimeout } from '../src/worker.js';
 
 /** Answers each request with the next [status, body, headers] of a script
  * (status 0 drops the connection), recording what it was sent; respond may
@@ -244,6 +244,81 @@ test('no claim while a report is failing', async (t) => {
   }, () => ({ ok: true }), 2); // a second slot is free: only the failing report holds the claims
   await until(() => order.filter((o) => o === 'claim').length >= 3);
   assert.deepEqual(order.slice(0, order.indexOf('report') + 1), ['claim', 'report failed', 'report failed', 'report']);
+});
+
+test('a report failing on its own does not hold the claims', async (t) => {
+  // QA: one report the server kept failing (a 500 for its output) held
+  // every claim though the server recorded other reports: the worker
+  // stalled. As in Go, once the server records another report after its
+  // failure began, it fails for a reason of its own.
+  const order = [];
+  const claims = () => order.filter((o) => o === 'claim').length;
+  await serve(t, (method, path, body) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      order.push('claim');
+      return [200, { jobs: claims() === 1 ? [job(1), job(2)] : [] }];
+    }
+    if ((path.includes('job_1') || JSON.stringify(body).includes('job_1')) && claims() < 2) {
+      order.push('job_1 failed');
+      return [500, error('internal_error')];
+    }
+    order.push('recorded');
+    return [200, { jobId: 'job_x', status: 'SUCCEEDED', attempt: 1 }];
+  }, async (input, ctx) => {
+    if (ctx.jobId === 'job_2') await new Promise((r) => setTimeout(r, 300)); // reported after job_1's report began failing
+    return { ok: true };
+  }, 2);
+  await until(() => claims() >= 2 && order.filter((o) => o === 'recorded').length >= 2);
+  const second = order.indexOf('claim', 1);
+  assert.ok(order.slice(0, second).includes('job_1 failed'), order.join());
+  assert.ok(order.slice(0, second).includes('recorded'), 'claims resumed once another report was recorded');
+});
+
+test('a batch never names a job twice', async () => {
+  // QA: two attempts of one job (the second claimed after the first's
+  // lease lapsed) reported in one batch: the server refuses the second
+  // (invalid_request, "appears twice"), and the newest outcome was lost.
+  const sent = [];
+  let release;
+  const held = new Promise((r) => { release = r; });
+  const transport = {
+    timeoutMs: 60_000,
+    async callUntil(method, path, body) {
+      sent.push(body.reports ? body.reports.map((r) => r.jobId) : [path.split('/')[2]]);
+      if (sent.length === 1) await held; // the first report holds the line while the others queue
+      return body.reports ? { results: body.reports.map((r) => ({ jobId: r.jobId, status: 'SUCCEEDED', attempt: 1 })) } : {};
+    },
+  };
+  const reporter = new Reporter(transport);
+  const options = { mayWait: () => true, onRetry: () => {} };
+  const done = ['job_0', 'job_1', 'job_2', 'job_1', 'job_3'].map((id, i) => reporter.deliver(id, { leaseToken: `tok_${i}`, status: 'SUCCEEDED' }, options));
+  release();
+  await Promise.all(done);
+  assert.deepEqual(sent, [['job_0'], ['job_1', 'job_2', 'job_3'], ['job_1']]);
+});
+
+test('a report delivery that hangs is sent again', async (t) => {
+  // QA: a delivery waited the client's whole timeout (60 s) on a
+  // connection that hung, every other report behind it. Each now waits at
+  // most the report timeout (30 s; here half a second) and is repeated.
+  const saved = reportTimeout.ms;
+  reportTimeout.ms = 500;
+  t.after(() => { reportTimeout.ms = saved; });
+  let reports = 0;
+  let claimed = false;
+  await serve(t, async (method, path) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      const first = !claimed;
+      claimed = true;
+      return [200, { jobs: first ? [job(1)] : [] }];
+    }
+    reports++;
+    if (reports === 1) await new Promise((r) => setTimeout(r, 2500)); // the first delivery's answer never comes in time
+    return [200, { jobId: 'job_1', status: 'SUCCEEDED', attempt: 1 }];
+  }, () => ({ ok: true }));
+  await until(() => reports >= 2);
 });
 
 test('stop resolves at its deadline though a cancelled handler never returns', async (t) => {
