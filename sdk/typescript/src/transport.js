@@ -114,11 +114,11 @@ export class Transport {
    * failure: a refusal, one mayWait gave up on, or a RatchetError worth
    * repeating that stopOn(err) says to hand back.
    */
-  async callUntil(method, path, body, { mayWait, onRetry = () => {}, stopOn = () => false, timeoutMs }) {
+  async callUntil(method, path, body, { mayWait, onRetry = () => {}, stopOn = () => false, timeoutMs, signal }) {
     for (let attempt = 0; ; attempt++) {
       let wait;
       try {
-        return await this.call(method, path, body, { safe: true, maxRetries: 0, timeoutMs });
+        return await this.call(method, path, body, { safe: true, maxRetries: 0, timeoutMs, signal });
       } catch (err) {
         if (err instanceof RatchetError) {
           wait = this.retryDelay(err, attempt, true);

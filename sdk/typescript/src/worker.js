@@ -13,8 +13,6 @@ const MAX_HEARTBEAT_MS = 60_000;
 // How long a handler whose timeout (or whose worker's stop deadline) passed
 // has to return before the worker goes on without it.
 const GRACE_MS = 1_000;
-// How long reports are retried past a stop's deadline.
-const REPORT_PATIENCE_MS = 30_000;
 const MAX_CLAIM = 100;
 // The server refuses request bodies over 1 MiB: an output that large (with
 // the report around it) can never be recorded.
@@ -32,8 +30,10 @@ const REPORT_LEASE_MARGIN_MS = 5_000;
 // One delivery of a report or a batch waits at most this long for its
 // answer before it is repeated (the Go SDK's reportTimeout): a connection
 // that hangs must not hold every report behind it for the client's timeout.
-// An object so that tests can shorten it; not exported by the package.
-export const reportTimeout = { ms: 30_000 };
+// reportTimes.patienceMs is how long past the stop's deadline and its grace
+// reports are still retried. An object so that tests can shorten them; not
+// exported by the package.
+export const reportTimes = { deliveryMs: 30_000, patienceMs: 30_000 };
 
 /** Why a handler's signal was aborted: context.cancelReason. */
 export class CancelledError extends Error {
@@ -81,9 +81,14 @@ export class Reporter { // exported for the tests; not by the package
   #transport;
   #queue = [];
   #sending = false;
+  #cutoff;
 
-  constructor(transport) {
+  /** cutoff aborts every delivery in flight (the stop's deadline, its
+   * grace and reportTimes.patienceMs passed): one that hangs then ends as one
+   * given up, as in the Go SDK, instead of holding stop() for its time. */
+  constructor(transport, cutoff) {
     this.#transport = transport;
+    this.#cutoff = cutoff;
   }
 
   /** Delivers jobId's report; rejects as Transport.callUntil would for the
@@ -101,7 +106,7 @@ export class Reporter { // exported for the tests; not by the package
     this.#pump();
     const outcome = await settled;
     if (outcome.alone) {
-      await this.#transport.callUntil('POST', reportPath(jobId), body, { mayWait, onRetry, timeoutMs: this.#deliveryTimeout() });
+      await this.#transport.callUntil('POST', reportPath(jobId), body, { mayWait, onRetry, timeoutMs: this.#deliveryTimeout(), signal: this.#cutoff });
     } else if (outcome.error) {
       throw outcome.error;
     }
@@ -143,7 +148,7 @@ export class Reporter { // exported for the tests; not by the package
   }
 
   #deliveryTimeout() {
-    return Math.min(this.#transport.timeoutMs, reportTimeout.ms);
+    return Math.min(this.#transport.timeoutMs, reportTimes.deliveryMs);
   }
 
   async #deliverBatch(batch) {
@@ -155,6 +160,7 @@ export class Reporter { // exported for the tests; not by the package
     try {
       answer = await this.#transport.callUntil('POST', path, body, {
         timeoutMs: this.#deliveryTimeout(),
+        signal: this.#cutoff,
         // Every report is told: each keeps whether it gave up.
         mayWait: (wait) => batch.map((r) => r.mayWait(wait)).every(Boolean),
         onRetry: () => { for (const r of batch) r.onRetry(); },
@@ -225,6 +231,7 @@ export class Worker {
   #started = false;
   #stopping = new AbortController();
   #claimCutoff = new AbortController(); // aborted at the stop's deadline
+  #reportCutoff = new AbortController(); // aborted when reports are given up (the deadline, GRACE_MS and reportTimes.patienceMs)
   #stopAt = null;
   #stopDeadlinePassed = false;
   #changed = withResolvers(); // a slot freed, a report settled, or the stop
@@ -237,7 +244,7 @@ export class Worker {
 
   constructor(transport) {
     this.#transport = transport;
-    this.#reporter = new Reporter(transport);
+    this.#reporter = new Reporter(transport, this.#reportCutoff.signal);
     this.workerId = null;
   }
 
@@ -302,6 +309,8 @@ export class Worker {
     if (this.#stopAt === null) {
       this.#stopAt = now() + Math.max(0, timeoutMs);
       setTimeout(() => this.#claimCutoff.abort(new Error('stopping')), Math.max(0, timeoutMs)).unref?.();
+      setTimeout(() => this.#reportCutoff.abort(new Error('ratchet: the worker stopped before the report was answered')),
+        Math.max(0, timeoutMs) + GRACE_MS + reportTimes.patienceMs).unref?.();
     }
     this.#stopping.abort();
     this.#signal();
@@ -653,7 +662,7 @@ export class Worker {
 
   /** Sends a report, repeating it through lost answers and server failures
    * until the server answers (once stopping, at most until the stop's
-   * deadline and REPORT_PATIENCE_MS), and counting it as failing meanwhile,
+   * deadline and reportTimes.patienceMs), and counting it as failing meanwhile,
    * so that no claim is made. Resolves to the refusal, or null when
    * recorded or given up (then told to onError). */
   async #report(label, report, notify = true) {
@@ -663,7 +672,7 @@ export class Worker {
     try {
       await this.#reporter.deliver(label.jobId, body, {
         mayWait: (wait) => {
-          gaveUp = this.#stopAt !== null && now() + wait > this.#stopAt + GRACE_MS + REPORT_PATIENCE_MS;
+          gaveUp = this.#stopAt !== null && now() + wait > this.#stopAt + GRACE_MS + reportTimes.patienceMs;
           return !gaveUp;
         },
         onRetry: () => {

@@ -8,7 +8,7 @@ import {
   ConnectionLostError, OutcomeNotReportedError, Ratchet, RatchetError, RetryableError, blindKey, redactMessage,
 } from '../src/index.js';
 import { Transport } from '../src/transport.js';
-import { Reporter, readDecision, reportTimeout } from '../src/worker.js';
+import { Reporter, readDecision, reportTimes } from '../src/worker.js';
 
 /** Answers each request with the next [status, body, headers] of a script
  * (status 0 drops the connection), recording what it was sent; respond may
@@ -275,6 +275,37 @@ test('a report failing on its own does not hold the claims', async (t) => {
   assert.ok(order.slice(0, second).includes('recorded'), 'claims resumed once another report was recorded');
 });
 
+test('a report still unanswered when the stop gives reports up is cut, and counted lost', async (t) => {
+  // QA: stop() waited for a report hanging on its connection, 60 s a try,
+  // long past its deadline. The deliveries in flight are now aborted once
+  // the deadline, the grace and the patience have passed.
+  const saved = { ...reportTimes };
+  Object.assign(reportTimes, { patienceMs: 300 });
+  t.after(() => Object.assign(reportTimes, saved));
+  let claimed = false;
+  const server = await fakeServer(t, async (method, path) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      const first = !claimed;
+      claimed = true;
+      return [200, { jobs: first ? [job(1)] : [] }];
+    }
+    await new Promise((r) => setTimeout(r, 20_000)); // never in time
+    return [200, { jobId: 'job_1', status: 'SUCCEEDED', attempt: 1 }];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  const errors = [];
+  client.registerTool({ name: 't', version: '1', handler: () => ({ ok: true }) });
+  const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, onError: (err) => errors.push(err) });
+  await until(() => server.seen.some((s) => s.path.endsWith('/report')));
+  const began = Date.now();
+  assert.equal(await client.worker.stop({ timeoutMs: 100 }), false, 'a report was not recorded');
+  await started;
+  const took = Date.now() - began;
+  assert.ok(took < 5_000, `stop took ${took} ms`);
+  assert.ok(errors.some((e) => /job_1 attempt 1 was not recorded/.test(e.message)), errors.map(String).join());
+});
+
 test('a batch never names a job twice', async () => {
   // QA: two attempts of one job (the second claimed after the first's
   // lease lapsed) reported in one batch: the server refuses the second
@@ -302,9 +333,9 @@ test('a report delivery that hangs is sent again', async (t) => {
   // QA: a delivery waited the client's whole timeout (60 s) on a
   // connection that hung, every other report behind it. Each now waits at
   // most the report timeout (30 s; here half a second) and is repeated.
-  const saved = reportTimeout.ms;
-  reportTimeout.ms = 500;
-  t.after(() => { reportTimeout.ms = saved; });
+  const saved = reportTimes.deliveryMs;
+  reportTimes.deliveryMs = 500;
+  t.after(() => { reportTimes.deliveryMs = saved; });
   let reports = 0;
   let claimed = false;
   await serve(t, async (method, path) => {
