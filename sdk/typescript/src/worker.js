@@ -634,12 +634,19 @@ export class Worker {
   async #reportSuccess(label, tool, output) {
     let json;
     try {
-      json = JSON.stringify(output === undefined ? null : output);
+      // NaN and the infinities are no JSON numbers: JSON.stringify would
+      // send them as null, an output the handler never returned (the Go
+      // and Python SDKs refuse them too).
+      json = JSON.stringify(output === undefined ? null : output, (key, value) => {
+        if (typeof value === 'number' && !Number.isFinite(value)) throw new RangeError(`${value} is not a JSON number`);
+        return value;
+      });
     } catch (failure) {
       this.#notify(new TypeError(`ratchet: ${tool.ref} returned an output that is not JSON (${errorName(failure)}); reported as a non-retryable failure`));
     }
     if (typeof json !== 'string') {
-      // A BigInt, a cycle, or a function or symbol as the whole output.
+      // A BigInt, a cycle, NaN or an infinity, or a function or symbol as
+      // the whole output.
       await this.#report(label, { status: 'FAILED', error: { message: 'handler output is not JSON', retryable: false } });
       return;
     }

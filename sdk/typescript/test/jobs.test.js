@@ -228,23 +228,26 @@ test('an output the server can never record is reported failed once', needsServe
   const s = await setup();
   const nul = unique('nul');
   const notJson = unique('notjson');
-  const worker = await s.ws.client('WORKER', [`${nul}@1`, `${notJson}@1`]);
+  const nan = unique('nan');
+  const worker = await s.ws.client('WORKER', [`${nul}@1`, `${notJson}@1`, `${nan}@1`]);
   const runs = [];
   worker.registerTool({ name: nul, version: '1', handler: () => { runs.push(nul); return { id: 'has\u0000nul' }; } });
   worker.registerTool({ name: notJson, version: '1', handler: () => { runs.push(notJson); return { big: 10n }; } });
-  const errors = startWorker(t, worker, 2);
+  // Not null, which JSON.stringify would make of it: an output never returned.
+  worker.registerTool({ name: nan, version: '1', handler: () => { runs.push(nan); return { ratio: [1, NaN] }; } });
+  const errors = startWorker(t, worker, 3);
   await s.producer.startRun('unrecordable');
   const messages = {};
-  for (const tool of [nul, notJson]) {
+  for (const tool of [nul, notJson, nan]) {
     const step = await s.producer.enqueue({}, { name: tool, version: '1', maxAttempts: 3 });
     const job = await s.ws.jobWhen(step.stepId, 'EXHAUSTED');
     assert.equal(job.attempts.length, 1, tool);
     assert.equal(job.attempts[0].retryable, false, tool);
     messages[tool] = job.attempts[0].errorMessage;
   }
-  assert.deepEqual(messages, { [nul]: 'handler output refused by the server at output.id', [notJson]: 'handler output is not JSON' });
-  assert.deepEqual(runs.sort(), [nul, notJson].sort());
-  await waitFor('onError', () => errors.of(ReportNotRecordedError).length === 1 && errors.of(TypeError).length === 1);
+  assert.deepEqual(messages, { [nul]: 'handler output refused by the server at output.id', [notJson]: 'handler output is not JSON', [nan]: 'handler output is not JSON' });
+  assert.deepEqual(runs.sort(), [nul, notJson, nan].sort());
+  await waitFor('onError', () => errors.of(ReportNotRecordedError).length === 1 && errors.of(TypeError).length === 2);
 });
 
 test('jobs finishing together are reported in batches', needsServer, async (t) => {
