@@ -81,13 +81,19 @@ function fields(pairs) {
 	return h('dl', { class: 'fields' }, pairs.map(([k, v]) => [h('dt', null, k), h('dd', null, v)]));
 }
 
+// row is one table row; each cell is labelled with its column's title (a
+// phone shows each row as a card of labelled cells).
+function row(columns, r) {
+	return h('tr', null, columns.map((c) => h('td', { 'data-label': c.title || null }, c.cell(r))));
+}
+
 function table(columns, rows, empty) {
 	if (!rows.length) return h('p', { class: 'empty' }, empty || 'Nothing here.');
 	return h(
 		'table',
 		null,
 		h('thead', null, h('tr', null, columns.map((c) => h('th', null, c.title)))),
-		h('tbody', null, rows.map((r) => h('tr', null, columns.map((c) => h('td', { 'data-label': c.title || null }, c.cell(r)))))),
+		h('tbody', null, rows.map((r) => row(columns, r))),
 	);
 }
 
@@ -302,7 +308,7 @@ async function pager(path, params, columns, empty) {
 		const last = body.lastChild;
 		if (last && last.className === 'more') last.remove();
 		if (cursor && rows.length) {
-			body.querySelector('tbody').append(...rows.map((r) => h('tr', null, columns.map((c) => h('td', { 'data-label': c.title || null }, c.cell(r))))));
+			body.querySelector('tbody').append(...rows.map((r) => row(columns, r)));
 		} else if (!cursor) {
 			body.append(table(columns, rows, empty));
 		}
