@@ -77,6 +77,11 @@ function json(v) {
 	return h('pre', { class: 'json' }, v === null || v === undefined ? '—' : JSON.stringify(v, null, 2));
 }
 
+// preview is a stored value as the API shows it: its redacted preview.
+function preview(title, value) {
+	return [h('h2', null, title + ' (redacted preview)'), json(value)];
+}
+
 function fields(pairs) {
 	return h('dl', { class: 'fields' }, pairs.map(([k, v]) => [h('dt', null, k), h('dd', null, v)]));
 }
@@ -298,12 +303,15 @@ function seg(s) {
 // ---- pages ----------------------------------------------------------------
 
 // pager renders a list route's pages, with "Load more" while the API has a
-// next cursor (next_cursor on gate routes, nextCursor on job routes).
+// next cursor (next_cursor on gate routes, nextCursor on job routes); the
+// element's firstRows are the first page's rows. ?limit= in the fragment
+// overrides params.limit.
 async function pager(path, params, columns, empty) {
 	const body = h('div', { class: 'pager' });
 	const more = async (cursor) => {
-		const page = await call('GET', path + query({ ...params, limit: pageSize, cursor }));
+		const page = await call('GET', path + query({ ...params, limit: pageSize ?? params.limit, cursor }));
 		const rows = page.data || [];
+		if (!cursor) body.firstRows = rows;
 		const next = page.next_cursor ?? page.nextCursor ?? null;
 		const last = body.lastChild;
 		if (last && last.className === 'more') last.remove();
@@ -395,10 +403,8 @@ const pages = {
 				['Created', time(e.created_at)],
 				['Updated', time(e.updated_at)],
 			]),
-			h('h2', null, 'Payload (redacted preview)'),
-			json(e.payload_preview),
-			h('h2', null, 'Result (redacted preview)'),
-			json(e.result_preview),
+			preview('Payload', e.payload_preview),
+			preview('Result', e.result_preview),
 			h('h2', null, 'Attempts'),
 			table(attempts, e.attempts || [], 'No attempt has begun.'),
 		];
@@ -466,9 +472,11 @@ const pages = {
 							),
 			},
 		];
-		// The stop holds every type that has no stricter breaker of its
-		// own, so any of the first types held by it says it is on.
-		const stopped = ((await call('GET', '/circuits?limit=200')).data || []).find((c) => c.opened_by === 'stop') || null;
+		// The list and the banner from one read: the stop holds every type
+		// that has no stricter breaker of its own, so any of the first types
+		// held by it says it is on.
+		const list = await pager('/circuits', { limit: 200 }, columns, 'No effect type has been seen or configured yet.');
+		const stopped = list.firstRows.find((c) => c.opened_by === 'stop') || null;
 		return [
 			h('h1', null, 'Circuits'),
 			h('p', { class: 'lead' }, 'Surge breakers per effect type. A breaker you open by hand, and the emergency stop, stay open until you close them.'),
@@ -489,7 +497,7 @@ const pages = {
 					confirm: 'Lift the emergency stop? Breakers of single types stay as they are.',
 				}),
 			),
-			await pager('/circuits', {}, columns, 'No effect type has been seen or configured yet.'),
+			list,
 		];
 	},
 
@@ -587,10 +595,8 @@ const pages = {
 				['Created', time(s.createdAt)],
 				['Finished', time(s.finishedAt)],
 			]),
-			h('h2', null, 'Input (redacted preview)'),
-			json(s.inputPreview),
-			h('h2', null, 'Output (redacted preview)'),
-			json(s.outputPreview),
+			preview('Input', s.inputPreview),
+			preview('Output', s.outputPreview),
 			h('h2', null, 'Attempts'),
 			table(
 				[

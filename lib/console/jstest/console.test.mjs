@@ -264,6 +264,8 @@ test('circuits: open and close a breaker by hand, then the emergency stop and it
 	const key = await signup();
 	await api('POST', '/effects/begin', key, { effect_type: 'sms.send', idempotency_key: 's1', payload: {} });
 	const ui = await mount(key, '#/circuits');
+	// The list and the stop's banner come from one read.
+	assert.deepEqual(ui.requests, ['GET /api/v1/circuits?limit=200']);
 	await submit(row(ui, 'sms.send'), 'Open', { action: 'deny', reason: 'loop in the agent' });
 	let c = (await api('GET', '/circuits', key)).body.data.find((x) => x.effect_type === 'sms.send');
 	assert.deepEqual([c.state, c.opened_by, c.action, c.reason], ['open', 'manual', 'deny', 'loop in the agent']);
