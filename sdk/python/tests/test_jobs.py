@@ -331,12 +331,14 @@ class JobsTest(unittest.TestCase):
 
         worker.register_tool(tool, "1", charge)
         worker.register_tool(fallback, "1", lambda input, context: {"notified": True})
-        start_worker(self, worker, concurrency=2)
         self.producer.start_run("replay")
         first = self.producer.enqueue({"amount": 100}, name=tool, version="1")
         branch = self.producer.enqueue({}, name=fallback, version="1", after_step_id=first["stepId"],
                                        after_status=getratchet.AFTER_FAILED)
+        # The worker starts only now: started earlier, it could fail the charge
+        # before the branch is enqueued, and the branch would be born QUEUED.
         self.assertEqual(branch["status"], "WAITING")
+        start_worker(self, worker, concurrency=2)
         wait_for("branch ran", lambda: self.ws.operator.get_step(branch["stepId"])["status"] == "SUCCEEDED")
         preview = self.ws.operator.replay_preview(first["stepId"])
         self.assertTrue(preview["eligible"])

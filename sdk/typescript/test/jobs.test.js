@@ -288,11 +288,13 @@ test('a dependency, and a replay after exhaustion', needsServer, async (t) => {
   let fail = true;
   worker.registerTool({ name: charge, version: '1', handler: () => { if (fail) throw new NonRetryableError('card declined'); return { charged: true }; } });
   worker.registerTool({ name: notify, version: '1', handler: () => ({ notified: true }) });
-  startWorker(t, worker, 2);
   await s.producer.startRun('replay');
   const first = await s.producer.enqueue({ amount: 100 }, { name: charge, version: '1' });
   const branch = await s.producer.enqueue({}, { name: notify, version: '1', afterStepId: first.stepId, afterStatus: AFTER_FAILED });
+  // The worker starts only now: started earlier, it could fail the charge
+  // before the branch is enqueued, and the branch would be born QUEUED.
   assert.equal(branch.status, 'WAITING');
+  startWorker(t, worker, 2);
   await waitFor('branch ran', async () => (await s.ws.operator.getStep(branch.stepId)).status === 'SUCCEEDED');
   const preview = await s.ws.operator.replayPreview(first.stepId);
   assert.equal(preview.eligible, true);
