@@ -198,6 +198,32 @@ func (s *Service) Stop(ctx context.Context, p *auth.Principal, req OpenCircuitRe
 	return cs, err
 }
 
+// EmergencyStop is whether the workspace's emergency stop is on (GET
+// /api/v1/circuits/stop): the one question the circuits list cannot answer
+// when no effect type has been seen yet, or when every type is held by a
+// stricter breaker of its own. Every field is always present, null while
+// the stop is off.
+type EmergencyStop struct {
+	State    string     `json:"state" openapi:"enum=closed|open"`
+	Action   *string    `json:"action" openapi:"enum=monitor|require_approval|deny"`
+	Reason   *string    `json:"reason"`
+	OpenedAt *time.Time `json:"opened_at"`
+}
+
+// GetEmergencyStop reads the emergency stop.
+func (s *Service) GetEmergencyStop(ctx context.Context, workspaceID string) (EmergencyStop, error) {
+	st := EmergencyStop{State: CircuitClosed}
+	err := s.pool.QueryRow(ctx, sqlEmergencyStop, workspaceID).Scan(&st.Action, &st.Reason, &st.OpenedAt)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return st, nil
+	case err != nil:
+		return st, fmt.Errorf("read emergency stop: %w", err)
+	}
+	st.State = CircuitOpen
+	return st, nil
+}
+
 // maxCircuitsAnswered bounds the list stop and release answer with.
 const maxCircuitsAnswered = 200
 

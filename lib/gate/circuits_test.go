@@ -91,7 +91,7 @@ func TestCircuitRoutesNeedPoliciesWrite(t *testing.T) {
 	agent := b.agent()
 	for _, r := range []struct{ method, path string }{
 		{"GET", "/api/v1/circuits"}, {"POST", "/api/v1/circuits/stop"}, {"POST", "/api/v1/circuits/release"},
-		{"POST", "/api/v1/circuits/sms.send/open"}, {"POST", "/api/v1/circuits/sms.send/close"},
+		{"GET", "/api/v1/circuits/stop"}, {"POST", "/api/v1/circuits/sms.send/open"}, {"POST", "/api/v1/circuits/sms.send/close"},
 	} {
 		e := errCode(t, b.env.Do(r.method, r.path, agent, nil), http.StatusForbidden, "forbidden")
 		require.Equal(t, []any{"policies:write"}, e["detail"].(map[string]any)["required"], r.path)
@@ -442,6 +442,41 @@ func TestEmergencyStop(t *testing.T) {
 	b.mustBegin("execute", map[string]any{"effect_type": "brand.new", "idempotency_key": key("new2")})
 	b.denialOf("circuit_open", email(key("own")))
 	require.Equal(t, "manual", b.circuit("email.send")["opened_by"])
+}
+
+func TestReadingTheEmergencyStop(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	read := func() map[string]any {
+		return b.env.Must(http.StatusOK, "GET", "/api/v1/circuits/stop", b.ws.Key, nil).JSON()
+	}
+	off := map[string]any{"state": "closed", "action": nil, "reason": nil, "opened_at": nil}
+	require.Equal(t, off, read())
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"reason": "incident"})
+	on := read()
+	require.Equal(t, "open", on["state"])
+	require.Equal(t, "require_approval", on["action"])
+	require.Equal(t, "incident", on["reason"])
+	require.NotNil(t, on["opened_at"])
+	// Re-issued, it keeps when it opened. When every type is held by a
+	// stricter breaker of its own, the list shows those and not the stop:
+	// this read still tells.
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key, map[string]any{"action": "monitor"})
+	for _, x := range b.env.Must(http.StatusOK, "GET", "/api/v1/circuits", b.ws.Key, nil).JSON()["data"].([]any) {
+		typ := x.(map[string]any)["effect_type"].(string)
+		b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/"+typ+"/open", b.ws.Key, map[string]any{"action": "deny"})
+	}
+	for _, x := range b.env.Must(http.StatusOK, "GET", "/api/v1/circuits", b.ws.Key, nil).JSON()["data"].([]any) {
+		require.Equal(t, "manual", x.(map[string]any)["opened_by"], "%v", x)
+	}
+	again := read()
+	require.Equal(t, []any{"open", "monitor", nil, on["opened_at"]},
+		[]any{again["state"], again["action"], again["reason"], again["opened_at"]})
+	// Another workspace's stop is not this one's.
+	other := b.env.Signup()
+	require.Equal(t, off, b.env.Must(http.StatusOK, "GET", "/api/v1/circuits/stop", other.Key, nil).JSON())
+	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/release", b.ws.Key, nil)
+	require.Equal(t, off, read())
 }
 
 func TestLearnedSurgeCeiling(t *testing.T) {

@@ -310,6 +310,12 @@ LEFT JOIN gate_policies p ON p.workspace_id = $1 AND p.effect_type = t.effect_ty
 CROSS JOIN LATERAL (SELECT ` + volumeSQL("$1", "t.effect_type", "$4::timestamptz - interval '1 hour'") + ` AS volume) v
 ORDER BY t.effect_type`
 
+// sqlEmergencyStop reads the emergency stop while it is on (no row when it
+// is off). It has no cooldown, so open is on. $1 workspace.
+const sqlEmergencyStop = `
+SELECT action, reason, opened_at FROM gate_circuits
+WHERE workspace_id = $1 AND effect_type = '*' AND state = 'open'`
+
 // sqlDenyingCircuit reads one type's breaker and the stop as
 // sqlListCircuits does, without the volume, baseline and threshold (a
 // denial's detail needs neither, and a surge is when the volume is

@@ -23,6 +23,14 @@ func (s *Server) circuitRoutes() []Route {
 			Handle: s.listCircuits,
 		},
 		{
+			Method: "GET", Pattern: "/api/v1/circuits/stop", Name: "circuits.stop.get", Tag: "circuits",
+			Scopes: write,
+			Summary: "Read whether the emergency stop is on: state open with its action, reason and opened_at, " +
+				"or closed with the rest null. The circuits list shows it only on types it holds.",
+			Response: gate.EmergencyStop{}, Status: 200, Errors: []string{apierr.CodeForbidden},
+			Handle: s.getEmergencyStop,
+		},
+		{
 			Method: "POST", Pattern: "/api/v1/circuits/stop", Name: "circuits.stop", Tag: "circuits", Scopes: write,
 			Summary: "Emergency stop: hold every effect type, including types first seen while it is on, with " +
 				"action (default require_approval) until released. Answers every circuit.",
@@ -78,6 +86,10 @@ func (s *Server) stopCircuits(ctx context.Context, c *Call) (any, error) {
 		return nil, err
 	}
 	return NewPage(cs, len(cs), func(x gate.Circuit) string { return x.EffectType }), nil
+}
+
+func (s *Server) getEmergencyStop(ctx context.Context, c *Call) (any, error) {
+	return s.Gate.GetEmergencyStop(ctx, c.Principal.WorkspaceID)
 }
 
 func (s *Server) releaseCircuits(ctx context.Context, c *Call) (any, error) {

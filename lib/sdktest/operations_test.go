@@ -313,12 +313,20 @@ func TestOperatorSetsGatePoliciesAndCircuitsThroughTheSDK(t *testing.T) {
 	require.NoError(t, err)
 	sameJSON(t, g.bundle, "/api/v1/circuits", circuits)
 
+	off, err := g.operator.GetEmergencyStop(ctx)
+	require.NoError(t, err)
+	require.Equal(t, ratchet.StopState{State: "closed"}, *off)
 	stopped, err := g.operator.EmergencyStop(ctx, "", "all hands")
 	require.NoError(t, err)
 	require.NotEmpty(t, stopped.Data)
 	for _, c := range stopped.Data {
 		require.Equal(t, "stop", *c.OpenedBy, c.EffectType)
 	}
+	on, err := g.operator.GetEmergencyStop(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "open", on.State)
+	require.Equal(t, ratchet.BreakerRequireApproval, *on.Action)
+	sameJSON(t, g.bundle, "/api/v1/circuits/stop", on)
 	d, err = g.agent.Begin(ctx, req("email.send", "stopped:1"))
 	require.NoError(t, err)
 	require.Equal(t, ratchet.DecisionApprovalRequired, d.Decision, "a type first seen during the stop is held too")

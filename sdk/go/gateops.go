@@ -125,6 +125,23 @@ func (c *Client) EmergencyStop(ctx context.Context, action, reason string) (*Gat
 		idempotent)
 }
 
+// StopState is whether the emergency stop is on (GET /api/v1/circuits/stop):
+// State open with its action, reason and when it opened, or closed with
+// the rest nil.
+type StopState struct {
+	State    string     `json:"state"`  // closed or open
+	Action   *string    `json:"action"` // monitor, require_approval or deny
+	Reason   *string    `json:"reason"`
+	OpenedAt *time.Time `json:"opened_at"`
+}
+
+// GetEmergencyStop reads whether the emergency stop is on, which the
+// circuits list shows only on the types it holds (a type's own stricter
+// breaker shows instead). A server older than the route answers 404.
+func (c *Client) GetEmergencyStop(ctx context.Context) (*StopState, error) {
+	return call[StopState](ctx, c, "GET", "/circuits/stop", nil, idempotent)
+}
+
 // ReleaseEmergencyStop lifts the emergency stop; breakers of single types
 // stay as they are. It answers circuits as EmergencyStop does.
 func (c *Client) ReleaseEmergencyStop(ctx context.Context) (*GatePage[Circuit], error) {

@@ -8,7 +8,7 @@ import (
 	"github.com/getratchet/ratchet/lib/vercel"
 )
 
-// V1CircuitsStop serves POST /api/v1/circuits/stop on Vercel.
+// V1CircuitsStop serves GET, POST /api/v1/circuits/stop on Vercel.
 func V1CircuitsStop(w http.ResponseWriter, r *http.Request) {
 	vercel.Serve(w, r, "/api/v1/circuits/stop")
 }

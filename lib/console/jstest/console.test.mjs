@@ -264,8 +264,7 @@ test('circuits: open and close a breaker by hand, then the emergency stop and it
 	const key = await signup();
 	await api('POST', '/effects/begin', key, { effect_type: 'sms.send', idempotency_key: 's1', payload: {} });
 	const ui = await mount(key, '#/circuits');
-	// The list and the stop's banner come from one read.
-	assert.deepEqual(ui.requests, ['GET /api/v1/circuits?limit=200']);
+	assert.deepEqual(ui.requests.sort(), ['GET /api/v1/circuits/stop', 'GET /api/v1/circuits?limit=200']);
 	await submit(row(ui, 'sms.send'), 'Open', { action: 'deny', reason: 'loop in the agent' });
 	let c = (await api('GET', '/circuits', key)).body.data.find((x) => x.effect_type === 'sms.send');
 	assert.deepEqual([c.state, c.opened_by, c.action, c.reason], ['open', 'manual', 'deny', 'loop in the agent']);
@@ -285,10 +284,21 @@ test('circuits: open and close a breaker by hand, then the emergency stop and it
 	// answers without lifting the stop): the row says where to look.
 	assert.match(row(ui, 'sms.send').textContent, /incident 42.*Held by the emergency stop/);
 	assert.ok(!row(ui, 'sms.send').querySelectorAll('button').length);
+	// With every type held by a stricter breaker of its own, the list shows
+	// none held by the stop; the banner still says it is on.
+	await submit(ui.root, 'Stop every effect type', { action: 'monitor', reason: 'watching' });
+	for (const x of all) await api('POST', `/circuits/${x.effect_type}/open`, key, { action: 'deny' });
+	await go(ui, '#/approvals');
+	await go(ui, '#/circuits');
+	assert.ok(!ui.root.querySelectorAll('td').some((td) => /Held by the emergency stop/.test(td.textContent)));
+	assert.match(ui.root.textContent, /The emergency stop is ON since .* \(monitor\): watching/);
+	for (const x of all) await api('POST', `/circuits/${x.effect_type}/close`, key, {});
+	await go(ui, '#/approvals');
+	await go(ui, '#/circuits');
 	await click(ui.root, 'Release the stop');
 	assert.ok((await api('GET', '/circuits', key)).body.data.every((x) => x.state === 'closed'));
 	assert.match(ui.root.textContent, /The emergency stop is off\./);
-	assert.equal(ui.confirms.length, 4);
+	assert.equal(ui.confirms.length, 5);
 });
 
 test('a policy edited from its page; an edit made meanwhile elsewhere is refused, not overwritten', async () => {

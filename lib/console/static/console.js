@@ -472,11 +472,13 @@ const pages = {
 							),
 			},
 		];
-		// The list and the banner from one read: the stop holds every type
-		// that has no stricter breaker of its own, so any of the first types
-		// held by it says it is on.
-		const list = await pager('/circuits', { limit: 200 }, columns, 'No effect type has been seen or configured yet.');
-		const stopped = list.firstRows.find((c) => c.opened_by === 'stop') || null;
+		// The banner reads the stop itself: the list shows it only on the
+		// types it holds, not on those a stricter breaker of their own holds.
+		const [list, stop] = await Promise.all([
+			pager('/circuits', { limit: 200 }, columns, 'No effect type has been seen or configured yet.'),
+			call('GET', '/circuits/stop'),
+		]);
+		const stopped = stop.state === 'open' ? stop : null;
 		return [
 			h('h1', null, 'Circuits'),
 			h('p', { class: 'lead' }, 'Surge breakers per effect type. A breaker you open by hand, and the emergency stop, stay open until you close them.'),
