@@ -9,6 +9,7 @@ import json
 import random
 import secrets
 import select
+import socket
 import threading
 import time
 import urllib.parse
@@ -57,6 +58,53 @@ def path_id(value: str) -> str:
     return urllib.parse.quote(value, safe="")
 
 
+class Abort:
+    """Cuts the calls made with it (a worker's report deliveries at its
+    stop's give-up time): fire() shuts the connection of each call in flight,
+    whose blocked read then ends at once, and every call made after fails
+    before it is sent. Python cannot interrupt a thread blocked in a read;
+    shutting its socket is the one way to end the read from another."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fired = False
+        self._connections: set = set()
+
+    @property
+    def fired(self) -> bool:
+        return self._fired
+
+    def fire(self) -> None:
+        with self._lock:
+            self._fired = True
+            connections = list(self._connections)
+        for connection in connections:
+            _shut(connection)
+
+    def _attach(self, connection: http.client.HTTPConnection) -> bool:
+        with self._lock:
+            if self._fired:
+                return False
+            self._connections.add(connection)
+            return True
+
+    def _detach(self, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._connections.discard(connection)
+
+
+def _shut(connection: http.client.HTTPConnection) -> None:
+    sock = connection.sock
+    if sock is None:
+        return
+    try:
+        # The plain socket's shutdown, under TLS too: the TLS layer's own
+        # would drop its state under the reading thread.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed: nothing left to cut
+
+
 class Transport:
     """Sends calls to one API base URL with one key. Thread-safe."""
 
@@ -97,7 +145,7 @@ class Transport:
 
     def call(self, method: str, path: str, body: Any = None, *, safe: bool,
              idempotency_key: Optional[str] = None, timeout: Optional[float] = None,
-             max_retries: Optional[int] = None, with_date: bool = False) -> Any:
+             max_retries: Optional[int] = None, with_date: bool = False, abort: Optional[Abort] = None) -> Any:
         """Sends method path (under /api/v1) and returns the decoded answer.
 
         safe says whether the call may be repeated after an answer was lost
@@ -106,7 +154,8 @@ class Transport:
         changed nothing (429, retry_request, 408, a database_unavailable
         with outcome not_applied) are repeated for any call. with_date
         returns (answer, the response's Date as a datetime or None), for
-        lease lengths measured by the server's own clock.
+        lease lengths measured by the server's own clock. A call made with
+        an abort that fires fails with ConnectionLost, not repeated.
         """
         data = None if body is None else json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
         retries = self.max_retries if max_retries is None else max_retries
@@ -114,7 +163,7 @@ class Transport:
         held = 0
         while True:
             try:
-                answer, date = self._once(method, path, data, idempotency_key, timeout or self.timeout, safe)
+                answer, date = self._once(method, path, data, idempotency_key, timeout or self.timeout, safe, abort)
                 return (answer, date) if with_date else answer
             except RatchetError as err:
                 if idempotency_key and err.code == RETRY_REQUEST and held < MAX_KEY_HELD_WAITS:
@@ -127,7 +176,7 @@ class Transport:
                 if wait is None or attempt >= retries:
                     raise
             except ConnectionLost:
-                if not safe or attempt >= retries:
+                if not safe or attempt >= retries or (abort is not None and abort.fired):
                     raise
                 wait = self.backoff(attempt)
             attempt += 1
@@ -136,23 +185,24 @@ class Transport:
     def call_until(self, method: str, path: str, body: Any, *, may_wait: Callable[[float], bool],
                    on_retry: Callable[[], None] = lambda: None,
                    stop_on: Callable[[RatchetError], bool] = lambda err: False,
-                   timeout: Optional[float] = None) -> Any:
+                   timeout: Optional[float] = None, abort: Optional[Abort] = None) -> Any:
         """Sends a call that is safe to repeat (a report), repeating it
         through every failure worth repeating for as long as may_wait(wait)
-        allows the next wait (seconds); on_retry runs before each wait.
-        Raises the last failure: a refusal, one may_wait gave up on, or a
-        failure worth repeating that stop_on(failure) says to hand back."""
+        allows the next wait (seconds) and abort has not fired; on_retry
+        runs before each wait. Raises the last failure: a refusal, one
+        may_wait gave up on, the abort's ConnectionLost, or a failure worth
+        repeating that stop_on(failure) says to hand back."""
         attempt = 0
         while True:
             try:
-                return self.call(method, path, body, safe=True, max_retries=0, timeout=timeout)
+                return self.call(method, path, body, safe=True, max_retries=0, timeout=timeout, abort=abort)
             except RatchetError as err:
                 wait = self.retry_delay(err, attempt, True)
-                if wait is None or stop_on(err) or not may_wait(wait):
+                if wait is None or stop_on(err) or not may_wait(wait) or (abort is not None and abort.fired):
                     raise
             except ConnectionLost:
                 wait = self.backoff(attempt)
-                if not may_wait(wait):
+                if (abort is not None and abort.fired) or not may_wait(wait):
                     raise
             on_retry()
             attempt += 1
@@ -234,6 +284,17 @@ class Transport:
                 connection.sock.settimeout(timeout)
             return connection, True
 
+    def _send(self, connection: http.client.HTTPConnection, method: str, path: str, data: Optional[bytes],
+              headers: dict, abort: Optional[Abort]) -> None:
+        """Sends the request on connection, connected first when new so that
+        an abort has a socket to shut (connections connect lazily)."""
+        if abort is not None:
+            if connection.sock is None:
+                connection.connect()
+            if not abort._attach(connection):
+                raise ConnectionAbortedError("aborted")
+        connection.request(method, self._target + path, body=data, headers=headers)
+
     def _give_back(self, connection: http.client.HTTPConnection) -> None:
         with self._idle_lock:
             if not self._closed and connection.sock is not None and len(self._idle) < MAX_IDLE_CONNECTIONS:
@@ -242,7 +303,7 @@ class Transport:
         connection.close()
 
     def _once(self, method: str, path: str, data: Optional[bytes], idempotency_key: Optional[str],
-              timeout: float, safe: bool) -> Any:
+              timeout: float, safe: bool, abort: Optional[Abort] = None) -> Any:
         headers = {"Authorization": "Bearer " + self._key, "Accept": "application/json",
                    "User-Agent": self.user_agent}
         if data is not None:
@@ -260,25 +321,32 @@ class Transport:
         connection, reused = self._take(timeout) if safe else (self._connect(timeout), False)
         try:
             try:
-                connection.request(method, self._target + path, body=data, headers=headers)
+                self._send(connection, method, path, data, headers, abort)
                 response = connection.getresponse()
             except _STALE:
-                if not (reused and safe):
+                if not (reused and safe) or (abort is not None and abort.fired):
                     raise
                 # A kept connection the server had closed, found out before
                 # any answer: the call is safe to repeat (the same rules let
                 # call() repeat it), so once more at once on a new
                 # connection, without spending one of its retries.
+                if abort is not None:
+                    abort._detach(connection)
                 connection.close()
                 connection, reused = self._connect(timeout), False
-                connection.request(method, self._target + path, body=data, headers=headers)
+                self._send(connection, method, path, data, headers, abort)
                 response = connection.getresponse()
             raw = response.read()
         except (OSError, http.client.HTTPException) as failure:
             # Connection refused, reset, timed out, or an answer cut short;
             # the connection is in an unknown state and is not kept.
             connection.close()
+            if abort is not None and abort.fired:
+                raise ConnectionLost(f"ratchet: {name}: given up") from None
             raise ConnectionLost(f"ratchet: {name}: {_reason(failure)}") from None
+        finally:
+            if abort is not None:
+                abort._detach(connection)
         # The whole answer was read: the connection may carry the next call
         # (unless the server said it closes it).
         if response.will_close:

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ._http import Transport, new_request_id, path_id
+from ._http import Abort, Transport, new_request_id, path_id
 from .errors import (FORBIDDEN, INVALID_REQUEST, INVALID_STATE, LEASE_EXPIRED, LEASE_LOST, MAX_RETRY_AFTER_MS,
                      MIN_RETRY_AFTER_MS, NOT_FOUND, PAYLOAD_TOO_LARGE, ConnectionLost, InvalidDecisionError, NonRetryableError, RatchetError,
                      ReportNotRecorded, RetryableError, clamp_retry_after_ms)
@@ -29,6 +29,9 @@ _GRACE = 1.0
 # How long a report is retried after its lease lapses at the latest: the
 # server still records a lapsed attempt's report until a newer claim.
 _REPORT_PATIENCE = 30.0
+# How much longer than the give-up time stop() waits for the deliveries it
+# cut to end and on_error to be told.
+_ABORT_SLACK = 2.0
 _MAX_CLAIM = 100
 # Reports of jobs that finish while another report is being sent go out
 # together (POST /jobs/report): at most the API's 100 a batch, and about
@@ -164,6 +167,13 @@ class _Reporter:
         self._cond = threading.Condition()
         self._queue: List[_Report] = []
         self._sending = False
+        self._abort = Abort()
+
+    def abort(self) -> None:
+        """Gives up every delivery: those in flight are cut (their reports
+        are not recorded, as far as this process knows) and later ones fail
+        at once. For a stop past its deadline, its grace and the patience."""
+        self._abort.fire()
 
     def deliver(self, job_id: str, body: dict, *, may_wait: Callable[[float], bool],
                 on_retry: Callable[[], None]) -> None:
@@ -188,7 +198,7 @@ class _Reporter:
                     self._cond.notify_all()
         if report.alone:
             self._transport.call_until("POST", _report_path(job_id), body, may_wait=may_wait, on_retry=on_retry,
-                                       timeout=min(self._transport.timeout, _REPORT_TIMEOUT))
+                                       timeout=min(self._transport.timeout, _REPORT_TIMEOUT), abort=self._abort)
         elif report.error is not None:
             raise report.error
 
@@ -245,7 +255,8 @@ class _Reporter:
 
         try:
             answer = self._transport.call_until("POST", path, body, may_wait=may_wait, on_retry=on_retry,
-                                                stop_on=stop_on, timeout=min(self._transport.timeout, _REPORT_TIMEOUT))
+                                                stop_on=stop_on, timeout=min(self._transport.timeout, _REPORT_TIMEOUT),
+                                                abort=self._abort)
         except RatchetError as err:
             if failed_500[0] >= 2 or (len(batch) > 1 and 400 <= err.status < 500 and err.status != 429):
                 for r in batch:
@@ -402,7 +413,9 @@ class Worker:
         self._request_stop(timeout)
         if self._loop_thread is threading.current_thread():
             return False
-        self._done.wait(timeout + _GRACE + _REPORT_PATIENCE)
+        # The drain cuts the deliveries still in flight at the give-up
+        # time; they end at once, and on_error is told before this returns.
+        self._done.wait(timeout + _GRACE + _REPORT_PATIENCE + _ABORT_SLACK)
         self._flush_errors()
         with self._lock:
             return (self._done.is_set() and not self._active and self._lost_reports == 0
@@ -522,8 +535,22 @@ class Worker:
                 self._lock.wait(None if self._stop_at is None else max(0.0, self._stop_at - time.monotonic()))
             for active in self._active.values():
                 active.stop()
+            # Reports still being delivered at the give-up time are cut
+            # (QA: a delivery in flight waited out its own timeout, and
+            # stop() returned while threads still sent).
+            give_up = (self._stop_at if self._stop_at is not None else time.monotonic()) + _GRACE + _REPORT_PATIENCE
+            aborted = False
             while self._active:
-                self._lock.wait()
+                left = give_up - time.monotonic()
+                if left > 0 or aborted:
+                    self._lock.wait(None if aborted else left)
+                    continue
+                aborted = True
+                self._lock.release()
+                try:
+                    self._reporter.abort()
+                finally:
+                    self._lock.acquire()
         self._done.set()
         self._errors.put(None)  # ends the on_error thread once it has delivered the rest
         # A stopped worker makes no more calls: its kept connections go

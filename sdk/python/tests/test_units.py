@@ -135,6 +135,26 @@ class TransportTest(unittest.TestCase):
         self.assertTrue(failed.exception.may_have_applied)
         self.assertEqual(len(server.seen), 1)
 
+    def test_a_fired_abort_cuts_the_call_in_flight_and_refuses_the_next(self) -> None:
+        answered = threading.Event()
+
+        def respond(method, path, body):
+            answered.wait(10)  # never in time
+            return 200, {"ok": 1}, {}
+
+        t, server, waits = self.transport(respond)
+        self.addCleanup(answered.set)  # before the server's close
+        abort = _http.Abort()
+        threading.Timer(0.3, abort.fire).start()
+        began = time.monotonic()
+        with self.assertRaises(ConnectionLost):
+            t.call_until("POST", "/jobs/j/report", {}, may_wait=lambda wait: True, abort=abort)
+        self.assertLess(time.monotonic() - began, 3, "cut, not waited out (the timeout is 5 s)")
+        self.assertEqual(waits, [], "not repeated")
+        with self.assertRaises(ConnectionLost):
+            t.call("POST", "/jobs/j/report", {}, safe=True, abort=abort)
+        self.assertEqual(len(server.seen), 1, "the second was never sent")
+
     def test_a_failure_that_changed_nothing_is_repeated_for_any_call(self) -> None:
         t, server, waits = self.transport([(503, error("database_unavailable", outcome="not_applied"), {}),
                                            (408, error("request_timeout"), {}), (201, {"id": "r"}, {})])
@@ -547,6 +567,43 @@ class WorkerRulesTest(unittest.TestCase):
         self.addCleanup(client.worker.stop, 5)
         wait_until(lambda: calls["n"] >= 2, timeout=10)
         self.assertTrue(client.worker.stop(5))
+
+    def test_a_stop_cuts_a_delivery_still_in_flight_at_its_give_up_time(self) -> None:
+        # QA: a report delivery in flight when the stop gave up was not cut;
+        # it waited out its own timeout (30 s), stop() returned while the
+        # thread still sent, and on_error heard of the loss later.
+        hung, release, claims = threading.Event(), threading.Event(), {"n": 0}
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                claims["n"] += 1
+                return 200, {"jobs": [self.job(1)] if claims["n"] == 1 else []}, {}
+            hung.set()
+            release.wait(60)  # the report's answer never comes
+            return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}, {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        self.addCleanup(release.set)  # before the server's close, which waits for its connections
+        patcher = mock.patch("getratchet.worker._REPORT_PATIENCE", 0.5)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        errors: List[BaseException] = []
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.register_tool("t", "1", lambda input, context: {"ok": True})
+        client.worker.start(1, poll_interval=0.05, block=False, on_error=errors.append)
+        self.assertTrue(hung.wait(10))
+        began = time.monotonic()
+        self.assertFalse(client.worker.stop(0.2), "a report was not recorded")
+        # Cut at 0.2 s + the grace (1 s) + the patience (0.5 s), not at the
+        # delivery's 30 s timeout, and on_error told before stop() returned.
+        self.assertLess(time.monotonic() - began, 5)
+        self.assertTrue(any(isinstance(e, getratchet.ReportNotRecorded) and "job_1" in str(e) for e in errors),
+                        errors)
+        reports = [seen for seen in server.seen if seen[1].endswith("/report")]
+        self.assertEqual(len(reports), 1, "not sent again after the cut")
 
     def test_no_claim_while_a_report_in_flight_nears_its_lease_end(self) -> None:
         # QA: a report whose answer hangs (a black-holed connection) was
