@@ -231,6 +231,13 @@ function parseJSONField(name, raw) {
 	}
 }
 
+// contractOf reads the contract form's JSON object.
+function contractOf(v) {
+	const body = parseJSONField('The contract', v.contract);
+	if (!body || typeof body !== 'object' || Array.isArray(body)) throw new ConsoleError('invalid_json', 'The contract must be a JSON object.');
+	return body;
+}
+
 // secretOnce shows a secret the API returns only at creation.
 function secretOnce(title, secret, note) {
 	return h(
@@ -628,7 +635,7 @@ const pages = {
 
 	async queue() {
 		const health = [
-			{ title: 'Tool', cell: (q) => `${q.name}@${q.version}` },
+			{ title: 'Tool', cell: (q) => [link(['tools', q.name], q.name), '@' + q.version] },
 			{ title: 'Queued', cell: (q) => q.queued },
 			{ title: 'Due', cell: (q) => q.due },
 			{ title: 'Oldest queued', cell: (q) => (q.oldestQueuedAgeSeconds === null || q.oldestQueuedAgeSeconds === undefined ? '—' : q.oldestQueuedAgeSeconds + ' s') },
@@ -659,6 +666,66 @@ const pages = {
 			await pager('/queue/health', {}, health, 'Nothing is queued.'),
 			h('h2', null, 'Endpoints'),
 			await pager('/endpoints', {}, endpoints, 'No endpoints yet.'),
+		];
+	},
+
+	async tools() {
+		return [
+			h('h1', null, 'Tools'),
+			h(
+				'p',
+				{ class: 'lead' },
+				'The contracts of the tools your workers run: the input and output each handler version takes, its timeout and retries, and the versions no longer allowed to run. The queue page lists the tools with jobs.',
+			),
+			form([input('Tool name', 'name', { required: true, placeholder: 'send_welcome_email', maxlength: 200 })], 'Open tool', async (v) =>
+				navigate('tools/' + encodeURIComponent(v.name.trim())), { inline: true, after: () => {} }),
+		];
+	},
+
+	async tool(params, name) {
+		const columns = [
+			{ title: 'Contract', cell: (c) => c.contractVersion },
+			{ title: 'Handler version', cell: (c) => c.handlerVersion },
+			{ title: 'Status', cell: (c) => h('span', { class: 'state ' + c.status.toLowerCase() }, c.status) },
+			{ title: 'Timeout', cell: (c) => c.timeoutMs + ' ms' },
+			{ title: 'Retries', cell: (c) => (c.retryPolicy ? `CUSTOM: ${c.retryPolicy.maxAttempts} attempts` : c.retryPreset) },
+			{ title: 'Input schema', cell: (c) => json(c.inputSchema) },
+			{ title: 'Output schema', cell: (c) => json(c.outputSchema) },
+			{ title: 'Published', cell: (c) => time(c.createdAt) },
+		];
+		const list = await pager(`/tools/${seg(name)}/contracts`, {}, columns, 'No contract is published: each handler version runs under its implicit contract (any input, any output).');
+		// A new version starts from the newest one shown (contracts are
+		// immutable: publishing adds one).
+		const newest = list.firstRows[list.firstRows.length - 1];
+		const draft = newest
+			? pick(newest, ['handlerVersion', 'inputSchema', 'outputSchema', 'timeoutMs', 'retryPreset', ...(newest.retryPolicy ? ['retryPolicy'] : []), 'status'])
+			: { handlerVersion: '1', inputSchema: { type: 'object' }, outputSchema: true, timeoutMs: 30000, retryPreset: 'STANDARD', status: 'ACTIVE' };
+		const area = h('textarea', { name: 'contract', rows: 16, class: 'code', spellcheck: 'false' });
+		area.value = JSON.stringify(draft, null, 2);
+		const input_ = h('textarea', { name: 'input', rows: 6, class: 'code', spellcheck: 'false' });
+		input_.value = '{}';
+		return [
+			h('h1', null, 'Tool ', h('code', null, name)),
+			h('h2', null, 'Contracts'),
+			list,
+			h('h2', null, 'Publish a contract version'),
+			h('p', null, 'JSON Schema 2020-12 for inputSchema and outputSchema; status FORBIDDEN stops its handler version from being enqueued or claimed. A contract cannot be changed once published: publish the next version.'),
+			form([area], 'Publish', (v) => call('POST', `/tools/${seg(name)}/contracts`, contractOf(v)), {
+				validate: contractOf,
+				confirm: `Publish a new contract version of ${name}? It cannot be changed or removed afterwards.`,
+			}),
+			h('h2', null, 'Test a handler version'),
+			h('p', null, 'Enqueues one synthetic job with this input in a run of its own, attempted once, for a worker of name@version to run: it acts as any job would.'),
+			form(
+				[input('Handler version', 'version', { required: true, maxlength: 100, value: newest ? newest.handlerVersion : '' }), input_],
+				'Enqueue test job',
+				(v) => call('POST', `/tools/${seg(name)}/test`, { version: v.version.trim(), input: parseJSONField('The input', v.input) ?? {} }),
+				{
+					validate: (v) => parseJSONField('The input', v.input),
+					confirm: (v) => `Enqueue a test job of ${name}@${v.version.trim()}? A worker runs it, side effects included.`,
+					after: (t, status) => status.replaceChildren(h('p', { role: 'status' }, `Enqueued (${t.status}): `, link(['steps', t.stepId], t.stepId), ' in ', link(['runs', t.runId], t.runId), '.')),
+				},
+			),
 		];
 	},
 
@@ -1119,13 +1186,14 @@ const nav = [
 	['reconcile', 'Reconcile'],
 	['runs', 'Runs'],
 	['queue', 'Queue'],
+	['tools', 'Tools'],
 	['keys', 'Keys'],
 	['webhooks', 'Webhooks'],
 ];
 
 // A route is #/<page>[/<id>][?a=b]: the list pages take their filters from
 // the query, the detail pages their id from the second segment.
-const detail = { effects: 'effect', policies: 'policy', runs: 'run', steps: 'step', endpoints: 'endpoint', webhooks: 'webhook', groups: 'group' };
+const detail = { effects: 'effect', policies: 'policy', runs: 'run', steps: 'step', endpoints: 'endpoint', webhooks: 'webhook', groups: 'group', tools: 'tool' };
 
 export function parseRoute(hash) {
 	const raw = String(hash || '').replace(/^#\/?/, '');

@@ -331,6 +331,57 @@ test('a policy edited from its page; an edit made meanwhile elsewhere is refused
 	assert.match(row(ui, 'crm.update').textContent, /allow/);
 });
 
+test('tools: a contract published from the page, the next one drafted from it, a refused one named, a test job enqueued', async () => {
+	const key = await signup();
+	const tool = 'send_<b>mail</b>';
+	const ui = await mount(key, '#/tools');
+	await submit(ui.root, 'Open tool', { name: tool });
+	assert.equal(ui.location.hash, '#/tools/' + encodeURIComponent(tool));
+	assert.match(ui.root.textContent, /No contract is published/);
+	const draft = JSON.parse(field(formOf(button(ui.root, 'Publish')), 'contract').value);
+	assert.deepEqual(draft, { handlerVersion: '1', inputSchema: { type: 'object' }, outputSchema: true, timeoutMs: 30000, retryPreset: 'STANDARD', status: 'ACTIVE' });
+	const schema = { type: 'object', required: ['to'], properties: { to: { type: 'string' } } };
+	await submit(ui.root, 'Publish', { contract: JSON.stringify({ ...draft, inputSchema: schema, timeoutMs: 5000 }) });
+	assert.deepEqual(alerts(ui), []);
+	let list = (await api('GET', `/tools/${encodeURIComponent(tool)}/contracts`, key)).body.data;
+	assert.deepEqual(list.map((c) => [c.contractVersion, c.handlerVersion, c.timeoutMs]), [[1, '1', 5000]]);
+	assert.match(row(ui, '5000 ms').textContent, /ACTIVE/);
+	assert.match(row(ui, '5000 ms').textContent, /"required"/);
+
+	// The next version's draft is the newest contract; a refused one is
+	// named and publishes nothing; a declined confirmation sends nothing.
+	const next = JSON.parse(field(formOf(button(ui.root, 'Publish')), 'contract').value);
+	assert.deepEqual([next.inputSchema, next.timeoutMs], [schema, 5000]);
+	await submit(ui.root, 'Publish', { contract: JSON.stringify({ ...next, handlerVersion: '2', timeoutMs: 0 }) });
+	assert.match(alerts(ui).join(), /timeoutMs/);
+	ui.confirmAnswer = false;
+	await submit(ui.root, 'Publish', { contract: JSON.stringify({ ...next, handlerVersion: '2' }) });
+	ui.confirmAnswer = true;
+	await submit(ui.root, 'Publish', { contract: '[1]' });
+	assert.match(alerts(ui).join(), /must be a JSON object/);
+	list = (await api('GET', `/tools/${encodeURIComponent(tool)}/contracts`, key)).body.data;
+	assert.equal(list.length, 1);
+
+	// A test job: input the contract refuses is named; one it takes is
+	// enqueued, with links to its step and run.
+	await submit(ui.root, 'Enqueue test job', { version: '1', input: JSON.stringify({ to: 7 }) });
+	assert.match(alerts(ui).join(), /input/);
+	const f = await submit(ui.root, 'Enqueue test job', { version: '1', input: JSON.stringify({ to: 'a@example.com' }) });
+	const step = f.querySelectorAll('a').find((a) => a.getAttribute('href').startsWith('#/steps/'));
+	assert.ok(step, f.textContent);
+	const s = (await api('GET', '/' + step.getAttribute('href').slice(2), key)).body;
+	assert.deepEqual([s.name, s.version, s.durableJob.maxAttempts], [tool, '1', 1]);
+	await submit(ui.root, 'Enqueue test job', { version: '1', input: '{"to":' });
+	assert.match(alerts(ui).join(), /not valid JSON/);
+	// Asked before each send, not for what the page refused itself.
+	assert.equal(ui.confirms.length, 5);
+
+	// The queue page links each tool to its page.
+	await go(ui, '#/queue');
+	const link = ui.root.querySelectorAll('a').find((a) => a.textContent === tool);
+	assert.equal(link.getAttribute('href'), '#/tools/' + encodeURIComponent(tool));
+});
+
 test('keys: one minted with its secret shown once, then revoked', async () => {
 	const key = await signup();
 	const ui = await mount(key, '#/keys');
