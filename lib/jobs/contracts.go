@@ -50,6 +50,15 @@ const MaxSchemaParts = 5000
 // publication rather than at every enqueue.
 const MaxSchemaEvaluations = 20_000
 
+// MaxCheckEvaluations bounds how many subschemas checking one input or
+// output against a contract's schema may evaluate (checkEvaluations): about
+// 3.6 s where every one fails (2.4 µs each, an anyOf none of whose branches
+// matches), well inside a request's 15 s. A 430 kB array of 10 000 objects,
+// each checked against a oneOf of 20 four-property variants, evaluates
+// about 1 million (0.6 s); 100 000 two-property objects (1.6 MB, more than
+// a request may carry), 300 000.
+const MaxCheckEvaluations = 1_500_000
+
 // Contract is a published, immutable version of a tool's contract (API.md §5).
 type Contract struct {
 	Name            string          `json:"name"`

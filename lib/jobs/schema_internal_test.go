@@ -1,9 +1,11 @@
 package jobs
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apierr"
@@ -135,4 +137,61 @@ func TestValidateDocRefusesADocumentTooDeepToCheck(t *testing.T) {
 	// Brackets inside strings are not levels.
 	require.False(t, nestsDeeperThan([]byte(`{"s":"[[[[{{{{\\\"[["}`), 1))
 	require.True(t, nestsDeeperThan([]byte(`{"s":"\\"}[[`), 1))
+}
+
+// checkEvaluations counts each subschema once per value it reaches, with
+// the child keywords followed to the children they apply to.
+func TestCheckEvaluationsFollowsEachKeywordToItsValues(t *testing.T) {
+	t.Parallel()
+	count := func(schema, doc string) int64 {
+		t.Helper()
+		s, err := compileSchema([]byte(schema))
+		require.NoError(t, err)
+		v, err := jsonschema.UnmarshalJSON(strings.NewReader(doc))
+		require.NoError(t, err)
+		return checkEvaluations(s, v, 1_000)
+	}
+	// The root, a by name, z by pattern, and the rest by additionalProperties.
+	obj := `{"properties":{"a":{"type":"string"}},"patternProperties":{"^z":{}},"additionalProperties":{"type":"integer"}}`
+	require.Equal(t, int64(1+1+1+2), count(obj, `{"a":"x","zz":1,"m":2,"n":3}`))
+	// prefixItems by index, items for the rest, contains for each.
+	arr := `{"prefixItems":[{},{}],"items":{"type":"integer"},"contains":{"const":1}}`
+	require.Equal(t, int64(1+2+3+5), count(arr, `[1,2,3,4,5]`))
+	// Every branch of an anyOf is counted, for each value it meets.
+	require.Equal(t, int64(1+3*(1+3)), count(`{"items":{"anyOf":[{},{},{}]}}`, `[1,2,3]`))
+	// Earlier drafts: items as a list, then additionalItems.
+	require.Equal(t, int64(1+3), count(`{"$schema":"http://json-schema.org/draft-07/schema#","items":[{}],"additionalItems":{}}`,
+		`[1,2,3]`))
+	// It stops once past its bound.
+	s, err := compileSchema([]byte(`{"items":{}}`))
+	require.NoError(t, err)
+	require.Equal(t, int64(11), checkEvaluations(s, make([]any, 100), 10))
+}
+
+// A small document that would evaluate too many subschemas is refused
+// unchecked, at once (review: 20 000 values each failing an anyOf of 4 990
+// branches ran for minutes and tens of GiB); what fits is checked.
+func TestValidateDocRefusesADocumentTooCostlyToCheck(t *testing.T) {
+	t.Parallel()
+	branches := make([]string, 4_990)
+	for i := range branches {
+		branches[i] = `{"type":"string","minLength":` + strconv.Itoa(i) + `}`
+	}
+	schema := []byte(`{"type":"array","items":{"anyOf":[` + strings.Join(branches, ",") + `]}}`)
+	require.NoError(t, publishableSchema(schema))
+	values := func(n int, v string) []byte {
+		return []byte("[" + strings.TrimSuffix(strings.Repeat(v+",", n), ",") + "]")
+	}
+	problems, err := validateDoc(schema, values(20_000, "{}"), "input")
+	require.NoError(t, err)
+	require.Equal(t, []apierr.FieldError{{Field: "input", Message: "is too large to check against the contract's " +
+		"schema: checking it could evaluate more than 1500000 subschemas (send fewer values, or publish a schema " +
+		"with fewer alternatives per value)"}}, problems)
+	problems, err = validateDoc(schema, values(20, `"x"`), "output")
+	require.NoError(t, err)
+	require.Nil(t, problems)
+	problems, err = validateDoc(schema, values(20, "{}"), "output")
+	require.NoError(t, err)
+	require.NotEmpty(t, problems)
+	require.NotContains(t, problems[0].Message, "too large", "checked, and refused by the schema")
 }
