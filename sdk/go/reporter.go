@@ -84,8 +84,10 @@ type reporter struct {
 	nextID  uint64
 	pending map[uint64]*pendingReport
 	settled chan struct{} // signalled (buffered, 1) whenever a report is settled
-	// lastRecorded is when the server last recorded a report (under pmu).
-	lastRecorded time.Time
+	// recordedSent is the send time of the latest-sent delivery the server
+	// recorded a report of, and recordedAt when it did (under pmu): see
+	// markFailing.
+	recordedSent, recordedAt time.Time
 	// deliveryTimeout bounds one delivery (reportTimeout; tests shorten it).
 	deliveryTimeout time.Duration
 	// lost counts the reports that were not recorded for any reason but a
@@ -96,9 +98,10 @@ type reporter struct {
 
 // pendingReport is what holding needs to know of a queued report.
 type pendingReport struct {
-	expires      time.Time // its lease's expiry as last known (zero: unknown)
+	expires     time.Time // its lease's expiry as last known (zero: unknown)
 	failing      bool      // a delivery met a failure worth a retry
 	failingSince time.Time // when a delivery first did
+	ownFailure   bool      // it failed while the server was recording others: see markFailing
 }
 
 func newReporter(ctx context.Context, c *Client, onErr func(error), linger time.Duration) *reporter {
@@ -169,11 +172,13 @@ func (r *reporter) close(ctx context.Context) bool {
 func (r *reporter) run() {
 	defer close(r.done)
 	defer r.sends.Wait()
-	var carry *queuedReport // a report that did not fit the previous batch
+	// carried are the reports left for the next batch, in order: one that
+	// did not fit the previous batch, and those of a job it already named.
+	var carried []queuedReport
 	for {
 		var first queuedReport
-		if carry != nil {
-			first, carry = *carry, nil
+		if len(carried) > 0 {
+			first, carried = carried[0], carried[1:]
 		} else {
 			q, ok := <-r.in
 			if !ok {
@@ -182,28 +187,48 @@ func (r *reporter) run() {
 			first = q
 		}
 		batch, size := []queuedReport{first}, first.size
+		named := map[string]bool{first.job.JobID: true}
+		var later []queuedReport
+		full := false
 		deadline := r.deadline(first)
 		timer := time.NewTimer(time.Until(deadline))
+		add := func(q queuedReport) {
+			switch {
+			case named[q.job.JobID]:
+				// Two attempts' reports of one job (the second claimed
+				// after the first's lease lapsed): the server refuses a job
+				// named twice in one batch, the second with it (Go SDK QA:
+				// the live attempt's report was lost so, and the job ran a
+				// third time). It goes in the next batch.
+				later = append(later, q)
+			case size+q.size > reportBatchBytes:
+				later, full = append(later, q), true
+			default:
+				batch, size, named[q.job.JobID] = append(batch, q), size+q.size, true
+				if d := r.deadline(q); d.Before(deadline) {
+					deadline = d
+					timer.Reset(time.Until(d))
+				}
+			}
+		}
+		for len(carried) > 0 && len(batch) < reportBatchMax && !full {
+			q := carried[0]
+			carried = carried[1:]
+			add(q)
+		}
 	gather:
-		for len(batch) < reportBatchMax {
+		for len(batch) < reportBatchMax && !full {
 			select {
 			case q, ok := <-r.in:
 				if !ok {
 					break gather // closed: send what there is at once
 				}
-				if size+q.size > reportBatchBytes {
-					carry = &q
-					break gather
-				}
-				batch, size = append(batch, q), size+q.size
-				if d := r.deadline(q); d.Before(deadline) {
-					deadline = d
-					timer.Reset(time.Until(d))
-				}
+				add(q)
 			case <-timer.C:
 				break gather
 			}
 		}
+		carried = append(later, carried...)
 		timer.Stop()
 		r.slots <- struct{}{} // wait for a free slot; meanwhile reports queue up
 		r.sends.Add(1)
@@ -239,7 +264,8 @@ func (r *reporter) send(batch []queuedReport) {
 	var failingSince, warned time.Time
 	splittable := false // the previous delivery failed as splitsBatch says
 	for attempt := 0; ; attempt++ {
-		err := r.sendOnce(batch)
+		sent := time.Now()
+		err := r.sendOnce(batch, sent)
 		if err == nil {
 			return
 		}
@@ -271,7 +297,7 @@ func (r *reporter) send(batch []queuedReport) {
 		} else {
 			splittable = false
 		}
-		r.markFailing(batch)
+		r.markFailing(batch, sent)
 		now := time.Now()
 		if failingSince.IsZero() {
 			failingSince, warned = now, now
@@ -305,11 +331,11 @@ func splitsBatch(err error) bool {
 // refuses as a whole (an older server without the batch route, a body over
 // its limit) is sent again report by report, so no outcome depends on the
 // batch route existing.
-func (r *reporter) sendOnce(batch []queuedReport) error {
+func (r *reporter) sendOnce(batch []queuedReport, sent time.Time) error {
 	ctx, cancel := context.WithTimeout(r.ctx, r.deliveryTimeout)
 	defer cancel()
 	if len(batch) == 1 {
-		return r.single(ctx, batch[0])
+		return r.single(ctx, batch[0], sent)
 	}
 	items := make([]BatchJobReport, len(batch))
 	for i, q := range batch {
@@ -328,7 +354,7 @@ func (r *reporter) sendOnce(batch []queuedReport) error {
 		if x.Err != nil {
 			r.fail(batch[i], x.Err)
 		} else {
-			r.settle(batch[i], nil)
+			r.recorded(batch[i], sent)
 		}
 	}
 	return nil
@@ -357,7 +383,7 @@ func (r *reporter) sendEach(batch []queuedReport) {
 // float64, a repeated key in raw JSON) is reported as a non-retryable
 // failure instead, so the job ends once rather than running again at every
 // lapse.
-func (r *reporter) single(ctx context.Context, q queuedReport) error {
+func (r *reporter) single(ctx context.Context, q queuedReport, sent time.Time) error {
 	_, err := r.c.ReportJob(ctx, q.job.JobID, q.report)
 	if why, ok := unrecordableOutput(err); ok && q.report.Status == ReportSucceeded {
 		r.onErr(fmt.Errorf("ratchet: job %s attempt %d: the server refused the output; reporting it failed: %w",
@@ -367,7 +393,7 @@ func (r *reporter) single(ctx context.Context, q queuedReport) error {
 		_, err = r.c.ReportJob(ctx, q.job.JobID, q.report)
 	}
 	if err == nil {
-		r.settle(q, nil)
+		r.recorded(q, sent)
 		return nil
 	}
 	if _, retry := r.retryDelay(err, 0); retry {
@@ -411,16 +437,19 @@ func unrecordableOutput(err error) (string, bool) {
 
 // fail reports a report that was not recorded; its lease lapses and the job
 // is claimed again (unless the refusal says the job is settled already).
-func (r *reporter) fail(q queuedReport, err error) { r.settle(q, err) }
+func (r *reporter) fail(q queuedReport, err error) { r.settle(q, err, time.Time{}) }
 
-// settle ends q's stay in the pending set: recorded (err nil) or not. A
-// report not recorded goes to OnError, and is counted lost unless the
-// server's refusal settled the job's fate itself.
-func (r *reporter) settle(q queuedReport, err error) {
+// recorded settles q, which the server recorded from a delivery sent at sent.
+func (r *reporter) recorded(q queuedReport, sent time.Time) { r.settle(q, nil, sent) }
+
+// settle ends q's stay in the pending set: recorded (err nil, from a
+// delivery sent at sent) or not. A report not recorded goes to OnError, and
+// is counted lost unless the server's refusal settled the job's fate itself.
+func (r *reporter) settle(q queuedReport, err error, sent time.Time) {
 	r.pmu.Lock()
 	delete(r.pending, q.id)
-	if err == nil {
-		r.lastRecorded = time.Now()
+	if err == nil && sent.After(r.recordedSent) {
+		r.recordedSent, r.recordedAt = sent, time.Now()
 	}
 	r.pmu.Unlock()
 	select {
@@ -451,13 +480,29 @@ func settledRefusal(err error) bool {
 	return IsCode(err, CodeLeaseLost) || IsCode(err, CodeNotFound)
 }
 
-// markFailing marks the batch's reports as held by a failing delivery.
-func (r *reporter) markFailing(batch []queuedReport) {
+// markFailing marks the batch's reports, whose delivery sent at sent
+// failed, as held by a failing delivery. A report fails on its own when
+// the server, after its first failure, recorded a report of a delivery sent
+// since, and this one's delivery, sent after that, failed again: the server
+// takes reports, and refuses or chokes on this one. Only a failure after
+// such a recording says so: when an outage ends, the first report recorded
+// says nothing of the others still waiting out their backoff (Go SDK QA:
+// they were taken as failing on their own, the worker claimed at once, got
+// back the jobs whose outcomes it still held, their leases lapsed in the
+// outage, and ran them a second time).
+func (r *reporter) markFailing(batch []queuedReport, sent time.Time) {
 	r.pmu.Lock()
 	defer r.pmu.Unlock()
+	now := time.Now()
 	for _, q := range batch {
-		if p := r.pending[q.id]; p != nil && !p.failing {
-			p.failing, p.failingSince = true, time.Now()
+		p := r.pending[q.id]
+		if p == nil {
+			continue
+		}
+		if !p.failing {
+			p.failing, p.failingSince = true, now
+		} else if r.recordedSent.After(p.failingSince) && sent.After(r.recordedAt) {
+			p.ownFailure = true
 		}
 	}
 }
@@ -470,17 +515,16 @@ func (r *reporter) markFailing(batch []queuedReport) {
 // (a claim would meet the same outage anyway); settled signals when that
 // may have changed.
 //
-// A failing report does not hold the worker once the server has recorded
-// another report since the first failure: the server is taking reports,
-// and this one fails for a reason of its own (a batch split for it, see
-// splitsBatch), which pausing the worker would not mend. It is still
-// retried until close gives up.
+// A report failing on its own (see markFailing: the server records
+// others, and fails on this one, a batch split for it, see splitsBatch)
+// does not hold the worker: pausing the worker would not mend it. It is
+// still retried until close gives up.
 func (r *reporter) holding(now time.Time) bool {
 	r.pmu.Lock()
 	defer r.pmu.Unlock()
 	for _, p := range r.pending {
-		if p.failing && r.lastRecorded.After(p.failingSince) {
-			continue // failing on its own: see above
+		if p.ownFailure {
+			continue // see above
 		}
 		if p.failing || (!p.expires.IsZero() && !now.Before(p.expires.Add(-reportLeaseMargin))) {
 			return true

@@ -310,6 +310,82 @@ func TestReporterHoldsAFailingReportUntilItIsRecorded(t *testing.T) {
 	}
 }
 
+// When an outage ends, the first report recorded does not release the
+// others still waiting out their backoff: the worker holds its claims until
+// each is recorded, or fails in a delivery sent after the server recorded
+// another (Go SDK QA: they were taken as failing on their own, the worker
+// claimed at once and ran again the jobs whose outcomes it still held).
+func TestReporterHoldsThroughTheEndOfAnOutage(t *testing.T) {
+	t.Parallel()
+	c, _ := testClient(t, newFakeJobs())
+	r := newReporter(context.Background(), c, (&errSink{}).add, 0)
+	defer r.close(context.Background())
+	far := time.Now().Add(10 * time.Minute)
+	a, b := queuedReport{id: 1001, expires: far}, queuedReport{id: 1002, expires: far}
+	r.pmu.Lock()
+	r.pending[a.id], r.pending[b.id] = &pendingReport{expires: far}, &pendingReport{expires: far}
+	r.pmu.Unlock()
+	tick := func() time.Time { time.Sleep(time.Millisecond); return time.Now() }
+
+	r.markFailing([]queuedReport{a}, tick()) // the outage begins
+	r.markFailing([]queuedReport{b}, tick())
+	r.markFailing([]queuedReport{b}, tick()) // a retry in the outage
+	sentBeforeTheRecording := tick()
+	r.recorded(a, tick()) // the outage ends: a's retry is recorded
+	if !r.holding(tick()) {
+		t.Fatal("b, still waiting out its backoff, does not hold the claims")
+	}
+	r.markFailing([]queuedReport{b}, sentBeforeTheRecording) // sent before the server was back
+	if !r.holding(tick()) {
+		t.Fatal("a delivery sent before the recording says nothing of b")
+	}
+	r.markFailing([]queuedReport{b}, tick()) // sent after it, and failed: b's own doing
+	if r.holding(tick()) {
+		t.Fatal("b, failing while the server records reports, still holds the claims")
+	}
+}
+
+// Two attempts' reports of one job never share a batch, which the server
+// would refuse the second of (Go SDK QA: the live attempt's report was lost
+// so); the second goes in the next batch, and both are delivered.
+func TestBatchNeverNamesAJobTwice(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	var mu sync.Mutex
+	var bodies []string
+	f.reportError = func(body json.RawMessage) (int, string) {
+		mu.Lock()
+		bodies = append(bodies, string(body))
+		mu.Unlock()
+		return 0, ""
+	}
+	c, _ := testClient(t, f)
+	r := newReporter(context.Background(), c, (&errSink{}).add, time.Hour)
+	far := time.Now().Add(10 * time.Minute)
+	for _, j := range []ClaimedJob{{JobID: "job_x", Attempt: 1, LeaseToken: "tok_x1"},
+		{JobID: "job_y", Attempt: 1, LeaseToken: "tok_y1"}, {JobID: "job_x", Attempt: 2, LeaseToken: "tok_x2"}} {
+		r.enqueue(newQueuedReport(j, JobReport{Status: ReportSucceeded, Output: []byte(`{}`)}, far))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if !r.close(ctx) || r.lostReports() != 0 {
+		t.Fatalf("lost %d", r.lostReports())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	all := strings.Join(bodies, "\n")
+	for _, tok := range []string{"tok_x1", "tok_y1", "tok_x2"} {
+		if strings.Count(all, tok) != 1 {
+			t.Fatalf("%s delivered %d times: %q", tok, strings.Count(all, tok), bodies)
+		}
+	}
+	for _, b := range bodies {
+		if strings.Count(b, `"job_x"`) > 1 {
+			t.Fatalf("a batch names job_x twice: %s", b)
+		}
+	}
+}
+
 // A delivery that hangs past its own timeout (a black-holed connection, a
 // proxy holding the request) is retried, not given up: only close's
 // deadline ends a report's retries (review: it was counted lost at once,
