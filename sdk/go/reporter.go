@@ -98,7 +98,7 @@ type reporter struct {
 
 // pendingReport is what holding needs to know of a queued report.
 type pendingReport struct {
-	expires     time.Time // its lease's expiry as last known (zero: unknown)
+	expires      time.Time // its lease's expiry as last known (zero: unknown)
 	failing      bool      // a delivery met a failure worth a retry
 	failingSince time.Time // when a delivery first did
 	ownFailure   bool      // it failed while the server was recording others: see markFailing
