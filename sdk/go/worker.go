@@ -98,6 +98,7 @@ type Worker struct {
 	loopDone   chan struct{}           // closed when polling ended, or Start gave up before it
 	claiming   bool                    // a claim is in flight (mu), for Stop's error
 	claimID    string                  // the next claim's id: a lost claim's, to ask again (poll loop only)
+	claimLimit int                     // the limit the claim under claimID asked for (poll loop only)
 	jobs       sync.WaitGroup          // dispatched jobs, until their report is queued (or left unreported)
 	handlers   sync.WaitGroup          // handler calls in progress, stragglers included
 	running    int                     // handler calls in progress whose attempt is not reported (mu)
@@ -400,8 +401,9 @@ func (w *Worker) awaitReturns(grace <-chan time.Time) int {
 	}
 }
 
-// awaitPolling waits for the poll loop to end. A claim in flight is
-// answered first (its leases are ours), but only until ctx ends: the claim
+// awaitPolling waits for the poll loop to end. A claim in flight, or one
+// whose answer was lost (askAgainWhileStopping), is answered first (its
+// leases are ours), but only until ctx ends: the claim
 // is bounded by nothing but the HTTP client, which may have no timeout, so
 // it is then cancelled and its jobs' leases left to lapse, which beats a
 // Stop that never returns. abandoned reports that a claim was in flight at
@@ -417,7 +419,9 @@ func (w *Worker) awaitPolling(ctx context.Context, loopDone chan struct{}, cance
 	w.mu.Unlock()
 	cancelPoll()
 	<-loopDone
-	return abandoned
+	// A claim whose answer was lost, still being asked again, is
+	// abandoned as well (the loop has ended: claimID is ours to read).
+	return abandoned || w.claimID != ""
 }
 
 // stopState is what Stop found at and after its deadline.
@@ -480,6 +484,7 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 // re-registrations: Stop must not outwait a request nobody answers.
 func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 	defer close(w.loopDone)
+	defer w.askAgainWhileStopping(ctx, pollCtx, jobsCtx)
 	defer func() {
 		if ctx.Err() != nil {
 			// Ended by ctx: nobody may call Stop, so send the last
@@ -502,6 +507,7 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 		}
 	}()
 	full := false // the last claim filled every slot it asked for: work is waiting
+	lost := 0     // claims running whose answers were lost
 	for {
 		if w.stopped(ctx) {
 			return
@@ -527,18 +533,27 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 			return
 		}
 		limit := min(free, 100)
-		began, sent := w.clock.Now(), time.Now()
-		jobs, err := w.claim(pollCtx, limit)
+		began := w.clock.Now()
+		jobs, err := w.claimAndDispatch(ctx, pollCtx, jobsCtx, limit, w.opts.WaitSeconds)
 		if err != nil && !w.stopped(ctx) {
 			w.opts.OnError(fmt.Errorf("ratchet: claim: %w", err))
 			if IsCode(err, CodeNotFound) {
 				w.registerAgain(pollCtx)
 			}
 		}
-		for _, j := range jobs {
-			j.leaseEnd = leaseEndFrom(sent, j, j.LeaseExpiresAt)
-			w.dispatch(ctx, jobsCtx, j)
+		if err != nil && w.claimID != "" {
+			// Its answer was lost: the jobs it may have leased are ours
+			// while their leases hold, so it is asked again under its id
+			// after a backoff, not a whole poll interval, which outlasts
+			// a short lease (Go SDK QA: jobs with a 15 s lease lapsed
+			// while the worker waited its 30 s).
+			lost++
+			if !w.pause(ctx, min(w.c.backoff(lost), w.opts.PollInterval)) {
+				return
+			}
+			continue
 		}
+		lost = 0
 		full = err == nil && len(jobs) >= limit
 		if full {
 			continue // a full batch: more are likely waiting
@@ -555,6 +570,61 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 		if !w.idle(ctx, waited) {
 			return
 		}
+	}
+}
+
+// claimAndDispatch claims up to limit jobs, long-polling up to wait seconds,
+// and dispatches those it is answered.
+func (w *Worker) claimAndDispatch(ctx, pollCtx, jobsCtx context.Context, limit, wait int) ([]ClaimedJob, error) {
+	sent := time.Now()
+	jobs, err := w.claim(pollCtx, limit, wait)
+	for _, j := range jobs {
+		j.leaseEnd = leaseEndFrom(sent, j, j.LeaseExpiresAt)
+		w.dispatch(ctx, jobsCtx, j)
+	}
+	return jobs, err
+}
+
+// askAgainWhileStopping asks again, once Stop was called, under the id of a
+// claim whose answer was lost, until it is answered or Stop's deadline
+// cancels pollCtx: the jobs it may have leased are this worker's while their
+// leases hold, and run within the stop's time like those of a claim in
+// flight when Stop came (Go SDK QA: a Stop during the lost claim's retry
+// wait ended it, and its jobs lapsed unseen, nothing said). Asked again, a
+// claim that had leased nothing leases afresh, at most its own limit, and
+// does not long-poll. Start's context ending is an immediate stop: it
+// abandons the claim.
+func (w *Worker) askAgainWhileStopping(ctx, pollCtx, jobsCtx context.Context) {
+	for attempt := 0; w.claimID != "" && ctx.Err() == nil; attempt++ {
+		if attempt > 0 {
+			fire, stop := w.clock.Timer(w.c.backoff(attempt))
+			select {
+			case <-fire:
+			case <-pollCtx.Done():
+			case <-ctx.Done():
+			}
+			stop()
+		}
+		if pollCtx.Err() != nil || ctx.Err() != nil {
+			return
+		}
+		if _, err := w.claimAndDispatch(ctx, pollCtx, jobsCtx, w.claimLimit, 0); err != nil && w.claimID == "" {
+			w.opts.OnError(fmt.Errorf("ratchet: claim asked again while stopping: %w", err))
+		}
+	}
+}
+
+// pause waits d, or until Stop or ctx; false means stop.
+func (w *Worker) pause(ctx context.Context, d time.Duration) bool {
+	fire, stop := w.clock.Timer(d)
+	defer stop()
+	select {
+	case <-fire:
+		return true
+	case <-w.stopping:
+		return false
+	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -579,7 +649,7 @@ func (w *Worker) awaitReports(ctx context.Context) bool {
 // whose answer may have been lost leaves its id for the next, which then
 // answers what the lost one leased (while those leases hold) rather than
 // leaving it leased to nobody.
-func (w *Worker) claim(pollCtx context.Context, limit int) ([]ClaimedJob, error) {
+func (w *Worker) claim(pollCtx context.Context, limit, wait int) ([]ClaimedJob, error) {
 	w.mu.Lock()
 	w.claiming = true
 	w.mu.Unlock()
@@ -589,9 +659,9 @@ func (w *Worker) claim(pollCtx context.Context, limit int) ([]ClaimedJob, error)
 		w.mu.Unlock()
 	}()
 	if w.claimID == "" {
-		w.claimID = NewClaimID()
+		w.claimID, w.claimLimit = NewClaimID(), limit
 	}
-	jobs, err := w.c.ClaimKeyed(withRetryCutoff(pollCtx, w.stopping), w.ID(), w.claimID, limit, w.opts.WaitSeconds)
+	jobs, err := w.c.ClaimKeyed(withRetryCutoff(pollCtx, w.stopping), w.ID(), w.claimID, limit, wait)
 	if err == nil || !MayHaveApplied(err) {
 		w.claimID = ""
 	}
@@ -673,16 +743,7 @@ func (w *Worker) idle(ctx context.Context, waited time.Duration) bool {
 	if d <= 0 {
 		return !w.stopped(ctx)
 	}
-	fire, stop := w.clock.Timer(d)
-	defer stop()
-	select {
-	case <-fire:
-		return true
-	case <-w.stopping:
-		return false
-	case <-ctx.Done():
-		return false
-	}
+	return w.pause(ctx, d)
 }
 
 // dispatch runs one claimed job in its own goroutine.

@@ -1092,6 +1092,90 @@ func TestWorkerAsksAgainUnderALostClaimsID(t *testing.T) {
 	}
 }
 
+// A claim whose answer was lost (its retries too) is asked again under its
+// id after a backoff, not after a whole poll interval, which would outlast
+// a short lease (Go SDK QA: jobs with a 15 s lease lapsed unseen while the
+// worker waited its 30 s).
+func TestWorkerAsksAgainForALostClaimWithoutWaitingItsPollInterval(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	id := f.add("quick", "1", welcomeIn{}, 30000)
+	var claims atomic.Int32
+	f.claimError = func() (int, string, map[string]any) {
+		if claims.Add(1) <= 4 { // the claim and the client's three retries
+			return 500, "internal", nil
+		}
+		return 0, "", nil
+	}
+	startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "quick", Version: "1",
+			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{Sent: true}, nil }}))
+	}, StartOptions{PollInterval: time.Hour})
+	if rep := f.waitReport(t, id); rep["status"] != "SUCCEEDED" {
+		t.Fatalf("report %v", rep)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.claimIDs[:5] { // the lost claim's four, and the one answered
+		if c != f.claimIDs[0] {
+			t.Fatalf("claims under %q: the lost claim's id was not kept", f.claimIDs)
+		}
+	}
+}
+
+// A Stop that comes while a claim whose answer was lost waits to be asked
+// again does not end it: the claim is asked again under its id, and the
+// jobs it leased run and are reported within the stop's time (Go SDK QA:
+// the stop ended the wait, nothing was asked again, the jobs lapsed unseen
+// and Stop said nothing).
+func TestWorkerStopAsksAgainUnderALostClaimsID(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	id := f.add("quick", "1", welcomeIn{}, 30000)
+	var answering atomic.Bool
+	var claims atomic.Int32
+	f.claimError = func() (int, string, map[string]any) {
+		claims.Add(1)
+		if !answering.Load() {
+			return 500, "internal", nil
+		}
+		return 0, "", nil
+	}
+	w, sink := startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "quick", Version: "1",
+			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{Sent: true}, nil }}))
+	}, StartOptions{PollInterval: time.Hour})
+	if !eventually(func() bool { return claims.Load() >= 4 }) { // the claim and its retries: lost
+		t.Fatal("no claim")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(ctx) }()
+	if !eventually(func() bool { w.mu.Lock(); defer w.mu.Unlock(); return closed(w.stopping) }) {
+		t.Fatal("not stopping")
+	}
+	answering.Store(true)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if rep := f.waitReport(t, id); rep["status"] != "SUCCEEDED" {
+		t.Fatalf("report %v", rep)
+	}
+	for _, err := range sink.delivered(w) { // at most the lost claim's, when it was told before the stop
+		if !strings.Contains(err.Error(), "ratchet: claim: ") {
+			t.Fatalf("OnError %v", err)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.claimIDs {
+		if c != f.claimIDs[0] {
+			t.Fatalf("claims under %q: the lost claim's id was not kept", f.claimIDs)
+		}
+	}
+}
+
 // A server from before claimId refuses it as an unknown field and leases
 // nothing: the claim is made again without it.
 func TestClaimWithoutClaimIDForAnOlderServer(t *testing.T) {
