@@ -330,6 +330,7 @@ class Worker:
         self._left_unreported = 0  # handlers a stop gave up on, their jobs unreported
         self.worker_id: Optional[str] = None
         self._claim_id: Optional[str] = None  # a claim whose answer was lost, to ask again (loop thread only)
+        self._claim_limit = 1  # the limit that claim asked for (loop thread only)
 
     def add_tool(self, name: str, version: str, handler: Callable[[Any, JobContext], Any],
                  classify_error: Optional[Callable[[BaseException, JobContext], Any]] = None) -> None:
@@ -442,6 +443,7 @@ class Worker:
         return answer["workerId"]
 
     def _loop(self, concurrency: int, poll_interval: float, wait_seconds: int, tools: list) -> None:
+        lost = 0  # claims running whose answers were lost
         try:
             while not self._stopping.is_set():
                 with self._lock:
@@ -467,12 +469,15 @@ class Worker:
                         except (RatchetError, ConnectionLost) as again:
                             self._notify(again)
                     self._notify(err)
-                    self._stopping.wait(_jittered(poll_interval))
+                    lost = lost + 1 if self._claim_id is not None else 0
+                    self._stopping.wait(self._after_failed_claim(poll_interval, lost))
                     continue
                 except ConnectionLost as err:
                     self._notify(err)
-                    self._stopping.wait(_jittered(poll_interval))
+                    lost += 1
+                    self._stopping.wait(self._after_failed_claim(poll_interval, lost))
                     continue
+                lost = 0
                 for job in jobs:
                     self._dispatch(job, sent)
                 if len(jobs) >= limit or (jobs and wait_seconds):
@@ -480,11 +485,50 @@ class Worker:
                 # A long poll already waited part of the interval.
                 waited = time.monotonic() - sent if wait_seconds else 0.0
                 self._stopping.wait(max(0.0, _jittered(poll_interval) - waited))
+            self._ask_again_while_stopping()
         except BaseException:
             self._request_stop(30.0)  # a KeyboardInterrupt: stop as stop() would, then raise it again
             raise
         finally:
             self._drain()
+
+    def _after_failed_claim(self, poll_interval: float, lost: int) -> float:
+        """How long to wait after a failed claim: a poll interval, or, when
+        its answer was lost (its id kept, lost claims running), a backoff:
+        the jobs it may have leased are this worker's while their leases
+        hold, which a whole interval would outlast (Go SDK QA: jobs with a
+        15 s lease lapsed unseen while the worker waited its 30 s)."""
+        if self._claim_id is None:
+            return _jittered(poll_interval)
+        return min(self._transport.backoff(lost), poll_interval)
+
+    def _ask_again_while_stopping(self) -> None:
+        """Once the worker stops, asks again under the id of a claim whose
+        answer was lost, until it is answered or the stop's deadline: the jobs
+        it may have leased run within the stop's time like those of a claim in
+        flight when the stop came (Go SDK QA: the stop ended the asking, and
+        the jobs lapsed unseen). Asked again, a claim that had leased nothing
+        leases afresh, at most its own limit, without a long poll."""
+        attempt = 0
+        while self._claim_id is not None:
+            with self._lock:
+                left = (self._stop_at or 0.0) - time.monotonic()
+            if left <= 0:
+                self._notify(ConnectionLost("ratchet: the worker stopped before a claim whose answer was lost was "
+                                            "answered; the jobs it leased, if any, run again once their leases lapse"))
+                return
+            if attempt:
+                time.sleep(min(self._transport.backoff(attempt), left))
+            attempt += 1
+            sent = time.monotonic()
+            try:
+                jobs = self._claim(self._claim_limit, 0)
+            except (RatchetError, ConnectionLost) as err:
+                if self._claim_id is None:
+                    self._notify(err)  # answered: refused
+                continue
+            for job in jobs:
+                self._dispatch(job, sent)
 
     def _reports_holding(self) -> bool:
         """Whether a failing report holds the claims (under the lock)."""
@@ -501,13 +545,14 @@ class Worker:
         # one is answered: a claim whose answer was lost is answered again
         # with the jobs it leased, instead of leaving them to lapse.
         if self._claim_id is None:
-            self._claim_id = new_request_id()
+            self._claim_id, self._claim_limit = new_request_id(), limit
         body = {"limit": limit, "waitSeconds": wait_seconds, "claimId": self._claim_id}
         try:
             answer = self._transport.call("POST", "/workers/" + path_id(self.worker_id or "") + "/claim", body,
                                           safe=True, timeout=max(self._transport.timeout, wait_seconds + 10.0))
-        except RatchetError:
-            self._claim_id = None  # answered: nothing was leased under it
+        except RatchetError as err:
+            if not err.may_have_applied:
+                self._claim_id = None  # answered: nothing was leased under it
             raise
         self._claim_id = None
         return answer.get("jobs") or []

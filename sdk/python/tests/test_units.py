@@ -639,6 +639,65 @@ class WorkerRulesTest(unittest.TestCase):
         self.assertEqual([r.job_id for r in reporter._take()], ["job_1", "job_2", "job_3"])
         self.assertEqual(reporter._queue, [reports[2]])  # the newer attempt goes next, alone
 
+    def test_a_lost_claim_is_asked_again_after_a_backoff_not_a_poll_interval(self) -> None:
+        # Go SDK QA (the same here): a claim whose answer was lost was asked
+        # again only a whole poll interval later, and its jobs' leases lapsed.
+        ids, reported = [], threading.Event()
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                ids.append(body["claimId"])
+                if len(ids) <= 4:
+                    return 502, error("bad_gateway"), {}  # the claim and its retries: a proxy lost the answers
+                return 200, {"jobs": [self.job(1)] if len(ids) == 5 else []}, {}
+            reported.set()
+            return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}, {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.register_tool("t", "1", lambda input, context: {"ok": True})
+        client.worker.start(1, poll_interval=3600, block=False)
+        self.addCleanup(client.worker.stop, 5)
+        self.assertTrue(reported.wait(20), ids)
+        self.assertEqual(len(set(ids[:5])), 1, ids)
+
+    def test_a_stop_asks_again_under_a_lost_claims_id(self) -> None:
+        # Go SDK QA (the same here): a stop while a claim whose answer was
+        # lost waited to be asked again ended the asking; its jobs lapsed.
+        ids, answering, reported = [], threading.Event(), threading.Event()
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                ids.append(body["claimId"])
+                if not answering.is_set():
+                    return 502, error("bad_gateway"), {}  # a proxy lost the answer
+                return 200, {"jobs": [self.job(1)]}, {}
+            reported.set()
+            return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}, {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        errors: List[BaseException] = []
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.register_tool("t", "1", lambda input, context: {"ok": True})
+        client.worker.start(1, poll_interval=3600, block=False, on_error=errors.append)
+        wait_until(lambda: len(ids) >= 4)  # the claim and its three retries, answers lost
+        time.sleep(0.1)  # the worker waits its backoff (at least 0.5 s) to ask again
+        result: List[bool] = []
+        stopper = threading.Thread(target=lambda: result.append(client.worker.stop(15)))
+        stopper.start()
+        wait_until(lambda: client.worker._stopping.is_set())
+        answering.set()
+        stopper.join(20)
+        self.assertEqual(result, [True], errors)
+        self.assertTrue(reported.is_set())
+        self.assertEqual(len(set(ids)), 1, ids)
+
     def test_a_claim_whose_answer_was_lost_is_asked_again_under_its_id(self) -> None:
         ids = []
 
