@@ -241,6 +241,7 @@ export class Worker {
   #lostReports = 0;
   #leftUnreported = 0;
   #claimId = null; // a claim whose answer was lost, to ask again
+  #claimLimit = 1; // the limit that claim asked for
 
   constructor(transport) {
     this.#transport = transport;
@@ -336,6 +337,7 @@ export class Worker {
 
   async #loop(concurrency, pollIntervalMs, waitSeconds, tools) {
     const stopping = this.#stopping.signal;
+    let lost = 0; // claims running whose answers were lost
     try {
       while (!stopping.aborted) {
         // No claim while a slot is missing, or while a report is failing:
@@ -361,16 +363,57 @@ export class Worker {
             }
           }
           this.#notify(err);
-          await this.#pause(jittered(pollIntervalMs));
+          // A claim whose answer was lost is asked again under its id after
+          // a backoff: the jobs it may have leased are this worker's while
+          // their leases hold, which a whole interval would outlast (Go SDK
+          // QA: jobs with a 15 s lease lapsed unseen while the worker
+          // waited its 30 s).
+          lost = this.#claimId === null ? 0 : lost + 1;
+          await this.#pause(lost ? Math.min(this.#transport.backoff(lost), pollIntervalMs) : jittered(pollIntervalMs));
           continue;
         }
+        lost = 0;
         for (const job of jobs) this.#dispatch(job, sent);
         if (jobs.length >= limit || (jobs.length > 0 && waitSeconds > 0)) continue; // work is waiting
         // A long poll already waited part of the interval.
         await this.#pause(jittered(pollIntervalMs) - (waitSeconds > 0 ? now() - sent : 0));
       }
+      await this.#askAgainWhileStopping();
     } finally {
       await this.#drain();
+    }
+  }
+
+  /** Once the worker stops, asks again under the id of a claim whose answer
+   * was lost, until it is answered or the stop's deadline: the jobs it may
+   * have leased run within the stop's time like those of a claim in flight
+   * when the stop came (Go SDK QA: the stop ended the asking, and the jobs
+   * lapsed unseen). Asked again, a claim that had leased nothing leases
+   * afresh, at most its own limit, without a long poll. */
+  async #askAgainWhileStopping() {
+    for (let attempt = 0; this.#claimId !== null; attempt++) {
+      const cutoff = this.#claimCutoff.signal;
+      if (attempt > 0) {
+        try {
+          await sleep(this.#transport.backoff(attempt), cutoff);
+        } catch {
+          // the stop's deadline
+        }
+      }
+      if (cutoff.aborted) {
+        this.#notify(new ConnectionLostError('ratchet: the worker stopped before a claim whose answer was lost was ' +
+          'answered; the jobs it leased, if any, run again once their leases lapse'));
+        return;
+      }
+      const sent = now();
+      let jobs;
+      try {
+        jobs = await this.#claim(this.#claimLimit, 0);
+      } catch (err) {
+        if (this.#claimId === null) this.#notify(err); // answered: refused
+        continue;
+      }
+      for (const job of jobs) this.#dispatch(job, sent);
     }
   }
 
@@ -390,7 +433,7 @@ export class Worker {
     // is answered: a claim whose answer was lost is answered again with the
     // jobs it leased, instead of leaving them to lapse. Cut at the stop's
     // deadline.
-    this.#claimId ??= newRequestId();
+    if (this.#claimId === null) [this.#claimId, this.#claimLimit] = [newRequestId(), limit];
     const body = { limit, waitSeconds, claimId: this.#claimId };
     let answer;
     try {
@@ -398,7 +441,7 @@ export class Worker {
         safe: true, timeoutMs: Math.max(this.#transport.timeoutMs, waitSeconds * 1000 + 10_000), signal: this.#claimCutoff.signal,
       });
     } catch (err) {
-      if (err instanceof RatchetError) this.#claimId = null; // answered: nothing was leased under it
+      if (err instanceof RatchetError && !err.mayHaveApplied) this.#claimId = null; // answered: nothing was leased under it
       throw err;
     }
     this.#claimId = null;

@@ -196,8 +196,8 @@ async function serve(t, respond, handler, concurrency = 1) {
   return server;
 }
 
-async function until(probe) {
-  const deadline = Date.now() + 10_000;
+async function until(probe, ms = 10_000) {
+  const deadline = Date.now() + ms;
   while (!probe()) {
     if (Date.now() > deadline) throw new Error('never happened');
     await new Promise((r) => setTimeout(r, 20));
@@ -387,6 +387,58 @@ test('a claim whose answer was lost is asked again under its id', async (t) => {
   // answered claim's successor gets a new one.
   assert.equal(new Set(ids.slice(0, 5)).size, 1);
   assert.notEqual(ids[5], ids[4]);
+});
+
+test('a lost claim is asked again after a backoff, not a poll interval', async (t) => {
+  // Go SDK QA (the same here): a claim whose answer was lost was asked
+  // again only a whole poll interval later, and its jobs' leases lapsed.
+  const ids = [];
+  let reported = false;
+  const server = await fakeServer(t, (method, path, body) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      ids.push(body.claimId);
+      if (ids.length <= 4) return [502, error('bad_gateway')]; // the claim and its retries: a proxy lost the answers
+      return [200, { jobs: ids.length === 5 ? [job(1)] : [] }];
+    }
+    reported = true;
+    return [200, { jobId: 'job_1', status: 'SUCCEEDED', attempt: 1 }];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  client.registerTool({ name: 't', version: '1', handler: () => ({ ok: true }) });
+  const started = client.worker.start({ concurrency: 1, pollIntervalMs: 3_600_000, onError: () => {} });
+  t.after(async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
+  await until(() => reported, 20_000);
+  assert.equal(new Set(ids.slice(0, 5)).size, 1, ids.join());
+});
+
+test('a stop asks again under a lost claim\'s id', async (t) => {
+  // Go SDK QA (the same here): a stop while a claim whose answer was lost
+  // waited to be asked again ended the asking; its jobs lapsed unseen.
+  const ids = [];
+  let answering = false;
+  let reported = false;
+  const server = await fakeServer(t, (method, path, body) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      ids.push(body.claimId);
+      return answering ? [200, { jobs: [job(1)] }] : [502, error('bad_gateway')];
+    }
+    reported = true;
+    return [200, { jobId: 'job_1', status: 'SUCCEEDED', attempt: 1 }];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  const errors = [];
+  client.registerTool({ name: 't', version: '1', handler: () => ({ ok: true }) });
+  const started = client.worker.start({ concurrency: 1, pollIntervalMs: 3_600_000, onError: (err) => errors.push(err) });
+  await until(() => ids.length >= 4); // the claim and its three retries, answers lost
+  await new Promise((r) => setTimeout(r, 100)); // the worker waits its backoff (at least 0.5 s) to ask again
+  const stopped = client.worker.stop({ timeoutMs: 15_000 });
+  answering = true;
+  assert.equal(await stopped, true, errors.map(String).join());
+  await started;
+  assert.ok(reported);
+  assert.equal(new Set(ids).size, 1, ids.join());
 });
 
 test('the action is told its lease is lost when heartbeats are rate limited', async (t) => {
