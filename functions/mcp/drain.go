@@ -155,6 +155,14 @@ func (d *drainingPipes) admit(line []byte) {
 		d.refuseWithID(nil, jsonrpc.CodeInvalidRequest, mcpserver.BadIDMessage)
 		return
 	}
+	if e := mcpserver.CheckEnvelope(line); e != nil {
+		var id any
+		if e.ID != nil {
+			id = e.ID
+		}
+		d.refuseWithID(id, e.Code, e.Message)
+		return
+	}
 	msg, err := jsonrpc.DecodeMessage(line)
 	if err != nil {
 		d.refuse(line, jsonrpc.CodeInvalidRequest, "Invalid Request: not a JSON-RPC 2.0 message")

@@ -94,8 +94,14 @@ func TestLinesAreAdmittedOrRefused(t *testing.T) {
 		{`{oops`, nil, `{"error":{"code":-32700,"message":"Parse error: the message is not JSON"},"id":null,"jsonrpc":"2.0"}`},
 		{`{"jsonrpc":"2.0","id":1}{"jsonrpc":"2.0","id":2}`, nil,
 			`{"error":{"code":-32700,"message":"Parse error: the message is not JSON"},"id":null,"jsonrpc":"2.0"}`},
-		{`"str"`, nil, `{"error":{"code":-32600,"message":"Invalid Request: not a JSON-RPC 2.0 message"},"id":null,"jsonrpc":"2.0"}`},
-		{`{"foo":1}`, nil, `{"error":{"code":-32600,"message":"Invalid Request: not a JSON-RPC 2.0 message"},"id":null,"jsonrpc":"2.0"}`},
+		{`"str"`, nil, `{"error":{"code":-32600,"message":"Invalid Request: a message is a JSON object"},"id":null,"jsonrpc":"2.0"}`},
+		{`{"foo":1}`, nil, `{"error":{"code":-32600,"message":"Invalid Request: a message is a request, a notification (method) or a response (result or error)"},"id":null,"jsonrpc":"2.0"}`},
+		// The envelope is checked as a REST body is (MCP QA: the last of
+		// two names ran; an initialize without its version was taken).
+		{`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"a","name":"b"}}`, nil,
+			`{"error":{"code":-32600,"message":"Invalid Request: params: \"name\" is named twice"},"id":null,"jsonrpc":"2.0"}`},
+		{`{"jsonrpc":"2.0","id":4,"method":"initialize","params":{}}`, nil,
+			`{"error":{"code":-32602,"message":"Invalid params: initialize needs protocolVersion, a string"},"id":4,"jsonrpc":"2.0"}`},
 		{`{"jsonrpc":"1.0","id":6,"method":"ping"}`, nil,
 			`{"error":{"code":-32600,"message":"Invalid Request: not a JSON-RPC 2.0 message"},"id":6,"jsonrpc":"2.0"}`},
 		{`{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}`, nil,
@@ -244,7 +250,7 @@ func TestStdioAnswersALastRequestWithoutNewline(t *testing.T) {
 }
 
 const (
-	initializeLine = `{"jsonrpc":"2.0","id":1,"method":"initialize"}`
+	initializeLine = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18"}}`
 	answerLine     = `{"jsonrpc":"2.0","id":1,"result":{}}` + "\n"
 )
 

@@ -54,6 +54,17 @@ func (s *Server) mcpRoutes() []Route {
 				"error": map[string]any{"code": jsonrpc.CodeInvalidRequest, "message": mcpserver.BadIDMessage}})
 			return
 		}
+		if e := mcpserver.CheckEnvelope(body); e != nil {
+			// A request's answer is a 200 (as the transport's are); a
+			// message refused whole, with no id to answer, a 400.
+			status, id := http.StatusBadRequest, json.RawMessage("null")
+			if e.ID != nil {
+				status, id = http.StatusOK, e.ID
+			}
+			writeJSON(w, status, map[string]any{"jsonrpc": "2.0", "id": id,
+				"error": map[string]any{"code": e.Code, "message": e.Message}})
+			return
+		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		s.mcp.once.Do(func() {
 			s.mcp.handler = mcpserver.Handler(mcpserver.New(mcpserver.HandlerCaller{Handler: s}, ""))
@@ -203,6 +214,13 @@ func (j *jsonRPCErrors) finish() {
 	if json.Unmarshal(j.body, &probe) == nil && len(probe.ID) > 0 && (probe.ID[0] == '"' || (probe.ID[0] >= '0' && probe.ID[0] <= '9') || probe.ID[0] == '-') {
 		id = probe.ID
 	}
-	writeJSON(j.ResponseWriter, j.status, map[string]any{"jsonrpc": "2.0", "id": id,
+	status := j.status
+	if code == jsonrpc.CodeMethodNotFound && string(id) != "null" {
+		// A request's answer, as the methods not offered (resources/list...)
+		// get theirs: a client may take a non-2xx for a broken transport
+		// and never read the error (MCP QA).
+		status = http.StatusOK
+	}
+	writeJSON(j.ResponseWriter, status, map[string]any{"jsonrpc": "2.0", "id": id,
 		"error": map[string]any{"code": code, "message": mcpserver.QuietMessage(msg, code)}})
 }

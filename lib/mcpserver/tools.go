@@ -294,9 +294,14 @@ func decodeArguments[In any](args json.RawMessage, resolved, urlOnly *jsonschema
 	if err := json.Unmarshal(args, &object); err != nil {
 		return in, errors.New("must be a JSON object")
 	}
-	if args, err := withoutNulls(args, object); err != nil {
+	// The schema checks the arguments without their nulls too (MCP QA: it
+	// was given them as sent, and a required URL argument given null was
+	// refused as "has the wrong type" instead of as missing).
+	args, err := withoutNulls(args, object)
+	if err != nil {
 		return in, err
-	} else if err := jsonstrict.DecodeNumbers(args, &in); err != nil {
+	}
+	if err := jsonstrict.DecodeNumbers(args, &in); err != nil {
 		return in, err
 	}
 	var check map[string]any // the schema validates plain values

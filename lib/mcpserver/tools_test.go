@@ -167,6 +167,20 @@ func TestToolArgumentsMayBeNullWhereOptional(t *testing.T) {
 		"idempotency_key": "kr", "dimensions": nil, "payload": nil, "group_id": nil, "lease_seconds": nil})
 	require.Equal(t, http.StatusOK, rest.Status, "%s", rest.Body)
 
+	// A required argument given null is refused as missing, as omitting it
+	// is, the URL's arguments too (MCP QA: "has the wrong type").
+	for _, c := range []struct{ tool, null, omitted string }{
+		{"ratchet_get_effect", `{"effect_id":null}`, `{}`},
+		{"ratchet_begin", `{"effect_type":null,"idempotency_key":"kq"}`, `{"idempotency_key":"kq"}`},
+	} {
+		text, isErr := callRaw(t, cs, c.tool, c.null)
+		require.True(t, isErr, "%s %s: %s", c.tool, c.null, text)
+		omitted, _ := callRaw(t, cs, c.tool, c.omitted)
+		require.JSONEq(t, omitted, text, "%s %s", c.tool, c.null)
+	}
+	text, _ = callRaw(t, cs, "ratchet_get_effect", `{"effect_id":null}`)
+	require.Contains(t, text, `"field":"effect_id","message":"is required"`)
+
 	// Arguments themselves may be null where none is required (a REST body
 	// may not be: it must be an object).
 	text, isErr = callRaw(t, cs, "ratchet_list_effects", `null`)

@@ -1,0 +1,166 @@
+package mcpserver
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+)
+
+// EnvelopeError is the JSON-RPC error that refuses a message (or a batch)
+// before the transport reads it. ID is the refused request's id when the
+// refusal is a request's answer (an initialize without its protocol
+// version); nil answers with a null id (a message whose id cannot be trusted,
+// or a batch).
+type EnvelopeError struct {
+	Code    int64
+	Message string
+	ID      json.RawMessage
+}
+
+// CheckEnvelope checks a body of one JSON-RPC message or a batch as the
+// API checks a REST body, before the SDK's transport reads it (MCP QA): the
+// body is one JSON value and nothing after it (text after the message, or
+// a second message, was ignored and the first served); it is an object or
+// an array of them; no member of a message or of its params is named twice
+// (parsers disagree on which one counts: a gateway reading the first name
+// saw ratchet_get_policy where the last, ratchet_begin, ran); each message is
+// a request, a notification or a response (one with an id and nothing else
+// was taken for a notification, 202); a batch names each request's id once
+// (the SDK answered one of two and dropped the other, unanswered) and holds
+// no initialize, which MCP keeps out of batches; and an initialize names its
+// protocolVersion, which MCP requires. The tool arguments are the tool
+// call's to check (params.arguments is the REST body, refused there with
+// REST's wording). A nil answer lets the message through.
+func CheckEnvelope(body []byte) *EnvelopeError {
+	if !json.Valid(body) {
+		return &EnvelopeError{Code: jsonrpc.CodeParseError, Message: ParseErrorMessage}
+	}
+	body = bytes.TrimSpace(body)
+	if body[0] != '[' {
+		if body[0] != '{' {
+			return invalid("a message is a JSON object")
+		}
+		return checkMessage(body, false)
+	}
+	var batch []json.RawMessage
+	if err := json.Unmarshal(body, &batch); err != nil {
+		return &EnvelopeError{Code: jsonrpc.CodeParseError, Message: ParseErrorMessage}
+	}
+	ids := map[string]bool{}
+	for _, m := range batch {
+		m = bytes.TrimSpace(m)
+		if len(m) == 0 || m[0] != '{' {
+			return invalid("each message of a batch is a JSON object")
+		}
+		if e := checkMessage(m, true); e != nil {
+			return e
+		}
+		var probe struct {
+			ID     json.RawMessage `json:"id"`
+			Method *string         `json:"method"`
+		}
+		_ = json.Unmarshal(m, &probe) // valid, and an object: checked above
+		if probe.Method == nil || len(probe.ID) == 0 || string(probe.ID) == "null" {
+			continue // a notification or a response
+		}
+		id := canonicalID(probe.ID)
+		if ids[id] {
+			return invalid("a batch names each request's id once")
+		}
+		ids[id] = true
+	}
+	return nil
+}
+
+func invalid(why string) *EnvelopeError {
+	return &EnvelopeError{Code: jsonrpc.CodeInvalidRequest, Message: "Invalid Request: " + why}
+}
+
+// checkMessage checks one message object.
+func checkMessage(m []byte, inBatch bool) *EnvelopeError {
+	members, err := objectMembers(m)
+	if err != nil {
+		return invalid(err.Error())
+	}
+	_, hasMethod := members["method"]
+	_, hasResult := members["result"]
+	_, hasError := members["error"]
+	if !hasMethod && !hasResult && !hasError {
+		return invalid("a message is a request, a notification (method) or a response (result or error)")
+	}
+	params, hasParams := members["params"]
+	if hasParams && len(params) > 0 && params[0] == '{' {
+		if _, err := objectMembers(params); err != nil {
+			return invalid("params: " + err.Error())
+		}
+	}
+	var method string
+	if json.Unmarshal(members["method"], &method) != nil || method != "initialize" {
+		return nil
+	}
+	if inBatch {
+		return invalid("initialize cannot be part of a batch")
+	}
+	var init struct {
+		ProtocolVersion *string `json:"protocolVersion"`
+	}
+	if !hasParams || json.Unmarshal(params, &init) != nil || init.ProtocolVersion == nil {
+		e := &EnvelopeError{Code: jsonrpc.CodeInvalidParams, Message: "Invalid params: initialize needs protocolVersion, a string"}
+		if id := members["id"]; len(id) > 0 && (id[0] == '"' || id[0] == '-' || (id[0] >= '0' && id[0] <= '9')) {
+			e.ID = id // IDsAnswerable let it through: answered as sent
+		}
+		return e
+	}
+	return nil
+}
+
+// objectMembers reads the members of the JSON object obj, refusing a name
+// given twice.
+func objectMembers(obj []byte) (map[string]json.RawMessage, error) {
+	dec := json.NewDecoder(bytes.NewReader(obj))
+	if _, err := dec.Token(); err != nil { // {
+		return nil, fmt.Errorf("not an object")
+	}
+	members := map[string]json.RawMessage{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("not an object")
+		}
+		name, _ := t.(string)
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil && err != io.EOF {
+			return nil, fmt.Errorf("not an object")
+		}
+		if _, seen := members[name]; seen {
+			if protocolNames[name] {
+				return nil, fmt.Errorf("%q is named twice", name)
+			}
+			return nil, fmt.Errorf("a member is named twice in one object") // a name of the caller's: not quoted
+		}
+		members[name] = v
+	}
+	return members, nil
+}
+
+// protocolNames are the members of a message and of its params that the
+// protocol names, which a refusal may quote.
+var protocolNames = map[string]bool{"jsonrpc": true, "id": true, "method": true, "params": true, "result": true,
+	"error": true, "name": true, "arguments": true, "_meta": true, "protocolVersion": true, "capabilities": true,
+	"clientInfo": true, "cursor": true}
+
+// canonicalID spells an id so that 1, 1.0 and 1e0 are one id (as the SDK
+// reads them: IDsAnswerable lets only integers through) and "1" another.
+func canonicalID(id json.RawMessage) string {
+	if id[0] == '"' {
+		var s string
+		_ = json.Unmarshal(id, &s)
+		return "s:" + s
+	}
+	var f float64
+	_ = json.Unmarshal(id, &f)
+	return fmt.Sprintf("n:%v", f)
+}
