@@ -185,15 +185,17 @@ class Transport:
     def call_until(self, method: str, path: str, body: Any, *, may_wait: Callable[[float], bool],
                    on_retry: Callable[[], None] = lambda: None,
                    stop_on: Callable[[RatchetError], bool] = lambda err: False,
-                   timeout: Optional[float] = None, abort: Optional[Abort] = None) -> Any:
+                   timeout: Optional[float] = None, abort: Optional[Abort] = None,
+                   on_attempt: Callable[[], None] = lambda: None) -> Any:
         """Sends a call that is safe to repeat (a report), repeating it
         through every failure worth repeating for as long as may_wait(wait)
-        allows the next wait (seconds) and abort has not fired; on_retry
-        runs before each wait. Raises the last failure: a refusal, one
+        allows the next wait (seconds) and abort has not fired; on_attempt
+        runs before each attempt is sent, on_retry before each wait. Raises the last failure: a refusal, one
         may_wait gave up on, the abort's ConnectionLost, or a failure worth
         repeating that stop_on(failure) says to hand back."""
         attempt = 0
         while True:
+            on_attempt()
             try:
                 return self.call(method, path, body, safe=True, max_retries=0, timeout=timeout, abort=abort)
             except RatchetError as err:

@@ -9,7 +9,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ._http import Abort, Transport, new_request_id, path_id
 from .errors import (FORBIDDEN, INVALID_REQUEST, INVALID_STATE, LEASE_EXPIRED, LEASE_LOST, MAX_RETRY_AFTER_MS,
@@ -112,6 +112,7 @@ class _Active:
         self.lost_code: Optional[str] = None  # why the lease was lost: the server's code, or "" for a local lapse
         self.beats_done = threading.Event()
         self.reporting = False  # the handler is done; lease_end no longer moves (under the worker's lock)
+        self.own_failure = False  # its report fails on its own (under the worker's lock): see Worker._report
         self.straggler = False  # the supervisor went on without the handler (under the worker's lock)
 
     def stop(self) -> None:
@@ -128,11 +129,12 @@ class _Report:
     sent on its own (alone)."""
 
     def __init__(self, job_id: str, body: dict, may_wait: Callable[[float], bool],
-                 on_retry: Callable[[], None]) -> None:
+                 on_retry: Callable[[], None], on_attempt: Callable[[], None] = lambda: None) -> None:
         self.job_id = job_id
         self.body = body
         self.may_wait = may_wait
         self.on_retry = on_retry
+        self.on_attempt = on_attempt
         try:
             self.size = len(json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8"))
         except (TypeError, ValueError, RecursionError):
@@ -176,11 +178,11 @@ class _Reporter:
         self._abort.fire()
 
     def deliver(self, job_id: str, body: dict, *, may_wait: Callable[[float], bool],
-                on_retry: Callable[[], None]) -> None:
+                on_retry: Callable[[], None], on_attempt: Callable[[], None] = lambda: None) -> None:
         """Delivers job_id's report and returns once recorded; raises what
         Transport.call_until raises for the single report: its refusal, or
         the failure may_wait gave up on."""
-        report = _Report(job_id, body, may_wait, on_retry)
+        report = _Report(job_id, body, may_wait, on_retry, on_attempt)
         with self._cond:
             self._queue.append(report)
             while not report.done:
@@ -198,7 +200,8 @@ class _Reporter:
                     self._cond.notify_all()
         if report.alone:
             self._transport.call_until("POST", _report_path(job_id), body, may_wait=may_wait, on_retry=on_retry,
-                                       timeout=min(self._transport.timeout, _REPORT_TIMEOUT), abort=self._abort)
+                                       timeout=min(self._transport.timeout, _REPORT_TIMEOUT), abort=self._abort,
+                                       on_attempt=on_attempt)
         elif report.error is not None:
             raise report.error
 
@@ -253,10 +256,14 @@ class _Reporter:
             for r in batch:
                 r.on_retry()
 
+        def on_attempt() -> None:
+            for r in batch:
+                r.on_attempt()
+
         try:
             answer = self._transport.call_until("POST", path, body, may_wait=may_wait, on_retry=on_retry,
                                                 stop_on=stop_on, timeout=min(self._transport.timeout, _REPORT_TIMEOUT),
-                                                abort=self._abort)
+                                                abort=self._abort, on_attempt=on_attempt)
         except RatchetError as err:
             if failed_500[0] >= 2 or (len(batch) > 1 and 400 <= err.status < 500 and err.status != 429):
                 for r in batch:
@@ -313,12 +320,14 @@ class Worker:
         self._active: Dict[str, _Active] = {}  # supervisors not yet ended, by job id
         self._stragglers = 0  # handlers still running after the worker went on without them
         # The reports whose delivery met a failure, each with when it first
-        # did, and when the server last recorded one: a failing report holds
-        # the claims until the server records another after its failure
-        # began; the server takes reports then, and this one fails for a
-        # reason of its own (the Go SDK's holding()).
+        # did; those failing on their own (see _report); and the send time
+        # of the latest-sent delivery the server recorded, with when it did.
+        # A failing report holds the claims unless it fails on its own (the
+        # Go SDK's holding()).
         self._failing: Dict[int, float] = {}
-        self._last_recorded = float("-inf")
+        self._own_failures: Set[int] = set()
+        self._recorded_sent = float("-inf")
+        self._recorded_at = float("-inf")
         self._started = False
         self._stopping = threading.Event()
         self._stop_at: Optional[float] = None  # when running handlers are told to stop
@@ -532,13 +541,13 @@ class Worker:
 
     def _reports_holding(self) -> bool:
         """Whether a failing report holds the claims (under the lock)."""
-        return any(since >= self._last_recorded for since in self._failing.values())
+        return any(key not in self._own_failures for key in self._failing)
 
     def _report_lapsing(self, wait_seconds: int) -> bool:
         """Whether a report not yet recorded has a lease that lapses before
         a claim made now is surely answered (under the lock)."""
         horizon = time.monotonic() + _REPORT_LEASE_MARGIN + wait_seconds
-        return any(a.reporting and a.lease_end <= horizon for a in self._active.values())
+        return any(a.reporting and not a.own_failure and a.lease_end <= horizon for a in self._active.values())
 
     def _claim(self, limit: int, wait_seconds: int) -> list:
         # One claim id across the call's retries, and across claims until
@@ -834,7 +843,7 @@ class Worker:
         None when recorded, or when it was given up (then already told to
         on_error)."""
         body = {"leaseToken": context._lease_token, **body}
-        state = {"gave_up": False}
+        state = {"gave_up": False, "sent": 0.0}
         key = id(state)  # this report's key in _failing while it is
 
         def may_wait(wait: float) -> bool:
@@ -843,14 +852,32 @@ class Worker:
                                     and time.monotonic() + wait > self._stop_at + _GRACE + _REPORT_PATIENCE)
             return not state["gave_up"]
 
+        def on_attempt() -> None:
+            state["sent"] = time.monotonic()
+
         def on_retry() -> None:
+            # After a failed delivery. The report fails on its own when the
+            # server, after its first failure, recorded a report of a
+            # delivery sent since, and this delivery, sent after that,
+            # failed again: the server takes reports and refuses or chokes
+            # on this one, which pausing the worker would not mend (not
+            # even once its lease lapsed: one bad output stalled the
+            # worker). When an outage ends, the first report recorded says
+            # nothing of the others still waiting out their backoff (Go SDK
+            # QA: taken as failing on their own, their jobs ran again).
             with self._lock:
-                self._failing.setdefault(key, time.monotonic())
+                since = self._failing.setdefault(key, time.monotonic())
+                if self._recorded_sent > since and state["sent"] > self._recorded_at:
+                    self._own_failures.add(key)
+                    active = self._active.get(context.job_id)
+                    if active is not None:
+                        active.own_failure = True
 
         try:
-            self._reporter.deliver(context.job_id, body, may_wait=may_wait, on_retry=on_retry)
+            self._reporter.deliver(context.job_id, body, may_wait=may_wait, on_retry=on_retry, on_attempt=on_attempt)
             with self._lock:
-                self._last_recorded = time.monotonic()
+                if state["sent"] > self._recorded_sent:
+                    self._recorded_sent, self._recorded_at = state["sent"], time.monotonic()
             return None
         except RatchetError as err:
             if err.code == LEASE_LOST and err.detail.get("reportedOutcome") == body["status"]:
@@ -867,6 +894,7 @@ class Worker:
         finally:
             with self._lock:
                 self._failing.pop(key, None)
+                self._own_failures.discard(key)
                 self._lock.notify_all()
 
     def _lost(self, context: JobContext, error: BaseException) -> None:

@@ -538,6 +538,41 @@ class WorkerRulesTest(unittest.TestCase):
             self.assertIn("job_1 failed", order[:second_claim])
             self.assertIn("recorded", order[:second_claim], "claims resumed once another report was recorded")
 
+    def test_a_report_failing_on_its_own_holds_no_claim_after_its_lease_lapses(self) -> None:
+        # A report the server keeps failing on while it records others held
+        # the claims again once its lease lapsed (the lapsing check took it
+        # for one not yet answered): one bad output stalled the worker.
+        lock, order = threading.Lock(), []
+
+        def respond(method, path, body):
+            with lock:
+                if path.endswith("/register"):
+                    return 200, {"workerId": "wkr_1"}, {}
+                if path.endswith("/claim"):
+                    order.append("claim")
+                    first = order.count("claim") == 1
+                    return 200, {"jobs": [dict(self.job(1), leaseMs=1500), self.job(2)] if first else []}, {}
+                if "job_1" in path or "job_1" in json.dumps(body):
+                    order.append("job_1 failed")
+                    return 500, error("internal_error"), {}
+                order.append("recorded")
+                return 200, {"jobId": "job_2", "status": "SUCCEEDED", "attempt": 1}, {}
+
+        def handler(input, context):
+            if context.job_id == "job_2":
+                time.sleep(0.3)  # reported after job_1's report began failing
+            return {"ok": True}
+
+        patcher = mock.patch("getratchet.worker._REPORT_PATIENCE", 0.5)  # the stop gives job_1's report up soon
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        self.serve(respond, handler, concurrency=2)
+        wait_until(lambda: "recorded" in order and order.count("job_1 failed") >= 3, timeout=15)
+        time.sleep(2.0)  # job_1's lease has lapsed
+        with lock:
+            claims = order.count("claim")
+        wait_until(lambda: order.count("claim") > claims + 2, timeout=5)
+
     def test_a_report_delivery_that_hangs_is_sent_again(self) -> None:
         # QA: a delivery waited the client's whole timeout (60 s) on a
         # connection that hung, every other report behind it. Each now waits
