@@ -110,13 +110,15 @@ export class Transport {
   /**
    * Sends a call that is safe to repeat (a report), repeating it through
    * every failure worth repeating for as long as mayWait(waitMs) allows the
-   * next wait; onRetry runs before each wait. Rejects with the last
+   * next wait; onAttempt runs before each attempt is sent, onRetry before
+   * each wait. Rejects with the last
    * failure: a refusal, one mayWait gave up on, or a RatchetError worth
    * repeating that stopOn(err) says to hand back.
    */
-  async callUntil(method, path, body, { mayWait, onRetry = () => {}, stopOn = () => false, timeoutMs, signal }) {
+  async callUntil(method, path, body, { mayWait, onRetry = () => {}, onAttempt = () => {}, stopOn = () => false, timeoutMs, signal }) {
     for (let attempt = 0; ; attempt++) {
       let wait;
+      onAttempt();
       try {
         return await this.call(method, path, body, { safe: true, maxRetries: 0, timeoutMs, signal });
       } catch (err) {

@@ -93,7 +93,7 @@ export class Reporter { // exported for the tests; not by the package
 
   /** Delivers jobId's report; rejects as Transport.callUntil would for the
    * single report: with its refusal, or the failure mayWait gave up on. */
-  async deliver(jobId, body, { mayWait, onRetry }) {
+  async deliver(jobId, body, { mayWait, onRetry, onAttempt = () => {} }) {
     let size;
     try {
       size = Buffer.byteLength(JSON.stringify(body));
@@ -102,11 +102,11 @@ export class Reporter { // exported for the tests; not by the package
     }
     let settle;
     const settled = new Promise((resolve) => { settle = resolve; });
-    this.#queue.push({ jobId, body, mayWait, onRetry, size, settle, outcome: {} });
+    this.#queue.push({ jobId, body, mayWait, onRetry, onAttempt, size, settle, outcome: {} });
     this.#pump();
     const outcome = await settled;
     if (outcome.alone) {
-      await this.#transport.callUntil('POST', reportPath(jobId), body, { mayWait, onRetry, timeoutMs: this.#deliveryTimeout(), signal: this.#cutoff });
+      await this.#transport.callUntil('POST', reportPath(jobId), body, { mayWait, onRetry, onAttempt, timeoutMs: this.#deliveryTimeout(), signal: this.#cutoff });
     } else if (outcome.error) {
       throw outcome.error;
     }
@@ -164,6 +164,7 @@ export class Reporter { // exported for the tests; not by the package
         // Every report is told: each keeps whether it gave up.
         mayWait: (wait) => batch.map((r) => r.mayWait(wait)).every(Boolean),
         onRetry: () => { for (const r of batch) r.onRetry(); },
+        onAttempt: () => { for (const r of batch) r.onAttempt(); },
         stopOn: (err) => {
           failed500 = err.status === 500 ? failed500 + 1 : 0;
           return failed500 >= 2;
@@ -227,7 +228,9 @@ export class Worker {
   // server takes reports then, and this one fails for a reason of its own
   // (the Go SDK's holding()).
   #failing = new Map();
-  #lastRecorded = -Infinity;
+  #ownFailures = new Set(); // the keys of #failing whose reports fail on their own: see #report
+  #recordedSent = -Infinity; // the send time of the latest-sent delivery the server recorded
+  #recordedAt = -Infinity; // and when it did
   #started = false;
   #stopping = new AbortController();
   #claimCutoff = new AbortController(); // aborted at the stop's deadline
@@ -418,13 +421,13 @@ export class Worker {
   }
 
   #reportsHolding() {
-    for (const since of this.#failing.values()) if (since >= this.#lastRecorded) return true;
+    for (const key of this.#failing.keys()) if (!this.#ownFailures.has(key)) return true;
     return false;
   }
 
   #reportLapsing(waitSeconds) {
     const horizon = now() + REPORT_LEASE_MARGIN_MS + waitSeconds * 1000;
-    for (const record of this.#reporting) if (record.leaseEnd <= horizon) return true;
+    for (const record of this.#reporting) if (!record.ownFailure && record.leaseEnd <= horizon) return true;
     return false;
   }
 
@@ -509,6 +512,7 @@ export class Worker {
         record.cancel('stopping');
       },
     };
+    label.record = record;
     this.#jobs.add(record);
     if (this.#stopDeadlinePassed) record.stop();
     const context = {
@@ -719,17 +723,32 @@ export class Worker {
     const body = { leaseToken: label.token, ...report };
     const failing = {}; // this report's key in #failing while it is
     let gaveUp = false;
+    let sent = 0;
     try {
       await this.#reporter.deliver(label.jobId, body, {
         mayWait: (wait) => {
           gaveUp = this.#stopAt !== null && now() + wait > this.#stopAt + GRACE_MS + reportTimes.patienceMs;
           return !gaveUp;
         },
+        onAttempt: () => { sent = now(); },
+        // After a failed delivery. The report fails on its own when the
+        // server, after its first failure, recorded a report of a delivery
+        // sent since, and this delivery, sent after that, failed again: the
+        // server takes reports and refuses or chokes on this one, which
+        // pausing the worker would not mend (not even once its lease
+        // lapsed: one bad output stalled the worker). When an outage ends,
+        // the first report recorded says nothing of the others still
+        // waiting out their backoff (Go SDK QA: taken as failing on their
+        // own, their jobs ran again).
         onRetry: () => {
           if (!this.#failing.has(failing)) this.#failing.set(failing, now());
+          else if (this.#recordedSent > this.#failing.get(failing) && sent > this.#recordedAt) {
+            this.#ownFailures.add(failing);
+            if (label.record) label.record.ownFailure = true; // no longer held by its lease's end (#reportLapsing)
+          }
         },
       });
-      this.#lastRecorded = now();
+      if (sent > this.#recordedSent) [this.#recordedSent, this.#recordedAt] = [sent, now()];
       return null;
     } catch (err) {
       if (err instanceof RatchetError && err.code === 'lease_lost' && err.detail.reportedOutcome === body.status) return null; // an earlier send landed
@@ -741,6 +760,7 @@ export class Worker {
       return err;
     } finally {
       this.#failing.delete(failing);
+      this.#ownFailures.delete(failing);
       this.#signal();
     }
   }

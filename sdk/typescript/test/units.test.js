@@ -275,6 +275,37 @@ test('a report failing on its own does not hold the claims', async (t) => {
   assert.ok(order.slice(0, second).includes('recorded'), 'claims resumed once another report was recorded');
 });
 
+test('a report failing on its own holds no claim after its lease lapses', async (t) => {
+  // Its lapsing lease held the claims again (taken for a report not yet
+  // answered): one bad output stalled the worker.
+  const saved = { ...reportTimes };
+  Object.assign(reportTimes, { patienceMs: 300 }); // the stop gives job_1's report up soon
+  const order = [];
+  const claims = () => order.filter((o) => o === 'claim').length;
+  const restore = () => Object.assign(reportTimes, saved);
+  await serve(t, (method, path, body) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      order.push('claim');
+      return [200, { jobs: claims() === 1 ? [{ ...job(1), leaseMs: 1500 }, job(2)] : [] }];
+    }
+    if (path.includes('job_1') || JSON.stringify(body).includes('job_1')) {
+      order.push('job_1 failed');
+      return [500, error('internal_error')];
+    }
+    order.push('recorded');
+    return [200, { jobId: 'job_2', status: 'SUCCEEDED', attempt: 1 }];
+  }, async (input, ctx) => {
+    if (ctx.jobId === 'job_2') await new Promise((r) => setTimeout(r, 300)); // reported after job_1's report began failing
+    return { ok: true };
+  }, 2);
+  await until(() => order.includes('recorded') && order.filter((o) => o === 'job_1 failed').length >= 3, 15_000);
+  t.after(restore); // after serve's stop, which gives job_1's report up
+  await new Promise((r) => setTimeout(r, 2000)); // job_1's lease has lapsed
+  const before = claims();
+  await until(() => claims() > before + 2, 5_000);
+});
+
 test('a report still unanswered when the stop gives reports up is cut, and counted lost', async (t) => {
   // QA: stop() waited for a report hanging on its connection, 60 s a try,
   // long past its deadline. The deliveries in flight are now aborted once
