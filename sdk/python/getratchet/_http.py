@@ -68,15 +68,21 @@ class Abort:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._fired = False
+        self._event = threading.Event()
         self._connections: set = set()
 
     @property
     def fired(self) -> bool:
         return self._fired
 
+    def wait(self, seconds: float) -> bool:
+        """Waits seconds, or until it fires; answers whether it fired."""
+        return self._event.wait(seconds)
+
     def fire(self) -> None:
         with self._lock:
             self._fired = True
+            self._event.set()
             connections = list(self._connections)
         for connection in connections:
             _shut(connection)
@@ -155,17 +161,20 @@ class Transport:
         with outcome not_applied) are repeated for any call. with_date
         returns (answer, the response's Date as a datetime or None), for
         lease lengths measured by the server's own clock. A call made with
-        an abort that fires fails with ConnectionLost, not repeated.
+        an abort that fires is not repeated: it fails with ConnectionLost
+        when an attempt may have been applied, else with its last failure.
         """
         data = None if body is None else json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
         retries = self.max_retries if max_retries is None else max_retries
         attempt = 0
         held = 0
+        unsure = False  # an attempt may have been applied
         while True:
             try:
                 answer, date = self._once(method, path, data, idempotency_key, timeout or self.timeout, safe, abort)
                 return (answer, date) if with_date else answer
             except RatchetError as err:
+                unsure = unsure or err.may_have_applied
                 if idempotency_key and err.code == RETRY_REQUEST and held < MAX_KEY_HELD_WAITS:
                     # The server still acts on an earlier attempt under this
                     # key: wait as asked, outside the retry bound.
@@ -175,12 +184,21 @@ class Transport:
                 wait = self.retry_delay(err, attempt, safe)
                 if wait is None or attempt >= retries:
                     raise
-            except ConnectionLost:
+                failure: Exception = err
+            except ConnectionLost as err:
+                unsure = True
                 if not safe or attempt >= retries or (abort is not None and abort.fired):
                     raise
-                wait = self.backoff(attempt)
+                wait, failure = self.backoff(attempt), err
             attempt += 1
-            self.sleep(wait)
+            if abort is None:
+                self.sleep(wait)
+            elif abort.wait(wait):
+                # Cut while waiting (a claim's 429 at a stop's deadline): the
+                # caller learns whether anything may have been applied.
+                if unsure and not isinstance(failure, ConnectionLost):
+                    raise ConnectionLost(f"ratchet: {method} {path.split('?')[0]}: given up") from None
+                raise failure
 
     def call_until(self, method: str, path: str, body: Any, *, may_wait: Callable[[float], bool],
                    on_retry: Callable[[], None] = lambda: None,

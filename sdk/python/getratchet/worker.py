@@ -340,6 +340,8 @@ class Worker:
         self.worker_id: Optional[str] = None
         self._claim_id: Optional[str] = None  # a claim whose answer was lost, to ask again (loop thread only)
         self._claim_limit = 1  # the limit that claim asked for (loop thread only)
+        self._claim_abort = Abort()  # fired at the stop's deadline: cuts a claim in flight
+        self._abandoned_claims = 0  # claims whose answers were lost and never asked again in time
 
     def add_tool(self, name: str, version: str, handler: Callable[[Any, JobContext], Any],
                  classify_error: Optional[Callable[[BaseException, JobContext], Any]] = None) -> None:
@@ -413,7 +415,9 @@ class Worker:
         those that still do not return within a second are left unreported
         (their leases lapse and another worker runs them again). Returns
         whether every job this worker claimed ended with its outcome
-        recorded (no report lost, no handler left running). A stop before
+        recorded (no report lost, no handler left running, no claim whose
+        answer was lost given up: a claim still unanswered at the deadline
+        is cut, and the jobs it may have leased lapse). A stop before
         start() does nothing and answers True. Called from the thread
         running a blocking start() (a signal handler), it only asks for the
         stop, answers False, and start() returns once done."""
@@ -429,12 +433,18 @@ class Worker:
         self._flush_errors()
         with self._lock:
             return (self._done.is_set() and not self._active and self._lost_reports == 0
-                    and self._left_unreported == 0 and self._stragglers == 0)
+                    and self._left_unreported == 0 and self._stragglers == 0 and self._abandoned_claims == 0)
 
     def _request_stop(self, timeout: float) -> None:
         with self._lock:
             if self._stop_at is None:
                 self._stop_at = time.monotonic() + max(0.0, timeout)
+                # A claim in flight (or waiting out a 429) is cut at the
+                # deadline, as Go's and TypeScript's are (QA: one the
+                # transport kept retrying leased jobs after stop() returned).
+                cut = threading.Timer(max(0.0, timeout), self._claim_abort.fire)
+                cut.daemon = True
+                cut.start()
             self._stopping.set()
             self._lock.notify_all()
 
@@ -522,7 +532,9 @@ class Worker:
         while self._claim_id is not None:
             with self._lock:
                 left = (self._stop_at or 0.0) - time.monotonic()
-            if left <= 0:
+            if left <= 0 or self._claim_abort.fired:
+                with self._lock:
+                    self._abandoned_claims += 1
                 self._notify(ConnectionLost("ratchet: the worker stopped before a claim whose answer was lost was "
                                             "answered; the jobs it leased, if any, run again once their leases lapse"))
                 return
@@ -558,7 +570,8 @@ class Worker:
         body = {"limit": limit, "waitSeconds": wait_seconds, "claimId": self._claim_id}
         try:
             answer = self._transport.call("POST", "/workers/" + path_id(self.worker_id or "") + "/claim", body,
-                                          safe=True, timeout=max(self._transport.timeout, wait_seconds + 10.0))
+                                          safe=True, timeout=max(self._transport.timeout, wait_seconds + 10.0),
+                                          abort=self._claim_abort)
         except RatchetError as err:
             if not err.may_have_applied:
                 self._claim_id = None  # answered: nothing was leased under it

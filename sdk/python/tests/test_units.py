@@ -733,6 +733,57 @@ class WorkerRulesTest(unittest.TestCase):
         self.assertTrue(reported.is_set())
         self.assertEqual(len(set(ids)), 1, ids)
 
+    def test_a_stop_cuts_a_claim_still_unanswered_at_its_deadline(self) -> None:
+        # QA: the transport went on retrying a black-holed claim after stop()
+        # returned (a minute a try), and its jobs were leased to a worker
+        # that had stopped. Cut at the deadline, the claim is given up: stop()
+        # answers False and on_error says so.
+        ids, release = [], threading.Event()
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            ids.append(body["claimId"])
+            release.wait(20)  # black-holed
+            return 200, {"jobs": []}, {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        self.addCleanup(release.set)
+        errors: List[BaseException] = []
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.register_tool("t", "1", lambda input, context: None)
+        client.worker.start(1, poll_interval=3600, block=False, on_error=errors.append)
+        wait_until(lambda: len(ids) >= 1)
+        began = time.monotonic()
+        self.assertFalse(client.worker.stop(0.5), "a claim that may have leased jobs was given up")
+        self.assertLess(time.monotonic() - began, 3.5)
+        self.assertTrue(any("claim whose answer was lost" in str(e) for e in errors), errors)
+        sent = len(ids)
+        time.sleep(0.5)
+        self.assertEqual(len(ids), sent, "nothing claimed after stop() returned")
+
+    def test_a_stop_cuts_a_claims_rate_limit_wait(self) -> None:
+        # QA: a claim waiting out a 429's Retry-After held stop() for it. Cut
+        # at the deadline; the 429 leased nothing, so nothing was given up.
+        errors: List[BaseException] = []
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            return 429, error("rate_limited", retry_after_seconds=60), {"Retry-After": "60"}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.register_tool("t", "1", lambda input, context: None)
+        client.worker.start(1, poll_interval=3600, block=False, on_error=errors.append)
+        wait_until(lambda: any(s[1].endswith("/claim") for s in server.seen))
+        began = time.monotonic()
+        self.assertTrue(client.worker.stop(0.5), errors)
+        self.assertLess(time.monotonic() - began, 3.5)
+        self.assertFalse(any("claim whose answer was lost" in str(e) for e in errors), errors)
+
     def test_a_claim_whose_answer_was_lost_is_asked_again_under_its_id(self) -> None:
         ids = []
 

@@ -166,6 +166,10 @@ export class Transport {
     signal?.addEventListener('abort', onAbort, { once: true });
     const name = `${method} ${path.split('?')[0]}`;
     try {
+      // A listener added to a signal already aborted never fires: the call
+      // is not sent (QA: a report batch queued behind one in flight went out
+      // after the stop's cut-off and hung for its whole delivery timeout).
+      if (signal?.aborted) throw signal.reason;
       let response;
       let raw;
       try {

@@ -337,6 +337,42 @@ test('a report still unanswered when the stop gives reports up is cut, and count
   assert.ok(errors.some((e) => /job_1 attempt 1 was not recorded/.test(e.message)), errors.map(String).join());
 });
 
+test('reports queued behind one in flight are not sent after the stop gives reports up', async (t) => {
+  // QA: the batch queued behind a hung delivery went out at the cut-off
+  // (the abort listener was added to a signal already aborted) and hung for
+  // its whole delivery timeout: stop() overran by that much.
+  const saved = { ...reportTimes };
+  Object.assign(reportTimes, { patienceMs: 300, deliveryMs: 5_000 });
+  t.after(() => Object.assign(reportTimes, saved));
+  let claimed = false;
+  const reports = [];
+  const server = await fakeServer(t, async (method, path, body) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      const first = !claimed;
+      claimed = true;
+      return [200, { jobs: first ? [job(1), job(2), job(3)] : [] }];
+    }
+    reports.push(path);
+    await new Promise((r) => setTimeout(r, 20_000)); // never in time
+    return [200, {}];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  client.registerTool({ name: 't', version: '1', handler: async (input, ctx) => {
+    if (ctx.jobId !== 'job_1') await new Promise((r) => setTimeout(r, 200)); // queued behind job_1's delivery
+    return { ok: true };
+  } });
+  const started = client.worker.start({ concurrency: 3, pollIntervalMs: 50, onError: () => {} });
+  await until(() => reports.length >= 1);
+  await new Promise((r) => setTimeout(r, 400)); // job_2 and job_3 have finished
+  const began = Date.now();
+  assert.equal(await client.worker.stop({ timeoutMs: 200 }), false);
+  await started;
+  const took = Date.now() - began;
+  assert.ok(took < 4_000, `stop took ${took} ms`);
+  assert.equal(reports.length, 1, reports.join());
+});
+
 test('a batch never names a job twice', async () => {
   // QA: two attempts of one job (the second claimed after the first's
   // lease lapsed) reported in one batch: the server refuses the second
