@@ -72,20 +72,27 @@ export class Transport {
    * changed nothing (429, retry_request, 408, a database_unavailable with
    * outcome not_applied) are repeated for any call. withDate resolves to
    * [answer, the response's Date in ms or NaN], for lease lengths measured
-   * by the server's own clock.
+   * by the server's own clock. retryCutoff, once aborted, ends the waits
+   * between attempts (a stopping worker's claim waiting out a 429): the call
+   * then rejects with its last failure, or a ConnectionLostError when an
+   * attempt may have been applied.
    */
-  async call(method, path, body, { safe, idempotencyKey, timeoutMs, maxRetries, signal, withDate = false } = {}) {
+  async call(method, path, body, { safe, idempotencyKey, timeoutMs, maxRetries, signal, retryCutoff, withDate = false } = {}) {
     const data = body === undefined ? undefined : JSON.stringify(body);
     const retries = maxRetries ?? this.maxRetries;
     let attempt = 0;
     let held = 0;
+    let unsure = false; // an attempt may have been applied
+    let failure;
     for (;;) {
       let wait;
       try {
         const [answer, date] = await this.#once(method, path, data, idempotencyKey, timeoutMs ?? this.timeoutMs, signal);
         return withDate ? [answer, date] : answer;
       } catch (err) {
+        failure = err;
         if (err instanceof RatchetError) {
+          unsure ||= err.mayHaveApplied;
           if (idempotencyKey && err.code === 'retry_request' && held < MAX_KEY_HELD_WAITS) {
             // The server still acts on an earlier attempt under this key:
             // wait as asked, outside the retry bound.
@@ -96,6 +103,7 @@ export class Transport {
           wait = this.retryDelay(err, attempt, safe);
           if (wait === null || attempt >= retries) throw err;
         } else if (err instanceof ConnectionLostError) {
+          unsure = true;
           if (!safe || attempt >= retries) throw err;
           wait = this.backoff(attempt);
         } else {
@@ -103,7 +111,25 @@ export class Transport {
         }
       }
       attempt++;
-      await this.sleep(wait, signal);
+      if (!retryCutoff) {
+        await this.sleep(wait, signal);
+        continue;
+      }
+      const either = new AbortController();
+      const forward = () => either.abort();
+      for (const s of [signal, retryCutoff]) s?.addEventListener('abort', forward, { once: true });
+      try {
+        if (signal?.aborted || retryCutoff.aborted) either.abort();
+        await this.sleep(wait, either.signal);
+      } catch {
+        if (signal?.aborted) throw signal.reason;
+        if (unsure && !(failure instanceof ConnectionLostError)) {
+          throw new ConnectionLostError(`ratchet: ${method} ${path.split('?')[0]}: given up`);
+        }
+        throw failure;
+      } finally {
+        for (const s of [signal, retryCutoff]) s?.removeEventListener('abort', forward);
+      }
     }
   }
 

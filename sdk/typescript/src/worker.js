@@ -245,6 +245,7 @@ export class Worker {
   #leftUnreported = 0;
   #claimId = null; // a claim whose answer was lost, to ask again
   #claimLimit = 1; // the limit that claim asked for
+  #abandonedClaims = 0; // claims whose answers were lost and never asked again in time
 
   constructor(transport) {
     this.#transport = transport;
@@ -306,7 +307,7 @@ export class Worker {
     // onError is told what is queued, for at most a second (stop may be
     // awaited by an onError call in that very queue).
     await nap(1_000, this.#errors);
-    return this.#lostReports === 0 && this.#leftUnreported === 0 && this.#stragglers === 0;
+    return this.#lostReports === 0 && this.#leftUnreported === 0 && this.#stragglers === 0 && this.#abandonedClaims === 0;
   }
 
   #requestStop(timeoutMs) {
@@ -365,7 +366,7 @@ export class Worker {
               this.#notify(again);
             }
           }
-          this.#notify(err);
+          if (!stopping.aborted) this.#notify(err);
           // A claim whose answer was lost is asked again under its id after
           // a backoff: the jobs it may have leased are this worker's while
           // their leases hold, which a whole interval would outlast (Go SDK
@@ -404,6 +405,7 @@ export class Worker {
         }
       }
       if (cutoff.aborted) {
+        this.#abandonedClaims++;
         this.#notify(new ConnectionLostError('ratchet: the worker stopped before a claim whose answer was lost was ' +
           'answered; the jobs it leased, if any, run again once their leases lapse'));
         return;
@@ -442,6 +444,9 @@ export class Worker {
     try {
       answer = await this.#transport.call('POST', `/workers/${pathId(this.workerId)}/claim`, body, {
         safe: true, timeoutMs: Math.max(this.#transport.timeoutMs, waitSeconds * 1000 + 10_000), signal: this.#claimCutoff.signal,
+        // A stop ends a wait between attempts (a 429's minute, QA): a claim
+        // whose answer was lost is asked again while stopping instead.
+        retryCutoff: this.#stopping.signal,
       });
     } catch (err) {
       if (err instanceof RatchetError && !err.mayHaveApplied) this.#claimId = null; // answered: nothing was leased under it

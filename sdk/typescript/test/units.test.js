@@ -508,6 +508,43 @@ test('a stop asks again under a lost claim\'s id', async (t) => {
   assert.equal(new Set(ids).size, 1, ids.join());
 });
 
+test('a stop ends a claim\'s rate-limit wait, and cuts a claim still unanswered at its deadline', async (t) => {
+  // QA: a claim waiting out a 429 held stop() to its deadline, and onError
+  // called it a claim whose answer was lost, though the 429 leased nothing.
+  const limited = await fakeServer(t, (method, path) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    return [429, error('rate_limited', { retry_after_seconds: 60 }), { 'Retry-After': '60' }];
+  });
+  let client = new Ratchet({ baseUrl: limited.url, apiKey: 'rk_test' });
+  let errors = [];
+  client.registerTool({ name: 't', version: '1', handler: () => null });
+  let started = client.worker.start({ concurrency: 1, pollIntervalMs: 3_600_000, onError: (err) => errors.push(err) });
+  await until(() => limited.seen.some((s) => s.path.endsWith('/claim')));
+  let began = Date.now();
+  assert.equal(await client.worker.stop({ timeoutMs: 5_000 }), true, errors.map(String).join());
+  await started;
+  assert.ok(Date.now() - began < 2_000, `stop took ${Date.now() - began} ms`);
+  assert.ok(!errors.some((e) => /answer was lost/.test(e.message)), errors.map(String).join());
+
+  // A claim that never answers may have leased jobs: given up at the
+  // deadline, stop() says so.
+  const hung = await fakeServer(t, async (method, path) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    await new Promise((r) => setTimeout(r, 20_000));
+    return [200, { jobs: [] }];
+  });
+  client = new Ratchet({ baseUrl: hung.url, apiKey: 'rk_test' });
+  errors = [];
+  client.registerTool({ name: 't', version: '1', handler: () => null });
+  started = client.worker.start({ concurrency: 1, pollIntervalMs: 3_600_000, onError: (err) => errors.push(err) });
+  await until(() => hung.seen.some((s) => s.path.endsWith('/claim')));
+  began = Date.now();
+  assert.equal(await client.worker.stop({ timeoutMs: 300 }), false);
+  await started;
+  assert.ok(Date.now() - began < 3_000, `stop took ${Date.now() - began} ms`);
+  assert.ok(errors.some((e) => /answer was lost/.test(e.message)), errors.map(String).join());
+});
+
 test('the action is told its lease is lost when heartbeats are rate limited', async (t) => {
   const server = await fakeServer(t, (method, path) => {
     if (path.endsWith('/begin')) {
