@@ -48,6 +48,8 @@ _REPORT_LEASE_MARGIN = 5.0
 # answer before it is repeated (the Go SDK's reportTimeout): a connection
 # that hangs must not hold every report behind it for the client's timeout.
 _REPORT_TIMEOUT = 30.0
+# Report deliveries in flight at once (the Go SDK's reportInFlight).
+_REPORTS_IN_FLIGHT = 3
 # The server refuses request bodies over 1 MiB; an output that large (with
 # the report around it) can never be recorded.
 MAX_OUTPUT_BYTES = 1024 * 1024 - 1024
@@ -148,10 +150,13 @@ class _Reporter:
     """Delivers the worker's job reports, batching those that finish
     together, as the Go SDK's reporter does.
 
-    A report made while no delivery is in flight goes at once, on the
-    single-report route when it is alone; reports made while one is in
-    flight gather and go as one batch (POST /jobs/report, up to 100) when
-    it ends. No thread of its own: the thread of the first report waiting
+    A report made while fewer than three deliveries are in flight goes at
+    once, on the single-report route when it is alone; reports made while
+    three are in flight gather and go as one batch (POST /jobs/report, up to
+    100) when one ends. Three in flight, as the Go SDK's reporter has them,
+    so that a delivery that hangs (up to its 30 s) does not hold every other
+    report behind it while their leases lapse (QA: another worker ran such a
+    job again). No thread of its own: the thread of the first report waiting
     sends the next batch, its own report in it or not. Each report in a
     batch is fenced by its own lease token and answered in its own slot,
     which is handed to its job as the single report's answer would be. A
@@ -168,7 +173,7 @@ class _Reporter:
         self._transport = transport
         self._cond = threading.Condition()
         self._queue: List[_Report] = []
-        self._sending = False
+        self._in_flight = 0  # deliveries being sent
         self._abort = Abort()
 
     def abort(self) -> None:
@@ -186,17 +191,17 @@ class _Reporter:
         with self._cond:
             self._queue.append(report)
             while not report.done:
-                if self._sending or not self._queue:
+                if self._in_flight >= _REPORTS_IN_FLIGHT or not self._queue:
                     self._cond.wait()
                     continue
                 batch = self._take()
-                self._sending = True
+                self._in_flight += 1
                 self._cond.release()
                 try:
                     self._send(batch)
                 finally:
                     self._cond.acquire()
-                    self._sending = False
+                    self._in_flight -= 1
                     self._cond.notify_all()
         if report.alone:
             self._transport.call_until("POST", _report_path(job_id), body, may_wait=may_wait, on_retry=on_retry,

@@ -573,6 +573,38 @@ class WorkerRulesTest(unittest.TestCase):
             claims = order.count("claim")
         wait_until(lambda: order.count("claim") > claims + 2, timeout=5)
 
+    def test_a_report_that_hangs_does_not_hold_the_others(self) -> None:
+        # QA: one hung delivery held every other report of the worker for its
+        # 30 s; their leases lapsed and another worker ran those jobs again.
+        lock, order, release = threading.Lock(), [], threading.Event()
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                with lock:
+                    order.append("claim")
+                    return 200, {"jobs": [self.job(1), self.job(2)] if order.count("claim") == 1 else []}, {}
+            job = "job_1" if ("job_1" in path or "job_1" in json.dumps(body)) else "job_2"
+            with lock:
+                first = job == "job_1" and "sent job_1" not in order
+                order.append("sent " + job)
+            if first:
+                release.wait(10)  # black-holed
+            with lock:
+                order.append("recorded " + job)
+            return 200, {"jobId": job, "status": "SUCCEEDED", "attempt": 1}, {}
+
+        def handler(input, context):
+            if context.job_id == "job_2":
+                time.sleep(0.3)  # finishes while job_1's delivery hangs
+            return {"ok": True}
+
+        self.serve(respond, handler, concurrency=2)
+        self.addCleanup(release.set)  # before the stop, which would wait for it
+        wait_until(lambda: "recorded job_2" in order, timeout=5)
+        self.assertNotIn("recorded job_1", order, "job_2's report went while job_1's still hung")
+
     def test_a_report_delivery_that_hangs_is_sent_again(self) -> None:
         # QA: a delivery waited the client's whole timeout (60 s) on a
         # connection that hung, every other report behind it. Each now waits
@@ -821,6 +853,15 @@ class WorkerRulesTest(unittest.TestCase):
 class BatchedReportsTest(unittest.TestCase):
     """Reports of jobs that finish together go out as one batch, each
     answered in its own slot as its single report would be."""
+
+    def setUp(self) -> None:
+        # One delivery in flight, so that the reports made while job_1's is
+        # held up form one batch: what a batch's answers mean does not depend
+        # on how many are in flight (three, the worker's own; see
+        # test_a_report_that_hangs_does_not_hold_the_others).
+        patcher = mock.patch("getratchet.worker._REPORTS_IN_FLIGHT", 1)
+        patcher.start()
+        self.addCleanup(patcher.stop)
 
     def run_jobs(self, n: int, answer_item, batch_route: bool = True, poll_interval: float = 0.05):
         """Runs n jobs claimed at once (job_1 returns first, the others a
