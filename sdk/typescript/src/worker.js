@@ -33,7 +33,9 @@ const REPORT_LEASE_MARGIN_MS = 5_000;
 // reportTimes.patienceMs is how long past the stop's deadline and its grace
 // reports are still retried. An object so that tests can shorten them; not
 // exported by the package.
-export const reportTimes = { deliveryMs: 30_000, patienceMs: 30_000 };
+// reportTimes.inFlight is how many deliveries may be in flight at once (the
+// Go SDK's reportInFlight).
+export const reportTimes = { deliveryMs: 30_000, patienceMs: 30_000, inFlight: 3 };
 
 /** Why a handler's signal was aborted: context.cancelReason. */
 export class CancelledError extends Error {
@@ -64,10 +66,13 @@ const reportPath = (jobId) => `/jobs/${pathId(jobId)}/report`;
 
 /**
  * Delivers the worker's job reports, batching those that finish together,
- * as the Go SDK's reporter does. A report made while no delivery is in
- * flight goes at once, on the single-report route when it is alone;
- * reports made while one is in flight gather and go as one batch (POST
- * /jobs/report, up to 100) when it ends. Each report in a batch is fenced
+ * as the Go SDK's reporter does. A report made while fewer than three
+ * deliveries are in flight goes at once, on the single-report route when it
+ * is alone; reports made while three are in flight gather and go as one
+ * batch (POST /jobs/report, up to 100) when one ends. Three, as in the Go
+ * SDK, so that a delivery that hangs (up to its 30 s) does not hold every
+ * other report behind it while their leases lapse (QA: another worker ran
+ * such a job again). Each report in a batch is fenced
  * by its own lease token and answered in its own slot, which is handed to
  * its job as the single report's answer would be. A batch is repeated
  * through failures as one report is, each report's callbacks told (so no
@@ -80,7 +85,7 @@ const reportPath = (jobId) => `/jobs/${pathId(jobId)}/report`;
 export class Reporter { // exported for the tests; not by the package
   #transport;
   #queue = [];
-  #sending = false;
+  #inFlight = 0; // deliveries being sent
   #cutoff;
 
   /** cutoff aborts every delivery in flight (the stop's deadline, its
@@ -113,7 +118,7 @@ export class Reporter { // exported for the tests; not by the package
   }
 
   #pump() {
-    if (this.#sending || this.#queue.length === 0) return;
+    if (this.#inFlight >= reportTimes.inFlight || this.#queue.length === 0) return;
     const batch = [];
     const jobs = new Set();
     const later = []; // a second report of a job already in the batch (a newer attempt): the server refuses it there
@@ -130,11 +135,12 @@ export class Reporter { // exported for the tests; not by the package
       size += report.size;
     }
     this.#queue.unshift(...later);
-    this.#sending = true;
+    this.#inFlight++;
     this.#send(batch).finally(() => {
-      this.#sending = false;
+      this.#inFlight--;
       this.#pump();
     });
+    this.#pump(); // what is left, while a delivery may start
   }
 
   async #send(batch) {

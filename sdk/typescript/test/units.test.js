@@ -342,7 +342,7 @@ test('reports queued behind one in flight are not sent after the stop gives repo
   // (the abort listener was added to a signal already aborted) and hung for
   // its whole delivery timeout: stop() overran by that much.
   const saved = { ...reportTimes };
-  Object.assign(reportTimes, { patienceMs: 300, deliveryMs: 5_000 });
+  Object.assign(reportTimes, { patienceMs: 300, deliveryMs: 5_000, inFlight: 1 }); // the others queue behind the first
   t.after(() => Object.assign(reportTimes, saved));
   let claimed = false;
   const reports = [];
@@ -373,10 +373,37 @@ test('reports queued behind one in flight are not sent after the stop gives repo
   assert.equal(reports.length, 1, reports.join());
 });
 
-test('a batch never names a job twice', async () => {
+test('a report that hangs does not hold the others', async (t) => {
+  // QA: one hung delivery held every other report of the worker for its
+  // 30 s; their leases lapsed and another worker ran those jobs again.
+  const order = [];
+  let release;
+  const hung = new Promise((r) => { release = r; });
+  t.after(() => release());
+  let claims = 0;
+  await serve(t, async (method, path, body) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) return [200, { jobs: ++claims === 1 ? [job(1), job(2)] : [] }];
+    const jobId = path.includes('job_1') || JSON.stringify(body).includes('job_1') ? 'job_1' : 'job_2';
+    const first = jobId === 'job_1' && !order.includes('sent job_1');
+    order.push('sent ' + jobId);
+    if (first) await hung; // black-holed
+    order.push('recorded ' + jobId);
+    return [200, { jobId, status: 'SUCCEEDED', attempt: 1 }];
+  }, async (input, ctx) => {
+    if (ctx.jobId === 'job_2') await new Promise((r) => setTimeout(r, 300)); // finishes while job_1's delivery hangs
+    return { ok: true };
+  }, 2);
+  await until(() => order.includes('recorded job_2'), 5_000);
+  assert.ok(!order.includes('recorded job_1'), order.join());
+  release();
+});
+
+test('a batch never names a job twice', async (t) => {
   // QA: two attempts of one job (the second claimed after the first's
   // lease lapsed) reported in one batch: the server refuses the second
   // (invalid_request, "appears twice"), and the newest outcome was lost.
+  oneInFlight(t);
   const sent = [];
   let release;
   const held = new Promise((r) => { release = r; });
@@ -582,7 +609,18 @@ test('an unknown worker id registers again', async (t) => {
  * job's report met an answer other than a 5xx. answerItem(jobId, report)
  * answers one report, single or batched (a batch fails whole, as the
  * server's transaction does, when one of its reports meets a 5xx). */
+// oneInFlight has the reporter send one delivery at a time, so that the
+// reports made while the first is held up form one batch: what a batch's
+// answers mean does not depend on how many are in flight (three, the
+// worker's own; see 'a report that hangs does not hold the others').
+function oneInFlight(t) {
+  const saved = reportTimes.inFlight;
+  reportTimes.inFlight = 1;
+  t.after(() => { reportTimes.inFlight = saved; });
+}
+
 async function runJobs(t, n, answerItem, { batchRoute = true, pollIntervalMs = 50 } = {}) {
+  oneInFlight(t);
   let claims = 0;
   let reports = 0;
   const recorded = new Map();
