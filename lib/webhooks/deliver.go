@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/text/unicode/norm"
 
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/seal"
@@ -535,7 +536,7 @@ func public(ip net.IP) bool {
 // (a zone, "fe80::1%eth0", names a link of this host: net.ParseIP reads
 // none, QA), or localhost.
 func namesNonPublic(host string) bool {
-	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	host = strings.TrimSuffix(strings.ToLower(asDialed(host)), ".")
 	if host == "localhost" || strings.HasSuffix(host, ".localhost") || strings.Contains(host, "%") {
 		return true
 	}
@@ -544,6 +545,29 @@ func namesNonPublic(host string) bool {
 		ip = shorthandIPv4(host)
 	}
 	return ip != nil && !public(ip)
+}
+
+// asDialed maps a host name's compatibility forms as IDNA's mapping (UTS
+// #46), which the HTTP client applies before it dials, does for the
+// characters an address is spelt with: fullwidth digits and letters, circled
+// letters and the like (NFKC), and the ideographic, fullwidth and halfwidth
+// full stops, which are dots. Creation refused 127.0.0.1 and localhost but
+// took "１２７.０.０.１", "127。0。0。1" and "ⓛⓞⓒⓐⓛⓗⓞⓢⓣ", which the client dials as
+// them (security QA; the dialer's own check refused them at delivery).
+func asDialed(host string) string {
+	if isASCII(host) {
+		return host
+	}
+	return strings.NewReplacer("\u3002", ".", "\uff0e", ".", "\uff61", ".").Replace(norm.NFKC.String(host))
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 // shorthandIPv4 reads host as the numeric IPv4 forms inet_aton accepts and

@@ -449,7 +449,10 @@ func TestNonPublicReceiversAreRefusedAtCreation(t *testing.T) {
 	for _, u := range []string{"http://127.0.0.1:8080/hook", "http://localhost/hook", "https://api.localhost/x",
 		"http://10.1.2.3/hook", "http://[::1]/hook", "http://169.254.169.254/latest", "http://100.100.100.200/",
 		"http://[::ffff:192.168.0.1]/hook", "http://0.0.0.0/",
-		"http://127.1:9901/", "http://2130706433/", "http://0x7f000001/", "http://0/"} {
+		"http://127.1:9901/", "http://2130706433/", "http://0x7f000001/", "http://0/",
+		// Forms the HTTP client maps to those before it dials (IDNA):
+		// fullwidth digits, ideographic full stops, circled letters.
+		"http://１２７.０.０.１:8899/x", "http://127。0。0。1/x", "http://ⓛⓞⓒⓐⓛⓗⓞⓢⓣ/x", "http://１０．１．２．３/"} {
 		r := env.Do("POST", "/api/v1/webhooks", ws.Key, map[string]any{"url": u, "events": []string{events.CircuitTripped}})
 		require.Equal(t, http.StatusBadRequest, r.Status, "%s: %s", u, r.Body)
 		require.Contains(t, string(r.Body), "must name a public address", u)
@@ -458,7 +461,7 @@ func TestNonPublicReceiversAreRefusedAtCreation(t *testing.T) {
 	require.NoError(t, env.App.Pool.QueryRow(context.Background(),
 		`SELECT count(*) FROM webhooks WHERE workspace_id = $1`, ws.ID).Scan(&n))
 	require.Zero(t, n)
-	for _, u := range []string{"https://hooks.example.com/ratchet", "http://8.8.8.8/hook"} {
+	for _, u := range []string{"https://hooks.example.com/ratchet", "http://8.8.8.8/hook", "https://bücher.example/hook"} {
 		env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
 			map[string]any{"url": u, "events": []string{events.CircuitTripped}})
 	}
