@@ -322,7 +322,12 @@ class Worker:
         self._tools: Dict[Tuple[str, str], _Tool] = {}
         self._lock = threading.Condition()
         self._running = 0  # slots taken: a slot is freed when its handler returns
-        self._active: Dict[str, _Active] = {}  # supervisors not yet ended, by job id
+        # Supervisors not yet ended, by job id and attempt: a job's next
+        # attempt may be claimed here while the report of its last one is
+        # still being retried (QA: keyed by job id, the second attempt's
+        # entry was overwritten and then removed by the first's end, and
+        # stop() returned while its handler still ran).
+        self._active: Dict[Tuple[str, int], _Active] = {}
         self._stragglers = 0  # handlers still running after the worker went on without them
         # The reports whose delivery met a failure, each with when it first
         # did; those failing on their own (see _report); and the send time
@@ -346,6 +351,7 @@ class Worker:
         self._claim_id: Optional[str] = None  # a claim whose answer was lost, to ask again (loop thread only)
         self._claim_limit = 1  # the limit that claim asked for (loop thread only)
         self._claim_abort = Abort()  # fired at the stop's deadline: cuts a claim in flight
+        self._claim_cut: Optional[threading.Timer] = None  # fires it; cancelled once the worker is done
         self._abandoned_claims = 0  # claims whose answers were lost and never asked again in time
 
     def add_tool(self, name: str, version: str, handler: Callable[[Any, JobContext], Any],
@@ -447,9 +453,9 @@ class Worker:
                 # A claim in flight (or waiting out a 429) is cut at the
                 # deadline, as Go's and TypeScript's are (QA: one the
                 # transport kept retrying leased jobs after stop() returned).
-                cut = threading.Timer(max(0.0, timeout), self._claim_abort.fire)
-                cut.daemon = True
-                cut.start()
+                self._claim_cut = threading.Timer(max(0.0, timeout), self._claim_abort.fire)
+                self._claim_cut.daemon = True
+                self._claim_cut.start()
             self._stopping.set()
             self._lock.notify_all()
 
@@ -593,7 +599,7 @@ class Worker:
         active = _Active(context, lease_ms, sent + lease_ms / 1000)
         with self._lock:
             self._running += 1
-            self._active[context.job_id] = active
+            self._active[(context.job_id, context.attempt)] = active
             if self._stopping.is_set() and self._stop_at is not None and time.monotonic() >= self._stop_at:
                 active.stop()
         threading.Thread(target=self._supervise, args=(active, job), name="ratchet-job", daemon=True).start()
@@ -623,6 +629,9 @@ class Worker:
                     self._reporter.abort()
                 finally:
                     self._lock.acquire()
+        with self._lock:
+            if self._claim_cut is not None:
+                self._claim_cut.cancel()  # nothing left to cut: its thread ends now, not at the deadline
         self._done.set()
         self._errors.put(None)  # ends the on_error thread once it has delivered the rest
         # A stopped worker makes no more calls: its kept connections go
@@ -700,7 +709,7 @@ class Worker:
             if slot_held:
                 self._release_slot()
             with self._lock:
-                self._active.pop(context.job_id, None)
+                self._active.pop((context.job_id, context.attempt), None)
                 self._lock.notify_all()
 
     def _report_outcome(self, tool: _Tool, active: _Active, outcome: dict) -> None:
@@ -887,7 +896,7 @@ class Worker:
                 since = self._failing.setdefault(key, time.monotonic())
                 if self._recorded_sent > since and state["sent"] > self._recorded_at:
                     self._own_failures.add(key)
-                    active = self._active.get(context.job_id)
+                    active = self._active.get((context.job_id, context.attempt))
                     if active is not None:
                         active.own_failure = True
 

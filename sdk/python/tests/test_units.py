@@ -605,6 +605,52 @@ class WorkerRulesTest(unittest.TestCase):
         wait_until(lambda: "recorded job_2" in order, timeout=5)
         self.assertNotIn("recorded job_1", order, "job_2's report went while job_1's still hung")
 
+    def test_a_stop_waits_for_a_second_attempt_of_a_job_whose_first_report_fails(self) -> None:
+        # QA: with job_1's first report failing on its own, the worker claimed
+        # job_1 again (attempt 2) once its lease lapsed; keyed by job id, the
+        # second attempt's entry was overwritten and then removed by the
+        # first's end, and stop() returned while attempt 2 still ran.
+        lock, order, started2 = threading.Lock(), [], threading.Event()
+
+        def respond(method, path, body):
+            with lock:
+                if path.endswith("/register"):
+                    return 200, {"workerId": "wkr_1"}, {}
+                if path.endswith("/claim"):
+                    order.append("claim")
+                    n = order.count("claim")
+                    if n == 1:
+                        return 200, {"jobs": [dict(self.job(1), leaseMs=1500), self.job(2)]}, {}
+                    if "recorded job_2" in order and not started2.is_set() and "job_1 failed" in order:
+                        time.sleep(1.6)  # job_1's first lease has lapsed: attempt 2 is handed out
+                        return 200, {"jobs": [dict(self.job(1), attempt=2, leaseToken="tok_1b")]}, {}
+                    return 200, {"jobs": []}, {}
+                text = path + json.dumps(body)
+                if "tok_1b" in text:
+                    order.append("recorded job_1 attempt 2")
+                    return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 2}, {}
+                if "job_1" in text:
+                    order.append("job_1 failed")
+                    if started2.is_set():
+                        return 409, error("lease_lost", attempt=2), {}
+                    return 500, error("internal_error"), {}
+                order.append("recorded job_2")
+                return 200, {"jobId": "job_2", "status": "SUCCEEDED", "attempt": 1}, {}
+
+        def handler(input, context):
+            if context.job_id == "job_2":
+                time.sleep(0.3)  # reported after job_1's report began failing
+            if context.attempt == 2:
+                started2.set()
+                time.sleep(1.5)
+            return {"ok": True}
+
+        client, _ = self.serve(respond, handler, concurrency=2)
+        self.assertTrue(started2.wait(15), order)
+        client.worker.stop(10)
+        with lock:
+            self.assertIn("recorded job_1 attempt 2", order, "stop() returned before attempt 2 was reported")
+
     def test_a_report_delivery_that_hangs_is_sent_again(self) -> None:
         # QA: a delivery waited the client's whole timeout (60 s) on a
         # connection that hung, every other report behind it. Each now waits
