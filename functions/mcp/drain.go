@@ -151,10 +151,6 @@ func (d *drainingPipes) admit(line []byte) {
 		d.refuse(nil, jsonrpc.CodeInvalidRequest, "Invalid Request: JSON-RPC batches are not supported")
 		return
 	}
-	if !mcpserver.IDsAnswerable(line) {
-		d.refuseWithID(nil, jsonrpc.CodeInvalidRequest, mcpserver.BadIDMessage)
-		return
-	}
 	if e := mcpserver.CheckEnvelope(line); e != nil {
 		var id any
 		if e.ID != nil {

@@ -49,11 +49,6 @@ func (s *Server) mcpRoutes() []Route {
 			}
 			return
 		}
-		if !mcpserver.IDsAnswerable(body) {
-			writeJSON(w, http.StatusBadRequest, map[string]any{"jsonrpc": "2.0", "id": nil,
-				"error": map[string]any{"code": jsonrpc.CodeInvalidRequest, "message": mcpserver.BadIDMessage}})
-			return
-		}
 		if e := mcpserver.CheckEnvelope(body); e != nil {
 			// A request's answer is a 200 (as the transport's are); a
 			// message refused whole, with no id to answer, a 400.

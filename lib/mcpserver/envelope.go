@@ -21,7 +21,8 @@ type EnvelopeError struct {
 }
 
 // CheckEnvelope checks a body of one JSON-RPC message or a batch as the
-// API checks a REST body, before the SDK's transport reads it (MCP QA): the
+// API checks a REST body, before the SDK's transport reads it (MCP QA): each
+// message's id can be answered exactly (answerableID, else BadIDMessage); the
 // body is one JSON value and nothing after it (text after the message, or
 // a second message, was ignored and the first served); it is an object or
 // an array of them; no member of a message or of its params is named twice
@@ -85,6 +86,9 @@ func checkMessage(m []byte, inBatch bool) *EnvelopeError {
 	if err != nil {
 		return invalid(err.Error())
 	}
+	if !answerableID(members["id"]) {
+		return &EnvelopeError{Code: jsonrpc.CodeInvalidRequest, Message: BadIDMessage}
+	}
 	_, hasMethod := members["method"]
 	_, hasResult := members["result"]
 	_, hasError := members["error"]
@@ -110,7 +114,7 @@ func checkMessage(m []byte, inBatch bool) *EnvelopeError {
 	if !hasParams || json.Unmarshal(params, &init) != nil || init.ProtocolVersion == nil {
 		e := &EnvelopeError{Code: jsonrpc.CodeInvalidParams, Message: "Invalid params: initialize needs protocolVersion, a string"}
 		if id := members["id"]; len(id) > 0 && (id[0] == '"' || id[0] == '-' || (id[0] >= '0' && id[0] <= '9')) {
-			e.ID = id // IDsAnswerable let it through: answered as sent
+			e.ID = id // answerableID let it through: answered as sent
 		}
 		return e
 	}
@@ -153,7 +157,7 @@ var protocolNames = map[string]bool{"jsonrpc": true, "id": true, "method": true,
 	"clientInfo": true, "cursor": true}
 
 // canonicalID spells an id so that 1, 1.0 and 1e0 are one id (as the SDK
-// reads them: IDsAnswerable lets only integers through) and "1" another.
+// reads them: answerableID lets only integers through) and "1" another.
 func canonicalID(id json.RawMessage) string {
 	if id[0] == '"' {
 		var s string

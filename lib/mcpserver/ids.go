@@ -1,14 +1,13 @@
 package mcpserver
 
 import (
-	"bytes"
 	"encoding/json"
 	"strconv"
 	"strings"
 )
 
 // BadIDMessage is the message of the Invalid Request error that refuses a
-// message whose id could not be answered exactly (IDsAnswerable).
+// message whose id could not be answered exactly (answerableID).
 const BadIDMessage = "Invalid Request: id must be a string or an integer from -(2^53 - 1) to 2^53 - 1"
 
 // maxExactID is the largest integer every JSON reader, the SDK's included
@@ -17,41 +16,18 @@ const maxExactID = 1<<53 - 1
 
 var maxExactIDDigits = strconv.Itoa(maxExactID)
 
-// IDsAnswerable reports whether every message in body (one message or a
-// batch) has an id its answer can carry back exactly: none, a string, or
-// an integer within ±(2^53 - 1), however spelt. The SDK reads numeric ids as float64
-// and answered 12345678901234567890 as -9223372036854775808 and 1.5 as 1 (MCP
-// QA), so a client could not match the answer, or, over stdio, a 7.5 was
-// taken for the 7 still in progress and never answered. JSON-RPC wants the
-// id returned unchanged and MCP's ids are strings or integers: such a
-// message is refused instead. A body that is not JSON is for the caller's
-// own parse error to answer.
-func IDsAnswerable(body []byte) bool {
-	body = bytes.TrimSpace(body)
-	if len(body) > 0 && body[0] == '[' {
-		var batch []json.RawMessage
-		if json.Unmarshal(body, &batch) != nil {
-			return true
-		}
-		for _, m := range batch {
-			if !idAnswerable(m) {
-				return false
-			}
-		}
-		return true
-	}
-	return idAnswerable(body)
-}
-
-func idAnswerable(message []byte) bool {
-	// A map, not a struct: encoding/json would take "ID" for "id", which
-	// the SDK does not (to it, such a message has no id).
-	var members map[string]json.RawMessage
-	if json.Unmarshal(message, &members) != nil {
-		return true // not an object: not this check's to refuse
-	}
-	id, ok := members["id"]
-	if !ok || len(id) == 0 {
+// answerableID reports whether a message's id (its raw member, nil when it
+// has none) can be carried back exactly by its answer: none, a string, or
+// an integer within ±(2^53 - 1), however spelt. The SDK reads numeric ids as
+// float64 and answered 12345678901234567890 as -9223372036854775808 and 1.5
+// as 1 (MCP QA), so a client could not match the answer, or, over stdio, a
+// 7.5 was taken for the 7 still in progress and never answered. JSON-RPC
+// wants the id returned unchanged and MCP's ids are strings or integers:
+// such a message is refused instead (CheckEnvelope, BadIDMessage). The
+// members are read as a map, not a struct: encoding/json would take "ID"
+// for "id", which the SDK does not (to it, such a message has no id).
+func answerableID(id json.RawMessage) bool {
+	if len(id) == 0 {
 		return true // no id: a notification
 	}
 	c := id[0]

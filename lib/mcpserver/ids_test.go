@@ -8,7 +8,9 @@ import (
 	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
-func TestIDsAnswerable(t *testing.T) {
+// A message whose id its answer could not carry back exactly is refused
+// (BadIDMessage); every other is not refused for its id.
+func TestEnvelopeRefusesIDsItCannotAnswer(t *testing.T) {
 	t.Parallel()
 	for body, want := range map[string]bool{
 		`{"jsonrpc":"2.0","id":1,"method":"ping"}`:                                              true,
@@ -34,8 +36,9 @@ func TestIDsAnswerable(t *testing.T) {
 		`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2,"method":"ping"}]`:   true,
 		`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2.5,"method":"ping"}]`: false,
 		`{"jsonrpc":"2.0","ID":7.5,"method":"ping"}`:                                            true, // no id to the SDK: a notification
-		`not json`: true, // the caller's parse error
+		`not json`: true, // a parse error
 	} {
-		require.Equal(t, want, mcpserver.IDsAnswerable([]byte(body)), body)
+		e := mcpserver.CheckEnvelope([]byte(body))
+		require.Equal(t, !want, e != nil && e.Message == mcpserver.BadIDMessage, "%s: %v", body, e)
 	}
 }
