@@ -70,6 +70,7 @@ class Abort:
         self._fired = False
         self._event = threading.Event()
         self._connections: set = set()
+        self._linked: set = set()  # events set when it fires (_wait_either)
 
     @property
     def fired(self) -> bool:
@@ -84,6 +85,8 @@ class Abort:
             self._fired = True
             self._event.set()
             connections = list(self._connections)
+            for event in self._linked:
+                event.set()
         for connection in connections:
             _shut(connection)
 
@@ -97,6 +100,30 @@ class Abort:
     def _detach(self, connection: http.client.HTTPConnection) -> None:
         with self._lock:
             self._connections.discard(connection)
+
+    def _link(self, event: threading.Event) -> None:
+        with self._lock:
+            self._linked.add(event)
+            if self._fired:
+                event.set()
+
+    def _unlink(self, event: threading.Event) -> None:
+        with self._lock:
+            self._linked.discard(event)
+
+
+def _wait_either(seconds: float, *aborts: Optional[Abort]) -> bool:
+    """Waits seconds, or until one of the aborts fires; answers whether one
+    fired. A thread waits on one event: each abort sets it when it fires."""
+    either = threading.Event()
+    linked = [a for a in aborts if a is not None]
+    for abort in linked:
+        abort._link(either)
+    try:
+        return either.wait(seconds)
+    finally:
+        for abort in linked:
+            abort._unlink(either)
 
 
 def _shut(connection: http.client.HTTPConnection) -> None:
@@ -151,7 +178,8 @@ class Transport:
 
     def call(self, method: str, path: str, body: Any = None, *, safe: bool,
              idempotency_key: Optional[str] = None, timeout: Optional[float] = None,
-             max_retries: Optional[int] = None, with_date: bool = False, abort: Optional[Abort] = None) -> Any:
+             max_retries: Optional[int] = None, with_date: bool = False, abort: Optional[Abort] = None,
+             retry_cutoff: Optional[Abort] = None) -> Any:
         """Sends method path (under /api/v1) and returns the decoded answer.
 
         safe says whether the call may be repeated after an answer was lost
@@ -163,6 +191,9 @@ class Transport:
         lease lengths measured by the server's own clock. A call made with
         an abort that fires is not repeated: it fails with ConnectionLost
         when an attempt may have been applied, else with its last failure.
+        retry_cutoff, once fired, ends the waits between attempts the same
+        way but leaves an attempt in flight alone (a stopping worker's claim
+        waiting out a 429).
         """
         data = None if body is None else json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
         retries = self.max_retries if max_retries is None else max_retries
@@ -191,11 +222,11 @@ class Transport:
                     raise
                 wait, failure = self.backoff(attempt), err
             attempt += 1
-            if abort is None:
+            if abort is None and retry_cutoff is None:
                 self.sleep(wait)
-            elif abort.wait(wait):
-                # Cut while waiting (a claim's 429 at a stop's deadline): the
-                # caller learns whether anything may have been applied.
+            elif _wait_either(wait, abort, retry_cutoff):
+                # Cut while waiting (a claim's 429 at a stop): the caller
+                # learns whether anything may have been applied.
                 if unsure and not isinstance(failure, ConnectionLost):
                     raise ConnectionLost(f"ratchet: {method} {path.split('?')[0]}: given up") from None
                 raise failure

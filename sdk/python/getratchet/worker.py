@@ -351,6 +351,7 @@ class Worker:
         self._claim_id: Optional[str] = None  # a claim whose answer was lost, to ask again (loop thread only)
         self._claim_limit = 1  # the limit that claim asked for (loop thread only)
         self._claim_abort = Abort()  # fired at the stop's deadline: cuts a claim in flight
+        self._claim_waits_cut = Abort()  # fired at the stop: ends a claim's wait between attempts (a 429's)
         self._claim_cut: Optional[threading.Timer] = None  # fires it; cancelled once the worker is done
         self._abandoned_claims = 0  # claims whose answers were lost and never asked again in time
 
@@ -456,6 +457,9 @@ class Worker:
                 self._claim_cut = threading.Timer(max(0.0, timeout), self._claim_abort.fire)
                 self._claim_cut.daemon = True
                 self._claim_cut.start()
+                # A claim waiting out a 429 leased nothing: it ends at once,
+                # as Go's and TypeScript's do, rather than at the deadline.
+                self._claim_waits_cut.fire()
             self._stopping.set()
             self._lock.notify_all()
 
@@ -582,7 +586,7 @@ class Worker:
         try:
             answer = self._transport.call("POST", "/workers/" + path_id(self.worker_id or "") + "/claim", body,
                                           safe=True, timeout=max(self._transport.timeout, wait_seconds + 10.0),
-                                          abort=self._claim_abort)
+                                          abort=self._claim_abort, retry_cutoff=self._claim_waits_cut)
         except RatchetError as err:
             if not err.may_have_applied:
                 self._claim_id = None  # answered: nothing was leased under it

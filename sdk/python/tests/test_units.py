@@ -842,8 +842,9 @@ class WorkerRulesTest(unittest.TestCase):
         self.assertEqual(len(ids), sent, "nothing claimed after stop() returned")
 
     def test_a_stop_cuts_a_claims_rate_limit_wait(self) -> None:
-        # QA: a claim waiting out a 429's Retry-After held stop() for it. Cut
-        # at the deadline; the 429 leased nothing, so nothing was given up.
+        # QA: a claim waiting out a 429's Retry-After held stop() for it, then
+        # to the stop's deadline. Ended at the stop; the 429 leased nothing, so
+        # nothing was given up.
         errors: List[BaseException] = []
 
         def respond(method, path, body):
@@ -858,8 +859,8 @@ class WorkerRulesTest(unittest.TestCase):
         client.worker.start(1, poll_interval=3600, block=False, on_error=errors.append)
         wait_until(lambda: any(s[1].endswith("/claim") for s in server.seen))
         began = time.monotonic()
-        self.assertTrue(client.worker.stop(0.5), errors)
-        self.assertLess(time.monotonic() - began, 3.5)
+        self.assertTrue(client.worker.stop(10.0), errors)
+        self.assertLess(time.monotonic() - began, 3.0)
         self.assertFalse(any("claim whose answer was lost" in str(e) for e in errors), errors)
 
     def test_a_claim_whose_answer_was_lost_is_asked_again_under_its_id(self) -> None:
