@@ -126,6 +126,7 @@ function action(label, fn, opts = {}) {
 	const status = h('span', { class: 'status' });
 	button.addEventListener('click', async () => {
 		if (opts.confirm && !env.confirm(opts.confirm)) return;
+		holdLive();
 		button.disabled = true;
 		status.replaceChildren();
 		try {
@@ -163,11 +164,13 @@ function form(controls, submitLabel, fn, opts = {}) {
 			try {
 				opts.validate(values(f));
 			} catch (err) {
+				holdLive();
 				status.replaceChildren(errorBox(asError(err)));
 				return;
 			}
 		}
 		if (opts.confirm && !env.confirm(typeof opts.confirm === 'function' ? opts.confirm(values(f)) : opts.confirm)) return;
+		holdLive();
 		submit.disabled = true;
 		status.replaceChildren();
 		try {
@@ -222,13 +225,57 @@ function asError(err) {
 }
 
 // parseJSONField reads a textarea holding JSON; an empty one is undefined.
+// A number JavaScript cannot carry exactly is refused, not sent changed
+// (console QA: a budget of 123456789012345678 micros was saved as
+// …680, and 1e400 sent as null).
 function parseJSONField(name, raw) {
 	if (!raw || !raw.trim()) return undefined;
+	let value;
 	try {
-		return JSON.parse(raw);
+		value = JSON.parse(raw);
 	} catch (e) {
 		throw new ConsoleError('invalid_json', `${name} is not valid JSON: ${e.message}`);
 	}
+	const inexact = inexactNumber(raw);
+	if (inexact !== null) {
+		throw new ConsoleError('invalid_json', `${name} holds ${inexact.length > 40 ? inexact.slice(0, 40) + '…' : inexact}, a number this page cannot send exactly (an integer beyond 2^53, or beyond any 64-bit float): set it through the API.`);
+	}
+	return value;
+}
+
+// inexactNumber answers the first number of valid JSON text that a
+// JavaScript number does not hold exactly (an integer literal it rounds, or
+// any literal beyond its range), or null. Decimal fractions are read as the
+// 64-bit float they name, as the API reads them.
+export function inexactNumber(text) {
+	const numbers = /"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)/g;
+	for (const m of text.matchAll(numbers)) {
+		const literal = m[1];
+		if (literal === undefined) continue; // a string
+		const n = Number(literal);
+		if (!Number.isFinite(n)) return literal;
+		if (/^-?\d+$/.test(literal) && BigInt(literal) !== BigInt(n)) return literal;
+	}
+	return null;
+}
+
+// wholeNumber reads a form field holding a whole number (a ceiling, a
+// limit), refusing one this page cannot send exactly.
+function wholeNumber(name, raw) {
+	const v = String(raw).trim();
+	if (v === '') return undefined;
+	if (!/^\d+$/.test(v) || !Number.isSafeInteger(Number(v))) {
+		throw new ConsoleError('invalid_request', `${name} must be a whole number this page can send exactly (at most 2^53 − 1).`);
+	}
+	return Number(v);
+}
+
+// hasUnsafeInteger says whether v holds an integer beyond 2^53 (a value
+// JSON.parse has rounded).
+function hasUnsafeInteger(v) {
+	if (typeof v === 'number') return Number.isInteger(v) && !Number.isSafeInteger(v);
+	if (v && typeof v === 'object') return Object.values(v).some(hasUnsafeInteger);
+	return false;
 }
 
 // contractOf reads the contract form's JSON object.
@@ -536,17 +583,26 @@ const pages = {
 		const { effect_type: _t, version, updated_at: _u, ...editable } = p;
 		const area = h('textarea', { name: 'policy', rows: 24, class: 'code', spellcheck: 'false' });
 		area.value = JSON.stringify(editable, null, 2);
+		// An amount beyond 2^53 micros reached this page rounded: it is kept
+		// as stored unless its field is changed, since only changed fields
+		// are sent.
+		const rounded = Object.keys(editable).filter((k) => hasUnsafeInteger(editable[k]));
 		return [
 			h('h1', null, 'Policy ', h('code', null, p.effect_type)),
 			fields([
 				['Version', version],
 				['Updated', time(p.updated_at)],
 			]),
-			h('p', null, 'Edit the fields and save. The save names this version, so an edit made meanwhile elsewhere is refused (version_conflict) rather than overwritten.'),
+			h('p', null, 'Edit the fields and save: only the fields changed are sent (an omitted field keeps its value, null clears it). The save names this version, so an edit made meanwhile elsewhere is refused (version_conflict) rather than overwritten.'),
+			rounded.length
+				? h('p', { class: 'empty' }, `${rounded.join(', ')}: beyond what this page shows exactly (2^53), shown rounded; kept as stored unless changed.`)
+				: null,
 			form([area], 'Save policy', async (v) => {
 				const body = parseJSONField('Policy', v.policy);
 				if (!body || typeof body !== 'object' || Array.isArray(body)) throw new ConsoleError('invalid_json', 'The policy must be a JSON object.');
-				return call('PUT', `/policies/${seg(p.effect_type)}`, { ...body, expected_version: version });
+				const changed = Object.fromEntries(Object.entries(body).filter(([k, val]) => JSON.stringify(val) !== JSON.stringify(editable[k])));
+				if (!Object.keys(changed).length) throw new ConsoleError('unchanged', 'Nothing changed.');
+				return call('PUT', `/policies/${seg(p.effect_type)}`, { ...changed, expected_version: version });
 			}),
 		];
 	},
@@ -852,8 +908,8 @@ const pages = {
 						name: v.name,
 						preset: v.preset,
 						tools: v.tools.trim() ? v.tools.split(',').map((t) => t.trim()).filter(Boolean) : undefined,
-						daily_spend_ceiling_micros: v.ceiling === '' ? undefined : Number(v.ceiling),
-						rate_limit_per_minute: v.rate === '' ? undefined : Number(v.rate),
+						daily_spend_ceiling_micros: wholeNumber('The daily spend ceiling', v.ceiling),
+						rate_limit_per_minute: wholeNumber('Requests per minute', v.rate),
 					}),
 				{ once: true, after: (k, status) => status.replaceChildren(secretOnce(`Key ${k.name} (${k.id})`, k.secret), action('Done', async () => {}, {})) },
 			),
@@ -1252,9 +1308,22 @@ export async function rendered() {
 }
 
 // The pages an operator watches redraw themselves every LIVE_MS, in place,
-// while nothing on them is being edited.
+// until the operator edits or acts on the page shown: from then on it waits
+// for a full redraw (an action's success, the page's link), so that a
+// refresh never replaces what they are doing or an answer they have not
+// read (console QA: a refresh landing while a rejection was sent wiped its
+// 409 and the approved row with it, so the rejection looked done; and it
+// dropped the rows "Load more" had added).
 const live = new Set(['approvals', 'circuits', 'queue']);
 const LIVE_MS = 15000;
+let liveHeld = false; // the page shown was edited or acted on
+let liveNote = null; // its "Shown at" line, when it is a live page
+
+function holdLive() {
+	if (liveHeld) return;
+	liveHeld = true;
+	if (liveNote) liveNote.textContent = liveNote.textContent.replace(/; refreshed every .*$/, '; not refreshed while you edit or act here (the page’s link above reloads it).');
+}
 
 async function draw(mine, quiet) {
 	const root = env.root;
@@ -1288,7 +1357,10 @@ async function draw(mine, quiet) {
 	// its new content is there.
 	let main = quiet ? root.querySelector('main') : null;
 	if (!main) {
+		liveHeld = false;
+		liveNote = null;
 		main = h('main', { 'aria-busy': 'true' }, h('p', null, 'Loading…'));
+		main.addEventListener('input', holdLive);
 		root.replaceChildren(header, main);
 	}
 	let content;
@@ -1299,14 +1371,14 @@ async function draw(mine, quiet) {
 		content = errorBox(asError(err));
 	}
 	if (mine !== generation || !key()) return; // another render (or a 401's sign-out) took over
+	if (quiet && liveHeld) return; // acted on while this refresh was fetched
 	main.removeAttribute('aria-busy');
 	main.replaceChildren(...[content].flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
 	if (live.has(route.page) && env.setTimeout) {
-		let edited = false;
-		main.addEventListener('input', () => (edited = true));
-		main.append(h('p', { class: 'empty live' }, `Shown at ${time(new Date().toISOString())}; refreshed every ${LIVE_MS / 1000} s while nothing here is being edited.`));
+		liveNote = h('p', { class: 'empty live' }, `Shown at ${time(new Date().toISOString())}; refreshed every ${LIVE_MS / 1000} s until you edit or act here.`);
+		main.append(liveNote);
 		env.setTimeout(() => {
-			if (mine === generation && !edited && key()) drawing = draw(++generation, true);
+			if (mine === generation && !liveHeld && key()) drawing = draw(++generation, true);
 		}, LIVE_MS);
 	}
 }

@@ -331,6 +331,41 @@ test('a policy edited from its page; an edit made meanwhile elsewhere is refused
 	assert.match(row(ui, 'crm.update').textContent, /allow/);
 });
 
+test('a policy amount beyond 2^53 is kept as stored, and one the page cannot send exactly is refused', async () => {
+	// Console QA: a budget of 123456789012345678 micros read as …680, and
+	// saving the untouched policy wrote that back.
+	const key = await signup();
+	const raw = async () => (await fetch(base + '/api/v1/policies/big.budget', { headers: { Authorization: 'Bearer ' + key } })).text();
+	const put = await fetch(base + '/api/v1/policies/big.budget', {
+		method: 'PUT',
+		headers: { Authorization: 'Bearer ' + key, 'Content-Type': 'application/json' },
+		body: '{"daily_budget_micros":123456789012345678}',
+	});
+	assert.equal(put.status, 200);
+	const ui = await mount(key, '#/policies/big.budget');
+	assert.match(ui.root.textContent, /daily_budget_micros: beyond what this page shows exactly/);
+	const area = field(formOf(button(ui.root, 'Save policy')), 'policy');
+	await submit(ui.root, 'Save policy', { policy: area.value });
+	assert.match(alerts(ui).join(), /Nothing changed/);
+	await submit(ui.root, 'Save policy', { policy: JSON.stringify({ ...JSON.parse(area.value), mode: 'deny' }) });
+	assert.deepEqual(alerts(ui), []);
+	assert.match(await raw(), /"daily_budget_micros":123456789012345678[,}]/, 'kept exactly');
+	assert.match(await raw(), /"mode":"deny"/);
+
+	await go(ui, '#/policies');
+	await go(ui, '#/policies/big.budget');
+	for (const typed of ['9007199254740993', '1e400']) {
+		await submit(ui.root, 'Save policy', { policy: `{"daily_budget_micros": ${typed}}` });
+		assert.match(alerts(ui).join(), /cannot send exactly/, typed);
+	}
+	assert.match(await raw(), /"daily_budget_micros":123456789012345678[,}]/, 'nothing sent');
+
+	const keys = await mount(key, '#/keys');
+	await submit(keys.root, 'Create key', { name: 'capped', preset: 'AGENT', ceiling: '9007199254740993', rate: '' });
+	assert.match(alerts(keys).join(), /ceiling must be a whole number/);
+	assert.ok(!(await api('GET', '/keys', key)).body.data.some((k) => k.name === 'capped'), 'no key minted');
+});
+
 test('tools: a contract published from the page, the next one drafted from it, a refused one named, a test job enqueued', async () => {
 	const key = await signup();
 	const tool = 'send_<b>mail</b>';
@@ -560,6 +595,7 @@ test('the pages an operator watches refresh themselves in place, but not under a
 	await tick();
 	assert.equal(ui.root.querySelectorAll('tr').length - 1, 1, 'not redrawn');
 	assert.equal(ui.timers.length, 0, 'and no longer refreshing');
+	assert.match(main.textContent, /not refreshed while you edit or act here/);
 
 	// Pages that are not watched, and pages left, are not refreshed.
 	await go(ui, '#/effects');
@@ -571,6 +607,37 @@ test('the pages an operator watches refresh themselves in place, but not under a
 	await tick(); // the circuits page's, left before it fired
 	assert.match(ui.root.querySelector('h1').textContent, /Keys/);
 	assert.equal(ui.requests.length, sent, 'nothing fetched for a page no longer shown');
+});
+
+test("a refresh never replaces an action's answer, nor the rows Load more added", async () => {
+	// Console QA: a refresh fetched while a rejection was sent replaced the
+	// page: the rejection's 409 (another operator had approved) was written
+	// into a detached element and the approved row vanished, so the
+	// rejection looked done.
+	const key = await signup();
+	await api('PUT', '/policies/push.send', key, { mode: 'require_approval' });
+	const held = [];
+	for (const k of ['r1', 'r2', 'r3']) held.push((await api('POST', '/effects/begin', key, { effect_type: 'push.send', idempotency_key: k, payload: {} })).body);
+	const ui = await mount(key, '#/approvals');
+	assert.equal((await api('POST', `/approvals/${held[0].approval_id}/approve`, key, { note: 'elsewhere' })).status, 200);
+	const reject = formOf(button(row(ui, held[0].effect_id), 'Reject'));
+	field(reject, 'note').value = 'too late';
+	ui.timers.shift().fn(); // the refresh starts fetching...
+	await reject.dispatch('submit'); // ...and the rejection is sent meanwhile
+	await app.rendered();
+	assert.match(alerts(ui).join(), /invalid_state/, 'the refusal stays on screen');
+	assert.match(row(ui, held[0].effect_id).textContent, /push\.send/, 'beside its row');
+	assert.equal(ui.timers.length, 0, 'and nothing refreshes it away');
+
+	// Rows loaded with Load more stay.
+	const paged = await mount(key, '#/approvals?limit=1');
+	assert.equal(paged.root.querySelectorAll('tr').length - 1, 1);
+	await click(paged.root, 'Load more');
+	assert.equal(paged.root.querySelectorAll('tr').length - 1, 2);
+	const timer = paged.timers.shift();
+	timer.fn();
+	await app.rendered();
+	assert.equal(paged.root.querySelectorAll('tr').length - 1, 2, 'not refreshed back to one page');
 });
 
 test('a key without steps:replay still reads a replayable step', async () => {
