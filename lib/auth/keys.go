@@ -333,8 +333,9 @@ func (s *Service) forget(keyID string) {
 
 // CreateKeyRequest is the body of POST /api/v1/keys.
 type CreateKeyRequest struct {
-	Name                    string   `json:"name" openapi:"minLength=1,maxLength=100"`
-	Scopes                  []string `json:"scopes,omitempty"`
+	Name string `json:"name" openapi:"minLength=1,maxLength=100"`
+	// Every scope of AllScopes, for the OpenAPI document (a test holds the two in step).
+	Scopes                  []string `json:"scopes,omitempty" openapi:"itemEnum=effects:begin|effects:report|effects:read|effects:resolve|policies:read|policies:write|approvals:write|keys:write|runs:write|runs:read|jobs:work|steps:replay|endpoints:write|contracts:write|webhooks:write|reconcile:write|billing:write"`
 	Preset                  string   `json:"preset,omitempty" openapi:"enum=OPERATOR|AGENT|INGEST|WORKER"`
 	Tools                   []string `json:"tools,omitempty"`
 	DailySpendCeilingMicros *int64   `json:"daily_spend_ceiling_micros,omitempty" openapi:"min=0,max=1000000000000000000"`

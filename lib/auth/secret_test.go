@@ -1,6 +1,9 @@
 package auth
 
 import (
+	"maps"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -35,4 +38,24 @@ func TestPrincipalToolRules(t *testing.T) {
 	require.Contains(t, err.Error(), "forbidden")
 	agent := &Principal{Scopes: Presets["AGENT"]}
 	require.False(t, agent.MayWorkTool("send", "1"))
+}
+
+// The OpenAPI document's lists of scopes and presets are the struct tags of
+// CreateKeyRequest: they must name exactly the scopes and presets there are.
+func TestCreateKeyRequestTagsListEveryScopeAndPreset(t *testing.T) {
+	t.Parallel()
+	typ := reflect.TypeFor[CreateKeyRequest]()
+	listed := func(field, option string) []string {
+		f, ok := typ.FieldByName(field)
+		require.True(t, ok, field)
+		for _, part := range strings.Split(f.Tag.Get("openapi"), ",") {
+			if v, ok := strings.CutPrefix(part, option+"="); ok {
+				return strings.Split(v, "|")
+			}
+		}
+		t.Fatalf("%s has no %s in its openapi tag", field, option)
+		return nil
+	}
+	require.Equal(t, AllScopes, listed("Scopes", "itemEnum"))
+	require.ElementsMatch(t, slices.Collect(maps.Keys(Presets)), listed("Preset", "enum"))
 }

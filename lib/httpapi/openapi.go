@@ -14,6 +14,7 @@ import (
 	"github.com/google/jsonschema-go/jsonschema"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/idemkey"
 	"github.com/getratchet/ratchet/lib/idempotency"
 	"github.com/getratchet/ratchet/lib/jsonstrict"
@@ -125,10 +126,31 @@ func errorDetailSchema() map[string]any {
 			"retry_after_seconds": integer("rate_limited (also in Retry-After), retry_request: when to try again."),
 			"outcome": map[string]any{"type": "string", "enum": []string{apierr.OutcomeNotApplied, apierr.OutcomeUnknown},
 				"description": "database_unavailable: whether the request may have been applied."},
-			"request_id":      str("internal_error, database_unavailable: the request's id, as in X-Request-Id."),
-			"current_version": integer("version_conflict: the version to re-read."),
-			"state":           str("invalid_state and others: the state that refused the request."),
-			"attempt":         integer("lease_lost: the attempt that superseded the token; a replay's invalid_state: the job's last attempt."),
+			"request_id":            str("internal_error, database_unavailable: the request's id, as in X-Request-Id."),
+			"current_version":       integer("version_conflict (a policy): the version to re-read."),
+			"currentVersion":        integer("version_conflict (an endpoint's policy): the version to re-read."),
+			"currentHandlerVersion": str("version_conflict (a replay's expectedHandlerVersion): the step's handler version."),
+			"state":                 str("invalid_state and others: the state that refused the request."),
+			"attempt": integer("lease_lost (an effect's or a job's report): the attempt this token held; " +
+				"a replay's invalid_state: the job's last attempt."),
+			"reported_outcome": str("lease_lost (an effect): what the token's attempt was reported as, when it was."),
+			"reportedOutcome":  str("lease_lost (a job): what the token's attempt was reported as, when it was."),
+			"status":           str("invalid_state (a job's report): the status the job ended in."),
+			"leaseLapsed": map[string]any{"type": "boolean", "description": "invalid_state (a job's report): " +
+				"the job ended because this attempt, its last, lapsed unreported (the outcome is the one lost)."},
+			"attempts":    integer("max_attempts_exceeded: the attempts the key has used."),
+			"approval_id": str("approval_rejected: the approval that was rejected."),
+			"opened_by": map[string]any{"type": "string", "enum": []string{gate.OpenedBySurge, gate.OpenedByManual, gate.OpenedByStop},
+				"description": "circuit_open: what opened the breaker that denied."},
+			"opened_at":   map[string]any{"type": "string", "format": "date-time", "description": "circuit_open: when that breaker opened."},
+			"closes_at":   map[string]any{"type": []string{"null", "string"}, "format": "date-time", "description": "circuit_open: when it closes by itself (null: only by hand)."},
+			"limit_bytes": integer("payload_too_large: the limit exceeded."),
+			"steps": map[string]any{"type": "array", "description": "invalid_state (a group's commit): the steps that " +
+				"have not succeeded, each {effect_id, state}.", "items": map[string]any{"type": "object",
+				"properties": map[string]any{"effect_id": map[string]any{"type": "string"}, "state": map[string]any{"type": "string"}}}},
+			"unresolved": map[string]any{"type": "array", "items": map[string]any{"type": "string"},
+				"description": "invalid_state (an unwind): the effects with unknown outcomes the rollback waits for."},
+			"compensating_effect_id": str("invalid_state (a compensation begun again): the step's compensating effect."),
 		},
 	}
 }
