@@ -429,6 +429,13 @@ const pages = {
 		];
 	},
 
+	// An approval's id (an approval.requested alert carries it) opens its
+	// effect's page, where a pending one is decided.
+	async approval(params, id) {
+		const a = await call('GET', `/approvals/${seg(id)}`);
+		return pages.effect(params, a.effect_id);
+	},
+
 	async effect(params, id) {
 		const e = await call('GET', `/effects/${seg(id)}`);
 		const attempts = [
@@ -1209,17 +1216,27 @@ function signInPage(message) {
 
 // The page each id prefix names (API.md §0), for ids pasted from a log,
 // an alert or a webhook.
-const byPrefix = { eff: 'effects', run: 'runs', stp: 'steps', grp: 'groups', end: 'endpoints', whk: 'webhooks' };
+const byPrefix = { eff: 'effects', apr: 'approvals', run: 'runs', stp: 'steps', grp: 'groups', end: 'endpoints', whk: 'webhooks' };
 
 function goTo() {
 	const field = h('input', { name: 'id', placeholder: 'Go to an id (eff_…, run_…, stp_…)', 'aria-label': 'Go to an id', size: 28, autocomplete: 'off', spellcheck: 'false' });
-	const f = h('form', { class: 'inline goto', role: 'search' }, field);
+	const status = h('span', { class: 'status', role: 'status' });
+	const f = h('form', { class: 'inline goto', role: 'search' }, field, status);
+	f.addEventListener('input', () => {
+		field.removeAttribute('aria-invalid');
+		status.replaceChildren();
+	});
 	f.addEventListener('submit', (ev) => {
 		ev.preventDefault();
 		const id = field.value.trim();
 		const page = byPrefix[id.split('_')[0]];
 		if (page) navigate(page + '/' + encodeURIComponent(id));
-		else field.setAttribute('aria-invalid', 'true');
+		else {
+			// Console QA: only the border turned red, and the operator could
+			// not tell why.
+			field.setAttribute('aria-invalid', 'true');
+			status.replaceChildren(`Not an id this box opens: ${Object.keys(byPrefix).map((p) => p + '_…').join(', ')}.`);
+		}
 	});
 	return f;
 }
@@ -1249,7 +1266,7 @@ const nav = [
 
 // A route is #/<page>[/<id>][?a=b]: the list pages take their filters from
 // the query, the detail pages their id from the second segment.
-const detail = { effects: 'effect', policies: 'policy', runs: 'run', steps: 'step', endpoints: 'endpoint', webhooks: 'webhook', groups: 'group', tools: 'tool' };
+const detail = { effects: 'effect', approvals: 'approval', policies: 'policy', runs: 'run', steps: 'step', endpoints: 'endpoint', webhooks: 'webhook', groups: 'group', tools: 'tool' };
 
 export function parseRoute(hash) {
 	const raw = String(hash || '').replace(/^#\/?/, '');

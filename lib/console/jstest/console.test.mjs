@@ -701,6 +701,14 @@ test('an effect held for approval is decided from its own page; filters keep the
 	await ui.root.querySelector('form.goto').dispatch('submit');
 	assert.equal(ui.location.hash, '#/effects/' + held.effect_id);
 	assert.equal(field(ui.root.querySelector('form.goto'), 'id').getAttribute('aria-invalid'), 'true');
+	assert.match(ui.root.querySelector('form.goto').textContent, /Not an id this box opens: eff_…, apr_…/);
+
+	// An approval's id, as its alert carries it, opens its effect.
+	field(ui.root.querySelector('form.goto'), 'id').value = held.approval_id;
+	await ui.root.querySelector('form.goto').dispatch('submit');
+	await app.rendered();
+	assert.equal(ui.location.hash, '#/approvals/' + held.approval_id);
+	assert.match(ui.root.querySelector('h1').textContent, new RegExp('Effect ' + held.effect_id));
 });
 
 test("reconcile: the vendor's CSV compared, an unknown outcome it settles resolved, the rest listed", async () => {
