@@ -165,11 +165,12 @@ func IsUnavailable(err error) bool {
 }
 
 // Unapplied reports whether a failed database call certainly changed
-// nothing: connecting failed, or pgx knows the statement was never sent.
-// Otherwise it may have committed before the failure reached us.
+// nothing: connecting failed, pgx knows the statement was never sent, or
+// Postgres rolled it back as a deadlock's victim. Otherwise it may have
+// committed before the failure reached us.
 func Unapplied(err error) bool {
 	var ce *pgconn.ConnectError
-	return errors.As(err, &ce) || pgconn.SafeToRetry(err)
+	return errors.As(err, &ce) || pgconn.SafeToRetry(err) || HasCode(err, CodeDeadlockDetected)
 }
 
 // Unique-violation and friends, for callers that turn constraint errors into

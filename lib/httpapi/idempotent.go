@@ -188,7 +188,9 @@ func lostDatabase(err error) bool {
 	if e, ok := apierr.As(err); ok {
 		return e.Code == apierr.CodeDatabaseUnavailable
 	}
-	return db.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded)
+	// A deadlock's victim that RetryDeadlocks gave up on: rolled back, so a
+	// 503 saying nothing was applied, for the client to retry.
+	return db.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded) || db.HasCode(err, db.CodeDeadlockDetected)
 }
 
 // timedOut says whether err is a statement that ran out of time (its own,

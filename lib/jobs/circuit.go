@@ -154,7 +154,7 @@ func (s *Service) CloseCircuit(ctx context.Context, workspaceID, id string) (End
 		was Circuit
 	)
 	now := s.now()
-	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+	err := db.TxRetryingDeadlocks(ctx, s.pool, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, sqlLockCircuit, workspaceID, id).Scan(&was.State, &was.OpenedAt); err != nil {
 			return err
 		}

@@ -376,7 +376,7 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 		e   Endpoint
 		was Circuit // as the update found it: reports open and close it without a version
 	)
-	err = db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+	err = db.TxRetryingDeadlocks(ctx, s.pool, func(tx pgx.Tx) error {
 		// The gate protocol (sql.go): wait for in-flight transitions out of
 		// RUNNING, then recount under the row lock the update takes.
 		if _, err := tx.Exec(ctx, sqlEndpointGateExclusive, id); err != nil {
@@ -421,7 +421,11 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 // SetPaused pauses or resumes an endpoint. A paused endpoint accepts jobs but
 // none is claimed, so no attempt is consumed; in-flight jobs may finish.
 func (s *Service) SetPaused(ctx context.Context, workspaceID, id string, paused bool) (Endpoint, error) {
-	e, err := scanEndpoint(s.pool.QueryRow(ctx, sqlSetPaused, workspaceID, id, paused, s.now()))
+	var e Endpoint
+	err := db.RetryDeadlocks(ctx, func() (err error) {
+		e, err = scanEndpoint(s.pool.QueryRow(ctx, sqlSetPaused, workspaceID, id, paused, s.now()))
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Endpoint{}, apierr.NotFound("endpoint")
 	}
