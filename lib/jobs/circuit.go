@@ -72,11 +72,13 @@ func tallyCircuits(rows []applyRow, locked map[string]*lockedJob) map[string]*ci
 }
 
 // recordCircuits counts tallies on their endpoints, opening and closing
-// circuits, and records their events. It must be the report's first
-// statement to lock endpoint rows: it locks, in id order, those it counts
-// on and every one the rest of the report will lock (the gated endpoints of
-// slotted, the jobs whose concurrency slots it may change), so that it keeps
-// the order claims lock endpoints in. closed says a circuit closed: claims held back
+// circuits, and records their events. sqlReportLock has locked their rows
+// already, in an earlier statement (so that this one sees their latest
+// versions); it locks, in id order, those it counts on and every one the
+// rest of the report will lock (the gated endpoints of slotted, the jobs
+// whose concurrency slots it may change) again, which costs nothing for
+// rows already held and keeps the order claims lock endpoints in for any
+// that became gated since. closed says a circuit closed: claims held back
 // by it are worth waking once the transaction commits.
 func (s *Service) recordCircuits(ctx context.Context, tx pgx.Tx, workspaceID string, tallies map[string]*circuitTally,
 	slotted []string, now time.Time) (closed bool, err error) {

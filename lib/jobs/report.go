@@ -156,7 +156,7 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, 
 			slotted = append(slotted, row.jobID)
 		}
 	}
-	// First of the statements that lock endpoint rows (see recordCircuits).
+	// The endpoint rows were locked by sqlReportLock (see recordCircuits).
 	circuitClosed, err := s.recordCircuits(ctx, tx, workspaceID, tallyCircuits(apply, locked), slotted, now)
 	if err != nil {
 		return nil, false, err

@@ -620,10 +620,21 @@ SELECT lease_expires_at, cancel_requested FROM j`
 // the rows already locked. The lateral call's argument depends on pre's
 // count so that pre runs first.
 //
+// Then, after the jobs and in id order, it locks the rows of their
+// endpoints that the report's later statements may update: those that count
+// failures and those with a concurrency limit. Those statements (the
+// circuit count, the slot counts) update the rows they lock, and a
+// statement that locks a row and updates it reads it with a snapshot taken
+// before the lock: it could meet an older version, and queue for that
+// version's tuple lock behind a claim waiting for this report, a deadlock
+// (concurrency QA). Locked here, in a statement before theirs, the rows are
+// at their latest version when those statements begin. g's count makes
+// every such row locked, whichever rows the last column's probe reads.
+//
 // The last column says whether the job's endpoint counts failures
 // (circuitHint; one probe per endpoint, not per job): only then does the
-// report run sqlCircuitRecord. It is read without a lock, so a breaker
-// turned on meanwhile counts from the next report on.
+// report run sqlCircuitRecord. A breaker turned on after this statement
+// counts from the next report on.
 const sqlReportLock = `
 WITH pre AS (
     SELECT j.id FROM jobs j WHERE j.id = ANY($1::text[]) AND j.workspace_id = $2::text
@@ -632,14 +643,17 @@ WITH pre AS (
 ), l AS (
     SELECT l.* FROM (SELECT count(*) AS n FROM pre) p,
          LATERAL jobs_report_lock(CASE WHEN p.n >= 0 THEN $1::text[] END, $2::text, $3::text[]) l
-), hinted AS (
-    SELECT e.id FROM job_endpoints e
+), gated AS (
+    SELECT e.id, e.circuit_failure_threshold IS NOT NULL OR e.circuit_state = 'open' AS hinted
+    FROM job_endpoints e
     WHERE e.id IN (SELECT endpoint_id FROM l)
-      AND (e.circuit_failure_threshold IS NOT NULL OR e.circuit_state = 'open')
+      AND (e.circuit_failure_threshold IS NOT NULL OR e.circuit_state = 'open' OR e.max_concurrent IS NOT NULL)
+    ORDER BY e.id
+    FOR NO KEY UPDATE
 )
 SELECT l.*, CASE WHEN $4::boolean THEN (SELECT j.version FROM jobs j WHERE j.id = l.id) END,
-       l.endpoint_id IN (SELECT id FROM hinted)
-FROM l`
+       l.endpoint_id IN (SELECT id FROM gated WHERE hinted)
+FROM l, (SELECT count(*) AS n FROM gated) g`
 
 // sqlAdjustSlots corrects the concurrency counts before a report batch is
 // recorded. Recording frees a slot for each job it ends
