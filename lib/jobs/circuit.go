@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/getratchet/ratchet/lib/apierr"
-	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/events"
 )
 
@@ -156,7 +155,7 @@ func (s *Service) CloseCircuit(ctx context.Context, workspaceID, id string) (End
 		was Circuit
 	)
 	now := s.now()
-	err := db.TxRetryingDeadlocks(ctx, s.pool, func(tx pgx.Tx) error {
+	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, sqlLockCircuit, workspaceID, id).Scan(&was.State, &was.OpenedAt); err != nil {
 			return err
 		}

@@ -759,3 +759,129 @@ func waitForLock(t *testing.T, pool *pgxpool.Pool, like, why string) {
 		return waiting
 	}, 10*time.Second, 5*time.Millisecond, why)
 }
+
+// limitedRun creates the endpoint send_email with a concurrency limit and
+// a run holding two of its jobs, and answers the endpoint and the run.
+func limitedRun(t *testing.T, b *bundle) (jobs.Endpoint, string) {
+	t.Helper()
+	ep, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "send_email",
+		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](5)}})
+	require.NoError(t, err)
+	runID := b.run(t)
+	for i := range 2 {
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprint(i))})
+	}
+	return ep, runID
+}
+
+// olderVersionStaged stages, on endpoint ep, what made claims and reports
+// deadlock (concurrency QA; before migration 0047): an enqueue's
+// foreign-key check holds KEY SHARE on the endpoint's row, and another
+// transaction has updated the row (a newer version) and is still open. A
+// statement that begins now reads the row's older version. It answers the
+// open update, to commit when the test is ready, and a wait until at least
+// n of this database's statements matching a LIKE pattern wait for a lock.
+func olderVersionStaged(t *testing.T, b *bundle, ep jobs.Endpoint) (pgx.Tx, func(like string, n int, why string)) {
+	t.Helper()
+	pool := b.env.App.Pool
+	enq, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = enq.Rollback(context.Background()) })
+	_, err = enq.Exec(ctx, `SELECT 1 FROM job_endpoints WHERE id = $1 FOR KEY SHARE`, ep.ID)
+	require.NoError(t, err)
+	upd, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = upd.Rollback(context.Background()) })
+	_, err = upd.Exec(ctx, `UPDATE job_endpoints SET updated_at = updated_at WHERE id = $1`, ep.ID)
+	require.NoError(t, err)
+	waiting := func(like string, n int, why string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			var count int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1`, like).Scan(&count))
+			return count >= n
+		}, 10*time.Second, 5*time.Millisecond, why)
+	}
+	return upd, waiting
+}
+
+// runningCount reads an endpoint's count of running jobs.
+func runningCount(t *testing.T, b *bundle, endpointID string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT running_count FROM job_endpoints WHERE id = $1`,
+		endpointID).Scan(&n))
+	return n
+}
+
+// Two claims meet the row's older version (olderVersionStaged). Each locks
+// the row's newest version; the first must then count its grant on the
+// row. Counted in the statement that locked the row, the update read the
+// row with that statement's older snapshot and met the older version, which
+// (its KEY SHARE still live) it could update only after taking that
+// version's tuple lock, held by the second claim while it waited for the
+// first: a deadlock, Postgres failing one. Counted in a statement of its
+// own, it sees the newest version, and both claims lease. Run without the
+// retry a deadlock's victim gets; not parallel: it watches pg_stat_activity.
+func TestClaimsMeetingAnEndpointRowsOlderVersionDoNotDeadlock(t *testing.T) {
+	b := setup(t)
+	jobs.SetDeadlockRetry(b.svc, false)
+	ep, _ := limitedRun(t, b)
+	w1, w2 := b.register(t), b.register(t)
+	upd, waiting := olderVersionStaged(t, b, ep)
+
+	claims := make(chan jobs.ClaimResult, 2)
+	errs := make(chan error, 2)
+	claim := func(worker string) {
+		r, err := b.svc.Claim(ctx, b.worker, worker, jobs.ClaimRequest{})
+		claims <- r
+		errs <- err
+	}
+	go claim(w1)
+	waiting(`%jobs_claim_keyed%`, 1, "the first claim waits for the update")
+	go claim(w2)
+	waiting(`%jobs_claim_keyed%`, 2, "the second claim waits too")
+	require.NoError(t, upd.Commit(ctx))
+	for range 2 {
+		require.NoError(t, <-errs, "no claim is a deadlock's victim")
+		require.Len(t, (<-claims).Jobs, 1)
+	}
+	require.Equal(t, 2, runningCount(t, b, ep.ID), "each grant counted once")
+}
+
+// A report and a claim meet the row's older version (olderVersionStaged):
+// the report frees its job's slot on the row, the claim waits for the
+// report on the row's newest version. The report's statement that freed
+// the slot locked the row too, and met the older version as the claims
+// above did: a deadlock. The report now locks its endpoints' rows in its
+// first statement (sqlReportLock), so the statement that frees the slot
+// begins after the lock and sees the newest version.
+func TestAReportAndAClaimMeetingAnEndpointRowsOlderVersionDoNotDeadlock(t *testing.T) {
+	b := setup(t)
+	jobs.SetDeadlockRetry(b.svc, false)
+	ep, _ := limitedRun(t, b)
+	w1, w2 := b.register(t), b.register(t)
+	running := b.claimOne(t, w1)
+	upd, waiting := olderVersionStaged(t, b, ep)
+
+	reported, claimed := make(chan error, 1), make(chan error, 1)
+	go func() {
+		_, err := b.svc.Report(ctx, b.worker, running.JobID, jobs.ReportRequest{LeaseToken: running.LeaseToken,
+			Status: "SUCCEEDED"})
+		reported <- err
+	}()
+	waiting(`%jobs_report%`, 1, "the report waits for the update")
+	go func() {
+		r, err := b.svc.Claim(ctx, b.worker, w2, jobs.ClaimRequest{})
+		if err == nil && len(r.Jobs) != 1 {
+			err = fmt.Errorf("claimed %d jobs", len(r.Jobs))
+		}
+		claimed <- err
+	}()
+	waiting(`%jobs_claim_keyed%`, 1, "the claim waits too")
+	require.NoError(t, upd.Commit(ctx))
+	require.NoError(t, <-reported, "the report is no deadlock's victim")
+	require.NoError(t, <-claimed, "nor the claim")
+	require.Equal(t, 1, runningCount(t, b, ep.ID), "one slot freed, one taken")
+}

@@ -376,7 +376,7 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 		e   Endpoint
 		was Circuit // as the update found it: reports open and close it without a version
 	)
-	err = db.TxRetryingDeadlocks(ctx, s.pool, func(tx pgx.Tx) error {
+	err = s.txRetrying(ctx, func(tx pgx.Tx) error {
 		// The gate protocol (sql.go): wait for in-flight transitions out of
 		// RUNNING, then recount under the row lock the update takes.
 		if _, err := tx.Exec(ctx, sqlEndpointGateExclusive, id); err != nil {
@@ -422,7 +422,7 @@ func (s *Service) UpdatePolicy(ctx context.Context, workspaceID, id string, req 
 // none is claimed, so no attempt is consumed; in-flight jobs may finish.
 func (s *Service) SetPaused(ctx context.Context, workspaceID, id string, paused bool) (Endpoint, error) {
 	var e Endpoint
-	err := db.RetryDeadlocks(ctx, func() (err error) {
+	err := s.retrying(ctx, func() (err error) {
 		e, err = scanEndpoint(s.pool.QueryRow(ctx, sqlSetPaused, workspaceID, id, paused, s.now()))
 		return err
 	})

@@ -23,3 +23,7 @@ func SettleRuns(s *Service, limit int) (int, error) { return s.settleRuns(contex
 
 // LapseWait is how long a read waits for a held lapsed job.
 const LapseWait = lapseWait
+
+// SetDeadlockRetry turns the retry of a deadlock's victim on or off, so
+// that a test can see whether a deadlock happens at all.
+func SetDeadlockRetry(s *Service, on bool) { s.noDeadlockRetry = !on }

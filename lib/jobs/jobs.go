@@ -13,6 +13,7 @@
 package jobs
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/json"
@@ -20,8 +21,10 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/seal"
 )
 
@@ -83,6 +86,27 @@ type Service struct {
 	// claimInputBudget bounds the sealed input one claim answers
 	// (ClaimInputBudget; tests lower it).
 	claimInputBudget int64
+	// noDeadlockRetry turns off the retry of a deadlock's victim, so that
+	// a test can see whether a deadlock happens at all.
+	noDeadlockRetry bool
+}
+
+// retrying runs work, again when Postgres rolled it back as a deadlock's
+// victim (db.RetryDeadlocks).
+func (s *Service) retrying(ctx context.Context, work func() error) error {
+	if s.noDeadlockRetry {
+		return work()
+	}
+	return db.RetryDeadlocks(ctx, work)
+}
+
+// txRetrying runs fn in a transaction (db.Tx), in a new one when the last
+// was a deadlock's victim (db.TxRetryingDeadlocks).
+func (s *Service) txRetrying(ctx context.Context, fn func(pgx.Tx) error) error {
+	if s.noDeadlockRetry {
+		return db.Tx(ctx, s.pool, fn)
+	}
+	return db.TxRetryingDeadlocks(ctx, s.pool, fn)
 }
 
 // AnswerBudget bounds what one answer carries of stored documents a caller

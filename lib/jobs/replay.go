@@ -284,7 +284,7 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 		return ReplayResult{}, err
 	}
 	var out ReplayResult
-	err = db.TxRetryingDeadlocks(ctx, s.pool, func(tx pgx.Tx) error {
+	err = s.txRetrying(ctx, func(tx pgx.Tx) error {
 		// A replay queues the job to run again: not for a key revoked on
 		// another instance whose cache still holds it.
 		if err := auth.RequireLive(ctx, tx, p.KeyID); err != nil {

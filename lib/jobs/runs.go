@@ -921,7 +921,7 @@ func (s *Service) readStep(ctx context.Context, workspaceID, stepID string) (Ste
 // once and its worker learns it from its next heartbeat; its report is still
 // recorded on the execution.
 func (s *Service) CancelStep(ctx context.Context, workspaceID, stepID string) (Step, error) {
-	err := db.TxRetryingDeadlocks(ctx, s.pool, func(tx pgx.Tx) error {
+	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
 		var jobID, status, runID, endpointID string
 		var attempt int
 		err := tx.QueryRow(ctx, sqlCancelLock, stepID, workspaceID).Scan(nil, &jobID, &status, &runID, &attempt, &endpointID)

@@ -102,7 +102,7 @@ func (s *Service) exhaustLapsed(ctx context.Context, runID *string, limit int) (
 // nil) neither.
 func (s *Service) exhaustLapsedIn(ctx context.Context, runID, workspaceID *string, limit int) (int, error) {
 	n := 0
-	err := db.TxRetryingDeadlocks(ctx, s.pool, func(tx pgx.Tx) error {
+	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
 		now := s.now()
 		var gates int
 		if err := tx.QueryRow(ctx, sqlLapsedGates, now, limit, runID, workspaceID).Scan(&gates); err != nil {
@@ -167,7 +167,7 @@ func (s *Service) releaseHeldSlots(ctx context.Context, limit int) (int, error) 
 // fails) and answers how many.
 func (s *Service) freeSlots(ctx context.Context, gates, free string, limit int, extra ...any) (int, error) {
 	n := 0
-	err := db.TxRetryingDeadlocks(ctx, s.pool, func(tx pgx.Tx) error {
+	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
 		args := append([]any{s.now(), limit}, extra...)
 		var locked int
 		if err := tx.QueryRow(ctx, gates, args...).Scan(&locked); err != nil {

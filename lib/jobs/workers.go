@@ -257,7 +257,7 @@ func (s *Service) claimArgs(p *auth.Principal, workerID string, limit int, key *
 // claimOnce runs the claim statement, again when a deadlock rolled it back.
 func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID string, limit int,
 	key *claimKey) (jobs []ClaimedJob, err error) {
-	err = db.RetryDeadlocks(ctx, func() (err error) {
+	err = s.retrying(ctx, func() (err error) {
 		jobs, err = s.claimStatement(ctx, p, workerID, limit, key)
 		return err
 	})
@@ -483,7 +483,7 @@ func (s *Service) Report(ctx context.Context, p *auth.Principal, jobID string, r
 		out      reportOutcome
 		released bool
 	)
-	err := db.TxRetryingDeadlocks(ctx, s.pool, func(tx pgx.Tx) error {
+	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
 		res, rel, err := s.reportMany(ctx, tx, p, []reportItem{{jobID: jobID, req: req}})
 		if err != nil {
 			return err
@@ -603,7 +603,7 @@ func (s *Service) ReportBatch(ctx context.Context, p *auth.Principal, req BatchR
 		return out, nil
 	}
 	released := false
-	err := db.TxRetryingDeadlocks(ctx, s.pool, func(tx pgx.Tx) error {
+	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
 		res, rel, err := s.reportMany(ctx, tx, p, items)
 		if err != nil {
 			return err
