@@ -165,6 +165,11 @@ test('a refused key is forgotten and the sign-in says so; a narrow key signs in 
 	assert.equal(stale.storage.getItem(KEY_ITEM), null);
 	assert.match(stale.root.textContent, /refused this key/);
 	assert.match(stale.root.textContent, /Sign in with a key/);
+	// On the page it was on: a sign-in with a good key returns there.
+	assert.equal(stale.location.hash, '#/effects');
+	await submit(stale.root, 'Sign in', { key: operator });
+	assert.equal(stale.location.hash, '#/effects');
+	assert.match(stale.root.querySelector('h1').textContent, /Effects/);
 });
 
 test('approve and reject a held effect, with notes; a declined confirmation sends nothing', async () => {

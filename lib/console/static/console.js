@@ -339,8 +339,10 @@ async function call(method, path, body) {
 		e.detail,
 	);
 	if (res.status === 401 && k) {
-		// The key was revoked or mistyped: forget it and ask again.
-		signOut('The service refused this key (revoked, or mistyped). Sign in again.');
+		// The key was revoked or mistyped: forget it and ask again, on the
+		// page the operator was on, so that signing in with another key
+		// returns there (console QA: it went to the start).
+		signOut('The service refused this key (revoked, or mistyped). Sign in again.', true);
 	}
 	throw err;
 }
@@ -1241,10 +1243,13 @@ function goTo() {
 	return f;
 }
 
-function signOut(message) {
+// signOut forgets the key and shows the sign-in, at the start or, with
+// keepPage, on the page shown (a sign-in there returns to it).
+function signOut(message, keepPage = false) {
 	env.storage.removeItem(KEY_ITEM);
 	signOutMessage = message || null;
-	navigate('');
+	if (keepPage) rerender();
+	else navigate('');
 }
 
 let signOutMessage = null;
