@@ -24,11 +24,14 @@ const DeadlockRetries = 3
 // locks a row in one CTE (… ORDER BY id FOR NO KEY UPDATE, which waits for
 // and locks the row's newest version) and updates it in another reads the
 // row with the snapshot taken when the statement began; when the row was
-// updated in between and a foreign-key check holds a share lock on the old
-// version, the update waits on the old version's tuple lock, which a
+// updated in between and a foreign-key check still holds KEY SHARE on the
+// older version, the update waits for that version's tuple lock, which a
 // transaction waiting for this one can hold (concurrency QA: claims, reports
 // and the sweeper, over endpoints with a concurrency limit, answered 500
-// now and then).
+// now and then). Claims and reports now lock those rows in a statement of
+// their own first (migration 0047, lib/jobs sqlReportLock); the retry stays
+// for the statements that still lock and update in one (the sweeper's, a
+// cancel's) and for any cycle not found yet.
 func RetryDeadlocks(ctx context.Context, work func() error) error {
 	for attempt := 0; ; attempt++ {
 		err := work()
