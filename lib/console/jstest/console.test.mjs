@@ -428,6 +428,7 @@ test('keys: one minted with its secret shown once, then revoked', async () => {
 	assert.match(row(ui, 'operator').textContent, /this console’s key/);
 	const f = await submit(ui.root, 'Create key', { name: 'mailer', preset: 'WORKER', tools: 'send_email@1, send_sms@2', ceiling: '', rate: '120' });
 	const secret = f.querySelector('input.secret-value').value;
+	assert.match(row(ui, 'mailer').textContent, /jobs:work/, 'listed beside its secret, before Done');
 	// The second click of a double click creates nothing: the secret on
 	// screen stays the only one, until the form is edited.
 	await f.dispatch('submit');

@@ -899,6 +899,7 @@ const pages = {
 							}),
 			},
 		];
+		const list = await pager('/keys', {}, columns, 'No keys.');
 		return [
 			h('h1', null, 'Keys'),
 			h('p', { class: 'lead' }, 'Give an agent an AGENT key (begin and report only) and a worker a WORKER key for its exact tools, never this console’s key.'),
@@ -912,18 +913,29 @@ const pages = {
 					input('Requests per minute', 'rate', { type: 'number', min: 1, step: 1 }),
 				],
 				'Create key',
-				(v) =>
-					call('POST', '/keys', {
+				async (v) => {
+					const k = await call('POST', '/keys', {
 						name: v.name,
 						preset: v.preset,
 						tools: v.tools.trim() ? v.tools.split(',').map((t) => t.trim()).filter(Boolean) : undefined,
 						daily_spend_ceiling_micros: wholeNumber('The daily spend ceiling', v.ceiling),
 						rate_limit_per_minute: wholeNumber('Requests per minute', v.rate),
-					}),
+					});
+					// The list shows the new key beside its secret (console QA:
+					// only once "Done" redrew the page). A list that cannot be
+					// read now stays as it was: the secret is what matters here.
+					try {
+						const fresh = await pager('/keys', {}, columns, 'No keys.');
+						list.replaceChildren(...fresh.childNodes);
+					} catch {
+						// shown at the next redraw
+					}
+					return k;
+				},
 				{ once: true, after: (k, status) => status.replaceChildren(secretOnce(`Key ${k.name} (${k.id})`, k.secret), action('Done', async () => {}, {})) },
 			),
 			h('h2', null, 'Keys'),
-			await pager('/keys', {}, columns, 'No keys.'),
+			list,
 		];
 	},
 
