@@ -224,6 +224,9 @@ func TestAnUnknownMethodIsNotLoggedVerbatim(t *testing.T) {
 	require.Contains(t, logs.String(), "method=GET")
 }
 
+// lateRouteTimeout is the time of TestABodyLateForTheRequestsTimeIs408's route.
+const lateRouteTimeout = 1500 * time.Millisecond
+
 // lateBody is the body of TestABodyLateForTheRequestsTimeIs408's route.
 type lateBody struct {
 	N int `json:"n"`
@@ -240,7 +243,9 @@ func TestABodyLateForTheRequestsTimeIs408(t *testing.T) {
 	var ran atomic.Int32
 	h := httpapi.NewWithExtraRoutes(env.App.Server.Deps, []httpapi.Route{
 		{Method: "POST", Pattern: "/api/v1/test/late", Name: "test.late", Auth: httpapi.AuthNone, Status: 200,
-			Timeout: 300 * time.Millisecond, Request: lateBody{},
+			// Long enough for the last request's statement on a loaded CI
+			// machine (at 300 ms it ran out there now and then).
+			Timeout: lateRouteTimeout, Request: lateBody{},
 			Handle: func(ctx context.Context, c *httpapi.Call) (any, error) {
 				var body lateBody
 				if err := c.Decode(&body); err != nil {
@@ -271,7 +276,7 @@ func TestABodyLateForTheRequestsTimeIs408(t *testing.T) {
 	// Held by an adapter: the body arrives whole, after the deadline.
 	pr, pw := io.Pipe()
 	go func() {
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(lateRouteTimeout + 500*time.Millisecond)
 		_, _ = pw.Write([]byte(`{"n":1}`))
 		_ = pw.Close()
 	}()
