@@ -78,6 +78,13 @@ func TestRetryDeadlocksIsBoundedAndOnlyForDeadlocks(t *testing.T) {
 	require.ErrorIs(t, db.RetryDeadlocks(context.Background(), func() error { runs++; return other }), other)
 	require.Equal(t, 1, runs)
 
+	// A context that ends stops the retries at the pause.
+	runs = 0
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.ErrorIs(t, db.RetryDeadlocks(done, func() error { runs++; return deadlock }), deadlock)
+	require.Equal(t, 1, runs)
+
 	runs = 0
 	require.NoError(t, db.RetryDeadlocks(context.Background(), func() error {
 		if runs++; runs < 3 {

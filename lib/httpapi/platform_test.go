@@ -16,10 +16,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/httpapi"
 )
 
@@ -329,4 +331,24 @@ func TestListCursorsAreChecked(t *testing.T) {
 			env.Must(http.StatusOK, "GET", list+"?limit=1&cursor="+url.QueryEscape(next), ws.Key, nil)
 		}
 	}
+}
+
+// A deadlock's victim that the retry gave up on (db.RetryDeadlocks) was
+// rolled back: 503 database_unavailable saying nothing was applied, for the
+// client to retry, never a 500.
+func TestADeadlocksVictimIs503NotApplied(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	h := httpapi.NewWithExtraRoutes(env.App.Server.Deps, []httpapi.Route{
+		{Method: "POST", Pattern: "/api/v1/test/deadlock", Name: "test.deadlock", Auth: httpapi.AuthNone, Status: 200,
+			Timeout: 5 * time.Second,
+			Handle: func(ctx context.Context, c *httpapi.Call) (any, error) {
+				return nil, fmt.Errorf("report: %w", &pgconn.PgError{Code: db.CodeDeadlockDetected, Message: "deadlock detected"})
+			}},
+	})
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("POST", "/api/v1/test/deadlock", nil))
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
+	require.Contains(t, rec.Body.String(), `"code":"database_unavailable"`)
+	require.Contains(t, rec.Body.String(), `"outcome":"not_applied"`)
 }
