@@ -23,7 +23,7 @@ DECLARE
     v_ready timestamptz[];
     v_reclaim boolean[];
     v_attempts integer[];
-    v_gated bigint;
+    v_gated bigint; -- read only so that the endpoint lock (gated) runs
 BEGIN
 IF $10 IS NOT NULL THEN
     -- A claim sent again under its claim id takes the id's turn (the
