@@ -885,3 +885,44 @@ func TestAReportAndAClaimMeetingAnEndpointRowsOlderVersionDoNotDeadlock(t *testi
 	require.NoError(t, <-claimed, "nor the claim")
 	require.Equal(t, 1, runningCount(t, b, ep.ID), "one slot freed, one taken")
 }
+
+// A sweep and a claim meet the row's older version (olderVersionStaged):
+// the sweep ends a job whose last attempt's lease lapsed, freeing its slot
+// on the row, and the claim waits for the sweep on the row's newest
+// version. The sweep's statement that frees the slot also locked the row,
+// and met the older version as the claims above did: a deadlock. The sweep
+// now locks the rows with its gate locks, in the statement before, so the
+// statement that frees the slot sees the newest version.
+func TestASweepAndAClaimMeetingAnEndpointRowsOlderVersionDoNotDeadlock(t *testing.T) {
+	b := setup(t)
+	jobs.SetDeadlockRetry(b.svc, false)
+	ep, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "send_email",
+		PolicyFields: jobs.PolicyFields{Preset: opt("CUSTOM"), MaxConcurrent: opt[int64](5), MaxAttempts: opt[int64](1),
+			InitialDelayMs: opt[int64](1000), Multiplier: opt[float64](1), MaxDelayMs: opt[int64](1000),
+			JitterPercent: opt[float64](0), DefaultTimeoutMs: opt[int64](1000)}})
+	require.NoError(t, err)
+	runID := b.run(t)
+	lapsing := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("send_email")})
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("send_email"), Input: json.RawMessage(`1`)})
+	w1, w2 := b.register(t), b.register(t)
+	b.claimOne(t, w1)
+	b.clock.Add(time.Minute)
+	upd, waiting := olderVersionStaged(t, b, ep)
+
+	swept, claimed := make(chan error, 1), make(chan error, 1)
+	go func() { swept <- b.env.App.Sweeper.RunOnce(ctx).Error() }()
+	waiting(`%FROM job_endpoints%`, 1, "the sweep waits for the update")
+	go func() {
+		r, err := b.svc.Claim(ctx, b.worker, w2, jobs.ClaimRequest{})
+		if err == nil && len(r.Jobs) != 1 {
+			err = fmt.Errorf("claimed %d jobs", len(r.Jobs))
+		}
+		claimed <- err
+	}()
+	waiting(`%jobs_claim_keyed%`, 1, "the claim waits too")
+	require.NoError(t, upd.Commit(ctx))
+	require.NoError(t, <-swept, "the sweep is no deadlock's victim")
+	require.NoError(t, <-claimed, "nor the claim")
+	require.Equal(t, "EXHAUSTED", b.step(t, lapsing.StepID).Status)
+	require.Equal(t, 1, runningCount(t, b, ep.ID), "one slot freed, one taken")
+}

@@ -360,6 +360,8 @@ ON CONFLICT DO NOTHING`
 // The endpoints are locked in id order first, the order claims and
 // recorded reports take them in (jobs_claim, jobs_report_apply): locked as
 // the update met them, a sweep over two endpoints could deadlock with them.
+// The sweep's statement before (lapseGates) has locked them already; this
+// lock takes those at once and any endpoint only this statement found.
 func failLapsed(now, warning string) string {
 	return `), x AS (
     UPDATE job_executions x SET outcome = 'FAILED', warning = ` + warning + `::text, ended_at = ` + now + `::timestamptz
@@ -374,6 +376,33 @@ func failLapsed(now, warning string) string {
     FROM (SELECT endpoint_id, count(*)::int AS n FROM upd GROUP BY endpoint_id) c
     WHERE e.id = c.endpoint_id AND e.id IN (SELECT id FROM gated)
 )`
+}
+
+// lapseGates is the first statement of a sweep that frees slots (the
+// freeing statement ends with failLapsed): on the endpoints of up to $2
+// jobs matching candidates, it takes the gate protocol's shared lock and
+// then, in id order, locks the rows of those with a concurrency limit, and
+// answers how many endpoints it found. The rows are locked here, a
+// statement before the one that updates them, for the reason sqlReportLock
+// gives: a statement that locks a row and then updates it reads the row
+// with a snapshot taken before the lock, could meet an older version and
+// queue for that version's tuple lock behind a claim waiting for the sweep,
+// a deadlock (concurrency QA). failLapsed still locks, at once, the rows
+// already held here, and any of an endpoint found only by the later
+// statement.
+func lapseGates(candidates string) string {
+	return `
+WITH e AS (
+    SELECT DISTINCT endpoint_id FROM jobs WHERE ` + candidates + ` LIMIT $2::int
+), g AS (
+    SELECT count(pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0))) AS n FROM e
+), r AS (
+    SELECT id FROM job_endpoints
+    WHERE id IN (SELECT endpoint_id FROM e) AND max_concurrent IS NOT NULL AND (SELECT n FROM g) >= 0
+    ORDER BY id
+    FOR NO KEY UPDATE
+)
+SELECT g.n FROM g, (SELECT count(*) FROM r) r`
 }
 
 // sqlExhaustLapsed ends jobs whose lease lapsed on their last attempt; the
@@ -410,12 +439,8 @@ const sqlLapseWaitTimeout = `SELECT set_config('statement_timeout', $1::text, tr
 // sqlLapsedGates takes the gate protocol's shared lock on the endpoints of
 // the jobs sqlExhaustLapsed is about to end (a separate, earlier statement,
 // so that the ending statement reads max_concurrent after the lock).
-const sqlLapsedGates = `
-SELECT count(pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0)))
-FROM (SELECT DISTINCT endpoint_id FROM jobs
-      WHERE status = 'RUNNING' AND ready_at <= $1::timestamptz AND attempt >= max_attempts
-        AND ($3::text IS NULL OR run_id = $3::text) AND ($4::text IS NULL OR workspace_id = $4::text)
-      LIMIT $2::int) e`
+var sqlLapsedGates = lapseGates(`status = 'RUNNING' AND ready_at <= $1::timestamptz AND attempt >= max_attempts
+        AND ($3::text IS NULL OR run_id = $3::text) AND ($4::text IS NULL OR workspace_id = $4::text)`)
 
 // Requeueing lapsed leases (the sweeper's backstop). A lapsed lease on an
 // attempt that was not the job's last leaves the job claimable at once by a
@@ -437,9 +462,7 @@ const requeueCandidates = `status = 'RUNNING' AND attempt < max_attempts
 
 // sqlRequeueGates takes the gate protocol's shared lock on the endpoints of
 // up to $2 candidates.
-const sqlRequeueGates = `
-SELECT count(pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0)))
-FROM (SELECT DISTINCT endpoint_id FROM jobs WHERE ` + requeueCandidates + ` LIMIT $2::int) e`
+var sqlRequeueGates = lapseGates(requeueCandidates)
 
 // sqlRequeueLapsed requeues up to $2 candidates; $4 is the warning.
 var sqlRequeueLapsed = `
@@ -692,9 +715,7 @@ const heldSlotExpired = `jobs.slot_attempt IS NOT NULL AND EXISTS (SELECT 1 FROM
 
 // sqlHeldSlotGates takes the gate protocol's shared lock on the endpoints
 // of up to $2 jobs sqlReleaseHeldSlots is about to free.
-const sqlHeldSlotGates = `
-SELECT count(pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0)))
-FROM (SELECT DISTINCT endpoint_id FROM jobs WHERE ` + heldSlotExpired + ` LIMIT $2::int) e`
+var sqlHeldSlotGates = lapseGates(heldSlotExpired)
 
 // sqlReleaseHeldSlots frees the slots of up to $2 cancelled attempts whose
 // lease expired unreported, failing their executions with the warning $3.

@@ -161,9 +161,9 @@ func (s *Service) releaseHeldSlots(ctx context.Context, limit int) (int, error) 
 
 // freeSlots is one sweep that frees concurrency slots, in a transaction, by
 // the gate protocol (sql.go): gates takes the shared gate locks on the
-// endpoints of up to limit candidates ($1 now, $2 limit, then extra); when
-// there are any, free, a later statement so that it reads after the locks,
-// frees them (the same parameters, then LapseWarning for the executions it
+// endpoints of up to limit candidates ($1 now, $2 limit, then extra), and
+// the rows of those with a limit (lapseGates); when there are any, free, a
+// later statement so that it reads after the locks, frees them (the same parameters, then LapseWarning for the executions it
 // fails) and answers how many.
 func (s *Service) freeSlots(ctx context.Context, gates, free string, limit int, extra ...any) (int, error) {
 	n := 0
