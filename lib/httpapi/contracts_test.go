@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -119,6 +120,37 @@ func TestContractPublicationAndList(t *testing.T) {
 	require.Empty(t, e.Must(http.StatusOK, "GET", "/api/v1/tools/send_email/contracts", ws2.Key, nil).JSON()["data"])
 	require.EqualValues(t, 1, e.Must(http.StatusCreated, "POST", "/api/v1/tools/send_email/contracts", ws2.Key,
 		contractBody("1", nil)).JSON()["contractVersion"])
+}
+
+// A tool's name is one segment of /tools/{name}, a '/' in it sent as %2F:
+// a name with dot or empty parts between its slashes reaches its contracts
+// (security QA: they answered 404, though the tool could be enqueued), on
+// /api/v1 and on the /v1 alias. A name that is itself a dot segment, which
+// a client sends as it is, is refused wherever a tool is named.
+func TestEveryToolNameReachesItsContracts(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	for _, name := range []string{"x/..", "../x", "./x", "x/.", "a//b", "/a", "a/", "..."} {
+		c := e.publish(url.PathEscape(name), contractBody("1", nil))
+		require.Equal(t, name, c["name"])
+		list := e.contracts(url.PathEscape(name))
+		require.Len(t, list, 1, name)
+		alias := e.Must(http.StatusOK, "GET", "/v1/tools/"+url.PathEscape(name)+"/contracts", e.ws.Key, nil).JSON()
+		require.Len(t, alias["data"], 1, "%s on /v1", name)
+	}
+	runID := e.run()
+	for _, name := range []string{".", ".."} {
+		fields := validationFields(t, e.Do("POST", "/api/v1/runs/"+runID+"/steps", e.ws.Key,
+			map[string]any{"name": name, "version": "1", "input": map[string]any{}}))
+		require.Equal(t, []string{"name"}, fields, "enqueue %q", name)
+		fields = validationFields(t, e.Do("POST", "/api/v1/keys", e.ws.Key,
+			map[string]any{"name": "w", "preset": "WORKER", "tools": []string{name + "@1"}}))
+		require.Equal(t, []string{"tools.0"}, fields, "key for %q", name)
+		fields = validationFields(t, e.Do("POST", "/api/v1/workers/register", e.worker,
+			map[string]any{"tools": []map[string]any{{"name": name, "version": "1"}}}))
+		require.Equal(t, []string{"tools.0.name"}, fields, "register %q", name)
+	}
+	require.Empty(t, e.Must(http.StatusOK, "GET", "/api/v1/runs/"+runID+"/steps", e.ws.Key, nil).JSON()["data"])
 }
 
 func TestContractPublicationValidation(t *testing.T) {

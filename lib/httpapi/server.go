@@ -93,18 +93,22 @@ func Routes() []Route { return (&Server{}).routes() }
 
 // ServeHTTP serves /api/v1/... and the legacy /v1/... alias.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if p := r.URL.Path; strings.Contains(p, "//") || strings.Contains(p, "/./") || strings.Contains(p, "/../") ||
+	if p := r.URL.EscapedPath(); strings.Contains(p, "//") || strings.Contains(p, "/./") || strings.Contains(p, "/../") ||
 		strings.HasSuffix(p, "/.") || strings.HasSuffix(p, "/..") {
 		// An empty or dot segment (an id left blank: /runs//steps) names
 		// no route. The mux would redirect it to its cleaned path, a bare
 		// 307 to some other route; answer 404 in the envelope instead.
+		// The segments are the path's as sent: a '/' sent as %2F is part
+		// of a segment (a tool named x/.. is /tools/x%2F../contracts).
 		s.serveGroup(w, r, nil)
 		return
 	}
 	if strings.HasPrefix(r.URL.Path, "/v1/") {
 		r2 := r.Clone(r.Context())
 		r2.URL.Path = "/api" + r.URL.Path
-		r2.URL.RawPath = ""
+		if r.URL.RawPath != "" {
+			r2.URL.RawPath = "/api" + r.URL.RawPath // a %2F stays one segment's
+		}
 		r = r2
 	}
 	s.mux.ServeHTTP(w, r)

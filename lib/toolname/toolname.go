@@ -3,7 +3,11 @@
 // contracts and queue health name. A name or version is printable: no white
 // space, no '@' (which joins the two), no control or format character (a
 // "\x01" in a name made a tool no one could type, and a key's tools list
-// took what registration refused).
+// took what registration refused). A name is one segment of the
+// /api/v1/tools/{name} routes (a '/' in it is sent as %2F), so it is not
+// "." or "..": clients send those as they are, and a dot segment names no
+// route (security QA: such a tool could be enqueued, registered and put in
+// a key, but its contracts could be neither published nor read).
 package toolname
 
 import (
@@ -16,13 +20,13 @@ import (
 const (
 	MaxName     = 200
 	MaxVersion  = 100
-	NameRule    = "must be 1-200 printable characters without spaces or '@'"
+	NameRule    = "must be 1-200 printable characters without spaces or '@', and not . or .."
 	VersionRule = "must be 1-100 printable characters without spaces or '@'"
-	RefRule     = "must be name@version: a name of 1-200 and a version of 1-100 printable characters without spaces or '@'"
+	RefRule     = "must be name@version: a name of 1-200 and a version of 1-100 printable characters without spaces or '@' (the name not . or ..)"
 )
 
 // ValidName reports whether s can name a tool.
-func ValidName(s string) bool { return valid(s, MaxName) }
+func ValidName(s string) bool { return s != "." && s != ".." && valid(s, MaxName) }
 
 // ValidVersion reports whether s can be a tool's handler version.
 func ValidVersion(s string) bool { return valid(s, MaxVersion) }
