@@ -343,20 +343,28 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 			return fmt.Errorf("resolve: %w", err)
 		}
 		if st := row.effectiveState(now); st != StateIndeterminate {
-			if st == req.Outcome {
+			refused := apierr.InvalidState("Only an indeterminate effect can be resolved; this one is %s.", st).
+				WithDetail("state", st)
+			e, err := s.getEffect(ctx, tx, p.WorkspaceID, id, now)
+			if err != nil {
+				return err
+			}
+			attempt := resolvedBy(e, p.KeyID, req.Outcome)
+			switch {
+			case attempt == 0:
+				return refused
+			case st == req.Outcome:
 				// A repeat of this key's own resolve (its first answer lost)
 				// answers the effect as it is, as a repeated report does (QA).
-				e, err := s.getEffect(ctx, tx, p.WorkspaceID, id, now)
-				if err != nil {
-					return err
-				}
-				if resolvedBy(e, p.KeyID, req.Outcome) {
-					out = e
-					return nil
-				}
+				out = e
+				return nil
+			default:
+				// The key was begun again since (a resolve to failed frees
+				// it): the repeat is refused, but says that it landed, as a
+				// superseded report's lease_lost does (race QA: it said
+				// only the state).
+				return refused.WithDetail("attempt", attempt).WithDetail("resolved_outcome", req.Outcome)
 			}
-			return apierr.InvalidState("Only an indeterminate effect can be resolved; this one is %s.", st).
-				WithDetail("state", st)
 		}
 		if err := s.recordLapse(ctx, tx, &row, now); err != nil {
 			return err
@@ -377,16 +385,18 @@ func (s *Service) Resolve(ctx context.Context, p *auth.Principal, id string, req
 	return out, s.afterStep(ctx, p.WorkspaceID, out.GroupID)
 }
 
-// resolvedBy says whether key settled one of e's attempts with outcome:
-// by a resolve, or by a reconciliation or a probe it ran, which answer the
-// resolve it is repeating as well (the first settlement and its note stand).
-func resolvedBy(e Effect, key, outcome string) bool {
+// resolvedBy answers the latest of e's attempts that key settled with
+// outcome, 0 for none: by a resolve, or by a reconciliation or a probe it
+// ran, which answer the resolve it is repeating as well (the first
+// settlement and its note stand).
+func resolvedBy(e Effect, key, outcome string) int {
+	latest := 0
 	for _, a := range e.Attempts {
 		if a.ResolvedByKeyID != nil && *a.ResolvedByKeyID == key && a.Outcome != nil && *a.Outcome == outcome {
-			return true
+			latest = max(latest, a.Attempt)
 		}
 	}
-	return false
+	return latest
 }
 
 // lapse makes lapsed leases durable (one effect when effectID is set, else up

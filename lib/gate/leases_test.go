@@ -88,12 +88,32 @@ func TestResolveFailedAllowsNewAttempt(t *testing.T) {
 	d2 := b.mustBegin("execute", email(k))
 	require.EqualValues(t, 2, d2["attempt"])
 	require.Equal(t, false, d2["probe"])
+	// The resolve repeated now (its first answer lost) is refused, the key
+	// having been begun again, but says it landed; another resolve says
+	// only the state.
+	landed := func(state string) {
+		t.Helper()
+		before := b.get(id)
+		detail := func(key, outcome string) any {
+			t.Helper()
+			r := b.env.Do("POST", "/api/v1/effects/"+id+"/resolve", key, map[string]any{"outcome": outcome})
+			return errCode(t, r, http.StatusConflict, "invalid_state")["detail"]
+		}
+		require.Equal(t, map[string]any{"state": state, "attempt": 1.0, "resolved_outcome": "failed"},
+			detail(b.ws.Key, "failed"))
+		require.Equal(t, map[string]any{"state": state}, detail(b.ws.Key, "succeeded"))
+		other := b.env.Key(b.ws, map[string]any{"name": "op-" + state, "preset": "OPERATOR"})
+		require.Equal(t, map[string]any{"state": state}, detail(other, "failed"))
+		require.Equal(t, before, b.get(id), "a refused resolve changes nothing")
+	}
+	landed("leased")
 	// The report's answer shows the first attempt's resolution as a read does.
 	r := b.report(id, str(d2["lease_token"]), "succeeded", nil)
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
 	first := r.JSON()["attempts"].([]any)[0].(map[string]any)
 	require.Equal(t, "vendor has no record", first["resolve_note"])
 	require.Equal(t, b.get(id)["attempts"], r.JSON()["attempts"])
+	landed("succeeded")
 }
 
 func TestOnIndeterminateRetry(t *testing.T) {

@@ -132,10 +132,13 @@ func errorDetailSchema() map[string]any {
 			"currentHandlerVersion": str("version_conflict (a replay's expectedHandlerVersion): the step's handler version."),
 			"state":                 str("invalid_state and others: the state that refused the request."),
 			"attempt": integer("lease_lost (an effect's or a job's report): the attempt this token held; " +
-				"a replay's invalid_state: the job's last attempt."),
+				"a replay's invalid_state: the job's last attempt; a resolve's invalid_state: the attempt this key " +
+				"resolved with this outcome, when it did (see resolved_outcome)."),
 			"reported_outcome": str("lease_lost (an effect): what the token's attempt was reported as, when it was."),
-			"reportedOutcome":  str("lease_lost (a job): what the token's attempt was reported as, when it was."),
-			"status":           str("invalid_state (a job's report): the status the job ended in."),
+			"resolved_outcome": str("invalid_state (a resolve): this key resolved the effect's attempt with this " +
+				"outcome already, and the key was begun again since; the repeat landed the first time."),
+			"reportedOutcome": str("lease_lost (a job): what the token's attempt was reported as, when it was."),
+			"status":          str("invalid_state (a job's report): the status the job ended in."),
 			"leaseLapsed": map[string]any{"type": "boolean", "description": "invalid_state (a job's report): " +
 				"the job ended because this attempt, its last, lapsed unreported (the outcome is the one lost)."},
 			"attempts":    integer("max_attempts_exceeded: the attempts the key has used."),
