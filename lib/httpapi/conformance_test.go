@@ -76,6 +76,16 @@ func TestConformanceDecodeListsEveryProblem(t *testing.T) {
 		{Field: "idempotency_key", Message: "must be a string"},
 		{Field: "lease_seconds", Message: "must be an integer"},
 	}, ae.Detail["validation"])
+	// An integer a field's type cannot hold is told the type's range (QA:
+	// 2^63 read "must be an integer"), whether the decoder or the walk
+	// found it.
+	for _, body := range []string{`{"cost_micros":9223372036854775808}`,
+		`{"cost_micros":100000000000000000000000,"colour":1}`} {
+		err = httpapi.DecodeJSON([]byte(body), &gate.BeginRequest{})
+		require.ErrorAs(t, err, &ae)
+		require.Contains(t, ae.Detail["validation"], apierr.FieldError{Field: "cost_micros",
+			Message: "must be an integer from -2^63 to 2^63-1"}, body)
+	}
 }
 
 func keysOf(m map[string]any) []string {

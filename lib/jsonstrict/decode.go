@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -85,7 +87,7 @@ func decodeError(err error, body []byte, dst any) error {
 			// the contract's names the element (tools.0.name).
 			field = path
 		}
-		return withEveryProblem(apierr.FieldError{Field: field, Message: "must be " + jsonKind(typ.Type.Kind().String())},
+		return withEveryProblem(apierr.FieldError{Field: field, Message: kindRule(typ.Value, typ.Type)},
 			body, reflect.TypeOf(dst))
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
 		return apierr.InvalidField("body", "is not valid JSON (unexpected end)")
@@ -123,7 +125,7 @@ func withEveryProblem(first apierr.FieldError, body []byte, t reflect.Type) *api
 		case ft == nil:
 			problems.Add(path, "is not a known field")
 		case mistyped(v, ft):
-			problems.Add(path, "must be %s", jsonKind(ft.Kind().String()))
+			problems.Add(path, "%s", kindRule(v, ft))
 		default:
 			return false
 		}
@@ -395,6 +397,34 @@ func safeMessage(err error) string {
 	}
 	return m
 }
+
+// kindRule is the message for a value v that a field of type t cannot hold.
+// v is the JSON value or encoding/json's description of it ("number 1e3").
+// An integer literal that an integer field cannot hold is out of the
+// type's range (or negative for an unsigned one): its message says the
+// range, not that it must be an integer (QA: 2^63 was told it was none).
+func kindRule(v any, t reflect.Type) string {
+	var literal string
+	switch v := v.(type) {
+	case json.Number:
+		literal = string(v)
+	case string:
+		literal, _ = strings.CutPrefix(v, "number ")
+	}
+	if bits := t.Bits; integerKind(t.Kind()) && integerLiteral.MatchString(literal) {
+		if t.Kind() >= reflect.Uint {
+			return fmt.Sprintf("must be an integer from 0 to 2^%d-1", bits())
+		}
+		return fmt.Sprintf("must be an integer from -2^%d to 2^%d-1", bits()-1, bits()-1)
+	}
+	return "must be " + jsonKind(t.Kind().String())
+}
+
+// integerLiteral matches a JSON number written as an integer.
+var integerLiteral = regexp.MustCompile(`^-?(0|[1-9][0-9]*)$`)
+
+// integerKind reports whether k is one of Go's integer kinds.
+func integerKind(k reflect.Kind) bool { return k >= reflect.Int && k <= reflect.Uint64 }
 
 func jsonKind(goKind string) string {
 	switch goKind {

@@ -61,7 +61,7 @@ func TestDecodeListsEveryProblem(t *testing.T) {
 func TestDecodeListsTheDecodersOwnProblem(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, []apierr.FieldError{
-		{Field: "count", Message: "must be an integer"},
+		{Field: "count", Message: "must be an integer from 0 to 2^64-1"},
 		{Field: "name", Message: "must be a string"},
 	}, decodeProblems(t, `{"count":-1,"name":2}`))
 }
@@ -76,12 +76,12 @@ func TestDecodeListsNumberAndCaseProblems(t *testing.T) {
 		{Field: "PRESET", Message: "is not a known field (field names are case-sensitive)"},
 		{Field: "count", Message: "must be an integer"},
 		{Field: "name", Message: "must be a string"},
-		{Field: "small", Message: "must be an integer"},
+		{Field: "small", Message: "must be an integer from -2^7 to 2^7-1"},
 		{Field: "zzz", Message: "is not a known field"},
 	}, decodeProblems(t, `{"zzz":1,"count":1e3,"small":300,"PRESET":"x","name":2,"ratio":1.5e3}`))
 	require.Equal(t, []apierr.FieldError{
 		{Field: "bogus", Message: "is not a known field"},
-		{Field: "count", Message: "must be an integer"},
+		{Field: "count", Message: "must be an integer from 0 to 2^64-1"},
 		{Field: "items.0.kind", Message: "must be a string"},
 	}, decodeProblems(t, `{"bogus":1,"count":-1,"items":[{"kind":1.0}]}`))
 	require.Equal(t, []apierr.FieldError{
