@@ -296,6 +296,7 @@ func TestEnqueueSelectsContract(t *testing.T) {
 	e.publish("send_email", contractBody("2", nil))                                   // 2
 	e.publish("send_email", contractBody("1", map[string]any{"timeoutMs": 7000}))     // 3: latest ACTIVE for 1
 	e.publish("send_email", contractBody("1", map[string]any{"status": "FORBIDDEN"})) // 4
+	e.publish("send_email", contractBody("5", map[string]any{"status": "FORBIDDEN"})) // 5: 5's only one
 	runID := e.run()
 	in := map[string]any{"customerId": "cus_1"}
 	enqueue := func(body map[string]any) *struct {
@@ -331,10 +332,18 @@ func TestEnqueueSelectsContract(t *testing.T) {
 	r = enqueue(map[string]any{"name": "send_email", "version": "3", "input": "anything"})
 	require.Equal(t, http.StatusCreated, r.status)
 	require.Nil(t, contractOf(r.res["stepId"].(string)))
-	// Explicit FORBIDDEN contract: 409 invalid_state.
+	// Explicit FORBIDDEN contract: 409 invalid_state; implicit, when every
+	// contract of name@version is FORBIDDEN, too (jobs QA: it ran under
+	// none), on the synthetic test as well.
 	r = enqueue(map[string]any{"name": "send_email", "version": "1", "input": in, "contractVersion": 4})
 	require.Equal(t, http.StatusConflict, r.status)
 	require.Equal(t, "invalid_state", r.code)
+	r = enqueue(map[string]any{"name": "send_email", "version": "5", "input": in})
+	require.Equal(t, http.StatusConflict, r.status, "%v", r.res)
+	require.Equal(t, "invalid_state", r.code)
+	tested := e.Do("POST", "/api/v1/tools/send_email/test", e.ws.Key, map[string]any{"version": "5", "input": in})
+	require.Equal(t, http.StatusConflict, tested.Status, "%s", tested.Body)
+	require.Equal(t, "invalid_state", tested.ErrorCode())
 	// Explicit contract for another handler version, or unknown.
 	require.Equal(t, []string{"version"}, enqueue(map[string]any{"name": "send_email", "version": "1", "input": in,
 		"contractVersion": 2}).fields)

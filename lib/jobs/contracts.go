@@ -20,7 +20,9 @@ import (
 )
 
 // Contract statuses. A FORBIDDEN contract cannot be selected explicitly at
-// enqueue nor chosen as a replay target; implicit selection skips it.
+// enqueue nor chosen as a replay target; implicit selection skips it for
+// the latest ACTIVE contract of name@version, and selects it, to refuse
+// the enqueue, when name@version has contracts and none ACTIVE (0048).
 const (
 	ContractActive    = "ACTIVE"
 	ContractForbidden = "FORBIDDEN"
@@ -283,8 +285,9 @@ func (s *Service) contractByVersion(ctx context.Context, q db.Querier, workspace
 
 // checkContract reads the contract jobs_enqueue selected for an enqueue
 // (the explicit contractVersion, else the latest ACTIVE contract of
-// name@version) and checks it: it must exist, be for this handler version
-// and not be FORBIDDEN (which an implicit selection always is), and the
+// name@version, else the latest of its contracts) and checks it: it must
+// exist, be for this handler version and not be FORBIDDEN (an implicit
+// selection is only when name@version has no ACTIVE contract), and the
 // saved input must validate against its inputSchema.
 func (s *Service) checkContract(ctx context.Context, q db.Querier, workspaceID string, op enqueueOp,
 	version int64) (*Contract, error) {
