@@ -43,9 +43,12 @@ const maxValidationProblems = 20
 // (the compiler's default would read local files).
 type noLoader struct{}
 
-func (noLoader) Load(url string) (any, error) {
-	return nil, fmt.Errorf("external references are not allowed (%s)", url)
-}
+func (noLoader) Load(string) (any, error) { return nil, errExternalReference }
+
+// errExternalReference is noLoader's refusal. It does not repeat the
+// reference: an error names what is wrong, never the value sent (security
+// QA: a $ref's URL came back twice in the message).
+var errExternalReference = errors.New("external references are not allowed: a schema must be self-contained")
 
 // compileSchema compiles a schema document given as JSON, as publication
 // checks it.
@@ -522,6 +525,11 @@ func dotted(root string, loc []string) string {
 // schemaCompileProblem describes why a schema does not compile without
 // quoting it.
 func schemaCompileProblem(err error) string {
+	if load := (*jsonschema.LoadURLError)(nil); errors.As(err, &load) {
+		// The library's message quotes the URL it could not load.
+		return "must be a valid JSON Schema (2020-12): it has a $ref to another document; " +
+			errExternalReference.Error()
+	}
 	msg := err.Error()
 	if i := strings.Index(msg, "\n"); i > 0 {
 		msg = msg[:i]

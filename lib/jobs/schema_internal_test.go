@@ -80,6 +80,15 @@ func TestCompileSchemaRefusesExternalReferences(t *testing.T) {
 		require.Error(t, err, doc)
 		require.NotContains(t, schemaCompileProblem(err), "ratchet.invalid", doc)
 	}
+	// A reference to another document is refused without repeating it
+	// (security QA: the URL came back twice).
+	for _, ref := range []string{"file:///etc/hostname", "https://example.com/x.json", "other.json", "../x.json#/a"} {
+		err := publishableSchema([]byte(`{"properties":{"a":{"$ref":"` + ref + `"}}}`))
+		require.Error(t, err, ref)
+		problem := schemaCompileProblem(err)
+		require.Contains(t, problem, "external references are not allowed", ref)
+		require.NotContains(t, problem, strings.Split(strings.TrimPrefix(ref, "../"), "#")[0], ref)
+	}
 	for _, doc := range []string{`true`, `{}`, `{"$defs":{"a":{"type":"string"}},"$ref":"#/$defs/a"}`,
 		`{"$schema":"http://json-schema.org/draft-07/schema#","type":"string"}`,
 		`{"$defs":{"item":{"$id":"item.json","type":"string"}},"properties":{"a":{"$ref":"item.json"}}}`,
