@@ -359,7 +359,7 @@ func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, 
 		}
 		scopes = ps
 	case len(r.Scopes) == 0:
-		pr.Add("scopes", "give at least one scope, or a preset")
+		pr.Add("scopes", "must hold at least one scope, unless a preset is given")
 	default:
 		for i, sc := range r.Scopes {
 			if !KnownScope(sc) {
@@ -374,7 +374,7 @@ func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, 
 		}
 	}
 	if r.Preset == "WORKER" && len(r.Tools) == 0 {
-		pr.Add("tools", "a WORKER key must list the exact name@version pairs it may register")
+		pr.Add("tools", "must list the exact name@version pairs a WORKER key may register")
 	}
 	if r.DailySpendCeilingMicros != nil && !money.Valid(*r.DailySpendCeilingMicros) {
 		pr.Add("daily_spend_ceiling_micros", money.Rule)

@@ -397,7 +397,7 @@ func reconEffects(ctx context.Context, tx pgx.Tx, ws, effectType string, from, t
 		return nil, fmt.Errorf("reconcile: read effects: %w", err)
 	}
 	if len(out) > MaxReconcileEffects {
-		return nil, apierr.InvalidField("to", "the window holds more than %d effects of this type; narrow it",
+		return nil, apierr.InvalidField("to", "must close a window of at most %d effects of this type; narrow it",
 			MaxReconcileEffects)
 	}
 	return out, nil

@@ -102,7 +102,7 @@ func (r *CreateRequest) validate(allowPrivate bool) error {
 			"WEBHOOK_ALLOW_PRIVATE_NETWORKS=true)")
 	}
 	if len(r.Events) == 0 {
-		pr.Add("events", "name at least one event type")
+		pr.Add("events", "must name at least one event type")
 	}
 	if len(r.Events) > maxEventsListed {
 		// One problem, not one per item, each naming every type (QA: a
