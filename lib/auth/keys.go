@@ -456,6 +456,10 @@ func scanKey(row pgx.Row) (Key, error) {
 	var k Key
 	var rate *int32
 	err := row.Scan(&k.ID, &k.Name, &k.Scopes, &k.Tools, &k.DailySpendCeilingMicros, &rate, &k.CreatedAt, &k.RevokedAt)
+	// Scopes read in one order whichever way the key was made: a minted
+	// key's are sorted, and signup's root key, stored in AllScopes' order
+	// before, now is too (QA: a client comparing lists saw a difference).
+	slices.Sort(k.Scopes)
 	if rate != nil {
 		r := int(*rate)
 		k.RateLimitPerMinute = &r
@@ -628,7 +632,7 @@ func (s *Service) Signup(ctx context.Context, name string, seeders ...Seeder) (W
 			return fmt.Errorf("insert workspace: %w", err)
 		}
 		var err error
-		key, err = s.mint(ctx, tx, ws.ID, "", "operator", Presets["OPERATOR"], nil, nil, nil)
+		key, err = s.mint(ctx, tx, ws.ID, "", "operator", normalizeScopes(Presets["OPERATOR"]), nil, nil, nil)
 		if err != nil {
 			return err
 		}

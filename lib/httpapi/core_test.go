@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,24 @@ func TestSignupReturnsOperatorKeyOnce(t *testing.T) {
 	list := env.Must(http.StatusOK, "GET", "/api/v1/keys", key["secret"].(string), nil)
 	require.NotContains(t, string(list.Body), key["secret"].(string))
 	require.NotContains(t, string(list.Body), "secret")
+
+	// Its scopes read as an OPERATOR key's minted later do, in one order
+	// (QA: signup's came in another).
+	minted := env.Must(http.StatusCreated, "POST", "/api/v1/keys", key["secret"].(string),
+		map[string]any{"name": "op", "preset": "OPERATOR"}).JSON()
+	require.Equal(t, minted["scopes"], key["scopes"])
+	require.True(t, slices.IsSorted(toStrings(key["scopes"].([]any))))
+	for _, k := range list.JSON()["data"].([]any) {
+		require.Equal(t, minted["scopes"], k.(map[string]any)["scopes"], "listed")
+	}
+}
+
+func toStrings(xs []any) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = x.(string)
+	}
+	return out
 }
 
 func TestHealth(t *testing.T) {
