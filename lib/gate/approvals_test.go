@@ -475,3 +475,23 @@ func TestEveryApprovalRequestIsAnnounced(t *testing.T) {
 	requested(b.mustBegin("approval_required", wire(key("breaker"))), "circuit_open")
 	require.Equal(t, 4, b.events("approval.requested"), "one per approval asked for, none more")
 }
+
+// A pending approval holds its key under a stricter rule that came after
+// it (README, Approvals): the key's begins answer approval_required, and
+// nothing runs; once approved, the next begin is evaluated afresh and
+// answers the stricter rule's denial (QA asked what it answers).
+func TestAPendingApprovalHoldsItsKeyUnderAStricterRule(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("wire.send", map[string]any{"mode": "require_approval"})
+	body := map[string]any{"effect_type": "wire.send", "idempotency_key": key("held")}
+	a := b.mustBegin("approval_required", body)
+	b.putPolicy("wire.send", map[string]any{"mode": "deny"})
+	again := b.mustBegin("approval_required", body)
+	require.Equal(t, a["approval_id"], again["approval_id"], "the same question, still pending")
+	b.refusal("policy_denied", "denied", map[string]any{"effect_type": "wire.send", "idempotency_key": key("new")})
+
+	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(a["approval_id"])+"/approve", b.ws.Key, nil)
+	b.refusal("policy_denied", "denied", body)
+	require.Equal(t, "denied", b.get(str(a["effect_id"]))["state"])
+}
