@@ -503,6 +503,16 @@ func TestSignupModes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, res.StatusCode)
 	res.Body.Close()
+	// Sent twice, in either order, it is no token (QA: the first counted).
+	for _, pair := range [][2]string{{"let-me-in", "bad"}, {"bad", "let-me-in"}, {"let-me-in", "let-me-in"}} {
+		req, _ := http.NewRequest("POST", token.Server.URL+"/api/v1/workspaces", strings.NewReader(`{"name":"a"}`))
+		req.Header.Add("Ratchet-Signup-Token", pair[0])
+		req.Header.Add("Ratchet-Signup-Token", pair[1])
+		res, err := token.Client.Do(req)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusUnauthorized, res.StatusCode, "%v", pair)
+		res.Body.Close()
+	}
 
 	// A unique rate keeps this test's bucket apart from parallel tests, and
 	// an hour of its own apart from this test's earlier runs (go test -count).
