@@ -527,7 +527,7 @@ func dotted(root string, loc []string) string {
 func schemaCompileProblem(err error) string {
 	if load := (*jsonschema.LoadURLError)(nil); errors.As(err, &load) {
 		// The library's message quotes the URL it could not load.
-		return "must be a valid JSON Schema (2020-12): it has a $ref to another document; " +
+		return "must be a valid JSON Schema (2020-12, or the draft its $schema names): it has a $ref to another document; " +
 			errExternalReference.Error()
 	}
 	msg := err.Error()
@@ -539,5 +539,5 @@ func schemaCompileProblem(err error) string {
 	if len(msg) > 300 {
 		msg = msg[:300]
 	}
-	return "must be a valid JSON Schema (2020-12): " + msg
+	return "must be a valid JSON Schema (2020-12, or the draft its $schema names): " + msg
 }
