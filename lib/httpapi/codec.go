@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/db"
@@ -39,6 +40,12 @@ func (c *Call) Decode(dst any) error {
 // itself is cut at that time where the server allows (ServeHTTP sets the
 // connection's read deadline).
 func (c *Call) Body() ([]byte, error) {
+	if enc := c.R.Header.Values("Content-Encoding"); len(enc) > 0 &&
+		!(len(enc) == 1 && (enc[0] == "" || strings.EqualFold(enc[0], "identity"))) {
+		// Nothing decompresses a body: a gzipped one read as "not valid
+		// JSON (offset 1)" (QA). Say what is wrong, before reading it.
+		return nil, apierr.InvalidField("Content-Encoding", "is not supported: send the body uncompressed")
+	}
 	body, err := io.ReadAll(c.R.Body)
 	var mbe *http.MaxBytesError
 	switch {

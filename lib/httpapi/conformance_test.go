@@ -5,6 +5,8 @@ package httpapi_test
 // binding sentence of the contract, so a regression names what it broke.
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -679,6 +681,43 @@ func TestEmptyPathSegmentIs404(t *testing.T) {
 // A NUL in any string of a body (JSON's \u0000) is a bad request, not an
 // internal error: PostgreSQL stores no NUL in text or jsonb. An escaped
 // backslash before u0000 is not a NUL.
+// A compressed body is refused as such, nothing done: nothing decompresses
+// it, and it read as invalid JSON at offset 1 (QA). identity is no
+// compression.
+func TestACompressedBodyIsRefusedAsSuch(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	var gz bytes.Buffer
+	w := gzip.NewWriter(&gz)
+	_, err := w.Write([]byte(`{"name":"zipped"}`))
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+	post := func(encoding string, body []byte) *http.Response {
+		req, err := http.NewRequest("POST", env.Server.URL+"/api/v1/runs", bytes.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+ws.Key)
+		req.Header.Set("Content-Encoding", encoding)
+		res, err := env.Client.Do(req)
+		require.NoError(t, err)
+		return res
+	}
+	for _, enc := range []string{"gzip", "br", "gzip, identity"} {
+		res := post(enc, gz.Bytes())
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		require.Equal(t, http.StatusBadRequest, res.StatusCode, enc)
+		require.Contains(t, string(body), `"field":"Content-Encoding"`, enc)
+	}
+	res := post("identity", []byte(`{"name":"plain"}`))
+	res.Body.Close()
+	require.Equal(t, http.StatusCreated, res.StatusCode)
+	var runs int
+	require.NoError(t, env.App.Pool.QueryRow(t.Context(), `SELECT count(*) FROM job_runs WHERE workspace_id = $1`,
+		ws.ID).Scan(&runs))
+	require.Equal(t, 1, runs, "only the plain body's run")
+}
+
 func TestNULIsABadRequest(t *testing.T) {
 	t.Parallel()
 	env := apitest.Start(t)
