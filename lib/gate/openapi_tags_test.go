@@ -2,6 +2,7 @@ package gate_test
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"reflect"
 	"regexp"
@@ -76,6 +77,13 @@ func TestBeginOpenAPITagsAgreeWithTheHandler(t *testing.T) {
 	comp, ok := reflect.TypeFor[gate.Compensation]().FieldByName("EffectType")
 	require.True(t, ok)
 	require.Equal(t, et, schematags.Rules(comp))
+	// A reconciliation's type is any type begin takes, and required; its
+	// window's ends are required timestamps (contract QA: stated nowhere).
+	rec, ok := reflect.TypeFor[gate.ReconcileRequest]().FieldByName("EffectType")
+	require.True(t, ok)
+	withRequired := maps.Clone(et)
+	withRequired["required"] = ""
+	require.Equal(t, withRequired, schematags.Rules(rec))
 
 	b := setup(t)
 	key := field("IdempotencyKey")
@@ -236,6 +244,19 @@ func TestDecideGroupAndReconcileTagsAgreeWithTheHandlers(t *testing.T) {
 		},
 	})
 	require.Greater(t, checked, 10, "a reconciliation record is tagged")
+
+	// The request's own fields: each required one is refused when left out.
+	checked = apitest.CheckRequestTags(t, apitest.TagProbe{
+		Type: reflect.TypeFor[gate.ReconcileRequest](),
+		Base: func(string) map[string]any {
+			return map[string]any{"effect_type": "tags.reconcile", "from": now.Add(-time.Hour).Format(time.RFC3339),
+				"to": now.Format(time.RFC3339), "records": []any{}}
+		},
+		Send: func(body map[string]any) *apitest.Response {
+			return b.env.Do("POST", "/api/v1/reconcile", b.ws.Key, body)
+		},
+	})
+	require.GreaterOrEqual(t, checked, 4, "a reconciliation's fields are tagged")
 }
 
 // A reconciliation's records state in the document the count its handler

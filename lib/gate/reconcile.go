@@ -54,9 +54,9 @@ type ReconcileRecord struct {
 // be empty (the vendor has none in the window), never more than
 // MaxReconcileRecords.
 type ReconcileRequest struct {
-	EffectType string            `json:"effect_type"`
-	From       string            `json:"from"`
-	To         string            `json:"to"`
+	EffectType string            `json:"effect_type" openapi:"required,pattern=^[A-Za-z0-9][A-Za-z0-9._:-]*$,maxLength=100"`
+	From       string            `json:"from" openapi:"required,format=date-time"`
+	To         string            `json:"to" openapi:"required,format=date-time"`
 	Records    []ReconcileRecord `json:"records" openapi:"required,maxItems=10000"`
 }
 

@@ -158,7 +158,7 @@ var newline = []byte("\n")
 // a 5xx, as the router answers them.
 func WriteOutsideError(w http.ResponseWriter, e *apierr.Error) {
 	reqID := ids.New(ids.Request)
-	w.Header().Set("X-Request-Id", reqID)
+	w.Header().Set(RequestIDHeader, reqID)
 	if e.Status >= 500 {
 		e = e.WithDetail("request_id", reqID)
 	}

@@ -51,6 +51,19 @@ func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
 		for st := range r.Bodiless {
 			require.Contains(t, responses, fmt.Sprint(st), "%s does not document its %d", r.Name, st)
 		}
+		// Every response names its headers (contract QA: none did):
+		// X-Request-Id on each, WWW-Authenticate on a 401, Retry-After on
+		// a 429.
+		for st, resp := range responses {
+			headers, _ := resp.(map[string]any)["headers"].(map[string]any)
+			require.Contains(t, headers, "X-Request-Id", "%s %s", r.Name, st)
+			switch st {
+			case "401":
+				require.Contains(t, headers, "WWW-Authenticate", r.Name)
+			case "429":
+				require.Contains(t, headers, "Retry-After", r.Name)
+			}
+		}
 		if r.Request == nil && r.Raw == nil && r.Method != "GET" {
 			// It still refuses a body with fields (QA: undocumented).
 			bad, ok := responses["400"].(map[string]any)

@@ -68,6 +68,14 @@ func buildOpenAPI(routes []Route) map[string]any {
 				"cron":   map[string]any{"type": "http", "scheme": "bearer", "description": "CRON_SECRET."},
 			},
 			"schemas": map[string]any{"Error": errorSchema()},
+			"headers": map[string]any{
+				"RequestId": map[string]any{"description": "Every response's id, as the server logs it; quote it " +
+					"when reporting a problem.", "schema": map[string]any{"type": "string"}},
+				"RetryAfter": map[string]any{"description": "Seconds to wait before trying again (as " +
+					"detail.retry_after_seconds).", "schema": map[string]any{"type": "integer", "minimum": 1}},
+				"WWWAuthenticate": map[string]any{"description": "Bearer: the request needs an API key.",
+					"schema": map[string]any{"type": "string"}},
+			},
 		},
 	}
 }
@@ -197,6 +205,9 @@ func operation(r Route) map[string]any {
 		if p.Max != nil {
 			schema["maximum"] = *p.Max
 		}
+		if p.Enum != nil {
+			schema["enum"] = p.Enum
+		}
 		params = append(params, map[string]any{"name": p.Name, "in": "query", "description": p.Description, "schema": schema})
 	}
 	if r.Idempotent {
@@ -304,6 +315,20 @@ func operation(r Route) map[string]any {
 			"content":       map[string]any{"application/json": map[string]any{"schema": schema}},
 			"x-error-codes": cs,
 		}
+	}
+	for st, resp := range responses {
+		headers, _ := resp.(map[string]any)["headers"].(map[string]any)
+		if headers == nil {
+			headers = map[string]any{}
+		}
+		headers[RequestIDHeader] = map[string]any{"$ref": "#/components/headers/RequestId"}
+		switch st {
+		case "401":
+			headers["WWW-Authenticate"] = map[string]any{"$ref": "#/components/headers/WWWAuthenticate"}
+		case "429":
+			headers["Retry-After"] = map[string]any{"$ref": "#/components/headers/RetryAfter"}
+		}
+		resp.(map[string]any)["headers"] = headers
 	}
 	op["responses"] = responses
 	return op

@@ -3,13 +3,16 @@ package httpapi_test
 import (
 	"maps"
 	"net/http"
+	"net/url"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/jobs"
 	"github.com/getratchet/ratchet/lib/schematags"
 )
@@ -184,4 +187,49 @@ func TestReplayTagsAgreeWithTheHandler(t *testing.T) {
 		},
 	})
 	require.Greater(t, checked, 10, "a replay's bounds are tagged")
+}
+
+// A list's query parameter that takes only some values states them in the
+// OpenAPI document (contract QA: a plain string), and the handler takes
+// exactly those: each is answered 200, another word 400 at the parameter.
+func TestQueryEnumsAgreeWithTheHandlers(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	endpoint := e.Must(http.StatusCreated, "POST", "/api/v1/endpoints", e.ws.Key,
+		map[string]any{"name": "enums"}).JSON()["id"].(string)
+	ids := map[string]string{"/api/v1/runs/{id}/steps": runID, "/api/v1/endpoints/{id}/attempts": endpoint}
+	checked := 0
+	for _, r := range httpapi.Routes() {
+		for _, q := range r.Query {
+			if q.Enum == nil {
+				continue
+			}
+			path := r.Pattern
+			if id, ok := ids[path]; ok {
+				path = strings.Replace(path, "{id}", id, 1)
+			}
+			require.NotContains(t, path, "{", "a path for %s", r.Pattern)
+			for _, v := range q.Enum {
+				e.Must(http.StatusOK, r.Method, path+"?"+q.Name+"="+url.QueryEscape(v), e.ws.Key, nil)
+				checked++
+			}
+			require.Equal(t, []string{q.Name}, validationFields(t, e.Do(r.Method, path+"?"+q.Name+"=bogus", e.ws.Key, nil)),
+				r.Pattern)
+		}
+	}
+	require.Greater(t, checked, 20, "the lists' filters are stated")
+}
+
+// A workspace's name states in the document the bounds signup checks
+// (contract QA: a plain string).
+func TestSignupTagsAgreeWithTheHandler(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	checked := apitest.CheckRequestTags(t, apitest.TagProbe{
+		Type: reflect.TypeFor[httpapi.SignupRequest](),
+		Base: func(string) map[string]any { return map[string]any{} },
+		Send: func(body map[string]any) *apitest.Response { return env.Do("POST", "/api/v1/workspaces", "", body) },
+	})
+	require.GreaterOrEqual(t, checked, 5, "a workspace's name is tagged")
 }

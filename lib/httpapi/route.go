@@ -29,8 +29,9 @@ const (
 type Param struct {
 	Name        string
 	Description string
-	Type        string // "string" or "integer"
-	Min, Max    *int   // an integer's bounds, when it has them
+	Type        string   // "string" or "integer"
+	Min, Max    *int     // an integer's bounds, when it has them
+	Enum        []string // a string's values, when it takes only those
 }
 
 // Route is one method on one path.

@@ -14,7 +14,7 @@ import (
 
 // SignupRequest is the body of POST /api/v1/workspaces.
 type SignupRequest struct {
-	Name string `json:"name"`
+	Name string `json:"name" openapi:"required,minLength=1,maxLength=100"`
 }
 
 // SignupResponse returns the workspace and its operator key, secret shown once.

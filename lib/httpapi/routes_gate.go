@@ -48,7 +48,9 @@ func (s *Server) gateRoutes() []Route {
 			Scopes:  []string{auth.ScopeEffectsRead},
 			Summary: "List effects newest first; results appear only as redacted previews.",
 			Query: append([]Param{
-				{Name: "state", Type: "string", Description: "leased, succeeded, failed, indeterminate, awaiting_approval or denied"},
+				{Name: "state", Type: "string", Description: "leased, succeeded, failed, indeterminate, awaiting_approval or denied",
+					Enum: []string{gate.StateLeased, gate.StateSucceeded, gate.StateFailed, gate.StateIndeterminate,
+						gate.StateAwaitingApproval, gate.StateDenied}},
 				{Name: "effect_type", Type: "string", Description: "only this effect type"},
 			}, listParams...),
 			Response: Page[gate.Effect]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
@@ -125,7 +127,8 @@ func (s *Server) gateRoutes() []Route {
 		{
 			Method: "GET", Pattern: "/api/v1/approvals", Name: "approvals.list", Tag: "approvals",
 			Scopes: []string{auth.ScopeApprovalsWrite}, Summary: "List approvals newest first, optionally by state.",
-			Query: append([]Param{{Name: "state", Type: "string", Description: "pending, approved or rejected"}},
+			Query: append([]Param{{Name: "state", Type: "string", Description: "pending, approved or rejected",
+				Enum: []string{gate.ApprovalPending, gate.ApprovalApproved, gate.ApprovalRejected}}},
 				listParams...),
 			Response: Page[gate.Approval]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
 			Handle: s.listApprovals,

@@ -32,7 +32,8 @@ func (s *Server) jobsRoutes() []Route {
 			Method: "GET", Pattern: "/api/v1/runs", Name: "runs.list", Tag: "jobs", Scopes: runsRead,
 			Summary: "List runs newest first, without their steps; ?status= RUNNING, SUCCEEDED or FAILED " +
 				"(a FAILED run to inspect, say).",
-			Query: append([]Param{{Name: "status", Type: "string", Description: "RUNNING, SUCCEEDED or FAILED"}},
+			Query: append([]Param{{Name: "status", Type: "string", Description: "RUNNING, SUCCEEDED or FAILED",
+				Enum: []string{jobs.RunRunning, jobs.RunSucceeded, jobs.RunFailed}}},
 				listParams...),
 			Response: CamelPage[jobs.RunSummary]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
 			Handle: s.listRuns,
@@ -42,7 +43,7 @@ func (s *Server) jobsRoutes() []Route {
 			Summary: "Page a run's steps in id order, each as GET /api/v1/steps/{id} reads it; ?status= one job " +
 				"status. For runs too large to read whole with GET /api/v1/runs/{id}.",
 			Query: append([]Param{{Name: "status", Type: "string", Description: "WAITING, QUEUED, RUNNING, " +
-				"RETRY_SCHEDULED, SUCCEEDED, EXHAUSTED, CANCELLED or SKIPPED"}}, listParams...),
+				"RETRY_SCHEDULED, SUCCEEDED, EXHAUSTED, CANCELLED or SKIPPED", Enum: jobs.Statuses}}, listParams...),
 			Response: CamelPage[jobs.Step]{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.listSteps,
 		},
@@ -158,7 +159,8 @@ func (s *Server) jobsRoutes() []Route {
 			Summary: "Page the endpoint's attempts (one per claim) newest first, each with its job, step and run, its " +
 				"outcome and the message its worker reported (what to inspect when the endpoint fails, before " +
 				"closing its circuit or resuming it); ?outcome= SUCCEEDED or FAILED keeps only those.",
-			Query: append([]Param{{Name: "outcome", Type: "string", Description: "SUCCEEDED or FAILED"}},
+			Query: append([]Param{{Name: "outcome", Type: "string", Description: "SUCCEEDED or FAILED",
+				Enum: []string{jobs.StatusSucceeded, jobs.OutcomeFailed}}},
 				listParams...),
 			Response: CamelPage[jobs.EndpointAttempt]{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.listEndpointAttempts,

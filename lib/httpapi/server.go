@@ -160,10 +160,13 @@ func rewrittenParam(rawQuery, name string) (value, rest string, ok bool) {
 	return "", "", false
 }
 
+// RequestIDHeader carries every response's request id (API.md §0).
+const RequestIDHeader = "X-Request-Id"
+
 func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 	start := s.Now()
 	reqID := ids.NewAt(ids.Request, start)
-	w.Header().Set("X-Request-Id", reqID)
+	w.Header().Set(RequestIDHeader, reqID)
 	sw := &statusWriter{ResponseWriter: w}
 	var route *Route
 	defer func() {

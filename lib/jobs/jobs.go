@@ -44,11 +44,12 @@ const (
 // reports StatusSucceeded).
 const OutcomeFailed = "FAILED"
 
+// Statuses lists every job status, in the order a job may pass through them.
+var Statuses = []string{StatusWaiting, StatusQueued, StatusRunning, StatusRetryScheduled,
+	StatusSucceeded, StatusExhausted, StatusCancelled, StatusSkipped}
+
 // validStatus reports whether s is a job status.
-func validStatus(s string) bool {
-	return slices.Contains([]string{StatusWaiting, StatusQueued, StatusRunning, StatusRetryScheduled,
-		StatusSucceeded, StatusExhausted, StatusCancelled, StatusSkipped}, s)
-}
+func validStatus(s string) bool { return slices.Contains(Statuses, s) }
 
 // Run statuses.
 const (

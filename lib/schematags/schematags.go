@@ -1,6 +1,6 @@
 // Package schematags reads the openapi struct tags that state the bounds a
 // handler checks (enum=a|b, min=N, max=N, minLength=N, maxLength=N,
-// pattern=RE, required, notNull; for a map, maxProperties=N, keyPattern=RE,
+// pattern=RE, format=F, required, notNull; for a map, maxProperties=N, keyPattern=RE,
 // keyMaxLength=N, valueMinLength=N, valueMaxLength=N; for an array,
 // minItems=N, maxItems=N, itemEnum=a|b, itemPattern=RE, itemMaxLength=N,
 // uniqueItems) and adds them to a JSON Schema inferred from the
@@ -22,7 +22,8 @@ import (
 // Constrain adds to s what the openapi tags of t's fields say of their
 // values, the bounds the handlers check (QA: clients generated from the
 // document knew no enum or range): enum=a|b, min=N, max=N, minLength=N,
-// maxLength=N, pattern=RE, notNull (a field a request may leave out but
+// maxLength=N, pattern=RE, format=F (date-time: an RFC 3339 timestamp),
+// notNull (a field a request may leave out but
 // never send as null, such as a policy's mode), for a map maxProperties=N, keyPattern=RE,
 // keyMaxLength=N, valueMinLength=N, valueMaxLength=N, and for an array
 // minItems=N, maxItems=N, itemEnum=a|b, itemPattern=RE, itemMaxLength=N,
@@ -117,6 +118,8 @@ func applyRule(s *jsonschema.Schema, key, val string) {
 		part(s, key).MaxLength = length()
 	case "pattern", "keyPattern", "itemPattern":
 		part(s, key).Pattern = val
+	case "format":
+		s.Format = val
 	// How many entries a map, or items an array, may hold.
 	case "maxProperties":
 		s.MaxProperties = length()
