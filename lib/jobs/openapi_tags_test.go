@@ -21,9 +21,9 @@ func TestWorkerOpenAPITagsAreTheHandlersBounds(t *testing.T) {
 		require.True(t, ok, field)
 		return schematags.Rules(f)
 	}
-	require.Equal(t, map[string]string{"min": "1", "max": fmt.Sprint(jobs.MaxClaimLimit)},
-		rules(jobs.ClaimRequest{}, "Limit"))
-	require.Equal(t, map[string]string{"min": "0", "max": fmt.Sprint(jobs.MaxClaimWaitSeconds)},
+	require.Equal(t, map[string]string{"min": "1", "max": fmt.Sprint(jobs.MaxClaimLimit),
+		"default": fmt.Sprint(jobs.DefaultClaimLimit)}, rules(jobs.ClaimRequest{}, "Limit"))
+	require.Equal(t, map[string]string{"min": "0", "max": fmt.Sprint(jobs.MaxClaimWaitSeconds), "default": "0"},
 		rules(jobs.ClaimRequest{}, "WaitSeconds"))
 	require.Equal(t, map[string]string{"min": fmt.Sprint(jobs.MinRetryAfterMs), "max": fmt.Sprint(jobs.MaxRetryAfterMs)},
 		rules(jobs.ReportError{}, "RetryAfterMs"))

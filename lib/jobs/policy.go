@@ -26,9 +26,11 @@ const (
 	DefaultTimeoutMs = 30_000
 	// MaxEnqueueDelayMs bounds an enqueue's delayMs: 30 days.
 	MaxEnqueueDelayMs = 2_592_000_000
-	// A claim leases at most MaxClaimLimit jobs and waits at most
-	// MaxClaimWaitSeconds for one (API.md §3.1).
+	// A claim leases at most MaxClaimLimit jobs (DefaultClaimLimit when it
+	// names no limit) and waits at most MaxClaimWaitSeconds for one (API.md
+	// §3.1; none when it names no wait).
 	MaxClaimLimit       = 100
+	DefaultClaimLimit   = 1
 	MaxClaimWaitSeconds = 20
 	MaxMultiplier       = 10
 	MaxJitterPercent    = 100

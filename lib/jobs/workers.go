@@ -73,8 +73,8 @@ func (s *Service) RegisterWorker(ctx context.Context, p *auth.Principal, req Reg
 
 // ClaimRequest is the body of POST /api/v1/workers/{workerId}/claim.
 type ClaimRequest struct {
-	Limit       *int `json:"limit,omitempty" openapi:"min=1,max=100"`
-	WaitSeconds *int `json:"waitSeconds,omitempty" openapi:"min=0,max=20"`
+	Limit       *int `json:"limit,omitempty" openapi:"min=1,max=100,default=1"`
+	WaitSeconds *int `json:"waitSeconds,omitempty" openapi:"min=0,max=20,default=0"`
 	// ClaimID names this claim, so that the worker can send it again when
 	// its answer was lost: the claim sent again answers the jobs the first
 	// leased under the id, with the same lease tokens and their leases
@@ -130,7 +130,7 @@ const answerMargin = 2 * time.Second
 // early when this process queues work in the workspace (waker).
 func (s *Service) Claim(ctx context.Context, p *auth.Principal, workerID string, req ClaimRequest) (ClaimResult, error) {
 	var pr apierr.Problems
-	limit, wait := 1, 0
+	limit, wait := DefaultClaimLimit, 0
 	if req.Limit != nil {
 		limit = *req.Limit
 		if limit < 1 || limit > MaxClaimLimit {

@@ -1,6 +1,6 @@
 // Package schematags reads the openapi struct tags that state the bounds a
 // handler checks (enum=a|b, min=N, max=N, minLength=N, maxLength=N,
-// pattern=RE, format=F, required, notNull; for a map, maxProperties=N, keyPattern=RE,
+// pattern=RE, format=F, default=JSON, required, notNull; for a map, maxProperties=N, keyPattern=RE,
 // keyMaxLength=N, valueMinLength=N, valueMaxLength=N; for an array,
 // minItems=N, maxItems=N, itemEnum=a|b, itemPattern=RE, itemMaxLength=N,
 // uniqueItems) and adds them to a JSON Schema inferred from the
@@ -10,6 +10,7 @@
 package schematags
 
 import (
+	"encoding/json"
 	"fmt"
 	"reflect"
 	"slices"
@@ -23,6 +24,7 @@ import (
 // values, the bounds the handlers check (QA: clients generated from the
 // document knew no enum or range): enum=a|b, min=N, max=N, minLength=N,
 // maxLength=N, pattern=RE, format=F (date-time: an RFC 3339 timestamp),
+// default=JSON (the value the handler takes for a field left out),
 // notNull (a field a request may leave out but
 // never send as null, such as a policy's mode), for a map maxProperties=N, keyPattern=RE,
 // keyMaxLength=N, valueMinLength=N, valueMaxLength=N, and for an array
@@ -120,6 +122,11 @@ func applyRule(s *jsonschema.Schema, key, val string) {
 		part(s, key).Pattern = val
 	case "format":
 		s.Format = val
+	case "default":
+		if !json.Valid([]byte(val)) {
+			panic(fmt.Sprintf("openapi tag default=%q: not JSON", val))
+		}
+		s.Default = json.RawMessage(val)
 	// How many entries a map, or items an array, may hold.
 	case "maxProperties":
 		s.MaxProperties = length()
