@@ -360,8 +360,8 @@ ON CONFLICT DO NOTHING`
 // The endpoints are locked in id order first, the order claims and
 // recorded reports take them in (jobs_claim, jobs_report_apply): locked as
 // the update met them, a sweep over two endpoints could deadlock with them.
-// The sweep's statement before (lapseGates) has locked them already; this
-// lock takes those at once and any endpoint only this statement found.
+// The sweep's statement before (lapseGates) has locked them already, and
+// the jobs are those of its endpoints: this lock takes them at once.
 func failLapsed(now, warning string) string {
 	return `), x AS (
     UPDATE job_executions x SET outcome = 'FAILED', warning = ` + warning + `::text, ended_at = ` + now + `::timestamptz
@@ -382,38 +382,47 @@ func failLapsed(now, warning string) string {
 // freeing statement ends with failLapsed): on the endpoints of up to $2
 // jobs matching candidates, it takes the gate protocol's shared lock and
 // then, in id order, locks the rows of those with a concurrency limit, and
-// answers how many endpoints it found. The rows are locked here, a
-// statement before the one that updates them, for the reason sqlReportLock
-// gives: a statement that locks a row and then updates it reads the row
-// with a snapshot taken before the lock, could meet an older version and
-// queue for that version's tuple lock behind a claim waiting for the sweep,
-// a deadlock (concurrency QA). failLapsed still locks, at once, the rows
-// already held here, and any of an endpoint found only by the later
-// statement.
+// answers those endpoints' ids. The freeing statement takes only jobs of
+// these endpoints (the last parameter of each: candidates may have come
+// since, on other endpoints, which the next sweep takes).
+//
+// The rows are locked here, a statement before the one that updates them,
+// for the reason sqlReportLock gives: a statement that locks a row and then
+// updates it reads the row with a snapshot taken before the lock, could
+// meet an older version and queue for that version's tuple lock behind a
+// claim waiting for the sweep, a deadlock (concurrency QA). And the freeing
+// statement must lock no endpoint beyond them: one found only by its newer
+// snapshot (a running job cancelled meanwhile) would be locked after those
+// held here, out of id order, a deadlock with a claim holding it and
+// waiting for one of these (review), and would have missed its gate lock.
 func lapseGates(candidates string) string {
 	return `
 WITH e AS (
     SELECT DISTINCT endpoint_id FROM jobs WHERE ` + candidates + ` LIMIT $2::int
 ), g AS (
-    SELECT count(pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0))) AS n FROM e
+    SELECT array_agg(endpoint_id ORDER BY endpoint_id) AS ids,
+        count(pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0))) AS n
+    FROM e
 ), r AS (
     SELECT id FROM job_endpoints
     WHERE id IN (SELECT endpoint_id FROM e) AND max_concurrent IS NOT NULL AND (SELECT n FROM g) >= 0
     ORDER BY id
     FOR NO KEY UPDATE
 )
-SELECT g.n FROM g, (SELECT count(*) FROM r) r`
+SELECT coalesce(g.ids, '{}') FROM g, (SELECT count(*) FROM r) r`
 }
 
 // sqlExhaustLapsed ends jobs whose lease lapsed on their last attempt; the
 // lapsed execution is marked failed with the side-effect warning. $3 limits
 // it to one run (inline at a run's read), $5 to one workspace (at a list of
-// its runs), or, both NULL, to a bounded sweep.
+// its runs), or, both NULL, to a bounded sweep; $6 to the endpoints
+// sqlLapsedGates locked.
 var sqlExhaustLapsed = `
 WITH lapsed AS (
     SELECT id FROM jobs
     WHERE status = 'RUNNING' AND ready_at <= $1::timestamptz AND attempt >= max_attempts
       AND ($3::text IS NULL OR run_id = $3::text) AND ($5::text IS NULL OR workspace_id = $5::text)
+      AND endpoint_id = ANY($6::text[])
     ORDER BY ready_at
     LIMIT $2::int
     FOR UPDATE SKIP LOCKED
@@ -464,10 +473,11 @@ const requeueCandidates = `status = 'RUNNING' AND attempt < max_attempts
 // up to $2 candidates.
 var sqlRequeueGates = lapseGates(requeueCandidates)
 
-// sqlRequeueLapsed requeues up to $2 candidates; $4 is the warning.
+// sqlRequeueLapsed requeues up to $2 candidates of the endpoints
+// sqlRequeueGates locked ($5); $4 is the warning.
 var sqlRequeueLapsed = `
 WITH lapsed AS (
-    SELECT id FROM jobs WHERE ` + requeueCandidates + `
+    SELECT id FROM jobs WHERE ` + requeueCandidates + ` AND endpoint_id = ANY($5::text[])
     ORDER BY ready_at
     LIMIT $2::int
     FOR UPDATE SKIP LOCKED
@@ -718,10 +728,11 @@ const heldSlotExpired = `jobs.slot_attempt IS NOT NULL AND EXISTS (SELECT 1 FROM
 var sqlHeldSlotGates = lapseGates(heldSlotExpired)
 
 // sqlReleaseHeldSlots frees the slots of up to $2 cancelled attempts whose
-// lease expired unreported, failing their executions with the warning $3.
+// lease expired unreported, on the endpoints sqlHeldSlotGates locked ($4),
+// failing their executions with the warning $3.
 var sqlReleaseHeldSlots = `
 WITH lapsed AS (
-    SELECT id, slot_attempt FROM jobs WHERE ` + heldSlotExpired + `
+    SELECT id, slot_attempt FROM jobs WHERE ` + heldSlotExpired + ` AND endpoint_id = ANY($4::text[])
     ORDER BY id
     LIMIT $2::int
     FOR UPDATE SKIP LOCKED

@@ -104,14 +104,14 @@ func (s *Service) exhaustLapsedIn(ctx context.Context, runID, workspaceID *strin
 	n := 0
 	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
 		now := s.now()
-		var gates int
-		if err := tx.QueryRow(ctx, sqlLapsedGates, now, limit, runID, workspaceID).Scan(&gates); err != nil {
+		var endpoints []string
+		if err := tx.QueryRow(ctx, sqlLapsedGates, now, limit, runID, workspaceID).Scan(&endpoints); err != nil {
 			return fmt.Errorf("exhaust lapsed: %w", err)
 		}
-		if gates == 0 {
+		if len(endpoints) == 0 {
 			return nil
 		}
-		rows, err := tx.Query(ctx, sqlExhaustLapsed, now, limit, runID, LapseWarning, workspaceID)
+		rows, err := tx.Query(ctx, sqlExhaustLapsed, now, limit, runID, LapseWarning, workspaceID, endpoints)
 		if err != nil {
 			return fmt.Errorf("exhaust lapsed: %w", err)
 		}
@@ -162,21 +162,23 @@ func (s *Service) releaseHeldSlots(ctx context.Context, limit int) (int, error) 
 // freeSlots is one sweep that frees concurrency slots, in a transaction, by
 // the gate protocol (sql.go): gates takes the shared gate locks on the
 // endpoints of up to limit candidates ($1 now, $2 limit, then extra), and
-// the rows of those with a limit (lapseGates); when there are any, free, a
-// later statement so that it reads after the locks, frees them (the same parameters, then LapseWarning for the executions it
-// fails) and answers how many.
+// the rows of those with a limit, and answers those endpoints (lapseGates);
+// when there are any, free, a later statement so that it reads after the
+// locks, frees the candidates of those endpoints (the same parameters, then
+// LapseWarning for the executions it fails, then the endpoints) and answers
+// how many.
 func (s *Service) freeSlots(ctx context.Context, gates, free string, limit int, extra ...any) (int, error) {
 	n := 0
 	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
 		args := append([]any{s.now(), limit}, extra...)
-		var locked int
-		if err := tx.QueryRow(ctx, gates, args...).Scan(&locked); err != nil {
+		var endpoints []string
+		if err := tx.QueryRow(ctx, gates, args...).Scan(&endpoints); err != nil {
 			return err
 		}
-		if locked == 0 {
+		if len(endpoints) == 0 {
 			return nil
 		}
-		return tx.QueryRow(ctx, free, append(args, LapseWarning)...).Scan(&n)
+		return tx.QueryRow(ctx, free, append(args, LapseWarning, endpoints)...).Scan(&n)
 	})
 	return n, err
 }
