@@ -58,9 +58,8 @@ type drainingPipes struct {
 const maxMessageBytes = 4 << 20
 
 // drainTimeout bounds the wait at EOF: a tool call is one HTTP request with
-// a 60 s timeout. A client that breaks the protocol (an id reused while its
-// request is in flight, which the SDK leaves unanswered) can make the
-// process wait this long after stdin closes.
+// a 60 s timeout. (An id reused while its request is in flight, which the
+// SDK would leave unanswered, is refused in admit.)
 const drainTimeout = 90 * time.Second
 
 func newDrainingPipes(in io.ReadCloser, out io.WriteCloser) *drainingPipes {
@@ -166,8 +165,19 @@ func (d *drainingPipes) admit(line []byte) {
 	}
 	if req, ok := msg.(*jsonrpc.Request); ok && req.ID.IsValid() {
 		d.mu.Lock()
-		d.pending[idKey(req.ID)] = true
+		inFlight := d.pending[idKey(req.ID)]
+		if !inFlight {
+			d.pending[idKey(req.ID)] = true
+		}
 		d.mu.Unlock()
+		if inFlight {
+			// The SDK drops a request whose id is still in progress,
+			// unanswered, and the client waits for it forever (MCP QA);
+			// the HTTP endpoint refuses a batch naming an id twice alike.
+			d.refuseWithID(req.ID.Raw(), jsonrpc.CodeInvalidRequest,
+				"Invalid Request: a request under this id is still in progress")
+			return
+		}
 	}
 	d.ready = append(append(d.ready, line...), '\n')
 }

@@ -131,6 +131,29 @@ func TestLinesAreAdmittedOrRefused(t *testing.T) {
 	}
 }
 
+// A request under an id still in progress is refused with that id, not
+// passed on: the SDK dropped it unanswered, and the client waited for good
+// (MCP QA). Once the first is answered, the id may be used again.
+func TestAnIDInProgressIsRefused(t *testing.T) {
+	var out bytes.Buffer
+	d := newTestPipes(&out)
+	first := `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"ratchet_begin"}}`
+	d.read([]byte(first+"\n"+`{"jsonrpc":"2.0","id":5.0,"method":"ping"}`+"\n"), false)
+	if string(d.ready) != first+"\n" {
+		t.Fatalf("passed on %q; want only the first", d.ready)
+	}
+	want := `{"error":{"code":-32600,"message":"Invalid Request: a request under this id is still in progress"},"id":5,"jsonrpc":"2.0"}` + "\n"
+	if out.String() != want {
+		t.Fatalf("answered %q; want %q", out.String(), want)
+	}
+	d.ready = nil
+	d.wrote([]byte(`{"jsonrpc":"2.0","id":5,"result":{}}` + "\n"))
+	d.read([]byte(`{"jsonrpc":"2.0","id":5,"method":"ping"}`+"\n"), false)
+	if len(d.ready) == 0 {
+		t.Fatalf("the id answered was refused again: %q", out.String())
+	}
+}
+
 // An answer settles its request however the client spelt the id: the SDK
 // answers "a\u0062" as "ab" and 10e-1 as 1 (QA: such a last request made
 // the process wait its 90 s at EOF).

@@ -40,11 +40,8 @@ func (c *Call) Decode(dst any) error {
 // itself is cut at that time where the server allows (ServeHTTP sets the
 // connection's read deadline).
 func (c *Call) Body() ([]byte, error) {
-	if enc := c.R.Header.Values("Content-Encoding"); len(enc) > 0 &&
-		!(len(enc) == 1 && (enc[0] == "" || strings.EqualFold(enc[0], "identity"))) {
-		// Nothing decompresses a body: a gzipped one read as "not valid
-		// JSON (offset 1)" (QA). Say what is wrong, before reading it.
-		return nil, apierr.InvalidField("Content-Encoding", "is not supported: send the body uncompressed")
+	if e := refuseContentEncoding(c.R); e != nil {
+		return nil, e
 	}
 	body, err := io.ReadAll(c.R.Body)
 	var mbe *http.MaxBytesError
@@ -57,6 +54,17 @@ func (c *Call) Body() ([]byte, error) {
 		return nil, apierr.InvalidField("body", "could not be read")
 	}
 	return body, nil
+}
+
+// refuseContentEncoding refuses a body sent with a Content-Encoding other
+// than identity: nothing decompresses one, and a gzipped body read as "not
+// valid JSON (offset 1)" (QA). It says what is wrong before the body is read.
+func refuseContentEncoding(r *http.Request) *apierr.Error {
+	enc := r.Header.Values("Content-Encoding")
+	if len(enc) == 0 || (len(enc) == 1 && (enc[0] == "" || strings.EqualFold(enc[0], "identity"))) {
+		return nil
+	}
+	return apierr.InvalidField("Content-Encoding", "is not supported: send the body uncompressed")
 }
 
 // DecodeJSON is Decode over bytes (jsonstrict.Decode).

@@ -38,7 +38,12 @@ func (s *Server) mcpRoutes() []Route {
 		}
 		// The body is read here, within the API's limit, so that an
 		// oversized request gets the API's 413 envelope rather than the
-		// transport's plain text.
+		// transport's plain text; a compressed one is refused as REST
+		// refuses it (MCP QA: the header was ignored).
+		if e := refuseContentEncoding(r); e != nil {
+			writeError(w, e)
+			return
+		}
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
 			var tooLarge *http.MaxBytesError

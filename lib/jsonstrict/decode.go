@@ -87,7 +87,7 @@ func decodeError(err error, body []byte, dst any) error {
 			// the contract's names the element (tools.0.name).
 			field = path
 		}
-		return withEveryProblem(apierr.FieldError{Field: field, Message: kindRule(typ.Value, typ.Type)},
+		return withEveryProblem(apierr.FieldError{Field: field, Message: kindRule(numberDescription(typ.Value), typ.Type)},
 			body, reflect.TypeOf(dst))
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
 		return apierr.InvalidField("body", "is not valid JSON (unexpected end)")
@@ -398,18 +398,20 @@ func safeMessage(err error) string {
 	return m
 }
 
-// kindRule is the message for a value v that a field of type t cannot hold.
-// v is the JSON value or encoding/json's description of it ("number 1e3").
+// kindRule is the message for a value that a field of type t cannot hold:
+// v is the JSON value (a json.Number for a number) or, from encoding/json's
+// error, a description of it (a numberDescription such as "number 1e3").
 // An integer literal that an integer field cannot hold is out of the
 // type's range (or negative for an unsigned one): its message says the
 // range, not that it must be an integer (QA: 2^63 was told it was none).
+// A string is a string, whatever it holds ("30" must be an integer).
 func kindRule(v any, t reflect.Type) string {
 	var literal string
 	switch v := v.(type) {
 	case json.Number:
 		literal = string(v)
-	case string:
-		literal, _ = strings.CutPrefix(v, "number ")
+	case numberDescription:
+		literal, _ = strings.CutPrefix(string(v), "number ")
 	}
 	if bits := t.Bits; integerKind(t.Kind()) && integerLiteral.MatchString(literal) {
 		if t.Kind() >= reflect.Uint {
@@ -419,6 +421,10 @@ func kindRule(v any, t reflect.Type) string {
 	}
 	return "must be " + jsonKind(t.Kind().String())
 }
+
+// numberDescription is encoding/json's description of a value it could not
+// decode ("number 1e3", "string", "object").
+type numberDescription string
 
 // integerLiteral matches a JSON number written as an integer.
 var integerLiteral = regexp.MustCompile(`^-?(0|[1-9][0-9]*)$`)
