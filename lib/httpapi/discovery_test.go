@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/httpapi"
@@ -57,11 +59,12 @@ func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
 		for st, resp := range responses {
 			headers, _ := resp.(map[string]any)["headers"].(map[string]any)
 			require.Contains(t, headers, "X-Request-Id", "%s %s", r.Name, st)
-			switch st {
-			case "401":
+			codes, _ := resp.(map[string]any)["x-error-codes"].([]any)
+			switch {
+			case st == "401":
 				require.Contains(t, headers, "WWW-Authenticate", r.Name)
-			case "429":
-				require.Contains(t, headers, "Retry-After", r.Name)
+			case st == "429", slices.Contains(codes, any(apierr.CodeRetryRequest)):
+				require.Contains(t, headers, "Retry-After", "%s %s", r.Name, st)
 			}
 		}
 		if r.Request == nil && r.Raw == nil && r.Method != "GET" {

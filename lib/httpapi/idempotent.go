@@ -221,11 +221,13 @@ func databaseFailure(ctx context.Context, err error, mayHaveApplied bool) *apier
 	return e
 }
 
-// retryRequest refuses a request whose key another request holds.
+// retryRequest refuses a request whose key another request holds, asking
+// for a retry after the whole seconds that cover after (at least one: a
+// wait under a second read 0, retry at once; review).
 func retryRequest(after time.Duration) error {
 	return apierr.Conflict(apierr.CodeRetryRequest,
 		"A request with this Idempotency-Key is still acting; send it again after retry_after_seconds.").
-		WithDetail("retry_after_seconds", int(after/time.Second))
+		WithDetail("retry_after_seconds", max(1, int((after+time.Second-1)/time.Second)))
 }
 
 // resolvedPath is the route's pattern with the request's path parameters in

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/http"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -322,10 +323,11 @@ func operation(r Route) map[string]any {
 			headers = map[string]any{}
 		}
 		headers[RequestIDHeader] = map[string]any{"$ref": "#/components/headers/RequestId"}
-		switch st {
-		case "401":
+		codes, _ := resp.(map[string]any)["x-error-codes"].([]string)
+		switch {
+		case st == "401":
 			headers["WWW-Authenticate"] = map[string]any{"$ref": "#/components/headers/WWWAuthenticate"}
-		case "429":
+		case st == "429", slices.Contains(codes, apierr.CodeRetryRequest):
 			headers["Retry-After"] = map[string]any{"$ref": "#/components/headers/RetryAfter"}
 		}
 		resp.(map[string]any)["headers"] = headers

@@ -28,6 +28,11 @@ const (
 // ValidName reports whether s can name a tool.
 func ValidName(s string) bool { return s != "." && s != ".." && valid(s, MaxName) }
 
+// StoredName reports whether s is a name some release took: a valid one,
+// or "." or ".." (taken before session 36), which jobs queued then still
+// carry. It reads names back (a queue health cursor), never admits one.
+func StoredName(s string) bool { return valid(s, MaxName) }
+
 // ValidVersion reports whether s can be a tool's handler version.
 func ValidVersion(s string) bool { return valid(s, MaxVersion) }
 
