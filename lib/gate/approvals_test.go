@@ -477,21 +477,38 @@ func TestEveryApprovalRequestIsAnnounced(t *testing.T) {
 }
 
 // A pending approval holds its key under a stricter rule that came after
-// it (README, Approvals): the key's begins answer approval_required, and
-// nothing runs; once approved, the next begin is evaluated afresh and
-// answers the stricter rule's denial (QA asked what it answers).
+// it (README, Approvals): the key's begins answer approval_required, the
+// same approval, and nothing runs; once approved, the next begin is
+// evaluated afresh and answers the stricter rule's denial (QA asked what it
+// answers; review: every rule the README names).
 func TestAPendingApprovalHoldsItsKeyUnderAStricterRule(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.putPolicy("wire.send", map[string]any{"mode": "require_approval"})
-	body := map[string]any{"effect_type": "wire.send", "idempotency_key": key("held")}
-	a := b.mustBegin("approval_required", body)
-	b.putPolicy("wire.send", map[string]any{"mode": "deny"})
-	again := b.mustBegin("approval_required", body)
-	require.Equal(t, a["approval_id"], again["approval_id"], "the same question, still pending")
-	b.refusal("policy_denied", "denied", map[string]any{"effect_type": "wire.send", "idempotency_key": key("new")})
+	for stricter, code := range map[string]string{"deny policy": "policy_denied", "deny stop": "circuit_open",
+		"deny breaker": "circuit_open", "lowered ceiling": "cost_ceiling_exceeded"} {
+		t.Run(stricter, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.putPolicy("wire.send", map[string]any{"mode": "require_approval"})
+			body := wire(key("held"))
+			a := b.mustBegin("approval_required", body)
+			switch stricter {
+			case "deny policy":
+				b.putPolicy("wire.send", map[string]any{"mode": "deny"})
+			case "deny stop":
+				b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", b.ws.Key,
+					map[string]any{"reason": "incident", "action": "deny"})
+			case "deny breaker":
+				b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/wire.send/open", b.ws.Key,
+					map[string]any{"action": "deny"})
+			case "lowered ceiling":
+				b.putPolicy("wire.send", map[string]any{"max_cost_micros": 1_000_000})
+			}
+			again := b.mustBegin("approval_required", body)
+			require.Equal(t, a["approval_id"], again["approval_id"], "the same question, still pending")
 
-	b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(a["approval_id"])+"/approve", b.ws.Key, nil)
-	b.refusal("policy_denied", "denied", body)
-	require.Equal(t, "denied", b.get(str(a["effect_id"]))["state"])
+			b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+str(a["approval_id"])+"/approve", b.ws.Key, nil)
+			b.refusal(code, "denied", body)
+			require.Equal(t, "denied", b.get(str(a["effect_id"]))["state"])
+		})
+	}
 }
