@@ -94,10 +94,15 @@ func compactJSON(doc json.RawMessage) (json.RawMessage, error) {
 	return jsonx.Marshal(v)
 }
 
+// leaseExpired refuses a report or heartbeat that came after its lease.
+// Its message must not send a caller that acted to begin again (MCP QA:
+// under on_indeterminate retry that begin is an execute, and an agent told
+// to begin again acted twice): what happened is an operator's to record.
 func leaseExpired() error {
 	return apierr.Conflict(apierr.CodeLeaseExpired,
-		"The lease expired before this call, so the attempt's outcome was recorded unknown. Begin again with "+
-			"the same key to learn what its policy allows now.")
+		"The lease expired before this call, so this was not recorded and the attempt's outcome reads "+
+			"unknown (indeterminate). Do not act again: if the action happened, an operator records it with "+
+			"resolve; the key's next begin answers as its policy's on_indeterminate says.")
 }
 
 func leaseLost() *apierr.Error {

@@ -39,6 +39,8 @@ type ManifestMCP struct {
 	// without a key, as the OpenAPI document is (the MCP endpoint needs
 	// one even to list them).
 	ToolDefinitions []*mcp.Tool `json:"tool_definitions"`
+	// Instructions are initialize's: how an agent uses the gate.
+	Instructions string `json:"instructions"`
 }
 
 // ManifestRoute is one route in the manifest.
@@ -98,7 +100,7 @@ func NewManifest() Manifest {
 		MCP: ManifestMCP{Endpoint: "/api/v1/mcp", Transport: "streamable-http (stateless, JSON responses)",
 			Stdio: "go build -o ratchet-mcp ./functions/mcp, then launch it by its absolute path " +
 				"(RATCHET_BASE_URL, RATCHET_API_KEY)", Tools: mcpserver.ToolNames(),
-			ToolDefinitions: mcpserver.ToolDefinitions()},
+			ToolDefinitions: mcpserver.ToolDefinitions(), Instructions: mcpserver.Instructions},
 	}
 	for _, r := range Routes() {
 		scopes := r.Scopes
@@ -128,13 +130,17 @@ Give an agent a narrower key: POST /api/v1/keys {"name": "agent", "preset": "AGE
 POST /api/v1/effects/begin {"effect_type": "email.send", "idempotency_key": "welcome-email:user_123", "payload": {...}}
 Branch on "decision":
 - execute: you hold the lease. Perform the action, then report.
+  With "probe": true, an earlier attempt's outcome is unknown (prior_attempt):
+  first check at the vendor whether it happened; if it did, report succeeded
+  with what it did instead of acting again.
 - duplicate: already completed. Use "result". Do not act.
 - in_flight: someone else holds a live lease. Wait retry_after_seconds, ask again.
   Send "request_id" (16+ random characters, fresh per call, the same in its retries):
   a retry by the same key after a lost answer then gets the same execute and
   lease_token, not in_flight.
 - blocked: a prior attempt's outcome is unknown. Verify at the vendor, then resolve.
-- approval_required: an operator decision is pending. Poll, or wait for the webhook.
+- approval_required: an operator decision is pending. Poll, or wait for the webhook;
+  then begin again with the same key and payload.
 - denied (HTTP 403): policy, budget or rejection. Report the reason. Do not work around it.
 
 ## Report what happened
@@ -143,6 +149,8 @@ POST /api/v1/effects/{id}/report {"lease_token", "outcome": "succeeded"|"failed"
 Report failed only when you know the action did not reach the outside world.
 If you are unsure (a timeout, a dropped connection) report nothing: the lease
 lapses and Ratchet records an honest indeterminate. A false failed licenses a duplicate.
+A report refused 409 lease_expired or lease_lost was not recorded: do not act
+again; if the action happened, an operator records it with resolve.
 
 ## Idempotency keys
 

@@ -84,17 +84,26 @@ func (c HTTPCaller) Call(ctx context.Context, method, path, authorization string
 	return res.StatusCode, b, err
 }
 
+// Instructions tell an agent how to use the gate; initialize answers them,
+// and ratchet_begin's description carries them too, since many clients
+// never show the model the server's instructions (MCP QA).
+const Instructions = "Ask ratchet_begin before any side effect (email, charge, vendor call) and branch on " +
+	"decision: execute → act, then ratchet_report with its lease_token; execute with probe: true → an earlier " +
+	"attempt's outcome is unknown: first check at the vendor whether prior_attempt happened, and if it did, " +
+	"report succeeded with what it did instead of acting again; duplicate → use result, do not act; " +
+	"in_flight → wait retry_after_seconds, then ratchet_begin again with the same key and payload; blocked → " +
+	"an earlier attempt's outcome is unknown: verify at the vendor, then ratchet_resolve (a key with " +
+	"effects:resolve; an AGENT key has not, so ask an operator); approval_required → wait for an operator's " +
+	"decision, then ratchet_begin again with the same key and payload; denied (an error result carrying the " +
+	"decision and its code) → do not act, stop and report why. Report failed only when the action surely did " +
+	"not happen; if unsure, report nothing. A report refused lease_expired or lease_lost: do not act again."
+
 // New builds the MCP server. defaultAuth (for example "Bearer rk_…" from the
 // environment of the stdio binary) is used when a call carries no
 // Authorization header of its own.
 func New(c Caller, defaultAuth string) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "ratchet", Version: Version}, &mcp.ServerOptions{
-		Instructions: "Ask ratchet_begin before any side effect (email, charge, vendor call) and branch on " +
-			"decision: execute → act, then ratchet_report; duplicate → use result, do not act; in_flight → wait " +
-			"retry_after_seconds; blocked → verify at the vendor, then ratchet_resolve (a key with effects:resolve; " +
-			"an AGENT key has not, so ask an operator); approval_required → wait; " +
-			"denied → stop and report why. Report failed only when the action surely did not happen; if unsure, " +
-			"report nothing.",
+		Instructions: Instructions,
 		// Tools only, and a fixed list: the SDK would also advertise
 		// logging and tools.listChanged, which a stateless endpoint
 		// answering each request on its own never sends (MCP QA).

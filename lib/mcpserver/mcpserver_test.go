@@ -89,10 +89,24 @@ func TestTheManifestDescribesEveryToolAsToolsListDoes(t *testing.T) {
 	var manifest struct {
 		MCP struct {
 			ToolDefinitions []json.RawMessage `json:"tool_definitions"`
+			Instructions    string            `json:"instructions"`
 		} `json:"mcp"`
 	}
 	env.Must(http.StatusOK, "GET", "/.well-known/ratchet.json", "", nil).Decode(t, &manifest)
 	require.Len(t, manifest.MCP.ToolDefinitions, len(res.Tools))
+	// How to use the gate reaches an agent whose client never shows it
+	// initialize's instructions: in the manifest and in ratchet_begin's
+	// description, probe included (MCP QA: an agent told only "execute →
+	// act" acted again on a probe).
+	require.Equal(t, cs.InitializeResult().Instructions, manifest.MCP.Instructions)
+	for _, tl := range res.Tools {
+		if tl.Name == "ratchet_begin" {
+			require.Contains(t, tl.Description, manifest.MCP.Instructions)
+		}
+	}
+	for _, must := range []string{"probe: true", "prior_attempt", "lease_expired", "ratchet_begin again"} {
+		require.Contains(t, manifest.MCP.Instructions, must)
+	}
 	require.NotEmpty(t, res.Tools)
 	described := map[string]string{}
 	for _, raw := range manifest.MCP.ToolDefinitions {
@@ -226,6 +240,7 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 		{"ratchet_begin", "lease_seconds", reflect.TypeFor[gate.BeginRequest](), "LeaseSeconds"},
 		{"ratchet_begin", "request_id", reflect.TypeFor[gate.BeginRequest](), "RequestID"},
 		{"ratchet_resolve", "note", reflect.TypeFor[gate.ResolveRequest](), "Note"},
+		{"ratchet_decide_approval", "note", reflect.TypeFor[gate.DecideRequest](), "Note"}, // MCP QA: unbounded
 	} {
 		f, ok := c.rest.FieldByName(c.field)
 		require.True(t, ok, c.field)

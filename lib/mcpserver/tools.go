@@ -445,10 +445,14 @@ func query(params map[string]string) string {
 
 // tools are the nine MCP tools.
 var tools = []tool{
-	define("ratchet_begin", "Ask before you act. Returns decision: execute, duplicate, in_flight, blocked, approval_required or denied.", "effects:begin",
+	define("ratchet_begin", "Ask before you act. Returns decision: execute, duplicate, in_flight, blocked, "+
+		"approval_required or denied. "+Instructions, "effects:begin",
 		func(in BeginInput) (string, string, any) { return "POST", "/api/v1/effects/begin", in },
 		like[gate.BeginRequest]),
-	idempotent(define("ratchet_report", "Report what happened after an execute decision.", "effects:report",
+	idempotent(define("ratchet_report", "Report what happened after an execute decision: succeeded (with its "+
+		"result) or failed, only when the action surely did not happen; if unsure, report nothing (the lease "+
+		"lapses and the outcome reads unknown). lease_expired or lease_lost: not recorded; do not act again.",
+		"effects:report",
 		func(in ReportInput) (string, string, any) {
 			return "POST", "/api/v1/effects/" + pathEscape(in.EffectID) + "/report",
 				map[string]any{"lease_token": in.LeaseToken, "outcome": in.Outcome, "result": in.Result}
@@ -490,7 +494,7 @@ var tools = []tool{
 			return "POST", "/api/v1/approvals/" + pathEscape(in.ApprovalID) + "/" + pathEscape(in.Decision),
 				map[string]any{"note": in.Note}
 		},
-		oneOf("decision", "approve", "reject"))),
+		oneOf("decision", "approve", "reject"), like[gate.DecideRequest])),
 }
 
 // ToolScopes maps each tool to the scope its REST call needs.
