@@ -815,6 +815,39 @@ func runningCount(t *testing.T, b *bundle, endpointID string) int {
 	return n
 }
 
+// meetOnTheOlderVersion stages olderVersionStaged on ep, runs first (a
+// report or a sweep) until a statement of it matching like waits for the
+// open update, then between, if any, then a claim of want jobs by worker
+// until it waits too; it commits the update and requires neither first nor
+// the claim to be a deadlock's victim, and the claim to lease want jobs.
+func meetOnTheOlderVersion(t *testing.T, b *bundle, ep jobs.Endpoint, like string, first func() error,
+	between func(), worker string, want int) {
+	t.Helper()
+	upd, waiting := olderVersionStaged(t, b, ep)
+	done, claimed := make(chan error, 1), make(chan error, 1)
+	go func() { done <- first() }()
+	waiting(like, 1, "the first waits for the update")
+	if between != nil {
+		between()
+	}
+	go func() {
+		r, err := b.svc.Claim(ctx, b.worker, worker, jobs.ClaimRequest{Limit: ptr(want)})
+		if err == nil && len(r.Jobs) != want {
+			err = fmt.Errorf("claimed %d jobs", len(r.Jobs))
+		}
+		claimed <- err
+	}()
+	waiting(`%jobs_claim_keyed%`, 1, "the claim waits too")
+	require.NoError(t, upd.Commit(ctx))
+	require.NoError(t, <-done, "the first is no deadlock's victim")
+	require.NoError(t, <-claimed, "nor the claim")
+}
+
+// sweepOnce runs the sweeper once, answering its error.
+func sweepOnce(b *bundle) func() error {
+	return func() error { return b.env.App.Sweeper.RunOnce(ctx).Error() }
+}
+
 // Two claims meet the row's older version (olderVersionStaged). Each locks
 // the row's newest version; the first must then count its grant on the
 // row. Counted in the statement that locked the row, the update read the
@@ -863,26 +896,11 @@ func TestAReportAndAClaimMeetingAnEndpointRowsOlderVersionDoNotDeadlock(t *testi
 	ep, _ := limitedRun(t, b)
 	w1, w2 := b.register(t), b.register(t)
 	running := b.claimOne(t, w1)
-	upd, waiting := olderVersionStaged(t, b, ep)
-
-	reported, claimed := make(chan error, 1), make(chan error, 1)
-	go func() {
+	meetOnTheOlderVersion(t, b, ep, `%jobs_report%`, func() error {
 		_, err := b.svc.Report(ctx, b.worker, running.JobID, jobs.ReportRequest{LeaseToken: running.LeaseToken,
 			Status: "SUCCEEDED"})
-		reported <- err
-	}()
-	waiting(`%jobs_report%`, 1, "the report waits for the update")
-	go func() {
-		r, err := b.svc.Claim(ctx, b.worker, w2, jobs.ClaimRequest{})
-		if err == nil && len(r.Jobs) != 1 {
-			err = fmt.Errorf("claimed %d jobs", len(r.Jobs))
-		}
-		claimed <- err
-	}()
-	waiting(`%jobs_claim_keyed%`, 1, "the claim waits too")
-	require.NoError(t, upd.Commit(ctx))
-	require.NoError(t, <-reported, "the report is no deadlock's victim")
-	require.NoError(t, <-claimed, "nor the claim")
+		return err
+	}, nil, w2, 1)
 	require.Equal(t, 1, runningCount(t, b, ep.ID), "one slot freed, one taken")
 }
 
@@ -903,22 +921,7 @@ func TestASweepAndAClaimMeetingAnEndpointRowsOlderVersionDoNotDeadlock(t *testin
 	w1, w2 := b.register(t), b.register(t)
 	b.claimOne(t, w1)
 	b.clock.Add(time.Minute)
-	upd, waiting := olderVersionStaged(t, b, ep)
-
-	swept, claimed := make(chan error, 1), make(chan error, 1)
-	go func() { swept <- b.env.App.Sweeper.RunOnce(ctx).Error() }()
-	waiting(`%FROM job_endpoints%`, 1, "the sweep waits for the update")
-	go func() {
-		r, err := b.svc.Claim(ctx, b.worker, w2, jobs.ClaimRequest{})
-		if err == nil && len(r.Jobs) != 1 {
-			err = fmt.Errorf("claimed %d jobs", len(r.Jobs))
-		}
-		claimed <- err
-	}()
-	waiting(`%jobs_claim_keyed%`, 1, "the claim waits too")
-	require.NoError(t, upd.Commit(ctx))
-	require.NoError(t, <-swept, "the sweep is no deadlock's victim")
-	require.NoError(t, <-claimed, "nor the claim")
+	meetOnTheOlderVersion(t, b, ep, `%FROM job_endpoints%`, sweepOnce(b), nil, w2, 1)
 	require.Equal(t, "EXHAUSTED", b.step(t, lapsing.StepID).Status)
 	require.Equal(t, 1, runningCount(t, b, ep.ID), "one slot freed, one taken")
 }
@@ -949,22 +952,7 @@ func TestARequeueAndAClaimMeetingAnEndpointRowsOlderVersionDoNotDeadlock(t *test
 	b.claimOne(t, w1)
 	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("send_email"), Input: json.RawMessage(`1`)})
 	b.clock.Add(jobs.RequeueLapsedAfter + time.Minute)
-	upd, waiting := olderVersionStaged(t, b, ep)
-
-	swept, claimed := make(chan error, 1), make(chan error, 1)
-	go func() { swept <- b.env.App.Sweeper.RunOnce(ctx).Error() }()
-	waiting(`%FROM job_endpoints%`, 1, "the sweep waits for the update")
-	go func() {
-		r, err := b.svc.Claim(ctx, b.worker, w2, jobs.ClaimRequest{})
-		if err == nil && len(r.Jobs) != 1 {
-			err = fmt.Errorf("claimed %d jobs", len(r.Jobs))
-		}
-		claimed <- err
-	}()
-	waiting(`%jobs_claim_keyed%`, 1, "the claim waits too")
-	require.NoError(t, upd.Commit(ctx))
-	require.NoError(t, <-swept, "the sweep is no deadlock's victim")
-	require.NoError(t, <-claimed, "nor the claim")
+	meetOnTheOlderVersion(t, b, ep, `%FROM job_endpoints%`, sweepOnce(b), nil, w2, 1)
 	require.Equal(t, 1, runningCount(t, b, ep.ID), "one slot freed, one taken")
 }
 
@@ -993,24 +981,10 @@ func TestASweepLeavesACandidateOfAnEndpointItDidNotLock(t *testing.T) {
 	b.clock.Add(time.Minute)
 	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(a.Name), Input: json.RawMessage(`"a2"`)})
 	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(z.Name), Input: json.RawMessage(`"z2"`)})
-	upd, waiting := olderVersionStaged(t, b, z)
-
-	swept, claimed := make(chan error, 1), make(chan error, 1)
-	go func() { swept <- b.env.App.Sweeper.RunOnce(ctx).Error() }()
-	waiting(`%FROM job_endpoints%`, 1, "the sweep's first statement waits for z")
-	_, err = b.svc.CancelStep(ctx, b.ws, onA.StepID) // between the sweep's statements
-	require.NoError(t, err)
-	go func() {
-		r, err := b.svc.Claim(ctx, b.worker, w2, jobs.ClaimRequest{Limit: ptr(2)})
-		if err == nil && len(r.Jobs) != 2 {
-			err = fmt.Errorf("claimed %d jobs", len(r.Jobs))
-		}
-		claimed <- err
-	}()
-	waiting(`%jobs_claim_keyed%`, 1, "the claim holds a and waits for z")
-	require.NoError(t, upd.Commit(ctx))
-	require.NoError(t, <-swept, "the sweep is no deadlock's victim")
-	require.NoError(t, <-claimed, "nor the claim")
+	meetOnTheOlderVersion(t, b, z, `%FROM job_endpoints%`, sweepOnce(b), func() {
+		_, err := b.svc.CancelStep(ctx, b.ws, onA.StepID) // between the sweep's statements
+		require.NoError(t, err)
+	}, w2, 2)
 	// The next sweep frees a's held slot: the count is the claim's job alone.
 	b.sweep(t)
 	require.Equal(t, 1, runningCount(t, b, a.ID), "a's held slot freed by the next sweep")
