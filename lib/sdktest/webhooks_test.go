@@ -3,6 +3,7 @@ package sdktest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -62,6 +63,16 @@ func TestVerifyWebhookChecksTheServersSignature(t *testing.T) {
 		_, err := ratchet.VerifyWebhookAt(c.secret, c.sig, c.body, 0, c.now)
 		require.ErrorIs(t, err, ratchet.ErrWebhookSignature, name)
 	}
+	// A time out of tolerance is said the right way round, and one far out
+	// of any (milliseconds sent for seconds) plainly (SDK QA: "signed
+	// -6m40s from now", "-2562047h47m16.85s").
+	_, err = ratchet.VerifyWebhookAt(secret, sig, body, 0, at.Add(-400*time.Second))
+	require.ErrorContains(t, err, "signed 6m40s in the future")
+	_, err = ratchet.VerifyWebhookAt(secret, sig, body, 0, at.Add(400*time.Second))
+	require.ErrorContains(t, err, "signed 6m40s ago")
+	millis := strings.Replace(sig, fmt.Sprintf("t=%d", at.Unix()), fmt.Sprintf("t=%d", at.UnixMilli()), 1)
+	_, err = ratchet.VerifyWebhookAt(secret, millis, body, 0, at)
+	require.ErrorContains(t, err, "not a time near now")
 }
 
 // A subscription made through the SDK receives an event the receiver

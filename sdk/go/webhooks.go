@@ -202,8 +202,16 @@ func VerifyWebhookAt(secret, signature string, body []byte, tolerance time.Durat
 	if err != nil || len(signed) == 0 {
 		return nil, invalid
 	}
-	if d := now.Sub(time.Unix(unix, 0)); d > tolerance || d < -tolerance {
-		return nil, fmt.Errorf("%w: signed %s from now, beyond %s", ErrWebhookSignature, d.Round(time.Second), tolerance)
+	// A timestamp beyond what a Duration holds (one in milliseconds, say)
+	// is as far off as any: said so, not as an overflowed duration.
+	const farSeconds = 1 << 32
+	if unix > now.Unix()+farSeconds || unix < now.Unix()-farSeconds {
+		return nil, fmt.Errorf("%w: its timestamp is not a time near now (seconds since 1970)", ErrWebhookSignature)
+	}
+	if d := now.Sub(time.Unix(unix, 0)); d > tolerance {
+		return nil, fmt.Errorf("%w: signed %s ago, beyond %s", ErrWebhookSignature, d.Round(time.Second), tolerance)
+	} else if d < -tolerance {
+		return nil, fmt.Errorf("%w: signed %s in the future, beyond %s", ErrWebhookSignature, (-d).Round(time.Second), tolerance)
 	}
 	m := hmac.New(sha256.New, []byte(secret))
 	m.Write([]byte(ts))

@@ -262,8 +262,10 @@ func closed(ch chan struct{}) bool {
 // reported. If ctx ends first, a claim still in flight is abandoned (the
 // jobs it claimed run again once their leases lapse) and the handlers'
 // contexts are cancelled (cause ErrWorkerStopped); handlers that then
-// return within a short grace are reported as retryable failures, and Stop
-// returns an error saying so. Reports still being sent when ctx ends get
+// return within a short grace are reported as they returned (an error, the
+// context's included, as a failure, retryable unless classified otherwise;
+// a result as a success: the work was done), and Stop returns an error
+// saying how many were cancelled. Reports still being sent when ctx ends get
 // that grace too. A handler that ignores its context is left running
 // unreported: its lease lapses and another worker reclaims the job. A
 // handler whose timeout was already reported (it ignored its timeout) is
@@ -443,10 +445,10 @@ func stopDeadlineError(st stopState, err error) error {
 	case st.left > 0:
 		fmt.Fprintf(&b, "%d handler(s) ignored cancellation and were left unreported", st.left)
 		if done := st.running - st.left; done > 0 {
-			fmt.Fprintf(&b, ", %d cancelled and reported retryable", done)
+			fmt.Fprintf(&b, ", %d cancelled and reported as they returned", done)
 		}
 	case st.running > 0 && st.sent && st.lost == 0:
-		fmt.Fprintf(&b, "%d handler(s) cancelled and reported retryable", st.running)
+		fmt.Fprintf(&b, "%d handler(s) cancelled and reported as they returned", st.running)
 	case st.running > 0:
 		fmt.Fprintf(&b, "%d handler(s) cancelled", st.running)
 	default:

@@ -268,16 +268,17 @@ class Ratchet:
         body.update({k: v for k, v in options.items() if v is not None})
         return body
 
-    def _begin(self, body: dict) -> Tuple[dict, float]:
-        """begin's answer and, for an execute, the lease's length in seconds
-        by the server's clock (its expiry less the answer's Date)."""
+    def _begin(self, body: dict) -> Tuple[dict, float, str]:
+        """begin's answer; for an execute, the lease's length in seconds by
+        the server's clock (its expiry less the answer's Date); for a
+        denial, the answer's X-Request-Id (its body holds none)."""
         try:
             answer, date = self._transport.call("POST", "/effects/begin", body, safe=True, with_date=True)
         except RatchetError as err:
             if err.status == 403 and isinstance(err.body, dict) and err.body.get("decision") == "denied":
-                return err.body, 0.0
+                return err.body, 0.0, err.request_id
             raise
-        return answer, _lease_seconds(answer.get("lease_expires_at"), date)
+        return answer, _lease_seconds(answer.get("lease_expires_at"), date), ""
 
     def report_effect(self, effect_id: str, lease_token: str, outcome: str, result: Any = None) -> dict:
         """Reports an execute's outcome: "succeeded" with its result, or
@@ -318,7 +319,8 @@ class Ratchet:
         wait = _FIRST_IN_FLIGHT_WAIT
         while True:
             sent = time.monotonic()
-            answer, lease_seconds = self._begin(self._begin_body(effect_type, idempotency_key, payload, **begin_options))
+            answer, lease_seconds, request_id = self._begin(
+                self._begin_body(effect_type, idempotency_key, payload, **begin_options))
             decision = answer.get("decision")
             effect_id = answer.get("effect_id", "")
             if decision == "execute":
@@ -344,7 +346,7 @@ class Ratchet:
                 error = answer.get("error") or {}
                 raise EffectDenied(effect_id, RatchetError(403, str(error.get("code", "")),
                                                            str(error.get("message", "")),
-                                                           error.get("detail") or {}, "", answer))
+                                                           error.get("detail") or {}, request_id, answer))
             raise RatchetError(200, "unknown_decision", f"unknown begin decision {decision!r}")
 
     def _run_leased(self, answer: dict, lease_end: float, action: Callable[[Lease], Any]) -> EffectOutcome:

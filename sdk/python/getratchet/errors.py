@@ -158,13 +158,15 @@ class ApprovalRequired(Exception):
 class EffectDenied(Exception):
     """Policy, budget, breaker or rejection: report the reason, do not work
     around it. ``code`` is the denial's error code (policy_denied,
-    budget_exceeded, circuit_open...), ``error`` the whole RatchetError."""
+    budget_exceeded, circuit_open...), ``error`` the whole RatchetError,
+    ``request_id`` the answer's X-Request-Id to quote to support."""
 
     def __init__(self, effect_id: str, error: RatchetError) -> None:
         super().__init__(f"ratchet: effect {effect_id} denied: {error.code}")
         self.effect_id = effect_id
         self.code = error.code
         self.error = error
+        self.request_id = error.request_id
 
 
 class EffectInFlight(Exception):

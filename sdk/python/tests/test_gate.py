@@ -86,6 +86,9 @@ class GateTest(unittest.TestCase):
         with self.assertRaises(EffectDenied) as denied:
             self.agent.do_effect(denied_type, unique("k"), lambda lease: None, {})
         self.assertEqual(denied.exception.code, "policy_denied")
+        # The 403's X-Request-Id, to quote to support (SDK QA: it was empty).
+        self.assertTrue(denied.exception.request_id.startswith("req_"), denied.exception.request_id)
+        self.assertEqual(denied.exception.error.request_id, denied.exception.request_id)
         with self.assertRaises(ApprovalRequired) as held:
             self.agent.do_effect(held_type, unique("k"), lambda lease: None, {})
         self.assertTrue(held.exception.approval_id.startswith("apr_"))

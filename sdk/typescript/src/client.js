@@ -164,9 +164,10 @@ export class Ratchet {
     };
     try {
       const [answer, date] = await this.#transport.call('POST', '/effects/begin', body, { safe: true, withDate: true });
-      return [answer, leaseLength(answer.lease_expires_at, date)];
+      return [answer, leaseLength(answer.lease_expires_at, date), ''];
     } catch (err) {
-      if (err instanceof RatchetError && err.status === 403 && err.body?.decision === 'denied') return [err.body, 0];
+      // A denial is an answer; its X-Request-Id is the error's (its body has none).
+      if (err instanceof RatchetError && err.status === 403 && err.body?.decision === 'denied') return [err.body, 0, err.requestId];
       throw err;
     }
   }
@@ -205,7 +206,7 @@ export class Ratchet {
     let wait = FIRST_IN_FLIGHT_WAIT_MS;
     for (;;) {
       const sent = Date.now();
-      const [answer, leaseMs] = await this.#begin(req);
+      const [answer, leaseMs, requestId] = await this.#begin(req);
       const effectId = answer.effect_id ?? '';
       switch (answer.decision) {
         case 'execute':
@@ -229,7 +230,7 @@ export class Ratchet {
           throw new ApprovalRequiredError(effectId, answer.approval_id);
         case 'denied': {
           const e = answer.error ?? {};
-          throw new EffectDeniedError(effectId, new RatchetError(403, String(e.code ?? ''), String(e.message ?? ''), e.detail ?? {}, '', answer));
+          throw new EffectDeniedError(effectId, new RatchetError(403, String(e.code ?? ''), String(e.message ?? ''), e.detail ?? {}, requestId, answer));
         }
         default:
           throw new RatchetError(200, 'unknown_decision', `unknown begin decision ${JSON.stringify(answer.decision)}`);

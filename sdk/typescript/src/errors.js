@@ -137,6 +137,8 @@ export class EffectDeniedError extends Error {
     this.effectId = effectId;
     this.code = error.code;
     this.error = error;
+    /** The answer's X-Request-Id, to quote to support. */
+    this.requestId = error.requestId;
   }
 }
 

@@ -242,6 +242,8 @@ export declare class EffectDeniedError extends Error {
   effectId: string;
   code: string;
   error: RatchetError;
+  /** The answer's X-Request-Id, to quote to support. */
+  requestId: string;
 }
 export declare class EffectInFlightError extends Error {
   constructor(effectId: string);

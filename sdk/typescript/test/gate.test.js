@@ -76,7 +76,9 @@ test('denied and approval_required', needsServer, async () => {
   await policy(ws, deniedType, { mode: 'deny' });
   await policy(ws, heldType, { mode: 'require_approval' });
   await assert.rejects(agent.doEffect({ effectType: deniedType, idempotencyKey: unique('k'), payload: {} }, () => null),
-    (err) => err instanceof EffectDeniedError && err.code === 'policy_denied');
+    // With the 403's X-Request-Id, to quote to support (SDK QA: it was empty).
+    (err) => err instanceof EffectDeniedError && err.code === 'policy_denied' && err.requestId.startsWith('req_') &&
+      err.error.requestId === err.requestId);
   await assert.rejects(agent.doEffect({ effectType: heldType, idempotencyKey: unique('k'), payload: {} }, () => null),
     (err) => err instanceof ApprovalRequiredError && err.approvalId.startsWith('apr_'));
 });
