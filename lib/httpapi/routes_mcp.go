@@ -65,7 +65,13 @@ func (s *Server) mcpRoutes() []Route {
 				"error": map[string]any{"code": e.Code, "message": e.Message}})
 			return
 		}
+		body, anyLeft := mcpserver.AnswerUnknownInBatch(body)
+		if !anyLeft {
+			w.WriteHeader(http.StatusAccepted) // notifications only, none the server takes
+			return
+		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
 		s.mcp.once.Do(func() {
 			s.mcp.handler = mcpserver.Handler(mcpserver.New(mcpserver.HandlerCaller{Handler: s}, ""))
 		})

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 )
@@ -167,4 +168,67 @@ func canonicalID(id json.RawMessage) string {
 	var f float64
 	_ = json.Unmarshal(id, &f)
 	return fmt.Sprintf("n:%v", f)
+}
+
+// servedMethods are the methods a client may send that the server answers
+// itself (tools), or takes as notifications; the methods of capabilities it
+// does not offer are answered -32601 by refuseNotOffered.
+var servedMethods = map[string]bool{
+	"initialize": true, "ping": true, "tools/list": true, "tools/call": true,
+	"notifications/initialized": true, "notifications/cancelled": true, "notifications/progress": true,
+	"notifications/roots/list_changed": true,
+}
+
+// AnswerUnknownInBatch readies a batch (a body CheckEnvelope passed) for the
+// SDK's transport, which refuses a whole batch holding one method it does
+// not know (MCP QA: 400 with id null, the batch's other requests neither run
+// nor answered), where a single such request is answered -32601 under its
+// id. A request of a method the server does not serve is sent on as one of
+// a capability not offered (resources/list, without its params), which
+// refuseNotOffered answers -32601 under the request's id; a notification of
+// one is left out (a notification has no answer). It answers the batch to
+// send and whether any message is left in it. A body that is no batch is
+// answered as it is.
+func AnswerUnknownInBatch(body []byte) ([]byte, bool) {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 || trimmed[0] != '[' {
+		return body, true
+	}
+	var batch []json.RawMessage
+	if json.Unmarshal(trimmed, &batch) != nil {
+		return body, true // CheckEnvelope refuses it first
+	}
+	out := make([]json.RawMessage, 0, len(batch))
+	for _, m := range batch {
+		var probe struct {
+			ID     json.RawMessage `json:"id"`
+			Method *string         `json:"method"`
+		}
+		if json.Unmarshal(m, &probe) != nil || probe.Method == nil || servedMethods[*probe.Method] ||
+			notOfferedMethod(*probe.Method) {
+			out = append(out, m)
+			continue
+		}
+		if len(probe.ID) == 0 || string(probe.ID) == "null" {
+			continue // a notification of a method not served: no answer
+		}
+		unknown, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": probe.ID, "method": "resources/list"})
+		out = append(out, unknown)
+	}
+	if len(out) == 0 {
+		return nil, false
+	}
+	rewritten, _ := json.Marshal(out)
+	return rewritten, true
+}
+
+// notOfferedMethod reports whether method belongs to a capability the
+// server does not offer (refuseNotOffered answers it).
+func notOfferedMethod(method string) bool {
+	for _, p := range notOffered {
+		if strings.HasPrefix(method, p) {
+			return true
+		}
+	}
+	return false
 }

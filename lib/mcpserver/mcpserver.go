@@ -125,10 +125,8 @@ var notOffered = []string{"resources/", "prompts/", "logging/", "completion/"}
 // advertise as one it does not know.
 func refuseNotOffered(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-		for _, p := range notOffered {
-			if strings.HasPrefix(method, p) {
-				return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: "Method not found"}
-			}
+		if notOfferedMethod(method) {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: "Method not found"}
 		}
 		return next(ctx, method, req)
 	}

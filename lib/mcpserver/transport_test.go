@@ -3,6 +3,7 @@ package mcpserver_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -176,4 +177,46 @@ func TestEndpointAnswersUnderAnyHost(t *testing.T) {
 	require.NoError(t, err)
 	defer res.Body.Close()
 	require.Equal(t, http.StatusOK, res.StatusCode)
+}
+
+// A batch (before protocol 2025-06-18) holding a method the server does not
+// serve answers it -32601 under its id, as a single request is answered,
+// and runs and answers the others (MCP QA: the transport refused the whole
+// batch, 400 with id null, the begin in it never run); a notification of an
+// unknown method has no answer, and a batch of nothing else is a 202.
+func TestABatchAnswersAnUnknownMethodInItsPlace(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	key := env.Key(env.Signup(), map[string]any{"name": "agent", "preset": "AGENT"})
+	post := func(body string) (int, []byte) {
+		req, err := http.NewRequest("POST", env.Server.URL+"/api/v1/mcp", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		out, err := io.ReadAll(res.Body)
+		require.NoError(t, err)
+		return res.StatusCode, out
+	}
+	status, out := post(`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":"u","method":"foo/bar","params":{"x":1}},` +
+		`{"jsonrpc":"2.0","method":"notifications/whatever"},{"jsonrpc":"2.0","id":3,"method":"resources/list"}]`)
+	require.Equal(t, http.StatusOK, status, "%s", out)
+	var answers []map[string]any
+	require.NoError(t, json.Unmarshal(out, &answers), "%s", out)
+	byID := map[string]map[string]any{}
+	for _, a := range answers {
+		byID[fmt.Sprint(a["id"])] = a
+	}
+	require.Len(t, byID, 3, "%s", out)
+	require.Contains(t, byID["1"], "result", "the ping ran")
+	for _, id := range []string{"u", "3"} {
+		require.EqualValues(t, -32601, byID[id]["error"].(map[string]any)["code"], "%s: %s", id, out)
+	}
+
+	status, out = post(`[{"jsonrpc":"2.0","method":"notifications/whatever"}]`)
+	require.Equal(t, http.StatusAccepted, status, "%s", out)
+	require.Empty(t, out)
 }
