@@ -264,17 +264,23 @@ func (w drainWriter) Write(p []byte) (int, error) {
 	if line, ok := bytes.CutSuffix(p, []byte("\n")); ok && bytes.Contains(line, []byte(`"error"`)) {
 		out = append(mcpserver.QuietErrors(line), '\n')
 	}
+	// The answers' ids leave pending before the answers reach the client,
+	// which may reuse an id as soon as it reads its answer (JSON-RPC asks
+	// ids to be unique among requests in flight only): taken out after,
+	// the next request under it could find it still pending and be refused
+	// (review). waitAnswered waits for the write under way by writeMu.
 	w.d.writeMu.Lock()
+	w.d.wrote(out)
 	n, err := w.d.out.Write(out)
 	w.d.writeMu.Unlock()
-	w.d.wrote(out[:n])
 	if err == nil {
 		n = len(p) // all of p went out, if rewritten
 	}
 	return n, err
 }
 
-// wrote tracks the answers among the bytes written to stdout.
+// wrote tracks the answers among the bytes written to stdout (or about to
+// be: Write calls it first).
 func (d *drainingPipes) wrote(b []byte) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -300,12 +306,17 @@ func (d *drainingPipes) waitAnswered() {
 	})
 	defer timer.Stop()
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	for len(d.pending) > 0 && time.Now().Before(deadline) {
 		d.cond.Wait()
 	}
-	if len(d.pending) > 0 {
-		fmt.Fprintf(d.log, "ratchet-mcp: stdin closed; %d request(s) still unanswered after %s\n", len(d.pending), d.timeout)
+	left := len(d.pending)
+	d.mu.Unlock()
+	// The last answer's id left pending just before it was written: wait
+	// for that write to end.
+	d.writeMu.Lock()
+	d.writeMu.Unlock() // a barrier: nothing to do under it
+	if left > 0 {
+		fmt.Fprintf(d.log, "ratchet-mcp: stdin closed; %d request(s) still unanswered after %s\n", left, d.timeout)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -396,5 +397,56 @@ func TestSettingsAreCheckedAtStart(t *testing.T) {
 		_, _, err := settings(env(vars))
 		require.Error(t, err, "%q", vars)
 		require.NotContains(t, err.Error(), "rk_a", "the key is not echoed")
+	}
+}
+
+// clientOut is stdout as a fast client sees it: once the answer to id 7 is
+// out, the client sends its next request under id 7 again (legitimate: the
+// first is answered). The reader goroutine admits it while drainWriter.Write
+// has not yet called wrote.
+type clientOut struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	d    *drainingPipes
+	done chan struct{}
+	once sync.Once
+}
+
+func (c *clientOut) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	c.buf.Write(p)
+	c.mu.Unlock()
+	if strings.Contains(string(p), `"result"`) {
+		c.once.Do(func() {
+			go func() {
+				c.d.read([]byte(`{"jsonrpc":"2.0","id":7,"method":"ping"}`+"\n"), false)
+				close(c.done)
+			}()
+			time.Sleep(100 * time.Millisecond) // the client is faster than wrote
+		})
+	}
+	return len(p), nil
+}
+func (c *clientOut) Close() error { return nil }
+
+// A client may send a request under an id again as soon as it reads that
+// id's answer: the id left pending before the answer was written (review:
+// taken out after, the request could be refused as still in progress).
+func TestAnIDMayBeUsedAgainOnceItsAnswerIsOut(t *testing.T) {
+	c := &clientOut{done: make(chan struct{})}
+	d := newDrainingPipes(nil, c)
+	c.d = d
+	d.read([]byte(`{"jsonrpc":"2.0","id":7,"method":"ping"}`+"\n"), false)
+	d.ready = nil
+	// The SDK answers id 7 (it takes 7 out of its own in-flight map before
+	// writing, jsonrpc2.processResult).
+	if _, err := d.Writer().Write([]byte(`{"jsonrpc":"2.0","id":7,"result":{}}` + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	<-c.done
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if strings.Contains(c.buf.String(), "still in progress") || len(d.ready) == 0 {
+		t.Fatalf("a request reusing an answered id was refused: out=%q ready=%q", c.buf.String(), d.ready)
 	}
 }

@@ -100,7 +100,7 @@ func compactJSON(doc json.RawMessage) (json.RawMessage, error) {
 // to begin again acted twice): what happened is an operator's to record.
 func leaseExpired() error {
 	return apierr.Conflict(apierr.CodeLeaseExpired,
-		"The lease expired before this call, so this was not recorded and the attempt's outcome reads "+
+		"The lease expired before this call, so this call changed nothing and the attempt's outcome reads "+
 			"unknown (indeterminate). Do not act again: if the action happened, an operator records it with "+
 			"resolve; the key's next begin answers as its policy's on_indeterminate says.")
 }

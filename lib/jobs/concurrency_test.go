@@ -989,3 +989,60 @@ func TestASweepLeavesACandidateOfAnEndpointItDidNotLock(t *testing.T) {
 	b.sweep(t)
 	require.Equal(t, 1, runningCount(t, b, a.ID), "a's held slot freed by the next sweep")
 }
+
+// A policy write that sets a limit on endpoint a commits while the sweep's
+// first statement waits for a's gate lock. That statement's snapshot
+// predates the write: locking only the rows of endpoints with a limit, it
+// left a's row to the freeing statement, which locked it after z's, out of
+// id order, and deadlocked with a claim holding a and waiting for z
+// (second review). The first statement now locks every one of its
+// endpoints' rows.
+func TestASweepLocksTheRowOfAnEndpointLimitedWhileItWaited(t *testing.T) {
+	b := setup(t)
+	jobs.SetDeadlockRetry(b.svc, false)
+	pool := b.env.App.Pool
+	a, z := limitedCustom(t, b, "ep_a", 1), limitedCustom(t, b, "ep_z", 1)
+	if a.ID > z.ID {
+		a, z = z, a
+	}
+	_, err := pool.Exec(ctx, `UPDATE job_endpoints SET max_concurrent = NULL WHERE id = $1`, a.ID)
+	require.NoError(t, err)
+	runID := b.run(t)
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(a.Name), Input: json.RawMessage(`"a1"`)})
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(z.Name), Input: json.RawMessage(`"z1"`)})
+	w1, w2 := b.register(t), b.register(t)
+	require.Len(t, b.claim(t, w1, 2), 2)
+	b.clock.Add(time.Minute) // both lapsed on their last attempt
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(a.Name), Input: json.RawMessage(`"a2"`)})
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(z.Name), Input: json.RawMessage(`"z2"`)})
+
+	// The policy write on a, as UpdatePolicy makes it (the gate lock, the
+	// limit, the recount), held open.
+	pol, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pol.Rollback(context.Background()) })
+	for _, q := range []string{`SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`,
+		`UPDATE job_endpoints SET max_concurrent = 5, version = version + 1 WHERE id = $1`,
+		`UPDATE job_endpoints SET running_count = (SELECT count(*) FROM jobs WHERE endpoint_id = $1::text
+		     AND status = 'RUNNING') WHERE id = $1::text`} {
+		_, err = pol.Exec(ctx, q, a.ID)
+		require.NoError(t, err)
+	}
+	waitOn := func(like, event, why string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event LIKE $2
+				  AND query LIKE $1`, like, event).Scan(&n))
+			return n > 0
+		}, 10*time.Second, 5*time.Millisecond, why)
+	}
+	meetOnTheOlderVersion(t, b, z, `%FROM job_endpoints%`, func() error {
+		done := make(chan error, 1)
+		go func() { done <- sweepOnce(b)() }()
+		waitOn(`%FROM job_endpoints%`, "advisory", "the sweep's gates wait for the policy write")
+		require.NoError(t, pol.Commit(ctx))
+		return <-done
+	}, nil, w2, 2)
+}

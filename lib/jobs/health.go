@@ -43,7 +43,7 @@ func (s *Service) QueueHealth(ctx context.Context, workspaceID, cursor string, l
 	after := []any{nil, nil}
 	if cursor != "" {
 		name, version, ok := strings.Cut(cursor, "@")
-		if !ok || !toolname.StoredName(name) || !toolname.ValidVersion(version) {
+		if !ok || !toolname.Stored(name) || !toolname.Stored(version) {
 			return nil, apierr.InvalidField("cursor", "is not a cursor from this API")
 		}
 		after = []any{name, version}

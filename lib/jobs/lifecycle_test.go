@@ -1639,22 +1639,26 @@ func TestEveryNewRunTakesKeyedStepKeys(t *testing.T) {
 	require.Equal(t, runs, keyed)
 }
 
-// A job queued under a tool named ".." before session 36's release, which
-// refuses the name, is still a queue health row, and its cursor pages on
-// (review: the cursor was checked by the rule that admits names).
-func TestQueueHealthPagesPastALegacyDotName(t *testing.T) {
+// A job queued under a tool name an earlier release took and this one
+// refuses ("..", white space or a control character in its name or
+// version) is still a queue health row, and its cursor pages on (reviews:
+// the cursor was checked by the rule that admits names).
+func TestQueueHealthPagesPastALegacyToolName(t *testing.T) {
 	b := setup(t)
 	runID := b.run(t)
 	res := b.enqueue(t, runID, jobs.EnqueueRequest{Name: "send_email", Version: "1"})
 	b.enqueue(t, runID, jobs.EnqueueRequest{Name: "zzz", Version: "1"})
-	_, err := b.env.App.Pool.Exec(ctx, `UPDATE jobs SET name = '..' WHERE step_id = $1`, res.StepID)
-	require.NoError(t, err)
-	page, err := b.svc.QueueHealth(ctx, b.ws, "", 1)
-	require.NoError(t, err)
-	require.Len(t, page, 1)
-	require.Equal(t, "..", page[0].Name)
-	next, err := b.svc.QueueHealth(ctx, b.ws, page[0].HealthCursor(), 1)
-	require.NoError(t, err, "the cursor %q the first page answered", page[0].HealthCursor())
-	require.Len(t, next, 1)
-	require.Equal(t, "zzz", next[0].Name)
+	for _, legacy := range [][2]string{{"..", "1"}, {"send email", "1 beta"}, {"a\x01b", "1"}} {
+		_, err := b.env.App.Pool.Exec(ctx, `UPDATE jobs SET name = $2, version = $3 WHERE step_id = $1`,
+			res.StepID, legacy[0], legacy[1])
+		require.NoError(t, err)
+		page, err := b.svc.QueueHealth(ctx, b.ws, "", 1)
+		require.NoError(t, err)
+		require.Len(t, page, 1)
+		require.Equal(t, legacy[0], page[0].Name)
+		next, err := b.svc.QueueHealth(ctx, b.ws, page[0].HealthCursor(), 1)
+		require.NoError(t, err, "the cursor %q the first page answered", page[0].HealthCursor())
+		require.Len(t, next, 1)
+		require.Equal(t, "zzz", next[0].Name)
+	}
 }

@@ -381,8 +381,7 @@ func failLapsed(now, warning string) string {
 // lapseGates is the first statement of a sweep that frees slots (the
 // freeing statement ends with failLapsed): on the endpoints of up to $2
 // jobs matching candidates, it takes the gate protocol's shared lock and
-// then, in id order, locks the rows of those with a concurrency limit, and
-// answers those endpoints' ids. The freeing statement takes only jobs of
+// then, in id order, locks their rows, and answers those endpoints' ids. The freeing statement takes only jobs of
 // these endpoints (the last parameter of each: candidates may have come
 // since, on other endpoints, which the next sweep takes).
 //
@@ -395,6 +394,11 @@ func failLapsed(now, warning string) string {
 // snapshot (a running job cancelled meanwhile) would be locked after those
 // held here, out of id order, a deadlock with a claim holding it and
 // waiting for one of these (review), and would have missed its gate lock.
+// So every one of their rows is locked, not only those with a limit: this
+// statement reads max_concurrent with a snapshot taken before its gate
+// locks, and a policy write that set a limit while it waited for them
+// would have left that row to the freeing statement's lock (second
+// review). A sweep is rare; a row it locks needlessly costs a moment.
 func lapseGates(candidates string) string {
 	return `
 WITH e AS (
@@ -405,7 +409,7 @@ WITH e AS (
     FROM e
 ), r AS (
     SELECT id FROM job_endpoints
-    WHERE id IN (SELECT endpoint_id FROM e) AND max_concurrent IS NOT NULL AND (SELECT n FROM g) >= 0
+    WHERE id IN (SELECT endpoint_id FROM e) AND (SELECT n FROM g) >= 0
     ORDER BY id
     FOR NO KEY UPDATE
 )

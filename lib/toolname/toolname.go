@@ -28,10 +28,14 @@ const (
 // ValidName reports whether s can name a tool.
 func ValidName(s string) bool { return s != "." && s != ".." && valid(s, MaxName) }
 
-// StoredName reports whether s is a name some release took: a valid one,
-// or "." or ".." (taken before session 36), which jobs queued then still
-// carry. It reads names back (a queue health cursor), never admits one.
-func StoredName(s string) bool { return valid(s, MaxName) }
+// Stored reports whether s may be a name or version some release took,
+// which jobs queued then still carry: earlier releases took white space,
+// control and format characters, "." and "..", but never '@' (which joins
+// the two) or nothing. It reads names back (a queue health cursor), never
+// admits one.
+func Stored(s string) bool {
+	return s != "" && !strings.Contains(s, "@") && utf8.ValidString(s) && utf8.RuneCountInString(s) <= MaxName
+}
 
 // ValidVersion reports whether s can be a tool's handler version.
 func ValidVersion(s string) bool { return valid(s, MaxVersion) }

@@ -103,7 +103,7 @@ type Worker struct {
 	handlers   sync.WaitGroup          // handler calls in progress, stragglers included
 	running    int                     // handler calls in progress whose attempt is not reported (mu)
 	startEnded bool                    // Start's context ended: an immediate stop (mu)
-	cutByStart int                     // handlers that stop cut off and reported retryable (mu)
+	cutByStart int                     // handlers Start's end cut off that returned an error (mu)
 	stragglers int                     // handler calls still in progress after their timeout was reported (mu)
 	returned   chan struct{}           // signalled (buffered, 1) when running drops
 	cancelJobs context.CancelCauseFunc // ends every handler's context
@@ -165,7 +165,8 @@ func (w *Worker) ID() string {
 // It returns once registration succeeded (or failed). ctx bounds the
 // worker's whole life: cancelling it stops claiming and cancels running
 // handlers at once (cause ErrWorkerStopped; their attempts are reported as
-// retryable, for at most 10 s once the handlers have returned unless Stop
+// they returned, the context's error as a retryable failure, a result as a
+// success, for at most 10 s once the handlers have returned unless Stop
 // is called by then, whose deadline decides instead; a report not sent goes
 // to OnError and its job runs again once its lease lapses). For a graceful
 // shutdown call Stop instead.
@@ -346,7 +347,7 @@ func (w *Worker) stop(ctx context.Context) error {
 			// QA: after a signal context given to Start, Stop answered nil
 			// although the handlers had been cut off mid-call.
 			return fmt.Errorf("ratchet: %d handler(s) were cancelled when Start's context ended (an immediate stop) "+
-				"and reported retryable; for a graceful stop keep Start's context alive and call Stop: %w", cut,
+				"and returned an error, reported as a failure; for a graceful stop keep Start's context alive and call Stop: %w", cut,
 				ErrWorkerStopped)
 		}
 		return nil
