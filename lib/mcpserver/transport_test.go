@@ -131,16 +131,7 @@ func TestTransportErrorsDoNotEchoValues(t *testing.T) {
 		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ratchet_report","arguments":` +
 			`{"lease_token":` + secret + `, "outcome":"succeeded"}}}`, -32700},
 	} {
-		req, err := http.NewRequest("POST", env.Server.URL+"/api/v1/mcp", strings.NewReader(c.body))
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+key)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		res, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		body, err := io.ReadAll(res.Body)
-		res.Body.Close()
-		require.NoError(t, err)
+		_, body := postMCP(t, env, key, c.body)
 		require.NotContains(t, string(body), secret, c.body)
 		var out any
 		require.NoError(t, json.Unmarshal(body, &out), "%s", body)
@@ -188,19 +179,7 @@ func TestABatchAnswersAnUnknownMethodInItsPlace(t *testing.T) {
 	t.Parallel()
 	env := apitest.Start(t)
 	key := env.Key(env.Signup(), map[string]any{"name": "agent", "preset": "AGENT"})
-	post := func(body string) (int, []byte) {
-		req, err := http.NewRequest("POST", env.Server.URL+"/api/v1/mcp", strings.NewReader(body))
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+key)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		res, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer res.Body.Close()
-		out, err := io.ReadAll(res.Body)
-		require.NoError(t, err)
-		return res.StatusCode, out
-	}
+	post := func(body string) (int, []byte) { return postMCP(t, env, key, body) }
 	status, out := post(`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":"u","method":"foo/bar","params":{"x":1}},` +
 		`{"jsonrpc":"2.0","method":"notifications/whatever"},{"jsonrpc":"2.0","id":3,"method":"resources/list"}]`)
 	require.Equal(t, http.StatusOK, status, "%s", out)
@@ -219,4 +198,21 @@ func TestABatchAnswersAnUnknownMethodInItsPlace(t *testing.T) {
 	status, out = post(`[{"jsonrpc":"2.0","method":"notifications/whatever"}]`)
 	require.Equal(t, http.StatusAccepted, status, "%s", out)
 	require.Empty(t, out)
+}
+
+// postMCP posts body to the MCP endpoint under key, as a client does, and
+// answers the status and the body.
+func postMCP(t *testing.T, env *apitest.Env, key, body string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest("POST", env.Server.URL+"/api/v1/mcp", strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	out, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return res.StatusCode, out
 }
