@@ -100,7 +100,10 @@ func (e *schemaError) reported() string {
 	var syntaxErr *json.SyntaxError
 	switch {
 	case errors.As(e.err, &typeErr) && typeErr.Field != "":
-		return fmt.Sprintf("%s: field %q: expected %s, got a JSON %s", e.what, typeErr.Field, typeErr.Type, typeErr.Value)
+		// "field %q expected", not "field %q: expected": RedactMessage
+		// reads `"secret": …` as a secret's value, and the report read
+		// `field "secret": [redacted] string` (SDK QA).
+		return fmt.Sprintf("%s: field %q expected %s, got a JSON %s", e.what, typeErr.Field, typeErr.Type, typeErr.Value)
 	case errors.As(e.err, &typeErr):
 		return fmt.Sprintf("%s: expected %s, got a JSON %s", e.what, typeErr.Type, typeErr.Value)
 	case errors.As(e.err, &syntaxErr):

@@ -103,7 +103,14 @@ func TestClassifierPrecedence(t *testing.T) {
 		{name: "a schema failure names the field, never the value",
 			err: &schemaError{what: "input does not match the handler's input type",
 				err: &json.UnmarshalTypeError{Value: "string", Type: reflect.TypeFor[int](), Field: "amount"}},
-			want: JobError{Message: `input does not match the handler's input type: field "amount": expected int, got a JSON string`,
+			want: JobError{Message: `input does not match the handler's input type: field "amount" expected int, got a JSON string`,
+				Retryable: false}, onError: true},
+		// A field named like a secret is named, not redacted (SDK QA: it read
+		// `field "secret": [redacted] string`).
+		{name: "a schema failure of a field named secret reads whole",
+			err: &schemaError{what: "input does not match the handler's input type",
+				err: &json.UnmarshalTypeError{Value: "object", Type: reflect.TypeFor[string](), Field: "secret"}},
+			want: JobError{Message: `input does not match the handler's input type: field "secret" expected string, got a JSON object`,
 				Retryable: false}, onError: true},
 		{name: "server cancellation is non-retryable even over explicit retryable", err: Retryable("x", 0), cause: ErrCancelRequested,
 			want: JobError{Message: "cancelled at the server's request", Retryable: false}},

@@ -1307,7 +1307,7 @@ func TestSchemaFailureReportsNoInputValue(t *testing.T) {
 		}
 	}
 	e := f.waitReport(t, typed)["error"].(map[string]any)
-	if e["message"] != `input does not match the handler's input type: field "count": expected int, got a JSON string` {
+	if e["message"] != `input does not match the handler's input type: field "count" expected int, got a JSON string` {
 		t.Fatalf("report %v", e)
 	}
 	if errs := sink.delivered(worker); !slices.ContainsFunc(errs, func(err error) bool { return strings.Contains(err.Error(), "Jane Roe") }) {
