@@ -449,9 +449,10 @@ const sqlAwaitJobLocks = `SELECT id FROM jobs WHERE id = ANY($1::text[]) ORDER B
 // its locks.
 const sqlLapseWaitTimeout = `SELECT set_config('statement_timeout', $1::text, true)`
 
-// sqlLapsedGates takes the gate protocol's shared lock on the endpoints of
-// the jobs sqlExhaustLapsed is about to end (a separate, earlier statement,
-// so that the ending statement reads max_concurrent after the lock).
+// sqlLapsedGates takes the gate protocol's shared lock on, and locks the
+// rows of, the endpoints of the jobs sqlExhaustLapsed is about to end
+// (lapseGates: a separate, earlier statement, so that the ending statement
+// reads max_concurrent after the locks).
 var sqlLapsedGates = lapseGates(`status = 'RUNNING' AND ready_at <= $1::timestamptz AND attempt >= max_attempts
         AND ($3::text IS NULL OR run_id = $3::text) AND ($4::text IS NULL OR workspace_id = $4::text)`)
 
@@ -473,8 +474,8 @@ var sqlLapsedGates = lapseGates(`status = 'RUNNING' AND ready_at <= $1::timestam
 const requeueCandidates = `status = 'RUNNING' AND attempt < max_attempts
       AND ready_at <= $1::timestamptz - $3::bigint * interval '1 millisecond'`
 
-// sqlRequeueGates takes the gate protocol's shared lock on the endpoints of
-// up to $2 candidates.
+// sqlRequeueGates takes the gate protocol's shared lock on, and locks the
+// rows of, the endpoints of up to $2 candidates (lapseGates).
 var sqlRequeueGates = lapseGates(requeueCandidates)
 
 // sqlRequeueLapsed requeues up to $2 candidates of the endpoints
@@ -727,8 +728,9 @@ FROM c WHERE e.id = c.endpoint_id AND e.id IN (SELECT id FROM gated)`
 const heldSlotExpired = `jobs.slot_attempt IS NOT NULL AND EXISTS (SELECT 1 FROM job_executions x
     WHERE x.job_id = jobs.id AND x.attempt = jobs.slot_attempt AND x.lease_expires_at <= $1::timestamptz)`
 
-// sqlHeldSlotGates takes the gate protocol's shared lock on the endpoints
-// of up to $2 jobs sqlReleaseHeldSlots is about to free.
+// sqlHeldSlotGates takes the gate protocol's shared lock on, and locks the
+// rows of, the endpoints of up to $2 jobs sqlReleaseHeldSlots is about to
+// free (lapseGates).
 var sqlHeldSlotGates = lapseGates(heldSlotExpired)
 
 // sqlReleaseHeldSlots frees the slots of up to $2 cancelled attempts whose

@@ -413,11 +413,11 @@ func kindRule(v any, t reflect.Type) string {
 	case numberDescription:
 		literal, _ = strings.CutPrefix(string(v), "number ")
 	}
-	if bits := t.Bits; integerKind(t.Kind()) && integerLiteral.MatchString(literal) {
+	if integerKind(t.Kind()) && integerLiteral.MatchString(literal) {
 		if t.Kind() >= reflect.Uint {
-			return fmt.Sprintf("must be an integer from 0 to 2^%d-1", bits())
+			return fmt.Sprintf("must be an integer from 0 to 2^%d-1", t.Bits())
 		}
-		return fmt.Sprintf("must be an integer from -2^%d to 2^%d-1", bits()-1, bits()-1)
+		return fmt.Sprintf("must be an integer from -2^%d to 2^%d-1", t.Bits()-1, t.Bits()-1)
 	}
 	return "must be " + jsonKind(t.Kind().String())
 }

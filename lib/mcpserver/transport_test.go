@@ -157,13 +157,8 @@ func TestEndpointAnswersUnderAnyHost(t *testing.T) {
 	t.Parallel()
 	env := apitest.Start(t)
 	key := env.Key(env.Signup(), map[string]any{"name": "agent", "preset": "AGENT"})
-	req, err := http.NewRequest("POST", env.Server.URL+"/api/v1/mcp",
-		strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
-	require.NoError(t, err)
+	req := mcpRequest(t, env, key, `{"jsonrpc":"2.0","id":1,"method":"ping"}`)
 	req.Host = "ratchet.example.com"
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
 	res, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer res.Body.Close()
@@ -200,16 +195,23 @@ func TestABatchAnswersAnUnknownMethodInItsPlace(t *testing.T) {
 	require.Empty(t, out)
 }
 
-// postMCP posts body to the MCP endpoint under key, as a client does, and
-// answers the status and the body.
-func postMCP(t *testing.T, env *apitest.Env, key, body string) (int, []byte) {
+// mcpRequest is a POST of body to the MCP endpoint under key, with the
+// headers a client sends.
+func mcpRequest(t *testing.T, env *apitest.Env, key, body string) *http.Request {
 	t.Helper()
 	req, err := http.NewRequest("POST", env.Server.URL+"/api/v1/mcp", strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
-	res, err := http.DefaultClient.Do(req)
+	return req
+}
+
+// postMCP posts body to the MCP endpoint under key, as a client does, and
+// answers the status and the body.
+func postMCP(t *testing.T, env *apitest.Env, key, body string) (int, []byte) {
+	t.Helper()
+	res, err := http.DefaultClient.Do(mcpRequest(t, env, key, body))
 	require.NoError(t, err)
 	defer res.Body.Close()
 	out, err := io.ReadAll(res.Body)
