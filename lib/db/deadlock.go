@@ -29,7 +29,8 @@ const DeadlockRetries = 3
 // transaction waiting for this one can hold (concurrency QA: claims, reports
 // and the sweeper, over endpoints with a concurrency limit, answered 500
 // now and then). Claims and reports now lock those rows in a statement of
-// their own first (migration 0047, lib/jobs sqlReportLock); the retry stays
+// their own first (migration 0047, lib/jobs sqlReportLock, which chooses
+// them after its gate locks: migration 0049); the retry stays
 // for the statements that still lock and update in one (the sweeper's, a
 // cancel's) and for any cycle not found yet.
 func RetryDeadlocks(ctx context.Context, work func() error) error {

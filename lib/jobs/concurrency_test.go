@@ -752,10 +752,23 @@ func (b *bundle) enqueueHeld(t *testing.T, runID, afterStepID string) (pgx.Tx, s
 // stages by hand has reached it.
 func waitForLock(t *testing.T, pool *pgxpool.Pool, like, why string) {
 	t.Helper()
+	waitForLockEvent(t, pool, like, "%", why)
+}
+
+// waitForAdvisoryLock is waitForLock for a wait on an advisory lock (an
+// endpoint's gate lock, say).
+func waitForAdvisoryLock(t *testing.T, pool *pgxpool.Pool, like, why string) {
+	t.Helper()
+	waitForLockEvent(t, pool, like, "advisory", why)
+}
+
+func waitForLockEvent(t *testing.T, pool *pgxpool.Pool, like, event, why string) {
+	t.Helper()
 	require.Eventually(t, func() bool {
 		var waiting bool
 		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1)`, like).Scan(&waiting))
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event LIKE $2
+			  AND query LIKE $1)`, like, event).Scan(&waiting))
 		return waiting
 	}, 10*time.Second, 5*time.Millisecond, why)
 }
@@ -1016,33 +1029,79 @@ func TestASweepLocksTheRowOfAnEndpointLimitedWhileItWaited(t *testing.T) {
 	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(a.Name), Input: json.RawMessage(`"a2"`)})
 	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(z.Name), Input: json.RawMessage(`"z2"`)})
 
-	// The policy write on a, as UpdatePolicy makes it (the gate lock, the
-	// limit, the recount), held open.
-	pol, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = pol.Rollback(context.Background()) })
-	for _, q := range []string{`SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`,
-		`UPDATE job_endpoints SET max_concurrent = 5, version = version + 1 WHERE id = $1`,
-		`UPDATE job_endpoints SET running_count = (SELECT count(*) FROM jobs WHERE endpoint_id = $1::text
-		     AND status = 'RUNNING') WHERE id = $1::text`} {
-		_, err = pol.Exec(ctx, q, a.ID)
-		require.NoError(t, err)
-	}
-	waitOn := func(like, event, why string) {
-		t.Helper()
-		require.Eventually(t, func() bool {
-			var n int
-			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event LIKE $2
-				  AND query LIKE $1`, like, event).Scan(&n))
-			return n > 0
-		}, 10*time.Second, 5*time.Millisecond, why)
-	}
+	pol := policyWriteHeldOpen(t, b, a.ID, 5)
 	meetOnTheOlderVersion(t, b, z, `%FROM job_endpoints%`, func() error {
 		done := make(chan error, 1)
 		go func() { done <- sweepOnce(b)() }()
-		waitOn(`%FROM job_endpoints%`, "advisory", "the sweep's gates wait for the policy write")
+		waitForAdvisoryLock(t, b.env.App.Pool, `%FROM job_endpoints%`, "the sweep's gates wait for the policy write")
 		require.NoError(t, pol.Commit(ctx))
 		return <-done
 	}, nil, w2, 2)
+}
+
+// The report's twin of the test above. A policy write that sets a limit on
+// endpoint a commits while a report batch's first statement waits for a's
+// gate lock. That statement read the endpoints with a snapshot taken before
+// the write: it locked z's row, not a's, which the freeing statement then
+// locked after z's, out of id order, and deadlocked with a claim holding a
+// and waiting for z (sixth review). The first statement now chooses the
+// rows to lock after its gate locks (jobs_report_lock_endpoints).
+func TestAReportLocksTheRowOfAnEndpointLimitedWhileItWaited(t *testing.T) {
+	b := setup(t)
+	jobs.SetDeadlockRetry(b.svc, false)
+	pool := b.env.App.Pool
+	a, z := limitedCustom(t, b, "ep_a", 3), limitedCustom(t, b, "ep_z", 3)
+	if a.ID > z.ID {
+		a, z = z, a
+	}
+	_, err := pool.Exec(ctx, `UPDATE job_endpoints SET max_concurrent = NULL WHERE id = $1`, a.ID)
+	require.NoError(t, err)
+	runID := b.run(t)
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(a.Name), Input: json.RawMessage(`"a1"`)})
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(z.Name), Input: json.RawMessage(`"z1"`)})
+	w1, w2 := b.register(t), b.register(t)
+	running := b.claim(t, w1, 2)
+	require.Len(t, running, 2)
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(a.Name), Input: json.RawMessage(`"a2"`)})
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(z.Name), Input: json.RawMessage(`"z2"`)})
+
+	pol := policyWriteHeldOpen(t, b, a.ID, 5)
+	var batch jobs.BatchReportRequest
+	for _, j := range running {
+		batch.Reports = append(batch.Reports, jobs.BatchReportItem{JobID: j.JobID, LeaseToken: j.LeaseToken,
+			Status: jobs.StatusSucceeded})
+	}
+	meetOnTheOlderVersion(t, b, z, `%jobs_report%`, func() error {
+		done := make(chan error, 1)
+		go func() {
+			res, err := b.svc.ReportBatch(ctx, b.worker, batch)
+			for _, r := range res.Results {
+				if err == nil && r.Error != nil {
+					err = fmt.Errorf("report %s: %s", r.JobID, r.Error.Code)
+				}
+			}
+			done <- err
+		}()
+		waitForAdvisoryLock(t, b.env.App.Pool, `%jobs_report%`, "the report's gates wait for the policy write")
+		require.NoError(t, pol.Commit(ctx))
+		return <-done
+	}, nil, w2, 2)
+	require.Equal(t, 1, runningCount(t, b, a.ID), "a counts the claim's job alone")
+}
+
+// policyWriteHeldOpen makes, on endpoint endpointID, the policy write that
+// sets a concurrency limit as UpdatePolicy makes it (the gate lock, the
+// limit, the recount), and answers it open, to commit when the test is ready.
+func policyWriteHeldOpen(t *testing.T, b *bundle, endpointID string, limit int) pgx.Tx {
+	t.Helper()
+	pol, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pol.Rollback(context.Background()) })
+	_, err = pol.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`, endpointID)
+	require.NoError(t, err)
+	_, err = pol.Exec(ctx, `UPDATE job_endpoints SET max_concurrent = $2::int, version = version + 1,
+		running_count = (SELECT count(*) FROM jobs WHERE endpoint_id = $1::text AND status = 'RUNNING')
+		WHERE id = $1::text`, endpointID, limit)
+	require.NoError(t, err)
+	return pol
 }

@@ -666,8 +666,14 @@ SELECT lease_expires_at, cancel_requested FROM j`
 // before the lock: it could meet an older version, and queue for that
 // version's tuple lock behind a claim waiting for this report, a deadlock
 // (concurrency QA). Locked here, in a statement before theirs, the rows are
-// at their latest version when those statements begin. g's count makes
-// every such row locked, whichever rows the last column's probe reads.
+// at their latest version when those statements begin. The rows are chosen
+// by jobs_report_lock_endpoints (migration 0049), whose query sees the
+// endpoints as they are after the gate locks: this statement's snapshot
+// predates them, and missed a limit set by a policy write the report waited
+// for, leaving that row to a later statement, out of id order (a deadlock,
+// sixth review). The function's argument is an aggregate of l, so it runs
+// after every gate lock; g's count makes every such row locked, whichever
+// rows the last column's probe reads.
 //
 // The last column says whether the job's endpoint counts failures
 // (circuitHint; one probe per endpoint, not per job): only then does the
@@ -682,12 +688,8 @@ WITH pre AS (
     SELECT l.* FROM (SELECT count(*) AS n FROM pre) p,
          LATERAL jobs_report_lock(CASE WHEN p.n >= 0 THEN $1::text[] END, $2::text, $3::text[]) l
 ), gated AS (
-    SELECT e.id, e.circuit_failure_threshold IS NOT NULL OR e.circuit_state = 'open' AS hinted
-    FROM job_endpoints e
-    WHERE e.id IN (SELECT endpoint_id FROM l)
-      AND (e.circuit_failure_threshold IS NOT NULL OR e.circuit_state = 'open' OR e.max_concurrent IS NOT NULL)
-    ORDER BY e.id
-    FOR NO KEY UPDATE
+    SELECT g.* FROM (SELECT array_agg(DISTINCT endpoint_id) AS ids FROM l) a,
+         LATERAL jobs_report_lock_endpoints(a.ids) g
 )
 SELECT l.*, CASE WHEN $4::boolean THEN (SELECT j.version FROM jobs j WHERE j.id = l.id) END,
        l.endpoint_id IN (SELECT id FROM gated WHERE hinted)
