@@ -36,6 +36,10 @@ func (s *Server) mcpRoutes() []Route {
 				"This MCP endpoint is stateless: send each JSON-RPC message with POST."))
 			return
 		}
+		if crossOrigin.Check(r) != nil {
+			writeError(w, crossOriginRefused())
+			return
+		}
 		// The body is read here, within the API's limit, so that an
 		// oversized request gets the API's 413 envelope rather than the
 		// transport's plain text; a compressed one is refused as REST
@@ -93,7 +97,7 @@ func (s *Server) mcpRoutes() []Route {
 		} else {
 			// A message the transport cannot take is a JSON-RPC error
 			// response (HTTP 400); a wrong content type is the envelope's.
-			rt.Errors = []string{apierr.CodeInvalidRequest}
+			rt.Errors = []string{apierr.CodeInvalidRequest, apierr.CodeForbidden}
 			rt.Request, rt.Response = mcpMessage{}, mcpAnswer{}
 			rt.ErrorBodies = map[int]any{http.StatusBadRequest: mcpAnswer{}}
 			rt.Bodiless = map[int]string{http.StatusAccepted: "Accepted: a JSON-RPC notification or response, " +
@@ -102,6 +106,25 @@ func (s *Server) mcpRoutes() []Route {
 		routes = append(routes, rt)
 	}
 	return routes
+}
+
+// crossOrigin refuses a browser's request sent from a page of another
+// origin: MCP's streamable HTTP transport must validate Origin, against DNS
+// rebinding (MCP QA: any Origin was served). It reads Sec-Fetch-Site, which
+// every current browser sends, and else compares Origin with Host; a
+// request with neither (every non-browser client) passes, as does one
+// through a proxy that rewrites Host when the browser says it is same-origin.
+// A request that passes still needs a key: a rebinding page cannot make the
+// browser send one, and the API answers no cross-origin read (no CORS).
+var crossOrigin = http.NewCrossOriginProtection()
+
+// crossOriginRefused is the answer to a request crossOrigin refuses.
+func crossOriginRefused() *apierr.Error {
+	e := apierr.Forbidden()
+	e.Message = "A browser page of another origin may not call this MCP endpoint (Origin and Host differ, " +
+		"or Sec-Fetch-Site is cross-site): call it from a server, or from a page of its own origin."
+	e.Detail["reason"] = "cross_origin"
+	return e
 }
 
 // mcpMessage is a JSON-RPC 2.0 message as POST /api/v1/mcp takes it, for

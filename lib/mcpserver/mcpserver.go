@@ -135,12 +135,14 @@ func refuseNotOffered(next mcp.MethodHandler) mcp.MethodHandler {
 // Handler serves MCP over streamable HTTP, statelessly with JSON responses,
 // which suits serverless: any instance can answer any request.
 //
-// The transport's DNS-rebinding guard is off. It refuses a request that
+// The transport's localhost guard is off. It refuses a request that
 // reached a loopback address under another Host, which is every request a
 // reverse proxy or tunnel on the same host forwards (QA: MCP answered 403
-// behind them while REST answered), and it guards against nothing here:
-// every request must carry an API key in its Authorization header, which
-// a page that rebinds a name to 127.0.0.1 cannot make a browser send.
+// behind them while REST answered). The route refuses a browser's
+// cross-origin request itself, before this handler (lib/httpapi,
+// crossOrigin), and every request must carry an API key in its
+// Authorization header, which a page that rebinds a name to 127.0.0.1
+// cannot make a browser send.
 func Handler(s *mcp.Server) http.Handler {
 	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s },
 		&mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true, DisableLocalhostProtection: true})

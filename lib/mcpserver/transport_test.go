@@ -165,6 +165,65 @@ func TestEndpointAnswersUnderAnyHost(t *testing.T) {
 	require.Equal(t, http.StatusOK, res.StatusCode)
 }
 
+// MCP's transport must validate Origin against DNS rebinding (MCP QA: any
+// was served). A browser's request from a page of another origin is refused
+// 403 and not run; a same-origin page's, one through a proxy that rewrote
+// Host (the browser says same-origin), and a client sending neither header
+// are served.
+func TestEndpointRefusesABrowsersCrossOriginRequest(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	key := env.Key(env.Signup(), map[string]any{"name": "agent", "preset": "AGENT"})
+	begin := func(idemKey string, headers map[string]string) (int, []byte) {
+		req := mcpRequest(t, env, key, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ratchet_begin",`+
+			`"arguments":{"effect_type":"email.send","idempotency_key":"`+idemKey+`"}}}`)
+		for k, v := range headers {
+			req.Header.Set(k, v)
+		}
+		if h, ok := headers["Host"]; ok {
+			req.Host = h
+		}
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		out, err := io.ReadAll(res.Body)
+		require.NoError(t, err)
+		return res.StatusCode, out
+	}
+	host := strings.TrimPrefix(env.Server.URL, "http://")
+	for i, h := range []map[string]string{
+		{"Origin": "http://evil.example"},
+		{"Origin": "http://evil.example", "Host": "evil.example:80", "Sec-Fetch-Site": "cross-site"},
+		{"Origin": "http://" + host, "Sec-Fetch-Site": "same-site"},
+	} {
+		status, out := begin(fmt.Sprint("refused-", i), h)
+		require.Equal(t, http.StatusForbidden, status, "%v: %s", h, out)
+		var e struct {
+			Error struct {
+				Code   string         `json:"code"`
+				Detail map[string]any `json:"detail"`
+			} `json:"error"`
+		}
+		require.NoError(t, json.Unmarshal(out, &e), "%s", out)
+		require.Equal(t, "forbidden", e.Error.Code)
+		require.Equal(t, "cross_origin", e.Error.Detail["reason"])
+		// Not run: the same key begun from a server executes.
+		status, out = begin(fmt.Sprint("refused-", i), nil)
+		require.Equal(t, http.StatusOK, status, "%s", out)
+		require.Contains(t, string(out), `\"decision\":\"execute\"`, "%s", out)
+	}
+	for i, h := range []map[string]string{
+		nil,
+		{"Origin": "http://" + host},
+		{"Origin": "https://ratchet.example.com", "Host": "ratchet.example.com", "Sec-Fetch-Site": "same-origin"},
+		{"Origin": "https://ratchet.example.com", "Sec-Fetch-Site": "same-origin"}, // Host rewritten by a proxy
+	} {
+		status, out := begin(fmt.Sprint("served-", i), h)
+		require.Equal(t, http.StatusOK, status, "%v: %s", h, out)
+		require.Contains(t, string(out), `\"decision\":\"execute\"`, "%s", out)
+	}
+}
+
 // A batch (before protocol 2025-06-18) holding a method the server does not
 // serve answers it -32601 under its id, as a single request is answered,
 // and runs and answers the others (MCP QA: the transport refused the whole
