@@ -656,8 +656,11 @@ type SignupGate struct {
 	RatePerHour int
 }
 
-// Check admits or refuses a signup attempt carrying token.
-func (s *Service) CheckSignup(ctx context.Context, g SignupGate, token string) error {
+// Admits refuses a signup attempt carrying token that SIGNUP_MODE keeps
+// out: 403 when signup is closed, 401 without the token it needs. Checked
+// before the request's body, as a keyed route checks its key and scopes
+// first (QA: a closed signup answered a bad body 400, as if it were open).
+func (g SignupGate) Admits(token string) error {
 	switch g.Mode {
 	case "closed":
 		// No scope would open it (QA: detail.required named "signup",
@@ -670,6 +673,13 @@ func (s *Service) CheckSignup(ctx context.Context, g SignupGate, token string) e
 			return apierr.Unauthorized("Signup needs a valid Ratchet-Signup-Token header.")
 		}
 	}
+	return nil
+}
+
+// CheckSignupRate counts an admitted signup against SIGNUP_RATE_PER_HOUR,
+// refusing it (429) past the rate. Checked after the body, so that a
+// malformed request spends none of it.
+func (s *Service) CheckSignupRate(ctx context.Context, g SignupGate) error {
 	if g.RatePerHour > 0 {
 		ok, retry, err := s.limiter.Allow(ctx, "signup", g.RatePerHour, time.Hour)
 		if err != nil {

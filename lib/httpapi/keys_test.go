@@ -494,9 +494,15 @@ func TestSignupModes(t *testing.T) {
 	require.Equal(t, "forbidden", r.ErrorCode())
 	require.Equal(t, map[string]any{"required": []any{}}, r.JSON()["error"].(map[string]any)["detail"],
 		"no scope opens it")
+	// Refused before its body is read, as a keyed route refuses a key
+	// first (QA: a bad body answered 400, as if signup were open).
+	for _, body := range []any{map[string]any{"name": "a", "surprise": 1}, map[string]any{"name": 7}} {
+		closed.Must(http.StatusForbidden, "POST", "/api/v1/workspaces", "", body)
+	}
 
 	token := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.SignupMode = "token"; c.SignupToken = "let-me-in" }))
 	token.Must(http.StatusUnauthorized, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
+	token.Must(http.StatusUnauthorized, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a", "surprise": 1})
 	req, _ := http.NewRequest("POST", token.Server.URL+"/api/v1/workspaces", strings.NewReader(`{"name":"a"}`))
 	req.Header.Set("Ratchet-Signup-Token", "let-me-in")
 	res, err := token.Client.Do(req)
@@ -520,6 +526,8 @@ func TestSignupModes(t *testing.T) {
 	limited := apitest.Start(t, apitest.WithNow(func() time.Time { return now }),
 		apitest.WithConfig(func(c *config.Config) { c.SignupRatePerHour = 2 }))
 	limited.Must(http.StatusCreated, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
+	// A malformed request spends none of the rate.
+	limited.Must(http.StatusBadRequest, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a", "surprise": 1})
 	limited.Must(http.StatusCreated, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
 	r = limited.Must(http.StatusTooManyRequests, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
 	require.Equal(t, "rate_limited", r.ErrorCode())

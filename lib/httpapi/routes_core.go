@@ -132,10 +132,6 @@ func (s *Server) health(ctx context.Context, _ *Call) (any, error) {
 const signupTokenHeader = "Ratchet-Signup-Token"
 
 func (s *Server) signup(ctx context.Context, c *Call) (any, error) {
-	var req SignupRequest
-	if err := c.Decode(&req); err != nil {
-		return nil, err
-	}
 	gate := auth.SignupGate{Mode: s.Config.SignupMode, Token: s.Config.SignupToken, RatePerHour: s.Config.SignupRatePerHour}
 	// A token sent twice is none, as two Authorization headers are (QA:
 	// the first counted, so a valid one before an invalid one passed).
@@ -143,7 +139,14 @@ func (s *Server) signup(ctx context.Context, c *Call) (any, error) {
 	if sent := c.R.Header.Values(signupTokenHeader); len(sent) == 1 {
 		token = sent[0]
 	}
-	if err := s.Auth.CheckSignup(ctx, gate, token); err != nil {
+	if err := gate.Admits(token); err != nil {
+		return nil, err
+	}
+	var req SignupRequest
+	if err := c.Decode(&req); err != nil {
+		return nil, err
+	}
+	if err := s.Auth.CheckSignupRate(ctx, gate); err != nil {
 		return nil, err
 	}
 	ws, key, err := s.Auth.Signup(ctx, req.Name, s.signupSeeders()...)
