@@ -24,6 +24,7 @@ import (
 	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/jobs"
+	"github.com/getratchet/ratchet/lib/money"
 )
 
 // TestConformanceDecodePaths: detail.validation[].field is the dotted path
@@ -80,13 +81,22 @@ func TestConformanceDecodeListsEveryProblem(t *testing.T) {
 	}, ae.Detail["validation"])
 	// An integer a field's type cannot hold is told the type's range (QA:
 	// 2^63 read "must be an integer"), whether the decoder or the walk
-	// found it.
-	for _, body := range []string{`{"cost_micros":9223372036854775808}`,
-		`{"cost_micros":100000000000000000000000,"colour":1}`} {
-		err = httpapi.DecodeJSON([]byte(body), &gate.BeginRequest{})
+	// found it; an amount of money, the amounts' range (gate QA: 10^19 was
+	// told the type's, 9·10^18 the amounts').
+	for _, c := range []struct{ body, field, rule string }{
+		{`{"lease_seconds":9223372036854775808}`, "lease_seconds", "must be an integer from -2^63 to 2^63-1"},
+		{`{"lease_seconds":100000000000000000000000,"colour":1}`, "lease_seconds", "must be an integer from -2^63 to 2^63-1"},
+		{`{"cost_micros":10000000000000000000}`, "cost_micros", money.Rule},
+		{`{"cost_micros":100000000000000000000000,"colour":1}`, "cost_micros", money.Rule},
+	} {
+		err = httpapi.DecodeJSON([]byte(c.body), &gate.BeginRequest{})
 		require.ErrorAs(t, err, &ae)
-		require.Contains(t, ae.Detail["validation"], apierr.FieldError{Field: "cost_micros",
-			Message: "must be an integer from -2^63 to 2^63-1"}, body)
+		require.Contains(t, ae.Detail["validation"], apierr.FieldError{Field: c.field, Message: c.rule}, c.body)
+	}
+	for _, body := range []string{`{"budgetMicros":10000000000000000000}`, `{"budgetMicros":-10000000000000000000,"x":1}`} {
+		err = httpapi.DecodeJSON([]byte(body), &jobs.CreateRunRequest{})
+		require.ErrorAs(t, err, &ae)
+		require.Contains(t, ae.Detail["validation"], apierr.FieldError{Field: "budgetMicros", Message: money.Rule}, body)
 	}
 	// An integer sent as a string is a string (review: "30" was told the
 	// range), whether the decoder or the walk found it.

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/money"
 )
 
 // Decode reads a JSON object into dst as the API reads a request body:
@@ -87,7 +88,7 @@ func decodeError(err error, body []byte, dst any) error {
 			// the contract's names the element (tools.0.name).
 			field = path
 		}
-		return withEveryProblem(apierr.FieldError{Field: field, Message: kindRule(numberDescription(typ.Value), typ.Type)},
+		return withEveryProblem(apierr.FieldError{Field: field, Message: kindRule(numberDescription(typ.Value), typ.Type, field)},
 			body, reflect.TypeOf(dst))
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
 		return apierr.InvalidField("body", "is not valid JSON (unexpected end)")
@@ -125,7 +126,7 @@ func withEveryProblem(first apierr.FieldError, body []byte, t reflect.Type) *api
 		case ft == nil:
 			problems.Add(path, "is not a known field")
 		case mistyped(v, ft):
-			problems.Add(path, "%s", kindRule(v, ft))
+			problems.Add(path, "%s", kindRule(v, ft, path))
 		default:
 			return false
 		}
@@ -404,8 +405,11 @@ func safeMessage(err error) string {
 // An integer literal that an integer field cannot hold is out of the
 // type's range (or negative for an unsigned one): its message says the
 // range, not that it must be an integer (QA: 2^63 was told it was none).
+// An amount of money (a field named …_micros or …Micros, API.md §0) is
+// told the amounts' own range, which is narrower than its type's (QA: 10^19
+// was told "from -2^63 to 2^63-1" where 9·10^18 was told "0 to 10^18").
 // A string is a string, whatever it holds ("30" must be an integer).
-func kindRule(v any, t reflect.Type) string {
+func kindRule(v any, t reflect.Type, path string) string {
 	var literal string
 	switch v := v.(type) {
 	case json.Number:
@@ -414,6 +418,9 @@ func kindRule(v any, t reflect.Type) string {
 		literal, _ = strings.CutPrefix(string(v), "number ")
 	}
 	if integerKind(t.Kind()) && integerLiteral.MatchString(literal) {
+		if name := path[strings.LastIndex(path, ".")+1:]; strings.HasSuffix(name, "_micros") || strings.HasSuffix(name, "Micros") {
+			return money.Rule
+		}
 		if t.Kind() >= reflect.Uint {
 			return fmt.Sprintf("must be an integer from 0 to 2^%d-1", t.Bits())
 		}
