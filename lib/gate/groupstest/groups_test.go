@@ -48,7 +48,13 @@ func TestGroupCommit(t *testing.T) {
 	require.Equal(t, "unwinding", u["state"])
 	require.Equal(t, []string{a}, planIDs(u))
 	require.Equal(t, []string{b}, strs(u["irreversible"]))
-	errCode(t, f.do("POST", "/api/v1/groups/"+g+"/commit", nil), http.StatusConflict, "invalid_state")
+	// The retry of a commit whose answer was lost says it had committed.
+	r = f.do("POST", "/api/v1/groups/"+g+"/commit", nil)
+	errCode(t, r, http.StatusConflict, "invalid_state")
+	detail := r.JSON()["error"].(map[string]any)["detail"].(map[string]any)
+	require.Equal(t, "unwinding", detail["state"])
+	require.Equal(t, c["committed_at"], detail["committed_at"])
+	require.Contains(t, r.JSON()["error"].(map[string]any)["message"], "was committed")
 }
 
 func TestGroupCommitRefusedUntilEveryStepSucceeded(t *testing.T) {
