@@ -233,6 +233,11 @@ func (j *jsonRPCErrors) finish() {
 		ID json.RawMessage `json:"id"`
 	}
 	msg := strings.TrimSpace(j.held.String())
+	if rest, ok := strings.CutPrefix(msg, "Bad Request: Unsupported protocol version"); ok {
+		// The transport's refusal of the header, which it does not name
+		// (MCP QA: read as the initialize's protocolVersion being wrong).
+		msg = "Bad Request: the MCP-Protocol-Version header names a protocol version this server does not support" + rest
+	}
 	switch {
 	case !json.Valid(j.body):
 		code = jsonrpc.CodeParseError

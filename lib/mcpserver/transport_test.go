@@ -165,6 +165,35 @@ func TestEndpointAnswersUnderAnyHost(t *testing.T) {
 	require.Equal(t, http.StatusOK, res.StatusCode)
 }
 
+// A request whose MCP-Protocol-Version header names a version the server
+// does not support is refused -32600 under its id, and the message names
+// the header (MCP QA: it read "Unsupported protocol version", as if the
+// initialize's protocolVersion were wrong) and the versions supported.
+func TestAnUnsupportedProtocolHeaderIsNamed(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	key := env.Key(env.Signup(), map[string]any{"name": "agent", "preset": "AGENT"})
+	req := mcpRequest(t, env, key, `{"jsonrpc":"2.0","id":1,"method":"ping"}`)
+	req.Header.Set("MCP-Protocol-Version", "1999-01-01")
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	require.Equal(t, http.StatusBadRequest, res.StatusCode)
+	var out struct {
+		ID    any `json:"id"`
+		Error struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.NewDecoder(res.Body).Decode(&out))
+	require.EqualValues(t, 1, out.ID)
+	require.Equal(t, -32600, out.Error.Code)
+	require.Contains(t, out.Error.Message, "MCP-Protocol-Version header")
+	require.Contains(t, out.Error.Message, "2025-06-18", "the versions supported")
+	require.NotContains(t, out.Error.Message, "1999-01-01", "never the value sent")
+}
+
 // MCP's transport must validate Origin against DNS rebinding (MCP QA: any
 // was served). A browser's request from a page of another origin is refused
 // 403 and not run; a same-origin page's, one through a proxy that rewrote
