@@ -18,8 +18,10 @@ import (
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/idempotency"
+	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/testpg"
 	"github.com/getratchet/ratchet/lib/webhooks"
 )
@@ -178,7 +180,7 @@ func TestIdempotentRoutes(t *testing.T) {
 	}
 	require.Less(t, idempotency.ActingTime, idempotency.ClaimTTL)
 	require.ElementsMatch(t, []string{"keys.create", "webhooks.create", "contracts.publish", "tools.test",
-		"workers.register", "steps.replay"}, idempotent)
+		"workers.register", "steps.replay", "webhooks.deliveries.retry"}, idempotent)
 }
 
 // keyedServer is env's server with a test route, POST
@@ -327,6 +329,17 @@ func TestIdempotentRoutesActInTheRequestTransaction(t *testing.T) {
 	e := newJobsEnvWith(t, []apitest.Option{apitest.WithConfig(func(c *config.Config) { c.DBMaxConns = 1 })})
 	wid := e.register("send_email@1")
 	_, stepID := e.exhausted(wid, map[string]any{"n": 1}, 1)
+	hook := e.Must(http.StatusCreated, "POST", "/api/v1/webhooks", e.ws.Key, hookBody).JSON()["id"].(string)
+	ctx := context.Background()
+	require.NoError(t, events.Record(ctx, e.App.Pool, events.Event{WorkspaceID: e.ws.ID, Type: events.RunFinished,
+		SubjectID: ids.New(ids.Run), Data: map[string]any{}, At: e.clock.Now()}))
+	_, err := e.App.Server.Webhooks.Dispatch(ctx, e.clock.Now())
+	require.NoError(t, err)
+	var deliveries struct {
+		Data []struct{ ID string } `json:"data"`
+	}
+	e.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+hook+"/deliveries", e.ws.Key, nil).Decode(t, &deliveries)
+	require.NotEmpty(t, deliveries.Data)
 	calls := map[string]struct {
 		path, key string
 		body      any
@@ -337,6 +350,8 @@ func TestIdempotentRoutesActInTheRequestTransaction(t *testing.T) {
 		"tools.test":        {"/api/v1/tools/send_email/test", e.ws.Key, map[string]any{"version": "1", "input": map[string]any{}}},
 		"workers.register":  {"/api/v1/workers/register", e.worker, map[string]any{"tools": []any{map[string]any{"name": "send_email", "version": "1"}}}},
 		"steps.replay":      {"/api/v1/steps/" + stepID + "/replay", e.ws.Key, map[string]any{"acknowledgeDuplicateRisk": true}},
+		"webhooks.deliveries.retry": {"/api/v1/webhooks/" + hook + "/deliveries/retry", e.ws.Key,
+			map[string]any{"delivery_ids": []string{deliveries.Data[0].ID}}},
 	}
 	var names []string
 	for _, r := range httpapi.Routes() {

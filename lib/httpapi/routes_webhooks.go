@@ -89,5 +89,26 @@ func (s *Server) webhookRoutes() []Route {
 				return NewPage(list, limit, webhooks.DeliveryCursor), nil
 			},
 		},
+		{
+			Method: "POST", Pattern: "/api/v1/webhooks/{id}/deliveries/retry", Name: "webhooks.deliveries.retry",
+			Tag: "webhooks", Scopes: scopes, Idempotent: true,
+			Summary: "Send deliveries of this subscription again (up to 100, by id), once the receiver is mended: " +
+				"each that ended (delivered, or failed after its 12 attempts) is pending again, due now, its attempts " +
+				"starting over; one still pending keeps its schedule. Same event id: a receiver that deduplicates " +
+				"skips what it took. Returns the deliveries as they now are.",
+			Request: webhooks.RetryRequest{}, Response: webhooks.Retried{}, Status: 200,
+			Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidRequest},
+			Handle: func(ctx context.Context, c *Call) (any, error) {
+				id, err := c.PathID("id", ids.Webhook)
+				if err != nil {
+					return nil, err
+				}
+				var req webhooks.RetryRequest
+				if err := c.Decode(&req); err != nil {
+					return nil, err
+				}
+				return s.Webhooks.Retry(ctx, c.Principal.WorkspaceID, id, req)
+			},
+		},
 	}
 }

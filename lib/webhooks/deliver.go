@@ -116,7 +116,12 @@ func (s *Service) Dispatch(ctx context.Context, now time.Time) (int, error) {
 
 // PurgeDelivered deletes up to limit outbox events recorded before cutoff,
 // with their deliveries, once they are dispatched and none of their
-// deliveries is still pending (retries end within about 15 hours). The
+// deliveries is still pending (retries end within about 15 hours). A
+// delivery that a retry (Retry) made pending after this statement's
+// snapshot is kept, and its event with it: the delete of deliveries
+// rechecks each row it meets at its newest version, and the event goes
+// only with every delivery it had (review: a retry answered pending, and
+// the delivery was deleted). The
 // latest reconciliation.due of each effect type stays: its row is what
 // tells the sweeper the current period was reminded (a period can last up
 // to a year), so deleting it sent the same reminder again. It answers how
@@ -134,9 +139,12 @@ func (s *Service) PurgeDelivered(ctx context.Context, cutoff time.Time, limit in
 		    LIMIT $2::int
 		    FOR UPDATE OF e SKIP LOCKED
 		), d AS (
-		    DELETE FROM webhook_deliveries d USING old WHERE d.event_id = old.id
+		    DELETE FROM webhook_deliveries d USING old WHERE d.event_id = old.id AND d.state <> 'pending'
+		    RETURNING d.event_id
 		)
-		DELETE FROM events e USING old WHERE e.id = old.id`, cutoff, limit)
+		DELETE FROM events e USING old WHERE e.id = old.id
+		  AND (SELECT count(*) FROM d WHERE d.event_id = e.id)
+		    = (SELECT count(*) FROM webhook_deliveries x WHERE x.event_id = e.id)`, cutoff, limit)
 	if err != nil {
 		return 0, fmt.Errorf("purge events: %w", err)
 	}

@@ -20,3 +20,7 @@ func (s *Service) DeliverRound(ctx context.Context, now time.Time) (int, error) 
 	<-p.send(ctx, batch, s.deliverOne)
 	return len(batch), p.err()
 }
+
+// SQLRetryDeliveries is Retry's statement, for a test to hold it in a
+// transaction of its own.
+const SQLRetryDeliveries = sqlRetryDeliveries

@@ -247,6 +247,111 @@ func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, 
 	return w, nil
 }
 
+// deliveryCols are a delivery's columns (alias d) as the API shows it, in
+// Delivery's order: the next attempt's time only while it is pending.
+const deliveryCols = `d.id, d.event_id, d.event_type, d.state, d.attempts, d.last_status_code, d.last_error,
+    CASE WHEN d.state = 'pending' THEN d.next_attempt_at END, d.created_at, d.delivered_at`
+
+// RetryRequest is the body of POST /api/v1/webhooks/{id}/deliveries/retry.
+type RetryRequest struct {
+	DeliveryIDs []string `json:"delivery_ids" openapi:"required,minItems=1,maxItems=100"`
+}
+
+// Retried answers a retry: the deliveries it named, as they now are,
+// newest first.
+type Retried struct {
+	Deliveries []Delivery `json:"deliveries"`
+}
+
+// maxRetried bounds the deliveries one retry names.
+const maxRetried = 100
+
+// sqlRetryDeliveries sends deliveries ($3) of webhook $1 in workspace $2
+// again: those that ended (delivered, or failed after their last attempt)
+// become pending, due at $4, with their attempts starting over, as a new
+// delivery's would; pending ones are left as they are. The webhook's row
+// is held FOR SHARE, as a fan-out holds it: a Delete waits for the retry
+// and then abandons the deliveries it made pending. It answers whether the
+// webhook is live.
+const sqlRetryDeliveries = `
+WITH hook AS (
+    SELECT id FROM webhooks WHERE id = $1::text AND workspace_id = $2::text AND deleted_at IS NULL
+    FOR SHARE
+), again AS (
+    UPDATE webhook_deliveries d
+    SET state = 'pending', attempts = 0, next_attempt_at = $4::timestamptz, last_status_code = NULL,
+        last_error = NULL, delivered_at = NULL
+    FROM hook WHERE d.webhook_id = hook.id AND d.id = ANY($3::text[]) AND d.state <> 'pending'
+)
+SELECT EXISTS (SELECT 1 FROM hook)`
+
+// sqlNamedDeliveries reads deliveries ($2) of webhook $1 as the list
+// shows them, after sqlRetryDeliveries (a statement of its own, so that it
+// reads what a concurrent retry of the same ones left).
+const sqlNamedDeliveries = `
+SELECT ` + deliveryCols + ` FROM webhook_deliveries d
+WHERE d.webhook_id = $1::text AND d.id = ANY($2::text[])
+ORDER BY d.created_at DESC, d.id DESC`
+
+// Retry sends deliveries of a subscription again, once its receiver is
+// mended: each that ended (delivered, or failed after its last attempt)
+// is pending again, due now, with its attempts starting over; one still
+// pending is left to its schedule. It answers the deliveries as they now
+// are. Every id must name a delivery of this subscription (else 404, and
+// nothing is sent again). Its event keeps its id: a receiver that
+// deduplicates by it skips an event it had taken.
+func (s *Service) Retry(ctx context.Context, workspaceID, webhookID string, req RetryRequest) (Retried, error) {
+	var pr apierr.Problems
+	switch n := len(req.DeliveryIDs); {
+	case n == 0:
+		pr.Add("delivery_ids", "must list at least one delivery id")
+	case n > maxRetried:
+		pr.Add("delivery_ids", "may list at most %d delivery ids", maxRetried)
+	}
+	wanted := map[string]bool{}
+	for i, id := range req.DeliveryIDs {
+		if !ids.Valid(ids.Delivery, id) {
+			// An id that cannot be one names no delivery (API.md §0).
+			return Retried{}, apierr.NotFound("delivery")
+		}
+		if wanted[id] {
+			pr.Add(fmt.Sprintf("delivery_ids.%d", i), "is listed twice")
+		}
+		wanted[id] = true
+	}
+	if err := pr.Err(); err != nil {
+		return Retried{}, err
+	}
+	var out []Delivery
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		var live bool
+		if err := tx.QueryRow(ctx, sqlRetryDeliveries, webhookID, workspaceID, req.DeliveryIDs,
+			s.now()).Scan(&live); err != nil {
+			return fmt.Errorf("retry deliveries: %w", err)
+		}
+		if !live {
+			return apierr.NotFound("webhook")
+		}
+		rows, err := tx.Query(ctx, sqlNamedDeliveries, webhookID, req.DeliveryIDs)
+		if err != nil {
+			return fmt.Errorf("read retried deliveries: %w", err)
+		}
+		if out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Delivery]); err != nil {
+			return fmt.Errorf("read retried deliveries: %w", err)
+		}
+		if len(out) != len(wanted) {
+			// Rolled back: with an id of another webhook, or of none,
+			// nothing is sent again.
+			return apierr.NotFound("delivery")
+		}
+		return nil
+	})
+	if err != nil {
+		return Retried{}, err
+	}
+	return Retried{Deliveries: out}, nil
+}
+
 // DeliveryCursor is the page cursor after d: deliveries page newest first
 // by (created_at, id).
 func DeliveryCursor(d Delivery) string {
@@ -265,8 +370,7 @@ func (s *Service) Deliveries(ctx context.Context, workspaceID, webhookID, cursor
 		after, afterID = t, id
 	}
 	rows, err := s.pool.Query(ctx, `
-		SELECT d.id, d.event_id, d.event_type, d.state, d.attempts, d.last_status_code, d.last_error,
-		       CASE WHEN d.state = 'pending' THEN d.next_attempt_at END, d.created_at, d.delivered_at
+		SELECT `+deliveryCols+`
 		FROM webhooks w
 		LEFT JOIN webhook_deliveries d ON d.webhook_id = w.id AND ($3 = '' OR (d.created_at, d.id) < ($4, $3))
 		WHERE w.id = $1 AND w.workspace_id = $2 AND w.deleted_at IS NULL

@@ -903,3 +903,130 @@ func TestAPassWithoutASendsTimeSendsNothing(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.Equal(t, 1, rcv.count())
 }
+
+// retry posts a retry of deliveries of webhook id under key.
+func retry(env *apitest.Env, key, id string, deliveryIDs ...string) *apitest.Response {
+	return env.Do("POST", "/api/v1/webhooks/"+id+"/deliveries/retry", key, map[string]any{"delivery_ids": deliveryIDs})
+}
+
+// A delivery that ended is sent again on request, once its receiver is
+// mended: a failed one after its last attempt, a delivered one (a receiver
+// that lost it); each pending again, due now, its attempts starting over,
+// its event id kept. A pending one keeps its schedule. A request naming
+// any delivery this webhook does not have retries nothing.
+func TestARetrySendsEndedDeliveriesAgain(t *testing.T) {
+	env, clk := start(t, true)
+	ctx := context.Background()
+	ws := env.Signup()
+	rcv := newReceiver(t, repeat(500, webhooks.MaxAttempts)...)
+	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()["id"].(string)
+	record(t, env, ws.ID, events.RunFinished, clk.Now())
+	for range webhooks.MaxAttempts {
+		env.App.Sweeper.RunOnce(ctx)
+		clk.Add(8 * time.Hour)
+	}
+	failed := deliveries(t, env, ws.Key, id)[0]
+	require.Equal(t, "failed", failed["state"])
+	require.Equal(t, webhooks.MaxAttempts, rcv.count())
+	dlv := failed["id"].(string)
+
+	// Refused whole, nothing sent again: an id of no delivery, one of
+	// another webhook, a webhook of another workspace, a malformed body.
+	other := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.StepExhausted}}).JSON()["id"].(string)
+	require.Equal(t, "not_found", retry(env, ws.Key, id, dlv, ids.None(ids.Delivery)).ErrorCode())
+	require.Equal(t, "not_found", retry(env, ws.Key, other, dlv).ErrorCode())
+	require.Equal(t, "not_found", retry(env, ws.Key, id, "dlv_not-an-id").ErrorCode())
+	require.Equal(t, "not_found", retry(env, env.Signup().Key, id, dlv).ErrorCode())
+	require.Equal(t, "invalid_request", retry(env, ws.Key, id).ErrorCode())
+	require.Equal(t, "invalid_request", retry(env, ws.Key, id, dlv, dlv).ErrorCode())
+	require.Equal(t, "failed", deliveries(t, env, ws.Key, id)[0]["state"], "nothing retried")
+
+	var out struct {
+		Deliveries []map[string]any `json:"deliveries"`
+	}
+	r := retry(env, ws.Key, id, dlv)
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	r.Decode(t, &out)
+	require.Len(t, out.Deliveries, 1)
+	again := out.Deliveries[0]
+	require.Equal(t, "pending", again["state"])
+	require.EqualValues(t, 0, again["attempts"])
+	require.Nil(t, again["last_status_code"])
+	require.NotNil(t, again["next_attempt_at"])
+	env.App.Sweeper.RunOnce(ctx)
+	require.Equal(t, webhooks.MaxAttempts+1, rcv.count(), "sent again at once")
+	got := deliveries(t, env, ws.Key, id)[0]
+	require.Equal(t, "delivered", got["state"])
+	require.EqualValues(t, 1, got["attempts"])
+
+	// A delivered one is sent again too, under the same event id.
+	require.Equal(t, "pending", retry(env, ws.Key, id, dlv).JSON()["deliveries"].([]any)[0].(map[string]any)["state"])
+	env.App.Sweeper.RunOnce(ctx)
+	require.Equal(t, webhooks.MaxAttempts+2, rcv.count())
+	var first, last struct{ ID string }
+	require.NoError(t, json.Unmarshal(rcv.bodies[0], &first))
+	require.NoError(t, json.Unmarshal(rcv.bodies[len(rcv.bodies)-1], &last))
+	require.Equal(t, first.ID, last.ID, "the event keeps its id")
+
+	// A pending one keeps its schedule (its attempts too).
+	failing := newReceiver(t, 500)
+	pend := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": failing.URL, "events": []string{events.ApprovalRequested}}).JSON()["id"].(string)
+	record(t, env, ws.ID, events.ApprovalRequested, clk.Now())
+	env.App.Sweeper.RunOnce(ctx)
+	before := deliveries(t, env, ws.Key, pend)[0]
+	require.Equal(t, "pending", before["state"])
+	require.EqualValues(t, 1, before["attempts"])
+	after := retry(env, ws.Key, pend, before["id"].(string)).JSON()["deliveries"].([]any)[0].(map[string]any)
+	require.Equal(t, before, after)
+
+	// A deleted webhook's deliveries are gone with it.
+	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil)
+	require.Equal(t, "not_found", retry(env, ws.Key, id, dlv).ErrorCode())
+}
+
+// Retention met a retry: its statement's snapshot saw the delivery failed
+// and its event purgeable, and deleted both once the retry, which had
+// answered the delivery pending, committed (review). A retry committed
+// while the purge waits for the delivery's row keeps both.
+func TestRetentionKeepsADeliveryRetriedWhileItPurges(t *testing.T) {
+	env, clk := start(t, true)
+	ctx := context.Background()
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()["id"].(string)
+	record(t, env, ws.ID, events.RunFinished, clk.Now())
+	env.App.Sweeper.RunOnce(ctx)
+	dlv := deliveries(t, env, ws.Key, id)[0]["id"].(string)
+
+	pool := env.App.Pool
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(ctx, webhooks.SQLRetryDeliveries, id, ws.ID, []string{dlv}, clk.Now())
+	require.NoError(t, err)
+	purged := make(chan error, 1)
+	go func() {
+		// Every event of the package's outbox older than that (the tests
+		// before left theirs), so that this test's is among them.
+		_, err := env.App.Server.Webhooks.PurgeDelivered(ctx, clk.Now().Add(time.Hour), 1_000_000)
+		purged <- err
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM webhook_deliveries%')`).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond, "the purge waits for the retried delivery's row")
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-purged)
+
+	got := deliveries(t, env, ws.Key, id)
+	require.Len(t, got, 1, "the retried delivery is kept")
+	require.Equal(t, "pending", got[0]["state"])
+	env.App.Sweeper.RunOnce(ctx)
+	require.Equal(t, 2, rcv.count(), "and sent again")
+}
