@@ -142,6 +142,21 @@ func TestWebhooksThroughTheSDK(t *testing.T) {
 	require.Equal(t, ratchet.DeliveryDelivered, deliveries.Data[0].State)
 	sameJSON(t, b, "/api/v1/webhooks/"+hook.ID+"/deliveries", deliveries)
 
+	// Sent again on request, once, though the call's first answer is lost.
+	retrier, lostRetry := b.losingClient(t, b.ws.Key, "/deliveries/retry")
+	retried, err := retrier.RetryWebhookDeliveries(ctx, hook.ID, []string{deliveries.Data[0].ID})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, lostRetry.seen.Load(), "the first answer was lost and the call sent again")
+	require.Len(t, retried, 1)
+	require.Equal(t, ratchet.DeliveryPending, retried[0].State)
+	require.Zero(t, retried[0].Attempts)
+	_, err = b.env.App.Server.Webhooks.Deliver(ctx, time.Now())
+	require.NoError(t, err)
+	mu.Lock()
+	require.Len(t, received, 2, "sent once more")
+	require.Equal(t, received[0].ID, received[1].ID, "under the same event id")
+	mu.Unlock()
+
 	gone, err := b.operator.DeleteWebhook(ctx, hook.ID)
 	require.NoError(t, err)
 	require.Equal(t, hook.Webhook, *gone)

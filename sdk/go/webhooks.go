@@ -88,6 +88,26 @@ func (c *Client) ListWebhookDeliveries(ctx context.Context, webhookID string, q 
 	return call[GatePage[WebhookDelivery]](ctx, c, "GET", path, nil, idempotent)
 }
 
+// RetryWebhookDeliveries sends deliveries of a subscription again (1 to
+// 100, by id), once its receiver is mended: each that ended (failed after
+// its last attempt, or delivered) is pending again, due at once, its
+// attempts starting over, under the same event id; one still pending keeps
+// its schedule. It answers the deliveries as they now are. Every attempt of
+// the call carries one Idempotency-Key, so a retry after a lost answer does
+// not send them a second time.
+func (c *Client) RetryWebhookDeliveries(ctx context.Context, webhookID string, deliveryIDs []string) ([]WebhookDelivery, error) {
+	body := struct {
+		DeliveryIDs []string `json:"delivery_ids"`
+	}{deliveryIDs}
+	out, err := callKeyed[struct {
+		Deliveries []WebhookDelivery `json:"deliveries"`
+	}](ctx, c, "POST", "/webhooks/"+pathID(webhookID)+"/deliveries/retry", newRequestID(), body)
+	if err != nil {
+		return nil, err
+	}
+	return out.Deliveries, nil
+}
+
 // Event types a webhook subscribes to.
 const (
 	EventEffectIndeterminate = "effect.indeterminate"
