@@ -486,7 +486,8 @@ func TestConformanceJobShapes(t *testing.T) {
 
 	health := e.Must(http.StatusOK, "GET", "/api/v1/queue/health", e.ingest, nil).JSON()
 	requireFields(t, "queue health", first(t, health), "name", "version", "queued", "oldestQueuedAgeSeconds",
-		"workersSeen", "openCircuitEndpoints", "pausedEndpoints", "message")
+		"workersSeen", "openCircuitEndpoints", "pausedEndpoints", "atConcurrencyLimitEndpoints", "rateLimitedEndpoints",
+		"message")
 
 	unlisted := e.Must(http.StatusForbidden, "POST", "/api/v1/workers/register", e.worker,
 		map[string]any{"tools": []any{map[string]any{"name": "other", "version": "2"}}})

@@ -605,6 +605,44 @@ func TestQueueHealthSaysWhenNoWorkerServesAVersion(t *testing.T) {
 	require.Contains(t, v1held["message"], "Endpoint send_email is paused")
 }
 
+// An endpoint whose every concurrency slot is taken, or whose rate is used
+// up this minute, holds its queued jobs by design; queue health names it
+// and says so (jobs QA: the message read null, as if nothing held them).
+func TestQueueHealthNamesAnEndpointHeldByItsLimits(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	for i := range 3 {
+		e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": i})
+	}
+	wid := e.register("send_email@1")
+	ep := e.Must(http.StatusOK, "GET", "/api/v1/endpoints", e.ws.Key, nil).JSON()["data"].([]any)[0].(map[string]any)
+	path := "/api/v1/endpoints/" + ep["id"].(string) + "/policy"
+	e.Must(http.StatusOK, "PUT", path, e.ws.Key, map[string]any{"expectedVersion": ep["version"], "maxConcurrent": 1})
+	health := func() map[string]any {
+		return e.Must(http.StatusOK, "GET", "/api/v1/queue/health", e.ws.Key, nil).JSON()["data"].([]any)[0].(map[string]any)
+	}
+	free := health()
+	require.Equal(t, []any{}, free["atConcurrencyLimitEndpoints"])
+	require.Equal(t, []any{}, free["rateLimitedEndpoints"])
+	require.Nil(t, free["message"], "a slot is free: nothing holds the queue")
+
+	require.Len(t, e.claim(wid, 3), 1)
+	full := health()
+	require.Equal(t, []any{"send_email"}, full["atConcurrencyLimitEndpoints"])
+	require.Contains(t, full["message"], "Endpoint send_email runs as many jobs as its maxConcurrent allows")
+
+	e.Must(http.StatusOK, "PUT", path, e.ws.Key, map[string]any{"expectedVersion": ep["version"].(float64) + 1,
+		"maxConcurrent": nil, "rateLimitPerMinute": 2})
+	require.Len(t, e.claim(wid, 3), 1, "the minute's second start: the first counted")
+	used := health()
+	require.Equal(t, []any{}, used["atConcurrencyLimitEndpoints"])
+	require.Equal(t, []any{"send_email"}, used["rateLimitedEndpoints"])
+	require.Contains(t, used["message"], "Endpoint send_email has started its rateLimitPerMinute this minute")
+	e.clock.Add(time.Minute)
+	require.Equal(t, []any{}, health()["rateLimitedEndpoints"], "a new minute")
+}
+
 // Jobs waiting for their time (a delayed enqueue, a scheduled retry) are
 // queued but not due: with no worker about, queue health counts them and
 // says none is due yet, then that one is (QA: a retry a day out read as

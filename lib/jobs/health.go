@@ -26,9 +26,14 @@ type QueueHealth struct {
 	Due                    int64 `json:"due"`
 	OldestQueuedAgeSeconds int64 `json:"oldestQueuedAgeSeconds"`
 	WorkersSeen            int64 `json:"workersSeen"`
-	// The endpoints of its queued jobs that hold them: circuit open, paused.
+	// The endpoints of its queued jobs that hold them: circuit open, paused,
+	// every concurrency slot taken (maxConcurrent), this minute's
+	// rateLimitPerMinute used up. The last two hold jobs by design; they
+	// are named because a queue that does not move looks the same.
 	OpenCircuitEndpoints []string `json:"openCircuitEndpoints"`
 	PausedEndpoints      []string `json:"pausedEndpoints"`
+	AtLimitEndpoints     []string `json:"atConcurrencyLimitEndpoints"`
+	RateLimitedEndpoints []string `json:"rateLimitedEndpoints"`
 	// Message says plainly what holds the queue, when something does.
 	Message *string `json:"message"`
 }
@@ -49,7 +54,8 @@ func (s *Service) QueueHealth(ctx context.Context, workspaceID, cursor string, l
 		after = []any{name, version}
 	}
 	now := s.now()
-	rows, err := s.pool.Query(ctx, sqlQueueHealth, workspaceID, now, now.Add(-workerSeenWindow), after[0], after[1], limit)
+	rows, err := s.pool.Query(ctx, sqlQueueHealth, workspaceID, now, now.Add(-workerSeenWindow), after[0], after[1], limit,
+		now.Truncate(time.Minute))
 	if err != nil {
 		return nil, fmt.Errorf("queue health: %w", err)
 	}
@@ -57,7 +63,7 @@ func (s *Service) QueueHealth(ctx context.Context, workspaceID, cursor string, l
 		var h QueueHealth
 		var oldest *time.Time
 		if err := r.Scan(&h.Name, &h.Version, &h.Queued, &h.Due, &oldest, &h.WorkersSeen, &h.OpenCircuitEndpoints,
-			&h.PausedEndpoints); err != nil {
+			&h.PausedEndpoints, &h.AtLimitEndpoints, &h.RateLimitedEndpoints); err != nil {
 			return h, err
 		}
 		if oldest != nil {
@@ -76,8 +82,10 @@ func (s *Service) QueueHealth(ctx context.Context, workspaceID, cursor string, l
 }
 
 // explain says what holds h's queue, in seed 000's runbook order: no worker
-// serving the exact version, an open circuit, a pause. nil when nothing
-// does. With no job due yet (retries and delayed enqueues waiting for their
+// serving the exact version, an open circuit, a pause; then the limits that
+// hold jobs by design, a concurrency limit reached and a rate used up (jobs
+// QA: a queue held by its limit read null, as if nothing held it). nil when
+// nothing does. With no job due yet (retries and delayed enqueues waiting for their
 // time), a missing worker holds nothing yet and says so (QA: a retry a day
 // out read as jobs waiting).
 func (h QueueHealth) explain() *string {
@@ -99,6 +107,15 @@ func (h QueueHealth) explain() *string {
 	if len(h.PausedEndpoints) > 0 {
 		parts = append(parts, fmt.Sprintf("Endpoint %s is paused: its jobs are held, consuming no attempts, "+
 			"until it is resumed.", strings.Join(h.PausedEndpoints, ", ")))
+	}
+	if len(h.AtLimitEndpoints) > 0 {
+		parts = append(parts, fmt.Sprintf("Endpoint %s runs as many jobs as its maxConcurrent allows: the "+
+			"others wait for one to end (raise the limit if the service can take more).",
+			strings.Join(h.AtLimitEndpoints, ", ")))
+	}
+	if len(h.RateLimitedEndpoints) > 0 {
+		parts = append(parts, fmt.Sprintf("Endpoint %s has started its rateLimitPerMinute this minute: the "+
+			"others wait for the next minute.", strings.Join(h.RateLimitedEndpoints, ", ")))
 	}
 	if parts == nil {
 		return nil

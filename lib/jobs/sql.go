@@ -822,11 +822,17 @@ WITH q AS (
     GROUP BY t.name, t.version
 )
 SELECT q.name, q.version, q.queued, q.due, q.oldest, coalesce(w.seen, 0),
-       coalesce(h.open_circuits, '{}'), coalesce(h.paused, '{}')
+       coalesce(h.open_circuits, '{}'), coalesce(h.paused, '{}'), coalesce(h.at_limit, '{}'),
+       coalesce(h.rate_limited, '{}')
 FROM q LEFT JOIN w ON w.name = q.name AND w.version = q.version
 CROSS JOIN LATERAL (
     SELECT array_agg(e.name ORDER BY e.name) FILTER (WHERE e.circuit_state = 'open') AS open_circuits,
-           array_agg(e.name ORDER BY e.name) FILTER (WHERE e.paused) AS paused
+           array_agg(e.name ORDER BY e.name) FILTER (WHERE e.paused) AS paused,
+           array_agg(e.name ORDER BY e.name) FILTER (WHERE e.max_concurrent IS NOT NULL
+                                                     AND e.running_count >= e.max_concurrent) AS at_limit,
+           array_agg(e.name ORDER BY e.name) FILTER (WHERE e.rate_limit_per_minute IS NOT NULL
+                                                     AND e.rate_window_start >= $7::timestamptz
+                                                     AND e.rate_window_count >= e.rate_limit_per_minute) AS rate_limited
     FROM job_endpoints e WHERE e.id = ANY (q.endpoint_ids)
 ) h
 ORDER BY q.name, q.version`

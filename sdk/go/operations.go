@@ -229,11 +229,13 @@ type QueueHealth struct {
 	// recently.
 	WorkersSeen int64 `json:"workersSeen"`
 	// The names of the endpoints holding its queued jobs: circuit open,
-	// paused.
+	// paused, every concurrency slot taken, this minute's rate used up.
 	OpenCircuitEndpoints []string `json:"openCircuitEndpoints"`
 	PausedEndpoints      []string `json:"pausedEndpoints"`
+	AtLimitEndpoints     []string `json:"atConcurrencyLimitEndpoints"`
+	RateLimitedEndpoints []string `json:"rateLimitedEndpoints"`
 	// Message says plainly what holds the queue (no worker, a pause, an
-	// open circuit), nil when nothing does.
+	// open circuit, a limit reached), nil when nothing does.
 	Message *string `json:"message"`
 }
 
