@@ -1013,22 +1013,9 @@ func TestASweepLeavesACandidateOfAnEndpointItDidNotLock(t *testing.T) {
 func TestASweepLocksTheRowOfAnEndpointLimitedWhileItWaited(t *testing.T) {
 	b := setup(t)
 	jobs.SetDeadlockRetry(b.svc, false)
-	pool := b.env.App.Pool
-	a, z := limitedCustom(t, b, "ep_a", 1), limitedCustom(t, b, "ep_z", 1)
-	if a.ID > z.ID {
-		a, z = z, a
-	}
-	_, err := pool.Exec(ctx, `UPDATE job_endpoints SET max_concurrent = NULL WHERE id = $1`, a.ID)
-	require.NoError(t, err)
-	runID := b.run(t)
-	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(a.Name), Input: json.RawMessage(`"a1"`)})
-	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(z.Name), Input: json.RawMessage(`"z1"`)})
-	w1, w2 := b.register(t), b.register(t)
-	require.Len(t, b.claim(t, w1, 2), 2)
-	b.clock.Add(time.Minute) // both lapsed on their last attempt
-	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(a.Name), Input: json.RawMessage(`"a2"`)})
-	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(z.Name), Input: json.RawMessage(`"z2"`)})
-
+	a, z, _, w2 := aLimitAboutToBeSet(t, b, 1, func() {
+		b.clock.Add(time.Minute) // both lapsed on their last attempt
+	})
 	pol := policyWriteHeldOpen(t, b, a.ID, 5)
 	meetOnTheOlderVersion(t, b, z, `%FROM job_endpoints%`, func() error {
 		done := make(chan error, 1)
@@ -1049,22 +1036,7 @@ func TestASweepLocksTheRowOfAnEndpointLimitedWhileItWaited(t *testing.T) {
 func TestAReportLocksTheRowOfAnEndpointLimitedWhileItWaited(t *testing.T) {
 	b := setup(t)
 	jobs.SetDeadlockRetry(b.svc, false)
-	pool := b.env.App.Pool
-	a, z := limitedCustom(t, b, "ep_a", 3), limitedCustom(t, b, "ep_z", 3)
-	if a.ID > z.ID {
-		a, z = z, a
-	}
-	_, err := pool.Exec(ctx, `UPDATE job_endpoints SET max_concurrent = NULL WHERE id = $1`, a.ID)
-	require.NoError(t, err)
-	runID := b.run(t)
-	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(a.Name), Input: json.RawMessage(`"a1"`)})
-	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(z.Name), Input: json.RawMessage(`"z1"`)})
-	w1, w2 := b.register(t), b.register(t)
-	running := b.claim(t, w1, 2)
-	require.Len(t, running, 2)
-	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(a.Name), Input: json.RawMessage(`"a2"`)})
-	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(z.Name), Input: json.RawMessage(`"z2"`)})
-
+	a, z, running, w2 := aLimitAboutToBeSet(t, b, 3, func() {})
 	pol := policyWriteHeldOpen(t, b, a.ID, 5)
 	var batch jobs.BatchReportRequest
 	for _, j := range running {
@@ -1087,6 +1059,33 @@ func TestAReportLocksTheRowOfAnEndpointLimitedWhileItWaited(t *testing.T) {
 		return <-done
 	}, nil, w2, 2)
 	require.Equal(t, 1, runningCount(t, b, a.ID), "a counts the claim's job alone")
+}
+
+// aLimitAboutToBeSet stages what the two tests above share: endpoints a < z
+// with CUSTOM policies of maxAttempts attempts, z with a concurrency limit
+// and a without one (yet), a job of each claimed by one worker (answered),
+// then, after between, one more job of each queued. It answers a, z, the
+// claimed jobs and a second worker.
+func aLimitAboutToBeSet(t *testing.T, b *bundle, maxAttempts int64, between func()) (a, z jobs.Endpoint,
+	running []jobs.ClaimedJob, w2 string) {
+	t.Helper()
+	a, z = limitedCustom(t, b, "ep_a", maxAttempts), limitedCustom(t, b, "ep_z", maxAttempts)
+	if a.ID > z.ID {
+		a, z = z, a
+	}
+	_, err := b.env.App.Pool.Exec(ctx, `UPDATE job_endpoints SET max_concurrent = NULL WHERE id = $1`, a.ID)
+	require.NoError(t, err)
+	runID := b.run(t)
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(a.Name), Input: json.RawMessage(`"a1"`)})
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(z.Name), Input: json.RawMessage(`"z1"`)})
+	w1 := b.register(t)
+	w2 = b.register(t)
+	running = b.claim(t, w1, 2)
+	require.Len(t, running, 2)
+	between()
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(a.Name), Input: json.RawMessage(`"a2"`)})
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(z.Name), Input: json.RawMessage(`"z2"`)})
+	return a, z, running, w2
 }
 
 // policyWriteHeldOpen makes, on endpoint endpointID, the policy write that
