@@ -616,13 +616,24 @@ type Workspace struct {
 // policies, for example).
 type Seeder func(ctx context.Context, tx pgx.Tx, workspaceID string) error
 
+// CheckWorkspaceName refuses a workspace name Signup would not take (1 to
+// 100 characters once trimmed), for a caller to check before it spends
+// anything on the request (the signup rate).
+func CheckWorkspaceName(name string) error {
+	name = strings.TrimSpace(name)
+	if name == "" || utf8.RuneCountInString(name) > 100 {
+		return apierr.InvalidField("name", "must be 1-100 characters")
+	}
+	return nil
+}
+
 // Signup creates a workspace and its first OPERATOR key in one transaction,
 // running every seeder in it, so a workspace never exists half-made.
 func (s *Service) Signup(ctx context.Context, name string, seeders ...Seeder) (Workspace, NewKey, error) {
-	name = strings.TrimSpace(name)
-	if name == "" || utf8.RuneCountInString(name) > 100 {
-		return Workspace{}, NewKey{}, apierr.InvalidField("name", "must be 1-100 characters")
+	if err := CheckWorkspaceName(name); err != nil {
+		return Workspace{}, NewKey{}, err
 	}
+	name = strings.TrimSpace(name)
 	now := s.now().UTC().Truncate(time.Microsecond) // as Postgres stores it
 	ws := Workspace{ID: ids.NewAt(ids.Workspace, now), Name: name, CreatedAt: now}
 	var key NewKey

@@ -526,8 +526,9 @@ func TestSignupModes(t *testing.T) {
 	limited := apitest.Start(t, apitest.WithNow(func() time.Time { return now }),
 		apitest.WithConfig(func(c *config.Config) { c.SignupRatePerHour = 2 }))
 	limited.Must(http.StatusCreated, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
-	// A malformed request spends none of the rate.
+	// A malformed request spends none of the rate, whatever is wrong with it.
 	limited.Must(http.StatusBadRequest, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a", "surprise": 1})
+	limited.Must(http.StatusBadRequest, "POST", "/api/v1/workspaces", "", map[string]any{"name": " "})
 	limited.Must(http.StatusCreated, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
 	r = limited.Must(http.StatusTooManyRequests, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
 	require.Equal(t, "rate_limited", r.ErrorCode())

@@ -146,6 +146,9 @@ func (s *Server) signup(ctx context.Context, c *Call) (any, error) {
 	if err := c.Decode(&req); err != nil {
 		return nil, err
 	}
+	if err := auth.CheckWorkspaceName(req.Name); err != nil {
+		return nil, err
+	}
 	if err := s.Auth.CheckSignupRate(ctx, gate); err != nil {
 		return nil, err
 	}
