@@ -330,7 +330,7 @@ func (s *Service) CommitGroup(ctx context.Context, p *auth.Principal, id string)
 				// The retry of a commit whose answer was lost, after an
 				// unwind began: it had committed (gate QA: the bare refusal
 				// read as a commit that failed).
-				return apierr.InvalidState("This group was committed, then unwound; it is %s.", g.State).
+				return apierr.InvalidState("This group was committed; an unwind began since (it is %s).", g.State).
 					WithDetail("state", g.State).WithDetail("committed_at", g.CommittedAt.UTC().Format(time.RFC3339Nano))
 			}
 			return apierr.InvalidState("Only an open group can be committed; this one is %s.", g.State).

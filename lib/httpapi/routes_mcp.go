@@ -109,13 +109,14 @@ func (s *Server) mcpRoutes() []Route {
 }
 
 // crossOrigin refuses a browser's request sent from a page of another
-// origin: MCP's streamable HTTP transport must validate Origin, against DNS
-// rebinding (MCP QA: any Origin was served). It reads Sec-Fetch-Site, which
-// every current browser sends, and else compares Origin with Host; a
-// request with neither (every non-browser client) passes, as does one
-// through a proxy that rewrites Host when the browser says it is same-origin.
-// A request that passes still needs a key: a rebinding page cannot make the
-// browser send one, and the API answers no cross-origin read (no CORS).
+// origin: MCP's streamable HTTP transport must validate Origin (MCP QA: any
+// Origin was served). It reads Sec-Fetch-Site, which every current browser
+// sends, and else compares Origin with Host; a request with neither (every
+// non-browser client) passes, as does one through a proxy that rewrites
+// Host when the browser says it is same-origin. It does not stop DNS
+// rebinding, whose page is same-origin to the browser (review): the key
+// every request needs does, as a rebinding page cannot make the browser
+// send one, and the API answers no cross-origin read (no CORS).
 var crossOrigin = http.NewCrossOriginProtection()
 
 // crossOriginRefused is the answer to a request crossOrigin refuses.

@@ -140,9 +140,9 @@ func refuseNotOffered(next mcp.MethodHandler) mcp.MethodHandler {
 // reverse proxy or tunnel on the same host forwards (QA: MCP answered 403
 // behind them while REST answered). The route refuses a browser's
 // cross-origin request itself, before this handler (lib/httpapi,
-// crossOrigin), and every request must carry an API key in its
-// Authorization header, which a page that rebinds a name to 127.0.0.1
-// cannot make a browser send.
+// crossOrigin); against DNS rebinding, every request must carry an API key
+// in its Authorization header, which a page that rebinds a name to
+// 127.0.0.1 cannot make a browser send.
 func Handler(s *mcp.Server) http.Handler {
 	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s },
 		&mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true, DisableLocalhostProtection: true})

@@ -138,8 +138,13 @@ func (s *Service) PurgeDelivered(ctx context.Context, cutoff time.Time, limit in
 		    ORDER BY e.created_at
 		    LIMIT $2::int
 		    FOR UPDATE OF e SKIP LOCKED
+		), locked AS (
+		    -- In id order, as a retry locks them (one order: no deadlock).
+		    SELECT d.id FROM webhook_deliveries d JOIN old ON d.event_id = old.id
+		    ORDER BY d.id
+		    FOR UPDATE OF d
 		), d AS (
-		    DELETE FROM webhook_deliveries d USING old WHERE d.event_id = old.id AND d.state <> 'pending'
+		    DELETE FROM webhook_deliveries d USING locked WHERE d.id = locked.id AND d.state <> 'pending'
 		    RETURNING d.event_id
 		)
 		DELETE FROM events e USING old WHERE e.id = old.id
@@ -482,12 +487,19 @@ func (s *Service) record(ctx context.Context, c claimed, code *int, failure stri
 			last_status_code = $3, last_error = NULL
 			WHERE id = $1 AND (state = 'pending' OR (state = 'failed' AND last_error = '`+abandoned+`'))`,
 			c.id, now, code)
-	case c.attempts >= MaxAttempts:
-		_, err = s.pool.Exec(ctx, `UPDATE webhook_deliveries SET state = 'failed', last_status_code = $2,
-			last_error = $3 WHERE id = $1 AND state = 'pending'`, c.id, code, failure)
 	default:
-		_, err = s.pool.Exec(ctx, `UPDATE webhook_deliveries SET next_attempt_at = $2, last_status_code = $3,
-			last_error = $4 WHERE id = $1 AND state = 'pending'`, c.id, now.Add(Backoff(c.attempts)), code, failure)
+		// Failed on its last attempt, it ends failed, unless a retry gave
+		// its attempts back while it was sent (Retry): it is then due
+		// again at once. Decided by the row's attempts, not the claim's.
+		due := now
+		if c.attempts < MaxAttempts {
+			due = now.Add(Backoff(c.attempts))
+		}
+		_, err = s.pool.Exec(ctx, `UPDATE webhook_deliveries
+			SET state = CASE WHEN attempts >= $5::int THEN 'failed' ELSE 'pending' END,
+			    next_attempt_at = CASE WHEN attempts >= $5::int THEN next_attempt_at ELSE $2::timestamptz END,
+			    last_status_code = $3, last_error = $4
+			WHERE id = $1 AND state = 'pending'`, c.id, due, code, failure, MaxAttempts)
 	}
 	if err != nil && err != pgx.ErrNoRows {
 		return fmt.Errorf("record delivery: %w", err)

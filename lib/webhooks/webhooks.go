@@ -269,19 +269,31 @@ const maxRetried = 100
 // sqlRetryDeliveries sends deliveries ($3) of webhook $1 in workspace $2
 // again: those that ended (delivered, or failed after their last attempt)
 // become pending, due at $4, with their attempts starting over, as a new
-// delivery's would; pending ones are left as they are. The webhook's row
-// is held FOR SHARE, as a fan-out holds it: a Delete waits for the retry
-// and then abandons the deliveries it made pending. It answers whether the
-// webhook is live.
+// delivery's would. A pending one keeps its schedule; one whose last
+// attempt ($5) is in flight gets its attempts back, so that the attempt,
+// should it fail, is not the last (review: the retry answered it pending,
+// and its failure then ended it failed, never sent again). The rows are
+// locked in id order first, as retention locks them (one order: no
+// deadlock). The webhook's row is held FOR SHARE, as a fan-out holds it: a
+// Delete waits for the retry and then abandons the deliveries it made
+// pending. It answers whether the webhook is live.
 const sqlRetryDeliveries = `
 WITH hook AS (
     SELECT id FROM webhooks WHERE id = $1::text AND workspace_id = $2::text AND deleted_at IS NULL
     FOR SHARE
+), named AS (
+    SELECT d.id FROM webhook_deliveries d JOIN hook ON d.webhook_id = hook.id
+    WHERE d.id = ANY($3::text[])
+    ORDER BY d.id
+    FOR UPDATE OF d
 ), again AS (
     UPDATE webhook_deliveries d
-    SET state = 'pending', attempts = 0, next_attempt_at = $4::timestamptz, last_status_code = NULL,
-        last_error = NULL, delivered_at = NULL
-    FROM hook WHERE d.webhook_id = hook.id AND d.id = ANY($3::text[]) AND d.state <> 'pending'
+    SET attempts = 0, state = 'pending',
+        next_attempt_at = CASE WHEN d.state = 'pending' THEN d.next_attempt_at ELSE $4::timestamptz END,
+        last_status_code = CASE WHEN d.state = 'pending' THEN d.last_status_code END,
+        last_error = CASE WHEN d.state = 'pending' THEN d.last_error END,
+        delivered_at = NULL
+    FROM named WHERE d.id = named.id AND (d.state <> 'pending' OR d.attempts >= $5::int)
 )
 SELECT EXISTS (SELECT 1 FROM hook)`
 
@@ -296,7 +308,8 @@ ORDER BY d.created_at DESC, d.id DESC`
 // Retry sends deliveries of a subscription again, once its receiver is
 // mended: each that ended (delivered, or failed after its last attempt)
 // is pending again, due now, with its attempts starting over; one still
-// pending is left to its schedule. It answers the deliveries as they now
+// pending keeps its schedule (its attempts start over too if its last one
+// is in flight). It answers the deliveries as they now
 // are. Every id must name a delivery of this subscription (else 404, and
 // nothing is sent again). Its event keeps its id: a receiver that
 // deduplicates by it skips an event it had taken.
@@ -309,15 +322,15 @@ func (s *Service) Retry(ctx context.Context, workspaceID, webhookID string, req 
 		pr.Add("delivery_ids", "may list at most %d delivery ids", maxRetried)
 	}
 	wanted := map[string]bool{}
+	lookup := make([]string, len(req.DeliveryIDs))
 	for i, id := range req.DeliveryIDs {
-		if !ids.Valid(ids.Delivery, id) {
-			// An id that cannot be one names no delivery (API.md §0).
-			return Retried{}, apierr.NotFound("delivery")
-		}
 		if wanted[id] {
 			pr.Add(fmt.Sprintf("delivery_ids.%d", i), "is listed twice")
 		}
 		wanted[id] = true
+		// An id that cannot be one is looked up as one of nothing, and
+		// answered as such once the webhook is found (API.md §0).
+		lookup[i] = ids.Lookup(ids.Delivery, id)
 	}
 	if err := pr.Err(); err != nil {
 		return Retried{}, err
@@ -325,14 +338,14 @@ func (s *Service) Retry(ctx context.Context, workspaceID, webhookID string, req 
 	var out []Delivery
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		var live bool
-		if err := tx.QueryRow(ctx, sqlRetryDeliveries, webhookID, workspaceID, req.DeliveryIDs,
-			s.now()).Scan(&live); err != nil {
+		if err := tx.QueryRow(ctx, sqlRetryDeliveries, webhookID, workspaceID, lookup, s.now(),
+			MaxAttempts).Scan(&live); err != nil {
 			return fmt.Errorf("retry deliveries: %w", err)
 		}
 		if !live {
 			return apierr.NotFound("webhook")
 		}
-		rows, err := tx.Query(ctx, sqlNamedDeliveries, webhookID, req.DeliveryIDs)
+		rows, err := tx.Query(ctx, sqlNamedDeliveries, webhookID, lookup)
 		if err != nil {
 			return fmt.Errorf("read retried deliveries: %w", err)
 		}

@@ -941,6 +941,8 @@ func TestARetrySendsEndedDeliveriesAgain(t *testing.T) {
 	require.Equal(t, "not_found", retry(env, env.Signup().Key, id, dlv).ErrorCode())
 	require.Equal(t, "invalid_request", retry(env, ws.Key, id).ErrorCode())
 	require.Equal(t, "invalid_request", retry(env, ws.Key, id, dlv, dlv).ErrorCode())
+	require.Equal(t, "invalid_request", retry(env, ws.Key, id, "x", "y", "y").ErrorCode(),
+		"what is wrong with the list first, then what it names")
 	require.Equal(t, "failed", deliveries(t, env, ws.Key, id)[0]["state"], "nothing retried")
 
 	var out struct {
@@ -1006,7 +1008,7 @@ func TestRetentionKeepsADeliveryRetriedWhileItPurges(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	_, err = tx.Exec(ctx, webhooks.SQLRetryDeliveries, id, ws.ID, []string{dlv}, clk.Now())
+	_, err = tx.Exec(ctx, webhooks.SQLRetryDeliveries, id, ws.ID, []string{dlv}, clk.Now(), webhooks.MaxAttempts)
 	require.NoError(t, err)
 	purged := make(chan error, 1)
 	go func() {
@@ -1029,4 +1031,56 @@ func TestRetentionKeepsADeliveryRetriedWhileItPurges(t *testing.T) {
 	require.Equal(t, "pending", got[0]["state"])
 	env.App.Sweeper.RunOnce(ctx)
 	require.Equal(t, 2, rcv.count(), "and sent again")
+}
+
+// A retry that comes while a delivery's last attempt is being sent gives
+// it its attempts back: that attempt, should it fail, is not the last, and
+// the delivery is sent again (review: the retry answered it pending, and
+// the failure then ended it failed, never sent again).
+func TestARetryDuringTheLastAttemptKeepsTheDeliveryGoing(t *testing.T) {
+	env, clk := start(t, true)
+	ctx := context.Background()
+	ws := env.Signup()
+	release := make(chan struct{})
+	var hits atomic.Int32
+	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits.Add(1) == 1 {
+			<-release
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	}))
+	t.Cleanup(rcv.Close)
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // runs first: the handler returns before its server closes
+	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()["id"].(string)
+	record(t, env, ws.ID, events.RunFinished, clk.Now())
+	svc := env.App.Server.Webhooks
+	_, err := svc.Dispatch(ctx, clk.Now())
+	require.NoError(t, err)
+	dlv := deliveries(t, env, ws.Key, id)[0]["id"].(string)
+	// Its attempts all but used up: the next is its last.
+	_, err = env.App.Pool.Exec(ctx, `UPDATE webhook_deliveries SET attempts = $2 WHERE id = $1`, dlv,
+		webhooks.MaxAttempts-1)
+	require.NoError(t, err)
+
+	sent := make(chan error, 1)
+	go func() { _, err := svc.DeliverRound(ctx, clk.Now()); sent <- err }()
+	require.Eventually(t, func() bool { return hits.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
+	r := retry(env, ws.Key, id, dlv)
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	again := r.JSON()["deliveries"].([]any)[0].(map[string]any)
+	require.Equal(t, "pending", again["state"])
+	require.EqualValues(t, 0, again["attempts"], "its attempts back")
+	unblock()
+	require.NoError(t, <-sent)
+
+	after := deliveries(t, env, ws.Key, id)[0]
+	require.Equal(t, "pending", after["state"], "the in-flight attempt was not its last")
+	require.EqualValues(t, 500, after["last_status_code"])
+	_, err = svc.DeliverRound(ctx, clk.Now().Add(time.Second))
+	require.NoError(t, err)
+	require.EqualValues(t, 2, hits.Load(), "sent again")
+	require.Equal(t, "delivered", deliveries(t, env, ws.Key, id)[0]["state"])
 }

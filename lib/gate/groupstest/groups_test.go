@@ -54,7 +54,7 @@ func TestGroupCommit(t *testing.T) {
 	detail := r.JSON()["error"].(map[string]any)["detail"].(map[string]any)
 	require.Equal(t, "unwinding", detail["state"])
 	require.Equal(t, c["committed_at"], detail["committed_at"])
-	require.Contains(t, r.JSON()["error"].(map[string]any)["message"], "was committed")
+	require.Contains(t, r.JSON()["error"].(map[string]any)["message"], "was committed; an unwind began")
 }
 
 func TestGroupCommitRefusedUntilEveryStepSucceeded(t *testing.T) {
