@@ -23,6 +23,9 @@ type loseResponse struct {
 	suffix string
 	n      atomic.Int32
 	seen   atomic.Int32
+	// lost, if set, runs when an answer is lost, before the client learns
+	// it: what happens meanwhile on the server (a delivery pass, say).
+	lost func()
 }
 
 func (l *loseResponse) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -34,6 +37,9 @@ func (l *loseResponse) RoundTrip(r *http.Request) (*http.Response, error) {
 	if l.n.Add(-1) >= 0 {
 		_, _ = io.Copy(io.Discard, res.Body)
 		res.Body.Close()
+		if l.lost != nil {
+			l.lost()
+		}
 		return nil, errors.New("connection reset by peer (answer lost)")
 	}
 	return res, nil

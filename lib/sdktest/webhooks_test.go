@@ -142,13 +142,20 @@ func TestWebhooksThroughTheSDK(t *testing.T) {
 	require.Equal(t, ratchet.DeliveryDelivered, deliveries.Data[0].State)
 	sameJSON(t, b, "/api/v1/webhooks/"+hook.ID+"/deliveries", deliveries)
 
-	// Sent again on request, once, though the call's first answer is lost.
+	// Sent again on request, once, though the call's first answer is lost
+	// and the delivery is sent before the call is sent again: that call,
+	// under the first one's Idempotency-Key, is answered what the first
+	// did, and sends nothing more.
 	retrier, lostRetry := b.losingClient(t, b.ws.Key, "/deliveries/retry")
+	lostRetry.lost = func() {
+		_, err := b.env.App.Server.Webhooks.Deliver(ctx, time.Now())
+		require.NoError(t, err)
+	}
 	retried, err := retrier.RetryWebhookDeliveries(ctx, hook.ID, []string{deliveries.Data[0].ID})
 	require.NoError(t, err)
 	require.EqualValues(t, 2, lostRetry.seen.Load(), "the first answer was lost and the call sent again")
 	require.Len(t, retried, 1)
-	require.Equal(t, ratchet.DeliveryPending, retried[0].State)
+	require.Equal(t, ratchet.DeliveryPending, retried[0].State, "the first call's answer")
 	require.Zero(t, retried[0].Attempts)
 	_, err = b.env.App.Server.Webhooks.Deliver(ctx, time.Now())
 	require.NoError(t, err)
