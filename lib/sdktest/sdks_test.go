@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
 )
 
 // The other languages' SDKs, from this package's directory. Their own tests
@@ -77,15 +78,22 @@ func runNodeTests(t *testing.T, dir, sub, pattern string, atLeast int) {
 }
 
 // runAgainstServer starts the service and runs name args in dir with
-// RATCHET_TEST_BASE_URL pointing at it, failing on a non-zero exit.
+// RATCHET_TEST_BASE_URL pointing at it, failing on a non-zero exit. The
+// service delivers webhooks to local receivers, and RATCHET_TEST_CRON_SECRET
+// opens its cron route, so that a test can run a sweep (a delivery pass).
 func runAgainstServer(t *testing.T, dir, name string, args ...string) string {
 	t.Helper()
-	env := apitest.Start(t)
+	var cronSecret string
+	env := apitest.Start(t, apitest.WithConfig(func(c *config.Config) {
+		c.WebhookAllowPrivateNetworks = true
+		cronSecret = c.CronSecret
+	}))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "RATCHET_TEST_BASE_URL="+env.Server.URL, "PYTHONPATH=.", "PYTHONDONTWRITEBYTECODE=1")
+	cmd.Env = append(os.Environ(), "RATCHET_TEST_BASE_URL="+env.Server.URL, "RATCHET_TEST_CRON_SECRET="+cronSecret,
+		"PYTHONPATH=.", "PYTHONDONTWRITEBYTECODE=1")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s's tests failed:\n%s", dir, out)
 	return string(out)

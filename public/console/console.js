@@ -1025,6 +1025,17 @@ const pages = {
 			{ title: 'Last error', cell: (d) => text(d.last_error) },
 			{ title: 'Delivered', cell: (d) => time(d.delivered_at) },
 			{ title: 'Next attempt', cell: (d) => time(d.next_attempt_at) },
+			{
+				title: '',
+				// Ended (delivered, or failed after its last attempt): sent
+				// again on request, once the receiver is mended.
+				cell: (d) =>
+					d.state === 'pending'
+						? ''
+						: action('Send again', () => call('POST', `/webhooks/${seg(id)}/deliveries/retry`, { delivery_ids: [d.id] }), {
+								confirm: `Send this ${d.event_type} event to ${JSON.stringify(w.url)} again? A receiver that deduplicates by event id skips it if it took it.`,
+							}),
+			},
 		];
 		return [
 			h('h1', null, 'Deliveries to ', h('code', null, w.url)),

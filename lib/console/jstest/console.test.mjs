@@ -5,6 +5,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
+import { createServer } from 'node:http';
 
 import { document, MemoryStorage } from './fakedom.mjs';
 import * as app from '../static/console.js';
@@ -774,6 +775,47 @@ test('webhooks: a subscription made with its events, its deliveries page, then e
 	await go(ui, '#/webhooks');
 	await click(row(ui, 'example.com/hooks'), 'Delete');
 	assert.equal((await api('GET', '/webhooks', key)).body.data.length, 0);
+});
+
+// sweep runs one pass of the service's sweeper (its cron route), which
+// sends due webhook deliveries.
+async function sweep() {
+	const res = await fetch(base + '/api/cron/sweep', {
+		method: 'POST',
+		headers: { Authorization: 'Bearer ' + process.env.RATCHET_TEST_CRON_SECRET },
+	});
+	assert.equal(res.status, 200, await res.text());
+}
+
+test('webhooks: a delivered event is sent again from its deliveries page', async () => {
+	const key = await signup();
+	const got = [];
+	const receiver = createServer((req, res) => {
+		let body = '';
+		req.on('data', (c) => (body += c));
+		req.on('end', () => {
+			got.push(JSON.parse(body).id);
+			res.end();
+		});
+	});
+	await new Promise((ok) => receiver.listen(0, '127.0.0.1', ok));
+	try {
+		const url = `http://127.0.0.1:${receiver.address().port}/hook`;
+		const hook = (await api('POST', '/webhooks', key, { url, events: ['circuit.tripped'] })).body;
+		assert.equal((await api('POST', '/circuits/console.resend/open', key, { action: 'deny' })).status, 200);
+		await sweep();
+		assert.equal(got.length, 1);
+		const ui = await mount(key, '#/webhooks/' + hook.id);
+		assert.match(row(ui, 'circuit.tripped').textContent, /delivered/);
+		await click(row(ui, 'circuit.tripped'), 'Send again');
+		assert.match(ui.confirms.at(-1), /Send this circuit\.tripped event/);
+		assert.match(row(ui, 'circuit.tripped').textContent, /pending/, 'the page redrawn with the delivery due again');
+		assert.ok(!row(ui, 'circuit.tripped').querySelectorAll('button').some((b) => b.textContent === 'Send again'));
+		await sweep();
+		assert.deepEqual(got, [got[0], got[0]], 'sent once more, under the same event id');
+	} finally {
+		receiver.close();
+	}
 });
 
 test('lists page with Load more until the cursor runs out', async () => {
