@@ -180,7 +180,7 @@ func TestIdempotentRoutes(t *testing.T) {
 	}
 	require.Less(t, idempotency.ActingTime, idempotency.ClaimTTL)
 	require.ElementsMatch(t, []string{"keys.create", "webhooks.create", "contracts.publish", "tools.test",
-		"workers.register", "steps.replay", "webhooks.deliveries.retry"}, idempotent)
+		"workers.register", "steps.replay", "webhooks.deliveries.retry", "webhooks.rotate_secret"}, idempotent)
 }
 
 // keyedServer is env's server with a test route, POST
@@ -352,6 +352,7 @@ func TestIdempotentRoutesActInTheRequestTransaction(t *testing.T) {
 		"steps.replay":      {"/api/v1/steps/" + stepID + "/replay", e.ws.Key, map[string]any{"acknowledgeDuplicateRisk": true}},
 		"webhooks.deliveries.retry": {"/api/v1/webhooks/" + hook + "/deliveries/retry", e.ws.Key,
 			map[string]any{"delivery_ids": []string{deliveries.Data[0].ID}}},
+		"webhooks.rotate_secret": {"/api/v1/webhooks/" + hook + "/rotate-secret", e.ws.Key, map[string]any{}},
 	}
 	var names []string
 	for _, r := range httpapi.Routes() {

@@ -69,6 +69,26 @@ func (s *Server) webhookRoutes() []Route {
 			},
 		},
 		{
+			Method: "POST", Pattern: "/api/v1/webhooks/{id}/rotate-secret", Name: "webhooks.rotate_secret",
+			Tag: "webhooks", Scopes: scopes, Idempotent: true,
+			Summary: "Give a subscription a new signing secret, shown once. Until the previous secret expires " +
+				"(previous_secret_expires_in_seconds, 0 to 604800, default 86400) deliveries carry a v1 signature " +
+				"for each: accept a delivery when any v1 verifies, and move the receiver to the new secret meanwhile.",
+			Request: webhooks.RotateRequest{}, Response: webhooks.RotatedWebhook{}, Status: 200,
+			Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidRequest},
+			Handle: func(ctx context.Context, c *Call) (any, error) {
+				id, err := c.PathID("id", ids.Webhook)
+				if err != nil {
+					return nil, err
+				}
+				var req webhooks.RotateRequest
+				if err := c.Decode(&req); err != nil {
+					return nil, err
+				}
+				return s.Webhooks.RotateSecret(ctx, c.Principal.WorkspaceID, id, req)
+			},
+		},
+		{
 			Method: "GET", Pattern: "/api/v1/webhooks/{id}/deliveries", Name: "webhooks.deliveries", Tag: "webhooks",
 			Scopes: scopes, Summary: "A subscription's deliveries, newest first: state, attempts, last status code.",
 			Query: listParams, Response: Page[webhooks.Delivery]{}, Status: 200,

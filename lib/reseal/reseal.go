@@ -59,6 +59,8 @@ var columns = []column{
 			return seal.AAD(key[0], "error/"+key[1])
 		}},
 	{table: "webhooks", name: "secret", key: []string{"id"}, keyType: []string{"text"}, aad: rowAAD("secret")},
+	// A rotated secret, moved from secret as it was sealed (migration 0050).
+	{table: "webhooks", name: "previous_secret", key: []string{"id"}, keyType: []string{"text"}, aad: rowAAD("secret")},
 	// A create's answer kept for its Idempotency-Key (a day at most).
 	{table: "idempotent_requests", name: "answer", key: []string{"key_id", "idempotency_key"},
 		keyType: []string{"text", "text"}, aad: func(key []string) []byte {

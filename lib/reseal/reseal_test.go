@@ -50,6 +50,8 @@ func fill(t *testing.T, env *apitest.Env, ws apitest.Workspace) (effectID string
 	r := env.DoWith("POST", "/api/v1/webhooks", ws.Key, http.Header{"Idempotency-Key": {"hook-1"}},
 		map[string]any{"url": "https://example.com/hook", "events": []string{"run.finished"}})
 	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+	// Rotated: its previous secret is sealed too, until it expires.
+	env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+r.JSON()["id"].(string)+"/rotate-secret", ws.Key, nil)
 	group := env.Must(http.StatusCreated, "POST", "/api/v1/groups", ws.Key, map[string]any{"name": "g"}).JSON()["id"]
 	d := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, map[string]any{
 		"effect_type": "email.send", "idempotency_key": "welcome:1", "payload": map[string]any{"to": "user_1"},
@@ -111,14 +113,14 @@ func TestRotationReachesEveryColumnAndOldKeyCanGo(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, rep.Complete)
 
-	// Rotated: the new key seals, the old one still opens. Each of the eight
+	// Rotated: the new key seals, the old one still opens. Each of the nine
 	// columns holds at least one ciphertext under the old key.
 	rotated := sealer(t, newKey, oldKey)
 	rep, err = reseal.New(pool, rotated).Check(ctx)
 	require.NoError(t, err)
 	require.False(t, rep.Complete)
 	cols := byColumn(rep)
-	require.Len(t, cols, 8)
+	require.Len(t, cols, 9)
 	for name, c := range cols {
 		require.Positive(t, c.Older, name)
 		require.Zero(t, c.Current+c.Unknown, name)

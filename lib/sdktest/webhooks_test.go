@@ -28,7 +28,7 @@ func TestVerifyWebhookChecksTheServersSignature(t *testing.T) {
 	body := []byte(`{"id":"evt_1","type":"run.finished","created_at":"2030-01-01T00:00:00Z",` +
 		`"workspace_id":"ws_1","subject_id":"run_1","data":{"status":"SUCCEEDED"}}`)
 	at := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	sig := webhooks.Sign(secret, at, body)
+	sig := webhooks.Sign(at, body, secret)
 
 	ev, err := ratchet.VerifyWebhookAt(secret, sig, body, 0, at.Add(4*time.Minute))
 	require.NoError(t, err)
@@ -40,7 +40,7 @@ func TestVerifyWebhookChecksTheServersSignature(t *testing.T) {
 	require.NoError(t, err, "any matching v1 will do")
 
 	// No secret to check with verifies nothing, whatever was signed with it.
-	_, err = ratchet.VerifyWebhookAt("", webhooks.Sign("", at, body), body, 0, at)
+	_, err = ratchet.VerifyWebhookAt("", webhooks.Sign(at, body, ""), body, 0, at)
 	require.ErrorIs(t, err, ratchet.ErrNoWebhookSecret)
 	require.NotErrorIs(t, err, ratchet.ErrWebhookSignature, "a misconfiguration, not a forgery")
 
@@ -164,6 +164,38 @@ func TestWebhooksThroughTheSDK(t *testing.T) {
 	require.Equal(t, received[0].ID, received[1].ID, "under the same event id")
 	mu.Unlock()
 
+	// Rotated, though the call's first answer is lost: one new secret, and
+	// both verify a delivery until the previous one expires.
+	rotator, lostRotate := b.losingClient(t, b.ws.Key, "/rotate-secret")
+	rotated, err := rotator.RotateWebhookSecret(ctx, hook.ID, time.Hour)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, lostRotate.seen.Load())
+	require.NotEqual(t, hook.Secret, rotated.Secret)
+	require.NotNil(t, rotated.PreviousSecretExpiresAt)
+	var sig string
+	var sent []byte
+	seen := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		sig = r.Header.Get(ratchet.WebhookSignatureHeader)
+		sent, _ = io.ReadAll(r.Body)
+	}))
+	t.Cleanup(seen.Close)
+	_, err = b.env.App.Pool.Exec(ctx, `UPDATE webhooks SET url = $2 WHERE id = $1`, hook.ID, seen.URL)
+	require.NoError(t, err)
+	_, err = b.operator.RetryWebhookDeliveries(ctx, hook.ID, []string{deliveries.Data[0].ID})
+	require.NoError(t, err)
+	_, err = b.env.App.Server.Webhooks.Deliver(ctx, time.Now())
+	require.NoError(t, err)
+	mu.Lock()
+	for _, secret := range []string{hook.Secret, rotated.Secret} {
+		_, err := ratchet.VerifyWebhook(secret, sig, sent)
+		require.NoError(t, err, "either secret verifies")
+	}
+	mu.Unlock()
+	_, err = b.env.App.Pool.Exec(ctx, `UPDATE webhooks SET url = $2 WHERE id = $1`, hook.ID, recv.URL)
+	require.NoError(t, err)
+
 	gone, err := b.operator.DeleteWebhook(ctx, hook.ID)
 	require.NoError(t, err)
 	require.Equal(t, hook.Webhook, *gone)
@@ -210,21 +242,21 @@ func TestWebhookHandlerAnswersEachDelivery(t *testing.T) {
 		return w.Code
 	}
 	now := time.Now()
-	require.Equal(t, http.StatusNoContent, deliver(h, "POST", body, webhooks.Sign(secret, now, body)))
+	require.Equal(t, http.StatusNoContent, deliver(h, "POST", body, webhooks.Sign(now, body, secret)))
 	require.Equal(t, []string{"evt_2"}, handled)
 	failing = true
-	require.Equal(t, http.StatusInternalServerError, deliver(h, "POST", body, webhooks.Sign(secret, now, body)))
+	require.Equal(t, http.StatusInternalServerError, deliver(h, "POST", body, webhooks.Sign(now, body, secret)))
 	failing = false
 
-	require.Equal(t, http.StatusUnauthorized, deliver(h, "POST", body, webhooks.Sign("whsec_other", now, body)))
+	require.Equal(t, http.StatusUnauthorized, deliver(h, "POST", body, webhooks.Sign(now, body, "whsec_other")))
 	require.Equal(t, http.StatusUnauthorized, deliver(h, "POST", body, ""))
-	require.Equal(t, http.StatusUnauthorized, deliver(h, "POST", body, webhooks.Sign(secret, now.Add(-time.Hour), body)))
+	require.Equal(t, http.StatusUnauthorized, deliver(h, "POST", body, webhooks.Sign(now.Add(-time.Hour), body, secret)))
 	unset := ratchet.WebhookHandler("", func(context.Context, *ratchet.WebhookEvent) error { return nil })
-	require.Equal(t, http.StatusUnauthorized, deliver(unset, "POST", body, webhooks.Sign("", now, body)))
+	require.Equal(t, http.StatusUnauthorized, deliver(unset, "POST", body, webhooks.Sign(now, body, "")))
 	notJSON := []byte("not json")
-	require.Equal(t, http.StatusBadRequest, deliver(h, "POST", notJSON, webhooks.Sign(secret, now, notJSON)))
+	require.Equal(t, http.StatusBadRequest, deliver(h, "POST", notJSON, webhooks.Sign(now, notJSON, secret)))
 	huge := []byte(strings.Repeat(" ", 1<<20+1))
-	require.Equal(t, http.StatusBadRequest, deliver(h, "POST", huge, webhooks.Sign(secret, now, huge)))
+	require.Equal(t, http.StatusBadRequest, deliver(h, "POST", huge, webhooks.Sign(now, huge, secret)))
 	require.Equal(t, http.StatusMethodNotAllowed, deliver(h, "GET", nil, ""))
 	require.Equal(t, []string{"evt_2"}, handled, "nothing else was handled")
 }

@@ -73,14 +73,19 @@ func Backoff(n int) time.Duration {
 }
 
 // Sign returns the Ratchet-Signature header value for body at t:
-// t=<unix>,v1=<hex hmac-sha256(secret, "<t>.<body>")>.
-func Sign(secret string, t time.Time, body []byte) string {
+// t=<unix>,v1=<hex hmac-sha256(secret, "<t>.<body>")>, with one v1 per
+// secret (a rotated secret signs beside the new one until it expires).
+func Sign(t time.Time, body []byte, secrets ...string) string {
 	ts := strconv.FormatInt(t.Unix(), 10)
-	m := hmac.New(sha256.New, []byte(secret))
-	m.Write([]byte(ts))
-	m.Write([]byte("."))
-	m.Write(body)
-	return "t=" + ts + ",v1=" + hex.EncodeToString(m.Sum(nil))
+	out := "t=" + ts
+	for _, secret := range secrets {
+		m := hmac.New(sha256.New, []byte(secret))
+		m.Write([]byte(ts))
+		m.Write([]byte("."))
+		m.Write(body)
+		out += ",v1=" + hex.EncodeToString(m.Sum(nil))
+	}
+	return out
 }
 
 // sqlDispatch fans out up to $2 events at $1. It holds each webhook it
@@ -159,6 +164,7 @@ func (s *Service) PurgeDelivered(ctx context.Context, cutoff time.Time, limit in
 type claimed struct {
 	id, url      string
 	secret       []byte
+	previous     []byte // the rotated secret, while it still signs
 	webhookID    string
 	attempts     int
 	eventID      string
@@ -410,8 +416,8 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks, wo
 		SET next_attempt_at = $1::timestamptz + make_interval(secs => $3::float8), attempts = d.attempts + 1
 		FROM due, webhooks w, events e
 		WHERE d.id = due.id AND w.id = d.webhook_id AND e.id = d.event_id
-		RETURNING d.id, w.url, w.secret, w.id, d.attempts, e.id, e.type, e.data::text, e.created_at, e.workspace_id,
-		    e.subject_id`,
+		RETURNING d.id, w.url, w.secret, CASE WHEN w.previous_secret_expires_at > $1::timestamptz THEN w.previous_secret END,
+		    w.id, d.attempts, e.id, e.type, e.data::text, e.created_at, e.workspace_id, e.subject_id`,
 		now, limit, claimHold.Seconds(), perWebhook, perWorkspace, hooks, workspaces)
 	if err != nil {
 		return nil, fmt.Errorf("claim deliveries: %w", err)
@@ -420,7 +426,7 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks, wo
 	for rows.Next() {
 		var c claimed
 		var data string
-		if err := rows.Scan(&c.id, &c.url, &c.secret, &c.webhookID, &c.attempts, &c.eventID, &c.eventType,
+		if err := rows.Scan(&c.id, &c.url, &c.secret, &c.previous, &c.webhookID, &c.attempts, &c.eventID, &c.eventType,
 			&data, &c.eventCreated, &c.workspaceID, &c.subjectID); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("scan delivery: %w", err)
@@ -441,6 +447,14 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 	if err != nil {
 		return s.record(ctx, c, nil, "cannot open signing secret")
 	}
+	secrets := []string{string(secret)}
+	if c.previous != nil {
+		// The rotated secret signs too, until it expires; one that cannot
+		// be opened is left out (the new one still signs).
+		if previous, err := s.sealer.Open(c.previous, seal.AAD(c.webhookID, "secret")); err == nil {
+			secrets = append(secrets, string(previous))
+		}
+	}
 	body, err := json.Marshal(map[string]any{
 		"id": c.eventID, "type": c.eventType, "created_at": c.eventCreated.UTC(),
 		"workspace_id": c.workspaceID, "subject_id": c.subjectID, "data": json.RawMessage(utcZ(c.eventData)),
@@ -457,7 +471,7 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "Ratchet-Webhooks/1")
 	req.Header.Set("Ratchet-Event-Id", c.eventID)
-	req.Header.Set("Ratchet-Signature", Sign(string(secret), s.now(), body))
+	req.Header.Set("Ratchet-Signature", Sign(s.now(), body, secrets...))
 	res, err := s.client.Do(req)
 	if errors.Is(err, errNotPublic) {
 		return s.record(ctx, c, nil, "refused: not a public address (WEBHOOK_ALLOW_PRIVATE_NETWORKS)")

@@ -247,6 +247,78 @@ func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, 
 	return w, nil
 }
 
+// RotateRequest is the body of POST /api/v1/webhooks/{id}/rotate-secret.
+type RotateRequest struct {
+	// PreviousSecretExpiresInSeconds is how long the secret being replaced
+	// keeps signing deliveries beside the new one; 0 ends it at once.
+	PreviousSecretExpiresInSeconds *int64 `json:"previous_secret_expires_in_seconds" openapi:"min=0,max=604800"`
+}
+
+// DefaultPreviousSecretTTL is how long a rotated secret keeps signing when
+// the rotation does not say: a day, for receivers to take the new one.
+const DefaultPreviousSecretTTL = 24 * time.Hour
+
+// maxPreviousSecretTTL bounds it: a week.
+const maxPreviousSecretTTL = 7 * 24 * time.Hour
+
+// RotatedWebhook is a subscription with its new signing secret, shown
+// once, and when the previous secret stops signing (null: it already has).
+type RotatedWebhook struct {
+	NewWebhook
+	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
+}
+
+// sqlRotateSecret gives live webhook $1 of workspace $2 the sealed secret
+// $3; its current one becomes the previous, signing until $4 (NULL: not at
+// all). An UPDATE's SET reads the row as it was, so previous_secret is the
+// secret replaced; a rotation before the previous one expired drops that
+// one (only the latest two sign).
+const sqlRotateSecret = `
+UPDATE webhooks SET secret = $3::bytea,
+    previous_secret = CASE WHEN $4::timestamptz IS NULL THEN NULL ELSE secret END,
+    previous_secret_expires_at = $4::timestamptz
+WHERE id = $1::text AND workspace_id = $2::text AND deleted_at IS NULL
+RETURNING ` + webhookCols
+
+// RotateSecret gives a subscription a new signing secret, answered once.
+// Deliveries sent from then on are signed with the new secret and, until
+// the previous one expires, with that one too (two v1 signatures): a
+// receiver moves to the new secret at its own pace, accepting a delivery
+// when either signature verifies.
+func (s *Service) RotateSecret(ctx context.Context, workspaceID, id string, req RotateRequest) (RotatedWebhook, error) {
+	ttl := DefaultPreviousSecretTTL
+	if v := req.PreviousSecretExpiresInSeconds; v != nil {
+		if *v < 0 || *v > int64(maxPreviousSecretTTL/time.Second) {
+			return RotatedWebhook{}, apierr.InvalidField("previous_secret_expires_in_seconds",
+				"must be an integer from 0 to %d (a week)", int64(maxPreviousSecretTTL/time.Second))
+		}
+		ttl = time.Duration(*v) * time.Second
+	}
+	now := s.now()
+	var expires *time.Time
+	if ttl > 0 {
+		t := now.Add(ttl)
+		expires = &t
+	}
+	out := RotatedWebhook{NewWebhook: NewWebhook{Secret: "whsec_" + ids.Random(32)}, PreviousSecretExpiresAt: expires}
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sqlRotateSecret, id, workspaceID,
+			s.sealer.Seal([]byte(out.Secret), seal.AAD(id, "secret")), expires)
+		if err != nil {
+			return fmt.Errorf("rotate webhook secret: %w", err)
+		}
+		out.Webhook, err = pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Webhook])
+		return err
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return RotatedWebhook{}, apierr.NotFound("webhook")
+	}
+	if err != nil {
+		return RotatedWebhook{}, fmt.Errorf("rotate webhook secret: %w", err)
+	}
+	return out, nil
+}
+
 // deliveryCols are a delivery's columns (alias d) as the API shows it, in
 // Delivery's order: the next attempt's time only while it is pending.
 const deliveryCols = `d.id, d.event_id, d.event_type, d.state, d.attempts, d.last_status_code, d.last_error,

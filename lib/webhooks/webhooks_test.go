@@ -471,7 +471,7 @@ func TestNonPublicReceiversAreRefusedAtCreation(t *testing.T) {
 }
 
 func TestSignKnownVector(t *testing.T) {
-	got := webhooks.Sign("whsec_test", time.Unix(1700000000, 0), []byte(`{"a":1}`))
+	got := webhooks.Sign(time.Unix(1700000000, 0), []byte(`{"a":1}`), "whsec_test")
 	m := hmac.New(sha256.New, []byte("whsec_test"))
 	m.Write([]byte(`1700000000.{"a":1}`))
 	require.Equal(t, "t=1700000000,v1="+hex.EncodeToString(m.Sum(nil)), got)
@@ -1083,4 +1083,99 @@ func TestARetryDuringTheLastAttemptKeepsTheDeliveryGoing(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, hits.Load(), "sent again")
 	require.Equal(t, "delivered", deliveries(t, env, ws.Key, id)[0]["state"])
+}
+
+// signedWith answers, for each v1 of a Ratchet-Signature header over body,
+// which of secrets made it ("" for none), as a receiver checks them.
+func signedWith(t *testing.T, header string, body []byte, secrets ...string) []string {
+	t.Helper()
+	parts := strings.Split(header, ",")
+	require.True(t, strings.HasPrefix(parts[0], "t="), header)
+	ts := strings.TrimPrefix(parts[0], "t=")
+	var out []string
+	for _, p := range parts[1:] {
+		v1, ok := strings.CutPrefix(p, "v1=")
+		require.True(t, ok, header)
+		who := ""
+		for _, secret := range secrets {
+			m := hmac.New(sha256.New, []byte(secret))
+			m.Write([]byte(ts + "." + string(body)))
+			if hmac.Equal([]byte(v1), []byte(hex.EncodeToString(m.Sum(nil)))) {
+				who = secret
+			}
+		}
+		out = append(out, who)
+	}
+	return out
+}
+
+// A rotated secret keeps signing deliveries beside the new one until it
+// expires, so a receiver can move to the new secret without refusing a
+// delivery; then only the new one signs. A rotation that ends the previous
+// secret at once, or a second rotation, leaves no older secret signing.
+func TestARotatedSecretSignsBesideTheNewOneUntilItExpires(t *testing.T) {
+	env, clk := start(t, true)
+	ctx := context.Background()
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	created := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()
+	id, first := created["id"].(string), created["secret"].(string)
+	rotate := func(body any) *apitest.Response {
+		return env.Do("POST", "/api/v1/webhooks/"+id+"/rotate-secret", ws.Key, body)
+	}
+	send := func() (string, []byte) {
+		t.Helper()
+		n := rcv.count()
+		record(t, env, ws.ID, events.RunFinished, clk.Now())
+		env.App.Sweeper.RunOnce(ctx)
+		require.Equal(t, n+1, rcv.count())
+		rcv.mu.Lock()
+		defer rcv.mu.Unlock()
+		return rcv.sigs[n], rcv.bodies[n]
+	}
+
+	// Refused, nothing rotated: out of bounds, unknown fields, another
+	// workspace's webhook.
+	for _, body := range []any{map[string]any{"previous_secret_expires_in_seconds": -1},
+		map[string]any{"previous_secret_expires_in_seconds": 604801}, map[string]any{"surprise": 1}} {
+		require.Equal(t, "invalid_request", rotate(body).ErrorCode(), "%v", body)
+	}
+	require.Equal(t, "not_found", env.Do("POST", "/api/v1/webhooks/"+id+"/rotate-secret", env.Signup().Key, nil).ErrorCode())
+	sig, body := send()
+	require.Equal(t, []string{first}, signedWith(t, sig, body, first), "still the first secret alone")
+
+	r := rotate(nil)
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	second := r.JSON()["secret"].(string)
+	require.NotEqual(t, first, second)
+	require.True(t, strings.HasPrefix(second, "whsec_"))
+	require.Equal(t, id, r.JSON()["id"])
+	expires, err := time.Parse(time.RFC3339Nano, r.JSON()["previous_secret_expires_at"].(string))
+	require.NoError(t, err)
+	require.WithinDuration(t, clk.Now().Add(24*time.Hour), expires, time.Second, "a day by default")
+	require.NotContains(t, env.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+id, ws.Key, nil).JSON(), "secret")
+
+	sig, body = send()
+	require.Equal(t, []string{second, first}, signedWith(t, sig, body, first, second), "both sign, the new one first")
+	clk.Add(24*time.Hour + time.Second)
+	sig, body = send()
+	require.Equal(t, []string{second}, signedWith(t, sig, body, first, second), "the previous one expired")
+
+	// Ended at once: only the new secret signs.
+	r = rotate(map[string]any{"previous_secret_expires_in_seconds": 0})
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	require.Nil(t, r.JSON()["previous_secret_expires_at"])
+	third := r.JSON()["secret"].(string)
+	sig, body = send()
+	require.Equal(t, []string{third}, signedWith(t, sig, body, first, second, third))
+
+	// Two rotations in a row: the latest two sign, never the oldest.
+	fourth := rotate(map[string]any{"previous_secret_expires_in_seconds": 60}).JSON()["secret"].(string)
+	fifth := rotate(map[string]any{"previous_secret_expires_in_seconds": 60}).JSON()["secret"].(string)
+	sig, body = send()
+	require.Equal(t, []string{fifth, fourth}, signedWith(t, sig, body, third, fourth, fifth))
+
+	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil)
+	require.Equal(t, "not_found", rotate(nil).ErrorCode())
 }

@@ -108,6 +108,27 @@ func (c *Client) RetryWebhookDeliveries(ctx context.Context, webhookID string, d
 	return out.Deliveries, nil
 }
 
+// RotatedWebhook is a subscription with its new signing secret, shown
+// once, and when the previous secret stops signing (nil: it already has).
+type RotatedWebhook struct {
+	NewWebhook
+	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
+}
+
+// RotateWebhookSecret gives a subscription a new signing secret. Until the
+// previous one expires (previousExpiresIn, whole seconds up to a week; 0
+// ends it at once) deliveries are signed with both, so deploy the new
+// secret to the receiver meanwhile: VerifyWebhook accepts a delivery when
+// any of its signatures verifies. Every attempt of the call carries one
+// Idempotency-Key, so a retry after a lost answer gets the secret the first
+// attempt made.
+func (c *Client) RotateWebhookSecret(ctx context.Context, webhookID string, previousExpiresIn time.Duration) (*RotatedWebhook, error) {
+	body := struct {
+		Seconds int64 `json:"previous_secret_expires_in_seconds"`
+	}{int64(previousExpiresIn / time.Second)}
+	return callKeyed[RotatedWebhook](ctx, c, "POST", "/webhooks/"+pathID(webhookID)+"/rotate-secret", newRequestID(), body)
+}
+
 // Event types a webhook subscribes to.
 const (
 	EventEffectIndeterminate = "effect.indeterminate"
