@@ -945,7 +945,22 @@ const pages = {
 			{ title: 'URL', cell: (w) => h('code', null, w.url) },
 			{ title: 'Events', cell: (w) => text(w.events) },
 			{ title: 'Created', cell: (w) => time(w.created_at) },
-			{ title: '', cell: (w) => [link(['webhooks', w.id], 'Deliveries'), ' ', action('Delete', () => call('DELETE', `/webhooks/${seg(w.id)}`), { danger: true, confirm: `End the subscription to ${JSON.stringify(w.url)}? Its pending deliveries are abandoned.` })] },
+			{
+				title: '',
+				cell: (w) => [
+					link(['webhooks', w.id], 'Deliveries'),
+					' ',
+					action('Rotate secret', () => call('POST', `/webhooks/${seg(w.id)}/rotate-secret`, {}), {
+						confirm: `Give ${JSON.stringify(w.url)} a new signing secret? The current one keeps signing beside it for a day.`,
+						after: (r, status) =>
+							status.replaceChildren(
+								secretOnce(`New signing secret for ${w.url}`, r.secret, `It is shown once. Until ${r.previous_secret_expires_at} deliveries are signed with both secrets: deploy this one to the receiver before then.`),
+							),
+					}),
+					' ',
+					action('Delete', () => call('DELETE', `/webhooks/${seg(w.id)}`), { danger: true, confirm: `End the subscription to ${JSON.stringify(w.url)}? Its pending deliveries are abandoned.` }),
+				],
+			},
 		];
 		return [
 			h('h1', null, 'Webhooks'),

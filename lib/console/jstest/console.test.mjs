@@ -769,7 +769,15 @@ test('webhooks: a subscription made with its events, its deliveries page, then e
 	assert.match(f.querySelector('input.secret-value').value, /\S{16,}/);
 	const hook = (await api('GET', '/webhooks', key)).body.data[0];
 	assert.deepEqual([...hook.events].sort(), ['approval.requested', 'effect.indeterminate']);
+	const first = f.querySelector('input.secret-value').value;
 	await click(f, 'Done');
+	// Rotated: the new secret shown once, the previous one kept signing.
+	await click(row(ui, 'example.com/hooks'), 'Rotate secret');
+	assert.match(ui.confirms.at(-1), /new signing secret/);
+	const rotated = row(ui, 'example.com/hooks').querySelector('input.secret-value').value;
+	assert.match(rotated, /^whsec_\S{16,}/);
+	assert.notEqual(rotated, first);
+	assert.match(row(ui, 'example.com/hooks').textContent, /signed with both secrets/);
 	await go(ui, '#/webhooks/' + hook.id);
 	assert.match(ui.root.textContent, /Nothing delivered yet\./);
 	await go(ui, '#/webhooks');
