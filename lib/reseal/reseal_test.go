@@ -50,7 +50,8 @@ func fill(t *testing.T, env *apitest.Env, ws apitest.Workspace) (effectID string
 	r := env.DoWith("POST", "/api/v1/webhooks", ws.Key, http.Header{"Idempotency-Key": {"hook-1"}},
 		map[string]any{"url": "https://example.com/hook", "events": []string{"run.finished"}})
 	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
-	// Rotated: its previous secret is sealed too, until it expires.
+	// Rotated: its previous secret is sealed too (kept, expired or not,
+	// until the next rotation replaces it).
 	env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+r.JSON()["id"].(string)+"/rotate-secret", ws.Key, nil)
 	group := env.Must(http.StatusCreated, "POST", "/api/v1/groups", ws.Key, map[string]any{"name": "g"}).JSON()["id"]
 	d := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, map[string]any{

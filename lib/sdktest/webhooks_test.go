@@ -167,11 +167,13 @@ func TestWebhooksThroughTheSDK(t *testing.T) {
 	// Rotated, though the call's first answer is lost: one new secret, and
 	// both verify a delivery until the previous one expires.
 	rotator, lostRotate := b.losingClient(t, b.ws.Key, "/rotate-secret")
-	rotated, err := rotator.RotateWebhookSecret(ctx, hook.ID, time.Hour)
+	hour := time.Hour - time.Millisecond // rounded up to the hour
+	rotated, err := rotator.RotateWebhookSecret(ctx, hook.ID, ratchet.RotateSecretOptions{PreviousExpiresIn: &hour})
 	require.NoError(t, err)
 	require.EqualValues(t, 2, lostRotate.seen.Load())
 	require.NotEqual(t, hook.Secret, rotated.Secret)
 	require.NotNil(t, rotated.PreviousSecretExpiresAt)
+	require.WithinDuration(t, time.Now().Add(time.Hour), *rotated.PreviousSecretExpiresAt, time.Minute)
 	var sig string
 	var sent []byte
 	seen := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -252,6 +252,9 @@ type RotateRequest struct {
 	// PreviousSecretExpiresInSeconds is how long the secret being replaced
 	// keeps signing deliveries beside the new one; 0 ends it at once.
 	PreviousSecretExpiresInSeconds *int64 `json:"previous_secret_expires_in_seconds" openapi:"min=0,max=604800"`
+	// ReplacePrevious allows a rotation while an earlier one's previous
+	// secret still signs: that secret then stops at once.
+	ReplacePrevious bool `json:"replace_previous"`
 }
 
 // DefaultPreviousSecretTTL is how long a rotated secret keeps signing when
@@ -271,14 +274,24 @@ type RotatedWebhook struct {
 // sqlRotateSecret gives live webhook $1 of workspace $2 the sealed secret
 // $3; its current one becomes the previous, signing until $4 (NULL: not at
 // all). An UPDATE's SET reads the row as it was, so previous_secret is the
-// secret replaced; a rotation before the previous one expired drops that
-// one (only the latest two sign).
+// secret replaced. Only the latest two sign, so while a previous secret
+// still signs at $5 (the one a receiver may still hold) it rotates only
+// when $6 says to replace it. Answers the webhook, whether it rotated, and
+// until when the previous secret it found signs.
 const sqlRotateSecret = `
-UPDATE webhooks SET secret = $3::bytea,
-    previous_secret = CASE WHEN $4::timestamptz IS NULL THEN NULL ELSE secret END,
-    previous_secret_expires_at = $4::timestamptz
-WHERE id = $1::text AND workspace_id = $2::text AND deleted_at IS NULL
-RETURNING ` + webhookCols
+WITH w AS (
+    SELECT id, CASE WHEN previous_secret_expires_at > $5::timestamptz THEN previous_secret_expires_at END AS signing
+    FROM webhooks WHERE id = $1::text AND workspace_id = $2::text AND deleted_at IS NULL
+    FOR NO KEY UPDATE
+), rotated AS (
+    UPDATE webhooks SET secret = $3::bytea,
+        previous_secret = CASE WHEN $4::timestamptz IS NULL THEN NULL ELSE secret END,
+        previous_secret_expires_at = $4::timestamptz
+    FROM w WHERE webhooks.id = w.id AND (w.signing IS NULL OR $6::boolean)
+    RETURNING webhooks.id
+)
+SELECT ` + webhookCols + `, EXISTS (SELECT 1 FROM rotated), w.signing
+FROM webhooks JOIN w USING (id)`
 
 // RotateSecret gives a subscription a new signing secret, answered once.
 // Deliveries sent from then on are signed with the new secret and, until
@@ -301,20 +314,27 @@ func (s *Service) RotateSecret(ctx context.Context, workspaceID, id string, req 
 		expires = &t
 	}
 	out := RotatedWebhook{NewWebhook: NewWebhook{Secret: "whsec_" + ids.Random(32)}, PreviousSecretExpiresAt: expires}
+	var rotated bool
+	var signing *time.Time
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, sqlRotateSecret, id, workspaceID,
-			s.sealer.Seal([]byte(out.Secret), seal.AAD(id, "secret")), expires)
-		if err != nil {
-			return fmt.Errorf("rotate webhook secret: %w", err)
-		}
-		out.Webhook, err = pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Webhook])
-		return err
+		w := &out.Webhook
+		return tx.QueryRow(ctx, sqlRotateSecret, id, workspaceID, s.sealer.Seal([]byte(out.Secret), seal.AAD(id, "secret")),
+			expires, now, req.ReplacePrevious).Scan(&w.ID, &w.URL, &w.Events, &w.CreatedAt, &rotated, &signing)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RotatedWebhook{}, apierr.NotFound("webhook")
 	}
 	if err != nil {
 		return RotatedWebhook{}, fmt.Errorf("rotate webhook secret: %w", err)
+	}
+	if !rotated {
+		// The receiver may still hold the previous secret (the new one was
+		// not deployed yet, or its answer was lost): rotating would stop it
+		// at once (review).
+		return RotatedWebhook{}, apierr.InvalidState("A previous secret still signs until %s, beside the current one; "+
+			"rotating now would stop it at once. Deploy the current secret and rotate after then, or send "+
+			"replace_previous: true.", signing.UTC().Format(time.RFC3339)).
+			WithDetail("previous_secret_expires_at", signing.UTC().Format(time.RFC3339Nano))
 	}
 	return out, nil
 }

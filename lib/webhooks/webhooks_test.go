@@ -1170,9 +1170,16 @@ func TestARotatedSecretSignsBesideTheNewOneUntilItExpires(t *testing.T) {
 	sig, body = send()
 	require.Equal(t, []string{third}, signedWith(t, sig, body, first, second, third))
 
-	// Two rotations in a row: the latest two sign, never the oldest.
+	// While a previous secret still signs (the receiver may hold it), a
+	// rotation is refused unless it says to replace it (review: it stopped
+	// at once); then the latest two sign, never the oldest.
 	fourth := rotate(map[string]any{"previous_secret_expires_in_seconds": 60}).JSON()["secret"].(string)
-	fifth := rotate(map[string]any{"previous_secret_expires_in_seconds": 60}).JSON()["secret"].(string)
+	refused := rotate(map[string]any{"previous_secret_expires_in_seconds": 60})
+	require.Equal(t, "invalid_state", refused.ErrorCode())
+	require.NotNil(t, refused.JSON()["error"].(map[string]any)["detail"].(map[string]any)["previous_secret_expires_at"])
+	sig, body = send()
+	require.Equal(t, []string{fourth, third}, signedWith(t, sig, body, third, fourth), "nothing rotated")
+	fifth := rotate(map[string]any{"previous_secret_expires_in_seconds": 60, "replace_previous": true}).JSON()["secret"].(string)
 	sig, body = send()
 	require.Equal(t, []string{fifth, fourth}, signedWith(t, sig, body, third, fourth, fifth))
 

@@ -115,17 +115,36 @@ type RotatedWebhook struct {
 	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
 }
 
+// RotateSecretOptions shape RotateWebhookSecret.
+type RotateSecretOptions struct {
+	// PreviousExpiresIn is how long the secret being replaced keeps signing
+	// beside the new one, rounded up to whole seconds, up to a week; nil
+	// for the server's default (a day), 0 to end it at once.
+	PreviousExpiresIn *time.Duration
+	// ReplacePrevious rotates even while an earlier rotation's previous
+	// secret still signs (the server refuses otherwise, 409 invalid_state,
+	// as the receiver may still hold it): that secret stops at once.
+	ReplacePrevious bool
+}
+
 // RotateWebhookSecret gives a subscription a new signing secret. Until the
-// previous one expires (previousExpiresIn, whole seconds up to a week; 0
-// ends it at once) deliveries are signed with both, so deploy the new
+// previous one expires deliveries are signed with both, so deploy the new
 // secret to the receiver meanwhile: VerifyWebhook accepts a delivery when
 // any of its signatures verifies. Every attempt of the call carries one
 // Idempotency-Key, so a retry after a lost answer gets the secret the first
 // attempt made.
-func (c *Client) RotateWebhookSecret(ctx context.Context, webhookID string, previousExpiresIn time.Duration) (*RotatedWebhook, error) {
+func (c *Client) RotateWebhookSecret(ctx context.Context, webhookID string, opts RotateSecretOptions) (*RotatedWebhook, error) {
 	body := struct {
-		Seconds int64 `json:"previous_secret_expires_in_seconds"`
-	}{int64(previousExpiresIn / time.Second)}
+		Seconds         *int64 `json:"previous_secret_expires_in_seconds,omitempty"`
+		ReplacePrevious bool   `json:"replace_previous,omitempty"`
+	}{ReplacePrevious: opts.ReplacePrevious}
+	if d := opts.PreviousExpiresIn; d != nil {
+		seconds := int64((*d + time.Second - 1) / time.Second)
+		if *d <= 0 {
+			seconds = 0
+		}
+		body.Seconds = &seconds
+	}
 	return callKeyed[RotatedWebhook](ctx, c, "POST", "/webhooks/"+pathID(webhookID)+"/rotate-secret", newRequestID(), body)
 }
 
@@ -183,7 +202,8 @@ var ErrWebhookSignature = errors.New("ratchet: webhook signature does not verify
 var ErrNoWebhookSecret = errors.New("ratchet: no webhook secret to verify with")
 
 // maxSignatureHeader bounds the Ratchet-Signature header read, and
-// maxSignatures the v1 entries in it (the server sends one).
+// maxSignatures the v1 entries in it (the server sends one, two while a
+// rotated secret still signs).
 const (
 	maxSignatureHeader = 4096
 	maxSignatures      = 8

@@ -778,6 +778,10 @@ test('webhooks: a subscription made with its events, its deliveries page, then e
 	assert.match(rotated, /^whsec_\S{16,}/);
 	assert.notEqual(rotated, first);
 	assert.match(row(ui, 'example.com/hooks').textContent, /signed with both secrets/);
+	// Clicked again (its answer lost, say): the same rotation answered
+	// again, not a second one (which would stop the secret the receiver holds).
+	await click(row(ui, 'example.com/hooks'), 'Rotate secret');
+	assert.equal(row(ui, 'example.com/hooks').querySelector('input.secret-value').value, rotated);
 	await go(ui, '#/webhooks/' + hook.id);
 	assert.match(ui.root.textContent, /Nothing delivered yet\./);
 	await go(ui, '#/webhooks');

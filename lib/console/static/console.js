@@ -285,6 +285,12 @@ function contractOf(v) {
 	return body;
 }
 
+// newNonce is a random string for an Idempotency-Key.
+function newNonce() {
+	if (globalThis.crypto && globalThis.crypto.randomUUID) return globalThis.crypto.randomUUID();
+	return Date.now().toString(36) + Math.random().toString(36).slice(2);
+}
+
 // secretOnce shows a secret the API returns only at creation.
 function secretOnce(title, secret, note) {
 	return h(
@@ -308,8 +314,8 @@ function ownKeyId() {
 	return m ? 'key_' + m[1] : null;
 }
 
-async function call(method, path, body) {
-	const headers = { Accept: 'application/json' };
+async function call(method, path, body, extraHeaders) {
+	const headers = { Accept: 'application/json', ...extraHeaders };
 	const k = key();
 	if (k) headers.Authorization = 'Bearer ' + k;
 	if (body !== undefined) headers['Content-Type'] = 'application/json';
@@ -947,19 +953,24 @@ const pages = {
 			{ title: 'Created', cell: (w) => time(w.created_at) },
 			{
 				title: '',
-				cell: (w) => [
-					link(['webhooks', w.id], 'Deliveries'),
-					' ',
-					action('Rotate secret', () => call('POST', `/webhooks/${seg(w.id)}/rotate-secret`, {}), {
-						confirm: `Give ${JSON.stringify(w.url)} a new signing secret? The current one keeps signing beside it for a day.`,
-						after: (r, status) =>
-							status.replaceChildren(
-								secretOnce(`New signing secret for ${w.url}`, r.secret, `It is shown once. Until ${r.previous_secret_expires_at} deliveries are signed with both secrets: deploy this one to the receiver before then.`),
-							),
-					}),
-					' ',
-					action('Delete', () => call('DELETE', `/webhooks/${seg(w.id)}`), { danger: true, confirm: `End the subscription to ${JSON.stringify(w.url)}? Its pending deliveries are abandoned.` }),
-				],
+				cell: (w) => {
+					// One Idempotency-Key per row drawn: a click sent again after a
+					// lost answer is given the secret the first one made.
+					const rotateKey = 'console-rotate:' + w.id + ':' + newNonce();
+					return [
+						link(['webhooks', w.id], 'Deliveries'),
+						' ',
+						action('Rotate secret', () => call('POST', `/webhooks/${seg(w.id)}/rotate-secret`, {}, { 'Idempotency-Key': rotateKey }), {
+							confirm: `Give ${JSON.stringify(w.url)} a new signing secret? The current one keeps signing beside it for a day (refused while an earlier rotation's previous secret still signs).`,
+							after: (r, status) =>
+								status.replaceChildren(
+									secretOnce(`New signing secret for ${w.url}`, r.secret, `It is shown once. Until ${r.previous_secret_expires_at} deliveries are signed with both secrets: deploy this one to the receiver before then.`),
+								),
+						}),
+						' ',
+						action('Delete', () => call('DELETE', `/webhooks/${seg(w.id)}`), { danger: true, confirm: `End the subscription to ${JSON.stringify(w.url)}? Its pending deliveries are abandoned.` }),
+					];
+				},
 			},
 		];
 		return [
