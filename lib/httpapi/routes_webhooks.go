@@ -77,17 +77,7 @@ func (s *Server) webhookRoutes() []Route {
 				"While an earlier rotation's previous secret still signs, 409 invalid_state unless replace_previous is true.",
 			Request: webhooks.RotateRequest{}, Response: webhooks.RotatedWebhook{}, Status: 200,
 			Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidRequest, apierr.CodeInvalidState},
-			Handle: func(ctx context.Context, c *Call) (any, error) {
-				id, err := c.PathID("id", ids.Webhook)
-				if err != nil {
-					return nil, err
-				}
-				var req webhooks.RotateRequest
-				if err := c.Decode(&req); err != nil {
-					return nil, err
-				}
-				return s.Webhooks.RotateSecret(ctx, c.Principal.WorkspaceID, id, req)
-			},
+			Handle: webhookAction(s, (*webhooks.Service).RotateSecret),
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/webhooks/{id}/deliveries", Name: "webhooks.deliveries", Tag: "webhooks",
@@ -119,17 +109,25 @@ func (s *Server) webhookRoutes() []Route {
 				"skips what it took. Returns the deliveries as they now are.",
 			Request: webhooks.RetryRequest{}, Response: webhooks.Retried{}, Status: 200,
 			Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidRequest},
-			Handle: func(ctx context.Context, c *Call) (any, error) {
-				id, err := c.PathID("id", ids.Webhook)
-				if err != nil {
-					return nil, err
-				}
-				var req webhooks.RetryRequest
-				if err := c.Decode(&req); err != nil {
-					return nil, err
-				}
-				return s.Webhooks.Retry(ctx, c.Principal.WorkspaceID, id, req)
-			},
+			Handle: webhookAction(s, (*webhooks.Service).Retry),
 		},
+	}
+}
+
+// webhookAction handles a POST on one subscription: its id from the path,
+// a body of type Req, then act on the server's webhook service (read when
+// the request comes, as every handler reads it).
+func webhookAction[Req, Resp any](s *Server,
+	act func(*webhooks.Service, context.Context, string, string, Req) (Resp, error)) func(context.Context, *Call) (any, error) {
+	return func(ctx context.Context, c *Call) (any, error) {
+		id, err := c.PathID("id", ids.Webhook)
+		if err != nil {
+			return nil, err
+		}
+		var req Req
+		if err := c.Decode(&req); err != nil {
+			return nil, err
+		}
+		return act(s.Webhooks, ctx, c.Principal.WorkspaceID, id, req)
 	}
 }

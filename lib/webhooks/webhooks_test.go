@@ -940,6 +940,11 @@ func TestARetrySendsEndedDeliveriesAgain(t *testing.T) {
 	require.Equal(t, "not_found", retry(env, ws.Key, id, "dlv_not-an-id").ErrorCode())
 	require.Equal(t, "not_found", retry(env, env.Signup().Key, id, dlv).ErrorCode())
 	require.Equal(t, "invalid_request", retry(env, ws.Key, id).ErrorCode())
+	many := make([]string, 101)
+	for i := range many {
+		many[i] = ids.New(ids.Delivery)
+	}
+	require.Equal(t, "invalid_request", retry(env, ws.Key, id, many...).ErrorCode(), "at most 100")
 	require.Equal(t, "invalid_request", retry(env, ws.Key, id, dlv, dlv).ErrorCode())
 	require.Equal(t, "invalid_request", retry(env, ws.Key, id, "x", "y", "y").ErrorCode(),
 		"what is wrong with the list first, then what it names")
