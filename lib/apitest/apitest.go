@@ -108,6 +108,25 @@ func WithLogger(l *slog.Logger) Option {
 	return func(_ *config.Config, o *app.Options) { o.Logger = l }
 }
 
+// LockedBuffer is a log sink safe to read while handlers and the sweeper
+// write to it: pass slog.NewTextHandler(&buf, nil) to WithLogger.
+type LockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *LockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *LockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
 // WithNow injects a clock.
 func WithNow(now func() time.Time) Option {
 	return func(_ *config.Config, o *app.Options) { o.Now = now }

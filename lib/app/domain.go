@@ -61,13 +61,16 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 		}})
 	}
 
-	deps.Webhooks = webhooks.New(deps.Pool, deps.Sealer, deps.Now, deps.Config.WebhookAllowPrivateNetworks)
+	deps.Webhooks = webhooks.New(deps.Pool, deps.Sealer, deps.Now, deps.Config.WebhookAllowPrivateNetworks, deps.Logger)
 	// Webhook tasks run last, so events recorded earlier in the same pass go
 	// out in it. Sending waits on receivers, so the local loop runs it
 	// detached (sweep.Task.Detached).
 	sweeper.Add(
 		sweep.Task{Name: "webhooks.dispatch", Run: deps.Webhooks.Dispatch},
 		sweep.Task{Name: "webhooks.deliver", Run: deps.Webhooks.Deliver, Detached: true, Needs: webhooks.RoundTime},
+		sweep.Task{Name: "webhooks.expired_secrets", Run: func(ctx context.Context, now time.Time) (int, error) {
+			return deps.Webhooks.ClearExpiredSecrets(ctx, now, retentionPerPass)
+		}},
 	)
 	if days := deps.Config.EventRetentionDays; days > 0 {
 		sweeper.Add(sweep.Task{Name: "events.retention", Run: func(ctx context.Context, now time.Time) (int, error) {

@@ -1,7 +1,6 @@
 package httpapi_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -557,7 +556,7 @@ func TestCronSweepNeedsSecret(t *testing.T) {
 
 	// Unset, every call is refused, and the log says why: on Vercel the
 	// schedule is the only sweeper (deployment review: nothing said so).
-	var logs lockedBuffer
+	var logs apitest.LockedBuffer
 	unset := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.CronSecret = "" }),
 		apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	require.Equal(t, http.StatusUnauthorized, unset.Do("GET", "/api/cron/sweep", "", nil).Status)
@@ -578,24 +577,6 @@ func TestCronSweepAnswers503WhenTheDatabaseIsAway(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, r.Status, "%s", r.Body)
 	require.Equal(t, "database_unavailable", r.ErrorCode())
 	require.Equal(t, map[string]any{"jobs.lapsed_leases": "failed"}, r.JSON()["errors"])
-}
-
-// lockedBuffer is a log sink safe to read while handlers write to it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // The workspace's last root key (every scope, no tools list, no ceiling or

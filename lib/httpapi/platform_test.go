@@ -213,7 +213,7 @@ func TestRouteTimeoutIs503(t *testing.T) {
 // unauthenticated and unbounded).
 func TestAnUnknownMethodIsNotLoggedVerbatim(t *testing.T) {
 	t.Parallel()
-	var logs lockedBuffer
+	var logs apitest.LockedBuffer
 	env := apitest.Start(t, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	for _, method := range []string{"MARKERMETHOD", strings.Repeat("M", 10_000)} {
 		r := env.Do(method, "/api/v1/health", "", nil)

@@ -75,7 +75,7 @@ func (s *Server) webhookRoutes() []Route {
 				"(previous_secret_expires_in_seconds, 0 to 604800, default 86400) deliveries carry a v1 signature " +
 				"for each: accept a delivery when any v1 verifies, and move the receiver to the new secret meanwhile. " +
 				"While an earlier rotation's previous secret still signs, 409 invalid_state unless replace_previous is true.",
-			Request: webhooks.RotateRequest{}, Response: webhooks.RotatedWebhook{}, Status: 200,
+			Request: webhooks.RotateRequest{}, Response: webhooks.NewWebhook{}, Status: 200,
 			Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidRequest, apierr.CodeInvalidState},
 			Handle: webhookAction(s, (*webhooks.Service).RotateSecret),
 		},

@@ -162,7 +162,7 @@ func TestConnectionLostMidRequestIs503OutcomeUnknown(t *testing.T) {
 // not applied whatever that statement did (chaos QA: it said unknown).
 func TestConnectionLostDuringAuthenticationIsNotApplied(t *testing.T) {
 	t.Parallel()
-	var logs lockedBuffer
+	var logs apitest.LockedBuffer
 	clock := apitest.NewClock(time.Now())
 	env := startCut(t, apitest.WithNow(clock.Now), apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	ws := env.Signup()

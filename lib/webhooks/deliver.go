@@ -445,14 +445,22 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks, wo
 func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 	secret, err := s.sealer.Open(c.secret, seal.AAD(c.webhookID, "secret"))
 	if err != nil {
+		// A sealing key missing from SEAL_KEYS, say: the operator must
+		// hear of it, the delivery's record alone reaches only its owner.
+		s.logger.Error("webhook signing secret cannot be opened; delivery not sent",
+			"webhook_id", c.webhookID, "delivery_id", c.id)
 		return s.record(ctx, c, nil, "cannot open signing secret")
 	}
 	secrets := []string{string(secret)}
 	if c.previous != nil {
 		// The rotated secret signs too, until it expires; one that cannot
-		// be opened is left out (the new one still signs).
+		// be opened is left out (the new one still signs), and said so: a
+		// receiver still holding it refuses the delivery.
 		if previous, err := s.sealer.Open(c.previous, seal.AAD(c.webhookID, "secret")); err == nil {
 			secrets = append(secrets, string(previous))
+		} else {
+			s.logger.Warn("webhook previous signing secret cannot be opened; signed with the current one alone",
+				"webhook_id", c.webhookID, "delivery_id", c.id)
 		}
 	}
 	body, err := json.Marshal(map[string]any{
@@ -525,7 +533,10 @@ func (s *Service) record(ctx context.Context, c claimed, code *int, failure stri
 // receiver lives in: "this network" (0.0.0.0/8, which some stacks route to
 // the host itself; net.IP knows only 0.0.0.0), carrier-grade NAT (cloud
 // metadata services answer in it, e.g. 100.100.100.200), IETF protocol
-// assignments, benchmarking, the reserved class E, and the IPv6 ranges that
+// assignments, benchmarking, the documentation ranges (TEST-NET-1 to 3,
+// 2001:db8::/32 and 3fff::/20: nothing real answers there, and a network
+// may route them anywhere; QA: 192.0.2.1 was taken), the deprecated 6to4
+// relay anycast, the reserved class E, and the IPv6 ranges that
 // carry or translate an IPv4 address, which would reach any IPv4 address,
 // private ones included (NAT64, IPv4-compatible, SIIT, 6to4, Teredo), with
 // the deprecated site-local range and the discard prefix (QA: the last five
@@ -535,6 +546,10 @@ var nonPublic = []netip.Prefix{
 	netip.MustParsePrefix("192.0.0.0/24"),
 	netip.MustParsePrefix("100.64.0.0/10"),
 	netip.MustParsePrefix("198.18.0.0/15"),
+	netip.MustParsePrefix("192.0.2.0/24"),
+	netip.MustParsePrefix("198.51.100.0/24"),
+	netip.MustParsePrefix("203.0.113.0/24"),
+	netip.MustParsePrefix("192.88.99.0/24"),
 	netip.MustParsePrefix("240.0.0.0/4"),
 	netip.MustParsePrefix("64:ff9b::/96"),
 	netip.MustParsePrefix("64:ff9b:1::/48"),
@@ -544,6 +559,8 @@ var nonPublic = []netip.Prefix{
 	netip.MustParsePrefix("2001::/32"),
 	netip.MustParsePrefix("fec0::/10"),
 	netip.MustParsePrefix("100::/64"),
+	netip.MustParsePrefix("2001:db8::/32"),
+	netip.MustParsePrefix("3fff::/20"),
 }
 
 // public reports whether ip may receive a webhook.

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"slices"
@@ -30,6 +31,10 @@ type Webhook struct {
 	URL       string    `json:"url"`
 	Events    []string  `json:"events"`
 	CreatedAt time.Time `json:"created_at"`
+	// PreviousSecretExpiresAt is when the secret a rotation replaced stops
+	// signing deliveries beside the current one (RotateSecret); null when
+	// there is none. Once past, the sweeper clears it (ClearExpiredSecrets).
+	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
 }
 
 // NewWebhook is a created subscription with its signing secret, shown once.
@@ -68,15 +73,18 @@ type Service struct {
 	client *http.Client
 	// allowPrivate: receivers on non-public addresses are accepted.
 	allowPrivate bool
+	logger       *slog.Logger
 }
 
 // New returns a Service. allowPrivate permits receivers on loopback and
 // private networks (tests, self-hosting); otherwise the dialer refuses them,
-// so a webhook cannot be aimed at the service's own network.
-func New(pool *pgxpool.Pool, sealer *seal.Sealer, now func() time.Time, allowPrivate bool) *Service {
+// so a webhook cannot be aimed at the service's own network. logger hears
+// of signing secrets that cannot be opened (by webhook id only).
+func New(pool *pgxpool.Pool, sealer *seal.Sealer, now func() time.Time, allowPrivate bool, logger *slog.Logger) *Service {
 	// Postgres keeps microseconds: a write answers the time a read returns.
 	clock := func() time.Time { return now().UTC().Truncate(time.Microsecond) }
-	return &Service{pool: pool, sealer: sealer, now: clock, client: newClient(allowPrivate), allowPrivate: allowPrivate}
+	return &Service{pool: pool, sealer: sealer, now: clock, client: newClient(allowPrivate), allowPrivate: allowPrivate,
+		logger: logger}
 }
 
 // validate checks the request. Unless allowPrivate, a receiver named by a
@@ -178,7 +186,7 @@ func (s *Service) Create(ctx context.Context, workspaceID string, req CreateRequ
 const MaxWebhooks = 20
 
 // webhookCols are a Webhook's columns, in its fields' order.
-const webhookCols = `id, url, events, created_at`
+const webhookCols = `id, url, events, created_at, previous_secret_expires_at`
 
 // List pages through live subscriptions.
 func (s *Service) List(ctx context.Context, workspaceID, cursor string, limit int) ([]Webhook, error) {
@@ -264,13 +272,6 @@ const DefaultPreviousSecretTTL = 24 * time.Hour
 // maxPreviousSecretTTL bounds it: a week.
 const maxPreviousSecretTTL = 7 * 24 * time.Hour
 
-// RotatedWebhook is a subscription with its new signing secret, shown
-// once, and when the previous secret stops signing (null: it already has).
-type RotatedWebhook struct {
-	NewWebhook
-	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
-}
-
 // sqlRotateSecret gives live webhook $1 of workspace $2 the sealed secret
 // $3; its current one becomes the previous, signing until $4 (NULL: not at
 // all). An UPDATE's SET reads the row as it was, so previous_secret is the
@@ -298,11 +299,11 @@ FROM webhooks JOIN w USING (id)`
 // the previous one expires, with that one too (two v1 signatures): a
 // receiver moves to the new secret at its own pace, accepting a delivery
 // when either signature verifies.
-func (s *Service) RotateSecret(ctx context.Context, workspaceID, id string, req RotateRequest) (RotatedWebhook, error) {
+func (s *Service) RotateSecret(ctx context.Context, workspaceID, id string, req RotateRequest) (NewWebhook, error) {
 	ttl := DefaultPreviousSecretTTL
 	if v := req.PreviousSecretExpiresInSeconds; v != nil {
 		if *v < 0 || *v > int64(maxPreviousSecretTTL/time.Second) {
-			return RotatedWebhook{}, apierr.InvalidField("previous_secret_expires_in_seconds",
+			return NewWebhook{}, apierr.InvalidField("previous_secret_expires_in_seconds",
 				"must be an integer from 0 to %d (a week)", int64(maxPreviousSecretTTL/time.Second))
 		}
 		ttl = time.Duration(*v) * time.Second
@@ -313,30 +314,52 @@ func (s *Service) RotateSecret(ctx context.Context, workspaceID, id string, req 
 		t := now.Add(ttl)
 		expires = &t
 	}
-	out := RotatedWebhook{NewWebhook: NewWebhook{Secret: "whsec_" + ids.Random(32)}, PreviousSecretExpiresAt: expires}
+	out := NewWebhook{Secret: "whsec_" + ids.Random(32)}
 	var rotated bool
 	var signing *time.Time
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		w := &out.Webhook
 		return tx.QueryRow(ctx, sqlRotateSecret, id, workspaceID, s.sealer.Seal([]byte(out.Secret), seal.AAD(id, "secret")),
-			expires, now, req.ReplacePrevious).Scan(&w.ID, &w.URL, &w.Events, &w.CreatedAt, &rotated, &signing)
+			expires, now, req.ReplacePrevious).Scan(&w.ID, &w.URL, &w.Events, &w.CreatedAt, &w.PreviousSecretExpiresAt,
+			&rotated, &signing)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return RotatedWebhook{}, apierr.NotFound("webhook")
+		return NewWebhook{}, apierr.NotFound("webhook")
 	}
 	if err != nil {
-		return RotatedWebhook{}, fmt.Errorf("rotate webhook secret: %w", err)
+		return NewWebhook{}, fmt.Errorf("rotate webhook secret: %w", err)
 	}
 	if !rotated {
 		// The receiver may still hold the previous secret (the new one was
 		// not deployed yet, or its answer was lost): rotating would stop it
 		// at once (review).
-		return RotatedWebhook{}, apierr.InvalidState("A previous secret still signs until %s, beside the current one; "+
+		return NewWebhook{}, apierr.InvalidState("A previous secret still signs until %s, beside the current one; "+
 			"rotating now would stop it at once. Deploy the current secret and rotate after then, or send "+
 			"replace_previous: true.", signing.UTC().Format(time.RFC3339)).
 			WithDetail("previous_secret_expires_at", signing.UTC().Format(time.RFC3339Nano))
 	}
+	// The statement reads the row as it was before its update.
+	out.PreviousSecretExpiresAt = expires
 	return out, nil
+}
+
+// ClearExpiredSecrets removes up to limit previous secrets that stopped
+// signing at or before now, so a rotated secret is not kept sealed in its
+// row until the next rotation. A rotation that lands meanwhile sets a
+// later expiry, and the update, rechecking the row at its newest version,
+// leaves it. It answers how many it cleared.
+func (s *Service) ClearExpiredSecrets(ctx context.Context, now time.Time, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, `
+		UPDATE webhooks SET previous_secret = NULL, previous_secret_expires_at = NULL
+		WHERE id IN (
+		    SELECT id FROM webhooks
+		    WHERE previous_secret IS NOT NULL AND previous_secret_expires_at <= $1::timestamptz
+		    LIMIT $2::int
+		) AND previous_secret_expires_at <= $1::timestamptz`, now, limit)
+	if err != nil {
+		return 0, fmt.Errorf("clear expired webhook secrets: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
 }
 
 // deliveryCols are a delivery's columns (alias d) as the API shows it, in

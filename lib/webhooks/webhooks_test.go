@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -1126,6 +1127,19 @@ func TestARotatedSecretSignsBesideTheNewOneUntilItExpires(t *testing.T) {
 	created := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
 		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()
 	id, first := created["id"].(string), created["secret"].(string)
+	require.Contains(t, created, "previous_secret_expires_at")
+	require.Nil(t, created["previous_secret_expires_at"], "no previous secret yet")
+	shown := func() any {
+		t.Helper()
+		return env.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+id, ws.Key, nil).JSON()["previous_secret_expires_at"]
+	}
+	kept := func() bool {
+		t.Helper()
+		var sealed bool
+		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT previous_secret IS NOT NULL FROM webhooks WHERE id = $1`,
+			id).Scan(&sealed))
+		return sealed
+	}
 	rotate := func(body any) *apitest.Response {
 		return env.Do("POST", "/api/v1/webhooks/"+id+"/rotate-secret", ws.Key, body)
 	}
@@ -1160,12 +1174,22 @@ func TestARotatedSecretSignsBesideTheNewOneUntilItExpires(t *testing.T) {
 	require.NoError(t, err)
 	require.WithinDuration(t, clk.Now().Add(24*time.Hour), expires, time.Second, "a day by default")
 	require.NotContains(t, env.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+id, ws.Key, nil).JSON(), "secret")
+	require.Equal(t, r.JSON()["previous_secret_expires_at"], shown(), "the resource says until when")
+	var page struct {
+		Data []map[string]any `json:"data"`
+	}
+	env.Must(http.StatusOK, "GET", "/api/v1/webhooks", ws.Key, nil).Decode(t, &page)
+	require.Equal(t, r.JSON()["previous_secret_expires_at"], page.Data[0]["previous_secret_expires_at"], "and the list")
 
 	sig, body = send()
 	require.Equal(t, []string{second, first}, signedWith(t, sig, body, first, second), "both sign, the new one first")
+	require.True(t, kept(), "a pass before its expiry keeps it")
 	clk.Add(24*time.Hour + time.Second)
 	sig, body = send()
 	require.Equal(t, []string{second}, signedWith(t, sig, body, first, second), "the previous one expired")
+	// The pass that sent it cleared the expired secret from its row.
+	require.False(t, kept(), "not kept sealed until the next rotation")
+	require.Nil(t, shown())
 
 	// Ended at once: only the new secret signs.
 	r = rotate(map[string]any{"previous_secret_expires_in_seconds": 0})
@@ -1190,4 +1214,46 @@ func TestARotatedSecretSignsBesideTheNewOneUntilItExpires(t *testing.T) {
 
 	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil)
 	require.Equal(t, "not_found", rotate(nil).ErrorCode())
+}
+
+// A previous secret that cannot be opened (its sealing key gone, say) is
+// left out of the signature, and the operator hears of it by webhook id:
+// a receiver still holding that secret refuses the delivery. A current
+// secret that cannot be opened stops the send, and is logged too. Neither
+// log line carries a secret or the event.
+func TestASecretThatCannotBeOpenedIsLogged(t *testing.T) {
+	var logs apitest.LockedBuffer
+	c := apitest.NewClock(time.Now())
+	env := apitest.Start(t, apitest.WithNow(c.Now), apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
+		apitest.WithConfig(func(cfg *config.Config) { cfg.WebhookAllowPrivateNetworks = true }))
+	ctx := context.Background()
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	created := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()
+	id, first := created["id"].(string), created["secret"].(string)
+	second := env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+id+"/rotate-secret", ws.Key, nil).JSON()["secret"].(string)
+	_, err := env.App.Pool.Exec(ctx, `UPDATE webhooks SET previous_secret = '\x00'::bytea WHERE id = $1`, id)
+	require.NoError(t, err)
+
+	record(t, env, ws.ID, events.RunFinished, c.Now())
+	env.App.Sweeper.RunOnce(ctx)
+	require.Equal(t, 1, rcv.count())
+	rcv.mu.Lock()
+	sig, body := rcv.sigs[0], rcv.bodies[0]
+	rcv.mu.Unlock()
+	require.Equal(t, []string{second}, signedWith(t, sig, body, first, second), "the current one alone")
+	require.Contains(t, logs.String(), "webhook previous signing secret cannot be opened")
+	require.Contains(t, logs.String(), "webhook_id="+id)
+
+	_, err = env.App.Pool.Exec(ctx, `UPDATE webhooks SET secret = '\x00'::bytea WHERE id = $1`, id)
+	require.NoError(t, err)
+	record(t, env, ws.ID, events.RunFinished, c.Now())
+	env.App.Sweeper.RunOnce(ctx)
+	require.Equal(t, 1, rcv.count(), "not sent unsigned")
+	require.Contains(t, logs.String(), "webhook signing secret cannot be opened; delivery not sent")
+	for _, secret := range []string{first, second} {
+		require.NotContains(t, logs.String(), secret)
+	}
+	require.NotContains(t, logs.String(), string(body))
 }

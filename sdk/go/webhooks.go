@@ -22,6 +22,10 @@ type Webhook struct {
 	URL       string    `json:"url"`
 	Events    []string  `json:"events"`
 	CreatedAt time.Time `json:"created_at"`
+	// PreviousSecretExpiresAt is when the secret the last rotation
+	// replaced stops signing beside the current one (nil: none does;
+	// the server clears a past one within a sweep).
+	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
 }
 
 // NewWebhook is a created subscription with its signing secret, shown
@@ -109,10 +113,10 @@ func (c *Client) RetryWebhookDeliveries(ctx context.Context, webhookID string, d
 }
 
 // RotatedWebhook is a subscription with its new signing secret, shown
-// once, and when the previous secret stops signing (nil: it already has).
+// once; its PreviousSecretExpiresAt says when the previous secret stops
+// signing (nil: it already has).
 type RotatedWebhook struct {
 	NewWebhook
-	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
 }
 
 // RotateSecretOptions shape RotateWebhookSecret.

@@ -951,6 +951,7 @@ const pages = {
 			{ title: 'URL', cell: (w) => h('code', null, w.url) },
 			{ title: 'Events', cell: (w) => text(w.events) },
 			{ title: 'Created', cell: (w) => time(w.created_at) },
+			{ title: 'Previous secret signs until', cell: (w) => time(w.previous_secret_expires_at) },
 			{
 				title: '',
 				cell: (w) => {
