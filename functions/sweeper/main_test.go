@@ -2,18 +2,60 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"net/http"
 	"os"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/aws/aws-lambda-go/events"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/app"
+	"github.com/getratchet/ratchet/lib/sweep"
 )
 
-func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
+func TestMain(m *testing.M) {
+	if os.Getenv(apitest.FunctionMainEnv) == "1" {
+		main() // the process StartFunction starts: lambda.Start never returns
+		return
+	}
+	os.Exit(apitest.Main(m))
+}
+
+// The deployed sweeper, its real main and lambda.Start included, runs a pass
+// for each scheduled event Lambda's Runtime API hands it, and answers what
+// each task changed: here the previous signing secret of a webhook, expired.
+func TestTheLambdaFunctionSweepsOnEachScheduledEvent(t *testing.T) {
+	env := apitest.Start(t)
+	ws := env.Signup()
+	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": "https://example.com/hook", "events": []string{"run.finished"}}).JSON()["id"].(string)
+	env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+id+"/rotate-secret", ws.Key, nil)
+	_, err := env.App.Pool.Exec(context.Background(),
+		`UPDATE webhooks SET previous_secret_expires_at = now() - interval '1 second' WHERE id = $1`, id)
+	require.NoError(t, err)
+
+	rt := apitest.NewLambdaRuntime(t)
+	rt.StartFunction(t)
+	scheduled := events.EventBridgeEvent{Version: "0", ID: "e1", DetailType: "Scheduled Event", Source: "aws.events",
+		Region: "us-east-1", Time: time.Now().UTC(), Detail: json.RawMessage(`{}`)}
+	pass := func() sweep.Result {
+		t.Helper()
+		a := rt.Invoke(t, scheduled)
+		require.False(t, a.Error, "a function error: %s", a.Payload)
+		var res sweep.Result
+		require.NoError(t, json.Unmarshal(a.Payload, &res), "%s", a.Payload)
+		require.Empty(t, res.Errors)
+		return res
+	}
+	require.Equal(t, 1, pass().Changed["webhooks.expired_secrets"])
+	require.Nil(t, env.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+id, ws.Key, nil).JSON()["previous_secret_expires_at"])
+	require.Equal(t, 0, pass().Changed["webhooks.expired_secrets"], "the same process, a second pass")
+}
 
 // An invocation runs every task of the pass once and answers what each
 // changed.
