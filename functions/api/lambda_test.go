@@ -14,13 +14,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 )
 
-func TestMain(m *testing.M) {
-	if os.Getenv(apitest.FunctionMainEnv) == "1" {
-		main() // the process StartFunction starts: lambda.Start never returns
-		return
-	}
-	os.Exit(apitest.Main(m))
-}
+func TestMain(m *testing.M) { os.Exit(apitest.FunctionMain(m, main)) }
 
 // urlEvent is a Function URL request (payload format 2.0) as Lambda sends
 // it in buffered mode.

@@ -18,13 +18,7 @@ import (
 	"github.com/getratchet/ratchet/lib/sweep"
 )
 
-func TestMain(m *testing.M) {
-	if os.Getenv(apitest.FunctionMainEnv) == "1" {
-		main() // the process StartFunction starts: lambda.Start never returns
-		return
-	}
-	os.Exit(apitest.Main(m))
-}
+func TestMain(m *testing.M) { os.Exit(apitest.FunctionMain(m, main)) }
 
 // The deployed sweeper, its real main and lambda.Start included, runs a pass
 // for each scheduled event Lambda's Runtime API hands it, and answers what

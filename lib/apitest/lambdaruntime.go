@@ -133,11 +133,24 @@ func (r *LambdaRuntime) InitError() []byte {
 // the function's main instead of its tests (StartFunction).
 const FunctionMainEnv = "RATCHET_FUNCTION_MAIN"
 
+// FunctionMain is Main for a Lambda function's package, whose tests start
+// its process (StartFunction): in that process it runs main instead, which
+// lambda.Start keeps from returning. Use it from TestMain:
+//
+//	func TestMain(m *testing.M) { os.Exit(apitest.FunctionMain(m, main)) }
+func FunctionMain(m *testing.M, main func()) int {
+	if os.Getenv(FunctionMainEnv) == "1" {
+		main()
+		return 0
+	}
+	return Main(m)
+}
+
 // StartFunction runs this test binary again as the function's process,
 // polling r for invocations, configured over the package database (with
-// extra NAME=value settings after). The package's TestMain must run main
-// when FunctionMainEnv is "1". The process is killed when the test ends;
-// what it logged is returned by the func it answers.
+// extra NAME=value settings after); its TestMain is FunctionMain. The
+// process is killed when the test ends; the func it answers reads what the
+// process has logged so far.
 func (r *LambdaRuntime) StartFunction(t testing.TB, extra ...string) (logs func() string) {
 	t.Helper()
 	cfg := Config(t)

@@ -87,10 +87,10 @@ func (r *receiver) count() int {
 	return len(r.bodies)
 }
 
-func start(t *testing.T, allowPrivate bool) (*apitest.Env, *apitest.Clock) {
+func start(t *testing.T, allowPrivate bool, opts ...apitest.Option) (*apitest.Env, *apitest.Clock) {
 	c := apitest.NewClock(time.Now())
-	env := apitest.Start(t, apitest.WithNow(c.Now),
-		apitest.WithConfig(func(cfg *config.Config) { cfg.WebhookAllowPrivateNetworks = allowPrivate }))
+	env := apitest.Start(t, append([]apitest.Option{apitest.WithNow(c.Now),
+		apitest.WithConfig(func(cfg *config.Config) { cfg.WebhookAllowPrivateNetworks = allowPrivate })}, opts...)...)
 	return env, c
 }
 
@@ -100,6 +100,17 @@ func record(t *testing.T, env *apitest.Env, ws, typ string, at time.Time) string
 		WorkspaceID: ws, Type: typ, SubjectID: subject, Data: map[string]any{"effect_id": subject}, At: at,
 	}))
 	return subject
+}
+
+// subscribe subscribes url to run.finished, answering the webhook's id and
+// secret; the created webhook has no previous secret.
+func subscribe(t *testing.T, env *apitest.Env, key, url string) (id, secret string) {
+	t.Helper()
+	created := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", key,
+		map[string]any{"url": url, "events": []string{events.RunFinished}}).JSON()
+	require.Contains(t, created, "previous_secret_expires_at")
+	require.Nil(t, created["previous_secret_expires_at"], "no previous secret yet")
+	return created["id"].(string), created["secret"].(string)
 }
 
 func deliveries(t *testing.T, env *apitest.Env, key, id string) []map[string]any {
@@ -1124,11 +1135,7 @@ func TestARotatedSecretSignsBesideTheNewOneUntilItExpires(t *testing.T) {
 	ctx := context.Background()
 	ws := env.Signup()
 	rcv := newReceiver(t)
-	created := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
-		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()
-	id, first := created["id"].(string), created["secret"].(string)
-	require.Contains(t, created, "previous_secret_expires_at")
-	require.Nil(t, created["previous_secret_expires_at"], "no previous secret yet")
+	id, first := subscribe(t, env, ws.Key, rcv.URL)
 	shown := func() any {
 		t.Helper()
 		return env.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+id, ws.Key, nil).JSON()["previous_secret_expires_at"]
@@ -1223,16 +1230,12 @@ func TestARotatedSecretSignsBesideTheNewOneUntilItExpires(t *testing.T) {
 // log line carries a secret or the event.
 func TestASecretThatCannotBeOpenedIsLogged(t *testing.T) {
 	var logs apitest.LockedBuffer
-	c := apitest.NewClock(time.Now())
-	env := apitest.Start(t, apitest.WithNow(c.Now), apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
-		apitest.WithConfig(func(cfg *config.Config) { cfg.WebhookAllowPrivateNetworks = true }))
-	ctx := context.Background()
+	env, c := start(t, true, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	ws := env.Signup()
 	rcv := newReceiver(t)
-	created := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
-		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()
-	id, first := created["id"].(string), created["secret"].(string)
+	id, first := subscribe(t, env, ws.Key, rcv.URL)
 	second := env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+id+"/rotate-secret", ws.Key, nil).JSON()["secret"].(string)
+	ctx := context.Background()
 	_, err := env.App.Pool.Exec(ctx, `UPDATE webhooks SET previous_secret = '\x00'::bytea WHERE id = $1`, id)
 	require.NoError(t, err)
 
