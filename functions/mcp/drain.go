@@ -172,9 +172,12 @@ func (d *drainingPipes) admit(line []byte) {
 		d.mu.Unlock()
 		if inFlight {
 			// The SDK drops a request whose id is still in progress,
-			// unanswered, and the client waits for it forever (MCP QA);
-			// the HTTP endpoint refuses a batch naming an id twice alike.
-			d.refuseWithID(req.ID.Raw(), jsonrpc.CodeInvalidRequest,
+			// unanswered, and the client waits for it forever (MCP QA).
+			// Refused under id null, as the HTTP endpoint refuses a batch
+			// naming an id twice: under its id, a client matching answers
+			// by id took the refusal for the first request's answer and
+			// dropped that one, a begin's lease with it (MCP QA).
+			d.refuseWithID(nil, jsonrpc.CodeInvalidRequest,
 				"Invalid Request: a request under this id is still in progress")
 			return
 		}

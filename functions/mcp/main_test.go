@@ -143,7 +143,8 @@ func TestAnIDInProgressIsRefused(t *testing.T) {
 	if string(d.ready) != first+"\n" {
 		t.Fatalf("passed on %q; want only the first", d.ready)
 	}
-	want := `{"error":{"code":-32600,"message":"Invalid Request: a request under this id is still in progress"},"id":5,"jsonrpc":"2.0"}` + "\n"
+	// Under id null: under 5 it would read as the first request's answer.
+	want := `{"error":{"code":-32600,"message":"Invalid Request: a request under this id is still in progress"},"id":null,"jsonrpc":"2.0"}` + "\n"
 	if out.String() != want {
 		t.Fatalf("answered %q; want %q", out.String(), want)
 	}

@@ -40,6 +40,13 @@ func (s *Server) mcpRoutes() []Route {
 			writeError(w, crossOriginRefused())
 			return
 		}
+		if acceptsJSON(r.Header.Values("Accept")) {
+			// Every answer is JSON (no event stream is offered), so a
+			// client that accepts JSON, or says nothing of what it
+			// accepts, is served; the transport wants both types listed
+			// (MCP QA: Accept: application/json alone was refused, 400).
+			r.Header.Set("Accept", "application/json, text/event-stream")
+		}
 		// The body is read here, within the API's limit, so that an
 		// oversized request gets the API's 413 envelope rather than the
 		// transport's plain text; a compressed one is refused as REST
@@ -106,6 +113,24 @@ func (s *Server) mcpRoutes() []Route {
 		routes = append(routes, rt)
 	}
 	return routes
+}
+
+// acceptsJSON reports whether an Accept header's values take a JSON answer:
+// none at all (RFC 9110: any type), application/json, application/* or */*.
+func acceptsJSON(values []string) bool {
+	if len(values) == 0 {
+		return true
+	}
+	for _, value := range values {
+		for _, token := range strings.Split(value, ",") {
+			base, _, _ := strings.Cut(token, ";")
+			switch strings.ToLower(strings.TrimSpace(base)) {
+			case "application/json", "application/*", "*/*":
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // crossOrigin refuses a browser's request sent from a page of another

@@ -14,6 +14,41 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 )
 
+// The endpoint answers JSON only, so a client that accepts JSON alone, or
+// says nothing of what it accepts, is served (MCP QA: Accept:
+// application/json was refused); one that takes no JSON is refused.
+func TestAnyClientAcceptingJSONIsServed(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	key := env.Key(env.Signup(), map[string]any{"name": "agent", "preset": "AGENT"})
+	ping := func(accept ...string) (int, string) {
+		req, err := http.NewRequest("POST", env.Server.URL+"/api/v1/mcp",
+			strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		for _, a := range accept {
+			req.Header.Add("Accept", a)
+		}
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	for _, accept := range [][]string{nil, {"application/json"}, {"text/html", "application/json;q=0.9"},
+		{"*/*"}, {"application/*"}, {"application/json, text/event-stream"}} {
+		status, body := ping(accept...)
+		require.Equal(t, http.StatusOK, status, "%q: %s", accept, body)
+		require.JSONEq(t, `{"jsonrpc":"2.0","id":1,"result":{}}`, body, "%q", accept)
+	}
+	for _, accept := range []string{"text/event-stream", "text/html"} {
+		status, body := ping(accept)
+		require.Equal(t, http.StatusBadRequest, status, "%q: %s", accept, body)
+		require.Contains(t, body, "Accept must contain", accept)
+	}
+}
+
 // The transport's refusals are answers an MCP client can read: a message it
 // cannot take is a JSON-RPC error response (parse error, invalid request,
 // method not found, with the message's id), an oversized body the API's 413
