@@ -437,10 +437,12 @@ func refuseCappedCreator(creator *Principal) error {
 		return nil
 	}
 	// No scope would lift it, so detail.required is empty (every 403
-	// forbidden carries the list, API.md §1).
+	// forbidden carries the list, API.md §1); detail.reason says what
+	// does refuse it (QA: an empty list alone read as nothing missing).
 	e := apierr.Forbidden()
 	e.Message = "A key with a daily_spend_ceiling_micros or rate_limit_per_minute cannot create keys: their " +
 		"spending and requests would not count against its own. Create them with an uncapped key."
+	e.Detail["reason"] = "capped_key"
 	return e
 }
 
@@ -678,6 +680,7 @@ func (g SignupGate) Admits(token string) error {
 		// which is none), so the list every 403 carries is empty.
 		e := apierr.Forbidden()
 		e.Message = "Signup is closed on this server."
+		e.Detail["reason"] = "signup_closed"
 		return e
 	case "token":
 		if subtle.ConstantTimeCompare([]byte(token), []byte(g.Token)) != 1 {

@@ -368,10 +368,12 @@ func TestConformanceGateShapes(t *testing.T) {
 	gid := g["id"].(string)
 	env.Must(http.StatusNotFound, "GET", "/api/v1/groups/"+gid, other.Key, nil)
 	committed := env.Must(http.StatusOK, "POST", "/api/v1/groups/"+gid+"/commit", op, nil).JSON()
-	requireFields(t, "commit", committed, "state", "plan", "unresolved")
+	requireFields(t, "commit", committed, "group_id", "state", "plan", "unresolved")
 	require.Equal(t, "committed", committed["state"])
 	unwound := env.Must(http.StatusOK, "POST", "/api/v1/groups/"+gid+"/unwind", op, nil).JSON()
-	requireFields(t, "unwind", unwound, "state", "plan", "unresolved")
+	requireFields(t, "unwind", unwound, "group_id", "state", "plan", "unresolved")
+	require.Equal(t, gid, committed["group_id"], "one type reads both answers' id")
+	require.Equal(t, gid, unwound["group_id"])
 
 	wh := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", op,
 		map[string]any{"url": "https://example.com/h", "events": []string{"run.finished"}}).JSON()

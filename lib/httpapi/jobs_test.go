@@ -942,6 +942,19 @@ func TestEnqueueStatusCodesOverHTTP(t *testing.T) {
 	r := e.Do("POST", "/api/v1/runs/"+runID+"/steps", e.ingest, body)
 	require.Equal(t, http.StatusConflict, r.Status)
 	require.Equal(t, "idempotency_key_reuse", r.ErrorCode())
+	require.Contains(t, r.JSON()["error"].(map[string]any)["message"], "This idempotency key was used")
+
+	// Without a key of the producer's, the same step with other settings:
+	// the message says the key was generated (QA: "this idempotency key"
+	// lost a producer that sent none).
+	keyless := map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"customerId": "c3"},
+		"maxAttempts": 2}
+	other := e.run()
+	e.Must(http.StatusCreated, "POST", "/api/v1/runs/"+other+"/steps", e.ingest, keyless)
+	keyless["maxAttempts"] = 3
+	r = e.Do("POST", "/api/v1/runs/"+other+"/steps", e.ingest, keyless)
+	require.Equal(t, "idempotency_key_reuse", r.ErrorCode())
+	require.Contains(t, r.JSON()["error"].(map[string]any)["message"], "generated idempotency key")
 
 	e.Must(http.StatusOK, "POST", "/api/v1/runs/"+runID+"/finish", e.ingest, nil)
 	r = e.Do("POST", "/api/v1/runs/"+runID+"/steps", e.ingest, map[string]any{"name": "send_email", "version": "1"})

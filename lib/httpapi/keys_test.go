@@ -265,8 +265,9 @@ func TestCappedKeysCannotMintKeys(t *testing.T) {
 			require.Equal(t, http.StatusForbidden, r.Status, "%v %v", caps, child)
 			require.Equal(t, "forbidden", r.ErrorCode())
 			// Every forbidden carries detail.required; nothing is missing
-			// here: no scope would help.
-			require.Equal(t, []any{}, r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["required"])
+			// here: no scope would help, and detail.reason says why.
+			require.Equal(t, map[string]any{"required": []any{}, "reason": "capped_key"},
+				r.JSON()["error"].(map[string]any)["detail"])
 		}
 		// It still reads the keys.
 		env.Must(http.StatusOK, "GET", "/api/v1/keys", capped, nil)
@@ -491,8 +492,8 @@ func TestSignupModes(t *testing.T) {
 	closed := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.SignupMode = "closed" }))
 	r := closed.Must(http.StatusForbidden, "POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
 	require.Equal(t, "forbidden", r.ErrorCode())
-	require.Equal(t, map[string]any{"required": []any{}}, r.JSON()["error"].(map[string]any)["detail"],
-		"no scope opens it")
+	require.Equal(t, map[string]any{"required": []any{}, "reason": "signup_closed"}, r.JSON()["error"].(map[string]any)["detail"],
+		"no scope opens it; the reason says what is closed")
 	// Refused before its body is read, as a keyed route refuses a key
 	// first (QA: a bad body answered 400, as if signup were open).
 	for _, body := range []any{map[string]any{"name": "a", "surprise": 1}, map[string]any{"name": 7}} {

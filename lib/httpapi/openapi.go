@@ -120,7 +120,12 @@ func errorDetailSchema() map[string]any {
 					"properties": map[string]any{"field": map[string]any{"type": "string"},
 						"message": map[string]any{"type": "string"}}}},
 			"required": map[string]any{"type": "array", "items": map[string]any{"type": "string"},
-				"description": "forbidden: the scopes (or tool:<name>@<version>) the key lacks."},
+				"description": "forbidden: the scopes (or tool:<name>@<version>) the key lacks; empty when no scope would " +
+					"lift the refusal (see reason)."},
+			"reason": map[string]any{"type": "string", "enum": []string{"capped_key", "signup_closed", "cross_origin"},
+				"description": "forbidden with an empty required: capped_key (a key with a spend ceiling or rate limit " +
+					"mints no key), signup_closed (SIGNUP_MODE=closed), cross_origin (the MCP endpoint, a browser page " +
+					"of another origin)."},
 			"any_of": map[string]any{"type": "array", "items": map[string]any{"type": "string"},
 				"description": "forbidden, where holding one of several scopes is enough: each of them."},
 			"resets_at": map[string]any{"type": "string", "format": "date-time",

@@ -11,10 +11,13 @@ import (
 )
 
 // GroupCommit answers a commit: the group, plus the {state, plan,
-// unresolved} fields API.md §2.6 gives commit and unwind alike. A group
-// commits only when every step succeeded, so both lists are empty.
+// unresolved} fields API.md §2.6 gives commit and unwind alike, and the
+// group's id as the unwind names it (group_id), so that one client type
+// reads both answers (QA: it lost the id of one). A group commits only when
+// every step succeeded, so both lists are empty.
 type GroupCommit struct {
 	gate.Group
+	GroupID    string          `json:"group_id"`
 	Plan       []gate.PlanItem `json:"plan"`
 	Unresolved []string        `json:"unresolved"`
 }
@@ -80,7 +83,7 @@ func (s *Server) groupRoutes() []Route {
 				if err != nil {
 					return nil, err
 				}
-				return GroupCommit{Group: g, Plan: []gate.PlanItem{}, Unresolved: []string{}}, nil
+				return GroupCommit{Group: g, GroupID: g.ID, Plan: []gate.PlanItem{}, Unresolved: []string{}}, nil
 			},
 		},
 		{

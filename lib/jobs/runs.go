@@ -818,7 +818,7 @@ func (s *Service) enqueue(ctx context.Context, q db.Querier, workspaceID string,
 			return EnqueueResult{StepID: *step, JobID: *job, IdempotencyKey: op.key, Status: *status, DueAt: due,
 				contractVersion: int64Ptr(cv)}, nil
 		case "existing":
-			return dedupe(op.key, hash, *step, *job, *status, due, stored)
+			return dedupe(op, hash, *step, *job, *status, due, stored)
 		case "revoked":
 			return EnqueueResult{}, auth.ErrRevokedKey() // revoked since this instance cached it
 		case "not_found":
@@ -863,12 +863,24 @@ func int64Ptr(v *int32) *int64 {
 	return &i
 }
 
-func dedupe(key string, hash []byte, stepID, jobID, status string, due *time.Time, stored []byte) (EnqueueResult, error) {
+// dedupe answers an enqueue whose key a step holds already: that step,
+// when the operation is the same, else idempotency_key_reuse.
+func dedupe(op enqueueOp, hash []byte, stepID, jobID, status string, due *time.Time, stored []byte) (EnqueueResult, error) {
 	if !bytes.Equal(hash, stored) {
+		if op.identity != nil {
+			// The producer sent no key: the one generated from the step's
+			// identity leaves out its settings (QA: told of "this
+			// idempotency key", a producer that sent none was lost).
+			return EnqueueResult{}, apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
+				"This run already has this step (the same name, version, contract, endpoint, dependency, delay and "+
+					"input, hence the same generated idempotency key) enqueued with other settings (timeoutMs or "+
+					"maxAttempts). Send the same settings to get that step, or an idempotencyKey of your own for "+
+					"another step.")
+		}
 		return EnqueueResult{}, apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
 			"This idempotency key was used for a different operation in this workspace.")
 	}
-	return EnqueueResult{StepID: stepID, JobID: jobID, IdempotencyKey: key, Status: status, DueAt: due,
+	return EnqueueResult{StepID: stepID, JobID: jobID, IdempotencyKey: op.key, Status: status, DueAt: due,
 		Deduplicated: true}, nil
 }
 
