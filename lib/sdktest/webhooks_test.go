@@ -198,9 +198,13 @@ func TestWebhooksThroughTheSDK(t *testing.T) {
 	_, err = b.env.App.Pool.Exec(ctx, `UPDATE webhooks SET url = $2 WHERE id = $1`, hook.ID, recv.URL)
 	require.NoError(t, err)
 
+	// Every read shows until when the previous secret signs.
+	read, err = b.operator.GetWebhook(ctx, hook.ID)
+	require.NoError(t, err)
+	require.Equal(t, rotated.PreviousSecretExpiresAt, read.PreviousSecretExpiresAt)
 	gone, err := b.operator.DeleteWebhook(ctx, hook.ID)
 	require.NoError(t, err)
-	require.Equal(t, hook.Webhook, *gone)
+	require.Equal(t, *read, *gone)
 	list, err = b.operator.ListWebhooks(ctx, ratchet.ListQuery{})
 	require.NoError(t, err)
 	require.Empty(t, list.Data)
