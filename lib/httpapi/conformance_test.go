@@ -81,11 +81,12 @@ func TestConformanceDecodeListsEveryProblem(t *testing.T) {
 	}, ae.Detail["validation"])
 	// An integer a field's type cannot hold is told the type's range (QA:
 	// 2^63 read "must be an integer"), whether the decoder or the walk
-	// found it; an amount of money, the amounts' range (gate QA: 10^19 was
-	// told the type's, 9·10^18 the amounts').
+	// found it, narrowed by the field's tag (lease_seconds is min=1); an
+	// amount of money, the amounts' range (gate QA: 10^19 was told the
+	// type's, 9·10^18 the amounts').
 	for _, c := range []struct{ body, field, rule string }{
-		{`{"lease_seconds":9223372036854775808}`, "lease_seconds", "must be an integer from -2^63 to 2^63-1"},
-		{`{"lease_seconds":100000000000000000000000,"colour":1}`, "lease_seconds", "must be an integer from -2^63 to 2^63-1"},
+		{`{"lease_seconds":9223372036854775808}`, "lease_seconds", "must be an integer from 1 to 2^63-1"},
+		{`{"lease_seconds":100000000000000000000000,"colour":1}`, "lease_seconds", "must be an integer from 1 to 2^63-1"},
 		{`{"cost_micros":10000000000000000000}`, "cost_micros", money.Rule},
 		{`{"cost_micros":100000000000000000000000,"colour":1}`, "cost_micros", money.Rule},
 	} {

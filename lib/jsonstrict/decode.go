@@ -16,6 +16,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/money"
+	"github.com/getratchet/ratchet/lib/schematags"
 )
 
 // Decode reads a JSON object into dst as the API reads a request body:
@@ -88,7 +89,8 @@ func decodeError(err error, body []byte, dst any) error {
 			// the contract's names the element (tools.0.name).
 			field = path
 		}
-		return withEveryProblem(apierr.FieldError{Field: field, Message: kindRule(numberDescription(typ.Value), typ.Type, field)},
+		return withEveryProblem(apierr.FieldError{Field: field,
+			Message: kindRule(numberDescription(typ.Value), typ.Type, reflect.TypeOf(dst), field)},
 			body, reflect.TypeOf(dst))
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
 		return apierr.InvalidField("body", "is not valid JSON (unexpected end)")
@@ -126,7 +128,7 @@ func withEveryProblem(first apierr.FieldError, body []byte, t reflect.Type) *api
 		case ft == nil:
 			problems.Add(path, "is not a known field")
 		case mistyped(v, ft):
-			problems.Add(path, "%s", kindRule(v, ft, path))
+			problems.Add(path, "%s", kindRule(v, ft, t, path))
 		default:
 			return false
 		}
@@ -408,8 +410,13 @@ func safeMessage(err error) string {
 // An amount of money (a field named …_micros or …Micros, API.md §0) is
 // told the amounts' own range, which is narrower than its type's (QA: 10^19
 // was told "from -2^63 to 2^63-1" where 9·10^18 was told "0 to 10^18").
+// Any other field whose openapi tag bounds it (min=, max=; root is the
+// body's type, path the field's) is told those bounds in place of the
+// type's, as its handler tells a value in the type's range (QA: a rotation's
+// 10^20 seconds was told "-2^63 to 2^63-1" where 10^9 was told "0 to
+// 604800").
 // A string is a string, whatever it holds ("30" must be an integer).
-func kindRule(v any, t reflect.Type, path string) string {
+func kindRule(v any, t, root reflect.Type, path string) string {
 	var literal string
 	switch v := v.(type) {
 	case json.Number:
@@ -421,12 +428,74 @@ func kindRule(v any, t reflect.Type, path string) string {
 		if name := path[strings.LastIndex(path, ".")+1:]; strings.HasSuffix(name, "_micros") || strings.HasSuffix(name, "Micros") {
 			return money.Rule
 		}
+		lo, hi := fmt.Sprintf("-2^%d", t.Bits()-1), fmt.Sprintf("2^%d-1", t.Bits()-1)
 		if t.Kind() >= reflect.Uint {
-			return fmt.Sprintf("must be an integer from 0 to 2^%d-1", t.Bits())
+			lo, hi = "0", fmt.Sprintf("2^%d-1", t.Bits())
 		}
-		return fmt.Sprintf("must be an integer from -2^%d to 2^%d-1", t.Bits()-1, t.Bits()-1)
+		if f, ok := fieldAt(root, path); ok {
+			rules := schematags.Rules(f)
+			if v, ok := rules["min"]; ok {
+				lo = v
+			}
+			if v, ok := rules["max"]; ok {
+				hi = v
+			}
+		}
+		return fmt.Sprintf("must be an integer from %s to %s", lo, hi)
 	}
 	return "must be " + jsonKind(t.Kind().String())
+}
+
+// fieldAt finds the struct field a body's dotted path (array elements and
+// map values by any segment) ends at, through pointers, jsonx.Optional and
+// untagged embedded structs, naming fields exactly as the contract does.
+func fieldAt(root reflect.Type, path string) (reflect.StructField, bool) {
+	t := root
+	var field reflect.StructField
+	found := false
+	for _, seg := range strings.Split(path, ".") {
+		if t == nil {
+			return reflect.StructField{}, false
+		}
+		t, _ = ElemType(t)
+		switch t.Kind() {
+		case reflect.Slice, reflect.Array, reflect.Map:
+			t, found = t.Elem(), false
+			continue
+		case reflect.Struct:
+			field, found = structField(t, seg)
+			if !found {
+				return reflect.StructField{}, false
+			}
+			t = field.Type
+		default:
+			return reflect.StructField{}, false
+		}
+	}
+	return field, found
+}
+
+// structField is t's field with JSON name name, promoted ones included.
+func structField(t reflect.Type, name string) (reflect.StructField, bool) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if f.Anonymous && tag == "" {
+			if et, _ := ElemType(f.Type); et.Kind() == reflect.Struct {
+				if inner, ok := structField(et, name); ok {
+					return inner, true
+				}
+			}
+			continue
+		}
+		if tag == "" {
+			tag = f.Name
+		}
+		if tag == name && tag != "-" && f.IsExported() {
+			return f, true
+		}
+	}
+	return reflect.StructField{}, false
 }
 
 // numberDescription is encoding/json's description of a value it could not

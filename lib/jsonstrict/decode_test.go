@@ -26,6 +26,13 @@ type decodeTarget struct {
 	Tags    map[string]int  `json:"tags"`
 	Payload any             `json:"payload"`
 	Raw     json.RawMessage `json:"raw"`
+	Lease   *int64          `json:"lease" openapi:"min=5,max=3600"`
+	Floor   *int32          `json:"floor" openapi:"min=1"`
+	Nested  []decodeBounded `json:"nested"`
+}
+
+type decodeBounded struct {
+	Tries int32 `json:"tries" openapi:"min=1,max=10"`
 }
 
 func decodeProblems(t *testing.T, body string) []apierr.FieldError {
@@ -64,6 +71,20 @@ func TestDecodeListsTheDecodersOwnProblem(t *testing.T) {
 		{Field: "count", Message: "must be an integer from 0 to 2^64-1"},
 		{Field: "name", Message: "must be a string"},
 	}, decodeProblems(t, `{"count":-1,"name":2}`))
+}
+
+// An integer beyond its type's range in a field whose tag bounds it is told
+// those bounds, as a value in range is by its handler (QA: 10^20 was told
+// the type's range); a side the tag leaves open is the type's.
+func TestDecodeTellsAnOverflowTheFieldsBounds(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, []apierr.FieldError{
+		{Field: "floor", Message: "must be an integer from 1 to 2^31-1"},
+		{Field: "lease", Message: "must be an integer from 5 to 3600"},
+		{Field: "nested.1.tries", Message: "must be an integer from 1 to 10"},
+	}, decodeProblems(t, `{"lease":100000000000000000000,"floor":-3000000000,"nested":[{"tries":1},{"tries":5000000000}]}`))
+	require.Equal(t, []apierr.FieldError{{Field: "lease", Message: "must be an integer from 5 to 3600"}},
+		decodeProblems(t, `{"lease":-9223372036854775809}`))
 }
 
 // What the walk over the body as JSON values could not tell is listed too
