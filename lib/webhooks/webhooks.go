@@ -259,7 +259,7 @@ func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, 
 type RotateRequest struct {
 	// PreviousSecretExpiresInSeconds is how long the secret being replaced
 	// keeps signing deliveries beside the new one; 0 ends it at once.
-	PreviousSecretExpiresInSeconds *int64 `json:"previous_secret_expires_in_seconds" openapi:"min=0,max=604800"`
+	PreviousSecretExpiresInSeconds *int64 `json:"previous_secret_expires_in_seconds" openapi:"min=0,max=604800,default=86400"`
 	// ReplacePrevious allows a rotation while an earlier one's previous
 	// secret still signs: that secret then stops at once.
 	ReplacePrevious bool `json:"replace_previous"`

@@ -141,6 +141,29 @@ func TestCreateTagsAgreeWithTheHandler(t *testing.T) {
 	require.GreaterOrEqual(t, checked, 5, "a webhook's create is tagged")
 }
 
+// A rotation's bounds in the document are its handler's (0 to a week), and
+// the default it states is the one a rotation without the field takes.
+func TestRotateTagsAgreeWithTheHandler(t *testing.T) {
+	t.Parallel()
+	env, clk := start(t, false)
+	ws := env.Signup()
+	id, _ := subscribe(t, env, ws.Key, "https://example.com/hook")
+	path := "/api/v1/webhooks/" + id + "/rotate-secret"
+	checked := apitest.CheckRequestTags(t, apitest.TagProbe{
+		Type: reflect.TypeFor[webhooks.RotateRequest](),
+		// Each probe replaces the previous secret the one before left.
+		Base: func(string) map[string]any { return map[string]any{"replace_previous": true} },
+		Send: func(body map[string]any) *apitest.Response { return env.Do("POST", path, ws.Key, body) },
+	})
+	require.GreaterOrEqual(t, checked, 2, "min and max at least")
+	f, ok := reflect.TypeFor[webhooks.RotateRequest]().FieldByName("PreviousSecretExpiresInSeconds")
+	require.True(t, ok)
+	require.Equal(t, strconv.Itoa(int(webhooks.DefaultPreviousSecretTTL/time.Second)), schematags.Rules(f)["default"])
+	r := env.Must(http.StatusOK, "POST", path, ws.Key, map[string]any{"replace_previous": true}).JSON()
+	require.Equal(t, clk.Now().Truncate(time.Microsecond).Add(webhooks.DefaultPreviousSecretTTL).Format(time.RFC3339Nano),
+		r["previous_secret_expires_at"], "the default taken")
+}
+
 // A webhook create's events list states in the document what validate
 // checks (verification QA: enforced, not stated): how many names, repeats
 // included, and which (events.Types). Each bound is sent at the bound,
