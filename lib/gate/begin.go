@@ -588,6 +588,12 @@ func (in *beginInput) sameOperation(stored string) bool {
 // (admit). The owner is checked first, so that the answer does not tell
 // whether a guessed payload was the step's (review).
 func (s *Service) mayAnswerFor(ctx context.Context, q db.Querier, in *beginInput, row *effectRow) error {
+	if in.grouped() && (row.GroupID == nil || *row.GroupID != *in.groupID) {
+		// admit refuses a key of another group's (or no group's) effect;
+		// one inserted while it ran, committed before this begin's insert,
+		// escaped it (groups QA: answered in_flight, another group's step).
+		return keyUsedOutsideGroup()
+	}
 	if row.GroupID != nil && in.groupOwner != nil && !in.grouped() {
 		var ours bool
 		if err := q.QueryRow(ctx, sqlGroupOfKey, *row.GroupID, *in.groupOwner).Scan(&ours); err != nil {

@@ -659,6 +659,13 @@ func planRollback(steps []groupStep, now time.Time, ended bool) rollback {
 // grouped reports whether begin must consult a group.
 func (in *beginInput) grouped() bool { return in.groupID != nil || in.compensates != nil }
 
+// keyUsedOutsideGroup refuses a grouped begin whose key names an effect of
+// another group, or of none.
+func keyUsedOutsideGroup() error {
+	return apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
+		"This idempotency key was used outside this group; a group's steps need keys of their own.")
+}
+
 // beginInTx is begin for a request naming a group or a step to compensate,
 // or a run with a wallet (budget), in one transaction. The run's wallet is
 // locked first (chargeWallet). The group is held shared for the whole
@@ -827,8 +834,7 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 	}
 	if replay {
 		if keysGroup == nil || *keysGroup != *in.groupID {
-			return apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
-				"This idempotency key was used outside this group; a group's steps need keys of their own.")
+			return keyUsedOutsideGroup()
 		}
 		return nil
 	}

@@ -2,9 +2,12 @@ package groupstest
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -133,4 +136,72 @@ func TestCommitRacingUnwindAnswersTheCommit(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A begin in one group whose key another group's step took while it was
+// being admitted (the step's row inserted, its transaction not yet
+// committed, when the group check read) is refused as a key used outside
+// its group, as it is once the step has committed (QA: it was told
+// in_flight, another group's live step). The interleaving is forced: the
+// step's insert waits, before its commit, on a lock the test holds, and
+// the second begin's insert waits on the step's transaction.
+func TestAKeyTakenByAnotherGroupWhileAdmittedIsRefused(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	pool := f.env.App.Pool
+	key := "race:" + ids.Random(8)
+	lockID := 7_000_000 + rand.Int64N(1_000_000)
+	_, err := pool.Exec(ctx, fmt.Sprintf(`CREATE FUNCTION test_hold_step() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_advisory_xact_lock(%d); RETURN NULL; END $$;
+		CREATE TRIGGER test_hold_step AFTER INSERT ON effects FOR EACH ROW
+		WHEN (NEW.idempotency_key = '%s') EXECUTE FUNCTION test_hold_step();`, lockID, key))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(ctx, `DROP TRIGGER IF EXISTS test_hold_step ON effects; DROP FUNCTION IF EXISTS test_hold_step();`)
+	})
+	hold, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer hold.Release()
+	_, err = hold.Exec(ctx, `SELECT pg_advisory_lock($1)`, lockID)
+	require.NoError(t, err)
+	released := false
+	unlock := func() {
+		if !released {
+			released = true
+			_, err := hold.Exec(ctx, `SELECT pg_advisory_unlock($1)`, lockID)
+			require.NoError(t, err)
+		}
+	}
+	defer unlock() // a failure below must not leave the step waiting
+
+	ga, gb := f.group(), f.group()
+	begin := func(group string, out chan<- *apitest.Response) {
+		out <- f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": "payment.charge",
+			"idempotency_key": key, "group_id": group, "payload": map[string]any{"order": "o1"}, "cost_micros": 1})
+	}
+	won, lost := make(chan *apitest.Response, 1), make(chan *apitest.Response, 1)
+	go begin(ga, won)
+	var xid uint32
+	require.Eventually(t, func() bool {
+		return pool.QueryRow(ctx, `SELECT a.backend_xid::text::bigint FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+			WHERE l.locktype = 'advisory' AND l.objid::text::bigint = $1 AND NOT l.granted`, lockID).Scan(&xid) == nil
+	}, 10*time.Second, 5*time.Millisecond, "the step waits before its commit")
+	go begin(gb, lost)
+	require.Eventually(t, func() bool {
+		var waiting bool
+		return pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'transactionid'
+			AND transactionid::text::bigint = $1 AND NOT granted)`, xid).Scan(&waiting) == nil && waiting
+	}, 10*time.Second, 5*time.Millisecond, "the other group's begin waits on the step's key")
+	unlock()
+
+	w := <-won
+	require.Equal(t, http.StatusOK, w.Status, "%s", w.Body)
+	require.Equal(t, "execute", w.JSON()["decision"])
+	l := <-lost
+	require.Equal(t, http.StatusConflict, l.Status, "%s", l.Body)
+	require.Equal(t, "idempotency_key_reuse", l.ErrorCode())
+	// Once committed, the same begin is refused alike.
+	again := make(chan *apitest.Response, 1)
+	begin(gb, again)
+	require.Equal(t, "idempotency_key_reuse", (<-again).ErrorCode())
 }
