@@ -15,6 +15,7 @@ import (
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/seal"
+	ratchet "github.com/getratchet/ratchet/sdk/go"
 )
 
 // Reports are applied set-based: one statement locks every job of the batch
@@ -377,8 +378,11 @@ func (s *Service) outcomeRow(jobID string, attempt int, req ReportRequest, next 
 	if req.Error != nil {
 		t := req.Error.Retryable == nil || *req.Error.Retryable
 		row.retryable, row.retryAfter = &t, req.Error.RetryAfterMs
-		if req.Error.Message != "" {
-			row.errSealed = s.sealer.Seal([]byte(req.Error.Message), seal.AAD(jobID, fmt.Sprintf("error/%d", attempt)))
+		// Masked as the SDKs mask it before sending (ratchet.RedactText):
+		// a worker reporting over plain HTTP may send a token the console
+		// would otherwise show to every reader of the run (console QA).
+		if msg := ratchet.RedactText(req.Error.Message); msg != "" {
+			row.errSealed = s.sealer.Seal([]byte(msg), seal.AAD(jobID, fmt.Sprintf("error/%d", attempt)))
 		}
 	}
 	return row

@@ -134,8 +134,9 @@ type Attempt struct {
 	Retryable    *bool   `json:"retryable"`
 	RetryAfterMs *int64  `json:"retryAfterMs"`
 	// ErrorMessage is the message the worker reported with a failure (the
-	// SDK bounds and redacts it before sending), or a rejected output's
-	// reason; sealed at rest, opened for readers of the run.
+	// SDK bounds and redacts it before sending; the server masks it again,
+	// ratchet.RedactText), or a rejected output's reason; sealed at rest,
+	// opened for readers of the run.
 	ErrorMessage   *string    `json:"errorMessage"`
 	StartedAt      time.Time  `json:"startedAt"`
 	LeaseExpiresAt time.Time  `json:"leaseExpiresAt"`

@@ -41,11 +41,12 @@ var redactions = []struct {
 	{regexp.MustCompile(`\(?\d[\d \-().]{7,}\d`), "[number]"},
 }
 
-// RedactMessage returns the form of msg that may leave the process: control
-// characters flattened, likely secrets and personal data masked, and at most
-// MaxErrorMessageBytes long. Workers apply it to every error message they
-// report; use it for your own logs too.
-func RedactMessage(msg string) string {
+// RedactText is RedactMessage without its bound: control characters
+// flattened, runs of spaces made one, likely secrets and personal data
+// masked. The server applies it to every error message a worker reports,
+// so one that reports over plain HTTP, without this SDK, stores no token
+// it let slip either.
+func RedactText(msg string) string {
 	msg = strings.Map(func(r rune) rune {
 		if r == utf8.RuneError || unicode.IsControl(r) {
 			return ' '
@@ -55,7 +56,15 @@ func RedactMessage(msg string) string {
 	for _, r := range redactions {
 		msg = r.re.ReplaceAllString(msg, r.with)
 	}
-	msg = strings.Join(strings.Fields(msg), " ")
+	return strings.Join(strings.Fields(msg), " ")
+}
+
+// RedactMessage returns the form of msg that may leave the process: control
+// characters flattened, likely secrets and personal data masked, and at most
+// MaxErrorMessageBytes long. Workers apply it to every error message they
+// report; use it for your own logs too.
+func RedactMessage(msg string) string {
+	msg = RedactText(msg)
 	if len(msg) > MaxErrorMessageBytes {
 		cut := MaxErrorMessageBytes - len("…")
 		for cut > 0 && !utf8.RuneStart(msg[cut]) {
