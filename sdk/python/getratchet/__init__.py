@@ -1,21 +1,24 @@
 """getratchet: the Python client of the Ratchet API (standard library only).
 
 Produce durable jobs (start_run, enqueue, finish_run), work them
-(register_tool, worker.start), and wrap an agent's side effects in the
-effect gate (do_effect, blind_key).
+(register_tool, worker.start), wrap an agent's side effects in the effect
+gate (do_effect, blind_key), and verify webhook deliveries (verify_webhook).
 """
 
 from ._http import VERSION as __version__
 from .client import AFTER_FAILED, AFTER_SUCCEEDED, EffectOutcome, Lease, Ratchet, blind_key, create_ratchet
 from .errors import (ApprovalRequired, ConnectionLost, EffectBlocked, EffectDenied, EffectInFlight,
-                     InvalidDecisionError, NonRetryableError, NotPerformed, OutcomeNotReported, RatchetError,
-                     ReportNotRecorded, ResultNotStored, RetryableError)
+                     InvalidDecisionError, NoWebhookSecretError, NonRetryableError, NotPerformed,
+                     OutcomeNotReported, RatchetError, ReportNotRecorded, ResultNotStored, RetryableError,
+                     WebhookSignatureError)
 from .redact import redact_message
+from .webhooks import verify_webhook
 from .worker import JobContext, Worker
 
 __all__ = [
     "__version__", "AFTER_FAILED", "AFTER_SUCCEEDED", "ApprovalRequired", "ConnectionLost", "EffectBlocked",
     "EffectDenied", "EffectInFlight", "EffectOutcome", "InvalidDecisionError", "JobContext", "Lease",
-    "NonRetryableError", "NotPerformed", "OutcomeNotReported", "Ratchet", "RatchetError", "ReportNotRecorded",
-    "ResultNotStored", "RetryableError", "Worker", "blind_key", "create_ratchet", "redact_message",
+    "NoWebhookSecretError", "NonRetryableError", "NotPerformed", "OutcomeNotReported", "Ratchet", "RatchetError",
+    "ReportNotRecorded", "ResultNotStored", "RetryableError", "WebhookSignatureError", "Worker", "blind_key",
+    "create_ratchet", "redact_message", "verify_webhook",
 ]

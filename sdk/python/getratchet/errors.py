@@ -210,3 +210,26 @@ class OutcomeNotReported(Exception):
         self.effect_id = effect_id
         self.result = result
         self.cause = cause
+
+
+# Verifying a webhook delivery (verify_webhook).
+
+class WebhookSignatureError(Exception):
+    """verify_webhook's answer to a delivery whose Ratchet-Signature is
+    missing, malformed, wrong or outside the tolerance: not Ratchet's, or
+    replayed (answer it 401). ``reason`` says which; it never holds the
+    secret."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"ratchet: webhook signature does not verify: {reason}")
+        self.reason = reason
+
+
+class NoWebhookSecretError(Exception):
+    """verify_webhook's answer when the receiver has no secret to check with
+    (an unset variable, say): with an empty key anyone could sign, so
+    nothing is accepted. A misconfiguration, not a forged delivery, so it is
+    not a WebhookSignatureError."""
+
+    def __init__(self) -> None:
+        super().__init__("ratchet: no webhook secret to verify with")

@@ -188,3 +188,27 @@ export class OutcomeNotReportedError extends Error {
     this.result = result;
   }
 }
+
+// Verifying a webhook delivery (verifyWebhook).
+
+/** verifyWebhook's answer to a delivery whose Ratchet-Signature is missing,
+ * malformed, wrong or outside the tolerance: not Ratchet's, or replayed
+ * (answer it 401). `reason` says which; it never holds the secret. */
+export class WebhookSignatureError extends Error {
+  constructor(reason) {
+    super(`ratchet: webhook signature does not verify: ${reason}`);
+    this.name = 'WebhookSignatureError';
+    this.reason = reason;
+  }
+}
+
+/** verifyWebhook's answer when the receiver has no secret to check with (an
+ * unset variable, say): with an empty key anyone could sign, so nothing is
+ * accepted. A misconfiguration, not a forged delivery, so it is not a
+ * WebhookSignatureError. */
+export class NoWebhookSecretError extends Error {
+  constructor() {
+    super('ratchet: no webhook secret to verify with');
+    this.name = 'NoWebhookSecretError';
+  }
+}

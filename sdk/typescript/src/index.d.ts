@@ -192,6 +192,42 @@ export declare function createRatchet(options: RatchetOptions): Ratchet;
 export declare function blindKey(secret: string, key: string): string;
 export declare function redactMessage(message: string): string;
 
+/** What a webhook delivery carries (snake_case, as on the wire): ids and
+ * states, never payloads. */
+export interface WebhookEvent {
+  /** The same in every attempt: deduplicate by it. */
+  id: string;
+  type: string;
+  created_at: string;
+  workspace_id: string;
+  /** What the event is about: an effect, run, step, approval, effect type or endpoint ("*" for the emergency stop). */
+  subject_id: string;
+  data: Json;
+}
+
+export interface VerifyWebhookOptions {
+  /** How far the signed time may be from now; 300 by default (and when 0 or less). */
+  toleranceSeconds?: number;
+  /** The receiver's clock: a Date or milliseconds since 1970; Date.now() by default. */
+  now?: Date | number;
+}
+
+/**
+ * Checks a delivery's Ratchet-Signature header over its raw body with the
+ * subscription's secret, refuses a signed time beyond the tolerance, and
+ * returns the decoded event. `body` is the bytes received, or as a string
+ * the raw body text exactly as received (never JSON.stringify of a parsed
+ * body). Throws WebhookSignatureError (forged, malformed, stale) or
+ * NoWebhookSecretError (no secret: a misconfiguration).
+ */
+export declare function verifyWebhook(
+  secret: string | undefined | null,
+  /** The Ratchet-Signature header: req.headers['ratchet-signature'] (a list is joined, as Node joins a repeated header). */
+  signature: string | readonly string[] | undefined | null,
+  body: Uint8Array | ArrayBuffer | string,
+  options?: VerifyWebhookOptions,
+): WebhookEvent;
+
 export declare class RatchetError extends Error {
   constructor(status: number, code: string, message: string, detail?: Record<string, any>, requestId?: string, body?: unknown);
   status: number;
@@ -259,6 +295,14 @@ export declare class ResultNotStoredError extends Error {
   effectId: string;
   reason: string;
   result: unknown;
+}
+export declare class WebhookSignatureError extends Error {
+  constructor(reason: string);
+  /** Which check failed ("malformed Ratchet-Signature", "no v1 signature matches", "signed 6m40s ago, beyond 5m0s"...). */
+  reason: string;
+}
+export declare class NoWebhookSecretError extends Error {
+  constructor();
 }
 export declare class OutcomeNotReportedError extends Error {
   constructor(effectId: string, result: unknown, cause: unknown);
