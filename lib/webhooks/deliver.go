@@ -445,7 +445,7 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks, wo
 func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 	secret, err := s.sealer.Open(c.secret, seal.AAD(c.webhookID, "secret"))
 	if err != nil {
-		// A sealing key missing from SEAL_KEYS, say: the operator must
+		// Sealed under a key no longer in RESULT_ENCRYPTION_KEYS, say: the operator must
 		// hear of it, the delivery's record alone reaches only its owner.
 		s.logger.Error("webhook signing secret cannot be opened; delivery not sent",
 			"webhook_id", c.webhookID, "delivery_id", c.id)
