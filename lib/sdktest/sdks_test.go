@@ -34,7 +34,7 @@ func TestPythonSDK(t *testing.T) {
 	t.Parallel()
 	python := interpreter(t, "RATCHET_PYTHON", "python3", "Python 3.10 or newer (Debian: apt-get install python3)",
 		"-c", "import sys; print(sys.version_info >= (3, 10))")
-	out := runAgainstServer(t, pythonSDK, python, "-m", "unittest", "discover", "-v", "-s", "tests", "-t", "tests")
+	out := runAgainstServer(t, pythonSDK, nil, python, "-m", "unittest", "discover", "-v", "-s", "tests", "-t", "tests")
 	ran := regexp.MustCompile(`(?m)^Ran (\d+) tests?`).FindStringSubmatch(out)
 	require.NotNil(t, ran, "no unittest summary in:\n%s", out)
 	requireRanAll(t, out, ran[1], regexp.MustCompile(`(?m)skipped|\.\.\. skip`).MatchString(out), 20)
@@ -48,15 +48,18 @@ func TestTypeScriptSDK(t *testing.T) {
 }
 
 // TestConsole drives the operator console's pages (lib/console) from Node
-// against the service, through their own forms and buttons.
+// against the service, through their own forms and buttons. A job's lease
+// lapses 500 ms after its timeout, so that a page showing a lapsed attempt
+// can be tested in seconds.
 func TestConsole(t *testing.T) {
 	t.Parallel()
-	runNodeTests(t, consolePages, "jstest", "*.test.mjs", 10)
+	runNodeTests(t, consolePages, "jstest", "*.test.mjs", 10, func(c *config.Config) { c.JobLeaseGraceMs = 500 })
 }
 
-// runNodeTests runs dir/sub/pattern with node:test against the service,
-// failing on any failed or skipped test, or fewer than atLeast.
-func runNodeTests(t *testing.T, dir, sub, pattern string, atLeast int) {
+// runNodeTests runs dir/sub/pattern with node:test against the service
+// (configured by configure, when given), failing on any failed or skipped
+// test, or fewer than atLeast.
+func runNodeTests(t *testing.T, dir, sub, pattern string, atLeast int, configure ...func(*config.Config)) {
 	t.Helper()
 	node := interpreter(t, "RATCHET_NODE", "node", "Node.js 18 or newer (Debian: apt-get install nodejs)",
 		"-e", "console.log(String(Number(process.versions.node.split('.')[0]) >= 18).replace(/^./, c => c.toUpperCase()))")
@@ -67,7 +70,7 @@ func runNodeTests(t *testing.T, dir, sub, pattern string, atLeast int) {
 	for _, f := range files {
 		args = append(args, filepath.Join(sub, filepath.Base(f)))
 	}
-	out := runAgainstServer(t, dir, node, args...)
+	out := runAgainstServer(t, dir, configure, node, args...)
 	count := func(name string) string {
 		m := regexp.MustCompile(`(?m)^# ` + name + ` (\d+)$`).FindStringSubmatch(out)
 		require.NotNil(t, m, "no %q count in the TAP summary:\n%s", name, out)
@@ -81,12 +84,15 @@ func runNodeTests(t *testing.T, dir, sub, pattern string, atLeast int) {
 // RATCHET_TEST_BASE_URL pointing at it, failing on a non-zero exit. The
 // service delivers webhooks to local receivers, and RATCHET_TEST_CRON_SECRET
 // opens its cron route, so that a test can run a sweep (a delivery pass).
-func runAgainstServer(t *testing.T, dir, name string, args ...string) string {
+func runAgainstServer(t *testing.T, dir string, configure []func(*config.Config), name string, args ...string) string {
 	t.Helper()
 	var cronSecret string
 	env := apitest.Start(t, apitest.WithConfig(func(c *config.Config) {
 		c.WebhookAllowPrivateNetworks = true
 		cronSecret = c.CronSecret
+		for _, f := range configure {
+			f(c)
+		}
 	}))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

@@ -125,6 +125,11 @@ function row(ui, containing) {
 	return found[0];
 }
 
+// time is a time as the console shows it.
+function time(s) {
+	return String(s).replace('T', ' ').replace(/(\.\d+)?Z$/, ' UTC');
+}
+
 function alerts(ui) {
 	return ui.root.querySelectorAll('div.error').map((e) => e.textContent);
 }
@@ -188,8 +193,17 @@ test('approve and reject a held effect, with notes; a declined confirmation send
 		held.push(r.body);
 	}
 	const ui = await mount(key, '#/approvals');
+	assert.equal(document.title, 'Approvals — Ratchet console');
 	const first = row(ui, held[0].effect_id);
 	assert.match(first.textContent, /payment\.charge/);
+	// The row names what is approved: its key and its cost (console QA:
+	// neither was shown, and Approve was one unconfirmed click).
+	assert.match(first.textContent, /c1.*\$5\.00/);
+	ui.confirmAnswer = false;
+	await submit(first, 'Approve', { note: 'not yet' });
+	assert.match(ui.confirms.at(-1), new RegExp(`^Approve payment\\.charge ${held[0].effect_id} for \\$5\\.00 \\(idempotency key "c1"\\)\\?`));
+	assert.equal((await api('GET', `/approvals/${held[0].approval_id}`, key)).body.state, 'pending', 'declined: nothing sent');
+	ui.confirmAnswer = true;
 	await submit(first, 'Approve', { note: 'checked with finance' });
 	let a = await api('GET', `/approvals/${held[0].approval_id}`, key);
 	assert.equal(a.body.state, 'approved');
@@ -198,7 +212,7 @@ test('approve and reject a held effect, with notes; a declined confirmation send
 
 	ui.confirmAnswer = false;
 	await submit(row(ui, held[1].effect_id), 'Reject', { note: 'no' });
-	assert.equal(ui.confirms.length, 1);
+	assert.equal(ui.confirms.length, 3);
 	a = await api('GET', `/approvals/${held[1].approval_id}`, key);
 	assert.equal(a.body.state, 'pending', 'declined: nothing sent');
 
@@ -282,10 +296,21 @@ test('circuits: open and close a breaker by hand, then the emergency stop and it
 	assert.equal(c.state, 'closed');
 
 	assert.match(ui.root.textContent, /The emergency stop is off\./);
+	assert.ok(!ui.root.querySelectorAll('button').some((b) => b.textContent === 'Release the stop'), 'nothing to release while it is off');
 	await submit(ui.root, 'Stop every effect type', { action: 'deny', reason: 'incident 42' });
-	const all = (await api('GET', '/circuits', key)).body.data;
+	let all = (await api('GET', '/circuits', key)).body.data;
 	assert.ok(all.length > 1 && all.every((x) => x.state === 'open' && x.opened_by === 'stop'), JSON.stringify(all));
 	assert.match(ui.root.textContent, /The emergency stop is ON since .* \(deny\): incident 42/);
+	// While it is on, the form holds the stop as it is: pulled again, it
+	// says it replaces it, and changes only what was edited (console QA: it
+	// replaced a deny with require_approval and wiped the reason).
+	const stopForm = formOf(button(ui.root, 'Stop every effect type'));
+	assert.deepEqual([field(stopForm, 'action').value, field(stopForm, 'reason').value], ['deny', 'incident 42']);
+	await submit(ui.root, 'Stop every effect type', {});
+	assert.match(ui.confirms.at(-1), /^Replace the current emergency stop \(deny: incident 42\) with deny: incident 42\?/);
+	const stop = (await api('GET', '/circuits/stop', key)).body;
+	assert.deepEqual([stop.state, stop.action, stop.reason], ['open', 'deny', 'incident 42']);
+	all = (await api('GET', '/circuits', key)).body.data;
 	// A type the stop holds is not closed by its own Close (which the API
 	// answers without lifting the stop): the row says where to look.
 	assert.match(row(ui, 'sms.send').textContent, /incident 42.*Held by the emergency stop/);
@@ -304,7 +329,9 @@ test('circuits: open and close a breaker by hand, then the emergency stop and it
 	await click(ui.root, 'Release the stop');
 	assert.ok((await api('GET', '/circuits', key)).body.data.every((x) => x.state === 'closed'));
 	assert.match(ui.root.textContent, /The emergency stop is off\./);
-	assert.equal(ui.confirms.length, 5);
+	assert.ok(!ui.root.querySelectorAll('button').some((b) => b.textContent === 'Release the stop'));
+	assert.deepEqual([field(formOf(button(ui.root, 'Stop every effect type')), 'action').value, field(formOf(button(ui.root, 'Stop every effect type')), 'reason').value], ['require_approval', '']);
+	assert.equal(ui.confirms.length, 6);
 });
 
 test('a policy edited from its page; an edit made meanwhile elsewhere is refused, not overwritten', async () => {
@@ -313,12 +340,15 @@ test('a policy edited from its page; an edit made meanwhile elsewhere is refused
 	await submit(ui.root, 'Open policy', { effect_type: 'crm.update' });
 	assert.equal(ui.location.hash, '#/policies/crm.update');
 	const area = field(formOf(button(ui.root, 'Save policy')), 'policy');
+	assert.equal(area.getAttribute('aria-label'), 'Policy of crm.update (JSON)');
+	assert.equal(document.title, 'Policy crm.update — Ratchet console');
 	const policy = JSON.parse(area.value);
 	assert.equal(policy.mode, 'allow');
 	await submit(ui.root, 'Save policy', { policy: JSON.stringify({ ...policy, mode: 'deny', max_attempts: 2 }) });
 	let p = (await api('GET', '/policies/crm.update', key)).body;
 	assert.deepEqual([p.mode, p.max_attempts], ['deny', 2]);
 	assert.deepEqual(alerts(ui), []);
+	assert.equal(ui.root.querySelector('p.notice').textContent, `Saved (version ${p.version}).`);
 
 	// Someone else saves while this page is open.
 	const version = p.version;
@@ -380,6 +410,8 @@ test('tools: a contract published from the page, the next one drafted from it, a
 	assert.equal(ui.location.hash, '#/tools/' + encodeURIComponent(tool));
 	assert.match(ui.root.textContent, /No contract is published/);
 	const draft = JSON.parse(field(formOf(button(ui.root, 'Publish')), 'contract').value);
+	assert.equal(field(formOf(button(ui.root, 'Publish')), 'contract').getAttribute('aria-label'), `New contract version of ${tool} (JSON)`);
+	assert.equal(field(formOf(button(ui.root, 'Enqueue test job')), 'input').getAttribute('aria-label'), 'Test job input (JSON)');
 	assert.deepEqual(draft, { handlerVersion: '1', inputSchema: { type: 'object' }, outputSchema: true, timeoutMs: 30000, retryPreset: 'STANDARD', status: 'ACTIVE' });
 	const schema = { type: 'object', required: ['to'], properties: { to: { type: 'string' } } };
 	await submit(ui.root, 'Publish', { contract: JSON.stringify({ ...draft, inputSchema: schema, timeoutMs: 5000 }) });
@@ -472,6 +504,8 @@ test('runs, steps and the queue: a step cancelled, then replayed naming what its
 	await click(ui.root, 'Cancel step');
 	assert.equal((await api('GET', `/steps/${step.stepId}`, key)).body.durableJob.status, 'CANCELLED');
 
+	// The replay's count is of executions beyond those made.
+	assert.match(formOf(button(ui.root, 'Replay')).textContent, /Additional executions \(1–10, beyond the attempts so far\)/);
 	// Replay without the acknowledgement is refused by the service, and says why.
 	await submit(ui.root, 'Replay', { maxAttempts: '2', reason: 'vendor fixed' });
 	assert.match(alerts(ui).join(), /acknowledgeDuplicateRisk/);
@@ -519,6 +553,28 @@ test("an endpoint's page: pause and resume, its policy edited naming its version
 	e = (await api('GET', `/endpoints/${endpoint.id}/policy`, key)).body;
 	assert.equal(e.rateLimitPerMinute, 30);
 
+	// Switched to CUSTOM: the whole schedule is sent, from the editor (a
+	// built-in preset shown expanded), not only the preset (console QA:
+	// refused "maxAttempts is required for a CUSTOM policy").
+	await go(ui, '#/queue');
+	await go(ui, '#/endpoints/' + endpoint.id);
+	const fresh = field(formOf(button(ui.root, 'Save endpoint policy')), 'policy');
+	assert.equal(fresh.getAttribute('aria-label'), 'Policy of endpoint charge_card (JSON)');
+	const shown = JSON.parse(fresh.value);
+	assert.deepEqual([shown.maxAttempts, shown.initialDelayMs, shown.multiplier, shown.maxDelayMs, shown.jitterPercent], [5, 30000, 2, 900000, 20]);
+	await submit(ui.root, 'Save endpoint policy', { policy: JSON.stringify({ preset: 'CUSTOM' }) });
+	assert.match(alerts(ui).join(), /A CUSTOM policy needs its whole schedule: add maxAttempts, initialDelayMs, multiplier, maxDelayMs, jitterPercent/);
+	await submit(ui.root, 'Save endpoint policy', { policy: JSON.stringify({ ...shown, preset: 'CUSTOM' }) });
+	assert.deepEqual(alerts(ui), []);
+	e = (await api('GET', `/endpoints/${endpoint.id}/policy`, key)).body;
+	assert.deepEqual([e.policyPreset, e.maxAttempts, e.retryPolicy.initialDelayMs, e.retryPolicy.maxDelayMs, e.rateLimitPerMinute], ['CUSTOM', 5, 30000, 900000, 30]);
+	assert.equal(ui.root.querySelector('p.notice').textContent, `Saved (version ${e.version}).`);
+	// Then edited field by field, as any CUSTOM policy.
+	const custom = JSON.parse(field(formOf(button(ui.root, 'Save endpoint policy')), 'policy').value);
+	await submit(ui.root, 'Save endpoint policy', { policy: JSON.stringify({ ...custom, maxAttempts: 3 }) });
+	e = (await api('GET', `/endpoints/${endpoint.id}/policy`, key)).body;
+	assert.deepEqual([e.policyPreset, e.maxAttempts], ['CUSTOM', 3]);
+
 	// Its attempts: one a worker failed.
 	const worker = (await api('POST', '/keys', key, { name: 'w', preset: 'WORKER', tools: ['charge_card@2'] })).body.secret;
 	const workerId = (await api('POST', '/workers/register', worker, { tools: [{ name: 'charge_card', version: '2' }] })).body.workerId;
@@ -527,6 +583,36 @@ test("an endpoint's page: pause and resume, its policy edited naming its version
 	assert.equal(report.status, 200);
 	await go(ui, '#/endpoints/' + endpoint.id + '?outcome=FAILED');
 	assert.match(row(ui, job.stepId).textContent, /card declined/);
+});
+
+test("a lapsed attempt's warning is shown on its step's page and its endpoint's attempts", async () => {
+	// Console QA: an attempt whose lease lapsed without a report reads
+	// FAILED with no error message, and only its warning says that its side
+	// effect may have happened; the pages did not show it.
+	const key = await signup();
+	const run = (await api('POST', '/runs', key, { name: 'export' })).body;
+	// The test server's lease grace is 500 ms (TestConsole).
+	const step = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'export_rows', version: '1', input: {}, timeoutMs: 1000 })).body;
+	const worker = (await api('POST', '/keys', key, { name: 'w', preset: 'WORKER', tools: ['export_rows@1'] })).body.secret;
+	const workerId = (await api('POST', '/workers/register', worker, { tools: [{ name: 'export_rows', version: '1' }] })).body.workerId;
+	const claim = async () => (await api('POST', `/workers/${workerId}/claim`, worker, { limit: 1 })).body.jobs;
+	assert.equal((await claim()).length, 1);
+	await new Promise((r) => setTimeout(r, 1700));
+	assert.equal((await claim()).length, 1, 'claimed again once its lease lapsed');
+	const s = (await api('GET', `/steps/${step.stepId}`, key)).body;
+	const lapsed = s.durableJob.attempts.find((a) => a.attempt === 1);
+	assert.deepEqual([lapsed.outcome, lapsed.errorMessage], ['FAILED', null]);
+	assert.match(lapsed.warning, /^Lease expired without a report/);
+
+	const ui = await mount(key, '#/steps/' + step.stepId);
+	assert.equal(document.title, `Step ${step.stepId} — Ratchet console`);
+	const rows = ui.root.querySelectorAll('tr').filter((r) => r.textContent.startsWith('1' + workerId));
+	assert.equal(rows.length, 1, ui.root.textContent);
+	assert.equal(rows[0].querySelector('td[data-label="Error (redacted) / warning"]').textContent, 'Warning: ' + lapsed.warning);
+
+	const endpoint = (await api('GET', '/endpoints', key)).body.data.find((e) => e.name === 'export_rows');
+	await go(ui, '#/endpoints/' + endpoint.id + '?outcome=FAILED');
+	assert.ok(row(ui, step.stepId).textContent.includes('Warning: ' + lapsed.warning));
 });
 
 test("a group's page lists its effects and what each compensates", async () => {
@@ -595,12 +681,28 @@ test('the pages an operator watches refresh themselves in place, but not under a
 	assert.equal(ui.root.querySelector('main'), main, 'the same page, redrawn in place');
 	assert.match(row(ui, held.effect_id).textContent, /push\.send/);
 
+	// A control with the keyboard focus keeps it: the refresh waits a
+	// period, and redraws once the focus has left the page (console QA:
+	// every refresh dropped the focus to the body).
+	const focused = button(row(ui, held.effect_id), 'Approve');
+	focused.focus();
+	await api('POST', '/effects/begin', key, { effect_type: 'push.send', idempotency_key: 'p0', payload: {} });
+	await tick();
+	assert.equal(ui.root.querySelectorAll('tr').length - 1, 1, 'not redrawn under the focus');
+	assert.equal(document.activeElement, focused);
+	assert.ok(ui.root.querySelectorAll('button').includes(focused), 'the focused button still on the page');
+	assert.equal(ui.timers.length, 1, 'still refreshing');
+	focused.blur();
+	await tick();
+	assert.equal(ui.root.querySelectorAll('tr').length - 1, 2, 'redrawn once the focus left');
+	assert.equal(ui.timers.length, 1);
+
 	// A note being typed is not wiped by the next refresh.
 	field(formOf(button(row(ui, held.effect_id), 'Approve')), 'note').value = 'half a no';
 	await main.dispatch('input');
 	await api('POST', '/effects/begin', key, { effect_type: 'push.send', idempotency_key: 'p2', payload: {} });
 	await tick();
-	assert.equal(ui.root.querySelectorAll('tr').length - 1, 1, 'not redrawn');
+	assert.equal(ui.root.querySelectorAll('tr').length - 1, 2, 'not redrawn');
 	assert.equal(ui.timers.length, 0, 'and no longer refreshing');
 	assert.match(main.textContent, /not refreshed while you edit or act here/);
 
@@ -778,10 +880,39 @@ test('webhooks: a subscription made with its events, its deliveries page, then e
 	assert.match(rotated, /^whsec_\S{16,}/);
 	assert.notEqual(rotated, first);
 	assert.match(row(ui, 'example.com/hooks').textContent, /signed with both secrets/);
+	// Its expiry as the page shows times, and in the row's column at once
+	// (console QA: raw ISO with microseconds, and "—" until a reload).
+	const expiresRaw = (await api('GET', '/webhooks', key)).body.data[0].previous_secret_expires_at;
+	const expires = time(expiresRaw);
+	assert.match(expires, /^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$/);
+	assert.match(row(ui, 'example.com/hooks').querySelector('.secret').textContent, new RegExp(`Until ${expires} deliveries are signed`));
+	assert.equal(row(ui, 'example.com/hooks').querySelector('td[data-label="Previous secret signs until"]').textContent, expires);
 	// Clicked again (its answer lost, say): the same rotation answered
 	// again, not a second one (which would stop the secret the receiver holds).
 	await click(row(ui, 'example.com/hooks'), 'Rotate secret');
 	assert.equal(row(ui, 'example.com/hooks').querySelector('input.secret-value').value, rotated);
+	// A second rotation while the previous secret signs: refused, and a
+	// confirmed replacement offered (the console could not send
+	// replace_previous before).
+	await go(ui, '#/webhooks/' + hook.id);
+	await go(ui, '#/webhooks');
+	assert.equal(row(ui, 'example.com/hooks').querySelector('td[data-label="Previous secret signs until"]').textContent, expires);
+	await click(row(ui, 'example.com/hooks'), 'Rotate secret');
+	assert.match(alerts(ui).join(), /invalid_state/);
+	assert.equal(row(ui, 'example.com/hooks').querySelector('input.secret-value'), null);
+	assert.match(row(ui, 'example.com/hooks').textContent, /Replacing it stops it at once/);
+	ui.confirmAnswer = false;
+	await click(row(ui, 'example.com/hooks'), 'Replace the previous secret now');
+	assert.match(ui.confirms.at(-1), /^Stop the previous signing secret of "https:\/\/example\.com\/hooks\/ratchet" \(signing until .* UTC\) at once/);
+	assert.equal(row(ui, 'example.com/hooks').querySelector('input.secret-value'), null, 'declined: nothing sent');
+	ui.confirmAnswer = true;
+	await click(row(ui, 'example.com/hooks'), 'Replace the previous secret now');
+	const replaced = row(ui, 'example.com/hooks').querySelector('input.secret-value').value;
+	assert.match(replaced, /^whsec_\S{16,}/);
+	assert.notEqual(replaced, rotated);
+	const after = (await api('GET', '/webhooks', key)).body.data[0];
+	assert.notEqual(after.previous_secret_expires_at, expiresRaw, 'the previous secret replaced');
+	assert.equal(row(ui, 'example.com/hooks').querySelector('td[data-label="Previous secret signs until"]').textContent, time(after.previous_secret_expires_at));
 	await go(ui, '#/webhooks/' + hook.id);
 	assert.match(ui.root.textContent, /Nothing delivered yet\./);
 	await go(ui, '#/webhooks');

@@ -107,6 +107,14 @@ export class Element {
 		this.replaceChildren(String(v));
 	}
 
+	// focus and blur move the keyboard focus (document.activeElement).
+	focus() {
+		document.activeElement = this;
+	}
+	blur() {
+		if (document.activeElement === this) document.activeElement = null;
+	}
+
 	addEventListener(type, fn) {
 		if (!this.listeners.has(type)) this.listeners.set(type, []);
 		this.listeners.get(type).push(fn);
@@ -150,6 +158,8 @@ function compile(sel) {
 
 export const document = {
 	createElement: (tag) => new Element(tag),
+	activeElement: null,
+	title: '',
 };
 
 // MemoryStorage is sessionStorage's shape.

@@ -367,12 +367,14 @@ function seg(s) {
 // pager renders a list route's pages, with "Load more" while the API has a
 // next cursor (next_cursor on gate routes, nextCursor on job routes); the
 // element's firstRows are the first page's rows. ?limit= in the fragment
-// overrides params.limit.
-async function pager(path, params, columns, empty) {
+// overrides params.limit. enrich, when given, completes each page's rows
+// (with what another route knows) before they are drawn.
+async function pager(path, params, columns, empty, enrich) {
 	const body = h('div', { class: 'pager' });
 	const more = async (cursor) => {
 		const page = await call('GET', path + query({ ...params, limit: pageSize ?? params.limit, cursor }));
 		const rows = page.data || [];
+		if (enrich) await enrich(rows);
 		if (!cursor) body.firstRows = rows;
 		const next = page.next_cursor ?? page.nextCursor ?? null;
 		const last = body.lastChild;
@@ -399,19 +401,21 @@ const pages = {
 			{ title: 'Requested', cell: (a) => time(a.created_at) },
 			{ title: 'Effect type', cell: (a) => a.effect_type },
 			{ title: 'Effect', cell: (a) => link(['effects', a.effect_id], a.effect_id) },
+			{ title: 'Idempotency key', cell: (a) => (a.effect ? h('code', null, a.effect.idempotency_key) : '—') },
+			{ title: 'Cost', cell: (a) => (a.effect ? micros(a.effect.cost_micros) : '—') },
 			{ title: 'Reason', cell: (a) => a.reason },
 			{ title: 'State', cell: (a) => h('span', { class: 'state ' + a.state }, a.state) },
 			{ title: 'Decided', cell: (a) => (a.decided_at ? [time(a.decided_at), a.note ? ' — ' + a.note : ''] : '—') },
 			{
 				title: '',
-				cell: (a) => (a.state === 'pending' ? decide(a) : ''),
+				cell: (a) => (a.state === 'pending' ? decide(a, a.effect) : ''),
 			},
 		];
 		return [
 			h('h1', null, 'Approvals'),
 			h('p', { class: 'lead' }, 'Effects held for a human. Approving lets the next begin on the key execute; rejecting denies it for good.'),
 			filters('approvals', params, [select('State', 'state', [['pending', 'pending'], ['approved', 'approved'], ['rejected', 'rejected'], ['any', 'any']], state)]),
-			await pager('/approvals', { state: state === 'any' ? undefined : state }, columns, state === 'pending' ? 'No approval is pending.' : 'No approvals.'),
+			await pager('/approvals', { state: state === 'any' ? undefined : state }, columns, state === 'pending' ? 'No approval is pending.' : 'No approvals.', withEffects),
 		];
 	},
 
@@ -479,7 +483,7 @@ const pages = {
 		];
 		if (e.state === 'awaiting_approval' && e.approval_id) {
 			const a = await call('GET', `/approvals/${seg(e.approval_id)}`).catch((err) => err);
-			out.push(h('h2', null, 'Approval'), a instanceof Error ? errorBox(asError(a)) : a.state === 'pending' ? [h('p', null, `Held: ${a.reason}.`), decide(a)] : h('p', null, `${a.state} ${time(a.decided_at)}`));
+			out.push(h('h2', null, 'Approval'), a instanceof Error ? errorBox(asError(a)) : a.state === 'pending' ? [h('p', null, `Held: ${a.reason}.`), decide(a, e)] : h('p', null, `${a.state} ${time(a.decided_at)}`));
 		}
 		if (e.state === 'indeterminate') {
 			out.push(
@@ -558,15 +562,31 @@ const pages = {
 				stopped
 					? h('p', { class: 'error', role: 'status' }, `The emergency stop is ON since ${time(stopped.opened_at)} (${stopped.action}): ${text(stopped.reason)}`)
 					: h('p', { class: 'empty' }, 'The emergency stop is off.'),
+				// While the stop is on, the form holds its action and reason, so
+				// that pulling it again changes only what is edited (console QA:
+				// it reset to require_approval and no reason, and silently
+				// replaced a deny).
 				form(
-					[select('Action', 'action', actions, 'require_approval'), input('Reason', 'reason', { maxlength: 500 })],
+					[
+						select('Action', 'action', actions, stopped ? stopped.action : 'require_approval'),
+						input('Reason', 'reason', { maxlength: 500, value: stopped ? stopped.reason || '' : '' }),
+					],
 					'Stop every effect type',
 					(v) => call('POST', '/circuits/stop', { action: v.action, reason: v.reason || undefined }),
-					{ inline: true, danger: true, confirm: 'Hold every effect type in this workspace until you release the stop?' },
+					{
+						inline: true,
+						danger: true,
+						confirm: (v) =>
+							stopped
+								? `Replace the current emergency stop (${stopped.action}${stopped.reason ? ': ' + stopped.reason : ''}) with ${v.action}${v.reason ? ': ' + v.reason : ', no reason'}? Every effect type stays held until you release it.`
+								: 'Hold every effect type in this workspace until you release the stop?',
+					},
 				),
-				action('Release the stop', () => call('POST', '/circuits/release', {}), {
-					confirm: 'Lift the emergency stop? Breakers of single types stay as they are.',
-				}),
+				stopped
+					? action('Release the stop', () => call('POST', '/circuits/release', {}), {
+							confirm: 'Lift the emergency stop? Breakers of single types stay as they are.',
+						})
+					: null,
 			),
 			list,
 		];
@@ -596,7 +616,7 @@ const pages = {
 	async policy(params, type) {
 		const p = await call('GET', `/policies/${seg(type)}`);
 		const { effect_type: _t, version, updated_at: _u, ...editable } = p;
-		const area = h('textarea', { name: 'policy', rows: 24, class: 'code', spellcheck: 'false' });
+		const area = h('textarea', { name: 'policy', rows: 24, class: 'code', spellcheck: 'false', 'aria-label': `Policy of ${p.effect_type} (JSON)` });
 		area.value = JSON.stringify(editable, null, 2);
 		// An amount beyond 2^53 micros reached this page rounded: it is kept
 		// as stored unless its field is changed, since only changed fields
@@ -618,7 +638,7 @@ const pages = {
 				const changed = Object.fromEntries(Object.entries(body).filter(([k, val]) => JSON.stringify(val) !== JSON.stringify(editable[k])));
 				if (!Object.keys(changed).length) throw new ConsoleError('unchanged', 'Nothing changed.');
 				return call('PUT', `/policies/${seg(p.effect_type)}`, { ...changed, expected_version: version });
-			}),
+			}, { after: saved }),
 		];
 	},
 
@@ -684,7 +704,7 @@ const pages = {
 					{ title: 'Worker', cell: (a) => a.workerId },
 					{ title: 'Outcome', cell: (a) => text(a.outcome) },
 					{ title: 'Retryable', cell: (a) => (a.retryable === null || a.retryable === undefined ? '—' : a.retryable ? 'yes' : 'no') },
-					{ title: 'Error (redacted)', cell: (a) => text(a.errorMessage) },
+					{ title: 'Error (redacted) / warning', cell: attemptProblem },
 					{ title: 'Started', cell: (a) => time(a.startedAt) },
 					{ title: 'Reported', cell: (a) => time(a.reportedAt) },
 				],
@@ -771,9 +791,9 @@ const pages = {
 		const draft = newest
 			? pick(newest, ['handlerVersion', 'inputSchema', 'outputSchema', 'timeoutMs', 'retryPreset', ...(newest.retryPolicy ? ['retryPolicy'] : []), 'status'])
 			: { handlerVersion: '1', inputSchema: { type: 'object' }, outputSchema: true, timeoutMs: 30000, retryPreset: 'STANDARD', status: 'ACTIVE' };
-		const area = h('textarea', { name: 'contract', rows: 16, class: 'code', spellcheck: 'false' });
+		const area = h('textarea', { name: 'contract', rows: 16, class: 'code', spellcheck: 'false', 'aria-label': `New contract version of ${name} (JSON)` });
 		area.value = JSON.stringify(draft, null, 2);
-		const input_ = h('textarea', { name: 'input', rows: 6, class: 'code', spellcheck: 'false' });
+		const input_ = h('textarea', { name: 'input', rows: 6, class: 'code', spellcheck: 'false', 'aria-label': 'Test job input (JSON)' });
 		input_.value = '{}';
 		return [
 			h('h1', null, 'Tool ', h('code', null, name)),
@@ -808,23 +828,24 @@ const pages = {
 			{ title: 'Tool', cell: (a) => `${a.name}@${a.version}` },
 			{ title: '#', cell: (a) => a.attempt },
 			{ title: 'Outcome', cell: (a) => text(a.outcome) },
-			{ title: 'Error (redacted)', cell: (a) => text(a.errorMessage) },
+			{ title: 'Error (redacted) / warning', cell: attemptProblem },
 			{ title: 'Worker', cell: (a) => a.workerId },
 		];
 		// The editable fields, as PUT names them; only those changed are
 		// sent, so a field left alone is never re-validated against a
-		// preset it was not written for.
+		// preset it was not written for. A built-in preset's schedule is
+		// shown expanded, as a starting point for a CUSTOM one.
 		const editable = {
 			preset: e.policyPreset,
 			maxAttempts: e.maxAttempts,
-			...(e.retryPolicy ? pick(e.retryPolicy, ['initialDelayMs', 'multiplier', 'maxDelayMs', 'jitterPercent']) : {}),
+			...pick(e.retryPolicy || retryPresets[e.policyPreset] || {}, ['initialDelayMs', 'multiplier', 'maxDelayMs', 'jitterPercent']),
 			defaultTimeoutMs: e.defaultTimeoutMs,
 			maxConcurrent: e.maxConcurrent,
 			rateLimitPerMinute: e.rateLimitPerMinute,
 			circuitFailureThreshold: e.circuitFailureThreshold,
 			circuitCooldownMs: e.circuitCooldownMs,
 		};
-		const area = h('textarea', { name: 'policy', rows: 14, class: 'code', spellcheck: 'false' });
+		const area = h('textarea', { name: 'policy', rows: 14, class: 'code', spellcheck: 'false', 'aria-label': `Policy of endpoint ${e.name} (JSON)` });
 		area.value = JSON.stringify(editable, null, 2);
 		return [
 			h('h1', null, 'Endpoint ', h('code', null, e.name)),
@@ -848,8 +869,17 @@ const pages = {
 				if (!body || typeof body !== 'object' || Array.isArray(body)) throw new ConsoleError('invalid_json', 'The policy must be a JSON object.');
 				const changed = Object.fromEntries(Object.entries(body).filter(([k, val]) => JSON.stringify(val) !== JSON.stringify(editable[k])));
 				if (!Object.keys(changed).length) throw new ConsoleError('unchanged', 'Nothing changed.');
+				// A policy becoming CUSTOM must name its whole schedule (the
+				// service refuses it otherwise), changed from what is shown or
+				// not (console QA: switching the preset alone was refused
+				// "maxAttempts is required for a CUSTOM policy").
+				if (body.preset === 'CUSTOM' && editable.preset !== 'CUSTOM') {
+					const missing = customRetryFields.filter((k) => body[k] === undefined);
+					if (missing.length) throw new ConsoleError('invalid_request', `A CUSTOM policy needs its whole schedule: add ${missing.join(', ')}.`);
+					Object.assign(changed, pick(body, customRetryFields));
+				}
 				return call('PUT', `/endpoints/${seg(e.id)}/policy`, { ...changed, expectedVersion: e.version });
-			}),
+			}, { after: saved }),
 			h('h2', null, 'Attempts'),
 			filters('endpoints/' + encodeURIComponent(id), params, [
 				select('Outcome', 'outcome', [['', 'any'], ['SUCCEEDED', 'succeeded'], ['FAILED', 'failed']], params.outcome || ''),
@@ -961,12 +991,9 @@ const pages = {
 					return [
 						link(['webhooks', w.id], 'Deliveries'),
 						' ',
-						action('Rotate secret', () => call('POST', `/webhooks/${seg(w.id)}/rotate-secret`, {}, { 'Idempotency-Key': rotateKey }), {
+						action('Rotate secret', () => rotateSecret(w, {}, rotateKey), {
 							confirm: `Give ${JSON.stringify(w.url)} a new signing secret? The current one keeps signing beside it for a day (refused while an earlier rotation's previous secret still signs).`,
-							after: (r, status) =>
-								status.replaceChildren(
-									secretOnce(`New signing secret for ${w.url}`, r.secret, `It is shown once. Until ${r.previous_secret_expires_at} deliveries are signed with both secrets: deploy this one to the receiver before then.`),
-								),
+							after: (r, status) => (r.refused ? offerReplace(w, r.refused, status) : rotated(w, r, status)),
 						}),
 						' ',
 						action('Delete', () => call('DELETE', `/webhooks/${seg(w.id)}`), { danger: true, confirm: `End the subscription to ${JSON.stringify(w.url)}? Its pending deliveries are abandoned.` }),
@@ -1075,17 +1102,115 @@ const pages = {
 	},
 };
 
+// The built-in retry presets' schedules (lib/jobs Presets; a test in
+// lib/console holds them equal): the policy routes show a built-in preset
+// without its schedule, which a switch to CUSTOM starts from.
+const retryPresets = {
+	STANDARD: { maxAttempts: 5, initialDelayMs: 30000, multiplier: 2, maxDelayMs: 900000, jitterPercent: 20 },
+	AGGRESSIVE: { maxAttempts: 8, initialDelayMs: 5000, multiplier: 2, maxDelayMs: 300000, jitterPercent: 20 },
+	RELAXED: { maxAttempts: 3, initialDelayMs: 120000, multiplier: 2, maxDelayMs: 1800000, jitterPercent: 20 },
+};
+
+// The fields a CUSTOM endpoint policy must name when it becomes CUSTOM.
+const customRetryFields = ['maxAttempts', 'initialDelayMs', 'multiplier', 'maxDelayMs', 'jitterPercent'];
+
+// saved redraws a policy's page after its save, saying which version it
+// made.
+function saved(p) {
+	flash = `Saved (version ${p.version}).`;
+	rerender();
+}
+
+// rotateSecret rotates w's signing secret; a refusal because an earlier
+// rotation's previous secret still signs is answered as {refused}, for the
+// page to offer replacing it.
+async function rotateSecret(w, body, idempotencyKey) {
+	try {
+		return await call('POST', `/webhooks/${seg(w.id)}/rotate-secret`, body, { 'Idempotency-Key': idempotencyKey });
+	} catch (err) {
+		if (err.code === 'invalid_state' && err.detail && err.detail.previous_secret_expires_at) return { refused: err };
+		throw err;
+	}
+}
+
+// rotated shows a rotation's new secret once, beside its row, and the
+// row's previous secret's expiry (console QA: it read "—" until a reload).
+function rotated(w, r, status) {
+	status.replaceChildren(
+		secretOnce(`New signing secret for ${w.url}`, r.secret, `It is shown once. Until ${time(r.previous_secret_expires_at)} deliveries are signed with both secrets: deploy this one to the receiver before then.`),
+	);
+	let tr = status;
+	while (tr && tr.tagName !== 'TR') tr = tr.parentNode;
+	const cell = tr && tr.querySelector('td[data-label="Previous secret signs until"]');
+	if (cell) cell.replaceChildren(time(r.previous_secret_expires_at));
+}
+
+// offerReplace answers a rotation refused while an earlier rotation's
+// previous secret still signs: the refusal, and a confirmed rotation that
+// stops that secret at once.
+function offerReplace(w, err, status) {
+	const until = time(err.detail.previous_secret_expires_at);
+	const replaceKey = 'console-rotate-replace:' + w.id + ':' + newNonce();
+	status.replaceChildren(
+		errorBox(err),
+		h('p', null, `An earlier rotation's previous secret signs until ${until}, beside the current one. Replacing it stops it at once: a receiver that still verifies with it alone fails every delivery from now on. The current secret then signs beside the new one for a day.`),
+		action('Replace the previous secret now', () => rotateSecret(w, { replace_previous: true }, replaceKey), {
+			danger: true,
+			confirm: `Stop the previous signing secret of ${JSON.stringify(w.url)} (signing until ${until}) at once, and give it a new one? Deploy the current secret to the receiver first: from now on it and the new one sign.`,
+			after: (r, inner) => (r.refused ? inner.replaceChildren(errorBox(r.refused)) : rotated(w, r, status)),
+		}),
+	);
+}
+
 function closeCircuit(e) {
 	return action('Close circuit', () => call('POST', `/endpoints/${seg(e.id)}/circuit/close`, {}), {
 		confirm: `Close ${JSON.stringify(e.name)}'s circuit? Its jobs are claimed again at once: check the service it calls first.`,
 	});
 }
 
-// decide is a pending approval's two forms.
-function decide(a) {
+// withEffects gives each approval its effect (a.effect, null when it cannot
+// be read): an approval names neither the cost nor the idempotency key. The
+// pending ones' effects are awaiting approval, read in one list; the others
+// one by one.
+async function withEffects(approvals) {
+	if (!approvals.length) return;
+	const found = new Map();
+	let readable = true;
+	if (approvals.some((a) => a.state === 'pending')) {
+		try {
+			const page = await call('GET', '/effects' + query({ state: 'awaiting_approval', limit: 200 }));
+			for (const e of page.data || []) found.set(e.id, e);
+		} catch (err) {
+			if (err.status === 403) readable = false; // this key lacks effects:read
+		}
+	}
+	await Promise.all(
+		approvals.map(async (a) => {
+			if (!found.has(a.effect_id) && readable) {
+				try {
+					found.set(a.effect_id, await call('GET', `/effects/${seg(a.effect_id)}`));
+				} catch {
+					// shown without its cost and key
+				}
+			}
+			a.effect = found.get(a.effect_id) || null;
+		}),
+	);
+}
+
+// decide is a pending approval's two forms; effect, when known, names its
+// cost and key in the approval's confirmation.
+function decide(a, effect) {
+	const amount = !effect
+		? 'a cost this page cannot read'
+		: effect.cost_micros === null || effect.cost_micros === undefined
+		? 'no declared cost'
+		: micros(effect.cost_micros);
+	const keyNote = effect ? ` (idempotency key ${JSON.stringify(effect.idempotency_key)})` : '';
 	return h('div', { class: 'decide' }, [
 		form([input('Note', 'note', { maxlength: 1000 })], 'Approve', (v) => call('POST', `/approvals/${seg(a.id)}/approve`, { note: v.note || undefined }), {
 			inline: true,
+			confirm: `Approve ${a.effect_type} ${a.effect_id} for ${amount}${keyNote}? The next begin on its key executes.`,
 		}),
 		form([input('Note', 'note', { maxlength: 1000 })], 'Reject', (v) => call('POST', `/approvals/${seg(a.id)}/reject`, { note: v.note || undefined }), {
 			inline: true,
@@ -1093,6 +1218,20 @@ function decide(a) {
 			confirm: `Reject ${a.effect_type} ${a.effect_id}? Every begin on its key is then denied.`,
 		}),
 	]);
+}
+
+// attemptProblem is a job attempt's error cell: the message its worker
+// reported and the service's warning, which a lapsed lease or an output its
+// contract refused carries without any message (console QA: a lapsed
+// attempt read FAILED with nothing to say that its side effect may have
+// happened).
+function attemptProblem(a) {
+	if (!a.errorMessage && !a.warning) return '—';
+	return [
+		a.errorMessage ? h('span', null, a.errorMessage) : null,
+		a.errorMessage && a.warning ? ' ' : null,
+		a.warning ? h('strong', { class: 'warning' }, 'Warning: ', a.warning) : null,
+	];
 }
 
 const stepColumns = [
@@ -1191,7 +1330,9 @@ async function replayForm(stepId) {
 		upgrades.length ? [h('h3', null, 'Other contracts of this tool'), table(upgradeColumns, upgrades)] : null,
 		form(
 			[
-				input('Max attempts (1–10)', 'maxAttempts', { type: 'number', min: 1, max: 10, value: 1 }),
+				// The API's maxAttempts here counts executions beyond those made
+				// (console QA: read as the job's whole ceiling).
+				input('Additional executions (1–10, beyond the attempts so far)', 'maxAttempts', { type: 'number', min: 1, max: 10, value: 1 }),
 				input('Reason', 'reason', { maxlength: 1000 }),
 				choosable.length
 					? select('Run with', 'target', [['', `the same handler (${p.handlerVersion})`], ...choosable.map((u) => [String(u.contractVersion), `contract ${u.contractVersion}: handler ${u.handlerVersion}`])], '')
@@ -1390,6 +1531,29 @@ const live = new Set(['approvals', 'circuits', 'queue']);
 const LIVE_MS = 15000;
 let liveHeld = false; // the page shown was edited or acted on
 let liveNote = null; // its "Shown at" line, when it is a live page
+let flash = null; // a line for the next full redraw to show ("Saved (version 3).")
+
+// focusWithin says whether a control inside el has the keyboard focus: a
+// refresh then waits for the next period rather than redraw it away
+// (console QA: every refresh dropped the focus to the body, so a keyboard
+// user was sent back to the start of the page every 15 s).
+function focusWithin(el) {
+	for (let n = env.document.activeElement; n; n = n.parentNode) {
+		if (n === el) return true;
+	}
+	return false;
+}
+
+// scheduleRefresh redraws the live page drawn by render mine in LIVE_MS,
+// quietly, unless it was left, acted on, or has a focused control (then it
+// waits another period).
+function scheduleRefresh(mine, main) {
+	env.setTimeout(() => {
+		if (mine !== generation || liveHeld || !key()) return;
+		if (focusWithin(main)) scheduleRefresh(mine, main);
+		else drawing = draw(++generation, true);
+	}, LIVE_MS);
+}
 
 function holdLive() {
 	if (liveHeld) return;
@@ -1402,6 +1566,7 @@ async function draw(mine, quiet) {
 	if (!key()) {
 		const message = signOutMessage;
 		signOutMessage = null;
+		env.document.title = 'Sign in — Ratchet console';
 		root.replaceChildren(h('main', null, signInPage(message)));
 		return;
 	}
@@ -1428,9 +1593,14 @@ async function draw(mine, quiet) {
 	// A quiet redraw (a live page's refresh) keeps the page on screen until
 	// its new content is there.
 	let main = quiet ? root.querySelector('main') : null;
+	let notice = null;
 	if (!main) {
 		liveHeld = false;
 		liveNote = null;
+		notice = flash;
+		flash = null;
+		const section = nav.find(([p]) => p === route.section);
+		env.document.title = section ? section[1] + ' — Ratchet console' : 'Ratchet console';
 		main = h('main', { 'aria-busy': 'true' }, h('p', null, 'Loading…'));
 		main.addEventListener('input', holdLive);
 		root.replaceChildren(header, main);
@@ -1444,14 +1614,24 @@ async function draw(mine, quiet) {
 	}
 	if (mine !== generation || !key()) return; // another render (or a 401's sign-out) took over
 	if (quiet && liveHeld) return; // acted on while this refresh was fetched
+	if (quiet && focusWithin(main)) {
+		// focused while this refresh was fetched: kept as it is
+		scheduleRefresh(mine, main);
+		return;
+	}
+	const nodes = [content].flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false);
+	// A saved edit says so under the page's heading.
+	if (notice) nodes.splice(nodes[0] && nodes[0].tagName === 'H1' ? 1 : 0, 0, h('p', { class: 'notice', role: 'status' }, notice));
 	main.removeAttribute('aria-busy');
-	main.replaceChildren(...[content].flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
+	main.replaceChildren(...nodes);
+	// The tab's title names the page (its heading: the effect, run or
+	// policy shown), as text.
+	const heading = main.querySelector('h1');
+	if (heading) env.document.title = heading.textContent + ' — Ratchet console';
 	if (live.has(route.page) && env.setTimeout) {
-		liveNote = h('p', { class: 'empty live' }, `Shown at ${time(new Date().toISOString())}; refreshed every ${LIVE_MS / 1000} s until you edit or act here.`);
+		liveNote = h('p', { class: 'empty live' }, `Shown at ${time(new Date().toISOString())}; refreshed every ${LIVE_MS / 1000} s until you edit or act here (and not while a control here has the focus).`);
 		main.append(liveNote);
-		env.setTimeout(() => {
-			if (mine === generation && !liveHeld && key()) drawing = draw(++generation, true);
-		}, LIVE_MS);
+		scheduleRefresh(mine, main);
 	}
 }
 
