@@ -144,11 +144,14 @@ func reference(pr *apierr.Problems, field, prefix string, v *string) *string {
 // prepare validates the request, fingerprints it and seals what is stored.
 func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, error) {
 	var pr apierr.Problems
-	if !ValidEffectType(req.EffectType) {
+	switch {
+	case req.EffectType == "":
+		pr.Add("effect_type", "is required")
+	case !ValidEffectType(req.EffectType):
 		pr.Add("effect_type", effectTypeRule)
 	}
 	if !idemkey.Valid(req.IdempotencyKey) {
-		pr.Add("idempotency_key", idemkey.Rule)
+		pr.Add("idempotency_key", "%s", idemkey.Problem(req.IdempotencyKey))
 	}
 	if req.CostMicros != nil && !money.Valid(*req.CostMicros) {
 		pr.Add("cost_micros", money.Rule)

@@ -82,6 +82,16 @@ func TestBeginValidation(t *testing.T) {
 		r := b.env.Do("POST", "/api/v1/effects/begin", b.ws.Key, c.body)
 		require.Contains(t, validationFields(t, r), c.field, c.name)
 	}
+	// A field left out is required; one sent wrong is told the rule (MCP
+	// QA: a left-out key was told the rule, a left-out id "is required").
+	r := b.env.Do("POST", "/api/v1/effects/begin", b.ws.Key, map[string]any{})
+	require.Equal(t, []any{map[string]any{"field": "effect_type", "message": "is required"},
+		map[string]any{"field": "idempotency_key", "message": "is required"}},
+		errCode(t, r, http.StatusBadRequest, "invalid_request")["detail"].(map[string]any)["validation"])
+	r = b.env.Do("POST", "/api/v1/effects/begin", b.ws.Key, map[string]any{"effect_type": "a b", "idempotency_key": string(long)})
+	require.Equal(t, []any{map[string]any{"field": "effect_type", "message": "must be 1-100 characters: letters, digits, . _ : -"},
+		map[string]any{"field": "idempotency_key", "message": "must be 1-255 printable characters"}},
+		errCode(t, r, http.StatusBadRequest, "invalid_request")["detail"].(map[string]any)["validation"])
 	// 255 characters is the limit, not 255 bytes.
 	b.mustBegin("execute", map[string]any{"effect_type": "email.send", "idempotency_key": string(long[:254]) + "é"})
 	// Nothing was stored by the refusals.

@@ -136,7 +136,7 @@ func validateReconcile(req ReconcileRequest) (from, to time.Time, err error) {
 		}
 		field := "records." + strconv.Itoa(i)
 		if !idemkey.Valid(r.IdempotencyKey) {
-			pr.Add(field+".idempotency_key", idemkey.Rule)
+			pr.Add(field+".idempotency_key", "%s", idemkey.Problem(r.IdempotencyKey))
 		} else if seen[r.IdempotencyKey] {
 			pr.Add(field+".idempotency_key", "appears twice; send one record per idempotency key")
 		}

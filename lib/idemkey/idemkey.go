@@ -20,6 +20,16 @@ const Rule = "must be 1-255 printable characters"
 // Valid reports whether k is a well-formed idempotency key.
 func Valid(k string) bool { return Printable(k, MaxRunes) }
 
+// Problem is the validation message for a key that is not Valid: one left
+// out (or empty) is required, any other is told Rule (MCP QA: a begin
+// without its key was told the rule, an id left out that it is required).
+func Problem(k string) string {
+	if k == "" {
+		return "is required"
+	}
+	return Rule
+}
+
 // Printable reports whether s is 1-maxRunes printable characters of valid
 // UTF-8: no control or format character, no space but the plain one. It is
 // the key's rule, for other names that follow it with a length of their
