@@ -76,7 +76,7 @@ func (s *Server) mcpRoutes() []Route {
 				"error": map[string]any{"code": e.Code, "message": e.Message}})
 			return
 		}
-		body, anyLeft := mcpserver.AnswerUnknownInBatch(body)
+		body, anyLeft := mcpserver.AnswerUnknown(body)
 		if !anyLeft {
 			w.WriteHeader(http.StatusAccepted) // notifications only, none the server takes
 			return

@@ -179,19 +179,25 @@ var servedMethods = map[string]bool{
 	"notifications/roots/list_changed": true,
 }
 
-// AnswerUnknownInBatch readies a batch (a body CheckEnvelope passed) for the
-// SDK's transport, which refuses a whole batch holding one method it does
-// not know (MCP QA: 400 with id null, the batch's other requests neither run
-// nor answered), where a single such request is answered -32601 under its
-// id. A request of a method the server does not serve is sent on as one of
-// a capability not offered (resources/list, without its params), which
+// AnswerUnknown readies a body CheckEnvelope passed for the SDK's
+// transport, which refuses a whole batch holding one method it does not
+// know (MCP QA: 400 with id null, the batch's other requests neither run nor
+// answered), where a single such request is answered -32601 under its id. A
+// request of a method the server does not serve is sent on as one of a
+// capability not offered (resources/list, without its params), which
 // refuseNotOffered answers -32601 under the request's id; a notification of
-// one is left out (a notification has no answer). It answers the batch to
-// send and whether any message is left in it. A body that is no batch is
-// answered as it is.
-func AnswerUnknownInBatch(body []byte) ([]byte, bool) {
+// one is left out, alone as in a batch (a notification has no answer: alone,
+// the transport refused it 400, a batch of it was a 202). It answers the
+// body to send and whether any message is left in it.
+func AnswerUnknown(body []byte) ([]byte, bool) {
 	trimmed := bytes.TrimSpace(body)
-	if len(trimmed) == 0 || trimmed[0] != '[' {
+	if len(trimmed) == 0 {
+		return body, true
+	}
+	if trimmed[0] != '[' {
+		if unknownNotification(trimmed) {
+			return nil, false
+		}
 		return body, true
 	}
 	var batch []json.RawMessage
@@ -200,26 +206,46 @@ func AnswerUnknownInBatch(body []byte) ([]byte, bool) {
 	}
 	out := make([]json.RawMessage, 0, len(batch))
 	for _, m := range batch {
-		var probe struct {
-			ID     json.RawMessage `json:"id"`
-			Method *string         `json:"method"`
-		}
-		if json.Unmarshal(m, &probe) != nil || probe.Method == nil || servedMethods[*probe.Method] ||
-			notOfferedMethod(*probe.Method) {
+		switch id, ok := unknownMethod(m); {
+		case !ok:
 			out = append(out, m)
-			continue
+		case id == nil:
+			// a notification of a method not served: no answer
+		default:
+			unknown, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "method": "resources/list"})
+			out = append(out, unknown)
 		}
-		if len(probe.ID) == 0 || string(probe.ID) == "null" {
-			continue // a notification of a method not served: no answer
-		}
-		unknown, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": probe.ID, "method": "resources/list"})
-		out = append(out, unknown)
 	}
 	if len(out) == 0 {
 		return nil, false
 	}
 	rewritten, _ := json.Marshal(out)
 	return rewritten, true
+}
+
+// unknownMethod reports whether message m is a request or notification of
+// a method the server neither serves nor refuses as not offered, with its
+// id (nil for a notification).
+func unknownMethod(m json.RawMessage) (id json.RawMessage, ok bool) {
+	var probe struct {
+		ID     json.RawMessage `json:"id"`
+		Method *string         `json:"method"`
+	}
+	if json.Unmarshal(m, &probe) != nil || probe.Method == nil || servedMethods[*probe.Method] ||
+		notOfferedMethod(*probe.Method) {
+		return nil, false
+	}
+	if len(probe.ID) == 0 || string(probe.ID) == "null" {
+		return nil, true
+	}
+	return probe.ID, true
+}
+
+// unknownNotification reports whether m is a notification of a method the
+// server does not serve.
+func unknownNotification(m json.RawMessage) bool {
+	id, ok := unknownMethod(m)
+	return ok && id == nil
 }
 
 // notOfferedMethod reports whether method belongs to a capability the

@@ -313,9 +313,18 @@ func TestABatchAnswersAnUnknownMethodInItsPlace(t *testing.T) {
 		require.EqualValues(t, -32601, byID[id]["error"].(map[string]any)["code"], "%s: %s", id, out)
 	}
 
-	status, out = post(`[{"jsonrpc":"2.0","method":"notifications/whatever"}]`)
-	require.Equal(t, http.StatusAccepted, status, "%s", out)
-	require.Empty(t, out)
+	// Alone or in a batch of nothing else, such a notification is a 202
+	// (alone, it was refused 400).
+	for _, body := range []string{`[{"jsonrpc":"2.0","method":"notifications/whatever"}]`,
+		`{"jsonrpc":"2.0","method":"notifications/whatever"}`, `{"jsonrpc":"2.0","method":"foo/bar","params":{}}`} {
+		status, out = post(body)
+		require.Equal(t, http.StatusAccepted, status, "%s: %s", body, out)
+		require.Empty(t, out, body)
+	}
+	// A request of it alone is answered -32601 under its id, as before.
+	status, out = post(`{"jsonrpc":"2.0","id":9,"method":"foo/bar"}`)
+	require.Equal(t, http.StatusOK, status, "%s", out)
+	require.Contains(t, string(out), `"code":-32601`)
 }
 
 // mcpRequest is a POST of body to the MCP endpoint under key, with the
