@@ -174,6 +174,7 @@ func TestWebhooksThroughTheSDK(t *testing.T) {
 	require.NotEqual(t, hook.Secret, rotated.Secret)
 	require.NotNil(t, rotated.PreviousSecretExpiresAt)
 	require.WithinDuration(t, time.Now().Add(time.Hour), *rotated.PreviousSecretExpiresAt, time.Minute)
+	require.Equal(t, rotated.PreviousSecretExpiresAt, rotated.Webhook.PreviousSecretExpiresAt, "both fields say it")
 	var sig string
 	var sent []byte
 	seen := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -533,7 +533,7 @@ func (s *Service) record(ctx context.Context, c claimed, code *int, failure stri
 // receiver lives in: "this network" (0.0.0.0/8, which some stacks route to
 // the host itself; net.IP knows only 0.0.0.0), carrier-grade NAT (cloud
 // metadata services answer in it, e.g. 100.100.100.200), IETF protocol
-// assignments, benchmarking, the documentation ranges (TEST-NET-1 to 3,
+// assignments, benchmarking (198.18.0.0/15, 2001:2::/48), the documentation ranges (TEST-NET-1 to 3,
 // 2001:db8::/32 and 3fff::/20: nothing real answers there, and a network
 // may route them anywhere; QA: 192.0.2.1 was taken), the deprecated 6to4
 // relay anycast, the reserved class E, and the IPv6 ranges that
@@ -560,6 +560,7 @@ var nonPublic = []netip.Prefix{
 	netip.MustParsePrefix("fec0::/10"),
 	netip.MustParsePrefix("100::/64"),
 	netip.MustParsePrefix("2001:db8::/32"),
+	netip.MustParsePrefix("2001:2::/48"),
 	netip.MustParsePrefix("3fff::/20"),
 }
 

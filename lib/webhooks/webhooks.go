@@ -33,7 +33,7 @@ type Webhook struct {
 	CreatedAt time.Time `json:"created_at"`
 	// PreviousSecretExpiresAt is when the secret a rotation replaced stops
 	// signing deliveries beside the current one (RotateSecret); null when
-	// there is none. Once past, the sweeper clears it (ClearExpiredSecrets).
+	// none signs. Once past, the sweeper clears it (ClearExpiredSecrets).
 	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
 }
 
@@ -185,13 +185,19 @@ func (s *Service) Create(ctx context.Context, workspaceID string, req CreateRequ
 // into as many outbound requests as it liked (security review).
 const MaxWebhooks = 20
 
-// webhookCols are a Webhook's columns, in its fields' order.
-const webhookCols = `id, url, events, created_at, previous_secret_expires_at`
+// webhookCols are a Webhook's columns, in its fields' order, as of the time
+// in parameter now ("$3"): a previous secret that has stopped signing reads
+// null, though the sweeper has not cleared it yet (review: its past time was
+// shown).
+func webhookCols(now string) string {
+	return `id, url, events, created_at,
+    CASE WHEN previous_secret_expires_at > ` + now + `::timestamptz THEN previous_secret_expires_at END`
+}
 
 // List pages through live subscriptions.
 func (s *Service) List(ctx context.Context, workspaceID, cursor string, limit int) ([]Webhook, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+webhookCols+` FROM webhooks
-		WHERE workspace_id = $1 AND deleted_at IS NULL AND id > $2 ORDER BY id LIMIT $3`, workspaceID, cursor, limit)
+	rows, err := s.pool.Query(ctx, `SELECT `+webhookCols("$4")+` FROM webhooks
+		WHERE workspace_id = $1 AND deleted_at IS NULL AND id > $2 ORDER BY id LIMIT $3`, workspaceID, cursor, limit, s.now())
 	if err != nil {
 		return nil, fmt.Errorf("list webhooks: %w", err)
 	}
@@ -201,8 +207,8 @@ func (s *Service) List(ctx context.Context, workspaceID, cursor string, limit in
 // Get reads one live subscription (never its secret); a deleted one is
 // unknown, as in the list.
 func (s *Service) Get(ctx context.Context, workspaceID, id string) (Webhook, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+webhookCols+` FROM webhooks
-		WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NULL`, id, workspaceID)
+	rows, err := s.pool.Query(ctx, `SELECT `+webhookCols("$3")+` FROM webhooks
+		WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NULL`, id, workspaceID, s.now())
 	if err != nil {
 		return Webhook{}, fmt.Errorf("read webhook: %w", err)
 	}
@@ -228,8 +234,8 @@ func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, 
 		// for a concurrent one reads the row as that one left it, and
 		// answers it (review: in one statement its snapshot still showed
 		// the row live, and it answered 404).
-		rows, err := tx.Query(ctx, `SELECT `+webhookCols+` FROM webhooks
-			WHERE id = $1 AND workspace_id = $2 FOR UPDATE`, id, workspaceID)
+		rows, err := tx.Query(ctx, `SELECT `+webhookCols("$3")+` FROM webhooks
+			WHERE id = $1 AND workspace_id = $2 FOR UPDATE`, id, workspaceID, s.now())
 		if err != nil {
 			return fmt.Errorf("delete webhook: %w", err)
 		}
@@ -279,7 +285,7 @@ const maxPreviousSecretTTL = 7 * 24 * time.Hour
 // still signs at $5 (the one a receiver may still hold) it rotates only
 // when $6 says to replace it. Answers the webhook, whether it rotated, and
 // until when the previous secret it found signs.
-const sqlRotateSecret = `
+var sqlRotateSecret = `
 WITH w AS (
     SELECT id, CASE WHEN previous_secret_expires_at > $5::timestamptz THEN previous_secret_expires_at END AS signing
     FROM webhooks WHERE id = $1::text AND workspace_id = $2::text AND deleted_at IS NULL
@@ -291,7 +297,7 @@ WITH w AS (
     FROM w WHERE webhooks.id = w.id AND (w.signing IS NULL OR $6::boolean)
     RETURNING webhooks.id
 )
-SELECT ` + webhookCols + `, EXISTS (SELECT 1 FROM rotated), w.signing
+SELECT ` + webhookCols("$5") + `, EXISTS (SELECT 1 FROM rotated), w.signing
 FROM webhooks JOIN w USING (id)`
 
 // RotateSecret gives a subscription a new signing secret, answered once.

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
@@ -1282,4 +1283,69 @@ func TestASecretThatCannotBeOpenedIsLogged(t *testing.T) {
 		require.NotContains(t, logs.String(), secret)
 	}
 	require.NotContains(t, logs.String(), string(body))
+}
+
+// A rotation that commits while the sweeper's clear of the same row waits
+// on it keeps the previous secret it has just set: the clear rechecks the
+// expiry at the row's newest version (review: without the recheck, the
+// receiver's old secret stopped signing mid-rotation).
+func TestAClearRacingARotationKeepsItsPreviousSecret(t *testing.T) {
+	env, _ := start(t, false)
+	ctx := context.Background()
+	ws := env.Signup()
+	id, _ := subscribe(t, env, ws.Key, "https://example.com/hook")
+	env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+id+"/rotate-secret", ws.Key, nil)
+	pool := env.App.Pool
+	_, err := pool.Exec(ctx, `UPDATE webhooks SET previous_secret_expires_at = now() - interval '1 hour' WHERE id = $1`, id)
+	require.NoError(t, err)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below when the test passes
+	// A rotation, as sqlRotateSecret writes it, not yet committed.
+	_, err = tx.Exec(ctx, `UPDATE webhooks SET previous_secret = secret,
+		previous_secret_expires_at = now() + interval '1 day' WHERE id = $1`, id)
+	require.NoError(t, err)
+	var rotator int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&rotator))
+
+	cleared := make(chan int, 1)
+	go func() {
+		n, err := env.App.Server.Webhooks.ClearExpiredSecrets(ctx, time.Now(), 100)
+		assert.NoError(t, err)
+		cleared <- n
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		return pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))`,
+			rotator).Scan(&waiting) == nil && waiting
+	}, 10*time.Second, 5*time.Millisecond, "the clear waits on the rotation's row")
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, 0, <-cleared)
+	var kept bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT previous_secret IS NOT NULL AND previous_secret_expires_at IS NOT NULL
+		FROM webhooks WHERE id = $1`, id).Scan(&kept))
+	require.True(t, kept, "the rotation's previous secret was cleared")
+}
+
+// A previous secret that has stopped signing reads null at once, before
+// the sweeper clears it (review: its past time was shown).
+func TestAnExpiredPreviousSecretReadsNull(t *testing.T) {
+	env, clk := start(t, false)
+	ws := env.Signup()
+	id, _ := subscribe(t, env, ws.Key, "https://example.com/hook")
+	r := env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+id+"/rotate-secret", ws.Key,
+		map[string]any{"previous_secret_expires_in_seconds": 5}).JSON()
+	require.NotNil(t, r["previous_secret_expires_at"])
+	read := func() any {
+		return env.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+id, ws.Key, nil).JSON()["previous_secret_expires_at"]
+	}
+	require.Equal(t, r["previous_secret_expires_at"], read(), "still signing")
+	clk.Add(5 * time.Second)
+	require.Nil(t, read(), "stopped at its time")
+	var page struct {
+		Data []map[string]any `json:"data"`
+	}
+	env.Must(http.StatusOK, "GET", "/api/v1/webhooks", ws.Key, nil).Decode(t, &page)
+	require.Nil(t, page.Data[0]["previous_secret_expires_at"], "in the list too")
 }

@@ -113,10 +113,12 @@ func (c *Client) RetryWebhookDeliveries(ctx context.Context, webhookID string, d
 }
 
 // RotatedWebhook is a subscription with its new signing secret, shown
-// once; its PreviousSecretExpiresAt says when the previous secret stops
-// signing (nil: it already has).
+// once, and when the previous secret stops signing (nil: it already has).
+// Its own PreviousSecretExpiresAt (kept from 0.4.5, so code that builds the
+// type compiles) and the subscription's are the same time.
 type RotatedWebhook struct {
 	NewWebhook
+	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
 }
 
 // RotateSecretOptions shape RotateWebhookSecret.
@@ -149,7 +151,13 @@ func (c *Client) RotateWebhookSecret(ctx context.Context, webhookID string, opts
 		}
 		body.Seconds = &seconds
 	}
-	return callKeyed[RotatedWebhook](ctx, c, "POST", "/webhooks/"+pathID(webhookID)+"/rotate-secret", newRequestID(), body)
+	out, err := callKeyed[RotatedWebhook](ctx, c, "POST", "/webhooks/"+pathID(webhookID)+"/rotate-secret", newRequestID(), body)
+	if err != nil {
+		return nil, err
+	}
+	// The outer field shadows the subscription's in decoding: both say it.
+	out.Webhook.PreviousSecretExpiresAt = out.PreviousSecretExpiresAt
+	return out, nil
 }
 
 // Event types a webhook subscribes to.

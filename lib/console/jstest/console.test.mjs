@@ -228,10 +228,20 @@ test('approve and reject a held effect, with notes; a declined confirmation send
 	const denied = await api('POST', '/effects/begin', key, { effect_type: 'payment.charge', idempotency_key: 'c2', payload: { amount: 5 }, cost_micros: 5_000_000 });
 	assert.equal(denied.body.decision, 'denied');
 
-	// Every approval, decided ones included, under state "any".
+	// Every approval, decided ones included, under state "any". A decided
+	// row costs no request of its own (the page redraws every 15 s and GETs
+	// count against the key's rate limit: review); its key and cost are what
+	// an earlier draw read (none for one decided elsewhere before any draw).
+	const unseen = await api('POST', '/effects/begin', key, { effect_type: 'payment.charge', idempotency_key: 'c9', payload: { amount: 9 }, cost_micros: 9_000_000 });
+	assert.equal(unseen.body.decision, 'approval_required');
+	assert.equal((await api('POST', `/approvals/${unseen.body.approval_id}/approve`, key, {})).status, 200);
+	const sent = ui.requests.length;
 	await submit(ui.root, 'Filter', { state: 'any' });
 	assert.equal(ui.location.hash, '#/approvals?state=any');
 	assert.match(row(ui, held[0].effect_id).textContent, /approved/);
+	assert.match(row(ui, held[0].effect_id).textContent, /c1.*\$5\.00/);
+	assert.deepEqual(ui.requests.slice(sent).filter((r) => r.startsWith('GET /api/v1/effects/')), [], 'no effect read a row');
+	assert.doesNotMatch(row(ui, unseen.body.effect_id).textContent, /\$9\.00/, 'not read for its row');
 	await submit(ui.root, 'Filter', { state: 'rejected' });
 	assert.equal(ui.location.hash, '#/approvals?state=rejected');
 	assert.match(row(ui, held[1].effect_id).textContent, /duplicate order/);

@@ -1170,30 +1170,34 @@ function closeCircuit(e) {
 
 // withEffects gives each approval its effect (a.effect, null when it cannot
 // be read): an approval names neither the cost nor the idempotency key. The
-// pending ones' effects are awaiting approval, read in one list; the others
-// one by one.
+// pending ones' effects are awaiting approval, read in one list; a pending
+// one the list missed is read by itself, as its Approve names the amount.
+// Decided ones show what an earlier draw read (a key and a cost do not
+// change), never one request a row: the page redraws every 15 s, and GETs
+// count against the key's rate limit (review).
+const effectsSeen = new Map();
 async function withEffects(approvals) {
 	if (!approvals.length) return;
-	const found = new Map();
+	if (effectsSeen.size > 1000) effectsSeen.clear();
 	let readable = true;
 	if (approvals.some((a) => a.state === 'pending')) {
 		try {
 			const page = await call('GET', '/effects' + query({ state: 'awaiting_approval', limit: 200 }));
-			for (const e of page.data || []) found.set(e.id, e);
+			for (const e of page.data || []) effectsSeen.set(e.id, e);
 		} catch (err) {
 			if (err.status === 403) readable = false; // this key lacks effects:read
 		}
 	}
 	await Promise.all(
 		approvals.map(async (a) => {
-			if (!found.has(a.effect_id) && readable) {
+			if (a.state === 'pending' && !effectsSeen.has(a.effect_id) && readable) {
 				try {
-					found.set(a.effect_id, await call('GET', `/effects/${seg(a.effect_id)}`));
+					effectsSeen.set(a.effect_id, await call('GET', `/effects/${seg(a.effect_id)}`));
 				} catch {
 					// shown without its cost and key
 				}
 			}
-			a.effect = found.get(a.effect_id) || null;
+			a.effect = effectsSeen.get(a.effect_id) || null;
 		}),
 	);
 }
