@@ -350,3 +350,38 @@ func postMCP(t *testing.T, env *apitest.Env, key, body string) (int, []byte) {
 	require.NoError(t, err)
 	return res.StatusCode, out
 }
+
+// A client of protocol 2026-07-28, which has no initialize (each request
+// carries its version, capabilities and client in _meta, and its method in
+// the Mcp-Method header), lists and calls the tools through the endpoint's
+// own checks as an earlier client does (MCP QA took its refusal without the
+// _meta for a version the server claims but does not serve).
+func TestAStatelessProtocolClientCallsTheTools(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	key := env.Key(env.Signup(), map[string]any{"name": "agent", "preset": "AGENT"})
+	const meta = `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",` +
+		`"io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{"name":"t","version":"1"}}`
+	send := func(method, name, body string) map[string]any {
+		t.Helper()
+		req := mcpRequest(t, env, key, body)
+		req.Header.Set("MCP-Protocol-Version", "2026-07-28")
+		req.Header.Set("Mcp-Method", method)
+		if name != "" {
+			req.Header.Set("Mcp-Name", name)
+		}
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		var out map[string]any
+		require.NoError(t, json.NewDecoder(res.Body).Decode(&out))
+		require.Equal(t, http.StatusOK, res.StatusCode, "%v", out)
+		require.Nil(t, out["error"], "%v", out)
+		return out["result"].(map[string]any)
+	}
+	tools := send("tools/list", "", `{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{`+meta+`}}`)["tools"].([]any)
+	require.Len(t, tools, 9)
+	called := send("tools/call", "ratchet_begin", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"ratchet_begin",`+
+		`"arguments":{"effect_type":"email.send","idempotency_key":"stateless:1","payload":{}},`+meta+`}}`)
+	require.Contains(t, called["content"].([]any)[0].(map[string]any)["text"], `"decision":"execute"`)
+}
