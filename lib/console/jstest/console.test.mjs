@@ -130,6 +130,16 @@ function time(s) {
 	return String(s).replace('T', ' ').replace(/(\.\d+)?Z$/, ' UTC');
 }
 
+// cells is a table row as {column title: text}.
+function cells(tr) {
+	return Object.fromEntries(tr.querySelectorAll('td').map((td) => [td.getAttribute('data-label'), td.textContent]));
+}
+
+// replayRows are the rows of a step's replays.
+function replayRows(ui) {
+	return ui.root.querySelectorAll('tr').filter((r) => r.querySelector('td[data-label="Replayed"]'));
+}
+
 function alerts(ui) {
 	return ui.root.querySelectorAll('div.error').map((e) => e.textContent);
 }
@@ -527,6 +537,21 @@ test('runs, steps and the queue: a step cancelled, then replayed naming what its
 	assert.equal(job.status, 'QUEUED');
 	assert.equal(job.maxAttempts, 2);
 	assert.ok(ui.requests.includes(`POST /api/v1/steps/${step.stepId}/replay`));
+	// The replay is listed under the attempts, from the job's audit
+	// (console QA: not shown anywhere).
+	assert.equal(job.replays.length, 1);
+	const [audit] = job.replays;
+	const replays = replayRows(ui);
+	assert.equal(replays.length, 1, ui.root.textContent);
+	assert.deepEqual(cells(replays[0]), {
+		Replayed: time(audit.createdAt),
+		'By key': audit.keyId + ' (this console’s key)',
+		Reason: 'vendor fixed',
+		Found: `CANCELLED after attempt ${audit.priorAttempt}`,
+		Added: '2 (ceiling 2)',
+		Handler: '1',
+		Contract: '—',
+	});
 });
 
 test("an endpoint's page: pause and resume, its policy edited naming its version, its attempts", async () => {
@@ -641,6 +666,99 @@ test("a group's page lists its effects and what each compensates", async () => {
 	assert.match(row(ui, begun.effect_id).textContent, /inventory\.reserve.*reserve:7.*leased.*declared/);
 });
 
+test("an unwinding group's page shows what its rollback still owes; an open group's page starts none", async () => {
+	const key = await signup();
+	const group = (await api('POST', '/groups', key, { name: 'order-8' })).body;
+	const forward = async (k, compensated) => {
+		const b = (await api('POST', '/effects/begin', key, {
+			effect_type: 'inventory.reserve',
+			idempotency_key: 'reserve:' + k,
+			payload: { sku: k },
+			group_id: group.id,
+			...(compensated ? { compensation: { effect_type: 'inventory.release', payload: { sku: k } } } : {}),
+		})).body;
+		assert.equal(b.decision, 'execute', JSON.stringify(b));
+		assert.equal((await api('POST', `/effects/${b.effect_id}/report`, key, { lease_token: b.lease_token, outcome: 'succeeded' })).status, 200);
+		return b.effect_id;
+	};
+	const a = await forward('a', true);
+	const b = await forward('b', true);
+	const c = await forward('c', false);
+	const d = await forward('d', true);
+	const compensate = async (step, k, sku) => {
+		const r = (await api('POST', '/effects/begin', key, { effect_type: 'inventory.release', idempotency_key: k, payload: { sku }, compensates_effect_id: step })).body;
+		assert.equal(r.decision, 'execute', JSON.stringify(r));
+		return r;
+	};
+
+	// Not unwinding: the page asks for no plan (unwind would start a rollback).
+	let ui = await mount(key, '#/groups/' + group.id);
+	assert.ok(!ui.requests.some((r) => r.endsWith('/unwind')), ui.requests.join());
+	assert.doesNotMatch(ui.root.textContent, /Unwind plan/);
+	assert.equal((await api('GET', `/groups/${group.id}`, key)).body.state, 'open');
+
+	assert.equal((await api('POST', `/groups/${group.id}/unwind`, key)).status, 200);
+	const undoD = await compensate(d, 'compensate:' + d, 'd');
+	assert.equal((await api('POST', `/effects/${undoD.effect_id}/report`, key, { lease_token: undoD.lease_token, outcome: 'succeeded' })).status, 200);
+	const undoB = await compensate(b, 'undo-b', 'b'); // in flight, under a key of its own
+
+	const plan = (ui) => Object.fromEntries(
+		ui.root.querySelectorAll('tr').filter((r) => r.querySelector('td[data-label="Suggested idempotency key"]')).map((r) => [cells(r).Step, cells(r)]),
+	);
+	ui = await mount(key, '#/groups/' + group.id);
+	assert.match(ui.root.textContent, /Unwind plan/);
+	let p = plan(ui);
+	assert.deepEqual(Object.keys(p)[0], b, 'the plan first');
+	assert.deepEqual(p[b], { Step: b, Type: 'inventory.reserve', Compensation: `begun (leased) ${undoB.effect_id}`, 'Suggested idempotency key': 'undo-b' });
+	assert.deepEqual(p[d].Compensation, `succeeded ${undoD.effect_id}`);
+	assert.deepEqual(p[d]['Suggested idempotency key'], '—');
+	assert.deepEqual(p[c].Compensation, 'irreversible (none declared)');
+	assert.deepEqual(p[a].Compensation, 'owed');
+	assert.match(p[a]['Suggested idempotency key'], /not offered yet/);
+	assert.match(ui.root.textContent, new RegExp(`The plan stops at an outcome not known yet \\(in flight, or to check at the vendor and resolve\\): ${undoB.effect_id}\\.`));
+
+	assert.equal((await api('POST', `/effects/${undoB.effect_id}/report`, key, { lease_token: undoB.lease_token, outcome: 'succeeded' })).status, 200);
+	ui = await mount(key, '#/groups/' + group.id);
+	p = plan(ui);
+	assert.deepEqual(p[a], { Step: a, Type: 'inventory.reserve', Compensation: 'owed', 'Suggested idempotency key': 'compensate:' + a });
+	assert.deepEqual(p[b].Compensation, `succeeded ${undoB.effect_id}`);
+	assert.doesNotMatch(ui.root.textContent, /plan stops/);
+	assert.equal((await api('GET', `/groups/${group.id}`, key)).body.state, 'unwinding');
+});
+
+test('a key without effects:resolve is told so on an unknown outcome, not asked to confirm a resolve it would be refused', async () => {
+	const key = await signup();
+	const begun = (await api('POST', '/effects/begin', key, { effect_type: 'email.send', idempotency_key: 'e:1', payload: {}, lease_seconds: 1 })).body;
+	await new Promise((r) => setTimeout(r, 1200));
+	const needs = /Resolving needs the scope effects:resolve, which this key lacks/;
+
+	// A key whose scopes the console reads (it lists keys).
+	const reader = (await api('POST', '/keys', key, { name: 'reader', scopes: ['effects:read', 'keys:write'] })).body.secret;
+	let ui = await mount(reader, '#/effects/' + begun.effect_id);
+	assert.match(ui.root.textContent, /indeterminate/);
+	assert.match(ui.root.textContent, needs);
+	assert.ok(!ui.root.querySelectorAll('button').some((b) => b.textContent === 'Resolve'), 'no form');
+
+	// A key that cannot list keys either: the service decides the first
+	// time, and the console then knows.
+	const narrow = (await api('POST', '/keys', key, { name: 'narrow', scopes: ['effects:read'] })).body.secret;
+	ui = await mount(narrow, '#/effects/' + begun.effect_id);
+	await submit(ui.root, 'Resolve', { outcome: 'failed' });
+	assert.match(alerts(ui).join(), /effects:resolve/);
+	await go(ui, '#/effects');
+	await go(ui, '#/effects/' + begun.effect_id);
+	assert.match(ui.root.textContent, needs);
+	assert.ok(!ui.root.querySelectorAll('button').some((b) => b.textContent === 'Resolve'), 'no form');
+	const asked = ui.confirms.length;
+
+	// The operator's key holds it: offered the form.
+	ui = await mount(key, '#/effects/' + begun.effect_id);
+	assert.doesNotMatch(ui.root.textContent, needs);
+	button(ui.root, 'Resolve');
+	assert.equal(asked, 1);
+	assert.equal((await api('GET', `/effects/${begun.effect_id}`, key)).body.state, 'indeterminate');
+});
+
 test('a replay onto another handler: the contracts that fit offered, the version change acknowledged', async () => {
 	const key = await signup();
 	const publish = (handlerVersion, inputSchema) =>
@@ -672,6 +790,10 @@ test('a replay onto another handler: the contracts that fit offered, the version
 	await app.rendered();
 	const s = (await api('GET', `/steps/${step.stepId}`, key)).body;
 	assert.deepEqual([s.durableJob.status, s.version, s.contractVersion], ['QUEUED', '2', 2]);
+	const replays = replayRows(ui);
+	assert.equal(replays.length, 1, ui.root.textContent);
+	const [replayed] = replays;
+	assert.deepEqual([cells(replayed).Handler, cells(replayed).Contract, cells(replayed).Reason], ['1 → 2', '1 → 2', '—']);
 });
 
 test('the pages an operator watches refresh themselves in place, but not under an edit', async () => {
@@ -843,6 +965,9 @@ test("reconcile: the vendor's CSV compared, an unknown outcome it settles resolv
 	assert.match(ui.confirms.at(-1), /Reconcile refund\.issue from .* Unknown outcomes the records settle are resolved/);
 	assert.match(ui.root.textContent, /resolved: 1 · status mismatch: 0 · amount mismatch: 0 · missing at vendor: 0 · unknown to ratchet: 1 · unsettled: 0 · matched: 1/);
 	assert.match(row(ui, lost.effect_id).textContent, /r:2/);
+	// The row reads the state the reconciliation left, not the one it found
+	// (console QA: "Here: indeterminate" under "Resolved now").
+	assert.equal(cells(row(ui, lost.effect_id)).Here, 'succeeded (resolved now; was indeterminate)');
 	assert.match(row(ui, 'r:"9"').textContent, /failed/);
 	assert.equal((await api('GET', `/effects/${lost.effect_id}`, key)).body.state, 'succeeded');
 

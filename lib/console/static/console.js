@@ -344,6 +344,12 @@ async function call(method, path, body, extraHeaders) {
 		res.headers.get('X-Request-Id'),
 		e.detail,
 	);
+	if (res.status === 403 && k) {
+		// What a refusal names, the key lacks (its scopes never change):
+		// a page asked again offers no form this key would be refused.
+		const named = [].concat(Array.isArray(e.detail && e.detail.required) ? e.detail.required : [], Array.isArray(e.detail && e.detail.any_of) ? e.detail.any_of : []);
+		for (const s of named) scopesKnown().lacking.add(String(s));
+	}
 	if (res.status === 401 && k) {
 		// The key was revoked or mistyped: forget it and ask again, on the
 		// page the operator was on, so that signing in with another key
@@ -351,6 +357,44 @@ async function call(method, path, body, extraHeaders) {
 		signOut('The service refused this key (revoked, or mistyped). Sign in again.', true);
 	}
 	throw err;
+}
+
+// scopesKnown is what the console knows of the signed-in key's scopes: held
+// (a Set, once read from the key list; null until then or if it cannot be
+// read) and lacking (the scopes a 403 named). It is forgotten when the key
+// changes.
+let scopes = { keyId: null, held: null, read: false, lacking: new Set() };
+function scopesKnown() {
+	const id = ownKeyId();
+	if (scopes.keyId !== id) scopes = { keyId: id, held: null, read: false, lacking: new Set() };
+	return scopes;
+}
+
+// lacksScope says whether the signed-in key is known to lack scope: a
+// refusal named it, or the key list (GET /keys, keys:write) shows the key
+// without it. Unknown (a key that cannot list keys, and was never refused
+// it) is false: the page offers what the service will decide.
+async function lacksScope(scope) {
+	const known = scopesKnown();
+	if (known.lacking.has(scope)) return true;
+	if (!known.read && known.keyId) {
+		known.read = true;
+		try {
+			let cursor;
+			for (let i = 0; i < 10 && !known.held; i++) {
+				const page = await call('GET', '/keys' + query({ limit: 200, cursor }));
+				const own = (page.data || []).find((k) => k.id === known.keyId);
+				if (own) known.held = new Set(own.scopes || []);
+				cursor = page.next_cursor;
+				if (!cursor) break;
+			}
+		} catch (err) {
+			// A key that cannot list keys (no keys:write) keeps its scopes
+			// unknown; a failure of another kind is tried again next time.
+			if (err.status !== 403) known.read = false;
+		}
+	}
+	return Boolean(known.held && !known.held.has(scope));
 }
 
 function query(params) {
@@ -485,7 +529,14 @@ const pages = {
 			const a = await call('GET', `/approvals/${seg(e.approval_id)}`).catch((err) => err);
 			out.push(h('h2', null, 'Approval'), a instanceof Error ? errorBox(asError(a)) : a.state === 'pending' ? [h('p', null, `Held: ${a.reason}.`), decide(a, e)] : h('p', null, `${a.state} ${time(a.decided_at)}`));
 		}
-		if (e.state === 'indeterminate') {
+		if (e.state === 'indeterminate' && (await lacksScope('effects:resolve'))) {
+			// Console QA: the form asked "It cannot be changed afterwards"
+			// of a key the service then refused.
+			out.push(
+				h('h2', null, 'Resolve'),
+				h('p', { class: 'empty' }, 'Resolving needs the scope effects:resolve, which this key lacks: sign in with a key that holds it (an OPERATOR key) to record what the vendor shows.'),
+			);
+		} else if (e.state === 'indeterminate') {
 			out.push(
 				h('h2', null, 'Resolve'),
 				h('p', null, 'Check the vendor for this action first, then record what you found. Succeeded makes the next begin on its key a duplicate; failed lets it run again.'),
@@ -711,6 +762,9 @@ const pages = {
 				job.attempts || [],
 				'No attempt has started.',
 			),
+			// The job's replay audit (console QA: not shown anywhere).
+			h('h2', null, 'Replays'),
+			table(replayColumns, job.replays || [], 'Never replayed.'),
 		];
 		if (!ended) {
 			out.push(action('Cancel step', () => call('POST', `/steps/${seg(s.id)}/cancel`, {}), {
@@ -910,6 +964,7 @@ const pages = {
 			]),
 			h('h2', null, 'Steps'),
 			table(columns, g.steps || [], 'No effect has joined this group.'),
+			g.state === 'unwinding' ? await unwindPlan(g) : null,
 		];
 	},
 
@@ -1033,7 +1088,10 @@ const pages = {
 		const columns = [
 			{ title: 'Idempotency key', cell: (r) => h('code', null, r.idempotency_key) },
 			{ title: 'Effect', cell: (r) => (r.effect_id ? link(['effects', r.effect_id], r.effect_id) : '—') },
-			{ title: 'Here', cell: (r) => text(r.ratchet_state) },
+			// A row this reconciliation resolved reads the state it left
+			// (its outcome), not the one it found (console QA: "Here:
+			// indeterminate" under "Resolved now").
+			{ title: 'Here', cell: (r) => (r.outcome ? [h('span', { class: 'state ' + r.outcome }, r.outcome), ` (resolved now; was ${text(r.ratchet_state)})`] : text(r.ratchet_state)) },
 			{ title: 'Vendor', cell: (r) => text(r.vendor_status) },
 			{ title: 'Amount here', cell: (r) => micros(r.ratchet_amount_micros) },
 			{ title: 'Vendor amount', cell: (r) => micros(r.vendor_amount_micros) },
@@ -1237,6 +1295,83 @@ function attemptProblem(a) {
 		a.warning ? h('strong', { class: 'warning' }, 'Warning: ', a.warning) : null,
 	];
 }
+
+// unwindPlan is what an unwinding group still owes: each succeeded step
+// with its compensation's state (owed, begun, succeeded, irreversible) and
+// the key the plan suggests for it. It re-reads the rollback with POST
+// …/unwind, which changes nothing for a group already unwinding (only a
+// group shown unwinding is asked: for an open or committed one it would
+// start the rollback). Compensation payloads, which only the plan opens,
+// are not shown. Without the plan (a key that may read the group but not
+// unwind it) the states are what the group's own steps show.
+async function unwindPlan(g) {
+	const steps = g.steps || [];
+	const u = await call('POST', `/groups/${seg(g.id)}/unwind`).catch((err) => err);
+	const plan = u instanceof Error ? [] : u.plan || [];
+	const planned = new Map(plan.map((p) => [p.effect_id, p]));
+	const has = (list, id) => !(u instanceof Error) && (u[list] || []).includes(id);
+	const compOf = (id) => steps.find((c) => c.compensates_effect_id === id) || null;
+	const forward = steps.filter((st) => !st.compensates_effect_id && st.state === 'succeeded');
+	// In the plan's order (reverse order of success), then the others.
+	const rows = [...plan.map((p) => forward.find((st) => st.effect_id === p.effect_id)).filter(Boolean), ...forward.filter((st) => !planned.has(st.effect_id))];
+	const stateOf = (st) => {
+		const comp = compOf(st.effect_id);
+		if (has('reversed', st.effect_id)) return ['succeeded', comp];
+		if (has('irreversible', st.effect_id) || !st.has_compensation) return ['irreversible', comp];
+		const p = planned.get(st.effect_id);
+		if (p) return p.compensation_state ? ['begun', comp, p.compensation_state] : ['owed', comp];
+		if (comp) return [comp.state === 'succeeded' ? 'succeeded' : 'begun', comp, comp.state];
+		return ['owed', comp];
+	};
+	const columns = [
+		{ title: 'Step', cell: (st) => link(['effects', st.effect_id], st.effect_id) },
+		{ title: 'Type', cell: (st) => st.effect_type },
+		{
+			title: 'Compensation',
+			cell: (st) => {
+				const [state, comp, compState] = stateOf(st);
+				return [
+					h('span', { class: 'state ' + state }, state),
+					state === 'irreversible' && !st.has_compensation ? ' (none declared)' : null,
+					compState && state === 'begun' ? ` (${compState})` : null,
+					comp ? [' ', link(['effects', comp.effect_id], comp.effect_id)] : null,
+				];
+			},
+		},
+		{
+			title: 'Suggested idempotency key',
+			cell: (st) => {
+				const p = planned.get(st.effect_id);
+				if (p) return h('code', null, p.suggested_idempotency_key);
+				const [state] = stateOf(st);
+				return (state === 'owed' || state === 'begun') && !(u instanceof Error) ? 'not offered yet: an outcome not known yet comes first' : '—';
+			},
+		},
+	];
+	const unresolved = u instanceof Error ? [] : u.unresolved || [];
+	return [
+		h('h2', null, 'Unwind plan'),
+		h('p', null, 'What the rollback still owes, in the order to perform it (reverse order of success): begin each compensation with its declared effect type and payload, under the suggested idempotency key, naming the step as compensates_effect_id, and report it as usual. A retried compensation under its suggested key is a duplicate, never a second one.'),
+		u instanceof Error ? errorBox(asError(u)) : null,
+		!(u instanceof Error) && u.state !== g.state ? h('p', { class: 'notice', role: 'status' }, `The rollback has ended: ${u.state}.`) : null,
+		unresolved.length
+			? h('p', { class: 'error', role: 'status' }, 'The plan stops at an outcome not known yet (in flight, or to check at the vendor and resolve): ', unresolved.map((id, i) => [i ? ', ' : '', link(['effects', id], id)]), '. What succeeded before it is offered once it is known.')
+			: null,
+		table(columns, rows, 'No step succeeded: nothing to compensate.'),
+	];
+}
+
+// replayColumns are a step's replays (durableJob.replays, oldest first):
+// who replayed it, why, what it found, and what it changed.
+const replayColumns = [
+	{ title: 'Replayed', cell: (r) => time(r.createdAt) },
+	{ title: 'By key', cell: (r) => [h('code', null, r.keyId), r.keyId === ownKeyId() ? ' (this console’s key)' : null] },
+	{ title: 'Reason', cell: (r) => text(r.reason) },
+	{ title: 'Found', cell: (r) => `${r.priorStatus} after attempt ${r.priorAttempt}` },
+	{ title: 'Added', cell: (r) => `${r.additionalAttempts} (ceiling ${r.maxAttempts})` },
+	{ title: 'Handler', cell: (r) => (r.oldHandlerVersion === r.newHandlerVersion ? r.oldHandlerVersion : `${r.oldHandlerVersion} → ${r.newHandlerVersion}`) },
+	{ title: 'Contract', cell: (r) => (r.oldContractVersion === r.newContractVersion ? text(r.oldContractVersion) : `${text(r.oldContractVersion)} → ${text(r.newContractVersion)}`) },
+];
 
 const stepColumns = [
 	{ title: 'Step', cell: (s) => link(['steps', s.id], s.id) },
