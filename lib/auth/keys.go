@@ -521,6 +521,23 @@ func (s *Service) ListKeys(ctx context.Context, workspaceID, cursor string, limi
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Key, error) { return scanKey(r) })
 }
 
+// GetKey reads one key of the workspace (never its secret).
+func (s *Service) GetKey(ctx context.Context, workspaceID, keyID string) (Key, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE workspace_id = $1 AND id = $2`,
+		workspaceID, keyID)
+	if err != nil {
+		return Key{}, fmt.Errorf("read key: %w", err)
+	}
+	k, err := pgx.CollectExactlyOneRow(rows, func(r pgx.CollectableRow) (Key, error) { return scanKey(r) })
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Key{}, apierr.NotFound("key")
+	}
+	if err != nil {
+		return Key{}, fmt.Errorf("read key: %w", err)
+	}
+	return k, nil
+}
+
 // RevokeKey revokes a key for good and returns it; revoking twice answers the
 // same key. Another instance may accept the key for reads, reports and
 // heartbeats for up to KEY_CACHE_TTL; every other call reads it afresh or

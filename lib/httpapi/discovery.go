@@ -124,6 +124,7 @@ const llmsIntro = `# Ratchet
 POST /api/v1/workspaces {"name": "acme"} returns {"workspace_id", "name", "key": {"id", "secret", "scopes", ...}}.
 The secret is shown once. Send it as Authorization: Bearer <secret>.
 Give an agent a narrower key: POST /api/v1/keys {"name": "agent", "preset": "AGENT"}.
+GET /api/v1/keys/current tells any key what it is: its scopes, tools, spend ceiling and rate limit.
 
 ## Ask before you act
 

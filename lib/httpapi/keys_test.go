@@ -773,3 +773,27 @@ func TestUnknownQueryParametersAreRefused(t *testing.T) {
 	// Authentication still comes first.
 	require.Equal(t, http.StatusUnauthorized, env.Do("GET", "/api/v1/effects?status=x", "", nil).Status)
 }
+
+// Any valid key reads itself, whatever its scopes (an agent, or the console,
+// learns what it may do before it is refused), never its secret; a revoked
+// key reads nothing; the path is no key id to revoke.
+func TestAKeyReadsItself(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	created := env.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key, map[string]any{"name": "agent", "preset": "AGENT",
+		"daily_spend_ceiling_micros": 500, "rate_limit_per_minute": 30}).JSON()
+	agent := created["secret"].(string)
+	me := env.Must(http.StatusOK, "GET", "/api/v1/keys/current", agent, nil).JSON()
+	delete(created, "secret")
+	require.Equal(t, created, me, "the key as created, without its secret")
+	require.ElementsMatch(t, []any{"effects:begin", "effects:report"}, me["scopes"])
+	root := env.Must(http.StatusOK, "GET", "/api/v1/keys/current", ws.Key, nil).JSON()
+	require.NotEqual(t, me["id"], root["id"])
+	require.NotContains(t, root, "secret")
+
+	require.Equal(t, "not_found", env.Do("DELETE", "/api/v1/keys/current", ws.Key, nil).ErrorCode())
+	env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+me["id"].(string), ws.Key, nil)
+	require.Equal(t, "unauthorized", env.Do("GET", "/api/v1/keys/current", agent, nil).ErrorCode())
+	require.Equal(t, "unauthorized", env.Do("GET", "/api/v1/keys/current", "", nil).ErrorCode())
+}

@@ -61,6 +61,16 @@ func (s *Server) coreRoutes() []Route {
 			Handle: s.listKeys,
 		},
 		{
+			Method: "GET", Pattern: "/api/v1/keys/current", Name: "keys.current", Tag: "keys",
+			Summary: "The calling key itself (never its secret): its scopes, tools, spend ceiling and rate limit. " +
+				"Any valid key may read itself, whatever its scopes: an agent or a console learns what it may do " +
+				"before it is refused.",
+			Response: auth.Key{}, Status: 200,
+			Handle: func(ctx context.Context, c *Call) (any, error) {
+				return s.Auth.GetKey(ctx, c.Principal.WorkspaceID, c.Principal.KeyID)
+			},
+		},
+		{
 			Method: "DELETE", Pattern: "/api/v1/keys/{id}", Name: "keys.revoke", Tag: "keys", Scopes: []string{auth.ScopeKeysWrite},
 			Summary: "Revoke a key for good; returns the revoked key. Every call that changes something honours it " +
 				"at once on every instance; reads, reports and heartbeats within KEY_CACHE_TTL. " +

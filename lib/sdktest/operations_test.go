@@ -360,6 +360,10 @@ func TestKeysThroughTheSDK(t *testing.T) {
 	}
 	require.Equal(t, 1, mailers, "minted once")
 	sameJSON(t, b, "/api/v1/keys", keys)
+	// The minted key reads itself, though WORKER holds no keys scope.
+	me, err := b.client(t, k.Secret, nil).CurrentKey(ctx)
+	require.NoError(t, err)
+	require.Equal(t, k.APIKey, *me)
 
 	// A caller whose retries ran out asks again under its own key and gets
 	// the same key and secret, shown only in that answer.

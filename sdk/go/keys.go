@@ -58,6 +58,13 @@ func (c *Client) ListKeys(ctx context.Context, q ListQuery) (*GatePage[APIKey], 
 	return call[GatePage[APIKey]](ctx, c, "GET", withQuery("/keys", q.values()), nil, idempotent)
 }
 
+// CurrentKey reads the client's own key (never its secret): its scopes,
+// tools, spend ceiling and rate limit. Any valid key may, whatever its
+// scopes.
+func (c *Client) CurrentKey(ctx context.Context) (*APIKey, error) {
+	return call[APIKey](ctx, c, "GET", "/keys/current", nil, idempotent)
+}
+
 // RevokeKey revokes a key for good and returns it; revoking again answers
 // the same key, so the call is retried. Every call that changes something
 // refuses the key at once, on every instance. A client revoking its own

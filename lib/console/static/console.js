@@ -360,7 +360,7 @@ async function call(method, path, body, extraHeaders) {
 }
 
 // scopesKnown is what the console knows of the signed-in key's scopes: held
-// (a Set, once read from the key list; null until then or if it cannot be
+// (a Set, once read from its own record; null until then or if it cannot be
 // read) and lacking (the scopes a 403 named). It is forgotten when the key
 // changes.
 let scopes = { keyId: null, held: null, read: false, lacking: new Set() };
@@ -371,27 +371,18 @@ function scopesKnown() {
 }
 
 // lacksScope says whether the signed-in key is known to lack scope: a
-// refusal named it, or the key list (GET /keys, keys:write) shows the key
-// without it. Unknown (a key that cannot list keys, and was never refused
-// it) is false: the page offers what the service will decide.
+// refusal named it, or the key's own record (GET /keys/current, which any
+// key may read) lists its scopes without it.
 async function lacksScope(scope) {
 	const known = scopesKnown();
 	if (known.lacking.has(scope)) return true;
 	if (!known.read && known.keyId) {
 		known.read = true;
 		try {
-			let cursor;
-			for (let i = 0; i < 10 && !known.held; i++) {
-				const page = await call('GET', '/keys' + query({ limit: 200, cursor }));
-				const own = (page.data || []).find((k) => k.id === known.keyId);
-				if (own) known.held = new Set(own.scopes || []);
-				cursor = page.next_cursor;
-				if (!cursor) break;
-			}
-		} catch (err) {
-			// A key that cannot list keys (no keys:write) keeps its scopes
-			// unknown; a failure of another kind is tried again next time.
-			if (err.status !== 403) known.read = false;
+			const own = await call('GET', '/keys/current');
+			known.held = new Set(own.scopes || []);
+		} catch {
+			known.read = false; // asked again next time
 		}
 	}
 	return Boolean(known.held && !known.held.has(scope));
