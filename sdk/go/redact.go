@@ -27,7 +27,8 @@ var redactions = []struct {
 	{regexp.MustCompile(`(?i)\b([\w.-]*(?:password|passwd|passphrase|pwd|secret|token|api[_-]?key|private[_-]?key|access[_-]?key|credential|cookie)[\w.-]*)(\\?["']?\s*[=:]\s*)(\\"(?:[^"\\]|\\[^"])*\\"|"[^"]*"|'[^']*'|[^\s,;&]+)`), "$1$2[redacted]"},
 	{regexp.MustCompile(`://[^/\s:@]+:[^/\s@]+@`), "://[redacted]@"},
 	{regexp.MustCompile(`\?[^\s"']+`), "?[redacted]"},
-	{regexp.MustCompile(`[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(\.[A-Za-z0-9\-]+)+`), "[email]"},
+	// An e-mail address in any script, also URL-encoded (%40) in a path.
+	{regexp.MustCompile(`[\p{L}\p{M}\p{N}._%+\-]+(?:@|%40)[\p{L}\p{M}\p{N}\-]+(?:\.[\p{L}\p{M}\p{N}\-]+)+`), "[email]"},
 	// Credentials known by their form, however short: Stripe-style keys
 	// (sk_live_…, rk_test_…, whsec_…), GitHub, Slack, AWS access key ids,
 	// Google API keys, and JWTs (base64url segments joined by dots, the

@@ -36,7 +36,9 @@ _REDACTIONS = [
                 r"(\\\"(?:[^\"\\]|\\[^\"])*\\\"|\"[^\"]*\"|'[^']*'|[^\s,;&]+)"), r"\1\2[redacted]"),
     (_ascii(r"://[^/\s:@]+:[^/\s@]+@"), "://[redacted]@"),
     (_ascii(r"\?[^\s\"']+"), "?[redacted]"),
-    (_ascii(r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(\.[A-Za-z0-9\-]+)+"), "[email]"),
+    # An e-mail address in any script (letters, marks and digits: Unicode
+    # classes, unlike the patterns around it), also URL-encoded in a path.
+    (re.compile(r"(?:[^\W_]|[._%+\-])+(?:@|%40)(?:[^\W_]|-)+(?:\.(?:[^\W_]|-)+)+"), "[email]"),
     # Credentials known by their form: Stripe-style keys, GitHub, Slack,
     # AWS access key ids, Google API keys, JWTs.
     (_ascii(r"(^|[^A-Za-z0-9])(?:(?:sk|rk|pk)_(?:live|test)_|whsec_|gh[pousr]_|xox[abposr]-)[A-Za-z0-9_\-]+"),
