@@ -30,12 +30,13 @@ var redactions = []struct {
 	// An e-mail address in any script, also URL-encoded (%40) in a path.
 	{regexp.MustCompile(`[\p{L}\p{M}\p{N}._%+\-]+(?:@|%40)[\p{L}\p{M}\p{N}\-]+(?:\.[\p{L}\p{M}\p{N}\-]+)+`), "[email]"},
 	// Credentials known by their form, however short: Stripe-style keys
-	// (sk_live_…, rk_test_…, whsec_…), GitHub, Slack, AWS access key ids,
+	// (sk_live_…, rk_test_…, whsec_…), GitHub, Slack, Google OAuth access
+	// tokens (ya29.…), AWS access key ids,
 	// Google API keys, and JWTs (base64url segments joined by dots, the
 	// first starting with a JSON object's "eyJ").
 	// (Anchored on anything but a letter or digit, not \b: a key glued to
 	// a word by "_", as in stripe_sk_live_…, must not escape.)
-	{regexp.MustCompile(`(^|[^A-Za-z0-9])(?:(?:sk|rk|pk)_(?:live|test)_|whsec_|gh[pousr]_|xox[abposr]-)[A-Za-z0-9_\-]+`), "$1[redacted]"},
+	{regexp.MustCompile(`(^|[^A-Za-z0-9])(?:(?:sk|rk|pk)_(?:live|test)_|whsec_|gh[pousr]_|xox[abposr]-|ya29\.)[A-Za-z0-9_\-]+`), "$1[redacted]"},
 	{regexp.MustCompile(`\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|\bAIza[0-9A-Za-z_\-]{20,}`), "[redacted]"},
 	{regexp.MustCompile(`\beyJ[A-Za-z0-9_\-]*\.[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]*)?`), "[redacted]"},
 	{regexp.MustCompile(`[A-Za-z0-9_\-+/=]{32,}`), "[redacted]"},

@@ -41,7 +41,7 @@ _REDACTIONS = [
     (re.compile(r"(?:[^\W_]|[._%+\-])+(?:@|%40)(?:[^\W_]|-)+(?:\.(?:[^\W_]|-)+)+"), "[email]"),
     # Credentials known by their form: Stripe-style keys, GitHub, Slack,
     # AWS access key ids, Google API keys, JWTs.
-    (_ascii(r"(^|[^A-Za-z0-9])(?:(?:sk|rk|pk)_(?:live|test)_|whsec_|gh[pousr]_|xox[abposr]-)[A-Za-z0-9_\-]+"),
+    (_ascii(r"(^|[^A-Za-z0-9])(?:(?:sk|rk|pk)_(?:live|test)_|whsec_|gh[pousr]_|xox[abposr]-|ya29\.)[A-Za-z0-9_\-]+"),
      r"\1[redacted]"),
     (_ascii(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|\bAIza[0-9A-Za-z_\-]{20,}"), "[redacted]"),
     (_ascii(r"\beyJ[A-Za-z0-9_\-]*\.[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]*)?"), "[redacted]"),

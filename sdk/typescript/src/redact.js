@@ -22,7 +22,7 @@ const REDACTIONS = [
   [/\?[^\t\n\v\f\r "']+/g, '?[redacted]'],
   // An e-mail address in any script, also URL-encoded (%40) in a path.
   [/[\p{L}\p{M}\p{N}._%+-]+(?:@|%40)[\p{L}\p{M}\p{N}-]+(?:\.[\p{L}\p{M}\p{N}-]+)+/gu, '[email]'],
-  [/(^|[^A-Za-z0-9])(?:(?:sk|rk|pk)_(?:live|test)_|whsec_|gh[pousr]_|xox[abposr]-)[A-Za-z0-9_-]+/g, '$1[redacted]'],
+  [/(^|[^A-Za-z0-9])(?:(?:sk|rk|pk)_(?:live|test)_|whsec_|gh[pousr]_|xox[abposr]-|ya29\.)[A-Za-z0-9_-]+/g, '$1[redacted]'],
   [/\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|\bAIza[0-9A-Za-z_-]{20,}/g, '[redacted]'],
   [/\beyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]*)?/g, '[redacted]'],
   [/[A-Za-z0-9_\-+/=]{32,}/g, '[redacted]'],
