@@ -84,8 +84,8 @@ class RetryableError(Exception):
     the server waits the longer of it and the policy's own delay, never
     bypassing a pause, an open circuit or the attempt limit. It is rounded
     up to whole milliseconds and clamped into the API's 1 000 to 86 400 000
-    (as the Go SDK does), so raising one never fails; anything but a finite
-    number is no hint.
+    (as the Go SDK does; infinity too), so raising one never fails; anything
+    but a number, or NaN, is no hint.
     """
 
     def __init__(self, message: str, retry_after_ms: Optional[float] = None) -> None:
@@ -93,8 +93,11 @@ class RetryableError(Exception):
         self.message = message
         self.retry_after_ms: Optional[int] = None
         if (isinstance(retry_after_ms, (int, float)) and not isinstance(retry_after_ms, bool)
-                and math.isfinite(retry_after_ms)):
-            self.retry_after_ms = clamp_retry_after_ms(math.ceil(retry_after_ms))
+                and not math.isnan(retry_after_ms)):
+            # Infinity ("not before long") is clamped as a huge hint is (SDK
+            # QA: dropped, it was retried sooner than a finite one).
+            ms = retry_after_ms if math.isfinite(retry_after_ms) else math.copysign(MAX_RETRY_AFTER_MS, retry_after_ms)
+            self.retry_after_ms = clamp_retry_after_ms(math.ceil(ms))
 
 
 class NonRetryableError(Exception):

@@ -366,7 +366,8 @@ class DecisionTest(unittest.TestCase):
         # Raising a RetryableError must never fail: a ValueError there would
         # hand the failure to the classifier, which could end the job.
         cases = {1000: 1000, 1500.2: 1501, 999: 1000, 86_400_001: 86_400_000, 60e3: 60000,
-                 None: None, True: None, "5000": None, float("inf"): None}
+                 None: None, True: None, "5000": None, float("inf"): 86_400_000, float("-inf"): 1000,
+                 float("nan"): None}
         for given, want in cases.items():
             self.assertEqual(RetryableError("busy", retry_after_ms=given).retry_after_ms, want, given)
 

@@ -59,13 +59,16 @@ export function clampRetryAfterMs(ms) {
  * server waits the longer of it and the policy's delay, never bypassing a
  * pause, an open circuit or the attempt limit. It is rounded up to whole
  * milliseconds and clamped into 1 000 to 86 400 000 (as the Go SDK does),
- * so constructing one never throws; anything but a finite number is no hint.
+ * so constructing one never throws (Infinity too); anything but a number, or
+ * NaN, is no hint.
  */
 export class RetryableError extends Error {
   constructor(message, { retryAfterMs } = {}) {
     super(message);
     this.name = 'RetryableError';
-    this.retryAfterMs = typeof retryAfterMs === 'number' && Number.isFinite(retryAfterMs)
+    // Infinity ("not before long") is clamped as a huge hint is (SDK QA:
+    // dropped, it was retried sooner than a finite one); NaN is no hint.
+    this.retryAfterMs = typeof retryAfterMs === 'number' && !Number.isNaN(retryAfterMs)
       ? clampRetryAfterMs(Math.ceil(retryAfterMs)) : undefined;
   }
 }

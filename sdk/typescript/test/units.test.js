@@ -118,7 +118,7 @@ test('RetryableError hints are rounded and clamped, never refused', () => {
   // Constructing one must never throw: an error there would hand the
   // failure to the classifier, which could end the job.
   const cases = [[1000, 1000], [1500.2, 1501], [999, 1000], [86_400_001, 86_400_000], [undefined, undefined],
-    ['5000', undefined], [Infinity, undefined], [NaN, undefined]];
+    ['5000', undefined], [Infinity, 86_400_000], [-Infinity, 1000], [NaN, undefined]];
   for (const [given, want] of cases) assert.equal(new RetryableError('busy', { retryAfterMs: given }).retryAfterMs, want, String(given));
 });
 
