@@ -1224,10 +1224,16 @@ function closeCircuit(e) {
 // Decided ones show what an earlier draw read (a key and a cost do not
 // change), never one request a row: the page redraws every 15 s, and GETs
 // count against the key's rate limit (review).
+// The cache is the signed-in key's: another key, which may not read
+// effects, starts empty.
 const effectsSeen = new Map();
+let effectsSeenBy = null;
 async function withEffects(approvals) {
 	if (!approvals.length) return;
-	if (effectsSeen.size > 1000) effectsSeen.clear();
+	if (effectsSeen.size > 1000 || effectsSeenBy !== ownKeyId()) {
+		effectsSeen.clear();
+		effectsSeenBy = ownKeyId();
+	}
 	let readable = true;
 	if (approvals.some((a) => a.state === 'pending')) {
 		try {
