@@ -521,16 +521,19 @@ func (s *Service) ListKeys(ctx context.Context, workspaceID, cursor string, limi
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Key, error) { return scanKey(r) })
 }
 
-// GetKey reads one key of the workspace (never its secret).
-func (s *Service) GetKey(ctx context.Context, workspaceID, keyID string) (Key, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE workspace_id = $1 AND id = $2`,
-		workspaceID, keyID)
+// CurrentKey reads the calling key itself (never its secret). It is read
+// from the database, not the instance's cache: one revoked meanwhile, on
+// any instance, is refused as a revoked key is (review: another instance
+// answered it with its scopes, revoked_at set).
+func (s *Service) CurrentKey(ctx context.Context, p *Principal) (Key, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+keyColumns+` FROM api_keys
+		WHERE workspace_id = $1 AND id = $2 AND revoked_at IS NULL`, p.WorkspaceID, p.KeyID)
 	if err != nil {
 		return Key{}, fmt.Errorf("read key: %w", err)
 	}
 	k, err := pgx.CollectExactlyOneRow(rows, func(r pgx.CollectableRow) (Key, error) { return scanKey(r) })
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Key{}, apierr.NotFound("key")
+		return Key{}, ErrRevokedKey()
 	}
 	if err != nil {
 		return Key{}, fmt.Errorf("read key: %w", err)

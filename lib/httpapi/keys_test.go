@@ -796,4 +796,13 @@ func TestAKeyReadsItself(t *testing.T) {
 	env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+me["id"].(string), ws.Key, nil)
 	require.Equal(t, "unauthorized", env.Do("GET", "/api/v1/keys/current", agent, nil).ErrorCode())
 	require.Equal(t, "unauthorized", env.Do("GET", "/api/v1/keys/current", "", nil).ErrorCode())
+
+	// Read from the database, not the cache: another instance, which
+	// authenticated the key before its revocation, refuses it too (review:
+	// it answered 200, revoked_at set).
+	other := apitest.Start(t)
+	second := env.Must(http.StatusCreated, "POST", "/api/v1/keys", ws.Key, map[string]any{"name": "b", "preset": "AGENT"}).JSON()
+	other.Must(http.StatusOK, "GET", "/api/v1/keys/current", second["secret"].(string), nil)
+	env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+second["id"].(string), ws.Key, nil)
+	require.Equal(t, "unauthorized", other.Do("GET", "/api/v1/keys/current", second["secret"].(string), nil).ErrorCode())
 }

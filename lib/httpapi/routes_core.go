@@ -67,7 +67,7 @@ func (s *Server) coreRoutes() []Route {
 				"before it is refused.",
 			Response: auth.Key{}, Status: 200,
 			Handle: func(ctx context.Context, c *Call) (any, error) {
-				return s.Auth.GetKey(ctx, c.Principal.WorkspaceID, c.Principal.KeyID)
+				return s.Auth.CurrentKey(ctx, c.Principal)
 			},
 		},
 		{

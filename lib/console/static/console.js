@@ -344,9 +344,11 @@ async function call(method, path, body, extraHeaders) {
 		res.headers.get('X-Request-Id'),
 		e.detail,
 	);
-	if (res.status === 403 && k) {
+	if (res.status === 403 && k && k === key()) {
 		// What a refusal names, the key lacks (its scopes never change):
-		// a page asked again offers no form this key would be refused.
+		// a page asked again offers no form this key would be refused. Only
+		// while that key is still the signed-in one (review: an answer
+		// landing after another key signed in was counted against it).
 		const named = [].concat(Array.isArray(e.detail && e.detail.required) ? e.detail.required : [], Array.isArray(e.detail && e.detail.any_of) ? e.detail.any_of : []);
 		for (const s of named) scopesKnown().lacking.add(String(s));
 	}
@@ -1234,10 +1236,14 @@ async function withEffects(approvals) {
 		effectsSeen.clear();
 		effectsSeenBy = ownKeyId();
 	}
+	const by = effectsSeenBy;
 	let readable = true;
 	if (approvals.some((a) => a.state === 'pending')) {
 		try {
 			const page = await call('GET', '/effects' + query({ state: 'awaiting_approval', limit: 200 }));
+			// An answer that lands after another key signed in is not kept
+			// for it (review).
+			if (ownKeyId() !== by) return;
 			for (const e of page.data || []) effectsSeen.set(e.id, e);
 		} catch (err) {
 			if (err.status === 403) readable = false; // this key lacks effects:read
@@ -1247,7 +1253,8 @@ async function withEffects(approvals) {
 		approvals.map(async (a) => {
 			if (a.state === 'pending' && !effectsSeen.has(a.effect_id) && readable) {
 				try {
-					effectsSeen.set(a.effect_id, await call('GET', `/effects/${seg(a.effect_id)}`));
+					const e = await call('GET', `/effects/${seg(a.effect_id)}`);
+					if (ownKeyId() === by) effectsSeen.set(a.effect_id, e);
 				} catch {
 					// shown without its cost and key
 				}
