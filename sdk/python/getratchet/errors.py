@@ -92,8 +92,11 @@ class RetryableError(Exception):
         super().__init__(message)
         self.message = message
         self.retry_after_ms: Optional[int] = None
-        if (isinstance(retry_after_ms, (int, float)) and not isinstance(retry_after_ms, bool)
-                and not math.isnan(retry_after_ms)):
+        if isinstance(retry_after_ms, int) and not isinstance(retry_after_ms, bool):
+            # Never NaN; one beyond a float's range (10**400) is clamped too
+            # (review: math.isnan raised OverflowError on it).
+            self.retry_after_ms = clamp_retry_after_ms(retry_after_ms)
+        elif isinstance(retry_after_ms, float) and not math.isnan(retry_after_ms):
             # Infinity ("not before long") is clamped as a huge hint is (SDK
             # QA: dropped, it was retried sooner than a finite one).
             ms = retry_after_ms if math.isfinite(retry_after_ms) else math.copysign(MAX_RETRY_AFTER_MS, retry_after_ms)

@@ -991,8 +991,16 @@ def _read_decision(decision: Any) -> Optional[Tuple[bool, Optional[int]]]:
         return None
     if hint is None:
         return retryable, None
-    if not retryable or isinstance(hint, bool) or not isinstance(hint, (int, float)) or not math.isfinite(hint):
+    if not retryable or isinstance(hint, bool) or not isinstance(hint, (int, float)):
         return None
+    if isinstance(hint, int):
+        return True, hint  # never NaN; one beyond a float's range is clamped like any other
+    if math.isnan(hint):
+        return None
+    if math.isinf(hint):
+        # Read as any huge hint is: the worker clamps it and says so
+        # (review: refused, the job was retried at the policy's delay).
+        return True, MAX_RETRY_AFTER_MS + 1 if hint > 0 else MIN_RETRY_AFTER_MS - 1
     return True, math.ceil(hint)
 
 

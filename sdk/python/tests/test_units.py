@@ -357,6 +357,10 @@ class DecisionTest(unittest.TestCase):
         self.assertEqual(_read_decision({"retryable": True, "retry_after_ms": 1500.2}), (True, 1501))
         # Out of range is read, then clamped and told by the worker.
         self.assertEqual(_read_decision({"retryable": True, "retry_after_ms": 10}), (True, 10))
+        # Infinity and an integer beyond a float's range too: out of range,
+        # clamped and told as a huge hint is.
+        self.assertEqual(_read_decision({"retryable": True, "retry_after_ms": float("inf")}), (True, 86_400_001))
+        self.assertEqual(_read_decision({"retryable": True, "retry_after_ms": 10**400}), (True, 10**400))
         for invalid in (None, True, {}, {"retryable": "yes"}, {"retryable": False, "retry_after_ms": 5000},
                         {"retryable": True, "retry_after_ms": float("nan")}, {"retryable": True, "retry_after_ms": True},
                         {"retryable": True, "retry_after_ms": "5000"}, {"retryable": True, "retryAfterMs": 5000}):
@@ -367,7 +371,7 @@ class DecisionTest(unittest.TestCase):
         # hand the failure to the classifier, which could end the job.
         cases = {1000: 1000, 1500.2: 1501, 999: 1000, 86_400_001: 86_400_000, 60e3: 60000,
                  None: None, True: None, "5000": None, float("inf"): 86_400_000, float("-inf"): 1000,
-                 float("nan"): None}
+                 float("nan"): None, 10**400: 86_400_000}
         for given, want in cases.items():
             self.assertEqual(RetryableError("busy", retry_after_ms=given).retry_after_ms, want, given)
 

@@ -829,7 +829,10 @@ export function readDecision(decision) {
   const { retryable, retryAfterMs } = decision;
   if (typeof retryable !== 'boolean') return null;
   if (retryAfterMs === undefined || retryAfterMs === null) return { retryable, hint: undefined };
-  if (!retryable || typeof retryAfterMs !== 'number' || !Number.isFinite(retryAfterMs)) return null;
+  // An infinite hint is read as any huge one is: the worker clamps it to
+  // 24 h and says so (review: refused, the job was retried at the policy's
+  // delay, sooner than a finite hint). NaN is no number.
+  if (!retryable || typeof retryAfterMs !== 'number' || Number.isNaN(retryAfterMs)) return null;
   return { retryable: true, hint: Math.ceil(retryAfterMs) };
 }
 

@@ -108,6 +108,8 @@ test('classifier decisions', () => {
   assert.deepEqual(readDecision({ retryable: true, retryAfterMs: 1500.2 }), { retryable: true, hint: 1501 });
   // Out of range is read, then clamped and told by the worker.
   assert.deepEqual(readDecision({ retryable: true, retryAfterMs: 10 }), { retryable: true, hint: 10 });
+  // Infinity too: clamped to 24 h and told, as a huge finite hint is.
+  assert.deepEqual(readDecision({ retryable: true, retryAfterMs: Infinity }), { retryable: true, hint: Infinity });
   for (const invalid of [null, true, {}, [], { retryable: 'yes' }, { retryable: false, retryAfterMs: 5000 },
     { retryable: true, retryAfterMs: NaN }, { retryable: true, retryAfterMs: '5000' }, { retryable: true, retry_after_ms: 5000 }]) {
     assert.equal(readDecision(invalid), null, JSON.stringify(invalid));
