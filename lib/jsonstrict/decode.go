@@ -463,7 +463,7 @@ func fieldAt(root reflect.Type, path string) (reflect.StructField, bool) {
 			t, found = t.Elem(), false
 			continue
 		case reflect.Struct:
-			field, found = structField(t, seg)
+			field, found = jsonStructFields(t)[seg]
 			if !found {
 				return reflect.StructField{}, false
 			}
@@ -473,29 +473,6 @@ func fieldAt(root reflect.Type, path string) (reflect.StructField, bool) {
 		}
 	}
 	return field, found
-}
-
-// structField is t's field with JSON name name, promoted ones included.
-func structField(t reflect.Type, name string) (reflect.StructField, bool) {
-	for i := range t.NumField() {
-		f := t.Field(i)
-		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if f.Anonymous && tag == "" {
-			if et, _ := ElemType(f.Type); et.Kind() == reflect.Struct {
-				if inner, ok := structField(et, name); ok {
-					return inner, true
-				}
-			}
-			continue
-		}
-		if tag == "" {
-			tag = f.Name
-		}
-		if tag == name && tag != "-" && f.IsExported() {
-			return f, true
-		}
-	}
-	return reflect.StructField{}, false
 }
 
 // numberDescription is encoding/json's description of a value it could not

@@ -477,6 +477,17 @@ func ElemType(t reflect.Type) (reflect.Type, bool) {
 // promoted) to their types, spelled exactly as the tags spell them.
 func exactJSONFields(t reflect.Type) map[string]reflect.Type {
 	out := map[string]reflect.Type{}
+	for name, f := range jsonStructFields(t) {
+		out[name] = f.Type
+	}
+	return out
+}
+
+// jsonStructFields maps the JSON names of t's fields (embedded structs'
+// promoted, an outer field before a promoted one) to the fields, spelled
+// exactly as the tags spell them: ExactFields' walk, with each field's tags.
+func jsonStructFields(t reflect.Type) map[string]reflect.StructField {
+	out := map[string]reflect.StructField{}
 	for i := range t.NumField() {
 		f := t.Field(i)
 		tag := f.Tag.Get("json")
@@ -490,7 +501,7 @@ func exactJSONFields(t reflect.Type) map[string]reflect.Type {
 				et = et.Elem()
 			}
 			if et.Kind() == reflect.Struct {
-				for k, v := range exactJSONFields(et) {
+				for k, v := range jsonStructFields(et) {
 					if _, ok := out[k]; !ok {
 						out[k] = v
 					}
@@ -504,7 +515,7 @@ func exactJSONFields(t reflect.Type) map[string]reflect.Type {
 		if name == "" {
 			name = f.Name
 		}
-		out[name] = f.Type
+		out[name] = f
 	}
 	return out
 }

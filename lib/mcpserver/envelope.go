@@ -195,8 +195,8 @@ func AnswerUnknown(body []byte) ([]byte, bool) {
 		return body, true
 	}
 	if trimmed[0] != '[' {
-		if unknownNotification(trimmed) {
-			return nil, false
+		if id, ok := unknownMethod(trimmed); ok && id == nil {
+			return nil, false // a notification of a method not served
 		}
 		return body, true
 	}
@@ -239,13 +239,6 @@ func unknownMethod(m json.RawMessage) (id json.RawMessage, ok bool) {
 		return nil, true
 	}
 	return probe.ID, true
-}
-
-// unknownNotification reports whether m is a notification of a method the
-// server does not serve.
-func unknownNotification(m json.RawMessage) bool {
-	id, ok := unknownMethod(m)
-	return ok && id == nil
 }
 
 // notOfferedMethod reports whether method belongs to a capability the

@@ -190,8 +190,13 @@ const MaxWebhooks = 20
 // null, though the sweeper has not cleared it yet (review: its past time was
 // shown).
 func webhookCols(now string) string {
-	return `id, url, events, created_at,
-    CASE WHEN previous_secret_expires_at > ` + now + `::timestamptz THEN previous_secret_expires_at END`
+	return `id, url, events, created_at, ` + signingUntil(now)
+}
+
+// signingUntil is until when the previous secret signs, as of the time in
+// parameter now; null when it does not (none, or it stopped).
+func signingUntil(now string) string {
+	return `CASE WHEN previous_secret_expires_at > ` + now + `::timestamptz THEN previous_secret_expires_at END`
 }
 
 // List pages through live subscriptions.
@@ -287,7 +292,7 @@ const maxPreviousSecretTTL = 7 * 24 * time.Hour
 // until when the previous secret it found signs.
 var sqlRotateSecret = `
 WITH w AS (
-    SELECT id, CASE WHEN previous_secret_expires_at > $5::timestamptz THEN previous_secret_expires_at END AS signing
+    SELECT id, ` + signingUntil("$5") + ` AS signing
     FROM webhooks WHERE id = $1::text AND workspace_id = $2::text AND deleted_at IS NULL
     FOR NO KEY UPDATE
 ), rotated AS (
