@@ -109,5 +109,21 @@ func (s *Service) Decide(ctx context.Context, p *auth.Principal, id, state strin
 	if a.State == state {
 		return a, nil
 	}
+	if a.State == ApprovalPending {
+		return Approval{}, s.rolledBack(ctx, id)
+	}
 	return Approval{}, apierr.InvalidState("This approval was already %s.", a.State).WithDetail("state", a.State)
+}
+
+// rolledBack is the refusal of a yes to a pending approval whose effect its
+// group's rollback keeps from ever running (sqlDecideApproval takes no
+// other yes back): approved, nothing would run, yet the queue would show
+// it decided (groups QA). A rejection still clears it from the queue.
+func (s *Service) rolledBack(ctx context.Context, id string) error {
+	var state string
+	if err := s.pool.QueryRow(ctx, sqlApprovalRolledBack, id).Scan(&state); err != nil {
+		return fmt.Errorf("decide approval: still pending: %w", err)
+	}
+	return apierr.Conflict(apierr.CodeGroupUnwinding, "The effect's group's rollback started (%s): its effect "+
+		"can never run, so it cannot be approved; reject the approval to clear it.", state).WithDetail("state", state)
 }

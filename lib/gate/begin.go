@@ -597,6 +597,14 @@ func (s *Service) mayAnswerFor(ctx context.Context, q db.Querier, in *beginInput
 		// escaped it (groups QA: answered in_flight, another group's step).
 		return keyUsedOutsideGroup()
 	}
+	if in.grouped() && !samePtr(in.compensates, row.CompensatesEffectID) {
+		// The fingerprint does not cover what an effect compensates: a
+		// compensation of one step answered from another step's
+		// compensation, or from a forward step, under a key that happened
+		// to be free then (groups QA: duplicate, with the other's result,
+		// and the step was never undone).
+		return keyNamesAnotherRole(in.compensates)
+	}
 	if row.GroupID != nil && in.groupOwner != nil && !in.grouped() {
 		var ours bool
 		if err := q.QueryRow(ctx, sqlGroupOfKey, *row.GroupID, *in.groupOwner).Scan(&ours); err != nil {

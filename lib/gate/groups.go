@@ -480,7 +480,63 @@ func (s *Service) settleLocked(ctx context.Context, tx pgx.Tx, g Group, now time
 		}
 		out.Plan = append(out.Plan, item)
 	}
+	if err := suggestFreeKeys(ctx, tx, g.ID, out.Plan); err != nil {
+		return Unwind{}, err
+	}
 	return out, nil
+}
+
+// alternateCompensationKeys is how many keys after a step's usual one
+// (compensate:<id>:2, :3, …) a plan may suggest when others hold them.
+const alternateCompensationKeys = 8
+
+// suggestFreeKeys moves the suggestion of a plan item whose compensation is
+// not begun off a key another effect of the workspace already holds (a
+// forward step begun under compensate:<id>, say): the compensating begin
+// would be refused, or answered by that effect, and a client following the
+// plan would be stuck (groups QA). The first free key of a fixed sequence
+// is suggested, so retries are offered the same one until it is taken, and
+// from then on the compensation's own key.
+func suggestFreeKeys(ctx context.Context, tx pgx.Tx, groupID string, plan []PlanItem) error {
+	var candidates []string
+	for _, item := range plan {
+		if item.CompensationEffectID == nil {
+			candidates = append(candidates, compensationKeys(item.EffectID)...)
+		}
+	}
+	if len(candidates) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, sqlTakenKeys, groupID, candidates)
+	if err != nil {
+		return fmt.Errorf("settle group: taken keys: %w", err)
+	}
+	taken, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("settle group: taken keys: %w", err)
+	}
+	for i := range plan {
+		if plan[i].CompensationEffectID != nil {
+			continue
+		}
+		for _, k := range compensationKeys(plan[i].EffectID) {
+			if !slices.Contains(taken, k) {
+				plan[i].SuggestedIdempotencyKey = k
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// compensationKeys are the keys a plan may suggest for undoing step, in
+// order: the usual one first.
+func compensationKeys(step string) []string {
+	keys := []string{CompensationKeyPrefix + step}
+	for n := 2; n <= alternateCompensationKeys+1; n++ {
+		keys = append(keys, fmt.Sprintf("%s%s:%d", CompensationKeyPrefix, step, n))
+	}
+	return keys
 }
 
 // groupStep is one effect of a group as the rollback sees it.
@@ -665,6 +721,23 @@ func keyUsedOutsideGroup() error {
 	return apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
 		"This idempotency key was used outside this group; a group's steps need keys of their own.")
 }
+
+// keyNamesAnotherRole refuses a grouped begin whose key names an effect of
+// the group that is not what the begin is: the compensation of another
+// step (or a forward step) for a compensating begin, a compensation for a
+// forward one.
+func keyNamesAnotherRole(compensates *string) error {
+	if compensates != nil {
+		return apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
+			"This idempotency key names another effect of the group than a compensation of step %s; "+
+				"compensate it under a key of its own (the unwind plan suggests one).", *compensates)
+	}
+	return apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
+		"This idempotency key names a compensating effect of the group; a forward step needs a key of its own.")
+}
+
+// samePtr says whether two optional ids are both absent or equal.
+func samePtr(a, b *string) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
 
 // beginInTx is begin for a request naming a group or a step to compensate,
 // or a run with a wallet (budget), in one transaction. The run's wallet is

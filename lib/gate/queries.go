@@ -471,6 +471,12 @@ FROM effect_groups g LEFT JOIN effects e ON e.workspace_id = $2 AND e.idempotenc
 WHERE g.id = $1 AND g.workspace_id = $2 AND ($4::text IS NULL OR g.created_by_key_id = $4::text)
 FOR SHARE OF g`
 
+// sqlTakenKeys answers which of the keys $2 name an effect of group $1's
+// workspace.
+const sqlTakenKeys = `SELECT e.idempotency_key FROM effect_groups g
+JOIN effects e ON e.workspace_id = g.workspace_id AND e.idempotency_key = ANY($2::text[])
+WHERE g.id = $1`
+
 // sqlEffectCompensation reads an effect's sealed compensation. $1 effect id.
 const sqlEffectCompensation = `SELECT compensation FROM effects WHERE id = $1`
 
@@ -700,6 +706,7 @@ WITH asked AS (
       -- Decided only by a key not revoked (another instance's cache may
       -- still hold a revoked one): an approval lets an effect execute.
       AND ` + auth.LiveKeySQL("$5") + `
+      AND ($3 = 'rejected' OR NOT EXISTS (` + sqlApprovalRolledBack + `))
     RETURNING ` + approvalCols + `
 ), e AS (
     UPDATE effects e SET approval_state = $3, updated_at = $4,
@@ -719,6 +726,16 @@ WITH asked AS (
     FROM a
 )
 SELECT ` + approvalCols + ` FROM a`
+
+// sqlApprovalRolledBack answers the state of the group whose rollback
+// keeps approval $1's effect from ever taking its attempt: a forward step
+// of a group being (or that was) rolled back, or a compensation of one
+// whose rollback ended. No row otherwise.
+const sqlApprovalRolledBack = `SELECT g.state FROM approvals ap
+JOIN effects f ON f.id = ap.effect_id
+JOIN effect_groups g ON g.id = f.group_id
+WHERE ap.id = $1 AND (g.state IN ('unwound', 'unwind_failed')
+    OR (g.state = 'unwinding' AND f.compensates_effect_id IS NULL))`
 
 // $1 approval id, $2 workspace.
 const sqlGetApproval = `SELECT ` + approvalCols + ` FROM approvals WHERE id = $1 AND workspace_id = $2`

@@ -145,7 +145,7 @@ func (s *Server) gateRoutes() []Route {
 			Scopes:  []string{auth.ScopeApprovalsWrite},
 			Summary: "Approve a pending effect: the next begin on its key executes.",
 			Request: gate.DecideRequest{}, Response: gate.Approval{}, Status: 200,
-			Errors:    []string{apierr.CodeNotFound, apierr.CodeInvalidState},
+			Errors:    []string{apierr.CodeNotFound, apierr.CodeInvalidState, apierr.CodeGroupUnwinding},
 			ChecksKey: true,
 			Handle:    s.decideApproval(gate.ApprovalApproved),
 		},

@@ -864,3 +864,112 @@ func TestActingOnAnotherKeysGroupTakesEffectsResolve(t *testing.T) {
 	require.Len(t, u["plan"], 2)
 	executed(settler, refund(step))
 }
+
+// A compensating begin is answered only by a compensation of the step it
+// names: the fingerprint does not cover what an effect compensates, and a
+// key the plan suggested for one step, taken meanwhile by another step's
+// compensation or by a forward step of the group, answered duplicate with
+// that effect's result, and the step was never undone (groups QA). The plan
+// then suggests a key nobody holds.
+func TestACompensationIsAnsweredOnlyByACompensationOfItsStep(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	g := f.group()
+	s1 := f.done(g, true)
+	s2 := f.done(g, true)
+	// A forward step of the group begun under the key the plan would
+	// suggest for s1, with s1's declared compensation as its operation.
+	refund := map[string]any{"effect_type": "payment.refund", "payload": map[string]any{"refund_of": "charge"},
+		"cost_micros": 0}
+	squat := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{
+		"effect_type": "payment.refund", "payload": map[string]any{"refund_of": "charge"}, "cost_micros": 0,
+		"idempotency_key": "compensate:" + s1, "group_id": g})
+	f.report(squat["effect_id"].(string), squat["lease_token"].(string), "succeeded")
+
+	u := f.unwind(g)
+	require.Equal(t, []string{s2, s1}, planIDs(u))
+	plan := u["plan"].([]any)
+	require.Equal(t, "compensate:"+s2, plan[0].(map[string]any)["suggested_idempotency_key"])
+	require.Equal(t, "compensate:"+s1+":2", plan[1].(map[string]any)["suggested_idempotency_key"],
+		"the usual key is another effect's")
+
+	begin := func(key, step string) *apitest.Response {
+		body := map[string]any{"idempotency_key": key, "compensates_effect_id": step}
+		for k, v := range refund {
+			body[k] = v
+		}
+		return f.do("POST", "/api/v1/effects/begin", body)
+	}
+	// s1's compensation under the forward step's key: refused, not answered.
+	r := begin("compensate:"+s1, s1)
+	errCode(t, r, http.StatusConflict, "idempotency_key_reuse")
+	require.Contains(t, string(r.Body), s1)
+	// s2 compensated under s1's next key; s1 then under that same key.
+	c2 := begin("compensate:"+s1+":2", s2).JSON()
+	require.Equal(t, "execute", c2["decision"])
+	f.report(c2["effect_id"].(string), c2["lease_token"].(string), "succeeded")
+	errCode(t, begin("compensate:"+s1+":2", s1), http.StatusConflict, "idempotency_key_reuse")
+	// A forward begin under a compensation's key is no forward step either.
+	r = f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": "payment.refund",
+		"payload": map[string]any{"refund_of": "charge"}, "cost_micros": 0,
+		"idempotency_key": "compensate:" + s1 + ":2", "group_id": g})
+	errCode(t, r, http.StatusConflict, "idempotency_key_reuse")
+
+	u = f.unwind(g)
+	require.Equal(t, "unwinding", u["state"])
+	require.Equal(t, []string{s2}, strs(u["reversed"]))
+	require.Equal(t, []string{s1}, planIDs(u))
+	item := u["plan"].([]any)[0].(map[string]any)
+	require.Equal(t, "compensate:"+s1+":3", item["suggested_idempotency_key"])
+	f.compensate(item, "succeeded")
+	u = f.unwind(g)
+	require.Equal(t, "unwind_failed", u["state"], "the forward step declared no compensation")
+	require.Equal(t, []string{squat["effect_id"].(string)}, strs(u["irreversible"]))
+	require.ElementsMatch(t, []string{s1, s2}, strs(u["reversed"]))
+}
+
+// A forward step waiting for an approval when its group's rollback starts
+// can never take its attempt; a yes would mark the approval decided with
+// nothing to run (groups QA), so it is refused, and a rejection clears it.
+// A compensation's approval is approved while the rollback runs.
+func TestAnApprovalOfARolledBackStepCannotBeGiven(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/vendor.order", map[string]any{"mode": "require_approval"})
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"mode": "require_approval"})
+	g := f.group()
+	s1 := f.done(g, true)
+	held := func() string {
+		d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{"effect_type": "vendor.order",
+			"idempotency_key": "order:" + ids.Random(6), "group_id": g})
+		require.Equal(t, "approval_required", d["decision"])
+		return d["approval_id"].(string)
+	}
+	waiting, other := held(), held()
+
+	u := f.unwind(g)
+	require.Equal(t, "unwinding", u["state"])
+	r := f.do("POST", "/api/v1/approvals/"+waiting+"/approve", map[string]any{})
+	errCode(t, r, http.StatusConflict, "group_unwinding")
+	a := f.must(http.StatusOK, "GET", "/api/v1/approvals/"+waiting, nil)
+	require.Equal(t, "pending", a["state"], "the refusal changed nothing")
+	require.Equal(t, "rejected", f.must(http.StatusOK, "POST", "/api/v1/approvals/"+waiting+"/reject",
+		map[string]any{})["state"])
+
+	// The compensation's own approval is the rollback's to give.
+	item := u["plan"].([]any)[0].(map[string]any)
+	comp := item["compensation"].(map[string]any)
+	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{
+		"effect_type": comp["effect_type"], "payload": comp["payload"], "cost_micros": 0,
+		"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": s1})
+	require.Equal(t, "approval_required", d["decision"])
+	f.must(http.StatusOK, "POST", "/api/v1/approvals/"+d["approval_id"].(string)+"/approve", map[string]any{})
+	d = f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{
+		"effect_type": comp["effect_type"], "payload": comp["payload"], "cost_micros": 0,
+		"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": s1})
+	require.Equal(t, "execute", d["decision"])
+	f.report(d["effect_id"].(string), d["lease_token"].(string), "succeeded")
+	require.Equal(t, "unwound", f.unwind(g)["state"])
+	errCode(t, f.do("POST", "/api/v1/approvals/"+other+"/approve", map[string]any{}),
+		http.StatusConflict, "group_unwinding")
+}
