@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"strings"
 	"time"
 
 	ratchet "github.com/getratchet/ratchet/sdk/go"
@@ -30,9 +31,13 @@ func main() {
 }
 
 func run(ctx context.Context) error {
+	apiKey, err := keyFrom("RATCHET_AGENT_KEY")
+	if err != nil {
+		return err
+	}
 	client, err := ratchet.NewClient(ratchet.Config{
 		BaseURL: envOr("RATCHET_BASE_URL", "http://localhost:8787"),
-		APIKey:  os.Getenv("RATCHET_AGENT_KEY"), // an AGENT key; never in source
+		APIKey:  apiKey, // an AGENT key; never in source
 	})
 	if err != nil {
 		return err
@@ -108,4 +113,13 @@ func envOr(name, fallback string) string {
 		return v
 	}
 	return fallback
+}
+
+// keyFrom reads the API key from the environment variable name, saying which
+// variable is unset rather than only that a key is missing.
+func keyFrom(name string) (string, error) {
+	if v := strings.TrimSpace(os.Getenv(name)); v != "" {
+		return v, nil
+	}
+	return "", fmt.Errorf("%s is not set: export the key's secret in this shell (see sdk/go/README.md's quickstart)", name)
 }

@@ -11,6 +11,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"strings"
 	"time"
 
 	ratchet "github.com/getratchet/ratchet/sdk/go"
@@ -25,9 +26,13 @@ func main() {
 }
 
 func run(ctx context.Context) error {
+	apiKey, err := keyFrom("RATCHET_INGEST_KEY")
+	if err != nil {
+		return err
+	}
 	client, err := ratchet.NewClient(ratchet.Config{
 		BaseURL: envOr("RATCHET_BASE_URL", "http://localhost:8787"),
-		APIKey:  os.Getenv("RATCHET_INGEST_KEY"), // an INGEST key; never in source
+		APIKey:  apiKey, // an INGEST key; never in source
 	})
 	if err != nil {
 		return err
@@ -83,4 +88,13 @@ func envOr(name, fallback string) string {
 		return v
 	}
 	return fallback
+}
+
+// keyFrom reads the API key from the environment variable name, saying which
+// variable is unset rather than only that a key is missing.
+func keyFrom(name string) (string, error) {
+	if v := strings.TrimSpace(os.Getenv(name)); v != "" {
+		return v, nil
+	}
+	return "", fmt.Errorf("%s is not set: export the key's secret in this shell (see sdk/go/README.md's quickstart)", name)
 }

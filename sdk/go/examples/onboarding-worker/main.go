@@ -8,9 +8,11 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -32,10 +34,14 @@ func main() {
 }
 
 func run() error {
+	apiKey, err := keyFrom("RATCHET_WORKER_KEY")
+	if err != nil {
+		return err
+	}
 	client, err := ratchet.NewClient(ratchet.Config{
 		BaseURL: envOr("RATCHET_BASE_URL", "http://localhost:8787"),
 		// A WORKER key whose tools list "send_welcome_email@1"; never in source.
-		APIKey: os.Getenv("RATCHET_WORKER_KEY"),
+		APIKey: apiKey,
 	})
 	if err != nil {
 		return err
@@ -127,4 +133,13 @@ func envOr(name, fallback string) string {
 		return v
 	}
 	return fallback
+}
+
+// keyFrom reads the API key from the environment variable name, saying which
+// variable is unset rather than only that a key is missing.
+func keyFrom(name string) (string, error) {
+	if v := strings.TrimSpace(os.Getenv(name)); v != "" {
+		return v, nil
+	}
+	return "", fmt.Errorf("%s is not set: export the key's secret in this shell (see sdk/go/README.md's quickstart)", name)
 }

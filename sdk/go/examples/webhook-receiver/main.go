@@ -10,11 +10,13 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,9 +32,13 @@ func main() {
 }
 
 func run(ctx context.Context) error {
+	apiKey, err := keyFrom("RATCHET_OPERATOR_KEY")
+	if err != nil {
+		return err
+	}
 	client, err := ratchet.NewClient(ratchet.Config{
 		BaseURL: envOr("RATCHET_BASE_URL", "http://localhost:8787"),
-		APIKey:  os.Getenv("RATCHET_OPERATOR_KEY"), // a key with webhooks:write; never in source
+		APIKey:  apiKey, // a key with webhooks:write; never in source
 	})
 	if err != nil {
 		return err
@@ -92,4 +98,13 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// keyFrom reads the API key from the environment variable name, saying which
+// variable is unset rather than only that a key is missing.
+func keyFrom(name string) (string, error) {
+	if v := strings.TrimSpace(os.Getenv(name)); v != "" {
+		return v, nil
+	}
+	return "", fmt.Errorf("%s is not set: export the key's secret in this shell (see sdk/go/README.md's quickstart)", name)
 }
