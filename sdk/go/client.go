@@ -27,7 +27,8 @@ const DefaultBaseURL = "https://getratchet.app"
 type Config struct {
 	// BaseURL is the service's origin, e.g. "http://localhost:8787" for
 	// scripts/dev. A trailing "/api/v1" is accepted. Empty means
-	// DefaultBaseURL.
+	// DefaultBaseURL, the hosted service: set it for your own deployment
+	// (or scripts/dev), or the key is sent to the hosted service instead.
 	BaseURL string
 	// APIKey is the bearer secret. Read it from the environment or a secret
 	// store; never commit it. Producers use an INGEST key, workers a WORKER
