@@ -50,7 +50,8 @@ func TestRequeuedCancelledAndReplayedSupersedesTheOldToken(t *testing.T) {
 }
 
 // A late report on the requeued job is recorded; the heartbeat that comes
-// after it (here, after a replay) does not reopen the reported attempt.
+// after it (here, after a replay) does not reopen the reported attempt: it
+// is told the attempt ended (no claim superseded it, so not lease_lost).
 func TestReviveNeverReopensAReportedAttempt(t *testing.T) {
 	b := setup(t)
 	st, stale := b.limitedRequeued(t)
@@ -58,7 +59,7 @@ func TestReviveNeverReopensAReportedAttempt(t *testing.T) {
 	_, err := b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
 	require.NoError(t, err)
 	_, err = b.svc.Heartbeat(ctx, b.worker, stale.JobID, jobs.HeartbeatRequest{LeaseToken: stale.LeaseToken})
-	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+	require.Equal(t, apierr.CodeInvalidState, code(t, err))
 	xs := b.executions(t, stale.JobID)
 	require.Equal(t, "FAILED", *xs[0].Outcome, "the reported outcome stands")
 	require.True(t, xs[0].Reported)

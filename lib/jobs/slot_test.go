@@ -220,6 +220,32 @@ func TestReplayedJobsCancelledAttemptReportsUntilTheNextClaim(t *testing.T) {
 	require.Equal(t, "RUNNING", b.step(t, st.StepID).Status)
 }
 
+// Replayed while its cancelled attempt ran, then reported by that attempt,
+// the job waits for a claim: the attempt's heartbeat is invalid_state, as
+// any ended attempt's is, not lease_lost, which said a later attempt held
+// the job when none did (QA). Once a claim supersedes it, lease_lost.
+func TestReplayedThenReportedAttemptsHeartbeatSaysItEnded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{})
+	wid := b.register(t)
+	first := b.claimOne(t, wid)
+	b.cancelAndReplay(t, st.StepID)
+	r, err := b.svc.Report(ctx, b.worker, first.JobID, jobs.ReportRequest{LeaseToken: first.LeaseToken,
+		Status: "SUCCEEDED", Output: json.RawMessage(`{"x":1}`)})
+	require.NoError(t, err)
+	require.Equal(t, "QUEUED", r.Status)
+
+	_, err = b.svc.Heartbeat(ctx, b.worker, first.JobID, jobs.HeartbeatRequest{LeaseToken: first.LeaseToken})
+	require.Equal(t, apierr.CodeInvalidState, code(t, err))
+	require.ErrorContains(t, err, "This attempt already ended; the job is QUEUED.")
+
+	second := b.claimOne(t, wid)
+	require.Equal(t, 2, second.Attempt)
+	_, err = b.svc.Heartbeat(ctx, b.worker, first.JobID, jobs.HeartbeatRequest{LeaseToken: first.LeaseToken})
+	require.Equal(t, apierr.CodeLeaseLost, code(t, err), "superseded by the claim")
+}
+
 // Replayed after its attempt lapsed unreported, the job is the next
 // claim's: the lapsed attempt's late report is superseded by the replay.
 // Not parallel (sweeps).

@@ -590,6 +590,13 @@ func replayedOpen(token string) string {
 	return `(j.status IN ('QUEUED', 'CANCELLED') AND j.lease_token = '' AND ` + openAttempt("jobs_lease_token_matches(x.lease_token, "+token+")") + `)`
 }
 
+// reportedLatest is true of a job (alias j) whose latest attempt holds
+// token and has reported: the attempt ended, and no claim has superseded
+// it since (a claim starts a new attempt).
+func reportedLatest(token string) string {
+	return currentAttempt("x.reported_at IS NOT NULL AND jobs_lease_token_matches(x.lease_token, " + token + ")")
+}
+
 // sqlLeaseState explains why a heartbeat did not extend a lease. A job
 // never claimed has no token: no token is current. Then whether the job
 // was requeued under this token (requeuedFor): the heartbeat may take it
@@ -597,11 +604,13 @@ func replayedOpen(token string) string {
 // token's attempt was open (replayedOpen); and whether the job's current
 // attempt is still unreported (a cancelled job's worker may be at work
 // still, its report recorded, even once its lease lapsed and the sweeper
-// failed it to free its slot).
+// failed it to free its slot); and whether this token's attempt is still
+// the job's latest and has reported (reportedLatest): no claim superseded
+// it, though a replay or the sweeper's requeue cleared the job's token.
 var sqlLeaseState = `
 SELECT j.status, coalesce(jobs_lease_token_matches(j.lease_token, $3::text), false), j.lease_expires_at, j.cancel_requested, j.name, j.version,
        ` + requeuedFor("$3::text") + `, ` + replayedOpen("$3::text") + `,
-       ` + currentAttempt("x.reported_at IS NULL") + `
+       ` + currentAttempt("x.reported_at IS NULL") + `, ` + reportedLatest("$3::text") + `
 FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
 
 // sqlExecutionRetryable reads whether a reported failure was retryable (a

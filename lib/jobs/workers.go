@@ -322,9 +322,9 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 		return out, err
 	}
 	var status, name, version string
-	var current, requeued, replayedOpen, unreported bool
+	var current, requeued, replayedOpen, unreported, reported bool
 	err = s.pool.QueryRow(ctx, sqlLeaseState, jobID, p.WorkspaceID, req.LeaseToken).Scan(&status, &current,
-		&out.LeaseExpiresAt, &out.CancelRequested, &name, &version, &requeued, &replayedOpen, &unreported)
+		&out.LeaseExpiresAt, &out.CancelRequested, &name, &version, &requeued, &replayedOpen, &unreported, &reported)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return out, apierr.NotFound("job")
@@ -339,6 +339,11 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 		// should stop, and its report is still recorded (decideReport).
 		out.CancelRequested, out.LeaseExpiresAt = true, utc(out.LeaseExpiresAt)
 		return out, nil
+	case !current && reported:
+		// Replayed or requeued, then reported, and claimed by no one
+		// since: the token is not superseded, its attempt is over (QA:
+		// lease_lost said a later attempt held the job).
+		return out, apierr.InvalidState("This attempt already ended; the job is %s.", status)
 	case !current:
 		return out, errLeaseLost()
 	case status == StatusCancelled && unreported:
