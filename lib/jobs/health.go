@@ -27,9 +27,10 @@ type QueueHealth struct {
 	OldestQueuedAgeSeconds int64 `json:"oldestQueuedAgeSeconds"`
 	WorkersSeen            int64 `json:"workersSeen"`
 	// The endpoints of its queued jobs that hold them: circuit open, paused,
-	// every concurrency slot taken (maxConcurrent), this minute's
-	// rateLimitPerMinute used up. The last two hold jobs by design; they
-	// are named because a queue that does not move looks the same.
+	// every concurrency slot taken (maxConcurrent) while a job needs a new
+	// one (a lapsed job keeps its own), this minute's rateLimitPerMinute
+	// used up. The last two hold jobs by design; they are named because a
+	// queue that does not move looks the same.
 	OpenCircuitEndpoints []string `json:"openCircuitEndpoints"`
 	PausedEndpoints      []string `json:"pausedEndpoints"`
 	AtLimitEndpoints     []string `json:"atConcurrencyLimitEndpoints"`
@@ -100,26 +101,43 @@ func (h QueueHealth) explain() *string {
 			h.Name, h.Version, int(workerSeenWindow.Minutes()), waiting, h.Name, h.Version))
 	}
 	if len(h.OpenCircuitEndpoints) > 0 {
-		parts = append(parts, fmt.Sprintf("The circuit of endpoint %s is open: its jobs wait for one probe per "+
-			"cooldown. Inspect recent attempts and the external service before closing it.",
-			strings.Join(h.OpenCircuitEndpoints, ", ")))
+		parts = append(parts, endpointsSay(h.OpenCircuitEndpoints,
+			"The circuit of endpoint %s is open: its jobs wait for one probe per cooldown. Inspect recent "+
+				"attempts and the external service before closing it.",
+			"The circuits of endpoints %s are open: their jobs wait for one probe per cooldown each. Inspect "+
+				"recent attempts and the external services before closing them."))
 	}
 	if len(h.PausedEndpoints) > 0 {
-		parts = append(parts, fmt.Sprintf("Endpoint %s is paused: its jobs are held, consuming no attempts, "+
-			"until it is resumed.", strings.Join(h.PausedEndpoints, ", ")))
+		parts = append(parts, endpointsSay(h.PausedEndpoints,
+			"Endpoint %s is paused: its jobs are held, consuming no attempts, until it is resumed.",
+			"Endpoints %s are paused: their jobs are held, consuming no attempts, until they are resumed."))
 	}
 	if len(h.AtLimitEndpoints) > 0 {
-		parts = append(parts, fmt.Sprintf("Endpoint %s runs as many jobs as its maxConcurrent allows: the "+
-			"others wait for one to end (raise the limit if the service can take more).",
-			strings.Join(h.AtLimitEndpoints, ", ")))
+		parts = append(parts, endpointsSay(h.AtLimitEndpoints,
+			"Endpoint %s runs as many jobs as its maxConcurrent allows: the others wait for one to end "+
+				"(raise the limit if the service can take more).",
+			"Endpoints %s each run as many jobs as their maxConcurrent allows: the others wait for one to end "+
+				"(raise the limits if the services can take more)."))
 	}
 	if len(h.RateLimitedEndpoints) > 0 {
-		parts = append(parts, fmt.Sprintf("Endpoint %s has started its rateLimitPerMinute this minute: the "+
-			"others wait for the next minute.", strings.Join(h.RateLimitedEndpoints, ", ")))
+		parts = append(parts, endpointsSay(h.RateLimitedEndpoints,
+			"Endpoint %s has started its rateLimitPerMinute this minute: the others wait for the next minute.",
+			"Endpoints %s have each started their rateLimitPerMinute this minute: the others wait for the "+
+				"next minute."))
 	}
 	if parts == nil {
 		return nil
 	}
 	m := strings.Join(parts, " ")
 	return &m
+}
+
+// endpointsSay fills one of two wordings with the endpoint names: one for a
+// single endpoint, many for a list (QA: "Endpoint a, b runs … its
+// maxConcurrent" read as one endpoint with a strange name).
+func endpointsSay(names []string, one, many string) string {
+	if len(names) == 1 {
+		return fmt.Sprintf(one, names[0])
+	}
+	return fmt.Sprintf(many, strings.Join(names, ", "))
 }

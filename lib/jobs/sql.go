@@ -812,11 +812,18 @@ WHERE e.id = j.endpoint_id AND $3::bool AND NOT j.held AND e.max_concurrent IS N
 // it; the sweeper or the next read of its run ends it EXHAUSTED). Pages go
 // by (name, version): $4 and $5 are the last row's (NULL for the first
 // page), $6 the page's rows.
+//
+// An endpoint at its maxConcurrent holds only the jobs that would take a
+// new slot: as in jobs_claim_keyed (migration 0047), a lapsed RUNNING job
+// keeps its own slot and is reclaimed past the limit. Its endpoint is named
+// at the limit only for a QUEUED or RETRY_SCHEDULED job of the row (QA: a
+// lapsed job alone read as held by the limit, and the next claim took it).
 const sqlQueueHealth = `
 WITH q AS (
     SELECT name, version, count(*)::bigint AS queued, count(*) FILTER (WHERE ready_at <= $2::timestamptz)::bigint AS due,
            min(ready_at) FILTER (WHERE ready_at <= $2::timestamptz) AS oldest,
-           array_agg(DISTINCT endpoint_id) AS endpoint_ids
+           array_agg(DISTINCT endpoint_id) AS endpoint_ids,
+           array_agg(DISTINCT endpoint_id) FILTER (WHERE status <> 'RUNNING') AS slot_endpoint_ids
     FROM jobs
     WHERE workspace_id = $1::text AND (status IN ('QUEUED', 'RETRY_SCHEDULED')
                                        OR (status = 'RUNNING' AND ready_at <= $2::timestamptz
@@ -838,7 +845,8 @@ CROSS JOIN LATERAL (
     SELECT array_agg(e.name ORDER BY e.name) FILTER (WHERE e.circuit_state = 'open') AS open_circuits,
            array_agg(e.name ORDER BY e.name) FILTER (WHERE e.paused) AS paused,
            array_agg(e.name ORDER BY e.name) FILTER (WHERE e.max_concurrent IS NOT NULL
-                                                     AND e.running_count >= e.max_concurrent) AS at_limit,
+                                                     AND e.running_count >= e.max_concurrent
+                                                     AND e.id = ANY (q.slot_endpoint_ids)) AS at_limit,
            array_agg(e.name ORDER BY e.name) FILTER (WHERE e.rate_limit_per_minute IS NOT NULL
                                                      AND e.rate_window_start >= $7::timestamptz
                                                      AND e.rate_window_count >= e.rate_limit_per_minute) AS rate_limited

@@ -1,0 +1,75 @@
+package jobs_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/jobs"
+)
+
+func (b *bundle) health(t *testing.T) jobs.QueueHealth {
+	t.Helper()
+	h, err := b.svc.QueueHealth(ctx, b.ws, "", 10)
+	require.NoError(t, err)
+	require.Len(t, h, 1)
+	return h[0]
+}
+
+// A lapsed job keeps its own concurrency slot and a claim takes it back
+// past the limit (jobs_claim_keyed): its endpoint does not hold it, and
+// queue health does not say so (QA: it blamed maxConcurrent for a job the
+// next claim took at once). A job that would need a new slot is held.
+func TestQueueHealthDoesNotBlameTheLimitForALapsedJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.limitedEndpoint(t, "mailer", 1)
+	runID := b.run(t)
+	st := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000),
+		Input: json.RawMessage(`1`)})
+	wid := b.register(t)
+	first := b.claimOne(t, wid)
+	b.clock.Add(11500 * time.Millisecond) // past the timeout and the grace
+
+	h := b.health(t)
+	require.Equal(t, int64(1), h.Queued)
+	require.Equal(t, int64(1), h.Due)
+	require.Empty(t, h.AtLimitEndpoints, "the lapsed job holds the slot itself")
+	require.Nil(t, h.Message, "nothing holds the queue")
+
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`2`)})
+	h = b.health(t)
+	require.Equal(t, int64(2), h.Queued)
+	require.Equal(t, []string{"mailer"}, h.AtLimitEndpoints, "the new job waits for the slot")
+	require.Contains(t, *h.Message, "Endpoint mailer runs as many jobs as its maxConcurrent allows")
+
+	again := b.claim(t, wid, 2)
+	require.Len(t, again, 1, "the lapsed job only: the other waits for its slot")
+	require.Equal(t, first.JobID, again[0].JobID)
+	require.Equal(t, st.JobID, again[0].JobID)
+	require.Equal(t, 2, again[0].Attempt)
+}
+
+// Several endpoints at their limits are named in one sentence whose
+// grammar fits a list (QA: "Endpoint a, b runs … its maxConcurrent").
+func TestQueueHealthNamesSeveralEndpointsAtTheirLimits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	for _, ep := range []string{"a", "b"} {
+		b.limitedEndpoint(t, ep, 1)
+		b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(ep), Input: json.RawMessage(`"` + ep + `1"`)})
+	}
+	b.clock.Add(time.Millisecond) // the first two are claimed first
+	for _, ep := range []string{"a", "b"} {
+		b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(ep), Input: json.RawMessage(`"` + ep + `2"`)})
+	}
+	require.Len(t, b.claim(t, b.register(t), 4), 2, "one per endpoint")
+
+	h := b.health(t)
+	require.Equal(t, []string{"a", "b"}, h.AtLimitEndpoints)
+	require.Equal(t, "Endpoints a, b each run as many jobs as their maxConcurrent allows: the others wait for one "+
+		"to end (raise the limits if the services can take more).", *h.Message)
+}
