@@ -355,3 +355,17 @@ func TestDelayedEnqueueValidation(t *testing.T) {
 	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE run_id = $1`, runID).Scan(&n))
 	require.Equal(t, 1, n, "refused enqueues change nothing")
 }
+
+// Publishing a schema whose $schema names an unsupported dialect is refused
+// as such, at the schema's field (QA: "it has a $ref to another document"
+// of a schema with no $ref).
+func TestPublishRefusesAnUnsupportedDialect(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.svc.PublishContract(ctx, b.ws, "key_test", "send_email", jobs.PublishContractRequest{
+		HandlerVersion: "1", InputSchema: json.RawMessage(`{"$schema":"http://example.com/x","type":"object"}`)})
+	require.Equal(t, apierr.CodeInvalidRequest, code(t, err))
+	require.ErrorContains(t, err, "inputSchema must be a valid JSON Schema: its $schema names a dialect this "+
+		"service does not support: use JSON Schema 2020-12")
+	require.NotContains(t, err.Error(), "$ref")
+}

@@ -50,6 +50,16 @@ func (noLoader) Load(string) (any, error) { return nil, errExternalReference }
 // QA: a $ref's URL came back twice in the message).
 var errExternalReference = errors.New("external references are not allowed: a schema must be self-contained")
 
+// errUnsupportedDialect is a $schema naming no dialect the compiler reads:
+// JSON Schema 2020-12, or an earlier draft by its json-schema.org URL. The
+// compiler asks the loader for any other $schema URL as a meta-schema,
+// which noLoader refuses like any other document (QA: that refusal read
+// as a $ref to another document in a schema with no $ref). Like
+// errExternalReference, it does not repeat the URL.
+var errUnsupportedDialect = errors.New(`its $schema names a dialect this service does not support: use JSON ` +
+	`Schema 2020-12 ("https://json-schema.org/draft/2020-12/schema", or leave $schema out), or an earlier draft ` +
+	`by its json-schema.org URL (2019-09, draft-07, draft-06, draft-04)`)
+
 // compileSchema compiles a schema document given as JSON, as publication
 // checks it.
 func compileSchema(doc []byte) (*jsonschema.Schema, error) {
@@ -352,10 +362,54 @@ func compileSchemaAt(doc []byte, base string) (*jsonschema.Schema, error) {
 	c := jsonschema.NewCompiler()
 	c.DefaultDraft(jsonschema.Draft2020)
 	c.UseLoader(noLoader{})
-	if err := c.AddResource(base, v); err != nil {
-		return nil, err
+	err = c.AddResource(base, v)
+	var s *jsonschema.Schema
+	if err == nil {
+		s, err = c.Compile(base)
 	}
-	return c.Compile(base)
+	if err != nil && refusesDialect(v, err) {
+		return nil, errUnsupportedDialect
+	}
+	return s, err
+}
+
+// refusesDialect reports whether err refuses a $schema of document v: one
+// of the compiler's own refusals of a $schema, or the loader's refusal of a
+// URL one of v's "$schema" keywords names (a $ref naming the very same URL
+// as a "$schema" string elsewhere in v would read as this too).
+func refusesDialect(v any, err error) bool {
+	var draft *jsonschema.UnsupportedDraftError
+	var cycle *jsonschema.MetaSchemaCycleError
+	var invalid *jsonschema.InvalidMetaSchemaURLError
+	if errors.As(err, &draft) || errors.As(err, &cycle) || errors.As(err, &invalid) {
+		return true
+	}
+	var load *jsonschema.LoadURLError
+	if !errors.As(err, &load) {
+		return false
+	}
+	urls := map[string]bool{}
+	metaSchemaURLs(v, urls)
+	return urls[load.URL]
+}
+
+// metaSchemaURLs adds to out the URLs the "$schema" keywords in document v
+// name, without their fragments, as the compiler loads them.
+func metaSchemaURLs(v any, out map[string]bool) {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, child := range v {
+			if u, ok := child.(string); ok && k == "$schema" {
+				u, _, _ = strings.Cut(u, "#")
+				out[u] = true
+			}
+			metaSchemaURLs(child, out)
+		}
+	case []any:
+		for _, child := range v {
+			metaSchemaURLs(child, out)
+		}
+	}
 }
 
 // schemaCache holds compiled schemas by the SHA-256 of their JSON. It is an
@@ -525,6 +579,9 @@ func dotted(root string, loc []string) string {
 // schemaCompileProblem describes why a schema does not compile without
 // quoting it.
 func schemaCompileProblem(err error) string {
+	if errors.Is(err, errUnsupportedDialect) {
+		return "must be a valid JSON Schema: " + errUnsupportedDialect.Error()
+	}
 	if load := (*jsonschema.LoadURLError)(nil); errors.As(err, &load) {
 		// The library's message quotes the URL it could not load.
 		return "must be a valid JSON Schema (2020-12, or the draft its $schema names): it has a $ref to another document; " +

@@ -115,6 +115,30 @@ func TestCompileSchemaRefusesExternalReferences(t *testing.T) {
 // meaning it was published with (contracts are immutable): it compiles as
 // it did then, rather than failing every enqueue as stored schemas that
 // "do not compile".
+// A $schema naming no dialect the compiler reads is refused for what it is,
+// without repeating the URL (QA: it read as a $ref to another document in a
+// schema with none); a $ref to another document still reads as one.
+func TestCompileSchemaSaysWhenItsDialectIsNotSupported(t *testing.T) {
+	t.Parallel()
+	for _, doc := range []string{`{"$schema":"http://example.com/x","type":"object"}`,
+		`{"$schema":"http://example.com/x#","type":"object"}`,
+		`{"properties":{"a":{"$schema":"https://example.com/meta.json"}}}`,
+		`{"$schema":"` + schemaURL + `"}`, // the document's own URL: the compiler's refusal
+		`{"$schema":"https://example.com/meta.json","$ref":"https://example.com/other.json"}`} {
+		err := publishableSchema([]byte(doc))
+		require.Error(t, err, doc)
+		problem := schemaCompileProblem(err)
+		require.Contains(t, problem, "its $schema names a dialect this service does not support", doc)
+		require.Contains(t, problem, `JSON Schema 2020-12 ("https://json-schema.org/draft/2020-12/schema"`, doc)
+		require.NotContains(t, problem, "$ref", doc)
+		require.NotContains(t, problem, "example.com", doc)
+		require.NotContains(t, problem, "ratchet.invalid", doc)
+	}
+	problem := schemaCompileProblem(publishableSchema([]byte(
+		`{"$schema":"https://json-schema.org/draft/2020-12/schema","$ref":"https://example.com/other.json"}`)))
+	require.Contains(t, problem, "it has a $ref to another document", "a supported dialect's external $ref")
+}
+
 func TestStoredSchemaWithARelativeReferenceKeepsItsMeaning(t *testing.T) {
 	t.Parallel()
 	problems, err := validateDoc([]byte(`{"type":"object","properties":{"a":{"$ref":"foo/bar.json"}}}`),
