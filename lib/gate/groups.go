@@ -892,8 +892,10 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 		state     string
 		replay    bool
 		keysGroup *string
+		waiting   bool
 	)
-	err := tx.QueryRow(ctx, sqlAdmitGroup, *in.groupID, in.ws, in.key, in.groupOwner).Scan(&state, &replay, &keysGroup)
+	err := tx.QueryRow(ctx, sqlAdmitGroup, *in.groupID, in.ws, in.key, in.groupOwner).Scan(&state, &replay, &keysGroup,
+		&waiting)
 	if errors.Is(err, pgx.ErrNoRows) && in.groupOwner != nil && in.readsEffects {
 		if ferr := readableNotActable(ctx, tx, in.ws, *in.groupID); ferr != nil {
 			return ferr
@@ -908,6 +910,11 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 	if replay {
 		if keysGroup == nil || *keysGroup != *in.groupID {
 			return keyUsedOutsideGroup()
+		}
+		if waiting && in.compensates == nil {
+			// Its approval can no longer be given (sqlDecideApproval):
+			// approval_required would have it wait for nothing.
+			return forwardAdmitted(state)
 		}
 		return nil
 	}

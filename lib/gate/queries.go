@@ -465,8 +465,9 @@ const sqlLockGroup = sqlGetGroup + ` FOR UPDATE`
 // the idempotency key already names an effect (a replay, which the group's
 // state does not refuse) and that effect's group. $1 group id, $2
 // workspace, $3 idempotency key, $4 the key that must have created the
-// group (NULL: any; see groupOwner).
-const sqlAdmitGroup = `SELECT g.state, e.id IS NOT NULL, e.group_id
+// group (NULL: any; see groupOwner). It also says whether that effect
+// waits for an approval.
+const sqlAdmitGroup = `SELECT g.state, e.id IS NOT NULL, e.group_id, coalesce(e.state = 'awaiting_approval', false)
 FROM effect_groups g LEFT JOIN effects e ON e.workspace_id = $2 AND e.idempotency_key = $3
 WHERE g.id = $1 AND g.workspace_id = $2 AND ($4::text IS NULL OR g.created_by_key_id = $4::text)
 FOR SHARE OF g`

@@ -447,12 +447,12 @@ class IdleWorkerTest(unittest.TestCase):
 
 
 class WorkerRulesTest(unittest.TestCase):
-    def serve(self, respond, handler, concurrency=1) -> Tuple[getratchet.Ratchet, FakeServer]:
+    def serve(self, respond, handler, concurrency=1, poll_interval=0.05) -> Tuple[getratchet.Ratchet, FakeServer]:
         server = FakeServer(respond)
         self.addCleanup(server.close)
         client = getratchet.Ratchet(server.url, "rk_test")
         client.register_tool("t", "1", handler)
-        client.worker.start(concurrency, poll_interval=0.05, block=False)
+        client.worker.start(concurrency, poll_interval=poll_interval, block=False)
         self.addCleanup(client.worker.stop, 5)
         return client, server
 
@@ -506,7 +506,10 @@ class WorkerRulesTest(unittest.TestCase):
             return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}, {}
 
         # With a second slot free, only the failing report holds the claims.
-        self.serve(respond, lambda input, context: {"ok": True}, concurrency=2)
+        # The server logs a failure before the worker has read it, so a claim
+        # sent in between would be logged after it (a CI flake at a 50 ms
+        # poll): the idle wait is made far longer than that window.
+        self.serve(respond, lambda input, context: {"ok": True}, concurrency=2, poll_interval=0.3)
         wait_until(lambda: order.count("claim") >= 3)
         first_report = order.index("report")
         self.assertEqual(order[:first_report + 1], ["claim", "report failed", "report failed", "report"])
