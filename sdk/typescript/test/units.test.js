@@ -189,11 +189,11 @@ const job = (n, timeoutMs = 5000) => ({
   leaseMs: timeoutMs + 10_000, timeoutMs, idempotencyKey: 'k', input: {},
 });
 
-async function serve(t, respond, handler, concurrency = 1) {
+async function serve(t, respond, handler, concurrency = 1, pollIntervalMs = 50) {
   const server = await fakeServer(t, respond);
   const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
   client.registerTool({ name: 't', version: '1', handler });
-  const started = client.worker.start({ concurrency, pollIntervalMs: 50 });
+  const started = client.worker.start({ concurrency, pollIntervalMs });
   t.after(async () => { await client.worker.stop({ timeoutMs: 5000 }); await started; });
   return server;
 }
@@ -228,6 +228,10 @@ test('a handler that ignores its timeout keeps its slot', async (t) => {
 });
 
 test('no claim while a report is failing', async (t) => {
+  // A second slot is free: only the failing report holds the claims. The
+  // server logs a failure before the worker has read it, so a claim sent in
+  // between would be logged after it (a flake the Python twin of this test
+  // showed at a 50 ms poll): the idle wait is far longer than that.
   const order = [];
   let failures = 2;
   await serve(t, (method, path) => {
@@ -243,7 +247,7 @@ test('no claim while a report is failing', async (t) => {
     }
     order.push('report');
     return [200, { jobId: 'job_1', status: 'SUCCEEDED', attempt: 1 }];
-  }, () => ({ ok: true }), 2); // a second slot is free: only the failing report holds the claims
+  }, () => ({ ok: true }), 2, 300);
   await until(() => order.filter((o) => o === 'claim').length >= 3);
   assert.deepEqual(order.slice(0, order.indexOf('report') + 1), ['claim', 'report failed', 'report failed', 'report']);
 });
