@@ -758,6 +758,9 @@ func (s *Service) settled(ctx context.Context, q db.Querier, in *beginInput, row
 		return d, true, nil
 	case StateAwaitingApproval:
 		if row.ApprovalState != nil && *row.ApprovalState == "pending" {
+			if err := awaitsApproval(ctx, q, row); err != nil {
+				return d, true, err
+			}
 			d.Decision, d.ApprovalID = DecisionApprovalRequired, *row.ApprovalID
 			return d, true, nil
 		}

@@ -892,10 +892,8 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 		state     string
 		replay    bool
 		keysGroup *string
-		waiting   bool
 	)
-	err := tx.QueryRow(ctx, sqlAdmitGroup, *in.groupID, in.ws, in.key, in.groupOwner).Scan(&state, &replay, &keysGroup,
-		&waiting)
+	err := tx.QueryRow(ctx, sqlAdmitGroup, *in.groupID, in.ws, in.key, in.groupOwner).Scan(&state, &replay, &keysGroup)
 	if errors.Is(err, pgx.ErrNoRows) && in.groupOwner != nil && in.readsEffects {
 		if ferr := readableNotActable(ctx, tx, in.ws, *in.groupID); ferr != nil {
 			return ferr
@@ -910,11 +908,6 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 	if replay {
 		if keysGroup == nil || *keysGroup != *in.groupID {
 			return keyUsedOutsideGroup()
-		}
-		if waiting && in.compensates == nil {
-			// Its approval can no longer be given (sqlDecideApproval):
-			// approval_required would have it wait for nothing.
-			return forwardAdmitted(state)
 		}
 		return nil
 	}
@@ -981,6 +974,22 @@ func admitAttempt(ctx context.Context, tx pgx.Tx, row *effectRow) error {
 	}
 	var state string
 	if err := tx.QueryRow(ctx, sqlShareGroupState, *row.GroupID).Scan(&state); err != nil {
+		return fmt.Errorf("begin: group state: %w", err)
+	}
+	return forwardAdmitted(state)
+}
+
+// awaitsApproval checks a forward step held by its pending approval before
+// begin answers approval_required: once its group's rollback started the
+// approval can no longer be given (sqlDecideApproval), so the step is
+// answered as a new attempt at it would be, not told to wait for nothing.
+// A read only: any begin of the key, grouped or not, gets the same answer.
+func awaitsApproval(ctx context.Context, q db.Querier, row *effectRow) error {
+	if row.GroupID == nil || row.CompensatesEffectID != nil {
+		return nil
+	}
+	var state string
+	if err := q.QueryRow(ctx, sqlGroupState, *row.GroupID).Scan(&state); err != nil {
 		return fmt.Errorf("begin: group state: %w", err)
 	}
 	return forwardAdmitted(state)

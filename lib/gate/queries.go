@@ -465,9 +465,8 @@ const sqlLockGroup = sqlGetGroup + ` FOR UPDATE`
 // the idempotency key already names an effect (a replay, which the group's
 // state does not refuse) and that effect's group. $1 group id, $2
 // workspace, $3 idempotency key, $4 the key that must have created the
-// group (NULL: any; see groupOwner). It also says whether that effect
-// waits for an approval.
-const sqlAdmitGroup = `SELECT g.state, e.id IS NOT NULL, e.group_id, coalesce(e.state = 'awaiting_approval', false)
+// group (NULL: any; see groupOwner).
+const sqlAdmitGroup = `SELECT g.state, e.id IS NOT NULL, e.group_id
 FROM effect_groups g LEFT JOIN effects e ON e.workspace_id = $2 AND e.idempotency_key = $3
 WHERE g.id = $1 AND g.workspace_id = $2 AND ($4::text IS NULL OR g.created_by_key_id = $4::text)
 FOR SHARE OF g`
@@ -492,6 +491,9 @@ const sqlGroupOfKey = `SELECT EXISTS (SELECT 1 FROM effect_groups WHERE id = $1 
 // sqlShareGroupState is a grouped effect's group state for a new attempt.
 // $1 group id.
 const sqlShareGroupState = `SELECT state FROM effect_groups WHERE id = $1 FOR SHARE`
+
+// sqlGroupState is a grouped effect's group state, read only. $1 group id.
+const sqlGroupState = `SELECT state FROM effect_groups WHERE id = $1`
 
 // sqlRunWallet reads a durable-jobs run of the workspace ($1, workspace $2):
 // no row when it is not the workspace's. It answers the wallet that charges

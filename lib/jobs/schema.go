@@ -388,28 +388,32 @@ func refusesDialect(v any, err error) bool {
 	if !errors.As(err, &load) {
 		return false
 	}
-	urls := map[string]bool{}
-	metaSchemaURLs(v, urls)
-	return urls[load.URL]
+	return namesMetaSchema(v, load.URL)
 }
 
-// metaSchemaURLs adds to out the URLs the "$schema" keywords in document v
-// name, without their fragments, as the compiler loads them.
-func metaSchemaURLs(v any, out map[string]bool) {
+// namesMetaSchema reports whether a "$schema" keyword in document v names
+// url, without its fragment, as the compiler loads it.
+func namesMetaSchema(v any, url string) bool {
 	switch v := v.(type) {
 	case map[string]any:
 		for k, child := range v {
 			if u, ok := child.(string); ok && k == "$schema" {
-				u, _, _ = strings.Cut(u, "#")
-				out[u] = true
+				if u, _, _ = strings.Cut(u, "#"); u == url {
+					return true
+				}
 			}
-			metaSchemaURLs(child, out)
+			if namesMetaSchema(child, url) {
+				return true
+			}
 		}
 	case []any:
 		for _, child := range v {
-			metaSchemaURLs(child, out)
+			if namesMetaSchema(child, url) {
+				return true
+			}
 		}
 	}
+	return false
 }
 
 // schemaCache holds compiled schemas by the SHA-256 of their JSON. It is an

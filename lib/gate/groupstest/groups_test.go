@@ -939,13 +939,15 @@ func TestAnApprovalOfARolledBackStepCannotBeGiven(t *testing.T) {
 	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"mode": "require_approval"})
 	g := f.group()
 	s1 := f.done(g, true)
-	held := func() string {
-		d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{"effect_type": "vendor.order",
-			"idempotency_key": "order:" + ids.Random(6), "group_id": g})
+	order := map[string]any{"effect_type": "vendor.order", "idempotency_key": "order:" + ids.Random(6)}
+	held := func(body map[string]any) string {
+		body["group_id"] = g
+		d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
 		require.Equal(t, "approval_required", d["decision"])
 		return d["approval_id"].(string)
 	}
-	waiting, other := held(), held()
+	waiting := held(order)
+	other := held(map[string]any{"effect_type": "vendor.order", "idempotency_key": "order:" + ids.Random(6)})
 
 	u := f.unwind(g)
 	require.Equal(t, "unwinding", u["state"])
@@ -953,6 +955,11 @@ func TestAnApprovalOfARolledBackStepCannotBeGiven(t *testing.T) {
 	errCode(t, r, http.StatusConflict, "group_unwinding")
 	a := f.must(http.StatusOK, "GET", "/api/v1/approvals/"+waiting, nil)
 	require.Equal(t, "pending", a["state"], "the refusal changed nothing")
+	// Its key is no longer told to wait for the approval, named with its
+	// group or not.
+	errCode(t, f.do("POST", "/api/v1/effects/begin", order), http.StatusConflict, "group_unwinding")
+	delete(order, "group_id")
+	errCode(t, f.do("POST", "/api/v1/effects/begin", order), http.StatusConflict, "group_unwinding")
 	require.Equal(t, "rejected", f.must(http.StatusOK, "POST", "/api/v1/approvals/"+waiting+"/reject",
 		map[string]any{})["state"])
 
