@@ -260,13 +260,13 @@ test('approve and reject a held effect, with notes; a declined confirmation send
 test("another key signed in is shown none of the first key's effects", async () => {
 	const key = await signup();
 	assert.equal((await api('PUT', '/policies/payment.charge', key, { mode: 'require_approval' })).status, 200);
-	const held = (await api('POST', '/effects/begin', key, { effect_type: 'payment.charge', idempotency_key: 'k1', payload: {}, cost_micros: 5_000_000 })).body;
+	const held = (await api('POST', '/effects/begin', key, { effect_type: 'payment.charge', idempotency_key: 'order-K1', payload: {}, cost_micros: 5_000_000 })).body;
 	let ui = await mount(key, '#/approvals');
-	assert.match(row(ui, held.effect_id).textContent, /k1.*\$5\.00/);
+	assert.match(row(ui, held.effect_id).textContent, /order-K1.*\$5\.00/);
 	// A key that decides approvals but may not read effects.
 	const approver = (await api('POST', '/keys', key, { name: 'approver', scopes: ['approvals:write'] })).body.secret;
 	ui = await mount(approver, '#/approvals');
-	assert.doesNotMatch(row(ui, held.effect_id).textContent, /k1|\$5\.00/, 'nothing kept from the other key');
+	assert.doesNotMatch(row(ui, held.effect_id).textContent, /order-K1|\$5\.00/, 'nothing kept from the other key');
 });
 
 test('an unknown outcome: found by its filter, resolved from its page; bad JSON sends nothing', async () => {
