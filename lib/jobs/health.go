@@ -29,8 +29,8 @@ type QueueHealth struct {
 	// The endpoints of its queued jobs that hold them: circuit open, paused,
 	// every concurrency slot taken (maxConcurrent) while a job needs a new
 	// one (a lapsed job keeps its own), this minute's rateLimitPerMinute
-	// used up. The last two hold jobs by design; they are named because a
-	// queue that does not move looks the same.
+	// used up. The last two hold jobs by design, and only due ones; they are
+	// named because a queue that does not move looks the same.
 	OpenCircuitEndpoints []string `json:"openCircuitEndpoints"`
 	PausedEndpoints      []string `json:"pausedEndpoints"`
 	AtLimitEndpoints     []string `json:"atConcurrencyLimitEndpoints"`

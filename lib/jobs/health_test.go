@@ -73,3 +73,35 @@ func TestQueueHealthNamesSeveralEndpointsAtTheirLimits(t *testing.T) {
 	require.Equal(t, "Endpoints a, b each run as many jobs as their maxConcurrent allows: the others wait for one "+
 		"to end (raise the limits if the services can take more).", *h.Message)
 }
+
+// The limits hold only jobs that are due: a job waiting for its time (a
+// delayed enqueue, a retry) is not held by a full endpoint or this minute's
+// used-up rate, which may be over when it comes due, and queue health does
+// not name them for it (QA: a job due tomorrow read as held by the limit).
+func TestQueueHealthNamesTheLimitsOnlyForDueJobs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	e, _, err := b.svc.CreateEndpoint(ctx, b.ws, jobs.CreateEndpointRequest{Name: "mailer",
+		PolicyFields: jobs.PolicyFields{MaxConcurrent: opt[int64](1), RateLimitPerMinute: opt[int64](1)}})
+	require.NoError(t, err)
+	require.Equal(t, "mailer", e.Name)
+	runID := b.run(t)
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`1`),
+		TimeoutMs: ptr[int64](600_000)})
+	b.claimOne(t, b.register(t))
+	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`2`),
+		DelayMs: ptr[int64](120_000)})
+
+	h := b.health(t)
+	require.Equal(t, int64(1), h.Queued)
+	require.Equal(t, int64(0), h.Due)
+	require.Empty(t, h.AtLimitEndpoints, "the delayed job is not due: no slot holds it")
+	require.Empty(t, h.RateLimitedEndpoints, "nor this minute's rate")
+	require.Nil(t, h.Message, "nothing holds the queue")
+
+	b.clock.Add(2 * time.Minute) // due now, the first still running; a new minute
+	h = b.health(t)
+	require.Equal(t, int64(1), h.Due)
+	require.Equal(t, []string{"mailer"}, h.AtLimitEndpoints, "the due job waits for the slot")
+	require.Empty(t, h.RateLimitedEndpoints, "a new minute's allowance is unused")
+}

@@ -818,12 +818,19 @@ WHERE e.id = j.endpoint_id AND $3::bool AND NOT j.held AND e.max_concurrent IS N
 // keeps its own slot and is reclaimed past the limit. Its endpoint is named
 // at the limit only for a QUEUED or RETRY_SCHEDULED job of the row (QA: a
 // lapsed job alone read as held by the limit, and the next claim took it).
+// The two limits name an endpoint only for a job that is due: one waiting
+// for its time (a retry, a delayed enqueue) is not held by them, and they
+// may have passed when it comes due (QA: a retry due tomorrow read as held
+// by this minute's limit). A pause or an open circuit holds every job,
+// due or not, until someone acts, so those are named for any.
 const sqlQueueHealth = `
 WITH q AS (
     SELECT name, version, count(*)::bigint AS queued, count(*) FILTER (WHERE ready_at <= $2::timestamptz)::bigint AS due,
            min(ready_at) FILTER (WHERE ready_at <= $2::timestamptz) AS oldest,
            array_agg(DISTINCT endpoint_id) AS endpoint_ids,
-           array_agg(DISTINCT endpoint_id) FILTER (WHERE status <> 'RUNNING') AS slot_endpoint_ids
+           array_agg(DISTINCT endpoint_id) FILTER (WHERE ready_at <= $2::timestamptz) AS due_endpoint_ids,
+           array_agg(DISTINCT endpoint_id) FILTER (WHERE status <> 'RUNNING'
+                                                   AND ready_at <= $2::timestamptz) AS slot_endpoint_ids
     FROM jobs
     WHERE workspace_id = $1::text AND (status IN ('QUEUED', 'RETRY_SCHEDULED')
                                        OR (status = 'RUNNING' AND ready_at <= $2::timestamptz
@@ -849,7 +856,8 @@ CROSS JOIN LATERAL (
                                                      AND e.id = ANY (q.slot_endpoint_ids)) AS at_limit,
            array_agg(e.name ORDER BY e.name) FILTER (WHERE e.rate_limit_per_minute IS NOT NULL
                                                      AND e.rate_window_start >= $7::timestamptz
-                                                     AND e.rate_window_count >= e.rate_limit_per_minute) AS rate_limited
+                                                     AND e.rate_window_count >= e.rate_limit_per_minute
+                                                     AND e.id = ANY (q.due_endpoint_ids)) AS rate_limited
     FROM job_endpoints e WHERE e.id = ANY (q.endpoint_ids)
 ) h
 ORDER BY q.name, q.version`
