@@ -97,7 +97,10 @@ func (r *CreateRequest) validate(allowPrivate bool) error {
 	switch {
 	case r.URL == "":
 		pr.Add("url", "is required")
-	case err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil:
+	case err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Hostname() == "" || u.User != nil:
+		// The host name, not Host: "http://:8080/" has a Host (":8080")
+		// and no name, and the client dials it on this server's own
+		// machine (QA: it was taken at creation).
 		pr.Add("url", "must be an absolute http(s) URL without credentials")
 	case len(r.URL) > 2000:
 		pr.Add("url", "must be at most 2000 characters")

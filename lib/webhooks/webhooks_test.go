@@ -230,6 +230,10 @@ func TestCreateValidatesAndShowsSecretOnce(t *testing.T) {
 		// QA: any digits were a port, and every delivery failed.
 		"port too high": {"url": "https://example.com:99999/x", "events": []string{"run.finished"}},
 		"port zero":     {"url": "https://example.com:0/x", "events": []string{"run.finished"}},
+		// QA: a port without a host was taken, and the client dials it
+		// on the server's own host (":8080" is this machine's port 8080).
+		"port, no host": {"url": "http://:8080/x", "events": []string{"run.finished"}},
+		"tls, no host":  {"url": "https://:443/x", "events": []string{"run.finished"}},
 		// QA: 5 000 unknown types were answered with a 1 MB error.
 		"long list": {"url": "https://example.com/x", "events": slices.Repeat([]string{"bad"}, 5000)},
 	} {
