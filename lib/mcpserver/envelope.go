@@ -51,6 +51,12 @@ func CheckEnvelope(body []byte) *EnvelopeError {
 	if err := json.Unmarshal(body, &batch); err != nil {
 		return &EnvelopeError{Code: jsonrpc.CodeParseError, Message: ParseErrorMessage}
 	}
+	if len(batch) == 0 {
+		// JSON-RPC 2.0 answers an empty array with one Invalid Request
+		// (QA: it was taken for a batch of notifications and answered
+		// 202, nothing).
+		return invalid("a batch holds at least one message")
+	}
 	ids := map[string]bool{}
 	for _, m := range batch {
 		m = bytes.TrimSpace(m)

@@ -103,6 +103,10 @@ func TestTransportRefusalsAreJSON(t *testing.T) {
 		{`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":1.0,"method":"tools/list"}]`, -32600, nil},
 		{`{"jsonrpc":"2.0","id":"i1","method":"initialize","params":{"capabilities":{}}}`, -32602, "i1"},
 		{`[{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-03-26","capabilities":{}}}]`, -32600, nil},
+		// An empty batch is an Invalid Request (JSON-RPC 2.0, section 6),
+		// not a batch of notifications (QA: answered 202, nothing).
+		{`[]`, -32600, nil},
+		{` [ ] `, -32600, nil},
 	} {
 		status, out := post("application/json", []byte(c.body))
 		want := http.StatusBadRequest
