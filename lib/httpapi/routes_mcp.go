@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -46,6 +47,11 @@ func (s *Server) mcpRoutes() []Route {
 			// accepts, is served; the transport wants both types listed
 			// (MCP QA: Accept: application/json alone was refused, 400).
 			r.Header.Set("Accept", "application/json, text/event-stream")
+		} else {
+			// The transport reads no q values: "application/json;q=0,
+			// text/event-stream" (JSON refused) lists both types, and it
+			// served JSON (QA). It is handed an Accept it refuses.
+			r.Header.Set("Accept", "text/event-stream")
 		}
 		// The body is read here, within the API's limit, so that an
 		// oversized request gets the API's 413 envelope rather than the
@@ -116,19 +122,36 @@ func (s *Server) mcpRoutes() []Route {
 }
 
 // acceptsJSON reports whether an Accept header's values take a JSON answer:
-// none at all (RFC 9110: any type), application/json, application/* or */*.
+// none at all (RFC 9110: any type), application/json, application/* or */*,
+// unless with a q of 0, which says "not acceptable" (RFC 9110 12.4.2).
 func acceptsJSON(values []string) bool {
 	if len(values) == 0 {
 		return true
 	}
 	for _, value := range values {
 		for _, token := range strings.Split(value, ",") {
-			base, _, _ := strings.Cut(token, ";")
+			base, params, _ := strings.Cut(token, ";")
 			switch strings.ToLower(strings.TrimSpace(base)) {
 			case "application/json", "application/*", "*/*":
-				return true
+				if !refusedByQ(params) {
+					return true
+				}
 			}
 		}
+	}
+	return false
+}
+
+// refusedByQ reports whether a media range's parameters carry a q of 0
+// (any spelling of it: 0, 0.0, 0.000).
+func refusedByQ(params string) bool {
+	for _, p := range strings.Split(params, ";") {
+		name, v, ok := strings.Cut(strings.TrimSpace(p), "=")
+		if !ok || !strings.EqualFold(strings.TrimSpace(name), "q") {
+			continue
+		}
+		q, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		return err == nil && q == 0
 	}
 	return false
 }

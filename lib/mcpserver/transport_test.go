@@ -42,7 +42,10 @@ func TestAnyClientAcceptingJSONIsServed(t *testing.T) {
 		require.Equal(t, http.StatusOK, status, "%q: %s", accept, body)
 		require.JSONEq(t, `{"jsonrpc":"2.0","id":1,"result":{}}`, body, "%q", accept)
 	}
-	for _, accept := range []string{"text/event-stream", "text/html"} {
+	// A q of 0 says "not acceptable" (RFC 9110 12.4.2; QA: it was served
+	// JSON as if it had said yes).
+	for _, accept := range []string{"text/event-stream", "text/html", "application/json;q=0, text/event-stream",
+		"*/*; q=0", "application/json; Q=0.000"} {
 		status, body := ping(accept)
 		require.Equal(t, http.StatusBadRequest, status, "%q: %s", accept, body)
 		require.Contains(t, body, "Accept must contain", accept)
