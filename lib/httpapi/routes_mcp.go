@@ -41,18 +41,19 @@ func (s *Server) mcpRoutes() []Route {
 			writeError(w, crossOriginRefused())
 			return
 		}
-		if acceptsJSON(r.Header.Values("Accept")) {
-			// Every answer is JSON (no event stream is offered), so a
-			// client that accepts JSON, or says nothing of what it
-			// accepts, is served; the transport wants both types listed
-			// (MCP QA: Accept: application/json alone was refused, 400).
-			r.Header.Set("Accept", "application/json, text/event-stream")
-		} else {
-			// The transport reads no q values: "application/json;q=0,
-			// text/event-stream" (JSON refused) lists both types, and it
-			// served JSON (QA). It is handed an Accept it refuses.
-			r.Header.Set("Accept", "text/event-stream")
+		if !acceptsJSON(r.Header.Values("Accept")) {
+			// Refused here, not by the transport: it reads no q values
+			// ("application/json;q=0, text/event-stream" was served JSON,
+			// QA), and its message asks for both types where JSON alone
+			// is served.
+			writeEnvelopeError(w, mcpserver.AcceptRefused())
+			return
 		}
+		// Every answer is JSON (no event stream is offered), so a client
+		// that accepts JSON, or says nothing of what it accepts, is
+		// served; the transport wants both types listed (MCP QA: Accept:
+		// application/json alone was refused, 400).
+		r.Header.Set("Accept", "application/json, text/event-stream")
 		// The body is read here, within the API's limit, so that an
 		// oversized request gets the API's 413 envelope rather than the
 		// transport's plain text; a compressed one is refused as REST
@@ -72,14 +73,7 @@ func (s *Server) mcpRoutes() []Route {
 			return
 		}
 		if e := mcpserver.CheckEnvelope(body); e != nil {
-			// A request's answer is a 200 (as the transport's are); a
-			// message refused whole, with no id to answer, a 400.
-			status, id := http.StatusBadRequest, json.RawMessage("null")
-			if e.ID != nil {
-				status, id = http.StatusOK, e.ID
-			}
-			writeJSON(w, status, map[string]any{"jsonrpc": "2.0", "id": id,
-				"error": map[string]any{"code": e.Code, "message": e.Message}})
+			writeEnvelopeError(w, e)
 			return
 		}
 		body, anyLeft := mcpserver.AnswerUnknown(body)
@@ -119,6 +113,18 @@ func (s *Server) mcpRoutes() []Route {
 		routes = append(routes, rt)
 	}
 	return routes
+}
+
+// writeEnvelopeError answers a message refused before the transport read
+// it: a request's answer is a 200 (as the transport's are); a message
+// refused whole, with no id to answer, a 400.
+func writeEnvelopeError(w http.ResponseWriter, e *mcpserver.EnvelopeError) {
+	status, id := http.StatusBadRequest, json.RawMessage("null")
+	if e.ID != nil {
+		status, id = http.StatusOK, e.ID
+	}
+	writeJSON(w, status, map[string]any{"jsonrpc": "2.0", "id": id,
+		"error": map[string]any{"code": e.Code, "message": e.Message}})
 }
 
 // acceptsJSON reports whether an Accept header's values take a JSON answer:

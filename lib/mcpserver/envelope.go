@@ -83,6 +83,14 @@ func CheckEnvelope(body []byte) *EnvelopeError {
 	return nil
 }
 
+// AcceptRefused refuses a request whose Accept takes no JSON (none listed,
+// or only with a q of 0): every answer of this server is JSON, no event
+// stream is offered. The transport's own refusal asked for both types where
+// JSON alone is served, and read no q values (QA).
+func AcceptRefused() *EnvelopeError {
+	return invalid("Accept must allow application/json: every answer is JSON (no event stream is offered)")
+}
+
 func invalid(why string) *EnvelopeError {
 	return &EnvelopeError{Code: jsonrpc.CodeInvalidRequest, Message: "Invalid Request: " + why}
 }

@@ -48,7 +48,8 @@ func TestAnyClientAcceptingJSONIsServed(t *testing.T) {
 		"*/*; q=0", "application/json; Q=0.000"} {
 		status, body := ping(accept)
 		require.Equal(t, http.StatusBadRequest, status, "%q: %s", accept, body)
-		require.Contains(t, body, "Accept must contain", accept)
+		require.JSONEq(t, `{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid Request: `+
+			`Accept must allow application/json: every answer is JSON (no event stream is offered)"}}`, body, accept)
 	}
 }
 
