@@ -1011,6 +1011,7 @@ test('webhooks: a subscription made with its events, its deliveries page, then e
 	const hook = (await api('GET', '/webhooks', key)).body.data[0];
 	assert.deepEqual([...hook.events].sort(), ['approval.requested', 'effect.indeterminate']);
 	const first = f.querySelector('input.secret-value').value;
+	assert.match(row(ui, 'example.com/hooks').textContent, /approval\.requested/, 'listed beside its secret, before Done');
 	await click(f, 'Done');
 	// Rotated: the new secret shown once, the previous one kept signing.
 	await click(row(ui, 'example.com/hooks'), 'Rotate secret');
@@ -1098,6 +1099,16 @@ test('webhooks: a delivered event is sent again from its deliveries page', async
 	} finally {
 		receiver.close();
 	}
+});
+
+test('a key over its rate limit is told when it may ask again', async () => {
+	const operator = await signup();
+	const limited = (await api('POST', '/keys', operator, { name: 'slow', scopes: ['effects:read'], rate_limit_per_minute: 1 })).body.secret;
+	const ui = await mount(limited, '#/effects');
+	await go(ui, '#/effects?state=failed');
+	const [message] = alerts(ui);
+	assert.match(message, /rate_limited/);
+	assert.match(message, /Try again in \d+ s\./);
 });
 
 test('lists page with Load more until the cursor runs out', async () => {

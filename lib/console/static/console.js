@@ -111,6 +111,9 @@ function errorBox(err) {
 		{ class: 'error', role: 'alert' },
 		h('p', null, parts.join('')),
 		detail.required ? h('p', null, 'This key lacks the scope ' + text(detail.required) + '.') : null,
+		// A 429 says when the key may ask again (console QA: the page read
+		// only "Too many requests", and a reload was refused again).
+		Number.isFinite(detail.retry_after_seconds) ? h('p', null, `Try again in ${detail.retry_after_seconds} s.`) : null,
 		Array.isArray(detail.validation)
 			? h('ul', null, detail.validation.map((v) => h('li', null, `${v.field}: ${v.message}`)))
 			: null,
@@ -1006,14 +1009,8 @@ const pages = {
 						rate_limit_per_minute: wholeNumber('Requests per minute', v.rate),
 					});
 					// The list shows the new key beside its secret (console QA:
-					// only once "Done" redrew the page). A list that cannot be
-					// read now stays as it was: the secret is what matters here.
-					try {
-						const fresh = await pager('/keys', {}, columns, 'No keys.');
-						list.replaceChildren(...fresh.childNodes);
-					} catch {
-						// shown at the next redraw
-					}
+					// only once "Done" redrew the page).
+					await refreshList(list, () => pager('/keys', {}, columns, 'No keys.'));
 					return k;
 				},
 				{ once: true, after: (k, status) => status.replaceChildren(secretOnce(`Key ${k.name} (${k.id})`, k.secret), action('Done', async () => {}, {})) },
@@ -1049,6 +1046,7 @@ const pages = {
 				},
 			},
 		];
+		const list = await pager('/webhooks', {}, columns, 'No subscriptions.');
 		return [
 			h('h1', null, 'Webhooks'),
 			h('h2', null, 'New subscription'),
@@ -1058,11 +1056,17 @@ const pages = {
 					h('fieldset', null, h('legend', null, 'Events'), events.map((e) => h('label', { class: 'check' }, h('input', { type: 'checkbox', name: 'events', value: e, 'data-list': true }), ' ', e))),
 				],
 				'Subscribe',
-				(v) => call('POST', '/webhooks', { url: v.url, events: v.events }),
+				async (v) => {
+					const w = await call('POST', '/webhooks', { url: v.url, events: v.events });
+					// The list shows the new subscription beside its secret, as the
+					// keys page does (console QA: only once "Done" redrew the page).
+					await refreshList(list, () => pager('/webhooks', {}, columns, 'No subscriptions.'));
+					return w;
+				},
 				{ once: true, after: (w, status) => status.replaceChildren(secretOnce(`Signing secret for ${w.url}`, w.secret, 'It is shown once: verify Ratchet-Signature with it.'), action('Done', async () => {}, {})) },
 			),
 			h('h2', null, 'Subscriptions'),
-			await pager('/webhooks', {}, columns, 'No subscriptions.'),
+			list,
 		];
 	},
 
@@ -1164,6 +1168,18 @@ const retryPresets = {
 
 // The fields a CUSTOM endpoint policy must name when it becomes CUSTOM.
 const customRetryFields = ['maxAttempts', 'initialDelayMs', 'multiplier', 'maxDelayMs', 'jitterPercent'];
+
+// refreshList redraws a list in place after a create whose secret is shown
+// once; a list that cannot be read now stays as it was (the secret is what
+// matters there), shown again at the next redraw.
+async function refreshList(list, read) {
+	try {
+		const fresh = await read();
+		list.replaceChildren(...fresh.childNodes);
+	} catch {
+		// shown at the next redraw
+	}
+}
 
 // saved redraws a policy's page after its save, saying which version it
 // made.
