@@ -813,9 +813,11 @@ test('the pages an operator watches refresh themselves in place, but not under a
 		timer.fn();
 		await app.rendered();
 	};
+	assert.equal(document.activeElement, ui.root.querySelector('h1'), 'the heading, focused by the draw, is no control in use');
 	await tick();
 	assert.equal(ui.root.querySelector('main'), main, 'the same page, redrawn in place');
 	assert.match(row(ui, held.effect_id).textContent, /push\.send/);
+	assert.equal(document.activeElement, ui.root.querySelector('h1'), 'the redrawn heading keeps the focus');
 
 	// A control with the keyboard focus keeps it: the refresh waits a
 	// period, and redraws once the focus has left the page (console QA:
@@ -1109,6 +1111,53 @@ test('a key over its rate limit is told when it may ask again', async () => {
 	const [message] = alerts(ui);
 	assert.match(message, /rate_limited/);
 	assert.match(message, /Try again in \d+ s\./);
+});
+
+// Console QA, in a browser: after every draw, action and Load more the
+// focus fell to the top of the document, so a keyboard user tabbed through
+// the whole header again.
+test('the keyboard focus: on the page drawn, kept by a refused action, on a secret shown, on what Load more added', async () => {
+	const signIn = await mount(null);
+	assert.equal(document.activeElement, signIn.root.querySelector('input[name="key"]'), 'the sign-in takes the key');
+
+	const operator = await signup();
+	const ui = await mount(operator, '#/keys');
+	assert.equal(document.activeElement, ui.root.querySelector('h1'), 'a page drawn focuses its heading');
+	const create = button(ui.root, 'Create key');
+	create.focus();
+	const f = await submit(ui.root, 'Create key', { name: 'focus', preset: 'AGENT' });
+	assert.equal(document.activeElement, f.querySelector('input.secret-value'), 'the secret shown once has the focus');
+	await click(f, 'Done');
+	assert.equal(document.activeElement, ui.root.querySelector('h1'));
+
+	// A refused action and a refused save keep the focus on their button,
+	// which was disabled while they were sent.
+	await api('POST', '/endpoints', operator, { name: 'focus-endpoint' });
+	const endpoint = (await api('GET', '/endpoints', operator)).body.data[0];
+	const reader = (await api('POST', '/keys', operator, { name: 'reader', scopes: ['runs:read', 'policies:read'] })).body.secret;
+	const narrow = await mount(reader, '#/endpoints/' + endpoint.id);
+	const pause = button(narrow.root, 'Pause');
+	pause.focus();
+	await click(narrow.root, 'Pause');
+	assert.match(alerts(narrow).join(), /forbidden/);
+	assert.equal(document.activeElement, pause, 'the refused action keeps the focus');
+	await go(narrow, '#/policies/focus.test');
+	const save = button(narrow.root, 'Save policy');
+	save.focus();
+	await submit(narrow.root, 'Save policy', { policy: JSON.stringify({ max_attempts: 3 }) });
+	assert.match(alerts(narrow).join(), /forbidden/);
+	assert.equal(document.activeElement, save, 'the refused save keeps the focus');
+
+	// Load more: the next Load more, then the first row the last page added.
+	for (let i = 0; i < 3; i++) await api('POST', '/effects/begin', operator, { effect_type: 'focus.test', idempotency_key: 'f' + i, payload: {} });
+	const list = await mount(operator, '#/effects?limit=1');
+	button(list.root, 'Load more').focus();
+	await click(list.root, 'Load more');
+	assert.equal(document.activeElement, button(list.root, 'Load more'), 'the next Load more has the focus');
+	await click(list.root, 'Load more');
+	const rows = list.root.querySelector('tbody').children;
+	assert.equal(rows.length, 3);
+	assert.equal(document.activeElement, rows[2].querySelector('a'), 'the row added has the focus');
 });
 
 test('lists page with Load more until the cursor runs out', async () => {

@@ -24,9 +24,20 @@ export class Element {
 		this.childNodes = [];
 		this.parentNode = null;
 		this.listeners = new Map();
-		this.disabled = false;
+		this._disabled = false;
 		this.checked = false;
 		this._value = undefined;
+	}
+
+	// A control disabled while it has the keyboard focus loses it, as in a
+	// browser (the focus goes to the body, and is not given back when it is
+	// enabled again).
+	get disabled() {
+		return this._disabled;
+	}
+	set disabled(v) {
+		this._disabled = Boolean(v);
+		if (this._disabled && document.activeElement === this) document.activeElement = null;
 	}
 
 	setAttribute(name, value) {

@@ -130,6 +130,7 @@ function action(label, fn, opts = {}) {
 	button.addEventListener('click', async () => {
 		if (opts.confirm && !env.confirm(opts.confirm)) return;
 		holdLive();
+		const refocus = keepFocus(button);
 		button.disabled = true;
 		status.replaceChildren();
 		try {
@@ -140,10 +141,24 @@ function action(label, fn, opts = {}) {
 			status.replaceChildren(errorBox(asError(err)));
 		} finally {
 			button.disabled = false;
+			refocus();
 		}
 	});
 	out.append(button, status);
 	return out;
+}
+
+// keepFocus is called before el (a button) is disabled for a request: a
+// browser moves the focus off a disabled control, to the body, and does not
+// give it back. The function it returns gives it back once el is enabled,
+// if el had it and nothing else took it since (console QA: a refused
+// action sent from the keyboard left the focus at the top of the page).
+function keepFocus(el) {
+	const had = env.document.activeElement === el;
+	return () => {
+		const now = env.document.activeElement;
+		if (had && (!now || now === env.document.body) && el.isConnected !== false) el.focus();
+	};
 }
 
 // form is a <form> whose submit runs fn with the named controls' values, one
@@ -174,6 +189,7 @@ function form(controls, submitLabel, fn, opts = {}) {
 		}
 		if (opts.confirm && !env.confirm(typeof opts.confirm === 'function' ? opts.confirm(values(f)) : opts.confirm)) return;
 		holdLive();
+		const refocus = keepFocus(submit);
 		submit.disabled = true;
 		status.replaceChildren();
 		try {
@@ -186,6 +202,7 @@ function form(controls, submitLabel, fn, opts = {}) {
 			status.replaceChildren(errorBox(asError(err)));
 		} finally {
 			submit.disabled = locked;
+			if (!locked) refocus();
 		}
 	});
 	return f;
@@ -302,6 +319,19 @@ function secretOnce(title, secret, note) {
 		h('p', null, h('strong', null, title), ' ', note || 'It is shown once: store it now.'),
 		h('input', { readonly: true, value: secret, 'aria-label': title, class: 'secret-value', autocomplete: 'off' }),
 	);
+}
+
+// showSecret puts a secretOnce (and what follows it) in status and gives
+// its field the keyboard focus, selected to copy (console QA: the focus was
+// left on the create button, which stays disabled, so it fell to the top of
+// the page).
+function showSecret(status, ...nodes) {
+	status.replaceChildren(...nodes);
+	const field = status.querySelector('input.secret-value');
+	if (field) {
+		field.focus();
+		if (field.select) field.select();
+	}
 }
 
 // ---- the API --------------------------------------------------------------
@@ -425,6 +455,19 @@ async function pager(path, params, columns, empty, enrich) {
 			body.append(table(columns, rows, empty));
 		}
 		if (next) body.append(h('p', { class: 'more' }, action('Load more', () => more(next), { after: () => {} })));
+		// The button clicked is gone: the focus goes to the next one, or
+		// to the first row added (console QA: it fell to the top of the
+		// page, and a keyboard user tabbed through the whole page again).
+		if (cursor) {
+			const again = next && body.lastChild.querySelector('button');
+			const first = rows.length && body.querySelector('tbody').children[body.querySelector('tbody').children.length - rows.length];
+			let target = again || (first && first.querySelector('a, button, input, select, textarea'));
+			if (!target && first) {
+				first.setAttribute('tabindex', '-1');
+				target = first;
+			}
+			if (target) target.focus();
+		}
 	};
 	await more(undefined);
 	return body;
@@ -1013,7 +1056,7 @@ const pages = {
 					await refreshList(list, () => pager('/keys', {}, columns, 'No keys.'));
 					return k;
 				},
-				{ once: true, after: (k, status) => status.replaceChildren(secretOnce(`Key ${k.name} (${k.id})`, k.secret), action('Done', async () => {}, {})) },
+				{ once: true, after: (k, status) => showSecret(status, secretOnce(`Key ${k.name} (${k.id})`, k.secret), action('Done', async () => {}, {})) },
 			),
 			h('h2', null, 'Keys'),
 			list,
@@ -1063,7 +1106,7 @@ const pages = {
 					await refreshList(list, () => pager('/webhooks', {}, columns, 'No subscriptions.'));
 					return w;
 				},
-				{ once: true, after: (w, status) => status.replaceChildren(secretOnce(`Signing secret for ${w.url}`, w.secret, 'It is shown once: verify Ratchet-Signature with it.'), action('Done', async () => {}, {})) },
+				{ once: true, after: (w, status) => showSecret(status, secretOnce(`Signing secret for ${w.url}`, w.secret, 'It is shown once: verify Ratchet-Signature with it.'), action('Done', async () => {}, {})) },
 			),
 			h('h2', null, 'Subscriptions'),
 			list,
@@ -1203,7 +1246,8 @@ async function rotateSecret(w, body, idempotencyKey) {
 // rotated shows a rotation's new secret once, beside its row, and the
 // row's previous secret's expiry (console QA: it read "—" until a reload).
 function rotated(w, r, status) {
-	status.replaceChildren(
+	showSecret(
+		status,
 		secretOnce(`New signing secret for ${w.url}`, r.secret, `It is shown once. Until ${time(r.previous_secret_expires_at)} deliveries are signed with both secrets: deploy this one to the receiver before then.`),
 	);
 	let tr = status;
@@ -1553,7 +1597,8 @@ function signInPage(message) {
 				{
 					once: true,
 					after: (ws, status) =>
-						status.replaceChildren(
+						showSecret(
+							status,
 							secretOnce(`Operator key for ${ws.name}`, ws.key.secret, 'It holds every scope and is shown once: store it now, then continue.'),
 							action('Continue with this key', async () => {
 								env.storage.setItem(KEY_ITEM, ws.key.secret);
@@ -1697,7 +1742,11 @@ let flash = null; // a line for the next full redraw to show ("Saved (version 3)
 // (console QA: every refresh dropped the focus to the body, so a keyboard
 // user was sent back to the start of the page every 15 s).
 function focusWithin(el) {
-	for (let n = env.document.activeElement; n; n = n.parentNode) {
+	const active = env.document.activeElement;
+	// The page's heading (or main itself), given the focus by its draw, is
+	// no control being used.
+	if (active && (active === el || active.tagName === 'H1')) return false;
+	for (let n = active; n; n = n.parentNode) {
 		if (n === el) return true;
 	}
 	return false;
@@ -1727,6 +1776,9 @@ async function draw(mine, quiet) {
 		signOutMessage = null;
 		env.document.title = 'Sign in — Ratchet console';
 		root.replaceChildren(h('main', null, signInPage(message)));
+		// The key's field has the focus, as a sign-in form's does.
+		const field = root.querySelector('input[name="key"]');
+		if (field) field.focus();
 		return;
 	}
 	const route = parseRoute(env.location.hash);
@@ -1778,6 +1830,7 @@ async function draw(mine, quiet) {
 		scheduleRefresh(mine, main);
 		return;
 	}
+	const headingFocused = Boolean(env.document.activeElement && env.document.activeElement.tagName === 'H1');
 	const nodes = [content].flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false);
 	// A saved edit says so under the page's heading.
 	if (notice) nodes.splice(nodes[0] && nodes[0].tagName === 'H1' ? 1 : 0, 0, h('p', { class: 'notice', role: 'status' }, notice));
@@ -1787,6 +1840,17 @@ async function draw(mine, quiet) {
 	// policy shown), as text.
 	const heading = main.querySelector('h1');
 	if (heading) env.document.title = heading.textContent + ' — Ratchet console';
+	// A page drawn anew (a link followed, a filter, an action's success, the
+	// back button) gives its heading the keyboard focus, so the next Tab
+	// goes into the page and a screen reader reads where it is (console QA:
+	// the focus fell to the top of the document, so a keyboard user tabbed
+	// through the whole header after every action); a refresh keeps it
+	// where it was.
+	const target = heading || main;
+	if (!quiet || headingFocused) {
+		target.setAttribute('tabindex', '-1');
+		target.focus({ preventScroll: true });
+	}
 	if (live.has(route.page) && env.setTimeout) {
 		liveNote = h('p', { class: 'empty live' }, `Shown at ${time(new Date().toISOString())}; refreshed every ${LIVE_MS / 1000} s until you edit or act here (and not while a control here has the focus).`);
 		main.append(liveNote);
