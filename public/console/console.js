@@ -886,7 +886,9 @@ const pages = {
 			: { handlerVersion: '1', inputSchema: { type: 'object' }, outputSchema: true, timeoutMs: 30000, retryPreset: 'STANDARD', status: 'ACTIVE' };
 		const area = h('textarea', { name: 'contract', rows: 16, class: 'code', spellcheck: 'false', 'aria-label': `New contract version of ${name} (JSON)` });
 		area.value = JSON.stringify(draft, null, 2);
-		const input_ = h('textarea', { name: 'input', rows: 6, class: 'code', spellcheck: 'false', 'aria-label': 'Test job input (JSON)' });
+		// Labelled on screen, as every other field is (console QA: an
+		// unnamed box under the handler version).
+		const input_ = h('textarea', { name: 'input', rows: 6, class: 'code', spellcheck: 'false' });
 		input_.value = '{}';
 		return [
 			h('h1', null, 'Tool ', h('code', null, name)),
@@ -901,7 +903,7 @@ const pages = {
 			h('h2', null, 'Test a handler version'),
 			h('p', null, 'Enqueues one synthetic job with this input in a run of its own, attempted once, for a worker of name@version to run: it acts as any job would.'),
 			form(
-				[input('Handler version', 'version', { required: true, maxlength: 100, value: newest ? newest.handlerVersion : '' }), input_],
+				[input('Handler version', 'version', { required: true, maxlength: 100, value: newest ? newest.handlerVersion : '' }), h('label', null, 'Input (JSON) ', input_)],
 				'Enqueue test job',
 				(v) => call('POST', `/tools/${seg(name)}/test`, { version: v.version.trim(), input: parseJSONField('The input', v.input) ?? {} }),
 				{

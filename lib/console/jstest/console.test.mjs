@@ -443,7 +443,10 @@ test('tools: a contract published from the page, the next one drafted from it, a
 	assert.match(ui.root.textContent, /No contract is published/);
 	const draft = JSON.parse(field(formOf(button(ui.root, 'Publish')), 'contract').value);
 	assert.equal(field(formOf(button(ui.root, 'Publish')), 'contract').getAttribute('aria-label'), `New contract version of ${tool} (JSON)`);
-	assert.equal(field(formOf(button(ui.root, 'Enqueue test job')), 'input').getAttribute('aria-label'), 'Test job input (JSON)');
+	// The test job's input is labelled on screen, as every other field is.
+	const testInput = field(formOf(button(ui.root, 'Enqueue test job')), 'input');
+	assert.equal(testInput.parentNode.tagName, 'LABEL');
+	assert.match(testInput.parentNode.textContent, /^Input \(JSON\)/);
 	assert.deepEqual(draft, { handlerVersion: '1', inputSchema: { type: 'object' }, outputSchema: true, timeoutMs: 30000, retryPreset: 'STANDARD', status: 'ACTIVE' });
 	const schema = { type: 'object', required: ['to'], properties: { to: { type: 'string' } } };
 	await submit(ui.root, 'Publish', { contract: JSON.stringify({ ...draft, inputSchema: schema, timeoutMs: 5000 }) });
