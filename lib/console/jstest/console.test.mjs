@@ -175,6 +175,11 @@ test('a refused key is forgotten and the sign-in says so; a narrow key signs in 
 	const [message] = alerts(ui);
 	assert.match(message, /forbidden/);
 	assert.match(message, /approvals:write/);
+	// A page any one of several scopes opens names them all (console QA:
+	// only the first, as if no other would do).
+	const approver = (await api('POST', '/keys', operator, { name: 'approver', scopes: ['approvals:write'] })).body.secret;
+	const narrow = await mount(approver, '#/groups/grp_01m8y2j4yz1069spgexm29w4c8');
+	assert.match(alerts(narrow).join(), /This key holds none of the scopes effects:read, effects:begin; any one of them would do\./);
 
 	// A key the service refuses later (revoked, say) signs the console out.
 	const stale = await mount('rk_01m8y2j4yz1069spgexm29w4c8_' + '0'.repeat(64), '#/effects');

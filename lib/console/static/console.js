@@ -110,7 +110,14 @@ function errorBox(err) {
 		'div',
 		{ class: 'error', role: 'alert' },
 		h('p', null, parts.join('')),
-		detail.required ? h('p', null, 'This key lacks the scope ' + text(detail.required) + '.') : null,
+		// A route any one of several scopes opens names the first in
+		// required and all of them in any_of (console QA: only the first
+		// was shown, as if no other would do).
+		Array.isArray(detail.any_of) && detail.any_of.length > 1
+			? h('p', null, 'This key holds none of the scopes ' + text(detail.any_of) + '; any one of them would do.')
+			: detail.required
+				? h('p', null, 'This key lacks the scope ' + text(detail.required) + '.')
+				: null,
 		// A 429 says when the key may ask again (console QA: the page read
 		// only "Too many requests", and a reload was refused again).
 		Number.isFinite(detail.retry_after_seconds) ? h('p', null, `Try again in ${detail.retry_after_seconds} s.`) : null,
