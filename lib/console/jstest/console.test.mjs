@@ -1138,23 +1138,25 @@ test('the keyboard focus: on the page drawn, kept by a refused action, on a secr
 	await click(f, 'Done');
 	assert.equal(document.activeElement, ui.root.querySelector('h1'));
 
-	// A refused action and a refused save keep the focus on their button,
-	// which was disabled while they were sent.
+	// An action and a save that fail keep the focus on their button, which
+	// was disabled while they were sent.
 	await api('POST', '/endpoints', operator, { name: 'focus-endpoint' });
 	const endpoint = (await api('GET', '/endpoints', operator)).body.data[0];
-	const reader = (await api('POST', '/keys', operator, { name: 'reader', scopes: ['runs:read', 'policies:read'] })).body.secret;
-	const narrow = await mount(reader, '#/endpoints/' + endpoint.id);
-	const pause = button(narrow.root, 'Pause');
+	const failing = await mount(operator, '#/endpoints/' + endpoint.id);
+	failing.offline = true;
+	const pause = button(failing.root, 'Pause');
 	pause.focus();
-	await click(narrow.root, 'Pause');
-	assert.match(alerts(narrow).join(), /forbidden/);
-	assert.equal(document.activeElement, pause, 'the refused action keeps the focus');
-	await go(narrow, '#/policies/focus.test');
-	const save = button(narrow.root, 'Save policy');
+	await click(failing.root, 'Pause');
+	assert.match(alerts(failing).join(), /Failed to fetch/);
+	assert.equal(document.activeElement, pause, 'the failed action keeps the focus');
+	failing.offline = false;
+	await go(failing, '#/policies/focus.test');
+	failing.offline = true;
+	const save = button(failing.root, 'Save policy');
 	save.focus();
-	await submit(narrow.root, 'Save policy', { policy: JSON.stringify({ max_attempts: 3 }) });
-	assert.match(alerts(narrow).join(), /forbidden/);
-	assert.equal(document.activeElement, save, 'the refused save keeps the focus');
+	await submit(failing.root, 'Save policy', { policy: JSON.stringify({ max_attempts: 3 }) });
+	assert.match(alerts(failing).join(), /Failed to fetch/);
+	assert.equal(document.activeElement, save, 'the failed save keeps the focus');
 
 	// Load more: the next Load more, then the first row the last page added.
 	for (let i = 0; i < 3; i++) await api('POST', '/effects/begin', operator, { effect_type: 'focus.test', idempotency_key: 'f' + i, payload: {} });
@@ -1166,6 +1168,45 @@ test('the keyboard focus: on the page drawn, kept by a refused action, on a secr
 	const rows = list.root.querySelector('tbody').children;
 	assert.equal(rows.length, 3);
 	assert.equal(document.activeElement, rows[2].querySelector('a'), 'the row added has the focus');
+});
+
+// A key known to lack a scope (its own record, GET /keys/current, lists
+// its scopes) is shown what it may read and not offered what it would be
+// refused (console QA: Save policy, Pause and Publish were offered, and only
+// the refusal told it).
+test('a key is not offered the edits its scopes do not allow, and is told which scope they need', async () => {
+	const operator = await signup();
+	await api('POST', '/endpoints', operator, { name: 'read-only-endpoint' });
+	const endpoint = (await api('GET', '/endpoints', operator)).body.data[0];
+	await api('PUT', '/policies/narrow.test', operator, { max_attempts: 4 });
+	const reader = (await api('POST', '/keys', operator, { name: 'reader', scopes: ['runs:read', 'policies:read'] })).body.secret;
+	const ui = await mount(reader, '#/endpoints/' + endpoint.id);
+	const noButton = (label) => assert.deepEqual(ui.root.querySelectorAll('button').filter((b) => b.textContent === label), [], label);
+	noButton('Pause');
+	noButton('Save endpoint policy');
+	assert.match(ui.root.textContent, /editing its policy, needs the scope endpoints:write, which this key lacks/);
+	assert.match(ui.root.textContent, /"maxAttempts": \d+/, 'the policy is shown');
+	await go(ui, '#/queue');
+	noButton('Pause');
+	assert.match(ui.root.textContent, /read-only-endpoint/);
+	assert.match(ui.root.textContent, /needs the scope endpoints:write/);
+	await go(ui, '#/policies/narrow.test');
+	noButton('Save policy');
+	assert.match(ui.root.textContent, /"max_attempts": 4/, 'the policy is shown');
+	assert.match(ui.root.textContent, /Editing a policy needs the scope policies:write/);
+	await go(ui, '#/tools/send_email');
+	noButton('Publish');
+	noButton('Enqueue test job');
+	assert.match(ui.root.textContent, /testing a handler version needs the scope contracts:write/);
+	assert.deepEqual(alerts(ui), [], 'nothing was refused');
+
+	// The operator's key is offered them all.
+	const full = await mount(operator, '#/endpoints/' + endpoint.id);
+	for (const label of ['Pause', 'Save endpoint policy']) button(full.root, label);
+	await go(full, '#/policies/narrow.test');
+	button(full.root, 'Save policy');
+	await go(full, '#/tools/send_email');
+	button(full.root, 'Publish');
 });
 
 test('lists page with Load more until the cursor runs out', async () => {

@@ -412,6 +412,11 @@ function scopesKnown() {
 	return scopes;
 }
 
+// lacking says that what needs scope is not offered to this key.
+function lacking(what, scope, purpose = '') {
+	return h('p', { class: 'empty' }, `${what} needs the scope ${scope}, which this key lacks: sign in with a key that holds it (an OPERATOR key)${purpose}.`);
+}
+
 // lacksScope says whether the signed-in key is known to lack scope: a
 // refusal named it, or the key's own record (GET /keys/current, which any
 // key may read) lists its scopes without it.
@@ -578,10 +583,7 @@ const pages = {
 		if (e.state === 'indeterminate' && (await lacksScope('effects:resolve'))) {
 			// Console QA: the form asked "It cannot be changed afterwards"
 			// of a key the service then refused.
-			out.push(
-				h('h2', null, 'Resolve'),
-				h('p', { class: 'empty' }, 'Resolving needs the scope effects:resolve, which this key lacks: sign in with a key that holds it (an OPERATOR key) to record what the vendor shows.'),
-			);
+			out.push(h('h2', null, 'Resolve'), lacking('Resolving', 'effects:resolve', ' to record what the vendor shows'));
 		} else if (e.state === 'indeterminate') {
 			out.push(
 				h('h2', null, 'Resolve'),
@@ -719,12 +721,19 @@ const pages = {
 		// as stored unless its field is changed, since only changed fields
 		// are sent.
 		const rounded = Object.keys(editable).filter((k) => hasUnsafeInteger(editable[k]));
-		return [
+		const head = [
 			h('h1', null, 'Policy ', h('code', null, p.effect_type)),
 			fields([
 				['Version', version],
 				['Updated', time(p.updated_at)],
 			]),
+		];
+		// A key known to lack the scope is shown the policy, not offered
+		// its edit, as the resolve form is not offered (console QA: only
+		// the refusal told it).
+		if (await lacksScope('policies:write')) return [head, json(editable), lacking('Editing a policy', 'policies:write')];
+		return [
+			head,
 			h('p', null, 'Edit the fields and save: only the fields changed are sent (an omitted field keeps its value, null clears it). The save names this version, so an edit made meanwhile elsewhere is refused (version_conflict) rather than overwritten.'),
 			rounded.length
 				? h('p', { class: 'empty' }, `${rounded.join(', ')}: beyond what this page shows exactly (2^53), shown rounded; kept as stored unless changed.`)
@@ -839,23 +848,17 @@ const pages = {
 			{ title: 'Circuit', cell: (e) => h('span', { class: 'state ' + e.circuit.state.toLowerCase() }, e.circuit.state) },
 			{ title: 'Preset', cell: (e) => text(e.policyPreset) },
 			{ title: 'Max attempts', cell: (e) => e.maxAttempts },
-			{
-				title: '',
-				cell: (e) => [
-					e.paused
-						? action('Resume', () => call('POST', `/endpoints/${seg(e.id)}/resume`, {}))
-						: action('Pause', () => call('POST', `/endpoints/${seg(e.id)}/pause`, {}), {
-								confirm: `Pause ${e.name}? Its jobs are accepted but not claimed until you resume it.`,
-							}),
-					e.circuit.state.toLowerCase() !== 'closed' ? closeCircuit(e) : null,
-				],
-			},
 		];
+		// A key known to lack the scope is not offered the actions (console
+		// QA: only the refusal told it).
+		const readOnly = await lacksScope('endpoints:write');
+		if (!readOnly) endpoints.push({ title: '', cell: endpointActions });
 		return [
 			h('h1', null, 'Queue'),
 			h('h2', null, 'Health by exact name@version'),
 			await pager('/queue/health', {}, health, 'Nothing is queued.'),
 			h('h2', null, 'Endpoints'),
+			readOnly ? lacking('Pausing, resuming or closing the circuit of an endpoint', 'endpoints:write') : null,
 			await pager('/endpoints', {}, endpoints, 'No endpoints yet.'),
 		];
 	},
@@ -897,10 +900,12 @@ const pages = {
 		// unnamed box under the handler version).
 		const input_ = h('textarea', { name: 'input', rows: 6, class: 'code', spellcheck: 'false' });
 		input_.value = '{}';
+		const head = [h('h1', null, 'Tool ', h('code', null, name)), h('h2', null, 'Contracts'), list];
+		// A key known to lack the scope is not offered the forms (console
+		// QA: only the refusal told it).
+		if (await lacksScope('contracts:write')) return [head, lacking('Publishing a contract or testing a handler version', 'contracts:write')];
 		return [
-			h('h1', null, 'Tool ', h('code', null, name)),
-			h('h2', null, 'Contracts'),
-			list,
+			head,
 			h('h2', null, 'Publish a contract version'),
 			h('p', null, 'JSON Schema 2020-12 for inputSchema and outputSchema; status FORBIDDEN stops its handler version from being enqueued or claimed. A contract cannot be changed once published: publish the next version.'),
 			form([area], 'Publish', (v) => call('POST', `/tools/${seg(name)}/contracts`, contractOf(v)), {
@@ -947,8 +952,9 @@ const pages = {
 			circuitFailureThreshold: e.circuitFailureThreshold,
 			circuitCooldownMs: e.circuitCooldownMs,
 		};
-		const area = h('textarea', { name: 'policy', rows: 14, class: 'code', spellcheck: 'false', 'aria-label': `Policy of endpoint ${e.name} (JSON)` });
-		area.value = JSON.stringify(editable, null, 2);
+		// A key known to lack the scope is shown the policy, not offered
+		// the actions (console QA: only the refusal told it).
+		const readOnly = await lacksScope('endpoints:write');
 		return [
 			h('h1', null, 'Endpoint ', h('code', null, e.name)),
 			fields([
@@ -958,30 +964,11 @@ const pages = {
 				['Retry policy', e.retryPolicy ? json(e.retryPolicy) : e.policyPreset],
 				['Updated', time(e.updatedAt)],
 			]),
-			e.paused
-				? action('Resume', () => call('POST', `/endpoints/${seg(e.id)}/resume`, {}))
-				: action('Pause', () => call('POST', `/endpoints/${seg(e.id)}/pause`, {}), {
-						confirm: `Pause ${e.name}? Its jobs are accepted but not claimed until you resume it.`,
-					}),
-			e.circuit.state !== 'closed' ? closeCircuit(e) : null,
+			readOnly
+				? lacking('Pausing, resuming or closing the circuit of an endpoint, or editing its policy,', 'endpoints:write')
+				: endpointActions(e),
 			h('h2', null, 'Policy'),
-			h('p', null, 'Jobs already enqueued keep the policy they were enqueued with. The save names this version, so an edit made meanwhile elsewhere is refused (version_conflict).'),
-			form([area], 'Save endpoint policy', async (v) => {
-				const body = parseJSONField('Policy', v.policy);
-				if (!body || typeof body !== 'object' || Array.isArray(body)) throw new ConsoleError('invalid_json', 'The policy must be a JSON object.');
-				const changed = Object.fromEntries(Object.entries(body).filter(([k, val]) => JSON.stringify(val) !== JSON.stringify(editable[k])));
-				if (!Object.keys(changed).length) throw new ConsoleError('unchanged', 'Nothing changed.');
-				// A policy becoming CUSTOM must name its whole schedule (the
-				// service refuses it otherwise), changed from what is shown or
-				// not (console QA: switching the preset alone was refused
-				// "maxAttempts is required for a CUSTOM policy").
-				if (body.preset === 'CUSTOM' && editable.preset !== 'CUSTOM') {
-					const missing = customRetryFields.filter((k) => body[k] === undefined);
-					if (missing.length) throw new ConsoleError('invalid_request', `A CUSTOM policy needs its whole schedule: add ${missing.join(', ')}.`);
-					Object.assign(changed, pick(body, customRetryFields));
-				}
-				return call('PUT', `/endpoints/${seg(e.id)}/policy`, { ...changed, expectedVersion: e.version });
-			}, { after: saved }),
+			readOnly ? json(editable) : endpointPolicyForm(e, editable),
 			h('h2', null, 'Attempts'),
 			filters('endpoints/' + encodeURIComponent(id), params, [
 				select('Outcome', 'outcome', [['', 'any'], ['SUCCEEDED', 'succeeded'], ['FAILED', 'failed']], params.outcome || ''),
@@ -1220,6 +1207,45 @@ const retryPresets = {
 
 // The fields a CUSTOM endpoint policy must name when it becomes CUSTOM.
 const customRetryFields = ['maxAttempts', 'initialDelayMs', 'multiplier', 'maxDelayMs', 'jitterPercent'];
+
+// endpointActions are endpoint e's pause or resume, and the close of its
+// circuit when it is not closed.
+function endpointActions(e) {
+	return [
+		e.paused
+			? action('Resume', () => call('POST', `/endpoints/${seg(e.id)}/resume`, {}))
+			: action('Pause', () => call('POST', `/endpoints/${seg(e.id)}/pause`, {}), {
+					confirm: `Pause ${e.name}? Its jobs are accepted but not claimed until you resume it.`,
+				}),
+		e.circuit.state.toLowerCase() !== 'closed' ? closeCircuit(e) : null,
+	];
+}
+
+// endpointPolicyForm edits endpoint e's policy, its fields shown as
+// editable; only those changed are sent.
+function endpointPolicyForm(e, editable) {
+	const area = h('textarea', { name: 'policy', rows: 14, class: 'code', spellcheck: 'false', 'aria-label': `Policy of endpoint ${e.name} (JSON)` });
+	area.value = JSON.stringify(editable, null, 2);
+	return [
+		h('p', null, 'Jobs already enqueued keep the policy they were enqueued with. The save names this version, so an edit made meanwhile elsewhere is refused (version_conflict).'),
+		form([area], 'Save endpoint policy', async (v) => {
+			const body = parseJSONField('Policy', v.policy);
+			if (!body || typeof body !== 'object' || Array.isArray(body)) throw new ConsoleError('invalid_json', 'The policy must be a JSON object.');
+			const changed = Object.fromEntries(Object.entries(body).filter(([k, val]) => JSON.stringify(val) !== JSON.stringify(editable[k])));
+			if (!Object.keys(changed).length) throw new ConsoleError('unchanged', 'Nothing changed.');
+			// A policy becoming CUSTOM must name its whole schedule (the
+			// service refuses it otherwise), changed from what is shown or
+			// not (console QA: switching the preset alone was refused
+			// "maxAttempts is required for a CUSTOM policy").
+			if (body.preset === 'CUSTOM' && editable.preset !== 'CUSTOM') {
+				const missing = customRetryFields.filter((k) => body[k] === undefined);
+				if (missing.length) throw new ConsoleError('invalid_request', `A CUSTOM policy needs its whole schedule: add ${missing.join(', ')}.`);
+				Object.assign(changed, pick(body, customRetryFields));
+			}
+			return call('PUT', `/endpoints/${seg(e.id)}/policy`, { ...changed, expectedVersion: e.version });
+		}, { after: saved }),
+	];
+}
 
 // refreshList redraws a list in place after a create whose secret is shown
 // once; a list that cannot be read now stays as it was (the secret is what
