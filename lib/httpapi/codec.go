@@ -167,6 +167,7 @@ var newline = []byte("\n")
 func WriteOutsideError(w http.ResponseWriter, e *apierr.Error) {
 	reqID := ids.New(ids.Request)
 	w.Header().Set(RequestIDHeader, reqID)
+	noSniff(w)
 	if e.Status >= 500 {
 		e = e.WithDetail("request_id", reqID)
 	}
