@@ -138,3 +138,33 @@ func TestALostClaimAskedAgainLateStillHoldsItsJob(t *testing.T) {
 	require.Equal(t, 1, s.DurableJob.Attempt, "the job was claimed again")
 	require.EqualValues(t, 1, runs.Load(), "the handler ran twice")
 }
+
+// A worker whose key is revoked while it runs stops claiming on the first
+// claim the server refuses (401), and Stop says why: against the real
+// service, whose claim answers a revoked key 401 even mid-poll (QA: the
+// worker polled on for ever, and Stop answered nil).
+func TestRevokedWorkerKeyStopsTheWorker(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	k, err := b.operator.CreateKey(ctx, ratchet.KeySpec{Name: "revoked-worker", Preset: "WORKER", Tools: []string{"revokedkey@1"}})
+	require.NoError(t, err)
+	w := ratchet.NewWorker(b.client(t, k.Secret, nil))
+	require.NoError(t, ratchet.RegisterTool(w, ratchet.Tool[welcomeIn, welcomeOut]{Name: "revokedkey", Version: "1",
+		Handler: func(context.Context, welcomeIn, ratchet.JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+	e := start(t, w, 1)
+	_, err = b.operator.RevokeKey(ctx, k.ID)
+	require.NoError(t, err)
+	select {
+	case <-w.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker kept claiming with a revoked key")
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	stopErr := w.Stop(sctx)
+	require.True(t, ratchet.IsCode(stopErr, ratchet.CodeUnauthorized), "Stop = %v", stopErr)
+	var apiErr *ratchet.Error
+	require.True(t, e.find(&apiErr), "OnError was not told")
+	require.Equal(t, http.StatusUnauthorized, apiErr.StatusCode)
+}

@@ -96,6 +96,8 @@ type Worker struct {
 	cancelPoll context.CancelFunc      // ends a registration or claim in flight, at Stop's deadline
 	slotFreed  chan struct{}           // a handler finished (buffered, 1)
 	loopDone   chan struct{}           // closed when polling ended, or Start gave up before it
+	done       chan struct{}           // Done's: closed once, when polling ended for good
+	refused    error                   // the claim's 401 that stopped the worker (mu)
 	claiming   bool                    // a claim is in flight (mu), for Stop's error
 	claimID    string                  // the next claim's id: a lost claim's, to ask again (poll loop only)
 	claimLimit int                     // the limit the claim under claimID asked for (poll loop only)
@@ -138,8 +140,19 @@ func (realClock) Timer(d time.Duration) (<-chan time.Time, func()) {
 
 // NewWorker returns a worker that uses c (configured with a WORKER key).
 func NewWorker(c *Client) *Worker {
-	return &Worker{c: c, tools: map[ToolRef]*registeredTool{}, clock: realClock{}, jitter: rand.Float64}
+	return &Worker{c: c, tools: map[ToolRef]*registeredTool{}, clock: realClock{}, jitter: rand.Float64,
+		done: make(chan struct{})}
 }
+
+// Done returns a channel closed once the worker has stopped claiming for
+// good: Stop was called, Start's context ended, or the server refused the
+// worker's key (a claim answered 401: the key was revoked). A worker that
+// stopped on its own still holds its running handlers and their reports:
+// call Stop to let them finish, as for any stop; its error then says the
+// key was refused (IsCode(err, CodeUnauthorized)). Wait on it beside your
+// shutdown signal, so a revoked key ends the process instead of leaving a
+// worker that claims nothing.
+func (w *Worker) Done() <-chan struct{} { return w.done }
 
 func (w *Worker) add(rt *registeredTool) error {
 	w.mu.Lock()
@@ -220,6 +233,7 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 	if closed(w.stopping) {
 		cancelPoll()
 		close(w.loopDone) // Stop waits for it
+		close(w.done)
 		return errStoppedWhileStarting
 	}
 	if err != nil {
@@ -285,14 +299,26 @@ func closed(ch chan struct{}) bool {
 //
 // OnError notices still queued or being delivered when Stop is done are
 // waited for up to a second, so that those its error refers to have been
-// delivered. Stop may be called from OnError (on a 401, say): OnError runs on
+// delivered. After a claim refused 401 (a revoked key) the worker stops
+// claiming on its own (see Done), and Stop's error says so, matching
+// IsCode(err, CodeUnauthorized). Stop may be called from OnError: OnError runs on
 // a goroutine of its own, never on those Stop waits for (such a Stop takes
 // that second, since it waits for the call it is made from).
 func (w *Worker) Stop(ctx context.Context) error {
 	err := w.stop(ctx)
 	w.mu.Lock()
-	notices := w.notices
+	notices, refused := w.notices, w.refused
 	w.mu.Unlock()
+	if refused != nil {
+		// The stop was the worker's own, on a revoked key: Stop's caller
+		// must learn it, or a worker that claims nothing passes for a
+		// clean stop (QA: it used to poll on, each claim refused 401).
+		if err == nil {
+			err = refused
+		} else {
+			err = fmt.Errorf("%w; %w", refused, err)
+		}
+	}
 	if notices != nil {
 		notices.flush()
 	}
@@ -486,6 +512,7 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 // pollCtx, which Stop cancels at its deadline, carries the claims and
 // re-registrations: Stop must not outwait a request nobody answers.
 func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
+	defer close(w.done)
 	defer close(w.loopDone)
 	defer w.askAgainWhileStopping(ctx, pollCtx, jobsCtx)
 	defer func() {
@@ -540,6 +567,13 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 		jobs, err := w.claimAndDispatch(ctx, pollCtx, jobsCtx, limit, w.opts.WaitSeconds)
 		if err != nil && !w.stopped(ctx) {
 			w.opts.OnError(fmt.Errorf("ratchet: claim: %w", err))
+			if IsCode(err, CodeUnauthorized) {
+				// The key was revoked (or never was valid): no claim will
+				// ever succeed, so the worker stops claiming rather than
+				// asking every interval for ever, and Done and Stop say so.
+				w.refuseKey(err)
+				return
+			}
 			if IsCode(err, CodeNotFound) {
 				w.registerAgain(pollCtx)
 			}
@@ -573,6 +607,17 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 		if !w.idle(ctx, waited) {
 			return
 		}
+	}
+}
+
+// refuseKey stops claiming after a claim answered 401, as Stop would, and
+// keeps the error for Stop to return.
+func (w *Worker) refuseKey(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.refused = fmt.Errorf("ratchet: the worker stopped claiming: the server refused its key (revoked or invalid): %w", err)
+	if !closed(w.stopping) {
+		close(w.stopping)
 	}
 }
 

@@ -1710,7 +1710,7 @@ func TestStopFromOnErrorReturns(t *testing.T) {
 			must(t, w.Start(context.Background(), StartOptions{PollInterval: 10 * time.Millisecond, OnError: onError}))
 			select {
 			case err := <-stopped:
-				if refused == "claim" && err != nil {
+				if refused == "claim" && !IsCode(err, CodeUnauthorized) {
 					t.Fatalf("Stop = %v", err)
 				}
 				if refused == "report" && (!errors.Is(err, ErrReportsNotRecorded) ||
@@ -1721,6 +1721,67 @@ func TestStopFromOnErrorReturns(t *testing.T) {
 				t.Fatal("Stop called from OnError has not returned")
 			}
 		})
+	}
+}
+
+// A claim refused 401 (the worker's key was revoked) stops the worker
+// claiming: Done closes, no claim follows, the running handler still
+// finishes and is reported, and Stop says the key was refused (QA: the
+// worker polled on for ever, each claim refused, and Stop answered nil).
+func TestRevokedKeyStopsClaiming(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.add("welcome", "1", welcomeIn{CustomerID: "cus_1"}, 60000)
+	f.claimError = func() (int, string, map[string]any) {
+		if f.claims == 0 {
+			return 0, "", nil // the first claim leases the job
+		}
+		return 401, CodeUnauthorized, nil
+	}
+	c, _ := testClient(t, f)
+	w := NewWorker(c)
+	release, running := make(chan struct{}), make(chan struct{})
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "welcome", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) {
+			close(running)
+			<-release
+			return welcomeOut{Sent: true}, nil
+		}}))
+	var mu sync.Mutex
+	var notices []error
+	must(t, w.Start(context.Background(), StartOptions{Concurrency: 2, PollInterval: 10 * time.Millisecond,
+		OnError: func(err error) { mu.Lock(); notices = append(notices, err); mu.Unlock() }}))
+	<-running
+	select {
+	case <-w.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker went on claiming after a 401")
+	}
+	f.mu.Lock()
+	claims := f.claims
+	f.mu.Unlock()
+	if claims != 2 {
+		t.Fatalf("claims = %d, want 2 (one leasing the job, one refused)", claims)
+	}
+	close(release)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := w.Stop(ctx)
+	if !IsCode(err, CodeUnauthorized) || !strings.Contains(err.Error(), "the server refused its key") ||
+		errors.Is(err, ErrReportsNotRecorded) {
+		t.Fatalf("Stop = %v", err)
+	}
+	f.mu.Lock()
+	_, reported := f.reports["job_0"]
+	claims = f.claims
+	f.mu.Unlock()
+	if !reported || claims != 2 {
+		t.Fatalf("reported = %v, claims = %d", reported, claims)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(notices) != 1 || !IsCode(notices[0], CodeUnauthorized) {
+		t.Fatalf("OnError got %v, want the one refused claim", notices)
 	}
 }
 

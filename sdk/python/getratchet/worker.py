@@ -354,6 +354,7 @@ class Worker:
         self._claim_waits_cut = Abort()  # fired at the stop: ends a claim's wait between attempts (a 429's)
         self._claim_cut: Optional[threading.Timer] = None  # fires it; cancelled once the worker is done
         self._abandoned_claims = 0  # claims whose answers were lost and never asked again in time
+        self._key_refused: Optional[RatchetError] = None  # the claim's 401 that stopped the worker
 
     def add_tool(self, name: str, version: str, handler: Callable[[Any, JobContext], Any],
                  classify_error: Optional[Callable[[BaseException, JobContext], Any]] = None) -> None:
@@ -388,7 +389,9 @@ class Worker:
         when set, stops the worker as stop() does. With block=True (the
         default) start returns once the worker has stopped and its running
         jobs ended (a KeyboardInterrupt there asks for the stop, waits, and
-        is raised again); with block=False it returns at once."""
+        is raised again); with block=False it returns at once. A claim
+        refused 401 (the key was revoked) stops the worker as stop(30.0)
+        would, and a blocking start() then raises that RatchetError."""
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError("ratchet: concurrency must be a positive integer")
         if isinstance(wait_seconds, bool) or not isinstance(wait_seconds, int) or not 0 <= wait_seconds <= 20:
@@ -417,6 +420,11 @@ class Worker:
         if block:
             self._loop_thread = threading.current_thread()
             self._loop(*args)
+            if self._key_refused is not None:
+                # A worker that stopped because its key was revoked must
+                # not return as a clean stop would (QA: it polled on for
+                # ever, each claim refused 401).
+                raise self._key_refused
         else:
             self._loop_thread = threading.Thread(target=self._loop, args=args, name="ratchet-worker", daemon=True)
             self._loop_thread.start()
@@ -495,6 +503,14 @@ class Worker:
                 try:
                     jobs = self._claim(limit, wait_seconds)
                 except RatchetError as err:
+                    if err.status == 401 and not self._stopping.is_set():
+                        # The key was revoked (or never was valid): no claim
+                        # will ever succeed, so stop as stop() would rather
+                        # than ask every interval for ever.
+                        self._notify(err)
+                        self._key_refused = err
+                        self._request_stop(30.0)
+                        break
                     if err.status == 404 and err.code == NOT_FOUND:
                         # The worker id is unknown (its registration was
                         # removed): register again under a new one.

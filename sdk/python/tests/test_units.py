@@ -446,6 +446,59 @@ class IdleWorkerTest(unittest.TestCase):
             client.worker.start(1)
 
 
+class RevokedKeyTest(unittest.TestCase):
+    def test_a_claim_refused_401_stops_the_worker(self) -> None:
+        # QA: a worker whose key was revoked polled on for ever, each claim
+        # refused 401, and start() never returned. It now stops as stop()
+        # would: no claim after the 401, the running handler finishes and is
+        # reported, and a blocking start() raises the refusal.
+        lock, order = threading.Lock(), []
+        running, release = threading.Event(), threading.Event()
+
+        def respond(method, path, body):
+            with lock:
+                if path.endswith("/register"):
+                    return 200, {"workerId": "wkr_1"}, {}
+                if path.endswith("/claim"):
+                    order.append("claim")
+                    if order.count("claim") == 1:
+                        return 200, {"jobs": [WorkerRulesTest.job(1)]}, {}
+                    return 401, error("unauthorized"), {}
+                order.append("report")
+                return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}, {}
+
+        def handler(input, context):
+            running.set()
+            release.wait(10)
+            return {"ok": True}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.register_tool("t", "1", handler)
+        errors, raised, returned = [], [], threading.Event()
+
+        def run() -> None:
+            try:
+                client.worker.start(2, poll_interval=0.05, on_error=errors.append)
+            except BaseException as err:  # noqa: BLE001 - the test reads it
+                raised.append(err)
+            returned.set()
+
+        threading.Thread(target=run, daemon=True).start()
+        self.assertTrue(running.wait(5))
+        wait_until(lambda: order.count("claim") >= 2)
+        release.set()
+        self.assertTrue(returned.wait(10), "start() did not return after its key was refused")
+        self.assertEqual(len(raised), 1)
+        self.assertIsInstance(raised[0], getratchet.RatchetError)
+        self.assertEqual(raised[0].status, 401)
+        with lock:
+            self.assertEqual(order, ["claim", "claim", "report"])
+        self.assertTrue(client.worker.stop(1))  # and on_error has been told
+        self.assertEqual([getattr(e, "status", None) for e in errors], [401])
+
+
 class WorkerRulesTest(unittest.TestCase):
     def serve(self, respond, handler, concurrency=1, poll_interval=0.05) -> Tuple[getratchet.Ratchet, FakeServer]:
         server = FakeServer(respond)

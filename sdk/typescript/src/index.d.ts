@@ -110,7 +110,8 @@ export declare class Worker {
   /** Use Ratchet.worker. */
   private constructor();
   workerId: string | null;
-  /** Resolves once the worker has stopped and its running jobs ended. */
+  /** Resolves once the worker has stopped and its running jobs ended; rejects with the
+   * RatchetError (status 401) when it stopped because the server refused its key. */
   start(options?: StartOptions): Promise<void>;
   /** Resolves to whether every claimed job ended with its outcome recorded
    * and no handler is still running; true before start(). */

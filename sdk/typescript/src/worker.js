@@ -252,6 +252,7 @@ export class Worker {
   #claimId = null; // a claim whose answer was lost, to ask again
   #claimLimit = 1; // the limit that claim asked for
   #abandonedClaims = 0; // claims whose answers were lost and never asked again in time
+  #keyRefused = null; // the claim's 401 that stopped the worker
 
   constructor(transport) {
     this.#transport = transport;
@@ -273,7 +274,9 @@ export class Worker {
   /**
    * Registers the worker and polls for jobs until stop() or until `signal`
    * aborts. Resolves once the worker has stopped and its running jobs
-   * ended; rejects when the registration fails.
+   * ended; rejects when the registration fails, or, once stopped, with the
+   * RatchetError of a claim refused 401 (the key was revoked), which stops
+   * the worker as stop() would.
    */
   async start({ concurrency = 1, pollIntervalMs = 30_000, waitSeconds = 0, onError, signal } = {}) {
     if (!Number.isSafeInteger(concurrency) || concurrency < 1) throw new RangeError('ratchet: concurrency must be a positive integer');
@@ -296,6 +299,9 @@ export class Worker {
     this.#done = this.#loop(concurrency, pollIntervalMs, waitSeconds, tools)
       .finally(() => signal?.removeEventListener('abort', onAbort));
     await this.#done;
+    // A worker that stopped because its key was revoked must not resolve as
+    // a clean stop would (QA: it polled on for ever, each claim refused 401).
+    if (this.#keyRefused) throw this.#keyRefused;
   }
 
   /**
@@ -364,6 +370,15 @@ export class Worker {
           jobs = await this.#claim(limit, waitSeconds);
         } catch (err) {
           if (this.#claimCutoff.signal.aborted) break;
+          if (err instanceof RatchetError && err.status === 401 && !stopping.aborted) {
+            // The key was revoked (or never was valid): no claim will ever
+            // succeed, so stop as stop() would rather than ask every
+            // interval for ever.
+            this.#notify(err);
+            this.#keyRefused = err;
+            this.#requestStop(30_000);
+            break;
+          }
           if (err instanceof RatchetError && err.status === 404 && err.code === 'not_found') {
             // The worker id is unknown: register again under a new one.
             try {

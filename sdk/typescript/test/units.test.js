@@ -206,6 +206,41 @@ async function until(probe, ms = 10_000) {
   }
 }
 
+test('a claim refused 401 stops the worker', async (t) => {
+  // QA: a worker whose key was revoked polled on for ever, each claim
+  // refused 401, and start() never settled. It now stops as stop() would:
+  // no claim after the 401, the running handler finishes and is reported,
+  // and start() rejects with the refusal.
+  const order = [];
+  let release;
+  const released = new Promise((r) => { release = r; });
+  let running = false;
+  const server = await fakeServer(t, (method, path) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      order.push('claim');
+      return order.filter((o) => o === 'claim').length === 1 ? [200, { jobs: [job(1)] }] : [401, error('unauthorized')];
+    }
+    order.push('report');
+    return [200, { jobId: 'job_1', status: 'SUCCEEDED', attempt: 1 }];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  client.registerTool({ name: 't', version: '1', handler: async () => { running = true; await released; return { ok: true }; } });
+  const errors = [];
+  let outcome = null;
+  const started = client.worker.start({ concurrency: 2, pollIntervalMs: 50, onError: (err) => { errors.push(err); } })
+    .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
+  t.after(async () => { release(); await client.worker.stop({ timeoutMs: 1000 }); await started; });
+  await until(() => running && order.length >= 2);
+  release();
+  await until(() => outcome !== null);
+  assert.ok(outcome instanceof RatchetError, String(outcome));
+  assert.equal(outcome.status, 401);
+  assert.deepEqual(order, ['claim', 'claim', 'report']);
+  assert.equal(await client.worker.stop({ timeoutMs: 1000 }), true); // and onError has been told
+  assert.deepEqual(errors.map((e) => e.status), [401]);
+});
+
 test('a handler that ignores its timeout keeps its slot', async (t) => {
   const state = { running: 0, most: 0, claimed: 0 };
   const server = await serve(t, (method, path) => {

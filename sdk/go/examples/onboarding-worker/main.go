@@ -79,8 +79,12 @@ func run() error {
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	<-sig
-	log.Print("stopping: finishing running jobs and the claim in flight (held up to 20 s)")
+	select {
+	case <-sig:
+		log.Print("stopping: finishing running jobs and the claim in flight (held up to 20 s)")
+	case <-worker.Done(): // the server refused the key (401): Stop's error says so
+		log.Print("the worker stopped claiming: finishing running jobs")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return worker.Stop(ctx)
