@@ -949,7 +949,7 @@ class Worker:
             self._lost_reports += 1
         detail = error.code if isinstance(error, RatchetError) else type(error).__name__
         self._notify(ReportNotRecorded(f"ratchet: the report of job {context.job_id} attempt {context.attempt} "
-                                       f"was not recorded ({detail}); its lease lapses and it runs again"))
+                                       f"was not recorded ({detail}); {_what_follows(error)}"))
 
     # -- errors -------------------------------------------------------------
 
@@ -1018,6 +1018,23 @@ def _read_decision(decision: Any) -> Optional[Tuple[bool, Optional[int]]]:
         # (review: refused, the job was retried at the policy's delay).
         return True, MAX_RETRY_AFTER_MS + 1 if hint > 0 else MIN_RETRY_AFTER_MS - 1
     return True, math.ceil(hint)
+
+
+def _what_follows(error: BaseException) -> str:
+    """What becomes of a job whose report was not recorded, by the refusal
+    (Go's settledRefusal): only a refusal that does not settle the job
+    leaves it to run again (QA: a lease_lost was told "its lease lapses and
+    it runs again", though a newer attempt already held the job)."""
+    code = error.code if isinstance(error, RatchetError) else None
+    if code == LEASE_LOST:
+        return "a newer attempt holds the job"
+    if code == INVALID_STATE and error.detail.get("leaseLapsed") is True:
+        return "this attempt, the job's last, lapsed before it got through, which ended the job"
+    if code == INVALID_STATE:
+        return "the job already ended or has another outcome recorded"
+    if code == NOT_FOUND:
+        return "the job no longer exists"
+    return "its lease lapses and it runs again"
 
 
 def _unrecordable_output(err: RatchetError) -> Optional[str]:

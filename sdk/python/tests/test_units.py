@@ -1086,6 +1086,10 @@ class BatchedReportsTest(unittest.TestCase):
         told = sorted(str(e) for e in errors if isinstance(e, getratchet.ReportNotRecorded))
         self.assertEqual(len(told), 2, told)
         self.assertIn("the report of job job_2 attempt 1 was not recorded (lease_lost)", told[1])
+        # QA: it said "its lease lapses and it runs again", though a newer
+        # attempt already holds the job.
+        self.assertIn("a newer attempt holds the job", told[1])
+        self.assertNotIn("runs again", told[1])
         self.assertIn("job job_4 attempt 1: the server refuses the output", told[0])
         self.assertFalse(clean)  # job_2's outcome was lost, job_3's was not
 

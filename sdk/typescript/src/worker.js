@@ -794,7 +794,7 @@ export class Worker {
   #lost(label, error) {
     this.#lostReports++;
     const why = error instanceof RatchetError ? error.code : errorName(error);
-    this.#notify(new ReportNotRecordedError(`ratchet: the report of job ${label.jobId} attempt ${label.attempt} was not recorded (${why}); its lease lapses and it runs again`));
+    this.#notify(new ReportNotRecordedError(`ratchet: the report of job ${label.jobId} attempt ${label.attempt} was not recorded (${why}); ${whatFollows(error)}`));
   }
 
   // onError runs in order, never on the poll loop, a heartbeat or a report.
@@ -849,6 +849,21 @@ export function readDecision(decision) {
   // delay, sooner than a finite hint). NaN is no number.
   if (!retryable || typeof retryAfterMs !== 'number' || Number.isNaN(retryAfterMs)) return null;
   return { retryable: true, hint: Math.ceil(retryAfterMs) };
+}
+
+/** What becomes of a job whose report was not recorded, by the refusal (Go's
+ * settledRefusal): only a refusal that does not settle the job leaves it to
+ * run again (QA: a lease_lost was told "its lease lapses and it runs again",
+ * though a newer attempt already held the job). */
+function whatFollows(error) {
+  const code = error instanceof RatchetError ? error.code : null;
+  if (code === 'lease_lost') return 'a newer attempt holds the job';
+  if (code === 'invalid_state' && error.detail?.leaseLapsed === true) {
+    return "this attempt, the job's last, lapsed before it got through, which ended the job";
+  }
+  if (code === 'invalid_state') return 'the job already ended or has another outcome recorded';
+  if (code === 'not_found') return 'the job no longer exists';
+  return 'its lease lapses and it runs again';
 }
 
 function unrecordableOutput(err) {

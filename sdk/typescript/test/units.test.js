@@ -756,6 +756,10 @@ test('a refusal in a batch is that job\'s alone, as a single report\'s', async (
   assert.equal(told.length, 2, told.join('\n'));
   assert.match(told[0], /job job_4 attempt 1: the server refuses the output/);
   assert.match(told[1], /the report of job job_2 attempt 1 was not recorded \(lease_lost\)/);
+  // QA: it said "its lease lapses and it runs again", though a newer attempt
+  // already holds the job.
+  assert.match(told[1], /a newer attempt holds the job/);
+  assert.doesNotMatch(told[1], /runs again/);
   assert.equal(clean, false); // job_2's outcome was lost, job_3's was not
 });
 
