@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 # The API's stable error codes (API.md, "Errors").
 INVALID_REQUEST = "invalid_request"
@@ -27,6 +27,25 @@ MIN_RETRY_AFTER_MS = 1_000
 MAX_RETRY_AFTER_MS = 86_400_000
 
 
+def _detail_strings(value: Any) -> List[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _error_text(status: int, code: str, message: str, detail: dict, request_id: str) -> str:
+    """The text of a RatchetError, as the Go SDK's: what a 403's key lacks
+    (detail.any_of or detail.required) and the request id to quote."""
+    text = f"ratchet: {status} {code}: {message}"
+    detail = detail if isinstance(detail, dict) else {}
+    any_of, required = _detail_strings(detail.get("any_of")), _detail_strings(detail.get("required"))
+    if any_of:
+        text += " (requires one of " + ", ".join(any_of) + ")"
+    elif required:
+        text += " (requires " + ", ".join(required) + ")"
+    if request_id:
+        text += f" (request {request_id})"
+    return text
+
+
 class RatchetError(Exception):
     """A failure the API answered: its HTTP status and the stable ``code``.
 
@@ -38,7 +57,7 @@ class RatchetError(Exception):
     def __init__(self, status: int, code: str, message: str,
                  detail: Optional[dict] = None, request_id: str = "",
                  body: Any = None) -> None:
-        super().__init__(f"ratchet: {status} {code}: {message}")
+        super().__init__(_error_text(status, code, message, detail or {}, request_id))
         self.status = status
         self.code = code
         self.message = message

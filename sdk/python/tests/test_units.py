@@ -446,6 +446,23 @@ class IdleWorkerTest(unittest.TestCase):
             client.worker.start(1)
 
 
+class ErrorTextTest(unittest.TestCase):
+    def test_a_refusal_names_what_the_key_lacks_and_the_request(self) -> None:
+        # QA: Go's error said "(requires tool:big@1) (request req_…)", this
+        # SDK's only "This key may not do that.": a worker refused at start
+        # did not say which tool its key lacks.
+        err = getratchet.RatchetError(403, "forbidden", "This key may not do that.",
+                                      {"required": ["tool:a@1", "tool:b@2"]}, "req_1")
+        self.assertEqual(str(err), "ratchet: 403 forbidden: This key may not do that. "
+                                   "(requires tool:a@1, tool:b@2) (request req_1)")
+        self.assertEqual(err.message, "This key may not do that.")
+        err = getratchet.RatchetError(403, "forbidden", "No.", {"any_of": ["runs:read", "runs:write"],
+                                                               "required": ["runs:read"]})
+        self.assertEqual(str(err), "ratchet: 403 forbidden: No. (requires one of runs:read, runs:write)")
+        self.assertEqual(str(getratchet.RatchetError(500, "internal_error", "Oops.", {"required": "x"})),
+                         "ratchet: 500 internal_error: Oops.")
+
+
 class RevokedKeyTest(unittest.TestCase):
     def test_a_claim_refused_401_stops_the_worker(self) -> None:
         # QA: a worker whose key was revoked polled on for ever, each claim

@@ -5,6 +5,20 @@ export const MIN_RETRY_AFTER_MS = 1_000;
 export const MAX_RETRY_AFTER_MS = 86_400_000;
 
 
+const detailStrings = (v) => (Array.isArray(v) ? v.filter((s) => typeof s === 'string') : []);
+
+/** The text of a RatchetError, as the Go SDK's: what a 403's key lacks
+ * (detail.any_of or detail.required) and the request id to quote. */
+function errorText(status, code, message, detail, requestId) {
+  let text = `ratchet: ${status} ${code}: ${message}`;
+  const anyOf = detailStrings(detail.any_of);
+  const required = detailStrings(detail.required);
+  if (anyOf.length > 0) text += ` (requires one of ${anyOf.join(', ')})`;
+  else if (required.length > 0) text += ` (requires ${required.join(', ')})`;
+  if (requestId) text += ` (request ${requestId})`;
+  return text;
+}
+
 /**
  * A failure the API answered: its HTTP status and the stable `code`
  * (`invalid_request`, `lease_lost`, `rate_limited`...), the envelope's
@@ -12,7 +26,7 @@ export const MAX_RETRY_AFTER_MS = 86_400_000;
  */
 export class RatchetError extends Error {
   constructor(status, code, message, detail = {}, requestId = '', body = undefined) {
-    super(`ratchet: ${status} ${code}: ${message}`);
+    super(errorText(status, code, message, detail ?? {}, requestId));
     this.name = 'RatchetError';
     this.status = status;
     this.code = code;

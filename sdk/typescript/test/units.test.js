@@ -206,6 +206,17 @@ async function until(probe, ms = 10_000) {
   }
 }
 
+test('a refusal names what the key lacks and the request', () => {
+  // QA: Go's error said "(requires tool:big@1) (request req_…)", this SDK's
+  // only "This key may not do that.": a worker refused at start did not say
+  // which tool its key lacks.
+  const err = new RatchetError(403, 'forbidden', 'This key may not do that.', { required: ['tool:a@1', 'tool:b@2'] }, 'req_1');
+  assert.equal(err.message, 'ratchet: 403 forbidden: This key may not do that. (requires tool:a@1, tool:b@2) (request req_1)');
+  const anyOf = new RatchetError(403, 'forbidden', 'No.', { any_of: ['runs:read', 'runs:write'], required: ['runs:read'] });
+  assert.equal(anyOf.message, 'ratchet: 403 forbidden: No. (requires one of runs:read, runs:write)');
+  assert.equal(new RatchetError(500, 'internal_error', 'Oops.', { required: 'x' }).message, 'ratchet: 500 internal_error: Oops.');
+});
+
 test('a claim refused 401 stops the worker', async (t) => {
   // QA: a worker whose key was revoked polled on for ever, each claim
   // refused 401, and start() never settled. It now stops as stop() would:
