@@ -518,12 +518,16 @@ class Worker:
                             self.worker_id = self._register(tools)
                         except (RatchetError, ConnectionLost) as again:
                             self._notify(again)
-                    self._notify(err)
+                    if not self._stopping.is_set():
+                        # A claim the stop cut (a 429's wait) is no failure
+                        # to tell, as in Go and TypeScript.
+                        self._notify(err)
                     lost = lost + 1 if self._claim_id is not None else 0
                     self._stopping.wait(self._after_failed_claim(poll_interval, lost))
                     continue
                 except ConnectionLost as err:
-                    self._notify(err)
+                    if not self._stopping.is_set():
+                        self._notify(err)  # once stopping, asked again below, or told abandoned
                     lost += 1
                     self._stopping.wait(self._after_failed_claim(poll_interval, lost))
                     continue
