@@ -16,9 +16,10 @@ import (
 // function invocations; budget for them before lowering it.
 const DefaultPollInterval = 30 * time.Second
 
-// Heartbeat pacing: a third of the remaining lease, within these bounds, so
-// a heartbeat lands well inside the lease and a cancellation request is
-// seen within a minute.
+// Heartbeat pacing: a third of the remaining lease, or of the job's timeout
+// when that is shorter, within these bounds, so a heartbeat lands well
+// inside the lease and a cancellation request is seen within a third of the
+// timeout, and within a minute.
 const (
 	minHeartbeat = time.Second
 	maxHeartbeat = time.Minute
@@ -1039,14 +1040,17 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 	}
 }
 
-// heartbeatEvery is a third of the lease left until end, within
-// [minHeartbeat, maxHeartbeat], so that heartbeats that keep failing are
-// tried again more often as the lapse nears (review: a third of the whole
-// length put the third try at the lapse itself). With the lease's length
-// (leaseMs), end is this process's clock's and the length bounds what is
-// left; without it, end is the server's expiry, read against the worker's
-// clock and bounded by the job's timeout (the lease is never shorter),
-// which keeps heartbeats inside the lease when the server's clock runs
+// heartbeatEvery is a third of the lease left until end, or of the job's
+// timeout when that is shorter, within [minHeartbeat, maxHeartbeat], so that
+// heartbeats that keep failing are tried again more often as the lapse nears
+// (review: a third of the whole length put the third try at the lapse
+// itself). With the lease's length (leaseMs), end is this process's clock's
+// and the length bounds what is left; without it, end is the server's
+// expiry, read against the worker's clock. The timeout bounds both: a
+// cancellation reaches a handler within a third of its timeout, as in the
+// Python and TypeScript SDKs (SDK QA: a job of a 5 s timeout, its lease
+// 15 s, was first heartbeated at its timeout, so its cancel never reached
+// it), and heartbeats stay inside the lease when the server's clock runs
 // ahead of ours.
 func (w *Worker) heartbeatEvery(end time.Time, j ClaimedJob) time.Duration {
 	var left time.Duration
@@ -1054,9 +1058,9 @@ func (w *Worker) heartbeatEvery(end time.Time, j ClaimedJob) time.Duration {
 		left = min(time.Duration(j.LeaseMs)*time.Millisecond, time.Until(end))
 	} else {
 		left = end.Sub(w.clock.Now())
-		if timeout := time.Duration(j.TimeoutMs) * time.Millisecond; timeout > 0 && timeout < left {
-			left = timeout
-		}
+	}
+	if timeout := time.Duration(j.TimeoutMs) * time.Millisecond; timeout > 0 && timeout < left {
+		left = timeout
 	}
 	return min(max(left/3, minHeartbeat), maxHeartbeat)
 }

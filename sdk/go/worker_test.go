@@ -952,9 +952,14 @@ func TestHeartbeatEvery(t *testing.T) {
 		{-time.Second, 30_000, 0, time.Second},          // already lapsed: at least a second
 		// The lease's length, when the server says it, whatever its clock:
 		// here the lease has just been granted or extended.
-		{-time.Hour, 30_000, 45_000, 15 * time.Second},
-		{time.Hour, 30_000, 45_000, 15 * time.Second},
+		{-time.Hour, 60_000, 45_000, 15 * time.Second},
+		{time.Hour, 60_000, 45_000, 15 * time.Second},
 		{0, 0, 600_000, time.Minute},
+		// The timeout bounds it too, so a cancellation reaches the handler
+		// within a third of its timeout (SDK QA: a 5 s job, its lease 15 s,
+		// was first heartbeated at its timeout).
+		{time.Hour, 30_000, 45_000, 10 * time.Second},
+		{time.Hour, 5_000, 15_000, 5 * time.Second / 3},
 	}
 	for _, c := range cases {
 		j := ClaimedJob{TimeoutMs: c.timeoutMs, LeaseMs: c.leaseMs}
@@ -969,7 +974,7 @@ func TestHeartbeatEvery(t *testing.T) {
 	}
 	// Heartbeats that failed leave less of the lease by this process's
 	// clock: the next try comes at a third of what is left.
-	j := ClaimedJob{TimeoutMs: 5_000, LeaseMs: 15_000}
+	j := ClaimedJob{TimeoutMs: 60_000, LeaseMs: 15_000}
 	if got := w.heartbeatEvery(time.Now().Add(6*time.Second), j); got < time.Second || got > 2*time.Second {
 		t.Fatalf("with 6 s of a 15 s lease left: every %v, want about 2 s", got)
 	}
