@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"unicode/utf8"
 
@@ -51,17 +52,27 @@ func toRequest(ctx context.Context, ev events.LambdaFunctionURLRequest) (*http.R
 		}
 		body = b
 	}
-	url := ev.RawPath
-	if url == "" {
-		url = "/"
+	target := ev.RawPath
+	if target == "" {
+		target = "/"
 	}
 	if ev.RawQueryString != "" {
-		url += "?" + ev.RawQueryString
+		target += "?" + ev.RawQueryString
 	}
-	req, err := http.NewRequestWithContext(ctx, ev.RequestContext.HTTP.Method, url, bytes.NewReader(body))
+	// Read as a request line's target is (url.ParseRequestURI), as the
+	// local server's Go HTTP server reads it: url.Parse, which
+	// http.NewRequest uses, takes a path beginning with two slashes for a
+	// host and a path (QA: //evil/api/v1/keys was served as /api/v1/keys).
+	u, err := url.ParseRequestURI(target)
 	if err != nil {
 		return nil, err
 	}
+	req, err := http.NewRequestWithContext(ctx, ev.RequestContext.HTTP.Method, "/", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.URL = u
+	req.RequestURI = target
 	for k, v := range ev.Headers {
 		req.Header.Set(k, v)
 	}

@@ -91,3 +91,22 @@ func TestHandlerHeadHasNoBody(t *testing.T) {
 	require.Empty(t, res.Body)
 	require.Equal(t, "application/json", res.Headers["Content-Type"])
 }
+
+// A path that begins with two slashes is a path, as the local server's Go
+// HTTP server reads it (answered 404 there), not a URL whose first segment
+// is a host (QA: //evil/api/v1/keys was served as /api/v1/keys, and
+// //api/v1/health as /v1/health, behind a Function URL only; a proxy or
+// firewall rule in front that matched the path's prefix was passed by).
+func TestHandlerReadsADoubleSlashPathAsAPath(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{"//evil/api/v1/keys", "//api/v1/health", "///api/v1/health"} {
+		var got string
+		h := http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) { got = r.URL.Path + " host=" + r.URL.Host })
+		ev := events.LambdaFunctionURLRequest{RawPath: raw, RawQueryString: "a=1&a=2"}
+		ev.RequestContext.HTTP.Method = "GET"
+		res, err := Handler(h)(context.Background(), ev)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, res.StatusCode, raw)
+		require.Equal(t, raw+" host=", got, "the whole raw path is the request's path")
+	}
+}
