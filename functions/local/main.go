@@ -29,16 +29,27 @@ func main() {
 	defer stop()
 	go func() {
 		// The first signal drains (up to 25 s); the second one, with the
-		// default behaviour restored, ends the process at once.
+		// default behaviour restored, ends the process at once. One Ctrl-C
+		// arrives twice under scripts/dev: the terminal signals the whole
+		// foreground process group, and pgenv, in it too, forwards what it
+		// gets (QA: the copy ended the process, cutting the requests in
+		// flight). Signals within sameInterrupt of the first are that one,
+		// still caught (and ignored) until stop restores the default.
 		<-ctx.Done()
-		stop()
 		fmt.Fprintln(os.Stderr, "ratchet: shutting down; interrupt again to quit now")
+		time.Sleep(sameInterrupt)
+		stop()
 	}()
 	if err := run(ctx, os.Stderr, nil); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 }
+
+// sameInterrupt is how long after the first interrupt another counts as
+// the same one, delivered twice (see main); a person's second Ctrl-C comes
+// later.
+const sameInterrupt = 500 * time.Millisecond
 
 // run starts the server and blocks until ctx ends. ready, when set, receives
 // the listening address (tests use it).

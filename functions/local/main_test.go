@@ -214,6 +214,63 @@ func TestLocalServerQuitsOnASecondInterrupt(t *testing.T) {
 	}
 }
 
+// One Ctrl-C drains, though it reaches the server twice: a terminal sends
+// SIGINT to its whole foreground process group, and scripts/dev's pgenv,
+// in that group too, forwards what it gets to the server (QA: the copy
+// counted as the second interrupt, and a single Ctrl-C cut the requests in
+// flight, a long-polling claim answered with a closed connection, five
+// times in six). A later interrupt still ends the process at once.
+func TestLocalServerDrainsOnOneInterruptDeliveredTwice(t *testing.T) {
+	if os.Getenv("RATCHET_LOCAL_MAIN") == "1" {
+		main()
+		return
+	}
+	localEnv(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLocalServerDrainsOnOneInterruptDeliveredTwice$")
+	cmd.Env = append(os.Environ(), "RATCHET_LOCAL_MAIN=1")
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	defer cmd.Process.Kill() //nolint:errcheck // already gone when the test passes
+	lines := bufio.NewScanner(stderr)
+	var addr string
+	for lines.Scan() {
+		if _, rest, ok := strings.Cut(lines.Text(), "listening on http://localhost:"); ok {
+			addr = "127.0.0.1:" + strings.Fields(rest)[0]
+			break
+		}
+	}
+	require.NotEmpty(t, addr, "the server never said where it listens")
+	go io.Copy(io.Discard, stderr) //nolint:errcheck // keep the child's stderr flowing
+
+	// A request whose body never finishes keeps the drain waiting.
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = fmt.Fprintf(conn, "POST /api/v1/workspaces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"na")
+	require.NoError(t, err)
+	time.Sleep(200 * time.Millisecond)
+
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	// The terminal's SIGINT and pgenv's copy of it, a moment apart.
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	time.Sleep(5 * time.Millisecond)
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	select {
+	case err := <-exited:
+		t.Fatalf("one interrupt, delivered twice, should drain the request in flight, but the server exited: %v", err)
+	case <-time.After(1500 * time.Millisecond):
+	}
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	select {
+	case err := <-exited:
+		require.Error(t, err, "killed by the second interrupt")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second interrupt did not end the process")
+	}
+}
+
 // A start that cannot reach the database tries again until it can (crash
 // QA: a server restarted during an outage exited at once and stayed down);
 // one the database refuses, or that fails otherwise, gives up at once.
