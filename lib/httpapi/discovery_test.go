@@ -236,6 +236,43 @@ func TestClaimRouteOutlastsTheLongestWait(t *testing.T) {
 	t.Fatal("no workers.claim route")
 }
 
+// Every route answers before its function is stopped: a route's time
+// leaves FunctionTimeout a margin to write the answer (QA: the MCP
+// endpoint's 30 s was the functions' own, so a slow batch was cut by the
+// platform, Vercel's 504 or the Function URL's 502 and a restarted
+// instance, instead of answered 503 in the envelope), and FunctionTimeout
+// is vercel.json's maxDuration and the API function's Timeout in
+// template.yaml.
+func TestEveryRouteAnswersWithinTheFunctionsTime(t *testing.T) {
+	t.Parallel()
+	for _, r := range httpapi.Routes() {
+		timeout := r.Timeout
+		if timeout == 0 {
+			timeout = httpapi.DefaultTimeout
+		}
+		require.LessOrEqual(t, timeout, httpapi.FunctionTimeout-httpapi.AnswerMargin, "%s %s", r.Method, r.Pattern)
+	}
+	root := filepath.Join("..", "..")
+	var vj struct {
+		Functions map[string]struct {
+			MaxDuration int `json:"maxDuration"`
+		} `json:"functions"`
+	}
+	b, err := os.ReadFile(filepath.Join(root, "vercel.json"))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &vj))
+	require.NotEmpty(t, vj.Functions)
+	for glob, f := range vj.Functions {
+		require.Equal(t, int(httpapi.FunctionTimeout/time.Second), f.MaxDuration, glob)
+	}
+	tmpl, err := os.ReadFile(filepath.Join(root, "template.yaml"))
+	require.NoError(t, err)
+	_, api, ok := strings.Cut(string(tmpl), "\n  ApiFunction:\n")
+	require.True(t, ok, "template.yaml has no ApiFunction")
+	api, _, _ = strings.Cut(api, "\n\n")
+	require.Contains(t, api, fmt.Sprintf("\n      Timeout: %d\n", int(httpapi.FunctionTimeout/time.Second)))
+}
+
 // TestVercelFilesMatchRouteTable fails when a route exists in the router but
 // not in api/ or vercel.json, or the reverse. Fix: go run ./scripts/genvercel.
 func TestVercelFilesMatchRouteTable(t *testing.T) {

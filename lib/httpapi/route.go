@@ -96,6 +96,16 @@ type Route struct {
 // DefaultTimeout bounds a request that names no Timeout.
 const DefaultTimeout = 15 * time.Second
 
+// FunctionTimeout is the functions' own limit: vercel.json's maxDuration
+// and the API function's Timeout in template.yaml. The platform stops a
+// function there, without an answer.
+const FunctionTimeout = 30 * time.Second
+
+// AnswerMargin is what every route's Timeout leaves of FunctionTimeout, so
+// that a request out of its time is still answered (503 in the envelope)
+// before the platform stops the function.
+const AnswerMargin = 2 * time.Second
+
 // CronTimeout bounds a cron sweep: under vercel.json's maxDuration (30 s) and
 // the Lambda API function's timeout (template.yaml, 30 s), and long enough
 // that a task stuck to its own limit leaves the others time (sweep.RunOnce)

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
@@ -97,7 +96,7 @@ func (s *Server) mcpRoutes() []Route {
 	for _, m := range []string{"POST", "GET", "DELETE"} {
 		rt := Route{
 			Method: m, Pattern: "/api/v1/mcp", Name: "mcp." + strings.ToLower(m),
-			Tag: "mcp", Summary: summary, Status: 200, Timeout: 30 * time.Second, Raw: serve,
+			Tag: "mcp", Summary: summary, Status: 200, Timeout: FunctionTimeout - AnswerMargin, Raw: serve,
 		}
 		if m != http.MethodPost {
 			rt.Status, rt.Errors = http.StatusMethodNotAllowed, []string{apierr.CodeMethodNotAllowed}

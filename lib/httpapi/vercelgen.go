@@ -6,6 +6,7 @@ import (
 	"path"
 	"sort"
 	"strings"
+	"time"
 	"unicode"
 
 	"github.com/getratchet/ratchet/lib/console"
@@ -195,7 +196,7 @@ func VercelJSON() []byte {
 	// /api/v1/effects/:id.
 	doc := map[string]any{
 		"$schema":   "https://openapi.vercel.sh/vercel.json",
-		"functions": map[string]any{"api/**/*.go": map[string]any{"maxDuration": 30}},
+		"functions": map[string]any{"api/**/*.go": map[string]any{"maxDuration": int(FunctionTimeout / time.Second)}},
 		// Any other path, under /api or not, reaches the catch-all (Vercel
 		// serves its own 404 page otherwise), as on the local server and
 		// Lambda; public/'s files are served before any rewrite.
