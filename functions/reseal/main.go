@@ -18,8 +18,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log"
 	"os"
 	"os/signal"
+	"time"
 
 	"github.com/aws/aws-lambda-go/lambda"
 
@@ -54,9 +56,33 @@ func run(ctx context.Context, ev Event) (reseal.Report, error) {
 	return r.Run(ctx)
 }
 
+// lambdaReserve is the part of an invocation's time kept for answering: a
+// run still going at the function's timeout is stopped there without an
+// answer ("Task timed out"), what it did unreported.
+const lambdaReserve = 15 * time.Second
+
+// invoke is the Lambda handler: a run that the invocation's time cuts short
+// answers what it did so far, complete false (invoke again to continue:
+// what is left is found again), rather than the timeout's error.
+func invoke(ctx context.Context, ev Event) (reseal.Report, error) {
+	cut := ctx
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		cut, cancel = context.WithDeadline(ctx, deadline.Add(-lambdaReserve))
+		defer cancel()
+	}
+	rep, err := run(cut, ev)
+	if err != nil && cut.Err() != nil && ctx.Err() == nil {
+		log.Printf("reseal: stopped to answer in time (%v); invoke again to continue", err)
+		rep.Complete = false
+		return rep, nil
+	}
+	return rep, err
+}
+
 func main() {
 	if os.Getenv("AWS_LAMBDA_RUNTIME_API") != "" {
-		lambda.Start(run)
+		lambda.Start(invoke)
 		return
 	}
 	check := flag.Bool("check", false, "count ciphertexts by key, change nothing")

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -62,4 +63,35 @@ func TestRotationCommand(t *testing.T) {
 	var errOut bytes.Buffer
 	require.Equal(t, 1, answer(&bytes.Buffer{}, &errOut, reseal.Report{}, context.Canceled, false, false))
 	require.Contains(t, errOut.String(), "interrupted")
+}
+
+// On Lambda a run that its invocation's time cuts short answers what it did
+// (complete false: invoke again to continue), keeping lambdaReserve to
+// answer in; it ran to the function's timeout, stopped there with "Task
+// timed out" and no report (QA).
+func TestAnInvocationCutShortAnswersItsReport(t *testing.T) {
+	env := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.ResultEncryptionKey = key(7) }))
+	ws := env.Signup()
+	env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": "https://example.com/hook", "events": []string{"run.finished"}})
+	t.Setenv("DATABASE_URL", apitest.DatabaseURL(t))
+	t.Setenv("KEY_HASH_SECRET", "reseal-test-secret-0123456789")
+	t.Setenv("RESULT_ENCRYPTION_KEY", key(8))
+	// The package database holds what TestRotationCommand sealed too.
+	t.Setenv("RESULT_ENCRYPTION_KEYS", key(7)+","+key(6)+","+key(5))
+
+	// Less than the reserve left: the run stops at once.
+	ctx, cancel := context.WithTimeout(context.Background(), lambdaReserve/2)
+	defer cancel()
+	rep, err := invoke(ctx, Event{})
+	require.NoError(t, err, "a run cut short by the reserve is an answer, not the invocation's error")
+	require.False(t, rep.Complete)
+	require.NotEmpty(t, rep.CurrentKeyID)
+
+	// With its time, the next invocation completes.
+	ctx, cancel = context.WithTimeout(context.Background(), lambdaReserve+time.Minute)
+	defer cancel()
+	rep, err = invoke(ctx, Event{})
+	require.NoError(t, err)
+	require.True(t, rep.Complete)
 }
