@@ -164,6 +164,14 @@ func IsUnavailable(err error) bool {
 	return pgconn.SafeToRetry(err)
 }
 
+// IsCanceled reports whether Postgres cancelled the statement (57014): its
+// statement_timeout ran out, or someone asked it to stop (a cancel request,
+// pg_cancel_backend). The database answered: it is up.
+func IsCanceled(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "57014"
+}
+
 // Unapplied reports whether a failed database call certainly changed
 // nothing: connecting failed, pgx knows the statement was never sent, or
 // Postgres rolled it back as a deadlock's victim. Otherwise it may have

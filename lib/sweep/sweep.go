@@ -106,10 +106,15 @@ func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration) (n int, 
 		// the next pass does it (QA: each Ctrl-C logged six errors). What
 		// the database would have said is unknown, so it ends no outage.
 		interrupted = true
-	case err != nil && db.IsUnavailable(err) && !errors.Is(err, context.DeadlineExceeded) && taskCtx.Err() == nil:
+	case err != nil && db.IsUnavailable(err) && !errors.Is(err, context.DeadlineExceeded) && taskCtx.Err() == nil &&
+		!db.IsCanceled(err):
 		// An outage or a restart of the database: the next pass does it
 		// (QA: every terminated connection logged an ERROR). A task that
-		// ran out of its time, stuck on a lock say, stays an error.
+		// ran out of its time, stuck on a lock say, stays an error, and so
+		// does one the database cancelled with its own context alive: a
+		// statement_timeout (DB_STATEMENT_TIMEOUT) ran out, and the
+		// database that said so is up (ops QA: it was logged as an
+		// outage).
 		s.noteUnavailable(t.Name, err)
 		interrupted = true
 	case err != nil:

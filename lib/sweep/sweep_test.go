@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 )
 
@@ -67,10 +68,16 @@ func TestTaskFailuresAreLoggedByCause(t *testing.T) {
 	s.Add(Task{Name: "stuck", Run: func(context.Context, time.Time) (int, error) {
 		return 0, fmt.Errorf("x: %w", context.DeadlineExceeded)
 	}})
+	// The database's own statement_timeout: it answered, so it is up (ops
+	// QA: logged as an outage).
+	s.Add(Task{Name: "slow", Run: func(context.Context, time.Time) (int, error) {
+		return 0, fmt.Errorf("x: %w", &pgconn.PgError{Code: "57014", Message: "canceling statement due to statement timeout"})
+	}})
 	s.RunOnce(context.Background())
 	require.Contains(t, logs.String(), `level=WARN msg="sweep task interrupted: database unavailable; further interruptions are summarised every minute" task=gone`)
 	require.Contains(t, logs.String(), `level=ERROR msg="sweep task failed" task=boom`)
 	require.Contains(t, logs.String(), `level=ERROR msg="sweep task failed" task=stuck`, "out of its time: not an outage")
+	require.Contains(t, logs.String(), `level=ERROR msg="sweep task failed" task=slow`, "a statement timeout: not an outage")
 	require.NotContains(t, logs.String(), `level=ERROR msg="sweep task failed" task=gone`)
 }
 
