@@ -1662,3 +1662,38 @@ func TestQueueHealthPagesPastALegacyToolName(t *testing.T) {
 		require.Equal(t, "zzz", next[0].Name)
 	}
 }
+
+// A heartbeat never shortens a job's lease, as a gate heartbeat never does:
+// one that carries an older clock reading than a heartbeat already recorded
+// (it waited for a connection or the job's row behind it, its client gave
+// up and sent another, or its instance's clock is behind) leaves the later
+// expiry, and no other worker takes the job before it (time QA: the stale
+// heartbeat moved the lease back, and the job went to a second worker while
+// the first, told the later expiry, still ran it).
+func TestALateJobHeartbeatNeverShortensTheLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	enq := b.enqueue(t, runID, jobs.EnqueueRequest{TimeoutMs: ptr[int64](5_000)})
+	w1, w2 := b.register(t), b.register(t)
+	t0 := b.clock.Now()
+	j := b.claimOne(t, w1)
+	heartbeat := func() time.Time {
+		t.Helper()
+		hb, err := b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+		require.NoError(t, err)
+		return *hb.LeaseExpiresAt
+	}
+	b.clock.Set(t0.Add(10 * time.Second))
+	want := t0.Add(25 * time.Second) // 5 s timeout + 10 s grace from the heartbeat
+	requireTime(t, want, heartbeat())
+	b.clock.Set(t0.Add(2 * time.Second)) // the late heartbeat's reading
+	requireTime(t, want, heartbeat())
+	b.clock.Set(t0.Add(20 * time.Second)) // past what the late one would have left
+	require.Empty(t, b.claim(t, w2, 1), "the lease the first heartbeat gave still holds")
+	dj := b.step(t, enq.StepID).DurableJob
+	requireTime(t, want, *dj.LeaseExpiresAt)
+	requireTime(t, want, dj.Attempts[0].LeaseExpiresAt)
+	b.clock.Set(t0.Add(25 * time.Second))
+	require.Len(t, b.claim(t, w2, 1), 1, "and lapses when it said")
+}

@@ -550,14 +550,20 @@ FROM api_keys k WHERE k.id = $4::text AND k.revoked_at IS NOT NULL`
 
 // sqlHeartbeat extends a current lease by the job's timeout plus the grace,
 // when the key may work the job's tool ($6: its name@version list, NULL for
-// any tool). The worker that holds it counts as seen (at most once a
-// minute): a worker whose slots are all busy does not claim, and one that
-// looked gone would be missing from queue health and, after
-// JOB_RETENTION_DAYS, deleted.
+// any tool). Never shorter: a heartbeat whose clock reading is older than
+// one already recorded (it waited for a connection or the row, its client
+// gave up on it and sent another, or its instance's clock is behind) leaves
+// the later expiry, which the worker may have been told (time QA: the
+// lease moved back and a second worker took the job). The worker that
+// holds it counts as seen (at most once a minute): a worker whose slots are
+// all busy does not claim, and one that looked gone would be missing from
+// queue health and, after JOB_RETENTION_DAYS, deleted.
 const sqlHeartbeat = `
 WITH j AS (
-    UPDATE jobs SET lease_expires_at = $4::timestamptz + (timeout_ms + $5::bigint) * interval '1 millisecond',
-        ready_at = $4::timestamptz + (timeout_ms + $5::bigint) * interval '1 millisecond', updated_at = $4::timestamptz
+    UPDATE jobs SET lease_expires_at = greatest(lease_expires_at,
+            $4::timestamptz + (timeout_ms + $5::bigint) * interval '1 millisecond'),
+        ready_at = greatest(lease_expires_at, $4::timestamptz + (timeout_ms + $5::bigint) * interval '1 millisecond'),
+        updated_at = $4::timestamptz
     WHERE id = $1::text AND workspace_id = $2::text AND jobs_lease_token_matches(lease_token, $3::text) AND status = 'RUNNING'
       AND ($6::text[] IS NULL OR name || '@' || version = ANY($6::text[]))
     RETURNING id, attempt, lease_expires_at, cancel_requested, worker_id
