@@ -655,3 +655,21 @@ func TestCeilingsSetDuringLapsesAndReconciliationsAgree(t *testing.T) {
 	}
 	require.Len(t, counters, 2)
 }
+
+// A daily ceiling's day is the UTC day, to the microsecond: the last
+// microsecond before midnight is the old day's, whose spend refuses, and
+// midnight itself the new one's, which starts from nothing (time QA).
+func TestADailyBudgetResetsAtUTCMidnightExactly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.putPolicy("api.call", map[string]any{"daily_budget_micros": 1000})
+	y, m, d := b.clock.Now().UTC().Date()
+	midnight := time.Date(y, m, d+1, 0, 0, 0, 0, time.UTC)
+	b.clock.Set(midnight.Add(-time.Microsecond))
+	b.mustBegin("execute", charge(key("last"), 1000))
+	e := b.denialOf("budget_exceeded", charge(key("late"), 1))
+	require.Equal(t, midnight.Format(time.RFC3339), e["detail"].(map[string]any)["resets_at"])
+	b.clock.Set(midnight)
+	b.mustBegin("execute", charge(key("first"), 1000))
+	b.denialOf("budget_exceeded", charge(key("second"), 1))
+}
