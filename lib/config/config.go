@@ -128,6 +128,9 @@ func asParseError(err error, target **envconfig.ParseError) bool {
 // years; 0 keeps records for ever).
 const maxRetentionDays = 3650
 
+// maxJobLeaseGraceMs bounds JOB_LEASE_GRACE_MS: an hour.
+const maxJobLeaseGraceMs = 3_600_000
+
 // Validate checks values envconfig cannot.
 func (c *Config) Validate() error {
 	// A variable set to the empty string counts as not set.
@@ -196,8 +199,11 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("config: %s is malformed (0 or a positive duration)", d.name)
 		}
 	}
-	if c.JobLeaseGraceMs < 0 {
-		return fmt.Errorf("config: JOB_LEASE_GRACE_MS is malformed (0 or more)")
+	// Bounded above too: a dead worker's job waits its timeout plus the
+	// grace before another claim takes it, and a huge one would overflow
+	// the statements' interval arithmetic (time QA).
+	if c.JobLeaseGraceMs < 0 || c.JobLeaseGraceMs > maxJobLeaseGraceMs {
+		return fmt.Errorf("config: JOB_LEASE_GRACE_MS is malformed (0 to %d, an hour)", maxJobLeaseGraceMs)
 	}
 	for _, d := range []struct {
 		name string

@@ -74,6 +74,7 @@ func TestLoadNamesTheBadSetting(t *testing.T) {
 		"negative sweep":  {"SWEEP_INTERVAL", "-5s", "SWEEP_INTERVAL is malformed"},
 		"negative ttl":    {"KEY_CACHE_TTL", "-1s", "KEY_CACHE_TTL is malformed"},
 		"negative grace":  {"JOB_LEASE_GRACE_MS", "-1", "JOB_LEASE_GRACE_MS is malformed"},
+		"endless grace":   {"JOB_LEASE_GRACE_MS", "3600001", "JOB_LEASE_GRACE_MS is malformed (0 to 3600000, an hour)"},
 		"negative signup": {"SIGNUP_RATE_PER_HOUR", "-3", "SIGNUP_RATE_PER_HOUR is malformed"},
 		"no timeout":      {"DB_STATEMENT_TIMEOUT", "-1s", "DB_STATEMENT_TIMEOUT is malformed"},
 		"negative runs":   {"JOB_RETENTION_DAYS", "-1", "JOB_RETENTION_DAYS is malformed"},
