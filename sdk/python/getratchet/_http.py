@@ -214,6 +214,9 @@ class Transport:
                     continue
                 wait = self.retry_delay(err, attempt, safe)
                 if wait is None or attempt >= retries:
+                    # An earlier attempt may have acted: this answer only
+                    # says why the retries stopped (Go's unconfirmed).
+                    err._unconfirmed = err._unconfirmed or unsure
                     raise
                 failure: Exception = err
             except ConnectionLost as err:
@@ -243,15 +246,19 @@ class Transport:
         may_wait gave up on, the abort's ConnectionLost, or a failure worth
         repeating that stop_on(failure) says to hand back."""
         attempt = 0
+        unsure = False  # an attempt may have been applied
         while True:
             on_attempt()
             try:
                 return self.call(method, path, body, safe=True, max_retries=0, timeout=timeout, abort=abort)
             except RatchetError as err:
+                unsure = unsure or err.may_have_applied
                 wait = self.retry_delay(err, attempt, True)
                 if wait is None or stop_on(err) or not may_wait(wait) or (abort is not None and abort.fired):
+                    err._unconfirmed = err._unconfirmed or unsure
                     raise
             except ConnectionLost:
+                unsure = True
                 wait = self.backoff(attempt)
                 if (abort is not None and abort.fired) or not may_wait(wait):
                     raise

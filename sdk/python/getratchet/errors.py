@@ -65,6 +65,9 @@ class RatchetError(Exception):
         self.request_id = request_id
         # The whole decoded answer, for a denied begin's decision fields.
         self.body = body
+        # Set when an earlier attempt of the same call may have acted (its
+        # answer lost, a 5xx) and this answer only ended the retries.
+        self._unconfirmed = False
 
     @property
     def retry_after_seconds(self) -> int:
@@ -83,7 +86,12 @@ class RatchetError(Exception):
     @property
     def may_have_applied(self) -> bool:
         """Whether the call may have been applied despite this answer: a 5xx
-        other than a database_unavailable that says nothing was applied."""
+        other than a database_unavailable that says nothing was applied, or
+        any answer that ended the retries of a call an earlier attempt of
+        which may have been applied (its answer lost, such a 5xx), as the Go
+        SDK's MayHaveApplied says."""
+        if self._unconfirmed:
+            return True
         if self.status < 500:
             return False
         return not (self.code == DATABASE_UNAVAILABLE

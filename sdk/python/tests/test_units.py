@@ -177,6 +177,40 @@ class TransportTest(unittest.TestCase):
         self.assertEqual((failed.exception.status, failed.exception.code), (502, "http_502"))
         self.assertEqual(len(server.seen), 4)  # the call and three retries
 
+    def test_a_refusal_after_an_attempt_that_may_have_acted_says_it_may_have(self) -> None:
+        # As the Go SDK's (unconfirmed): the last answer says only why the
+        # retries stopped. A claim that met a 500 and then 429s kept its
+        # claim id only if this says so; it was reset, and the jobs the
+        # first attempt may have leased waited out their leases.
+        t, server, waits = self.transport([(500, error("internal_error"), {}),
+                                           (409, error("lease_expired"), {"X-Request-Id": "req_2"})])
+        with self.assertRaises(RatchetError) as caught:
+            t.call("POST", "/effects/e/report", {}, safe=True)
+        self.assertEqual((caught.exception.status, caught.exception.code, caught.exception.request_id),
+                         (409, "lease_expired", "req_2"))
+        self.assertTrue(caught.exception.may_have_applied)
+        t, server, waits = self.transport([(500, error("internal_error"), {})] +
+                                          [(429, error("rate_limited", retry_after_seconds=1), {})] * 3)
+        with self.assertRaises(RatchetError) as caught:
+            t.call("POST", "/workers/w/claim", {"claimId": "c1"}, safe=True)
+        self.assertEqual((caught.exception.status, caught.exception.may_have_applied), (429, True))
+        self.assertEqual(len(server.seen), 4)
+        # A call lost once and then turned away by call_until (a report's
+        # loop) says so too.
+        t, server, waits = self.transport([(0, None, {}), (409, error("lease_expired"), {})])
+        with self.assertRaises(RatchetError) as caught:
+            t.call_until("POST", "/effects/e/report", {}, may_wait=lambda wait: True)
+        self.assertTrue(caught.exception.may_have_applied)
+        # Nothing that may have acted: the refusal says so.
+        for script in ([(409, error("lease_expired"), {})],
+                       [(429, error("rate_limited"), {}), (409, error("lease_expired"), {})],
+                       [(503, error("database_unavailable", outcome="not_applied"), {}),
+                        (409, error("lease_expired"), {})]):
+            t, server, waits = self.transport(script)
+            with self.assertRaises(RatchetError) as caught:
+                t.call("POST", "/effects/e/report", {}, safe=True)
+            self.assertFalse(caught.exception.may_have_applied, script)
+
     def test_a_held_idempotency_key_is_waited_for(self) -> None:
         t, server, waits = self.transport([(409, error("retry_request", retry_after_seconds=1), {})] * 5
                                           + [(200, {"workerId": "wkr_1"}, {})])

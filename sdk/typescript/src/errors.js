@@ -5,6 +5,16 @@ export const MIN_RETRY_AFTER_MS = 1_000;
 export const MAX_RETRY_AFTER_MS = 86_400_000;
 
 
+// Errors that ended the retries of a call an earlier attempt of which may
+// have been applied (its answer lost, a 5xx): the Go SDK's unconfirmed.
+const unconfirmed = new WeakSet();
+
+/** Marks err as ending the retries of a call that may have been applied. */
+export function markUnconfirmed(err) {
+  if (err instanceof RatchetError) unconfirmed.add(err);
+  return err;
+}
+
 const detailStrings = (v) => (Array.isArray(v) ? v.filter((s) => typeof s === 'string') : []);
 
 /** The text of a RatchetError, as the Go SDK's: what a 403's key lacks
@@ -47,8 +57,12 @@ export class RatchetError extends Error {
   }
 
   /** Whether the call may have been applied despite this answer: a 5xx
-   * other than a database_unavailable that says nothing was applied. */
+   * other than a database_unavailable that says nothing was applied, or any
+   * answer that ended the retries of a call an earlier attempt of which may
+   * have been applied (its answer lost, such a 5xx), as the Go SDK's
+   * MayHaveApplied says. */
   get mayHaveApplied() {
+    if (unconfirmed.has(this)) return true;
     return this.status >= 500 && !(this.code === 'database_unavailable' && this.detail.outcome === 'not_applied');
   }
 }

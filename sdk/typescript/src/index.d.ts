@@ -238,6 +238,7 @@ export declare class RatchetError extends Error {
   body: unknown;
   readonly retryAfterSeconds: number;
   readonly validation: Array<{ field: string; rule?: string; [key: string]: unknown }>;
+  /** A 5xx that may have acted, or an answer that ended the retries of a call an earlier attempt of which may have. */
   readonly mayHaveApplied: boolean;
 }
 export declare class ConnectionLostError extends Error {

@@ -1,7 +1,7 @@
 // One HTTP call to the API, with the retries that are safe for it.
 
 import { randomBytes } from 'node:crypto';
-import { ConnectionLostError, RatchetError } from './errors.js';
+import { ConnectionLostError, RatchetError, markUnconfirmed } from './errors.js';
 
 export const VERSION = '0.2.1';
 export const DEFAULT_BASE_URL = 'https://getratchet.app';
@@ -101,7 +101,9 @@ export class Transport {
             continue;
           }
           wait = this.retryDelay(err, attempt, safe);
-          if (wait === null || attempt >= retries) throw err;
+          // An earlier attempt may have acted: this answer only says why
+          // the retries stopped (Go's unconfirmed).
+          if (wait === null || attempt >= retries) throw unsure ? markUnconfirmed(err) : err;
         } else if (err instanceof ConnectionLostError) {
           unsure = true;
           if (!safe || attempt >= retries) throw err;
@@ -142,6 +144,7 @@ export class Transport {
    * repeating that stopOn(err) says to hand back.
    */
   async callUntil(method, path, body, { mayWait, onRetry = () => {}, onAttempt = () => {}, stopOn = () => false, timeoutMs, signal }) {
+    let unsure = false; // an attempt may have been applied
     for (let attempt = 0; ; attempt++) {
       let wait;
       onAttempt();
@@ -149,11 +152,14 @@ export class Transport {
         return await this.call(method, path, body, { safe: true, maxRetries: 0, timeoutMs, signal });
       } catch (err) {
         if (err instanceof RatchetError) {
+          unsure ||= err.mayHaveApplied;
           wait = this.retryDelay(err, attempt, true);
-          if (wait !== null && stopOn(err)) throw err;
-        } else if (err instanceof ConnectionLostError) wait = this.backoff(attempt);
-        else throw err;
-        if (wait === null || !mayWait(wait)) throw err;
+          if (wait !== null && stopOn(err)) throw unsure ? markUnconfirmed(err) : err;
+        } else if (err instanceof ConnectionLostError) {
+          unsure = true;
+          wait = this.backoff(attempt);
+        } else throw err;
+        if (wait === null || !mayWait(wait)) throw unsure ? markUnconfirmed(err) : err;
       }
       onRetry();
       await this.sleep(wait);

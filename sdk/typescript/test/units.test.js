@@ -88,6 +88,33 @@ test('retries are bounded', async (t) => {
   assert.equal(server.seen.length, 4);
 });
 
+test('a refusal after an attempt that may have acted says it may have', async (t) => {
+  // As the Go SDK's (unconfirmed): the last answer says only why the retries
+  // stopped. A claim that met a 500 and then 429s kept its claim id only if
+  // this says so; it was reset, and the jobs the first attempt may have
+  // leased waited out their leases.
+  let { t: tr } = await transport(t, [[500, error('internal_error')], [409, error('lease_expired'), { 'X-Request-Id': 'req_2' }]]);
+  await assert.rejects(tr.call('POST', '/effects/e/report', {}, { safe: true }), (err) => {
+    assert.deepEqual([err.status, err.code, err.requestId, err.mayHaveApplied], [409, 'lease_expired', 'req_2', true]);
+    return true;
+  });
+  const limited = await transport(t, [[500, error('internal_error')], ...Array(3).fill([429, error('rate_limited', { retry_after_seconds: 1 })])]);
+  await assert.rejects(limited.t.call('POST', '/workers/w/claim', { claimId: 'c1' }, { safe: true }),
+    (err) => err.status === 429 && err.mayHaveApplied === true);
+  assert.equal(limited.server.seen.length, 4);
+  // A call lost once and then turned away by callUntil (a report's loop)
+  // says so too.
+  ({ t: tr } = await transport(t, [[0, null], [409, error('lease_expired')]]));
+  await assert.rejects(tr.callUntil('POST', '/effects/e/report', {}, { mayWait: () => true }),
+    (err) => err.status === 409 && err.mayHaveApplied === true);
+  // Nothing that may have acted: the refusal says so.
+  for (const script of [[[409, error('lease_expired')]], [[429, error('rate_limited')], [409, error('lease_expired')]],
+    [[503, error('database_unavailable', { outcome: 'not_applied' })], [409, error('lease_expired')]]]) {
+    ({ t: tr } = await transport(t, script));
+    await assert.rejects(tr.call('POST', '/effects/e/report', {}, { safe: true }), (err) => err.status === 409 && err.mayHaveApplied === false);
+  }
+});
+
 test('a held idempotency key is waited for', async (t) => {
   const { t: tr, server, waits } = await transport(t, [...Array(5).fill([409, error('retry_request', { retry_after_seconds: 1 })]), [200, { workerId: 'wkr_1' }]]);
   assert.deepEqual(await tr.call('POST', '/workers/register', {}, { safe: true, idempotencyKey: 'k1' }), { workerId: 'wkr_1' });
