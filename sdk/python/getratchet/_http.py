@@ -484,8 +484,14 @@ def _decode_error(status: int, headers: Any, raw: bytes) -> RatchetError:
         seconds = _retry_after_header(headers.get("Retry-After", ""))
         if seconds:
             detail["retry_after_seconds"] = seconds
-    return RatchetError(status, str(envelope.get("code", "")), str(envelope.get("message", "")),
+    return RatchetError(status, _text(envelope.get("code")), _text(envelope.get("message")),
                         detail, request_id, body)
+
+
+def _text(value: Any) -> str:
+    """An envelope's code or message as text: null (or missing) is empty, as
+    the Go SDK decodes it, not "None"."""
+    return "" if value is None else str(value)
 
 
 def _http_date(value: Optional[str]) -> Any:

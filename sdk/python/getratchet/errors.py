@@ -34,7 +34,8 @@ def _detail_strings(value: Any) -> List[str]:
 def _error_text(status: int, code: str, message: str, detail: dict, request_id: str) -> str:
     """The text of a RatchetError, as the Go SDK's: what a 403's key lacks
     (detail.any_of or detail.required) and the request id to quote."""
-    text = f"ratchet: {status} {code}: {message}"
+    # Empty parts are left out, as the Go SDK's text leaves them.
+    text = f"ratchet: {status}" + (f" {code}" if code else "") + (f": {message}" if message else "")
     detail = detail if isinstance(detail, dict) else {}
     any_of, required = _detail_strings(detail.get("any_of")), _detail_strings(detail.get("required"))
     if any_of:
@@ -79,7 +80,7 @@ class RatchetError(Exception):
 
     @property
     def validation(self) -> list:
-        """The fields a 400 invalid_request refused: [{"field", "rule", ...}]."""
+        """The fields a 400 invalid_request refused: [{"field", "message"}]."""
         value = self.detail.get("validation")
         return value if isinstance(value, list) else []
 

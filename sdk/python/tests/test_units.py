@@ -497,6 +497,17 @@ class ErrorTextTest(unittest.TestCase):
                          "ratchet: 500 internal_error: Oops.")
 
 
+    def test_an_envelope_with_null_or_odd_fields_reads_as_go_reads_it(self) -> None:
+        # SDK QA: a null code and message read "None" ("ratchet: 400 None:
+        # None"); Go reads them as empty and leaves them out of its text.
+        err = _http._decode_error(400, {"X-Request-Id": "req_3"},
+                                  b'{"error":{"code":null,"message":null,"detail":null}}')
+        self.assertEqual((err.code, err.message, err.detail, str(err)), ("", "", {}, "ratchet: 400 (request req_3)"))
+        err = _http._decode_error(400, {}, b'{"error":{"code":"bad","message":null,"detail":[1]}}')
+        self.assertEqual((err.code, err.message, err.detail, str(err)), ("bad", "", {}, "ratchet: 400 bad"))
+        self.assertEqual(str(getratchet.RatchetError(502, "", "Bad Gateway")), "ratchet: 502: Bad Gateway")
+
+
 class RevokedKeyTest(unittest.TestCase):
     def test_a_claim_refused_401_stops_the_worker(self) -> None:
         # QA: a worker whose key was revoked polled on for ever, each claim

@@ -20,7 +20,8 @@ const detailStrings = (v) => (Array.isArray(v) ? v.filter((s) => typeof s === 's
 /** The text of a RatchetError, as the Go SDK's: what a 403's key lacks
  * (detail.any_of or detail.required) and the request id to quote. */
 function errorText(status, code, message, detail, requestId) {
-  let text = `ratchet: ${status} ${code}: ${message}`;
+  // Empty parts are left out, as the Go SDK's text leaves them.
+  let text = `ratchet: ${status}${code ? ` ${code}` : ''}${message ? `: ${message}` : ''}`;
   const anyOf = detailStrings(detail.any_of);
   const required = detailStrings(detail.required);
   if (anyOf.length > 0) text += ` (requires one of ${anyOf.join(', ')})`;

@@ -237,7 +237,8 @@ export declare class RatchetError extends Error {
   requestId: string;
   body: unknown;
   readonly retryAfterSeconds: number;
-  readonly validation: Array<{ field: string; rule?: string; [key: string]: unknown }>;
+  /** detail.validation of a 400 invalid_request: each refused field and what is wrong with it (API.md). */
+  readonly validation: Array<{ field: string; message: string; [key: string]: unknown }>;
   /** A 5xx that may have acted, or an answer that ended the retries of a call an earlier attempt of which may have. */
   readonly mayHaveApplied: boolean;
 }

@@ -243,7 +243,9 @@ function decodeError(response, raw) {
     // Not the API's envelope (a proxy's page): name the status only.
     envelope = { code: `http_${response.status}`, message: `HTTP ${response.status}` };
   }
-  const detail = envelope.detail && typeof envelope.detail === 'object' ? { ...envelope.detail } : {};
+  // An object only, as the Go SDK decodes it: a list is no detail (it was
+  // spread into {"0": ...}).
+  const detail = envelope.detail && typeof envelope.detail === 'object' && !Array.isArray(envelope.detail) ? { ...envelope.detail } : {};
   if ((response.status === 429 || response.status === 503) && detail.retry_after_seconds === undefined) {
     const seconds = retryAfterHeader(response.headers.get('retry-after'));
     if (seconds > 0) detail.retry_after_seconds = seconds;

@@ -244,6 +244,20 @@ test('a refusal names what the key lacks and the request', () => {
   assert.equal(new RatchetError(500, 'internal_error', 'Oops.', { required: 'x' }).message, 'ratchet: 500 internal_error: Oops.');
 });
 
+test('an envelope with null or odd fields reads as Go reads it', async () => {
+  // SDK QA: a detail that is a list was spread into {"0": ...}, and an empty
+  // code and message left "ratchet: 400 : " where Go leaves them out.
+  const refusal = async (body, headers = {}) => {
+    const tr = new Transport({ apiKey: 'k', baseUrl: 'http://x', maxRetries: 0, fetch: async () => new Response(body, { status: 400, headers }) });
+    return tr.call('GET', '/x', undefined, { safe: false }).then(() => assert.fail('no error'), (err) => err);
+  };
+  let err = await refusal('{"error":{"code":null,"message":null,"detail":null}}', { 'X-Request-Id': 'req_3' });
+  assert.deepEqual([err.code, err.detail, err.message], ['', {}, 'ratchet: 400 (request req_3)']);
+  err = await refusal('{"error":{"code":"bad","message":null,"detail":[1]}}');
+  assert.deepEqual([err.code, err.detail, err.message], ['bad', {}, 'ratchet: 400 bad']);
+  assert.equal(new RatchetError(502, '', 'Bad Gateway').message, 'ratchet: 502: Bad Gateway');
+});
+
 test('a claim refused 401 stops the worker', async (t) => {
   // QA: a worker whose key was revoked polled on for ever, each claim
   // refused 401, and start() never settled. It now stops as stop() would:
