@@ -73,7 +73,10 @@ def redact_message(message: str) -> str:
         last_space = _LAST_WORD.search(message)
         if last_space and last_space.start() > 0:
             message = message[:last_space.start()]
-    message = "".join(" " if unicodedata.category(ch) in ("Cc", "Cs") else ch for ch in message)
+    # Control characters, lone surrogates and U+FFFD (to the Go SDK, the
+    # last two are invalid UTF-8, and an invalid byte reads as U+FFFD)
+    # become spaces.
+    message = "".join(" " if ch == "\ufffd" or unicodedata.category(ch) in ("Cc", "Cs") else ch for ch in message)
     for pattern, replacement in _REDACTIONS:
         message = pattern.sub(replacement, message)
     message = " ".join(message.split())

@@ -14,6 +14,8 @@ const MAX_SCANNED_CHARS = 1000;
 // White space in them is ASCII's ([\t\n\v\f\r ]), as RE2's \s is: a
 // JavaScript \s also takes a no-break space, which ended a secret's value
 // early and left the rest of it in the message.
+// unicode.IsSpace's characters, runs of which Go's strings.Fields splits on.
+const GO_SPACE = /[\t\n\v\f\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+/;
 const REDACTIONS = [
   [/\b((?:proxy-)?authorization)(\\?["']?[\t\n\v\f\r ]*[=:][\t\n\v\f\r ]*)[^\r\n,;]+/gi, '$1$2[redacted]'],
   [/\b(bearer|basic|token|apikey|digest)[\t\n\v\f\r ]+[^\t\n\v\f\r ,;]+/gi, '$1 [redacted]'],
@@ -45,11 +47,14 @@ export function redactMessage(message) {
     const space = out.search(/\s\S*$/);
     if (space > 0) out = out.slice(0, space);
   }
-  // Control characters and lone surrogates (half a character, as an
-  // invalid UTF-8 byte is to the Go SDK) become spaces.
-  out = out.replace(/[\p{Cc}\p{Cs}]/gu, ' ');
+  // Control characters, lone surrogates (half a character, as an invalid
+  // UTF-8 byte is to the Go SDK) and U+FFFD (which Go reads an invalid byte
+  // as) become spaces.
+  out = out.replace(/[\p{Cc}\p{Cs}\uFFFD]/gu, ' ');
   for (const [pattern, replacement] of REDACTIONS) out = out.replace(pattern, replacement);
-  out = out.split(/\s+/).filter(Boolean).join(' ');
+  // White space as Go's strings.Fields reads it (unicode.IsSpace): a
+  // JavaScript \s also takes U+FEFF, which Go and Python keep.
+  out = out.split(GO_SPACE).filter(Boolean).join(' ');
   const bytes = new TextEncoder().encode(out);
   if (cut || bytes.length > MAX_ERROR_MESSAGE_BYTES) {
     const ellipsis = '…';
