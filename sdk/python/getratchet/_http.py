@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import math
 import random
 import secrets
 import select
@@ -481,7 +482,7 @@ def _decode_error(status: int, headers: Any, raw: bytes) -> RatchetError:
     detail = envelope.get("detail") if isinstance(envelope.get("detail"), dict) else {}
     detail = dict(detail)
     if status in (429, 503) and "retry_after_seconds" not in detail and headers:
-        seconds = _retry_after_header(headers.get("Retry-After", ""))
+        seconds = _retry_after_header(headers.get("Retry-After", ""), _http_date(headers.get("Date")))
         if seconds:
             detail["retry_after_seconds"] = seconds
     return RatchetError(status, _text(envelope.get("code")), _text(envelope.get("message")),
@@ -501,11 +502,16 @@ def _http_date(value: Optional[str]) -> Any:
         return None
 
 
-def _retry_after_header(value: str) -> int:
+def _retry_after_header(value: str, date: Any = None) -> int:
+    """A Retry-After header in whole seconds from now: delay-seconds, or an
+    HTTP date measured against the server's own clock (the answer's Date,
+    as the Go SDK measures it) when it sent one; 0 when absent, unreadable
+    or past."""
     value = (value or "").strip()
     if value.isdigit():
         return int(value)
     try:
-        return max(0, int(parsedate_to_datetime(value).timestamp() - time.time() + 0.999))
-    except (TypeError, ValueError, OverflowError, IndexError):
+        now = date.timestamp() if date is not None else time.time()
+        return max(0, math.ceil(parsedate_to_datetime(value).timestamp() - now))
+    except (TypeError, ValueError, OverflowError, IndexError, AttributeError):
         return 0

@@ -508,6 +508,19 @@ class ErrorTextTest(unittest.TestCase):
         self.assertEqual(str(getratchet.RatchetError(502, "", "Bad Gateway")), "ratchet: 502: Bad Gateway")
 
 
+    def test_a_retry_after_date_is_measured_by_the_servers_clock(self) -> None:
+        # As the Go SDK measures it (against the answer's Date): a server
+        # whose clock is a year off asks for 30 s, not for none or a year.
+        headers = {"Date": "Mon, 01 Jan 2001 00:00:00 GMT", "Retry-After": "Mon, 01 Jan 2001 00:00:30 GMT"}
+        self.assertEqual(_http._decode_error(429, headers, b"").retry_after_seconds, 30)
+        self.assertEqual(_http._decode_error(503, headers, b"").retry_after_seconds, 30)
+        # Without a Date (or one that does not parse), by this clock.
+        later = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 3600))
+        for date in (None, "not a date"):
+            headers = {"Retry-After": later} if date is None else {"Date": date, "Retry-After": later}
+            self.assertIn(_http._decode_error(429, headers, b"").retry_after_seconds, range(3590, 3602))
+
+
 class RevokedKeyTest(unittest.TestCase):
     def test_a_claim_refused_401_stops_the_worker(self) -> None:
         # QA: a worker whose key was revoked polled on for ever, each claim

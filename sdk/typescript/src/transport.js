@@ -247,15 +247,19 @@ function decodeError(response, raw) {
   // spread into {"0": ...}).
   const detail = envelope.detail && typeof envelope.detail === 'object' && !Array.isArray(envelope.detail) ? { ...envelope.detail } : {};
   if ((response.status === 429 || response.status === 503) && detail.retry_after_seconds === undefined) {
-    const seconds = retryAfterHeader(response.headers.get('retry-after'));
+    const seconds = retryAfterHeader(response.headers.get('retry-after'), Date.parse(response.headers.get('date') ?? ''));
     if (seconds > 0) detail.retry_after_seconds = seconds;
   }
   return new RatchetError(response.status, String(envelope.code ?? ''), String(envelope.message ?? ''), detail, requestId, body);
 }
 
-function retryAfterHeader(value) {
+/** A Retry-After header in whole seconds from now: delay-seconds, or an
+ * HTTP date measured against the server's own clock (the answer's Date, as
+ * the Go SDK measures it) when it sent one; 0 when absent, unreadable or past. */
+function retryAfterHeader(value, date) {
   const v = (value ?? '').trim();
   if (/^\d+$/.test(v)) return Number(v);
   const at = Date.parse(v);
-  return Number.isFinite(at) ? Math.max(0, Math.ceil((at - Date.now()) / 1000)) : 0;
+  const now = Number.isFinite(date) ? date : Date.now();
+  return Number.isFinite(at) ? Math.max(0, Math.ceil((at - now) / 1000)) : 0;
 }

@@ -258,6 +258,24 @@ test('an envelope with null or odd fields reads as Go reads it', async () => {
   assert.equal(new RatchetError(502, '', 'Bad Gateway').message, 'ratchet: 502: Bad Gateway');
 });
 
+test('a Retry-After date is measured by the server\'s clock', async () => {
+  // As the Go SDK measures it (against the answer's Date): a server whose
+  // clock is a year off asks for 30 s, not for none or a year.
+  const refusal = async (status, headers) => {
+    const tr = new Transport({ apiKey: 'k', baseUrl: 'http://x', maxRetries: 0, fetch: async () => new Response(null, { status, headers }) });
+    return tr.call('POST', '/runs', {}, { safe: false }).then(() => assert.fail('no error'), (err) => err);
+  };
+  const headers = { Date: 'Mon, 01 Jan 2001 00:00:00 GMT', 'Retry-After': 'Mon, 01 Jan 2001 00:00:30 GMT' };
+  assert.equal((await refusal(429, headers)).retryAfterSeconds, 30);
+  assert.equal((await refusal(503, headers)).retryAfterSeconds, 30);
+  // Without a Date (or one that does not parse), by this clock.
+  const later = new Date(Date.now() + 3_600_000).toUTCString();
+  for (const h of [{ 'Retry-After': later }, { Date: 'not a date', 'Retry-After': later }]) {
+    const seconds = (await refusal(429, h)).retryAfterSeconds;
+    assert.ok(seconds >= 3590 && seconds <= 3601, String(seconds));
+  }
+});
+
 test('a claim refused 401 stops the worker', async (t) => {
   // QA: a worker whose key was revoked polled on for ever, each claim
   // refused 401, and start() never settled. It now stops as stop() would:
