@@ -457,7 +457,10 @@ class IdleWorkerTest(unittest.TestCase):
         self.assertTrue(client.worker.stop(5))
         claims = [s for s in server.seen if s[1].endswith("/claim")]
         # Five intervals of 0.2 s (±10 %): about five claims, never a busy loop.
-        self.assertTrue(4 <= len(claims) <= 7, len(claims))
+        # At least two, not four: a loaded machine (the suites run beside
+        # the others) made three in the second, and only the busy loop is a
+        # fault.
+        self.assertTrue(2 <= len(claims) <= 7, len(claims))
         self.assertEqual(claims[0][1], "/api/v1/workers/wkr_1/claim")
         self.assertEqual(claims[0][3]["limit"], 4)
         self.assertEqual(len({c[3]["claimId"] for c in claims}), len(claims))
