@@ -1053,15 +1053,23 @@ class BatchedReportsTest(unittest.TestCase):
         self.addCleanup(patcher.stop)
 
     def run_jobs(self, n: int, answer_item, batch_route: bool = True, poll_interval: float = 0.05):
-        """Runs n jobs claimed at once (job_1 returns first, the others a
-        moment later, while its report is held up) and stops the worker.
+        """Runs n jobs claimed at once (job_1 returns first, the others once
+        its report reached the server, which holds it until they returned)
+        and stops the worker.
         answer_item(job_id, report) answers one report, single or batched
         (a batch fails whole, as the server's transaction does, when one of
         its reports meets a 5xx). Returns the server, what it recorded (job
         id -> report), the requests in the order they were answered, the
         errors told and stop()'s answer."""
         lock = threading.Lock()
-        state = {"claims": 0, "reports": 0}
+        state = {"claims": 0, "reports": 0, "others_done": 0}
+        # job_1's report is the first the server sees, and it is held until
+        # the others' handlers returned, whatever the machine's load (a
+        # CI flake: with a fixed 0.1 s head start, job_1's thread ran late
+        # under load and another job's report came first).
+        first_report_seen, others_done = threading.Event(), threading.Event()
+        if n == 1:
+            others_done.set()
         recorded = {}
         answered = set()  # jobs whose report met an answer other than a 5xx
         order: List[Tuple[str, int]] = []
@@ -1083,7 +1091,9 @@ class BatchedReportsTest(unittest.TestCase):
                 state["reports"] += 1
                 first = state["reports"] == 1
             if first:
-                time.sleep(0.5)  # the others finish meanwhile
+                first_report_seen.set()
+                others_done.wait(10)  # the others finish meanwhile
+                time.sleep(0.2)  # and their reports are queued
             if path != "/api/v1/jobs/report":
                 job_id = path.split("/")[-2]
                 status, answer, headers = answer_item(job_id, body)
@@ -1115,7 +1125,11 @@ class BatchedReportsTest(unittest.TestCase):
 
         def handler(input, context):
             if context.job_id != "job_1":
-                time.sleep(0.1)
+                first_report_seen.wait(10)
+                with lock:
+                    state["others_done"] += 1
+                    if state["others_done"] == n - 1:
+                        others_done.set()
             return {"job": context.job_id}
 
         client.register_tool("t", "1", handler)
