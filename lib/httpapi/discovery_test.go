@@ -144,6 +144,11 @@ func TestOpenAPIRequiresOnlyWhatARequestMustSend(t *testing.T) {
 	require.Equal(t, []string{"events", "url"}, required("/api/v1/webhooks", "post"))
 	require.Equal(t, []string{"handlerVersion", "inputSchema"}, required("/api/v1/tools/{name}/contracts", "post"))
 	require.Equal(t, []string{"acknowledgeDuplicateRisk"}, required("/api/v1/steps/{id}/replay", "post"))
+	// A bool left out reads false: replace_previous may be left out (agent
+	// QA: the document required it, and a rotation sending {} or no body,
+	// as its summary shows, was answered 200).
+	require.Empty(t, required("/api/v1/webhooks/{id}/rotate-secret", "post"))
+	require.False(t, doc.Paths["/api/v1/webhooks/{id}/rotate-secret"]["post"].RequestBody.Required)
 	// ...and sent as null they are refused, so their schema has no null.
 	var raw map[string]any
 	require.NoError(t, json.Unmarshal(b, &raw))

@@ -419,7 +419,10 @@ func collectOptionals(t reflect.Type, into map[reflect.Type]*jsonschema.Schema, 
 }
 
 // relaxRequired leaves in Required only the fields of struct t (and of the
-// structs below it) that a request must send: those that cannot be null.
+// structs below it) that a request must send: those that cannot be null,
+// but a bool, which reads false when left out (agent QA: a rotation's
+// replace_previous was required, and {} was answered 200), unless tagged
+// required.
 func relaxRequired(t reflect.Type, s *jsonschema.Schema) {
 	if s == nil {
 		return
@@ -441,7 +444,7 @@ func relaxRequired(t reflect.Type, s *jsonschema.Schema) {
 	must := mustSend(t)
 	required := s.Required[:0]
 	for _, name := range s.Required {
-		if ft, ok := fields[name]; ok && (!schematags.Nullable(ft) || must[name]) {
+		if ft, ok := fields[name]; ok && ((!schematags.Nullable(ft) && ft.Kind() != reflect.Bool) || must[name]) {
 			required = append(required, name)
 		}
 	}
