@@ -50,6 +50,14 @@ var (
 	dimensionRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 )
 
+// EffectTypePattern and EffectTypeMaxLength are effectTypeRe as a JSON
+// Schema states it (begin's openapi tags), for an effect type in a path or
+// a filter.
+const (
+	EffectTypePattern   = `^[A-Za-z0-9][A-Za-z0-9._:-]*$`
+	EffectTypeMaxLength = 100
+)
+
 // effectTypeRule is the message for a malformed effect type.
 const effectTypeRule = "must be 1-100 characters: letters, digits, . _ : -"
 

@@ -558,6 +558,25 @@ func TestOpenAPIStatesBoundsAndEnumerations(t *testing.T) {
 			require.Equal(t, map[string]any{"type": "integer", "minimum": 1.0, "maximum": 200.0}, p["schema"])
 		}
 	}
+	// An effect type in a path or a filter is held to begin's rule, and the
+	// document says so (agent QA: {effect_type} and ?effect_type= read as any
+	// string, and "a b" or 101 characters were refused 400).
+	effectType := prop("/api/v1/effects/begin", "post", "effect_type")
+	seen := 0
+	for path, ops := range doc["paths"].(map[string]any) {
+		for method, op := range ops.(map[string]any) {
+			params, _ := op.(map[string]any)["parameters"].([]any)
+			for _, p := range params {
+				if p := p.(map[string]any); p["name"] == "effect_type" {
+					seen++
+					schema := p["schema"].(map[string]any)
+					require.Equal(t, effectType["pattern"], schema["pattern"], "%s %s", method, path)
+					require.Equal(t, effectType["maxLength"], schema["maxLength"], "%s %s", method, path)
+				}
+			}
+		}
+	}
+	require.Equal(t, 6, seen, "the policy, structuring and circuit paths and the effects list's filter")
 	// A webhook's events, a reconciliation's records and an endpoint's
 	// name state the bounds their handlers check (verification QA:
 	// enforced, not stated; lib/webhooks, lib/gate and this package's

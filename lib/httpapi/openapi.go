@@ -197,7 +197,11 @@ func operation(r Route) map[string]any {
 	}
 	var params []any
 	for _, p := range r.PathParams() {
-		params = append(params, map[string]any{"name": p, "in": "path", "required": true, "schema": map[string]any{"type": "string"}})
+		schema := map[string]any{"type": "string"}
+		if p == "effect_type" { // begin's rule (agent QA: the path read as any string)
+			schema["pattern"], schema["maxLength"] = gate.EffectTypePattern, gate.EffectTypeMaxLength
+		}
+		params = append(params, map[string]any{"name": p, "in": "path", "required": true, "schema": schema})
 	}
 	for _, p := range r.Query {
 		t := p.Type
@@ -213,6 +217,12 @@ func operation(r Route) map[string]any {
 		}
 		if p.Enum != nil {
 			schema["enum"] = p.Enum
+		}
+		if p.Pattern != "" {
+			schema["pattern"] = p.Pattern
+		}
+		if p.MaxLength > 0 {
+			schema["maxLength"] = p.MaxLength
 		}
 		params = append(params, map[string]any{"name": p.Name, "in": "query", "description": p.Description, "schema": schema})
 	}

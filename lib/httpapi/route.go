@@ -32,6 +32,8 @@ type Param struct {
 	Type        string   // "string" or "integer"
 	Min, Max    *int     // an integer's bounds, when it has them
 	Enum        []string // a string's values, when it takes only those
+	Pattern     string   // a string's pattern, when it has one
+	MaxLength   int      // a string's longest length, when it has one
 }
 
 // Route is one method on one path.

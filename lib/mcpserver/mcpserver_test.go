@@ -191,6 +191,8 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 		{"ratchet_resolve", map[string]any{"effect_id": eff, "outcome": "maybe"}, "outcome"},
 		{"ratchet_list_effects", map[string]any{"state": "lost"}, "state"},
 		{"ratchet_list_effects", map[string]any{"limit": 201}, "limit"},
+		{"ratchet_list_effects", map[string]any{"effect_type": "a b"}, "effect_type"},
+		{"ratchet_get_policy", map[string]any{"effect_type": strings.Repeat("t", 101)}, "effect_type"},
 		{"ratchet_list_approvals", map[string]any{"limit": 0}, "limit"},
 		{"ratchet_decide_approval", map[string]any{"approval_id": "apr_x", "decision": "REJECT"}, "decision"},
 		// The bounds of the REST body's openapi tags (session 16's note:
@@ -241,6 +243,10 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 		{"ratchet_begin", "request_id", reflect.TypeFor[gate.BeginRequest](), "RequestID"},
 		{"ratchet_resolve", "note", reflect.TypeFor[gate.ResolveRequest](), "Note"},
 		{"ratchet_decide_approval", "note", reflect.TypeFor[gate.DecideRequest](), "Note"}, // MCP QA: unbounded
+		// An effect type in the URL is begin's (agent QA: any string, and
+		// "a b" was refused).
+		{"ratchet_get_policy", "effect_type", reflect.TypeFor[gate.BeginRequest](), "EffectType"},
+		{"ratchet_list_effects", "effect_type", reflect.TypeFor[gate.BeginRequest](), "EffectType"},
 	} {
 		f, ok := c.rest.FieldByName(c.field)
 		require.True(t, ok, c.field)

@@ -393,7 +393,7 @@ type EffectInput struct {
 // ListEffectsInput filters GET /api/v1/effects.
 type ListEffectsInput struct {
 	State      string `json:"state,omitempty" jsonschema:"leased, succeeded, failed, indeterminate, awaiting_approval or denied" mcp:"url"`
-	EffectType string `json:"effect_type,omitempty" mcp:"url"`
+	EffectType string `json:"effect_type,omitempty" mcp:"url" openapi:"pattern=^[A-Za-z0-9][A-Za-z0-9._:-]*$,maxLength=100"`
 	Page
 }
 
@@ -414,7 +414,7 @@ func (p Page) params() map[string]string {
 
 // PolicyInput names an effect type.
 type PolicyInput struct {
-	EffectType string `json:"effect_type" mcp:"url"`
+	EffectType string `json:"effect_type" mcp:"url" openapi:"pattern=^[A-Za-z0-9][A-Za-z0-9._:-]*$,maxLength=100"`
 }
 
 // ListApprovalsInput filters GET /api/v1/approvals.
@@ -475,11 +475,11 @@ var tools = []tool{
 			q := in.params()
 			q["state"], q["effect_type"] = in.State, in.EffectType
 			return "GET", "/api/v1/effects" + query(q), nil
-		}, oneOf("state", anys(gate.States)...), nonEmpty("effect_type"), pageLimit)),
+		}, oneOf("state", anys(gate.States)...), nonEmpty("effect_type"), pageLimit, like[ListEffectsInput])),
 	readOnly(define("ratchet_get_policy", "Read the policy that governs an effect type.", "policies:read",
 		func(in PolicyInput) (string, string, any) {
 			return "GET", "/api/v1/policies/" + pathEscape(in.EffectType), nil
-		})),
+		}, like[PolicyInput])),
 	readOnly(define("ratchet_list_approvals", "List approvals, e.g. state=pending.", "approvals:write",
 		func(in ListApprovalsInput) (string, string, any) {
 			q := in.params()
