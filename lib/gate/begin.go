@@ -29,7 +29,7 @@ import (
 // BeginRequest is the body of POST /api/v1/effects/begin.
 type BeginRequest struct {
 	EffectType          string            `json:"effect_type" openapi:"pattern=^[A-Za-z0-9][A-Za-z0-9._:-]*$,maxLength=100"`
-	IdempotencyKey      string            `json:"idempotency_key" openapi:"minLength=1,maxLength=255"`
+	IdempotencyKey      string            `json:"idempotency_key" openapi:"minLength=1,maxLength=255,printable"`
 	Payload             json.RawMessage   `json:"payload"`
 	CostMicros          *int64            `json:"cost_micros" openapi:"min=0,max=1000000000000000000"`
 	Dimensions          map[string]string `json:"dimensions" openapi:"maxProperties=16,keyPattern=^[A-Za-z0-9][A-Za-z0-9._-]*$,keyMaxLength=64,valueMinLength=1,valueMaxLength=255"`
@@ -42,7 +42,7 @@ type BeginRequest struct {
 	// characters, random, never stored): a retry by the same key whose
 	// first answer was lost gets the same execute, lease token included,
 	// instead of in_flight.
-	RequestID *string `json:"request_id" openapi:"minLength=16,maxLength=255"`
+	RequestID *string `json:"request_id" openapi:"minLength=16,maxLength=255,printable"`
 }
 
 // Compensation is how to undo an effect of a group.

@@ -63,7 +63,7 @@ type CreateGroupRequest struct {
 	// IdempotencyKey makes the create safe to retry: the same key answers
 	// the group it opened (with the same name; another is 409
 	// idempotency_key_reuse).
-	IdempotencyKey *string `json:"idempotency_key" openapi:"minLength=1,maxLength=255"`
+	IdempotencyKey *string `json:"idempotency_key" openapi:"minLength=1,maxLength=255,printable"`
 }
 
 // GroupStep is one effect of a group as GET shows it. Compensation payloads

@@ -44,7 +44,7 @@ const (
 
 // ReconcileRecord is one of the vendor's records.
 type ReconcileRecord struct {
-	IdempotencyKey string `json:"idempotency_key" openapi:"minLength=1,maxLength=255"`
+	IdempotencyKey string `json:"idempotency_key" openapi:"minLength=1,maxLength=255,printable"`
 	Status         string `json:"status" openapi:"enum=succeeded|refunded|failed|pending"`
 	// The amount the vendor recorded, in micros; null when it has none.
 	AmountMicros *int64 `json:"amount_micros" openapi:"min=0,max=1000000000000000000"`

@@ -21,6 +21,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/httpapi"
+	"github.com/getratchet/ratchet/lib/idemkey"
 	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
@@ -524,6 +525,21 @@ func TestOpenAPIStatesBoundsAndEnumerations(t *testing.T) {
 	requestID := prop("/api/v1/effects/begin", "post", "request_id")
 	require.EqualValues(t, 16, requestID["minLength"], "docs QA: the schema had no bounds")
 	require.EqualValues(t, 255, requestID["maxLength"])
+	// ...and their characters, which the handler checks (agent QA: a key
+	// holding a newline or a no-break space was valid by the document and
+	// refused 400).
+	require.Equal(t, idemkey.Pattern, key["pattern"])
+	require.Equal(t, idemkey.Pattern, requestID["pattern"])
+	require.Equal(t, idemkey.Pattern, prop("/api/v1/groups", "post", "idempotency_key")["pattern"])
+	require.Equal(t, idemkey.Pattern, prop("/api/v1/runs", "post", "idempotencyKey")["pattern"])
+	require.Equal(t, idemkey.Pattern, prop("/api/v1/runs/{id}/steps", "post", "idempotencyKey")["pattern"])
+	require.Equal(t, idemkey.Pattern, prop("/api/v1/reconcile", "post", "records")["items"].(map[string]any)["properties"].(map[string]any)["idempotency_key"].(map[string]any)["pattern"])
+	require.Equal(t, idemkey.Pattern, prop("/api/v1/endpoints", "post", "name")["pattern"])
+	for _, p := range doc["paths"].(map[string]any)["/api/v1/keys"].(map[string]any)["post"].(map[string]any)["parameters"].([]any) {
+		if p := p.(map[string]any); p["name"] == "Idempotency-Key" {
+			require.Equal(t, idemkey.Pattern, p["schema"].(map[string]any)["pattern"])
+		}
+	}
 	require.EqualValues(t, 1e18, prop("/api/v1/effects/begin", "post", "cost_micros")["maximum"])
 	require.Equal(t, []any{"succeeded", "failed"}, prop("/api/v1/effects/{id}/report", "post", "outcome")["enum"])
 	require.Equal(t, []any{"SUCCEEDED", "FAILED"}, prop("/api/v1/jobs/{id}/report", "post", "status")["enum"])

@@ -239,7 +239,7 @@ func operation(r Route) map[string]any {
 				"nothing and frees the key (or its claim lapses within 30 seconds); one " +
 				"whose commit's outcome is unknown (a 503 with detail.outcome unknown) holds it for 30 seconds, " +
 				"after which a retry gets the answer if the commit landed and acts if it did not.",
-			"schema": map[string]any{"type": "string", "minLength": 1, "maxLength": idemkey.MaxRunes}})
+			"schema": map[string]any{"type": "string", "minLength": 1, "maxLength": idemkey.MaxRunes, "pattern": idemkey.Pattern}})
 	}
 	if params != nil {
 		op["parameters"] = params

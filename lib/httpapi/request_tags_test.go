@@ -67,8 +67,13 @@ func TestEndpointAndContractPolicyTagsAgreeWithTheHandlers(t *testing.T) {
 	require.Greater(t, checked, 40, "the endpoint policy's bounds are tagged")
 	name, ok := create.FieldByName("Name")
 	require.True(t, ok)
-	require.Equal(t, map[string]string{"minLength": "1", "maxLength": "200"}, schematags.Rules(name),
-		"the name states its length, probed above")
+	require.Equal(t, map[string]string{"minLength": "1", "maxLength": "200", "printable": ""}, schematags.Rules(name),
+		"the name states its length, probed above, and its characters")
+	for _, bad := range []string{"a\nb", "a\u00a0b", "a\u200bb"} {
+		r := e.Do("POST", "/api/v1/endpoints", e.ws.Key, map[string]any{"name": bad})
+		require.Equal(t, http.StatusBadRequest, r.Status, "%q: %s", bad, r.Body)
+		require.Contains(t, string(r.Body), `"field":"name"`, "%q", bad)
+	}
 
 	// PUT …/policy takes the same fields and requires expectedVersion, a
 	// version read (0 or more).

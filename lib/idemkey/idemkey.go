@@ -6,6 +6,7 @@
 package idemkey
 
 import (
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -16,6 +17,41 @@ const MaxRunes = 255
 // Rule is the validation message for a key field (a constant, for Problems'
 // format; TestRuleNamesTheLimit keeps it in step with MaxRunes).
 const Rule = "must be 1-255 printable characters"
+
+// Pattern is the rule as a JSON Schema pattern, for the documents a client
+// reads (the openapi tag rule printable): no control, format or private-use
+// character and no white space but the plain space. It names the
+// characters of the Basic Multilingual Plane Printable refuses, as
+// themselves but for the ASCII and C1 controls (\xHH), so that every
+// validator's dialect reads it alike; a character that is unassigned, or a
+// format or private-use one beyond that plane, passes it and is still
+// refused.
+var Pattern = pattern()
+
+func pattern() string {
+	refused := func(r rune) bool {
+		return r != ' ' && unicode.In(r, unicode.Cc, unicode.Cf, unicode.Co, unicode.Zs, unicode.Zl, unicode.Zp)
+	}
+	var b strings.Builder
+	b.WriteString(`^[^\x00-\x1f\x7f-\x9f`)
+	for lo := rune(0xa0); lo <= 0xffff; lo++ {
+		if !refused(lo) {
+			continue
+		}
+		hi := lo
+		for hi < 0xffff && refused(hi+1) {
+			hi++
+		}
+		b.WriteRune(lo)
+		if hi > lo {
+			b.WriteByte('-')
+			b.WriteRune(hi)
+		}
+		lo = hi
+	}
+	b.WriteString(`]*$`)
+	return b.String()
+}
 
 // Valid reports whether k is a well-formed idempotency key.
 func Valid(k string) bool { return Printable(k, MaxRunes) }

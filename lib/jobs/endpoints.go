@@ -103,7 +103,7 @@ type UpdatePolicyRequest struct {
 // that rule (printable, no white space at either end) only the handler
 // states.
 type CreateEndpointRequest struct {
-	Name string `json:"name" openapi:"minLength=1,maxLength=200"`
+	Name string `json:"name" openapi:"minLength=1,maxLength=200,printable"`
 	PolicyFields
 }
 

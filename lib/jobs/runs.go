@@ -158,7 +158,7 @@ type CreateRunRequest struct {
 	// same name and budget answer the run it started (deduplicated), another
 	// name or budget is 409 idempotency_key_reuse. Unique per workspace
 	// among the runs kept (JOB_RETENTION_DAYS).
-	IdempotencyKey *string `json:"idempotencyKey,omitempty" openapi:"minLength=1,maxLength=255"`
+	IdempotencyKey *string `json:"idempotencyKey,omitempty" openapi:"minLength=1,maxLength=255,printable"`
 }
 
 // EnqueueRequest is the body of POST /api/v1/runs/{id}/steps.
@@ -167,7 +167,7 @@ type EnqueueRequest struct {
 	Version         string          `json:"version" openapi:"minLength=1,maxLength=100"`
 	Input           json.RawMessage `json:"input,omitempty"`
 	Endpoint        *string         `json:"endpoint,omitempty" openapi:"minLength=1,maxLength=200"`
-	IdempotencyKey  *string         `json:"idempotencyKey,omitempty" openapi:"minLength=1,maxLength=255"`
+	IdempotencyKey  *string         `json:"idempotencyKey,omitempty" openapi:"minLength=1,maxLength=255,printable"`
 	TimeoutMs       *int64          `json:"timeoutMs,omitempty" openapi:"min=1000,max=86400000"`
 	MaxAttempts     *int64          `json:"maxAttempts,omitempty" openapi:"min=1,max=10"`
 	ContractVersion *int64          `json:"contractVersion,omitempty" openapi:"min=1"`

@@ -20,6 +20,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/gate"
+	"github.com/getratchet/ratchet/lib/idemkey"
 	"github.com/getratchet/ratchet/lib/jsonstrict"
 	"github.com/getratchet/ratchet/lib/mcpserver"
 	"github.com/getratchet/ratchet/lib/schematags"
@@ -202,6 +203,8 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k", "cost_micros": -1}, "cost_micros"},
 		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k", "lease_seconds": 0}, "lease_seconds"},
 		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k", "request_id": "short"}, "request_id"},
+		// A key's characters too (agent QA: a newline passed the schema).
+		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "a\nb"}, "idempotency_key"},
 		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k",
 			"compensation": map[string]any{"effect_type": "-refund"}}, "compensation.effect_type"},
 		{"ratchet_begin", map[string]any{"effect_type": "m.x", "idempotency_key": "k",
@@ -251,9 +254,12 @@ func TestToolSchemasSayWhatTheRoutesTake(t *testing.T) {
 		f, ok := c.rest.FieldByName(c.field)
 		require.True(t, ok, c.field)
 		for rule, val := range schematags.Rules(f) {
-			key := map[string]string{"min": "minimum", "max": "maximum"}[rule]
+			key := map[string]string{"min": "minimum", "max": "maximum", "printable": "pattern"}[rule]
 			if key == "" {
 				key = rule
+			}
+			if rule == "printable" {
+				val = idemkey.Pattern
 			}
 			got := fmt.Sprint(prop(c.tool, c.arg, key))
 			if n, err := strconv.ParseFloat(val, 64); err == nil {

@@ -1,6 +1,6 @@
 // Package schematags reads the openapi struct tags that state the bounds a
 // handler checks (enum=a|b, min=N, max=N, minLength=N, maxLength=N,
-// pattern=RE, format=F, default=JSON, required, notNull; for a map, maxProperties=N, keyPattern=RE,
+// pattern=RE, printable (lib/idemkey's rule), format=F, default=JSON, required, notNull; for a map, maxProperties=N, keyPattern=RE,
 // keyMaxLength=N, valueMinLength=N, valueMaxLength=N; for an array,
 // minItems=N, maxItems=N, itemEnum=a|b, itemPattern=RE, itemMaxLength=N,
 // uniqueItems) and adds them to a JSON Schema inferred from the
@@ -18,6 +18,8 @@ import (
 	"strings"
 
 	"github.com/google/jsonschema-go/jsonschema"
+
+	"github.com/getratchet/ratchet/lib/idemkey"
 )
 
 // Constrain adds to s what the openapi tags of t's fields say of their
@@ -120,6 +122,8 @@ func applyRule(s *jsonschema.Schema, key, val string) {
 		part(s, key).MaxLength = length()
 	case "pattern", "keyPattern", "itemPattern":
 		part(s, key).Pattern = val
+	case "printable": // lib/idemkey's rule (agent QA: a key's newline passed the schema)
+		s.Pattern = idemkey.Pattern
 	case "format":
 		s.Format = val
 	case "default":
