@@ -58,6 +58,8 @@ func TestReplaySameVersion(t *testing.T) {
 
 	p := e.preview(stepID)
 	require.Equal(t, true, p["eligible"])
+	require.Nil(t, p["ineligibleReason"])
+	require.Contains(t, p, "ineligibleReason")
 	require.Equal(t, "EXHAUSTED", p["status"])
 	require.Equal(t, "1", p["handlerVersion"])
 	require.EqualValues(t, 2, p["attempt"])
@@ -96,7 +98,12 @@ func TestReplaySameVersion(t *testing.T) {
 	r = e.replay(stepID, ack)
 	require.Equal(t, http.StatusConflict, r.Status)
 	require.Equal(t, "invalid_state", r.ErrorCode())
-	require.Equal(t, false, e.preview(stepID)["eligible"])
+	queued := e.preview(stepID)
+	require.Equal(t, false, queued["eligible"])
+	// The preview says why, as the refusal does (agent QA: eligible false
+	// with nothing saying why).
+	require.Equal(t, "Only an EXHAUSTED or CANCELLED step can be replayed; this one is QUEUED.", queued["ineligibleReason"])
+	require.Equal(t, queued["ineligibleReason"], r.JSON()["error"].(map[string]any)["message"])
 
 	job := e.claim(wid, 1)[0]
 	require.EqualValues(t, 3, job["attempt"])
@@ -394,7 +401,10 @@ func TestReplayWaitsForTheDependency(t *testing.T) {
 		"afterStepId": a["stepId"], "afterStatus": "SUCCEEDED"})
 	require.Equal(t, "WAITING", b["status"])
 	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+b["stepId"].(string)+"/cancel", e.ingest, nil)
-	require.Equal(t, false, e.preview(b["stepId"].(string))["eligible"])
+	waiting := e.preview(b["stepId"].(string))
+	require.Equal(t, false, waiting["eligible"])
+	require.Equal(t, "The step this one depends on (afterStepId) has not ended; replay after it.", waiting["ineligibleReason"],
+		"a CANCELLED step's preview says why it may not be replayed yet")
 	r := e.replay(b["stepId"].(string), ack)
 	require.Equal(t, http.StatusConflict, r.Status)
 	require.Equal(t, "invalid_state", r.ErrorCode())

@@ -50,7 +50,8 @@ func (s *Server) contractsRoutes() []Route {
 		{
 			Method: "GET", Pattern: "/api/v1/steps/{id}/replay", Name: "steps.replay.preview", Tag: "jobs",
 			Scopes: replay,
-			Summary: "Preview a replay: eligible (job EXHAUSTED or CANCELLED), the current handlerVersion (send it " +
+			Summary: "Preview a replay: eligible (job EXHAUSTED or CANCELLED, its afterStepId dependency ended as " +
+				"it needs) and, when not, ineligibleReason; the current handlerVersion (send it " +
 				"back as expectedHandlerVersion) and upgrades[]: every other contract of the tool with compatible " +
 				"(the saved input validates against its inputSchema; the input is never returned) and forbidden.",
 			Response: jobs.ReplayPreview{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.previewReplay,

@@ -49,17 +49,21 @@ type ReplayUpgrade struct {
 // step's current handler version: a version change sends it back as
 // expectedHandlerVersion.
 type ReplayPreview struct {
-	StepID          string          `json:"stepId"`
-	JobID           string          `json:"jobId"`
-	Name            string          `json:"name"`
-	Status          string          `json:"status"`
-	Eligible        bool            `json:"eligible"`
-	HandlerVersion  string          `json:"handlerVersion"`
-	ContractVersion *int            `json:"contractVersion"`
-	Attempt         int             `json:"attempt"`
-	MaxAttempts     int             `json:"maxAttempts"`
-	EndpointPaused  bool            `json:"endpointPaused"`
-	Upgrades        []ReplayUpgrade `json:"upgrades"`
+	StepID   string `json:"stepId"`
+	JobID    string `json:"jobId"`
+	Name     string `json:"name"`
+	Status   string `json:"status"`
+	Eligible bool   `json:"eligible"`
+	// IneligibleReason says why a replay would be refused now (the step's
+	// status, or its dependency: agent QA, a CANCELLED step read
+	// eligible: false with nothing saying why); null when eligible.
+	IneligibleReason *string         `json:"ineligibleReason"`
+	HandlerVersion   string          `json:"handlerVersion"`
+	ContractVersion  *int            `json:"contractVersion"`
+	Attempt          int             `json:"attempt"`
+	MaxAttempts      int             `json:"maxAttempts"`
+	EndpointPaused   bool            `json:"endpointPaused"`
+	Upgrades         []ReplayUpgrade `json:"upgrades"`
 }
 
 // ReplayRequest is the body of POST /api/v1/steps/{id}/replay.
@@ -110,8 +114,13 @@ func scanReplayJob(row pgx.Row) (replayJob, error) {
 // it depends on ended the way it waits for (a step cancelled while WAITING
 // would otherwise run before its dependency decided it, or after it decided
 // that the step must never run).
-func (j replayJob) replayable() bool {
-	return (j.status == StatusExhausted || j.status == StatusCancelled) && j.refusal() == ""
+// ineligible says why the step cannot be replayed now; "" when it can. The
+// preview says it beside eligible, and a replay is refused with it.
+func (j replayJob) ineligible() string {
+	if j.status != StatusExhausted && j.status != StatusCancelled {
+		return fmt.Sprintf("Only an EXHAUSTED or CANCELLED step can be replayed; this one is %s.", j.status)
+	}
+	return j.refusal()
 }
 
 // refusal says why the step's dependency forbids a replay; "" when it does
@@ -178,9 +187,13 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 	if err != nil {
 		return ReplayPreview{}, fmt.Errorf("replay targets: %w", err)
 	}
-	out := ReplayPreview{StepID: stepID, JobID: j.id, Name: j.name, Status: j.status, Eligible: j.replayable(),
+	why := j.ineligible()
+	out := ReplayPreview{StepID: stepID, JobID: j.id, Name: j.name, Status: j.status, Eligible: why == "",
 		HandlerVersion: j.version, ContractVersion: intPtr(j.contractVersion), Attempt: j.attempt,
 		MaxAttempts: j.maxAttempts, EndpointPaused: j.paused, Upgrades: []ReplayUpgrade{}}
+	if why != "" {
+		out.IneligibleReason = &why
+	}
 	for _, c := range targets {
 		if j.contractVersion != nil && int(*j.contractVersion) == c.ContractVersion {
 			continue // the current contract is a same-version replay, not a target
@@ -297,11 +310,8 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 		if err != nil {
 			return fmt.Errorf("replay lock: %w", err)
 		}
-		if !j.replayable() {
-			if j.status == StatusExhausted || j.status == StatusCancelled {
-				return apierr.InvalidState("%s", j.refusal())
-			}
-			return apierr.InvalidState("Only an EXHAUSTED or CANCELLED step can be replayed; this one is %s.", j.status)
+		if why := j.ineligible(); why != "" {
+			return apierr.InvalidState("%s", why)
 		}
 		if a := req.ExpectedAttempt; a != nil && *a < int64(j.attempt) {
 			return apierr.InvalidState("The step has run since the attempt expected (%d): it is at attempt %d. "+

@@ -357,7 +357,10 @@ type ReplayPreview struct {
 	JobID    string `json:"jobId"`
 	Name     string `json:"name"`
 	Status   string `json:"status"`   // one of the Job* status constants
-	Eligible bool   `json:"eligible"` // exhausted or cancelled, so replayable
+	Eligible bool   `json:"eligible"` // exhausted or cancelled, its dependency allowing it
+	// IneligibleReason says why a replay would be refused now (nil when
+	// Eligible).
+	IneligibleReason *string `json:"ineligibleReason"`
 	// HandlerVersion is the step's current handler version: pass it as
 	// ReplayOptions.ExpectedHandlerVersion for an upgrade.
 	HandlerVersion  string `json:"handlerVersion"`

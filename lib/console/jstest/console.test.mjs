@@ -670,6 +670,19 @@ test("a lapsed attempt's warning is shown on its step's page and its endpoint's 
 	assert.ok(row(ui, step.stepId).textContent.includes('Warning: ' + lapsed.warning));
 });
 
+// A step not eligible for replay says why, as the replay's refusal would
+// (agent QA: a CANCELLED step read "not eligible" with no reason).
+test('a cancelled step waiting for its dependency says why it cannot be replayed yet', async () => {
+	const key = await signup();
+	const run = (await api('POST', '/runs', key, { name: 'chain' })).body;
+	const first = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'fetch', version: '1', input: {} })).body;
+	const then = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'fetch', version: '1', input: { n: 2 }, afterStepId: first.stepId, afterStatus: 'SUCCEEDED' })).body;
+	assert.equal((await api('POST', `/steps/${then.stepId}/cancel`, key, {})).status, 200);
+	const ui = await mount(key, '#/steps/' + then.stepId);
+	assert.match(ui.root.textContent, /Not eligible for replay \(job CANCELLED\): The step this one depends on \(afterStepId\) has not ended; replay after it\./);
+	assert.deepEqual(ui.root.querySelectorAll('button').filter((b) => b.textContent === 'Replay'), []);
+});
+
 test("a group's page lists its effects and what each compensates", async () => {
 	const key = await signup();
 	const group = (await api('POST', '/groups', key, { name: 'order-7' })).body;

@@ -1544,7 +1544,7 @@ function csvRows(src) {
 // refused rather than run.
 async function replayForm(stepId) {
 	const p = await call('GET', `/steps/${seg(stepId)}/replay`);
-	if (!p.eligible) return h('p', null, `Not eligible for replay (job ${p.status}).`);
+	if (!p.eligible) return h('p', null, `Not eligible for replay (job ${p.status})`, p.ineligibleReason ? `: ${p.ineligibleReason}` : '.');
 	const upgrades = p.upgrades || [];
 	// A contract the saved input validates against and that is not
 	// FORBIDDEN may be chosen; the others are listed with why not.
