@@ -119,7 +119,8 @@ func (s *Server) jobsRoutes() []Route {
 		{
 			Method: "POST", Pattern: "/api/v1/jobs/{id}/report", Name: "jobs.report", Tag: "workers", Scopes: work,
 			Summary: "Report an attempt: SUCCEEDED with output, or FAILED with error {message, retryable, " +
-				"retryAfterMs}. A superseded lease token is 409 lease_lost, a repeat of its report included; until " +
+				"retryAfterMs: a floor under the policy's backoff (the retry waits the longer of the two), not the " +
+				"delay itself}. A superseded lease token is 409 lease_lost, a repeat of its report included; until " +
 				"then a repeat answers the same object. A key " +
 				"restricted to tools may report only their jobs (403).",
 			Request: jobs.ReportRequest{}, Response: jobs.ReportResult{}, Status: 200,
