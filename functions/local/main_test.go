@@ -163,21 +163,19 @@ func localEnv(t *testing.T) {
 	t.Setenv("SWEEP_INTERVAL", "50ms")
 }
 
-// A second interrupt ends the process at once, even while the first one's
-// drain waits for a request in flight (review: it was ignored, leaving a
-// developer 25 s of a terminal that would not stop).
-func TestLocalServerQuitsOnASecondInterrupt(t *testing.T) {
-	if os.Getenv("RATCHET_LOCAL_MAIN") == "1" {
-		main()
-		return
-	}
+// serverDraining runs this package's main in a child process (the test
+// named run, which calls main when RATCHET_LOCAL_MAIN is set), sends it a
+// request whose body never finishes, which keeps a drain waiting, and
+// returns the child and a channel its exit is sent on.
+func serverDraining(t *testing.T, run string) (*exec.Cmd, <-chan error) {
+	t.Helper()
 	localEnv(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestLocalServerQuitsOnASecondInterrupt$")
+	cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$")
 	cmd.Env = append(os.Environ(), "RATCHET_LOCAL_MAIN=1")
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
-	defer cmd.Process.Kill() //nolint:errcheck // already gone when the test passes
+	t.Cleanup(func() { _ = cmd.Process.Kill() }) // already gone when the test passes
 	lines := bufio.NewScanner(stderr)
 	var addr string
 	for lines.Scan() {
@@ -189,22 +187,22 @@ func TestLocalServerQuitsOnASecondInterrupt(t *testing.T) {
 	require.NotEmpty(t, addr, "the server never said where it listens")
 	go io.Copy(io.Discard, stderr) //nolint:errcheck // keep the child's stderr flowing
 
-	// A request whose body never finishes keeps the drain waiting.
 	conn, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
-	defer conn.Close()
+	t.Cleanup(func() { conn.Close() })
 	_, err = fmt.Fprintf(conn, "POST /api/v1/workspaces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"na")
 	require.NoError(t, err)
 	time.Sleep(200 * time.Millisecond)
 
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	require.NoError(t, cmd.Process.Signal(os.Interrupt))
-	select {
-	case err := <-exited:
-		t.Fatalf("the first interrupt should drain the request in flight, but the server exited: %v", err)
-	case <-time.After(time.Second):
-	}
+	return cmd, exited
+}
+
+// quitsOnTheNextInterrupt checks that another interrupt ends the draining
+// child at once.
+func quitsOnTheNextInterrupt(t *testing.T, cmd *exec.Cmd, exited <-chan error) {
+	t.Helper()
 	require.NoError(t, cmd.Process.Signal(os.Interrupt))
 	select {
 	case err := <-exited:
@@ -212,6 +210,24 @@ func TestLocalServerQuitsOnASecondInterrupt(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the second interrupt did not end the process")
 	}
+}
+
+// A second interrupt ends the process at once, even while the first one's
+// drain waits for a request in flight (review: it was ignored, leaving a
+// developer 25 s of a terminal that would not stop).
+func TestLocalServerQuitsOnASecondInterrupt(t *testing.T) {
+	if os.Getenv("RATCHET_LOCAL_MAIN") == "1" {
+		main()
+		return
+	}
+	cmd, exited := serverDraining(t, "TestLocalServerQuitsOnASecondInterrupt")
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	select {
+	case err := <-exited:
+		t.Fatalf("the first interrupt should drain the request in flight, but the server exited: %v", err)
+	case <-time.After(time.Second):
+	}
+	quitsOnTheNextInterrupt(t, cmd, exited)
 }
 
 // One Ctrl-C drains, though it reaches the server twice: a terminal sends
@@ -225,34 +241,7 @@ func TestLocalServerDrainsOnOneInterruptDeliveredTwice(t *testing.T) {
 		main()
 		return
 	}
-	localEnv(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestLocalServerDrainsOnOneInterruptDeliveredTwice$")
-	cmd.Env = append(os.Environ(), "RATCHET_LOCAL_MAIN=1")
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	defer cmd.Process.Kill() //nolint:errcheck // already gone when the test passes
-	lines := bufio.NewScanner(stderr)
-	var addr string
-	for lines.Scan() {
-		if _, rest, ok := strings.Cut(lines.Text(), "listening on http://localhost:"); ok {
-			addr = "127.0.0.1:" + strings.Fields(rest)[0]
-			break
-		}
-	}
-	require.NotEmpty(t, addr, "the server never said where it listens")
-	go io.Copy(io.Discard, stderr) //nolint:errcheck // keep the child's stderr flowing
-
-	// A request whose body never finishes keeps the drain waiting.
-	conn, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	defer conn.Close()
-	_, err = fmt.Fprintf(conn, "POST /api/v1/workspaces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"na")
-	require.NoError(t, err)
-	time.Sleep(200 * time.Millisecond)
-
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	cmd, exited := serverDraining(t, "TestLocalServerDrainsOnOneInterruptDeliveredTwice")
 	// The terminal's SIGINT and pgenv's copy of it, a moment apart.
 	require.NoError(t, cmd.Process.Signal(os.Interrupt))
 	time.Sleep(5 * time.Millisecond)
@@ -262,13 +251,7 @@ func TestLocalServerDrainsOnOneInterruptDeliveredTwice(t *testing.T) {
 		t.Fatalf("one interrupt, delivered twice, should drain the request in flight, but the server exited: %v", err)
 	case <-time.After(1500 * time.Millisecond):
 	}
-	require.NoError(t, cmd.Process.Signal(os.Interrupt))
-	select {
-	case err := <-exited:
-		require.Error(t, err, "killed by the second interrupt")
-	case <-time.After(5 * time.Second):
-		t.Fatal("the second interrupt did not end the process")
-	}
+	quitsOnTheNextInterrupt(t, cmd, exited)
 }
 
 // A start that cannot reach the database tries again until it can (crash
