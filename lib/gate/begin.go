@@ -523,6 +523,10 @@ func (s *Service) decide(ctx context.Context, q db.Querier, in *beginInput,
 	switch {
 	case inserted:
 		if err := s.afterSlowGrant(ctx, q, in, &row, sent); err != nil {
+			if _, inTx := q.(pgx.Tx); !inTx {
+				// On the pool the grant committed with its statement.
+				err = committedThen(err)
+			}
 			return Decision{}, err
 		}
 		return s.fresh(in, &ev, &row), nil

@@ -54,3 +54,14 @@ var PurgeExpiredSQL = sqlPurgeExpired
 // PurgeKeptGroups is the retention pass's group deletion (now, groups read,
 // steps deleted at most), so a test can run it in a transaction of its own.
 var PurgeKeptGroups = purgeKeptGroups
+
+// SQLLockUnwinding is the statement a report's settling of its group
+// begins with, so a test can fail it after the report committed.
+var SQLLockUnwinding = sqlLockUnwinding
+
+// SQLBeginFast and SQLLengthenLease are begin's one-statement path and the
+// statement that measures a slow grant's lease again after it committed.
+var (
+	SQLBeginFast     = sqlBeginFast
+	SQLLengthenLease = sqlLengthenLease
+)

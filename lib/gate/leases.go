@@ -183,7 +183,7 @@ func (s *Service) Report(ctx context.Context, p *auth.Principal, id string, req 
 		if err != nil {
 			return Effect{}, err
 		}
-		return e, s.afterStep(ctx, p.WorkspaceID, e.GroupID)
+		return e, committedThen(s.afterStep(ctx, p.WorkspaceID, e.GroupID))
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return Effect{}, fmt.Errorf("report: %w", err)
@@ -223,9 +223,35 @@ func (s *Service) Report(ctx context.Context, p *auth.Principal, id string, req 
 		return Effect{}, err
 	}
 	if after == nil {
-		after = s.afterStep(ctx, p.WorkspaceID, out.GroupID)
+		after = committedThen(s.afterStep(ctx, p.WorkspaceID, out.GroupID))
 	}
 	return out, after
+}
+
+// committedThen is the error of a step a request takes after its change
+// committed on its own (settling a reported effect's group, measuring a
+// slow grant's lease again). The database failing that step, even before
+// anything of it was sent (a connection found gone, the request's time
+// run out, a deadlock's victim), is answered database_unavailable with
+// outcome unknown, never not_applied: the change stands, and the retry
+// under the same lease token or request_id answers it (crash QA: a report
+// that had landed, and a grant that leased its key, were told nothing was
+// changed). A client that went away is answered as such by the router.
+func committedThen(err error) error {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return err
+	}
+	if _, ok := apierr.As(err); ok {
+		return err
+	}
+	if db.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded) || db.HasCode(err, db.CodeDeadlockDetected) {
+		e := apierr.DatabaseLost(err)
+		if errors.Is(err, context.DeadlineExceeded) || db.IsCanceled(err) {
+			e = e.TimedOut()
+		}
+		return e
+	}
+	return err
 }
 
 // holding is what a current lease token still holds, under the row lock.

@@ -1,0 +1,119 @@
+package gate_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/gate"
+	"github.com/getratchet/ratchet/lib/httpapi"
+)
+
+// failingAfter is a database that is slow to answer slow and, for fail,
+// has already run out the request's time before the statement is sent
+// (pgx does not send it: the error says it is safe to retry): what a
+// request meets when its deadline passes, or its connection is found
+// gone, just after an earlier statement of it committed.
+type failingAfter struct {
+	slow, fail string
+}
+
+func (f failingAfter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	switch d.SQL {
+	case f.slow:
+		time.Sleep(1200 * time.Millisecond)
+	case f.fail:
+		expired, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+		cancel()
+		return expired
+	}
+	return ctx
+}
+
+func (failingAfter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// serverFailingAfter is b's server with a gate whose database fails as f says.
+func serverFailingAfter(b *bundle, f failingAfter) http.Handler {
+	b.t.Helper()
+	cfg := b.env.App.Pool.Config()
+	cfg.ConnConfig.Tracer = f
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(b.t, err)
+	b.t.Cleanup(pool.Close)
+	deps := b.env.App.Server.Deps
+	deps.Gate = gate.New(pool, deps.Sealer, deps.Auth.Hash, deps.Now)
+	return httpapi.New(deps)
+}
+
+func postTo(t *testing.T, h http.Handler, path, key string, body any) (int, map[string]any) {
+	t.Helper()
+	raw, err := json.Marshal(body)
+	require.NoError(t, err)
+	req := httptest.NewRequest("POST", path, bytes.NewReader(raw))
+	req.Header.Set("Authorization", "Bearer "+key)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	var out map[string]any
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &out), "%s", rec.Body)
+	return rec.Code, out
+}
+
+func outcomeOf(t *testing.T, status int, body map[string]any) any {
+	t.Helper()
+	require.Equal(t, http.StatusServiceUnavailable, status, "%v", body)
+	e := body["error"].(map[string]any)
+	require.Equal(t, "database_unavailable", e["code"])
+	return e["detail"].(map[string]any)["outcome"]
+}
+
+// A report of a grouped effect commits, then settles its group in a
+// transaction of its own. When the database fails that second step before
+// its statement is sent, the report has landed all the same: the answer
+// may not say nothing was applied (crash QA: 503 not_applied, while the
+// effect read succeeded).
+func TestAReportThatCommittedIsNeverAnsweredNotApplied(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := serverFailingAfter(b, failingAfter{fail: gate.SQLLockUnwinding})
+	body := email(key("grouped-report"))
+	body["group_id"] = str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key,
+		map[string]any{"name": "g"}).JSON()["id"])
+	d := b.mustBegin("execute", body)
+
+	status, out := postTo(t, h, "/api/v1/effects/"+str(d["effect_id"])+"/report", b.ws.Key,
+		map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded", "result": map[string]any{"id": 1}})
+	require.Equal(t, "succeeded", b.get(str(d["effect_id"]))["state"], "the report committed")
+	require.Equal(t, "unknown", outcomeOf(t, status, out))
+
+	// The retry the answer invites answers the report that landed.
+	rep := b.report(str(d["effect_id"]), str(d["lease_token"]), "succeeded", map[string]any{"id": 1})
+	require.Equal(t, http.StatusOK, rep.Status, "%s", rep.Body)
+}
+
+// A begin granted on its one-statement path is committed by that
+// statement; one that took over a second has its lease measured again by
+// a second statement. When the database fails that one before it is sent,
+// the grant stands (the key is leased, and lapses indeterminate): the
+// answer may not say nothing was applied, and the retry under the same
+// request_id gets the grant (crash QA: 503 not_applied).
+func TestASlowGrantThatCommittedIsNeverAnsweredNotApplied(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := serverFailingAfter(b, failingAfter{slow: gate.SQLBeginFast, fail: gate.SQLLengthenLease})
+	body := email(key("slow-grant"))
+	body["request_id"] = "0123456789abcdef0123456789abcdef"
+
+	status, out := postTo(t, h, "/api/v1/effects/begin", b.ws.Key, body)
+	require.Equal(t, "unknown", outcomeOf(t, status, out))
+
+	again := b.mustBegin("execute", body)
+	require.Equal(t, float64(1), again["attempt"], "the first grant stood")
+}
