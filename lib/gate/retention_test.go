@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -696,16 +697,29 @@ func TestLoweringARetentionWaitsForAPassHoldingAGroup(t *testing.T) {
 	g, _ := b.committedGroup("charge.card")
 
 	pass := b.holding(`UPDATE effect_groups SET keep_until = $2 WHERE id = $1`, g, endedAt.Add(61*24*time.Hour))
+	var passPID uint32
+	require.NoError(t, pass.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&passPID))
 	lowered := make(chan int, 1)
 	go func() {
 		lowered <- b.env.Do("PUT", "/api/v1/policies/charge.card", b.ws.Key,
 			map[string]any{"retention_days": 2, "surge_action": "monitor"}).Status
 	}()
-	select {
-	case status := <-lowered:
-		t.Fatalf("the policy write did not wait for the pass holding the group (%d)", status)
-	case <-time.After(300 * time.Millisecond):
-	}
+	// Until the write waits on the pass's row (a fixed 300 ms was too
+	// short on a loaded machine: the write had not yet let the surge turn
+	// go when it was tried below).
+	var early atomic.Int64
+	require.Eventually(t, func() bool {
+		select {
+		case status := <-lowered:
+			early.Store(int64(status))
+			return true
+		default:
+		}
+		var waiting bool
+		return b.env.App.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))`,
+			passPID).Scan(&waiting) == nil && waiting
+	}, 10*time.Second, 5*time.Millisecond, "the policy write waits for the pass holding the group")
+	require.Zero(t, early.Load(), "the policy write did not wait for the pass holding the group")
 	turn, err := b.env.App.Pool.Begin(ctx)
 	require.NoError(t, err)
 	var free bool
