@@ -270,6 +270,15 @@ func (e *Error) TimedOut() *Error {
 	return &c
 }
 
+// PoolBusy is a 503 for a request that waited in vain for one of its
+// instance's database connections, all in use by other requests: nothing
+// was sent, so nothing was changed.
+func PoolBusy(cause error) *Error {
+	return New(http.StatusServiceUnavailable, CodeDatabaseUnavailable,
+		"Every database connection of this instance stayed in use; nothing was changed. Retry with backoff.").
+		Wrap(cause).WithDetail("outcome", OutcomeNotApplied)
+}
+
 // retryUnderKey is what a client does about an outcome it cannot know.
 const retryUnderKey = "Retry with backoff under the same idempotency key or lease token, which answers what happened."
 

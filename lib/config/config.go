@@ -49,6 +49,13 @@ type Config struct {
 	// simple_protocol, or cache_statement (fastest on a direct connection).
 	DBQueryExecMode  string        `envconfig:"DB_QUERY_EXEC_MODE" default:"exec"`
 	DBConnectTimeout time.Duration `envconfig:"DB_CONNECT_TIMEOUT" default:"5s"`
+	// DBAcquireTimeout bounds how long a statement waits for one of the
+	// pool's connections (opening a new one included); 0 (the default) waits until
+	// its request's or sweep task's deadline. A wait that runs out sent
+	// nothing. Off by default: a burst on one hot row (200 begins on one
+	// run's wallet) queues for connections longer than a few seconds and
+	// still succeeds within its deadline.
+	DBAcquireTimeout time.Duration `envconfig:"DB_ACQUIRE_TIMEOUT" default:"0s"`
 	// DBStatementTimeout is sent as the statement_timeout startup parameter
 	// when positive: for a direct connection (PgBouncer refuses it). Off by
 	// default; requests and sweep tasks are bounded by their deadlines,
@@ -190,7 +197,7 @@ func (c *Config) Validate() error {
 	}{
 		{"SWEEP_INTERVAL", c.SweepInterval, true}, {"DB_CONNECT_TIMEOUT", c.DBConnectTimeout, true},
 		{"DB_MAX_CONN_IDLE_TIME", c.DBMaxConnIdleTime, true}, {"DB_STATEMENT_TIMEOUT", c.DBStatementTimeout, false},
-		{"KEY_CACHE_TTL", c.KeyCacheTTL, false},
+		{"KEY_CACHE_TTL", c.KeyCacheTTL, false}, {"DB_ACQUIRE_TIMEOUT", c.DBAcquireTimeout, false},
 	} {
 		switch {
 		case d.positive && d.v <= 0:

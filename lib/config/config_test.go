@@ -15,7 +15,7 @@ func validEnv(t *testing.T) {
 	t.Setenv("KEY_HASH_SECRET", "0123456789abcdef0123")
 	for _, name := range []string{"RESULT_ENCRYPTION_KEYS", "SIGNUP_MODE", "SIGNUP_TOKEN", "PORT", "DB_QUERY_EXEC_MODE", "DB_MAX_CONNS", "BILLING_MODE",
 		"SWEEP_INTERVAL", "KEY_CACHE_TTL", "JOB_LEASE_GRACE_MS", "SIGNUP_RATE_PER_HOUR", "DB_STATEMENT_TIMEOUT",
-		"JOB_RETENTION_DAYS", "EVENT_RETENTION_DAYS"} {
+		"DB_ACQUIRE_TIMEOUT", "JOB_RETENTION_DAYS", "EVENT_RETENTION_DAYS"} {
 		unset(t, name)
 	}
 }
@@ -35,6 +35,7 @@ func TestLoadDefaults(t *testing.T) {
 	require.Equal(t, "exec", c.DBQueryExecMode)
 	require.EqualValues(t, 4, c.DBMaxConns)
 	require.Zero(t, c.DBStatementTimeout, "no startup parameter a pooler would refuse")
+	require.Zero(t, c.DBAcquireTimeout, "a request waits for a connection until its deadline")
 	require.Equal(t, c.DatabaseURL, c.MigrationURL())
 	require.Equal(t, 90, c.JobRetentionDays)
 	require.Equal(t, 30, c.EventRetentionDays)
@@ -77,6 +78,7 @@ func TestLoadNamesTheBadSetting(t *testing.T) {
 		"endless grace":   {"JOB_LEASE_GRACE_MS", "3600001", "JOB_LEASE_GRACE_MS is malformed (0 to 3600000, an hour)"},
 		"negative signup": {"SIGNUP_RATE_PER_HOUR", "-3", "SIGNUP_RATE_PER_HOUR is malformed"},
 		"no timeout":      {"DB_STATEMENT_TIMEOUT", "-1s", "DB_STATEMENT_TIMEOUT is malformed"},
+		"no acquire":      {"DB_ACQUIRE_TIMEOUT", "-1s", "DB_ACQUIRE_TIMEOUT is malformed"},
 		"negative runs":   {"JOB_RETENTION_DAYS", "-1", "JOB_RETENTION_DAYS is malformed"},
 		"eternal events":  {"EVENT_RETENTION_DAYS", "3651", "EVENT_RETENTION_DAYS is malformed"},
 	}

@@ -67,6 +67,7 @@ func Open(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
 	}
 	pinSession(pc.ConnConfig.RuntimeParams)
 	pc.AfterConnect = scanTimesInUTC
+	pc.ConnConfig.Tracer = acquireBound(cfg.DBAcquireTimeout)
 	return pgxpool.NewWithConfig(ctx, pc)
 }
 
@@ -164,6 +165,90 @@ func IsUnavailable(err error) bool {
 	return pgconn.SafeToRetry(err)
 }
 
+// PoolWaitError is a statement that never got a connection from the pool
+// before its caller's end or the wait's bound (DB_ACQUIRE_TIMEOUT): every
+// one stayed in use (Busy: requests waiting on a lock, a slow sweep), or a
+// new one was still being opened. Nothing was sent. It wraps the context's
+// error, so it is still a timeout (or a cancellation) to callers that ask.
+type PoolWaitError struct {
+	// Busy: every connection the pool may open was in use when the wait
+	// ended.
+	Busy bool
+	err  error
+}
+
+func (e *PoolWaitError) Error() string {
+	if e.Busy {
+		return "no pooled database connection came free: " + e.err.Error()
+	}
+	return "no database connection in time: " + e.err.Error()
+}
+
+func (e *PoolWaitError) Unwrap() error { return e.err }
+
+// IsPoolWait reports whether err is a statement that never got a pooled
+// connection (PoolWaitError).
+func IsPoolWait(err error) bool {
+	var pw *PoolWaitError
+	return errors.As(err, &pw)
+}
+
+// IsPoolBusy reports whether err is a statement that waited in vain for one
+// of the pool's connections, all in use when it stopped waiting.
+func IsPoolBusy(err error) bool {
+	var pw *PoolWaitError
+	return errors.As(err, &pw) && pw.Busy
+}
+
+// acquireBound is the pool's acquire tracer. It marks an acquire that ends
+// without a connection as a PoolWaitError, and bounds each wait by its
+// duration (0: by the caller's context alone), opening a new connection
+// included. Without it a request waited for a connection until its own
+// deadline (15 s for most routes), and was answered "may have been
+// applied" though it never reached the database (pool QA: four requests
+// waiting on one locked row took a Lambda-sized pool of 4 from every other
+// request of the instance). pgxpool waits with the context this answers,
+// and returns that context's Err as the acquire's error.
+type acquireBound time.Duration
+
+type acquireCtx struct {
+	context.Context
+	cancel context.CancelFunc
+	pool   *pgxpool.Pool
+}
+
+// Err marks the wait's end: a connection was never had, so nothing was
+// sent. Busy says whether every connection was in use as it ended.
+func (c *acquireCtx) Err() error {
+	if err := c.Context.Err(); err != nil {
+		st := c.pool.Stat()
+		return &PoolWaitError{Busy: st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns(), err: err}
+	}
+	return nil
+}
+
+func (b acquireBound) TraceAcquireStart(ctx context.Context, pool *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
+	c := &acquireCtx{Context: ctx, cancel: func() {}, pool: pool}
+	if b > 0 {
+		c.Context, c.cancel = context.WithTimeout(ctx, time.Duration(b))
+	}
+	return c
+}
+
+func (acquireBound) TraceAcquireEnd(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireEndData) {
+	if c, ok := ctx.(*acquireCtx); ok {
+		c.cancel()
+	}
+}
+
+// TraceQueryStart and TraceQueryEnd do nothing: pgxpool finds its acquire
+// tracer only on the connection's query tracer.
+func (acquireBound) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (acquireBound) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
 // IsCanceled reports whether Postgres cancelled the statement (57014): its
 // statement_timeout ran out, or someone asked it to stop (a cancel request,
 // pg_cancel_backend). The database answered: it is up.
@@ -173,12 +258,13 @@ func IsCanceled(err error) bool {
 }
 
 // Unapplied reports whether a failed database call certainly changed
-// nothing: connecting failed, pgx knows the statement was never sent, or
+// nothing: connecting failed, no pooled connection came free, pgx knows the
+// statement was never sent, or
 // Postgres rolled it back as a deadlock's victim. Otherwise it may have
 // committed before the failure reached us.
 func Unapplied(err error) bool {
 	var ce *pgconn.ConnectError
-	return errors.As(err, &ce) || pgconn.SafeToRetry(err) || HasCode(err, CodeDeadlockDetected)
+	return errors.As(err, &ce) || IsPoolWait(err) || pgconn.SafeToRetry(err) || HasCode(err, CodeDeadlockDetected)
 }
 
 // Unique-violation and friends, for callers that turn constraint errors into

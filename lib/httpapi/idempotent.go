@@ -211,6 +211,11 @@ func notApplied(ctx context.Context, err error) *apierr.Error {
 // not_applied; said as a timeout when the failing statement ran out of
 // time rather than losing the database.
 func databaseFailure(ctx context.Context, err error, mayHaveApplied bool) *apierr.Error {
+	if db.IsPoolBusy(err) && !mayHaveApplied {
+		// Its last statement never got one of the instance's
+		// connections, all in use (db.PoolWaitError).
+		return apierr.PoolBusy(err)
+	}
 	e := apierr.DatabaseUnavailable(err)
 	if mayHaveApplied {
 		e = apierr.DatabaseLost(err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
@@ -189,7 +190,7 @@ func TestADatabaseTooSlowIsSaidSo(t *testing.T) {
 	ws := env.Signup()
 	srv := httpapi.NewWithExtraRoutes(env.App.Server.Deps, []httpapi.Route{{
 		Method: "POST", Pattern: "/api/v1/test/{outcome}", Name: "test.slow", Status: 201, Idempotent: true,
-		Timeout: 300 * time.Millisecond, Scopes: []string{auth.ScopeKeysWrite},
+		Timeout: 2 * time.Second, Scopes: []string{auth.ScopeKeysWrite},
 		Handle: func(ctx context.Context, c *httpapi.Call) (any, error) {
 			_, err := db.Conn(ctx, env.App.Pool).Exec(ctx, `SELECT pg_sleep(5)`)
 			return nil, err
@@ -232,4 +233,58 @@ func TestConnectionLostWhileClaimingAKeyIsNotApplied(t *testing.T) {
 	require.Equal(t, "not_applied", outcome(t, r))
 	require.NoError(t, env.hold.Rollback(context.Background()))
 	require.Empty(t, env.Must(http.StatusOK, "GET", "/api/v1/webhooks", creator, nil).JSON()["data"])
+}
+
+// A request that finds every connection of the instance's pool in use
+// waits for one until its deadline, or DB_ACQUIRE_TIMEOUT when set, then is
+// answered 503 not_applied and told why (pool QA: four requests waiting on
+// one locked row took a pool of 4, and a begin behind them waited out its
+// 15 s deadline to be answered "may have been applied", though it never
+// reached the database).
+func TestARequestThatGetsNoPooledConnectionIsNotApplied(t *testing.T) {
+	t.Parallel()
+	for _, bound := range []time.Duration{0, time.Second} {
+		env := apitest.Start(t, apitest.WithConfig(func(c *config.Config) {
+			c.DBMaxConns = 2
+			c.DBAcquireTimeout = bound
+		}))
+		ws := env.Signup()
+		env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key,
+			map[string]any{"effect_type": "email.send", "idempotency_key": "first"}) // the key is cached now
+		srv := httpapi.NewWithExtraRoutes(env.App.Server.Deps, []httpapi.Route{{
+			Method: "POST", Pattern: "/api/v1/test/write", Name: "test.write", Status: 201,
+			Timeout: 2 * time.Second, Scopes: []string{auth.ScopeKeysWrite}, ChecksKey: true, // the key from the cache
+			Handle: func(ctx context.Context, c *httpapi.Call) (any, error) {
+				_, err := env.App.Pool.Exec(ctx, `SELECT 1`)
+				return map[string]any{}, err
+			},
+		}})
+
+		var held []*pgxpool.Conn
+		for range 2 {
+			c, err := env.App.Pool.Acquire(context.Background())
+			require.NoError(t, err)
+			held = append(held, c)
+		}
+		answers := []*httptest.ResponseRecorder{httptest.NewRecorder(), httptest.NewRecorder()}
+		req := httptest.NewRequest("POST", "/api/v1/test/write", strings.NewReader(`{}`))
+		req.Header.Set("Authorization", "Bearer "+ws.Key)
+		srv.ServeHTTP(answers[0], req)
+		keyed := httptest.NewRequest("POST", "/api/v1/effects/begin",
+			strings.NewReader(`{"effect_type": "email.send", "idempotency_key": "behind"}`))
+		keyed.Header.Set("Authorization", "Bearer "+ws.Key)
+		if bound > 0 { // a begin's own deadline is 15 s
+			srv.ServeHTTP(answers[1], keyed)
+		} else {
+			answers = answers[:1]
+		}
+		for _, c := range held {
+			c.Release()
+		}
+		for _, rec := range answers {
+			require.Equal(t, http.StatusServiceUnavailable, rec.Code, "bound %v: %s", bound, rec.Body)
+			require.Contains(t, rec.Body.String(), `"outcome":"not_applied"`, "bound %v", bound)
+			require.Contains(t, rec.Body.String(), "connection of this instance stayed in use", "bound %v", bound)
+		}
+	}
 }
