@@ -193,16 +193,24 @@ func TestReplayWaitsForTheCancelledAttemptsSlot(t *testing.T) {
 	b.requireRunningCount(t, "mailer", 0)
 }
 
-// Without a concurrency limit, the replayed job may be claimed while the
-// cancelled attempt still runs; until then that attempt's report is
-// recorded, after it superseded.
-func TestReplayedJobsCancelledAttemptReportsUntilTheNextClaim(t *testing.T) {
-	t.Parallel()
+// replayedWhileRunning is a job claimed once, then cancelled and replayed
+// while that attempt (first) still runs, with no limit on its endpoint.
+func replayedWhileRunning(t *testing.T) (*bundle, jobs.EnqueueResult, string, jobs.ClaimedJob) {
+	t.Helper()
 	b := setup(t)
 	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{})
 	wid := b.register(t)
 	first := b.claimOne(t, wid)
 	b.cancelAndReplay(t, st.StepID)
+	return b, st, wid, first
+}
+
+// Without a concurrency limit, the replayed job may be claimed while the
+// cancelled attempt still runs; until then that attempt's report is
+// recorded, after it superseded.
+func TestReplayedJobsCancelledAttemptReportsUntilTheNextClaim(t *testing.T) {
+	t.Parallel()
+	b, st, wid, first := replayedWhileRunning(t)
 	r, err := b.svc.Report(ctx, b.worker, first.JobID, jobs.ReportRequest{LeaseToken: first.LeaseToken, Status: "FAILED",
 		Error: &jobs.ReportError{Message: "stopped: cancelled"}})
 	require.NoError(t, err)
@@ -226,11 +234,7 @@ func TestReplayedJobsCancelledAttemptReportsUntilTheNextClaim(t *testing.T) {
 // the job when none did (QA). Once a claim supersedes it, lease_lost.
 func TestReplayedThenReportedAttemptsHeartbeatSaysItEnded(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{})
-	wid := b.register(t)
-	first := b.claimOne(t, wid)
-	b.cancelAndReplay(t, st.StepID)
+	b, _, wid, first := replayedWhileRunning(t)
 	r, err := b.svc.Report(ctx, b.worker, first.JobID, jobs.ReportRequest{LeaseToken: first.LeaseToken,
 		Status: "SUCCEEDED", Output: json.RawMessage(`{"x":1}`)})
 	require.NoError(t, err)

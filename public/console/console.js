@@ -472,7 +472,8 @@ async function pager(path, params, columns, empty, enrich) {
 		// page, and a keyboard user tabbed through the whole page again).
 		if (cursor) {
 			const again = next && body.lastChild.querySelector('button');
-			const first = rows.length && body.querySelector('tbody').children[body.querySelector('tbody').children.length - rows.length];
+			const added = body.querySelector('tbody')?.children || [];
+			const first = rows.length && added[added.length - rows.length];
 			let target = again || (first && first.querySelector('a, button, input, select, textarea'));
 			if (!target && first) {
 				first.setAttribute('tabindex', '-1');
