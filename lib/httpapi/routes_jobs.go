@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"time"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
@@ -101,10 +100,10 @@ func (s *Server) jobsRoutes() []Route {
 			Request: jobs.ClaimRequest{}, Response: jobs.ClaimResult{}, Status: 200,
 			Errors:    []string{apierr.CodeInvalidRequest, apierr.CodeNotFound},
 			ChecksKey: true, Handle: s.claim,
-			// The longest wait (20 s) plus its last look, well inside the
-			// functions' 30 s: the default 15 s cut waits of 16-20 s short,
-			// sometimes during that look, whose leases were then lost.
-			Timeout: 28 * time.Second,
+			// The longest wait (20 s) plus its last look, inside the
+			// functions' own limit: the default 15 s cut waits of 16-20 s
+			// short, sometimes during that look, whose leases were then lost.
+			Timeout: FunctionTimeout - AnswerMargin,
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/jobs/{id}/heartbeat", Name: "jobs.heartbeat", Tag: "workers", Scopes: work,
