@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -72,9 +73,9 @@ func run(ctx context.Context, logOut io.Writer, ready chan<- string) error {
 	}
 	defer a.Close()
 
-	ln, err := net.Listen("tcp", fmt.Sprintf(":%d", cfg.Port))
+	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.BindAddress, strconv.Itoa(cfg.Port)))
 	if err != nil {
-		return fmt.Errorf("listen on PORT %d: %w", cfg.Port, err)
+		return fmt.Errorf("listen on BIND_ADDRESS %q PORT %d: %w", cfg.BindAddress, cfg.Port, err)
 	}
 	// Reading a request is bounded whole: each route cuts its body at its
 	// own time (lib/httpapi), and ReadTimeout is the backstop for the MCP
@@ -103,7 +104,7 @@ func run(ctx context.Context, logOut io.Writer, ready chan<- string) error {
 		defer cancel()
 		_ = srv.Shutdown(shutdown)
 	}()
-	fmt.Fprintf(logOut, "ratchet: listening on http://localhost:%d (sweeping every %s)\n", ln.Addr().(*net.TCPAddr).Port, cfg.SweepInterval)
+	fmt.Fprintf(logOut, "ratchet: listening on %s (sweeping every %s)\n", listeningOn(ln.Addr().(*net.TCPAddr)), cfg.SweepInterval)
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -115,6 +116,20 @@ func run(ctx context.Context, logOut io.Writer, ready chan<- string) error {
 	// long-polling claim answered 500 "closed pool").
 	<-drained
 	return nil
+}
+
+// listeningOn says where the server can be reached: localhost when it
+// listens on a loopback address, every interface when on the unspecified
+// one.
+func listeningOn(addr *net.TCPAddr) string {
+	port := strconv.Itoa(addr.Port)
+	switch {
+	case addr.IP.IsLoopback():
+		return "http://" + net.JoinHostPort("localhost", port)
+	case addr.IP.IsUnspecified():
+		return "http://" + net.JoinHostPort("localhost", port) + " and every other interface"
+	}
+	return "http://" + net.JoinHostPort(addr.IP.String(), port)
 }
 
 // startWait is how long the server waits at start for a database it cannot

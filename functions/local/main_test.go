@@ -45,6 +45,9 @@ func TestLocalServerServesEveryDoor(t *testing.T) {
 		t.Fatal("server did not start")
 	}
 	base := "http://" + addr
+	host, _, err := net.SplitHostPort(addr)
+	require.NoError(t, err)
+	require.True(t, net.ParseIP(host).IsLoopback(), "listens on %s: not reachable from the network by default", host)
 
 	res, err := http.Get(base + "/api/v1/health")
 	require.NoError(t, err)
@@ -75,6 +78,24 @@ func TestLocalServerServesEveryDoor(t *testing.T) {
 		require.NoError(t, err)
 	case <-time.After(30 * time.Second):
 		t.Fatal("server did not stop")
+	}
+}
+
+// The line the server prints names an address a browser on the machine
+// opens, and says when other machines can reach it too.
+func TestListeningOnSaysWhoCanReachTheServer(t *testing.T) {
+	for _, c := range []struct {
+		ip   string
+		want string
+	}{
+		{"127.0.0.1", "http://localhost:8787"},
+		{"::1", "http://localhost:8787"},
+		{"0.0.0.0", "http://localhost:8787 and every other interface"},
+		{"::", "http://localhost:8787 and every other interface"},
+		{"192.0.2.7", "http://192.0.2.7:8787"},
+		{"2001:db8::7", "http://[2001:db8::7]:8787"},
+	} {
+		require.Equal(t, c.want, listeningOn(&net.TCPAddr{IP: net.ParseIP(c.ip), Port: 8787}), c.ip)
 	}
 }
 
@@ -160,6 +181,8 @@ func localEnv(t *testing.T) {
 	t.Setenv("RESULT_ENCRYPTION_KEY", base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 32)))
 	t.Setenv("KEY_HASH_SECRET", "local-test-secret-0123456789")
 	t.Setenv("PORT", "0")
+	t.Setenv("BIND_ADDRESS", "") // restored after the test
+	require.NoError(t, os.Unsetenv("BIND_ADDRESS"), "the default address")
 	t.Setenv("SWEEP_INTERVAL", "50ms")
 }
 

@@ -6,6 +6,7 @@ package config
 import (
 	"encoding/base64"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -41,6 +42,12 @@ type Config struct {
 	BillingMode       string `envconfig:"BILLING_MODE" default:"off"`
 
 	Port int `envconfig:"PORT" default:"8787"`
+	// BindAddress is the address the local server listens on: the loopback one by
+	// default, so a development server with open signup is not reachable
+	// from the network it sits on (QA: it listened on every interface
+	// while saying localhost). 0.0.0.0 serves every interface (a container).
+	// Not HOST, which some shells and CI set to the machine's name.
+	BindAddress string `envconfig:"BIND_ADDRESS" default:"127.0.0.1"`
 
 	DBMaxConns        int32         `envconfig:"DB_MAX_CONNS" default:"4"`
 	DBMaxConnIdleTime time.Duration `envconfig:"DB_MAX_CONN_IDLE_TIME" default:"30s"`
@@ -187,6 +194,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Port < 0 || c.Port > 65535 {
 		return fmt.Errorf("config: PORT is malformed (0-65535; 0 picks a free port)")
+	}
+	if c.BindAddress != "" && net.ParseIP(c.BindAddress) == nil && c.BindAddress != "localhost" {
+		return fmt.Errorf("config: BIND_ADDRESS is malformed (an IP address such as 127.0.0.1 or 0.0.0.0, or localhost)")
 	}
 	// A non-positive interval panics the sweeper's ticker; negative waits,
 	// graces and rates mean nothing.

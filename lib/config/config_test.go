@@ -13,7 +13,7 @@ func validEnv(t *testing.T) {
 	t.Setenv("DATABASE_URL", "postgres://u@localhost:5432/db")
 	t.Setenv("RESULT_ENCRYPTION_KEY", base64.StdEncoding.EncodeToString(make([]byte, 32)))
 	t.Setenv("KEY_HASH_SECRET", "0123456789abcdef0123")
-	for _, name := range []string{"RESULT_ENCRYPTION_KEYS", "SIGNUP_MODE", "SIGNUP_TOKEN", "PORT", "DB_QUERY_EXEC_MODE", "DB_MAX_CONNS", "BILLING_MODE",
+	for _, name := range []string{"RESULT_ENCRYPTION_KEYS", "SIGNUP_MODE", "SIGNUP_TOKEN", "PORT", "BIND_ADDRESS", "DB_QUERY_EXEC_MODE", "DB_MAX_CONNS", "BILLING_MODE",
 		"SWEEP_INTERVAL", "KEY_CACHE_TTL", "JOB_LEASE_GRACE_MS", "SIGNUP_RATE_PER_HOUR", "DB_STATEMENT_TIMEOUT",
 		"DB_ACQUIRE_TIMEOUT", "JOB_RETENTION_DAYS", "EVENT_RETENTION_DAYS"} {
 		unset(t, name)
@@ -31,6 +31,7 @@ func TestLoadDefaults(t *testing.T) {
 	c, err := Load()
 	require.NoError(t, err)
 	require.Equal(t, 8787, c.Port)
+	require.Equal(t, "127.0.0.1", c.BindAddress, "the local server is not reachable from the network by default")
 	require.Equal(t, "open", c.SignupMode)
 	require.Equal(t, "exec", c.DBQueryExecMode)
 	require.EqualValues(t, 4, c.DBMaxConns)
@@ -67,6 +68,7 @@ func TestLoadNamesTheBadSetting(t *testing.T) {
 		"bad old enc":     {"RESULT_ENCRYPTION_KEYS", "nope", "RESULT_ENCRYPTION_KEYS entry 1 is malformed"},
 		"short hash":      {"KEY_HASH_SECRET", "short", "KEY_HASH_SECRET is malformed"},
 		"bad port":        {"PORT", "eighty", "PORT is malformed"},
+		"bad host":        {"BIND_ADDRESS", "every interface", "BIND_ADDRESS is malformed"},
 		"bad signup":      {"SIGNUP_MODE", "maybe", "SIGNUP_MODE is malformed"},
 		"token no secret": {"SIGNUP_MODE", "token", "SIGNUP_TOKEN is required"},
 		"bad mode":        {"DB_QUERY_EXEC_MODE", "fast", "DB_QUERY_EXEC_MODE is malformed"},
