@@ -770,6 +770,11 @@ func preparePersistent(bin pgBinaries, su *serverUser, dataDir string) (*localPl
 		}
 	} else if _, err := os.Stat(filepath.Join(dataDir, "PG_VERSION")); err != nil {
 		return nil, fmt.Errorf("%s is neither empty nor a PostgreSQL data directory", dataDir)
+	} else if pid, running := postmasterRunning(dataDir); running {
+		// Postgres would refuse to start on it too, but only after
+		// startServer truncated the running cluster's log (QA).
+		return nil, fmt.Errorf("%s is in use by a running postgres (pid %d), another scripts/dev perhaps: "+
+			"stop it, or choose another data directory", dataDir, pid)
 	}
 	if err := su.canReach(dataDir); err != nil {
 		return nil, fmt.Errorf("%w; choose a data directory outside it", err)
@@ -920,6 +925,30 @@ func (s *localServer) waitStarted(ctx context.Context, dataDir string) error {
 		}
 	}
 	return waitReady(ctx, s.url, s.exited)
+}
+
+// postmasterRunning reports the postmaster whose pid dataDir's
+// postmaster.pid names, when that process is alive and, where /proc says,
+// is a postgres (a stale file's pid may have been reused).
+func postmasterRunning(dataDir string) (int, bool) {
+	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if err != nil {
+		return 0, false
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	// EPERM: alive, another user's (the postgres user's, when root ran initdb).
+	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+		return 0, false
+	}
+	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil &&
+		!strings.HasPrefix(string(comm), "postgres") {
+		return 0, false
+	}
+	return pid, true
 }
 
 // postmasterReady parses postmaster.pid: line 1 is the PID, line 8 the

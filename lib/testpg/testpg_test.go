@@ -1,6 +1,7 @@
 package testpg
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -237,6 +238,19 @@ func TestProvisionLocal(t *testing.T) {
 		require.NoError(t, err)
 		defer c2.Close()
 		require.Equal(t, "hello", queryOne[string](t, ctx, c2.URL, "select v from kept"))
+
+		// A second start on the directory in use (another scripts/dev)
+		// is refused before it touches the running cluster's log.
+		logPath := filepath.Join(dataDir, "postgres.log")
+		before, err := os.ReadFile(logPath)
+		require.NoError(t, err)
+		require.NotEmpty(t, before)
+		c3, err := provisionLocal(ctx, Options{DataDir: dataDir, Logf: t.Logf})
+		require.ErrorContains(t, err, "is in use by a running postgres")
+		require.Nil(t, c3)
+		after, err := os.ReadFile(logPath)
+		require.NoError(t, err)
+		require.True(t, bytes.HasPrefix(after, before), "the running cluster's log was cut")
 		require.NoError(t, c2.Close())
 	})
 
