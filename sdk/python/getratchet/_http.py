@@ -207,9 +207,10 @@ class Transport:
                 return (answer, date) if with_date else answer
             except RatchetError as err:
                 unsure = unsure or err.may_have_applied
-                if idempotency_key and err.code == RETRY_REQUEST and held < MAX_KEY_HELD_WAITS:
+                if idempotency_key and err.code == RETRY_REQUEST and held < MAX_KEY_HELD_WAITS and retries > 0:
                     # The server still acts on an earlier attempt under this
-                    # key: wait as asked, outside the retry bound.
+                    # key: wait as asked, outside the retry bound (but not
+                    # with retries off, as the Go SDK's).
                     held += 1
                     self.sleep(max(err.retry_after_seconds, 1))
                     continue

@@ -218,6 +218,11 @@ class TransportTest(unittest.TestCase):
                          {"workerId": "wkr_1"})
         self.assertEqual({s[2]["Idempotency-Key"] for s in server.seen}, {"k1"})
         self.assertEqual(waits, [1.0] * 5)
+        # With retries off nothing is repeated, not even for a held key.
+        t, server, waits = self.transport([(409, error("retry_request", retry_after_seconds=1), {})] * 2)
+        with self.assertRaises(RatchetError) as caught:
+            t.call("POST", "/workers/register", {}, safe=True, idempotency_key="k1", max_retries=0)
+        self.assertEqual((caught.exception.code, len(server.seen), waits), ("retry_request", 1, []))
 
     def test_bad_configuration_is_refused(self) -> None:
         with self.assertRaises(ValueError):

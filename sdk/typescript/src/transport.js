@@ -93,9 +93,10 @@ export class Transport {
         failure = err;
         if (err instanceof RatchetError) {
           unsure ||= err.mayHaveApplied;
-          if (idempotencyKey && err.code === 'retry_request' && held < MAX_KEY_HELD_WAITS) {
+          if (idempotencyKey && err.code === 'retry_request' && held < MAX_KEY_HELD_WAITS && retries > 0) {
             // The server still acts on an earlier attempt under this key:
-            // wait as asked, outside the retry bound.
+            // wait as asked, outside the retry bound (but not with retries
+            // off, as the Go SDK's).
             held++;
             await this.sleep(Math.max(err.retryAfterSeconds, 1) * 1000, signal);
             continue;

@@ -120,6 +120,12 @@ test('a held idempotency key is waited for', async (t) => {
   assert.deepEqual(await tr.call('POST', '/workers/register', {}, { safe: true, idempotencyKey: 'k1' }), { workerId: 'wkr_1' });
   assert.deepEqual(new Set(server.seen.map((s) => s.headers['idempotency-key'])), new Set(['k1']));
   assert.deepEqual(waits, Array(5).fill(1000));
+  // With retries off nothing is repeated, not even for a held key.
+  const off = await transport(t, Array(2).fill([409, error('retry_request', { retry_after_seconds: 1 })]));
+  await assert.rejects(off.t.call('POST', '/workers/register', {}, { safe: true, idempotencyKey: 'k1', maxRetries: 0 }),
+    (err) => err.code === 'retry_request');
+  assert.equal(off.server.seen.length, 1);
+  assert.deepEqual(off.waits, []);
 });
 
 test('bad configuration is refused', () => {
