@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/httpapi"
 )
 
@@ -56,6 +57,23 @@ func TestHealth(t *testing.T) {
 	env := apitest.Start(t)
 	r := env.Must(http.StatusOK, "GET", "/api/v1/health", "", nil)
 	require.Equal(t, true, r.JSON()["ok"])
+}
+
+// An instance whose every pooled connection stays in use is not healthy,
+// but health says so rather than "database unavailable": the database was
+// never asked.
+func TestHealthSaysWhenEveryConnectionIsInUse(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.DBMaxConns = 1 }))
+	held, err := env.App.Pool.Acquire(context.Background())
+	require.NoError(t, err)
+	defer held.Release()
+	r := env.Do("GET", "/api/v1/health", "", nil)
+	require.Equal(t, http.StatusServiceUnavailable, r.Status, "%s", r.Body)
+	require.Equal(t, false, r.JSON()["ok"])
+	failure, _ := r.JSON()["error"].(map[string]any)
+	require.Equal(t, "database_unavailable", failure["code"])
+	require.Contains(t, failure["message"], "stayed in use")
 }
 
 // A pooled connection the server ended is not an outage: health answers

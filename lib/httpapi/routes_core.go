@@ -129,10 +129,20 @@ func (s *Server) health(ctx context.Context, _ *Call) (any, error) {
 		_, err = s.Pool.Exec(ctx, "SELECT 1")
 	}
 	if err != nil {
-		s.Logger.Warn("health: database unavailable", "err", err.Error())
+		failure := apierr.DatabaseUnavailable(nil)
+		if db.IsPoolBusy(err) {
+			// Still a 503 (this instance cannot serve now), but one that
+			// says the database was never asked: its connections are all
+			// in use, and an operator looks at the load, not the database
+			// (pool QA: it read "database unavailable").
+			failure = apierr.PoolBusy(nil)
+			s.Logger.Warn("health: every pooled connection in use")
+		} else {
+			s.Logger.Warn("health: database unavailable", "err", err.Error())
+		}
 		return Reply{Status: http.StatusServiceUnavailable, Body: map[string]any{
 			"ok":    false,
-			"error": apierr.DatabaseUnavailable(nil).Wire(),
+			"error": failure.Wire(),
 		}}, nil
 	}
 	return HealthResponse{OK: true}, nil
