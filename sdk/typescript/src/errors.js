@@ -41,6 +41,9 @@ export class RatchetError extends Error {
     this.name = 'RatchetError';
     this.status = status;
     this.code = code;
+    // The server's own words, alone (message is the whole text, as Go's
+    // Error(); Go's Message and Python's message are these).
+    this.serverMessage = message ?? '';
     this.detail = detail ?? {};
     this.requestId = requestId;
     this.body = body;

@@ -233,6 +233,8 @@ export declare class RatchetError extends Error {
   constructor(status: number, code: string, message: string, detail?: Record<string, any>, requestId?: string, body?: unknown);
   status: number;
   code: string;
+  /** The server's explanation alone ("" when it gave none); `message` is the whole text, status, code and request id included. */
+  serverMessage: string;
   detail: Record<string, any>;
   requestId: string;
   body: unknown;

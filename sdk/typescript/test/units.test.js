@@ -247,6 +247,7 @@ test('a refusal names what the key lacks and the request', () => {
   // which tool its key lacks.
   const err = new RatchetError(403, 'forbidden', 'This key may not do that.', { required: ['tool:a@1', 'tool:b@2'] }, 'req_1');
   assert.equal(err.message, 'ratchet: 403 forbidden: This key may not do that. (requires tool:a@1, tool:b@2) (request req_1)');
+  assert.equal(err.serverMessage, 'This key may not do that.', 'the server\'s words alone, as Go\'s Message');
   const anyOf = new RatchetError(403, 'forbidden', 'No.', { any_of: ['runs:read', 'runs:write'], required: ['runs:read'] });
   assert.equal(anyOf.message, 'ratchet: 403 forbidden: No. (requires one of runs:read, runs:write)');
   assert.equal(new RatchetError(500, 'internal_error', 'Oops.', { required: 'x' }).message, 'ratchet: 500 internal_error: Oops.');
@@ -260,7 +261,7 @@ test('an envelope with null or odd fields reads as Go reads it', async () => {
     return tr.call('GET', '/x', undefined, { safe: false }).then(() => assert.fail('no error'), (err) => err);
   };
   let err = await refusal('{"error":{"code":null,"message":null,"detail":null}}', { 'X-Request-Id': 'req_3' });
-  assert.deepEqual([err.code, err.detail, err.message], ['', {}, 'ratchet: 400 (request req_3)']);
+  assert.deepEqual([err.code, err.detail, err.message, err.serverMessage], ['', {}, 'ratchet: 400 (request req_3)', '']);
   err = await refusal('{"error":{"code":"bad","message":null,"detail":[1]}}');
   assert.deepEqual([err.code, err.detail, err.message], ['bad', {}, 'ratchet: 400 bad']);
   assert.equal(new RatchetError(502, '', 'Bad Gateway').message, 'ratchet: 502: Bad Gateway');
