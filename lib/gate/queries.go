@@ -544,9 +544,9 @@ const sqlCompensationTarget = `SELECT e.group_id, e.state, e.lease_expires_at, e
 FROM effects e LEFT JOIN effect_groups g ON g.id = e.group_id
 WHERE e.id = $1 AND e.workspace_id = $2 AND ($3::text IS NULL OR g.created_by_key_id = $3::text)`
 
-// sqlCompensationOf is the compensating effect of a step (no row: none).
-// $1 the step's effect id.
-const sqlCompensationOf = `SELECT id FROM effects WHERE compensates_effect_id = $1`
+// sqlCompensationOf is the compensating effect of a step and its key (no
+// row: none). $1 the step's effect id.
+const sqlCompensationOf = `SELECT id, idempotency_key FROM effects WHERE compensates_effect_id = $1`
 
 // sqlGroupSteps lists a group's effects, forward and compensating, with the
 // time each succeeded: its succeeded attempt's report, or for an outcome

@@ -1,0 +1,274 @@
+package groupstest
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/ids"
+)
+
+// hammer runs fn(i) for i in [0, n) at once and returns the responses in order.
+func hammer(n int, fn func(i int) *apitest.Response) []*apitest.Response {
+	out := make([]*apitest.Response, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			out[i] = fn(i)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	return out
+}
+
+func (f *fx) events(typ, subject string) int {
+	f.t.Helper()
+	var n int
+	require.NoError(f.t, f.env.App.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM events WHERE workspace_id = $1 AND type = $2 AND subject_id = $3`,
+		f.ws.ID, typ, subject).Scan(&n))
+	return n
+}
+
+func (f *fx) eventsAbout(typ, effectID string) int {
+	f.t.Helper()
+	var n int
+	require.NoError(f.t, f.env.App.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM events WHERE workspace_id = $1 AND type = $2 AND (subject_id = $3 OR data->>'effect_id' = $3)`,
+		f.ws.ID, typ, effectID).Scan(&n))
+	return n
+}
+
+// Many approves and rejects of one approval at once: exactly one decision
+// wins, every answer agrees with it, one approval.decided event is recorded,
+// and the waiting effect's next begins answer it (one execute after a yes).
+func TestConcurrentDecisionsOfOneApproval(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/vendor.order", map[string]any{"mode": "require_approval"})
+	for round := 0; round < 6; round++ {
+		body := map[string]any{"effect_type": "vendor.order", "idempotency_key": "order:" + ids.Random(8),
+			"payload": map[string]any{"n": round}}
+		asks := hammer(8, func(int) *apitest.Response { return f.do("POST", "/api/v1/effects/begin", body) })
+		apr := ""
+		for _, r := range asks {
+			require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+			require.Equal(t, "approval_required", r.JSON()["decision"], "%s", r.Body)
+			if apr == "" {
+				apr = r.JSON()["approval_id"].(string)
+			}
+			require.Equal(t, apr, r.JSON()["approval_id"])
+		}
+		require.Equal(t, 1, f.events("approval.requested", apr), "round %d", round)
+		decisions := hammer(12, func(i int) *apitest.Response {
+			verb := "approve"
+			if (i+round)%2 == 1 {
+				verb = "reject"
+			}
+			return f.do("POST", "/api/v1/approvals/"+apr+"/"+verb, map[string]any{"note": verb})
+		})
+		final := f.must(http.StatusOK, "GET", "/api/v1/approvals/"+apr, nil)["state"].(string)
+		require.Contains(t, []string{"approved", "rejected"}, final)
+		for i, r := range decisions {
+			verb := "approved"
+			if (i+round)%2 == 1 {
+				verb = "rejected"
+			}
+			if verb == final {
+				require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+				require.Equal(t, final, r.JSON()["state"])
+			} else {
+				errCode(t, r, http.StatusConflict, "invalid_state")
+			}
+		}
+		require.Equal(t, 1, f.events("approval.decided", apr), "round %d", round)
+		begins := hammer(8, func(int) *apitest.Response { return f.do("POST", "/api/v1/effects/begin", body) })
+		counts := map[string]int{}
+		for _, r := range begins {
+			d := r.JSON()
+			if final == "rejected" {
+				errCode(t, r, http.StatusForbidden, "approval_rejected")
+			}
+			counts[d["decision"].(string)]++
+		}
+		if final == "approved" {
+			require.Equal(t, 1, counts["execute"], "%v", counts)
+			require.Equal(t, 7, counts["in_flight"], "%v", counts)
+		} else {
+			require.Equal(t, 8, counts["denied"], "%v", counts)
+		}
+	}
+}
+
+// Many unwinds of one group at once agree on the plan (reverse order of
+// success, same suggested keys); each compensation begun by many callers
+// at once under its suggested key executes exactly once and the others are
+// told in_flight (groups QA: one was refused invalid_state, told to use the
+// key it had used: its insert met the step's compensation index before the
+// key's); reports racing unwinds end the rollback unwound.
+func TestConcurrentUnwindsAndCompensations(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	for round := 0; round < 5; round++ {
+		g := f.group()
+		var steps []string
+		for i := 0; i < 4; i++ {
+			steps = append(steps, f.done(g, true))
+		}
+		us := hammer(8, func(int) *apitest.Response { return f.do("POST", "/api/v1/groups/"+g+"/unwind", nil) })
+		want := []string{steps[3], steps[2], steps[1], steps[0]}
+		var plan []any
+		for _, r := range us {
+			require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+			u := r.JSON()
+			require.Equal(t, "unwinding", u["state"])
+			require.Equal(t, want, planIDs(u))
+			if plan == nil {
+				plan = u["plan"].([]any)
+			}
+			require.Equal(t, plan, u["plan"])
+		}
+		type lease struct{ id, token string }
+		var leases []lease
+		for _, it := range plan {
+			item := it.(map[string]any)
+			comp := item["compensation"].(map[string]any)
+			body := map[string]any{"effect_type": comp["effect_type"], "payload": comp["payload"], "cost_micros": 0,
+				"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": item["compensates_effect_id"]}
+			rs := hammer(6, func(int) *apitest.Response { return f.do("POST", "/api/v1/effects/begin", body) })
+			counts := map[string]int{}
+			for _, r := range rs {
+				require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+				d := r.JSON()
+				counts[d["decision"].(string)]++
+				if d["decision"] == "execute" {
+					leases = append(leases, lease{d["effect_id"].(string), d["lease_token"].(string)})
+				}
+			}
+			require.Equal(t, map[string]int{"execute": 1, "in_flight": 5}, counts)
+		}
+		rs := hammer(len(leases)*2, func(i int) *apitest.Response {
+			if i%2 == 0 {
+				l := leases[i/2]
+				return f.do("POST", "/api/v1/effects/"+l.id+"/report",
+					map[string]any{"lease_token": l.token, "outcome": "succeeded"})
+			}
+			return f.do("POST", "/api/v1/groups/"+g+"/unwind", nil)
+		})
+		for _, r := range rs {
+			require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+		}
+		u := f.unwind(g)
+		require.Equal(t, "unwound", u["state"], "%v", u)
+		require.ElementsMatch(t, steps, strs(u["reversed"]))
+		require.Empty(t, u["plan"])
+	}
+}
+
+// A forward step's report racing unwinds: every unwind shows the step
+// either unresolved (still leased) or in the plan (succeeded), never
+// neither, and once the report is in the plan offers it.
+func TestStepReportRacingUnwind(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	for round := 0; round < 8; round++ {
+		g := f.group()
+		first := f.done(g, true)
+		f.clock.Add(time.Second)
+		id, tok := f.step(g, true)
+		rs := hammer(6, func(i int) *apitest.Response {
+			if i == 0 {
+				return f.do("POST", "/api/v1/effects/"+id+"/report",
+					map[string]any{"lease_token": tok, "outcome": "succeeded"})
+			}
+			return f.do("POST", "/api/v1/groups/"+g+"/unwind", nil)
+		})
+		for i, r := range rs {
+			require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+			if i == 0 {
+				continue
+			}
+			u := r.JSON()
+			if planIDs(u) == nil || len(strs(u["unresolved"])) > 0 {
+				require.Equal(t, []string{id}, strs(u["unresolved"]), "%v", u)
+				require.Empty(t, planIDs(u), "nothing is offered behind a maybe")
+			} else {
+				require.Equal(t, []string{id, first}, planIDs(u))
+			}
+		}
+		u := f.unwind(g)
+		require.Equal(t, []string{id, first}, planIDs(u))
+		require.Empty(t, u["unresolved"])
+	}
+}
+
+// Reconcile, resolve, a late report and reads racing on one effect whose
+// lease lapsed: exactly one settlement is recorded, the late report is
+// lease_expired, one effect.indeterminate event.
+func TestSettlementsOfALapsedEffectRace(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.charge", map[string]any{"lease_seconds": 5})
+	// Two operators: a resolve's repeat by its own key answers 200, so
+	// who won is told apart by key.
+	resolver := f.env.Key(f.ws, map[string]any{"name": "resolver", "preset": "OPERATOR"})
+	reconciler := f.env.Key(f.ws, map[string]any{"name": "reconciler", "preset": "OPERATOR"})
+	for round := 0; round < 6; round++ {
+		k := "charge:" + ids.Random(8)
+		from := f.clock.Now().Add(-time.Minute).Format(time.RFC3339)
+		d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{"effect_type": "payment.charge",
+			"idempotency_key": k, "payload": map[string]any{"n": round}, "cost_micros": 500})
+		require.Equal(t, "execute", d["decision"])
+		id, tok := d["effect_id"].(string), d["lease_token"].(string)
+		f.clock.Add(10 * time.Second)
+		to := f.clock.Now().Add(time.Minute).Format(time.RFC3339)
+		rs := hammer(12, func(i int) *apitest.Response {
+			switch i % 4 {
+			case 0:
+				return f.do("POST", "/api/v1/effects/"+id+"/report", map[string]any{"lease_token": tok, "outcome": "succeeded"})
+			case 1:
+				return f.env.Do("POST", "/api/v1/effects/"+id+"/resolve", resolver, map[string]any{"outcome": "succeeded", "note": "seen"})
+			case 2:
+				return f.env.Do("POST", "/api/v1/reconcile", reconciler, map[string]any{"effect_type": "payment.charge", "from": from, "to": to,
+					"records": []any{map[string]any{"idempotency_key": k, "status": "succeeded", "amount_micros": 500}}})
+			default:
+				return f.do("GET", "/api/v1/effects/"+id, nil)
+			}
+		})
+		resolves, reconciled := 0, 0
+		for i, r := range rs {
+			switch i % 4 {
+			case 0:
+				errCode(t, r, http.StatusConflict, "lease_expired")
+			case 1:
+				if r.Status == http.StatusOK {
+					resolves++
+				} else {
+					errCode(t, r, http.StatusConflict, "invalid_state")
+				}
+			case 2:
+				require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+				reconciled += len(r.JSON()["resolved"].([]any))
+			default:
+				require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+			}
+		}
+		require.LessOrEqual(t, reconciled, 1, "round %d", round)
+		require.True(t, (resolves > 0) != (reconciled == 1), "round %d: exactly one settlement: %d resolves, %d reconciled",
+			round, resolves, reconciled)
+		e := f.must(http.StatusOK, "GET", "/api/v1/effects/"+id, nil)
+		require.Equal(t, "succeeded", e["state"])
+		require.Len(t, e["attempts"], 1)
+		require.Equal(t, 1, f.eventsAbout("effect.indeterminate", id), "round %d", round)
+	}
+}
