@@ -109,6 +109,10 @@ type beginInput struct {
 	walletRefused bool
 	effectKnown   bool // the key's effect was read: effectRun is its run
 	effectRun     *string
+	// effectGroup is the group of the key's existing effect (immutable),
+	// read before its row lock: the locked path holds it shared first
+	// (shareEffectGroup).
+	effectGroup *string
 	// arrival: the key's effect, as read before its row lock, was refused
 	// by a breaker before it was ever granted, so the locked path takes the
 	// type's surge turn first (takeArrivalTurn).
@@ -545,7 +549,7 @@ func (s *Service) decide(ctx context.Context, q db.Querier, in *beginInput,
 	if d, ok, err := s.settled(ctx, q, in, &row, &ev); ok || err != nil {
 		return d, err
 	}
-	in.effectKnown, in.effectRun = true, row.RunID
+	in.effectKnown, in.effectRun, in.effectGroup = true, row.RunID, row.GroupID
 	if row.CompensatesEffectID != nil {
 		in.effectRun = nil // an undo is no wallet's spend (money.walletEffect)
 	}
@@ -842,6 +846,9 @@ func (s *Service) beginLocked(ctx context.Context, in *beginInput) (Decision, er
 // decideLocked is the locked path's decision inside tx.
 func (s *Service) decideLocked(ctx context.Context, tx pgx.Tx, in *beginInput) (Decision, error) {
 	if err := s.chargeEffectWallet(ctx, tx, in); err != nil {
+		return Decision{}, err
+	}
+	if err := shareEffectGroup(ctx, tx, in); err != nil {
 		return Decision{}, err
 	}
 	turn, err := s.takeArrivalTurn(ctx, tx, in)

@@ -1017,6 +1017,26 @@ func admitAttempt(ctx context.Context, tx pgx.Tx, row *effectRow) error {
 	return forwardAdmitted(state)
 }
 
+// shareEffectGroup holds the group of the key's effect (read before its row
+// lock) shared before the locked path locks the row, in the order a
+// grouped begin takes them (admit, then the row). admitAttempt and
+// admitCompensationGrant hold it after the row lock; taken only there, a
+// begin naming no group (or a grouped one past admit's replay) waited for
+// it behind an unwind queued for a grouped begin, which itself waited for
+// the row: a deadlock, answered 503 a second later (groups QA, a failed
+// step's retries with and without group_id racing unwind).
+func shareEffectGroup(ctx context.Context, tx pgx.Tx, in *beginInput) error {
+	if in.effectGroup == nil {
+		return nil
+	}
+	var state string
+	if err := tx.QueryRow(ctx, sqlShareGroupState, *in.effectGroup).Scan(&state); err != nil &&
+		!errors.Is(err, pgx.ErrNoRows) { // deleted by retention: the row lock answers
+		return fmt.Errorf("begin: group: %w", err)
+	}
+	return nil
+}
+
 // awaitsApproval checks a forward step held by its pending approval before
 // begin answers approval_required: once its group's rollback started the
 // approval can no longer be given (sqlDecideApproval), so the step is

@@ -272,3 +272,251 @@ func TestSettlementsOfALapsedEffectRace(t *testing.T) {
 		require.Equal(t, 1, f.eventsAbout("effect.indeterminate", id), "round %d", round)
 	}
 }
+
+// An approve racing begins of the effect it waits on: exactly one begin
+// is granted execute, whatever the interleaving; the others wait for the
+// approval or the lease.
+func TestApproveRacingBeginsExecutesOnce(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/vendor.order", map[string]any{"mode": "require_approval"})
+	for round := 0; round < 8; round++ {
+		body := map[string]any{"effect_type": "vendor.order", "idempotency_key": "order:" + ids.Random(8)}
+		d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
+		apr := d["approval_id"].(string)
+		rs := hammer(10, func(i int) *apitest.Response {
+			if i == 0 {
+				return f.do("POST", "/api/v1/approvals/"+apr+"/approve", map[string]any{})
+			}
+			return f.do("POST", "/api/v1/effects/begin", body)
+		})
+		require.Equal(t, http.StatusOK, rs[0].Status, "%s", rs[0].Body)
+		counts := map[string]int{}
+		for _, r := range rs[1:] {
+			require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+			counts[r.JSON()["decision"].(string)]++
+		}
+		require.LessOrEqual(t, counts["execute"], 1, "%v", counts)
+		require.Equal(t, 9, counts["execute"]+counts["in_flight"]+counts["approval_required"], "%v", counts)
+		after := hammer(4, func(int) *apitest.Response { return f.do("POST", "/api/v1/effects/begin", body) })
+		for _, r := range after {
+			counts[r.JSON()["decision"].(string)]++
+		}
+		require.Equal(t, 1, counts["execute"], "%v", counts)
+		e := f.must(http.StatusOK, "GET", "/api/v1/effects/"+d["effect_id"].(string), nil)
+		require.EqualValues(t, 1, e["attempt"])
+		require.Equal(t, 1, f.events("approval.decided", apr))
+	}
+}
+
+// An approval of a group's forward step racing the group's unwind and the
+// step's begins: the approval is given before the rollback started or
+// refused group_unwinding (and stays pending); the step executes only if
+// approved and begun before the rollback started, and then every unwind
+// holds the plan behind it (unresolved); one approval.decided event per
+// decision made.
+func TestApproveRacingUnwind(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/vendor.order", map[string]any{"mode": "require_approval"})
+	for round := 0; round < 8; round++ {
+		g := f.group()
+		first := f.done(g, true)
+		body := map[string]any{"effect_type": "vendor.order", "idempotency_key": "order:" + ids.Random(8), "group_id": g}
+		d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
+		require.Equal(t, "approval_required", d["decision"])
+		id, apr := d["effect_id"].(string), d["approval_id"].(string)
+		rs := hammer(6, func(i int) *apitest.Response {
+			switch i % 3 {
+			case 0:
+				return f.do("POST", "/api/v1/approvals/"+apr+"/approve", map[string]any{})
+			case 1:
+				return f.do("POST", "/api/v1/groups/"+g+"/unwind", nil)
+			default:
+				return f.do("POST", "/api/v1/effects/begin", body)
+			}
+		})
+		approved, executed := 0, 0
+		var unwinds []map[string]any
+		for i, r := range rs {
+			switch i % 3 {
+			case 0:
+				if r.Status == http.StatusOK {
+					approved++
+				} else {
+					errCode(t, r, http.StatusConflict, "group_unwinding")
+				}
+			case 1:
+				require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+				unwinds = append(unwinds, r.JSON())
+			default:
+				if r.Status != http.StatusOK {
+					errCode(t, r, http.StatusConflict, "group_unwinding")
+					continue
+				}
+				switch r.JSON()["decision"] {
+				case "execute":
+					executed++
+				case "approval_required", "in_flight":
+				default:
+					t.Fatalf("begin: %s", r.Body)
+				}
+			}
+		}
+		require.LessOrEqual(t, executed, 1)
+		for _, u := range unwinds {
+			if executed == 1 {
+				require.Equal(t, []string{id}, strs(u["unresolved"]), "%v", u)
+				require.Empty(t, planIDs(u))
+			} else {
+				require.Equal(t, []string{first}, planIDs(u), "%v", u)
+			}
+		}
+		a := f.must(http.StatusOK, "GET", "/api/v1/approvals/"+apr, nil)
+		if approved > 0 {
+			require.Equal(t, "approved", a["state"])
+			require.Equal(t, 1, f.events("approval.decided", apr))
+		} else {
+			require.Zero(t, executed)
+			require.Equal(t, "pending", a["state"])
+			require.Equal(t, 0, f.events("approval.decided", apr))
+		}
+		if executed == 0 {
+			errCode(t, f.do("POST", "/api/v1/effects/begin", body), http.StatusConflict, "group_unwinding")
+		}
+		e := f.must(http.StatusOK, "GET", "/api/v1/effects/"+id, nil)
+		require.EqualValues(t, executed, e["attempt"])
+	}
+}
+
+// A group's step whose lease lapsed: resolve, reconcile and unwinds race;
+// once settled the plan offers the step, and a compensation that lapsed
+// unreported and is then resolved ends the rollback.
+func TestUnknownStepSettledRacingUnwind(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.charge", map[string]any{"lease_seconds": 5})
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"lease_seconds": 5})
+	for round := 0; round < 5; round++ {
+		g := f.group()
+		first := f.done(g, true)
+		from := f.clock.Now().Add(-time.Minute).Format(time.RFC3339)
+		id, tok := f.step(g, true)
+		f.clock.Add(10 * time.Second)
+		to := f.clock.Now().Add(time.Minute).Format(time.RFC3339)
+		e := f.must(http.StatusOK, "GET", "/api/v1/effects/"+id, nil)
+		rs := hammer(9, func(i int) *apitest.Response {
+			switch i % 3 {
+			case 0:
+				return f.do("POST", "/api/v1/effects/"+id+"/resolve", map[string]any{"outcome": "succeeded"})
+			case 1:
+				return f.do("POST", "/api/v1/reconcile", map[string]any{"effect_type": "payment.charge", "from": from, "to": to,
+					"records": []any{map[string]any{"idempotency_key": e["idempotency_key"], "status": "succeeded", "amount_micros": 1000}}})
+			default:
+				return f.do("POST", "/api/v1/groups/"+g+"/unwind", nil)
+			}
+		})
+		for i, r := range rs {
+			if i%3 == 0 && r.Status != http.StatusOK {
+				errCode(t, r, http.StatusConflict, "invalid_state")
+				continue
+			}
+			require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+			if i%3 == 2 {
+				u := r.JSON()
+				if len(strs(u["unresolved"])) > 0 {
+					require.Equal(t, []string{id}, strs(u["unresolved"]))
+					require.Empty(t, planIDs(u))
+				} else {
+					require.Equal(t, []string{id, first}, planIDs(u))
+				}
+			}
+		}
+		errCode(t, f.do("POST", "/api/v1/effects/"+id+"/report", map[string]any{"lease_token": tok, "outcome": "failed"}),
+			http.StatusConflict, "lease_expired")
+		u := f.unwind(g)
+		require.Equal(t, []string{id, first}, planIDs(u))
+		// Compensate both; the first compensation lapses unreported.
+		items := u["plan"].([]any)
+		lapsedComp := f.compensate(items[0].(map[string]any), "")
+		f.compensate(items[1].(map[string]any), "succeeded")
+		f.clock.Add(10 * time.Second)
+		u = f.unwind(g)
+		require.Equal(t, []string{lapsedComp}, strs(u["unresolved"]))
+		rs = hammer(6, func(i int) *apitest.Response {
+			if i%2 == 0 {
+				return f.do("POST", "/api/v1/effects/"+lapsedComp+"/resolve", map[string]any{"outcome": "succeeded"})
+			}
+			return f.do("GET", "/api/v1/groups/"+g, nil)
+		})
+		for _, r := range rs {
+			require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+		}
+		var state string
+		require.NoError(t, f.env.App.Pool.QueryRow(context.Background(),
+			`SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&state))
+		require.Equal(t, "unwound", state, "round %d: the resolve that settled the last step ended the rollback", round)
+	}
+}
+
+// A failed step's retries, begun with and without its group_id, racing
+// unwinds: each begin executes (at most one), waits, or is refused
+// group_unwinding; no deadlock or 500; an attempt granted shows in every
+// later unwind as unresolved.
+func TestStepRetriesRacingUnwind(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	for round := 0; round < 10; round++ {
+		g := f.group()
+		f.done(g, true)
+		f.clock.Add(time.Second)
+		k := "charge:" + ids.Random(8)
+		grouped := map[string]any{"effect_type": "payment.charge", "idempotency_key": k,
+			"payload": map[string]any{"order": "o"}, "cost_micros": 1000, "group_id": g,
+			"compensation": map[string]any{"effect_type": "payment.refund", "payload": map[string]any{"refund_of": "charge"}}}
+		d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", grouped)
+		id := d["effect_id"].(string)
+		f.report(id, d["lease_token"].(string), "failed")
+		bare := map[string]any{}
+		for k, v := range grouped {
+			if k != "group_id" && k != "compensation" {
+				bare[k] = v
+			}
+		}
+		rs := hammer(10, func(i int) *apitest.Response {
+			switch {
+			case i < 2:
+				return f.do("POST", "/api/v1/groups/"+g+"/unwind", nil)
+			case i%2 == 0:
+				return f.do("POST", "/api/v1/effects/begin", grouped)
+			default:
+				return f.do("POST", "/api/v1/effects/begin", bare)
+			}
+		})
+		executed := 0
+		for i, r := range rs {
+			if i < 2 {
+				require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+				continue
+			}
+			if r.Status != http.StatusOK {
+				errCode(t, r, http.StatusConflict, "group_unwinding")
+				continue
+			}
+			switch r.JSON()["decision"] {
+			case "execute":
+				executed++
+			case "in_flight":
+			default:
+				t.Fatalf("begin: %s", r.Body)
+			}
+		}
+		require.LessOrEqual(t, executed, 1)
+		u := f.unwind(g)
+		if executed == 1 {
+			require.Equal(t, []string{id}, strs(u["unresolved"]))
+		} else {
+			require.Empty(t, u["unresolved"])
+		}
+	}
+}
