@@ -520,3 +520,116 @@ func TestStepRetriesRacingUnwind(t *testing.T) {
 		}
 	}
 }
+
+// Under on_indeterminate retry, new attempts on a lapsed key racing
+// reconciliations that find it succeeded at the vendor: either one begin
+// is granted the new attempt (and the reconciliations leave the key
+// unsettled) or one reconciliation resolves it (and every begin is told
+// duplicate), never both, never twice.
+func TestRetriesRacingReconcile(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.charge",
+		map[string]any{"lease_seconds": 5, "on_indeterminate": "retry"})
+	for round := 0; round < 8; round++ {
+		k := "charge:" + ids.Random(8)
+		body := map[string]any{"effect_type": "payment.charge", "idempotency_key": k,
+			"payload": map[string]any{"n": round}, "cost_micros": 700}
+		from := f.clock.Now().Add(-time.Minute).Format(time.RFC3339)
+		d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
+		require.Equal(t, "execute", d["decision"])
+		f.clock.Add(10 * time.Second)
+		to := f.clock.Now().Add(time.Minute).Format(time.RFC3339)
+		rs := hammer(9, func(i int) *apitest.Response {
+			if i%3 == 0 {
+				return f.do("POST", "/api/v1/reconcile", map[string]any{"effect_type": "payment.charge", "from": from,
+					"to": to, "records": []any{map[string]any{"idempotency_key": k, "status": "succeeded", "amount_micros": 700}}})
+			}
+			return f.do("POST", "/api/v1/effects/begin", body)
+		})
+		counts := map[string]int{}
+		for i, r := range rs {
+			require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+			if i%3 == 0 {
+				counts["resolved"] += len(r.JSON()["resolved"].([]any))
+				continue
+			}
+			counts[r.JSON()["decision"].(string)]++
+		}
+		require.Equal(t, 1, counts["execute"]+counts["resolved"], "round %d: %v", round, counts)
+		if counts["resolved"] == 1 {
+			require.Equal(t, 6, counts["duplicate"], "%v", counts)
+		} else {
+			require.Equal(t, 5, counts["in_flight"], "%v", counts)
+		}
+	}
+}
+
+// A failed compensation's retries (with and without compensates_effect_id)
+// racing unwinds, reads of the group and the other compensation's report:
+// one new attempt at most, no deadlock, and the rollback ends unwound
+// once both compensations succeeded.
+func TestCompensationRetriesRacingSettlement(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	for round := 0; round < 8; round++ {
+		g := f.group()
+		f.done(g, true)
+		f.done(g, true)
+		u := f.unwind(g)
+		items := u["plan"].([]any)
+		first := items[0].(map[string]any)
+		comp := first["compensation"].(map[string]any)
+		body := map[string]any{"effect_type": comp["effect_type"], "payload": comp["payload"], "cost_micros": 0,
+			"idempotency_key": first["suggested_idempotency_key"], "compensates_effect_id": first["compensates_effect_id"]}
+		d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
+		f.report(d["effect_id"].(string), d["lease_token"].(string), "failed")
+		second := items[1].(map[string]any)
+		c2 := second["compensation"].(map[string]any)
+		d2 := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{"effect_type": c2["effect_type"],
+			"payload": c2["payload"], "cost_micros": 0, "idempotency_key": second["suggested_idempotency_key"],
+			"compensates_effect_id": second["compensates_effect_id"]})
+		bare := map[string]any{}
+		for k, v := range body {
+			if k != "compensates_effect_id" {
+				bare[k] = v
+			}
+		}
+		rs := hammer(12, func(i int) *apitest.Response {
+			switch i % 4 {
+			case 0:
+				if i == 0 {
+					return f.do("POST", "/api/v1/effects/"+d2["effect_id"].(string)+"/report",
+						map[string]any{"lease_token": d2["lease_token"], "outcome": "succeeded"})
+				}
+				return f.do("GET", "/api/v1/groups/"+g, nil)
+			case 1:
+				return f.do("POST", "/api/v1/groups/"+g+"/unwind", nil)
+			case 2:
+				return f.do("POST", "/api/v1/effects/begin", body)
+			default:
+				return f.do("POST", "/api/v1/effects/begin", bare)
+			}
+		})
+		var lease map[string]any
+		for i, r := range rs {
+			require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+			if i%4 >= 2 {
+				switch r.JSON()["decision"] {
+				case "execute":
+					require.Nil(t, lease, "one new attempt")
+					lease = r.JSON()
+				case "in_flight":
+				default:
+					t.Fatalf("begin: %s", r.Body)
+				}
+			}
+		}
+		require.NotNil(t, lease)
+		f.report(lease["effect_id"].(string), lease["lease_token"].(string), "succeeded")
+		var state string
+		require.NoError(t, f.env.App.Pool.QueryRow(context.Background(),
+			`SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&state))
+		require.Equal(t, "unwound", state, "round %d", round)
+	}
+}
