@@ -70,8 +70,9 @@ func (c HTTPCaller) Call(ctx context.Context, method, path, authorization string
 	if client == nil {
 		client = http.DefaultClient
 	}
-	// A redirect is answered as it is, never followed: following one would
-	// run a GET on another route and pass its answer off as this call's.
+	// A redirect is never followed: following one would run a GET on
+	// another route and pass its answer off as this call's (call answers
+	// it as one that is not the API's, notTheAPI).
 	noRedirects := *client
 	noRedirects.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	client = &noRedirects
@@ -171,6 +172,9 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 	if err != nil {
 		return unanswered(err), nil
 	}
+	if !fromAPI(status, resp) {
+		return notTheAPI(status), nil
+	}
 	// Only a 2xx is the tool's success; a redirect (which no route answers
 	// on purpose) is an error too.
 	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(resp)}},
@@ -216,4 +220,45 @@ func unanswered(err error) *mcp.CallToolResult {
 	return errorResult(map[string]any{"code": CodeServerUnreachable,
 		"message": "The Ratchet server did not answer: " + err.Error(),
 		"detail":  map[string]any{"outcome": outcome}})
+}
+
+// fromAPI reports whether an answer is the API's own: every route a tool
+// calls answers a JSON object, and a refusal the error envelope with its
+// code. Anything else came from something in front of the server (a
+// proxy's 502 page, a gateway's timeout, a redirect, a web page at a wrong
+// RATCHET_BASE_URL) or was cut short (MCP QA: a 200 HTML page was passed
+// off as a successful ratchet_begin, with no decision in it, and a 502 page
+// as an error without a code or an outcome).
+func fromAPI(status int, resp []byte) bool {
+	var answer map[string]json.RawMessage
+	if !json.Valid(resp) || json.Unmarshal(resp, &answer) != nil || answer == nil {
+		return false
+	}
+	if status >= 200 && status < 300 {
+		return true
+	}
+	var envelope struct {
+		Code string `json:"code"`
+	}
+	return json.Unmarshal(answer["error"], &envelope) == nil && envelope.Code != ""
+}
+
+// notTheAPI is the tool result of an answer that is not the API's
+// (fromAPI): the Ratchet server did not answer the call, something else
+// did. Its body is not relayed. A redirect, or a 4xx, came from what stood
+// in front and passed nothing on (not_applied); a 2xx or a 5xx may come
+// after the call reached the server (a gateway's timeout while it ran):
+// unknown, retried under the same idempotency key and request_id.
+func notTheAPI(status int) *mcp.CallToolResult {
+	outcome, why := apierr.OutcomeUnknown, "an answer that is not the API's JSON"
+	switch {
+	case status >= 300 && status < 400:
+		outcome, why = apierr.OutcomeNotApplied, "a redirect (does RATCHET_BASE_URL need https:// or another host?)"
+	case status >= 400 && status < 500:
+		outcome = apierr.OutcomeNotApplied
+	}
+	return errorResult(map[string]any{"code": CodeServerUnreachable,
+		"message": fmt.Sprintf("The Ratchet server did not answer: HTTP %d with %s came from something in front "+
+			"of it (a proxy or gateway, or another site at this base URL)", status, why),
+		"detail": map[string]any{"outcome": outcome, "status": status}})
 }

@@ -356,6 +356,47 @@ func TestCallsWithoutAnAnswerSayWhetherTheyMayHaveBeenApplied(t *testing.T) {
 	}
 }
 
+// An answer that is not the API's (a proxy's error page, a gateway's
+// timeout, a redirect, a web page at a wrong base URL, a JSON that is no
+// answer of it) is the tool's failure with code server_unreachable and
+// whether the call may have been applied, never relayed as the tool's
+// success (MCP QA: a 200 HTML page was a ratchet_begin without isError and
+// without a decision; a 502 page an error with no code or outcome).
+func TestAnswersNotFromTheAPIAreUnreachable(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		status  int
+		body    string
+		outcome string
+	}{
+		{http.StatusOK, "<html>Welcome</html>", "unknown"},
+		{http.StatusOK, `["not", "an", "answer"]`, "unknown"},
+		{http.StatusOK, `{"decision": "execute"`, "unknown"}, // cut short
+		{http.StatusBadGateway, "<html>502 Bad Gateway</html>", "unknown"},
+		{http.StatusGatewayTimeout, "FUNCTION_INVOCATION_TIMEOUT", "unknown"},
+		{http.StatusInternalServerError, `{"message": "upstream failed"}`, "unknown"},
+		{http.StatusPermanentRedirect, "Redirecting...", "not_applied"},
+		{http.StatusNotFound, "404 page not found", "not_applied"},
+		{http.StatusRequestEntityTooLarge, "<html>413 Request Entity Too Large</html>", "not_applied"},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if c.status/100 == 3 {
+				w.Header().Set("Location", "https://example.invalid/")
+			}
+			w.WriteHeader(c.status)
+			_, _ = w.Write([]byte(c.body))
+		}))
+		cs := connect(t, mcpserver.New(mcpserver.HTTPCaller{BaseURL: srv.URL}, "Bearer rk_test"))
+		body, isErr := callJSON(t, cs, "ratchet_begin", map[string]any{"effect_type": "email.send", "idempotency_key": "k"})
+		srv.Close()
+		require.True(t, isErr, "%d %s", c.status, c.body)
+		e := body["error"].(map[string]any)
+		require.Equal(t, mcpserver.CodeServerUnreachable, e["code"], c.body)
+		require.Equal(t, map[string]any{"outcome": c.outcome, "status": float64(c.status)}, e["detail"], c.body)
+		require.NotContains(t, e["message"], c.body)
+	}
+}
+
 // TestGateThroughTools drives begin → report → duplicate through the tools,
 // in-process and over HTTP (the stdio binary's path), with an AGENT key.
 func TestGateThroughTools(t *testing.T) {
