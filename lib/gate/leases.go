@@ -98,7 +98,16 @@ func compactJSON(doc json.RawMessage) (json.RawMessage, error) {
 // Its message must not send a caller that acted to begin again (MCP QA:
 // under on_indeterminate retry that begin is an execute, and an agent told
 // to begin again acted twice): what happened is an operator's to record.
-func leaseExpired() error {
+// state is the effect's, once its lapse is recorded: an operator's resolve
+// or a reconciliation may have settled it since (QA: the message still
+// said the outcome reads unknown, and sent the caller to an operator who
+// had already recorded it).
+func leaseExpired(state string) error {
+	if state == StateSucceeded || state == StateFailed {
+		return apierr.Conflict(apierr.CodeLeaseExpired,
+			"The lease expired before this call, so this call changed nothing; the effect's outcome has since "+
+				"been recorded as %s (resolve or reconciliation). Do not act again.", state)
+	}
 	return apierr.Conflict(apierr.CodeLeaseExpired,
 		"The lease expired before this call, so this call changed nothing and the attempt's outcome reads "+
 			"unknown (indeterminate). Do not act again: if the action happened, an operator records it with "+
@@ -207,7 +216,7 @@ func (s *Service) Report(ctx context.Context, p *auth.Principal, id string, req 
 			out, err = s.getEffect(ctx, tx, p.WorkspaceID, id, now)
 			return err
 		case holdExpired:
-			after = leaseExpired()
+			after = leaseExpired(row.effectiveState(now))
 			return s.recordLapse(ctx, tx, &row, now)
 		case holdLive:
 			row, atts, err := scanReport(tx.QueryRow(ctx, sqlReport, args...))
@@ -333,7 +342,7 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, id string, r
 		case holdReported:
 			return apierr.InvalidState("This attempt was already reported; its lease is over.")
 		case holdExpired:
-			after = leaseExpired()
+			after = leaseExpired(row.effectiveState(now))
 			return s.recordLapse(ctx, tx, &row, now)
 		case holdLive:
 			return tx.QueryRow(ctx, sqlHeartbeat, id, p.WorkspaceID, th, now).Scan(&out.LeaseExpiresAt)

@@ -62,8 +62,12 @@ func TestLapsedLeaseBlocksUntilResolved(t *testing.T) {
 	dup := b.mustBegin("duplicate", email(k))
 	require.Equal(t, result, dup["result"])
 	// Late report on the lapsed attempt stays lease_expired, resolved or not.
-	errCode(t, b.report(id, token, "succeeded", nil), http.StatusConflict, "lease_expired")
+	late := errCode(t, b.report(id, token, "succeeded", nil), http.StatusConflict, "lease_expired")
+	require.Contains(t, late["message"], "has since been recorded as succeeded", "not 'reads unknown': it was resolved")
 	errCode(t, b.report(id, token, "failed", nil), http.StatusConflict, "lease_expired")
+	late = errCode(t, b.env.Do("POST", "/api/v1/effects/"+id+"/heartbeat", b.ws.Key, map[string]any{"lease_token": token}),
+		http.StatusConflict, "lease_expired")
+	require.Contains(t, late["message"], "has since been recorded as succeeded")
 	// Resolving again is an illegal transition, but a repeat of this key's
 	// own resolve (its answer lost) answers the effect as it is (QA).
 	errCode(t, b.env.Do("POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key, map[string]any{"outcome": "failed"}),
