@@ -435,7 +435,9 @@ class Worker:
         those that still do not return within a second are left unreported
         (their leases lapse and another worker runs them again). Returns
         whether every job this worker claimed ended with its outcome
-        recorded (no report lost, no handler left running, no claim whose
+        recorded or settled elsewhere (no report lost: one refused because
+        a newer attempt holds the job, it ended, or it no longer exists is
+        not, as Go's Stop; no handler left running, no claim whose
         answer was lost given up: a claim still unanswered at the deadline
         is cut, and the jobs it may have leased lapse). A stop before
         start() does nothing and answers True. Called from the thread
@@ -949,8 +951,11 @@ class Worker:
                 self._lock.notify_all()
 
     def _lost(self, context: JobContext, error: BaseException) -> None:
-        with self._lock:
-            self._lost_reports += 1
+        if not _settled_refusal(error):
+            # A refusal that settles the job elsewhere (a newer attempt
+            # holds it, say) loses nothing stop() answers for, as Go's Stop.
+            with self._lock:
+                self._lost_reports += 1
         detail = error.code if isinstance(error, RatchetError) else type(error).__name__
         self._notify(ReportNotRecorded(f"ratchet: the report of job {context.job_id} attempt {context.attempt} "
                                        f"was not recorded ({detail}); {_what_follows(error)}"))
@@ -1022,6 +1027,19 @@ def _read_decision(decision: Any) -> Optional[Tuple[bool, Optional[int]]]:
         # (review: refused, the job was retried at the policy's delay).
         return True, MAX_RETRY_AFTER_MS + 1 if hint > 0 else MIN_RETRY_AFTER_MS - 1
     return True, math.ceil(hint)
+
+
+def _settled_refusal(error: BaseException) -> bool:
+    """Whether a report's refusal is the server's last word on the job, so
+    that nothing is lost by it (Go's settledRefusal): a newer claim holds
+    the job, the job ended or has another outcome recorded, or it no longer
+    exists. A job that ended because this attempt, its last, lapsed before
+    the report got through is not settled by it: the outcome was lost."""
+    if not isinstance(error, RatchetError):
+        return False
+    if error.code == INVALID_STATE:
+        return error.detail.get("leaseLapsed") is not True
+    return error.code in (LEASE_LOST, NOT_FOUND)
 
 
 def _what_follows(error: BaseException) -> str:

@@ -114,7 +114,8 @@ export declare class Worker {
    * RatchetError (status 401) when it stopped because the server refused its key. */
   start(options?: StartOptions): Promise<void>;
   /** Resolves to whether every claimed job ended with its outcome recorded
-   * and no handler is still running; true before start(). */
+   * or settled elsewhere (a report refused lease_lost, say) and no handler
+   * is still running; true before start(). */
   stop(options?: { timeoutMs?: number }): Promise<boolean>;
 }
 

@@ -309,7 +309,9 @@ export class Worker {
    * their signals abort ('stopping') and those that do not return within a
    * second are left unreported (their leases lapse and another worker runs
    * them). Resolves to whether every job this worker claimed ended with its
-   * outcome recorded and no handler is still running. A stop before start()
+   * outcome recorded or settled elsewhere (a report refused because a newer
+   * attempt holds the job, it ended or no longer exists loses nothing, as Go's
+   * Stop) and no handler is still running. A stop before start()
    * does nothing and resolves to true. It may be called from onError.
    */
   async stop({ timeoutMs = 30_000 } = {}) {
@@ -792,7 +794,9 @@ export class Worker {
   }
 
   #lost(label, error) {
-    this.#lostReports++;
+    // A refusal that settles the job elsewhere (a newer attempt holds it,
+    // say) loses nothing stop() answers for, as Go's Stop.
+    if (!settledRefusal(error)) this.#lostReports++;
     const why = error instanceof RatchetError ? error.code : errorName(error);
     this.#notify(new ReportNotRecordedError(`ratchet: the report of job ${label.jobId} attempt ${label.attempt} was not recorded (${why}); ${whatFollows(error)}`));
   }
@@ -849,6 +853,17 @@ export function readDecision(decision) {
   // delay, sooner than a finite hint). NaN is no number.
   if (!retryable || typeof retryAfterMs !== 'number' || Number.isNaN(retryAfterMs)) return null;
   return { retryable: true, hint: Math.ceil(retryAfterMs) };
+}
+
+/** Whether a report's refusal is the server's last word on the job, so that
+ * nothing is lost by it (Go's settledRefusal): a newer claim holds the job,
+ * the job ended or has another outcome recorded, or it no longer exists. A
+ * job that ended because this attempt, its last, lapsed before the report got
+ * through is not settled by it: the outcome was lost. */
+function settledRefusal(error) {
+  if (!(error instanceof RatchetError)) return false;
+  if (error.code === 'invalid_state') return error.detail?.leaseLapsed !== true;
+  return error.code === 'lease_lost' || error.code === 'not_found';
 }
 
 /** What becomes of a job whose report was not recorded, by the refusal (Go's
