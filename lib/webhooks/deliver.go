@@ -470,7 +470,13 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 	if err != nil {
 		return fmt.Errorf("encode delivery: %w", err)
 	}
-	sendCtx, cancel := context.WithTimeout(ctx, sendTimeout)
+	// A send runs its course (sendTimeout) even when the pass is stopped
+	// (the local server shutting down, a cron caller gone): the receiver may
+	// have the delivery already, and cut short it was recorded failed and
+	// sent again (QA: each restart of scripts/dev sent the deliveries in
+	// flight twice). A pass's deadline never cuts one: a round starts only
+	// with a send's time left (timeForARound), and stops none after it.
+	sendCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sendTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(sendCtx, http.MethodPost, c.url, bytes.NewReader(body))
 	if err != nil {

@@ -329,6 +329,52 @@ func TestADeliveryInFlightAtADeleteIsRecordedAsItEnded(t *testing.T) {
 	require.Equal(t, "delivered", state)
 }
 
+// A pass stopped while a send is in flight (the local server shutting down,
+// a cron caller gone) lets that send finish, within its own timeout, and
+// records what the receiver answered (QA: a restart of scripts/dev while a
+// receiver was answering cut the send short; it was recorded "request
+// failed" and sent again 30 s later, though the receiver had it).
+func TestAStoppedPassLetsItsSendsFinish(t *testing.T) {
+	env, clk := start(t, true)
+	ws := env.Signup()
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var hits atomic.Int32
+	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits.Add(1) == 1 {
+			close(arrived)
+		}
+		<-release
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(rcv.Close)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	id, _ := subscribe(t, env, ws.Key, rcv.URL)
+	record(t, env, ws.ID, events.RunFinished, clk.Now())
+	_, err := env.App.Server.Webhooks.Dispatch(context.Background(), clk.Now())
+	require.NoError(t, err)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := env.App.Server.Webhooks.Deliver(ctx, clk.Now())
+		done <- err
+	}()
+	<-arrived
+	stop()
+	close(release)
+	require.NoError(t, <-done)
+	got := deliveries(t, env, ws.Key, id)
+	require.Len(t, got, 1)
+	require.Equal(t, "delivered", got[0]["state"], "the receiver answered 204 to the send in flight")
+	require.EqualValues(t, 1, got[0]["attempts"])
+	require.EqualValues(t, 1, hits.Load())
+}
+
 func TestDeliveryIsSignedAndRecorded(t *testing.T) {
 	env, clk := start(t, true)
 	ws := env.Signup()
