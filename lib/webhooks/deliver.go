@@ -93,16 +93,20 @@ func Sign(t time.Time, body []byte, secrets ...string) string {
 // then abandons the deliveries it made. Without the lock a fan-out whose
 // snapshot predated the delete committed its delivery after the delete had
 // abandoned the pending ones, and it stayed pending for good: never sent,
-// not listed, and holding its event from retention (review).
+// not listed, and holding its event from retention (review). A webhook
+// gets only the events that happened once it existed: fanned out later (a
+// sweep interval, a minute on cron), an event of just before its creation
+// reached it too (webhooks QA).
 const sqlDispatch = `
 WITH ev AS (
-    SELECT id, workspace_id, type FROM events
+    SELECT id, workspace_id, type, created_at FROM events
     WHERE dispatched_at IS NULL ORDER BY created_at LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), fan AS (
     INSERT INTO webhook_deliveries (id, webhook_id, workspace_id, event_id, event_type, state, next_attempt_at, created_at)
     SELECT 'dlv_' || substr(md5(w.id || ev.id), 1, 26), w.id, ev.workspace_id, ev.id, ev.type, 'pending', $1, $1
     FROM ev JOIN webhooks w ON w.workspace_id = ev.workspace_id AND w.deleted_at IS NULL AND ev.type = ANY (w.events)
+        AND w.created_at <= ev.created_at
     FOR SHARE OF w
     ON CONFLICT (webhook_id, event_id) DO NOTHING
 )

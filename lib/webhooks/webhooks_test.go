@@ -716,6 +716,24 @@ func TestDeletedWebhookSendsNothingMore(t *testing.T) {
 	env.Must(http.StatusNotFound, "GET", "/api/v1/webhooks/"+id+"/deliveries", ws.Key, nil)
 }
 
+// A webhook gets the events that happened once it existed, not those of
+// just before its creation the sweeper had yet to fan out (QA: an event up
+// to a sweep interval older than the webhook reached it).
+func TestANewWebhookGetsNoEarlierEvent(t *testing.T) {
+	env, clk := start(t, true)
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	record(t, env, ws.ID, events.RunFinished, clk.Now()) // not yet fanned out
+	clk.Add(time.Second)
+	id, _ := subscribe(t, env, ws.Key, rcv.URL)
+	clk.Add(time.Second)
+	later := record(t, env, ws.ID, events.RunFinished, clk.Now())
+	env.App.Sweeper.RunOnce(context.Background())
+	require.Equal(t, 1, rcv.count(), "only the event after the webhook's creation")
+	require.Contains(t, string(rcv.bodies[0]), later)
+	require.Len(t, deliveries(t, env, ws.Key, id), 1)
+}
+
 // Delivery works in every query mode the service accepts; under
 // simple_protocol, parameters arrive untyped (an uncast time was read as an
 // interval, and no delivery was ever sent).
