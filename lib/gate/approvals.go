@@ -44,9 +44,14 @@ type DecideRequest struct {
 
 func scanApproval(row pgx.Row) (Approval, error) {
 	var a Approval
-	err := row.Scan(&a.ID, &a.EffectID, &a.EffectType, &a.State, &a.Reason, &a.CreatedAt, &a.DecidedAt, &a.Note,
-		&a.Answers)
+	err := row.Scan(a.dest()...)
 	return a, err
+}
+
+// dest is where approvalCols scan into.
+func (a *Approval) dest() []any {
+	return []any{&a.ID, &a.EffectID, &a.EffectType, &a.State, &a.Reason, &a.CreatedAt, &a.DecidedAt, &a.Note,
+		&a.Answers}
 }
 
 // GetApproval reads one approval: what begin's approval_id names, so a
@@ -87,9 +92,19 @@ func (s *Service) Decide(ctx context.Context, p *auth.Principal, id, state strin
 		note = &req.Note
 	}
 	now := s.clock()
-	a, err := scanApproval(s.pool.QueryRow(ctx, sqlDecideApproval, id, p.WorkspaceID, state, now, p.KeyID, note,
-		ids.NewAt(ids.Event, now)))
+	var (
+		a     Approval
+		group *string // the effect's group
+	)
+	err := s.pool.QueryRow(ctx, sqlDecideApproval, id, p.WorkspaceID, state, now, p.KeyID, note,
+		ids.NewAt(ids.Event, now)).Scan(append(a.dest(), &group)...)
 	if err == nil {
+		if state == ApprovalRejected {
+			// A rejected compensation may end its group's rollback, as a
+			// report does (groups QA: the group read unwinding until a read
+			// or the sweeper settled it).
+			return a, committedThen(s.afterStep(ctx, p.WorkspaceID, group))
+		}
 		return a, nil
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {

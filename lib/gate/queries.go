@@ -721,6 +721,7 @@ WITH asked AS (
         AND x.attempt = (SELECT f.attempt FROM effects f WHERE f.id = a.effect_id) AND x.outcome = 'indeterminate')
         AS unknown) u
     WHERE e.id = a.effect_id AND e.approval_id = a.id
+    RETURNING e.group_id
 ), evt AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at)
     SELECT $7, $2, '` + events.ApprovalDecided + `', a.id,
@@ -728,7 +729,7 @@ WITH asked AS (
                            'state', a.state, 'answers', a.answers), $4
     FROM a
 )
-SELECT ` + approvalCols + ` FROM a`
+SELECT ` + approvalCols + `, (SELECT group_id FROM e) FROM a`
 
 // sqlApprovalRolledBack answers the state of the group whose rollback
 // keeps approval $1's effect from ever taking its attempt: a forward step

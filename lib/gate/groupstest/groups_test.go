@@ -455,6 +455,28 @@ func TestFinallyDeniedCompensationIsIrreversible(t *testing.T) {
 	require.Empty(t, u["plan"])
 }
 
+// A rejected compensation makes its step irreversible, and the rejection
+// itself ends the rollback, as a failing report does: the group's row
+// reads unwind_failed at once, not only once a read or the sweeper settles
+// it (groups QA).
+func TestARejectedCompensationEndsTheRollback(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/payment.refund", map[string]any{"mode": "require_approval"})
+	g := f.group()
+	f.done(g, true)
+	item := f.unwind(g)["plan"].([]any)[0].(map[string]any)
+	comp := item["compensation"].(map[string]any)
+	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{
+		"effect_type": comp["effect_type"], "payload": comp["payload"], "cost_micros": 0,
+		"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": item["compensates_effect_id"]})
+	require.Equal(t, "approval_required", d["decision"])
+	f.must(http.StatusOK, "POST", "/api/v1/approvals/"+d["approval_id"].(string)+"/reject", nil)
+	var state string
+	require.NoError(t, f.env.App.Pool.QueryRow(t.Context(), `SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&state))
+	require.Equal(t, "unwind_failed", state, "settled by the rejection, before any read")
+}
+
 // An ended rollback is final: raising max_attempts afterwards neither
 // reopens the plan nor lets the compensation it counted irreversible run
 // (QA: it ran, and the group read unwind_failed with every step reversed).
