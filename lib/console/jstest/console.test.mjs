@@ -214,6 +214,11 @@ test('approve and reject a held effect, with notes; a declined confirmation send
 	// The row names what is approved: its key and its cost (console QA:
 	// neither was shown, and Approve was one unconfirmed click).
 	assert.match(first.textContent, /c1.*\$5\.00/);
+	// Each row's controls are named by their effect (console QA: every row's
+	// were "Approve", "Reject" and "Note" to a screen reader).
+	assert.equal(button(first, 'Approve').getAttribute('aria-label'), `Approve payment.charge ${held[0].effect_id}`);
+	assert.equal(button(row(ui, held[1].effect_id), 'Reject').getAttribute('aria-label'), `Reject payment.charge ${held[1].effect_id}`);
+	assert.equal(field(formOf(button(first, 'Approve')), 'note').getAttribute('aria-label'), `Note approving ${held[0].effect_id}`);
 	ui.confirmAnswer = false;
 	await submit(first, 'Approve', { note: 'not yet' });
 	assert.match(ui.confirms.at(-1), new RegExp(`^Approve payment\\.charge ${held[0].effect_id} for \\$5\\.00 \\(idempotency key "c1"\\)\\?`));
@@ -312,6 +317,9 @@ test('an unknown outcome: found by its filter, resolved from its page; bad JSON 
 	assert.equal(e.state, 'succeeded');
 	assert.equal(e.attempts[0].resolve_note, 'found at the vendor');
 	assert.ok(!ui.root.querySelectorAll('button').some((b) => b.textContent === 'Resolve'), 'resolved: no form');
+	// Said in words, not only by the state the page now shows (console QA).
+	const said = ui.root.querySelectorAll('p').filter((p) => p.getAttribute('role') === 'status').map((p) => p.textContent);
+	assert.ok(said.includes('Resolved: recorded as succeeded.'), said.join(' | '));
 	const dup = await api('POST', '/effects/begin', key, { effect_type: 'email.send', idempotency_key: 'welcome:<b>user</b>', payload: { to: 'user@example.com' } });
 	assert.equal(dup.body.decision, 'duplicate');
 	assert.deepEqual(dup.body.result, { message_id: 'm_1' });

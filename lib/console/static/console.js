@@ -172,7 +172,9 @@ function keepFocus(el) {
 // submission at a time.
 function form(controls, submitLabel, fn, opts = {}) {
 	const status = h('div', { class: 'status' });
-	const submit = h('button', { type: 'submit', class: opts.danger ? 'danger' : null }, submitLabel);
+	// opts.name: the button's accessible name where its label alone repeats
+	// on the page (each approval row's Approve).
+	const submit = h('button', { type: 'submit', class: opts.danger ? 'danger' : null, 'aria-label': opts.name || null }, submitLabel);
 	const f = h('form', { class: opts.inline ? 'inline' : null }, controls, submit, status);
 	// once: a creating form (workspace, key, webhook) stays on screen after
 	// success; it stays disabled until it is edited, so the second click of a
@@ -608,6 +610,11 @@ const pages = {
 							parseJSONField('Result', v.result);
 						},
 						confirm: (v) => `Record ${e.effect_type} ${e.id} as ${v.outcome.toUpperCase()} at the vendor? It cannot be changed afterwards.`,
+						// Said, not only seen in the redrawn state (console QA).
+						after: (r) => {
+							flash = `Resolved: recorded as ${r.state}.`;
+							rerender();
+						},
 					},
 				),
 			);
@@ -1369,14 +1376,18 @@ function decide(a, effect) {
 		? 'no declared cost'
 		: micros(effect.cost_micros);
 	const keyNote = effect ? ` (idempotency key ${JSON.stringify(effect.idempotency_key)})` : '';
+	// Every row has the same two forms: their controls are named by the
+	// effect they decide, for a screen reader's list of controls (console QA).
 	return h('div', { class: 'decide' }, [
-		form([input('Note', 'note', { maxlength: 1000 })], 'Approve', (v) => call('POST', `/approvals/${seg(a.id)}/approve`, { note: v.note || undefined }), {
+		form([input('Note', 'note', { maxlength: 1000, 'aria-label': `Note approving ${a.effect_id}` })], 'Approve', (v) => call('POST', `/approvals/${seg(a.id)}/approve`, { note: v.note || undefined }), {
 			inline: true,
+			name: `Approve ${a.effect_type} ${a.effect_id}`,
 			confirm: `Approve ${a.effect_type} ${a.effect_id} for ${amount}${keyNote}? The next begin on its key executes.`,
 		}),
-		form([input('Note', 'note', { maxlength: 1000 })], 'Reject', (v) => call('POST', `/approvals/${seg(a.id)}/reject`, { note: v.note || undefined }), {
+		form([input('Note', 'note', { maxlength: 1000, 'aria-label': `Note rejecting ${a.effect_id}` })], 'Reject', (v) => call('POST', `/approvals/${seg(a.id)}/reject`, { note: v.note || undefined }), {
 			inline: true,
 			danger: true,
+			name: `Reject ${a.effect_type} ${a.effect_id}`,
 			confirm: `Reject ${a.effect_type} ${a.effect_id}? Every begin on its key is then denied.`,
 		}),
 	]);
