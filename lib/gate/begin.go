@@ -836,11 +836,24 @@ func denial(code string, ev *eval, row *effectRow) *apierr.Error {
 func (s *Service) beginLocked(ctx context.Context, in *beginInput) (Decision, error) {
 	var d Decision
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := sharePolicy(ctx, tx, in); err != nil {
+			return err
+		}
 		var err error
 		d, err = s.decideLocked(ctx, tx, in)
 		return err
 	})
 	return d, err
+}
+
+// sharePolicy holds the begin's type's policy turn shared until tx ends,
+// before any other lock tx takes (sqlLockPolicy): a policy write waits
+// for the begin, and the begin's grant reads the policy as it committed.
+func sharePolicy(ctx context.Context, tx pgx.Tx, in *beginInput) error {
+	if _, err := tx.Exec(ctx, sqlSharePolicy, in.ws, in.effectType); err != nil {
+		return fmt.Errorf("begin: share policy: %w", err)
+	}
+	return nil
 }
 
 // decideLocked is the locked path's decision inside tx.

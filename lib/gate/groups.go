@@ -774,6 +774,9 @@ func (s *Service) beginInTx(ctx context.Context, in *beginInput, w *wallet) (Dec
 func (s *Service) beginInTxOnce(ctx context.Context, in *beginInput, w *wallet) (Decision, error) {
 	var d Decision
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := sharePolicy(ctx, tx, in); err != nil {
+			return err
+		}
 		if w != nil {
 			if err := s.chargeWallet(ctx, tx, in, *w); err != nil {
 				return err

@@ -39,8 +39,25 @@ FROM (SELECT 1) AS one
 LEFT JOIN gate_policies p ON p.workspace_id = $1 AND p.effect_type = $2`
 
 // sqlLockPolicy serialises the writers of one type's policy until the end
-// of their transaction. $1 workspace, $2 effect type.
-const sqlLockPolicy = `SELECT pg_advisory_xact_lock(hashtextextended('gate_policy:' || $1::text || '/' || $2::text, 0))`
+// of their transaction, and holds them apart from the type's begins, which
+// hold policyTurn shared for theirs: a write waits for the begins that read
+// the policy before it, and a begin after it reads what it wrote. So a
+// ceiling set during the day counts every grant made under the policy
+// before it (sqlChargeEarlierGrants sees them all, committed), and none
+// escapes it (budgets QA: a budget set during a burst of begins on new
+// keys missed those in flight, which were never counted: 570 granted
+// against a budget of 400, and a budget raised later admitted them again).
+// $1 workspace, $2 effect type.
+const sqlLockPolicy = `SELECT pg_advisory_xact_lock(` + policyTurn + `)`
+
+// policyTurn is the advisory lock key of the policy of workspace $1's type
+// $2, and sqlSharePolicy holds it shared until the end of a begin's
+// transaction, before any other lock the begin takes (so a policy write,
+// which holds it first too, cannot wait for a begin waiting for it).
+const (
+	policyTurn     = `hashtextextended('gate_policy:' || $1::text || '/' || $2::text, 0)`
+	sqlSharePolicy = `SELECT pg_advisory_xact_lock_shared(` + policyTurn + `)`
+)
 
 const sqlGetPolicy = `SELECT ` + policyCols + ` FROM (` + sqlEffectivePolicy + `) pol`
 
@@ -175,7 +192,12 @@ func effectCols(alias string, nullSafe bool) string {
 // once by every other, whose caches still hold it for KEY_CACHE_TTL (race
 // QA: about 390 begins executed in that window). Otherwise the function
 // always answers a row, so no row means a revoked key.
-const sqlBeginFast = `SELECT * FROM gate_begin_in_turn($1::text, $2::text, $3::text, $4::bigint, $5::text[], $6::int,
+//
+// Its first argument holds the type's policy turn shared first
+// (sqlSharePolicy), an init plan that runs before the function does: the
+// function reads the policy after it, in statements of their own.
+const sqlBeginFast = `SELECT * FROM gate_begin_in_turn((SELECT $1::text WHERE pg_advisory_xact_lock_shared(` +
+	policyTurn + `)::text = ''), $2::text, $3::text, $4::bigint, $5::text[], $6::int,
     $7::text, $8::timestamptz, $9::text, $10::jsonb, $11::bytea, $12::jsonb, $13::bytea, $14::text, $15::text,
     $16::text, $17::text, $18::bytea, $19::text, $20::text, $21::bigint, $22::text, $23::text, $24::text)`
 

@@ -110,9 +110,9 @@ const maxBackfilledCounter = "8000000000000000000::numeric"
 // first, in effect id order, then the counters in scope order, as a begin,
 // a report, a resolve, the lapse sweep and a reconciliation lock them (a
 // lock in heap order deadlocked with the sweep, review); a counter may end
-// above its cap: that day's later grants are refused. A grant in
-// flight while the policy write commits, under the policy before it, is
-// not charged: policies apply from the moment they commit. The day's
+// above its cap: that day's later grants are refused. No grant is in
+// flight meanwhile: a begin holds the policy's turn shared (sqlLockPolicy),
+// so those granted under the policy before have committed. The day's
 // attempts of the workspace are found by effect_attempts_started_idx
 // (migration 0039), a grant's start being its grant; the day's bounds are
 // parameters, not expressions, so that the plan knows how few rows a day
