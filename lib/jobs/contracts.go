@@ -156,7 +156,11 @@ func checkSchema(field string, raw json.RawMessage, p *apierr.Problems) json.Raw
 		return nil
 	}
 	if err := publishableSchema(doc); err != nil {
-		p.Add(field, "%s", schemaCompileProblem(err))
+		if problems := metaSchemaProblems(field, err); problems != nil {
+			*p = append(*p, problems...)
+		} else {
+			p.Add(field, "%s", schemaCompileProblem(err))
+		}
 		return nil
 	}
 	return json.RawMessage(doc)

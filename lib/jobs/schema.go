@@ -482,17 +482,47 @@ func validateDoc(schema, doc []byte, root string) ([]apierr.FieldError, error) {
 	if !errors.As(err, &ve) {
 		return nil, fmt.Errorf("validate: %w", err)
 	}
+	return leafProblems(ve, root, "does not match the schema"), nil
+}
+
+// leafProblems flattens a validation error tree into its leaves' problems,
+// fields rooted at root, sorted, without repeats and at most
+// maxValidationProblems; fallback is the root's message when no leaf
+// names one.
+func leafProblems(ve *jsonschema.ValidationError, root, fallback string) []apierr.FieldError {
 	var out []apierr.FieldError
 	collectProblems(ve, root, &out)
 	if len(out) == 0 {
-		out = append(out, apierr.FieldError{Field: root, Message: "does not match the schema"})
+		out = append(out, apierr.FieldError{Field: root, Message: fallback})
 	}
 	slices.SortStableFunc(out, func(a, b apierr.FieldError) int { return strings.Compare(a.Field, b.Field) })
 	out = slices.CompactFunc(out, func(a, b apierr.FieldError) bool { return a == b })
 	if len(out) > maxValidationProblems {
 		out = out[:maxValidationProblems]
 	}
-	return out, nil
+	return out
+}
+
+// metaSchemaProblems says where a published schema breaks the rules of
+// its dialect (its meta-schema): a field path into the schema and the rule,
+// as an input's problems say them (QA: every such schema, a "type" of
+// "strin", "required": "a", a lookahead in a "pattern", was told the same
+// first line of the library's message, naming neither keyword nor place).
+// nil when err is another refusal.
+func metaSchemaProblems(field string, err error) []apierr.FieldError {
+	var sve *jsonschema.SchemaValidationError
+	if !errors.As(err, &sve) {
+		return nil
+	}
+	var ve *jsonschema.ValidationError
+	if !errors.As(sve.Err, &ve) {
+		return nil
+	}
+	out := leafProblems(ve, field, "does not match the JSON Schema meta-schema")
+	for i := range out {
+		out[i].Message = "is not valid JSON Schema (2020-12, or the draft its $schema names): " + out[i].Message
+	}
+	return out
 }
 
 // MaxCheckedDepth bounds how deeply an input or output checked against a
@@ -549,6 +579,14 @@ func collectProblems(ve *jsonschema.ValidationError, root string, out *[]apierr.
 		*out = append(*out, apierr.FieldError{Field: field, Message: "must be at least " + ratString(k.Want)})
 	case *kind.Maximum:
 		*out = append(*out, apierr.FieldError{Field: field, Message: "must be at most " + ratString(k.Want)})
+	case *kind.Format:
+		// A meta-schema's (an input's formats are annotations): a
+		// "pattern" the regexp engine refuses, say. The value is not quoted.
+		msg := "must be a valid " + k.Want
+		if k.Want == "regex" {
+			msg += " (RE2 syntax, as Go's regexp reads it: no lookaround or backreferences)"
+		}
+		*out = append(*out, apierr.FieldError{Field: field, Message: msg})
 	case *kind.Enum, *kind.Const:
 		*out = append(*out, apierr.FieldError{Field: field, Message: "must be one of the values the schema allows"})
 	case *kind.FalseSchema:

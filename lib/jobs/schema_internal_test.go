@@ -228,3 +228,54 @@ func TestValidateDocRefusesADocumentTooCostlyToCheck(t *testing.T) {
 	require.NotEmpty(t, problems)
 	require.NotContains(t, problems[0].Message, "too large", "checked, and refused by the schema")
 }
+
+// A schema that breaks its dialect's rules is told where and which rule,
+// as an input is (QA: all of these were told one line naming neither),
+// without quoting the offending value.
+func TestPublicationSaysWhereASchemaBreaksItsDialect(t *testing.T) {
+	t.Parallel()
+	const prefix = "is not valid JSON Schema (2020-12, or the draft its $schema names): "
+	cases := []struct {
+		doc  string
+		want []apierr.FieldError
+	}{
+		{`{"type":"object","required":"a"}`, []apierr.FieldError{
+			{Field: "inputSchema.required", Message: prefix + "must be of type array (got string)"}}},
+		{`{"properties":{"a":{"minLength":-1},"b":{"type":"strin"}}}`, []apierr.FieldError{
+			{Field: "inputSchema.properties.a.minLength", Message: prefix + "must be at least 0"},
+			{Field: "inputSchema.properties.b.type", Message: prefix + "must be one of the values the schema allows"},
+			{Field: "inputSchema.properties.b.type", Message: prefix + "must be of type array (got string)"}}},
+		{`{"properties":{"password":{"type":"string","pattern":"^(?=.*[A-Z]).{8,}$"}}}`, []apierr.FieldError{
+			{Field: "inputSchema.properties.password.pattern", Message: prefix +
+				"must be a valid regex (RE2 syntax, as Go's regexp reads it: no lookaround or backreferences)"}}},
+		{`{"$schema":"http://json-schema.org/draft-07/schema#","properties":{"n":{"minimum":"1"}}}`, []apierr.FieldError{
+			{Field: "inputSchema.properties.n.minimum", Message: prefix + "must be of type number (got string)"}}},
+	}
+	for _, c := range cases {
+		var p apierr.Problems
+		require.Nil(t, checkSchema("inputSchema", []byte(c.doc), &p), c.doc)
+		require.Equal(t, apierr.Problems(c.want), p, c.doc)
+		for _, pr := range p {
+			require.NotContains(t, pr.Message, "(?=", "the value is not quoted")
+		}
+	}
+	// Other refusals keep their one problem on the field.
+	var p apierr.Problems
+	require.Nil(t, checkSchema("outputSchema", []byte(`{"$ref":"#/$defs/missing"}`), &p))
+	require.Len(t, p, 1)
+	require.Equal(t, "outputSchema", p[0].Field)
+}
+
+// Under draft-07 and earlier, formats are assertions: a refusal names the
+// format, never the value.
+func TestValidateDocNamesAnAssertedFormat(t *testing.T) {
+	t.Parallel()
+	problems, err := validateDoc([]byte(`{"$schema":"http://json-schema.org/draft-07/schema#",
+		"properties":{"email":{"format":"email"}}}`), []byte(`{"email":"secret-value"}`), "input")
+	require.NoError(t, err)
+	require.Equal(t, []apierr.FieldError{{Field: "input.email", Message: "must be a valid email"}}, problems)
+	// Under 2020-12 a format is an annotation.
+	problems, err = validateDoc([]byte(`{"properties":{"email":{"format":"email"}}}`), []byte(`{"email":"secret-value"}`), "input")
+	require.NoError(t, err)
+	require.Nil(t, problems)
+}
