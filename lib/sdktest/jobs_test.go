@@ -2,6 +2,7 @@ package sdktest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -182,6 +183,19 @@ func TestReplayAfterExhaustion(t *testing.T) {
 	require.Equal(t, st.StepID, preview.StepID)
 	require.Equal(t, ratchet.JobExhausted, preview.Status)
 	require.Equal(t, 1, preview.Attempt)
+	// A contract the saved input does not fit: the SDK says why, as the
+	// server does (QA: it dropped the upgrade's status and validation).
+	_, err = b.operator.PublishContract(ctx, "strict", ratchet.ContractSpec{HandlerVersion: "2",
+		InputSchema: json.RawMessage(`{"type":"object","required":["orderId"]}`)})
+	require.NoError(t, err)
+	preview, err = b.operator.ReplayPreview(ctx, st.StepID)
+	require.NoError(t, err)
+	require.Len(t, preview.Upgrades, 1)
+	u := preview.Upgrades[0]
+	require.Equal(t, ratchet.ContractActive, u.Status)
+	require.False(t, u.Compatible)
+	require.Equal(t, []ratchet.FieldError{{Field: "input.orderId", Message: "is required"}}, u.Validation)
+	sameJSON(t, b, "/api/v1/steps/"+st.StepID+"/replay", preview)
 	_, err = b.operator.Replay(ctx, st.StepID, ratchet.ReplayOptions{MaxAttempts: 1, Reason: "test"})
 	require.True(t, ratchet.IsCode(err, ratchet.CodeInvalidRequest), "replay without acknowledging the risk: %v", err)
 	res, err := b.operator.Replay(ctx, st.StepID, ratchet.ReplayOptions{AcknowledgeDuplicateRisk: true, MaxAttempts: 1,

@@ -146,9 +146,9 @@ func (e *Error) Validation() []FieldError {
 // FieldError is one entry of an invalid_request error's detail.validation.
 type FieldError struct {
 	// Field is the dotted path of the offending request field.
-	Field string
+	Field string `json:"field"`
 	// Message says what is wrong with it.
-	Message string
+	Message string `json:"message"`
 }
 
 // ErrorCode returns the API error code carried by err (or anything it

@@ -374,12 +374,15 @@ type ReplayPreview struct {
 }
 
 // ReplayUpgrade is one contract a replay could move to. Compatible means the
-// saved input validates against its input schema.
+// saved input validates against its input schema; Validation says why it
+// does not (field paths and rules, never the input's values).
 type ReplayUpgrade struct {
-	ContractVersion int    `json:"contractVersion"` // pass as TargetContractVersion
-	HandlerVersion  string `json:"handlerVersion"`  // the handler that would run
-	Compatible      bool   `json:"compatible"`      // saved input fits its schema
-	Forbidden       bool   `json:"forbidden"`       // status FORBIDDEN: not selectable
+	ContractVersion int          `json:"contractVersion"` // pass as TargetContractVersion
+	HandlerVersion  string       `json:"handlerVersion"`  // the handler that would run
+	Status          string       `json:"status"`          // ContractActive or ContractForbidden
+	Compatible      bool         `json:"compatible"`      // saved input fits its schema
+	Forbidden       bool         `json:"forbidden"`       // status FORBIDDEN: not selectable
+	Validation      []FieldError `json:"validation"`      // empty when Compatible
 }
 
 // ReplayPreview reads GET /api/v1/steps/{id}/replay (scope steps:replay).
