@@ -2,11 +2,13 @@ package jobs
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"errors"
 	"fmt"
 	"math/big"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -495,12 +497,42 @@ func leafProblems(ve *jsonschema.ValidationError, root, fallback string) []apier
 	if len(out) == 0 {
 		out = append(out, apierr.FieldError{Field: root, Message: fallback})
 	}
-	slices.SortStableFunc(out, func(a, b apierr.FieldError) int { return strings.Compare(a.Field, b.Field) })
+	slices.SortStableFunc(out, func(a, b apierr.FieldError) int { return compareFields(a.Field, b.Field) })
 	out = slices.CompactFunc(out, func(a, b apierr.FieldError) bool { return a == b })
 	if len(out) > maxValidationProblems {
 		out = out[:maxValidationProblems]
 	}
 	return out
+}
+
+// compareFields orders dotted field paths segment by segment, array
+// indexes by number: input.items.2 before input.items.10, so the problems
+// kept under maxValidationProblems are the first items' (contract QA: as
+// text, items 10-19 came before 2-9).
+func compareFields(a, b string) int {
+	for a != "" || b != "" {
+		var x, y string
+		x, a, _ = strings.Cut(a, ".")
+		y, b, _ = strings.Cut(b, ".")
+		if c := compareSegments(x, y); c != 0 {
+			return c
+		}
+	}
+	return 0
+}
+
+func compareSegments(x, y string) int {
+	i, errX := strconv.ParseUint(x, 10, 64)
+	j, errY := strconv.ParseUint(y, 10, 64)
+	switch {
+	case errX == nil && errY == nil:
+		return cmp.Compare(i, j)
+	case errX == nil:
+		return -1 // an index before a name
+	case errY == nil:
+		return 1
+	}
+	return strings.Compare(x, y)
 }
 
 // metaSchemaProblems says where a published schema breaks the rules of

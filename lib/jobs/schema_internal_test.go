@@ -37,6 +37,23 @@ func TestValidateDocPointsIntoTheDocumentWithoutQuotingIt(t *testing.T) {
 	require.Same(t, a, b)
 }
 
+// Problems are ordered by their place in the document, an array's items
+// by index, so the ones kept under the cap are the first items'.
+func TestValidateDocOrdersItemsByIndex(t *testing.T) {
+	t.Parallel()
+	schema := []byte(`{"type":"array","items":{"type":"integer"}}`)
+	doc := `[` + strings.Repeat(`"x",`, 30) + `"x"]`
+	problems, err := validateDoc(schema, []byte(doc), "input")
+	require.NoError(t, err)
+	require.Len(t, problems, maxValidationProblems)
+	for i, p := range problems {
+		require.Equal(t, "input."+strconv.Itoa(i), p.Field)
+	}
+	require.Positive(t, compareFields("input.b", "input.a.c"))
+	require.Negative(t, compareFields("input.2", "input.name"))
+	require.Zero(t, compareFields("input.a", "input.a"))
+}
+
 // A stored document the validator cannot read (an exponent big.Rat
 // refuses: requests refuse it now, but an input stored before may be
 // checked again by a replay) is a problem, not a panic (fuzzing: 500).
