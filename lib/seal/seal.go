@@ -20,7 +20,8 @@ import (
 const version = 1
 
 // ErrUnknownKey means the ciphertext was sealed with a key that is no longer
-// configured (see the rotation procedure in README.md).
+// configured (see the rotation procedure in README.md). Open wraps it with
+// the key's id: test for it with errors.Is.
 var ErrUnknownKey = errors.New("seal: ciphertext sealed with a key that is not configured")
 
 // Sealer seals with the current key and opens with any configured key.
@@ -97,9 +98,12 @@ func (s *Sealer) Open(ciphertext, aad []byte) ([]byte, error) {
 	if len(ciphertext) < 5 || ciphertext[0] != version {
 		return nil, errors.New("seal: malformed ciphertext")
 	}
-	aead, ok := s.aeads[[4]byte(ciphertext[1:5])]
+	id := [4]byte(ciphertext[1:5])
+	aead, ok := s.aeads[id]
 	if !ok {
-		return nil, ErrUnknownKey
+		// The key id (not secret: lib/reseal reports ids) tells the
+		// operator which key to configure again.
+		return nil, fmt.Errorf("%w (key id %x)", ErrUnknownKey, id)
 	}
 	ns := aead.NonceSize()
 	if len(ciphertext) < 5+ns+aead.Overhead() {

@@ -2,6 +2,7 @@ package seal
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -50,6 +51,8 @@ func TestRotationOpensOldAndSealsNew(t *testing.T) {
 	require.NoError(t, err)
 	_, err = withoutOld.Open(ct, nil)
 	require.ErrorIs(t, err, ErrUnknownKey)
+	oldID := KeyID(key(1))
+	require.ErrorContains(t, err, fmt.Sprintf("key id %x", oldID[:]), "the error names the missing key")
 	require.False(t, withoutOld.CanOpen(ct))
 	require.False(t, rotated.CanOpen(ct[:4]))
 	require.False(t, rotated.CanOpen(append([]byte{2}, ct[1:]...)), "another format version")

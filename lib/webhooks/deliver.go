@@ -452,7 +452,7 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 		// Sealed under a key no longer in RESULT_ENCRYPTION_KEYS, say: the operator must
 		// hear of it, the delivery's record alone reaches only its owner.
 		s.logger.Error("webhook signing secret cannot be opened; delivery not sent",
-			"webhook_id", c.webhookID, "delivery_id", c.id)
+			"webhook_id", c.webhookID, "delivery_id", c.id, "err", err.Error())
 		return s.record(ctx, c, nil, "cannot open signing secret")
 	}
 	secrets := []string{string(secret)}
@@ -464,7 +464,7 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 			secrets = append(secrets, string(previous))
 		} else {
 			s.logger.Warn("webhook previous signing secret cannot be opened; signed with the current one alone",
-				"webhook_id", c.webhookID, "delivery_id", c.id)
+				"webhook_id", c.webhookID, "delivery_id", c.id, "err", err.Error())
 		}
 	}
 	body, err := json.Marshal(map[string]any{

@@ -1,6 +1,7 @@
 package webhooks_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -29,6 +30,7 @@ import (
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/schematags"
+	"github.com/getratchet/ratchet/lib/seal"
 	"github.com/getratchet/ratchet/lib/webhooks"
 )
 
@@ -1347,6 +1349,20 @@ func TestASecretThatCannotBeOpenedIsLogged(t *testing.T) {
 	env.App.Sweeper.RunOnce(ctx)
 	require.Equal(t, 1, rcv.count(), "not sent unsigned")
 	require.Contains(t, logs.String(), "webhook signing secret cannot be opened; delivery not sent")
+
+	// Sealed with a key this instance is not configured with (removed too
+	// early in a rotation, say): the log names the key to configure again.
+	gone := bytes.Repeat([]byte{3}, 32)
+	other, err := seal.New(gone)
+	require.NoError(t, err)
+	_, err = env.App.Pool.Exec(ctx, `UPDATE webhooks SET secret = $2 WHERE id = $1`, id,
+		other.Seal([]byte(second), seal.AAD(id, "secret")))
+	require.NoError(t, err)
+	record(t, env, ws.ID, events.RunFinished, c.Now())
+	env.App.Sweeper.RunOnce(ctx)
+	require.Equal(t, 1, rcv.count(), "not sent unsigned")
+	goneID := seal.KeyID(gone)
+	require.Contains(t, logs.String(), "key id "+hex.EncodeToString(goneID[:]))
 	for _, secret := range []string{first, second} {
 		require.NotContains(t, logs.String(), secret)
 	}
