@@ -255,18 +255,25 @@ func (s *Service) claimArgs(p *auth.Principal, workerID string, limit int, key *
 }
 
 // claimOnce runs the claim statement, again when a deadlock rolled it back.
+// It runs in a transaction that commits only once every claimed job's input
+// is opened: an input this instance cannot open (sealed with a key missing
+// from its RESULT_ENCRYPTION_KEY / RESULT_ENCRYPTION_KEYS, as on an instance
+// still running the settings before a rotation) fails the claim with nothing
+// leased (rotation QA: the leases committed and the claim answered 500, so
+// each job waited out its lease with an attempt spent, and one with
+// maxAttempts 1 failed without ever running).
 func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID string, limit int,
 	key *claimKey) (jobs []ClaimedJob, err error) {
-	err = s.retrying(ctx, func() (err error) {
-		jobs, err = s.claimStatement(ctx, p, workerID, limit, key)
+	err = s.txRetrying(ctx, func(tx pgx.Tx) (err error) {
+		jobs, err = s.claimStatement(ctx, tx, p, workerID, limit, key)
 		return err
 	})
 	return jobs, err
 }
 
-func (s *Service) claimStatement(ctx context.Context, p *auth.Principal, workerID string, limit int,
+func (s *Service) claimStatement(ctx context.Context, q db.Querier, p *auth.Principal, workerID string, limit int,
 	key *claimKey) ([]ClaimedJob, error) {
-	rows, err := s.pool.Query(ctx, sqlClaim, s.claimArgs(p, workerID, limit, key, s.now())...)
+	rows, err := q.Query(ctx, sqlClaim, s.claimArgs(p, workerID, limit, key, s.now())...)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
@@ -283,8 +290,10 @@ func (s *Service) claimStatement(ctx context.Context, p *auth.Principal, workerI
 		}
 		j.LeaseExpiresAt = j.LeaseExpiresAt.UTC()
 		j.LeaseMs = j.TimeoutMs + s.leaseGrace.Milliseconds()
-		j.Input, err = s.open(j.JobID, "input", sealed)
-		return j, err
+		if j.Input, err = s.open(j.JobID, "input", sealed); err != nil {
+			return j, fmt.Errorf("open input of job %s: %w", j.JobID, err)
+		}
+		return j, nil
 	})
 	if errors.Is(err, errClaimKeyRevoked) {
 		return nil, auth.ErrRevokedKey() // revoked since this instance authenticated the claim
