@@ -28,8 +28,9 @@ type Config struct {
 
 	// ResultEncryptionKey is the current AES-256 key (base64, 32 bytes).
 	ResultEncryptionKey string `envconfig:"RESULT_ENCRYPTION_KEY" required:"true"`
-	// ResultEncryptionKeys are older keys, comma separated, still accepted for
-	// decryption during rotation.
+	// ResultEncryptionKeys are other keys, comma separated, accepted for
+	// decryption only: older keys during a rotation, and the next key before
+	// it seals (README, "Rotating RESULT_ENCRYPTION_KEY").
 	ResultEncryptionKeys []string `envconfig:"RESULT_ENCRYPTION_KEYS"`
 	// KeyHashSecret keys the HMAC under which API keys (and dimension values)
 	// are stored.
