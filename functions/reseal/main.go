@@ -127,6 +127,12 @@ func printReport(w io.Writer, rep reseal.Report, check bool) {
 			fmt.Fprintf(w, "%-28s current %d, older %d, unknown key %d\n", c.Column, c.Current, c.Older, c.Unknown)
 			continue
 		}
+		if !rep.Counted {
+			// Stopped before the closing count: its zeros say nothing.
+			fmt.Fprintf(w, "%-28s resealed %d, skipped (busy) %d, corrupt %d; stopped before counting\n",
+				c.Column, c.Resealed, c.Skipped, c.Corrupt)
+			continue
+		}
 		fmt.Fprintf(w, "%-28s resealed %d, skipped (busy) %d; now current %d, older key %d, unknown key %d, corrupt %d\n",
 			c.Column, c.Resealed, c.Skipped, c.Current, c.Older, c.Unknown, c.Corrupt)
 	}
@@ -135,6 +141,8 @@ func printReport(w io.Writer, rep reseal.Report, check bool) {
 		fmt.Fprintln(w, "every ciphertext is sealed with the current key: older keys can be removed")
 	case check:
 		fmt.Fprintln(w, "some ciphertexts are not sealed with the current key: run reseal before removing older keys")
+	case !rep.Counted:
+		fmt.Fprintln(w, "stopped before it was done: keep the older keys and run it again")
 	default:
 		fmt.Fprintln(w, "some ciphertexts are still not sealed with the current key: keep the older keys "+
 			"(rows busy or changed during the run are resealed by running it again; unknown-key and "+

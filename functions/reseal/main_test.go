@@ -63,6 +63,15 @@ func TestRotationCommand(t *testing.T) {
 	var errOut bytes.Buffer
 	require.Equal(t, 1, answer(&bytes.Buffer{}, &errOut, reseal.Report{}, context.Canceled, false, false))
 	require.Contains(t, errOut.String(), "interrupted")
+
+	// Its partial report shows what it did, not the zeros of a count it
+	// never made (they read "older key 0": nothing left under the old key).
+	var partial bytes.Buffer
+	require.Equal(t, 1, answer(&partial, &bytes.Buffer{}, reseal.Report{CurrentKeyID: "00000000",
+		Columns: []reseal.ColumnReport{{Column: "effects.payload", Resealed: 3}}}, context.Canceled, false, false))
+	require.Contains(t, partial.String(), "resealed 3, skipped (busy) 0, corrupt 0; stopped before counting")
+	require.NotContains(t, partial.String(), "older key 0")
+	require.Contains(t, partial.String(), "keep the older keys and run it again")
 }
 
 // On Lambda a run that its invocation's time cuts short answers what it did
@@ -86,6 +95,7 @@ func TestAnInvocationCutShortAnswersItsReport(t *testing.T) {
 	rep, err := invoke(ctx, Event{})
 	require.NoError(t, err, "a run cut short by the reserve is an answer, not the invocation's error")
 	require.False(t, rep.Complete)
+	require.False(t, rep.Counted, "its counts were never made")
 	require.NotEmpty(t, rep.CurrentKeyID)
 
 	// With its time, the next invocation completes.
@@ -94,4 +104,5 @@ func TestAnInvocationCutShortAnswersItsReport(t *testing.T) {
 	rep, err = invoke(ctx, Event{})
 	require.NoError(t, err)
 	require.True(t, rep.Complete)
+	require.True(t, rep.Counted)
 }

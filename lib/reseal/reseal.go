@@ -84,7 +84,8 @@ type ColumnReport struct {
 	// Current and Older count ciphertexts under the current key and under
 	// an older configured one, Unknown those under a key that is not
 	// configured, which nothing can open: as Check finds them (at the end
-	// of a Run, after it).
+	// of a Run, after it; a Run stopped before then leaves them zero and
+	// Report.Counted false).
 	Current int64 `json:"current"`
 	Older   int64 `json:"older"`
 	Unknown int64 `json:"unknown"`
@@ -97,10 +98,14 @@ type Report struct {
 	// Complete is true when nothing is sealed with a key other than the
 	// current one: the older keys can be removed.
 	Complete bool `json:"complete"`
+	// Counted is true when the columns' Current, Older and Unknown were
+	// counted: false for a Run stopped (interrupted, or its time up) before
+	// its closing count, whose zeros say nothing.
+	Counted bool `json:"counted"`
 }
 
 func (r *Report) finish() {
-	r.Complete = true
+	r.Counted, r.Complete = true, true
 	for _, c := range r.Columns {
 		if c.Older+c.Unknown+c.Corrupt > 0 {
 			r.Complete = false
