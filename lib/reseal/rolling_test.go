@@ -152,12 +152,23 @@ func TestTheDocumentedRotationKeepsEverythingReadable(t *testing.T) {
 		"effect_type": "email.send", "idempotency_key": "s2", "payload": map[string]any{"to": "s2"}}).JSON()
 	require.Equal(t, "duplicate", dup["decision"])
 
+	// Step 4's settings checked too early: what the old key sealed is
+	// counted under an unknown key.
+	early, err := reseal.New(before.App.Pool, sealer(t, newKey)).Check(ctx)
+	require.NoError(t, err)
+	require.False(t, early.Complete)
+	require.Positive(t, byColumn(early)["effects.result"].Unknown)
+
 	// Step 3: reseal until complete.
 	rep, err := reseal.New(before.App.Pool, sealer(t, newKey, oldKey)).Run(ctx)
 	require.NoError(t, err)
 	require.True(t, rep.Complete, "%+v", rep)
 
-	// Step 4: the old key gone, everything still opens.
+	// Step 4: checked with its settings first, then the old key gone,
+	// everything still opens.
+	ready, err := reseal.New(before.App.Pool, sealer(t, newKey)).Check(ctx)
+	require.NoError(t, err)
+	require.True(t, ready.Complete)
 	failed, err := reseal.Unopenable(ctx, before.App.Pool, sealer(t, newKey))
 	require.NoError(t, err)
 	require.Empty(t, failed)
