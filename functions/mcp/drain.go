@@ -28,6 +28,14 @@ import (
 //     made, so a client that writes its requests and closes its end (a
 //     script, a pipe in CI) got nothing back. The end of stdin is held back
 //     until every request passed on has been answered (or drainTimeout).
+//   - The SDK answers a request the client cancelled (notifications/
+//     cancelled) anyway, with the error its handler met ("context
+//     canceled", -32600 or server_unreachable), where MCP asks that it not
+//     be answered. The answer of a request cancelled before its answer is
+//     written is dropped here; a ratchet_begin's among them may grant a
+//     lease, which release gives back (mcpserver.ReleaseUnseen), since the
+//     client ignores any answer to what it cancelled (unless the begin
+//     named a request_id, whose retry gets the lease back).
 type drainingPipes struct {
 	in  io.ReadCloser
 	out io.WriteCloser
@@ -35,6 +43,10 @@ type drainingPipes struct {
 	timeout time.Duration // drainTimeout but in tests
 	log     io.Writer     // stderr
 	maxLine int           // maxMessageBytes but in tests
+
+	// release gives back the lease a cancelled ratchet_begin's dropped
+	// result may grant (its JSON-RPC result); nil: none is.
+	release func(result json.RawMessage)
 
 	// Read side, used by the transport's one reading goroutine only.
 	buf      []byte
@@ -45,10 +57,17 @@ type drainingPipes struct {
 
 	writeMu sync.Mutex // one whole message at a time on out
 
-	mu      sync.Mutex
-	cond    *sync.Cond
-	pending map[string]bool // ids (idKey) of the requests passed on and not yet answered
-	outLine []byte
+	mu        sync.Mutex
+	cond      *sync.Cond
+	pending   map[string]*request // by id (idKey): the requests passed on and not yet answered
+	releasing int                 // releases under way
+	outLine   []byte
+}
+
+// request is a request passed on to the transport and not yet answered.
+type request struct {
+	begin     bool // a ratchet_begin whose lease only its answer holds (mcpserver.BeginWithoutRequestID)
+	cancelled bool // the client cancelled it: its answer is not written
 }
 
 // maxMessageBytes bounds one line: four times the API's 1 MiB request
@@ -58,13 +77,14 @@ type drainingPipes struct {
 const maxMessageBytes = 4 << 20
 
 // drainTimeout bounds the wait at EOF: a tool call is one HTTP request with
-// a 60 s timeout. (An id reused while its request is in flight, which the
+// a 60 s timeout (a cancelled begin's release one more, within
+// mcpserver.CancelGrace). (An id reused while its request is in flight, which the
 // SDK would leave unanswered, is refused in admit.)
 const drainTimeout = 90 * time.Second
 
 func newDrainingPipes(in io.ReadCloser, out io.WriteCloser) *drainingPipes {
 	d := &drainingPipes{in: in, out: out, timeout: drainTimeout, log: os.Stderr, maxLine: maxMessageBytes,
-		buf: make([]byte, 32<<10), pending: map[string]bool{}}
+		buf: make([]byte, 32<<10), pending: map[string]*request{}}
 	d.cond = sync.NewCond(&d.mu)
 	return d
 }
@@ -163,11 +183,18 @@ func (d *drainingPipes) admit(line []byte) {
 		d.refuse(line, jsonrpc.CodeInvalidRequest, "Invalid Request: not a JSON-RPC 2.0 message")
 		return
 	}
-	if req, ok := msg.(*jsonrpc.Request); ok && req.ID.IsValid() {
+	req, _ := msg.(*jsonrpc.Request)
+	if req != nil && !req.ID.IsValid() && req.Method == "notifications/cancelled" {
+		// Marked before the SDK, which cancels the request's handler,
+		// reads it: any answer written after this is the cancelled one's.
+		d.cancel(req.Params)
+	}
+	if req != nil && req.ID.IsValid() {
 		d.mu.Lock()
-		inFlight := d.pending[idKey(req.ID)]
+		inFlight := d.pending[idKey(req.ID)] != nil
 		if !inFlight {
-			d.pending[idKey(req.ID)] = true
+			d.pending[idKey(req.ID)] = &request{
+				begin: req.Method == "tools/call" && mcpserver.BeginWithoutRequestID(req.Params)}
 		}
 		d.mu.Unlock()
 		if inFlight {
@@ -183,6 +210,27 @@ func (d *drainingPipes) admit(line []byte) {
 		}
 	}
 	d.ready = append(append(d.ready, line...), '\n')
+}
+
+// cancel marks the request a notifications/cancelled names, if it is still
+// unanswered: its answer will not be written. One already answered stays
+// answered; an unknown or malformed id is ignored, as MCP has it.
+func (d *drainingPipes) cancel(params json.RawMessage) {
+	var p struct {
+		RequestID any `json:"requestId"`
+	}
+	if json.Unmarshal(params, &p) != nil {
+		return
+	}
+	id, err := jsonrpc.MakeID(p.RequestID)
+	if err != nil || !id.IsValid() {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.pending[idKey(id)]; r != nil {
+		r.cancelled = true
+	}
 }
 
 // refuse answers a line the transport is not given, naming its id when it
@@ -261,43 +309,74 @@ type drainWriter struct{ d *drainingPipes }
 
 // Write passes the SDK's messages on, each a line written whole, with their
 // JSON-RPC errors quieted as the HTTP endpoint's are (mcpserver.QuietErrors:
-// the SDK's messages quoted the tool name, method or params sent).
+// the SDK's messages quoted the tool name, method or params sent), but for
+// the answers of cancelled requests.
 func (w drainWriter) Write(p []byte) (int, error) {
-	out := p
-	if line, ok := bytes.CutSuffix(p, []byte("\n")); ok && bytes.Contains(line, []byte(`"error"`)) {
-		out = append(mcpserver.QuietErrors(line), '\n')
-	}
 	// The answers' ids leave pending before the answers reach the client,
 	// which may reuse an id as soon as it reads its answer (JSON-RPC asks
 	// ids to be unique among requests in flight only): taken out after,
 	// the next request under it could find it still pending and be refused
 	// (review). waitAnswered waits for the write under way by writeMu.
 	w.d.writeMu.Lock()
-	w.d.wrote(out)
-	n, err := w.d.out.Write(out)
-	w.d.writeMu.Unlock()
-	if err == nil {
-		n = len(p) // all of p went out, if rewritten
+	defer w.d.writeMu.Unlock()
+	if out := w.d.wrote(p); len(out) > 0 {
+		if _, err := w.d.out.Write(out); err != nil {
+			return 0, err
+		}
 	}
-	return n, err
+	return len(p), nil // all of p went out, if rewritten or dropped
 }
 
-// wrote tracks the answers among the bytes written to stdout (or about to
-// be: Write calls it first).
-func (d *drainingPipes) wrote(b []byte) {
+// wrote takes the bytes the SDK writes, settles the requests their complete
+// lines answer and returns those lines as they are to reach stdout: the
+// answers of cancelled requests left out, errors quieted. Whether a
+// cancelled request's answer is written is decided here, under mu, as is
+// the cancellation (cancel): an answer is written or dropped whole.
+func (d *drainingPipes) wrote(b []byte) []byte {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	var out []byte
 	d.outLine = scanLines(append(d.outLine, b...), func(line []byte) {
-		if id, ok := answerID(line); ok {
+		if id, result, ok := answer(line); ok {
+			r := d.pending[id]
 			delete(d.pending, id)
+			if r != nil && r.cancelled {
+				if r.begin && result != nil {
+					d.releaseUnseen(result)
+				}
+				return
+			}
 		}
+		if bytes.Contains(line, []byte(`"error"`)) {
+			line = mcpserver.QuietErrors(line)
+		}
+		out = append(append(out, line...), '\n')
 	})
 	d.cond.Broadcast()
+	return out
+}
+
+// releaseUnseen gives back, in the background, the lease a cancelled
+// ratchet_begin's dropped result may grant; waitAnswered waits for it. mu
+// is held.
+func (d *drainingPipes) releaseUnseen(result json.RawMessage) {
+	if d.release == nil {
+		return
+	}
+	d.releasing++
+	go func() {
+		d.release(result)
+		d.mu.Lock()
+		d.releasing--
+		d.cond.Broadcast()
+		d.mu.Unlock()
+	}()
 }
 
 func (w drainWriter) Close() error { return w.d.out.Close() }
 
-// waitAnswered blocks until no request passed on is unanswered, or timeout;
+// waitAnswered blocks until no request passed on is unanswered and no
+// cancelled begin's lease is being given back, or timeout;
 // it says on stderr how many were given up, which only a client breaking
 // the protocol or a tool call hung past its own timeout should cause.
 func (d *drainingPipes) waitAnswered() {
@@ -309,10 +388,10 @@ func (d *drainingPipes) waitAnswered() {
 	})
 	defer timer.Stop()
 	d.mu.Lock()
-	for len(d.pending) > 0 && time.Now().Before(deadline) {
+	for (len(d.pending) > 0 || d.releasing > 0) && time.Now().Before(deadline) {
 		d.cond.Wait()
 	}
-	left := len(d.pending)
+	left, releasing := len(d.pending), d.releasing
 	d.mu.Unlock()
 	// The last answer's id left pending just before it was written: wait
 	// for that write to end.
@@ -320,6 +399,10 @@ func (d *drainingPipes) waitAnswered() {
 	d.writeMu.Unlock() // a barrier: nothing to do under it
 	if left > 0 {
 		fmt.Fprintf(d.log, "ratchet-mcp: stdin closed; %d request(s) still unanswered after %s\n", left, d.timeout)
+	}
+	if releasing > 0 {
+		fmt.Fprintf(d.log, "ratchet-mcp: stdin closed; %d cancelled begin(s) still giving back their lease after %s: "+
+			"left to lapse\n", releasing, d.timeout)
 	}
 }
 
@@ -342,13 +425,13 @@ func scanLines(buf []byte, each func([]byte)) []byte {
 // however the client spelt the id.
 func idKey(id jsonrpc.ID) string { return fmt.Sprintf("%T:%v", id.Raw(), id.Raw()) }
 
-// answerID is the id (idKey) the answer on line answers, if it is one. The
-// transport writes one message a line: the batches it would answer in one
-// never reach it (admit).
-func answerID(line []byte) (string, bool) {
+// answer reads the answer on line, if it is one: the id (idKey) it answers
+// and its result (nil for an error). The transport writes one message a
+// line: the batches it would answer in one never reach it (admit).
+func answer(line []byte) (id string, result json.RawMessage, ok bool) {
 	m, err := jsonrpc.DecodeMessage(line)
 	if resp, ok := m.(*jsonrpc.Response); err == nil && ok && resp.ID.IsValid() {
-		return idKey(resp.ID), true
+		return idKey(resp.ID), resp.Result, true
 	}
-	return "", false
+	return "", nil, false
 }

@@ -13,6 +13,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -37,10 +38,27 @@ func main() {
 	}
 	caller := mcpserver.HTTPCaller{BaseURL: base, Client: &http.Client{Timeout: 60 * time.Second}}
 	pipes := newDrainingPipes(os.Stdin, os.Stdout)
+	pipes.release = func(result json.RawMessage) { releaseUnseen(caller, "Bearer "+key, result) }
 	transport := &mcp.IOTransport{Reader: pipes.Reader(), Writer: pipes.Writer()}
 	if err := mcpserver.New(caller, "Bearer "+key).Run(ctx, transport); err != nil && ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, "ratchet-mcp:", err)
 		os.Exit(1)
+	}
+}
+
+// releaseUnseen gives back the lease a cancelled ratchet_begin was granted
+// (mcpserver.ReleaseUnseen): its answer is not written, and no one will use
+// it. Said on stderr, naming nothing of the call.
+func releaseUnseen(c mcpserver.Caller, auth string, result json.RawMessage) {
+	ctx, cancel := context.WithTimeout(context.Background(), mcpserver.CancelGrace)
+	defer cancel()
+	switch released, err := mcpserver.ReleaseUnseen(ctx, c, auth, result); {
+	case err != nil:
+		fmt.Fprintf(os.Stderr, "ratchet-mcp: a cancelled ratchet_begin was granted a lease; giving it back failed (%v): "+
+			"it lapses on its own\n", err)
+	case released:
+		fmt.Fprintln(os.Stderr, "ratchet-mcp: a cancelled ratchet_begin was granted a lease; reported failed, "+
+			"its key is free for a retry")
 	}
 }
 

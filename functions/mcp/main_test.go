@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
@@ -25,7 +26,7 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	os.Exit(apitest.Main(m)) // a real server for the tests that call one
 }
 
 // A client that writes its requests and closes stdin gets every answer
@@ -194,7 +195,7 @@ func TestAnOverlongLineIsRefused(t *testing.T) {
 	if !strings.Contains(out.String(), `"id":1,`) {
 		t.Fatalf("answered %q; want id 1", out.String())
 	}
-	if string(d.ready) != `{"jsonrpc":"2.0","id":2,"method":"ping"}`+"\n" || !d.pending["int64:2"] || len(d.pending) != 1 {
+	if string(d.ready) != `{"jsonrpc":"2.0","id":2,"method":"ping"}`+"\n" || d.pending["int64:2"] == nil || len(d.pending) != 1 {
 		t.Fatalf("passed on %q, pending %v", d.ready, d.pending)
 	}
 }
@@ -286,7 +287,7 @@ func TestDrainWaitsForEveryRequestRead(t *testing.T) {
 	d.timeout = time.Hour
 	d.read([]byte(initializeLine[:10]), false)
 	d.read([]byte(initializeLine[10:]+"\n"+`{"jsonrpc":"2.0","id":"b","method":"tools/list"}`+"\n"), false)
-	if !d.pending["int64:1"] || !d.pending["string:b"] || len(d.pending) != 2 {
+	if d.pending["int64:1"] == nil || d.pending["string:b"] == nil || len(d.pending) != 2 {
 		t.Fatalf("pending %v; want 1 and \"b\"", d.pending)
 	}
 	d.wrote([]byte(answerLine[:5]))

@@ -58,6 +58,21 @@ type HTTPCaller struct {
 
 // Call implements Caller.
 func (c HTTPCaller) Call(ctx context.Context, method, path, authorization string, body []byte) (int, []byte, error) {
+	if method == http.MethodPost && path == beginPath {
+		// A begin abandoned in flight may have been granted, its lease
+		// token then reaching no one: the key answered in_flight until
+		// the lease lapsed, then blocked (MCP QA: a client cancelled a
+		// ratchet_begin). Its request cancelled, it finishes within
+		// CancelGrace, and the stdio binary gives back a lease nobody
+		// will see (ReleaseUnseen). One cancelled before it is sent is
+		// not sent.
+		if err := ctx.Err(); err != nil {
+			return 0, nil, fmt.Errorf("call %s %s: not sent: %w", method, path, err)
+		}
+		var stop context.CancelFunc
+		ctx, stop = finishing(ctx, CancelGrace)
+		defer stop()
+	}
 	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.BaseURL, "/")+path, bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, fmt.Errorf("build request: %w", err)

@@ -447,7 +447,7 @@ func query(params map[string]string) string {
 var tools = []tool{
 	define("ratchet_begin", "Ask before you act. Returns decision: execute, duplicate, in_flight, blocked, "+
 		"approval_required or denied. "+Instructions, "effects:begin",
-		func(in BeginInput) (string, string, any) { return "POST", "/api/v1/effects/begin", in },
+		func(in BeginInput) (string, string, any) { return "POST", beginPath, in },
 		like[gate.BeginRequest]),
 	idempotent(define("ratchet_report", "Report what happened after an execute decision: succeeded (with its "+
 		"result) or failed, only when the action surely did not happen; if unsure, report nothing (the lease "+

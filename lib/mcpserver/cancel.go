@@ -1,0 +1,100 @@
+package mcpserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/getratchet/ratchet/lib/gate"
+	"github.com/getratchet/ratchet/lib/jsonx"
+)
+
+// beginPath is ratchet_begin's REST route.
+const beginPath = "/api/v1/effects/begin"
+
+// CancelGrace bounds a ratchet_begin sent over HTTP once its MCP request is
+// cancelled: the call is not abandoned (HTTPCaller), it has this long more
+// to bring back the server's decision.
+const CancelGrace = 10 * time.Second
+
+// finishing is ctx without its cancellation, for a call that must run to
+// its answer: once ctx is cancelled the call has grace more, then is
+// abandoned. stop releases it (call it when the call is done).
+func finishing(ctx context.Context, grace time.Duration) (_ context.Context, stop context.CancelFunc) {
+	detached, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stopWatching := context.AfterFunc(ctx, func() {
+		timer := time.AfterFunc(grace, cancel)
+		context.AfterFunc(detached, func() { timer.Stop() })
+	})
+	return detached, func() { stopWatching(); cancel() }
+}
+
+// BeginWithoutRequestID says whether params, a tools/call's, call
+// ratchet_begin without a request_id: the lease token such a call may be
+// granted is in its answer and nowhere else, so if the answer is dropped
+// (its request cancelled), no one holds it (ReleaseUnseen). A begin naming
+// its request_id is not one: a retry under that request_id is given the
+// same lease (the documented recovery of a lost answer), and may have been,
+// or may be while a report of failure is on its way, so its lease is left
+// to that retry, or to lapse.
+func BeginWithoutRequestID(params json.RawMessage) bool {
+	var call struct {
+		Name      string `json:"name"`
+		Arguments struct {
+			RequestID json.RawMessage `json:"request_id"`
+		} `json:"arguments"`
+	}
+	if json.Unmarshal(params, &call) != nil || call.Name != "ratchet_begin" {
+		return false
+	}
+	return len(call.Arguments.RequestID) == 0 || string(call.Arguments.RequestID) == "null"
+}
+
+// ReleaseUnseen gives back the lease that result, a ratchet_begin's tool
+// result (a tools/call's JSON-RPC result), grants when that result will
+// reach no one: its request, a BeginWithoutRequestID, was cancelled, and an
+// MCP client ignores any answer to a request it cancelled. Nothing can have acted under a lease
+// whose token no one received, so the attempt is reported failed with that
+// token: the key is free at once for the agent's retry, where it answered
+// in_flight until the lease lapsed, then (on_indeterminate: block) blocked
+// until an operator resolved it (MCP QA).
+//
+// A probe's grant is left to lapse: a probe reported failed settles the
+// earlier attempt whose outcome is unknown as failed too, which no one
+// checked at the vendor; lapsed, the next begin is a probe again. A result
+// that grants nothing is left as it is. released says whether a lease was
+// given back; an error (never naming the token) that it could not be, and
+// lapses as before.
+func ReleaseUnseen(ctx context.Context, c Caller, auth string, result json.RawMessage) (released bool, err error) {
+	var r struct {
+		IsError    bool `json:"isError"`
+		Structured struct {
+			Decision   string `json:"decision"`
+			EffectID   string `json:"effect_id"`
+			LeaseToken string `json:"lease_token"`
+			Probe      bool   `json:"probe"`
+		} `json:"structuredContent"`
+	}
+	if json.Unmarshal(result, &r) != nil || r.IsError {
+		return false, nil
+	}
+	s := r.Structured
+	if s.Decision != gate.DecisionExecute || s.EffectID == "" || s.LeaseToken == "" || s.Probe {
+		return false, nil
+	}
+	body, err := jsonx.Marshal(map[string]any{"lease_token": s.LeaseToken, "outcome": "failed"})
+	if err != nil {
+		return false, fmt.Errorf("encode report: %w", err)
+	}
+	status, _, err := c.Call(ctx, http.MethodPost, "/api/v1/effects/"+pathEscape(s.EffectID)+"/report", auth, body)
+	switch {
+	case err != nil:
+		return false, errors.New("the server did not answer its report")
+	case status < 200 || status >= 300:
+		return false, fmt.Errorf("its report was answered HTTP %d", status)
+	}
+	return true, nil
+}
