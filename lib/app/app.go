@@ -43,6 +43,9 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*App, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	}
+	for _, w := range cfg.Warnings() {
+		logger.Warn("config: " + w)
+	}
 	now := opts.Now
 	if now == nil {
 		now = utcNow

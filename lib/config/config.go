@@ -267,6 +267,24 @@ func (c *Config) Sealer() (*seal.Sealer, error) {
 	return seal.New(current, older...)
 }
 
+// minSharedSecret is the length under which a shared secret (CRON_SECRET,
+// SIGNUP_TOKEN) is guessable. Shorter ones are still accepted (refusing
+// them would stop deployments that run today) but warned about.
+const minSharedSecret = 16
+
+// Warnings are settings that work but weaken the service, one line each,
+// naming the setting and never its value: logged at start.
+func (c *Config) Warnings() []string {
+	var out []string
+	if c.CronSecret != "" && len(c.CronSecret) < minSharedSecret {
+		out = append(out, fmt.Sprintf("CRON_SECRET is shorter than %d characters: anyone who guesses it can run sweeper passes", minSharedSecret))
+	}
+	if c.SignupMode == "token" && len(c.SignupToken) < minSharedSecret {
+		out = append(out, fmt.Sprintf("SIGNUP_TOKEN is shorter than %d characters: anyone who guesses it can create workspaces", minSharedSecret))
+	}
+	return out
+}
+
 // MigrationURL is the URL migrations run over.
 func (c *Config) MigrationURL() string {
 	if c.MigrationDatabaseURL != "" {

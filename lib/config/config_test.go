@@ -13,7 +13,7 @@ func validEnv(t *testing.T) {
 	t.Setenv("DATABASE_URL", "postgres://u@localhost:5432/db")
 	t.Setenv("RESULT_ENCRYPTION_KEY", base64.StdEncoding.EncodeToString(make([]byte, 32)))
 	t.Setenv("KEY_HASH_SECRET", "0123456789abcdef0123")
-	for _, name := range []string{"RESULT_ENCRYPTION_KEYS", "SIGNUP_MODE", "SIGNUP_TOKEN", "PORT", "BIND_ADDRESS", "DB_QUERY_EXEC_MODE", "DB_MAX_CONNS", "BILLING_MODE",
+	for _, name := range []string{"RESULT_ENCRYPTION_KEYS", "SIGNUP_MODE", "SIGNUP_TOKEN", "CRON_SECRET", "PORT", "BIND_ADDRESS", "DB_QUERY_EXEC_MODE", "DB_MAX_CONNS", "BILLING_MODE",
 		"SWEEP_INTERVAL", "KEY_CACHE_TTL", "JOB_LEASE_GRACE_MS", "SIGNUP_RATE_PER_HOUR", "DB_STATEMENT_TIMEOUT",
 		"DB_ACQUIRE_TIMEOUT", "JOB_RETENTION_DAYS", "EVENT_RETENTION_DAYS"} {
 		unset(t, name)
@@ -57,6 +57,33 @@ func TestSizeForServer(t *testing.T) {
 	c.SizeForServer()
 	require.EqualValues(t, 4, c.DBMaxConns)
 	require.Zero(t, c.DBStatementTimeout, "no startup parameter a pooler would refuse")
+}
+
+// A short shared secret works (deployments run with one) but is warned
+// about, by name only.
+func TestShortSharedSecretsAreWarnedAbout(t *testing.T) {
+	validEnv(t)
+	c, err := Load()
+	require.NoError(t, err)
+	require.Empty(t, c.Warnings())
+	t.Setenv("CRON_SECRET", "abc123")
+	t.Setenv("SIGNUP_MODE", "token")
+	t.Setenv("SIGNUP_TOKEN", "letmein")
+	c, err = Load()
+	require.NoError(t, err)
+	w := c.Warnings()
+	require.Len(t, w, 2)
+	require.Contains(t, w[0], "CRON_SECRET is shorter than 16 characters")
+	require.Contains(t, w[1], "SIGNUP_TOKEN is shorter than 16 characters")
+	for _, line := range w {
+		require.NotContains(t, line, "abc123")
+		require.NotContains(t, line, "letmein")
+	}
+	t.Setenv("CRON_SECRET", "0123456789abcdef")
+	t.Setenv("SIGNUP_TOKEN", "0123456789abcdef")
+	c, err = Load()
+	require.NoError(t, err)
+	require.Empty(t, c.Warnings())
 }
 
 func TestLoadNamesTheBadSetting(t *testing.T) {
