@@ -24,3 +24,6 @@ func (s *Service) DeliverRound(ctx context.Context, now time.Time) (int, error) 
 // SQLRetryDeliveries is Retry's statement, for a test to hold it in a
 // transaction of its own.
 const SQLRetryDeliveries = sqlRetryDeliveries
+
+// SQLPurgeDelivered is PurgeDelivered's statement, for a test of its plan.
+const SQLPurgeDelivered = sqlPurgeDelivered

@@ -1144,6 +1144,32 @@ func TestRetentionKeepsADeliveryRetriedWhileItPurges(t *testing.T) {
 	require.Equal(t, 2, rcv.count(), "and sent again")
 }
 
+// Retention counts the deliveries it deleted once, not by reading all of
+// them again for each event it deletes: that made each pass's work grow
+// with the square of its batch (scale QA: 1,000 events of 2 deliveries
+// spent 230 ms there, on 500k events). No subplan, run once per event,
+// reads the deleted deliveries.
+func TestRetentionCountsDeletedDeliveriesOnce(t *testing.T) {
+	env, clk := start(t, true)
+	ctx := context.Background()
+	var plan []map[string]any
+	require.NoError(t, env.App.Pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+webhooks.SQLPurgeDelivered,
+		clk.Now(), 1000).Scan(&plan))
+	require.NotEmpty(t, plan)
+	var walk func(node map[string]any, inSubPlan bool)
+	walk = func(node map[string]any, inSubPlan bool) {
+		inSubPlan = inSubPlan || node["Parent Relationship"] == "SubPlan"
+		if node["Node Type"] == "CTE Scan" && node["CTE Name"] == "d" {
+			require.False(t, inSubPlan, "the deleted deliveries are read again for each event")
+		}
+		children, _ := node["Plans"].([]any)
+		for _, c := range children {
+			walk(c.(map[string]any), inSubPlan)
+		}
+	}
+	walk(plan[0]["Plan"].(map[string]any), false)
+}
+
 // A retry that comes while a delivery's last attempt is being sent gives
 // it its attempts back: that attempt, should it fail, is not the last, and
 // the delivery is sent again (review: the retry answered it pending, and
