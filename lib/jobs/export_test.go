@@ -27,3 +27,7 @@ const LapseWait = lapseWait
 // SetDeadlockRetry turns the retry of a deadlock's victim on or off, so
 // that a test can see whether a deadlock happens at all.
 func SetDeadlockRetry(s *Service, on bool) { s.noDeadlockRetry = !on }
+
+// SQLLockRetiredJobs is PurgeRetired's statement that locks the candidate
+// runs' jobs, for a test of its plan.
+const SQLLockRetiredJobs = sqlLockRetiredJobs

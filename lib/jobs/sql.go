@@ -917,15 +917,21 @@ FOR UPDATE OF r SKIP LOCKED`
 // ended before $2 (a locked row is re-read at its latest version, so a
 // replay that committed in between shows as not ended). No job can be added
 // meanwhile: an enqueue needs the run's row, which is locked.
+//
+// The locked jobs are counted once, by run, then joined: a count per run
+// over all of them read the whole batch for each run (scale QA: 1,000 runs
+// of 5 steps took 300 ms, growing with the square of the batch).
 const sqlLockRetiredJobs = `
 WITH locked AS (
     SELECT j.run_id, j.finished_at, j.slot_attempt FROM jobs j WHERE j.run_id = ANY($1::text[])
     FOR UPDATE OF j SKIP LOCKED
+), ended AS (
+    SELECT l.run_id, count(*) AS n FROM locked l
+    WHERE l.finished_at < $2::timestamptz AND l.slot_attempt IS NULL
+    GROUP BY l.run_id
 )
-SELECT r.id FROM unnest($1::text[]) AS r(id)
-WHERE (SELECT count(*) FROM jobs j WHERE j.run_id = r.id)
-    = (SELECT count(*) FROM locked l WHERE l.run_id = r.id AND l.finished_at < $2::timestamptz
-         AND l.slot_attempt IS NULL)`
+SELECT r.id FROM unnest($1::text[]) AS r(id) LEFT JOIN ended ON ended.run_id = r.id
+WHERE (SELECT count(*) FROM jobs j WHERE j.run_id = r.id) = coalesce(ended.n, 0)`
 
 // sqlDeleteRuns deletes the runs $1 and everything of theirs, in one
 // statement (the foreign keys are checked at its end).

@@ -31,6 +31,7 @@ import (
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/schematags"
 	"github.com/getratchet/ratchet/lib/seal"
+	"github.com/getratchet/ratchet/lib/testpg"
 	"github.com/getratchet/ratchet/lib/webhooks"
 )
 
@@ -1152,22 +1153,9 @@ func TestRetentionKeepsADeliveryRetriedWhileItPurges(t *testing.T) {
 func TestRetentionCountsDeletedDeliveriesOnce(t *testing.T) {
 	env, clk := start(t, true)
 	ctx := context.Background()
-	var plan []map[string]any
-	require.NoError(t, env.App.Pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+webhooks.SQLPurgeDelivered,
-		clk.Now(), 1000).Scan(&plan))
-	require.NotEmpty(t, plan)
-	var walk func(node map[string]any, inSubPlan bool)
-	walk = func(node map[string]any, inSubPlan bool) {
-		inSubPlan = inSubPlan || node["Parent Relationship"] == "SubPlan"
-		if node["Node Type"] == "CTE Scan" && node["CTE Name"] == "d" {
-			require.False(t, inSubPlan, "the deleted deliveries are read again for each event")
-		}
-		children, _ := node["Plans"].([]any)
-		for _, c := range children {
-			walk(c.(map[string]any), inSubPlan)
-		}
-	}
-	walk(plan[0]["Plan"].(map[string]any), false)
+	rescans, err := testpg.RescansCTE(ctx, env.App.Pool, "d", webhooks.SQLPurgeDelivered, clk.Now(), 1000)
+	require.NoError(t, err)
+	require.False(t, rescans, "the deleted deliveries are read again for each event")
 }
 
 // A retry that comes while a delivery's last attempt is being sent gives
