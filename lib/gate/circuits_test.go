@@ -16,6 +16,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/gate"
+	"github.com/getratchet/ratchet/lib/testpg"
 )
 
 func (b *bundle) circuits() map[string]map[string]any {
@@ -142,6 +143,25 @@ func TestCircuitListShapeAndVolume(t *testing.T) {
 		map[string]any{"action": "explode"})), "action")
 	require.Contains(t, validationFields(t, b.env.Do("POST", "/api/v1/circuits/stop", b.ws.Key,
 		map[string]any{"action": "halt"})), "action")
+}
+
+// The list computes each type's baseline once, for its column and for a
+// learned ceiling's threshold: computed twice, it read the type's week of
+// effects twice (scale QA: 1.5M effects, 0.3 s of a circuits page). One
+// baseline, one series of hours in the plan.
+func TestCircuitListComputesTheBaselineOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	nodes, err := testpg.Explain(context.Background(), b.env.App.Pool, gate.SQLListCircuits,
+		b.ws.ID, "", 100, b.clock.Now(), "")
+	require.NoError(t, err)
+	series := 0
+	for _, n := range nodes {
+		if n.Fields["Node Type"] == "Function Scan" && n.Fields["Function Name"] == "generate_series" {
+			series++
+		}
+	}
+	require.Equal(t, 1, series, "one baseline per type")
 }
 
 func TestSurgeRequireApprovalCooldownAndFreshAllowance(t *testing.T) {

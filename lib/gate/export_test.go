@@ -65,3 +65,6 @@ var (
 	SQLBeginFast     = sqlBeginFast
 	SQLLengthenLease = sqlLengthenLease
 )
+
+// SQLListCircuits is ListCircuits' statement, for a test of its plan.
+var SQLListCircuits = sqlListCircuits

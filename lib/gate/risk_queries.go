@@ -299,15 +299,18 @@ WITH types AS (
 SELECT t.effect_type, c.state = 'open' AND (c.closes_at IS NULL OR c.closes_at > $4), c.opened_by, c.action,
     c.reason, c.opened_at, c.closes_at,
     (SELECT action FROM stop), (SELECT reason FROM stop), (SELECT opened_at FROM stop),
-    v.volume, ` + baselineSQL("$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at", "h.history_from") + `,
-    ` + thresholdSQL("p", "$4::timestamptz", "f.first_seen_at",
-	baselineSQL("$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at", "h.history_from")) + `
+    v.volume, b.median, ` + thresholdSQL("p", "$4::timestamptz", "f.first_seen_at", "b.median") + `
 FROM page t
 LEFT JOIN gate_circuits c ON c.workspace_id = $1 AND c.effect_type = t.effect_type
 LEFT JOIN gate_effect_types f ON f.workspace_id = $1 AND f.effect_type = t.effect_type
 LEFT JOIN gate_effect_history h ON h.workspace_id = $1 AND h.effect_type = t.effect_type
 LEFT JOIN gate_policies p ON p.workspace_id = $1 AND p.effect_type = t.effect_type
 CROSS JOIN LATERAL (SELECT ` + volumeSQL("$1", "t.effect_type", "$4::timestamptz - interval '1 hour'") + ` AS volume) v
+-- the baseline once, for its column and the threshold: not pulled up
+-- (OFFSET 0), so it is one subplan (scale QA: a type with a learned
+-- ceiling read its week of effects twice)
+CROSS JOIN LATERAL (SELECT ` + baselineSQL("$1", "t.effect_type", "$4::timestamptz", "f.first_seen_at", "h.history_from") +
+	` AS median OFFSET 0) b
 ORDER BY t.effect_type`
 
 // sqlEmergencyStop reads the emergency stop while it is on (no row when it

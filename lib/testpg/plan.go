@@ -6,36 +6,58 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// RescansCTE reports whether the plan of sql (with args; EXPLAIN only, it
-// does not run it) reads the CTE named cte again for each row of something
-// else: a scan of it under a correlated subplan. A statement that counts a
-// batch's rows that way does work growing with the square of its batch
-// (scale QA), which no small test database shows as slow.
-func RescansCTE(ctx context.Context, q interface {
+// Querier is what Explain needs of a pool, a connection or a transaction.
+type Querier interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
-}, cte, sql string, args ...any) (bool, error) {
-	var plan []struct {
+}
+
+// PlanNode is one node of a statement's plan (EXPLAIN's JSON fields, "Node
+// Type", "Relation Name", "CTE Name", "Function Name"...). InSubPlan: it
+// runs under a correlated subplan, once for each row of something else.
+type PlanNode struct {
+	Fields    map[string]any
+	InSubPlan bool
+}
+
+// Explain answers the nodes of sql's plan with args (EXPLAIN only: the
+// statement does not run). Tests assert on the shape of a plan what no
+// small test database shows as slow (scale QA).
+func Explain(ctx context.Context, q Querier, sql string, args ...any) ([]PlanNode, error) {
+	var plans []struct {
 		Plan map[string]any `json:"Plan"`
 	}
-	if err := q.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&plan); err != nil {
-		return false, err
+	if err := q.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&plans); err != nil {
+		return nil, err
 	}
-	var walk func(node map[string]any, inSubPlan bool) bool
-	walk = func(node map[string]any, inSubPlan bool) bool {
+	var out []PlanNode
+	var walk func(node map[string]any, inSubPlan bool)
+	walk = func(node map[string]any, inSubPlan bool) {
 		inSubPlan = inSubPlan || node["Parent Relationship"] == "SubPlan"
-		if inSubPlan && node["Node Type"] == "CTE Scan" && node["CTE Name"] == cte {
-			return true
-		}
+		out = append(out, PlanNode{Fields: node, InSubPlan: inSubPlan})
 		children, _ := node["Plans"].([]any)
 		for _, c := range children {
-			if child, ok := c.(map[string]any); ok && walk(child, inSubPlan) {
-				return true
+			if child, ok := c.(map[string]any); ok {
+				walk(child, inSubPlan)
 			}
 		}
-		return false
 	}
-	for _, p := range plan {
-		if walk(p.Plan, false) {
+	for _, p := range plans {
+		walk(p.Plan, false)
+	}
+	return out, nil
+}
+
+// RescansCTE reports whether the plan of sql reads the CTE named cte again
+// for each row of something else: a scan of it under a correlated subplan.
+// A statement that counts a batch's rows that way does work growing with
+// the square of its batch.
+func RescansCTE(ctx context.Context, q Querier, cte, sql string, args ...any) (bool, error) {
+	nodes, err := Explain(ctx, q, sql, args...)
+	if err != nil {
+		return false, err
+	}
+	for _, n := range nodes {
+		if n.InSubPlan && n.Fields["Node Type"] == "CTE Scan" && n.Fields["CTE Name"] == cte {
 			return true, nil
 		}
 	}
