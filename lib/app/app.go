@@ -68,7 +68,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*App, error) {
 	sweeper := sweep.New(now, logger, sweep.Task{
 		Name: "rate_counters.prune",
 		Run: func(ctx context.Context, now time.Time) (int, error) {
-			n, err := auth.PruneCounters(ctx, pool, now.Add(-2*time.Hour))
+			n, err := auth.PruneCounters(ctx, pool, now.Add(-2*time.Hour), rateCountersPerPass)
 			return int(n), err
 		},
 	})

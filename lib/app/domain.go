@@ -22,6 +22,11 @@ const (
 	// idempotentAnswersPerPass bounds the deletion of day-old answers
 	// (lib/idempotency): creates are rare next to begins.
 	idempotentAnswersPerPass = 1000
+	// rateCountersPerPass bounds the deletion of ended rate-limit windows
+	// (lib/auth): a rate-limited key in use makes one a minute, so a pass a
+	// minute (the Vercel cron) keeps up with this many such keys, five
+	// times over.
+	rateCountersPerPass = 50_000
 )
 
 // wireDomain builds the domain services into deps and registers their sweep
