@@ -53,7 +53,7 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 		sweep.Task{Name: "gate.spend_counters", Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Gate.SweepSpend(ctx, now, spendCountersPerPass)
 		}},
-		sweep.Task{Name: "effects.retention", Run: func(ctx context.Context, now time.Time) (int, error) {
+		sweep.Task{Name: "effects.retention", Drains: true, Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Gate.SweepRetention(ctx, now, retentionPerPass)
 		}},
 	)
@@ -61,7 +61,7 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 	deps.Jobs = jobs.New(deps.Pool, deps.Sealer, deps.Config.KeyHashSecret, deps.Config.JobLeaseGraceMs, deps.Now)
 	sweeper.Add(deps.Jobs.SweepTasks()...)
 	if days := deps.Config.JobRetentionDays; days > 0 {
-		sweeper.Add(sweep.Task{Name: "jobs.retention", Run: func(ctx context.Context, now time.Time) (int, error) {
+		sweeper.Add(sweep.Task{Name: "jobs.retention", Drains: true, Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Jobs.PurgeRetired(ctx, now.AddDate(0, 0, -days), retentionPerPass)
 		}})
 	}
@@ -78,7 +78,7 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 		}},
 	)
 	if days := deps.Config.EventRetentionDays; days > 0 {
-		sweeper.Add(sweep.Task{Name: "events.retention", Run: func(ctx context.Context, now time.Time) (int, error) {
+		sweeper.Add(sweep.Task{Name: "events.retention", Drains: true, Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Webhooks.PurgeDelivered(ctx, now.AddDate(0, 0, -days), retentionPerPass)
 		}})
 	}

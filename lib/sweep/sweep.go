@@ -37,6 +37,14 @@ type Task struct {
 	// the others (review: a stuck task left delivery too little time to
 	// send anything, silently).
 	Needs time.Duration
+	// Drains marks a task that works off a backlog a bounded batch at a
+	// time (retention). A pass with a deadline (the cron route, the Lambda
+	// schedule) runs it again while its last run changed rows and time is
+	// left, at most TaskTimeout in all (scale QA: one batch a pass, a pass
+	// a minute on cron, deleted at most about 1.4 M rows a day, so a
+	// busier workspace's backlog never drained). The local loop, a pass
+	// every few seconds, runs it once a pass.
+	Drains bool
 }
 
 // maxDetached bounds the runs of one detached task in flight at once.
@@ -191,7 +199,7 @@ func (s *Sweeper) RunOnce(ctx context.Context) Result {
 		for _, later := range s.tasks[i+1:] {
 			after += max(later.Needs, taskReserve)
 		}
-		n, interrupted, err := s.run(ctx, t, after)
+		n, interrupted, err := s.runBatches(ctx, t, after)
 		res.Changed[t.Name] = n
 		outage = outage || interrupted
 		if err != nil {
@@ -207,6 +215,27 @@ func (s *Sweeper) RunOnce(ctx context.Context) Result {
 	res.Unreachable = len(s.tasks) > 0 && unreachable == len(s.tasks)
 	res.Ms = s.now().Sub(start).Milliseconds()
 	return res
+}
+
+// runBatches runs t, and a task that Drains again while its last run
+// changed rows and ctx's deadline leaves time for another (twice the last
+// run's, beside after for the tasks still to run), within TaskTimeout in
+// all. It answers the rows changed in all and the last run's interruption
+// or error.
+func (s *Sweeper) runBatches(ctx context.Context, t Task, after time.Duration) (changed int, interrupted bool, err error) {
+	began := time.Now()
+	for {
+		start := time.Now()
+		var n int
+		n, interrupted, err = s.run(ctx, t, after)
+		changed += n
+		took := time.Since(start)
+		deadline, ok := ctx.Deadline()
+		if err != nil || !t.Drains || n == 0 || !ok ||
+			time.Until(deadline)-after < 2*took+taskReserve || time.Since(began)+2*took > TaskTimeout {
+			return changed, interrupted, err
+		}
+	}
 }
 
 // Loop runs a pass every interval until ctx ends: the tasks in order, then

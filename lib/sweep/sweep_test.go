@@ -31,6 +31,44 @@ func TestRunOnceRunsEveryTaskDespiteFailures(t *testing.T) {
 	require.Equal(t, []string{"a", "b"}, s.Tasks())
 }
 
+// A task that Drains runs again in a pass with a deadline while its runs
+// change rows and time is left; without a deadline (the local loop's pace),
+// once.
+func TestADrainingTaskRunsAgainWhileTimeIsLeft(t *testing.T) {
+	t.Parallel()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	backlog := func(rows int) (*atomic.Int32, Task) {
+		var runs atomic.Int32
+		left := rows
+		return &runs, Task{Name: "retention", Drains: true, Run: func(context.Context, time.Time) (int, error) {
+			runs.Add(1)
+			n := min(left, 10)
+			left -= n
+			return n, nil
+		}}
+	}
+	runs, task := backlog(33)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res := New(time.Now, logger, task).RunOnce(ctx)
+	require.Equal(t, 33, res.Changed["retention"], "the whole backlog in one pass")
+	require.EqualValues(t, 5, runs.Load(), "three full batches, the rest, then one that found nothing")
+
+	runs, task = backlog(33)
+	res = New(time.Now, logger, task).RunOnce(context.Background())
+	require.Equal(t, 10, res.Changed["retention"], "no deadline: one batch")
+	require.EqualValues(t, 1, runs.Load())
+
+	// Time that is the later tasks' is not taken.
+	runs, task = backlog(33)
+	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	later := Task{Name: "later", Needs: time.Minute, Run: func(context.Context, time.Time) (int, error) { return 0, nil }}
+	res = New(time.Now, logger, task, later).RunOnce(ctx)
+	require.EqualValues(t, 1, runs.Load(), "the later task's minute leaves no time for a second batch")
+	require.Equal(t, 10, res.Changed["retention"])
+}
+
 // A pass whose every task failed for want of the database did nothing: it
 // says so (the cron route answers 503); one task failing otherwise, or one
 // succeeding, is a pass with errors.
