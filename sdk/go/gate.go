@@ -24,8 +24,9 @@ var (
 	ErrDenied = errors.New("ratchet: effect denied")
 	// ErrInFlight: another caller held a live lease until ctx ended.
 	ErrInFlight = errors.New("ratchet: effect in flight elsewhere")
-	// ErrResultNotStored: the action succeeded, but the gate refused its
-	// result (over its size limit, or refused by its rules), so DoEffect
+	// ErrResultNotStored: the action succeeded, but its result could not be
+	// recorded (over the gate's size limit, refused by its rules, or not
+	// JSON: a NaN, a failing MarshalJSON), so DoEffect
 	// recorded the success with a small placeholder result instead
 	// ({"ratchet":"result_not_recorded","reason":...}). The key is settled:
 	// a later DoEffect with it is a duplicate and returns this error too,
@@ -177,7 +178,8 @@ type EffectOutcome[T any] struct {
 // DoEffect returns the outcome and the error. If the gate refused the
 // success for its result (413 payload_too_large, or 400 on result), the
 // success is reported again with a placeholder result, and DoEffect returns
-// the outcome and an error matching ErrResultNotStored. A panic in the
+// the outcome and an error matching ErrResultNotStored; so is a result that
+// does not encode as JSON, which is never sent. A panic in the
 // action propagates to the caller with nothing reported.
 func DoEffect[T any](ctx context.Context, c *Client, req BeginRequest, action func(ctx context.Context, lease Lease) (T, error)) (*EffectOutcome[T], error) {
 	if req.RequestID == "" {
@@ -198,7 +200,7 @@ func DoEffect[T any](ctx context.Context, c *Client, req BeginRequest, action fu
 		case DecisionDuplicate:
 			out := &EffectOutcome[T]{EffectID: b.EffectID, Attempt: b.Attempt, Duplicate: true}
 			if reason, ok := placeholderReason(b.Result); ok {
-				return out, fmt.Errorf("%w: effect %s succeeded earlier, but the gate refused its result (%s) and a placeholder was recorded",
+				return out, fmt.Errorf("%w: effect %s succeeded earlier, but its result could not be recorded (%s) and a placeholder was recorded",
 					ErrResultNotStored, b.EffectID, reason)
 			}
 			if len(b.Result) > 0 {
@@ -279,7 +281,16 @@ func runLeased[T any](ctx context.Context, c *Client, b *BeginResponse, sent tim
 		return nil, err
 	}
 	out.Result = result
-	rerr := reportEffect(ctx, c, b, OutcomeSucceeded, result, expiry)
+	// Encoded once, here: a result that is not JSON (a NaN, a channel, a
+	// failing MarshalJSON) can never be sent, and was retried as if the
+	// network had failed until the report gave up, leaving an action that
+	// happened to lapse indeterminate (QA: the Python and TypeScript SDKs
+	// record it with a placeholder).
+	raw, merr := json.Marshal(result)
+	rerr := error(&resultNotJSONError{err: merr})
+	if merr == nil {
+		rerr = reportEffect(ctx, c, b, OutcomeSucceeded, json.RawMessage(raw), expiry)
+	}
 	if reason, ok := unrecordableResult(rerr); ok {
 		// The action happened; only its result cannot be kept. Recording
 		// the success without it settles the key: left unreported it would
@@ -288,10 +299,10 @@ func runLeased[T any](ctx context.Context, c *Client, b *BeginResponse, sent tim
 		perr := reportEffect(ctx, c, b, OutcomeSucceeded, placeholder(reason), expiry)
 		stopHeartbeats()
 		if perr != nil {
-			return out, fmt.Errorf("ratchet: the action succeeded but the gate refused its result (%w), "+
+			return out, fmt.Errorf("ratchet: the action succeeded but its result cannot be recorded (%w), "+
 				"and the placeholder reported instead was not recorded: %w", rerr, perr)
 		}
-		return out, fmt.Errorf("%w: the gate refused the result of %s (%s), so a placeholder was recorded: %w",
+		return out, fmt.Errorf("%w: the result of %s cannot be recorded (%s), so a placeholder was recorded: %w",
 			ErrResultNotStored, b.EffectID, reason, rerr)
 	}
 	stopHeartbeats()
@@ -341,6 +352,10 @@ func placeholderReason(raw json.RawMessage) (string, bool) {
 // result (which a report without it would not meet), and names why: 413 for
 // its size, or 400 naming a field under result (the path, never a value).
 func unrecordableResult(err error) (string, bool) {
+	var notJSON *resultNotJSONError
+	if errors.As(err, &notJSON) {
+		return resultNotJSON, true
+	}
 	var apiErr *Error
 	if !errors.As(err, &apiErr) {
 		return "", false
@@ -357,6 +372,22 @@ func unrecordableResult(err error) (string, bool) {
 	}
 	return "", false
 }
+
+// resultNotJSON is the placeholder's reason for a result that does not
+// encode as JSON (the Python and TypeScript SDKs' word for it too).
+const resultNotJSON = "result_not_json"
+
+// resultNotJSONError is why a result that does not encode as JSON was not
+// sent: the gate never saw it.
+type resultNotJSONError struct{ err error }
+
+// Error implements error.
+func (e *resultNotJSONError) Error() string {
+	return "the result does not encode as JSON: " + e.err.Error()
+}
+
+// Unwrap returns the encoder's error.
+func (e *resultNotJSONError) Unwrap() error { return e.err }
 
 // reportEffect records the action's outcome. What the server cannot take
 // for now (a 5xx, a 429, a network failure) is sent again with backoff

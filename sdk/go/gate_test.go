@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -538,6 +539,33 @@ func TestDoEffectReportsAPlaceholderForARefusedResult(t *testing.T) {
 				t.Fatalf("second report %v", second)
 			}
 		})
+	}
+}
+
+// A result that does not encode as JSON is never sent, so it cannot be
+// refused or lost: a placeholder is reported at once, the key is settled,
+// and DoEffect says the result was not stored. It used to be retried as a
+// network failure until the report gave up, and the action, which
+// happened, lapsed indeterminate (QA, against scripts/dev).
+func TestDoEffectRecordsAPlaceholderForAResultThatIsNotJSON(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){execute()}}
+	c, _ := testClient(t, g)
+	out, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (map[string]float64, error) {
+		return map[string]float64{"score": math.NaN()}, nil
+	})
+	if !errors.Is(err, ErrResultNotStored) || !strings.Contains(err.Error(), "result_not_json") || out == nil ||
+		!math.IsNaN(out.Result["score"]) {
+		t.Fatalf("out %+v err %v", out, err)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.reports) != 1 {
+		t.Fatalf("reports %v", g.reports)
+	}
+	res, _ := g.reports[0]["result"].(map[string]any)
+	if g.reports[0]["outcome"] != OutcomeSucceeded || res["ratchet"] != "result_not_recorded" || res["reason"] != "result_not_json" {
+		t.Fatalf("report %v", g.reports[0])
 	}
 }
 
