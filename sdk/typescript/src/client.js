@@ -196,21 +196,26 @@ export class Ratchet {
    * indeterminate) and is rethrown. duplicate: returns the recorded result
    * without acting. in_flight: asks again until inFlightTimeoutMs. blocked,
    * approval_required and denied throw EffectBlockedError,
-   * ApprovalRequiredError and EffectDeniedError.
+   * ApprovalRequiredError and EffectDeniedError. signal (an AbortSignal)
+   * ends the call as Go's ctx does: before a begin it throws its reason,
+   * during an in_flight wait EffectInFlightError (its cause the reason), and
+   * during the action it aborts lease.signal; a begin already sent is
+   * awaited (its lease would be nobody's) and an outcome is still reported.
    */
-  async doEffect(request, action, { inFlightTimeoutMs } = {}) {
+  async doEffect(request, action, { inFlightTimeoutMs, signal } = {}) {
     // One request id for the whole call: a begin whose answer was lost is
     // answered again by the next, whichever retry asks.
     const req = { ...request, requestId: request.requestId ?? newRequestId() };
     const giveUp = inFlightTimeoutMs === undefined ? Infinity : Date.now() + inFlightTimeoutMs;
     let wait = FIRST_IN_FLIGHT_WAIT_MS;
     for (;;) {
+      signal?.throwIfAborted();
       const sent = Date.now();
       const [answer, leaseMs, requestId] = await this.#begin(req);
       const effectId = answer.effect_id ?? '';
       switch (answer.decision) {
         case 'execute':
-          return this.#runLeased(answer, sent + leaseMs, action);
+          return this.#runLeased(answer, sent + leaseMs, action, signal);
         case 'duplicate':
           if (answer.result?.ratchet === PLACEHOLDER_MARK) {
             // The attempt that acted could not record its result.
@@ -221,7 +226,11 @@ export class Ratchet {
           const pause = Math.min(wait, Math.max(answer.retry_after_seconds || 1, 1) * 1000);
           wait = Math.min(2 * wait, MAX_IN_FLIGHT_WAIT_MS);
           if (Date.now() + pause > giveUp) throw new EffectInFlightError(effectId);
-          await sleep(pause);
+          try {
+            await sleep(pause, signal);
+          } catch (reason) {
+            throw new EffectInFlightError(effectId, { cause: reason });
+          }
           continue;
         }
         case 'blocked':
@@ -238,9 +247,14 @@ export class Ratchet {
     }
   }
 
-  async #runLeased(answer, leaseEnd, action) {
+  async #runLeased(answer, leaseEnd, action, signal) {
     const { effect_id: effectId, lease_token: token } = answer;
+    // Aborted when the lease is lost or the caller's signal aborts: the
+    // action must stop either way (what it did is still reported).
     const lost = new AbortController();
+    const onAbort = () => lost.abort(signal.reason);
+    if (signal?.aborted) onAbort();
+    else signal?.addEventListener('abort', onAbort, { once: true });
     const lease = {
       effectId, attempt: answer.attempt, probe: Boolean(answer.probe), priorAttempt: answer.prior_attempt ?? null,
       leaseExpiresAt: answer.lease_expires_at, signal: lost.signal,
@@ -287,6 +301,7 @@ export class Ratchet {
       }
       throw new ResultNotStoredError(effectId, reason, result);
     } finally {
+      signal?.removeEventListener('abort', onAbort);
       stop.abort();
       await beats;
     }

@@ -178,10 +178,11 @@ export class EffectDeniedError extends Error {
 }
 
 /** Another caller still held the effect's lease when doEffect stopped
- * waiting (its inFlightTimeoutMs). */
+ * waiting (its inFlightTimeoutMs, or its signal aborted: the reason is the
+ * cause). */
 export class EffectInFlightError extends Error {
-  constructor(effectId) {
-    super(`ratchet: effect ${effectId} is still in flight elsewhere`);
+  constructor(effectId, options) {
+    super(`ratchet: effect ${effectId} is still in flight elsewhere`, options);
     this.name = 'EffectInFlightError';
     this.effectId = effectId;
   }

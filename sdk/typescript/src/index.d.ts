@@ -156,7 +156,8 @@ export interface Lease {
   probe: boolean;
   priorAttempt: BeginResponse['prior_attempt'] | null;
   leaseExpiresAt: string;
-  /** Aborted when the lease was lost: the outcome will not be recorded. */
+  /** Aborted when the lease was lost (the outcome will not be recorded), or
+   * when doEffect's own signal aborted (what the action did is reported). */
   signal: AbortSignal;
 }
 
@@ -187,7 +188,7 @@ export declare class Ratchet {
   reportEffect(effectId: string, leaseToken: string, outcome: 'succeeded' | 'failed', result?: Json): Promise<any>;
   heartbeatEffect(effectId: string, leaseToken: string): Promise<{ effect_id: string; lease_expires_at: string }>;
   getEffect(effectId: string): Promise<any>;
-  doEffect<T>(request: BeginRequest, action: (lease: Lease) => T | Promise<T>, options?: { inFlightTimeoutMs?: number }): Promise<EffectOutcome<T>>;
+  doEffect<T>(request: BeginRequest, action: (lease: Lease) => T | Promise<T>, options?: { inFlightTimeoutMs?: number; signal?: AbortSignal }): Promise<EffectOutcome<T>>;
 }
 
 export declare function createRatchet(options: RatchetOptions): Ratchet;
@@ -288,7 +289,7 @@ export declare class EffectDeniedError extends Error {
   requestId: string;
 }
 export declare class EffectInFlightError extends Error {
-  constructor(effectId: string);
+  constructor(effectId: string, options?: { cause?: unknown });
   effectId: string;
 }
 export declare class NotPerformedError extends Error {

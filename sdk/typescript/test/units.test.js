@@ -5,7 +5,7 @@ import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { test } from 'node:test';
 import {
-  ConnectionLostError, OutcomeNotReportedError, Ratchet, RatchetError, RetryableError, blindKey, redactMessage,
+  ConnectionLostError, EffectInFlightError, OutcomeNotReportedError, Ratchet, RatchetError, RetryableError, blindKey, redactMessage,
 } from '../src/index.js';
 import { Transport } from '../src/transport.js';
 import { Reporter, readDecision, reportTimes } from '../src/worker.js';
@@ -712,6 +712,49 @@ test('the action is told its lease is lost when heartbeats are rate limited', as
     });
   }), OutcomeNotReportedError);
   assert.equal(told, true);
+});
+
+// doEffect's signal ends it as Go's ctx ends DoEffect (QA: it had none, so
+// a caller could not stop a wait on another caller's lease of up to an hour,
+// nor tell its action to stop): before a begin it throws the reason, during
+// an in_flight wait EffectInFlightError, and during the action it aborts
+// lease.signal, which reports nothing for an action that gave up.
+test('doEffect honours its signal before a begin, while in flight and during the action', async (t) => {
+  const aborted = new AbortController();
+  aborted.abort(new Error('shutting down'));
+  let server = await fakeServer(t, () => assert.fail('a begin was sent after the signal aborted'));
+  let client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  const request = { effectType: 'email.send', idempotencyKey: 'k', payload: {} };
+  await assert.rejects(client.doEffect(request, () => assert.fail('acted'), { signal: aborted.signal }), /shutting down/);
+
+  const waiting = new AbortController();
+  let begins = 0;
+  server = await fakeServer(t, () => {
+    begins += 1;
+    waiting.abort(new Error('caller gone')); // while the first in_flight is on its way
+    return [200, { decision: 'in_flight', effect_id: 'eff_1', state: 'leased', attempt: 1, retry_after_seconds: 30 }];
+  });
+  client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  await assert.rejects(client.doEffect(request, () => assert.fail('acted'), { signal: waiting.signal }), (err) => {
+    assert.ok(err instanceof EffectInFlightError);
+    assert.equal(err.cause.message, 'caller gone');
+    return true;
+  });
+  assert.equal(begins, 1);
+
+  const acting = new AbortController();
+  server = await fakeServer(t, (method, path) => {
+    if (path.endsWith('/begin')) {
+      return [200, { decision: 'execute', effect_id: 'eff_1', state: 'leased', attempt: 1, lease_token: 'tok',
+        lease_expires_at: new Date(Date.now() + 60_000).toISOString() }, { Date: new Date().toUTCString() }];
+    }
+    return assert.fail(`${path} was called for an action that gave up`);
+  });
+  client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  await assert.rejects(client.doEffect(request, (lease) => new Promise((resolve, reject) => {
+    lease.signal.addEventListener('abort', () => reject(lease.signal.reason));
+    acting.abort(new Error('interrupted'));
+  }), { signal: acting.signal }), /interrupted/);
 });
 
 test('an unknown worker id registers again', async (t) => {
