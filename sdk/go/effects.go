@@ -74,8 +74,12 @@ type BeginRequest struct {
 	// live). Begin fills a random one when it is empty,
 	// so that a retry of a begin whose answer was lost (a dropped
 	// connection) gets the same execute and lease token instead of
-	// in_flight. Set it only to span retries of your own, e.g. across a
-	// process that must begin again after a timeout of its caller.
+	// in_flight. Set it only to span retries of your own of a begin whose
+	// answer was lost, e.g. a process that must begin again after a timeout
+	// of its caller. Never reuse one once an action may have run under its
+	// lease (a DoEffect that returned, a process that crashed mid-action):
+	// while that lease is live its begin is handed the same execute, and
+	// the action runs twice (QA).
 	RequestID string `json:"request_id,omitempty"`
 }
 

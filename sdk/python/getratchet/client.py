@@ -311,7 +311,11 @@ class Ratchet:
         doubling to 5 s, never past the server's retry_after_seconds) until
         in_flight_timeout seconds, then EffectInFlight. blocked,
         approval_required and denied raise EffectBlocked, ApprovalRequired
-        and EffectDenied. begin_options are begin's keyword options."""
+        and EffectDenied. begin_options are begin's keyword options. A
+        request_id of yours (one is made per call) must never be reused once
+        an action may have run under its lease (a do_effect that returned,
+        a process that crashed mid-action): while that lease is live its
+        begin is handed the same execute, and the action runs twice."""
         # One request id for the whole call: a begin whose answer was lost
         # is answered again by the next, whichever retry asks.
         begin_options.setdefault("request_id", new_request_id())

@@ -130,6 +130,10 @@ export interface BeginRequest {
   compensation?: { effect_type: string; payload: Json };
   compensatesEffectId?: string;
   leaseSeconds?: number;
+  /** Made for each call. Pass your own only to span begins whose answer was
+   * lost; never once an action may have run under its lease (a doEffect that
+   * returned, a crashed process): while that lease is live its begin is
+   * handed the same execute, and the action runs twice. */
   requestId?: string;
 }
 
