@@ -426,9 +426,13 @@ class Ratchet:
             try:
                 # No retries inside the call (a 429's wait could outlast the
                 # lease): this loop beats again, and watches the lease's end.
+                # Nor may a hung heartbeat outlast the moment the action must
+                # be told (QA: with 10 s, one unanswered beat told it long
+                # after the lease lapsed and another caller could act).
                 beat, date = self._transport.call("POST", "/effects/" + path_id(effect_id) + "/heartbeat",
                                                   {"lease_token": token}, safe=True, max_retries=0, with_date=True,
-                                                  timeout=min(self._transport.timeout, 10.0))
+                                                  timeout=min(self._transport.timeout, 10.0,
+                                                              max(state["end"] - 1.0 - sent, 0.1)))
             except RatchetError as err:
                 if err.status in (404, 409):
                     lost.set()

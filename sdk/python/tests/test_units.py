@@ -1263,6 +1263,34 @@ class GateLeaseTest(unittest.TestCase):
             client.do_effect("email.send", "k", lambda lease: told.append(lease.lost.wait(15)), {})
         self.assertEqual(told, [True])
 
+    def test_the_action_is_told_before_its_lease_lapses_when_a_heartbeat_hangs(self) -> None:
+        # A heartbeat that is never answered (a partition, a stalled proxy)
+        # is given up in time to tell the action a second before the 4 s
+        # lease ends; it used to be waited on for 10 s, past the lapse, when
+        # another caller may be granted execute.
+        from datetime import datetime, timedelta, timezone
+        release = threading.Event()
+
+        def respond(method, path, body):
+            if path.endswith("/begin"):
+                expires = (datetime.now(timezone.utc) + timedelta(seconds=4)).isoformat().replace("+00:00", "Z")
+                return 200, {"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
+                             "lease_token": "tok", "lease_expires_at": expires}, {}
+            if path.endswith("/heartbeat"):
+                release.wait(30)
+                return 409, error("lease_expired"), {}
+            return 409, error("lease_expired"), {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        self.addCleanup(release.set)  # first: the hung heartbeat's handler ends
+        client = getratchet.Ratchet(server.url, "rk_test")
+        self.addCleanup(client.close)
+        told = []
+        with self.assertRaises(getratchet.OutcomeNotReported):
+            client.do_effect("email.send", "k", lambda lease: told.append(lease.lost.wait(8)), {})
+        self.assertEqual(told, [True])
+
 
 def wait_until(probe, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout

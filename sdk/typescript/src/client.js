@@ -334,7 +334,11 @@ export class Ratchet {
         const [beat, date] = await this.#transport.call('POST', `/effects/${pathId(effectId)}/heartbeat`, { lease_token: token },
           // No retries inside the call (a 429's wait could outlast the lease):
           // this loop beats again, and watches the lease's end.
-          { safe: true, maxRetries: 0, signal, withDate: true, timeoutMs: Math.min(this.#transport.timeoutMs, 10_000) });
+          // Nor may a hung heartbeat outlast the moment the action must be
+          // told (QA: with 10 s, one unanswered beat told it long after the
+          // lease lapsed and another caller could act).
+          { safe: true, maxRetries: 0, signal, withDate: true,
+            timeoutMs: Math.min(this.#transport.timeoutMs, 10_000, Math.max(state.end - 1_000 - sent, 100)) });
         const ms = leaseLength(beat?.lease_expires_at, date);
         if (ms > 0) state.end = sent + ms;
       } catch (err) {

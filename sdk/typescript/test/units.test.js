@@ -714,6 +714,33 @@ test('the action is told its lease is lost when heartbeats are rate limited', as
   assert.equal(told, true);
 });
 
+// A heartbeat that is never answered (a partition, a stalled proxy) is
+// given up in time to tell the action a second before its 4 s lease ends;
+// it used to be waited on for 10 s, past the lapse, when another caller may
+// be granted execute (QA).
+test('the action is told before its lease lapses when a heartbeat hangs', async (t) => {
+  let release;
+  const released = new Promise((r) => { release = r; });
+  t.after(() => release());
+  const server = await fakeServer(t, async (method, path) => {
+    if (path.endsWith('/begin')) {
+      return [200, { decision: 'execute', effect_id: 'eff_1', state: 'leased', attempt: 1, lease_token: 'tok',
+        lease_expires_at: new Date(Date.now() + 4000).toISOString() }, { Date: new Date().toUTCString() }];
+    }
+    if (path.endsWith('/heartbeat')) await released;
+    return [409, error('lease_expired')];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  let told = false;
+  await assert.rejects(client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, async (lease) => {
+    await new Promise((r) => {
+      const timer = setTimeout(r, 8_000);
+      lease.signal.addEventListener('abort', () => { told = true; clearTimeout(timer); r(); });
+    });
+  }), OutcomeNotReportedError);
+  assert.equal(told, true);
+});
+
 // doEffect's signal ends it as Go's ctx ends DoEffect (QA: it had none, so
 // a caller could not stop a wait on another caller's lease of up to an hour,
 // nor tell its action to stop): before a begin it throws the reason, during
