@@ -338,8 +338,14 @@ class Ratchet:
             if decision == "in_flight":
                 pause = min(wait, max(answer.get("retry_after_seconds") or 1, 1))
                 wait = min(2 * wait, _MAX_IN_FLIGHT_WAIT)
-                if give_up is not None and time.monotonic() + pause > give_up:
-                    raise EffectInFlight(effect_id)
+                if give_up is not None:
+                    # The last pause ends at the timeout, which asks once
+                    # more (QA: a pause that would pass it gave up at once,
+                    # up to 5 s early, with the holder about to report).
+                    left = give_up - time.monotonic()
+                    if left <= 0:
+                        raise EffectInFlight(effect_id)
+                    pause = min(pause, left)
                 time.sleep(pause)
                 continue
             if decision == "blocked":

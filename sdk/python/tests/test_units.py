@@ -1263,6 +1263,27 @@ class GateLeaseTest(unittest.TestCase):
             client.do_effect("email.send", "k", lambda lease: told.append(lease.lost.wait(15)), {})
         self.assertEqual(told, [True])
 
+    def test_in_flight_asks_again_at_its_timeout(self) -> None:
+        # Pauses of 0.25, 0.5 and 1 s reach 1.75 s; the next (2 s) would
+        # pass the 3.5 s timeout, so it is cut to end there and asks once
+        # more, finding the holder's result. It used to give up at 1.75 s.
+        begins = []
+
+        def respond(method, path, body):
+            begins.append(path)
+            if len(begins) <= 4:
+                return 200, {"decision": "in_flight", "effect_id": "eff_1", "state": "leased", "attempt": 1,
+                             "retry_after_seconds": 30}, {}
+            return 200, {"decision": "duplicate", "effect_id": "eff_1", "state": "succeeded", "attempt": 1,
+                         "result": {"sent": True}}, {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        self.addCleanup(client.close)
+        out = client.do_effect("email.send", "k", lambda lease: self.fail("acted"), {}, in_flight_timeout=3.5)
+        self.assertEqual((out.duplicate, out.result, len(begins)), (True, {"sent": True}, 5))
+
     def test_the_action_is_told_before_its_lease_lapses_when_a_heartbeat_hangs(self) -> None:
         # A heartbeat that is never answered (a partition, a stalled proxy)
         # is given up in time to tell the action a second before the 4 s

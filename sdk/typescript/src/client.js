@@ -223,9 +223,12 @@ export class Ratchet {
           }
           return { effectId, attempt: answer.attempt, result: answer.result, duplicate: true };
         case 'in_flight': {
-          const pause = Math.min(wait, Math.max(answer.retry_after_seconds || 1, 1) * 1000);
+          // The last pause ends at the timeout, which asks once more (QA: a
+          // pause that would pass it gave up at once, up to 5 s early).
+          const left = giveUp - Date.now();
+          if (left <= 0) throw new EffectInFlightError(effectId);
+          const pause = Math.min(wait, Math.max(answer.retry_after_seconds || 1, 1) * 1000, left);
           wait = Math.min(2 * wait, MAX_IN_FLIGHT_WAIT_MS);
-          if (Date.now() + pause > giveUp) throw new EffectInFlightError(effectId);
           try {
             await sleep(pause, signal);
           } catch (reason) {

@@ -714,6 +714,22 @@ test('the action is told its lease is lost when heartbeats are rate limited', as
   assert.equal(told, true);
 });
 
+// Pauses of 0.25, 0.5 and 1 s reach 1.75 s; the next (2 s) would pass the
+// 3.5 s timeout, so it is cut to end there and asks once more, finding the
+// holder's result. It used to give up at 1.75 s.
+test('in_flight asks again at its timeout', async (t) => {
+  let begins = 0;
+  const server = await fakeServer(t, () => {
+    begins += 1;
+    if (begins <= 4) return [200, { decision: 'in_flight', effect_id: 'eff_1', state: 'leased', attempt: 1, retry_after_seconds: 30 }];
+    return [200, { decision: 'duplicate', effect_id: 'eff_1', state: 'succeeded', attempt: 1, result: { sent: true } }];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  const out = await client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => assert.fail('acted'),
+    { inFlightTimeoutMs: 3_500 });
+  assert.deepEqual([out.duplicate, out.result, begins], [true, { sent: true }, 5]);
+});
+
 // A heartbeat that is never answered (a partition, a stalled proxy) is
 // given up in time to tell the action a second before its 4 s lease ends;
 // it used to be waited on for 10 s, past the lapse, when another caller may
