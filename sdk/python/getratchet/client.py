@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import inspect
 import json
 import re
 import threading
@@ -311,11 +312,18 @@ class Ratchet:
         doubling to 5 s, never past the server's retry_after_seconds) until
         in_flight_timeout seconds, then EffectInFlight. blocked,
         approval_required and denied raise EffectBlocked, ApprovalRequired
-        and EffectDenied. begin_options are begin's keyword options. A
+        and EffectDenied. An async def or generator action raises TypeError
+        (before begin, or, wrapped, with the attempt reported failed since
+        its body never ran). begin_options are begin's keyword options. A
         request_id of yours (one is made per call) must never be reused once
         an action may have run under its lease (a do_effect that returned,
         a process that crashed mid-action): while that lease is live its
         begin is handed the same execute, and the action runs twice."""
+        if inspect.iscoroutinefunction(action) or inspect.isgeneratorfunction(action):
+            # Refused before a lease is taken; see _refuse_unrun for others.
+            raise TypeError("ratchet: do_effect's action must be a plain function that performs the effect and "
+                            "returns its result, not an async def or generator (run an async one with "
+                            "asyncio.run inside it)")
         # One request id for the whole call: a begin whose answer was lost
         # is answered again by the next, whichever retry asks.
         begin_options.setdefault("request_id", new_request_id())
@@ -384,6 +392,11 @@ class Ratchet:
                     # recorded (the lease then lapses: indeterminate).
                     not_performed.report_error = err  # type: ignore[attr-defined]
                 raise
+            if inspect.isawaitable(result) or inspect.isgenerator(result):
+                # An async def (or generator) action returned its body
+                # unrun: recorded as its result it was a success that never
+                # happened (QA: a placeholder settled the key for good).
+                self._refuse_unrun(effect_id, token, result, state)
             reason = _unsendable_result(result)
             if reason is None:
                 try:
@@ -408,6 +421,26 @@ class Ratchet:
             # Not joined: a heartbeat still in flight ends on its own (a
             # reported lease answers it 409), and must not hold the answer.
             stop.set()
+
+    def _refuse_unrun(self, effect_id: str, token: str, result: Any, state: dict) -> None:
+        """Raises TypeError for an action that returned a coroutine, generator
+        or other awaitable instead of acting. One whose body never started
+        surely did nothing: it is closed and the attempt reported failed, so
+        the key may be tried again. Any other (a scheduled task, a future)
+        may be acting: nothing is reported."""
+        unrun = ((inspect.iscoroutine(result) and inspect.getcoroutinestate(result) == inspect.CORO_CREATED)
+                 or (inspect.isgenerator(result) and inspect.getgeneratorstate(result) == inspect.GEN_CREATED))
+        error = TypeError(f"ratchet: do_effect's action returned {type(result).__name__} instead of acting: it "
+                          "must be a plain function that performs the effect and returns its result (run an "
+                          "async one with asyncio.run inside it)")
+        if not unrun:
+            raise error
+        result.close()
+        try:
+            self._report_effect(effect_id, token, "failed", None, state)
+        except (RatchetError, ConnectionLost) as err:
+            error.report_error = err  # type: ignore[attr-defined]
+        raise error
 
     def _report_effect(self, effect_id: str, token: str, outcome: str, result: Any, state: dict) -> None:
         """Reports, repeating through lost answers and server failures while

@@ -1263,6 +1263,42 @@ class GateLeaseTest(unittest.TestCase):
             client.do_effect("email.send", "k", lambda lease: told.append(lease.lost.wait(15)), {})
         self.assertEqual(told, [True])
 
+    def test_an_async_action_is_refused_not_recorded_as_a_success(self) -> None:
+        # An async def action returns its body unrun; recorded as its
+        # result, it was a success that never happened (the coroutine is not
+        # JSON, so a placeholder settled the key for good). Refused before
+        # begin when it is one; wrapped (a lambda), reported failed, since
+        # its body surely never ran, so the key may be tried again.
+        calls = []
+
+        def respond(method, path, body):
+            calls.append((path, body))
+            if path.endswith("/begin"):
+                return 200, {"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
+                             "lease_token": "tok", "lease_expires_at": "2099-01-01T00:00:00Z"}, {}
+            if path.endswith("/report"):
+                return 200, {"id": "eff_1", "state": body["outcome"]}, {}
+            return 200, {"effect_id": "eff_1", "lease_expires_at": "2099-01-01T00:00:00Z"}, {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        self.addCleanup(client.close)
+        ran = []
+
+        async def send(lease):
+            ran.append(lease)
+            return {"sent": True}
+
+        with self.assertRaises(TypeError):
+            client.do_effect("email.send", "k", send, {})
+        self.assertEqual(calls, [])
+        with self.assertRaises(TypeError):
+            client.do_effect("email.send", "k", lambda lease: send(lease), {})
+        reports = [body for path, body in calls if path.endswith("/report")]
+        self.assertEqual([r["outcome"] for r in reports], ["failed"])
+        self.assertEqual(ran, [])
+
     def test_in_flight_asks_again_at_its_timeout(self) -> None:
         # Pauses of 0.25, 0.5 and 1 s reach 1.75 s; the next (2 s) would
         # pass the 3.5 s timeout, so it is cut to end there and asks once
