@@ -319,6 +319,10 @@ class Ratchet:
         an action may have run under its lease (a do_effect that returned,
         a process that crashed mid-action): while that lease is live its
         begin is handed the same execute, and the action runs twice."""
+        if not callable(action):
+            # Refused before a lease is taken: after, the call's failure
+            # would leave the key indeterminate, an operator's to resolve.
+            raise TypeError(f"ratchet: do_effect's action must be callable, not {type(action).__name__}")
         if inspect.iscoroutinefunction(action) or inspect.isgeneratorfunction(action):
             # Refused before a lease is taken; see _refuse_unrun for others.
             raise TypeError("ratchet: do_effect's action must be a plain function that performs the effect and "

@@ -1292,6 +1292,8 @@ class GateLeaseTest(unittest.TestCase):
 
         with self.assertRaises(TypeError):
             client.do_effect("email.send", "k", send, {})
+        with self.assertRaises(TypeError):  # not callable: it would have left the key indeterminate
+            client.do_effect("email.send", "k", {"to": "x"}, {})
         self.assertEqual(calls, [])
         with self.assertRaises(TypeError):
             client.do_effect("email.send", "k", lambda lease: send(lease), {})

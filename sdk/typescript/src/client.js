@@ -203,6 +203,9 @@ export class Ratchet {
    * awaited (its lease would be nobody's) and an outcome is still reported.
    */
   async doEffect(request, action, { inFlightTimeoutMs, signal } = {}) {
+    // Refused before a lease is taken: after, the call's failure would leave
+    // the key indeterminate, an operator's to resolve.
+    if (typeof action !== 'function') throw new TypeError(`ratchet: doEffect's action must be a function, not ${typeof action}`);
     // One request id for the whole call: a begin whose answer was lost is
     // answered again by the next, whichever retry asks.
     const req = { ...request, requestId: request.requestId ?? newRequestId() };

@@ -717,6 +717,15 @@ test('the action is told its lease is lost when heartbeats are rate limited', as
 // Pauses of 0.25, 0.5 and 1 s reach 1.75 s; the next (2 s) would pass the
 // 3.5 s timeout, so it is cut to end there and asks once more, finding the
 // holder's result. It used to give up at 1.75 s.
+// An action that is not a function is refused before begin: after it, the
+// call failing would leave the key indeterminate, an operator's to resolve.
+test('doEffect refuses an action that is not a function before begin', async (t) => {
+  const server = await fakeServer(t, () => assert.fail('a begin was sent'));
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  await assert.rejects(client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, { to: 'x' }), TypeError);
+  assert.equal(server.seen.length, 0);
+});
+
 test('in_flight asks again at its timeout', async (t) => {
   let begins = 0;
   const server = await fakeServer(t, () => {
