@@ -30,6 +30,11 @@ _MAX_IN_FLIGHT_WAIT = 5.0
 _PLACEHOLDER_MARK = "result_not_recorded"
 # The server refuses request bodies over 1 MiB (and results over 256 KiB).
 _MAX_RESULT_BYTES = 1024 * 1024 - 1024
+# How long do_effect keeps sending a report the server cannot take for now
+# (as Go's DoEffect): the heartbeats keep the lease meanwhile, so without a
+# bound a report route failing for good held the call, and the key's
+# waiters, for ever.
+_REPORT_TIMEOUT = 30.0
 
 
 def create_ratchet(base_url: Optional[str] = None, api_key: str = "", **options: Any) -> "Ratchet":
@@ -448,10 +453,11 @@ class Ratchet:
 
     def _report_effect(self, effect_id: str, token: str, outcome: str, result: Any, state: dict) -> None:
         """Reports, repeating through lost answers and server failures while
-        the lease stands (the heartbeats keep it)."""
+        the lease stands (the heartbeats keep it), for at most _REPORT_TIMEOUT."""
+        give_up = time.monotonic() + _REPORT_TIMEOUT
         self._transport.call_until("POST", "/effects/" + path_id(effect_id) + "/report",
                                    _effect_report(token, outcome, result),
-                                   may_wait=lambda wait: time.monotonic() + wait < state["end"])
+                                   may_wait=lambda wait: time.monotonic() + wait < min(state["end"], give_up))
 
     def _heartbeat_effect(self, effect_id: str, token: str, state: dict,
                           stop: threading.Event, lost: threading.Event) -> None:

@@ -1301,6 +1301,47 @@ class GateLeaseTest(unittest.TestCase):
         self.assertEqual([r["outcome"] for r in reports], ["failed"])
         self.assertEqual(ran, [])
 
+    def test_a_report_the_server_keeps_failing_is_given_up(self) -> None:
+        # Heartbeats keep the lease while every report meets a 503: the
+        # call gives up after the report timeout (as Go's DoEffect) and
+        # raises OutcomeNotReported; it used to retry for ever.
+        from datetime import datetime, timedelta, timezone
+        from unittest import mock
+        mended = threading.Event()
+        self.addCleanup(mended.set)  # lets a call that never gave up end
+
+        def respond(method, path, body):
+            expires = (datetime.now(timezone.utc) + timedelta(seconds=60)).isoformat().replace("+00:00", "Z")
+            if path.endswith("/begin"):
+                return 200, {"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
+                             "lease_token": "tok", "lease_expires_at": expires}, {}
+            if path.endswith("/heartbeat"):
+                return 200, {"effect_id": "eff_1", "lease_expires_at": expires}, {}
+            if mended.is_set():
+                return 200, {"id": "eff_1", "state": "succeeded"}, {}
+            return 503, error("database_unavailable"), {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        self.addCleanup(client.close)
+        raised = []
+
+        def call():
+            try:
+                client.do_effect("email.send", "k", lambda lease: {"sent": True}, {})
+            except Exception as err:  # noqa: BLE001 - recorded for the assertion
+                raised.append(err)
+
+        with mock.patch("getratchet.client._REPORT_TIMEOUT", 1.0):
+            caller = threading.Thread(target=call, daemon=True)
+            caller.start()
+            caller.join(15)
+        self.assertFalse(caller.is_alive(), "do_effect still retrying its report")
+        self.assertEqual(len(raised), 1)
+        self.assertIsInstance(raised[0], getratchet.OutcomeNotReported)
+        self.assertEqual(raised[0].result, {"sent": True})
+
     def test_in_flight_asks_again_at_its_timeout(self) -> None:
         # Pauses of 0.25, 0.5 and 1 s reach 1.75 s; the next (2 s) would
         # pass the 3.5 s timeout, so it is cut to end there and asks once

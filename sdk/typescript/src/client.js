@@ -19,6 +19,11 @@ const MAX_IN_FLIGHT_WAIT_MS = 5_000;
 const PLACEHOLDER_MARK = 'result_not_recorded';
 // The server refuses request bodies over 1 MiB (and results over 256 KiB).
 const MAX_RESULT_BYTES = 1024 * 1024 - 1024;
+// How long doEffect keeps sending a report the server cannot take for now
+// (as Go's DoEffect): the heartbeats keep the lease meanwhile, so without a
+// bound a report route failing for good held the call, and the key's
+// waiters, for ever. Exported for the tests.
+export const gateTimes = { reportTimeoutMs: 30_000 };
 
 /** Returns a Ratchet client: createRatchet({ baseUrl, apiKey }). */
 export function createRatchet(options) {
@@ -316,8 +321,9 @@ export class Ratchet {
   /** Reports, repeating through lost answers and server failures while the
    * lease stands (the heartbeats keep it). */
   #reportEffect(effectId, token, outcome, result, state) {
+    const giveUp = Date.now() + gateTimes.reportTimeoutMs;
     return this.#transport.callUntil('POST', `/effects/${pathId(effectId)}/report`, effectReport(token, outcome, result),
-      { mayWait: (wait) => Date.now() + wait < state.end });
+      { mayWait: (wait) => Date.now() + wait < Math.min(state.end, giveUp) });
   }
 
   // Paced at a third of the lease left, within 1 s to 1 min; the action is

@@ -7,6 +7,7 @@ import { test } from 'node:test';
 import {
   ConnectionLostError, EffectInFlightError, OutcomeNotReportedError, Ratchet, RatchetError, RetryableError, blindKey, redactMessage,
 } from '../src/index.js';
+import { gateTimes } from '../src/client.js';
 import { Transport } from '../src/transport.js';
 import { Reporter, readDecision, reportTimes } from '../src/worker.js';
 
@@ -717,6 +718,35 @@ test('the action is told its lease is lost when heartbeats are rate limited', as
 // Pauses of 0.25, 0.5 and 1 s reach 1.75 s; the next (2 s) would pass the
 // 3.5 s timeout, so it is cut to end there and asks once more, finding the
 // holder's result. It used to give up at 1.75 s.
+// Heartbeats keep the lease while every report meets a 503: the call gives
+// up after the report timeout (as Go's DoEffect) and throws
+// OutcomeNotReportedError; it used to retry for ever.
+test('a report the server keeps failing is given up', async (t) => {
+  let mended = false;
+  t.after(() => { mended = true; }); // lets a call that never gave up end
+  const server = await fakeServer(t, (method, path) => {
+    const expires = new Date(Date.now() + 60_000).toISOString();
+    if (path.endsWith('/begin')) {
+      return [200, { decision: 'execute', effect_id: 'eff_1', state: 'leased', attempt: 1, lease_token: 'tok', lease_expires_at: expires },
+        { Date: new Date().toUTCString() }];
+    }
+    if (path.endsWith('/heartbeat')) return [200, { effect_id: 'eff_1', lease_expires_at: expires }, { Date: new Date().toUTCString() }];
+    return mended ? [200, { id: 'eff_1', state: 'succeeded' }] : [503, error('database_unavailable')];
+  });
+  const saved = gateTimes.reportTimeoutMs;
+  gateTimes.reportTimeoutMs = 1_000;
+  t.after(() => { gateTimes.reportTimeoutMs = saved; });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  let timer;
+  const verdict = await Promise.race([
+    client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => ({ sent: true })).then(() => 'returned', (err) => err),
+    new Promise((r) => { timer = setTimeout(() => r('still retrying its report'), 15_000); }),
+  ]);
+  clearTimeout(timer);
+  assert.ok(verdict instanceof OutcomeNotReportedError, String(verdict));
+  assert.deepEqual(verdict.result, { sent: true });
+});
+
 // An action that is not a function is refused before begin: after it, the
 // call failing would leave the key indeterminate, an operator's to resolve.
 test('doEffect refuses an action that is not a function before begin', async (t) => {
