@@ -291,7 +291,7 @@ func (s *Service) recordLapse(ctx context.Context, tx pgx.Tx, row *effectRow, no
 	if row.State != StateLeased {
 		return nil
 	}
-	_, err := s.lapse(ctx, tx, now, row.ID, 1)
+	_, err := s.lapse(ctx, tx, now, []string{row.ID}, 1)
 	return err
 }
 
@@ -439,17 +439,21 @@ func resolvedBy(e Effect, key, outcome string) int {
 	return latest
 }
 
-// lapse makes lapsed leases durable (one effect when effectID is set, else up
-// to limit of them, oldest first) and records effect.indeterminate for each.
-func (s *Service) lapse(ctx context.Context, q db.Querier, now time.Time, effectID string, limit int) (int, error) {
+// lapse makes lapsed leases durable (those of effectIDs when set, in one
+// statement, else up to limit of them, oldest first) and records
+// effect.indeterminate for each.
+func (s *Service) lapse(ctx context.Context, q db.Querier, now time.Time, effectIDs []string, limit int) (int, error) {
+	if effectIDs != nil {
+		limit = len(effectIDs)
+	}
 	eventIDs := make([]string, limit)
 	for i := range eventIDs {
 		eventIDs[i] = ids.NewAt(ids.Event, now)
 	}
 	sort.Strings(eventIDs)
 	sql, args := sqlLapseDue, []any{now, limit, eventIDs}
-	if effectID != "" {
-		sql, args = sqlLapseOne, append(args, effectID)
+	if effectIDs != nil {
+		sql, args = sqlLapseThese, append(args, effectIDs)
 	}
 	var n int
 	if err := q.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
@@ -462,5 +466,5 @@ func (s *Service) lapse(ctx context.Context, q db.Querier, now time.Time, effect
 // durably indeterminate and records their events. Concurrent passes skip
 // each other's rows.
 func (s *Service) SweepLapsed(ctx context.Context, now time.Time, limit int) (int, error) {
-	return s.lapse(ctx, s.pool, now.UTC().Truncate(time.Microsecond), "", limit)
+	return s.lapse(ctx, s.pool, now.UTC().Truncate(time.Microsecond), nil, limit)
 }

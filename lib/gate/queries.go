@@ -353,11 +353,12 @@ WITH cand AS (
 SELECT count(*) FROM e`
 }
 
-// sqlLapseDue is the sweeper's pass over every workspace; sqlLapseOne makes
-// one effect's lapse durable inline ($4 its id), through its primary key.
+// sqlLapseDue is the sweeper's pass over every workspace; sqlLapseThese
+// makes the lapse of given effects durable inline ($4 their ids), through
+// their primary key, in one statement however many there are.
 var (
-	sqlLapseDue = lapseSQL("true")
-	sqlLapseOne = lapseSQL("id = $4")
+	sqlLapseDue   = lapseSQL("true")
+	sqlLapseThese = lapseSQL("id = ANY($4::text[])")
 )
 
 // attemptsJSON aggregates an effect's attempts (alias e) in order.
