@@ -634,7 +634,7 @@ ORDER BY e.id LIMIT $6`
 // sqlReconcileResolve settles indeterminate effects from the vendor's
 // records, like an operator's resolve (every unknown attempt), releasing the
 // ceilings of those that failed as a resolve does. Lapsed leases were made
-// durable first.
+// durable first. It answers the groups of the effects it settled, once each.
 // $1 workspace, $2 effect ids, $3 outcomes, $4 now, $5 key id.
 var sqlReconcileResolve = `
 WITH t AS (SELECT * FROM unnest($2::text[], $3::text[]) AS t(id, outcome)),
@@ -648,7 +648,12 @@ upd AS (
     FROM upd WHERE a.effect_id = upd.id AND a.attempt IN (SELECT attempt FROM gate_unknown_attempts(upd.id))
     RETURNING a.workspace_id, a.charges, a.charged_on, a.outcome
 ), ` + freedCTE("upa") + `,` + releaseCTEs("freed", "true") + `
-SELECT id, group_id FROM upd`
+SELECT DISTINCT group_id FROM upd WHERE group_id IS NOT NULL ORDER BY group_id`
+
+// sqlUnwindingAmong answers which of groups $2 of workspace $1 are being
+// rolled back: the only ones a settled step may end (settleGroup).
+const sqlUnwindingAmong = `SELECT id FROM effect_groups
+WHERE workspace_id = $1 AND id = ANY($2::text[]) AND state = 'unwinding' ORDER BY id`
 
 // sqlReconciled records when a type was last reconciled.
 // $1 workspace, $2 effect type, $3 now, $4 from, $5 to.

@@ -192,6 +192,35 @@ func TestReconcileResolvesAGroupStep(t *testing.T) {
 	require.Equal(t, "unwound", f.state(g))
 }
 
+// The reconciliation that settles a rollback's last unknown step ends the
+// rollback itself (read in the database: a GET would settle it too); a
+// step of an open group it settles leaves that group open.
+func TestReconcileEndsTheRollbackItSettles(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	rolling, open := f.group(), f.group()
+	maybe, _ := f.step(rolling, true)
+	other, _ := f.step(open, true)
+	f.clock.Add(2 * time.Minute) // both leases lapse
+	require.Equal(t, []string{maybe}, strs(f.unwind(rolling)["unresolved"]))
+	keyOf := func(id string) any {
+		return f.must(http.StatusOK, "GET", "/api/v1/effects/"+id, nil)["idempotency_key"]
+	}
+	r := f.must(http.StatusOK, "POST", "/api/v1/reconcile", map[string]any{"effect_type": "payment.charge",
+		"from": rfc(f.clock.Now().Add(-time.Hour)), "to": rfc(f.clock.Now()),
+		"records": []any{map[string]any{"idempotency_key": keyOf(maybe), "status": "failed"},
+			map[string]any{"idempotency_key": keyOf(other), "status": "succeeded"}}})
+	require.Len(t, r["resolved"], 2)
+	stored := func(g string) string {
+		var st string
+		require.NoError(t, f.env.App.Pool.QueryRow(context.Background(),
+			`SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&st))
+		return st
+	}
+	require.Equal(t, "unwound", stored(rolling), "the vendor never charged: nothing to undo")
+	require.Equal(t, "open", stored(open))
+}
+
 func TestReconcileValidationAndScope(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
