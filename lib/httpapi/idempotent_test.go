@@ -180,7 +180,7 @@ func TestIdempotentRoutes(t *testing.T) {
 	}
 	require.Less(t, idempotency.ActingTime, idempotency.ClaimTTL)
 	require.ElementsMatch(t, []string{"keys.create", "webhooks.create", "contracts.publish", "tools.test",
-		"workers.register", "steps.replay", "webhooks.deliveries.retry", "webhooks.rotate_secret"}, idempotent)
+		"workers.register", "steps.replay", "webhooks.deliveries.retry", "webhooks.rotate_secret", "reconcile"}, idempotent)
 }
 
 // keyedServer is env's server with a test route, POST
@@ -353,6 +353,9 @@ func TestIdempotentRoutesActInTheRequestTransaction(t *testing.T) {
 		"webhooks.deliveries.retry": {"/api/v1/webhooks/" + hook + "/deliveries/retry", e.ws.Key,
 			map[string]any{"delivery_ids": []string{deliveries.Data[0].ID}}},
 		"webhooks.rotate_secret": {"/api/v1/webhooks/" + hook + "/rotate-secret", e.ws.Key, map[string]any{}},
+		"reconcile": {"/api/v1/reconcile", e.ws.Key, map[string]any{"effect_type": "payment.charge",
+			"from": e.clock.Now().Add(-time.Hour).Format(time.RFC3339), "to": e.clock.Now().Format(time.RFC3339),
+			"records": []any{map[string]any{"idempotency_key": "k", "status": "succeeded"}}}},
 	}
 	var names []string
 	for _, r := range httpapi.Routes() {

@@ -13,10 +13,12 @@ func (s *Server) reconcileRoutes() []Route {
 	return []Route{
 		{
 			Method: "POST", Pattern: "/api/v1/reconcile", Name: "reconcile", Tag: "reconcile",
-			Scopes: []string{auth.ScopeReconcileWrite},
+			Scopes: []string{auth.ScopeReconcileWrite}, Idempotent: true,
 			Summary: "Compare the vendor's records (at most 10 000; status succeeded, refunded, failed or pending) " +
 				"with Ratchet's effects of one type created in [from, to). Indeterminate effects a record settles " +
-				"are resolved; a missing record proves nothing. Restarts the reconcile_every_hours calendar.",
+				"are resolved; a missing record proves nothing. Restarts the reconcile_every_hours calendar. " +
+				"Under an Idempotency-Key header a retry whose answer was lost gets the first answer again " +
+				"(its resolved list included), not a new comparison.",
 			Request: gate.ReconcileRequest{}, Response: gate.Reconciliation{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodePayloadTooLarge},
 			Handle: func(ctx context.Context, c *Call) (any, error) {

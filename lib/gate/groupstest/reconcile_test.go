@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
 )
 
 // eff begins an effect of type typ and key k with cost, and reports outcome
@@ -219,6 +220,42 @@ func TestReconcileEndsTheRollbackItSettles(t *testing.T) {
 	}
 	require.Equal(t, "unwound", stored(rolling), "the vendor never charged: nothing to undo")
 	require.Equal(t, "open", stored(open))
+}
+
+// A reconciliation whose answer was lost, sent again under its
+// Idempotency-Key, answers what it did (the effects it resolved), not a new
+// comparison in which they read matched (QA: a retry lost the resolved list
+// a finance user acts on). It acts in the request's transaction, group
+// settling included: one database connection is enough.
+func TestReconcileUnderAnIdempotencyKeyAnswersItsFirstOutcome(t *testing.T) {
+	t.Parallel()
+	c := apitest.NewClock(time.Now().UTC().Truncate(24 * time.Hour).Add(12 * time.Hour))
+	env := apitest.Start(t, apitest.WithNow(c.Now), apitest.WithConfig(func(c *config.Config) { c.DBMaxConns = 1 }))
+	f := &fx{t: t, env: env, ws: env.Signup(), clock: c}
+	g := f.group()
+	maybe, _ := f.step(g, true)
+	f.clock.Add(2 * time.Minute)
+	require.Equal(t, []string{maybe}, strs(f.unwind(g)["unresolved"]))
+	key := f.must(http.StatusOK, "GET", "/api/v1/effects/"+maybe, nil)["idempotency_key"]
+	body := map[string]any{"effect_type": "payment.charge", "from": rfc(f.clock.Now().Add(-time.Hour)),
+		"to": rfc(f.clock.Now()), "records": []any{map[string]any{"idempotency_key": key, "status": "failed"}}}
+	header := http.Header{"Idempotency-Key": {"reconcile:2024-05-01"}}
+	first := env.DoWith("POST", "/api/v1/reconcile", f.ws.Key, header, body)
+	require.Equal(t, http.StatusOK, first.Status, "%s", first.Body)
+	require.Equal(t, []string{key.(string)}, keysOf(first.JSON()["resolved"]))
+	var st string
+	require.NoError(t, env.App.Pool.QueryRow(context.Background(),
+		`SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&st))
+	require.Equal(t, "unwound", st)
+
+	again := env.DoWith("POST", "/api/v1/reconcile", f.ws.Key, header, body)
+	require.Equal(t, http.StatusOK, again.Status, "%s", again.Body)
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	require.JSONEq(t, string(first.Body), string(again.Body))
+	// Without the key it is a new comparison: the effect is failed now.
+	fresh := f.must(http.StatusOK, "POST", "/api/v1/reconcile", body)
+	require.Empty(t, fresh["resolved"])
+	require.Equal(t, []string{key.(string)}, keysOf(fresh["matched"]))
 }
 
 func TestReconcileValidationAndScope(t *testing.T) {
