@@ -129,6 +129,22 @@ func (e *Error) RetryAfterSeconds() int {
 	return 0
 }
 
+// ResetsAt returns detail.resets_at of a budget_exceeded,
+// key_budget_exceeded or dimension_limit_exceeded denial: when the UTC day
+// window that refused it rolls over. ok is false when there is none.
+func (e *Error) ResetsAt() (t time.Time, ok bool) {
+	s, _ := e.Detail["resets_at"].(string)
+	t, err := time.Parse(time.RFC3339Nano, s)
+	return t, err == nil
+}
+
+// Dimension returns detail.dimension of a dimension_limit_exceeded denial:
+// the dimension whose per-counterparty ceiling refused it ("" otherwise).
+func (e *Error) Dimension() string {
+	s, _ := e.Detail["dimension"].(string)
+	return s
+}
+
 // Validation returns detail.validation as field/message pairs for an
 // invalid_request error.
 func (e *Error) Validation() []FieldError {

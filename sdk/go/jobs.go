@@ -36,6 +36,9 @@ type ClaimedJob struct {
 	Name    string `json:"name"`
 	Version string `json:"version"`
 	Attempt int    `json:"attempt"` // this execution's number, from 1
+	// MaxAttempts is the job's ceiling: Attempt == MaxAttempts is its last
+	// execution unless it is replayed.
+	MaxAttempts int `json:"maxAttempts"`
 	// LeaseToken proves this claim in heartbeats and the report.
 	LeaseToken     string    `json:"leaseToken"`
 	LeaseExpiresAt time.Time `json:"leaseExpiresAt"` // by the server's clock

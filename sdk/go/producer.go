@@ -40,6 +40,8 @@ type Run struct {
 	CompletionRequested bool       `json:"completionRequested"`
 	CreatedAt           time.Time  `json:"createdAt"`
 	FinishedAt          *time.Time `json:"finishedAt"`
+	// Synthetic is true for a run TestTool made for a synthetic test job.
+	Synthetic bool `json:"synthetic"`
 	// BudgetMicros is the run's wallet for the effects begun with its id
 	// (WithBudgetMicros), nil for none; SpentMicros what they spent of it.
 	BudgetMicros *int64 `json:"budgetMicros"`
@@ -85,10 +87,13 @@ type DurableJob struct {
 	Attempt     int `json:"attempt"`
 	MaxAttempts int `json:"maxAttempts"`
 	// DueAt is when the job may next be claimed (a scheduled retry included).
-	DueAt           *time.Time  `json:"dueAt"`
-	LeaseExpiresAt  *time.Time  `json:"leaseExpiresAt,omitempty"`
-	CancelRequested bool        `json:"cancelRequested,omitempty"`
-	Policy          RetryPolicy `json:"policy"`
+	DueAt           *time.Time `json:"dueAt"`
+	LeaseExpiresAt  *time.Time `json:"leaseExpiresAt,omitempty"`
+	CancelRequested bool       `json:"cancelRequested,omitempty"`
+	// PolicyVersion is the version of the endpoint policy Policy was
+	// snapshotted from (0 when none was set).
+	PolicyVersion int64       `json:"policyVersion"`
+	Policy        RetryPolicy `json:"policy"`
 	// Attempts are the job's executions, oldest first.
 	Attempts []JobAttempt `json:"attempts"`
 	// Replays are the job's replays, oldest first.

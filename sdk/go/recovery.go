@@ -82,6 +82,7 @@ type Group struct {
 	Name            string     `json:"name"`
 	State           string     `json:"state"`
 	CreatedAt       time.Time  `json:"created_at"`
+	UpdatedAt       time.Time  `json:"updated_at"` // its last change of state
 	CommittedAt     *time.Time `json:"committed_at"`
 	UnwindStartedAt *time.Time `json:"unwind_started_at"`
 	FinishedAt      *time.Time `json:"finished_at"`
@@ -121,6 +122,7 @@ type Unwind struct {
 // succeeded, the refusal (409 invalid_state).
 type GroupCommit struct {
 	Group
+	GroupID    string     `json:"group_id"` // the group's id, as Unwind names it
 	Plan       []PlanItem `json:"plan"`
 	Unresolved []string   `json:"unresolved"`
 }

@@ -22,6 +22,10 @@ type JobContext struct {
 	Name    string // the tool name
 	Version string // the handler version
 	Attempt int    // this execution's number, from 1
+	// MaxAttempts is the job's ceiling: Attempt == MaxAttempts is the
+	// last execution (unless an operator replays the job). 0 from a server
+	// that does not say.
+	MaxAttempts int
 	// IdempotencyKey is the step's key, the same on every attempt.
 	IdempotencyKey string
 	// Timeout is the attempt's timeout; the handler's context ends then.

@@ -836,7 +836,7 @@ func (w *Worker) dispatch(ctx, jobsCtx context.Context, j ClaimedJob) {
 // closes when it has returned (nil otherwise).
 func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j ClaimedJob) <-chan struct{} {
 	job := JobContext{JobID: j.JobID, StepID: j.StepID, RunID: j.RunID, Name: j.Name, Version: j.Version,
-		Attempt: j.Attempt, IdempotencyKey: j.IdempotencyKey, Timeout: time.Duration(j.TimeoutMs) * time.Millisecond}
+		Attempt: j.Attempt, MaxAttempts: j.MaxAttempts, IdempotencyKey: j.IdempotencyKey, Timeout: time.Duration(j.TimeoutMs) * time.Millisecond}
 	if rt == nil {
 		// The server only hands out registered pairs; if it ever does not,
 		// give the job back for a worker that has the handler.
