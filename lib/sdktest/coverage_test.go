@@ -140,6 +140,21 @@ func TestGoSDKTypesCoverTheGatesAnswers(t *testing.T) {
 	require.NoError(t, err)
 	rec.covers(t, "POST", "/circuits/release", released)
 
+	// Reconciliation: the vendor's record of the effect matches it.
+	from := time.Now().Add(-time.Hour)
+	recon, err := op.Reconcile(ctx, ratchet.ReconcileRequest{EffectType: "cov.send", From: from, To: time.Now().Add(time.Minute),
+		Records: []ratchet.ReconcileRecord{{IdempotencyKey: "cov:1", Status: ratchet.VendorSucceeded, AmountMicros: ratchet.Micros(0)},
+			{IdempotencyKey: "cov:unknown", Status: ratchet.VendorSucceeded}}})
+	require.NoError(t, err)
+	rec.covers(t, "POST", "/reconcile", recon)
+	require.Equal(t, 1, recon.Counts.Matched)
+	require.Equal(t, b.EffectID, *recon.Matched[0].EffectID)
+	require.Equal(t, 1, recon.Counts.UnknownToRatchet)
+	require.Equal(t, "cov:unknown", recon.UnknownToRatchet[0].IdempotencyKey)
+	empty, err := op.Reconcile(ctx, ratchet.ReconcileRequest{EffectType: "cov.none", From: from, To: time.Now()})
+	require.NoError(t, err, "no records is a valid comparison")
+	require.Empty(t, empty.Matched)
+
 	// Groups: create, read, commit, unwind.
 	group, err := op.CreateGroup(ctx, "cov group")
 	require.NoError(t, err)
@@ -213,6 +228,18 @@ func TestGoSDKTypesCoverTheJobAnswers(t *testing.T) {
 	finished, err := op.FinishRun(ctx, run.ID)
 	require.NoError(t, err)
 	rec.covers(t, "POST", "/runs/"+run.ID+"/finish", finished)
+
+	one, err := op.GetStep(ctx, st.StepID)
+	require.NoError(t, err)
+	rec.covers(t, "GET", "/steps/"+st.StepID, one)
+	require.Equal(t, run.ID, one.RunID)
+	require.Len(t, one.DurableJob.Attempts, 1)
+	runs, err := op.ListRuns(ctx, ratchet.RunQuery{Status: ratchet.RunFailed})
+	require.NoError(t, err)
+	rec.covers(t, "GET", "/runs", runs)
+	require.Len(t, runs.Data, 1, "the run failed with its cancelled step")
+	require.Equal(t, run.ID, runs.Data[0].ID)
+	require.Nil(t, runs.NextCursor)
 
 	preview, err := op.ReplayPreview(ctx, second.StepID)
 	require.NoError(t, err)

@@ -207,6 +207,44 @@ func (c *Client) GetRun(ctx context.Context, runID string) (*Run, error) {
 	return &run, nil
 }
 
+// RunSummary is a run without its steps, as ListRuns pages them.
+type RunSummary struct {
+	ID                  string     `json:"id"`
+	Name                string     `json:"name"`
+	Status              string     `json:"status"` // RunRunning, RunSucceeded or RunFailed
+	CompletionRequested bool       `json:"completionRequested"`
+	CreatedAt           time.Time  `json:"createdAt"`
+	FinishedAt          *time.Time `json:"finishedAt"`
+	Synthetic           bool       `json:"synthetic"` // made by TestTool
+	BudgetMicros        *int64     `json:"budgetMicros"`
+	SpentMicros         *int64     `json:"spentMicros"`
+	IdempotencyKey      *string    `json:"idempotencyKey"`
+}
+
+// RunQuery filters ListRuns: Status "" lists every status. Limit 0 is the
+// server's default (50), at most 200.
+type RunQuery struct {
+	Status string // RunRunning, RunSucceeded or RunFailed
+	Limit  int
+	Cursor string // NextCursor of the previous page
+}
+
+// ListRuns pages the workspace's runs newest first, without their steps
+// (GET /api/v1/runs, scope runs:read): say, the FAILED ones to inspect.
+func (c *Client) ListRuns(ctx context.Context, q RunQuery) (*Page[RunSummary], error) {
+	v := ListQuery{Limit: q.Limit, Cursor: q.Cursor}.values()
+	if q.Status != "" {
+		v.Set("status", q.Status)
+	}
+	return call[Page[RunSummary]](ctx, c, "GET", withQuery("/runs", v), nil, idempotent)
+}
+
+// GetStep reads one step with its durable job, executions and replays (GET
+// /api/v1/steps/{id}).
+func (c *Client) GetStep(ctx context.Context, stepID string) (*Step, error) {
+	return call[Step](ctx, c, "GET", "/steps/"+pathID(stepID), nil, idempotent)
+}
+
 // StepQuery filters ListRunSteps. Zero fields do not filter; Limit 0 is
 // the server's default (50), at most 200.
 type StepQuery struct {
