@@ -40,6 +40,12 @@ function defined(fields) {
   return Object.fromEntries(Object.entries(fields).filter(([, v]) => v !== undefined && v !== null));
 }
 
+/** A list's query string ('' without parameters): the defined fields of params. */
+function query(params) {
+  const q = new URLSearchParams(Object.entries(defined(params)).map(([k, v]) => [k, String(v)])).toString();
+  return q ? `?${q}` : '';
+}
+
 /**
  * A client of the Ratchet API. Calls that are idempotent (every gate and job
  * call, by key, lease token or Idempotency-Key) are repeated after a lost
@@ -191,6 +197,34 @@ export class Ratchet {
   /** Reads an effect with its attempts. */
   getEffect(effectId) {
     return this.#transport.call('GET', `/effects/${pathId(effectId)}`, undefined, { safe: true });
+  }
+
+  /** Records what an operator found at the vendor for an indeterminate
+   * effect (scope effects:resolve): 'succeeded' with the vendor's result,
+   * which a duplicate begin then answers, or 'failed' (it did not happen).
+   * Repeating the same resolve answers the effect, so it is retried. */
+  async resolveEffect(effectId, { outcome, result, note } = {}) {
+    if (outcome !== 'succeeded' && outcome !== 'failed') throw new TypeError("ratchet: resolveEffect needs outcome 'succeeded' or 'failed'");
+    return this.#transport.call('POST', `/effects/${pathId(effectId)}/resolve`, { outcome, ...defined({ result, note }) }, { safe: true });
+  }
+
+  /** Pages effects newest first (scope effects:read), results as redacted
+   * previews: say, { state: 'indeterminate' } to verify at the vendor.
+   * Pass the answer's next_cursor as cursor for the next page. */
+  listEffects({ state, effectType, limit, cursor } = {}) {
+    return this.#transport.call('GET', '/effects' + query({ state, effect_type: effectType, limit, cursor }), undefined, { safe: true });
+  }
+
+  /** Pages the workspace's runs newest first, without their steps (scope
+   * runs:read); status RUNNING, SUCCEEDED or FAILED. Pass nextCursor as cursor. */
+  listRuns({ status, limit, cursor } = {}) {
+    return this.#transport.call('GET', '/runs' + query({ status, limit, cursor }), undefined, { safe: true });
+  }
+
+  /** Pages a run's steps in id order, each as getStep reads it, for runs
+   * larger than getRun's first 1000 steps. Pass nextCursor as cursor. */
+  listRunSteps(runId, { status, limit, cursor } = {}) {
+    return this.#transport.call('GET', `/runs/${this.#run(runId)}/steps` + query({ status, limit, cursor }), undefined, { safe: true });
   }
 
   /**

@@ -55,6 +55,24 @@ export class RatchetError extends Error {
     return Number.isSafeInteger(v) && v > 0 ? v : 0;
   }
 
+  /** detail.required of a 403 forbidden: the scopes (or `tool:name@version`) the key lacks. */
+  get required() {
+    return detailStrings(this.detail.required);
+  }
+
+  /** detail.resets_at of a budget_exceeded, key_budget_exceeded or
+   * dimension_limit_exceeded denial (when its UTC day window rolls over), or null. */
+  get resetsAt() {
+    const v = this.detail.resets_at;
+    return typeof v === 'string' && v !== '' ? v : null;
+  }
+
+  /** detail.dimension of a dimension_limit_exceeded denial, or null. */
+  get dimension() {
+    const v = this.detail.dimension;
+    return typeof v === 'string' && v !== '' ? v : null;
+  }
+
   /** The fields a 400 invalid_request refused. */
   get validation() {
     return Array.isArray(this.detail.validation) ? this.detail.validation : [];

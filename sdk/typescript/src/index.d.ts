@@ -56,6 +56,168 @@ export interface EnqueueResult {
   deduplicated: boolean;
 }
 
+/** A page of a durable-job list (camelCase routes); nextCursor is null on the last. */
+export interface Page<T> {
+  data: T[];
+  nextCursor: string | null;
+}
+
+/** A page of an effect-gate list (snake_case routes); next_cursor is null on the last. */
+export interface GatePage<T> {
+  data: T[];
+  next_cursor: string | null;
+}
+
+/** A job's snapshot of its retry schedule and timeout, taken at enqueue. */
+export interface RetryPolicySnapshot {
+  preset: 'STANDARD' | 'AGGRESSIVE' | 'RELAXED' | 'CUSTOM';
+  /** The effective count, an enqueue override included. */
+  maxAttempts: number;
+  initialDelayMs: number;
+  multiplier: number;
+  maxDelayMs: number;
+  jitterPercent: number;
+  timeoutMs: number;
+}
+
+/** One execution (one claim) of a job. */
+export interface JobAttempt {
+  attempt: number;
+  workerId: string;
+  /** null while it runs. */
+  outcome: 'SUCCEEDED' | 'FAILED' | null;
+  /** A failure the server recorded itself (a lapsed lease, a refused output). */
+  warning: string | null;
+  retryable: boolean | null;
+  retryAfterMs: number | null;
+  /** The message the worker reported with a failure. */
+  errorMessage: string | null;
+  startedAt: string;
+  leaseExpiresAt: string;
+  reportedAt: string | null;
+}
+
+/** One replay of a job: who made it, why, what it found and changed. */
+export interface JobReplay {
+  id: string;
+  keyId: string;
+  reason: string | null;
+  priorStatus: string;
+  priorAttempt: number;
+  additionalAttempts: number;
+  maxAttempts: number;
+  oldHandlerVersion: string;
+  newHandlerVersion: string;
+  oldContractVersion: number | null;
+  newContractVersion: number | null;
+  createdAt: string;
+}
+
+export type JobStatus = 'WAITING' | 'QUEUED' | 'RUNNING' | 'RETRY_SCHEDULED' | 'SUCCEEDED' | 'EXHAUSTED' | 'CANCELLED' | 'SKIPPED';
+
+/** A step's durable job. */
+export interface DurableJob {
+  id: string;
+  status: JobStatus;
+  /** Executions so far. */
+  attempt: number;
+  maxAttempts: number;
+  dueAt: string | null;
+  leaseExpiresAt: string | null;
+  cancelRequested: boolean;
+  /** The endpoint policy version the snapshot was taken from. */
+  policyVersion: number;
+  policy: RetryPolicySnapshot;
+  attempts: JobAttempt[];
+  replays: JobReplay[];
+}
+
+/** One step of a run; its status equals durableJob.status. */
+export interface Step {
+  id: string;
+  runId: string;
+  name: string;
+  version: string;
+  /** The endpoint's name. */
+  endpoint: string;
+  status: JobStatus;
+  idempotencyKey: string;
+  afterStepId: string | null;
+  afterStatus: 'SUCCEEDED' | 'FAILED' | null;
+  contractVersion: number | null;
+  /** Redacted previews (shape only). */
+  inputPreview: Json;
+  outputPreview: Json;
+  createdAt: string;
+  finishedAt: string | null;
+  durableJob: DurableJob;
+}
+
+/** A run without its steps, as listRuns pages them. */
+export interface RunSummary {
+  id: string;
+  name: string;
+  status: 'RUNNING' | 'SUCCEEDED' | 'FAILED';
+  completionRequested: boolean;
+  createdAt: string;
+  finishedAt: string | null;
+  /** Made by POST /tools/{name}/test. */
+  synthetic: boolean;
+  budgetMicros: number | null;
+  spentMicros: number | null;
+  idempotencyKey: string | null;
+}
+
+/** A run with (its first 1000) steps. */
+export interface Run extends RunSummary {
+  steps: Step[];
+  /** Only the first 1000 steps are here: listRunSteps pages them all. */
+  stepsTruncated: boolean;
+  /** startRun only: true when the idempotencyKey had started this run already. */
+  deduplicated?: boolean;
+}
+
+/** A contract a replay could move to. */
+export interface ReplayUpgrade {
+  contractVersion: number;
+  handlerVersion: string;
+  status: 'ACTIVE' | 'FORBIDDEN';
+  /** The saved input fits its input schema. */
+  compatible: boolean;
+  forbidden: boolean;
+  /** Why it does not fit: field paths and rules, never values. */
+  validation: Array<{ field: string; message: string }>;
+}
+
+export interface ReplayPreview {
+  stepId: string;
+  jobId: string;
+  name: string;
+  status: JobStatus;
+  eligible: boolean;
+  ineligibleReason: string | null;
+  /** The step's current handler version: expectedHandlerVersion of an upgrade. */
+  handlerVersion: string;
+  contractVersion: number | null;
+  /** Pass as expectedAttempt. */
+  attempt: number;
+  maxAttempts: number;
+  endpointPaused: boolean;
+  upgrades: ReplayUpgrade[];
+}
+
+export interface ReplayResult {
+  stepId: string;
+  /** The same job. */
+  jobId: string;
+  status: 'QUEUED';
+  /** The last attempt made so far. */
+  attempt: number;
+  /** The job's lifetime ceiling. */
+  maxAttempts: number;
+  handlerVersion: string;
+}
+
 export interface ReplayOptions {
   reason?: string;
   /** Additional executions allowed; 1 by default. */
@@ -78,6 +240,8 @@ export interface JobContext {
   name: string;
   version: string;
   attempt: number;
+  /** The job's ceiling: attempt === maxAttempts is the last execution (unless replayed); 0 from a server that does not say. */
+  maxAttempts: number;
   /** Pass it to the destination so a repeated attempt is deduplicated there. */
   idempotencyKey: string;
   timeoutMs: number;
@@ -137,16 +301,75 @@ export interface BeginRequest {
   requestId?: string;
 }
 
+/** The earlier attempt behind a blocked or probe decision. */
+export interface PriorAttempt {
+  attempt: number;
+  started_at: string | null;
+  lease_expired_at: string | null;
+}
+
+export type EffectState = 'leased' | 'succeeded' | 'failed' | 'indeterminate' | 'awaiting_approval' | 'denied';
+
+/** One attempt in an effect's history (snake_case, as on the wire). */
+export interface EffectAttempt {
+  attempt: number;
+  /** null while leased. */
+  outcome: 'succeeded' | 'failed' | 'indeterminate' | null;
+  /** Granted to find out what an unknown attempt did. */
+  probe: boolean;
+  started_at: string;
+  lease_expires_at: string;
+  reported_at: string | null;
+  began_by_key_id: string;
+  reported_by_key_id: string | null;
+  resolved_by_key_id: string | null;
+  resolved_at: string | null;
+  /** The resolve's note ("reconciliation" or "probe" when those settled it). */
+  resolve_note: string | null;
+}
+
+/** The gate's record of one idempotency key (snake_case, as on the wire). */
+export interface Effect {
+  id: string;
+  effect_type: string;
+  idempotency_key: string;
+  state: EffectState;
+  /** Execute grants so far. */
+  attempt: number;
+  attempts: EffectAttempt[];
+  /** The recorded result (single reads; lists show result_preview only). */
+  result: Json;
+  result_preview: Json;
+  payload_preview: Json;
+  cost_micros: number | null;
+  run_id: string | null;
+  group_id: string | null;
+  compensates_effect_id: string | null;
+  denial_code: string | null;
+  approval_id: string | null;
+  /** The live lease's expiry while leased. */
+  lease_expires_at: string | null;
+  created_at: string;
+  updated_at: string;
+}
+
+export interface ResolveRequest {
+  outcome: 'succeeded' | 'failed';
+  /** What the vendor recorded: a later duplicate begin answers it. */
+  result?: Json;
+  note?: string;
+}
+
 /** The gate's answer (snake_case, as on the wire). */
 export interface BeginResponse {
   decision: 'execute' | 'duplicate' | 'in_flight' | 'blocked' | 'approval_required' | 'denied';
   effect_id: string;
-  state: string;
+  state: EffectState;
   attempt: number;
   lease_token?: string;
   lease_expires_at?: string;
   probe?: boolean;
-  prior_attempt?: { attempt: number; started_at: string; lease_expired_at: string };
+  prior_attempt?: PriorAttempt;
   result?: Json;
   retry_after_seconds?: number;
   approval_id?: string;
@@ -158,7 +381,7 @@ export interface Lease {
   attempt: number;
   /** Check the vendor for priorAttempt first, then perform or report what you found. */
   probe: boolean;
-  priorAttempt: BeginResponse['prior_attempt'] | null;
+  priorAttempt: PriorAttempt | null;
   leaseExpiresAt: string;
   /** Aborted when the lease was lost (the outcome will not be recorded), or
    * when doEffect's own signal aborted (what the action did is reported). */
@@ -179,19 +402,23 @@ export declare class Ratchet {
   readonly runId: string | null;
   readonly worker: Worker;
   request<T = any>(method: string, path: string, body?: unknown, options?: { safe?: boolean; idempotencyKey?: string }): Promise<T>;
-  startRun(name: string, options?: RunOptions): Promise<any>;
+  startRun(name: string, options?: RunOptions): Promise<Run>;
   enqueue(input: unknown, options: EnqueueOptions): Promise<EnqueueResult>;
-  finishRun(runId?: string): Promise<any>;
-  getRun(runId?: string): Promise<any>;
-  getStep(stepId: string): Promise<any>;
-  cancelStep(stepId: string): Promise<any>;
-  replayPreview(stepId: string): Promise<any>;
-  replay(stepId: string, options?: ReplayOptions): Promise<any>;
+  finishRun(runId?: string): Promise<Run>;
+  getRun(runId?: string): Promise<Run>;
+  listRuns(query?: { status?: 'RUNNING' | 'SUCCEEDED' | 'FAILED'; limit?: number; cursor?: string }): Promise<Page<RunSummary>>;
+  listRunSteps(runId?: string, query?: { status?: JobStatus; limit?: number; cursor?: string }): Promise<Page<Step>>;
+  getStep(stepId: string): Promise<Step>;
+  cancelStep(stepId: string): Promise<Step>;
+  replayPreview(stepId: string): Promise<ReplayPreview>;
+  replay(stepId: string, options?: ReplayOptions): Promise<ReplayResult>;
   registerTool<In = any, Out = any>(tool: Tool<In, Out>): void;
   begin(request: BeginRequest): Promise<BeginResponse>;
-  reportEffect(effectId: string, leaseToken: string, outcome: 'succeeded' | 'failed', result?: Json): Promise<any>;
+  reportEffect(effectId: string, leaseToken: string, outcome: 'succeeded' | 'failed', result?: Json): Promise<Effect>;
   heartbeatEffect(effectId: string, leaseToken: string): Promise<{ effect_id: string; lease_expires_at: string }>;
-  getEffect(effectId: string): Promise<any>;
+  getEffect(effectId: string): Promise<Effect>;
+  resolveEffect(effectId: string, request: ResolveRequest): Promise<Effect>;
+  listEffects(query?: { state?: EffectState; effectType?: string; limit?: number; cursor?: string }): Promise<GatePage<Effect>>;
   doEffect<T>(request: BeginRequest, action: (lease: Lease) => T | Promise<T>, options?: { inFlightTimeoutMs?: number; signal?: AbortSignal }): Promise<EffectOutcome<T>>;
 }
 
@@ -245,6 +472,12 @@ export declare class RatchetError extends Error {
   requestId: string;
   body: unknown;
   readonly retryAfterSeconds: number;
+  /** detail.required of a 403 forbidden: the scopes (or `tool:name@version`) the key lacks; [] otherwise. */
+  readonly required: string[];
+  /** detail.resets_at of a budget_exceeded, key_budget_exceeded or dimension_limit_exceeded denial, or null. */
+  readonly resetsAt: string | null;
+  /** detail.dimension of a dimension_limit_exceeded denial, or null. */
+  readonly dimension: string | null;
   /** detail.validation of a 400 invalid_request: each refused field and what is wrong with it (API.md). */
   readonly validation: Array<{ field: string; message: string; [key: string]: unknown }>;
   /** A 5xx that may have acted, or an answer that ended the retries of a call an earlier attempt of which may have. */

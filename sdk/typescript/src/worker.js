@@ -545,7 +545,7 @@ export class Worker {
     if (this.#stopDeadlinePassed) record.stop();
     const context = {
       jobId: job.jobId, stepId: job.stepId, runId: job.runId, name: job.name, version: job.version,
-      attempt: job.attempt, idempotencyKey: job.idempotencyKey, timeoutMs, signal: aborter.signal,
+      attempt: job.attempt, maxAttempts: job.maxAttempts ?? 0, idempotencyKey: job.idempotencyKey, timeoutMs, signal: aborter.signal,
       get cancelReason() { return reason; },
     };
     const deadline = timeoutMs > 0 ? now() + timeoutMs : Infinity;

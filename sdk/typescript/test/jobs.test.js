@@ -32,9 +32,9 @@ test('the seed\'s onboarding run succeeds and an enqueue is deduplicated', needs
   const seen = [];
   worker.registerTool({
     name: tool, version: '1',
-    handler: async (input, { idempotencyKey, attempt, signal }) => {
+    handler: async (input, { idempotencyKey, attempt, maxAttempts, signal }) => {
       assert.ok(signal instanceof AbortSignal);
-      seen.push([input, idempotencyKey, attempt]);
+      seen.push([input, idempotencyKey, attempt, maxAttempts]);
       return { messageId: 'msg_' + input.customerId };
     },
   });
@@ -49,7 +49,7 @@ test('the seed\'s onboarding run succeeds and an enqueue is deduplicated', needs
   await s.producer.finishRun();
   const done = await waitRunEnded(s.producer, run.id);
   assert.equal(done.status, 'SUCCEEDED');
-  assert.deepEqual(seen, [[{ customerId: 'cus_2048' }, 'welcome:cus_2048', 1]]);
+  assert.deepEqual(seen, [[{ customerId: 'cus_2048' }, 'welcome:cus_2048', 1, 5]]);
   const job = done.steps.find((st) => st.id === step.stepId).durableJob;
   assert.deepEqual([job.status, job.attempt, job.maxAttempts], ['SUCCEEDED', 1, 5]);
 });
