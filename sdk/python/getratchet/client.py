@@ -9,6 +9,7 @@ import json
 import re
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional, Tuple
@@ -187,6 +188,20 @@ class Ratchet:
         """Reads one step with its executions and replays."""
         return self._transport.call("GET", "/steps/" + path_id(step_id), safe=True)
 
+    def list_runs(self, *, status: Optional[str] = None, limit: Optional[int] = None,
+                  cursor: Optional[str] = None) -> dict:
+        """Pages the workspace's runs newest first, without their steps
+        (scope runs:read): {"data": [...], "nextCursor"}; status RUNNING,
+        SUCCEEDED or FAILED. Pass nextCursor as cursor for the next page."""
+        return self._transport.call("GET", "/runs" + _query(status=status, limit=limit, cursor=cursor), safe=True)
+
+    def list_run_steps(self, run_id: Optional[str] = None, *, status: Optional[str] = None,
+                       limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+        """Pages a run's steps in id order, each as get_step reads it, for
+        runs larger than get_run's first 1000 steps: {"data", "nextCursor"}."""
+        return self._transport.call("GET", "/runs/" + path_id(self._run(run_id)) + "/steps"
+                                    + _query(status=status, limit=limit, cursor=cursor), safe=True)
+
     def cancel_step(self, step_id: str) -> dict:
         """Cancels a step's job; a running handler learns of it at its next
         heartbeat. Cancelling again answers the same step."""
@@ -302,6 +317,29 @@ class Ratchet:
     def get_effect(self, effect_id: str) -> dict:
         """Reads an effect with its attempts."""
         return self._transport.call("GET", "/effects/" + path_id(effect_id), safe=True)
+
+    def resolve_effect(self, effect_id: str, outcome: str, result: Any = None, *, note: Optional[str] = None) -> dict:
+        """Records what an operator found at the vendor for an indeterminate
+        effect (scope effects:resolve) and unblocks its key: "succeeded"
+        with the vendor's result, which a duplicate begin then answers, or
+        "failed" (it did not happen). Repeating the same resolve answers the
+        effect, so it is retried."""
+        if outcome not in ("succeeded", "failed"):
+            raise ValueError("ratchet: resolve_effect needs outcome 'succeeded' or 'failed'")
+        body: dict = {"outcome": outcome}
+        if result is not None:
+            body["result"] = result
+        if note is not None:
+            body["note"] = note
+        return self._transport.call("POST", "/effects/" + path_id(effect_id) + "/resolve", body, safe=True)
+
+    def list_effects(self, *, state: Optional[str] = None, effect_type: Optional[str] = None,
+                     limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+        """Pages effects newest first (scope effects:read), results as
+        redacted previews: {"data": [...], "next_cursor"}. state="indeterminate"
+        lists those to verify at the vendor and resolve."""
+        return self._transport.call("GET", "/effects" + _query(state=state, effect_type=effect_type, limit=limit,
+                                                               cursor=cursor), safe=True)
 
     def do_effect(self, effect_type: str, idempotency_key: str, action: Callable[[Lease], Any],
                   payload: Any = None, *, in_flight_timeout: Optional[float] = None,
@@ -492,6 +530,12 @@ class Ratchet:
             seconds = _lease_seconds(beat.get("lease_expires_at"), date)
             if seconds > 0:
                 state["end"] = sent + seconds
+
+
+def _query(**params: Any) -> str:
+    """A list's query string ("" without parameters): the params not None."""
+    given = {k: str(v) for k, v in params.items() if v is not None}
+    return "?" + urllib.parse.urlencode(given) if given else ""
 
 
 def _effect_report(token: str, outcome: str, result: Any) -> dict:

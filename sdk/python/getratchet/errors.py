@@ -79,6 +79,26 @@ class RatchetError(Exception):
         return 0
 
     @property
+    def required(self) -> list:
+        """detail.required of a 403 forbidden: the scopes (or
+        ``tool:name@version``) the key lacks; [] otherwise."""
+        return _detail_strings(self.detail.get("required"))
+
+    @property
+    def resets_at(self) -> Optional[str]:
+        """detail.resets_at of a budget_exceeded, key_budget_exceeded or
+        dimension_limit_exceeded denial (an RFC 3339 time: when its UTC day
+        window rolls over), or None."""
+        value = self.detail.get("resets_at")
+        return value if isinstance(value, str) and value else None
+
+    @property
+    def dimension(self) -> Optional[str]:
+        """detail.dimension of a dimension_limit_exceeded denial, or None."""
+        value = self.detail.get("dimension")
+        return value if isinstance(value, str) and value else None
+
+    @property
     def validation(self) -> list:
         """The fields a 400 invalid_request refused: [{"field", "message"}]."""
         value = self.detail.get("validation")

@@ -75,6 +75,9 @@ class JobContext:
     attempt: int
     idempotency_key: str
     timeout_ms: int
+    # The job's ceiling: attempt == max_attempts is the last execution
+    # (unless replayed); 0 from a server that does not say.
+    max_attempts: int = 0
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     cancel_reason: Optional[str] = None
     _deadline: float = field(default=float("inf"), repr=False)
@@ -620,7 +623,8 @@ class Worker:
         context = JobContext(job_id=job["jobId"], step_id=job.get("stepId", ""), run_id=job.get("runId", ""),
                              name=job.get("name", ""), version=job.get("version", ""),
                              attempt=int(job.get("attempt", 0)), idempotency_key=job.get("idempotencyKey", ""),
-                             timeout_ms=int(job.get("timeoutMs") or 0), _lease_token=job["leaseToken"])
+                             timeout_ms=int(job.get("timeoutMs") or 0),
+                             max_attempts=int(job.get("maxAttempts") or 0), _lease_token=job["leaseToken"])
         lease_ms = int(job.get("leaseMs") or 0) or context.timeout_ms + 10_000
         active = _Active(context, lease_ms, sent + lease_ms / 1000)
         with self._lock:

@@ -93,6 +93,46 @@ class GateTest(unittest.TestCase):
             self.agent.do_effect(held_type, unique("k"), lambda lease: None, {})
         self.assertTrue(held.exception.approval_id.startswith("apr_"))
 
+    def test_an_indeterminate_effect_is_listed_and_resolved(self) -> None:
+        effect_type, key = unique("payment.charge"), unique("charge")
+        begun = self.ws.operator.begin(effect_type, key, {"amount": 1}, lease_seconds=1)
+        self.assertEqual(begun["decision"], "execute")
+        deadline = time.monotonic() + 30
+        while True:  # the 1 s lease lapses unreported: indeterminate at once on read
+            page = self.ws.operator.list_effects(state="indeterminate", effect_type=effect_type, limit=10)
+            if page["data"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        self.assertEqual([e["id"] for e in page["data"]], [begun["effect_id"]])
+        self.assertIsNone(page["next_cursor"])
+        with self.assertRaises(ValueError):
+            self.ws.operator.resolve_effect(begun["effect_id"], "maybe")
+        resolved = self.ws.operator.resolve_effect(begun["effect_id"], "succeeded", {"charge": "ch_1"}, note="found")
+        self.assertEqual(resolved["state"], "succeeded")
+        self.assertEqual(resolved["attempts"][0]["resolve_note"], "found")
+        again = self.ws.operator.begin(effect_type, key, {"amount": 1})
+        self.assertEqual((again["decision"], again["result"]), ("duplicate", {"charge": "ch_1"}))
+
+    def test_a_denials_detail_reads_through_the_error(self) -> None:
+        effect_type = unique("payout.send")
+        self.policy(effect_type, dimension_limits={"payee": {"daily_count": 1}})
+
+        def pay(key: str) -> dict:
+            return self.agent.begin(effect_type, key, {}, cost_micros=1, dimensions={"payee": "p1"})
+
+        self.assertEqual(pay(unique("k"))["decision"], "execute")
+        with self.assertRaises(EffectDenied) as denied:
+            self.agent.do_effect(effect_type, unique("k"), lambda lease: None, {}, cost_micros=1,
+                                 dimensions={"payee": "p1"})
+        err = denied.exception.error
+        self.assertEqual((err.code, err.dimension), ("dimension_limit_exceeded", "payee"))
+        self.assertTrue(err.resets_at.endswith("T00:00:00Z"), err.resets_at)
+        with self.assertRaises(getratchet.RatchetError) as refused:
+            self.agent.get_effect(pay(unique("k"))["effect_id"])
+        self.assertEqual(refused.exception.required, ["effects:read"])
+        self.assertIsNone(refused.exception.resets_at)
+        self.assertIsNone(refused.exception.dimension)
+
     def test_a_refused_result_is_replaced_by_a_placeholder(self) -> None:
         cases = {"big": ({"blob": "x" * (300 * 1024)}, "payload_too_large"),
                  "huge": ({"blob": "x" * (2 * 1024 * 1024)}, "payload_too_large"),

@@ -46,7 +46,7 @@ class JobsTest(unittest.TestCase):
         worker = self.worker(tool)
 
         def send_welcome(input, context):
-            seen.append((input, context.idempotency_key, context.attempt))
+            seen.append((input, context.idempotency_key, context.attempt, context.max_attempts))
             return {"messageId": "msg_" + input["customerId"]}
 
         worker.register_tool(tool, "1", send_welcome)
@@ -63,9 +63,16 @@ class JobsTest(unittest.TestCase):
         self.producer.finish_run()
         done = wait_run_ended(self.producer, run["id"])
         self.assertEqual(done["status"], "SUCCEEDED")
-        self.assertEqual(seen, [({"customerId": "cus_2048"}, "welcome:cus_2048", 1)])
+        self.assertEqual(seen, [({"customerId": "cus_2048"}, "welcome:cus_2048", 1, 5)])
         job = step_of(done, step["stepId"])["durableJob"]
         self.assertEqual((job["status"], job["attempt"], job["maxAttempts"]), ("SUCCEEDED", 1, 5))
+        # The run and its steps page through the lists too.
+        runs = self.producer.list_runs(status="SUCCEEDED")
+        self.assertEqual(([r["id"] for r in runs["data"]], runs["nextCursor"]), ([run["id"]], None))
+        self.assertNotIn("steps", runs["data"][0])
+        steps = self.producer.list_run_steps(run["id"], limit=1)
+        self.assertEqual([s["id"] for s in steps["data"]], [step["stepId"]])
+        self.assertIsNone(steps["nextCursor"])
 
     def test_generated_keys_deduplicate_the_same_operation(self) -> None:
         tool = unique("tool")
