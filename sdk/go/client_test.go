@@ -920,3 +920,28 @@ func TestAnUnreadableAnswerIsAskedForAgainWhereSafe(t *testing.T) {
 		t.Fatalf("err %v (may have applied: %v), calls %d", err, MayHaveApplied(err), run.calls.Load())
 	}
 }
+
+// Reconcile sends one Idempotency-Key with every attempt, so a retry after
+// a lost answer is answered the first call's resolutions, not a second
+// comparison that reads them as matched.
+func TestReconcileRetriesUnderOneIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var keys []string
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		keys = append(keys, r.Header.Get(IdempotencyKeyHeader))
+		if len(keys) == 1 {
+			apiError(w, 503, CodeDatabaseUnavailable, map[string]any{"outcome": "unknown"})
+			return
+		}
+		writeJSON(w, 200, map[string]any{"effect_type": "payment.charge", "resolved": []any{}})
+	}))
+	if _, err := c.Reconcile(context.Background(), ReconcileRequest{EffectType: "payment.charge"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 2 || keys[0] == "" || keys[0] != keys[1] {
+		t.Fatalf("keys %q", keys)
+	}
+}

@@ -78,11 +78,12 @@ type Reconciliation struct {
 // Reconcile compares the vendor's records with Ratchet's effects (POST
 // /api/v1/reconcile, scope reconcile:write), resolves the indeterminate
 // effects a record settles and restarts the type's reconcile_every_hours
-// calendar. Comparing the same records again changes nothing more, so the
-// call is retried.
+// calendar. It is sent under an Idempotency-Key of its own, so a retry
+// after a lost answer is answered the first call's Resolved (compared
+// again, the effects it resolved would read as Matched).
 func (c *Client) Reconcile(ctx context.Context, req ReconcileRequest) (*Reconciliation, error) {
 	if req.Records == nil {
 		req.Records = []ReconcileRecord{} // the route requires the list, empty or not
 	}
-	return call[Reconciliation](ctx, c, "POST", "/reconcile", req, idempotent)
+	return callKeyed[Reconciliation](ctx, c, "POST", "/reconcile", newRequestID(), req)
 }
