@@ -403,7 +403,7 @@ func reportEffect(ctx context.Context, c *Client, b *BeginResponse, outcome stri
 	unsure := false // an attempt may have been recorded though it failed
 	for attempt := 0; ; attempt++ {
 		_, err := c.ReportEffect(rctx, b.EffectID, b.LeaseToken, outcome, result)
-		if err == nil {
+		if err == nil || reportLanded(err, outcome) {
 			return nil
 		}
 		unsure = unsure || mayHaveApplied(err)
@@ -416,6 +416,16 @@ func reportEffect(ctx context.Context, c *Client, b *BeginResponse, outcome stri
 			return unconfirmedIf(unsure, err)
 		}
 	}
+}
+
+// reportLanded says whether a report's refusal says an earlier send of the
+// same report was recorded: lease_lost naming the outcome its attempt was
+// reported (the first send landed, its answer was lost, and a newer attempt
+// began before the retry; sdk QA: that landed report was said not to be),
+// as the workers read it.
+func reportLanded(err error, outcome string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == CodeLeaseLost && e.Detail["reported_outcome"] == outcome
 }
 
 // effectLeaseMargin is how long before an effect lease's known expiry

@@ -641,3 +641,36 @@ func doEffectLasting(t *testing.T, c *Client, d time.Duration) {
 		t.Fatalf("out %+v err %v", out, err)
 	}
 }
+
+// A report whose first send landed, its answer lost, and whose retry met a
+// newer attempt is answered lease_lost naming the outcome recorded: that
+// is the report recorded, not refused (SDK gate QA).
+func TestDoEffectReportThatLandedBeforeANewerAttemptSucceeds(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){execute()}}
+	g.report = func(w http.ResponseWriter) {
+		if len(g.reports) == 1 {
+			apiError(w, 502, CodeInternal, nil) // it landed; its answer did not
+			return
+		}
+		apiError(w, 409, CodeLeaseLost, map[string]any{"attempt": 1, "reported_outcome": "succeeded"})
+	}
+	c, _ := testClient(t, g)
+	out, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
+		return sendResult{MessageID: "msg_1"}, nil
+	})
+	if err != nil || out.Result.MessageID != "msg_1" || len(g.reports) != 2 {
+		t.Fatalf("out %+v err %v reports %d", out, err, len(g.reports))
+	}
+	// Another outcome recorded is still a refusal.
+	g = &fakeGate{answers: []func(http.ResponseWriter){execute()}}
+	g.report = func(w http.ResponseWriter) {
+		apiError(w, 409, CodeLeaseLost, map[string]any{"attempt": 1, "reported_outcome": "failed"})
+	}
+	c, _ = testClient(t, g)
+	if _, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
+		return sendResult{MessageID: "msg_1"}, nil
+	}); !IsCode(err, CodeLeaseLost) {
+		t.Fatalf("err %v", err)
+	}
+}

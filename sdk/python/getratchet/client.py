@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Optional, Tuple
 
 from ._http import Transport, new_request_id, path_id
-from .errors import (INVALID_REQUEST, PAYLOAD_TOO_LARGE, ApprovalRequired, ConnectionLost, EffectBlocked,
+from .errors import (INVALID_REQUEST, LEASE_LOST, PAYLOAD_TOO_LARGE, ApprovalRequired, ConnectionLost, EffectBlocked,
                      EffectDenied, EffectInFlight, NotPerformed, OutcomeNotReported, RatchetError, ResultNotStored)
 
 AFTER_SUCCEEDED = "SUCCEEDED"
@@ -493,9 +493,17 @@ class Ratchet:
         """Reports, repeating through lost answers and server failures while
         the lease stands (the heartbeats keep it), for at most _REPORT_TIMEOUT."""
         give_up = time.monotonic() + _REPORT_TIMEOUT
-        self._transport.call_until("POST", "/effects/" + path_id(effect_id) + "/report",
-                                   _effect_report(token, outcome, result),
-                                   may_wait=lambda wait: time.monotonic() + wait < min(state["end"], give_up))
+        try:
+            self._transport.call_until("POST", "/effects/" + path_id(effect_id) + "/report",
+                                       _effect_report(token, outcome, result),
+                                       may_wait=lambda wait: time.monotonic() + wait < min(state["end"], give_up))
+        except RatchetError as err:
+            # An earlier send of this report landed (its answer was lost) and
+            # a newer attempt began before the retry: lease_lost names the
+            # outcome it recorded (QA: said not recorded), as Go's reads it.
+            if err.code == LEASE_LOST and err.detail.get("reported_outcome") == outcome:
+                return
+            raise
 
     def _heartbeat_effect(self, effect_id: str, token: str, state: dict,
                           stop: threading.Event, lost: threading.Event) -> None:

@@ -1342,6 +1342,31 @@ class GateLeaseTest(unittest.TestCase):
         self.assertIsInstance(raised[0], getratchet.OutcomeNotReported)
         self.assertEqual(raised[0].result, {"sent": True})
 
+    def test_a_report_that_landed_before_a_newer_attempt_is_recorded(self) -> None:
+        # The first send landed and its answer was lost; the retry met a
+        # newer attempt: lease_lost naming the outcome recorded is the report
+        # recorded, as Go's reads it (SDK gate QA: said not recorded).
+        from datetime import datetime, timedelta, timezone
+        reports = []
+
+        def respond(method, path, body):
+            expires = (datetime.now(timezone.utc) + timedelta(seconds=60)).isoformat().replace("+00:00", "Z")
+            if path.endswith("/begin"):
+                return 200, {"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
+                             "lease_token": "tok", "lease_expires_at": expires}, {}
+            reports.append(body)
+            if len(reports) == 1:
+                return 502, error("internal_error"), {}
+            return 409, error("lease_lost", attempt=1, reported_outcome="succeeded"), {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        self.addCleanup(client.close)
+        outcome = client.do_effect("email.send", "k", lambda lease: {"sent": True}, {})
+        self.assertEqual(outcome.result, {"sent": True})
+        self.assertEqual(len(reports), 2)
+
     def test_in_flight_asks_again_at_its_timeout(self) -> None:
         # Pauses of 0.25, 0.5 and 1 s reach 1.75 s; the next (2 s) would
         # pass the 3.5 s timeout, so it is cut to end there and asks once

@@ -357,7 +357,13 @@ export class Ratchet {
   #reportEffect(effectId, token, outcome, result, state) {
     const giveUp = Date.now() + gateTimes.reportTimeoutMs;
     return this.#transport.callUntil('POST', `/effects/${pathId(effectId)}/report`, effectReport(token, outcome, result),
-      { mayWait: (wait) => Date.now() + wait < Math.min(state.end, giveUp) });
+      { mayWait: (wait) => Date.now() + wait < Math.min(state.end, giveUp) }).catch((err) => {
+      // An earlier send of this report landed (its answer was lost) and a
+      // newer attempt began before the retry: lease_lost names the outcome
+      // it recorded (QA: said not recorded), as Go's reads it.
+      if (err instanceof RatchetError && err.code === 'lease_lost' && err.detail.reported_outcome === outcome) return undefined;
+      throw err;
+    });
   }
 
   // Paced at a third of the lease left, within 1 s to 1 min; the action is

@@ -747,6 +747,25 @@ test('a report the server keeps failing is given up', async (t) => {
   assert.deepEqual(verdict.result, { sent: true });
 });
 
+// The first send of a report landed and its answer was lost; the retry met a
+// newer attempt: lease_lost naming the outcome recorded is the report
+// recorded, as Go's reads it (SDK gate QA: said not recorded).
+test('a report that landed before a newer attempt is recorded', async (t) => {
+  let reports = 0;
+  const server = await fakeServer(t, (method, path) => {
+    if (path.endsWith('/begin')) {
+      return [200, { decision: 'execute', effect_id: 'eff_1', state: 'leased', attempt: 1, lease_token: 'tok',
+        lease_expires_at: new Date(Date.now() + 60_000).toISOString() }, { Date: new Date().toUTCString() }];
+    }
+    reports++;
+    return reports === 1 ? [502, error('internal_error')] : [409, error('lease_lost', { attempt: 1, reported_outcome: 'succeeded' })];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  const outcome = await client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => ({ sent: true }));
+  assert.deepEqual(outcome.result, { sent: true });
+  assert.equal(reports, 2);
+});
+
 // An action that is not a function is refused before begin: after it, the
 // call failing would leave the key indeterminate, an operator's to resolve.
 test('doEffect refuses an action that is not a function before begin', async (t) => {
