@@ -227,6 +227,272 @@ export class Ratchet {
     return this.#transport.call('GET', `/runs/${this.#run(runId)}/steps` + query({ status, limit, cursor }), undefined, { safe: true });
   }
 
+  // -- operator calls -------------------------------------------------------
+  // Thin calls for the operator routes, as the Go SDK's (answers are the
+  // API's JSON: snake_case on gate routes, camelCase on job routes). Reads,
+  // and changes whose repeat answers the same state, are repeated after a
+  // lost answer; creating calls are sent under an Idempotency-Key (random
+  // unless given) that spans their retries; a policy update is not
+  // repeated (its repeat would meet the version it made).
+
+  /** Pages the effect types' policies (scope policies:read). Pass next_cursor as cursor. */
+  listEffectPolicies({ limit, cursor } = {}) {
+    return this.#get('/policies' + query({ limit, cursor }));
+  }
+
+  /** Reads an effect type's policy (the safe default, version 0, for a type never configured). */
+  getEffectPolicy(effectType) {
+    return this.#get(`/policies/${pathId(effectType)}`);
+  }
+
+  /** Merges update (the API's snake_case fields: mode, max_cost_micros, …;
+   * null clears a nullable one) into an effect type's policy (scope
+   * policies:write). With expectedVersion it merges only while that is
+   * still the policy's version (0 for the safe default), otherwise 409
+   * version_conflict. Not repeated after a lost answer: read the policy to
+   * see whether it was applied. */
+  updateEffectPolicy(effectType, update = {}, { expectedVersion } = {}) {
+    const body = { ...update, ...defined({ expected_version: expectedVersion }) };
+    return this.#transport.call('PUT', `/policies/${pathId(effectType)}`, body, { safe: false });
+  }
+
+  /** Pages approvals newest first; state 'pending', 'approved' or 'rejected'. */
+  listApprovals({ state, limit, cursor } = {}) {
+    return this.#get('/approvals' + query({ state, limit, cursor }));
+  }
+
+  /** Reads one approval. */
+  getApproval(approvalId) {
+    return this.#get(`/approvals/${pathId(approvalId)}`);
+  }
+
+  /** Approves a pending approval (scope approvals:write): the next begin of its key executes. */
+  approve(approvalId, { note } = {}) {
+    return this.#transport.call('POST', `/approvals/${pathId(approvalId)}/approve`, defined({ note }), { safe: true });
+  }
+
+  /** Rejects a pending approval: the next begin of its key is denied approval_rejected. */
+  reject(approvalId, { note } = {}) {
+    return this.#transport.call('POST', `/approvals/${pathId(approvalId)}/reject`, defined({ note }), { safe: true });
+  }
+
+  /** Pages the effect types' breakers (scope policies:read). */
+  listCircuits({ limit, cursor } = {}) {
+    return this.#get('/circuits' + query({ limit, cursor }));
+  }
+
+  /** Opens a manual breaker for an effect type (scope policies:write);
+   * action 'monitor', 'require_approval' or 'deny'. */
+  openCircuit(effectType, { action, reason } = {}) {
+    return this.#transport.call('POST', `/circuits/${pathId(effectType)}/open`, defined({ action, reason }), { safe: true });
+  }
+
+  /** Closes an effect type's breaker, granting a fresh allowance. */
+  closeCircuit(effectType) {
+    return this.#transport.call('POST', `/circuits/${pathId(effectType)}/close`, {}, { safe: true });
+  }
+
+  /** Opens the emergency stop over every effect type (default action
+   * 'require_approval'); it stays open until releaseEmergencyStop. Answers
+   * the breakers it opened as a page. */
+  emergencyStop({ action, reason } = {}) {
+    return this.#transport.call('POST', '/circuits/stop', defined({ action, reason }), { safe: true });
+  }
+
+  /** Reads the emergency stop's state. */
+  getEmergencyStop() {
+    return this.#get('/circuits/stop');
+  }
+
+  /** Lifts the emergency stop; answers the breakers it closed as a page. */
+  releaseEmergencyStop() {
+    return this.#transport.call('POST', '/circuits/release', {}, { safe: true });
+  }
+
+  /** Opens a compensation group; begins with its id as groupId join it.
+   * With an idempotencyKey derived from the work ("checkout:order_123") the
+   * call is repeated after an ambiguous failure and a repeat answers the
+   * same group (deduplicated: true); without one it is not (a repeat would
+   * open a second group). */
+  createGroup(name, { idempotencyKey } = {}) {
+    const body = defined({ name, idempotency_key: idempotencyKey });
+    return this.#transport.call('POST', '/groups', body, { safe: body.idempotency_key !== undefined });
+  }
+
+  /** Reads a group with its steps. */
+  getGroup(groupId) {
+    return this.#get(`/groups/${pathId(groupId)}`);
+  }
+
+  /** Commits a group whose steps all succeeded (409 invalid_state otherwise). */
+  commitGroup(groupId) {
+    return this.#transport.call('POST', `/groups/${pathId(groupId)}/commit`, undefined, { safe: true });
+  }
+
+  /** Starts unwinding a group: answers the compensation plan, newest success first. */
+  unwindGroup(groupId) {
+    return this.#transport.call('POST', `/groups/${pathId(groupId)}/unwind`, undefined, { safe: true });
+  }
+
+  /** Registers a webhook (scope webhooks:write); the answer holds its
+   * secret, shown once. Sent under an Idempotency-Key (random unless given)
+   * that spans its retries, so a lost answer does not register it twice. */
+  createWebhook(url, events, { idempotencyKey } = {}) {
+    return this.#keyed('POST', '/webhooks', { url, events }, idempotencyKey);
+  }
+
+  /** Pages the workspace's webhooks (no secrets). */
+  listWebhooks({ limit, cursor } = {}) {
+    return this.#get('/webhooks' + query({ limit, cursor }));
+  }
+
+  /** Reads one webhook (no secret). */
+  getWebhook(webhookId) {
+    return this.#get(`/webhooks/${pathId(webhookId)}`);
+  }
+
+  /** Deletes a webhook; answers it. */
+  deleteWebhook(webhookId) {
+    return this.#transport.call('DELETE', `/webhooks/${pathId(webhookId)}`, undefined, { safe: true });
+  }
+
+  /** Pages a webhook's deliveries newest first. */
+  listWebhookDeliveries(webhookId, { limit, cursor } = {}) {
+    return this.#get(`/webhooks/${pathId(webhookId)}/deliveries` + query({ limit, cursor }));
+  }
+
+  /** Queues failed deliveries again, now: answers { deliveries }. */
+  retryWebhookDeliveries(webhookId, deliveryIds, { idempotencyKey } = {}) {
+    return this.#keyed('POST', `/webhooks/${pathId(webhookId)}/deliveries/retry`, { delivery_ids: deliveryIds }, idempotencyKey);
+  }
+
+  /** Gives a webhook a new secret, shown once. The previous one keeps
+   * verifying for previousExpiresInSeconds (the server's default when
+   * omitted); replacePrevious drops an earlier previous secret. */
+  rotateWebhookSecret(webhookId, { previousExpiresInSeconds, replacePrevious, idempotencyKey } = {}) {
+    const body = defined({ previous_secret_expires_in_seconds: previousExpiresInSeconds,
+      replace_previous: replacePrevious ? true : undefined });
+    return this.#keyed('POST', `/webhooks/${pathId(webhookId)}/rotate-secret`, body, idempotencyKey);
+  }
+
+  /** Mints an API key (scope keys:write): a preset ('OPERATOR', 'AGENT',
+   * 'INGEST', 'WORKER') or scopes; a WORKER key's tools list the
+   * name@version pairs it may serve. The answer holds the secret, shown
+   * once. Sent under an Idempotency-Key (random unless given). */
+  createKey({ name, preset, scopes, tools, dailySpendCeilingMicros, rateLimitPerMinute, idempotencyKey } = {}) {
+    const body = { name, tools: tools ?? null, ...defined({ preset, scopes, daily_spend_ceiling_micros: dailySpendCeilingMicros,
+      rate_limit_per_minute: rateLimitPerMinute }) };
+    return this.#keyed('POST', '/keys', body, idempotencyKey);
+  }
+
+  /** Pages the workspace's keys (no secrets). */
+  listKeys({ limit, cursor } = {}) {
+    return this.#get('/keys' + query({ limit, cursor }));
+  }
+
+  /** Reads the calling key (any scope). */
+  currentKey() {
+    return this.#get('/keys/current');
+  }
+
+  /** Revokes a key for good; answers it with revoked_at. */
+  revokeKey(keyId) {
+    return this.#transport.call('DELETE', `/keys/${pathId(keyId)}`, undefined, { safe: true });
+  }
+
+  /** Pages the workspace's endpoints. Pass nextCursor as cursor. */
+  listEndpoints({ limit, cursor } = {}) {
+    return this.#get('/endpoints' + query({ limit, cursor }));
+  }
+
+  /** Creates an endpoint named name with a policy (the API's camelCase
+   * fields: preset, maxAttempts, defaultTimeoutMs, …); creating one that
+   * exists answers it. */
+  createEndpoint(name, policy = {}) {
+    return this.#transport.call('POST', '/endpoints', { ...policy, name }, { safe: true });
+  }
+
+  /** Reads an endpoint with its policy (GET /endpoints/{id}/policy). */
+  getEndpoint(endpointId) {
+    return this.#get(`/endpoints/${pathId(endpointId)}/policy`);
+  }
+
+  /** Merges update into the endpoint's policy while expectedVersion is
+   * still its version (otherwise 409 version_conflict: read it again).
+   * Jobs already enqueued keep their snapshot. Not repeated after a lost
+   * answer: read the endpoint to see whether it was applied. */
+  updateEndpointPolicy(endpointId, update = {}, { expectedVersion } = {}) {
+    if (!Number.isInteger(expectedVersion)) throw new TypeError('ratchet: updateEndpointPolicy needs expectedVersion (getEndpoint reads it)');
+    return this.#transport.call('PUT', `/endpoints/${pathId(endpointId)}/policy`, { ...update, expectedVersion }, { safe: false });
+  }
+
+  /** Pauses an endpoint: its jobs are not claimed until resumeEndpoint. */
+  pauseEndpoint(endpointId) {
+    return this.#transport.call('POST', `/endpoints/${pathId(endpointId)}/pause`, {}, { safe: true });
+  }
+
+  /** Resumes a paused endpoint. */
+  resumeEndpoint(endpointId) {
+    return this.#transport.call('POST', `/endpoints/${pathId(endpointId)}/resume`, {}, { safe: true });
+  }
+
+  /** Closes an endpoint's circuit breaker. */
+  closeEndpointCircuit(endpointId) {
+    return this.#transport.call('POST', `/endpoints/${pathId(endpointId)}/circuit/close`, {}, { safe: true });
+  }
+
+  /** Pages an endpoint's job attempts newest first, optionally by outcome. */
+  listEndpointAttempts(endpointId, { outcome, limit, cursor } = {}) {
+    return this.#get(`/endpoints/${pathId(endpointId)}/attempts` + query({ outcome, limit, cursor }));
+  }
+
+  /** Publishes a tool's next contract (scope contracts:write): the API's
+   * camelCase fields (handlerVersion, inputSchema, outputSchema, timeoutMs,
+   * retryPreset, retryPolicy, status). Sent under an Idempotency-Key
+   * (random unless given), so a lost answer does not publish it twice. */
+  publishContract(name, { idempotencyKey, ...contract } = {}) {
+    return this.#keyed('POST', `/tools/${pathId(name)}/contracts`, contract, idempotencyKey);
+  }
+
+  /** Pages a tool's contracts. */
+  listContracts(name, { limit, cursor } = {}) {
+    return this.#get(`/tools/${pathId(name)}/contracts` + query({ limit, cursor }));
+  }
+
+  /** Enqueues a synthetic one-attempt job of name@version with input.
+   * Sent under an Idempotency-Key (random unless given). */
+  testTool(name, version, input, { idempotencyKey } = {}) {
+    return this.#keyed('POST', `/tools/${pathId(name)}/test`, { version, ...defined({ input }) }, idempotencyKey);
+  }
+
+  /** Compares the vendor's records of an effect type between from and to
+   * (Dates or RFC 3339 strings) with the gate's (scope reconcile:write):
+   * records are { idempotencyKey, status, amountMicros }. Sent under an
+   * Idempotency-Key (random unless given), so a retry after a lost answer
+   * learns what the first call resolved. */
+  reconcile({ effectType, from, to, records = [], idempotencyKey } = {}) {
+    const body = {
+      effect_type: effectType, from: timestamp(from), to: timestamp(to),
+      records: records.map(({ idempotencyKey: key, status, amountMicros }) => ({ idempotency_key: key, status,
+        ...defined({ amount_micros: amountMicros }) })),
+    };
+    return this.#keyed('POST', '/reconcile', body, idempotencyKey);
+  }
+
+  /** Pages the queues by name@version: queued and due counts, the oldest
+   * queued age, workers seen, and why nothing claims them. */
+  listQueueHealth({ limit, cursor } = {}) {
+    return this.#get('/queue/health' + query({ limit, cursor }));
+  }
+
+  #get(path) {
+    return this.#transport.call('GET', path, undefined, { safe: true });
+  }
+
+  #keyed(method, path, body, idempotencyKey) {
+    return this.#transport.call(method, path, body, { safe: true, idempotencyKey: idempotencyKey ?? newRequestId() });
+  }
+
   /**
    * Wraps a side effect in the gate's protocol. execute: runs
    * action(lease) under a heartbeated lease and reports 'succeeded' with
@@ -403,6 +669,11 @@ export class Ratchet {
       }
     }
   }
+}
+
+/** An RFC 3339 string for a Date; anything else as given. */
+function timestamp(value) {
+  return value instanceof Date ? value.toISOString() : value;
 }
 
 function effectReport(token, outcome, result) {

@@ -397,6 +397,360 @@ export interface EffectOutcome<T> {
   duplicate: boolean;
 }
 
+/** limit (1–200, default 50) and cursor (the previous page's next cursor). */
+export interface ListQuery {
+  limit?: number;
+  cursor?: string;
+}
+
+/** A dimension's daily ceilings (snake_case, as on the wire). */
+export interface DimensionLimit {
+  daily_micros: number | null;
+  daily_count: number | null;
+}
+
+/** An effect type's policy (snake_case, as on the wire); version 0 and
+ * updated_at null for a type still on the safe default. */
+export interface EffectPolicy {
+  effect_type: string;
+  version: number;
+  mode: 'allow' | 'require_approval' | 'deny';
+  on_indeterminate: 'block' | 'retry' | 'probe';
+  lease_seconds: number;
+  max_attempts: number;
+  max_cost_micros: number | null;
+  approval_above_micros: number | null;
+  daily_budget_micros: number | null;
+  reconcile_every_hours: number | null;
+  require_cost: boolean;
+  required_dimensions: string[];
+  dimension_limits: Record<string, DimensionLimit>;
+  structuring_threshold_micros: number | null;
+  surge_per_hour: number | null;
+  surge_multiplier: number | null;
+  surge_action: 'monitor' | 'require_approval' | 'deny';
+  surge_cooldown_seconds: number;
+  retention_days: number;
+  updated_at: string | null;
+}
+
+/** An approval (snake_case, as on the wire). */
+export interface Approval {
+  id: string;
+  effect_id: string;
+  effect_type: string;
+  state: 'pending' | 'approved' | 'rejected';
+  /** Why it was asked (policy_requires_approval, a surge, …). */
+  reason: string;
+  created_at: string;
+  decided_at: string | null;
+  note: string | null;
+  /** The reasons the decision answered; null while pending. */
+  answers: string[] | null;
+}
+
+export type BreakerAction = 'monitor' | 'require_approval' | 'deny';
+
+/** An effect type's breaker (snake_case, as on the wire). */
+export interface Circuit {
+  effect_type: string;
+  state: 'closed' | 'open';
+  opened_by: 'surge' | 'manual' | 'stop' | null;
+  action: BreakerAction | null;
+  reason: string | null;
+  volume_last_hour: number;
+  baseline_median_hourly: number | null;
+  threshold: number | null;
+  opened_at: string | null;
+  closes_at: string | null;
+}
+
+/** The emergency stop's state. */
+export interface EmergencyStop {
+  state: 'closed' | 'open';
+  action: BreakerAction | null;
+  reason: string | null;
+  opened_at: string | null;
+}
+
+export type GroupState = 'open' | 'committed' | 'unwinding' | 'unwound' | 'unwind_failed';
+
+/** One effect of a group. */
+export interface GroupStep {
+  effect_id: string;
+  effect_type: string;
+  idempotency_key: string;
+  state: EffectState;
+  has_compensation: boolean;
+  compensates_effect_id: string | null;
+}
+
+/** A compensation group (snake_case, as on the wire). */
+export interface Group {
+  id: string;
+  name: string;
+  state: GroupState;
+  created_at: string;
+  /** Its last change of state. */
+  updated_at: string;
+  committed_at: string | null;
+  unwind_started_at: string | null;
+  finished_at: string | null;
+  idempotency_key: string | null;
+  steps: GroupStep[];
+  /** createGroup only: true when its idempotency key had opened it already. */
+  deduplicated?: boolean;
+}
+
+/** One compensation to perform, under its suggested idempotency key. */
+export interface PlanItem {
+  effect_id: string;
+  compensation: { effect_type: string; payload: Json };
+  suggested_idempotency_key: string;
+  compensates_effect_id: string;
+  compensation_effect_id: string | null;
+  compensation_state: EffectState | null;
+}
+
+/** commitGroup's answer: the group, with its id as group_id, and an empty plan. */
+export interface GroupCommit extends Group {
+  group_id: string;
+  plan: PlanItem[];
+  unresolved: string[];
+}
+
+/** unwindGroup's answer: the plan, newest success first. */
+export interface Unwind {
+  group_id: string;
+  state: GroupState;
+  plan: PlanItem[];
+  /** Effects whose outcome is unknown: resolve them first. */
+  unresolved: string[];
+  /** Succeeded effects declared without a compensation. */
+  irreversible: string[];
+  reversed: string[];
+}
+
+export type WebhookEventType = 'effect.indeterminate' | 'circuit.tripped' | 'circuit.closed' | 'approval.requested'
+  | 'approval.decided' | 'reconciliation.due' | 'run.finished' | 'step.exhausted' | 'step.replayed';
+
+/** A webhook (no secret). */
+export interface Webhook {
+  id: string;
+  url: string;
+  events: WebhookEventType[];
+  created_at: string;
+  /** While a rotated-out secret still verifies. */
+  previous_secret_expires_at: string | null;
+}
+
+/** A webhook as created or rotated: its secret, shown once. */
+export interface NewWebhook extends Webhook {
+  secret: string;
+}
+
+/** One event's delivery to a webhook. */
+export interface WebhookDelivery {
+  id: string;
+  event_id: string;
+  event_type: WebhookEventType;
+  state: 'pending' | 'delivered' | 'failed';
+  attempts: number;
+  last_status_code: number | null;
+  last_error: string | null;
+  next_attempt_at: string | null;
+  created_at: string;
+  delivered_at: string | null;
+}
+
+/** An API key (no secret). */
+export interface ApiKey {
+  id: string;
+  name: string;
+  scopes: string[];
+  /** The name@version pairs a worker key may serve; null for any. */
+  tools: string[] | null;
+  daily_spend_ceiling_micros: number | null;
+  rate_limit_per_minute: number | null;
+  created_at: string;
+  revoked_at: string | null;
+}
+
+/** A key as created: its secret, shown once. */
+export interface NewApiKey extends ApiKey {
+  secret: string;
+}
+
+export interface KeySpec {
+  name: string;
+  preset?: 'OPERATOR' | 'AGENT' | 'INGEST' | 'WORKER';
+  scopes?: string[];
+  tools?: string[] | null;
+  dailySpendCeilingMicros?: number;
+  rateLimitPerMinute?: number;
+  /** Random when omitted; spans the call's retries. */
+  idempotencyKey?: string;
+}
+
+/** An endpoint's CUSTOM retry schedule. */
+export interface RetrySchedule {
+  preset: 'STANDARD' | 'AGGRESSIVE' | 'RELAXED' | 'CUSTOM';
+  maxAttempts: number;
+  initialDelayMs: number;
+  multiplier: number;
+  maxDelayMs: number;
+  jitterPercent: number;
+}
+
+export interface EndpointCircuit {
+  state: string;
+  openedAt: string | null;
+  probeAt: string | null;
+  consecutiveFailures: number;
+}
+
+/** An endpoint with its policy (camelCase, as on the wire). */
+export interface Endpoint {
+  id: string;
+  name: string;
+  /** The policy's version, for updateEndpointPolicy's expectedVersion. */
+  version: number;
+  policyPreset: 'STANDARD' | 'AGGRESSIVE' | 'RELAXED' | 'CUSTOM';
+  /** The CUSTOM schedule; null for a named preset. */
+  retryPolicy: RetrySchedule | null;
+  maxAttempts: number;
+  defaultTimeoutMs: number;
+  maxConcurrent: number | null;
+  rateLimitPerMinute: number | null;
+  paused: boolean;
+  circuitFailureThreshold: number | null;
+  circuitCooldownMs: number;
+  circuit: EndpointCircuit;
+  createdAt: string;
+  updatedAt: string;
+}
+
+/** Policy fields as the API takes them (camelCase): preset, maxAttempts,
+ * initialDelayMs, multiplier, maxDelayMs, jitterPercent, defaultTimeoutMs,
+ * maxConcurrent, rateLimitPerMinute, circuitFailureThreshold, circuitCooldownMs. */
+export type EndpointPolicyUpdate = Record<string, Json>;
+
+/** One attempt of a job on an endpoint. */
+export interface EndpointAttempt extends JobAttempt {
+  jobId: string;
+  stepId: string;
+  runId: string;
+  name: string;
+  version: string;
+}
+
+/** One name@version queue. */
+export interface QueueHealth {
+  name: string;
+  version: string;
+  queued: number;
+  due: number;
+  oldestQueuedAgeSeconds: number;
+  workersSeen: number;
+  openCircuitEndpoints: string[];
+  pausedEndpoints: string[];
+  atConcurrencyLimitEndpoints: string[];
+  rateLimitedEndpoints: string[];
+  /** Why nothing claims it, when nothing does. */
+  message: string | null;
+}
+
+/** A tool's contract (camelCase, as on the wire). */
+export interface Contract {
+  name: string;
+  contractVersion: number;
+  handlerVersion: string;
+  inputSchema: Json;
+  outputSchema: Json;
+  timeoutMs: number;
+  retryPreset: 'STANDARD' | 'AGGRESSIVE' | 'RELAXED' | 'CUSTOM';
+  retryPolicy: RetrySchedule | null;
+  status: 'ACTIVE' | 'FORBIDDEN';
+  createdAt: string;
+}
+
+export interface ContractSpec {
+  handlerVersion: string;
+  inputSchema: Json;
+  outputSchema?: Json;
+  timeoutMs?: number;
+  retryPreset?: 'STANDARD' | 'AGGRESSIVE' | 'RELAXED' | 'CUSTOM';
+  retryPolicy?: { maxAttempts: number; initialDelayMs: number; multiplier: number; maxDelayMs: number; jitterPercent: number };
+  status?: 'ACTIVE' | 'FORBIDDEN';
+  /** Random when omitted; spans the call's retries. */
+  idempotencyKey?: string;
+}
+
+/** testTool's answer: the synthetic one-attempt job. */
+export interface ToolTest {
+  runId: string;
+  stepId: string;
+  jobId: string;
+  name: string;
+  version: string;
+  contractVersion: number | null;
+  status: JobStatus;
+  maxAttempts: number;
+  dueAt: string | null;
+}
+
+export interface ReconcileRecord {
+  idempotencyKey: string;
+  status: 'succeeded' | 'refunded' | 'failed' | 'pending';
+  amountMicros?: number;
+}
+
+export interface ReconcileRequest {
+  effectType: string;
+  from: Date | string;
+  to: Date | string;
+  records?: ReconcileRecord[];
+  /** Random when omitted; spans the call's retries. */
+  idempotencyKey?: string;
+}
+
+/** One key's comparison (snake_case, as on the wire). */
+export interface ReconcileItem {
+  idempotency_key: string;
+  effect_id: string | null;
+  ratchet_state: EffectState | null;
+  vendor_status: string | null;
+  ratchet_amount_micros: number | null;
+  vendor_amount_micros: number | null;
+  /** What a resolved item was settled as. */
+  outcome?: string;
+}
+
+export interface ReconcileCounts {
+  matched: number;
+  missing_at_vendor: number;
+  unknown_to_ratchet: number;
+  amount_mismatch: number;
+  resolved: number;
+  status_mismatch: number;
+  unsettled: number;
+}
+
+export interface Reconciliation {
+  effect_type: string;
+  from: string;
+  to: string;
+  reconciled_at: string;
+  counts: ReconcileCounts;
+  matched: ReconcileItem[];
+  missing_at_vendor: ReconcileItem[];
+  unknown_to_ratchet: ReconcileItem[];
+  amount_mismatch: ReconcileItem[];
+  resolved: ReconcileItem[];
+  status_mismatch: ReconcileItem[];
+  unsettled: ReconcileItem[];
+}
+
 export declare class Ratchet {
   constructor(options: RatchetOptions);
   readonly runId: string | null;
@@ -419,6 +773,47 @@ export declare class Ratchet {
   getEffect(effectId: string): Promise<Effect>;
   resolveEffect(effectId: string, request: ResolveRequest): Promise<Effect>;
   listEffects(query?: { state?: EffectState; effectType?: string; limit?: number; cursor?: string }): Promise<GatePage<Effect>>;
+  listEffectPolicies(query?: ListQuery): Promise<GatePage<EffectPolicy>>;
+  getEffectPolicy(effectType: string): Promise<EffectPolicy>;
+  updateEffectPolicy(effectType: string, update: Partial<Omit<EffectPolicy, 'effect_type' | 'version' | 'updated_at'>>, options?: { expectedVersion?: number }): Promise<EffectPolicy>;
+  listApprovals(query?: ListQuery & { state?: Approval['state'] }): Promise<GatePage<Approval>>;
+  getApproval(approvalId: string): Promise<Approval>;
+  approve(approvalId: string, options?: { note?: string }): Promise<Approval>;
+  reject(approvalId: string, options?: { note?: string }): Promise<Approval>;
+  listCircuits(query?: ListQuery): Promise<GatePage<Circuit>>;
+  openCircuit(effectType: string, options?: { action?: BreakerAction; reason?: string }): Promise<Circuit>;
+  closeCircuit(effectType: string): Promise<Circuit>;
+  emergencyStop(options?: { action?: BreakerAction; reason?: string }): Promise<GatePage<Circuit>>;
+  getEmergencyStop(): Promise<EmergencyStop>;
+  releaseEmergencyStop(): Promise<GatePage<Circuit>>;
+  createGroup(name: string, options?: { idempotencyKey?: string }): Promise<Group>;
+  getGroup(groupId: string): Promise<Group>;
+  commitGroup(groupId: string): Promise<GroupCommit>;
+  unwindGroup(groupId: string): Promise<Unwind>;
+  createWebhook(url: string, events: WebhookEventType[], options?: { idempotencyKey?: string }): Promise<NewWebhook>;
+  listWebhooks(query?: ListQuery): Promise<GatePage<Webhook>>;
+  getWebhook(webhookId: string): Promise<Webhook>;
+  deleteWebhook(webhookId: string): Promise<Webhook>;
+  listWebhookDeliveries(webhookId: string, query?: ListQuery): Promise<GatePage<WebhookDelivery>>;
+  retryWebhookDeliveries(webhookId: string, deliveryIds: string[], options?: { idempotencyKey?: string }): Promise<{ deliveries: WebhookDelivery[] }>;
+  rotateWebhookSecret(webhookId: string, options?: { previousExpiresInSeconds?: number; replacePrevious?: boolean; idempotencyKey?: string }): Promise<NewWebhook>;
+  createKey(spec: KeySpec): Promise<NewApiKey>;
+  listKeys(query?: ListQuery): Promise<GatePage<ApiKey>>;
+  currentKey(): Promise<ApiKey>;
+  revokeKey(keyId: string): Promise<ApiKey>;
+  listEndpoints(query?: ListQuery): Promise<Page<Endpoint>>;
+  createEndpoint(name: string, policy?: EndpointPolicyUpdate): Promise<Endpoint>;
+  getEndpoint(endpointId: string): Promise<Endpoint>;
+  updateEndpointPolicy(endpointId: string, update: EndpointPolicyUpdate, options: { expectedVersion: number }): Promise<Endpoint>;
+  pauseEndpoint(endpointId: string): Promise<Endpoint>;
+  resumeEndpoint(endpointId: string): Promise<Endpoint>;
+  closeEndpointCircuit(endpointId: string): Promise<Endpoint>;
+  listEndpointAttempts(endpointId: string, query?: ListQuery & { outcome?: 'SUCCEEDED' | 'FAILED' }): Promise<Page<EndpointAttempt>>;
+  publishContract(name: string, spec: ContractSpec): Promise<Contract>;
+  listContracts(name: string, query?: ListQuery): Promise<Page<Contract>>;
+  testTool(name: string, version: string, input?: Json, options?: { idempotencyKey?: string }): Promise<ToolTest>;
+  reconcile(request: ReconcileRequest): Promise<Reconciliation>;
+  listQueueHealth(query?: ListQuery): Promise<Page<QueueHealth>>;
   doEffect<T>(request: BeginRequest, action: (lease: Lease) => T | Promise<T>, options?: { inFlightTimeoutMs?: number; signal?: AbortSignal }): Promise<EffectOutcome<T>>;
 }
 

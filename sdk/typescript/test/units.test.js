@@ -1032,3 +1032,76 @@ test('a batch failing twice with a 500 is sent report by report', async (t) => {
   assert.deepEqual([...recorded.keys()].sort(), jobIds(1, 4));
   assert.deepEqual([errors, clean], [[], true]);
 });
+
+test('operator calls: creating calls go under one Idempotency-Key, a policy update and a keyless group are not repeated', async (t) => {
+  const failOnce = () => {
+    let n = 0;
+    return () => (n++ % 2 === 0 ? [500, error('internal_error')] : [200, { ok: true }]);
+  };
+  const client = async () => {
+    const server = await fakeServer(t, failOnce());
+    return { c: new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 5000 }), server };
+  };
+  const keyed = {
+    createWebhook: (c) => c.createWebhook('https://example.com/h', ['run.finished']),
+    createKey: (c) => c.createKey({ name: 'k', preset: 'AGENT' }),
+    publishContract: (c) => c.publishContract('tool', { handlerVersion: '1', inputSchema: {} }),
+    testTool: (c) => c.testTool('tool', '1', { a: 1 }),
+    retryWebhookDeliveries: (c) => c.retryWebhookDeliveries('whk_1', ['d1']),
+    rotateWebhookSecret: (c) => c.rotateWebhookSecret('whk_1'),
+    reconcile: (c) => c.reconcile({ effectType: 'pay', from: new Date(0), to: '1970-01-02T00:00:00Z' }),
+  };
+  for (const [name, call] of Object.entries(keyed)) {
+    const { c, server } = await client();
+    assert.deepEqual(await call(c), { ok: true }, name);
+    assert.equal(server.seen.length, 2, `${name} is repeated after a 500`);
+    const keys = new Set(server.seen.map((s) => s.headers['idempotency-key']));
+    assert.equal(keys.size, 1, `${name}: one Idempotency-Key spans its retries`);
+    assert.match([...keys][0], /^[0-9a-f]{32}$/, name);
+  }
+  // A given key is the one sent.
+  let { c, server } = await client();
+  await c.createWebhook('https://example.com/h', ['run.finished'], { idempotencyKey: 'hook:1' });
+  assert.equal(server.seen[0].headers['idempotency-key'], 'hook:1');
+  // The reconcile body is the wire's.
+  ({ c, server } = await client());
+  await c.reconcile({ effectType: 'pay', from: new Date(0), to: '1970-01-02T00:00:00Z', records: [{ idempotencyKey: 'k', status: 'succeeded', amountMicros: 5 }] });
+  assert.deepEqual(server.seen[0].body, { effect_type: 'pay', from: '1970-01-01T00:00:00.000Z', to: '1970-01-02T00:00:00Z',
+    records: [{ idempotency_key: 'k', status: 'succeeded', amount_micros: 5 }] });
+
+  for (const [name, call] of Object.entries({
+    updateEffectPolicy: (c) => c.updateEffectPolicy('pay', { mode: 'deny' }, { expectedVersion: 3 }),
+    updateEndpointPolicy: (c) => c.updateEndpointPolicy('end_1', { maxConcurrent: 2 }, { expectedVersion: 3 }),
+    createGroup: (c) => c.createGroup('checkout'),
+  })) {
+    ({ c, server } = await client());
+    await assert.rejects(call(c), (err) => err.status === 500, name);
+    assert.equal(server.seen.length, 1, `${name} is not repeated after a lost answer`);
+    assert.equal(server.seen[0].headers['idempotency-key'], undefined, name);
+  }
+  ({ c, server } = await client());
+  await c.updateEffectPolicy('pay', { mode: 'deny' }, { expectedVersion: 0 }).catch(() => {});
+  assert.deepEqual(server.seen[0].body, { mode: 'deny', expected_version: 0 });
+  // With a key a group is repeated, the key in its body.
+  ({ c, server } = await client());
+  await c.createGroup('checkout', { idempotencyKey: 'checkout:1' });
+  assert.equal(server.seen.length, 2);
+  assert.deepEqual(server.seen[1].body, { name: 'checkout', idempotency_key: 'checkout:1' });
+  assert.throws(() => c.updateEndpointPolicy('end_1', {}), TypeError);
+});
+
+test('operator calls escape their path segments and send list queries', async (t) => {
+  const server = await fakeServer(t, () => [200, { data: [], next_cursor: null }]);
+  const c = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  await c.getEffectPolicy('a/b c');
+  await c.openCircuit('x?y#z', { action: 'deny' });
+  await c.listContracts('t/../keys', { limit: 2, cursor: 'c 1' });
+  await c.listApprovals({ state: 'pending', limit: 5 });
+  await c.listEndpointAttempts('end_1', { outcome: 'FAILED' });
+  assert.deepEqual(server.seen.map((s) => `${s.method} ${s.path}`), [
+    'GET /api/v1/policies/a%2Fb%20c', 'POST /api/v1/circuits/x%3Fy%23z/open',
+    'GET /api/v1/tools/t%2F..%2Fkeys/contracts?limit=2&cursor=c+1', 'GET /api/v1/approvals?state=pending&limit=5',
+    'GET /api/v1/endpoints/end_1/attempts?outcome=FAILED',
+  ]);
+  assert.deepEqual(server.seen[1].body, { action: 'deny' });
+});
