@@ -50,8 +50,9 @@ function query(params) {
  * A client of the Ratchet API. Calls that are idempotent (every gate and job
  * call, by key, lease token or Idempotency-Key) are repeated after a lost
  * answer or a 5xx with capped backoff and jitter, up to maxRetries times; a
- * 429 after the server's retry_after_seconds; startRun without an
- * idempotency key is never repeated after an ambiguous failure.
+ * 429 after the server's retry_after_seconds; startRun and createGroup
+ * without an idempotency key, and the policy updates, are never repeated
+ * after an ambiguous failure.
  */
 export class Ratchet {
   #transport;

@@ -6,8 +6,9 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { readFileSync } from 'node:fs';
+import { createServer } from 'node:http';
 import { RatchetError } from '../src/index.js';
-import { Workspace, needsServer, unique } from './support.js';
+import { BASE_URL, Workspace, needsServer, unique, waitFor } from './support.js';
 
 const dts = readFileSync(new URL('../src/index.d.ts', import.meta.url), 'utf8');
 
@@ -128,4 +129,201 @@ test('a denial detail reads through RatchetError: resets_at, dimension, required
   assert.deepEqual(refused.required, ['effects:read']);
   assert.equal(refused.resetsAt, null);
   assert.equal(refused.dimension, null);
+});
+
+/** Requires a page whose items each have interface name's fields. */
+function pageOf(page, pageName, name, where) {
+  matches(page, pageName, where);
+  for (const item of page.data) matches(item, name, `${where} item`);
+}
+
+test('policy, approval, circuit and group calls answer the declared fields', needsServer, async () => {
+  const ws = await Workspace.create();
+  const op = ws.operator;
+  const type = unique('wire.ops');
+  const fresh = await op.getEffectPolicy(type);
+  matches(fresh, 'EffectPolicy', 'getEffectPolicy');
+  assert.deepEqual([fresh.version, fresh.updated_at], [0, null]);
+  const set = await op.updateEffectPolicy(type, { mode: 'require_approval' }, { expectedVersion: 0 });
+  matches(set, 'EffectPolicy', 'updateEffectPolicy');
+  assert.deepEqual([set.version, set.mode], [1, 'require_approval']);
+  const stale = await op.updateEffectPolicy(type, { mode: 'allow' }, { expectedVersion: 0 }).catch((e) => e);
+  assert.equal(stale.code, 'version_conflict');
+  const policies = await op.listEffectPolicies({ limit: 1 });
+  pageOf(policies, 'GatePage', 'EffectPolicy', 'listEffectPolicies');
+  assert.equal(policies.data.length, 1);
+  assert.ok(policies.next_cursor, 'the starter policies and this one make more than a page of 1');
+  const next = await op.listEffectPolicies({ limit: 1, cursor: policies.next_cursor });
+  assert.notEqual(next.data[0].effect_type, policies.data[0].effect_type);
+
+  // Approvals: one approved, one rejected, as begin then answers.
+  const ask = (key) => op.begin({ effectType: type, idempotencyKey: key, payload: {} });
+  const [a1, a2] = [await ask('a1'), await ask('a2')];
+  assert.deepEqual([a1.decision, a2.decision], ['approval_required', 'approval_required']);
+  const pending = await op.listApprovals({ state: 'pending' });
+  pageOf(pending, 'GatePage', 'Approval', 'listApprovals');
+  assert.deepEqual(pending.data.map((a) => a.id).sort(), [a1.approval_id, a2.approval_id].sort());
+  matches(await op.getApproval(a1.approval_id), 'Approval', 'getApproval');
+  const approved = await op.approve(a1.approval_id, { note: 'fine' });
+  matches(approved, 'Approval', 'approve');
+  assert.deepEqual([approved.state, approved.note], ['approved', 'fine']);
+  assert.equal((await op.reject(a2.approval_id)).state, 'rejected');
+  assert.equal((await ask('a1')).decision, 'execute');
+  assert.equal((await ask('a2')).error.code, 'approval_rejected');
+  assert.deepEqual((await op.listApprovals({ state: 'pending' })).data, []);
+
+  // Circuits and the emergency stop.
+  await op.updateEffectPolicy(type, { mode: 'allow' });
+  const opened = await op.openCircuit(type, { action: 'deny', reason: 'wire' });
+  matches(opened, 'Circuit', 'openCircuit');
+  assert.deepEqual([opened.state, opened.opened_by, opened.action], ['open', 'manual', 'deny']);
+  assert.equal((await ask('c1')).error.code, 'circuit_open');
+  const circuits = await op.listCircuits();
+  pageOf(circuits, 'GatePage', 'Circuit', 'listCircuits');
+  assert.ok(circuits.data.some((c) => c.effect_type === type && c.state === 'open'));
+  assert.equal((await op.closeCircuit(type)).state, 'closed');
+  const stopped = await op.emergencyStop({ reason: 'wire' });
+  pageOf(stopped, 'GatePage', 'Circuit', 'emergencyStop');
+  const stop = await op.getEmergencyStop();
+  matches(stop, 'EmergencyStop', 'getEmergencyStop');
+  assert.deepEqual([stop.state, stop.action, stop.reason], ['open', 'require_approval', 'wire']);
+  assert.equal((await ask('c2')).decision, 'approval_required');
+  const released = await op.releaseEmergencyStop();
+  pageOf(released, 'GatePage', 'Circuit', 'releaseEmergencyStop');
+  assert.equal((await op.getEmergencyStop()).state, 'closed');
+
+  // Groups: one committed, one unwound.
+  const key = unique('checkout');
+  const group = await op.createGroup('checkout', { idempotencyKey: key });
+  matches(group, 'Group', 'createGroup');
+  assert.equal(group.deduplicated, false);
+  const again = await op.createGroup('checkout', { idempotencyKey: key });
+  assert.deepEqual([again.id, again.deduplicated], [group.id, true]);
+  const step = await op.begin({ effectType: type, idempotencyKey: 'g1', payload: {}, groupId: group.id,
+    compensation: { effect_type: `${type}.undo`, payload: { undo: 1 } } });
+  assert.equal(step.decision, 'execute');
+  await op.reportEffect(step.effect_id, step.lease_token, 'succeeded', {});
+  const read = await op.getGroup(group.id);
+  matches(read, 'Group', 'getGroup');
+  matches(read.steps[0], 'GroupStep');
+  const unwind = await op.unwindGroup(group.id);
+  matches(unwind, 'Unwind', 'unwindGroup');
+  matches(unwind.plan[0], 'PlanItem', 'unwindGroup plan');
+  assert.equal(unwind.plan[0].compensates_effect_id, step.effect_id);
+  const other = await op.createGroup('empty');
+  const committed = await op.commitGroup(other.id);
+  matches(committed, 'GroupCommit', 'commitGroup');
+  assert.deepEqual([committed.state, committed.group_id], ['committed', other.id]);
+});
+
+test('webhook and key calls answer the declared fields', needsServer, async (t) => {
+  assert.ok(process.env.RATCHET_TEST_CRON_SECRET, 'RATCHET_TEST_CRON_SECRET is not set: run `go test ./lib/sdktest -run TestTypeScriptSDK`');
+  const ws = await Workspace.create();
+  const op = ws.operator;
+  let received = 0;
+  const receiver = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => { received++; res.statusCode = 204; res.end(); });
+  });
+  await new Promise((ok) => receiver.listen(0, '127.0.0.1', ok));
+  t.after(() => new Promise((ok) => receiver.close(ok)));
+  const hook = await op.createWebhook(`http://127.0.0.1:${receiver.address().port}/h`, ['circuit.tripped']);
+  matches(hook, 'NewWebhook', 'createWebhook');
+  assert.match(hook.secret, /^whsec_/);
+  matches(await op.getWebhook(hook.id), 'Webhook', 'getWebhook');
+  pageOf(await op.listWebhooks(), 'GatePage', 'Webhook', 'listWebhooks');
+  await op.openCircuit(unique('wire.hook'), { action: 'monitor' });
+  const delivered = await waitFor('a delivery', async () => {
+    const res = await fetch(`${BASE_URL}/api/cron/sweep`, { method: 'POST', headers: { Authorization: `Bearer ${process.env.RATCHET_TEST_CRON_SECRET}` } });
+    assert.equal(res.status, 200);
+    const page = await op.listWebhookDeliveries(hook.id, { limit: 10 });
+    return page.data[0]?.state === 'delivered' ? page : null;
+  });
+  pageOf(delivered, 'GatePage', 'WebhookDelivery', 'listWebhookDeliveries');
+  assert.ok(received >= 1);
+  const retried = await op.retryWebhookDeliveries(hook.id, [delivered.data[0].id]);
+  assert.deepEqual(Object.keys(retried), ['deliveries']);
+  matches(retried.deliveries[0], 'WebhookDelivery', 'retryWebhookDeliveries');
+  assert.equal(retried.deliveries[0].state, 'pending');
+  const rotated = await op.rotateWebhookSecret(hook.id, { previousExpiresInSeconds: 60 });
+  matches(rotated, 'NewWebhook', 'rotateWebhookSecret');
+  assert.notEqual(rotated.secret, hook.secret);
+  assert.ok(rotated.previous_secret_expires_at);
+  matches(await op.deleteWebhook(hook.id), 'Webhook', 'deleteWebhook');
+  assert.equal((await op.getWebhook(hook.id).catch((e) => e)).code, 'not_found');
+
+  const key = await op.createKey({ name: 'agent', preset: 'AGENT', rateLimitPerMinute: 100 });
+  matches(key, 'NewApiKey', 'createKey');
+  assert.deepEqual([key.scopes, key.rate_limit_per_minute], [['effects:begin', 'effects:report'], 100]);
+  pageOf(await op.listKeys({ limit: 1 }), 'GatePage', 'ApiKey', 'listKeys');
+  const agent = new (op.constructor)({ baseUrl: BASE_URL, apiKey: key.secret });
+  const me = await agent.currentKey();
+  matches(me, 'ApiKey', 'currentKey');
+  assert.equal(me.id, key.id);
+  const revoked = await op.revokeKey(key.id);
+  matches(revoked, 'ApiKey', 'revokeKey');
+  assert.ok(revoked.revoked_at);
+  assert.equal((await agent.currentKey().catch((e) => e)).status, 401);
+});
+
+test('endpoint, contract, tool test, reconcile and queue health calls answer the declared fields', needsServer, async () => {
+  const ws = await Workspace.create();
+  const op = ws.operator;
+  const tool = unique('wire_ops');
+  const name = unique('Endpoint');
+  const endpoint = await op.createEndpoint(name, { preset: 'RELAXED' });
+  matches(endpoint, 'Endpoint', 'createEndpoint');
+  matches(endpoint.circuit, 'EndpointCircuit');
+  assert.equal((await op.createEndpoint(name)).id, endpoint.id, 'an existing name answers the endpoint');
+  pageOf(await op.listEndpoints(), 'Page', 'Endpoint', 'listEndpoints');
+  matches(await op.getEndpoint(endpoint.id), 'Endpoint', 'getEndpoint');
+  const updated = await op.updateEndpointPolicy(endpoint.id, { preset: 'CUSTOM', maxAttempts: 2, initialDelayMs: 1000,
+    multiplier: 1, maxDelayMs: 1000, jitterPercent: 0 }, { expectedVersion: endpoint.version });
+  matches(updated.retryPolicy, 'RetrySchedule', 'updateEndpointPolicy');
+  assert.equal(updated.version, endpoint.version + 1);
+  const stale = await op.updateEndpointPolicy(endpoint.id, { maxConcurrent: 1 }, { expectedVersion: endpoint.version }).catch((e) => e);
+  assert.equal(stale.code, 'version_conflict');
+  assert.equal((await op.pauseEndpoint(endpoint.id)).paused, true);
+  assert.equal((await op.resumeEndpoint(endpoint.id)).paused, false);
+  assert.equal((await op.closeEndpointCircuit(endpoint.id)).circuit.state, 'closed');
+
+  const contract = await op.publishContract(tool, { handlerVersion: '1', inputSchema: { type: 'object' } });
+  matches(contract, 'Contract', 'publishContract');
+  assert.equal(contract.contractVersion, 1);
+  pageOf(await op.listContracts(tool), 'Page', 'Contract', 'listContracts');
+  const probe = await op.testTool(tool, '1', { a: 1 });
+  matches(probe, 'ToolTest', 'testTool');
+  assert.deepEqual([probe.maxAttempts, probe.contractVersion], [1, 1]);
+  const queues = await op.listQueueHealth();
+  pageOf(queues, 'Page', 'QueueHealth', 'listQueueHealth');
+  assert.ok(queues.data.some((q) => q.name === tool && q.queued >= 1 && q.message));
+
+  // One attempt on the endpoint, failed: listed by outcome.
+  await op.startRun('wire');
+  await op.enqueue({ a: 2 }, { name: tool, version: '1', endpoint: name });
+  const worker = await ws.client('WORKER', [`${tool}@1`]);
+  const { workerId } = await worker.request('POST', '/workers/register', { tools: [{ name: tool, version: '1' }] });
+  // Claims and fails every job (the tool test's too) until the endpoint's attempt is listed.
+  const attempts = await waitFor('a failed attempt on the endpoint', async () => {
+    const { jobs } = await worker.request('POST', `/workers/${workerId}/claim`, { limit: 10, waitSeconds: 0 });
+    for (const job of jobs) {
+      await worker.request('POST', `/jobs/${job.jobId}/report`, { leaseToken: job.leaseToken, status: 'FAILED', error: { message: 'no', retryable: false } });
+    }
+    const page = await op.listEndpointAttempts(endpoint.id, { outcome: 'FAILED' });
+    return page.data.length ? page : null;
+  });
+  pageOf(attempts, 'Page', 'EndpointAttempt', 'listEndpointAttempts');
+  assert.equal(attempts.data.length, 1);
+  assert.deepEqual((await op.listEndpointAttempts(endpoint.id, { outcome: 'SUCCEEDED' })).data, []);
+
+  // Reconcile: one match, one the gate does not know.
+  const type = unique('wire.rec');
+  const begun = await op.begin({ effectType: type, idempotencyKey: 'r1', payload: {}, costMicros: 5 });
+  await op.reportEffect(begun.effect_id, begun.lease_token, 'succeeded', {});
+  const rec = await op.reconcile({ effectType: type, from: new Date(Date.now() - 3_600_000), to: new Date(Date.now() + 60_000),
+    records: [{ idempotencyKey: 'r1', status: 'succeeded', amountMicros: 5 }, { idempotencyKey: 'r9', status: 'succeeded' }] });
+  matches(rec, 'Reconciliation', 'reconcile');
+  matches(rec.counts, 'ReconcileCounts');
+  matches(rec.matched[0], 'ReconcileItem', 'reconcile matched');
+  assert.deepEqual([rec.counts.matched, rec.counts.unknown_to_ratchet], [1, 1]);
 });
