@@ -6,13 +6,14 @@ import hashlib
 import hmac
 import inspect
 import json
+import math
 import re
 import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from ._http import Transport, new_request_id, path_id
 from .errors import (INVALID_REQUEST, LEASE_LOST, PAYLOAD_TOO_LARGE, ApprovalRequired, ConnectionLost, EffectBlocked,
@@ -87,7 +88,8 @@ class Ratchet:
     Calls that are idempotent (every gate and job call, by key, lease token
     or Idempotency-Key) are repeated after a lost answer or a 5xx, with
     capped backoff and jitter, up to ``max_retries`` times; a 429 after the
-    server's retry_after_seconds; start_run without an idempotency key is
+    server's retry_after_seconds; start_run and create_group without an
+    idempotency key, update_effect_policy and update_endpoint_policy are
     never repeated after an ambiguous failure.
     """
 
@@ -540,11 +542,368 @@ class Ratchet:
                 state["end"] = sent + seconds
 
 
+    # -- operator calls -----------------------------------------------------
+    #
+    # Thin methods over the operator routes, as the Go SDK's (names and which
+    # are repeated after a lost answer). Answers are the API's JSON as dicts;
+    # list methods answer one page: {"data", "next_cursor"} on the gate's
+    # routes, {"data", "nextCursor"} on the job routes; pass that cursor as
+    # cursor for the next page. Creates the server keys (keys, webhooks,
+    # contracts, tool tests, delivery retries, secret rotations, reconcile)
+    # send one Idempotency-Key across their retries, so a retry after a lost
+    # answer gets what the first attempt made instead of a second one.
+
+    def _keyed(self, path: str, body: Any, idempotency_key: Optional[str]) -> Any:
+        """POST path under an Idempotency-Key (the caller's or a fresh one)
+        that spans the call's retries."""
+        return self._transport.call("POST", path, body, safe=True,
+                                    idempotency_key=idempotency_key or new_request_id())
+
+    # policies (policies:read, policies:write)
+
+    def list_effect_policies(self, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+        """Pages the workspace's configured effect-type policies:
+        {"data", "next_cursor"}."""
+        return self._transport.call("GET", "/policies" + _query(limit=limit, cursor=cursor), safe=True)
+
+    def get_effect_policy(self, effect_type: str) -> dict:
+        """Reads effect_type's policy; an unconfigured type reads as the safe
+        default, version 0."""
+        return self._transport.call("GET", "/policies/" + path_id(effect_type), safe=True)
+
+    def update_effect_policy(self, effect_type: str, update: Optional[dict] = None, *,
+                             expected_version: Optional[int] = None, **fields: Any) -> dict:
+        """Merges the fields of update and the keyword fields (the API's
+        snake_case names: mode, max_cost_micros, ...; None clears a nullable
+        one, fields left out keep their values) into effect_type's policy
+        and returns it. With expected_version it merges only while that is
+        still the policy's version (0 for a type on the safe default;
+        otherwise RatchetError code version_conflict: read it again and
+        decide again). Not repeated after a lost answer: the repeat of an
+        update that was applied would meet the new version (read the policy
+        to see)."""
+        body = _fields(update, fields)
+        if expected_version is not None:
+            body["expected_version"] = expected_version
+        return self._transport.call("PUT", "/policies/" + path_id(effect_type), body, safe=False)
+
+    # approvals (approvals:write)
+
+    def list_approvals(self, *, state: Optional[str] = None, limit: Optional[int] = None,
+                       cursor: Optional[str] = None) -> dict:
+        """Pages the approvals newest first, state "pending", "approved" or
+        "rejected" (None: every state): {"data", "next_cursor"}."""
+        return self._transport.call("GET", "/approvals" + _query(state=state, limit=limit, cursor=cursor), safe=True)
+
+    def get_approval(self, approval_id: str) -> dict:
+        """Reads one approval (ApprovalRequired.approval_id names it)."""
+        return self._transport.call("GET", "/approvals/" + path_id(approval_id), safe=True)
+
+    def approve(self, approval_id: str, *, note: Optional[str] = None) -> dict:
+        """Approves a pending effect: the next begin of its key executes.
+        Approving an approved one answers it unchanged, so it is retried;
+        approving a rejected one is 409 invalid_state."""
+        return self._transport.call("POST", "/approvals/" + path_id(approval_id) + "/approve",
+                                    _fields(None, {"note": note}, drop_none=True), safe=True)
+
+    def reject(self, approval_id: str, *, note: Optional[str] = None) -> dict:
+        """Rejects a pending effect: every begin of its key is denied
+        approval_rejected, for good. Retried as approve."""
+        return self._transport.call("POST", "/approvals/" + path_id(approval_id) + "/reject",
+                                    _fields(None, {"note": note}, drop_none=True), safe=True)
+
+    # circuits and the emergency stop (policies:write)
+
+    def list_circuits(self, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+        """Pages the breaker of every effect type seen or configured:
+        {"data", "next_cursor"}."""
+        return self._transport.call("GET", "/circuits" + _query(limit=limit, cursor=cursor), safe=True)
+
+    def open_circuit(self, effect_type: str, *, action: Optional[str] = None, reason: Optional[str] = None) -> dict:
+        """Opens effect_type's breaker by hand: its begins meet action
+        ("monitor", "require_approval" (the default) or "deny") until
+        close_circuit. Opening again changes nothing more, so it is retried,
+        as are the other breaker calls."""
+        return self._transport.call("POST", "/circuits/" + path_id(effect_type) + "/open",
+                                    _fields(None, {"action": action, "reason": reason}, drop_none=True), safe=True)
+
+    def close_circuit(self, effect_type: str) -> dict:
+        """Closes effect_type's breaker, with a fresh surge allowance
+        counted from now."""
+        return self._transport.call("POST", "/circuits/" + path_id(effect_type) + "/close", {}, safe=True)
+
+    def emergency_stop(self, *, action: Optional[str] = None, reason: Optional[str] = None) -> dict:
+        """Holds every effect type, those first seen while it is on
+        included, with action ("require_approval" by default) until
+        release_emergency_stop. Answers at most the first 200 circuits as
+        {"data", "next_cursor"} without a cursor: list_circuits pages them."""
+        return self._transport.call("POST", "/circuits/stop",
+                                    _fields(None, {"action": action, "reason": reason}, drop_none=True), safe=True)
+
+    def get_emergency_stop(self) -> dict:
+        """Whether the emergency stop is on: {"state": "open"|"closed",
+        "action", "reason", "opened_at"}."""
+        return self._transport.call("GET", "/circuits/stop", safe=True)
+
+    def release_emergency_stop(self) -> dict:
+        """Lifts the emergency stop; breakers of single types stay as they
+        are. Answers circuits as emergency_stop does."""
+        return self._transport.call("POST", "/circuits/release", {}, safe=True)
+
+    # compensation groups
+
+    def create_group(self, name: str, *, idempotency_key: Optional[str] = None) -> dict:
+        """Opens a group; begins with its id as group_id join it. With
+        idempotency_key (derived from the work, "checkout:order_123") it is
+        retried and a repeat answers the group the key opened
+        (``deduplicated``; the same key with another name is 409
+        idempotency_key_reuse); without one it is not repeated after an
+        ambiguous failure, since a repeat would open a second group."""
+        body: dict = {"name": name}
+        if idempotency_key is not None:
+            body["idempotency_key"] = idempotency_key
+        return self._transport.call("POST", "/groups", body, safe=idempotency_key is not None)
+
+    def get_group(self, group_id: str) -> dict:
+        """Reads a group with its steps."""
+        return self._transport.call("GET", "/groups/" + path_id(group_id), safe=True)
+
+    def commit_group(self, group_id: str) -> dict:
+        """Commits a group whose forward steps all succeeded (or answers the
+        plan of those that have not); committing again answers it again."""
+        return self._transport.call("POST", "/groups/" + path_id(group_id) + "/commit", safe=True)
+
+    def unwind_group(self, group_id: str) -> dict:
+        """Starts (or reads) a group's rollback: {"state", "plan",
+        "unresolved"}, the plan in reverse order of success. Repeating it
+        answers the plan as it stands."""
+        return self._transport.call("POST", "/groups/" + path_id(group_id) + "/unwind", safe=True)
+
+    # webhooks (webhooks:write)
+
+    def create_webhook(self, url: str, events: List[str], *, idempotency_key: Optional[str] = None) -> dict:
+        """Subscribes url to events and answers the subscription with its
+        signing ``secret``, shown only here. One Idempotency-Key (yours, at
+        most 255 characters, or a fresh one) spans the retries; the same
+        call under the same key within a day answers the same subscription
+        and secret, so a caller whose retries ran out can still recover it."""
+        return self._keyed("/webhooks", {"url": url, "events": list(events)}, idempotency_key)
+
+    def list_webhooks(self, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+        """Pages the subscriptions: {"data", "next_cursor"}."""
+        return self._transport.call("GET", "/webhooks" + _query(limit=limit, cursor=cursor), safe=True)
+
+    def get_webhook(self, webhook_id: str) -> dict:
+        """Reads one subscription (never its secret)."""
+        return self._transport.call("GET", "/webhooks/" + path_id(webhook_id), safe=True)
+
+    def delete_webhook(self, webhook_id: str) -> dict:
+        """Removes a subscription; its pending deliveries end failed.
+        Deleting again answers it again, so it is retried."""
+        return self._transport.call("DELETE", "/webhooks/" + path_id(webhook_id), safe=True)
+
+    def list_webhook_deliveries(self, webhook_id: str, *, limit: Optional[int] = None,
+                                cursor: Optional[str] = None) -> dict:
+        """Pages a subscription's deliveries, each with its state, attempts
+        and last status: {"data", "next_cursor"}."""
+        return self._transport.call("GET", "/webhooks/" + path_id(webhook_id) + "/deliveries"
+                                    + _query(limit=limit, cursor=cursor), safe=True)
+
+    def retry_webhook_deliveries(self, webhook_id: str, delivery_ids: List[str]) -> dict:
+        """Sends deliveries (1 to 100, by id) again once the receiver is
+        mended: each that ended is pending again, due at once, under the
+        same event id; one still pending keeps its schedule. Answers
+        {"deliveries": [...]} as they now are. One Idempotency-Key spans the
+        retries, so a lost answer does not send them twice."""
+        return self._keyed("/webhooks/" + path_id(webhook_id) + "/deliveries/retry",
+                           {"delivery_ids": list(delivery_ids)}, None)
+
+    def rotate_webhook_secret(self, webhook_id: str, *, previous_expires_in: Optional[float] = None,
+                              replace_previous: bool = False) -> dict:
+        """Gives a subscription a new signing ``secret`` (shown once). Until
+        the previous one expires deliveries are signed with both:
+        previous_expires_in seconds (rounded up, up to a week; None: the
+        server's day, 0: at once). replace_previous rotates even while an
+        earlier rotation's previous secret still signs (otherwise 409
+        invalid_state); that secret stops at once. Retried under one
+        Idempotency-Key, so a lost answer gets the secret the first made."""
+        body: dict = {}
+        if previous_expires_in is not None:
+            body["previous_secret_expires_in_seconds"] = max(math.ceil(previous_expires_in), 0)
+        if replace_previous:
+            body["replace_previous"] = True
+        return self._keyed("/webhooks/" + path_id(webhook_id) + "/rotate-secret", body, None)
+
+    # keys (keys:write)
+
+    def create_key(self, name: str, *, preset: Optional[str] = None, scopes: Optional[List[str]] = None,
+                   tools: Optional[List[str]] = None, daily_spend_ceiling_micros: Optional[int] = None,
+                   rate_limit_per_minute: Optional[int] = None, idempotency_key: Optional[str] = None) -> dict:
+        """Mints a key from a preset ("AGENT", "INGEST", "WORKER",
+        "OPERATOR") or explicit scopes, never more than this client's key
+        holds; tools bound a WORKER key to exact "name@version" pairs (None:
+        unrestricted, [] none). Answers it with its ``secret``, shown only
+        here. Retried under one Idempotency-Key (yours, or a fresh one), so
+        a retry after a lost answer gets the key the first attempt minted
+        instead of a second; the same key within a day answers it again."""
+        body: dict = {"name": name, "tools": None if tools is None else list(tools)}
+        body.update(_fields(None, {"preset": preset, "scopes": None if scopes is None else list(scopes),
+                                   "daily_spend_ceiling_micros": daily_spend_ceiling_micros,
+                                   "rate_limit_per_minute": rate_limit_per_minute}, drop_none=True))
+        return self._keyed("/keys", body, idempotency_key)
+
+    def list_keys(self, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+        """Pages the workspace's keys, never their secrets: {"data", "next_cursor"}."""
+        return self._transport.call("GET", "/keys" + _query(limit=limit, cursor=cursor), safe=True)
+
+    def current_key(self) -> dict:
+        """Reads this client's own key (any valid key may): its scopes,
+        tools, spend ceiling and rate limit, never its secret."""
+        return self._transport.call("GET", "/keys/current", safe=True)
+
+    def revoke_key(self, key_id: str) -> dict:
+        """Revokes a key for good and answers it; revoking again answers the
+        same key, so it is retried. A client revoking its own key whose
+        answer was lost is refused (401) when it asks again: read the key
+        with another to confirm."""
+        return self._transport.call("DELETE", "/keys/" + path_id(key_id), safe=True)
+
+    # endpoints (endpoints:write)
+
+    def list_endpoints(self, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+        """Pages the endpoints with their policies: {"data", "nextCursor"}."""
+        return self._transport.call("GET", "/endpoints" + _query(limit=limit, cursor=cursor), safe=True)
+
+    def create_endpoint(self, name: str, policy: Optional[dict] = None, **fields: Any) -> dict:
+        """Creates an endpoint ahead of its first job, with policy fields as
+        update_endpoint_policy takes them (none: STANDARD). An existing name
+        answers the endpoint unchanged, so it is retried."""
+        return self._transport.call("POST", "/endpoints", dict(_fields(policy, fields), name=name), safe=True)
+
+    def get_endpoint(self, endpoint_id: str) -> dict:
+        """Reads an endpoint and its policy (GET /endpoints/{id}/policy)."""
+        return self._transport.call("GET", "/endpoints/" + path_id(endpoint_id) + "/policy", safe=True)
+
+    def update_endpoint_policy(self, endpoint_id: str, expected_version: int, update: Optional[dict] = None,
+                               **fields: Any) -> dict:
+        """Merges the fields of update and the keyword fields (the API's
+        camelCase names: preset, maxAttempts, initialDelayMs, multiplier,
+        maxDelayMs, jitterPercent, defaultTimeoutMs, maxConcurrent,
+        rateLimitPerMinute, circuitFailureThreshold, circuitCooldownMs; None
+        clears an optional one) into the endpoint's policy while
+        expected_version is still its version (otherwise RatchetError code
+        version_conflict). Jobs already enqueued keep their snapshot. Not
+        repeated after a lost answer, as update_effect_policy."""
+        body = dict(_fields(update, fields), expectedVersion=expected_version)
+        return self._transport.call("PUT", "/endpoints/" + path_id(endpoint_id) + "/policy", body, safe=False)
+
+    def pause_endpoint(self, endpoint_id: str) -> dict:
+        """Pauses an endpoint: its jobs are accepted but not claimed,
+        consuming no attempts, until resume_endpoint."""
+        return self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/pause", {}, safe=True)
+
+    def resume_endpoint(self, endpoint_id: str) -> dict:
+        """Resumes a paused endpoint."""
+        return self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/resume", {}, safe=True)
+
+    def close_endpoint_circuit(self, endpoint_id: str) -> dict:
+        """Closes the endpoint's circuit breaker by hand (read its recent
+        attempts first, list_endpoint_attempts); closing a closed one
+        changes nothing."""
+        return self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/circuit/close", {}, safe=True)
+
+    def list_endpoint_attempts(self, endpoint_id: str, *, outcome: Optional[str] = None,
+                               limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+        """Pages an endpoint's attempts newest first, each with its job and
+        its worker's message; outcome "SUCCEEDED" or "FAILED" keeps only
+        those: {"data", "nextCursor"}."""
+        return self._transport.call("GET", "/endpoints/" + path_id(endpoint_id) + "/attempts"
+                                    + _query(outcome=outcome, limit=limit, cursor=cursor), safe=True)
+
+    # contracts and tool tests (contracts:write)
+
+    def publish_contract(self, name: str, *, handler_version: str, input_schema: Any,
+                         output_schema: Any = None, timeout_ms: Optional[int] = None,
+                         retry_preset: Optional[str] = None, retry_policy: Optional[dict] = None,
+                         status: Optional[str] = None) -> dict:
+        """Publishes a new contract version of tool name: the handler
+        version it binds, its input and output JSON Schemas (2020-12; no
+        output_schema accepts any output), timeout, retry preset (STANDARD,
+        AGGRESSIVE, RELAXED, or CUSTOM with retry_policy's maxAttempts,
+        initialDelayMs, multiplier, maxDelayMs, jitterPercent) and status
+        ("ACTIVE" or "FORBIDDEN"). Answers the contract with its
+        ``contractVersion``. Retried under one Idempotency-Key, so a repeat
+        after a lost answer gets the version the first published."""
+        body: dict = {"handlerVersion": handler_version, "inputSchema": input_schema}
+        if retry_policy is not None:
+            retry_policy = {k: v for k, v in retry_policy.items() if k != "preset"}
+        body.update(_fields(None, {"outputSchema": output_schema, "timeoutMs": timeout_ms,
+                                   "retryPreset": retry_preset, "retryPolicy": retry_policy, "status": status},
+                            drop_none=True))
+        return self._keyed("/tools/" + path_id(name) + "/contracts", body, None)
+
+    def list_contracts(self, name: str, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+        """Pages tool name's contracts by version: {"data", "nextCursor"}."""
+        return self._transport.call("GET", "/tools/" + path_id(name) + "/contracts"
+                                    + _query(limit=limit, cursor=cursor), safe=True)
+
+    def test_tool(self, name: str, version: str, input: Any = None) -> dict:
+        """Enqueues a synthetic one-attempt job of name@version with input,
+        checked against the version's contract as any enqueue, in a run of
+        its own: follow it with get_run(answer["runId"]). Retried under one
+        Idempotency-Key, as publish_contract."""
+        body: dict = {"version": version}
+        if input is not None:
+            body["input"] = input
+        return self._keyed("/tools/" + path_id(name) + "/test", body, None)
+
+    # reconciliation (reconcile:write) and the queue
+
+    def reconcile(self, effect_type: str, from_: Any, to: Any, records: Optional[List[dict]] = None) -> dict:
+        """Compares the vendor's records ({"idempotency_key", "status":
+        "succeeded"|"refunded"|"failed"|"pending", "amount_micros"}, at most
+        10 000; none is a valid answer) with the effects of effect_type
+        created in [from_, to) (aware datetimes or RFC 3339 strings),
+        resolves the indeterminate effects a record settles and restarts the
+        type's reconcile_every_hours calendar. Answers the counts and lists
+        (matched, missing_at_vendor, unknown_to_ratchet, amount_mismatch,
+        resolved, status_mismatch, unsettled). Sent under an Idempotency-Key
+        of its own, so a retry after a lost answer is answered the first
+        call's ``resolved`` (compared again, they would read as matched)."""
+        body = {"effect_type": effect_type, "from": _rfc3339(from_, "from_"), "to": _rfc3339(to, "to"),
+                "records": list(records or [])}
+        return self._keyed("/reconcile", body, None)
+
+    def list_queue_health(self, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+        """Pages the queued work of each exact name@version (queued, due,
+        oldest age, workers seen, the endpoints holding it and a plain
+        ``message`` when something does): {"data", "nextCursor"}."""
+        return self._transport.call("GET", "/queue/health" + _query(limit=limit, cursor=cursor), safe=True)
+
 def _query(**params: Any) -> str:
     """A list's query string ("" without parameters): the params not None."""
     given = {k: str(v) for k, v in params.items() if v is not None}
     return "?" + urllib.parse.urlencode(given) if given else ""
 
+
+def _fields(update: Optional[dict], fields: dict, *, drop_none: bool = False) -> dict:
+    """A request body: update's fields, then the keyword fields; with
+    drop_none, those None are left out."""
+    body = dict(update or {})
+    body.update(fields)
+    return {k: v for k, v in body.items() if v is not None} if drop_none else body
+
+
+def _rfc3339(value: Any, name: str) -> str:
+    """A time as the API takes it: an aware datetime in RFC 3339, or a
+    string as it is."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError(f"ratchet: {name} must be an aware datetime (a naive one has no zone)")
+        return value.isoformat()
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"ratchet: {name} must be a datetime or an RFC 3339 string, not {type(value).__name__}")
 
 def _effect_report(token: str, outcome: str, result: Any) -> dict:
     body: dict = {"lease_token": token, "outcome": outcome}

@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 import unittest
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import List, Tuple
 from unittest import mock
@@ -73,7 +74,7 @@ class FakeServer:
                 self.end_headers()
                 self.wfile.write(raw)
 
-            do_GET = do_POST = do_PUT = do_CONNECT = handle_one
+            do_GET = do_POST = do_PUT = do_DELETE = do_CONNECT = handle_one
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -1415,6 +1416,93 @@ class GateLeaseTest(unittest.TestCase):
         with self.assertRaises(getratchet.OutcomeNotReported):
             client.do_effect("email.send", "k", lambda lease: told.append(lease.lost.wait(8)), {})
         self.assertEqual(told, [True])
+
+
+class OperatorCallsTest(unittest.TestCase):
+    """Which operator calls are repeated after a 5xx, and under which
+    Idempotency-Key, as the Go SDK's."""
+
+    def client(self, script) -> Tuple[getratchet.Ratchet, FakeServer]:
+        server = FakeServer(script)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test", max_retries=1)
+        client._transport.sleep = lambda seconds: None
+        self.addCleanup(client.close)
+        return client, server
+
+    def test_creates_are_repeated_under_one_idempotency_key(self) -> None:
+        calls = {
+            "POST /api/v1/webhooks": lambda c: c.create_webhook("https://x.test/h", ["run.finished"]),
+            "POST /api/v1/keys": lambda c: c.create_key("k", preset="AGENT"),
+            "POST /api/v1/tools/a%23b/contracts": lambda c: c.publish_contract("a#b", handler_version="1",
+                                                                                input_schema={}),
+            "POST /api/v1/tools/a%23b/test": lambda c: c.test_tool("a#b", "1", {"x": 1}),
+            "POST /api/v1/webhooks/wh%2F1/deliveries/retry": lambda c: c.retry_webhook_deliveries("wh/1", ["d"]),
+            "POST /api/v1/webhooks/wh_1/rotate-secret": lambda c: c.rotate_webhook_secret("wh_1"),
+            "POST /api/v1/reconcile": lambda c: c.reconcile("t", "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"),
+        }
+        for route, call in calls.items():
+            client, server = self.client([(500, error("internal_error"), {}), (200, {"ok": True}, {})])
+            self.assertEqual(call(client), {"ok": True}, route)
+            self.assertEqual([f"{m} {p}" for m, p, _, _ in server.seen], [route] * 2)
+            keys = {headers.get("Idempotency-Key") for _, _, headers, _ in server.seen}
+            self.assertEqual(len(keys), 1, route)
+            self.assertTrue(keys.pop(), route)
+        # A key of the caller's is sent as it is.
+        client, server = self.client([(201, {"id": "key_1"}, {})])
+        client.create_key("k", preset="AGENT", idempotency_key="mint:k")
+        self.assertEqual(server.seen[0][2]["Idempotency-Key"], "mint:k")
+        self.assertEqual(server.seen[0][3], {"name": "k", "tools": None, "preset": "AGENT"})
+
+    def test_updates_and_an_unkeyed_group_are_not_repeated(self) -> None:
+        for call in (lambda c: c.update_effect_policy("t", expected_version=0, mode="deny"),
+                     lambda c: c.update_endpoint_policy("ep_1", 3, maxConcurrent=None),
+                     lambda c: c.create_group("g")):
+            client, server = self.client([(500, error("internal_error"), {}), (200, {}, {})])
+            with self.assertRaises(RatchetError):
+                call(client)
+            self.assertEqual(len(server.seen), 1)
+        self.assertEqual(server.seen[0][3], {"name": "g"})
+        client, server = self.client([(500, error("internal_error"), {}), (200, {"id": "grp_1"}, {})])
+        self.assertEqual(client.create_group("g", idempotency_key="checkout:1"), {"id": "grp_1"})
+        self.assertEqual([body for _, _, _, body in server.seen], [{"name": "g", "idempotency_key": "checkout:1"}] * 2)
+
+    def test_reads_and_repeatable_changes_are_repeated(self) -> None:
+        calls = {
+            "GET /api/v1/approvals?state=pending&limit=5": lambda c: c.list_approvals(state="pending", limit=5),
+            "POST /api/v1/approvals/ap_1/approve": lambda c: c.approve("ap_1"),
+            "POST /api/v1/circuits/a%20b/open": lambda c: c.open_circuit("a b", action="deny"),
+            "POST /api/v1/circuits/stop": lambda c: c.emergency_stop(),
+            "DELETE /api/v1/keys/key_1": lambda c: c.revoke_key("key_1"),
+            "DELETE /api/v1/webhooks/wh_1": lambda c: c.delete_webhook("wh_1"),
+            "POST /api/v1/endpoints": lambda c: c.create_endpoint("e", preset="RELAXED"),
+            "POST /api/v1/endpoints/ep_1/pause": lambda c: c.pause_endpoint("ep_1"),
+            "GET /api/v1/endpoints/ep_1/attempts?outcome=FAILED&cursor=c1":
+                lambda c: c.list_endpoint_attempts("ep_1", outcome="FAILED", cursor="c1"),
+            "POST /api/v1/groups/grp_1/unwind": lambda c: c.unwind_group("grp_1"),
+            "GET /api/v1/queue/health?limit=2": lambda c: c.list_queue_health(limit=2),
+        }
+        for route, call in calls.items():
+            client, server = self.client([(500, error("internal_error"), {}), (200, {"ok": True}, {})])
+            self.assertEqual(call(client), {"ok": True}, route)
+            self.assertEqual([f"{m} {p}" for m, p, _, _ in server.seen], [route] * 2)
+            self.assertNotIn("Idempotency-Key", server.seen[0][2], route)
+
+    def test_bodies_leave_unset_options_out(self) -> None:
+        client, server = self.client([(200, {}, {})] * 4)
+        client.approve("ap_1")
+        client.rotate_webhook_secret("wh_1", previous_expires_in=0.2, replace_previous=True)
+        client.publish_contract("t", handler_version="1", input_schema={"type": "object"}, retry_preset="CUSTOM",
+                                retry_policy={"preset": "CUSTOM", "maxAttempts": 2})
+        client.update_endpoint_policy("ep_1", 3, {"preset": "CUSTOM"}, maxConcurrent=None)
+        self.assertEqual([body for _, _, _, body in server.seen], [
+            {},
+            {"previous_secret_expires_in_seconds": 1, "replace_previous": True},
+            {"handlerVersion": "1", "inputSchema": {"type": "object"}, "retryPreset": "CUSTOM",
+             "retryPolicy": {"maxAttempts": 2}},
+            {"preset": "CUSTOM", "maxConcurrent": None, "expectedVersion": 3}])
+        with self.assertRaises(ValueError):
+            client.reconcile("t", datetime(2026, 1, 1), "2026-01-02T00:00:00Z")
 
 
 def wait_until(probe, timeout: float = 10.0) -> None:
