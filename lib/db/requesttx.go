@@ -149,6 +149,17 @@ func OutsideRequest(ctx context.Context) context.Context {
 	return ctx
 }
 
+// InRequest says whether ctx carries a request's transaction
+// (BeginRequest), which the caller's work joins.
+func InRequest(ctx context.Context) bool { return requestTx(ctx) != nil }
+
+// AfterRequest is ctx without its request's transaction, for what
+// AfterCommit runs once that transaction has committed: what runs under it
+// commits on its own.
+func AfterRequest(ctx context.Context) context.Context {
+	return context.WithValue(ctx, requestTxKey{}, (*RequestTx)(nil))
+}
+
 // Conn is what a service runs a statement of its own on: the request's
 // transaction when ctx carries one (BeginRequest), else pool. A service
 // that reaches the pool itself while a request's transaction holds a

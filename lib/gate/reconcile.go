@@ -252,20 +252,16 @@ func (s *Service) Reconcile(ctx context.Context, p *auth.Principal, req Reconcil
 		return Reconciliation{}, err
 	}
 	if len(groups) > 0 {
-		// Only a rollback can end when a step settles: the others are
-		// passed over in one statement, not a transaction each (QA: 3 000
-		// charges, each a step of its checkout's open group, cost 9 000
-		// round trips after the answer was decided). Read after the commit,
-		// as a resolve's afterStep does: an unwind that began since sees
-		// these outcomes itself.
-		unwinding, err := db.CollectIDs(db.Conn(ctx, s.pool).Query(ctx, sqlUnwindingAmong, p.WorkspaceID, groups))
-		if err != nil {
-			return Reconciliation{}, fmt.Errorf("reconcile: groups: %w", err)
-		}
-		for _, g := range unwinding {
-			if _, err := s.settleGroup(ctx, p.WorkspaceID, g, false); err != nil {
-				return Reconciliation{}, err
-			}
+		// Under an Idempotency-Key the work is the request's transaction,
+		// whose row locks last until it commits: the rollbacks are ended
+		// after that commit, or the group would be locked after its steps'
+		// rows, the reverse of a begin of a step (shareEffectGroup), and the
+		// two deadlocked (review). A failure then is left to the sweeper
+		// (SweepGroups), as the answer is already recorded.
+		if db.InRequest(ctx) {
+			db.AfterCommit(ctx, func() { _ = s.endRollbacks(db.AfterRequest(ctx), p.WorkspaceID, groups) })
+		} else if err := s.endRollbacks(ctx, p.WorkspaceID, groups); err != nil {
+			return Reconciliation{}, err
 		}
 	}
 	out.Counts = ReconcileCounts{Matched: len(out.Matched), MissingAtVendor: len(out.MissingAtVendor),
@@ -418,4 +414,24 @@ func (s *Service) SweepReconcileDue(ctx context.Context, now time.Time, limit in
 		return 0, fmt.Errorf("reconciliation reminders: %w", err)
 	}
 	return n, nil
+}
+
+// endRollbacks settles those of groups a reconciliation settled steps of
+// that are being rolled back, once what it resolved is committed. Only a
+// rollback can end when a step settles: the others are passed over in one
+// statement, not a transaction each (QA: 3 000 charges, each a step of its
+// checkout's open group, cost 9 000 round trips after the answer was
+// decided). Read after the commit, as a resolve's afterStep does: an unwind
+// that began since sees these outcomes itself.
+func (s *Service) endRollbacks(ctx context.Context, workspaceID string, groups []string) error {
+	unwinding, err := db.CollectIDs(s.pool.Query(ctx, sqlUnwindingAmong, workspaceID, groups))
+	if err != nil {
+		return fmt.Errorf("reconcile: groups: %w", err)
+	}
+	for _, g := range unwinding {
+		if _, err := s.settleGroup(ctx, workspaceID, g, false); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -437,3 +437,58 @@ func TestReconcileRacingResolveFilesTheOutcome(t *testing.T) {
 		f.eff(typ, key+"-next", 10, "failed")
 	}
 }
+
+// A reconciliation under an Idempotency-Key acts in the request's
+// transaction, whose row locks last until it commits: ending a rollback it
+// settled must wait for that commit, or it takes the group's lock after the
+// steps' rows, the reverse of a begin of one of its steps (the group shared
+// first, shareEffectGroup, then the row). Review: a begin holding the group
+// and waiting for the step's row deadlocked with the reconciliation, which
+// one of them lost (503). Here the test's transaction takes a begin's
+// locks, in a begin's order, around the reconciliation.
+func TestReconcileUnderAKeyEndsItsRollbacksAfterCommit(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	g := f.group()
+	maybe, _ := f.step(g, true)
+	f.clock.Add(2 * time.Minute)
+	require.Equal(t, []string{maybe}, strs(f.unwind(g)["unresolved"]))
+	key := f.must(http.StatusOK, "GET", "/api/v1/effects/"+maybe, nil)["idempotency_key"]
+	body := map[string]any{"effect_type": "payment.charge", "from": rfc(f.clock.Now().Add(-time.Hour)),
+		"to": rfc(f.clock.Now()), "records": []any{map[string]any{"idempotency_key": key, "status": "failed"}}}
+
+	ctx := context.Background()
+	begin, err := f.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = begin.Rollback(ctx) }()
+	var pid int
+	require.NoError(t, begin.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	_, err = begin.Exec(ctx, `SELECT 1 FROM effect_groups WHERE id = $1 FOR SHARE`, g)
+	require.NoError(t, err)
+
+	answered := make(chan *apitest.Response, 1)
+	go func() {
+		answered <- f.env.DoWith("POST", "/api/v1/reconcile", f.ws.Key,
+			http.Header{"Idempotency-Key": {"reconcile:" + g}}, body)
+	}()
+	// Once the reconciliation waits for the group this transaction holds,
+	// the begin goes on to the step's row.
+	for blocked := 0; blocked == 0; {
+		select {
+		case r := <-answered:
+			t.Fatalf("answered without waiting for the group: %d %s", r.Status, r.Body)
+		default:
+		}
+		require.NoError(t, f.env.App.Pool.QueryRow(ctx,
+			`SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))`, pid).Scan(&blocked))
+	}
+	_, err = begin.Exec(ctx, `SELECT 1 FROM effects WHERE id = $1 FOR UPDATE`, maybe)
+	require.NoError(t, err, "the begin's row lock")
+	require.NoError(t, begin.Rollback(ctx))
+	r := <-answered
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	require.Equal(t, []string{key.(string)}, keysOf(r.JSON()["resolved"]))
+	var st string
+	require.NoError(t, f.env.App.Pool.QueryRow(ctx, `SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&st))
+	require.Equal(t, "unwound", st)
+}
