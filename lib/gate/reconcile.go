@@ -256,12 +256,14 @@ func (s *Service) Reconcile(ctx context.Context, p *auth.Principal, req Reconcil
 		// whose row locks last until it commits: the rollbacks are ended
 		// after that commit, or the group would be locked after its steps'
 		// rows, the reverse of a begin of a step (shareEffectGroup), and the
-		// two deadlocked (review). A failure then is left to the sweeper
-		// (SweepGroups), as the answer is already recorded.
+		// two deadlocked (review). A failure, with or without the header,
+		// is left to the sweeper (SweepGroups): the reconciliation has
+		// committed, and its answer (what it resolved) is what the caller
+		// needs, not a 5xx for a step the sweeper takes again.
 		if db.InRequest(ctx) {
 			db.AfterCommit(ctx, func() { _ = s.endRollbacks(db.AfterRequest(ctx), p.WorkspaceID, groups) })
-		} else if err := s.endRollbacks(ctx, p.WorkspaceID, groups); err != nil {
-			return Reconciliation{}, err
+		} else {
+			_ = s.endRollbacks(ctx, p.WorkspaceID, groups)
 		}
 	}
 	out.Counts = ReconcileCounts{Matched: len(out.Matched), MissingAtVendor: len(out.MissingAtVendor),

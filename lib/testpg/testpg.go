@@ -940,8 +940,10 @@ func postmasterRunning(dataDir string) (int, bool) {
 	if err != nil || pid <= 0 {
 		return 0, false
 	}
-	// EPERM: alive, another user's (the postgres user's, when root ran initdb).
-	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+	// EPERM is another user's process: not this cluster's postmaster, which
+	// runs as the user that started it (root signals anyone), so a stale
+	// file whose pid was reused, as postgres itself reads it (review).
+	if err := syscall.Kill(pid, 0); err != nil {
 		return 0, false
 	}
 	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil &&
