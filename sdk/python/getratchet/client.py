@@ -357,13 +357,15 @@ class Ratchet:
         doubling to 5 s, never past the server's retry_after_seconds) until
         in_flight_timeout seconds, then EffectInFlight. blocked,
         approval_required and denied raise EffectBlocked, ApprovalRequired
-        and EffectDenied. An async def or generator action raises TypeError
-        (before begin, or, wrapped, with the attempt reported failed since
-        its body never ran). begin_options are begin's keyword options. A
-        request_id of yours (one is made per call) must never be reused once
-        an action may have run under its lease (a do_effect that returned,
-        a process that crashed mid-action): while that lease is live its
-        begin is handed the same execute, and the action runs twice."""
+        and EffectDenied. An async def or generator function raises
+        TypeError before begin; an async def wrapped in a plain function,
+        with the attempt reported failed since its body never ran (a
+        generator a plain action returns is its result, not JSON).
+        begin_options are begin's keyword options. A request_id of yours
+        (one is made per call) must never be reused once an action may have
+        run under its lease (a do_effect that returned, a process that
+        crashed mid-action): while that lease is live its begin is handed
+        the same execute, and the action runs twice."""
         if not callable(action):
             # Refused before a lease is taken: after, the call's failure
             # would leave the key indeterminate, an operator's to resolve.
@@ -441,10 +443,16 @@ class Ratchet:
                     # recorded (the lease then lapses: indeterminate).
                     not_performed.report_error = err  # type: ignore[attr-defined]
                 raise
-            if inspect.isawaitable(result) or inspect.isgenerator(result):
-                # An async def (or generator) action returned its body
-                # unrun: recorded as its result it was a success that never
-                # happened (QA: a placeholder settled the key for good).
+            if inspect.isawaitable(result):
+                # An async def action (wrapped: a plain one was refused
+                # before begin) returned its body unrun: recorded as its
+                # result it was a success that never happened (QA: a
+                # placeholder settled the key for good). A generator is not
+                # taken for one: a plain action that acted and returned a
+                # lazy result (a generator expression, a paging helper's
+                # generator) did happen, and reported failed it ran again
+                # at the key's next begin (review); it is a result that is
+                # not JSON, recorded with the placeholder.
                 self._refuse_unrun(effect_id, token, result, state)
             reason = _unsendable_result(result)
             if reason is None:
@@ -472,13 +480,12 @@ class Ratchet:
             stop.set()
 
     def _refuse_unrun(self, effect_id: str, token: str, result: Any, state: dict) -> None:
-        """Raises TypeError for an action that returned a coroutine, generator
-        or other awaitable instead of acting. One whose body never started
-        surely did nothing: it is closed and the attempt reported failed, so
-        the key may be tried again. Any other (a scheduled task, a future)
-        may be acting: nothing is reported."""
-        unrun = ((inspect.iscoroutine(result) and inspect.getcoroutinestate(result) == inspect.CORO_CREATED)
-                 or (inspect.isgenerator(result) and inspect.getgeneratorstate(result) == inspect.GEN_CREATED))
+        """Raises TypeError for an action that returned a coroutine or other
+        awaitable instead of acting. A coroutine whose body never started
+        did nothing: it is closed and the attempt reported failed, so the
+        key may be tried again. Any other (a scheduled task, a future) may
+        be acting: nothing is reported."""
+        unrun = inspect.iscoroutine(result) and inspect.getcoroutinestate(result) == inspect.CORO_CREATED
         error = TypeError(f"ratchet: do_effect's action returned {type(result).__name__} instead of acting: it "
                           "must be a plain function that performs the effect and returns its result (run an "
                           "async one with asyncio.run inside it)")

@@ -1302,6 +1302,41 @@ class GateLeaseTest(unittest.TestCase):
         self.assertEqual([r["outcome"] for r in reports], ["failed"])
         self.assertEqual(ran, [])
 
+    def test_a_generator_a_plain_action_returns_is_its_result_not_a_failure(self) -> None:
+        # A plain action that acted and returned a lazy result (a generator)
+        # did happen: reported failed (review: the async refusal took every
+        # unstarted generator for an action that never ran), the key's next
+        # begin executes and the action runs twice. It is recorded, as any
+        # result that is not JSON, with the placeholder.
+        calls = []
+
+        def respond(method, path, body):
+            calls.append((path, body))
+            if path.endswith("/begin"):
+                return 200, {"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
+                             "lease_token": "tok", "lease_expires_at": "2099-01-01T00:00:00Z"}, {}
+            if path.endswith("/report"):
+                return 200, {"id": "eff_1", "state": body["outcome"]}, {}
+            return 200, {"effect_id": "eff_1", "lease_expires_at": "2099-01-01T00:00:00Z"}, {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        self.addCleanup(client.close)
+        sent = []
+
+        def send(lease):
+            sent.append("email")  # the effect happened
+            return (message_id for message_id in ["msg_1"])
+
+        with self.assertRaises(getratchet.ResultNotStored) as raised:
+            client.do_effect("email.send", "k", send, {})
+        self.assertEqual(raised.exception.reason, "result_not_json")
+        reports = [body for path, body in calls if path.endswith("/report")]
+        self.assertEqual([(r["outcome"], r.get("result")) for r in reports],
+                         [("succeeded", {"ratchet": "result_not_recorded", "reason": "result_not_json"})])
+        self.assertEqual(sent, ["email"])
+
     def test_a_report_the_server_keeps_failing_is_given_up(self) -> None:
         # Heartbeats keep the lease while every report meets a 503: the
         # call gives up after the report timeout (as Go's DoEffect) and
