@@ -224,7 +224,7 @@ export class Ratchet {
 
   /** Pages a run's steps in id order, each as getStep reads it, for runs
    * larger than getRun's first 1000 steps. Pass nextCursor as cursor. */
-  listRunSteps(runId, { status, limit, cursor } = {}) {
+  async listRunSteps(runId, { status, limit, cursor } = {}) {
     return this.#transport.call('GET', `/runs/${this.#run(runId)}/steps` + query({ status, limit, cursor }), undefined, { safe: true });
   }
 
@@ -422,7 +422,7 @@ export class Ratchet {
    * still its version (otherwise 409 version_conflict: read it again).
    * Jobs already enqueued keep their snapshot. Not repeated after a lost
    * answer: read the endpoint to see whether it was applied. */
-  updateEndpointPolicy(endpointId, update = {}, { expectedVersion } = {}) {
+  async updateEndpointPolicy(endpointId, update = {}, { expectedVersion } = {}) {
     if (!Number.isInteger(expectedVersion)) throw new TypeError('ratchet: updateEndpointPolicy needs expectedVersion (getEndpoint reads it)');
     return this.#transport.call('PUT', `/endpoints/${pathId(endpointId)}/policy`, { ...update, expectedVersion }, { safe: false });
   }
@@ -471,7 +471,7 @@ export class Ratchet {
    * records are { idempotencyKey, status, amountMicros }. Sent under an
    * Idempotency-Key (random unless given), so a retry after a lost answer
    * learns what the first call resolved. */
-  reconcile({ effectType, from, to, records = [], idempotencyKey } = {}) {
+  async reconcile({ effectType, from, to, records = [], idempotencyKey } = {}) {
     const body = {
       effect_type: effectType, from: timestamp(from), to: timestamp(to),
       records: records.map(({ idempotencyKey: key, status, amountMicros }) => ({ idempotency_key: key, status,

@@ -1087,7 +1087,26 @@ test('operator calls: creating calls go under one Idempotency-Key, a policy upda
   await c.createGroup('checkout', { idempotencyKey: 'checkout:1' });
   assert.equal(server.seen.length, 2);
   assert.deepEqual(server.seen[1].body, { name: 'checkout', idempotency_key: 'checkout:1' });
-  assert.throws(() => c.updateEndpointPolicy('end_1', {}), TypeError);
+  await assert.rejects(c.updateEndpointPolicy('end_1', {}), TypeError);
+});
+
+test('calls declared to answer a Promise reject a bad argument instead of throwing it', async () => {
+  // index.d.ts declares each call Promise-returning: a caller's .catch()
+  // (or a promise handed to Promise.all) must see the refusal (review:
+  // listRunSteps without a run, updateEndpointPolicy without a version and
+  // reconcile with records null threw before returning, as getRun does not).
+  const c = new Ratchet({ baseUrl: 'http://127.0.0.1:9', apiKey: 'rk_test' });
+  const calls = {
+    listRunSteps: () => c.listRunSteps(),
+    updateEndpointPolicy: () => c.updateEndpointPolicy('end_1', {}),
+    reconcile: () => c.reconcile({ effectType: 'pay', from: new Date(0), to: new Date(1), records: null }),
+  };
+  for (const [name, call] of Object.entries(calls)) {
+    let answer;
+    assert.doesNotThrow(() => { answer = call(); }, name);
+    assert.ok(answer instanceof Promise, name);
+    await assert.rejects(answer, Error, name);
+  }
 });
 
 test('operator calls escape their path segments and send list queries', async (t) => {
