@@ -503,9 +503,12 @@ class Ratchet:
         the lease stands (the heartbeats keep it), for at most _REPORT_TIMEOUT."""
         give_up = time.monotonic() + _REPORT_TIMEOUT
         try:
+            # Each attempt within the give-up time too (review: one that hung
+            # took the transport's 60 s, where Go's is cut at its 30 s).
             self._transport.call_until("POST", "/effects/" + path_id(effect_id) + "/report",
                                        _effect_report(token, outcome, result),
-                                       may_wait=lambda wait: time.monotonic() + wait < min(state["end"], give_up))
+                                       may_wait=lambda wait: time.monotonic() + wait < min(state["end"], give_up),
+                                       timeout=min(self._transport.timeout, _REPORT_TIMEOUT))
         except RatchetError as err:
             # An earlier send of this report landed (its answer was lost) and
             # a newer attempt began before the retry: lease_lost names the

@@ -1378,6 +1378,43 @@ class GateLeaseTest(unittest.TestCase):
         self.assertIsInstance(raised[0], getratchet.OutcomeNotReported)
         self.assertEqual(raised[0].result, {"sent": True})
 
+    def test_a_report_attempt_that_hangs_is_cut_at_the_give_up_time(self) -> None:
+        # As Go's: an attempt that hung took the transport's 60 s (review).
+        from datetime import datetime, timedelta, timezone
+        from unittest import mock
+        release = threading.Event()
+
+        def respond(method, path, body):
+            expires = (datetime.now(timezone.utc) + timedelta(seconds=60)).isoformat().replace("+00:00", "Z")
+            if path.endswith("/begin"):
+                return 200, {"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
+                             "lease_token": "tok", "lease_expires_at": expires}, {}
+            if path.endswith("/heartbeat"):
+                return 200, {"effect_id": "eff_1", "lease_expires_at": expires}, {}
+            release.wait(30)
+            return 200, {"id": "eff_1", "state": "succeeded"}, {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        self.addCleanup(release.set)  # before the server closes: it waits for the hung answer
+        client = getratchet.Ratchet(server.url, "rk_test")
+        self.addCleanup(client.close)
+        raised = []
+
+        def call():
+            try:
+                client.do_effect("email.send", "k", lambda lease: {"sent": True}, {})
+            except Exception as err:  # noqa: BLE001 - recorded for the assertion
+                raised.append(err)
+
+        with mock.patch("getratchet.client._REPORT_TIMEOUT", 1.0):
+            caller = threading.Thread(target=call, daemon=True)
+            caller.start()
+            caller.join(15)
+        self.assertFalse(caller.is_alive(), "do_effect still waiting for its report")
+        self.assertEqual(len(raised), 1)
+        self.assertIsInstance(raised[0], getratchet.OutcomeNotReported)
+
     def test_a_report_that_landed_before_a_newer_attempt_is_recorded(self) -> None:
         # The first send landed and its answer was lost; the retry met a
         # newer attempt: lease_lost naming the outcome recorded is the report

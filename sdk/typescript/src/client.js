@@ -624,7 +624,10 @@ export class Ratchet {
   #reportEffect(effectId, token, outcome, result, state) {
     const giveUp = Date.now() + gateTimes.reportTimeoutMs;
     return this.#transport.callUntil('POST', `/effects/${pathId(effectId)}/report`, effectReport(token, outcome, result),
-      { mayWait: (wait) => Date.now() + wait < Math.min(state.end, giveUp) }).catch((err) => {
+      // Each attempt within the give-up time too (review: one that hung took
+      // the transport's 60 s, where Go's is cut at its 30 s).
+      { mayWait: (wait) => Date.now() + wait < Math.min(state.end, giveUp),
+        timeoutMs: Math.min(this.#transport.timeoutMs, gateTimes.reportTimeoutMs) }).catch((err) => {
       // An earlier send of this report landed (its answer was lost) and a
       // newer attempt began before the retry: lease_lost names the outcome
       // it recorded (QA: said not recorded), as Go's reads it.

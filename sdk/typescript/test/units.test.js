@@ -747,6 +747,34 @@ test('a report the server keeps failing is given up', async (t) => {
   assert.deepEqual(verdict.result, { sent: true });
 });
 
+// A report attempt that hangs is cut at the give-up time, as Go's: it took
+// the transport's whole 60 s (review).
+test('a report attempt that hangs is cut at the give-up time', async (t) => {
+  let release;
+  const hung = new Promise((r) => { release = r; });
+  t.after(() => release([200, { id: 'eff_1', state: 'succeeded' }]));
+  const server = await fakeServer(t, (method, path) => {
+    const expires = new Date(Date.now() + 60_000).toISOString();
+    if (path.endsWith('/begin')) {
+      return [200, { decision: 'execute', effect_id: 'eff_1', state: 'leased', attempt: 1, lease_token: 'tok', lease_expires_at: expires },
+        { Date: new Date().toUTCString() }];
+    }
+    if (path.endsWith('/heartbeat')) return [200, { effect_id: 'eff_1', lease_expires_at: expires }, { Date: new Date().toUTCString() }];
+    return hung;
+  });
+  const saved = gateTimes.reportTimeoutMs;
+  gateTimes.reportTimeoutMs = 1_000;
+  t.after(() => { gateTimes.reportTimeoutMs = saved; });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  let timer;
+  const verdict = await Promise.race([
+    client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => ({ sent: true })).then(() => 'returned', (err) => err),
+    new Promise((r) => { timer = setTimeout(() => r('still waiting for its report'), 15_000); }),
+  ]);
+  clearTimeout(timer);
+  assert.ok(verdict instanceof OutcomeNotReportedError, String(verdict));
+});
+
 // The first send of a report landed and its answer was lost; the retry met a
 // newer attempt: lease_lost naming the outcome recorded is the report
 // recorded, as Go's reads it (SDK gate QA: said not recorded).
