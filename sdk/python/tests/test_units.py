@@ -1242,6 +1242,53 @@ class BatchedReportsTest(unittest.TestCase):
 
 
 class GateLeaseTest(unittest.TestCase):
+    @staticmethod
+    def leased(path: str):
+        """A fake gate's answer to a begin (execute, leased for a minute) or
+        a heartbeat (extended as long); None for any other path."""
+        from datetime import timedelta, timezone
+        expires = (datetime.now(timezone.utc) + timedelta(seconds=60)).isoformat().replace("+00:00", "Z")
+        if path.endswith("/begin"):
+            return 200, {"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
+                         "lease_token": "tok", "lease_expires_at": expires}, {}
+        if path.endswith("/heartbeat"):
+            return 200, {"effect_id": "eff_1", "lease_expires_at": expires}, {}
+        return None
+
+    def recording(self, calls: list):
+        """A fake gate that leases, records every report, and notes each
+        request's path and body in calls."""
+        def respond(method, path, body):
+            calls.append((path, body))
+            return self.leased(path) or (200, {"id": "eff_1", "state": body["outcome"]}, {})
+        return respond
+
+    def client_of(self, respond) -> Tuple[getratchet.Ratchet, "FakeServer"]:
+        """A client of a fake server answering with respond, both closed at the test's end."""
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        self.addCleanup(client.close)
+        return client, server
+
+    def do_effect_in_thread(self, client: getratchet.Ratchet) -> list:
+        """Runs do_effect (its report given up after 1 s) on a thread for at
+        most 15 s, and answers what it raised."""
+        raised = []
+
+        def call():
+            try:
+                client.do_effect("email.send", "k", lambda lease: {"sent": True}, {})
+            except Exception as err:  # noqa: BLE001 - recorded for the assertion
+                raised.append(err)
+
+        with mock.patch("getratchet.client._REPORT_TIMEOUT", 1.0):
+            caller = threading.Thread(target=call, daemon=True)
+            caller.start()
+            caller.join(15)
+        self.assertFalse(caller.is_alive(), "do_effect still sending its report")
+        return raised
+
     def test_the_action_is_told_its_lease_is_lost_when_heartbeats_are_rate_limited(self) -> None:
         from datetime import datetime, timedelta, timezone
 
@@ -1271,20 +1318,7 @@ class GateLeaseTest(unittest.TestCase):
         # begin when it is one; wrapped (a lambda), reported failed, since
         # its body surely never ran, so the key may be tried again.
         calls = []
-
-        def respond(method, path, body):
-            calls.append((path, body))
-            if path.endswith("/begin"):
-                return 200, {"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
-                             "lease_token": "tok", "lease_expires_at": "2099-01-01T00:00:00Z"}, {}
-            if path.endswith("/report"):
-                return 200, {"id": "eff_1", "state": body["outcome"]}, {}
-            return 200, {"effect_id": "eff_1", "lease_expires_at": "2099-01-01T00:00:00Z"}, {}
-
-        server = FakeServer(respond)
-        self.addCleanup(server.close)
-        client = getratchet.Ratchet(server.url, "rk_test")
-        self.addCleanup(client.close)
+        client, _ = self.client_of(self.recording(calls))
         ran = []
 
         async def send(lease):
@@ -1309,20 +1343,7 @@ class GateLeaseTest(unittest.TestCase):
         # begin executes and the action runs twice. It is recorded, as any
         # result that is not JSON, with the placeholder.
         calls = []
-
-        def respond(method, path, body):
-            calls.append((path, body))
-            if path.endswith("/begin"):
-                return 200, {"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
-                             "lease_token": "tok", "lease_expires_at": "2099-01-01T00:00:00Z"}, {}
-            if path.endswith("/report"):
-                return 200, {"id": "eff_1", "state": body["outcome"]}, {}
-            return 200, {"effect_id": "eff_1", "lease_expires_at": "2099-01-01T00:00:00Z"}, {}
-
-        server = FakeServer(respond)
-        self.addCleanup(server.close)
-        client = getratchet.Ratchet(server.url, "rk_test")
-        self.addCleanup(client.close)
+        client, _ = self.client_of(self.recording(calls))
         sent = []
 
         def send(lease):
@@ -1341,77 +1362,34 @@ class GateLeaseTest(unittest.TestCase):
         # Heartbeats keep the lease while every report meets a 503: the
         # call gives up after the report timeout (as Go's DoEffect) and
         # raises OutcomeNotReported; it used to retry for ever.
-        from datetime import datetime, timedelta, timezone
-        from unittest import mock
         mended = threading.Event()
-        self.addCleanup(mended.set)  # lets a call that never gave up end
 
         def respond(method, path, body):
-            expires = (datetime.now(timezone.utc) + timedelta(seconds=60)).isoformat().replace("+00:00", "Z")
-            if path.endswith("/begin"):
-                return 200, {"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
-                             "lease_token": "tok", "lease_expires_at": expires}, {}
-            if path.endswith("/heartbeat"):
-                return 200, {"effect_id": "eff_1", "lease_expires_at": expires}, {}
             if mended.is_set():
                 return 200, {"id": "eff_1", "state": "succeeded"}, {}
-            return 503, error("database_unavailable"), {}
+            return self.leased(path) or (503, error("database_unavailable"), {})
 
-        server = FakeServer(respond)
-        self.addCleanup(server.close)
-        client = getratchet.Ratchet(server.url, "rk_test")
-        self.addCleanup(client.close)
-        raised = []
-
-        def call():
-            try:
-                client.do_effect("email.send", "k", lambda lease: {"sent": True}, {})
-            except Exception as err:  # noqa: BLE001 - recorded for the assertion
-                raised.append(err)
-
-        with mock.patch("getratchet.client._REPORT_TIMEOUT", 1.0):
-            caller = threading.Thread(target=call, daemon=True)
-            caller.start()
-            caller.join(15)
-        self.assertFalse(caller.is_alive(), "do_effect still retrying its report")
+        client, _ = self.client_of(respond)
+        self.addCleanup(mended.set)  # lets a call that never gave up end, before the server closes
+        raised = self.do_effect_in_thread(client)
         self.assertEqual(len(raised), 1)
         self.assertIsInstance(raised[0], getratchet.OutcomeNotReported)
         self.assertEqual(raised[0].result, {"sent": True})
 
     def test_a_report_attempt_that_hangs_is_cut_at_the_give_up_time(self) -> None:
         # As Go's: an attempt that hung took the transport's 60 s (review).
-        from datetime import datetime, timedelta, timezone
-        from unittest import mock
         release = threading.Event()
 
         def respond(method, path, body):
-            expires = (datetime.now(timezone.utc) + timedelta(seconds=60)).isoformat().replace("+00:00", "Z")
-            if path.endswith("/begin"):
-                return 200, {"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
-                             "lease_token": "tok", "lease_expires_at": expires}, {}
-            if path.endswith("/heartbeat"):
-                return 200, {"effect_id": "eff_1", "lease_expires_at": expires}, {}
-            release.wait(30)
-            return 200, {"id": "eff_1", "state": "succeeded"}, {}
+            answer = self.leased(path)
+            if answer is None:
+                release.wait(30)
+                answer = 200, {"id": "eff_1", "state": "succeeded"}, {}
+            return answer
 
-        server = FakeServer(respond)
-        self.addCleanup(server.close)
+        client, _ = self.client_of(respond)
         self.addCleanup(release.set)  # before the server closes: it waits for the hung answer
-        client = getratchet.Ratchet(server.url, "rk_test")
-        self.addCleanup(client.close)
-        raised = []
-
-        def call():
-            try:
-                client.do_effect("email.send", "k", lambda lease: {"sent": True}, {})
-            except Exception as err:  # noqa: BLE001 - recorded for the assertion
-                raised.append(err)
-
-        with mock.patch("getratchet.client._REPORT_TIMEOUT", 1.0):
-            caller = threading.Thread(target=call, daemon=True)
-            caller.start()
-            caller.join(15)
-        self.assertFalse(caller.is_alive(), "do_effect still waiting for its report")
+        raised = self.do_effect_in_thread(client)
         self.assertEqual(len(raised), 1)
         self.assertIsInstance(raised[0], getratchet.OutcomeNotReported)
 
@@ -1419,23 +1397,17 @@ class GateLeaseTest(unittest.TestCase):
         # The first send landed and its answer was lost; the retry met a
         # newer attempt: lease_lost naming the outcome recorded is the report
         # recorded, as Go's reads it (SDK gate QA: said not recorded).
-        from datetime import datetime, timedelta, timezone
         reports = []
 
         def respond(method, path, body):
-            expires = (datetime.now(timezone.utc) + timedelta(seconds=60)).isoformat().replace("+00:00", "Z")
-            if path.endswith("/begin"):
-                return 200, {"decision": "execute", "effect_id": "eff_1", "state": "leased", "attempt": 1,
-                             "lease_token": "tok", "lease_expires_at": expires}, {}
-            reports.append(body)
-            if len(reports) == 1:
-                return 502, error("internal_error"), {}
-            return 409, error("lease_lost", attempt=1, reported_outcome="succeeded"), {}
+            answer = self.leased(path)
+            if answer is None:
+                reports.append(body)
+                answer = ((502, error("internal_error"), {}) if len(reports) == 1 else
+                          (409, error("lease_lost", attempt=1, reported_outcome="succeeded"), {}))
+            return answer
 
-        server = FakeServer(respond)
-        self.addCleanup(server.close)
-        client = getratchet.Ratchet(server.url, "rk_test")
-        self.addCleanup(client.close)
+        client, _ = self.client_of(respond)
         outcome = client.do_effect("email.send", "k", lambda lease: {"sent": True}, {})
         self.assertEqual(outcome.result, {"sent": True})
         self.assertEqual(len(reports), 2)

@@ -715,34 +715,44 @@ test('the action is told its lease is lost when heartbeats are rate limited', as
   assert.equal(told, true);
 });
 
-// Pauses of 0.25, 0.5 and 1 s reach 1.75 s; the next (2 s) would pass the
-// 3.5 s timeout, so it is cut to end there and asks once more, finding the
-// holder's result. It used to give up at 1.75 s.
+// A fake gate's answer to a begin (execute, leased for a minute) or a
+// heartbeat (extended as long); undefined for any other path.
+function leased(path) {
+  const expires = new Date(Date.now() + 60_000).toISOString();
+  if (path.endsWith('/begin')) {
+    return [200, { decision: 'execute', effect_id: 'eff_1', state: 'leased', attempt: 1, lease_token: 'tok', lease_expires_at: expires },
+      { Date: new Date().toUTCString() }];
+  }
+  if (path.endsWith('/heartbeat')) return [200, { effect_id: 'eff_1', lease_expires_at: expires }, { Date: new Date().toUTCString() }];
+  return undefined;
+}
+
+// doEffectGivingUpAfter runs doEffect against url with its report given up
+// after reportTimeoutMs, and answers what it threw, or what it did instead
+// within 15 s.
+async function doEffectGivingUpAfter(t, url, reportTimeoutMs) {
+  const saved = gateTimes.reportTimeoutMs;
+  gateTimes.reportTimeoutMs = reportTimeoutMs;
+  t.after(() => { gateTimes.reportTimeoutMs = saved; });
+  const client = new Ratchet({ baseUrl: url, apiKey: 'rk_test' });
+  let timer;
+  const verdict = await Promise.race([
+    client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => ({ sent: true })).then(() => 'returned', (err) => err),
+    new Promise((r) => { timer = setTimeout(() => r('still sending its report'), 15_000); }),
+  ]);
+  clearTimeout(timer);
+  return verdict;
+}
+
 // Heartbeats keep the lease while every report meets a 503: the call gives
 // up after the report timeout (as Go's DoEffect) and throws
 // OutcomeNotReportedError; it used to retry for ever.
 test('a report the server keeps failing is given up', async (t) => {
   let mended = false;
   t.after(() => { mended = true; }); // lets a call that never gave up end
-  const server = await fakeServer(t, (method, path) => {
-    const expires = new Date(Date.now() + 60_000).toISOString();
-    if (path.endsWith('/begin')) {
-      return [200, { decision: 'execute', effect_id: 'eff_1', state: 'leased', attempt: 1, lease_token: 'tok', lease_expires_at: expires },
-        { Date: new Date().toUTCString() }];
-    }
-    if (path.endsWith('/heartbeat')) return [200, { effect_id: 'eff_1', lease_expires_at: expires }, { Date: new Date().toUTCString() }];
-    return mended ? [200, { id: 'eff_1', state: 'succeeded' }] : [503, error('database_unavailable')];
-  });
-  const saved = gateTimes.reportTimeoutMs;
-  gateTimes.reportTimeoutMs = 1_000;
-  t.after(() => { gateTimes.reportTimeoutMs = saved; });
-  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
-  let timer;
-  const verdict = await Promise.race([
-    client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => ({ sent: true })).then(() => 'returned', (err) => err),
-    new Promise((r) => { timer = setTimeout(() => r('still retrying its report'), 15_000); }),
-  ]);
-  clearTimeout(timer);
+  const server = await fakeServer(t, (method, path) =>
+    leased(path) ?? (mended ? [200, { id: 'eff_1', state: 'succeeded' }] : [503, error('database_unavailable')]));
+  const verdict = await doEffectGivingUpAfter(t, server.url, 1_000);
   assert.ok(verdict instanceof OutcomeNotReportedError, String(verdict));
   assert.deepEqual(verdict.result, { sent: true });
 });
@@ -753,25 +763,8 @@ test('a report attempt that hangs is cut at the give-up time', async (t) => {
   let release;
   const hung = new Promise((r) => { release = r; });
   t.after(() => release([200, { id: 'eff_1', state: 'succeeded' }]));
-  const server = await fakeServer(t, (method, path) => {
-    const expires = new Date(Date.now() + 60_000).toISOString();
-    if (path.endsWith('/begin')) {
-      return [200, { decision: 'execute', effect_id: 'eff_1', state: 'leased', attempt: 1, lease_token: 'tok', lease_expires_at: expires },
-        { Date: new Date().toUTCString() }];
-    }
-    if (path.endsWith('/heartbeat')) return [200, { effect_id: 'eff_1', lease_expires_at: expires }, { Date: new Date().toUTCString() }];
-    return hung;
-  });
-  const saved = gateTimes.reportTimeoutMs;
-  gateTimes.reportTimeoutMs = 1_000;
-  t.after(() => { gateTimes.reportTimeoutMs = saved; });
-  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
-  let timer;
-  const verdict = await Promise.race([
-    client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => ({ sent: true })).then(() => 'returned', (err) => err),
-    new Promise((r) => { timer = setTimeout(() => r('still waiting for its report'), 15_000); }),
-  ]);
-  clearTimeout(timer);
+  const server = await fakeServer(t, (method, path) => leased(path) ?? hung);
+  const verdict = await doEffectGivingUpAfter(t, server.url, 1_000);
   assert.ok(verdict instanceof OutcomeNotReportedError, String(verdict));
 });
 
@@ -781,10 +774,8 @@ test('a report attempt that hangs is cut at the give-up time', async (t) => {
 test('a report that landed before a newer attempt is recorded', async (t) => {
   let reports = 0;
   const server = await fakeServer(t, (method, path) => {
-    if (path.endsWith('/begin')) {
-      return [200, { decision: 'execute', effect_id: 'eff_1', state: 'leased', attempt: 1, lease_token: 'tok',
-        lease_expires_at: new Date(Date.now() + 60_000).toISOString() }, { Date: new Date().toUTCString() }];
-    }
+    const answer = leased(path);
+    if (answer) return answer;
     reports++;
     return reports === 1 ? [502, error('internal_error')] : [409, error('lease_lost', { attempt: 1, reported_outcome: 'succeeded' })];
   });
@@ -803,6 +794,9 @@ test('doEffect refuses an action that is not a function before begin', async (t)
   assert.equal(server.seen.length, 0);
 });
 
+// Pauses of 0.25, 0.5 and 1 s reach 1.75 s; the next (2 s) would pass the
+// 3.5 s timeout, so it is cut to end there and asks once more, finding the
+// holder's result. It used to give up at 1.75 s.
 test('in_flight asks again at its timeout', async (t) => {
   let begins = 0;
   const server = await fakeServer(t, () => {
