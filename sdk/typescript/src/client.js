@@ -368,10 +368,12 @@ export class Ratchet {
   }
 
   /** Gives a webhook a new secret, shown once. The previous one keeps
-   * verifying for previousExpiresInSeconds (the server's default when
+   * verifying for previousExpiresInSeconds, rounded up to whole seconds as
+   * the route takes them and as Python's does (the server's default when
    * omitted); replacePrevious drops an earlier previous secret. */
   rotateWebhookSecret(webhookId, { previousExpiresInSeconds, replacePrevious, idempotencyKey } = {}) {
-    const body = defined({ previous_secret_expires_in_seconds: previousExpiresInSeconds,
+    const seconds = typeof previousExpiresInSeconds === 'number' ? Math.max(Math.ceil(previousExpiresInSeconds), 0) : previousExpiresInSeconds;
+    const body = defined({ previous_secret_expires_in_seconds: seconds,
       replace_previous: replacePrevious ? true : undefined });
     return this.#keyed('POST', `/webhooks/${pathId(webhookId)}/rotate-secret`, body, idempotencyKey);
   }
