@@ -94,10 +94,7 @@ func TestConcurrentLastCompensations(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		var state string
-		require.NoError(t, f.env.App.Pool.QueryRow(context.Background(),
-			`SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&state))
-		require.Equal(t, "unwound", state, "round %d", round)
+		require.Equal(t, "unwound", f.stored(g), "round %d", round)
 	}
 }
 

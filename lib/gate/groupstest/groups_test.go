@@ -216,10 +216,7 @@ func TestUnwindPlanAndCompensation(t *testing.T) {
 
 	// The last compensation's report ends the rollback inline.
 	f.compensate(u["plan"].([]any)[1].(map[string]any), "succeeded")
-	var state string
-	require.NoError(t, f.env.App.Pool.QueryRow(context.Background(),
-		`SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&state))
-	require.Equal(t, "unwound", state)
+	require.Equal(t, "unwound", f.stored(g))
 	u = f.unwind(g)
 	require.Equal(t, "unwound", u["state"])
 	require.Empty(t, u["plan"])
@@ -424,9 +421,7 @@ func TestGroupSweeperBackstop(t *testing.T) {
 	require.NoError(t, err)
 	r := f.env.Do("GET", "/api/cron/sweep", "test-cron-secret", nil)
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
-	var state string
-	require.NoError(t, f.env.App.Pool.QueryRow(ctx, `SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&state))
-	require.Equal(t, "unwound", state)
+	require.Equal(t, "unwound", f.stored(g))
 }
 
 // A compensation that can never run again (its key used its attempts) makes
@@ -472,9 +467,7 @@ func TestARejectedCompensationEndsTheRollback(t *testing.T) {
 		"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": item["compensates_effect_id"]})
 	require.Equal(t, "approval_required", d["decision"])
 	f.must(http.StatusOK, "POST", "/api/v1/approvals/"+d["approval_id"].(string)+"/reject", nil)
-	var state string
-	require.NoError(t, f.env.App.Pool.QueryRow(t.Context(), `SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&state))
-	require.Equal(t, "unwind_failed", state, "settled by the rejection, before any read")
+	require.Equal(t, "unwind_failed", f.stored(g), "settled by the rejection, before any read")
 }
 
 // An ended rollback is final: raising max_attempts afterwards neither

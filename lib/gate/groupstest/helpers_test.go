@@ -1,6 +1,7 @@
 package groupstest
 
 import (
+	"context"
 	"net/http"
 	"os"
 	"testing"
@@ -93,6 +94,16 @@ func (f *fx) unwind(group string) map[string]any {
 func (f *fx) state(group string) string {
 	f.t.Helper()
 	return f.must(http.StatusOK, "GET", "/api/v1/groups/"+group, nil)["state"].(string)
+}
+
+// stored reads group's state from its row, not through GET (which settles
+// the group first): what the request before it left.
+func (f *fx) stored(group string) string {
+	f.t.Helper()
+	var state string
+	require.NoError(f.t, f.env.App.Pool.QueryRow(context.Background(),
+		`SELECT state FROM effect_groups WHERE id = $1`, group).Scan(&state))
+	return state
 }
 
 // planIDs lists the effect ids of an unwind's plan in order.

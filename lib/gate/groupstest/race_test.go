@@ -452,10 +452,7 @@ func TestUnknownStepSettledRacingUnwind(t *testing.T) {
 		for _, r := range rs {
 			require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
 		}
-		var state string
-		require.NoError(t, f.env.App.Pool.QueryRow(context.Background(),
-			`SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&state))
-		require.Equal(t, "unwound", state, "round %d: the resolve that settled the last step ended the rollback", round)
+		require.Equal(t, "unwound", f.stored(g), "round %d: the resolve that settled the last step ended the rollback", round)
 	}
 }
 
@@ -627,9 +624,6 @@ func TestCompensationRetriesRacingSettlement(t *testing.T) {
 		}
 		require.NotNil(t, lease)
 		f.report(lease["effect_id"].(string), lease["lease_token"].(string), "succeeded")
-		var state string
-		require.NoError(t, f.env.App.Pool.QueryRow(context.Background(),
-			`SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&state))
-		require.Equal(t, "unwound", state, "round %d", round)
+		require.Equal(t, "unwound", f.stored(g), "round %d", round)
 	}
 }

@@ -212,14 +212,8 @@ func TestReconcileEndsTheRollbackItSettles(t *testing.T) {
 		"records": []any{map[string]any{"idempotency_key": keyOf(maybe), "status": "failed"},
 			map[string]any{"idempotency_key": keyOf(other), "status": "succeeded"}}})
 	require.Len(t, r["resolved"], 2)
-	stored := func(g string) string {
-		var st string
-		require.NoError(t, f.env.App.Pool.QueryRow(context.Background(),
-			`SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&st))
-		return st
-	}
-	require.Equal(t, "unwound", stored(rolling), "the vendor never charged: nothing to undo")
-	require.Equal(t, "open", stored(open))
+	require.Equal(t, "unwound", f.stored(rolling), "the vendor never charged: nothing to undo")
+	require.Equal(t, "open", f.stored(open))
 }
 
 // A reconciliation whose answer was lost, sent again under its
@@ -243,10 +237,7 @@ func TestReconcileUnderAnIdempotencyKeyAnswersItsFirstOutcome(t *testing.T) {
 	first := env.DoWith("POST", "/api/v1/reconcile", f.ws.Key, header, body)
 	require.Equal(t, http.StatusOK, first.Status, "%s", first.Body)
 	require.Equal(t, []string{key.(string)}, keysOf(first.JSON()["resolved"]))
-	var st string
-	require.NoError(t, env.App.Pool.QueryRow(context.Background(),
-		`SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&st))
-	require.Equal(t, "unwound", st)
+	require.Equal(t, "unwound", f.stored(g))
 
 	again := env.DoWith("POST", "/api/v1/reconcile", f.ws.Key, header, body)
 	require.Equal(t, http.StatusOK, again.Status, "%s", again.Body)
@@ -488,7 +479,5 @@ func TestReconcileUnderAKeyEndsItsRollbacksAfterCommit(t *testing.T) {
 	r := <-answered
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
 	require.Equal(t, []string{key.(string)}, keysOf(r.JSON()["resolved"]))
-	var st string
-	require.NoError(t, f.env.App.Pool.QueryRow(ctx, `SELECT state FROM effect_groups WHERE id = $1`, g).Scan(&st))
-	require.Equal(t, "unwound", st)
+	require.Equal(t, "unwound", f.stored(g))
 }
