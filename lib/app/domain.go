@@ -58,7 +58,7 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 		}},
 	)
 
-	deps.Jobs = jobs.New(deps.Pool, deps.Sealer, deps.Config.KeyHashSecret, deps.Config.JobLeaseGraceMs, deps.Now)
+	deps.Jobs = jobs.New(deps.Pool, deps.Sealer, deps.Config.KeyHashSecret, deps.Config.JobLeaseGraceMs, deps.Now, deps.Logger)
 	sweeper.Add(deps.Jobs.SweepTasks()...)
 	if days := deps.Config.JobRetentionDays; days > 0 {
 		sweeper.Add(sweep.Task{Name: "jobs.retention", Drains: true, Run: func(ctx context.Context, now time.Time) (int, error) {

@@ -41,7 +41,7 @@ func (b *bundle) counted(t *testing.T) (*jobs.Service, *statementCounter) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	d := b.env.App.Server.Deps
-	return jobs.New(pool, d.Sealer, d.Config.KeyHashSecret, d.Config.JobLeaseGraceMs, b.clock.Now), c
+	return jobs.New(pool, d.Sealer, d.Config.KeyHashSecret, d.Config.JobLeaseGraceMs, b.clock.Now, d.Logger), c
 }
 
 // The common enqueue (the endpoint exists, no contract applies) is one

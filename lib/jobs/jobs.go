@@ -17,6 +17,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/json"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -90,6 +91,9 @@ type Service struct {
 	// noDeadlockRetry turns off the retry of a deadlock's victim, so that
 	// a test can see whether a deadlock happens at all.
 	noDeadlockRetry bool
+	// logger says which jobs a claim passed over (claimOnce); never an
+	// input or a key.
+	logger *slog.Logger
 }
 
 // retrying runs work, again when Postgres rolled it back as a deadlock's
@@ -125,7 +129,8 @@ const ClaimInputBudget = AnswerBudget
 
 // New builds the service. hashSecret keys the HMAC of stored operation
 // fingerprints; leaseGraceMs is JOB_LEASE_GRACE_MS.
-func New(pool *pgxpool.Pool, sealer *seal.Sealer, hashSecret string, leaseGraceMs int64, now func() time.Time) *Service {
+func New(pool *pgxpool.Pool, sealer *seal.Sealer, hashSecret string, leaseGraceMs int64, now func() time.Time,
+	logger *slog.Logger) *Service {
 	if now == nil {
 		now = time.Now
 	}
@@ -134,7 +139,7 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, hashSecret string, leaseGraceM
 	return &Service{pool: pool, sealer: sealer, hashKey: []byte(hashSecret), now: clock,
 		leaseGrace: time.Duration(leaseGraceMs) * time.Millisecond, jitter: rand.Float64,
 		pollMin: pollMin, pollMax: pollMax, wake: newWaker(), waits: newWaitSlots(maxWaitingClaimsPerKey),
-		purgeSteps: purgeStepsPerPass, claimInputBudget: ClaimInputBudget}
+		purgeSteps: purgeStepsPerPass, claimInputBudget: ClaimInputBudget, logger: logger}
 }
 
 func (s *Service) mac(b []byte) []byte {

@@ -1054,11 +1054,17 @@ func TestInputsAndOutputsAreSealedAndBoundToTheirJob(t *testing.T) {
 	require.NotContains(t, string(out), "r-secret")
 	require.JSONEq(t, `{"card":"<string>"}`, preview)
 
-	// A ciphertext moved to another job's row does not open there.
+	// A ciphertext moved to another job's row does not open there: the
+	// claim passes over that job, leaving it queued and unleased.
 	_, err = b.env.App.Pool.Exec(ctx, `UPDATE jobs SET input_sealed = $1 WHERE id = $2`, in, other.JobID)
 	require.NoError(t, err)
-	_, err = b.svc.Claim(ctx, b.worker, w, jobs.ClaimRequest{Limit: ptr(1)})
-	require.Error(t, err)
+	require.Empty(t, b.claim(t, w, 1))
+	var status string
+	var attempt int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT status, attempt FROM jobs WHERE id = $1`,
+		other.JobID).Scan(&status, &attempt))
+	require.Equal(t, jobs.StatusQueued, status)
+	require.Zero(t, attempt)
 }
 
 func TestOnlyExactRegisteredVersionsAreClaimed(t *testing.T) {

@@ -548,6 +548,11 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM api_keys k WHERE k.id = $4::text AND k.revoked_at IS NOT NULL`
 
+// sqlClaimSkip names, for the rest of its transaction, the jobs the claim
+// statement passes over (migration 0052; claimOnce): $1 their ids, comma
+// separated.
+const sqlClaimSkip = `SELECT set_config('ratchet.claim_skip', $1::text, true)`
+
 // sqlHeartbeat extends a current lease by the job's timeout plus the grace,
 // when the key may work the job's tool ($6: its name@version list, NULL for
 // any tool). Never shorter: a heartbeat whose clock reading is older than

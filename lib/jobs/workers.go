@@ -7,7 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -258,17 +261,54 @@ func (s *Service) claimArgs(p *auth.Principal, workerID string, limit int, key *
 // It runs in a transaction that commits only once every claimed job's input
 // is opened: an input this instance cannot open (sealed with a key missing
 // from its RESULT_ENCRYPTION_KEY / RESULT_ENCRYPTION_KEYS, as on an instance
-// still running the settings before a rotation) fails the claim with nothing
-// leased (rotation QA: the leases committed and the claim answered 500, so
-// each job waited out its lease with an attempt spent, and one with
-// maxAttempts 1 failed without ever running).
+// still running the settings before a rotation) rolls the claim back with
+// nothing leased (rotation QA: the leases committed and the claim answered
+// 500, so each job waited out its lease with an attempt spent, and one with
+// maxAttempts 1 failed without ever running). The claim is then made again,
+// passing over those jobs (migration 0052), so that a job no instance can
+// open, left by a key removed too early, does not hold up the jobs behind
+// it; it stays queued, for an instance that has its key, and is logged at
+// each pass. After maxSkipRounds such rounds the claim fails.
 func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID string, limit int,
 	key *claimKey) (jobs []ClaimedJob, err error) {
-	err = s.txRetrying(ctx, func(tx pgx.Tx) (err error) {
-		jobs, err = s.claimStatement(ctx, tx, p, workerID, limit, key)
-		return err
-	})
-	return jobs, err
+	var skip []string
+	for round := 1; ; round++ {
+		err = s.txRetrying(ctx, func(tx pgx.Tx) (err error) {
+			if len(skip) > 0 {
+				if _, err := tx.Exec(ctx, sqlClaimSkip, strings.Join(skip, ",")); err != nil {
+					return fmt.Errorf("claim: set jobs to skip: %w", err)
+				}
+			}
+			jobs, err = s.claimStatement(ctx, tx, p, workerID, limit, key)
+			return err
+		})
+		var unreadable *unreadableInputs
+		if !errors.As(err, &unreadable) || round == maxSkipRounds {
+			return jobs, err
+		}
+		for id, openErr := range unreadable.jobs {
+			s.logger.Warn("claim passed over a job whose input this instance cannot open",
+				"job_id", id, "worker_id", workerID, "error", openErr.Error())
+			skip = append(skip, id)
+		}
+	}
+}
+
+// maxSkipRounds bounds the claims one request makes while it finds jobs
+// whose input it cannot open (claimOnce).
+const maxSkipRounds = 4
+
+// unreadableInputs fails a claim that leased jobs whose input this
+// instance cannot open: their ids and why, the claim rolled back.
+type unreadableInputs struct{ jobs map[string]error }
+
+func (u *unreadableInputs) Error() string {
+	ids := slices.Sorted(maps.Keys(u.jobs))
+	msg := fmt.Sprintf("open input of job %s: %v", ids[0], u.jobs[ids[0]])
+	if len(ids) > 1 {
+		msg += fmt.Sprintf(" (and %d more jobs)", len(ids)-1)
+	}
+	return msg
 }
 
 func (s *Service) claimStatement(ctx context.Context, q db.Querier, p *auth.Principal, workerID string, limit int,
@@ -277,6 +317,7 @@ func (s *Service) claimStatement(ctx context.Context, q db.Querier, p *auth.Prin
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
+	unreadable := &unreadableInputs{jobs: map[string]error{}}
 	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ClaimedJob, error) {
 		var j ClaimedJob
 		if r.RawValues()[0] == nil {
@@ -291,7 +332,7 @@ func (s *Service) claimStatement(ctx context.Context, q db.Querier, p *auth.Prin
 		j.LeaseExpiresAt = j.LeaseExpiresAt.UTC()
 		j.LeaseMs = j.TimeoutMs + s.leaseGrace.Milliseconds()
 		if j.Input, err = s.open(j.JobID, "input", sealed); err != nil {
-			return j, fmt.Errorf("open input of job %s: %w", j.JobID, err)
+			unreadable.jobs[j.JobID] = err // read on: the next claim passes over every one
 		}
 		return j, nil
 	})
@@ -300,6 +341,9 @@ func (s *Service) claimStatement(ctx context.Context, q db.Querier, p *auth.Prin
 	}
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
+	}
+	if len(unreadable.jobs) > 0 {
+		return nil, fmt.Errorf("claim: %w", unreadable)
 	}
 	return jobs, nil
 }

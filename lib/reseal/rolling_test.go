@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -18,39 +19,27 @@ import (
 
 // During a rolling deploy an instance still running the settings before a
 // rotation (the old key alone) serves a claim of a job an updated instance
-// enqueued under the new key. It cannot open the input: the claim fails,
-// saying which job and which key, and leases nothing, so the job is claimed
-// at once from an instance that has the key, its attempts untouched (it
-// was leased, its attempt spent, and a job of one attempt failed unrun).
+// enqueued under the new key. It cannot open the input: it passes over the
+// job, saying which job and which key, and leases nothing of it, so the job
+// is claimed at once from an instance that has the key, its attempts
+// untouched (session 42: the claim leased it, its attempt spent, and a job of
+// one attempt failed unrun).
 func TestClaimOfAnInputUnderAMissingKeyLeasesNothing(t *testing.T) {
-	ctx := context.Background()
 	var logs apitest.LockedBuffer
 	lagging := fresh(t, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	ws := lagging.Signup()
-	updated := apitest.Start(t, apitest.WithConfig(func(c *config.Config) {
-		c.ResultEncryptionKey, c.ResultEncryptionKeys = newKey, []string{oldKey}
-	}))
-	runID := updated.Must(http.StatusCreated, "POST", "/api/v1/runs", ws.Key, map[string]any{"name": "r"}).JSON()["id"].(string)
-	step := updated.Must(http.StatusCreated, "POST", "/api/v1/runs/"+runID+"/steps", ws.Key, map[string]any{
-		"name": "send", "version": "1", "idempotencyKey": "step:a", "input": map[string]any{"step": "a"},
-		"maxAttempts": 1}).JSON()
-	worker := lagging.Must(http.StatusCreated, "POST", "/api/v1/workers/register", ws.Key,
-		map[string]any{"tools": []any{map[string]any{"name": "send", "version": "1"}}}).JSON()["workerId"].(string)
+	updated := instance(t, newKey, oldKey)
+	step := enqueueStep(t, updated, ws, "a", 1)
+	worker := registerSender(t, lagging, ws)
 
-	r := lagging.Do("POST", "/api/v1/workers/"+worker+"/claim", ws.Key, map[string]any{"limit": 5})
-	require.Equal(t, http.StatusInternalServerError, r.Status, "%s", r.Body)
+	r := lagging.Must(http.StatusOK, "POST", "/api/v1/workers/"+worker+"/claim", ws.Key, map[string]any{"limit": 5})
+	require.Empty(t, r.JSON()["jobs"])
 	newID := seal.KeyID(bytes.Repeat([]byte{9}, 32))
-	require.Contains(t, logs.String(), "open input of job ")
+	require.Contains(t, logs.String(), "claim passed over a job whose input this instance cannot open")
+	require.Contains(t, logs.String(), "job_id="+step["jobId"].(string))
 	require.Contains(t, logs.String(), "key id "+hex.EncodeToString(newID[:]))
-
-	var status, token string
-	var executions int
-	require.NoError(t, lagging.App.Pool.QueryRow(ctx, `SELECT status, coalesce(lease_token, ''),
-	    (SELECT count(*) FROM job_executions x WHERE x.job_id = j.id) FROM jobs j WHERE workspace_id = $1`,
-		ws.ID).Scan(&status, &token, &executions))
-	require.Equal(t, "QUEUED", status)
-	require.Empty(t, token)
-	require.Zero(t, executions)
+	require.NotContains(t, logs.String(), `"step":"a"`)
+	requireUnleased(t, lagging, step["jobId"].(string))
 
 	jobs := updated.Must(http.StatusOK, "POST", "/api/v1/workers/"+worker+"/claim", ws.Key,
 		map[string]any{"limit": 5}).JSON()["jobs"].([]any)
@@ -59,6 +48,104 @@ func TestClaimOfAnInputUnderAMissingKeyLeasesNothing(t *testing.T) {
 	require.Equal(t, map[string]any{"step": "a"}, job["input"])
 	require.Equal(t, float64(1), job["attempt"])
 	require.Equal(t, step["stepId"], job["stepId"])
+}
+
+// A job whose input no instance can open (its key removed before the value
+// was resealed) no longer holds up the jobs behind it: every claim that
+// reaches it passes over it and leases the next ones (session 42: each such
+// claim failed with nothing leased, so no job behind it ever ran). The job
+// itself stays queued, its attempts untouched, for when the key is back.
+func TestAnUnreadableJobDoesNotHoldUpTheQueue(t *testing.T) {
+	var logs apitest.LockedBuffer
+	env := fresh(t, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	ws := env.Signup()
+	lost := enqueueStep(t, instance(t, newKey, oldKey), ws, "lost", 1) // newKey: on no instance below
+	var behind []any
+	for _, k := range []string{"b", "c", "d"} {
+		behind = append(behind, enqueueStep(t, env, ws, k, 3)["jobId"])
+	}
+	worker := registerSender(t, env, ws)
+
+	for range 2 { // a second claim passes over it again
+		var got []any
+		for _, j := range env.Must(http.StatusOK, "POST", "/api/v1/workers/"+worker+"/claim", ws.Key,
+			map[string]any{"limit": 2}).JSON()["jobs"].([]any) {
+			got = append(got, j.(map[string]any)["jobId"])
+		}
+		require.Equal(t, behind[:2], got)
+		behind = behind[2:]
+		if len(behind) == 0 {
+			break
+		}
+		behind = append(behind, enqueueStep(t, env, ws, "e", 3)["jobId"])
+	}
+	require.Equal(t, 2, strings.Count(logs.String(), "job_id="+lost["jobId"].(string)))
+	requireUnleased(t, env, lost["jobId"].(string))
+
+	restored := instance(t, newKey, oldKey)
+	jobs := restored.Must(http.StatusOK, "POST", "/api/v1/workers/"+worker+"/claim", ws.Key,
+		map[string]any{"limit": 5}).JSON()["jobs"].([]any)
+	require.Len(t, jobs, 1)
+	require.Equal(t, lost["jobId"], jobs[0].(map[string]any)["jobId"])
+	require.Equal(t, float64(1), jobs[0].(map[string]any)["attempt"])
+}
+
+// A claim passes over what it cannot open for a bounded number of rounds:
+// one that meets nothing else fails then, with nothing leased, rather than
+// walking a whole queue of jobs sealed under a key it lacks.
+func TestAClaimGivesUpAfterItsSkipRounds(t *testing.T) {
+	env := fresh(t)
+	ws := env.Signup()
+	updated := instance(t, newKey, oldKey)
+	var lost []string
+	for _, k := range []string{"a", "b", "c", "d", "e"} {
+		lost = append(lost, enqueueStep(t, updated, ws, k, 1)["jobId"].(string))
+	}
+	worker := registerSender(t, env, ws)
+
+	r := env.Do("POST", "/api/v1/workers/"+worker+"/claim", ws.Key, map[string]any{"limit": 1})
+	require.Equal(t, http.StatusInternalServerError, r.Status, "%s", r.Body)
+	for _, id := range lost {
+		requireUnleased(t, env, id)
+	}
+	// A limit that reaches past them leases the job behind them.
+	readable := enqueueStep(t, env, ws, "f", 1)["jobId"]
+	jobs := env.Must(http.StatusOK, "POST", "/api/v1/workers/"+worker+"/claim", ws.Key,
+		map[string]any{"limit": 3}).JSON()["jobs"].([]any)
+	require.Len(t, jobs, 1)
+	require.Equal(t, readable, jobs[0].(map[string]any)["jobId"])
+}
+
+// enqueueStep enqueues a send@1 step of its own run through env, its input
+// {"step": k}, and answers the enqueue's answer.
+func enqueueStep(t *testing.T, env *apitest.Env, ws apitest.Workspace, k string, maxAttempts int) map[string]any {
+	t.Helper()
+	runID := env.Must(http.StatusCreated, "POST", "/api/v1/runs", ws.Key, map[string]any{"name": "r"}).JSON()["id"].(string)
+	return env.Must(http.StatusCreated, "POST", "/api/v1/runs/"+runID+"/steps", ws.Key, map[string]any{
+		"name": "send", "version": "1", "idempotencyKey": "step:" + k, "input": map[string]any{"step": k},
+		"maxAttempts": maxAttempts}).JSON()
+}
+
+// registerSender registers a worker of send@1 and answers its id.
+func registerSender(t *testing.T, env *apitest.Env, ws apitest.Workspace) string {
+	t.Helper()
+	return env.Must(http.StatusCreated, "POST", "/api/v1/workers/register", ws.Key,
+		map[string]any{"tools": []any{map[string]any{"name": "send", "version": "1"}}}).JSON()["workerId"].(string)
+}
+
+// requireUnleased asserts the job is queued, never leased: no token, no
+// execution, no attempt spent.
+func requireUnleased(t *testing.T, env *apitest.Env, jobID string) {
+	t.Helper()
+	var status, token string
+	var attempt, executions int
+	require.NoError(t, env.App.Pool.QueryRow(context.Background(), `SELECT status, coalesce(lease_token, ''), attempt,
+	    (SELECT count(*) FROM job_executions x WHERE x.job_id = j.id) FROM jobs j WHERE id = $1`,
+		jobID).Scan(&status, &token, &attempt, &executions))
+	require.Equal(t, "QUEUED", status)
+	require.Empty(t, token)
+	require.Zero(t, attempt)
+	require.Zero(t, executions)
 }
 
 // instance starts a service instance over the package database with the
