@@ -56,17 +56,26 @@ func retryAfterSeconds(now, end time.Time) int {
 	return s
 }
 
+// sqlPruneCounters deletes up to $2 windows that began before $1, oldest
+// first. They are found by rate_counters_window_idx (migration 0053) and
+// deleted by the row addresses the same statement locked, so a pass reads
+// the rows it deletes, not the table: found by a scan of it (no index had
+// window_start first) and deleted through a join that read it again, a
+// pass read every row twice even when few or none were due (scale QA:
+// 1.25M rows, 40k due, 1.15 s instead of 0.06 s; none due, 0.1 s on every
+// pass instead of 0.1 ms).
+const sqlPruneCounters = `DELETE FROM rate_counters WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM rate_counters WHERE window_start < $1 ORDER BY window_start LIMIT $2
+    FOR UPDATE SKIP LOCKED))`
+
 // PruneCounters deletes up to limit windows that began before cutoff
 // (called by the sweeper). Bounded like every sweep task: a backlog (the
 // sweeper stopped for a day while keys kept counting) was one statement
 // deleting all of it, which outlived the task's time, rolled back, and did
 // the same on every pass after (scale QA: 610k rows of 10k rate-limited
-// keys took 0.8 s; a day of them, 14M). The rows are found by a scan of the
-// table (no index has window_start first); the oldest are met first.
+// keys took 0.8 s; a day of them, 14M).
 func PruneCounters(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time, limit int) (int64, error) {
-	tag, err := pool.Exec(ctx, `DELETE FROM rate_counters WHERE (bucket, window_start, shard) IN (
-    SELECT bucket, window_start, shard FROM rate_counters WHERE window_start < $1 LIMIT $2
-    FOR UPDATE SKIP LOCKED)`, cutoff, limit)
+	tag, err := pool.Exec(ctx, sqlPruneCounters, cutoff, limit)
 	if err != nil {
 		return 0, fmt.Errorf("prune rate counters: %w", err)
 	}

@@ -1,0 +1,15 @@
+-- The sweeper's prune of ended rate-limit windows (lib/auth
+-- sqlPruneCounters) looks for the windows that began before a cutoff. No
+-- index had window_start first (the primary key leads with the bucket), so
+-- every pass read the whole table, however few windows were due (scale QA:
+-- 1.25M windows, none due, 0.1 s on every pass; 40k due, 1.15 s, the table
+-- read twice). With this index, and the prune deleting the rows it locked
+-- by their addresses: 0.1 ms and 0.06 s.
+--
+-- Built inside the migration's transaction, which blocks writes to
+-- rate_counters while it builds: every rate-limited request, and every key
+-- lookup not answered from the cache (lib/auth authSQL counts the request
+-- in the statement that reads the key). On a large table build it first
+-- with CREATE INDEX CONCURRENTLY under the same name (README, "Upgrading"):
+-- IF NOT EXISTS then leaves it be.
+CREATE INDEX IF NOT EXISTS rate_counters_window_idx ON rate_counters (window_start);
