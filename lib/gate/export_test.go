@@ -51,6 +51,10 @@ var FunctionFragments = map[string][]string{
 // a test can hold one open in a transaction of its own.
 var PurgeExpiredSQL = sqlPurgeExpired
 
+// SQLPurgeKeptGroups is the statement PurgeKeptGroups deletes the groups
+// with ($1 now, $2 groups locked, $3 steps at most), for a test of its plan.
+const SQLPurgeKeptGroups = sqlPurgeKeptGroups
+
 // PurgeKeptGroups is the retention pass's group deletion (now, groups read,
 // steps deleted at most), so a test can run it in a transaction of its own.
 var PurgeKeptGroups = purgeKeptGroups

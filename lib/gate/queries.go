@@ -838,7 +838,12 @@ FOR UPDATE SKIP LOCKED`
 // transaction holds (a report, a resolve, a replayed begin, a decide), so
 // no step can outlive its group and no pass waits for a lock (review). A
 // group due whose retention was raised since it ended, or not yet dated,
-// gets its keep_until instead, so it is not read again before then.
+// gets its keep_until instead, so it is not read again before then. The
+// locked steps and approvals are counted once, by group, then joined: a
+// count per group over the batch's locked approvals read them all again
+// for each group, growing with the square of the batch (scale QA: 100
+// groups of 10 approved steps read 100,000 of them; 1,000 groups took
+// 1.4-2.5 s, now 0.3-0.45 s).
 const sqlPurgeKeptGroups = `
 WITH due AS (
     SELECT g.id, g.state, coalesce(g.finished_at, g.committed_at) AS ended_at,
@@ -882,14 +887,17 @@ WITH due AS (
     SELECT e.group_id FROM approvals a JOIN effects e ON e.id = a.effect_id
     WHERE e.group_id IN (SELECT id FROM expired)
     FOR UPDATE OF a SKIP LOCKED
+), held_approvals AS (
+    SELECT al.group_id, count(*) AS approvals FROM approvals_locked al GROUP BY al.group_id
 ), later AS (
     UPDATE effect_groups g SET keep_until = k.until FROM kept k WHERE g.id = k.id AND k.until > $1::timestamptz
 )
 DELETE FROM effect_groups g USING expired x
 LEFT JOIN held h ON h.group_id = x.id
 LEFT JOIN step_approvals sa ON sa.group_id = x.id
+LEFT JOIN held_approvals ha ON ha.group_id = x.id
 WHERE g.id = x.id AND coalesce(h.steps, 0) = x.steps
-  AND coalesce(sa.approvals, 0) = (SELECT count(*) FROM approvals_locked al WHERE al.group_id = x.id)
+  AND coalesce(sa.approvals, 0) = coalesce(ha.approvals, 0)
 RETURNING g.id`
 
 // sqlPurgeExpired deletes up to $2 effects whose retention has passed: the
