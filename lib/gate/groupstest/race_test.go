@@ -627,3 +627,88 @@ func TestCompensationRetriesRacingSettlement(t *testing.T) {
 		require.Equal(t, "unwound", f.stored(g), "round %d", round)
 	}
 }
+
+// Two groups' failed steps each begun again naming the other group (a key
+// of group 1 sent with group 2's id, and the reverse), with the steps'
+// own retries (with and without their group_id) and unwinds of both
+// groups, all at once: the crossed begins are refused
+// idempotency_key_reuse before they lock anything of the key's group (admit
+// reads the key's group under the group it names; a key inserted
+// meanwhile is refused on the fast read), so no begin holds two groups and
+// nothing deadlocks; the rest execute (once), wait, or are refused
+// group_unwinding.
+func TestCrossedGroupBeginsRacingUnwinds(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	failedStep := func(g string) map[string]any {
+		body := map[string]any{"effect_type": "payment.charge", "idempotency_key": "charge:" + ids.Random(8),
+			"payload": map[string]any{"order": ids.Random(4)}, "cost_micros": 1000, "group_id": g,
+			"compensation": map[string]any{"effect_type": "payment.refund", "payload": map[string]any{"refund_of": "charge"}}}
+		d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
+		f.report(d["effect_id"].(string), d["lease_token"].(string), "failed")
+		return body
+	}
+	with := func(body map[string]any, group any) map[string]any {
+		out := map[string]any{}
+		for k, v := range body {
+			if k != "group_id" {
+				out[k] = v
+			}
+		}
+		if group != nil {
+			out["group_id"] = group
+		} else {
+			delete(out, "compensation")
+		}
+		return out
+	}
+	for round := 0; round < 8; round++ {
+		g1, g2 := f.group(), f.group()
+		f.done(g1, true)
+		f.done(g2, true)
+		a, b := failedStep(g1), failedStep(g2)
+		type call struct {
+			path string
+			body map[string]any
+			kind string // unwind, crossed, own
+		}
+		calls := []call{
+			{"/api/v1/groups/" + g1 + "/unwind", nil, "unwind"},
+			{"/api/v1/groups/" + g2 + "/unwind", nil, "unwind"},
+		}
+		for range 3 {
+			calls = append(calls,
+				call{"/api/v1/effects/begin", with(a, g2), "crossed"},
+				call{"/api/v1/effects/begin", with(b, g1), "crossed"},
+				call{"/api/v1/effects/begin", a, "own"},
+				call{"/api/v1/effects/begin", b, "own"},
+				call{"/api/v1/effects/begin", with(a, nil), "own"},
+				call{"/api/v1/effects/begin", with(b, nil), "own"})
+		}
+		rs := hammer(len(calls), func(i int) *apitest.Response { return f.do("POST", calls[i].path, calls[i].body) })
+		executed := map[string]int{}
+		for i, r := range rs {
+			switch c := calls[i]; c.kind {
+			case "unwind":
+				require.Equal(t, http.StatusOK, r.Status, "round %d: %s", round, r.Body)
+			case "crossed":
+				errCode(t, r, http.StatusConflict, "idempotency_key_reuse")
+			default:
+				if r.Status != http.StatusOK {
+					errCode(t, r, http.StatusConflict, "group_unwinding")
+					continue
+				}
+				switch d := r.JSON(); d["decision"] {
+				case "execute":
+					executed[d["effect_id"].(string)]++
+				case "in_flight":
+				default:
+					t.Fatalf("round %d: begin: %s", round, r.Body)
+				}
+			}
+		}
+		for id, n := range executed {
+			require.Equal(t, 1, n, "round %d: effect %s executed more than once", round, id)
+		}
+	}
+}
