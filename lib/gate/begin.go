@@ -109,6 +109,10 @@ type beginInput struct {
 	walletRefused bool
 	effectKnown   bool // the key's effect was read: effectRun is its run
 	effectRun     *string
+	// effectWallet is the wallet of effectRun, found by a grouped begin
+	// naming no run once it held its group: it is begun again with that
+	// wallet locked first (chargeEffectWallet).
+	effectWallet *wallet
 	// effectGroup is the group of the key's existing effect (immutable),
 	// read before its row lock: the locked path holds it shared first
 	// (shareEffectGroup).
@@ -377,11 +381,13 @@ func (s *Service) afterSlowGrant(ctx context.Context, q db.Querier, in *beginInp
 // errWalletMoved ends a begin that locked its named run's wallet for a key
 // begun meanwhile under another run: locking that run's wallet too could
 // deadlock with a begin crossing the other way, so the begin is done again,
-// with only the key's run's wallet.
+// with only the key's run's wallet. It also ends a grouped begin that finds
+// its key's run's wallet only once it holds its group (effectWallet), which
+// is begun again with the wallet locked first.
 var errWalletMoved = errors.New("begin: the key's effect belongs to another run's wallet")
 
 func (s *Service) begin(ctx context.Context, in *beginInput) (Decision, error) {
-	var w *wallet
+	w := in.effectWallet
 	if in.runID != nil {
 		var err error
 		if w, err = s.runWallet(ctx, in); err != nil {
@@ -470,7 +476,15 @@ func (s *Service) chargeWallet(ctx context.Context, tx pgx.Tx, in *beginInput, w
 // locked before the row, in the order every begin takes them. A wallet
 // checked earlier for another run (the key was begun meanwhile under this
 // one) does not decide the attempt: its refusal is dropped, and the begin
-// is done again (errWalletMoved) rather than hold two wallets.
+// is done again (errWalletMoved) rather than hold two wallets. A grouped
+// begin holds its group here already (admit), and a wallet comes before a
+// group (a begin naming the run, or none, locks the wallet, then the key's
+// group): it is done again too, with this wallet locked first. Locked
+// here, after the group, it closed a cycle with a policy PUT dating ended
+// groups, which locks them in id order: the PUT held one group and waited
+// for this begin's, this begin waited for the wallet, and a begin holding
+// the wallet waited for the PUT's group (groups QA: 503 after
+// deadlock_timeout).
 func (s *Service) chargeEffectWallet(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 	run := in.effectRun
 	if !in.effectKnown || (run != nil && in.wallet != nil && in.wallet.runID == *run) {
@@ -493,7 +507,12 @@ func (s *Service) chargeEffectWallet(ctx context.Context, tx pgx.Tx, in *beginIn
 	if err != nil {
 		return fmt.Errorf("begin: effect's run wallet: %w", err)
 	}
-	return s.chargeWallet(ctx, tx, in, wallet{runID: *run, budget: *budget})
+	w := wallet{runID: *run, budget: *budget}
+	if in.grouped() && in.risk.refused == nil { // a refused begin locks no wallet (chargeWallet)
+		in.effectWallet = &w
+		return errWalletMoved
+	}
+	return s.chargeWallet(ctx, tx, in, w)
 }
 
 // refusingOnce runs a begin, and when its grant did not fit a ceiling — the

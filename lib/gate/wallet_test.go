@@ -249,6 +249,29 @@ func TestRunWalletChargesABeginNamingNoRun(t *testing.T) {
 	require.Equal(t, 700, b.spent(run))
 }
 
+// A grouped begin naming no run is charged to its key's run's wallet as
+// well; it finds that wallet once it holds its group, and is begun again
+// with the wallet locked first (chargeEffectWallet).
+func TestRunWalletChargesAGroupedBeginNamingNoRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	run := b.runWith(1000)
+	group := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "g"}).JSON()["id"])
+	step := charge(key("step"), 700)
+	step["group_id"] = group
+	a := b.mustBegin("execute", inRun(run, step))
+	require.Equal(t, http.StatusOK, b.report(str(a["effect_id"]), str(a["lease_token"]), "failed", nil).Status)
+	rest := b.mustBegin("execute", inRun(run, charge(key("rest"), 400)))
+
+	delete(step, "run_id")
+	e := b.denialOf("run_budget_exceeded", step)
+	require.Equal(t, run, e["detail"].(map[string]any)["run_id"])
+	require.Equal(t, 400, b.spent(run))
+	require.Equal(t, http.StatusOK, b.report(str(rest["effect_id"]), str(rest["lease_token"]), "failed", nil).Status)
+	require.EqualValues(t, 2, b.mustBegin("execute", step)["attempt"])
+	require.Equal(t, 700, b.spent(run))
+}
+
 // beginWhileWalletHeld begins body while the run's wallet lock is held
 // elsewhere, so that the begin has chosen its wallet and waits on it; runs
 // meanwhile; then lets the begin go and answers its status and body.

@@ -202,3 +202,81 @@ func TestAKeyTakenByAnotherGroupWhileAdmittedIsRefused(t *testing.T) {
 	begin(gb, again)
 	require.Equal(t, "idempotency_key_reuse", (<-again).ErrorCode())
 }
+
+// A grouped begin of a step begun under a run with a wallet, sent without
+// run_id, takes the run's wallet before its group, as every other begin
+// does (a wallet, then a group, then the effect's row). It took the wallet
+// after the group (chargeEffectWallet, in the locked path), and with a
+// policy PUT shortening two ended groups' keep_until (which locks them in
+// id order, waiting for each) it closed a cycle: the PUT held group lo and
+// waited for hi, shared by the grouped begin; that begin waited for the
+// wallet, held by a begin of lo's step; and that one waited for lo. One of
+// them was the deadlock's victim (a 503, or the PUT's dating). The
+// interleaving is forced: the test holds lo while the PUT queues on it and
+// the begin of lo's step queues behind, holding the wallet, then starts
+// the grouped begin of hi's step and lets lo go.
+func TestGroupedRetryTakesItsRunWalletBeforeItsGroup(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	pool := f.env.App.Pool
+	run := f.must(http.StatusCreated, "POST", "/api/v1/runs", map[string]any{"name": "checkout",
+		"budgetMicros": 1_000_000})["id"].(string)
+	// Two ended groups (unwound: their one step failed), each step begun
+	// under the run, so its retries are charged to the run's wallet.
+	failed := func() (string, map[string]any) {
+		g := f.group()
+		body := map[string]any{"effect_type": "payment.charge", "idempotency_key": "charge:" + ids.Random(8),
+			"payload": map[string]any{"order": ids.Random(4)}, "cost_micros": 1000, "group_id": g, "run_id": run}
+		d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
+		f.report(d["effect_id"].(string), d["lease_token"].(string), "failed")
+		require.Equal(t, "unwound", f.unwind(g)["state"])
+		delete(body, "run_id")
+		return g, body
+	}
+	g1, b1 := failed()
+	g2, b2 := failed()
+	lo, hi, loStep, hiStep := g1, g2, b1, b2
+	if lo > hi {
+		lo, hi, loStep, hiStep = g2, g1, b2, b1
+	}
+	delete(loStep, "group_id") // begun again without its group: the locked path holds the wallet, then lo
+
+	waiting := func(what, like, locktype string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			var n int
+			return pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l USING (pid)
+				WHERE a.datname = current_database() AND NOT l.granted AND a.query LIKE $1
+				  AND ($2 = '' OR l.locktype = $2)`, like, locktype).Scan(&n) == nil && n > 0
+		}, 10*time.Second, 5*time.Millisecond, what)
+	}
+	hold, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = hold.Rollback(ctx) }()
+	_, err = hold.Exec(ctx, `SELECT 1 FROM effect_groups WHERE id = $1 FOR UPDATE`, lo)
+	require.NoError(t, err)
+
+	put, loBegin, hiBegin := make(chan *apitest.Response, 1), make(chan *apitest.Response, 1),
+		make(chan *apitest.Response, 1)
+	go func() {
+		put <- f.do("PUT", "/api/v1/policies/payment.charge", map[string]any{"retention_days": 1})
+	}()
+	waiting("the PUT's dating waits for lo", "%keep_until >%", "")
+	go func() { loBegin <- f.do("POST", "/api/v1/effects/begin", loStep) }()
+	waiting("the begin of lo's step waits for lo, holding the wallet", "%FROM effect_groups WHERE id = $1 FOR SHARE%", "")
+	go func() { hiBegin <- f.do("POST", "/api/v1/effects/begin", hiStep) }()
+	waiting("the grouped begin of hi's step waits for the wallet", "%wallet:%", "advisory")
+	require.NoError(t, hold.Rollback(ctx))
+
+	p := <-put
+	require.Equal(t, http.StatusOK, p.Status, "%s", p.Body)
+	for _, r := range []*apitest.Response{<-loBegin, <-hiBegin} {
+		errCode(t, r, http.StatusConflict, "group_unwinding")
+	}
+	for _, g := range []string{lo, hi} {
+		var shortened bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT keep_until = finished_at + interval '1 day'
+			FROM effect_groups WHERE id = $1`, g).Scan(&shortened))
+		require.True(t, shortened, "group %s dated by the lowered retention", g)
+	}
+}
