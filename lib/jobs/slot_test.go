@@ -271,27 +271,42 @@ func TestReplayAfterTheCancelledAttemptLapsedSupersedesIt(t *testing.T) {
 	require.Equal(t, 2, again.Attempt)
 }
 
-// A replayed job cancelled again while its earlier attempt still holds a
-// slot: one held attempt per job, so the new attempt's slot is freed at
-// once and the counts stay exact.
+// On an endpoint with maxConcurrent, a replayed job whose cancelled attempt
+// still holds its slot is not claimed until that attempt ends, though the
+// endpoint has room: a job holds one slot, and claimed beside its earlier
+// attempt, then cancelled again, its new attempt's slot was freed at once
+// while its worker might still run, and the endpoint ran maxConcurrent + 1
+// (endpoint QA; migration 0052). Once the earlier attempt reports, the
+// replay is claimed, and cancelled again, its attempt holds the slot.
 func TestCancelAgainWhileAnEarlierAttemptHoldsItsSlot(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.limitedEndpoint(t, "mailer", 2)
 	runID := b.run(t)
 	st := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`1`)})
+	b.clock.Add(time.Millisecond) // claimed in order
+	other := b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`2`)})
 	wid := b.register(t)
 	first := b.claimOne(t, wid)
+	require.Equal(t, st.JobID, first.JobID)
 	b.cancelAndReplay(t, st.StepID)
+	b.requireRunningCount(t, "mailer", 1)
+	got := b.claim(t, wid, 5)
+	require.Len(t, got, 1, "the replay waits for its held attempt; the other job takes the room")
+	require.Equal(t, other.JobID, got[0].JobID)
+	b.requireRunningCount(t, "mailer", 2)
+	b.succeed(t, got[0])
+	require.Empty(t, b.claim(t, wid, 5), "room again, but the held attempt has not ended")
+
+	r, err := b.svc.Report(ctx, b.worker, first.JobID, jobs.ReportRequest{LeaseToken: first.LeaseToken, Status: "SUCCEEDED"})
+	require.NoError(t, err)
+	require.Equal(t, "QUEUED", r.Status)
+	b.requireRunningCount(t, "mailer", 0)
 	second := b.claimOne(t, wid)
 	require.Equal(t, 2, second.Attempt)
-	b.requireRunningCount(t, "mailer", 2)
-	_, err := b.svc.CancelStep(ctx, b.ws, st.StepID)
+	_, err = b.svc.CancelStep(ctx, b.ws, st.StepID)
 	require.NoError(t, err)
-	b.requireRunningCount(t, "mailer", 1)
-	_, err = b.svc.Report(ctx, b.worker, first.JobID, jobs.ReportRequest{LeaseToken: first.LeaseToken, Status: "SUCCEEDED"})
-	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
-	b.requireRunningCount(t, "mailer", 1)
+	b.requireRunningCount(t, "mailer", 1) // the cancelled attempt keeps its slot
 }
 
 // A policy write recounts the held attempts with the RUNNING jobs.

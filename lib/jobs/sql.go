@@ -803,7 +803,9 @@ SELECT pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0))::text, id,
 // running, until the attempt is reported (sqlAdjustSlots) or its lease
 // expires (sqlReleaseHeldSlots). The one exception: a replayed job whose
 // earlier cancelled attempt still holds a slot frees the new attempt's at
-// once (one held attempt per job; the count stays exact).
+// once (one held attempt per job; the count stays exact). Since migration
+// 0052 a claim takes no such job on an endpoint with maxConcurrent, so this
+// happens only to one claimed while its endpoint had no limit.
 const sqlCancel = `
 WITH j AS (
     UPDATE jobs SET status = 'CANCELLED', cancel_requested = true, due_at = NULL, ready_at = NULL,

@@ -6,9 +6,17 @@
 -- queue and failed every claim that reached it, so the jobs behind it never
 -- ran. The service now claims again in a new transaction that names those
 -- jobs in the transaction-local setting ratchet.claim_skip (a comma-separated
--- list of job ids); this function leaves them for another claim. Same
--- arguments and result as 0047's, which is otherwise unchanged: the previous
--- release calls it during a deploy and never sets the setting.
+-- list of job ids); this function leaves them for another claim.
+--
+-- And on an endpoint with maxConcurrent, a replayed job whose cancelled
+-- attempt still holds its slot (jobs.slot_attempt, 0023) is not claimed
+-- until that attempt reports or its lease lapses. Claimed beside it, the
+-- job took a second slot, and a job holds only one: cancelled again, its
+-- new attempt's slot was freed at once while its worker might still be
+-- calling, so the endpoint ran maxConcurrent + 1 (endpoint QA).
+--
+-- Same arguments and result as 0047's, which is otherwise unchanged: the
+-- previous release calls it during a deploy and never sets the setting.
 
 CREATE OR REPLACE FUNCTION jobs_claim_keyed(p_worker_id text, p_workspace_id text, p_now timestamptz, p_key_id text,
     p_limit integer, p_grace_ms bigint, p_rate_window timestamptz, p_warning text, p_max_input_bytes bigint,
@@ -115,7 +123,10 @@ WITH wk AS (
                        AND p.rate_window_count >= p.rate_limit_per_minute)
                    OR (j.status <> 'RUNNING' AND p.max_concurrent IS NOT NULL
                        AND p.running_count >= p.max_concurrent)
-                   OR (p.circuit_state = 'open' AND p.circuit_probe_at > $3::timestamptz)))
+                   OR (p.circuit_state = 'open' AND p.circuit_probe_at > $3::timestamptz)
+                   -- A replayed job whose cancelled attempt still holds a
+                   -- slot waits for it (see above).
+                   OR (j.slot_attempt IS NOT NULL AND p.max_concurrent IS NOT NULL)))
         ORDER BY j.ready_at
         LIMIT $5::int
         FOR UPDATE OF j SKIP LOCKED
