@@ -2,7 +2,6 @@ package auth_test
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -71,13 +70,7 @@ func TestPruneCountersReadsOnlyTheWindowsDue(t *testing.T) {
 	// What reads rate_counters: the index (a plain or a bitmap scan of it),
 	// and the locked addresses; never the table whole, nor its primary key
 	// for a join.
-	var reads []string
-	for _, n := range nodes {
-		if n.Fields["Node Type"] != "ModifyTable" && (n.Fields["Relation Name"] == "rate_counters" ||
-			n.Fields["Index Name"] != nil) {
-			reads = append(reads, fmt.Sprint(n.Fields["Node Type"], " ", n.Fields["Index Name"]))
-		}
-	}
+	reads := testpg.Reads(nodes, "rate_counters")
 	require.Contains(t, reads, "Tid Scan <nil>", "deleted by the addresses it locked")
 	require.Subset(t, []string{"Index Scan rate_counters_window_idx", "Bitmap Heap Scan <nil>",
 		"Bitmap Index Scan rate_counters_window_idx", "Tid Scan <nil>"}, reads)

@@ -72,3 +72,6 @@ var (
 
 // SQLListCircuits is ListCircuits' statement, for a test of its plan.
 var SQLListCircuits = sqlListCircuits
+
+// SQLPruneSpend is SweepSpend's statement, for a test of its plan.
+const SQLPruneSpend = sqlPruneSpend

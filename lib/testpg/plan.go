@@ -2,6 +2,7 @@ package testpg
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -62,4 +63,22 @@ func RescansCTE(ctx context.Context, q Querier, cte, sql string, args ...any) (b
 		}
 	}
 	return false, nil
+}
+
+// Reads answers how the plan of a statement over one table reads it: the
+// node type and index name ("Index Scan rate_counters_window_idx", "Tid
+// Scan <nil>") of each node that scans relation or an index (a bitmap
+// index scan names no relation), the statement's own ModifyTable left out.
+// A test of a sweep says through it that a pass reads the rows due through
+// an index and deletes them by the addresses it locked, never the table
+// whole.
+func Reads(nodes []PlanNode, relation string) []string {
+	var reads []string
+	for _, n := range nodes {
+		if n.Fields["Node Type"] != "ModifyTable" && (n.Fields["Relation Name"] == relation ||
+			n.Fields["Index Name"] != nil) {
+			reads = append(reads, fmt.Sprint(n.Fields["Node Type"], " ", n.Fields["Index Name"]))
+		}
+	}
+	return reads
 }
