@@ -293,13 +293,18 @@ func (b *bundle) beginWhileWalletHeld(run string, body map[string]any, meanwhile
 		st, out, err := post(b.env, "/api/v1/effects/begin", b.ws.Key, body)
 		done <- res{st, out, err}
 	}()
-	// Until a begin waits on a wallet lock (another test's advisory wait may
-	// end this early; the begin then reads the key as meanwhile left it, and
-	// the answer is the same).
+	// Until the begin waits on this wallet lock: on the lock this
+	// connection holds, not on any advisory lock (another test's wait ended
+	// this early, the begin arrived after meanwhile had begun the key under
+	// another run, followed it to that run's wallet, and spent it: a flake
+	// under a loaded CI run).
+	var holder int32
+	require.NoError(b.t, conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holder))
 	require.Eventually(b.t, func() bool {
 		var n int
 		_ = b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND datname = current_database()`).Scan(&n)
+			WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND $1::int = ANY (pg_blocking_pids(pid))`,
+			holder).Scan(&n)
 		return n > 0
 	}, 5*time.Second, 10*time.Millisecond)
 	meanwhile()
