@@ -622,14 +622,61 @@ UPDATE effect_groups g SET swept_at = $1 FROM c WHERE g.id = c.id RETURNING g.id
 // ---- Reconciliation (reconcile.go) ----
 
 // sqlReconcileEffects reads the effects a reconciliation compares: those of
-// the type created in [from, to), and those the vendor's records name.
-// $1 workspace, $2 effect type, $3 from, $4 to, $5 vendor keys, $6 limit.
-const sqlReconcileEffects = `SELECT e.id, e.idempotency_key, e.state, e.lease_expires_at, e.cost_micros,
-    e.created_at >= $3 AND e.created_at < $4
-FROM effects e
-WHERE e.workspace_id = $1 AND e.effect_type = $2
-  AND ((e.created_at >= $3 AND e.created_at < $4) OR e.idempotency_key = ANY($5::text[]))
-ORDER BY e.id LIMIT $6`
+// the type that happened in [from, to), and those the vendor's records name
+// (the last column says which are in the window).
+//
+// An effect happened when its latest attempt that did not fail started:
+// the attempt that may have reached the vendor (the one that succeeded,
+// the live or unknown one). A vendor's export lists charges by when they
+// were made, which is inside an attempt, after its start and within its
+// lease; not when the effect was first begun (QA: one begun the day before
+// and retried into the window read missing_at_vendor the day before, and
+// one retried after the window read missing in it), nor when its outcome
+// was recorded, which a resolve can do days later. An effect no attempt of
+// which may have acted (failed, denied, awaiting approval) is placed by its
+// creation; none of those is listed unless a record names it.
+//
+// That time lies between the effect's creation and its latest attempt's
+// start (attempt_started_at), so the attempts are read only for an effect
+// whose span crosses a bound of the window. The candidates come from
+// indexes, never from the type's whole history, in three disjoint parts:
+// the effects created in the window, the others the records name, and the
+// others created before it with an attempt started in it (found among
+// every type's attempts started in it, effect_attempts_started_idx, by
+// their effect ids below $7, the least id of from's next millisecond: ids
+// sort by creation time; OFFSET 0 keeps each a lookup by id, as the
+// planner cannot tell how few they are).
+// $1 workspace, $2 effect type, $3 from, $4 to, $5 vendor keys, $6 limit,
+// $7 effect id bound.
+const sqlReconcileEffects = `
+WITH c AS (
+    SELECT ` + reconCols + ` FROM effects e
+    WHERE e.workspace_id = $1 AND e.effect_type = $2 AND e.created_at >= $3 AND e.created_at < $4
+    UNION ALL
+    SELECT ` + reconCols + ` FROM effects e
+    WHERE e.workspace_id = $1 AND e.effect_type = $2 AND e.idempotency_key = ANY($5::text[])
+      AND NOT (e.created_at >= $3 AND e.created_at < $4)
+    UNION ALL
+    SELECT e.* FROM (SELECT DISTINCT effect_id FROM effect_attempts
+        WHERE workspace_id = $1 AND started_at >= $3 AND started_at < $4 AND effect_id < $7
+          AND outcome IS DISTINCT FROM 'failed') t
+    CROSS JOIN LATERAL (SELECT ` + reconCols + ` FROM effects e
+        WHERE e.id = t.effect_id AND e.workspace_id = $1 AND e.effect_type = $2 AND e.created_at < $3
+          AND e.idempotency_key <> ALL($5::text[]) OFFSET 0) e
+), w AS (
+    SELECT c.*, CASE
+        WHEN c.created_at >= $3 AND coalesce(c.attempt_started_at, c.created_at) < $4 THEN true
+        WHEN coalesce(c.attempt_started_at, c.created_at) < $3 OR c.created_at >= $4 THEN false
+        ELSE tstzrange($3, $4) @> (SELECT coalesce(max(a.started_at), c.created_at) FROM effect_attempts a
+            WHERE a.effect_id = c.id AND a.outcome IS DISTINCT FROM 'failed')
+    END AS in_window
+    FROM c
+)
+SELECT id, idempotency_key, state, lease_expires_at, cost_micros, in_window FROM w
+WHERE in_window OR idempotency_key = ANY($5::text[]) ORDER BY id LIMIT $6`
+
+// reconCols are what sqlReconcileEffects reads of an effect e.
+const reconCols = `e.id, e.idempotency_key, e.state, e.lease_expires_at, e.cost_micros, e.created_at, e.attempt_started_at`
 
 // sqlReconcileResolve settles indeterminate effects from the vendor's
 // records, like an operator's resolve (every unknown attempt), releasing the

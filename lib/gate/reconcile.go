@@ -161,7 +161,9 @@ type reconEffect struct {
 }
 
 // Reconcile compares the vendor's records with Ratchet's effects of one type
-// (see Reconciliation) in one short transaction: it reads the effects,
+// that happened in the window (sqlReconcileEffects says when an effect
+// happened) and those the records name (see Reconciliation), in one short
+// transaction: it reads the effects,
 // resolves the indeterminate ones a vendor record settles (succeeded or
 // refunded → succeeded, failed → failed; no record or pending → left alone,
 // absence is not proof) and records the reconciliation time.
@@ -379,7 +381,8 @@ func (out *Reconciliation) classifySettled(item ReconcileItem) {
 }
 
 func reconEffects(ctx context.Context, tx pgx.Tx, ws, effectType string, from, to time.Time, keys []string) ([]reconEffect, error) {
-	rows, err := tx.Query(ctx, sqlReconcileEffects, ws, effectType, from, to, keys, MaxReconcileEffects+1)
+	rows, err := tx.Query(ctx, sqlReconcileEffects, ws, effectType, from, to, keys, MaxReconcileEffects+1,
+		ids.Floor(ids.Effect, from.Add(time.Millisecond)))
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: read effects: %w", err)
 	}

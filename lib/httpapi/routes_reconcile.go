@@ -15,7 +15,9 @@ func (s *Server) reconcileRoutes() []Route {
 			Method: "POST", Pattern: "/api/v1/reconcile", Name: "reconcile", Tag: "reconcile",
 			Scopes: []string{auth.ScopeReconcileWrite}, Idempotent: true,
 			Summary: "Compare the vendor's records (at most 10 000; status succeeded, refunded, failed or pending) " +
-				"with Ratchet's effects of one type created in [from, to). Indeterminate effects a record settles " +
+				"with Ratchet's effects of one type that happened in [from, to): by the start of each one's latest " +
+				"attempt that did not fail (the one that may have reached the vendor), its creation when it has none; " +
+				"records are matched by idempotency key whatever the window. Indeterminate effects a record settles " +
 				"are resolved; a missing record proves nothing. Restarts the reconcile_every_hours calendar. " +
 				"Under an Idempotency-Key header a retry whose answer was lost gets the first answer again " +
 				"(its resolved list included), not a new comparison.",

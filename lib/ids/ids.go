@@ -42,6 +42,21 @@ func NewAt(prefix string, t time.Time) string {
 	if _, err := rand.Read(b[6:]); err != nil {
 		panic("ids: crypto/rand failed: " + err.Error())
 	}
+	return encode(prefix, b)
+}
+
+// Floor is the least id of prefix's kind NewAt can make at t's millisecond
+// (no randomness): every id made in an earlier millisecond sorts before it,
+// every one made in this one or later at or after it. A query bounds rows
+// by creation time with it through an index on id.
+func Floor(prefix string, t time.Time) string {
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(t.UnixMilli())<<16)
+	return encode(prefix, b)
+}
+
+// encode writes prefix_ and b in 26 base32 digits.
+func encode(prefix string, b [16]byte) string {
 	var sb strings.Builder
 	sb.Grow(len(prefix) + 1 + 26)
 	sb.WriteString(prefix)

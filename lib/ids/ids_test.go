@@ -46,6 +46,22 @@ func TestNoneIsValidAndBeforeEveryMadeID(t *testing.T) {
 	require.False(t, Valid(Run, none))
 }
 
+// Floor sorts after every id made in an earlier millisecond and at or
+// before every one made in its own or a later one.
+func TestFloorBoundsIDsByMillisecond(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2030, 1, 1, 0, 0, 0, 500_000, time.UTC)
+	floor := Floor(Effect, at)
+	require.True(t, Valid(Effect, floor))
+	require.Equal(t, floor, Floor(Effect, at.Add(400*time.Microsecond)), "one millisecond, one floor")
+	for range 100 {
+		require.Less(t, NewAt(Effect, at.Add(-time.Millisecond)), floor)
+		require.LessOrEqual(t, floor, NewAt(Effect, at))
+		require.LessOrEqual(t, floor, NewAt(Effect, at.Truncate(time.Millisecond)))
+		require.Less(t, NewAt(Effect, at), Floor(Effect, at.Add(time.Millisecond)))
+	}
+}
+
 // Lookup keeps an id of its kind and turns anything else into None.
 func TestLookup(t *testing.T) {
 	t.Parallel()

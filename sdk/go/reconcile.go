@@ -23,8 +23,11 @@ type ReconcileRecord struct {
 }
 
 // ReconcileRequest compares the vendor's records of one effect type with
-// the effects of that type created in [From, To) (at most 10 000 records;
-// none is a valid answer: the vendor has none in the window).
+// the effects of that type that happened in [From, To): by the start of
+// each one's latest attempt that did not fail, as a vendor's export lists
+// charges by when they were made (at most 10 000 records; none is a valid
+// answer: the vendor has none in the window). Records are matched by
+// idempotency key whatever the window.
 type ReconcileRequest struct {
 	EffectType string            `json:"effect_type"`
 	From       time.Time         `json:"from"`

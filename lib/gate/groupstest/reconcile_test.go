@@ -249,6 +249,74 @@ func TestReconcileUnderAnIdempotencyKeyAnswersItsFirstOutcome(t *testing.T) {
 	require.Equal(t, []string{key.(string)}, keysOf(fresh["matched"]))
 }
 
+// Ratchet's side of a window holds the effects whose charge happened in
+// it, as the vendor's export of the period lists them: by the start of
+// each effect's latest attempt that did not fail (the one that may have
+// reached the vendor), not by when the effect was first begun. QA: one
+// begun before the window and retried into it read missing_at_vendor in
+// the window before, and one begun in the window and retried after it
+// read missing_at_vendor in its own, though each vendor export was right.
+func TestReconcileWindowHoldsEffectsByTheAttemptThatActed(t *testing.T) {
+	t.Parallel()
+	day := time.Date(2024, 5, 1, 0, 0, 0, 0, time.UTC)
+	f := setupAt(t, day.Add(23*time.Hour))
+	const typ = "payment.charge"
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/"+typ, map[string]any{"on_indeterminate": "retry"})
+	begin := func(k string) (string, string) {
+		d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{"effect_type": typ,
+			"idempotency_key": k, "cost_micros": 100})
+		require.Equal(t, "execute", d["decision"], "%v", d)
+		return d["effect_id"].(string), d["lease_token"].(string)
+	}
+	// Day 1, 23:00: "early" fails; retried on day 2 at 01:00, it succeeds.
+	id, tok := begin("early")
+	f.report(id, tok, "failed")
+	f.clock.Set(day.Add(25 * time.Hour))
+	id, tok = begin("early")
+	f.report(id, tok, "succeeded")
+	// Day 2, 10:00: "plain" succeeds.
+	f.clock.Set(day.Add(34 * time.Hour))
+	f.eff(typ, "plain", 100, "succeeded")
+	// Day 2, 23:50: "late" is begun and its lease lapses unreported; retried
+	// on day 3 at 00:30, it succeeds there.
+	f.clock.Set(day.Add(47*time.Hour + 50*time.Minute))
+	begin("late")
+	f.clock.Set(day.Add(48*time.Hour + 30*time.Minute))
+	id, tok = begin("late")
+	f.report(id, tok, "succeeded")
+	// Day 3, 01:00: "lapsed" is begun and lapses: unknown, in day 3.
+	f.clock.Set(day.Add(49 * time.Hour))
+	begin("lapsed")
+	f.clock.Set(day.Add(72 * time.Hour))
+
+	reconcile := func(d int, records ...string) map[string]any {
+		t.Helper()
+		recs := []any{}
+		for _, k := range records {
+			recs = append(recs, map[string]any{"idempotency_key": k, "status": "succeeded", "amount_micros": 100})
+		}
+		from := day.Add(time.Duration(d-1) * 24 * time.Hour)
+		return f.must(http.StatusOK, "POST", "/api/v1/reconcile", map[string]any{"effect_type": typ,
+			"from": rfc(from), "to": rfc(from.Add(24 * time.Hour)), "records": recs})
+	}
+	// Each day's vendor export lists what was charged that day.
+	r := reconcile(1)
+	require.Empty(t, keysOf(r["missing_at_vendor"]), "early was charged on day 2")
+	require.Empty(t, keysOf(r["unsettled"]))
+	r = reconcile(2, "early", "plain")
+	require.ElementsMatch(t, []string{"early", "plain"}, keysOf(r["matched"]))
+	require.Empty(t, keysOf(r["missing_at_vendor"]), "late was charged on day 3")
+	require.Empty(t, keysOf(r["unknown_to_ratchet"]))
+	require.Empty(t, keysOf(r["unsettled"]), "late's unknown attempt was followed by one that succeeded")
+	r = reconcile(3, "late")
+	require.Equal(t, []string{"late"}, keysOf(r["matched"]))
+	require.Equal(t, []string{"lapsed"}, keysOf(r["unsettled"]))
+	require.Empty(t, keysOf(r["missing_at_vendor"]))
+	// Without its record, day 3 says so.
+	r = reconcile(3)
+	require.Equal(t, []string{"late"}, keysOf(r["missing_at_vendor"]))
+}
+
 func TestReconcileValidationAndScope(t *testing.T) {
 	t.Parallel()
 	f := setup(t)

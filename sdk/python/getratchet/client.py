@@ -873,7 +873,8 @@ class Ratchet:
         """Compares the vendor's records ({"idempotency_key", "status":
         "succeeded"|"refunded"|"failed"|"pending", "amount_micros"}, at most
         10 000; none is a valid answer) with the effects of effect_type
-        created in [from_, to) (aware datetimes or RFC 3339 strings),
+        that happened in [from_, to) (aware datetimes or RFC 3339 strings;
+        by the start of each one's latest attempt that did not fail),
         resolves the indeterminate effects a record settles and restarts the
         type's reconcile_every_hours calendar. Answers the counts and lists
         (matched, missing_at_vendor, unknown_to_ratchet, amount_mismatch,
