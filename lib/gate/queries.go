@@ -66,14 +66,16 @@ WHERE workspace_id = $1 AND effect_type > $2 ORDER BY effect_type LIMIT $3`
 
 // The policy writes take $1 workspace, $2 type, $3 the version read, every
 // field, $21 now. The update also checks the version read (it changes nothing
-// when it moved), a guard behind the lock PutPolicy takes.
+// when it moved), a guard behind the lock PutPolicy takes. Both date
+// reconcile_since (migration 0054): now when reconcile_every_hours is
+// turned on, kept while it stays on (whatever its value), null when off.
 const sqlInsertPolicy = `
 INSERT INTO gate_policies (workspace_id, effect_type, version, mode, on_indeterminate, lease_seconds,
     max_attempts, max_cost_micros, approval_above_micros, daily_budget_micros, reconcile_every_hours,
     require_cost, required_dimensions, dimension_limits, structuring_threshold_micros, surge_per_hour,
-    surge_multiplier, surge_action, surge_cooldown_seconds, retention_days, created_at, updated_at)
+    surge_multiplier, surge_action, surge_cooldown_seconds, retention_days, created_at, updated_at, reconcile_since)
 VALUES ($1, $2, $3::bigint + 1, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13::text[], $14::jsonb, $15, $16, $17,
-    $18, $19, $20, $21, $21)
+    $18, $19, $20, $21, $21, CASE WHEN $11::int IS NOT NULL THEN $21::timestamptz END)
 RETURNING ` + policyCols
 
 const sqlUpdatePolicy = `
@@ -82,7 +84,8 @@ UPDATE gate_policies SET version = version + 1, mode = $4, on_indeterminate = $5
     reconcile_every_hours = $11, require_cost = $12, required_dimensions = $13::text[],
     dimension_limits = $14::jsonb, structuring_threshold_micros = $15, surge_per_hour = $16,
     surge_multiplier = $17, surge_action = $18, surge_cooldown_seconds = $19, retention_days = $20,
-    updated_at = $21
+    updated_at = $21, reconcile_since = CASE WHEN $11::int IS NULL THEN NULL
+        ELSE coalesce(reconcile_since, $21::timestamptz) END
 WHERE workspace_id = $1 AND effect_type = $2 AND version = $3
 RETURNING ` + policyCols
 
@@ -710,8 +713,10 @@ ON CONFLICT (workspace_id, effect_type) DO UPDATE
 SET last_reconciled_at = $3, last_from = $4, last_to = $5`
 
 // sqlReconcileDue records one reconciliation.due event per overdue type and
-// due period. A type is due reconcile_every_hours after its last
-// reconciliation (or, never reconciled, after its policy was created); left
+// due period. A type is due reconcile_every_hours after the later of its
+// last reconciliation and the time reminders were turned on for it
+// (reconcile_since; QA: from the policy's creation, a type whose policy was
+// older than a period was due the moment reminders were turned on); left
 // overdue it is reminded again each further period. The period's due time
 // is the event's dedupe key, so concurrent sweeps record it once, and types
 // already reminded for their current period are not picked again, so the
@@ -719,7 +724,7 @@ SET last_reconciled_at = $3, last_from = $4, last_to = $5`
 var sqlReconcileDue = `
 WITH due AS (
     SELECT p.workspace_id, p.effect_type, p.reconcile_every_hours AS h, r.last_reconciled_at,
-        coalesce(r.last_reconciled_at, p.created_at) + make_interval(hours => p.reconcile_every_hours) AS first_due
+        greatest(r.last_reconciled_at, p.reconcile_since) + make_interval(hours => p.reconcile_every_hours) AS first_due
     FROM gate_policies p
     LEFT JOIN reconciliations r ON r.workspace_id = p.workspace_id AND r.effect_type = p.effect_type
     WHERE p.reconcile_every_hours IS NOT NULL

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
@@ -441,6 +442,85 @@ func TestReconciliationReminders(t *testing.T) {
 	f.clock.Add(2 * time.Hour)
 	sweep()
 	require.Len(t, reminders(), 3)
+}
+
+// The reminders' calendar starts when reconcile_every_hours is turned on,
+// or at the last reconciliation when that is later: the first reminder is
+// one period after. QA: turned on for a type whose policy was written long
+// before (every workspace's starter payment.charge), or turned back on
+// long after its last reconciliation, it was due at once. Rewriting the
+// policy's other fields, or the period itself, leaves the start where it
+// is. Not parallel: it sweeps (see TestGroupSweeperBackstop).
+func TestReconciliationRemindersStartWhenTurnedOn(t *testing.T) {
+	f := setupAt(t, time.Date(1992, 6, 1, 12, 0, 0, 0, time.UTC))
+	const typ = "payment.charge" // a starter policy, written at signup
+	sweep := func() {
+		r := f.env.Do("GET", "/api/cron/sweep", "test-cron-secret", nil)
+		require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+		require.Empty(t, r.JSON()["errors"])
+	}
+	reminders := func() []time.Time {
+		rows, err := f.env.App.Pool.Query(context.Background(), `SELECT (data->>'due_at')::timestamptz
+			FROM events WHERE workspace_id = $1 AND type = 'reconciliation.due' AND subject_id = $2 ORDER BY id`,
+			f.ws.ID, typ)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+		require.NoError(t, err)
+		return out
+	}
+	put := func(body map[string]any) {
+		f.must(http.StatusOK, "PUT", "/api/v1/policies/"+typ, body)
+	}
+
+	f.clock.Add(30 * 24 * time.Hour)
+	on := f.clock.Now()
+	put(map[string]any{"reconcile_every_hours": 24})
+	sweep()
+	require.Empty(t, reminders(), "not due the moment it is turned on")
+	f.clock.Add(12 * time.Hour)
+	put(map[string]any{"mode": "require_approval"}) // another field: the calendar keeps its start
+	f.clock.Add(11 * time.Hour)
+	sweep()
+	require.Empty(t, reminders())
+	f.clock.Add(2 * time.Hour)
+	sweep()
+	got := reminders()
+	require.Len(t, got, 1)
+	require.True(t, got[0].Equal(on.Add(24*time.Hour)), "%s", got[0])
+
+	// Reconciled, turned off, and on again ten days later: one period
+	// after it was turned on again, not after that reconciliation.
+	f.must(http.StatusOK, "POST", "/api/v1/reconcile", map[string]any{"effect_type": typ,
+		"from": rfc(on), "to": rfc(f.clock.Now()), "records": []any{}})
+	put(map[string]any{"reconcile_every_hours": nil})
+	f.clock.Add(10 * 24 * time.Hour)
+	sweep()
+	again := f.clock.Now()
+	put(map[string]any{"reconcile_every_hours": 12})
+	sweep()
+	require.Len(t, reminders(), 1, "not due the moment it is turned on again")
+	f.clock.Add(6 * time.Hour)
+	put(map[string]any{"reconcile_every_hours": 8}) // a new period, the same start
+	sweep()
+	require.Len(t, reminders(), 1)
+	f.clock.Add(3 * time.Hour) // 9 h after it was turned on: due at 8 h
+	sweep()
+	got = reminders()
+	require.Len(t, got, 2)
+	require.True(t, got[1].Equal(again.Add(8*time.Hour)), "%s", got[1])
+
+	// A reconciliation after it was turned on restarts the calendar there.
+	f.must(http.StatusOK, "POST", "/api/v1/reconcile", map[string]any{"effect_type": typ,
+		"from": rfc(again), "to": rfc(f.clock.Now()), "records": []any{}})
+	reconciled := f.clock.Now()
+	f.clock.Add(7 * time.Hour)
+	sweep()
+	require.Len(t, reminders(), 2)
+	f.clock.Add(2 * time.Hour)
+	sweep()
+	got = reminders()
+	require.Len(t, got, 3)
+	require.True(t, got[2].Equal(reconciled.Add(8*time.Hour)), "%s", got[2])
 }
 
 // A reconciliation racing a resolve of the same indeterminate effect files

@@ -1,0 +1,17 @@
+-- When a type's reconcile_every_hours was turned on (from null), so that its
+-- reminders' calendar starts there: the first reconciliation.due comes one
+-- period after the later of this and its last reconciliation. The calendar
+-- started at the policy's creation, so turning reminders on for a type whose
+-- policy was written long before (every workspace's starter payment.charge)
+-- sent the first one at once (QA). Null while reminders are off.
+--
+-- The policies that have reminders on keep the calendar they had (their
+-- creation), so none of them is reminded again for a period already
+-- reminded. The table is small (a row per configured type): the CHECK's scan
+-- holds writes to it for a moment only.
+ALTER TABLE gate_policies ADD COLUMN IF NOT EXISTS reconcile_since timestamptz;
+UPDATE gate_policies SET reconcile_since = created_at
+WHERE reconcile_every_hours IS NOT NULL AND reconcile_since IS NULL;
+ALTER TABLE gate_policies DROP CONSTRAINT IF EXISTS gate_policies_reconcile_since_check;
+ALTER TABLE gate_policies ADD CONSTRAINT gate_policies_reconcile_since_check
+    CHECK ((reconcile_every_hours IS NULL) = (reconcile_since IS NULL));
