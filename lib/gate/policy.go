@@ -93,6 +93,11 @@ type Policy struct {
 	SurgeCooldownSeconds       int                       `json:"surge_cooldown_seconds" openapi:"min=60,max=86400,notNull"`
 	RetentionDays              int                       `json:"retention_days" openapi:"min=1,max=400,notNull"`
 	UpdatedAt                  *time.Time                `json:"updated_at"`
+	// LastReconciledAt is when the type was last reconciled (POST
+	// /api/v1/reconcile), null before the first: where its
+	// reconcile_every_hours calendar restarts. Read-only: a PUT naming it is
+	// refused as an unknown field.
+	LastReconciledAt *time.Time `json:"last_reconciled_at"`
 }
 
 // PutPolicyRequest is the body of PUT /api/v1/policies/{effect_type}: omitted
@@ -318,7 +323,7 @@ func scanPolicy(row pgx.Row, effectType string) (Policy, error) {
 		&p.MaxCostMicros, &p.ApprovalAboveMicros, &p.DailyBudgetMicros, &p.ReconcileEveryHours,
 		&p.RequireCost, &p.RequiredDimensions, &limits, &p.StructuringThresholdMicros,
 		&p.SurgePerHour, &p.SurgeMultiplier, &p.SurgeAction, &p.SurgeCooldownSeconds, &p.RetentionDays,
-		&p.UpdatedAt)
+		&p.UpdatedAt, &p.LastReconciledAt)
 	if err != nil {
 		return p, err
 	}

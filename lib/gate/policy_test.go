@@ -19,7 +19,7 @@ func TestPolicyDefaultAndStarters(t *testing.T) {
 		"daily_budget_micros": nil, "reconcile_every_hours": nil, "require_cost": false,
 		"required_dimensions": []any{}, "dimension_limits": map[string]any{}, "structuring_threshold_micros": nil,
 		"surge_per_hour": nil, "surge_multiplier": nil, "surge_action": "require_approval",
-		"surge_cooldown_seconds": 3600.0, "retention_days": 90.0, "updated_at": nil,
+		"surge_cooldown_seconds": 3600.0, "retention_days": 90.0, "updated_at": nil, "last_reconciled_at": nil,
 	}, p)
 
 	list := b.env.Must(http.StatusOK, "GET", "/api/v1/policies", b.ws.Key, nil).JSON()

@@ -11,7 +11,8 @@ import (
 // All of the gate's SQL. Every statement takes the service clock as a
 // parameter; none calls now().
 
-// policyCols are the effective policy's columns in scanPolicy order.
+// policyCols are the effective policy's columns in scanPolicy order; every
+// read of a policy adds lastReconciledAt after them.
 const policyCols = `version, mode, on_indeterminate, lease_seconds, max_attempts,
 	max_cost_micros, approval_above_micros, daily_budget_micros, reconcile_every_hours,
 	require_cost, required_dimensions, dimension_limits, structuring_threshold_micros,
@@ -59,26 +60,35 @@ const (
 	sqlSharePolicy = `SELECT pg_advisory_xact_lock_shared(` + policyTurn + `)`
 )
 
-const sqlGetPolicy = `SELECT ` + policyCols + ` FROM (` + sqlEffectivePolicy + `) pol`
+// lastReconciledAt is the policy's last column (scanPolicy): when workspace
+// $1's type named by effectType was last reconciled, null before the first.
+// Read from the reconciliation calendar, not the policy row: a type on the
+// safe default is reconciled too.
+func lastReconciledAt(effectType string) string {
+	return `(SELECT r.last_reconciled_at FROM reconciliations r WHERE r.workspace_id = $1 AND r.effect_type = ` +
+		effectType + `)`
+}
 
-const sqlListPolicies = `SELECT effect_type, ` + policyCols + ` FROM gate_policies
-WHERE workspace_id = $1 AND effect_type > $2 ORDER BY effect_type LIMIT $3`
+var sqlGetPolicy = `SELECT ` + policyCols + `, ` + lastReconciledAt("$2") + ` FROM (` + sqlEffectivePolicy + `) pol`
+
+var sqlListPolicies = `SELECT effect_type, ` + policyCols + `, ` + lastReconciledAt("gate_policies.effect_type") + `
+FROM gate_policies WHERE workspace_id = $1 AND effect_type > $2 ORDER BY effect_type LIMIT $3`
 
 // The policy writes take $1 workspace, $2 type, $3 the version read, every
 // field, $21 now. The update also checks the version read (it changes nothing
 // when it moved), a guard behind the lock PutPolicy takes. Both date
 // reconcile_since (migration 0054): now when reconcile_every_hours is
 // turned on, kept while it stays on (whatever its value), null when off.
-const sqlInsertPolicy = `
+var sqlInsertPolicy = `
 INSERT INTO gate_policies (workspace_id, effect_type, version, mode, on_indeterminate, lease_seconds,
     max_attempts, max_cost_micros, approval_above_micros, daily_budget_micros, reconcile_every_hours,
     require_cost, required_dimensions, dimension_limits, structuring_threshold_micros, surge_per_hour,
     surge_multiplier, surge_action, surge_cooldown_seconds, retention_days, created_at, updated_at, reconcile_since)
 VALUES ($1, $2, $3::bigint + 1, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13::text[], $14::jsonb, $15, $16, $17,
     $18, $19, $20, $21, $21, CASE WHEN $11::int IS NOT NULL THEN $21::timestamptz END)
-RETURNING ` + policyCols
+RETURNING ` + policyCols + `, ` + lastReconciledAt("$2")
 
-const sqlUpdatePolicy = `
+var sqlUpdatePolicy = `
 UPDATE gate_policies SET version = version + 1, mode = $4, on_indeterminate = $5, lease_seconds = $6,
     max_attempts = $7, max_cost_micros = $8, approval_above_micros = $9, daily_budget_micros = $10,
     reconcile_every_hours = $11, require_cost = $12, required_dimensions = $13::text[],
@@ -87,7 +97,7 @@ UPDATE gate_policies SET version = version + 1, mode = $4, on_indeterminate = $5
     updated_at = $21, reconcile_since = CASE WHEN $11::int IS NULL THEN NULL
         ELSE coalesce(reconcile_since, $21::timestamptz) END
 WHERE workspace_id = $1 AND effect_type = $2 AND version = $3
-RETURNING ` + policyCols
+RETURNING ` + policyCols + `, ` + lastReconciledAt("$2")
 
 // effectColumn is one column of effectRow, with the value that stands for it
 // when a LEFT JOIN found no effect (NOT NULL columns only).

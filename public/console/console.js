@@ -722,7 +722,9 @@ const pages = {
 
 	async policy(params, type) {
 		const p = await call('GET', `/policies/${seg(type)}`);
-		const { effect_type: _t, version, updated_at: _u, ...editable } = p;
+		// The fields the server keeps itself are shown, not offered for
+		// editing (a PUT naming one is refused).
+		const { effect_type: _t, version, updated_at: _u, last_reconciled_at: _r, ...editable } = p;
 		const area = h('textarea', { name: 'policy', rows: 24, class: 'code', spellcheck: 'false', 'aria-label': `Policy of ${p.effect_type} (JSON)` });
 		area.value = JSON.stringify(editable, null, 2);
 		// An amount beyond 2^53 micros reached this page rounded: it is kept
@@ -734,6 +736,7 @@ const pages = {
 			fields([
 				['Version', version],
 				['Updated', time(p.updated_at)],
+				['Last reconciled', time(p.last_reconciled_at)],
 			]),
 		];
 		// A key known to lack the scope is shown the policy, not offered

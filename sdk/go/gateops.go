@@ -29,6 +29,10 @@ type Policy struct {
 	SurgeCooldownSeconds       int                       `json:"surge_cooldown_seconds"`
 	RetentionDays              int                       `json:"retention_days"`
 	UpdatedAt                  *time.Time                `json:"updated_at"`
+	// LastReconciledAt is when the type was last reconciled (Reconcile), nil
+	// before the first; its ReconcileEveryHours calendar restarts there.
+	// Read-only: PolicyUpdate cannot set it.
+	LastReconciledAt *time.Time `json:"last_reconciled_at"`
 }
 
 // DimensionLimit bounds one dimension's value per UTC day: by the cost it

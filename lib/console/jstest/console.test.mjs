@@ -389,6 +389,8 @@ test('a policy edited from its page; an edit made meanwhile elsewhere is refused
 	assert.equal(document.title, 'Policy crm.update — Ratchet console');
 	const policy = JSON.parse(area.value);
 	assert.equal(policy.mode, 'allow');
+	assert.ok(!('last_reconciled_at' in policy), 'read-only: shown, not offered for editing');
+	assert.match(ui.root.textContent, /Last reconciled/);
 	await submit(ui.root, 'Save policy', { policy: JSON.stringify({ ...policy, mode: 'deny', max_attempts: 2 }) });
 	let p = (await api('GET', '/policies/crm.update', key)).body;
 	assert.deepEqual([p.mode, p.max_attempts], ['deny', 2]);

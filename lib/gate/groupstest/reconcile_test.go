@@ -444,6 +444,56 @@ func TestReconciliationReminders(t *testing.T) {
 	require.Len(t, reminders(), 3)
 }
 
+// When a type was last reconciled reads on its policy (last_reconciled_at,
+// null before the first), on a GET, in the list and in a PUT's answer, for
+// a type on the safe default too (QA: it was kept, and reminders counted
+// from it, but no route showed it).
+func TestPolicyShowsWhenItsTypeWasLastReconciled(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	const typ, unconfigured = "payment.charge", "vendor.sync"
+	last := func(p map[string]any) any {
+		t.Helper()
+		v, ok := p["last_reconciled_at"]
+		require.True(t, ok, "the field is always there: %v", p)
+		return v
+	}
+	require.Nil(t, last(f.must(http.StatusOK, "GET", "/api/v1/policies/"+typ, nil)))
+	require.Nil(t, last(f.must(http.StatusOK, "GET", "/api/v1/policies/"+unconfigured, nil)))
+
+	window := map[string]any{"from": rfc(f.clock.Now().Add(-time.Hour)), "to": rfc(f.clock.Now()), "records": []any{}}
+	reconcile := func(effectType string) string {
+		body := map[string]any{"effect_type": effectType}
+		for k, v := range window {
+			body[k] = v
+		}
+		return f.must(http.StatusOK, "POST", "/api/v1/reconcile", body)["reconciled_at"].(string)
+	}
+	first := reconcile(typ)
+	require.Equal(t, first, last(f.must(http.StatusOK, "GET", "/api/v1/policies/"+typ, nil)))
+	f.clock.Add(time.Hour)
+	second := reconcile(typ)
+	require.NotEqual(t, first, second)
+	require.Equal(t, second, last(f.must(http.StatusOK, "GET", "/api/v1/policies/"+typ, nil)))
+	require.Equal(t, second, last(f.must(http.StatusOK, "PUT", "/api/v1/policies/"+typ,
+		map[string]any{"reconcile_every_hours": 24})))
+	var listed map[string]any
+	for _, p := range f.must(http.StatusOK, "GET", "/api/v1/policies", nil)["data"].([]any) {
+		if p.(map[string]any)["effect_type"] == typ {
+			listed = p.(map[string]any)
+		}
+	}
+	require.Equal(t, second, last(listed))
+
+	other := reconcile(unconfigured)
+	p := f.must(http.StatusOK, "GET", "/api/v1/policies/"+unconfigured, nil)
+	require.EqualValues(t, 0, p["version"])
+	require.Equal(t, other, last(p))
+	// It is read-only: a PUT naming it is refused like any unknown field.
+	r := f.do("PUT", "/api/v1/policies/"+typ, map[string]any{"last_reconciled_at": nil})
+	errCode(t, r, http.StatusBadRequest, "invalid_request")
+}
+
 // The reminders' calendar starts when reconcile_every_hours is turned on,
 // or at the last reconciliation when that is later: the first reminder is
 // one period after. QA: turned on for a type whose policy was written long

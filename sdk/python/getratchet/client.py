@@ -578,7 +578,8 @@ class Ratchet:
 
     def get_effect_policy(self, effect_type: str) -> dict:
         """Reads effect_type's policy; an unconfigured type reads as the safe
-        default, version 0."""
+        default, version 0. Its last_reconciled_at (read-only) is when the
+        type was last reconciled, None before the first."""
         return self._transport.call("GET", "/policies/" + path_id(effect_type), safe=True)
 
     def update_effect_policy(self, effect_type: str, update: Optional[dict] = None, *,

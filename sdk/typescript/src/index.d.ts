@@ -432,6 +432,9 @@ export interface EffectPolicy {
   surge_cooldown_seconds: number;
   retention_days: number;
   updated_at: string | null;
+  /** When the type was last reconciled (reconcile), null before the first;
+   * its reconcile_every_hours calendar restarts there. Read-only. */
+  last_reconciled_at: string | null;
 }
 
 /** An approval (snake_case, as on the wire). */
