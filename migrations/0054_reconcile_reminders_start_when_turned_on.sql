@@ -7,11 +7,12 @@
 --
 -- The policies that have reminders on keep the calendar they had (their
 -- creation), so none of them is reminded again for a period already
--- reminded. The table is small (a row per configured type): the CHECK's scan
--- holds writes to it for a moment only.
+-- reminded. No CHECK ties the column to reconcile_every_hours: the previous
+-- release, still serving during the deploy, writes policies without it (a
+-- CHECK failed its PUT turning reminders on); the sweeper reads a missing
+-- start as the policy's creation, as before, and the new release dates the
+-- start whenever a write turns reminders on from off, whatever a previous
+-- release left in the column.
 ALTER TABLE gate_policies ADD COLUMN IF NOT EXISTS reconcile_since timestamptz;
 UPDATE gate_policies SET reconcile_since = created_at
 WHERE reconcile_every_hours IS NOT NULL AND reconcile_since IS NULL;
-ALTER TABLE gate_policies DROP CONSTRAINT IF EXISTS gate_policies_reconcile_since_check;
-ALTER TABLE gate_policies ADD CONSTRAINT gate_policies_reconcile_since_check
-    CHECK ((reconcile_every_hours IS NULL) = (reconcile_since IS NULL));

@@ -78,7 +78,10 @@ FROM gate_policies WHERE workspace_id = $1 AND effect_type > $2 ORDER BY effect_
 // field, $21 now. The update also checks the version read (it changes nothing
 // when it moved), a guard behind the lock PutPolicy takes. Both date
 // reconcile_since (migration 0054): now when reconcile_every_hours is
-// turned on, kept while it stays on (whatever its value), null when off.
+// turned on (null before the write, whatever a previous release left in
+// the column), kept while it stays on (whatever its value; one a previous
+// release turned on undated reads as the policy's creation, as the sweeper
+// reads it), null when off.
 var sqlInsertPolicy = `
 INSERT INTO gate_policies (workspace_id, effect_type, version, mode, on_indeterminate, lease_seconds,
     max_attempts, max_cost_micros, approval_above_micros, daily_budget_micros, reconcile_every_hours,
@@ -95,7 +98,8 @@ UPDATE gate_policies SET version = version + 1, mode = $4, on_indeterminate = $5
     dimension_limits = $14::jsonb, structuring_threshold_micros = $15, surge_per_hour = $16,
     surge_multiplier = $17, surge_action = $18, surge_cooldown_seconds = $19, retention_days = $20,
     updated_at = $21, reconcile_since = CASE WHEN $11::int IS NULL THEN NULL
-        ELSE coalesce(reconcile_since, $21::timestamptz) END
+        WHEN reconcile_every_hours IS NULL THEN $21::timestamptz
+        ELSE coalesce(reconcile_since, created_at) END
 WHERE workspace_id = $1 AND effect_type = $2 AND version = $3
 RETURNING ` + policyCols + `, ` + lastReconciledAt("$2")
 
@@ -734,7 +738,8 @@ SET last_reconciled_at = $3, last_from = $4, last_to = $5`
 var sqlReconcileDue = `
 WITH due AS (
     SELECT p.workspace_id, p.effect_type, p.reconcile_every_hours AS h, r.last_reconciled_at,
-        greatest(r.last_reconciled_at, p.reconcile_since) + make_interval(hours => p.reconcile_every_hours) AS first_due
+        greatest(r.last_reconciled_at, coalesce(p.reconcile_since, p.created_at))
+            + make_interval(hours => p.reconcile_every_hours) AS first_due
     FROM gate_policies p
     LEFT JOIN reconciliations r ON r.workspace_id = p.workspace_id AND r.effect_type = p.effect_type
     WHERE p.reconcile_every_hours IS NOT NULL

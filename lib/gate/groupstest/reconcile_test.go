@@ -679,3 +679,49 @@ func TestReconcileUnderAKeyEndsItsRollbacksAfterCommit(t *testing.T) {
 	require.Equal(t, []string{key.(string)}, keysOf(r.JSON()["resolved"]))
 	require.Equal(t, "unwound", f.stored(g))
 }
+
+// During the deploy of migration 0054 the previous release writes policies
+// without reconcile_since: its write turning reminders on is not refused
+// (a CHECK tying the column to reconcile_every_hours failed it, review),
+// and such a policy is reminded as before, from its creation. One it turned
+// off keeps the start a later release dated; turned on again by this
+// release, the calendar starts afresh. Not parallel: it sweeps.
+func TestReconciliationRemindersAcrossTheDeploy(t *testing.T) {
+	f := setupAt(t, time.Date(1993, 6, 1, 12, 0, 0, 0, time.UTC))
+	const typ = "payment.charge" // a starter policy, written at signup
+	created := f.clock.Now()
+	previousRelease := func(hours any) { // its sqlUpdatePolicy: every field but reconcile_since
+		_, err := f.env.App.Pool.Exec(context.Background(), `UPDATE gate_policies SET version = version + 1,
+			reconcile_every_hours = $3, updated_at = $4 WHERE workspace_id = $1 AND effect_type = $2`,
+			f.ws.ID, typ, hours, f.clock.Now())
+		require.NoError(t, err)
+	}
+	reminders := func() int {
+		r := f.env.Do("GET", "/api/cron/sweep", "test-cron-secret", nil)
+		require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+		var n int
+		require.NoError(t, f.env.App.Pool.QueryRow(context.Background(), `SELECT count(*) FROM events
+			WHERE workspace_id = $1 AND type = 'reconciliation.due' AND subject_id = $2`, f.ws.ID, typ).Scan(&n))
+		return n
+	}
+
+	f.clock.Add(30 * time.Hour)
+	previousRelease(24)
+	require.Equal(t, 1, reminders(), "reminded from its creation, as the previous release reminded")
+
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/"+typ, map[string]any{"reconcile_every_hours": nil})
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/"+typ, map[string]any{"reconcile_every_hours": 24})
+	f.clock.Add(time.Hour)
+	previousRelease(nil) // turned off by the previous release: the start stays
+	f.clock.Add(5 * 24 * time.Hour)
+	on := f.clock.Now()
+	f.must(http.StatusOK, "PUT", "/api/v1/policies/"+typ, map[string]any{"reconcile_every_hours": 24})
+	require.Equal(t, 1, reminders(), "turned on again: not due at once")
+	f.clock.Add(25 * time.Hour)
+	require.Equal(t, 2, reminders())
+	var due time.Time
+	require.NoError(t, f.env.App.Pool.QueryRow(context.Background(), `SELECT (data->>'due_at')::timestamptz FROM events
+		WHERE workspace_id = $1 AND type = 'reconciliation.due' ORDER BY id DESC LIMIT 1`, f.ws.ID).Scan(&due))
+	require.True(t, due.Equal(on.Add(24*time.Hour)), "%s", due)
+	require.True(t, created.Before(on))
+}
