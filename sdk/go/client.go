@@ -18,7 +18,7 @@ import (
 )
 
 // Version is this SDK's version, sent in the User-Agent header.
-const Version = "0.4.9"
+const Version = "0.4.10"
 
 // DefaultBaseURL is the hosted service.
 const DefaultBaseURL = "https://getratchet.app"
