@@ -277,7 +277,15 @@ func TestASurgeBurstTripsOnceAndItsCooldownGrantsOneAllowance(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Len(t, refused, 10)
 
-	b.clock.Add(61 * time.Second)
+	// The trip is stamped at the clock plus the real time its begin waited
+	// for the surge turn (0028): on a loaded machine over a second, so that
+	// 61 s after the burst's clock was before the cooldown's end (the
+	// sweeper closed nothing, and the begins met the breaker open until
+	// their own waits carried them past it).
+	var closesAt time.Time
+	require.NoError(t, b.env.App.Pool.QueryRow(context.Background(), `SELECT closes_at FROM gate_circuits
+		WHERE workspace_id = $1 AND effect_type = 'sms.send'`, b.ws.ID).Scan(&closesAt))
+	b.clock.Set(closesAt.Add(time.Second))
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
