@@ -240,12 +240,13 @@ func (s *Service) open(ctx context.Context, p *auth.Principal, effectType, by st
 		return err
 	}
 	return db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, sqlLockCircuitTurn, p.WorkspaceID, effectType); err != nil {
-			return fmt.Errorf("open circuit: lock turn: %w", err)
+		if err := lockCircuitTurns(ctx, tx, p.WorkspaceID, effectType); err != nil {
+			return fmt.Errorf("open circuit: %w", err)
 		}
 		now := s.clock()
 		// A surge breaker whose cooldown ended is closed first, as the
-		// sweeper would have: this opening is a new one.
+		// sweeper would have: this opening is a new one. The close starts
+		// an allowance, in the surge turn as every close does (close).
 		if _, err := tx.Exec(ctx, sqlCloseLapsedCircuit, p.WorkspaceID, effectType, now,
 			[]string{ids.NewAt(ids.Event, now)}); err != nil {
 			return fmt.Errorf("open circuit: close lapsed: %w", err)
@@ -296,16 +297,15 @@ func (s *Service) Release(ctx context.Context, p *auth.Principal) ([]Circuit, er
 // is one that saw the breaker closed (race QA: read before waiting for the
 // breaker's row, behind a burst the breaker was refusing, the clock put
 // those refusals inside the new allowance, which they used up at once, and
-// the next begin tripped it again).
+// the next begin tripped it again). The converse holds because every close
+// takes the turn (the sweeper's and an opening's of a lapsed breaker too):
+// a begin holding it reads the allowance it is counted in for its whole
+// transaction, and is stamped after the allowance's start however far
+// behind its clock is (afterAllowanceSQL).
 func (s *Service) close(ctx context.Context, workspaceID, effectType string, answer answerIn) error {
 	return db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, sqlLockCircuitTurn, workspaceID, effectType); err != nil {
-			return fmt.Errorf("close circuit: lock turn: %w", err)
-		}
-		if effectType != stopType {
-			if _, err := tx.Exec(ctx, sqlLockSurgeTurn, workspaceID, effectType); err != nil {
-				return fmt.Errorf("close circuit: lock surge turn: %w", err)
-			}
+		if err := lockCircuitTurns(ctx, tx, workspaceID, effectType); err != nil {
+			return fmt.Errorf("close circuit: %w", err)
 		}
 		now := s.clock()
 		if _, err := tx.Exec(ctx, sqlCloseCircuit, workspaceID, effectType, now,
@@ -316,9 +316,26 @@ func (s *Service) close(ctx context.Context, workspaceID, effectType string, ans
 	})
 }
 
+// lockCircuitTurns takes effectType's turn among an operator's opens and
+// closes, then, for a type (not the stop), its surge turn, in that order
+// in both.
+func lockCircuitTurns(ctx context.Context, tx pgx.Tx, workspaceID, effectType string) error {
+	if _, err := tx.Exec(ctx, sqlLockCircuitTurn, workspaceID, effectType); err != nil {
+		return fmt.Errorf("lock turn: %w", err)
+	}
+	if effectType == stopType {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, sqlLockSurgeTurn, workspaceID, effectType); err != nil {
+		return fmt.Errorf("lock surge turn: %w", err)
+	}
+	return nil
+}
+
 // SweepCircuits closes up to limit surge breakers whose cooldown has passed
 // and records circuit.closed for each. Begin already reads them as closed;
-// this makes it durable and tells subscribers.
+// this makes it durable and tells subscribers. A breaker whose type's surge
+// turn is held is left to the holder or the next pass (sqlSweepCircuits).
 func (s *Service) SweepCircuits(ctx context.Context, now time.Time, limit int) (int, error) {
 	now = now.UTC().Truncate(time.Microsecond)
 	eventIDs := make([]string, limit)

@@ -785,6 +785,135 @@ func TestARefusedBacklogIsCountedAgainAfterTheClose(t *testing.T) {
 	require.Equal(t, 3, b.events("circuit.tripped"))
 }
 
+// tripSurge sets sms.send's surge at two keys an hour, deny, a minute's
+// cooldown, and trips it at the clock's reading: two keys execute, then
+// refused keys are refused (the first of them trips the breaker).
+func (b *bundle) tripSurge(refused int) []string {
+	b.t.Helper()
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 2, "surge_action": "deny", "surge_cooldown_seconds": 60})
+	b.mustBegin("execute", sms(key("first")))
+	b.mustBegin("execute", sms(key("first")))
+	keys := make([]string, refused)
+	for i := range keys {
+		keys[i] = key("refused")
+		b.denialOf("circuit_open", sms(keys[i]))
+	}
+	return keys
+}
+
+// The close that starts an allowance may be stamped ahead of the clock of a
+// begin that is decided after it: the sweeper's clock, another instance's,
+// or the cooldown's end met by a reading taken before the request waited.
+// A refused key begun again then is counted in that allowance all the same
+// (afterAllowanceSQL): recorded before its start, it was counted by no
+// later begin, and the whole backlog executed (race QA: 5 of 5 against an
+// allowance of 2).
+func TestAnArrivalStampedBeforeTheAllowanceIsCountedInIt(t *testing.T) {
+	// Not parallel: SweepCircuits closes every workspace's lapsed breakers.
+	b := setup(t)
+	refused := b.tripSurge(5)
+	tripped := b.clock.Now()
+	n, err := b.env.App.Server.Gate.SweepCircuits(t.Context(), tripped.Add(61*time.Second), 500)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	b.clock.Set(tripped.Add(59 * time.Second))
+	b.mustBegin("execute", sms(refused[0]))
+	b.mustBegin("execute", sms(refused[1]))
+	b.denialOf("circuit_open", sms(refused[2]))
+	b.denialOf("circuit_open", sms(refused[3]))
+	require.Equal(t, 2, b.events("circuit.tripped"))
+	require.Equal(t, 1, b.events("circuit.closed"))
+}
+
+// Every close of a breaker takes its type's surge turn, the sweeper's and
+// an operator's opening over a lapsed surge breaker too: one landing while
+// a refused key's begin held the turn (here, waiting for the key's row)
+// started an allowance that begin had not read, stamped ahead of its
+// clock, and the begin, decided under it, was counted by no later begin:
+// the allowance admitted one key more (race QA).
+func TestACloseWaitsForABeginInTheSurgeTurn(t *testing.T) {
+	// Not parallel: SweepCircuits closes every workspace's lapsed breakers,
+	// and the waits are found in pg_stat_activity.
+	for _, closer := range []string{"sweeper", "operator"} {
+		t.Run(closer, func(t *testing.T) {
+			b := setup(t)
+			ahead := apitest.NewClock(b.clock.Now())
+			env2 := apitest.Start(t, apitest.WithNow(ahead.Now))
+			refused := b.tripSurge(1)
+			ahead.Add(61 * time.Second)
+			b.clock.Add(59 * time.Second) // before the cooldown's end
+
+			ctx := t.Context()
+			holder, err := b.env.App.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer holder.Rollback(ctx) //nolint:errcheck // rolled back below
+			_, err = holder.Exec(ctx, `SELECT 1 FROM effects WHERE workspace_id = $1 AND idempotency_key = $2 FOR UPDATE`,
+				b.ws.ID, refused[0])
+			require.NoError(t, err)
+			type answer struct {
+				status int
+				out    map[string]any
+				err    error
+			}
+			arrival := make(chan answer, 1)
+			go func() {
+				status, out, err := post(b.env, "/api/v1/effects/begin", b.ws.Key, sms(refused[0]))
+				arrival <- answer{status, out, err}
+			}()
+			require.Eventually(t, func() bool {
+				var n int
+				require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple')
+					  AND datname = current_database() AND query LIKE '%gate_begin_locked%'`).Scan(&n))
+				return n > 0
+			}, 10*time.Second, 10*time.Millisecond, "the arrival waits for its row, in the surge turn")
+
+			closed := make(chan answer, 1)
+			go func() {
+				if closer == "sweeper" {
+					n, err := env2.App.Server.Gate.SweepCircuits(context.Background(), ahead.Now(), 500)
+					closed <- answer{status: n, err: err}
+					return
+				}
+				status, out, err := post(env2, "/api/v1/circuits/sms.send/open", b.ws.Key,
+					map[string]any{"action": "monitor", "reason": "watching"})
+				closed <- answer{status, out, err}
+			}()
+			var done *answer
+			require.Eventually(t, func() bool {
+				select {
+				case a := <-closed:
+					done = &a
+					return true
+				default:
+				}
+				var n int
+				require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND datname = current_database()`).Scan(&n))
+				return n > 0
+			}, 10*time.Second, 10*time.Millisecond, "the close is done or waits for the surge turn")
+			require.NoError(t, holder.Rollback(ctx))
+			a := <-arrival
+			require.NoError(t, a.err)
+			if done == nil {
+				a := <-closed
+				done = &a
+			}
+			require.NoError(t, done.err)
+
+			// The allowance, from the cooldown's end, admits two keys in all.
+			decisions := []any{a.out["decision"]}
+			b.clock.Set(ahead.Now())
+			for range 3 {
+				decisions = append(decisions, b.begin(sms(key("new"))).JSON()["decision"])
+			}
+			require.Equal(t, []any{"denied", "execute", "execute", "denied"}, decisions,
+				"the arrival, decided as of its clock, met the breaker open; two new keys fit the allowance")
+			require.Equal(t, 1, b.events("circuit.closed"))
+		})
+	}
+}
+
 // Retried at once from two instances, a refused backlog is admitted exactly
 // up to the fresh allowance: each arrival takes the type's surge turn, as a
 // new key does.

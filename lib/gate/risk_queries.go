@@ -433,6 +433,28 @@ func lapsedCloseSQL(now, eventIDs string) string {
     FOR UPDATE`, now, eventIDs)
 }
 
+// surgeTurn is the advisory lock key of workspace ws's type typ's surge
+// turn (gate_begin_in_turn, migration 0025, takes the same).
+func surgeTurn(ws, typ string) string {
+	return `hashtextextended('surge:' || ` + ws + ` || ':' || ` + typ + `, 0)`
+}
+
+// afterAllowanceSQL is now, a clock reading of a begin that holds workspace
+// $1's type $2's surge turn, or just after the start of the type's surge
+// allowance when now is not after it. Closes take the turn, so the begin
+// reads the allowance it is counted in; the close's clock (another
+// instance's, the sweeper's, or the cooldown's end) may be ahead of the
+// begin's reading, which was also taken before the request waited for
+// the turn. The surge counts keys stamped after the allowance's start, so
+// a begin stamped at or before it, decided after the close, was granted
+// and then counted by no later begin: every such begin executed (race QA:
+// two instances' burst at a cooldown's end gave 6 execute against 5, and
+// the sweeper closing just ahead of the begins' clocks 5 of 5 against 2).
+func afterAllowanceSQL(now string) string {
+	return `greatest(` + now + `, (SELECT c.allowance_from + interval '1 microsecond' FROM gate_circuits c
+    WHERE c.workspace_id = $1 AND c.effect_type = $2))`
+}
+
 var (
 	// sqlCloseLapsedCircuit is lapsedCloseSQL for the operator's open.
 	// $1 workspace, $2 type, $3 now, $4 event ids.
@@ -442,7 +464,11 @@ var (
 	sqlCloseCircuit = closeSQL(`SELECT $1::text AS workspace_id, $2::text AS effect_type`, "$3::timestamptz", "$4")
 	// sqlLockSurgeTurn takes a type's surge turn, as gate_begin_in_turn
 	// does (migration 0028). $1 workspace, $2 type.
-	sqlLockSurgeTurn = `SELECT pg_advisory_xact_lock(hashtextextended('surge:' || $1::text || ':' || $2::text, 0))`
+	sqlLockSurgeTurn = `SELECT pg_advisory_xact_lock(` + surgeTurn("$1::text", "$2::text") + `)`
+	// sqlAfterAllowance is a begin's clock reading $3, held in the surge
+	// turn, moved to just after the start of workspace $1's type $2's
+	// allowance when it reads earlier (afterAllowanceSQL).
+	sqlAfterAllowance = `SELECT ` + afterAllowanceSQL("$3::timestamptz")
 	// sqlLockCircuitTurn takes a type's (or the stop's, '*') turn among an
 	// operator's opens and closes, first in each, so that each answers the
 	// state it made: a close finding the breaker closed changes no row and
@@ -476,10 +502,16 @@ WITH up AS (
     FROM up
 )
 SELECT count(*) FROM up`
-	// sqlSweepCircuits closes surge breakers whose cooldown has passed.
-	// $1 now, $2 limit, $3 event ids.
-	sqlSweepCircuits = closeSQL(`SELECT workspace_id, effect_type FROM gate_circuits
-    WHERE state = 'open' AND closes_at <= $1 ORDER BY closes_at LIMIT $2 FOR UPDATE SKIP LOCKED`,
+	// sqlSweepCircuits closes surge breakers whose cooldown has passed,
+	// each in its type's surge turn, as every close is (close): a type
+	// whose turn is held is left to the holder (a begin that counts the
+	// surge closes a lapsed breaker first) or to the next pass. Tried, not
+	// waited for: a begin holds the turn, then waits for the breaker's row,
+	// which the sweep locks first. $1 now, $2 limit, $3 event ids.
+	sqlSweepCircuits = closeSQL(`SELECT workspace_id, effect_type FROM (
+    SELECT workspace_id, effect_type FROM gate_circuits
+    WHERE state = 'open' AND closes_at <= $1 ORDER BY closes_at LIMIT $2 FOR UPDATE SKIP LOCKED) due
+    WHERE pg_try_advisory_xact_lock(`+surgeTurn("workspace_id", "effect_type")+`)`,
 		"$1::timestamptz", "$3")
 )
 
