@@ -804,25 +804,31 @@ func (b *bundle) tripSurge(refused int) []string {
 // The close that starts an allowance may be stamped ahead of the clock of a
 // begin that is decided after it: the sweeper's clock, another instance's,
 // or the cooldown's end met by a reading taken before the request waited.
-// A refused key begun again then is counted in that allowance all the same
-// (afterAllowanceSQL): recorded before its start, it was counted by no
-// later begin, and the whole backlog executed (race QA: 5 of 5 against an
-// allowance of 2).
-func TestAnArrivalStampedBeforeTheAllowanceIsCountedInIt(t *testing.T) {
+// Such a begin, of a new key or of a refused key begun again, is counted in
+// that allowance all the same (afterAllowanceSQL, migration 0056): stamped
+// before its start, it was counted by no later begin, and every one
+// executed (race QA: 5 of 5 against an allowance of 2).
+func TestABeginStampedBeforeTheAllowanceIsCountedInIt(t *testing.T) {
 	// Not parallel: SweepCircuits closes every workspace's lapsed breakers.
-	b := setup(t)
-	refused := b.tripSurge(5)
-	tripped := b.clock.Now()
-	n, err := b.env.App.Server.Gate.SweepCircuits(t.Context(), tripped.Add(61*time.Second), 500)
-	require.NoError(t, err)
-	require.Equal(t, 1, n)
-	b.clock.Set(tripped.Add(59 * time.Second))
-	b.mustBegin("execute", sms(refused[0]))
-	b.mustBegin("execute", sms(refused[1]))
-	b.denialOf("circuit_open", sms(refused[2]))
-	b.denialOf("circuit_open", sms(refused[3]))
-	require.Equal(t, 2, b.events("circuit.tripped"))
-	require.Equal(t, 1, b.events("circuit.closed"))
+	for _, arrivals := range []bool{false, true} {
+		b := setup(t)
+		refused := b.tripSurge(5)
+		tripped := b.clock.Now()
+		n, err := b.env.App.Server.Gate.SweepCircuits(t.Context(), tripped.Add(61*time.Second), 500)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		b.clock.Set(tripped.Add(59 * time.Second))
+		var decisions []any
+		for _, k := range refused[:4] {
+			if !arrivals {
+				k = key("new")
+			}
+			decisions = append(decisions, b.begin(sms(k)).JSON()["decision"])
+		}
+		require.Equal(t, []any{"execute", "execute", "denied", "denied"}, decisions, "arrivals: %v", arrivals)
+		require.Equal(t, 2, b.events("circuit.tripped"))
+		require.Equal(t, 1, b.events("circuit.closed"))
+	}
 }
 
 // Every close of a breaker takes its type's surge turn, the sweeper's and

@@ -32,7 +32,7 @@ func (s *Service) AfterSlowGrant(ctx context.Context, id string, attempt int, se
 const surgeHistoryFrom = `(SELECT h.history_from FROM gate_effect_history h WHERE h.workspace_id = $1 AND h.effect_type = $2)`
 
 // FunctionFragments are the SQL fragments that migrations 0008, 0010, 0013,
-// 0020, 0026, 0028 and 0035 copied into the gate's functions and that Go statements still
+// 0020, 0026, 0028, 0035 and 0056 copied into the gate's functions and that Go statements still
 // splice, by the function that must contain each (see
 // TestGateFunctionsMatchFragments).
 var FunctionFragments = map[string][]string{
@@ -44,7 +44,7 @@ var FunctionFragments = map[string][]string{
 			"ev.surge_threshold", "$23")},
 	"gate_report": {freedCTE("upa") + "," + releaseCTEs("freed", "true"), sqlLatestUnknownAttempt("$1")},
 	"gate_begin_in_turn": {strings.TrimSuffix(lapsedCloseSQL("v_now", "ARRAY[$24]"), "SELECT count(*) FROM up") +
-		"SELECT count(*) INTO v_closed FROM up;"},
+		"SELECT count(*) INTO v_closed FROM up;", "v_now := " + afterAllowanceSQL("v_now") + ";"},
 }
 
 // PurgeExpiredSQL is the retention pass's statement ($1 now, $2 limit, $3 groups deleted), so

@@ -450,6 +450,7 @@ func surgeTurn(ws, typ string) string {
 // and then counted by no later begin: every such begin executed (race QA:
 // two instances' burst at a cooldown's end gave 6 execute against 5, and
 // the sweeper closing just ahead of the begins' clocks 5 of 5 against 2).
+// gate_begin_in_turn (migration 0056) holds this text with now = v_now.
 func afterAllowanceSQL(now string) string {
 	return `greatest(` + now + `, (SELECT c.allowance_from + interval '1 microsecond' FROM gate_circuits c
     WHERE c.workspace_id = $1 AND c.effect_type = $2))`
