@@ -15,6 +15,7 @@ import (
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jsonstrict"
 	"github.com/getratchet/ratchet/lib/jsonx"
+	"github.com/getratchet/ratchet/lib/toolname"
 )
 
 // MaxBodyBytes is the published request body limit.
@@ -96,11 +97,18 @@ func (c *Call) ListParams(valid func(string) bool) (limit int, cursor string, er
 		limit = n
 	}
 	cursor = q.Get("cursor")
-	if len(cursor) > 200 || (cursor != "" && valid != nil && !valid(cursor)) { // text without NUL: textParams
+	if len(cursor) > maxCursorBytes || (cursor != "" && valid != nil && !valid(cursor)) { // text without NUL: textParams
 		return 0, "", apierr.InvalidField("cursor", "is not a cursor from this API")
 	}
 	return limit, cursor, nil
 }
+
+// maxCursorBytes bounds a cursor: it admits the longest one a list
+// answers, queue health's name@version (200 and 100 characters, each up to
+// 4 bytes of UTF-8). At 200 bytes, a page ending on a tool with a long name
+// answered a nextCursor the next request refused, 400 (QA, fuzzing the tool
+// name rule), and the queues after it could not be listed.
+const maxCursorBytes = 4*(toolname.MaxName+toolname.MaxVersion) + len("@")
 
 // idCursor accepts an id of one kind as a cursor.
 func idCursor(prefix string) func(string) bool {

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/toolname"
 )
 
 func newClock() *apitest.Clock {
@@ -701,6 +702,35 @@ func TestQueueHealthPages(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, r.Status, q)
 		require.Equal(t, "invalid_request", r.ErrorCode(), q)
 	}
+}
+
+// A page may end on a tool whose name@version is as long as the rules
+// allow (200 and 100 characters, of up to 4 bytes each): its nextCursor is
+// taken back (QA: one over 200 bytes was refused, 400, and the queues after
+// it could not be listed).
+func TestQueueHealthPagesPastTheLongestNames(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("𝄞", toolname.MaxName)
+	version := strings.Repeat("é", toolname.MaxVersion)
+	e := newJobsEnv(t)
+	runID := e.run()
+	for _, name := range []string{long, "z"} {
+		e.enqueue(runID, map[string]any{"name": name, "version": version})
+	}
+	var names []string
+	path := "/api/v1/queue/health?limit=1"
+	for pages := 0; path != ""; pages++ {
+		require.Less(t, pages, 2)
+		page := e.Must(http.StatusOK, "GET", path, e.ws.Key, nil).JSON()
+		for _, row := range page["data"].([]any) {
+			names = append(names, row.(map[string]any)["name"].(string))
+		}
+		path = ""
+		if next, ok := page["nextCursor"].(string); ok {
+			path = "/api/v1/queue/health?limit=1&cursor=" + url.QueryEscape(next)
+		}
+	}
+	require.ElementsMatch(t, []string{long, "z"}, names)
 }
 
 func TestClaimLongPollsUntilAJobArrives(t *testing.T) {
