@@ -126,11 +126,12 @@ func TestContractPublicationAndList(t *testing.T) {
 // a name with dot or empty parts between its slashes reaches its contracts
 // (security QA: they answered 404, though the tool could be enqueued), on
 // /api/v1 and on the /v1 alias. A name that is itself a dot segment, which
-// a client sends as it is, is refused wherever a tool is named.
+// a client sends as it is, is refused wherever a tool is named, and so is
+// "/", whose %2F Go's router reads as a trailing slash (fuzz QA: 404).
 func TestEveryToolNameReachesItsContracts(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t)
-	for _, name := range []string{"x/..", "../x", "./x", "x/.", "a//b", "/a", "a/", "..."} {
+	for _, name := range []string{"x/..", "../x", "./x", "x/.", "a//b", "/a", "a/", "//", "..."} {
 		c := e.publish(url.PathEscape(name), contractBody("1", nil))
 		require.Equal(t, name, c["name"])
 		list := e.contracts(url.PathEscape(name))
@@ -139,7 +140,7 @@ func TestEveryToolNameReachesItsContracts(t *testing.T) {
 		require.Len(t, alias["data"], 1, "%s on /v1", name)
 	}
 	runID := e.run()
-	for _, name := range []string{".", ".."} {
+	for _, name := range []string{".", "..", "/"} {
 		fields := validationFields(t, e.Do("POST", "/api/v1/runs/"+runID+"/steps", e.ws.Key,
 			map[string]any{"name": name, "version": "1", "input": map[string]any{}}))
 		require.Equal(t, []string{"name"}, fields, "enqueue %q", name)

@@ -7,7 +7,10 @@
 // /api/v1/tools/{name} routes (a '/' in it is sent as %2F), so it is not
 // "." or "..": clients send those as they are, and a dot segment names no
 // route (security QA: such a tool could be enqueued, registered and put in
-// a key, but its contracts could be neither published nor read).
+// a key, but its contracts could be neither published nor read). Nor is it
+// "/" alone: Go's router reads a segment that decodes to "/" (%2F) as the
+// mark of a trailing slash, and matches no {name} with it (fuzz QA: the
+// same unreachable contracts); "a/", "/a" and "//" reach their routes.
 package toolname
 
 import (
@@ -20,19 +23,19 @@ import (
 const (
 	MaxName     = 200
 	MaxVersion  = 100
-	NameRule    = "must be 1-200 printable characters without spaces or '@', and not . or .."
+	NameRule    = "must be 1-200 printable characters without spaces or '@', and not ., .. or /"
 	VersionRule = "must be 1-100 printable characters without spaces or '@'"
-	RefRule     = "must be name@version: a name of 1-200 and a version of 1-100 printable characters without spaces or '@' (the name not . or ..)"
+	RefRule     = "must be name@version: a name of 1-200 and a version of 1-100 printable characters without spaces or '@' (the name not ., .. or /)"
 )
 
 // ValidName reports whether s can name a tool.
-func ValidName(s string) bool { return s != "." && s != ".." && valid(s, MaxName) }
+func ValidName(s string) bool { return s != "." && s != ".." && s != "/" && valid(s, MaxName) }
 
 // Stored reports whether s may be a name or version some release took,
 // which jobs queued then still carry: earlier releases took white space,
-// control and format characters, "." and "..", but never '@' (which joins
-// the two) or nothing. It reads names back (a queue health cursor), never
-// admits one.
+// control and format characters, ".", ".." and "/", but never '@' (which
+// joins the two) or nothing. It reads names back (a queue health cursor),
+// never admits one.
 func Stored(s string) bool {
 	return s != "" && !strings.Contains(s, "@") && utf8.ValidString(s) && utf8.RuneCountInString(s) <= MaxName
 }

@@ -11,7 +11,7 @@ func TestValid(t *testing.T) {
 		"send_welcome_email": true, "émail.send-v2": true, "a/b": true, strings.Repeat("é", MaxName): true,
 		"": false, "a b": false, "a@b": false, "a\x01b": false, "a\rb": false, "a\u200bb": false,
 		"a\u00a0b": false, "a\u2028b": false, "\xff": false, strings.Repeat("x", MaxName+1): false,
-		".": false, "..": false, "...": true, "x/..": true, "../x": true, ".x": true,
+		".": false, "..": false, "/": false, "//": true, "...": true, "x/..": true, "../x": true, ".x": true,
 	} {
 		if got := ValidName(s); got != want {
 			t.Errorf("ValidName(%q) = %v", s, got)
@@ -21,7 +21,7 @@ func TestValid(t *testing.T) {
 		t.Error("version length")
 	}
 	for s, want := range map[string]bool{"send@1": true, "send@": false, "@1": false, "send": false,
-		"send@1@2": false, "se\x01nd@1": false, "send@1\r": false, "..@1": false, ".@1": false, "send@..": true} {
+		"send@1@2": false, "se\x01nd@1": false, "send@1\r": false, "..@1": false, ".@1": false, "/@1": false, "send@..": true} {
 		if got := ValidRef(s); got != want {
 			t.Errorf("ValidRef(%q) = %v", s, got)
 		}
