@@ -15,11 +15,14 @@ type Optional[T any] struct {
 	Value T
 }
 
-// UnmarshalJSON records presence and nullness.
+// UnmarshalJSON records presence and nullness. Each call says it anew: of
+// a key sent twice the last value counts, as for a pointer (fuzzing: after
+// {"n":null,"n":2} the field stayed null, holding 2). Request bodies
+// refuse repeated keys (jsonstrict); this is for any other reader.
 func (o *Optional[T]) UnmarshalJSON(b []byte) error {
 	o.Set = true
-	if bytes.Equal(bytes.TrimSpace(b), []byte("null")) {
-		o.Null = true
+	o.Null = bytes.Equal(bytes.TrimSpace(b), []byte("null"))
+	if o.Null {
 		return nil
 	}
 	return json.Unmarshal(b, &o.Value)
