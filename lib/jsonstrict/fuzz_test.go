@@ -173,30 +173,71 @@ func checkRefusal(t *testing.T, name string, body []byte, err error) {
 	}
 }
 
-// parseTree reads body (empty: {}) as one JSON value, numbers as written.
+// member is one key of an object and its value, in document order.
+type member struct {
+	key   string
+	value any
+}
+
+// parseTree reads body (empty: {}) as one JSON value, numbers as written,
+// an object as its members in order, a repeated key each time it occurs
+// (the value of its first occurrence may hold the problem a refusal names).
 func parseTree(body []byte) (any, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
-		return map[string]any{}, nil
+		return []member{}, nil
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, err
+	var read func() (any, error)
+	read = func() (any, error) {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		d, ok := tok.(json.Delim)
+		if !ok {
+			return tok, nil
+		}
+		if d == '[' {
+			arr := []any{}
+			for dec.More() {
+				v, err := read()
+				if err != nil {
+					return nil, err
+				}
+				arr = append(arr, v)
+			}
+			_, err := dec.Token()
+			return arr, err
+		}
+		obj := []member{}
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				return nil, err
+			}
+			v, err := read()
+			if err != nil {
+				return nil, err
+			}
+			obj = append(obj, member{k.(string), v})
+		}
+		_, err = dec.Token()
+		return obj, err
 	}
-	return v, nil
+	return read()
 }
 
 // resolves reports whether dotted path names a node of v (keys may hold
 // dots themselves, so each split is tried).
 func resolves(v any, path string) bool {
 	switch n := v.(type) {
-	case map[string]any:
-		for k, child := range n {
-			if path == k {
+	case []member:
+		for _, m := range n {
+			if path == m.key {
 				return true
 			}
-			if rest, ok := strings.CutPrefix(path, k+"."); ok && resolves(child, rest) {
+			if rest, ok := strings.CutPrefix(path, m.key+"."); ok && resolves(m.value, rest) {
 				return true
 			}
 		}
