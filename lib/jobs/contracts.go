@@ -58,7 +58,9 @@ const MaxSchemaEvaluations = 20_000
 // matches), well inside a request's 15 s. A 430 kB array of 10 000 objects,
 // each checked against a oneOf of 20 four-property variants, evaluates
 // about 1 million (0.6 s); 100 000 two-property objects (1.6 MB, more than
-// a request may carry), 300 000.
+// a request may carry), 300 000. A keyword whose work grows with what it
+// lists or the value it reads (an enum, a pattern on a long string)
+// counts that work in evaluations (keywordWork).
 const MaxCheckEvaluations = 1_500_000
 
 // Contract is a published, immutable version of a tool's contract (API.md §5).

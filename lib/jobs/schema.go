@@ -260,27 +260,45 @@ func evaluationsPerValue(s *jsonschema.Schema, max int64) int64 {
 // per-value bound of publication (evaluationsPerValue) does not bound a
 // document: a 600-byte array of 200 values, each failing an anyOf of 4 990
 // branches, took 2.4 s; 20 000 such values ran for minutes and tens of
-// GiB before the process was killed (review).
+// GiB before the process was killed (review). A keyword whose cost grows
+// with what it lists or the value it reads (an enum, a pattern, required
+// names) adds its work, in evaluations (keywordWork), and so does each
+// pattern of patternProperties this count tests a name against.
 func checkEvaluations(s *jsonschema.Schema, v any, max int64) int64 {
-	var n int64
+	var n, work int64
+	memo := newWorkMemo()
+	over := func() bool { return n+work/workPerEvaluation > max }
 	var walk func(s *jsonschema.Schema, v any)
 	walk = func(s *jsonschema.Schema, v any) {
-		if s == nil || n > max {
+		if s == nil || over() {
 			return
 		}
 		n++
+		work += keywordWork(s, v, memo)
 		for _, next := range sameValue(s) {
 			walk(next, v)
 		}
 		switch v := v.(type) {
 		case map[string]any:
+			// Each name is tested against every pattern: the tests' fixed
+			// part is counted at once, so that an object past the bound on
+			// it alone is refused before any test runs.
+			if work += matchWork * int64(len(v)) * int64(len(s.PatternProperties)); over() {
+				return
+			}
 			additional, _ := s.AdditionalProperties.(*jsonschema.Schema)
 			for name, child := range v {
+				if over() {
+					return
+				}
 				walk(s.PropertyNames, name)
 				walk(s.UnevaluatedProperties, child)
 				p, matched := s.Properties[name]
 				walk(p, child)
 				for re, p := range s.PatternProperties {
+					if work += memo.regex(re.String(), len(name)) - matchWork; over() {
+						return
+					}
 					if re.MatchString(name) {
 						matched = true
 						walk(p, child)
@@ -301,7 +319,7 @@ func checkEvaluations(s *jsonschema.Schema, v any, max int64) int64 {
 		}
 	}
 	walk(s, v)
-	return n
+	return n + work/workPerEvaluation
 }
 
 // itemSchema is the subschema s applies to the array element at index i:

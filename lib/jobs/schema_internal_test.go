@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"encoding/json"
 	"strconv"
 	"strings"
 	"testing"
@@ -205,7 +206,7 @@ func TestCheckEvaluationsFollowsEachKeywordToItsValues(t *testing.T) {
 	obj := `{"properties":{"a":{"type":"string"}},"patternProperties":{"^z":{}},"additionalProperties":{"type":"integer"}}`
 	require.Equal(t, int64(1+1+1+2), count(obj, `{"a":"x","zz":1,"m":2,"n":3}`))
 	// prefixItems by index, items for the rest, contains for each.
-	arr := `{"prefixItems":[{},{}],"items":{"type":"integer"},"contains":{"const":1}}`
+	arr := `{"prefixItems":[{},{}],"items":{"type":"integer"},"contains":{"minimum":1}}`
 	require.Equal(t, int64(1+2+3+5), count(arr, `[1,2,3,4,5]`))
 	// Every branch of an anyOf is counted, for each value it meets.
 	require.Equal(t, int64(1+3*(1+3)), count(`{"items":{"anyOf":[{},{},{}]}}`, `[1,2,3]`))
@@ -244,6 +245,67 @@ func TestValidateDocRefusesADocumentTooCostlyToCheck(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, problems)
 	require.NotContains(t, problems[0].Message, "too large", "checked, and refused by the schema")
+}
+
+// A keyword whose work grows with what it lists or the value it reads is
+// counted at its cost, not as one evaluation: each of these documents (a
+// request may carry it) took from 8 s to minutes of CPU, past the request's
+// deadline, and is refused unchecked, at once; a small one is checked
+// (QA, writing the contract-schema fuzz target).
+func TestValidateDocCountsTheWorkOfCostlyKeywords(t *testing.T) {
+	t.Parallel()
+	list := func(n int, item func(i int) string) string {
+		items := make([]string, n)
+		for i := range items {
+			items[i] = item(i)
+		}
+		return strings.Join(items, ",")
+	}
+	const draft07 = `"$schema":"http://json-schema.org/draft-07/schema#",`
+	numbers := list(20_000, strconv.Itoa)
+	long := strings.Repeat("a", 1<<20-64)
+	cases := []struct {
+		name, schema, costly, small string
+	}{
+		{"a pattern's program times the text", `{"type":"string","pattern":"(a|aa){1000}b"}`,
+			`"` + long + `"`, `"aaab"`},
+		{"an enum of numbers, each parsed", `{"items":{"enum":[` + numbers + `]}}`,
+			"[" + list(2_000, func(int) string { return "0" }) + "]", "[0,1,2]"},
+		{"patternProperties, each tested", `{"patternProperties":{` +
+			list(4_000, func(i int) string { return `"^a` + strconv.Itoa(i) + `$":true` }) + `}}`,
+			"{" + list(10_000, func(i int) string { return `"k` + strconv.Itoa(i) + `":0` }) + "}", `{"a1":0,"k":1}`},
+		{"required names, each looked up", `{"items":{"required":[` +
+			list(30_000, func(i int) string { return `"` + strconv.Itoa(i) + `"` }) + `]}}`,
+			"[" + list(100_000, func(int) string { return "{}" }) + "]", "[{}]"},
+		{"a const array, compared whole", `{"$defs":{"c":{"const":[` + list(4_000, strconv.Itoa) + `]}},"items":{"anyOf":[` +
+			list(50, func(int) string { return `{"$ref":"#/$defs/c"}` }) + `]}}`,
+			"[" + list(40, func(int) string { return "[" + list(4_000, strconv.Itoa) + "]" }) + "]", "[[1]]"},
+		{"uniqueItems, each item hashed", `{"anyOf":[` +
+			list(2_000, func(int) string { return `{"uniqueItems":true,"minItems":1000000}` }) + `]}`,
+			"[" + list(100_000, strconv.Itoa) + "]", "[1,2]"},
+		{"a format read as a regular expression", `{` + draft07 + `"items":{"anyOf":[` +
+			list(100, func(int) string { return `{"format":"regex"}` }) + `]}}`,
+			`["` + strings.Repeat("(a", 1<<18) + `"]`, `["a+"]`},
+		{"a long number parsed by each bound", `{"items":{"anyOf":[` +
+			list(1_000, func(i int) string { return `{"minimum":` + strconv.Itoa(i) + `}` }) + `]}}`,
+			"[" + list(1_000, func(int) string { return "-1." + strings.Repeat("3", 990) }) + "]", "[-1.5]"},
+	}
+	tooLarge := "is too large to check against the contract's schema: checking it could evaluate more than 1500000 " +
+		"subschemas (send fewer values, or publish a schema with fewer alternatives per value)"
+	for _, c := range cases {
+		var p apierr.Problems
+		schema := checkSchema("inputSchema", json.RawMessage(c.schema), &p)
+		require.Empty(t, p, c.name)
+		require.LessOrEqual(t, len(c.costly), 1<<20, c.name)
+		problems, err := validateDoc(schema, []byte(c.costly), "input")
+		require.NoError(t, err, c.name)
+		require.Equal(t, []apierr.FieldError{{Field: "input", Message: tooLarge}}, problems, c.name)
+		problems, err = validateDoc(schema, []byte(c.small), "input")
+		require.NoError(t, err, c.name)
+		for _, pr := range problems {
+			require.NotEqual(t, tooLarge, pr.Message, c.name)
+		}
+	}
 }
 
 // A schema that breaks its dialect's rules is told where and which rule,
