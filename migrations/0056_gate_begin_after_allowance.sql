@@ -19,7 +19,8 @@
 -- whole begin (its lease too), as a wait's is.
 --
 -- The body is 0046's but for that one statement, after the lapsed close;
--- lib/gate's arrivals take the same text (afterAllowanceSQL). Signature
+-- lib/gate's arrivals apply the same text (afterAllowanceSQL) in the
+-- statement that closes their lapsed breaker. Signature
 -- and result are unchanged: the previous release's call begins as before.
 CREATE OR REPLACE FUNCTION gate_begin_in_turn(p_workspace_id text, p_effect_type text, p_idempotency_key text, p_cost_micros bigint,
     p_dimension_names text[], p_lease_seconds integer, p_fingerprint text, p_now timestamptz,

@@ -38,10 +38,10 @@ func (r *effectRow) refusedBeforeGrant() bool {
 // one before this begin evaluates it; only begins of arrivals take it when
 // none is). It records a breaker whose cooldown ended closed first, as
 // gate_begin_in_turn does, so that a trip after it is announced after its
-// close, and then moves the begin's clock reading to after the start of
-// the allowance it is counted in (afterAllowanceSQL): recorded at or
-// before it, the arrival was counted by no later begin. taken says whether
-// the turn is held.
+// close, and moves the begin's clock reading to after the start of the
+// allowance it is counted in (afterAllowanceSQL), in the same statement
+// (sqlCloseLapsedForArrival): recorded at or before it, the arrival was
+// counted by no later begin. taken says whether the turn is held.
 func (s *Service) takeArrivalTurn(ctx context.Context, tx pgx.Tx, in *beginInput) (taken bool, err error) {
 	if !in.arrival {
 		return false, nil
@@ -50,13 +50,10 @@ func (s *Service) takeArrivalTurn(ctx context.Context, tx pgx.Tx, in *beginInput
 		return false, fmt.Errorf("begin: surge turn: %w", err)
 	}
 	s.lockedAt(in)
-	if _, err := tx.Exec(ctx, sqlCloseLapsedCircuit, in.ws, in.effectType, in.now,
-		[]string{in.risk.closeEventID}); err != nil {
-		return false, fmt.Errorf("begin: close lapsed breaker: %w", err)
-	}
 	var now time.Time
-	if err := tx.QueryRow(ctx, sqlAfterAllowance, in.ws, in.effectType, in.now).Scan(&now); err != nil {
-		return false, fmt.Errorf("begin: allowance's start: %w", err)
+	if err := tx.QueryRow(ctx, sqlCloseLapsedForArrival, in.ws, in.effectType, in.now,
+		[]string{in.risk.closeEventID}).Scan(&now); err != nil {
+		return false, fmt.Errorf("begin: close lapsed breaker: %w", err)
 	}
 	in.now = now.UTC()
 	return true, nil

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -829,6 +831,50 @@ func TestABeginStampedBeforeTheAllowanceIsCountedInIt(t *testing.T) {
 		require.Equal(t, 2, b.events("circuit.tripped"))
 		require.Equal(t, 1, b.events("circuit.closed"))
 	}
+}
+
+// statementLog records the statements a pool sends, in order.
+type statementLog struct {
+	mu  sync.Mutex
+	sql []string
+}
+
+func (l *statementLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sql = append(l.sql, d.SQL)
+	return ctx
+}
+
+func (*statementLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// An arrival's begin holds its type's surge turn, which every begin of a
+// new key of the type waits for, so each round trip it makes in the turn
+// is one more for each of them: the statement that closes a lapsed breaker
+// also answers the begin's clock moved after the allowance's start, the
+// next is the row's lock (review: a statement of its own read the start in
+// between). At the cooldown's end to the microsecond, the close starts the
+// allowance at the arrival's own reading, and the arrival is counted in it
+// all the same: two keys in all execute.
+func TestAnArrivalReadsItsAllowanceWithTheLapsedClose(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	refused := b.tripSurge(1)
+	b.clock.Add(60 * time.Second) // surge_cooldown_seconds: the cooldown's end, unswept
+	sent := &statementLog{}
+	h := serverTraced(b, sent)
+	status, out := postTo(t, h, "/api/v1/effects/begin", b.ws.Key, sms(refused[0]))
+	require.Equal(t, http.StatusOK, status, "%v", out)
+	require.Equal(t, "execute", out["decision"])
+	require.Equal(t, 1, b.events("circuit.closed"))
+
+	turn := slices.IndexFunc(sent.sql, func(q string) bool { return strings.Contains(q, "hashtextextended('surge:'") })
+	row := slices.IndexFunc(sent.sql, func(q string) bool { return strings.Contains(q, "gate_begin_locked(") })
+	require.True(t, turn >= 0 && row > turn, "the turn, then the row: %q", sent.sql)
+	require.Len(t, sent.sql[turn+1:row], 1, "the lapsed close alone: %q", sent.sql[turn+1:row])
+
+	require.Equal(t, "execute", b.begin(sms(key("new"))).JSON()["decision"])
+	require.Equal(t, "denied", b.begin(sms(key("new"))).JSON()["decision"], "the arrival counted in the allowance")
 }
 
 // Every close of a breaker takes its type's surge turn, the sweeper's and

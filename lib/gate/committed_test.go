@@ -40,11 +40,12 @@ func (f failingAfter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 
 func (failingAfter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// serverFailingAfter is b's server with a gate whose database fails as f says.
-func serverFailingAfter(b *bundle, f failingAfter) http.Handler {
+// serverTraced is b's server with a gate whose pool's statements tr traces
+// (a failingAfter: whose database fails as it says).
+func serverTraced(b *bundle, tr pgx.QueryTracer) http.Handler {
 	b.t.Helper()
 	cfg := b.env.App.Pool.Config()
-	cfg.ConnConfig.Tracer = f
+	cfg.ConnConfig.Tracer = tr
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(b.t, err)
 	b.t.Cleanup(pool.Close)
@@ -82,7 +83,7 @@ func outcomeOf(t *testing.T, status int, body map[string]any) any {
 func TestAReportThatCommittedIsNeverAnsweredNotApplied(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	h := serverFailingAfter(b, failingAfter{fail: gate.SQLLockUnwinding})
+	h := serverTraced(b, failingAfter{fail: gate.SQLLockUnwinding})
 	body := email(key("grouped-report"))
 	body["group_id"] = str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key,
 		map[string]any{"name": "g"}).JSON()["id"])
@@ -107,7 +108,7 @@ func TestAReportThatCommittedIsNeverAnsweredNotApplied(t *testing.T) {
 func TestASlowGrantThatCommittedIsNeverAnsweredNotApplied(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	h := serverFailingAfter(b, failingAfter{slow: gate.SQLBeginFast, fail: gate.SQLLengthenLease})
+	h := serverTraced(b, failingAfter{slow: gate.SQLBeginFast, fail: gate.SQLLengthenLease})
 	body := email(key("slow-grant"))
 	body["request_id"] = "0123456789abcdef0123456789abcdef"
 

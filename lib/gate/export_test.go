@@ -44,7 +44,7 @@ var FunctionFragments = map[string][]string{
 			"ev.surge_threshold", "$23")},
 	"gate_report": {freedCTE("upa") + "," + releaseCTEs("freed", "true"), sqlLatestUnknownAttempt("$1")},
 	"gate_begin_in_turn": {strings.TrimSuffix(lapsedCloseSQL("v_now", "ARRAY[$24]"), "SELECT count(*) FROM up") +
-		"SELECT count(*) INTO v_closed FROM up;", "v_now := " + afterAllowanceSQL("v_now") + ";"},
+		"SELECT count(*) INTO v_closed FROM up;", "v_now := " + afterAllowanceSQL("v_now", allowanceAfterSQL) + ";"},
 }
 
 // PurgeExpiredSQL is the retention pass's statement ($1 now, $2 limit, $3 groups deleted), so

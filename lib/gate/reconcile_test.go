@@ -9,11 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-
-	"github.com/getratchet/ratchet/lib/gate"
-	"github.com/getratchet/ratchet/lib/httpapi"
 )
 
 // statementCounter counts the statements a pool sends: each is a round trip.
@@ -48,15 +44,8 @@ func TestReconcileOfGroupStepsSettlesOnlyRollbacks(t *testing.T) {
 
 func testReconcileRoundTrips(t *testing.T, grouped bool) {
 	b := setup(t)
-	cfg := b.env.App.Pool.Config()
 	counter := &statementCounter{}
-	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	deps := b.env.App.Server.Deps
-	deps.Gate = gate.New(pool, deps.Sealer, deps.Auth.Hash, deps.Now)
-	h := httpapi.New(deps)
+	h := serverTraced(b, counter)
 
 	const typ = "qa.reconcile.lapses"
 	trips := func(n int) int64 {

@@ -397,11 +397,16 @@ WITH up AS (
 )
 SELECT count(*) FROM up`
 
+// closeSQL is closeCTEs answering how many breakers it closed.
+func closeSQL(cand, now, eventIDs string) string {
+	return closeCTEs(cand, now, eventIDs) + `SELECT count(*) FROM up`
+}
+
 // closeCTEs close the open breakers of cand (workspace_id, effect_type),
 // measuring the next surge allowance from when each closed (its cooldown's
 // end if that came first), and record circuit.closed for each ($E is the
-// event id array parameter, $N now).
-func closeSQL(cand, now, eventIDs string) string {
+// event id array parameter, $N now); up holds the rows closed.
+func closeCTEs(cand, now, eventIDs string) string {
 	return `
 WITH cand AS (` + cand + `), up AS (
     UPDATE gate_circuits c SET state = 'closed', updated_at = ` + now + `,
@@ -419,7 +424,7 @@ WITH cand AS (` + cand + `), up AS (
     FROM n
     ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
 )
-SELECT count(*) FROM up`
+`
 }
 
 // lapsedCloseSQL closes the breaker of workspace $1's type $2 if its
@@ -428,9 +433,15 @@ SELECT count(*) FROM up`
 // before the sweeper's next pass reopened the row without a circuit.closed.
 // gate_begin_in_turn (migration 0028) holds this text with now = v_now.
 func lapsedCloseSQL(now, eventIDs string) string {
-	return closeSQL(`SELECT workspace_id, effect_type FROM gate_circuits
-    WHERE workspace_id = $1 AND effect_type = $2 AND state = 'open' AND closes_at <= `+now+`
-    FOR UPDATE`, now, eventIDs)
+	return closeSQL(lapsedSQL(now), now, eventIDs)
+}
+
+// lapsedSQL locks the breaker of workspace $1's type $2 if it is open and
+// its cooldown ended by now (lapsedCloseSQL's candidates).
+func lapsedSQL(now string) string {
+	return `SELECT workspace_id, effect_type FROM gate_circuits
+    WHERE workspace_id = $1 AND effect_type = $2 AND state = 'open' AND closes_at <= ` + now + `
+    FOR UPDATE`
 }
 
 // surgeTurn is the advisory lock key of workspace ws's type typ's surge
@@ -450,11 +461,18 @@ func surgeTurn(ws, typ string) string {
 // and then counted by no later begin: every such begin executed (race QA:
 // two instances' burst at a cooldown's end gave 6 execute against 5, and
 // the sweeper closing just ahead of the begins' clocks 5 of 5 against 2).
-// gate_begin_in_turn (migration 0056) holds this text with now = v_now.
-func afterAllowanceSQL(now string) string {
-	return `greatest(` + now + `, (SELECT c.allowance_from + interval '1 microsecond' FROM gate_circuits c
-    WHERE c.workspace_id = $1 AND c.effect_type = $2))`
+// after is just after the allowance's start: allowanceAfterSQL, or, in a
+// statement that may close the breaker itself, the start that close set.
+// gate_begin_in_turn (migration 0056) holds this text with now = v_now and
+// after = allowanceAfterSQL.
+func afterAllowanceSQL(now, after string) string {
+	return `greatest(` + now + `, ` + after + `)`
 }
+
+// allowanceAfterSQL is just after the start of workspace $1's type $2's
+// surge allowance, as its breaker's row holds it (NULL: no row).
+const allowanceAfterSQL = `(SELECT c.allowance_from + interval '1 microsecond' FROM gate_circuits c
+    WHERE c.workspace_id = $1 AND c.effect_type = $2)`
 
 var (
 	// sqlCloseLapsedCircuit is lapsedCloseSQL for the operator's open.
@@ -466,10 +484,16 @@ var (
 	// sqlLockSurgeTurn takes a type's surge turn, as gate_begin_in_turn
 	// does (migration 0028). $1 workspace, $2 type.
 	sqlLockSurgeTurn = `SELECT pg_advisory_xact_lock(` + surgeTurn("$1::text", "$2::text") + `)`
-	// sqlAfterAllowance is a begin's clock reading $3, held in the surge
-	// turn, moved to just after the start of workspace $1's type $2's
-	// allowance when it reads earlier (afterAllowanceSQL).
-	sqlAfterAllowance = `SELECT ` + afterAllowanceSQL("$3::timestamptz")
+	// sqlCloseLapsedForArrival is lapsedCloseSQL for an arrival holding
+	// its type's surge turn, answering the arrival's clock reading $3 moved
+	// after the start of the allowance it is counted in (afterAllowanceSQL):
+	// the start this close set, read from its own update (the statement's
+	// snapshot predates it), else the row's. One statement: every other
+	// begin of the type waits for this turn, so each round trip in it is
+	// theirs too. $1 workspace, $2 type, $3 now, $4 event ids.
+	sqlCloseLapsedForArrival = closeCTEs(lapsedSQL("$3::timestamptz"), "$3::timestamptz", "$4") + `SELECT ` +
+		afterAllowanceSQL("$3::timestamptz",
+			`coalesce((SELECT u.allowance_from + interval '1 microsecond' FROM up u), `+allowanceAfterSQL+`)`)
 	// sqlLockCircuitTurn takes a type's (or the stop's, '*') turn among an
 	// operator's opens and closes, first in each, so that each answers the
 	// state it made: a close finding the breaker closed changes no row and
