@@ -180,11 +180,14 @@ func (s *Service) Claim(ctx context.Context, p *auth.Principal, workerID string,
 }
 
 // longPoll is a claim's wait: whether it parks with the waker (waitSeconds
-// above 0), when it ends, and the pause before its next look.
+// above 0), when it ends, and the pause before its next look; and the jobs
+// its looks passed over (claimOnce), passed over at every later look too:
+// this instance cannot open them any better then.
 type longPoll struct {
 	parked   bool
 	deadline time.Time
 	pause    time.Duration
+	skip     []string
 }
 
 // claimOrWait is one poll of Claim: it claims, and when nothing was claimed
@@ -202,7 +205,7 @@ func (s *Service) claimOrWait(ctx context.Context, p *auth.Principal, workerID s
 		woken, leave = s.wake.park(p.WorkspaceID)
 		defer func() { leave(!again) }()
 	}
-	jobs, err = s.claimOnce(ctx, p, workerID, limit, key)
+	jobs, err = s.claimOnce(ctx, p, workerID, limit, key, &poll.skip)
 	if err != nil || len(jobs) > 0 {
 		return jobs, false, err
 	}
@@ -267,15 +270,16 @@ func (s *Service) claimArgs(p *auth.Principal, workerID string, limit int, key *
 // maxAttempts 1 failed without ever running). The claim is then made again,
 // passing over those jobs (migration 0052), so that a job no instance can
 // open, left by a key removed too early, does not hold up the jobs behind
-// it; it stays queued, for an instance that has its key, and is logged at
-// each pass. After maxSkipRounds such rounds the claim fails.
+// it; it stays queued, for an instance that has its key, and is logged by
+// each claim that passes over it. After maxSkipRounds such rounds the
+// claim fails. skip holds the jobs passed over, by earlier looks of the
+// same claim too (longPoll), which pass over them without finding them.
 func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID string, limit int,
-	key *claimKey) (jobs []ClaimedJob, err error) {
-	var skip []string
+	key *claimKey, skip *[]string) (jobs []ClaimedJob, err error) {
 	for round := 1; ; round++ {
 		err = s.txRetrying(ctx, func(tx pgx.Tx) (err error) {
-			if len(skip) > 0 {
-				if _, err := tx.Exec(ctx, sqlClaimSkip, strings.Join(skip, ",")); err != nil {
+			if len(*skip) > 0 {
+				if _, err := tx.Exec(ctx, sqlClaimSkip, strings.Join(*skip, ",")); err != nil {
 					return fmt.Errorf("claim: set jobs to skip: %w", err)
 				}
 			}
@@ -289,7 +293,7 @@ func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID str
 		for id, openErr := range unreadable.jobs {
 			s.logger.Warn("claim passed over a job whose input this instance cannot open",
 				"job_id", id, "worker_id", workerID, "error", openErr.Error())
-			skip = append(skip, id)
+			*skip = append(*skip, id)
 		}
 	}
 }

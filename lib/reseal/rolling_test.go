@@ -116,6 +116,24 @@ func TestAClaimGivesUpAfterItsSkipRounds(t *testing.T) {
 	require.Equal(t, readable, jobs[0].(map[string]any)["jobId"])
 }
 
+// A long-polling claim passes over a job it cannot open once, and keeps
+// passing over it for the rest of its wait: found again at each poll, it
+// was leased and rolled back each time (its endpoint's row locked, its
+// rate window counted, for nothing) and logged each time.
+func TestALongPollPassesOverAnUnreadableJobOnce(t *testing.T) {
+	var logs apitest.LockedBuffer
+	env := fresh(t, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	ws := env.Signup()
+	lost := enqueueStep(t, instance(t, newKey, oldKey), ws, "lost", 1)["jobId"].(string)
+	worker := registerSender(t, env, ws)
+
+	r := env.Must(http.StatusOK, "POST", "/api/v1/workers/"+worker+"/claim", ws.Key,
+		map[string]any{"limit": 1, "waitSeconds": 1}) // polls every 50 ms, then 100, 200…
+	require.Empty(t, r.JSON()["jobs"])
+	require.Equal(t, 1, strings.Count(logs.String(), "job_id="+lost), "%s", logs.String())
+	requireUnleased(t, env, lost)
+}
+
 // enqueueStep enqueues a send@1 step of its own run through env, its input
 // {"step": k}, and answers the enqueue's answer.
 func enqueueStep(t *testing.T, env *apitest.Env, ws apitest.Workspace, k string, maxAttempts int) map[string]any {
