@@ -290,10 +290,21 @@ func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID str
 		if !errors.As(err, &unreadable) || round == maxSkipRounds {
 			return jobs, err
 		}
+		passed := false
 		for id, openErr := range unreadable.jobs {
+			if slices.Contains(*skip, id) {
+				// Answered though named: a claim sent again under its
+				// claimId answers what the first leased, and cannot pass
+				// over any of it; claiming again would only answer it again.
+				continue
+			}
 			s.logger.Warn("claim passed over a job whose input this instance cannot open",
 				"job_id", id, "worker_id", workerID, "error", openErr.Error())
 			*skip = append(*skip, id)
+			passed = true
+		}
+		if !passed {
+			return jobs, err
 		}
 	}
 }

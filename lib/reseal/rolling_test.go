@@ -134,6 +134,29 @@ func TestALongPollPassesOverAnUnreadableJobOnce(t *testing.T) {
 	requireUnleased(t, env, lost)
 }
 
+// A claim sent again under its claimId answers the jobs the first leased
+// under it, whatever it is told to pass over: an instance that cannot open
+// one of them answers 500 at once (the worker's next try may reach one
+// that can), not after claiming the same jobs again for every round.
+func TestAKeyedClaimsHeldJobItCannotOpenFailsAtOnce(t *testing.T) {
+	var logs apitest.LockedBuffer
+	lagging := fresh(t, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	ws := lagging.Signup()
+	updated := instance(t, newKey, oldKey)
+	job := enqueueStep(t, updated, ws, "held", 1)["jobId"].(string)
+	worker := registerSender(t, lagging, ws)
+	claim := map[string]any{"limit": 1, "claimId": "c-1"}
+	jobs := updated.Must(http.StatusOK, "POST", "/api/v1/workers/"+worker+"/claim", ws.Key, claim).JSON()["jobs"].([]any)
+	require.Len(t, jobs, 1)
+
+	r := lagging.Do("POST", "/api/v1/workers/"+worker+"/claim", ws.Key, claim)
+	require.Equal(t, http.StatusInternalServerError, r.Status, "%s", r.Body)
+	require.Equal(t, 1, strings.Count(logs.String(), "job_id="+job),
+		"%s", logs.String())
+	again := updated.Must(http.StatusOK, "POST", "/api/v1/workers/"+worker+"/claim", ws.Key, claim).JSON()["jobs"].([]any)
+	require.Equal(t, jobs[0].(map[string]any)["leaseToken"], again[0].(map[string]any)["leaseToken"], "the same lease")
+}
+
 // enqueueStep enqueues a send@1 step of its own run through env, its input
 // {"step": k}, and answers the enqueue's answer.
 func enqueueStep(t *testing.T, env *apitest.Env, ws apitest.Workspace, k string, maxAttempts int) map[string]any {
