@@ -31,7 +31,3 @@ func SetDeadlockRetry(s *Service, on bool) { s.noDeadlockRetry = !on }
 // SQLLockRetiredJobs is PurgeRetired's statement that locks the candidate
 // runs' jobs, for a test of its plan.
 const SQLLockRetiredJobs = sqlLockRetiredJobs
-
-// SQLDeleteIdleWorkers is PurgeRetired's statement that deletes idle
-// worker registrations, for a test of its plan.
-const SQLDeleteIdleWorkers = sqlDeleteIdleWorkers

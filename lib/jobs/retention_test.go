@@ -3,7 +3,6 @@ package jobs_test
 import (
 	"encoding/json"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -215,92 +214,6 @@ func TestRetentionKeepsABusyWorker(t *testing.T) {
 	b.succeed(t, j)
 	_, err = b.svc.Claim(ctx, b.worker, w, jobs.ClaimRequest{Limit: ptr(1)})
 	require.NoError(t, err, "the live worker claims on")
-}
-
-// Idle registrations go from every workspace, oldest first within each,
-// up to the pass's limit; a worker seen since the cut-off stays. Counted
-// over the whole table: no parallel test runs meanwhile, and another
-// test's idle workers count as due too.
-func TestRetentionDeletesIdleWorkersOfEveryWorkspaceInBatches(t *testing.T) {
-	b := setup(t)
-	live, idle := b.register(t), []string{b.register(t), b.register(t)}
-	other := b.env.Signup()
-	p, err := b.env.App.Server.Auth.Authenticate(ctx, b.env.Key(other, map[string]any{
-		"name": "worker", "preset": "WORKER", "tools": []string{"send_email@1"}}))
-	require.NoError(t, err)
-	r, err := b.svc.RegisterWorker(ctx, p, jobs.RegisterRequest{Tools: []jobs.Tool{{Name: "send_email", Version: "1"}}})
-	require.NoError(t, err)
-	idle = append(idle, r.WorkerID)
-
-	b.clock.Add(91 * 24 * time.Hour)
-	_, err = b.svc.Claim(ctx, b.worker, live, jobs.ClaimRequest{}) // seen, with nothing to claim
-	require.NoError(t, err)
-	cutoff := b.clock.Now().AddDate(0, 0, -90)
-	due := func() int {
-		return b.count(t, `SELECT count(*) FROM job_workers WHERE last_seen_at < $1`, cutoff)
-	}
-	before := due()
-	require.GreaterOrEqual(t, before, len(idle))
-	_, err = b.svc.PurgeRetired(ctx, cutoff, 2)
-	require.NoError(t, err)
-	require.Equal(t, before-2, due(), "two a pass")
-	for range before {
-		if due() == 0 {
-			break
-		}
-		_, err = b.svc.PurgeRetired(ctx, cutoff, 2)
-		require.NoError(t, err)
-	}
-	require.Zero(t, due())
-	require.Zero(t, b.count(t, `SELECT count(*) FROM job_workers WHERE id = ANY($1)`, idle), "both workspaces' idle workers")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM job_workers WHERE id = $1`, live), "the live worker stays")
-}
-
-// The idle workers' delete visits each workspace that has workers through
-// job_workers_seen_idx (workspace_id, last_seen_at) and reads only the
-// range due of each: last_seen_at < cutoff alone, which no index leads
-// with, was a scan of every registration on every pass (scale QA: 200k
-// workers, none due, 3.3k buffers). On a seeded table, the plan never
-// reads job_workers whole, nor that index by last_seen_at alone, and
-// deletes by the addresses it locked. EXPLAIN only: nothing is deleted.
-func TestIdleWorkersDeleteReadsOnlyTheWorkspacesRangesDue(t *testing.T) {
-	b := setup(t)
-	pool := b.env.App.Pool
-	// 20,000 workers of 100 workspaces, seen far ahead of every other
-	// test's clock.
-	from := time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
-	_, err := pool.Exec(ctx, `INSERT INTO workspaces (id, name, created_at)
-		SELECT 'plan-test-' || s, 'plan test', $1 FROM generate_series(1, 100) s`, from)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO job_workers (id, workspace_id, key_id, names, versions, created_at, last_seen_at)
-		SELECT 'plan-test-' || i, 'plan-test-' || (1 + i % 100), 'key', '{send_email}', '{1}', $1,
-			$1::timestamptz + i * interval '1 minute'
-		FROM generate_series(1, 20000) i`, from)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, err := pool.Exec(ctx, `DELETE FROM job_workers WHERE workspace_id LIKE 'plan-test-%'`)
-		require.NoError(t, err)
-		_, err = pool.Exec(ctx, `DELETE FROM workspaces WHERE id LIKE 'plan-test-%'`)
-		require.NoError(t, err)
-	})
-	_, err = pool.Exec(ctx, `ANALYZE job_workers`)
-	require.NoError(t, err)
-
-	nodes, err := testpg.Explain(ctx, pool, jobs.SQLDeleteIdleWorkers, from.Add(time.Hour), 1000)
-	require.NoError(t, err)
-	reads := testpg.Reads(nodes, "job_workers")
-	require.NotContains(t, reads, "Seq Scan <nil>", "the whole table")
-	require.Contains(t, reads, "Tid Scan <nil>", "deleted by the addresses it locked")
-	ranges := 0
-	for _, n := range nodes {
-		cond := fmt.Sprint(n.Fields["Index Cond"])
-		if n.Fields["Index Name"] != "job_workers_seen_idx" || !strings.Contains(cond, "last_seen_at") {
-			continue
-		}
-		require.Contains(t, cond, "workspace_id =", "a range of one workspace, not the whole index: %v", reads)
-		ranges++
-	}
-	require.Positive(t, ranges, "the ranges due read through job_workers_seen_idx: %v", reads)
 }
 
 // A run whose cancelled attempt still holds its endpoint's slot is kept

@@ -955,37 +955,7 @@ DELETE FROM job_runs r WHERE r.id = ANY($1::text[])`
 // sqlDeleteIdleWorkers deletes up to $2 worker registrations not seen since
 // $1: a running worker is seen at every claim, long polls included, so these
 // are workers long gone (a claim under a deleted id answers 404, and the
-// SDK registers again at start). The table grows with registrations (one
-// each time a worker starts) over the retention period, and
-// job_workers_seen_idx leads with the workspace, so last_seen_at < $1 alone
-// was a scan of the table on every pass (scale QA: 200k workers, none due,
-// 3.3k buffers). Instead, a loose scan of that index visits each workspace
-// that has workers once, reading its oldest last_seen_at on the way
-// (the first entry of its range), and reads the range due of only those
-// whose oldest is due, oldest first: a pass costs a probe per such
-// workspace, not a read of every registration. No index on last_seen_at
-// alone: every claim sets it, and each would add an entry there. Rows are
-// locked (SKIP LOCKED: a claim updating one is seen, not deleted; one
-// updated since is checked again) and deleted by their addresses.
+// SDK registers again at start).
 const sqlDeleteIdleWorkers = `
-DELETE FROM job_workers WHERE ctid = ANY(ARRAY(
-    WITH RECURSIVE spaces AS (
-        (SELECT w.workspace_id, w.last_seen_at FROM job_workers w
-         ORDER BY w.workspace_id, w.last_seen_at LIMIT 1)
-        UNION ALL
-        SELECT n.workspace_id, n.last_seen_at FROM spaces s CROSS JOIN LATERAL (
-            SELECT w.workspace_id, w.last_seen_at FROM job_workers w
-            WHERE w.workspace_id > s.workspace_id
-            ORDER BY w.workspace_id, w.last_seen_at
-            LIMIT 1
-        ) n
-    )
-    SELECT x.ctid FROM spaces s CROSS JOIN LATERAL (
-        SELECT w.ctid FROM job_workers w
-        WHERE w.workspace_id = s.workspace_id AND w.last_seen_at < $1::timestamptz
-        ORDER BY w.last_seen_at
-        LIMIT $2::int
-        FOR UPDATE OF w SKIP LOCKED
-    ) x
-    WHERE s.last_seen_at < $1::timestamptz
-    LIMIT $2::int))`
+DELETE FROM job_workers WHERE id IN (
+    SELECT id FROM job_workers WHERE last_seen_at < $1::timestamptz LIMIT $2::int)`
