@@ -216,6 +216,45 @@ func TestRetentionKeepsABusyWorker(t *testing.T) {
 	require.NoError(t, err, "the live worker claims on")
 }
 
+// Idle registrations go from every workspace, oldest first within each,
+// up to the pass's limit; a worker seen since the cut-off stays. Counted
+// over the whole table: no parallel test runs meanwhile, and another
+// test's idle workers count as due too.
+func TestRetentionDeletesIdleWorkersOfEveryWorkspaceInBatches(t *testing.T) {
+	b := setup(t)
+	live, idle := b.register(t), []string{b.register(t), b.register(t)}
+	other := b.env.Signup()
+	p, err := b.env.App.Server.Auth.Authenticate(ctx, b.env.Key(other, map[string]any{
+		"name": "worker", "preset": "WORKER", "tools": []string{"send_email@1"}}))
+	require.NoError(t, err)
+	r, err := b.svc.RegisterWorker(ctx, p, jobs.RegisterRequest{Tools: []jobs.Tool{{Name: "send_email", Version: "1"}}})
+	require.NoError(t, err)
+	idle = append(idle, r.WorkerID)
+
+	b.clock.Add(91 * 24 * time.Hour)
+	_, err = b.svc.Claim(ctx, b.worker, live, jobs.ClaimRequest{}) // seen, with nothing to claim
+	require.NoError(t, err)
+	cutoff := b.clock.Now().AddDate(0, 0, -90)
+	due := func() int {
+		return b.count(t, `SELECT count(*) FROM job_workers WHERE last_seen_at < $1`, cutoff)
+	}
+	before := due()
+	require.GreaterOrEqual(t, before, len(idle))
+	_, err = b.svc.PurgeRetired(ctx, cutoff, 2)
+	require.NoError(t, err)
+	require.Equal(t, before-2, due(), "two a pass")
+	for range before {
+		if due() == 0 {
+			break
+		}
+		_, err = b.svc.PurgeRetired(ctx, cutoff, 2)
+		require.NoError(t, err)
+	}
+	require.Zero(t, due())
+	require.Zero(t, b.count(t, `SELECT count(*) FROM job_workers WHERE id = ANY($1)`, idle), "both workspaces' idle workers")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM job_workers WHERE id = $1`, live), "the live worker stays")
+}
+
 // A run whose cancelled attempt still holds its endpoint's slot is kept
 // until the slot is given back (its report, or its lease's end): deleted
 // first, the endpoint's running count never came down, and an endpoint
