@@ -75,3 +75,7 @@ var SQLListCircuits = sqlListCircuits
 
 // SQLPruneSpend is SweepSpend's statement, for a test of its plan.
 const SQLPruneSpend = sqlPruneSpend
+
+// SQLReconcileEffects is the statement a reconciliation reads its effects
+// with, for a test of how it is sent.
+const SQLReconcileEffects = sqlReconcileEffects

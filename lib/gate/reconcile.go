@@ -381,6 +381,9 @@ func (out *Reconciliation) classifySettled(item ReconcileItem) {
 }
 
 func reconEffects(ctx context.Context, tx pgx.Tx, ws, effectType string, from, to time.Time, keys []string) ([]reconEffect, error) {
+	if _, err := tx.Exec(ctx, sqlReconcileNoJIT); err != nil {
+		return nil, fmt.Errorf("reconcile: jit off: %w", err)
+	}
 	rows, err := tx.Query(ctx, sqlReconcileEffects, ws, effectType, from, to, keys, MaxReconcileEffects+1,
 		ids.Floor(ids.Effect, from.Add(time.Millisecond)))
 	if err != nil {

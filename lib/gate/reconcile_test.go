@@ -4,12 +4,16 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/gate"
 )
 
 // statementCounter counts the statements a pool sends: each is a round trip.
@@ -95,4 +99,38 @@ func testReconcileRoundTrips(t *testing.T, grouped bool) {
 	few := trips(2)
 	many := trips(12)
 	require.Equal(t, few, many, "round trips do not grow with the lapses settled")
+}
+
+// statementRecorder records the text of every statement a pool sends.
+type statementRecorder struct {
+	mu  sync.Mutex
+	sql []string
+}
+
+func (r *statementRecorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sql = append(r.sql, d.SQL)
+	return ctx
+}
+
+func (r *statementRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A reconciliation reads its effects with JIT off, set in its transaction
+// just before (sqlReconcileNoJIT): its estimate passes jit_above_cost on a
+// busy workspace, and compiling took most of a second (review).
+func TestReconcileReadsItsEffectsWithJITOff(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := &statementRecorder{}
+	h := serverTraced(b, rec)
+	status, out := postTo(t, h, "/api/v1/reconcile", b.ws.Key, map[string]any{"effect_type": "qa.reconcile.jit",
+		"from": b.clock.Now().Add(-time.Hour).Format(time.RFC3339Nano), "to": b.clock.Now().Format(time.RFC3339Nano),
+		"records": []any{}})
+	require.Equal(t, http.StatusOK, status, "%v", out)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	read := slices.IndexFunc(rec.sql, func(s string) bool { return s == gate.SQLReconcileEffects })
+	require.Positive(t, read, "the effects are read, after a statement")
+	require.Equal(t, "SELECT set_config('jit', 'off', true)", rec.sql[read-1])
 }
