@@ -37,6 +37,10 @@ type QueueHealth struct {
 	RateLimitedEndpoints []string `json:"rateLimitedEndpoints"`
 	// Message says plainly what holds the queue, when something does.
 	Message *string `json:"message"`
+	// heldReplayEndpoints are the endpoints with maxConcurrent where a due
+	// replayed job waits for its cancelled attempt, still holding its slot,
+	// to end (migration 0052); said in Message only.
+	heldReplayEndpoints []string
 }
 
 // HealthCursor is the cursor of the page that follows h.
@@ -64,7 +68,7 @@ func (s *Service) QueueHealth(ctx context.Context, workspaceID, cursor string, l
 		var h QueueHealth
 		var oldest *time.Time
 		if err := r.Scan(&h.Name, &h.Version, &h.Queued, &h.Due, &oldest, &h.WorkersSeen, &h.OpenCircuitEndpoints,
-			&h.PausedEndpoints, &h.AtLimitEndpoints, &h.RateLimitedEndpoints); err != nil {
+			&h.PausedEndpoints, &h.AtLimitEndpoints, &h.RateLimitedEndpoints, &h.heldReplayEndpoints); err != nil {
 			return h, err
 		}
 		if oldest != nil {
@@ -124,6 +128,13 @@ func (h QueueHealth) explain() *string {
 			"Endpoint %s has started its rateLimitPerMinute this minute: the others wait for the next minute.",
 			"Endpoints %s have each started their rateLimitPerMinute this minute: the others wait for the "+
 				"next minute."))
+	}
+	if len(h.heldReplayEndpoints) > 0 {
+		parts = append(parts, endpointsSay(h.heldReplayEndpoints,
+			"On endpoint %s, a replayed job waits for its cancelled attempt, which holds its maxConcurrent slot, "+
+				"to report or its lease to expire.",
+			"On endpoints %s, replayed jobs wait for their cancelled attempts, which hold their maxConcurrent "+
+				"slots, to report or their leases to expire."))
 	}
 	if parts == nil {
 		return nil

@@ -297,6 +297,13 @@ func TestCancelAgainWhileAnEarlierAttemptHoldsItsSlot(t *testing.T) {
 	b.requireRunningCount(t, "mailer", 2)
 	b.succeed(t, got[0])
 	require.Empty(t, b.claim(t, wid, 5), "room again, but the held attempt has not ended")
+	health, err := b.svc.QueueHealth(ctx, b.ws, "", 10)
+	require.NoError(t, err)
+	require.Len(t, health, 1)
+	require.Empty(t, health[0].AtLimitEndpoints)
+	require.NotNil(t, health[0].Message, "queue health says what holds the due job")
+	require.Equal(t, "On endpoint mailer, a replayed job waits for its cancelled attempt, which holds its "+
+		"maxConcurrent slot, to report or its lease to expire.", *health[0].Message)
 
 	r, err := b.svc.Report(ctx, b.worker, first.JobID, jobs.ReportRequest{LeaseToken: first.LeaseToken, Status: "SUCCEEDED"})
 	require.NoError(t, err)

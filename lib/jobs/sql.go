@@ -824,7 +824,9 @@ WHERE e.id = j.endpoint_id AND $3::bool AND NOT j.held AND e.max_concurrent IS N
 // as of its lease's expiry, unless that was its last attempt (no claim takes
 // it; the sweeper or the next read of its run ends it EXHAUSTED). Pages go
 // by (name, version): $4 and $5 are the last row's (NULL for the first
-// page), $6 the page's rows.
+// page), $6 the page's rows. The last column names the endpoints with
+// maxConcurrent holding a due replayed job for its cancelled attempt,
+// which still holds its slot (migration 0052: the claim waits for it).
 //
 // An endpoint at its maxConcurrent holds only the jobs that would take a
 // new slot: as in jobs_claim_keyed (migration 0047), a lapsed RUNNING job
@@ -843,7 +845,9 @@ WITH q AS (
            array_agg(DISTINCT endpoint_id) AS endpoint_ids,
            array_agg(DISTINCT endpoint_id) FILTER (WHERE ready_at <= $2::timestamptz) AS due_endpoint_ids,
            array_agg(DISTINCT endpoint_id) FILTER (WHERE status <> 'RUNNING'
-                                                   AND ready_at <= $2::timestamptz) AS slot_endpoint_ids
+                                                   AND ready_at <= $2::timestamptz) AS slot_endpoint_ids,
+           array_agg(DISTINCT endpoint_id) FILTER (WHERE status <> 'RUNNING' AND slot_attempt IS NOT NULL
+                                                   AND ready_at <= $2::timestamptz) AS held_endpoint_ids
     FROM jobs
     WHERE workspace_id = $1::text AND (status IN ('QUEUED', 'RETRY_SCHEDULED')
                                        OR (status = 'RUNNING' AND ready_at <= $2::timestamptz
@@ -859,7 +863,7 @@ WITH q AS (
 )
 SELECT q.name, q.version, q.queued, q.due, q.oldest, coalesce(w.seen, 0),
        coalesce(h.open_circuits, '{}'), coalesce(h.paused, '{}'), coalesce(h.at_limit, '{}'),
-       coalesce(h.rate_limited, '{}')
+       coalesce(h.rate_limited, '{}'), coalesce(h.held_replays, '{}')
 FROM q LEFT JOIN w ON w.name = q.name AND w.version = q.version
 CROSS JOIN LATERAL (
     SELECT array_agg(e.name ORDER BY e.name) FILTER (WHERE e.circuit_state = 'open') AS open_circuits,
@@ -870,7 +874,9 @@ CROSS JOIN LATERAL (
            array_agg(e.name ORDER BY e.name) FILTER (WHERE e.rate_limit_per_minute IS NOT NULL
                                                      AND e.rate_window_start >= $7::timestamptz
                                                      AND e.rate_window_count >= e.rate_limit_per_minute
-                                                     AND e.id = ANY (q.due_endpoint_ids)) AS rate_limited
+                                                     AND e.id = ANY (q.due_endpoint_ids)) AS rate_limited,
+           array_agg(e.name ORDER BY e.name) FILTER (WHERE e.max_concurrent IS NOT NULL
+                                                     AND e.id = ANY (q.held_endpoint_ids)) AS held_replays
     FROM job_endpoints e WHERE e.id = ANY (q.endpoint_ids)
 ) h
 ORDER BY q.name, q.version`
