@@ -3,8 +3,11 @@ package jobs_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1103,4 +1106,298 @@ func policyWriteHeldOpen(t *testing.T, b *bundle, endpointID string, limit int) 
 		WHERE id = $1::text`, endpointID, limit)
 	require.NoError(t, err)
 	return pol
+}
+
+// An endpoint with maxConcurrent under chaos: workers claim and work their
+// jobs for a while by the test's clock, heartbeating (some too seldom, some
+// never) and reporting successes and failures (singly and in batches), or
+// abandon them; a chaos loop cancels and replays steps, mostly running
+// ones (and cancels some again); a sweeper loop moves the clock, so leases
+// lapse, are requeued and reclaimed, and late heartbeats revive some.
+// Checked after every claim and by a loop throughout, each in one snapshot:
+// the attempts that may be running (the endpoint's executions with no
+// outcome whose lease has not expired: RUNNING jobs and cancelled attempts
+// holding their slot) never exceed the limit, and running_count always
+// equals the RUNNING jobs plus the held slots. At quiescence, once every
+// lease lapses, the count is zero, and the jobs left are all worked through
+// the endpoint (no slot leaked). Few jobs, so that a replayed one is soon
+// first in the queue: without migration 0052's wait for a held slot, this
+// finds four attempts at a limit of three within seconds. Not parallel: the
+// sweeps are global and the clock moves past other tests' leases.
+func TestEndpointSlotsHoldUnderCancelAndReplayChaos(t *testing.T) {
+	const (
+		limit       = 3
+		runs, steps = 3, 8 // few: a replayed job is soon the queue's first
+		workers     = 10
+		chaosOps    = 150
+		sweeps      = 150              // the workers work until the chaos and the sweeps are done
+		lease       = 11 * time.Second // timeoutMs 1 000 and apitest's 10 s grace
+	)
+	b := setup(t)
+	ep := b.limitedEndpoint(t, "mailer", limit)
+	var stepIDs []string
+	for r := range runs {
+		runID := b.run(t)
+		for i := range steps {
+			stepIDs = append(stepIDs, b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("mailer"),
+				TimeoutMs: ptr[int64](1_000), MaxAttempts: ptr[int64](10), Input: json.RawMessage(fmt.Sprint(r*steps + i))}).StepID)
+		}
+	}
+
+	hctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	var mu sync.Mutex
+	var fails []string
+	failf := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(fails) < 20 {
+			fails = append(fails, fmt.Sprintf(format, args...))
+		}
+		cancel()
+	}
+	// refused is an error the API answers on purpose (a lease lost, a step
+	// in another state); anything else (a deadlock, a 500) fails the test.
+	refused := func(what string, err error) bool {
+		if err == nil {
+			return false
+		}
+		if e, ok := apierr.As(err); ok && e.Code != apierr.CodeInternal && e.Code != apierr.CodeDatabaseUnavailable {
+			return true
+		}
+		if hctx.Err() == nil {
+			failf("%s: %v", what, err)
+		}
+		return true
+	}
+	check := func(when string) {
+		now := b.clock.Now() // read first: the clock only moves on, so no lease is missed
+		var count, recount, mayRun int
+		err := b.env.App.Pool.QueryRow(hctx, `SELECT e.running_count,
+			(SELECT count(*) FROM jobs j WHERE j.endpoint_id = e.id AND j.status = 'RUNNING')
+			+ (SELECT count(*) FROM jobs j WHERE j.endpoint_id = e.id AND j.slot_attempt IS NOT NULL),
+			(SELECT count(*) FROM job_executions x WHERE x.endpoint_id = e.id AND x.outcome IS NULL
+			   AND x.lease_expires_at > $2)
+			FROM job_endpoints e WHERE e.id = $1`, ep.ID, now).Scan(&count, &recount, &mayRun)
+		switch {
+		case err != nil:
+			if hctx.Err() == nil {
+				failf("%s: check: %v", when, err)
+			}
+		case mayRun > limit:
+			failf("%s: %d attempts may be running on an endpoint limited to %d", when, mayRun, limit)
+		case count != recount:
+			failf("%s: running_count %d, RUNNING jobs and held slots %d", when, count, recount)
+		}
+	}
+
+	// work is a claimed job as its worker runs it, by the test's clock.
+	type work struct {
+		jobs.ClaimedJob
+		done, nextBeat time.Time
+		beat           time.Duration // 0: never
+	}
+	var claims, reports, beats, lost, cancelsSeen, heldReplays atomic.Int64
+	var wg, chaos sync.WaitGroup
+	stop := make(chan struct{})
+	for w := range workers {
+		wid := b.register(t)
+		rng := rand.New(rand.NewPCG(uint64(w), 7))
+		wg.Go(func() {
+			var held []work
+			var batch []jobs.BatchReportItem
+			report := func(j jobs.ClaimedJob, status string, e *jobs.ReportError) {
+				reports.Add(1)
+				if rng.IntN(3) == 0 {
+					batch = append(batch, jobs.BatchReportItem{JobID: j.JobID, LeaseToken: j.LeaseToken, Status: status,
+						Error: e})
+					return
+				}
+				_, err := b.svc.Report(hctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+					Status: status, Error: e})
+				refused("report", err)
+			}
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if len(held) < 2 {
+					c, err := b.svc.Claim(hctx, b.worker, wid, jobs.ClaimRequest{Limit: ptr(1 + rng.IntN(2))})
+					if !refused("claim", err) {
+						now := b.clock.Now()
+						for _, j := range c.Jobs {
+							claims.Add(1)
+							if rng.IntN(10) == 0 {
+								continue // abandoned: its lease lapses
+							}
+							beat := []time.Duration{0, 4 * time.Second, 8 * time.Second, 15 * time.Second}[rng.IntN(4)]
+							held = append(held, work{ClaimedJob: j, beat: beat, nextBeat: now.Add(beat),
+								done: now.Add(time.Duration(rng.IntN(16_000)) * time.Millisecond)})
+						}
+					}
+					check("after a claim")
+				}
+				now := b.clock.Now()
+				var keep []work
+				for _, j := range held {
+					switch {
+					case !now.Before(j.done):
+						if rng.IntN(4) == 0 {
+							report(j.ClaimedJob, "FAILED", &jobs.ReportError{Message: "try later"})
+						} else {
+							report(j.ClaimedJob, "SUCCEEDED", nil)
+						}
+					case j.beat > 0 && !now.Before(j.nextBeat):
+						beats.Add(1)
+						hb, err := b.svc.Heartbeat(hctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+						switch {
+						case refused("heartbeat", err):
+							lost.Add(1) // the lease lost or the attempt over: stop
+						case hb.CancelRequested:
+							cancelsSeen.Add(1)
+							report(j.ClaimedJob, "FAILED", &jobs.ReportError{Message: "stopped: cancelled"})
+						default:
+							j.nextBeat = now.Add(j.beat)
+							keep = append(keep, j)
+						}
+					default:
+						keep = append(keep, j)
+					}
+				}
+				held = keep
+				if len(batch) > 0 {
+					_, err := b.svc.ReportBatch(hctx, b.worker, jobs.BatchReportRequest{Reports: batch})
+					refused("batch report", err)
+					batch = nil
+				}
+				time.Sleep(2 * time.Millisecond) // at work while the clock moves
+			}
+		})
+	}
+	// cancelOnceClaimed watches a step a while and cancels it once its job
+	// is claimed again.
+	cancelOnceClaimed := func(st string) {
+		for range 20 {
+			var status string
+			if err := b.env.App.Pool.QueryRow(hctx, `SELECT status FROM jobs WHERE step_id = $1`, st).Scan(&status); err != nil {
+				return
+			}
+			if status == jobs.StatusRunning {
+				_, err := b.svc.CancelStep(hctx, b.ws, st)
+				refused("cancel once claimed", err)
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	chaos.Go(func() {
+		rng := rand.New(rand.NewPCG(1, 2))
+		var replayedHeld []string // steps replayed while their cancelled attempt held its slot
+		for range chaosOps {
+			if hctx.Err() != nil {
+				return
+			}
+			// A step at work (its attempt holds a slot once cancelled), or
+			// one replayed while an attempt held its slot (claimed since,
+			// a cancel now would free the new attempt's slot at once:
+			// migration 0052), or any step.
+			st := stepIDs[rng.IntN(len(stepIDs))]
+			switch n := rng.IntN(8); {
+			case n < 2 && len(replayedHeld) > 0:
+				st = replayedHeld[rng.IntN(len(replayedHeld))]
+			case n < 6:
+				err := b.env.App.Pool.QueryRow(hctx, `SELECT step_id FROM jobs WHERE endpoint_id = $1 AND status = 'RUNNING'
+					ORDER BY id OFFSET $2 LIMIT 1`, ep.ID, rng.IntN(limit)).Scan(&st)
+				if err != nil && !errors.Is(err, pgx.ErrNoRows) && hctx.Err() == nil {
+					failf("pick a running step: %v", err)
+				}
+			}
+			_, err := b.svc.CancelStep(hctx, b.ws, st)
+			refused("cancel", err)
+			if rng.IntN(10) < 7 {
+				_, err = b.svc.Replay(hctx, b.worker, st, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+				if !refused("replay", err) {
+					var held bool
+					if err := b.env.App.Pool.QueryRow(hctx, `SELECT slot_attempt IS NOT NULL FROM jobs WHERE step_id = $1`,
+						st).Scan(&held); err == nil && held {
+						heldReplays.Add(1)
+						replayedHeld = append(replayedHeld, st)
+						if rng.IntN(2) == 0 {
+							cancelOnceClaimed(st)
+						}
+					}
+				}
+				if rng.IntN(4) == 0 {
+					_, err = b.svc.CancelStep(hctx, b.ws, st)
+					refused("cancel again", err)
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	chaos.Go(func() { // the sweeper and its clock
+		rng := rand.New(rand.NewPCG(3, 4))
+		for range sweeps {
+			if hctx.Err() != nil {
+				return
+			}
+			b.clock.Add(time.Duration(rng.IntN(int(lease/2/time.Millisecond))) * time.Millisecond)
+			if err := b.env.App.Sweeper.RunOnce(hctx).Error(); err != nil && hctx.Err() == nil {
+				failf("sweep: %v", err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	checking := make(chan struct{})
+	var checker sync.WaitGroup
+	checker.Go(func() {
+		for {
+			select {
+			case <-checking:
+				return
+			default:
+				check("in the loop")
+				time.Sleep(time.Millisecond)
+			}
+		}
+	})
+	chaos.Wait()
+	close(stop)
+	wg.Wait()
+	close(checking)
+	checker.Wait()
+	require.Empty(t, fails)
+	t.Logf("%d jobs claimed, %d reports, %d heartbeats (%d lost their lease or attempt, %d told of a cancel), "+
+		"%d replays while a cancelled attempt held its slot", claims.Load(), reports.Load(), beats.Load(), lost.Load(),
+		cancelsSeen.Load(), heldReplays.Load())
+
+	// Quiescent: the count is exact, and once every lease has lapsed and
+	// the sweeper has freed their slots, zero.
+	check("at quiescence")
+	require.Empty(t, fails)
+	b.clock.Add(time.Hour)
+	b.sweep(t)
+	b.requireRunningCount(t, "mailer", 0)
+
+	// No slot leaked: every job still due is claimed and worked through
+	// the endpoint, at most limit at a time.
+	wid := b.register(t)
+	for range 200 {
+		got := b.claim(t, wid, 10)
+		require.LessOrEqual(t, len(got), limit)
+		if len(got) == 0 {
+			b.clock.Add(time.Hour) // retries wait out their backoff
+			if got = b.claim(t, wid, 10); len(got) == 0 {
+				break
+			}
+		}
+		for _, j := range got {
+			b.succeed(t, j)
+		}
+	}
+	b.requireRunningCount(t, "mailer", 0)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM jobs WHERE endpoint_id = $1
+		AND status IN ('QUEUED', 'RETRY_SCHEDULED', 'RUNNING')`, ep.ID), "every job due was worked")
 }
