@@ -179,7 +179,7 @@ func TestRollingDeployClaimHammer(t *testing.T) {
 								again.status, again.body)
 							return
 						}
-						requireLogged(&lagLogs, again.requestID, "claim sent again under its claimId: ", failf)
+						requireLogged(&lagLogs, again.requestID, "claim: open input of job ", failf)
 						heldUnreadable.Add(1)
 					}
 					if !sameLeases(first, jobs) {
