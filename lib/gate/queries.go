@@ -728,12 +728,16 @@ SELECT DISTINCT group_id FROM upd WHERE group_id IS NOT NULL ORDER BY group_id`
 const sqlUnwindingAmong = `SELECT id FROM effect_groups
 WHERE workspace_id = $1 AND id = ANY($2::text[]) AND state = 'unwinding' ORDER BY id`
 
-// sqlReconciled records when a type was last reconciled.
-// $1 workspace, $2 effect type, $3 now, $4 from, $5 to.
+// sqlReconciled records when a type was last reconciled, never moving it
+// back: a reconciliation whose clock reads earlier than the one recorded
+// (another instance's clock behind, or two committing out of order) leaves
+// the later one, which policies read and the reminders' calendar restarts
+// from (review). $1 workspace, $2 effect type, $3 now, $4 from, $5 to.
 const sqlReconciled = `INSERT INTO reconciliations (workspace_id, effect_type, last_reconciled_at, last_from, last_to)
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (workspace_id, effect_type) DO UPDATE
-SET last_reconciled_at = $3, last_from = $4, last_to = $5`
+SET last_reconciled_at = $3, last_from = $4, last_to = $5
+WHERE reconciliations.last_reconciled_at <= $3`
 
 // sqlReconcileDue records one reconciliation.due event per overdue type and
 // due period. A type is due reconcile_every_hours after the later of its

@@ -725,3 +725,22 @@ func TestReconciliationRemindersAcrossTheDeploy(t *testing.T) {
 	require.True(t, due.Equal(on.Add(24*time.Hour)), "%s", due)
 	require.True(t, created.Before(on))
 }
+
+// last_reconciled_at never moves back: a reconciliation through an instance
+// whose clock is behind the one that reconciled last leaves the later time
+// (review: it was overwritten, and the reminders' calendar restarted
+// earlier).
+func TestLastReconciledAtNeverMovesBack(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	const typ = "payment.charge"
+	behind := apitest.Start(t, apitest.WithNow(func() time.Time { return f.clock.Now().Add(-time.Minute) }))
+	body := map[string]any{"effect_type": typ, "from": rfc(f.clock.Now().Add(-time.Hour)), "to": rfc(f.clock.Now()),
+		"records": []any{}}
+	ahead := f.must(http.StatusOK, "POST", "/api/v1/reconcile", body)["reconciled_at"]
+	behind.Must(http.StatusOK, "POST", "/api/v1/reconcile", f.ws.Key, body)
+	require.Equal(t, ahead, f.must(http.StatusOK, "GET", "/api/v1/policies/"+typ, nil)["last_reconciled_at"])
+	f.clock.Add(time.Hour)
+	later := f.must(http.StatusOK, "POST", "/api/v1/reconcile", body)["reconciled_at"]
+	require.Equal(t, later, f.must(http.StatusOK, "GET", "/api/v1/policies/"+typ, nil)["last_reconciled_at"])
+}
