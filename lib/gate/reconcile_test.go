@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -101,28 +100,13 @@ func testReconcileRoundTrips(t *testing.T, grouped bool) {
 	require.Equal(t, few, many, "round trips do not grow with the lapses settled")
 }
 
-// statementRecorder records the text of every statement a pool sends.
-type statementRecorder struct {
-	mu  sync.Mutex
-	sql []string
-}
-
-func (r *statementRecorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.sql = append(r.sql, d.SQL)
-	return ctx
-}
-
-func (r *statementRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
 // A reconciliation reads its effects with JIT off, set in its transaction
 // just before (sqlReconcileNoJIT): its estimate passes jit_above_cost on a
 // busy workspace, and compiling took most of a second (review).
 func TestReconcileReadsItsEffectsWithJITOff(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	rec := &statementRecorder{}
+	rec := &statementLog{}
 	h := serverTraced(b, rec)
 	status, out := postTo(t, h, "/api/v1/reconcile", b.ws.Key, map[string]any{"effect_type": "qa.reconcile.jit",
 		"from": b.clock.Now().Add(-time.Hour).Format(time.RFC3339Nano), "to": b.clock.Now().Format(time.RFC3339Nano),

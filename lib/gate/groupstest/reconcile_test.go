@@ -227,13 +227,7 @@ func TestReconcileUnderAnIdempotencyKeyAnswersItsFirstOutcome(t *testing.T) {
 	c := apitest.NewClock(time.Now().UTC().Truncate(24 * time.Hour).Add(12 * time.Hour))
 	env := apitest.Start(t, apitest.WithNow(c.Now), apitest.WithConfig(func(c *config.Config) { c.DBMaxConns = 1 }))
 	f := &fx{t: t, env: env, ws: env.Signup(), clock: c}
-	g := f.group()
-	maybe, _ := f.step(g, true)
-	f.clock.Add(2 * time.Minute)
-	require.Equal(t, []string{maybe}, strs(f.unwind(g)["unresolved"]))
-	key := f.must(http.StatusOK, "GET", "/api/v1/effects/"+maybe, nil)["idempotency_key"]
-	body := map[string]any{"effect_type": "payment.charge", "from": rfc(f.clock.Now().Add(-time.Hour)),
-		"to": rfc(f.clock.Now()), "records": []any{map[string]any{"idempotency_key": key, "status": "failed"}}}
+	g, _, key, body := f.unresolvedStepFailedAtVendor()
 	header := http.Header{"Idempotency-Key": {"reconcile:2024-05-01"}}
 	first := env.DoWith("POST", "/api/v1/reconcile", f.ws.Key, header, body)
 	require.Equal(t, http.StatusOK, first.Status, "%s", first.Body)
@@ -638,13 +632,7 @@ func TestReconcileRacingResolveFilesTheOutcome(t *testing.T) {
 func TestReconcileUnderAKeyEndsItsRollbacksAfterCommit(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	g := f.group()
-	maybe, _ := f.step(g, true)
-	f.clock.Add(2 * time.Minute)
-	require.Equal(t, []string{maybe}, strs(f.unwind(g)["unresolved"]))
-	key := f.must(http.StatusOK, "GET", "/api/v1/effects/"+maybe, nil)["idempotency_key"]
-	body := map[string]any{"effect_type": "payment.charge", "from": rfc(f.clock.Now().Add(-time.Hour)),
-		"to": rfc(f.clock.Now()), "records": []any{map[string]any{"idempotency_key": key, "status": "failed"}}}
+	g, maybe, key, body := f.unresolvedStepFailedAtVendor()
 
 	ctx := context.Background()
 	begin, err := f.env.App.Pool.Begin(ctx)
@@ -743,4 +731,20 @@ func TestLastReconciledAtNeverMovesBack(t *testing.T) {
 	f.clock.Add(time.Hour)
 	later := f.must(http.StatusOK, "POST", "/api/v1/reconcile", body)["reconciled_at"]
 	require.Equal(t, later, f.must(http.StatusOK, "GET", "/api/v1/policies/"+typ, nil)["last_reconciled_at"])
+}
+
+// unresolvedStepFailedAtVendor leaves a group unwinding on one step whose
+// lease lapsed unreported (unresolved), and answers the group, the step,
+// its idempotency key and a reconciliation body in which the vendor says
+// it failed.
+func (f *fx) unresolvedStepFailedAtVendor() (g, maybe string, key any, body map[string]any) {
+	f.t.Helper()
+	g = f.group()
+	maybe, _ = f.step(g, true)
+	f.clock.Add(2 * time.Minute)
+	require.Equal(f.t, []string{maybe}, strs(f.unwind(g)["unresolved"]))
+	key = f.must(http.StatusOK, "GET", "/api/v1/effects/"+maybe, nil)["idempotency_key"]
+	body = map[string]any{"effect_type": "payment.charge", "from": rfc(f.clock.Now().Add(-time.Hour)),
+		"to": rfc(f.clock.Now()), "records": []any{map[string]any{"idempotency_key": key, "status": "failed"}}}
+	return g, maybe, key, body
 }
