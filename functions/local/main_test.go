@@ -142,6 +142,16 @@ func TestLocalServerDrainsRequestsBeforeClosing(t *testing.T) {
 	require.NoError(t, json.NewDecoder(res.Body).Decode(&reg))
 	res.Body.Close()
 
+	// The claim is parked in its long poll once its first look has marked
+	// the worker seen (a fixed sleep here let a late claim meet a closed
+	// listener: status 0, not 200). A claim marks its worker at most once a
+	// minute, so the registration is dated two minutes back first.
+	pg, err := pgx.Connect(context.Background(), apitest.DatabaseURL(t))
+	require.NoError(t, err)
+	defer pg.Close(context.Background())
+	_, err = pg.Exec(context.Background(), `UPDATE job_workers SET created_at = created_at - interval '2 minutes',
+		last_seen_at = last_seen_at - interval '2 minutes' WHERE id = $1`, reg.WorkerID)
+	require.NoError(t, err)
 	claimed := make(chan int, 1)
 	go func() {
 		res, err := post("/api/v1/workers/"+reg.WorkerID+"/claim", signup.Key.Secret, `{"waitSeconds":2}`)
@@ -152,12 +162,6 @@ func TestLocalServerDrainsRequestsBeforeClosing(t *testing.T) {
 		res.Body.Close()
 		claimed <- res.StatusCode
 	}()
-	// The claim is parked in its long poll once its first look has stamped
-	// the worker (a fixed sleep here let a late claim meet a closed
-	// listener: status 0, not 200).
-	pg, err := pgx.Connect(context.Background(), apitest.DatabaseURL(t))
-	require.NoError(t, err)
-	defer pg.Close(context.Background())
 	require.Eventually(t, func() bool {
 		var looked bool
 		err := pg.QueryRow(context.Background(), `SELECT last_seen_at > created_at FROM job_workers WHERE id = $1`,

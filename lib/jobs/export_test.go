@@ -31,3 +31,7 @@ func SetDeadlockRetry(s *Service, on bool) { s.noDeadlockRetry = !on }
 // SQLLockRetiredJobs is PurgeRetired's statement that locks the candidate
 // runs' jobs, for a test of its plan.
 const SQLLockRetiredJobs = sqlLockRetiredJobs
+
+// OnLook tells f of every look a claim makes, once the look's statement
+// has run. Set it before the service's first claim.
+func OnLook(s *Service, f func(workerID string)) { s.looked = f }

@@ -91,6 +91,10 @@ type Service struct {
 	// noDeadlockRetry turns off the retry of a deadlock's victim, so that
 	// a test can see whether a deadlock happens at all.
 	noDeadlockRetry bool
+	// looked, when set, is told of every look a claim makes (claimOrWait),
+	// so that a test can wait for one: a look writes nothing a test could
+	// wait for (a claim marks its worker seen once a minute at most).
+	looked func(workerID string)
 	// logger says which jobs a claim passed over (claimOnce); never an
 	// input or a key.
 	logger *slog.Logger

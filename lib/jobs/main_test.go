@@ -23,6 +23,7 @@ type bundle struct {
 	clock  *apitest.Clock
 	ws     string
 	worker *auth.Principal
+	looks  *lookCounter
 }
 
 func setup(t testing.TB, tools ...string) *bundle {
@@ -36,7 +37,9 @@ func setup(t testing.TB, tools ...string) *bundle {
 	secret := env.Key(ws, map[string]any{"name": "worker", "preset": "WORKER", "tools": tools})
 	p, err := env.App.Server.Auth.Authenticate(context.Background(), secret)
 	require.NoError(t, err)
-	return &bundle{env: env, svc: env.App.Server.Jobs, clock: c, ws: ws.ID, worker: p}
+	b := &bundle{env: env, svc: env.App.Server.Jobs, clock: c, ws: ws.ID, worker: p, looks: &lookCounter{n: map[string]int{}}}
+	jobs.OnLook(b.svc, b.looks.add)
+	return b
 }
 
 func (b *bundle) run(t testing.TB) string {

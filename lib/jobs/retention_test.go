@@ -216,6 +216,47 @@ func TestRetentionKeepsABusyWorker(t *testing.T) {
 	require.NoError(t, err, "the live worker claims on")
 }
 
+// A claim marks its worker seen at most once a minute, and a look that
+// finds nothing then writes nothing: a worker long-polling an empty queue
+// looks once a second, and every look updated its row (migration 0057).
+// The mark never moves back, under an instance whose clock is behind.
+func TestAClaimMarksItsWorkerSeenOnceAMinute(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	w := b.register(t)
+	registered := b.clock.Now()
+	row := func() (seen time.Time, version string) {
+		t.Helper()
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx,
+			`SELECT last_seen_at, xmin::text FROM job_workers WHERE id = $1`, w).Scan(&seen, &version))
+		return seen, version
+	}
+	claim := func() {
+		t.Helper()
+		res, err := b.svc.Claim(ctx, b.worker, w, jobs.ClaimRequest{})
+		require.NoError(t, err)
+		require.Empty(t, res.Jobs)
+	}
+	_, version := row()
+
+	b.clock.Add(59 * time.Second)
+	claim()
+	seen, after := row()
+	require.True(t, seen.Equal(registered), "seen %s within the minute", seen)
+	require.Equal(t, version, after, "the empty look left the row as it was")
+
+	b.clock.Add(2 * time.Second)
+	claim()
+	seen, _ = row()
+	require.True(t, seen.Equal(b.clock.Now()), "seen %s, a minute on", seen)
+
+	marked := seen
+	b.clock.Add(-10 * time.Minute)
+	claim()
+	seen, _ = row()
+	require.True(t, seen.Equal(marked), "seen %s: never back", seen)
+}
+
 // Idle registrations go from every workspace, oldest first within each,
 // up to the pass's limit; a worker seen since the cut-off stays. Counted
 // over the whole table: no parallel test runs meanwhile, and another

@@ -521,8 +521,10 @@ const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND wo
 // $7 rate window (minute), $8 warning, $9 the most bytes of sealed input one
 // claim answers (always at least one job; ClaimInputBudget), $10 the
 // claim's ClaimID and $11 its secret (both NULL for a claim without one).
-// The statement is the PL/pgSQL function jobs_claim_keyed (migration 0043,
-// which writes each execution's endpoint; 0042 made it: 0032's
+// The statement is the PL/pgSQL function jobs_claim_keyed (migration 0057
+// marks the worker seen at most once a minute; 0052 passes over the jobs
+// named in ratchet.claim_skip; 0043 writes each execution's endpoint;
+// 0042 made it: 0032's
 // jobs_claim_hashed with the keyed claim's answer again and derived
 // tokens; 0011 has its design), which
 // answers each lease token and stores only its hash (every comparison is
@@ -959,9 +961,10 @@ WITH x AS (
 DELETE FROM job_runs r WHERE r.id = ANY($1::text[])`
 
 // sqlDeleteIdleWorkers deletes up to $2 worker registrations not seen since
-// $1: a running worker is seen at every claim, long polls included, so these
-// are workers long gone (a claim under a deleted id answers 404, and the
-// SDK registers again at start).
+// $1 (through job_workers_last_seen_idx, migration 0057): a running worker
+// is marked seen once a minute by its claims, long polls included, or its
+// heartbeats, so these are workers long gone (a claim under a deleted id
+// answers 404, and the SDK registers again at start).
 const sqlDeleteIdleWorkers = `
 DELETE FROM job_workers WHERE id IN (
     SELECT id FROM job_workers WHERE last_seen_at < $1::timestamptz LIMIT $2::int)`

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,7 +22,7 @@ func (b *bundle) parkClaim(t *testing.T, wid string) <-chan jobs.ClaimResult {
 	jobs.SetPolling(b.svc, time.Hour)
 	c, cancel := context.WithTimeout(ctx, 10*time.Second)
 	out := make(chan jobs.ClaimResult, 1)
-	look := b.nextLook()
+	looked := b.looks.count(wid)
 	go func() {
 		defer cancel()
 		res, err := b.svc.Claim(c, b.worker, wid, jobs.ClaimRequest{Limit: ptr(10), WaitSeconds: ptr(20)})
@@ -30,26 +31,34 @@ func (b *bundle) parkClaim(t *testing.T, wid string) <-chan jobs.ClaimResult {
 		}
 		out <- res
 	}()
-	b.waitLook(t, wid, look)
+	b.waitLook(t, wid, looked)
 	return out
 }
 
-// nextLook moves the clock on, so that the worker's next claim stamps
-// last_seen_at with a time no earlier claim did.
-func (b *bundle) nextLook() time.Time {
-	b.clock.Add(time.Second)
-	return b.clock.Now()
+// waitLook waits until the worker's claims have made a look after the
+// first looked (and found nothing: the tests then expect the claim still
+// waiting).
+func (b *bundle) waitLook(t *testing.T, wid string, looked int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return b.looks.count(wid) > looked }, 5*time.Second, time.Millisecond)
 }
 
-// waitLook waits until a claim made at look has run (and found nothing:
-// the tests then expect the claim still waiting).
-func (b *bundle) waitLook(t *testing.T, wid string, look time.Time) {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		var seen time.Time
-		err := b.env.App.Pool.QueryRow(ctx, `SELECT last_seen_at FROM job_workers WHERE id = $1`, wid).Scan(&seen)
-		return err == nil && seen.Equal(look)
-	}, 5*time.Second, time.Millisecond)
+// lookCounter counts each worker's looks (jobs.OnLook).
+type lookCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *lookCounter) add(workerID string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n[workerID]++
+}
+
+func (c *lookCounter) count(workerID string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[workerID]
 }
 
 func claimedSteps(res jobs.ClaimResult) []string {
@@ -129,11 +138,11 @@ func TestLongPollClaimIsWokenByAResumeAndAReplay(t *testing.T) {
 	// The replay wakes the claim, whose next look finds the endpoint
 	// paused; the resume wakes it once more.
 	parked := b.parkClaim(t, wid)
-	look := b.nextLook()
+	looked := b.looks.count(wid)
 	_, err = b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true),
 		MaxAttempts: ptr(int64(1))})
 	require.NoError(t, err)
-	b.waitLook(t, wid, look)
+	b.waitLook(t, wid, looked)
 	_, err = b.svc.SetPaused(ctx, b.ws, eps[0].ID, false)
 	require.NoError(t, err)
 	require.Equal(t, []string{st.StepID}, claimedSteps(<-parked))

@@ -206,6 +206,9 @@ func (s *Service) claimOrWait(ctx context.Context, p *auth.Principal, workerID s
 		defer func() { leave(!again) }()
 	}
 	jobs, err = s.claimOnce(ctx, p, workerID, limit, key, &poll.skip)
+	if s.looked != nil && err == nil {
+		s.looked(workerID)
+	}
 	if err != nil || len(jobs) > 0 {
 		return jobs, false, err
 	}
