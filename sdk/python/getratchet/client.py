@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import inspect
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, List, Optional, Tuple
 
+from ._aio import await_alone, is_async, loop_running
 from ._http import Transport, new_request_id, path_id
 from .errors import (INVALID_REQUEST, LEASE_LOST, PAYLOAD_TOO_LARGE, ApprovalRequired, ConnectionLost, EffectBlocked,
                      EffectDenied, EffectInFlight, NotPerformed, OutcomeNotReported, RatchetError, ResultNotStored)
@@ -248,7 +250,8 @@ class Ratchet:
         values); raise RetryableError or NonRetryableError to decide the
         retry, or let classify_error(error, context) decide for other
         exceptions ({"retryable": True, "retry_after_ms": ...} or
-        {"retryable": False}); unknown errors are retryable."""
+        {"retryable": False}); unknown errors are retryable. An async def
+        handler is awaited on an event loop of its own, on its thread."""
         self.worker.add_tool(name, version, handler, classify_error)
 
     @property
@@ -357,27 +360,97 @@ class Ratchet:
         doubling to 5 s, never past the server's retry_after_seconds) until
         in_flight_timeout seconds, then EffectInFlight. blocked,
         approval_required and denied raise EffectBlocked, ApprovalRequired
-        and EffectDenied. An async def or generator function raises
-        TypeError before begin; an async def wrapped in a plain function,
-        with the attempt reported failed since its body never ran (a
-        generator a plain action returns is its result, not JSON).
-        begin_options are begin's keyword options. A request_id of yours
-        (one is made per call) must never be reused once an action may have
-        run under its lease (a do_effect that returned, a process that
-        crashed mid-action): while that lease is live its begin is handed
-        the same execute, and the action runs twice."""
-        if not callable(action):
-            # Refused before a lease is taken: after, the call's failure
-            # would leave the key indeterminate, an operator's to resolve.
-            raise TypeError(f"ratchet: do_effect's action must be callable, not {type(action).__name__}")
-        if inspect.iscoroutinefunction(action) or inspect.isgeneratorfunction(action):
-            # Refused before a lease is taken; see _refuse_unrun for others.
-            raise TypeError("ratchet: do_effect's action must be a plain function that performs the effect and "
-                            "returns its result, not an async def or generator (run an async one with "
-                            "asyncio.run inside it)")
-        # One request id for the whole call: a begin whose answer was lost
-        # is answered again by the next, whichever retry asks.
+        and EffectDenied. An async action (an async def, or a plain function
+        returning a coroutine) is awaited on an event loop of its own, as
+        asyncio.run would; in a thread that runs an event loop use
+        do_effect_async, which awaits it on that loop: there an async def is
+        refused before begin, and a coroutine a plain function returns is
+        closed unawaited with nothing reported (the plain function may have
+        acted before returning it, so the attempt is left to lapse
+        indeterminate, never reported failed), and TypeError raised. A
+        generator function is refused before begin (a generator a plain
+        action returns is its result, not JSON). begin_options are begin's
+        keyword options. A request_id of yours (one is made per call) must
+        never be reused once an action may have run under its lease (a
+        do_effect that returned, a process that crashed mid-action): while
+        that lease is live its begin is handed the same execute, and the
+        action runs twice."""
+        _check_action(action, "do_effect", loop_running())
         begin_options.setdefault("request_id", new_request_id())
+        decided = self._lease_or_answer(effect_type, idempotency_key, payload, in_flight_timeout, begin_options)
+        if isinstance(decided, EffectOutcome):
+            return decided
+        held = self._hold(*decided)
+        try:
+            try:
+                result = action(held.lease)
+                if inspect.isawaitable(result):
+                    # An async action wrapped in a plain one (a lambda, a
+                    # decorator). It used to be reported failed as never
+                    # run, but the plain part may have acted: the attempt
+                    # ran again at the key's next begin (SDK review).
+                    result = await_alone(result, "do_effect's action (use do_effect_async in async code)")
+            except NotPerformed as not_performed:
+                self._report_not_performed(held, not_performed)
+                raise
+            return self._record(held, result)
+        finally:
+            # Not joined: a heartbeat still in flight ends on its own (a
+            # reported lease answers it 409), and must not hold the answer.
+            held.stop.set()
+
+    async def do_effect_async(self, effect_type: str, idempotency_key: str, action: Callable[[Lease], Any],
+                              payload: Any = None, *, in_flight_timeout: Optional[float] = None,
+                              **begin_options: Any) -> EffectOutcome:
+        """do_effect for asyncio code: the action (an async def, or a plain
+        function, whose awaitable result is awaited) runs on the calling
+        event loop; begin, the in-flight waits and the report run on
+        threads (asyncio.to_thread), so the loop is never blocked. Outcomes
+        and exceptions are do_effect's. Cancelled while the action runs,
+        nothing is reported (it may have acted: the lease lapses,
+        indeterminate); cancelled before it was called, a lease granted
+        meanwhile is reported failed (the action surely did not run)."""
+        _check_action(action, "do_effect_async", False)
+        begin_options.setdefault("request_id", new_request_id())
+        handed = _Handover()
+        try:
+            decided = await asyncio.to_thread(self._lease_or_answer, effect_type, idempotency_key, payload,
+                                              in_flight_timeout, begin_options, handed)
+        except asyncio.CancelledError:
+            unclaimed = handed.abandon()
+            if unclaimed is not None:
+                # The lease came back as the task was cancelled: the action
+                # never ran, so the attempt is released for the next caller.
+                threading.Thread(target=self._release_unrun, args=unclaimed,
+                                 name="ratchet-effect-release", daemon=True).start()
+            raise
+        if isinstance(decided, EffectOutcome):
+            return decided
+        held = self._hold(*decided)
+        settling = False
+        try:
+            try:
+                result = action(held.lease)
+                if inspect.isawaitable(result):
+                    result = await result
+            except NotPerformed as not_performed:
+                settling = True
+                await asyncio.to_thread(self._settled, held, self._report_not_performed, held, not_performed)
+                raise
+            settling = True
+            return await asyncio.to_thread(self._settled, held, self._record, held, result)
+        finally:
+            if not settling:
+                held.stop.set()
+
+    def _lease_or_answer(self, effect_type: str, idempotency_key: str, payload: Any,
+                         in_flight_timeout: Optional[float], begin_options: dict,
+                         handed: Optional["_Handover"] = None) -> Any:
+        """Begins until the gate decides: (answer, lease_end) for an
+        execute, an EffectOutcome for a duplicate; raises for the others.
+        handed, for do_effect_async, cuts the in-flight waits of a call its
+        task abandoned and keeps a lease granted after that from being lost
+        unreported."""
         give_up = None if in_flight_timeout is None else time.monotonic() + in_flight_timeout
         wait = _FIRST_IN_FLIGHT_WAIT
         while True:
@@ -387,7 +460,11 @@ class Ratchet:
             decision = answer.get("decision")
             effect_id = answer.get("effect_id", "")
             if decision == "execute":
-                return self._run_leased(answer, sent + lease_seconds, action)
+                leased = (answer, sent + lease_seconds)
+                if handed is not None and not handed.give(leased):
+                    self._release_unrun(*leased)  # its task was cancelled meanwhile: the action never runs
+                    return None
+                return leased
             if decision == "duplicate":
                 recorded = answer.get("result")
                 if isinstance(recorded, dict) and recorded.get("ratchet") == _PLACEHOLDER_MARK:
@@ -405,7 +482,10 @@ class Ratchet:
                     if left <= 0:
                         raise EffectInFlight(effect_id)
                     pause = min(pause, left)
-                time.sleep(pause)
+                if handed is None:
+                    time.sleep(pause)
+                elif handed.abandoned.wait(pause):
+                    return None  # its task was cancelled: nobody waits for the answer
                 continue
             if decision == "blocked":
                 raise EffectBlocked(effect_id, answer.get("prior_attempt"))
@@ -418,7 +498,8 @@ class Ratchet:
                                                            error.get("detail") or {}, request_id, answer))
             raise RatchetError(200, "unknown_decision", f"unknown begin decision {decision!r}")
 
-    def _run_leased(self, answer: dict, lease_end: float, action: Callable[[Lease], Any]) -> EffectOutcome:
+    def _hold(self, answer: dict, lease_end: float) -> "_Held":
+        """The execute's lease, heartbeated from now until its stop is set."""
         effect_id, token = answer["effect_id"], answer["lease_token"]
         lost = threading.Event()
         lease = Lease(effect_id, answer.get("attempt", 0), bool(answer.get("probe")),
@@ -427,76 +508,61 @@ class Ratchet:
         # the action runs: a report retried through a server blip must still
         # find the lease. lease_end is this process's clock's view of the
         # lease's end, as last extended.
-        state = {"end": lease_end}
-        stop = threading.Event()
-        beats = threading.Thread(target=self._heartbeat_effect, args=(effect_id, token, state, stop, lost),
-                                 name="ratchet-effect-heartbeat", daemon=True)
-        beats.start()
-        try:
-            try:
-                result = action(lease)
-            except NotPerformed as not_performed:
-                try:
-                    self._report_effect(effect_id, token, "failed", None, state)
-                except (RatchetError, ConnectionLost) as err:
-                    # Raised all the same, with why its failure may not be
-                    # recorded (the lease then lapses: indeterminate).
-                    not_performed.report_error = err  # type: ignore[attr-defined]
-                raise
-            if inspect.isawaitable(result):
-                # An async def action (wrapped: a plain one was refused
-                # before begin) returned its body unrun: recorded as its
-                # result it was a success that never happened (QA: a
-                # placeholder settled the key for good). A generator is not
-                # taken for one: a plain action that acted and returned a
-                # lazy result (a generator expression, a paging helper's
-                # generator) did happen, and reported failed it ran again
-                # at the key's next begin (review); it is a result that is
-                # not JSON, recorded with the placeholder.
-                self._refuse_unrun(effect_id, token, result, state)
-            reason = _unsendable_result(result)
-            if reason is None:
-                try:
-                    self._report_effect(effect_id, token, "succeeded", result, state)
-                    return EffectOutcome(effect_id, lease.attempt, result, False)
-                except RatchetError as err:
-                    reason = _unrecordable_result(err)
-                    if reason is None:
-                        raise OutcomeNotReported(effect_id, result, err) from err
-                except ConnectionLost as err:
-                    raise OutcomeNotReported(effect_id, result, err) from err
-            # The action happened; only its result cannot be kept. Recording
-            # the success without it settles the key: left unreported it
-            # would turn indeterminate.
-            try:
-                self._report_effect(effect_id, token, "succeeded",
-                                    {"ratchet": _PLACEHOLDER_MARK, "reason": reason}, state)
-            except (RatchetError, ConnectionLost) as err:
-                raise OutcomeNotReported(effect_id, result, err) from err
-            raise ResultNotStored(effect_id, reason, result)
-        finally:
-            # Not joined: a heartbeat still in flight ends on its own (a
-            # reported lease answers it 409), and must not hold the answer.
-            stop.set()
+        held = _Held(effect_id, token, lease, {"end": lease_end}, threading.Event())
+        threading.Thread(target=self._heartbeat_effect, args=(effect_id, token, held.state, held.stop, lost),
+                         name="ratchet-effect-heartbeat", daemon=True).start()
+        return held
 
-    def _refuse_unrun(self, effect_id: str, token: str, result: Any, state: dict) -> None:
-        """Raises TypeError for an action that returned a coroutine or other
-        awaitable instead of acting. A coroutine whose body never started
-        did nothing: it is closed and the attempt reported failed, so the
-        key may be tried again. Any other (a scheduled task, a future) may
-        be acting: nothing is reported."""
-        unrun = inspect.iscoroutine(result) and inspect.getcoroutinestate(result) == inspect.CORO_CREATED
-        error = TypeError(f"ratchet: do_effect's action returned {type(result).__name__} instead of acting: it "
-                          "must be a plain function that performs the effect and returns its result (run an "
-                          "async one with asyncio.run inside it)")
-        if not unrun:
-            raise error
-        result.close()
+    @staticmethod
+    def _settled(held: "_Held", settle: Callable[..., Any], *args: Any) -> Any:
+        """settle(*args), the heartbeats kept until it is done (a report in
+        a thread outlives a cancelled do_effect_async)."""
         try:
-            self._report_effect(effect_id, token, "failed", None, state)
+            return settle(*args)
+        finally:
+            held.stop.set()
+
+    def _report_not_performed(self, held: "_Held", not_performed: NotPerformed) -> None:
+        """Reports the attempt failed: the action said it surely did not act."""
+        try:
+            self._report_effect(held.effect_id, held.token, "failed", None, held.state)
         except (RatchetError, ConnectionLost) as err:
-            error.report_error = err  # type: ignore[attr-defined]
-        raise error
+            # Raised all the same, with why its failure may not be
+            # recorded (the lease then lapses: indeterminate).
+            not_performed.report_error = err  # type: ignore[attr-defined]
+
+    def _release_unrun(self, answer: dict, lease_end: float) -> None:
+        """Reports failed a lease whose action was never called (its
+        do_effect_async was cancelled as the lease came back)."""
+        try:
+            self._report_effect(answer["effect_id"], answer["lease_token"], "failed", None, {"end": lease_end})
+        except (RatchetError, ConnectionLost):
+            pass  # not recorded: the lease lapses, indeterminate
+
+    def _record(self, held: "_Held", result: Any) -> EffectOutcome:
+        """Reports the action's result a success (or, when it cannot be
+        kept, the success with the placeholder and ResultNotStored)."""
+        effect_id, token, state = held.effect_id, held.token, held.state
+        reason = _unsendable_result(result)
+        if reason is None:
+            try:
+                self._report_effect(effect_id, token, "succeeded", result, state)
+                return EffectOutcome(effect_id, held.lease.attempt, result, False)
+            except RatchetError as err:
+                reason = _unrecordable_result(err)
+                if reason is None:
+                    raise OutcomeNotReported(effect_id, result, err) from err
+            except ConnectionLost as err:
+                raise OutcomeNotReported(effect_id, result, err) from err
+        # The action happened; only its result cannot be kept. Recording
+        # the success without it settles the key: left unreported it
+        # would turn indeterminate.
+        try:
+            self._report_effect(effect_id, token, "succeeded",
+                                {"ratchet": _PLACEHOLDER_MARK, "reason": reason}, state)
+        except (RatchetError, ConnectionLost) as err:
+            raise OutcomeNotReported(effect_id, result, err) from err
+        raise ResultNotStored(effect_id, reason, result)
 
     def _report_effect(self, effect_id: str, token: str, outcome: str, result: Any, state: dict) -> None:
         """Reports, repeating through lost answers and server failures while
@@ -891,6 +957,55 @@ class Ratchet:
         oldest age, workers seen, the endpoints holding it and a plain
         ``message`` when something does): {"data", "nextCursor"}."""
         return self._transport.call("GET", "/queue/health" + _query(limit=limit, cursor=cursor), safe=True)
+
+@dataclass(frozen=True)
+class _Held:
+    """An execute do_effect holds: its lease, heartbeated until stop is set."""
+    effect_id: str
+    token: str
+    lease: Lease
+    state: dict  # "end": the lease's end by this process's clock, as last extended
+    stop: threading.Event
+
+
+class _Handover:
+    """Hands do_effect_async the lease a begin on a thread obtained, or,
+    once its task was cancelled, keeps it for release."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.abandoned = threading.Event()
+        self._leased: Optional[Tuple[dict, float]] = None
+
+    def give(self, leased: Tuple[dict, float]) -> bool:
+        """False when the task was cancelled: the lease is its giver's to release."""
+        with self._lock:
+            if self.abandoned.is_set():
+                return False
+            self._leased = leased
+            return True
+
+    def abandon(self) -> Optional[Tuple[dict, float]]:
+        """Marks the task cancelled; answers a lease already given, which
+        it never took, for release."""
+        with self._lock:
+            self.abandoned.set()
+            return self._leased
+
+
+def _check_action(action: Any, name: str, in_loop: bool) -> None:
+    """Refuses, before a lease is taken, an action that cannot act: after,
+    the call's failure would leave the key indeterminate, an operator's to
+    resolve."""
+    if not callable(action):
+        raise TypeError(f"ratchet: {name}'s action must be callable, not {type(action).__name__}")
+    if inspect.isgeneratorfunction(action) or inspect.isasyncgenfunction(action):
+        raise TypeError(f"ratchet: {name}'s action must perform the effect and return its result, not a "
+                        "generator function")
+    if in_loop and is_async(action):
+        raise TypeError(f"ratchet: {name} cannot await an async action in a thread that runs an event loop "
+                        "without blocking it: use `await client.do_effect_async(...)`")
+
 
 def _query(**params: Any) -> str:
     """A list's query string ("" without parameters): the params not None."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import queue
@@ -11,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from ._aio import await_alone
 from ._http import Abort, Transport, new_request_id, path_id
 from .errors import (FORBIDDEN, INVALID_REQUEST, INVALID_STATE, LEASE_EXPIRED, LEASE_LOST, MAX_RETRY_AFTER_MS,
                      MIN_RETRY_AFTER_MS, NOT_FOUND, PAYLOAD_TOO_LARGE, ConnectionLost, InvalidDecisionError, NonRetryableError, RatchetError,
@@ -690,7 +692,13 @@ class Worker:
 
             def run_handler() -> None:
                 try:
-                    outcome["output"] = tool.handler(job.get("input"), context)
+                    output = tool.handler(job.get("input"), context)
+                    if inspect.isawaitable(output):
+                        # An async def handler, awaited on this thread's own
+                        # loop (its coroutine was reported as an output that
+                        # is not JSON, and the job exhausted unrun).
+                        output = await_alone(output, f"{tool.ref}'s handler")
+                    outcome["output"] = output
                 except BaseException as failure:  # noqa: BLE001 - every failure is the job's outcome
                     outcome["error"] = failure
                 finally:

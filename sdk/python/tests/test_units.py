@@ -626,6 +626,29 @@ class WorkerRulesTest(unittest.TestCase):
         timeouts = [s for s in server.seen if s[1].endswith("/report")]
         self.assertTrue(all(s[3]["error"]["message"] == "handler timed out after 100ms" for s in timeouts))
 
+    def test_an_async_handler_is_awaited(self) -> None:
+        # Its coroutine was reported as an output that is not JSON, a
+        # non-retryable failure: every job exhausted without running.
+        claims = []
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                claims.append(1)
+                return 200, {"jobs": [self.job(1)] if len(claims) == 1 else []}, {}
+            return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}, {}
+
+        async def handler(input, context):
+            import asyncio
+            await asyncio.sleep(0)
+            return {"sent": context.job_id}
+
+        _, server = self.serve(respond, handler)
+        wait_until(lambda: any(s[1].endswith("/report") for s in server.seen))
+        report = [s[3] for s in server.seen if s[1].endswith("/report")][0]
+        self.assertEqual((report["status"], report.get("output")), ("SUCCEEDED", {"sent": "job_1"}))
+
     def test_no_claim_while_a_report_is_failing(self) -> None:
         order, failures = [], {"left": 2}
 
@@ -1311,30 +1334,137 @@ class GateLeaseTest(unittest.TestCase):
             client.do_effect("email.send", "k", lambda lease: told.append(lease.lost.wait(15)), {})
         self.assertEqual(told, [True])
 
-    def test_an_async_action_is_refused_not_recorded_as_a_success(self) -> None:
-        # An async def action returns its body unrun; recorded as its
-        # result, it was a success that never happened (the coroutine is not
-        # JSON, so a placeholder settled the key for good). Refused before
-        # begin when it is one; wrapped (a lambda), reported failed, since
-        # its body surely never ran, so the key may be tried again.
+    def test_an_async_action_is_awaited_not_reported_failed(self) -> None:
+        # An async action wrapped in a plain function (a lambda, a
+        # decorator) was closed unrun and its attempt reported failed; but
+        # the plain part may have acted, and the key's next begin ran it
+        # again. Outside an event loop it is awaited, as is an async def.
         calls = []
         client, _ = self.client_of(self.recording(calls))
         ran = []
 
         async def send(lease):
-            ran.append(lease)
-            return {"sent": True}
+            ran.append(lease.effect_id)
+            return {"sent": len(ran)}
 
-        with self.assertRaises(TypeError):
-            client.do_effect("email.send", "k", send, {})
+        self.assertEqual(client.do_effect("email.send", "k", lambda lease: send(lease), {}).result, {"sent": 1})
+        self.assertEqual(client.do_effect("email.send", "k", send, {}).result, {"sent": 2})
+
+        async def rejected(lease):
+            raise getratchet.NotPerformed("rejected by the provider")
+
+        with self.assertRaises(getratchet.NotPerformed):
+            client.do_effect("email.send", "k", rejected, {})
+        reports = [(body["outcome"], body.get("result")) for path, body in calls if path.endswith("/report")]
+        self.assertEqual(reports, [("succeeded", {"sent": 1}), ("succeeded", {"sent": 2}), ("failed", None)])
         with self.assertRaises(TypeError):  # not callable: it would have left the key indeterminate
             client.do_effect("email.send", "k", {"to": "x"}, {})
-        self.assertEqual(calls, [])
-        with self.assertRaises(TypeError):
-            client.do_effect("email.send", "k", lambda lease: send(lease), {})
-        reports = [body for path, body in calls if path.endswith("/report")]
-        self.assertEqual([r["outcome"] for r in reports], ["failed"])
+
+    def test_an_async_action_in_a_running_loop_is_never_reported_failed(self) -> None:
+        # do_effect called from a coroutine cannot await on the loop it
+        # blocks: an async def is refused before begin; a coroutine a plain
+        # function returns is closed with nothing reported, since the plain
+        # part may have acted (here it did: reported failed, it ran twice).
+        import asyncio
+        calls = []
+        client, _ = self.client_of(self.recording(calls))
+        acted, ran = [], []
+
+        async def send(lease):
+            ran.append(lease)
+
+        def acts_then_returns_coroutine(lease):
+            acted.append("email")
+            return send(lease)
+
+        async def main():
+            with self.assertRaisesRegex(TypeError, "do_effect_async"):
+                client.do_effect("email.send", "k", send, {})
+            self.assertEqual(calls, [])
+            with self.assertRaises(TypeError):
+                client.do_effect("email.send", "k", acts_then_returns_coroutine, {})
+
+        asyncio.run(main())
+        self.assertEqual([path for path, _ in calls if not path.endswith("/heartbeat")], ["/api/v1/effects/begin"])
+        self.assertEqual((acted, ran), (["email"], []))
+
+    def test_do_effect_async_awaits_the_action_on_the_calling_loop(self) -> None:
+        import asyncio
+        calls = []
+        client, _ = self.client_of(self.recording(calls))
+        loops = []
+
+        async def send(lease):
+            loops.append(asyncio.get_running_loop())
+            await asyncio.sleep(0)
+            return {"sent": True}
+
+        async def main():
+            first = await client.do_effect_async("email.send", "k", send, {})
+            second = await client.do_effect_async("email.send", "k", lambda lease: send(lease), {})
+            third = await client.do_effect_async("email.send", "k", lambda lease: {"plain": True}, {})
+            with self.assertRaises(getratchet.NotPerformed):
+                await client.do_effect_async("email.send", "k", lambda lease: (_ for _ in ()).throw(
+                    getratchet.NotPerformed("no")), {})
+            return asyncio.get_running_loop(), [first.result, second.result, third.result]
+
+        loop, results = asyncio.run(main())
+        self.assertEqual(results, [{"sent": True}, {"sent": True}, {"plain": True}])
+        self.assertEqual(loops, [loop, loop])
+        reports = [body["outcome"] for path, body in calls if path.endswith("/report")]
+        self.assertEqual(reports, ["succeeded", "succeeded", "succeeded", "failed"])
+
+    def test_do_effect_async_cancelled_during_begin_releases_the_lease(self) -> None:
+        # The task is cancelled while its begin is on a thread; the lease
+        # that begin then brings back is reported failed (the action surely
+        # never ran), not left to lapse indeterminate and block the key.
+        import asyncio
+        calls, begun, answer = [], threading.Event(), threading.Event()
+        record = self.recording(calls)
+
+        def respond(method, path, body):
+            if path.endswith("/begin"):
+                begun.set()
+                answer.wait(10)
+            return record(method, path, body)
+
+        client, _ = self.client_of(respond)
+        ran = []
+
+        async def main():
+            task = asyncio.ensure_future(client.do_effect_async("email.send", "k", lambda lease: ran.append(1), {}))
+            while not begun.is_set():
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with self.assertRaises(asyncio.CancelledError):
+                await task
+            answer.set()
+
+        asyncio.run(main())
+        wait_until(lambda: any(path.endswith("/report") for path, _ in calls))
+        self.assertEqual([body["outcome"] for path, body in calls if path.endswith("/report")], ["failed"])
         self.assertEqual(ran, [])
+
+    def test_do_effect_async_cancelled_while_acting_reports_nothing(self) -> None:
+        import asyncio
+        calls = []
+        client, _ = self.client_of(self.recording(calls))
+
+        async def main():
+            started = asyncio.Event()
+
+            async def send(lease):
+                started.set()
+                await asyncio.sleep(30)
+
+            task = asyncio.ensure_future(client.do_effect_async("email.send", "k", send, {}))
+            await started.wait()
+            task.cancel()
+            with self.assertRaises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(main())
+        self.assertEqual([path for path, _ in calls if path.endswith("/report")], [])
 
     def test_a_generator_a_plain_action_returns_is_its_result_not_a_failure(self) -> None:
         # A plain action that acted and returned a lazy result (a generator)
