@@ -368,6 +368,10 @@ class Worker:
             raise ValueError("ratchet: a tool needs a name and a version")
         if not callable(handler) or (classify_error is not None and not callable(classify_error)):
             raise TypeError("ratchet: handler and classify_error must be callable")
+        if inspect.isgeneratorfunction(handler) or inspect.isasyncgenfunction(handler):
+            # Its body never runs when called: the generator was reported as
+            # an output that is not JSON, and the job exhausted unrun.
+            raise TypeError("ratchet: a handler must return its output, not be a generator function")
         with self._lock:
             if self._started:
                 raise RuntimeError("ratchet: register tools before start()")

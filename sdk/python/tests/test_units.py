@@ -649,6 +649,22 @@ class WorkerRulesTest(unittest.TestCase):
         report = [s[3] for s in server.seen if s[1].endswith("/report")][0]
         self.assertEqual((report["status"], report.get("output")), ("SUCCEEDED", {"sent": "job_1"}))
 
+    def test_a_generator_handler_is_refused_at_registration(self) -> None:
+        # Its body never runs when called: the generator was reported as an
+        # output that is not JSON, and every job exhausted unrun.
+        client = getratchet.Ratchet("http://127.0.0.1:9", "rk_test")
+        self.addCleanup(client.close)
+
+        def handler(input, context):
+            yield {"sent": True}
+
+        async def async_handler(input, context):
+            yield {"sent": True}
+
+        for generator in (handler, async_handler):
+            with self.assertRaisesRegex(TypeError, "generator function"):
+                client.register_tool("t", "1", generator)
+
     def test_no_claim_while_a_report_is_failing(self) -> None:
         order, failures = [], {"left": 2}
 

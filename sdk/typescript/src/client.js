@@ -6,7 +6,7 @@ import {
   NotPerformedError, OutcomeNotReportedError, RatchetError, ResultNotStoredError,
 } from './errors.js';
 import { Transport, newRequestId, pathId, sleep } from './transport.js';
-import { Worker } from './worker.js';
+import { Worker, isGeneratorFunction } from './worker.js';
 
 export const AFTER_SUCCEEDED = 'SUCCEEDED';
 export const AFTER_FAILED = 'FAILED';
@@ -514,6 +514,13 @@ export class Ratchet {
     // Refused before a lease is taken: after, the call's failure would leave
     // the key indeterminate, an operator's to resolve.
     if (typeof action !== 'function') throw new TypeError(`ratchet: doEffect's action must be a function, not ${typeof action}`);
+    // A generator function's body never runs when it is called: its
+    // generator was recorded as a success with the result {} (JSON of a
+    // generator), an effect that never happened (SDK review; Python refuses
+    // one before begin too).
+    if (isGeneratorFunction(action)) {
+      throw new TypeError("ratchet: doEffect's action must perform the effect and return its result, not be a generator function");
+    }
     // One request id for the whole call: a begin whose answer was lost is
     // answered again by the next, whichever retry asks.
     const req = { ...request, requestId: request.requestId ?? newRequestId() };

@@ -7,6 +7,13 @@ import {
 import { redactMessage } from './redact.js';
 import { newRequestId, pathId, sleep } from './transport.js';
 
+/** Whether fn is a generator function (function* or async function*), whose
+ * body does not run when it is called. */
+export function isGeneratorFunction(fn) {
+  const tag = Object.prototype.toString.call(fn);
+  return tag === '[object GeneratorFunction]' || tag === '[object AsyncGeneratorFunction]';
+}
+
 // Heartbeat pacing: a third of the lease left, within these bounds.
 const MIN_HEARTBEAT_MS = 1_000;
 const MAX_HEARTBEAT_MS = 60_000;
@@ -264,6 +271,11 @@ export class Worker {
     if (!name || !version) throw new TypeError('ratchet: a tool needs a name and a version');
     if (typeof handler !== 'function' || (classifyError !== undefined && typeof classifyError !== 'function')) {
       throw new TypeError('ratchet: handler and classifyError must be functions');
+    }
+    if (isGeneratorFunction(handler)) {
+      // Its body never runs when called: the generator was reported as the
+      // output {} (its JSON), a success that never happened (SDK review).
+      throw new TypeError('ratchet: a handler must return its output (or a promise of it), not be a generator function');
     }
     if (this.#started) throw new Error('ratchet: register tools before start()');
     const ref = `${name}@${version}`;

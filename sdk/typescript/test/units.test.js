@@ -794,6 +794,22 @@ test('doEffect refuses an action that is not a function before begin', async (t)
   assert.equal(server.seen.length, 0);
 });
 
+// A generator function's body never runs when called; its generator was
+// recorded as a success with the result {}, an effect that never happened.
+// Refused before begin, as Python's do_effect refuses one; so is such a
+// handler, whose generator was reported as the job's output {}.
+test('doEffect and registerTool refuse a generator function', async (t) => {
+  const server = await fakeServer(t, () => assert.fail('a request was sent'));
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  let ran = false;
+  const request = { effectType: 'email.send', idempotencyKey: 'k', payload: {} };
+  await assert.rejects(client.doEffect(request, function* send() { ran = true; yield 1; }), TypeError);
+  await assert.rejects(client.doEffect(request, async function* send() { ran = true; yield 1; }), TypeError);
+  assert.throws(() => client.registerTool({ name: 't', version: '1', handler: function* handler() { ran = true; yield 1; } }),
+    /generator function/);
+  assert.deepEqual([server.seen.length, ran], [0, false]);
+});
+
 // Pauses of 0.25, 0.5 and 1 s reach 1.75 s; the next (2 s) would pass the
 // 3.5 s timeout, so it is cut to end there and asks once more, finding the
 // holder's result. It used to give up at 1.75 s.
