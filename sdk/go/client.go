@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"math/rand"
 	"net/http"
@@ -18,7 +19,7 @@ import (
 )
 
 // Version is this SDK's version, sent in the User-Agent header.
-const Version = "0.4.10"
+const Version = "0.4.11"
 
 // DefaultBaseURL is the hosted service.
 const DefaultBaseURL = "https://getratchet.app"
@@ -51,6 +52,40 @@ type Config struct {
 	UserAgent string
 }
 
+// String describes cfg with its APIKey masked, so that printing a Config
+// (%v, %+v, a startup log of the settings) never writes the secret; GoString
+// (%#v) and LogValue (log/slog, JSON handlers too) do the same.
+func (cfg Config) String() string {
+	return fmt.Sprintf("ratchet.Config{BaseURL: %q, APIKey: %s, HTTPClient: %s, MaxRetries: %d, UserAgent: %q}",
+		cfg.BaseURL, maskedKey(cfg.APIKey), customOrDefault(cfg.HTTPClient != nil), cfg.MaxRetries, cfg.UserAgent)
+}
+
+// GoString is String, for %#v.
+func (cfg Config) GoString() string { return cfg.String() }
+
+// LogValue is cfg for log/slog, its APIKey masked.
+func (cfg Config) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("base_url", cfg.BaseURL), slog.String("api_key", maskedKey(cfg.APIKey)),
+		slog.Bool("custom_http_client", cfg.HTTPClient != nil), slog.Int("max_retries", cfg.MaxRetries),
+		slog.String("user_agent", cfg.UserAgent))
+}
+
+// maskedKey stands for an API key in printed values: whether one is set,
+// never any part of it.
+func maskedKey(key string) string {
+	if key == "" {
+		return `""`
+	}
+	return "[redacted]"
+}
+
+func customOrDefault(custom bool) string {
+	if custom {
+		return "custom"
+	}
+	return "default"
+}
+
 // Client calls the Ratchet API. It is safe for concurrent use.
 //
 // Retries: a 429 is repeated after the server's retry_after_seconds (or
@@ -75,6 +110,14 @@ type Client struct {
 	sleep  func(ctx context.Context, d time.Duration) error
 	jitter func() float64
 }
+
+// String describes c by its API origin, never its key: %v or %+v of a
+// *Client printed every field, the bearer secret included. GoString is the
+// same, for %#v.
+func (c *Client) String() string { return "ratchet.Client{" + c.base + "}" }
+
+// GoString is String, for %#v.
+func (c *Client) GoString() string { return c.String() }
 
 // NewClient returns a Client for cfg. It fails when the base URL does not
 // parse or the key is empty.

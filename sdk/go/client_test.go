@@ -1,11 +1,13 @@
 package ratchet
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -943,5 +945,26 @@ func TestReconcileRetriesUnderOneIdempotencyKey(t *testing.T) {
 	}
 	if len(keys) != 2 || keys[0] == "" || keys[0] != keys[1] {
 		t.Fatalf("keys %q", keys)
+	}
+}
+
+// Printing a Config or a *Client (a startup log of the settings, a debug
+// print) wrote the bearer secret: %+v showed every field.
+func TestPrintedConfigAndClientHideTheKey(t *testing.T) {
+	const secret = "rk_live_0123456789abcdef"
+	cfg := Config{BaseURL: "http://localhost:8787", APIKey: secret}
+	c, err := NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logged bytes.Buffer
+	slog.New(slog.NewJSONHandler(&logged, nil)).Info("starting", "config", cfg, "client", c)
+	slog.New(slog.NewTextHandler(&logged, nil)).Info("starting", "config", cfg, "client", c)
+	printed := fmt.Sprintf("%v %+v %#v %v %+v %#v %v", cfg, cfg, cfg, c, c, c, &cfg) + logged.String()
+	if strings.Contains(printed, secret) || strings.Contains(printed, "rk_live") {
+		t.Fatalf("the key was printed: %s", printed)
+	}
+	if !strings.Contains(printed, "[redacted]") || !strings.Contains(printed, "localhost:8787") {
+		t.Fatalf("printed without the masked key or the origin: %s", printed)
 	}
 }
