@@ -2,7 +2,8 @@
 
 Produce durable jobs (start_run, enqueue, finish_run), work them
 (register_tool, worker.start), wrap an agent's side effects in the effect
-gate (do_effect, blind_key), and verify webhook deliveries (verify_webhook).
+gate (do_effect, do_effect_async for asyncio code, blind_key), and verify
+webhook deliveries (verify_webhook).
 """
 
 from ._http import VERSION as __version__
