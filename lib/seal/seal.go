@@ -9,12 +9,15 @@
 package seal
 
 import (
+	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 const version = 1
@@ -116,6 +119,16 @@ func (s *Sealer) Open(ciphertext, aad []byte) ([]byte, error) {
 	return pt, nil
 }
 
+// KeyIDOf is the id, in hex, of the key ciphertext names ("1a2b3c4d", as
+// Open's errors and the reseal command write it), or "" when it is not a
+// ciphertext of this format. It reads the header only: the id is not secret.
+func KeyIDOf(ciphertext []byte) string {
+	if len(ciphertext) < 5 || ciphertext[0] != version {
+		return ""
+	}
+	return hex.EncodeToString(ciphertext[1:5])
+}
+
 // CurrentKeyID is the id of the key that seals.
 func (s *Sealer) CurrentKeyID() [4]byte { return s.current }
 
@@ -127,6 +140,19 @@ func (s *Sealer) CanOpen(ciphertext []byte) bool {
 	}
 	_, ok := s.aeads[[4]byte(ciphertext[1:5])]
 	return ok
+}
+
+// Headers are the first five bytes (version and key id) of what each
+// configured key seals, in byte order: a ciphertext that begins with none of
+// them is one this Sealer cannot open (CanOpen), so a statement can leave
+// such rows alone by their first bytes, without reading them whole.
+func (s *Sealer) Headers() [][]byte {
+	out := make([][]byte, 0, len(s.aeads))
+	for id := range s.aeads {
+		out = append(out, append([]byte{version}, id[:]...))
+	}
+	slices.SortFunc(out, bytes.Compare)
+	return out
 }
 
 // IsCurrent reports whether ciphertext was sealed with the current key; the

@@ -73,3 +73,33 @@ func TestNewRejectsShortKey(t *testing.T) {
 	_, err := New([]byte("short"))
 	require.Error(t, err)
 }
+
+// Headers are what CanOpen accepts: a statement comparing a column's first
+// five bytes with them leaves alone exactly what the Sealer cannot open.
+func TestHeadersAreWhatCanOpenAccepts(t *testing.T) {
+	t.Parallel()
+	old, err := New(key(1))
+	require.NoError(t, err)
+	rotated, err := New(key(2), key(1))
+	require.NoError(t, err)
+	other, err := New(key(3))
+	require.NoError(t, err)
+	headers := rotated.Headers()
+	require.Len(t, headers, 2)
+	require.Negative(t, bytes.Compare(headers[0], headers[1]), "in byte order")
+	for _, ct := range [][]byte{old.Seal([]byte("a"), nil), rotated.Seal([]byte("b"), nil), other.Seal([]byte("c"), nil),
+		{0}, {1, 2, 3}} {
+		listed := false
+		for _, h := range headers {
+			listed = listed || bytes.HasPrefix(ct, h)
+		}
+		require.Equal(t, rotated.CanOpen(ct), listed, "%x", ct)
+	}
+
+	ct := other.Seal([]byte("c"), nil)
+	id := KeyID(key(3))
+	require.Equal(t, fmt.Sprintf("%x", id[:]), KeyIDOf(ct))
+	require.Equal(t, KeyIDOf(ct), KeyIDOf(ct[:5]), "the header alone")
+	require.Empty(t, KeyIDOf([]byte{0}))
+	require.Empty(t, KeyIDOf(append([]byte{2}, ct[1:]...)), "another format version")
+}

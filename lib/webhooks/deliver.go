@@ -173,6 +173,50 @@ func (s *Service) PurgeDelivered(ctx context.Context, cutoff time.Time, limit in
 	return int(tag.RowsAffected()), nil
 }
 
+// sqlHeld lists the live webhooks with deliveries due ($1) whose signing
+// secret this instance cannot open: its first five bytes are those of none
+// of its keys ($2, seal.Sealer.Headers), as when the key that sealed it was
+// removed from RESULT_ENCRYPTION_KEYS before a reseal, or the instance still
+// runs the settings before a rotation. The claim passes over them: their
+// deliveries stay pending, attempts untouched, for an instance that has the
+// key or until it is configured again (QA: each was claimed, spent an
+// attempt it could not send, and ended failed after MaxAttempts, its events
+// lost to a configuration mistake). The lateral runs only for such
+// webhooks, none at all normally.
+const sqlHeld = `
+SELECT w.id, substring(w.secret FROM 1 FOR 5) FROM webhooks w
+WHERE w.deleted_at IS NULL AND NOT substring(w.secret FROM 1 FOR 5) = ANY ($2::bytea[])
+  AND EXISTS (SELECT 1 FROM webhook_deliveries d
+      WHERE d.webhook_id = w.id AND d.state = 'pending' AND d.next_attempt_at <= $1::timestamptz)
+ORDER BY w.id`
+
+// reportHeld logs, once a pass, each webhook whose due deliveries the claim
+// passes over because this instance cannot open its signing secret, by
+// webhook id and key id (never the secret): the operator must hear of it,
+// and the deliveries' records alone reach only their owner.
+func (s *Service) reportHeld(ctx context.Context, now time.Time) error {
+	rows, err := s.pool.Query(ctx, sqlHeld, now, s.sealer.Headers())
+	if err != nil {
+		return fmt.Errorf("held deliveries: %w", err)
+	}
+	var id string
+	var header []byte
+	_, err = pgx.ForEachRow(rows, []any{&id, &header}, func() error {
+		keyID := seal.KeyIDOf(header)
+		if keyID == "" {
+			keyID = "none (not a ciphertext)"
+		}
+		s.logger.Error("webhook deliveries held: the signing secret is sealed with a key this instance is not "+
+			"configured with (RESULT_ENCRYPTION_KEY, RESULT_ENCRYPTION_KEYS); they are sent, their attempts untouched, "+
+			"once an instance has the key", "webhook_id", id, "key_id", keyID)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("held deliveries: %w", err)
+	}
+	return nil
+}
+
 type claimed struct {
 	id, url      string
 	secret       []byte
@@ -200,6 +244,9 @@ type claimed struct {
 // perWebhook sends in flight, the pass at most maxInFlight; the pass ends
 // when every send it started has been recorded.
 func (s *Service) Deliver(ctx context.Context, now time.Time) (int, error) {
+	if err := s.reportHeld(ctx, now); err != nil {
+		return 0, err
+	}
 	p := newPass()
 	total := 0
 	for rounds := 0; rounds < maxRounds; {
@@ -392,7 +439,8 @@ func (p *pass) awaitOne(ctx context.Context) bool {
 // workspaces named (their sends of this pass are still in flight). Each is
 // pushed claimHold into the future in one statement before anything is
 // sent, so concurrent sweepers send disjoint sets; the outcome is then
-// recorded per delivery.
+// recorded per delivery. It passes over the webhooks whose signing secret
+// this instance cannot open (sqlHeld).
 func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks, workspaces []string) ([]claimed, error) {
 	// Every parameter is cast: with DB_QUERY_EXEC_MODE=simple_protocol they
 	// arrive as untyped literals, and "$1 + interval" read $1 as an interval.
@@ -413,6 +461,8 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks, wo
 		        ) d
 		        WHERE hook.deleted_at IS NULL AND NOT hook.id = ANY ($6::text[])
 		          AND NOT hook.workspace_id = ANY ($7::text[])
+		          -- A secret this instance cannot open: held (sqlHeld).
+		          AND substring(hook.secret FROM 1 FOR 5) = ANY ($8::bytea[])
 		    ) x
 		    WHERE n <= $5::int
 		    ORDER BY next_attempt_at LIMIT $2::int * 3
@@ -430,7 +480,7 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks, wo
 		WHERE d.id = due.id AND w.id = d.webhook_id AND e.id = d.event_id
 		RETURNING d.id, w.url, w.secret, CASE WHEN w.previous_secret_expires_at > $1::timestamptz THEN w.previous_secret END,
 		    w.id, d.attempts, e.id, e.type, e.data::text, e.created_at, e.workspace_id, e.subject_id`,
-		now, limit, claimHold.Seconds(), perWebhook, perWorkspace, hooks, workspaces)
+		now, limit, claimHold.Seconds(), perWebhook, perWorkspace, hooks, workspaces, s.sealer.Headers())
 	if err != nil {
 		return nil, fmt.Errorf("claim deliveries: %w", err)
 	}
@@ -457,8 +507,10 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks, wo
 func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 	secret, err := s.sealer.Open(c.secret, seal.AAD(c.webhookID, "secret"))
 	if err != nil {
-		// Sealed under a key no longer in RESULT_ENCRYPTION_KEYS, say: the operator must
-		// hear of it, the delivery's record alone reaches only its owner.
+		// Under one of this instance's keys (the claim passes over the
+		// others), yet it fails to open: garbled, which no key mends, so
+		// the attempt counts. The operator must hear of it, the delivery's
+		// record alone reaches only its owner.
 		s.logger.Error("webhook signing secret cannot be opened; delivery not sent",
 			"webhook_id", c.webhookID, "delivery_id", c.id, "err", err.Error())
 		return s.record(ctx, c, nil, "cannot open signing secret")

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"io"
@@ -1334,8 +1335,9 @@ func TestARotatedSecretSignsBesideTheNewOneUntilItExpires(t *testing.T) {
 // A previous secret that cannot be opened (its sealing key gone, say) is
 // left out of the signature, and the operator hears of it by webhook id:
 // a receiver still holding that secret refuses the delivery. A current
-// secret that cannot be opened stops the send, and is logged too. Neither
-// log line carries a secret or the event.
+// secret garbled under a configured key stops the send, and is logged too.
+// Neither log line carries a secret or the event. (One sealed with a key
+// this instance lacks is held: TestASecretUnderAMissingKeyHoldsDeliveries.)
 func TestASecretThatCannotBeOpenedIsLogged(t *testing.T) {
 	var logs apitest.LockedBuffer
 	env, c := start(t, true, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
@@ -1357,26 +1359,16 @@ func TestASecretThatCannotBeOpenedIsLogged(t *testing.T) {
 	require.Contains(t, logs.String(), "webhook previous signing secret cannot be opened")
 	require.Contains(t, logs.String(), "webhook_id="+id)
 
-	_, err = env.App.Pool.Exec(ctx, `UPDATE webhooks SET secret = '\x00'::bytea WHERE id = $1`, id)
+	// The current key's header over bytes no key opens.
+	currentID := seal.KeyID(bytes.Repeat([]byte{7}, 32)) // apitest's key
+	garbled := append(append([]byte{1}, currentID[:]...), bytes.Repeat([]byte{0xee}, 40)...)
+	_, err = env.App.Pool.Exec(ctx, `UPDATE webhooks SET secret = $2 WHERE id = $1`, id, garbled)
 	require.NoError(t, err)
 	record(t, env, ws.ID, events.RunFinished, c.Now())
 	env.App.Sweeper.RunOnce(ctx)
 	require.Equal(t, 1, rcv.count(), "not sent unsigned")
 	require.Contains(t, logs.String(), "webhook signing secret cannot be opened; delivery not sent")
-
-	// Sealed with a key this instance is not configured with (removed too
-	// early in a rotation, say): the log names the key to configure again.
-	gone := bytes.Repeat([]byte{3}, 32)
-	other, err := seal.New(gone)
-	require.NoError(t, err)
-	_, err = env.App.Pool.Exec(ctx, `UPDATE webhooks SET secret = $2 WHERE id = $1`, id,
-		other.Seal([]byte(second), seal.AAD(id, "secret")))
-	require.NoError(t, err)
-	record(t, env, ws.ID, events.RunFinished, c.Now())
-	env.App.Sweeper.RunOnce(ctx)
-	require.Equal(t, 1, rcv.count(), "not sent unsigned")
-	goneID := seal.KeyID(gone)
-	require.Contains(t, logs.String(), "key id "+hex.EncodeToString(goneID[:]))
+	require.Contains(t, logs.String(), "ciphertext failed authentication")
 	for _, secret := range []string{first, second} {
 		require.NotContains(t, logs.String(), secret)
 	}
@@ -1446,4 +1438,61 @@ func TestAnExpiredPreviousSecretReadsNull(t *testing.T) {
 	}
 	env.Must(http.StatusOK, "GET", "/api/v1/webhooks", ws.Key, nil).Decode(t, &page)
 	require.Nil(t, page.Data[0]["previous_secret_expires_at"], "in the list too")
+}
+
+// A signing secret sealed with a key this instance is not configured with
+// (removed from RESULT_ENCRYPTION_KEYS before a reseal, or an instance still
+// running the settings before a rotation) holds its webhook's deliveries:
+// pending, their attempts untouched, however many passes go by, each pass
+// logging the webhook and the key id; an instance that has the key sends
+// them (seal QA: each pass spent an attempt, and after MaxAttempts the
+// deliveries ended failed, their events lost to a configuration mistake).
+// Other webhooks are delivered meanwhile.
+func TestASecretUnderAMissingKeyHoldsDeliveries(t *testing.T) {
+	var logs apitest.LockedBuffer
+	env, c := start(t, true, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	ctx := context.Background()
+	ws := env.Signup()
+	rcv, other := newReceiver(t), newReceiver(t)
+	id, secret := subscribe(t, env, ws.Key, rcv.URL)
+	subscribe(t, env, ws.Key, other.URL)
+	gone := bytes.Repeat([]byte{3}, 32)
+	lost, err := seal.New(gone)
+	require.NoError(t, err)
+	_, err = env.App.Pool.Exec(ctx, `UPDATE webhooks SET secret = $2 WHERE id = $1`, id,
+		lost.Seal([]byte(secret), seal.AAD(id, "secret")))
+	require.NoError(t, err)
+
+	record(t, env, ws.ID, events.RunFinished, c.Now())
+	for range webhooks.MaxAttempts + 1 {
+		res := env.App.Sweeper.RunOnce(ctx)
+		require.Empty(t, res.Errors)
+		c.Add(7 * time.Hour) // past any backoff
+	}
+	require.Zero(t, rcv.count(), "no instance here can sign it")
+	require.Equal(t, 1, other.count(), "the other webhook's delivery went")
+	held := deliveries(t, env, ws.Key, id)
+	require.Len(t, held, 1)
+	require.Equal(t, "pending", held[0]["state"])
+	require.Equal(t, float64(0), held[0]["attempts"], "no attempt spent")
+	goneID := seal.KeyID(gone)
+	line := "webhook deliveries held"
+	require.Equal(t, webhooks.MaxAttempts+1, strings.Count(logs.String(), line), "once a pass")
+	require.Contains(t, logs.String(), "webhook_id="+id+" key_id="+hex.EncodeToString(goneID[:]))
+	require.NotContains(t, logs.String(), secret)
+
+	// An instance configured with the key sends it, its first attempt.
+	withKey := apitest.Start(t, apitest.WithNow(c.Now), apitest.WithConfig(func(cfg *config.Config) {
+		cfg.WebhookAllowPrivateNetworks = true
+		cfg.ResultEncryptionKeys = []string{base64.StdEncoding.EncodeToString(gone)}
+	}))
+	require.Empty(t, withKey.App.Sweeper.RunOnce(ctx).Errors)
+	require.Equal(t, 1, rcv.count())
+	rcv.mu.Lock()
+	sig, body := rcv.sigs[0], rcv.bodies[0]
+	rcv.mu.Unlock()
+	require.Equal(t, []string{secret}, signedWith(t, sig, body, secret))
+	sent := deliveries(t, env, ws.Key, id)
+	require.Equal(t, "delivered", sent[0]["state"])
+	require.Equal(t, float64(1), sent[0]["attempts"])
 }
