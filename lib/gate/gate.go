@@ -85,10 +85,13 @@ func (s *Service) sealJSON(effectID, column string, doc json.RawMessage) []byte 
 	return s.sealer.Seal(doc, seal.AAD(effectID, column))
 }
 
+// openJSON opens effect effectID's sealed column. Its error names the
+// effect and, through seal's, the key (the 500 it becomes is logged with it:
+// the operator learns which row and which key, never the value).
 func (s *Service) openJSON(effectID, column string, ct []byte) (json.RawMessage, error) {
 	pt, err := s.sealer.Open(ct, seal.AAD(effectID, column))
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", column, err)
+		return nil, fmt.Errorf("open %s of effect %s: %w", column, effectID, err)
 	}
 	return pt, nil
 }

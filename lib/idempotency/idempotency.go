@@ -184,7 +184,7 @@ func (s *Store) Begin(ctx context.Context, req Request) (*Claim, *Answer, error)
 		}
 		body, err := s.sealer.Open(answer, AnswerAAD(req.APIKeyID, req.Key))
 		if err != nil {
-			return nil, nil, fmt.Errorf("idempotency: open answer: %w", err)
+			return nil, nil, fmt.Errorf("idempotency: open the answer kept for API key %s: %w", req.APIKeyID, err)
 		}
 		return nil, &Answer{Status: *status, Body: body, RequestID: requestID}, nil
 	}

@@ -89,6 +89,7 @@ func (s *Service) ListEndpointAttempts(ctx context.Context, workspaceID, id, out
 	if err != nil {
 		return nil, fmt.Errorf("endpoint attempts: %w", err)
 	}
+	var unreadable unreadableMessages
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (EndpointAttempt, error) {
 		var (
 			a    EndpointAttempt
@@ -97,12 +98,13 @@ func (s *Service) ListEndpointAttempts(ctx context.Context, workspaceID, id, out
 		if err := row.Scan(read.dest(&a.JobID, &a.AttemptFields, &a.StepID, &a.RunID, &a.Name, &a.Version)...); err != nil {
 			return a, err
 		}
-		err := s.openAttempt(a.JobID, &a.AttemptFields, read) // before a is returned: it sets the message
-		return a, err
+		s.openAttempt(a.JobID, &a.AttemptFields, read, &unreadable) // before a is returned: it sets the message
+		return a, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("endpoint attempts: %w", err)
 	}
+	unreadable.log(s.logger)
 	if len(out) > 0 {
 		return out, nil
 	}

@@ -288,8 +288,10 @@ func TestNonRetryableFailureExhaustsAtOnceAndRecordsEvent(t *testing.T) {
 	_, err = b.env.App.Pool.Exec(ctx, `UPDATE job_executions SET error_sealed = $2 WHERE job_id = $1`, enq.JobID,
 		b.env.App.Server.Deps.Sealer.Seal([]byte("x"), seal.AAD(enq.JobID, "error/2")))
 	require.NoError(t, err)
-	_, err = b.svc.GetStep(ctx, b.ws, enq.StepID)
-	require.ErrorContains(t, err, "open error message")
+	moved, err := b.svc.GetStep(ctx, b.ws, enq.StepID)
+	require.NoError(t, err)
+	require.Nil(t, moved.DurableJob.Attempts[0].ErrorMessage)
+	require.True(t, moved.DurableJob.Attempts[0].ErrorMessageUnreadable)
 	_, err = b.env.App.Pool.Exec(ctx, `UPDATE job_executions SET error_sealed = $2 WHERE job_id = $1`, enq.JobID, stored)
 	require.NoError(t, err)
 	var n int

@@ -177,7 +177,7 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 	}
 	input, err := s.open(j.id, "input", j.inputSealed)
 	if err != nil {
-		return ReplayPreview{}, fmt.Errorf("replay preview: %w", err)
+		return ReplayPreview{}, fmt.Errorf("replay preview: open input of job %s: %w", j.id, err)
 	}
 	rows, err := s.pool.Query(ctx, sqlReplayTargets, workspaceID, j.name, maxReplayTargets)
 	if err != nil {
@@ -409,7 +409,7 @@ func (s *Service) replayTarget(ctx context.Context, q db.Querier, workspaceID st
 	}
 	input, err := s.open(j.id, "input", j.inputSealed)
 	if err != nil {
-		return nil, fmt.Errorf("replay input: %w", err)
+		return nil, fmt.Errorf("replay: open input of job %s: %w", j.id, err)
 	}
 	problems, err := validateDoc(c.InputSchema, input, "input")
 	if err != nil {

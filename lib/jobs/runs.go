@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"net/http"
@@ -137,10 +138,16 @@ type Attempt struct {
 	// SDK bounds and redacts it before sending; the server masks it again,
 	// ratchet.RedactText), or a rejected output's reason; sealed at rest,
 	// opened for readers of the run.
-	ErrorMessage   *string    `json:"errorMessage"`
-	StartedAt      time.Time  `json:"startedAt"`
-	LeaseExpiresAt time.Time  `json:"leaseExpiresAt"`
-	ReportedAt     *time.Time `json:"reportedAt"`
+	ErrorMessage *string `json:"errorMessage"`
+	// ErrorMessageUnreadable says the attempt has an error message this
+	// instance cannot open (sealed with a key missing from its
+	// RESULT_ENCRYPTION_KEY / RESULT_ENCRYPTION_KEYS): errorMessage reads
+	// null, and the rest of the read answers as ever (seal QA: one such
+	// message failed a whole run's read, or a page of attempts, with 500).
+	ErrorMessageUnreadable bool       `json:"errorMessageUnreadable" jsonschema:"true when the attempt has an error message this server cannot decrypt (sealed with an encryption key it is not configured with): errorMessage is then null; false otherwise"`
+	StartedAt              time.Time  `json:"startedAt"`
+	LeaseExpiresAt         time.Time  `json:"leaseExpiresAt"`
+	ReportedAt             *time.Time `json:"reportedAt"`
 }
 
 // PolicySnapshot is the complete effective policy a job was enqueued with;
@@ -505,6 +512,7 @@ func (s *Service) attachAttempts(ctx context.Context, q db.Querier, steps []Step
 		return fmt.Errorf("attempts: %w", err)
 	}
 	defer rows.Close()
+	var unreadable unreadableMessages
 	for rows.Next() {
 		var (
 			jobID string
@@ -514,9 +522,7 @@ func (s *Service) attachAttempts(ctx context.Context, q db.Querier, steps []Step
 		if err := rows.Scan(read.dest(&jobID, &a)...); err != nil {
 			return fmt.Errorf("attempts: %w", err)
 		}
-		if err := s.openAttempt(jobID, &a, read); err != nil {
-			return err
-		}
+		s.openAttempt(jobID, &a, read, &unreadable)
 		if j := byJob[jobID]; j != nil {
 			j.Attempts = append(j.Attempts, a)
 		}
@@ -524,6 +530,7 @@ func (s *Service) attachAttempts(ctx context.Context, q db.Querier, steps []Step
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("attempts: %w", err)
 	}
+	unreadable.log(s.logger)
 	return nil
 }
 
@@ -539,17 +546,46 @@ func (r *attemptRow) dest(jobID *string, a *Attempt, more ...any) []any {
 }
 
 // openAttempt opens the error message of job jobID's attempt a read with r.
-func (s *Service) openAttempt(jobID string, a *Attempt, r attemptRow) error {
+// One it cannot open reads as unreadable (Attempt.ErrorMessageUnreadable)
+// and is noted in u, which the read logs once.
+func (s *Service) openAttempt(jobID string, a *Attempt, r attemptRow, u *unreadableMessages) {
 	if r.sealed == nil {
-		return nil
+		return
 	}
 	msg, err := s.sealer.Open(r.sealed, seal.AAD(jobID, fmt.Sprintf("error/%d", a.Attempt)))
 	if err != nil {
-		return fmt.Errorf("attempts: open error message: %w", err)
+		a.ErrorMessageUnreadable = true
+		u.note(jobID, a.Attempt, r.sealed, err)
+		return
 	}
 	m := string(msg)
 	a.ErrorMessage = &m
-	return nil
+}
+
+// unreadableMessages gathers the error messages one read cannot open, to
+// log them in one line: by their number, the first one's job, attempt and
+// key id, and why (never the value).
+type unreadableMessages struct {
+	n       int
+	jobID   string
+	attempt int
+	keyID   string
+	err     error
+}
+
+func (u *unreadableMessages) note(jobID string, attempt int, sealed []byte, err error) {
+	if u.n == 0 {
+		u.jobID, u.attempt, u.keyID, u.err = jobID, attempt, seal.KeyIDOf(sealed), err
+	}
+	u.n++
+}
+
+func (u *unreadableMessages) log(logger *slog.Logger) {
+	if u.n == 0 {
+		return
+	}
+	logger.Warn("attempts' error messages this instance cannot open read as errorMessageUnreadable",
+		"count", u.n, "job_id", u.jobID, "attempt", u.attempt, "key_id", u.keyID, "error", u.err.Error())
 }
 
 // scanRun reads a row of runColumns.

@@ -114,7 +114,7 @@ func (s *Sealer) Open(ciphertext, aad []byte) ([]byte, error) {
 	}
 	pt, err := aead.Open(nil, ciphertext[5:5+ns], ciphertext[5+ns:], aad)
 	if err != nil {
-		return nil, errors.New("seal: ciphertext failed authentication")
+		return nil, fmt.Errorf("seal: ciphertext failed authentication (key id %x)", id)
 	}
 	return pt, nil
 }

@@ -28,6 +28,9 @@ func TestOpenRejectsOtherAssociatedData(t *testing.T) {
 	ct := s.Seal([]byte("x"), []byte("eff_1/result"))
 	_, err = s.Open(ct, []byte("eff_2/result"))
 	require.Error(t, err)
+	id := KeyID(key(1))
+	require.ErrorContains(t, err, fmt.Sprintf("failed authentication (key id %x)", id[:]), "the key it names")
+	require.NotErrorIs(t, err, ErrUnknownKey)
 }
 
 func TestRotationOpensOldAndSealsNew(t *testing.T) {

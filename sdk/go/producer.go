@@ -132,6 +132,10 @@ type JobAttempt struct {
 	RetryAfterMs *int64  `json:"retryAfterMs"`
 	// ErrorMessage is the message the worker reported with a failure.
 	ErrorMessage *string `json:"errorMessage"`
+	// ErrorMessageUnreadable is true when the server cannot decrypt the
+	// attempt's message (sealed with an encryption key it is no longer
+	// configured with); ErrorMessage is then nil.
+	ErrorMessageUnreadable bool `json:"errorMessageUnreadable"`
 	// Warning explains a failure the server recorded itself (a lapsed lease,
 	// a rejected output).
 	Warning        *string    `json:"warning"`

@@ -92,6 +92,8 @@ export interface JobAttempt {
   retryAfterMs: number | null;
   /** The message the worker reported with a failure. */
   errorMessage: string | null;
+  /** True when the server cannot decrypt the message (sealed with an encryption key it is no longer configured with): errorMessage is then null. */
+  errorMessageUnreadable: boolean;
   startedAt: string;
   leaseExpiresAt: string;
   reportedAt: string | null;
