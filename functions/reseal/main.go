@@ -2,7 +2,8 @@
 // key in RESULT_ENCRYPTION_KEY and the old ones in RESULT_ENCRYPTION_KEYS
 // (the settings every instance already runs with), it re-seals everything
 // still sealed with an old key under the new one, and says whether the old
-// keys can now be removed. -check only counts. It runs as a CLI
+// keys can now be removed. -check only counts (and records the key ids it
+// found in seal_keys: lib/reseal.Check). It runs as a CLI
 // (go run ./functions/reseal [-check]) or, inside Lambda, as a function to
 // invoke (event {"check": true} to count); a run cut short by its deadline
 // is continued by the next.
@@ -85,7 +86,7 @@ func main() {
 		lambda.Start(invoke)
 		return
 	}
-	check := flag.Bool("check", false, "count ciphertexts by key, change nothing")
+	check := flag.Bool("check", false, "count ciphertexts by key, change none")
 	asJSON := flag.Bool("json", false, "print the report as JSON")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)

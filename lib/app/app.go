@@ -18,6 +18,7 @@ import (
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/idempotency"
+	"github.com/getratchet/ratchet/lib/reseal"
 	"github.com/getratchet/ratchet/lib/sweep"
 	"github.com/getratchet/ratchet/migrations"
 )
@@ -72,6 +73,19 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*App, error) {
 			return int(n), err
 		},
 	})
+	// Checked here rather than at start, where it would cost every cold
+	// start a statement, or refuse to start and take every route down for
+	// values a removed key sealed (seal QA: nothing noticed a missing key
+	// until a read of such a value failed). The failing task is logged at
+	// each pass, named in the cron route's errors and fails the Lambda
+	// sweeper's invocation.
+	sweeper.Add(sweep.Task{Name: "seal.keys", Run: func(ctx context.Context, _ time.Time) (int, error) {
+		missing, err := reseal.MissingKeys(ctx, pool, sealer)
+		if err == nil && len(missing) > 0 {
+			err = &reseal.MissingKeysError{IDs: missing}
+		}
+		return 0, err
+	}})
 	answers := idempotency.New(pool, sealer, now)
 	sweeper.Add(sweep.Task{Name: "idempotency.expired", Drains: true, Run: func(ctx context.Context, now time.Time) (int, error) {
 		return answers.Purge(ctx, now, idempotentAnswersPerPass)

@@ -3,7 +3,8 @@
 // opens what it sealed; this package re-seals, under the current key, every
 // ciphertext still sealed with another one, so the old key can then be
 // removed from RESULT_ENCRYPTION_KEYS without losing anything. Check reports
-// where each column's ciphertexts stand without changing them.
+// where each column's ciphertexts stand without changing them, and keeps
+// the table of key ids in use (seal_keys) up to what it found.
 //
 // A run is safe beside live traffic and safe to repeat or interrupt: it
 // walks each column in primary-key order, a batch at a time, and replaces a
@@ -129,9 +130,12 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer) *Resealer {
 }
 
 // Check counts each column's ciphertexts by the key that sealed them,
-// changing nothing. It reads every sealed value's 5-byte header only.
+// changing none. It reads every sealed value's 5-byte header only. It
+// records the key ids it found in seal_keys (keys.go), and when it found
+// every value under the current key, forgets the others there.
 func (r *Resealer) Check(ctx context.Context) (Report, error) {
 	rep := Report{CurrentKeyID: r.currentKeyID()}
+	found := map[string]bool{}
 	for _, c := range columns {
 		cr := ColumnReport{Column: c.table + "." + c.name}
 		rows, err := r.pool.Query(ctx, c.countSQL())
@@ -141,6 +145,9 @@ func (r *Resealer) Check(ctx context.Context) (Report, error) {
 		var header []byte
 		var n int64
 		_, err = pgx.ForEachRow(rows, []any{&header, &n}, func() error {
+			if id := seal.KeyIDOf(header); id != "" {
+				found[id] = true
+			}
 			switch {
 			case r.sealer.IsCurrent(header):
 				cr.Current += n
@@ -157,7 +164,7 @@ func (r *Resealer) Check(ctx context.Context) (Report, error) {
 		rep.Columns = append(rep.Columns, cr)
 	}
 	rep.finish()
-	return rep, nil
+	return rep, r.recordKeys(ctx, found, rep.Complete)
 }
 
 // Run re-seals every ciphertext not sealed with the current key. It stops

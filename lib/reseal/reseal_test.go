@@ -24,7 +24,7 @@ func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
 func fresh(t *testing.T, opts ...apitest.Option) *apitest.Env {
 	t.Helper()
 	env := apitest.Start(t, opts...)
-	_, err := env.App.Pool.Exec(context.Background(), `TRUNCATE effects, jobs, job_executions, webhooks CASCADE`)
+	_, err := env.App.Pool.Exec(context.Background(), `TRUNCATE effects, jobs, job_executions, webhooks, seal_keys CASCADE`)
 	require.NoError(t, err)
 	return env
 }
