@@ -1400,12 +1400,18 @@ function decide(a, effect) {
 // reported and the service's warning, which a lapsed lease or an output its
 // contract refused carries without any message (console QA: a lapsed
 // attempt read FAILED with nothing to say that its side effect may have
-// happened).
+// happened). A message the server cannot decrypt (errorMessageUnreadable)
+// says so, rather than read "—" as if the worker had said nothing.
 function attemptProblem(a) {
-	if (!a.errorMessage && !a.warning) return '—';
+	const message = a.errorMessage
+		? h('span', null, a.errorMessage)
+		: a.errorMessageUnreadable
+			? h('em', null, 'Message unreadable: sealed with an encryption key this server is not configured with')
+			: null;
+	if (!message && !a.warning) return '—';
 	return [
-		a.errorMessage ? h('span', null, a.errorMessage) : null,
-		a.errorMessage && a.warning ? ' ' : null,
+		message,
+		message && a.warning ? ' ' : null,
 		a.warning ? h('strong', { class: 'warning' }, 'Warning: ', a.warning) : null,
 	];
 }

@@ -37,7 +37,9 @@ async function signup() {
 }
 
 // mount starts the console in a fresh page, signed in with key when given.
-async function mount(key, hash = '') {
+// rewrite, when given, may replace the service's answer to each request
+// the page makes: rewrite(url, response) answers the response to use.
+async function mount(key, hash = '', rewrite) {
 	const root = document.createElement('div');
 	const storage = new MemoryStorage();
 	if (key) storage.setItem(KEY_ITEM, key);
@@ -69,7 +71,8 @@ async function mount(key, hash = '') {
 		fetch: (url, init) => {
 			ui.requests.push(`${init.method} ${url}`);
 			if (ui.offline) return Promise.reject(new TypeError('Failed to fetch'));
-			return fetch(base + url, init);
+			const res = fetch(base + url, init);
+			return rewrite ? res.then((r) => rewrite(url, r)) : res;
 		},
 		confirm: (m) => {
 			ui.confirms.push(m);
@@ -678,6 +681,32 @@ test("a lapsed attempt's warning is shown on its step's page and its endpoint's 
 	const endpoint = (await api('GET', '/endpoints', key)).body.data.find((e) => e.name === 'export_rows');
 	await go(ui, '#/endpoints/' + endpoint.id + '?outcome=FAILED');
 	assert.ok(row(ui, step.stepId).textContent.includes('Warning: ' + lapsed.warning));
+});
+
+test('an attempt whose error message the server cannot decrypt says so', async () => {
+	// Seal QA: a server no longer configured with the key that sealed an
+	// attempt's message answers it null with errorMessageUnreadable (as
+	// lib/reseal's TestAnUnreadableErrorMessageLeavesTheRestReadable reads
+	// it); the cell would read "—", as if the worker had said nothing.
+	const key = await signup();
+	const run = (await api('POST', '/runs', key, { name: 'notify' })).body;
+	const step = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'send_sms', version: '1', input: {}, maxAttempts: 1 })).body;
+	const worker = (await api('POST', '/keys', key, { name: 'w', preset: 'WORKER', tools: ['send_sms@1'] })).body.secret;
+	const workerId = (await api('POST', '/workers/register', worker, { tools: [{ name: 'send_sms', version: '1' }] })).body.workerId;
+	const [job] = (await api('POST', `/workers/${workerId}/claim`, worker, { limit: 1 })).body.jobs;
+	const report = await api('POST', `/jobs/${job.jobId}/report`, worker, { leaseToken: job.leaseToken, status: 'FAILED', error: { message: 'carrier down', retryable: false } });
+	assert.equal(report.status, 200);
+	const unreadable = async (url, res) => {
+		if (!url.startsWith('/api/v1/steps/')) return res;
+		const body = await res.json();
+		for (const a of body.durableJob.attempts) Object.assign(a, { errorMessage: null, errorMessageUnreadable: true });
+		return new Response(JSON.stringify(body), { status: res.status, headers: res.headers });
+	};
+	const ui = await mount(key, '#/steps/' + step.stepId, unreadable);
+	const cells = ui.root.querySelectorAll('td[data-label="Error (redacted) / warning"]');
+	assert.equal(cells.length, 1, ui.root.textContent);
+	assert.equal(cells[0].textContent, 'Message unreadable: sealed with an encryption key this server is not configured with');
+	assert.ok(!ui.root.textContent.includes('carrier down'));
 });
 
 // A step not eligible for replay says why, as the replay's refusal would
