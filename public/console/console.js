@@ -452,14 +452,23 @@ function seg(s) {
 // next cursor (next_cursor on gate routes, nextCursor on job routes); the
 // element's firstRows are the first page's rows. ?limit= in the fragment
 // overrides params.limit. enrich, when given, completes each page's rows
-// (with what another route knows) before they are drawn.
+// (with what another route knows) before they are drawn. The element's
+// reload draws the first page again in place, and its show adds a row that
+// is not shown (see refreshList); a row already shown is not drawn twice.
 async function pager(path, params, columns, empty, enrich) {
 	const body = h('div', { class: 'pager' });
+	let shown = new Set(); // the ids of the rows drawn
 	const more = async (cursor) => {
 		const page = await call('GET', path + query({ ...params, limit: pageSize ?? params.limit, cursor }));
-		const rows = page.data || [];
-		if (enrich) await enrich(rows);
-		if (!cursor) body.firstRows = rows;
+		const read = page.data || [];
+		if (enrich) await enrich(read);
+		if (!cursor) {
+			body.firstRows = read;
+			body.replaceChildren();
+			shown = new Set();
+		}
+		const rows = read.filter((r) => r.id === undefined || !shown.has(r.id));
+		for (const r of rows) if (r.id !== undefined) shown.add(r.id);
 		const next = page.next_cursor ?? page.nextCursor ?? null;
 		const last = body.lastChild;
 		if (last && last.className === 'more') last.remove();
@@ -483,6 +492,14 @@ async function pager(path, params, columns, empty, enrich) {
 			}
 			if (target) target.focus();
 		}
+	};
+	body.reload = () => more(undefined);
+	body.show = (r) => {
+		if (shown.has(r.id)) return;
+		shown.add(r.id);
+		const tbody = body.querySelector('tbody');
+		if (tbody) tbody.append(row(columns, r));
+		else body.replaceChildren(table(columns, [r], empty), ...[...body.childNodes].filter((c) => c.className === 'more'));
 	};
 	await more(undefined);
 	return body;
@@ -1060,7 +1077,7 @@ const pages = {
 					});
 					// The list shows the new key beside its secret (console QA:
 					// only once "Done" redrew the page).
-					await refreshList(list, () => pager('/keys', {}, columns, 'No keys.'));
+					await refreshList(list, k);
 					return k;
 				},
 				{ once: true, after: (k, status) => showSecret(status, secretOnce(`Key ${k.name} (${k.id})`, k.secret), action('Done', async () => {}, {})) },
@@ -1110,7 +1127,7 @@ const pages = {
 					const w = await call('POST', '/webhooks', { url: v.url, events: v.events });
 					// The list shows the new subscription beside its secret, as the
 					// keys page does (console QA: only once "Done" redrew the page).
-					await refreshList(list, () => pager('/webhooks', {}, columns, 'No subscriptions.'));
+					await refreshList(list, w);
 					return w;
 				},
 				{ once: true, after: (w, status) => showSecret(status, secretOnce(`Signing secret for ${w.url}`, w.secret, 'It is shown once: verify Ratchet-Signature with it.'), action('Done', async () => {}, {})) },
@@ -1259,15 +1276,20 @@ function endpointPolicyForm(e, editable) {
 }
 
 // refreshList redraws a list in place after a create whose secret is shown
-// once; a list that cannot be read now stays as it was (the secret is what
-// matters there), shown again at the next redraw.
-async function refreshList(list, read) {
+// once, and shows created in it (without its secret) where its first page
+// does not: keys and subscriptions are listed oldest first, so a new one is
+// on the last page (console QA: with more than a page of keys, the new key
+// was not listed beside its secret; and the list redrawn by moving another
+// list's rows into it answered "Load more" with a TypeError). A list that
+// cannot be read now stays as it was, shown again at the next redraw.
+async function refreshList(list, created) {
 	try {
-		const fresh = await read();
-		list.replaceChildren(...fresh.childNodes);
+		await list.reload();
 	} catch {
 		// shown at the next redraw
 	}
+	const { secret: _secret, ...item } = created;
+	list.show(item);
 }
 
 // saved redraws a policy's page after its save, saying which version it

@@ -539,6 +539,37 @@ test('keys: one minted with its secret shown once, then revoked', async () => {
 	assert.equal((await api('POST', '/workers/register', secret, { tools: [{ name: 'send_email', version: '1' }] })).status, 401);
 });
 
+test('a key or subscription made while its list has more pages is listed beside its secret; Load more then adds the rest once', async () => {
+	// Console QA: keys and subscriptions are listed oldest first, so with
+	// more than a page the new one was not listed; and "Load more" on the
+	// list redrawn after the create failed with a TypeError.
+	const key = await signup();
+	for (const name of ['k1', 'k2']) await api('POST', '/keys', key, { name, preset: 'AGENT' });
+	const ui = await mount(key, '#/keys?limit=2');
+	const f = await submit(ui.root, 'Create key', { name: 'fresh', preset: 'AGENT', tools: '', ceiling: '', rate: '' });
+	const secret = f.querySelector('input.secret-value').value;
+	assert.match(secret, /^rk_/);
+	assert.match(row(ui, 'fresh').textContent, /effects:begin/, 'listed beside its secret');
+	assert.ok(!ui.root.querySelector('table').textContent.includes(secret), 'the secret is not in the list');
+	await click(ui.root, 'Load more');
+	assert.deepEqual(alerts(ui), []);
+	const names = ui.root.querySelectorAll('td[data-label="Name"]').map((td) => td.textContent);
+	assert.deepEqual([...names].sort(), ['fresh', 'k1', 'k2', 'operator (this console’s key)']);
+
+	await api('POST', '/webhooks', key, { url: 'https://example.com/first', events: ['run.finished'] });
+	await go(ui, '#/webhooks?limit=1');
+	const w = formOf(button(ui.root, 'Subscribe'));
+	field(w, 'url').value = 'https://example.com/second';
+	w.querySelectorAll('input').find((i) => i.value === 'step.exhausted').checked = true;
+	await w.dispatch('submit');
+	await app.rendered();
+	assert.match(w.querySelector('input.secret-value').value, /\S{16,}/);
+	assert.match(row(ui, 'example.com/second').textContent, /step\.exhausted/, 'listed beside its secret');
+	await click(ui.root, 'Load more');
+	assert.deepEqual(alerts(ui), []);
+	assert.deepEqual(ui.root.querySelectorAll('td[data-label="URL"]').map((td) => td.textContent).sort(), ['https://example.com/first', 'https://example.com/second']);
+});
+
 test('runs, steps and the queue: a step cancelled, then replayed naming what its preview saw', async () => {
 	const key = await signup();
 	const run = (await api('POST', '/runs', key, { name: 'onboarding' })).body;
