@@ -68,9 +68,15 @@ async function mount(key, hash = '', rewrite) {
 		root,
 		storage,
 		location: ui.location,
-		fetch: (url, init) => {
+		fetch: async (url, init) => {
 			ui.requests.push(`${init.method} ${url}`);
-			if (ui.offline) return Promise.reject(new TypeError('Failed to fetch'));
+			if (ui.offline) throw new TypeError('Failed to fetch');
+			// loseAnswer: the request is served, its answer lost on the way back.
+			if (ui.loseAnswer) {
+				ui.loseAnswer = false;
+				await (await fetch(base + url, init)).text();
+				throw new TypeError('Failed to fetch');
+			}
 			const res = fetch(base + url, init);
 			return rewrite ? res.then((r) => rewrite(url, r)) : res;
 		},
@@ -1106,7 +1112,12 @@ test('webhooks: a subscription made with its events, its deliveries page, then e
 	const first = f.querySelector('input.secret-value').value;
 	assert.match(row(ui, 'example.com/hooks').textContent, /approval\.requested/, 'listed beside its secret, before Done');
 	await click(f, 'Done');
-	// Rotated: the new secret shown once, the previous one kept signing.
+	// Rotated, its answer lost: the click sent again is given the same
+	// rotation (a second one would be refused while the previous secret
+	// signs) and its secret, shown once; the previous one kept signing.
+	ui.loseAnswer = true;
+	await click(row(ui, 'example.com/hooks'), 'Rotate secret');
+	assert.match(alerts(ui).join(), /may or may not have been applied/);
 	await click(row(ui, 'example.com/hooks'), 'Rotate secret');
 	assert.match(ui.confirms.at(-1), /new signing secret/);
 	const rotated = row(ui, 'example.com/hooks').querySelector('input.secret-value').value;
@@ -1120,10 +1131,13 @@ test('webhooks: a subscription made with its events, its deliveries page, then e
 	assert.match(expires, /^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$/);
 	assert.match(row(ui, 'example.com/hooks').querySelector('.secret').textContent, new RegExp(`Until ${expires} deliveries are signed`));
 	assert.equal(row(ui, 'example.com/hooks').querySelector('td[data-label="Previous secret signs until"]').textContent, expires);
-	// Clicked again (its answer lost, say): the same rotation answered
-	// again, not a second one (which would stop the secret the receiver holds).
+	// Clicked again once its answer was read: a rotation of its own,
+	// refused while the previous secret signs (console QA: answered with
+	// the first rotation's secret, shown again as new and "shown once").
 	await click(row(ui, 'example.com/hooks'), 'Rotate secret');
-	assert.equal(row(ui, 'example.com/hooks').querySelector('input.secret-value').value, rotated);
+	assert.match(alerts(ui).join(), /invalid_state/);
+	assert.equal(row(ui, 'example.com/hooks').querySelector('input.secret-value'), null);
+	assert.equal((await api('GET', '/webhooks', key)).body.data[0].previous_secret_expires_at, expiresRaw, 'nothing rotated');
 	// A second rotation while the previous secret signs: refused, and a
 	// confirmed replacement offered (the console could not send
 	// replace_previous before).

@@ -1097,13 +1097,22 @@ const pages = {
 			{
 				title: '',
 				cell: (w) => {
-					// One Idempotency-Key per row drawn: a click sent again after a
-					// lost answer is given the secret the first one made.
-					const rotateKey = 'console-rotate:' + w.id + ':' + newNonce();
+					// One Idempotency-Key per rotation: a click sent again after a
+					// lost answer is given the secret the first one made. Once an
+					// answer is read, the next click is a rotation of its own
+					// (console QA: a second rotation, confirmed, was answered with
+					// the first one's secret, shown again as new and "shown once",
+					// and never refused while the previous secret still signed).
+					let rotateKey = 'console-rotate:' + w.id + ':' + newNonce();
+					const rotate = async () => {
+						const r = await rotateSecret(w, {}, rotateKey);
+						rotateKey = 'console-rotate:' + w.id + ':' + newNonce();
+						return r;
+					};
 					return [
 						link(['webhooks', w.id], 'Deliveries'),
 						' ',
-						action('Rotate secret', () => rotateSecret(w, {}, rotateKey), {
+						action('Rotate secret', rotate, {
 							confirm: `Give ${JSON.stringify(w.url)} a new signing secret? The current one keeps signing beside it for a day (refused while an earlier rotation's previous secret still signs).`,
 							after: (r, status) => (r.refused ? offerReplace(w, r.refused, status) : rotated(w, r, status)),
 						}),
