@@ -1050,6 +1050,14 @@ const pages = {
 								confirm:
 									`Revoke the key ${JSON.stringify(k.name)} (${k.id}) for good?` +
 									(k.id === ownKeyId() ? ' It is the key this console is signed in with: the console signs out.' : ''),
+								// The console's own key revoked signs it out, as the
+								// confirmation says (console QA: the redraw was
+								// refused, and the sign-in read "The service refused
+								// this key (revoked, or mistyped)").
+								after: (revoked) =>
+									revoked && revoked.id === ownKeyId()
+										? signOut(`This console’s key (${revoked.id}) is revoked: sign in with another key.`)
+										: rerender(),
 							}),
 			},
 		];

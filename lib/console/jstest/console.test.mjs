@@ -543,6 +543,19 @@ test('keys: one minted with its secret shown once, then revoked', async () => {
 	assert.ok((await api('GET', '/keys', key)).body.data.find((k) => k.name === 'mailer').revoked_at);
 	assert.match(row(ui, 'mailer').textContent, /revoked/);
 	assert.equal((await api('POST', '/workers/register', secret, { tools: [{ name: 'send_email', version: '1' }] })).status, 401);
+
+	// The console's own key revoked signs it out, as asked, saying so
+	// (console QA: its redraw was refused, and the sign-in read "refused
+	// this key (revoked, or mistyped)").
+	const own = (await api('POST', '/keys', key, { name: 'console', preset: 'OPERATOR' })).body;
+	const mine = await mount(own.secret, '#/keys');
+	await click(row(mine, 'this console’s key'), 'Revoke');
+	assert.match(mine.confirms.at(-1), /the key this console is signed in with: the console signs out/);
+	assert.ok((await api('GET', '/keys', key)).body.data.find((k) => k.id === own.id).revoked_at);
+	assert.equal(mine.storage.getItem(KEY_ITEM), null);
+	assert.match(mine.root.textContent, new RegExp(`This console’s key \\(${own.id}\\) is revoked: sign in with another key\\.`));
+	assert.doesNotMatch(mine.root.textContent, /refused this key/);
+	assert.match(mine.root.textContent, /Sign in with a key/);
 });
 
 test('a key or subscription made while its list has more pages is listed beside its secret; Load more then adds the rest once', async () => {
