@@ -756,16 +756,17 @@ const pages = {
 				['Last reconciled', time(p.last_reconciled_at)],
 			]),
 		];
+		const roundedNote = (kept) =>
+			rounded.length ? h('p', { class: 'empty' }, `${rounded.join(', ')}: beyond what this page shows exactly (2^53), shown rounded${kept}.`) : null;
 		// A key known to lack the scope is shown the policy, not offered
 		// its edit, as the resolve form is not offered (console QA: only
-		// the refusal told it).
-		if (await lacksScope('policies:write')) return [head, json(editable), lacking('Editing a policy', 'policies:write')];
+		// the refusal told it). A rounded amount is said to be rounded there
+		// too (console QA: shown as if stored so).
+		if (await lacksScope('policies:write')) return [head, roundedNote(''), json(editable), lacking('Editing a policy', 'policies:write')];
 		return [
 			head,
 			h('p', null, 'Edit the fields and save: only the fields changed are sent (an omitted field keeps its value, null clears it). The save names this version, so an edit made meanwhile elsewhere is refused (version_conflict) rather than overwritten.'),
-			rounded.length
-				? h('p', { class: 'empty' }, `${rounded.join(', ')}: beyond what this page shows exactly (2^53), shown rounded; kept as stored unless changed.`)
-				: null,
+			roundedNote('; kept as stored unless changed'),
 			form([area], 'Save policy', async (v) => {
 				const body = parseJSONField('Policy', v.policy);
 				if (!body || typeof body !== 'object' || Array.isArray(body)) throw new ConsoleError('invalid_json', 'The policy must be a JSON object.');

@@ -452,6 +452,13 @@ test('a policy amount beyond 2^53 is kept as stored, and one the page cannot sen
 	}
 	assert.match(await raw(), /"daily_budget_micros":123456789012345678[,}]/, 'nothing sent');
 
+	// A key that may only read it is told it is rounded too (console QA:
+	// shown as if stored so).
+	const reader = (await api('POST', '/keys', key, { name: 'reader', scopes: ['policies:read'] })).body.secret;
+	const read = await mount(reader, '#/policies/big.budget');
+	assert.match(read.root.textContent, /Editing a policy needs the scope policies:write/);
+	assert.match(read.root.textContent, /daily_budget_micros: beyond what this page shows exactly \(2\^53\), shown rounded\./);
+
 	const keys = await mount(key, '#/keys');
 	await submit(keys.root, 'Create key', { name: 'capped', preset: 'AGENT', ceiling: '9007199254740993', rate: '' });
 	assert.match(alerts(keys).join(), /ceiling must be a whole number/);
