@@ -1050,7 +1050,17 @@ test('an effect held for approval is decided from its own page; filters keep the
 	assert.match(ui.root.textContent, /Held: policy_requires_approval\./);
 	await submit(ui.root, 'Approve', { note: 'called the customer' });
 	assert.equal((await api('GET', `/approvals/${held.approval_id}`, key)).body.state, 'approved');
-	assert.match(ui.root.textContent, /approved \d{4}-/);
+	assert.match(ui.root.textContent, /approved \d{4}-.* UTC \(held: policy_requires_approval\) — called the customer/);
+	// A rejected one's effect, denied by its next begin, still shows the
+	// decision and its note (console QA: the page an approval's id opens
+	// said nothing of it once the effect had moved on).
+	const turned = (await api('POST', '/effects/begin', key, { effect_type: 'wire.send', idempotency_key: 'w2', payload: {} })).body;
+	assert.equal((await api('POST', `/approvals/${turned.approval_id}/reject`, key, { note: 'wrong account' })).status, 200);
+	assert.equal((await api('POST', '/effects/begin', key, { effect_type: 'wire.send', idempotency_key: 'w2', payload: {} })).body.decision, 'denied');
+	await go(ui, '#/approvals/' + turned.approval_id);
+	assert.match(ui.root.textContent, /Denialapproval_rejected/);
+	assert.match(ui.root.textContent, /rejected \d{4}-.* UTC \(held: policy_requires_approval\) — wrong account/);
+	await go(ui, '#/effects/' + held.effect_id);
 
 	await go(ui, '#/effects?limit=5');
 	await submit(ui.root, 'Filter', { state: 'awaiting_approval' });

@@ -596,9 +596,24 @@ const pages = {
 			h('h2', null, 'Attempts'),
 			table(attempts, e.attempts || [], 'No attempt has begun.'),
 		];
-		if (e.state === 'awaiting_approval' && e.approval_id) {
+		// The approval, pending or decided, with its decision's note: an
+		// approval's id (an approval.decided alert's) opens this page
+		// (console QA: a decided one showed no note, and none at all once
+		// its effect had moved on, denied or executed).
+		// A key that may not read approvals is told so only where one waits
+		// for a decision.
+		if (e.approval_id) {
 			const a = await call('GET', `/approvals/${seg(e.approval_id)}`).catch((err) => err);
-			out.push(h('h2', null, 'Approval'), a instanceof Error ? errorBox(asError(a)) : a.state === 'pending' ? [h('p', null, `Held: ${a.reason}.`), decide(a, e)] : h('p', null, `${a.state} ${time(a.decided_at)}`));
+			if (!(a instanceof Error)) {
+				out.push(
+					h('h2', null, 'Approval'),
+					a.state === 'pending'
+						? [h('p', null, `Held: ${a.reason}.`), decide(a, e)]
+						: h('p', null, `${a.state} ${time(a.decided_at)} (held: ${a.reason})`, a.note ? ' — ' + a.note : ''),
+				);
+			} else if (e.state === 'awaiting_approval' || a.status !== 403) {
+				out.push(h('h2', null, 'Approval'), errorBox(asError(a)));
+			}
 		}
 		if (e.state === 'indeterminate' && (await lacksScope('effects:resolve'))) {
 			// Console QA: the form asked "It cannot be changed afterwards"
