@@ -304,6 +304,18 @@ func TestReplayUpgrade(t *testing.T) {
 	require.Equal(t, "SUCCEEDED", e.report(job, map[string]any{"status": "SUCCEEDED",
 		"output": map[string]any{"messageId": "m"}}).JSON()["status"])
 	require.Equal(t, "SUCCEEDED", e.getRun(runID)["status"])
+
+	// The endpoint's attempts each name the handler version that ran them
+	// (console QA: every one read the job's version after the upgrade, 2).
+	eps := e.Must(http.StatusOK, "GET", "/api/v1/endpoints", e.ws.Key, nil).JSON()["data"].([]any)
+	require.Len(t, eps, 1)
+	attempts := e.Must(http.StatusOK, "GET", "/api/v1/endpoints/"+eps[0].(map[string]any)["id"].(string)+"/attempts",
+		e.ingest, nil).JSON()["data"].([]any)
+	ran := map[float64]any{}
+	for _, a := range attempts {
+		ran[a.(map[string]any)["attempt"].(float64)] = a.(map[string]any)["version"]
+	}
+	require.Equal(t, map[float64]any{1: "1", 2: "2", 3: "2"}, ran)
 }
 
 func TestReplayUpgradePolicyCountIsCappedAtTen(t *testing.T) {

@@ -18,11 +18,13 @@ import (
 // ("inspect recent attempts and the external service before resuming
 // traffic").
 type EndpointAttempt struct {
-	JobID   string `json:"jobId"`
-	StepID  string `json:"stepId"`
-	RunID   string `json:"runId"`
-	Name    string `json:"name"`
-	Version string `json:"version"`
+	JobID  string `json:"jobId"`
+	StepID string `json:"stepId"`
+	RunID  string `json:"runId"`
+	Name   string `json:"name"`
+	// Version is the handler version the attempt was claimed for, which a
+	// replay onto another version leaves as it was.
+	Version string `json:"version" jsonschema:"the handler version this attempt was claimed for (a later replay onto another version does not change it)"`
 	AttemptFields
 }
 

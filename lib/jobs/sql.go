@@ -230,7 +230,10 @@ ORDER BY x.job_id, x.attempt`
 // for the first page), only those of outcome $6 (” for any), $7 at most.
 // The first page's bound is infinity rather than no bound, so that a
 // generic plan still starts the index range at the cursor.
-const sqlEndpointAttempts = `SELECT ` + attemptColumns + `, j.step_id, j.run_id, j.name, j.version
+//
+// Each attempt's version is the handler version it was claimed for
+// (migration 0057); an execution from before that reads its job's.
+const sqlEndpointAttempts = `SELECT ` + attemptColumns + `, j.step_id, j.run_id, j.name, coalesce(x.version, j.version)
 FROM job_executions x JOIN jobs j ON j.id = x.job_id
 WHERE x.endpoint_id = $2::text AND x.workspace_id = $1::text
   AND (x.started_at, x.job_id, x.attempt) < (coalesce($3::timestamptz, 'infinity'), $4::text, $5::int)

@@ -18,9 +18,18 @@
 -- CONCURRENTLY under the same name (README, "Upgrading"): IF NOT EXISTS
 -- then leaves it be.
 --
+-- And each execution records the handler version it was claimed for
+-- (job_executions.version): an endpoint's attempts list read the job's
+-- current version, so after a replay onto another handler version every
+-- earlier attempt read as run by the new one (console QA). Nullable with no
+-- default, so adding it rewrites nothing; executions from before read the
+-- job's version, as they did.
+--
 -- Same arguments and result as 0052's, which is otherwise unchanged.
 
 CREATE INDEX IF NOT EXISTS job_workers_last_seen_idx ON job_workers (last_seen_at);
+
+ALTER TABLE job_executions ADD COLUMN IF NOT EXISTS version text;
 
 CREATE OR REPLACE FUNCTION jobs_claim_keyed(p_worker_id text, p_workspace_id text, p_now timestamptz, p_key_id text,
     p_limit integer, p_grace_ms bigint, p_rate_window timestamptz, p_warning text, p_max_input_bytes bigint,
@@ -236,8 +245,9 @@ WITH cand AS (
       AND c.reclaim AND x.job_id = c.id AND x.attempt = c.attempt - 1 AND x.outcome IS NULL
 ), exe AS (
     INSERT INTO job_executions (job_id, attempt, workspace_id, worker_id, lease_token, started_at, lease_expires_at,
-        claim_id, endpoint_id)
-    SELECT id, attempt, $2::text, $1::text, stored_token, $3::timestamptz, lease_expires_at, $10::text, endpoint_id
+        claim_id, endpoint_id, version)
+    SELECT id, attempt, $2::text, $1::text, stored_token, $3::timestamptz, lease_expires_at, $10::text, endpoint_id,
+           version
     FROM claimed
 )
 SELECT id, step_id, run_id, name, version, attempt, max_attempts, lease_token, lease_expires_at, timeout_ms,
