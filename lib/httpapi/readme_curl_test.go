@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -29,16 +30,55 @@ import (
 // documented field, does.
 func TestReadmeCurlSequence(t *testing.T) {
 	t.Parallel()
-	raw, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
-	require.NoError(t, err)
-	steps := readmeShellSteps(t, string(raw))
 	env := apitest.Start(t)
+	curls := replayShellBlocks(t, env, filepath.Join("..", "..", "README.md"), nil)
+	// The workspace, the key and the gate's begin and report at least.
+	require.GreaterOrEqual(t, curls, 4, "README's sh blocks lost their curl commands")
+}
 
-	var answers []any // decoded answers, newest last
+// The guides' sh blocks are replayed the same way, each guide in a workspace
+// of its own in which an endpoint was created: their `export OPERATOR=rk_…`
+// and `export ENDPOINT=end_…` stand for the reader's operator key and an
+// endpoint of theirs (the guides say where each comes from).
+func TestGuidesCurlSequences(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	guides, err := filepath.Glob(filepath.Join("..", "..", "docs", "guides", "*.md"))
+	require.NoError(t, err)
+	curls := 0
+	for _, guide := range guides {
+		ws := env.Signup()
+		signup := map[string]any{"secret": ws.Key} // the operator key, as signup answered it
+		endpoint := readmeDecode(t, env.Must(http.StatusCreated, "POST", "/api/v1/endpoints", ws.Key,
+			map[string]any{"name": "Email service"}).Body)
+		curls += replayShellBlocks(t, env, guide, []any{signup, endpoint})
+	}
+	// Backoff, circuit breaker and worker deployment at least.
+	require.GreaterOrEqual(t, curls, 3, "the guides' sh blocks lost their curl commands")
+}
+
+// replayShellBlocks replays the sh blocks of one document, after the given
+// answers, and answers how many curl commands it ran.
+func replayShellBlocks(t *testing.T, env *apitest.Env, file string, answers []any) int {
+	raw, err := os.ReadFile(file)
+	require.NoError(t, err)
+	name := filepath.Base(file)
+	if filepath.Base(filepath.Dir(file)) == "guides" {
+		name = "docs/guides/" + name
+	}
 	vars := map[string]string{}
 	curls := 0
-	for _, s := range steps {
-		where := fmt.Sprintf("README.md line %d: %s", s.line, s.text)
+	run := func(where, command string) any {
+		curls++
+		method, path, header, body := readmeCurl(t, where, command, vars, answers)
+		res := env.DoWith(method, path, "", header, body)
+		require.Less(t, res.Status, 300, "%s\nanswered %d: %s", where, res.Status, res.Body)
+		answer := readmeDecode(t, res.Body)
+		answers = append(answers, answer)
+		return answer
+	}
+	for _, s := range readmeShellSteps(t, string(raw)) {
+		where := fmt.Sprintf("%s line %d: %s", name, s.line, s.text)
 		switch s.kind {
 		case stepExport:
 			name, value, ok := strings.Cut(strings.Fields(strings.TrimPrefix(s.text, "export "))[0], "=")
@@ -49,31 +89,51 @@ func TestReadmeCurlSequence(t *testing.T) {
 				value = found
 			}
 			vars[name] = value
+		case stepCapture: // NAME=$(curl … | jq [-r] .field.path)
+			m := readmeCapture.FindStringSubmatch(s.text)
+			answer := run(where, m[2])
+			for _, field := range strings.Split(strings.TrimPrefix(m[4], "."), ".") {
+				obj, ok := answer.(map[string]any)
+				require.True(t, ok, "%s: no %s in the answer", where, m[4])
+				answer, ok = obj[field]
+				require.True(t, ok, "%s: no %s in the answer", where, m[4])
+			}
+			if text, isString := answer.(string); isString && m[3] != "" {
+				vars[m[1]] = text
+			} else {
+				out, err := json.Marshal(answer)
+				require.NoError(t, err)
+				vars[m[1]] = string(out)
+			}
 		case stepCurl:
-			curls++
-			method, path, header, body := readmeCurl(t, where, s.text, vars, answers)
-			res := env.DoWith(method, path, "", header, body)
-			require.Less(t, res.Status, 300, "%s\nanswered %d: %s", where, res.Status, res.Body)
-			var answer any
-			dec := json.NewDecoder(bytes.NewReader(res.Body))
-			dec.UseNumber()
-			require.NoError(t, dec.Decode(&answer), "%s: the answer is not JSON: %s", where, res.Body)
-			answers = append(answers, answer)
+			run(where, s.text)
 		case stepExpect:
 			require.NotEmpty(t, answers, "%s: a documented answer before any curl", where)
 			doc := readmeDocumentedJSON(t, where, s.text)
 			readmeCompare(t, where, "", doc, answers[len(answers)-1])
 		}
 	}
-	// The workspace, the key and the gate's begin and report at least.
-	require.GreaterOrEqual(t, curls, 4, "README's sh blocks lost their curl commands")
+	return curls
 }
+
+func readmeDecode(t *testing.T, body []byte) any {
+	var answer any
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	require.NoError(t, dec.Decode(&answer), "the answer is not JSON: %s", body)
+	return answer
+}
+
+// readmeCapture reads `NAME=$(curl … | jq .field)`, as the guides read a
+// policy's version.
+var readmeCapture = regexp.MustCompile(`^([A-Za-z_][A-Za-z0-9_]*)=\$\((curl .*) \| jq( -r)? (\.[A-Za-z0-9_.]+)\)$`)
 
 type readmeStepKind int
 
 const (
 	stepCurl readmeStepKind = iota
 	stepExport
+	stepCapture
 	stepExpect
 )
 
@@ -102,9 +162,16 @@ func readmeShellSteps(t *testing.T, readme string) []readmeStep {
 			continue
 		}
 		start := i + 1
-		for strings.HasSuffix(line, `\`) && i+1 < len(lines) {
-			i++
-			line = strings.TrimSuffix(line, `\`) + " " + strings.TrimSpace(lines[i])
+		for i+1 < len(lines) {
+			if strings.HasSuffix(line, `\`) {
+				i++
+				line = strings.TrimSuffix(line, `\`) + " " + strings.TrimSpace(lines[i])
+			} else if readmeOpenQuote(line) { // a quoted body spanning lines
+				i++
+				line += "\n" + lines[i]
+			} else {
+				break
+			}
 		}
 		switch {
 		case strings.HasPrefix(line, "# →"):
@@ -113,10 +180,31 @@ func readmeShellSteps(t *testing.T, readme string) []readmeStep {
 			steps = append(steps, readmeStep{stepCurl, start, line})
 		case strings.HasPrefix(line, "export "):
 			steps = append(steps, readmeStep{stepExport, start, line})
+		case readmeCapture.MatchString(line):
+			steps = append(steps, readmeStep{stepCapture, start, line})
 		}
 	}
 	require.False(t, in, "README.md has an unclosed ```sh block")
 	return steps
+}
+
+// readmeOpenQuote says whether a line leaves a quote open, as the shell
+// reads quotes.
+func readmeOpenQuote(line string) bool {
+	var open byte
+	for i := 0; i < len(line); i++ {
+		switch c := line[i]; {
+		case open == 0 && c == '#' && (i == 0 || line[i-1] == ' '):
+			return false
+		case open == 0 && (c == '\'' || c == '"'):
+			open = c
+		case open == '"' && c == '\\':
+			i++
+		case c == open:
+			open = 0
+		}
+	}
+	return open != 0
 }
 
 // readmeCurl turns a curl command into a request to the test server.
