@@ -25,9 +25,10 @@ import (
 // standing for a string that starts with ws_ and a bare … for anything. A
 // placeholder in a command (`eff_…` in a path, a "…" field of a body, an
 // `export NAME=rk_…`) is filled from the answers before it, as the reader
-// fills it by copying. Only the ```sh blocks count, so prose edits never break
-// it; a command that no longer works as shown, or an answer that lost a
-// documented field, does.
+// fills it by copying. Every command must succeed (2xx): the blocks show the
+// way through, not its refusals. Only the ```sh blocks count, so prose edits
+// never break it; a command that no longer works as shown, or an answer that
+// lost a documented field, does.
 func TestReadmeCurlSequence(t *testing.T) {
 	t.Parallel()
 	env := apitest.Start(t)
@@ -81,14 +82,14 @@ func replayShellBlocks(t *testing.T, env *apitest.Env, file string, answers []an
 		where := fmt.Sprintf("%s line %d: %s", name, s.line, s.text)
 		switch s.kind {
 		case stepExport:
-			name, value, ok := strings.Cut(strings.Fields(strings.TrimPrefix(s.text, "export "))[0], "=")
+			variable, value, ok := strings.Cut(strings.Fields(strings.TrimPrefix(s.text, "export "))[0], "=")
 			require.True(t, ok, where)
 			if prefix, elided := strings.CutSuffix(value, "…"); elided {
 				found, ok := readmeFindString(answers, prefix)
 				require.True(t, ok, "%s: no answer before it holds a %q… value", where, prefix)
 				value = found
 			}
-			vars[name] = value
+			vars[variable] = value
 		case stepCapture: // NAME=$(curl … | jq [-r] .field.path)
 			m := readmeCapture.FindStringSubmatch(s.text)
 			answer := run(where, m[2])
