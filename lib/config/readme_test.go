@@ -17,6 +17,7 @@ import (
 // setting something reads (Config, or the two the local tools read
 // themselves).
 func TestReadmeConfigurationTableMatchesConfig(t *testing.T) {
+	t.Parallel()
 	raw, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
 	require.NoError(t, err)
 	readme := string(raw)
