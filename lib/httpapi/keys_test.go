@@ -806,3 +806,21 @@ func TestAKeyReadsItself(t *testing.T) {
 	env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+second["id"].(string), ws.Key, nil)
 	require.Equal(t, "unauthorized", other.Do("GET", "/api/v1/keys/current", second["secret"].(string), nil).ErrorCode())
 }
+
+// A read-only key (policies:read) reads the circuits and the emergency stop,
+// as it reads the policies (the scope covers "policies and circuits"), and
+// changes none of them (console QA: it needed policies:write to read them).
+func TestPoliciesReadReadsCircuitsAndChangesNone(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	reader := env.Key(ws, map[string]any{"name": "reader", "scopes": []string{"policies:read"}})
+	require.Equal(t, http.StatusOK, env.Do("GET", "/api/v1/circuits", reader, nil).Status)
+	require.Equal(t, http.StatusOK, env.Do("GET", "/api/v1/circuits/stop", reader, nil).Status)
+	for _, path := range []string{"/api/v1/circuits/email.send/open", "/api/v1/circuits/email.send/close",
+		"/api/v1/circuits/stop", "/api/v1/circuits/release"} {
+		res := env.Do("POST", path, reader, map[string]any{})
+		require.Equal(t, http.StatusForbidden, res.Status, "%s: %s", path, res.Body)
+		require.Equal(t, []string{"policies:write"}, requiredOf(res), path)
+	}
+}

@@ -9,13 +9,16 @@ import (
 )
 
 // circuitRoutes are surge containment and the emergency stop (API.md §2.5).
-// Every one needs policies:write, so an agent's key cannot close its own
-// breaker.
+// Every change needs policies:write, so an agent's key cannot close its own
+// breaker; the reads take policies:read or policies:write, as the policies'
+// do (the scopes cover "policies and circuits"): a read-only key needed the
+// write scope to see them (console QA).
 func (s *Server) circuitRoutes() []Route {
 	write := []string{auth.ScopePoliciesWrite}
+	read := []string{auth.ScopePoliciesRead, auth.ScopePoliciesWrite}
 	return []Route{
 		{
-			Method: "GET", Pattern: "/api/v1/circuits", Name: "circuits.list", Tag: "circuits", Scopes: write,
+			Method: "GET", Pattern: "/api/v1/circuits", Name: "circuits.list", Tag: "circuits", AnyScopes: read,
 			Summary: "Read the circuit of every effect type seen or configured: state, who opened it, its action, " +
 				"the volume of new keys in the trailing hour, the 7-day median hourly baseline and the threshold.",
 			Query: listParams, Response: Page[gate.Circuit]{}, Status: 200,
@@ -24,7 +27,7 @@ func (s *Server) circuitRoutes() []Route {
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/circuits/stop", Name: "circuits.stop.get", Tag: "circuits",
-			Scopes: write,
+			AnyScopes: read,
 			Summary: "Read whether the emergency stop is on: state open with its action, reason and opened_at, " +
 				"or closed with the rest null. The circuits list shows it only on types it holds.",
 			Response: gate.EmergencyStop{}, Status: 200, Errors: []string{apierr.CodeForbidden},

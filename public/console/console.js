@@ -656,6 +656,9 @@ const pages = {
 
 	async circuits() {
 		const actions = [['require_approval', 'require approval'], ['deny', 'deny'], ['monitor', 'monitor']];
+		// A key that may only read them (policies:read) is shown the
+		// breakers and the stop, not offered their changes (console QA).
+		const readOnly = await lacksScope('policies:write');
 		const columns = [
 			{ title: 'Effect type', cell: (c) => c.effect_type },
 			{ title: 'State', cell: (c) => h('span', { class: 'state ' + c.state }, c.state) },
@@ -672,6 +675,8 @@ const pages = {
 				cell: (c) =>
 					c.opened_by === 'stop'
 						? h('span', { class: 'empty' }, 'Held by the emergency stop: release it above.')
+						: readOnly
+						? null
 						: c.state === 'open'
 						? action('Close', () => call('POST', `/circuits/${seg(c.effect_type)}/close`), {
 								confirm: `Close the ${c.effect_type} breaker? It gets a fresh allowance from now.`,
@@ -705,23 +710,25 @@ const pages = {
 				// that pulling it again changes only what is edited (console QA:
 				// it reset to require_approval and no reason, and silently
 				// replaced a deny).
-				form(
-					[
-						select('Action', 'action', actions, stopped ? stopped.action : 'require_approval'),
-						input('Reason', 'reason', { maxlength: 500, value: stopped ? stopped.reason || '' : '' }),
-					],
-					'Stop every effect type',
-					(v) => call('POST', '/circuits/stop', { action: v.action, reason: v.reason || undefined }),
-					{
-						inline: true,
-						danger: true,
-						confirm: (v) =>
-							stopped
-								? `Replace the current emergency stop (${stopped.action}${stopped.reason ? ': ' + stopped.reason : ''}) with ${v.action}${v.reason ? ': ' + v.reason : ', no reason'}? Every effect type stays held until you release it.`
-								: 'Hold every effect type in this workspace until you release the stop?',
-					},
-				),
-				stopped
+				readOnly
+					? lacking('Changing a breaker or the emergency stop', 'policies:write')
+					: form(
+						[
+							select('Action', 'action', actions, stopped ? stopped.action : 'require_approval'),
+							input('Reason', 'reason', { maxlength: 500, value: stopped ? stopped.reason || '' : '' }),
+						],
+						'Stop every effect type',
+						(v) => call('POST', '/circuits/stop', { action: v.action, reason: v.reason || undefined }),
+						{
+							inline: true,
+							danger: true,
+							confirm: (v) =>
+								stopped
+									? `Replace the current emergency stop (${stopped.action}${stopped.reason ? ': ' + stopped.reason : ''}) with ${v.action}${v.reason ? ': ' + v.reason : ', no reason'}? Every effect type stays held until you release it.`
+									: 'Hold every effect type in this workspace until you release the stop?',
+						},
+					),
+				stopped && !readOnly
 					? action('Release the stop', () => call('POST', '/circuits/release', {}), {
 							confirm: 'Lift the emergency stop? Breakers of single types stay as they are.',
 						})

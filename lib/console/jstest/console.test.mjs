@@ -338,7 +338,7 @@ test('circuits: open and close a breaker by hand, then the emergency stop and it
 	const key = await signup();
 	await api('POST', '/effects/begin', key, { effect_type: 'sms.send', idempotency_key: 's1', payload: {} });
 	const ui = await mount(key, '#/circuits');
-	assert.deepEqual(ui.requests.sort(), ['GET /api/v1/circuits/stop', 'GET /api/v1/circuits?limit=200']);
+	assert.deepEqual(ui.requests.sort(), ['GET /api/v1/circuits/stop', 'GET /api/v1/circuits?limit=200', 'GET /api/v1/keys/current']);
 	await submit(row(ui, 'sms.send'), 'Open', { action: 'deny', reason: 'loop in the agent' });
 	let c = (await api('GET', '/circuits', key)).body.data.find((x) => x.effect_type === 'sms.send');
 	assert.deepEqual([c.state, c.opened_by, c.action, c.reason], ['open', 'manual', 'deny', 'loop in the agent']);
@@ -386,6 +386,18 @@ test('circuits: open and close a breaker by hand, then the emergency stop and it
 	assert.ok(!ui.root.querySelectorAll('button').some((b) => b.textContent === 'Release the stop'));
 	assert.deepEqual([field(formOf(button(ui.root, 'Stop every effect type')), 'action').value, field(formOf(button(ui.root, 'Stop every effect type')), 'reason').value], ['require_approval', '']);
 	assert.equal(ui.confirms.length, 6);
+
+	// A key that may only read them sees the breakers and the stop, and is
+	// offered none of their changes (console QA: the page was refused whole).
+	await api('POST', '/circuits/sms.send/open', key, { action: 'deny', reason: 'read me' });
+	await api('POST', '/circuits/stop', key, { action: 'monitor', reason: 'read me too' });
+	const reader = (await api('POST', '/keys', key, { name: 'reader', scopes: ['policies:read'] })).body.secret;
+	const read = await mount(reader, '#/circuits');
+	assert.deepEqual(alerts(read), []);
+	assert.match(row(read, 'sms.send').textContent, /deny.*read me/);
+	assert.match(read.root.textContent, /The emergency stop is ON since .* \(monitor\): read me too/);
+	assert.match(read.root.textContent, /Changing a breaker or the emergency stop needs the scope policies:write, which this key lacks/);
+	assert.deepEqual(read.root.querySelectorAll('button').filter((b) => ['Open', 'Close', 'Stop every effect type', 'Release the stop'].includes(b.textContent)), []);
 });
 
 test('a policy edited from its page; an edit made meanwhile elsewhere is refused, not overwritten', async () => {

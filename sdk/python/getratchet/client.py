@@ -689,7 +689,7 @@ class Ratchet:
         return self._transport.call("POST", "/approvals/" + path_id(approval_id) + "/reject",
                                     _fields(None, {"note": note}, drop_none=True), safe=True)
 
-    # circuits and the emergency stop (policies:write)
+    # circuits and the emergency stop (policies:write; the reads take policies:read too)
 
     def list_circuits(self, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
         """Pages the breaker of every effect type seen or configured:
