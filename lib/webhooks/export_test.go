@@ -27,3 +27,6 @@ const SQLRetryDeliveries = sqlRetryDeliveries
 
 // SQLPurgeDelivered is PurgeDelivered's statement, for a test of its plan.
 const SQLPurgeDelivered = sqlPurgeDelivered
+
+// SQLDeliveriesPage is Deliveries' statement, for a test of its plan.
+const SQLDeliveriesPage = sqlDeliveriesPage

@@ -500,23 +500,44 @@ func DeliveryCursor(d Delivery) string {
 	return d.CreatedAt.UTC().Format(time.RFC3339Nano) + "|" + d.ID
 }
 
+// sqlDeliveriesPage pages webhook $1's deliveries (of workspace $2, live)
+// newest first: after the previous page's last ($3 created, $4 id; $3 null
+// for the first page), $5 at most. The page is taken in a subquery, one
+// range of webhook_deliveries_list_idx walked backwards from the cursor:
+// ordered and limited outside the join, the statement read every delivery
+// of the webhook and sorted them for each page (scale QA: 300,000
+// deliveries, 10,900 buffers and 150-780 ms a page; 11 buffers with the
+// range). The first page's bound is infinity rather than no bound, so that
+// a generic plan still starts the range at the cursor. A live webhook with
+// no deliveries (after the cursor) answers one row of nulls, an unknown or
+// deleted one none.
+const sqlDeliveriesPage = `
+SELECT ` + deliveryCols + `
+FROM webhooks w
+LEFT JOIN LATERAL (
+    SELECT * FROM webhook_deliveries d
+    WHERE d.webhook_id = w.id
+      AND (d.created_at, d.id) < (coalesce($3::timestamptz, 'infinity'), $4::text)
+    ORDER BY d.created_at DESC, d.id DESC LIMIT $5::int
+) d ON true
+WHERE w.id = $1::text AND w.workspace_id = $2::text AND w.deleted_at IS NULL
+ORDER BY d.created_at DESC, d.id DESC`
+
 // Deliveries pages through one subscription's deliveries, newest first.
 func (s *Service) Deliveries(ctx context.Context, workspaceID, webhookID, cursor string, limit int) ([]Delivery, error) {
-	after, afterID := time.Time{}, ""
+	var (
+		after   *time.Time // nil: the first page
+		afterID string
+	)
 	if cursor != "" {
 		ts, id, ok := strings.Cut(cursor, "|")
 		t, err := time.Parse(time.RFC3339Nano, ts)
 		if !ok || err != nil || id == "" { // QA: "…|" read as no cursor
 			return nil, apierr.InvalidField("cursor", "is not a cursor from this API")
 		}
-		after, afterID = t, id
+		after, afterID = &t, id
 	}
-	rows, err := s.pool.Query(ctx, `
-		SELECT `+deliveryCols+`
-		FROM webhooks w
-		LEFT JOIN webhook_deliveries d ON d.webhook_id = w.id AND ($3 = '' OR (d.created_at, d.id) < ($4, $3))
-		WHERE w.id = $1 AND w.workspace_id = $2 AND w.deleted_at IS NULL
-		ORDER BY d.created_at DESC, d.id DESC LIMIT $5`, webhookID, workspaceID, afterID, after, limit)
+	rows, err := s.pool.Query(ctx, sqlDeliveriesPage, webhookID, workspaceID, after, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list deliveries: %w", err)
 	}
