@@ -121,6 +121,34 @@ type ListFilter struct {
 	Limit                     int
 }
 
+// listEffectsQuery is the statement that reads a page of ListEffects at
+// now, and its arguments.
+func listEffectsQuery(workspaceID string, f ListFilter, now time.Time) (string, []any) {
+	args := []any{workspaceID, f.Cursor, f.Limit}
+	if f.State == "" && f.EffectType == "" {
+		return sqlListEffects, args
+	}
+	states := storedStates(f.State)
+	args = append(args, f.EffectType, f.State, now)
+	for _, st := range states {
+		args = append(args, st)
+	}
+	return sqlListEffectsIn[len(states)], args
+}
+
+// storedStates are the states stored of the effects that read as state
+// ("" any): a lease that lapsed reads indeterminate before the sweeper
+// stores it so (effectiveState).
+func storedStates(state string) []string {
+	switch state {
+	case "":
+		return States
+	case StateIndeterminate:
+		return []string{StateIndeterminate, StateLeased}
+	}
+	return []string{state}
+}
+
 // ListEffects pages newest first; results appear only as redacted previews.
 func (s *Service) ListEffects(ctx context.Context, workspaceID string, f ListFilter) ([]Effect, error) {
 	var pr apierr.Problems
@@ -134,7 +162,8 @@ func (s *Service) ListEffects(ctx context.Context, workspaceID string, f ListFil
 		return nil, err
 	}
 	now := s.clock()
-	rows, err := s.pool.Query(ctx, sqlListEffects, workspaceID, f.Cursor, f.Limit, f.State, f.EffectType, now)
+	sql, args := listEffectsQuery(workspaceID, f, now)
+	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list effects: %w", err)
 	}

@@ -79,3 +79,9 @@ const SQLPruneSpend = sqlPruneSpend
 // SQLReconcileEffects is the statement a reconciliation reads its effects
 // with, for a test of how it is sent.
 const SQLReconcileEffects = sqlReconcileEffects
+
+// ListEffectsSQL is the statement and arguments ListEffects reads a page
+// with, for a test of its plan.
+func ListEffectsSQL(workspaceID, cursor string, limit int, state, effectType string, now time.Time) (string, []any) {
+	return listEffectsQuery(workspaceID, ListFilter{State: state, EffectType: effectType, Cursor: cursor, Limit: limit}, now)
+}
