@@ -730,14 +730,18 @@ WITH c AS (
 SELECT id, idempotency_key, state, lease_expires_at, cost_micros, in_window FROM w
 WHERE in_window OR idempotency_key = ANY($5::text[]) ORDER BY id LIMIT $6`
 
-// sqlReconcileNoJIT turns JIT compilation off for the rest of the
-// reconciliation's transaction. sqlReconcileEffects' third part reads every
-// type's attempts started in the window, and the planner, which cannot see
-// how few of their effects were created before it, estimates it past
-// jit_above_cost on a busy workspace: compiling then took 650 ms of a
-// 1.1 s statement that runs in 72 ms without (review: 1M effects in a day,
-// a 1% type over two hours; 3 ms when the window went by creation time).
-const sqlReconcileNoJIT = `SELECT set_config('jit', 'off', true)`
+// sqlReconcilePlan turns JIT compilation and parallel workers off for the
+// rest of the reconciliation's transaction. sqlReconcileEffects' third
+// part reads every type's attempts started in the window, and the planner,
+// which cannot see how few of their effects were created before it,
+// estimates it past jit_above_cost on a busy workspace: compiling then took
+// 650 ms of a 1.1 s statement that runs in 72 ms without (review: 1M
+// effects in a day, a 1% type over two hours; 3 ms when the window went by
+// creation time). The same estimate (27,000 attempts for the 1,500 of an
+// hour) planned that part with parallel workers, whose start was most of
+// the statement (scale QA, 1.1M effects over 30 days: an hour's window
+// 25 ms with them, 0.5-1.4 ms without; a day's 40-80 ms, 7-38 ms).
+const sqlReconcilePlan = `SELECT set_config('jit', 'off', true), set_config('max_parallel_workers_per_gather', '0', true)`
 
 // reconCols are what sqlReconcileEffects reads of an effect e.
 const reconCols = `e.id, e.idempotency_key, e.state, e.lease_expires_at, e.cost_micros, e.created_at, e.attempt_started_at`

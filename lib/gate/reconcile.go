@@ -381,8 +381,8 @@ func (out *Reconciliation) classifySettled(item ReconcileItem) {
 }
 
 func reconEffects(ctx context.Context, tx pgx.Tx, ws, effectType string, from, to time.Time, keys []string) ([]reconEffect, error) {
-	if _, err := tx.Exec(ctx, sqlReconcileNoJIT); err != nil {
-		return nil, fmt.Errorf("reconcile: jit off: %w", err)
+	if _, err := tx.Exec(ctx, sqlReconcilePlan); err != nil {
+		return nil, fmt.Errorf("reconcile: plan settings: %w", err)
 	}
 	rows, err := tx.Query(ctx, sqlReconcileEffects, ws, effectType, from, to, keys, MaxReconcileEffects+1,
 		ids.Floor(ids.Effect, from.Add(time.Millisecond)))

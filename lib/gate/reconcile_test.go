@@ -100,10 +100,13 @@ func testReconcileRoundTrips(t *testing.T, grouped bool) {
 	require.Equal(t, few, many, "round trips do not grow with the lapses settled")
 }
 
-// A reconciliation reads its effects with JIT off, set in its transaction
-// just before (sqlReconcileNoJIT): its estimate passes jit_above_cost on a
-// busy workspace, and compiling took most of a second (review).
-func TestReconcileReadsItsEffectsWithJITOff(t *testing.T) {
+// A reconciliation reads its effects with JIT and parallel workers off,
+// set in its transaction just before (sqlReconcilePlan): its estimate of
+// every type's attempts in the window passes jit_above_cost on a busy
+// workspace, and compiling took most of a second (review); the same
+// estimate planned parallel workers, whose start was most of the read
+// (scale QA: an hour's window 25 ms with them, 0.5-1.4 ms without).
+func TestReconcileReadsItsEffectsWithJITAndParallelWorkersOff(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	rec := &statementLog{}
@@ -113,8 +116,20 @@ func TestReconcileReadsItsEffectsWithJITOff(t *testing.T) {
 		"records": []any{}})
 	require.Equal(t, http.StatusOK, status, "%v", out)
 	rec.mu.Lock()
-	defer rec.mu.Unlock()
 	read := slices.IndexFunc(rec.sql, func(s string) bool { return s == gate.SQLReconcileEffects })
 	require.Positive(t, read, "the effects are read, after a statement")
-	require.Equal(t, "SELECT set_config('jit', 'off', true)", rec.sql[read-1])
+	before := rec.sql[read-1]
+	rec.mu.Unlock()
+	// What the statement before leaves set for the rest of its transaction.
+	ctx := context.Background()
+	tx, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, before)
+	require.NoError(t, err)
+	var jit, workers string
+	require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('jit'), current_setting('max_parallel_workers_per_gather')`).
+		Scan(&jit, &workers))
+	require.Equal(t, "off", jit)
+	require.Equal(t, "0", workers)
 }
