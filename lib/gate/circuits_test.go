@@ -88,16 +88,21 @@ func sms(k string) map[string]any {
 	return map[string]any{"effect_type": "sms.send", "idempotency_key": k, "payload": map[string]any{"to": "+1"}}
 }
 
-func TestCircuitRoutesNeedPoliciesWrite(t *testing.T) {
+// Changing a breaker or the stop needs policies:write; reading them,
+// policies:read or policies:write. An agent's key holds neither.
+func TestCircuitRoutesNeedPoliciesScopes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	agent := b.agent()
-	for _, r := range []struct{ method, path string }{
-		{"GET", "/api/v1/circuits"}, {"POST", "/api/v1/circuits/stop"}, {"POST", "/api/v1/circuits/release"},
-		{"GET", "/api/v1/circuits/stop"}, {"POST", "/api/v1/circuits/sms.send/open"}, {"POST", "/api/v1/circuits/sms.send/close"},
-	} {
-		e := errCode(t, b.env.Do(r.method, r.path, agent, nil), http.StatusForbidden, "forbidden")
-		require.Equal(t, []any{"policies:write"}, e["detail"].(map[string]any)["required"], r.path)
+	for _, path := range []string{"/api/v1/circuits/stop", "/api/v1/circuits/release", "/api/v1/circuits/sms.send/open",
+		"/api/v1/circuits/sms.send/close"} {
+		e := errCode(t, b.env.Do("POST", path, agent, nil), http.StatusForbidden, "forbidden")
+		require.Equal(t, []any{"policies:write"}, e["detail"].(map[string]any)["required"], path)
+	}
+	for _, path := range []string{"/api/v1/circuits", "/api/v1/circuits/stop"} {
+		e := errCode(t, b.env.Do("GET", path, agent, nil), http.StatusForbidden, "forbidden")
+		require.Equal(t, []any{"policies:read"}, e["detail"].(map[string]any)["required"], path)
+		require.Equal(t, []any{"policies:read", "policies:write"}, e["detail"].(map[string]any)["any_of"], path)
 	}
 	// The agent cannot have closed anything: its begins still meet the breaker.
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key, map[string]any{"action": "deny"})
