@@ -27,9 +27,22 @@
 --
 -- Same arguments and result as 0052's, which is otherwise unchanged.
 
-CREATE INDEX IF NOT EXISTS job_workers_last_seen_idx ON job_workers (last_seen_at);
-
+-- The column first, then the index: the executions' lock before the
+-- workers'. The previous release serves while this applies, and its
+-- heartbeats and its claims sent with a claimId (every SDK's) take
+-- job_executions before job_workers in one statement: the other way round,
+-- one that came while the index was built held its lock on executions and
+-- waited for the build, and the ALTER then waited for it, a deadlock that
+-- failed the heartbeat, the claim, or (once the build took over a second,
+-- deadlock_timeout) the migration and the deploy with it. Both IF NOT
+-- EXISTS forms take their lock even when there is nothing to do. A claim
+-- sent without a claimId locks job_workers before job_executions, in two
+-- statements: one caught between them as this applies may still deadlock
+-- with it, and Postgres fails one of the two (the server runs a claim
+-- again; a migration fails whole, and is run again).
 ALTER TABLE job_executions ADD COLUMN IF NOT EXISTS version text;
+
+CREATE INDEX IF NOT EXISTS job_workers_last_seen_idx ON job_workers (last_seen_at);
 
 CREATE OR REPLACE FUNCTION jobs_claim_keyed(p_worker_id text, p_workspace_id text, p_now timestamptz, p_key_id text,
     p_limit integer, p_grace_ms bigint, p_rate_window timestamptz, p_warning text, p_max_input_bytes bigint,

@@ -464,3 +464,82 @@ func TestMigrateRefusesASearchPathThatLostItsSchema(t *testing.T) {
 	require.NoError(t, conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_tables WHERE schemaname = 'other'`).Scan(&copies))
 	require.Equal(t, 2, copies, "schema_migrations and a")
 }
+
+// The previous release serves while 0057 applies, and two of its
+// statements lock job_executions before job_workers: its heartbeat
+// (30b2204's sqlHeartbeat, verbatim) and its claim sent with a claimId (as
+// every SDK sends one), whose first statement reads the claim's held jobs.
+// 0057 locks both tables (a column on one, an index on the other): it takes
+// them in the same order, so one of those that comes while it waits for
+// job_workers (here, for a writer still open) waits for the migration
+// holding nothing it needs. The other way round they deadlocked, and
+// Postgres failed the heartbeat, the claim or the migration (deploy QA).
+func TestUpgradeTo0057DeadlocksNoneOfThePreviousReleasesStatements(t *testing.T) {
+	t.Parallel()
+	for name, previous := range map[string]string{
+		"heartbeat": `
+WITH j AS (
+    UPDATE jobs SET lease_expires_at = greatest(lease_expires_at,
+            $4::timestamptz + (timeout_ms + $5::bigint) * interval '1 millisecond'),
+        ready_at = greatest(lease_expires_at, $4::timestamptz + (timeout_ms + $5::bigint) * interval '1 millisecond'),
+        updated_at = $4::timestamptz
+    WHERE id = $1::text AND workspace_id = $2::text AND jobs_lease_token_matches(lease_token, $3::text) AND status = 'RUNNING'
+      AND ($6::text[] IS NULL OR name || '@' || version = ANY($6::text[]))
+    RETURNING id, attempt, lease_expires_at, cancel_requested, worker_id
+), x AS (
+    UPDATE job_executions x SET lease_expires_at = j.lease_expires_at FROM j WHERE x.job_id = j.id AND x.attempt = j.attempt
+), w AS (
+    UPDATE job_workers w SET last_seen_at = $4::timestamptz FROM j
+    WHERE w.id = j.worker_id AND w.last_seen_at < $4::timestamptz - interval '1 minute'
+)
+SELECT lease_expires_at, cancel_requested FROM j`,
+		"claim with a claimId": `SELECT * FROM jobs_claim_keyed($1::text, $2::text, $4::timestamptz, $3::text, 10,
+    $5::bigint, $4::timestamptz, 'lapsed', 1000000, 'clm_1', 'secret')
+    WHERE $6::text[] IS NULL`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			target, conn := databaseAt(t, 56)
+			waiting := func(n int) {
+				t.Helper()
+				require.Eventually(t, func() bool {
+					var got int
+					err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+						WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&got)
+					return err == nil && got == n
+				}, 30*time.Second, 5*time.Millisecond)
+			}
+			// A writer of job_workers still open (a registration, a claim
+			// marking its worker seen): 0057 waits for it for its index.
+			wconn, err := pgx.Connect(ctx, target)
+			require.NoError(t, err)
+			defer wconn.Close(ctx)
+			writer, err := wconn.Begin(ctx)
+			require.NoError(t, err)
+			defer writer.Rollback(ctx) //nolint:errcheck // committed below
+			_, err = writer.Exec(ctx, `LOCK TABLE job_workers IN ROW EXCLUSIVE MODE`)
+			require.NoError(t, err)
+			migrated := make(chan error, 1)
+			go func() {
+				_, err := db.MigrateURL(ctx, target, upTo(t, 57))
+				migrated <- err
+			}()
+			waiting(1)
+
+			old, err := pgx.Connect(ctx, target)
+			require.NoError(t, err)
+			defer old.Close(ctx)
+			served := make(chan error, 1)
+			go func() {
+				_, err := old.Exec(ctx, previous, "job_1", "ws_1", "wrk_1", time.Now(), 0, nil)
+				served <- err
+			}()
+			waiting(2)
+
+			require.NoError(t, writer.Commit(ctx))
+			require.NoError(t, <-migrated)
+			require.NoError(t, <-served)
+		})
+	}
+}
