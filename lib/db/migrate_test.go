@@ -465,16 +465,16 @@ func TestMigrateRefusesASearchPathThatLostItsSchema(t *testing.T) {
 	require.Equal(t, 2, copies, "schema_migrations and a")
 }
 
-// The previous release serves while 0057 applies, and two of its
+// The previous release serves while 0058 applies, and two of its
 // statements lock job_executions before job_workers: its heartbeat
 // (30b2204's sqlHeartbeat, verbatim) and its claim sent with a claimId (as
 // every SDK sends one), whose first statement reads the claim's held jobs.
-// 0057 locks both tables (a column on one, an index on the other): it takes
+// 0058 locks both tables (a column on one, an index on the other): it takes
 // them in the same order, so one of those that comes while it waits for
 // job_workers (here, for a writer still open) waits for the migration
 // holding nothing it needs. The other way round they deadlocked, and
 // Postgres failed the heartbeat, the claim or the migration (deploy QA).
-func TestUpgradeTo0057DeadlocksNoneOfThePreviousReleasesStatements(t *testing.T) {
+func TestUpgradeTo0058DeadlocksNoneOfThePreviousReleasesStatements(t *testing.T) {
 	t.Parallel()
 	for name, previous := range map[string]string{
 		"heartbeat": `
@@ -500,7 +500,7 @@ SELECT lease_expires_at, cancel_requested FROM j`,
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			target, conn := databaseAt(t, 56)
+			target, conn := databaseAt(t, 57)
 			waiting := func(n int) {
 				t.Helper()
 				require.Eventually(t, func() bool {
@@ -511,7 +511,7 @@ SELECT lease_expires_at, cancel_requested FROM j`,
 				}, 30*time.Second, 5*time.Millisecond)
 			}
 			// A writer of job_workers still open (a registration, a claim
-			// marking its worker seen): 0057 waits for it for its index.
+			// marking its worker seen): 0058 waits for it for its index.
 			wconn, err := pgx.Connect(ctx, target)
 			require.NoError(t, err)
 			defer wconn.Close(ctx)
@@ -522,7 +522,7 @@ SELECT lease_expires_at, cancel_requested FROM j`,
 			require.NoError(t, err)
 			migrated := make(chan error, 1)
 			go func() {
-				_, err := db.MigrateURL(ctx, target, upTo(t, 57))
+				_, err := db.MigrateURL(ctx, target, upTo(t, 58))
 				migrated <- err
 			}()
 			waiting(1)

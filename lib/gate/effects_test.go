@@ -251,7 +251,7 @@ func TestListEffectsFiltersPageLikeTheModel(t *testing.T) {
 
 // A filtered page reads each state's newest ids from one range of an
 // index (effects_state_idx, or effects_type_state_idx with a type,
-// migration 0058), the ids alone, and then only the rows of the page: as
+// migration 0057), the ids alone, and then only the rows of the page: as
 // one condition over the states, or with a type, the planner walked the
 // workspace's effects newest first testing each (scale QA, 1.1M effects:
 // a type retired two weeks ago, or the indeterminate effects of an

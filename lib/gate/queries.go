@@ -409,7 +409,7 @@ ORDER BY e.id DESC LIMIT $3`
 // filter a page reads as state is $5, see storedStates). Each state's
 // newest $3 ids after the cursor come from one ordered range of an index,
 // effects_state_idx or with a type effects_type_state_idx (migration
-// 0058), read alone (index only), and the page is the newest of those,
+// 0057), read alone (index only), and the page is the newest of those,
 // read from the table. A lapsed lease is indeterminate here too: the
 // filter indeterminate reads the stored leased effects whose lease lapsed
 // by $6 (now), leased those whose lease is live (their branch reads the

@@ -218,7 +218,7 @@ func TestRetentionKeepsABusyWorker(t *testing.T) {
 
 // A claim marks its worker seen at most once a minute, and a look that
 // finds nothing then writes nothing: a worker long-polling an empty queue
-// looks once a second, and every look updated its row (migration 0057).
+// looks once a second, and every look updated its row (migration 0058).
 // The mark never moves back, under an instance whose clock is behind.
 func TestAClaimMarksItsWorkerSeenOnceAMinute(t *testing.T) {
 	t.Parallel()

@@ -232,7 +232,7 @@ ORDER BY x.job_id, x.attempt`
 // generic plan still starts the index range at the cursor.
 //
 // Each attempt's version is the handler version it was claimed for
-// (migration 0057); an execution from before that reads its job's.
+// (migration 0058); an execution from before that reads its job's.
 const sqlEndpointAttempts = `SELECT ` + attemptColumns + `, j.step_id, j.run_id, j.name, coalesce(x.version, j.version)
 FROM job_executions x JOIN jobs j ON j.id = x.job_id
 WHERE x.endpoint_id = $2::text AND x.workspace_id = $1::text
@@ -524,7 +524,7 @@ const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND wo
 // $7 rate window (minute), $8 warning, $9 the most bytes of sealed input one
 // claim answers (always at least one job; ClaimInputBudget), $10 the
 // claim's ClaimID and $11 its secret (both NULL for a claim without one).
-// The statement is the PL/pgSQL function jobs_claim_keyed (migration 0057
+// The statement is the PL/pgSQL function jobs_claim_keyed (migration 0058
 // marks the worker seen at most once a minute; 0052 passes over the jobs
 // named in ratchet.claim_skip; 0043 writes each execution's endpoint;
 // 0042 made it: 0032's
@@ -964,7 +964,7 @@ WITH x AS (
 DELETE FROM job_runs r WHERE r.id = ANY($1::text[])`
 
 // sqlDeleteIdleWorkers deletes up to $2 worker registrations not seen since
-// $1 (through job_workers_last_seen_idx, migration 0057): a running worker
+// $1 (through job_workers_last_seen_idx, migration 0058): a running worker
 // is marked seen once a minute by its claims, long polls included, or its
 // heartbeats, so these are workers long gone (a claim under a deleted id
 // answers 404, and the SDK registers again at start).
