@@ -6,11 +6,11 @@
 -- health (seen within 2 minutes) and the idle-workers prune (not seen for
 -- JOB_RETENTION_DAYS). An empty look now writes nothing.
 --
--- Since last_seen_at now changes once a minute at most, it can be indexed:
--- the sweeper's idle-workers prune (lib/jobs sqlDeleteIdleWorkers) read the
--- whole table for the few registrations due (61 ms a pass at 200k). The
--- index makes the minute's update of a worker's row non-HOT, once a minute
--- per live worker.
+-- And the sweeper's idle-workers prune (lib/jobs sqlDeleteIdleWorkers)
+-- gets an index leading with last_seen_at: it read the whole table for the
+-- few registrations due (61 ms a pass at 200k; job_workers_seen_idx, 0003,
+-- leads with the workspace). An update of last_seen_at was already not HOT
+-- (job_workers_seen_idx holds it); now it comes once a minute at most.
 --
 -- Built inside the migration's transaction, which blocks writes to
 -- job_workers (registrations, and claims marking their worker seen) while
