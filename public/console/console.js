@@ -1709,7 +1709,7 @@ function signInPage(message) {
 		h('section', null, [
 			h('h2', null, 'Or create a workspace'),
 			form(
-				[input('Workspace name', 'name', { required: true, maxlength: 200 })],
+				[input('Workspace name', 'name', { required: true, maxlength: 100 })],
 				'Create workspace',
 				(v) => call('POST', '/workspaces', { name: v.name }),
 				{
