@@ -260,6 +260,26 @@ func TestRetryScheduleAndRetryAfterFloor(t *testing.T) {
 	requireTime(t, now.Add(2*time.Minute), *b.step(t, enq2.StepID).DurableJob.DueAt)
 }
 
+// A failure reported without a decision is retryable, and its attempt says
+// so, as one with an empty error object does (contract QA: without an
+// error object it read retryable null while its job was scheduled again).
+func TestAFailureWithoutADecisionReadsRetryable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runID := b.run(t)
+	w := b.register(t)
+	for i, e := range []*jobs.ReportError{nil, {}, {Message: "provider unavailable"}} {
+		enq := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(strconv.Itoa(i))})
+		j := b.claimOne(t, w)
+		require.Equal(t, enq.JobID, j.JobID)
+		require.Equal(t, "RETRY_SCHEDULED", b.fail(t, j, e).Status, "report %d", i)
+		st := b.step(t, enq.StepID)
+		require.Len(t, st.DurableJob.Attempts, 1)
+		require.NotNil(t, st.DurableJob.Attempts[0].Retryable, "report %d", i)
+		require.True(t, *st.DurableJob.Attempts[0].Retryable, "report %d", i)
+	}
+}
+
 func TestNonRetryableFailureExhaustsAtOnceAndRecordsEvent(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

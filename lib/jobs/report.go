@@ -375,9 +375,16 @@ func (s *Service) outcomeRow(jobID string, attempt int, req ReportRequest, next 
 		pv := string(redact.PreviewJSON(req.Output))
 		row.preview = &pv
 	}
+	if req.Status == OutcomeFailed {
+		// A failure without a decision is retryable, as it is scheduled:
+		// recorded so, the attempt reads what was decided (contract QA:
+		// a FAILED report without an error object read retryable null
+		// while its job was scheduled again, and {"error": {}} read true).
+		t := req.Error == nil || req.Error.Retryable == nil || *req.Error.Retryable
+		row.retryable = &t
+	}
 	if req.Error != nil {
-		t := req.Error.Retryable == nil || *req.Error.Retryable
-		row.retryable, row.retryAfter = &t, req.Error.RetryAfterMs
+		row.retryAfter = req.Error.RetryAfterMs
 		// Masked as the SDKs mask it before sending (ratchet.RedactText):
 		// a worker reporting over plain HTTP may send a token the console
 		// would otherwise show to every reader of the run (console QA).

@@ -132,7 +132,7 @@ type Attempt struct {
 	WorkerID     string  `json:"workerId"`
 	Outcome      *string `json:"outcome"`
 	Warning      *string `json:"warning"`
-	Retryable    *bool   `json:"retryable"`
+	Retryable    *bool   `json:"retryable" jsonschema:"a failure's retry decision: true when its worker reported none (it is then retried), false for a non-retryable failure or a rejected output; null for a success or an attempt that was not reported"`
 	RetryAfterMs *int64  `json:"retryAfterMs"`
 	// ErrorMessage is the message the worker reported with a failure (the
 	// SDK bounds and redacts it before sending; the server masks it again,
