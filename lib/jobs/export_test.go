@@ -35,3 +35,11 @@ const SQLLockRetiredJobs = sqlLockRetiredJobs
 // OnLook tells f of every look a claim makes, once the look's statement
 // has run. Set it before the service's first claim.
 func OnLook(s *Service, f func(workerID string)) { s.looked = f }
+
+// The bounds the worker protocol's handlers check, for the test that their
+// openapi tags restate them.
+const (
+	MaxTools        = maxTools
+	MaxBatchReports = maxBatchReports
+	MaxErrorMessage = maxErrorMessage
+)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/jobs"
 	"github.com/getratchet/ratchet/lib/schematags"
+	"github.com/getratchet/ratchet/lib/toolname"
 )
 
 // The openapi tags of the worker protocol's requests restate the bounds
@@ -30,4 +31,16 @@ func TestWorkerOpenAPITagsAreTheHandlersBounds(t *testing.T) {
 	status := map[string]string{"enum": jobs.StatusSucceeded + "|" + jobs.OutcomeFailed}
 	require.Equal(t, status, rules(jobs.ReportRequest{}, "Status"))
 	require.Equal(t, status, rules(jobs.BatchReportItem{}, "Status"))
+	// Contract QA: these bounds were checked but not stated, so a client
+	// built from the document learnt them only from a 400.
+	require.Equal(t, map[string]string{"required": "", "minItems": "1", "maxItems": fmt.Sprint(jobs.MaxTools)},
+		rules(jobs.RegisterRequest{}, "Tools"))
+	require.Equal(t, map[string]string{"minLength": "1", "maxLength": fmt.Sprint(toolname.MaxName)},
+		rules(jobs.Tool{}, "Name"))
+	version := map[string]string{"minLength": "1", "maxLength": fmt.Sprint(toolname.MaxVersion)}
+	require.Equal(t, version, rules(jobs.Tool{}, "Version"))
+	require.Equal(t, version, rules(jobs.ToolTestRequest{}, "Version"))
+	require.Equal(t, map[string]string{"maxLength": fmt.Sprint(jobs.MaxErrorMessage)}, rules(jobs.ReportError{}, "Message"))
+	require.Equal(t, map[string]string{"required": "", "minItems": "1", "maxItems": fmt.Sprint(jobs.MaxBatchReports)},
+		rules(jobs.BatchReportRequest{}, "Reports"))
 }

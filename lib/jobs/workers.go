@@ -25,13 +25,13 @@ import (
 
 // Tool is an exact handler a worker serves.
 type Tool struct {
-	Name    string `json:"name"`
-	Version string `json:"version"`
+	Name    string `json:"name" openapi:"minLength=1,maxLength=200"`
+	Version string `json:"version" openapi:"minLength=1,maxLength=100"`
 }
 
 // RegisterRequest is the body of POST /api/v1/workers/register.
 type RegisterRequest struct {
-	Tools []Tool `json:"tools" openapi:"required"`
+	Tools []Tool `json:"tools" openapi:"required,minItems=1,maxItems=100"`
 }
 
 // RegisterResult answers a registration.
@@ -496,7 +496,7 @@ type ReportRequest struct {
 // ReportError is a failed attempt's bounded, redacted error and the worker's
 // retry decision.
 type ReportError struct {
-	Message      string `json:"message,omitempty"` // may be left out: a failure without a message
+	Message      string `json:"message,omitempty" openapi:"maxLength=2000"` // may be left out: a failure without a message
 	Retryable    *bool  `json:"retryable,omitempty"`
 	RetryAfterMs *int64 `json:"retryAfterMs,omitempty" openapi:"min=1000,max=86400000"`
 }
@@ -600,7 +600,7 @@ func (b BatchReportItem) report() ReportRequest {
 
 // BatchReportRequest is the body of POST /api/v1/jobs/report.
 type BatchReportRequest struct {
-	Reports []BatchReportItem `json:"reports" openapi:"required"`
+	Reports []BatchReportItem `json:"reports" openapi:"required,minItems=1,maxItems=100"`
 }
 
 // BatchReportError is a refused report in a batch (the same code, message
