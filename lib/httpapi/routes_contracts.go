@@ -63,7 +63,9 @@ func (s *Server) contractsRoutes() []Route {
 				"additional executions; acknowledgeDuplicateRisk: true is required. targetContractVersion upgrades " +
 				"it (expectedHandlerVersion and acknowledgeVersionChange: true required; a FORBIDDEN or incompatible " +
 				"target is 409 invalid_state). A FAILED run whose only failed step this was goes back to RUNNING; a " +
-				"paused endpoint holds the job.",
+				"paused endpoint holds the job. A step cancelled while it ran is claimed only once that attempt " +
+				"has reported or its lease (leaseExpiresAt) has expired: never two attempts at once. The duplicate " +
+				"risk acknowledged is an earlier attempt's side effect done though its outcome was not recorded.",
 			Request: jobs.ReplayRequest{}, Response: jobs.ReplayResult{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeInvalidState,
 				apierr.CodeVersionConflict},

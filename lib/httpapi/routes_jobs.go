@@ -75,7 +75,8 @@ func (s *Server) jobsRoutes() []Route {
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/steps/{id}/cancel", Name: "steps.cancel", Tag: "jobs", Scopes: runsWrite,
-			Summary:  "Cancel a step that has not ended. A running job's worker sees cancelRequested on its next heartbeat.",
+			Summary: "Cancel a step that has not ended. A running job's worker sees cancelRequested on its next " +
+				"heartbeat; a replay of the step is not claimed until that attempt reports or its lease expires.",
 			Response: jobs.Step{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidState},
 			Handle: s.cancelStep,
 		},

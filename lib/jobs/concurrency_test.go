@@ -1118,7 +1118,8 @@ func policyWriteHeldOpen(t *testing.T, b *bundle, endpointID string, limit int) 
 // the attempts that may be running (the endpoint's executions with no
 // outcome whose lease has not expired: RUNNING jobs and cancelled attempts
 // holding their slot) never exceed the limit, and running_count always
-// equals the RUNNING jobs plus the held slots. At quiescence, once every
+// equals the RUNNING jobs plus the held slots, and no job ever has two
+// attempts open (without an outcome) at once. At quiescence, once every
 // lease lapses, the count is zero, and the jobs left are all worked through
 // the endpoint (no slot leaked). Few jobs, so that a replayed one is soon
 // first in the queue: without migration 0052's wait for a held slot, this
@@ -1172,13 +1173,15 @@ func TestEndpointSlotsHoldUnderCancelAndReplayChaos(t *testing.T) {
 	}
 	check := func(when string) {
 		now := b.clock.Now() // read first: the clock only moves on, so no lease is missed
-		var count, recount, mayRun int
+		var count, recount, mayRun, overlapping int
 		err := b.env.App.Pool.QueryRow(hctx, `SELECT e.running_count,
 			(SELECT count(*) FROM jobs j WHERE j.endpoint_id = e.id AND j.status = 'RUNNING')
 			+ (SELECT count(*) FROM jobs j WHERE j.endpoint_id = e.id AND j.slot_attempt IS NOT NULL),
 			(SELECT count(*) FROM job_executions x WHERE x.endpoint_id = e.id AND x.outcome IS NULL
-			   AND x.lease_expires_at > $2)
-			FROM job_endpoints e WHERE e.id = $1`, ep.ID, now).Scan(&count, &recount, &mayRun)
+			   AND x.lease_expires_at > $2),
+			(SELECT count(*) FROM (SELECT x.job_id FROM job_executions x WHERE x.endpoint_id = e.id
+			   AND x.outcome IS NULL GROUP BY x.job_id HAVING count(*) > 1) o)
+			FROM job_endpoints e WHERE e.id = $1`, ep.ID, now).Scan(&count, &recount, &mayRun, &overlapping)
 		switch {
 		case err != nil:
 			if hctx.Err() == nil {
@@ -1186,6 +1189,11 @@ func TestEndpointSlotsHoldUnderCancelAndReplayChaos(t *testing.T) {
 			}
 		case mayRun > limit:
 			failf("%s: %d attempts may be running on an endpoint limited to %d", when, mayRun, limit)
+		case overlapping > 0:
+			// A claim supersedes an attempt only once it ended (reported,
+			// or failed as lapsed by that claim or the sweeper): never
+			// two open attempts of one job (migration 0060).
+			failf("%s: %d jobs have two attempts open at once", when, overlapping)
 		case count != recount:
 			failf("%s: running_count %d, RUNNING jobs and held slots %d", when, count, recount)
 		}

@@ -37,9 +37,9 @@ type QueueHealth struct {
 	RateLimitedEndpoints []string `json:"rateLimitedEndpoints"`
 	// Message says plainly what holds the queue, when something does.
 	Message *string `json:"message"`
-	// heldReplayEndpoints are the endpoints with maxConcurrent where a due
-	// replayed job waits for its cancelled attempt, still holding its slot,
-	// to end (migration 0052); said in Message only.
+	// heldReplayEndpoints are the endpoints where a due replayed job waits
+	// for its cancelled attempt, which may still run, to end (migration
+	// 0060); said in Message only.
 	heldReplayEndpoints []string
 }
 
@@ -131,10 +131,10 @@ func (h QueueHealth) explain() *string {
 	}
 	if len(h.heldReplayEndpoints) > 0 {
 		parts = append(parts, endpointsSay(h.heldReplayEndpoints,
-			"On endpoint %s, a replayed job waits for its cancelled attempt, which holds its maxConcurrent slot, "+
+			"On endpoint %s, a replayed job waits for its cancelled attempt, which may still be running, "+
 				"to report or its lease to expire.",
-			"On endpoints %s, replayed jobs wait for their cancelled attempts, which hold their maxConcurrent "+
-				"slots, to report or their leases to expire."))
+			"On endpoints %s, replayed jobs wait for their cancelled attempts, which may still be running, "+
+				"to report or their leases to expire."))
 	}
 	if parts == nil {
 		return nil

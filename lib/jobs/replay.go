@@ -282,7 +282,11 @@ func (req ReplayRequest) validate() (additional int, err error) {
 // policy snapshot; a target contract replaces the handler version, contract,
 // timeout and complete retry policy (its attempt count capped at 10; the
 // ceiling still decides exhaustion). A FAILED run whose only failed step
-// this was goes back to RUNNING. A paused endpoint holds the job.
+// this was goes back to RUNNING. A paused endpoint holds the job. A job
+// cancelled while it ran whose attempt has neither reported nor seen its
+// lease expire (jobs.slot_attempt) is QUEUED all the same, but no claim
+// takes it until that attempt ends (migration 0060): the replay never runs
+// beside it, and the duplicate risk acknowledged is a repeat after it.
 func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, req ReplayRequest) (ReplayResult, error) {
 	additional, err := req.validate()
 	if err != nil {

@@ -205,9 +205,12 @@ func replayedWhileRunning(t *testing.T) (*bundle, jobs.EnqueueResult, string, jo
 	return b, st, wid, first
 }
 
-// Without a concurrency limit, the replayed job may be claimed while the
-// cancelled attempt still runs; until then that attempt's report is
-// recorded, after it superseded.
+// Without a concurrency limit too, the replayed job is claimed only once
+// the cancelled attempt has ended (migration 0060); until a claim
+// supersedes it, that attempt's report is recorded. Replayed again while
+// its new attempt runs, the job is claimed once that attempt's lease
+// expires: the claim supersedes it, failing it with the lapse warning (the
+// sweeper has not passed), and its late report is lease_lost.
 func TestReplayedJobsCancelledAttemptReportsUntilTheNextClaim(t *testing.T) {
 	t.Parallel()
 	b, st, wid, first := replayedWhileRunning(t)
@@ -217,15 +220,22 @@ func TestReplayedJobsCancelledAttemptReportsUntilTheNextClaim(t *testing.T) {
 	require.Equal(t, "QUEUED", r.Status)
 	require.Equal(t, "FAILED", *b.executions(t, first.JobID)[0].Outcome)
 
-	// Replayed again: its new attempt's claim supersedes an open attempt.
 	second := b.claimOne(t, wid)
 	require.Equal(t, 2, second.Attempt)
 	b.cancelAndReplay(t, st.StepID)
+	require.Empty(t, b.claim(t, wid, 5), "the second attempt may still run")
+	b.clock.Add(second.LeaseExpiresAt.Sub(b.clock.Now()))
 	third := b.claimOne(t, wid)
 	require.Equal(t, 3, third.Attempt)
 	_, err = b.svc.Report(ctx, b.worker, second.JobID, jobs.ReportRequest{LeaseToken: second.LeaseToken, Status: "SUCCEEDED"})
 	require.Equal(t, apierr.CodeLeaseLost, code(t, err))
+	xs := b.executions(t, second.JobID)
+	require.Len(t, xs, 3)
+	require.Equal(t, "FAILED", *xs[1].Outcome)
+	require.Equal(t, jobs.LapseWarning, *xs[1].Warning)
+	require.False(t, xs[1].Reported)
 	require.Equal(t, "RUNNING", b.step(t, st.StepID).Status)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM jobs WHERE id = $1 AND slot_attempt IS NOT NULL`, st.JobID))
 }
 
 // Replayed while its cancelled attempt ran, then reported by that attempt,
@@ -302,8 +312,8 @@ func TestCancelAgainWhileAnEarlierAttemptHoldsItsSlot(t *testing.T) {
 	require.Len(t, health, 1)
 	require.Empty(t, health[0].AtLimitEndpoints)
 	require.NotNil(t, health[0].Message, "queue health says what holds the due job")
-	require.Equal(t, "On endpoint mailer, a replayed job waits for its cancelled attempt, which holds its "+
-		"maxConcurrent slot, to report or its lease to expire.", *health[0].Message)
+	require.Equal(t, "On endpoint mailer, a replayed job waits for its cancelled attempt, which may still be "+
+		"running, to report or its lease to expire.", *health[0].Message)
 
 	r, err := b.svc.Report(ctx, b.worker, first.JobID, jobs.ReportRequest{LeaseToken: first.LeaseToken, Status: "SUCCEEDED"})
 	require.NoError(t, err)

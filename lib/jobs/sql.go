@@ -518,13 +518,17 @@ const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND wo
 // re-read at its latest version), so pause, maxConcurrent and
 // rateLimitPerMinute hold across concurrent claimers. A RUNNING job is due
 // when its lease lapsed: its reclaim needs no new concurrency slot, and its
-// lapsed execution is marked failed with the warning.
+// lapsed execution is marked failed with the warning. A job replayed after
+// a cancel while its cancelled attempt may still run (jobs.slot_attempt,
+// its lease not expired) is passed over; once that lease expired, its claim
+// takes over the attempt's slot and fails it with the warning the same way.
 //
 // $1 worker, $2 workspace, $3 now, $4 key, $5 limit, $6 lease grace ms,
 // $7 rate window (minute), $8 warning, $9 the most bytes of sealed input one
 // claim answers (always at least one job; ClaimInputBudget), $10 the
 // claim's ClaimID and $11 its secret (both NULL for a claim without one).
-// The statement is the PL/pgSQL function jobs_claim_keyed (migration 0058
+// The statement is the PL/pgSQL function jobs_claim_keyed (migration 0060
+// waits for a replayed job's cancelled attempt on every endpoint; 0058
 // marks the worker seen at most once a minute; 0052 passes over the jobs
 // named in ratchet.claim_skip; 0043 writes each execution's endpoint;
 // 0042 made it: 0032's
@@ -806,11 +810,12 @@ SELECT pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0))::text, id,
 // sqlCancel cancels job $1 at $2. A RUNNING one ($3) keeps its concurrency
 // slot for its attempt (slot_attempt), which its worker may still be
 // running, until the attempt is reported (sqlAdjustSlots) or its lease
-// expires (sqlReleaseHeldSlots). The one exception: a replayed job whose
-// earlier cancelled attempt still holds a slot frees the new attempt's at
-// once (one held attempt per job; the count stays exact). Since migration
-// 0052 a claim takes no such job on an endpoint with maxConcurrent, so this
-// happens only to one claimed while its endpoint had no limit.
+// expires (sqlReleaseHeldSlots), or a claim of the job, replayed since,
+// takes it over once that lease expired (migration 0060). The one
+// exception: a replayed job whose earlier cancelled attempt still holds a
+// slot frees the new attempt's at once (one held attempt per job; the count
+// stays exact). Since migration 0060 a claim takes no job beside its held
+// attempt, so this happens only to a job claimed so before then.
 const sqlCancel = `
 WITH j AS (
     UPDATE jobs SET status = 'CANCELLED', cancel_requested = true, due_at = NULL, ready_at = NULL,
@@ -829,14 +834,17 @@ WHERE e.id = j.endpoint_id AND $3::bool AND NOT j.held AND e.max_concurrent IS N
 // as of its lease's expiry, unless that was its last attempt (no claim takes
 // it; the sweeper or the next read of its run ends it EXHAUSTED). Pages go
 // by (name, version): $4 and $5 are the last row's (NULL for the first
-// page), $6 the page's rows. The last column names the endpoints with
-// maxConcurrent holding a due replayed job for its cancelled attempt,
-// which still holds its slot (migration 0052: the claim waits for it).
+// page), $6 the page's rows. The last column names the endpoints where a
+// due replayed job waits for its cancelled attempt, which may still run:
+// it has not reported and its lease (the job's lease_expires_at) has not
+// expired (migration 0060: the claim waits for it, on any endpoint).
 //
 // An endpoint at its maxConcurrent holds only the jobs that would take a
 // new slot: as in jobs_claim_keyed (migration 0047), a lapsed RUNNING job
-// keeps its own slot and is reclaimed past the limit. Its endpoint is named
-// at the limit only for a QUEUED or RETRY_SCHEDULED job of the row (QA: a
+// keeps its own slot and is reclaimed past the limit, and (0060) a replayed
+// job takes over the slot its cancelled attempt holds. Its endpoint is named
+// at the limit only for a QUEUED or RETRY_SCHEDULED job of the row that
+// holds no such slot (QA: a
 // lapsed job alone read as held by the limit, and the next claim took it).
 // The two limits name an endpoint only for a job that is due: one waiting
 // for its time (a retry, a delayed enqueue) is not held by them, and they
@@ -849,10 +857,11 @@ WITH q AS (
            min(ready_at) FILTER (WHERE ready_at <= $2::timestamptz) AS oldest,
            array_agg(DISTINCT endpoint_id) AS endpoint_ids,
            array_agg(DISTINCT endpoint_id) FILTER (WHERE ready_at <= $2::timestamptz) AS due_endpoint_ids,
-           array_agg(DISTINCT endpoint_id) FILTER (WHERE status <> 'RUNNING'
+           array_agg(DISTINCT endpoint_id) FILTER (WHERE status <> 'RUNNING' AND slot_attempt IS NULL
                                                    AND ready_at <= $2::timestamptz) AS slot_endpoint_ids,
            array_agg(DISTINCT endpoint_id) FILTER (WHERE status <> 'RUNNING' AND slot_attempt IS NOT NULL
-                                                   AND ready_at <= $2::timestamptz) AS held_endpoint_ids
+                                                   AND ready_at <= $2::timestamptz
+                                                   AND lease_expires_at > $2::timestamptz) AS held_endpoint_ids
     FROM jobs
     WHERE workspace_id = $1::text AND (status IN ('QUEUED', 'RETRY_SCHEDULED')
                                        OR (status = 'RUNNING' AND ready_at <= $2::timestamptz
@@ -880,8 +889,7 @@ CROSS JOIN LATERAL (
                                                      AND e.rate_window_start >= $7::timestamptz
                                                      AND e.rate_window_count >= e.rate_limit_per_minute
                                                      AND e.id = ANY (q.due_endpoint_ids)) AS rate_limited,
-           array_agg(e.name ORDER BY e.name) FILTER (WHERE e.max_concurrent IS NOT NULL
-                                                     AND e.id = ANY (q.held_endpoint_ids)) AS held_replays
+           array_agg(e.name ORDER BY e.name) FILTER (WHERE e.id = ANY (q.held_endpoint_ids)) AS held_replays
     FROM job_endpoints e WHERE e.id = ANY (q.endpoint_ids)
 ) h
 ORDER BY q.name, q.version`
