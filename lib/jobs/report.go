@@ -299,6 +299,13 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 		// replay it was refused, and the worker's success thrown away).
 		row := s.outcomeRow(j.jobID, xa, req, j.status, nil, nil)
 		row.updateJob, row.released = false, true
+		if j.xOutcome != nil {
+			// The sweeper had failed the attempt as lapsed (its lease
+			// expired unreported): the report replaces that outcome, so
+			// the lapse's warning would now contradict it (contract QA:
+			// SUCCEEDED read "Lease expired without a report").
+			row.warning = &lateCancelledReportWarning
+		}
 		return ReportResult{JobID: j.jobID, Status: j.status, Attempt: xa}, &row, nil
 	case j.status == StatusQueued && !j.requeued:
 		// A replay queued the job again after this attempt ended
@@ -349,6 +356,11 @@ func (s *Service) decideReport(ctx context.Context, tx pgx.Tx, j *lockedJob, req
 // lateReportWarning marks an attempt reported after the sweeper had queued
 // its job again (sqlRequeueLapsed): recorded, since no other attempt ran.
 var lateReportWarning = "Reported after its lease lapsed and the job was queued again; no other attempt had run."
+
+// lateCancelledReportWarning marks a cancelled step's attempt reported after
+// its lease lapsed and the sweeper had failed it: recorded, since the step
+// was cancelled and no other attempt ran.
+var lateCancelledReportWarning = "Reported after its lease lapsed; the step had been cancelled and no other attempt had run."
 
 // rereadExecution reads j's execution again. jobs_report_lock reads the job
 // row as its lock was granted but the execution as the statement began, so

@@ -137,6 +137,15 @@ func TestCancelledAttemptSlotFreedWhenItsLeaseExpires(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "CANCELLED", r.Status)
 	b.requireRunningCount(t, "mailer", 1)
+	// The attempt reads what its worker reported, and no longer that its
+	// lease expired without a report (contract QA).
+	xs = b.executions(t, held.JobID)
+	require.Len(t, xs, 1)
+	require.Equal(t, "SUCCEEDED", *xs[0].Outcome)
+	require.True(t, xs[0].Reported)
+	require.NotNil(t, xs[0].Warning)
+	require.NotEqual(t, jobs.LapseWarning, *xs[0].Warning)
+	require.Contains(t, *xs[0].Warning, "Reported after its lease lapsed")
 }
 
 // A replay keeps the slot of the cancelled attempt it follows, which may
