@@ -1,6 +1,7 @@
 package gate_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/gate"
+	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/schematags"
 )
 
@@ -288,4 +290,63 @@ func TestReconcileRecordsTagsAgreeWithTheHandler(t *testing.T) {
 		require.Equal(t, http.StatusOK, r.Status, "%d records: %s", n, r.Body)
 	}
 	require.Equal(t, []string{"records"}, validationFields(t, send(most+1)))
+}
+
+// A dimension's limit in a policy PUT is stated in the OpenAPI document as
+// the object the handler takes, {daily_micros, daily_count}, with their
+// bounds, held to the handler here (contract QA: the request's
+// dimension_limits took any value per dimension in the document, while the
+// answer's were typed, so a client generated from it could not tell what
+// to send).
+func TestDimensionLimitTagsAgreeWithTheHandler(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	checked := apitest.CheckRequestTags(t, apitest.TagProbe{
+		Type:   reflect.TypeFor[gate.DimensionLimit](),
+		Prefix: "dimension_limits.r.",
+		// The other field set, so that the one under test alone may be
+		// null or left out (a limit must set one of them).
+		Base: func(field string) map[string]any {
+			if field == "daily_count" {
+				return map[string]any{"daily_micros": 5}
+			}
+			return map[string]any{"daily_count": 1}
+		},
+		Send: func(limit map[string]any) *apitest.Response {
+			return b.env.Do("PUT", "/api/v1/policies/"+apitest.Unique("tags.limit"), b.ws.Key,
+				map[string]any{"dimension_limits": map[string]any{"r": limit}})
+		},
+	})
+	require.GreaterOrEqual(t, checked, 5, "a limit's bounds are tagged")
+
+	// The document's PUT states the limit as the answer's limit is stated,
+	// but that a PUT may leave either field out; an unknown field is
+	// refused (decodeDimensionLimit), and so in the document.
+	doc, err := json.Marshal(httpapi.OpenAPI())
+	require.NoError(t, err)
+	var openapi map[string]any
+	require.NoError(t, json.Unmarshal(doc, &openapi))
+	at := func(v any, path ...string) any {
+		for _, p := range path {
+			m, _ := v.(map[string]any)
+			v = m[p]
+		}
+		return v
+	}
+	put := at(openapi, "paths", "/api/v1/policies/{effect_type}", "put")
+	limit := []string{"content", "application/json", "schema", "properties", "dimension_limits",
+		"additionalProperties"}
+	sent, _ := at(put, append([]string{"requestBody"}, limit...)...).(map[string]any)
+	answered, _ := at(put, append([]string{"responses", "200"}, limit...)...).(map[string]any)
+	require.NotNil(t, sent, "the document states a PUT's limit: %s", doc)
+	require.Equal(t, false, sent["additionalProperties"], "an unknown field is refused")
+	require.Equal(t, answered["properties"], sent["properties"], "the same fields, with the same bounds")
+	require.Nil(t, sent["required"], "a PUT's limit may leave either field out")
+	require.EqualValues(t, 1, sent["minProperties"], "but not both")
+	for _, field := range []string{"daily_micros", "daily_count"} {
+		require.Contains(t, answered["properties"], field)
+	}
+	require.Equal(t, []string{"dimension_limits.r"}, validationFields(t, b.env.Do("PUT",
+		"/api/v1/policies/tags.limit.empty", b.ws.Key, map[string]any{"dimension_limits": map[string]any{"r": map[string]any{}}})),
+		"an empty limit is refused, as minProperties says")
 }

@@ -66,8 +66,22 @@ func ValidEffectType(s string) bool { return effectTypeRe.MatchString(s) }
 
 // DimensionLimit is one per-counterparty ceiling per UTC day.
 type DimensionLimit struct {
-	DailyMicros *int64 `json:"daily_micros"`
-	DailyCount  *int64 `json:"daily_count"`
+	DailyMicros *int64 `json:"daily_micros" openapi:"min=0,max=1000000000000000000"`
+	DailyCount  *int64 `json:"daily_count" openapi:"min=1"`
+}
+
+// DimensionLimitInput is one dimension's limit as a PUT sends it, kept as
+// written: decodeDimensionLimit reads it strictly and names each problem at
+// its own path (dimension_limits.<name>.daily_microz). The OpenAPI document
+// states it as a DimensionLimit either of whose fields may be left out
+// (lib/httpapi), not as any value (contract QA: a client generated from the
+// document could not tell what a limit is).
+type DimensionLimitInput json.RawMessage
+
+// UnmarshalJSON keeps the limit's bytes, as json.RawMessage does.
+func (d *DimensionLimitInput) UnmarshalJSON(b []byte) error {
+	*d = append((*d)[:0], b...)
+	return nil
 }
 
 // Policy is an effect type's policy. An unconfigured type reads as the safe
@@ -103,24 +117,24 @@ type Policy struct {
 // PutPolicyRequest is the body of PUT /api/v1/policies/{effect_type}: omitted
 // fields keep their value, null clears a nullable field.
 type PutPolicyRequest struct {
-	ExpectedVersion            *int64                                     `json:"expected_version,omitempty"`
-	Mode                       jsonx.Optional[string]                     `json:"mode" openapi:"enum=allow|require_approval|deny,notNull"`
-	OnIndeterminate            jsonx.Optional[string]                     `json:"on_indeterminate" openapi:"enum=block|retry|probe,notNull"`
-	LeaseSeconds               jsonx.Optional[int]                        `json:"lease_seconds" openapi:"min=5,max=3600,notNull"`
-	MaxAttempts                jsonx.Optional[int]                        `json:"max_attempts" openapi:"min=1,max=50,notNull"`
-	MaxCostMicros              jsonx.Optional[int64]                      `json:"max_cost_micros" openapi:"min=0,max=1000000000000000000"`
-	ApprovalAboveMicros        jsonx.Optional[int64]                      `json:"approval_above_micros" openapi:"min=0,max=1000000000000000000"`
-	DailyBudgetMicros          jsonx.Optional[int64]                      `json:"daily_budget_micros" openapi:"min=0,max=1000000000000000000"`
-	ReconcileEveryHours        jsonx.Optional[int]                        `json:"reconcile_every_hours" openapi:"min=1,max=8760"`
-	RequireCost                jsonx.Optional[bool]                       `json:"require_cost" openapi:"notNull"`
-	RequiredDimensions         jsonx.Optional[[]string]                   `json:"required_dimensions" openapi:"maxItems=8,itemPattern=^[A-Za-z0-9][A-Za-z0-9._-]*$,itemMaxLength=64,uniqueItems"`
-	DimensionLimits            jsonx.Optional[map[string]json.RawMessage] `json:"dimension_limits" openapi:"maxProperties=8,keyPattern=^[A-Za-z0-9][A-Za-z0-9._-]*$,keyMaxLength=64"`
-	StructuringThresholdMicros jsonx.Optional[int64]                      `json:"structuring_threshold_micros" openapi:"min=0,max=1000000000000000000"`
-	SurgePerHour               jsonx.Optional[int]                        `json:"surge_per_hour" openapi:"min=1,max=1000000000"`
-	SurgeMultiplier            jsonx.Optional[int]                        `json:"surge_multiplier" openapi:"min=2,max=1000"`
-	SurgeAction                jsonx.Optional[string]                     `json:"surge_action" openapi:"enum=monitor|require_approval|deny,notNull"`
-	SurgeCooldownSeconds       jsonx.Optional[int]                        `json:"surge_cooldown_seconds" openapi:"min=60,max=86400,notNull"`
-	RetentionDays              jsonx.Optional[int]                        `json:"retention_days" openapi:"min=1,max=400,notNull"`
+	ExpectedVersion            *int64                                         `json:"expected_version,omitempty"`
+	Mode                       jsonx.Optional[string]                         `json:"mode" openapi:"enum=allow|require_approval|deny,notNull"`
+	OnIndeterminate            jsonx.Optional[string]                         `json:"on_indeterminate" openapi:"enum=block|retry|probe,notNull"`
+	LeaseSeconds               jsonx.Optional[int]                            `json:"lease_seconds" openapi:"min=5,max=3600,notNull"`
+	MaxAttempts                jsonx.Optional[int]                            `json:"max_attempts" openapi:"min=1,max=50,notNull"`
+	MaxCostMicros              jsonx.Optional[int64]                          `json:"max_cost_micros" openapi:"min=0,max=1000000000000000000"`
+	ApprovalAboveMicros        jsonx.Optional[int64]                          `json:"approval_above_micros" openapi:"min=0,max=1000000000000000000"`
+	DailyBudgetMicros          jsonx.Optional[int64]                          `json:"daily_budget_micros" openapi:"min=0,max=1000000000000000000"`
+	ReconcileEveryHours        jsonx.Optional[int]                            `json:"reconcile_every_hours" openapi:"min=1,max=8760"`
+	RequireCost                jsonx.Optional[bool]                           `json:"require_cost" openapi:"notNull"`
+	RequiredDimensions         jsonx.Optional[[]string]                       `json:"required_dimensions" openapi:"maxItems=8,itemPattern=^[A-Za-z0-9][A-Za-z0-9._-]*$,itemMaxLength=64,uniqueItems"`
+	DimensionLimits            jsonx.Optional[map[string]DimensionLimitInput] `json:"dimension_limits" openapi:"maxProperties=8,keyPattern=^[A-Za-z0-9][A-Za-z0-9._-]*$,keyMaxLength=64"`
+	StructuringThresholdMicros jsonx.Optional[int64]                          `json:"structuring_threshold_micros" openapi:"min=0,max=1000000000000000000"`
+	SurgePerHour               jsonx.Optional[int]                            `json:"surge_per_hour" openapi:"min=1,max=1000000000"`
+	SurgeMultiplier            jsonx.Optional[int]                            `json:"surge_multiplier" openapi:"min=2,max=1000"`
+	SurgeAction                jsonx.Optional[string]                         `json:"surge_action" openapi:"enum=monitor|require_approval|deny,notNull"`
+	SurgeCooldownSeconds       jsonx.Optional[int]                            `json:"surge_cooldown_seconds" openapi:"min=60,max=86400,notNull"`
+	RetentionDays              jsonx.Optional[int]                            `json:"retention_days" openapi:"min=1,max=400,notNull"`
 }
 
 // required sets a non-nullable field: null is refused, omitted keeps.
@@ -160,7 +174,7 @@ func (r *PutPolicyRequest) merge(p *Policy) error {
 	if r.DimensionLimits.Set {
 		p.DimensionLimits = map[string]DimensionLimit{}
 		for _, name := range sortedKeys(r.DimensionLimits.Value) {
-			lim, sub, err := decodeDimensionLimit(r.DimensionLimits.Value[name])
+			lim, sub, err := decodeDimensionLimit(json.RawMessage(r.DimensionLimits.Value[name]))
 			if err != nil {
 				pr.Add("dimension_limits."+name+sub, "%s", err.Error())
 				continue

@@ -378,8 +378,9 @@ func requestSchemaOf(v any) any { return schemaFor(reflect.TypeOf(v), relaxRequi
 
 func schemaFor(t reflect.Type, adjust func(reflect.Type, *jsonschema.Schema)) any {
 	opts := &jsonschema.ForOptions{IgnoreInvalidTypes: true, TypeSchemas: map[reflect.Type]*jsonschema.Schema{
-		reflect.TypeFor[time.Time]():       {Type: "string", Format: "date-time"},
-		reflect.TypeFor[json.RawMessage](): {},
+		reflect.TypeFor[time.Time]():                {Type: "string", Format: "date-time"},
+		reflect.TypeFor[json.RawMessage]():          {},
+		reflect.TypeFor[gate.DimensionLimitInput](): dimensionLimitInputSchema(),
 	}}
 	collectOptionals(t, opts.TypeSchemas, map[reflect.Type]bool{})
 	s, err := jsonschema.ForType(t, opts)
@@ -395,6 +396,23 @@ func schemaFor(t reflect.Type, adjust func(reflect.Type, *jsonschema.Schema)) an
 	b, _ := json.Marshal(s)
 	_ = json.Unmarshal(b, &out)
 	return out
+}
+
+// dimensionLimitInputSchema states a policy PUT's limit, which its handler
+// reads raw (gate.DimensionLimitInput), as the limit it is: a policy's
+// gate.DimensionLimit with its bounds, either field of which may be left out
+// but not both (a limit that sets neither is refused too: the schema says
+// less than the handler checks, never more).
+func dimensionLimitInputSchema() *jsonschema.Schema {
+	t := reflect.TypeFor[gate.DimensionLimit]()
+	s, err := jsonschema.ForType(t, &jsonschema.ForOptions{IgnoreInvalidTypes: true})
+	if err != nil {
+		panic(fmt.Sprintf("openapi: dimension limit: %v", err))
+	}
+	schematags.Constrain(t, s)
+	one := 1
+	s.Required, s.MinProperties = nil, &one
+	return s
 }
 
 // collectOptionals registers a schema for each jsonx.Optional[T] reachable
