@@ -99,10 +99,13 @@ type Group struct {
 // with compensation.payload, idempotency_key suggested_idempotency_key and
 // compensates_effect_id, then report as usual.
 type PlanItem struct {
-	EffectID                string          `json:"effect_id"`
-	Compensation            json.RawMessage `json:"compensation"`
-	SuggestedIdempotencyKey string          `json:"suggested_idempotency_key"`
-	CompensatesEffectID     string          `json:"compensates_effect_id"`
+	EffectID string `json:"effect_id"`
+	// Compensation is the one the step declared, as its begin stored it
+	// ({effect_type, payload}): typed, so the OpenAPI document states it
+	// (contract QA: it read as any value).
+	Compensation            Compensation `json:"compensation"`
+	SuggestedIdempotencyKey string       `json:"suggested_idempotency_key"`
+	CompensatesEffectID     string       `json:"compensates_effect_id"`
 	// The compensating effect already begun for this step, if any, and its state.
 	CompensationEffectID *string `json:"compensation_effect_id"`
 	CompensationState    *string `json:"compensation_state"`
@@ -464,9 +467,13 @@ func (s *Service) settleLocked(ctx context.Context, tx pgx.Tx, g Group, now time
 		return out, nil
 	}
 	for _, e := range r.plan {
-		comp, err := s.openJSON(e.step.id, "compensation", e.step.compensation)
+		doc, err := s.openJSON(e.step.id, "compensation", e.step.compensation)
 		if err != nil {
 			return Unwind{}, err
+		}
+		var comp Compensation // as begin stored it: json.Marshal of a Compensation
+		if err := json.Unmarshal(doc, &comp); err != nil {
+			return Unwind{}, fmt.Errorf("settle group: compensation of %s: %w", e.step.id, err)
 		}
 		item := PlanItem{EffectID: e.step.id, Compensation: comp,
 			SuggestedIdempotencyKey: CompensationKeyPrefix + e.step.id, CompensatesEffectID: e.step.id}

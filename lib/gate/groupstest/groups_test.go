@@ -2,6 +2,7 @@ package groupstest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
@@ -13,6 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/gate"
+	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/ids"
 )
 
@@ -994,4 +997,42 @@ func TestAnApprovalOfARolledBackStepCannotBeGiven(t *testing.T) {
 	require.Equal(t, "unwound", f.unwind(g)["state"])
 	errCode(t, f.do("POST", "/api/v1/approvals/"+other+"/approve", map[string]any{}),
 		http.StatusConflict, "group_unwinding")
+}
+
+// A plan item's compensation is stated in the OpenAPI document as what it
+// is, the {effect_type, payload} a step declared (contract QA: the document
+// said any value, so a client generated from it could not read the effect
+// type to begin), and a compensation declared without a payload is
+// answered with "payload": null, as the document requires.
+func TestAPlanItemsCompensationIsTyped(t *testing.T) {
+	t.Parallel()
+	doc, err := json.Marshal(httpapi.OpenAPI())
+	require.NoError(t, err)
+	var openapi map[string]any
+	require.NoError(t, json.Unmarshal(doc, &openapi))
+	at := func(v any, path ...string) any {
+		for _, p := range path {
+			m, _ := v.(map[string]any)
+			v = m[p]
+		}
+		return v
+	}
+	for _, action := range []string{"unwind", "commit"} {
+		comp, _ := at(openapi, "paths", "/api/v1/groups/{id}/"+action, "post", "responses", "200", "content",
+			"application/json", "schema", "properties", "plan", "items", "properties", "compensation").(map[string]any)
+		require.NotNil(t, comp, "%s: the plan states its compensation as an object", action)
+		require.ElementsMatch(t, []any{"effect_type", "payload"}, comp["required"], action)
+		require.Equal(t, gate.EffectTypePattern, at(comp, "properties", "effect_type", "pattern"), action)
+	}
+
+	f := setup(t)
+	g := f.group()
+	d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", map[string]any{"effect_type": "payment.charge",
+		"idempotency_key": "charge:" + ids.Random(6), "cost_micros": 1000, "group_id": g,
+		"compensation": map[string]any{"effect_type": "payment.void"}})
+	f.report(d["effect_id"].(string), d["lease_token"].(string), "succeeded")
+	item := f.unwind(g)["plan"].([]any)[0].(map[string]any)
+	require.Equal(t, map[string]any{"effect_type": "payment.void", "payload": nil}, item["compensation"])
+	f.compensate(item, "succeeded")
+	require.Equal(t, "unwound", f.state(g))
 }
