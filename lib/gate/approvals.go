@@ -26,15 +26,15 @@ type Approval struct {
 	ID         string     `json:"id"`
 	EffectID   string     `json:"effect_id"`
 	EffectType string     `json:"effect_type"`
-	State      string     `json:"state"`
-	Reason     string     `json:"reason"`
+	State      string     `json:"state" openapi:"enum=pending|approved|rejected"`
+	Reason     string     `json:"reason" openapi:"enum=policy_requires_approval|circuit_open|cost_at_or_above_threshold"`
 	CreatedAt  time.Time  `json:"created_at"`
 	DecidedAt  *time.Time `json:"decided_at"`
 	Note       *string    `json:"note"`
 	// Answers, once approved, is every reason the approval answers: the
 	// one it was asked for and every other that held as it was given
 	// (null while pending, and for a rejection).
-	Answers []string `json:"answers"`
+	Answers []string `json:"answers" openapi:"itemEnum=policy_requires_approval|circuit_open|cost_at_or_above_threshold"`
 }
 
 // DecideRequest is the body of approve and reject.

@@ -47,9 +47,9 @@ const maxReasonRunes = 500
 // field is always present, null where not applicable.
 type Circuit struct {
 	EffectType           string     `json:"effect_type"`
-	State                string     `json:"state"`
-	OpenedBy             *string    `json:"opened_by"`
-	Action               *string    `json:"action"`
+	State                string     `json:"state" openapi:"enum=closed|open"`
+	OpenedBy             *string    `json:"opened_by" openapi:"enum=surge|manual|stop"`
+	Action               *string    `json:"action" openapi:"enum=monitor|require_approval|deny"`
 	Reason               *string    `json:"reason"`
 	VolumeLastHour       int64      `json:"volume_last_hour"`
 	BaselineMedianHourly *float64   `json:"baseline_median_hourly"`

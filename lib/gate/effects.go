@@ -22,7 +22,7 @@ const resolveNoteReconciliation = "reconciliation"
 // Attempt is one execute grant and what became of it.
 type Attempt struct {
 	Attempt         int        `json:"attempt"`
-	Outcome         *string    `json:"outcome"`
+	Outcome         *string    `json:"outcome" openapi:"enum=succeeded|failed|indeterminate"`
 	Probe           bool       `json:"probe"`
 	StartedAt       time.Time  `json:"started_at"`
 	LeaseExpiresAt  time.Time  `json:"lease_expires_at"`
@@ -53,7 +53,7 @@ type Effect struct {
 	RunID               *string         `json:"run_id"`
 	GroupID             *string         `json:"group_id"`
 	CompensatesEffectID *string         `json:"compensates_effect_id"`
-	DenialCode          *string         `json:"denial_code"`
+	DenialCode          *string         `json:"denial_code" openapi:"enum=policy_denied|budget_exceeded|cost_ceiling_exceeded|run_budget_exceeded|key_budget_exceeded|dimension_limit_exceeded|max_attempts_exceeded|approval_rejected|circuit_open"`
 	ApprovalID          *string         `json:"approval_id"`
 	LeaseExpiresAt      *time.Time      `json:"lease_expires_at"`
 	CreatedAt           time.Time       `json:"created_at"`

@@ -72,7 +72,7 @@ type GroupStep struct {
 	EffectID            string  `json:"effect_id"`
 	EffectType          string  `json:"effect_type"`
 	IdempotencyKey      string  `json:"idempotency_key"`
-	State               string  `json:"state"`
+	State               string  `json:"state" openapi:"enum=leased|succeeded|failed|indeterminate|awaiting_approval|denied"`
 	HasCompensation     bool    `json:"has_compensation"`
 	CompensatesEffectID *string `json:"compensates_effect_id"`
 }
@@ -81,7 +81,7 @@ type GroupStep struct {
 type Group struct {
 	ID              string     `json:"id"`
 	Name            string     `json:"name"`
-	State           string     `json:"state"`
+	State           string     `json:"state" openapi:"enum=open|committed|unwinding|unwound|unwind_failed"`
 	CreatedAt       time.Time  `json:"created_at"`
 	UpdatedAt       time.Time  `json:"updated_at"`
 	CommittedAt     *time.Time `json:"committed_at"`
@@ -108,13 +108,13 @@ type PlanItem struct {
 	CompensatesEffectID     string       `json:"compensates_effect_id"`
 	// The compensating effect already begun for this step, if any, and its state.
 	CompensationEffectID *string `json:"compensation_effect_id"`
-	CompensationState    *string `json:"compensation_state"`
+	CompensationState    *string `json:"compensation_state" openapi:"enum=leased|succeeded|failed|indeterminate|awaiting_approval|denied"`
 }
 
 // Unwind is the answer of POST /api/v1/groups/{id}/unwind.
 type Unwind struct {
 	GroupID string     `json:"group_id"`
-	State   string     `json:"state"`
+	State   string     `json:"state" openapi:"enum=open|committed|unwinding|unwound|unwind_failed"`
 	Plan    []PlanItem `json:"plan"`
 	// Effects whose outcome is unknown (a live lease, or indeterminate): the
 	// plan stops where the first of them would come, until each is verified

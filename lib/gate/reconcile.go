@@ -65,12 +65,12 @@ type ReconcileRequest struct {
 type ReconcileItem struct {
 	IdempotencyKey      string  `json:"idempotency_key"`
 	EffectID            *string `json:"effect_id"`
-	RatchetState        *string `json:"ratchet_state"`
-	VendorStatus        *string `json:"vendor_status"`
+	RatchetState        *string `json:"ratchet_state" openapi:"enum=leased|succeeded|failed|indeterminate|awaiting_approval|denied"`
+	VendorStatus        *string `json:"vendor_status" openapi:"enum=succeeded|refunded|failed|pending"`
 	RatchetAmountMicros *int64  `json:"ratchet_amount_micros"`
 	VendorAmountMicros  *int64  `json:"vendor_amount_micros"`
 	// For resolved items: the outcome recorded from the vendor's record.
-	Outcome *string `json:"outcome,omitempty"`
+	Outcome *string `json:"outcome,omitempty" openapi:"enum=succeeded|failed"`
 }
 
 // ReconcileCounts has the length of each list.

@@ -18,7 +18,7 @@ type Structuring struct {
 	// max_cost_micros, else null (then only declarations are counted).
 	ThresholdMicros *int64 `json:"threshold_micros"`
 	// ThresholdFrom names the policy field the line comes from.
-	ThresholdFrom *string             `json:"threshold_from"`
+	ThresholdFrom *string             `json:"threshold_from" openapi:"enum=structuring_threshold_micros|max_cost_micros"`
 	AsOf          time.Time           `json:"as_of"`
 	Windows       []StructuringWindow `json:"windows"`
 }

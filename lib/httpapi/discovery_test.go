@@ -618,3 +618,101 @@ func TestOpenAPIStatesBoundsAndEnumerations(t *testing.T) {
 	require.NotContains(t, required, "message")
 	require.Contains(t, errSchema["properties"], "message")
 }
+
+// An answer's fields that take one of a named set of values (API.md: a
+// circuit's state, opened_by and action, an approval's state, a group's
+// states, an attempt's outcome, a denial's code, ...) state that set in the
+// document, as a decision and an effect's state do (contract QA: only
+// those two and the emergency stop's read did, so a client generated from
+// the document read a circuit's state or an approval's as any string). A
+// nullable one lists null too. lib/apitest holds every answer to them.
+func TestOpenAPIAnswersStateTheirValues(t *testing.T) {
+	t.Parallel()
+	b, err := json.Marshal(httpapi.OpenAPI())
+	require.NoError(t, err)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal(b, &doc))
+	at := func(v any, path ...string) any {
+		for _, p := range path {
+			m, _ := v.(map[string]any)
+			v = m[p]
+		}
+		return v
+	}
+	answer := func(path, method, status string) any {
+		return at(doc, "paths", path, method, "responses", status, "content", "application/json", "schema")
+	}
+	field := func(schema any, path ...string) []any {
+		t.Helper()
+		var walk []string
+		for _, p := range path {
+			if p == "[]" {
+				walk = append(walk, "items")
+			} else {
+				walk = append(walk, "properties", p)
+			}
+		}
+		f, _ := at(schema, walk...).(map[string]any)
+		require.NotNil(t, f, "%v", path)
+		if items, ok := f["items"].(map[string]any); ok && f["enum"] == nil {
+			f = items // a list's values
+		}
+		values, _ := f["enum"].([]any)
+		return values
+	}
+	list := func(vs ...any) []any { return vs }
+	effectStates := list("leased", "succeeded", "failed", "indeterminate", "awaiting_approval", "denied")
+	actions := list("monitor", "require_approval", "deny")
+	reasons := list("policy_requires_approval", "circuit_open", "cost_at_or_above_threshold")
+	groupStates := list("open", "committed", "unwinding", "unwound", "unwind_failed")
+	var eventTypes []any
+	for _, typ := range events.Types {
+		eventTypes = append(eventTypes, typ)
+	}
+	var scopes []any
+	for _, s := range at(doc, "paths", "/api/v1/keys", "post", "requestBody", "content", "application/json", "schema",
+		"properties", "scopes", "items", "enum").([]any) {
+		scopes = append(scopes, s)
+	}
+	require.NotEmpty(t, scopes)
+
+	circuit := answer("/api/v1/circuits/{effect_type}/open", "post", "200")
+	require.Equal(t, list("closed", "open"), field(circuit, "state"))
+	require.Equal(t, list("surge", "manual", "stop", nil), field(circuit, "opened_by"))
+	require.Equal(t, append(actions, nil), field(circuit, "action"))
+	require.Equal(t, list("closed", "open"), field(answer("/api/v1/circuits", "get", "200"), "data", "[]", "state"))
+
+	approval := answer("/api/v1/approvals/{id}", "get", "200")
+	require.Equal(t, list("pending", "approved", "rejected"), field(approval, "state"))
+	require.Equal(t, reasons, field(approval, "reason"))
+	require.Equal(t, reasons, field(approval, "answers"))
+
+	effect := answer("/api/v1/effects/{id}", "get", "200")
+	require.Equal(t, list("succeeded", "failed", "indeterminate", nil), field(effect, "attempts", "[]", "outcome"))
+	require.Equal(t, list("policy_denied", "budget_exceeded", "cost_ceiling_exceeded", "run_budget_exceeded",
+		"key_budget_exceeded", "dimension_limit_exceeded", "max_attempts_exceeded", "approval_rejected",
+		"circuit_open", nil), field(effect, "denial_code"))
+
+	group := answer("/api/v1/groups/{id}", "get", "200")
+	require.Equal(t, groupStates, field(group, "state"))
+	require.Equal(t, effectStates, field(group, "steps", "[]", "state"))
+	unwind := answer("/api/v1/groups/{id}/unwind", "post", "200")
+	require.Equal(t, groupStates, field(unwind, "state"))
+	require.Equal(t, append(effectStates, nil), field(unwind, "plan", "[]", "compensation_state"))
+
+	reconciled := answer("/api/v1/reconcile", "post", "200")
+	require.Equal(t, append(effectStates, nil), field(reconciled, "resolved", "[]", "ratchet_state"))
+	require.Equal(t, list("succeeded", "refunded", "failed", "pending", nil), field(reconciled, "resolved", "[]", "vendor_status"))
+	require.Equal(t, list("succeeded", "failed", nil), field(reconciled, "resolved", "[]", "outcome"))
+
+	require.Equal(t, list("structuring_threshold_micros", "max_cost_micros", nil),
+		field(answer("/api/v1/policies/{effect_type}/structuring", "get", "200"), "threshold_from"))
+
+	require.Equal(t, eventTypes, field(answer("/api/v1/webhooks/{id}", "get", "200"), "events"))
+	deliveries := answer("/api/v1/webhooks/{id}/deliveries", "get", "200")
+	require.Equal(t, list("pending", "delivered", "failed"), field(deliveries, "data", "[]", "state"))
+	require.Equal(t, eventTypes, field(deliveries, "data", "[]", "event_type"))
+
+	require.Equal(t, scopes, field(answer("/api/v1/keys/current", "get", "200"), "scopes"))
+	require.Equal(t, scopes, field(answer("/api/v1/workspaces", "post", "201"), "key", "scopes"))
+}

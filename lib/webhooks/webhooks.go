@@ -29,7 +29,7 @@ import (
 type Webhook struct {
 	ID        string    `json:"id"`
 	URL       string    `json:"url"`
-	Events    []string  `json:"events"`
+	Events    []string  `json:"events" openapi:"itemEnum=effect.indeterminate|circuit.tripped|circuit.closed|approval.requested|approval.decided|reconciliation.due|run.finished|step.exhausted|step.replayed"`
 	CreatedAt time.Time `json:"created_at"`
 	// PreviousSecretExpiresAt is when the secret a rotation replaced stops
 	// signing deliveries beside the current one (RotateSecret); null when
@@ -47,8 +47,8 @@ type NewWebhook struct {
 type Delivery struct {
 	ID             string     `json:"id"`
 	EventID        string     `json:"event_id"`
-	EventType      string     `json:"event_type"`
-	State          string     `json:"state"`
+	EventType      string     `json:"event_type" openapi:"enum=effect.indeterminate|circuit.tripped|circuit.closed|approval.requested|approval.decided|reconciliation.due|run.finished|step.exhausted|step.replayed"`
+	State          string     `json:"state" openapi:"enum=pending|delivered|failed"`
 	Attempts       int        `json:"attempts"`
 	LastStatusCode *int       `json:"last_status_code"`
 	LastError      *string    `json:"last_error"`
