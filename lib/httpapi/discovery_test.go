@@ -3,12 +3,14 @@ package httpapi_test
 import (
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -715,4 +717,43 @@ func TestOpenAPIAnswersStateTheirValues(t *testing.T) {
 
 	require.Equal(t, scopes, field(answer("/api/v1/keys/current", "get", "200"), "scopes"))
 	require.Equal(t, scopes, field(answer("/api/v1/workspaces", "post", "201"), "key", "scopes"))
+}
+
+// Every field an error's detail may carry is documented in the Error
+// schema, so a client reading the document knows it (contract QA: a group's
+// commit after its unwind answered detail.committed_at, and a webhook's
+// rotation detail.previous_secret_expires_at, which README names and the
+// document did not). The fields are found where they are set: each
+// WithDetail("…") and Detail["…"] = of the source.
+func TestEveryErrorDetailIsDocumented(t *testing.T) {
+	t.Parallel()
+	b, err := json.Marshal(httpapi.OpenAPI())
+	require.NoError(t, err)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal(b, &doc))
+	documented := doc["components"].(map[string]any)["schemas"].(map[string]any)["Error"].(map[string]any)["properties"].(map[string]any)["error"].(map[string]any)["properties"].(map[string]any)["detail"].(map[string]any)["properties"].(map[string]any)
+
+	set := regexp.MustCompile(`WithDetail\("([A-Za-z_]+)"|Detail\["([A-Za-z_]+)"\] =`)
+	found := map[string]string{}
+	require.NoError(t, filepath.WalkDir("..", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return err
+		}
+		src, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		for _, m := range set.FindAllStringSubmatch(string(src), -1) {
+			found[m[1]+m[2]] = p
+		}
+		return nil
+	}))
+	require.Greater(t, len(found), 20, "the scan finds the detail fields")
+	missing := map[string]string{}
+	for field, where := range found {
+		if _, ok := documented[field]; !ok {
+			missing[field] = where
+		}
+	}
+	require.Empty(t, missing, "detail fields set (where) but not documented")
 }

@@ -168,6 +168,12 @@ func errorDetailSchema() map[string]any {
 			"unresolved": map[string]any{"type": "array", "items": map[string]any{"type": "string"},
 				"description": "invalid_state (an unwind): the effects with unknown outcomes the rollback waits for."},
 			"compensating_effect_id": str("invalid_state (a compensation begun again): the step's compensating effect."),
+			"committed_at": map[string]any{"type": "string", "format": "date-time", "description": "invalid_state " +
+				"(a commit of a group whose unwind began since it was committed): when it was committed, so a " +
+				"retried commit learns the first one landed."},
+			"previous_secret_expires_at": map[string]any{"type": "string", "format": "date-time", "description": "invalid_state " +
+				"(a webhook's rotate-secret while a previous secret still signs): when that secret stops signing; " +
+				"send replace_previous: true to stop it at once."},
 		},
 	}
 }
