@@ -19,7 +19,7 @@ import (
 )
 
 // Version is this SDK's version, sent in the User-Agent header.
-const Version = "0.4.11"
+const Version = "0.4.12"
 
 // DefaultBaseURL is the hosted service.
 const DefaultBaseURL = "https://getratchet.app"

@@ -138,15 +138,12 @@ func (c *Client) Begin(ctx context.Context, req BeginRequest) (*BeginResponse, e
 		req.RequestID = newRequestID()
 	}
 	var out BeginResponse
-	err := c.do(ctx, "POST", "/effects/begin", req, &out, idempotent) // the same body, request id included, each retry
-	if unknownField(err, "request_id") {
-		// A server from before request_id (an instance of the previous
-		// release during a deploy) refuses it and changed nothing: ask
-		// without it.
-		req.RequestID = ""
-		out = BeginResponse{}
-		err = c.do(ctx, "POST", "/effects/begin", req, &out, idempotent)
-	}
+	// The same body, request id included, each retry. Every supported
+	// server takes request_id (since migration 0028): a begin is never sent
+	// without it, which would cost a lost answer its lease (sdk QA: the
+	// fallback for a server without the field asked again without it, and
+	// the Python and TypeScript SDKs never did).
+	err := c.do(ctx, "POST", "/effects/begin", req, &out, idempotent)
 	if err == nil {
 		return &out, nil
 	}
@@ -274,15 +271,4 @@ func newRequestID() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b) // never fails (crypto/rand)
 	return hex.EncodeToString(b)
-}
-
-// unknownField says whether err is a 400 refusing field as one the server
-// does not know (a server older than the field).
-func unknownField(err error, field string) bool {
-	var e *Error
-	if !errors.As(err, &e) || e.Code != CodeInvalidRequest {
-		return false
-	}
-	v := e.Validation()
-	return len(v) == 1 && v[0].Field == field && v[0].Message == "is not a known field"
 }

@@ -92,15 +92,10 @@ func (c *Client) ClaimKeyed(ctx context.Context, workerID, claimID string, limit
 	}
 	path := "/workers/" + pathID(workerID) + "/claim"
 	body := claimBody{Limit: limit, WaitSeconds: waitSeconds, ClaimID: claimID}
-	err := c.do(ctx, "POST", path, body, &out, idempotent) // the same claim id each retry
-	if unknownField(err, "claimId") {
-		// A server from before claimId (an instance of the previous
-		// release during a deploy) refuses it and leased nothing: claim
-		// without it.
-		body.ClaimID = ""
-		out.Jobs = nil
-		err = c.do(ctx, "POST", path, body, &out, idempotent)
-	}
+	// The same claim id each retry. Every supported server takes claimId
+	// (since migration 0042): a claim is never sent without it, as in the
+	// Python and TypeScript SDKs.
+	err := c.do(ctx, "POST", path, body, &out, idempotent)
 	if err != nil {
 		return nil, err
 	}
