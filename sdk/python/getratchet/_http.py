@@ -26,7 +26,7 @@ except ImportError:  # a Python built without OpenSSL still speaks plain http
 from .errors import (DATABASE_UNAVAILABLE, REQUEST_TIMEOUT, RETRY_REQUEST, ConnectionLost,
                      RatchetError)
 
-VERSION = "0.2.5"
+VERSION = "0.2.6"
 DEFAULT_BASE_URL = "https://getratchet.app"
 
 # Capped exponential backoff with equal jitter, as the Go SDK's.

@@ -467,9 +467,10 @@ class Ratchet:
                 return leased
             if decision == "duplicate":
                 recorded = answer.get("result")
-                if isinstance(recorded, dict) and recorded.get("ratchet") == _PLACEHOLDER_MARK:
+                reason = _placeholder_reason(recorded)
+                if reason is not None:
                     # The attempt that acted could not record its result.
-                    raise ResultNotStored(effect_id, str(recorded.get("reason", "")), None)
+                    raise ResultNotStored(effect_id, reason, None)
                 return EffectOutcome(effect_id, answer.get("attempt", 0), recorded, True)
             if decision == "in_flight":
                 pause = min(wait, max(answer.get("retry_after_seconds") or 1, 1))
@@ -1051,14 +1052,27 @@ def _unsendable_result(result: Any) -> Optional[str]:
 
 def _unrecordable_result(err: RatchetError) -> Optional[str]:
     """Why a success's result cannot be recorded (its size, or a field
-    under result the gate refused), or None for other refusals."""
+    under result the gate refused: "invalid_request at <field>", the
+    reason the Go and TypeScript SDKs record), or None for other refusals."""
     if err.code == PAYLOAD_TOO_LARGE:
         return PAYLOAD_TOO_LARGE
     if err.code == INVALID_REQUEST:
         for item in err.validation:
             field = str(item.get("field", "")) if isinstance(item, dict) else ""
             if field == "result" or field.startswith("result."):
-                return field
+                return f"{INVALID_REQUEST} at {field}"
+    return None
+
+
+def _placeholder_reason(recorded: Any) -> Optional[str]:
+    """Why a recorded result is the placeholder one a success whose result
+    could not be kept was recorded with, or None when it is a result: the
+    placeholder is exactly {"ratchet": "result_not_recorded", "reason": str},
+    as the Go and TypeScript SDKs read it (an action's own result that
+    merely has such a field is returned)."""
+    if (isinstance(recorded, dict) and set(recorded) == {"ratchet", "reason"}
+            and recorded["ratchet"] == _PLACEHOLDER_MARK and isinstance(recorded["reason"], str)):
+        return recorded["reason"]
     return None
 
 

@@ -1504,6 +1504,47 @@ class GateLeaseTest(unittest.TestCase):
                          [("succeeded", {"ratchet": "result_not_recorded", "reason": "result_not_json"})])
         self.assertEqual(sent, ["email"])
 
+    def test_a_result_refused_at_a_field_is_recorded_with_the_placeholder_go_records(self) -> None:
+        # The gate refuses a field under result (a NUL in a string, say):
+        # the success is recorded with the placeholder whose reason names
+        # the code and the field, as the Go and TypeScript SDKs record it
+        # (it named the field alone, so one key's placeholder read
+        # differently by which SDK acted).
+        calls = []
+
+        def respond(method, path, body):
+            calls.append((path, body))
+            if path.endswith("/report") and body["result"].get("ratchet") != "result_not_recorded":
+                return 400, {"error": {"code": "invalid_request", "message": "bad", "detail": {
+                    "validation": [{"field": "result.note", "message": "must not contain NUL"}]}}}, {}
+            return self.leased(path) or (200, {"id": "eff_1", "state": body["outcome"]}, {})
+
+        client, _ = self.client_of(respond)
+        with self.assertRaises(getratchet.ResultNotStored) as raised:
+            client.do_effect("email.send", "k", lambda lease: {"note": "a\u0000b"}, {})
+        self.assertEqual(raised.exception.reason, "invalid_request at result.note")
+        self.assertEqual([body.get("result") for path, body in calls if path.endswith("/report")][-1],
+                         {"ratchet": "result_not_recorded", "reason": "invalid_request at result.note"})
+
+    def test_a_duplicate_whose_result_only_looks_like_the_placeholder_is_a_result(self) -> None:
+        # The placeholder is exactly {"ratchet", "reason"}, as Go reads it:
+        # an action's own result with more fields is handed back (it was
+        # raised as ResultNotStored, the result withheld).
+        mine = {"ratchet": "result_not_recorded", "reason": "mine", "id": 7}
+        placeholder = {"ratchet": "result_not_recorded", "reason": "payload_too_large"}
+
+        def duplicate(result):
+            return lambda method, path, body: (200, {"decision": "duplicate", "effect_id": "eff_1",
+                                                     "state": "succeeded", "attempt": 1, "result": result}, {})
+
+        client, _ = self.client_of(duplicate(mine))
+        outcome = client.do_effect("email.send", "k", lambda lease: self.fail("acted"), {})
+        self.assertEqual((outcome.duplicate, outcome.result), (True, mine))
+        client, _ = self.client_of(duplicate(placeholder))
+        with self.assertRaises(getratchet.ResultNotStored) as raised:
+            client.do_effect("email.send", "k", lambda lease: self.fail("acted"), {})
+        self.assertEqual(raised.exception.reason, "payload_too_large")
+
     def test_a_report_the_server_keeps_failing_is_given_up(self) -> None:
         # Heartbeats keep the lease while every report meets a 503: the
         # call gives up after the report timeout (as Go's DoEffect) and

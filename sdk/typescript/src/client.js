@@ -534,12 +534,14 @@ export class Ratchet {
       switch (answer.decision) {
         case 'execute':
           return this.#runLeased(answer, sent + leaseMs, action, signal);
-        case 'duplicate':
-          if (answer.result?.ratchet === PLACEHOLDER_MARK) {
+        case 'duplicate': {
+          const reason = placeholderReason(answer.result);
+          if (reason !== null) {
             // The attempt that acted could not record its result.
-            throw new ResultNotStoredError(effectId, String(answer.result.reason ?? ''), undefined);
+            throw new ResultNotStoredError(effectId, reason, undefined);
           }
           return { effectId, attempt: answer.attempt, result: answer.result, duplicate: true };
+        }
         case 'in_flight': {
           // The last pause ends at the timeout, which asks once more (QA: a
           // pause that would pass it gave up at once, up to 5 s early).
@@ -715,13 +717,28 @@ function unsendableResult(result) {
   return Buffer.byteLength(json) > MAX_RESULT_BYTES ? 'payload_too_large' : null;
 }
 
+/** Why a success's result cannot be recorded (its size, or a field under
+ * result the gate refused: "invalid_request at <field>", the reason the Go
+ * and Python SDKs record), or null for other refusals. */
 function unrecordableResult(err) {
   if (err.code === 'payload_too_large') return 'payload_too_large';
   if (err.code === 'invalid_request') {
     for (const item of err.validation) {
       const field = String(item?.field ?? '');
-      if (field === 'result' || field.startsWith('result.')) return field;
+      if (field === 'result' || field.startsWith('result.')) return `invalid_request at ${field}`;
     }
   }
   return null;
+}
+
+/** Why a recorded result is the placeholder a success whose result could
+ * not be kept was recorded with, or null when it is a result: the
+ * placeholder is exactly {ratchet: 'result_not_recorded', reason: string},
+ * as the Go and Python SDKs read it (an action's own result that merely has
+ * such a field is returned). */
+function placeholderReason(recorded) {
+  if (recorded === null || typeof recorded !== 'object' || Array.isArray(recorded)) return null;
+  const keys = Object.keys(recorded);
+  if (keys.length !== 2 || recorded.ratchet !== PLACEHOLDER_MARK || typeof recorded.reason !== 'string') return null;
+  return recorded.reason;
 }

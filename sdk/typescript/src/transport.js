@@ -3,7 +3,7 @@
 import { randomBytes } from 'node:crypto';
 import { ConnectionLostError, RatchetError, markUnconfirmed } from './errors.js';
 
-export const VERSION = '0.2.5';
+export const VERSION = '0.2.6';
 export const DEFAULT_BASE_URL = 'https://getratchet.app';
 
 // Capped exponential backoff with equal jitter, as the Go SDK's.

@@ -5,7 +5,8 @@ import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { test } from 'node:test';
 import {
-  ConnectionLostError, EffectInFlightError, OutcomeNotReportedError, Ratchet, RatchetError, RetryableError, blindKey, redactMessage,
+  ConnectionLostError, EffectInFlightError, OutcomeNotReportedError, Ratchet, RatchetError, ResultNotStoredError, RetryableError, blindKey,
+  redactMessage,
 } from '../src/index.js';
 import { gateTimes } from '../src/client.js';
 import { Transport } from '../src/transport.js';
@@ -755,6 +756,43 @@ test('a report the server keeps failing is given up', async (t) => {
   const verdict = await doEffectGivingUpAfter(t, server.url, 1_000);
   assert.ok(verdict instanceof OutcomeNotReportedError, String(verdict));
   assert.deepEqual(verdict.result, { sent: true });
+});
+
+// The gate refuses a field under result (a NUL in a string, say): the
+// success is recorded with the placeholder whose reason names the code and
+// the field, as the Go and Python SDKs record it (it named the field alone,
+// so one key's placeholder read differently by which SDK acted).
+test('a result refused at a field is recorded with the placeholder Go records', async (t) => {
+  const results = [];
+  const server = await fakeServer(t, (method, path, body) => {
+    const answer = leased(path);
+    if (answer) return answer;
+    results.push(body.result);
+    if (body.result?.ratchet !== 'result_not_recorded') {
+      return [400, error('invalid_request', { validation: [{ field: 'result.note', message: 'must not contain NUL' }] })];
+    }
+    return [200, { id: 'eff_1', state: 'succeeded' }];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  await assert.rejects(client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => ({ note: 'a\u0000b' })),
+    (err) => err instanceof ResultNotStoredError && err.reason === 'invalid_request at result.note');
+  assert.deepEqual(results.at(-1), { ratchet: 'result_not_recorded', reason: 'invalid_request at result.note' });
+});
+
+// The placeholder is exactly {ratchet, reason}, as Go reads it: an action's
+// own result with more fields is handed back (it was thrown as
+// ResultNotStoredError, the result withheld).
+test('a duplicate whose result only looks like the placeholder is a result', async (t) => {
+  const duplicate = (result) => () => [200, { decision: 'duplicate', effect_id: 'eff_1', state: 'succeeded', attempt: 1, result }];
+  const mine = { ratchet: 'result_not_recorded', reason: 'mine', id: 7 };
+  let server = await fakeServer(t, duplicate(mine));
+  let client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  const outcome = await client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => assert.fail('acted'));
+  assert.deepEqual([outcome.duplicate, outcome.result], [true, mine]);
+  server = await fakeServer(t, duplicate({ ratchet: 'result_not_recorded', reason: 'payload_too_large' }));
+  client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  await assert.rejects(client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => assert.fail('acted')),
+    (err) => err instanceof ResultNotStoredError && err.reason === 'payload_too_large');
 });
 
 // A report attempt that hangs is cut at the give-up time, as Go's: it took
