@@ -512,7 +512,7 @@ func heartbeatEffect(ctx context.Context, c *Client, id, token string, expiry *l
 			return
 		}
 		if err != nil {
-			if IsCode(err, CodeLeaseExpired) || IsCode(err, CodeLeaseLost) || IsCode(err, CodeInvalidState) {
+			if effectLeaseGone(err) {
 				cancel(&effectLeaseLostError{reason: ErrorCode(err)})
 				return
 			}
@@ -522,6 +522,18 @@ func heartbeatEffect(ctx context.Context, c *Client, id, token string, expiry *l
 		expires, lastErr, tried, extended = localExpiry(hb.LeaseExpiresAt, hb.serverDate, sent), nil, false, true
 		expiry.set(expires)
 	}
+}
+
+// effectLeaseGone says whether an effect heartbeat's refusal means the
+// lease is gone for good, as the Python and TypeScript SDKs read it: a 409
+// (lease_expired, lease_lost, invalid_state: the lease lapsed, a newer
+// attempt exists, or the attempt was reported) or a 404 (the effect no
+// longer exists; sdk QA: the Go SDK alone took it for a failed heartbeat
+// and let the action run on until the lease lapsed).
+func effectLeaseGone(err error) bool {
+	var apiErr *Error
+	return errors.As(err, &apiErr) &&
+		(apiErr.StatusCode == http.StatusNotFound || apiErr.StatusCode == http.StatusConflict)
 }
 
 // later returns the later of a and b.

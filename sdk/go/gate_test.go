@@ -316,6 +316,30 @@ func TestDoEffectHeartbeatsAndStopsOnLostLease(t *testing.T) {
 	}
 }
 
+// A heartbeat answered 404 (the effect no longer exists) ends the lease at
+// once, as a 409 does and as in the Python and TypeScript SDKs: the action
+// is cancelled then, not at the lease's lapse after more heartbeats.
+func TestDoEffectStopsWhenTheEffectIsGone(t *testing.T) {
+	t.Parallel()
+	g := &fakeGate{answers: []func(http.ResponseWriter){decision(200, map[string]any{"decision": "execute",
+		"effect_id": "eff_1", "state": "leased", "attempt": 1, "lease_token": "lt_1",
+		"lease_expires_at": time.Now().Add(6 * time.Second)})}}
+	g.heartbeat = func(w http.ResponseWriter) { apiError(w, 404, CodeNotFound, nil) }
+	c, _ := testClient(t, g)
+	var cause error
+	_, err := DoEffect(context.Background(), c, beginReq, func(ctx context.Context, _ Lease) (sendResult, error) {
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		return sendResult{}, ctx.Err()
+	})
+	if !errors.Is(cause, ErrLeaseLost) || !strings.Contains(cause.Error(), CodeNotFound) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("cause %v err %v", cause, err)
+	}
+	if g.heartbeats != 1 || len(g.reports) != 0 {
+		t.Fatalf("heartbeats %d reports %v", g.heartbeats, g.reports)
+	}
+}
+
 func TestDoEffectActionPanicReportsNothing(t *testing.T) {
 	t.Parallel()
 	g := &fakeGate{answers: []func(http.ResponseWriter){execute()}}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -916,15 +917,16 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 		cause = nil
 	}
 	if errors.Is(cause, ErrLeaseLost) {
-		// After a heartbeat's lease_lost a success is reported all the
-		// same: the server records the outcome of a lapsed attempt that no
-		// claim has superseded (its job requeued, its slot taken
-		// meanwhile), which spares the job a second run; a newer claim
-		// answers lease_lost, which settles it. A failure is not: the job
-		// runs again either way. Nor is anything after another refusal (the
-		// job ended, or is gone): the server would refuse that too.
+		// After a heartbeat's lease_lost, or a lapse while heartbeats
+		// failed, a success is reported all the same: the server records
+		// the outcome of a lapsed attempt that no claim has superseded (its
+		// job requeued, its slot taken meanwhile), which spares the job a
+		// second run; a newer claim answers lease_lost, which settles it. A
+		// failure is not: the job runs again either way. Nor is anything
+		// after another refusal (the job ended, or is gone, or the key may
+		// no longer work it): the server would refuse that too.
 		var lost *jobLeaseLostError
-		if err == nil && errors.As(cause, &lost) && lost.code == CodeLeaseLost {
+		if err == nil && errors.As(cause, &lost) && lost.successWorthReporting() {
 			w.report(j, expires, JobReport{Status: ReportSucceeded, Output: out})
 		}
 		return nil
@@ -1003,9 +1005,14 @@ func (w *Worker) report(j ClaimedJob, expires time.Time, r JobReport) {
 }
 
 // heartbeat extends the lease well before it lapses until ctx ends, and
-// cancels the handler when the server asks or the lease is gone. It returns
-// when the lease, as last extended, lapses by this process's clock
-// (leaseEndFrom).
+// cancels the handler when the server asks or the lease is gone: refused
+// (see leaseGone), or its end passed by this process's clock while
+// heartbeats failed, as the Python and TypeScript workers do (sdk QA: the
+// handler ran on past the lapse, while another worker could reclaim the
+// job). Each heartbeat, with its retries, ends by the lease's end (or a
+// second from now, so one is always tried): a 429's wait or a backoff must
+// not hold the lapse unnoticed. It returns when the lease, as last
+// extended, lapses by this process's clock (leaseEndFrom).
 func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.CancelCauseFunc) time.Time {
 	end := j.leaseEnd
 	for {
@@ -1017,14 +1024,20 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 		case <-fire:
 		}
 		sent := time.Now()
-		hb, err := w.c.HeartbeatJob(ctx, j.JobID, j.LeaseToken)
+		if !sent.Before(end) {
+			cancel(&jobLeaseLostError{})
+			w.opts.OnError(fmt.Errorf("ratchet: job %s attempt %d: no heartbeat extended its lease before it lapsed", j.JobID, j.Attempt))
+			return end
+		}
+		hctx, cancelBeat := context.WithDeadline(ctx, later(end, sent.Add(minHeartbeat)))
+		hb, err := w.c.HeartbeatJob(hctx, j.JobID, j.LeaseToken)
+		cancelBeat()
 		if ctx.Err() != nil {
 			return end
 		}
 		if err != nil {
-			var apiErr *Error
-			if errors.As(err, &apiErr) && (apiErr.StatusCode == 404 || apiErr.StatusCode == 409) {
-				cancel(&jobLeaseLostError{code: apiErr.Code})
+			if leaseGone(err) {
+				cancel(&jobLeaseLostError{code: ErrorCode(err)})
 				w.opts.OnError(fmt.Errorf("ratchet: job %s attempt %d no longer holds its lease: %w", j.JobID, j.Attempt, err))
 				return end
 			}
@@ -1065,13 +1078,48 @@ func (w *Worker) heartbeatEvery(end time.Time, j ClaimedJob) time.Duration {
 	return min(max(left/3, minHeartbeat), maxHeartbeat)
 }
 
+// leaseGone says whether a job heartbeat's refusal ends the attempt for
+// good, as the Python and TypeScript workers read it: 409 (lease_lost: a
+// newer claim holds the job; invalid_state: the attempt or the job ended),
+// 404 (the job is gone) and 403 (the key may not work the job's tool: it
+// was cancelled and replayed onto a version the key does not list, and
+// its report would be refused the same; sdk QA: the Go worker alone
+// heartbeated on, every beat refused). Anything else (a 401, a 429, a 5xx,
+// a lost answer) is a heartbeat that failed: tried again until the lease's
+// end.
+func leaseGone(err error) bool {
+	var apiErr *Error
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	switch apiErr.StatusCode {
+	case http.StatusForbidden, http.StatusNotFound, http.StatusConflict:
+		return true
+	}
+	return false
+}
+
 // jobLeaseLostError is the cause a handler is cancelled with when a
-// heartbeat is refused for good; it matches ErrLeaseLost and keeps the
-// refusal's code (only lease_lost leaves a success worth reporting).
+// heartbeat is refused for good, or the lease lapsed while heartbeats
+// failed; it matches ErrLeaseLost and keeps the refusal's code ("" for a
+// lapse). Only lease_lost and a lapse leave a success worth reporting: the
+// server records a lapsed attempt's report while no newer claim holds the
+// job.
 type jobLeaseLostError struct{ code string }
 
 // Error implements error.
-func (e *jobLeaseLostError) Error() string { return ErrLeaseLost.Error() + " (" + e.code + ")" }
+func (e *jobLeaseLostError) Error() string {
+	if e.code == "" {
+		return ErrLeaseLost.Error() + " (no heartbeat extended it before it lapsed)"
+	}
+	return ErrLeaseLost.Error() + " (" + e.code + ")"
+}
+
+// successWorthReporting says whether a success returned after the lease was
+// lost is still reported (see jobLeaseLostError).
+func (e *jobLeaseLostError) successWorthReporting() bool {
+	return e.code == CodeLeaseLost || e.code == ""
+}
 
 // Is makes errors.Is(err, ErrLeaseLost) true.
 func (e *jobLeaseLostError) Is(target error) bool { return target == ErrLeaseLost }

@@ -30,6 +30,7 @@ type fakeJobs struct {
 	claimedJobs   int
 	cancel        map[string]bool
 	heartbeat     func(jobID string) (status int, code string) // optional failure
+	heartbeatWait int                                          // the failure's detail.retry_after_seconds, when set
 	leaseFor      time.Duration
 	leaseMs       int64 // the claim's leaseMs (0: not said, as an older server)
 	reports       map[string]json.RawMessage
@@ -120,11 +121,15 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		f.heartbeats++
 		cancel := f.cancel[id]
-		hb := f.heartbeat
+		hb, wait := f.heartbeat, f.heartbeatWait
 		f.mu.Unlock()
 		if hb != nil {
 			if status, code := hb(id); status != 0 {
-				apiError(w, status, code, nil)
+				var detail map[string]any
+				if wait > 0 {
+					detail = map[string]any{"retry_after_seconds": wait}
+				}
+				apiError(w, status, code, detail)
 				return
 			}
 		}
@@ -440,16 +445,23 @@ func TestWorkerHeartbeatCancelRequested(t *testing.T) {
 // holds the job (QA: the SDK dropped a result the server would have taken,
 // and the job ran twice), but not after an invalid_state (the job ended:
 // the server would refuse it, and Stop would count it lost; review).
+//
+// A 404 (the job is gone) and a 403 (the key may not work the job's tool:
+// it was cancelled and replayed onto a version the key does not list) end
+// the attempt the same way, as in the Python and TypeScript workers (sdk
+// QA: the Go worker took a 403 for a failed heartbeat and heartbeated on).
 func TestWorkerLeaseLostReportsOnlyASuccess(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
+		status  int
 		refusal string
 		succeed bool
-	}{{CodeLeaseLost, false}, {CodeLeaseLost, true}, {CodeInvalidState, true}} {
+	}{{409, CodeLeaseLost, false}, {409, CodeLeaseLost, true}, {409, CodeInvalidState, true},
+		{404, CodeNotFound, true}, {403, CodeForbidden, true}} {
 		succeed := c.succeed
 		f := newFakeJobs()
 		f.leaseFor = 3 * time.Second
-		f.heartbeat = func(string) (int, string) { return 409, c.refusal }
+		f.heartbeat = func(string) (int, string) { return c.status, c.refusal }
 		id := f.add("long", "1", welcomeIn{}, 60000)
 		canary := make(chan error, 1)
 		w, sink := startWorker(t, f, func(w *Worker) {
@@ -463,8 +475,13 @@ func TestWorkerLeaseLostReportsOnlyASuccess(t *testing.T) {
 					return welcomeOut{}, ctx.Err()
 				}}))
 		}, StartOptions{})
-		if cause := <-canary; !errors.Is(cause, ErrLeaseLost) {
-			t.Fatalf("cause %v", cause)
+		select {
+		case cause := <-canary:
+			if !errors.Is(cause, ErrLeaseLost) {
+				t.Fatalf("%s: cause %v", c.refusal, cause)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the handler was not cancelled", c.refusal)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := w.Stop(ctx); err != nil {
@@ -487,6 +504,53 @@ func TestWorkerLeaseLostReportsOnlyASuccess(t *testing.T) {
 		if r["status"] != "SUCCEEDED" || r["output"].(map[string]any)["key"] != "done" {
 			t.Fatalf("report %v", r)
 		}
+	}
+}
+
+// Heartbeats that keep failing (here a 429 asking for a minute, longer
+// than the lease) do not keep the handler running past the lease's end by
+// the worker's clock: it is cancelled with ErrLeaseLost, as in the Python
+// and TypeScript workers, since another worker may reclaim the job from
+// then on, and a success it still returns is reported (the server records
+// it while no newer claim holds the job). sdk QA: the Go worker waited out
+// the 429 inside the heartbeat and never cancelled the handler.
+func TestWorkerCancelsAHandlerWhoseLeaseLapsesWhileHeartbeatsFail(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.leaseMs = 3000
+	f.heartbeat = func(string) (int, string) { return 429, CodeRateLimited }
+	f.heartbeatWait = 60
+	id := f.add("long", "1", welcomeIn{}, 60000)
+	canary := make(chan error, 1)
+	c, _ := testClient(t, f)
+	c.sleep = sleepCtx // the 429's minute is waited for real, unless cut
+	w := NewWorker(c)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
+		Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+			<-ctx.Done()
+			canary <- context.Cause(ctx)
+			return welcomeOut{Key: "done"}, nil
+		}}))
+	sink := &errSink{}
+	must(t, w.Start(context.Background(), StartOptions{PollInterval: 20 * time.Millisecond, OnError: sink.add}))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = w.Stop(ctx)
+	})
+	select {
+	case cause := <-canary:
+		if !errors.Is(cause, ErrLeaseLost) {
+			t.Fatalf("cause %v", cause)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the handler ran on past its lease")
+	}
+	if r := f.waitReport(t, id); r["status"] != "SUCCEEDED" {
+		t.Fatalf("report %v", r)
+	}
+	if !slices.ContainsFunc(sink.list(), func(err error) bool { return strings.Contains(err.Error(), "before it lapsed") }) {
+		t.Fatalf("OnError %v", sink.list())
 	}
 }
 
