@@ -218,13 +218,12 @@ func TestWorkerStopKeepsItsDeadlineWhileReportsFail(t *testing.T) {
 	f.add("t", "1", welcomeIn{}, 600000) // a ten-minute lease
 	ran := make(chan struct{}, 1)
 	w, sink := startWorker(t, f, func(w *Worker) {
-		w.stopGrace = 200 * time.Millisecond
 		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
 			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) {
 				ran <- struct{}{}
 				return welcomeOut{Sent: true}, nil
 			}}))
-	}, StartOptions{})
+	}, StartOptions{StopGrace: 200 * time.Millisecond})
 	<-ran
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()

@@ -32,13 +32,17 @@ const claimWaitMargin = 5 * time.Second
 
 // reportTimeout bounds one delivery of a report or batch of reports (with
 // the client's own retries), and paces the OnError notices of a report that
-// keeps failing (it is retried until the server answers it); stopGrace is
-// how long Stop waits, after its deadline cancelled the handlers, for them
-// to return and be reported.
-const (
-	reportTimeout = 30 * time.Second
-	stopGrace     = 10 * time.Second
-)
+// keeps failing (it is retried until the server answers it).
+const reportTimeout = 30 * time.Second
+
+// DefaultStopGrace is StartOptions.StopGrace's default, the Python and
+// TypeScript workers' too: once Stop's deadline passed (or Start's context
+// ended), how long cancelled handlers have to return and be reported, and
+// then how much longer their reports are sent. A handler that honours its
+// context returns at once; the grace is for one in a call that ends
+// shortly after, which is then reported instead of left to run on
+// unreported beside the attempt another worker begins once its lease lapses.
+const DefaultStopGrace = 10 * time.Second
 
 // StartOptions configure a running worker.
 type StartOptions struct {
@@ -75,6 +79,12 @@ type StartOptions struct {
 	// Errors may hold payload details: do not ship them anywhere you would
 	// not ship the payload.
 	OnError func(error)
+	// StopGrace is how long, once Stop's deadline passed (or Start's
+	// context ended), cancelled handlers have to return and be reported,
+	// and then how much longer the reports are sent: Stop returns within
+	// its deadline plus twice StopGrace and a second. Zero means
+	// DefaultStopGrace (10 s); negative means none.
+	StopGrace time.Duration
 }
 
 // Worker claims jobs for its registered tools and runs them. Create it with
@@ -118,7 +128,6 @@ type Worker struct {
 	clock        clock
 	jitter       func() float64
 	reportLinger time.Duration // zero: reportLinger
-	stopGrace    time.Duration // zero: stopGrace; tests shorten it
 }
 
 // clock is the worker's time source; tests replace it to pace the poll loop
@@ -181,7 +190,7 @@ func (w *Worker) ID() string {
 // worker's whole life: cancelling it stops claiming and cancels running
 // handlers at once (cause ErrWorkerStopped; their attempts are reported as
 // they returned, the context's error as a retryable failure, a result as a
-// success, for at most 10 s once the handlers have returned unless Stop
+// success, for at most StopGrace once the handlers have returned unless Stop
 // is called by then, whose deadline decides instead; a report not sent goes
 // to OnError and its job runs again once its lease lapses). For a graceful
 // shutdown call Stop instead.
@@ -221,6 +230,12 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 	notices := newNotices(opts.OnError)
 	opts.OnError = notices.notify
 	opts.WaitSeconds = min(max(opts.WaitSeconds, 0), 20)
+	switch {
+	case opts.StopGrace == 0:
+		opts.StopGrace = DefaultStopGrace
+	case opts.StopGrace < 0:
+		opts.StopGrace = 0
+	}
 	if t := w.c.hc.Timeout; t > 0 && opts.WaitSeconds > 0 {
 		// A claim held WaitSeconds must be answered within the HTTP
 		// client's timeout, with room for the round trip: otherwise every
@@ -279,7 +294,8 @@ func closed(ch chan struct{}) bool {
 // reported. If ctx ends first, a claim still in flight is abandoned (the
 // jobs it claimed run again once their leases lapse) and the handlers'
 // contexts are cancelled (cause ErrWorkerStopped); handlers that then
-// return within a short grace are reported as they returned (an error, the
+// return within StartOptions.StopGrace (10 s by default) are reported as
+// they returned (an error, the
 // context's included, as a failure, retryable unless classified otherwise;
 // a result as a success: the work was done), and Stop returns an error
 // saying how many were cancelled. Reports still being sent when ctx ends get
@@ -947,13 +963,8 @@ func (w *Worker) execute(ctx, jobsCtx context.Context, rt *registeredTool, j Cla
 	return nil
 }
 
-// stopGraceOr is the worker's stop grace: stopGrace unless a test set one.
-func (w *Worker) stopGraceOr() time.Duration {
-	if w.stopGrace > 0 {
-		return w.stopGrace
-	}
-	return stopGrace
-}
+// stopGraceOr is the worker's stop grace (StartOptions.StopGrace).
+func (w *Worker) stopGraceOr() time.Duration { return w.opts.StopGrace }
 
 // handlerResult is what a handler returned.
 type handlerResult struct {
@@ -969,7 +980,7 @@ const timeoutGrace = time.Second
 
 // await waits for the handler. Once its timeout has passed it waits at
 // most timeoutGrace more, and once the worker is stopping (Stop's deadline,
-// or the end of Start's context) at most stopGrace; finished is false when
+// or the end of Start's context) at most the stop grace; finished is false when
 // the handler did not return by then. A cancel request or a lost lease
 // waits for the handler as before: the heartbeats have already stopped, so
 // its lease lapses on its own.

@@ -629,14 +629,13 @@ func TestWorkerStopLetsAnIgnoringHandlersLeaseLapse(t *testing.T) {
 	id := f.add("stuck", "1", welcomeIn{}, 60000)
 	started, release := make(chan struct{}), make(chan struct{})
 	w, _ := startWorker(t, f, func(w *Worker) {
-		w.stopGrace = 200 * time.Millisecond
 		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "stuck", Version: "1",
 			Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
 				close(started)
 				<-release // ignores ctx
 				return welcomeOut{Sent: true}, nil
 			}}))
-	}, StartOptions{})
+	}, StartOptions{StopGrace: 200 * time.Millisecond})
 	defer close(release)
 	<-started
 	ctx, cancel := context.WithCancel(context.Background())
@@ -655,6 +654,46 @@ func TestWorkerStopLetsAnIgnoringHandlersLeaseLapse(t *testing.T) {
 	f.mu.Unlock()
 	if after != before || reported {
 		t.Fatalf("heartbeats %d → %d after the grace, reported %v: the lease is still held", before, after, reported)
+	}
+}
+
+// A handler cancelled at Stop's deadline that returns 2 s later (a call it
+// was in ended first) is reported as it returned: the grace is
+// DefaultStopGrace, 10 s, unless StartOptions.StopGrace says otherwise, as
+// the Python and TypeScript workers' start options (sdk QA: theirs was a
+// fixed second, Go's a fixed 10 s).
+func TestWorkerStopGraceIsTenSecondsUnlessSet(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		grace    time.Duration
+		reported bool
+	}{{0, true}, {500 * time.Millisecond, false}} {
+		f := newFakeJobs()
+		id := f.add("slow", "1", welcomeIn{}, 60000)
+		started := make(chan struct{})
+		w, _ := startWorker(t, f, func(w *Worker) {
+			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "slow", Version: "1",
+				Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+					close(started)
+					<-ctx.Done()
+					time.Sleep(2 * time.Second)
+					return welcomeOut{Sent: true}, nil
+				}}))
+		}, StartOptions{StopGrace: c.grace})
+		<-started
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		err := w.Stop(ctx)
+		cancel()
+		f.mu.Lock()
+		_, reported := f.reports[id]
+		f.mu.Unlock()
+		want := "ignored cancellation and were left unreported"
+		if c.reported {
+			want = "1 handler(s) cancelled and reported as they returned"
+		}
+		if reported != c.reported || err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("grace %v: reported %v, Stop = %v", c.grace, reported, err)
+		}
 	}
 }
 
@@ -1397,7 +1436,6 @@ func TestStopKeepsItsDeadlineWhenNoReportIsTaken(t *testing.T) {
 	}
 	c, _ := testClient(t, f)
 	w := NewWorker(c)
-	w.stopGrace = 200 * time.Millisecond
 	// The handlers return once all 700 are claimed: a worker whose reports
 	// fail claims no more, so they must not fail before.
 	release := make(chan struct{})
@@ -1407,7 +1445,7 @@ func TestStopKeepsItsDeadlineWhenNoReportIsTaken(t *testing.T) {
 			return welcomeOut{Sent: true}, nil
 		}}))
 	sink := &errSink{}
-	if err := w.Start(context.Background(), StartOptions{Concurrency: 700, OnError: sink.add}); err != nil {
+	if err := w.Start(context.Background(), StartOptions{Concurrency: 700, OnError: sink.add, StopGrace: 200 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
 	for f.claimed() < 700 {
@@ -1713,7 +1751,6 @@ func cancelStartWhileRunning(t *testing.T, f *fakeJobs) (*Worker, *errSink) {
 	t.Helper()
 	c, _ := testClient(t, f)
 	w := NewWorker(c)
-	w.stopGrace = 200 * time.Millisecond
 	started := make(chan struct{})
 	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
 		Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
@@ -1723,7 +1760,7 @@ func cancelStartWhileRunning(t *testing.T, f *fakeJobs) (*Worker, *errSink) {
 		}}))
 	sink := &errSink{}
 	ctx, cancel := context.WithCancel(context.Background())
-	must(t, w.Start(ctx, StartOptions{PollInterval: 10 * time.Millisecond, OnError: sink.add}))
+	must(t, w.Start(ctx, StartOptions{PollInterval: 10 * time.Millisecond, OnError: sink.add, StopGrace: 200 * time.Millisecond}))
 	<-started
 	cancel()
 	return w, sink

@@ -23,14 +23,20 @@ from .redact import redact_message
 # heartbeat lands well inside the lease and a cancellation is seen soon.
 _MIN_HEARTBEAT = 1.0
 _MAX_HEARTBEAT = 60.0
-# How long a handler whose timeout passed (or whose worker's stop deadline
-# passed) has to return before the worker reports without it: enough for
-# a handler that honours context.cancelled to unwind, too short for one
-# that ignores it to hold its job.
-_GRACE = 1.0
-# How long a report is retried after its lease lapses at the latest: the
-# server still records a lapsed attempt's report until a newer claim.
-_REPORT_PATIENCE = 30.0
+# How long a handler whose timeout passed has to return before the worker
+# reports the timeout without it: enough for a handler that honours
+# context.cancelled to unwind, too short for one that ignores it to hold
+# its job (the Go SDK's timeoutGrace).
+_TIMEOUT_GRACE = 1.0
+# start()'s default stop_grace (the Go SDK's DefaultStopGrace): once a
+# stop's deadline passed, how long cancelled handlers have to return and be
+# reported, and then how much longer the reports are sent. Python cannot
+# interrupt a blocked thread, so a handler notices its cancellation only at
+# its next look at context.cancelled (or its own call's timeout): with the
+# 1 s this was, one in a call of a few seconds was left unreported, its
+# thread running on beside the attempt another worker began once the lease
+# lapsed (SDK consistency QA: Go's was 10 s).
+DEFAULT_STOP_GRACE = 10.0
 # How much longer than the give-up time stop() waits for the deliveries it
 # cut to end and on_error to be told.
 _ABORT_SLACK = 2.0
@@ -184,7 +190,7 @@ class _Reporter:
     def abort(self) -> None:
         """Gives up every delivery: those in flight are cut (their reports
         are not recorded, as far as this process knows) and later ones fail
-        at once. For a stop past its deadline, its grace and the patience."""
+        at once. For a stop past its deadline and twice its grace."""
         self._abort.fire()
 
     def deliver(self, job_id: str, body: dict, *, may_wait: Callable[[float], bool],
@@ -346,6 +352,7 @@ class Worker:
         self._started = False
         self._stopping = threading.Event()
         self._stop_at: Optional[float] = None  # when running handlers are told to stop
+        self._stop_grace = DEFAULT_STOP_GRACE  # start()'s stop_grace
         self._done = threading.Event()
         self._loop_thread: Optional[threading.Thread] = None
         self._errors: "queue.Queue[Optional[BaseException]]" = queue.Queue()
@@ -383,7 +390,8 @@ class Worker:
 
     def start(self, concurrency: int = 1, *, poll_interval: float = 30.0, wait_seconds: int = 0,
               on_error: Optional[Callable[[BaseException], Any]] = None,
-              stop_event: Optional[threading.Event] = None, block: bool = True) -> None:
+              stop_event: Optional[threading.Event] = None, block: bool = True,
+              stop_grace: float = DEFAULT_STOP_GRACE) -> None:
         """Registers the worker and polls for jobs until stop().
 
         concurrency bounds the handlers running at once (a handler that
@@ -398,21 +406,29 @@ class Worker:
         when set, stops the worker as stop() does. With block=True (the
         default) start returns once the worker has stopped and its running
         jobs ended (a KeyboardInterrupt there asks for the stop, waits, and
-        is raised again); with block=False it returns at once. A claim
-        refused 401 (the key was revoked) stops the worker as stop(30.0)
-        would, and a blocking start() then raises that RatchetError."""
+        is raised again); with block=False it returns at once. stop_grace
+        (seconds, >= 0; 10 by default, as the Go and TypeScript workers')
+        is how long, once a stop's deadline passed, cancelled handlers have
+        to return and be reported, and then how much longer the reports are
+        sent (see stop()). A claim refused 401 (the key was revoked) stops
+        the worker as stop(30.0) would, and a blocking start() then raises
+        that RatchetError."""
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError("ratchet: concurrency must be a positive integer")
         if isinstance(wait_seconds, bool) or not isinstance(wait_seconds, int) or not 0 <= wait_seconds <= 20:
             raise ValueError("ratchet: wait_seconds must be an integer from 0 to 20")
         if not isinstance(poll_interval, (int, float)) or not math.isfinite(poll_interval) or poll_interval <= 0:
             raise ValueError("ratchet: poll_interval must be a positive number of seconds")
+        if (isinstance(stop_grace, bool) or not isinstance(stop_grace, (int, float)) or not math.isfinite(stop_grace)
+                or stop_grace < 0):
+            raise ValueError("ratchet: stop_grace must be a number of seconds, 0 or more")
         with self._lock:
             if not self._tools:
                 raise RuntimeError("ratchet: register at least one tool before start()")
             if self._started:
                 raise RuntimeError("ratchet: the worker was already started")
             self._started = True
+            self._stop_grace = float(stop_grace)
         self._on_error = on_error
         tools = [{"name": t.name, "version": t.version} for t in self._tools.values()]
         try:
@@ -441,8 +457,10 @@ class Worker:
     def stop(self, timeout: float = 30.0) -> bool:
         """Stops polling and lets running handlers finish within timeout
         seconds; then their ``context.cancelled`` is set ("stopping") and
-        those that still do not return within a second are left unreported
-        (their leases lapse and another worker runs them again). Returns
+        those that still do not return within start()'s stop_grace (10 s
+        by default) are left unreported (their leases lapse and another
+        worker runs them again); the reports are sent until the deadline
+        and twice the grace at most, as the Go SDK's Stop. Returns
         whether every job this worker claimed ended with its outcome
         recorded or settled elsewhere (no report lost: one refused because
         a newer attempt holds the job, it ended, or it no longer exists is
@@ -460,7 +478,7 @@ class Worker:
             return False
         # The drain cuts the deliveries still in flight at the give-up
         # time; they end at once, and on_error is told before this returns.
-        self._done.wait(timeout + _GRACE + _REPORT_PATIENCE + _ABORT_SLACK)
+        self._done.wait(timeout + 2 * self._stop_grace + _ABORT_SLACK)
         self._flush_errors()
         with self._lock:
             return (self._done.is_set() and not self._active and self._lost_reports == 0
@@ -652,7 +670,7 @@ class Worker:
             # Reports still being delivered at the give-up time are cut
             # (QA: a delivery in flight waited out its own timeout, and
             # stop() returned while threads still sent).
-            give_up = (self._stop_at if self._stop_at is not None else time.monotonic()) + _GRACE + _REPORT_PATIENCE
+            give_up = (self._stop_at if self._stop_at is not None else time.monotonic()) + 2 * self._stop_grace
             aborted = False
             while self._active:
                 left = give_up - time.monotonic()
@@ -789,7 +807,7 @@ class Worker:
         while not outcome.get("returned"):
             now = time.monotonic()
             if active.stop_requested and grace_end is None:
-                grace_end = now + _GRACE
+                grace_end = now + self._stop_grace
             until = min(grace_end if grace_end is not None else float("inf"),
                         context._deadline if not context.cancelled.is_set() else float("inf"))
             active.wake.wait(None if until == float("inf") else max(0.0, until - now))
@@ -801,7 +819,7 @@ class Worker:
                 return
             if not context.cancelled.is_set() and now >= context._deadline:
                 context._cancel("timeout")
-                grace_end = now + _GRACE
+                grace_end = now + _TIMEOUT_GRACE
 
     def _heartbeats(self, active: _Active) -> None:
         """Extends the lease well before it lapses until the handler is
@@ -918,7 +936,7 @@ class Worker:
         def may_wait(wait: float) -> bool:
             with self._lock:
                 state["gave_up"] = (self._stop_at is not None
-                                    and time.monotonic() + wait > self._stop_at + _GRACE + _REPORT_PATIENCE)
+                                    and time.monotonic() + wait > self._stop_at + 2 * self._stop_grace)
             return not state["gave_up"]
 
         def on_attempt() -> None:

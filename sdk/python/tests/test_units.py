@@ -584,12 +584,13 @@ class RevokedKeyTest(unittest.TestCase):
 
 
 class WorkerRulesTest(unittest.TestCase):
-    def serve(self, respond, handler, concurrency=1, poll_interval=0.05) -> Tuple[getratchet.Ratchet, FakeServer]:
+    def serve(self, respond, handler, concurrency=1, poll_interval=0.05,
+              stop_grace=1.0) -> Tuple[getratchet.Ratchet, FakeServer]:
         server = FakeServer(respond)
         self.addCleanup(server.close)
         client = getratchet.Ratchet(server.url, "rk_test")
         client.register_tool("t", "1", handler)
-        client.worker.start(concurrency, poll_interval=poll_interval, block=False)
+        client.worker.start(concurrency, poll_interval=poll_interval, block=False, stop_grace=stop_grace)
         self.addCleanup(client.worker.stop, 5)
         return client, server
 
@@ -747,10 +748,8 @@ class WorkerRulesTest(unittest.TestCase):
                 time.sleep(0.3)  # reported after job_1's report began failing
             return {"ok": True}
 
-        patcher = mock.patch("getratchet.worker._REPORT_PATIENCE", 0.5)  # the stop gives job_1's report up soon
-        patcher.start()
-        self.addCleanup(patcher.stop)
-        self.serve(respond, handler, concurrency=2)
+        # The stop gives job_1's report up soon: twice the grace past its deadline.
+        self.serve(respond, handler, concurrency=2, stop_grace=0.25)
         wait_until(lambda: "recorded" in order and order.count("job_1 failed") >= 3, timeout=15)
         time.sleep(2.0)  # job_1's lease has lapsed
         with lock:
@@ -865,6 +864,47 @@ class WorkerRulesTest(unittest.TestCase):
         wait_until(lambda: calls["n"] >= 2, timeout=10)
         self.assertTrue(client.worker.stop(5))
 
+    def test_a_stop_gives_cancelled_handlers_the_stop_grace_ten_seconds_by_default(self) -> None:
+        # A handler told to stop at the deadline that returns 2 s later (a
+        # call it was in ended first) is reported as it returned: the grace
+        # is 10 s by default, as in the Go and TypeScript workers (it was
+        # 1 s here, and such a handler was left running unreported beside
+        # the attempt another worker began once its lease lapsed).
+        # stop_grace sets it.
+        def respond_for(reports):
+            def respond(method, path, body):
+                if path.endswith("/register"):
+                    return 200, {"workerId": "wkr_1"}, {}
+                if path.endswith("/claim"):
+                    first = not reports and "claimed" not in reports
+                    reports.append("claimed")
+                    return 200, {"jobs": [self.job(1, timeout_ms=60_000)] if first else []}, {}
+                reports.append(body)
+                return 200, {"jobId": "job_1", "status": body["status"], "attempt": 1}, {}
+            return respond
+
+        def handler(input, context):
+            context.cancelled.wait(30)
+            time.sleep(2)
+            return {"finished": context.cancel_reason}
+
+        for grace, recorded in ((None, True), (0.5, False)):
+            reports: list = []
+            server = FakeServer(respond_for(reports))
+            self.addCleanup(server.close)
+            client = getratchet.Ratchet(server.url, "rk_test")
+            client.register_tool("t", "1", handler)
+            options = {} if grace is None else {"stop_grace": grace}
+            client.worker.start(1, poll_interval=0.05, block=False, **options)
+            wait_until(lambda: "claimed" in reports, timeout=5)
+            time.sleep(0.2)  # the handler runs
+            self.assertEqual(client.worker.stop(0.1), recorded, grace)
+            sent = [r for r in reports if isinstance(r, dict)]
+            self.assertEqual(sent, [{"leaseToken": "tok_1", "status": "SUCCEEDED", "output": {"finished": "stopping"}}]
+                             if recorded else [], grace)
+        with self.assertRaises(ValueError):
+            getratchet.Ratchet("http://127.0.0.1:1", "rk_test").worker.start(1, stop_grace=-1)
+
     def test_a_stop_cuts_a_delivery_still_in_flight_at_its_give_up_time(self) -> None:
         # QA: a report delivery in flight when the stop gave up was not cut;
         # it waited out its own timeout (30 s), stop() returned while the
@@ -884,18 +924,15 @@ class WorkerRulesTest(unittest.TestCase):
         server = FakeServer(respond)
         self.addCleanup(server.close)
         self.addCleanup(release.set)  # before the server's close, which waits for its connections
-        patcher = mock.patch("getratchet.worker._REPORT_PATIENCE", 0.5)
-        patcher.start()
-        self.addCleanup(patcher.stop)
         errors: List[BaseException] = []
         client = getratchet.Ratchet(server.url, "rk_test")
         client.register_tool("t", "1", lambda input, context: {"ok": True})
-        client.worker.start(1, poll_interval=0.05, block=False, on_error=errors.append)
+        client.worker.start(1, poll_interval=0.05, block=False, on_error=errors.append, stop_grace=0.25)
         self.assertTrue(hung.wait(10))
         began = time.monotonic()
         self.assertFalse(client.worker.stop(0.2), "a report was not recorded")
-        # Cut at 0.2 s + the grace (1 s) + the patience (0.5 s), not at the
-        # delivery's 30 s timeout, and on_error told before stop() returned.
+        # Cut at 0.2 s + twice the grace (0.5 s), not at the delivery's 30 s
+        # timeout, and on_error told before stop() returned.
         self.assertLess(time.monotonic() - began, 5)
         self.assertTrue(any(isinstance(e, getratchet.ReportNotRecorded) and "job_1" in str(e) for e in errors),
                         errors)

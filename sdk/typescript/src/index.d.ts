@@ -270,6 +270,10 @@ export interface StartOptions {
   onError?: (error: unknown) => void | Promise<void>;
   /** Aborting it stops the worker as stop() does. */
   signal?: AbortSignal;
+  /** Once a stop's deadline passed, how long aborted handlers have to return
+   * and be reported, and then how much longer the reports are sent;
+   * 10 000 by default, as the Go and Python workers'. */
+  stopGraceMs?: number;
 }
 
 export declare class Worker {

@@ -17,9 +17,15 @@ export function isGeneratorFunction(fn) {
 // Heartbeat pacing: a third of the lease left, within these bounds.
 const MIN_HEARTBEAT_MS = 1_000;
 const MAX_HEARTBEAT_MS = 60_000;
-// How long a handler whose timeout (or whose worker's stop deadline) passed
-// has to return before the worker goes on without it.
-const GRACE_MS = 1_000;
+// How long a handler whose timeout passed has to return before the worker
+// reports the timeout without it (the Go SDK's timeoutGrace).
+const TIMEOUT_GRACE_MS = 1_000;
+// start()'s default stopGraceMs (the Go SDK's DefaultStopGrace): once a
+// stop's deadline passed, how long aborted handlers have to return and be
+// reported, and then how much longer the reports are sent. It was 1 s here,
+// and 10 s in Go; a handler whose call outlasted a second was left running
+// unreported beside the attempt another worker began once its lease lapsed.
+export const DEFAULT_STOP_GRACE_MS = 10_000;
 const MAX_CLAIM = 100;
 // The server refuses request bodies over 1 MiB: an output that large (with
 // the report around it) can never be recorded.
@@ -37,12 +43,10 @@ const REPORT_LEASE_MARGIN_MS = 5_000;
 // One delivery of a report or a batch waits at most this long for its
 // answer before it is repeated (the Go SDK's reportTimeout): a connection
 // that hangs must not hold every report behind it for the client's timeout.
-// reportTimes.patienceMs is how long past the stop's deadline and its grace
-// reports are still retried. An object so that tests can shorten them; not
-// exported by the package.
+// An object so that tests can shorten them; not exported by the package.
 // reportTimes.inFlight is how many deliveries may be in flight at once (the
 // Go SDK's reportInFlight).
-export const reportTimes = { deliveryMs: 30_000, patienceMs: 30_000, inFlight: 3 };
+export const reportTimes = { deliveryMs: 30_000, inFlight: 3 };
 
 /** Why a handler's signal was aborted: context.cancelReason. */
 export class CancelledError extends Error {
@@ -95,8 +99,8 @@ export class Reporter { // exported for the tests; not by the package
   #inFlight = 0; // deliveries being sent
   #cutoff;
 
-  /** cutoff aborts every delivery in flight (the stop's deadline, its
-   * grace and reportTimes.patienceMs passed): one that hangs then ends as one
+  /** cutoff aborts every delivery in flight (the stop's deadline and twice
+   * its grace passed): one that hangs then ends as one
    * given up, as in the Go SDK, instead of holding stop() for its time. */
   constructor(transport, cutoff) {
     this.#transport = transport;
@@ -247,7 +251,8 @@ export class Worker {
   #started = false;
   #stopping = new AbortController();
   #claimCutoff = new AbortController(); // aborted at the stop's deadline
-  #reportCutoff = new AbortController(); // aborted when reports are given up (the deadline, GRACE_MS and reportTimes.patienceMs)
+  #reportCutoff = new AbortController(); // aborted when reports are given up (the deadline and twice the stop grace)
+  #stopGraceMs = DEFAULT_STOP_GRACE_MS; // start()'s stopGraceMs
   #stopAt = null;
   #stopDeadlinePassed = false;
   #changed = withResolvers(); // a slot freed, a report settled, or the stop
@@ -288,15 +293,22 @@ export class Worker {
    * aborts. Resolves once the worker has stopped and its running jobs
    * ended; rejects when the registration fails, or, once stopped, with the
    * RatchetError of a claim refused 401 (the key was revoked), which stops
-   * the worker as stop() would.
+   * the worker as stop() would. stopGraceMs (10 000 by default, as the Go
+   * and Python workers') is how long, once a stop's deadline passed,
+   * aborted handlers have to return and be reported, and then how much
+   * longer the reports are sent (see stop()).
    */
-  async start({ concurrency = 1, pollIntervalMs = 30_000, waitSeconds = 0, onError, signal } = {}) {
+  async start({ concurrency = 1, pollIntervalMs = 30_000, waitSeconds = 0, onError, signal, stopGraceMs = DEFAULT_STOP_GRACE_MS } = {}) {
     if (!Number.isSafeInteger(concurrency) || concurrency < 1) throw new RangeError('ratchet: concurrency must be a positive integer');
     if (!Number.isSafeInteger(waitSeconds) || waitSeconds < 0 || waitSeconds > 20) throw new RangeError('ratchet: waitSeconds must be an integer from 0 to 20');
     if (!Number.isFinite(pollIntervalMs) || pollIntervalMs <= 0) throw new RangeError('ratchet: pollIntervalMs must be a positive number');
+    if (typeof stopGraceMs !== 'number' || !Number.isFinite(stopGraceMs) || stopGraceMs < 0) {
+      throw new RangeError('ratchet: stopGraceMs must be a number of milliseconds, 0 or more');
+    }
     if (this.#tools.size === 0) throw new Error('ratchet: register at least one tool before start()');
     if (this.#started) throw new Error('ratchet: the worker was already started');
     this.#started = true;
+    this.#stopGraceMs = stopGraceMs;
     this.#onError = onError ?? null;
     const tools = [...this.#tools.values()].map(({ name, version }) => ({ name, version }));
     try {
@@ -318,9 +330,10 @@ export class Worker {
 
   /**
    * Stops polling and lets running handlers finish within timeoutMs; then
-   * their signals abort ('stopping') and those that do not return within a
-   * second are left unreported (their leases lapse and another worker runs
-   * them). Resolves to whether every job this worker claimed ended with its
+   * their signals abort ('stopping') and those that do not return within
+   * start()'s stopGraceMs (10 s by default) are left unreported (their
+   * leases lapse and another worker runs them); the reports are sent until
+   * the deadline and twice the grace at most, as the Go SDK's Stop. Resolves to whether every job this worker claimed ended with its
    * outcome recorded or settled elsewhere (a report refused because a newer
    * attempt holds the job, it ended or no longer exists loses nothing, as Go's
    * Stop) and no handler is still running. A stop before start()
@@ -341,7 +354,7 @@ export class Worker {
       this.#stopAt = now() + Math.max(0, timeoutMs);
       setTimeout(() => this.#claimCutoff.abort(new Error('stopping')), Math.max(0, timeoutMs)).unref?.();
       setTimeout(() => this.#reportCutoff.abort(new Error('ratchet: the worker stopped before the report was answered')),
-        Math.max(0, timeoutMs) + GRACE_MS + reportTimes.patienceMs).unref?.();
+        Math.max(0, timeoutMs) + 2 * this.#stopGraceMs).unref?.();
     }
     this.#stopping.abort();
     this.#signal();
@@ -579,7 +592,7 @@ export class Worker {
     try {
       let graceEnd = null;
       while (settled === null) {
-        if (record.stopRequested && graceEnd === null) graceEnd = now() + GRACE_MS;
+        if (record.stopRequested && graceEnd === null) graceEnd = now() + this.#stopGraceMs;
         const until = Math.min(graceEnd ?? Infinity, reason === null ? deadline : Infinity);
         await nap(until - now(), wake.promise);
         wake = withResolvers();
@@ -588,7 +601,7 @@ export class Worker {
         if (graceEnd !== null && t >= graceEnd) break;
         if (reason === null && t >= deadline) {
           record.cancel('timeout');
-          graceEnd = t + GRACE_MS;
+          graceEnd = t + TIMEOUT_GRACE_MS;
         }
       }
     } finally {
@@ -756,7 +769,7 @@ export class Worker {
 
   /** Sends a report, repeating it through lost answers and server failures
    * until the server answers (once stopping, at most until the stop's
-   * deadline and reportTimes.patienceMs), and counting it as failing meanwhile,
+   * deadline and twice the stop grace), and counting it as failing meanwhile,
    * so that no claim is made. Resolves to the refusal, or null when
    * recorded or given up (then told to onError). */
   async #report(label, report, notify = true) {
@@ -767,7 +780,7 @@ export class Worker {
     try {
       await this.#reporter.deliver(label.jobId, body, {
         mayWait: (wait) => {
-          gaveUp = this.#stopAt !== null && now() + wait > this.#stopAt + GRACE_MS + reportTimes.patienceMs;
+          gaveUp = this.#stopAt !== null && now() + wait > this.#stopAt + 2 * this.#stopGraceMs;
           return !gaveUp;
         },
         onAttempt: () => { sent = now(); },
