@@ -446,6 +446,9 @@ func (r *reporter) recorded(q queuedReport, sent time.Time) { r.settle(q, nil, s
 // delivery sent at sent) or not. A report not recorded goes to OnError, and
 // is counted lost unless the server's refusal settled the job's fate itself.
 func (r *reporter) settle(q queuedReport, err error, sent time.Time) {
+	if jobReportLanded(err, q.report.Status) {
+		err = nil
+	}
 	r.pmu.Lock()
 	delete(r.pending, q.id)
 	if err == nil && sent.After(r.recordedSent) {
@@ -463,6 +466,17 @@ func (r *reporter) settle(q queuedReport, err error, sent time.Time) {
 		r.lost.Add(1)
 	}
 	r.onErr(fmt.Errorf("ratchet: report job %s attempt %d: %w", q.job.JobID, q.job.Attempt, err))
+}
+
+// jobReportLanded says whether a report's refusal says an earlier send of
+// the same report was recorded: lease_lost naming, in detail.reportedOutcome,
+// the status this report sends (its first send landed, its answer was lost,
+// and a newer claim came before the retry), as DoEffect's reportLanded reads
+// the gate's and the Python and TypeScript workers read it (sdk QA: such a
+// report went to OnError as refused).
+func jobReportLanded(err error, status string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == CodeLeaseLost && e.Detail["reportedOutcome"] == status
 }
 
 // settledRefusal says whether a report's refusal is the server's last word

@@ -267,6 +267,36 @@ func TestReporterCountsLostReportsButNotSettledRefusals(t *testing.T) {
 	}
 }
 
+// A report refused lease_lost whose detail.reportedOutcome is the outcome
+// it reports was recorded: its first send landed, its answer was lost, and
+// a newer claim came before the retry. Nothing goes to OnError for it, on
+// the single route or in a batch, as in the Python and TypeScript workers
+// (sdk QA: Go's told OnError the report was refused); another outcome
+// recorded is still a refusal.
+func TestReporterTakesALandedReportRefusedLeaseLostAsRecorded(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{1, 2} { // one report takes the single route; two, a batch
+		f := newFakeJobs()
+		f.refuse = map[string]string{"job_r0": CodeLeaseLost, "job_r1": CodeLeaseLost}
+		f.refuseDetail = map[string]map[string]any{"job_r0": {"attempt": 2, "reportedOutcome": "SUCCEEDED"},
+			"job_r1": {"attempt": 2, "reportedOutcome": "FAILED"}}
+		c, _ := testClient(t, f)
+		sink := &errSink{}
+		r := newReporter(context.Background(), c, sink.add, time.Hour)
+		queueReports(r, n, time.Now().Add(10*time.Minute))
+		if !r.close(context.Background()) {
+			t.Fatal("close gave up")
+		}
+		errs := sink.list()
+		if len(errs) != n-1 || (n == 2 && !strings.Contains(errs[0].Error(), "job_r1")) {
+			t.Fatalf("%d reports: OnError %v", n, errs)
+		}
+		if r.lostReports() != 0 {
+			t.Fatalf("%d reports: %d counted lost", n, r.lostReports())
+		}
+	}
+}
+
 // A report that meets a failure worth a retry is held, so the worker claims
 // nothing, until the server answers it; so is one whose lease is about to
 // lapse. Nothing is given up meanwhile, however long that takes.

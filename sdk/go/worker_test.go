@@ -142,6 +142,13 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case strings.HasSuffix(p, "/report"):
 		id := strings.Split(p, "/")[2]
 		f.mu.Lock()
+		if code := f.refuse[id]; code != "" {
+			detail := f.refuseDetail[id]
+			f.mu.Unlock()
+			apiError(w, map[string]int{CodeLeaseLost: 409, CodeInvalidState: 409, CodeNotFound: 404,
+				CodeUnauthorized: 401}[code], code, detail)
+			return
+		}
 		f.reports[id] = raw
 		f.mu.Unlock()
 		f.reported <- id
