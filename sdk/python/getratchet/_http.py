@@ -478,8 +478,11 @@ def _decode_error(status: int, headers: Any, raw: bytes) -> RatchetError:
         body = None
     envelope = body.get("error") if isinstance(body, dict) else None
     if not isinstance(envelope, dict):
-        # Not the API's envelope (a proxy's page): name the status only.
-        envelope = {"code": "http_%d" % status, "message": "HTTP %d" % status}
+        # Not the API's envelope (a proxy's page): no code, and the status's
+        # reason phrase as the message, as the Go and TypeScript SDKs read
+        # it (an invented "http_502" read as an API code, differently in
+        # each SDK).
+        envelope = {"code": "", "message": _reason_phrase(status)}
     detail = envelope.get("detail") if isinstance(envelope.get("detail"), dict) else {}
     detail = dict(detail)
     if status in (429, 503) and "retry_after_seconds" not in detail and headers:
@@ -488,6 +491,15 @@ def _decode_error(status: int, headers: Any, raw: bytes) -> RatchetError:
             detail["retry_after_seconds"] = seconds
     return RatchetError(status, _text(envelope.get("code")), _text(envelope.get("message")),
                         detail, request_id, body)
+
+
+def _reason_phrase(status: int) -> str:
+    """The standard reason phrase of an HTTP status ("Bad Gateway"), or
+    empty for one without (Go's http.StatusText)."""
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return ""
 
 
 def _text(value: Any) -> str:

@@ -85,6 +85,13 @@ class RatchetError(Exception):
         return _detail_strings(self.detail.get("required"))
 
     @property
+    def any_of(self) -> list:
+        """detail.any_of of a 403 forbidden from a route that any one of
+        several scopes opens (holding one is enough), as Go's AnyOf(); []
+        otherwise."""
+        return _detail_strings(self.detail.get("any_of"))
+
+    @property
     def resets_at(self) -> Optional[str]:
         """detail.resets_at of a budget_exceeded, key_budget_exceeded or
         dimension_limit_exceeded denial (an RFC 3339 time: when its UTC day

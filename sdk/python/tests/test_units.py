@@ -175,8 +175,20 @@ class TransportTest(unittest.TestCase):
         t, server, waits = self.transport([(502, None, {})] * 5)
         with self.assertRaises(RatchetError) as failed:
             t.call("GET", "/runs/r", safe=True)
-        self.assertEqual((failed.exception.status, failed.exception.code), (502, "http_502"))
+        self.assertEqual((failed.exception.status, failed.exception.code), (502, ""))
         self.assertEqual(len(server.seen), 4)  # the call and three retries
+
+    def test_an_answer_that_is_not_the_envelope_has_no_code(self) -> None:
+        # A proxy's page: no API code and the status's reason phrase, as
+        # the Go and TypeScript SDKs read it (it was code "http_502",
+        # message "HTTP 502", unlike Go's empty code and "Bad Gateway").
+        t, _, _ = self.transport([(502, None, {}), (418, None, {}), (599, None, {})])
+        for status, text in ((502, "ratchet: 502: Bad Gateway"), (418, "ratchet: 418: I'm a Teapot"),
+                             (599, "ratchet: 599")):
+            with self.assertRaises(RatchetError) as failed:
+                t.call("POST", "/runs", {}, safe=False)
+            self.assertEqual((failed.exception.status, failed.exception.code, str(failed.exception)),
+                             (status, "", text))
 
     def test_a_refusal_after_an_attempt_that_may_have_acted_says_it_may_have(self) -> None:
         # As the Go SDK's (unconfirmed): the last answer says only why the
@@ -502,6 +514,9 @@ class ErrorTextTest(unittest.TestCase):
         err = getratchet.RatchetError(403, "forbidden", "No.", {"any_of": ["runs:read", "runs:write"],
                                                                "required": ["runs:read"]})
         self.assertEqual(str(err), "ratchet: 403 forbidden: No. (requires one of runs:read, runs:write)")
+        # Read as Go's AnyOf() reads it (it was in the text alone).
+        self.assertEqual((err.any_of, getratchet.RatchetError(403, "forbidden", "No.").any_of),
+                         (["runs:read", "runs:write"], []))
         self.assertEqual(str(getratchet.RatchetError(500, "internal_error", "Oops.", {"required": "x"})),
                          "ratchet: 500 internal_error: Oops.")
 

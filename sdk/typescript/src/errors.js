@@ -60,6 +60,12 @@ export class RatchetError extends Error {
     return detailStrings(this.detail.required);
   }
 
+  /** detail.any_of of a 403 forbidden from a route that any one of several
+   * scopes opens (holding one is enough), as Go's AnyOf(); [] otherwise. */
+  get anyOf() {
+    return detailStrings(this.detail.any_of);
+  }
+
   /** detail.resets_at of a budget_exceeded, key_budget_exceeded or
    * dimension_limit_exceeded denial (when its UTC day window rolls over), or null. */
   get resetsAt() {

@@ -878,6 +878,8 @@ export declare class RatchetError extends Error {
   readonly retryAfterSeconds: number;
   /** detail.required of a 403 forbidden: the scopes (or `tool:name@version`) the key lacks; [] otherwise. */
   readonly required: string[];
+  /** detail.any_of of a 403 forbidden from a route that any one of several scopes opens (holding one is enough); [] otherwise. */
+  readonly anyOf: string[];
   /** detail.resets_at of a budget_exceeded, key_budget_exceeded or dimension_limit_exceeded denial, or null. */
   readonly resetsAt: string | null;
   /** detail.dimension of a dimension_limit_exceeded denial, or null. */

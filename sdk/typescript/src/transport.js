@@ -1,6 +1,7 @@
 // One HTTP call to the API, with the retries that are safe for it.
 
 import { randomBytes } from 'node:crypto';
+import { STATUS_CODES } from 'node:http';
 import { ConnectionLostError, RatchetError, markUnconfirmed } from './errors.js';
 
 export const VERSION = '0.2.6';
@@ -241,8 +242,10 @@ function decodeError(response, raw) {
   }
   let envelope = body && typeof body === 'object' ? body.error : undefined;
   if (!envelope || typeof envelope !== 'object') {
-    // Not the API's envelope (a proxy's page): name the status only.
-    envelope = { code: `http_${response.status}`, message: `HTTP ${response.status}` };
+    // Not the API's envelope (a proxy's page): no code, and the status's
+    // reason phrase as the message, as the Go and Python SDKs read it (an
+    // invented 'http_502' read as an API code, differently in each SDK).
+    envelope = { code: '', message: STATUS_CODES[response.status] ?? '' };
   }
   // An object only, as the Go SDK decodes it: a list is no detail (it was
   // spread into {"0": ...}).

@@ -86,7 +86,7 @@ test('a lost answer is repeated only for a safe call', async (t) => {
 
 test('retries are bounded', async (t) => {
   const { t: tr, server } = await transport(t, Array(5).fill([502, null]));
-  await assert.rejects(tr.call('GET', '/runs/r', undefined, { safe: true }), (err) => err.status === 502 && err.code === 'http_502');
+  await assert.rejects(tr.call('GET', '/runs/r', undefined, { safe: true }), (err) => err.status === 502 && err.code === '');
   assert.equal(server.seen.length, 4);
 });
 
@@ -243,6 +243,17 @@ async function until(probe, ms = 10_000) {
   }
 }
 
+// A proxy's page: no API code and the status's reason phrase, as the Go and
+// Python SDKs read it (it was code 'http_502', message 'HTTP 502', unlike
+// Go's empty code and 'Bad Gateway').
+test('an answer that is not the envelope has no code', async (t) => {
+  const { t: tr } = await transport(t, [[502, null], [418, null], [599, null]]);
+  for (const [status, text] of [[502, 'ratchet: 502: Bad Gateway'], [418, "ratchet: 418: I'm a Teapot"], [599, 'ratchet: 599']]) {
+    await assert.rejects(tr.call('POST', '/runs', {}, { safe: false }),
+      (err) => err instanceof RatchetError && err.status === status && err.code === '' && err.message === text);
+  }
+});
+
 test('a refusal names what the key lacks and the request', () => {
   // QA: Go's error said "(requires tool:big@1) (request req_…)", this SDK's
   // only "This key may not do that.": a worker refused at start did not say
@@ -252,6 +263,8 @@ test('a refusal names what the key lacks and the request', () => {
   assert.equal(err.serverMessage, 'This key may not do that.', 'the server\'s words alone, as Go\'s Message');
   const anyOf = new RatchetError(403, 'forbidden', 'No.', { any_of: ['runs:read', 'runs:write'], required: ['runs:read'] });
   assert.equal(anyOf.message, 'ratchet: 403 forbidden: No. (requires one of runs:read, runs:write)');
+  // Read as Go's AnyOf() reads it (it was in the text alone).
+  assert.deepEqual([anyOf.anyOf, err.anyOf], [['runs:read', 'runs:write'], []]);
   assert.equal(new RatchetError(500, 'internal_error', 'Oops.', { required: 'x' }).message, 'ratchet: 500 internal_error: Oops.');
 });
 
