@@ -879,6 +879,51 @@ class WorkerRulesTest(unittest.TestCase):
         wait_until(lambda: calls["n"] >= 2, timeout=10)
         self.assertTrue(client.worker.stop(5))
 
+    def test_a_heartbeat_refusal_ends_the_attempt_as_in_go_and_typescript(self) -> None:
+        # The rule the three workers share (READMEs): a heartbeat answered
+        # 409, 404 or 403 cancels the handler as lease lost and nothing is
+        # reported but a success after lease_lost; anything else (a 401
+        # once the key was revoked, say) is a failed heartbeat, tried again
+        # until the lease passes its end, when the handler is cancelled too
+        # and its success reported.
+        cases = [(409, "lease_lost", True), (409, "invalid_state", False), (404, "not_found", False),
+                 (403, "forbidden", False), (401, "unauthorized", True)]
+        for status, code, success_reported in cases:
+            lock, seen = threading.Lock(), {"claims": 0, "reports": [], "beats": 0}
+
+            def respond(method, path, body, status=status, code=code, seen=seen):
+                with lock:
+                    if path.endswith("/register"):
+                        return 200, {"workerId": "wkr_1"}, {}
+                    if path.endswith("/claim"):
+                        seen["claims"] += 1
+                        return 200, {"jobs": [dict(self.job(1, timeout_ms=60_000), leaseMs=3000)]
+                                     if seen["claims"] == 1 else []}, {}
+                    if path.endswith("/heartbeat"):
+                        seen["beats"] += 1
+                        return status, error(code), {}
+                    seen["reports"].append(body)
+                    return 200, {"jobId": "job_1", "status": body["status"], "attempt": 1}, {}
+
+            reasons = []
+
+            def handler(input, context, reasons=reasons):
+                context.cancelled.wait(20)
+                reasons.append(context.cancel_reason)
+                return {"ok": True}
+
+            client, _ = self.serve(respond, handler)
+            wait_until(lambda: reasons, timeout=15)
+            self.assertEqual(reasons, ["lease_lost"], code)
+            if success_reported:
+                wait_until(lambda: seen["reports"], timeout=5)
+            else:
+                time.sleep(0.3)
+            self.assertEqual([r["status"] for r in seen["reports"]], ["SUCCEEDED"] if success_reported else [], code)
+            # A refusal ends the heartbeats at once; a failed one is tried
+            # again until the lease's end (3 s: a beat a second or so).
+            self.assertTrue(seen["beats"] == 1 if status != 401 else seen["beats"] >= 2, (code, seen["beats"]))
+
     def test_a_stop_gives_cancelled_handlers_the_stop_grace_ten_seconds_by_default(self) -> None:
         # A handler told to stop at the deadline that returns 2 s later (a
         # call it was in ended first) is reported as it returned: the grace

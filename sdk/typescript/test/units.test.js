@@ -437,6 +437,45 @@ test('a report failing on its own holds no claim after its lease lapses', async 
   await until(() => claims() > before + 2, 5_000);
 });
 
+// The rule the three workers share (READMEs): a heartbeat answered 409, 404
+// or 403 aborts the handler as lease lost and nothing is reported but a
+// success after lease_lost; anything else (a 401 once the key was revoked,
+// say) is a failed heartbeat, tried again until the lease passes its end,
+// when the handler is aborted too and its success reported.
+test('a heartbeat refusal ends the attempt as in Go and Python', async (t) => {
+  const cases = [[409, 'lease_lost', true], [409, 'invalid_state', false], [404, 'not_found', false],
+    [403, 'forbidden', false], [401, 'unauthorized', true]];
+  for (const [status, code, successReported] of cases) {
+    const seen = { claims: 0, reports: [], beats: 0 };
+    const reasons = [];
+    await serve(t, (method, path, body) => {
+      if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+      if (path.endsWith('/claim')) {
+        seen.claims++;
+        return [200, { jobs: seen.claims === 1 ? [{ ...job(1, 60_000), leaseMs: 3000 }] : [] }];
+      }
+      if (path.endsWith('/heartbeat')) {
+        seen.beats++;
+        return [status, error(code)];
+      }
+      seen.reports.push(body);
+      return [200, { jobId: 'job_1', status: body.status, attempt: 1 }];
+    }, async (input, ctx) => {
+      await new Promise((r) => ctx.signal.addEventListener('abort', r, { once: true }));
+      reasons.push(ctx.cancelReason);
+      return { ok: true };
+    });
+    await until(() => reasons.length > 0, 15_000);
+    assert.deepEqual(reasons, ['lease_lost'], code);
+    if (successReported) await until(() => seen.reports.length > 0, 5_000);
+    else await new Promise((r) => setTimeout(r, 300));
+    assert.deepEqual(seen.reports.map((r) => r.status), successReported ? ['SUCCEEDED'] : [], code);
+    // A refusal ends the heartbeats at once; a failed one is tried again
+    // until the lease's end (3 s: a beat a second or so).
+    assert.ok(status === 401 ? seen.beats >= 2 : seen.beats === 1, `${code}: ${seen.beats} heartbeats`);
+  }
+});
+
 // A handler told to stop at the deadline that returns 2 s later (a call it
 // was in ended first) is reported as it returned: the grace is 10 s by
 // default, as in the Go and Python workers (it was 1 s here, and such a
