@@ -469,7 +469,14 @@ func (s *Service) settleLocked(ctx context.Context, tx pgx.Tx, g Group, now time
 	for _, e := range r.plan {
 		doc, err := s.openJSON(e.step.id, "compensation", e.step.compensation)
 		if err != nil {
-			return Unwind{}, err
+			// A compensation this instance cannot open (its key is not
+			// configured) fails the whole unwind, whose transaction then
+			// leaves the group as it was: a plan without that item, or with
+			// a null compensation, would have the caller undo the steps
+			// behind it first, or begin a compensation without its
+			// payload. The error names the step and the key (logged;
+			// answered as a 500 saying a stored value is unreadable).
+			return Unwind{}, fmt.Errorf("unwind group %s: %w", g.ID, err)
 		}
 		var comp Compensation // as begin stored it: json.Marshal of a Compensation
 		if err := json.Unmarshal(doc, &comp); err != nil {

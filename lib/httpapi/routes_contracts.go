@@ -62,10 +62,11 @@ func (s *Server) contractsRoutes() []Route {
 			Summary: "Replay an EXHAUSTED or CANCELLED step's job (the same job) with maxAttempts (1-10, default 1) " +
 				"additional executions; acknowledgeDuplicateRisk: true is required. targetContractVersion upgrades " +
 				"it (expectedHandlerVersion and acknowledgeVersionChange: true required; a FORBIDDEN or incompatible " +
-				"target is 409 invalid_state). A FAILED run whose only failed step this was goes back to RUNNING; a " +
-				"paused endpoint holds the job. A step cancelled while it ran is claimed only once that attempt " +
-				"has reported or its lease (leaseExpiresAt) has expired: never two attempts at once. The duplicate " +
-				"risk acknowledged is an earlier attempt's side effect done though its outcome was not recorded.",
+				"target is 409 invalid_state; a target when this server cannot decrypt the saved input is 500 " +
+				"internal_error, changing nothing). A FAILED run whose only failed step this was goes back to " +
+				"RUNNING; a paused endpoint holds the job. A step cancelled while it ran is claimed only once that " +
+				"attempt has reported or its lease (leaseExpiresAt) has expired: never two attempts at once. The " +
+				"duplicate risk acknowledged is an earlier attempt's side effect done though its outcome was not recorded.",
 			Request: jobs.ReplayRequest{}, Response: jobs.ReplayResult{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeInvalidState,
 				apierr.CodeVersionConflict},

@@ -31,7 +31,9 @@ func (s *Server) gateRoutes() []Route {
 			Scopes: []string{auth.ScopeEffectsBegin},
 			Summary: "Ask before a side effect. Branch on decision: execute (you hold the lease), duplicate " +
 				"(use result), in_flight (wait retry_after_seconds), blocked (verify at the vendor, then resolve), " +
-				"approval_required (poll), denied (HTTP 403 with the error envelope).",
+				"approval_required (poll), denied (HTTP 403 with the error envelope). A duplicate whose recorded " +
+				"result this server cannot decrypt (its encryption key is not configured) is 500 internal_error, " +
+				"changing nothing, never a duplicate without its result.",
 			Request: gate.BeginRequest{}, Response: gate.Decision{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeCostRequired, apierr.CodeDimensionRequired,
 				apierr.CodeIdempotencyKeyReuse, apierr.CodeRetryRequest, apierr.CodePolicyDenied,

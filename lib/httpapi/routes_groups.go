@@ -91,7 +91,8 @@ func (s *Server) groupRoutes() []Route {
 			Summary: "Start (or re-read) the rollback: the compensation plan in reverse order of success, with " +
 				"deterministic suggested idempotency keys. Read unresolved first: the plan stops at any step " +
 				"whose outcome is unknown. Safe to repeat. Another key's group needs effects:read and " +
-				"effects:resolve.",
+				"effects:resolve. A compensation the plan needs that this server cannot decrypt (its encryption key " +
+				"is not configured) is 500 internal_error, the group left as it was.",
 			Response: gate.Unwind{}, Status: 200, Errors: []string{apierr.CodeNotFound},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
 				id, err := c.PathID("id", ids.Group)

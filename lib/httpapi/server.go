@@ -464,9 +464,28 @@ func internalError(reqID string) *apierr.Error {
 	return apierr.Internal(nil).WithDetail("request_id", reqID)
 }
 
+// unreadableValue is the 500 of a request that had to use a stored value
+// sealed with a key this instance is not configured with (a duplicate's
+// result, a compensation an unwind plans, a job input a claim hands over,
+// the answer kept for an Idempotency-Key): what it would do without the
+// value is wrong, so it is refused, changing nothing. Reads answer such a
+// value null with <field>Unreadable / <field>_unreadable instead. The
+// message says it is the operator's to mend, and that the same request
+// sent again then succeeds (as it may at once through an instance that has
+// the key, mid-deploy): under the same Idempotency-Key, whose first request
+// may have acted. The detail is the request id alone, as every 500's.
+func unreadableValue(reqID string) *apierr.Error {
+	return apierr.New(http.StatusInternalServerError, apierr.CodeInternal,
+		"A stored value this request needs is encrypted with a key this server is not configured with, so it was "+
+			"refused and changed nothing. The operator must configure that key again (the server log names it); "+
+			"then send the request again as it was (under the same Idempotency-Key, if it had one).").
+		WithDetail("request_id", reqID)
+}
+
 // fail writes err as the envelope. Anything that is not an *apierr.Error is
 // logged (message only: driver errors do not carry parameter values) and
-// answered as a bare internal_error.
+// answered as a bare internal_error, or, for a stored value this instance
+// cannot open, as one that says so (unreadableValue).
 func (s *Server) fail(ctx context.Context, w http.ResponseWriter, reqID string, route *Route, err error) {
 	if e, ok := apierr.As(err); ok && e.Code != apierr.CodeInternal && e.Code != apierr.CodeDatabaseUnavailable {
 		writeError(w, e)
@@ -492,7 +511,13 @@ func (s *Server) fail(ctx context.Context, w http.ResponseWriter, reqID string, 
 		writeError(w, unavailable.WithDetail("request_id", reqID))
 		return
 	}
+	// Logged as every 500 is (err names the row and the key id of a value
+	// that cannot be opened, never the value).
 	s.Logger.Error("internal error", "request_id", reqID, "route", route.Name, "err", err.Error())
+	if errors.Is(err, seal.ErrUnknownKey) {
+		writeError(w, unreadableValue(reqID))
+		return
+	}
 	writeError(w, internalError(reqID))
 }
 

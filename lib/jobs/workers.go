@@ -329,6 +329,10 @@ func (u *unreadableInputs) Error() string {
 	return msg
 }
 
+// Unwrap answers why each input failed to open, so a claim that gives up
+// on them answers the 500 that says a stored value's key is missing.
+func (u *unreadableInputs) Unwrap() []error { return slices.Collect(maps.Values(u.jobs)) }
+
 func (s *Service) claimStatement(ctx context.Context, q db.Querier, p *auth.Principal, workerID string, limit int,
 	key *claimKey) ([]ClaimedJob, error) {
 	rows, err := q.Query(ctx, sqlClaim, s.claimArgs(p, workerID, limit, key, s.now())...)

@@ -5,13 +5,16 @@ import (
 	"context"
 	"encoding/hex"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/idempotency"
 	"github.com/getratchet/ratchet/lib/seal"
 )
 
@@ -97,6 +100,117 @@ func TestAnUnreadableErrorMessageLeavesTheRestReadable(t *testing.T) {
 	withKey := instance(t, oldKey, key(3))
 	run = withKey.Must(http.StatusOK, "GET", "/api/v1/runs/"+runID, ws.Key, nil).JSON()
 	requireRead(attempts(run["steps"].([]any)), false)
+}
+
+// goneKeyID is the hex id of key(3), the key the tests seal values with
+// that no instance but those they start with it is configured with.
+func goneKeyID() string {
+	id := seal.KeyID(bytes.Repeat([]byte{3}, 32))
+	return hex.EncodeToString(id[:])
+}
+
+// requireUnreadableValue asserts r is the 500 of a request that had to use
+// a value this instance cannot open: internal_error saying so, its detail
+// the request id alone.
+func requireUnreadableValue(t *testing.T, r *apitest.Response) {
+	t.Helper()
+	require.Equal(t, http.StatusInternalServerError, r.Status, "%s", r.Body)
+	e := r.JSON()["error"].(map[string]any)
+	require.Equal(t, "internal_error", e["code"])
+	require.Contains(t, e["message"], "encrypted with a key this server is not configured with")
+	require.Equal(t, []string{"request_id"}, slices.Collect(maps.Keys(e["detail"].(map[string]any))))
+}
+
+// A group step's compensation sealed with a key this instance lacks fails
+// what must use it, each changing nothing, with a 500 saying a stored value
+// is unreadable (seal QA: a bare 500 internal_error, nothing telling the
+// caller or its operator why): the unwind, whose plan would otherwise
+// offer the steps behind it first, or that compensation without its
+// payload; the begin sent again for that step, which compares the
+// compensation it declares with the stored one; and a compensating begin,
+// checked against it. The group stays open, and an instance with the key
+// plans, and compensates, as ever.
+func TestAnUnreadableCompensationFailsWhatMustUseIt(t *testing.T) {
+	var logs apitest.LockedBuffer
+	env := fresh(t, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	ctx := context.Background()
+	ws := env.Signup()
+	group := env.Must(http.StatusCreated, "POST", "/api/v1/groups", ws.Key, map[string]any{"name": "g"}).JSON()["id"].(string)
+	begins := map[string]map[string]any{}
+	steps := map[string]string{}
+	for _, k := range []string{"a", "b"} {
+		begins[k] = map[string]any{"effect_type": "email.send", "idempotency_key": "step:" + k,
+			"payload": map[string]any{"to": k}, "group_id": group,
+			"compensation": map[string]any{"effect_type": "email.retract", "payload": map[string]any{"secret": "undo-" + k}}}
+		d := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, begins[k]).JSON()
+		require.Equal(t, "execute", d["decision"])
+		steps[k] = d["effect_id"].(string)
+		env.Must(http.StatusOK, "POST", "/api/v1/effects/"+steps[k]+"/report", ws.Key,
+			map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded"})
+	}
+	gone := sealer(t, key(3))
+	_, err := env.App.Pool.Exec(ctx, `UPDATE effects SET compensation = $2 WHERE id = $1`, steps["a"],
+		gone.Seal([]byte(`{"effect_type":"email.retract","payload":{"secret":"undo-a"}}`), seal.AAD(steps["a"], "compensation")))
+	require.NoError(t, err)
+	compensate := map[string]any{"effect_type": "email.retract", "idempotency_key": "compensate:" + steps["a"],
+		"payload": map[string]any{"secret": "undo-a"}, "compensates_effect_id": steps["a"]}
+
+	requireUnreadableValue(t, env.Do("POST", "/api/v1/effects/begin", ws.Key, begins["a"]))
+	requireUnreadableValue(t, env.Do("POST", "/api/v1/groups/"+group+"/unwind", ws.Key, nil))
+	g := env.Must(http.StatusOK, "GET", "/api/v1/groups/"+group, ws.Key, nil).JSON()
+	require.Equal(t, "open", g["state"], "the refused unwind changed nothing")
+	require.Nil(t, g["unwind_started_at"])
+	require.Contains(t, logs.String(), "open compensation of effect "+steps["a"]+": seal: ciphertext sealed with a key "+
+		"that is not configured (key id "+goneKeyID()+")")
+	require.NotContains(t, logs.String(), "undo-a")
+
+	withKey := instance(t, oldKey, key(3))
+	u := withKey.Must(http.StatusOK, "POST", "/api/v1/groups/"+group+"/unwind", ws.Key, nil).JSON()
+	require.Equal(t, "unwinding", u["state"])
+	plan := map[string]any{}
+	for _, item := range u["plan"].([]any) {
+		plan[item.(map[string]any)["effect_id"].(string)] = item.(map[string]any)["compensation"]
+	}
+	require.Equal(t, map[string]any{"effect_type": "email.retract", "payload": map[string]any{"secret": "undo-a"}},
+		plan[steps["a"]])
+	require.Len(t, plan, 2)
+	requireUnreadableValue(t, env.Do("POST", "/api/v1/effects/begin", ws.Key, compensate))
+	require.Equal(t, "execute", withKey.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key,
+		compensate).JSON()["decision"])
+}
+
+// A create sent again under its Idempotency-Key, whose kept answer is
+// sealed with a key this instance lacks, is refused with the 500 that says
+// a stored value is unreadable, and is not carried out again: the same
+// request through an instance with the key answers the kept answer.
+func TestAnUnreadableKeptAnswerIsNotActedOnAgain(t *testing.T) {
+	env := fresh(t)
+	ctx := context.Background()
+	ws := env.Signup()
+	create := func(env *apitest.Env) *apitest.Response {
+		return env.DoWith("POST", "/api/v1/webhooks", ws.Key, http.Header{"Idempotency-Key": {"hook-1"}},
+			map[string]any{"url": "https://example.com/hook", "events": []string{"run.finished"}})
+	}
+	first := create(env)
+	require.Equal(t, http.StatusCreated, first.Status, "%s", first.Body)
+	// The row of this request (others' keys used hook-1 before).
+	requestID := first.Header.Get("X-Request-Id")
+	var keyID string
+	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT key_id FROM idempotent_requests WHERE request_id = $1`,
+		requestID).Scan(&keyID))
+	_, err := env.App.Pool.Exec(ctx, `UPDATE idempotent_requests SET answer = $2 WHERE request_id = $1`, requestID,
+		sealer(t, key(3)).Seal(first.Body, idempotency.AnswerAAD(keyID, "hook-1")))
+	require.NoError(t, err)
+
+	requireUnreadableValue(t, create(env))
+	var hooks int
+	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM webhooks WHERE workspace_id = $1`, ws.ID).
+		Scan(&hooks))
+	require.Equal(t, 1, hooks, "not created again")
+	again := create(instance(t, oldKey, key(3)))
+	require.Equal(t, http.StatusCreated, again.Status, "%s", again.Body)
+	require.Equal(t, first.JSON()["id"], again.JSON()["id"])
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
 }
 
 // An effect's result sealed with a key this instance lacks fails the read
