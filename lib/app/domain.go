@@ -32,7 +32,7 @@ const (
 // wireDomain builds the domain services into deps and registers their sweep
 // tasks. Each feature adds its own lines here.
 func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
-	deps.Gate = gate.New(deps.Pool, deps.Sealer, deps.Auth.Hash, deps.Now)
+	deps.Gate = gate.New(deps.Pool, deps.Sealer, deps.Auth.Hash, deps.Now, deps.Logger)
 	sweeper.Add(sweep.Task{
 		Name: "effects.lapsed_leases",
 		Run: func(ctx context.Context, now time.Time) (int, error) {

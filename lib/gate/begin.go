@@ -771,8 +771,8 @@ func (s *Service) settled(ctx context.Context, q db.Querier, in *beginInput, row
 		if err != nil {
 			// The result is what a duplicate hands its caller in place of
 			// acting: answered null, it would be taken for the recorded
-			// one. Begin fails, having changed nothing; it never grants
-			// execute either.
+			// one. Unlike a read (result_unreadable), begin fails, having
+			// changed nothing; it never grants execute either.
 			return d, true, err
 		}
 		res = rawOrNull(res)

@@ -50,7 +50,7 @@ func serverTraced(b *bundle, tr pgx.QueryTracer) http.Handler {
 	require.NoError(b.t, err)
 	b.t.Cleanup(pool.Close)
 	deps := b.env.App.Server.Deps
-	deps.Gate = gate.New(pool, deps.Sealer, deps.Auth.Hash, deps.Now)
+	deps.Gate = gate.New(pool, deps.Sealer, deps.Auth.Hash, deps.Now, deps.Logger)
 	return httpapi.New(deps)
 }
 

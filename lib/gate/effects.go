@@ -12,6 +12,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/seal"
 )
 
 // resolveNoteReconciliation is the resolve_note of the attempts a
@@ -58,10 +59,19 @@ type Effect struct {
 	LeaseExpiresAt      *time.Time      `json:"lease_expires_at"`
 	CreatedAt           time.Time       `json:"created_at"`
 	UpdatedAt           time.Time       `json:"updated_at"`
+	// ResultUnreadable says the effect has a recorded result this instance
+	// cannot open (sealed with a key missing from its RESULT_ENCRYPTION_KEY
+	// / RESULT_ENCRYPTION_KEYS): result reads null, and the rest of the
+	// effect reads as ever (seal QA: the one value failed the effect's read,
+	// and the answer to a report or resolve sent again, with 500).
+	ResultUnreadable bool `json:"result_unreadable" jsonschema:"true when the effect has a recorded result this server cannot decrypt (sealed with an encryption key it is not configured with): result is then null, on single reads and in lists alike; false otherwise"`
 }
 
 // view builds the effect object as seen at now; withResult opens the sealed
-// result (single reads only).
+// result (single reads only). A result this instance cannot open reads
+// null with ResultUnreadable, on single reads (logged, by effect and key
+// id) and in lists alike, where only the key its header names is checked:
+// lists never open results.
 func (s *Service) view(row *effectRow, attempts []byte, now time.Time, withResult bool) (Effect, error) {
 	e := Effect{
 		ID: row.ID, EffectType: row.EffectType, IdempotencyKey: row.IdempotencyKey,
@@ -85,12 +95,18 @@ func (s *Service) view(row *effectRow, attempts []byte, now time.Time, withResul
 			a.Outcome = &ind
 		}
 	}
-	if withResult {
+	switch {
+	case withResult:
 		res, err := s.openJSON(row.ID, "result", row.Result)
 		if err != nil {
-			return Effect{}, err
+			e.ResultUnreadable = true
+			s.logger.Warn("effect result this instance cannot open reads as result_unreadable",
+				"effect_id", row.ID, "key_id", seal.KeyIDOf(row.Result), "error", err.Error())
+			break
 		}
 		e.Result = res
+	default:
+		e.ResultUnreadable = row.Result != nil && !s.sealer.CanOpen(row.Result)
 	}
 	return e, nil
 }
@@ -168,7 +184,11 @@ func (s *Service) ListEffects(ctx context.Context, workspaceID string, f ListFil
 		return nil, fmt.Errorf("list effects: %w", err)
 	}
 	defer rows.Close()
-	var out []Effect
+	var (
+		out                 []Effect
+		unreadable          int
+		firstID, firstKeyID string // the first unreadable result's, for the log
+	)
 	for rows.Next() {
 		var (
 			row      effectRow
@@ -181,7 +201,22 @@ func (s *Service) ListEffects(ctx context.Context, workspaceID string, f ListFil
 		if err != nil {
 			return nil, err
 		}
+		if e.ResultUnreadable {
+			if unreadable == 0 {
+				firstID, firstKeyID = row.ID, seal.KeyIDOf(row.Result)
+			}
+			unreadable++
+		}
 		out = append(out, e)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list effects: %w", err)
+	}
+	if unreadable > 0 {
+		// One line a page, as the attempts' reads log theirs: the first
+		// effect and its key id tell the operator which key to configure.
+		s.logger.Warn("effect results this instance cannot open read as result_unreadable",
+			"count", unreadable, "effect_id", firstID, "key_id", firstKeyID)
+	}
+	return out, nil
 }

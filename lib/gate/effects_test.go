@@ -101,12 +101,16 @@ func TestPayloadsAndResultsAreSealedAtRest(t *testing.T) {
 	require.NotContains(t, token, str(d["lease_token"]))
 	// The single read opens the result.
 	require.Equal(t, map[string]any{"receipt": "rcpt-very-private"}, b.get(id)["result"])
-	// A ciphertext moved to another effect does not open there.
+	// A ciphertext moved to another effect does not open there: that
+	// effect reads its result as unreadable, never the other's.
 	d2 := b.mustBegin("execute", email(key("other")))
 	require.Equal(t, http.StatusOK, b.report(str(d2["effect_id"]), str(d2["lease_token"]), "succeeded", nil).Status)
 	_, err := b.env.App.Pool.Exec(context.Background(), `UPDATE effects SET result = $1 WHERE id = $2`, result, d2["effect_id"])
 	require.NoError(t, err)
-	errCode(t, b.env.Do("GET", "/api/v1/effects/"+str(d2["effect_id"]), b.ws.Key, nil), http.StatusInternalServerError, "internal_error")
+	moved := b.env.Must(http.StatusOK, "GET", "/api/v1/effects/"+str(d2["effect_id"]), b.ws.Key, nil)
+	require.NotContains(t, string(moved.Body), "rcpt-very-private")
+	require.Nil(t, moved.JSON()["result"])
+	require.Equal(t, true, moved.JSON()["result_unreadable"])
 }
 
 func TestAttemptHistoryRecordsWhoAndWhen(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -55,15 +56,21 @@ type Service struct {
 	sealer *seal.Sealer
 	hash   func(string) []byte
 	now    func() time.Time
+	logger *slog.Logger
 }
 
 // New returns the gate. hash is the keyed hash used for dimension values
-// (auth.Service.Hash); now is the clock every decision uses.
-func New(pool *pgxpool.Pool, sealer *seal.Sealer, hash func(string) []byte, now func() time.Time) *Service {
+// (auth.Service.Hash); now is the clock every decision uses; logger hears
+// of stored values a read cannot open (nil: slog.Default()).
+func New(pool *pgxpool.Pool, sealer *seal.Sealer, hash func(string) []byte, now func() time.Time,
+	logger *slog.Logger) *Service {
 	if now == nil {
 		now = time.Now
 	}
-	return &Service{pool: pool, sealer: sealer, hash: hash, now: now}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Service{pool: pool, sealer: sealer, hash: hash, now: now, logger: logger}
 }
 
 // clock is now in UTC at Postgres' precision, so a time written and read back
@@ -87,7 +94,10 @@ func (s *Service) sealJSON(effectID, column string, doc json.RawMessage) []byte 
 
 // openJSON opens effect effectID's sealed column. Its error names the
 // effect and, through seal's, the key (the 500 it becomes is logged with it:
-// the operator learns which row and which key, never the value).
+// the operator learns which row and which key, never the value). Only what
+// must use the value fails so (a duplicate's result, a compensation to
+// plan or to compare); a read shows an unopenable result as
+// result_unreadable instead (view).
 func (s *Service) openJSON(effectID, column string, ct []byte) (json.RawMessage, error) {
 	pt, err := s.sealer.Open(ct, seal.AAD(effectID, column))
 	if err != nil {

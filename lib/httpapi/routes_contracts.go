@@ -53,7 +53,9 @@ func (s *Server) contractsRoutes() []Route {
 			Summary: "Preview a replay: eligible (job EXHAUSTED or CANCELLED, its afterStepId dependency ended as " +
 				"it needs) and, when not, ineligibleReason; the current handlerVersion (send it " +
 				"back as expectedHandlerVersion) and upgrades[]: every other contract of the tool with compatible " +
-				"(the saved input validates against its inputSchema; the input is never returned) and forbidden.",
+				"(the saved input validates against its inputSchema; the input is never returned) and forbidden. " +
+				"inputUnreadable: true when this server cannot decrypt the saved input (its encryption key is not " +
+				"configured): no upgrade then reads compatible.",
 			Response: jobs.ReplayPreview{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.previewReplay,
 		},
 		{

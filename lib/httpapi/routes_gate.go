@@ -47,8 +47,9 @@ func (s *Server) gateRoutes() []Route {
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/effects", Name: "effects.list", Tag: "effects",
-			Scopes:  []string{auth.ScopeEffectsRead},
-			Summary: "List effects newest first; results appear only as redacted previews.",
+			Scopes: []string{auth.ScopeEffectsRead},
+			Summary: "List effects newest first; results appear only as redacted previews (result_unreadable: true " +
+				"marks one this server cannot decrypt).",
 			Query: append([]Param{
 				{Name: "state", Type: "string", Description: "leased, succeeded, failed, indeterminate, awaiting_approval or denied",
 					Enum: []string{gate.StateLeased, gate.StateSucceeded, gate.StateFailed, gate.StateIndeterminate,
@@ -61,8 +62,9 @@ func (s *Server) gateRoutes() []Route {
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/effects/{id}", Name: "effects.get", Tag: "effects",
-			Scopes:   []string{auth.ScopeEffectsRead},
-			Summary:  "Read an effect with its attempts and recorded result.",
+			Scopes: []string{auth.ScopeEffectsRead},
+			Summary: "Read an effect with its attempts and recorded result (null with result_unreadable: true when " +
+				"this server cannot decrypt it: sealed with an encryption key it is not configured with).",
 			Response: gate.Effect{}, Status: 200, Errors: []string{apierr.CodeNotFound},
 			Handle: s.getEffect,
 		},

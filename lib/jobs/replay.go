@@ -17,6 +17,7 @@ import (
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/seal"
 	"github.com/getratchet/ratchet/lib/toolname"
 )
 
@@ -64,6 +65,12 @@ type ReplayPreview struct {
 	MaxAttempts      int             `json:"maxAttempts"`
 	EndpointPaused   bool            `json:"endpointPaused"`
 	Upgrades         []ReplayUpgrade `json:"upgrades"`
+	// InputUnreadable says the step's saved input is sealed with a key this
+	// instance lacks (RESULT_ENCRYPTION_KEY / RESULT_ENCRYPTION_KEYS), so
+	// no upgrade can be shown to fit: each reads compatible false with no
+	// validation, and a replay onto one answers 500 (seal QA: the preview
+	// itself answered 500, eligibility and all).
+	InputUnreadable bool `json:"inputUnreadable" jsonschema:"true when the step's saved input cannot be decrypted by this server (sealed with an encryption key it is not configured with): every upgrade then reads compatible false with an empty validation, as none can be checked, and a replay onto one is refused with 500 until the key is configured again; false otherwise"`
 }
 
 // ReplayRequest is the body of POST /api/v1/steps/{id}/replay.
@@ -175,9 +182,10 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 	if err != nil {
 		return ReplayPreview{}, err
 	}
-	input, err := s.open(j.id, "input", j.inputSealed)
-	if err != nil {
-		return ReplayPreview{}, fmt.Errorf("replay preview: open input of job %s: %w", j.id, err)
+	input, openErr := s.open(j.id, "input", j.inputSealed)
+	if openErr != nil {
+		s.logger.Warn("a replay preview reads the step's input this instance cannot open as inputUnreadable",
+			"job_id", j.id, "key_id", seal.KeyIDOf(j.inputSealed), "error", openErr.Error())
 	}
 	rows, err := s.pool.Query(ctx, sqlReplayTargets, workspaceID, j.name, maxReplayTargets)
 	if err != nil {
@@ -190,7 +198,8 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 	why := j.ineligible()
 	out := ReplayPreview{StepID: stepID, JobID: j.id, Name: j.name, Status: j.status, Eligible: why == "",
 		HandlerVersion: j.version, ContractVersion: intPtr(j.contractVersion), Attempt: j.attempt,
-		MaxAttempts: j.maxAttempts, EndpointPaused: j.paused, Upgrades: []ReplayUpgrade{}}
+		MaxAttempts: j.maxAttempts, EndpointPaused: j.paused, Upgrades: []ReplayUpgrade{},
+		InputUnreadable: openErr != nil}
 	if why != "" {
 		out.IneligibleReason = &why
 	}
@@ -198,16 +207,19 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 		if j.contractVersion != nil && int(*j.contractVersion) == c.ContractVersion {
 			continue // the current contract is a same-version replay, not a target
 		}
-		problems, err := validateDoc(c.InputSchema, input, "input")
-		if err != nil {
-			return ReplayPreview{}, err
+		u := ReplayUpgrade{ContractVersion: c.ContractVersion, HandlerVersion: c.HandlerVersion, Status: c.Status,
+			Forbidden: c.Status == ContractForbidden, Validation: []apierr.FieldError{}}
+		if !out.InputUnreadable {
+			problems, err := validateDoc(c.InputSchema, input, "input")
+			if err != nil {
+				return ReplayPreview{}, err
+			}
+			if problems != nil {
+				u.Validation = problems
+			}
+			u.Compatible = len(problems) == 0
 		}
-		if problems == nil {
-			problems = []apierr.FieldError{}
-		}
-		out.Upgrades = append(out.Upgrades, ReplayUpgrade{ContractVersion: c.ContractVersion,
-			HandlerVersion: c.HandlerVersion, Status: c.Status, Compatible: len(problems) == 0,
-			Forbidden: c.Status == ContractForbidden, Validation: problems})
+		out.Upgrades = append(out.Upgrades, u)
 	}
 	return out, nil
 }

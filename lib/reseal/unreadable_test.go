@@ -121,6 +121,59 @@ func requireUnreadableValue(t *testing.T, r *apitest.Response) {
 	require.Equal(t, []string{"request_id"}, slices.Collect(maps.Keys(e["detail"].(map[string]any))))
 }
 
+// An effect's result sealed with a key this instance lacks reads null with
+// result_unreadable, the rest of the effect as ever, on its own read as in
+// the list (seal QA: the read of the effect answered 500, its operator
+// unable to see its state or attempts at all). The read logs the effect
+// and the key id, never the value. A begin on its key, which would hand the
+// result over as a duplicate's, answers 500 saying a stored value is
+// unreadable instead of a duplicate without its result; an instance
+// configured with the key reads and answers the result again.
+func TestAnUnreadableResultReadsAsResultUnreadable(t *testing.T) {
+	var logs apitest.LockedBuffer
+	env := fresh(t, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	ctx := context.Background()
+	ws := env.Signup()
+	id := writeEffect(t, env, ws, "lost:1")
+	kept := writeEffect(t, env, ws, "kept:1")
+	gone := sealer(t, key(3))
+	_, err := env.App.Pool.Exec(ctx, `UPDATE effects SET result = $2 WHERE id = $1`, id,
+		gone.Seal([]byte(`{"id":"secret-result"}`), seal.AAD(id, "result")))
+	require.NoError(t, err)
+
+	e := env.Must(http.StatusOK, "GET", "/api/v1/effects/"+id, ws.Key, nil).JSON()
+	require.Nil(t, e["result"])
+	require.Equal(t, true, e["result_unreadable"])
+	require.Equal(t, "succeeded", e["state"], "the rest of the effect reads")
+	require.Len(t, e["attempts"], 1)
+	k := env.Must(http.StatusOK, "GET", "/api/v1/effects/"+kept, ws.Key, nil).JSON()
+	require.Equal(t, map[string]any{"id": "kept:1"}, k["result"])
+	require.Equal(t, false, k["result_unreadable"])
+	listed := map[string]any{}
+	for _, l := range env.Must(http.StatusOK, "GET", "/api/v1/effects", ws.Key, nil).JSON()["data"].([]any) {
+		listed[l.(map[string]any)["id"].(string)] = l.(map[string]any)["result_unreadable"]
+	}
+	require.Equal(t, map[string]any{id: true, kept: false}, listed)
+	require.Contains(t, logs.String(), `effect result this instance cannot open reads as result_unreadable" `+
+		"effect_id="+id+" key_id="+goneKeyID())
+	require.Contains(t, logs.String(), `effect results this instance cannot open read as result_unreadable" `+
+		"count=1 effect_id="+id+" key_id="+goneKeyID())
+
+	again := map[string]any{"effect_type": "email.send", "idempotency_key": "lost:1", "payload": map[string]any{"to": "lost:1"}}
+	requireUnreadableValue(t, env.Do("POST", "/api/v1/effects/begin", ws.Key, again))
+	require.Contains(t, logs.String(), "open result of effect "+id+": seal: ciphertext sealed with a key that is "+
+		"not configured (key id "+goneKeyID()+")")
+	require.NotContains(t, logs.String(), "secret-result")
+
+	withKey := instance(t, oldKey, key(3))
+	e = withKey.Must(http.StatusOK, "GET", "/api/v1/effects/"+id, ws.Key, nil).JSON()
+	require.Equal(t, map[string]any{"id": "secret-result"}, e["result"])
+	require.Equal(t, false, e["result_unreadable"])
+	d := withKey.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, again).JSON()
+	require.Equal(t, "duplicate", d["decision"])
+	require.Equal(t, map[string]any{"id": "secret-result"}, d["result"])
+}
+
 // A group step's compensation sealed with a key this instance lacks fails
 // what must use it, each changing nothing, with a 500 saying a stored value
 // is unreadable (seal QA: a bare 500 internal_error, nothing telling the
@@ -179,6 +232,55 @@ func TestAnUnreadableCompensationFailsWhatMustUseIt(t *testing.T) {
 		compensate).JSON()["decision"])
 }
 
+// A step whose saved input is sealed with a key this instance lacks still
+// previews its replay, with inputUnreadable and no upgrade shown to fit
+// (seal QA: the preview answered 500, eligibility and all); a replay onto
+// another contract, which must validate that input, answers 500 saying a
+// stored value is unreadable and leaves the step as it was. The run and
+// step reads, which never open inputs or outputs, answer as ever. An
+// instance with the key previews the upgrade as fitting.
+func TestAnUnreadableInputStillPreviewsItsReplay(t *testing.T) {
+	var logs apitest.LockedBuffer
+	env := fresh(t, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	ctx := context.Background()
+	ws := env.Signup()
+	env.Must(http.StatusCreated, "POST", "/api/v1/tools/send/contracts", ws.Key, map[string]any{
+		"handlerVersion": "2", "inputSchema": map[string]any{"type": "object"}, "outputSchema": map[string]any{}})
+	step := enqueueStep(t, env, ws, "a", 1)
+	jobID, stepID := step["jobId"].(string), step["stepId"].(string)
+	worker := registerSender(t, env, ws)
+	jobs := env.Must(http.StatusOK, "POST", "/api/v1/workers/"+worker+"/claim", ws.Key,
+		map[string]any{"limit": 1}).JSON()["jobs"].([]any)
+	require.Len(t, jobs, 1)
+	env.Must(http.StatusOK, "POST", "/api/v1/jobs/"+jobID+"/report", ws.Key, map[string]any{
+		"leaseToken": jobs[0].(map[string]any)["leaseToken"], "status": "FAILED",
+		"error": map[string]any{"message": "boom", "retryable": false}})
+	gone := sealer(t, key(3))
+	_, err := env.App.Pool.Exec(ctx, `UPDATE jobs SET input_sealed = $2, output_sealed = $3 WHERE id = $1`, jobID,
+		gone.Seal([]byte(`{"step":"secret-input"}`), seal.AAD(jobID, "input")),
+		gone.Seal([]byte(`{"sent":"secret-output"}`), seal.AAD(jobID, "output")))
+	require.NoError(t, err)
+
+	p := env.Must(http.StatusOK, "GET", "/api/v1/steps/"+stepID+"/replay", ws.Key, nil).JSON()
+	require.Equal(t, true, p["inputUnreadable"])
+	require.Equal(t, true, p["eligible"])
+	require.Equal(t, []any{map[string]any{"contractVersion": float64(1), "handlerVersion": "2", "status": "ACTIVE",
+		"compatible": false, "forbidden": false, "validation": []any{}}}, p["upgrades"])
+	require.Contains(t, logs.String(), "job_id="+jobID+" key_id="+goneKeyID())
+	requireUnreadableValue(t, env.Do("POST", "/api/v1/steps/"+stepID+"/replay", ws.Key, map[string]any{
+		"acknowledgeDuplicateRisk": true, "targetContractVersion": 1, "expectedHandlerVersion": "1",
+		"acknowledgeVersionChange": true}))
+	s := env.Must(http.StatusOK, "GET", "/api/v1/steps/"+stepID, ws.Key, nil).JSON()
+	require.Equal(t, "EXHAUSTED", s["status"], "the refused replay changed nothing")
+	require.Equal(t, "1", s["version"])
+	env.Must(http.StatusOK, "GET", "/api/v1/runs/"+s["runId"].(string), ws.Key, nil)
+	require.NotContains(t, logs.String(), "secret-input")
+
+	p = instance(t, oldKey, key(3)).Must(http.StatusOK, "GET", "/api/v1/steps/"+stepID+"/replay", ws.Key, nil).JSON()
+	require.Equal(t, false, p["inputUnreadable"])
+	require.Equal(t, true, p["upgrades"].([]any)[0].(map[string]any)["compatible"])
+}
+
 // A create sent again under its Idempotency-Key, whose kept answer is
 // sealed with a key this instance lacks, is refused with the 500 that says
 // a stored value is unreadable, and is not carried out again: the same
@@ -211,32 +313,4 @@ func TestAnUnreadableKeptAnswerIsNotActedOnAgain(t *testing.T) {
 	require.Equal(t, http.StatusCreated, again.Status, "%s", again.Body)
 	require.Equal(t, first.JSON()["id"], again.JSON()["id"])
 	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
-}
-
-// An effect's result sealed with a key this instance lacks fails the read
-// of that effect (the effect object has no way to say its result is
-// missing, and the result is what a reader of one effect asks for) with a
-// 500 whose log line names the effect and the key id, never the value;
-// the effects list, which shows redacted previews only, still answers it.
-func TestAnUnreadableResultFailsItsOwnReadNamingEffectAndKey(t *testing.T) {
-	var logs apitest.LockedBuffer
-	env := fresh(t, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
-	ctx := context.Background()
-	ws := env.Signup()
-	id := writeEffect(t, env, ws, "lost:1")
-	writeEffect(t, env, ws, "kept:1")
-	gone := sealer(t, key(3))
-	_, err := env.App.Pool.Exec(ctx, `UPDATE effects SET result = $2 WHERE id = $1`, id,
-		gone.Seal([]byte(`{"id":"secret-result"}`), seal.AAD(id, "result")))
-	require.NoError(t, err)
-
-	r := env.Do("GET", "/api/v1/effects/"+id, ws.Key, nil)
-	require.Equal(t, http.StatusInternalServerError, r.Status, "%s", r.Body)
-	goneID := seal.KeyID(bytes.Repeat([]byte{3}, 32))
-	require.Contains(t, logs.String(), "open result of effect "+id+": seal: ciphertext sealed with a key that is "+
-		"not configured (key id "+hex.EncodeToString(goneID[:])+")")
-	require.NotContains(t, logs.String(), "secret-result")
-
-	list := env.Must(http.StatusOK, "GET", "/api/v1/effects", ws.Key, nil).JSON()["data"].([]any)
-	require.Len(t, list, 2)
 }

@@ -185,6 +185,10 @@ type Effect struct {
 	Attempt        int             `json:"attempt"`  // execute grants so far
 	Attempts       []EffectAttempt `json:"attempts"` // the history, oldest first
 	Result         json.RawMessage `json:"result"`   // the recorded result, if succeeded (single reads)
+	// ResultUnreadable is true when the server cannot decrypt the recorded
+	// result (sealed with an encryption key it is no longer configured
+	// with); Result is then null, on single reads and in lists alike.
+	ResultUnreadable bool `json:"result_unreadable"`
 	// ResultPreview and PayloadPreview show the result's and the payload's
 	// shape with values redacted.
 	ResultPreview  json.RawMessage `json:"result_preview"`

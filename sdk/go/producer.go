@@ -418,6 +418,11 @@ type ReplayPreview struct {
 	MaxAttempts    int             `json:"maxAttempts"`
 	EndpointPaused bool            `json:"endpointPaused"` // a replay would wait for the resume
 	Upgrades       []ReplayUpgrade `json:"upgrades"`       // contracts it could move to
+	// InputUnreadable is true when the server cannot decrypt the saved
+	// input (sealed with an encryption key it is no longer configured
+	// with): no upgrade is then Compatible, and a Replay onto one fails
+	// with a 500 until the key is configured again.
+	InputUnreadable bool `json:"inputUnreadable"`
 }
 
 // ReplayUpgrade is one contract a replay could move to. Compatible means the

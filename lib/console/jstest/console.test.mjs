@@ -781,6 +781,31 @@ test('an attempt whose error message the server cannot decrypt says so', async (
 	assert.ok(!ui.root.textContent.includes('carrier down'));
 });
 
+test('a replay preview whose saved input the server cannot decrypt says so for each contract', async () => {
+	// Seal QA: a server no longer configured with the key that sealed a
+	// step's input previews its replay with inputUnreadable and every
+	// upgrade compatible: false, validation [] (as lib/reseal's
+	// TestAnUnreadableInputStillPreviewsItsReplay reads it); the cell read
+	// "does not fit: " with no reason.
+	const key = await signup();
+	assert.equal((await api('POST', '/tools/send_fax/contracts', key, { handlerVersion: '2', inputSchema: { type: 'object' }, outputSchema: {} })).status, 201);
+	const run = (await api('POST', '/runs', key, { name: 'fax' })).body;
+	const step = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'send_fax', version: '1', input: { to: 'secret-number' } })).body;
+	assert.equal((await api('POST', `/steps/${step.stepId}/cancel`, key)).status, 200);
+	const unreadable = async (url, res) => {
+		if (url !== `/api/v1/steps/${step.stepId}/replay`) return res;
+		const body = await res.json();
+		body.inputUnreadable = true;
+		for (const u of body.upgrades) Object.assign(u, { compatible: false, validation: [] });
+		return new Response(JSON.stringify(body), { status: res.status, headers: res.headers });
+	};
+	const ui = await mount(key, '#/steps/' + step.stepId, unreadable);
+	const cells = ui.root.querySelectorAll('td[data-label="Saved input"]');
+	assert.equal(cells.length, 1, ui.root.textContent);
+	assert.equal(cells[0].textContent, 'unknown: the saved input is sealed with an encryption key this server is not configured with');
+	assert.ok(!ui.root.textContent.includes('contract 1: handler 2'), 'no contract offered to run with');
+});
+
 // A step not eligible for replay says why, as the replay's refusal would
 // (agent QA: a CANCELLED step read "not eligible" with no reason).
 test('a cancelled step waiting for its dependency says why it cannot be replayed yet', async () => {

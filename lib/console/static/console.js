@@ -1630,15 +1630,18 @@ async function replayForm(stepId) {
 	if (!p.eligible) return h('p', null, `Not eligible for replay (job ${p.status})`, p.ineligibleReason ? `: ${p.ineligibleReason}` : '.');
 	const upgrades = p.upgrades || [];
 	// A contract the saved input validates against and that is not
-	// FORBIDDEN may be chosen; the others are listed with why not.
+	// FORBIDDEN may be chosen; the others are listed with why not. A saved
+	// input the server cannot decrypt (inputUnreadable) fits none that can
+	// be told: said so, not "does not fit" with no reason.
 	const choosable = upgrades.filter((u) => u.compatible && !u.forbidden);
+	const unreadable = 'unknown: the saved input is sealed with an encryption key this server is not configured with';
 	const upgradeColumns = [
 		{ title: 'Contract', cell: (u) => u.contractVersion },
 		{ title: 'Handler', cell: (u) => u.handlerVersion },
 		{ title: 'Status', cell: (u) => u.status },
 		{
 			title: 'Saved input',
-			cell: (u) => (u.forbidden ? 'forbidden' : u.compatible ? 'fits' : ['does not fit: ', (u.validation || []).map((v) => `${v.field}: ${v.message}`).join('; ')]),
+			cell: (u) => (u.forbidden ? 'forbidden' : u.compatible ? 'fits' : p.inputUnreadable ? unreadable : ['does not fit: ', (u.validation || []).map((v) => `${v.field}: ${v.message}`).join('; ')]),
 		},
 	];
 	return h('div', null, [

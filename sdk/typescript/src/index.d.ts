@@ -206,6 +206,8 @@ export interface ReplayPreview {
   maxAttempts: number;
   endpointPaused: boolean;
   upgrades: ReplayUpgrade[];
+  /** True when the server cannot decrypt the saved input (sealed with an encryption key it is no longer configured with): no upgrade is then compatible, and a replay onto one fails with a 500 until the key is configured again. */
+  inputUnreadable: boolean;
 }
 
 export interface ReplayResult {
@@ -345,6 +347,8 @@ export interface Effect {
   attempts: EffectAttempt[];
   /** The recorded result (single reads; lists show result_preview only). */
   result: Json;
+  /** True when the server cannot decrypt the recorded result (sealed with an encryption key it is no longer configured with): result is then null, on single reads and in lists alike. */
+  result_unreadable: boolean;
   result_preview: Json;
   payload_preview: Json;
   cost_micros: number | null;
