@@ -368,6 +368,44 @@ WHERE c.relname IN ('effect_groups_kept_idx', 'effects_ended_ungrouped_idx', 'ef
 }
 
 // byID runs sql, whose rows are (id, value), and maps each id to its value.
+// 0061 makes the steps replayed while their cancelled attempt may still
+// run due at that attempt's lease expiry, as replays are from then on, so
+// claims stop reading them: only QUEUED jobs holding an attempt whose lease
+// has not expired move; a lapsed one, a cancelled one and a plain queued
+// one keep their times.
+func TestWaitingReplaysAreDueAtTheirAttemptsLeaseOnUpgrade(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	target, conn := databaseAt(t, 60)
+	_, err := conn.Exec(ctx, `
+INSERT INTO workspaces (id, name) VALUES ('ws_1', 'w');
+INSERT INTO job_endpoints (id, workspace_id, name, preset, max_attempts, initial_delay_ms, multiplier, max_delay_ms,
+    jitter_percent, default_timeout_ms, created_at, updated_at)
+VALUES ('end_1', 'ws_1', 'mail', 'STANDARD', 5, 30000, 2, 900000, 20, 30000, now(), now());
+INSERT INTO job_runs (id, workspace_id, name, status, created_at) VALUES ('run_1', 'ws_1', 'r', 'RUNNING', now());
+INSERT INTO jobs (id, step_id, workspace_id, run_id, name, version, endpoint_id, idempotency_key, request_hash, status,
+    policy_version, policy_preset, max_attempts, initial_delay_ms, multiplier, max_delay_ms, jitter_percent, timeout_ms,
+    created_at, updated_at, attempt, slot_attempt, lease_expires_at, due_at, ready_at)
+SELECT 'job_' || k, 'stp_' || k, 'ws_1', 'run_1', 'mail', '1', 'end_1', k, '\x00', st,
+    1, 'STANDARD', 5, 30000, 2, 900000, 20, 30000, now(), now(), 1, held, lease,
+    CASE WHEN st = 'QUEUED' THEN '2026-01-01'::timestamptz END, CASE WHEN st = 'QUEUED' THEN '2026-01-01'::timestamptz END
+FROM (VALUES ('waiting', 'QUEUED', 1, now() + interval '1 hour'),
+             ('lapsed', 'QUEUED', 1, now() - interval '1 minute'),
+             ('cancelled', 'CANCELLED', 1, now() + interval '1 hour'),
+             ('plain', 'QUEUED', NULL, now() + interval '1 hour')) v(k, st, held, lease);`)
+	require.NoError(t, err)
+
+	_, err = db.MigrateURL(ctx, target, migrations.FS)
+	require.NoError(t, err)
+	got := byID[string](t, conn, `SELECT id, CASE
+		WHEN ready_at IS NULL AND due_at IS NULL THEN 'none'
+		WHEN ready_at = lease_expires_at AND due_at = lease_expires_at THEN 'lease'
+		WHEN ready_at = '2026-01-01' AND due_at = '2026-01-01' THEN 'kept'
+		ELSE 'other' END FROM jobs`)
+	require.Equal(t, map[string]string{"job_waiting": "lease", "job_lapsed": "kept", "job_cancelled": "none",
+		"job_plain": "kept"}, got)
+}
+
 func byID[T any](t *testing.T, conn *pgx.Conn, sql string) map[string]T {
 	t.Helper()
 	rows, err := conn.Query(context.Background(), sql)

@@ -518,3 +518,53 @@ func TestAReplayUnderAnIdempotencyKeyRunsOnce(t *testing.T) {
 	require.Equal(t, "EXHAUSTED", durable(e.getRun(runID), 0)["status"], "not queued again")
 	require.Len(t, durable(e.getRun(runID), 0)["replays"], 1)
 }
+
+// A step cancelled while it ran and replayed onto another contract before
+// that attempt ended is due (dueAt) at the attempt's lease expiry, the
+// lease the old contract's timeout gave it, and no claim of the new
+// version takes it; the attempt's report makes it due at once, and the new
+// version's worker claims it (replay QA: it read due at the replay, and
+// every claim of the version read and passed over it until the lease
+// expired).
+func TestAStepReplayedOntoAnotherContractWhileItRanIsDueWhenItsAttemptEnds(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t, "send_email@1", "send_email@2")
+	e.publish("send_email", contractBody("1", nil))
+	e.publish("send_email", contractBody("2", map[string]any{"timeoutMs": 9000}))
+	w1, w2 := e.register("send_email@1"), e.register("send_email@2")
+	enq := e.enqueue(e.run(), map[string]any{"name": "send_email", "version": "1",
+		"input": map[string]any{"customerId": "cus_1"}})
+	stepID := enq["stepId"].(string)
+	job := e.claim(w1, 1)[0]
+	at := func(v any) time.Time {
+		t.Helper()
+		s, ok := v.(string)
+		require.True(t, ok, "a time, not %v", v)
+		tm, err := time.Parse(time.RFC3339Nano, s)
+		require.NoError(t, err)
+		return tm
+	}
+	lease := at(job["leaseExpiresAt"])
+	e.clock.Add(time.Second)
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+stepID+"/cancel", e.ingest, nil)
+	e.Must(http.StatusOK, "POST", "/api/v1/steps/"+stepID+"/replay", e.ws.Key, map[string]any{
+		"acknowledgeDuplicateRisk": true, "targetContractVersion": 2, "expectedHandlerVersion": "1",
+		"acknowledgeVersionChange": true})
+	dj := e.stepOf(stepID)["durableJob"].(map[string]any)
+	require.Equal(t, "QUEUED", dj["status"])
+	require.WithinDuration(t, lease, at(dj["dueAt"]), 0, "due when the cancelled attempt's lease expires")
+	require.WithinDuration(t, lease, at(dj["leaseExpiresAt"]), 0)
+	require.Empty(t, e.claim(w2, 5), "the cancelled attempt may still run")
+
+	e.clock.Add(time.Second)
+	r := e.report(job, map[string]any{"status": "FAILED", "error": map[string]any{"message": "stopped: cancelled"}})
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	dj = e.stepOf(stepID)["durableJob"].(map[string]any)
+	require.WithinDuration(t, e.clock.Now(), at(dj["dueAt"]), 0, "due at the attempt's report")
+	require.Nil(t, dj["leaseExpiresAt"])
+	again := e.claim(w2, 5)
+	require.Len(t, again, 1)
+	require.Equal(t, enq["jobId"], again[0]["jobId"])
+	require.Equal(t, "2", again[0]["version"])
+	require.EqualValues(t, 2, again[0]["attempt"])
+}

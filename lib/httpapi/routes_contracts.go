@@ -67,7 +67,8 @@ func (s *Server) contractsRoutes() []Route {
 				"target is 409 invalid_state; a target when this server cannot decrypt the saved input is 500 " +
 				"internal_error, changing nothing). A FAILED run whose only failed step this was goes back to " +
 				"RUNNING; a paused endpoint holds the job. A step cancelled while it ran is claimed only once that " +
-				"attempt has reported or its lease (leaseExpiresAt) has expired: never two attempts at once. The " +
+				"attempt has reported or its lease (leaseExpiresAt) has expired: never two attempts at once. Its " +
+				"dueAt is that expiry until the attempt reports, then the report's time. The " +
 				"duplicate risk acknowledged is an earlier attempt's side effect done though its outcome was not recorded.",
 			Request: jobs.ReplayRequest{}, Response: jobs.ReplayResult{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound, apierr.CodeInvalidState,

@@ -22,8 +22,10 @@ type QueueHealth struct {
 	Version string `json:"version"`
 	Queued  int64  `json:"queued"`
 	// Due is how many of them a claim could take now: the rest are
-	// retries or delayed enqueues waiting for their time.
-	Due                    int64 `json:"due"`
+	// retries or delayed enqueues waiting for their time, and replayed
+	// jobs waiting for their cancelled attempts (due at those attempts'
+	// lease expiry, or at their reports if sooner).
+	Due                    int64 `json:"due" jsonschema:"how many of the queued jobs a claim could take now, were nothing holding them; the rest are retries and delayed enqueues waiting for their time, and replayed jobs waiting for their cancelled attempt to report or its lease to expire"`
 	OldestQueuedAgeSeconds int64 `json:"oldestQueuedAgeSeconds"`
 	WorkersSeen            int64 `json:"workersSeen"`
 	// The endpoints of its queued jobs that hold them: circuit open, paused,
@@ -37,9 +39,9 @@ type QueueHealth struct {
 	RateLimitedEndpoints []string `json:"rateLimitedEndpoints"`
 	// Message says plainly what holds the queue, when something does.
 	Message *string `json:"message"`
-	// heldReplayEndpoints are the endpoints where a due replayed job waits
-	// for its cancelled attempt, which may still run, to end (migration
-	// 0060); said in Message only.
+	// heldReplayEndpoints are the endpoints where a replayed job waits for
+	// its cancelled attempt, which may still run, to end (migration 0060;
+	// the job is not due until then); said in Message only.
 	heldReplayEndpoints []string
 }
 

@@ -298,7 +298,9 @@ func (req ReplayRequest) validate() (additional int, err error) {
 // cancelled while it ran whose attempt has neither reported nor seen its
 // lease expire (jobs.slot_attempt) is QUEUED all the same, but no claim
 // takes it until that attempt ends (migration 0060): the replay never runs
-// beside it, and the duplicate risk acknowledged is a repeat after it.
+// beside it, and the duplicate risk acknowledged is a repeat after it. It
+// is due at that attempt's lease expiry, or at its report if that comes
+// first (replayDue).
 func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, req ReplayRequest) (ReplayResult, error) {
 	additional, err := req.validate()
 	if err != nil {

@@ -42,7 +42,8 @@ func TestAReplayedStepWaitsForItsCancelledAttemptsReport(t *testing.T) {
 	b.clock.Add(first.LeaseExpiresAt.Sub(b.clock.Now()) - time.Millisecond) // the last moment of its lease
 	require.Empty(t, b.claim(t, wid, 5), "told to stop, its worker may still be at work")
 	h := b.health(t)
-	require.Equal(t, int64(1), h.Due)
+	require.Equal(t, int64(1), h.Queued)
+	require.Zero(t, h.Due, "due at the attempt's lease expiry")
 	require.NotNil(t, h.Message)
 	require.Equal(t, "On endpoint send_email, a replayed job waits for its cancelled attempt, which may still be "+
 		"running, to report or its lease to expire.", *h.Message)
@@ -60,6 +61,93 @@ func TestAReplayedStepWaitsForItsCancelledAttemptsReport(t *testing.T) {
 	require.Equal(t, "FAILED", *xs[0].Outcome)
 	require.True(t, xs[0].Reported, "its own outcome, not a lapse")
 	require.Nil(t, xs[0].Warning)
+}
+
+// dueAt is the step's durable job's due time as its read shows it, and
+// readyAt the claim index's (jobs.ready_at, which claims read in order).
+func (b *bundle) dueTimes(t *testing.T, stepID string) (dueAt, readyAt *time.Time) {
+	t.Helper()
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT ready_at FROM jobs WHERE step_id = $1`, stepID).Scan(&readyAt))
+	return b.step(t, stepID).DurableJob.DueAt, readyAt
+}
+
+// requireDue checks that the step is due at want, in its read and in the
+// claim index.
+func (b *bundle) requireDue(t *testing.T, stepID string, want time.Time, why string) {
+	t.Helper()
+	dueAt, readyAt := b.dueTimes(t, stepID)
+	require.NotNil(t, dueAt, why)
+	require.NotNil(t, readyAt, why)
+	require.WithinDuration(t, want, *dueAt, 0, "dueAt: %s", why)
+	require.WithinDuration(t, want, *readyAt, 0, "ready_at: %s", why)
+}
+
+// A replayed step waiting for its cancelled attempt is due at that
+// attempt's lease expiry, not at once: in the claim index's ready_at order
+// it is then behind the jobs a claim can take, and no claim reads it. Left
+// due at once, 20 000 such jobs after a mass cancel and replay made every
+// claim of their version read and pass over all 20 000 until their leases
+// expired (replay QA). The attempt's report makes it due then; cancelled
+// again meanwhile, the report leaves it with no due time. Queue health
+// counts it queued and not due, and says what holds it.
+func TestAReplayedStepIsDueWhenItsCancelledAttemptEnds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	st := b.enqueue(t, b.run(t), jobs.EnqueueRequest{TimeoutMs: ptr[int64](60_000)})
+	wid := b.register(t)
+	first := b.claimOne(t, wid)
+	b.clock.Add(time.Second)
+	b.cancelAndReplay(t, st.StepID)
+	b.requireDue(t, st.StepID, first.LeaseExpiresAt, "replayed: due when the cancelled attempt's lease expires")
+	require.Equal(t, first.LeaseExpiresAt, *b.step(t, st.StepID).DurableJob.LeaseExpiresAt)
+	h := b.health(t)
+	require.Equal(t, int64(1), h.Queued)
+	require.Zero(t, h.Due)
+	require.NotNil(t, h.Message)
+	require.Equal(t, "On endpoint send_email, a replayed job waits for its cancelled attempt, which may still be "+
+		"running, to report or its lease to expire.", *h.Message)
+
+	b.clock.Add(time.Second)
+	reported := b.clock.Now()
+	_, err := b.svc.Report(ctx, b.worker, first.JobID, jobs.ReportRequest{LeaseToken: first.LeaseToken, Status: "FAILED",
+		Error: &jobs.ReportError{Message: "stopped: cancelled"}})
+	require.NoError(t, err)
+	b.requireDue(t, st.StepID, reported, "its attempt reported: due at the report")
+	h = b.health(t)
+	require.Equal(t, int64(1), h.Due)
+	require.Nil(t, h.Message)
+	second := b.claimOne(t, wid)
+	require.Equal(t, 2, second.Attempt)
+
+	// Cancelled again while it waits: the report leaves it CANCELLED, due
+	// at no time; replayed once more, with no attempt left to wait for,
+	// it is due at once.
+	b.clock.Add(time.Second)
+	b.cancelAndReplay(t, st.StepID)
+	b.requireDue(t, st.StepID, second.LeaseExpiresAt, "replayed again while the second attempt may run")
+	_, err = b.svc.CancelStep(ctx, b.ws, st.StepID)
+	require.NoError(t, err)
+	r, err := b.svc.Report(ctx, b.worker, second.JobID, jobs.ReportRequest{LeaseToken: second.LeaseToken,
+		Status: "SUCCEEDED"})
+	require.NoError(t, err)
+	require.Equal(t, "CANCELLED", r.Status)
+	dueAt, readyAt := b.dueTimes(t, st.StepID)
+	require.Nil(t, dueAt, "a cancelled step is due at no time")
+	require.Nil(t, readyAt)
+	b.clock.Add(time.Second)
+	_, err = b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+	require.NoError(t, err)
+	b.requireDue(t, st.StepID, b.clock.Now(), "no attempt to wait for")
+
+	// Replayed once its cancelled attempt's lease expired: due at once.
+	third := b.claimOne(t, wid)
+	_, err = b.svc.CancelStep(ctx, b.ws, st.StepID)
+	require.NoError(t, err)
+	b.clock.Add(third.LeaseExpiresAt.Sub(b.clock.Now()) + time.Second)
+	_, err = b.svc.Replay(ctx, b.worker, st.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+	require.NoError(t, err)
+	b.requireDue(t, st.StepID, b.clock.Now(), "the attempt's lease expired")
+	require.Equal(t, 4, b.claimOne(t, wid).Attempt)
 }
 
 // Its worker gone, the cancelled attempt ends when its lease expires: the

@@ -163,7 +163,7 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, 
 		return nil, false, err
 	}
 	if reheld != nil || freed != nil {
-		if _, err := tx.Exec(ctx, sqlAdjustSlots, reheld, freed, freedAttempts, slotted); err != nil {
+		if _, err := tx.Exec(ctx, sqlAdjustSlots, reheld, freed, freedAttempts, slotted, now); err != nil {
 			return nil, false, fmt.Errorf("report: adjust slots: %w", err)
 		}
 	}

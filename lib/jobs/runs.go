@@ -95,7 +95,7 @@ type DurableJob struct {
 	Status          string         `json:"status"`
 	Attempt         int            `json:"attempt"`
 	MaxAttempts     int            `json:"maxAttempts"`
-	DueAt           *time.Time     `json:"dueAt"`
+	DueAt           *time.Time     `json:"dueAt" jsonschema:"when a QUEUED or RETRY_SCHEDULED job is due: no claim takes it before. A step replayed while its cancelled attempt may still run is due at that attempt's lease expiry (leaseExpiresAt), or at its report if that comes first"`
 	LeaseExpiresAt  *time.Time     `json:"leaseExpiresAt"`
 	CancelRequested bool           `json:"cancelRequested"`
 	PolicyVersion   int64          `json:"policyVersion"`

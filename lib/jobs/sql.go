@@ -522,6 +522,9 @@ const sqlWorkerExists = `SELECT true FROM job_workers WHERE id = $1::text AND wo
 // a cancel while its cancelled attempt may still run (jobs.slot_attempt,
 // its lease not expired) is passed over; once that lease expired, its claim
 // takes over the attempt's slot and fails it with the warning the same way.
+// Such a job is not due (ready_at) until that expiry or the attempt's
+// report (replayDue, sqlAdjustSlots), so the scan in ready_at order stops
+// before it: the test in the claim is only the guard.
 //
 // $1 worker, $2 workspace, $3 now, $4 key, $5 limit, $6 lease grace ms,
 // $7 rate window (minute), $8 warning, $9 the most bytes of sealed input one
@@ -735,6 +738,13 @@ FROM l, (SELECT count(*) AS n FROM gated) g`
 // recording will ($4: all the jobs it records), as jobs_report_apply then
 // does: locking only these first, out of that order, deadlocked with claims
 // and other reports.
+//
+// A job replayed while the attempt freed here could still run is QUEUED and
+// due at that attempt's lease expiry (replayDue): the attempt has ended, so
+// it is due now ($5), the report's time, unless it was due earlier. Under
+// the job's row lock (sqlReportLock), which a claim takes too (SKIP LOCKED,
+// deciding on the row it locked): no claim sees the attempt freed without
+// the job due, or the job due with the attempt held.
 const sqlAdjustSlots = `
 WITH gated AS (
     SELECT e.id FROM job_endpoints e
@@ -742,7 +752,10 @@ WITH gated AS (
     ORDER BY e.id
     FOR NO KEY UPDATE
 ), freed AS (
-    UPDATE jobs j SET slot_attempt = NULL FROM unnest($2::text[], $3::int[]) AS u(id, attempt)
+    UPDATE jobs j SET slot_attempt = NULL,
+        due_at = CASE WHEN j.status = 'QUEUED' THEN least(j.due_at, $5::timestamptz) ELSE j.due_at END,
+        ready_at = CASE WHEN j.status = 'QUEUED' THEN least(j.ready_at, $5::timestamptz) ELSE j.ready_at END
+    FROM unnest($2::text[], $3::int[]) AS u(id, attempt)
     WHERE j.id = u.id AND j.slot_attempt = u.attempt
     RETURNING j.endpoint_id
 ), c AS (
@@ -835,9 +848,12 @@ WHERE e.id = j.endpoint_id AND $3::bool AND NOT j.held AND e.max_concurrent IS N
 // it; the sweeper or the next read of its run ends it EXHAUSTED). Pages go
 // by (name, version): $4 and $5 are the last row's (NULL for the first
 // page), $6 the page's rows. The last column names the endpoints where a
-// due replayed job waits for its cancelled attempt, which may still run:
-// it has not reported and its lease (the job's lease_expires_at) has not
-// expired (migration 0060: the claim waits for it, on any endpoint).
+// replayed job waits for its cancelled attempt, which may still run: it
+// has not reported and its lease (the job's lease_expires_at) has not
+// expired (migration 0060: the claim waits for it, on any endpoint). Such a
+// job is due at that expiry (replayDue), not yet: it counts as queued, not
+// due, like a retry waiting for its time, and is named whatever its due
+// time, as what holds it is an attempt that may end sooner, at its report.
 //
 // An endpoint at its maxConcurrent holds only the jobs that would take a
 // new slot: as in jobs_claim_keyed (migration 0047), a lapsed RUNNING job
@@ -860,7 +876,6 @@ WITH q AS (
            array_agg(DISTINCT endpoint_id) FILTER (WHERE status <> 'RUNNING' AND slot_attempt IS NULL
                                                    AND ready_at <= $2::timestamptz) AS slot_endpoint_ids,
            array_agg(DISTINCT endpoint_id) FILTER (WHERE status <> 'RUNNING' AND slot_attempt IS NOT NULL
-                                                   AND ready_at <= $2::timestamptz
                                                    AND lease_expires_at > $2::timestamptz) AS held_endpoint_ids
     FROM jobs
     WHERE workspace_id = $1::text AND (status IN ('QUEUED', 'RETRY_SCHEDULED')

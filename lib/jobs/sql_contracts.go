@@ -65,21 +65,35 @@ FOR UPDATE OF j`
 // A replay sets the job's token to ” (no lease, and unlike a requeue's
 // NULL, no lapsed attempt to take back: see requeuedFor).
 
+// replayDue is when a job replayed at $3 is due: at once, unless it holds
+// a cancelled attempt (slot_attempt) whose lease (lease_expires_at, never
+// extended after the cancel) has not expired. No claim takes it while that
+// attempt may still run (migration 0060), so it is due when that lease
+// expires, or when the attempt reports first (sqlAdjustSlots brings it back
+// to the report's time). Left due at once, such jobs sat at the head of the
+// claim index (ready_at order) and every claim of their name@version read
+// and passed over each of them until their leases expired: 20 000 of them,
+// after a mass cancel and replay, made each claim read 20 000 rows (replay
+// QA).
+const replayDue = `CASE WHEN slot_attempt IS NOT NULL AND lease_expires_at > $3::timestamptz
+    THEN lease_expires_at ELSE $3::timestamptz END`
+
 // sqlReplaySameVersion re-queues an ended job with a higher lifetime
 // ceiling, keeping its handler version, contract and policy snapshot (the
-// policy's own count is pinned before the ceiling moves).
+// policy's own count is pinned before the ceiling moves), due at replayDue.
 const sqlReplaySameVersion = `
 UPDATE jobs SET status = 'QUEUED', max_attempts = $2::int, lease_token = '',
     policy_max_attempts = coalesce(policy_max_attempts, max_attempts),
-    due_at = $3::timestamptz, ready_at = $3::timestamptz, finished_at = NULL, cancel_requested = false,
+    due_at = ` + replayDue + `, ready_at = ` + replayDue + `, finished_at = NULL, cancel_requested = false,
     updated_at = $3::timestamptz
 WHERE id = $1::text`
 
 // sqlReplayUpgrade re-queues an ended job under the target contract: its
-// handler version, contract version, timeout and complete retry policy.
+// handler version, contract version, timeout and complete retry policy;
+// due at replayDue (the held attempt's lease is the old timeout's).
 const sqlReplayUpgrade = `
-UPDATE jobs SET status = 'QUEUED', max_attempts = $2::int, lease_token = '', due_at = $3::timestamptz, ready_at = $3::timestamptz,
-    finished_at = NULL, cancel_requested = false, updated_at = $3::timestamptz,
+UPDATE jobs SET status = 'QUEUED', max_attempts = $2::int, lease_token = '', due_at = ` + replayDue + `,
+    ready_at = ` + replayDue + `, finished_at = NULL, cancel_requested = false, updated_at = $3::timestamptz,
     version = $4::text, contract_version = $5::int, timeout_ms = $6::bigint, policy_preset = $7::text,
     policy_max_attempts = $8::int, initial_delay_ms = $9::bigint, multiplier = $10::float8,
     max_delay_ms = $11::bigint, jitter_percent = $12::float8
