@@ -23,6 +23,7 @@ import (
 	"github.com/getratchet/ratchet/lib/app"
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/redact"
 )
 
 func main() {
@@ -42,7 +43,7 @@ func main() {
 		stop()
 	}()
 	if err := run(ctx, os.Stderr, nil); err != nil {
-		fmt.Fprintln(os.Stderr, err)
+		fmt.Fprintln(os.Stderr, redact.ErrorText(err))
 		os.Exit(1)
 	}
 }

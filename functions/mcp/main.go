@@ -26,6 +26,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/getratchet/ratchet/lib/mcpserver"
+	"github.com/getratchet/ratchet/lib/redact"
 )
 
 func main() {
@@ -33,7 +34,7 @@ func main() {
 	defer stop()
 	base, key, err := settings(os.Getenv)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "ratchet-mcp:", err)
+		fmt.Fprintln(os.Stderr, "ratchet-mcp:", redact.ErrorText(err))
 		os.Exit(2)
 	}
 	caller := mcpserver.HTTPCaller{BaseURL: base, Client: &http.Client{Timeout: 60 * time.Second}}
@@ -41,7 +42,7 @@ func main() {
 	pipes.release = func(result json.RawMessage) { releaseUnseen(caller, "Bearer "+key, result) }
 	transport := &mcp.IOTransport{Reader: pipes.Reader(), Writer: pipes.Writer()}
 	if err := mcpserver.New(caller, "Bearer "+key).Run(ctx, transport); err != nil && ctx.Err() == nil {
-		fmt.Fprintln(os.Stderr, "ratchet-mcp:", err)
+		fmt.Fprintln(os.Stderr, "ratchet-mcp:", redact.ErrorText(err))
 		os.Exit(1)
 	}
 }
@@ -55,7 +56,7 @@ func releaseUnseen(c mcpserver.Caller, auth string, result json.RawMessage) {
 	switch released, err := mcpserver.ReleaseUnseen(ctx, c, auth, result); {
 	case err != nil:
 		fmt.Fprintf(os.Stderr, "ratchet-mcp: a cancelled ratchet_begin was granted a lease; giving it back failed (%v): "+
-			"it lapses on its own\n", err)
+			"it lapses on its own\n", redact.ErrorText(err))
 	case released:
 		fmt.Fprintln(os.Stderr, "ratchet-mcp: a cancelled ratchet_begin was granted a lease; reported failed, "+
 			"its key is free for a retry")

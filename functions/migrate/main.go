@@ -21,6 +21,7 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/migrations"
 )
 
@@ -41,7 +42,9 @@ func migrate(ctx context.Context) (Result, error) {
 	if applied == nil {
 		applied = []int{}
 	}
-	return Result{Applied: applied}, err
+	// Its text goes to the function's log, the stack's events and a
+	// terminal: a migration that fails over stored data may quote a value.
+	return Result{Applied: applied}, redact.Safe(err)
 }
 
 // physicalID names the Migrations resource: one per stack, the same on
@@ -86,7 +89,7 @@ func deploy(ctx context.Context, ev cfn.Event) (string, map[string]any, error) {
 		if len(msg) > maxReason {
 			msg = strings.ToValidUTF8(msg[:maxReason], "") + "…"
 		}
-		log.Printf("migrate: %v", err)
+		log.Printf("migrate: %v", redact.ErrorText(err))
 		return physicalID, nil, fmt.Errorf("migrate: %s (the function's log has the rest)", msg)
 	}
 	return physicalID, map[string]any{"Applied": len(res.Applied)}, nil
@@ -151,7 +154,7 @@ func main() {
 	defer stop()
 	res, err := migrate(ctx)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "migrate:", err)
+		fmt.Fprintln(os.Stderr, "migrate:", redact.ErrorText(err))
 		os.Exit(1)
 	}
 	fmt.Printf("migrate: applied %d migration(s) %v\n", len(res.Applied), res.Applied)

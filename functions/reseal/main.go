@@ -28,6 +28,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/reseal"
 )
 
@@ -73,8 +74,9 @@ func invoke(ctx context.Context, ev Event) (reseal.Report, error) {
 		defer cancel()
 	}
 	rep, err := run(cut, ev)
+	err = redact.Safe(err) // the Lambda runtime logs a returned error
 	if err != nil && cut.Err() != nil && ctx.Err() == nil {
-		log.Printf("reseal: stopped to answer in time (%v); invoke again to continue", err)
+		log.Printf("reseal: stopped to answer in time (%v); invoke again to continue", redact.ErrorText(err))
 		rep.Complete = false
 		return rep, nil
 	}
@@ -101,7 +103,7 @@ func main() {
 // still is.
 func answer(stdout, stderr io.Writer, rep reseal.Report, err error, check, asJSON bool) int {
 	if err != nil && !errors.Is(err, context.Canceled) {
-		fmt.Fprintln(stderr, "reseal:", err)
+		fmt.Fprintln(stderr, "reseal:", redact.ErrorText(err))
 		return 1
 	}
 	if asJSON {

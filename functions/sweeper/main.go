@@ -9,6 +9,7 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/getratchet/ratchet/lib/app"
+	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/sweep"
 )
 
@@ -22,7 +23,8 @@ func handler(instance func() (*app.App, error)) func(context.Context) (sweep.Res
 	return func(ctx context.Context) (sweep.Result, error) {
 		a, err := instance()
 		if err != nil {
-			return sweep.Result{}, fmt.Errorf("sweeper: start: %w", err)
+			// The Lambda runtime logs a returned error.
+			return sweep.Result{}, fmt.Errorf("sweeper: start: %w", redact.Safe(err))
 		}
 		res := a.Sweeper.RunOnce(ctx)
 		return res, res.Error()

@@ -18,6 +18,7 @@ import (
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/idempotency"
+	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/reseal"
 	"github.com/getratchet/ratchet/lib/sweep"
 	"github.com/getratchet/ratchet/migrations"
@@ -44,6 +45,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*App, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	}
+	logger = redact.Logger(logger) // every part of the app logs errors as redact.ErrorText has them
 	for _, w := range cfg.Warnings() {
 		logger.Warn("config: " + w)
 	}

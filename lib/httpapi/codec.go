@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"strconv"
@@ -15,6 +14,7 @@ import (
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jsonstrict"
 	"github.com/getratchet/ratchet/lib/jsonx"
+	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/toolname"
 )
 
@@ -190,7 +190,7 @@ func WriteOutsideError(w http.ResponseWriter, e *apierr.Error) {
 // request got the Function URL's bare 502.)
 func StartFailed(err error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		slog.Error("start-up failed", "err", err.Error())
+		redact.Logger(nil).Error("start-up failed", "err", err)
 		e := apierr.New(http.StatusInternalServerError, apierr.CodeInternal,
 			"The service is misconfigured; see the function logs.")
 		if db.IsUnavailable(err) {

@@ -117,7 +117,7 @@ func (s *Server) giveUp(ctx context.Context, c *Call, claim *idempotency.Claim) 
 	if err := claim.GiveUp(ctx); err != nil {
 		// The claim lapses on its own (idempotency.ClaimTTL).
 		s.Logger.Warn("idempotency claim kept", "request_id", c.RequestID, "route", c.Route.Name,
-			"err", err.Error())
+			"err", err)
 	}
 }
 
@@ -140,7 +140,7 @@ func (s *Server) actOnce(ctx context.Context, c *Call, claim *idempotency.Claim)
 		defer cancel()
 		if rerr := rt.Rollback(rctx); rerr != nil {
 			s.Logger.Warn("request transaction not rolled back", "request_id", c.RequestID,
-				"route", c.Route.Name, "err", rerr.Error())
+				"route", c.Route.Name, "err", rerr)
 		}
 		if p := recover(); p != nil {
 			s.giveUp(ctx, c, claim)

@@ -155,6 +155,34 @@ func TestPanicIs500WithRequestIDOnly(t *testing.T) {
 	}
 }
 
+// What an error quotes of a request's data stays out of the log, as out of
+// the answer: a data exception's message quotes the value Postgres refused
+// (QA: one provoked in a begin logged `invalid input syntax for type
+// integer: "<the idempotency key>"` as its internal error, the comment on
+// fail saying driver errors carry no values). The log keeps the SQLSTATE.
+func TestInternalErrorLogsWithholdQuotedValues(t *testing.T) {
+	t.Parallel()
+	var logs apitest.LockedBuffer
+	env := apitest.Start(t, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	const marker = "SECRET-MARKER-123"
+	h := httpapi.NewWithExtraRoutes(env.App.Server.Deps, []httpapi.Route{
+		{Method: "GET", Pattern: "/api/v1/test/cast", Name: "test.cast", Auth: httpapi.AuthNone, Status: 200,
+			Handle: func(ctx context.Context, _ *httpapi.Call) (any, error) {
+				var n int
+				err := env.App.Pool.QueryRow(ctx, `SELECT $1::text::int`, marker).Scan(&n)
+				return nil, fmt.Errorf("test: %w", err)
+			}},
+	})
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/api/v1/test/cast", nil))
+	require.Equal(t, http.StatusInternalServerError, rec.Code, rec.Body.String())
+	require.NotContains(t, rec.Body.String(), marker)
+	require.NotContains(t, rec.Body.String(), "SQLSTATE")
+	require.Contains(t, logs.String(), "SQLSTATE 22P02")
+	require.Contains(t, logs.String(), "route=test.cast")
+	require.NotContains(t, logs.String(), marker)
+}
+
 // A client that goes away while its statement runs is 499, not an outage:
 // the statement is cancelled on the server, whose "canceling statement"
 // (57014) must not read as database_unavailable (nor log as one).

@@ -138,7 +138,7 @@ func (s *Server) health(ctx context.Context, _ *Call) (any, error) {
 			failure = apierr.PoolBusy(nil)
 			s.Logger.Warn("health: every pooled connection in use")
 		} else {
-			s.Logger.Warn("health: database unavailable", "err", err.Error())
+			s.Logger.Warn("health: database unavailable", "err", err)
 		}
 		return Reply{Status: http.StatusServiceUnavailable, Body: map[string]any{
 			"ok":    false,

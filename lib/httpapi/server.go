@@ -22,6 +22,7 @@ import (
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/idempotency"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/seal"
 	"github.com/getratchet/ratchet/lib/sweep"
 )
@@ -63,9 +64,9 @@ func New(d Deps) *Server { return newWithRoutes(d, (*Server).routes) }
 
 // newWithRoutes builds a server over another table (tests add failing routes).
 func newWithRoutes(d Deps, table func(*Server) []Route) *Server {
-	if d.Logger == nil {
-		d.Logger = slog.Default()
-	}
+	// Errors are logged as redact.ErrorText has them, whoever built the
+	// logger (a nil one is slog's default).
+	d.Logger = redact.Logger(d.Logger)
 	if d.Now == nil {
 		d.Now = time.Now
 	}
@@ -483,9 +484,10 @@ func unreadableValue(reqID string) *apierr.Error {
 }
 
 // fail writes err as the envelope. Anything that is not an *apierr.Error is
-// logged (message only: driver errors do not carry parameter values) and
-// answered as a bare internal_error, or, for a stored value this instance
-// cannot open, as one that says so (unreadableValue).
+// logged (as redact.ErrorText has it: a driver error's message can quote a
+// value, a data exception's does) and answered as a bare internal_error,
+// or, for a stored value this instance cannot open, as one that says so
+// (unreadableValue).
 func (s *Server) fail(ctx context.Context, w http.ResponseWriter, reqID string, route *Route, err error) {
 	if e, ok := apierr.As(err); ok && e.Code != apierr.CodeInternal && e.Code != apierr.CodeDatabaseUnavailable {
 		writeError(w, e)
@@ -507,13 +509,13 @@ func (s *Server) fail(ctx context.Context, w http.ResponseWriter, reqID string, 
 			unavailable = databaseFailure(ctx, err, !db.Unapplied(err))
 		}
 		s.Logger.Warn("database unavailable", "request_id", reqID, "route", route.Name,
-			"outcome", unavailable.Detail["outcome"], "err", err.Error())
+			"outcome", unavailable.Detail["outcome"], "err", err)
 		writeError(w, unavailable.WithDetail("request_id", reqID))
 		return
 	}
 	// Logged as every 500 is (err names the row and the key id of a value
 	// that cannot be opened, never the value).
-	s.Logger.Error("internal error", "request_id", reqID, "route", route.Name, "err", err.Error())
+	s.Logger.Error("internal error", "request_id", reqID, "route", route.Name, "err", err)
 	if errors.Is(err, seal.ErrUnknownKey) {
 		writeError(w, unreadableValue(reqID))
 		return

@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/seal"
 )
 
@@ -143,7 +144,7 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, hashSecret string, leaseGraceM
 	return &Service{pool: pool, sealer: sealer, hashKey: []byte(hashSecret), now: clock,
 		leaseGrace: time.Duration(leaseGraceMs) * time.Millisecond, jitter: rand.Float64,
 		pollMin: pollMin, pollMax: pollMax, wake: newWaker(), waits: newWaitSlots(maxWaitingClaimsPerKey),
-		purgeSteps: purgeStepsPerPass, claimInputBudget: ClaimInputBudget, logger: logger}
+		purgeSteps: purgeStepsPerPass, claimInputBudget: ClaimInputBudget, logger: redact.Logger(logger)}
 }
 
 func (s *Service) mac(b []byte) []byte {

@@ -585,7 +585,7 @@ func (u *unreadableMessages) log(logger *slog.Logger) {
 		return
 	}
 	logger.Warn("attempts' error messages this instance cannot open read as errorMessageUnreadable",
-		"count", u.n, "job_id", u.jobID, "attempt", u.attempt, "key_id", u.keyID, "error", u.err.Error())
+		"count", u.n, "job_id", u.jobID, "attempt", u.attempt, "key_id", u.keyID, "error", u.err)
 }
 
 // scanRun reads a row of runColumns.

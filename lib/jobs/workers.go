@@ -302,7 +302,7 @@ func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID str
 				continue
 			}
 			s.logger.Warn("claim passed over a job whose input this instance cannot open",
-				"job_id", id, "worker_id", workerID, "error", openErr.Error())
+				"job_id", id, "worker_id", workerID, "error", openErr)
 			*skip = append(*skip, id)
 			passed = true
 		}

@@ -1,6 +1,7 @@
 // Package redact turns sensitive JSON documents (effect payloads, job inputs
 // and outputs) into previews that listings and dashboards may show: the shape
-// survives, the values do not.
+// survives, the values do not. It also writes errors as logs may hold them
+// (ErrorText, Logger): what an error quotes of a value is withheld.
 package redact
 
 import (

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/redact"
 )
 
 // Task is one bounded unit of the pass. It returns how many rows it changed.
@@ -126,7 +127,7 @@ func (s *Sweeper) run(ctx context.Context, t Task, after time.Duration) (n int, 
 		s.noteUnavailable(t.Name, err)
 		interrupted = true
 	case err != nil:
-		s.logger.Error("sweep task failed", "task", t.Name, "err", err.Error())
+		s.logger.Error("sweep task failed", "task", t.Name, "err", err)
 	}
 	return n, interrupted, err
 }
@@ -143,10 +144,10 @@ func (s *Sweeper) noteUnavailable(task string, err error) {
 	case o.since.IsZero():
 		o.since = now
 		s.logger.Warn("sweep task interrupted: database unavailable; further interruptions are summarised every minute",
-			"task", task, "err", err.Error())
+			"task", task, "err", err)
 	case now.Sub(o.reported) >= outageReminder:
 		s.logger.Warn("sweep tasks interrupted: database still unavailable",
-			"since", o.since.UTC().Format(time.RFC3339), "interrupted", o.interrupted, "err", err.Error())
+			"since", o.since.UTC().Format(time.RFC3339), "interrupted", o.interrupted, "err", err)
 	default:
 		return
 	}
@@ -172,7 +173,7 @@ func (s *Sweeper) noteAvailable() {
 
 // New returns a sweeper over tasks.
 func New(now func() time.Time, logger *slog.Logger, tasks ...Task) *Sweeper {
-	return &Sweeper{tasks: tasks, now: now, logger: logger}
+	return &Sweeper{tasks: tasks, now: now, logger: redact.Logger(logger)}
 }
 
 // Add appends tasks.

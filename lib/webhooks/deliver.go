@@ -512,7 +512,7 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 		// the attempt counts. The operator must hear of it, the delivery's
 		// record alone reaches only its owner.
 		s.logger.Error("webhook signing secret cannot be opened; delivery not sent",
-			"webhook_id", c.webhookID, "delivery_id", c.id, "err", err.Error())
+			"webhook_id", c.webhookID, "delivery_id", c.id, "err", err)
 		return s.record(ctx, c, nil, "cannot open signing secret")
 	}
 	secrets := []string{string(secret)}
@@ -524,7 +524,7 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 			secrets = append(secrets, string(previous))
 		} else {
 			s.logger.Warn("webhook previous signing secret cannot be opened; signed with the current one alone",
-				"webhook_id", c.webhookID, "delivery_id", c.id, "err", err.Error())
+				"webhook_id", c.webhookID, "delivery_id", c.id, "err", err)
 		}
 	}
 	body, err := json.Marshal(map[string]any{

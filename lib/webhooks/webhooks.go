@@ -22,6 +22,7 @@ import (
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/seal"
 )
 
@@ -84,7 +85,7 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, now func() time.Time, allowPri
 	// Postgres keeps microseconds: a write answers the time a read returns.
 	clock := func() time.Time { return now().UTC().Truncate(time.Microsecond) }
 	return &Service{pool: pool, sealer: sealer, now: clock, client: newClient(allowPrivate), allowPrivate: allowPrivate,
-		logger: logger}
+		logger: redact.Logger(logger)}
 }
 
 // validate checks the request. Unless allowPrivate, a receiver named by a

@@ -1,0 +1,197 @@
+package redact
+
+import (
+	"context"
+	"log/slog"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrorText is the text of err that a log line may hold: err.Error() with
+// every part that can quote a value withheld. Most errors name only
+// statements, tables, constraints and ids, and keep their text; these do
+// not:
+//
+//   - a Postgres data exception (SQLSTATE class 22) quotes the value it
+//     refused in its message (`invalid input syntax for type integer:
+//     "…"`, `value "…" is out of range`): its message is withheld, its
+//     SQLSTATE and routine kept. (A constraint violation's message names
+//     the constraint only; the row or key values are in its Detail, which
+//     pgconn.PgError's Error never includes.)
+//   - pgx's "unable to encode …" quotes the Go value of the argument it
+//     could not send (%#v): withheld whole.
+//   - strconv's "parsing \"…\"" quotes its input: the input is withheld.
+//   - an HTTP client's *url.Error names its URL, user info (net/http
+//     strips the password only) and query string (tokens) included: both
+//     are withheld.
+//
+// Loggers built by Logger apply it to every error they log.
+func ErrorText(err error) string {
+	if err == nil {
+		return ""
+	}
+	text := err.Error()
+	var lost []string // safe texts of parts whose text the whole does not repeat
+	walk(err, func(e error) bool {
+		if _, ok := e.(safeError); ok {
+			return false // its text is ErrorText's already
+		}
+		safe, ok := withheld(e)
+		if !ok {
+			return true
+		}
+		if old := e.Error(); old != "" && strings.Contains(text, old) {
+			text = strings.ReplaceAll(text, old, safe)
+		} else {
+			lost = append(lost, safe)
+		}
+		return false
+	})
+	if len(lost) > 0 {
+		// An error that renders what it wraps otherwise than as its text
+		// (quoted, cut, reworded) may still hold the value somewhere: say
+		// only what the withheld parts were.
+		return "error text withheld from logs: " + strings.Join(lost, "; ")
+	}
+	return text
+}
+
+// Safe returns err with its text as ErrorText has it, for an error that
+// goes where logs go (a Lambda function's returned error, a command's
+// stderr); errors.Is and errors.As still see err. Safe(nil) is nil.
+func Safe(err error) error {
+	if err == nil {
+		return nil
+	}
+	if s, ok := err.(safeError); ok {
+		return s
+	}
+	return safeError{err: err, text: ErrorText(err)}
+}
+
+type safeError struct {
+	err  error
+	text string
+}
+
+func (e safeError) Error() string { return e.text }
+func (e safeError) Unwrap() error { return e.err }
+
+// walk calls visit on err and, while visit answers true, on what it wraps.
+func walk(err error, visit func(error) bool) {
+	if err == nil || !visit(err) {
+		return
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		walk(u.Unwrap(), visit)
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			walk(e, visit)
+		}
+	}
+}
+
+// withheld answers the safe text of e when e's own text may quote a value.
+func withheld(e error) (string, bool) {
+	switch t := e.(type) {
+	case *pgconn.PgError:
+		if !strings.HasPrefix(t.Code, "22") {
+			return "", false
+		}
+		s := t.Severity + ": data exception, its message withheld from logs (SQLSTATE " + t.Code
+		if t.Routine != "" {
+			s += ", routine " + t.Routine
+		}
+		return s + ")", true
+	case *strconv.NumError:
+		return "strconv." + t.Func + ": parsing a value withheld from logs: " + t.Err.Error(), true
+	case *url.Error:
+		return t.Op + " " + safeURL(t.URL) + ": " + ErrorText(t.Err), true
+	}
+	// pgx's newEncodeError: "unable to encode %#v into %s format for %s
+	// (OID %d): %w", a fmt wrapper and no type of its own.
+	if strings.HasPrefix(e.Error(), "unable to encode ") {
+		return "unable to encode an argument (value withheld from logs)", true
+	}
+	return "", false
+}
+
+// safeURL is u without its user info, query and fragment.
+func safeURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "(URL withheld from logs)"
+	}
+	s := (&url.URL{Scheme: p.Scheme, Host: p.Host, Path: p.Path}).String()
+	if p.User != nil {
+		s = strings.Replace(s, "://", "://…@", 1)
+	}
+	if p.RawQuery != "" || p.ForceQuery {
+		s += "?…"
+	}
+	return s
+}
+
+// Logger returns l logging every error an attribute holds as ErrorText (a
+// nil l is slog's default logger). Every logger Ratchet's services are
+// given goes through it, so an error is logged as "err", err, never as
+// err.Error(), which would bypass it.
+func Logger(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		l = slog.Default()
+	}
+	if _, ok := l.Handler().(errorHandler); ok {
+		return l
+	}
+	return slog.New(errorHandler{l.Handler()})
+}
+
+// errorHandler rewrites error attributes as ErrorText before next sees them.
+type errorHandler struct{ next slog.Handler }
+
+func (h errorHandler) Enabled(ctx context.Context, l slog.Level) bool { return h.next.Enabled(ctx, l) }
+
+func (h errorHandler) Handle(ctx context.Context, r slog.Record) error {
+	out := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
+	r.Attrs(func(a slog.Attr) bool {
+		out.AddAttrs(safeAttr(a))
+		return true
+	})
+	return h.next.Handle(ctx, out)
+}
+
+func (h errorHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	safe := make([]slog.Attr, len(as))
+	for i, a := range as {
+		safe[i] = safeAttr(a)
+	}
+	return errorHandler{h.next.WithAttrs(safe)}
+}
+
+func (h errorHandler) WithGroup(name string) slog.Handler {
+	return errorHandler{h.next.WithGroup(name)}
+}
+
+func safeAttr(a slog.Attr) slog.Attr {
+	v := a.Value.Resolve()
+	switch v.Kind() {
+	case slog.KindGroup:
+		g := v.Group()
+		safe := make([]any, len(g))
+		for i, c := range g {
+			safe[i] = safeAttr(c)
+		}
+		return slog.Group(a.Key, safe...)
+	case slog.KindAny:
+		if err, ok := v.Any().(error); ok {
+			return slog.String(a.Key, ErrorText(err))
+		}
+	}
+	return slog.Attr{Key: a.Key, Value: v}
+}
+
+var _ slog.Handler = errorHandler{}

@@ -1,0 +1,212 @@
+package redact
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"go/types"
+	"io/fs"
+	"log/slog"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/stretchr/testify/require"
+)
+
+const marker = "SECRET-MARKER-123"
+
+// A data exception's message quotes the value Postgres refused; logged as
+// it was (QA: a begin whose key a cast refused logged `invalid input syntax
+// for type integer: "<the idempotency key>"`), it is now withheld, the
+// SQLSTATE, the routine and what wraps it kept.
+func TestErrorTextWithholdsADataExceptionsMessage(t *testing.T) {
+	t.Parallel()
+	pe := &pgconn.PgError{Severity: "ERROR", Code: "22P02", Routine: "pg_strtoint32_safe",
+		Message: `invalid input syntax for type integer: "` + marker + `"`}
+	got := ErrorText(fmt.Errorf("begin: %w", pe))
+	require.NotContains(t, got, marker)
+	require.Equal(t, "begin: ERROR: data exception, its message withheld from logs (SQLSTATE 22P02, routine pg_strtoint32_safe)", got)
+
+	// Twice in a tree, and inside errors.Join.
+	got = ErrorText(errors.Join(fmt.Errorf("a: %w", pe), errors.New("b")))
+	require.NotContains(t, got, marker)
+	require.Contains(t, got, "b")
+}
+
+// A constraint violation keeps its message: it names the constraint, and
+// the key or row its Detail quotes is not in Error().
+func TestErrorTextKeepsAConstraintViolation(t *testing.T) {
+	t.Parallel()
+	pe := &pgconn.PgError{Severity: "ERROR", Code: "23505", ConstraintName: "effects_ws_key",
+		Message: `duplicate key value violates unique constraint "effects_ws_key"`,
+		Detail:  "Key (workspace_id, idempotency_key)=(ws_1, " + marker + ") already exists."}
+	err := fmt.Errorf("begin: %w", pe)
+	require.Equal(t, err.Error(), ErrorText(err))
+	require.NotContains(t, ErrorText(err), marker)
+}
+
+// pgx quotes the Go value of an argument it cannot encode (%#v).
+func TestErrorTextWithholdsAnArgumentPgxCannotEncode(t *testing.T) {
+	t.Parallel()
+	_, encErr := pgtype.NewMap().Encode(pgtype.Int4OID, pgtype.BinaryFormatCode, struct{ Key string }{marker}, nil)
+	require.ErrorContains(t, encErr, marker)
+	err := fmt.Errorf("begin: %w", fmt.Errorf("failed to encode args[2]: %w", encErr))
+	got := ErrorText(err)
+	require.NotContains(t, got, marker)
+	require.Equal(t, "begin: failed to encode args[2]: unable to encode an argument (value withheld from logs)", got)
+}
+
+func TestErrorTextWithholdsParsedInputAndURLs(t *testing.T) {
+	t.Parallel()
+	_, numErr := strconv.Atoi(marker)
+	got := ErrorText(fmt.Errorf("cursor: %w", numErr))
+	require.NotContains(t, got, marker)
+	require.Equal(t, "cursor: strconv.Atoi: parsing a value withheld from logs: invalid syntax", got)
+
+	// A receiver's credentials and a pre-signed URL's signature.
+	uerr := &url.Error{Op: "Put", URL: "https://user:" + marker + "@bucket.example/o?X-Amz-Signature=" + marker,
+		Err: errors.New("dial tcp: connection refused")}
+	got = ErrorText(fmt.Errorf("answer: %w", uerr))
+	require.NotContains(t, got, marker)
+	require.Equal(t, "answer: Put https://…@bucket.example/o?…: dial tcp: connection refused", got)
+	require.NotContains(t, ErrorText(&url.Error{Op: "Get", URL: "%zz" + marker, Err: errors.New("x")}), marker)
+}
+
+// An error that renders what it wraps otherwise than as its text (quoted
+// here) cannot be cut around it: only the withheld parts are said.
+func TestErrorTextOfAWrapperThatRewordsWithholdsAll(t *testing.T) {
+	t.Parallel()
+	pe := &pgconn.PgError{Severity: "ERROR", Code: "22003", Message: `value "` + marker + `" is out of range for type integer`}
+	got := ErrorText(quoting{pe})
+	require.NotContains(t, got, marker)
+	require.Contains(t, got, "SQLSTATE 22003")
+	require.Empty(t, ErrorText(nil))
+	require.Equal(t, "plain", ErrorText(errors.New("plain")))
+}
+
+type quoting struct{ err error }
+
+func (q quoting) Error() string { return fmt.Sprintf("wrapped %q", q.err.Error()) }
+func (q quoting) Unwrap() error { return q.err }
+
+// Safe keeps the chain for errors.Is and As, its text ErrorText's; an
+// error that wraps it is cut around it, not withheld whole.
+func TestSafeKeepsTheChain(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, Safe(nil))
+	pe := &pgconn.PgError{Severity: "ERROR", Code: "22P02", Message: marker}
+	err := Safe(fmt.Errorf("migrate: %w", pe))
+	require.NotContains(t, err.Error(), marker)
+	var got *pgconn.PgError
+	require.ErrorAs(t, err, &got)
+	require.Same(t, pe, got)
+	require.Equal(t, "start: "+err.Error(), ErrorText(fmt.Errorf("start: %w", err)))
+	require.Equal(t, err, Safe(err))
+}
+
+// A logger from Logger writes every error an attribute holds as ErrorText,
+// at the top level, in a group and in attributes bound beforehand.
+func TestLoggerWritesErrorsAsErrorText(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	l := Logger(slog.New(slog.NewJSONHandler(&buf, nil)))
+	require.Same(t, l, Logger(l), "not wrapped twice")
+	pe := &pgconn.PgError{Severity: "ERROR", Code: "22P02", Message: marker}
+	l.With("bound", fmt.Errorf("x: %w", pe)).WithGroup("g").Error("failed", "err", pe,
+		slog.Group("inner", slog.Any("cause", pe)), "plain", "kept")
+	require.NotContains(t, buf.String(), marker)
+	require.Contains(t, buf.String(), `"bound":"x: ERROR: data exception`)
+	require.Contains(t, buf.String(), `"err":"ERROR: data exception`)
+	require.Contains(t, buf.String(), `"inner":{"cause":"ERROR: data exception`)
+	require.Contains(t, buf.String(), `"plain":"kept"`)
+}
+
+// Loggers apply ErrorText to an error, not to the string err.Error() makes
+// of it, and the log package and stderr prints know nothing of it: no log
+// call in lib/ or functions/ passes err.Error(), and no log.Print* or print
+// to stderr passes an error other than through ErrorText or Safe (QA:
+// thirteen log calls passed err.Error() and eight prints an error as it
+// was, so a value a driver error quoted reached the log).
+func TestLogCallsPassErrorsAsErrors(t *testing.T) {
+	t.Parallel()
+	var found []string
+	for _, root := range []string{"../../lib", "../../functions"} {
+		require.NoError(t, filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			if testSupport[filepath.Base(filepath.Dir(path))] {
+				return nil
+			}
+			fset := token.NewFileSet()
+			f, err := parser.ParseFile(fset, path, nil, 0)
+			if err != nil {
+				return err
+			}
+			ast.Inspect(f, func(n ast.Node) bool {
+				call, ok := n.(*ast.CallExpr)
+				if !ok {
+					return true
+				}
+				sel, ok := call.Fun.(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				recv := types.ExprString(sel.X)
+				var bad func(ast.Expr) bool
+				switch {
+				case slogMethods[sel.Sel.Name] && (recv == "slog" || strings.Contains(strings.ToLower(recv), "logger")):
+					bad = isErrorCall
+				case recv == "log" && strings.HasPrefix(sel.Sel.Name, "Print") || recv == "log" && strings.HasPrefix(sel.Sel.Name, "Fatal"),
+					recv == "fmt" && strings.HasPrefix(sel.Sel.Name, "Fprint") && len(call.Args) > 0 &&
+						strings.Contains(strings.ToLower(types.ExprString(call.Args[0])), "stderr"):
+					bad = func(e ast.Expr) bool { return isErrorCall(e) || isErrIdent(e) }
+				default:
+					return true
+				}
+				args := call.Args
+				if sel.Sel.Name[0] == 'F' && recv == "fmt" {
+					args = args[1:] // the writer
+				}
+				for _, a := range args {
+					if bad(a) {
+						found = append(found, fmt.Sprintf("%s: %s", fset.Position(a.Pos()), types.ExprString(a)))
+					}
+				}
+				return true
+			})
+			return nil
+		}))
+	}
+	require.Empty(t, found, "log errors as errors (a logger's \"err\", err) or through redact.ErrorText")
+}
+
+// testSupport are the packages only tests run.
+var testSupport = map[string]bool{"apitest": true, "testpg": true, "sdktest": true}
+
+var slogMethods = map[string]bool{"Debug": true, "Info": true, "Warn": true, "Error": true, "Log": true,
+	"LogAttrs": true, "DebugContext": true, "InfoContext": true, "WarnContext": true, "ErrorContext": true}
+
+// isErrorCall: x.Error().
+func isErrorCall(e ast.Expr) bool {
+	c, ok := e.(*ast.CallExpr)
+	if !ok || len(c.Args) != 0 {
+		return false
+	}
+	s, ok := c.Fun.(*ast.SelectorExpr)
+	return ok && s.Sel.Name == "Error"
+}
+
+// isErrIdent: a variable named as errors are (err, rerr, openErr).
+func isErrIdent(e ast.Expr) bool {
+	id, ok := e.(*ast.Ident)
+	return ok && (id.Name == "err" || strings.HasSuffix(id.Name, "err") || strings.HasSuffix(id.Name, "Err"))
+}
