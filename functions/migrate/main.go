@@ -136,9 +136,12 @@ func ownVersion(version any) bool {
 func handle(ctx context.Context, raw json.RawMessage) (any, error) {
 	var ev cfn.Event
 	if json.Unmarshal(raw, &ev) == nil && ev.RequestType != "" && ev.ResponseURL != "" {
-		reason, err := cfn.LambdaWrap(deploy)(ctx, ev)
-		if err != nil {
-			return nil, fmt.Errorf("answer CloudFormation: %s: %w", reason, err)
+		// On a failed send the reason is the error's text, which names the
+		// pre-signed ResponseURL, its query a credential for the stack's
+		// answer: said once, as redact.Safe has it (the URL without its
+		// query), since the Lambda runtime logs the error.
+		if _, err := cfn.LambdaWrap(deploy)(ctx, ev); err != nil {
+			return nil, fmt.Errorf("answer CloudFormation: %w", redact.Safe(err))
 		}
 		return map[string]string{"answered": string(ev.RequestType)}, nil
 	}

@@ -187,6 +187,22 @@ func TestAnUnansweredRequestIsAnError(t *testing.T) {
 	require.ErrorContains(t, err, "answer CloudFormation")
 }
 
+// CloudFormation's ResponseURL is pre-signed: its query is a credential
+// that can answer for the stack until it expires. An answer that could not
+// be sent is the invocation's error, which the Lambda runtime logs: it
+// names the URL without its query (logs QA: the HTTP client's error carried
+// the whole URL, X-Amz-Signature and X-Amz-Credential included).
+func TestAnUnansweredRequestDoesNotLogTheSignedURL(t *testing.T) {
+	const marker = "SECRET-MARKER-123"
+	ev, _ := json.Marshal(map[string]any{"RequestType": "Delete", "RequestId": "req-1",
+		"ResponseURL":       "http://127.0.0.1:1/answer?X-Amz-Credential=" + marker + "&X-Amz-Signature=" + marker,
+		"LogicalResourceId": "Migrations", "StackId": "stack-1", "PhysicalResourceId": physicalID})
+	_, err := handle(t.Context(), ev)
+	require.ErrorContains(t, err, "answer CloudFormation")
+	require.ErrorContains(t, err, `"http://127.0.0.1:1/answer?…"`)
+	require.NotContains(t, err.Error(), marker)
+}
+
 // Invoked by hand (any event that is not CloudFormation's), it migrates
 // and answers what it applied.
 func TestAnInvocationByHandMigrates(t *testing.T) {

@@ -2,6 +2,7 @@ package redact
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/url"
 	"strconv"
@@ -110,7 +111,8 @@ func withheld(e error) (string, bool) {
 	case *strconv.NumError:
 		return "strconv." + t.Func + ": parsing a value withheld from logs: " + t.Err.Error(), true
 	case *url.Error:
-		return t.Op + " " + safeURL(t.URL) + ": " + ErrorText(t.Err), true
+		// As url.Error's own text has it.
+		return fmt.Sprintf("%s %q: %s", t.Op, safeURL(t.URL), ErrorText(t.Err)), true
 	}
 	// pgx's newEncodeError: "unable to encode %#v into %s format for %s
 	// (OID %d): %w", a fmt wrapper and no type of its own.

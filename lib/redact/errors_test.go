@@ -76,7 +76,7 @@ func TestErrorTextWithholdsParsedInputAndURLs(t *testing.T) {
 		Err: errors.New("dial tcp: connection refused")}
 	got = ErrorText(fmt.Errorf("answer: %w", uerr))
 	require.NotContains(t, got, marker)
-	require.Equal(t, "answer: Put https://…@bucket.example/o?…: dial tcp: connection refused", got)
+	require.Equal(t, `answer: Put "https://…@bucket.example/o?…": dial tcp: connection refused`, got)
 	require.NotContains(t, ErrorText(&url.Error{Op: "Get", URL: "%zz" + marker, Err: errors.New("x")}), marker)
 }
 
