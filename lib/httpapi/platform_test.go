@@ -130,9 +130,12 @@ func TestKeyListPaginates(t *testing.T) {
 	require.Equal(t, 3, pages)
 }
 
+// A panic's value stays out of the log as well (logs QA: it was logged as
+// it was, "secret-payload-value" here); its stack says where it was raised.
 func TestPanicIs500WithRequestIDOnly(t *testing.T) {
 	t.Parallel()
-	env := apitest.Start(t)
+	var logs apitest.LockedBuffer
+	env := apitest.Start(t, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	d := env.App.Server.Deps
 	srv := httptest.NewServer(httpapi.NewWithExtraRoutes(d, []httpapi.Route{
 		{Method: "GET", Pattern: "/api/v1/test/panic", Name: "test.panic", Auth: httpapi.AuthNone, Status: 200,
@@ -153,6 +156,9 @@ func TestPanicIs500WithRequestIDOnly(t *testing.T) {
 		require.Contains(t, body, `"internal_error"`)
 		require.Contains(t, body, res.Header.Get("X-Request-Id"))
 	}
+	require.Contains(t, logs.String(), `panic="a string, its value withheld from logs"`)
+	require.Contains(t, logs.String(), "platform_test.go", "the stack")
+	require.NotContains(t, logs.String(), "secret-payload-value")
 }
 
 // What an error quotes of a request's data stays out of the log, as out of

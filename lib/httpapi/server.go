@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -181,7 +182,7 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 	defer func() {
 		if p := recover(); p != nil {
 			// Log the panic and stack, never the request body.
-			s.Logger.Error("panic", "request_id", reqID, "panic", p, "stack", string(debug.Stack()))
+			s.Logger.Error("panic", "request_id", reqID, "panic", panicValue(p), "stack", string(debug.Stack()))
 			if sw.status == 0 {
 				writeError(sw, internalError(reqID))
 			}
@@ -521,6 +522,18 @@ func (s *Server) fail(ctx context.Context, w http.ResponseWriter, reqID string, 
 		return
 	}
 	writeError(w, internalError(reqID))
+}
+
+// panicValue is how a recovered panic's value is logged: an error as
+// redact.ErrorText has it (the server's logger sees to it), a runtime error
+// so too (it names indexes and types, no data), anything else by its type
+// only: a panic's string or value may have been built from the request's
+// data, and the stack logged beside it says where it was raised.
+func panicValue(p any) any {
+	if err, ok := p.(error); ok {
+		return err
+	}
+	return fmt.Sprintf("a %T, its value withheld from logs", p)
 }
 
 // loggedMethod is how a request's method is logged: an HTTP method as it
