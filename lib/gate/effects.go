@@ -101,7 +101,7 @@ func (s *Service) view(row *effectRow, attempts []byte, now time.Time, withResul
 		if err != nil {
 			e.ResultUnreadable = true
 			s.logger.Warn("effect result this instance cannot open reads as result_unreadable",
-				"effect_id", row.ID, "key_id", seal.KeyIDOf(row.Result), "error", err.Error())
+				"effect_id", row.ID, "key_id", seal.KeyIDOf(row.Result), "err", err)
 			break
 		}
 		e.Result = res

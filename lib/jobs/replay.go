@@ -185,7 +185,7 @@ func (s *Service) PreviewReplay(ctx context.Context, workspaceID, stepID string)
 	input, openErr := s.open(j.id, "input", j.inputSealed)
 	if openErr != nil {
 		s.logger.Warn("a replay preview reads the step's input this instance cannot open as inputUnreadable",
-			"job_id", j.id, "key_id", seal.KeyIDOf(j.inputSealed), "error", openErr.Error())
+			"job_id", j.id, "key_id", seal.KeyIDOf(j.inputSealed), "err", openErr)
 	}
 	rows, err := s.pool.Query(ctx, sqlReplayTargets, workspaceID, j.name, maxReplayTargets)
 	if err != nil {
