@@ -130,8 +130,17 @@ type FieldError struct {
 	Message string `json:"message"`
 }
 
-// Invalid is a 400 invalid_request listing every problem found.
+// MaxProblems bounds the problems one refusal lists: enough to fix a
+// request by, and an answer of a few kilobytes whatever the request holds.
+// Unbounded, a list of 5 000 malformed tools or dimension names (or a query
+// of 9 999 unknown parameters) was answered with every one of them, up to
+// 1 MB per request and fifteen times what was sent (edge QA).
+const MaxProblems = 20
+
+// Invalid is a 400 invalid_request listing the problems found, the first
+// MaxProblems of them in the order they were found.
 func Invalid(problems ...FieldError) *Error {
+	problems = problems[:min(len(problems), MaxProblems)]
 	msg := "The request is invalid."
 	if len(problems) > 0 {
 		msg = fmt.Sprintf("The request is invalid: %s %s.", problems[0].Field, problems[0].Message)

@@ -131,8 +131,8 @@ func validateReconcile(req ReconcileRequest) (from, to time.Time, err error) {
 	}
 	seen := make(map[string]bool, len(req.Records))
 	for i, r := range req.Records {
-		if len(pr) >= 20 {
-			break // enough to fix the request by
+		if len(pr) >= apierr.MaxProblems {
+			break // all a refusal lists (apierr.Invalid)
 		}
 		field := "records." + strconv.Itoa(i)
 		if !idemkey.Valid(r.IdempotencyKey) {

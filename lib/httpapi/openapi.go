@@ -114,8 +114,9 @@ func errorDetailSchema() map[string]any {
 		"type":                 "object",
 		"additionalProperties": true,
 		"properties": map[string]any{
-			"validation": map[string]any{"type": "array", "description": "invalid_request (and " +
-				"approval_threshold_above_ceiling): each problem, field named by its dotted path from the body root.",
+			"validation": map[string]any{"type": "array", "maxItems": apierr.MaxProblems, "description": "invalid_request (and " +
+				"approval_threshold_above_ceiling): each problem, field named by its dotted path from the body root; " +
+				fmt.Sprintf("the first %d found, when there are more.", apierr.MaxProblems),
 				"items": map[string]any{"type": "object", "required": []string{"field", "message"},
 					"properties": map[string]any{"field": map[string]any{"type": "string"},
 						"message": map[string]any{"type": "string"}}}},

@@ -112,8 +112,9 @@ func decodeError(err error, body []byte, dst any) error {
 }
 
 // maxFieldProblems bounds the problems one refusal lists, so a body with
-// ten thousand unknown keys is answered in a few hundred bytes.
-const maxFieldProblems = 20
+// ten thousand unknown keys is answered in a few hundred bytes; the walk
+// stops there rather than collect what apierr.Invalid would drop.
+const maxFieldProblems = apierr.MaxProblems
 
 // withEveryProblem answers the problem encoding/json stopped at (first)
 // together with every other unknown key and mistyped value in the body, in
