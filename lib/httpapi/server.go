@@ -360,6 +360,12 @@ func undecodableQuery(raw string) (string, bool) {
 	return "", false
 }
 
+// maxQueryParams is the most parameters net/url reads in one query (its
+// default; GODEBUG urlmaxqueryparams may lower it, and knownQuery refuses
+// what it then cannot read all the same). The pairs are counted as it
+// counts them: an empty one between two '&' is one.
+const maxQueryParams = 10000
+
 // knownQuery refuses a query parameter the route does not take, and one
 // given more than once, as unknown body fields are refused (API.md §0).
 // QA: GET /effects?status=indeterminate, a typo of state, listed every
@@ -378,6 +384,14 @@ func knownQuery(r *http.Request, route *Route) error {
 			return apierr.NotFound(pathResource(route.Pattern, name))
 		}
 		return apierr.InvalidField(name, "must be percent-encoded (%% and two hex digits) in a query of name=value pairs joined by &")
+	}
+	if _, err := url.ParseQuery(r.URL.RawQuery); err != nil {
+		// Every pair decodes, so it is the count: net/url reads no query
+		// of more than maxQueryParams parameters, and URL.Query answers it
+		// empty, every filter and every unknown name left out unseen
+		// (edge QA: ?state=bogus and 10 000 more listed every effect, and
+		// a begin with them acted).
+		return apierr.InvalidField("query", "must hold at most %d parameters", maxQueryParams)
 	}
 	var p apierr.Problems
 	pathParams := route.PathParams()
