@@ -32,7 +32,16 @@ func (c *Call) Decode(dst any) error {
 	return DecodeJSON(body, dst)
 }
 
-// Body reads the request body whole, within MaxBodyBytes (413 beyond).
+// Body reads the request body whole, within MaxBodyBytes (readBody).
+func (c *Call) Body() ([]byte, error) { return readBody(c.R) }
+
+// readBody reads r's body whole, within MaxBodyBytes (413 beyond), for the
+// routes (Call.Body) and the MCP endpoint alike.
+//
+// A body whose Content-Length is over the limit is refused before any of it
+// is read: it cannot be within it (edge QA: a declared 100 GB was waited
+// on until the request's time ran out, and answered 408 on a route, 400
+// "could not be read" after a minute on the MCP endpoint).
 //
 // A body that has not arrived when the request's time runs out is a 408
 // request_timeout, nothing done (security QA: one held back past the
@@ -40,16 +49,22 @@ func (c *Call) Decode(dst any) error {
 // answered 503 database_unavailable, "may have been applied"). The read
 // itself is cut at that time where the server allows (ServeHTTP sets the
 // connection's read deadline).
-func (c *Call) Body() ([]byte, error) {
-	if e := refuseContentEncoding(c.R); e != nil {
+func readBody(r *http.Request) ([]byte, error) {
+	if e := refuseContentEncoding(r); e != nil {
 		return nil, e
 	}
-	body, err := io.ReadAll(c.R.Body)
+	if r.ContentLength > MaxBodyBytes {
+		// Left unread: net/http then answers with Connection: close and
+		// shuts the connection, rather than read the rest as the next
+		// request (ServeHTTP keeps its own request's body for it to see).
+		return nil, apierr.PayloadTooLarge(MaxBodyBytes)
+	}
+	body, err := io.ReadAll(r.Body)
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &mbe):
 		return nil, apierr.PayloadTooLarge(MaxBodyBytes)
-	case errors.Is(err, os.ErrDeadlineExceeded) || c.R.Context().Err() != nil:
+	case errors.Is(err, os.ErrDeadlineExceeded) || r.Context().Err() != nil:
 		return nil, apierr.RequestTimeout()
 	case err != nil:
 		return nil, apierr.InvalidField("body", "could not be read")

@@ -1,15 +1,21 @@
 package httpapi_test
 
 import (
+	"bufio"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/httpapi"
 )
 
 // A query of more parameters than net/url reads (10 000) is refused at
@@ -78,4 +84,50 @@ func TestARefusalListsAtMostTwentyProblems(t *testing.T) {
 	fields := validationFields(t, env.Do("GET", "/api/v1/effects?limit=1"+query.String(), ws.Key, nil))
 	require.Equal(t, "p000", fields[0])
 	require.Equal(t, "p019", fields[apierr.MaxProblems-1])
+}
+
+// A body whose Content-Length is over the limit is refused 413 before any
+// of it is read, on a route and on the MCP endpoint (edge QA: a declared
+// 100 GB was waited on, then answered 408 on a route and, after a minute,
+// 400 "could not be read" on the MCP endpoint; the test server has no read
+// timeout, so there it was never answered). The connection closes after
+// the answer, at once: what was sent of the body is never read as a request
+// of its own, nor waited on.
+func TestABodyDeclaredOverTheLimitIsRefusedUnread(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	inside := fmt.Sprintf("POST /api/v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"+
+		"Content-Length: 16\r\n\r\n{\"name\":\"smugl\"}", ws.Key)
+	for _, path := range []string{"/api/v1/runs", "/api/v1/mcp"} {
+		conn, err := net.Dial("tcp", env.Server.Listener.Addr().String())
+		require.NoError(t, err)
+		// A bound on the wait, so that a server that waits for the body
+		// fails the test rather than hanging it.
+		require.NoError(t, conn.SetDeadline(time.Now().Add(time.Minute)))
+		_, err = fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"+
+			"Accept: application/json\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+			path, ws.Key, 100<<30, inside)
+		require.NoError(t, err)
+		res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err, path)
+		require.Equal(t, http.StatusRequestEntityTooLarge, res.StatusCode, path)
+		var body struct {
+			Error struct {
+				Code   string         `json:"code"`
+				Detail map[string]any `json:"detail"`
+			} `json:"error"`
+		}
+		require.NoError(t, json.NewDecoder(res.Body).Decode(&body), path)
+		require.Equal(t, apierr.CodePayloadTooLarge, body.Error.Code, path)
+		require.EqualValues(t, httpapi.MaxBodyBytes, body.Error.Detail["limit_bytes"], path)
+		require.NotEmpty(t, res.Header.Get(httpapi.RequestIDHeader), path)
+		require.True(t, res.Close, "%s: answered with Connection: close", path)
+		_ = res.Body.Close()
+		_, err = io.Copy(io.Discard, conn) // until the server closes it
+		require.NoError(t, err, path)
+		_ = conn.Close()
+	}
+	runs := env.Must(http.StatusOK, "GET", "/api/v1/runs", ws.Key, nil).JSON()
+	require.Empty(t, runs["data"], "nothing was created")
 }

@@ -3,7 +3,6 @@ package httpapi
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -53,22 +52,14 @@ func (s *Server) mcpRoutes() []Route {
 		// served; the transport wants both types listed (MCP QA: Accept:
 		// application/json alone was refused, 400).
 		r.Header.Set("Accept", "application/json, text/event-stream")
-		// The body is read here, within the API's limit, so that an
-		// oversized request gets the API's 413 envelope rather than the
-		// transport's plain text; a compressed one is refused as REST
-		// refuses it (MCP QA: the header was ignored).
-		if e := refuseContentEncoding(r); e != nil {
-			writeError(w, e)
-			return
-		}
-		body, err := io.ReadAll(r.Body)
+		// The body is read here, as a route reads its own (readBody), so
+		// that an oversized request gets the API's 413 envelope rather
+		// than the transport's plain text; a compressed one is refused as
+		// REST refuses it (MCP QA: the header was ignored).
+		body, err := readBody(r)
 		if err != nil {
-			var tooLarge *http.MaxBytesError
-			if errors.As(err, &tooLarge) {
-				writeError(w, apierr.PayloadTooLarge(MaxBodyBytes))
-			} else {
-				writeError(w, apierr.InvalidField("body", "could not be read"))
-			}
+			e, _ := apierr.As(err) // readBody answers only *apierr.Error
+			writeError(w, e)
 			return
 		}
 		if e := mcpserver.CheckEnvelope(body); e != nil {
