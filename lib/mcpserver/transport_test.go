@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
 // The endpoint answers JSON only, so a client that accepts JSON alone, or
@@ -333,6 +334,39 @@ func TestABatchAnswersAnUnknownMethodInItsPlace(t *testing.T) {
 	status, out = post(`{"jsonrpc":"2.0","id":9,"method":"foo/bar"}`)
 	require.Equal(t, http.StatusOK, status, "%s", out)
 	require.Contains(t, string(out), `"code":-32601`)
+}
+
+// A batch holds at most mcpserver.MaxBatch messages: one more is refused
+// whole (-32600, id null, HTTP 400), none of its calls run (edge QA: a
+// 1 MiB batch held 8 000 calls, and 1 500 list calls were answered 57 MB,
+// beyond what the platforms deliver, after acting); MaxBatch are served.
+func TestABatchHoldsAtMostMaxBatchMessages(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	key := env.Key(ws, map[string]any{"name": "agent", "preset": "AGENT"})
+	batch := func(n int, prefix string) string {
+		calls := make([]string, n)
+		for i := range calls {
+			calls[i] = fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"ratchet_begin",`+
+				`"arguments":{"effect_type":"email.send","idempotency_key":"%s-%d"}}}`, i, prefix, i)
+		}
+		return "[" + strings.Join(calls, ",") + "]"
+	}
+	status, out := postMCP(t, env, key, batch(mcpserver.MaxBatch+1, "over"))
+	require.Equal(t, http.StatusBadRequest, status, "%.300s", out)
+	var refusal map[string]any
+	require.NoError(t, json.Unmarshal(out, &refusal), "%s", out)
+	require.Nil(t, refusal["id"])
+	require.EqualValues(t, -32600, refusal["error"].(map[string]any)["code"], "%.300s", out)
+	effects := env.Must(http.StatusOK, "GET", "/api/v1/effects", ws.Key, nil).JSON()
+	require.Empty(t, effects["data"], "no call of the refused batch ran")
+
+	status, out = postMCP(t, env, key, batch(mcpserver.MaxBatch, "at"))
+	require.Equal(t, http.StatusOK, status, "%.300s", out)
+	var answers []map[string]any
+	require.NoError(t, json.Unmarshal(out, &answers), "%.300s", out)
+	require.Len(t, answers, mcpserver.MaxBatch)
 }
 
 // mcpRequest is a POST of body to the MCP endpoint under key, with the
