@@ -337,7 +337,7 @@ type CreateKeyRequest struct {
 	// Every scope of AllScopes, for the OpenAPI document (a test holds the two in step).
 	Scopes                  []string `json:"scopes,omitempty" openapi:"itemEnum=effects:begin|effects:report|effects:read|effects:resolve|policies:read|policies:write|approvals:write|keys:write|runs:write|runs:read|jobs:work|steps:replay|endpoints:write|contracts:write|webhooks:write|reconcile:write|billing:write"`
 	Preset                  string   `json:"preset,omitempty" openapi:"enum=OPERATOR|AGENT|INGEST|WORKER"`
-	Tools                   []string `json:"tools,omitempty"`
+	Tools                   []string `json:"tools,omitempty" openapi:"maxItems=100"` // toolname.MaxPairs
 	DailySpendCeilingMicros *int64   `json:"daily_spend_ceiling_micros,omitempty" openapi:"min=0,max=1000000000000000000"`
 	RateLimitPerMinute      *int     `json:"rate_limit_per_minute,omitempty" openapi:"min=1,max=1000000"`
 }
@@ -367,6 +367,9 @@ func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, 
 			}
 		}
 		scopes = r.Scopes
+	}
+	if len(r.Tools) > toolname.MaxPairs {
+		pr.Add("tools", "must list at most %d name@version pairs", toolname.MaxPairs)
 	}
 	for i, t := range r.Tools {
 		if !toolname.ValidRef(t) {

@@ -31,7 +31,7 @@ type Tool struct {
 
 // RegisterRequest is the body of POST /api/v1/workers/register.
 type RegisterRequest struct {
-	Tools []Tool `json:"tools" openapi:"required,minItems=1,maxItems=100"`
+	Tools []Tool `json:"tools" openapi:"required,minItems=1,maxItems=100"` // toolname.MaxPairs
 }
 
 // RegisterResult answers a registration.
@@ -39,15 +39,12 @@ type RegisterResult struct {
 	WorkerID string `json:"workerId"`
 }
 
-// maxTools bounds one worker's registration.
-const maxTools = 100
-
 // RegisterWorker registers a worker for exact name@version pairs the key may
 // work; the worker id stays bound to the key.
 func (s *Service) RegisterWorker(ctx context.Context, p *auth.Principal, req RegisterRequest) (RegisterResult, error) {
 	var pr apierr.Problems
-	if len(req.Tools) == 0 || len(req.Tools) > maxTools {
-		pr.Add("tools", "must list 1-100 {name, version} pairs")
+	if len(req.Tools) == 0 || len(req.Tools) > toolname.MaxPairs {
+		pr.Add("tools", "must list 1-%d {name, version} pairs", toolname.MaxPairs)
 	}
 	names, versions := make([]string, 0, len(req.Tools)), make([]string, 0, len(req.Tools))
 	refs := make([][2]string, 0, len(req.Tools))
