@@ -3,6 +3,8 @@ package jobs
 import (
 	"context"
 	"time"
+
+	"github.com/getratchet/ratchet/lib/toolname"
 )
 
 // SetPolling sets a service's long-poll pacing, so a test can make the
@@ -39,7 +41,7 @@ func OnLook(s *Service, f func(workerID string)) { s.looked = f }
 // The bounds the worker protocol's handlers check, for the test that their
 // openapi tags restate them.
 const (
-	MaxTools        = maxTools
+	MaxTools        = toolname.MaxPairs
 	MaxBatchReports = maxBatchReports
 	MaxErrorMessage = maxErrorMessage
 )
