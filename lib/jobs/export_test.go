@@ -8,7 +8,8 @@ import (
 )
 
 // SetPolling sets a service's long-poll pacing, so a test can make the
-// poll pause longer than the test: a claim that returns then was woken.
+// poll pause longer than a claim's wait: the claim then looks again only
+// when woken or when its wait runs out (see parkClaim).
 func SetPolling(s *Service, pause time.Duration) { s.pollMin, s.pollMax = pause, pause }
 
 // SetMaxWaitingClaims bounds the long polls one key may have waiting.

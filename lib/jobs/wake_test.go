@@ -13,18 +13,30 @@ import (
 	"github.com/getratchet/ratchet/lib/jobs"
 )
 
+// parkedFor is how long a parked claim (parkClaim) waits for its wake
+// before the test cancels it: well within its wait of waitSeconds 20.
+const parkedFor = 10 * time.Second
+
 // parkClaim starts a long-polling claim (waitSeconds 20) on a service whose
-// poll pause outlasts the claim's context, so the claim can only return a
-// job claimed by its first look or one that something woke it for. It
-// returns once that first look found nothing.
+// poll pause is an hour, and returns once its first look found nothing.
+// The claim then looks again only when woken or when its 20 s wait runs
+// out, and the test cancels it before that (parkedFor): cancelled, it
+// answers no jobs without looking. So a claim that returns a job was woken
+// for it, and a test whose wake is gone fails. Its context has no deadline
+// on purpose: with one (10 s), the wait ran out just before it
+// (answerMargin), and that last look found the job without any wake, so
+// every wake test passed with its wake removed, only slower (QA).
 func (b *bundle) parkClaim(t *testing.T, wid string) <-chan jobs.ClaimResult {
 	t.Helper()
 	jobs.SetPolling(b.svc, time.Hour)
-	c, cancel := context.WithTimeout(ctx, 10*time.Second)
-	out := make(chan jobs.ClaimResult, 1)
+	c, cancel := context.WithCancel(ctx)
+	stop := time.AfterFunc(parkedFor, cancel)
+	out, done := make(chan jobs.ClaimResult, 1), make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done }) // a failed test ends its claim before its database
 	looked := b.looks.count(wid)
 	go func() {
-		defer cancel()
+		defer close(done)
+		defer stop.Stop()
 		res, err := b.svc.Claim(c, b.worker, wid, jobs.ClaimRequest{Limit: ptr(10), WaitSeconds: ptr(20)})
 		if err != nil {
 			t.Errorf("claim: %v", err)
@@ -178,16 +190,59 @@ func TestAKeysWaitingClaimsAreBounded(t *testing.T) {
 	st := b.enqueue(t, run, jobs.EnqueueRequest{})
 	require.Equal(t, []string{st.StepID}, claimedSteps(<-first), "the waiting ones still wait, and are woken")
 	third := b.parkClaim(t, wid) // the freed slot is taken again
-	var got []string
 	for i, waiting := 0, []<-chan jobs.ClaimResult{second, third}; i < 2; i++ {
 		st := b.enqueue(t, run, jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprint(i))})
+		var res jobs.ClaimResult
 		select { // one new job wakes one waiting claim
-		case res := <-waiting[0]:
-			got, waiting = append(got, claimedSteps(res)...), waiting[1:]
-		case res := <-waiting[len(waiting)-1]:
-			got, waiting = append(got, claimedSteps(res)...), waiting[:len(waiting)-1]
+		case res = <-waiting[0]:
+			waiting = waiting[1:]
+		case res = <-waiting[len(waiting)-1]:
+			waiting = waiting[:len(waiting)-1]
 		}
-		require.Equal(t, st.StepID, got[len(got)-1])
+		require.Equal(t, []string{st.StepID}, claimedSteps(res))
+	}
+}
+
+// Closing an open circuit wakes the waiting claims, whatever closes it:
+// the jobs it held are claimable at once.
+func TestLongPollClaimIsWokenWhenACircuitCloses(t *testing.T) {
+	t.Parallel()
+	for name, closeIt := range map[string]func(t *testing.T, b *bundle, ep jobs.Endpoint){
+		"operator": func(t *testing.T, b *bundle, ep jobs.Endpoint) {
+			_, err := b.svc.CloseCircuit(ctx, b.ws, ep.ID)
+			require.NoError(t, err)
+		},
+		"breaker off": func(t *testing.T, b *bundle, ep jobs.Endpoint) {
+			_, err := b.svc.UpdatePolicy(ctx, b.ws, ep.ID, jobs.UpdatePolicyRequest{
+				ExpectedVersion: opt(b.endpoint(t, ep.ID).Version),
+				PolicyFields:    jobs.PolicyFields{CircuitFailureThreshold: null[int64]()}})
+			require.NoError(t, err)
+		},
+		"probe succeeded": nil, // its probe is claimed before the claim parks
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			ep := b.circuitEndpoint(t, 1, 3_600_000)
+			b.enqueueN(t, 3)
+			wid := b.register(t)
+			b.fail(t, b.claimOne(t, wid), nil)
+			require.Equal(t, jobs.CircuitOpen, b.endpoint(t, ep.ID).Circuit.State)
+			var probe jobs.ClaimedJob
+			if closeIt == nil {
+				b.clock.Add(time.Hour) // the cooldown: the failed job is due again too
+				probe = b.claimOne(t, wid)
+			}
+			parked := b.parkClaim(t, wid)
+
+			if closeIt == nil {
+				b.succeed(t, probe)
+			} else {
+				closeIt(t, b, ep)
+			}
+			require.Equal(t, jobs.CircuitClosed, b.endpoint(t, ep.ID).Circuit.State)
+			require.Len(t, (<-parked).Jobs, 2, "the held jobs")
+		})
 	}
 }
 
