@@ -733,16 +733,39 @@ func TestQueueHealthPagesPastTheLongestNames(t *testing.T) {
 	require.ElementsMatch(t, []string{long, "z"}, names)
 }
 
+// claimLooks moves the clock past the minute within which a claim leaves
+// its worker's last_seen_at as it is, so that the next claim's first look
+// marks the worker seen at the time it answers (waitLooked).
+func (e *jobsEnv) claimLooks() time.Time {
+	e.T.Helper()
+	e.clock.Add(2 * time.Minute)
+	return e.clock.Now()
+}
+
+// waitLooked waits until a claim has marked the worker seen at polled
+// (claimLooks): its first look has run.
+func (e *jobsEnv) waitLooked(wid string, polled time.Time) {
+	e.T.Helper()
+	require.Eventually(e.T, func() bool {
+		var seen time.Time
+		err := e.App.Pool.QueryRow(context.Background(), `SELECT last_seen_at FROM job_workers WHERE id = $1`, wid).Scan(&seen)
+		return err == nil && seen.Equal(polled)
+	}, 10*time.Second, 10*time.Millisecond)
+}
+
 func TestClaimLongPollsUntilAJobArrives(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t)
 	runID := e.run()
 	wid := e.register("send_email@1")
+	polled := e.claimLooks()
 	done := make(chan *apitest.Response, 1)
 	go func() {
 		done <- e.Do("POST", "/api/v1/workers/"+wid+"/claim", e.worker, map[string]any{"limit": 5, "waitSeconds": 20})
 	}()
-	time.Sleep(300 * time.Millisecond)
+	// The job is queued after the claim's first look found nothing (a
+	// fixed sleep here let a late claim find it at once, long poll or not).
+	e.waitLooked(wid, polled)
 	enq := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": 1})
 	r := <-done
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
@@ -763,17 +786,12 @@ func TestClaimLeasesNothingOnceItsKeyIsRevoked(t *testing.T) {
 	runID := e.run()
 	worker := e.Key(e.ws, map[string]any{"name": "doomed", "preset": "WORKER", "tools": []string{"send_email@1"}})
 	wid := e.registerAs(worker, "send_email@1")
-	e.clock.Add(2 * time.Minute) // the claim marks the worker seen at this time (once a minute at most)
-	polled := e.clock.Now()
+	polled := e.claimLooks()
 	done := make(chan *apitest.Response, 1)
 	go func() {
 		done <- e.Do("POST", "/api/v1/workers/"+wid+"/claim", worker, map[string]any{"waitSeconds": 2})
 	}()
-	require.Eventually(t, func() bool { // its first look found nothing; it waits
-		var seen time.Time
-		err := e.App.Pool.QueryRow(context.Background(), `SELECT last_seen_at FROM job_workers WHERE id = $1`, wid).Scan(&seen)
-		return err == nil && seen.Equal(polled)
-	}, 10*time.Second, 10*time.Millisecond)
+	e.waitLooked(wid, polled) // its first look found nothing; it waits
 	keyID := "key_" + strings.SplitN(strings.TrimPrefix(worker, "rk_"), "_", 2)[0]
 	e.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+keyID, e.ws.Key, nil)
 	enq := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"card": "secret"}})
