@@ -58,6 +58,10 @@ type lockedJob struct {
 	workspaceID, jobID    string
 	endpointID            string
 	circuitHint           bool // the endpoint's breaker is on or its circuit open (see sqlReportLock)
+	// gated: the endpoint has maxConcurrent, a breaker or an open circuit
+	// (jobs_report_lock_endpoints locked it): a report ending its attempt
+	// may free a concurrency slot a parked claim waits for.
+	gated bool
 }
 
 // applyRow is one report to record: the execution's outcome and, when
@@ -84,15 +88,14 @@ type applyRow struct {
 // reportMany applies validated reports (distinct job ids) inside tx and
 // answers each in its slot. A report refused for its own reason
 // (lease_lost, invalid_state, not_found) does not affect the others; any
-// other error aborts the transaction. released says whether a step with
-// dependents ended, which may have queued them, or a circuit closed: once
-// tx commits, parked claims are worth waking.
+// other error aborts the transaction. wake says which parked claims are
+// worth waking once tx commits (reportWakes).
 func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, items []reportItem) (
-	out []reportOutcome, released bool, err error) {
+	out []reportOutcome, wake reportWakes, err error) {
 	workspaceID := p.WorkspaceID
 	locked, err := s.lockForReport(ctx, tx, p, items)
 	if err != nil {
-		return nil, false, err
+		return nil, reportWakes{}, err
 	}
 	now := s.now()
 	out = make([]reportOutcome, len(items))
@@ -116,7 +119,7 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, 
 		res, row, err := s.decideReport(ctx, tx, j, it.req, now)
 		if err != nil {
 			if _, ok := apierr.As(err); !ok {
-				return nil, false, err
+				return nil, reportWakes{}, err
 			}
 			out[i].err = err
 			continue
@@ -155,24 +158,27 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, 
 		}
 		if row.updateJob || row.released {
 			slotted = append(slotted, row.jobID)
+			if !row.reheld && locked[row.jobID].gated {
+				wake.slots++
+			}
 		}
 	}
 	// The endpoint rows were locked by sqlReportLock (see recordCircuits).
 	circuitClosed, err := s.recordCircuits(ctx, tx, workspaceID, tallyCircuits(apply, locked), slotted, now)
 	if err != nil {
-		return nil, false, err
+		return nil, reportWakes{}, err
 	}
 	if reheld != nil || freed != nil {
 		if _, err := tx.Exec(ctx, sqlAdjustSlots, reheld, freed, freedAttempts, slotted, now); err != nil {
-			return nil, false, fmt.Errorf("report: adjust slots: %w", err)
+			return nil, reportWakes{}, fmt.Errorf("report: adjust slots: %w", err)
 		}
 	}
 	finishing, err := s.applyReports(ctx, tx, workspaceID, apply, now, unasked)
 	if err != nil {
-		return nil, false, err
+		return nil, reportWakes{}, err
 	}
 	if err := s.keepCancelledOutputs(ctx, tx, apply, now); err != nil {
-		return nil, false, err
+		return nil, reportWakes{}, err
 	}
 	for _, runID := range finishing {
 		if _, ok := settle[runID]; !ok {
@@ -183,15 +189,39 @@ func (s *Service) reportMany(ctx context.Context, tx pgx.Tx, p *auth.Principal, 
 		// The common case costs no statement here: no dependents, and
 		// completion not requested while the run lock was taken unopposed.
 		if _, err := s.release(ctx, tx, done, dependents); err != nil {
-			return nil, false, err
+			return nil, reportWakes{}, err
 		}
 		for _, runID := range slices.Sorted(maps.Keys(settle)) {
 			if err := s.lockAndSettle(ctx, tx, runID, settle[runID]); err != nil {
-				return nil, false, err
+				return nil, reportWakes{}, err
 			}
 		}
 	}
-	return out, dependents || circuitClosed, nil
+	wake.all = dependents || circuitClosed
+	return out, wake, nil
+}
+
+// reportWakes says which parked claims a recorded report batch is worth
+// waking: all of the workspace's when a step with dependents ended (which
+// may have queued them) or a circuit closed; otherwise one per attempt it
+// ended on an endpoint with maxConcurrent (or a breaker), whose slot a
+// claim may be waiting for (wake QA: such a claim waited for its next
+// poll). One each, not all: a report rate of claims would otherwise look
+// at once for every freed slot.
+type reportWakes struct {
+	all   bool
+	slots int
+}
+
+// wakeAfterReport wakes the claims w names, once the report committed.
+func (s *Service) wakeAfterReport(workspaceID string, w reportWakes) {
+	if w.all {
+		s.wake.wakeAll(workspaceID)
+		return
+	}
+	for range w.slots {
+		s.wake.wakeOne(workspaceID)
+	}
 }
 
 // lockForReport locks the items' jobs in id order and reads them with the
@@ -215,7 +245,7 @@ func (s *Service) lockForReport(ctx context.Context, tx pgx.Tx, p *auth.Principa
 		if err := rows.Scan(nil, &j.runLocked, &j.dependents, &j.status, &j.attempt, &j.pol.MaxAttempts, &j.stepID,
 			&j.runID, &j.endpointID, &j.pol.Preset, &j.pol.InitialDelayMs, &j.pol.Multiplier, &j.pol.MaxDelayMs,
 			&j.pol.JitterPercent, &j.requested, &j.xAttempt, &j.xOutcome, &j.xReported, &j.xResult, &j.xNext,
-			&j.name, &j.contractVersion, &j.xRejected, &j.jobID, &j.version, &j.circuitHint); err != nil {
+			&j.name, &j.contractVersion, &j.xRejected, &j.jobID, &j.version, &j.circuitHint, &j.gated); err != nil {
 			return nil, fmt.Errorf("report lock: %w", err)
 		}
 		locked[j.jobID] = j

@@ -724,7 +724,7 @@ WITH pre AS (
          LATERAL jobs_report_lock_endpoints(a.ids) g
 )
 SELECT l.*, CASE WHEN $4::boolean THEN (SELECT j.version FROM jobs j WHERE j.id = l.id) END,
-       l.endpoint_id IN (SELECT id FROM gated WHERE hinted)
+       l.endpoint_id IN (SELECT id FROM gated WHERE hinted), l.endpoint_id IN (SELECT id FROM gated)
 FROM l, (SELECT count(*) AS n FROM gated) g`
 
 // sqlAdjustSlots corrects the concurrency counts before a report batch is

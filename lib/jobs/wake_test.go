@@ -261,3 +261,46 @@ func TestALongPollAnswersBeforeItsDeadline(t *testing.T) {
 	require.Empty(t, res.Jobs)
 	require.NoError(t, c.Err(), "answered with time to spare")
 }
+
+// A report that ends an attempt on an endpoint with maxConcurrent frees its
+// slot: a claim parked while every slot was taken is woken for the job that
+// waited for it (wake QA: it waited for its next poll), whether the report
+// came alone, in a batch, or from a cancelled attempt still holding the slot.
+func TestLongPollClaimIsWokenWhenASlotIsFreed(t *testing.T) {
+	t.Parallel()
+	for name, free := range map[string]func(b *bundle, j jobs.ClaimedJob, stepID string) error{
+		"report": func(b *bundle, j jobs.ClaimedJob, _ string) error {
+			_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
+			return err
+		},
+		"batch": func(b *bundle, j jobs.ClaimedJob, _ string) error {
+			_, err := b.svc.ReportBatch(ctx, b.worker, jobs.BatchReportRequest{Reports: []jobs.BatchReportItem{
+				{JobID: j.JobID, LeaseToken: j.LeaseToken, Status: "FAILED"}}})
+			return err
+		},
+		"cancelled attempt": func(b *bundle, j jobs.ClaimedJob, stepID string) error {
+			if _, err := b.svc.CancelStep(ctx, b.ws, stepID); err != nil {
+				return err
+			}
+			_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "SUCCEEDED"})
+			return err
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.limitedEndpoint(t, "mailer", 1)
+			wid := b.register(t)
+			run := b.run(t)
+			first := b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`1`)})
+			b.clock.Add(time.Millisecond) // claimed in order
+			second := b.enqueue(t, run, jobs.EnqueueRequest{Endpoint: ptr("mailer"), Input: json.RawMessage(`2`)})
+			j := b.claimOne(t, wid)
+			require.Equal(t, first.JobID, j.JobID)
+			parked := b.parkClaim(t, wid) // its first look found the only slot taken
+
+			require.NoError(t, free(b, j, first.StepID))
+			require.Equal(t, []string{second.StepID}, claimedSteps(<-parked))
+		})
+	}
+}

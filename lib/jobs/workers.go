@@ -557,20 +557,20 @@ func (s *Service) Report(ctx context.Context, p *auth.Principal, jobID string, r
 		return ReportResult{}, err
 	}
 	var (
-		out      reportOutcome
-		released bool
+		out  reportOutcome
+		wake reportWakes
 	)
 	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
-		res, rel, err := s.reportMany(ctx, tx, p, []reportItem{{jobID: jobID, req: req}})
+		res, w, err := s.reportMany(ctx, tx, p, []reportItem{{jobID: jobID, req: req}})
 		if err != nil {
 			return err
 		}
-		out, released = res[0], rel
+		out, wake = res[0], w
 		// A refused report changed nothing: rolling back is the same.
 		return out.err
 	})
-	if err == nil && released {
-		s.wake.wakeAll(p.WorkspaceID)
+	if err == nil {
+		s.wakeAfterReport(p.WorkspaceID, wake)
 	}
 	return out.res, err
 }
@@ -679,13 +679,13 @@ func (s *Service) ReportBatch(ctx context.Context, p *auth.Principal, req BatchR
 	if len(items) == 0 {
 		return out, nil
 	}
-	released := false
+	var wake reportWakes
 	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
-		res, rel, err := s.reportMany(ctx, tx, p, items)
+		res, w, err := s.reportMany(ctx, tx, p, items)
 		if err != nil {
 			return err
 		}
-		released = rel
+		wake = w
 		for k, r := range res {
 			i := slots[k]
 			if r.err != nil {
@@ -699,8 +699,8 @@ func (s *Service) ReportBatch(ctx context.Context, p *auth.Principal, req BatchR
 		}
 		return nil
 	})
-	if err == nil && released {
-		s.wake.wakeAll(p.WorkspaceID)
+	if err == nil {
+		s.wakeAfterReport(p.WorkspaceID, wake)
 	}
 	return out, err
 }
