@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"testing"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -126,4 +127,29 @@ func (c *openapiChecker) schema(ptr string) (*jsonschema.Schema, error) {
 	}
 	c.schemas[ptr] = s
 	return s, nil
+}
+
+// OpenAPIDoc is the OpenAPI document as encoding/json reads it back, for a
+// test that walks it (At).
+func OpenAPIDoc(t testing.TB) map[string]any {
+	t.Helper()
+	b, err := json.Marshal(httpapi.OpenAPI())
+	if err != nil {
+		t.Fatalf("encode the OpenAPI document: %v", err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatalf("read the OpenAPI document: %v", err)
+	}
+	return doc
+}
+
+// At is the value under path in v, a document OpenAPIDoc read: nil where a
+// key is missing or a value on the way is not an object.
+func At(v any, path ...string) any {
+	for _, p := range path {
+		m, _ := v.(map[string]any)
+		v = m[p]
+	}
+	return v
 }

@@ -1,7 +1,6 @@
 package gate_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/gate"
-	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/schematags"
 )
 
@@ -322,23 +320,13 @@ func TestDimensionLimitTagsAgreeWithTheHandler(t *testing.T) {
 	// The document's PUT states the limit as the answer's limit is stated,
 	// but that a PUT may leave either field out; an unknown field is
 	// refused (decodeDimensionLimit), and so in the document.
-	doc, err := json.Marshal(httpapi.OpenAPI())
-	require.NoError(t, err)
-	var openapi map[string]any
-	require.NoError(t, json.Unmarshal(doc, &openapi))
-	at := func(v any, path ...string) any {
-		for _, p := range path {
-			m, _ := v.(map[string]any)
-			v = m[p]
-		}
-		return v
-	}
+	openapi, at := apitest.OpenAPIDoc(t), apitest.At
 	put := at(openapi, "paths", "/api/v1/policies/{effect_type}", "put")
 	limit := []string{"content", "application/json", "schema", "properties", "dimension_limits",
 		"additionalProperties"}
 	sent, _ := at(put, append([]string{"requestBody"}, limit...)...).(map[string]any)
 	answered, _ := at(put, append([]string{"responses", "200"}, limit...)...).(map[string]any)
-	require.NotNil(t, sent, "the document states a PUT's limit: %s", doc)
+	require.NotNil(t, sent, "the document states a PUT's limit: %v", put)
 	require.Equal(t, false, sent["additionalProperties"], "an unknown field is refused")
 	require.Equal(t, answered["properties"], sent["properties"], "the same fields, with the same bounds")
 	require.Nil(t, sent["required"], "a PUT's limit may leave either field out")

@@ -630,17 +630,7 @@ func TestOpenAPIStatesBoundsAndEnumerations(t *testing.T) {
 // nullable one lists null too. lib/apitest holds every answer to them.
 func TestOpenAPIAnswersStateTheirValues(t *testing.T) {
 	t.Parallel()
-	b, err := json.Marshal(httpapi.OpenAPI())
-	require.NoError(t, err)
-	var doc map[string]any
-	require.NoError(t, json.Unmarshal(b, &doc))
-	at := func(v any, path ...string) any {
-		for _, p := range path {
-			m, _ := v.(map[string]any)
-			v = m[p]
-		}
-		return v
-	}
+	doc, at := apitest.OpenAPIDoc(t), apitest.At
 	answer := func(path, method, status string) any {
 		return at(doc, "paths", path, method, "responses", status, "content", "application/json", "schema")
 	}

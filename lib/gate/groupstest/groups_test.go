@@ -2,7 +2,6 @@ package groupstest
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/gate"
-	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/ids"
 )
 
@@ -1006,17 +1004,7 @@ func TestAnApprovalOfARolledBackStepCannotBeGiven(t *testing.T) {
 // answered with "payload": null, as the document requires.
 func TestAPlanItemsCompensationIsTyped(t *testing.T) {
 	t.Parallel()
-	doc, err := json.Marshal(httpapi.OpenAPI())
-	require.NoError(t, err)
-	var openapi map[string]any
-	require.NoError(t, json.Unmarshal(doc, &openapi))
-	at := func(v any, path ...string) any {
-		for _, p := range path {
-			m, _ := v.(map[string]any)
-			v = m[p]
-		}
-		return v
-	}
+	openapi, at := apitest.OpenAPIDoc(t), apitest.At
 	for _, action := range []string{"unwind", "commit"} {
 		comp, _ := at(openapi, "paths", "/api/v1/groups/{id}/"+action, "post", "responses", "200", "content",
 			"application/json", "schema", "properties", "plan", "items", "properties", "compensation").(map[string]any)
