@@ -140,7 +140,7 @@ func handle(ctx context.Context, raw json.RawMessage) (any, error) {
 		// pre-signed ResponseURL, its query a credential for the stack's
 		// answer: said once, as redact.Safe has it (the URL without its
 		// query), since the Lambda runtime logs the error.
-		if _, err := cfn.LambdaWrap(deploy)(ctx, ev); err != nil {
+		if err := respond(ctx, ev, deploy); err != nil {
 			return nil, fmt.Errorf("answer CloudFormation: %w", redact.Safe(err))
 		}
 		return map[string]string{"answered": string(ev.RequestType)}, nil
