@@ -61,17 +61,20 @@ type Effect struct {
 	UpdatedAt           time.Time       `json:"updated_at"`
 	// ResultUnreadable says the effect has a recorded result this instance
 	// cannot open (sealed with a key missing from its RESULT_ENCRYPTION_KEY
-	// / RESULT_ENCRYPTION_KEYS): result reads null, and the rest of the
-	// effect reads as ever (seal QA: the one value failed the effect's read,
-	// and the answer to a report or resolve sent again, with 500).
-	ResultUnreadable bool `json:"result_unreadable" jsonschema:"true when the effect has a recorded result this server cannot decrypt (sealed with an encryption key it is not configured with): result is then null, on single reads and in lists alike; false otherwise"`
+	// / RESULT_ENCRYPTION_KEYS, or damaged: it fails authentication under a
+	// key it has): result reads null, and the rest of the effect reads as
+	// ever (seal QA: the one value failed the effect's read, and the answer
+	// to a report or resolve sent again, with 500). Lists answer it as the
+	// effect's read does (resultOpens).
+	ResultUnreadable bool `json:"result_unreadable" jsonschema:"true when the effect has a recorded result this server cannot decrypt (sealed with an encryption key it is not configured with, or damaged so that it fails authentication): result is then null, on single reads and in lists alike; false otherwise"`
 }
 
 // view builds the effect object as seen at now; withResult opens the sealed
 // result (single reads only). A result this instance cannot open reads
-// null with ResultUnreadable, on single reads (logged, by effect and key
-// id) and in lists alike, where only the key its header names is checked:
-// lists never open results.
+// null with ResultUnreadable (logged, by effect and key id). Without
+// withResult the flag is left to the caller: a list authenticates each
+// result itself (resultOpens), and a report's answer carries the result
+// it has just sealed.
 func (s *Service) view(row *effectRow, attempts []byte, now time.Time, withResult bool) (Effect, error) {
 	e := Effect{
 		ID: row.ID, EffectType: row.EffectType, IdempotencyKey: row.IdempotencyKey,
@@ -95,20 +98,36 @@ func (s *Service) view(row *effectRow, attempts []byte, now time.Time, withResul
 			a.Outcome = &ind
 		}
 	}
-	switch {
-	case withResult:
+	if withResult {
 		res, err := s.openJSON(row.ID, "result", row.Result)
 		if err != nil {
 			e.ResultUnreadable = true
 			s.logger.Warn("effect result this instance cannot open reads as result_unreadable",
 				"effect_id", row.ID, "key_id", seal.KeyIDOf(row.Result), "err", err)
-			break
+			return e, nil
 		}
 		e.Result = res
-	default:
-		e.ResultUnreadable = row.Result != nil && !s.sealer.CanOpen(row.Result)
 	}
 	return e, nil
+}
+
+// resultOpens reports whether the effect's sealed result opens, as a single
+// read would open it, without keeping it: a list answers result_unreadable
+// as the effect's own read does, a result damaged under a configured key
+// included (seal QA: lists checked only the key the header names, so such
+// a result read false in the list and true on the effect's read). The
+// result is authenticated into scratch, the buffer of the list's previous
+// row (one allocation a page, the largest result's), and never answered.
+// It costs one AES-GCM pass over bytes the list has already read from the
+// database (about 4 GB/s a core: a page of 200 results of the 256 KiB
+// maximum takes some 12 ms, of small ones some 0.1 ms).
+func (s *Service) resultOpens(row *effectRow, scratch *[]byte) bool {
+	pt, err := s.sealer.OpenTo((*scratch)[:0], row.Result, seal.AAD(row.ID, "result"))
+	if err != nil {
+		return false
+	}
+	*scratch = pt
+	return true
 }
 
 // GetEffect reads one effect with its attempts.
@@ -188,7 +207,9 @@ func (s *Service) ListEffects(ctx context.Context, workspaceID string, f ListFil
 		out                 []Effect
 		unreadable          int
 		firstID, firstKeyID string // the first unreadable result's, for the log
+		scratch             []byte // resultOpens' buffer
 	)
+	defer func() { clear(scratch[:cap(scratch)]) }() // no plaintext left behind
 	for rows.Next() {
 		var (
 			row      effectRow
@@ -201,7 +222,7 @@ func (s *Service) ListEffects(ctx context.Context, workspaceID string, f ListFil
 		if err != nil {
 			return nil, err
 		}
-		if e.ResultUnreadable {
+		if e.ResultUnreadable = !s.resultOpens(&row, &scratch); e.ResultUnreadable {
 			if unreadable == 0 {
 				firstID, firstKeyID = row.ID, seal.KeyIDOf(row.Result)
 			}

@@ -313,3 +313,48 @@ func TestListEffectsReadsOneRangePerState(t *testing.T) {
 		}
 	}
 }
+
+// A result damaged under a key this instance has (its header intact, so it
+// names a configured key, but it fails authentication) reads
+// result_unreadable: true in the lists, unfiltered and filtered, as on the
+// effect's own read, and the readable results beside it read false (seal
+// QA: lists looked only at the key the header names, so the list said
+// false where the single read said true).
+func TestADamagedResultReadsUnreadableInListsAsOnItsRead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	ids := map[string]string{}
+	for _, k := range []string{"damaged", "kept"} {
+		d := b.mustBegin("execute", email(key(k)))
+		ids[k] = str(d["effect_id"])
+		require.Equal(t, http.StatusOK, b.report(ids[k], str(d["lease_token"]), "succeeded",
+			map[string]any{"message_id": k}).Status)
+	}
+	var sealed []byte
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT result FROM effects WHERE id = $1`, ids["damaged"]).
+		Scan(&sealed))
+	sealed[len(sealed)-1] ^= 1 // the tag's last byte
+	_, err := b.env.App.Pool.Exec(ctx, `UPDATE effects SET result = $2 WHERE id = $1`, ids["damaged"], sealed)
+	require.NoError(t, err)
+
+	want := map[string]any{ids["damaged"]: true, ids["kept"]: false}
+	single := map[string]any{}
+	for _, id := range ids {
+		e := b.get(id)
+		single[id] = e["result_unreadable"]
+		require.Equal(t, "succeeded", e["state"], "the rest of the effect reads")
+	}
+	require.Equal(t, want, single)
+	require.Nil(t, b.get(ids["damaged"])["result"])
+	for _, path := range []string{"/api/v1/effects", "/api/v1/effects?state=succeeded",
+		"/api/v1/effects?effect_type=email.send"} {
+		listed := map[string]any{}
+		for _, x := range b.env.Must(http.StatusOK, "GET", path, b.ws.Key, nil).JSON()["data"].([]any) {
+			e := x.(map[string]any)
+			listed[str(e["id"])] = e["result_unreadable"]
+			require.Nil(t, e["result"], "listings never carry results")
+		}
+		require.Equal(t, want, listed, path)
+	}
+}

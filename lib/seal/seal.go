@@ -95,8 +95,18 @@ func (s *Sealer) Seal(plaintext, aad []byte) []byte {
 // Open decrypts a value sealed by Seal with the same aad. A nil ciphertext
 // opens to nil.
 func (s *Sealer) Open(ciphertext, aad []byte) ([]byte, error) {
+	return s.OpenTo(nil, ciphertext, aad)
+}
+
+// OpenTo is Open appending the plaintext to dst, as cipher.AEAD's Open does:
+// a caller that only needs to know whether values open (a list answering
+// each row's unreadable flag without the value) passes the same scratch
+// buffer for each, so that authenticating a page allocates once. On error
+// dst's storage, up to its capacity, may have been overwritten. A nil
+// ciphertext opens to dst unchanged.
+func (s *Sealer) OpenTo(dst, ciphertext, aad []byte) ([]byte, error) {
 	if ciphertext == nil {
-		return nil, nil
+		return dst, nil
 	}
 	if len(ciphertext) < 5 || ciphertext[0] != version {
 		return nil, errors.New("seal: malformed ciphertext")
@@ -112,7 +122,7 @@ func (s *Sealer) Open(ciphertext, aad []byte) ([]byte, error) {
 	if len(ciphertext) < 5+ns+aead.Overhead() {
 		return nil, errors.New("seal: malformed ciphertext")
 	}
-	pt, err := aead.Open(nil, ciphertext[5:5+ns], ciphertext[5+ns:], aad)
+	pt, err := aead.Open(dst, ciphertext[5:5+ns], ciphertext[5+ns:], aad)
 	if err != nil {
 		return nil, fmt.Errorf("seal: ciphertext failed authentication (key id %x)", id)
 	}

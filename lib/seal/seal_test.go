@@ -106,3 +106,35 @@ func TestHeadersAreWhatCanOpenAccepts(t *testing.T) {
 	require.Empty(t, KeyIDOf([]byte{0}))
 	require.Empty(t, KeyIDOf(append([]byte{2}, ct[1:]...)), "another format version")
 }
+
+// OpenTo authenticates into a caller's buffer, so a list can tell each
+// row's value opens without allocating for each: a reused buffer opens
+// every value, and a value damaged under a configured key (its header
+// intact, so CanOpen says yes) fails as Open does.
+func TestOpenToReusesItsBufferAndFailsAsOpenDoes(t *testing.T) {
+	t.Parallel()
+	s, err := New(key(1))
+	require.NoError(t, err)
+	aad := []byte("eff_1/result")
+	long, short := s.Seal(bytes.Repeat([]byte("a"), 100), aad), s.Seal([]byte("bb"), aad)
+	buf := make([]byte, 0, 128)
+	pt, err := s.OpenTo(buf[:0], long, aad)
+	require.NoError(t, err)
+	require.Equal(t, bytes.Repeat([]byte("a"), 100), pt)
+	require.Same(t, &buf[:1][0], &pt[0], "opened into the buffer given")
+	pt, err = s.OpenTo(pt[:0], short, aad)
+	require.NoError(t, err)
+	require.Equal(t, "bb", string(pt))
+
+	damaged := bytes.Clone(short)
+	damaged[len(damaged)-1] ^= 1
+	require.True(t, s.CanOpen(damaged), "the header names a configured key")
+	_, err = s.OpenTo(buf[:0], damaged, aad)
+	_, openErr := s.Open(damaged, aad)
+	require.ErrorContains(t, err, "failed authentication")
+	require.Equal(t, openErr.Error(), err.Error())
+
+	pt, err = s.OpenTo(buf[:0], nil, aad)
+	require.NoError(t, err)
+	require.Empty(t, pt, "a nil ciphertext opens to nothing")
+}
