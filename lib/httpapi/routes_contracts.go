@@ -55,7 +55,7 @@ func (s *Server) contractsRoutes() []Route {
 				"back as expectedHandlerVersion) and upgrades[]: every other contract of the tool with compatible " +
 				"(the saved input validates against its inputSchema; the input is never returned) and forbidden. " +
 				"inputUnreadable: true when this server cannot decrypt the saved input (its encryption key is not " +
-				"configured): no upgrade then reads compatible.",
+				"configured, or it is damaged): no upgrade then reads compatible, and a replay answers 500.",
 			Response: jobs.ReplayPreview{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.previewReplay,
 		},
 		{
@@ -64,9 +64,9 @@ func (s *Server) contractsRoutes() []Route {
 			Summary: "Replay an EXHAUSTED or CANCELLED step's job (the same job) with maxAttempts (1-10, default 1) " +
 				"additional executions; acknowledgeDuplicateRisk: true is required. targetContractVersion upgrades " +
 				"it (expectedHandlerVersion and acknowledgeVersionChange: true required; a FORBIDDEN or incompatible " +
-				"target is 409 invalid_state; a target when this server cannot decrypt the saved input is 500 " +
-				"internal_error, changing nothing). A FAILED run whose only failed step this was goes back to " +
-				"RUNNING; a paused endpoint holds the job. A step cancelled while it ran is claimed only once that " +
+				"target is 409 invalid_state). A replay, of the same version or onto a target, when this server " +
+				"cannot decrypt the saved input (inputUnreadable) is 500 internal_error, changing nothing. A FAILED " +
+				"run whose only failed step this was goes back to RUNNING; a paused endpoint holds the job. A step cancelled while it ran is claimed only once that " +
 				"attempt has reported or its lease (leaseExpiresAt) has expired: never two attempts at once. Its " +
 				"dueAt is that expiry until the attempt reports, then the report's time. The " +
 				"duplicate risk acknowledged is an earlier attempt's side effect done though its outcome was not recorded.",

@@ -66,11 +66,13 @@ type ReplayPreview struct {
 	EndpointPaused   bool            `json:"endpointPaused"`
 	Upgrades         []ReplayUpgrade `json:"upgrades"`
 	// InputUnreadable says the step's saved input is sealed with a key this
-	// instance lacks (RESULT_ENCRYPTION_KEY / RESULT_ENCRYPTION_KEYS), so
-	// no upgrade can be shown to fit: each reads compatible false with no
-	// validation, and a replay onto one answers 500 (seal QA: the preview
-	// itself answered 500, eligibility and all).
-	InputUnreadable bool `json:"inputUnreadable" jsonschema:"true when the step's saved input cannot be decrypted by this server (sealed with an encryption key it is not configured with): every upgrade then reads compatible false with an empty validation, as none can be checked, and a replay onto one is refused with 500 until the key is configured again; false otherwise"`
+	// instance lacks (RESULT_ENCRYPTION_KEY / RESULT_ENCRYPTION_KEYS), or
+	// is damaged, so no upgrade can be shown to fit: each reads compatible
+	// false with no validation, and a replay, onto one or of the same
+	// version, answers 500 (seal QA: the preview itself answered 500,
+	// eligibility and all). eligible still says what the step's state and
+	// dependency allow: the key, once configured again, allows the rest.
+	InputUnreadable bool `json:"inputUnreadable" jsonschema:"true when the step's saved input cannot be decrypted by this server (sealed with an encryption key it is not configured with, or damaged): every upgrade then reads compatible false with an empty validation, as none can be checked, and a replay, of the same version or onto another contract, is refused with 500 and changes nothing until the key is configured again; false otherwise"`
 }
 
 // ReplayRequest is the body of POST /api/v1/steps/{id}/replay.
@@ -300,7 +302,8 @@ func (req ReplayRequest) validate() (additional int, err error) {
 // takes it until that attempt ends (migration 0060): the replay never runs
 // beside it, and the duplicate risk acknowledged is a repeat after it. It
 // is due at that attempt's lease expiry, or at its report if that comes
-// first (replayDue).
+// first (replayDue). A saved input this instance cannot open refuses the
+// replay, of the same version as onto a target, changing nothing.
 func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, req ReplayRequest) (ReplayResult, error) {
 	additional, err := req.validate()
 	if err != nil {
@@ -363,8 +366,23 @@ func (s *Service) Replay(ctx context.Context, p *auth.Principal, stepID string, 
 			if err != nil {
 				return fmt.Errorf("replay: %w", err)
 			}
-		} else if _, err := tx.Exec(ctx, sqlReplaySameVersion, j.id, ceiling, now); err != nil {
-			return fmt.Errorf("replay: %w", err)
+		} else {
+			// The same handler takes the saved input again, so it must open
+			// (seal QA: a replay of an input sealed with a key this instance
+			// lacks, or damaged, was queued; every claim then leased it, failed
+			// to open it, rolled back and passed over it, logging so, while
+			// the run read RUNNING, its skipped steps WAITING and step.replayed
+			// went out for a job no instance could run). Refused as a replay
+			// onto another contract is (replayTarget), changing nothing: a
+			// missing key answers the 500 that says so, and the same request
+			// succeeds once the key is configured again (at once through an
+			// instance that has it, mid-deploy).
+			if _, err := s.open(j.id, "input", j.inputSealed); err != nil {
+				return fmt.Errorf("replay: open input of job %s: %w", j.id, err)
+			}
+			if _, err := tx.Exec(ctx, sqlReplaySameVersion, j.id, ceiling, now); err != nil {
+				return fmt.Errorf("replay: %w", err)
+			}
 		}
 		// The run's exclusive lock (after the job row, the order every
 		// transaction ending a step follows) orders this with finish, with

@@ -314,3 +314,95 @@ func TestAnUnreadableKeptAnswerIsNotActedOnAgain(t *testing.T) {
 	require.Equal(t, first.JSON()["id"], again.JSON()["id"])
 	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
 }
+
+// A same-version replay of a step whose saved input this instance cannot
+// open is refused as a replay onto another contract is, changing nothing
+// (seal QA: it was queued, every claim then leased the job, failed to open
+// it, rolled back and passed over it, logging so each time, while the run
+// read RUNNING again and step.replayed went out for a step no claim could
+// hand over). A missing key answers the 500 that says so, under an
+// Idempotency-Key too, and the same request through an instance with the
+// key replays the step, whose claim hands the input over. An input damaged
+// under a key the instance has, which no key mends, is refused with a bare
+// 500 and changes nothing either; both previews read inputUnreadable.
+func TestASameVersionReplayOfAnUnreadableInputChangesNothing(t *testing.T) {
+	var logs apitest.LockedBuffer
+	env := fresh(t, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	ctx := context.Background()
+	ws := env.Signup()
+	worker := registerSender(t, env, ws)
+	// failed enqueues a step of one attempt and fails it, unretryably.
+	failed := func(k string) (jobID, stepID string) {
+		step := enqueueStep(t, env, ws, k, 1)
+		jobs := env.Must(http.StatusOK, "POST", "/api/v1/workers/"+worker+"/claim", ws.Key,
+			map[string]any{"limit": 1}).JSON()["jobs"].([]any)
+		require.Len(t, jobs, 1)
+		jobID, stepID = step["jobId"].(string), step["stepId"].(string)
+		require.Equal(t, jobID, jobs[0].(map[string]any)["jobId"])
+		env.Must(http.StatusOK, "POST", "/api/v1/jobs/"+jobID+"/report", ws.Key, map[string]any{
+			"leaseToken": jobs[0].(map[string]any)["leaseToken"], "status": "FAILED",
+			"error": map[string]any{"message": "boom", "retryable": false}})
+		return jobID, stepID
+	}
+	// state is what a replay changes: the job, its run, its audit and events.
+	state := func(jobID, stepID string) []any {
+		var job, run string
+		var attempt, maxAttempts, replays, replayed int
+		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT j.status, j.attempt, j.max_attempts, r.status,
+		    (SELECT count(*) FROM job_replays x WHERE x.job_id = j.id),
+		    (SELECT count(*) FROM events e WHERE e.type = 'step.replayed' AND e.subject_id = $2)
+		    FROM jobs j JOIN job_runs r ON r.id = j.run_id WHERE j.id = $1`, jobID, stepID).
+			Scan(&job, &attempt, &maxAttempts, &run, &replays, &replayed))
+		return []any{job, attempt, maxAttempts, run, replays, replayed}
+	}
+	replay := func(env *apitest.Env, stepID string) *apitest.Response {
+		return env.DoWith("POST", "/api/v1/steps/"+stepID+"/replay", ws.Key,
+			http.Header{"Idempotency-Key": {"replay:" + stepID}},
+			map[string]any{"acknowledgeDuplicateRisk": true, "expectedAttempt": 1, "expectedHandlerVersion": "1"})
+	}
+
+	lostJob, lostStep := failed("lost")
+	_, err := env.App.Pool.Exec(ctx, `UPDATE jobs SET input_sealed = $2 WHERE id = $1`, lostJob,
+		sealer(t, key(3)).Seal([]byte(`{"step":"secret-input"}`), seal.AAD(lostJob, "input")))
+	require.NoError(t, err)
+	before := state(lostJob, lostStep)
+	require.Equal(t, []any{"EXHAUSTED", 1, 1, "FAILED", 0, 0}, before)
+	p := env.Must(http.StatusOK, "GET", "/api/v1/steps/"+lostStep+"/replay", ws.Key, nil).JSON()
+	require.Equal(t, true, p["inputUnreadable"])
+	requireUnreadableValue(t, replay(env, lostStep))
+	requireUnreadableValue(t, replay(env, lostStep)) // sent again: refused again, not a kept answer
+	require.Equal(t, before, state(lostJob, lostStep), "the refused replay changed nothing")
+	require.Contains(t, logs.String(), "open input of job "+lostJob+": seal: ciphertext sealed with a key that is "+
+		"not configured (key id "+goneKeyID()+")")
+	require.NotContains(t, logs.String(), "secret-input")
+
+	withKey := instance(t, oldKey, key(3))
+	r := replay(withKey, lostStep)
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	require.Equal(t, "QUEUED", r.JSON()["status"])
+	require.Equal(t, []any{"QUEUED", 1, 2, "RUNNING", 1, 1}, state(lostJob, lostStep))
+	jobs := withKey.Must(http.StatusOK, "POST", "/api/v1/workers/"+worker+"/claim", ws.Key,
+		map[string]any{"limit": 1}).JSON()["jobs"].([]any)
+	require.Len(t, jobs, 1)
+	require.Equal(t, map[string]any{"step": "secret-input"}, jobs[0].(map[string]any)["input"])
+
+	// Damaged under the key this instance seals with: its tag no longer checks.
+	damagedJob, damagedStep := failed("damaged")
+	var sealed []byte
+	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT input_sealed FROM jobs WHERE id = $1`, damagedJob).
+		Scan(&sealed))
+	sealed[len(sealed)-1] ^= 1
+	_, err = env.App.Pool.Exec(ctx, `UPDATE jobs SET input_sealed = $2 WHERE id = $1`, damagedJob, sealed)
+	require.NoError(t, err)
+	before = state(damagedJob, damagedStep)
+	p = env.Must(http.StatusOK, "GET", "/api/v1/steps/"+damagedStep+"/replay", ws.Key, nil).JSON()
+	require.Equal(t, true, p["inputUnreadable"])
+	require.Equal(t, true, p["eligible"], "what its state allows")
+	d := replay(env, damagedStep)
+	require.Equal(t, http.StatusInternalServerError, d.Status, "%s", d.Body)
+	require.Equal(t, "internal_error", d.ErrorCode())
+	require.NotContains(t, d.JSON()["error"].(map[string]any)["message"], "not configured with",
+		"no key mends it: not the message that asks for one")
+	require.Equal(t, before, state(damagedJob, damagedStep), "the refused replay changed nothing")
+	require.Contains(t, logs.String(), "open input of job "+damagedJob+": seal: ciphertext failed authentication")
+}
