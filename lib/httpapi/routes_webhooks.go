@@ -30,7 +30,9 @@ func (s *Server) webhookRoutes() []Route {
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/webhooks", Name: "webhooks.list", Tag: "webhooks", Scopes: scopes,
-			Summary: "List webhook subscriptions (never their secrets).", Query: listParams,
+			Summary: "List webhook subscriptions (never their secrets; secret_unreadable: true marks one whose " +
+				"signing secret this server cannot decrypt, whose deliveries are not sent meanwhile).",
+			Query:    listParams,
 			Response: Page[webhooks.Webhook]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
 				limit, cursor, err := c.ListParams(idCursor(ids.Webhook))
@@ -46,7 +48,8 @@ func (s *Server) webhookRoutes() []Route {
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/webhooks/{id}", Name: "webhooks.get", Tag: "webhooks", Scopes: scopes,
-			Summary:  "Read one subscription (its secret is shown only when it is created).",
+			Summary: "Read one subscription (its secret is shown only when it is created; secret_unreadable: true " +
+				"when this server cannot decrypt it: sealed with an encryption key it is not configured with, or damaged).",
 			Response: webhooks.Webhook{}, Status: 200, Errors: []string{apierr.CodeNotFound},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
 				id, err := c.PathID("id", ids.Webhook)

@@ -36,6 +36,13 @@ type Webhook struct {
 	// signing deliveries beside the current one (RotateSecret); null when
 	// none signs. Once past, the sweeper clears it (ClearExpiredSecrets).
 	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
+	// SecretUnreadable says this instance cannot open the subscription's
+	// signing secret (sealed with a key missing from its
+	// RESULT_ENCRYPTION_KEY / RESULT_ENCRYPTION_KEYS, or damaged), as the
+	// effect's result_unreadable says of a result: no delivery of it is
+	// sent meanwhile (seal QA: only the sweeper's log said its deliveries
+	// were held, and its owner, who reads the subscription, could not tell).
+	SecretUnreadable bool `json:"secret_unreadable" jsonschema:"true when this server cannot decrypt the subscription's signing secret (sealed with an encryption key it is not configured with, or damaged so that it fails authentication): no delivery is signed with it meanwhile. Under a missing key its deliveries stay pending, their attempts untouched, until an instance that has the key sends them; a damaged secret cannot sign, so each attempt fails until the secret is rotated. false otherwise"`
 }
 
 // NewWebhook is a created subscription with its signing secret, shown once.
@@ -189,7 +196,8 @@ func (s *Service) Create(ctx context.Context, workspaceID string, req CreateRequ
 // into as many outbound requests as it liked (security review).
 const MaxWebhooks = 20
 
-// webhookCols are a Webhook's columns, in its fields' order, as of the time
+// webhookCols are a Webhook's columns (all but SecretUnreadable, which a
+// read derives: readCols), in its fields' order, as of the time
 // in parameter now ("$3"): a previous secret that has stopped signing reads
 // null, though the sweeper has not cleared it yet (review: its past time was
 // shown).
@@ -203,32 +211,78 @@ func signingUntil(now string) string {
 	return `CASE WHEN previous_secret_expires_at > ` + now + `::timestamptz THEN previous_secret_expires_at END`
 }
 
+// readCols are webhookCols and the sealed signing secret, which a read
+// opens for its secret_unreadable flag (readRows) and never answers.
+func readCols(now string) string { return webhookCols(now) + `, secret` }
+
+// readRows collects the subscriptions of a statement selecting readCols,
+// each with SecretUnreadable: its secret opened, as the sweeper opens it to
+// sign (a secret is some 70 bytes, a workspace holds at most MaxWebhooks),
+// so that the flag covers a damaged secret as well as a missing key. A read
+// that finds such secrets logs one line naming the first, its key id and
+// how many (never a secret), as the effects' reads log their results.
+func (s *Service) readRows(rows pgx.Rows) ([]Webhook, error) {
+	var (
+		unreadable int
+		first      string
+		keyID      string
+		firstErr   error
+	)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Webhook, error) {
+		var w Webhook
+		var secret []byte
+		if err := r.Scan(&w.ID, &w.URL, &w.Events, &w.CreatedAt, &w.PreviousSecretExpiresAt, &secret); err != nil {
+			return w, err
+		}
+		if _, err := s.sealer.Open(secret, seal.AAD(w.ID, "secret")); err != nil {
+			w.SecretUnreadable = true
+			if unreadable == 0 {
+				first, keyID, firstErr = w.ID, seal.KeyIDOf(secret), err
+			}
+			unreadable++
+		}
+		return w, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if unreadable > 0 {
+		s.logger.Warn("webhook signing secrets this instance cannot open read as secret_unreadable; their "+
+			"deliveries are not sent by it", "count", unreadable, "webhook_id", first, "key_id", keyID, "err", firstErr)
+	}
+	return out, nil
+}
+
 // List pages through live subscriptions.
 func (s *Service) List(ctx context.Context, workspaceID, cursor string, limit int) ([]Webhook, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+webhookCols("$4")+` FROM webhooks
+	rows, err := s.pool.Query(ctx, `SELECT `+readCols("$4")+` FROM webhooks
 		WHERE workspace_id = $1 AND deleted_at IS NULL AND id > $2 ORDER BY id LIMIT $3`, workspaceID, cursor, limit, s.now())
 	if err != nil {
 		return nil, fmt.Errorf("list webhooks: %w", err)
 	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[Webhook])
+	list, err := s.readRows(rows)
+	if err != nil {
+		return nil, fmt.Errorf("list webhooks: %w", err)
+	}
+	return list, nil
 }
 
 // Get reads one live subscription (never its secret); a deleted one is
 // unknown, as in the list.
 func (s *Service) Get(ctx context.Context, workspaceID, id string) (Webhook, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+webhookCols("$3")+` FROM webhooks
+	rows, err := s.pool.Query(ctx, `SELECT `+readCols("$3")+` FROM webhooks
 		WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NULL`, id, workspaceID, s.now())
 	if err != nil {
 		return Webhook{}, fmt.Errorf("read webhook: %w", err)
 	}
-	w, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Webhook])
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Webhook{}, apierr.NotFound("webhook")
-	}
+	list, err := s.readRows(rows)
 	if err != nil {
 		return Webhook{}, fmt.Errorf("read webhook: %w", err)
 	}
-	return w, nil
+	if len(list) == 0 {
+		return Webhook{}, apierr.NotFound("webhook")
+	}
+	return list[0], nil
 }
 
 // Delete ends a subscription; pending deliveries to it are abandoned, in the
@@ -243,14 +297,19 @@ func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, 
 		// for a concurrent one reads the row as that one left it, and
 		// answers it (review: in one statement its snapshot still showed
 		// the row live, and it answered 404).
-		rows, err := tx.Query(ctx, `SELECT `+webhookCols("$3")+` FROM webhooks
+		rows, err := tx.Query(ctx, `SELECT `+readCols("$3")+` FROM webhooks
 			WHERE id = $1 AND workspace_id = $2 FOR UPDATE`, id, workspaceID, s.now())
 		if err != nil {
 			return fmt.Errorf("delete webhook: %w", err)
 		}
-		if w, err = pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[Webhook]); err != nil {
+		list, err := s.readRows(rows)
+		if err != nil {
 			return err
 		}
+		if len(list) == 0 {
+			return pgx.ErrNoRows
+		}
+		w = list[0]
 		if _, err := tx.Exec(ctx, `UPDATE webhooks SET deleted_at = $2 WHERE id = $1 AND deleted_at IS NULL`,
 			id, s.now()); err != nil {
 			return fmt.Errorf("delete webhook: %w", err)

@@ -1626,3 +1626,82 @@ func TestDeliveriesPageReadsOneRangeOfTheIndex(t *testing.T) {
 			"%s: one range of the index, no read of every delivery", name)
 	}
 }
+
+// A subscription whose signing secret this instance cannot open reads
+// secret_unreadable: true, on its own read, in the list and in a delete's
+// answer, whether the key that sealed it is missing (its deliveries held)
+// or the secret is damaged under a key it has (its attempts failing); the
+// others read false (seal QA: only the sweeper's log said a webhook's
+// deliveries were held, and its owner could not tell from the
+// subscription). Each read logs the first such webhook, its key id and how
+// many, never a secret. An instance with the key reads it false, and a
+// rotation mends a damaged one.
+func TestASecretThatCannotBeOpenedReadsSecretUnreadable(t *testing.T) {
+	var logs apitest.LockedBuffer
+	env, c := start(t, false, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	ctx := context.Background()
+	ws := env.Signup()
+	hooks, secrets := map[string]string{}, map[string]string{}
+	for _, k := range []string{"kept", "lost", "damaged"} {
+		created := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+			map[string]any{"url": "https://example.com/" + k, "events": []string{events.RunFinished}}).JSON()
+		require.Equal(t, false, created["secret_unreadable"], "just sealed")
+		hooks[k], secrets[k] = created["id"].(string), created["secret"].(string)
+	}
+	gone := bytes.Repeat([]byte{3}, 32)
+	lost, err := seal.New(gone)
+	require.NoError(t, err)
+	_, err = env.App.Pool.Exec(ctx, `UPDATE webhooks SET secret = $2 WHERE id = $1`, hooks["lost"],
+		lost.Seal([]byte(secrets["lost"]), seal.AAD(hooks["lost"], "secret")))
+	require.NoError(t, err)
+	var sealed []byte
+	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT secret FROM webhooks WHERE id = $1`, hooks["damaged"]).
+		Scan(&sealed))
+	sealed[len(sealed)-1] ^= 1 // its tag no longer checks, under the key this instance seals with
+	_, err = env.App.Pool.Exec(ctx, `UPDATE webhooks SET secret = $2 WHERE id = $1`, hooks["damaged"], sealed)
+	require.NoError(t, err)
+
+	want := map[string]any{hooks["kept"]: false, hooks["lost"]: true, hooks["damaged"]: true}
+	read := func(env *apitest.Env) map[string]any {
+		t.Helper()
+		got := map[string]any{}
+		for _, id := range hooks {
+			w := env.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+id, ws.Key, nil).JSON()
+			require.Equal(t, id, w["id"])
+			require.NotContains(t, w, "secret", "never the secret")
+			got[id] = w["secret_unreadable"]
+		}
+		return got
+	}
+	require.Equal(t, want, read(env))
+	var page struct {
+		Data []map[string]any `json:"data"`
+	}
+	env.Must(http.StatusOK, "GET", "/api/v1/webhooks", ws.Key, nil).Decode(t, &page)
+	listed := map[string]any{}
+	for _, w := range page.Data {
+		listed[w["id"].(string)] = w["secret_unreadable"]
+	}
+	require.Equal(t, want, listed, "the list as the reads")
+	goneID := seal.KeyID(gone)
+	require.Contains(t, logs.String(), "webhook signing secrets this instance cannot open read as secret_unreadable")
+	require.Contains(t, logs.String(), "count=1 webhook_id="+hooks["lost"]+" key_id="+hex.EncodeToString(goneID[:]))
+	require.Contains(t, logs.String(), "count=2 webhook_id=")
+	require.Contains(t, logs.String(), "ciphertext failed authentication")
+	for _, secret := range secrets {
+		require.NotContains(t, logs.String(), secret)
+	}
+
+	withKey := apitest.Start(t, apitest.WithNow(c.Now), apitest.WithConfig(func(cfg *config.Config) {
+		cfg.ResultEncryptionKeys = []string{base64.StdEncoding.EncodeToString(gone)}
+	}))
+	require.Equal(t, map[string]any{hooks["kept"]: false, hooks["lost"]: false, hooks["damaged"]: true}, read(withKey))
+
+	rotated := env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+hooks["damaged"]+"/rotate-secret", ws.Key,
+		map[string]any{"previous_secret_expires_in_seconds": 0}).JSON()
+	require.Equal(t, false, rotated["secret_unreadable"])
+	require.Equal(t, false, env.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+hooks["damaged"], ws.Key, nil).
+		JSON()["secret_unreadable"], "mended by the rotation")
+	deleted := env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+hooks["lost"], ws.Key, nil).JSON()
+	require.Equal(t, true, deleted["secret_unreadable"], "the subscription as it was")
+}

@@ -26,6 +26,12 @@ type Webhook struct {
 	// replaced stops signing beside the current one (nil: none does;
 	// the server clears a past one within a sweep).
 	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
+	// SecretUnreadable is true when the server cannot decrypt the
+	// subscription's signing secret (sealed with an encryption key it is
+	// not configured with, or damaged): no delivery is sent with it
+	// meanwhile (under a missing key they wait, pending, for the key; a
+	// damaged secret's attempts fail until RotateWebhookSecret).
+	SecretUnreadable bool `json:"secret_unreadable"`
 }
 
 // NewWebhook is a created subscription with its signing secret, shown

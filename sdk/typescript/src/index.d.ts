@@ -555,6 +555,11 @@ export interface Webhook {
   created_at: string;
   /** While a rotated-out secret still verifies. */
   previous_secret_expires_at: string | null;
+  /**
+   * True when the server cannot decrypt the signing secret (sealed with an encryption key it is
+   * not configured with, or damaged): no delivery is sent with it meanwhile.
+   */
+  secret_unreadable: boolean;
 }
 
 /** A webhook as created or rotated: its secret, shown once. */
