@@ -804,6 +804,60 @@ test('a replay preview whose saved input the server cannot decrypt says so for e
 	assert.equal(cells.length, 1, ui.root.textContent);
 	assert.equal(cells[0].textContent, 'unknown: the saved input is sealed with an encryption key this server is not configured with');
 	assert.ok(!ui.root.textContent.includes('contract 1: handler 2'), 'no contract offered to run with');
+	// Every replay of it is refused (500, changing nothing): a note, no form.
+	assert.deepEqual(ui.root.querySelectorAll('button').filter((b) => b.textContent === 'Replay'), []);
+	assert.match(ui.root.textContent, /No replay for now: the saved input is sealed with an encryption key this server is not configured with, or damaged/);
+});
+
+test('an effect whose result the server cannot decrypt says so on its page and in the list', async () => {
+	// Seal QA: a server that cannot decrypt an effect's result answers it
+	// null with result_unreadable (lib/reseal's
+	// TestAnUnreadableResultReadsAsResultUnreadable); the console showed
+	// nothing of it, though a begin on its key is refused until it can.
+	const key = await signup();
+	const d = (await api('POST', '/effects/begin', key, { effect_type: 'email.send', idempotency_key: 'sealed:1', payload: { to: 'a' } })).body;
+	assert.equal((await api('POST', `/effects/${d.effect_id}/report`, key, { lease_token: d.lease_token, outcome: 'succeeded', result: { id: 'msg_1' } })).status, 200);
+	const unreadable = async (url, res) => {
+		if (!url.startsWith('/api/v1/effects')) return res;
+		const body = await res.json();
+		for (const e of body.data || [body]) Object.assign(e, { result: null, result_unreadable: true });
+		return new Response(JSON.stringify(body), { status: res.status, headers: res.headers });
+	};
+	const ui = await mount(key, '#/effects/' + d.effect_id, unreadable);
+	assert.match(ui.root.textContent, /Result unreadable: the recorded result is sealed with an encryption key this server is not configured with, or damaged\./);
+	assert.equal(ui.root.querySelectorAll('p.notice').length, 1);
+	await go(ui, '#/effects');
+	assert.equal(row(ui, 'sealed:1').querySelectorAll('td[data-label="State"]')[0].textContent, 'succeeded (result unreadable)');
+
+	const plain = await mount(key, '#/effects/' + d.effect_id);
+	assert.ok(!plain.root.textContent.includes('Result unreadable'), 'said only when so');
+	await go(plain, '#/effects');
+	assert.equal(row(plain, 'sealed:1').querySelectorAll('td[data-label="State"]')[0].textContent, 'succeeded');
+});
+
+test('a webhook whose signing secret the server cannot decrypt says no delivery is sent', async () => {
+	// Seal QA: a subscription whose secret the server cannot decrypt reads
+	// secret_unreadable (lib/webhooks'
+	// TestASecretThatCannotBeOpenedReadsSecretUnreadable): its deliveries
+	// are not sent, and only the server's log said so.
+	const key = await signup();
+	const hook = (await api('POST', '/webhooks', key, { url: 'https://example.com/sealed', events: ['run.finished'] })).body;
+	const unreadable = async (url, res) => {
+		if (!url.startsWith('/api/v1/webhooks') || url.includes('/deliveries')) return res;
+		const body = await res.json();
+		for (const w of body.data || [body]) w.secret_unreadable = true;
+		return new Response(JSON.stringify(body), { status: res.status, headers: res.headers });
+	};
+	const ui = await mount(key, '#/webhooks', unreadable);
+	assert.equal(row(ui, 'example.com/sealed').querySelectorAll('td[data-label="Signing secret"]')[0].textContent, 'unreadable: no delivery is sent');
+	await go(ui, '#/webhooks/' + hook.id);
+	assert.match(ui.root.textContent, /Signing secretunreadable/);
+	assert.match(ui.root.textContent, /This server cannot decrypt the signing secret .* so no delivery is sent/);
+
+	const plain = await mount(key, '#/webhooks');
+	assert.equal(row(plain, 'example.com/sealed').querySelectorAll('td[data-label="Signing secret"]')[0].textContent, 'readable');
+	await go(plain, '#/webhooks/' + hook.id);
+	assert.ok(!plain.root.textContent.includes('cannot decrypt'), 'said only when so');
 });
 
 // A step not eligible for replay says why, as the replay's refusal would

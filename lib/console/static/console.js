@@ -540,7 +540,9 @@ const pages = {
 			{ title: 'Effect', cell: (e) => link(['effects', e.id], e.id) },
 			{ title: 'Type', cell: (e) => e.effect_type },
 			{ title: 'Idempotency key', cell: (e) => h('code', null, e.idempotency_key) },
-			{ title: 'State', cell: (e) => h('span', { class: 'state ' + e.state }, e.state) },
+			// A result the server cannot decrypt (result_unreadable) is said
+			// beside the state: a begin on its key is refused until it can.
+			{ title: 'State', cell: (e) => [h('span', { class: 'state ' + e.state }, e.state), e.result_unreadable ? h('em', null, ' (result unreadable)') : null] },
 			{ title: 'Attempt', cell: (e) => e.attempt },
 			{ title: 'Cost', cell: (e) => micros(e.cost_micros) },
 		];
@@ -593,6 +595,7 @@ const pages = {
 			]),
 			preview('Payload', e.payload_preview),
 			preview('Result', e.result_preview),
+			e.result_unreadable ? h('p', { class: 'notice' }, unreadableResult) : null,
 			h('h2', null, 'Attempts'),
 			table(attempts, e.attempts || [], 'No attempt has begun.'),
 		];
@@ -1125,6 +1128,9 @@ const pages = {
 			{ title: 'Events', cell: (w) => text(w.events) },
 			{ title: 'Created', cell: (w) => time(w.created_at) },
 			{ title: 'Previous secret signs until', cell: (w) => time(w.previous_secret_expires_at) },
+			// A signing secret the server cannot decrypt (secret_unreadable)
+			// sends nothing: said here, not only in the server's log.
+			{ title: 'Signing secret', cell: (w) => (w.secret_unreadable ? h('strong', { class: 'warning' }, 'unreadable: no delivery is sent') : 'readable') },
 			{
 				title: '',
 				cell: (w) => {
@@ -1258,7 +1264,9 @@ const pages = {
 			fields([
 				['Events', text(w.events)],
 				['Created', time(w.created_at)],
+				['Signing secret', w.secret_unreadable ? h('strong', { class: 'warning' }, 'unreadable') : 'readable'],
 			]),
+			w.secret_unreadable ? h('p', { class: 'notice' }, unreadableSecret) : null,
 			await pager(`/webhooks/${seg(id)}/deliveries`, {}, columns, 'Nothing delivered yet.'),
 		];
 	},
@@ -1622,6 +1630,14 @@ function csvRows(src) {
 	return rows;
 }
 
+// The notes for a stored value the server cannot decrypt (sealed with an
+// encryption key it is not configured with, or damaged): what still reads,
+// and what waits for the key.
+const unreadableResult =
+	'Result unreadable: the recorded result is sealed with an encryption key this server is not configured with, or damaged. The redacted preview above still reads; a begin on this idempotency key is refused (500) until the server can decrypt the result.';
+const unreadableSecret =
+	'This server cannot decrypt the signing secret (sealed with an encryption key it is not configured with, or damaged), so no delivery is sent: under a missing key they wait, pending, for an instance that has it; a damaged secret’s attempts fail. Configure the key again, or rotate the secret and give the receiver the new one.';
+
 // replayForm previews a replay, then sends it naming what the preview saw
 // (attempt and handler version), so a replay decided on stale facts is
 // refused rather than run.
@@ -1652,32 +1668,36 @@ async function replayForm(stepId) {
 			['Endpoint paused', p.endpointPaused ? 'yes (the replay waits until it resumes)' : 'no'],
 		]),
 		upgrades.length ? [h('h3', null, 'Other contracts of this tool'), table(upgradeColumns, upgrades)] : null,
-		form(
-			[
-				// The API's maxAttempts here counts executions beyond those made
-				// (console QA: read as the job's whole ceiling).
-				input('Additional executions (1–10, beyond the attempts so far)', 'maxAttempts', { type: 'number', min: 1, max: 10, value: 1 }),
-				input('Reason', 'reason', { maxlength: 1000 }),
-				choosable.length
-					? select('Run with', 'target', [['', `the same handler (${p.handlerVersion})`], ...choosable.map((u) => [String(u.contractVersion), `contract ${u.contractVersion}: handler ${u.handlerVersion}`])], '')
-					: null,
-				choosable.length
-					? h('label', { class: 'check' }, h('input', { type: 'checkbox', name: 'ackVersion' }), ' I reviewed the new handler’s schema and side effects')
-					: null,
-				h('label', { class: 'check' }, h('input', { type: 'checkbox', name: 'ack' }), ' I understand the tool may act again (a duplicate at the destination unless it dedupes on the idempotency key)'),
-			],
-			'Replay',
-			(v) =>
-				call('POST', `/steps/${seg(stepId)}/replay`, {
-					maxAttempts: Number(v.maxAttempts) || 1,
-					reason: v.reason || undefined,
-					acknowledgeDuplicateRisk: v.ack,
-					expectedAttempt: p.attempt,
-					expectedHandlerVersion: p.handlerVersion,
-					...(v.target ? { targetContractVersion: Number(v.target), acknowledgeVersionChange: v.ackVersion } : {}),
-				}),
-			{ danger: true },
-		),
+		// Every replay of such a step is refused (500, changing nothing):
+		// said instead of a form that could only fail.
+		p.inputUnreadable
+			? h('p', { class: 'notice' }, 'No replay for now: the saved input is sealed with an encryption key this server is not configured with, or damaged, so a replay is refused until the server can decrypt it (configure the key again).')
+			: form(
+					[
+						// The API's maxAttempts here counts executions beyond those made
+						// (console QA: read as the job's whole ceiling).
+						input('Additional executions (1–10, beyond the attempts so far)', 'maxAttempts', { type: 'number', min: 1, max: 10, value: 1 }),
+						input('Reason', 'reason', { maxlength: 1000 }),
+						choosable.length
+							? select('Run with', 'target', [['', `the same handler (${p.handlerVersion})`], ...choosable.map((u) => [String(u.contractVersion), `contract ${u.contractVersion}: handler ${u.handlerVersion}`])], '')
+							: null,
+						choosable.length
+							? h('label', { class: 'check' }, h('input', { type: 'checkbox', name: 'ackVersion' }), ' I reviewed the new handler’s schema and side effects')
+							: null,
+						h('label', { class: 'check' }, h('input', { type: 'checkbox', name: 'ack' }), ' I understand the tool may act again (a duplicate at the destination unless it dedupes on the idempotency key)'),
+					],
+					'Replay',
+					(v) =>
+						call('POST', `/steps/${seg(stepId)}/replay`, {
+							maxAttempts: Number(v.maxAttempts) || 1,
+							reason: v.reason || undefined,
+							acknowledgeDuplicateRisk: v.ack,
+							expectedAttempt: p.attempt,
+							expectedHandlerVersion: p.handlerVersion,
+							...(v.target ? { targetContractVersion: Number(v.target), acknowledgeVersionChange: v.ackVersion } : {}),
+						}),
+					{ danger: true },
+				),
 	]);
 }
 
