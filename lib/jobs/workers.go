@@ -299,7 +299,7 @@ func (s *Service) claimOnce(ctx context.Context, p *auth.Principal, workerID str
 				continue
 			}
 			s.logger.Warn("claim passed over a job whose input this instance cannot open",
-				"job_id", id, "worker_id", workerID, "error", openErr)
+				"job_id", id, "worker_id", workerID, "err", openErr)
 			*skip = append(*skip, id)
 			passed = true
 		}
