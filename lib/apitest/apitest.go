@@ -132,6 +132,12 @@ func WithNow(now func() time.Time) Option {
 	return func(_ *config.Config, o *app.Options) { o.Now = now }
 }
 
+// WithWall gives the instance its own wall clock (skewed, say) under the
+// database's: decisions still read the database's clock (db.Clock).
+func WithWall(wall func() time.Time) Option {
+	return func(_ *config.Config, o *app.Options) { o.Wall = wall }
+}
+
 // Start builds an App over the package database and serves it on a loopback
 // httptest server, closed when the test ends.
 func Start(t testing.TB, opts ...Option) *Env {

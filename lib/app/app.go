@@ -36,7 +36,13 @@ type App struct {
 // Options tune New for tests.
 type Options struct {
 	Logger *slog.Logger
-	Now    func() time.Time
+	// Now, when set, is the clock every decision reads, as is: tests move
+	// time with it. Unset, decisions read the database's clock (db.Clock).
+	Now func() time.Time
+	// Wall is the instance's own clock when Now is unset (nil: time.Now),
+	// which db.Clock corrects by the database's; tests skew it to show that
+	// its reading decides nothing.
+	Wall func() time.Time
 }
 
 // New builds an App. It applies migrations first when cfg.AutoMigrate is set.
@@ -50,15 +56,23 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*App, error) {
 		logger.Warn("config: " + w)
 	}
 	now := opts.Now
+	var clock *db.Clock
 	if now == nil {
-		now = utcNow
+		clock = db.NewClock(opts.Wall)
+		now = clock.Now
 	}
 	if cfg.AutoMigrate {
 		if _, err := db.MigrateURL(ctx, cfg.MigrationURL(), migrations.FS); err != nil {
 			return nil, fmt.Errorf("migrate: %w", err)
 		}
 	}
-	pool, err := db.Open(ctx, cfg)
+	var pool *pgxpool.Pool
+	var err error
+	if clock != nil {
+		pool, err = db.OpenWithClock(ctx, cfg, clock)
+	} else {
+		pool, err = db.Open(ctx, cfg)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -102,12 +116,6 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*App, error) {
 	}
 	return &App{Config: cfg, Pool: pool, Server: httpapi.New(deps), Sweeper: sweeper, Logger: logger}, nil
 }
-
-// utcNow is the default clock. It reads UTC, as API.md answers every
-// timestamp: the process's local zone would otherwise show in what a
-// request stamps with its clock (the database's times scan in UTC too,
-// db.Open).
-func utcNow() time.Time { return time.Now().UTC() }
 
 // Close releases the pool.
 func (a *App) Close() { a.Pool.Close() }

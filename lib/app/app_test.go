@@ -1,6 +1,7 @@
 package app_test
 
 import (
+	"context"
 	"net/url"
 	"os"
 	"testing"
@@ -68,5 +69,24 @@ func TestRetentionTasksFollowTheirSettings(t *testing.T) {
 // request stamps with it would otherwise carry the host's zone.
 func TestTheDefaultClockReadsUTC(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, time.UTC, app.UTCNow().Location())
+	east := time.FixedZone("UTC+5", 5*3600)
+	env := apitest.Start(t, apitest.WithWall(func() time.Time { return time.Now().In(east) }))
+	require.Equal(t, time.UTC, env.App.Server.Now().Location())
+}
+
+// The default clock is the database's, whatever the instance's own says
+// (clock QA): an instance whose clock runs 90 s ahead or behind decides
+// with the database's time, to within a statement's round trip.
+func TestTheDefaultClockIsTheDatabases(t *testing.T) {
+	t.Parallel()
+	for _, skew := range []time.Duration{90 * time.Second, -90 * time.Second} {
+		env := apitest.Start(t, apitest.WithWall(func() time.Time { return time.Now().Add(skew) }))
+		var before, after time.Time
+		ctx := context.Background()
+		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&before))
+		now := env.App.Server.Now()
+		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&after))
+		require.False(t, now.Before(before.Add(-time.Second)) || now.After(after.Add(time.Second)),
+			"skew %s: %s not within [%s, %s]", skew, now, before, after)
+	}
 }

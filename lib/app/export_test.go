@@ -8,6 +8,3 @@ func ForgetFailedStart() {
 	defer defaultMu.Unlock()
 	defaultFailedAt = time.Time{}
 }
-
-// UTCNow is the default clock.
-var UTCNow = utcNow

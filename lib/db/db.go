@@ -30,7 +30,9 @@ import (
 
 // Open creates a pool from the configuration. It does not connect until the
 // first query, so a cold start pays for the connection only when needed.
-func Open(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
+func Open(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) { return open(ctx, cfg, nil) }
+
+func open(ctx context.Context, cfg *config.Config, clock *Clock) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("config: DATABASE_URL is malformed (%v)", redactURLError(err))
@@ -67,6 +69,9 @@ func Open(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
 	}
 	pinSession(pc.ConnConfig.RuntimeParams)
 	pc.AfterConnect = scanTimesInUTC
+	if clock != nil {
+		clock.hook(pc)
+	}
 	pc.ConnConfig.Tracer = acquireBound(cfg.DBAcquireTimeout)
 	return pgxpool.NewWithConfig(ctx, pc)
 }

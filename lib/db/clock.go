@@ -1,0 +1,205 @@
+package db
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/getratchet/ratchet/lib/config"
+)
+
+// Clock is the instance's reading of the database's clock. Every decision
+// Ratchet makes by time (a lease's end, a due time, a rate window, a UTC
+// day, a cooldown, a cut-off) is taken by one instance and compared with
+// times other instances stored; with each instance's own clock deciding, an
+// instance whose clock ran s seconds ahead saw another's lease lapse s
+// seconds early and granted its key or job to a second holder (clock QA).
+// So the instances read one clock, PostgreSQL's: Now is the instance's wall
+// clock plus the offset to the database's clock_timestamp() found by the
+// last reading, to within half that statement's round trip.
+//
+// A reading is taken on a connection as it opens or is handed out, when the
+// last one is older than clockRefresh or the instance's clock jumped since
+// (its wall clock and its monotonic clock disagree: a step of the wall
+// clock, or a Lambda freeze, during which the monotonic clock may stand
+// still while the wall clock, which Now follows, does not). On a connection
+// idle for over a second, which pgxpool pings before handing it out, the
+// reading is the ping: it costs no round trip. Otherwise it costs one
+// statement a minute at most, never one per request.
+//
+// The decisions themselves stay in Go and in the statements' parameters
+// rather than in SQL's now(): a transaction decides with one instant in
+// several statements and in Go (whether a lease lapsed, a retry's jittered
+// due time, a refusal's resets_at), and tests move that instant instead of
+// sleeping.
+type Clock struct {
+	wall      func() time.Time
+	refresh   time.Duration
+	pool      atomic.Pointer[pgxpool.Pool]
+	anchor    atomic.Pointer[clockAnchor]
+	delegated sync.Map    // *pgx.Conn whose ping the reading replaces
+	reading   atomic.Bool // a reading not in place of a ping is under way
+	first     sync.Mutex  // one first reading at a time
+	failed    time.Time   // when the last first reading failed (under first)
+	timeout   time.Duration
+	reads     atomic.Int64 // readings taken (tests)
+}
+
+// clockAnchor is one reading.
+type clockAnchor struct {
+	offset time.Duration // the database's clock minus the instance's wall clock
+	wall   time.Time     // the instance's wall clock at the reading, monotonic reading stripped
+	mono   time.Time     // the same instant with its monotonic reading
+}
+
+// clockRefresh is how old a reading may grow. NTP slews the instance's
+// clock by parts per million; a minute bounds what a step it missed, or a
+// database failed over to another host, leaves.
+const clockRefresh = time.Minute
+
+// clockJump is how far the wall and monotonic clocks may part since a
+// reading before the instance's clock counts as having jumped.
+const clockJump = 250 * time.Millisecond
+
+// NewClock returns a clock for a pool OpenWithClock opens. wall is the
+// instance's own clock (nil: time.Now); tests skew it, and Now must not move.
+func NewClock(wall func() time.Time) *Clock {
+	if wall == nil {
+		wall = time.Now
+	}
+	return &Clock{wall: wall, refresh: clockRefresh, timeout: 5 * time.Second}
+}
+
+// OpenWithClock is Open whose connections keep c read (see Clock).
+func OpenWithClock(ctx context.Context, cfg *config.Config, c *Clock) (*pgxpool.Pool, error) {
+	pool, err := open(ctx, cfg, c)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.DBConnectTimeout > 0 {
+		c.timeout = cfg.DBConnectTimeout
+	}
+	c.pool.Store(pool)
+	return pool, nil
+}
+
+// hook adds c's readings to a pool's configuration.
+func (c *Clock) hook(pc *pgxpool.Config) {
+	after := pc.AfterConnect
+	pc.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		if after != nil {
+			if err := after(ctx, conn); err != nil {
+				return err
+			}
+		}
+		if c.anchor.Load() == nil { // every first connection reads
+			return c.read(ctx, conn)
+		}
+		if !c.claim() {
+			return nil
+		}
+		defer c.reading.Store(false)
+		return c.read(ctx, conn)
+	}
+	pc.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
+		if p.IdleDuration <= time.Second {
+			return false // pgxpool's own rule
+		}
+		if c.due() {
+			c.delegated.Store(p.Conn, struct{}{})
+			return false
+		}
+		return true
+	}
+	pc.PrepareConn = func(ctx context.Context, conn *pgx.Conn) (bool, error) {
+		if _, pinged := c.delegated.LoadAndDelete(conn); !pinged {
+			if !c.claim() {
+				return true, nil
+			}
+			defer c.reading.Store(false)
+		}
+		if err := c.read(ctx, conn); err != nil {
+			// As a failed ping: another connection, unless the
+			// caller's context ended.
+			return false, ctx.Err()
+		}
+		return true, nil
+	}
+}
+
+// Now is the database's clock as the instance reads it, in UTC. Before any
+// connection opened it opens one (which the instance's first statement
+// would have opened anyway) to read it; when the database cannot be reached
+// then, it answers the instance's own clock, and the statement the caller
+// is about to run fails the same way.
+func (c *Clock) Now() time.Time {
+	a := c.anchor.Load()
+	if a == nil {
+		if a = c.firstReading(); a == nil {
+			return c.wall().Round(0).UTC()
+		}
+	}
+	return c.wall().Round(0).Add(a.offset).UTC()
+}
+
+// due says whether a new reading is wanted: none yet, the last one older
+// than the refresh, or the instance's clock jumped since.
+func (c *Clock) due() bool {
+	a := c.anchor.Load()
+	if a == nil {
+		return true
+	}
+	w := c.wall()
+	wallAge, monoAge := w.Round(0).Sub(a.wall), w.Sub(a.mono)
+	return wallAge >= c.refresh || monoAge >= c.refresh || wallAge < -clockJump || monoAge < -clockJump ||
+		(wallAge-monoAge).Abs() > clockJump
+}
+
+// claim says whether this connection should take a reading that replaces
+// no ping: one is due and no other connection is taking one. The caller
+// clears reading after.
+func (c *Clock) claim() bool {
+	return c.due() && c.reading.CompareAndSwap(false, true)
+}
+
+// firstReading opens a connection so that it reads the database's clock. No
+// caller holds a connection here (every connection opened took a reading
+// first), so this waits for no one's statement.
+func (c *Clock) firstReading() *clockAnchor {
+	c.first.Lock()
+	defer c.first.Unlock()
+	if a := c.anchor.Load(); a != nil {
+		return a
+	}
+	pool := c.pool.Load()
+	if pool == nil || (!c.failed.IsZero() && time.Since(c.failed) < time.Second) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		c.failed = time.Now()
+		return nil
+	}
+	conn.Release()
+	return c.anchor.Load()
+}
+
+// read reads the database's clock on conn. The simple protocol makes it one
+// round trip in every DB_QUERY_EXEC_MODE.
+func (c *Clock) read(ctx context.Context, conn *pgx.Conn) error {
+	var at time.Time
+	sent := c.wall()
+	if err := conn.QueryRow(ctx, `SELECT clock_timestamp()`, pgx.QueryExecModeSimpleProtocol).Scan(&at); err != nil {
+		return err
+	}
+	mid := sent.Add(c.wall().Sub(sent) / 2)
+	c.reads.Add(1)
+	c.anchor.Store(&clockAnchor{offset: at.Sub(mid.Round(0)), wall: mid.Round(0), mono: mid})
+	return nil
+}

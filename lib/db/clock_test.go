@@ -1,0 +1,156 @@
+package db_test
+
+import (
+	"context"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
+	"github.com/getratchet/ratchet/lib/db"
+)
+
+func clockConfig(t *testing.T, conns int32) *config.Config {
+	return &config.Config{DatabaseURL: apitest.DatabaseURL(t), DBMaxConns: conns, DBMaxConnIdleTime: time.Minute,
+		DBConnectTimeout: 5 * time.Second, DBQueryExecMode: "exec"}
+}
+
+// between requires read() within the database's clock read just before and
+// just after it, give or take a little.
+func between(t *testing.T, pool *pgxpool.Pool, read func() time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	var before, after time.Time
+	require.NoError(t, pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&before))
+	got := read()
+	require.NoError(t, pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&after))
+	require.False(t, got.Before(before.Add(-100*time.Millisecond)) || got.After(after.Add(100*time.Millisecond)),
+		"%s not within [%s, %s]", got, before, after)
+}
+
+// The clock is the database's, whatever the instance's wall clock reads:
+// an hour off, it still answers the database's time to within a round
+// trip, in UTC.
+func TestClockReadsTheDatabasesTime(t *testing.T) {
+	t.Parallel()
+	for _, skew := range []time.Duration{time.Hour, -time.Hour} {
+		c := db.NewClock(func() time.Time { return time.Now().Add(skew) })
+		pool, err := db.OpenWithClock(context.Background(), clockConfig(t, 2), c)
+		require.NoError(t, err)
+		defer pool.Close()
+		between(t, pool, c.Now)
+		require.Equal(t, time.UTC, c.Now().Location())
+	}
+}
+
+// Reading the clock costs no statement on a request's path: the first
+// reading opens the connection the instance's first statement then uses,
+// and connections opened or handed out while the reading is fresh read
+// nothing.
+func TestClockReadsOnceWhileFresh(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := db.NewClock(nil)
+	pool, err := db.OpenWithClock(ctx, clockConfig(t, 4), c)
+	require.NoError(t, err)
+	defer pool.Close()
+
+	c.Now()
+	require.EqualValues(t, 1, db.ClockReadings(c))
+	require.EqualValues(t, 1, pool.Stat().TotalConns())
+	_, err = pool.Exec(ctx, `SELECT 1`)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, pool.Stat().TotalConns(), "the first statement used the connection the reading opened")
+
+	var wg sync.WaitGroup
+	for range 4 { // four connections open at once
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := pool.Exec(ctx, `SELECT pg_sleep(0.2)`)
+			assert.NoError(t, err)
+		}()
+	}
+	wg.Wait()
+	require.EqualValues(t, 4, pool.Stat().TotalConns())
+	for range 20 {
+		c.Now()
+	}
+	require.EqualValues(t, 1, db.ClockReadings(c), "a fresh reading: no statement for it")
+}
+
+// A reading older than the refresh, or taken before the instance's clock
+// jumped, is taken again on the next connection handed out: in place of
+// pgxpool's ping on a connection idle for over a second (no round trip
+// more), as a statement of its own otherwise, and one at a time. A fresh
+// reading leaves the ping as it was.
+func TestClockReadsAgainWhenDueInPlaceOfThePing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var jump atomic.Int64
+	c := db.NewClock(func() time.Time { return time.Now().Add(time.Duration(jump.Load())) })
+	pc, err := pgxpool.ParseConfig(apitest.DatabaseURL(t))
+	require.NoError(t, err)
+	db.HookClock(c, pc)
+	conn, err := pgx.ConnectConfig(ctx, pc.ConnConfig)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	require.NoError(t, pc.AfterConnect(ctx, conn))
+	require.EqualValues(t, 1, db.ClockReadings(c), "a first connection reads")
+	require.NoError(t, pc.AfterConnect(ctx, conn))
+	require.EqualValues(t, 1, db.ClockReadings(c), "a fresh reading is not taken again")
+
+	hand := func(idle time.Duration) (pinged bool) {
+		t.Helper()
+		pinged = pc.ShouldPing(ctx, pgxpool.ShouldPingParams{Conn: conn, IdleDuration: idle})
+		ok, err := pc.PrepareConn(ctx, conn)
+		require.NoError(t, err)
+		require.True(t, ok)
+		return pinged
+	}
+	require.True(t, hand(2*time.Second), "fresh: pgxpool pings an idle connection as before")
+	require.False(t, hand(time.Millisecond))
+	require.EqualValues(t, 1, db.ClockReadings(c))
+
+	jump.Store(int64(90 * time.Second)) // the instance's clock steps ahead
+	require.WithinDuration(t, time.Now().Add(90*time.Second), c.Now(), time.Second, "until the next reading")
+	require.False(t, hand(2*time.Second), "the reading is the ping")
+	require.EqualValues(t, 2, db.ClockReadings(c))
+	require.WithinDuration(t, time.Now(), c.Now(), time.Second, "the database's time again")
+
+	jump.Store(int64(-90 * time.Second))
+	require.False(t, hand(time.Millisecond))
+	require.EqualValues(t, 3, db.ClockReadings(c), "a busy connection reads as a statement of its own")
+	require.WithinDuration(t, time.Now(), c.Now(), time.Second)
+	require.True(t, hand(2*time.Second))
+	require.EqualValues(t, 3, db.ClockReadings(c))
+}
+
+// With the database unreachable before any connection opened, the clock
+// answers the instance's own at once: the caller's statement fails the
+// same way.
+func TestClockWithoutTheDatabaseAnswersTheInstances(t *testing.T) {
+	t.Parallel()
+	cfg := clockConfig(t, 2)
+	down, err := url.Parse(cfg.DatabaseURL)
+	require.NoError(t, err)
+	down.Host = "127.0.0.1:1" // nothing listens there
+	cfg.DatabaseURL = down.String()
+	wall := func() time.Time { return time.Now().Add(time.Hour) }
+	c := db.NewClock(wall)
+	pool, err := db.OpenWithClock(context.Background(), cfg, c)
+	require.NoError(t, err)
+	defer pool.Close()
+	start := time.Now()
+	require.WithinDuration(t, wall(), c.Now(), time.Second)
+	require.Less(t, time.Since(start), 3*time.Second)
+	require.EqualValues(t, 0, db.ClockReadings(c))
+}
