@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/jsonx"
 )
 
 // BeginLocked runs only begin's locked path, so a test can show its answer
@@ -84,4 +85,12 @@ const SQLReconcileEffects = sqlReconcileEffects
 // with, for a test of its plan.
 func ListEffectsSQL(workspaceID, cursor string, limit int, state, effectType string, now time.Time) (string, []any) {
 	return listEffectsQuery(workspaceID, ListFilter{State: state, EffectType: effectType, Cursor: cursor, Limit: limit}, now)
+}
+
+// ReconciliationSize is the size Reconcile reckons for r's answer (its
+// counts set from its lists) and r as the API writes it.
+func ReconciliationSize(r Reconciliation) (reckoned int, written []byte, err error) {
+	r.count()
+	written, err = jsonx.Marshal(r)
+	return r.size(), written, err
 }

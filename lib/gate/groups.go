@@ -125,6 +125,9 @@ type Unwind struct {
 	Irreversible []string `json:"irreversible"`
 	// Succeeded steps whose compensating effect has succeeded.
 	Reversed []string `json:"reversed"`
+	// PlanTruncated says Plan holds only its first items: the rest would
+	// take the answer past answer.Budget (the API cuts it there).
+	PlanTruncated bool `json:"plan_truncated" jsonschema:"true when plan holds only its first items, the rest taking the answer past about 4 MB (a compensation's payload may be 1 MiB): perform them, then unwind again (safe to repeat) for the rest; false otherwise"`
 }
 
 // CreateGroup opens a group, or, under an idempotency key that already

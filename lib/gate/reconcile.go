@@ -3,6 +3,7 @@ package gate
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -10,11 +11,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/getratchet/ratchet/lib/answer"
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/idemkey"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/money"
 )
 
@@ -245,6 +248,19 @@ func (s *Service) Reconcile(ctx context.Context, p *auth.Principal, req Reconcil
 			return err
 		}
 		groups = resolved
+		out.count()
+		// An answer that would pass what one answer holds is refused
+		// before anything is recorded, and what was resolved rolls back
+		// with the rest: its lists cannot be cut (resolved is what the
+		// caller must learn), nor could the platform deliver it, or keep
+		// it under an Idempotency-Key (QA: 4 000 effects whose keys were
+		// 255 four-byte characters answered 4.7 MB, which Vercel refused
+		// after the resolves had committed).
+		if size, budget := out.size(), answer.Of(ctx); size > budget {
+			return apierr.InvalidField("to", "must close a window whose answer fits in %d bytes of JSON "+
+				"(this one's would hold %d: %d items); narrow the window or send fewer records",
+				budget, size, out.items())
+		}
 		if _, err := tx.Exec(ctx, sqlReconciled, p.WorkspaceID, req.EffectType, now, from, to); err != nil {
 			return fmt.Errorf("reconcile: record: %w", err)
 		}
@@ -268,10 +284,80 @@ func (s *Service) Reconcile(ctx context.Context, p *auth.Principal, req Reconcil
 			_ = s.endRollbacks(ctx, p.WorkspaceID, groups)
 		}
 	}
+	return out, nil
+}
+
+// count sets out.Counts from its lists.
+func (out *Reconciliation) count() {
 	out.Counts = ReconcileCounts{Matched: len(out.Matched), MissingAtVendor: len(out.MissingAtVendor),
 		UnknownToRatchet: len(out.UnknownToRatchet), AmountMismatch: len(out.AmountMismatch),
 		Resolved: len(out.Resolved), StatusMismatch: len(out.StatusMismatch), Unsettled: len(out.Unsettled)}
-	return out, nil
+}
+
+// lists are out's lists, in no particular order.
+func (out *Reconciliation) lists() [][]ReconcileItem {
+	return [][]ReconcileItem{out.Matched, out.MissingAtVendor, out.UnknownToRatchet, out.AmountMismatch,
+		out.Resolved, out.StatusMismatch, out.Unsettled}
+}
+
+// items is how many items out's lists hold together.
+func (out *Reconciliation) items() int {
+	n := 0
+	for _, l := range out.lists() {
+		n += len(l)
+	}
+	return n
+}
+
+// size is the length of out (its Counts set) as the API writes it
+// (jsonx.Marshal), reckoned from its items' fields without encoding them:
+// a window may hold 60 000 items, and the answer is encoded once, when it
+// is sent.
+func (out *Reconciliation) size() int {
+	shell := *out
+	shell.Matched, shell.MissingAtVendor, shell.UnknownToRatchet, shell.AmountMismatch = nil, nil, nil, nil
+	shell.Resolved, shell.StatusMismatch, shell.Unsettled = nil, nil, nil
+	b, err := jsonx.Marshal(shell)
+	if err != nil {
+		return math.MaxInt // never: the shell is fixed fields
+	}
+	n := len(b) - 7*len("null") // each list's null is replaced by its items
+	for _, l := range out.lists() {
+		n += len("[]")
+		for i := range l {
+			if i > 0 {
+				n++ // the comma before it
+			}
+			n += l[i].size()
+		}
+	}
+	return n
+}
+
+// emptyItemSize is the length of a ReconcileItem whose key is empty, whose
+// pointers are nil and whose outcome is left out.
+var emptyItemSize = func() int {
+	b, _ := jsonx.Marshal(ReconcileItem{})
+	return len(b)
+}()
+
+// size is the length of it as jsonx.Marshal writes it.
+func (it *ReconcileItem) size() int {
+	n := emptyItemSize - len(`""`) + jsonx.StringLen(it.IdempotencyKey)
+	for _, s := range []*string{it.EffectID, it.RatchetState, it.VendorStatus} {
+		if s != nil {
+			n += jsonx.StringLen(*s) - len("null")
+		}
+	}
+	for _, v := range []*int64{it.RatchetAmountMicros, it.VendorAmountMicros} {
+		if v != nil {
+			n += len(strconv.FormatInt(*v, 10)) - len("null")
+		}
+	}
+	if it.Outcome != nil {
+		n += len(`,"outcome":`) + jsonx.StringLen(*it.Outcome)
+	}
+	return n
 }
 
 // reconcileResolve settles the indeterminate effects that vendor records

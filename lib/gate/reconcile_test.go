@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/gate"
+	"github.com/getratchet/ratchet/lib/ids"
 )
 
 // statementCounter counts the statements a pool sends: each is a round trip.
@@ -132,4 +134,91 @@ func TestReconcileReadsItsEffectsWithJITAndParallelWorkersOff(t *testing.T) {
 		Scan(&jit, &workers))
 	require.Equal(t, "off", jit)
 	require.Equal(t, "0", workers)
+}
+
+// The size a reconciliation reckons for its answer, from its items' fields,
+// is the length the API writes, whatever the keys hold.
+func TestReconciliationSizeIsWhatTheAPIWrites(t *testing.T) {
+	t.Parallel()
+	s := func(v string) *string { return &v }
+	n := func(v int64) *int64 { return &v }
+	now := time.Date(2026, 5, 1, 12, 30, 0, 123456000, time.UTC)
+	r := gate.Reconciliation{EffectType: "payment.charge", From: now.Add(-time.Hour), To: now, ReconciledAt: now,
+		Matched: []gate.ReconcileItem{{IdempotencyKey: `quote " and \ back`, EffectID: s("eff_01"),
+			RatchetState: s("succeeded"), VendorStatus: s("succeeded"), RatchetAmountMicros: n(0),
+			VendorAmountMicros: n(1_000_000_000_000_000_000)}},
+		MissingAtVendor: []gate.ReconcileItem{{IdempotencyKey: "é漢字🙂 <&>", EffectID: s("eff_02"),
+			RatchetState: s("succeeded"), RatchetAmountMicros: n(-5)}, {IdempotencyKey: "\u2028\u2029"}},
+		UnknownToRatchet: []gate.ReconcileItem{{IdempotencyKey: "k", VendorStatus: s("pending")}},
+		AmountMismatch:   []gate.ReconcileItem{},
+		Resolved: []gate.ReconcileItem{{IdempotencyKey: strings.Repeat("x", 255), EffectID: s("eff_03"),
+			RatchetState: s("indeterminate"), VendorStatus: s("refunded"), Outcome: s("succeeded")}},
+		StatusMismatch: []gate.ReconcileItem{},
+		Unsettled:      []gate.ReconcileItem{{IdempotencyKey: "u", Outcome: s("failed")}},
+	}
+	reckoned, written, err := gate.ReconciliationSize(r)
+	require.NoError(t, err)
+	require.Equal(t, len(written), reckoned, "%s", written)
+}
+
+// A reconciliation whose answer would pass what one answer holds
+// (answer.Budget, 4 MB) is refused as a window of too many effects is,
+// and changes nothing: what it would have resolved stays unknown, the
+// type's last_reconciled_at is not recorded, and nothing is kept under its
+// Idempotency-Key, which the narrower request then uses (QA: 4 000
+// effects whose keys were 255 four-byte characters answered 4.7 MB, over
+// what Vercel delivers, after its resolves had committed and its answer
+// been kept).
+func TestReconcileRefusesAnAnswerPastTheBudgetAndChangesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const typ = "qa.reconcile.size"
+	t0 := b.clock.Now()
+	k := key("unknown")
+	unknown := b.mustBegin("execute", map[string]any{"effect_type": typ, "idempotency_key": k})
+	b.clock.Add(2 * time.Minute) // its lease lapses: indeterminate
+	// Keys of 255 four-byte characters: 4 000 such effects answer 4.7 MB.
+	const n = 4_000
+	effectIDs, keys := make([]string, n), make([]string, n)
+	for i := range n {
+		effectIDs[i] = ids.NewAt(ids.Effect, t0.Add(-30*time.Minute))
+		keys[i] = fmt.Sprintf("%04d-", i) + strings.Repeat("🙂", 250)
+	}
+	_, err := b.env.App.Pool.Exec(ctx, `INSERT INTO effects (id, workspace_id, effect_type, idempotency_key,
+			fingerprint, state, lease_seconds, created_by_key_id, created_at, updated_at)
+		SELECT id, $1, $2, k, 'f', 'succeeded', 60, $3, $4, $4 FROM unnest($5::text[], $6::text[]) AS u(id, k)`,
+		b.ws.ID, typ, keyID(b.ws.Key), t0.Add(-30*time.Minute), effectIDs, keys)
+	require.NoError(t, err)
+
+	records := []map[string]any{{"idempotency_key": k, "status": "succeeded"}}
+	body := func(from time.Time) map[string]any {
+		return map[string]any{"effect_type": typ, "from": from.Format(time.RFC3339Nano),
+			"to": b.clock.Now().Format(time.RFC3339Nano), "records": records}
+	}
+	header := http.Header{"Idempotency-Key": {"reconcile:size"}}
+	for range 2 { // refused again: nothing was kept under the key
+		r := b.env.DoWith("POST", "/api/v1/reconcile", b.ws.Key, header, body(t0.Add(-time.Hour)))
+		require.Equal(t, []string{"to"}, validationFields(t, r))
+		problem := r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["validation"].([]any)[0]
+		require.Contains(t, problem.(map[string]any)["message"], "narrow the window or send fewer records")
+		require.Less(t, len(r.Body), 4096)
+		require.Empty(t, r.Header.Get("Idempotent-Replayed"))
+		require.Equal(t, "indeterminate", b.get(unknown["effect_id"].(string))["state"], "the resolve rolled back")
+		policy := b.env.Must(http.StatusOK, "GET", "/api/v1/policies/"+typ, b.ws.Key, nil).JSON()
+		require.Nil(t, policy["last_reconciled_at"], "the reconciliation is not recorded")
+	}
+	// Without the header, the same.
+	r := b.env.Do("POST", "/api/v1/reconcile", b.ws.Key, body(t0.Add(-time.Hour)))
+	require.Equal(t, []string{"to"}, validationFields(t, r))
+	require.Equal(t, "indeterminate", b.get(unknown["effect_id"].(string))["state"])
+
+	// The narrower window fits, under the same key.
+	ok := b.env.DoWith("POST", "/api/v1/reconcile", b.ws.Key, header, body(t0.Add(-time.Minute)))
+	require.Equal(t, http.StatusOK, ok.Status, "%s", ok.Body)
+	require.Empty(t, ok.Header.Get("Idempotent-Replayed"))
+	out := ok.JSON()
+	require.Len(t, out["resolved"], 1)
+	require.Empty(t, out["missing_at_vendor"])
+	require.Equal(t, "succeeded", b.get(unknown["effect_id"].(string))["state"])
 }

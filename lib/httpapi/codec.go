@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/getratchet/ratchet/lib/answer"
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
@@ -143,25 +145,69 @@ type CamelPage[T any] struct {
 }
 
 // NewPage builds a page from items fetched with limit+1, using cursorOf on
-// the last returned item when there are more.
-func NewPage[T any](items []T, limit int, cursorOf func(T) string) Page[T] {
-	p := Page[T]{Data: items}
-	if p.Data == nil {
-		p.Data = []T{}
-	}
-	if len(items) > limit {
-		p.Data = items[:limit]
-		next := cursorOf(items[limit-1])
-		p.NextCursor = &next
-	}
-	return p
+// the last answered item when there are more. The page is encoded as it is
+// built, each item once, and ends early, with the usual next_cursor, before
+// an item would take it past the answer's budget (answer.Of: answer.Budget,
+// or what the MCP endpoint leaves a call of a batch), always with at least
+// one item: a page holds at most limit items and at most about 4 MB, as a
+// DynamoDB page holds at most 1 MB. A list's items may carry previews,
+// messages and keys of up to a few KB each, so 200 of them could pass what
+// Vercel (4.5 MB) and Lambda (6 MB) deliver, and the page was lost (QA).
+func NewPage[T any](ctx context.Context, items []T, limit int, cursorOf func(T) string) (any, error) {
+	return encodePage(ctx, items, limit, cursorOf, `],"next_cursor":`)
 }
 
 // NewCamelPage is NewPage for camelCase routes.
-func NewCamelPage[T any](items []T, limit int, cursorOf func(T) string) CamelPage[T] {
-	p := NewPage(items, limit, cursorOf)
-	return CamelPage[T]{Data: p.Data, NextCursor: p.NextCursor}
+func NewCamelPage[T any](ctx context.Context, items []T, limit int, cursorOf func(T) string) (any, error) {
+	return encodePage(ctx, items, limit, cursorOf, `],"nextCursor":`)
 }
+
+// encodePage writes Page or CamelPage (cursorMember names the next cursor,
+// after the closing bracket of data) within answer.Of(ctx).
+func encodePage[T any](ctx context.Context, items []T, limit int, cursorOf func(T) string,
+	cursorMember string) (rawAnswer, error) {
+	budget := answer.Of(ctx)
+	e := jsonx.NewEncoder()
+	e.Raw(`{"data":[`)
+	kept := 0
+	for i := 0; i < len(items) && i < limit; i++ {
+		mark := e.Len()
+		if i > 0 {
+			e.Raw(",")
+		}
+		if err := e.Value(items[i]); err != nil {
+			return nil, fmt.Errorf("encode page: %w", err)
+		}
+		// What the page would end with after this item: its cursor, when
+		// more follow, or null.
+		tail := len(cursorMember) + len("null}")
+		if i+1 < len(items) {
+			tail = len(cursorMember) + jsonx.StringLen(cursorOf(items[i])) + len("}")
+		}
+		if i > 0 && e.Len()+tail > budget {
+			e.Truncate(mark)
+			break
+		}
+		kept++
+	}
+	e.Raw(cursorMember)
+	if kept < len(items) {
+		if err := e.Value(cursorOf(items[kept-1])); err != nil {
+			return nil, fmt.Errorf("encode page: %w", err)
+		}
+	} else {
+		e.Raw("null")
+	}
+	e.Raw("}")
+	return rawAnswer(e.Bytes()), nil
+}
+
+// rawAnswer is an answer's JSON written already (a page measured as it was
+// built): the router writes it as it is, and json.Marshal answers it.
+type rawAnswer []byte
+
+// MarshalJSON answers the JSON as written.
+func (a rawAnswer) MarshalJSON() ([]byte, error) { return a, nil }
 
 // errorBody is the envelope of every failure.
 type errorBody struct {

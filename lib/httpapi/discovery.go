@@ -8,6 +8,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/getratchet/ratchet/lib/answer"
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/mcpserver"
@@ -59,7 +60,10 @@ var Decisions = []string{"execute", "duplicate", "in_flight", "blocked", "approv
 
 // Limits published by the API.
 var Limits = map[string]int64{
-	"request_body_bytes":  MaxBodyBytes,
+	"request_body_bytes": MaxBodyBytes,
+	// The most one answer holds: a list's page ends early before it, and a
+	// reconciliation past it is refused (answer.Budget).
+	"answer_bytes_max":    answer.Budget,
 	"result_bytes":        256 << 10,
 	"list_limit_max":      200,
 	"list_limit_default":  50,
@@ -178,6 +182,12 @@ retry gets the answer if it committed and acts if it did not.
 Nine tools (ratchet_begin, ratchet_report, ...) at /api/v1/mcp over streamable HTTP
 (send your key as Authorization: Bearer), or over stdio: go build -o ratchet-mcp
 ./functions/mcp, then have the client launch that binary by its absolute path.
+
+## Lists
+
+Lists take ?limit= (1-200, default 50) and ?cursor= (the previous page's
+next_cursor, nextCursor on job routes). A page holds at most limit items and
+at most about 4 MB: it may end early, so page on until the cursor is null.
 
 ## Errors
 

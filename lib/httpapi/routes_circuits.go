@@ -76,7 +76,7 @@ func (s *Server) listCircuits(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewPage(cs, limit, func(x gate.Circuit) string { return x.EffectType }), nil
+	return NewPage(ctx, cs, limit, func(x gate.Circuit) string { return x.EffectType })
 }
 
 func (s *Server) stopCircuits(ctx context.Context, c *Call) (any, error) {
@@ -88,7 +88,7 @@ func (s *Server) stopCircuits(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewPage(cs, len(cs), func(x gate.Circuit) string { return x.EffectType }), nil
+	return NewPage(ctx, cs, len(cs), func(x gate.Circuit) string { return x.EffectType })
 }
 
 func (s *Server) getEmergencyStop(ctx context.Context, c *Call) (any, error) {
@@ -100,7 +100,7 @@ func (s *Server) releaseCircuits(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewPage(cs, len(cs), func(x gate.Circuit) string { return x.EffectType }), nil
+	return NewPage(ctx, cs, len(cs), func(x gate.Circuit) string { return x.EffectType })
 }
 
 func (s *Server) openCircuit(ctx context.Context, c *Call) (any, error) {

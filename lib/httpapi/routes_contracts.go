@@ -96,10 +96,7 @@ func (s *Server) listContracts(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	// A page ends early when its schemas would pass what one answer holds;
-	// the rows left out are the next page's.
-	limit = min(limit, jobs.ContractsWithinBudget(cs))
-	return NewCamelPage(cs, limit, func(x jobs.Contract) string { return strconv.Itoa(x.ContractVersion) }), nil
+	return NewCamelPage(ctx, cs, limit, func(x jobs.Contract) string { return strconv.Itoa(x.ContractVersion) })
 }
 
 func (s *Server) testTool(ctx context.Context, c *Call) (any, error) {

@@ -113,7 +113,9 @@ func (s *Server) coreRoutes() []Route {
 }
 
 var listParams = []Param{
-	{Name: "limit", Type: "integer", Description: "1-200, default 50", Min: ptr(1), Max: ptr(200)},
+	{Name: "limit", Type: "integer", Description: "1-200, default 50: a page holds at most limit items and at " +
+		"most about 4 MB of JSON, ending early (with its next cursor, and always with one item) before an item " +
+		"would pass that", Min: ptr(1), Max: ptr(200)},
 	{Name: "cursor", Type: "string", Description: "the previous page's next_cursor (nextCursor on durable-job routes)"},
 }
 
@@ -196,7 +198,7 @@ func (s *Server) listKeys(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewPage(keys, limit, func(k auth.Key) string { return k.ID }), nil
+	return NewPage(ctx, keys, limit, func(k auth.Key) string { return k.ID })
 }
 
 func (s *Server) revokeKey(ctx context.Context, c *Call) (any, error) {

@@ -194,7 +194,7 @@ func (s *Server) listEffects(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewPage(effects, limit, func(e gate.Effect) string { return e.ID }), nil
+	return NewPage(ctx, effects, limit, func(e gate.Effect) string { return e.ID })
 }
 
 func (s *Server) getEffect(ctx context.Context, c *Call) (any, error) {
@@ -250,7 +250,7 @@ func (s *Server) listPolicies(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewPage(policies, limit, func(p gate.Policy) string { return p.EffectType }), nil
+	return NewPage(ctx, policies, limit, func(p gate.Policy) string { return p.EffectType })
 }
 
 func (s *Server) getPolicy(ctx context.Context, c *Call) (any, error) {
@@ -278,7 +278,7 @@ func (s *Server) listApprovals(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewPage(approvals, limit, func(a gate.Approval) string { return a.ID }), nil
+	return NewPage(ctx, approvals, limit, func(a gate.Approval) string { return a.ID })
 }
 
 func (s *Server) getApproval(ctx context.Context, c *Call) (any, error) {

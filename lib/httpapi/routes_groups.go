@@ -92,14 +92,26 @@ func (s *Server) groupRoutes() []Route {
 				"deterministic suggested idempotency keys. Read unresolved first: the plan stops at any step " +
 				"whose outcome is unknown. Safe to repeat. Another key's group needs effects:read and " +
 				"effects:resolve. A compensation the plan needs that this server cannot decrypt (its encryption key " +
-				"is not configured) is 500 internal_error, the group left as it was.",
+				"is not configured) is 500 internal_error, the group left as it was. A plan that would take the " +
+				"answer past about 4 MB (compensation payloads may be 1 MiB each) holds its first items only, " +
+				"plan_truncated saying so: perform them, then unwind again for the rest.",
 			Response: gate.Unwind{}, Status: 200, Errors: []string{apierr.CodeNotFound},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
 				id, err := c.PathID("id", ids.Group)
 				if err != nil {
 					return nil, err
 				}
-				return s.Gate.UnwindGroup(ctx, c.Principal, id)
+				u, err := s.Gate.UnwindGroup(ctx, c.Principal, id)
+				if err != nil {
+					return nil, err
+				}
+				// Each compensation may carry a payload of up to 1 MiB: a
+				// plan past what one answer holds is cut, from its first
+				// item, and says so (plan_truncated).
+				return fitPrefix(ctx, u.Plan, 1, func(plan []gate.PlanItem, cut bool) any {
+					u.Plan, u.PlanTruncated = plan, cut
+					return u
+				})
 			},
 		},
 	}

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"net/http"
 
+	"github.com/getratchet/ratchet/lib/answer"
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jobs"
 	"github.com/getratchet/ratchet/lib/jsonstrict"
+	"github.com/getratchet/ratchet/lib/jsonx"
 )
 
 // jobsRoutes are the durable-job routes (API.md §3).
@@ -49,7 +51,8 @@ func (s *Server) jobsRoutes() []Route {
 		{
 			Method: "GET", Pattern: "/api/v1/runs/{id}", Name: "runs.get", Tag: "jobs", Scopes: runsRead,
 			Summary: "Read a run with its steps, each with durableJob (status, attempt, maxAttempts, dueAt, " +
-				"policy snapshot) and redacted input/output previews.",
+				"policy snapshot) and redacted input/output previews: its first 1000 steps, fewer when they would " +
+				"take the answer past about 4 MB, stepsTruncated saying so (GET /api/v1/runs/{id}/steps pages them all).",
 			Response: jobs.Run{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.getRun,
 		},
 		{
@@ -92,7 +95,7 @@ func (s *Server) jobsRoutes() []Route {
 			Method: "POST", Pattern: "/api/v1/workers/{workerId}/claim", Name: "workers.claim", Tag: "workers",
 			Scopes: work,
 			Summary: "Lease up to limit (1-100) due jobs of the worker's exact versions in one statement, honouring " +
-				"pause, maxConcurrent and rateLimitPerMinute, and fewer when their inputs would pass 3 MiB together " +
+				"pause, maxConcurrent and rateLimitPerMinute, and fewer when their inputs would pass 3 MB together " +
 				"(always one); waitSeconds (0-20) long-polls (re-checking after 50 ms, doubling to 1 s, and at once " +
 				"when the same instance queues work in the workspace). A claim sent again with its claimId (new for " +
 				"every claim) answers the jobs the first leased under it, with the same lease tokens and their leases " +
@@ -210,10 +213,14 @@ func (s *Server) createRun(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if r.Deduplicated != nil && *r.Deduplicated {
-		return Reply{Status: http.StatusOK, Body: r}, nil
+	body, err := fitRun(ctx, r)
+	if err != nil {
+		return nil, err
 	}
-	return r, nil
+	if r.Deduplicated != nil && *r.Deduplicated {
+		return Reply{Status: http.StatusOK, Body: body}, nil
+	}
+	return body, nil
 }
 
 func (s *Server) listRuns(ctx context.Context, c *Call) (any, error) {
@@ -225,7 +232,7 @@ func (s *Server) listRuns(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewCamelPage(runs, limit, func(r jobs.RunSummary) string { return r.ID }), nil
+	return NewCamelPage(ctx, runs, limit, func(r jobs.RunSummary) string { return r.ID })
 }
 
 func (s *Server) listSteps(ctx context.Context, c *Call) (any, error) {
@@ -241,7 +248,7 @@ func (s *Server) listSteps(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewCamelPage(steps, limit, func(st jobs.Step) string { return st.ID }), nil
+	return NewCamelPage(ctx, steps, limit, func(st jobs.Step) string { return st.ID })
 }
 
 func (s *Server) getRun(ctx context.Context, c *Call) (any, error) {
@@ -249,7 +256,11 @@ func (s *Server) getRun(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.Jobs.GetRun(ctx, c.Principal.WorkspaceID, id)
+	r, err := s.Jobs.GetRun(ctx, c.Principal.WorkspaceID, id)
+	if err != nil {
+		return nil, err
+	}
+	return fitRun(ctx, r)
 }
 
 func (s *Server) enqueue(ctx context.Context, c *Call) (any, error) {
@@ -276,7 +287,57 @@ func (s *Server) finishRun(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.Jobs.FinishRun(ctx, c.Principal.WorkspaceID, id)
+	r, err := s.Jobs.FinishRun(ctx, c.Principal.WorkspaceID, id)
+	if err != nil {
+		return nil, err
+	}
+	return fitRun(ctx, r)
+}
+
+// fitRun encodes a run within its answer's budget (answer.Of): a run reads
+// with up to 1 000 steps, each with input and output previews of up to
+// 8 KB and its attempts' messages, which passed what Vercel and Lambda
+// deliver long before the thousandth (QA). One that would pass it answers
+// the steps that fit, from the first, with stepsTruncated: true, as one
+// with more than 1 000 does; GET /api/v1/runs/{id}/steps pages them all.
+func fitRun(ctx context.Context, r jobs.Run) (any, error) {
+	return fitPrefix(ctx, r.Steps, 0, func(steps []jobs.Step, cut bool) any {
+		r.Steps, r.StepsTruncated = steps, r.StepsTruncated || cut
+		return r
+	})
+}
+
+// fitPrefix encodes the answer with(items, false) when it is within its
+// budget (answer.Of), as nearly every one is, encoded once; otherwise
+// with(prefix, true) for the longest prefix of items that keeps it within,
+// of at least atLeast items: an answer whose list cannot be paged (a run's
+// steps, an unwind's plan) says it was cut and how to read the rest.
+func fitPrefix[T any](ctx context.Context, items []T, atLeast int, with func(prefix []T, cut bool) any) (any, error) {
+	budget := answer.Of(ctx)
+	whole, err := jsonx.Marshal(with(items, false))
+	if err != nil || len(whole) <= budget {
+		return rawAnswer(whole), err
+	}
+	empty, err := jsonx.Marshal(with(items[:0], true))
+	if err != nil {
+		return nil, err
+	}
+	size, kept := len(empty), 0
+	for i, it := range items {
+		b, err := jsonx.Marshal(it)
+		if err != nil {
+			return nil, err
+		}
+		if size += len(b); i > 0 {
+			size++ // the comma before it
+		}
+		if size > budget && kept >= atLeast {
+			break
+		}
+		kept++
+	}
+	out, err := jsonx.Marshal(with(items[:kept], true))
+	return rawAnswer(out), err
 }
 
 func (s *Server) getStep(ctx context.Context, c *Call) (any, error) {
@@ -373,7 +434,7 @@ func (s *Server) listEndpoints(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewCamelPage(eps, limit, func(e jobs.Endpoint) string { return e.ID }), nil
+	return NewCamelPage(ctx, eps, limit, func(e jobs.Endpoint) string { return e.ID })
 }
 
 func (s *Server) createEndpoint(ctx context.Context, c *Call) (any, error) {
@@ -413,7 +474,7 @@ func (s *Server) listEndpointAttempts(ctx context.Context, c *Call) (any, error)
 	if err != nil {
 		return nil, err
 	}
-	return NewCamelPage(attempts, limit, jobs.AttemptsCursor), nil
+	return NewCamelPage(ctx, attempts, limit, jobs.AttemptsCursor)
 }
 
 func (s *Server) updatePolicy(ctx context.Context, c *Call) (any, error) {
@@ -461,5 +522,5 @@ func (s *Server) queueHealth(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewCamelPage(data, limit, jobs.QueueHealth.HealthCursor), nil
+	return NewCamelPage(ctx, data, limit, jobs.QueueHealth.HealthCursor)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
@@ -73,6 +74,9 @@ func (s *Server) mcpRoutes() []Route {
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.ContentLength = int64(len(body))
+		// The answer to it holds at most answer.Budget: its tool calls
+		// share what is left of it (mcpserver.Room).
+		r = r.WithContext(mcpserver.WithRoom(r.Context(), body))
 		s.mcp.once.Do(func() {
 			s.mcp.handler = mcpserver.Handler(mcpserver.New(mcpserver.HandlerCaller{Handler: s}, ""))
 		})
@@ -82,7 +86,11 @@ func (s *Server) mcpRoutes() []Route {
 	})
 	summary := "MCP (streamable HTTP, stateless, JSON responses): the effect gate's nine tools. " +
 		"Send the API key as Authorization: Bearer on each request (any valid key opens the endpoint; " +
-		"each tool call is the REST call it names, with that call's scopes). GET and DELETE answer 405."
+		"each tool call is the REST call it names, with that call's scopes). GET and DELETE answer 405. An " +
+		"answer holds at most about 4 MB: a list tool's page ends early (next_cursor) to fit, and a tool call " +
+		"of a batch whose result would take the batch's answer past it is answered a JSON-RPC error (-32600) " +
+		"instead, to be sent again alone or in a smaller batch (a lease granted there to a ratchet_begin " +
+		"without request_id is given back)."
 	var routes []Route
 	for _, m := range []string{"POST", "GET", "DELETE"} {
 		rt := Route{
@@ -265,7 +273,10 @@ func (j *jsonRPCErrors) finish() {
 	case holdJSON:
 		j.Header().Del("Content-Length")
 		j.ResponseWriter.WriteHeader(j.status)
-		_, _ = j.ResponseWriter.Write(mcpserver.QuietErrors(j.held.Bytes()))
+		// Written without the SDK's HTML escapes: each <, > and & of a
+		// tool result's text and structured content took six bytes, past
+		// what its room reckoned (answer.Budget).
+		_, _ = j.ResponseWriter.Write(jsonx.Unescaped(mcpserver.QuietErrors(j.held.Bytes())))
 		return
 	}
 	j.Header().Del("Content-Length")

@@ -20,7 +20,10 @@ func (s *Server) reconcileRoutes() []Route {
 				"records are matched by idempotency key whatever the window. Indeterminate effects a record settles " +
 				"are resolved; a missing record proves nothing. Restarts the reconcile_every_hours calendar. " +
 				"Under an Idempotency-Key header a retry whose answer was lost gets the first answer again " +
-				"(its resolved list included), not a new comparison.",
+				"(its resolved list included), not a new comparison. An answer that would pass 4 MB of JSON " +
+				"(every item of its lists, at up to about 450 bytes each with a 255-character key) is refused " +
+				"400 invalid_request at to, as a window of more than 50 000 effects is, changing nothing (nothing " +
+				"resolved, recorded or kept under the Idempotency-Key): narrow the window or send fewer records.",
 			Request: gate.ReconcileRequest{}, Response: gate.Reconciliation{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodePayloadTooLarge},
 			Handle: func(ctx context.Context, c *Call) (any, error) {

@@ -43,7 +43,7 @@ func (s *Server) webhookRoutes() []Route {
 				if err != nil {
 					return nil, err
 				}
-				return NewPage(list, limit, func(w webhooks.Webhook) string { return w.ID }), nil
+				return NewPage(ctx, list, limit, func(w webhooks.Webhook) string { return w.ID })
 			},
 		},
 		{
@@ -100,7 +100,7 @@ func (s *Server) webhookRoutes() []Route {
 				if err != nil {
 					return nil, err
 				}
-				return NewPage(list, limit, webhooks.DeliveryCursor), nil
+				return NewPage(ctx, list, limit, webhooks.DeliveryCursor)
 			},
 		},
 		{

@@ -274,6 +274,10 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 		writeEncoded(sw, a)
 		return
 	}
+	if raw, ok := body.(rawAnswer); ok {
+		writeEncoded(sw, encoded{status: status, body: raw})
+		return
+	}
 	if t, ok := body.(Text); ok {
 		sw.Header().Set("Content-Type", t.ContentType)
 		sw.WriteHeader(status)

@@ -243,21 +243,6 @@ func (s *Service) ListContracts(ctx context.Context, workspaceID, name, cursor s
 	return cs, nil
 }
 
-// ContractsWithinBudget is how many of cs, from the first, one answer
-// holds: their schemas within AnswerBudget, at least one. A contract's two
-// schemas may be 256 KiB each, and a page of 50 of them passed what
-// Lambda and Vercel answer (QA: 7 MB, answered 502); a list page stops
-// before it, with a cursor to the rest.
-func ContractsWithinBudget(cs []Contract) int {
-	size := 0
-	for i, c := range cs {
-		if size += len(c.InputSchema) + len(c.OutputSchema); size > AnswerBudget && i > 0 {
-			return i
-		}
-	}
-	return len(cs)
-}
-
 func scanContract(row pgx.Row) (Contract, error) {
 	var c Contract
 	var in, out []byte

@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/getratchet/ratchet/lib/answer"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/seal"
@@ -119,18 +120,13 @@ func (s *Service) txRetrying(ctx context.Context, fn func(pgx.Tx) error) error {
 	return db.TxRetryingDeadlocks(ctx, s.pool, fn)
 }
 
-// AnswerBudget bounds what one answer carries of stored documents a caller
-// sent (inputs, schemas): a serverless platform refuses an answer over its
-// limit (Vercel 4.5 MB, base64-encoded by its bridge; Lambda 6 MB); 3 MiB
-// stays under both.
-const AnswerBudget = 3 << 20
-
 // ClaimInputBudget is how many bytes of (sealed) input one claim answers at
 // most: it stops adding jobs before their inputs pass it, though it always
 // answers one. Every job's input is answered whole, and an answer refused
 // by its platform loses the claim, leaving its jobs leased until their
-// leases lapse.
-const ClaimInputBudget = AnswerBudget
+// leases lapse. Three quarters of answer.Budget leave the rest for the
+// other fields of up to 100 jobs (ids, names, keys: a few KB each).
+const ClaimInputBudget = answer.Budget * 3 / 4
 
 // New builds the service. hashSecret keys the HMAC of stored operation
 // fingerprints; leaseGraceMs is JOB_LEASE_GRACE_MS.

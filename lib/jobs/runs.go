@@ -62,9 +62,11 @@ type RunSummary struct {
 type Run struct {
 	RunSummary
 	Steps []Step `json:"steps"`
-	// StepsTruncated says Steps holds only the run's first 1000 steps:
-	// GET /api/v1/runs/{id}/steps pages all of them.
-	StepsTruncated bool `json:"stepsTruncated"`
+	// StepsTruncated says Steps holds only the run's first steps: its
+	// first 1000, or fewer when they would take the answer past
+	// answer.Budget (the API cuts it there): GET /api/v1/runs/{id}/steps
+	// pages all of them.
+	StepsTruncated bool `json:"stepsTruncated" jsonschema:"true when steps holds only the run's first steps: its first 1000, fewer when they would take the answer past about 4 MB; GET /api/v1/runs/{id}/steps pages them all"`
 	// Deduplicated answers POST /api/v1/runs only: true when the key
 	// already named this run (200), false for a new one (201).
 	Deduplicated *bool `json:"deduplicated,omitempty"`

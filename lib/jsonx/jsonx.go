@@ -5,6 +5,7 @@ package jsonx
 import (
 	"bytes"
 	"encoding/json"
+	"unicode/utf8"
 )
 
 // Optional distinguishes a field that was omitted from one sent as null, which
@@ -77,6 +78,43 @@ func Marshal(v any) ([]byte, error) {
 	return unescapeLineSeparators(out), nil
 }
 
+// Encoder writes JSON as Marshal does, a piece at a time into one buffer,
+// so that an answer can be measured as it is built and cut before it passes
+// its budget, each value encoded once (httpapi.NewPage).
+type Encoder struct {
+	buf bytes.Buffer
+	enc *json.Encoder
+}
+
+// NewEncoder is an empty Encoder.
+func NewEncoder() *Encoder {
+	e := &Encoder{}
+	e.enc = json.NewEncoder(&e.buf)
+	e.enc.SetEscapeHTML(false)
+	return e
+}
+
+// Raw appends JSON text as it is.
+func (e *Encoder) Raw(s string) { e.buf.WriteString(s) }
+
+// Value appends v as Marshal writes it.
+func (e *Encoder) Value(v any) error {
+	if err := e.enc.Encode(v); err != nil {
+		return err
+	}
+	e.buf.Truncate(e.buf.Len() - 1) // Encode ends each value with a newline
+	return nil
+}
+
+// Len is how many bytes are written so far: at least what Bytes answers.
+func (e *Encoder) Len() int { return e.buf.Len() }
+
+// Truncate drops what was written after the first n bytes.
+func (e *Encoder) Truncate(n int) { e.buf.Truncate(n) }
+
+// Bytes is what was written, as Marshal would answer it.
+func (e *Encoder) Bytes() []byte { return unescapeLineSeparators(e.buf.Bytes()) }
+
 // unescapeLineSeparators rewrites the encoder's \u2028 and \u2029 escapes
 // in b as the characters. Only an escape is rewritten: a backslash the
 // encoder escaped (\\u2028 is the text \u2028) is skipped with the byte
@@ -85,23 +123,78 @@ func unescapeLineSeparators(b []byte) []byte {
 	if !bytes.Contains(b, []byte(`\u202`)) {
 		return b
 	}
+	return unescape(b, lineSeparators)
+}
+
+// Unescaped rewrites the escapes an encoder writes for JSONP and HTML
+// (\u2028, \u2029, \u003c, \u003e and \u0026) in the JSON document b as the
+// characters themselves, which say the same in fewer bytes: an answer's
+// size is what it costs (answer.Budget), and encoding/json writes each <, >
+// and & of a json.RawMessage it is given as six bytes whatever it is told
+// (the MCP SDK's batches and tool results). As unescapeLineSeparators, only
+// an escape is rewritten. b is returned as it is when it holds none.
+func Unescaped(b []byte) []byte {
+	if !bytes.Contains(b, []byte(`\u202`)) && !bytes.Contains(b, []byte(`\u00`)) {
+		return b
+	}
+	return unescape(b, plainEscapes)
+}
+
+// unescape rewrites in b the \u escapes set names (by their hex digits, as
+// encoding/json writes them) as the characters they stand for.
+func unescape(b []byte, set map[string]string) []byte {
 	out := make([]byte, 0, len(b))
 	for i := 0; i < len(b); i++ {
 		if b[i] != '\\' || i+1 == len(b) {
 			out = append(out, b[i])
 			continue
 		}
-		if b[i+1] == 'u' && i+6 <= len(b) && (string(b[i+2:i+6]) == "2028" || string(b[i+2:i+6]) == "2029") {
-			if b[i+5] == '8' {
-				out = append(out, "\u2028"...)
-			} else {
-				out = append(out, "\u2029"...)
+		if b[i+1] == 'u' && i+6 <= len(b) {
+			if r, ok := set[string(b[i+2:i+6])]; ok {
+				out = append(out, r...)
+				i += 5
+				continue
 			}
-			i += 5
-			continue
 		}
 		out = append(out, b[i], b[i+1])
 		i++
 	}
 	return out
+}
+
+var (
+	lineSeparators = map[string]string{"2028": "\u2028", "2029": "\u2029"}
+	plainEscapes   = map[string]string{"2028": "\u2028", "2029": "\u2029", "003c": "<", "003e": ">", "0026": "&"}
+)
+
+// StringLen is the length of s as Marshal writes it, quotes included,
+// without writing it: a quote or a backslash takes two bytes, a control
+// character two (\b, \f, \n, \r, \t) or six (\u00XX), an invalid UTF-8 byte
+// six (\ufffd), any other character its UTF-8 bytes. An answer is measured
+// by it against its budget before it is encoded (a reconciliation's).
+func StringLen(s string) int {
+	n := 2
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t':
+				n += 2
+			case c < 0x20:
+				n += 6
+			default:
+				n++
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			n += 6
+		} else {
+			n += size
+		}
+		i += size
+	}
+	return n
 }

@@ -63,3 +63,32 @@ func TestMarshalWritesLineSeparatorsAsIs(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "{\"s\":\"a\u2028b\"}", string(b))
 }
+
+// StringLen is what Marshal writes for a string, escapes and all, so that
+// an answer measured by it (a reconciliation's) is measured exactly.
+func TestStringLenIsWhatMarshalWrites(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"", "plain", `"quoted" \ back`, "\b\f\n\r\t", "\x00\x01\x1f\x7f", "<a&b>",
+		"é漢字🙂", "\u2028\u2029", "bad \xff\xfe utf-8", string([]byte{0xe2, 0x82}), "key:" + string(rune(0x10FFFF))} {
+		b, err := Marshal(s)
+		require.NoError(t, err)
+		require.Equal(t, len(b), StringLen(s), "%q", s)
+	}
+}
+
+// Unescaped writes the HTML and JSONP escapes encoding/json puts in a
+// RawMessage as the characters, and leaves an escaped backslash's text.
+func TestUnescapedRewritesHTMLEscapesOnly(t *testing.T) {
+	t.Parallel()
+	raw, err := json.Marshal([]json.RawMessage{json.RawMessage(`{"a":"<b>&\u2028","c":"\\u003c"}`)})
+	require.NoError(t, err)
+	require.Contains(t, string(raw), `\u003c`, "encoding/json escapes a RawMessage's markup")
+	out := Unescaped(raw)
+	require.Equal(t, "[{\"a\":\"<b>&\u2028\",\"c\":\"\\\\u003c\"}]", string(out))
+	var back, want []map[string]string
+	require.NoError(t, json.Unmarshal(out, &back))
+	require.NoError(t, json.Unmarshal(raw, &want))
+	require.Equal(t, want, back, "the same JSON")
+	plain := []byte(`{"a":"\u0001"}`)
+	require.Equal(t, plain, Unescaped(plain), "other escapes stay")
+}

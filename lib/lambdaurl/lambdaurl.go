@@ -19,6 +19,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/httpapi"
+	"github.com/getratchet/ratchet/lib/jsonx"
 )
 
 // Handler returns a Lambda handler function serving h.
@@ -97,9 +98,23 @@ func toResponse(rec *httptest.ResponseRecorder) events.LambdaFunctionURLResponse
 	b := rec.Body.Bytes()
 	if utf8.Valid(b) {
 		res.Body = string(b)
-	} else {
-		res.Body = base64.StdEncoding.EncodeToString(b)
-		res.IsBase64Encoded = true
+		if escapedLen(res.Body) <= base64.StdEncoding.EncodedLen(len(b))+len(`""`) {
+			return res
+		}
 	}
+	res.Body = base64.StdEncoding.EncodeToString(b)
+	res.IsBase64Encoded = true
 	return res
+}
+
+// escapedLen is the length of s in the JSON of the response the runtime
+// sends (encoding/json, HTML escaping off): a Function URL answers at most
+// 6 MB of it, and an answer (within answer.Budget, 4 MB) whose body is
+// mostly quotes and backslashes, each escaped into two bytes, passed that
+// as a string where base64, at 4/3 of any body, stays under it. The body is
+// sent whichever way is shorter.
+func escapedLen(s string) int {
+	// jsonx.StringLen counts U+2028 and U+2029 as the three bytes Ratchet's
+	// encoder writes them back to; encoding/json writes six.
+	return jsonx.StringLen(s) + 3*(strings.Count(s, "\u2028")+strings.Count(s, "\u2029"))
 }

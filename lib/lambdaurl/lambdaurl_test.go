@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -108,5 +109,35 @@ func TestHandlerReadsADoubleSlashPathAsAPath(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, http.StatusOK, res.StatusCode, raw)
 		require.Equal(t, raw+" host=", got, "the whole raw path is the request's path")
+	}
+}
+
+// A body that JSON escaping would grow past base64's 4/3 (quotes and
+// backslashes take two bytes each in the runtime's JSON) is sent base64:
+// an answer within answer.Budget (4 MB) then stays within the Function
+// URL's 6 MB response (QA: 4 MB of mostly escaped quotes took 7.9 MB);
+// any other is sent as text, as before.
+func TestHandlerSendsTheShorterOfTextAndBase64(t *testing.T) {
+	t.Parallel()
+	for body, base64ed := range map[string]bool{
+		`{"data":["plain text, a few \"quotes\"","é"]}`: false,
+		`{"key":"` + strings.Repeat(`\"`, 1000) + `"}`:  true,
+		strings.Repeat("\u2028", 1000):                  true,
+	} {
+		h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, body) })
+		ev := events.LambdaFunctionURLRequest{RawPath: "/api/v1/effects"}
+		ev.RequestContext.HTTP.Method = "GET"
+		res, err := Handler(h)(context.Background(), ev)
+		require.NoError(t, err)
+		require.Equal(t, base64ed, res.IsBase64Encoded, "%.40s", body)
+		got := []byte(res.Body)
+		if res.IsBase64Encoded {
+			got, err = base64.StdEncoding.DecodeString(res.Body)
+			require.NoError(t, err)
+		}
+		require.Equal(t, body, string(got))
+		sent, err := json.Marshal(res)
+		require.NoError(t, err)
+		require.LessOrEqual(t, len(sent), len(body)*4/3+300, "%.40s", body)
 	}
 }

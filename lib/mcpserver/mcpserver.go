@@ -183,12 +183,16 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 			return nil, fmt.Errorf("encode arguments: %w", err)
 		}
 	}
-	status, resp, err := c.Call(ctx, method, path, auth, raw)
+	callCtx := ctx
+	if method == http.MethodGet {
+		callCtx = readWithin(ctx, roomOf(ctx)) // a list's page fits in what the answer has left
+	}
+	status, resp, err := c.Call(callCtx, method, path, auth, raw)
 	if err != nil {
-		return unanswered(err), nil
+		return fit(ctx, unanswered(err), nil)
 	}
 	if !fromAPI(status, resp) {
-		return notTheAPI(status), nil
+		return fit(ctx, notTheAPI(status), nil)
 	}
 	// Only a 2xx is the tool's success; a redirect (which no route answers
 	// on purpose) is an error too.
@@ -201,7 +205,18 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 	if dec.Decode(&structured) == nil {
 		res.StructuredContent = structured
 	}
-	return res, nil
+	var undo func(context.Context)
+	if b, ok := body.(BeginInput); ok && b.RequestID == nil && path == beginPath {
+		// A lease only this answer would have told of: given back, as
+		// one whose request was cancelled is (ReleaseUnseen).
+		undo = func(ctx context.Context) {
+			result, err := json.Marshal(res)
+			if err == nil {
+				_, _ = ReleaseUnseen(ctx, c, auth, result)
+			}
+		}
+	}
+	return fit(ctx, res, undo)
 }
 
 // pathEscape keeps user-supplied path segments inside their segment. A "."

@@ -90,7 +90,7 @@ func define[In any](name, description, needs string, route func(In) (method, pat
 			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 				in, err := decodeArguments[In](req.Params.Arguments, resolved, urlOnly)
 				if err != nil {
-					return argumentsError(err), nil
+					return fit(ctx, argumentsError(err), nil)
 				}
 				method, path, body := route(in)
 				return call(ctx, c, req, defaultAuth, method, path, body)
@@ -400,7 +400,7 @@ type ListEffectsInput struct {
 // Page is a list's page: limit (1-200, default 50) rows after cursor (the
 // previous page's next_cursor).
 type Page struct {
-	Limit  *int   `json:"limit,omitempty" jsonschema:"rows per page, 1-200 (default 50)" mcp:"url"`
+	Limit  *int   `json:"limit,omitempty" jsonschema:"rows per page, 1-200 (default 50); a page ends early, with next_cursor, when its rows would pass what one answer holds" mcp:"url"`
 	Cursor string `json:"cursor,omitempty" jsonschema:"the previous page's next_cursor" mcp:"url"`
 }
 

@@ -1,6 +1,7 @@
 package groupstest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"maps"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/answer"
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/ids"
@@ -1023,4 +1025,39 @@ func TestAPlanItemsCompensationIsTyped(t *testing.T) {
 	require.Equal(t, map[string]any{"effect_type": "payment.void", "payload": nil}, item["compensation"])
 	f.compensate(item, "succeeded")
 	require.Equal(t, "unwound", f.state(g))
+}
+
+// An unwind's plan that would take its answer past what one answer holds
+// (answer.Budget, 4 MB) holds its first items, in order, and says so
+// (plan_truncated); performed, they leave the plan to the rest, which the
+// unwind sent again answers (QA: five compensations of 1 MB payloads
+// answered 4.8 MB, which Vercel does not deliver, and the plan was lost).
+func TestAnUnwindPlanPastTheBudgetHoldsItsFirstItems(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	g := f.group()
+	for range 5 {
+		f.clock.Add(time.Second)
+		body := map[string]any{"effect_type": "payment.charge", "idempotency_key": "charge:" + ids.Random(6),
+			"cost_micros": 1000, "group_id": g, "compensation": map[string]any{"effect_type": "payment.refund",
+				"payload": map[string]any{"note": strings.Repeat(`"`, 480_000)}}}
+		d := f.must(http.StatusOK, "POST", "/api/v1/effects/begin", body)
+		f.report(d["effect_id"].(string), d["lease_token"].(string), "succeeded")
+	}
+	r := f.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", f.ws.Key, nil)
+	require.LessOrEqual(t, len(bytes.TrimSpace(r.Body)), answer.Budget)
+	u := r.JSON()
+	require.Equal(t, true, u["plan_truncated"])
+	first := u["plan"].([]any)
+	require.Len(t, first, 4, "four of the five compensations fit")
+	for _, it := range first {
+		f.compensate(it.(map[string]any), "succeeded")
+	}
+	u = f.unwind(g)
+	require.Equal(t, false, u["plan_truncated"])
+	require.Len(t, u["plan"], 1)
+	f.compensate(u["plan"].([]any)[0].(map[string]any), "succeeded")
+	u = f.unwind(g)
+	require.Empty(t, u["plan"])
+	require.Equal(t, "unwound", u["state"])
 }

@@ -1,0 +1,169 @@
+package mcpserver_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/answer"
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/ids"
+)
+
+// rpcAnswers decodes a batch's answers by id.
+func rpcAnswers(t *testing.T, out []byte) map[string]map[string]any {
+	t.Helper()
+	var answers []map[string]any
+	require.NoError(t, json.Unmarshal(out, &answers), "%.300s", out)
+	byID := map[string]map[string]any{}
+	for _, a := range answers {
+		id := fmt.Sprint(a["id"])
+		require.NotContains(t, byID, id, "each request answered once")
+		byID[id] = a
+	}
+	return byID
+}
+
+// A batch's answers together hold at most answer.Budget: a tool call whose
+// result would take them past it is answered a JSON-RPC error saying to
+// send it again alone or in a smaller batch, and the others are answered
+// (QA: 20 reads of effects with 250 KB results answered 10 MB, which
+// neither Vercel nor Lambda delivers). Each refused one, sent alone, is
+// answered.
+func TestABatchsAnswersStayWithinTheAnswerBudget(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	var effectIDs []string
+	for i := range 5 {
+		d := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, map[string]any{
+			"effect_type": "qa.mcp.budget", "idempotency_key": fmt.Sprintf("big-%d", i)}).JSON()
+		// Quotes are escaped once in the API's answer and again in the
+		// tool result's text.
+		result := map[string]any{"body": strings.Repeat(`"<`, 80_000)}
+		env.Must(http.StatusOK, "POST", "/api/v1/effects/"+d["effect_id"].(string)+"/report", ws.Key,
+			map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded", "result": result})
+		effectIDs = append(effectIDs, d["effect_id"].(string))
+	}
+	read := func(id int, effectID string) string {
+		return fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"ratchet_get_effect",`+
+			`"arguments":{"effect_id":"%s"}}}`, id, effectID)
+	}
+	calls := make([]string, 20)
+	for i := range calls {
+		calls[i] = read(i, effectIDs[i%len(effectIDs)])
+	}
+	status, out := postMCP(t, env, ws.Key, "["+strings.Join(calls, ",")+"]")
+	require.Equal(t, http.StatusOK, status, "%.300s", out)
+	require.LessOrEqual(t, len(bytes.TrimSpace(out)), answer.Budget, "the batch's answer")
+	byID := rpcAnswers(t, out)
+	require.Len(t, byID, len(calls))
+	answered, refused := 0, 0
+	for i := range calls {
+		a := byID[fmt.Sprint(i)]
+		if e, ok := a["error"].(map[string]any); ok {
+			refused++
+			require.EqualValues(t, -32600, e["code"])
+			require.Contains(t, e["message"], "send this request again alone or in a smaller batch")
+			continue
+		}
+		answered++
+		res := a["result"].(map[string]any)
+		require.Equal(t, effectIDs[i%len(effectIDs)], res["structuredContent"].(map[string]any)["id"])
+	}
+	require.Positive(t, answered)
+	require.Positive(t, refused)
+	for i := range calls {
+		if _, ok := byID[fmt.Sprint(i)]["error"]; !ok {
+			continue
+		}
+		status, out := postMCP(t, env, ws.Key, read(i, effectIDs[i%len(effectIDs)]))
+		require.Equal(t, http.StatusOK, status)
+		var alone map[string]any
+		require.NoError(t, json.Unmarshal(out, &alone))
+		require.Nil(t, alone["error"], "alone it is answered")
+		require.NotContains(t, string(out), `\u003c`, "markup is written as it is")
+	}
+}
+
+// A list tool's page fits in what the answer has left: its tool result
+// carries the API's page twice (as text, escaped again, and as structured
+// content), so the page is asked for within a third of it, and pages on
+// (QA: 200 effects whose keys and previews are quotes answered a 5 MB
+// tool result).
+func TestAListToolsPageFitsItsAnswer(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	current := env.Must(http.StatusOK, "GET", "/api/v1/keys/current", ws.Key, nil).JSON()
+	preview := map[string]any{}
+	for i := range 60 {
+		preview[fmt.Sprintf("%02d", i)+strings.Repeat(`"`, 62)] = "<string>"
+	}
+	previewJSON, err := json.Marshal(preview)
+	require.NoError(t, err)
+	const n = 200
+	effectIDs, keys := make([]string, n), make([]string, n)
+	now := time.Now().UTC()
+	for i := range n {
+		effectIDs[i] = ids.NewAt(ids.Effect, now)
+		keys[i] = fmt.Sprintf("%03d", i) + strings.Repeat(`"`, 252)
+	}
+	_, err = env.App.Pool.Exec(context.Background(), `INSERT INTO effects (id, workspace_id, effect_type,
+			idempotency_key, fingerprint, state, lease_seconds, created_by_key_id, created_at, updated_at,
+			payload_preview, result_preview)
+		SELECT id, $1, 'qa.mcp.list', k, 'f', 'succeeded', 60, $2, $3, $3, $4::jsonb, $4::jsonb
+		FROM unnest($5::text[], $6::text[]) AS u(id, k)`,
+		ws.ID, current["id"], now, string(previewJSON), effectIDs, keys)
+	require.NoError(t, err)
+	list := func(cursor string) (int, []byte) {
+		args := `{"limit":200}`
+		if cursor != "" {
+			args = `{"limit":200,"cursor":"` + cursor + `"}`
+		}
+		return postMCP(t, env, ws.Key, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":`+
+			`"ratchet_list_effects","arguments":`+args+`}}`)
+	}
+	seen := map[string]bool{}
+	cursor := ""
+	for pages := 1; ; pages++ {
+		require.Less(t, pages, 20)
+		status, out := list(cursor)
+		require.Equal(t, http.StatusOK, status, "%.300s", out)
+		require.LessOrEqual(t, len(bytes.TrimSpace(out)), answer.Budget, "page %d", pages)
+		var msg struct {
+			Error  any `json:"error"`
+			Result struct {
+				IsError    bool `json:"isError"`
+				Structured struct {
+					Data []struct {
+						ID string `json:"id"`
+					} `json:"data"`
+					NextCursor *string `json:"next_cursor"`
+				} `json:"structuredContent"`
+			} `json:"result"`
+		}
+		require.NoError(t, json.Unmarshal(out, &msg))
+		require.Nil(t, msg.Error)
+		require.False(t, msg.Result.IsError)
+		page := msg.Result.Structured
+		require.NotEmpty(t, page.Data)
+		for _, e := range page.Data {
+			require.False(t, seen[e.ID])
+			seen[e.ID] = true
+		}
+		if page.NextCursor == nil {
+			require.Greater(t, pages, 1, "200 such effects take more than one answer")
+			break
+		}
+		cursor = *page.NextCursor
+	}
+	require.Len(t, seen, n)
+}

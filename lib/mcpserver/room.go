@@ -1,0 +1,148 @@
+package mcpserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/getratchet/ratchet/lib/answer"
+	"github.com/getratchet/ratchet/lib/jsonx"
+)
+
+// Room is what the tool results of one HTTP request to the MCP endpoint
+// may still take of its answer, which the platforms deliver only up to
+// answer.Budget (Vercel 4.5 MB, Lambda 6 MB): a batch of 100 list calls
+// answered about 4 MB, and more with larger values, and each tool result
+// carries its REST answer twice (as text, escaped, and as structured
+// content). A tool call whose result does not fit in what is left is
+// answered a JSON-RPC error instead (tooLarge): send it again alone or in a
+// smaller batch. Its members run concurrently, so which of a batch's calls
+// are refused depends on which finish first. A list call asks the REST
+// route for a page a third of the room left, so that a call alone always
+// fits. The stdio binary, which no platform bounds, has no room.
+type Room struct {
+	mu   sync.Mutex
+	left int
+}
+
+type roomKey struct{}
+
+// messageOverhead is what each message's answer takes besides its id and
+// its tool result's text and structured content: the JSON-RPC envelope,
+// the result's members, a comma.
+const messageOverhead = 256
+
+// WithRoom is ctx carrying the room of the answer to body, one JSON-RPC
+// message or a batch (CheckEnvelope passed it): answer.Budget less, for
+// each message, its id (at most its share of the body) and envelope, and
+// for each tools/list what it answers.
+func WithRoom(ctx context.Context, body []byte) context.Context {
+	var batch []json.RawMessage
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) > 0 && trimmed[0] == '[' {
+		_ = json.Unmarshal(trimmed, &batch)
+	} else {
+		batch = []json.RawMessage{trimmed}
+	}
+	left := answer.Budget - len(body) - len("[]")
+	for _, m := range batch {
+		var probe struct {
+			Method string `json:"method"`
+		}
+		_ = json.Unmarshal(m, &probe)
+		left -= messageOverhead
+		if probe.Method == "tools/list" {
+			left -= toolsListSize()
+		}
+	}
+	return context.WithValue(ctx, roomKey{}, &Room{left: left})
+}
+
+// toolsListSize bounds what a tools/list answers (its result, twice over
+// for what the SDK adds).
+var toolsListSize = sync.OnceValue(func() int {
+	b, _ := json.Marshal(&mcp.ListToolsResult{Tools: ToolDefinitions()})
+	return 2 * len(b)
+})
+
+func roomOf(ctx context.Context) *Room {
+	r, _ := ctx.Value(roomKey{}).(*Room)
+	return r
+}
+
+// take reserves n bytes of the room, if it has them.
+func (r *Room) take(n int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n > r.left {
+		return false
+	}
+	r.left -= n
+	return true
+}
+
+// Left is what the room still holds.
+func (r *Room) Left() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.left
+}
+
+// readWithin is ctx for a REST read made for a tool call under room: its
+// answer (a list's page) holds at most what the tool result can carry in
+// what is left, a third of it (the text, escaped, may be twice the answer,
+// and the structured content is the answer again).
+func readWithin(ctx context.Context, room *Room) context.Context {
+	if room == nil {
+		return ctx
+	}
+	return answer.Within(ctx, (room.Left()-messageOverhead)/3)
+}
+
+// resultSize bounds what res takes of its answer (less its id and
+// envelope, messageOverhead): its text as a JSON string and its structured
+// content, which is that text's JSON again, once the endpoint has written
+// its HTML escapes back (jsonx.Unescaped).
+func resultSize(res *mcp.CallToolResult) int {
+	n := 0
+	for _, c := range res.Content {
+		if t, ok := c.(*mcp.TextContent); ok {
+			n += jsonx.StringLen(t.Text) + len(t.Text)
+		}
+	}
+	return n
+}
+
+// fit answers res when the room (if any) holds it, and otherwise the error
+// tooLarge, after undo has given back what the call granted that only its
+// answer would have told.
+func fit(ctx context.Context, res *mcp.CallToolResult, undo func(context.Context)) (*mcp.CallToolResult, error) {
+	room := roomOf(ctx)
+	if room == nil || room.take(resultSize(res)) {
+		return res, nil
+	}
+	if undo != nil {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+		defer cancel()
+		undo(uctx)
+	}
+	return nil, tooLarge()
+}
+
+// undoTimeout bounds giving back a lease whose answer is not sent.
+const undoTimeout = 5 * time.Second
+
+// tooLarge refuses a tool call whose result would take its answer past
+// answer.Budget (Room). It names no value of the call.
+func tooLarge() *jsonrpc.Error {
+	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: fmt.Sprintf("Invalid Request: the answers "+
+		"of this batch would pass %d bytes together, more than one answer may hold; send this request again "+
+		"alone or in a smaller batch (a lease granted here to a ratchet_begin without request_id was given "+
+		"back)", answer.Budget)}
+}

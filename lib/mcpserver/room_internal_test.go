@@ -1,0 +1,96 @@
+package mcpserver
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/answer"
+)
+
+// grantingCaller answers every begin execute with a lease and records the
+// calls made.
+type grantingCaller struct {
+	mu    sync.Mutex
+	calls []string
+	sent  []map[string]any
+}
+
+func (g *grantingCaller) Call(_ context.Context, method, path, _ string, body []byte) (int, []byte, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.calls = append(g.calls, method+" "+path)
+	var sent map[string]any
+	_ = json.Unmarshal(body, &sent)
+	g.sent = append(g.sent, sent)
+	if path == beginPath {
+		return http.StatusOK, []byte(`{"decision":"execute","effect_id":"eff_01","state":"leased","attempt":1,` +
+			`"lease_token":"lt_1","lease_expires_at":"2026-01-01T00:00:00Z"}`), nil
+	}
+	return http.StatusOK, []byte(`{"id":"eff_01","state":"failed"}`), nil
+}
+
+// A ratchet_begin whose result does not fit in what its batch's answer has
+// left is answered the JSON-RPC error that says to send it again, and the
+// lease it was granted, which only that result would have told of, is
+// given back at once (reported failed with its token, as when its request
+// is cancelled), so that the request sent again executes; under a
+// request_id the lease is left to the request sent again, which is given
+// it. A result that fits is answered, and nothing is given back.
+func TestABeginPastItsBatchsRoomGivesItsLeaseBack(t *testing.T) {
+	t.Parallel()
+	within := func(left int) context.Context {
+		return context.WithValue(context.Background(), roomKey{}, &Room{left: left})
+	}
+	rid := "req-0123456789abcdef"
+	for _, tc := range []struct {
+		left      int
+		requestID *string
+		answered  bool
+		given     bool
+	}{
+		{left: 10, answered: false, given: true},
+		{left: 10, requestID: &rid, answered: false, given: false},
+		{left: 1 << 20, answered: true, given: false},
+	} {
+		g := &grantingCaller{}
+		ctx := within(tc.left)
+		res, err := call(ctx, g, nil, "Bearer rk_x", http.MethodPost, beginPath,
+			BeginInput{EffectType: "email.send", IdempotencyKey: "k", RequestID: tc.requestID})
+		if tc.answered {
+			require.NoError(t, err)
+			require.False(t, res.IsError)
+			require.Less(t, roomOf(ctx).Left(), 1<<20, "the result took its room")
+		} else {
+			var rpc *jsonrpc.Error
+			require.ErrorAs(t, err, &rpc)
+			require.EqualValues(t, jsonrpc.CodeInvalidRequest, rpc.Code)
+			require.Nil(t, res)
+			require.Equal(t, tc.left, roomOf(ctx).Left(), "a refused result takes nothing")
+		}
+		if tc.given {
+			require.Equal(t, []string{"POST " + beginPath, "POST /api/v1/effects/eff_01/report"}, g.calls)
+			require.Equal(t, map[string]any{"lease_token": "lt_1", "outcome": "failed"}, g.sent[1])
+		} else {
+			require.Equal(t, []string{"POST " + beginPath}, g.calls)
+		}
+	}
+	// A read asks for its page within a third of what is left.
+	g := &budgetCaller{}
+	_, err := call(within(3_000_256), g, nil, "", http.MethodGet, "/api/v1/effects", nil)
+	require.NoError(t, err)
+	require.Equal(t, 1_000_000, g.budget)
+}
+
+// budgetCaller records the answer budget its call was made within.
+type budgetCaller struct{ budget int }
+
+func (b *budgetCaller) Call(ctx context.Context, _, _, _ string, _ []byte) (int, []byte, error) {
+	b.budget = answer.Of(ctx)
+	return http.StatusOK, []byte(`{"data":[],"next_cursor":null}`), nil
+}
