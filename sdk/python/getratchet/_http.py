@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import http.client
-import json
 import math
 import random
 import secrets
@@ -23,10 +22,11 @@ try:
 except ImportError:  # a Python built without OpenSSL still speaks plain http
     ssl = None  # type: ignore[assignment]
 
+from . import _json
 from .errors import (DATABASE_UNAVAILABLE, REQUEST_TIMEOUT, RETRY_REQUEST, ConnectionLost,
                      RatchetError)
 
-VERSION = "0.2.6"
+VERSION = "0.2.7"
 DEFAULT_BASE_URL = "https://getratchet.app"
 
 # Capped exponential backoff with equal jitter, as the Go SDK's.
@@ -196,7 +196,7 @@ class Transport:
         way but leaves an attempt in flight alone (a stopping worker's claim
         waiting out a 429).
         """
-        data = None if body is None else json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        data = None if body is None else _json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
         retries = self.max_retries if max_retries is None else max_retries
         attempt = 0
         held = 0
@@ -419,7 +419,7 @@ class Transport:
         if not raw:
             return None, date
         try:
-            return json.loads(raw), date
+            return _json.loads(raw), date
         except ValueError:
             # A 2xx whose body cannot be read (cut short by a proxy): the
             # call was applied, and its answer lost as by a dropped connection.
@@ -473,7 +473,7 @@ def _decode_error(status: int, headers: Any, raw: bytes) -> RatchetError:
     request_id = headers.get("X-Request-Id", "") if headers else ""
     body: Any = None
     try:
-        body = json.loads(raw) if raw else None
+        body = _json.loads(raw) if raw else None
     except ValueError:
         body = None
     envelope = body.get("error") if isinstance(body, dict) else None

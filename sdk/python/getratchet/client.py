@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import hmac
 import inspect
-import json
 import math
 import re
 import threading
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, List, Optional, Tuple
 
+from . import _json
 from ._aio import await_alone, is_async, loop_running
 from ._http import Transport, new_request_id, path_id
 from .errors import (INVALID_REQUEST, LEASE_LOST, PAYLOAD_TOO_LARGE, ApprovalRequired, ConnectionLost, EffectBlocked,
@@ -1044,8 +1044,8 @@ def _unsendable_result(result: Any) -> Optional[str]:
     """Why a result cannot even be sent (not JSON, or over the server's
     request size limit), or None."""
     try:
-        size = len(json.dumps(result, allow_nan=False).encode("utf-8"))
-    except (TypeError, ValueError, RecursionError):
+        size = len(_json.dumps(result, allow_nan=False).encode("utf-8"))
+    except (TypeError, ValueError):
         return "result_not_json"
     return PAYLOAD_TOO_LARGE if size > _MAX_RESULT_BYTES else None
 
@@ -1053,13 +1053,15 @@ def _unsendable_result(result: Any) -> Optional[str]:
 def _unrecordable_result(err: RatchetError) -> Optional[str]:
     """Why a success's result cannot be recorded (its size, or a field
     under result the gate refused: "invalid_request at <field>", the
-    reason the Go and TypeScript SDKs record), or None for other refusals."""
+    reason the Go and TypeScript SDKs record; the body, which only the
+    result can make unreadable: nested more levels deep than the gate
+    reads), or None for other refusals."""
     if err.code == PAYLOAD_TOO_LARGE:
         return PAYLOAD_TOO_LARGE
     if err.code == INVALID_REQUEST:
         for item in err.validation:
             field = str(item.get("field", "")) if isinstance(item, dict) else ""
-            if field == "result" or field.startswith("result."):
+            if field in ("result", "body") or field.startswith("result."):
                 return f"{INVALID_REQUEST} at {field}"
     return None
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import queue
 import random
@@ -12,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from . import _json
 from ._aio import await_alone
 from ._http import Abort, Transport, new_request_id, path_id
 from .errors import (FORBIDDEN, INVALID_REQUEST, INVALID_STATE, LEASE_EXPIRED, LEASE_LOST, MAX_RETRY_AFTER_MS,
@@ -149,8 +149,8 @@ class _Report:
         self.on_retry = on_retry
         self.on_attempt = on_attempt
         try:
-            self.size = len(json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8"))
-        except (TypeError, ValueError, RecursionError):
+            self.size = len(_json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8"))
+        except (TypeError, ValueError):
             self.size = _REPORT_BATCH_BYTES  # alone: its own send raises what it raised before
         self.done = False
         self.alone = False
@@ -897,8 +897,10 @@ class Worker:
 
     def _report_success(self, context: JobContext, tool: _Tool, output: Any) -> None:
         try:
-            size = len(json.dumps(output, allow_nan=False).encode("utf-8"))
-        except (TypeError, ValueError, RecursionError) as failure:
+            # Read by the server at any depth it takes (a deep output raised
+            # RecursionError here and was reported as not JSON).
+            size = len(_json.dumps(output, allow_nan=False).encode("utf-8"))
+        except (TypeError, ValueError) as failure:
             self._notify(TypeError(f"ratchet: {tool.ref} returned an output that is not JSON "
                                    f"({type(failure).__name__}); reported as a non-retryable failure"))
             self._report(context, {"status": "FAILED", "error": {
@@ -1095,12 +1097,14 @@ def _what_follows(error: BaseException) -> str:
 
 def _unrecordable_output(err: RatchetError) -> Optional[str]:
     """What to report instead of a success whose output the server refused:
-    413 for its size, or 400 naming a field under output (never the value)."""
+    413 for its size, or 400 naming a field under output (never the value),
+    or the body, which only the output can make unreadable (nested more
+    levels deep than the server reads)."""
     if err.code == PAYLOAD_TOO_LARGE:
         return "handler output exceeds the server's request size limit"
     if err.code == INVALID_REQUEST:
         for item in err.validation:
             name = str(item.get("field", "")) if isinstance(item, dict) else ""
-            if name == "output" or name.startswith("output."):
+            if name in ("output", "body") or name.startswith("output."):
                 return "handler output refused by the server at " + name
     return None

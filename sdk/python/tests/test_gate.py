@@ -37,6 +37,23 @@ class GateTest(unittest.TestCase):
         self.assertEqual(calls, [1])
         self.assertEqual(self.ws.operator.get_effect(first.effect_id)["state"], "succeeded")
 
+    def test_a_deeply_nested_payload_and_result_are_sent_and_read_back(self) -> None:
+        # The gate takes values nested nearly 10 000 levels deep: json raised
+        # RecursionError sending such a payload or result, and reading a
+        # duplicate's recorded result.
+        key, levels = unique("deep"), 9990
+        value: list = ["leaf"]
+        for _ in range(levels - 1):
+            value = [value]
+        first = self.agent.do_effect("deep.write", key, lambda lease: value, {"payload": value})
+        again = self.agent.do_effect("deep.write", key, lambda lease: None, {"payload": value})
+        self.assertEqual((first.duplicate, again.duplicate, again.effect_id), (False, True, first.effect_id))
+        read = again.result
+        for _ in range(levels - 1):
+            self.assertEqual(len(read), 1)
+            read = read[0]
+        self.assertEqual(read, ["leaf"])
+
     def test_not_performed_reports_failed_and_allows_a_new_attempt(self) -> None:
         key = unique("charge")
 

@@ -358,6 +358,42 @@ class JobsTest(unittest.TestCase):
             self.ws.operator.replay(first["stepId"], reason="again")
         self.assertEqual(refused.exception.code, "invalid_state")
 
+    def test_a_deeply_nested_input_runs_beside_the_other_job_of_its_claim(self) -> None:
+        # The API takes a body nested 10 000 levels deep; json.loads raises
+        # RecursionError near 1 000, so such an input made the whole claim
+        # answer unreadable: both jobs lapsed unrun, and came back at every
+        # claim. Its output, as deep, is written as json.dumps would.
+        tool, levels = unique("deep"), 9990
+        deep: dict = {"leaf": True}
+        for _ in range(levels):
+            deep = {"a": deep}
+        self.producer.start_run("deep input")
+        steps = [self.producer.enqueue(deep, name=tool, version="1"),
+                 self.producer.enqueue({"a": {"leaf": True}}, name=tool, version="1")]
+        self.producer.finish_run()
+        seen = {}
+
+        def measure(input, context):
+            depth = 0
+            while "a" in input:
+                input, depth = input["a"], depth + 1
+            seen[context.job_id] = depth
+            output: dict = {"depth": depth}
+            for _ in range(depth):
+                output = {"a": output}
+            return output
+
+        worker = self.worker(tool)
+        worker.register_tool(tool, "1", measure)
+        errors = start_worker(self, worker, concurrency=2)  # both jobs in one claim
+        done = wait_run_ended(self.producer, self.producer.run_id)
+        self.assertEqual(done["status"], "SUCCEEDED", errors.items)
+        self.assertEqual(sorted(seen.values()), [1, levels])
+        for step in steps:
+            job = step_of(done, step["stepId"])["durableJob"]
+            self.assertEqual((job["status"], job["attempt"]), ("SUCCEEDED", 1))
+        self.assertEqual(errors.items, [])
+
     def test_worker_key_must_list_the_tool(self) -> None:
         worker = self.ws.client("WORKER", ["other@1"])
         worker.register_tool("mine", "1", lambda input, context: None)

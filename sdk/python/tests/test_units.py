@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import unittest
@@ -15,7 +16,7 @@ from unittest import mock
 
 import getratchet
 from getratchet import ConnectionLost, RatchetError, RetryableError, redact_message
-from getratchet import _http
+from getratchet import _http, _json
 from getratchet._http import Transport
 from getratchet.worker import _read_decision
 
@@ -59,14 +60,20 @@ class FakeServer:
 
             def handle_one(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else None
+                raw = self.rfile.read(length) if length else b""
+                try:
+                    body = json.loads(raw) if raw else None
+                except RecursionError:
+                    body = raw  # nested deeper than json reads: the bytes as sent
                 fake.seen.append((self.command, self.path, dict(self.headers), body))
                 status, answer, headers = fake.respond(self.command, self.path, body)
                 if status == 0:  # drop the connection without an answer
                     self.close_connection = True
                     self.connection.shutdown(2)
                     return
-                raw = json.dumps(answer).encode() if answer is not None else b""
+                # bytes are an answer's text as written (one json.dumps
+                # cannot write: nested thousands of levels deep).
+                raw = answer if isinstance(answer, bytes) else b"" if answer is None else json.dumps(answer).encode()
                 self.send_response(status)
                 for name, value in headers.items():
                     self.send_header(name, value)
@@ -1181,6 +1188,158 @@ class WorkerRulesTest(unittest.TestCase):
         self.assertEqual(claims[:2], ["/api/v1/workers/wkr_1/claim", "/api/v1/workers/wkr_2/claim"])
 
 
+def deep(levels: int, inner: str = "[]") -> str:
+    """A JSON text nesting levels objects {"a": ...} around inner."""
+    return '{"a":' * levels + inner + "}" * levels
+
+
+class DeepJSONTest(unittest.TestCase):
+    """The API takes values nested 10 000 levels deep (a claim answer
+    carries an input three levels further): the json module raises
+    RecursionError near 1 000 (on Python 3.12 and later at the C stack's
+    own limit), so one deep input made a whole claim answer unreadable and
+    its jobs lapsed unrun, again at every claim."""
+
+    def test_a_deep_value_reads_and_writes_as_sent_without_touching_the_recursion_limit(self) -> None:
+        limit = sys.getrecursionlimit()
+        text = deep(9990, '[1,-0.0,1e400,12345678901234567890123,"\\u00e9\\ud83d\\ude00",{"k":1,"k":2},null]')
+        with self.assertRaises(RecursionError):
+            json.loads(text)
+        value = _json.loads(text.encode())
+        inner = value
+        for _ in range(9990):
+            inner = inner["a"]
+        self.assertEqual(repr(inner), repr([1, -0.0, float("inf"), 12345678901234567890123, "\u00e9\U0001F600",
+                                            {"k": 2}, None]))
+        # Written back as json.dumps writes (ensure_ascii): the escapes as
+        # sent, the repeated key once, with its last value.
+        self.assertEqual(_json.dumps(value, separators=(",", ":"), allow_nan=True),
+                         text.replace("1e400", "Infinity").replace('"k":1,', ""))
+        self.assertEqual(_json.dumps(value, allow_nan=True)[:12], '{"a": {"a": ')
+        with self.assertRaises(ValueError):
+            _json.dumps(value)  # Infinity is no JSON number, as json.dumps says
+        self.assertEqual(sys.getrecursionlimit(), limit)
+
+    def test_the_deep_reader_and_writer_answer_as_json_does(self) -> None:
+        texts = ['{"a":1,"a":2,"b":3}', '{"b":1,"a":2,"b":3}', ' [1 , 2 ]\n', "1e400", "-1e400",
+                 "[NaN,Infinity,-Infinity]",
+                 "-0", "-0.0", "0.1e1", "1E+2", "5e-324", "1.7976931348623157e308", '"\\ud83d\\ude00"', '"\\ud800"',
+                 '{"\\u0061":1}', "1" * 300, '"\\"\\\\\\/\\b\\f\\n\\r\\t"', "{}", "[]", "[{}]", '{"a":[]}',
+                 '"\u00e9\u2028"', "true", "false", "null",
+                 # and the same refusals, at the same place
+                 "\ufeff[]", "[1,]", '{"a":1,}', "[1 2]", '{"a" 1}', "{1:2}", "01", "1.", ".5", "[-]", "nul",
+                 '"\u0001"', "[\u0661]", '{"a":1}x', "", "tru", '"abc', "[", '{"a":', "1" * 5000]
+        for text in texts + [t.encode() for t in texts] + ["[1]".encode("utf-16"), "[1]".encode("utf-32-le")]:
+            with self.subTest(text=text[:40]):
+                # A refusal's wording and place change between Python
+                # versions (3.13 names a trailing comma); its kind does not.
+                try:
+                    want = ("ok", repr(json.loads(text)))
+                except ValueError as err:
+                    want = ("refused", type(err).__name__)
+                try:
+                    got = ("ok", repr(_json._loads(text)))
+                except ValueError as err:
+                    got = ("refused", type(err).__name__)
+                self.assertEqual(got, want)
+        values = [None, True, False, 0, -1, 2 ** 70, 1.5, -0.0, 0.1, 1e300, 5e-324, "",
+                  "a\"b\\c\n\u0000\u007f\u00e9\ud800\U0001F600",
+                  [], {}, [[], {}], {"k": [1, {"x": None}], "é": (1, 2)}, {1.5: 1, True: 2, None: 3, 7: 4, False: 5},
+                  float("nan"), [float("inf")], {(1,): 1}, object(), [1, {1}]]
+        cycle: list = []
+        cycle.append(cycle)
+        for value in values + [cycle]:
+            for separators in (None, (",", ":")):
+                with self.subTest(value=repr(value)[:40], separators=separators):
+                    try:
+                        want = ("ok", json.dumps(value, separators=separators, allow_nan=False))
+                    except (TypeError, ValueError) as err:
+                        want = (type(err).__name__,)
+                    try:
+                        got = ("ok", _json._dumps(value, *(separators or (", ", ": ")), False))
+                    except (TypeError, ValueError) as err:
+                        got = (type(err).__name__,)
+                    self.assertEqual(got, want)
+
+    def test_a_deep_input_is_run_beside_its_claims_other_job(self) -> None:
+        reports = {}
+        levels = 9990
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                if reports or any(p.endswith("/claim") for _, p, _, _ in server.seen[:-1]):
+                    return 200, {"jobs": []}, {}
+                normal = json.dumps(WorkerRulesTest.job(1))
+                deep_job = json.dumps(WorkerRulesTest.job(2))[:-len('{}}')] + deep(levels) + "}"
+                return 200, ('{"jobs":[' + deep_job + "," + normal + "]}").encode(), {}
+            if path == "/api/v1/jobs/report":  # the two together, in one batch
+                reports.update({item["jobId"]: item for item in body["reports"]})
+                return 200, {"results": [{"jobId": item["jobId"], "status": "SUCCEEDED", "attempt": 1}
+                                         for item in body["reports"]]}, {}
+            reports[path.split("/")[-2]] = body
+            return 200, {"jobId": "x", "status": "SUCCEEDED", "attempt": 1}, {}
+
+        def handler(input, context):
+            depth = 0
+            while isinstance(input, dict) and "a" in input:
+                input, depth = input["a"], depth + 1
+            return {"levels": depth} if context.job_id == "job_1" else {"a": {"echo": depth}}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.register_tool("t", "1", handler)
+        client.worker.start(2, poll_interval=0.05, block=False)
+        self.addCleanup(client.worker.stop, 5)
+        wait_until(lambda: len(reports) == 2)
+        self.assertEqual(reports["job_1"]["output"], {"levels": 0})
+        self.assertEqual(reports["job_2"]["output"], {"a": {"echo": levels}})
+
+    def test_a_deep_output_is_written_and_one_too_deep_fails_its_job_alone(self) -> None:
+        # A report the server refuses at body: only the output can make it
+        # unreadable (nested deeper than the server reads). Its lease
+        # lapsed and the job ran again until its attempts ran out.
+        reports = []
+        levels = {"job_1": 9990, "job_2": 10000}  # arrays: the report's body is one level more
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                claims = sum(p.endswith("/claim") for _, p, _, _ in server.seen)
+                return 200, {"jobs": [WorkerRulesTest.job(claims)] if claims <= 2 else []}, {}
+            # As sent (the fake's json reads it, or not, by the Python
+            # version's own limit).
+            body = body if isinstance(body, bytes) else _json.dumps(body, separators=(",", ":")).encode()
+            reports.append((path, body))
+            if body.count(b"[") > 9999:
+                return 400, error("invalid_request", validation=[{
+                    "field": "body", "message": "nests arrays and objects more than 10000 levels deep"}]), {}
+            return 200, {"jobId": "x", "status": "SUCCEEDED", "attempt": 1}, {}
+
+        def handler(input, context):
+            output = None
+            for _ in range(levels[context.job_id]):
+                output = [output]
+            return output
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.register_tool("t", "1", handler)
+        client.worker.start(1, poll_interval=0.05, block=False)
+        self.addCleanup(client.worker.stop, 5)
+        wait_until(lambda: len(reports) == 3)
+        self.assertEqual([path for path, _ in reports],
+                         ["/api/v1/jobs/job_1/report"] + ["/api/v1/jobs/job_2/report"] * 2)
+        self.assertEqual(reports[0][1], b'{"leaseToken":"tok_1","status":"SUCCEEDED","output":' +
+                         b"[" * 9990 + b"null" + b"]" * 9990 + b"}")
+        self.assertEqual(json.loads(reports[2][1]), {"leaseToken": "tok_2", "status": "FAILED", "error": {
+            "message": "handler output refused by the server at body", "retryable": False}})
+
+
 class BatchedReportsTest(unittest.TestCase):
     """Reports of jobs that finish together go out as one batch, each
     answered in its own slot as its single report would be."""
@@ -1606,22 +1765,26 @@ class GateLeaseTest(unittest.TestCase):
         # the success is recorded with the placeholder whose reason names
         # the code and the field, as the Go and TypeScript SDKs record it
         # (it named the field alone, so one key's placeholder read
-        # differently by which SDK acted).
-        calls = []
+        # differently by which SDK acted). The body too: only the result
+        # can make a report's body unreadable (nested deeper than the gate
+        # reads); it was raised as not reported, and the lease lapsed.
+        for field in ("result.note", "body"):
+            with self.subTest(field=field):
+                calls = []
 
-        def respond(method, path, body):
-            calls.append((path, body))
-            if path.endswith("/report") and body["result"].get("ratchet") != "result_not_recorded":
-                return 400, {"error": {"code": "invalid_request", "message": "bad", "detail": {
-                    "validation": [{"field": "result.note", "message": "must not contain NUL"}]}}}, {}
-            return self.leased(path) or (200, {"id": "eff_1", "state": body["outcome"]}, {})
+                def respond(method, path, body, field=field, calls=calls):
+                    calls.append((path, body))
+                    if path.endswith("/report") and body["result"].get("ratchet") != "result_not_recorded":
+                        return 400, {"error": {"code": "invalid_request", "message": "bad", "detail": {
+                            "validation": [{"field": field, "message": "refused"}]}}}, {}
+                    return self.leased(path) or (200, {"id": "eff_1", "state": body["outcome"]}, {})
 
-        client, _ = self.client_of(respond)
-        with self.assertRaises(getratchet.ResultNotStored) as raised:
-            client.do_effect("email.send", "k", lambda lease: {"note": "a\u0000b"}, {})
-        self.assertEqual(raised.exception.reason, "invalid_request at result.note")
-        self.assertEqual([body.get("result") for path, body in calls if path.endswith("/report")][-1],
-                         {"ratchet": "result_not_recorded", "reason": "invalid_request at result.note"})
+                client, _ = self.client_of(respond)
+                with self.assertRaises(getratchet.ResultNotStored) as raised:
+                    client.do_effect("email.send", "k", lambda lease: {"note": "a\u0000b"}, {})
+                self.assertEqual(raised.exception.reason, "invalid_request at " + field)
+                self.assertEqual([body.get("result") for path, body in calls if path.endswith("/report")][-1],
+                                 {"ratchet": "result_not_recorded", "reason": "invalid_request at " + field})
 
     def test_a_duplicate_whose_result_only_looks_like_the_placeholder_is_a_result(self) -> None:
         # The placeholder is exactly {"ratchet", "reason"}, as Go reads it:
