@@ -5,6 +5,7 @@ import {
   ApprovalRequiredError, EffectBlockedError, EffectDeniedError, EffectInFlightError,
   NotPerformedError, OutcomeNotReportedError, RatchetError, ResultNotStoredError,
 } from './errors.js';
+import { stringify } from './json.js';
 import { Transport, newRequestId, pathId, sleep } from './transport.js';
 import { Worker, isGeneratorFunction } from './worker.js';
 
@@ -709,7 +710,7 @@ function leaseLength(expiresAt, date) {
 function unsendableResult(result) {
   let json;
   try {
-    json = JSON.stringify(result === undefined ? null : result);
+    json = stringify(result === undefined ? null : result);
   } catch {
     return 'result_not_json';
   }
@@ -719,13 +720,15 @@ function unsendableResult(result) {
 
 /** Why a success's result cannot be recorded (its size, or a field under
  * result the gate refused: "invalid_request at <field>", the reason the Go
- * and Python SDKs record), or null for other refusals. */
+ * and Python SDKs record; the body, which only the result can make
+ * unreadable: nested more levels deep than the gate reads), or null for
+ * other refusals. */
 function unrecordableResult(err) {
   if (err.code === 'payload_too_large') return 'payload_too_large';
   if (err.code === 'invalid_request') {
     for (const item of err.validation) {
       const field = String(item?.field ?? '');
-      if (field === 'result' || field.startsWith('result.')) return `invalid_request at ${field}`;
+      if (field === 'result' || field === 'body' || field.startsWith('result.')) return `invalid_request at ${field}`;
     }
   }
   return null;

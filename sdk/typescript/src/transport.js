@@ -3,8 +3,9 @@
 import { randomBytes } from 'node:crypto';
 import { STATUS_CODES } from 'node:http';
 import { ConnectionLostError, RatchetError, markUnconfirmed } from './errors.js';
+import { stringify } from './json.js';
 
-export const VERSION = '0.2.6';
+export const VERSION = '0.2.7';
 export const DEFAULT_BASE_URL = 'https://getratchet.app';
 
 // Capped exponential backoff with equal jitter, as the Go SDK's.
@@ -79,7 +80,7 @@ export class Transport {
    * attempt may have been applied.
    */
   async call(method, path, body, { safe, idempotencyKey, timeoutMs, maxRetries, signal, retryCutoff, withDate = false } = {}) {
-    const data = body === undefined ? undefined : JSON.stringify(body);
+    const data = body === undefined ? undefined : stringify(body);
     const retries = maxRetries ?? this.maxRetries;
     let attempt = 0;
     let held = 0;

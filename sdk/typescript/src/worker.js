@@ -4,6 +4,7 @@ import {
   ConnectionLostError, InvalidDecisionError, MAX_RETRY_AFTER_MS, MIN_RETRY_AFTER_MS, NonRetryableError, RatchetError,
   ReportNotRecordedError, RetryableError, clampRetryAfterMs,
 } from './errors.js';
+import { stringify } from './json.js';
 import { redactMessage } from './redact.js';
 import { newRequestId, pathId, sleep } from './transport.js';
 
@@ -112,7 +113,7 @@ export class Reporter { // exported for the tests; not by the package
   async deliver(jobId, body, { mayWait, onRetry, onAttempt = () => {} }) {
     let size;
     try {
-      size = Buffer.byteLength(JSON.stringify(body));
+      size = Buffer.byteLength(stringify(body));
     } catch {
       size = REPORT_BATCH_BYTES; // alone: its own send fails as it did before
     }
@@ -736,8 +737,10 @@ export class Worker {
     try {
       // NaN and the infinities are no JSON numbers: JSON.stringify would
       // send them as null, an output the handler never returned (the Go
-      // and Python SDKs refuse them too).
-      json = JSON.stringify(output === undefined ? null : output, (key, value) => {
+      // and Python SDKs refuse them too). Written at any depth the API
+      // takes (JSON.stringify's RangeError past about 4 500 levels was
+      // reported as an output that is not JSON).
+      json = stringify(output === undefined ? null : output, (key, value) => {
         if (typeof value === 'number' && !Number.isFinite(value)) throw new RangeError(`${value} is not a JSON number`);
         return value;
       });
@@ -906,12 +909,16 @@ function whatFollows(error) {
   return 'its lease lapses and it runs again';
 }
 
+/** What to report instead of a success whose output the server refused: 413
+ * for its size, or 400 naming a field under output (never the value), or
+ * the body, which only the output can make unreadable (nested more levels
+ * deep than the server reads). */
 function unrecordableOutput(err) {
   if (err.code === 'payload_too_large') return "handler output exceeds the server's request size limit";
   if (err.code === 'invalid_request') {
     for (const item of err.validation) {
       const field = String(item?.field ?? '');
-      if (field === 'output' || field.startsWith('output.')) return 'handler output refused by the server at ' + field;
+      if (field === 'output' || field === 'body' || field.startsWith('output.')) return 'handler output refused by the server at ' + field;
     }
   }
   return null;

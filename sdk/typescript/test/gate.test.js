@@ -32,6 +32,25 @@ test('execute, then duplicate returns the recorded result', needsServer, async (
   assert.equal((await ws.operator.getEffect(first.effectId)).state, 'succeeded');
 });
 
+test('a deeply nested payload and result are sent and read back', needsServer, async () => {
+  // The gate takes values nested nearly 10 000 levels deep: JSON.stringify
+  // threw RangeError on such a payload or result (near 4 500 levels).
+  const { agent } = await setup();
+  const levels = 9_990;
+  let value = ['leaf'];
+  for (let i = 1; i < levels; i++) value = [value];
+  const request = { effectType: 'deep.write', idempotencyKey: unique('deep'), payload: { payload: value } };
+  const first = await agent.doEffect(request, () => value);
+  const again = await agent.doEffect(request, () => null);
+  assert.deepEqual([first.duplicate, again.duplicate, again.effectId], [false, true, first.effectId]);
+  let read = again.result;
+  for (let i = 1; i < levels; i++) {
+    assert.equal(read.length, 1);
+    read = read[0];
+  }
+  assert.deepEqual(read, ['leaf']);
+});
+
 test('NotPerformedError reports failed and allows a new attempt', needsServer, async () => {
   const { ws, agent } = await setup();
   const request = { effectType: 'payment.charge', idempotencyKey: unique('charge'), payload: { amount: 1 }, costMicros: 1_000_000 };

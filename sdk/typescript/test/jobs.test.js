@@ -54,6 +54,43 @@ test('the seed\'s onboarding run succeeds and an enqueue is deduplicated', needs
   assert.deepEqual([job.status, job.attempt, job.maxAttempts], ['SUCCEEDED', 1, 5]);
 });
 
+test('a deeply nested input runs beside the other job of its claim', needsServer, async (t) => {
+  // The API takes a body nested 10 000 levels deep: JSON.stringify threw
+  // RangeError near 4 500 levels, so such an input could not be enqueued
+  // and such an output was reported as not JSON.
+  const s = await setup();
+  const tool = unique('deep');
+  const levels = 9_990;
+  let deep = { leaf: true };
+  for (let i = 0; i < levels; i++) deep = { a: deep };
+  await s.producer.startRun('deep input');
+  const steps = [await s.producer.enqueue(deep, { name: tool, version: '1' }),
+    await s.producer.enqueue({ a: { leaf: true } }, { name: tool, version: '1' })];
+  await s.producer.finishRun();
+  const seen = [];
+  const worker = await s.ws.client('WORKER', [`${tool}@1`]);
+  worker.registerTool({
+    name: tool, version: '1',
+    handler: (input) => {
+      let depth = 0;
+      while ('a' in input) { input = input.a; depth++; }
+      seen.push(depth);
+      let output = { depth };
+      for (let i = 0; i < depth; i++) output = { a: output };
+      return output;
+    },
+  });
+  const errors = startWorker(t, worker, 2); // both jobs in one claim
+  const done = await waitRunEnded(s.producer, s.producer.runId);
+  assert.equal(done.status, 'SUCCEEDED', String(errors.items));
+  assert.deepEqual(seen.sort((x, y) => x - y), [1, levels]);
+  for (const step of steps) {
+    const job = done.steps.find((st) => st.id === step.stepId).durableJob;
+    assert.deepEqual([job.status, job.attempt], ['SUCCEEDED', 1]);
+  }
+  assert.deepEqual(errors.items, []);
+});
+
 test('generated keys deduplicate the same operation', needsServer, async () => {
   const { producer } = await setup();
   const tool = unique('tool');

@@ -9,6 +9,7 @@ import {
   redactMessage,
 } from '../src/index.js';
 import { gateTimes } from '../src/client.js';
+import { stringify, stringifyIteratively } from '../src/json.js';
 import { Transport } from '../src/transport.js';
 import { Reporter, readDecision, reportTimes } from '../src/worker.js';
 
@@ -27,7 +28,9 @@ async function fakeServer(t, script) {
       seen.push({ method: req.method, path: req.url, headers: req.headers, body: sent });
       const [status, body, headers = {}] = await respond(req.method, req.url, sent);
       if (status === 0) return req.socket.destroy();
-      const out = body === null ? '' : JSON.stringify(body);
+      // A Buffer is the answer's text as written (one JSON.stringify cannot
+      // write: nested thousands of levels deep).
+      const out = body === null ? '' : Buffer.isBuffer(body) ? body : JSON.stringify(body);
       res.writeHead(status, { ...headers, 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(out) });
       res.end(out);
     });
@@ -843,22 +846,26 @@ test('a report the server keeps failing is given up', async (t) => {
 // The gate refuses a field under result (a NUL in a string, say): the
 // success is recorded with the placeholder whose reason names the code and
 // the field, as the Go and Python SDKs record it (it named the field alone,
-// so one key's placeholder read differently by which SDK acted).
+// so one key's placeholder read differently by which SDK acted). The body
+// too: only the result can make a report's body unreadable (nested deeper
+// than the gate reads); it was thrown as not reported, and the lease lapsed.
 test('a result refused at a field is recorded with the placeholder Go records', async (t) => {
-  const results = [];
-  const server = await fakeServer(t, (method, path, body) => {
-    const answer = leased(path);
-    if (answer) return answer;
-    results.push(body.result);
-    if (body.result?.ratchet !== 'result_not_recorded') {
-      return [400, error('invalid_request', { validation: [{ field: 'result.note', message: 'must not contain NUL' }] })];
-    }
-    return [200, { id: 'eff_1', state: 'succeeded' }];
-  });
-  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
-  await assert.rejects(client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => ({ note: 'a\u0000b' })),
-    (err) => err instanceof ResultNotStoredError && err.reason === 'invalid_request at result.note');
-  assert.deepEqual(results.at(-1), { ratchet: 'result_not_recorded', reason: 'invalid_request at result.note' });
+  for (const field of ['result.note', 'body']) {
+    const results = [];
+    const server = await fakeServer(t, (method, path, body) => {
+      const answer = leased(path);
+      if (answer) return answer;
+      results.push(body.result);
+      if (body.result?.ratchet !== 'result_not_recorded') {
+        return [400, error('invalid_request', { validation: [{ field, message: 'refused' }] })];
+      }
+      return [200, { id: 'eff_1', state: 'succeeded' }];
+    });
+    const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+    await assert.rejects(client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => ({ note: 'a\u0000b' })),
+      (err) => err instanceof ResultNotStoredError && err.reason === `invalid_request at ${field}`);
+    assert.deepEqual(results.at(-1), { ratchet: 'result_not_recorded', reason: `invalid_request at ${field}` });
+  }
 });
 
 // The placeholder is exactly {ratchet, reason}, as Go reads it: an action's
@@ -1286,4 +1293,99 @@ test('operator calls escape their path segments and send list queries', async (t
     'GET /api/v1/endpoints/end_1/attempts?outcome=FAILED',
   ]);
   assert.deepEqual(server.seen[1].body, { action: 'deny' });
+});
+
+// The API takes values nested 10 000 levels deep. JSON.parse reads them, but
+// JSON.stringify throws RangeError (the call stack) near 4 500 levels on
+// Node 20: a deep output was reported as not JSON, and a deep payload,
+// result or input could not be sent.
+test('stringify writes what JSON.stringify writes, at any depth', () => {
+  const values = [null, true, false, 0, -0, 1.5, NaN, -Infinity, 1e21, 5e-324, '', 'a"b\\c\n\u0000\u007f\u2028\ud800x\ud83d\ude00',
+    undefined, () => 1, Symbol('s'), new Date(0), new Number(3), new String('s'), new Boolean(false), Object(1n),
+    { toJSON(key) { return `toJSON(${key})`; } }, [undefined, () => 1, Symbol('s'), , 1], { u: undefined, f() {}, s: Symbol('s'), k: 1 },
+    new Map([[1, 2]]), new Uint8Array([1, 2]), Object.create(null), { a: [{ b: { c: [new Date(0), { toJSON: () => undefined }] } }] },
+    1n, { big: 1n }, [Infinity]];
+  const cycle = { a: [] };
+  cycle.a.push(cycle);
+  const replacers = [undefined, (key, value) => (key === 'k' ? undefined : value),
+    function (key, value) { return typeof value === 'number' && !Number.isFinite(value) ? `${key}:${typeof this}` : value; }];
+  for (const [i, value] of [...values, cycle].entries()) {
+    for (const [j, replacer] of replacers.entries()) {
+      const outcome = (f) => { try { return ['wrote', f(value, replacer)]; } catch (err) { return [err.constructor.name]; } };
+      assert.deepEqual(outcome(stringifyIteratively), outcome(JSON.stringify), `value ${i}, replacer ${j}`);
+    }
+  }
+  let deep = [{ d: new Date(0), u: undefined, n: new Number(2) }];
+  let want = '[{"d":"1970-01-01T00:00:00.000Z","n":2}]';
+  for (let i = 1; i < 10_000; i++) {
+    deep = i % 2 ? { a: deep, u: undefined } : [deep];
+    want = i % 2 ? `{"a":${want}}` : `[${want}]`;
+  }
+  assert.throws(() => JSON.stringify(deep), RangeError);
+  assert.equal(stringify(deep), want);
+  const cyclic = [];
+  let tail = cyclic;
+  for (let i = 0; i < 10_000; i++) tail = tail[0] = [];
+  tail.push(cyclic);
+  assert.throws(() => stringify(cyclic), TypeError);
+  assert.throws(() => stringify([{ n: NaN }], (key, value) => {
+    if (Number.isNaN(value)) throw new RangeError('NaN is not a JSON number');
+    return value;
+  }), /NaN is not a JSON number/);
+});
+
+/** A JSON text nesting levels objects {"a": ...} around inner. */
+const deepText = (levels, inner = '[]') => '{"a":'.repeat(levels) + inner + '}'.repeat(levels);
+
+test('a deep input runs beside its claim\'s other job, and its deep output is sent', async (t) => {
+  const levels = 9_990;
+  const reports = new Map();
+  let claims = 0;
+  await serve(t, (method, path, body) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      if (++claims > 1) return [200, { jobs: [] }];
+      const deepJob = JSON.stringify(job(2)).replace('"input":{}', `"input":${deepText(levels)}`);
+      return [200, Buffer.from(`{"jobs":[${deepJob},${JSON.stringify(job(1))}]}`)];
+    }
+    if (path === '/api/v1/jobs/report') {
+      for (const item of body.reports) reports.set(item.jobId, item);
+      return [200, { results: body.reports.map((item) => ({ jobId: item.jobId, status: 'SUCCEEDED', attempt: 1 })) }];
+    }
+    reports.set(path.split('/').at(-2), body);
+    return [200, { jobId: 'x', status: 'SUCCEEDED', attempt: 1 }];
+  }, async (input, context) => {
+    let depth = 0;
+    while (input && 'a' in input) { input = input.a; depth++; }
+    let output = { depth };
+    for (let i = 0; i < depth; i++) output = { a: output };
+    return context.jobId === 'job_1' ? { depth } : output;
+  }, 2);
+  await until(() => reports.size === 2);
+  assert.deepEqual(reports.get('job_1').output, { depth: 0 });
+  let output = reports.get('job_2').output;
+  for (let i = 0; i < levels; i++) output = output.a;
+  assert.deepEqual(output, { depth: levels });
+});
+
+test('an output the server refuses at body (nested deeper than it reads) fails its job once', async (t) => {
+  // Only the output can make a report's body unreadable: its lease lapsed,
+  // and the job ran again until its attempts ran out.
+  const reports = [];
+  let claims = 0;
+  await serve(t, (method, path, body) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) return [200, { jobs: ++claims === 1 ? [job(1)] : [] }];
+    reports.push(body);
+    if (stringify(body).startsWith('{"leaseToken":"tok_1","status":"SUCCEEDED","output":[[')) {
+      return [400, error('invalid_request', { validation: [{ field: 'body', message: 'nests arrays and objects more than 10000 levels deep' }] })];
+    }
+    return [200, { jobId: 'job_1', status: 'FAILED', attempt: 1 }];
+  }, () => {
+    let output = null;
+    for (let i = 0; i < 10_000; i++) output = [output];
+    return output;
+  });
+  await until(() => reports.length === 2);
+  assert.deepEqual(reports[1], { leaseToken: 'tok_1', status: 'FAILED', error: { message: 'handler output refused by the server at body', retryable: false } });
 });
