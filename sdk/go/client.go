@@ -19,7 +19,7 @@ import (
 )
 
 // Version is this SDK's version, sent in the User-Agent header.
-const Version = "0.4.12"
+const Version = "0.4.13"
 
 // DefaultBaseURL is the hosted service.
 const DefaultBaseURL = "https://getratchet.app"
@@ -433,7 +433,13 @@ func (c *Client) once(ctx context.Context, method, path, key string, body []byte
 	if v := reflect.ValueOf(out); v.Kind() == reflect.Pointer && !v.IsNil() {
 		v.Elem().SetZero()
 	}
-	if err := json.Unmarshal(raw, out); err != nil {
+	err = json.Unmarshal(raw, out)
+	if deep, ok := out.(deepAnswer); ok && tooDeep(err) {
+		// A value the server took at its body's depth, carried deeper by
+		// the answer around it: read by its parts.
+		err = deep.unmarshalDeep(raw)
+	}
+	if err != nil {
 		// The server acted and answered; only its answer is unreadable
 		// (cut short by a proxy, say).
 		return &unconfirmed{err: &unreadableAnswer{err: fmt.Errorf("ratchet: decode %s %s response: %w", method, path, err)}}

@@ -365,7 +365,9 @@ func unrecordableResult(err error) (string, bool) {
 	}
 	if apiErr.Code == CodeInvalidRequest {
 		for _, f := range apiErr.Validation() {
-			if f.Field == "result" || strings.HasPrefix(f.Field, "result.") {
+			// The body: only the result can make a report's body
+			// unreadable (nested more levels deep than the gate reads).
+			if f.Field == "result" || f.Field == "body" || strings.HasPrefix(f.Field, "result.") {
 				return "invalid_request at " + f.Field, true
 			}
 		}

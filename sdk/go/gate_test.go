@@ -523,18 +523,28 @@ func TestDoEffectLeaseLostCauseNamesTheEffect(t *testing.T) {
 }
 
 // A success whose result the gate refuses (413, or 400 on a field under
-// result) is reported again with a placeholder result under the same
-// token: the key is settled instead of going indeterminate. DoEffect
-// returns the outcome and an error matching ErrResultNotStored.
+// result, or on the body, which only the result can make unreadable:
+// nested deeper than the gate reads) is reported again with a placeholder
+// result under the same token: the key is settled instead of going
+// indeterminate. DoEffect returns the outcome and an error matching
+// ErrResultNotStored.
 func TestDoEffectReportsAPlaceholderForARefusedResult(t *testing.T) {
 	t.Parallel()
-	for name, refuse := range map[string]func(w http.ResponseWriter){
-		"413": func(w http.ResponseWriter) { apiError(w, 413, CodePayloadTooLarge, nil) },
-		"400": func(w http.ResponseWriter) {
+	refusedAt := func(field string) func(w http.ResponseWriter) {
+		return func(w http.ResponseWriter) {
 			apiError(w, 400, CodeInvalidRequest, map[string]any{"validation": []any{
-				map[string]any{"field": "result.body", "message": "contains a NUL character"}}})
-		},
+				map[string]any{"field": field, "message": "refused"}}})
+		}
+	}
+	for name, tc := range map[string]struct {
+		refuse func(w http.ResponseWriter)
+		reason string
+	}{
+		"413":       {func(w http.ResponseWriter) { apiError(w, 413, CodePayloadTooLarge, nil) }, CodePayloadTooLarge},
+		"400 field": {refusedAt("result.body"), "invalid_request at result.body"},
+		"400 body":  {refusedAt("body"), "invalid_request at body"},
 	} {
+		refuse, reason := tc.refuse, tc.reason
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			g := &fakeGate{answers: []func(http.ResponseWriter){execute()}}
@@ -559,7 +569,8 @@ func TestDoEffectReportsAPlaceholderForARefusedResult(t *testing.T) {
 			}
 			second := g.reports[1]
 			res, _ := second["result"].(map[string]any)
-			if second["lease_token"] != "lt_1" || second["outcome"] != OutcomeSucceeded || res["ratchet"] != "result_not_recorded" {
+			if second["lease_token"] != "lt_1" || second["outcome"] != OutcomeSucceeded || res["ratchet"] != "result_not_recorded" ||
+				res["reason"] != reason {
 				t.Fatalf("second report %v", second)
 			}
 		})

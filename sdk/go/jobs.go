@@ -87,9 +87,7 @@ func NewClaimID() string { return newRequestID() }
 // leaving them leased to nobody until they lapse (each lapse spends an
 // attempt).
 func (c *Client) ClaimKeyed(ctx context.Context, workerID, claimID string, limit, waitSeconds int) ([]ClaimedJob, error) {
-	var out struct {
-		Jobs []ClaimedJob `json:"jobs"`
-	}
+	var out claimAnswer // read by its parts when an input nests too deep for the whole (deepjson.go)
 	path := "/workers/" + pathID(workerID) + "/claim"
 	body := claimBody{Limit: limit, WaitSeconds: waitSeconds, ClaimID: claimID}
 	// The same claim id each retry. Every supported server takes claimId

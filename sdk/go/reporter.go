@@ -427,7 +427,9 @@ func unrecordableOutput(err error) (string, bool) {
 		return "handler output exceeds the server's request size limit", true
 	case CodeInvalidRequest:
 		for _, f := range apiErr.Validation() {
-			if f.Field == "output" || strings.HasPrefix(f.Field, "output.") {
+			// The body: only the output can make a report's body
+			// unreadable (nested more levels deep than the server reads).
+			if f.Field == "output" || f.Field == "body" || strings.HasPrefix(f.Field, "output.") {
 				return "handler output refused by the server at " + f.Field, true
 			}
 		}

@@ -112,6 +112,8 @@ func (e *schemaError) reported() string {
 		return fmt.Sprintf("%s: expected %s, got a JSON %s", e.what, typeErr.Type, typeErr.Value)
 	case errors.As(e.err, &syntaxErr):
 		return fmt.Sprintf("%s: invalid JSON at offset %d", e.what, syntaxErr.Offset)
+	case errors.Is(e.err, errOutputTooDeep):
+		return e.what + ": " + e.err.Error() // a limit, no value
 	}
 	return e.what
 }
@@ -135,6 +137,13 @@ func RegisterTool[In, Out any](w *Worker, t Tool[In, Out]) error {
 			return nil, err
 		}
 		raw, err := json.Marshal(out)
+		if err == nil && len(raw) > 2*maxNesting && !json.Valid(raw) {
+			// A Go value nests as deep as it likes, but a report holding
+			// one deeper than encoding/json writes cannot be encoded: in a
+			// batch, every job in it went unreported and ran again.
+			// (Marshal's output is valid JSON but for its depth.)
+			err = errOutputTooDeep
+		}
 		if err != nil {
 			return nil, &schemaError{what: "output cannot be encoded as JSON", err: err}
 		}
