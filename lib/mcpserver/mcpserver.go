@@ -202,7 +202,7 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 	var structured map[string]any
 	dec := json.NewDecoder(bytes.NewReader(resp))
 	dec.UseNumber()
-	if dec.Decode(&structured) == nil {
+	if !nestsDeeperThan(resp, MaxAnswerNesting-structuredLevels) && dec.Decode(&structured) == nil {
 		res.StructuredContent = structured
 	}
 	var undo func(context.Context)
@@ -217,6 +217,50 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 		}
 	}
 	return fit(ctx, res, undo)
+}
+
+// MaxAnswerNesting is how many levels of arrays and objects an answer of
+// the endpoint nests at most: as many as the API reads in a request body,
+// and all the SDK the endpoint is built on writes (encoding/json's limit).
+// An answer holding the REST answer as structured content two levels
+// deeper than that (a result the gate took through REST 9 997 or more
+// levels deep, read back by ratchet_get_effect) could not be written: the
+// SDK dropped it, and the call went unanswered (QA: the request hung
+// until the client gave up). Such an answer carries the REST answer as
+// its text alone.
+const MaxAnswerNesting = 10000
+
+// structuredLevels is how far down a message holds its structured content:
+// {"result": {"structuredContent": …}}.
+const structuredLevels = 2
+
+// nestsDeeperThan reports whether the JSON text doc nests arrays and
+// objects more than max levels deep (brackets inside strings do not count).
+func nestsDeeperThan(doc []byte, max int) bool {
+	depth := 0
+	inString, escaped := false, false
+	for _, c := range doc {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '{' || c == '[':
+			if depth++; depth > max {
+				return true
+			}
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	return false
 }
 
 // pathEscape keeps user-supplied path segments inside their segment. A "."

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -426,4 +427,45 @@ func TestAStatelessProtocolClientCallsTheTools(t *testing.T) {
 	called := send("tools/call", "ratchet_begin", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"ratchet_begin",`+
 		`"arguments":{"effect_type":"email.send","idempotency_key":"stateless:1","payload":{}},`+meta+`}}`)
 	require.Contains(t, called["content"].([]any)[0].(map[string]any)["text"], `"decision":"execute"`)
+}
+
+// An answer nests at most MaxAnswerNesting levels, as a request body does:
+// one holding a result the gate took through REST 9 999 levels deep as
+// structured content, two levels further down, could not be written, and
+// the call went unanswered (QA: it hung until the client gave up). It is
+// answered with the REST answer as text alone; a shallower one keeps its
+// structured content.
+func TestAnAnswerTooDeepForStructuredContentComesAsText(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	client := &http.Client{Timeout: 20 * time.Second}
+	for i, levels := range []int{9997, 9998, 9999} {
+		result := strings.Repeat("[", levels) + strings.Repeat("]", levels)
+		begun := env.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key,
+			fmt.Sprintf(`{"effect_type":"deep.write","idempotency_key":"deep:%d","payload":{}}`, levels)).JSON()
+		env.Must(http.StatusOK, "POST", "/api/v1/effects/"+begun["effect_id"].(string)+"/report", ws.Key,
+			fmt.Sprintf(`{"lease_token":%q,"outcome":"succeeded","result":%s}`, begun["lease_token"], result))
+		rest := env.Must(http.StatusOK, "GET", "/api/v1/effects/"+begun["effect_id"].(string), ws.Key, nil).Body
+		res, err := client.Do(mcpRequest(t, env, ws.Key, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call",`+
+			`"params":{"name":"ratchet_get_effect","arguments":{"effect_id":%q}}}`, i+1, begun["effect_id"])))
+		require.NoError(t, err, "%d levels: the call must be answered", levels)
+		out, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, res.StatusCode, "%.300s", out)
+		// Read as a client with encoding/json reads it: within its limit.
+		var answer struct {
+			Result struct {
+				Content           []struct{ Text string } `json:"content"`
+				StructuredContent json.RawMessage         `json:"structuredContent"`
+				IsError           bool                    `json:"isError"`
+			} `json:"result"`
+		}
+		require.NoError(t, json.Unmarshal(out, &answer), "%d levels", levels)
+		require.False(t, answer.Result.IsError)
+		require.Len(t, answer.Result.Content, 1)
+		require.JSONEq(t, string(rest), answer.Result.Content[0].Text)
+		require.Equal(t, levels == 9997, answer.Result.StructuredContent != nil, "%d levels", levels)
+	}
 }
