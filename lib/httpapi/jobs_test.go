@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -398,6 +399,39 @@ func TestAKeyedClaimOverHTTP(t *testing.T) {
 	require.Len(t, first["jobs"], 1)
 	require.Equal(t, first, e.Must(http.StatusOK, "POST", path, e.worker, body).JSON())
 	require.Len(t, e.claim(wid, 10), 1, "the other job is still queued")
+}
+
+// The API takes a body nested 10 000 levels deep, so an input of 9 999
+// levels, and answers a claim with it as taken, three levels down: the
+// answer nests 10 002 levels, as the README says (a reader with Go's
+// limit of 10 000 reads it job by job, as the Go SDK does).
+func TestAClaimAnswerCarriesAnInputAsDeepAsABodyTakes(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t, "send_email@1")
+	runID := e.run()
+	deep := strings.Repeat("[", 9999) + strings.Repeat("]", 9999)
+	for input, status := range map[string]int{deep: http.StatusCreated, "[" + deep + "]": http.StatusBadRequest} {
+		r := e.Do("POST", "/api/v1/runs/"+runID+"/steps", e.ingest, `{"name":"send_email","version":"1","input":`+input+`}`)
+		require.Equal(t, status, r.Status, "%.300s", r.Body)
+	}
+	wid := e.register("send_email@1")
+	// Sent as a worker sends it, not through the conformance check, whose
+	// JSON reader stops at 10 000 levels.
+	req, err := http.NewRequest("POST", e.Server.URL+"/api/v1/workers/"+wid+"/claim", strings.NewReader(`{"limit":1}`))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+e.worker)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := e.Client.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	var answer strings.Builder
+	_, err = io.Copy(&answer, res.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, res.StatusCode, "%.300s", answer.String())
+	require.True(t, strings.HasPrefix(answer.String(), `{"jobs":[{`), "%.100s", answer.String())
+	require.Contains(t, answer.String(), `"input":`+deep+`}]}`)
+	var whole any
+	require.ErrorContains(t, json.Unmarshal([]byte(answer.String()), &whole), "exceeded max depth")
 }
 
 // A producer key revoked on one instance enqueues nothing on another whose
