@@ -82,8 +82,20 @@ function preview(title, value) {
 	return [h('h2', null, title + ' (redacted preview)'), json(value)];
 }
 
+// fields is a list of labelled values; a null pair is left out.
 function fields(pairs) {
-	return h('dl', { class: 'fields' }, pairs.map(([k, v]) => [h('dt', null, k), h('dd', null, v)]));
+	return h('dl', { class: 'fields' }, pairs.filter(Boolean).map(([k, v]) => [h('dt', null, k), h('dd', null, v)]));
+}
+
+// duration is a length of time given in milliseconds, as an operator
+// reads it ("90 s", "15 min", "2 h").
+function duration(ms) {
+	if (!Number.isFinite(ms)) return '—';
+	const round = (n) => String(Math.round(n * 10) / 10);
+	if (ms < 1000) return ms + ' ms';
+	if (ms < 120000) return round(ms / 1000) + ' s';
+	if (ms < 7200000) return round(ms / 60000) + ' min';
+	return round(ms / 3600000) + ' h';
 }
 
 // row is one table row; each cell is labelled with its column's title (a
@@ -450,7 +462,9 @@ function seg(s) {
 
 // pager renders a list route's pages, with "Load more" while the API has a
 // next cursor (next_cursor on gate routes, nextCursor on job routes); the
-// element's firstRows are the first page's rows. ?limit= in the fragment
+// element's firstRows are the first page's rows, and firstNext its next
+// cursor (null on a last page): a page may end before its limit, at about
+// 4 MB, with a cursor. ?limit= in the fragment
 // overrides params.limit. enrich, when given, completes each page's rows
 // (with what another route knows) before they are drawn. The element's
 // reload draws the first page again in place, and its show adds a row that
@@ -462,14 +476,15 @@ async function pager(path, params, columns, empty, enrich) {
 		const page = await call('GET', path + query({ ...params, limit: pageSize ?? params.limit, cursor }));
 		const read = page.data || [];
 		if (enrich) await enrich(read);
+		const next = page.next_cursor ?? page.nextCursor ?? null;
 		if (!cursor) {
 			body.firstRows = read;
+			body.firstNext = next;
 			body.replaceChildren();
 			shown = new Set();
 		}
 		const rows = read.filter((r) => r.id === undefined || !shown.has(r.id));
 		for (const r of rows) if (r.id !== undefined) shown.add(r.id);
-		const next = page.next_cursor ?? page.nextCursor ?? null;
 		const last = body.lastChild;
 		if (last && last.className === 'more') last.remove();
 		if (cursor && rows.length) {
@@ -574,7 +589,8 @@ const pages = {
 			{ title: 'Started', cell: (a) => time(a.started_at) },
 			{ title: 'Lease until', cell: (a) => time(a.lease_expires_at) },
 			{ title: 'Reported', cell: (a) => time(a.reported_at) },
-			{ title: 'Resolved', cell: (a) => (a.resolved_at ? [time(a.resolved_at), a.resolve_note ? ' — ' + a.resolve_note : ''] : '—') },
+			// Who resolved it, as the service records (console QA: not shown).
+			{ title: 'Resolved', cell: (a) => (a.resolved_at ? [time(a.resolved_at), a.resolved_by_key_id ? [' by ', h('code', null, a.resolved_by_key_id)] : '', a.resolve_note ? ' — ' + a.resolve_note : ''] : '—') },
 		];
 		const out = [
 			h('h1', null, 'Effect ', h('code', null, e.id)),
@@ -840,6 +856,7 @@ const pages = {
 		const s = await call('GET', `/steps/${seg(id)}`);
 		const job = s.durableJob || {};
 		const ended = ['SUCCEEDED', 'EXHAUSTED', 'CANCELLED', 'SKIPPED'].includes(job.status);
+		const held = heldAttempt(job);
 		const out = [
 			h('h1', null, 'Step ', h('code', null, s.id)),
 			fields([
@@ -849,12 +866,18 @@ const pages = {
 				['Idempotency key', h('code', null, s.idempotencyKey)],
 				['Status', s.status],
 				['Job', `${text(job.status)}, attempt ${text(job.attempt)} of ${text(job.maxAttempts)}`],
-				['Due', time(job.dueAt)],
+				// A replayed step waiting for its cancelled attempt is due when
+				// that attempt's lease expires, or at its report if sooner
+				// (console QA: the time read as a plain due time).
+				['Due', held && job.status === 'QUEUED' ? `${time(job.dueAt)}, or sooner if attempt ${held} reports` : time(job.dueAt)],
+				job.status === 'RUNNING' || held ? ['Lease until', time(job.leaseExpiresAt)] : null,
 				['Cancel requested', job.cancelRequested ? 'yes' : 'no'],
+				['Retry policy', retryPolicyText(s)],
 				['After step', s.afterStepId ? link(['steps', s.afterStepId], s.afterStepId) : '—'],
 				['Created', time(s.createdAt)],
 				['Finished', time(s.finishedAt)],
 			]),
+			held ? h('p', { class: 'notice' }, heldNote(job, held)) : null,
 			preview('Input', s.inputPreview),
 			preview('Output', s.outputPreview),
 			h('h2', null, 'Attempts'),
@@ -864,6 +887,10 @@ const pages = {
 					{ title: 'Worker', cell: (a) => a.workerId },
 					{ title: 'Outcome', cell: (a) => text(a.outcome) },
 					{ title: 'Retryable', cell: (a) => (a.retryable === null || a.retryable === undefined ? '—' : a.retryable ? 'yes' : 'no') },
+					// A worker's retryAfterMs holds the retry back past the
+					// policy's delay (console QA: the due time read as if the
+					// policy alone had set it).
+					{ title: 'Retry after', cell: (a) => (Number.isFinite(a.retryAfterMs) ? `at least ${duration(a.retryAfterMs)} (asked by the worker)` : '—') },
 					{ title: 'Error (redacted) / warning', cell: attemptProblem },
 					{ title: 'Started', cell: (a) => time(a.startedAt) },
 					{ title: 'Reported', cell: (a) => time(a.reportedAt) },
@@ -902,6 +929,10 @@ const pages = {
 			{ title: 'Circuit', cell: (e) => h('span', { class: 'state ' + e.circuit.state.toLowerCase() }, e.circuit.state) },
 			{ title: 'Preset', cell: (e) => text(e.policyPreset) },
 			{ title: 'Max attempts', cell: (e) => e.maxAttempts },
+			// The limits that hold due jobs by design, which the health
+			// notes above name (console QA: shown nowhere but the policy's
+			// JSON).
+			{ title: 'Limits', cell: endpointLimits },
 		];
 		// A key known to lack the scope is not offered the actions (console
 		// QA: only the refusal told it).
@@ -942,9 +973,12 @@ const pages = {
 			{ title: 'Published', cell: (c) => time(c.createdAt) },
 		];
 		const list = await pager(`/tools/${seg(name)}/contracts`, {}, columns, 'No contract is published: each handler version runs under its implicit contract (any input, any output).');
-		// A new version starts from the newest one shown (contracts are
-		// immutable: publishing adds one).
-		const newest = list.firstRows[list.firstRows.length - 1];
+		// A new version starts from the newest one (contracts are
+		// immutable: publishing adds one), which is the first page's last
+		// only when no page follows it (console QA: past a page, or a first
+		// page ended early at 4 MB of schemas, the draft and the test's
+		// handler version were an older contract's).
+		const newest = await newestContract(name, list);
 		const draft = newest
 			? pick(newest, ['handlerVersion', 'inputSchema', 'outputSchema', 'timeoutMs', 'retryPreset', ...(newest.retryPolicy ? ['retryPolicy'] : []), 'status'])
 			: { handlerVersion: '1', inputSchema: { type: 'object' }, outputSchema: true, timeoutMs: 30000, retryPreset: 'STANDARD', status: 'ACTIVE' };
@@ -1013,7 +1047,8 @@ const pages = {
 			h('h1', null, 'Endpoint ', h('code', null, e.name)),
 			fields([
 				['Paused', e.paused ? 'yes: jobs are accepted, not claimed' : 'no'],
-				['Circuit', `${e.circuit.state}, ${e.circuit.consecutiveFailures} failures in a row`],
+				['Circuit', endpointCircuit(e)],
+				['Limits', endpointLimits(e)],
 				['Policy version', e.version],
 				['Retry policy', e.retryPolicy ? json(e.retryPolicy) : e.policyPreset],
 				['Updated', time(e.updatedAt)],
@@ -1284,6 +1319,45 @@ const retryPresets = {
 // The fields a CUSTOM endpoint policy must name when it becomes CUSTOM.
 const customRetryFields = ['maxAttempts', 'initialDelayMs', 'multiplier', 'maxDelayMs', 'jitterPercent'];
 
+// newestContract is tool name's newest contract: the last of list (its
+// contracts, oldest first) once the pages after the first are read, null
+// for none.
+async function newestContract(name, list) {
+	let last = list.firstRows[list.firstRows.length - 1] || null;
+	for (let cursor = list.firstNext; cursor; ) {
+		const page = await call('GET', `/tools/${seg(name)}/contracts` + query({ limit: 200, cursor }));
+		const rows = page.data || [];
+		if (rows.length) last = rows[rows.length - 1];
+		cursor = page.nextCursor ?? null;
+	}
+	return last;
+}
+
+// endpointLimits says endpoint e's maxConcurrent and rateLimitPerMinute.
+function endpointLimits(e) {
+	const parts = [];
+	if (Number.isFinite(e.maxConcurrent)) parts.push(`at most ${e.maxConcurrent} running at once`);
+	if (Number.isFinite(e.rateLimitPerMinute)) parts.push(`at most ${e.rateLimitPerMinute} started a minute`);
+	return parts.length ? parts.join('; ') : 'none';
+}
+
+// endpointCircuit says endpoint e's breaker: while open, since when and
+// when its next probe may be claimed (console QA: the page read "open, 3
+// failures in a row", and not when its jobs would move again).
+function endpointCircuit(e) {
+	const c = e.circuit;
+	const failures = `${c.consecutiveFailures} failure${c.consecutiveFailures === 1 ? '' : 's'} in a row`;
+	const breaker = Number.isFinite(e.circuitFailureThreshold)
+		? `opens after ${e.circuitFailureThreshold} in a row, probes every ${duration(e.circuitCooldownMs)}`
+		: 'the breaker is off';
+	const open = String(c.state).toLowerCase() !== 'closed';
+	return [
+		h('span', { class: 'state ' + String(c.state).toLowerCase() }, c.state),
+		open ? ` since ${time(c.openedAt)}: its jobs wait; one probe may be claimed from ${time(c.probeAt)}` : '',
+		`; ${failures} (${breaker})`,
+	];
+}
+
 // endpointActions are endpoint e's pause or resume, and the close of its
 // circuit when it is not closed.
 function endpointActions(e) {
@@ -1466,6 +1540,47 @@ function decide(a, effect) {
 	]);
 }
 
+// retryPolicyText is step s's policy snapshot (durableJob.policy: its
+// contract's policy when it has one, else its endpoint's as the job was
+// enqueued, an enqueue's maxAttempts and timeoutMs included), spelled out:
+// a CUSTOM one has no name that says its schedule (console QA: the step
+// page did not show it at all).
+function retryPolicyText(s) {
+	const job = s.durableJob || {};
+	const p = job.policy;
+	if (!p || typeof p !== 'object') return '—';
+	const delays = p.maxAttempts > 1
+		? `, retried after ${duration(p.initialDelayMs)}, then ×${p.multiplier} each time up to ${duration(p.maxDelayMs)} (±${p.jitterPercent}% jitter)`
+		: '';
+	const from = s.contractVersion !== null && s.contractVersion !== undefined
+		? `contract ${s.contractVersion}'s`
+		: Number.isFinite(job.policyVersion) ? `endpoint policy version ${job.policyVersion}` : 'the endpoint’s';
+	return `${p.preset}: ${p.maxAttempts} attempt${p.maxAttempts === 1 ? '' : 's'}${delays}; timeout ${duration(p.timeoutMs)} (as enqueued: ${from})`;
+}
+
+// heldAttempt is the number of a job's attempt that may still be running
+// although the job is not (cancelled, or replayed since): durableJob's
+// leaseExpiresAt is set while an attempt holds the lease, and outside
+// RUNNING only for such an attempt, which has not reported. 0 for none.
+function heldAttempt(job) {
+	if (!job || !job.leaseExpiresAt || job.status === 'RUNNING') return 0;
+	const open = (job.attempts || []).find((a) => a.attempt === job.attempt && !a.outcome);
+	return open ? open.attempt : 0;
+}
+
+// heldNote says what a held attempt means for the step: a replay of a step
+// cancelled while it ran is not claimed until the cancelled attempt
+// reports or its lease expires (console QA: the page read QUEUED and due,
+// though no claim would take it, and the attempt read "—" as if nothing
+// ran).
+function heldNote(job, n) {
+	const until = time(job.leaseExpiresAt);
+	if (job.status === 'QUEUED') {
+		return `Waiting for its cancelled attempt ${n}, which may still be running: no worker is given this step until that attempt reports or its lease expires (${until}), whichever comes first. Its worker learns of the cancel at its next heartbeat.`;
+	}
+	return `Attempt ${n} was running when the step was cancelled and may still be: its worker learns of the cancel at its next heartbeat, and its lease expires ${until}. A replay waits for it to report or for its lease to expire.`;
+}
+
 // attemptProblem is a job attempt's error cell: the message its worker
 // reported and the service's warning, which a lapsed lease or an output its
 // contract refused carries without any message (console QA: a lapsed
@@ -1534,7 +1649,11 @@ async function unwindPlan(g) {
 				const p = planned.get(st.effect_id);
 				if (p) return h('code', null, p.suggested_idempotency_key);
 				const [state] = stateOf(st);
-				return (state === 'owed' || state === 'begun') && !(u instanceof Error) ? 'not offered yet: an outcome not known yet comes first' : '—';
+				if ((state !== 'owed' && state !== 'begun') || u instanceof Error) return '—';
+				// A plan cut to fit one answer (plan_truncated) offers the
+				// rest on its next read (console QA: they read as held by an
+				// unknown outcome that did not exist).
+				return u.plan_truncated ? 'not in this read of the plan (cut to fit one answer): perform those above, then reload this page' : 'not offered yet: an outcome not known yet comes first';
 			},
 		},
 	];
@@ -1544,6 +1663,9 @@ async function unwindPlan(g) {
 		h('p', null, 'What the rollback still owes, in the order to perform it (reverse order of success): begin each compensation with its declared effect type and payload, under the suggested idempotency key, naming the step as compensates_effect_id, and report it as usual. A retried compensation under its suggested key is a duplicate, never a second one.'),
 		u instanceof Error ? errorBox(asError(u)) : null,
 		!(u instanceof Error) && u.state !== g.state ? h('p', { class: 'notice', role: 'status' }, `The rollback has ended: ${u.state}.`) : null,
+		!(u instanceof Error) && u.plan_truncated
+			? h('p', { class: 'notice', role: 'status' }, `This read of the plan holds its first ${plan.length} compensation${plan.length === 1 ? '' : 's'} only: the rest would pass what one answer holds (about 4 MB). Perform them, then reload this page for the rest.`)
+			: null,
 		unresolved.length
 			? h('p', { class: 'error', role: 'status' }, 'The plan stops at an outcome not known yet (in flight, or to check at the vendor and resolve): ', unresolved.map((id, i) => [i ? ', ' : '', link(['effects', id], id)]), '. What succeeded before it is offered once it is known.')
 			: null,
@@ -1567,7 +1689,18 @@ const stepColumns = [
 	{ title: 'Step', cell: (s) => link(['steps', s.id], s.id) },
 	{ title: 'Tool', cell: (s) => `${s.name}@${s.version}` },
 	{ title: 'Status', cell: (s) => h('span', { class: 'state ' + String(s.status).toLowerCase() }, s.status) },
-	{ title: 'Job', cell: (s) => (s.durableJob ? `${s.durableJob.status}, ${s.durableJob.attempt}/${s.durableJob.maxAttempts}` : '—') },
+	{
+		title: 'Job',
+		cell: (s) => {
+			if (!s.durableJob) return '—';
+			const j = s.durableJob;
+			const held = heldAttempt(j);
+			return [
+				`${j.status}, ${j.attempt}/${j.maxAttempts}`,
+				held ? h('em', null, j.status === 'QUEUED' ? `, waiting for cancelled attempt ${held}` : `, attempt ${held} may still be running`) : null,
+			];
+		},
+	},
 	{ title: 'Due', cell: (s) => time(s.durableJob && s.durableJob.dueAt) },
 	{ title: 'Finished', cell: (s) => time(s.finishedAt) },
 ];

@@ -144,6 +144,19 @@ function cells(tr) {
 	return Object.fromEntries(tr.querySelectorAll('td').map((td) => [td.getAttribute('data-label'), td.textContent]));
 }
 
+// fieldValue is the text of a page's field labelled label (its dl.fields).
+function fieldValue(ui, label) {
+	const items = ui.root.querySelectorAll('dl.fields').flatMap((dl) => dl.children);
+	const i = items.findIndex((el) => el.tagName === 'DT' && el.textContent === label);
+	assert.ok(i >= 0, `no field ${label} in: ${ui.root.textContent.slice(0, 400)}`);
+	return items[i + 1].textContent;
+}
+
+// notices are the texts of a page's notes (p.notice).
+function notices(ui) {
+	return ui.root.querySelectorAll('p.notice').map((p) => p.textContent);
+}
+
 // replayRows are the rows of a step's replays.
 function replayRows(ui) {
 	return ui.root.querySelectorAll('tr').filter((r) => r.querySelector('td[data-label="Replayed"]'));
@@ -329,6 +342,11 @@ test('an unknown outcome: found by its filter, resolved from its page; bad JSON 
 	assert.equal(e.state, 'succeeded');
 	assert.equal(e.attempts[0].resolve_note, 'found at the vendor');
 	assert.ok(!ui.root.querySelectorAll('button').some((b) => b.textContent === 'Resolve'), 'resolved: no form');
+	// The attempt says when, by which key and why it was resolved (console
+	// QA: not by whom).
+	const keyId = 'key_' + /^rk_([a-z0-9]+)_/.exec(key)[1];
+	assert.equal(e.attempts[0].resolved_by_key_id, keyId);
+	assert.equal(ui.root.querySelector('td[data-label="Resolved"]').textContent, `${time(e.attempts[0].resolved_at)} by ${keyId} — found at the vendor`);
 	// Said in words, not only by the state the page now shows (console QA).
 	const said = ui.root.querySelectorAll('p').filter((p) => p.getAttribute('role') === 'status').map((p) => p.textContent);
 	assert.ok(said.includes('Resolved: recorded as succeeded.'), said.join(' | '));
@@ -755,6 +773,133 @@ test("a lapsed attempt's warning is shown on its step's page and its endpoint's 
 	assert.ok(row(ui, step.stepId).textContent.includes('Warning: ' + lapsed.warning));
 });
 
+test('a step replayed while its cancelled attempt may still run says it waits for that attempt, on its page, its run and the queue', async () => {
+	// Console QA: a step cancelled while RUNNING and replayed is given to no
+	// worker until the cancelled attempt reports or its lease expires
+	// (migrations 0060, 0061); its page read QUEUED with a plain due time,
+	// and the attempt "—", as if nothing ran.
+	const key = await signup();
+	const run = (await api('POST', '/runs', key, { name: 'held' })).body;
+	const step = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'slow_export', version: '1', input: {}, timeoutMs: 60000 })).body;
+	const worker = (await api('POST', '/keys', key, { name: 'w', preset: 'WORKER', tools: ['slow_export@1'] })).body.secret;
+	const workerId = (await api('POST', '/workers/register', worker, { tools: [{ name: 'slow_export', version: '1' }] })).body.workerId;
+	const [job] = (await api('POST', `/workers/${workerId}/claim`, worker, { limit: 1 })).body.jobs;
+	assert.equal((await api('POST', `/steps/${step.stepId}/cancel`, key, {})).status, 200);
+	const lease = (await api('GET', `/steps/${step.stepId}`, key)).body.durableJob.leaseExpiresAt;
+	assert.ok(lease);
+
+	const ui = await mount(key, '#/steps/' + step.stepId);
+	assert.deepEqual(notices(ui), [`Attempt 1 was running when the step was cancelled and may still be: its worker learns of the cancel at its next heartbeat, and its lease expires ${time(lease)}. A replay waits for it to report or for its lease to expire.`]);
+	assert.equal(fieldValue(ui, 'Lease until'), time(lease));
+	const f = formOf(button(ui.root, 'Replay'));
+	field(f, 'ack').checked = true;
+	await f.dispatch('submit');
+	await app.rendered();
+	const held = (await api('GET', `/steps/${step.stepId}`, key)).body.durableJob;
+	assert.deepEqual([held.status, held.dueAt, held.leaseExpiresAt], ['QUEUED', lease, lease]);
+	assert.deepEqual(notices(ui), [`Waiting for its cancelled attempt 1, which may still be running: no worker is given this step until that attempt reports or its lease expires (${time(lease)}), whichever comes first. Its worker learns of the cancel at its next heartbeat.`]);
+	assert.equal(fieldValue(ui, 'Due'), `${time(lease)}, or sooner if attempt 1 reports`);
+
+	await go(ui, '#/runs/' + run.id);
+	assert.equal(cells(row(ui, step.stepId)).Job, 'QUEUED, 1/2, waiting for cancelled attempt 1');
+	await go(ui, '#/queue');
+	const health = cells(row(ui, 'slow_export@1'));
+	assert.equal(health.Due, '0');
+	assert.match(health.Note, /a replayed job waits for its cancelled attempt, which may still be running/);
+
+	// Its attempt reports: the step is due, and waits for nothing.
+	assert.equal((await api('POST', `/jobs/${job.jobId}/report`, worker, { leaseToken: job.leaseToken, status: 'SUCCEEDED', output: {} })).status, 200);
+	const due = (await api('GET', `/steps/${step.stepId}`, key)).body.durableJob;
+	assert.equal(due.leaseExpiresAt, null);
+	await go(ui, '#/steps/' + step.stepId);
+	assert.deepEqual(notices(ui), []);
+	assert.equal(fieldValue(ui, 'Due'), time(due.dueAt));
+	assert.equal(cells(ui.root.querySelectorAll('tr').find((r) => r.querySelector('td[data-label="Worker"]'))).Outcome, 'SUCCEEDED');
+	await go(ui, '#/runs/' + run.id);
+	assert.equal(cells(row(ui, step.stepId)).Job, 'QUEUED, 1/2');
+});
+
+test("a step's retry policy as enqueued, a CUSTOM one spelled out, and a worker's retryAfterMs", async () => {
+	// Console QA: the step page showed neither the policy its job runs
+	// under (a CUSTOM one's name says nothing of its schedule) nor the
+	// retryAfterMs a worker reported, which put its due time past the
+	// policy's delay.
+	const key = await signup();
+	assert.equal((await api('POST', '/endpoints', key, { name: 'slow_vendor', preset: 'CUSTOM', maxAttempts: 4, initialDelayMs: 2000, multiplier: 3, maxDelayMs: 60000, jitterPercent: 0 })).status, 201);
+	const run = (await api('POST', '/runs', key, { name: 'retry' })).body;
+	const step = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'notify_vendor', version: '1', input: {}, endpoint: 'slow_vendor', maxAttempts: 3, timeoutMs: 45000 })).body;
+	const plain = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'notify_vendor', version: '1', input: { n: 2 } })).body;
+	const worker = (await api('POST', '/keys', key, { name: 'w', preset: 'WORKER', tools: ['notify_vendor@1'] })).body.secret;
+	const workerId = (await api('POST', '/workers/register', worker, { tools: [{ name: 'notify_vendor', version: '1' }] })).body.workerId;
+	const jobs = (await api('POST', `/workers/${workerId}/claim`, worker, { limit: 2 })).body.jobs;
+	const job = jobs.find((j) => j.stepId === step.stepId);
+	const report = await api('POST', `/jobs/${job.jobId}/report`, worker, { leaseToken: job.leaseToken, status: 'FAILED', error: { message: 'slow down', retryable: true, retryAfterMs: 120000 } });
+	assert.equal(report.body.status, 'RETRY_SCHEDULED');
+	const s = (await api('GET', `/steps/${step.stepId}`, key)).body;
+	assert.equal(s.durableJob.policy.preset, 'CUSTOM');
+
+	const ui = await mount(key, '#/steps/' + step.stepId);
+	assert.equal(fieldValue(ui, 'Retry policy'), 'CUSTOM: 3 attempts, retried after 2 s, then ×3 each time up to 60 s (±0% jitter); timeout 45 s (as enqueued: endpoint policy version 1)');
+	assert.equal(fieldValue(ui, 'Due'), time(s.durableJob.dueAt));
+	const attempt = cells(ui.root.querySelectorAll('tr').find((r) => r.querySelector('td[data-label="Worker"]')));
+	assert.deepEqual([attempt.Retryable, attempt['Retry after'], attempt['Error (redacted) / warning']], ['yes', 'at least 2 min (asked by the worker)', 'slow down']);
+
+	await go(ui, '#/steps/' + plain.stepId);
+	assert.equal(fieldValue(ui, 'Retry policy'), 'STANDARD: 5 attempts, retried after 30 s, then ×2 each time up to 15 min (±20% jitter); timeout 30 s (as enqueued: endpoint policy version 1)');
+	assert.equal(cells(ui.root.querySelectorAll('tr').find((r) => r.querySelector('td[data-label="Worker"]')))['Retry after'], '—');
+});
+
+test("an endpoint's open circuit says since when and when a probe may run; its limits are shown", async () => {
+	// Console QA: an open breaker read "open, 1 failures in a row", not
+	// when its jobs would move again; maxConcurrent and rateLimitPerMinute,
+	// which the queue's notes name as holding jobs, showed only in the
+	// policy's JSON.
+	const key = await signup();
+	const endpoint = (await api('POST', '/endpoints', key, { name: 'flaky_vendor', circuitFailureThreshold: 1, circuitCooldownMs: 600000, maxConcurrent: 2, rateLimitPerMinute: 30 })).body;
+	const run = (await api('POST', '/runs', key, { name: 'breaker' })).body;
+	for (const n of [1, 2]) await api('POST', `/runs/${run.id}/steps`, key, { name: 'call_vendor', version: '1', input: { n }, endpoint: 'flaky_vendor' });
+	const worker = (await api('POST', '/keys', key, { name: 'w', preset: 'WORKER', tools: ['call_vendor@1'] })).body.secret;
+	const workerId = (await api('POST', '/workers/register', worker, { tools: [{ name: 'call_vendor', version: '1' }] })).body.workerId;
+	const [job] = (await api('POST', `/workers/${workerId}/claim`, worker, { limit: 1 })).body.jobs;
+	assert.equal((await api('POST', `/jobs/${job.jobId}/report`, worker, { leaseToken: job.leaseToken, status: 'FAILED', error: { message: 'down', retryable: true } })).status, 200);
+	const e = (await api('GET', `/endpoints/${endpoint.id}/policy`, key)).body;
+	assert.equal(e.circuit.state, 'open');
+
+	const ui = await mount(key, '#/endpoints/' + endpoint.id);
+	assert.equal(fieldValue(ui, 'Circuit'), `open since ${time(e.circuit.openedAt)}: its jobs wait; one probe may be claimed from ${time(e.circuit.probeAt)}; 1 failure in a row (opens after 1 in a row, probes every 10 min)`);
+	assert.equal(fieldValue(ui, 'Limits'), 'at most 2 running at once; at most 30 started a minute');
+	await go(ui, '#/queue');
+	const listed = ui.root.querySelectorAll('tr').filter((r) => cells(r).Endpoint === 'flaky_vendor');
+	assert.equal(listed.length, 1);
+	assert.deepEqual([cells(listed[0]).Circuit, cells(listed[0]).Limits], ['open', 'at most 2 running at once; at most 30 started a minute']);
+	assert.match(cells(row(ui, 'call_vendor@1')).Note, /The circuit of endpoint flaky_vendor is open/);
+
+	await click(listed[0], 'Close circuit');
+	await go(ui, '#/endpoints/' + endpoint.id);
+	assert.match(fieldValue(ui, 'Circuit'), /^closed; \d+ failures? in a row \(opens after 1 in a row, probes every 10 min\)$/);
+	const other = (await api('POST', '/endpoints', key, { name: 'plain_vendor' })).body;
+	await go(ui, '#/endpoints/' + other.id);
+	assert.equal(fieldValue(ui, 'Limits'), 'none');
+	assert.equal(fieldValue(ui, 'Circuit'), 'closed; 0 failures in a row (the breaker is off)');
+});
+
+test("a tool's next contract is drafted from its newest, also when its list has more pages", async () => {
+	// Console QA: the draft was the first page's last contract, an older
+	// one past a page (or a first page ended early at 4 MB of schemas), and
+	// so was the test job's handler version.
+	const key = await signup();
+	for (const v of [1, 2, 3]) {
+		assert.equal((await api('POST', '/tools/paged_tool/contracts', key, { handlerVersion: String(v), inputSchema: { type: 'object' }, outputSchema: true, timeoutMs: 1000 * v })).status, 201);
+	}
+	const ui = await mount(key, '#/tools/paged_tool?limit=1');
+	assert.deepEqual(ui.root.querySelectorAll('td[data-label="Contract"]').map((td) => td.textContent), ['1']);
+	assert.ok(button(ui.root, 'Load more'));
+	const draft = JSON.parse(field(formOf(button(ui.root, 'Publish')), 'contract').value);
+	assert.deepEqual([draft.handlerVersion, draft.timeoutMs], ['3', 3000]);
+	assert.equal(field(formOf(button(ui.root, 'Enqueue test job')), 'version').value, '3');
+	assert.deepEqual(alerts(ui), []);
+});
+
 test('an attempt whose error message the server cannot decrypt says so', async () => {
 	// Seal QA: a server no longer configured with the key that sealed an
 	// attempt's message answers it null with errorMessageUnreadable (as
@@ -947,6 +1092,45 @@ test("an unwinding group's page shows what its rollback still owes; an open grou
 	assert.deepEqual(p[b].Compensation, `succeeded ${undoB.effect_id}`);
 	assert.doesNotMatch(ui.root.textContent, /plan stops/);
 	assert.equal((await api('GET', `/groups/${group.id}`, key)).body.state, 'unwinding');
+});
+
+test("an unwind plan cut to fit one answer says so, and what it left out is offered on its next read", async () => {
+	// Size QA (de46bcd): a plan that would pass 4 MB holds its first items
+	// with plan_truncated; the console read the rest as held by an unknown
+	// outcome that did not exist. Compensations of 1 MiB are too big to
+	// make here: the service's answer is cut as the router cuts it.
+	const key = await signup();
+	const group = (await api('POST', '/groups', key, { name: 'order-9' })).body;
+	const steps = [];
+	for (const k of ['a', 'b']) {
+		const b = (await api('POST', '/effects/begin', key, {
+			effect_type: 'inventory.reserve',
+			idempotency_key: 'reserve-9:' + k,
+			payload: { sku: k },
+			group_id: group.id,
+			compensation: { effect_type: 'inventory.release', payload: { sku: k } },
+		})).body;
+		assert.equal((await api('POST', `/effects/${b.effect_id}/report`, key, { lease_token: b.lease_token, outcome: 'succeeded' })).status, 200);
+		steps.push(b.effect_id);
+	}
+	const whole = (await api('POST', `/groups/${group.id}/unwind`, key)).body;
+	assert.deepEqual([whole.plan.map((p) => p.effect_id), whole.plan_truncated], [[steps[1], steps[0]], false]);
+	const cut = async (url, res) => {
+		if (url !== `/api/v1/groups/${group.id}/unwind`) return res;
+		const body = await res.json();
+		body.plan = body.plan.slice(0, 1);
+		body.plan_truncated = true;
+		return new Response(JSON.stringify(body), { status: res.status, headers: res.headers });
+	};
+	const ui = await mount(key, '#/groups/' + group.id, cut);
+	assert.deepEqual(notices(ui), ['This read of the plan holds its first 1 compensation only: the rest would pass what one answer holds (about 4 MB). Perform them, then reload this page for the rest.']);
+	assert.doesNotMatch(ui.root.textContent, /plan stops|not offered yet/);
+	const suggested = (id) => cells(ui.root.querySelectorAll('tr').find((r) => r.querySelector('td[data-label="Suggested idempotency key"]') && cells(r).Step === id))['Suggested idempotency key'];
+	assert.equal(suggested(steps[1]), whole.plan[0].suggested_idempotency_key);
+	assert.equal(suggested(steps[0]), 'not in this read of the plan (cut to fit one answer): perform those above, then reload this page');
+
+	const plain = await mount(key, '#/groups/' + group.id);
+	assert.deepEqual(notices(plain), []);
 });
 
 test('a key without effects:resolve is told so on an unknown outcome, not asked to confirm a resolve it would be refused', async () => {
