@@ -49,7 +49,8 @@ type Run struct {
 	// IdempotencyKey is the key the run was started under (WithIdempotencyKey).
 	IdempotencyKey *string `json:"idempotencyKey"`
 	Steps          []Step  `json:"steps"`
-	// StepsTruncated says Steps holds only the run's first 1000 steps
+	// StepsTruncated says Steps holds only the run's first steps: 1000, or
+	// fewer when more would take the answer past about 4 MB
 	// (GetRun); ListRunSteps pages all of them.
 	StepsTruncated bool `json:"stepsTruncated"`
 	// Deduplicated is set by StartRun: the key had started this run already.

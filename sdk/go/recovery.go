@@ -110,12 +110,16 @@ type PlanItem struct {
 // effects whose outcome must be verified before the plan goes past them,
 // and the steps that cannot be or have been reversed.
 type Unwind struct {
-	GroupID      string     `json:"group_id"`
-	State        string     `json:"state"`
-	Plan         []PlanItem `json:"plan"`
-	Unresolved   []string   `json:"unresolved"`
-	Irreversible []string   `json:"irreversible"`
-	Reversed     []string   `json:"reversed"`
+	GroupID string     `json:"group_id"`
+	State   string     `json:"state"`
+	Plan    []PlanItem `json:"plan"`
+	// PlanTruncated says Plan holds only its first items: the rest would
+	// take the answer past about 4 MB (a compensation's payload may be
+	// 1 MiB). Perform them, then call UnwindGroup again for the rest.
+	PlanTruncated bool     `json:"plan_truncated"`
+	Unresolved    []string `json:"unresolved"`
+	Irreversible  []string `json:"irreversible"`
+	Reversed      []string `json:"reversed"`
 }
 
 // GroupCommit answers CommitGroup: the group, or, when some step has not

@@ -202,7 +202,7 @@ class Ratchet:
     def list_run_steps(self, run_id: Optional[str] = None, *, status: Optional[str] = None,
                        limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
         """Pages a run's steps in id order, each as get_step reads it, for
-        runs larger than get_run's first 1000 steps: {"data", "nextCursor"}."""
+        runs larger than get_run's first steps (1000, or fewer where more would pass about 4 MB): {"data", "nextCursor"}."""
         return self._transport.call("GET", "/runs/" + path_id(self._run(run_id)) + "/steps"
                                     + _query(status=status, limit=limit, cursor=cursor), safe=True)
 
@@ -753,8 +753,10 @@ class Ratchet:
 
     def unwind_group(self, group_id: str) -> dict:
         """Starts (or reads) a group's rollback: {"state", "plan",
-        "unresolved"}, the plan in reverse order of success. Repeating it
-        answers the plan as it stands."""
+        "plan_truncated", "unresolved", ...}, the plan in reverse order of
+        success. Repeating it answers the plan as it stands; a plan cut to
+        fit one answer (about 4 MB) says plan_truncated: perform its items,
+        then unwind again for the rest."""
         return self._transport.call("POST", "/groups/" + path_id(group_id) + "/unwind", safe=True)
 
     # webhooks (webhooks:write)

@@ -224,7 +224,7 @@ export class Ratchet {
   }
 
   /** Pages a run's steps in id order, each as getStep reads it, for runs
-   * larger than getRun's first 1000 steps. Pass nextCursor as cursor. */
+   * larger than getRun's first steps (1000, or fewer where more would pass about 4 MB). Pass nextCursor as cursor. */
   async listRunSteps(runId, { status, limit, cursor } = {}) {
     return this.#transport.call('GET', `/runs/${this.#run(runId)}/steps` + query({ status, limit, cursor }), undefined, { safe: true });
   }

@@ -173,7 +173,7 @@ export interface RunSummary {
 /** A run with (its first 1000) steps. */
 export interface Run extends RunSummary {
   steps: Step[];
-  /** Only the first 1000 steps are here: listRunSteps pages them all. */
+  /** Only the first steps are here (1000, or fewer where more would pass about 4 MB): listRunSteps pages them all. */
   stepsTruncated: boolean;
   /** startRun only: true when the idempotencyKey had started this run already. */
   deduplicated?: boolean;
@@ -537,6 +537,9 @@ export interface Unwind {
   group_id: string;
   state: GroupState;
   plan: PlanItem[];
+  /** The plan holds only its first items: the rest would take the answer past about 4 MB
+   * (a compensation's payload may be 1 MiB). Perform them, then unwind again for the rest. */
+  plan_truncated: boolean;
   /** Effects whose outcome is unknown: resolve them first. */
   unresolved: string[];
   /** Succeeded effects declared without a compensation. */
