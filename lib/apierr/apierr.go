@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 )
 
 // Stable error codes. Clients branch on these; never rename one.
@@ -137,10 +138,49 @@ type FieldError struct {
 // 1 MB per request and fifteen times what was sent (edge QA).
 const MaxProblems = 20
 
+// MaxFieldBytes bounds the field path a problem names: a path holds the
+// request's own keys (an unknown one, a dimension's name, a key inside an
+// input a schema refused), and a key may be as long as the body, so a
+// refusal that named it as it came (twice: in its message and in
+// detail.validation) answered twice the body, which an MCP tool result
+// carries three times over (size QA: a 1 MB unknown key answered 2 MB, and
+// an MCP tool call sent alone was refused as too large to answer, -32600).
+const MaxFieldBytes = 1024
+
+// fieldTail is how much of a path's end CutField keeps: where the key at
+// fault usually is.
+const fieldTail = 256
+
+// CutField is path when it holds at most MaxFieldBytes bytes, and
+// otherwise its start and its end around "…", MaxFieldBytes bytes in all,
+// cut between characters: enough to find the key at fault.
+func CutField(path string) string {
+	if len(path) <= MaxFieldBytes {
+		return path
+	}
+	head := MaxFieldBytes - fieldTail - len("…")
+	for head > 0 && !utf8.RuneStart(path[head]) {
+		head--
+	}
+	tail := len(path) - fieldTail
+	for tail < len(path) && !utf8.RuneStart(path[tail]) {
+		tail++
+	}
+	return path[:head] + "…" + path[tail:]
+}
+
 // Invalid is a 400 invalid_request listing the problems found, the first
-// MaxProblems of them in the order they were found.
+// MaxProblems of them in the order they were found, each field cut to
+// MaxFieldBytes (CutField).
 func Invalid(problems ...FieldError) *Error {
 	problems = problems[:min(len(problems), MaxProblems)]
+	if len(problems) > 0 {
+		cut := make([]FieldError, len(problems))
+		for i, p := range problems {
+			cut[i] = FieldError{Field: CutField(p.Field), Message: p.Message}
+		}
+		problems = cut
+	}
 	msg := "The request is invalid."
 	if len(problems) > 0 {
 		msg = fmt.Sprintf("The request is invalid: %s %s.", problems[0].Field, problems[0].Message)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -162,5 +163,36 @@ func TestAKeyListsAtMostMaxPairsTools(t *testing.T) {
 	for _, path := range []string{"/api/v1/keys", "/api/v1/workers/register"} {
 		list := body(path)["properties"].(map[string]any)["tools"].(map[string]any)
 		require.EqualValues(t, toolname.MaxPairs, list["maxItems"], path)
+	}
+}
+
+// A refusal names a key the request holds cut to apierr.MaxFieldBytes, its
+// start and end around "…", whatever its length (size QA: an unknown key of
+// a megabyte was named whole, in the message and in detail.validation: 2 MB
+// for one, which the MCP endpoint carries three times over).
+func TestARefusalCutsTheKeysItNames(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	key := "start" + strings.Repeat("k", 1_000_000) + "end"
+	body := []byte(`{"effect_type":"qa.key","idempotency_key":"k","` + key + `":1}`)
+	r := env.Do("POST", "/api/v1/effects/begin", ws.Key, body)
+	require.Equal(t, http.StatusBadRequest, r.Status)
+	require.Less(t, len(r.Body), 8<<10, "%d bytes", len(r.Body))
+	fields := validationFields(t, r)
+	require.Len(t, fields, 1)
+	head, tail, ok := strings.Cut(fields[0], "…")
+	require.True(t, ok, "cut")
+	require.True(t, strings.HasPrefix(head, "startkkk"), "its start")
+	require.True(t, strings.HasSuffix(tail, "kkkend"), "its end")
+	require.Greater(t, len(tail), 100)
+	require.Len(t, fields[0], apierr.MaxFieldBytes)
+	require.Contains(t, r.JSON()["error"].(map[string]any)["message"], fields[0])
+
+	require.Equal(t, "a.b", apierr.CutField("a.b"))
+	for _, long := range []string{strings.Repeat("é", 300), strings.Repeat("🙂", 300), "x" + strings.Repeat("🙂", 300)} {
+		cut := apierr.CutField(long)
+		require.LessOrEqual(t, len(cut), apierr.MaxFieldBytes)
+		require.True(t, utf8.ValidString(cut), "cut between characters")
 	}
 }

@@ -520,6 +520,12 @@ func leafProblems(ve *jsonschema.ValidationError, root, fallback string) []apier
 	if len(out) > maxValidationProblems {
 		out = out[:maxValidationProblems]
 	}
+	// A path holds the document's own keys, which may be as long as the
+	// document: each is cut as every refusal cuts its fields (size QA: a
+	// rejected output's reason, stored on its attempt, held its keys whole).
+	for i := range out {
+		out[i].Field = apierr.CutField(out[i].Field)
+	}
 	return out
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/answer"
+	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/ids"
 )
@@ -166,4 +167,58 @@ func TestAListToolsPageFitsItsAnswer(t *testing.T) {
 		cursor = *page.NextCursor
 	}
 	require.Len(t, seen, n)
+}
+
+// A tool call sent alone whose refusal names a key as long as the request
+// is answered that refusal, with the key cut (apierr.CutField), never the
+// JSON-RPC error that says to send it alone (size QA: an unknown argument,
+// or a dimension, named by a key of a megabyte was refused invalid_request
+// naming it twice, in the message and in detail.validation; carried twice
+// again by the tool result, that passed what the answer had left, and the
+// call, alone, was answered -32600 "send this request again alone").
+func TestARefusalNamingAHugeKeyIsAnsweredAlone(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	key := strings.Repeat("k", 1_000_000)
+	for name, args := range map[string]string{
+		"unknown argument": `{"effect_type":"qa.mcp.key","idempotency_key":"k","` + key + `":1}`,
+		"dimension name":   `{"effect_type":"qa.mcp.key","idempotency_key":"k","dimensions":{"` + key + `":"v"}}`,
+	} {
+		t.Run(name, func(t *testing.T) { refusedAlone(t, env, ws.Key, name, args) })
+	}
+}
+
+// refusedAlone checks that the tool call args, sent alone, is refused
+// invalid_request naming its key cut.
+func refusedAlone(t *testing.T, env *apitest.Env, key, name, args string) {
+	t.Helper()
+	status, out := postMCP(t, env, key, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":`+
+		`{"name":"ratchet_begin","arguments":`+args+`}}`)
+	require.Equal(t, http.StatusOK, status, name)
+	require.Less(t, len(out), 64<<10, "%s: the refusal holds no megabyte", name)
+	var msg struct {
+		Error  any `json:"error"`
+		Result struct {
+			IsError    bool `json:"isError"`
+			Structured struct {
+				Error struct {
+					Code   string `json:"code"`
+					Detail struct {
+						Validation []struct {
+							Field string `json:"field"`
+						} `json:"validation"`
+					} `json:"detail"`
+				} `json:"error"`
+			} `json:"structuredContent"`
+		} `json:"result"`
+	}
+	require.NoError(t, json.Unmarshal(out, &msg), name)
+	require.Nil(t, msg.Error, "%s: answered, not refused as too large: %.300s", name, out)
+	require.True(t, msg.Result.IsError, name)
+	require.Equal(t, "invalid_request", msg.Result.Structured.Error.Code, name)
+	fields := msg.Result.Structured.Error.Detail.Validation
+	require.NotEmpty(t, fields, name)
+	require.Contains(t, fields[0].Field, "kkk…kkk", "%s: the key's start and end", name)
+	require.LessOrEqual(t, len(fields[0].Field), apierr.MaxFieldBytes, name)
 }
