@@ -94,3 +94,6 @@ func ReconciliationSize(r Reconciliation) (reckoned int, written []byte, err err
 	written, err = jsonx.Marshal(r)
 	return r.size(), written, err
 }
+
+// MaxNoteRunes is the longest resolve note, in characters.
+const MaxNoteRunes = maxNoteRunes

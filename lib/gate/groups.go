@@ -88,8 +88,14 @@ type Group struct {
 	UnwindStartedAt *time.Time `json:"unwind_started_at"`
 	FinishedAt      *time.Time `json:"finished_at"`
 	// IdempotencyKey is the key the group was opened under, if any.
-	IdempotencyKey *string     `json:"idempotency_key"`
-	Steps          []GroupStep `json:"steps"`
+	IdempotencyKey *string `json:"idempotency_key"`
+	// Steps are the group's effects, forward and compensating, in id
+	// order: every one, unless StepsTruncated.
+	Steps []GroupStep `json:"steps"`
+	// StepsTruncated says Steps holds only the group's first steps: the
+	// rest would take the answer past answer.Budget (the API cuts it
+	// there). GET /api/v1/groups/{id}/steps pages them all.
+	StepsTruncated bool `json:"steps_truncated" jsonschema:"true when steps holds only the group's first steps, the rest taking the answer past about 4 MB (some 3 000 steps at worst, under the longest keys); GET /api/v1/groups/{id}/steps pages them all, from the cursor of the last one shown (its effect_id); false otherwise"`
 	// Deduplicated is set by CreateGroup only: true when its idempotency
 	// key had opened this group already (answered 200 rather than 201).
 	Deduplicated *bool `json:"deduplicated,omitempty"`
@@ -299,6 +305,52 @@ func (s *Service) GetGroup(ctx context.Context, p *auth.Principal, id string) (G
 		}
 	}
 	return out, err
+}
+
+// ListGroupSteps pages the steps of a group p may see (groupReader) in id
+// order, as GetGroup lists them, after effect id cursor ("" for the first
+// page), limit at most: every one of them, where a group's read holds those
+// that fit in one answer (steps_truncated). Each reads its state at now.
+func (s *Service) ListGroupSteps(ctx context.Context, p *auth.Principal, id, cursor string, limit int) ([]GroupStep, error) {
+	owner := groupReader(p)
+	g, err := scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, p.WorkspaceID, owner))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, apierr.NotFound("group")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("group steps: %w", err)
+	}
+	rows, err := s.pool.Query(ctx, sqlGroupStepsPage, id, cursor, limit)
+	if err != nil {
+		return nil, fmt.Errorf("group steps: %w", err)
+	}
+	now := s.clock()
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (GroupStep, error) {
+		var (
+			gs GroupStep
+			st groupStep
+		)
+		err := row.Scan(&gs.EffectID, &gs.EffectType, &gs.IdempotencyKey, &st.state, &st.leaseExpiresAt,
+			&gs.HasCompensation, &gs.CompensatesEffectID)
+		gs.State = st.effectiveState(now)
+		return gs, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("group steps: %w", err)
+	}
+	if len(out) == 0 && (g.State == GroupCommitted || groupEnded(g.State)) {
+		// Retention may have deleted an ended group, steps and all, since
+		// it was read (as GetGroup checks).
+		if _, err := scanGroup(s.pool.QueryRow(ctx, sqlGetGroup, id, p.WorkspaceID, owner)); errors.Is(err, pgx.ErrNoRows) {
+			return nil, apierr.NotFound("group")
+		} else if err != nil {
+			return nil, fmt.Errorf("group steps: %w", err)
+		}
+	}
+	if out == nil {
+		out = []GroupStep{}
+	}
+	return out, nil
 }
 
 // withSteps fills in g's steps as q reads them.

@@ -646,6 +646,13 @@ const sqlGroupSteps = `SELECT e.id, e.effect_type, e.idempotency_key, e.state, e
       WHERE p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type), 5)
 FROM effects e WHERE e.group_id = $1 ORDER BY e.id`
 
+// sqlGroupStepsPage pages a group's effects in id order, as a group's read
+// lists them (effects_group_idx): $1 group id, $2 the previous page's last
+// effect id (” for the first), $3 the limit.
+const sqlGroupStepsPage = `SELECT e.id, e.effect_type, e.idempotency_key, e.state, e.lease_expires_at,
+    e.compensation IS NOT NULL, e.compensates_effect_id
+FROM effects e WHERE e.group_id = $1::text AND e.id > $2::text ORDER BY e.id LIMIT $3::int`
+
 // sqlSetGroupState moves a locked group. $1 id, $2 state, $3 now. A commit,
 // and the end of a rollback, set keep_until (migrations 0037, 0038) from the
 // group's effects' types' retention; an unwind clears it (an unwinding

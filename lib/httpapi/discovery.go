@@ -188,6 +188,11 @@ Nine tools (ratchet_begin, ratchet_report, ...) at /api/v1/mcp over streamable H
 Lists take ?limit= (1-200, default 50) and ?cursor= (the previous page's
 next_cursor, nextCursor on job routes). A page holds at most limit items and
 at most about 4 MB: it may end early, so page on until the cursor is null.
+A read whose lists could pass that holds part of them and says so: a run's
+stepsTruncated (GET /api/v1/runs/{id}/steps pages them all), a group's
+steps_truncated (GET /api/v1/groups/{id}/steps), a step's attemptsTruncated and
+replaysTruncated (its last 50 of each; GET /api/v1/steps/{id}/attempts and
+/replays), an unwind's plan_truncated (perform the plan, then unwind again).
 
 ## Errors
 

@@ -73,8 +73,26 @@ func (s *Server) jobsRoutes() []Route {
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/steps/{id}", Name: "steps.get", Tag: "jobs", Scopes: runsRead,
-			Summary:  "Read one step and its durable job.",
+			Summary: "Read one step and its durable job, with its last 50 attempts and last 50 replays " +
+				"(attemptsTruncated and replaysTruncated say earlier ones are left out: a step replayed many times " +
+				"would pass what one answer holds; GET /api/v1/steps/{id}/attempts and /replays page them all).",
 			Response: jobs.Step{}, Status: 200, Errors: []string{apierr.CodeNotFound}, Handle: s.getStep,
+		},
+		{
+			Method: "GET", Pattern: "/api/v1/steps/{id}/attempts", Name: "steps.attempts", Tag: "jobs",
+			Scopes: runsRead,
+			Summary: "Page every attempt of a step's durable job in attempt order (cursor: the last attempt's " +
+				"number), where a step's reads answer its last 50 (attemptsTruncated).",
+			Query: listParams, Response: CamelPage[jobs.Attempt]{}, Status: 200,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.listStepAttempts,
+		},
+		{
+			Method: "GET", Pattern: "/api/v1/steps/{id}/replays", Name: "steps.replays", Tag: "jobs",
+			Scopes: runsRead,
+			Summary: "Page every replay of a step's durable job oldest first (the replay audit), where a step's " +
+				"reads answer its last 50 (replaysTruncated).",
+			Query: listParams, Response: CamelPage[jobs.Replay]{}, Status: 200,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.listStepReplays,
 		},
 		{
 			Method: "POST", Pattern: "/api/v1/steps/{id}/cancel", Name: "steps.cancel", Tag: "jobs", Scopes: runsWrite,
@@ -346,6 +364,39 @@ func (s *Server) getStep(ctx context.Context, c *Call) (any, error) {
 		return nil, err
 	}
 	return s.Jobs.GetStep(ctx, c.Principal.WorkspaceID, id)
+}
+
+func (s *Server) listStepAttempts(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Step)
+	if err != nil {
+		return nil, err
+	}
+	limit, cursor, err := c.ListParams(func(s string) bool { _, ok := jobs.ParseAttemptCursor(s); return ok })
+	if err != nil {
+		return nil, err
+	}
+	after, _ := jobs.ParseAttemptCursor(cursor) // 0 for the first page
+	attempts, err := s.Jobs.ListStepAttempts(ctx, c.Principal.WorkspaceID, id, after, limit+1)
+	if err != nil {
+		return nil, err
+	}
+	return NewCamelPage(ctx, attempts, limit, jobs.AttemptCursor)
+}
+
+func (s *Server) listStepReplays(ctx context.Context, c *Call) (any, error) {
+	id, err := c.PathID("id", ids.Step)
+	if err != nil {
+		return nil, err
+	}
+	limit, cursor, err := c.ListParams(jobs.ValidReplayCursor)
+	if err != nil {
+		return nil, err
+	}
+	replays, err := s.Jobs.ListStepReplays(ctx, c.Principal.WorkspaceID, id, cursor, limit+1)
+	if err != nil {
+		return nil, err
+	}
+	return NewCamelPage(ctx, replays, limit, func(r jobs.Replay) string { return r.ID })
 }
 
 func (s *Server) cancelStep(ctx context.Context, c *Call) (any, error) {

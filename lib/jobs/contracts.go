@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -322,8 +323,30 @@ func outputRejection(outputSchema []byte, contractVersion int, output json.RawMe
 	for _, pr := range problems {
 		parts = append(parts, pr.Field+" "+pr.Message)
 	}
-	return fmt.Sprintf("Output rejected by contract %d's outputSchema (%s); not retried.", contractVersion,
-		strings.Join(parts, "; ")), nil
+	// Held to what a worker's own message may hold (maxErrorMessage): it
+	// is the attempt's errorMessage and warning both, and a step answers
+	// its attempts whole (size QA: twenty problems under long keys made
+	// one attempt of megabytes).
+	head := fmt.Sprintf("Output rejected by contract %d's outputSchema (", contractVersion)
+	const tail = "); not retried."
+	listed := cutMessage(strings.Join(parts, "; "), maxErrorMessage-utf8.RuneCountInString(head)-len(tail))
+	return head + listed + tail, nil
+}
+
+// cutMessage is msg when it holds at most n characters, and otherwise its
+// first n-1 and "…".
+func cutMessage(msg string, n int) string {
+	if utf8.RuneCountInString(msg) <= n {
+		return msg
+	}
+	i := 0
+	for j := range msg {
+		if i == n-1 {
+			return msg[:j] + "…"
+		}
+		i++
+	}
+	return msg
 }
 
 // checkOutput validates a SUCCEEDED report's output against the job's

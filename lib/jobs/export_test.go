@@ -46,3 +46,14 @@ const (
 	MaxBatchReports = maxBatchReports
 	MaxErrorMessage = maxErrorMessage
 )
+
+// MaxReplayReason is the longest replay reason, in characters.
+const MaxReplayReason = maxReplayReason
+
+// OutputRejection is the reason a report's output is rejected for.
+func OutputRejection(outputSchema []byte, contractVersion int, output []byte) (string, error) {
+	return outputRejection(outputSchema, contractVersion, output)
+}
+
+// CutMessage is cutMessage.
+func CutMessage(msg string, n int) string { return cutMessage(msg, n) }

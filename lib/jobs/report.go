@@ -430,7 +430,10 @@ func (s *Service) outcomeRow(jobID string, attempt int, req ReportRequest, next 
 		// Masked as the SDKs mask it before sending (ratchet.RedactText):
 		// a worker reporting over plain HTTP may send a token the console
 		// would otherwise show to every reader of the run (console QA).
-		if msg := ratchet.RedactText(req.Error.Message); msg != "" {
+		// Masking may lengthen it ("?q" reads "?[redacted]"): it is held
+		// to the limit the message was checked against (cutMessage), as a
+		// step answers its attempts whole (size QA).
+		if msg := cutMessage(ratchet.RedactText(req.Error.Message), maxErrorMessage); msg != "" {
 			row.errSealed = s.sealer.Seal([]byte(msg), seal.AAD(jobID, fmt.Sprintf("error/%d", attempt)))
 		}
 	}

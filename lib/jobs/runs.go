@@ -102,11 +102,33 @@ type DurableJob struct {
 	CancelRequested bool           `json:"cancelRequested"`
 	PolicyVersion   int64          `json:"policyVersion"`
 	Policy          PolicySnapshot `json:"policy"`
-	Attempts        []Attempt      `json:"attempts"`
+	// Attempts are the job's executions in attempt order: its last
+	// StepAttemptsShown (AttemptsTruncated says earlier ones are left out).
+	Attempts []Attempt `json:"attempts"`
+	// AttemptsTruncated says Attempts holds only the job's last
+	// StepAttemptsShown attempts: replays add attempts without end, and a
+	// step answered with all of them could pass what one answer holds
+	// (answer.Budget). GET /api/v1/steps/{id}/attempts pages them all.
+	AttemptsTruncated bool `json:"attemptsTruncated" jsonschema:"true when attempts holds only the job's last 50 attempts (replays add attempts without end); GET /api/v1/steps/{id}/attempts pages them all; false otherwise"`
 	// Replays is the job's replay audit, oldest first: who replayed it,
-	// why, and what the replay changed.
+	// why, and what the replay changed; its last StepReplaysShown.
 	Replays []Replay `json:"replays"`
+	// ReplaysTruncated says Replays holds only the job's last
+	// StepReplaysShown replays; GET /api/v1/steps/{id}/replays pages them
+	// all.
+	ReplaysTruncated bool `json:"replaysTruncated" jsonschema:"true when replays holds only the job's last 50 replays; GET /api/v1/steps/{id}/replays pages them all; false otherwise"`
 }
+
+// StepAttemptsShown and StepReplaysShown bound the attempts and replays a
+// step is answered with (its last ones): a job takes any number of replays,
+// each adding up to 10 attempts, and an attempt holds up to two messages of
+// 2 000 characters, so one step could pass what one answer holds
+// (answer.Budget) alone, in a run's read, a page of steps or its own read
+// (size QA). At most these, a step answers about 1.6 MB at worst (its test).
+const (
+	StepAttemptsShown = 50
+	StepReplaysShown  = 50
+)
 
 // Replay is one replay of a job (POST /api/v1/steps/{id}/replay): the key
 // that made it, its reason, the status and attempt it found, the attempts it
@@ -214,6 +236,9 @@ func scanStep(row pgx.Row) (Step, error) {
 	}
 	if err := json.Unmarshal(replays, &j.Replays); err != nil {
 		return st, fmt.Errorf("step replays: %w", err)
+	}
+	if len(j.Replays) > StepReplaysShown { // read with one more (replaysJSON)
+		j.Replays, j.ReplaysTruncated = j.Replays[len(j.Replays)-StepReplaysShown:], true
 	}
 	st.Status = j.Status
 	st.ContractVersion = intPtr(cv)
@@ -499,8 +524,9 @@ func (s *Service) stepsPage(ctx context.Context, q db.Querier, runID, status, cu
 	return steps, nil
 }
 
-// attachAttempts reads the executions of steps' jobs, in attempt order, into
-// their durable jobs.
+// attachAttempts reads the last StepAttemptsShown executions of steps'
+// jobs, in attempt order, into their durable jobs, and says
+// AttemptsTruncated of those that have more.
 func (s *Service) attachAttempts(ctx context.Context, q db.Querier, steps []Step) error {
 	jobIDs := make([]string, len(steps))
 	byJob := make(map[string]*DurableJob, len(steps))
@@ -509,7 +535,7 @@ func (s *Service) attachAttempts(ctx context.Context, q db.Querier, steps []Step
 		j.Attempts = []Attempt{}
 		jobIDs[i], byJob[j.ID] = j.ID, j
 	}
-	rows, err := q.Query(ctx, sqlJobsAttempts, jobIDs)
+	rows, err := q.Query(ctx, sqlJobsAttempts, jobIDs, StepAttemptsShown+1)
 	if err != nil {
 		return fmt.Errorf("attempts: %w", err)
 	}
@@ -533,6 +559,11 @@ func (s *Service) attachAttempts(ctx context.Context, q db.Querier, steps []Step
 		return fmt.Errorf("attempts: %w", err)
 	}
 	unreadable.log(s.logger)
+	for _, j := range byJob {
+		if len(j.Attempts) > StepAttemptsShown { // read with one more
+			j.Attempts, j.AttemptsTruncated = j.Attempts[len(j.Attempts)-StepAttemptsShown:], true
+		}
+	}
 	return nil
 }
 
@@ -934,14 +965,116 @@ func ended(status string) bool {
 // GetStep reads one step with its attempts, from one snapshot. A lease that
 // lapsed on the last attempt ends the job at read (settleLapsed).
 func (s *Service) GetStep(ctx context.Context, workspaceID, stepID string) (Step, error) {
-	return readSettled(ctx, s, func() (Step, error) { return s.readStep(ctx, workspaceID, stepID) },
-		func(st Step) (string, []string, bool) {
-			if !st.DurableJob.lapsedOnLastAttempt(s.now()) {
-				return "", nil, false
-			}
-			return st.RunID, []string{st.DurableJob.ID}, true
-		})
+	return readSettled(ctx, s, func() (Step, error) { return s.readStep(ctx, workspaceID, stepID) }, s.stepLapsed)
 }
+
+// stepLapsed is readSettled's lapsed for a step's read.
+func (s *Service) stepLapsed(st Step) (string, []string, bool) {
+	if !st.DurableJob.lapsedOnLastAttempt(s.now()) {
+		return "", nil, false
+	}
+	return st.RunID, []string{st.DurableJob.ID}, true
+}
+
+// settledStep reads a step without its attempts, its lease settled first
+// when it lapsed on its last attempt, as GetStep reads it.
+func (s *Service) settledStep(ctx context.Context, workspaceID, stepID string) (Step, error) {
+	return readSettled(ctx, s, func() (Step, error) {
+		st, err := scanStep(s.pool.QueryRow(ctx, sqlStepByID, stepID, workspaceID))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return Step{}, apierr.NotFound("step")
+		}
+		if err != nil {
+			return Step{}, fmt.Errorf("read step: %w", err)
+		}
+		return st, nil
+	}, s.stepLapsed)
+}
+
+// ListStepAttempts pages a step's attempts in attempt order, after attempt
+// number after (0 for the first page), limit at most: every one of them,
+// where the step's reads answer its last StepAttemptsShown.
+func (s *Service) ListStepAttempts(ctx context.Context, workspaceID, stepID string, after, limit int) ([]Attempt, error) {
+	if _, err := s.settledStep(ctx, workspaceID, stepID); err != nil {
+		return nil, err
+	}
+	rows, err := s.pool.Query(ctx, sqlStepAttemptsPage, stepID, workspaceID, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("step attempts: %w", err)
+	}
+	var unreadable unreadableMessages
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Attempt, error) {
+		var (
+			jobID string
+			a     Attempt
+			read  attemptRow
+		)
+		if err := row.Scan(read.dest(&jobID, &a)...); err != nil {
+			return a, err
+		}
+		s.openAttempt(jobID, &a, read, &unreadable)
+		return a, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("step attempts: %w", err)
+	}
+	unreadable.log(s.logger)
+	if out == nil {
+		out = []Attempt{}
+	}
+	return out, nil
+}
+
+// AttemptCursor is where a page of a step's attempts ends: its last
+// attempt's number.
+func AttemptCursor(a Attempt) string { return strconv.Itoa(a.Attempt) }
+
+// ParseAttemptCursor reads an AttemptCursor (ok false for anything else).
+func ParseAttemptCursor(cursor string) (after int, ok bool) {
+	n, err := strconv.ParseInt(cursor, 10, 32) // the column's integer
+	if err != nil || n < 1 || strconv.FormatInt(n, 10) != cursor {
+		return 0, false
+	}
+	return int(n), true
+}
+
+// ListStepReplays pages a step's replays oldest first, after replay id
+// cursor ("" for the first page), limit at most: every one of them, where
+// the step's reads answer its last StepReplaysShown.
+func (s *Service) ListStepReplays(ctx context.Context, workspaceID, stepID, cursor string, limit int) ([]Replay, error) {
+	rows, err := s.pool.Query(ctx, sqlStepReplaysPage, stepID, workspaceID, cursor, limit)
+	if err != nil {
+		return nil, fmt.Errorf("step replays: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Replay, error) {
+		var (
+			doc []byte
+			r   Replay
+		)
+		if err := row.Scan(&doc); err != nil {
+			return r, err
+		}
+		return r, json.Unmarshal(doc, &r)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("step replays: %w", err)
+	}
+	if len(out) > 0 {
+		return out, nil
+	}
+	var exists bool
+	if err := s.pool.QueryRow(ctx, sqlStepExists, stepID, workspaceID).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("step replays: %w", err)
+	}
+	if !exists {
+		return nil, apierr.NotFound("step")
+	}
+	return []Replay{}, nil
+}
+
+// ValidReplayCursor says whether cursor is a replay's id, as a page of a
+// step's replays ends with.
+func ValidReplayCursor(cursor string) bool { return ids.Valid(replayIDPrefix, cursor) }
 
 // readStep reads a step and its attempts from one snapshot.
 func (s *Service) readStep(ctx context.Context, workspaceID, stepID string) (Step, error) {

@@ -1,6 +1,10 @@
 package jobs
 
-import "github.com/getratchet/ratchet/lib/money"
+import (
+	"strconv"
+
+	"github.com/getratchet/ratchet/lib/money"
+)
 
 // Every statement of the package. Parameters are cast explicitly because the
 // pool runs in QueryExecModeExec (types come from Go values, not from a
@@ -189,16 +193,38 @@ var stepColumns = `j.step_id, j.id, j.name, j.version, e.name, j.status, j.idemp
 	j.policy_version, j.input_preview, j.output_preview, j.created_at, j.finished_at, j.run_id,
 	coalesce(j.policy_max_attempts, j.max_attempts), ` + replaysJSON
 
-// replaysJSON aggregates a job's (alias j) replay audit, oldest first
-// (job_replays_job_idx), in the step's own row: read beside it, not in a
-// round trip of its own.
-const replaysJSON = `(SELECT coalesce(jsonb_agg(jsonb_build_object(
+// replayObject is a replay audit row (alias r) as a Replay's JSON.
+const replayObject = `jsonb_build_object(
 	'id', r.id, 'keyId', r.key_id, 'reason', r.reason, 'priorStatus', r.prior_status,
 	'priorAttempt', r.prior_attempt, 'additionalAttempts', r.additional_attempts, 'maxAttempts', r.max_attempts,
 	'oldHandlerVersion', r.old_handler_version, 'newHandlerVersion', r.new_handler_version,
 	'oldContractVersion', r.old_contract_version, 'newContractVersion', r.new_contract_version,
-	'createdAt', r.created_at) ORDER BY r.created_at, r.id), '[]')
-  FROM job_replays r WHERE r.job_id = j.id)`
+	'createdAt', r.created_at)`
+
+// replaysJSON aggregates a job's (alias j) last StepReplaysShown+1 replays,
+// oldest first (job_replays_job_idx, read backwards), in the step's own
+// row: read beside it, not in a round trip of its own. The one more says
+// there are earlier ones (scanStep drops it: ReplaysTruncated).
+var replaysJSON = `(SELECT coalesce(jsonb_agg(` + replayObject + ` ORDER BY r.created_at, r.id), '[]')
+  FROM (SELECT * FROM job_replays r WHERE r.job_id = j.id ORDER BY r.created_at DESC, r.id DESC
+        LIMIT ` + strconv.Itoa(StepReplaysShown+1) + `) r)`
+
+// sqlStepReplaysPage pages step $1's replays (workspace $2) oldest first:
+// after replay $3 (” for the first page), $4 at most.
+var sqlStepReplaysPage = `SELECT ` + replayObject + ` FROM jobs j JOIN job_replays r ON r.job_id = j.id
+WHERE j.step_id = $1::text AND j.workspace_id = $2::text
+  AND ($3::text = '' OR (r.created_at, r.id) > (SELECT c.created_at, c.id FROM job_replays c
+       WHERE c.id = $3::text AND c.job_id = j.id))
+ORDER BY r.created_at, r.id LIMIT $4::int`
+
+// sqlStepAttemptsPage pages step $1's executions (workspace $2) in attempt
+// order: after attempt $3 (0 for the first page), $4 at most.
+const sqlStepAttemptsPage = `SELECT ` + attemptColumns + ` FROM jobs j JOIN job_executions x ON x.job_id = j.id
+WHERE j.step_id = $1::text AND j.workspace_id = $2::text AND x.attempt > $3::int
+ORDER BY x.attempt LIMIT $4::int`
+
+// sqlStepExists says whether step $1 is workspace $2's.
+const sqlStepExists = `SELECT EXISTS (SELECT 1 FROM jobs WHERE step_id = $1::text AND workspace_id = $2::text)`
 
 var sqlStepByID = `SELECT ` + stepColumns + ` FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
 WHERE j.step_id = $1::text AND j.workspace_id = $2::text`
@@ -220,8 +246,11 @@ var sqlRunStepsPage = `SELECT ` + stepColumns + ` FROM jobs j JOIN job_endpoints
 WHERE j.run_id = $1::text AND j.step_id > $2::text AND ($3::text = '' OR j.status = $3::text)
 ORDER BY j.step_id LIMIT $4::int`
 
-// sqlJobsAttempts reads the executions of the jobs $1.
-const sqlJobsAttempts = `SELECT ` + attemptColumns + ` FROM job_executions x WHERE x.job_id = ANY($1::text[])
+// sqlJobsAttempts reads the last $2 executions of each of the jobs $1
+// (the primary key, read backwards from each job's last), in attempt order.
+const sqlJobsAttempts = `SELECT ` + attemptColumns + ` FROM unnest($1::text[]) AS q(job_id)
+CROSS JOIN LATERAL (SELECT * FROM job_executions x WHERE x.job_id = q.job_id ORDER BY x.attempt DESC
+  LIMIT $2::int) x
 ORDER BY x.job_id, x.attempt`
 
 // sqlEndpointAttempts pages endpoint $2's executions in workspace $1 newest
