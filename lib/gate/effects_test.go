@@ -263,7 +263,10 @@ func TestListEffectsFiltersPageLikeTheModel(t *testing.T) {
 // ms and 470 buffers in ranges). On a seeded workspace, the plan reads
 // effects only so, whatever the filter.
 func TestListEffectsReadsOneRangePerState(t *testing.T) {
-	t.Parallel()
+	// Not parallel: the plan follows the whole table's statistics, which
+	// the parallel tests' inserts sway between the ANALYZE and the
+	// EXPLAIN (it failed so under load, twice in one session); the
+	// package's parallel tests wait until the sequential ones are done.
 	b := setup(t)
 	ctx := context.Background()
 	pool := b.env.App.Pool
