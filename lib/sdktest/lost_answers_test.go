@@ -124,3 +124,37 @@ func TestReplayRetriesALostAnswerOnce(t *testing.T) {
 	require.Len(t, again.DurableJob.Replays, 1, "one replay")
 	require.Equal(t, 2, again.DurableJob.Attempt, "one more execution")
 }
+
+// A begin whose answers keep being lost past the client's retries (a
+// database failover, chaos QA) is asked again under its request_id while
+// the lease it may have granted can still be rejoined: DoEffect gets that
+// execute and acts once. It gave up after MaxRetries, leaving the lease to
+// nobody: the key turned indeterminate (blocked under the default policy)
+// though the action never ran, and the caller's own retry, a new DoEffect,
+// waited in_flight and then met blocked.
+func TestDoEffectKeepsAskingABeginWhoseAnswersAreLost(t *testing.T) {
+	t.Parallel()
+	g := setupGate(t)
+	lose := &loseResponse{suffix: "/effects/begin"}
+	lose.n.Store(4)
+	hc := g.env.Server.Client()
+	agent, err := ratchet.NewClient(ratchet.Config{BaseURL: g.env.Server.URL, MaxRetries: 1,
+		APIKey:     g.env.Key(g.ws, map[string]any{"name": "agent2", "preset": "AGENT"}),
+		HTTPClient: &http.Client{Transport: func() http.RoundTripper { lose.next = hc.Transport; return lose }()}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var acted atomic.Int32
+	out, err := ratchet.DoEffect(ctx, agent, req("email.send", "lost-begins:1"), func(context.Context, ratchet.Lease) (sent, error) {
+		acted.Add(1)
+		return sent{MessageID: "m1"}, nil
+	})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, acted.Load())
+	require.EqualValues(t, 5, lose.seen.Load(), "four lost answers, more than one call's retries, and the fifth")
+	require.Equal(t, 1, out.Attempt, "the lease the first begin granted")
+	eff, err := g.operator.GetEffect(ctx, out.EffectID)
+	require.NoError(t, err)
+	require.Equal(t, ratchet.EffectSucceeded, eff.State)
+	require.Len(t, eff.Attempts, 1)
+}

@@ -164,6 +164,12 @@ type EffectOutcome[T any] struct {
 //   - blocked, approval_required, denied: *BlockedError,
 //     *ApprovalRequiredError, *DeniedError.
 //
+// A begin whose answers are all lost (network failures, a 5xx after which
+// the server may have granted execute) is asked again under the same
+// request_id past the client's retries, for up to 30 seconds from the
+// first failure and within ctx: a lease one of them granted is given back
+// to the repeat while it is live, instead of lapsing held by nobody.
+//
 // While the action runs its lease is heartbeated. ctx passed to the action
 // is cancelled with cause ErrLeaseLost if the server says the lease is gone,
 // or if no heartbeat has extended it by shortly before it lapses (heartbeats
@@ -190,7 +196,7 @@ func DoEffect[T any](ctx context.Context, c *Client, req BeginRequest, action fu
 	inFlightWait := firstInFlightWait
 	for {
 		sent := time.Now()
-		b, err := c.Begin(ctx, req)
+		b, err := beginAnswered(ctx, c, req)
 		if err != nil {
 			return nil, err
 		}
@@ -229,6 +235,42 @@ func DoEffect[T any](ctx context.Context, c *Client, req BeginRequest, action fu
 			return nil, d
 		default:
 			return nil, fmt.Errorf("ratchet: unknown begin decision %q", b.Decision)
+		}
+	}
+}
+
+// beginPatience bounds how long DoEffect asks again for a begin whose
+// answers were lost, from its first failure.
+const beginPatience = 30 * time.Second
+
+// beginAnswered is Begin, asked again under the same request_id, past the
+// client's retries, while every answer was lost (a network failure, a 5xx
+// after the server may have acted: a database failover, an ended
+// connection), for up to beginPatience and within ctx. A lost answer may
+// have granted execute, and only a repeat of its request_id gets that
+// lease back while it is live: given up after MaxRetries, the lease was
+// held by nobody, and the key turned indeterminate (blocked under the
+// default policy) though the action never ran (chaos QA). A failure that
+// surely granted nothing (not_applied, a refusal) is returned at once.
+func beginAnswered(ctx context.Context, c *Client, req BeginRequest) (*BeginResponse, error) {
+	var horizon time.Time
+	for attempt := 0; ; attempt++ {
+		b, err := c.Begin(ctx, req)
+		if err != nil && attempt > 0 {
+			err = unconfirmedIf(true, err) // an earlier call's answers were lost
+		}
+		if err == nil || !mayHaveApplied(err) || ctx.Err() != nil {
+			return b, err
+		}
+		if horizon.IsZero() {
+			horizon = time.Now().Add(beginPatience)
+		}
+		wait, retry := c.retryDelay(err, attempt, idempotent)
+		if dl, ok := ctx.Deadline(); ok && dl.Before(horizon) {
+			horizon = dl
+		}
+		if !retry || !time.Now().Add(wait).Before(horizon) || c.sleep(ctx, wait) != nil {
+			return nil, err
 		}
 	}
 }

@@ -697,3 +697,79 @@ func TestDoEffectReportThatLandedBeforeANewerAttemptSucceeds(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 }
+
+// A begin whose answers are lost past the client's retries (503s whose
+// outcome is unknown: the server may have granted execute) is asked again
+// under the same request_id until one is answered, and DoEffect acts on
+// that execute; it gave up after MaxRetries, leaving the lease it may have
+// granted to lapse held by nobody (chaos QA).
+func TestDoEffectAsksAgainForABeginWhoseAnswersAreLost(t *testing.T) {
+	t.Parallel()
+	unknown := func(w http.ResponseWriter) {
+		apiError(w, 503, CodeDatabaseUnavailable, map[string]any{"outcome": "unknown"})
+	}
+	g := &fakeGate{answers: []func(http.ResponseWriter){unknown, unknown, unknown, unknown, unknown, unknown,
+		unknown, unknown, unknown, execute()}}
+	c, _ := testClient(t, g)
+	acted := 0
+	out, err := DoEffect(context.Background(), c, beginReq, func(context.Context, Lease) (sendResult, error) {
+		acted++
+		return sendResult{MessageID: "msg_1"}, nil
+	})
+	if err != nil || out == nil || acted != 1 || len(g.reports) != 1 {
+		t.Fatalf("out %+v err %v acted %d reports %d", out, err, acted, len(g.reports))
+	}
+	if len(g.begins) != 10 {
+		t.Fatalf("%d begins, want 10", len(g.begins))
+	}
+	for _, b := range g.begins {
+		if b["request_id"] != g.begins[0]["request_id"] {
+			t.Fatalf("request ids %v and %v", g.begins[0]["request_id"], b["request_id"])
+		}
+	}
+}
+
+// A begin that surely granted nothing (503 not_applied) is not asked past
+// the client's retries, nor is one refused after a lost answer; one whose
+// answers stay lost is asked until ctx ends.
+func TestDoEffectGivesUpABeginThatGrantedNothing(t *testing.T) {
+	t.Parallel()
+	notApplied := func(w http.ResponseWriter) {
+		apiError(w, 503, CodeDatabaseUnavailable, map[string]any{"outcome": "not_applied"})
+	}
+	g := &fakeGate{answers: []func(http.ResponseWriter){notApplied}}
+	c, _ := testClient(t, g)
+	act := func(context.Context, Lease) (sendResult, error) {
+		t.Error("acted")
+		return sendResult{}, nil
+	}
+	if _, err := DoEffect(context.Background(), c, beginReq, act); !IsCode(err, CodeDatabaseUnavailable) ||
+		len(g.begins) != 4 {
+		t.Fatalf("err %v begins %d", err, len(g.begins))
+	}
+
+	lost := func(w http.ResponseWriter) { apiError(w, 503, CodeDatabaseUnavailable, nil) }
+	g = &fakeGate{answers: []func(http.ResponseWriter){lost, lost, lost, lost,
+		func(w http.ResponseWriter) { apiError(w, 401, CodeUnauthorized, nil) }}}
+	c, _ = testClient(t, g)
+	_, err := DoEffect(context.Background(), c, beginReq, act)
+	if !IsCode(err, CodeUnauthorized) || !MayHaveApplied(err) || len(g.begins) != 5 {
+		t.Fatalf("err %v begins %d", err, len(g.begins))
+	}
+
+	g = &fakeGate{answers: []func(http.ResponseWriter){lost}}
+	c, _ = testClient(t, g)
+	ctx, cancel := context.WithCancel(context.Background())
+	c.sleep = func(ctx context.Context, d time.Duration) error {
+		if len(g.begins) >= 12 {
+			cancel()
+		}
+		return ctx.Err()
+	}
+	if _, err := DoEffect(ctx, c, beginReq, act); !errors.Is(err, context.Canceled) && !IsCode(err, CodeDatabaseUnavailable) {
+		t.Fatalf("err %v", err)
+	}
+	if len(g.begins) != 12 {
+		t.Fatalf("%d begins, want 12", len(g.begins))
+	}
+}
