@@ -115,11 +115,18 @@ func (rt *RequestTx) Commit(ctx context.Context) error {
 			return fmt.Errorf("commit request transaction: %w: %w", ErrCommitUnknown, err)
 		}
 	}
+	rt.Landed()
+	return nil
+}
+
+// Landed runs what AfterCommit deferred: Commit does once the commit is
+// answered, and the caller of a Commit that failed with ErrCommitUnknown
+// does once it found, on another connection, that the commit landed.
+func (rt *RequestTx) Landed() {
 	for _, fn := range rt.afterCommit {
 		fn()
 	}
 	rt.afterCommit = nil
-	return nil
 }
 
 // Rollback rolls the transaction back and drops what AfterCommit deferred.

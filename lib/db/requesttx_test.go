@@ -152,8 +152,16 @@ func TestRequestTxCommitSaysWhenItsOutcomeIsUnknown(t *testing.T) {
 	rctx, rt = db.BeginRequest(ctx, pool)
 	_, err = rt.Exec(rctx, testpg.EndConnectionAtCommit+`; INSERT INTO `+table+` VALUES (2)`)
 	require.NoError(t, err)
+	woken := 0
+	db.AfterCommit(rctx, func() { woken++ })
 	err = rt.Commit(ctx)
 	require.ErrorIs(t, err, db.ErrCommitUnknown, "%v", err)
 	require.False(t, db.Unapplied(err), "the commit was sent")
 	require.Empty(t, rows(t, pool, table), "(here it did not land)")
+	require.Zero(t, woken, "not run for a commit whose outcome is unknown")
+	// Its caller, finding on another connection that such a commit landed,
+	// runs what waited for it.
+	rt.Landed()
+	rt.Landed()
+	require.Equal(t, 1, woken, "once")
 }

@@ -52,10 +52,12 @@ func writeEncoded(w http.ResponseWriter, a encoded) {
 // one transaction with the recording of its answer (db.BeginRequest,
 // lib/idempotency), so that a retry never finds the work done and the
 // answer missing. A request whose transaction rolled back did nothing and
-// frees the key for the corrected one; one that never learnt whether its
-// commit landed keeps it until the claim lapses, when the retry finds the
-// answer or, if nothing committed, acts (review: recorded after the route's
-// own commit, an answer lost with its instance let a retry act twice).
+// frees the key for the corrected one. One whose COMMIT went unanswered
+// finds out whether it landed and answers so (Claim.Settle); one that
+// cannot find out keeps the key until the claim lapses, when the retry
+// finds the answer or, if nothing committed, acts (review: recorded after
+// the route's own commit, an answer lost with its instance let a retry act
+// twice).
 func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, error) {
 	if len(values) != 1 {
 		return nil, apierr.InvalidField(idempotency.Header, "must be given once")
@@ -91,10 +93,16 @@ func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, er
 	}
 
 	answer, taken, err := s.actOnce(ctx, c, claim)
+	var lost *commitNotLanded
 	switch {
+	case errors.As(err, &lost):
+		// Its COMMIT went unanswered and did not land: the request
+		// changed nothing, and its claim is given up (Claim.Settle).
+		return nil, notApplied(ctx, lost.err)
 	case errors.Is(err, db.ErrCommitUnknown):
-		// The claim is kept until it lapses, whatever the cause (a 503
-		// says so; a 500 would read as nothing done).
+		// Nobody could tell whether the COMMIT landed: the claim is kept
+		// until it lapses, whatever the cause (a 503 says so; a 500 would
+		// read as nothing done).
 		return nil, databaseFailure(ctx, err, true)
 	case taken:
 		s.Logger.Warn("idempotent request outlived its claim; rolled back for the request that took the key",
@@ -122,8 +130,10 @@ func (s *Server) giveUp(ctx context.Context, c *Call, claim *idempotency.Claim) 
 }
 
 // actOnce runs the route in a request transaction and records its answer
-// in it. Unless the error wraps db.ErrCommitUnknown, nothing it did
-// committed; taken: the claim was taken over, and the work was rolled back.
+// in it. Unless the error wraps db.ErrCommitUnknown (and is no
+// *commitNotLanded), nothing it did committed; taken: the claim was taken
+// over, and the work was rolled back. A COMMIT that went unanswered but is
+// found to have landed answers as one that was answered.
 // A route that panics is rolled back and its key freed before the panic
 // goes on to the router's recovery.
 func (s *Server) actOnce(ctx context.Context, c *Call, claim *idempotency.Claim) (answer encoded, taken bool, err error) {
@@ -169,11 +179,37 @@ func (s *Server) actOnce(ctx context.Context, c *Call, claim *idempotency.Claim)
 		return encoded{}, taken, err
 	}
 	if err := rt.Commit(sctx); err != nil {
-		return encoded{}, false, err
+		if !errors.Is(err, db.ErrCommitUnknown) {
+			return encoded{}, false, err
+		}
+		// The COMMIT went unanswered (its connection ended): found out
+		// on another connection, once the transaction has ended, as a
+		// connection the server ended has at once (chaos QA: the key was
+		// held 30 s, a worker's registration waited that long).
+		landed, serr := claim.Settle(ctx)
+		switch {
+		case serr != nil:
+			s.Logger.Warn("idempotent request's commit outcome unknown; its key is held until the claim lapses",
+				"request_id", c.RequestID, "route", c.Route.Name, "err", serr)
+			return encoded{}, false, err
+		case !landed:
+			return encoded{}, false, &commitNotLanded{err: err}
+		}
+		rt.Landed()
 	}
 	committed = true
 	return answer, false, nil
 }
+
+// commitNotLanded is a request whose COMMIT went unanswered and was found
+// not to have landed (Claim.Settle, which gave its claim up): nothing it
+// did committed.
+type commitNotLanded struct{ err error }
+
+func (e *commitNotLanded) Error() string {
+	return "request transaction not committed: " + e.err.Error()
+}
+func (e *commitNotLanded) Unwrap() error { return e.err }
 
 // storeContext bounds a step taken once the route has run (recording,
 // committing, rolling back) by idempotency.StoreTimeout, whatever is left

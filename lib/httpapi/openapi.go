@@ -243,9 +243,10 @@ func operation(r Route) map[string]any {
 				"detail.retry_after_seconds, also in Retry-After); one sent as the first records its answer " +
 				"waits the moment it takes to commit and is given that answer. The request's work and its answer commit " +
 				"together: a request that failed (a 4xx, a 500, a 503 with detail.outcome not_applied) changed " +
-				"nothing and frees the key (or its claim lapses within 30 seconds); one " +
-				"whose commit's outcome is unknown (a 503 with detail.outcome unknown) holds it for 30 seconds, " +
-				"after which a retry gets the answer if the commit landed and acts if it did not.",
+				"nothing and frees the key (or its claim lapses within 30 seconds). One whose COMMIT went " +
+				"unanswered finds out whether it landed and answers so (its success, or a 503 not_applied that " +
+				"frees the key); one that cannot (a 503 with detail.outcome unknown) holds the key for 30 " +
+				"seconds, after which a retry gets the answer if the commit landed and acts if it did not.",
 			"schema": map[string]any{"type": "string", "minLength": 1, "maxLength": idemkey.MaxRunes, "pattern": idemkey.Pattern}})
 	}
 	if params != nil {

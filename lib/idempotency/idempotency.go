@@ -12,10 +12,11 @@
 // request that did nothing (refused, or rolled back) gives its claim up, so
 // that the corrected request may use the key; another request under a
 // stored key is refused, and any sent while the first is still acting is
-// told to wait. A request that died while acting, or never learnt whether
-// its commit landed, holds the key until its claim lapses (ClaimTTL); the
-// retry after that finds the answer if the commit landed, and acts if it
-// did not.
+// told to wait. A request whose COMMIT went unanswered finds out whether it
+// landed (Settle), and gives the key up if it did not. A request that died
+// while acting, or could not find that out, holds the key until its claim
+// lapses (ClaimTTL); the retry after that finds the answer if the commit
+// landed, and acts if it did not.
 package idempotency
 
 import (
@@ -217,6 +218,57 @@ func (c *Claim) GiveUp(ctx context.Context) error {
 	return c.giveUp(ctx)
 }
 
+// SettleTimeout bounds Settle's wait for the transaction whose COMMIT went
+// unanswered. One whose connection the server ended (pg_terminate_backend,
+// a failover, a pooler dropping its server connection) is over at once; one
+// whose network path died without a word may hold its row until the server
+// notices, and the claim is then kept until it lapses.
+const SettleTimeout = 2 * time.Second
+
+// ErrUnsettled is a Settle that could not tell whether the transaction
+// committed: the claim is kept until it lapses.
+var ErrUnsettled = errors.New("idempotency: the outcome of the request's commit is unknown")
+
+// Settle finds out whether the request transaction that recorded the
+// claim's answer (Record) committed, when its COMMIT went unanswered (the
+// connection ended while it was sent or answered; db.ErrCommitUnknown).
+// That transaction holds the claim's row from Record until it ends, so a
+// statement on another connection that waits for the row sees its end:
+// rolled back (its connection ended before the commit), the claim is given
+// up in that statement and landed is false, the request having changed
+// nothing, and its retry acts at once; committed, landed is true, the
+// answer and the work being recorded together. Before, such a request
+// held its key until the claim lapsed (ClaimTTL): a worker's registration
+// whose connection was ended at COMMIT waited 30 s (chaos QA). An error
+// (ErrUnsettled, or the database's) leaves the outcome unknown, and the
+// claim is kept until it lapses, or until its give-up, still waiting for
+// the row when Settle stopped waiting (its cancel request is sent apart),
+// finds the transaction rolled back: it never frees the key of one that
+// committed.
+func (c *Claim) Settle(ctx context.Context) (landed bool, err error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), SettleTimeout)
+	defer cancel()
+	tag, err := c.s.pool.Exec(ctx, sqlGiveUp, c.apiKey, c.key, c.id)
+	if err != nil {
+		return false, fmt.Errorf("idempotency: settle claim: %w", err)
+	}
+	if tag.RowsAffected() == 1 {
+		return false, nil
+	}
+	// Not given up: the transaction committed its answer (read now, after
+	// the wait, in a snapshot of its own), or the claim is no longer this
+	// request's (taken over once it lapsed, or purged).
+	var answered bool
+	err = c.s.pool.QueryRow(ctx, sqlAnswered, c.apiKey, c.key, c.id).Scan(&answered)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows) || (err == nil && !answered):
+		return false, ErrUnsettled
+	case err != nil:
+		return false, fmt.Errorf("idempotency: settle claim: %w", err)
+	}
+	return true, nil
+}
+
 // lostClaimGiveUpTimeout bounds giving up a claim whose answer was lost: a
 // best effort, which must not hold the request's own answer (often a 503)
 // for long when the database is what failed.
@@ -283,6 +335,10 @@ WHERE key_id = $1 AND idempotency_key = $2 AND request_id = $3 AND status IS NUL
 // $1 API key, $2 key, $3 request id.
 const sqlGiveUp = `
 DELETE FROM idempotent_requests WHERE key_id = $1 AND idempotency_key = $2 AND request_id = $3 AND status IS NULL`
+
+// $1 API key, $2 key, $3 request id.
+const sqlAnswered = `
+SELECT status IS NOT NULL FROM idempotent_requests WHERE key_id = $1 AND idempotency_key = $2 AND request_id = $3`
 
 // $1 oldest answer kept, $2 limit.
 const sqlPurge = `

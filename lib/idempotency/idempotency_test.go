@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -154,6 +155,73 @@ func TestClaimHoldsTheKeyUntilItLapses(t *testing.T) {
 	_, stored, err := s.Begin(ctx, retry(other))
 	require.NoError(t, err)
 	require.Equal(t, []byte(`{"n":2}`), stored.Body)
+}
+
+// A request whose COMMIT went unanswered learns whether it landed by
+// waiting, on another connection, for its transaction to end (Settle):
+// committed, its answer is given to the retry; rolled back, the key is
+// free at once. Before, the key was held until the claim lapsed (30 s) in
+// both cases (chaos QA). A transaction that does not end in time (its
+// connection's network path died without a word) leaves it unknown.
+func TestSettleFindsWhatBecameOfAnUnansweredCommit(t *testing.T) {
+	t.Parallel()
+	s, _, req := store(t, time.Now())
+	ctx := context.Background()
+	for _, commit := range []bool{true, false} {
+		req := retry(req)
+		req.Key = fmt.Sprint("settle-", commit)
+		claim := mustClaim(t, s, req)
+		tx, err := s.pool.Begin(ctx)
+		require.NoError(t, err)
+		taken, err := claim.Record(ctx, tx, idempotency.Answer{Status: 201, Body: []byte(`{"n":1}`)})
+		require.NoError(t, err)
+		require.False(t, taken)
+		type settled struct {
+			landed bool
+			err    error
+		}
+		done := make(chan settled, 1)
+		go func() {
+			landed, err := claim.Settle(ctx)
+			done <- settled{landed, err}
+		}()
+		select {
+		case r := <-done:
+			t.Fatalf("settled %+v while the transaction was open", r)
+		case <-time.After(200 * time.Millisecond):
+		}
+		if commit {
+			require.NoError(t, tx.Commit(ctx))
+		} else {
+			require.NoError(t, tx.Rollback(ctx))
+		}
+		r := <-done
+		require.NoError(t, r.err)
+		require.Equal(t, commit, r.landed)
+		if commit {
+			_, stored, err := s.Begin(ctx, retry(req))
+			require.NoError(t, err)
+			require.Equal(t, []byte(`{"n":1}`), stored.Body)
+		} else {
+			mustClaim(t, s, retry(req))
+		}
+	}
+
+	claim := mustClaim(t, s, req)
+	tx, err := s.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = claim.Record(ctx, tx, idempotency.Answer{Status: 201, Body: []byte(`{"n":1}`)})
+	require.NoError(t, err)
+	began := time.Now()
+	_, err = claim.Settle(ctx)
+	require.Error(t, err, "the transaction never ended")
+	require.Less(t, time.Since(began), idempotency.SettleTimeout+time.Second)
+	// Its give-up may still be waiting for the row (its cancel is sent
+	// apart): it frees nothing of a transaction that then commits.
+	require.NoError(t, tx.Commit(ctx))
+	_, stored, err := s.Begin(ctx, retry(req))
+	require.NoError(t, err)
+	require.Equal(t, []byte(`{"n":1}`), stored.Body)
 }
 
 // mustClaim begins req and requires that it claims the key.

@@ -3,6 +3,7 @@ package sdktest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -10,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/apitest"
 	ratchet "github.com/getratchet/ratchet/sdk/go"
 )
 
@@ -158,3 +161,57 @@ func TestDoEffectKeepsAskingABeginWhoseAnswersAreLost(t *testing.T) {
 	require.Equal(t, ratchet.EffectSucceeded, eff.State)
 	require.Len(t, eff.Attempts, 1)
 }
+
+// A worker's registration whose connection is ended at COMMIT (a failover,
+// pg_terminate_backend) is answered not_applied once the server has found
+// that the commit did not land, and the SDK's retry registers at once: one
+// worker, two requests. Before, the server answered outcome unknown and
+// held the Idempotency-Key until its claim lapsed: the retry was told
+// retry_request for 30 s, and Start waited that long (chaos QA). Not
+// parallel: it adds a trigger to job_workers.
+func TestRegisterWorkerWhoseCommitEndedIsAnsweredAtOnce(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, apitest.DatabaseURL(t))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	// The workspace's first registration ends its connection at COMMIT.
+	_, err = conn.Exec(ctx, fmt.Sprintf(`
+CREATE SEQUENCE register_once;
+CREATE FUNCTION register_end_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF nextval('register_once') = 1 THEN
+        PERFORM pg_terminate_backend(pg_backend_pid());
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER register_end_at_commit AFTER INSERT ON job_workers DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW WHEN (NEW.workspace_id = '%s') EXECUTE FUNCTION register_end_at_commit()`, b.ws.ID))
+	require.NoError(t, err)
+	defer func() {
+		_, err := conn.Exec(ctx, `DROP TRIGGER register_end_at_commit ON job_workers;
+DROP FUNCTION register_end_at_commit(); DROP SEQUENCE register_once`)
+		require.NoError(t, err)
+	}()
+	var answers []string
+	c := b.client(t, b.workerKey(t, "send_email@1"), func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			res, err := rt.RoundTrip(r)
+			if err == nil && strings.HasSuffix(r.URL.Path, "/workers/register") {
+				answers = append(answers, res.Status)
+			}
+			return res, err
+		})
+	})
+	id, err := c.RegisterWorker(ctx, []ratchet.ToolRef{{Name: "send_email", Version: "1"}})
+	require.NoError(t, err)
+	require.Equal(t, []string{"503 Service Unavailable", "201 Created"}, answers)
+	var workers int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM job_workers WHERE workspace_id = $1`, b.ws.ID).
+		Scan(&workers))
+	require.Equal(t, 1, workers, id)
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
