@@ -39,6 +39,9 @@ _MAX_RESULT_BYTES = 1024 * 1024 - 1024
 # bound a report route failing for good held the call, and the key's
 # waiters, for ever.
 _REPORT_TIMEOUT = 30.0
+# How long do_effect asks again for a begin whose answers were all lost,
+# from its first failure (as Go's DoEffect).
+_BEGIN_PATIENCE = 30.0
 
 
 def create_ratchet(base_url: Optional[str] = None, api_key: str = "", **options: Any) -> "Ratchet":
@@ -356,7 +359,12 @@ class Ratchet:
         attempt is reported "failed" (it surely did not happen) and the
         exception re-raised; any other exception reports nothing (the lease
         lapses: an honest indeterminate) and is re-raised. duplicate: returns
-        the recorded result without acting. in_flight: asks again (0.25 s
+        the recorded result without acting. A begin whose answers are all
+        lost (network failures, a 5xx after which the server may have
+        granted execute) is asked again under its request_id past the
+        transport's retries, for up to 30 s from the first failure, so that
+        a lease one of them granted is given back rather than left to lapse.
+        in_flight: asks again (0.25 s
         doubling to 5 s, never past the server's retry_after_seconds) until
         in_flight_timeout seconds, then EffectInFlight. blocked,
         approval_required and denied raise EffectBlocked, ApprovalRequired
@@ -455,8 +463,8 @@ class Ratchet:
         wait = _FIRST_IN_FLIGHT_WAIT
         while True:
             sent = time.monotonic()
-            answer, lease_seconds, request_id = self._begin(
-                self._begin_body(effect_type, idempotency_key, payload, **begin_options))
+            answer, lease_seconds, request_id = self._begin_answered(
+                self._begin_body(effect_type, idempotency_key, payload, **begin_options), handed)
             decision = answer.get("decision")
             effect_id = answer.get("effect_id", "")
             if decision == "execute":
@@ -498,6 +506,43 @@ class Ratchet:
                                                            str(error.get("message", "")),
                                                            error.get("detail") or {}, request_id, answer))
             raise RatchetError(200, "unknown_decision", f"unknown begin decision {decision!r}")
+
+    def _begin_answered(self, body: dict, handed: Optional["_Handover"] = None) -> Tuple[dict, float, str]:
+        """_begin, asked again under the same request_id past the
+        transport's retries while every answer was lost (a network failure,
+        a 5xx after which the server may have granted execute: a database
+        failover, an ended connection), for up to _BEGIN_PATIENCE from the
+        first failure: a lease one of them granted is given back to the
+        repeat while it is live. Given up after the transport's retries, the
+        lease lapsed held by nobody, and the key turned indeterminate
+        (blocked under the default policy) though the action never ran
+        (chaos QA). A failure that surely granted nothing (not_applied, a
+        refusal) is raised at once."""
+        give_up: Optional[float] = None
+        attempt = 0
+        while True:
+            try:
+                return self._begin(body)
+            except RatchetError as err:
+                if attempt > 0:
+                    err._unconfirmed = True  # an earlier call's answers were lost
+                if not err.may_have_applied:
+                    raise
+                wait = self._transport.retry_delay(err, attempt, True)
+                if wait is None:
+                    raise
+                failure: Exception = err
+            except ConnectionLost as err:
+                wait, failure = self._transport.backoff(attempt), err
+            if give_up is None:
+                give_up = time.monotonic() + _BEGIN_PATIENCE
+            if time.monotonic() + wait >= give_up:
+                raise failure
+            attempt += 1
+            if handed is None:
+                self._transport.sleep(wait)
+            elif handed.abandoned.wait(wait):
+                raise failure  # its task was cancelled: nobody waits for the answer
 
     def _hold(self, answer: dict, lease_end: float) -> "_Held":
         """The execute's lease, heartbeated from now until its stop is set."""

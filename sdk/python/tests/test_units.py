@@ -1606,6 +1606,39 @@ class GateLeaseTest(unittest.TestCase):
             client.do_effect("email.send", "k", lambda lease: told.append(lease.lost.wait(15)), {})
         self.assertEqual(told, [True])
 
+    def test_a_begin_whose_answers_are_lost_is_asked_again(self) -> None:
+        # Past the transport's retries, under the same request_id (chaos QA):
+        # the lease a lost answer granted is given back to the repeat. Given
+        # up, it lapsed held by nobody, and the key turned indeterminate
+        # though the action never ran. One that surely granted nothing
+        # (not_applied) is given up with the transport's retries.
+        def gate(lost: int, outcome: str, calls: list):
+            def respond(method, path, body):
+                calls.append((path, body))
+                if path.endswith("/begin") and len(calls) <= lost:
+                    return 503, {"error": {"code": "database_unavailable", "message": "m",
+                                           "detail": {"outcome": outcome}}}, {}
+                return self.leased(path) or (200, {"id": "eff_1", "state": body["outcome"]}, {})
+            client, _ = self.client_of(respond)
+            client._transport.sleep = lambda seconds: None
+            return client
+
+        calls: list = []
+        client = gate(9, "unknown", calls)
+        acted = []
+        out = client.do_effect("email.send", "k", lambda lease: acted.append(lease.attempt) or {"sent": True}, {})
+        self.assertEqual((out.result, acted), ({"sent": True}, [1]))
+        begins = [body["request_id"] for path, body in calls if path.endswith("/begin")]
+        self.assertEqual(len(begins), 10)
+        self.assertEqual(len(set(begins)), 1, "one request_id")
+
+        calls = []
+        client = gate(100, "not_applied", calls)
+        with self.assertRaises(RatchetError) as raised:
+            client.do_effect("email.send", "k", lambda lease: acted.append(lease.attempt), {})
+        self.assertFalse(raised.exception.may_have_applied)
+        self.assertEqual(len(calls), 4, "the transport's retries only")
+
     def test_an_async_action_is_awaited_not_reported_failed(self) -> None:
         # An async action wrapped in a plain function (a lambda, a
         # decorator) was closed unrun and its attempt reported failed; but

@@ -2,8 +2,8 @@
 
 import { createHmac } from 'node:crypto';
 import {
-  ApprovalRequiredError, EffectBlockedError, EffectDeniedError, EffectInFlightError,
-  NotPerformedError, OutcomeNotReportedError, RatchetError, ResultNotStoredError,
+  ApprovalRequiredError, ConnectionLostError, EffectBlockedError, EffectDeniedError, EffectInFlightError,
+  NotPerformedError, OutcomeNotReportedError, RatchetError, ResultNotStoredError, markUnconfirmed,
 } from './errors.js';
 import { stringify } from './json.js';
 import { Transport, newRequestId, pathId, sleep } from './transport.js';
@@ -24,7 +24,9 @@ const MAX_RESULT_BYTES = 1024 * 1024 - 1024;
 // (as Go's DoEffect): the heartbeats keep the lease meanwhile, so without a
 // bound a report route failing for good held the call, and the key's
 // waiters, for ever. Exported for the tests.
-export const gateTimes = { reportTimeoutMs: 30_000 };
+// beginPatienceMs is how long doEffect asks again for a begin whose answers
+// were all lost, from its first failure (as Go's DoEffect).
+export const gateTimes = { reportTimeoutMs: 30_000, beginPatienceMs: 30_000 };
 
 /** Returns a Ratchet client: createRatchet({ baseUrl, apiKey }). */
 export function createRatchet(options) {
@@ -503,7 +505,11 @@ export class Ratchet {
    * what it returns; a NotPerformedError reports 'failed' and is rethrown;
    * any other error reports nothing (the lease lapses: an honest
    * indeterminate) and is rethrown. duplicate: returns the recorded result
-   * without acting. in_flight: asks again until inFlightTimeoutMs. blocked,
+   * without acting. A begin whose answers are all lost (network failures,
+   * a 5xx after which the server may have granted execute) is asked again
+   * under its request_id past maxRetries, for up to 30 s from the first
+   * failure, so that a lease one of them granted is given back rather than
+   * left to lapse. in_flight: asks again until inFlightTimeoutMs. blocked,
    * approval_required and denied throw EffectBlockedError,
    * ApprovalRequiredError and EffectDeniedError. signal (an AbortSignal)
    * ends the call as Go's ctx does: before a begin it throws its reason,
@@ -530,7 +536,7 @@ export class Ratchet {
     for (;;) {
       signal?.throwIfAborted();
       const sent = Date.now();
-      const [answer, leaseMs, requestId] = await this.#begin(req);
+      const [answer, leaseMs, requestId] = await this.#beginAnswered(req, signal);
       const effectId = answer.effect_id ?? '';
       switch (answer.decision) {
         case 'execute':
@@ -567,6 +573,44 @@ export class Ratchet {
         }
         default:
           throw new RatchetError(200, 'unknown_decision', `unknown begin decision ${JSON.stringify(answer.decision)}`);
+      }
+    }
+  }
+
+  /** #begin, asked again under the same request_id past the transport's
+   * retries while every answer was lost (a network failure, a 5xx after
+   * which the server may have granted execute: a database failover, an
+   * ended connection), for up to gateTimes.beginPatienceMs from the first
+   * failure: a lease one of them granted is given back to the repeat while
+   * it is live. Given up after the transport's retries, the lease lapsed
+   * held by nobody, and the key turned indeterminate (blocked under the
+   * default policy) though the action never ran (chaos QA). A failure that
+   * surely granted nothing (not_applied, a refusal) is thrown at once; so
+   * is the last failure when signal aborts a wait. */
+  async #beginAnswered(req, signal) {
+    let giveUp = null;
+    for (let attempt = 0; ; attempt++) {
+      let wait;
+      try {
+        return await this.#begin(req);
+      } catch (err) {
+        if (err instanceof RatchetError) {
+          if (attempt > 0) markUnconfirmed(err); // an earlier call's answers were lost
+          if (!err.mayHaveApplied) throw err;
+          wait = this.#transport.retryDelay(err, attempt, true);
+          if (wait === null) throw err;
+        } else if (err instanceof ConnectionLostError) {
+          wait = this.#transport.backoff(attempt);
+        } else {
+          throw err; // an error of ours
+        }
+        giveUp ??= Date.now() + gateTimes.beginPatienceMs;
+        if (Date.now() + wait >= giveUp) throw err;
+        try {
+          await this.#transport.sleep(wait, signal);
+        } catch {
+          throw err;
+        }
       }
     }
   }

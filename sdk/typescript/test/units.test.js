@@ -868,6 +868,38 @@ test('a result refused at a field is recorded with the placeholder Go records', 
   }
 });
 
+// A begin whose answers are lost past the transport's retries is asked again
+// under the same request_id (chaos QA): the lease a lost answer granted is
+// given back to the repeat. Given up, it lapsed held by nobody, and the key
+// turned indeterminate though the action never ran. One that surely granted
+// nothing (not_applied) is given up with the transport's retries.
+test('a begin whose answers are lost is asked again', async (t) => {
+  const gate = async (lost, outcome) => {
+    const server = await fakeServer(t, (method, path, body) => {
+      if (path.endsWith('/begin') && server.seen.filter((s) => s.path.endsWith('/begin')).length <= lost) {
+        return [503, error('database_unavailable', { outcome })];
+      }
+      return leased(path) ?? [200, { id: 'eff_1', state: body.outcome }];
+    });
+    return [new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', maxRetries: 1 }), server];
+  };
+  let [client, server] = await gate(3, 'unknown');
+  const acted = [];
+  const outcome = await client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, (lease) => {
+    acted.push(lease.attempt);
+    return { sent: true };
+  });
+  assert.deepEqual([outcome.result, acted], [{ sent: true }, [1]]);
+  const begins = server.seen.filter((s) => s.path.endsWith('/begin')).map((s) => s.body.request_id);
+  assert.equal(begins.length, 4);
+  assert.equal(new Set(begins).size, 1, 'one request_id');
+
+  [client, server] = await gate(100, 'not_applied');
+  await assert.rejects(client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => assert.fail('acted')),
+    (err) => err instanceof RatchetError && !err.mayHaveApplied);
+  assert.equal(server.seen.length, 2, "the transport's retries only");
+});
+
 // The placeholder is exactly {ratchet, reason}, as Go reads it: an action's
 // own result with more fields is handed back (it was thrown as
 // ResultNotStoredError, the result withheld).
