@@ -701,3 +701,80 @@ func TestListRunStepsPagesARunsSteps(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, r.StepsTruncated)
 }
+
+// A step replayed more than 50 times holds its job's last 50 attempts and
+// last 50 replays and says so (AttemptsTruncated, ReplaysTruncated), and
+// ListStepAttempts and ListStepReplays read every one, in order (size QA:
+// the SDK dropped the flags, and a cut list read as the whole).
+func TestACutStepIsReadWholeThroughItsPages(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	run, err := b.operator.StartRun(ctx, "replayed")
+	require.NoError(t, err)
+	st, err := b.operator.Enqueue(ctx, run.ID, welcomeIn{CustomerID: "c"},
+		ratchet.EnqueueOptions{Name: "flaky", Version: "1", MaxAttempts: 1})
+	require.NoError(t, err)
+	wc := b.client(t, b.workerKey(t, "flaky@1"), nil)
+	workerID, err := wc.RegisterWorker(ctx, []ratchet.ToolRef{{Name: "flaky", Version: "1"}})
+	require.NoError(t, err)
+	const replays = 52 // attempts: one more
+	for i := 0; ; i++ {
+		jobs, err := wc.Claim(ctx, workerID, 1, 0)
+		require.NoError(t, err)
+		require.Len(t, jobs, 1, "attempt %d", i+1)
+		_, err = wc.ReportJob(ctx, jobs[0].JobID, ratchet.JobReport{LeaseToken: jobs[0].LeaseToken, Status: ratchet.ReportFailed,
+			Error: &ratchet.JobError{Message: fmt.Sprint("attempt ", i+1)}})
+		require.NoError(t, err)
+		if i == replays {
+			break
+		}
+		seen := i + 1
+		_, err = b.operator.Replay(ctx, st.StepID, ratchet.ReplayOptions{AcknowledgeDuplicateRisk: true,
+			Reason: fmt.Sprint("replay ", i+1), ExpectedAttempt: &seen})
+		require.NoError(t, err)
+	}
+
+	got, err := b.operator.GetStep(ctx, st.StepID)
+	require.NoError(t, err)
+	job := got.DurableJob
+	require.True(t, job.AttemptsTruncated)
+	require.True(t, job.ReplaysTruncated)
+	require.Len(t, job.Attempts, 50)
+	require.Equal(t, replays+1-49, job.Attempts[0].Attempt, "the last 50")
+	require.Len(t, job.Replays, 50)
+	require.Equal(t, "replay 3", *job.Replays[0].Reason)
+
+	var attempts []int
+	for q := (ratchet.ListQuery{Limit: 20}); ; {
+		page, err := b.operator.ListStepAttempts(ctx, st.StepID, q)
+		require.NoError(t, err)
+		for _, a := range page.Data {
+			attempts = append(attempts, a.Attempt)
+		}
+		if page.NextCursor == nil {
+			break
+		}
+		q.Cursor = *page.NextCursor
+	}
+	require.Len(t, attempts, replays+1)
+	for i, n := range attempts {
+		require.Equal(t, i+1, n)
+	}
+	var reasons []string
+	for q := (ratchet.ListQuery{Limit: 20}); ; {
+		page, err := b.operator.ListStepReplays(ctx, st.StepID, q)
+		require.NoError(t, err)
+		for _, r := range page.Data {
+			reasons = append(reasons, *r.Reason)
+		}
+		if page.NextCursor == nil {
+			break
+		}
+		q.Cursor = *page.NextCursor
+	}
+	require.Len(t, reasons, replays)
+	for i, r := range reasons {
+		require.Equal(t, fmt.Sprint("replay ", i+1), r)
+	}
+}

@@ -968,3 +968,78 @@ func TestPrintedConfigAndClientHideTheKey(t *testing.T) {
 		t.Fatalf("printed without the masked key or the origin: %s", printed)
 	}
 }
+
+// A group and a step say when their lists were cut to fit one answer
+// (steps_truncated; attemptsTruncated, replaysTruncated), and the routes that
+// page those lists whole are read through the SDK, repeated after a lost
+// answer as any read (size QA: the flags were dropped unread, so a cut list
+// read as the whole, and nothing paged the rest).
+func TestCutListsAreSaidAndPagedWhole(t *testing.T) {
+	t.Parallel()
+	var (
+		mu   sync.Mutex
+		seen []string
+		lost = map[string]bool{}
+	)
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.URL.RequestURI())
+		first := !lost[r.URL.Path]
+		lost[r.URL.Path] = true
+		mu.Unlock()
+		if first && r.URL.Path != "/api/v1/groups/grp_1" && r.URL.Path != "/api/v1/steps/stp_1" {
+			apiError(w, 500, "internal_error", nil)
+			return
+		}
+		switch r.URL.Path {
+		case "/api/v1/groups/grp_1":
+			writeJSON(w, 200, map[string]any{"id": "grp_1", "steps": []any{map[string]any{"effect_id": "eff_1"}},
+				"steps_truncated": true})
+		case "/api/v1/groups/grp_1/steps":
+			writeJSON(w, 200, map[string]any{"data": []any{map[string]any{"effect_id": "eff_2", "has_compensation": true}},
+				"next_cursor": "eff_2"})
+		case "/api/v1/steps/stp_1":
+			writeJSON(w, 200, map[string]any{"id": "stp_1", "durableJob": map[string]any{
+				"attempts": []any{map[string]any{"attempt": 51}}, "attemptsTruncated": true,
+				"replays": []any{}, "replaysTruncated": true}})
+		case "/api/v1/steps/stp_1/attempts":
+			writeJSON(w, 200, map[string]any{"data": []any{map[string]any{"attempt": 1}}, "nextCursor": "1"})
+		case "/api/v1/steps/stp_1/replays":
+			writeJSON(w, 200, map[string]any{"data": []any{map[string]any{"id": "rpl_1", "priorAttempt": 1}},
+				"nextCursor": nil})
+		default:
+			apiError(w, 404, "not_found", nil)
+		}
+	}))
+	ctx := context.Background()
+	g, err := c.GetGroup(ctx, "grp_1")
+	if err != nil || !g.StepsTruncated || len(g.Steps) != 1 {
+		t.Fatalf("group %+v, %v", g, err)
+	}
+	steps, err := c.ListGroupSteps(ctx, "grp_1", ListQuery{Limit: 200, Cursor: g.Steps[0].EffectID})
+	if err != nil || len(steps.Data) != 1 || !steps.Data[0].HasCompensation || steps.NextCursor == nil || *steps.NextCursor != "eff_2" {
+		t.Fatalf("group steps %+v, %v", steps, err)
+	}
+	st, err := c.GetStep(ctx, "stp_1")
+	if err != nil || !st.DurableJob.AttemptsTruncated || !st.DurableJob.ReplaysTruncated {
+		t.Fatalf("step %+v, %v", st, err)
+	}
+	attempts, err := c.ListStepAttempts(ctx, "stp_1", ListQuery{Limit: 40})
+	if err != nil || len(attempts.Data) != 1 || attempts.Data[0].Attempt != 1 || *attempts.NextCursor != "1" {
+		t.Fatalf("attempts %+v, %v", attempts, err)
+	}
+	replays, err := c.ListStepReplays(ctx, "stp_1", ListQuery{Cursor: "rpl_0"})
+	if err != nil || len(replays.Data) != 1 || replays.Data[0].PriorAttempt != 1 || replays.NextCursor != nil {
+		t.Fatalf("replays %+v, %v", replays, err)
+	}
+	want := []string{
+		"/api/v1/groups/grp_1",
+		"/api/v1/groups/grp_1/steps?cursor=eff_1&limit=200", "/api/v1/groups/grp_1/steps?cursor=eff_1&limit=200",
+		"/api/v1/steps/stp_1",
+		"/api/v1/steps/stp_1/attempts?limit=40", "/api/v1/steps/stp_1/attempts?limit=40",
+		"/api/v1/steps/stp_1/replays?cursor=rpl_0", "/api/v1/steps/stp_1/replays?cursor=rpl_0",
+	}
+	if !slices.Equal(seen, want) {
+		t.Fatalf("requests %q, want %q", seen, want)
+	}
+}

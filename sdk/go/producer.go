@@ -95,10 +95,17 @@ type DurableJob struct {
 	// snapshotted from (0 when none was set).
 	PolicyVersion int64       `json:"policyVersion"`
 	Policy        RetryPolicy `json:"policy"`
-	// Attempts are the job's executions, oldest first.
+	// Attempts are the job's executions, oldest first: its last 50.
 	Attempts []JobAttempt `json:"attempts"`
-	// Replays are the job's replays, oldest first.
+	// AttemptsTruncated says Attempts holds only the job's last 50
+	// executions (replays add attempts without end, and one answer holds
+	// about 4 MB): ListStepAttempts pages all of them.
+	AttemptsTruncated bool `json:"attemptsTruncated"`
+	// Replays are the job's replays, oldest first: its last 50.
 	Replays []JobReplay `json:"replays"`
+	// ReplaysTruncated says Replays holds only the job's last 50 replays:
+	// ListStepReplays pages all of them.
+	ReplaysTruncated bool `json:"replaysTruncated"`
 }
 
 // JobReplay is one replay of a durable job: who made it, why, what it
@@ -244,10 +251,30 @@ func (c *Client) ListRuns(ctx context.Context, q RunQuery) (*Page[RunSummary], e
 	return call[Page[RunSummary]](ctx, c, "GET", withQuery("/runs", v), nil, idempotent)
 }
 
-// GetStep reads one step with its durable job, executions and replays (GET
-// /api/v1/steps/{id}).
+// GetStep reads one step with its durable job, its last 50 executions and
+// its last 50 replays (GET /api/v1/steps/{id}; DurableJob.AttemptsTruncated
+// and ReplaysTruncated say when earlier ones are left out).
 func (c *Client) GetStep(ctx context.Context, stepID string) (*Step, error) {
 	return call[Step](ctx, c, "GET", "/steps/"+pathID(stepID), nil, idempotent)
+}
+
+// ListStepAttempts pages every execution of a step's durable job in attempt
+// order (GET /api/v1/steps/{id}/attempts, scope runs:read), where GetStep,
+// GetRun and ListRunSteps hold its last 50 (DurableJob.AttemptsTruncated).
+// Limit 0 is the server's default (50), at most 200; pass NextCursor (the
+// page's last attempt number) as Cursor for the next page.
+func (c *Client) ListStepAttempts(ctx context.Context, stepID string, q ListQuery) (*Page[JobAttempt], error) {
+	return call[Page[JobAttempt]](ctx, c, "GET", withQuery("/steps/"+pathID(stepID)+"/attempts", q.values()), nil,
+		idempotent)
+}
+
+// ListStepReplays pages every replay of a step's durable job oldest first
+// (GET /api/v1/steps/{id}/replays, scope runs:read), where GetStep, GetRun
+// and ListRunSteps hold its last 50 (DurableJob.ReplaysTruncated). Limit 0
+// is the server's default (50), at most 200.
+func (c *Client) ListStepReplays(ctx context.Context, stepID string, q ListQuery) (*Page[JobReplay], error) {
+	return call[Page[JobReplay]](ctx, c, "GET", withQuery("/steps/"+pathID(stepID)+"/replays", q.values()), nil,
+		idempotent)
 }
 
 // StepQuery filters ListRunSteps. Zero fields do not filter; Limit 0 is

@@ -87,8 +87,14 @@ type Group struct {
 	UnwindStartedAt *time.Time `json:"unwind_started_at"`
 	FinishedAt      *time.Time `json:"finished_at"`
 	// IdempotencyKey is the key the group was opened under (CreateGroupWithKey).
-	IdempotencyKey *string     `json:"idempotency_key"`
-	Steps          []GroupStep `json:"steps"`
+	IdempotencyKey *string `json:"idempotency_key"`
+	// Steps are the group's effects, forward and compensating, in effect
+	// id order: all of them unless StepsTruncated.
+	Steps []GroupStep `json:"steps"`
+	// StepsTruncated says Steps holds only the group's first steps: the
+	// rest would take the answer past about 4 MB (some 3 000 steps at
+	// worst, under the longest keys). ListGroupSteps pages all of them.
+	StepsTruncated bool `json:"steps_truncated"`
 	// Deduplicated is set by CreateGroupWithKey: the key had opened this
 	// group already.
 	Deduplicated bool `json:"deduplicated"`
@@ -155,13 +161,26 @@ func (c *Client) CreateGroupWithKey(ctx context.Context, name, idempotencyKey st
 	return &out, nil
 }
 
-// GetGroup reads a group with its steps.
+// GetGroup reads a group with its steps: all of them, or the first that
+// fit in one answer (StepsTruncated; ListGroupSteps pages the rest).
 func (c *Client) GetGroup(ctx context.Context, groupID string) (*Group, error) {
 	var out Group
 	if err := c.do(ctx, "GET", "/groups/"+pathID(groupID), nil, &out, idempotent); err != nil {
 		return nil, err
 	}
 	return &out, nil
+}
+
+// ListGroupSteps pages every step of a group in effect id order, each as
+// GetGroup shows it (GET /api/v1/groups/{id}/steps; effects:read, or
+// effects:begin for a group the key created), where GetGroup, CommitGroup
+// and CreateGroupWithKey's repeat hold the first steps that fit in one
+// answer (Group.StepsTruncated). Limit 0 is the server's default (50), at
+// most 200. To read on past a cut group, pass its last step's EffectID as
+// Cursor; otherwise pass NextCursor of the previous page.
+func (c *Client) ListGroupSteps(ctx context.Context, groupID string, q ListQuery) (*GatePage[GroupStep], error) {
+	return call[GatePage[GroupStep]](ctx, c, "GET", withQuery("/groups/"+pathID(groupID)+"/steps", q.values()), nil,
+		idempotent)
 }
 
 // CommitGroup commits a group whose forward steps all succeeded; it takes

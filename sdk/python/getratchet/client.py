@@ -192,8 +192,26 @@ class Ratchet:
         return self._transport.call("GET", "/runs/" + path_id(self._run(run_id)), safe=True)
 
     def get_step(self, step_id: str) -> dict:
-        """Reads one step with its executions and replays."""
+        """Reads one step with its job's last 50 executions and last 50
+        replays: ``durableJob.attemptsTruncated`` and ``replaysTruncated``
+        say earlier ones are left out (list_step_attempts and
+        list_step_replays page them all)."""
         return self._transport.call("GET", "/steps/" + path_id(step_id), safe=True)
+
+    def list_step_attempts(self, step_id: str, *, limit: Optional[int] = None,
+                           cursor: Optional[str] = None) -> dict:
+        """Pages every execution of a step's job in attempt order, where a
+        step holds its last 50 (``attemptsTruncated``): {"data",
+        "nextCursor"}. Pass nextCursor as cursor for the next page."""
+        return self._transport.call("GET", "/steps/" + path_id(step_id) + "/attempts"
+                                    + _query(limit=limit, cursor=cursor), safe=True)
+
+    def list_step_replays(self, step_id: str, *, limit: Optional[int] = None,
+                          cursor: Optional[str] = None) -> dict:
+        """Pages every replay of a step's job oldest first, where a step
+        holds its last 50 (``replaysTruncated``): {"data", "nextCursor"}."""
+        return self._transport.call("GET", "/steps/" + path_id(step_id) + "/replays"
+                                    + _query(limit=limit, cursor=cursor), safe=True)
 
     def list_runs(self, *, status: Optional[str] = None, limit: Optional[int] = None,
                   cursor: Optional[str] = None) -> dict:
@@ -788,12 +806,26 @@ class Ratchet:
         return self._transport.call("POST", "/groups", body, safe=idempotency_key is not None)
 
     def get_group(self, group_id: str) -> dict:
-        """Reads a group with its steps."""
+        """Reads a group with its steps: all of them, or the first that fit
+        in one answer of about 4 MB (some 3 000 steps at worst), with
+        ``steps_truncated`` true; list_group_steps pages the rest."""
         return self._transport.call("GET", "/groups/" + path_id(group_id), safe=True)
+
+    def list_group_steps(self, group_id: str, *, limit: Optional[int] = None,
+                         cursor: Optional[str] = None) -> dict:
+        """Pages every step of a group in effect id order, each as get_group
+        shows it: {"data", "next_cursor"}. A group's read, commit and
+        repeated keyed create hold the first steps that fit in one answer
+        (``steps_truncated``): pass the last one's effect_id as cursor to
+        read the rest, then next_cursor."""
+        return self._transport.call("GET", "/groups/" + path_id(group_id) + "/steps"
+                                    + _query(limit=limit, cursor=cursor), safe=True)
 
     def commit_group(self, group_id: str) -> dict:
         """Commits a group whose forward steps all succeeded (or answers the
-        plan of those that have not); committing again answers it again."""
+        plan of those that have not); committing again answers it again.
+        Its steps are cut to fit one answer as get_group's are
+        (``steps_truncated``)."""
         return self._transport.call("POST", "/groups/" + path_id(group_id) + "/commit", safe=True)
 
     def unwind_group(self, group_id: str) -> dict:

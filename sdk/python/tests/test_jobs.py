@@ -354,6 +354,15 @@ class JobsTest(unittest.TestCase):
                                           expected_attempt=preview["attempt"])
         self.assertEqual(replayed["status"], "QUEUED")
         wait_for("replay ran", lambda: self.ws.operator.get_step(first["stepId"])["status"] == "SUCCEEDED")
+        job = self.ws.operator.get_step(first["stepId"])["durableJob"]
+        self.assertEqual((job["attemptsTruncated"], job["replaysTruncated"]), (False, False))
+        # The pages of a step's attempts and replays (its read holds the last 50 of each).
+        attempts = self.ws.operator.list_step_attempts(first["stepId"], limit=1)
+        self.assertEqual([a["attempt"] for a in attempts["data"]], [1])
+        rest = self.ws.operator.list_step_attempts(first["stepId"], cursor=attempts["nextCursor"])
+        self.assertEqual(([a["attempt"] for a in rest["data"]], rest["nextCursor"]), ([2], None))
+        replays = self.ws.operator.list_step_replays(first["stepId"])
+        self.assertEqual(([r["reason"] for r in replays["data"]], replays["nextCursor"]), (["card updated"], None))
         with self.assertRaises(getratchet.RatchetError) as refused:
             self.ws.operator.replay(first["stepId"], reason="again")
         self.assertEqual(refused.exception.code, "invalid_state")

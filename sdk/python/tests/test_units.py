@@ -2005,6 +2005,10 @@ class OperatorCallsTest(unittest.TestCase):
                 lambda c: c.list_endpoint_attempts("ep_1", outcome="FAILED", cursor="c1"),
             "POST /api/v1/groups/grp_1/unwind": lambda c: c.unwind_group("grp_1"),
             "GET /api/v1/queue/health?limit=2": lambda c: c.list_queue_health(limit=2),
+            "GET /api/v1/groups/grp%2F1/steps?limit=200&cursor=eff_1":
+                lambda c: c.list_group_steps("grp/1", limit=200, cursor="eff_1"),
+            "GET /api/v1/steps/stp_1/attempts?cursor=50": lambda c: c.list_step_attempts("stp_1", cursor="50"),
+            "GET /api/v1/steps/stp_1/replays?limit=5": lambda c: c.list_step_replays("stp_1", limit=5),
         }
         for route, call in calls.items():
             client, server = self.client([(500, error("internal_error"), {}), (200, {"ok": True}, {})])

@@ -115,9 +115,23 @@ export class Ratchet {
     return this.#transport.call('GET', `/runs/${this.#run(runId)}`, undefined, { safe: true });
   }
 
-  /** Reads one step with its executions and replays. */
+  /** Reads one step with its job's last 50 executions and last 50 replays
+   * (durableJob.attemptsTruncated and replaysTruncated say earlier ones are
+   * left out). */
   getStep(stepId) {
     return this.#transport.call('GET', `/steps/${pathId(stepId)}`, undefined, { safe: true });
+  }
+
+  /** Pages every execution of a step's job in attempt order, where a step
+   * holds its last 50 (attemptsTruncated). Pass nextCursor as cursor. */
+  listStepAttempts(stepId, { limit, cursor } = {}) {
+    return this.#transport.call('GET', `/steps/${pathId(stepId)}/attempts` + query({ limit, cursor }), undefined, { safe: true });
+  }
+
+  /** Pages every replay of a step's job oldest first, where a step holds
+   * its last 50 (replaysTruncated). Pass nextCursor as cursor. */
+  listStepReplays(stepId, { limit, cursor } = {}) {
+    return this.#transport.call('GET', `/steps/${pathId(stepId)}/replays` + query({ limit, cursor }), undefined, { safe: true });
   }
 
   /** Cancels a step's job; a running handler learns of it at its next heartbeat. */
@@ -323,9 +337,18 @@ export class Ratchet {
     return this.#transport.call('POST', '/groups', body, { safe: body.idempotency_key !== undefined });
   }
 
-  /** Reads a group with its steps. */
+  /** Reads a group with its steps: all of them, or the first that fit in
+   * one answer (steps_truncated; listGroupSteps pages the rest). */
   getGroup(groupId) {
     return this.#get(`/groups/${pathId(groupId)}`);
+  }
+
+  /** Pages every step of a group in effect id order, each as getGroup shows
+   * it, where a group's read, commit and repeated keyed create hold the
+   * first that fit in one answer (steps_truncated): pass the last one shown's
+   * effect_id as cursor to read the rest, then next_cursor. */
+  listGroupSteps(groupId, { limit, cursor } = {}) {
+    return this.#get(`/groups/${pathId(groupId)}/steps` + query({ limit, cursor }));
   }
 
   /** Commits a group whose steps all succeeded (409 invalid_state otherwise). */

@@ -130,8 +130,14 @@ export interface DurableJob {
   /** The endpoint policy version the snapshot was taken from. */
   policyVersion: number;
   policy: RetryPolicySnapshot;
+  /** The job's executions in attempt order: its last 50. */
   attempts: JobAttempt[];
+  /** attempts holds only the last 50 (replays add attempts without end): listStepAttempts pages them all. */
+  attemptsTruncated: boolean;
+  /** The job's replays, oldest first: its last 50. */
   replays: JobReplay[];
+  /** replays holds only the last 50: listStepReplays pages them all. */
+  replaysTruncated: boolean;
 }
 
 /** One step of a run; its status equals durableJob.status. */
@@ -510,7 +516,11 @@ export interface Group {
   unwind_started_at: string | null;
   finished_at: string | null;
   idempotency_key: string | null;
+  /** Its effects, forward and compensating, in effect id order: all of them unless steps_truncated. */
   steps: GroupStep[];
+  /** steps holds only the first that fit in one answer (about 4 MB: some 3 000 steps at worst):
+   * listGroupSteps pages them all (pass the last one's effect_id as cursor for the rest). */
+  steps_truncated: boolean;
   /** createGroup only: true when its idempotency key had opened it already. */
   deduplicated?: boolean;
 }
@@ -784,6 +794,8 @@ export declare class Ratchet {
   listRuns(query?: { status?: 'RUNNING' | 'SUCCEEDED' | 'FAILED'; limit?: number; cursor?: string }): Promise<Page<RunSummary>>;
   listRunSteps(runId?: string, query?: { status?: JobStatus; limit?: number; cursor?: string }): Promise<Page<Step>>;
   getStep(stepId: string): Promise<Step>;
+  listStepAttempts(stepId: string, query?: ListQuery): Promise<Page<JobAttempt>>;
+  listStepReplays(stepId: string, query?: ListQuery): Promise<Page<JobReplay>>;
   cancelStep(stepId: string): Promise<Step>;
   replayPreview(stepId: string): Promise<ReplayPreview>;
   replay(stepId: string, options?: ReplayOptions): Promise<ReplayResult>;
@@ -809,6 +821,7 @@ export declare class Ratchet {
   releaseEmergencyStop(): Promise<GatePage<Circuit>>;
   createGroup(name: string, options?: { idempotencyKey?: string }): Promise<Group>;
   getGroup(groupId: string): Promise<Group>;
+  listGroupSteps(groupId: string, query?: ListQuery): Promise<GatePage<GroupStep>>;
   commitGroup(groupId: string): Promise<GroupCommit>;
   unwindGroup(groupId: string): Promise<Unwind>;
   createWebhook(url: string, events: WebhookEventType[], options?: { idempotencyKey?: string }): Promise<NewWebhook>;

@@ -68,6 +68,13 @@ test('run, step, job and replay answers have the declared fields', needsServer, 
   matches(replayed, 'ReplayResult');
   const after = await ws.operator.getStep(step.stepId);
   matches(after.durableJob.replays[0], 'JobReplay');
+  assert.deepEqual([after.durableJob.attemptsTruncated, after.durableJob.replaysTruncated], [false, false]);
+  const attempts = await ws.operator.listStepAttempts(step.stepId);
+  pageOf(attempts, 'Page', 'JobAttempt', 'listStepAttempts');
+  assert.deepEqual([attempts.data.map((a) => a.attempt), attempts.nextCursor], [[1], null]);
+  const replays = await ws.operator.listStepReplays(step.stepId, { limit: 1 });
+  pageOf(replays, 'Page', 'JobReplay', 'listStepReplays');
+  assert.deepEqual([replays.data.map((r) => r.reason), replays.nextCursor], [['wire'], null]);
   matches(await ws.operator.finishRun(run.id), 'Run', 'finishRun');
   const second = await ws.operator.enqueue({ a: 2 }, { name: tool, version: '1', runId: (await ws.operator.startRun('c')).id });
   matches(await ws.operator.cancelStep(second.stepId), 'Step', 'cancelStep');
@@ -206,6 +213,10 @@ test('policy, approval, circuit and group calls answer the declared fields', nee
   const read = await op.getGroup(group.id);
   matches(read, 'Group', 'getGroup');
   matches(read.steps[0], 'GroupStep');
+  assert.equal(read.steps_truncated, false);
+  const steps = await op.listGroupSteps(group.id);
+  pageOf(steps, 'GatePage', 'GroupStep', 'listGroupSteps');
+  assert.deepEqual([steps.data.map((s) => s.effect_id), steps.next_cursor], [[step.effect_id], null]);
   const unwind = await op.unwindGroup(group.id);
   matches(unwind, 'Unwind', 'unwindGroup');
   matches(unwind.plan[0], 'PlanItem', 'unwindGroup plan');
