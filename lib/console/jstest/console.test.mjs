@@ -1133,6 +1133,126 @@ test("an unwind plan cut to fit one answer says so, and what it left out is offe
 	assert.deepEqual(notices(plain), []);
 });
 
+test("a group read cut to fit one answer says so and pages the rest with Load more; an unwinding one's plan reads them all", async () => {
+	// Size QA (3b962a4): a group whose steps would pass 4 MB is read with
+	// its first steps and steps_truncated (GET …/steps pages the rest); the
+	// console showed the first as if they were all, and its unwind plan
+	// left out what the later steps owed. Some 3 000 steps of long keys are
+	// too many to make here: the group's read is cut as the router cuts it.
+	const key = await signup();
+	const group = (await api('POST', '/groups', key, { name: 'order-10' })).body;
+	const steps = [];
+	for (const k of ['a', 'b', 'c']) {
+		const b = (await api('POST', '/effects/begin', key, {
+			effect_type: 'inventory.reserve',
+			idempotency_key: 'reserve-10:' + k,
+			payload: { sku: k },
+			group_id: group.id,
+			compensation: { effect_type: 'inventory.release', payload: { sku: k } },
+		})).body;
+		assert.equal((await api('POST', `/effects/${b.effect_id}/report`, key, { lease_token: b.lease_token, outcome: 'succeeded' })).status, 200);
+		steps.push(b.effect_id);
+	}
+	const whole = (await api('GET', `/groups/${group.id}`, key)).body;
+	assert.deepEqual([whole.steps.map((st) => st.effect_id), whole.steps_truncated], [steps, false]);
+	const cut = async (url, res) => {
+		if (url !== `/api/v1/groups/${group.id}`) return res;
+		const body = await res.json();
+		body.steps = body.steps.slice(0, 1);
+		body.steps_truncated = true;
+		return new Response(JSON.stringify(body), { status: res.status, headers: res.headers });
+	};
+	const shownSteps = (ui) => ui.root.querySelectorAll('tr').filter((r) => r.querySelector('td[data-label="Effect"]')).map((r) => cells(r).Effect);
+	const ui = await mount(key, `#/groups/${group.id}?limit=1`, cut);
+	assert.deepEqual(notices(ui), ['This read of the group holds its first 1 step only: the rest would pass what one answer holds (about 4 MB). “Load more” below reads them.']);
+	assert.deepEqual(shownSteps(ui), steps.slice(0, 1));
+	await click(ui.root, 'Load more');
+	assert.deepEqual(shownSteps(ui), steps.slice(0, 2));
+	assert.equal(ui.requests.at(-1), `GET /api/v1/groups/${group.id}/steps?limit=1&cursor=${steps[0]}`, 'after the last one shown');
+	await click(ui.root, 'Load more');
+	assert.deepEqual(shownSteps(ui), steps);
+	assert.ok(!ui.root.querySelectorAll('button').some((b) => b.textContent === 'Load more'));
+
+	// Unwinding: every step is read, and the plan offers each one's compensation.
+	const unwind = (await api('POST', `/groups/${group.id}/unwind`, key)).body;
+	assert.deepEqual(unwind.plan.map((p) => p.effect_id), [...steps].reverse());
+	const again = await mount(key, '#/groups/' + group.id, cut);
+	assert.deepEqual(shownSteps(again), steps);
+	assert.deepEqual(notices(again), []);
+	assert.ok(!again.root.querySelectorAll('button').some((b) => b.textContent === 'Load more'));
+	const suggested = Object.fromEntries(again.root.querySelectorAll('tr').filter((r) => r.querySelector('td[data-label="Suggested idempotency key"]'))
+		.map((r) => [cells(r).Step, cells(r)['Suggested idempotency key']]));
+	assert.deepEqual(suggested, Object.fromEntries(unwind.plan.map((p) => [p.effect_id, p.suggested_idempotency_key])));
+
+	const plain = await mount(key, '#/groups/' + group.id);
+	assert.deepEqual(shownSteps(plain), steps);
+	assert.ok(!plain.requests.some((r) => r.includes('/steps')), 'a whole read pages nothing');
+});
+
+test("a step replayed past 50 times says its earlier attempts and replays are left out, and loads them above those shown", async () => {
+	// Size QA (3b962a4): a step answers its job's last 50 attempts and last
+	// 50 replays (attemptsTruncated, replaysTruncated; GET …/attempts and
+	// …/replays page them all); the console showed the last 50 as if they
+	// were all.
+	const key = await signup();
+	const run = (await api('POST', '/runs', key, { name: 'replayed' })).body;
+	const step = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'replayed_export', version: '1', input: {}, maxAttempts: 1 })).body;
+	const worker = (await api('POST', '/keys', key, { name: 'w', preset: 'WORKER', tools: ['replayed_export@1'] })).body.secret;
+	const workerId = (await api('POST', '/workers/register', worker, { tools: [{ name: 'replayed_export', version: '1' }] })).body.workerId;
+	const replays = 52; // attempts: one more
+	for (let i = 0; ; i++) {
+		const [job] = (await api('POST', `/workers/${workerId}/claim`, worker, { limit: 1 })).body.jobs;
+		assert.ok(job, `attempt ${i + 1} claimed`);
+		const report = await api('POST', `/jobs/${job.jobId}/report`, worker, { leaseToken: job.leaseToken, status: 'FAILED', error: { message: `failure ${i + 1}`, retryable: false } });
+		assert.equal(report.status, 200);
+		if (i === replays) break;
+		const r = await api('POST', `/steps/${step.stepId}/replay`, key, { acknowledgeDuplicateRisk: true, reason: `replay ${i + 1}`, expectedAttempt: i + 1 });
+		assert.equal(r.status, 200, JSON.stringify(r.body));
+	}
+	const job = (await api('GET', `/steps/${step.stepId}`, key)).body.durableJob;
+	assert.deepEqual([job.attempts.length, job.attempts[0].attempt, job.attemptsTruncated], [50, 4, true]);
+	assert.deepEqual([job.replays.length, job.replays[0].reason, job.replaysTruncated], [50, 'replay 3', true]);
+
+	const numbers = (ui) => ui.root.querySelectorAll('tr').filter((r) => r.querySelector('td[data-label="#"]')).map((r) => Number(cells(r)['#']));
+	const reasons = (ui) => replayRows(ui).map((r) => cells(r).Reason);
+	const span = (from, to) => Array.from({ length: to - from + 1 }, (_, i) => from + i);
+	const ui = await mount(key, `#/steps/${step.stepId}?limit=2`);
+	assert.deepEqual(notices(ui), [
+		'Only the last 50 attempts are shown (from attempt 4): the step’s read leaves the earlier ones out.',
+		`Only the last 50 replays are shown (from ${time(job.replays[0].createdAt)}): the step’s read leaves the earlier ones out.`,
+	]);
+	assert.deepEqual(numbers(ui), span(4, 53));
+	assert.deepEqual(reasons(ui), span(3, 52).map((n) => `replay ${n}`));
+
+	// A page of 2 at a time: attempts 1 and 2 above those shown, then 3
+	// (the page's 4 is shown already: the list is whole).
+	button(ui.root, 'Load earlier attempts').focus();
+	await click(ui.root, 'Load earlier attempts');
+	assert.deepEqual(numbers(ui), [1, 2, ...span(4, 53)]);
+	assert.equal(document.activeElement, button(ui.root, 'Load earlier attempts'), 'the next one has the focus');
+	assert.equal(ui.requests.at(-1), `GET /api/v1/steps/${step.stepId}/attempts?limit=2`);
+	await click(ui.root, 'Load earlier attempts');
+	assert.equal(ui.requests.at(-1), `GET /api/v1/steps/${step.stepId}/attempts?limit=2&cursor=2`);
+	assert.deepEqual(numbers(ui), span(1, 53));
+	assert.ok(!ui.root.querySelectorAll('button').some((b) => b.textContent === 'Load earlier attempts'));
+	const first = ui.root.querySelectorAll('tr').find((r) => r.querySelector('td[data-label="#"]') && cells(r)['#'] === '1');
+	assert.equal(cells(first)['Error (redacted) / warning'], 'failure 1');
+
+	await click(ui.root, 'Load earlier replays');
+	assert.deepEqual(reasons(ui), span(1, 52).map((n) => `replay ${n}`));
+	await click(ui.root, 'Load earlier replays'); // its 3 is shown already
+	assert.deepEqual(reasons(ui), span(1, 52).map((n) => `replay ${n}`));
+	assert.deepEqual(notices(ui), ['All 53 attempts are shown.', 'All 52 replays are shown.']);
+	assert.ok(!ui.root.querySelectorAll('button').some((b) => b.textContent === 'Load earlier replays'));
+	assert.deepEqual(alerts(ui), []);
+
+	// A step with fewer says nothing of the kind.
+	const other = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'replayed_export', version: '1', input: { n: 2 } })).body;
+	const plain = await mount(key, '#/steps/' + other.stepId);
+	assert.deepEqual(notices(plain), []);
+	assert.ok(!plain.root.querySelectorAll('button').some((b) => /^Load earlier/.test(b.textContent)));
+});
+
 test('a key without effects:resolve is told so on an unknown outcome, not asked to confirm a resolve it would be refused', async () => {
 	const key = await signup();
 	const begun = (await api('POST', '/effects/begin', key, { effect_type: 'email.send', idempotency_key: 'e:1', payload: {}, lease_seconds: 1 })).body;

@@ -93,6 +93,20 @@ export class Element {
 		this.childNodes.push(n);
 		return n;
 	}
+	// before inserts nodes (and strings) just before this one, in its
+	// parent, as the DOM's ChildNode.before does.
+	before(...nodes) {
+		const parent = this.parentNode;
+		if (!parent) return;
+		const made = nodes.map((n) => {
+			if (typeof n === 'object' && !(n instanceof Element || n instanceof Text)) throw new TypeError('fakedom: before takes nodes and strings, not ' + Object.prototype.toString.call(n));
+			return typeof n === 'object' ? n : new Text(n);
+		});
+		for (const n of made) if (n.parentNode) n.parentNode.removeChild(n);
+		const i = parent.childNodes.indexOf(this);
+		for (const n of made) n.parentNode = parent;
+		parent.childNodes.splice(i, 0, ...made);
+	}
 	removeChild(n) {
 		this.childNodes = this.childNodes.filter((c) => c !== n);
 		n.parentNode = null;

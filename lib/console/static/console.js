@@ -466,14 +466,16 @@ function seg(s) {
 // cursor (null on a last page): a page may end before its limit, at about
 // 4 MB, with a cursor. ?limit= in the fragment
 // overrides params.limit. enrich, when given, completes each page's rows
-// (with what another route knows) before they are drawn. The element's
+// (with what another route knows) before they are drawn. first, when given,
+// is the first page already read ({data, next_cursor}: a group's steps as
+// its read holds them), drawn without asking path for it. The element's
 // reload draws the first page again in place, and its show adds a row that
 // is not shown (see refreshList); a row already shown is not drawn twice.
-async function pager(path, params, columns, empty, enrich) {
+async function pager(path, params, columns, empty, enrich, first) {
 	const body = h('div', { class: 'pager' });
 	let shown = new Set(); // the ids of the rows drawn
-	const more = async (cursor) => {
-		const page = await call('GET', path + query({ ...params, limit: pageSize ?? params.limit, cursor }));
+	const more = async (cursor, given) => {
+		const page = given || (await call('GET', path + query({ ...params, limit: pageSize ?? params.limit, cursor })));
 		const read = page.data || [];
 		if (enrich) await enrich(read);
 		const next = page.next_cursor ?? page.nextCursor ?? null;
@@ -516,7 +518,7 @@ async function pager(path, params, columns, empty, enrich) {
 		if (tbody) tbody.append(row(columns, r));
 		else body.replaceChildren(table(columns, [r], empty), ...[...body.childNodes].filter((c) => c.className === 'more'));
 	};
-	await more(undefined);
+	await more(undefined, first);
 	return body;
 }
 
@@ -857,6 +859,8 @@ const pages = {
 		const job = s.durableJob || {};
 		const ended = ['SUCCEEDED', 'EXHAUSTED', 'CANCELLED', 'SKIPPED'].includes(job.status);
 		const held = heldAttempt(job);
+		const attempts = job.attempts || [];
+		const replays = job.replays || [];
 		const out = [
 			h('h1', null, 'Step ', h('code', null, s.id)),
 			fields([
@@ -881,7 +885,8 @@ const pages = {
 			preview('Input', s.inputPreview),
 			preview('Output', s.outputPreview),
 			h('h2', null, 'Attempts'),
-			table(
+			lastOf(
+				`/steps/${seg(s.id)}/attempts`,
 				[
 					{ title: '#', cell: (a) => a.attempt },
 					{ title: 'Worker', cell: (a) => a.workerId },
@@ -895,12 +900,25 @@ const pages = {
 					{ title: 'Started', cell: (a) => time(a.startedAt) },
 					{ title: 'Reported', cell: (a) => time(a.reportedAt) },
 				],
-				job.attempts || [],
+				attempts,
+				job.attemptsTruncated,
+				(a) => a.attempt,
 				'No attempt has started.',
+				'attempts',
+				`Only the last ${attempts.length} attempts are shown (from attempt ${attempts.length ? attempts[0].attempt : '—'}): the step’s read leaves the earlier ones out.`,
 			),
 			// The job's replay audit (console QA: not shown anywhere).
 			h('h2', null, 'Replays'),
-			table(replayColumns, job.replays || [], 'Never replayed.'),
+			lastOf(
+				`/steps/${seg(s.id)}/replays`,
+				replayColumns,
+				replays,
+				job.replaysTruncated,
+				(r) => r.id,
+				'Never replayed.',
+				'replays',
+				`Only the last ${replays.length} replays are shown (from ${replays.length ? time(replays[0].createdAt) : '—'}): the step’s read leaves the earlier ones out.`,
+			),
 		];
 		if (!ended) {
 			out.push(action('Cancel step', () => call('POST', `/steps/${seg(s.id)}/cancel`, {}), {
@@ -1068,6 +1086,14 @@ const pages = {
 
 	async group(params, id) {
 		const g = await call('GET', `/groups/${seg(id)}`);
+		const shown = g.steps || [];
+		// A group whose steps would pass what one answer holds is read with
+		// its first steps (steps_truncated); GET …/steps pages the rest,
+		// after the last one shown (console QA: a cut group read as if it
+		// had no other step, and its rollback as if they owed nothing). An
+		// unwinding group's are all read, for its plan.
+		const all = g.state === 'unwinding' ? await allGroupSteps(g) : null;
+		const cut = !all && g.steps_truncated && shown.length > 0;
 		const columns = [
 			{ title: 'Effect', cell: (s) => link(['effects', s.effect_id], s.effect_id) },
 			{ title: 'Type', cell: (s) => s.effect_type },
@@ -1087,8 +1113,14 @@ const pages = {
 				['Finished', time(g.finished_at)],
 			]),
 			h('h2', null, 'Steps'),
-			table(columns, g.steps || [], 'No effect has joined this group.'),
-			g.state === 'unwinding' ? await unwindPlan(g) : null,
+			cut
+				? h('p', { class: 'notice', role: 'status' }, `This read of the group holds its first ${shown.length} step${shown.length === 1 ? '' : 's'} only: the rest would pass what one answer holds (about 4 MB). “Load more” below reads them.`)
+				: null,
+			await pager(`/groups/${seg(g.id)}/steps`, { limit: 200 }, columns, 'No effect has joined this group.', undefined, {
+				data: all || shown,
+				next_cursor: cut ? shown[shown.length - 1].effect_id : null,
+			}),
+			all ? await unwindPlan(g, all) : null,
 		];
 	},
 
@@ -1607,10 +1639,10 @@ function attemptProblem(a) {
 // …/unwind, which changes nothing for a group already unwinding (only a
 // group shown unwinding is asked: for an open or committed one it would
 // start the rollback). Compensation payloads, which only the plan opens,
-// are not shown. Without the plan (a key that may read the group but not
-// unwind it) the states are what the group's own steps show.
-async function unwindPlan(g) {
-	const steps = g.steps || [];
+// are not shown. steps is every step of the group (allGroupSteps, past a
+// read cut to fit one answer): without the plan (a key that may read the
+// group but not unwind it) the states are what they show.
+async function unwindPlan(g, steps) {
 	const u = await call('POST', `/groups/${seg(g.id)}/unwind`).catch((err) => err);
 	const plan = u instanceof Error ? [] : u.plan || [];
 	const planned = new Map(plan.map((p) => [p.effect_id, p]));
@@ -1671,6 +1703,64 @@ async function unwindPlan(g) {
 			: null,
 		table(columns, rows, 'No step succeeded: nothing to compensate.'),
 	];
+}
+
+// allGroupSteps is every step of group g: those its read holds, and, when
+// it was cut to fit one answer (steps_truncated), the rest, paged from
+// GET …/steps after the last one shown.
+async function allGroupSteps(g) {
+	const steps = [...(g.steps || [])];
+	let cursor = g.steps_truncated && steps.length ? steps[steps.length - 1].effect_id : null;
+	while (cursor) {
+		const page = await call('GET', `/groups/${seg(g.id)}/steps` + query({ limit: 200, cursor }));
+		steps.push(...(page.data || []));
+		cursor = page.next_cursor ?? null;
+	}
+	return steps;
+}
+
+// lastOf is a list a step's read holds only the last items of (its job's
+// last 50 attempts and last 50 replays: attemptsTruncated,
+// replaysTruncated): the table of those shown, and, when earlier ones are
+// left out, a note that says so and a button that reads them from path
+// (the route that pages them all, oldest first), a page a click, drawn
+// above those shown, until it meets the first one shown (console QA: a
+// step replayed more than 50 times read as if its first attempt shown were
+// its first, and its first replay shown its first). keyOf names an item;
+// noun is the items' name, plural.
+function lastOf(path, columns, rows, truncated, keyOf, empty, noun, note) {
+	const list = table(columns, rows, empty);
+	if (!truncated || !rows.length) return list;
+	const shown = new Set(rows.map(keyOf));
+	const anchor = list.querySelector('tbody').children[0];
+	const said = h('p', { class: 'notice', role: 'status' }, note);
+	const box = h('div', { class: 'pager' }, said, list);
+	let added = 0;
+	const offer = (cursor) => list.before(h('p', { class: 'more' }, action(`Load earlier ${noun}`, () => more(cursor), { after: () => {} })));
+	const more = async (cursor) => {
+		const page = await call('GET', path + query({ limit: pageSize ?? 200, cursor }));
+		const read = page.data || [];
+		const met = read.findIndex((r) => shown.has(keyOf(r)));
+		const fresh = met < 0 ? read : read.slice(0, met);
+		const next = met < 0 ? page.nextCursor ?? null : null;
+		const trs = fresh.map((r) => row(columns, r));
+		if (trs.length) anchor.before(...trs);
+		added += trs.length;
+		box.querySelector('p.more')?.remove();
+		if (next) offer(next);
+		else said.textContent = `All ${added + rows.length} ${noun} are shown.`;
+		// The focus goes to the next button, or to the first row added, as
+		// "Load more" gives it.
+		const again = next && box.querySelector('p.more').querySelector('button');
+		let target = again || (trs[0] && trs[0].querySelector('a, button, input, select, textarea'));
+		if (!target && trs[0]) {
+			trs[0].setAttribute('tabindex', '-1');
+			target = trs[0];
+		}
+		if (target) target.focus();
+	};
+	offer(undefined);
+	return box;
 }
 
 // replayColumns are a step's replays (durableJob.replays, oldest first):
