@@ -16,6 +16,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/jsonx"
 )
 
 // Contract schemas are JSON Schema 2020-12 (a schema may name another draft
@@ -183,35 +184,13 @@ func appliesItself(s *jsonschema.Schema, state map[*jsonschema.Schema]int) bool 
 // once it passes max.
 func possibleSubschemas(doc []byte, max int) int {
 	n := 0
-	outsideStrings(doc, func(c byte) bool {
+	jsonx.OutsideStrings(doc, func(c byte) bool {
 		if c == '{' || c == 't' || c == 'f' {
 			n++
 		}
 		return n > max
 	})
 	return n
-}
-
-// outsideStrings calls visit with each byte of JSON document doc that is
-// not inside a string, until visit answers true.
-func outsideStrings(doc []byte, visit func(c byte) (stop bool)) {
-	inString, escaped := false, false
-	for _, c := range doc {
-		switch {
-		case !inString:
-			if c == '"' {
-				inString = true
-			} else if visit(c) {
-				return
-			}
-		case escaped:
-			escaped = false
-		case c == '\\':
-			escaped = true
-		case c == '"':
-			inString = false
-		}
-	}
 }
 
 // evaluationsPerValue bounds how many subschemas checking one value against
@@ -350,7 +329,7 @@ func itemSchema(s *jsonschema.Schema, i int) *jsonschema.Schema {
 // stopping at the first level too deep.
 func nestsDeeperThan(doc []byte, max int) bool {
 	depth := 0
-	outsideStrings(doc, func(c byte) bool {
+	jsonx.OutsideStrings(doc, func(c byte) bool {
 		switch c {
 		case '{', '[':
 			depth++

@@ -198,3 +198,26 @@ func StringLen(s string) int {
 	}
 	return n
 }
+
+// OutsideStrings calls visit with each byte of JSON document doc that is
+// not inside a string (nor a string's quotes), until visit answers true: a
+// scan of a document's structure without decoding it.
+func OutsideStrings(doc []byte, visit func(c byte) (stop bool)) {
+	inString, escaped := false, false
+	for _, c := range doc {
+		switch {
+		case !inString:
+			if c == '"' {
+				inString = true
+			} else if visit(c) {
+				return
+			}
+		case escaped:
+			escaped = false
+		case c == '\\':
+			escaped = true
+		case c == '"':
+			inString = false
+		}
+	}
+}

@@ -237,30 +237,18 @@ const structuredLevels = 2
 // nestsDeeperThan reports whether the JSON text doc nests arrays and
 // objects more than max levels deep (brackets inside strings do not count).
 func nestsDeeperThan(doc []byte, max int) bool {
-	depth := 0
-	inString, escaped := false, false
-	for _, c := range doc {
-		switch {
-		case inString:
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-			}
-		case c == '"':
-			inString = true
-		case c == '{' || c == '[':
-			if depth++; depth > max {
-				return true
-			}
-		case c == '}' || c == ']':
+	depth, deeper := 0, false
+	jsonx.OutsideStrings(doc, func(c byte) bool {
+		switch c {
+		case '{', '[':
+			depth++
+			deeper = depth > max
+		case '}', ']':
 			depth--
 		}
-	}
-	return false
+		return deeper
+	})
+	return deeper
 }
 
 // pathEscape keeps user-supplied path segments inside their segment. A "."
