@@ -76,12 +76,12 @@ func NewClock(wall func() time.Time) *Clock {
 
 // OpenWithClock is Open whose connections keep c read (see Clock).
 func OpenWithClock(ctx context.Context, cfg *config.Config, c *Clock) (*pgxpool.Pool, error) {
+	if cfg.DBConnectTimeout > 0 {
+		c.timeout = cfg.DBConnectTimeout
+	}
 	pool, err := open(ctx, cfg, c)
 	if err != nil {
 		return nil, err
-	}
-	if cfg.DBConnectTimeout > 0 {
-		c.timeout = cfg.DBConnectTimeout
 	}
 	c.pool.Store(pool)
 	return pool, nil
@@ -96,6 +96,12 @@ func (c *Clock) hook(pc *pgxpool.Config) {
 				return err
 			}
 		}
+		// pgxpool opens a connection under no deadline of the
+		// caller's (it goes on after the caller gives up): the reading
+		// is bounded as the connect before it is, or one that never got
+		// its answer held its slot of the pool for good.
+		ctx, cancel := context.WithTimeout(ctx, c.timeout)
+		defer cancel()
 		if c.anchor.Load() == nil { // every first connection reads
 			return c.read(ctx, conn)
 		}

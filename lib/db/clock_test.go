@@ -154,3 +154,33 @@ func TestClockWithoutTheDatabaseAnswersTheInstances(t *testing.T) {
 	require.Less(t, time.Since(start), 3*time.Second)
 	require.EqualValues(t, 0, db.ClockReadings(c))
 }
+
+// A reading that never gets its answer (the connection opened, then the
+// path to the server died, or a pooler has no server free) is bounded by
+// DB_CONNECT_TIMEOUT, as the connect before it is: pgxpool opens a
+// connection under no deadline of the caller's, and an unbounded reading
+// kept its slot of the pool taken for good (clock QA: with DB_MAX_CONNS=1
+// no statement of the instance ran again, once the path was back).
+func TestClockReadingThatHangsIsBounded(t *testing.T) {
+	t.Parallel()
+	p := startSlowProxy(t, apitest.DatabaseURL(t))
+	cfg := clockConfig(t, 1)
+	cfg.DatabaseURL, cfg.DBConnectTimeout = p.url, time.Second
+	pool, err := db.OpenWithClock(context.Background(), cfg, db.NewClock(nil))
+	require.NoError(t, err)
+	defer pool.Close()
+
+	p.stall.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = pool.Exec(ctx, `SELECT 1`)
+	require.Error(t, err)
+	require.Less(t, time.Since(start), 4*time.Second, "the reading waited past DB_CONNECT_TIMEOUT: %v", err)
+
+	p.stall.Store(false)
+	ctx, cancel = context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	_, err = pool.Exec(ctx, `SELECT 1`)
+	require.NoError(t, err, "the pool's one connection is free again")
+}
