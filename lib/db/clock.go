@@ -102,14 +102,16 @@ func (c *Clock) hook(pc *pgxpool.Config) {
 		// its answer held its slot of the pool for good.
 		ctx, cancel := context.WithTimeout(ctx, c.timeout)
 		defer cancel()
-		if c.anchor.Load() == nil { // every first connection reads
-			return c.read(ctx, conn)
+		if c.anchor.Load() != nil { // every first connection reads
+			if !c.claim() {
+				return nil
+			}
+			defer c.reading.Store(false)
 		}
-		if !c.claim() {
-			return nil
+		if err := c.read(ctx, conn); err != nil {
+			return &openReadingError{err: err}
 		}
-		defer c.reading.Store(false)
-		return c.read(ctx, conn)
+		return nil
 	}
 	pc.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
 		if p.IdleDuration <= time.Second {
@@ -209,3 +211,19 @@ func (c *Clock) read(ctx context.Context, conn *pgx.Conn) error {
 	c.anchor.Store(&clockAnchor{offset: at.Sub(mid.Round(0)), wall: mid.Round(0), mono: mid})
 	return nil
 }
+
+// openReadingError is a reading that failed as its connection opened. The
+// caller's statement, which the connection was opened for, was never sent:
+// it is answered as one whose connect failed (Unapplied), not as one that
+// may have committed (clock QA: a reading that timed out read as "may have
+// been applied").
+type openReadingError struct{ err error }
+
+func (e *openReadingError) Error() string {
+	return "reading the database's clock on a new connection: " + e.err.Error()
+}
+
+func (e *openReadingError) Unwrap() error { return e.err }
+
+// SafeToRetry says that nothing of the caller's was sent (pgconn.SafeToRetry).
+func (e *openReadingError) SafeToRetry() bool { return true }

@@ -160,7 +160,8 @@ func TestClockWithoutTheDatabaseAnswersTheInstances(t *testing.T) {
 // DB_CONNECT_TIMEOUT, as the connect before it is: pgxpool opens a
 // connection under no deadline of the caller's, and an unbounded reading
 // kept its slot of the pool taken for good (clock QA: with DB_MAX_CONNS=1
-// no statement of the instance ran again, once the path was back).
+// no statement of the instance ran again, once the path was back). The
+// statement the connection was opened for was never sent: it is Unapplied.
 func TestClockReadingThatHangsIsBounded(t *testing.T) {
 	t.Parallel()
 	p := startSlowProxy(t, apitest.DatabaseURL(t))
@@ -177,6 +178,8 @@ func TestClockReadingThatHangsIsBounded(t *testing.T) {
 	_, err = pool.Exec(ctx, `SELECT 1`)
 	require.Error(t, err)
 	require.Less(t, time.Since(start), 4*time.Second, "the reading waited past DB_CONNECT_TIMEOUT: %v", err)
+	require.True(t, db.Unapplied(err), "the statement was never sent: %v", err)
+	require.True(t, db.IsUnavailable(err), "%v", err)
 
 	p.stall.Store(false)
 	ctx, cancel = context.WithTimeout(context.Background(), 3*time.Second)
