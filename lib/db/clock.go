@@ -41,6 +41,8 @@ type Clock struct {
 	refresh   time.Duration
 	pool      atomic.Pointer[pgxpool.Pool]
 	anchor    atomic.Pointer[clockAnchor]
+	anchored  chan struct{} // closed by the first reading
+	anchorOne sync.Once
 	delegated sync.Map    // *pgx.Conn whose ping the reading replaces
 	reading   atomic.Bool // a reading not in place of a ping is under way
 	first     sync.Mutex  // one first reading at a time
@@ -71,7 +73,7 @@ func NewClock(wall func() time.Time) *Clock {
 	if wall == nil {
 		wall = time.Now
 	}
-	return &Clock{wall: wall, refresh: clockRefresh, timeout: 5 * time.Second}
+	return &Clock{wall: wall, refresh: clockRefresh, timeout: 5 * time.Second, anchored: make(chan struct{})}
 }
 
 // OpenWithClock is Open whose connections keep c read (see Clock).
@@ -102,6 +104,9 @@ func (c *Clock) hook(pc *pgxpool.Config) {
 		// its answer held its slot of the pool for good.
 		ctx, cancel := context.WithTimeout(ctx, c.timeout)
 		defer cancel()
+		if own, ok := ctx.Value(openingKey{}).(*atomic.Bool); ok {
+			own.Store(true) // opened for firstReading
+		}
 		if c.anchor.Load() != nil { // every first connection reads
 			if !c.claim() {
 				return nil
@@ -176,7 +181,9 @@ func (c *Clock) claim() bool {
 
 // firstReading opens a connection so that it reads the database's clock. No
 // caller holds a connection here (every connection opened took a reading
-// first), so this waits for no one's statement.
+// first), but another caller's connection may be opening, in a pool it
+// fills: its reading is the first, and this waits for it, not for that
+// caller to give the connection back.
 func (c *Clock) firstReading() *clockAnchor {
 	c.first.Lock()
 	defer c.first.Unlock()
@@ -189,14 +196,35 @@ func (c *Clock) firstReading() *clockAnchor {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		c.failed = time.Now()
-		return nil
+	own := new(atomic.Bool)
+	ctx = context.WithValue(ctx, openingKey{}, own)
+	acquired := make(chan error, 1)
+	go func() {
+		conn, err := pool.Acquire(ctx)
+		if err == nil {
+			conn.Release()
+		}
+		acquired <- err
+	}()
+	select {
+	case <-c.anchored:
+		if own.Load() {
+			// The connection this opened read: it comes back to the
+			// pool at once, where the caller's statement finds it,
+			// rather than opening a second one beside it.
+			<-acquired
+		}
+	case err := <-acquired:
+		if err != nil && c.anchor.Load() == nil {
+			c.failed = time.Now()
+		}
 	}
-	conn.Release()
 	return c.anchor.Load()
 }
+
+// openingKey marks the context of firstReading's acquire, which pgxpool
+// hands to the hooks of a connection it opens for it.
+type openingKey struct{}
 
 // read reads the database's clock on conn. The simple protocol makes it one
 // round trip in every DB_QUERY_EXEC_MODE.
@@ -209,6 +237,7 @@ func (c *Clock) read(ctx context.Context, conn *pgx.Conn) error {
 	mid := sent.Add(c.wall().Sub(sent) / 2)
 	c.reads.Add(1)
 	c.anchor.Store(&clockAnchor{offset: at.Sub(mid.Round(0)), wall: mid.Round(0), mono: mid})
+	c.anchorOne.Do(func() { close(c.anchored) })
 	return nil
 }
 

@@ -187,3 +187,42 @@ func TestClockReadingThatHangsIsBounded(t *testing.T) {
 	_, err = pool.Exec(ctx, `SELECT 1`)
 	require.NoError(t, err, "the pool's one connection is free again")
 }
+
+// A first reading asked for while another request's connection is still
+// opening, in a pool that connection fills (DB_MAX_CONNS=1), is that
+// connection's: the clock answers once it read, not when the wait for a
+// connection of its own ends, and never the instance's own clock then
+// (clock QA: Now waited out DB_CONNECT_TIMEOUT behind a transaction that
+// held the one connection, then answered a clock an hour off).
+func TestClockFirstReadingWaitsForNoOnesTransaction(t *testing.T) {
+	t.Parallel()
+	p := startSlowProxy(t, apitest.DatabaseURL(t))
+	p.delay.Store(int64(400 * time.Millisecond)) // connecting takes a while
+	cfg := clockConfig(t, 1)
+	cfg.DatabaseURL, cfg.DBConnectTimeout = p.url, 3*time.Second
+	c := db.NewClock(func() time.Time { return time.Now().Add(time.Hour) })
+	pool, err := db.OpenWithClock(context.Background(), cfg, c)
+	require.NoError(t, err)
+	defer pool.Close()
+
+	ctx := context.Background()
+	held, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(held)
+		tx, err := pool.Begin(ctx) // opens the one connection, holds it
+		if !assert.NoError(t, err) {
+			return
+		}
+		<-release
+		assert.NoError(t, tx.Rollback(ctx))
+	}()
+	time.Sleep(100 * time.Millisecond) // the connection is opening
+	start := time.Now()
+	got := c.Now()
+	took := time.Since(start)
+	close(release)
+	<-held
+	require.Less(t, took, 2*time.Second, "Now waited for the held connection")
+	// The test's database runs on this host: its clock is time.Now's.
+	require.WithinDuration(t, time.Now(), got, time.Second+took, "the database's time, not the instance's")
+}
