@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -287,4 +288,39 @@ func TestARequestThatGetsNoPooledConnectionIsNotApplied(t *testing.T) {
 			require.Contains(t, rec.Body.String(), "connection of this instance stayed in use", "bound %v", bound)
 		}
 	}
+}
+
+// While the database cannot be reached (its host takes connections and
+// never answers), a route that needs no database answers at once and
+// health within its own 2 s: neither waits for the database's clock to
+// time a request it does not decide by (clock QA: every request read it
+// first, so at a cold start the OpenAPI document waited out
+// DB_CONNECT_TIMEOUT, and health that and its own 2 s).
+func TestRoutesWithoutTheDatabaseDoNotWaitForItsClock(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	env := apitest.Start(t, apitest.WithConfig(func(c *config.Config) {
+		c.DatabaseURL = "postgres://u@" + ln.Addr().String() + "/db?sslmode=disable"
+		c.DBConnectTimeout = 8 * time.Second
+	}))
+	start := time.Now()
+	r := env.Do("GET", "/api/v1/openapi.json", "", nil)
+	require.Equal(t, http.StatusOK, r.Status)
+	require.Less(t, time.Since(start), 4*time.Second, "not DB_CONNECT_TIMEOUT")
+
+	start = time.Now()
+	h := env.Do("GET", "/api/v1/health", "", nil)
+	require.Equal(t, http.StatusServiceUnavailable, h.Status)
+	require.Less(t, time.Since(start), 6*time.Second, "health's own 2 s, not DB_CONNECT_TIMEOUT too")
 }
