@@ -89,8 +89,8 @@ func (s *Server) mcpRoutes() []Route {
 		"each tool call is the REST call it names, with that call's scopes). GET and DELETE answer 405. An " +
 		"answer holds at most about 4 MB: a list tool's page ends early (next_cursor) to fit, and a tool call " +
 		"of a batch whose result would take the batch's answer past it is answered a JSON-RPC error (-32600) " +
-		"instead, to be sent again alone or in a smaller batch (a lease granted there to a ratchet_begin " +
-		"without request_id is given back)."
+		"instead, to be sent again alone or in a smaller batch; room is kept for each ratchet_begin's decision, " +
+		"which is always answered (a duplicate's large result aside)."
 	var routes []Route
 	for _, m := range []string{"POST", "GET", "DELETE"} {
 		rt := Route{

@@ -15,6 +15,9 @@ import (
 // beginPath is ratchet_begin's REST route.
 const beginPath = "/api/v1/effects/begin"
 
+// beginTool is ratchet_begin's name.
+const beginTool = "ratchet_begin"
+
 // CancelGrace bounds a ratchet_begin sent over HTTP once its MCP request is
 // cancelled: the call is not abandoned (HTTPCaller), it has this long more
 // to bring back the server's decision.
@@ -47,7 +50,7 @@ func BeginWithoutRequestID(params json.RawMessage) bool {
 			RequestID json.RawMessage `json:"request_id"`
 		} `json:"arguments"`
 	}
-	if json.Unmarshal(params, &call) != nil || call.Name != "ratchet_begin" {
+	if json.Unmarshal(params, &call) != nil || call.Name != beginTool {
 		return false
 	}
 	return len(call.Arguments.RequestID) == 0 || string(call.Arguments.RequestID) == "null"

@@ -167,6 +167,10 @@ func Handler(s *mcp.Server) http.Handler {
 // call runs one REST call and turns its answer into a tool result: the API's
 // JSON as text and structured content, an error result for non-2xx answers.
 func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, method, path string, body any) (*mcp.CallToolResult, error) {
+	tool := ""
+	if method == http.MethodPost && path == beginPath {
+		tool = beginTool
+	}
 	auth := defaultAuth
 	if req != nil && req.Extra != nil && req.Extra.Header != nil {
 		if h := req.Extra.Header.Get("Authorization"); h != "" {
@@ -189,10 +193,10 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 	}
 	status, resp, err := c.Call(callCtx, method, path, auth, raw)
 	if err != nil {
-		return fit(ctx, unanswered(err), nil)
+		return fit(ctx, tool, unanswered(err), nil)
 	}
 	if !fromAPI(status, resp) {
-		return fit(ctx, notTheAPI(status), nil)
+		return fit(ctx, tool, notTheAPI(status), nil)
 	}
 	// Only a 2xx is the tool's success; a redirect (which no route answers
 	// on purpose) is an error too.
@@ -216,7 +220,7 @@ func call(ctx context.Context, c Caller, req *mcp.CallToolRequest, defaultAuth, 
 			}
 		}
 	}
-	return fit(ctx, res, undo)
+	return fit(ctx, tool, res, undo)
 }
 
 // MaxAnswerNesting is how many levels of arrays and objects an answer of

@@ -25,11 +25,25 @@ import (
 // smaller batch. Its members run concurrently, so which of a batch's calls
 // are refused depends on which finish first. A list call asks the REST
 // route for a page a third of the room left, so that a call alone always
-// fits. The stdio binary, which no platform bounds, has no room.
+// fits. Each ratchet_begin has beginRoom set aside, which its result takes
+// first: a begin is always answered, unless it answers a duplicate's large
+// result (which the begin sent again answers the same). The stdio binary,
+// which no platform bounds, has no room.
 type Room struct {
 	mu   sync.Mutex
 	left int
+	// begins is how many of the request's ratchet_begin calls still have
+	// beginRoom set aside, outside left.
+	begins int
 }
+
+// beginRoom is what is set aside for each ratchet_begin's result: well
+// over the largest an execute (or any decision but a duplicate's, which
+// carries the effect's result) takes. A begin's execute that did not fit
+// would be given back, reported failed (ReleaseUnseen): an attempt spent,
+// which under max_attempts 1 refused the begin sent again for good
+// (review), though nothing had acted.
+const beginRoom = 4 << 10
 
 type roomKey struct{}
 
@@ -50,18 +64,25 @@ func WithRoom(ctx context.Context, body []byte) context.Context {
 	} else {
 		batch = []json.RawMessage{trimmed}
 	}
-	left := answer.Budget - len(body) - len("[]")
+	left, begins := answer.Budget-len(body)-len("[]"), 0
 	for _, m := range batch {
 		var probe struct {
 			Method string `json:"method"`
+			Params struct {
+				Name string `json:"name"`
+			} `json:"params"`
 		}
 		_ = json.Unmarshal(m, &probe)
 		left -= messageOverhead
-		if probe.Method == "tools/list" {
+		switch {
+		case probe.Method == "tools/list":
 			left -= toolsListSize()
+		case probe.Method == "tools/call" && probe.Params.Name == beginTool:
+			left -= beginRoom
+			begins++
 		}
 	}
-	return context.WithValue(ctx, roomKey{}, &Room{left: left})
+	return context.WithValue(ctx, roomKey{}, &Room{left: left, begins: begins})
 }
 
 // toolsListSize bounds what a tools/list answers (its result, twice over
@@ -80,6 +101,27 @@ func roomOf(ctx context.Context) *Room {
 func (r *Room) take(n int) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if n > r.left {
+		return false
+	}
+	r.left -= n
+	return true
+}
+
+// takeBegin reserves n bytes for a ratchet_begin's result: from the room
+// set aside for it, what it does not use going back to the rest, and from
+// the rest when the result is larger.
+func (r *Room) takeBegin(n int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.begins > 0 {
+		r.begins--
+		r.left += beginRoom
+		if n <= beginRoom {
+			r.left -= n
+			return true
+		}
+	}
 	if n > r.left {
 		return false
 	}
@@ -119,12 +161,19 @@ func resultSize(res *mcp.CallToolResult) int {
 	return n
 }
 
-// fit answers res when the room (if any) holds it, and otherwise the error
-// tooLarge, after undo has given back what the call granted that only its
-// answer would have told.
-func fit(ctx context.Context, res *mcp.CallToolResult, undo func(context.Context)) (*mcp.CallToolResult, error) {
+// fit answers res, the result of a call of tool, when the room (if any)
+// holds it, and otherwise the error tooLarge, after undo has given back
+// what the call granted that only its answer would have told.
+func fit(ctx context.Context, tool string, res *mcp.CallToolResult, undo func(context.Context)) (*mcp.CallToolResult, error) {
 	room := roomOf(ctx)
-	if room == nil || room.take(resultSize(res)) {
+	if room == nil {
+		return res, nil
+	}
+	take := room.take
+	if tool == beginTool {
+		take = room.takeBegin
+	}
+	if take(resultSize(res)) {
 		return res, nil
 	}
 	if undo != nil {
@@ -143,6 +192,5 @@ const undoTimeout = 5 * time.Second
 func tooLarge() *jsonrpc.Error {
 	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: fmt.Sprintf("Invalid Request: the answers "+
 		"of this batch would pass %d bytes together, more than one answer may hold; send this request again "+
-		"alone or in a smaller batch (a lease granted here to a ratchet_begin without request_id was given "+
-		"back)", answer.Budget)}
+		"alone or in a smaller batch", answer.Budget)}
 }

@@ -4,13 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/answer"
+	"github.com/getratchet/ratchet/lib/gate"
+	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/jsonx"
 )
 
 // grantingCaller answers every begin execute with a lease and records the
@@ -93,4 +99,41 @@ type budgetCaller struct{ budget int }
 func (b *budgetCaller) Call(ctx context.Context, _, _, _ string, _ []byte) (int, []byte, error) {
 	b.budget = answer.Of(ctx)
 	return http.StatusOK, []byte(`{"data":[],"next_cursor":null}`), nil
+}
+
+// A ratchet_begin's result is answered whatever the rest of its batch took
+// of the answer: room is set aside for each begin of the request, which an
+// execute's result always fits, so its lease is never dropped and given
+// back (review: reported failed, that attempt counted against max_attempts,
+// and under max_attempts 1 the begin sent again, as the error asked, was
+// refused max_attempts_exceeded for good, though nothing had acted).
+func TestABeginsResultHasRoomSetAsideForIt(t *testing.T) {
+	t.Parallel()
+	body := []byte(`[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ratchet_get_effect",` +
+		`"arguments":{"effect_id":"eff_01"}}},{"jsonrpc":"2.0","id":2,"method":"tools/call","params":` +
+		`{"name":"ratchet_begin","arguments":{"effect_type":"email.send","idempotency_key":"k"}}}]`)
+	ctx := WithRoom(context.Background(), body)
+	room := roomOf(ctx)
+	require.True(t, room.take(room.Left()), "the batch's reads took all that is left")
+	g := &grantingCaller{}
+	res, err := call(ctx, g, nil, "Bearer rk_x", http.MethodPost, beginPath,
+		BeginInput{EffectType: "email.send", IdempotencyKey: "k"})
+	require.NoError(t, err, "the begin is answered")
+	require.False(t, res.IsError)
+	require.Equal(t, "execute", res.StructuredContent.(map[string]any)["decision"])
+	require.Equal(t, []string{"POST " + beginPath}, g.calls, "nothing given back")
+	require.Equal(t, beginRoom-resultSize(res), room.Left(), "what it did not use goes back to the rest")
+
+	// The room set aside holds the largest execute: a probe's, with its
+	// prior attempt, at the fiftieth attempt, as REST writes it.
+	at := time.Date(2026, 12, 31, 23, 59, 59, 999999000, time.UTC)
+	probe := true
+	largest := gate.Decision{Decision: gate.DecisionExecute, EffectID: ids.New(ids.Effect), State: gate.StateLeased,
+		Attempt: 50, LeaseToken: strings.Repeat("t", 128), LeaseExpiresAt: &at, Probe: &probe,
+		PriorAttempt: &gate.PriorAttempt{Attempt: 49, StartedAt: &at, LeaseExpiredAt: &at}}
+	written, err := jsonx.Marshal(largest)
+	require.NoError(t, err)
+	written = append(written, '\n')
+	size := resultSize(&mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(written)}}})
+	require.Less(t, 2*size, beginRoom, "with room to spare")
 }

@@ -90,7 +90,7 @@ func define[In any](name, description, needs string, route func(In) (method, pat
 			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 				in, err := decodeArguments[In](req.Params.Arguments, resolved, urlOnly)
 				if err != nil {
-					return fit(ctx, argumentsError(err), nil)
+					return fit(ctx, name, argumentsError(err), nil)
 				}
 				method, path, body := route(in)
 				return call(ctx, c, req, defaultAuth, method, path, body)
@@ -445,7 +445,7 @@ func query(params map[string]string) string {
 
 // tools are the nine MCP tools.
 var tools = []tool{
-	define("ratchet_begin", "Ask before you act. Returns decision: execute, duplicate, in_flight, blocked, "+
+	define(beginTool, "Ask before you act. Returns decision: execute, duplicate, in_flight, blocked, "+
 		"approval_required or denied. "+Instructions, "effects:begin",
 		func(in BeginInput) (string, string, any) { return "POST", beginPath, in },
 		like[gate.BeginRequest]),
