@@ -3,7 +3,6 @@ package db_test
 import (
 	"context"
 	"errors"
-	"net"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/testpg"
 )
 
 // A statement that waits for a pooled connection waits DB_ACQUIRE_TIMEOUT
@@ -73,20 +73,9 @@ func TestWaitingForAPooledConnectionIsBoundedAndUnapplied(t *testing.T) {
 // not said to have found the pool busy.
 func TestTimeEndingWhileConnectingIsUnapplied(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
-	require.NoError(t, err)
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
+	silent := testpg.SilentURL(t) // accepts, never answers
 	pool, err := db.Open(context.Background(), &config.Config{
-		DatabaseURL: "postgres://u@" + ln.Addr().String() + "/db?sslmode=disable", DBMaxConns: 2,
+		DatabaseURL: silent, DBMaxConns: 2,
 		DBMaxConnIdleTime: time.Minute, DBConnectTimeout: time.Minute, DBQueryExecMode: "exec",
 		DBAcquireTimeout: time.Hour})
 	require.NoError(t, err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -298,20 +297,9 @@ func TestARequestThatGetsNoPooledConnectionIsNotApplied(t *testing.T) {
 // DB_CONNECT_TIMEOUT, and health that and its own 2 s).
 func TestRoutesWithoutTheDatabaseDoNotWaitForItsClock(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
-	require.NoError(t, err)
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
+	silent := testpg.SilentURL(t) // accepts, never answers
 	env := apitest.Start(t, apitest.WithConfig(func(c *config.Config) {
-		c.DatabaseURL = "postgres://u@" + ln.Addr().String() + "/db?sslmode=disable"
+		c.DatabaseURL = silent
 		c.DBConnectTimeout = 8 * time.Second
 	}))
 	start := time.Now()
