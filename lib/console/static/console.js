@@ -648,7 +648,7 @@ const pages = {
 					[
 						select('Outcome at the vendor', 'outcome', [['', 'choose what the vendor shows…'], ['succeeded', 'succeeded: it happened'], ['failed', 'failed: it did not happen']], ''),
 						h('label', null, 'Result (JSON, optional) ', h('textarea', { name: 'result', rows: 4, cols: 60, class: 'code', spellcheck: 'false' })),
-						input('Note', 'note', { maxlength: 1000 }),
+						input('Note', 'note', { maxlength: maxLengths['POST /effects/{id}/resolve note'] }),
 					],
 					'Resolve',
 					(v) =>
@@ -703,7 +703,7 @@ const pages = {
 								confirm: `Close the ${c.effect_type} breaker? It gets a fresh allowance from now.`,
 							})
 						: form(
-								[select('Action', 'action', actions, 'require_approval'), input('Reason', 'reason', { maxlength: 500 })],
+								[select('Action', 'action', actions, 'require_approval'), input('Reason', 'reason', { maxlength: maxLengths['POST /circuits/{effect_type}/open reason'] })],
 								'Open',
 								(v) => call('POST', `/circuits/${seg(c.effect_type)}/open`, { action: v.action, reason: v.reason || undefined }),
 								{ inline: true, danger: true, confirm: `Open the ${c.effect_type} breaker by hand? It stays open until you close it.` },
@@ -736,7 +736,7 @@ const pages = {
 					: form(
 						[
 							select('Action', 'action', actions, stopped ? stopped.action : 'require_approval'),
-							input('Reason', 'reason', { maxlength: 500, value: stopped ? stopped.reason || '' : '' }),
+							input('Reason', 'reason', { maxlength: maxLengths['POST /circuits/stop reason'], value: stopped ? stopped.reason || '' : '' }),
 						],
 						'Stop every effect type',
 						(v) => call('POST', '/circuits/stop', { action: v.action, reason: v.reason || undefined }),
@@ -1021,7 +1021,7 @@ const pages = {
 			h('h2', null, 'Test a handler version'),
 			h('p', null, 'Enqueues one synthetic job with this input in a run of its own, attempted once, for a worker of name@version to run: it acts as any job would.'),
 			form(
-				[input('Handler version', 'version', { required: true, maxlength: 100, value: newest ? newest.handlerVersion : '' }), h('label', null, 'Input (JSON) ', input_)],
+				[input('Handler version', 'version', { required: true, maxlength: maxLengths['POST /tools/{name}/test version'], value: newest ? newest.handlerVersion : '' }), h('label', null, 'Input (JSON) ', input_)],
 				'Enqueue test job',
 				(v) => call('POST', `/tools/${seg(name)}/test`, { version: v.version.trim(), input: parseJSONField('The input', v.input) ?? {} }),
 				{
@@ -1161,7 +1161,7 @@ const pages = {
 			h('h2', null, 'New key'),
 			form(
 				[
-					input('Name', 'name', { required: true, maxlength: 100 }),
+					input('Name', 'name', { required: true, maxlength: maxLengths['POST /keys name'] }),
 					select('Preset', 'preset', [['AGENT', 'AGENT (begin, report)'], ['WORKER', 'WORKER (jobs:work)'], ['INGEST', 'INGEST (runs)'], ['OPERATOR', 'OPERATOR (every scope)']], 'AGENT'),
 					input('Tools (WORKER: name@version, comma-separated)', 'tools', { placeholder: 'send_welcome_email@1' }),
 					input('Daily spend ceiling (micros)', 'ceiling', { type: 'number', min: 0, step: 1 }),
@@ -1278,7 +1278,7 @@ const pages = {
 			h('p', { class: 'lead' }, 'Compare an effect type with the vendor’s own record of the same window. Records are matched by idempotency key; an unknown outcome a record settles is resolved as an operator’s resolve would be.'),
 			form(
 				[
-					input('Effect type', 'effect_type', { required: true, maxlength: 100, placeholder: 'payment.charge' }),
+					input('Effect type', 'effect_type', { required: true, maxlength: maxLengths['POST /reconcile effect_type'], placeholder: 'payment.charge' }),
 					input('From (RFC 3339)', 'from', { required: true, value: iso(new Date(now.getTime() - 86400000)) }),
 					input('To', 'to', { required: true, value: iso(now) }),
 					h(
@@ -1342,6 +1342,25 @@ const pages = {
 // The built-in retry presets' schedules (lib/jobs Presets; a test in
 // lib/console holds them equal): the policy routes show a built-in preset
 // without its schedule, which a switch to CUSTOM starts from.
+// maxLengths are the API's limits on the text fields the console's forms
+// send, keyed by route and field: a form that let through what its route
+// refuses showed the operator a refusal after the fact, and one cut shorter
+// refused what the API takes (console QA: notes held to 1 000 characters
+// where the routes take 2 000). lib/console's tests hold each to the
+// OpenAPI document's maxLength.
+const maxLengths = {
+	'POST /effects/{id}/resolve note': 2000,
+	'POST /approvals/{id}/approve note': 2000,
+	'POST /approvals/{id}/reject note': 2000,
+	'POST /circuits/{effect_type}/open reason': 500,
+	'POST /circuits/stop reason': 500,
+	'POST /tools/{name}/test version': 100,
+	'POST /keys name': 100,
+	'POST /reconcile effect_type': 100,
+	'POST /steps/{id}/replay reason': 1000,
+	'POST /workspaces name': 100,
+};
+
 const retryPresets = {
 	STANDARD: { maxAttempts: 5, initialDelayMs: 30000, multiplier: 2, maxDelayMs: 900000, jitterPercent: 20 },
 	AGGRESSIVE: { maxAttempts: 8, initialDelayMs: 5000, multiplier: 2, maxDelayMs: 300000, jitterPercent: 20 },
@@ -1558,12 +1577,12 @@ function decide(a, effect) {
 	// Every row has the same two forms: their controls are named by the
 	// effect they decide, for a screen reader's list of controls (console QA).
 	return h('div', { class: 'decide' }, [
-		form([input('Note', 'note', { maxlength: 1000, 'aria-label': `Note approving ${a.effect_id}` })], 'Approve', (v) => call('POST', `/approvals/${seg(a.id)}/approve`, { note: v.note || undefined }), {
+		form([input('Note', 'note', { maxlength: maxLengths['POST /approvals/{id}/approve note'], 'aria-label': `Note approving ${a.effect_id}` })], 'Approve', (v) => call('POST', `/approvals/${seg(a.id)}/approve`, { note: v.note || undefined }), {
 			inline: true,
 			name: `Approve ${a.effect_type} ${a.effect_id}`,
 			confirm: `Approve ${a.effect_type} ${a.effect_id} for ${amount}${keyNote}? The next begin on its key executes.`,
 		}),
-		form([input('Note', 'note', { maxlength: 1000, 'aria-label': `Note rejecting ${a.effect_id}` })], 'Reject', (v) => call('POST', `/approvals/${seg(a.id)}/reject`, { note: v.note || undefined }), {
+		form([input('Note', 'note', { maxlength: maxLengths['POST /approvals/{id}/reject note'], 'aria-label': `Note rejecting ${a.effect_id}` })], 'Reject', (v) => call('POST', `/approvals/${seg(a.id)}/reject`, { note: v.note || undefined }), {
 			inline: true,
 			danger: true,
 			name: `Reject ${a.effect_type} ${a.effect_id}`,
@@ -1900,7 +1919,7 @@ async function replayForm(stepId) {
 						// The API's maxAttempts here counts executions beyond those made
 						// (console QA: read as the job's whole ceiling).
 						input('Additional executions (1–10, beyond the attempts so far)', 'maxAttempts', { type: 'number', min: 1, max: 10, value: 1 }),
-						input('Reason', 'reason', { maxlength: 1000 }),
+						input('Reason', 'reason', { maxlength: maxLengths['POST /steps/{id}/replay reason'] }),
 						choosable.length
 							? select('Run with', 'target', [['', `the same handler (${p.handlerVersion})`], ...choosable.map((u) => [String(u.contractVersion), `contract ${u.contractVersion}: handler ${u.handlerVersion}`])], '')
 							: null,
@@ -1955,7 +1974,7 @@ function signInPage(message) {
 		h('section', null, [
 			h('h2', null, 'Or create a workspace'),
 			form(
-				[input('Workspace name', 'name', { required: true, maxlength: 100 })],
+				[input('Workspace name', 'name', { required: true, maxlength: maxLengths['POST /workspaces name'] })],
 				'Create workspace',
 				(v) => call('POST', '/workspaces', { name: v.name }),
 				{
