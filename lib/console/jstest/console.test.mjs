@@ -292,6 +292,24 @@ test('approve and reject a held effect, with notes; a declined confirmation send
 	assert.match(row(ui, held[1].effect_id).textContent, /duplicate order/);
 });
 
+// A yes given while a breaker holds the type carries the key through it
+// (API.md: an approval answers every reason that holds when it is given):
+// the console says so where the decision is shown (console QA: the
+// approval read only "held: policy_requires_approval").
+test('an approval given under a breaker shows what else it answers', async () => {
+	const key = await signup();
+	assert.equal((await api('PUT', '/policies/payment.charge', key, { mode: 'require_approval' })).status, 200);
+	const held = (await api('POST', '/effects/begin', key, { effect_type: 'payment.charge', idempotency_key: 'a1', payload: {}, cost_micros: 1_000_000 })).body;
+	assert.equal(held.decision, 'approval_required');
+	assert.equal((await api('POST', '/circuits/payment.charge/open', key, { action: 'require_approval' })).status, 200);
+	const yes = await api('POST', `/approvals/${held.approval_id}/approve`, key, {});
+	assert.deepEqual(yes.body.answers, ['policy_requires_approval', 'circuit_open']);
+	const ui = await mount(key, '#/approvals?state=any');
+	assert.match(row(ui, held.effect_id).textContent, /approved.*\(also answers circuit_open\)/);
+	await go(ui, '#/effects/' + held.effect_id);
+	assert.match(ui.root.textContent, /held: policy_requires_approval; also answers circuit_open/);
+});
+
 test("another key signed in is shown none of the first key's effects", async () => {
 	const key = await signup();
 	assert.equal((await api('PUT', '/policies/payment.charge', key, { mode: 'require_approval' })).status, 200);

@@ -537,7 +537,7 @@ const pages = {
 			{ title: 'Cost', cell: (a) => (a.effect ? micros(a.effect.cost_micros) : '—') },
 			{ title: 'Reason', cell: (a) => a.reason },
 			{ title: 'State', cell: (a) => h('span', { class: 'state ' + a.state }, a.state) },
-			{ title: 'Decided', cell: (a) => (a.decided_at ? [time(a.decided_at), a.note ? ' — ' + a.note : ''] : '—') },
+			{ title: 'Decided', cell: (a) => (a.decided_at ? [time(a.decided_at), answered(a) ? ` (${answered(a).slice(2)})` : '', a.note ? ' — ' + a.note : ''] : '—') },
 			{
 				title: '',
 				cell: (a) => (a.state === 'pending' ? decide(a, a.effect) : ''),
@@ -630,7 +630,7 @@ const pages = {
 					h('h2', null, 'Approval'),
 					a.state === 'pending'
 						? [h('p', null, `Held: ${a.reason}.`), decide(a, e)]
-						: h('p', null, `${a.state} ${time(a.decided_at)} (held: ${a.reason})`, a.note ? ' — ' + a.note : ''),
+						: h('p', null, `${a.state} ${time(a.decided_at)} (held: ${a.reason}${answered(a)})`, a.note ? ' — ' + a.note : ''),
 				);
 			} else if (e.state === 'awaiting_approval' || a.status !== 403) {
 				out.push(h('h2', null, 'Approval'), errorBox(asError(a)));
@@ -1563,6 +1563,17 @@ async function withEffects(approvals) {
 			a.effect = effectsSeen.get(a.effect_id) || null;
 		}),
 	);
+}
+
+// answered names what an approved approval answers beyond the reason it was
+// asked for (API.md: a yes carries the key through every reason that held
+// when it was given, the emergency stop or a breaker included), as "; also
+// answers circuit_open"; '' when it answers only its reason, or nothing.
+// Console QA: an operator could not tell that a yes had let a key through
+// a breaker.
+function answered(a) {
+	const more = (a.answers || []).filter((r) => r !== a.reason);
+	return more.length ? `; also answers ${more.join(', ')}` : '';
 }
 
 // decide is a pending approval's two forms; effect, when known, names its
