@@ -72,8 +72,10 @@ func TestClaimReadsAnAnswerNestedDeeperThanEncodingJSONReads(t *testing.T) {
 // the given text.
 type deepServer struct {
 	*fakeJobs
-	mu    sync.Mutex
-	claim string // the first claim's answer, then the fake's own
+	// claimMu guards claim. Not named mu: that would hide fakeJobs.mu,
+	// which guards the reports the tests read (a data race under -race).
+	claimMu sync.Mutex
+	claim   string // the first claim's answer, then the fake's own
 }
 
 func (d *deepServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -83,12 +85,12 @@ func (d *deepServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			{"field": "body", "message": "nests arrays and objects more than 10000 levels deep"}}})
 		return
 	}
-	d.mu.Lock()
+	d.claimMu.Lock()
 	claim := d.claim
 	if strings.HasSuffix(r.URL.Path, "/claim") {
 		d.claim = ""
 	}
-	d.mu.Unlock()
+	d.claimMu.Unlock()
 	if claim != "" && strings.HasSuffix(r.URL.Path, "/claim") {
 		_, _ = io.WriteString(w, claim)
 		return
