@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -164,7 +165,7 @@ func (r *OpenCircuitRequest) validate() (action string, reason *string, err erro
 	if r.Action != nil {
 		action = *r.Action
 		if !slices.Contains(surgeActions, action) {
-			pr.Add("action", "must be one of %v", surgeActions)
+			pr.Add("action", "must be one of %s", strings.Join(surgeActions, ", "))
 		}
 	}
 	if r.Reason != nil && utf8.RuneCountInString(*r.Reason) > maxReasonRunes {

@@ -150,6 +150,11 @@ func TestCircuitListShapeAndVolume(t *testing.T) {
 		map[string]any{"action": "explode"})), "action")
 	require.Contains(t, validationFields(t, b.env.Do("POST", "/api/v1/circuits/stop", b.ws.Key,
 		map[string]any{"action": "halt"})), "action")
+	// The allowed values read as a list, as every other refusal's do (QA:
+	// "must be one of [monitor require_approval deny]", Go's slice syntax).
+	refusal := b.env.Do("POST", "/api/v1/circuits/sms.send/open", b.ws.Key, map[string]any{"action": "explode"}).JSON()
+	require.Equal(t, []any{map[string]any{"field": "action", "message": "must be one of monitor, require_approval, deny"}},
+		refusal["error"].(map[string]any)["detail"].(map[string]any)["validation"])
 }
 
 // The list computes each type's baseline once, for its column and for a

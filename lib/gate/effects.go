@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -188,7 +189,7 @@ func storedStates(state string) []string {
 func (s *Service) ListEffects(ctx context.Context, workspaceID string, f ListFilter) ([]Effect, error) {
 	var pr apierr.Problems
 	if f.State != "" && !slices.Contains(States, f.State) {
-		pr.Add("state", "must be one of %v", States)
+		pr.Add("state", "must be one of %s", strings.Join(States, ", "))
 	}
 	if f.EffectType != "" && !ValidEffectType(f.EffectType) {
 		pr.Add("effect_type", "must be an effect type")

@@ -261,7 +261,7 @@ func (p *Policy) validate(pr *apierr.Problems) {
 				return
 			}
 		}
-		pr.Add(field, "must be one of %v", allowed)
+		pr.Add(field, "must be one of %s", strings.Join(allowed, ", "))
 	}
 	between := func(field string, v *int, lo, hi int) {
 		if v != nil && (*v < lo || *v > hi) {
