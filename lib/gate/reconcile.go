@@ -96,13 +96,13 @@ type Reconciliation struct {
 	To               time.Time       `json:"to"`
 	ReconciledAt     time.Time       `json:"reconciled_at"`
 	Counts           ReconcileCounts `json:"counts"`
-	Matched          []ReconcileItem `json:"matched"`
-	MissingAtVendor  []ReconcileItem `json:"missing_at_vendor"`
-	UnknownToRatchet []ReconcileItem `json:"unknown_to_ratchet"`
-	AmountMismatch   []ReconcileItem `json:"amount_mismatch"`
-	Resolved         []ReconcileItem `json:"resolved"`
-	StatusMismatch   []ReconcileItem `json:"status_mismatch"`
-	Unsettled        []ReconcileItem `json:"unsettled"`
+	Matched          []ReconcileItem `json:"matched" openapi:"notNull"`
+	MissingAtVendor  []ReconcileItem `json:"missing_at_vendor" openapi:"notNull"`
+	UnknownToRatchet []ReconcileItem `json:"unknown_to_ratchet" openapi:"notNull"`
+	AmountMismatch   []ReconcileItem `json:"amount_mismatch" openapi:"notNull"`
+	Resolved         []ReconcileItem `json:"resolved" openapi:"notNull"`
+	StatusMismatch   []ReconcileItem `json:"status_mismatch" openapi:"notNull"`
+	Unsettled        []ReconcileItem `json:"unsettled" openapi:"notNull"`
 }
 
 // parseInstant reads an RFC 3339 timestamp. RFC 3339 (§5.6) lets "T" and

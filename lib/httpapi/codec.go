@@ -134,13 +134,13 @@ func idCursor(prefix string) func(string) bool {
 
 // Page is the list envelope of snake_case routes.
 type Page[T any] struct {
-	Data       []T     `json:"data"`
+	Data       []T     `json:"data" openapi:"notNull"` // always an array (encodePage)
 	NextCursor *string `json:"next_cursor"`
 }
 
 // CamelPage is the list envelope of camelCase (durable-job) routes.
 type CamelPage[T any] struct {
-	Data       []T     `json:"data"`
+	Data       []T     `json:"data" openapi:"notNull"` // always an array (encodePage)
 	NextCursor *string `json:"nextCursor"`
 }
 

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -868,4 +869,76 @@ func manyKeys(n int) string {
 		parts[i] = fmt.Sprintf(`"k%d":%d`, i, i)
 	}
 	return strings.Join(parts, ",")
+}
+
+// A list's data is an array, never null (API.md §0 and §5: {"data": [...]}),
+// and so are the arrays of §2.7, §3.1 and §3.2 that the server always writes
+// (a claim's jobs, a replay preview's upgrades and each one's validation, a
+// reconciliation's lists): the OpenAPI document says so too, so a client
+// generated from it is not told to expect null (QA: every list's data read
+// "array or null"), and lib/apitest holds every answer to it.
+func TestConformanceAlwaysWrittenArraysAreNotNullable(t *testing.T) {
+	t.Parallel()
+	b, err := json.Marshal(httpapi.OpenAPI())
+	require.NoError(t, err)
+	var doc struct {
+		Paths map[string]map[string]struct {
+			Responses map[string]struct {
+				Content map[string]struct {
+					Schema map[string]any `json:"schema"`
+				} `json:"content"`
+			} `json:"responses"`
+		} `json:"paths"`
+	}
+	require.NoError(t, json.Unmarshal(b, &doc))
+	success := func(path, method string) map[string]any {
+		t.Helper()
+		for status, r := range doc.Paths[path][method].Responses {
+			if strings.HasPrefix(status, "2") {
+				if s := r.Content["application/json"].Schema; s != nil {
+					return s
+				}
+			}
+		}
+		t.Fatalf("%s %s has no JSON success schema", method, path)
+		return nil
+	}
+	prop := func(s map[string]any, name string) map[string]any {
+		t.Helper()
+		p, ok := s["properties"].(map[string]any)[name].(map[string]any)
+		require.True(t, ok, "no property %q in %v", name, keysOf(s["properties"].(map[string]any)))
+		return p
+	}
+	lists := 0
+	for path, ops := range doc.Paths {
+		for method := range ops {
+			for status, r := range ops[method].Responses {
+				s := r.Content["application/json"].Schema
+				if !strings.HasPrefix(status, "2") || s == nil {
+					continue
+				}
+				if p, ok := s["properties"].(map[string]any); ok && p["data"] != nil {
+					require.Equal(t, "array", prop(s, "data")["type"], "%s %s: data", method, path)
+					lists++
+				}
+			}
+		}
+	}
+	require.Greater(t, lists, 15)
+	for _, c := range []struct {
+		path, method string
+		fields       []string
+	}{
+		{"/api/v1/workers/{workerId}/claim", "post", []string{"jobs"}},
+		{"/api/v1/steps/{id}/replay", "get", []string{"upgrades"}},
+		{"/api/v1/reconcile", "post", []string{"matched", "missing_at_vendor", "unknown_to_ratchet",
+			"amount_mismatch", "resolved", "status_mismatch", "unsettled"}},
+	} {
+		s := success(c.path, c.method)
+		for _, f := range c.fields {
+			require.Equal(t, "array", prop(s, f)["type"], "%s %s: %s", c.method, c.path, f)
+		}
+	}
+	upgrade := prop(success("/api/v1/steps/{id}/replay", "get"), "upgrades")["items"].(map[string]any)
+	require.Equal(t, "array", prop(upgrade, "validation")["type"], "upgrades[].validation")
 }

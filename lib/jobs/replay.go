@@ -43,7 +43,7 @@ type ReplayUpgrade struct {
 	Status          string              `json:"status"`
 	Compatible      bool                `json:"compatible"`
 	Forbidden       bool                `json:"forbidden"`
-	Validation      []apierr.FieldError `json:"validation"`
+	Validation      []apierr.FieldError `json:"validation" openapi:"notNull"`
 }
 
 // ReplayPreview answers GET /api/v1/steps/{id}/replay. handlerVersion is the
@@ -64,7 +64,7 @@ type ReplayPreview struct {
 	Attempt          int             `json:"attempt"`
 	MaxAttempts      int             `json:"maxAttempts"`
 	EndpointPaused   bool            `json:"endpointPaused"`
-	Upgrades         []ReplayUpgrade `json:"upgrades"`
+	Upgrades         []ReplayUpgrade `json:"upgrades" openapi:"notNull"`
 	// InputUnreadable says the step's saved input is sealed with a key this
 	// instance lacks (RESULT_ENCRYPTION_KEY / RESULT_ENCRYPTION_KEYS), or
 	// is damaged, so no upgrade can be shown to fit: each reads compatible

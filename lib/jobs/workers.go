@@ -109,7 +109,7 @@ type ClaimedJob struct {
 
 // ClaimResult answers a claim.
 type ClaimResult struct {
-	Jobs []ClaimedJob `json:"jobs"`
+	Jobs []ClaimedJob `json:"jobs" openapi:"notNull"` // [] when none (claimOrWait)
 }
 
 // Long-poll pacing: polls start fast and back off, bounded by the request.
