@@ -101,8 +101,9 @@ func TestCircuitRoutesNeedPoliciesScopes(t *testing.T) {
 	}
 	for _, path := range []string{"/api/v1/circuits", "/api/v1/circuits/stop"} {
 		e := errCode(t, b.env.Do("GET", path, agent, nil), http.StatusForbidden, "forbidden")
-		require.Equal(t, []any{"policies:read"}, e["detail"].(map[string]any)["required"], path)
-		require.Equal(t, []any{"policies:read", "policies:write"}, e["detail"].(map[string]any)["any_of"], path)
+		// API.md §2.5: "All need policies:write"; policies:read reads them too.
+		require.Equal(t, []any{"policies:write"}, e["detail"].(map[string]any)["required"], path)
+		require.Equal(t, []any{"policies:write", "policies:read"}, e["detail"].(map[string]any)["any_of"], path)
 	}
 	// The agent cannot have closed anything: its begins still meet the breaker.
 	b.env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", b.ws.Key, map[string]any{"action": "deny"})

@@ -12,10 +12,13 @@ import (
 // Every change needs policies:write, so an agent's key cannot close its own
 // breaker; the reads take policies:read or policies:write, as the policies'
 // do (the scopes cover "policies and circuits"): a read-only key needed the
-// write scope to see them (console QA).
+// write scope to see them (console QA). A read's refusal still names
+// policies:write in detail.required, the scope API.md §2.5 says every
+// circuit route needs, and both in detail.any_of (conformance QA: it named
+// policies:read, which a client reading §2.5 does not expect).
 func (s *Server) circuitRoutes() []Route {
 	write := []string{auth.ScopePoliciesWrite}
-	read := []string{auth.ScopePoliciesRead, auth.ScopePoliciesWrite}
+	read := []string{auth.ScopePoliciesWrite, auth.ScopePoliciesRead}
 	return []Route{
 		{
 			Method: "GET", Pattern: "/api/v1/circuits", Name: "circuits.list", Tag: "circuits", AnyScopes: read,
