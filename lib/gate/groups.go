@@ -13,12 +13,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/getratchet/ratchet/lib/answer"
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/canonjson"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/idemkey"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/jsonx"
 )
 
 // Effect groups (API.md §2.6): several effects as one unit of work, each
@@ -132,7 +134,8 @@ type Unwind struct {
 	// Succeeded steps whose compensating effect has succeeded.
 	Reversed []string `json:"reversed"`
 	// PlanTruncated says Plan holds only its first items: the rest would
-	// take the answer past answer.Budget (the API cuts it there).
+	// take the answer past answer.Budget (UnwindGroup reads the
+	// compensations of those that may fit; the API cuts them exactly).
 	PlanTruncated bool `json:"plan_truncated" jsonschema:"true when plan holds only its first items, the rest taking the answer past about 4 MB (a compensation's payload may be 1 MiB): perform them, then unwind again (safe to repeat) for the rest; false otherwise"`
 }
 
@@ -363,7 +366,7 @@ func (s *Service) withSteps(ctx context.Context, q db.Querier, g Group) (Group, 
 	g.Steps = make([]GroupStep, len(steps))
 	for i, st := range steps {
 		g.Steps[i] = GroupStep{EffectID: st.id, EffectType: st.effectType, IdempotencyKey: st.key,
-			State: st.effectiveState(now), HasCompensation: st.compensation != nil, CompensatesEffectID: st.compensates}
+			State: st.effectiveState(now), HasCompensation: st.hasCompensation(), CompensatesEffectID: st.compensates}
 	}
 	return g, nil
 }
@@ -521,38 +524,103 @@ func (s *Service) settleLocked(ctx context.Context, tx pgx.Tx, g Group, now time
 	if !withPlan {
 		return out, nil
 	}
-	for _, e := range r.plan {
-		doc, err := s.openJSON(e.step.id, "compensation", e.step.compensation)
-		if err != nil {
-			// A compensation this instance cannot open (its key is not
-			// configured) fails the whole unwind, whose transaction then
-			// leaves the group as it was: a plan without that item, or with
-			// a null compensation, would have the caller undo the steps
-			// behind it first, or begin a compensation without its
-			// payload. The error names the step and the key (logged;
-			// answered as a 500 saying a stored value is unreadable).
-			return Unwind{}, fmt.Errorf("unwind group %s: %w", g.ID, err)
-		}
-		var comp Compensation // as begin stored it: json.Marshal of a Compensation
-		if err := json.Unmarshal(doc, &comp); err != nil {
-			return Unwind{}, fmt.Errorf("settle group: compensation of %s: %w", e.step.id, err)
-		}
-		item := PlanItem{EffectID: e.step.id, Compensation: comp,
-			SuggestedIdempotencyKey: CompensationKeyPrefix + e.step.id, CompensatesEffectID: e.step.id}
-		if c := e.comp; c != nil {
-			st := c.effectiveState(now)
-			item.CompensationEffectID, item.CompensationState = &c.id, &st
-			// A compensation begun under a key of its own is continued
-			// under that key: the step takes one compensating effect, so
-			// the usual key would be refused.
-			item.SuggestedIdempotencyKey = c.key
-		}
-		out.Plan = append(out.Plan, item)
+	if out.Plan, out.PlanTruncated, err = s.planItems(ctx, tx, g.ID, r.plan, now); err != nil {
+		return Unwind{}, err
 	}
 	if err := suggestFreeKeys(ctx, tx, g.ID, out.Plan); err != nil {
 		return Unwind{}, err
 	}
 	return out, nil
+}
+
+// planItems makes the plan's first entries into its items, in order, as
+// many as one answer holds (answer.Of; truncated says the rest were left
+// out): the API cuts the plan there anyway (plan_truncated), and each item
+// carries its step's compensation, up to 1 MiB, so the compensations are
+// read from the database a batch at a time, each batch as many as the room
+// left would hold at their sealed length, until the items made pass the
+// answer's room (groups QA: an unwind read every step's compensation,
+// hundreds of MiB for a large group, to answer 4 MB of them). Each item is
+// measured as the API writes it; the API cuts the last one when it does
+// not fit after all.
+func (s *Service) planItems(ctx context.Context, q db.Querier, groupID string, plan []planEntry,
+	now time.Time) (items []PlanItem, truncated bool, err error) {
+	budget, size := answer.Of(ctx), 0
+	items = make([]PlanItem, 0, min(len(plan), 64))
+	for len(items) < len(plan) {
+		if len(items) > 0 && size > budget {
+			return items, true, nil
+		}
+		rest := plan[len(items):]
+		n, room := 1, budget-size-rest[0].step.compensationBytes
+		for n < len(rest) && rest[n].step.compensationBytes <= room {
+			room -= rest[n].step.compensationBytes
+			n++
+		}
+		batch := make([]string, n)
+		for i, e := range rest[:n] {
+			batch[i] = e.step.id
+		}
+		rows, err := q.Query(ctx, sqlPlanCompensations, groupID, batch)
+		if err != nil {
+			return nil, false, fmt.Errorf("unwind group %s: compensations: %w", groupID, err)
+		}
+		sealed := map[string][]byte{}
+		var (
+			id string
+			ct []byte
+		)
+		if _, err := pgx.ForEachRow(rows, []any{&id, &ct}, func() error { sealed[id] = ct; return nil }); err != nil {
+			return nil, false, fmt.Errorf("unwind group %s: compensations: %w", groupID, err)
+		}
+		for _, e := range rest[:n] {
+			item, err := s.planItem(groupID, e, sealed[e.step.id], now)
+			if err != nil {
+				return nil, false, err
+			}
+			b, err := jsonx.Marshal(item)
+			if err != nil {
+				return nil, false, fmt.Errorf("unwind group %s: %w", groupID, err)
+			}
+			size += len(b) + 1 // and the comma after it
+			items = append(items, item)
+		}
+	}
+	return items, false, nil
+}
+
+// planItem is the plan item of entry e, whose step's compensation is
+// sealed.
+func (s *Service) planItem(groupID string, e planEntry, sealed []byte, now time.Time) (PlanItem, error) {
+	doc, err := s.openJSON(e.step.id, "compensation", sealed)
+	if err == nil && doc == nil {
+		err = fmt.Errorf("compensation of effect %s: not found", e.step.id)
+	}
+	if err != nil {
+		// A compensation this instance cannot open (its key is not
+		// configured) fails the whole unwind, whose transaction then
+		// leaves the group as it was: a plan without that item, or with
+		// a null compensation, would have the caller undo the steps
+		// behind it first, or begin a compensation without its
+		// payload. The error names the step and the key (logged;
+		// answered as a 500 saying a stored value is unreadable).
+		return PlanItem{}, fmt.Errorf("unwind group %s: %w", groupID, err)
+	}
+	var comp Compensation // as begin stored it: json.Marshal of a Compensation
+	if err := json.Unmarshal(doc, &comp); err != nil {
+		return PlanItem{}, fmt.Errorf("settle group: compensation of %s: %w", e.step.id, err)
+	}
+	item := PlanItem{EffectID: e.step.id, Compensation: comp,
+		SuggestedIdempotencyKey: CompensationKeyPrefix + e.step.id, CompensatesEffectID: e.step.id}
+	if c := e.comp; c != nil {
+		st := c.effectiveState(now)
+		item.CompensationEffectID, item.CompensationState = &c.id, &st
+		// A compensation begun under a key of its own is continued
+		// under that key: the step takes one compensating effect, so
+		// the usual key would be refused.
+		item.SuggestedIdempotencyKey = c.key
+	}
+	return item, nil
 }
 
 // alternateCompensationKeys is how many keys after a step's usual one
@@ -613,12 +681,18 @@ type groupStep struct {
 	id, effectType, key, state string
 	denialCode                 *string
 	leaseExpiresAt             *time.Time
-	compensation               []byte // sealed
-	compensates                *string
-	createdAt, updatedAt       time.Time
-	succeededAt                *time.Time
-	spent                      bool // failed with every attempt its policy allows used
+	// compensationBytes is the length of its sealed compensation (0: it
+	// declared none); only an unwind's plan reads the value
+	// (sqlGroupSteps).
+	compensationBytes    int
+	compensates          *string
+	createdAt, updatedAt time.Time
+	succeededAt          *time.Time
+	spent                bool // failed with every attempt its policy allows used
 }
+
+// hasCompensation says whether the step declared a compensation.
+func (st *groupStep) hasCompensation() bool { return st.compensationBytes > 0 }
 
 func (st *groupStep) effectiveState(now time.Time) string {
 	if st.state == StateLeased && lapsed(st.leaseExpiresAt, now) {
@@ -637,7 +711,7 @@ func groupSteps(ctx context.Context, q db.Querier, groupID string) ([]groupStep,
 	for rows.Next() {
 		var st groupStep
 		if err := rows.Scan(&st.id, &st.effectType, &st.key, &st.state, &st.denialCode, &st.leaseExpiresAt,
-			&st.compensation, &st.compensates, &st.createdAt, &st.updatedAt, &st.succeededAt, &st.spent); err != nil {
+			&st.compensationBytes, &st.compensates, &st.createdAt, &st.updatedAt, &st.succeededAt, &st.spent); err != nil {
 			return nil, fmt.Errorf("group steps: %w", err)
 		}
 		out = append(out, st)
@@ -726,7 +800,7 @@ func planRollback(steps []groupStep, now time.Time, ended bool) rollback {
 		case StateSucceeded:
 			c := comps[st.id]
 			switch {
-			case st.compensation == nil || (c != nil && (finalDenial(c) || ended && c.state != StateSucceeded)):
+			case !st.hasCompensation() || (c != nil && (finalDenial(c) || ended && c.state != StateSucceeded)):
 				r.irreversible = append(r.irreversible, st.id)
 				continue
 			case c != nil && c.state == StateSucceeded:
@@ -908,7 +982,11 @@ func compensationOf(ctx context.Context, q db.Querier, stepID string) (id, key s
 // effect succeeds, and the step's one compensation slot is taken by it, so
 // it must be the declared undo (effect type and payload, compared
 // canonically), not any effect that names the step.
-func (s *Service) matchesDeclared(in *beginInput, declared []byte) error {
+func (s *Service) matchesDeclared(ctx context.Context, q db.Querier, in *beginInput) error {
+	var declared []byte
+	if err := q.QueryRow(ctx, sqlEffectCompensation, *in.compensates).Scan(&declared); err != nil {
+		return fmt.Errorf("begin: declared compensation: %w", err)
+	}
 	doc, err := s.openJSON(*in.compensates, "compensation", declared)
 	if err != nil {
 		return err
@@ -944,7 +1022,7 @@ func (s *Service) matchesDeclared(in *beginInput, declared []byte) error {
 func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 	var (
 		targetState string
-		declared    []byte // the target's declared compensation, sealed
+		declares    bool // the target declared a compensation
 	)
 	if in.compensates != nil {
 		if in.compensation != nil {
@@ -956,13 +1034,13 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 			exp           *time.Time
 		)
 		err := tx.QueryRow(ctx, sqlCompensationTarget, *in.compensates, in.ws, in.groupOwner).Scan(&group, &state, &exp, &target,
-			&declared)
+			&declares)
 		if errors.Is(err, pgx.ErrNoRows) && in.groupOwner != nil && in.readsEffects {
 			// A key that reads every effect is told what it lacks to act
 			// on another key's step, not that the effect is unknown, and
 			// what any key is told of an effect that is no step.
 			err = tx.QueryRow(ctx, sqlCompensationTarget, *in.compensates, in.ws, nil).Scan(&group, &state, &exp,
-				&target, &declared)
+				&target, &declares)
 			if err == nil && group != nil && target == nil {
 				return apierr.Forbidden(auth.ScopeEffectsResolve)
 			}
@@ -986,7 +1064,7 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 			return apierr.InvalidField("compensates_effect_id", "must name a forward step of an effect group")
 		case in.groupID != nil && *in.groupID != *group:
 			return apierr.InvalidField("compensates_effect_id", "must name a step of group_id's group")
-		case declared == nil:
+		case !declares:
 			// The rollback lists such a step as irreversible; a compensation
 			// of it would be an effect no plan or settlement accounts for.
 			return apierr.InvalidState("That step declared no compensation: the rollback lists it as " +
@@ -1043,7 +1121,7 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 	if err := reachedByRollback(ctx, tx, *in.groupID, state, *in.compensates, in.now); err != nil {
 		return err
 	}
-	if err := s.matchesDeclared(in, declared); err != nil {
+	if err := s.matchesDeclared(ctx, tx, in); err != nil {
 		// Another effect than the declared one: refused either way, but a
 		// step compensated already says so first, as the insert would.
 		if taken := s.alreadyCompensated(ctx, tx, *in.compensates); taken != nil {

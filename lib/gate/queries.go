@@ -613,12 +613,16 @@ const sqlLockEffectStates = `SELECT id, state, lease_expires_at FROM effects
 WHERE id = ANY($1::text[]) AND workspace_id = $2 ORDER BY id FOR UPDATE`
 
 // sqlCompensationTarget reads the effect a compensating begin names, and
-// the compensation it declared (sealed; NULL when none). $1 effect id, $2
+// whether it declared a compensation (not the sealed value, of up to 1 MiB:
+// a replay of a compensation's key, as every retry following a plan is,
+// never compares it; sqlEffectCompensation reads it when a new
+// compensating effect must match it). $1 effect id, $2
 // workspace, $3 the key whose group it must be a step of (NULL: any effect;
 // see groupOwner): to a key that may not act on it, another key's step, or
 // an effect of no group, does not exist (a key that reads every effect is
 // then told what it lacks: admit reads it again without $3).
-const sqlCompensationTarget = `SELECT e.group_id, e.state, e.lease_expires_at, e.compensates_effect_id, e.compensation
+const sqlCompensationTarget = `SELECT e.group_id, e.state, e.lease_expires_at, e.compensates_effect_id,
+    e.compensation IS NOT NULL
 FROM effects e LEFT JOIN effect_groups g ON g.id = e.group_id
 WHERE e.id = $1 AND e.workspace_id = $2 AND ($3::text IS NULL OR g.created_by_key_id = $3::text)`
 
@@ -627,24 +631,33 @@ WHERE e.id = $1 AND e.workspace_id = $2 AND ($3::text IS NULL OR g.created_by_ke
 const sqlCompensationOf = `SELECT id, idempotency_key FROM effects WHERE compensates_effect_id = $1`
 
 // sqlGroupSteps lists a group's effects, forward and compensating, with the
-// time each succeeded: its succeeded attempt's report, or for an outcome
-// found later (resolve, reconcile) the end of that attempt's lease, the
-// latest it could have acted, which is also where the step sat in the order
-// while its outcome was unknown. (Not the current attempt's: a retry
-// reported failed after an unknown attempt that is then resolved succeeded
-// did not succeed when it was reported.)
+// length of each one's sealed compensation (0: none) rather than the value
+// (up to 1 MiB each; octet_length reads it from the TOAST pointer, the
+// value left unread): a group's read and commit show only whether a step
+// has one, a settle and a compensating begin's check only need to know,
+// and an unwind opens those of the plan items its answer holds
+// (sqlPlanCompensations). And with the time each succeeded: its succeeded
+// attempt's report, or for an outcome found later (resolve, reconcile) the
+// end of that attempt's lease, the latest it could have acted, which is
+// also where the step sat in the order while its outcome was unknown. (Not
+// the current attempt's: a retry reported failed after an unknown attempt
+// that is then resolved succeeded did not succeed when it was reported.)
 // $1 group id.
 //
 // The last column says a failed effect used every attempt its type's policy
 // allows (5 unset, as in sqlEffectivePolicy): its key's next begin is
 // max_attempts_exceeded, final.
 const sqlGroupSteps = `SELECT e.id, e.effect_type, e.idempotency_key, e.state, e.denial_code, e.lease_expires_at,
-    e.compensation, e.compensates_effect_id, e.created_at, e.updated_at,
+    coalesce(octet_length(e.compensation), 0), e.compensates_effect_id, e.created_at, e.updated_at,
     (SELECT max(coalesce(a.reported_at, a.lease_expires_at)) FROM effect_attempts a
       WHERE a.effect_id = e.id AND a.outcome = 'succeeded' AND e.state = 'succeeded'),
     e.state = 'failed' AND e.attempt >= coalesce((SELECT p.max_attempts FROM gate_policies p
       WHERE p.workspace_id = e.workspace_id AND p.effect_type = e.effect_type), 5)
 FROM effects e WHERE e.group_id = $1 ORDER BY e.id`
+
+// sqlPlanCompensations reads the sealed compensations of the steps $2 of
+// group $1: the plan items an unwind's answer holds.
+const sqlPlanCompensations = `SELECT id, compensation FROM effects WHERE group_id = $1 AND id = ANY($2::text[])`
 
 // sqlGroupStepsPage pages a group's effects in id order, as a group's read
 // lists them (effects_group_idx): $1 group id, $2 the previous page's last

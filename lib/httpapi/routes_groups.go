@@ -145,9 +145,12 @@ func (s *Server) groupRoutes() []Route {
 				}
 				// Each compensation may carry a payload of up to 1 MiB: a
 				// plan past what one answer holds is cut, from its first
-				// item, and says so (plan_truncated).
+				// item, and says so (plan_truncated). The gate read the
+				// items that could fit (u.PlanTruncated when it left some
+				// out); this cuts them exactly.
+				readAll := !u.PlanTruncated
 				return fitPrefix(ctx, u.Plan, 1, func(plan []gate.PlanItem, cut bool) any {
-					u.Plan, u.PlanTruncated = plan, cut
+					u.Plan, u.PlanTruncated = plan, cut || !readAll
 					return u
 				})
 			},
