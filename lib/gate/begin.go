@@ -121,6 +121,10 @@ type beginInput struct {
 	// by a breaker before it was ever granted, so the locked path takes the
 	// type's surge turn first (takeArrivalTurn).
 	arrival bool
+	// joinsGroup: admit found the key new to the workspace and the begin a
+	// forward step of an open group, which it may join only within
+	// MaxGroupSteps (groupHasRoom).
+	joinsGroup bool
 }
 
 func (in *beginInput) args() []any {

@@ -97,3 +97,7 @@ func ReconciliationSize(r Reconciliation) (reckoned int, written []byte, err err
 
 // MaxNoteRunes is the longest resolve note, in characters.
 const MaxNoteRunes = maxNoteRunes
+
+// SetMaxGroupSteps makes s's groups take at most n forward steps, so a
+// test can fill one.
+func SetMaxGroupSteps(s *Service, n int) { s.maxGroupSteps = n }

@@ -49,6 +49,22 @@ const (
 // MaxResultBytes is the published limit on a reported or resolved result.
 const MaxResultBytes = 256 << 10
 
+// MaxGroupSteps is the most forward steps one effect group takes (the
+// manifest's limits.group_steps_max): a begin that would add another is
+// refused 409 invalid_state, nothing changed; its compensations are not
+// counted (a step takes at most one, and a rollback never stalls on a
+// full group). A group's answers list its steps whole where a list
+// cannot be cut without misleading (an unwind's unresolved, irreversible
+// and reversed ids, a refused commit's detail.steps, a refused
+// compensation's detail.unresolved), and every settle of a group reads
+// all its steps: the bound keeps each such answer well within
+// answer.Budget (a refused commit naming every step of a full group is
+// about 0.75 MB; 70 000 steps would pass 4 MB) and each settle's work bounded,
+// as Temporal bounds a workflow's pending activities. Ten thousand steps
+// are far more than a unit of work that is rolled back whole needs; more
+// work is more groups.
+const MaxGroupSteps = 10_000
+
 // Service is the gate over one pool. It is safe for concurrent use and holds
 // no per-effect state.
 type Service struct {
@@ -57,6 +73,8 @@ type Service struct {
 	hash   func(string) []byte
 	now    func() time.Time
 	logger *slog.Logger
+	// maxGroupSteps is MaxGroupSteps (tests make it smaller).
+	maxGroupSteps int
 }
 
 // New returns the gate. hash is the keyed hash used for dimension values
@@ -70,7 +88,7 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, hash func(string) []byte, now 
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Service{pool: pool, sealer: sealer, hash: hash, now: now, logger: logger}
+	return &Service{pool: pool, sealer: sealer, hash: hash, now: now, logger: logger, maxGroupSteps: MaxGroupSteps}
 }
 
 // clock is now in UTC at Postgres' precision, so a time written and read back

@@ -126,13 +126,15 @@ type Unwind struct {
 	Plan    []PlanItem `json:"plan"`
 	// Effects whose outcome is unknown (a live lease, or indeterminate): the
 	// plan stops where the first of them would come, until each is verified
-	// (resolve, reconcile) or reported.
-	Unresolved []string `json:"unresolved"`
+	// (resolve, reconcile) or reported. This list and the next two are
+	// whole: each step is in one of them at most, and a group holds at most
+	// MaxGroupSteps (maxItems; a test holds the tag to it).
+	Unresolved []string `json:"unresolved" openapi:"maxItems=10000"`
 	// Succeeded steps that cannot be reversed: no compensation was declared,
 	// or their compensating effect was finally denied.
-	Irreversible []string `json:"irreversible"`
+	Irreversible []string `json:"irreversible" openapi:"maxItems=10000"`
 	// Succeeded steps whose compensating effect has succeeded.
-	Reversed []string `json:"reversed"`
+	Reversed []string `json:"reversed" openapi:"maxItems=10000"`
 	// PlanTruncated says Plan holds only its first items: the rest would
 	// take the answer past answer.Budget (UnwindGroup reads the
 	// compensations of those that may fit; the API cuts them exactly).
@@ -935,9 +937,38 @@ func (s *Service) beginInTxOnce(ctx context.Context, in *beginInput, w *wallet) 
 		d, err = s.decide(ctx, tx, in, func(ctx context.Context, in *beginInput) (Decision, error) {
 			return s.decideLocked(ctx, tx, in)
 		})
+		if err == nil && in.joinsGroup {
+			err = s.groupHasRoom(ctx, tx, *in.groupID)
+		}
 		return err
 	})
 	return d, err
+}
+
+// groupHasRoom refuses a forward step that took its group past
+// MaxGroupSteps, before its transaction commits, so that nothing of it is
+// kept. It is checked last, once the step is in (its key's effect may
+// also have been inserted by a concurrent begin instead, which this one
+// then answers), under a lock held until the commit: each begin adding a
+// step counts the steps committed before it took the lock, in a statement
+// of its own, and its own, so a group never holds more (a check at admit
+// would let begins racing for the last place each find it free). Only the
+// count and the commit are serialised, not the begins. The group is open
+// (admit holds it shared), so its effects are all forward steps.
+func (s *Service) groupHasRoom(ctx context.Context, tx pgx.Tx, groupID string) error {
+	if _, err := tx.Exec(ctx, sqlLockGroupSteps, groupID); err != nil {
+		return fmt.Errorf("begin: lock group steps: %w", err)
+	}
+	var n int
+	if err := tx.QueryRow(ctx, sqlCountGroupSteps, groupID, s.maxGroupSteps+1).Scan(&n); err != nil {
+		return fmt.Errorf("begin: count group steps: %w", err)
+	}
+	if n <= s.maxGroupSteps {
+		return nil
+	}
+	return apierr.InvalidState("The group holds %d steps, the most one group takes; start a new group for the "+
+		"rest of the work.", s.maxGroupSteps).WithDetail("state", GroupOpen).
+		WithDetail("group_steps_max", s.maxGroupSteps)
 }
 
 // alreadyCompensated is the refusal of a second compensating effect for a
@@ -1020,6 +1051,7 @@ func (s *Service) matchesDeclared(ctx context.Context, q db.Querier, in *beginIn
 // answers it, and a new attempt on it is checked by admitAttempt instead. A
 // key that names an effect outside the group is a reuse of the key.
 func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
+	in.joinsGroup = false
 	var (
 		targetState string
 		declares    bool // the target declared a compensation
@@ -1100,6 +1132,7 @@ func (s *Service) admit(ctx context.Context, tx pgx.Tx, in *beginInput) error {
 		return nil
 	}
 	if in.compensates == nil {
+		in.joinsGroup = true
 		return forwardAdmitted(state)
 	}
 	if state == GroupOpen || state == GroupCommitted {

@@ -549,6 +549,15 @@ FROM effect_groups g LEFT JOIN effects e ON e.workspace_id = $2 AND e.idempotenc
 WHERE g.id = $1 AND g.workspace_id = $2 AND ($4::text IS NULL OR g.created_by_key_id = $4::text)
 FOR SHARE OF g`
 
+// sqlLockGroupSteps takes group $1's turn to add a forward step
+// (groupHasRoom), until the transaction ends.
+const sqlLockGroupSteps = `SELECT pg_advisory_xact_lock(hashtextextended('group_steps:' || $1::text, 0))`
+
+// sqlCountGroupSteps counts the effects of group $1, at most $2
+// (effects_group_idx): sent after sqlLockGroupSteps, in a statement of its
+// own, its snapshot holds every step whose begin held the turn before.
+const sqlCountGroupSteps = `SELECT count(*) FROM (SELECT 1 FROM effects WHERE group_id = $1 LIMIT $2) s`
+
 // sqlTakenKeys answers which of the keys $2 name an effect of group $1's
 // workspace.
 const sqlTakenKeys = `SELECT e.idempotency_key FROM effect_groups g

@@ -11,6 +11,7 @@ import (
 	"github.com/getratchet/ratchet/lib/answer"
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
@@ -80,6 +81,9 @@ var Limits = map[string]int64{
 	"claim_wait_seconds_max":  20,
 	"retry_after_ms_min":      1000,
 	"retry_after_ms_max":      86_400_000,
+	// The most forward steps one effect group takes: a begin that would
+	// add another is 409 invalid_state.
+	"group_steps_max": gate.MaxGroupSteps,
 }
 
 var (

@@ -22,6 +22,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/events"
+	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/idemkey"
 	"github.com/getratchet/ratchet/lib/mcpserver"
@@ -758,4 +759,28 @@ func TestEveryErrorDetailIsDocumented(t *testing.T) {
 		}
 	}
 	require.Empty(t, missing, "detail fields set (where) but not documented")
+}
+
+// A group's step bound (gate.MaxGroupSteps) is what the documents say: the
+// manifest's limits.group_steps_max, the unwind answer's lists' maxItems in
+// the OpenAPI document, the refusal's detail, and the README's figure.
+func TestGroupStepsMaxIsPublished(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, int64(10_000), httpapi.Limits["group_steps_max"])
+	require.EqualValues(t, gate.MaxGroupSteps, httpapi.NewManifest().Limits["group_steps_max"])
+	doc := apitest.OpenAPIDoc(t)
+	unwind := apitest.At(doc, "paths", "/api/v1/groups/{id}/unwind", "post", "responses", "200", "content",
+		"application/json", "schema", "properties").(map[string]any)
+	for _, list := range []string{"unresolved", "irreversible", "reversed"} {
+		require.EqualValues(t, gate.MaxGroupSteps, unwind[list].(map[string]any)["maxItems"], list)
+	}
+	detail := apitest.At(doc, "components", "schemas", "Error", "properties", "error", "properties", "detail",
+		"properties").(map[string]any)
+	require.EqualValues(t, gate.MaxGroupSteps, detail["steps"].(map[string]any)["maxItems"])
+	require.Contains(t, detail, "group_steps_max")
+	create := apitest.At(doc, "paths", "/api/v1/groups", "post", "summary")
+	require.Contains(t, create, "at most 10000 forward steps")
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(readme), "**A group takes at most 10 000 forward steps** (`limits.group_steps_max`")
 }

@@ -163,11 +163,14 @@ func errorDetailSchema() map[string]any {
 			"opened_at":   map[string]any{"type": "string", "format": "date-time", "description": "circuit_open: when that breaker opened."},
 			"closes_at":   map[string]any{"type": []string{"null", "string"}, "format": "date-time", "description": "circuit_open: when it closes by itself (null: only by hand)."},
 			"limit_bytes": integer("payload_too_large: the limit exceeded."),
-			"steps": map[string]any{"type": "array", "description": "invalid_state (a group's commit): the steps that " +
-				"have not succeeded, each {effect_id, state}.", "items": map[string]any{"type": "object",
+			"steps": map[string]any{"type": "array", "maxItems": gate.MaxGroupSteps, "description": "invalid_state " +
+				"(a group's commit): the steps that have not succeeded, each {effect_id, state}: every one (a group " +
+				"takes at most limits.group_steps_max).", "items": map[string]any{"type": "object",
 				"properties": map[string]any{"effect_id": map[string]any{"type": "string"}, "state": map[string]any{"type": "string"}}}},
-			"unresolved": map[string]any{"type": "array", "items": map[string]any{"type": "string"},
+			"unresolved": map[string]any{"type": "array", "maxItems": gate.MaxGroupSteps, "items": map[string]any{"type": "string"},
 				"description": "invalid_state (an unwind): the effects with unknown outcomes the rollback waits for."},
+			"group_steps_max": integer("invalid_state (a begin of a new forward step in a full group): the most " +
+				"forward steps a group takes (limits.group_steps_max); nothing was kept: start a new group."),
 			"compensating_effect_id": str("invalid_state (a compensation begun again): the step's compensating effect."),
 			"committed_at": map[string]any{"type": "string", "format": "date-time", "description": "invalid_state " +
 				"(a commit of a group whose unwind began since it was committed): when it was committed, so a " +

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"net/http"
+	"strconv"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
@@ -37,7 +38,9 @@ func (s *Server) groupRoutes() []Route {
 				"{effect_type, payload}; then commit, or unwind to get the compensation plan. With idempotency_key " +
 				"a retry answers the group it opened (200, deduplicated: true, its steps cut to fit as " +
 				"GET /api/v1/groups/{id} cuts them) until retention deletes it; the same key with another name is " +
-				"409 idempotency_key_reuse.",
+				"409 idempotency_key_reuse. A group takes at most " + strconv.Itoa(gate.MaxGroupSteps) + " forward steps " +
+				"(limits.group_steps_max): a begin that would add another is 409 invalid_state (detail.group_steps_max), " +
+				"nothing kept; new attempts at its steps, its commit and its rollback's compensations still work.",
 			Request: gate.CreateGroupRequest{}, Response: gate.Group{}, Status: 201, DedupOK: true,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeIdempotencyKeyReuse},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
@@ -132,7 +135,8 @@ func (s *Server) groupRoutes() []Route {
 				"effects:resolve. A compensation the plan needs that this server cannot decrypt (its encryption key " +
 				"is not configured) is 500 internal_error, the group left as it was. A plan that would take the " +
 				"answer past about 4 MB (compensation payloads may be 1 MiB each) holds its first items only, " +
-				"plan_truncated saying so: perform them, then unwind again for the rest.",
+				"plan_truncated saying so: perform them, then unwind again for the rest. unresolved, irreversible " +
+				"and reversed are whole (a group takes at most " + strconv.Itoa(gate.MaxGroupSteps) + " forward steps).",
 			Response: gate.Unwind{}, Status: 200, Errors: []string{apierr.CodeNotFound},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
 				id, err := c.PathID("id", ids.Group)
