@@ -22,6 +22,7 @@ import (
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/idemkey"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/money"
 	"github.com/getratchet/ratchet/lib/redact"
 )
@@ -243,7 +244,10 @@ func (s *Service) prepare(p *auth.Principal, req BeginRequest) (*beginInput, err
 		in.payloadHash, _ = canonjson.Hash(rawOrNull(payload))
 	}
 	if req.Compensation != nil {
-		comp, err := json.Marshal(req.Compensation)
+		// Without HTML escapes: json.Marshal wrote each <, > and & of the
+		// payload as six bytes, and the plan answered it so (QA: 900 kB of
+		// them made a 5.4 MB plan item, past what one answer holds).
+		comp, err := jsonx.Marshal(req.Compensation)
 		if err != nil {
 			return nil, apierr.InvalidField("compensation", "must be valid JSON")
 		}

@@ -608,8 +608,12 @@ func (s *Service) planItem(groupID string, e planEntry, sealed []byte, now time.
 		// answered as a 500 saying a stored value is unreadable).
 		return PlanItem{}, fmt.Errorf("unwind group %s: %w", groupID, err)
 	}
-	var comp Compensation // as begin stored it: json.Marshal of a Compensation
-	if err := json.Unmarshal(doc, &comp); err != nil {
+	// As begin stored it: a Compensation, marshalled, by releases before
+	// session 47 with HTML escapes (each <, > and & six bytes), which the
+	// plan drops (jsonx.Unescaped), so that an item is the size of the
+	// compensation as it was sent.
+	var comp Compensation
+	if err := json.Unmarshal(jsonx.Unescaped(doc), &comp); err != nil {
 		return PlanItem{}, fmt.Errorf("settle group: compensation of %s: %w", e.step.id, err)
 	}
 	item := PlanItem{EffectID: e.step.id, Compensation: comp,

@@ -19,6 +19,8 @@ import (
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/httpapi"
+	"github.com/getratchet/ratchet/lib/jsonx"
+	"github.com/getratchet/ratchet/lib/seal"
 )
 
 // countingConn is a database connection that counts the bytes it reads.
@@ -157,4 +159,60 @@ func TestGroupReadsLoadOnlyTheCompensationsTheyAnswer(t *testing.T) {
 	after := b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil).JSON()
 	require.Equal(t, []any{item.EffectID}, after["reversed"])
 	require.Len(t, after["plan"], steps-1)
+}
+
+// A compensation is stored and planned at the size it was sent: one whose
+// payload is made of <, > and & (900 kB, within a request's 1 MiB) was
+// stored with each escaped as six bytes, and its plan item alone passed
+// what one answer holds (QA: 5.4 MB, which neither Vercel nor Lambda
+// delivers). One stored so by an earlier release is planned at its size
+// too.
+func TestACompensationIsPlannedAtTheSizeItWasSent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Sent as written, unescaped (json.Marshal would escape each character).
+	begin := func(decision string, body map[string]any) map[string]any {
+		t.Helper()
+		raw, err := jsonx.Marshal(body)
+		require.NoError(t, err)
+		r := b.env.Do("POST", "/api/v1/effects/begin", b.ws.Key, raw)
+		require.Equal(t, http.StatusOK, r.Status, "%.300s", r.Body)
+		require.Equal(t, decision, r.JSON()["decision"])
+		return r.JSON()
+	}
+	g := b.newGroup()
+	pad := strings.Repeat("<&>", 300_000)
+	body := email(key("brackets"))
+	body["group_id"] = g
+	body["compensation"] = map[string]any{"effect_type": "email.retract", "payload": map[string]any{"pad": pad}}
+	d := begin("execute", body)
+	require.Equal(t, http.StatusOK, b.report(str(d["effect_id"]), str(d["lease_token"]), "succeeded", nil).Status)
+	var stored int
+	require.NoError(t, b.env.App.Pool.QueryRow(t.Context(), `SELECT octet_length(compensation) FROM effects WHERE id = $1`,
+		d["effect_id"]).Scan(&stored))
+	require.Less(t, stored, len(pad)+1024, "stored at its size")
+
+	// As an earlier release stored it.
+	escaped, err := json.Marshal(body["compensation"])
+	require.NoError(t, err)
+	require.Greater(t, len(escaped), 5*len(pad))
+	_, err = b.env.App.Pool.Exec(t.Context(), `UPDATE effects SET compensation = $2 WHERE id = $1`, d["effect_id"],
+		b.env.App.Server.Sealer.Seal(escaped, seal.AAD(str(d["effect_id"]), "compensation")))
+	require.NoError(t, err)
+
+	r := b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil)
+	require.Less(t, len(r.Body), len(pad)+4096, "the answer is about the compensation's size")
+	u := r.JSON()
+	require.Len(t, u["plan"], 1)
+	item := u["plan"].([]any)[0].(map[string]any)
+	comp := item["compensation"].(map[string]any)
+	require.Equal(t, map[string]any{"effect_type": "email.retract", "payload": map[string]any{"pad": pad}}, comp)
+
+	// Begun again with it, the step is answered as before (the stored
+	// compensation compares canonically), and the plan's item compensates it.
+	begin("duplicate", body)
+	c := begin("execute", map[string]any{"effect_type": "email.retract", "payload": comp["payload"],
+		"idempotency_key": item["suggested_idempotency_key"], "compensates_effect_id": d["effect_id"]})
+	require.Equal(t, http.StatusOK, b.report(str(c["effect_id"]), str(c["lease_token"]), "succeeded", nil).Status)
+	require.Equal(t, "unwound", b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+g+"/unwind", b.ws.Key, nil).JSON()["state"])
 }
