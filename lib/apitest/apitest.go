@@ -17,11 +17,13 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/getratchet/ratchet/lib/answer"
 	"github.com/getratchet/ratchet/lib/app"
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/db"
@@ -93,7 +95,14 @@ type Env struct {
 	App    *app.App
 	Server *httptest.Server
 	Client *http.Client
+	budget *atomic.Int64 // NarrowAnswers; 0: answer.Budget
 }
+
+// NarrowAnswers holds this instance's answers from now on to n bytes of
+// JSON rather than answer.Budget, so that a test of what happens past the
+// budget sends kilobytes, not megabytes (under -race, a group of 1 MB
+// compensations took 35 s).
+func (e *Env) NarrowAnswers(n int) { e.budget.Store(int64(n)) }
 
 // Option adjusts the configuration or app options before start.
 type Option func(*config.Config, *app.Options)
@@ -148,12 +157,18 @@ func Start(t testing.TB, opts ...Option) *Env {
 	}
 	a, err := app.New(context.Background(), cfg, ao)
 	require.NoError(t, err)
-	srv := httptest.NewServer(a.Server)
+	budget := new(atomic.Int64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n := budget.Load(); n > 0 {
+			r = r.WithContext(answer.Within(r.Context(), int(n)))
+		}
+		a.Server.ServeHTTP(w, r)
+	}))
 	t.Cleanup(func() {
 		srv.Close()
 		a.Close()
 	})
-	return &Env{T: t, App: a, Server: srv, Client: srv.Client()}
+	return &Env{T: t, App: a, Server: srv, Client: srv.Client(), budget: budget}
 }
 
 // Response is a decoded reply.
