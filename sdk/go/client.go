@@ -568,3 +568,12 @@ func keepAlive(base http.RoundTripper) http.RoundTripper {
 	}
 	return t
 }
+
+// transient says whether err, a call's failure, may pass: what the client
+// repeats for a call that is safe to repeat (a lost answer, a 5xx, a 429, a
+// 408, a retry_request), once its retries ran out. A refusal (4xx) is not,
+// nor is the end of the caller's context.
+func (c *Client) transient(err error) bool {
+	_, retry := c.retryDelay(err, 0, idempotent)
+	return retry
+}

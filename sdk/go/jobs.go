@@ -18,13 +18,19 @@ type ToolRef struct {
 // returns its worker id, bound to the registering key. Most code uses Worker,
 // which calls this for you.
 func (c *Client) RegisterWorker(ctx context.Context, tools []ToolRef) (string, error) {
-	var out struct {
-		WorkerID string `json:"workerId"`
-	}
 	// Every attempt carries one key, so a repeat after an ambiguous failure
 	// gets the worker id the first attempt registered (a server older than
 	// the header registers a second, idle one: harmless).
-	err := c.doKeyed(ctx, "POST", "/workers/register", newRequestID(), map[string]any{"tools": tools}, &out, idempotent)
+	return c.registerWorker(ctx, newRequestID(), tools)
+}
+
+// registerWorker is RegisterWorker under Idempotency-Key key, which a
+// worker's Start keeps across its own retries.
+func (c *Client) registerWorker(ctx context.Context, key string, tools []ToolRef) (string, error) {
+	var out struct {
+		WorkerID string `json:"workerId"`
+	}
+	err := c.doKeyed(ctx, "POST", "/workers/register", key, map[string]any{"tools": tools}, &out, idempotent)
 	return out.WorkerID, err
 }
 

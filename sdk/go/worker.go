@@ -30,6 +30,13 @@ const (
 // claim leaves for its round trip.
 const claimWaitMargin = 5 * time.Second
 
+// maxFailureWait caps the worker's wait after registrations or claims that
+// keep failing for a reason that may pass (see failureWait), unless the
+// poll interval is longer: a worker never gives up on a server that is down
+// or shedding load, and finds it again within about this long once it is
+// back. The Python and TypeScript workers use the same.
+const maxFailureWait = time.Minute
+
 // reportTimeout bounds one delivery of a report or batch of reports (with
 // the client's own retries), and paces the OnError notices of a report that
 // keeps failing (it is retried until the server answers it).
@@ -69,9 +76,16 @@ type StartOptions struct {
 	// deadline). Values above 20 are clamped, and so are values that would
 	// not leave 5 s of the Config.HTTPClient's Timeout for the answer.
 	WaitSeconds int
-	// OnError receives problems that stay in the process: failed claims,
-	// heartbeats and reports, handler and classifier panics, invalid
-	// classifier decisions. Calls are made in order on a goroutine of the
+	// OnError receives problems that stay in the process: failed
+	// registrations, claims, heartbeats and reports, handler and classifier
+	// panics, invalid classifier decisions. A registration or claim that
+	// fails for a reason that may pass (a network error, a 5xx, a 429, after
+	// Config.MaxRetries) is retried for as long as the worker runs: after the
+	// nth failure in a row the worker waits PollInterval doubled n-1 times,
+	// at most a minute (or PollInterval when that is longer), half of it
+	// jittered, and never less than the server's Retry-After
+	// (detail.retry_after_seconds) within the same cap. Only 401 and 403
+	// stop it (see Worker.Done). Calls are made in order on a goroutine of the
 	// worker's own, never on the poll loop, a heartbeat or the reporter, so
 	// a slow OnError holds up no work (up to 256 notices wait for it; more
 	// are dropped and their count delivered after), and it may call Stop. A
@@ -109,7 +123,7 @@ type Worker struct {
 	slotFreed  chan struct{}           // a handler finished (buffered, 1)
 	loopDone   chan struct{}           // closed when polling ended, or Start gave up before it
 	done       chan struct{}           // Done's: closed once, when polling ended for good
-	refused    error                   // the claim's 401 that stopped the worker (mu)
+	refused    error                   // the claim's 401 or 403 that stopped the worker (mu)
 	claiming   bool                    // a claim is in flight (mu), for Stop's error
 	claimID    string                  // the next claim's id: a lost claim's, to ask again (poll loop only)
 	claimLimit int                     // the limit the claim under claimID asked for (poll loop only)
@@ -157,12 +171,16 @@ func NewWorker(c *Client) *Worker {
 
 // Done returns a channel closed once the worker has stopped claiming for
 // good: Stop was called, Start's context ended, or the server refused the
-// worker's key (a claim answered 401: the key was revoked). A worker that
-// stopped on its own still holds its running handlers and their reports:
-// call Stop to let them finish, as for any stop; its error then says the
-// key was refused (IsCode(err, CodeUnauthorized)). Wait on it beside your
-// shutdown signal, so a revoked key ends the process instead of leaving a
-// worker that claims nothing.
+// worker for good (a claim, or the registration after a claim answered 404,
+// answered 401: the key was revoked; or 403: the key may not claim, or not
+// these tools). A worker that stopped on its own still holds its running
+// handlers and their reports: call Stop to let them finish, as for any
+// stop; its error then says the worker was refused
+// (IsCode(err, CodeUnauthorized) or IsCode(err, CodeForbidden)). Wait on it
+// beside your shutdown signal, so a revoked key ends the process instead of
+// leaving a worker that claims nothing. Failures that may pass (a network
+// error, a 5xx, a 429) never stop the worker: it goes on claiming with
+// backoff (see StartOptions.OnError).
 func (w *Worker) Done() <-chan struct{} { return w.done }
 
 func (w *Worker) add(rt *registeredTool) error {
@@ -186,7 +204,13 @@ func (w *Worker) ID() string {
 }
 
 // Start registers the worker's tools and starts polling in the background.
-// It returns once registration succeeded (or failed). ctx bounds the
+// It returns once registration succeeded, or failed for good: a refusal
+// (401, 403, 400) is returned at once, while a failure that may pass (the
+// server unreachable, a 5xx, a 429: what Config.MaxRetries retries) is
+// retried without end, each failure to OnError, with capped jittered
+// backoff (see StartOptions.OnError) and under one Idempotency-Key, until it
+// succeeds, ctx ends (Start then returns ctx's error) or Stop is called.
+// ctx bounds the
 // worker's whole life: cancelling it stops claiming and cancels running
 // handlers at once (cause ErrWorkerStopped; their attempts are reported as
 // they returned, the context's error as a retryable failure, a result as a
@@ -243,7 +267,11 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 		// the worker slept a whole interval after it).
 		opts.WaitSeconds = min(opts.WaitSeconds, max(int((t-claimWaitMargin)/time.Second), 0))
 	}
-	id, err := w.c.RegisterWorker(pollCtx, refs)
+	w.mu.Lock()
+	w.notices = notices // a Stop during registration waits for its notices too
+	stopping := w.stopping
+	w.mu.Unlock()
+	id, err := w.register(pollCtx, stopping, refs, opts)
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -274,6 +302,82 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 	w.slotFreed, w.returned = make(chan struct{}, 1), make(chan struct{}, 1)
 	go w.loop(ctx, pollCtx, jobsCtx)
 	return nil
+}
+
+// register registers refs for Start under one Idempotency-Key (a repeat
+// after a lost answer gets the worker id the first attempt registered),
+// trying again after each failure that may pass (transient), told to
+// OnError, with failureWait's backoff: a worker started while the server is
+// down or shedding load waits for it, as a River or Temporal worker does,
+// instead of failing after Config.MaxRetries (worker QA: Start gave up
+// within seconds, and a process that logged the error and went on ran no
+// worker at all). A refusal ends it at once, and so do ctx and Stop
+// (stopping, which also cuts a retry's wait short).
+func (w *Worker) register(ctx context.Context, stopping chan struct{}, refs []ToolRef, opts StartOptions) (string, error) {
+	key := newRequestID()
+	for n := 1; ; n++ {
+		id, err := w.c.registerWorker(withRetryCutoff(ctx, stopping), key, refs)
+		if err == nil || closed(stopping) || !w.c.transient(err) {
+			return id, err
+		}
+		if ctx.Err() != nil {
+			return "", fmt.Errorf("%w (the last registration failed: %w)", ctx.Err(), err)
+		}
+		opts.OnError(fmt.Errorf("ratchet: register (the worker tries again): %w", err))
+		fire, stop := w.clock.Timer(failureWait(opts.PollInterval, n, err, w.jitter))
+		select {
+		case <-fire:
+		case <-stopping:
+		case <-ctx.Done():
+		}
+		stop()
+		if ctx.Err() != nil {
+			return "", fmt.Errorf("%w (the last registration failed: %w)", ctx.Err(), err)
+		}
+	}
+}
+
+// failureWait is how long the worker waits after the nth failure in a row
+// (from 1) of its registration or its claims, when the failure may pass:
+// pollInterval doubled n-1 times, at most maxFailureWait (or pollInterval
+// when that is longer), with equal jitter (half fixed, half drawn by
+// jitter), so that a fleet of workers neither hammers a server that is down
+// nor comes back all at once; and at least the server's Retry-After
+// (detail.retry_after_seconds, or the header of a 429 or 503) when err has
+// one, within the same cap, so that a long one cannot park the worker.
+func failureWait(pollInterval time.Duration, n int, err error, jitter func() float64) time.Duration {
+	limit := max(pollInterval, maxFailureWait)
+	d := pollInterval
+	for i := 1; i < n && d < limit; i++ {
+		d *= 2
+	}
+	d = min(d, limit)
+	d = d/2 + time.Duration(jitter()*float64(d/2))
+	return max(d, retryAfter(err, limit))
+}
+
+// retryAfter is err's Retry-After (an API error's detail.retry_after_seconds,
+// or a 429's or 503's header) up to limit; 0 when it has none.
+func retryAfter(err error, limit time.Duration) time.Duration {
+	var apiErr *Error
+	if !errors.As(err, &apiErr) {
+		return 0
+	}
+	secs := apiErr.RetryAfterSeconds()
+	if secs <= 0 {
+		return 0
+	}
+	if secs >= int(limit/time.Second) {
+		return limit
+	}
+	return time.Duration(secs) * time.Second
+}
+
+// refusedForGood says whether a claim's (or a registration's) failure stops
+// the worker: 401 (the key was revoked, or never was valid) and 403 (the key
+// may not claim, or not these tools) are never mended by asking again.
+func refusedForGood(err error) bool {
+	return IsCode(err, CodeUnauthorized) || IsCode(err, CodeForbidden)
 }
 
 // errStoppedWhileStarting is Start's answer when Stop came first.
@@ -317,9 +421,9 @@ func closed(ch chan struct{}) bool {
 //
 // OnError notices still queued or being delivered when Stop is done are
 // waited for up to a second, so that those its error refers to have been
-// delivered. After a claim refused 401 (a revoked key) the worker stops
-// claiming on its own (see Done), and Stop's error says so, matching
-// IsCode(err, CodeUnauthorized). Stop may be called from OnError: OnError runs on
+// delivered. After a claim refused 401 (a revoked key) or 403 the worker
+// stops claiming on its own (see Done), and Stop's error says so, matching
+// IsCode(err, CodeUnauthorized) or IsCode(err, CodeForbidden). Stop may be called from OnError: OnError runs on
 // a goroutine of its own, never on those Stop waits for (such a Stop takes
 // that second, since it waits for the call it is made from).
 func (w *Worker) Stop(ctx context.Context) error {
@@ -328,7 +432,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	notices, refused := w.notices, w.refused
 	w.mu.Unlock()
 	if refused != nil {
-		// The stop was the worker's own, on a revoked key: Stop's caller
+		// The stop was the worker's own, on a refused key: Stop's caller
 		// must learn it, or a worker that claims nothing passes for a
 		// clean stop (QA: it used to poll on, each claim refused 401).
 		if err == nil {
@@ -556,6 +660,7 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 	}()
 	full := false // the last claim filled every slot it asked for: work is waiting
 	lost := 0     // claims running whose answers were lost
+	failed := 0   // claims running that failed otherwise
 	for {
 		if w.stopped(ctx) {
 			return
@@ -585,15 +690,19 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 		jobs, err := w.claimAndDispatch(ctx, pollCtx, jobsCtx, limit, w.opts.WaitSeconds)
 		if err != nil && !w.stopped(ctx) {
 			w.opts.OnError(fmt.Errorf("ratchet: claim: %w", err))
-			if IsCode(err, CodeUnauthorized) {
-				// The key was revoked (or never was valid): no claim will
-				// ever succeed, so the worker stops claiming rather than
-				// asking every interval for ever, and Done and Stop say so.
-				w.refuseKey(err)
+			if refusedForGood(err) {
+				// The key was revoked (or never was valid), or may not
+				// claim: no claim will ever succeed, so the worker stops
+				// claiming rather than asking for ever, and Done and Stop
+				// say so.
+				w.refuse(err)
 				return
 			}
 			if IsCode(err, CodeNotFound) {
-				w.registerAgain(pollCtx)
+				if rerr := w.registerAgain(pollCtx); refusedForGood(rerr) {
+					w.refuse(rerr)
+					return
+				}
 			}
 		}
 		if err != nil && w.claimID != "" {
@@ -601,25 +710,41 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 			// while their leases hold, so it is asked again under its id
 			// after a backoff, not a whole poll interval, which outlasts
 			// a short lease (Go SDK QA: jobs with a 15 s lease lapsed
-			// while the worker waited its 30 s).
+			// while the worker waited its 30 s); not before the server's
+			// Retry-After, though.
 			lost++
-			if !w.pause(ctx, min(w.c.backoff(lost), w.opts.PollInterval)) {
+			if !w.pause(ctx, max(min(w.c.backoff(lost), w.opts.PollInterval), retryAfter(err, maxFailureWait))) {
 				return
 			}
 			continue
 		}
 		lost = 0
-		full = err == nil && len(jobs) >= limit
+		if err != nil {
+			// A failure that may pass (the server down, failing or
+			// shedding load), or a refusal other than 401 and 403: asked
+			// again for as long as the worker runs, with backoff (worker
+			// QA: a failed claim was followed by one poll interval, however
+			// long the failures lasted, and honoured a 429's Retry-After
+			// only within MaxRetries).
+			failed++
+			full = false
+			if !w.pause(ctx, failureWait(w.opts.PollInterval, failed, err, w.jitter)) {
+				return
+			}
+			continue
+		}
+		failed = 0
+		full = len(jobs) >= limit
 		if full {
 			continue // a full batch: more are likely waiting
 		}
-		if err == nil && len(jobs) > 0 && w.opts.WaitSeconds > 0 {
+		if len(jobs) > 0 && w.opts.WaitSeconds > 0 {
 			// Long-polling: the next claim waits on the server anyway, and
 			// only empty claims count against the idle budget.
 			continue
 		}
 		var waited time.Duration
-		if w.opts.WaitSeconds > 0 && err == nil {
+		if w.opts.WaitSeconds > 0 {
 			waited = w.clock.Now().Sub(began) // the long poll already waited this long
 		}
 		if !w.idle(ctx, waited) {
@@ -628,12 +753,17 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 	}
 }
 
-// refuseKey stops claiming after a claim answered 401, as Stop would, and
-// keeps the error for Stop to return.
-func (w *Worker) refuseKey(err error) {
+// refuse stops claiming after a claim (or a registration) answered 401 or
+// 403 (refusedForGood), as Stop would, and keeps the error for Stop to
+// return.
+func (w *Worker) refuse(err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.refused = fmt.Errorf("ratchet: the worker stopped claiming: the server refused its key (revoked or invalid): %w", err)
+	why := "the server refused its key (revoked or invalid)"
+	if IsCode(err, CodeForbidden) {
+		why = "the server forbids its key to claim, or to work its tools"
+	}
+	w.refused = fmt.Errorf("ratchet: the worker stopped claiming: %s: %w", why, err)
 	if !closed(w.stopping) {
 		close(w.stopping)
 	}
@@ -737,16 +867,19 @@ func (w *Worker) claim(pollCtx context.Context, limit, wait int) ([]ClaimedJob, 
 // registerAgain registers the worker's tools under a new worker id, for a
 // server that no longer knows the old one (it deletes registrations not
 // seen for JOB_RETENTION_DAYS). Jobs already running keep their leases:
-// they are reported by lease token, not worker id.
-func (w *Worker) registerAgain(ctx context.Context) {
-	id, err := w.c.RegisterWorker(ctx, w.refs)
+// they are reported by lease token, not worker id. A failure goes to
+// OnError and is returned; the next claim, answered 404 again, registers
+// again.
+func (w *Worker) registerAgain(ctx context.Context) error {
+	id, err := w.c.RegisterWorker(withRetryCutoff(ctx, w.stopping), w.refs)
 	if err != nil {
 		w.opts.OnError(fmt.Errorf("ratchet: register again: %w", err))
-		return
+		return err
 	}
 	w.mu.Lock()
 	w.workerID = id
 	w.mu.Unlock()
+	return nil
 }
 
 // stopped reports whether Stop was called or ctx ended.

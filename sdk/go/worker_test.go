@@ -1359,10 +1359,10 @@ func TestWorkerRegistersAgainAfterAFailedRegistration(t *testing.T) {
 		return 0, "", nil
 	}
 	f.registerError = func(n int) (int, string) {
-		switch n {
-		case 2: // the first registration again: refused
-			return http.StatusForbidden, CodeForbidden
-		case 3:
+		switch {
+		case n == 2: // the first registration again: failed, and not retried by the client
+			return http.StatusBadRequest, CodeInvalidRequest
+		case n == 3:
 			forgotten.Store(false)
 		}
 		return 0, ""
@@ -1968,6 +1968,251 @@ func TestWorkerAsksAgainForAnUnreadableReportAnswer(t *testing.T) {
 	for _, err := range sink.list() {
 		if strings.Contains(err.Error(), "report job") {
 			t.Fatalf("a report was given up: %v", err)
+		}
+	}
+}
+
+// Start waits out a server that is down or failing, as a River or Temporal
+// worker does: each failure past the client's retries goes to OnError and
+// is tried again, under the same Idempotency-Key, after a backoff that
+// doubles from the poll interval (worker QA: Start gave up after
+// MaxRetries, and a process that logged the error ran no worker at all).
+func TestWorkerStartWaitsOutAnOutage(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.registerError = func(n int) (int, string) {
+		if n <= 12 { // three calls of four attempts each (MaxRetries 3)
+			return http.StatusServiceUnavailable, ""
+		}
+		return 0, ""
+	}
+	var keys []string
+	var mu sync.Mutex
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/register") {
+			mu.Lock()
+			keys = append(keys, r.Header.Get(IdempotencyKeyHeader))
+			mu.Unlock()
+		}
+		f.ServeHTTP(w, r)
+	}))
+	w := NewWorker(c)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := &fakeClock{now: start, end: start.Add(time.Hour), done: make(chan struct{}),
+		// The idle wait after the first claim (2 s + 10 %) never ends.
+		fires: func(d time.Duration) bool { return d != 2200*time.Millisecond }}
+	w.clock, w.jitter = clk, func() float64 { return 1 }
+	sink := &errSink{}
+	started := make(chan error, 1)
+	go func() {
+		started <- w.Start(context.Background(), StartOptions{PollInterval: 2 * time.Second, OnError: sink.add})
+	}()
+	select {
+	case err := <-started:
+		if err != nil {
+			t.Fatalf("Start = %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Start never returned")
+	}
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	if w.ID() != "wkr_1" {
+		t.Fatalf("ID = %q", w.ID())
+	}
+	clk.mu.Lock()
+	waits := append([]time.Duration(nil), clk.waits...)
+	clk.mu.Unlock()
+	if len(waits) < 3 || !slices.Equal(waits[:3], []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second}) {
+		t.Fatalf("waits between registrations %v, want 2s, 4s, 8s", waits)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(keys) != 13 || slices.ContainsFunc(keys, func(k string) bool { return k != keys[0] || k == "" }) {
+		t.Fatalf("Idempotency-Keys %q, want one key on 13 attempts", keys)
+	}
+	errs := sink.delivered(w)
+	var apiErr *Error
+	if len(errs) != 3 || !strings.Contains(errs[0].Error(), "register (the worker tries again)") ||
+		!errors.As(errs[2], &apiErr) || apiErr.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("OnError got %v, want the three failed registrations", errs)
+	}
+}
+
+// A Stop while Start waits to register again ends the wait: Start returns
+// ErrWorkerStopped, and the worker never claims.
+func TestWorkerStopEndsStartsWaitToRegisterAgain(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.registerError = func(int) (int, string) { return http.StatusBadGateway, "" }
+	c, _ := testClient(t, f)
+	w := NewWorker(c)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+	waiting := make(chan struct{})
+	var once sync.Once
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	w.clock = &fakeClock{now: start, end: start.Add(time.Hour), done: make(chan struct{}),
+		fires: func(time.Duration) bool { once.Do(func() { close(waiting) }); return false }}
+	started := make(chan error, 1)
+	go func() { started <- w.Start(context.Background(), StartOptions{}) }()
+	select {
+	case <-waiting:
+	case err := <-started:
+		t.Fatalf("Start = %v, want it to wait for the server", err)
+	}
+	if err := w.Stop(context.Background()); err != nil {
+		t.Fatalf("Stop = %v", err)
+	}
+	if err := <-started; !errors.Is(err, ErrWorkerStopped) {
+		t.Fatalf("Start = %v", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.claims != 0 {
+		t.Fatalf("%d claims", f.claims)
+	}
+}
+
+// Claims that keep failing are asked again for as long as the worker runs,
+// after a backoff that doubles from the poll interval up to a minute, never
+// shorter than the server's Retry-After (worker QA: a failed claim was
+// followed by one poll interval, however long the failures lasted, and a
+// 429's Retry-After was heeded only within MaxRetries).
+func TestWorkerBacksOffClaimsThatKeepFailing(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	var limited atomic.Bool
+	f.claimError = func() (int, string, map[string]any) {
+		if limited.Load() {
+			return http.StatusTooManyRequests, CodeRateLimited, map[string]any{"retry_after_seconds": 40}
+		}
+		// Nothing was applied: the claim id is not kept (not a lost answer).
+		return http.StatusServiceUnavailable, CodeDatabaseUnavailable, map[string]any{"outcome": "not_applied"}
+	}
+	c, _ := testClient(t, f)
+	w := NewWorker(c)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := &fakeClock{now: start, end: start.Add(time.Hour), done: make(chan struct{})}
+	clk.onWait = func() { // under clk.mu
+		if len(clk.waits) == 8 {
+			limited.Store(true)
+		}
+	}
+	w.clock, w.jitter = clk, func() float64 { return 1 }
+	sink := &errSink{}
+	must(t, w.Start(context.Background(), StartOptions{PollInterval: time.Second, OnError: sink.add}))
+	<-clk.done
+	err := w.Stop(context.Background())
+	if err != nil {
+		t.Fatalf("Stop = %v", err)
+	}
+	clk.mu.Lock()
+	waits := append([]time.Duration(nil), clk.waits...)
+	clk.mu.Unlock()
+	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second,
+		32 * time.Second, time.Minute, time.Minute, time.Minute}
+	if len(waits) < 60 || !slices.Equal(waits[:len(want)], want) {
+		t.Fatalf("%d waits, from %v; want %v and on until the hour is out", len(waits), waits[:min(len(waits), 12)], want)
+	}
+	// Half of each wait is drawn: never below half the step.
+	w.jitter = func() float64 { return 0 }
+	if d := failureWait(time.Second, 3, errors.New("x"), w.jitter); d != 2*time.Second {
+		t.Fatalf("failureWait with no jitter drawn = %v, want 2s", d)
+	}
+	// The server's Retry-After is the least wait, within the same cap.
+	for _, c := range []struct {
+		secs any
+		want time.Duration
+	}{{40, 40 * time.Second}, {600, time.Minute}} {
+		err := &Error{StatusCode: 429, Code: CodeRateLimited, Detail: map[string]any{"retry_after_seconds": c.secs}}
+		if d := failureWait(time.Second, 1, err, w.jitter); d != c.want {
+			t.Fatalf("failureWait after Retry-After %v = %v, want %v", c.secs, d, c.want)
+		}
+	}
+	if n := len(sink.delivered(w)); n < 60 {
+		t.Fatalf("OnError heard of %d failed claims", n)
+	}
+}
+
+// A claim whose answer may have been lost is asked again after the client's
+// backoff, but not before the server's Retry-After.
+func TestWorkerAsksAgainForALostClaimAfterItsRetryAfter(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.claimError = func() (int, string, map[string]any) {
+		if f.claims == 0 { // may have leased jobs: the claim id is kept
+			return http.StatusInternalServerError, CodeInternal, nil
+		}
+		return http.StatusTooManyRequests, CodeRateLimited, map[string]any{"retry_after_seconds": 30}
+	}
+	c, _ := testClient(t, f)
+	w := NewWorker(c)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := &fakeClock{now: start, end: start.Add(31 * time.Second), done: make(chan struct{})}
+	w.clock = clk
+	must(t, w.Start(context.Background(), StartOptions{PollInterval: time.Minute, OnError: func(error) {}}))
+	<-clk.done
+	_ = w.Stop(context.Background())
+	clk.mu.Lock()
+	defer clk.mu.Unlock()
+	if len(clk.waits) != 1 || clk.waits[0] != 30*time.Second {
+		t.Fatalf("waits %v, want the Retry-After's 30s", clk.waits)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.claimIDs) < 5 || f.claimIDs[4] != f.claimIDs[0] {
+		t.Fatalf("claim ids %q: the lost claim was not asked again under its id", f.claimIDs)
+	}
+}
+
+// A claim refused 403 stops the worker as a 401 does: the key may not claim
+// (or not these tools), which asking again never mends; so does a 403 when
+// the worker registers again after a claim answered 404.
+func TestForbiddenWorkerStopsClaiming(t *testing.T) {
+	t.Parallel()
+	for _, reregister := range []bool{false, true} {
+		f := newFakeJobs()
+		f.claimError = func() (int, string, map[string]any) {
+			if reregister {
+				return http.StatusNotFound, CodeNotFound, nil
+			}
+			return http.StatusForbidden, CodeForbidden, map[string]any{"required": []any{"jobs:work"}}
+		}
+		f.registerError = func(n int) (int, string) {
+			if n > 1 {
+				return http.StatusForbidden, CodeForbidden
+			}
+			return 0, ""
+		}
+		c, _ := testClient(t, f)
+		w := NewWorker(c)
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
+			Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+		sink := &errSink{}
+		must(t, w.Start(context.Background(), StartOptions{PollInterval: time.Millisecond, OnError: sink.add}))
+		select {
+		case <-w.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("reregister %v: the worker went on claiming after a 403", reregister)
+		}
+		err := w.Stop(context.Background())
+		if !IsCode(err, CodeForbidden) || !strings.Contains(err.Error(), "the worker stopped claiming") {
+			t.Fatalf("reregister %v: Stop = %v", reregister, err)
+		}
+		f.mu.Lock()
+		claims := f.claims
+		f.mu.Unlock()
+		if claims != 1 {
+			t.Fatalf("reregister %v: %d claims, want 1", reregister, claims)
+		}
+		if errs := sink.delivered(w); !IsCode(errs[len(errs)-1], CodeForbidden) {
+			t.Fatalf("reregister %v: OnError got %v", reregister, errs)
 		}
 	}
 }
