@@ -61,6 +61,11 @@ _REPORTS_IN_FLIGHT = 3
 # The server refuses request bodies over 1 MiB; an output that large (with
 # the report around it) can never be recorded.
 MAX_OUTPUT_BYTES = 1024 * 1024 - 1024
+# Caps the wait after registrations or claims that keep failing for a reason
+# that may pass, unless the poll interval is longer (the Go SDK's
+# maxFailureWait): a worker never gives up on a server that is down or
+# shedding load, and finds it again within about this long once it is back.
+_MAX_FAILURE_WAIT = 60.0
 
 
 @dataclass
@@ -366,7 +371,8 @@ class Worker:
         self._claim_waits_cut = Abort()  # fired at the stop: ends a claim's wait between attempts (a 429's)
         self._claim_cut: Optional[threading.Timer] = None  # fires it; cancelled once the worker is done
         self._abandoned_claims = 0  # claims whose answers were lost and never asked again in time
-        self._key_refused: Optional[RatchetError] = None  # the claim's 401 that stopped the worker
+        self._refused: Optional[RatchetError] = None  # the claim's 401 or 403 that stopped the worker
+        self._registering: Optional[threading.Thread] = None  # the thread start() registers on, while it does
 
     def add_tool(self, name: str, version: str, handler: Callable[[Any, JobContext], Any],
                  classify_error: Optional[Callable[[BaseException, JobContext], Any]] = None) -> None:
@@ -410,9 +416,22 @@ class Worker:
         (seconds, >= 0; 10 by default, as the Go and TypeScript workers')
         is how long, once a stop's deadline passed, cancelled handlers have
         to return and be reported, and then how much longer the reports are
-        sent (see stop()). A claim refused 401 (the key was revoked) stops
-        the worker as stop(30.0) would, and a blocking start() then raises
-        that RatchetError."""
+        sent (see stop()).
+
+        A registration or claim that fails for a reason that may pass (the
+        server unreachable, a 5xx, a 429, once the client's max_retries ran
+        out) goes to on_error and is tried again for as long as the worker
+        runs: after the nth failure in a row the worker waits poll_interval
+        doubled n-1 times, at most a minute (or poll_interval when longer),
+        half of it jittered, and never less than the server's Retry-After
+        (detail.retry_after_seconds) within that cap. So start() waits out
+        an outage before it registers (under one Idempotency-Key), until a
+        refusal (401, 403, 400: raised at once), a stop() or stop_event
+        (start() then returns, having run nothing). A claim refused 401 (the
+        key was revoked) or 403 (the key may not claim), or a registration
+        refused so after a claim answered 404, stops the worker as
+        stop(30.0) would, and a blocking start() then raises that
+        RatchetError."""
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError("ratchet: concurrency must be a positive integer")
         if isinstance(wait_seconds, bool) or not isinstance(wait_seconds, int) or not 0 <= wait_seconds <= 20:
@@ -431,25 +450,37 @@ class Worker:
             self._stop_grace = float(stop_grace)
         self._on_error = on_error
         tools = [{"name": t.name, "version": t.version} for t in self._tools.values()]
+        # The failed registrations are told, and a stop_event heard, while
+        # start() waits for the server.
+        threading.Thread(target=self._deliver_errors, name="ratchet-on-error", daemon=True).start()
+        gave_up = threading.Event()  # this start() raised: its stop_event watcher ends
+        if stop_event is not None:
+            threading.Thread(target=self._watch_stop_event, args=(stop_event, gave_up), name="ratchet-stop-event",
+                             daemon=True).start()
+        self._registering = threading.current_thread()
         try:
-            self.worker_id = self._register(tools)
+            self.worker_id = self._register_until(tools, float(poll_interval))
         except BaseException:
             with self._lock:
                 self._started = False
+            gave_up.set()
+            self._errors.put(None)  # ends the on_error thread once it has delivered the rest
             raise
-        threading.Thread(target=self._deliver_errors, name="ratchet-on-error", daemon=True).start()
-        if stop_event is not None:
-            threading.Thread(target=self._watch_stop_event, args=(stop_event,), name="ratchet-stop-event",
-                             daemon=True).start()
+        finally:
+            self._registering = None
+        if self.worker_id is None:
+            # Stopped while waiting for the server: nothing ran.
+            self._drain()
+            return
         args = (concurrency, float(poll_interval), wait_seconds, tools)
         if block:
             self._loop_thread = threading.current_thread()
             self._loop(*args)
-            if self._key_refused is not None:
-                # A worker that stopped because its key was revoked must
+            if self._refused is not None:
+                # A worker that stopped because its key was refused must
                 # not return as a clean stop would (QA: it polled on for
                 # ever, each claim refused 401).
-                raise self._key_refused
+                raise self._refused
         else:
             self._loop_thread = threading.Thread(target=self._loop, args=args, name="ratchet-worker", daemon=True)
             self._loop_thread.start()
@@ -467,14 +498,16 @@ class Worker:
         not, as Go's Stop; no handler left running, no claim whose
         answer was lost given up: a claim still unanswered at the deadline
         is cut, and the jobs it may have leased lapse). A stop before
-        start() does nothing and answers True. Called from the thread
-        running a blocking start() (a signal handler), it only asks for the
-        stop, answers False, and start() returns once done."""
+        start() does nothing and answers True; one while start() waits for
+        the server to register it ends the wait (start() returns having run
+        nothing). Called from the thread running start() (a signal
+        handler) before it is done, it only asks for the stop, answers
+        False, and start() returns once done."""
         with self._lock:
             if not self._started:
                 return True
         self._request_stop(timeout)
-        if self._loop_thread is threading.current_thread():
+        if not self._done.is_set() and threading.current_thread() in (self._loop_thread, self._registering):
             return False
         # The drain cuts the deliveries still in flight at the give-up
         # time; they end at once, and on_error is told before this returns.
@@ -500,21 +533,75 @@ class Worker:
             self._stopping.set()
             self._lock.notify_all()
 
-    def _watch_stop_event(self, stop_event: threading.Event) -> None:
-        while not self._done.is_set():
+    def _watch_stop_event(self, stop_event: threading.Event, gave_up: threading.Event) -> None:
+        while not self._done.is_set() and not gave_up.is_set():
             if stop_event.wait(0.5):
                 self._request_stop(30.0)
                 return
 
     # -- polling ------------------------------------------------------------
 
-    def _register(self, tools: list) -> str:
+    def _register(self, tools: list, key: Optional[str] = None) -> str:
+        # A stop ends a wait between attempts, and its deadline cuts one in
+        # flight, as a claim's.
         answer = self._transport.call("POST", "/workers/register", {"tools": tools}, safe=True,
-                                      idempotency_key=new_request_id())
+                                      idempotency_key=key or new_request_id(), abort=self._claim_abort,
+                                      retry_cutoff=self._claim_waits_cut)
         return answer["workerId"]
+
+    def _register_until(self, tools: list, poll_interval: float) -> Optional[str]:
+        """Registers for start(), under one Idempotency-Key (a repeat after
+        a lost answer gets the worker id the first attempt registered),
+        trying again after each failure that may pass, told to on_error,
+        with _failure_wait's backoff: a worker started while the server is
+        down waits for it, as a River or Temporal worker does (worker QA:
+        start() gave up after max_retries). A refusal is raised; None when
+        the worker was stopped first."""
+        key = new_request_id()
+        failures = 0
+        while True:
+            try:
+                return self._register(tools, key)
+            except (RatchetError, ConnectionLost) as err:
+                if self._stopping.is_set():
+                    return None
+                if not self._transient(err):
+                    raise
+                self._notify(err)
+                failures += 1
+                self._pause(_failure_wait(poll_interval, failures, err))
+                if self._stopping.is_set():
+                    return None
+
+    def _register_again(self, tools: list) -> Optional[RatchetError]:
+        """Registers under a new worker id, for a server that forgot the old
+        one; a failure is told to on_error, and answered when it stops the
+        worker (_refused_for_good). The next claim, answered 404 again,
+        registers again."""
+        try:
+            self.worker_id = self._register(tools)
+        except (RatchetError, ConnectionLost) as again:
+            if self._stopping.is_set():
+                return None
+            self._notify(again)
+            if _refused_for_good(again):
+                return again  # type: ignore[return-value]
+        return None
+
+    def _transient(self, err: BaseException) -> bool:
+        """Whether a failure may pass: what the transport repeats for a call
+        safe to repeat (a lost answer, a 5xx, a 429, a 408, retry_request)."""
+        if isinstance(err, ConnectionLost):
+            return True
+        return isinstance(err, RatchetError) and self._transport.retry_delay(err, 0, True) is not None
+
+    def _pause(self, seconds: float) -> None:
+        """Waits seconds, or until the worker stops."""
+        self._stopping.wait(seconds)
 
     def _loop(self, concurrency: int, poll_interval: float, wait_seconds: int, tools: list) -> None:
         lost = 0  # claims running whose answers were lost
+        failed = 0  # claims running that failed otherwise
         try:
             while not self._stopping.is_set():
                 with self._lock:
@@ -531,43 +618,41 @@ class Worker:
                 sent = time.monotonic()
                 try:
                     jobs = self._claim(limit, wait_seconds)
-                except RatchetError as err:
-                    if err.status == 401 and not self._stopping.is_set():
-                        # The key was revoked (or never was valid): no claim
-                        # will ever succeed, so stop as stop() would rather
-                        # than ask every interval for ever.
-                        self._notify(err)
-                        self._key_refused = err
-                        self._request_stop(30.0)
-                        break
-                    if err.status == 404 and err.code == NOT_FOUND:
-                        # The worker id is unknown (its registration was
-                        # removed): register again under a new one.
-                        try:
-                            self.worker_id = self._register(tools)
-                        except (RatchetError, ConnectionLost) as again:
-                            self._notify(again)
+                except (RatchetError, ConnectionLost) as err:
+                    refusal: Optional[RatchetError] = None
                     if not self._stopping.is_set():
                         # A claim the stop cut (a 429's wait) is no failure
-                        # to tell, as in Go and TypeScript.
+                        # to tell, as in Go and TypeScript; nor, once
+                        # stopping, one whose answer was lost (asked again
+                        # below, or told abandoned).
                         self._notify(err)
-                    lost = lost + 1 if self._claim_id is not None else 0
-                    self._stopping.wait(self._after_failed_claim(poll_interval, lost))
+                        if _refused_for_good(err):
+                            # The key was revoked (or never was valid), or
+                            # may not claim: no claim will ever succeed, so
+                            # stop as stop() would rather than ask for ever.
+                            refusal = err  # type: ignore[assignment]
+                        elif isinstance(err, RatchetError) and err.status == 404 and err.code == NOT_FOUND:
+                            # The worker id is unknown (its registration was
+                            # removed): register again under a new one.
+                            refusal = self._register_again(tools)
+                    if refusal is not None:
+                        self._refused = refusal
+                        self._request_stop(30.0)
+                        break
+                    if self._claim_id is not None:
+                        lost += 1
+                    else:
+                        lost, failed = 0, failed + 1
+                    self._pause(self._after_failed_claim(poll_interval, lost, failed, err))
                     continue
-                except ConnectionLost as err:
-                    if not self._stopping.is_set():
-                        self._notify(err)  # once stopping, asked again below, or told abandoned
-                    lost += 1
-                    self._stopping.wait(self._after_failed_claim(poll_interval, lost))
-                    continue
-                lost = 0
+                lost = failed = 0
                 for job in jobs:
                     self._dispatch(job, sent)
                 if len(jobs) >= limit or (jobs and wait_seconds):
                     continue  # work is waiting, or the next claim waits on the server anyway
                 # A long poll already waited part of the interval.
                 waited = time.monotonic() - sent if wait_seconds else 0.0
-                self._stopping.wait(max(0.0, _jittered(poll_interval) - waited))
+                self._pause(max(0.0, _jittered(poll_interval) - waited))
             self._ask_again_while_stopping()
         except BaseException:
             self._request_stop(30.0)  # a KeyboardInterrupt: stop as stop() would, then raise it again
@@ -575,15 +660,19 @@ class Worker:
         finally:
             self._drain()
 
-    def _after_failed_claim(self, poll_interval: float, lost: int) -> float:
-        """How long to wait after a failed claim: a poll interval, or, when
-        its answer was lost (its id kept, lost claims running), a backoff:
-        the jobs it may have leased are this worker's while their leases
-        hold, which a whole interval would outlast (Go SDK QA: jobs with a
-        15 s lease lapsed unseen while the worker waited its 30 s)."""
+    def _after_failed_claim(self, poll_interval: float, lost: int, failed: int, err: BaseException) -> float:
+        """How long to wait after a failed claim: _failure_wait's backoff
+        after failed claims in a row (worker QA: one poll interval, however
+        long the failures lasted, and a 429's Retry-After heeded only
+        within max_retries), or, when its answer was lost (its id kept,
+        lost claims running), the transport's backoff: the jobs it may have
+        leased are this worker's while their leases hold, which a whole
+        interval would outlast (Go SDK QA: jobs with a 15 s lease lapsed
+        unseen while the worker waited its 30 s); never before the server's
+        Retry-After."""
         if self._claim_id is None:
-            return _jittered(poll_interval)
-        return min(self._transport.backoff(lost), poll_interval)
+            return _failure_wait(poll_interval, failed, err)
+        return max(min(self._transport.backoff(lost), poll_interval), _retry_after(err, _MAX_FAILURE_WAIT))
 
     def _ask_again_while_stopping(self) -> None:
         """Once the worker stops, asks again under the id of a claim whose
@@ -1023,6 +1112,38 @@ class Worker:
 
 def _jittered(seconds: float) -> float:
     return seconds * random.uniform(0.9, 1.1)
+
+
+def _failure_wait(poll_interval: float, n: int, err: BaseException) -> float:
+    """The wait after the nth failure in a row (from 1) of the worker's
+    registration or claims, when the failure may pass (the Go SDK's
+    failureWait): poll_interval doubled n-1 times, at most
+    _MAX_FAILURE_WAIT (or poll_interval when longer), half of it drawn at
+    random so that a fleet of workers does not come back at once; and at
+    least the server's Retry-After, within the same cap."""
+    limit = max(poll_interval, _MAX_FAILURE_WAIT)
+    step = poll_interval
+    for _ in range(1, n):
+        if step >= limit:
+            break
+        step *= 2
+    step = min(step, limit)
+    return max(step / 2 + random.random() * step / 2, _retry_after(err, limit))
+
+
+def _retry_after(err: BaseException, limit: float) -> float:
+    """err's Retry-After (detail.retry_after_seconds, or a 429's or 503's
+    header) in seconds, up to limit; 0 when it has none."""
+    if not isinstance(err, RatchetError):
+        return 0.0
+    return float(min(err.retry_after_seconds, limit))
+
+
+def _refused_for_good(err: BaseException) -> bool:
+    """Whether a claim's (or a registration's) failure stops the worker:
+    401 (the key was revoked, or never was valid) and 403 (the key may not
+    claim, or not these tools) are never mended by asking again."""
+    return isinstance(err, RatchetError) and err.status in (401, 403)
 
 
 def _beat_every(lease_end: float, context: JobContext) -> float:

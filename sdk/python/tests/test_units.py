@@ -605,6 +605,158 @@ class RevokedKeyTest(unittest.TestCase):
         self.assertEqual([getattr(e, "status", None) for e in errors], [401])
 
 
+class OutageTest(unittest.TestCase):
+    """A worker never gives up on a server that is down or shedding load, as
+    a River or Temporal worker keeps polling; only 401 and 403 stop it."""
+
+    def client(self, respond, max_retries: int = 0) -> Tuple[getratchet.Ratchet, FakeServer]:
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test", max_retries=max_retries)
+        client.register_tool("t", "1", lambda input, context: None)
+        return client, server
+
+    def record_pauses(self, client: getratchet.Ratchet) -> List[float]:
+        """Records the worker's waits, each cut to a moment; the drawn half
+        of each failure's wait is drawn whole."""
+        worker, waits = client.worker, []
+
+        def pause(seconds: float) -> None:
+            waits.append(seconds)
+            worker._stopping.wait(min(seconds, 0.01))
+
+        patcher = mock.patch.object(worker, "_pause", side_effect=pause)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        drawn = mock.patch("getratchet.worker.random.random", return_value=1.0)
+        drawn.start()
+        self.addCleanup(drawn.stop)
+        return waits
+
+    def test_start_waits_out_an_outage_under_one_key(self) -> None:
+        # Worker QA: start() gave up after max_retries, and a process that
+        # logged the error ran no worker at all.
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                registrations = sum(1 for s in server.seen if s[1].endswith("/register"))
+                return (503, error("service_unavailable"), {}) if registrations <= 3 else (200, {"workerId": "wkr_1"}, {})
+            return 200, {"jobs": []}, {}
+
+        client, server = self.client(respond)
+        waits = self.record_pauses(client)
+        errors: List[BaseException] = []
+        client.worker.start(1, poll_interval=2.0, block=False, on_error=errors.append)
+        self.addCleanup(client.worker.stop, 5)
+        self.assertEqual(client.worker.worker_id, "wkr_1")
+        self.assertEqual(waits[:3], [2.0, 4.0, 8.0])
+        keys = [s[2].get("Idempotency-Key") for s in server.seen if s[1].endswith("/register")]
+        self.assertEqual(len(keys), 4)
+        self.assertEqual(len(set(keys)), 1, keys)
+        self.assertTrue(client.worker.stop(5))
+        self.assertEqual([getattr(e, "status", None) for e in errors], [503, 503, 503])
+
+    def test_a_stop_ends_starts_wait_for_the_server(self) -> None:
+        client, server = self.client(lambda method, path, body: (502, error("bad_gateway"), {}))
+        raised, returned = [], threading.Event()
+
+        def run() -> None:
+            try:
+                client.worker.start(1, poll_interval=3600, on_error=lambda err: None)
+            except BaseException as err:  # noqa: BLE001 - the test reads it
+                raised.append(err)
+            returned.set()
+
+        threading.Thread(target=run, daemon=True).start()
+        wait_until(lambda: server.seen or returned.is_set())
+        self.assertFalse(returned.wait(0.3), raised)  # waiting for the server, not failed
+        began = time.monotonic()
+        self.assertTrue(client.worker.stop(5))
+        self.assertLess(time.monotonic() - began, 3.0)
+        self.assertTrue(returned.wait(5))
+        self.assertEqual(raised, [])
+        self.assertFalse(any(s[1].endswith("/claim") for s in server.seen))
+
+    def test_claims_that_keep_failing_back_off_and_heed_retry_after(self) -> None:
+        # Worker QA: a failed claim was followed by one poll interval, however
+        # long the failures lasted, and a 429's Retry-After was heeded only
+        # within max_retries.
+        claims = []
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            claims.append(body["claimId"])
+            if len(claims) == 4:
+                return 429, error("rate_limited", retry_after_seconds=40), {}
+            # Nothing was applied: not a lost answer, the claim id is not kept.
+            return 503, error("database_unavailable", outcome="not_applied"), {}
+
+        client, _ = self.client(respond)
+        waits = self.record_pauses(client)
+        errors: List[BaseException] = []
+        client.worker.start(1, poll_interval=1.0, block=False, on_error=errors.append)
+        self.addCleanup(client.worker.stop, 5)
+        wait_until(lambda: len(waits) >= 9)
+        self.assertTrue(client.worker.stop(5))
+        self.assertEqual(waits[:9], [1.0, 2.0, 4.0, 40.0, 16.0, 32.0, 60.0, 60.0, 60.0])
+        self.assertGreaterEqual(len(errors), 9)
+        self.assertEqual(len(set(claims)), len(claims))
+
+    def test_a_lost_claim_is_asked_again_no_sooner_than_its_retry_after(self) -> None:
+        claims = []
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            claims.append(body["claimId"])
+            if len(claims) == 1:
+                return 500, error("internal_error"), {}  # may have leased jobs: the claim id is kept
+            return 429, error("rate_limited", retry_after_seconds=30), {}
+
+        client, _ = self.client(respond, max_retries=1)
+        waits = self.record_pauses(client)
+        client.worker.start(1, poll_interval=3600, block=False, on_error=lambda err: None)
+        self.addCleanup(client.worker.stop, 5)
+        wait_until(lambda: len(waits) >= 1)
+        self.assertTrue(client.worker.stop(5))
+        self.assertEqual(waits[0], 30.0)
+        self.assertEqual(claims[2], claims[0])  # asked again under its id
+
+    def test_a_claim_or_registration_refused_403_stops_the_worker(self) -> None:
+        for reregister in (False, True):
+            with self.subTest(reregister=reregister):
+                paths = []
+
+                def respond(method, path, body):
+                    paths.append(path)
+                    if path.endswith("/register"):
+                        if paths.count(path) > 1:
+                            return 403, error("forbidden", required=["tool:t@1"]), {}
+                        return 200, {"workerId": "wkr_1"}, {}
+                    if reregister:
+                        return 404, error("not_found"), {}
+                    return 403, error("forbidden", required=["jobs:work"]), {}
+
+                client, _ = self.client(respond)
+                errors: List[BaseException] = []
+                raised, returned = [], threading.Event()
+
+                def run() -> None:
+                    try:
+                        client.worker.start(1, poll_interval=0.01, on_error=errors.append)
+                    except BaseException as err:  # noqa: BLE001 - the test reads it
+                        raised.append(err)
+                    returned.set()
+
+                threading.Thread(target=run, daemon=True).start()
+                self.addCleanup(client.worker.stop, 1)
+                self.assertTrue(returned.wait(10), "the worker went on claiming after a 403")
+                self.assertEqual([getattr(e, "status", None) for e in raised], [403])
+                self.assertEqual(sum(1 for p in paths if p.endswith("/claim")), 1)
+                self.assertTrue(client.worker.stop(1))
+                self.assertEqual(getattr(errors[-1], "status", None), 403)
+
+
 class WorkerRulesTest(unittest.TestCase):
     def serve(self, respond, handler, concurrency=1, poll_interval=0.05,
               stop_grace=1.0) -> Tuple[getratchet.Ratchet, FakeServer]:
