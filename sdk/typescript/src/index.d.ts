@@ -288,8 +288,11 @@ export declare class Worker {
   /** Use Ratchet.worker. */
   private constructor();
   workerId: string | null;
-  /** Resolves once the worker has stopped and its running jobs ended; rejects with the
-   * RatchetError (status 401) when it stopped because the server refused its key. */
+  /** Registers (waiting out an outage: failures that may pass go to onError
+   * and are tried again with backoff, for as long as the worker runs), then
+   * resolves once the worker has stopped and its running jobs ended; rejects
+   * with a registration's refusal, or with the RatchetError (status 401 or
+   * 403) when it stopped because the server refused it for good. */
   start(options?: StartOptions): Promise<void>;
   /** Resolves to whether every claimed job ended with its outcome recorded
    * or settled elsewhere (a report refused lease_lost, say) and no handler

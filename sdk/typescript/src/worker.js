@@ -28,6 +28,11 @@ const TIMEOUT_GRACE_MS = 1_000;
 // unreported beside the attempt another worker began once its lease lapsed.
 export const DEFAULT_STOP_GRACE_MS = 10_000;
 const MAX_CLAIM = 100;
+// Caps the wait after registrations or claims that keep failing for a reason
+// that may pass, unless the poll interval is longer (the Go SDK's
+// maxFailureWait): a worker never gives up on a server that is down or
+// shedding load, and finds it again within about this long once it is back.
+const MAX_FAILURE_WAIT_MS = 60_000;
 // The server refuses request bodies over 1 MiB: an output that large (with
 // the report around it) can never be recorded.
 export const MAX_OUTPUT_BYTES = 1024 * 1024 - 1024;
@@ -59,6 +64,31 @@ export class CancelledError extends Error {
 }
 
 const jittered = (ms) => ms * (0.9 + Math.random() * 0.2);
+
+/** err's Retry-After (detail.retry_after_seconds, or a 429's or 503's
+ * header) in ms, up to limitMs; 0 when it has none. */
+function retryAfterMs(err, limitMs) {
+  return err instanceof RatchetError ? Math.min(err.retryAfterSeconds * 1000, limitMs) : 0;
+}
+
+/** The wait after the nth failure in a row (from 1) of the worker's
+ * registration or claims, when the failure may pass (the Go SDK's
+ * failureWait): pollIntervalMs doubled n-1 times, at most
+ * MAX_FAILURE_WAIT_MS (or pollIntervalMs when longer), half of it drawn at
+ * random so that a fleet of workers does not come back at once; and at
+ * least the server's Retry-After, within the same cap. */
+function failureWait(pollIntervalMs, n, err) {
+  const limit = Math.max(pollIntervalMs, MAX_FAILURE_WAIT_MS);
+  let step = pollIntervalMs;
+  for (let i = 1; i < n && step < limit; i++) step *= 2;
+  step = Math.min(step, limit);
+  return Math.max(step / 2 + Math.random() * (step / 2), retryAfterMs(err, limit));
+}
+
+/** Whether a claim's (or a registration's) failure stops the worker: 401
+ * (the key was revoked, or never was valid) and 403 (the key may not claim,
+ * or not these tools) are never mended by asking again. */
+const refusedForGood = (err) => err instanceof RatchetError && (err.status === 401 || err.status === 403);
 const now = () => performance.now();
 
 function withResolvers() {
@@ -265,7 +295,7 @@ export class Worker {
   #claimId = null; // a claim whose answer was lost, to ask again
   #claimLimit = 1; // the limit that claim asked for
   #abandonedClaims = 0; // claims whose answers were lost and never asked again in time
-  #keyRefused = null; // the claim's 401 that stopped the worker
+  #refused = null; // the claim's 401 or 403 that stopped the worker
 
   constructor(transport) {
     this.#transport = transport;
@@ -292,12 +322,21 @@ export class Worker {
   /**
    * Registers the worker and polls for jobs until stop() or until `signal`
    * aborts. Resolves once the worker has stopped and its running jobs
-   * ended; rejects when the registration fails, or, once stopped, with the
-   * RatchetError of a claim refused 401 (the key was revoked), which stops
-   * the worker as stop() would. stopGraceMs (10 000 by default, as the Go
-   * and Python workers') is how long, once a stop's deadline passed,
-   * aborted handlers have to return and be reported, and then how much
-   * longer the reports are sent (see stop()).
+   * ended; rejects when the registration is refused (401, 403, 400), or,
+   * once stopped, with the RatchetError of a claim refused 401 (the key was
+   * revoked) or 403 (the key may not claim), or of a registration refused
+   * so after a claim answered 404, which stops the worker as stop() would.
+   * A registration or claim that fails for a reason that may pass (the
+   * server unreachable, a 5xx, a 429, once the transport's maxRetries ran
+   * out) goes to onError and is tried again for as long as the worker runs:
+   * after the nth failure in a row the worker waits pollIntervalMs doubled
+   * n-1 times, at most a minute (or pollIntervalMs when longer), half of it
+   * jittered, and never less than the server's Retry-After within that cap;
+   * so the registration waits out an outage (under one Idempotency-Key),
+   * and a stop meanwhile resolves start() having run nothing. stopGraceMs
+   * (10 000 by default, as the Go and Python workers') is how long, once a
+   * stop's deadline passed, aborted handlers have to return and be
+   * reported, and then how much longer the reports are sent (see stop()).
    */
   async start({ concurrency = 1, pollIntervalMs = 30_000, waitSeconds = 0, onError, signal, stopGraceMs = DEFAULT_STOP_GRACE_MS } = {}) {
     if (!Number.isSafeInteger(concurrency) || concurrency < 1) throw new RangeError('ratchet: concurrency must be a positive integer');
@@ -312,21 +351,32 @@ export class Worker {
     this.#stopGraceMs = stopGraceMs;
     this.#onError = onError ?? null;
     const tools = [...this.#tools.values()].map(({ name, version }) => ({ name, version }));
-    try {
-      this.workerId = await this.#register(tools);
-    } catch (err) {
-      this.#started = false;
-      throw err;
-    }
+    // A stop (or the signal) while the worker waits for the server to
+    // register it ends the wait.
     const onAbort = () => this.#requestStop(30_000);
     if (signal?.aborted) onAbort();
     else signal?.addEventListener('abort', onAbort, { once: true });
-    this.#done = this.#loop(concurrency, pollIntervalMs, waitSeconds, tools)
-      .finally(() => signal?.removeEventListener('abort', onAbort));
-    await this.#done;
-    // A worker that stopped because its key was revoked must not resolve as
+    let registered = false;
+    this.#done = (async () => {
+      try {
+        const workerId = await this.#registerUntil(tools, pollIntervalMs);
+        if (workerId === null) return; // stopped while waiting for the server: nothing ran
+        this.workerId = workerId;
+        registered = true;
+        await this.#loop(concurrency, pollIntervalMs, waitSeconds, tools);
+      } finally {
+        signal?.removeEventListener('abort', onAbort);
+      }
+    })();
+    try {
+      await this.#done;
+    } catch (err) {
+      if (!registered) [this.#started, this.#done] = [false, null]; // start() may be called again
+      throw err;
+    }
+    // A worker that stopped because its key was refused must not resolve as
     // a clean stop would (QA: it polled on for ever, each claim refused 401).
-    if (this.#keyRefused) throw this.#keyRefused;
+    if (this.#refused) throw this.#refused;
   }
 
   /**
@@ -343,7 +393,7 @@ export class Worker {
   async stop({ timeoutMs = 30_000 } = {}) {
     if (!this.#started) return true;
     this.#requestStop(timeoutMs);
-    if (this.#done) await this.#done;
+    if (this.#done) await this.#done.catch(() => {}); // a refused registration is start()'s to throw
     // onError is told what is queued, for at most a second (stop may be
     // awaited by an onError call in that very queue).
     await nap(1_000, this.#errors);
@@ -366,14 +416,62 @@ export class Worker {
     this.#changed = withResolvers();
   }
 
-  #register(tools) {
-    return this.#transport.call('POST', '/workers/register', { tools }, { safe: true, idempotencyKey: newRequestId() })
-      .then((answer) => answer.workerId);
+  #register(tools, key = newRequestId()) {
+    // A stop ends a wait between attempts, and its deadline cuts one in
+    // flight, as a claim's.
+    return this.#transport.call('POST', '/workers/register', { tools }, {
+      safe: true, idempotencyKey: key, signal: this.#claimCutoff.signal, retryCutoff: this.#stopping.signal,
+    }).then((answer) => answer.workerId);
   }
 
+  /** Registers for start(), under one Idempotency-Key (a repeat after a
+   * lost answer gets the worker id the first attempt registered), trying
+   * again after each failure that may pass, told to onError, with
+   * failureWait's backoff: a worker started while the server is down waits
+   * for it, as a River or Temporal worker does (worker QA: start() gave up
+   * after maxRetries). Rejects with a refusal; resolves to null when the
+   * worker was stopped first. */
+  async #registerUntil(tools, pollIntervalMs) {
+    const key = newRequestId();
+    for (let failures = 1; ; failures++) {
+      if (this.#stopping.signal.aborted) return null;
+      try {
+        return await this.#register(tools, key);
+      } catch (err) {
+        if (this.#stopping.signal.aborted) return null;
+        if (!this.#transient(err)) throw err;
+        this.#notify(err);
+        await this.#pause(failureWait(pollIntervalMs, failures, err));
+      }
+    }
+  }
+
+  /** Registers under a new worker id, for a server that forgot the old one;
+   * a failure is told to onError, and resolved to when it stops the worker
+   * (refusedForGood). The next claim, answered 404 again, registers again. */
+  async #registerAgain(tools) {
+    try {
+      this.workerId = await this.#register(tools);
+    } catch (again) {
+      if (this.#stopping.signal.aborted) return null;
+      this.#notify(again);
+      if (refusedForGood(again)) return again;
+    }
+    return null;
+  }
+
+  /** Whether a failure may pass: what the transport repeats for a call safe
+   * to repeat (a lost answer, a 5xx, a 429, a 408, retry_request). */
+  #transient(err) {
+    if (err instanceof ConnectionLostError) return true;
+    return err instanceof RatchetError && this.#transport.retryDelay(err, 0, true) !== null;
+  }
+
+  /** Waits ms, or until the worker stops (the transport's sleep: a test
+   * seam). */
   async #pause(ms) {
     try {
-      await sleep(ms, this.#stopping.signal);
+      await this.#transport.sleep(ms, this.#stopping.signal);
     } catch {
       // stopping
     }
@@ -382,6 +480,7 @@ export class Worker {
   async #loop(concurrency, pollIntervalMs, waitSeconds, tools) {
     const stopping = this.#stopping.signal;
     let lost = 0; // claims running whose answers were lost
+    let failed = 0; // claims running that failed otherwise
     try {
       while (!stopping.aborted) {
         // No claim while a slot is missing, or while a report is failing:
@@ -398,34 +497,45 @@ export class Worker {
           jobs = await this.#claim(limit, waitSeconds);
         } catch (err) {
           if (this.#claimCutoff.signal.aborted) break;
-          if (err instanceof RatchetError && err.status === 401 && !stopping.aborted) {
-            // The key was revoked (or never was valid): no claim will ever
-            // succeed, so stop as stop() would rather than ask every
-            // interval for ever.
+          let refusal = null;
+          if (!stopping.aborted) {
+            // A claim the stop cut (a 429's wait) is no failure to tell.
             this.#notify(err);
-            this.#keyRefused = err;
+            if (refusedForGood(err)) {
+              // The key was revoked (or never was valid), or may not claim:
+              // no claim will ever succeed, so stop as stop() would rather
+              // than ask for ever.
+              refusal = err;
+            } else if (err instanceof RatchetError && err.status === 404 && err.code === 'not_found') {
+              // The worker id is unknown: register again under a new one.
+              refusal = await this.#registerAgain(tools);
+            }
+          }
+          if (refusal) {
+            this.#refused = refusal;
             this.#requestStop(30_000);
             break;
           }
-          if (err instanceof RatchetError && err.status === 404 && err.code === 'not_found') {
-            // The worker id is unknown: register again under a new one.
-            try {
-              this.workerId = await this.#register(tools);
-            } catch (again) {
-              this.#notify(again);
-            }
-          }
-          if (!stopping.aborted) this.#notify(err);
           // A claim whose answer was lost is asked again under its id after
-          // a backoff: the jobs it may have leased are this worker's while
-          // their leases hold, which a whole interval would outlast (Go SDK
-          // QA: jobs with a 15 s lease lapsed unseen while the worker
-          // waited its 30 s).
-          lost = this.#claimId === null ? 0 : lost + 1;
-          await this.#pause(lost ? Math.min(this.#transport.backoff(lost), pollIntervalMs) : jittered(pollIntervalMs));
+          // the transport's backoff (never before the server's
+          // Retry-After): the jobs it may have leased are this worker's
+          // while their leases hold, which a whole interval would outlast
+          // (Go SDK QA: jobs with a 15 s lease lapsed unseen while the
+          // worker waited its 30 s). Other failures back off from the poll
+          // interval (worker QA: one poll interval followed every failure,
+          // however long they lasted, and a 429's Retry-After was heeded
+          // only within maxRetries).
+          if (this.#claimId !== null) {
+            lost++;
+            await this.#pause(Math.max(Math.min(this.#transport.backoff(lost), pollIntervalMs), retryAfterMs(err, MAX_FAILURE_WAIT_MS)));
+          } else {
+            lost = 0;
+            failed++;
+            await this.#pause(failureWait(pollIntervalMs, failed, err));
+          }
           continue;
         }
-        lost = 0;
+        lost = failed = 0;
         for (const job of jobs) this.#dispatch(job, sent);
         if (jobs.length >= limit || (jobs.length > 0 && waitSeconds > 0)) continue; // work is waiting
         // A long poll already waited part of the interval.

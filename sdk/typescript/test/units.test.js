@@ -11,7 +11,7 @@ import {
 import { gateTimes } from '../src/client.js';
 import { stringify, stringifyIteratively } from '../src/json.js';
 import { Transport } from '../src/transport.js';
-import { Reporter, readDecision, reportTimes } from '../src/worker.js';
+import { Reporter, Worker, readDecision, reportTimes } from '../src/worker.js';
 
 /** Answers each request with the next [status, body, headers] of a script
  * (status 0 drops the connection), recording what it was sent; respond may
@@ -336,6 +336,133 @@ test('a claim refused 401 stops the worker', async (t) => {
   assert.deepEqual(order, ['claim', 'claim', 'report']);
   assert.equal(await client.worker.stop({ timeoutMs: 1000 }), true); // and onError has been told
   assert.deepEqual(errors.map((e) => e.status), [401]);
+});
+
+/** A worker of one tool against respond, whose transport retries
+ * maxRetries times and records the waits (each cut to a moment, a stop
+ * still ending it); the drawn half of each failure's wait is drawn whole. */
+async function outageWorker(t, respond, maxRetries = 0) {
+  const server = await fakeServer(t, respond);
+  const waits = [];
+  const transport = new Transport({
+    baseUrl: server.url, apiKey: 'rk_test', maxRetries,
+    sleep: (ms, signal) => { waits.push(ms); return sleep(Math.min(ms, 10), signal); },
+  });
+  const worker = new Worker(transport);
+  worker.addTool({ name: 't', version: '1', handler: () => null });
+  t.mock.method(Math, 'random', () => 1);
+  return { server, worker, waits };
+}
+
+const sleep = (ms, signal) => new Promise((resolve, reject) => {
+  if (signal?.aborted) return reject(signal.reason);
+  const timer = setTimeout(resolve, ms);
+  signal?.addEventListener('abort', () => { clearTimeout(timer); reject(signal.reason); }, { once: true });
+});
+
+test('start waits out an outage under one key', async (t) => {
+  // Worker QA: start() gave up after maxRetries, and a process that logged
+  // the error ran no worker at all.
+  let registrations = 0;
+  const { server, worker, waits } = await outageWorker(t, (method, path) => {
+    if (path.endsWith('/register')) return ++registrations <= 3 ? [503, error('service_unavailable')] : [200, { workerId: 'wkr_1' }];
+    return [200, { jobs: [] }];
+  });
+  const errors = [];
+  const started = worker.start({ concurrency: 1, pollIntervalMs: 2_000, onError: (err) => errors.push(err) });
+  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  await until(() => worker.workerId !== null);
+  assert.deepEqual(waits.slice(0, 3), [2_000, 4_000, 8_000]);
+  const keys = server.seen.filter((s) => s.path.endsWith('/register')).map((s) => s.headers['idempotency-key']);
+  assert.equal(keys.length, 4);
+  assert.equal(new Set(keys).size, 1, keys.join());
+  assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
+  await started;
+  assert.deepEqual(errors.map((e) => e.status), [503, 503, 503]);
+});
+
+test('a stop ends start\'s wait for the server', async (t) => {
+  const server = await fakeServer(t, () => [502, error('bad_gateway')]);
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', maxRetries: 0 });
+  client.registerTool({ name: 't', version: '1', handler: () => null });
+  let outcome = null;
+  const started = client.worker.start({ concurrency: 1, pollIntervalMs: 3_600_000, onError: () => {} })
+    .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
+  await until(() => server.seen.length > 0 || outcome !== null);
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal(outcome, null); // waiting for the server, not failed
+  const began = Date.now();
+  assert.equal(await client.worker.stop({ timeoutMs: 5_000 }), true);
+  await started;
+  assert.ok(Date.now() - began < 3_000, `stop took ${Date.now() - began} ms`);
+  assert.equal(outcome, 'resolved');
+  assert.ok(!server.seen.some((s) => s.path.endsWith('/claim')));
+});
+
+test('claims that keep failing back off and heed Retry-After', async (t) => {
+  // Worker QA: a failed claim was followed by one poll interval, however
+  // long the failures lasted, and a 429's Retry-After was heeded only within
+  // maxRetries.
+  const claims = [];
+  const { worker, waits } = await outageWorker(t, (method, path, body) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    claims.push(body.claimId);
+    if (claims.length === 4) return [429, error('rate_limited', { retry_after_seconds: 40 })];
+    // Nothing was applied: not a lost answer, the claim id is not kept.
+    return [503, error('database_unavailable', { outcome: 'not_applied' })];
+  });
+  const errors = [];
+  const started = worker.start({ concurrency: 1, pollIntervalMs: 1_000, onError: (err) => errors.push(err) });
+  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  await until(() => waits.length >= 9);
+  assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
+  await started;
+  assert.deepEqual(waits.slice(0, 9), [1_000, 2_000, 4_000, 40_000, 16_000, 32_000, 60_000, 60_000, 60_000]);
+  assert.ok(errors.length >= 9, String(errors.length));
+  assert.equal(new Set(claims).size, claims.length);
+});
+
+test('a lost claim is asked again no sooner than its Retry-After', async (t) => {
+  const claims = [];
+  const { worker, waits } = await outageWorker(t, (method, path, body) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    claims.push(body.claimId);
+    // The first may have leased jobs: the claim id is kept.
+    return claims.length === 1 ? [500, error('internal_error')] : [429, error('rate_limited', { retry_after_seconds: 30 })];
+  }, 1);
+  const started = worker.start({ concurrency: 1, pollIntervalMs: 3_600_000, onError: () => {} });
+  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  await until(() => claims.length >= 3);
+  assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
+  await started;
+  // The transport's wait after the 500, then the worker's after the 429.
+  assert.equal(waits[1], 30_000, waits.join());
+  assert.equal(claims[2], claims[0]); // asked again under its id
+});
+
+test('a claim or a registration refused 403 stops the worker', async (t) => {
+  for (const reregister of [false, true]) {
+    const paths = [];
+    const server = await fakeServer(t, (method, path) => {
+      paths.push(path);
+      if (path.endsWith('/register')) {
+        return paths.filter((p) => p === path).length > 1 ? [403, error('forbidden', { required: ['tool:t@1'] })] : [200, { workerId: 'wkr_1' }];
+      }
+      return reregister ? [404, error('not_found')] : [403, error('forbidden', { required: ['jobs:work'] })];
+    });
+    const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', maxRetries: 0 });
+    client.registerTool({ name: 't', version: '1', handler: () => null });
+    const errors = [];
+    let outcome = null;
+    const started = client.worker.start({ concurrency: 1, pollIntervalMs: 10, onError: (err) => errors.push(err) })
+      .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
+    t.after(async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
+    await until(() => outcome !== null).catch(() => assert.fail(`reregister ${reregister}: the worker went on claiming after a 403`));
+    assert.ok(outcome instanceof RatchetError && outcome.status === 403, String(outcome));
+    assert.equal(paths.filter((p) => p.endsWith('/claim')).length, 1);
+    assert.equal(await client.worker.stop({ timeoutMs: 1000 }), true);
+    assert.equal(errors.at(-1).status, 403);
+  }
 });
 
 test('a handler that ignores its timeout keeps its slot', async (t) => {
