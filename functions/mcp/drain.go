@@ -33,9 +33,13 @@ import (
 //     canceled", -32600 or server_unreachable), where MCP asks that it not
 //     be answered. The answer of a request cancelled before its answer is
 //     written is dropped here; a ratchet_begin's among them may grant a
-//     lease, which release gives back (mcpserver.ReleaseUnseen), since the
-//     client ignores any answer to what it cancelled (unless the begin
-//     named a request_id, whose retry gets the lease back).
+//     lease, which no one holds, since the client ignores any answer to
+//     what it cancelled (unless the begin named a request_id, whose retry
+//     gets the lease back). A begin without one is sent under a request_id
+//     of the binary's own (hold.go), so that the client's next begin of the
+//     same key rejoins that lease, its attempt not spent; a lease no begin
+//     rejoins within the hold is given back by release
+//     (mcpserver.ReleaseUnseen), which spends its attempt.
 type drainingPipes struct {
 	in  io.ReadCloser
 	out io.WriteCloser
@@ -47,6 +51,9 @@ type drainingPipes struct {
 	// release gives back the lease a cancelled ratchet_begin's dropped
 	// result may grant (its JSON-RPC result); nil: none is.
 	release func(result json.RawMessage)
+	// maxHold bounds how long a cancelled begin's lease waits for a begin
+	// of the same key to rejoin it (hold.go): maxHold but in tests.
+	maxHold time.Duration
 
 	// Read side, used by the transport's one reading goroutine only.
 	buf      []byte
@@ -59,15 +66,20 @@ type drainingPipes struct {
 
 	mu        sync.Mutex
 	cond      *sync.Cond
-	pending   map[string]*request // by id (idKey): the requests passed on and not yet answered
-	releasing int                 // releases under way
+	pending   map[string]*request     // by id (idKey): the requests passed on and not yet answered
+	releasing int                     // releases under way
+	held      map[beginKey]*heldLease // cancelled begins' leases, each waiting for a begin of its key
+	ended     bool                    // stdin ended: a lease is given back at once, not held
 	outLine   []byte
 }
 
 // request is a request passed on to the transport and not yet answered.
 type request struct {
-	begin     bool // a ratchet_begin whose lease only its answer holds (mcpserver.BeginWithoutRequestID)
-	cancelled bool // the client cancelled it: its answer is not written
+	begin     bool       // a ratchet_begin whose lease only its answer holds (mcpserver.BeginWithoutRequestID)
+	key       beginKey   // its effect type and idempotency key, when it was sent under requestID
+	requestID string     // the request_id it was sent under, the binary's own ("" when none)
+	held      *heldLease // its lease, held for a begin of its key once it was cancelled
+	cancelled bool       // the client cancelled it: its answer is not written
 }
 
 // maxMessageBytes bounds one line: four times the API's 1 MiB request
@@ -84,7 +96,7 @@ const drainTimeout = 90 * time.Second
 
 func newDrainingPipes(in io.ReadCloser, out io.WriteCloser) *drainingPipes {
 	d := &drainingPipes{in: in, out: out, timeout: drainTimeout, log: os.Stderr, maxLine: maxMessageBytes,
-		buf: make([]byte, 32<<10), pending: map[string]*request{}}
+		maxHold: maxHold, buf: make([]byte, 32<<10), pending: map[string]*request{}, held: map[beginKey]*heldLease{}}
 	d.cond = sync.NewCond(&d.mu)
 	return d
 }
@@ -193,8 +205,11 @@ func (d *drainingPipes) admit(line []byte) {
 		d.mu.Lock()
 		inFlight := d.pending[idKey(req.ID)] != nil
 		if !inFlight {
-			d.pending[idKey(req.ID)] = &request{
-				begin: req.Method == "tools/call" && mcpserver.BeginWithoutRequestID(req.Params)}
+			r := &request{begin: req.Method == "tools/call" && mcpserver.BeginWithoutRequestID(req.Params)}
+			if r.begin {
+				line = d.underRequestID(line, req.Params, r)
+			}
+			d.pending[idKey(req.ID)] = r
 		}
 		d.mu.Unlock()
 		if inFlight {
@@ -230,6 +245,7 @@ func (d *drainingPipes) cancel(params json.RawMessage) {
 	defer d.mu.Unlock()
 	if r := d.pending[idKey(id)]; r != nil {
 		r.cancelled = true
+		d.holdFrom(r)
 	}
 }
 
@@ -342,7 +358,7 @@ func (d *drainingPipes) wrote(b []byte) []byte {
 			delete(d.pending, id)
 			if r != nil && r.cancelled {
 				if r.begin && result != nil {
-					d.releaseUnseen(result)
+					d.dropped(r, result)
 				}
 				return
 			}
@@ -380,17 +396,9 @@ func (w drainWriter) Close() error { return w.d.out.Close() }
 // it says on stderr how many were given up, which only a client breaking
 // the protocol or a tool call hung past its own timeout should cause.
 func (d *drainingPipes) waitAnswered() {
-	deadline := time.Now().Add(d.timeout)
-	timer := time.AfterFunc(d.timeout, func() {
-		d.mu.Lock()
-		d.cond.Broadcast()
-		d.mu.Unlock()
-	})
-	defer timer.Stop()
 	d.mu.Lock()
-	for (len(d.pending) > 0 || d.releasing > 0) && time.Now().Before(deadline) {
-		d.cond.Wait()
-	}
+	d.releaseHeld() // no begin will come to rejoin them
+	d.waitFor(d.timeout, func() bool { return len(d.pending) == 0 && d.releasing == 0 })
 	left, releasing := len(d.pending), d.releasing
 	d.mu.Unlock()
 	// The last answer's id left pending just before it was written: wait
@@ -403,6 +411,21 @@ func (d *drainingPipes) waitAnswered() {
 	if releasing > 0 {
 		fmt.Fprintf(d.log, "ratchet-mcp: stdin closed; %d cancelled begin(s) still giving back their lease after %s: "+
 			"left to lapse\n", releasing, d.timeout)
+	}
+}
+
+// waitFor waits until done or timeout, with mu held (and released while
+// it waits); done is read under mu.
+func (d *drainingPipes) waitFor(timeout time.Duration, done func() bool) {
+	deadline := time.Now().Add(timeout)
+	timer := time.AfterFunc(timeout, func() {
+		d.mu.Lock()
+		d.cond.Broadcast()
+		d.mu.Unlock()
+	})
+	defer timer.Stop()
+	for !done() && time.Now().Before(deadline) {
+		d.cond.Wait()
 	}
 }
 

@@ -41,15 +41,19 @@ func main() {
 	pipes := newDrainingPipes(os.Stdin, os.Stdout)
 	pipes.release = func(result json.RawMessage) { releaseUnseen(caller, "Bearer "+key, result) }
 	transport := &mcp.IOTransport{Reader: pipes.Reader(), Writer: pipes.Writer()}
-	if err := mcpserver.New(caller, "Bearer "+key).Run(ctx, transport); err != nil && ctx.Err() == nil {
+	err = mcpserver.New(caller, "Bearer "+key).Run(ctx, transport)
+	// Interrupted before stdin ended: the leases of cancelled begins still
+	// held for a retry are given back (at stdin's end the drain does it).
+	pipes.giveBackHeld(mcpserver.CancelGrace)
+	if err != nil && ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, "ratchet-mcp:", redact.ErrorText(err))
 		os.Exit(1)
 	}
 }
 
 // releaseUnseen gives back the lease a cancelled ratchet_begin was granted
-// (mcpserver.ReleaseUnseen): its answer is not written, and no one will use
-// it. Said on stderr, naming nothing of the call.
+// (mcpserver.ReleaseUnseen): its answer is not written, and no begin came
+// to rejoin it (hold.go). Said on stderr, naming nothing of the call.
 func releaseUnseen(c mcpserver.Caller, auth string, result json.RawMessage) {
 	ctx, cancel := context.WithTimeout(context.Background(), mcpserver.CancelGrace)
 	defer cancel()

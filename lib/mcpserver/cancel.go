@@ -56,10 +56,40 @@ func BeginWithoutRequestID(params json.RawMessage) bool {
 	return len(call.Arguments.RequestID) == 0 || string(call.Arguments.RequestID) == "null"
 }
 
+// Grant is what a ratchet_begin's tool result that grants execute holds.
+type Grant struct {
+	EffectID       string `json:"effect_id"`
+	LeaseToken     string `json:"lease_token"`
+	LeaseExpiresAt string `json:"lease_expires_at"` // RFC 3339, by the server's clock
+	Probe          bool   `json:"probe"`
+}
+
+// GrantOf reads result, a ratchet_begin's tool result (a tools/call's
+// JSON-RPC result); ok is false when it grants no execute.
+func GrantOf(result json.RawMessage) (g Grant, ok bool) {
+	var r struct {
+		IsError    bool `json:"isError"`
+		Structured struct {
+			Decision string `json:"decision"`
+			Grant
+		} `json:"structuredContent"`
+	}
+	if json.Unmarshal(result, &r) != nil || r.IsError {
+		return Grant{}, false
+	}
+	s := r.Structured
+	if s.Decision != gate.DecisionExecute || s.EffectID == "" || s.LeaseToken == "" {
+		return Grant{}, false
+	}
+	return s.Grant, true
+}
+
 // ReleaseUnseen gives back the lease that result, a ratchet_begin's tool
 // result (a tools/call's JSON-RPC result), grants when that result will
 // reach no one: its request, a BeginWithoutRequestID, was cancelled, and an
-// MCP client ignores any answer to a request it cancelled. Nothing can have acted under a lease
+// MCP client ignores any answer to a request it cancelled, and no begin
+// rejoined the lease (the stdio binary holds it for one a while first: a
+// lease given back spends its attempt). Nothing can have acted under a lease
 // whose token no one received, so the attempt is reported failed with that
 // token: the key is free at once for the agent's retry, where it answered
 // in_flight until the lease lapsed, then (on_indeterminate: block) blocked
@@ -72,20 +102,8 @@ func BeginWithoutRequestID(params json.RawMessage) bool {
 // given back; an error (never naming the token) that it could not be, and
 // lapses as before.
 func ReleaseUnseen(ctx context.Context, c Caller, auth string, result json.RawMessage) (released bool, err error) {
-	var r struct {
-		IsError    bool `json:"isError"`
-		Structured struct {
-			Decision   string `json:"decision"`
-			EffectID   string `json:"effect_id"`
-			LeaseToken string `json:"lease_token"`
-			Probe      bool   `json:"probe"`
-		} `json:"structuredContent"`
-	}
-	if json.Unmarshal(result, &r) != nil || r.IsError {
-		return false, nil
-	}
-	s := r.Structured
-	if s.Decision != gate.DecisionExecute || s.EffectID == "" || s.LeaseToken == "" || s.Probe {
+	s, ok := GrantOf(result)
+	if !ok || s.Probe {
 		return false, nil
 	}
 	body, err := jsonx.Marshal(map[string]any{"lease_token": s.LeaseToken, "outcome": "failed"})
