@@ -71,7 +71,7 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 	// out in it. Sending waits on receivers, so the local loop runs it
 	// detached (sweep.Task.Detached).
 	sweeper.Add(
-		sweep.Task{Name: "webhooks.dispatch", Run: deps.Webhooks.Dispatch},
+		sweep.Task{Name: "webhooks.dispatch", Run: deps.Webhooks.Dispatch, Drains: true},
 		sweep.Task{Name: "webhooks.deliver", Run: deps.Webhooks.Deliver, Detached: true, Needs: webhooks.RoundTime},
 		sweep.Task{Name: "webhooks.expired_secrets", Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Webhooks.ClearExpiredSecrets(ctx, now, retentionPerPass)

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/money"
 )
@@ -371,11 +372,26 @@ WITH cand AS (
 SELECT count(*) FROM e`
 }
 
-// sqlLapseDue is the sweeper's pass over every workspace; sqlLapseThese
+// sqlLapseDue is the sweeper's pass over every workspace: up to $2 lapsed
+// leases taking turns among the workspaces that have some (db.RoundRobin),
+// each workspace's longest lapsed first, so that one workspace's backlog
+// (a fleet of agents that crashed at once) holds no other's lapse, nor its
+// effect.indeterminate, back for passes on end (multi-tenant QA: ordered
+// by expiry alone, 100,000 lapses of one workspace held another's back for
+// 200 passes). The workspaces are found through effects_leased_ws_idx,
+// a descent each (db.WorkspacesWith), and each one's first $2 lapses are
+// read from it, so a pass costs the same whatever the backlog. sqlLapseThese
 // makes the lapse of given effects durable inline ($4 their ids), through
 // their primary key, in one statement however many there are.
 var (
-	sqlLapseDue   = lapseSQL("true")
+	sqlLapseDue = lapseSQL(`id = ANY(ARRAY(` + db.RoundRobin(`
+        SELECT l.id, l.workspace_id, l.lease_expires_at AS due
+        FROM `+db.WorkspacesWith("effects", "state = 'leased'")+` w
+        CROSS JOIN LATERAL (
+            SELECT id, workspace_id, lease_expires_at FROM effects
+            WHERE workspace_id = w.workspace_id AND state = 'leased' AND lease_expires_at <= $1
+            ORDER BY lease_expires_at LIMIT $2
+        ) l`, "$2") + `))`)
 	sqlLapseThese = lapseSQL("id = ANY($4::text[])")
 )
 
@@ -695,11 +711,24 @@ const (
 )
 
 // sqlUnwindingDue picks the unwinding groups the sweeper checks this pass,
-// least recently checked first, and marks them checked. $1 now, $2 limit.
-const sqlUnwindingDue = `
+// taking turns among the workspaces that have some (db.RoundRobin), each
+// one's least recently checked first, and marks them checked. In that order
+// alone, a group checked once went behind every other workspace's groups,
+// and a workspace that left 100,000 rollbacks unwinding had another's
+// group, whose compensations had all ended, settled a thousand passes
+// later (multi-tenant QA). Through effect_groups_unwinding_ws_idx (0063),
+// a descent a workspace. $1 now, $2 limit.
+var sqlUnwindingDue = `
 WITH c AS (
-    SELECT id FROM effect_groups WHERE state = 'unwinding'
-    ORDER BY swept_at NULLS FIRST LIMIT $2 FOR UPDATE SKIP LOCKED
+    SELECT id FROM effect_groups WHERE state = 'unwinding' AND id = ANY(ARRAY(` + db.RoundRobin(`
+        SELECT g.id, g.workspace_id, g.due
+        FROM `+db.WorkspacesWith("effect_groups", "state = 'unwinding'")+` w
+        CROSS JOIN LATERAL (
+            SELECT id, workspace_id, coalesce(swept_at, '-infinity'::timestamptz) AS due FROM effect_groups
+            WHERE workspace_id = w.workspace_id AND state = 'unwinding'
+            ORDER BY swept_at NULLS FIRST LIMIT $2
+        ) g`, "$2") + `))
+    FOR UPDATE SKIP LOCKED
 )
 UPDATE effect_groups g SET swept_at = $1 FROM c WHERE g.id = c.id RETURNING g.id`
 
@@ -818,7 +847,12 @@ WHERE reconciliations.last_reconciled_at <= $3`
 // overdue it is reminded again each further period. The period's due time
 // is the event's dedupe key, so concurrent sweeps record it once, and types
 // already reminded for their current period are not picked again, so the
-// LIMIT reaches the others. $1 now, $2 limit, $3 event ids (one per row).
+// LIMIT reaches the others. The pass takes turns among the workspaces with
+// types due, each one's longest due first (as db.RoundRobin orders): in due
+// order alone, with 500 a pass, a workspace with 100,000 types overdue held
+// another's reminder back for 200 passes (multi-tenant QA). It reads every
+// type with reminders on in any case. $1 now, $2 limit, $3 event ids (one
+// per row).
 var sqlReconcileDue = `
 WITH due AS (
     SELECT p.workspace_id, p.effect_type, p.reconcile_every_hours AS h, r.last_reconciled_at,
@@ -836,11 +870,12 @@ WITH due AS (
     FROM per
 ), n AS (
     SELECT pick.*, row_number() OVER (ORDER BY pick.workspace_id, pick.effect_type) AS i
-    FROM (SELECT * FROM pick WHERE NOT EXISTS (
+    FROM (SELECT pick.*, row_number() OVER (PARTITION BY pick.workspace_id ORDER BY pick.period_due, pick.effect_type) AS turn
+        FROM pick WHERE NOT EXISTS (
         SELECT 1 FROM events ev WHERE ev.workspace_id = pick.workspace_id
           AND ev.type = '` + events.ReconciliationDue + `' AND ev.subject_id = pick.effect_type
           AND ev.dedupe_key = pick.dedupe)
-        ORDER BY pick.period_due LIMIT $2) pick
+        ORDER BY turn, pick.period_due, pick.workspace_id, pick.effect_type LIMIT $2) pick
 ), ins AS (
     INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
     SELECT ($3::text[])[n.i], n.workspace_id, '` + events.ReconciliationDue + `', n.effect_type,
@@ -1065,9 +1100,16 @@ RETURNING g.id`
 // reads each one's range of creation times older than its retention
 // through effects_ended_ungrouped_idx (migration 0038: ended, ungrouped
 // effects only; an effect changed last is never created later),
-// so a pass with nothing to delete costs one index probe per pair, not a
-// scan of the table. Once deleted, a key is new again: its next begin
-// executes. What the deleted effects spent of a run's wallet stays spent
+// so a pass costs one index probe per pair, and one more per pair with
+// effects to delete, not a scan of the table. The batch is shared among
+// the workspaces that have effects to delete, each one's share split among
+// its types, oldest first in each: taken in the scan's order, the first
+// workspace's backlog (one that lowered a type's retention_days from 90 to
+// 1) filled every batch until it was gone, and every workspace after it in
+// id order waited, its effects kept past their retention (multi-tenant
+// QA). A workspace with less than its share leaves the rest of the batch
+// unused; the next batch (the task drains) shares it among those left.
+// Once deleted, a key is new again: its next begin executes. What the deleted effects spent of a run's wallet stays spent
 // (money.RetiredRunSpendSQL). Each type's gate_effect_history moves up to
 // the newest effect deleted, so its learned surge baseline leaves out the
 // hours that lost effects (baselineSQL); begins never write that table, so
@@ -1092,17 +1134,31 @@ WITH expired AS (
             LIMIT 1
         ) n
     )
-    SELECT x.id, p.workspace_id, p.effect_type, x.created_at FROM pairs p
-    LEFT JOIN gate_policies pol ON pol.workspace_id = p.workspace_id AND pol.effect_type = p.effect_type
+    , cut AS (
+        SELECT p.workspace_id, p.effect_type,
+            $1::timestamptz - make_interval(days => coalesce(pol.retention_days, 90)) AS cutoff
+        FROM pairs p
+        LEFT JOIN gate_policies pol ON pol.workspace_id = p.workspace_id AND pol.effect_type = p.effect_type
+    ), due AS (
+        SELECT c.* FROM cut c WHERE EXISTS (SELECT 1 FROM effects e
+            WHERE e.workspace_id = c.workspace_id AND e.effect_type = c.effect_type
+              AND e.created_at < c.cutoff AND e.updated_at < c.cutoff
+              AND e.state IN ('succeeded', 'failed', 'denied') AND e.group_id IS NULL)
+    ), share AS (
+        -- each workspace's share of the batch, split among its types
+        SELECT d.*, ceil(ceil($2::numeric / (SELECT count(DISTINCT workspace_id) FROM due))
+                         / count(*) OVER (PARTITION BY d.workspace_id))::int AS n
+        FROM due d
+    )
+    SELECT x.id, s.workspace_id, s.effect_type, x.created_at FROM share s
     CROSS JOIN LATERAL (
         SELECT e.id, e.created_at FROM effects e
-        WHERE e.workspace_id = p.workspace_id AND e.effect_type = p.effect_type
-          AND e.created_at < $1::timestamptz - make_interval(days => coalesce(pol.retention_days, 90))
-          AND e.updated_at < $1::timestamptz - make_interval(days => coalesce(pol.retention_days, 90))
+        WHERE e.workspace_id = s.workspace_id AND e.effect_type = s.effect_type
+          AND e.created_at < s.cutoff AND e.updated_at < s.cutoff
           AND e.state IN ('succeeded', 'failed', 'denied')
           AND e.group_id IS NULL -- these two: effects_ended_ungrouped_idx
         ORDER BY e.created_at
-        LIMIT $2::int
+        LIMIT s.n
         FOR UPDATE OF e SKIP LOCKED
     ) x
     LIMIT $2::int)

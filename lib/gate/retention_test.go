@@ -843,3 +843,37 @@ func TestGroupsInSimpleProtocolMode(t *testing.T) {
 	empty := str(b.env.Must(http.StatusCreated, "POST", "/api/v1/groups", b.ws.Key, map[string]any{"name": "empty"}).JSON()["id"])
 	b.env.Must(http.StatusOK, "POST", "/api/v1/groups/"+empty+"/commit", b.ws.Key, nil)
 }
+
+// Retention shares each batch among the workspaces with effects to delete:
+// taken in the order of its scan (by workspace id), the first workspace's
+// backlog (a type's retention_days lowered from 90 to 1) filled every
+// batch until it was gone, and every workspace after it kept its effects
+// past their retention meanwhile (multi-tenant QA). A batch of 2 stands
+// for the pass's 1,000. Not parallel, in its own era (1939).
+func TestRetentionSharesEachBatchAmongWorkspaces(t *testing.T) {
+	a, _ := inEra(t, 1939)
+	c, ctx, env := a.clock, context.Background(), a.env
+	b := &bundle{t: t, clock: c, env: env, ws: env.Signup()}
+	noisy, quiet := a, b // the scan reaches the noisy workspace first
+	if b.ws.ID < a.ws.ID {
+		noisy, quiet = b, a
+	}
+	noisy.putPolicy("email.send", map[string]any{"retention_days": 1})
+	quiet.putPolicy("email.send", map[string]any{"retention_days": 1})
+	var backlog []string
+	for range 4 {
+		backlog = append(backlog, str(noisy.executedAs("succeeded", email(key("backlog")))["effect_id"]))
+	}
+	kept := str(quiet.executedAs("succeeded", email(key("kept")))["effect_id"])
+	c.Add(25 * time.Hour)
+	left := func(ids ...string) (n int) {
+		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE id = ANY($1)`, ids).Scan(&n))
+		return n
+	}
+
+	batch := func() (int, error) { return env.App.Server.Gate.SweepRetention(ctx, c.Now(), 2) }
+	passes(t, batch, 2)
+	require.Zero(t, left(kept), "the quiet workspace's effect went in the first batch")
+	require.Equal(t, 3, left(backlog...))
+	passes(t, batch, 2, 1, 0) // alone, the backlog fills each batch
+}

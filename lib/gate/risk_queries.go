@@ -532,10 +532,20 @@ SELECT count(*) FROM up`
 	// whose turn is held is left to the holder (a begin that counts the
 	// surge closes a lapsed breaker first) or to the next pass. Tried, not
 	// waited for: a begin holds the turn, then waits for the breaker's row,
-	// which the sweep locks first. $1 now, $2 limit, $3 event ids.
+	// which the sweep locks first. The pass takes turns among the
+	// workspaces with breakers to close, each one's longest cooled first
+	// (as db.RoundRobin orders), so one workspace's many breakers hold no
+	// other's circuit.closed back (multi-tenant QA). $1 now, $2 limit, $3
+	// event ids.
 	sqlSweepCircuits = closeSQL(`SELECT workspace_id, effect_type FROM (
     SELECT workspace_id, effect_type FROM gate_circuits
-    WHERE state = 'open' AND closes_at <= $1 ORDER BY closes_at LIMIT $2 FOR UPDATE SKIP LOCKED) due
+    WHERE state = 'open' AND closes_at <= $1 AND (workspace_id, effect_type) IN (
+        SELECT workspace_id, effect_type FROM (
+            SELECT workspace_id, effect_type, closes_at,
+                row_number() OVER (PARTITION BY workspace_id ORDER BY closes_at, effect_type) AS turn
+            FROM gate_circuits WHERE state = 'open' AND closes_at <= $1) t
+        ORDER BY turn, closes_at, workspace_id, effect_type LIMIT $2)
+    FOR UPDATE SKIP LOCKED) due
     WHERE pg_try_advisory_xact_lock(`+surgeTurn("workspace_id", "effect_type")+`)`,
 		"$1::timestamptz", "$3")
 )

@@ -2,6 +2,7 @@ package gate_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/ids"
 )
 
 // TestSweeperAndLapseRaces, the retention tests (in 1980, 1985 and 1990,
@@ -158,4 +160,165 @@ func TestSweeperAndLapseRaces(t *testing.T) {
 			WHERE webhook_id = $1 AND event_type = 'effect.indeterminate'`, hook["id"]).Scan(&deliveries))
 		require.Equal(t, outcomes["indeterminate"], deliveries)
 	})
+}
+
+// The sweeper's batch of lapsed leases takes turns among workspaces: a
+// workspace with a backlog of lapses older than another's takes one place
+// of the batch a turn, not all of them, and the other's lapse (and its
+// effect.indeterminate) is made durable in the first pass (multi-tenant
+// QA: ordered by expiry alone, 100,000 lapses of one workspace held
+// another's back for 200 passes, over three hours on the cron). A batch of
+// 2 stands for the pass's 500. Not parallel, in its own era (1931): the
+// sweep acts on every workspace of the package database.
+func TestSweptLapsesTakeTurnsAmongWorkspaces(t *testing.T) {
+	noisy, _ := inEra(t, 1931)
+	c, ctx, env := noisy.clock, context.Background(), noisy.env
+	quiet := &bundle{t: t, clock: c, env: env, ws: env.Signup()}
+	var backlog []string
+	for range 5 {
+		backlog = append(backlog, str(noisy.mustBegin("execute", email(key("backlog")))["effect_id"]))
+		c.Add(time.Millisecond) // lapsing one after the other
+	}
+	c.Add(time.Second) // the quiet workspace's lease lapses after the whole backlog's
+	late := str(quiet.mustBegin("execute", email(key("late")))["effect_id"])
+	c.Add(61 * time.Second)
+	durable := func(ids ...string) (n int) {
+		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM effects
+			WHERE id = ANY($1) AND state = 'indeterminate'`, ids).Scan(&n))
+		return n
+	}
+
+	batch := func() (int, error) { return env.App.Server.Gate.SweepLapsed(ctx, c.Now(), 2) }
+	passes(t, batch, 2)
+	require.Equal(t, 1, durable(late), "the quiet workspace's lapse is in the first batch")
+	require.Equal(t, 1, durable(backlog...), "the backlog took one place of it, its oldest")
+	require.Equal(t, 1, durable(backlog[0]))
+	var recorded int
+	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM events
+		WHERE workspace_id = $1 AND type = 'effect.indeterminate' AND subject_id = $2`, quiet.ws.ID, late).Scan(&recorded))
+	require.Equal(t, 1, recorded)
+
+	// Alone, the backlog fills each batch, and nothing of this era is left
+	// for the later eras' sweeps to count.
+	passes(t, batch, 2, 2, 0)
+	require.Equal(t, 5, durable(backlog...))
+}
+
+// The sweeper checks unwinding rollbacks taking turns among workspaces: a
+// workspace that leaves many rollbacks unwinding (their compensations
+// never run) takes one place of a batch a turn, and another workspace's
+// rollback, whose compensations all ended behind a request's back, is
+// settled in the first pass (multi-tenant QA: least recently checked
+// first across every workspace, a rollback checked once went behind all
+// of them, a thousand passes for 100,000). A batch of 2 stands for the
+// pass's 100. Not parallel, in its own era (1933): the sweep settles every
+// workspace's rollbacks.
+func TestSweptRollbacksTakeTurnsAmongWorkspaces(t *testing.T) {
+	noisy, _ := inEra(t, 1933)
+	c, ctx, env := noisy.clock, context.Background(), noisy.env
+	quiet := env.Signup()
+	// What other tests left unwinding is settled or checked now, after
+	// this test's rollbacks in their turn.
+	_, err := env.App.Server.Gate.SweepGroups(ctx, c.Now(), 100_000)
+	require.NoError(t, err)
+	unwinding := func(ws string, swept *time.Time) string {
+		id := ids.NewAt(ids.Group, c.Now())
+		_, err := env.App.Pool.Exec(ctx, `INSERT INTO effect_groups (id, workspace_id, name, state, created_by_key_id,
+			created_at, updated_at, unwind_started_at, swept_at) VALUES ($1, $2, 'order', 'unwinding', 'key_x', $3, $3, $3, $4)`,
+			id, ws, c.Now(), swept)
+		require.NoError(t, err)
+		return id
+	}
+	var backlog []string
+	for range 4 {
+		backlog = append(backlog, unwinding(noisy.ws.ID, nil)) // never checked
+	}
+	checked := c.Now().Add(-time.Minute)
+	late := unwinding(quiet.ID, &checked) // checked once, a minute ago
+	states := func(ids ...string) (n map[string]int) {
+		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT jsonb_object_agg(state, n) FROM (
+			SELECT state, count(*) AS n FROM effect_groups WHERE id = ANY($1) GROUP BY state) s`, ids).Scan(&n))
+		return n
+	}
+
+	batch := func() (int, error) { return env.App.Server.Gate.SweepGroups(ctx, c.Now(), 2) }
+	passes(t, batch, 2)
+	require.Equal(t, map[string]int{"unwound": 1}, states(late), "the quiet workspace's rollback is settled in the first pass")
+	require.Equal(t, map[string]int{"unwound": 1, "unwinding": 3}, states(backlog...))
+	passes(t, batch, 2, 1, 0)
+	require.Equal(t, map[string]int{"unwound": 4}, states(backlog...))
+}
+
+// Reconciliation reminders are recorded taking turns among workspaces: a
+// workspace with many types overdue takes one place of a pass a turn, and
+// another's reminder, due later, goes out in the first (multi-tenant QA:
+// in due order alone, a workspace with 100,000 types to reconcile held
+// another's reminder back for 200 passes). A batch of 2 stands for the
+// pass's 500. Not parallel, in its own era (1935): the sweep reminds every
+// workspace.
+func TestReconciliationRemindersTakeTurnsAmongWorkspaces(t *testing.T) {
+	noisy, _ := inEra(t, 1935)
+	c, ctx, env := noisy.clock, context.Background(), noisy.env
+	quiet := &bundle{t: t, clock: c, env: env, ws: env.Signup()}
+	for i := range 4 {
+		noisy.putPolicy(fmt.Sprintf("charge.%d", i), map[string]any{"reconcile_every_hours": 1})
+	}
+	c.Add(10 * time.Minute) // the quiet workspace's type falls due after the others
+	quiet.putPolicy("refund.issue", map[string]any{"reconcile_every_hours": 1})
+	c.Add(time.Hour)
+	reminded := func(ws string) (n int) {
+		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM events
+			WHERE workspace_id = $1 AND type = 'reconciliation.due'`, ws).Scan(&n))
+		return n
+	}
+
+	batch := func() (int, error) { return env.App.Server.Gate.SweepReconcileDue(ctx, c.Now(), 2) }
+	passes(t, batch, 2)
+	require.Equal(t, 1, reminded(quiet.ws.ID), "the quiet workspace's reminder went out in the first pass")
+	require.Equal(t, 1, reminded(noisy.ws.ID))
+	passes(t, batch, 2, 1, 0)
+	require.Equal(t, 4, reminded(noisy.ws.ID))
+}
+
+// Cooled breakers are closed taking turns among workspaces: another
+// workspace's circuit.closed goes out in the first pass whatever one
+// workspace's number of breakers that cooled before it (multi-tenant QA).
+// A batch of 2 stands for the pass's 500. Not parallel, in its own era
+// (1937): SweepCircuits closes every workspace's lapsed breakers.
+func TestCooledBreakersCloseTakingTurnsAmongWorkspaces(t *testing.T) {
+	noisy, _ := inEra(t, 1937)
+	c, ctx, env := noisy.clock, context.Background(), noisy.env
+	quiet := env.Signup()
+	open := func(ws, typ string, cooled time.Duration) {
+		_, err := env.App.Pool.Exec(ctx, `INSERT INTO gate_circuits (workspace_id, effect_type, state, opened_by, action,
+			opened_at, closes_at, updated_at) VALUES ($1, $2, 'open', 'surge', 'require_approval', $3, $4, $3)`,
+			ws, typ, c.Now().Add(-2*time.Hour), c.Now().Add(-cooled))
+		require.NoError(t, err)
+	}
+	for i := range 4 {
+		open(noisy.ws.ID, fmt.Sprintf("sms.%d", i), time.Hour-time.Duration(i)*time.Minute)
+	}
+	open(quiet.ID, "email.send", time.Minute) // cooled after all of them
+	closed := func(ws string) (n int) {
+		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM gate_circuits
+			WHERE workspace_id = $1 AND state = 'closed'`, ws).Scan(&n))
+		return n
+	}
+
+	batch := func() (int, error) { return env.App.Server.Gate.SweepCircuits(ctx, c.Now(), 2) }
+	passes(t, batch, 2)
+	require.Equal(t, 1, closed(quiet.ID), "the quiet workspace's breaker closed in the first pass")
+	require.Equal(t, 1, closed(noisy.ws.ID))
+	passes(t, batch, 2, 1, 0)
+}
+
+// passes runs batch once for each count of want, requiring it to change
+// that many rows.
+func passes(t *testing.T, batch func() (int, error), want ...int) {
+	t.Helper()
+	for _, w := range want {
+		n, err := batch()
+		require.NoError(t, err)
+		require.Equal(t, w, n)
+	}
 }

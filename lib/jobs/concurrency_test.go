@@ -937,7 +937,7 @@ func TestASweepAndAClaimMeetingAnEndpointRowsOlderVersionDoNotDeadlock(t *testin
 	w1, w2 := b.register(t), b.register(t)
 	b.claimOne(t, w1)
 	b.clock.Add(time.Minute)
-	meetOnTheOlderVersion(t, b, ep, `%FROM job_endpoints%`, sweepOnce(b), nil, w2, 1)
+	meetOnTheOlderVersion(t, b, ep, `%lapse gates%`, sweepOnce(b), nil, w2, 1)
 	require.Equal(t, "EXHAUSTED", b.step(t, lapsing.StepID).Status)
 	require.Equal(t, 1, runningCount(t, b, ep.ID), "one slot freed, one taken")
 }
@@ -968,7 +968,7 @@ func TestARequeueAndAClaimMeetingAnEndpointRowsOlderVersionDoNotDeadlock(t *test
 	b.claimOne(t, w1)
 	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr("send_email"), Input: json.RawMessage(`1`)})
 	b.clock.Add(jobs.RequeueLapsedAfter + time.Minute)
-	meetOnTheOlderVersion(t, b, ep, `%FROM job_endpoints%`, sweepOnce(b), nil, w2, 1)
+	meetOnTheOlderVersion(t, b, ep, `%lapse gates%`, sweepOnce(b), nil, w2, 1)
 	require.Equal(t, 1, runningCount(t, b, ep.ID), "one slot freed, one taken")
 }
 
@@ -997,7 +997,7 @@ func TestASweepLeavesACandidateOfAnEndpointItDidNotLock(t *testing.T) {
 	b.clock.Add(time.Minute)
 	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(a.Name), Input: json.RawMessage(`"a2"`)})
 	b.enqueue(t, runID, jobs.EnqueueRequest{Endpoint: ptr(z.Name), Input: json.RawMessage(`"z2"`)})
-	meetOnTheOlderVersion(t, b, z, `%FROM job_endpoints%`, sweepOnce(b), func() {
+	meetOnTheOlderVersion(t, b, z, `%lapse gates%`, sweepOnce(b), func() {
 		_, err := b.svc.CancelStep(ctx, b.ws, onA.StepID) // between the sweep's statements
 		require.NoError(t, err)
 	}, w2, 2)
@@ -1020,10 +1020,10 @@ func TestASweepLocksTheRowOfAnEndpointLimitedWhileItWaited(t *testing.T) {
 		b.clock.Add(time.Minute) // both lapsed on their last attempt
 	})
 	pol := policyWriteHeldOpen(t, b, a.ID, 5)
-	meetOnTheOlderVersion(t, b, z, `%FROM job_endpoints%`, func() error {
+	meetOnTheOlderVersion(t, b, z, `%lapse gates%`, func() error {
 		done := make(chan error, 1)
 		go func() { done <- sweepOnce(b)() }()
-		waitForAdvisoryLock(t, b.env.App.Pool, `%FROM job_endpoints%`, "the sweep's gates wait for the policy write")
+		waitForAdvisoryLock(t, b.env.App.Pool, `%lapse gates%`, "the sweep's gates wait for the policy write")
 		require.NoError(t, pol.Commit(ctx))
 		return <-done
 	}, nil, w2, 2)

@@ -18,6 +18,9 @@ func SetMaxWaitingClaims(s *Service, n int) { s.waits = newWaitSlots(n) }
 // SetPurgeSteps bounds the steps one retention pass deletes.
 func SetPurgeSteps(s *Service, n int) { s.purgeSteps = n }
 
+// SetSweepBatch bounds each sweeper task's work per pass.
+func SetSweepBatch(s *Service, n int) { s.sweepBatch = n }
+
 // SetClaimInputBudget bounds the sealed input one claim answers.
 func SetClaimInputBudget(s *Service, bytes int64) { s.claimInputBudget = bytes }
 

@@ -87,6 +87,9 @@ type Service struct {
 	// purgeSteps bounds the steps one retention pass deletes
 	// (purgeStepsPerPass; tests lower it).
 	purgeSteps int
+	// sweepBatch bounds each sweeper task's work per pass (sweepBatch;
+	// tests lower it).
+	sweepBatch int
 	// claimInputBudget bounds the sealed input one claim answers
 	// (ClaimInputBudget; tests lower it).
 	claimInputBudget int64
@@ -140,7 +143,7 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, hashSecret string, leaseGraceM
 	return &Service{pool: pool, sealer: sealer, hashKey: []byte(hashSecret), now: clock,
 		leaseGrace: time.Duration(leaseGraceMs) * time.Millisecond, jitter: rand.Float64,
 		pollMin: pollMin, pollMax: pollMax, wake: newWaker(), waits: newWaitSlots(maxWaitingClaimsPerKey),
-		purgeSteps: purgeStepsPerPass, claimInputBudget: ClaimInputBudget, logger: redact.Logger(logger)}
+		purgeSteps: purgeStepsPerPass, sweepBatch: sweepBatch, claimInputBudget: ClaimInputBudget, logger: redact.Logger(logger)}
 }
 
 func (s *Service) mac(b []byte) []byte {

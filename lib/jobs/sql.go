@@ -3,6 +3,7 @@ package jobs
 import (
 	"strconv"
 
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/money"
 )
 
@@ -335,12 +336,17 @@ const runDecided = `(EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND status I
            OR (r.completion_requested
                AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = r.id AND status NOT IN ('SUCCEEDED', 'SKIPPED'))))`
 
-// sqlRunsToSettle finds, for the sweeper's backstop, runs whose completion
-// was requested and that their steps decide: only those, so that runs still
-// waiting for their steps neither fill every pass nor hide newer ones.
-const sqlRunsToSettle = `
-SELECT r.id FROM job_runs r WHERE r.status = 'RUNNING' AND r.completion_requested AND ` + runDecided + `
-ORDER BY r.id LIMIT $1::int`
+// sqlRunsToSettle finds, for the sweeper's backstop, up to $1 runs whose
+// completion was requested and that their steps decide: only those, so that
+// runs still waiting for their steps neither fill every pass nor hide newer
+// ones; taking turns among their workspaces (db.RoundRobin), each one's
+// oldest first, so that one workspace's many runs to settle hold no other's
+// back for passes (multi-tenant QA: in id order alone, they did). It reads
+// every run whose completion was requested, as it did whenever fewer than
+// $1 were decided (job_runs_finishing_idx).
+var sqlRunsToSettle = db.RoundRobin(`
+    SELECT r.id, r.workspace_id, r.id AS due FROM job_runs r
+    WHERE r.status = 'RUNNING' AND r.completion_requested AND `+runDecided, "$1::int")
 
 // sqlReleaseDependents moves WAITING steps whose dependency ($1) has ended:
 // QUEUED when it ended the requested way, SKIPPED otherwise, and with a
@@ -371,12 +377,17 @@ FROM decided x
 WHERE j.id = x.id AND j.status = 'WAITING'
 RETURNING j.step_id, j.run_id, j.workspace_id, j.id, j.status, j.attempt`
 
-// sqlStrandedDependents finds WAITING steps whose dependency already ended
-// (the sweeper's backstop for a release no request made).
-const sqlStrandedDependents = `
-SELECT DISTINCT w.after_step_id FROM jobs w JOIN jobs d ON d.step_id = w.after_step_id
-WHERE w.status = 'WAITING' AND d.status IN ('SUCCEEDED', 'EXHAUSTED', 'CANCELLED', 'SKIPPED')
-LIMIT $1::int`
+// sqlStrandedDependents finds up to $1 ended steps that WAITING steps still
+// depend on (the sweeper's backstop for a release no request made), taking
+// turns among their workspaces (db.RoundRobin), each one's longest ended
+// first, so that one workspace's stranded chains hold no other's back for
+// passes (multi-tenant QA). It reads every WAITING step with its
+// dependency, as it did whenever fewer than $1 were stranded
+// (jobs_waiting_idx).
+var sqlStrandedDependents = db.RoundRobin(`
+    SELECT DISTINCT w.after_step_id AS id, d.workspace_id, coalesce(d.finished_at, d.updated_at) AS due
+    FROM jobs w JOIN jobs d ON d.step_id = w.after_step_id
+    WHERE w.status = 'WAITING' AND d.status IN ('SUCCEEDED', 'EXHAUSTED', 'CANCELLED', 'SKIPPED')`, "$1::int")
 
 const sqlInsertEvents = `
 INSERT INTO events (id, workspace_id, type, subject_id, data, created_at, dedupe_key)
@@ -411,11 +422,13 @@ func failLapsed(now, warning string) string {
 }
 
 // lapseGates is the first statement of a sweep that frees slots (the
-// freeing statement ends with failLapsed): on the endpoints of up to $2
-// jobs matching candidates, it takes the gate protocol's shared lock and
-// then, in id order, locks their rows, and answers those endpoints' ids. The freeing statement takes only jobs of
-// these endpoints (the last parameter of each: candidates may have come
-// since, on other endpoints, which the next sweep takes).
+// freeing statement ends with failLapsed): pick answers the ids and
+// endpoints of up to $2 jobs to free; on their endpoints it takes the gate
+// protocol's shared lock and then, in id order, locks their rows, and
+// answers those endpoints' ids and the jobs'. The freeing statement takes
+// only these jobs, on these endpoints (the last two parameters of each),
+// if they are still candidates once it has locked them (candidates that
+// came since wait for the next sweep).
 //
 // The rows are locked here, a statement before the one that updates them,
 // for the reason sqlReportLock gives: a statement that locks a row and then
@@ -431,10 +444,13 @@ func failLapsed(now, warning string) string {
 // locks, and a policy write that set a limit while it waited for them
 // would have left that row to the freeing statement's lock (second
 // review). A sweep is rare; a row it locks needlessly costs a moment.
-func lapseGates(candidates string) string {
-	return `
-WITH e AS (
-    SELECT DISTINCT endpoint_id FROM jobs WHERE ` + candidates + ` LIMIT $2::int
+// The statement names itself in a comment first: pg_stat_activity keeps
+// only a statement's first 1,024 bytes, and pick's can fill them.
+func lapseGates(pick string) string {
+	return `/* lapse gates */
+WITH p AS (` + pick + `
+), e AS (
+    SELECT DISTINCT endpoint_id FROM p
 ), g AS (
     SELECT array_agg(endpoint_id ORDER BY endpoint_id) AS ids,
         count(pg_advisory_xact_lock_shared(hashtextextended(endpoint_id, 0))) AS n
@@ -445,20 +461,43 @@ WITH e AS (
     ORDER BY id
     FOR NO KEY UPDATE
 )
-SELECT coalesce(g.ids, '{}') FROM g, (SELECT count(*) FROM r) r`
+SELECT coalesce(g.ids, '{}'), coalesce((SELECT array_agg(p.id ORDER BY p.id) FROM p), '{}')
+FROM g, (SELECT count(*) FROM r) r`
+}
+
+// fairRunning picks the ids and endpoints of up to $2 RUNNING jobs that
+// match cond (which holds status = 'RUNNING' and bounds ready_at), taking
+// turns among the workspaces that have some (db.RoundRobin), each one's
+// earliest ready_at first. Ordered by ready_at alone, one workspace's
+// backlog of lapsed leases (a fleet of workers that died at once) filled
+// every pass until it was worked off, and another workspace's lapsed last
+// attempt, and the dependents and run waiting for it, waited pass after
+// pass (multi-tenant QA). The workspaces are found through
+// jobs_lapsed_ws_idx (migration 0063), a descent each (db.WorkspacesWith),
+// and each one's first $2 candidates are read from it: a pass costs the
+// same whatever the backlog.
+func fairRunning(cond string) string {
+	return `SELECT id, endpoint_id FROM jobs WHERE id = ANY(ARRAY(` + db.RoundRobin(`
+        SELECT l.id, l.workspace_id, l.ready_at AS due
+        FROM `+db.WorkspacesWith("jobs", "status = 'RUNNING'")+` w
+        CROSS JOIN LATERAL (
+            SELECT id, workspace_id, ready_at FROM jobs
+            WHERE workspace_id = w.workspace_id AND `+cond+`
+            ORDER BY ready_at LIMIT $2::int
+        ) l`, "$2::int") + `))`
 }
 
 // sqlExhaustLapsed ends jobs whose lease lapsed on their last attempt; the
 // lapsed execution is marked failed with the side-effect warning. $3 limits
 // it to one run (inline at a run's read), $5 to one workspace (at a list of
 // its runs), or, both NULL, to a bounded sweep; $6 to the endpoints
-// sqlLapsedGates locked.
+// sqlLapsedGates (or sqlLapsedGatesFair) locked, $7 to the jobs it picked.
 var sqlExhaustLapsed = `
 WITH lapsed AS (
     SELECT id FROM jobs
     WHERE status = 'RUNNING' AND ready_at <= $1::timestamptz AND attempt >= max_attempts
       AND ($3::text IS NULL OR run_id = $3::text) AND ($5::text IS NULL OR workspace_id = $5::text)
-      AND endpoint_id = ANY($6::text[])
+      AND endpoint_id = ANY($6::text[]) AND id = ANY($7::text[])
     ORDER BY ready_at
     LIMIT $2::int
     FOR UPDATE SKIP LOCKED
@@ -484,9 +523,19 @@ const sqlLapseWaitTimeout = `SELECT set_config('statement_timeout', $1::text, tr
 // sqlLapsedGates takes the gate protocol's shared lock on, and locks the
 // rows of, the endpoints of the jobs sqlExhaustLapsed is about to end
 // (lapseGates: a separate, earlier statement, so that the ending statement
-// reads max_concurrent after the locks).
-var sqlLapsedGates = lapseGates(`status = 'RUNNING' AND ready_at <= $1::timestamptz AND attempt >= max_attempts
-        AND ($3::text IS NULL OR run_id = $3::text) AND ($4::text IS NULL OR workspace_id = $4::text)`)
+// reads max_concurrent after the locks): up to $2 of run $3's, or of
+// workspace $4's, longest lapsed first. sqlLapsedGatesFair is the sweep's,
+// over every workspace ($1 now, $2 limit), taking turns among them
+// (fairRunning).
+var (
+	sqlLapsedGates = lapseGates(`SELECT id, endpoint_id FROM jobs
+    WHERE ` + lapsedLast + ` AND ($3::text IS NULL OR run_id = $3::text) AND ($4::text IS NULL OR workspace_id = $4::text)
+    ORDER BY ready_at LIMIT $2::int`)
+	sqlLapsedGatesFair = lapseGates(fairRunning(lapsedLast))
+)
+
+// lapsedLast is true of a job whose lease lapsed by $1 on its last attempt.
+const lapsedLast = `status = 'RUNNING' AND ready_at <= $1::timestamptz AND attempt >= max_attempts`
 
 // Requeueing lapsed leases (the sweeper's backstop). A lapsed lease on an
 // attempt that was not the job's last leaves the job claimable at once by a
@@ -507,14 +556,15 @@ const requeueCandidates = `status = 'RUNNING' AND attempt < max_attempts
       AND ready_at <= $1::timestamptz - $3::bigint * interval '1 millisecond'`
 
 // sqlRequeueGates takes the gate protocol's shared lock on, and locks the
-// rows of, the endpoints of up to $2 candidates (lapseGates).
-var sqlRequeueGates = lapseGates(requeueCandidates)
+// rows of, the endpoints of up to $2 candidates (lapseGates), taking turns
+// among the workspaces (fairRunning).
+var sqlRequeueGates = lapseGates(fairRunning(requeueCandidates))
 
-// sqlRequeueLapsed requeues up to $2 candidates of the endpoints
-// sqlRequeueGates locked ($5); $4 is the warning.
+// sqlRequeueLapsed requeues the candidates sqlRequeueGates picked ($6) of
+// the endpoints it locked ($5); $4 is the warning.
 var sqlRequeueLapsed = `
 WITH lapsed AS (
-    SELECT id FROM jobs WHERE ` + requeueCandidates + ` AND endpoint_id = ANY($5::text[])
+    SELECT id FROM jobs WHERE ` + requeueCandidates + ` AND endpoint_id = ANY($5::text[]) AND id = ANY($6::text[])
     ORDER BY ready_at
     LIMIT $2::int
     FOR UPDATE SKIP LOCKED
@@ -803,15 +853,17 @@ const heldSlotExpired = `jobs.slot_attempt IS NOT NULL AND EXISTS (SELECT 1 FROM
 
 // sqlHeldSlotGates takes the gate protocol's shared lock on, and locks the
 // rows of, the endpoints of up to $2 jobs sqlReleaseHeldSlots is about to
-// free (lapseGates).
-var sqlHeldSlotGates = lapseGates(heldSlotExpired)
+// free (lapseGates), taking turns among the workspaces (db.RoundRobin; the
+// held slots are few, and read whole through jobs_slot_idx).
+var sqlHeldSlotGates = lapseGates(`SELECT id, endpoint_id FROM jobs WHERE id = ANY(ARRAY(` +
+	db.RoundRobin(`SELECT id, workspace_id, id AS due FROM jobs WHERE `+heldSlotExpired, "$2::int") + `))`)
 
-// sqlReleaseHeldSlots frees the slots of up to $2 cancelled attempts whose
-// lease expired unreported, on the endpoints sqlHeldSlotGates locked ($4),
-// failing their executions with the warning $3.
+// sqlReleaseHeldSlots frees the slots of the cancelled attempts whose lease
+// expired unreported that sqlHeldSlotGates picked ($5), on the endpoints it
+// locked ($4), failing their executions with the warning $3.
 var sqlReleaseHeldSlots = `
 WITH lapsed AS (
-    SELECT id, slot_attempt FROM jobs WHERE ` + heldSlotExpired + ` AND endpoint_id = ANY($4::text[])
+    SELECT id, slot_attempt FROM jobs WHERE ` + heldSlotExpired + ` AND endpoint_id = ANY($4::text[]) AND id = ANY($5::text[])
     ORDER BY id
     LIMIT $2::int
     FOR UPDATE SKIP LOCKED

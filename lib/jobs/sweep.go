@@ -11,7 +11,9 @@ import (
 	"github.com/getratchet/ratchet/lib/sweep"
 )
 
-// sweepBatch bounds each sweeper task's work per pass.
+// sweepBatch bounds each sweeper task's work per pass (Service.sweepBatch).
+// A batch takes turns among the workspaces with work due (db.RoundRobin), so
+// that one workspace's backlog holds no other's back for passes.
 const sweepBatch = 500
 
 // SweepTasks are the durable-job backstops. Each is bounded, idempotent and
@@ -20,22 +22,22 @@ const sweepBatch = 500
 func (s *Service) SweepTasks() []sweep.Task {
 	return []sweep.Task{
 		{Name: "jobs.lapsed_leases", Run: func(ctx context.Context, _ time.Time) (int, error) {
-			ended, err := s.exhaustLapsed(ctx, nil, sweepBatch)
+			ended, err := s.exhaustLapsed(ctx, nil, s.sweepBatch)
 			if err != nil {
 				return ended, err
 			}
-			requeued, err := s.requeueLapsed(ctx, sweepBatch)
+			requeued, err := s.requeueLapsed(ctx, s.sweepBatch)
 			if err != nil {
 				return ended + requeued, err
 			}
-			freed, err := s.releaseHeldSlots(ctx, sweepBatch)
+			freed, err := s.releaseHeldSlots(ctx, s.sweepBatch)
 			return ended + requeued + freed, err
 		}},
 		{Name: "jobs.dependencies", Run: func(ctx context.Context, _ time.Time) (int, error) {
-			return s.releaseStranded(ctx, sweepBatch)
+			return s.releaseStranded(ctx, s.sweepBatch)
 		}},
 		{Name: "jobs.run_completion", Run: func(ctx context.Context, _ time.Time) (int, error) {
-			return s.settleRuns(ctx, sweepBatch)
+			return s.settleRuns(ctx, s.sweepBatch)
 		}},
 	}
 }
@@ -104,14 +106,18 @@ func (s *Service) exhaustLapsedIn(ctx context.Context, runID, workspaceID *strin
 	n := 0
 	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
 		now := s.now()
-		var endpoints []string
-		if err := tx.QueryRow(ctx, sqlLapsedGates, now, limit, runID, workspaceID).Scan(&endpoints); err != nil {
+		gates, args := sqlLapsedGates, []any{now, limit, runID, workspaceID}
+		if runID == nil && workspaceID == nil {
+			gates, args = sqlLapsedGatesFair, args[:2]
+		}
+		var endpoints, jobs []string
+		if err := tx.QueryRow(ctx, gates, args...).Scan(&endpoints, &jobs); err != nil {
 			return fmt.Errorf("exhaust lapsed: %w", err)
 		}
 		if len(endpoints) == 0 {
 			return nil
 		}
-		rows, err := tx.Query(ctx, sqlExhaustLapsed, now, limit, runID, LapseWarning, workspaceID, endpoints)
+		rows, err := tx.Query(ctx, sqlExhaustLapsed, now, limit, runID, LapseWarning, workspaceID, endpoints, jobs)
 		if err != nil {
 			return fmt.Errorf("exhaust lapsed: %w", err)
 		}
@@ -160,25 +166,25 @@ func (s *Service) releaseHeldSlots(ctx context.Context, limit int) (int, error) 
 }
 
 // freeSlots is one sweep that frees concurrency slots, in a transaction, by
-// the gate protocol (sql.go): gates takes the shared gate locks on the
-// endpoints of up to limit candidates ($1 now, $2 limit, then extra), and
-// the rows of those with a limit, and answers those endpoints (lapseGates);
-// when there are any, free, a later statement so that it reads after the
-// locks, frees the candidates of those endpoints (the same parameters, then
-// LapseWarning for the executions it fails, then the endpoints) and answers
-// how many.
+// the gate protocol (sql.go): gates picks up to limit candidates ($1 now,
+// $2 limit, then extra), takes the shared gate locks on their endpoints,
+// and the rows of those with a limit, and answers those endpoints and the
+// candidates (lapseGates); when there are any, free, a later statement so
+// that it reads after the locks, frees those candidates still due (the same
+// parameters, then LapseWarning for the executions it fails, then the
+// endpoints and the candidates) and answers how many.
 func (s *Service) freeSlots(ctx context.Context, gates, free string, limit int, extra ...any) (int, error) {
 	n := 0
 	err := s.txRetrying(ctx, func(tx pgx.Tx) error {
 		args := append([]any{s.now(), limit}, extra...)
-		var endpoints []string
-		if err := tx.QueryRow(ctx, gates, args...).Scan(&endpoints); err != nil {
+		var endpoints, jobs []string
+		if err := tx.QueryRow(ctx, gates, args...).Scan(&endpoints, &jobs); err != nil {
 			return err
 		}
 		if len(endpoints) == 0 {
 			return nil
 		}
-		return tx.QueryRow(ctx, free, append(args, LapseWarning, endpoints)...).Scan(&n)
+		return tx.QueryRow(ctx, free, append(args, LapseWarning, endpoints, jobs)...).Scan(&n)
 	})
 	return n, err
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/text/unicode/norm"
 
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/seal"
 )
@@ -40,10 +41,11 @@ const (
 	dispatchBatch = 500
 	deliverBatch  = 100
 	perWebhook    = 20
-	// perWorkspace bounds one workspace's share of a round the same way,
-	// whatever its number of webhooks, so that other workspaces' events
-	// are sent in the same round (security review: 300 webhooks of one
-	// workspace delayed another's by minutes).
+	// perWorkspace bounds one workspace's sends in flight in a pass (its
+	// share of a round included) the same way, whatever its number of
+	// webhooks, so that other workspaces' events are sent in the same round
+	// (security review: 300 webhooks of one workspace delayed another's by
+	// minutes). A round takes turns among the workspaces (claim).
 	perWorkspace = 40
 	// maxRounds bounds the rounds of one pass (Deliver): a burst of up to
 	// maxRounds × perWebhook events to one webhook goes out in one pass.
@@ -97,10 +99,25 @@ func Sign(t time.Time, body []byte, secrets ...string) string {
 // gets only the events that happened once it existed: fanned out later (a
 // sweep interval, a minute on cron), an event of just before its creation
 // reached it too (webhooks QA).
-const sqlDispatch = `
+//
+// The batch takes turns among the workspaces with events to fan out
+// (db.RoundRobin), each one's oldest first: in creation order alone, one
+// workspace's burst (100,000 run.finished of a bulk import) filled every
+// pass until it was fanned out, and every other workspace's events, and
+// so its webhooks, waited behind it for 200 passes (multi-tenant QA). The
+// workspaces are found through events_undispatched_ws_idx (migration
+// 0063), a descent each, and each one's oldest $2 are read from it.
+var sqlDispatch = `
 WITH ev AS (
     SELECT id, workspace_id, type, created_at FROM events
-    WHERE dispatched_at IS NULL ORDER BY created_at LIMIT $2
+    WHERE dispatched_at IS NULL AND id = ANY(ARRAY(` + db.RoundRobin(`
+        SELECT u.id, u.workspace_id, u.created_at AS due
+        FROM `+db.WorkspacesWith("events", "dispatched_at IS NULL")+` w
+        CROSS JOIN LATERAL (
+            SELECT id, workspace_id, created_at FROM events
+            WHERE workspace_id = w.workspace_id AND dispatched_at IS NULL
+            ORDER BY created_at LIMIT $2::int
+        ) u`, "$2::int") + `))
     FOR UPDATE SKIP LOCKED
 ), fan AS (
     INSERT INTO webhook_deliveries (id, webhook_id, workspace_id, event_id, event_type, state, next_attempt_at, created_at)
@@ -113,10 +130,11 @@ WITH ev AS (
 UPDATE events SET dispatched_at = $1 WHERE id IN (SELECT id FROM ev)`
 
 // Dispatch fans undispatched outbox events out into one pending delivery per
-// matching subscription, in one statement. Events nobody subscribes to are
-// marked dispatched too.
+// matching subscription, in one statement, up to dispatchBatch of them
+// (sweep.Task.Drains: a pass with a deadline runs it again while it fans
+// some out). Events nobody subscribes to are marked dispatched too.
 func (s *Service) Dispatch(ctx context.Context, now time.Time) (int, error) {
-	tag, err := s.pool.Exec(ctx, sqlDispatch, now, dispatchBatch)
+	tag, err := s.pool.Exec(ctx, sqlDispatch, now, s.dispatchBatch)
 	if err != nil {
 		return 0, fmt.Errorf("dispatch events: %w", err)
 	}
@@ -324,19 +342,17 @@ func (p *pass) inFlight() int {
 	return p.n
 }
 
-// busy lists the webhooks with a send in flight and the workspaces with
-// their round's share (perWorkspace) or more in flight.
-func (p *pass) busy() (hooks, workspaces []string) {
+// busy lists the webhooks with a send in flight and counts each
+// workspace's sends in flight.
+func (p *pass) busy() (hooks []string, workspaces map[string]int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	hooks, workspaces = []string{}, []string{}
+	hooks, workspaces = []string{}, make(map[string]int, len(p.spaces))
 	for id := range p.hooks {
 		hooks = append(hooks, id)
 	}
 	for id, n := range p.spaces {
-		if n >= perWorkspace {
-			workspaces = append(workspaces, id)
-		}
+		workspaces[id] = n
 	}
 	return hooks, workspaces
 }
@@ -435,24 +451,43 @@ func (p *pass) awaitOne(ctx context.Context) bool {
 	}
 }
 
-// claim claims up to limit due deliveries, none of the webhooks or
-// workspaces named (their sends of this pass are still in flight). Each is
-// pushed claimHold into the future in one statement before anything is
-// sent, so concurrent sweepers send disjoint sets; the outcome is then
-// recorded per delivery. It passes over the webhooks whose signing secret
-// this instance cannot open (sqlHeld).
-func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks, workspaces []string) ([]claimed, error) {
+// claim claims up to limit due deliveries, none of the webhooks named
+// (their sends of this pass are still in flight), taking turns among the
+// workspaces: each workspace's sends in flight (workspaces) count as its
+// first turns, so one with perWorkspace in flight gets none, and one with
+// fewer gets its next ones only after every workspace with fewer still in
+// flight got its turn. In the order deliveries fell due alone (how the
+// claim took them before), three workspaces whose receivers hung (timed
+// out after 10 s) filled the pass's room for sends, their backlog older
+// than any other's, and took it again each time their sends ended: every
+// other workspace's deliveries waited behind them (multi-tenant QA; and a
+// workspace with one send short of its share in flight could claim a
+// share more). Each is pushed claimHold into the future in one statement
+// before anything is sent, so concurrent sweepers send disjoint sets; the
+// outcome is then recorded per delivery. It passes over the webhooks
+// whose signing secret this instance cannot open (sqlHeld).
+func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks []string,
+	workspaces map[string]int) ([]claimed, error) {
+	spaces, inFlight := make([]string, 0, len(workspaces)), make([]int32, 0, len(workspaces))
+	for id, n := range workspaces {
+		spaces, inFlight = append(spaces, id), append(inFlight, int32(n))
+	}
 	// Every parameter is cast: with DB_QUERY_EXEC_MODE=simple_protocol they
 	// arrive as untyped literals, and "$1 + interval" read $1 as an interval.
 	rows, err := s.pool.Query(ctx, `
-		WITH cand AS (
+		WITH busy AS (
+		    SELECT * FROM unnest($7::text[], $9::int[]) AS b(workspace_id, n)
+		), cand AS (
 		    -- The pass's share of each live webhook's due deliveries, oldest
-		    -- first, and of each workspace's (perWorkspace), chosen without
-		    -- locks: locking inside the lateral would hold perWebhook rows of
-		    -- every webhook to keep deliverBatch.
-		    SELECT id, next_attempt_at FROM (
+		    -- first (perWebhook), and of each workspace's (perWorkspace, its
+		    -- sends in flight counted first), in turns: every workspace's
+		    -- next delivery, then every one's next. Chosen without locks:
+		    -- locking inside the lateral would hold perWebhook rows of every
+		    -- webhook to keep deliverBatch.
+		    SELECT id, next_attempt_at, turn FROM (
 		        SELECT d.id, d.next_attempt_at,
-		               row_number() OVER (PARTITION BY hook.workspace_id ORDER BY d.next_attempt_at) AS n
+		               coalesce((SELECT b.n FROM busy b WHERE b.workspace_id = hook.workspace_id), 0)
+		               + row_number() OVER (PARTITION BY hook.workspace_id ORDER BY d.next_attempt_at, d.id) AS turn
 		        FROM webhooks hook
 		        CROSS JOIN LATERAL (
 		            SELECT id, next_attempt_at FROM webhook_deliveries
@@ -460,19 +495,18 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks, wo
 		            ORDER BY next_attempt_at LIMIT $4::int
 		        ) d
 		        WHERE hook.deleted_at IS NULL AND NOT hook.id = ANY ($6::text[])
-		          AND NOT hook.workspace_id = ANY ($7::text[])
 		          -- A secret this instance cannot open: held (sqlHeld).
 		          AND substring(hook.secret FROM 1 FOR 5) = ANY ($8::bytea[])
 		    ) x
-		    WHERE n <= $5::int
-		    ORDER BY next_attempt_at LIMIT $2::int * 3
+		    WHERE turn <= $5::int
+		    ORDER BY turn, next_attempt_at, id LIMIT $2::int * 3
 		), due AS (
 		    -- Three batches' worth of candidates, so that a pass running at
 		    -- the same moment takes the next ones rather than none.
-		    SELECT id FROM webhook_deliveries
-		    WHERE id IN (SELECT id FROM cand) AND state = 'pending' AND next_attempt_at <= $1::timestamptz
-		    ORDER BY next_attempt_at LIMIT $2::int
-		    FOR UPDATE SKIP LOCKED
+		    SELECT d.id FROM webhook_deliveries d JOIN cand c ON c.id = d.id
+		    WHERE d.state = 'pending' AND d.next_attempt_at <= $1::timestamptz
+		    ORDER BY c.turn, c.next_attempt_at, c.id LIMIT $2::int
+		    FOR UPDATE OF d SKIP LOCKED
 		)
 		UPDATE webhook_deliveries d
 		SET next_attempt_at = $1::timestamptz + make_interval(secs => $3::float8), attempts = d.attempts + 1
@@ -480,7 +514,7 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks, wo
 		WHERE d.id = due.id AND w.id = d.webhook_id AND e.id = d.event_id
 		RETURNING d.id, w.url, w.secret, CASE WHEN w.previous_secret_expires_at > $1::timestamptz THEN w.previous_secret END,
 		    w.id, d.attempts, e.id, e.type, e.data::text, e.created_at, e.workspace_id, e.subject_id`,
-		now, limit, claimHold.Seconds(), perWebhook, perWorkspace, hooks, workspaces, s.sealer.Headers())
+		now, limit, claimHold.Seconds(), perWebhook, perWorkspace, hooks, spaces, s.sealer.Headers(), inFlight)
 	if err != nil {
 		return nil, fmt.Errorf("claim deliveries: %w", err)
 	}

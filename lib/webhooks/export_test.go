@@ -7,12 +7,15 @@ import (
 
 // SQLDispatch is Dispatch's statement, for a test to hold it in a
 // transaction of its own.
-const SQLDispatch = sqlDispatch
+var SQLDispatch = sqlDispatch
+
+// SetDispatchBatch bounds one fan-out.
+func SetDispatchBatch(s *Service, n int) { s.dispatchBatch = n }
 
 // DeliverRound is one round of Deliver, for tests of a round's shares: it
 // claims and sends a batch and waits for every send of it.
 func (s *Service) DeliverRound(ctx context.Context, now time.Time) (int, error) {
-	batch, err := s.claim(ctx, now, deliverBatch, []string{}, []string{})
+	batch, err := s.claim(ctx, now, deliverBatch, []string{}, map[string]int{})
 	if err != nil {
 		return 0, err
 	}

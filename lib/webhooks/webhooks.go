@@ -82,6 +82,8 @@ type Service struct {
 	// allowPrivate: receivers on non-public addresses are accepted.
 	allowPrivate bool
 	logger       *slog.Logger
+	// dispatchBatch bounds one fan-out (dispatchBatch; tests lower it).
+	dispatchBatch int
 }
 
 // New returns a Service. allowPrivate permits receivers on loopback and
@@ -92,7 +94,7 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, now func() time.Time, allowPri
 	// Postgres keeps microseconds: a write answers the time a read returns.
 	clock := func() time.Time { return now().UTC().Truncate(time.Microsecond) }
 	return &Service{pool: pool, sealer: sealer, now: clock, client: newClient(allowPrivate), allowPrivate: allowPrivate,
-		logger: redact.Logger(logger)}
+		logger: redact.Logger(logger), dispatchBatch: dispatchBatch}
 }
 
 // validate checks the request. Unless allowPrivate, a receiver named by a

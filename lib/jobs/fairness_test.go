@@ -1,0 +1,193 @@
+package jobs_test
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/jobs"
+)
+
+// The sweeper's job backstops take turns among workspaces: a batch takes
+// each workspace's first candidate, then each one's second, and so on, so
+// that one workspace's backlog older than another's work (a fleet of
+// workers that died at once, a flood of runs to settle) takes one place of
+// a batch a turn and the other's work is done in the first pass
+// (multi-tenant QA: ordered by due time or id alone across every
+// workspace, with 500 a pass, a workspace with 100,000 lapsed leases held
+// another's lapsed last attempt, and the dependents and run waiting for
+// it, back for 200 passes, over three hours on the cron). A batch of 2
+// stands for the pass's 500 (jobs.SetSweepBatch). Not parallel: the sweeps
+// act on every workspace of the package database; each test's clock lives
+// in an era of its own (1931 and on, before every other test's), so that
+// only its own leases have lapsed, and it leaves none behind.
+
+// fairPair is a noisy and a quiet workspace, each its own service
+// instance, with clocks set to era.
+func fairPair(t *testing.T, era int) (noisy, quiet *bundle) {
+	t.Helper()
+	at := time.Date(era, 1, 1, 0, 0, 0, 0, time.UTC)
+	noisy, quiet = setup(t), setup(t)
+	noisy.clock.Set(at)
+	quiet.clock.Set(at)
+	return noisy, quiet
+}
+
+// task runs the named sweep task of b's service once, with batches of n.
+func task(t *testing.T, b *bundle, name string, n int) int {
+	t.Helper()
+	jobs.SetSweepBatch(b.svc, n)
+	defer jobs.SetSweepBatch(b.svc, 500)
+	for _, tk := range b.svc.SweepTasks() {
+		if tk.Name == name {
+			changed, err := tk.Run(context.Background(), b.clock.Now())
+			require.NoError(t, err)
+			return changed
+		}
+	}
+	t.Fatalf("no sweep task %s", name)
+	return 0
+}
+
+// statuses counts the jobs of steps by status, read from the table (a
+// step's read would settle its lapse inline).
+func statuses(t *testing.T, b *bundle, steps ...string) (n map[string]int) {
+	t.Helper()
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT jsonb_object_agg(status, n) FROM (
+		SELECT status, count(*) AS n FROM jobs WHERE step_id = ANY($1) GROUP BY status) s`, steps).Scan(&n))
+	return n
+}
+
+func TestLapsedLastAttemptsTakeTurnsAmongWorkspaces(t *testing.T) {
+	noisy, quiet := fairPair(t, 1931)
+	backlog, _ := noisy.lastAttemptsClaimed(t, noisy.run(t), 5)
+	quiet.clock.Add(time.Second) // lapsing after the whole backlog
+	late, _ := quiet.lastAttemptsClaimed(t, quiet.run(t), 1)
+	noisy.clock.Add(time.Minute)
+	quiet.clock.Add(time.Minute)
+
+	require.Equal(t, 2, task(t, noisy, "jobs.lapsed_leases", 2))
+	require.Equal(t, map[string]int{"EXHAUSTED": 1}, statuses(t, quiet, late...),
+		"the quiet workspace's lapse is ended in the first pass")
+	require.Equal(t, map[string]int{"EXHAUSTED": 1, "RUNNING": 4}, statuses(t, noisy, backlog...))
+	for _, want := range []int{2, 2, 0} {
+		require.Equal(t, want, task(t, noisy, "jobs.lapsed_leases", 2), "alone, the backlog fills each batch")
+	}
+}
+
+func TestRequeuedLeasesTakeTurnsAmongWorkspaces(t *testing.T) {
+	noisy, quiet := fairPair(t, 1933)
+	claimed := func(b *bundle, n int) []string {
+		runID := b.run(t)
+		var steps []string
+		for i := range n {
+			steps = append(steps, b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(strconv.Itoa(i)),
+				MaxAttempts: ptr[int64](3), TimeoutMs: ptr[int64](1_000)}).StepID)
+		}
+		require.Len(t, b.claim(t, b.register(t), n), n)
+		return steps
+	}
+	backlog := claimed(noisy, 5)
+	quiet.clock.Add(time.Second)
+	late := claimed(quiet, 1)
+	noisy.clock.Add(jobs.RequeueLapsedAfter + time.Minute)
+	quiet.clock.Add(jobs.RequeueLapsedAfter + time.Minute)
+
+	require.Equal(t, 2, task(t, noisy, "jobs.lapsed_leases", 2))
+	require.Equal(t, map[string]int{"QUEUED": 1}, statuses(t, quiet, late...),
+		"the quiet workspace's lease is requeued in the first pass")
+	require.Equal(t, map[string]int{"QUEUED": 1, "RUNNING": 4}, statuses(t, noisy, backlog...))
+	for _, want := range []int{2, 2, 0} {
+		require.Equal(t, want, task(t, noisy, "jobs.lapsed_leases", 2))
+	}
+}
+
+// endedBehindTheServicesBack makes n steps of a new run of b, each with a
+// WAITING dependent, and ends each dependency behind the service's back
+// (as a crash between the report and the release would leave it), a
+// second apart, answering the dependents.
+func endedBehindTheServicesBack(t *testing.T, b *bundle, n int) []string {
+	t.Helper()
+	runID := b.run(t)
+	var dependents []string
+	for i := range n {
+		dep := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(strconv.Itoa(i))})
+		dependents = append(dependents, b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"after"`),
+			AfterStepID: &dep.StepID, AfterStatus: ptr("SUCCEEDED")}).StepID)
+		b.clock.Add(time.Second)
+		_, err := b.env.App.Pool.Exec(ctx, `UPDATE jobs SET status = 'SUCCEEDED', due_at = NULL, ready_at = NULL,
+			finished_at = $2 WHERE step_id = $1`, dep.StepID, b.clock.Now())
+		require.NoError(t, err)
+	}
+	return dependents
+}
+
+func TestStrandedDependentsTakeTurnsAmongWorkspaces(t *testing.T) {
+	noisy, quiet := fairPair(t, 1935)
+	require.NoError(t, sweepAll(noisy, "jobs.dependencies"), "what other tests left stranded")
+	backlog := endedBehindTheServicesBack(t, noisy, 4)
+	quiet.clock.Set(noisy.clock.Now().Add(time.Minute)) // ended after the whole backlog
+	late := endedBehindTheServicesBack(t, quiet, 1)
+
+	require.Equal(t, 2, task(t, noisy, "jobs.dependencies", 2))
+	require.Equal(t, map[string]int{"QUEUED": 1}, statuses(t, quiet, late...),
+		"the quiet workspace's dependent is released in the first pass")
+	require.Equal(t, map[string]int{"QUEUED": 1, "WAITING": 3}, statuses(t, noisy, backlog...))
+	require.NoError(t, sweepAll(noisy, "jobs.dependencies"))
+	require.Equal(t, map[string]int{"QUEUED": 4}, statuses(t, noisy, backlog...))
+}
+
+func TestRunsToSettleTakeTurnsAmongWorkspaces(t *testing.T) {
+	noisy, quiet := fairPair(t, 1937)
+	require.NoError(t, sweepAll(noisy, "jobs.run_completion"), "what other tests left to settle")
+	decided := func(b *bundle) string {
+		runID := b.run(t)
+		st := b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(`"d"`)})
+		// Its step ended and its completion was requested behind the
+		// service's back, as a crash between the two would leave it.
+		_, err := b.env.App.Pool.Exec(ctx, `UPDATE jobs SET status = 'SUCCEEDED', due_at = NULL, ready_at = NULL,
+			finished_at = $2 WHERE step_id = $1`, st.StepID, b.clock.Now())
+		require.NoError(t, err)
+		_, err = b.env.App.Pool.Exec(ctx, `UPDATE job_runs SET completion_requested = true WHERE id = $1`, runID)
+		require.NoError(t, err)
+		b.clock.Add(time.Second) // ids follow the clock
+		return runID
+	}
+	var backlog []string
+	for range 4 {
+		backlog = append(backlog, decided(noisy))
+	}
+	quiet.clock.Set(noisy.clock.Now().Add(time.Minute)) // its run's id sorts after the whole backlog
+	late := decided(quiet)
+	settled := func(b *bundle, runs ...string) (n int) {
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM job_runs
+			WHERE id = ANY($1) AND status = 'SUCCEEDED'`, runs).Scan(&n))
+		return n
+	}
+
+	require.Equal(t, 2, task(t, noisy, "jobs.run_completion", 2))
+	require.Equal(t, 1, settled(quiet, late), "the quiet workspace's run is settled in the first pass")
+	require.Equal(t, 1, settled(noisy, backlog...))
+	require.NoError(t, sweepAll(noisy, "jobs.run_completion"))
+	require.Equal(t, 4, settled(noisy, backlog...))
+}
+
+// sweepAll runs the named task until it changes nothing.
+func sweepAll(b *bundle, name string) error {
+	for _, tk := range b.svc.SweepTasks() {
+		if tk.Name != name {
+			continue
+		}
+		for {
+			n, err := tk.Run(context.Background(), b.clock.Now())
+			if err != nil || n == 0 {
+				return err
+			}
+		}
+	}
+	return nil
+}
