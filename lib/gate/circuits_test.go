@@ -1204,3 +1204,40 @@ func TestCircuitActionsAnswerTheStateTheyMade(t *testing.T) {
 		}
 	}
 }
+
+// A key's rate limit and a type's surge are its own: one key refused for
+// its rate holds neither another key of its workspace nor another
+// workspace's, and one workspace's surge, which trips its breaker, is not
+// counted in another workspace's volume of the same type (multi-tenant
+// QA). The clock stands still: one minute's window throughout. Not
+// parallel: SweepCircuits closes every workspace's lapsed breakers.
+func TestRateLimitsAndSurgesArePerKeyAndWorkspace(t *testing.T) {
+	noisy := setup(t)
+	quiet := &bundle{t: t, clock: noisy.clock, env: noisy.env, ws: noisy.env.Signup()}
+	limited := func(b *bundle) string {
+		return b.env.Key(b.ws, map[string]any{"name": "rl", "preset": "AGENT", "rate_limit_per_minute": 1})
+	}
+	first, second, other := limited(noisy), limited(noisy), limited(quiet)
+	begin := func(secret string) *apitest.Response {
+		return noisy.env.Do("POST", "/api/v1/effects/begin", secret, email(key("rl")))
+	}
+	require.Equal(t, http.StatusOK, begin(first).Status)
+	errCode(t, begin(first), http.StatusTooManyRequests, "rate_limited")
+	require.Equal(t, http.StatusOK, begin(second).Status, "another key of the workspace")
+	require.Equal(t, http.StatusOK, begin(other).Status, "another workspace's key")
+
+	for _, b := range []*bundle{noisy, quiet} {
+		b.putPolicy("sms.send", map[string]any{"surge_per_hour": 3})
+	}
+	for range 3 {
+		noisy.mustBegin("execute", sms(key("surge")))
+	}
+	noisy.mustBegin("approval_required", sms(key("trip")))
+	require.Equal(t, "open", noisy.circuit("sms.send")["state"])
+	for range 3 {
+		quiet.mustBegin("execute", sms(key("own")))
+	}
+	require.Equal(t, "closed", quiet.circuit("sms.send")["state"], "the other workspace's volume is its own")
+	require.EqualValues(t, 3, quiet.circuit("sms.send")["volume_last_hour"])
+	quiet.mustBegin("approval_required", sms(key("own-trip"))) // its own fourth trips its own
+}

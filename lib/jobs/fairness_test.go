@@ -191,3 +191,40 @@ func sweepAll(b *bundle, name string) error {
 	}
 	return nil
 }
+
+// Workspaces share tool names, not work: a worker claims its own
+// workspace's jobs only, and an endpoint's limit (an endpoint is a
+// workspace's) holds that workspace's jobs alone, so another workspace's
+// endpoint of the same name at its limit neither holds nor lends a slot.
+func TestAClaimSeesOnlyItsWorkspacesJobsAndEndpoints(t *testing.T) {
+	t.Parallel()
+	a, b := setup(t), setup(t)
+	runA, runB := a.run(t), b.run(t)
+	for _, x := range []struct {
+		b   *bundle
+		run string
+	}{{a, runA}, {b, runB}} {
+		x.b.createEndpoint(t, "send_email", jobs.PolicyFields{MaxConcurrent: opt[int64](1)})
+		for i := range 3 {
+			x.b.enqueue(t, x.run, jobs.EnqueueRequest{Input: json.RawMessage(strconv.Itoa(i))})
+		}
+	}
+	wa, wb := a.register(t), b.register(t)
+	first := a.claim(t, wa, 10)
+	require.Len(t, first, 1, "a's endpoint allows one at a time")
+	require.Empty(t, a.claim(t, wa, 10), "a's endpoint is at its limit")
+	got := b.claim(t, wb, 10)
+	require.Len(t, got, 1, "b's endpoint of the same name has its own slot")
+	owned := func(x *bundle, jobID string) bool {
+		var n int
+		require.NoError(t, x.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM jobs j JOIN job_endpoints e ON e.id = j.endpoint_id
+			WHERE j.id = $1 AND j.workspace_id = $2 AND e.workspace_id = $2`, jobID, x.ws).Scan(&n))
+		return n == 1
+	}
+	require.True(t, owned(a, first[0].JobID))
+	require.True(t, owned(b, got[0].JobID))
+	a.succeed(t, first[0])
+	next := a.claim(t, wa, 10)
+	require.Len(t, next, 1)
+	require.True(t, owned(a, next[0].JobID), "a's worker never takes b's queued jobs")
+}
