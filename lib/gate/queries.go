@@ -716,7 +716,7 @@ const (
 // alone, a group checked once went behind every other workspace's groups,
 // and a workspace that left 100,000 rollbacks unwinding had another's
 // group, whose compensations had all ended, settled a thousand passes
-// later (multi-tenant QA). Through effect_groups_unwinding_ws_idx (0063),
+// later (multi-tenant QA). Through effect_groups_unwinding_ws_idx (0062),
 // a descent a workspace. $1 now, $2 limit.
 var sqlUnwindingDue = `
 WITH c AS (

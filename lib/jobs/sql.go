@@ -473,7 +473,7 @@ FROM g, (SELECT count(*) FROM r) r`
 // every pass until it was worked off, and another workspace's lapsed last
 // attempt, and the dependents and run waiting for it, waited pass after
 // pass (multi-tenant QA). The workspaces are found through
-// jobs_lapsed_ws_idx (migration 0063), a descent each (db.WorkspacesWith),
+// jobs_lapsed_ws_idx (migration 0062), a descent each (db.WorkspacesWith),
 // and each one's first $2 candidates are read from it: a pass costs the
 // same whatever the backlog.
 func fairRunning(cond string) string {

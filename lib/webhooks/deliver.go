@@ -106,7 +106,7 @@ func Sign(t time.Time, body []byte, secrets ...string) string {
 // pass until it was fanned out, and every other workspace's events, and
 // so its webhooks, waited behind it for 200 passes (multi-tenant QA). The
 // workspaces are found through events_undispatched_ws_idx (migration
-// 0063), a descent each, and each one's oldest $2 are read from it.
+// 0062), a descent each, and each one's oldest $2 are read from it.
 var sqlDispatch = `
 WITH ev AS (
     SELECT id, workspace_id, type, created_at FROM events
