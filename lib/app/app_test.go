@@ -90,3 +90,34 @@ func TestTheDefaultClockIsTheDatabases(t *testing.T) {
 			"skew %s: %s not within [%s, %s]", skew, now, before, after)
 	}
 }
+
+// A cron pass works off a backlog of lapsed effect leases batch after
+// batch while it has time, each made durable with its effect.indeterminate
+// (multi-tenant QA: a batch a pass, 100,000 lapses took 200 passes, over
+// three hours on the cron). Batches of 2 stand for the pass's 500. The
+// clock lives in 1941, before every other test's leases, so that only
+// this test's have lapsed.
+func TestAPassWithTimeDrainsLapsedEffectLeases(t *testing.T) {
+	app.SetLapsedLeasesPerPass(t, 2)
+	clock := apitest.NewClock(time.Date(1941, 1, 1, 0, 0, 0, 0, time.UTC))
+	env := apitest.Start(t, apitest.WithNow(clock.Now))
+	ws := env.Signup()
+	var ids []string
+	for i := range 5 {
+		d := env.Must(200, "POST", "/api/v1/effects/begin", ws.Key, map[string]any{"effect_type": "email.send",
+			"idempotency_key": "lapse-" + string(rune('a'+i)), "payload": map[string]any{}, "lease_seconds": 1}).JSON()
+		require.Equal(t, "execute", d["decision"])
+		ids = append(ids, d["effect_id"].(string))
+	}
+	clock.Add(time.Minute)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // as the cron route's
+	defer cancel()
+	res := env.App.Sweeper.RunOnce(ctx)
+	require.Empty(t, res.Errors)
+	require.Equal(t, 5, res.Changed["effects.lapsed_leases"], "three batches in one pass")
+	var indeterminate int
+	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE id = ANY($1) AND state = 'indeterminate'`,
+		ids).Scan(&indeterminate))
+	require.Equal(t, 5, indeterminate)
+}

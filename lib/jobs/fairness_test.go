@@ -3,6 +3,8 @@ package jobs_test
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
 	"strconv"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/jobs"
+	"github.com/getratchet/ratchet/lib/sweep"
 )
 
 // The sweeper's job backstops take turns among workspaces: a batch takes
@@ -227,4 +230,23 @@ func TestAClaimSeesOnlyItsWorkspacesJobsAndEndpoints(t *testing.T) {
 	next := a.claim(t, wa, 10)
 	require.Len(t, next, 1)
 	require.True(t, owned(a, next[0].JobID), "a's worker never takes b's queued jobs")
+}
+
+// A pass with time (the cron route's, the Lambda schedule's) works a
+// backlog off batch after batch (sweep.Task.Drains), not a batch a pass:
+// five lapsed last attempts with batches of 2 are all ended in one pass.
+func TestAPassWithTimeDrainsLapsedJobLeases(t *testing.T) {
+	b := setup(t)
+	b.clock.Set(time.Date(1939, 1, 1, 0, 0, 0, 0, time.UTC)) // see fairPair
+	backlog, _ := b.lastAttemptsClaimed(t, b.run(t), 5)
+	b.clock.Add(time.Minute)
+	jobs.SetSweepBatch(b.svc, 2)
+	defer jobs.SetSweepBatch(b.svc, 500)
+	sw := sweep.New(b.clock.Now, slog.New(slog.NewTextHandler(io.Discard, nil)), b.svc.SweepTasks()...)
+	pass, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	res := sw.RunOnce(pass)
+	require.Empty(t, res.Errors)
+	require.Equal(t, 5, res.Changed["jobs.lapsed_leases"])
+	require.Equal(t, map[string]int{"EXHAUSTED": 5}, statuses(t, b, backlog...))
 }

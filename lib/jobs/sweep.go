@@ -18,10 +18,12 @@ const sweepBatch = 500
 
 // SweepTasks are the durable-job backstops. Each is bounded, idempotent and
 // safe to run concurrently with itself and with requests (SKIP LOCKED and
-// conditional updates).
+// conditional updates). Each drains (sweep.Task.Drains): a backlog (a fleet
+// of workers that died at once, a burst of runs ending) is worked off batch
+// after batch while a cron pass has time, not a batch a minute.
 func (s *Service) SweepTasks() []sweep.Task {
 	return []sweep.Task{
-		{Name: "jobs.lapsed_leases", Run: func(ctx context.Context, _ time.Time) (int, error) {
+		{Name: "jobs.lapsed_leases", Drains: true, Run: func(ctx context.Context, _ time.Time) (int, error) {
 			ended, err := s.exhaustLapsed(ctx, nil, s.sweepBatch)
 			if err != nil {
 				return ended, err
@@ -33,10 +35,10 @@ func (s *Service) SweepTasks() []sweep.Task {
 			freed, err := s.releaseHeldSlots(ctx, s.sweepBatch)
 			return ended + requeued + freed, err
 		}},
-		{Name: "jobs.dependencies", Run: func(ctx context.Context, _ time.Time) (int, error) {
+		{Name: "jobs.dependencies", Drains: true, Run: func(ctx context.Context, _ time.Time) (int, error) {
 			return s.releaseStranded(ctx, s.sweepBatch)
 		}},
-		{Name: "jobs.run_completion", Run: func(ctx context.Context, _ time.Time) (int, error) {
+		{Name: "jobs.run_completion", Drains: true, Run: func(ctx context.Context, _ time.Time) (int, error) {
 			return s.settleRuns(ctx, s.sweepBatch)
 		}},
 	}
