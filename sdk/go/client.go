@@ -377,8 +377,11 @@ func (e *unreadableAnswer) Error() string { return e.err.Error() }
 func (e *unreadableAnswer) Unwrap() error { return e.err }
 
 // netError marks a transport failure (the request may or may not have
-// reached the server).
-type netError struct{ err error }
+// reached the server), and the call it failed on.
+type netError struct {
+	err  error
+	call callInfo
+}
 
 // Error implements error.
 func (e *netError) Error() string { return "ratchet: " + e.err.Error() }
@@ -405,12 +408,13 @@ func (c *Client) once(ctx context.Context, method, path, key string, body []byte
 	if key != "" {
 		req.Header.Set(IdempotencyKeyHeader, key)
 	}
+	call := callOf(method, req.URL)
 	res, err := c.hc.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return &netError{err: err}
+		return &netError{err: err, call: call}
 	}
 	defer res.Body.Close()
 	// Bound what we read: API responses are small, and an error page from a
@@ -420,10 +424,12 @@ func (c *Client) once(ctx context.Context, method, path, key string, body []byte
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return &netError{err: err}
+		return &netError{err: err, call: call}
 	}
 	if res.StatusCode < 200 || res.StatusCode > 299 {
-		return decodeError(res, raw)
+		e := decodeError(res, raw)
+		e.call = call
+		return e
 	}
 	if out == nil || len(bytes.TrimSpace(raw)) == 0 {
 		return nil

@@ -73,7 +73,8 @@ type Error struct {
 	// RequestID is the response's X-Request-Id; quote it when reporting a 500.
 	RequestID string
 
-	body []byte // the raw response, for begin's 403 decision body
+	body []byte   // the raw response, for begin's 403 decision body
+	call callInfo // the call it answered, for a worker's default failure log
 }
 
 // Error implements error.

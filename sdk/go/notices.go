@@ -2,6 +2,7 @@ package ratchet
 
 import (
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 )
@@ -29,25 +30,58 @@ type notices struct {
 	onError func(error)
 
 	mu         sync.Mutex
+	log        *failureLog // without OnError: the default failure log (its state under mu)
 	queue      []error
 	dropped    int           // notices refused since the last delivered count
 	delivering bool          // the delivery goroutine runs
 	idle       chan struct{} // closed when delivery ends with nothing left; nil while idle
 }
 
-func newNotices(onError func(error)) *notices {
-	if onError == nil {
-		onError = func(error) {}
+// newNotices delivers to onError; when it is nil, to the default failure log
+// (log/slog's default logger, or logger when not nil), paced by now.
+func newNotices(onError func(error), logger *slog.Logger, now func() time.Time) *notices {
+	if onError != nil {
+		return &notices{onError: onError}
 	}
-	return &notices{onError: onError}
+	return &notices{log: &failureLog{logger: logger, now: now}, onError: func(err error) {
+		if line, ok := err.(*logLine); ok {
+			line.write()
+		}
+	}}
 }
 
 // notify queues err for OnError, or counts it when the queue is full. The
 // count of notices dropped goes in the queue ahead of the next one taken,
 // where they would have been (or is delivered once the queue drains).
+// Without OnError, what is queued is err's line in the default failure log,
+// if it has one.
 func (n *notices) notify(err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.log != nil {
+		if line := n.log.failure(err); line != nil {
+			n.enqueue(line)
+		}
+		return
+	}
+	n.enqueue(err)
+}
+
+// recovered tells the default failure log that a registration or claim
+// succeeded (nothing with OnError).
+func (n *notices) recovered() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.log == nil {
+		return
+	}
+	if line := n.log.recovered(); line != nil {
+		n.enqueue(line)
+	}
+}
+
+// enqueue queues err for delivery (under mu).
+func (n *notices) enqueue(err error) {
 	if n.dropped > 0 && len(n.queue) < maxQueuedNotices {
 		n.queue = append(n.queue, n.droppedNotice())
 	}

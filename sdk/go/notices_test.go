@@ -20,7 +20,7 @@ func TestNoticesAreDeliveredInOrderAndSurvivePanics(t *testing.T) {
 		got = append(got, err.Error())
 		mu.Unlock()
 		panic(err)
-	})
+	}, nil, time.Now)
 	for i := range 5 {
 		n.notify(fmt.Errorf("n%d", i))
 	}
@@ -46,7 +46,7 @@ func TestNoticesBehindABlockedOnErrorAreBoundedAndCounted(t *testing.T) {
 		mu.Lock()
 		got = append(got, err)
 		mu.Unlock()
-	})
+	}, nil, time.Now)
 	const sent = maxQueuedNotices + 44
 	for i := range sent {
 		n.notify(fmt.Errorf("n%d", i))
@@ -79,5 +79,5 @@ func TestNoticesBehindABlockedOnErrorAreBoundedAndCounted(t *testing.T) {
 	if len(delivered)+dropped != sent || dropped == 0 || len(delivered) > maxQueuedNotices+1 || delivered[0] != 0 {
 		t.Fatalf("delivered %d, dropped %d of %d", len(delivered), dropped, sent)
 	}
-	newNotices(nil).flush() // nothing notified: returns at once
+	newNotices(nil, nil, time.Now).flush() // nothing notified: returns at once
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand"
 	"net/http"
 	"strings"
@@ -92,6 +93,20 @@ type StartOptions struct {
 	// panic in it is recovered and dropped.
 	// Errors may hold payload details: do not ship them anywhere you would
 	// not ship the payload.
+	//
+	// Without OnError the worker logs a one-line summary of each problem to
+	// log/slog's default logger (slog.Default(), read when the line is
+	// written) at Warn, message "ratchet worker", holding none of the
+	// error's text: an API error's status, code and request_id, and the
+	// call's method, host and path; a network failure's kind ("connection
+	// refused", "dns", "timeout", ...) and the call's method, host and path
+	// (never a query or body); anything else (a handler or classifier panic,
+	// an invalid decision) by its Go type alone, with a hint to set OnError.
+	// It logs the first problem at once, then at most one line a minute,
+	// whose more_since_last_line counts the problems left out since the line
+	// before; once a registration or claim succeeds after a logged failure
+	// to reach the server, one line "ratchet worker recovered" with the
+	// number of failed calls. Setting OnError replaces this log entirely.
 	OnError func(error)
 	// StopGrace is how long, once Stop's deadline passed (or Start's
 	// context ended), cancelled handlers have to return and be reported,
@@ -142,6 +157,7 @@ type Worker struct {
 	clock        clock
 	jitter       func() float64
 	reportLinger time.Duration // zero: reportLinger
+	log          *slog.Logger  // the default failure log's logger; nil: slog.Default()
 }
 
 // clock is the worker's time source; tests replace it to pace the poll loop
@@ -251,7 +267,7 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 	if opts.PollInterval <= 0 {
 		opts.PollInterval = DefaultPollInterval
 	}
-	notices := newNotices(opts.OnError)
+	notices := newNotices(opts.OnError, w.log, w.clock.Now)
 	opts.OnError = notices.notify
 	opts.WaitSeconds = min(max(opts.WaitSeconds, 0), 20)
 	switch {
@@ -287,6 +303,7 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 		w.stopping, w.loopDone, w.cancelPoll = nil, nil, nil
 		return err
 	}
+	notices.recovered()
 	// Handlers get a context that outlives nothing but is ended by Stop's
 	// deadline or by ctx, always with ErrWorkerStopped as the cause.
 	jobsCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -734,6 +751,7 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 			continue
 		}
 		failed = 0
+		w.notices.recovered()
 		full = len(jobs) >= limit
 		if full {
 			continue // a full batch: more are likely waiting
@@ -879,6 +897,7 @@ func (w *Worker) registerAgain(ctx context.Context) error {
 	w.mu.Lock()
 	w.workerID = id
 	w.mu.Unlock()
+	w.notices.recovered()
 	return nil
 }
 

@@ -1,0 +1,257 @@
+package ratchet
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// secret stands for what the default failure log must never write: a key,
+// an error message or detail, a payload.
+const secret = "s3cr3t-do-not-log"
+
+// lockedBuffer is a log handler's output, written by the notices' goroutine
+// and read by the test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// lines are the lines written so far.
+func (l *lockedBuffer) lines() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Split(strings.TrimSpace(l.b.String()), "\n")
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// loggingWorker is a worker of one tool over c whose default failure log
+// writes to the buffer it returns, its clock at start, its jitter drawn
+// whole.
+func loggingWorker(t *testing.T, c *Client, clk *fakeClock, handler func(context.Context, welcomeIn, JobContext) (welcomeOut, error)) (*Worker, *lockedBuffer) {
+	t.Helper()
+	w := NewWorker(c)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1", Handler: handler}))
+	buf := &lockedBuffer{}
+	w.log = slog.New(slog.NewTextHandler(buf, nil))
+	if clk != nil {
+		w.clock = clk
+	}
+	w.jitter = func() float64 { return 1 }
+	return w, buf
+}
+
+func noWork(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }
+
+// refusedURL is the address of a port nothing listens on.
+func refusedURL(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	must(t, l.Close())
+	return addr
+}
+
+// A worker without OnError whose server cannot be reached says so in the
+// default log (worker QA: it retried in silence for ever): the first failure
+// at once, then one line a minute counting those left out, naming what
+// failed and where, never the key. Nine registrations fail over 183 s (waits
+// of 1, 2, 4 ... 32 s, then a minute): lines at 0 s, 63 s (five left out),
+// 123 s and 183 s.
+func TestWorkerWithoutOnErrorLogsAnUnreachableServer(t *testing.T) {
+	t.Parallel()
+	addr := refusedURL(t)
+	c, err := NewClient(Config{BaseURL: "http://" + addr + "/prefix", APIKey: "rk_" + secret})
+	must(t, err)
+	c.sleep = func(ctx context.Context, _ time.Duration) error { return ctx.Err() }
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	waiting := make(chan struct{})
+	fired := 0
+	clk := &fakeClock{now: start, end: start.Add(24 * time.Hour), done: make(chan struct{}),
+		fires: func(time.Duration) bool { // under clk.mu
+			if fired++; fired > 8 {
+				if fired == 9 {
+					close(waiting)
+				}
+				return false
+			}
+			return true
+		}}
+	w, buf := loggingWorker(t, c, clk, noWork)
+	started := make(chan error, 1)
+	go func() { started <- w.Start(context.Background(), StartOptions{PollInterval: time.Second}) }()
+	select {
+	case <-waiting:
+	case err := <-started:
+		t.Fatalf("Start = %v, want it to wait for the server", err)
+	}
+	must(t, w.Stop(context.Background()))
+	if err := <-started; !errors.Is(err, ErrWorkerStopped) {
+		t.Fatalf("Start = %v", err)
+	}
+	lines := buf.lines()
+	where := `error=network kind="connection refused" method=POST host=` + addr + ` path=/prefix/api/v1/workers/register`
+	if len(lines) != 4 || !strings.Contains(lines[0], `level=WARN msg="ratchet worker" `+where) ||
+		strings.Contains(lines[0], "more_since_last_line") || !strings.HasSuffix(lines[1], where+" more_since_last_line=5") ||
+		!strings.HasSuffix(lines[2], where) || !strings.HasSuffix(lines[3], where) {
+		t.Fatalf("log:\n%s\nwant four lines of %s, the second with more_since_last_line=5", buf, where)
+	}
+	if strings.Contains(buf.String(), secret) {
+		t.Fatalf("the log holds the key:\n%s", buf)
+	}
+}
+
+// An API error is logged by its status, code and request id, never its
+// message or detail; a registration that succeeds after it is logged once as
+// a recovery, and the claims after it log nothing.
+func TestWorkerWithoutOnErrorLogsNoErrorTextAndItsRecovery(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	var mu sync.Mutex
+	registrations := 0
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/register") {
+			mu.Lock()
+			registrations++
+			n := registrations
+			mu.Unlock()
+			if n <= 12 { // three calls of four attempts each (MaxRetries 3)
+				w.Header().Set("X-Request-Id", "req_logged")
+				writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": map[string]any{
+					"code": "service_unavailable", "message": "down: " + secret, "detail": map[string]any{"input": secret}}})
+				return
+			}
+		}
+		f.ServeHTTP(w, r)
+	}))
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := &fakeClock{now: start, end: start.Add(time.Hour), done: make(chan struct{})}
+	w, buf := loggingWorker(t, c, clk, noWork)
+	must(t, w.Start(context.Background(), StartOptions{PollInterval: time.Second}))
+	<-clk.done // an hour of idle claims
+	must(t, w.Stop(context.Background()))
+	lines := buf.lines()
+	if len(lines) != 2 ||
+		!strings.Contains(lines[0], `msg="ratchet worker" error=api status=503 code=service_unavailable request_id=req_logged method=POST host=`) ||
+		!strings.HasSuffix(lines[0], " path=/api/v1/workers/register") ||
+		!strings.HasSuffix(lines[1], `level=WARN msg="ratchet worker recovered" failures=3`) {
+		t.Fatalf("log:\n%s\nwant the first failed registration and the recovery after 3", buf)
+	}
+	if strings.Contains(buf.String(), secret) || strings.Contains(buf.String(), "down") {
+		t.Fatalf("the log holds the error's text:\n%s", buf)
+	}
+}
+
+// A handler's panic is logged by its type alone, with a hint to set OnError:
+// its value may hold the payload.
+func TestWorkerWithoutOnErrorLogsAPanicByItsType(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	id := f.add("t", "1", welcomeIn{CustomerID: secret}, 60000)
+	c, _ := testClient(t, f)
+	w, buf := loggingWorker(t, c, nil, func(_ context.Context, in welcomeIn, _ JobContext) (welcomeOut, error) {
+		panic("customer " + in.CustomerID)
+	})
+	must(t, w.Start(context.Background(), StartOptions{PollInterval: 20 * time.Millisecond}))
+	f.waitReport(t, id)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	must(t, w.Stop(ctx))
+	lines := buf.lines()
+	if len(lines) != 1 || !strings.HasSuffix(lines[0],
+		`level=WARN msg="ratchet worker" error=*ratchet.PanicError hint="set StartOptions.OnError to see it"`) {
+		t.Fatalf("log:\n%s\nwant one line naming the panic's type", buf)
+	}
+	if strings.Contains(buf.String(), secret) {
+		t.Fatalf("the log holds the panic's value:\n%s", buf)
+	}
+}
+
+// OnError replaces the default log entirely.
+func TestWorkerWithOnErrorLogsNothing(t *testing.T) {
+	t.Parallel()
+	addr := refusedURL(t)
+	c, err := NewClient(Config{BaseURL: "http://" + addr, APIKey: "rk_test"})
+	must(t, err)
+	c.sleep = func(ctx context.Context, _ time.Duration) error { return ctx.Err() }
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := &fakeClock{now: start, end: start.Add(time.Hour), done: make(chan struct{})}
+	w, buf := loggingWorker(t, c, clk, noWork)
+	sink := &errSink{}
+	started := make(chan error, 1)
+	go func() {
+		started <- w.Start(context.Background(), StartOptions{PollInterval: time.Second, OnError: sink.add})
+	}()
+	<-clk.done // an hour of failed registrations
+	must(t, w.Stop(context.Background()))
+	<-started
+	if n := len(sink.delivered(w)); n < 60 {
+		t.Fatalf("OnError heard of %d failed registrations", n)
+	}
+	if s := buf.String(); s != "" {
+		t.Fatalf("logged with OnError set:\n%s", s)
+	}
+}
+
+// The attributes of a failure hold no query, message or detail, and a code
+// or request id that is not a token is cut to printable ASCII.
+func TestFailureAttrsHoldNoText(t *testing.T) {
+	t.Parallel()
+	ue := &url.Error{Op: "Post", URL: "https://api.example:8443/base/api/v1/jobs/claim?token=" + secret,
+		Err: &net.OpError{Op: "dial", Err: errors.New("lookup " + secret)}}
+	attrs, call := failureAttrs(&netError{err: ue})
+	want := []any{"error", "network", "kind", "*errors.errorString"}
+	if !call || !equalAttrs(attrs, want) {
+		t.Fatalf("attrs %v, want %v", attrs, want)
+	}
+	attrs, call = failureAttrs(ue)
+	want = []any{"error", "network", "kind", "*errors.errorString", "method", "Post", "host", "api.example:8443", "path", "/base/api/v1/jobs/claim"}
+	if !call || !equalAttrs(attrs, want) {
+		t.Fatalf("attrs %v, want %v", attrs, want)
+	}
+	apiErr := &Error{StatusCode: 502, Code: "bad\ncode\x00", Message: secret, Detail: map[string]any{"x": secret}}
+	attrs, _ = failureAttrs(apiErr)
+	want = []any{"error", "api", "status", 502, "code", "bad?code?"}
+	if !equalAttrs(attrs, want) {
+		t.Fatalf("attrs %v, want %v", attrs, want)
+	}
+	attrs, call = failureAttrs(&InvalidDecisionError{Tool: ToolRef{Name: secret}})
+	want = []any{"error", "*ratchet.InvalidDecisionError", "hint", noOnErrorHint}
+	if call || !equalAttrs(attrs, want) {
+		t.Fatalf("attrs %v, want %v", attrs, want)
+	}
+}
+
+func equalAttrs(a, b []any) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
