@@ -23,6 +23,7 @@ except ImportError:  # a Python built without OpenSSL still speaks plain http
     ssl = None  # type: ignore[assignment]
 
 from . import _json
+from ._failurelog import net_kind
 from .errors import (DATABASE_UNAVAILABLE, REQUEST_TIMEOUT, RETRY_REQUEST, ConnectionLost,
                      RatchetError)
 
@@ -168,7 +169,8 @@ class Transport:
         # CONNECT tunnel, plain http as absolute-URI requests to it.
         self._proxy = _proxy_for(parsed)
         self._proxy_auth = _proxy_authorization(self._proxy)
-        origin = f"{parsed.scheme}://{parsed.netloc.rpartition('@')[2]}"
+        self._netloc = parsed.netloc.rpartition('@')[2]
+        origin = f"{parsed.scheme}://{self._netloc}"
         self._target = (origin if self._proxy and not self._https else "") + self._prefix
         self._tls: Any = None  # one TLS context for every connection (loading the CAs is not free)
         # Connections between calls, the most recently used last. A
@@ -233,7 +235,8 @@ class Transport:
                 # Cut while waiting (a claim's 429 at a stop): the caller
                 # learns whether anything may have been applied.
                 if unsure and not isinstance(failure, ConnectionLost):
-                    raise ConnectionLost(f"ratchet: {method} {path.split('?')[0]}: given up") from None
+                    raise self._called(ConnectionLost(f"ratchet: {method} {path.split('?')[0]}: given up"),
+                                       method, path, "given up") from None
                 raise failure
 
     def call_until(self, method: str, path: str, body: Any, *, may_wait: Callable[[float], bool],
@@ -402,8 +405,9 @@ class Transport:
             # the connection is in an unknown state and is not kept.
             connection.close()
             if abort is not None and abort.fired:
-                raise ConnectionLost(f"ratchet: {name}: given up") from None
-            raise ConnectionLost(f"ratchet: {name}: {_reason(failure)}") from None
+                raise self._called(ConnectionLost(f"ratchet: {name}: given up"), method, path, "given up") from None
+            raise self._called(ConnectionLost(f"ratchet: {name}: {_reason(failure)}"), method, path,
+                               net_kind(failure)) from None
         finally:
             if abort is not None:
                 abort._detach(connection)
@@ -414,7 +418,7 @@ class Transport:
         else:
             self._give_back(connection)
         if not 200 <= response.status <= 299:
-            raise _decode_error(response.status, response.headers, raw)
+            raise self._called(_decode_error(response.status, response.headers, raw), method, path)
         date = _http_date(response.headers.get("Date"))
         if not raw:
             return None, date
@@ -423,7 +427,17 @@ class Transport:
         except ValueError:
             # A 2xx whose body cannot be read (cut short by a proxy): the
             # call was applied, and its answer lost as by a dropped connection.
-            raise ConnectionLost(f"ratchet: {name}: unreadable answer") from None
+            raise self._called(ConnectionLost(f"ratchet: {name}: unreadable answer"), method, path,
+                               "unreadable answer") from None
+
+    def _called(self, error: Exception, method: str, path: str, kind: Optional[str] = None) -> Exception:
+        """error, marked with the call it answered (method, host and path,
+        never the query) and, for a lost answer, its kind: what a worker's
+        default failure log says of it instead of its text."""
+        error._call = (method, self._netloc, self._prefix + path.split("?")[0])  # type: ignore[attr-defined]
+        if kind is not None:
+            error._kind = kind  # type: ignore[attr-defined]
+        return error
 
 
 def _proxy_for(base: urllib.parse.ParseResult) -> Optional[urllib.parse.SplitResult]:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from . import _json
 from ._aio import await_alone
+from ._failurelog import LOGGER, FailureLog
 from ._http import Abort, Transport, new_request_id, path_id
 from .errors import (FORBIDDEN, INVALID_REQUEST, INVALID_STATE, LEASE_EXPIRED, LEASE_LOST, MAX_RETRY_AFTER_MS,
                      MIN_RETRY_AFTER_MS, NOT_FOUND, PAYLOAD_TOO_LARGE, ConnectionLost, InvalidDecisionError, NonRetryableError, RatchetError,
@@ -360,8 +361,12 @@ class Worker:
         self._stop_grace = DEFAULT_STOP_GRACE  # start()'s stop_grace
         self._done = threading.Event()
         self._loop_thread: Optional[threading.Thread] = None
-        self._errors: "queue.Queue[Optional[BaseException]]" = queue.Queue()
+        self._errors: "queue.Queue[Optional[BaseException | _LogLine]]" = queue.Queue()
         self._on_error: Optional[Callable[[BaseException], Any]] = None
+        # Without on_error: the default failure log, its lines queued in order
+        # under its lock (a test seam: its now is the clock that paces it).
+        self._failure_log = FailureLog()
+        self._failure_log_lock = threading.Lock()
         self._lost_reports = 0
         self._left_unreported = 0  # handlers a stop gave up on, their jobs unreported
         self.worker_id: Optional[str] = None
@@ -408,7 +413,14 @@ class Worker:
         on the server, and the idle wait is what is left of the interval.
         on_error(error) receives what the worker cannot hand to anyone else
         (claims and heartbeats that failed, reports not recorded, classifier
-        failures), on a thread of the worker's own, in order. stop_event,
+        failures), on a thread of the worker's own, in order. Without it the
+        worker logs each to logging.getLogger("getratchet.worker") at
+        WARNING as one line holding none of the error's text (an API error's
+        status, code and request id; a network failure's kind; the call's
+        method, host and path; else only the exception's class): the first
+        at once, then at most a line a minute counting those left out, and
+        one line when a registration or claim succeeds after a logged
+        failure to reach the server. stop_event,
         when set, stops the worker as stop() does. With block=True (the
         default) start returns once the worker has stopped and its running
         jobs ended (a KeyboardInterrupt there asks for the stop, waits, and
@@ -561,7 +573,9 @@ class Worker:
         failures = 0
         while True:
             try:
-                return self._register(tools, key)
+                worker_id = self._register(tools, key)
+                self._recovered()
+                return worker_id
             except (RatchetError, ConnectionLost) as err:
                 if self._stopping.is_set():
                     return None
@@ -580,6 +594,7 @@ class Worker:
         registers again."""
         try:
             self.worker_id = self._register(tools)
+            self._recovered()
         except (RatchetError, ConnectionLost) as again:
             if self._stopping.is_set():
                 return None
@@ -646,6 +661,7 @@ class Worker:
                     self._pause(self._after_failed_claim(poll_interval, lost, failed, err))
                     continue
                 lost = failed = 0
+                self._recovered()
                 for job in jobs:
                     self._dispatch(job, sent)
                 if len(jobs) >= limit or (jobs and wait_seconds):
@@ -1088,7 +1104,23 @@ class Worker:
     # -- errors -------------------------------------------------------------
 
     def _notify(self, error: BaseException) -> None:
-        self._errors.put(error)
+        if self._on_error is not None:
+            self._errors.put(error)
+            return
+        with self._failure_log_lock:
+            line = self._failure_log.failure(error)
+            if line is not None:
+                self._errors.put(_LogLine(line))
+
+    def _recovered(self) -> None:
+        """Tells the default failure log that a registration or claim
+        succeeded (nothing with on_error)."""
+        if self._on_error is not None:
+            return
+        with self._failure_log_lock:
+            line = self._failure_log.recovered()
+            if line is not None:
+                self._errors.put(_LogLine(line))
 
     def _deliver_errors(self) -> None:
         while True:
@@ -1096,7 +1128,9 @@ class Worker:
             try:
                 if error is None:
                     return  # the worker is done
-                if self._on_error is not None:
+                if isinstance(error, _LogLine):
+                    LOGGER.warning("%s", error.text)
+                elif self._on_error is not None:
                     self._on_error(error)
             except BaseException:  # noqa: BLE001 - on_error's own failure has nowhere to go
                 pass
@@ -1108,6 +1142,13 @@ class Worker:
         deadline = time.monotonic() + 1.0
         while self._errors.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.01)
+
+
+@dataclass
+class _LogLine:
+    """A default failure log line waiting in the on_error queue, logged by
+    its thread: a slow handler of the logging module holds up no work."""
+    text: str
 
 
 def _jittered(seconds: float) -> float:

@@ -757,6 +757,154 @@ class OutageTest(unittest.TestCase):
                 self.assertEqual(getattr(errors[-1], "status", None), 403)
 
 
+SECRET = "s3cr3t-do-not-log"
+
+
+def refused_port() -> int:
+    """A port on 127.0.0.1 nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class DefaultFailureLogTest(unittest.TestCase):
+    """Without on_error a worker logs each problem as one line holding none of
+    its text, paced to a line a minute (worker QA: a worker retrying against a
+    dead or misconfigured server was silent for ever)."""
+
+    def paced(self, client: getratchet.Ratchet, most: int = 1_000_000) -> threading.Event:
+        """Paces the worker by a fake clock that each wait advances (the
+        drawn half of a failure's wait drawn whole); the wait after the most
+        failures blocks until the stop, setting the event it returns."""
+        worker, clock, waits, waiting = client.worker, {"now": 0.0}, [], threading.Event()
+        worker._failure_log.now = lambda: clock["now"]
+
+        def pause(seconds: float) -> None:
+            waits.append(seconds)
+            if len(waits) > most:
+                waiting.set()
+                worker._stopping.wait()
+                return
+            clock["now"] += seconds
+            worker._stopping.wait(0.001)
+
+        for patcher in (mock.patch.object(worker, "_pause", side_effect=pause),
+                        mock.patch("getratchet.worker.random.random", return_value=1.0)):
+            patcher.start()
+            self.addCleanup(patcher.stop)
+        return waiting
+
+    def test_an_unreachable_server_is_logged_safely_a_line_a_minute(self) -> None:
+        # Nine registrations fail over 183 s (waits of 1, 2, 4 ... 32 s, then
+        # a minute): lines at 0 s, 63 s (five left out), 123 s and 183 s.
+        port = refused_port()
+        client = getratchet.Ratchet(f"http://127.0.0.1:{port}/prefix", "rk_" + SECRET, max_retries=0)
+        client.register_tool("t", "1", lambda input, context: None)
+        waiting = self.paced(client, most=8)
+        with self.assertLogs("getratchet.worker", "WARNING") as logged:
+            thread = threading.Thread(target=client.worker.start, kwargs={"poll_interval": 1.0}, daemon=True)
+            thread.start()
+            self.assertTrue(waiting.wait(10))
+            self.assertTrue(client.worker.stop(5))
+            thread.join(5)
+        where = (f'ratchet worker: error=network kind="connection refused" method=POST host=127.0.0.1:{port} '
+                 f"path=/prefix/api/v1/workers/register")
+        self.assertEqual(logged.output, [f"WARNING:getratchet.worker:{where}",
+                                         f"WARNING:getratchet.worker:{where} more_since_last_line=5",
+                                         f"WARNING:getratchet.worker:{where}",
+                                         f"WARNING:getratchet.worker:{where}"])
+        self.assertNotIn(SECRET, "\n".join(logged.output))
+
+    def test_an_api_error_is_logged_without_its_text_and_its_recovery_once(self) -> None:
+        claims = []
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                if sum(1 for s in server.seen if s[1].endswith("/register")) <= 3:
+                    return 503, {"error": {"code": "service_unavailable", "message": "down: " + SECRET,
+                                           "detail": {"input": SECRET}}}, {"X-Request-Id": "req_logged"}
+                return 200, {"workerId": "wkr_1"}, {}
+            claims.append(body)
+            return 200, {"jobs": []}, {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test", max_retries=0)
+        client.register_tool("t", "1", lambda input, context: None)
+        self.paced(client)
+        with self.assertLogs("getratchet.worker", "WARNING") as logged:
+            client.worker.start(1, poll_interval=1.0, block=False)
+            self.addCleanup(client.worker.stop, 5)
+            wait_until(lambda: len(claims) >= 20)  # idle claims: no more lines
+            self.assertTrue(client.worker.stop(5))
+        port = server.url.rsplit(":", 1)[1]
+        self.assertEqual(logged.output, [
+            "WARNING:getratchet.worker:ratchet worker: error=api status=503 code=service_unavailable "
+            f"request_id=req_logged method=POST host=127.0.0.1:{port} path=/api/v1/workers/register",
+            "WARNING:getratchet.worker:ratchet worker: recovered after 3 failures"])
+        self.assertNotIn(SECRET, "\n".join(logged.output))
+
+    def test_a_classifiers_exception_is_logged_by_its_class_alone(self) -> None:
+        reported = threading.Event()
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                first = not any(s[1].endswith("/claim") for s in server.seen[:-1])
+                return 200, {"jobs": [WorkerRulesTest.job(1)] if first else []}, {}
+            reported.set()
+            return 200, {"jobId": "job_1", "status": "RETRY_SCHEDULED", "attempt": 1}, {}
+
+        def fail(input, context):
+            raise ValueError("input " + SECRET)
+
+        def classify(error, context):
+            raise KeyError(str(error))
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.register_tool("t", "1", fail, classify_error=classify)
+        with self.assertLogs("getratchet.worker", "WARNING") as logged:
+            client.worker.start(1, poll_interval=0.05, block=False)
+            self.addCleanup(client.worker.stop, 5)
+            self.assertTrue(reported.wait(10))
+            self.assertTrue(client.worker.stop(5))
+        self.assertEqual(logged.output, [
+            "WARNING:getratchet.worker:ratchet worker: error=KeyError (set on_error to see it)"])
+        self.assertNotIn(SECRET, "\n".join(logged.output))
+
+    def test_on_error_replaces_the_log(self) -> None:
+        client = getratchet.Ratchet(f"http://127.0.0.1:{refused_port()}", "rk_test", max_retries=0)
+        client.register_tool("t", "1", lambda input, context: None)
+        waiting = self.paced(client, most=70)
+        errors: List[BaseException] = []
+        with self.assertNoLogs("getratchet.worker"):
+            thread = threading.Thread(target=client.worker.start, daemon=True,
+                                      kwargs={"poll_interval": 1.0, "on_error": errors.append})
+            thread.start()
+            self.assertTrue(waiting.wait(10))
+            self.assertTrue(client.worker.stop(5))
+            thread.join(5)
+        self.assertEqual(len(errors), 71)
+
+    def test_the_summary_holds_no_query_message_or_detail(self) -> None:
+        from getratchet._failurelog import summary
+        err = RatchetError(502, "bad\ncode\x00", SECRET, {"x": SECRET}, "req 1")
+        self.assertEqual(summary(err), ("error=api status=502 code=bad?code? request_id=req?1", True))
+
+        class Request:  # a requests exception's request
+            method, url = "POST", f"https://user:{SECRET}@api.example:8443/base/api/v1/jobs/claim?token={SECRET}"
+
+        refused = ConnectionRefusedError(SECRET)
+        refused.request = Request()  # type: ignore[attr-defined]
+        self.assertEqual(summary(refused), ('error=network kind="connection refused" method=POST '
+                                            "host=api.example:8443 path=/base/api/v1/jobs/claim", True))
+        self.assertEqual(summary(socket.gaierror(SECRET)), ("error=network kind=dns", True))
+        self.assertEqual(summary(TypeError(SECRET)), ("error=TypeError (set on_error to see it)", False))
+
+
 class WorkerRulesTest(unittest.TestCase):
     def serve(self, respond, handler, concurrency=1, poll_interval=0.05,
               stop_grace=1.0) -> Tuple[getratchet.Ratchet, FakeServer]:

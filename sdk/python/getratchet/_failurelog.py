@@ -1,0 +1,135 @@
+"""What a worker without on_error does with its problems: one safe line each
+to the standard logging module, paced (the Go SDK's failureLog)."""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import socket
+import time
+import urllib.error
+import urllib.parse
+from typing import Any, Callable, Optional, Tuple
+
+from .errors import ConnectionLost, RatchetError
+
+try:
+    import ssl
+except ImportError:  # pragma: no cover - a Python built without it
+    ssl = None  # type: ignore[assignment]
+
+LOGGER = logging.getLogger("getratchet.worker")
+
+# The least time (seconds) between two failure lines: a server down for
+# hours costs a line a minute, not one a failed claim, heartbeat and report
+# (the Go SDK's failureLogEvery).
+LOG_EVERY = 60.0
+
+_HINT = "(set on_error to see it)"
+
+
+class FailureLog:
+    """Decides the default log's lines (worker QA: a worker retrying against
+    a dead or misconfigured server was silent for ever): the first failure at
+    once, then at most one line every LOG_EVERY seconds, which counts the
+    failures left out since the line before; and, once a registration or
+    claim succeeds after a line told of a failed call to the server, one line
+    saying after how many such failures it recovered. A line holds none of an
+    error's text, which may hold payload details (see summary). Not
+    thread-safe: the worker calls it under a lock of its own."""
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self.now = now
+        self._last: Optional[float] = None  # when the last failure line was logged
+        self._left = 0  # failures since then that were not logged
+        self._failures = 0  # failed calls to the server since the last recovery
+        self._outage = False  # a line told of a failed call, and no recovery line followed
+
+    def failure(self, error: BaseException) -> Optional[str]:
+        """The line to log for error, or None when it is left out."""
+        text, call = summary(error)
+        if call:
+            self._failures += 1
+        now = self.now()
+        if self._last is not None and now - self._last < LOG_EVERY:
+            self._left += 1
+            return None
+        if self._left:
+            text += f" more_since_last_line={self._left}"
+        self._last, self._left = now, 0
+        self._outage = self._outage or call
+        return "ratchet worker: " + text
+
+    def recovered(self) -> Optional[str]:
+        """The line to log when a registration or claim succeeded: None
+        unless a line told of a failed call since the last recovery."""
+        failures, self._failures = self._failures, 0
+        if not self._outage:
+            return None
+        self._outage = False
+        return f"ratchet worker: recovered after {failures} failures"
+
+
+def summary(error: BaseException) -> Tuple[str, bool]:
+    """error without its text, and whether it is a failed call to the
+    server: an API error by its status, code and request id (never its
+    message or detail) and the call it answered; a network failure by its
+    kind and the call it failed on (method, host and path, never the query or
+    a body); anything else (a handler's or classifier's exception, an invalid
+    decision, an output that is not JSON) by its class alone, with a hint."""
+    if isinstance(error, RatchetError):
+        text = f"error=api status={error.status}"
+        if error.code:
+            text += f" code={_token(error.code)}"
+        if error.request_id:
+            text += f" request_id={_token(error.request_id)}"
+        return text + _call(getattr(error, "_call", None)), True
+    if isinstance(error, ConnectionLost):
+        kind = getattr(error, "_kind", None) or type(error).__name__
+        return f"error=network kind={_quote(kind)}" + _call(getattr(error, "_call", None)), True
+    if isinstance(error, (OSError, http.client.HTTPException)):
+        request = getattr(error, "request", None)  # a requests exception's
+        url = getattr(request, "url", None)
+        call = None
+        if isinstance(url, str):
+            parts = urllib.parse.urlsplit(url)
+            call = (getattr(request, "method", "") or "", parts.netloc.rpartition("@")[2], parts.path)
+        return f"error=network kind={_quote(net_kind(error))}" + _call(call), True
+    return f"error={type(error).__name__} {_HINT}", False
+
+
+def net_kind(failure: BaseException) -> str:
+    """A transport failure by what it is, never by its text."""
+    if isinstance(failure, urllib.error.URLError) and isinstance(failure.reason, BaseException):
+        failure = failure.reason
+    if isinstance(failure, socket.gaierror):
+        return "dns"
+    if isinstance(failure, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(failure, ConnectionResetError):
+        return "connection reset"
+    if isinstance(failure, TimeoutError):  # socket.timeout too
+        return "timeout"
+    if isinstance(failure, (http.client.RemoteDisconnected, http.client.IncompleteRead, BrokenPipeError,
+                            ConnectionAbortedError)):
+        return "connection closed"
+    if ssl is not None and isinstance(failure, ssl.SSLError):
+        return "tls"
+    return type(failure).__name__
+
+
+def _call(call: Any) -> str:
+    if not call:
+        return ""
+    method, host, path = call
+    return f" method={_token(method)} host={_token(host)} path={_token(path, 200)}"
+
+
+def _token(value: Any, most: int = 64) -> str:
+    """A code, request id, host or path as one word: cut, and printable
+    ASCII only, as a server (or a proxy posing as one) may send anything."""
+    return "".join(c if "!" <= c <= "~" else "?" for c in str(value)[:most])
+
+
+def _quote(kind: str) -> str:
+    return f'"{kind}"' if " " in kind else _token(kind)
