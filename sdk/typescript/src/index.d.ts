@@ -275,6 +275,14 @@ export interface StartOptions {
   pollIntervalMs?: number;
   /** 0-20: each claim long-polls on the server. */
   waitSeconds?: number;
+  /** Called in order with what the worker cannot hand to anyone else (failed
+   * registrations, claims and heartbeats, reports not recorded, classifier
+   * failures); its errors may hold payload details. Without it, each problem
+   * goes to console.warn as one line holding none of the error's text (a
+   * RatchetError's status, code and request id; a lost connection's kind;
+   * the call's method, host and path; else only its name): the first at once,
+   * then at most a line a minute counting those left out, and
+   * "recovered after N failures" once a registration or claim succeeds. */
   onError?: (error: unknown) => void | Promise<void>;
   /** Aborting it stops the worker as stop() does. */
   signal?: AbortSignal;

@@ -3,6 +3,7 @@
 import { randomBytes } from 'node:crypto';
 import { STATUS_CODES } from 'node:http';
 import { ConnectionLostError, RatchetError, markUnconfirmed } from './errors.js';
+import { called } from './failurelog.js';
 import { stringify } from './json.js';
 
 export const VERSION = '0.2.7';
@@ -56,6 +57,8 @@ export class Transport {
     }
     if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') throw new TypeError('ratchet: baseUrl must be an http(s) URL');
     this.base = base;
+    this.#host = parsed.host;
+    this.#prefix = parsed.pathname.replace(/\/+$/, '') + '/api/v1';
     this.timeoutMs = timeoutMs;
     this.maxRetries = maxRetries;
     this.userAgent = (userAgent ? userAgent + ' ' : '') + `getratchet-node/${VERSION}`;
@@ -65,6 +68,15 @@ export class Transport {
   }
 
   #key;
+  #host;
+  #prefix;
+
+  /** err, marked with the call it answered (method, host and path, never
+   * the query) and, for a lost answer, its kind: what a worker's default
+   * failure log says of it instead of its text. */
+  #called(err, method, path, kind) {
+    return called(err, { method, host: this.#host, path: this.#prefix + path.split('?')[0], kind });
+  }
 
   /**
    * Sends method path (under /api/v1) and returns the decoded answer.
@@ -129,7 +141,7 @@ export class Transport {
       } catch {
         if (signal?.aborted) throw signal.reason;
         if (unsure && !(failure instanceof ConnectionLostError)) {
-          throw new ConnectionLostError(`ratchet: ${method} ${path.split('?')[0]}: given up`);
+          throw this.#called(new ConnectionLostError(`ratchet: ${method} ${path.split('?')[0]}: given up`), method, path, 'given up');
         }
         throw failure;
       } finally {
@@ -214,9 +226,9 @@ export class Transport {
         if (signal?.aborted) throw signal.reason;
         // Connection refused, reset, timed out, or an answer cut short.
         const why = timeout.signal.aborted ? 'timed out' : failure?.cause?.code ?? failure?.cause?.name ?? failure?.name ?? 'network error';
-        throw new ConnectionLostError(`ratchet: ${name}: ${why}`, { cause: failure });
+        throw this.#called(new ConnectionLostError(`ratchet: ${name}: ${why}`, { cause: failure }), method, path, why);
       }
-      if (!response.ok) throw decodeError(response, raw);
+      if (!response.ok) throw this.#called(decodeError(response, raw), method, path);
       const date = Date.parse(response.headers.get('date') ?? '');
       if (!raw) return [null, date];
       try {
@@ -224,7 +236,7 @@ export class Transport {
       } catch {
         // A 2xx whose body cannot be read (cut short by a proxy): the call
         // was applied, and its answer lost as by a dropped connection.
-        throw new ConnectionLostError(`ratchet: ${name}: unreadable answer`);
+        throw this.#called(new ConnectionLostError(`ratchet: ${name}: unreadable answer`), method, path, 'unreadable answer');
       }
     } finally {
       clearTimeout(timer);

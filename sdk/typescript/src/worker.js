@@ -4,6 +4,7 @@ import {
   ConnectionLostError, InvalidDecisionError, MAX_RETRY_AFTER_MS, MIN_RETRY_AFTER_MS, NonRetryableError, RatchetError,
   ReportNotRecordedError, RetryableError, clampRetryAfterMs,
 } from './errors.js';
+import { FailureLog } from './failurelog.js';
 import { stringify } from './json.js';
 import { redactMessage } from './redact.js';
 import { newRequestId, pathId, sleep } from './transport.js';
@@ -289,6 +290,7 @@ export class Worker {
   #changed = withResolvers(); // a slot freed, a report settled, or the stop
   #done = null;
   #onError = null;
+  #failureLog = new FailureLog(); // without onError: the default failure log
   #errors = Promise.resolve();
   #lostReports = 0;
   #leftUnreported = 0;
@@ -337,6 +339,11 @@ export class Worker {
    * (10 000 by default, as the Go and Python workers') is how long, once a
    * stop's deadline passed, aborted handlers have to return and be
    * reported, and then how much longer the reports are sent (see stop()).
+   * Without onError the worker writes each problem to console.warn as one
+   * line holding none of the error's text (see FailureLog): the first at
+   * once, then at most a line a minute counting those left out, and one
+   * line when a registration or claim succeeds after a logged failure to
+   * reach the server.
    */
   async start({ concurrency = 1, pollIntervalMs = 30_000, waitSeconds = 0, onError, signal, stopGraceMs = DEFAULT_STOP_GRACE_MS } = {}) {
     if (!Number.isSafeInteger(concurrency) || concurrency < 1) throw new RangeError('ratchet: concurrency must be a positive integer');
@@ -436,7 +443,9 @@ export class Worker {
     for (let failures = 1; ; failures++) {
       if (this.#stopping.signal.aborted) return null;
       try {
-        return await this.#register(tools, key);
+        const workerId = await this.#register(tools, key);
+        this.#recovered();
+        return workerId;
       } catch (err) {
         if (this.#stopping.signal.aborted) return null;
         if (!this.#transient(err)) throw err;
@@ -452,6 +461,7 @@ export class Worker {
   async #registerAgain(tools) {
     try {
       this.workerId = await this.#register(tools);
+      this.#recovered();
     } catch (again) {
       if (this.#stopping.signal.aborted) return null;
       this.#notify(again);
@@ -536,6 +546,7 @@ export class Worker {
           continue;
         }
         lost = failed = 0;
+        this.#recovered();
         for (const job of jobs) this.#dispatch(job, sent);
         if (jobs.length >= limit || (jobs.length > 0 && waitSeconds > 0)) continue; // work is waiting
         // A long poll already waited part of the interval.
@@ -940,14 +951,36 @@ export class Worker {
   }
 
   // onError runs in order, never on the poll loop, a heartbeat or a report.
+  // Without it, the default failure log's line for error (if any) is
+  // written in that order instead.
   #notify(error) {
     const onError = this.#onError;
-    if (!onError) return;
+    if (!onError) {
+      this.#warn(this.#failureLog.failure(error));
+      return;
+    }
     this.#errors = this.#errors.then(async () => {
       try {
         await onError(error);
       } catch {
         // onError's own failure has nowhere to go
+      }
+    });
+  }
+
+  /** Tells the default failure log that a registration or claim succeeded
+   * (nothing with onError). */
+  #recovered() {
+    if (!this.#onError) this.#warn(this.#failureLog.recovered());
+  }
+
+  #warn(line) {
+    if (line === null) return;
+    this.#errors = this.#errors.then(() => {
+      try {
+        console.warn(line);
+      } catch {
+        // a console that fails has nowhere to go either
       }
     });
   }

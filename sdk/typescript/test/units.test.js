@@ -3,12 +3,14 @@
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
+import { createServer as createNetServer } from 'node:net';
 import { test } from 'node:test';
 import {
   ConnectionLostError, EffectInFlightError, OutcomeNotReportedError, Ratchet, RatchetError, ResultNotStoredError, RetryableError, blindKey,
   redactMessage,
 } from '../src/index.js';
 import { gateTimes } from '../src/client.js';
+import { failureLogTimes, summary } from '../src/failurelog.js';
 import { stringify, stringifyIteratively } from '../src/json.js';
 import { Transport } from '../src/transport.js';
 import { Reporter, Worker, readDecision, reportTimes } from '../src/worker.js';
@@ -463,6 +465,133 @@ test('a claim or a registration refused 403 stops the worker', async (t) => {
     assert.equal(await client.worker.stop({ timeoutMs: 1000 }), true);
     assert.equal(errors.at(-1).status, 403);
   }
+});
+
+// What the default failure log must never write: a key, an error message
+// or detail, a payload.
+const SECRET = 's3cr3t-do-not-log';
+
+/** A port on 127.0.0.1 nothing listens on. */
+async function refusedPort() {
+  const server = createNetServer();
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  const { port } = server.address();
+  await new Promise((r) => server.close(r));
+  return port;
+}
+
+/** A worker of one tool against baseUrl (or respond's fake server), paced by
+ * a fake clock each wait advances (the drawn half of a failure's wait drawn
+ * whole; the wait after the most failures lasts until the stop), whose
+ * console.warn lines are recorded. */
+async function loggingWorker(t, { baseUrl, respond, apiKey = 'rk_test', most = Infinity, classifyError, handler = () => null }) {
+  const server = respond ? await fakeServer(t, respond) : null;
+  const clock = { now: 0 };
+  const saved = failureLogTimes.now;
+  failureLogTimes.now = () => clock.now;
+  t.after(() => { failureLogTimes.now = saved; });
+  const waits = [];
+  const transport = new Transport({
+    baseUrl: baseUrl ?? server.url, apiKey, maxRetries: 0,
+    sleep: (ms, signal) => {
+      waits.push(ms);
+      if (waits.length > most) return sleep(3_600_000, signal);
+      clock.now += ms;
+      return sleep(1, signal);
+    },
+  });
+  const worker = new Worker(transport);
+  worker.addTool({ name: 't', version: '1', handler, classifyError });
+  t.mock.method(Math, 'random', () => 1);
+  const lines = [];
+  t.mock.method(console, 'warn', (...args) => { lines.push(args.join(' ')); });
+  return { worker, waits, lines, server };
+}
+
+// Nine registrations fail over 183 s (waits of 1, 2, 4 ... 32 s, then a
+// minute): lines at 0 s, 63 s (five left out), 123 s and 183 s; never the key.
+test('without onError an unreachable server is logged safely, a line a minute', async (t) => {
+  const port = await refusedPort();
+  const { worker, waits, lines } = await loggingWorker(t, { baseUrl: `http://127.0.0.1:${port}/prefix`, apiKey: 'rk_' + SECRET, most: 8 });
+  const started = worker.start({ pollIntervalMs: 1_000 });
+  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  await until(() => waits.length > 8);
+  assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
+  await started;
+  const where = `ratchet worker: error=network kind="connection refused" method=POST host=127.0.0.1:${port} path=/prefix/api/v1/workers/register`;
+  assert.deepEqual(lines, [where, `${where} more_since_last_line=5`, where, where]);
+  assert.ok(!lines.join('\n').includes(SECRET));
+});
+
+test('without onError an API error is logged without its text, and its recovery once', async (t) => {
+  let registrations = 0;
+  const claims = [];
+  const { worker, lines, server } = await loggingWorker(t, {
+    respond: (method, path, body) => {
+      if (path.endsWith('/register')) {
+        if (++registrations > 3) return [200, { workerId: 'wkr_1' }];
+        return [503, { error: { code: 'service_unavailable', message: 'down: ' + SECRET, detail: { input: SECRET } } }, { 'X-Request-Id': 'req_logged' }];
+      }
+      claims.push(body);
+      return [200, { jobs: [] }];
+    },
+  });
+  const started = worker.start({ pollIntervalMs: 1_000 });
+  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  await until(() => claims.length >= 20); // idle claims: no more lines
+  assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
+  await started;
+  const host = new URL(server.url).host;
+  assert.deepEqual(lines, [
+    `ratchet worker: error=api status=503 code=service_unavailable request_id=req_logged method=POST host=${host} path=/api/v1/workers/register`,
+    'ratchet worker: recovered after 3 failures',
+  ]);
+  assert.ok(!lines.join('\n').includes(SECRET));
+});
+
+test('without onError a classifier\'s exception is logged by its name alone', async (t) => {
+  let claimed = 0;
+  let reported = false;
+  const { worker, lines } = await loggingWorker(t, {
+    respond: (method, path) => {
+      if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+      if (path.endsWith('/claim')) return [200, { jobs: claimed++ === 0 ? [job(1)] : [] }];
+      reported = true;
+      return [200, { jobId: 'job_1', status: 'RETRY_SCHEDULED', attempt: 1 }];
+    },
+    handler: () => { throw new Error('input ' + SECRET); },
+    classifyError: (err) => { throw new RangeError(err.message); },
+  });
+  const started = worker.start({ pollIntervalMs: 1_000 });
+  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  await until(() => reported);
+  assert.equal(await worker.stop({ timeoutMs: 5000 }), true);
+  await started;
+  assert.deepEqual(lines, ['ratchet worker: error=RangeError (set onError to see it)']);
+});
+
+test('onError replaces the default failure log', async (t) => {
+  const port = await refusedPort();
+  const { worker, waits, lines } = await loggingWorker(t, { baseUrl: `http://127.0.0.1:${port}`, most: 70 });
+  const errors = [];
+  const started = worker.start({ pollIntervalMs: 1_000, onError: (err) => errors.push(err) });
+  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  await until(() => waits.length > 70);
+  assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
+  await started;
+  assert.equal(errors.length, 71);
+  assert.deepEqual(lines, []);
+});
+
+test('the failure summary holds no message, detail or query', () => {
+  const err = new RatchetError(502, 'bad\ncode\u0000', SECRET, { x: SECRET }, 'req 1');
+  assert.deepEqual(summary(err), ['error=api status=502 code=bad?code? request_id=req?1', true]);
+  const fetchFailed = new TypeError('fetch failed ' + SECRET, { cause: Object.assign(new Error(SECRET), { code: 'ENOTFOUND' }) });
+  assert.deepEqual(summary(fetchFailed), ['error=network kind=dns', true]);
+  assert.deepEqual(summary(new DOMException(SECRET, 'AbortError')), ['error=network kind=AbortError', true]);
+  assert.deepEqual(summary(new ConnectionLostError(SECRET)), ['error=network kind=ConnectionLostError', true]);
+  assert.deepEqual(summary(new Error(SECRET)), ['error=Error (set onError to see it)', false]);
+  assert.deepEqual(summary(SECRET), ['error=String (set onError to see it)', false]);
 });
 
 test('a handler that ignores its timeout keeps its slot', async (t) => {
