@@ -39,9 +39,10 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 	// Drains: a backlog of lapsed leases (a fleet of agents that died at
 	// once) is made durable, each with its effect.indeterminate, batch
 	// after batch while a cron pass has time, not a batch a minute
-	// (multi-tenant QA: 100,000 lapses took 200 passes).
+	// (multi-tenant QA: 100,000 lapses took 200 passes), until a batch is
+	// short (leases lapsing meanwhile wait for the next pass).
 	sweeper.Add(sweep.Task{
-		Name: "effects.lapsed_leases", Drains: true,
+		Name: "effects.lapsed_leases", Drains: true, Batch: func() int { return lapsedLeasesPerPass },
 		Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Gate.SweepLapsed(ctx, now, lapsedLeasesPerPass)
 		},
@@ -78,7 +79,7 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 	// out in it. Sending waits on receivers, so the local loop runs it
 	// detached (sweep.Task.Detached).
 	sweeper.Add(
-		sweep.Task{Name: "webhooks.dispatch", Run: deps.Webhooks.Dispatch, Drains: true},
+		sweep.Task{Name: "webhooks.dispatch", Run: deps.Webhooks.Dispatch, Drains: true, Batch: deps.Webhooks.DispatchBatch},
 		sweep.Task{Name: "webhooks.deliver", Run: deps.Webhooks.Deliver, Detached: true, Needs: webhooks.RoundTime},
 		sweep.Task{Name: "webhooks.expired_secrets", Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Webhooks.ClearExpiredSecrets(ctx, now, retentionPerPass)

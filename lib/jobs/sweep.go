@@ -20,10 +20,11 @@ const sweepBatch = 500
 // safe to run concurrently with itself and with requests (SKIP LOCKED and
 // conditional updates). Each drains (sweep.Task.Drains): a backlog (a fleet
 // of workers that died at once, a burst of runs ending) is worked off batch
-// after batch while a cron pass has time, not a batch a minute.
+// after batch while a cron pass has time, not a batch a minute, until a
+// batch is short (sweep.Task.Batch).
 func (s *Service) SweepTasks() []sweep.Task {
 	return []sweep.Task{
-		{Name: "jobs.lapsed_leases", Drains: true, Run: func(ctx context.Context, _ time.Time) (int, error) {
+		{Name: "jobs.lapsed_leases", Drains: true, Batch: s.batch, Run: func(ctx context.Context, _ time.Time) (int, error) {
 			ended, err := s.exhaustLapsed(ctx, nil, s.sweepBatch)
 			if err != nil {
 				return ended, err
@@ -35,14 +36,17 @@ func (s *Service) SweepTasks() []sweep.Task {
 			freed, err := s.releaseHeldSlots(ctx, s.sweepBatch)
 			return ended + requeued + freed, err
 		}},
-		{Name: "jobs.dependencies", Drains: true, Run: func(ctx context.Context, _ time.Time) (int, error) {
+		{Name: "jobs.dependencies", Drains: true, Batch: s.batch, Run: func(ctx context.Context, _ time.Time) (int, error) {
 			return s.releaseStranded(ctx, s.sweepBatch)
 		}},
-		{Name: "jobs.run_completion", Drains: true, Run: func(ctx context.Context, _ time.Time) (int, error) {
+		{Name: "jobs.run_completion", Drains: true, Batch: s.batch, Run: func(ctx context.Context, _ time.Time) (int, error) {
 			return s.settleRuns(ctx, s.sweepBatch)
 		}},
 	}
 }
+
+// batch is the sweeper tasks' batch (their sweep.Task.Batch).
+func (s *Service) batch() int { return s.sweepBatch }
 
 // purgeStepsPerPass bounds the steps one retention pass deletes with their
 // runs (a run is never split: one larger than this goes alone).

@@ -46,6 +46,15 @@ type Task struct {
 	// busier workspace's backlog never drained). The local loop, a pass
 	// every few seconds, runs it once a pass.
 	Drains bool
+	// Batch is the most rows one run of a task that Drains changes, when a
+	// run that changed fewer has worked its backlog off: the pass then
+	// moves on. Rows that keep arriving (events fanned out, leases lapsing
+	// on a busy deployment) would otherwise have each run find a few more,
+	// and the task run again and again to TaskTimeout every pass, holding
+	// back the tasks after it (review). Read at each run (tests lower a
+	// batch). nil: again while a run changed any (retention, whose batch is
+	// shared among workspaces and may end short with rows left).
+	Batch func() int
 }
 
 // maxDetached bounds the runs of one detached task in flight at once.
@@ -219,9 +228,9 @@ func (s *Sweeper) RunOnce(ctx context.Context) Result {
 }
 
 // runBatches runs t, and a task that Drains again while its last run
-// changed rows and ctx's deadline leaves time for another (twice the last
-// run's, beside after for the tasks still to run), within TaskTimeout in
-// all. It answers the rows changed in all and the last run's interruption
+// changed rows (a whole Batch, when it has one) and ctx's deadline leaves
+// time for another (twice the last run's, beside after for the tasks still
+// to run), within TaskTimeout in all. It answers the rows changed in all and the last run's interruption
 // or error.
 func (s *Sweeper) runBatches(ctx context.Context, t Task, after time.Duration) (changed int, interrupted bool, err error) {
 	began := time.Now()
@@ -232,7 +241,7 @@ func (s *Sweeper) runBatches(ctx context.Context, t Task, after time.Duration) (
 		changed += n
 		took := time.Since(start)
 		deadline, ok := ctx.Deadline()
-		if err != nil || !t.Drains || n == 0 || !ok ||
+		if err != nil || !t.Drains || n == 0 || t.Batch != nil && n < t.Batch() || !ok ||
 			time.Until(deadline)-after < 2*took+taskReserve || time.Since(began)+2*took > TaskTimeout {
 			return changed, interrupted, err
 		}

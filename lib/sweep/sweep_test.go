@@ -69,6 +69,29 @@ func TestADrainingTaskRunsAgainWhileTimeIsLeft(t *testing.T) {
 	require.Equal(t, 10, res.Changed["retention"])
 }
 
+// A task that Drains with a Batch moves on once a run changed less than a
+// batch: its backlog is worked off, and what a further run finds arrived
+// since (review: a steady trickle of events had each run find a few, and
+// the fan-out ran again and again to TaskTimeout every pass, holding back
+// the deliveries after it).
+func TestADrainingTaskStopsAtAShortBatch(t *testing.T) {
+	t.Parallel()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var runs atomic.Int32
+	left := 23
+	task := Task{Name: "webhooks.dispatch", Drains: true, Batch: func() int { return 10 }, Run: func(context.Context, time.Time) (int, error) {
+		runs.Add(1)
+		n := min(left, 10)
+		left -= n
+		return n + 1, nil // and one that arrived since the last run, every run
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res := New(time.Now, logger, task).RunOnce(ctx)
+	require.EqualValues(t, 3, runs.Load(), "two full batches, then the rest with the one new row: short, done")
+	require.Equal(t, 3+23, res.Changed["webhooks.dispatch"])
+}
+
 // A pass whose every task failed for want of the database did nothing: it
 // says so (the cron route answers 503); one task failing otherwise, or one
 // succeeding, is a pass with errors.

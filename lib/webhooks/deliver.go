@@ -130,9 +130,13 @@ WITH ev AS (
 UPDATE events SET dispatched_at = $1 WHERE id IN (SELECT id FROM ev)`
 
 // Dispatch fans undispatched outbox events out into one pending delivery per
-// matching subscription, in one statement, up to dispatchBatch of them
-// (sweep.Task.Drains: a pass with a deadline runs it again while it fans
-// some out). Events nobody subscribes to are marked dispatched too.
+// matching subscription, in one statement, up to DispatchBatch of them
+// (sweep.Task.Drains: a pass with a deadline runs it again while it fans a
+// whole batch out). Events nobody subscribes to are marked dispatched too.
+// DispatchBatch is the most events one Dispatch fans out (its
+// sweep.Task.Batch).
+func (s *Service) DispatchBatch() int { return s.dispatchBatch }
+
 func (s *Service) Dispatch(ctx context.Context, now time.Time) (int, error) {
 	tag, err := s.pool.Exec(ctx, sqlDispatch, now, s.dispatchBatch)
 	if err != nil {
