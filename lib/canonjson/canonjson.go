@@ -73,9 +73,16 @@ func encode(buf *bytes.Buffer, v any) error {
 	case []any:
 		return writeArray(buf, t, encode)
 	}
-	raw, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("canonjson: %w", err)
+	raw, ok := v.(json.RawMessage)
+	if !ok || raw == nil || !json.Valid(raw) {
+		// A RawMessage that is valid JSON is read as it is: encoding/json
+		// would copy it only to compact it, and the tree read back is the
+		// same. Anything else, and the refusal of one that is not JSON,
+		// goes through encoding/json as it always did.
+		var err error
+		if raw, err = json.Marshal(v); err != nil {
+			return fmt.Errorf("canonjson: %w", err)
+		}
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
@@ -107,6 +114,12 @@ func derefInt(p any) any {
 
 func write(buf *bytes.Buffer, v any) error {
 	switch t := v.(type) {
+	case nil:
+		buf.WriteString("null")
+	case bool:
+		buf.WriteString(strconv.FormatBool(t))
+	case string:
+		writeString(buf, t)
 	case map[string]any:
 		keys := make([]string, 0, len(t))
 		for k := range t {
@@ -118,8 +131,7 @@ func write(buf *bytes.Buffer, v any) error {
 			if i > 0 {
 				buf.WriteByte(',')
 			}
-			kb, _ := json.Marshal(k)
-			buf.Write(kb)
+			writeString(buf, k)
 			buf.WriteByte(':')
 			if err := write(buf, t[k]); err != nil {
 				return err
@@ -138,6 +150,43 @@ func write(buf *bytes.Buffer, v any) error {
 		buf.Write(b)
 	}
 	return nil
+}
+
+// writeString writes s as encoding/json does (HTML characters, U+2028 and
+// U+2029 escaped, invalid UTF-8 as U+FFFD): quoted as it is when it holds
+// nothing encoding/json would change, as nearly every id, name and key
+// does, else through encoding/json.
+func writeString(buf *bytes.Buffer, s string) {
+	if !plainString(s) {
+		b, _ := json.Marshal(s)
+		buf.Write(b)
+		return
+	}
+	buf.WriteByte('"')
+	buf.WriteString(s)
+	buf.WriteByte('"')
+}
+
+// plainString says whether encoding/json writes s between quotes unchanged:
+// valid UTF-8 without control characters, '"', '\\', '<', '>', '&', U+2028
+// or U+2029.
+func plainString(s string) bool {
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c < 0x20 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+				return false
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if (r == utf8.RuneError && size == 1) || r == '\u2028' || r == '\u2029' {
+			return false
+		}
+		i += size
+	}
+	return true
 }
 
 // writeArray writes elems as a JSON array, each element with elem.
@@ -170,7 +219,7 @@ func writeArray(buf *bytes.Buffer, elems []any, elem func(*bytes.Buffer, any) er
 // the float reading (the tiny ones are all 0).
 func normalizeNumber(n json.Number) string {
 	if i, err := n.Int64(); err == nil {
-		return fmt.Sprint(i)
+		return strconv.FormatInt(i, 10)
 	}
 	f, err := n.Float64()
 	if err != nil {
@@ -178,14 +227,14 @@ func normalizeNumber(n json.Number) string {
 	}
 	if d, ok := parseDecimal(n.String()); ok && len(d.digits) > 17 {
 		if i, isInt := d.int64(); isInt {
-			return fmt.Sprint(i) // 1234567890123456789.0 is the integer 1234567890123456789 is
+			return strconv.FormatInt(i, 10) // 1234567890123456789.0 is the integer 1234567890123456789 is
 		}
 		if !d.holds(f) {
 			return d.String()
 		}
 	}
 	if f == float64(int64(f)) && f < 1e18 && f > -1e18 {
-		return fmt.Sprint(int64(f))
+		return strconv.FormatInt(int64(f), 10)
 	}
 	b, _ := json.Marshal(f)
 	return string(b)

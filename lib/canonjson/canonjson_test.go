@@ -88,6 +88,8 @@ func TestShortcutsEncodeAsBefore(t *testing.T) {
 		[]any{"plain", "<b>&</b>", "\xff bad \xfe", "\u2028\u00e9", "", nil, true, false, 1, 2.50, int64(-7)},
 		[]any{&n, &s, (*string)(nil), []any{"nested", []any{}}, map[string]any{"b": 1, "a": []any{"x"}}},
 		[]any{json.RawMessage(`{"z": 1, "a": [1.0, "\u00e9"]}`), json.Number("1.0")},
+		json.RawMessage(` {"b": "<x>&\u003c", "a": ["\u2028", "` + "\u2029\xff" + `", 1e3, -0.0]} `),
+		json.RawMessage(`"\ud800"`), json.RawMessage(nil), json.RawMessage(`null`),
 		"\xff", "ok", nil, true, []any{},
 	} {
 		got, err := Marshal(v)
@@ -240,5 +242,66 @@ func TestShortLiteralsKeepTheirEncoding(t *testing.T) {
 		got, err := Marshal(json.RawMessage(lit))
 		require.NoError(t, err, lit)
 		require.Equal(t, legacyNormalize(json.Number(lit)), string(got), lit)
+	}
+}
+
+// What an enqueue canonicalises (lib/jobs): its input, then the identity
+// its generated key hashes (ids, names, absent options and the canonical
+// input); the benchmark's own input, no key sent.
+func BenchmarkMarshalEnqueue(b *testing.B) {
+	input := json.RawMessage(`{"n":1234}`)
+	canon, err := Marshal(input)
+	require.NoError(b, err)
+	var none *string
+	var noInt *int64
+	b.Run("input", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := Marshal(input); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("identity", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := Marshal([]any{"run_01KBN3ZQ0C9Y5T8W2M4R6H7J1E", "bench_noop", "1", noInt, "bench_noop", none,
+				none, Canonical(canon), noInt, noInt, "6b1c0e1f0ad3b5c2a6e2b1f3d0c4e5a7b8c9d0e1f2a3b4c5d6e7f8091a2b3c4d"}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// writeString writes every string as encoding/json does: stored keys and
+// fingerprints hash its bytes. Every single byte, the characters
+// encoding/json escapes, and random strings of them.
+func TestWriteStringIsEncodingJSONs(t *testing.T) {
+	t.Parallel()
+	same := func(s string) {
+		t.Helper()
+		var buf bytes.Buffer
+		writeString(&buf, s)
+		want, err := json.Marshal(s)
+		require.NoError(t, err)
+		require.Equal(t, string(want), buf.String(), "%q", s)
+	}
+	var pieces []string
+	for c := range 256 {
+		pieces = append(pieces, string([]byte{byte(c)}))
+	}
+	pieces = append(pieces, "\u2028", "\u2029", "\u2027", "\u202a", "é", "😀", "\ufffd", "\xe2\x80", "\xed\xa0\x80",
+		"\xf4\x90\x80\x80", "plain", "run_01KBN3ZQ0C9Y5T8W2M4R6H7J1E", "", "\x7f")
+	for _, p := range pieces {
+		same(p)
+		same("a" + p + "z")
+	}
+	rng := rand.New(rand.NewSource(1))
+	for range 5000 {
+		var sb strings.Builder
+		for range rng.Intn(6) {
+			sb.WriteString(pieces[rng.Intn(len(pieces))])
+		}
+		same(sb.String())
 	}
 }

@@ -381,3 +381,19 @@ func floatReadsAsItself(digits string, exp int) bool {
 	}
 	return strconv.FormatFloat(f, 'f', -1, 64) == n.String()
 }
+
+// FuzzWriteString: writeString writes what encoding/json writes for any
+// string.
+func FuzzWriteString(f *testing.F) {
+	for _, s := range []string{"", "plain", "<a href='x'>&</a>", "a\u2028b\u2029c", "\xff\xfe", "\x00\x1f\x7f", `"\`,
+		"é😀", "\xed\xa0\x80", "\xe2\x80"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var buf bytes.Buffer
+		writeString(&buf, s)
+		if want, _ := json.Marshal(s); !bytes.Equal(buf.Bytes(), want) {
+			t.Fatalf("%q: %s, encoding/json %s", s, buf.Bytes(), want)
+		}
+	})
+}
