@@ -2,8 +2,6 @@ package auth
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -19,6 +17,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/keyedhash"
 	"github.com/getratchet/ratchet/lib/money"
 	"github.com/getratchet/ratchet/lib/toolname"
 )
@@ -49,7 +48,7 @@ type NewKey struct {
 // Service authenticates and manages keys.
 type Service struct {
 	pool       *pgxpool.Pool
-	hashSecret []byte
+	hashSecret *keyedhash.Key
 	limiter    *Limiter
 	now        func() time.Time
 
@@ -77,7 +76,7 @@ const maxCachedKeys = 10_000
 // another instance may still be accepted here (zero disables caching).
 func NewService(pool *pgxpool.Pool, hashSecret string, cacheTTL time.Duration, now func() time.Time) *Service {
 	return &Service{
-		pool: pool, hashSecret: []byte(hashSecret), limiter: NewLimiter(pool, now), now: now,
+		pool: pool, hashSecret: keyedhash.New([]byte(hashSecret)), limiter: NewLimiter(pool, now), now: now,
 		cacheTTL: cacheTTL, cache: map[string]cachedKey{},
 	}
 }
@@ -88,9 +87,7 @@ func (s *Service) Limiter() *Limiter { return s.limiter }
 // Hash is HMAC-SHA-256 with KEY_HASH_SECRET; also used for values that must be
 // matched but never stored in clear (dimension values).
 func (s *Service) Hash(v string) []byte {
-	m := hmac.New(sha256.New, s.hashSecret)
-	m.Write([]byte(v))
-	return m.Sum(nil)
+	return s.hashSecret.Sum([]byte(v))
 }
 
 func errBadKey() error {

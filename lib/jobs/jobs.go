@@ -14,8 +14,6 @@ package jobs
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
 	"encoding/json"
 	"log/slog"
 	"math/rand/v2"
@@ -27,6 +25,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/answer"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/keyedhash"
 	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/seal"
 )
@@ -74,7 +73,7 @@ const LapseWarning = "Lease expired without a report; the worker may have comple
 type Service struct {
 	pool       *pgxpool.Pool
 	sealer     *seal.Sealer
-	hashKey    []byte
+	hashKey    *keyedhash.Key
 	now        func() time.Time
 	leaseGrace time.Duration
 	// jitter returns a uniform value in [0,1) for retry jitter.
@@ -140,17 +139,15 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, hashSecret string, leaseGraceM
 	}
 	// Postgres keeps microseconds: a write answers the time a read returns.
 	clock := func() time.Time { return now().UTC().Truncate(time.Microsecond) }
-	return &Service{pool: pool, sealer: sealer, hashKey: []byte(hashSecret), now: clock,
+	return &Service{pool: pool, sealer: sealer, hashKey: keyedhash.New([]byte(hashSecret)), now: clock,
 		leaseGrace: time.Duration(leaseGraceMs) * time.Millisecond, jitter: rand.Float64,
 		pollMin: pollMin, pollMax: pollMax, wake: newWaker(), waits: newWaitSlots(maxWaitingClaimsPerKey),
 		purgeSteps: purgeStepsPerPass, sweepBatch: sweepBatch, claimInputBudget: ClaimInputBudget, logger: redact.Logger(logger)}
 }
 
-func (s *Service) mac(b []byte) []byte {
-	m := hmac.New(sha256.New, s.hashKey)
-	m.Write(b)
-	return m.Sum(nil)
-}
+// mac is the keyed hash (HMAC-SHA-256 under the hash secret) of the
+// concatenation of parts.
+func (s *Service) mac(parts ...[]byte) []byte { return s.hashKey.Sum(parts...) }
 
 // open decrypts a sealed JSON column, answering null for an empty one.
 func (s *Service) open(jobID, column string, sealed []byte) (json.RawMessage, error) {

@@ -922,7 +922,7 @@ func (s *Service) enqueue(ctx context.Context, q db.Querier, workspaceID string,
 // (security review: a plain hash of parts the step's read shows, and the
 // input, let a guessed input be confirmed offline).
 func (s *Service) keyedStepKey(identity []byte) string {
-	return hex.EncodeToString(s.mac(append([]byte("ratchet step key\n"), identity...)))
+	return hex.EncodeToString(s.mac([]byte("ratchet step key\n"), identity))
 }
 
 func int64Ptr(v *int32) *int64 {
