@@ -670,7 +670,18 @@ type enqueueOp struct {
 	// identity is what a generated key hashes (canonical JSON); nil when
 	// the producer named the key. key is then its plain hash, which runs
 	// started before migration 0031 keep (see keyedStepKey).
-	identity                 []byte
+	identity []byte
+	// head is the canonical JSON array of what the identity and every
+	// fingerprint begin with (run, tool, handler version, contract version,
+	// effective endpoint, dependency, canonical input), left open: each of
+	// them is head, its own elements and the delay, encoded once (see
+	// hashed).
+	head []byte
+	// delay is the canonical {"delayMs":N} both end with, nil without a
+	// delay: every hash of an enqueue without one is what it was before
+	// delays existed, so keys and retries from before the upgrade still
+	// match.
+	delay                    []byte
 	timeoutMs, maxAttempts   *int64
 	contractVersion          *int64
 	afterStepID, afterStatus *string
@@ -750,6 +761,15 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 		id := ids.Lookup(ids.Step, *req.AfterStepID)
 		op.afterStepID = &id
 	}
+	head, err := canonjson.Marshal([]any{runID, op.name, op.version, op.contractVersion, op.endpoint, op.afterStepID,
+		op.afterStatus, canonjson.Canonical(op.canon)})
+	if err != nil {
+		return op, apierr.InvalidField("input", "must be JSON")
+	}
+	op.head = head[:len(head)-1] // open: "[" and the elements
+	if op.delayMs != nil {
+		op.delay, _ = canonjson.Marshal(map[string]any{"delayMs": *op.delayMs})
+	}
 	if req.IdempotencyKey != nil {
 		op.key = *req.IdempotencyKey
 	} else {
@@ -757,11 +777,7 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 		// run, tool, handler version, contract version, effective endpoint,
 		// dependency and canonical input; and a delay, if any (a step sent
 		// now and the same one in a day are two steps).
-		op.identity, err = canonjson.Marshal(op.withDelay([]any{runID, op.name, op.version, op.contractVersion,
-			op.endpoint, op.afterStepID, op.afterStatus, canonjson.Canonical(op.canon)}))
-		if err != nil {
-			return op, apierr.InvalidField("input", "must be JSON")
-		}
+		op.identity = op.hashed(nil)
 		sum := sha256.Sum256(op.identity)
 		op.key = hex.EncodeToString(sum[:])
 	}
@@ -784,20 +800,29 @@ func storedInput(raw, canon []byte) []byte {
 
 // fingerprint identifies the whole operation, so a repeated key with a
 // different operation is told apart from a duplicate.
+// It is the identity's elements, then timeout, attempts and key, then the
+// delay.
 func (op enqueueOp) fingerprint() []byte {
-	b, _ := canonjson.Marshal(op.withDelay([]any{op.runID, op.name, op.version, op.contractVersion, op.endpoint,
-		op.afterStepID, op.afterStatus, canonjson.Canonical(op.canon), op.timeoutMs, op.maxAttempts, op.key}))
-	return b
+	more, _ := canonjson.Marshal([]any{op.timeoutMs, op.maxAttempts, op.key})
+	return op.hashed(more)
 }
 
-// withDelay adds the delay to what a key or fingerprint hashes, only when
-// there is one: every hash of an enqueue without one is what it was before
-// delays existed, so keys and retries from before the upgrade still match.
-func (op enqueueOp) withDelay(fields []any) []any {
-	if op.delayMs == nil {
-		return fields
+// hashed is the canonical JSON array of the identity's elements (op.head),
+// those of the canonical array more (none when nil), and the delay if
+// any: canonjson.Marshal of the one []any of them all, byte for byte, as
+// the hashes stored so far were made, without encoding the shared
+// elements again for each hash (an enqueue without a key hashes three such
+// arrays).
+func (op enqueueOp) hashed(more []byte) []byte {
+	b := make([]byte, 0, len(op.head)+len(more)+len(op.delay)+2)
+	b = append(b, op.head...)
+	if len(more) > 2 { // "[]" adds nothing
+		b = append(append(b, ','), more[1:len(more)-1]...)
 	}
-	return append(fields, map[string]any{"delayMs": *op.delayMs})
+	if op.delay != nil {
+		b = append(append(b, ','), op.delay...)
+	}
+	return append(b, ']')
 }
 
 // Enqueue adds a step to a run. A known key with the same operation answers
@@ -839,14 +864,7 @@ func (s *Service) enqueue(ctx context.Context, q db.Querier, workspaceID string,
 	op enqueueOp) (EnqueueResult, error) {
 	now := s.now()
 	jobID, stepID := ids.NewAt(ids.Job, now), ids.NewAt(ids.Step, now)
-	hash := s.mac(op.fingerprint())
-	var keyedKey *string
-	var keyedHash []byte
-	if op.identity != nil {
-		keyed := op
-		keyed.key = s.keyedStepKey(op.identity)
-		keyedKey, keyedHash = &keyed.key, s.mac(keyed.fingerprint())
-	}
+	hash, keyedKey, keyedHash := s.enqueueHashes(op)
 	sealed, preview := s.sealer.Seal(op.input, seal.AAD(jobID, "input")), string(redact.PreviewJSON(op.input))
 	contract, checked := op.contractVersion, false
 	var notBefore *time.Time
@@ -913,6 +931,20 @@ func (s *Service) enqueue(ctx context.Context, q db.Querier, workspaceID string,
 		}
 	}
 	return EnqueueResult{}, errors.New("enqueue: undecided after three calls")
+}
+
+// enqueueHashes is what an enqueue's statement matches a step by: the
+// operation's request hash (the keyed hash of its fingerprint) and, for a
+// generated key, its keyed form with that form's request hash (nil for a
+// key the producer named).
+func (s *Service) enqueueHashes(op enqueueOp) (hash []byte, keyedKey *string, keyedHash []byte) {
+	hash = s.mac(op.fingerprint())
+	if op.identity != nil {
+		keyed := op
+		keyed.key = s.keyedStepKey(op.identity)
+		keyedKey, keyedHash = &keyed.key, s.mac(keyed.fingerprint())
+	}
+	return hash, keyedKey, keyedHash
 }
 
 // keyedStepKey is the key the service generates for a step of a run
