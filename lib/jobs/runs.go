@@ -19,6 +19,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
@@ -876,37 +877,48 @@ func (s *Service) enqueue(ctx context.Context, q db.Querier, workspaceID string,
 	// (a checked contract is not selected again, and endpoints are never
 	// deleted).
 	for range 3 {
-		var (
-			outcome           string
-			step, job, status *string // set with inserted and existing
-			due               *time.Time
-			stored            []byte
-			cv                *int32
-		)
-		var taken *string
+		// The answer is read into pgtype values rather than pointers: pgx
+		// plans a pointer's scan afresh for every row, a few allocations a
+		// column. One struct, so one allocation for them all.
+		var row struct {
+			outcome                  string
+			step, job, status, taken pgtype.Text // step, job and status set with inserted and existing
+			due                      pgtype.Timestamptz
+			stored                   []byte
+			cv                       pgtype.Int4
+		}
 		err := q.QueryRow(ctx, sqlEnqueue, workspaceID, op.runID, op.key, hash, op.name, op.version, op.endpoint,
 			op.afterStepID, op.afterStatus, contract, checked, op.maxAttempts, op.timeoutMs, jobID, stepID, sealed,
-			preview, now, notBefore, keyedKey, keyedHash, keyID).Scan(&outcome, &step, &job, &status, &due, &stored, &cv,
-			&taken)
+			preview, now, notBefore, keyedKey, keyedHash, keyID).Scan(&row.outcome, &row.step, &row.job, &row.status,
+			&row.due, &row.stored, &row.cv, &row.taken)
 		if err != nil {
 			return EnqueueResult{}, fmt.Errorf("enqueue: %w", err)
 		}
-		if keyedKey != nil && taken != nil && *taken == *keyedKey {
+		if keyedKey != nil && row.taken.Valid && row.taken.String == *keyedKey {
 			op.key, hash = *keyedKey, keyedHash // the run's generated keys are keyed (migration 0031)
 		}
-		switch outcome {
+		var due *time.Time
+		if row.due.Valid {
+			due = &row.due.Time
+		}
+		var cv *int32
+		if row.cv.Valid {
+			cv = &row.cv.Int32
+		}
+		switch row.outcome {
 		case "inserted":
 			if due != nil {
 				// The clock's reading, before Postgres rounded it to microseconds.
-				due = &now
+				t := now
+				due = &t
 				if notBefore != nil {
 					due = notBefore
 				}
 			}
-			return EnqueueResult{StepID: *step, JobID: *job, IdempotencyKey: op.key, Status: *status, DueAt: due,
-				contractVersion: int64Ptr(cv)}, nil
+			return EnqueueResult{StepID: row.step.String, JobID: row.job.String, IdempotencyKey: op.key,
+				Status: row.status.String, DueAt: due, contractVersion: int64Ptr(cv)}, nil
 		case "existing":
-			return dedupe(op, hash, *step, *job, *status, due, stored)
+			return dedupe(op, hash, row.step.String, row.job.String, row.status.String, due, row.stored)
 		case "revoked":
 			return EnqueueResult{}, auth.ErrRevokedKey() // revoked since this instance cached it
 		case "not_found":
@@ -927,7 +939,7 @@ func (s *Service) enqueue(ctx context.Context, q db.Querier, workspaceID string,
 			v := int64(c.ContractVersion)
 			contract, checked = &v, true
 		default:
-			return EnqueueResult{}, fmt.Errorf("enqueue: unknown outcome %q", outcome)
+			return EnqueueResult{}, fmt.Errorf("enqueue: unknown outcome %q", row.outcome)
 		}
 	}
 	return EnqueueResult{}, errors.New("enqueue: undecided after three calls")
