@@ -2,6 +2,7 @@ package ids
 
 import (
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,5 +70,49 @@ func TestLookup(t *testing.T) {
 	require.Equal(t, id, Lookup(Run, id))
 	for _, s := range []string{"run_missing", New(Group), "", "x"} {
 		require.Equal(t, None(Run), Lookup(Run, s), s)
+	}
+}
+
+// legacyValid is Valid as it was: each character searched for in alphabet.
+func legacyValid(prefix, s string) bool {
+	if len(s) != len(prefix)+27 || !strings.HasPrefix(s, prefix) || s[len(prefix)] != '_' {
+		return false
+	}
+	for _, c := range s[len(prefix)+1:] {
+		if !strings.ContainsRune(alphabet, c) {
+			return false
+		}
+	}
+	return true
+}
+
+// Valid answers as it did for an id with any one byte replaced by any
+// other (multi-byte characters and invalid UTF-8 included), or any two
+// bytes by a two-byte character.
+func TestValidAnswersAsBefore(t *testing.T) {
+	t.Parallel()
+	id := NewAt(Run, time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	require.True(t, Valid(Run, id))
+	for i := range len(id) {
+		for c := range 256 {
+			s := id[:i] + string([]byte{byte(c)}) + id[i+1:]
+			require.Equal(t, legacyValid(Run, s), Valid(Run, s), "%q", s)
+		}
+		if i+2 <= len(id) {
+			for _, r := range []string{"é", "\u00ff", "\xc3\xa9", "\xff\xfe"} {
+				s := id[:i] + r + id[i+2:]
+				require.Equal(t, legacyValid(Run, s), Valid(Run, s), "%q", s)
+			}
+		}
+	}
+}
+
+// Every request with an id in its path checks it (httpapi's PathID).
+func BenchmarkValid(b *testing.B) {
+	id := New(Run)
+	for b.Loop() {
+		if !Valid(Run, id) {
+			b.Fatal(id)
+		}
 	}
 }
