@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/getratchet/ratchet/lib/auth"
@@ -141,12 +142,21 @@ type Call struct {
 
 var pathParam = regexp.MustCompile(`\{([a-zA-Z_]+)\}`)
 
-// PathParams lists the pattern's parameter names in order.
+// pathParamsOf holds each pattern's PathParams: every request's checks
+// read them (textParams, knownQuery), and a pattern's never change.
+var pathParamsOf sync.Map // pattern → []string
+
+// PathParams lists the pattern's parameter names in order. The slice is
+// shared by every caller: read it, never change it.
 func (r *Route) PathParams() []string {
+	if v, ok := pathParamsOf.Load(r.Pattern); ok {
+		return v.([]string)
+	}
 	var out []string
 	for _, m := range pathParam.FindAllStringSubmatch(r.Pattern, -1) {
 		out = append(out, m[1])
 	}
+	pathParamsOf.Store(r.Pattern, out)
 	return out
 }
 

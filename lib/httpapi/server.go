@@ -196,8 +196,10 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 		if route != nil {
 			name = route.Name
 		}
-		s.Logger.Info("request", "request_id", reqID, "method", loggedMethod(r.Method), "route", name,
-			"status", sw.status, "ms", time.Since(start).Milliseconds())
+		// As Info with these pairs writes it, without boxing each value.
+		s.Logger.LogAttrs(context.Background(), slog.LevelInfo, "request", slog.String("request_id", reqID),
+			slog.String("method", loggedMethod(r.Method)), slog.String("route", name), slog.Int("status", sw.status),
+			slog.Int64("ms", time.Since(start).Milliseconds()))
 	}()
 
 	if g == nil {
@@ -232,8 +234,20 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 	// more, holding the answer back until they came or the read deadline
 	// passed (edge QA: a 401 to a request declaring 100 GB took 15 s).
 	// Given the server's own writer, the limit closes the connection as it
-	// is reached.
-	r = r.WithContext(r.Context())
+	// is reached. A route's request runs within its Timeout, set on that
+	// same copy (one copy, not two); a protocol endpoint (Raw) is not
+	// bounded here.
+	ctx := r.Context()
+	if route.Raw == nil {
+		timeout := route.Timeout
+		if timeout == 0 {
+			timeout = DefaultTimeout
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	r = r.WithContext(ctx)
 	r.Body = http.MaxBytesReader(w, r.Body, MaxBodyBytes)
 	if route.Raw != nil {
 		// A protocol endpoint's requests are not counted against the key's
@@ -249,13 +263,6 @@ func (s *Server) serveGroup(w http.ResponseWriter, r *http.Request, g *group) {
 		route.Raw.ServeHTTP(sw, r)
 		return
 	}
-	timeout := route.Timeout
-	if timeout == 0 {
-		timeout = DefaultTimeout
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), timeout)
-	defer cancel()
-	r = r.WithContext(ctx)
 	// The body must arrive within the request's time (Call.Body): the
 	// connection's reads are cut then, where the server allows it (not
 	// Lambda's adapter, which has the whole body already). net/http clears
@@ -342,6 +349,9 @@ func textParams(r *http.Request, pattern string, pathParams []string) error {
 			return apierr.InvalidField(name, "must be UTF-8 text without NUL characters")
 		}
 	}
+	if r.URL.RawQuery == "" {
+		return nil // no query parameter (r.URL.Query would parse "" into an empty map)
+	}
 	for name, values := range r.URL.Query() {
 		for _, v := range values {
 			if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
@@ -394,6 +404,9 @@ const maxQueryParams = 10000
 // else. Public routes (health, discovery) take any: a cache-busting
 // parameter there asks for nothing.
 func knownQuery(r *http.Request, route *Route) error {
+	if r.URL.RawQuery == "" {
+		return nil // nothing to refuse, as nearly every request that is not a list
+	}
 	if name, ok := undecodableQuery(r.URL.RawQuery); ok {
 		if slices.Contains(route.PathParams(), name) && isIDParam(name) && r.PathValue(name) == name {
 			// A path id Vercel's rewrite put in the query (ServeRoute; the

@@ -158,6 +158,11 @@ type errorHandler struct{ next slog.Handler }
 func (h errorHandler) Enabled(ctx context.Context, l slog.Level) bool { return h.next.Enabled(ctx, l) }
 
 func (h errorHandler) Handle(ctx context.Context, r slog.Record) error {
+	if !mayRewrite(r) {
+		// Nothing safeAttr would change (every request's own log line:
+		// strings and numbers): passed on as it is, not copied.
+		return h.next.Handle(ctx, r)
+	}
 	out := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
 	r.Attrs(func(a slog.Attr) bool {
 		out.AddAttrs(safeAttr(a))
@@ -176,6 +181,21 @@ func (h errorHandler) WithAttrs(as []slog.Attr) slog.Handler {
 
 func (h errorHandler) WithGroup(name string) slog.Handler {
 	return errorHandler{h.next.WithGroup(name)}
+}
+
+// mayRewrite says whether safeAttr may change one of r's attributes: only
+// a group, a LogValuer or an Any (an error is one) can be changed; it
+// answers every other attribute as it is.
+func mayRewrite(r slog.Record) bool {
+	may := false
+	r.Attrs(func(a slog.Attr) bool {
+		switch a.Value.Kind() {
+		case slog.KindGroup, slog.KindLogValuer, slog.KindAny:
+			may = true
+		}
+		return !may
+	})
+	return may
 }
 
 func safeAttr(a slog.Attr) slog.Attr {

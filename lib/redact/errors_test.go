@@ -8,6 +8,7 @@ import (
 	"go/parser"
 	"go/token"
 	"go/types"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net/url"
@@ -127,6 +128,45 @@ func TestLoggerWritesErrorsAsErrorText(t *testing.T) {
 	require.Contains(t, buf.String(), `"err":"ERROR: data exception`)
 	require.Contains(t, buf.String(), `"inner":{"cause":"ERROR: data exception`)
 	require.Contains(t, buf.String(), `"plain":"kept"`)
+}
+
+// errValuer logs as the error it holds.
+type errValuer struct{ err error }
+
+func (v errValuer) LogValue() slog.Value { return slog.AnyValue(v.err) }
+
+// A record of plain attributes is passed on as it is; one error among them,
+// however far down the list, or a LogValuer that resolves to one, is still
+// rewritten.
+func TestLoggerRewritesAnErrorAmongPlainAttributes(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	l := Logger(slog.New(slog.NewJSONHandler(&buf, nil)))
+	pe := &pgconn.PgError{Severity: "ERROR", Code: "22P02", Message: marker}
+	l.LogAttrs(t.Context(), slog.LevelInfo, "plain", slog.String("a", "1"), slog.Int("b", 2), slog.Bool("c", true),
+		slog.Float64("d", 1.5), slog.Int64("e", 5), slog.String("f", marker))
+	require.Contains(t, buf.String(), `"f":"`+marker+`"`, "a plain string is logged as it is")
+	buf.Reset()
+	l.Info("late", "a", "1", "b", 2, "c", true, "d", 1.5, "e", int64(5), "f", "six", "err", pe)
+	require.NotContains(t, buf.String(), marker)
+	require.Contains(t, buf.String(), `"err":"ERROR: data exception`)
+	buf.Reset()
+	l.Info("valuer", "a", "1", "err", errValuer{pe})
+	require.NotContains(t, buf.String(), marker)
+	require.Contains(t, buf.String(), `"err":"ERROR: data exception`)
+}
+
+// Every request logs one line of strings and numbers through the logger
+// (httpapi's serveGroup).
+func BenchmarkLoggerRequestLine(b *testing.B) {
+	l := Logger(slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	ctx := b.Context()
+	b.ReportAllocs()
+	for b.Loop() {
+		l.LogAttrs(ctx, slog.LevelInfo, "request", slog.String("request_id", "req_01KBN3ZQ0C9Y5T8W2M4R6H7J1E"),
+			slog.String("method", "POST"), slog.String("route", "runs.enqueue"), slog.Int("status", 201),
+			slog.Int64("ms", 3))
+	}
 }
 
 // Loggers apply ErrorText to an error, not to the string err.Error() makes
