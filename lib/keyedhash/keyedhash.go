@@ -7,6 +7,7 @@
 package keyedhash
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"hash"
@@ -18,8 +19,10 @@ type Key struct {
 	macs sync.Pool // of hash.Hash, each Reset: ready for a new value
 }
 
-// New is a Key for key (copied by hmac.New).
+// New is a Key for key. The key is copied: the pool makes its HMACs
+// later, and a caller's slice changed after New must not change them.
 func New(key []byte) *Key {
+	key = bytes.Clone(key)
 	k := &Key{}
 	k.macs.New = func() any {
 		m := hmac.New(sha256.New, key)

@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -77,4 +78,16 @@ func BenchmarkSum(b *testing.B) {
 			k.Sum(v)
 		}
 	})
+}
+
+// The key is New's copy: a caller's slice changed afterwards changes no
+// sum, though the pool makes its HMACs later (after a GC empties it).
+func TestTheKeyIsCopied(t *testing.T) {
+	secret := []byte("instance-secret-0123456789")
+	k := New(secret)
+	want := k.Sum([]byte("value"))
+	copy(secret, "XXXXXXXXXXXXXXXX")
+	runtime.GC() // a pool's items survive one GC (its victim cache), not two
+	runtime.GC()
+	require.Equal(t, want, k.Sum([]byte("value")))
 }
