@@ -25,6 +25,14 @@ async function api(method, path, key, body) {
 	return { status: res.status, body: text ? JSON.parse(text) : null };
 }
 
+// registerWorker makes a WORKER key of workspace key for tool name@version
+// and registers a worker with it: the worker's secret and its workerId.
+async function registerWorker(key, name, version) {
+	const worker = (await api('POST', '/keys', key, { name: 'w', preset: 'WORKER', tools: [`${name}@${version}`] })).body.secret;
+	const workerId = (await api('POST', '/workers/register', worker, { tools: [{ name, version }] })).body.workerId;
+	return { worker, workerId };
+}
+
 let workspaces = 0;
 async function signup() {
 	const res = await fetch(base + '/api/v1/workspaces', {
@@ -752,8 +760,7 @@ test("an endpoint's page: pause and resume, its policy edited naming its version
 	assert.deepEqual([e.policyPreset, e.maxAttempts], ['CUSTOM', 3]);
 
 	// Its attempts: one a worker failed.
-	const worker = (await api('POST', '/keys', key, { name: 'w', preset: 'WORKER', tools: ['charge_card@2'] })).body.secret;
-	const workerId = (await api('POST', '/workers/register', worker, { tools: [{ name: 'charge_card', version: '2' }] })).body.workerId;
+	const { worker, workerId } = await registerWorker(key, 'charge_card', '2');
 	const [job] = (await api('POST', `/workers/${workerId}/claim`, worker, { limit: 1 })).body.jobs;
 	const report = await api('POST', `/jobs/${job.jobId}/report`, worker, { leaseToken: job.leaseToken, status: 'FAILED', error: { message: 'card declined', retryable: false } });
 	assert.equal(report.status, 200);
@@ -769,8 +776,7 @@ test("a lapsed attempt's warning is shown on its step's page and its endpoint's 
 	const run = (await api('POST', '/runs', key, { name: 'export' })).body;
 	// The test server's lease grace is 500 ms (TestConsole).
 	const step = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'export_rows', version: '1', input: {}, timeoutMs: 1000 })).body;
-	const worker = (await api('POST', '/keys', key, { name: 'w', preset: 'WORKER', tools: ['export_rows@1'] })).body.secret;
-	const workerId = (await api('POST', '/workers/register', worker, { tools: [{ name: 'export_rows', version: '1' }] })).body.workerId;
+	const { worker, workerId } = await registerWorker(key, 'export_rows', '1');
 	const claim = async () => (await api('POST', `/workers/${workerId}/claim`, worker, { limit: 1 })).body.jobs;
 	assert.equal((await claim()).length, 1);
 	await new Promise((r) => setTimeout(r, 1700));
@@ -799,8 +805,7 @@ test('a step replayed while its cancelled attempt may still run says it waits fo
 	const key = await signup();
 	const run = (await api('POST', '/runs', key, { name: 'held' })).body;
 	const step = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'slow_export', version: '1', input: {}, timeoutMs: 60000 })).body;
-	const worker = (await api('POST', '/keys', key, { name: 'w', preset: 'WORKER', tools: ['slow_export@1'] })).body.secret;
-	const workerId = (await api('POST', '/workers/register', worker, { tools: [{ name: 'slow_export', version: '1' }] })).body.workerId;
+	const { worker, workerId } = await registerWorker(key, 'slow_export', '1');
 	const [job] = (await api('POST', `/workers/${workerId}/claim`, worker, { limit: 1 })).body.jobs;
 	assert.equal((await api('POST', `/steps/${step.stepId}/cancel`, key, {})).status, 200);
 	const lease = (await api('GET', `/steps/${step.stepId}`, key)).body.durableJob.leaseExpiresAt;
@@ -847,8 +852,7 @@ test("a step's retry policy as enqueued, a CUSTOM one spelled out, and a worker'
 	const run = (await api('POST', '/runs', key, { name: 'retry' })).body;
 	const step = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'notify_vendor', version: '1', input: {}, endpoint: 'slow_vendor', maxAttempts: 3, timeoutMs: 45000 })).body;
 	const plain = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'notify_vendor', version: '1', input: { n: 2 } })).body;
-	const worker = (await api('POST', '/keys', key, { name: 'w', preset: 'WORKER', tools: ['notify_vendor@1'] })).body.secret;
-	const workerId = (await api('POST', '/workers/register', worker, { tools: [{ name: 'notify_vendor', version: '1' }] })).body.workerId;
+	const { worker, workerId } = await registerWorker(key, 'notify_vendor', '1');
 	const jobs = (await api('POST', `/workers/${workerId}/claim`, worker, { limit: 2 })).body.jobs;
 	const job = jobs.find((j) => j.stepId === step.stepId);
 	const report = await api('POST', `/jobs/${job.jobId}/report`, worker, { leaseToken: job.leaseToken, status: 'FAILED', error: { message: 'slow down', retryable: true, retryAfterMs: 120000 } });
@@ -876,8 +880,7 @@ test("an endpoint's open circuit says since when and when a probe may run; its l
 	const endpoint = (await api('POST', '/endpoints', key, { name: 'flaky_vendor', circuitFailureThreshold: 1, circuitCooldownMs: 600000, maxConcurrent: 2, rateLimitPerMinute: 30 })).body;
 	const run = (await api('POST', '/runs', key, { name: 'breaker' })).body;
 	for (const n of [1, 2]) await api('POST', `/runs/${run.id}/steps`, key, { name: 'call_vendor', version: '1', input: { n }, endpoint: 'flaky_vendor' });
-	const worker = (await api('POST', '/keys', key, { name: 'w', preset: 'WORKER', tools: ['call_vendor@1'] })).body.secret;
-	const workerId = (await api('POST', '/workers/register', worker, { tools: [{ name: 'call_vendor', version: '1' }] })).body.workerId;
+	const { worker, workerId } = await registerWorker(key, 'call_vendor', '1');
 	const [job] = (await api('POST', `/workers/${workerId}/claim`, worker, { limit: 1 })).body.jobs;
 	assert.equal((await api('POST', `/jobs/${job.jobId}/report`, worker, { leaseToken: job.leaseToken, status: 'FAILED', error: { message: 'down', retryable: true } })).status, 200);
 	const e = (await api('GET', `/endpoints/${endpoint.id}/policy`, key)).body;
@@ -926,8 +929,7 @@ test('an attempt whose error message the server cannot decrypt says so', async (
 	const key = await signup();
 	const run = (await api('POST', '/runs', key, { name: 'notify' })).body;
 	const step = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'send_sms', version: '1', input: {}, maxAttempts: 1 })).body;
-	const worker = (await api('POST', '/keys', key, { name: 'w', preset: 'WORKER', tools: ['send_sms@1'] })).body.secret;
-	const workerId = (await api('POST', '/workers/register', worker, { tools: [{ name: 'send_sms', version: '1' }] })).body.workerId;
+	const { worker, workerId } = await registerWorker(key, 'send_sms', '1');
 	const [job] = (await api('POST', `/workers/${workerId}/claim`, worker, { limit: 1 })).body.jobs;
 	const report = await api('POST', `/jobs/${job.jobId}/report`, worker, { leaseToken: job.leaseToken, status: 'FAILED', error: { message: 'carrier down', retryable: false } });
 	assert.equal(report.status, 200);
@@ -1215,8 +1217,7 @@ test("a step replayed past 50 times says its earlier attempts and replays are le
 	const key = await signup();
 	const run = (await api('POST', '/runs', key, { name: 'replayed' })).body;
 	const step = (await api('POST', `/runs/${run.id}/steps`, key, { name: 'replayed_export', version: '1', input: {}, maxAttempts: 1 })).body;
-	const worker = (await api('POST', '/keys', key, { name: 'w', preset: 'WORKER', tools: ['replayed_export@1'] })).body.secret;
-	const workerId = (await api('POST', '/workers/register', worker, { tools: [{ name: 'replayed_export', version: '1' }] })).body.workerId;
+	const { worker, workerId } = await registerWorker(key, 'replayed_export', '1');
 	const replays = 52; // attempts: one more
 	for (let i = 0; ; i++) {
 		const [job] = (await api('POST', `/workers/${workerId}/claim`, worker, { limit: 1 })).body.jobs;
