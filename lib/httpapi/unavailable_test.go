@@ -300,15 +300,17 @@ func TestRoutesWithoutTheDatabaseDoNotWaitForItsClock(t *testing.T) {
 	silent := testpg.SilentURL(t) // accepts, never answers
 	env := apitest.Start(t, apitest.WithConfig(func(c *config.Config) {
 		c.DatabaseURL = silent
-		c.DBConnectTimeout = 8 * time.Second
+		// Far past the bounds below, so waiting for it fails the test
+		// however slow the machine is, and not waiting passes it.
+		c.DBConnectTimeout = time.Minute
 	}))
 	start := time.Now()
 	r := env.Do("GET", "/api/v1/openapi.json", "", nil)
 	require.Equal(t, http.StatusOK, r.Status)
-	require.Less(t, time.Since(start), 4*time.Second, "not DB_CONNECT_TIMEOUT")
+	require.Less(t, time.Since(start), 30*time.Second, "not DB_CONNECT_TIMEOUT")
 
 	start = time.Now()
 	h := env.Do("GET", "/api/v1/health", "", nil)
 	require.Equal(t, http.StatusServiceUnavailable, h.Status)
-	require.Less(t, time.Since(start), 6*time.Second, "health's own 2 s, not DB_CONNECT_TIMEOUT too")
+	require.Less(t, time.Since(start), 30*time.Second, "health's own 2 s, not DB_CONNECT_TIMEOUT too")
 }
