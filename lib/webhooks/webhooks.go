@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -69,7 +70,7 @@ type Delivery struct {
 // validate's checks: events lists 1 to maxEventsListed names, repeats
 // included, each one of events.Types.
 type CreateRequest struct {
-	URL    string   `json:"url" openapi:"maxLength=2000"`
+	URL    string   `json:"url" openapi:"maxLength=2000" jsonschema:"the receiver: an absolute http or https URL without credentials or white space, naming a host and, if any, a port from 1 to 65535. Unless the server sets WEBHOOK_ALLOW_PRIVATE_NETWORKS=true its host must be a public address: an IP literal or localhost is checked here, a host name after its DNS resolution at each delivery"`
 	Events []string `json:"events" openapi:"required,minItems=1,maxItems=50,itemEnum=effect.indeterminate|circuit.tripped|circuit.closed|approval.requested|approval.decided|reconciliation.due|run.finished|step.exhausted|step.replayed"`
 }
 
@@ -107,6 +108,12 @@ func (r *CreateRequest) validate(allowPrivate bool) error {
 	switch {
 	case r.URL == "":
 		pr.Add("url", "is required")
+	case strings.ContainsFunc(r.URL, unicode.IsSpace):
+		// url.Parse takes a space in the path, a trailing one included,
+		// and the client sends it as %20: a URL pasted with a space after
+		// it was taken, and every delivery went to a path the receiver
+		// does not serve (webhooks QA).
+		pr.Add("url", "must not contain white space (percent-encode a space in it as %%20)")
 	case err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Hostname() == "" || u.User != nil:
 		// The host name, not Host: "http://:8080/" has a Host (":8080")
 		// and no name, and the client dials it on this server's own

@@ -238,6 +238,12 @@ func TestCreateValidatesAndShowsSecretOnce(t *testing.T) {
 		// on the server's own host (":8080" is this machine's port 8080).
 		"port, no host": {"url": "http://:8080/x", "events": []string{"run.finished"}},
 		"tls, no host":  {"url": "https://:443/x", "events": []string{"run.finished"}},
+		// Webhooks QA: a space after a pasted URL was taken, and sent as
+		// %20, a path the receiver does not serve.
+		"trailing space":    {"url": "https://example.com/x ", "events": []string{"run.finished"}},
+		"space in path":     {"url": "https://example.com/a b", "events": []string{"run.finished"}},
+		"no-break space":    {"url": "https://example.com/x\u00a0", "events": []string{"run.finished"}},
+		"ideographic space": {"url": "https://example.com/x\u3000", "events": []string{"run.finished"}},
 		// QA: 5 000 unknown types were answered with a 1 MB error.
 		"long list": {"url": "https://example.com/x", "events": slices.Repeat([]string{"bad"}, 5000)},
 	} {
@@ -245,6 +251,9 @@ func TestCreateValidatesAndShowsSecretOnce(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, r.Status, name)
 		require.Equal(t, "invalid_request", r.ErrorCode(), name)
 		require.Less(t, len(r.Body), 4096, name)
+		if strings.Contains(name, "space") {
+			require.Contains(t, string(r.Body), `"field":"url","message":"must not contain white space`, name)
+		}
 	}
 	ported := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
 		map[string]any{"url": "https://example.com:8443/x", "events": []string{"run.finished"}}).JSON()["id"].(string)
