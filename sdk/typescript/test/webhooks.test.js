@@ -15,11 +15,14 @@ const BODY = '{"id":"evt_1","type":"run.finished","created_at":"2030-01-01T00:00
   + '"workspace_id":"ws_1","subject_id":"run_1","data":{"status":"SUCCEEDED"}}';
 const AT = 1893456000; // 2030-01-01T00:00:00Z, in seconds
 const at = (seconds) => (AT + seconds) * 1000; // a clock `now`, in milliseconds
+// The webhook vectors the server's and the three SDKs' tests share.
+const VECTORS = JSON.parse(readFileSync(new URL('../../webhook_vectors.json', import.meta.url), 'utf8'));
 // lib/webhooks.Sign(AT, BODY, SECRET, PREVIOUS), as the server signs a
-// delivery while a rotated secret still signs: computed by the Go code, so
-// that these tests do not only agree with a signer of their own.
-const GO_SIGNED = 't=1893456000,v1=ff237afee107becf95cba2d80d49da679041b19a8a9e4d9668eddeaf3701df21,'
-  + 'v1=e984a90c338dae27f682c4f969144f7d23f135f8db61c56a68674605e170ac5e';
+// delivery while a rotated secret still signs: the shared vector a Go test
+// holds the server's Sign to, so that these tests do not only agree with a
+// signer of their own.
+const GO_SIGNED = VECTORS.signed.find((v) => v.t === AT && v.body === BODY
+  && v.secrets.length === 2 && v.secrets[0] === SECRET && v.secrets[1] === PREVIOUS).header;
 
 /** A header as lib/webhooks.Sign writes it. */
 function sign(t, body, ...secrets) {
@@ -56,6 +59,31 @@ test('a delivery the server signed verifies and decodes', () => {
   // A repeated header given as a list is joined: one verifies, two are two t.
   assert.equal(verifyWebhook(SECRET, [GO_SIGNED], BODY, { now: at(0) }).id, 'evt_1');
   assert.equal(refused(SECRET, [GO_SIGNED, GO_SIGNED]), 'malformed Ratchet-Signature');
+});
+
+test('the shared vectors', () => {
+  // What the server signs verifies with each of its secrets, and each
+  // header, body, secret, clock and tolerance is answered as the Go and
+  // Python SDKs answer it.
+  assert.ok(VECTORS.signed.length > 0 && VECTORS.verify.length > 0);
+  for (const v of VECTORS.signed) {
+    for (const secret of v.secrets) verifyWebhook(secret, v.header, Buffer.from(v.body, 'utf8'), { now: v.t * 1000 });
+  }
+  for (const v of VECTORS.verify) {
+    let outcome = 'ok';
+    try {
+      const event = verifyWebhook(v.secret, v.header, Buffer.from(v.body, 'utf8'), { toleranceSeconds: v.tolerance, now: v.now * 1000 });
+      assert.equal(event.id ?? '', v.id, v.name);
+    } catch (err) {
+      if (err instanceof NoWebhookSecretError) outcome = 'no_secret';
+      else if (err instanceof WebhookSignatureError) {
+        outcome = 'signature';
+        assert.equal(err.reason, v.reason, v.name);
+      } else if (err instanceof assert.AssertionError) throw err;
+      else outcome = 'decode';
+    }
+    assert.equal(outcome, v.outcome, v.name);
+  }
 });
 
 test('each secret of a rotation verifies', () => {
