@@ -262,6 +262,9 @@ func TestWebhookHandlerAnswersEachDelivery(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, deliver(unset, "POST", body, webhooks.Sign(now, body, "")))
 	notJSON := []byte("not json")
 	require.Equal(t, http.StatusBadRequest, deliver(h, "POST", notJSON, webhooks.Sign(now, notJSON, secret)))
+	// Webhooks QA: a signed null was handled as an event with no id.
+	null := []byte("null")
+	require.Equal(t, http.StatusBadRequest, deliver(h, "POST", null, webhooks.Sign(now, null, secret)))
 	huge := []byte(strings.Repeat(" ", 1<<20+1))
 	require.Equal(t, http.StatusBadRequest, deliver(h, "POST", huge, webhooks.Sign(now, huge, secret)))
 	require.Equal(t, http.StatusMethodNotAllowed, deliver(h, "GET", nil, ""))

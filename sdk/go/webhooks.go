@@ -1,6 +1,7 @@
 package ratchet
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -299,6 +300,13 @@ func VerifyWebhookAt(secret, signature string, body []byte, tolerance time.Durat
 	want := m.Sum(nil)
 	for _, mac := range signed {
 		if hmac.Equal(mac, want) {
+			// json.Unmarshal takes null into a struct without a word: a
+			// body of null read as an event with no id or type, which
+			// WebhookHandler passed on (the Python and TypeScript SDKs
+			// refuse it, as any body that is not an object; webhooks QA).
+			if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) == 0 || trimmed[0] != '{' {
+				return nil, errors.New("ratchet: decode webhook event: not a JSON object")
+			}
 			var ev WebhookEvent
 			if err := json.Unmarshal(body, &ev); err != nil {
 				return nil, fmt.Errorf("ratchet: decode webhook event: %w", err)
