@@ -342,6 +342,48 @@ func TestADeliveryInFlightAtADeleteIsRecordedAsItEnded(t *testing.T) {
 	require.Equal(t, "delivered", state)
 }
 
+// A sweeper that dies between a send and its record (a crash, a killed
+// function) leaves the delivery claimed: no other sweeper sends it while
+// the claim holds it (a minute, longer than a send and its record take),
+// and once the claim lapses it is sent again, the same delivery under the
+// same event id, counting an attempt: delivery is at least once, and the
+// README says a receiver must deduplicate by the event id.
+func TestADeliveryWhoseSweeperDiedIsSentAgainOnceItsClaimLapses(t *testing.T) {
+	env, clk := start(t, true)
+	ctx := context.Background()
+	ws := env.Signup()
+	rcv := newReceiver(t)
+	id, _ := subscribe(t, env, ws.Key, rcv.URL)
+	record(t, env, ws.ID, events.RunFinished, clk.Now())
+	_, err := env.App.Server.Webhooks.Dispatch(ctx, clk.Now())
+	require.NoError(t, err)
+	// What a claim leaves of a sweeper that sent the delivery and died
+	// before recording it: an attempt counted, the delivery held a minute.
+	tag, err := env.App.Pool.Exec(ctx, `UPDATE webhook_deliveries SET attempts = attempts + 1,
+		next_attempt_at = $2::timestamptz + interval '60 seconds' WHERE webhook_id = $1`, id, clk.Now())
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+	before := deliveries(t, env, ws.Key, id)[0]
+
+	clk.Add(59 * time.Second)
+	_, err = env.App.Server.Webhooks.Deliver(ctx, clk.Now())
+	require.NoError(t, err)
+	require.Zero(t, rcv.count(), "held while its claim may still be sending it")
+
+	clk.Add(2 * time.Second)
+	_, err = env.App.Server.Webhooks.Deliver(ctx, clk.Now())
+	require.NoError(t, err)
+	require.Equal(t, 1, rcv.count())
+	var sent map[string]any
+	require.NoError(t, json.Unmarshal(rcv.bodies[0], &sent))
+	require.Equal(t, before["event_id"], sent["id"])
+	after := deliveries(t, env, ws.Key, id)
+	require.Len(t, after, 1, "the same delivery")
+	require.Equal(t, before["id"], after[0]["id"])
+	require.Equal(t, "delivered", after[0]["state"])
+	require.EqualValues(t, 2, after[0]["attempts"])
+}
+
 // A pass stopped while a send is in flight (the local server shutting down,
 // a cron caller gone) lets that send finish, within its own timeout, and
 // records what the receiver answered (QA: a restart of scripts/dev while a
