@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -589,11 +590,8 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 	req.Header.Set("Ratchet-Event-Id", c.eventID)
 	req.Header.Set("Ratchet-Signature", Sign(s.now(), body, secrets...))
 	res, err := s.client.Do(req)
-	if errors.Is(err, errNotPublic) {
-		return s.record(ctx, c, nil, "refused: not a public address (WEBHOOK_ALLOW_PRIVATE_NETWORKS)")
-	}
 	if err != nil {
-		return s.record(ctx, c, nil, "request failed")
+		return s.record(ctx, c, nil, sendFailure(err))
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
 	res.Body.Close()
@@ -771,8 +769,41 @@ func shorthandIPv4(host string) net.IP {
 	return net.IPv4(byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
 }
 
+// sendFailure is the last_error of a send that got no answer: a fixed
+// reason by the kind of failure, so that the receiver's owner can tell a
+// port nothing listens on from a certificate the sender does not trust or
+// a receiver too slow to answer (webhooks QA: each read "request failed").
+// Never the error's own words: they hold the URL, whose query may carry
+// the receiver's token, and whatever a TLS or DNS server said.
+func sendFailure(err error) string {
+	var (
+		dns     *net.DNSError
+		cert    *tls.CertificateVerificationError
+		alert   tls.AlertError
+		header  tls.RecordHeaderError
+		timeout net.Error
+	)
+	switch {
+	case errors.Is(err, errNotPublic):
+		return "refused: not a public address (WEBHOOK_ALLOW_PRIVATE_NETWORKS)"
+	case errors.As(err, &dns):
+		return "DNS lookup of the host failed"
+	case errors.As(err, &cert):
+		return "TLS: the receiver's certificate is not trusted for its host"
+	case errors.As(err, &alert), errors.As(err, &header):
+		return "TLS handshake failed"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &timeout) && timeout.Timeout():
+		return "timed out: no answer within " + sendTimeout.String()
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET):
+		return "connection closed without an answer"
+	}
+	return "request failed"
+}
+
 // errNotPublic is the dialer's refusal of a receiver on a non-public
-// address: recorded as such, so an operator sees why (not "request failed").
+// address: recorded as such, so an operator sees why (sendFailure).
 var errNotPublic = errors.New("webhooks: refusing to deliver to a non-public address")
 
 // newClient returns the delivery client. Unless allowPrivate, its dialer

@@ -1,7 +1,15 @@
 package webhooks
 
 import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
 	"net"
+	"net/url"
+	"os"
+	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -69,3 +77,41 @@ func TestNamesNonPublicRefusesZones(t *testing.T) {
 		t.Error("a public host is refused")
 	}
 }
+
+// A send that got no answer is recorded by its kind of failure, in words
+// of the sender's own (the error's hold the URL and what servers said).
+func TestSendFailureSaysWhichKind(t *testing.T) {
+	secretURL := "https://hooks.example.com/x?token=receiver-secret"
+	wrap := func(err error) error { return &url.Error{Op: "Post", URL: secretURL, Err: err} }
+	dial := func(err error) error { return wrap(&net.OpError{Op: "dial", Net: "tcp", Err: err}) }
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{dial(errNotPublic), "refused: not a public address (WEBHOOK_ALLOW_PRIVATE_NETWORKS)"},
+		{dial(&net.DNSError{Err: "no such host", Name: "hooks.example.com", IsNotFound: true}), "DNS lookup of the host failed"},
+		{dial(&net.DNSError{Err: "i/o timeout", Name: "hooks.example.com", IsTimeout: true}), "DNS lookup of the host failed"},
+		{wrap(context.DeadlineExceeded), "timed out: no answer within 10s"},
+		{dial(timeoutError{}), "timed out: no answer within 10s"},
+		{wrap(tls.AlertError(40)), "TLS handshake failed"},
+		{dial(os.NewSyscallError("connect", syscall.ECONNREFUSED)), "connection refused"},
+		{wrap(io.EOF), "connection closed without an answer"},
+		{wrap(&net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}),
+			"connection closed without an answer"},
+		{wrap(errors.New("net/http: HTTP/1.x transport connection broken: malformed HTTP response")), "request failed"},
+	} {
+		got := sendFailure(c.err)
+		if got != c.want {
+			t.Errorf("%v: %q, want %q", c.err, got, c.want)
+		}
+		if strings.Contains(got, "receiver-secret") || strings.Contains(got, "hooks.example.com") {
+			t.Errorf("%q says the URL", got)
+		}
+	}
+}
+
+type timeoutError struct{}
+
+func (timeoutError) Error() string   { return "i/o timeout" }
+func (timeoutError) Timeout() bool   { return true }
+func (timeoutError) Temporary() bool { return true }

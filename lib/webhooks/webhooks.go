@@ -60,7 +60,7 @@ type Delivery struct {
 	State          string     `json:"state" openapi:"enum=pending|delivered|failed"`
 	Attempts       int        `json:"attempts"`
 	LastStatusCode *int       `json:"last_status_code"`
-	LastError      *string    `json:"last_error"`
+	LastError      *string    `json:"last_error" jsonschema:"why the last attempt failed, in a fixed phrase (never the receiver's answer or the error's own words): non-2xx response (last_status_code says which); for a send that got no answer connection refused, connection closed without an answer, timed out: no answer within 10s, DNS lookup of the host failed, TLS: the receiver's certificate is not trusted for its host, TLS handshake failed, refused: not a public address (WEBHOOK_ALLOW_PRIVATE_NETWORKS) or request failed (anything else); cannot open signing secret when the server could not decrypt the subscription's secret to sign with; webhook deleted when its subscription's delete ended it; null after a success or before any attempt"`
 	NextAttemptAt  *time.Time `json:"next_attempt_at"`
 	CreatedAt      time.Time  `json:"created_at"`
 	DeliveredAt    *time.Time `json:"delivered_at"`

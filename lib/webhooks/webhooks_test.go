@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -521,6 +522,51 @@ func repeat(v, n int) []int {
 		out[i] = v
 	}
 	return out
+}
+
+// A send that gets no answer says why in last_error, by kind and never in
+// the error's words (they hold the URL, whose query may carry the
+// receiver's token): every one read "request failed", so a receiver's
+// owner could not tell a refused port from a certificate it does not
+// trust (webhooks QA).
+func TestASendWithoutAnAnswerSaysWhy(t *testing.T) {
+	env, clk := start(t, true)
+	ws := env.Signup()
+	// A port nothing listens on.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	refused := "http://" + ln.Addr().String() + "/hook?token=receiver-secret"
+	require.NoError(t, ln.Close())
+	// A certificate the sender does not trust.
+	untrusted := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	t.Cleanup(untrusted.Close)
+	// A receiver that hangs up without answering.
+	hangs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	t.Cleanup(hangs.Close)
+	want := map[string]string{}
+	for url, why := range map[string]string{
+		refused:                 "connection refused",
+		untrusted.URL + "/hook": "TLS: the receiver's certificate is not trusted for its host",
+		hangs.URL + "/hook":     "connection closed without an answer",
+	} {
+		id, _ := subscribe(t, env, ws.Key, url)
+		want[id] = why
+	}
+	record(t, env, ws.ID, events.RunFinished, clk.Now())
+	env.App.Sweeper.RunOnce(context.Background())
+	for id, why := range want {
+		ds := deliveries(t, env, ws.Key, id)
+		require.Len(t, ds, 1)
+		require.Equal(t, "pending", ds[0]["state"])
+		require.Nil(t, ds[0]["last_status_code"])
+		require.Equal(t, why, ds[0]["last_error"], id)
+		env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil)
+	}
 }
 
 func TestConcurrentSweepersSendEachDeliveryOnce(t *testing.T) {
