@@ -153,3 +153,51 @@ func At(v any, path ...string) any {
 	}
 	return v
 }
+
+// CheckDelivery fails t unless a webhook delivery, its headers and body as
+// its receiver got them, is what the document's webhooks entry for its
+// event type says: each header it lists, and the body's schema.
+func CheckDelivery(t testing.TB, header http.Header, body []byte) {
+	t.Helper()
+	c, err := loadChecker()
+	if err != nil {
+		t.Fatalf("load the OpenAPI document: %v", err)
+	}
+	var ev struct {
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(body, &ev); err != nil {
+		t.Fatalf("the delivery is not JSON: %v", err)
+	}
+	base := "#/webhooks/" + pointerPart(ev.Type) + "/post"
+	params, ok := At(c.doc, "webhooks", ev.Type, "post", "parameters").([]any)
+	if !ok {
+		t.Fatalf("the OpenAPI document's webhooks say nothing of %q", ev.Type)
+	}
+	validate := func(ptr string, v any, what string) {
+		t.Helper()
+		sch, err := c.schema(ptr)
+		if err != nil {
+			t.Fatalf("compile %s: %v", ptr, err)
+		}
+		if err := sch.Validate(v); err != nil {
+			t.Errorf("the delivery's %s does not match the OpenAPI document: %v", what, err)
+		}
+	}
+	for i, p := range params {
+		name, _ := At(p, "name").(string)
+		value := header.Get(name)
+		if value == "" {
+			if required, _ := At(p, "required").(bool); required {
+				t.Errorf("the delivery has no %s header, which the OpenAPI document requires", name)
+			}
+			continue
+		}
+		validate(fmt.Sprintf("%s/parameters/%d/schema", base, i), value, name+" header")
+	}
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("the delivery is not JSON: %v", err)
+	}
+	validate(base+"/requestBody/content/application~1json/schema", v, "body")
+}

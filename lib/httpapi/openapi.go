@@ -61,14 +61,15 @@ func buildOpenAPI(routes []Route) map[string]any {
 				"acting, then report. Durable jobs run customer-owned workers over leases. Every failure is " +
 				"{\"error\": {\"code\", \"message\", \"detail\"}}; branch on code.",
 		},
-		"servers": []any{map[string]any{"url": "/"}},
-		"paths":   paths,
+		"servers":  []any{map[string]any{"url": "/"}},
+		"paths":    paths,
+		"webhooks": webhookDeliveries(),
 		"components": map[string]any{
 			"securitySchemes": map[string]any{
 				"bearer": map[string]any{"type": "http", "scheme": "bearer", "description": "An API key (rk_...)."},
 				"cron":   map[string]any{"type": "http", "scheme": "bearer", "description": "CRON_SECRET."},
 			},
-			"schemas": map[string]any{"Error": errorSchema()},
+			"schemas": map[string]any{"Error": errorSchema(), "WebhookEvent": webhookEventSchema()},
 			"headers": map[string]any{
 				"RequestId": map[string]any{"description": "Every response's id, as the server logs it; quote it " +
 					"when reporting a problem.", "schema": map[string]any{"type": "string"}},

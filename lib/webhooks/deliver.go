@@ -240,6 +240,21 @@ func (s *Service) reportHeld(ctx context.Context, now time.Time) error {
 	return nil
 }
 
+// Payload is a delivery's body: the event it sends. Its fields are in
+// the order of their names, as the map it replaced wrote them, so that a
+// delivery's bytes are what they were.
+type Payload struct {
+	CreatedAt   time.Time       `json:"created_at" jsonschema:"when the event happened (RFC 3339, UTC)"`
+	Data        json.RawMessage `json:"data" jsonschema:"the event's details, a JSON object of ids, states, counts and times (never payloads, inputs, outputs or results; times in UTC with Z); its fields depend on the type"`
+	ID          string          `json:"id" jsonschema:"the event's id (evt_…), also sent as Ratchet-Event-Id: the same in every attempt and every retry, so deduplicate by it"`
+	SubjectID   string          `json:"subject_id" jsonschema:"what the event is about: the effect, run, step, approval, effect type or endpoint (* for the emergency stop's circuit events)"`
+	Type        string          `json:"type" openapi:"enum=effect.indeterminate|circuit.tripped|circuit.closed|approval.requested|approval.decided|reconciliation.due|run.finished|step.exhausted|step.replayed"`
+	WorkspaceID string          `json:"workspace_id" jsonschema:"the workspace of the event and of the subscription"`
+}
+
+// SendTimeout is how long a delivery waits for its receiver's answer.
+const SendTimeout = sendTimeout
+
 type claimed struct {
 	id, url      string
 	secret       []byte
@@ -566,10 +581,8 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 				"webhook_id", c.webhookID, "delivery_id", c.id, "err", err)
 		}
 	}
-	body, err := json.Marshal(map[string]any{
-		"id": c.eventID, "type": c.eventType, "created_at": c.eventCreated.UTC(),
-		"workspace_id": c.workspaceID, "subject_id": c.subjectID, "data": json.RawMessage(utcZ(c.eventData)),
-	})
+	body, err := json.Marshal(Payload{ID: c.eventID, Type: c.eventType, CreatedAt: c.eventCreated.UTC(),
+		WorkspaceID: c.workspaceID, SubjectID: c.subjectID, Data: json.RawMessage(utcZ(c.eventData))})
 	if err != nil {
 		return fmt.Errorf("encode delivery: %w", err)
 	}

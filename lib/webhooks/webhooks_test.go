@@ -46,6 +46,7 @@ type receiver struct {
 	mu       sync.Mutex
 	bodies   [][]byte
 	sigs     []string
+	headers  []http.Header
 	statuses []int // answered in order; 200 once exhausted
 }
 
@@ -56,6 +57,7 @@ func newReceiver(t *testing.T, statuses ...int) *receiver {
 		r.mu.Lock()
 		r.bodies = append(r.bodies, b)
 		r.sigs = append(r.sigs, req.Header.Get("Ratchet-Signature"))
+		r.headers = append(r.headers, req.Header.Clone())
 		status := http.StatusOK
 		if len(r.statuses) > 0 {
 			status, r.statuses = r.statuses[0], r.statuses[1:]
@@ -450,6 +452,9 @@ func TestDeliveryIsSignedAndRecorded(t *testing.T) {
 
 	require.Equal(t, 1, rcv.count())
 	body := rcv.bodies[0]
+	// As the OpenAPI document's webhooks say (webhooks QA: only the
+	// README said what a receiver is sent).
+	apitest.CheckDelivery(t, rcv.headers[0], body)
 	var got map[string]any
 	require.NoError(t, json.Unmarshal(body, &got))
 	require.Equal(t, events.EffectIndeterminate, got["type"])
@@ -1386,6 +1391,7 @@ func TestARotatedSecretSignsBesideTheNewOneUntilItExpires(t *testing.T) {
 		require.Equal(t, n+1, rcv.count())
 		rcv.mu.Lock()
 		defer rcv.mu.Unlock()
+		apitest.CheckDelivery(t, rcv.headers[n], rcv.bodies[n]) // one v1 or two
 		return rcv.sigs[n], rcv.bodies[n]
 	}
 
