@@ -31,21 +31,23 @@ func Explain(ctx context.Context, q Querier, sql string, args ...any) ([]PlanNod
 		return nil, err
 	}
 	var out []PlanNode
-	var walk func(node map[string]any, inSubPlan bool)
-	walk = func(node map[string]any, inSubPlan bool) {
-		inSubPlan = inSubPlan || node["Parent Relationship"] == "SubPlan"
-		out = append(out, PlanNode{Fields: node, InSubPlan: inSubPlan})
-		children, _ := node["Plans"].([]any)
-		for _, c := range children {
-			if child, ok := c.(map[string]any); ok {
-				walk(child, inSubPlan)
-			}
-		}
-	}
 	for _, p := range plans {
-		walk(p.Plan, false)
+		out = append(out, walkPlan(p.Plan, false)...)
 	}
 	return out, nil
+}
+
+// walkPlan answers node and the nodes under it, in EXPLAIN's order.
+func walkPlan(node map[string]any, inSubPlan bool) []PlanNode {
+	inSubPlan = inSubPlan || node["Parent Relationship"] == "SubPlan"
+	out := []PlanNode{{Fields: node, InSubPlan: inSubPlan}}
+	children, _ := node["Plans"].([]any)
+	for _, c := range children {
+		if child, ok := c.(map[string]any); ok {
+			out = append(out, walkPlan(child, inSubPlan)...)
+		}
+	}
+	return out
 }
 
 // RescansCTE reports whether the plan of sql reads the CTE named cte again
