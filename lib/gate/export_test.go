@@ -101,3 +101,10 @@ const MaxNoteRunes = maxNoteRunes
 // SetMaxGroupSteps makes s's groups take at most n forward steps, so a
 // test can fill one.
 func SetMaxGroupSteps(s *Service, n int) { s.maxGroupSteps = n }
+
+// SQLLapseDue and SQLUnwindingDue are the sweeper's picks of lapsed leases
+// and of unwinding groups, for a test of their plans.
+var (
+	SQLLapseDue     = sqlLapseDue
+	SQLUnwindingDue = sqlUnwindingDue
+)

@@ -373,7 +373,7 @@ SELECT count(*) FROM e`
 }
 
 // sqlLapseDue is the sweeper's pass over every workspace: up to $2 lapsed
-// leases taking turns among the workspaces that have some (db.RoundRobin),
+// leases taking turns among the workspaces that have some (db.FairPick),
 // each workspace's longest lapsed first, so that one workspace's backlog
 // (a fleet of agents that crashed at once) holds no other's lapse, nor its
 // effect.indeterminate, back for passes on end (multi-tenant QA: ordered
@@ -384,14 +384,10 @@ SELECT count(*) FROM e`
 // makes the lapse of given effects durable inline ($4 their ids), through
 // their primary key, in one statement however many there are.
 var (
-	sqlLapseDue = lapseSQL(`id = ANY(ARRAY(` + db.RoundRobin(`
-        SELECT l.id, l.workspace_id, l.lease_expires_at AS due
-        FROM `+db.WorkspacesWith("effects", "state = 'leased'")+` w
-        CROSS JOIN LATERAL (
-            SELECT id, workspace_id, lease_expires_at FROM effects
-            WHERE workspace_id = w.workspace_id AND state = 'leased' AND lease_expires_at <= $1
-            ORDER BY lease_expires_at LIMIT $2
-        ) l`, "$2") + `))`)
+	sqlLapseDue = lapseSQL(`id = ANY(ARRAY(` + db.FairPick(db.Backlog{
+		Table: "effects", Where: "state = 'leased'", Also: "lease_expires_at <= $1",
+		Order: "lease_expires_at", Due: "lease_expires_at",
+	}, "$2::int") + `))`)
 	sqlLapseThese = lapseSQL("id = ANY($4::text[])")
 )
 
@@ -711,7 +707,7 @@ const (
 )
 
 // sqlUnwindingDue picks the unwinding groups the sweeper checks this pass,
-// taking turns among the workspaces that have some (db.RoundRobin), each
+// taking turns among the workspaces that have some (db.FairPick), each
 // one's least recently checked first, and marks them checked. In that order
 // alone, a group checked once went behind every other workspace's groups,
 // and a workspace that left 100,000 rollbacks unwinding had another's
@@ -720,14 +716,10 @@ const (
 // a descent a workspace. $1 now, $2 limit.
 var sqlUnwindingDue = `
 WITH c AS (
-    SELECT id FROM effect_groups WHERE state = 'unwinding' AND id = ANY(ARRAY(` + db.RoundRobin(`
-        SELECT g.id, g.workspace_id, g.due
-        FROM `+db.WorkspacesWith("effect_groups", "state = 'unwinding'")+` w
-        CROSS JOIN LATERAL (
-            SELECT id, workspace_id, coalesce(swept_at, '-infinity'::timestamptz) AS due FROM effect_groups
-            WHERE workspace_id = w.workspace_id AND state = 'unwinding'
-            ORDER BY swept_at NULLS FIRST LIMIT $2
-        ) g`, "$2") + `))
+    SELECT id FROM effect_groups WHERE state = 'unwinding' AND id = ANY(ARRAY(` + db.FairPick(db.Backlog{
+	Table: "effect_groups", Where: "state = 'unwinding'",
+	Order: "swept_at NULLS FIRST", Due: "coalesce(swept_at, '-infinity'::timestamptz)",
+}, "$2::int") + `))
     FOR UPDATE SKIP LOCKED
 )
 UPDATE effect_groups g SET swept_at = $1 FROM c WHERE g.id = c.id RETURNING g.id`

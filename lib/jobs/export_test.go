@@ -60,3 +60,10 @@ func OutputRejection(outputSchema []byte, contractVersion int, output []byte) (s
 
 // CutMessage is cutMessage.
 func CutMessage(msg string, n int) string { return cutMessage(msg, n) }
+
+// SQLLapsedGatesFair and SQLRequeueGates are the sweeper's picks of lapsed
+// last attempts and of lapsed leases to requeue, for a test of their plans.
+var (
+	SQLLapsedGatesFair = sqlLapsedGatesFair
+	SQLRequeueGates    = sqlRequeueGates
+)

@@ -467,7 +467,7 @@ FROM g, (SELECT count(*) FROM r) r`
 
 // fairRunning picks the ids and endpoints of up to $2 RUNNING jobs that
 // match cond (which holds status = 'RUNNING' and bounds ready_at), taking
-// turns among the workspaces that have some (db.RoundRobin), each one's
+// turns among the workspaces that have some (db.FairPick), each one's
 // earliest ready_at first. Ordered by ready_at alone, one workspace's
 // backlog of lapsed leases (a fleet of workers that died at once) filled
 // every pass until it was worked off, and another workspace's lapsed last
@@ -477,14 +477,9 @@ FROM g, (SELECT count(*) FROM r) r`
 // and each one's first $2 candidates are read from it: a pass costs the
 // same whatever the backlog.
 func fairRunning(cond string) string {
-	return `SELECT id, endpoint_id FROM jobs WHERE id = ANY(ARRAY(` + db.RoundRobin(`
-        SELECT l.id, l.workspace_id, l.ready_at AS due
-        FROM `+db.WorkspacesWith("jobs", "status = 'RUNNING'")+` w
-        CROSS JOIN LATERAL (
-            SELECT id, workspace_id, ready_at FROM jobs
-            WHERE workspace_id = w.workspace_id AND `+cond+`
-            ORDER BY ready_at LIMIT $2::int
-        ) l`, "$2::int") + `))`
+	return `SELECT id, endpoint_id FROM jobs WHERE id = ANY(ARRAY(` + db.FairPick(db.Backlog{
+		Table: "jobs", Where: "status = 'RUNNING'", Also: cond, Order: "ready_at", Due: "ready_at",
+	}, "$2::int") + `))`
 }
 
 // sqlExhaustLapsed ends jobs whose lease lapsed on their last attempt; the

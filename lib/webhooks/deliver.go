@@ -102,7 +102,7 @@ func Sign(t time.Time, body []byte, secrets ...string) string {
 // reached it too (webhooks QA).
 //
 // The batch takes turns among the workspaces with events to fan out
-// (db.RoundRobin), each one's oldest first: in creation order alone, one
+// (db.FairPick), each one's oldest first: in creation order alone, one
 // workspace's burst (100,000 run.finished of a bulk import) filled every
 // pass until it was fanned out, and every other workspace's events, and
 // so its webhooks, waited behind it for 200 passes (multi-tenant QA). The
@@ -111,14 +111,9 @@ func Sign(t time.Time, body []byte, secrets ...string) string {
 var sqlDispatch = `
 WITH ev AS (
     SELECT id, workspace_id, type, created_at FROM events
-    WHERE dispatched_at IS NULL AND id = ANY(ARRAY(` + db.RoundRobin(`
-        SELECT u.id, u.workspace_id, u.created_at AS due
-        FROM `+db.WorkspacesWith("events", "dispatched_at IS NULL")+` w
-        CROSS JOIN LATERAL (
-            SELECT id, workspace_id, created_at FROM events
-            WHERE workspace_id = w.workspace_id AND dispatched_at IS NULL
-            ORDER BY created_at LIMIT $2::int
-        ) u`, "$2::int") + `))
+    WHERE dispatched_at IS NULL AND id = ANY(ARRAY(` + db.FairPick(db.Backlog{
+	Table: "events", Where: "dispatched_at IS NULL", Order: "created_at", Due: "created_at",
+}, "$2::int") + `))
     FOR UPDATE SKIP LOCKED
 ), fan AS (
     INSERT INTO webhook_deliveries (id, webhook_id, workspace_id, event_id, event_type, state, next_attempt_at, created_at)

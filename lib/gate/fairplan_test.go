@@ -1,0 +1,63 @@
+package gate_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/getratchet/ratchet/lib/gate"
+	"github.com/getratchet/ratchet/lib/testpg"
+)
+
+// The sweeper reads a batch of one workspace's lapsed leases, not its
+// backlog (a fleet of agents that died at once), whichever way its
+// statement is planned: on its batch or once for any (testpg.CheckBacklog;
+// the fan-out of events read a whole burst so, TestAFanOutReadsABatchOfABurst).
+func TestTheSweepReadsABatchOfLapsedLeases(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	testpg.CheckBacklog(t, b.env.App.Pool, testpg.Backlog{
+		Tables: []string{"effects", "events"},
+		Seed: `INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state,
+				lease_seconds, lease_expires_at, created_by_key_id, created_at, updated_at)
+			SELECT 'eff_h' || g, 'ws_h' || g % $2, 'email.send', 'h' || g, 'f', 'succeeded', 60,
+				now() - interval '2 days' + g * interval '1 ms', 'key_h', now() - interval '2 days', now() - interval '2 days'
+			FROM generate_series(1, $1::int) g
+			UNION ALL
+			SELECT 'eff_b' || g, 'ws_h0', 'email.send', 'b' || g, 'f', 'leased', 60,
+				now() - interval '1 hour' + g * interval '1 ms', 'key_b', now() - interval '1 hour', now() - interval '1 hour'
+			FROM generate_series(1, $3::int) g`,
+		SQL: gate.SQLLapseDue,
+		Args: func(limit int) []any {
+			events := make([]string, limit)
+			for i := range events {
+				events[i] = fmt.Sprintf("evt_plan%06d", i)
+			}
+			return []any{time.Now(), limit, events}
+		},
+		Limits: []int{100, 500},
+	})
+}
+
+// The sweeper reads a batch of one workspace's unwinding groups, not all
+// of them (thousands of rollbacks left unwinding), whichever way its
+// statement is planned (testpg.CheckBacklog).
+func TestTheSweepReadsABatchOfUnwindingGroups(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	testpg.CheckBacklog(t, b.env.App.Pool, testpg.Backlog{
+		Tables: []string{"effect_groups"},
+		Seed: `INSERT INTO effect_groups (id, workspace_id, name, state, created_by_key_id, created_at, updated_at,
+				committed_at, swept_at)
+			SELECT 'grp_h' || g, 'ws_h' || g % $2, 'g', 'committed', 'key_h', now() - interval '2 days',
+				now() - interval '2 days', now() - interval '2 days', NULL
+			FROM generate_series(1, $1::int) g
+			UNION ALL
+			SELECT 'grp_b' || g, 'ws_h0', 'g', 'unwinding', 'key_b', now() - interval '1 hour', now() - interval '1 hour',
+				NULL, CASE WHEN g % 2 = 0 THEN now() - interval '1 hour' + g * interval '1 ms' END
+			FROM generate_series(1, $3::int) g`,
+		SQL:    gate.SQLUnwindingDue,
+		Args:   func(limit int) []any { return []any{time.Now(), limit} },
+		Limits: []int{100, 500},
+	})
+}
