@@ -17,6 +17,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/keyedhash"
 	"github.com/getratchet/ratchet/lib/money"
 	"github.com/getratchet/ratchet/lib/toolname"
@@ -332,11 +333,13 @@ func (s *Service) forget(keyID string) {
 type CreateKeyRequest struct {
 	Name string `json:"name" openapi:"minLength=1,maxLength=100"`
 	// Every scope of AllScopes, for the OpenAPI document (a test holds the two in step).
-	Scopes                  []string `json:"scopes,omitempty" openapi:"itemEnum=effects:begin|effects:report|effects:read|effects:resolve|policies:read|policies:write|approvals:write|keys:write|runs:write|runs:read|jobs:work|steps:replay|endpoints:write|contracts:write|webhooks:write|reconcile:write|billing:write"`
-	Preset                  string   `json:"preset,omitempty" openapi:"enum=OPERATOR|AGENT|INGEST|WORKER"`
-	Tools                   []string `json:"tools,omitempty" openapi:"maxItems=100"` // toolname.MaxPairs
-	DailySpendCeilingMicros *int64   `json:"daily_spend_ceiling_micros,omitempty" openapi:"min=0,max=1000000000000000000"`
-	RateLimitPerMinute      *int     `json:"rate_limit_per_minute,omitempty" openapi:"min=1,max=1000000"`
+	Scopes []string `json:"scopes,omitempty" openapi:"itemEnum=effects:begin|effects:report|effects:read|effects:resolve|policies:read|policies:write|approvals:write|keys:write|runs:write|runs:read|jobs:work|steps:replay|endpoints:write|contracts:write|webhooks:write|reconcile:write|billing:write"`
+	// Preset is optional, but one sent must be a preset: "" is refused, not
+	// read as omitted (conformance QA), and so is null.
+	Preset                  jsonx.Optional[string] `json:"preset" openapi:"enum=OPERATOR|AGENT|INGEST|WORKER,notNull"`
+	Tools                   []string               `json:"tools,omitempty" openapi:"maxItems=100"` // toolname.MaxPairs
+	DailySpendCeilingMicros *int64                 `json:"daily_spend_ceiling_micros,omitempty" openapi:"min=0,max=1000000000000000000"`
+	RateLimitPerMinute      *int                   `json:"rate_limit_per_minute,omitempty" openapi:"min=1,max=1000000"`
 }
 
 // resolve validates the request against the creator's own powers and returns
@@ -346,11 +349,14 @@ func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, 
 	if strings.TrimSpace(r.Name) == "" || utf8.RuneCountInString(r.Name) > 100 {
 		pr.Add("name", "must be 1-100 characters")
 	}
+	preset := r.Preset.Value
 	switch {
-	case r.Preset != "" && r.Scopes != nil:
+	case r.Preset.Null:
+		pr.Add("preset", "must not be null")
+	case r.Preset.Set && r.Scopes != nil:
 		pr.Add("preset", "cannot be given with scopes: give one or the other")
-	case r.Preset != "":
-		ps, ok := Presets[r.Preset]
+	case r.Preset.Set:
+		ps, ok := Presets[preset]
 		if !ok {
 			pr.Add("preset", "must be one of OPERATOR, AGENT, INGEST, WORKER")
 		}
@@ -373,7 +379,7 @@ func (r *CreateKeyRequest) resolve(creator *Principal) (scopes, tools []string, 
 			pr.Add(fmt.Sprintf("tools.%d", i), toolname.RefRule)
 		}
 	}
-	if r.Preset == "WORKER" && len(r.Tools) == 0 {
+	if preset == "WORKER" && len(r.Tools) == 0 {
 		pr.Add("tools", "must list the exact name@version pairs a WORKER key may register")
 	}
 	if r.DailySpendCeilingMicros != nil && !money.Valid(*r.DailySpendCeilingMicros) {

@@ -20,6 +20,7 @@ import (
 	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/httpapi"
+	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/sweep"
 )
 
@@ -289,15 +290,22 @@ func TestKeyValidation(t *testing.T) {
 		body  map[string]any
 		field string
 	}{
-		"no name":           {map[string]any{"preset": "AGENT"}, "name"},
-		"unknown preset":    {map[string]any{"name": "a", "preset": "ROOT"}, "preset"},
-		"preset and scopes": {map[string]any{"name": "a", "preset": "AGENT", "scopes": []string{"effects:begin"}}, "preset"},
-		"no scopes":         {map[string]any{"name": "a"}, "scopes"},
-		"unknown scope":     {map[string]any{"name": "a", "scopes": []string{"root"}}, "scopes.0"},
-		"worker no tools":   {map[string]any{"name": "a", "preset": "WORKER"}, "tools"},
-		"bad tool ref":      {map[string]any{"name": "a", "preset": "WORKER", "tools": []string{"send"}}, "tools.0"},
-		"negative ceiling":  {map[string]any{"name": "a", "preset": "AGENT", "daily_spend_ceiling_micros": -1}, "daily_spend_ceiling_micros"},
-		"zero rate":         {map[string]any{"name": "a", "preset": "AGENT", "rate_limit_per_minute": 0}, "rate_limit_per_minute"},
+		"no name":        {map[string]any{"preset": "AGENT"}, "name"},
+		"unknown preset": {map[string]any{"name": "a", "preset": "ROOT"}, "preset"},
+		// An empty preset is no preset of the four, not an omitted one
+		// (conformance QA: "" was read as absent, so it minted a key from
+		// the scopes beside it, or asked for scopes), as every other
+		// empty enum string is refused at its field.
+		"empty preset":            {map[string]any{"name": "a", "preset": ""}, "preset"},
+		"empty preset and scopes": {map[string]any{"name": "a", "preset": "", "scopes": []string{"effects:read"}}, "preset"},
+		"null preset":             {map[string]any{"name": "a", "preset": nil, "scopes": []string{"effects:read"}}, "preset"},
+		"preset and scopes":       {map[string]any{"name": "a", "preset": "AGENT", "scopes": []string{"effects:begin"}}, "preset"},
+		"no scopes":               {map[string]any{"name": "a"}, "scopes"},
+		"unknown scope":           {map[string]any{"name": "a", "scopes": []string{"root"}}, "scopes.0"},
+		"worker no tools":         {map[string]any{"name": "a", "preset": "WORKER"}, "tools"},
+		"bad tool ref":            {map[string]any{"name": "a", "preset": "WORKER", "tools": []string{"send"}}, "tools.0"},
+		"negative ceiling":        {map[string]any{"name": "a", "preset": "AGENT", "daily_spend_ceiling_micros": -1}, "daily_spend_ceiling_micros"},
+		"zero rate":               {map[string]any{"name": "a", "preset": "AGENT", "rate_limit_per_minute": 0}, "rate_limit_per_minute"},
 	}
 	for name, tc := range cases {
 		r := env.Do("POST", "/api/v1/keys", ws.Key, tc.body)
@@ -481,7 +489,7 @@ func TestARevokedKeyChangesNothingOnAnotherInstance(t *testing.T) {
 	// nothing either: the creator's row is checked as the key is minted.
 	_, err := b.App.Server.Auth.CreateKey(context.Background(),
 		&auth.Principal{KeyID: id, WorkspaceID: ws.ID, Scopes: auth.Presets["OPERATOR"]},
-		auth.CreateKeyRequest{Name: "escape", Preset: "AGENT"})
+		auth.CreateKeyRequest{Name: "escape", Preset: jsonx.Optional[string]{Set: true, Value: "AGENT"}})
 	var refused *apierr.Error
 	require.ErrorAs(t, err, &refused)
 	require.Equal(t, http.StatusUnauthorized, refused.Status)
