@@ -32,7 +32,7 @@ const secretPrefix = "rk_"
 type Key struct {
 	ID                      string     `json:"id"`
 	Name                    string     `json:"name"`
-	Scopes                  []string   `json:"scopes" openapi:"itemEnum=effects:begin|effects:report|effects:read|effects:resolve|policies:read|policies:write|approvals:write|keys:write|runs:write|runs:read|jobs:work|steps:replay|endpoints:write|contracts:write|webhooks:write|reconcile:write|billing:write"`
+	Scopes                  []string   `json:"scopes" openapi:"itemEnum=effects:begin|effects:report|effects:read|effects:resolve|policies:read|policies:write|approvals:write|keys:write|runs:write|runs:read|jobs:work|steps:replay|endpoints:write|contracts:write|webhooks:write|reconcile:write|billing:write,notNull"` // never empty
 	Tools                   []string   `json:"tools"`
 	DailySpendCeilingMicros *int64     `json:"daily_spend_ceiling_micros"`
 	RateLimitPerMinute      *int       `json:"rate_limit_per_minute"`

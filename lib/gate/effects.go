@@ -47,7 +47,7 @@ type Effect struct {
 	IdempotencyKey      string          `json:"idempotency_key"`
 	State               string          `json:"state" openapi:"enum=leased|succeeded|failed|indeterminate|awaiting_approval|denied"`
 	Attempt             int             `json:"attempt"`
-	Attempts            []Attempt       `json:"attempts"`
+	Attempts            []Attempt       `json:"attempts" openapi:"notNull"` // [] before the first (view)
 	Result              json.RawMessage `json:"result"`
 	ResultPreview       json.RawMessage `json:"result_preview"`
 	PayloadPreview      json.RawMessage `json:"payload_preview"`

@@ -98,7 +98,7 @@ type Policy struct {
 	DailyBudgetMicros          *int64                    `json:"daily_budget_micros" openapi:"min=0,max=1000000000000000000"`
 	ReconcileEveryHours        *int                      `json:"reconcile_every_hours" openapi:"min=1,max=8760"`
 	RequireCost                bool                      `json:"require_cost" openapi:"notNull"`
-	RequiredDimensions         []string                  `json:"required_dimensions" openapi:"maxItems=8,itemPattern=^[A-Za-z0-9][A-Za-z0-9._-]*$,itemMaxLength=64,uniqueItems"`
+	RequiredDimensions         []string                  `json:"required_dimensions" openapi:"maxItems=8,itemPattern=^[A-Za-z0-9][A-Za-z0-9._-]*$,itemMaxLength=64,uniqueItems,notNull"` // [] for none (scanPolicy)
 	DimensionLimits            map[string]DimensionLimit `json:"dimension_limits" openapi:"maxProperties=8,keyPattern=^[A-Za-z0-9][A-Za-z0-9._-]*$,keyMaxLength=64"`
 	StructuringThresholdMicros *int64                    `json:"structuring_threshold_micros" openapi:"min=0,max=1000000000000000000"`
 	SurgePerHour               *int                      `json:"surge_per_hour" openapi:"min=1,max=1000000000"`

@@ -933,6 +933,21 @@ func TestConformanceAlwaysWrittenArraysAreNotNullable(t *testing.T) {
 		{"/api/v1/steps/{id}/replay", "get", []string{"upgrades"}},
 		{"/api/v1/reconcile", "post", []string{"matched", "missing_at_vendor", "unknown_to_ratchet",
 			"amount_mismatch", "resolved", "status_mismatch", "unsettled"}},
+		// And the arrays of §1, §2 and §3's objects (conformance QA: a
+		// key's scopes, an effect's attempts, a policy's
+		// required_dimensions and a run's steps read "array or null",
+		// though a key holds a scope, an effect with no attempt answers
+		// [], a policy [] and a run [] when it has none).
+		{"/api/v1/keys", "post", []string{"scopes"}},
+		{"/api/v1/keys/current", "get", []string{"scopes"}},
+		{"/api/v1/keys/{id}", "delete", []string{"scopes"}},
+		{"/api/v1/effects/{id}", "get", []string{"attempts"}},
+		{"/api/v1/effects/{id}/report", "post", []string{"attempts"}},
+		{"/api/v1/effects/{id}/resolve", "post", []string{"attempts"}},
+		{"/api/v1/policies/{effect_type}", "get", []string{"required_dimensions"}},
+		{"/api/v1/policies/{effect_type}", "put", []string{"required_dimensions"}},
+		{"/api/v1/runs", "post", []string{"steps"}},
+		{"/api/v1/runs/{id}", "get", []string{"steps"}},
 	} {
 		s := success(c.path, c.method)
 		for _, f := range c.fields {

@@ -62,7 +62,7 @@ type RunSummary struct {
 // own fields and its steps.
 type Run struct {
 	RunSummary
-	Steps []Step `json:"steps"`
+	Steps []Step `json:"steps" openapi:"notNull"` // [] for none (stepsPage)
 	// StepsTruncated says Steps holds only the run's first steps: its
 	// first 1000, or fewer when they would take the answer past
 	// answer.Budget (the API cuts it there): GET /api/v1/runs/{id}/steps
