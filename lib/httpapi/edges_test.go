@@ -196,3 +196,30 @@ func TestARefusalCutsTheKeysItNames(t *testing.T) {
 		require.True(t, utf8.ValidString(cut), "cut between characters")
 	}
 }
+
+// A body is read as JSON whatever its Content-Type says, or without one
+// (conformance QA: stated nowhere, and held by no test, though README's
+// examples depend on it): curl -d sends application/x-www-form-urlencoded,
+// and the examples' sign-up, key and begin send nothing else. The MCP
+// endpoint alone asks for application/json (the transport's rule).
+func TestABodyIsReadAsJSONWhateverItsContentType(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	for _, ct := range []string{"application/x-www-form-urlencoded", "text/plain", "application/xml", ""} {
+		header := http.Header{"Content-Type": {ct}}
+		if ct == "" {
+			header = http.Header{"Content-Type": nil} // none at all
+		}
+		r := env.DoWith("POST", "/api/v1/workspaces", "", header, `{"name": "acme"}`)
+		require.Equal(t, http.StatusCreated, r.Status, "%q: %s", ct, r.Body)
+		key := r.JSON()["key"].(map[string]any)["secret"].(string)
+		r = env.DoWith("POST", "/api/v1/effects/begin", key, header,
+			`{"effect_type": "email.send", "idempotency_key": "welcome-email:user_123"}`)
+		require.Equal(t, http.StatusOK, r.Status, "%q: %s", ct, r.Body)
+		require.Equal(t, "execute", r.JSON()["decision"], ct)
+		// Read as JSON, so still held to JSON's rules: a form body is not one.
+		r = env.DoWith("POST", "/api/v1/keys", key, header, "name=agent&preset=AGENT")
+		require.Equal(t, http.StatusBadRequest, r.Status, "%q: %s", ct, r.Body)
+		require.Equal(t, "invalid_request", r.ErrorCode())
+	}
+}
