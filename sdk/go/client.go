@@ -185,6 +185,16 @@ func withRetryCutoff(ctx context.Context, cutoff <-chan struct{}) context.Contex
 	return context.WithValue(ctx, retryCutoffKey{}, cutoff)
 }
 
+type noRateLimitWaitKey struct{}
+
+// withoutRateLimitWait returns ctx under which a call answered 429 returns
+// it at once instead of waiting out its Retry-After and asking again: for a
+// worker's heartbeat, which paces its own next try so that a long
+// Retry-After cannot let the lease lapse (see heartbeatWait).
+func withoutRateLimitWait(ctx context.Context) context.Context {
+	return context.WithValue(ctx, noRateLimitWaitKey{}, true)
+}
+
 // idempotency says whether a call may be repeated after an ambiguous
 // failure (a 5xx or a network error), where the server may have acted.
 type idempotency bool
@@ -256,6 +266,8 @@ func (c *Client) doKeyed(ctx context.Context, method, path, key string, in, out 
 			attempt--
 			wait = max(wait, time.Second)
 		} else if !retry || attempt >= c.maxRetries || ctx.Err() != nil {
+			return err
+		} else if ctx.Value(noRateLimitWaitKey{}) != nil && rateLimited(err) {
 			return err
 		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
@@ -357,6 +369,12 @@ func (c *Client) retryDelay(err error, attempt int, safe idempotency) (time.Dura
 		return c.backoff(attempt), bool(safe)
 	}
 	return 0, false // the caller's context ended, or an error of ours
+}
+
+// rateLimited says whether err is a 429.
+func rateLimited(err error) bool {
+	var apiErr *Error
+	return errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusTooManyRequests
 }
 
 // backoff is capped exponential backoff with "equal jitter": half the step

@@ -1173,13 +1173,16 @@ func (w *Worker) report(j ClaimedJob, expires time.Time, r JobReport) {
 // heartbeats failed, as the Python and TypeScript workers do (sdk QA: the
 // handler ran on past the lapse, while another worker could reclaim the
 // job). Each heartbeat, with its retries, ends by the lease's end (or a
-// second from now, so one is always tried): a 429's wait or a backoff must
-// not hold the lapse unnoticed. It returns when the lease, as last
+// second from now, so one is always tried): a backoff must not hold the
+// lapse unnoticed. A 429 is not waited out inside the call: the next
+// heartbeat comes after its Retry-After or a third of the lease left,
+// whichever is sooner (heartbeatWait). It returns when the lease, as last
 // extended, lapses by this process's clock (leaseEndFrom).
 func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.CancelCauseFunc) time.Time {
 	end := j.leaseEnd
+	var failed error // the last heartbeat's failure, nil after one that worked
 	for {
-		fire, stop := w.clock.Timer(w.heartbeatEvery(end, j))
+		fire, stop := w.clock.Timer(heartbeatWait(w.heartbeatEvery(end, j), failed))
 		select {
 		case <-ctx.Done():
 			stop()
@@ -1192,12 +1195,13 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 			w.opts.OnError(fmt.Errorf("ratchet: job %s attempt %d: no heartbeat extended its lease before it lapsed", j.JobID, j.Attempt))
 			return end
 		}
-		hctx, cancelBeat := context.WithDeadline(ctx, later(end, sent.Add(minHeartbeat)))
+		hctx, cancelBeat := context.WithDeadline(withoutRateLimitWait(ctx), later(end, sent.Add(minHeartbeat)))
 		hb, err := w.c.HeartbeatJob(hctx, j.JobID, j.LeaseToken)
 		cancelBeat()
 		if ctx.Err() != nil {
 			return end
 		}
+		failed = err
 		if err != nil {
 			if leaseGone(err) {
 				cancel(&jobLeaseLostError{code: ErrorCode(err)})
@@ -1239,6 +1243,21 @@ func (w *Worker) heartbeatEvery(end time.Time, j ClaimedJob) time.Duration {
 		left = timeout
 	}
 	return min(max(left/3, minHeartbeat), maxHeartbeat)
+}
+
+// heartbeatWait is the wait before the next heartbeat: every (heartbeatEvery),
+// or after a heartbeat answered 429 the server's Retry-After (at least
+// minHeartbeat) when that is sooner, as in the Python and TypeScript
+// workers: the rate limit is honoured, but never past a third of the lease
+// left, so that it cannot let the lease lapse (sdk QA: Go waited out the
+// whole Retry-After, the others ignored it).
+func heartbeatWait(every time.Duration, failed error) time.Duration {
+	var apiErr *Error
+	if !errors.As(failed, &apiErr) || apiErr.StatusCode != http.StatusTooManyRequests {
+		return every
+	}
+	secs := min(max(apiErr.RetryAfterSeconds(), 0), int(maxHeartbeat/time.Second)) // no overflow
+	return min(every, max(time.Duration(secs)*time.Second, minHeartbeat))
 }
 
 // leaseGone says whether a job heartbeat's refusal ends the attempt for

@@ -2216,3 +2216,72 @@ func TestForbiddenWorkerStopsClaiming(t *testing.T) {
 		}
 	}
 }
+
+// A heartbeat answered 429 is tried again after the server's Retry-After
+// when that comes before the next heartbeat would, and at the usual third
+// of the lease left when it would not: the rate limit is honoured, but
+// never so long that the lease lapses. The Python and TypeScript workers
+// pace it the same (sdk QA: Go waited out the whole Retry-After inside the
+// call, they retried at a third of the lease whatever it said).
+func TestWorkerHeartbeatHonoursRetryAfterWithinTheLease(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.leaseMs = 70000 // with the 60 s timeout: a heartbeat every 20 s
+	id := f.add("long", "1", welcomeIn{}, 60000)
+	beats := 0
+	f.heartbeatWait = 5
+	f.heartbeat = func(string) (int, string) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		beats++
+		switch beats {
+		case 1:
+			f.heartbeatWait = 50 // for the second
+			return http.StatusTooManyRequests, CodeRateLimited
+		case 2:
+			return http.StatusTooManyRequests, CodeRateLimited
+		}
+		return 0, ""
+	}
+	c, _ := testClient(t, f)
+	w := NewWorker(c)
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	var waits []time.Duration // the heartbeats' waits
+	clk := &fakeClock{now: start, end: start.Add(1000 * time.Hour), done: make(chan struct{}),
+		fires: func(d time.Duration) bool {
+			if d >= time.Hour { // the idle poll: never
+				return false
+			}
+			if d != claimCooldown {
+				mu.Lock()
+				waits = append(waits, d)
+				mu.Unlock()
+			}
+			return true
+		}}
+	w.clock = clk
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
+		Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+			for {
+				f.mu.Lock()
+				n := f.heartbeats
+				f.mu.Unlock()
+				if n >= 4 {
+					return welcomeOut{Sent: true}, nil
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}}))
+	must(t, w.Start(context.Background(), StartOptions{PollInterval: 2 * time.Hour, OnError: func(error) {}}))
+	f.waitReport(t, id)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	must(t, w.Stop(ctx))
+	mu.Lock()
+	defer mu.Unlock()
+	want := []time.Duration{20 * time.Second, 5 * time.Second, 20 * time.Second, 20 * time.Second}
+	if len(waits) < len(want) || !slices.Equal(waits[:len(want)], want) {
+		t.Fatalf("heartbeat waits %v, want %v first", waits, want)
+	}
+}

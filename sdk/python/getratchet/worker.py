@@ -926,13 +926,20 @@ class Worker:
                 context._cancel("timeout")
                 grace_end = now + _TIMEOUT_GRACE
 
+    def _beat_pause(self, active: _Active, seconds: float) -> bool:
+        """Waits seconds before the next heartbeat; True once the handler
+        is done (a test seam)."""
+        return active.beats_done.wait(seconds)
+
     def _heartbeats(self, active: _Active) -> None:
         """Extends the lease well before it lapses until the handler is
         done, and cancels the handler when the server asks or the lease is
         gone (a refusal, or its end passing by this process's clock while
         heartbeats fail)."""
         context = active.context
-        while not active.beats_done.wait(_beat_every(active.lease_end, context)):
+        failed: Optional[BaseException] = None  # the last heartbeat's failure
+        while not self._beat_pause(active, _beat_wait(_beat_every(active.lease_end, context), failed)):
+            failed = None
             if time.monotonic() >= active.lease_end:
                 active.lost_code = ""
                 context._cancel("lease_lost")
@@ -952,6 +959,7 @@ class Worker:
                     active.wake.set()
                     return
                 self._notify(err)
+                failed = err
                 continue
             except ConnectionLost as err:
                 self._notify(err)
@@ -1192,6 +1200,17 @@ def _beat_every(lease_end: float, context: JobContext) -> float:
     if context.timeout_ms > 0:
         left = min(left, context.timeout_ms / 1000)
     return min(max(left / 3, _MIN_HEARTBEAT), _MAX_HEARTBEAT)
+
+
+def _beat_wait(every: float, failed: Optional[BaseException]) -> float:
+    """The wait before the next heartbeat (the Go SDK's heartbeatWait):
+    every (_beat_every), or after a heartbeat answered 429 the server's
+    Retry-After (at least _MIN_HEARTBEAT) when that is sooner: the rate
+    limit is honoured, but never past a third of the lease left, so that it
+    cannot let the lease lapse."""
+    if not isinstance(failed, RatchetError) or failed.status != 429:
+        return every
+    return min(every, max(float(failed.retry_after_seconds), _MIN_HEARTBEAT))
 
 
 def _describe(value: Any) -> str:

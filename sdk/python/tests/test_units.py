@@ -1231,6 +1231,49 @@ class WorkerRulesTest(unittest.TestCase):
             # again until the lease's end (3 s: a beat a second or so).
             self.assertTrue(seen["beats"] == 1 if status != 401 else seen["beats"] >= 2, (code, seen["beats"]))
 
+    def test_a_rate_limited_heartbeat_heeds_retry_after_within_the_lease(self) -> None:
+        # As in Go and TypeScript: a heartbeat answered 429 is tried again
+        # after its Retry-After when that comes before the next heartbeat
+        # would, and at the usual third of the lease left when it would not
+        # (sdk QA: Go waited out the whole Retry-After, this SDK ignored it).
+        lock, seen = threading.Lock(), {"claims": 0, "beats": 0}
+
+        def respond(method, path, body):
+            with lock:
+                if path.endswith("/register"):
+                    return 200, {"workerId": "wkr_1"}, {}
+                if path.endswith("/claim"):
+                    seen["claims"] += 1
+                    # A 60 s timeout and a 70 s lease: a heartbeat every 20 s.
+                    return 200, {"jobs": [dict(self.job(1, timeout_ms=60_000), leaseMs=70_000)]
+                                 if seen["claims"] == 1 else []}, {}
+                if path.endswith("/heartbeat"):
+                    seen["beats"] += 1
+                    if seen["beats"] <= 2:
+                        return 429, error("rate_limited", retry_after_seconds=5 if seen["beats"] == 1 else 50), {}
+                    return 200, {"leaseExpiresAt": "2030-01-01T00:00:00Z", "cancelRequested": False}, {}
+                return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}, {}
+
+        def handler(input, context):
+            wait_until(lambda: seen["beats"] >= 4)
+            return {"ok": True}
+
+        waits: List[float] = []
+        real = getratchet.worker.Worker._beat_pause
+
+        def pause(worker, active, seconds):
+            waits.append(seconds)
+            return real(worker, active, 0.01)
+
+        patcher = mock.patch.object(getratchet.worker.Worker, "_beat_pause", autospec=True, side_effect=pause)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        client, _ = self.serve(respond, handler)
+        client.worker._on_error = lambda err: None
+        wait_until(lambda: seen["beats"] >= 4)
+        self.assertTrue(client.worker.stop(5))
+        self.assertEqual([round(w) for w in waits[:4]], [20, 5, 20, 20])
+
     def test_a_stop_gives_cancelled_handlers_the_stop_grace_ten_seconds_by_default(self) -> None:
         # A handler told to stop at the deadline that returns 2 s later (a
         # call it was in ended first) is reported as it returned: the grace

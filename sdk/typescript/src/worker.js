@@ -54,6 +54,9 @@ const REPORT_LEASE_MARGIN_MS = 5_000;
 // reportTimes.inFlight is how many deliveries may be in flight at once (the
 // Go SDK's reportInFlight).
 export const reportTimes = { deliveryMs: 30_000, inFlight: 3 };
+// How a heartbeat waits for the next (ms, or until signal aborts): a test
+// seam, as reportTimes; not exported by the package.
+export const heartbeatTimes = { pause: (ms, signal) => sleep(ms, signal) };
 
 /** Why a handler's signal was aborted: context.cancelReason. */
 export class CancelledError extends Error {
@@ -789,12 +792,14 @@ export class Worker {
    * refusal, or its end passing by this process's clock while heartbeats
    * fail). Never delays the supervisor's own timing. */
   async #heartbeats(label, record, leaseMs, timeoutMs, done) {
+    let failed = null; // the last heartbeat's failure
     for (;;) {
       try {
-        await sleep(beatEvery(record.leaseEnd, timeoutMs), done);
+        await heartbeatTimes.pause(beatWait(beatEvery(record.leaseEnd, timeoutMs), failed), done);
       } catch {
         return;
       }
+      failed = null;
       if (now() >= record.leaseEnd) {
         record.lostCode = '';
         record.cancel('lease_lost');
@@ -818,6 +823,7 @@ export class Worker {
           return;
         }
         this.#notify(err);
+        failed = err;
       }
     }
   }
@@ -990,6 +996,16 @@ function beatEvery(leaseEnd, timeoutMs) {
   let left = leaseEnd - now();
   if (timeoutMs > 0) left = Math.min(left, timeoutMs);
   return Math.min(Math.max(left / 3, MIN_HEARTBEAT_MS), MAX_HEARTBEAT_MS);
+}
+
+/** The wait before the next heartbeat (the Go SDK's heartbeatWait): every
+ * (beatEvery), or after a heartbeat answered 429 the server's Retry-After
+ * (at least MIN_HEARTBEAT_MS) when that is sooner: the rate limit is
+ * honoured, but never past a third of the lease left, so that it cannot let
+ * the lease lapse. */
+function beatWait(every, failed) {
+  if (!(failed instanceof RatchetError) || failed.status !== 429) return every;
+  return Math.min(every, Math.max(failed.retryAfterSeconds * 1000, MIN_HEARTBEAT_MS));
 }
 
 function errorName(error) {

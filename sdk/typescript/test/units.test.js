@@ -13,7 +13,7 @@ import { gateTimes } from '../src/client.js';
 import { failureLogTimes, summary } from '../src/failurelog.js';
 import { stringify, stringifyIteratively } from '../src/json.js';
 import { Transport } from '../src/transport.js';
-import { Reporter, Worker, readDecision, reportTimes } from '../src/worker.js';
+import { Reporter, Worker, heartbeatTimes, readDecision, reportTimes } from '../src/worker.js';
 
 /** Answers each request with the next [status, body, headers] of a script
  * (status 0 drops the connection), recording what it was sent; respond may
@@ -733,6 +733,37 @@ test('a heartbeat refusal ends the attempt as in Go and Python', async (t) => {
     // until the lease's end (3 s: a beat a second or so).
     assert.ok(status === 401 ? seen.beats >= 2 : seen.beats === 1, `${code}: ${seen.beats} heartbeats`);
   }
+});
+
+// As in Go and Python: a heartbeat answered 429 is tried again after its
+// Retry-After when that comes before the next heartbeat would, and at the
+// usual third of the lease left when it would not (sdk QA: Go waited out the
+// whole Retry-After, this SDK ignored it).
+test('a rate-limited heartbeat heeds Retry-After within the lease', async (t) => {
+  const seen = { claims: 0, beats: 0 };
+  const waits = [];
+  const saved = heartbeatTimes.pause;
+  heartbeatTimes.pause = (ms, signal) => { waits.push(ms); return saved(10, signal); };
+  t.after(() => { heartbeatTimes.pause = saved; });
+  await serve(t, (method, path) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      seen.claims++;
+      // A 60 s timeout and a 70 s lease: a heartbeat every 20 s.
+      return [200, { jobs: seen.claims === 1 ? [{ ...job(1, 60_000), leaseMs: 70_000 }] : [] }];
+    }
+    if (path.endsWith('/heartbeat')) {
+      seen.beats++;
+      if (seen.beats <= 2) return [429, error('rate_limited', { retry_after_seconds: seen.beats === 1 ? 5 : 50 })];
+      return [200, { leaseExpiresAt: '2030-01-01T00:00:00Z', cancelRequested: false }];
+    }
+    return [200, { jobId: 'job_1', status: 'SUCCEEDED', attempt: 1 }];
+  }, async () => {
+    await until(() => seen.beats >= 4);
+    return { ok: true };
+  });
+  await until(() => seen.beats >= 4);
+  assert.deepEqual(waits.slice(0, 4).map(Math.round), [20_000, 5_000, 20_000, 20_000]);
 });
 
 // A handler told to stop at the deadline that returns 2 s later (a call it
