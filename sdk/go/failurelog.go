@@ -57,6 +57,33 @@ func (l *failureLog) failure(err error) *logLine {
 	return &logLine{logger: l.logger, msg: "ratchet worker", attrs: attrs}
 }
 
+// refusal is the line to write for err, a refusal that stopped the worker
+// (Worker.refuse): written whatever the pacing, since it says why the
+// worker claims no more, with the count of those left out before it.
+func (l *failureLog) refusal(err error) *logLine {
+	attrs, call := failureAttrs(err)
+	if call {
+		l.failures++
+	}
+	if l.left > 0 {
+		attrs = append(attrs, "more_since_last_line", l.left)
+	}
+	l.last, l.left = l.now(), 0
+	return &logLine{logger: l.logger, msg: "ratchet worker refused", attrs: attrs}
+}
+
+// stopped is the line to write when the worker stops: the count of the
+// problems left out since the last line (worker QA: they were dropped), or
+// nil when none was.
+func (l *failureLog) stopped() *logLine {
+	if l.left == 0 {
+		return nil
+	}
+	n := l.left
+	l.left = 0
+	return &logLine{logger: l.logger, msg: "ratchet worker stopped", attrs: []any{"more_since_last_line", n}}
+}
+
 // recovered is the line to write when a registration or claim succeeded:
 // nil unless a line told of a failed call since the last recovery.
 func (l *failureLog) recovered() *logLine {
@@ -93,7 +120,10 @@ func (l *logLine) write() {
 // noOnErrorHint ends the line of a failure that only OnError may see.
 const noOnErrorHint = "set StartOptions.OnError to see it"
 
-// failureAttrs describes err without its text: an API error by its status,
+// failureAttrs describes err without its text: a report not recorded by
+// what became of it, its job id and attempt, then its error as below (no
+// failed call to the server: the recovery line counts none); an
+// API error by its status,
 // code and request id (never its message or detail) and the call it
 // answered; a network failure by its kind and the call it failed on
 // (method, host and path, never the query or a body); anything else (a
@@ -101,6 +131,13 @@ const noOnErrorHint = "set StartOptions.OnError to see it"
 // not be encoded) by its type alone, with a hint to set OnError. call says
 // err is a failed call to the server (the first two).
 func failureAttrs(err error) (attrs []any, call bool) {
+	var report *reportNotRecordedError
+	if errors.As(err, &report) {
+		// Not counted as a failed call: the server answered it (or Stop
+		// gave it up), and no recovery line is owed for it.
+		inner, _ := failureAttrs(report.err)
+		return append([]any{"report", report.what, "job_id", logToken(report.jobID), "attempt", report.attempt}, inner...), false
+	}
 	var apiErr *Error
 	if errors.As(err, &apiErr) {
 		attrs = []any{"error", "api", "status", apiErr.StatusCode}

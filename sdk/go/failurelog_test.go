@@ -125,7 +125,9 @@ func TestWorkerWithoutOnErrorLogsAnUnreachableServer(t *testing.T) {
 
 // An API error is logged by its status, code and request id, never its
 // message or detail; a registration that succeeds after it is logged once as
-// a recovery, and the claims after it log nothing.
+// a recovery, and the claims after it log nothing. At the stop, the two
+// failures left out are counted in a last line (worker QA: their count was
+// dropped).
 func TestWorkerWithoutOnErrorLogsNoErrorTextAndItsRecovery(t *testing.T) {
 	t.Parallel()
 	f := newFakeJobs()
@@ -153,11 +155,12 @@ func TestWorkerWithoutOnErrorLogsNoErrorTextAndItsRecovery(t *testing.T) {
 	<-clk.done // an hour of idle claims
 	must(t, w.Stop(context.Background()))
 	lines := buf.lines()
-	if len(lines) != 2 ||
+	if len(lines) != 3 ||
 		!strings.Contains(lines[0], `msg="ratchet worker" error=api status=503 code=service_unavailable request_id=req_logged method=POST host=`) ||
 		!strings.HasSuffix(lines[0], " path=/api/v1/workers/register") ||
-		!strings.HasSuffix(lines[1], `level=WARN msg="ratchet worker recovered" failures=3`) {
-		t.Fatalf("log:\n%s\nwant the first failed registration and the recovery after 3", buf)
+		!strings.HasSuffix(lines[1], `level=WARN msg="ratchet worker recovered" failures=3`) ||
+		!strings.HasSuffix(lines[2], `level=WARN msg="ratchet worker stopped" more_since_last_line=2`) {
+		t.Fatalf("log:\n%s\nwant the first failed registration, the recovery after 3 and at the stop the 2 left out", buf)
 	}
 	if strings.Contains(buf.String(), secret) || strings.Contains(buf.String(), "down") {
 		t.Fatalf("the log holds the error's text:\n%s", buf)
@@ -186,6 +189,72 @@ func TestWorkerWithoutOnErrorLogsAPanicByItsType(t *testing.T) {
 	}
 	if strings.Contains(buf.String(), secret) {
 		t.Fatalf("the log holds the panic's value:\n%s", buf)
+	}
+}
+
+// A report the server did not record is logged by what became of it, its
+// job and attempt, and its refusal's status, code and request id and call,
+// never its message, in the shape the Python and TypeScript workers log it
+// (sdk QA: they logged only the notice's class).
+func TestWorkerWithoutOnErrorLogsAReportNotRecorded(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	id := f.add("t", "1", welcomeIn{CustomerID: secret}, 60000)
+	f.refuse = map[string]string{id: CodeInvalidState}
+	f.refuseDetail = map[string]map[string]any{id: {"leaseLapsed": true}}
+	c, _ := testClient(t, f)
+	w, buf := loggingWorker(t, c, nil, noWork)
+	must(t, w.Start(context.Background(), StartOptions{PollInterval: 20 * time.Millisecond}))
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(buf.String(), "report=") && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.Stop(ctx); !errors.Is(err, ErrReportsNotRecorded) {
+		t.Fatalf("Stop = %v; log:\n%s", err, buf)
+	}
+	lines := buf.lines()
+	want := `level=WARN msg="ratchet worker" report=not_recorded job_id=` + id + ` attempt=1 error=api status=409 ` +
+		`code=invalid_state request_id=req_1 method=POST host=`
+	if len(lines) != 1 || !strings.Contains(lines[0], want) || !strings.HasSuffix(lines[0], " path=/api/v1/jobs/"+id+"/report") {
+		t.Fatalf("log:\n%s\nwant one line holding %s", buf, want)
+	}
+	if strings.Contains(buf.String(), secret) || strings.Contains(buf.String(), "msg invalid_state") {
+		t.Fatalf("the log holds the report's or the refusal's text:\n%s", buf)
+	}
+}
+
+// The refusal that stops the worker is logged at once, whatever the pacing
+// (here a second after the line of a failed claim): it says why the worker
+// claims no more.
+func TestWorkerWithoutOnErrorLogsItsRefusalAtOnce(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.claimError = func() (int, string, map[string]any) { // under f.mu
+		if f.claims < 4 { // one claim and the client's 3 retries
+			return http.StatusServiceUnavailable, "service_unavailable", nil
+		}
+		return http.StatusUnauthorized, CodeUnauthorized, nil
+	}
+	c, _ := testClient(t, f)
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := &fakeClock{now: start, end: start.Add(time.Hour), done: make(chan struct{})}
+	w, buf := loggingWorker(t, c, clk, noWork)
+	must(t, w.Start(context.Background(), StartOptions{PollInterval: time.Second}))
+	select {
+	case <-w.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker went on after a 401")
+	}
+	if err := w.Stop(context.Background()); !IsCode(err, CodeUnauthorized) {
+		t.Fatalf("Stop = %v", err)
+	}
+	lines := buf.lines()
+	if len(lines) != 2 || !strings.Contains(lines[0], `msg="ratchet worker" error=api status=503`) ||
+		!strings.Contains(lines[1], `msg="ratchet worker refused" error=api status=401 code=unauthorized request_id=req_1 method=POST`) ||
+		!strings.HasSuffix(lines[1], "path=/api/v1/workers/wkr_1/claim") {
+		t.Fatalf("log:\n%s\nwant the failed claim's line and the refusal's", buf)
 	}
 }
 

@@ -67,6 +67,32 @@ func (n *notices) notify(err error) {
 	n.enqueue(err)
 }
 
+// refused queues err, a refusal that stopped the worker, for OnError; without
+// OnError, its line in the default failure log, written whatever the pacing.
+func (n *notices) refused(err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.log != nil {
+		n.enqueue(n.log.refusal(err))
+		return
+	}
+	n.enqueue(err)
+}
+
+// stopped tells the default failure log that the worker stopped: it writes
+// the count of the problems left out since its last line, if any (nothing
+// with OnError).
+func (n *notices) stopped() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.log == nil {
+		return
+	}
+	if line := n.log.stopped(); line != nil {
+		n.enqueue(line)
+	}
+}
+
 // recovered tells the default failure log that a registration or claim
 // succeeded (nothing with OnError).
 func (n *notices) recovered() {

@@ -67,7 +67,10 @@ type reporter struct {
 	ctx    context.Context // outlives the worker's ctx: reports are sent after it ends
 	giveUp context.CancelFunc
 	onErr  func(error)
-	linger time.Duration // reportLinger; tests lengthen it
+	// refused, when set, is told a report refused 401 (the key was
+	// revoked) instead of onErr: the worker stops (Worker.refuse).
+	refused func(notice, err error)
+	linger  time.Duration // reportLinger; tests lengthen it
 
 	mu     sync.RWMutex // held (read) while queueing, (write) to close in
 	closed bool
@@ -386,8 +389,7 @@ func (r *reporter) sendEach(batch []queuedReport) {
 func (r *reporter) single(ctx context.Context, q queuedReport, sent time.Time) error {
 	_, err := r.c.ReportJob(ctx, q.job.JobID, q.report)
 	if why, ok := unrecordableOutput(err); ok && q.report.Status == ReportSucceeded {
-		r.onErr(fmt.Errorf("ratchet: job %s attempt %d: the server refused the output; reporting it failed: %w",
-			q.job.JobID, q.job.Attempt, err))
+		r.onErr(&reportNotRecordedError{what: "output_refused", jobID: q.job.JobID, attempt: q.job.Attempt, err: err})
 		q.report = JobReport{LeaseToken: q.report.LeaseToken, Status: ReportFailed,
 			Error: &JobError{Message: why, Retryable: false}}
 		_, err = r.c.ReportJob(ctx, q.job.JobID, q.report)
@@ -467,8 +469,39 @@ func (r *reporter) settle(q queuedReport, err error, sent time.Time) {
 	if !settledRefusal(err) {
 		r.lost.Add(1)
 	}
-	r.onErr(fmt.Errorf("ratchet: report job %s attempt %d: %w", q.job.JobID, q.job.Attempt, err))
+	notice := &reportNotRecordedError{what: "not_recorded", jobID: q.job.JobID, attempt: q.job.Attempt, err: err}
+	if r.refused != nil && keyRefused(err) {
+		r.refused(notice, err)
+		return
+	}
+	r.onErr(notice)
 }
+
+// reportNotRecordedError is what OnError is told of a report the server did
+// not record ("not_recorded": its job runs again once its lease lapses,
+// unless the refusal settled it), or of a success whose output it refused
+// ("output_refused": a failure is reported instead). It wraps the call's
+// error, and the default failure log names it by what, the job and attempt
+// and that error's status, code and request id (or network kind), as the
+// Python and TypeScript workers' do theirs (sdk QA: three shapes).
+type reportNotRecordedError struct {
+	what    string
+	jobID   string
+	attempt int
+	err     error
+}
+
+// Error implements error.
+func (e *reportNotRecordedError) Error() string {
+	if e.what == "output_refused" {
+		return fmt.Sprintf("ratchet: job %s attempt %d: the server refused the output; reporting it failed: %v",
+			e.jobID, e.attempt, e.err)
+	}
+	return fmt.Sprintf("ratchet: report job %s attempt %d: %v", e.jobID, e.attempt, e.err)
+}
+
+// Unwrap returns the call's error.
+func (e *reportNotRecordedError) Unwrap() error { return e.err }
 
 // jobReportLanded says whether a report's refusal says an earlier send of
 // the same report was recorded: lease_lost naming, in detail.reportedOutcome,

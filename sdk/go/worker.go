@@ -85,8 +85,8 @@ type StartOptions struct {
 	// nth failure in a row the worker waits PollInterval doubled n-1 times,
 	// at most a minute (or PollInterval when that is longer), half of it
 	// jittered, and never less than the server's Retry-After
-	// (detail.retry_after_seconds) within the same cap. Only 401 and 403
-	// stop it (see Worker.Done). Calls are made in order on a goroutine of the
+	// (detail.retry_after_seconds) within the same cap. Only a refusal no
+	// retry mends stops it (see Worker.Done). Calls are made in order on a goroutine of the
 	// worker's own, never on the poll loop, a heartbeat or the reporter, so
 	// a slow OnError holds up no work (up to 256 notices wait for it; more
 	// are dropped and their count delivered after), and it may call Stop. A
@@ -106,7 +106,13 @@ type StartOptions struct {
 	// whose more_since_last_line counts the problems left out since the line
 	// before; once a registration or claim succeeds after a logged failure
 	// to reach the server, one line "ratchet worker recovered" with the
-	// number of failed calls. Setting OnError replaces this log entirely.
+	// number of failed calls. A report not recorded is logged with
+	// report=not_recorded (or output_refused), its job_id and attempt, then
+	// its error as above; the refusal that stops the worker (see Worker.Done)
+	// at once as "ratchet worker refused", whatever the pacing; and at Stop,
+	// when problems were left out since the last line, one line "ratchet
+	// worker stopped" counting them. Setting OnError replaces this log
+	// entirely.
 	OnError func(error)
 	// StopGrace is how long, once Stop's deadline passed (or Start's
 	// context ended), cancelled handlers have to return and be reported,
@@ -187,16 +193,23 @@ func NewWorker(c *Client) *Worker {
 
 // Done returns a channel closed once the worker has stopped claiming for
 // good: Stop was called, Start's context ended, or the server refused the
-// worker for good (a claim, or the registration after a claim answered 404,
-// answered 401: the key was revoked; or 403: the key may not claim, or not
-// these tools). A worker that stopped on its own still holds its running
-// handlers and their reports: call Stop to let them finish, as for any
-// stop; its error then says the worker was refused
-// (IsCode(err, CodeUnauthorized) or IsCode(err, CodeForbidden)). Wait on it
-// beside your shutdown signal, so a revoked key ends the process instead of
-// leaving a worker that claims nothing. Failures that may pass (a network
-// error, a 5xx, a 429) never stop the worker: it goes on claiming with
-// backoff (see StartOptions.OnError).
+// worker for good, whichever call met the refusal first: a 401 to any call
+// (a claim, a heartbeat, a report: the key was revoked); a claim refused 403
+// (the key may not claim) or with any other status no retry mends (400, 409
+// but retry_request, 422...: the claim's body is the worker's own); after a
+// claim's 404 not_found the worker registers again once, and a registration
+// refused, or a 404 again, stops it too. A heartbeat's or report's 403 is
+// that job's alone. The refusal goes to OnError, and the worker stops as a
+// Stop whose deadline has passed would: a claim in flight is abandoned and
+// the running handlers' contexts are cancelled at once (ErrWorkerStopped);
+// those that return within StopGrace are reported as they returned. Call
+// Stop to wait for them and their reports, as for any stop; its error then
+// says the worker was refused and wraps the refusal
+// (IsCode(err, CodeUnauthorized), ...). Wait on it beside your shutdown
+// signal, so a revoked key ends the process instead of leaving a worker that
+// claims nothing. Failures that may pass (a network error, a 5xx, a 429)
+// never stop the worker: it goes on claiming with backoff (see
+// StartOptions.OnError).
 func (w *Worker) Done() <-chan struct{} { return w.done }
 
 func (w *Worker) add(rt *registeredTool) error {
@@ -316,6 +329,7 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 	w.cancelJobs = func(cause error) { unhook(); cancel(cause) }
 	w.workerID, w.refs, w.opts, w.notices = id, refs, opts, notices
 	w.reporter = newReporter(ctx, w.c, opts.OnError, w.reportLinger)
+	w.reporter.refused = w.refuse // a report's 401 stops the worker as a claim's does
 	w.slotFreed, w.returned = make(chan struct{}, 1), make(chan struct{}, 1)
 	go w.loop(ctx, pollCtx, jobsCtx)
 	return nil
@@ -390,11 +404,38 @@ func retryAfter(err error, limit time.Duration) time.Duration {
 	return time.Duration(secs) * time.Second
 }
 
-// refusedForGood says whether a claim's (or a registration's) failure stops
-// the worker: 401 (the key was revoked, or never was valid) and 403 (the key
-// may not claim, or not these tools) are never mended by asking again.
-func refusedForGood(err error) bool {
-	return IsCode(err, CodeUnauthorized) || IsCode(err, CodeForbidden)
+// keyRefused says whether a call's failure says the worker's key no longer
+// works at all: a 401 (the key was revoked, or never was valid), whichever
+// call meets it first (a claim, a heartbeat, a report, a registration). A
+// 403 on a heartbeat or a report is not: it is that job's alone (the key may
+// not work its tool, see leaseGone).
+func keyRefused(err error) bool {
+	var apiErr *Error
+	return errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusUnauthorized
+}
+
+// workerUnknown says whether a claim's failure says the server no longer
+// knows the worker id (it deletes registrations not seen for
+// JOB_RETENTION_DAYS): registering again mends it, once.
+func workerUnknown(err error) bool {
+	var apiErr *Error
+	return errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusNotFound && apiErr.Code == CodeNotFound
+}
+
+// refusedForGood says whether a claim's failure, or the failure of the
+// registration made again after a claim answered 404, stops the worker: any
+// refusal that asking again cannot mend. A 401 (the key was revoked) and a
+// 403 (the key may not claim, or not these tools), but also a 400, a 409
+// other than retry_request, a 422 or any other 4xx: a claim's body is the
+// worker's own (a limit of 1-100, a wait of 0-20 s, a claim id), so the
+// server (or a proxy before it) refuses every claim the worker will ever
+// send, and a worker that asked for ever would only spin (API.md §3.1 names
+// no other refusal of a claim). A claim's 404 not_found is the one refusal
+// that registering again mends (workerUnknown). Failures that may pass (a
+// network error, a 5xx, a 429, a 408, a retry_request) never stop it.
+func (w *Worker) refusedForGood(err error) bool {
+	var apiErr *Error
+	return errors.As(err, &apiErr) && !workerUnknown(err) && !w.c.transient(err)
 }
 
 // errStoppedWhileStarting is Start's answer when Stop came first.
@@ -438,9 +479,11 @@ func closed(ch chan struct{}) bool {
 //
 // OnError notices still queued or being delivered when Stop is done are
 // waited for up to a second, so that those its error refers to have been
-// delivered. After a claim refused 401 (a revoked key) or 403 the worker
-// stops claiming on its own (see Done), and Stop's error says so, matching
-// IsCode(err, CodeUnauthorized) or IsCode(err, CodeForbidden). Stop may be called from OnError: OnError runs on
+// delivered; without OnError, the default log first counts the problems it
+// left out since its last line, if any. After a refusal no retry mends (a
+// revoked key's 401, whichever call met it) the worker stops on its own (see
+// Done), and Stop's error says so and wraps the refusal (IsCode(err,
+// CodeUnauthorized), ...). Stop may be called from OnError: OnError runs on
 // a goroutine of its own, never on those Stop waits for (such a Stop takes
 // that second, since it waits for the call it is made from).
 func (w *Worker) Stop(ctx context.Context) error {
@@ -459,6 +502,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 		}
 	}
 	if notices != nil {
+		notices.stopped()
 		notices.flush()
 	}
 	return err
@@ -675,9 +719,10 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 			}()
 		}
 	}()
-	full := false // the last claim filled every slot it asked for: work is waiting
-	lost := 0     // claims running whose answers were lost
-	failed := 0   // claims running that failed otherwise
+	full := false            // the last claim filled every slot it asked for: work is waiting
+	lost := 0                // claims running whose answers were lost
+	failed := 0              // claims running that failed otherwise
+	registeredAgain := false // the last claim answered 404 and the worker registered again
 	for {
 		if w.stopped(ctx) {
 			return
@@ -706,21 +751,34 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 		began := w.clock.Now()
 		jobs, err := w.claimAndDispatch(ctx, pollCtx, jobsCtx, limit, w.opts.WaitSeconds)
 		if err != nil && !w.stopped(ctx) {
-			w.opts.OnError(fmt.Errorf("ratchet: claim: %w", err))
-			if refusedForGood(err) {
-				// The key was revoked (or never was valid), or may not
-				// claim: no claim will ever succeed, so the worker stops
-				// claiming rather than asking for ever, and Done and Stop
-				// say so.
-				w.refuse(err)
-				return
-			}
-			if IsCode(err, CodeNotFound) {
-				if rerr := w.registerAgain(pollCtx); refusedForGood(rerr) {
-					w.refuse(rerr)
+			notice := fmt.Errorf("ratchet: claim: %w", err)
+			switch {
+			case workerUnknown(err) && !registeredAgain:
+				// The server forgot the worker: register again, once.
+				w.opts.OnError(notice)
+				rerr := w.registerAgain(pollCtx)
+				if rerr != nil && !w.stopped(ctx) && !w.c.transient(rerr) {
+					w.refuse(fmt.Errorf("ratchet: register again: %w", rerr), rerr)
 					return
 				}
+				if rerr != nil && !w.stopped(ctx) {
+					w.opts.OnError(fmt.Errorf("ratchet: register again: %w", rerr))
+				}
+				registeredAgain = rerr == nil
+			case workerUnknown(err) || w.refusedForGood(err):
+				// No claim will ever succeed (the key was revoked, may not
+				// claim, or every claim is refused; or the server forgot
+				// the worker again right after registering it): the worker
+				// stops rather than asking for ever, and Done and Stop say
+				// so.
+				w.refuse(notice, err)
+				return
+			default:
+				w.opts.OnError(notice)
 			}
+		}
+		if err == nil || !workerUnknown(err) {
+			registeredAgain = false
 		}
 		if err != nil && w.claimID != "" {
 			// Its answer was lost: the jobs it may have leased are ours
@@ -771,19 +829,48 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 	}
 }
 
-// refuse stops claiming after a claim (or a registration) answered 401 or
-// 403 (refusedForGood), as Stop would, and keeps the error for Stop to
-// return.
-func (w *Worker) refuse(err error) {
+// refuse stops the worker for good after a refusal no retry mends: a 401
+// met by any call (keyRefused), or a claim's or registration's refusal
+// (refusedForGood). It stops as a Stop whose deadline has passed would,
+// whichever call met the refusal first: no more claims (a claim in flight is
+// abandoned), and the running handlers' contexts are cancelled at once
+// (cause ErrWorkerStopped; those that return within StopGrace are reported
+// as they returned, which a revoked key's server refuses too). notice goes to
+// OnError, or without it to the default log at once, whatever its pacing;
+// err is kept for Stop to return (the first refusal's; a later one is only
+// told).
+func (w *Worker) refuse(notice, err error) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	why := "the server refused its key (revoked or invalid)"
-	if IsCode(err, CodeForbidden) {
-		why = "the server forbids its key to claim, or to work its tools"
+	first := w.refused == nil
+	if first {
+		var apiErr *Error
+		errors.As(err, &apiErr)
+		why := "the server refused its claims, which asking again does not mend"
+		switch {
+		case apiErr != nil && apiErr.StatusCode == http.StatusUnauthorized:
+			why = "the server refused its key (revoked or invalid)"
+		case apiErr != nil && apiErr.StatusCode == http.StatusForbidden:
+			why = "the server forbids its key to claim, or to work its tools"
+		case workerUnknown(err):
+			why = "the server did not know the worker it had just registered again"
+		}
+		w.refused = fmt.Errorf("ratchet: the worker stopped claiming: %s: %w", why, err)
+		if !closed(w.stopping) {
+			close(w.stopping)
+		}
 	}
-	w.refused = fmt.Errorf("ratchet: the worker stopped claiming: %s: %w", why, err)
-	if !closed(w.stopping) {
-		close(w.stopping)
+	cancelJobs, cancelPoll := w.cancelJobs, w.cancelPoll
+	w.mu.Unlock()
+	if !first {
+		w.opts.OnError(notice)
+		return
+	}
+	w.notices.refused(notice)
+	if cancelPoll != nil {
+		cancelPoll()
+	}
+	if cancelJobs != nil {
+		cancelJobs(ErrWorkerStopped)
 	}
 }
 
@@ -885,13 +972,13 @@ func (w *Worker) claim(pollCtx context.Context, limit, wait int) ([]ClaimedJob, 
 // registerAgain registers the worker's tools under a new worker id, for a
 // server that no longer knows the old one (it deletes registrations not
 // seen for JOB_RETENTION_DAYS). Jobs already running keep their leases:
-// they are reported by lease token, not worker id. A failure goes to
-// OnError and is returned; the next claim, answered 404 again, registers
+// they are reported by lease token, not worker id. A failure is returned
+// (the loop tells it): a refusal stops the worker, as at Start; after a
+// failure that may pass, the next claim, answered 404 again, registers
 // again.
 func (w *Worker) registerAgain(ctx context.Context) error {
 	id, err := w.c.RegisterWorker(withRetryCutoff(ctx, w.stopping), w.refs)
 	if err != nil {
-		w.opts.OnError(fmt.Errorf("ratchet: register again: %w", err))
 		return err
 	}
 	w.mu.Lock()
@@ -1206,6 +1293,12 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 			if leaseGone(err) {
 				cancel(&jobLeaseLostError{code: ErrorCode(err)})
 				w.opts.OnError(fmt.Errorf("ratchet: job %s attempt %d no longer holds its lease: %w", j.JobID, j.Attempt, err))
+				return end
+			}
+			if keyRefused(err) {
+				// The key was revoked: the worker stops, as after a claim's
+				// 401, and this handler's context ends with the others'.
+				w.refuse(fmt.Errorf("ratchet: heartbeat job %s: %w", j.JobID, err), err)
 				return end
 			}
 			w.opts.OnError(fmt.Errorf("ratchet: heartbeat job %s: %w", j.JobID, err))

@@ -1166,7 +1166,7 @@ func (c *countingWaits) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func TestWorkerAsksAgainUnderALostClaimsID(t *testing.T) {
 	t.Parallel()
 	f := newFakeJobs()
-	answers := []int{500, 500, 500, 500, 500, 500, 500, 500, 500, 500, 0, 400, 0}
+	answers := []int{500, 500, 500, 500, 500, 500, 500, 500, 500, 500, 0, 404, 0}
 	f.claimError = func() (int, string, map[string]any) {
 		if len(f.claimIDs) > len(answers) {
 			return 0, "", nil
@@ -1174,8 +1174,8 @@ func TestWorkerAsksAgainUnderALostClaimsID(t *testing.T) {
 		switch answers[len(f.claimIDs)-1] {
 		case 500:
 			return 500, "internal", nil
-		case 400:
-			return 400, CodeInvalidRequest, nil
+		case 404: // refused (the worker is registered again)
+			return 404, CodeNotFound, nil
 		}
 		return 0, "", nil
 	}
@@ -1345,8 +1345,9 @@ func TestWorkerRegistersAgainWhenForgotten(t *testing.T) {
 	}
 }
 
-// A registration that fails when the worker registers again is reported to
-// OnError, and the worker keeps claiming: the next 404 registers again.
+// A registration that fails for a reason that may pass when the worker
+// registers again is reported to OnError, and the worker keeps claiming: the
+// next 404 registers again.
 func TestWorkerRegistersAgainAfterAFailedRegistration(t *testing.T) {
 	t.Parallel()
 	f := newFakeJobs()
@@ -1360,9 +1361,9 @@ func TestWorkerRegistersAgainAfterAFailedRegistration(t *testing.T) {
 	}
 	f.registerError = func(n int) (int, string) {
 		switch {
-		case n == 2: // the first registration again: failed, and not retried by the client
-			return http.StatusBadRequest, CodeInvalidRequest
-		case n == 3:
+		case n >= 2 && n <= 5: // the first registration again, with the client's 3 retries
+			return http.StatusServiceUnavailable, "service_unavailable"
+		case n == 6:
 			forgotten.Store(false)
 		}
 		return 0, ""
@@ -1380,8 +1381,8 @@ func TestWorkerRegistersAgainAfterAFailedRegistration(t *testing.T) {
 	f.mu.Lock()
 	registrations := f.registrations
 	f.mu.Unlock()
-	if registrations != 3 {
-		t.Fatalf("registrations %d, want 3", registrations)
+	if registrations != 6 {
+		t.Fatalf("registrations %d, want 6", registrations)
 	}
 	var seen bool
 	for _, err := range sink.delivered(worker) {
@@ -2283,5 +2284,135 @@ func TestWorkerHeartbeatHonoursRetryAfterWithinTheLease(t *testing.T) {
 	want := []time.Duration{20 * time.Second, 5 * time.Second, 20 * time.Second, 20 * time.Second}
 	if len(waits) < len(want) || !slices.Equal(waits[:len(want)], want) {
 		t.Fatalf("heartbeat waits %v, want %v first", waits, want)
+	}
+}
+
+// A revoked key stops the worker whichever call meets the 401 first, as a
+// claim's does: a heartbeat's or a report's 401 too (sdk QA: the worker
+// heartbeated on until the lease lapsed, and claimed on until a claim was
+// refused). It stops as at a Stop whose deadline has passed: no more claims,
+// and the handlers still running are cancelled at once (ErrWorkerStopped),
+// since nothing they do can be recorded any more. The Python and
+// TypeScript workers stop the same way.
+func TestRevokedKeyStopsTheWorkerWhicheverCallMeetsIt(t *testing.T) {
+	t.Parallel()
+	for _, call := range []string{"heartbeat", "report"} {
+		t.Run(call, func(t *testing.T) {
+			t.Parallel()
+			f := newFakeJobs()
+			f.refuse = map[string]string{}
+			if call == "heartbeat" {
+				f.leaseFor = 3 * time.Second // a heartbeat after a second
+				f.heartbeat = func(string) (int, string) { return http.StatusUnauthorized, CodeUnauthorized }
+			} else {
+				f.refuse[f.add("quick", "1", welcomeIn{}, 60000)] = CodeUnauthorized
+			}
+			f.add("long", "1", welcomeIn{}, 60000)
+			c, _ := testClient(t, f)
+			w := NewWorker(c)
+			causes := make(chan error, 1)
+			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "quick", Version: "1",
+				Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) { return welcomeOut{}, nil }}))
+			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
+				Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+					<-ctx.Done()
+					causes <- context.Cause(ctx)
+					return welcomeOut{}, ctx.Err()
+				}}))
+			sink := &errSink{}
+			must(t, w.Start(context.Background(), StartOptions{Concurrency: 2, PollInterval: 10 * time.Millisecond,
+				OnError: sink.add}))
+			select {
+			case <-w.Done():
+			case <-time.After(20 * time.Second):
+				t.Fatalf("the worker went on after a %s refused 401", call)
+			}
+			select {
+			case cause := <-causes:
+				if !errors.Is(cause, ErrWorkerStopped) {
+					t.Fatalf("the running handler's cause = %v, want ErrWorkerStopped", cause)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("the running handler was not cancelled")
+			}
+			f.mu.Lock()
+			claims := f.claims
+			f.mu.Unlock()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := w.Stop(ctx)
+			if !IsCode(err, CodeUnauthorized) || !strings.Contains(err.Error(), "the server refused its key") {
+				t.Fatalf("Stop = %v", err)
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if f.claims != claims {
+				t.Fatalf("claims went on after the stop: %d, then %d", claims, f.claims)
+			}
+			if errs := sink.delivered(w); len(errs) == 0 || !IsCode(errs[0], CodeUnauthorized) ||
+				!strings.Contains(errs[0].Error(), call) {
+				t.Fatalf("OnError got %v, want the %s's 401 first", errs, call)
+			}
+		})
+	}
+}
+
+// A claim refused for a reason no retry mends stops the worker with that
+// error rather than asking for ever (sdk QA: a 400, a 409 or a 422 was asked
+// again at every backoff for as long as the worker ran): the claim's body is
+// the worker's own, so every claim would be refused alike. A claim answered
+// 404 not_found (the server forgot the worker) registers again, once: a
+// claim under the new id answered 404 again, or a registration refused,
+// stops it too. The Python and TypeScript workers decide the same.
+func TestWorkerStopsOnAClaimNoRetryMends(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name                  string
+		status                int
+		code                  string
+		registerAgain         int // the status of the registration made again (0: it succeeds)
+		claims, registrations int
+	}{
+		{"400", http.StatusBadRequest, CodeInvalidRequest, 0, 1, 1},
+		{"409", http.StatusConflict, CodeInvalidState, 0, 1, 1},
+		{"422", http.StatusUnprocessableEntity, "", 0, 1, 1},
+		{"404 twice", http.StatusNotFound, CodeNotFound, 0, 2, 2},
+		{"404, registration refused", http.StatusNotFound, CodeNotFound, http.StatusBadRequest, 1, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFakeJobs()
+			f.claimError = func() (int, string, map[string]any) { return c.status, c.code, nil }
+			f.registerError = func(n int) (int, string) {
+				if n > 1 && c.registerAgain != 0 {
+					return c.registerAgain, CodeInvalidRequest
+				}
+				return 0, ""
+			}
+			cl, _ := testClient(t, f)
+			w := NewWorker(cl)
+			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1", Handler: noWork}))
+			sink := &errSink{}
+			must(t, w.Start(context.Background(), StartOptions{PollInterval: time.Millisecond, OnError: sink.add}))
+			select {
+			case <-w.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatal("the worker went on claiming")
+			}
+			err := w.Stop(context.Background())
+			want := c.status
+			if c.registerAgain != 0 {
+				want = c.registerAgain
+			}
+			var apiErr *Error
+			if !errors.As(err, &apiErr) || apiErr.StatusCode != want || !strings.Contains(err.Error(), "the worker stopped claiming") {
+				t.Fatalf("Stop = %v, want the %d", err, want)
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if f.claims != c.claims || f.registrations != c.registrations {
+				t.Fatalf("%d claims and %d registrations, want %d and %d", f.claims, f.registrations, c.claims, c.registrations)
+			}
+		})
 	}
 }
