@@ -11,7 +11,7 @@ import urllib.error
 import urllib.parse
 from typing import Any, Callable, Optional, Tuple
 
-from .errors import ConnectionLost, RatchetError
+from .errors import ConnectionLost, RatchetError, ReportNotRecorded
 
 try:
     import ssl
@@ -60,6 +60,27 @@ class FailureLog:
         self._outage = self._outage or call
         return "ratchet worker: " + text
 
+    def refusal(self, error: BaseException) -> str:
+        """The line to log for error, a refusal that stopped the worker:
+        logged whatever the pacing, since it says why the worker claims no
+        more, with the count of those left out before it."""
+        text, call = summary(error)
+        if call:
+            self._failures += 1
+        if self._left:
+            text += f" more_since_last_line={self._left}"
+        self._last, self._left = self.now(), 0
+        return "ratchet worker refused: " + text
+
+    def stopped(self) -> Optional[str]:
+        """The line to log when the worker stops: the count of the problems
+        left out since the last line (worker QA: they were dropped), or None
+        when none was."""
+        if not self._left:
+            return None
+        left, self._left = self._left, 0
+        return f"ratchet worker stopped: more_since_last_line={left}"
+
     def recovered(self) -> Optional[str]:
         """The line to log when a registration or claim succeeded: None
         unless a line told of a failed call since the last recovery."""
@@ -76,7 +97,15 @@ def summary(error: BaseException) -> Tuple[str, bool]:
     message or detail) and the call it answered; a network failure by its
     kind and the call it failed on (method, host and path, never the query or
     a body); anything else (a handler's or classifier's exception, an invalid
-    decision, an output that is not JSON) by its class alone, with a hint."""
+    decision, an output that is not JSON) by its class alone, with a hint. A
+    report not recorded is named by what became of it, its job id and
+    attempt, then its cause as above (the Go SDK's shape), and is no failed
+    call to the server (the recovery line counts none)."""
+    if isinstance(error, ReportNotRecorded) and error.job_id:
+        # Not counted as a failed call to the server: it answered it (or the
+        # stop gave it up), and no recovery line is owed for it.
+        text = summary(error.__cause__)[0] if error.__cause__ is not None else f"error=ReportNotRecorded {_HINT}"
+        return f"report={_token(error.what)} job_id={_token(error.job_id)} attempt={int(error.attempt)} {text}", False
     if isinstance(error, RatchetError):
         text = f"error=api status={error.status}"
         if error.code:

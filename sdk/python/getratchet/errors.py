@@ -185,7 +185,19 @@ class InvalidDecisionError(Exception):
 class ReportNotRecorded(Exception):
     """Passed to a worker's ``on_error`` when a job's report was refused or
     could not be delivered: the job's lease lapses and it runs again (or,
-    on its last attempt, ends EXHAUSTED)."""
+    on its last attempt, ends EXHAUSTED). ``what`` is "not_recorded", or
+    "output_refused" when the server refused a success's output and a
+    failure is reported instead; ``job_id`` and ``attempt`` name the
+    attempt, and ``__cause__`` is the call's error (a RatchetError, a
+    ConnectionLost), when there is one."""
+
+    def __init__(self, message: str, *, job_id: str = "", attempt: int = 0, what: str = "not_recorded",
+                 cause: Optional[BaseException] = None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.attempt = attempt
+        self.what = what
+        self.__cause__ = cause
 
 
 def clamp_retry_after_ms(value: int) -> int:

@@ -439,11 +439,15 @@ class Worker:
         (detail.retry_after_seconds) within that cap. So start() waits out
         an outage before it registers (under one Idempotency-Key), until a
         refusal (401, 403, 400: raised at once), a stop() or stop_event
-        (start() then returns, having run nothing). A claim refused 401 (the
-        key was revoked) or 403 (the key may not claim), or a registration
-        refused so after a claim answered 404, stops the worker as
-        stop(30.0) would, and a blocking start() then raises that
-        RatchetError."""
+        (start() then returns, having run nothing). A refusal no retry
+        mends, whichever call meets it first (a 401 to any call: the key was
+        revoked; a claim refused 403, 400, 409, 422...; a registration
+        refused, or a 404 again, after a claim's 404 registered the worker
+        again), stops the worker as a stop() whose deadline has passed
+        would: running handlers are told to stop at once. It goes to
+        on_error (or the default log, at once), and a blocking start() then
+        raises that RatchetError. Without on_error, a last line counts the
+        problems the log left out, if any, when the worker stops."""
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError("ratchet: concurrency must be a positive integer")
         if isinstance(wait_seconds, bool) or not isinstance(wait_seconds, int) or not 0 <= wait_seconds <= 20:
@@ -476,7 +480,7 @@ class Worker:
             with self._lock:
                 self._started = False
             gave_up.set()
-            self._errors.put(None)  # ends the on_error thread once it has delivered the rest
+            self._close_errors()
             raise
         finally:
             self._registering = None
@@ -587,21 +591,61 @@ class Worker:
                 if self._stopping.is_set():
                     return None
 
-    def _register_again(self, tools: list) -> Optional[RatchetError]:
+    def _register_again(self, tools: list) -> Optional[BaseException]:
         """Registers under a new worker id, for a server that forgot the old
-        one; a failure is told to on_error, and answered when it stops the
-        worker (_refused_for_good). The next claim, answered 404 again,
-        registers again."""
+        one; answers the failure (the loop tells it: a refusal stops the
+        worker, as at start(); after a failure that may pass, the next
+        claim, answered 404 again, registers again), or None."""
         try:
             self.worker_id = self._register(tools)
             self._recovered()
         except (RatchetError, ConnectionLost) as again:
-            if self._stopping.is_set():
-                return None
-            self._notify(again)
-            if _refused_for_good(again):
-                return again  # type: ignore[return-value]
+            return again
         return None
+
+    def _refused_for_good(self, err: BaseException) -> bool:
+        """Whether a claim's failure, or the failure of the registration made
+        again after a claim answered 404, stops the worker (the Go SDK's
+        refusedForGood): any refusal that asking again cannot mend. A 401
+        (the key was revoked) and a 403 (the key may not claim, or not these
+        tools), but also a 400, a 409 other than retry_request, a 422 or any
+        other 4xx: a claim's body is the worker's own, so every claim it
+        would ever send is refused alike (API.md names no other refusal of a
+        claim). A claim's 404 not_found is the one refusal that registering
+        again mends (_worker_unknown). Failures that may pass never stop it."""
+        return isinstance(err, RatchetError) and not _worker_unknown(err) and not self._transient(err)
+
+    def _refuse(self, err: BaseException, notice: Optional[BaseException] = None) -> None:
+        """Stops the worker for good after a refusal no retry mends: a 401
+        met by any call (_key_refused), or a claim's or registration's
+        refusal (_refused_for_good), whichever call met it first. It stops as
+        a stop whose deadline has passed: no more claims (a claim in flight
+        is cut), and the running handlers are told to stop at once
+        ("stopping"; those that return within stop_grace are reported as
+        they returned, which a revoked key's server refuses too). notice
+        (err when None) goes to on_error, or without it to the default log
+        at once, whatever its pacing; err is what a blocking start() raises
+        (the first refusal's; a later one is only told)."""
+        notice = err if notice is None else notice
+        with self._lock:
+            first = self._refused is None
+            if first:
+                self._refused = err  # type: ignore[assignment]
+        if not first:
+            self._notify(notice)
+            return
+        if self._on_error is not None:
+            self._errors.put(notice)
+        else:
+            with self._failure_log_lock:
+                self._errors.put(_LogLine(self._failure_log.refusal(notice)))
+        self._request_stop(0.0)
+        with self._lock:
+            now = time.monotonic()
+            if self._stop_at is not None and self._stop_at > now:
+                self._stop_at = now  # a stop asked for before: now at once
+                self._lock.notify_all()
+        self._claim_abort.fire()
 
     def _transient(self, err: BaseException) -> bool:
         """Whether a failure may pass: what the transport repeats for a call
@@ -617,6 +661,7 @@ class Worker:
     def _loop(self, concurrency: int, poll_interval: float, wait_seconds: int, tools: list) -> None:
         lost = 0  # claims running whose answers were lost
         failed = 0  # claims running that failed otherwise
+        registered_again = False  # the last claim answered 404 and the worker registered again
         try:
             while not self._stopping.is_set():
                 with self._lock:
@@ -634,26 +679,32 @@ class Worker:
                 try:
                     jobs = self._claim(limit, wait_seconds)
                 except (RatchetError, ConnectionLost) as err:
-                    refusal: Optional[RatchetError] = None
+                    # A claim the stop cut (a 429's wait) is no failure to
+                    # tell, as in Go and TypeScript; nor, once stopping, one
+                    # whose answer was lost (asked again below, or told
+                    # abandoned).
                     if not self._stopping.is_set():
-                        # A claim the stop cut (a 429's wait) is no failure
-                        # to tell, as in Go and TypeScript; nor, once
-                        # stopping, one whose answer was lost (asked again
-                        # below, or told abandoned).
-                        self._notify(err)
-                        if _refused_for_good(err):
-                            # The key was revoked (or never was valid), or
-                            # may not claim: no claim will ever succeed, so
-                            # stop as stop() would rather than ask for ever.
-                            refusal = err  # type: ignore[assignment]
-                        elif isinstance(err, RatchetError) and err.status == 404 and err.code == NOT_FOUND:
-                            # The worker id is unknown (its registration was
-                            # removed): register again under a new one.
-                            refusal = self._register_again(tools)
-                    if refusal is not None:
-                        self._refused = refusal
-                        self._request_stop(30.0)
-                        break
+                        if _worker_unknown(err) and not registered_again:
+                            # The server forgot the worker: register again, once.
+                            self._notify(err)
+                            again = self._register_again(tools)
+                            if again is not None and not self._stopping.is_set():
+                                if not self._transient(again):
+                                    self._refuse(again)
+                                    break
+                                self._notify(again)
+                            registered_again = again is None
+                        elif _worker_unknown(err) or self._refused_for_good(err):
+                            # No claim will ever succeed (the key was revoked,
+                            # may not claim, or every claim is refused; or the
+                            # server forgot the worker again right after it
+                            # registered again): stop rather than ask for ever.
+                            self._refuse(err)
+                            break
+                        else:
+                            self._notify(err)
+                    if not _worker_unknown(err):
+                        registered_again = False
                     if self._claim_id is not None:
                         lost += 1
                     else:
@@ -661,6 +712,7 @@ class Worker:
                     self._pause(self._after_failed_claim(poll_interval, lost, failed, err))
                     continue
                 lost = failed = 0
+                registered_again = False
                 self._recovered()
                 for job in jobs:
                     self._dispatch(job, sent)
@@ -698,6 +750,8 @@ class Worker:
         the jobs lapsed unseen). Asked again, a claim that had leased nothing
         leases afresh, at most its own limit, without a long poll."""
         attempt = 0
+        if self._refused is not None:
+            return  # a refused key's claim would be refused too; the handlers stop at once
         while self._claim_id is not None:
             with self._lock:
                 left = (self._stop_at or 0.0) - time.monotonic()
@@ -792,7 +846,7 @@ class Worker:
             if self._claim_cut is not None:
                 self._claim_cut.cancel()  # nothing left to cut: its thread ends now, not at the deadline
         self._done.set()
-        self._errors.put(None)  # ends the on_error thread once it has delivered the rest
+        self._close_errors()
         # A stopped worker makes no more calls: its kept connections go
         # (the client's own calls open new ones as they need them).
         self._transport.close_idle()
@@ -958,6 +1012,11 @@ class Worker:
                     context._cancel("lease_lost")
                     active.wake.set()
                     return
+                if _key_refused(err):
+                    # The key was revoked: the worker stops, as after a
+                    # claim's 401, and this handler is told to with the others.
+                    self._refuse(err)
+                    return
                 self._notify(err)
                 failed = err
                 continue
@@ -1034,7 +1093,9 @@ class Worker:
         # The server can never record this output (its size, or the tool's
         # contract): report the attempt failed for good instead.
         self._notify(ReportNotRecorded(f"ratchet: job {context.job_id} attempt {context.attempt}: the server "
-                                       f"refuses the output ({refusal.code}); reporting it failed"))
+                                       f"refuses the output ({refusal.code}); reporting it failed",
+                                       job_id=context.job_id, attempt=context.attempt, what="output_refused",
+                                       cause=refusal))
         self._report(context, {"status": "FAILED", "error": {"message": why, "retryable": False}})
 
     def _report(self, context: JobContext, body: dict, notify: bool = True) -> Optional[RatchetError]:
@@ -1106,8 +1167,13 @@ class Worker:
             with self._lock:
                 self._lost_reports += 1
         detail = error.code if isinstance(error, RatchetError) else type(error).__name__
-        self._notify(ReportNotRecorded(f"ratchet: the report of job {context.job_id} attempt {context.attempt} "
-                                       f"was not recorded ({detail}); {_what_follows(error)}"))
+        notice = ReportNotRecorded(f"ratchet: the report of job {context.job_id} attempt {context.attempt} "
+                                   f"was not recorded ({detail}); {_what_follows(error)}",
+                                   job_id=context.job_id, attempt=context.attempt, cause=error)
+        if _key_refused(error):
+            self._refuse(error, notice)  # the key was revoked: the worker stops, as after a claim's 401
+            return
+        self._notify(notice)
 
     # -- errors -------------------------------------------------------------
 
@@ -1129,6 +1195,17 @@ class Worker:
             line = self._failure_log.recovered()
             if line is not None:
                 self._errors.put(_LogLine(line))
+
+    def _close_errors(self) -> None:
+        """Ends the on_error thread once it has delivered the rest; without
+        on_error, the default log first counts the problems it left out
+        since its last line, if any."""
+        if self._on_error is None:
+            with self._failure_log_lock:
+                line = self._failure_log.stopped()
+            if line is not None:
+                self._errors.put(_LogLine(line))
+        self._errors.put(None)
 
     def _deliver_errors(self) -> None:
         while True:
@@ -1188,11 +1265,19 @@ def _retry_after(err: BaseException, limit: float) -> float:
     return float(min(err.retry_after_seconds, limit))
 
 
-def _refused_for_good(err: BaseException) -> bool:
-    """Whether a claim's (or a registration's) failure stops the worker:
-    401 (the key was revoked, or never was valid) and 403 (the key may not
-    claim, or not these tools) are never mended by asking again."""
-    return isinstance(err, RatchetError) and err.status in (401, 403)
+def _key_refused(err: BaseException) -> bool:
+    """Whether a call's failure says the worker's key no longer works at all
+    (the Go SDK's keyRefused): a 401 (the key was revoked, or never was
+    valid), whichever call meets it first. A 403 on a heartbeat or a report
+    is not: it is that job's alone (the key may not work its tool)."""
+    return isinstance(err, RatchetError) and err.status == 401
+
+
+def _worker_unknown(err: BaseException) -> bool:
+    """Whether a claim's failure says the server no longer knows the worker
+    id (it deletes registrations not seen for JOB_RETENTION_DAYS):
+    registering again mends it, once."""
+    return isinstance(err, RatchetError) and err.status == 404 and err.code == NOT_FOUND
 
 
 def _beat_every(lease_end: float, context: JobContext) -> float:
