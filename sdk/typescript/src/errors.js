@@ -157,9 +157,15 @@ export class InvalidDecisionError extends Error {
  * be delivered: its lease lapses and it runs again (or, on its last
  * attempt, ends EXHAUSTED). */
 export class ReportNotRecordedError extends Error {
-  constructor(message) {
-    super(message);
+  /** what is 'not_recorded', or 'output_refused' when the server refused a
+   * success's output and a failure is reported instead; jobId and attempt
+   * name the attempt, and cause is the call's error, when there is one. */
+  constructor(message, { jobId = '', attempt = 0, what = 'not_recorded', cause } = {}) {
+    super(message, cause === undefined ? undefined : { cause });
     this.name = 'ReportNotRecordedError';
+    this.jobId = jobId;
+    this.attempt = attempt;
+    this.what = what;
   }
 }
 

@@ -1,7 +1,7 @@
 // What a worker without onError does with its problems: one safe line each
 // to console.warn, paced (the Go SDK's failureLog).
 
-import { ConnectionLostError, RatchetError } from './errors.js';
+import { ConnectionLostError, RatchetError, ReportNotRecordedError } from './errors.js';
 
 // everyMs is the least time between two failure lines: a server down for
 // hours costs a line a minute, not one a failed claim, heartbeat and report
@@ -52,6 +52,27 @@ export class FailureLog {
     return 'ratchet worker: ' + text;
   }
 
+  /** The line to log for error, a refusal that stopped the worker: logged
+   * whatever the pacing, since it says why the worker claims no more, with
+   * the count of those left out before it. */
+  refusal(error) {
+    let [text, call] = summary(error);
+    if (call) this.#failures++;
+    if (this.#left > 0) text += ` more_since_last_line=${this.#left}`;
+    [this.#last, this.#left] = [failureLogTimes.now(), 0];
+    return 'ratchet worker refused: ' + text;
+  }
+
+  /** The line to log when the worker stops: the count of the problems left
+   * out since the last line (worker QA: they were dropped), or null when
+   * none was. */
+  stopped() {
+    if (this.#left === 0) return null;
+    const left = this.#left;
+    this.#left = 0;
+    return `ratchet worker stopped: more_since_last_line=${left}`;
+  }
+
   /** The line to log when a registration or claim succeeded: null unless a
    * line told of a failed call since the last recovery. */
   recovered() {
@@ -70,9 +91,16 @@ export class FailureLog {
  * (a fetch failure's cause.code, an abort or timeout) and the call it failed
  * on (method, host and path, never the query or a body); anything else (a
  * classifier's exception, an invalid decision, an output that is not JSON)
- * by its name alone, with a hint.
+ * by its name alone, with a hint. A report not recorded is named by what
+ * became of it, its job id and attempt, then its cause as above (the Go
+ * SDK's shape), and is no failed call to the server (the recovery line
+ * counts none).
  */
 export function summary(error) {
+  if (error instanceof ReportNotRecordedError && error.jobId) {
+    const [text] = error.cause !== undefined ? summary(error.cause) : [`error=ReportNotRecordedError ${HINT}`];
+    return [`report=${token(error.what)} job_id=${token(error.jobId)} attempt=${Number(error.attempt)} ${text}`, false];
+  }
   const call = error !== null && typeof error === 'object' ? calls.get(error) : undefined;
   if (error instanceof RatchetError) {
     let text = `error=api status=${error.status}`;

@@ -280,9 +280,12 @@ export interface StartOptions {
    * failures); its errors may hold payload details. Without it, each problem
    * goes to console.warn as one line holding none of the error's text (a
    * RatchetError's status, code and request id; a lost connection's kind;
-   * the call's method, host and path; else only its name): the first at once,
-   * then at most a line a minute counting those left out, and
-   * "recovered after N failures" once a registration or claim succeeds. */
+   * the call's method, host and path; else only its name; a report not
+   * recorded with report=, job_id= and attempt= first): the first at once,
+   * then at most a line a minute counting those left out,
+   * "recovered after N failures" once a registration or claim succeeds, the
+   * refusal that stops the worker at once ("ratchet worker refused: ..."),
+   * and when it stops a last line counting those left out, if any. */
   onError?: (error: unknown) => void | Promise<void>;
   /** Aborting it stops the worker as stop() does. */
   signal?: AbortSignal;
@@ -299,8 +302,10 @@ export declare class Worker {
   /** Registers (waiting out an outage: failures that may pass go to onError
    * and are tried again with backoff, for as long as the worker runs), then
    * resolves once the worker has stopped and its running jobs ended; rejects
-   * with a registration's refusal, or with the RatchetError (status 401 or
-   * 403) when it stopped because the server refused it for good. */
+   * with a registration's refusal, or with the RatchetError when it stopped
+   * because the server refused it for good (a 401 to any call; a claim
+   * refused 403, 400, 409, 422...; a registration refused, or a 404 again,
+   * after a claim's 404): its running handlers are then aborted at once. */
   start(options?: StartOptions): Promise<void>;
   /** Resolves to whether every claimed job ended with its outcome recorded
    * or settled elsewhere (a report refused lease_lost, say) and no handler
@@ -947,7 +952,14 @@ export declare class InvalidDecisionError extends Error {
   clamped: boolean;
 }
 export declare class ReportNotRecordedError extends Error {
-  constructor(message: string);
+  constructor(message: string, options?: { jobId?: string; attempt?: number; what?: 'not_recorded' | 'output_refused'; cause?: unknown });
+  /** The job whose report was not recorded ('' when not said). */
+  jobId: string;
+  attempt: number;
+  /** 'not_recorded', or 'output_refused' when a failure was reported instead of an output the server refused. */
+  what: 'not_recorded' | 'output_refused';
+  /** The call's error (a RatchetError, a ConnectionLostError), when there is one. */
+  cause?: unknown;
 }
 export declare class EffectBlockedError extends Error {
   constructor(effectId: string, priorAttempt?: BeginResponse['prior_attempt'] | null);

@@ -89,10 +89,15 @@ function failureWait(pollIntervalMs, n, err) {
   return Math.max(step / 2 + Math.random() * (step / 2), retryAfterMs(err, limit));
 }
 
-/** Whether a claim's (or a registration's) failure stops the worker: 401
- * (the key was revoked, or never was valid) and 403 (the key may not claim,
- * or not these tools) are never mended by asking again. */
-const refusedForGood = (err) => err instanceof RatchetError && (err.status === 401 || err.status === 403);
+/** Whether a call's failure says the worker's key no longer works at all
+ * (the Go SDK's keyRefused): a 401 (the key was revoked, or never was
+ * valid), whichever call meets it first. A 403 on a heartbeat or a report is
+ * not: it is that job's alone (the key may not work its tool). */
+const keyRefused = (err) => err instanceof RatchetError && err.status === 401;
+/** Whether a claim's failure says the server no longer knows the worker id
+ * (it deletes registrations not seen for JOB_RETENTION_DAYS): registering
+ * again mends it, once. */
+const workerUnknown = (err) => err instanceof RatchetError && err.status === 404 && err.code === 'not_found';
 const now = () => performance.now();
 
 function withResolvers() {
@@ -376,6 +381,9 @@ export class Worker {
         await this.#loop(concurrency, pollIntervalMs, waitSeconds, tools);
       } finally {
         signal?.removeEventListener('abort', onAbort);
+        // Without onError, the default log counts the problems it left out
+        // since its last line, if any.
+        if (!this.#onError) this.#warn(this.#failureLog.stopped());
       }
     })();
     try {
@@ -459,18 +467,53 @@ export class Worker {
   }
 
   /** Registers under a new worker id, for a server that forgot the old one;
-   * a failure is told to onError, and resolved to when it stops the worker
-   * (refusedForGood). The next claim, answered 404 again, registers again. */
+   * resolves to the failure (the loop tells it: a refusal stops the worker,
+   * as at start(); after a failure that may pass, the next claim, answered
+   * 404 again, registers again), or null. */
   async #registerAgain(tools) {
     try {
       this.workerId = await this.#register(tools);
       this.#recovered();
     } catch (again) {
-      if (this.#stopping.signal.aborted) return null;
-      this.#notify(again);
-      if (refusedForGood(again)) return again;
+      return again;
     }
     return null;
+  }
+
+  /** Whether a claim's failure, or the failure of the registration made
+   * again after a claim answered 404, stops the worker (the Go SDK's
+   * refusedForGood): any refusal that asking again cannot mend. A 401 (the
+   * key was revoked) and a 403 (the key may not claim, or not these tools),
+   * but also a 400, a 409 other than retry_request, a 422 or any other 4xx:
+   * a claim's body is the worker's own, so every claim it would ever send is
+   * refused alike (API.md names no other refusal of a claim). A claim's 404
+   * not_found is the one refusal that registering again mends
+   * (workerUnknown). Failures that may pass never stop it. */
+  #refusedForGood(err) {
+    return err instanceof RatchetError && !workerUnknown(err) && !this.#transient(err);
+  }
+
+  /** Stops the worker for good after a refusal no retry mends: a 401 met by
+   * any call (keyRefused), or a claim's or registration's refusal
+   * (#refusedForGood), whichever call met it first. It stops as a stop whose
+   * deadline has passed: no more claims (a claim in flight is cut), and the
+   * running handlers are aborted at once ('stopping'; those that return
+   * within stopGraceMs are reported as they returned, which a revoked key's
+   * server refuses too). notice goes to onError, or without it to the
+   * default log at once, whatever its pacing; err is what start() rejects
+   * with (the first refusal's; a later one is only told). */
+  #refuse(err, notice = err) {
+    if (this.#refused) {
+      this.#notify(notice);
+      return;
+    }
+    this.#refused = err;
+    if (this.#onError) this.#notify(notice);
+    else this.#warn(this.#failureLog.refusal(notice));
+    this.#requestStop(0);
+    if (this.#stopAt > now()) this.#stopAt = now(); // a stop asked for before: now at once
+    this.#claimCutoff.abort(new Error('stopping'));
+    this.#signal();
   }
 
   /** Whether a failure may pass: what the transport repeats for a call safe
@@ -494,6 +537,7 @@ export class Worker {
     const stopping = this.#stopping.signal;
     let lost = 0; // claims running whose answers were lost
     let failed = 0; // claims running that failed otherwise
+    let registeredAgain = false; // the last claim answered 404 and the worker registered again
     try {
       while (!stopping.aborted) {
         // No claim while a slot is missing, or while a report is failing:
@@ -510,25 +554,32 @@ export class Worker {
           jobs = await this.#claim(limit, waitSeconds);
         } catch (err) {
           if (this.#claimCutoff.signal.aborted) break;
-          let refusal = null;
           if (!stopping.aborted) {
             // A claim the stop cut (a 429's wait) is no failure to tell.
-            this.#notify(err);
-            if (refusedForGood(err)) {
-              // The key was revoked (or never was valid), or may not claim:
-              // no claim will ever succeed, so stop as stop() would rather
+            if (workerUnknown(err) && !registeredAgain) {
+              // The server forgot the worker: register again, once.
+              this.#notify(err);
+              const again = await this.#registerAgain(tools);
+              if (again !== null && !stopping.aborted) {
+                if (!this.#transient(again)) {
+                  this.#refuse(again);
+                  break;
+                }
+                this.#notify(again);
+              }
+              registeredAgain = again === null;
+            } else if (workerUnknown(err) || this.#refusedForGood(err)) {
+              // No claim will ever succeed (the key was revoked, may not
+              // claim, or every claim is refused; or the server forgot the
+              // worker again right after it registered again): stop rather
               // than ask for ever.
-              refusal = err;
-            } else if (err instanceof RatchetError && err.status === 404 && err.code === 'not_found') {
-              // The worker id is unknown: register again under a new one.
-              refusal = await this.#registerAgain(tools);
+              this.#refuse(err);
+              break;
+            } else {
+              this.#notify(err);
             }
           }
-          if (refusal) {
-            this.#refused = refusal;
-            this.#requestStop(30_000);
-            break;
-          }
+          if (!workerUnknown(err)) registeredAgain = false;
           // A claim whose answer was lost is asked again under its id after
           // the transport's backoff (never before the server's
           // Retry-After): the jobs it may have leased are this worker's
@@ -549,6 +600,7 @@ export class Worker {
           continue;
         }
         lost = failed = 0;
+        registeredAgain = false;
         this.#recovered();
         for (const job of jobs) this.#dispatch(job, sent);
         if (jobs.length >= limit || (jobs.length > 0 && waitSeconds > 0)) continue; // work is waiting
@@ -568,6 +620,7 @@ export class Worker {
    * lapsed unseen). Asked again, a claim that had leased nothing leases
    * afresh, at most its own limit, without a long poll. */
   async #askAgainWhileStopping() {
+    if (this.#refused) return; // a refused key's claim would be refused too; the handlers stop at once
     for (let attempt = 0; this.#claimId !== null; attempt++) {
       const cutoff = this.#claimCutoff.signal;
       if (attempt > 0) {
@@ -822,6 +875,12 @@ export class Worker {
           record.cancel('lease_lost');
           return;
         }
+        if (keyRefused(err)) {
+          // The key was revoked: the worker stops, as after a claim's 401,
+          // and this handler is aborted with the others.
+          this.#refuse(err);
+          return;
+        }
         this.#notify(err);
         failed = err;
       }
@@ -893,7 +952,8 @@ export class Worker {
     }
     // The server can never record this output: report the attempt failed
     // for good instead, so the handler runs once.
-    this.#notify(new ReportNotRecordedError(`ratchet: job ${label.jobId} attempt ${label.attempt}: the server refuses the output (${refusal.code}); reporting it failed`));
+    this.#notify(new ReportNotRecordedError(`ratchet: job ${label.jobId} attempt ${label.attempt}: the server refuses the output (${refusal.code}); reporting it failed`,
+      { jobId: label.jobId, attempt: label.attempt, what: 'output_refused', cause: refusal }));
     await this.#report(label, { status: 'FAILED', error: { message: why, retryable: false } });
   }
 
@@ -953,7 +1013,10 @@ export class Worker {
     // say) loses nothing stop() answers for, as Go's Stop.
     if (!settledRefusal(error)) this.#lostReports++;
     const why = error instanceof RatchetError ? error.code : errorName(error);
-    this.#notify(new ReportNotRecordedError(`ratchet: the report of job ${label.jobId} attempt ${label.attempt} was not recorded (${why}); ${whatFollows(error)}`));
+    const notice = new ReportNotRecordedError(`ratchet: the report of job ${label.jobId} attempt ${label.attempt} was not recorded (${why}); ${whatFollows(error)}`,
+      { jobId: label.jobId, attempt: label.attempt, cause: error });
+    if (keyRefused(error)) this.#refuse(error, notice); // the key was revoked: the worker stops, as after a claim's 401
+    else this.#notify(notice);
   }
 
   // onError runs in order, never on the poll loop, a heartbeat or a report.

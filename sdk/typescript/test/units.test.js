@@ -340,6 +340,82 @@ test('a claim refused 401 stops the worker', async (t) => {
   assert.deepEqual(errors.map((e) => e.status), [401]);
 });
 
+// SDK QA: a heartbeat's or a report's 401 did not stop the worker (it
+// heartbeated on until the lease lapsed, and claimed on until a claim was
+// refused). It stops as a stop whose deadline has passed: no more claims,
+// the handlers still running aborted at once. Go and Python stop the same.
+test('a revoked key stops the worker whichever call meets it', async (t) => {
+  for (const call of ['heartbeat', 'report']) {
+    const seen = { claims: 0 };
+    const server = await fakeServer(t, (method, path) => {
+      if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+      if (path.endsWith('/claim')) {
+        if (++seen.claims > 1) return [200, { jobs: [] }];
+        const jobs = [{ ...job(2, 60_000), name: 'long', leaseMs: 3000 }];
+        if (call === 'report') jobs.unshift({ ...job(1, 60_000), name: 'quick' });
+        return [200, { jobs }];
+      }
+      if (path.endsWith('/heartbeat')) {
+        return call === 'heartbeat' ? [401, error('unauthorized')] : [200, { leaseExpiresAt: '2030-01-01T00:00:00Z', cancelRequested: false }];
+      }
+      if (call === 'report' && path.includes('job_1')) return [401, error('unauthorized')];
+      return [200, { jobId: 'job_2', status: 'RETRY_SCHEDULED', attempt: 1 }];
+    });
+    const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+    client.registerTool({ name: 'quick', version: '1', handler: () => ({ ok: true }) });
+    const reasons = [];
+    client.registerTool({
+      name: 'long', version: '1', handler: async (input, ctx) => {
+        await new Promise((r) => ctx.signal.addEventListener('abort', r, { once: true }));
+        reasons.push(ctx.cancelReason);
+        throw new Error('stopped');
+      },
+    });
+    const errors = [];
+    let outcome = null;
+    const started = client.worker.start({ concurrency: 2, pollIntervalMs: 50, onError: (err) => { errors.push(err); } })
+      .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
+    t.after(async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
+    await until(() => outcome !== null, 20_000).catch(() => assert.fail(`the worker went on after a ${call} refused 401`));
+    assert.ok(outcome instanceof RatchetError && outcome.status === 401, String(outcome));
+    assert.deepEqual(reasons, ['stopping']);
+    const claims = seen.claims;
+    await new Promise((r) => setTimeout(r, 200));
+    assert.equal(seen.claims, claims);
+    assert.equal(errors[0].status ?? errors[0].cause?.status, 401, String(errors[0]));
+  }
+});
+
+// SDK QA: a claim refused 400, 409 or 422 was asked again at every backoff
+// for as long as the worker ran. The claim's body is the worker's own, so
+// every claim would be refused alike: the worker stops with the refusal. A
+// 404 not_found registers again, once: a claim under the new id answered 404
+// again, or a registration refused, stops it too. Go and Python decide the same.
+test('a claim no retry mends stops the worker', async (t) => {
+  const cases = [[400, 'invalid_request', 0, 1, 1], [409, 'invalid_state', 0, 1, 1], [422, '', 0, 1, 1],
+    [404, 'not_found', 0, 2, 2], [404, 'not_found', 400, 1, 2]];
+  for (const [status, code, registerAgain, claims, registrations] of cases) {
+    const seen = { claims: 0, registrations: 0 };
+    const server = await fakeServer(t, (method, path) => {
+      if (path.endsWith('/register')) {
+        if (++seen.registrations > 1 && registerAgain) return [registerAgain, error('invalid_request')];
+        return [200, { workerId: 'wkr_1' }];
+      }
+      seen.claims++;
+      return [status, code ? error(code) : { detail: 'Unprocessable Entity' }];
+    });
+    const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', maxRetries: 0 });
+    client.registerTool({ name: 't', version: '1', handler: () => null });
+    let outcome = null;
+    const started = client.worker.start({ concurrency: 1, pollIntervalMs: 10, onError: () => {} })
+      .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
+    t.after(async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
+    await until(() => outcome !== null).catch(() => assert.fail(`${status}: the worker went on claiming`));
+    assert.ok(outcome instanceof RatchetError && outcome.status === (registerAgain || status), `${status}: ${outcome}`);
+    assert.deepEqual([seen.claims, seen.registrations], [claims, registrations], String(status));
+  }
+});
+
 /** A worker of one tool against respond, whose transport retries
  * maxRetries times and records the waits (each cut to a moment, a stop
  * still ending it); the drawn half of each failure's wait is drawn whole. */
@@ -545,6 +621,9 @@ test('without onError an API error is logged without its text, and its recovery 
   assert.deepEqual(lines, [
     `ratchet worker: error=api status=503 code=service_unavailable request_id=req_logged method=POST host=${host} path=/api/v1/workers/register`,
     'ratchet worker: recovered after 3 failures',
+    // At the stop, the two failures left out are counted (worker QA: their
+    // count was dropped), as in Go and Python.
+    'ratchet worker stopped: more_since_last_line=2',
   ]);
   assert.ok(!lines.join('\n').includes(SECRET));
 });
@@ -568,6 +647,48 @@ test('without onError a classifier\'s exception is logged by its name alone', as
   assert.equal(await worker.stop({ timeoutMs: 5000 }), true);
   await started;
   assert.deepEqual(lines, ['ratchet worker: error=RangeError (set onError to see it)']);
+});
+
+// SDK QA: it was logged as 'error=ReportNotRecordedError (set onError to see
+// it)', Go's with its refusal's status, code and request id.
+test('without onError a report not recorded is logged in the Go SDK\'s shape', async (t) => {
+  let claimed = 0;
+  let reported = false;
+  const { worker, lines, server } = await loggingWorker(t, {
+    respond: (method, path) => {
+      if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+      if (path.endsWith('/claim')) return [200, { jobs: claimed++ === 0 ? [job(1)] : [] }];
+      reported = true;
+      return [409, { error: { code: 'invalid_state', message: SECRET, detail: { leaseLapsed: true } } }, { 'X-Request-Id': 'req_1' }];
+    },
+    handler: () => ({ secret: SECRET }),
+  });
+  const started = worker.start({ pollIntervalMs: 1_000 });
+  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  await until(() => reported && lines.length > 0);
+  assert.equal(await worker.stop({ timeoutMs: 5000 }), false); // the report was lost
+  await started;
+  const host = new URL(server.url).host;
+  assert.deepEqual(lines, [`ratchet worker: report=not_recorded job_id=job_1 attempt=1 error=api status=409 code=invalid_state request_id=req_1 method=POST host=${host} path=/api/v1/jobs/job_1/report`]);
+});
+
+// A second after the line of a failed claim, within the minute: it says why
+// the worker claims no more, so it is not left out.
+test('without onError the refusal that stops the worker is logged at once', async (t) => {
+  let claims = 0;
+  const { worker, lines, server } = await loggingWorker(t, {
+    respond: (method, path) => {
+      if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+      return ++claims === 1 ? [503, error('service_unavailable')] : [401, error('unauthorized'), { 'X-Request-Id': 'req_2' }];
+    },
+  });
+  await assert.rejects(worker.start({ pollIntervalMs: 1_000 }), (err) => err instanceof RatchetError && err.status === 401);
+  assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
+  const host = new URL(server.url).host;
+  assert.deepEqual(lines, [
+    `ratchet worker: error=api status=503 code=service_unavailable method=POST host=${host} path=/api/v1/workers/wkr_1/claim`,
+    `ratchet worker refused: error=api status=401 code=unauthorized request_id=req_2 method=POST host=${host} path=/api/v1/workers/wkr_1/claim`,
+  ]);
 });
 
 test('onError replaces the default failure log', async (t) => {
@@ -698,12 +819,12 @@ test('a report failing on its own holds no claim after its lease lapses', async 
 
 // The rule the three workers share (READMEs): a heartbeat answered 409, 404
 // or 403 aborts the handler as lease lost and nothing is reported but a
-// success after lease_lost; anything else (a 401 once the key was revoked,
-// say) is a failed heartbeat, tried again until the lease passes its end,
+// success after lease_lost; anything else (a 502, say; a 401 stops the
+// worker) is a failed heartbeat, tried again until the lease passes its end,
 // when the handler is aborted too and its success reported.
 test('a heartbeat refusal ends the attempt as in Go and Python', async (t) => {
   const cases = [[409, 'lease_lost', true], [409, 'invalid_state', false], [404, 'not_found', false],
-    [403, 'forbidden', false], [401, 'unauthorized', true]];
+    [403, 'forbidden', false], [502, 'bad_gateway', true]];
   for (const [status, code, successReported] of cases) {
     const seen = { claims: 0, reports: [], beats: 0 };
     const reasons = [];
@@ -731,7 +852,7 @@ test('a heartbeat refusal ends the attempt as in Go and Python', async (t) => {
     assert.deepEqual(seen.reports.map((r) => r.status), successReported ? ['SUCCEEDED'] : [], code);
     // A refusal ends the heartbeats at once; a failed one is tried again
     // until the lease's end (3 s: a beat a second or so).
-    assert.ok(status === 401 ? seen.beats >= 2 : seen.beats === 1, `${code}: ${seen.beats} heartbeats`);
+    assert.ok(status === 502 ? seen.beats >= 2 : seen.beats === 1, `${code}: ${seen.beats} heartbeats`);
   }
 });
 
