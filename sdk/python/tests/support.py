@@ -8,6 +8,7 @@ signs up a workspace of its own, so tests never see each other's jobs.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -19,6 +20,11 @@ from typing import Any, Callable, List
 import getratchet
 
 BASE_URL = os.environ.get("RATCHET_TEST_BASE_URL", "")
+
+# A worker started without on_error logs its default failure log to
+# "getratchet.worker", which with no handler anywhere went to stderr, into
+# the tests' output: a handler that drops them keeps it quiet.
+logging.getLogger("getratchet.worker").addHandler(logging.NullHandler())
 
 
 def require_server(test: unittest.TestCase) -> None:

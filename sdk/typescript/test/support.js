@@ -5,6 +5,7 @@
 
 import { randomBytes } from 'node:crypto';
 import { Ratchet } from '../src/index.js';
+import './quiet.js';
 
 export const BASE_URL = process.env.RATCHET_TEST_BASE_URL ?? '';
 /** Options for a server test: skipped, and said so, without a server. */

@@ -14,6 +14,7 @@ import { failureLogTimes, summary } from '../src/failurelog.js';
 import { stringify, stringifyIteratively } from '../src/json.js';
 import { Transport } from '../src/transport.js';
 import { Reporter, Worker, heartbeatTimes, readDecision, reportTimes } from '../src/worker.js';
+import './quiet.js';
 
 /** Answers each request with the next [status, body, headers] of a script
  * (status 0 drops the connection), recording what it was sent; respond may
