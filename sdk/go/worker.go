@@ -1359,9 +1359,9 @@ func heartbeatWait(every time.Duration, failed error) time.Duration {
 // 404 (the job is gone) and 403 (the key may not work the job's tool: it
 // was cancelled and replayed onto a version the key does not list, and
 // its report would be refused the same; sdk QA: the Go worker alone
-// heartbeated on, every beat refused). Anything else (a 401, a 429, a 5xx,
-// a lost answer) is a heartbeat that failed: tried again until the lease's
-// end.
+// heartbeated on, every beat refused). A 401 stops the worker (keyRefused).
+// Anything else (a 429, a 5xx, a lost answer) is a heartbeat that failed:
+// tried again until the lease's end.
 func leaseGone(err error) bool {
 	var apiErr *Error
 	if !errors.As(err, &apiErr) {
