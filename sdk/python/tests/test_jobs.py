@@ -189,6 +189,7 @@ class JobsTest(unittest.TestCase):
     def test_cancel_step_reaches_the_handler(self) -> None:
         running = threading.Event()
         reasons = []
+        classified = []
 
         def handler(input, context):
             running.set()
@@ -196,7 +197,13 @@ class JobsTest(unittest.TestCase):
             reasons.append(context.cancel_reason)
             raise RuntimeError("stopped")
 
-        step = self.serve_one("cancellable", handler, timeout_ms=3000)
+        def classify(error, context):
+            classified.append(error)
+            return {"retryable": True}
+
+        # Seed 000: cancellation remains non-retryable and takes priority over
+        # the classifier, which would have called this failure retryable.
+        step = self.serve_one("cancellable", handler, classify_error=classify, timeout_ms=3000)
         self.assertTrue(running.wait(30))
         cancelled = self.producer.cancel_step(step["stepId"])
         self.assertEqual(cancelled["status"], "CANCELLED")
@@ -205,6 +212,20 @@ class JobsTest(unittest.TestCase):
         self.assertEqual(reasons, ["cancelled"])
         self.assertEqual((job["status"], job["attempts"][0]["retryable"], job["attempts"][0]["errorMessage"]),
                          ("CANCELLED", False, "cancelled at the server's request"))
+        self.assertEqual(classified, [], "a cancellation is not given to the classifier")
+
+    def test_a_handler_that_succeeds_is_not_given_to_the_classifier(self) -> None:
+        # Seed 000: "successful handlers do not run the classifier".
+        classified = []
+
+        def classify(error, context):
+            classified.append(error)
+            return {"retryable": False}
+
+        step = self.serve_one("succeeds", lambda input, context: {"sent": True}, classify_error=classify)
+        job = self.job_when(step["stepId"], "SUCCEEDED")
+        self.assertEqual((len(job["attempts"]), job["attempts"][0]["outcome"]), (1, "SUCCEEDED"))
+        self.assertEqual(classified, [])
 
     def test_graceful_stop_lets_running_handlers_report(self) -> None:
         tool = unique("graceful")

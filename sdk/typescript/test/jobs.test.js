@@ -186,12 +186,15 @@ test('a handler that ignores its timeout is reported without it', needsServer, a
 test('cancelStep reaches the handler', needsServer, async (t) => {
   const s = await setup();
   const reasons = [];
+  const classified = [];
   let running;
   const started = new Promise((r) => { running = r; });
+  // Seed 000: cancellation remains non-retryable and takes priority over the
+  // classifier, which would have called this failure retryable.
   const { step } = await serveOne(t, s, 'cancellable', (input, ctx) => new Promise((_, reject) => {
     running();
     ctx.signal.addEventListener('abort', () => { reasons.push(ctx.cancelReason); reject(new Error('stopped')); });
-  }), { timeoutMs: 3000 });
+  }), { timeoutMs: 3000 }, (error) => { classified.push(error.message); return { retryable: true }; });
   await started;
   assert.equal((await s.producer.cancelStep(step.stepId)).status, 'CANCELLED');
   const job = await waitFor('reported', async () => {
@@ -200,6 +203,18 @@ test('cancelStep reaches the handler', needsServer, async (t) => {
   });
   assert.deepEqual(reasons, ['cancelled']);
   assert.deepEqual([job.status, job.attempts[0].retryable, job.attempts[0].errorMessage], ['CANCELLED', false, "cancelled at the server's request"]);
+  assert.deepEqual(classified, [], 'a cancellation is not given to the classifier');
+});
+
+test('a handler that succeeds is not given to the classifier', needsServer, async (t) => {
+  // Seed 000: "successful handlers do not run the classifier".
+  const s = await setup();
+  const classified = [];
+  const { step } = await serveOne(t, s, 'succeeds', () => ({ sent: true }), {},
+    (error) => { classified.push(error); return { retryable: false }; });
+  const job = await s.ws.jobWhen(step.stepId, 'SUCCEEDED');
+  assert.deepEqual([job.attempts.length, job.attempts[0].outcome], [1, 'SUCCEEDED']);
+  assert.deepEqual(classified, []);
 });
 
 test('a graceful stop lets running handlers report', needsServer, async () => {
