@@ -93,7 +93,7 @@ type Group struct {
 	IdempotencyKey *string `json:"idempotency_key"`
 	// Steps are the group's effects, forward and compensating, in id
 	// order: every one, unless StepsTruncated.
-	Steps []GroupStep `json:"steps"`
+	Steps []GroupStep `json:"steps" openapi:"notNull"` // [] for none (createGroup, withSteps)
 	// StepsTruncated says Steps holds only the group's first steps: the
 	// rest would take the answer past answer.Budget (the API cuts it
 	// there). GET /api/v1/groups/{id}/steps pages them all.
@@ -123,18 +123,18 @@ type PlanItem struct {
 type Unwind struct {
 	GroupID string     `json:"group_id"`
 	State   string     `json:"state" openapi:"enum=open|committed|unwinding|unwound|unwind_failed"`
-	Plan    []PlanItem `json:"plan"`
+	Plan    []PlanItem `json:"plan" openapi:"notNull"` // [] for none (settleLocked, planItems)
 	// Effects whose outcome is unknown (a live lease, or indeterminate): the
 	// plan stops where the first of them would come, until each is verified
 	// (resolve, reconcile) or reported. This list and the next two are
 	// whole: each step is in one of them at most, and a group holds at most
 	// MaxGroupSteps (maxItems; a test holds the tag to it).
-	Unresolved []string `json:"unresolved" openapi:"maxItems=10000"`
+	Unresolved []string `json:"unresolved" openapi:"maxItems=10000,notNull"` // [] for none (planRollback)
 	// Succeeded steps that cannot be reversed: no compensation was declared,
 	// or their compensating effect was finally denied.
-	Irreversible []string `json:"irreversible" openapi:"maxItems=10000"`
+	Irreversible []string `json:"irreversible" openapi:"maxItems=10000,notNull"`
 	// Succeeded steps whose compensating effect has succeeded.
-	Reversed []string `json:"reversed" openapi:"maxItems=10000"`
+	Reversed []string `json:"reversed" openapi:"maxItems=10000,notNull"`
 	// PlanTruncated says Plan holds only its first items: the rest would
 	// take the answer past answer.Budget (UnwindGroup reads the
 	// compensations of those that may fit; the API cuts them exactly).

@@ -20,7 +20,7 @@ type Structuring struct {
 	// ThresholdFrom names the policy field the line comes from.
 	ThresholdFrom *string             `json:"threshold_from" openapi:"enum=structuring_threshold_micros|max_cost_micros"`
 	AsOf          time.Time           `json:"as_of"`
-	Windows       []StructuringWindow `json:"windows"`
+	Windows       []StructuringWindow `json:"windows" openapi:"notNull"` // one a structuringWindows entry
 }
 
 // StructuringWindow counts the begins that declared a cost in the hours up to

@@ -948,6 +948,16 @@ func TestConformanceAlwaysWrittenArraysAreNotNullable(t *testing.T) {
 		{"/api/v1/policies/{effect_type}", "put", []string{"required_dimensions"}},
 		{"/api/v1/runs", "post", []string{"steps"}},
 		{"/api/v1/runs/{id}", "get", []string{"steps"}},
+		// And every other the server always writes (conformance QA: the
+		// manifest's, a group's, an unwind's, a batch report's, a
+		// structuring read's and a queue's lists read "array or null").
+		{"/.well-known/ratchet.json", "get", []string{"routes", "decisions", "scopes"}},
+		{"/api/v1/groups", "post", []string{"steps"}},
+		{"/api/v1/groups/{id}", "get", []string{"steps"}},
+		{"/api/v1/groups/{id}/commit", "post", []string{"steps", "plan", "unresolved"}},
+		{"/api/v1/groups/{id}/unwind", "post", []string{"plan", "unresolved", "irreversible", "reversed"}},
+		{"/api/v1/jobs/report", "post", []string{"results"}},
+		{"/api/v1/policies/{effect_type}/structuring", "get", []string{"windows"}},
 	} {
 		s := success(c.path, c.method)
 		for _, f := range c.fields {
@@ -956,4 +966,107 @@ func TestConformanceAlwaysWrittenArraysAreNotNullable(t *testing.T) {
 	}
 	upgrade := prop(success("/api/v1/steps/{id}/replay", "get"), "upgrades")["items"].(map[string]any)
 	require.Equal(t, "array", prop(upgrade, "validation")["type"], "upgrades[].validation")
+	// Lists inside: a manifest route's (any_scopes, when not left out), a
+	// preset's scopes, the MCP tools and their icons' sizes, a queue's
+	// endpoints, a step's durable job's attempts and replays.
+	manifest := success("/.well-known/ratchet.json", "get")
+	route := prop(manifest, "routes")["items"].(map[string]any)
+	require.Equal(t, "array", prop(route, "scopes")["type"], "routes[].scopes")
+	require.Equal(t, "array", prop(route, "any_scopes")["type"], "routes[].any_scopes")
+	require.Equal(t, "array", prop(manifest, "presets")["additionalProperties"].(map[string]any)["type"], "presets")
+	mcp := prop(manifest, "mcp")
+	require.Equal(t, "array", prop(mcp, "tools")["type"], "mcp.tools")
+	defs := prop(mcp, "tool_definitions")
+	require.Equal(t, "array", defs["type"], "mcp.tool_definitions")
+	icons := prop(defs["items"].(map[string]any), "icons")
+	require.Equal(t, "array", icons["type"], "mcp.tool_definitions[].icons")
+	require.Equal(t, "array", prop(icons["items"].(map[string]any), "sizes")["type"], "icons[].sizes")
+	queue := prop(success("/api/v1/queue/health", "get"), "data")["items"].(map[string]any)
+	for _, f := range []string{"openCircuitEndpoints", "pausedEndpoints", "atConcurrencyLimitEndpoints", "rateLimitedEndpoints"} {
+		require.Equal(t, "array", prop(queue, f)["type"], "queue health: %s", f)
+	}
+	for _, s := range []map[string]any{success("/api/v1/steps/{id}", "get"),
+		prop(success("/api/v1/runs/{id}", "get"), "steps")["items"].(map[string]any),
+		prop(success("/api/v1/runs/{id}/steps", "get"), "data")["items"].(map[string]any)} {
+		job := prop(s, "durableJob")
+		require.Equal(t, "array", prop(job, "attempts")["type"], "durableJob.attempts")
+		require.Equal(t, "array", prop(job, "replays")["type"], "durableJob.replays")
+	}
+}
+
+// TestConformanceEmptyListsAreWrittenAsArrays: the lists the document
+// states as never null (TestConformanceAlwaysWrittenArraysAreNotNullable) are
+// [] in their empty cases, over HTTP: a group without steps, its commit
+// and its unwind; a type's structuring before any begin; a queue nothing
+// holds; a step never tried nor replayed, alone and in its run; a batch
+// report refused item by item; and a manifest route without alternatives
+// leaves any_scopes out. (Every answer is checked against the document by
+// apitest too, so a null there would fail it.)
+func TestConformanceEmptyListsAreWrittenAsArrays(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	key := e.ws.Key
+	lists := func(r *apitest.Response, names ...string) map[string]json.RawMessage {
+		t.Helper()
+		var body map[string]json.RawMessage
+		r.Decode(t, &body)
+		for _, n := range names {
+			require.Equal(t, "[]", string(body[n]), "%s: %s", n, r.Body)
+		}
+		return body
+	}
+
+	g := lists(e.Must(http.StatusCreated, "POST", "/api/v1/groups", key, map[string]any{"name": "empty"}), "steps")
+	var id string
+	require.NoError(t, json.Unmarshal(g["id"], &id))
+	lists(e.Must(http.StatusOK, "GET", "/api/v1/groups/"+id, key, nil), "steps")
+	lists(e.Must(http.StatusOK, "POST", "/api/v1/groups/"+id+"/commit", key, nil), "steps", "plan", "unresolved")
+	lists(e.Must(http.StatusOK, "POST", "/api/v1/groups/"+id+"/unwind", key, nil),
+		"plan", "unresolved", "irreversible", "reversed")
+
+	var s gate.Structuring
+	e.Must(http.StatusOK, "GET", "/api/v1/policies/email.send/structuring", key, nil).Decode(t, &s)
+	require.Len(t, s.Windows, 2)
+
+	runID := e.run()
+	stepID := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "input": 1})["stepId"].(string)
+	var health struct {
+		Data []map[string]json.RawMessage `json:"data"`
+	}
+	e.Must(http.StatusOK, "GET", "/api/v1/queue/health", key, nil).Decode(t, &health)
+	require.Len(t, health.Data, 1)
+	for _, n := range []string{"openCircuitEndpoints", "pausedEndpoints", "atConcurrencyLimitEndpoints", "rateLimitedEndpoints"} {
+		require.Equal(t, "[]", string(health.Data[0][n]), n)
+	}
+	var st struct {
+		DurableJob map[string]json.RawMessage `json:"durableJob"`
+	}
+	e.Must(http.StatusOK, "GET", "/api/v1/steps/"+stepID, key, nil).Decode(t, &st)
+	require.Equal(t, "[]", string(st.DurableJob["attempts"]))
+	require.Equal(t, "[]", string(st.DurableJob["replays"]))
+	run := e.getRun(runID)
+	require.Equal(t, []any{}, durable(run, 0)["attempts"])
+	require.Equal(t, []any{}, durable(run, 0)["replays"])
+
+	r := e.Must(http.StatusOK, "POST", "/api/v1/jobs/report", e.worker, map[string]any{"reports": []map[string]any{
+		{"jobId": "job_nothing", "leaseToken": "x", "status": "SUCCEEDED"}}})
+	var rep jobs.BatchReportResponse
+	r.Decode(t, &rep)
+	require.Len(t, rep.Results, 1)
+	require.NotNil(t, rep.Results[0].Error)
+
+	var m struct {
+		Routes []map[string]json.RawMessage `json:"routes"`
+	}
+	e.Must(http.StatusOK, "GET", "/.well-known/ratchet.json", "", nil).Decode(t, &m)
+	plain := 0
+	for _, route := range m.Routes {
+		if _, ok := route["any_scopes"]; !ok {
+			plain++
+			require.NotEqual(t, "null", string(route["scopes"]))
+		} else {
+			require.NotEqual(t, "null", string(route["any_scopes"]))
+		}
+	}
+	require.Greater(t, plain, 0)
 }

@@ -15,17 +15,19 @@ import (
 	"github.com/getratchet/ratchet/lib/mcpserver"
 )
 
-// Manifest is the capability manifest at /.well-known/ratchet.json.
+// Manifest is the capability manifest at /.well-known/ratchet.json. It is
+// built from the code alone (NewManifest), so none of its lists or maps is
+// ever null.
 type Manifest struct {
 	Name      string              `json:"name"`
 	Version   string              `json:"version"`
 	APIBase   string              `json:"api_base"`
 	OpenAPI   string              `json:"openapi"`
 	LLMsTxt   string              `json:"llms_txt"`
-	Routes    []ManifestRoute     `json:"routes"`
-	Decisions []string            `json:"decisions"`
-	Scopes    []string            `json:"scopes"`
-	Presets   map[string][]string `json:"presets"`
+	Routes    []ManifestRoute     `json:"routes" openapi:"notNull"`
+	Decisions []string            `json:"decisions" openapi:"notNull"`
+	Scopes    []string            `json:"scopes" openapi:"notNull"`
+	Presets   map[string][]string `json:"presets" openapi:"valueNotNull"`
 	Errors    map[string]int      `json:"errors"`
 	Limits    map[string]int64    `json:"limits"`
 	MCP       ManifestMCP         `json:"mcp"`
@@ -36,11 +38,11 @@ type ManifestMCP struct {
 	Endpoint  string   `json:"endpoint"`
 	Transport string   `json:"transport"`
 	Stdio     string   `json:"stdio"`
-	Tools     []string `json:"tools"`
+	Tools     []string `json:"tools" openapi:"notNull"`
 	// ToolDefinitions are the tools as tools/list describes them, readable
 	// without a key, as the OpenAPI document is (the MCP endpoint needs
 	// one even to list them).
-	ToolDefinitions []*mcp.Tool `json:"tool_definitions"`
+	ToolDefinitions []*mcp.Tool `json:"tool_definitions" openapi:"notNull"`
 	// Instructions are initialize's: how an agent uses the gate.
 	Instructions string `json:"instructions"`
 }
@@ -50,7 +52,7 @@ type ManifestRoute struct {
 	Method string   `json:"method"`
 	Path   string   `json:"path"`
 	Name   string   `json:"name"`
-	Scopes []string `json:"scopes"`
+	Scopes []string `json:"scopes" openapi:"notNull"` // [] for none (NewManifest)
 	// AnyScopes, when present, are alternatives: one of them is needed too.
 	AnyScopes []string `json:"any_scopes,omitempty"`
 	Public    bool     `json:"public"`

@@ -380,8 +380,9 @@ func contains(s []string, v string) bool {
 
 // schemaOf reflects a Go body type into JSON Schema, mapping time.Time to a
 // date-time string, raw JSON to any value, and Optional[T] to T-or-null.
-// Every field of a response is required: it is always written, null or not.
-func schemaOf(v any) any { return schemaFor(reflect.TypeOf(v), nil) }
+// Every field of a response is required: it is always written, null or not
+// (but for one left out when empty, which is never null: omittedNotNull).
+func schemaOf(v any) any { return schemaFor(reflect.TypeOf(v), omittedNotNull) }
 
 // requestSchemaOf is schemaOf for a request body, where a field may be left
 // out when it can be null (a pointer, a map, a list, raw JSON, an Optional)
@@ -497,6 +498,60 @@ func relaxRequired(t reflect.Type, s *jsonschema.Schema) {
 			orNull(s.Properties[name]) // null is "not sent" (jsonstrict.takesNull); inference says object
 		}
 		relaxRequired(ft, s.Properties[name])
+	}
+}
+
+// omittedNotNull drops null from the schema of each list or map field of
+// struct t (and of the structs below it) tagged omitempty or omitzero:
+// encoding/json leaves such a field out when it is nil, so in an answer it
+// is an array or object when present, never null (conformance QA: a
+// manifest route's any_scopes, and an MCP tool's icons and their sizes,
+// which no openapi tag can reach, read "array or null"). A type that
+// writes itself (json.RawMessage, which may hold null) keeps null.
+func omittedNotNull(t reflect.Type, s *jsonschema.Schema) {
+	omittedNotNullIn(t, s, map[*jsonschema.Schema]bool{})
+}
+
+func omittedNotNullIn(t reflect.Type, s *jsonschema.Schema, seen map[*jsonschema.Schema]bool) {
+	for s != nil && (t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice ||
+		t.Kind() == reflect.Array || t.Kind() == reflect.Map) {
+		switch t.Kind() {
+		case reflect.Map:
+			s = s.AdditionalProperties
+		case reflect.Slice, reflect.Array:
+			s = s.Items
+		}
+		t = t.Elem()
+	}
+	if s == nil || seen[s] || t.Kind() != reflect.Struct || s.Properties == nil {
+		return
+	}
+	seen[s] = true
+	marshaler := reflect.TypeFor[json.Marshaler]()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if f.Anonymous && name == "" {
+			omittedNotNullIn(f.Type, s, seen) // its fields are this object's
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		p := s.Properties[name]
+		if p == nil || !f.IsExported() || name == "-" {
+			continue
+		}
+		opt := strings.Split(opts, ",")
+		omitted := slices.Contains(opt, "omitempty") || slices.Contains(opt, "omitzero")
+		list := f.Type.Kind() == reflect.Slice || f.Type.Kind() == reflect.Map
+		writesItself := f.Type.Implements(marshaler) || reflect.PointerTo(f.Type).Implements(marshaler)
+		if omitted && list && !writesItself {
+			c := *p // inference may share one schema between fields of a type
+			schematags.NotNull(&c)
+			s.Properties[name], p = &c, &c
+		}
+		omittedNotNullIn(f.Type, p, seen)
 	}
 }
 

@@ -19,8 +19,8 @@ import (
 type GroupCommit struct {
 	gate.Group
 	GroupID    string          `json:"group_id"`
-	Plan       []gate.PlanItem `json:"plan"`
-	Unresolved []string        `json:"unresolved"`
+	Plan       []gate.PlanItem `json:"plan" openapi:"notNull"`       // always []
+	Unresolved []string        `json:"unresolved" openapi:"notNull"` // always []
 }
 
 // groupRoutes are the effect-group routes (API.md §2.6). A key that may

@@ -33,10 +33,11 @@ type QueueHealth struct {
 	// one (a lapsed job keeps its own), this minute's rateLimitPerMinute
 	// used up. The last two hold jobs by design, and only due ones; they are
 	// named because a queue that does not move looks the same.
-	OpenCircuitEndpoints []string `json:"openCircuitEndpoints"`
-	PausedEndpoints      []string `json:"pausedEndpoints"`
-	AtLimitEndpoints     []string `json:"atConcurrencyLimitEndpoints"`
-	RateLimitedEndpoints []string `json:"rateLimitedEndpoints"`
+	// Each is [] for none (sqlQueueHealth's coalesce).
+	OpenCircuitEndpoints []string `json:"openCircuitEndpoints" openapi:"notNull"`
+	PausedEndpoints      []string `json:"pausedEndpoints" openapi:"notNull"`
+	AtLimitEndpoints     []string `json:"atConcurrencyLimitEndpoints" openapi:"notNull"`
+	RateLimitedEndpoints []string `json:"rateLimitedEndpoints" openapi:"notNull"`
 	// Message says plainly what holds the queue, when something does.
 	Message *string `json:"message"`
 	// heldReplayEndpoints are the endpoints where a replayed job waits for

@@ -105,7 +105,7 @@ type DurableJob struct {
 	Policy          PolicySnapshot `json:"policy"`
 	// Attempts are the job's executions in attempt order: its last
 	// StepAttemptsShown (AttemptsTruncated says earlier ones are left out).
-	Attempts []Attempt `json:"attempts"`
+	Attempts []Attempt `json:"attempts" openapi:"notNull"` // [] before the first (attachAttempts)
 	// AttemptsTruncated says Attempts holds only the job's last
 	// StepAttemptsShown attempts: replays add attempts without end, and a
 	// step answered with all of them could pass what one answer holds
@@ -113,7 +113,7 @@ type DurableJob struct {
 	AttemptsTruncated bool `json:"attemptsTruncated" jsonschema:"true when attempts holds only the job's last 50 attempts (replays add attempts without end); GET /api/v1/steps/{id}/attempts pages them all; false otherwise"`
 	// Replays is the job's replay audit, oldest first: who replayed it,
 	// why, and what the replay changed; its last StepReplaysShown.
-	Replays []Replay `json:"replays"`
+	Replays []Replay `json:"replays" openapi:"notNull"` // [] for none (replaysJSON)
 	// ReplaysTruncated says Replays holds only the job's last
 	// StepReplaysShown replays; GET /api/v1/steps/{id}/replays pages them
 	// all.

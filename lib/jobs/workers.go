@@ -624,7 +624,7 @@ type BatchReportResult struct {
 
 // BatchReportResponse answers a batch in request order.
 type BatchReportResponse struct {
-	Results []BatchReportResult `json:"results"`
+	Results []BatchReportResult `json:"results" openapi:"notNull"` // one a report (ReportBatch)
 }
 
 const maxBatchReports = 100

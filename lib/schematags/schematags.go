@@ -1,7 +1,7 @@
 // Package schematags reads the openapi struct tags that state the bounds a
 // handler checks (enum=a|b, min=N, max=N, minLength=N, maxLength=N,
 // pattern=RE, printable (lib/idemkey's rule), format=F, default=JSON, required, notNull; for a map, maxProperties=N, keyPattern=RE,
-// keyMaxLength=N, valueMinLength=N, valueMaxLength=N; for an array,
+// keyMaxLength=N, valueMinLength=N, valueMaxLength=N, valueNotNull; for an array,
 // minItems=N, maxItems=N, itemEnum=a|b, itemPattern=RE, itemMaxLength=N,
 // uniqueItems) and adds them to a JSON Schema inferred from the
 // type: one reading for the OpenAPI document (lib/httpapi), the MCP tools'
@@ -28,8 +28,10 @@ import (
 // maxLength=N, pattern=RE, format=F (date-time: an RFC 3339 timestamp),
 // default=JSON (the value the handler takes for a field left out),
 // notNull (a field a request may leave out but
-// never send as null, such as a policy's mode), for a map maxProperties=N, keyPattern=RE,
-// keyMaxLength=N, valueMinLength=N, valueMaxLength=N, and for an array
+// never send as null, such as a policy's mode, or an answer's list the
+// server always writes, [] when empty), for a map maxProperties=N, keyPattern=RE,
+// keyMaxLength=N, valueMinLength=N, valueMaxLength=N, valueNotNull (each
+// value, a list, is never null: the manifest's presets), and for an array
 // minItems=N, maxItems=N, itemEnum=a|b, itemPattern=RE, itemMaxLength=N,
 // uniqueItems (rules are split
 // on commas: a pattern holds none). A value the tags allow may still be refused for
@@ -100,6 +102,8 @@ func applyRule(s *jsonschema.Schema, key, val string) {
 	case "required":
 	case "notNull":
 		NotNull(s)
+	case "valueNotNull":
+		NotNull(values(s))
 	case "min":
 		s.Minimum = num()
 	case "max":
