@@ -34,7 +34,7 @@ type Approval struct {
 	// Answers, once approved, is every reason the approval answers: the
 	// one it was asked for and every other that held as it was given
 	// (null while pending, and for a rejection).
-	Answers []string `json:"answers" openapi:"itemEnum=policy_requires_approval|circuit_open|cost_at_or_above_threshold"`
+	Answers []string `json:"answers" openapi:"itemEnum=policy_requires_approval|circuit_open|cost_at_or_above_threshold" jsonschema:"once approved, every reason the approval answers: the one it was asked for and every other that held as it was given; null while pending, and for a rejection"`
 }
 
 // DecideRequest is the body of approve and reject.
