@@ -125,7 +125,12 @@ func TestWebhooksThroughTheSDK(t *testing.T) {
 
 	_, err = b.operator.OpenCircuit(ctx, "sms.send", ratchet.BreakerDeny, "test")
 	require.NoError(t, err)
-	now := time.Now()
+	// The sweeps run a second ahead of this process's clock: the server
+	// stamps events and retries with the database's clock (db.Clock), which
+	// may read a millisecond past time.Now here, and a sweep at time.Now
+	// then found nothing due (CI: the retried delivery was never sent).
+	sweepTime := func() time.Time { return time.Now().Add(time.Second) }
+	now := sweepTime()
 	_, err = b.env.App.Server.Webhooks.Dispatch(ctx, now)
 	require.NoError(t, err)
 	_, err = b.env.App.Server.Webhooks.Deliver(ctx, now)
@@ -148,7 +153,7 @@ func TestWebhooksThroughTheSDK(t *testing.T) {
 	// did, and sends nothing more.
 	retrier, lostRetry := b.losingClient(t, b.ws.Key, "/deliveries/retry")
 	lostRetry.lost = func() {
-		_, err := b.env.App.Server.Webhooks.Deliver(ctx, time.Now())
+		_, err := b.env.App.Server.Webhooks.Deliver(ctx, sweepTime())
 		require.NoError(t, err)
 	}
 	retried, err := retrier.RetryWebhookDeliveries(ctx, hook.ID, []string{deliveries.Data[0].ID})
@@ -157,7 +162,7 @@ func TestWebhooksThroughTheSDK(t *testing.T) {
 	require.Len(t, retried, 1)
 	require.Equal(t, ratchet.DeliveryPending, retried[0].State, "the first call's answer")
 	require.Zero(t, retried[0].Attempts)
-	_, err = b.env.App.Server.Webhooks.Deliver(ctx, time.Now())
+	_, err = b.env.App.Server.Webhooks.Deliver(ctx, sweepTime())
 	require.NoError(t, err)
 	mu.Lock()
 	require.Len(t, received, 2, "sent once more")
@@ -188,7 +193,7 @@ func TestWebhooksThroughTheSDK(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.operator.RetryWebhookDeliveries(ctx, hook.ID, []string{deliveries.Data[0].ID})
 	require.NoError(t, err)
-	_, err = b.env.App.Server.Webhooks.Deliver(ctx, time.Now())
+	_, err = b.env.App.Server.Webhooks.Deliver(ctx, sweepTime())
 	require.NoError(t, err)
 	mu.Lock()
 	for _, secret := range []string{hook.Secret, rotated.Secret} {
