@@ -153,6 +153,9 @@ func TestOpenAPIRequiresOnlyWhatARequestMustSend(t *testing.T) {
 	// as its summary shows, was answered 200).
 	require.Empty(t, required("/api/v1/webhooks/{id}/rotate-secret", "post"))
 	require.False(t, doc.Paths["/api/v1/webhooks/{id}/rotate-secret"]["post"].RequestBody.Required)
+	// An update may leave out any field, but must send one.
+	require.Empty(t, required("/api/v1/webhooks/{id}", "patch"))
+	require.True(t, doc.Paths["/api/v1/webhooks/{id}"]["patch"].RequestBody.Required)
 	// ...and sent as null they are refused, so their schema has no null.
 	var raw map[string]any
 	require.NoError(t, json.Unmarshal(b, &raw))
@@ -166,6 +169,12 @@ func TestOpenAPIRequiresOnlyWhatARequestMustSend(t *testing.T) {
 		require.Equal(t, "array", prop(path, name)["type"], "%s %s", path, name)
 	}
 	require.Equal(t, "boolean", prop("/api/v1/steps/{id}/replay", "acknowledgeDuplicateRisk")["type"])
+	update := raw["paths"].(map[string]any)["/api/v1/webhooks/{id}"].(map[string]any)["patch"].(map[string]any)
+	schema := update["requestBody"].(map[string]any)["content"].(map[string]any)["application/json"].(map[string]any)["schema"].(map[string]any)
+	require.EqualValues(t, 1, schema["minProperties"], "an empty update is refused")
+	for name, typ := range map[string]string{"url": "string", "events": "array", "disabled": "boolean"} {
+		require.Equal(t, typ, schema["properties"].(map[string]any)[name].(map[string]any)["type"], "%s: never null", name)
+	}
 	// A body with no required field may be left out; the server reads none as {}.
 	require.True(t, doc.Paths["/api/v1/effects/begin"]["post"].RequestBody.Required)
 	for _, p := range []string{"/api/v1/approvals/{id}/approve", "/api/v1/workers/{workerId}/claim", "/api/v1/circuits/stop"} {

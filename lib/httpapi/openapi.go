@@ -264,10 +264,16 @@ func operation(r Route) map[string]any {
 	case r.Request != nil:
 		schema := requestSchemaOf(r.Request)
 		// A body whose every field is optional may be left out (the server
-		// reads none as {}), so only one with a required field is required.
+		// reads none as {}), so only one with a required field is required,
+		// or one that must send some of its fields (a PATCH).
 		fields, _ := schema.(map[string]any)["required"].([]any)
+		least := 0
+		if m, ok := r.Request.(interface{ MinProperties() int }); ok {
+			least = m.MinProperties()
+			schema.(map[string]any)["minProperties"] = least
+		}
 		op["requestBody"] = map[string]any{
-			"required": len(fields) > 0,
+			"required": len(fields) > 0 || least > 0,
 			"content":  map[string]any{"application/json": map[string]any{"schema": schema}},
 		}
 	case takesNoBody(r):

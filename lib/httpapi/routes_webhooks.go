@@ -72,6 +72,18 @@ func (s *Server) webhookRoutes() []Route {
 			},
 		},
 		{
+			Method: "PATCH", Pattern: "/api/v1/webhooks/{id}", Name: "webhooks.update", Tag: "webhooks", Scopes: scopes,
+			Summary: "Change a subscription without deleting it (its secret and deliveries are kept): any of url and " +
+				"events (checked as a create's) and disabled; at least one, none null; the others keep their value. " +
+				"A disabled subscription's pending deliveries are held, and the events recorded while it is disabled " +
+				"are skipped; enabled again, the held ones are sent. A new url applies to every delivery not yet sent, " +
+				"new events to the events fanned out from then on (pending deliveries of a type no longer listed end " +
+				"failed). A send already on its way (at most 10 s) may still reach the old url. Returns the subscription.",
+			Request: webhooks.UpdateRequest{}, Response: webhooks.Webhook{}, Status: 200,
+			Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidRequest},
+			Handle: webhookAction(s, (*webhooks.Service).Update),
+		},
+		{
 			Method: "POST", Pattern: "/api/v1/webhooks/{id}/rotate-secret", Name: "webhooks.rotate_secret",
 			Tag: "webhooks", Scopes: scopes, Idempotent: true,
 			Summary: "Give a subscription a new signing secret, shown once. Until the previous secret expires " +
@@ -117,7 +129,7 @@ func (s *Server) webhookRoutes() []Route {
 	}
 }
 
-// webhookAction handles a POST on one subscription: its id from the path,
+// webhookAction handles a POST or PATCH on one subscription: its id from the path,
 // a body of type Req, then act on the server's webhook service (read when
 // the request comes, as every handler reads it).
 func webhookAction[Req, Resp any](s *Server,

@@ -99,7 +99,12 @@ func Sign(t time.Time, body []byte, secrets ...string) string {
 // not listed, and holding its event from retention (review). A webhook
 // gets only the events that happened once it existed: fanned out later (a
 // sweep interval, a minute on cron), an event of just before its creation
-// reached it too (webhooks QA).
+// reached it too (webhooks QA). Likewise a disabled webhook (Update) gets
+// none of the events recorded while it was disabled, from its disabled_at
+// on, nor of its last period disabled once enabled again (last_disabled):
+// they are skipped, as Stripe skips a disabled endpoint's; one recorded
+// before it was disabled is fanned out into a delivery that is held
+// (claim) until it is enabled again.
 //
 // The batch takes turns among the workspaces with events to fan out
 // (db.FairPick), each one's oldest first: in creation order alone, one
@@ -120,6 +125,8 @@ WITH ev AS (
     SELECT 'dlv_' || substr(md5(w.id || ev.id), 1, 26), w.id, ev.workspace_id, ev.id, ev.type, 'pending', $1, $1
     FROM ev JOIN webhooks w ON w.workspace_id = ev.workspace_id AND w.deleted_at IS NULL AND ev.type = ANY (w.events)
         AND w.created_at <= ev.created_at
+        AND (w.disabled_at IS NULL OR ev.created_at < w.disabled_at)
+        AND NOT coalesce(w.last_disabled @> ev.created_at, false)
     FOR SHARE OF w
     ON CONFLICT (webhook_id, event_id) DO NOTHING
 )
@@ -173,7 +180,8 @@ const sqlPurgeDelivered = `
 
 // PurgeDelivered deletes up to limit outbox events recorded before cutoff,
 // with their deliveries, once they are dispatched and none of their
-// deliveries is still pending (retries end within about 15 hours). A
+// deliveries is still pending (retries end within about 15 hours, but a
+// disabled webhook's wait until it is enabled or deleted). A
 // delivery that a retry (Retry) made pending after this statement's
 // snapshot is kept, and its event with it: the delete of deliveries
 // rechecks each row it meets at its newest version, and the event goes
@@ -203,7 +211,7 @@ func (s *Service) PurgeDelivered(ctx context.Context, cutoff time.Time, limit in
 // webhooks, none at all normally.
 const sqlHeld = `
 SELECT w.id, substring(w.secret FROM 1 FOR 5) FROM webhooks w
-WHERE w.deleted_at IS NULL AND NOT substring(w.secret FROM 1 FOR 5) = ANY ($2::bytea[])
+WHERE w.deleted_at IS NULL AND w.disabled_at IS NULL AND NOT substring(w.secret FROM 1 FOR 5) = ANY ($2::bytea[])
   AND EXISTS (SELECT 1 FROM webhook_deliveries d
       WHERE d.webhook_id = w.id AND d.state = 'pending' AND d.next_attempt_at <= $1::timestamptz)
 ORDER BY w.id`
@@ -480,7 +488,9 @@ func (p *pass) awaitOne(ctx context.Context) bool {
 // share more). Each is pushed claimHold into the future in one statement
 // before anything is sent, so concurrent sweepers send disjoint sets; the
 // outcome is then recorded per delivery. It passes over the webhooks
-// whose signing secret this instance cannot open (sqlHeld).
+// whose signing secret this instance cannot open (sqlHeld), and the
+// disabled ones (Update), reading each webhook as it is when the statement
+// starts: a claim that starts after an update committed sends to its url.
 func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks []string,
 	workspaces map[string]int) ([]claimed, error) {
 	spaces, inFlight := make([]string, 0, len(workspaces)), make([]int32, 0, len(workspaces))
@@ -509,7 +519,8 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks []s
 		            WHERE webhook_id = hook.id AND state = 'pending' AND next_attempt_at <= $1::timestamptz
 		            ORDER BY next_attempt_at LIMIT $4::int
 		        ) d
-		        WHERE hook.deleted_at IS NULL AND NOT hook.id = ANY ($6::text[])
+		        -- A disabled webhook's deliveries are held (Update).
+		        WHERE hook.deleted_at IS NULL AND hook.disabled_at IS NULL AND NOT hook.id = ANY ($6::text[])
 		          -- A secret this instance cannot open: held (sqlHeld).
 		          AND substring(hook.secret FROM 1 FOR 5) = ANY ($8::bytea[])
 		    ) x
@@ -617,11 +628,12 @@ func (s *Service) record(ctx context.Context, c claimed, code *int, failure stri
 	var err error
 	switch {
 	case failure == "":
-		// A delivery its webhook's delete abandoned while it was being sent
-		// did arrive: it is recorded delivered (QA: it read failed).
+		// A delivery its webhook's delete abandoned, or an update of its
+		// events ended, while it was being sent did arrive: it is recorded
+		// delivered (QA: it read failed).
 		_, err = s.pool.Exec(ctx, `UPDATE webhook_deliveries SET state = 'delivered', delivered_at = $2,
 			last_status_code = $3, last_error = NULL
-			WHERE id = $1 AND (state = 'pending' OR (state = 'failed' AND last_error = '`+abandoned+`'))`,
+			WHERE id = $1 AND (state = 'pending' OR (state = 'failed' AND last_error IN ('`+abandoned+`', '`+unsubscribed+`')))`,
 			c.id, now, code)
 	default:
 		// Failed on its last attempt, it ends failed, unless a retry gave

@@ -23,6 +23,7 @@ import (
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/redact"
 	"github.com/getratchet/ratchet/lib/seal"
 )
@@ -37,6 +38,10 @@ type Webhook struct {
 	// signing deliveries beside the current one (RotateSecret); null when
 	// none signs. Once past, the sweeper clears it (ClearExpiredSecrets).
 	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
+	// Disabled says the subscription is disabled (Update): nothing is sent
+	// to it meanwhile. DisabledAt is since when; null while it is enabled.
+	Disabled   bool       `json:"disabled" jsonschema:"true while the subscription is disabled (PATCH with disabled: true): its pending deliveries are held, not sent and their attempts untouched, and the events recorded meanwhile are skipped, never sent to it; enabling it again sends the held ones and the events recorded from then on"`
+	DisabledAt *time.Time `json:"disabled_at" jsonschema:"when the subscription was disabled; null while it is enabled"`
 	// SecretUnreadable says this instance cannot open the subscription's
 	// signing secret (sealed with a key missing from its
 	// RESULT_ENCRYPTION_KEY / RESULT_ENCRYPTION_KEYS, or damaged), as the
@@ -104,11 +109,19 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, now func() time.Time, allowPri
 // each delivery (newClient), since what it resolves to can change.
 func (r *CreateRequest) validate(allowPrivate bool) error {
 	var pr apierr.Problems
-	u, err := url.Parse(r.URL)
+	checkURL(&pr, r.URL, allowPrivate)
+	checkEvents(&pr, r.Events)
+	return pr.Err()
+}
+
+// checkURL adds what is wrong with a receiver's URL to pr: a create's and
+// an update's check.
+func checkURL(pr *apierr.Problems, raw string, allowPrivate bool) {
+	u, err := url.Parse(raw)
 	switch {
-	case r.URL == "":
+	case raw == "":
 		pr.Add("url", "is required")
-	case strings.ContainsFunc(r.URL, unicode.IsSpace):
+	case strings.ContainsFunc(raw, unicode.IsSpace):
 		// url.Parse takes a space in the path, a trailing one included,
 		// and the client sends it as %20: a URL pasted with a space after
 		// it was taken, and every delivery went to a path the receiver
@@ -119,7 +132,7 @@ func (r *CreateRequest) validate(allowPrivate bool) error {
 		// and no name, and the client dials it on this server's own
 		// machine (QA: it was taken at creation).
 		pr.Add("url", "must be an absolute http(s) URL without credentials")
-	case len(r.URL) > 2000:
+	case len(raw) > 2000:
 		pr.Add("url", "must be at most 2000 characters")
 	case !validPort(u.Port()):
 		// url.Parse takes any digits (QA: :99999 was taken, and every
@@ -129,25 +142,41 @@ func (r *CreateRequest) validate(allowPrivate bool) error {
 		pr.Add("url", "must name a public address (receivers on loopback or private networks need "+
 			"WEBHOOK_ALLOW_PRIVATE_NETWORKS=true)")
 	}
-	if len(r.Events) == 0 {
+}
+
+// checkEvents adds what is wrong with a subscription's event types to pr:
+// a create's and an update's check.
+func checkEvents(pr *apierr.Problems, evs []string) {
+	if len(evs) == 0 {
 		pr.Add("events", "must name at least one event type")
 	}
-	if len(r.Events) > maxEventsListed {
+	if len(evs) > maxEventsListed {
 		// One problem, not one per item, each naming every type (QA: a
 		// 67 KB list was answered with a 1 MB error).
 		pr.Add("events", "must list at most %d event types", maxEventsListed)
-		return pr.Err()
+		return
 	}
-	for i, e := range r.Events {
+	for i, e := range evs {
 		if !slices.Contains(events.Types, e) {
 			pr.Add(fmt.Sprintf("events.%d", i), "must be one of %s", strings.Join(events.Types, ", "))
 		}
 	}
-	return pr.Err()
+}
+
+// eventSet is a valid events list as a subscription stores it: sorted,
+// each type once.
+func eventSet(evs []string) []string {
+	out := slices.Clone(evs)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // abandoned is the last_error of a delivery its webhook's delete ended.
 const abandoned = "webhook deleted"
+
+// unsubscribed is the last_error of a pending delivery an update ended by
+// taking its event type out of the subscription's events.
+const unsubscribed = "event type unsubscribed"
 
 // maxEventsListed bounds a subscription's events list, repeats included.
 const maxEventsListed = 50
@@ -166,9 +195,7 @@ func (s *Service) Create(ctx context.Context, workspaceID string, req CreateRequ
 	if err := req.validate(s.allowPrivate); err != nil {
 		return NewWebhook{}, err
 	}
-	evs := slices.Clone(req.Events)
-	slices.Sort(evs)
-	evs = slices.Compact(evs)
+	evs := eventSet(req.Events)
 	now := s.now()
 	w := NewWebhook{Webhook: Webhook{ID: ids.NewAt(ids.Webhook, now), URL: req.URL, Events: evs, CreatedAt: now},
 		Secret: "whsec_" + ids.Random(32)}
@@ -206,12 +233,17 @@ func (s *Service) Create(ctx context.Context, workspaceID string, req CreateRequ
 const MaxWebhooks = 20
 
 // webhookCols are a Webhook's columns (all but SecretUnreadable, which a
-// read derives: readCols), in its fields' order, as of the time
-// in parameter now ("$3"): a previous secret that has stopped signing reads
-// null, though the sweeper has not cleared it yet (review: its past time was
-// shown).
+// read derives: readCols), in its fields' order (Webhook.dest), as of the
+// time in parameter now ("$3"): a previous secret that has stopped signing
+// reads null, though the sweeper has not cleared it yet (review: its past
+// time was shown).
 func webhookCols(now string) string {
-	return `id, url, events, created_at, ` + signingUntil(now)
+	return `id, url, events, created_at, ` + signingUntil(now) + `, disabled_at IS NOT NULL, disabled_at`
+}
+
+// dest are the scan destinations of webhookCols, in order.
+func (w *Webhook) dest() []any {
+	return []any{&w.ID, &w.URL, &w.Events, &w.CreatedAt, &w.PreviousSecretExpiresAt, &w.Disabled, &w.DisabledAt}
 }
 
 // signingUntil is until when the previous secret signs, as of the time in
@@ -240,7 +272,7 @@ func (s *Service) readRows(rows pgx.Rows) ([]Webhook, error) {
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Webhook, error) {
 		var w Webhook
 		var secret []byte
-		if err := r.Scan(&w.ID, &w.URL, &w.Events, &w.CreatedAt, &w.PreviousSecretExpiresAt, &secret); err != nil {
+		if err := r.Scan(append(w.dest(), &secret)...); err != nil {
 			return w, err
 		}
 		if _, err := s.sealer.Open(secret, seal.AAD(w.ID, "secret")); err != nil {
@@ -338,6 +370,124 @@ func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, 
 	return w, nil
 }
 
+// UpdateRequest is the body of PATCH /api/v1/webhooks/{id}: each field sent
+// changes the subscription, one left out keeps its value. At least one must
+// be sent, none as null; url and events are checked as a create checks them.
+type UpdateRequest struct {
+	URL      jsonx.Optional[string]   `json:"url" openapi:"maxLength=2000,notNull" jsonschema:"the new receiver, checked as a create's url: the deliveries not yet sent (pending, or held while the subscription is disabled) go to it. A send already on its way when the change commits (at most 10s) may still reach the old one"`
+	Events   jsonx.Optional[[]string] `json:"events" openapi:"notNull,minItems=1,maxItems=50,itemEnum=effect.indeterminate|circuit.tripped|circuit.closed|approval.requested|approval.decided|reconciliation.due|run.finished|step.exhausted|step.replayed" jsonschema:"the event types it subscribes to, in place of those it had: events fanned out from then on are matched against them, and its pending deliveries of a type no longer listed end failed (last_error event type unsubscribed)"`
+	Disabled jsonx.Optional[bool]     `json:"disabled" openapi:"notNull" jsonschema:"true disables the subscription: its pending deliveries are held (not sent, attempts untouched) and the events recorded while it is disabled are skipped, never sent to it. false enables it again: the held deliveries are sent, due at once if their time passed, and the events recorded from then on. Either one sent again changes nothing"`
+}
+
+// MinProperties is how many fields an update must send (the OpenAPI
+// document states it).
+func (UpdateRequest) MinProperties() int { return 1 }
+
+// validate checks an update: at least one field, none null, url and
+// events as a create's.
+func (r *UpdateRequest) validate(allowPrivate bool) error {
+	if !r.URL.Set && !r.Events.Set && !r.Disabled.Set {
+		return apierr.InvalidField("body", "must name at least one of url, events and disabled")
+	}
+	var pr apierr.Problems
+	for _, f := range []struct {
+		name string
+		null bool
+	}{{"url", r.URL.Null}, {"events", r.Events.Null}, {"disabled", r.Disabled.Null}} {
+		if f.null {
+			pr.Add(f.name, "must not be null")
+		}
+	}
+	if r.URL.Set && !r.URL.Null {
+		checkURL(&pr, r.URL.Value, allowPrivate)
+	}
+	if r.Events.Set && !r.Events.Null {
+		checkEvents(&pr, r.Events.Value)
+	}
+	return pr.Err()
+}
+
+// sqlUpdate changes live webhook $1 of workspace $2 at $6: its url to $3
+// and its events to $4 (each NULL: kept), and disables it ($5 true: since
+// $6, or since when it was already disabled) or enables it again ($5 false:
+// the period it was disabled is kept as last_disabled, whose events the
+// fan-out skips; NULL: kept). It answers the subscription as a read shows it.
+// An UPDATE waits for a concurrent delete, rotation or fan-out holding the
+// row and then applies to the row as that left it: a deleted one is not
+// updated (404), a rotation's secret is kept.
+var sqlUpdate = `
+UPDATE webhooks SET
+    url = coalesce($3::text, url),
+    events = coalesce($4::text[], events),
+    disabled_at = CASE WHEN $5::boolean THEN coalesce(disabled_at, $6::timestamptz)
+        WHEN NOT $5::boolean THEN NULL ELSE disabled_at END,
+    last_disabled = CASE WHEN NOT $5::boolean AND disabled_at IS NOT NULL
+        THEN tstzrange(disabled_at, greatest(disabled_at, $6::timestamptz)) ELSE last_disabled END
+WHERE id = $1::text AND workspace_id = $2::text AND deleted_at IS NULL
+RETURNING ` + readCols("$6")
+
+// sqlUnsubscribe ends webhook $1's pending deliveries of a type its events
+// ($2) no longer list, locked in id order first, as a retry and retention
+// lock them (one order: no deadlock). One being sent meanwhile is recorded
+// delivered if it arrives, as after a delete (record).
+const sqlUnsubscribe = `
+UPDATE webhook_deliveries d SET state = 'failed', last_error = '` + unsubscribed + `'
+FROM (
+    SELECT id FROM webhook_deliveries
+    WHERE webhook_id = $1::text AND state = 'pending' AND NOT event_type = ANY ($2::text[])
+    ORDER BY id
+    FOR UPDATE
+) x
+WHERE d.id = x.id AND d.state = 'pending'`
+
+// Update changes a subscription's url, its events, or whether it is
+// disabled, in one transaction, and answers it as a read shows it; a
+// deleted one is unknown (404), as to a rotation or a retry.
+//
+// The sweeper never writes a subscription's row, so nothing it does undoes
+// an update; and each claim of deliveries reads the subscription as it is
+// when the claim starts, so every claim that starts once the update has
+// answered sends to the new url, and claims nothing while it is disabled.
+// A send claimed before (sent at once, and at most sendTimeout long) may
+// still reach the old url, or go out though the subscription is now
+// disabled; its outcome is recorded as usual: a failure is retried at the
+// new url, or held while it is disabled.
+func (s *Service) Update(ctx context.Context, workspaceID, id string, req UpdateRequest) (Webhook, error) {
+	if err := req.validate(s.allowPrivate); err != nil {
+		return Webhook{}, err
+	}
+	var evs []string // nil: kept
+	if req.Events.Set {
+		evs = eventSet(req.Events.Value)
+	}
+	now := s.now()
+	var w Webhook
+	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sqlUpdate, id, workspaceID, req.URL.Ptr(), evs, req.Disabled.Ptr(), now)
+		if err != nil {
+			return fmt.Errorf("update webhook: %w", err)
+		}
+		list, err := s.readRows(rows)
+		if err != nil {
+			return fmt.Errorf("update webhook: %w", err)
+		}
+		if len(list) == 0 {
+			return apierr.NotFound("webhook")
+		}
+		w = list[0]
+		if evs != nil {
+			if _, err := tx.Exec(ctx, sqlUnsubscribe, id, evs); err != nil {
+				return fmt.Errorf("end unsubscribed deliveries: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return Webhook{}, err
+	}
+	return w, nil
+}
+
 // RotateRequest is the body of POST /api/v1/webhooks/{id}/rotate-secret.
 type RotateRequest struct {
 	// PreviousSecretExpiresInSeconds is how long the secret being replaced
@@ -403,8 +553,7 @@ func (s *Service) RotateSecret(ctx context.Context, workspaceID, id string, req 
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		w := &out.Webhook
 		return tx.QueryRow(ctx, sqlRotateSecret, id, workspaceID, s.sealer.Seal([]byte(out.Secret), seal.AAD(id, "secret")),
-			expires, now, req.ReplacePrevious).Scan(&w.ID, &w.URL, &w.Events, &w.CreatedAt, &w.PreviousSecretExpiresAt,
-			&rotated, &signing)
+			expires, now, req.ReplacePrevious).Scan(append(w.dest(), &rotated, &signing)...)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return NewWebhook{}, apierr.NotFound("webhook")

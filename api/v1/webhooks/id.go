@@ -8,7 +8,7 @@ import (
 	"github.com/getratchet/ratchet/lib/vercel"
 )
 
-// V1WebhooksId serves DELETE, GET /api/v1/webhooks/{id} on Vercel.
+// V1WebhooksId serves DELETE, GET, PATCH /api/v1/webhooks/{id} on Vercel.
 func V1WebhooksId(w http.ResponseWriter, r *http.Request) {
 	vercel.Serve(w, r, "/api/v1/webhooks/{id}")
 }
