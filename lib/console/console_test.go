@@ -78,7 +78,7 @@ func TestConsoleFieldLimitsAreTheAPIs(t *testing.T) {
 // subscribed to from the console).
 func TestConsoleOffersEveryWebhookEvent(t *testing.T) {
 	js := consoleJS(t)
-	m := regexp.MustCompile(`const events = \[([^\]]*)\];`).FindStringSubmatch(js)
+	m := regexp.MustCompile(`const webhookEvents = \[([^\]]*)\];`).FindStringSubmatch(js)
 	require.NotNil(t, m, "the webhooks page's event list")
 	var offered []string
 	for _, q := range strings.Split(m[1], ",") {

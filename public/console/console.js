@@ -1189,11 +1189,11 @@ const pages = {
 	},
 
 	async webhooks() {
-		const events = ['effect.indeterminate', 'circuit.tripped', 'circuit.closed', 'approval.requested', 'approval.decided', 'reconciliation.due', 'run.finished', 'step.exhausted', 'step.replayed'];
 		const columns = [
 			{ title: 'URL', cell: (w) => h('code', null, w.url) },
 			{ title: 'Events', cell: (w) => text(w.events) },
 			{ title: 'Created', cell: (w) => time(w.created_at) },
+			{ title: 'State', cell: webhookState },
 			{ title: 'Previous secret signs until', cell: (w) => time(w.previous_secret_expires_at) },
 			// A signing secret the server cannot decrypt (secret_unreadable)
 			// sends nothing: said here, not only in the server's log.
@@ -1214,7 +1214,9 @@ const pages = {
 						return r;
 					};
 					return [
-						link(['webhooks', w.id], 'Deliveries'),
+						link(['webhooks', w.id], 'Edit, deliveries'),
+						' ',
+						webhookToggle(w),
 						' ',
 						action('Rotate secret', rotate, {
 							confirm: `Give ${JSON.stringify(w.url)} a new signing secret? The current one keeps signing beside it for a day (refused while an earlier rotation's previous secret still signs).`,
@@ -1233,7 +1235,7 @@ const pages = {
 			form(
 				[
 					input('URL', 'url', { required: true, type: 'url', placeholder: 'https://example.com/ratchet' }),
-					h('fieldset', null, h('legend', null, 'Events'), events.map((e) => h('label', { class: 'check' }, h('input', { type: 'checkbox', name: 'events', value: e, 'data-list': true }), ' ', e))),
+					eventChecks([]),
 				],
 				'Subscribe',
 				async (v) => {
@@ -1327,17 +1329,60 @@ const pages = {
 			},
 		];
 		return [
-			h('h1', null, 'Deliveries to ', h('code', null, w.url)),
+			h('h1', null, 'Webhook ', h('code', null, w.url)),
 			fields([
 				['Events', text(w.events)],
 				['Created', time(w.created_at)],
+				['State', webhookState(w)],
 				['Signing secret', w.secret_unreadable ? h('strong', { class: 'warning' }, 'unreadable') : 'readable'],
 			]),
+			webhookToggle(w),
 			w.secret_unreadable ? h('p', { class: 'notice' }, unreadableSecret) : null,
+			h('h2', null, 'Edit'),
+			h('p', null, 'A new URL takes every delivery not yet sent (a send already on its way, at most 10 s, may still reach the old one). New events apply to the events from now on; pending deliveries of a type taken out end failed. The signing secret and the deliveries are kept.'),
+			form(
+				[input('URL', 'url', { required: true, type: 'url', value: w.url }), eventChecks(w.events)],
+				'Save subscription',
+				(v) => {
+					// Only what changed is sent: a save that names the URL
+					// unchanged is not refused as a private address the
+					// server has since stopped allowing.
+					const changed = {};
+					if (v.url !== w.url) changed.url = v.url;
+					if (JSON.stringify([...v.events].sort()) !== JSON.stringify([...w.events].sort())) changed.events = v.events;
+					if (!Object.keys(changed).length) throw new ConsoleError('unchanged', 'Nothing changed.');
+					return call('PATCH', `/webhooks/${seg(id)}`, changed);
+				},
+			),
+			h('h2', null, 'Deliveries'),
 			await pager(`/webhooks/${seg(id)}/deliveries`, {}, columns, 'Nothing delivered yet.'),
 		];
 	},
 };
+
+// webhookEvents are the event types a subscription may name (a test in
+// lib/console holds them to the service's).
+const webhookEvents = ['effect.indeterminate', 'circuit.tripped', 'circuit.closed', 'approval.requested', 'approval.decided', 'reconciliation.due', 'run.finished', 'step.exhausted', 'step.replayed'];
+
+// eventChecks are a subscription form's event types, those of checked
+// ticked.
+function eventChecks(checked) {
+	return h('fieldset', null, h('legend', null, 'Events'), webhookEvents.map((e) => h('label', { class: 'check' }, h('input', { type: 'checkbox', name: 'events', value: e, 'data-list': true, checked: checked.includes(e) }), ' ', e)));
+}
+
+// webhookState says whether subscription w is sent anything.
+function webhookState(w) {
+	return w.disabled ? h('strong', { class: 'warning' }, `disabled since ${time(w.disabled_at)}: nothing is sent`) : 'enabled';
+}
+
+// webhookToggle disables subscription w, or enables it again.
+function webhookToggle(w) {
+	return w.disabled
+		? action('Enable', () => call('PATCH', `/webhooks/${seg(w.id)}`, { disabled: false }))
+		: action('Disable', () => call('PATCH', `/webhooks/${seg(w.id)}`, { disabled: true }), {
+				confirm: `Disable ${JSON.stringify(w.url)}? Nothing is sent to it until you enable it again: its pending deliveries wait, and the events recorded meanwhile are never sent to it.`,
+			});
+}
 
 // The built-in retry presets' schedules (lib/jobs Presets; a test in
 // lib/console holds them equal): the policy routes show a built-in preset

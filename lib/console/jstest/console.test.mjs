@@ -1614,6 +1614,55 @@ test('webhooks: a subscription made with its events, its deliveries page, then e
 	assert.equal((await api('GET', '/webhooks', key)).body.data.length, 0);
 });
 
+test('webhooks: disabled and enabled again, and edited, keeping its secret', async () => {
+	const key = await signup();
+	const hook = (await api('POST', '/webhooks', key, { url: 'https://example.com/hooks/edit', events: ['run.finished'] })).body;
+	const ui = await mount(key, '#/webhooks');
+	assert.equal(cells(row(ui, 'example.com/hooks/edit')).State, 'enabled');
+	ui.confirmAnswer = false;
+	await click(row(ui, 'example.com/hooks/edit'), 'Disable');
+	assert.match(ui.confirms.at(-1), /^Disable "https:\/\/example\.com\/hooks\/edit"\? Nothing is sent to it/);
+	assert.equal((await api('GET', '/webhooks/' + hook.id, key)).body.disabled, false, 'declined: nothing sent');
+	ui.confirmAnswer = true;
+	await click(row(ui, 'example.com/hooks/edit'), 'Disable');
+	const disabled = (await api('GET', '/webhooks/' + hook.id, key)).body;
+	assert.equal(disabled.disabled, true);
+	assert.equal(cells(row(ui, 'example.com/hooks/edit')).State, `disabled since ${time(disabled.disabled_at)}: nothing is sent`);
+	await click(row(ui, 'example.com/hooks/edit'), 'Enable');
+	assert.equal((await api('GET', '/webhooks/' + hook.id, key)).body.disabled, false);
+	assert.equal(cells(row(ui, 'example.com/hooks/edit')).State, 'enabled');
+
+	// Its page: the state, the same toggle, and an edit of its URL and events.
+	await go(ui, '#/webhooks/' + hook.id);
+	assert.equal(fieldValue(ui, 'State'), 'enabled');
+	await click(ui.root, 'Disable');
+	assert.match(fieldValue(ui, 'State'), /^disabled since .* UTC: nothing is sent$/);
+	const f = formOf(button(ui.root, 'Save subscription'));
+	assert.equal(field(f, 'url').value, 'https://example.com/hooks/edit');
+	const boxes = f.querySelectorAll('input').filter((i) => i.name === 'events');
+	assert.deepEqual(boxes.filter((b) => b.checked).map((b) => b.value), ['run.finished'], 'its events ticked');
+	await f.dispatch('submit');
+	await app.rendered();
+	assert.match(alerts(ui).join(), /Nothing changed/);
+	field(f, 'url').value = 'https://example.com/hooks/moved';
+	for (const box of boxes) box.checked = ['run.finished', 'step.exhausted'].includes(box.value);
+	await f.dispatch('submit');
+	await app.rendered();
+	const edited = (await api('GET', '/webhooks/' + hook.id, key)).body;
+	assert.equal(edited.url, 'https://example.com/hooks/moved');
+	assert.deepEqual(edited.events, ['run.finished', 'step.exhausted']);
+	assert.equal(edited.disabled, true, 'an edit leaves it disabled');
+	assert.match(ui.root.querySelector('h1').textContent, /example\.com\/hooks\/moved/, 'the page redrawn');
+	// Refused as the service refuses it, with its field.
+	const again = formOf(button(ui.root, 'Save subscription'));
+	for (const box of again.querySelectorAll('input').filter((i) => i.name === 'events')) box.checked = false;
+	await again.dispatch('submit');
+	await app.rendered();
+	assert.match(alerts(ui).join(), /events: must name at least one event type/);
+	await click(ui.root, 'Enable');
+	assert.equal(fieldValue(ui, 'State'), 'enabled');
+});
+
 // sweep runs one pass of the service's sweeper (its cron route), which
 // sends due webhook deliveries.
 async function sweep() {
