@@ -189,8 +189,10 @@ func TestWebhooksThroughTheSDK(t *testing.T) {
 		sent, _ = io.ReadAll(r.Body)
 	}))
 	t.Cleanup(seen.Close)
-	_, err = b.env.App.Pool.Exec(ctx, `UPDATE webhooks SET url = $2 WHERE id = $1`, hook.ID, seen.URL)
+	moved, err := b.operator.UpdateWebhook(ctx, hook.ID, ratchet.WebhookUpdate{URL: &seen.URL})
 	require.NoError(t, err)
+	require.Equal(t, seen.URL, moved.URL)
+	require.Equal(t, hook.Events, moved.Events, "kept")
 	_, err = b.operator.RetryWebhookDeliveries(ctx, hook.ID, []string{deliveries.Data[0].ID})
 	require.NoError(t, err)
 	_, err = b.env.App.Server.Webhooks.Deliver(ctx, sweepTime())
@@ -201,8 +203,23 @@ func TestWebhooksThroughTheSDK(t *testing.T) {
 		require.NoError(t, err, "either secret verifies")
 	}
 	mu.Unlock()
-	_, err = b.env.App.Pool.Exec(ctx, `UPDATE webhooks SET url = $2 WHERE id = $1`, hook.ID, recv.URL)
+	_, err = b.operator.UpdateWebhook(ctx, hook.ID, ratchet.WebhookUpdate{URL: &recv.URL})
 	require.NoError(t, err)
+
+	// Disabled, it is read disabled, and enabled again.
+	off, on := true, false
+	disabled, err := b.operator.UpdateWebhook(ctx, hook.ID, ratchet.WebhookUpdate{Disabled: &off})
+	require.NoError(t, err)
+	require.True(t, disabled.Disabled)
+	require.NotNil(t, disabled.DisabledAt)
+	sameJSON(t, b, "/api/v1/webhooks/"+hook.ID, disabled)
+	read, err = b.operator.GetWebhook(ctx, hook.ID)
+	require.NoError(t, err)
+	require.Equal(t, disabled, read)
+	enabled, err := b.operator.UpdateWebhook(ctx, hook.ID, ratchet.WebhookUpdate{Disabled: &on})
+	require.NoError(t, err)
+	require.False(t, enabled.Disabled)
+	require.Nil(t, enabled.DisabledAt)
 
 	// Every read shows until when the previous secret signs.
 	read, err = b.operator.GetWebhook(ctx, hook.ID)

@@ -27,6 +27,12 @@ type Webhook struct {
 	// replaced stops signing beside the current one (nil: none does;
 	// the server clears a past one within a sweep).
 	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
+	// Disabled is true while the subscription is disabled (UpdateWebhook):
+	// nothing is sent to it, its pending deliveries wait, and the events
+	// recorded meanwhile are never sent to it. DisabledAt is since when
+	// (nil while it is enabled).
+	Disabled   bool       `json:"disabled"`
+	DisabledAt *time.Time `json:"disabled_at"`
 	// SecretUnreadable is true when the server cannot decrypt the
 	// subscription's signing secret (sealed with an encryption key it is
 	// not configured with, or damaged): no delivery is sent with it
@@ -90,6 +96,41 @@ func (c *Client) ListWebhooks(ctx context.Context, q ListQuery) (*GatePage[Webho
 // Deleting it again answers it again, so the call is retried.
 func (c *Client) DeleteWebhook(ctx context.Context, webhookID string) (*Webhook, error) {
 	return call[Webhook](ctx, c, "DELETE", "/webhooks/"+pathID(webhookID), nil, idempotent)
+}
+
+// WebhookUpdate is what UpdateWebhook changes: each field set, the others
+// keep their value. Set at least one.
+type WebhookUpdate struct {
+	// URL is the new receiver (checked as CreateWebhook's): every delivery
+	// not yet sent goes to it. A send already on its way when the change
+	// lands (at most 10 s) may still reach the old one.
+	URL *string
+	// Events replace the event types subscribed to (nil keeps them; an
+	// empty list is refused): the events fanned out from then on are
+	// matched against them, and pending deliveries of a type left out end
+	// failed ("event type unsubscribed").
+	Events []string
+	// Disabled disables the subscription (true: its pending deliveries wait,
+	// the events recorded meanwhile are never sent to it) or enables it
+	// again (false: the waiting deliveries are sent, and the events recorded
+	// from then on); nil keeps it as it is.
+	Disabled *bool
+}
+
+// UpdateWebhook changes a subscription without deleting it, so it keeps
+// its signing secret and its deliveries (PATCH /api/v1/webhooks/{id}), and
+// answers it as GetWebhook reads it. The same update sent again changes
+// nothing, so the call is retried.
+func (c *Client) UpdateWebhook(ctx context.Context, webhookID string, u WebhookUpdate) (*Webhook, error) {
+	body := struct {
+		URL      *string   `json:"url,omitempty"`
+		Events   *[]string `json:"events,omitempty"`
+		Disabled *bool     `json:"disabled,omitempty"`
+	}{URL: u.URL, Disabled: u.Disabled}
+	if u.Events != nil {
+		body.Events = &u.Events
+	}
+	return call[Webhook](ctx, c, "PATCH", "/webhooks/"+pathID(webhookID), body, idempotent)
 }
 
 // ListWebhookDeliveries pages a subscription's deliveries: each one's state,

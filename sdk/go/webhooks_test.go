@@ -1,10 +1,14 @@
 package ratchet
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"math"
+	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -76,5 +80,42 @@ func TestVerifyWebhookSharedVectors(t *testing.T) {
 		if got != v.Outcome {
 			t.Errorf("%s: %s (%v), want %s", v.Name, got, err, v.Outcome)
 		}
+	}
+}
+
+// UpdateWebhook sends only what it sets: a nil field is left out (kept by
+// the server), an empty Events list is sent (and refused by the server),
+// and false is sent, not dropped.
+func TestUpdateWebhookSendsWhatItSets(t *testing.T) {
+	t.Parallel()
+	var got []string
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		got = append(got, r.Method+" "+r.URL.EscapedPath()+" "+string(body))
+		writeJSON(w, 200, map[string]any{"id": "whk_1", "url": "https://example.com/h", "events": []string{"run.finished"},
+			"disabled": true, "disabled_at": "2030-01-01T00:00:00Z"})
+	}))
+	ctx := context.Background()
+	off, on, url := true, false, "https://example.com/h"
+	w, err := c.UpdateWebhook(ctx, "whk/1", WebhookUpdate{Disabled: &off})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !w.Disabled || w.DisabledAt == nil || !w.DisabledAt.Equal(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)) {
+		t.Fatalf("answer %+v", w)
+	}
+	for _, u := range []WebhookUpdate{{Disabled: &on}, {URL: &url, Events: []string{"run.finished"}}, {Events: []string{}}} {
+		if _, err := c.UpdateWebhook(ctx, "whk/1", u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []string{
+		`PATCH /api/v1/webhooks/whk%2F1 {"disabled":true}`,
+		`PATCH /api/v1/webhooks/whk%2F1 {"disabled":false}`,
+		`PATCH /api/v1/webhooks/whk%2F1 {"url":"https://example.com/h","events":["run.finished"]}`,
+		`PATCH /api/v1/webhooks/whk%2F1 {"events":[]}`,
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("sent\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
