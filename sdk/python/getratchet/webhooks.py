@@ -9,7 +9,7 @@ import json
 import math
 import re
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Optional, Union
 
 from .errors import NoWebhookSecretError, WebhookSignatureError
@@ -45,8 +45,9 @@ def verify_webhook(secret: Optional[str], signature: Optional[str], body: Union[
     its raw ``body`` with the subscription's ``secret``, refuses a signed
     time more than ``tolerance`` seconds (5 minutes; the default too when 0
     or less) from ``now`` (the clock when None; seconds since 1970 or a
-    datetime), and returns the decoded event: ``{"id", "type", "created_at",
-    "workspace_id", "subject_id", "data"}``.
+    datetime: a naive one is read as UTC, as ``datetime.utcnow()`` gives
+    it, never as the machine's local time), and returns the decoded event:
+    ``{"id", "type", "created_at", "workspace_id", "subject_id", "data"}``.
 
     ``body`` must be the bytes received, unmodified: a ``str`` is refused
     (TypeError), as decoding and encoding it again may change the bytes
@@ -73,6 +74,11 @@ def verify_webhook(secret: Optional[str], signature: Optional[str], body: Union[
     if now is None:
         now_s = time.time()
     elif isinstance(now, datetime):
+        # datetime.timestamp() reads a naive datetime as local time: off a
+        # UTC machine, datetime.utcnow() was hours off, and every delivery
+        # refused as signed hours ago or ahead.
+        if now.utcoffset() is None:
+            now = now.replace(tzinfo=timezone.utc)
         now_s = now.timestamp()
     elif isinstance(now, (int, float)) and not isinstance(now, bool) and math.isfinite(now):
         now_s = now

@@ -9,9 +9,10 @@ import inspect
 import json
 import os
 import threading
+import time
 import unittest
 import urllib.request
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import List, Tuple
 
@@ -66,6 +67,29 @@ class VerifyWebhookTest(unittest.TestCase):
         self.assertEqual(verify_webhook(SECRET, "v1=00,v0=zz," + sign(AT, BODY, SECRET), BODY, now=AT)["id"], "evt_1")
         self.assertEqual(verify_webhook(SECRET, sign(AT, BODY, SECRET).upper().replace("T=", "t=").replace("V1=", "v1="),
                                         BODY, now=AT)["id"], "evt_1", "hex in either case")
+
+    def test_a_naive_now_is_read_as_utc(self) -> None:
+        # As datetime.utcnow() gives it, on a machine whose clock is not
+        # UTC: it was read as local time, hours off, and refused.
+        header = sign(AT, BODY, SECRET)
+        naive = datetime.fromtimestamp(AT + 240, timezone.utc).replace(tzinfo=None)
+        saved = os.environ.get("TZ")
+        os.environ["TZ"] = "Asia/Tokyo"  # UTC+9, no daylight saving
+        time.tzset()
+        try:
+            self.assertEqual(verify_webhook(SECRET, header, BODY, now=naive)["id"], "evt_1")
+            self.assertEqual(verify_webhook(SECRET, header, BODY,
+                                            now=naive.replace(tzinfo=timezone.utc))["id"], "evt_1")
+            tokyo = timezone(timedelta(hours=9))
+            self.assertEqual(verify_webhook(SECRET, header, BODY, now=naive.replace(tzinfo=timezone.utc)
+                                            .astimezone(tokyo))["id"], "evt_1", "an aware one is the time it names")
+            self.assertIn("ago", str(self.refused(SECRET, header, now=naive + timedelta(minutes=6))))
+        finally:
+            if saved is None:
+                del os.environ["TZ"]
+            else:
+                os.environ["TZ"] = saved
+            time.tzset()
 
     def test_the_shared_vectors(self) -> None:
         # What the server signs verifies with each of its secrets, and each
