@@ -859,6 +859,26 @@ class Ratchet:
         Deleting again answers it again, so it is retried."""
         return self._transport.call("DELETE", "/webhooks/" + path_id(webhook_id), safe=True)
 
+    def update_webhook(self, webhook_id: str, *, url: Optional[str] = None, events: Optional[List[str]] = None,
+                       disabled: Optional[bool] = None) -> dict:
+        """Changes a subscription without deleting it, so it keeps its
+        signing secret and its deliveries: any of ``url`` (every delivery not
+        yet sent goes to it), ``events`` (in place of the current ones: the
+        events fanned out from then on are matched against them, and pending
+        deliveries of a type left out end failed) and ``disabled`` (True: it
+        is sent nothing, its pending deliveries wait and the events recorded
+        meanwhile are skipped; False: enabled again). None keeps a field; give
+        at least one. Answers the subscription as get_webhook reads it. The
+        same update sent again changes nothing, so it is retried."""
+        body: dict = {}
+        if url is not None:
+            body["url"] = url
+        if events is not None:
+            body["events"] = list(events)
+        if disabled is not None:
+            body["disabled"] = disabled
+        return self._transport.call("PATCH", "/webhooks/" + path_id(webhook_id), body, safe=True)
+
     def list_webhook_deliveries(self, webhook_id: str, *, limit: Optional[int] = None,
                                 cursor: Optional[str] = None) -> dict:
         """Pages a subscription's deliveries, each with its state, attempts

@@ -125,6 +125,19 @@ class OperatorTest(unittest.TestCase):
         retried = self.op.retry_webhook_deliveries(hook["id"], [deliveries[0]["id"]])
         self.assertEqual([(d["id"], d["state"]) for d in retried["deliveries"]], [(deliveries[0]["id"], "pending")])
 
+        # Changed without deleting it: disabled, enabled again, moved.
+        disabled = self.op.update_webhook(hook["id"], disabled=True)
+        self.assertEqual((disabled["disabled"], disabled["url"]), (True, receiver.url))
+        self.assertIsNotNone(disabled["disabled_at"])
+        self.assertEqual(self.op.get_webhook(hook["id"]), disabled)
+        moved = self.op.update_webhook(hook["id"], disabled=False, url=receiver.url + "/moved",
+                                       events=["circuit.tripped", "run.finished"])
+        self.assertEqual((moved["disabled"], moved["disabled_at"], moved["url"], moved["events"]),
+                         (False, None, receiver.url + "/moved", ["circuit.tripped", "run.finished"]))
+        with self.assertRaises(RatchetError) as empty:
+            self.op.update_webhook(hook["id"])
+        self.assertEqual((empty.exception.status, empty.exception.code), (400, "invalid_request"))
+
         rotated = self.op.rotate_webhook_secret(hook["id"], previous_expires_in=60)
         self.assertNotEqual(rotated["secret"], hook["secret"])
         self.assertIsNotNone(rotated["previous_secret_expires_at"])

@@ -88,7 +88,7 @@ class FakeServer:
                 self.end_headers()
                 self.wfile.write(raw)
 
-            do_GET = do_POST = do_PUT = do_DELETE = do_CONNECT = handle_one
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_CONNECT = handle_one
 
         class Server(ThreadingHTTPServer):
             def handle_error(self, request, client_address) -> None:

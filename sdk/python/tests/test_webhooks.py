@@ -236,6 +236,33 @@ class VerifyWebhookTest(unittest.TestCase):
         self.refused("whsec_other", sign(AT, b"not json", SECRET), b"not json")
 
 
+class UpdateWebhookTest(unittest.TestCase):
+    """update_webhook sends what it is given, and is repeated after a 5xx
+    (the same update again changes nothing)."""
+
+    def test_it_sends_only_what_it_is_given_and_is_repeated(self) -> None:
+        from test_units import FakeServer, error
+        answer = {"id": "whk_1", "url": "https://x.test/h", "events": ["run.finished"], "disabled": True,
+                  "disabled_at": "2030-01-01T00:00:00Z"}
+        server = FakeServer([(500, error("internal_error"), {})] + [(200, answer, {})] * 4)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test", max_retries=1)
+        client._transport.sleep = lambda seconds: None
+        self.addCleanup(client.close)
+        self.assertEqual(client.update_webhook("whk/1", disabled=True), answer)
+        client.update_webhook("whk_1", disabled=False)
+        client.update_webhook("whk_1", url="https://x.test/h", events=("run.finished",))
+        client.update_webhook("whk_1", events=[])
+        self.assertEqual([(m, p, body) for m, p, _, body in server.seen], [
+            ("PATCH", "/api/v1/webhooks/whk%2F1", {"disabled": True}),
+            ("PATCH", "/api/v1/webhooks/whk%2F1", {"disabled": True}),
+            ("PATCH", "/api/v1/webhooks/whk_1", {"disabled": False}),
+            ("PATCH", "/api/v1/webhooks/whk_1", {"url": "https://x.test/h", "events": ["run.finished"]}),
+            ("PATCH", "/api/v1/webhooks/whk_1", {"events": []}),
+        ])
+        self.assertNotIn("Idempotency-Key", server.seen[0][2])
+
+
 class Receiver:
     """A local webhook receiver recording each delivery's headers and raw body."""
 
