@@ -378,6 +378,19 @@ export class Ratchet {
     return this.#get(`/webhooks/${pathId(webhookId)}`);
   }
 
+  /** Changes a webhook without deleting it, so it keeps its secret and
+   * its deliveries: any of url (every delivery not yet sent goes to it),
+   * events (in place of the current ones: the events fanned out from then
+   * on are matched against them, and pending deliveries of a type left out
+   * end failed) and disabled (true: it is sent nothing, its pending
+   * deliveries wait and the events recorded meanwhile are skipped; false:
+   * enabled again). A field left out (or null) is kept; give at least one.
+   * Answers it as getWebhook reads it. Repeated after a lost answer: the
+   * same update again changes nothing. */
+  updateWebhook(webhookId, { url, events, disabled } = {}) {
+    return this.#transport.call('PATCH', `/webhooks/${pathId(webhookId)}`, defined({ url, events, disabled }), { safe: true });
+  }
+
   /** Deletes a webhook; answers it. */
   deleteWebhook(webhookId) {
     return this.#transport.call('DELETE', `/webhooks/${pathId(webhookId)}`, undefined, { safe: true });

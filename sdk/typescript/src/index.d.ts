@@ -589,6 +589,23 @@ export interface Webhook {
    * not configured with, or damaged): no delivery is sent with it meanwhile.
    */
   secret_unreadable: boolean;
+  /**
+   * True while it is disabled (updateWebhook): nothing is sent to it, its pending deliveries wait
+   * and the events recorded meanwhile are skipped.
+   */
+  disabled: boolean;
+  /** When it was disabled; null while it is enabled. */
+  disabled_at: string | null;
+}
+
+/** What updateWebhook changes: each field given; the others are kept. Give at least one. */
+export interface WebhookUpdate {
+  /** The new receiver: every delivery not yet sent goes to it. */
+  url?: string;
+  /** The event types subscribed to, in place of the current ones (pending deliveries of a type left out end failed). */
+  events?: WebhookEventType[];
+  /** true disables it (sent nothing until enabled again), false enables it again. */
+  disabled?: boolean;
 }
 
 /** A webhook as created or rotated: its secret, shown once. */
@@ -843,6 +860,7 @@ export declare class Ratchet {
   createWebhook(url: string, events: WebhookEventType[], options?: { idempotencyKey?: string }): Promise<NewWebhook>;
   listWebhooks(query?: ListQuery): Promise<GatePage<Webhook>>;
   getWebhook(webhookId: string): Promise<Webhook>;
+  updateWebhook(webhookId: string, update: WebhookUpdate): Promise<Webhook>;
   deleteWebhook(webhookId: string): Promise<Webhook>;
   listWebhookDeliveries(webhookId: string, query?: ListQuery): Promise<GatePage<WebhookDelivery>>;
   retryWebhookDeliveries(webhookId: string, deliveryIds: string[], options?: { idempotencyKey?: string }): Promise<{ deliveries: WebhookDelivery[] }>;

@@ -6,7 +6,7 @@ import { createHmac } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { test } from 'node:test';
-import { NoWebhookSecretError, WebhookSignatureError, verifyWebhook } from '../src/index.js';
+import { NoWebhookSecretError, Ratchet, WebhookSignatureError, verifyWebhook } from '../src/index.js';
 import { BASE_URL, Workspace, needsServer, unique, waitFor } from './support.js';
 
 const SECRET = 'whsec_0123456789abcdef';
@@ -287,4 +287,34 @@ test('a delivery from the server verifies with each secret of a rotation', needs
   verifyWebhook(rotated.secret, `${tPart},${newV1}`, body);
   verifyWebhook(secret, `${tPart},${previousV1}`, body);
   assert.throws(() => verifyWebhook(secret, `${tPart},${newV1}`, body), WebhookSignatureError);
+});
+
+test('updateWebhook sends what it is given and is repeated after a lost answer', async (t) => {
+  const seen = [];
+  const answer = { id: 'whk_1', url: 'https://example.com/h', events: ['run.finished'], disabled: true, disabled_at: '2030-01-01T00:00:00Z' };
+  const server = createServer((req, res) => {
+    let raw = '';
+    req.on('data', (c) => { raw += c; });
+    req.on('end', () => {
+      seen.push([req.method, req.url, JSON.parse(raw), req.headers['idempotency-key']]);
+      const failed = seen.length === 1; // the first answer is a 500: the call is sent again
+      const out = JSON.stringify(failed ? { error: { code: 'internal_error', message: 'x', detail: {} } } : answer);
+      res.writeHead(failed ? 500 : 200, { 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(out) });
+      res.end(out);
+    });
+  });
+  await new Promise((ok) => server.listen(0, '127.0.0.1', ok));
+  t.after(() => new Promise((ok) => { server.closeAllConnections(); server.close(ok); }));
+  const c = new Ratchet({ baseUrl: `http://127.0.0.1:${server.address().port}`, apiKey: 'rk_test', timeoutMs: 5000 });
+  assert.deepEqual(await c.updateWebhook('whk/1', { disabled: true }), answer);
+  await c.updateWebhook('whk_1', { disabled: false, url: null });
+  await c.updateWebhook('whk_1', { url: 'https://example.com/h', events: ['run.finished'] });
+  await c.updateWebhook('whk_1', { events: [] });
+  assert.deepEqual(seen, [
+    ['PATCH', '/api/v1/webhooks/whk%2F1', { disabled: true }, undefined],
+    ['PATCH', '/api/v1/webhooks/whk%2F1', { disabled: true }, undefined],
+    ['PATCH', '/api/v1/webhooks/whk_1', { disabled: false }, undefined],
+    ['PATCH', '/api/v1/webhooks/whk_1', { url: 'https://example.com/h', events: ['run.finished'] }, undefined],
+    ['PATCH', '/api/v1/webhooks/whk_1', { events: [] }, undefined],
+  ]);
 });

@@ -260,6 +260,13 @@ test('webhook and key calls answer the declared fields', needsServer, async (t) 
   matches(rotated, 'NewWebhook', 'rotateWebhookSecret');
   assert.notEqual(rotated.secret, hook.secret);
   assert.ok(rotated.previous_secret_expires_at);
+  const disabled = await op.updateWebhook(hook.id, { disabled: true });
+  matches(disabled, 'Webhook', 'updateWebhook');
+  assert.deepEqual([disabled.disabled, typeof disabled.disabled_at], [true, 'string']);
+  assert.deepEqual(await op.getWebhook(hook.id), disabled);
+  const moved = await op.updateWebhook(hook.id, { disabled: false, url: hook.url + '/moved', events: ['circuit.tripped', 'run.finished'] });
+  assert.deepEqual([moved.disabled, moved.disabled_at, moved.url, moved.events], [false, null, hook.url + '/moved', ['circuit.tripped', 'run.finished']]);
+  assert.equal((await op.updateWebhook(hook.id, {}).catch((e) => e)).code, 'invalid_request');
   matches(await op.deleteWebhook(hook.id), 'Webhook', 'deleteWebhook');
   assert.equal((await op.getWebhook(hook.id).catch((e) => e)).code, 'not_found');
 
