@@ -6,10 +6,8 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"reflect"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -264,23 +262,7 @@ func TestAnUpdateRacingASendAppliesFromTheNextClaim(t *testing.T) {
 		t.Run(change, func(t *testing.T) {
 			env, clk := start(t, true)
 			ws := env.Signup()
-			arrived, release := make(chan struct{}), make(chan struct{})
-			var oldHits atomic.Int32
-			old := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if oldHits.Add(1) == 1 {
-					close(arrived)
-				}
-				<-release
-				w.WriteHeader(http.StatusInternalServerError)
-			}))
-			t.Cleanup(old.Close)
-			t.Cleanup(func() {
-				select {
-				case <-release:
-				default:
-					close(release)
-				}
-			})
+			old, arrived, oldHits, release := newHeldReceiver(t, http.StatusInternalServerError)
 			moved := newReceiver(t)
 			id, _ := subscribe(t, env, ws.Key, old.URL)
 			ev := eventOf(t, env, record(t, env, ws.ID, events.RunFinished, clk.Now()))
@@ -298,7 +280,7 @@ func TestAnUpdateRacingASendAppliesFromTheNextClaim(t *testing.T) {
 				body = map[string]any{"disabled": true}
 			}
 			updated := env.Must(http.StatusOK, "PATCH", "/api/v1/webhooks/"+id, ws.Key, body).JSON()
-			close(release)
+			release()
 			require.NoError(t, <-done)
 			ds := deliveries(t, env, ws.Key, id)
 			require.Len(t, ds, 1)
@@ -323,43 +305,6 @@ func TestAnUpdateRacingASendAppliesFromTheNextClaim(t *testing.T) {
 			require.EqualValues(t, 2, ds[0]["attempts"])
 		})
 	}
-}
-
-// A delivery being sent when an update takes its type out of the events is
-// recorded as the send ended: delivered when it arrived, as after a delete.
-func TestADeliveryInFlightAtAnUnsubscribeIsRecordedAsItEnded(t *testing.T) {
-	env, clk := start(t, true)
-	ctx := context.Background()
-	ws := env.Signup()
-	arrived, release := make(chan struct{}), make(chan struct{})
-	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		close(arrived)
-		<-release
-	}))
-	t.Cleanup(rcv.Close)
-	t.Cleanup(func() {
-		select {
-		case <-release:
-		default:
-			close(release)
-		}
-	})
-	id, _ := subscribe(t, env, ws.Key, rcv.URL)
-	record(t, env, ws.ID, events.RunFinished, clk.Now())
-	_, err := env.App.Server.Webhooks.Dispatch(ctx, clk.Now())
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() {
-		_, err := env.App.Server.Webhooks.Deliver(ctx, clk.Now())
-		done <- err
-	}()
-	<-arrived
-	env.Must(http.StatusOK, "PATCH", "/api/v1/webhooks/"+id, ws.Key,
-		map[string]any{"events": []string{events.CircuitTripped}})
-	require.Equal(t, "failed", deliveries(t, env, ws.Key, id)[0]["state"])
-	close(release)
-	require.NoError(t, <-done)
-	require.Equal(t, "delivered", deliveries(t, env, ws.Key, id)[0]["state"])
 }
 
 // A disabled webhook's deliveries are held by its being disabled: one whose

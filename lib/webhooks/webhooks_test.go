@@ -89,6 +89,27 @@ func newBlockingReceiver(t *testing.T) (srv *httptest.Server, hits *atomic.Int32
 	return srv, hits, unblock
 }
 
+// newHeldReceiver answers each request with status once release is called
+// (or the test ends): arrived is closed at the first request, hits counts
+// them. A send to it stays in flight until release.
+func newHeldReceiver(t *testing.T, status int) (srv *httptest.Server, arrived <-chan struct{}, hits *atomic.Int32,
+	release func()) {
+	first, held := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(held) }) }
+	hits = new(atomic.Int32)
+	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits.Add(1) == 1 {
+			close(first)
+		}
+		<-held
+		w.WriteHeader(status)
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(release) // runs first: the handler returns before its server closes
+	return srv, first, hits, release
+}
+
 func (r *receiver) count() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -312,37 +333,42 @@ func TestCreateValidatesAndShowsSecretOnce(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, env.Do("GET", "/api/v1/webhooks/"+id, other.Key, nil).Status)
 }
 
-// A delivery being sent when its webhook is deleted, and received, is
-// recorded delivered: the delete abandoned it as pending, and the send's
+// A delivery being sent when its webhook is deleted, or an update takes its
+// event type out of the webhook's events, and received, is recorded
+// delivered: the delete (the update) ended it as pending, and the send's
 // outcome is what happened (QA: it read failed).
 func TestADeliveryInFlightAtADeleteIsRecordedAsItEnded(t *testing.T) {
-	env, clk := start(t, true)
-	ctx := context.Background()
-	ws := env.Signup()
-	arrived, release := make(chan struct{}), make(chan struct{})
-	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		close(arrived)
-		<-release
-	}))
-	t.Cleanup(rcv.Close)
-	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
-		map[string]any{"url": rcv.URL, "events": []string{events.RunFinished}}).JSON()["id"].(string)
-	record(t, env, ws.ID, events.RunFinished, clk.Now())
-	_, err := env.App.Server.Webhooks.Dispatch(ctx, clk.Now())
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() {
-		_, err := env.App.Server.Webhooks.Deliver(ctx, clk.Now())
-		done <- err
-	}()
-	<-arrived
-	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil)
-	close(release)
-	require.NoError(t, <-done)
-	var state string
-	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT state FROM webhook_deliveries WHERE webhook_id = $1`,
-		id).Scan(&state))
-	require.Equal(t, "delivered", state)
+	for _, end := range []string{"delete", "unsubscribe"} {
+		t.Run(end, func(t *testing.T) {
+			env, clk := start(t, true)
+			ctx := context.Background()
+			ws := env.Signup()
+			rcv, arrived, _, release := newHeldReceiver(t, http.StatusOK)
+			id, _ := subscribe(t, env, ws.Key, rcv.URL)
+			record(t, env, ws.ID, events.RunFinished, clk.Now())
+			_, err := env.App.Server.Webhooks.Dispatch(ctx, clk.Now())
+			require.NoError(t, err)
+			done := make(chan error, 1)
+			go func() {
+				_, err := env.App.Server.Webhooks.Deliver(ctx, clk.Now())
+				done <- err
+			}()
+			<-arrived
+			if end == "delete" {
+				env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil)
+			} else {
+				env.Must(http.StatusOK, "PATCH", "/api/v1/webhooks/"+id, ws.Key,
+					map[string]any{"events": []string{events.CircuitTripped}})
+				require.Equal(t, "failed", deliveries(t, env, ws.Key, id)[0]["state"])
+			}
+			release()
+			require.NoError(t, <-done)
+			var state string
+			require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT state FROM webhook_deliveries WHERE webhook_id = $1`,
+				id).Scan(&state))
+			require.Equal(t, "delivered", state)
+		})
+	}
 }
 
 // A sweeper that dies between a send and its record (a crash, a killed
@@ -395,23 +421,7 @@ func TestADeliveryWhoseSweeperDiedIsSentAgainOnceItsClaimLapses(t *testing.T) {
 func TestAStoppedPassLetsItsSendsFinish(t *testing.T) {
 	env, clk := start(t, true)
 	ws := env.Signup()
-	arrived, release := make(chan struct{}), make(chan struct{})
-	var hits atomic.Int32
-	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if hits.Add(1) == 1 {
-			close(arrived)
-		}
-		<-release
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	t.Cleanup(rcv.Close)
-	t.Cleanup(func() {
-		select {
-		case <-release:
-		default:
-			close(release)
-		}
-	})
+	rcv, arrived, hits, release := newHeldReceiver(t, http.StatusNoContent)
 	id, _ := subscribe(t, env, ws.Key, rcv.URL)
 	record(t, env, ws.ID, events.RunFinished, clk.Now())
 	_, err := env.App.Server.Webhooks.Dispatch(context.Background(), clk.Now())
@@ -424,7 +434,7 @@ func TestAStoppedPassLetsItsSendsFinish(t *testing.T) {
 	}()
 	<-arrived
 	stop()
-	close(release)
+	release()
 	require.NoError(t, <-done)
 	got := deliveries(t, env, ws.Key, id)
 	require.Len(t, got, 1)
