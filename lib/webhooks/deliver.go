@@ -810,7 +810,7 @@ func sendFailure(err error) string {
 		return "DNS lookup of the host failed"
 	case errors.As(err, &cert):
 		return "TLS: the receiver's certificate is not trusted for its host"
-	case errors.As(err, &alert), errors.As(err, &header):
+	case errors.As(err, &alert), errors.As(err, &header), tlsAlert(err):
 		return "TLS handshake failed"
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "connection refused"
@@ -820,6 +820,16 @@ func sendFailure(err error) string {
 		return "connection closed without an answer"
 	}
 	return "request failed"
+}
+
+// tlsAlert says whether err is a TLS alert, sent by the receiver or by us:
+// over TCP crypto/tls returns one as a net.OpError whose Op is "remote
+// error" or "local error" around an unexported alert type, never as a
+// tls.AlertError (only QUIC's are; review: a receiver refusing the
+// handshake was recorded "request failed").
+func tlsAlert(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && (op.Op == "remote error" || op.Op == "local error")
 }
 
 // errNotPublic is the dialer's refusal of a receiver on a non-public

@@ -5,7 +5,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
+	"log"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"strings"
@@ -115,3 +118,29 @@ type timeoutError struct{}
 func (timeoutError) Error() string   { return "i/o timeout" }
 func (timeoutError) Timeout() bool   { return true }
 func (timeoutError) Temporary() bool { return true }
+
+// A receiver that refuses the TLS handshake sends an alert, which
+// crypto/tls returns as a net.OpError ("remote error") around an
+// unexported alert, never a tls.AlertError (only QUIC's are): each such
+// send was recorded "request failed" (review). The delivery client meets
+// real receivers here, on ports of the system's choosing.
+func TestSendFailureSaysTLSHandshakeFailedOnAlerts(t *testing.T) {
+	for name, cfg := range map[string]*tls.Config{
+		"protocol version": {MinVersion: tls.VersionTLS10, MaxVersion: tls.VersionTLS11},
+		"no cipher suite":  {MaxVersion: tls.VersionTLS12, CipherSuites: []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256}},
+	} {
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+		srv.TLS = cfg
+		srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+		srv.StartTLS()
+		res, err := newClient(true).Post(srv.URL, "application/json", strings.NewReader("{}"))
+		srv.Close()
+		if err == nil {
+			res.Body.Close()
+			t.Fatalf("%s: the handshake succeeded", name)
+		}
+		if got := sendFailure(err); got != "TLS handshake failed" {
+			t.Errorf("%s: %v recorded %q, want %q", name, err, got, "TLS handshake failed")
+		}
+	}
+}
