@@ -32,7 +32,7 @@ import (
 type Webhook struct {
 	ID        string    `json:"id"`
 	URL       string    `json:"url"`
-	Events    []string  `json:"events" openapi:"itemEnum=effect.indeterminate|circuit.tripped|circuit.closed|approval.requested|approval.decided|reconciliation.due|run.finished|step.exhausted|step.replayed"`
+	Events    []string  `json:"events" openapi:"itemEnum=effect.indeterminate|circuit.tripped|circuit.closed|approval.requested|approval.decided|reconciliation.due|run.finished|step.exhausted|step.replayed,notNull"` // 1-50, a NOT NULL column
 	CreatedAt time.Time `json:"created_at"`
 	// PreviousSecretExpiresAt is when the secret a rotation replaced stops
 	// signing deliveries beside the current one (RotateSecret); null when
@@ -607,7 +607,7 @@ type RetryRequest struct {
 // Retried answers a retry: the deliveries it named, as they now are,
 // newest first.
 type Retried struct {
-	Deliveries []Delivery `json:"deliveries"`
+	Deliveries []Delivery `json:"deliveries" openapi:"notNull"` // each one named, at least one
 }
 
 // maxRetried bounds the deliveries one retry names.
