@@ -39,7 +39,7 @@ func webhookDeliveries() map[string]any {
 				}},
 			}}},
 			"responses": map[string]any{
-				"2XX":     map[string]any{"description": "Delivered: the event is not sent again."},
+				"2XX":     map[string]any{"description": "Delivered: recorded delivered and not retried (a sweeper that stops between the send and its record sends it again: at least once, deduplicate by Ratchet-Event-Id)."},
 				"default": map[string]any{"description": answer},
 			},
 		}}

@@ -60,6 +60,8 @@ const (
 	// is being sent; longer than sendTimeout.
 	claimHold   = 60 * time.Second
 	sendTimeout = 10 * time.Second
+	// connectTimeout bounds opening the connection, within sendTimeout.
+	connectTimeout = 5 * time.Second
 	// recordTimeout bounds recording one outcome, which runs even when the
 	// pass's own time is up.
 	recordTimeout = 5 * time.Second
@@ -802,6 +804,7 @@ func sendFailure(err error) string {
 		alert   tls.AlertError
 		header  tls.RecordHeaderError
 		timeout net.Error
+		op      *net.OpError
 	)
 	switch {
 	case errors.Is(err, errNotPublic):
@@ -814,6 +817,10 @@ func sendFailure(err error) string {
 		return "TLS handshake failed"
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "connection refused"
+	case errors.As(err, &op) && op.Op == "dial" && errors.As(err, &timeout) && timeout.Timeout():
+		// The dialer's own limit, not the send's (review: a receiver
+		// that never took the connection read "no answer within 10s").
+		return "timed out: no connection within " + connectTimeout.String()
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &timeout) && timeout.Timeout():
 		return "timed out: no answer within " + sendTimeout.String()
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET):
@@ -840,7 +847,7 @@ var errNotPublic = errors.New("webhooks: refusing to deliver to a non-public add
 // refuses every non-public address (public) after DNS resolution, which
 // also defeats DNS rebinding.
 func newClient(allowPrivate bool) *http.Client {
-	dialer := &net.Dialer{Timeout: 5 * time.Second}
+	dialer := &net.Dialer{Timeout: connectTimeout}
 	if !allowPrivate {
 		dialer.Control = func(_, address string, _ syscall.RawConn) error {
 			host, _, err := net.SplitHostPort(address)
