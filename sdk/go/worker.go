@@ -405,13 +405,25 @@ func retryAfter(err error, limit time.Duration) time.Duration {
 }
 
 // keyRefused says whether a call's failure says the worker's key no longer
-// works at all: a 401 (the key was revoked, or never was valid), whichever
-// call meets it first (a claim, a heartbeat, a report, a registration). A
-// 403 on a heartbeat or a report is not: it is that job's alone (the key may
-// not work its tool, see leaseGone).
+// works at all: Ratchet's 401 (the key was revoked, or never was valid),
+// whichever call meets it first (a claim, a heartbeat, a report, a
+// registration). A 403 on a heartbeat or a report is not: it is that job's
+// alone (the key may not work its tool, see leaseGone). Nor is a 401
+// without Ratchet's error envelope (see notRatchets).
 func keyRefused(err error) bool {
 	var apiErr *Error
-	return errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusUnauthorized
+	return errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusUnauthorized && !notRatchets(err)
+}
+
+// notRatchets says whether a failure is an answer that is not Ratchet's own:
+// an HTTP status without the API's error envelope (no error code), as a
+// proxy, a load balancer or a platform answers during a deploy or a
+// misroute (a bare 404, a 408, a 400, a 401). Such an answer says nothing
+// of the worker's key or claims, and passes as a 5xx does: it never stops
+// the worker, which asks again after backoff.
+func notRatchets(err error) bool {
+	var apiErr *Error
+	return errors.As(err, &apiErr) && apiErr.Code == ""
 }
 
 // workerUnknown says whether a claim's failure says the server no longer
@@ -431,11 +443,13 @@ func workerUnknown(err error) bool {
 // server (or a proxy before it) refuses every claim the worker will ever
 // send, and a worker that asked for ever would only spin (API.md §3.1 names
 // no other refusal of a claim). A claim's 404 not_found is the one refusal
-// that registering again mends (workerUnknown). Failures that may pass (a
-// network error, a 5xx, a 429, a 408, a retry_request) never stop it.
+// that registering again mends (workerUnknown). Only Ratchet's own refusal,
+// in its error envelope, stops the worker: an answer without one (a
+// proxy's, notRatchets) may pass, as do a network error, a 5xx, a 429, a
+// 408 request_timeout and a retry_request; none of them stops it.
 func (w *Worker) refusedForGood(err error) bool {
 	var apiErr *Error
-	return errors.As(err, &apiErr) && !workerUnknown(err) && !w.c.transient(err)
+	return errors.As(err, &apiErr) && !notRatchets(err) && !workerUnknown(err) && !w.c.transient(err)
 }
 
 // errStoppedWhileStarting is Start's answer when Stop came first.
@@ -757,7 +771,7 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 				// The server forgot the worker: register again, once.
 				w.opts.OnError(notice)
 				rerr := w.registerAgain(pollCtx)
-				if rerr != nil && !w.stopped(ctx) && !w.c.transient(rerr) {
+				if rerr != nil && !w.stopped(ctx) && !w.c.transient(rerr) && !notRatchets(rerr) {
 					w.refuse(fmt.Errorf("ratchet: register again: %w", rerr), rerr)
 					return
 				}
@@ -796,7 +810,8 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 		lost = 0
 		if err != nil {
 			// A failure that may pass (the server down, failing or
-			// shedding load), or a refusal other than 401 and 403: asked
+			// shedding load), or an answer that is not Ratchet's (a
+			// proxy's bare 404, 408 or 400, notRatchets): asked
 			// again for as long as the worker runs, with backoff (worker
 			// QA: a failed claim was followed by one poll interval, however
 			// long the failures lasted, and honoured a 429's Retry-After

@@ -71,6 +71,16 @@ func (f *fakeJobs) add(name, version string, input any, timeoutMs int64) string 
 	return id
 }
 
+// refusal answers a refusal in Ratchet's error envelope, or without a code
+// as a proxy does: its own page, no envelope.
+func refusal(w http.ResponseWriter, status int, code string, detail map[string]any) {
+	if code == "" {
+		http.Error(w, http.StatusText(status), status)
+		return
+	}
+	apiError(w, status, code, detail)
+}
+
 func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p := strings.TrimPrefix(r.URL.Path, "/api/v1")
 	var body map[string]any
@@ -85,7 +95,7 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.mu.Unlock()
 		if refuse != nil {
 			if status, code := refuse(n); status != 0 {
-				apiError(w, status, code, nil)
+				refusal(w, status, code, nil)
 				return
 			}
 		}
@@ -98,7 +108,7 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if status, code, detail := f.claimError(); status != 0 {
 				f.claims++
 				f.mu.Unlock()
-				apiError(w, status, code, detail)
+				refusal(w, status, code, detail)
 				return
 			}
 		}
@@ -2375,7 +2385,7 @@ func TestWorkerStopsOnAClaimNoRetryMends(t *testing.T) {
 	}{
 		{"400", http.StatusBadRequest, CodeInvalidRequest, 0, 1, 1},
 		{"409", http.StatusConflict, CodeInvalidState, 0, 1, 1},
-		{"422", http.StatusUnprocessableEntity, "", 0, 1, 1},
+		{"422", http.StatusUnprocessableEntity, CodeInvalidRequest, 0, 1, 1},
 		{"404 twice", http.StatusNotFound, CodeNotFound, 0, 2, 2},
 		{"404, registration refused", http.StatusNotFound, CodeNotFound, http.StatusBadRequest, 1, 2},
 	} {
@@ -2414,5 +2424,78 @@ func TestWorkerStopsOnAClaimNoRetryMends(t *testing.T) {
 				t.Fatalf("%d claims and %d registrations, want %d and %d", f.claims, f.registrations, c.claims, c.registrations)
 			}
 		})
+	}
+}
+
+// An answer that is not Ratchet's own (no error envelope: a proxy, a load
+// balancer or a platform answering during a deploy or a misroute) never
+// stops the worker, whatever its status: a bare 404 (it does not register
+// again either), 408, 400 or 401 to a claim, or a registration made again
+// answered a bare 400, are failures that may pass, and the worker claims
+// again after backoff; Ratchet's own refusal still stops it (review: any
+// uncoded 4xx stopped the worker for good).
+func TestWorkerClaimsOnAfterAnAnswerThatIsNotRatchets(t *testing.T) {
+	t.Parallel()
+	answers := []struct {
+		status int
+		code   string
+	}{
+		{http.StatusNotFound, ""},
+		{http.StatusRequestTimeout, ""},
+		{http.StatusBadRequest, ""},
+		{http.StatusUnauthorized, ""},
+		{http.StatusNotFound, CodeNotFound}, // registers again: answered a bare 400
+		{http.StatusConflict, CodeInvalidState},
+	}
+	f := newFakeJobs()
+	f.claimError = func() (int, string, map[string]any) { // called under f.mu
+		a := answers[min(f.claims, len(answers)-1)]
+		return a.status, a.code, nil
+	}
+	f.registerError = func(n int) (int, string) {
+		if n == 2 {
+			return http.StatusBadRequest, ""
+		}
+		return 0, ""
+	}
+	cl, _ := testClient(t, f)
+	w := NewWorker(cl)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1", Handler: noWork}))
+	sink := &errSink{}
+	must(t, w.Start(context.Background(), StartOptions{PollInterval: time.Millisecond, OnError: sink.add}))
+	select {
+	case <-w.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker did not stop at Ratchet's 409")
+	}
+	err := w.Stop(context.Background())
+	if !IsCode(err, CodeInvalidState) || !strings.Contains(err.Error(), "the worker stopped claiming") {
+		t.Fatalf("Stop = %v, want the 409 invalid_state", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.claims != len(answers) || f.registrations != 2 {
+		t.Fatalf("%d claims and %d registrations, want %d and 2", f.claims, f.registrations, len(answers))
+	}
+	var told []int
+	for _, e := range sink.delivered(w) {
+		var apiErr *Error
+		if errors.As(e, &apiErr) {
+			told = append(told, apiErr.StatusCode)
+		}
+	}
+	if want := []int{404, 408, 400, 401, 404, 400, 409}; !slices.Equal(told, want) {
+		t.Fatalf("OnError told %v, want %v", told, want)
+	}
+}
+
+// A 401 without Ratchet's error envelope, to a heartbeat or a report, is not
+// a revoked key; Ratchet's own is.
+func TestKeyRefusedOnlyByRatchetsOwn401(t *testing.T) {
+	if keyRefused(&Error{StatusCode: http.StatusUnauthorized, Message: "Unauthorized"}) {
+		t.Fatal("a proxy's bare 401 read as a revoked key")
+	}
+	if !keyRefused(&Error{StatusCode: http.StatusUnauthorized, Code: CodeUnauthorized}) {
+		t.Fatal("Ratchet's 401 unauthorized not read as a revoked key")
 	}
 }
