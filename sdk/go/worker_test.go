@@ -2374,6 +2374,22 @@ func TestRevokedKeyStopsTheWorkerWhicheverCallMeetsIt(t *testing.T) {
 // 404 not_found (the server forgot the worker) registers again, once: a
 // claim under the new id answered 404 again, or a registration refused,
 // stops it too. The Python and TypeScript workers decide the same.
+// stoppedOnItsOwn starts a worker of one tool against f, telling sink its
+// failures, and answers it and Stop's error once it has stopped on its own.
+func stoppedOnItsOwn(t *testing.T, f *fakeJobs, sink *errSink) (*Worker, error) {
+	t.Helper()
+	cl, _ := testClient(t, f)
+	w := NewWorker(cl)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1", Handler: noWork}))
+	must(t, w.Start(context.Background(), StartOptions{PollInterval: time.Millisecond, OnError: sink.add}))
+	select {
+	case <-w.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker went on claiming")
+	}
+	return w, w.Stop(context.Background())
+}
+
 func TestWorkerStopsOnAClaimNoRetryMends(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -2399,17 +2415,7 @@ func TestWorkerStopsOnAClaimNoRetryMends(t *testing.T) {
 				}
 				return 0, ""
 			}
-			cl, _ := testClient(t, f)
-			w := NewWorker(cl)
-			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1", Handler: noWork}))
-			sink := &errSink{}
-			must(t, w.Start(context.Background(), StartOptions{PollInterval: time.Millisecond, OnError: sink.add}))
-			select {
-			case <-w.Done():
-			case <-time.After(10 * time.Second):
-				t.Fatal("the worker went on claiming")
-			}
-			err := w.Stop(context.Background())
+			_, err := stoppedOnItsOwn(t, f, &errSink{})
 			want := c.status
 			if c.registerAgain != 0 {
 				want = c.registerAgain
@@ -2458,17 +2464,8 @@ func TestWorkerClaimsOnAfterAnAnswerThatIsNotRatchets(t *testing.T) {
 		}
 		return 0, ""
 	}
-	cl, _ := testClient(t, f)
-	w := NewWorker(cl)
-	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1", Handler: noWork}))
 	sink := &errSink{}
-	must(t, w.Start(context.Background(), StartOptions{PollInterval: time.Millisecond, OnError: sink.add}))
-	select {
-	case <-w.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the worker did not stop at Ratchet's 409")
-	}
-	err := w.Stop(context.Background())
+	w, err := stoppedOnItsOwn(t, f, sink)
 	if !IsCode(err, CodeInvalidState) || !strings.Contains(err.Error(), "the worker stopped claiming") {
 		t.Fatalf("Stop = %v, want the 409 invalid_state", err)
 	}
