@@ -612,8 +612,11 @@ class Worker:
         other 4xx: a claim's body is the worker's own, so every claim it
         would ever send is refused alike (API.md names no other refusal of a
         claim). A claim's 404 not_found is the one refusal that registering
-        again mends (_worker_unknown). Failures that may pass never stop it."""
-        return isinstance(err, RatchetError) and not _worker_unknown(err) and not self._transient(err)
+        again mends (_worker_unknown). Only Ratchet's own refusal, in its
+        error envelope, stops the worker: an answer without one (a proxy's,
+        _not_ratchets) may pass, as do the failures _transient names."""
+        return (isinstance(err, RatchetError) and not _not_ratchets(err) and not _worker_unknown(err)
+                and not self._transient(err))
 
     def _refuse(self, err: BaseException, notice: Optional[BaseException] = None) -> None:
         """Stops the worker for good after a refusal no retry mends: a 401
@@ -689,7 +692,7 @@ class Worker:
                             self._notify(err)
                             again = self._register_again(tools)
                             if again is not None and not self._stopping.is_set():
-                                if not self._transient(again):
+                                if not self._transient(again) and not _not_ratchets(again):
                                     self._refuse(again)
                                     break
                                 self._notify(again)
@@ -1269,8 +1272,19 @@ def _key_refused(err: BaseException) -> bool:
     """Whether a call's failure says the worker's key no longer works at all
     (the Go SDK's keyRefused): a 401 (the key was revoked, or never was
     valid), whichever call meets it first. A 403 on a heartbeat or a report
-    is not: it is that job's alone (the key may not work its tool)."""
-    return isinstance(err, RatchetError) and err.status == 401
+    is not: it is that job's alone (the key may not work its tool). Nor is a
+    401 without Ratchet's error envelope (_not_ratchets)."""
+    return isinstance(err, RatchetError) and err.status == 401 and not _not_ratchets(err)
+
+
+def _not_ratchets(err: BaseException) -> bool:
+    """Whether a failure is an answer that is not Ratchet's own (the Go SDK's
+    notRatchets): an HTTP status without the API's error envelope (no error
+    code), as a proxy, a load balancer or a platform answers during a deploy
+    or a misroute (a bare 404, 408, 400, 401). It says nothing of the
+    worker's key or claims, and passes as a 5xx does: it never stops the
+    worker, which asks again after backoff."""
+    return isinstance(err, RatchetError) and not err.code
 
 
 def _worker_unknown(err: BaseException) -> bool:

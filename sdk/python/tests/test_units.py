@@ -19,7 +19,7 @@ import getratchet
 from getratchet import ConnectionLost, RatchetError, RetryableError, redact_message
 from getratchet import _http, _json
 from getratchet._http import Transport
-from getratchet.worker import _read_decision
+from getratchet.worker import _key_refused, _read_decision
 
 # A worker started without on_error logs its default failure log to
 # "getratchet.worker", which with no handler anywhere went to stderr, into
@@ -684,6 +684,24 @@ class RefusedWorkerTest(unittest.TestCase):
                 first = errors[0]
                 self.assertEqual(getattr(first, "status", getattr(first.__cause__, "status", None)), 401, errors)
 
+    def started(self, client: getratchet.Ratchet, on_error) -> Tuple[List[BaseException], threading.Event]:
+        """Runs the client's worker's blocking start() on a thread of its own
+        (stopped at the test's end): what it raised, and an event set once
+        it returned."""
+        raised: List[BaseException] = []
+        returned = threading.Event()
+
+        def run() -> None:
+            try:
+                client.worker.start(1, poll_interval=0.01, on_error=on_error)
+            except BaseException as err:  # noqa: BLE001 - the test reads it
+                raised.append(err)
+            returned.set()
+
+        threading.Thread(target=run, daemon=True).start()
+        self.addCleanup(client.worker.stop, 1)
+        return raised, returned
+
     def test_a_claim_no_retry_mends_stops_the_worker(self) -> None:
         # SDK QA: a claim refused 400, 409 or 422 was asked again at every
         # backoff for as long as the worker ran. The claim's body is the
@@ -691,7 +709,7 @@ class RefusedWorkerTest(unittest.TestCase):
         # stops with the refusal. A 404 not_found registers again, once: a
         # claim under the new id answered 404 again, or a registration
         # refused, stops it too.
-        cases = [(400, "invalid_request", 0, 1, 1), (409, "invalid_state", 0, 1, 1), (422, "", 0, 1, 1),
+        cases = [(400, "invalid_request", 0, 1, 1), (409, "invalid_state", 0, 1, 1), (422, "invalid_request", 0, 1, 1),
                  (404, "not_found", 0, 2, 2), (404, "not_found", 400, 1, 2)]
         for status, code, register_again, claims, registrations in cases:
             with self.subTest(status=status, register_again=register_again):
@@ -704,26 +722,56 @@ class RefusedWorkerTest(unittest.TestCase):
                             return register_again, error("invalid_request"), {}
                         return 200, {"workerId": "wkr_1"}, {}
                     seen["claims"] += 1
-                    return status, error(code) if code else {"detail": "Unprocessable Entity"}, {}
+                    return status, error(code), {}
 
                 server = FakeServer(respond)
                 self.addCleanup(server.close)
                 client = getratchet.Ratchet(server.url, "rk_test", max_retries=0)
                 client.register_tool("t", "1", lambda input, context: None)
-                raised, returned = [], threading.Event()
-
-                def run(client=client, raised=raised, returned=returned) -> None:
-                    try:
-                        client.worker.start(1, poll_interval=0.01, on_error=lambda err: None)
-                    except BaseException as err:  # noqa: BLE001 - the test reads it
-                        raised.append(err)
-                    returned.set()
-
-                threading.Thread(target=run, daemon=True).start()
-                self.addCleanup(client.worker.stop, 1)
+                raised, returned = self.started(client, lambda err: None)
                 self.assertTrue(returned.wait(10), "the worker went on claiming")
                 self.assertEqual([getattr(e, "status", None) for e in raised], [register_again or status])
                 self.assertEqual((seen["claims"], seen["registrations"]), (claims, registrations))
+
+    def test_an_answer_that_is_not_ratchets_never_stops_the_worker(self) -> None:
+        # Review: any 4xx without Ratchet's error envelope (a proxy, a load
+        # balancer or a platform answering during a deploy or a misroute)
+        # stopped the worker for good. A bare 404 (which registers nothing
+        # again), 408, 400 or 401 to a claim, or a registration made again
+        # answered a bare 400, may pass: the worker claims again after
+        # backoff, as in Go and TypeScript. Ratchet's own refusal stops it.
+        claims = [(404, b"Not Found"), (408, b""), (400, b"<html>Bad Request</html>"), (401, b"Unauthorized"),
+                  (404, error("not_found")), (409, error("invalid_state"))]
+        seen = {"claims": 0, "registrations": 0}
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                seen["registrations"] += 1
+                if seen["registrations"] == 2:
+                    return 400, b"Bad Request", {}
+                return 200, {"workerId": "wkr_1"}, {}
+            seen["claims"] += 1
+            status, answer = claims[min(seen["claims"], len(claims)) - 1]
+            return status, answer, {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test", max_retries=0)
+        client.register_tool("t", "1", lambda input, context: None)
+        errors: List[BaseException] = []
+        raised, returned = self.started(client, errors.append)
+        self.assertTrue(returned.wait(10), "the worker did not stop at Ratchet's 409")
+        self.assertEqual([(getattr(e, "status", None), getattr(e, "code", None)) for e in raised],
+                         [(409, "invalid_state")])
+        self.assertEqual((seen["claims"], seen["registrations"]), (len(claims), 2))
+        self.assertTrue(client.worker.stop(1))
+        self.assertEqual([getattr(e, "status", None) for e in errors], [404, 408, 400, 401, 404, 400, 409])
+
+    def test_only_ratchets_own_401_says_the_key_was_revoked(self) -> None:
+        # A heartbeat's or a report's bare 401 (a proxy's) is that call's
+        # failure, not a revoked key that stops the worker.
+        self.assertFalse(_key_refused(RatchetError(401, "", "Unauthorized")))
+        self.assertTrue(_key_refused(RatchetError(401, "unauthorized", "revoked")))
 
 
 class OutageTest(unittest.TestCase):
