@@ -89,11 +89,20 @@ function failureWait(pollIntervalMs, n, err) {
   return Math.max(step / 2 + Math.random() * (step / 2), retryAfterMs(err, limit));
 }
 
+/** Whether a failure is an answer that is not Ratchet's own (the Go SDK's
+ * notRatchets): an HTTP status without the API's error envelope (no error
+ * code), as a proxy, a load balancer or a platform answers during a deploy
+ * or a misroute (a bare 404, 408, 400, 401). It says nothing of the
+ * worker's key or claims, and passes as a 5xx does: it never stops the
+ * worker, which asks again after backoff. */
+const notRatchets = (err) => err instanceof RatchetError && !err.code;
 /** Whether a call's failure says the worker's key no longer works at all
  * (the Go SDK's keyRefused): a 401 (the key was revoked, or never was
  * valid), whichever call meets it first. A 403 on a heartbeat or a report is
- * not: it is that job's alone (the key may not work its tool). */
-const keyRefused = (err) => err instanceof RatchetError && err.status === 401;
+ * not: it is that job's alone (the key may not work its tool). Nor is a 401
+ * without Ratchet's error envelope (notRatchets). Exported for the tests;
+ * not by the package. */
+export const keyRefused = (err) => err instanceof RatchetError && err.status === 401 && !notRatchets(err);
 /** Whether a claim's failure says the server no longer knows the worker id
  * (it deletes registrations not seen for JOB_RETENTION_DAYS): registering
  * again mends it, once. */
@@ -488,9 +497,11 @@ export class Worker {
    * a claim's body is the worker's own, so every claim it would ever send is
    * refused alike (API.md names no other refusal of a claim). A claim's 404
    * not_found is the one refusal that registering again mends
-   * (workerUnknown). Failures that may pass never stop it. */
+   * (workerUnknown). Only Ratchet's own refusal, in its error envelope,
+   * stops the worker: an answer without one (a proxy's, notRatchets) may
+   * pass, as do the failures #transient names. */
   #refusedForGood(err) {
-    return err instanceof RatchetError && !workerUnknown(err) && !this.#transient(err);
+    return err instanceof RatchetError && !notRatchets(err) && !workerUnknown(err) && !this.#transient(err);
   }
 
   /** Stops the worker for good after a refusal no retry mends: a 401 met by
@@ -561,7 +572,7 @@ export class Worker {
               this.#notify(err);
               const again = await this.#registerAgain(tools);
               if (again !== null && !stopping.aborted) {
-                if (!this.#transient(again)) {
+                if (!this.#transient(again) && !notRatchets(again)) {
                   this.#refuse(again);
                   break;
                 }

@@ -13,7 +13,7 @@ import { gateTimes } from '../src/client.js';
 import { failureLogTimes, summary } from '../src/failurelog.js';
 import { stringify, stringifyIteratively } from '../src/json.js';
 import { Transport } from '../src/transport.js';
-import { Reporter, Worker, heartbeatTimes, readDecision, reportTimes } from '../src/worker.js';
+import { Reporter, Worker, heartbeatTimes, keyRefused, readDecision, reportTimes } from '../src/worker.js';
 import './quiet.js';
 
 /** Answers each request with the next [status, body, headers] of a script
@@ -392,8 +392,23 @@ test('a revoked key stops the worker whichever call meets it', async (t) => {
 // every claim would be refused alike: the worker stops with the refusal. A
 // 404 not_found registers again, once: a claim under the new id answered 404
 // again, or a registration refused, stops it too. Go and Python decide the same.
+/** Starts a worker of one tool against server, telling onError its
+ * failures, and resolves to what start() settled with ('resolved', or the
+ * error it rejected with) once the worker stopped on its own; rejects when
+ * it did not within until's wait. */
+async function stoppedOnItsOwn(t, server, onError) {
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', maxRetries: 0 });
+  client.registerTool({ name: 't', version: '1', handler: () => null });
+  let outcome = null;
+  const started = client.worker.start({ concurrency: 1, pollIntervalMs: 10, onError })
+    .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
+  t.after(async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
+  await until(() => outcome !== null);
+  return outcome;
+}
+
 test('a claim no retry mends stops the worker', async (t) => {
-  const cases = [[400, 'invalid_request', 0, 1, 1], [409, 'invalid_state', 0, 1, 1], [422, '', 0, 1, 1],
+  const cases = [[400, 'invalid_request', 0, 1, 1], [409, 'invalid_state', 0, 1, 1], [422, 'invalid_request', 0, 1, 1],
     [404, 'not_found', 0, 2, 2], [404, 'not_found', 400, 1, 2]];
   for (const [status, code, registerAgain, claims, registrations] of cases) {
     const seen = { claims: 0, registrations: 0 };
@@ -403,18 +418,44 @@ test('a claim no retry mends stops the worker', async (t) => {
         return [200, { workerId: 'wkr_1' }];
       }
       seen.claims++;
-      return [status, code ? error(code) : { detail: 'Unprocessable Entity' }];
+      return [status, error(code)];
     });
-    const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', maxRetries: 0 });
-    client.registerTool({ name: 't', version: '1', handler: () => null });
-    let outcome = null;
-    const started = client.worker.start({ concurrency: 1, pollIntervalMs: 10, onError: () => {} })
-      .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
-    t.after(async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
-    await until(() => outcome !== null).catch(() => assert.fail(`${status}: the worker went on claiming`));
+    const outcome = await stoppedOnItsOwn(t, server, () => {}).catch(() => assert.fail(`${status}: the worker went on claiming`));
     assert.ok(outcome instanceof RatchetError && outcome.status === (registerAgain || status), `${status}: ${outcome}`);
     assert.deepEqual([seen.claims, seen.registrations], [claims, registrations], String(status));
   }
+});
+
+test('an answer that is not Ratchet\'s never stops the worker', async (t) => {
+  // Review: any 4xx without Ratchet's error envelope (a proxy, a load
+  // balancer or a platform answering during a deploy or a misroute) stopped
+  // the worker for good. A bare 404 (which registers nothing again), 408,
+  // 400 or 401 to a claim, or a registration made again answered a bare
+  // 400, may pass: the worker claims again after backoff, as in Go and
+  // Python. Ratchet's own refusal stops it.
+  const claims = [[404, Buffer.from('Not Found')], [408, null], [400, Buffer.from('<html>Bad Request</html>')],
+    [401, Buffer.from('Unauthorized')], [404, error('not_found')], [409, error('invalid_state')]];
+  const seen = { claims: 0, registrations: 0 };
+  const server = await fakeServer(t, (method, path) => {
+    if (path.endsWith('/register')) {
+      if (++seen.registrations === 2) return [400, Buffer.from('Bad Request')];
+      return [200, { workerId: 'wkr_1' }];
+    }
+    return claims[Math.min(++seen.claims, claims.length) - 1];
+  });
+  const errors = [];
+  const outcome = await stoppedOnItsOwn(t, server, (err) => errors.push(err))
+    .catch(() => assert.fail('the worker did not stop at Ratchet\'s 409'));
+  assert.ok(outcome instanceof RatchetError && outcome.status === 409 && outcome.code === 'invalid_state', String(outcome));
+  assert.deepEqual([seen.claims, seen.registrations], [claims.length, 2]);
+  assert.deepEqual(errors.map((e) => e.status), [404, 408, 400, 401, 404, 400, 409]);
+});
+
+test('only Ratchet\'s own 401 says the key was revoked', () => {
+  // A heartbeat's or a report's bare 401 (a proxy's) is that call's failure,
+  // not a revoked key that stops the worker.
+  assert.equal(keyRefused(new RatchetError(401, '', 'Unauthorized')), false);
+  assert.equal(keyRefused(new RatchetError(401, 'unauthorized', 'revoked')), true);
 });
 
 /** A worker of one tool against respond, whose transport retries
