@@ -507,13 +507,14 @@ func relaxRequired(t reflect.Type, s *jsonschema.Schema) {
 	}
 }
 
-// omittedNotNull drops null from the schema of each list or map field of
-// struct t (and of the structs below it) tagged omitempty or omitzero:
-// encoding/json leaves such a field out when it is nil, so in an answer it
-// is an array or object when present, never null (conformance QA: a
-// manifest route's any_scopes, and an MCP tool's icons and their sizes,
-// which no openapi tag can reach, read "array or null"). A type that
-// writes itself (json.RawMessage, which may hold null) keeps null.
+// omittedNotNull drops null from the schema of each list, map or pointer
+// field of struct t (and of the structs below it) tagged omitempty or
+// omitzero: encoding/json leaves such a field out when it is nil, so in an
+// answer it is never null when present (conformance QA: a manifest route's
+// any_scopes, and an MCP tool's icons and their sizes, which no openapi tag
+// can reach, read "array or null"; a group's deduplicated and a batch
+// result's error read "or null"). A type that writes itself
+// (json.RawMessage, which may hold null) keeps null.
 func omittedNotNull(t reflect.Type, s *jsonschema.Schema) {
 	omittedNotNullIn(t, s, map[*jsonschema.Schema]bool{})
 }
@@ -534,6 +535,9 @@ func omittedNotNullIn(t reflect.Type, s *jsonschema.Schema, seen map[*jsonschema
 	}
 	seen[s] = true
 	marshaler := reflect.TypeFor[json.Marshaler]()
+	if t.Implements(marshaler) || reflect.PointerTo(t).Implements(marshaler) {
+		return // it writes its fields itself, omitempty or not
+	}
 	for i := range t.NumField() {
 		f := t.Field(i)
 		name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
@@ -550,9 +554,9 @@ func omittedNotNullIn(t reflect.Type, s *jsonschema.Schema, seen map[*jsonschema
 		}
 		opt := strings.Split(opts, ",")
 		omitted := slices.Contains(opt, "omitempty") || slices.Contains(opt, "omitzero")
-		list := f.Type.Kind() == reflect.Slice || f.Type.Kind() == reflect.Map
+		nilable := f.Type.Kind() == reflect.Slice || f.Type.Kind() == reflect.Map || f.Type.Kind() == reflect.Pointer
 		writesItself := f.Type.Implements(marshaler) || reflect.PointerTo(f.Type).Implements(marshaler)
-		if omitted && list && !writesItself {
+		if omitted && nilable && !writesItself {
 			c := *p // inference may share one schema between fields of a type
 			schematags.NotNull(&c)
 			s.Properties[name], p = &c, &c
