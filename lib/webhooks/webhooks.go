@@ -355,8 +355,7 @@ func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, 
 			id, s.now()); err != nil {
 			return fmt.Errorf("delete webhook: %w", err)
 		}
-		if _, err := tx.Exec(ctx, `UPDATE webhook_deliveries SET state = 'failed', last_error = '`+abandoned+`'
-			WHERE webhook_id = $1 AND state = 'pending'`, id); err != nil {
+		if _, err := tx.Exec(ctx, sqlEndPending, id, nil, abandoned); err != nil {
 			return fmt.Errorf("abandon deliveries: %w", err)
 		}
 		return nil
@@ -426,15 +425,17 @@ UPDATE webhooks SET
 WHERE id = $1::text AND workspace_id = $2::text AND deleted_at IS NULL
 RETURNING ` + readCols("$6")
 
-// sqlUnsubscribe ends webhook $1's pending deliveries of a type its events
-// ($2) no longer list, locked in id order first, as a retry and retention
-// lock them (one order: no deadlock). One being sent meanwhile is recorded
-// delivered if it arrives, as after a delete (record).
-const sqlUnsubscribe = `
-UPDATE webhook_deliveries d SET state = 'failed', last_error = '` + unsubscribed + `'
+// sqlEndPending ends webhook $1's pending deliveries with last_error $3:
+// all of them (a delete, $2 null), or those of a type its events ($2) no
+// longer list (an update). They are locked in id order first, as a retry
+// and retention lock them (one order: no deadlock; a delete's bare UPDATE
+// locked them in scan order). One being sent meanwhile is recorded
+// delivered if it arrives (record).
+const sqlEndPending = `
+UPDATE webhook_deliveries d SET state = 'failed', last_error = $3::text
 FROM (
     SELECT id FROM webhook_deliveries
-    WHERE webhook_id = $1::text AND state = 'pending' AND NOT event_type = ANY ($2::text[])
+    WHERE webhook_id = $1::text AND state = 'pending' AND ($2::text[] IS NULL OR NOT event_type = ANY ($2::text[]))
     ORDER BY id
     FOR UPDATE
 ) x
@@ -476,7 +477,7 @@ func (s *Service) Update(ctx context.Context, workspaceID, id string, req Update
 		}
 		w = list[0]
 		if evs != nil {
-			if _, err := tx.Exec(ctx, sqlUnsubscribe, id, evs); err != nil {
+			if _, err := tx.Exec(ctx, sqlEndPending, id, evs, unsubscribed); err != nil {
 				return fmt.Errorf("end unsubscribed deliveries: %w", err)
 			}
 		}
