@@ -813,7 +813,7 @@ func sendFailure(err error) string {
 		return "DNS lookup of the host failed"
 	case errors.As(err, &cert):
 		return "TLS: the receiver's certificate is not trusted for its host"
-	case errors.As(err, &alert), errors.As(err, &header), tlsAlert(err):
+	case errors.As(err, &alert), errors.As(err, &header), tlsAlert(err), tlsRefusal(err):
 		return "TLS handshake failed"
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "connection refused"
@@ -837,6 +837,21 @@ func sendFailure(err error) string {
 func tlsAlert(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && (op.Op == "remote error" || op.Op == "local error")
+}
+
+// tlsRefusal says whether err ends in a handshake crypto/tls refused on
+// our side (the receiver chose a protocol version or a cipher suite this
+// client does not take, its key exchange was wrong): plain errors whose
+// text crypto/tls starts with "tls: " (review: they read "request
+// failed"). Only the prefix is read, never shown.
+func tlsRefusal(err error) bool {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return strings.HasPrefix(err.Error(), "tls: ")
+		}
+		err = next
+	}
 }
 
 // errNotPublic is the dialer's refusal of a receiver on a non-public

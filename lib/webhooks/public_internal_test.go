@@ -98,6 +98,8 @@ func TestSendFailureSaysWhichKind(t *testing.T) {
 		{dial(timeoutError{}), "timed out: no connection within 5s"},
 		{wrap(&net.OpError{Op: "read", Net: "tcp", Err: timeoutError{}}), "timed out: no answer within 10s"},
 		{wrap(tls.AlertError(40)), "TLS handshake failed"},
+		{wrap(errors.New("tls: server selected unsupported protocol version 301")), "TLS handshake failed"},
+		{wrap(errors.New("tls: server chose an unconfigured cipher suite")), "TLS handshake failed"},
 		{dial(os.NewSyscallError("connect", syscall.ECONNREFUSED)), "connection refused"},
 		{wrap(io.EOF), "connection closed without an answer"},
 		{wrap(&net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}),
