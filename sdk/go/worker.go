@@ -233,10 +233,11 @@ func (w *Worker) ID() string {
 }
 
 // Start registers the worker's tools and starts polling in the background.
-// It returns once registration succeeded, or failed for good: a refusal
-// (401, 403, 400) is returned at once, while a failure that may pass (the
-// server unreachable, a 5xx, a 429: what Config.MaxRetries retries) is
-// retried without end, each failure to OnError, with capped jittered
+// It returns once registration succeeded, or failed for good: Ratchet's own
+// refusal (401, 403, 400 in its error envelope) is returned at once, while a
+// failure that may pass (the server unreachable, a 5xx, a 429: what
+// Config.MaxRetries retries; or an answer that is not Ratchet's, as a
+// proxy's bare 400, 401 or 404) is retried without end, each failure to OnError, with capped jittered
 // backoff (see StartOptions.OnError) and under one Idempotency-Key, until it
 // succeeds, ctx ends (Start then returns ctx's error) or Stop is called.
 // ctx bounds the
@@ -337,18 +338,21 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 
 // register registers refs for Start under one Idempotency-Key (a repeat
 // after a lost answer gets the worker id the first attempt registered),
-// trying again after each failure that may pass (transient), told to
-// OnError, with failureWait's backoff: a worker started while the server is
+// trying again after each failure that may pass (transient, or an answer
+// that is not Ratchet's own, notRatchets), told to OnError, with
+// failureWait's backoff: a worker started while the server is
 // down or shedding load waits for it, as a River or Temporal worker does,
 // instead of failing after Config.MaxRetries (worker QA: Start gave up
 // within seconds, and a process that logged the error and went on ran no
-// worker at all). A refusal ends it at once, and so do ctx and Stop
+// worker at all). Ratchet's own refusal (a proxy's bare 400, 401 or 404
+// is not: review, it failed Start at once while a running worker asked
+// again) ends it at once, and so do ctx and Stop
 // (stopping, which also cuts a retry's wait short).
 func (w *Worker) register(ctx context.Context, stopping chan struct{}, refs []ToolRef, opts StartOptions) (string, error) {
 	key := newRequestID()
 	for n := 1; ; n++ {
 		id, err := w.c.registerWorker(withRetryCutoff(ctx, stopping), key, refs)
-		if err == nil || closed(stopping) || !w.c.transient(err) {
+		if err == nil || closed(stopping) || !w.c.transient(err) && !notRatchets(err) {
 			return id, err
 		}
 		if ctx.Err() != nil {

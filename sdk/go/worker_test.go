@@ -2496,3 +2496,34 @@ func TestKeyRefusedOnlyByRatchetsOwn401(t *testing.T) {
 		t.Fatal("Ratchet's 401 unauthorized not read as a revoked key")
 	}
 }
+
+// Start waits out answers to its registration that are not Ratchet's own (a
+// proxy's bare 400, 401 or 404 during a deploy), each told to OnError,
+// as a running worker does (review: Start failed at once on them).
+func TestWorkerStartWaitsOutAnswersThatAreNotRatchets(t *testing.T) {
+	t.Parallel()
+	bare := []int{http.StatusBadRequest, http.StatusUnauthorized, http.StatusNotFound}
+	f := newFakeJobs()
+	f.registerError = func(n int) (int, string) {
+		if n <= len(bare) {
+			return bare[n-1], ""
+		}
+		return 0, ""
+	}
+	cl, _ := testClient(t, f)
+	w := NewWorker(cl)
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1", Handler: noWork}))
+	sink := &errSink{}
+	must(t, w.Start(context.Background(), StartOptions{PollInterval: time.Millisecond, OnError: sink.add}))
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	var told []int
+	for _, e := range sink.delivered(w) {
+		var apiErr *Error
+		if errors.As(e, &apiErr) && strings.Contains(e.Error(), "register (the worker tries again)") {
+			told = append(told, apiErr.StatusCode)
+		}
+	}
+	if !slices.Equal(told, bare) {
+		t.Fatalf("OnError told %v, want the registrations answered %v", told, bare)
+	}
+}
