@@ -437,8 +437,10 @@ class Worker:
         doubled n-1 times, at most a minute (or poll_interval when longer),
         half of it jittered, and never less than the server's Retry-After
         (detail.retry_after_seconds) within that cap. So start() waits out
-        an outage before it registers (under one Idempotency-Key), until a
-        refusal (401, 403, 400: raised at once), a stop() or stop_event
+        an outage before it registers (under one Idempotency-Key), until
+        Ratchet's own refusal (401, 403, 400 in its error envelope: raised at
+        once; a proxy's bare 400, 401 or 404 is waited out as a 5xx is), a
+        stop() or stop_event
         (start() then returns, having run nothing). A refusal no retry
         mends, whichever call meets it first (a 401 to any call: the key was
         revoked; a claim refused 403, 400, 409, 422...; a registration
@@ -571,8 +573,9 @@ class Worker:
         trying again after each failure that may pass, told to on_error,
         with _failure_wait's backoff: a worker started while the server is
         down waits for it, as a River or Temporal worker does (worker QA:
-        start() gave up after max_retries). A refusal is raised; None when
-        the worker was stopped first."""
+        start() gave up after max_retries; review: it raised a proxy's bare
+        4xx, _not_ratchets, at once). Ratchet's own refusal is raised; None
+        when the worker was stopped first."""
         key = new_request_id()
         failures = 0
         while True:
@@ -583,8 +586,8 @@ class Worker:
             except (RatchetError, ConnectionLost) as err:
                 if self._stopping.is_set():
                     return None
-                if not self._transient(err):
-                    raise
+                if not self._transient(err) and not _not_ratchets(err):
+                    raise  # Ratchet's own refusal; a proxy's bare 400, 401 or 404 may pass
                 self._notify(err)
                 failures += 1
                 self._pause(_failure_wait(poll_interval, failures, err))

@@ -824,6 +824,28 @@ class OutageTest(unittest.TestCase):
         self.assertTrue(client.worker.stop(5))
         self.assertEqual([getattr(e, "status", None) for e in errors], [503, 503, 503])
 
+    def test_start_waits_out_answers_that_are_not_ratchets(self) -> None:
+        # Review: start() raised a proxy's bare 400, 401 or 404 (no error
+        # envelope) at once, while a running worker asked again after one.
+        bare = [(400, b"<html>Bad Request</html>"), (401, b"Unauthorized"), (404, b"Not Found")]
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                registrations = sum(1 for s in server.seen if s[1].endswith("/register"))
+                if registrations <= len(bare):
+                    return bare[registrations - 1] + ({},)
+                return 200, {"workerId": "wkr_1"}, {}
+            return 200, {"jobs": []}, {}
+
+        client, server = self.client(respond)
+        self.record_pauses(client)
+        errors: List[BaseException] = []
+        client.worker.start(1, poll_interval=2.0, block=False, on_error=errors.append)
+        self.addCleanup(client.worker.stop, 5)
+        self.assertEqual(client.worker.worker_id, "wkr_1")
+        self.assertTrue(client.worker.stop(5))
+        self.assertEqual([getattr(e, "status", None) for e in errors], [400, 401, 404])
+
     def test_a_stop_ends_starts_wait_for_the_server(self) -> None:
         client, server = self.client(lambda method, path, body: (502, error("bad_gateway"), {}))
         raised, returned = [], threading.Event()
