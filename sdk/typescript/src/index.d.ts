@@ -302,7 +302,8 @@ export declare class Worker {
   /** Registers (waiting out an outage: failures that may pass go to onError
    * and are tried again with backoff, for as long as the worker runs), then
    * resolves once the worker has stopped and its running jobs ended; rejects
-   * with a registration's refusal, or with the RatchetError when it stopped
+   * with Ratchet's own refusal of a registration (a proxy's bare 400, 401
+   * or 404, no error envelope, is waited out as a 5xx is), or with the RatchetError when it stopped
    * because the server refused it for good (a 401 to any call; a claim
    * refused 403, 400, 409, 422...; a registration refused, or a 404 again,
    * after a claim's 404): its running handlers are then aborted at once. */

@@ -341,7 +341,9 @@ export class Worker {
   /**
    * Registers the worker and polls for jobs until stop() or until `signal`
    * aborts. Resolves once the worker has stopped and its running jobs
-   * ended; rejects when the registration is refused (401, 403, 400), or,
+   * ended; rejects when Ratchet refuses the registration (401, 403, 400
+   * in its error envelope: a proxy's bare 400, 401 or 404 is waited out as a
+   * 5xx is), or,
    * once stopped, with the RatchetError of a claim refused 401 (the key was
    * revoked) or 403 (the key may not claim), or of a registration refused
    * so after a claim answered 404, which stops the worker as stop() would.
@@ -456,8 +458,9 @@ export class Worker {
    * again after each failure that may pass, told to onError, with
    * failureWait's backoff: a worker started while the server is down waits
    * for it, as a River or Temporal worker does (worker QA: start() gave up
-   * after maxRetries). Rejects with a refusal; resolves to null when the
-   * worker was stopped first. */
+   * after maxRetries; review: it rejected with a proxy's bare 4xx,
+   * notRatchets, at once). Rejects with Ratchet's own refusal; resolves to
+   * null when the worker was stopped first. */
   async #registerUntil(tools, pollIntervalMs) {
     const key = newRequestId();
     for (let failures = 1; ; failures++) {
@@ -468,7 +471,7 @@ export class Worker {
         return workerId;
       } catch (err) {
         if (this.#stopping.signal.aborted) return null;
-        if (!this.#transient(err)) throw err;
+        if (!this.#transient(err) && !notRatchets(err)) throw err; // a proxy's bare 400, 401 or 404 may pass
         this.#notify(err);
         await this.#pause(failureWait(pollIntervalMs, failures, err));
       }

@@ -501,6 +501,28 @@ test('start waits out an outage under one key', async (t) => {
   assert.deepEqual(errors.map((e) => e.status), [503, 503, 503]);
 });
 
+test('start waits out answers that are not Ratchet\'s', async (t) => {
+  // Review: start() rejected with a proxy's bare 400, 401 or 404 (no error
+  // envelope) at once, while a running worker asked again after one.
+  const bare = [[400, Buffer.from('<html>Bad Request</html>')], [401, Buffer.from('Unauthorized')], [404, Buffer.from('Not Found')]];
+  let registrations = 0;
+  const { worker } = await outageWorker(t, (method, path) => {
+    if (path.endsWith('/register')) return ++registrations <= bare.length ? bare[registrations - 1] : [200, { workerId: 'wkr_1' }];
+    return [200, { jobs: [] }];
+  });
+  const errors = [];
+  let outcome = null;
+  const started = worker.start({ concurrency: 1, pollIntervalMs: 2_000, onError: (err) => errors.push(err) })
+    .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
+  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  await until(() => worker.workerId !== null || outcome !== null);
+  assert.equal(worker.workerId, 'wkr_1', String(outcome));
+  assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
+  await started;
+  assert.equal(outcome, 'resolved');
+  assert.deepEqual(errors.map((e) => e.status), [400, 401, 404]);
+});
+
 test('a stop ends start\'s wait for the server', async (t) => {
   const server = await fakeServer(t, () => [502, error('bad_gateway')]);
   const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', maxRetries: 0 });
