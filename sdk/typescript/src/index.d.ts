@@ -306,7 +306,8 @@ export declare class Worker {
    * or 404, no error envelope, is waited out as a 5xx is), or with the RatchetError when it stopped
    * because the server refused it for good (a 401 to any call; a claim
    * refused 403, 400, 409, 422...; a registration refused, or a 404 again,
-   * after a claim's 404): its running handlers are then aborted at once. */
+   * after a claim's 404): its running handlers are then aborted at once,
+   * and it rejects once onError has been told (waited for up to 1 s). */
   start(options?: StartOptions): Promise<void>;
   /** Resolves to whether every claimed job ended with its outcome recorded
    * or settled elsewhere (a report refused lease_lost, say) and no handler

@@ -346,7 +346,8 @@ export class Worker {
    * 5xx is), or,
    * once stopped, with the RatchetError of a claim refused 401 (the key was
    * revoked) or 403 (the key may not claim), or of a registration refused
-   * so after a claim answered 404, which stops the worker as stop() would.
+   * so after a claim answered 404, which stops the worker as stop() would
+   * (once onError has been told it, waited for up to a second).
    * A registration or claim that fails for a reason that may pass (the
    * server unreachable, a 5xx, a 429, once the transport's maxRetries ran
    * out) goes to onError and is tried again for as long as the worker runs:
@@ -405,7 +406,13 @@ export class Worker {
     }
     // A worker that stopped because its key was refused must not resolve as
     // a clean stop would (QA: it polled on for ever, each claim refused 401).
-    if (this.#refused) throw this.#refused;
+    // onError is told the refusal first, for at most a second, as stop()
+    // waits (review: start() rejected while a slow onError had yet to be
+    // told it; Go's Stop and Python's start() wait alike).
+    if (this.#refused) {
+      await nap(1_000, this.#errors);
+      throw this.#refused;
+    }
   }
 
   /**

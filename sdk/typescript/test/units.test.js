@@ -407,6 +407,21 @@ async function stoppedOnItsOwn(t, server, onError) {
   return outcome;
 }
 
+test('start rejects with a refusal once onError has been told it', async (t) => {
+  // Review: start() rejected while the refusal still waited for onError (a
+  // slow one, here), so a caller that read what onError had been told when
+  // start() rejected missed it; as Go's Stop and Python's start().
+  const server = await fakeServer(t, (method, path) =>
+    path.endsWith('/register') ? [200, { workerId: 'wkr_1' }] : [401, error('unauthorized')]);
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', maxRetries: 0 });
+  client.registerTool({ name: 't', version: '1', handler: () => null });
+  const errors = [];
+  const slow = async (err) => { await new Promise((r) => setTimeout(r, 200)); errors.push(err); };
+  t.after(() => client.worker.stop({ timeoutMs: 1000 }));
+  await assert.rejects(client.worker.start({ concurrency: 1, pollIntervalMs: 10, onError: slow }), (err) => err.status === 401);
+  assert.deepEqual(errors.map((e) => e.status), [401]);
+});
+
 test('a claim no retry mends stops the worker', async (t) => {
   const cases = [[400, 'invalid_request', 0, 1, 1], [409, 'invalid_state', 0, 1, 1], [422, 'invalid_request', 0, 1, 1],
     [404, 'not_found', 0, 2, 2], [404, 'not_found', 400, 1, 2]];
