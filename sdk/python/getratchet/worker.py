@@ -448,7 +448,8 @@ class Worker:
         again), stops the worker as a stop() whose deadline has passed
         would: running handlers are told to stop at once. It goes to
         on_error (or the default log, at once), and a blocking start() then
-        raises that RatchetError. Without on_error, a last line counts the
+        raises that RatchetError, once on_error has been told it (waited for
+        up to a second). Without on_error, a last line counts the
         problems the log left out, if any, when the worker stops."""
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError("ratchet: concurrency must be a positive integer")
@@ -497,7 +498,10 @@ class Worker:
             if self._refused is not None:
                 # A worker that stopped because its key was refused must
                 # not return as a clean stop would (QA: it polled on for
-                # ever, each claim refused 401).
+                # ever, each claim refused 401). on_error is told it first,
+                # for at most a second, as stop() waits (review: start()
+                # raised while a slow on_error had yet to be told it).
+                self._flush_errors()
                 raise self._refused
         else:
             self._loop_thread = threading.Thread(target=self._loop, args=args, name="ratchet-worker", daemon=True)

@@ -702,6 +702,32 @@ class RefusedWorkerTest(unittest.TestCase):
         self.addCleanup(client.worker.stop, 1)
         return raised, returned
 
+    def test_start_raises_a_refusal_once_on_error_has_been_told_it(self) -> None:
+        # Review: a blocking start() raised the refusal while it still waited
+        # for on_error (a slow one, here), so a caller that read what on_error
+        # had been told when start() raised missed it; as Go's Stop and
+        # TypeScript's start().
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            return 401, error("unauthorized"), {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test", max_retries=0)
+        client.register_tool("t", "1", lambda input, context: None)
+        errors: List[BaseException] = []
+
+        def slow(err: BaseException) -> None:
+            time.sleep(0.2)
+            errors.append(err)
+
+        self.addCleanup(client.worker.stop, 1)
+        with self.assertRaises(RatchetError) as raised:
+            client.worker.start(1, poll_interval=0.01, on_error=slow)
+        self.assertEqual(raised.exception.status, 401)
+        self.assertEqual([getattr(e, "status", None) for e in errors], [401])
+
     def test_a_claim_no_retry_mends_stops_the_worker(self) -> None:
         # SDK QA: a claim refused 400, 409 or 422 was asked again at every
         # backoff for as long as the worker ran. The claim's body is the
