@@ -69,14 +69,17 @@ func (n *notices) notify(err error) {
 
 // refused queues err, a refusal that stopped the worker, for OnError; without
 // OnError, its line in the default failure log, written whatever the pacing.
+// It is queued past maxQueuedNotices: the one notice that says why the
+// worker stopped is never dropped (review: behind 256 notices for a slow
+// OnError it was only counted).
 func (n *notices) refused(err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.log != nil {
-		n.enqueue(n.log.refusal(err))
+		n.push(n.log.refusal(err), false)
 		return
 	}
-	n.enqueue(err)
+	n.push(err, false)
 }
 
 // stopped tells the default failure log that the worker stopped: it writes
@@ -106,12 +109,18 @@ func (n *notices) recovered() {
 	}
 }
 
-// enqueue queues err for delivery (under mu).
-func (n *notices) enqueue(err error) {
-	if n.dropped > 0 && len(n.queue) < maxQueuedNotices {
+// enqueue queues err for delivery, or counts it when maxQueuedNotices are
+// queued (under mu).
+func (n *notices) enqueue(err error) { n.push(err, true) }
+
+// push queues err for delivery, after the count of those dropped before it;
+// when bounded, it counts err instead once maxQueuedNotices are queued (under
+// mu).
+func (n *notices) push(err error, bounded bool) {
+	if n.dropped > 0 && (len(n.queue) < maxQueuedNotices || !bounded) {
 		n.queue = append(n.queue, n.droppedNotice())
 	}
-	if len(n.queue) >= maxQueuedNotices {
+	if bounded && len(n.queue) >= maxQueuedNotices {
 		n.dropped++
 		return
 	}

@@ -2,6 +2,7 @@ package ratchet
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -38,19 +39,8 @@ func TestNoticesAreDeliveredInOrderAndSurvivePanics(t *testing.T) {
 // its error).
 func TestNoticesBehindABlockedOnErrorAreBoundedAndCounted(t *testing.T) {
 	t.Parallel()
-	release := make(chan struct{})
-	var mu sync.Mutex
-	var got []error
-	n := newNotices(func(err error) {
-		<-release
-		mu.Lock()
-		got = append(got, err)
-		mu.Unlock()
-	}, nil, time.Now)
 	const sent = maxQueuedNotices + 44
-	for i := range sent {
-		n.notify(fmt.Errorf("n%d", i))
-	}
+	n, release, delivered := blockedNotices(sent)
 	start := time.Now()
 	n.flush()
 	if waited := time.Since(start); waited < noticeFlush/2 {
@@ -58,12 +48,11 @@ func TestNoticesBehindABlockedOnErrorAreBoundedAndCounted(t *testing.T) {
 	}
 	close(release)
 	n.flush()
-	mu.Lock()
-	defer mu.Unlock()
+	got := delivered()
 	// The first notice may have been taken for delivery before the queue
 	// filled behind it, and a count may stand where the notices it counts
 	// would have been: every notice is delivered in order or counted.
-	var delivered []int
+	var inOrder []int
 	dropped := 0
 	for _, err := range got {
 		var k int
@@ -71,13 +60,52 @@ func TestNoticesBehindABlockedOnErrorAreBoundedAndCounted(t *testing.T) {
 			dropped += k
 			continue
 		}
-		if _, serr := fmt.Sscanf(err.Error(), "n%d", &k); serr != nil || (len(delivered) > 0 && k <= delivered[len(delivered)-1]) {
-			t.Fatalf("notice %v out of order after %v", err, delivered)
+		if _, serr := fmt.Sscanf(err.Error(), "n%d", &k); serr != nil || (len(inOrder) > 0 && k <= inOrder[len(inOrder)-1]) {
+			t.Fatalf("notice %v out of order after %v", err, inOrder)
 		}
-		delivered = append(delivered, k)
+		inOrder = append(inOrder, k)
 	}
-	if len(delivered)+dropped != sent || dropped == 0 || len(delivered) > maxQueuedNotices+1 || delivered[0] != 0 {
-		t.Fatalf("delivered %d, dropped %d of %d", len(delivered), dropped, sent)
+	if len(inOrder)+dropped != sent || dropped == 0 || len(inOrder) > maxQueuedNotices+1 || inOrder[0] != 0 {
+		t.Fatalf("delivered %d, dropped %d of %d", len(inOrder), dropped, sent)
 	}
 	newNotices(nil, nil, time.Now).flush() // nothing notified: returns at once
+}
+
+// The refusal that stopped the worker reaches OnError even behind
+// maxQueuedNotices notices for a blocked OnError, after the count of those
+// dropped before it (review: it was only counted).
+func TestNoticesNeverDropTheRefusal(t *testing.T) {
+	t.Parallel()
+	n, release, delivered := blockedNotices(maxQueuedNotices + 10)
+	refusal := fmt.Errorf("refused")
+	n.refused(refusal)
+	close(release)
+	n.flush()
+	got := delivered()
+	if len(got) < 2 || got[len(got)-1] != refusal || !strings.Contains(got[len(got)-2].Error(), "dropped") {
+		t.Fatalf("the last notices delivered were %v, want the count dropped, then the refusal", got[max(len(got)-2, 0):])
+	}
+}
+
+// blockedNotices is notices whose OnError blocks until release is closed,
+// sent notices "n0", "n1"... already; delivered lists what OnError was
+// given so far.
+func blockedNotices(sent int) (n *notices, release chan struct{}, delivered func() []error) {
+	release = make(chan struct{})
+	var mu sync.Mutex
+	var got []error
+	n = newNotices(func(err error) {
+		<-release
+		mu.Lock()
+		got = append(got, err)
+		mu.Unlock()
+	}, nil, time.Now)
+	for i := range sent {
+		n.notify(fmt.Errorf("n%d", i))
+	}
+	return n, release, func() []error {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
 }

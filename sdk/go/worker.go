@@ -89,7 +89,8 @@ type StartOptions struct {
 	// retry mends stops it (see Worker.Done). Calls are made in order on a goroutine of the
 	// worker's own, never on the poll loop, a heartbeat or the reporter, so
 	// a slow OnError holds up no work (up to 256 notices wait for it; more
-	// are dropped and their count delivered after), and it may call Stop. A
+	// are dropped and their count delivered after, but never the refusal
+	// that stops the worker), and it may call Stop. A
 	// panic in it is recovered and dropped.
 	// Errors may hold payload details: do not ship them anywhere you would
 	// not ship the payload.
