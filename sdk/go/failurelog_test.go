@@ -324,3 +324,49 @@ func equalAttrs(a, b []any) bool {
 	}
 	return true
 }
+
+// Without OnError, the problems left out since the last line are counted
+// when the worker stops with nobody calling Stop, as the Python and
+// TypeScript workers count them: when Start gives up (its context ended
+// while it waited out an outage) and when Start's context ends a running
+// worker (review: Go counted them only in Stop).
+func TestWorkerWithoutOnErrorCountsWhatItLeftOutWhenItStopsOnItsOwn(t *testing.T) {
+	t.Parallel()
+	for name, running := range map[string]bool{"starting": false, "running": true} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			f := newFakeJobs()
+			var mu sync.Mutex
+			failed := 0
+			c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if strings.HasSuffix(r.URL.Path, "/register") == !running {
+					mu.Lock()
+					failed++
+					if failed == 16 { // four calls of four attempts: one logged, two left out
+						cancel()
+					}
+					mu.Unlock()
+					apiError(w, http.StatusServiceUnavailable, "service_unavailable", nil)
+					return
+				}
+				f.ServeHTTP(w, r)
+			}))
+			w, buf := loggingWorker(t, c, nil, noWork)
+			err := w.Start(ctx, StartOptions{PollInterval: time.Millisecond})
+			if running {
+				must(t, err)
+				<-w.Done()
+			} else if !errors.Is(err, context.Canceled) {
+				t.Fatalf("Start = %v, want its context's end", err)
+			}
+			for deadline := time.Now().Add(10 * time.Second); !strings.Contains(buf.String(), "ratchet worker stopped"); {
+				if time.Now().After(deadline) {
+					t.Fatalf("log:\n%s\nwant the problems left out counted, with no Stop", buf)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+}

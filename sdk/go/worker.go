@@ -110,9 +110,10 @@ type StartOptions struct {
 	// number of failed calls. A report not recorded is logged with
 	// report=not_recorded (or output_refused), its job_id and attempt, then
 	// its error as above; the refusal that stops the worker (see Worker.Done)
-	// at once as "ratchet worker refused", whatever the pacing; and at Stop,
-	// when problems were left out since the last line, one line "ratchet
-	// worker stopped" counting them. Setting OnError replaces this log
+	// at once as "ratchet worker refused", whatever the pacing; and
+	// whenever the worker stops (Stop, Start giving up, Start's context
+	// ending, a refusal), when problems were left out since the last line,
+	// one line "ratchet worker stopped" counting them. Setting OnError replaces this log
 	// entirely.
 	OnError func(error)
 	// StopGrace is how long, once Stop's deadline passed (or Start's
@@ -316,6 +317,7 @@ func (w *Worker) Start(ctx context.Context, opts StartOptions) error {
 		cancelPoll()
 		w.started = false // Start may be called again
 		w.stopping, w.loopDone, w.cancelPoll = nil, nil, nil
+		notices.stopped() // the worker stops here: nobody need call Stop
 		return err
 	}
 	notices.recovered()
@@ -735,7 +737,11 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 				})
 				defer grace.Stop()
 				w.reporter.close(context.Background())
+				w.notices.stopped()
 			}()
+		} else if w.refusedErr() != nil {
+			// Stopped on its own: once every handler's report is queued.
+			go func() { w.jobs.Wait(); w.notices.stopped() }()
 		}
 	}()
 	full := false            // the last claim filled every slot it asked for: work is waiting
@@ -1006,6 +1012,13 @@ func (w *Worker) registerAgain(ctx context.Context) error {
 	w.mu.Unlock()
 	w.notices.recovered()
 	return nil
+}
+
+// refusedErr is the refusal that stopped the worker, or nil.
+func (w *Worker) refusedErr() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.refused
 }
 
 // stopped reports whether Stop was called or ctx ended.
