@@ -886,9 +886,10 @@ class OutageTest(unittest.TestCase):
         threading.Thread(target=run, daemon=True).start()
         wait_until(lambda: server.seen or returned.is_set())
         self.assertFalse(returned.wait(0.3), raised)  # waiting for the server, not failed
-        began = time.monotonic()
+        # The start waits an hour between tries (poll_interval): a stop that
+        # did not cut that wait short would time out (False), with no clock
+        # read here.
         self.assertTrue(client.worker.stop(5))
-        self.assertLess(time.monotonic() - began, 3.0)
         self.assertTrue(returned.wait(5))
         self.assertEqual(raised, [])
         self.assertFalse(any(s[1].endswith("/claim") for s in server.seen))
