@@ -12,7 +12,7 @@ import time
 import unittest
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import List, Tuple
+from typing import Callable, List, Tuple
 from unittest import mock
 
 import getratchet
@@ -1195,6 +1195,28 @@ class WorkerRulesTest(unittest.TestCase):
                 "leaseToken": f"tok_{n}", "leaseMs": timeout_ms + 10_000, "timeoutMs": timeout_ms,
                 "idempotencyKey": "k", "input": {}}
 
+    def one_job_beats(self, lease_ms: int, beat) -> Tuple[Callable, dict]:
+        """A responder that registers the worker, leases it one job (a 60 s
+        timeout, lease_ms) at its first claim and none after, answers each
+        heartbeat beat(n) (n from 1) and records each report; and what it saw."""
+        lock, seen = threading.Lock(), {"claims": 0, "reports": [], "beats": 0}
+
+        def respond(method, path, body):
+            with lock:
+                if path.endswith("/register"):
+                    return 200, {"workerId": "wkr_1"}, {}
+                if path.endswith("/claim"):
+                    seen["claims"] += 1
+                    return 200, {"jobs": [dict(self.job(1, timeout_ms=60_000), leaseMs=lease_ms)]
+                                 if seen["claims"] == 1 else []}, {}
+                if path.endswith("/heartbeat"):
+                    seen["beats"] += 1
+                    return beat(seen["beats"])
+                seen["reports"].append(body)
+                return 200, {"jobId": "job_1", "status": body["status"], "attempt": 1}, {}
+
+        return respond, seen
+
     def test_a_handler_that_ignores_its_timeout_keeps_its_slot(self) -> None:
         lock, state = threading.Lock(), {"running": 0, "most": 0, "claimed": 0}
 
@@ -1469,21 +1491,7 @@ class WorkerRulesTest(unittest.TestCase):
         cases = [(409, "lease_lost", True), (409, "invalid_state", False), (404, "not_found", False),
                  (403, "forbidden", False), (502, "bad_gateway", True)]
         for status, code, success_reported in cases:
-            lock, seen = threading.Lock(), {"claims": 0, "reports": [], "beats": 0}
-
-            def respond(method, path, body, status=status, code=code, seen=seen):
-                with lock:
-                    if path.endswith("/register"):
-                        return 200, {"workerId": "wkr_1"}, {}
-                    if path.endswith("/claim"):
-                        seen["claims"] += 1
-                        return 200, {"jobs": [dict(self.job(1, timeout_ms=60_000), leaseMs=3000)]
-                                     if seen["claims"] == 1 else []}, {}
-                    if path.endswith("/heartbeat"):
-                        seen["beats"] += 1
-                        return status, error(code), {}
-                    seen["reports"].append(body)
-                    return 200, {"jobId": "job_1", "status": body["status"], "attempt": 1}, {}
+            respond, seen = self.one_job_beats(3000, lambda n, status=status, code=code: (status, error(code), {}))
 
             reasons = []
 
@@ -1509,23 +1517,13 @@ class WorkerRulesTest(unittest.TestCase):
         # after its Retry-After when that comes before the next heartbeat
         # would, and at the usual third of the lease left when it would not
         # (sdk QA: Go waited out the whole Retry-After, this SDK ignored it).
-        lock, seen = threading.Lock(), {"claims": 0, "beats": 0}
+        def beat(n):
+            if n <= 2:
+                return 429, error("rate_limited", retry_after_seconds=5 if n == 1 else 50), {}
+            return 200, {"leaseExpiresAt": "2030-01-01T00:00:00Z", "cancelRequested": False}, {}
 
-        def respond(method, path, body):
-            with lock:
-                if path.endswith("/register"):
-                    return 200, {"workerId": "wkr_1"}, {}
-                if path.endswith("/claim"):
-                    seen["claims"] += 1
-                    # A 60 s timeout and a 70 s lease: a heartbeat every 20 s.
-                    return 200, {"jobs": [dict(self.job(1, timeout_ms=60_000), leaseMs=70_000)]
-                                 if seen["claims"] == 1 else []}, {}
-                if path.endswith("/heartbeat"):
-                    seen["beats"] += 1
-                    if seen["beats"] <= 2:
-                        return 429, error("rate_limited", retry_after_seconds=5 if seen["beats"] == 1 else 50), {}
-                    return 200, {"leaseExpiresAt": "2030-01-01T00:00:00Z", "cancelRequested": False}, {}
-                return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}, {}
+        # A 60 s timeout and a 70 s lease: a heartbeat every 20 s.
+        respond, seen = self.one_job_beats(70_000, beat)
 
         def handler(input, context):
             wait_until(lambda: seen["beats"] >= 4)
