@@ -82,7 +82,18 @@ func TestApprovalRejectIsFinal(t *testing.T) {
 	ap := b.env.Must(http.StatusOK, "POST", "/api/v1/approvals/"+aid+"/reject", b.ws.Key, map[string]any{"note": "no"}).JSON()
 	require.Equal(t, "rejected", ap["state"])
 	require.Equal(t, "cost_at_or_above_threshold", ap["reason"])
+	require.Equal(t, "no", ap["note"])
+	require.NotNil(t, ap["decided_at"])
 	errCode(t, b.env.Do("POST", "/api/v1/approvals/"+aid+"/approve", b.ws.Key, nil), http.StatusConflict, "invalid_state")
+	// ?state= filters by the decision (API.md §5: pending, approved or rejected).
+	pending := str(b.mustBegin("approval_required", wire(key("wire")))["approval_id"])
+	listed := func(state string) []any {
+		return b.env.Must(http.StatusOK, "GET", "/api/v1/approvals?state="+state, b.ws.Key, nil).JSON()["data"].([]any)
+	}
+	require.Equal(t, []any{ap}, listed("rejected"))
+	require.Len(t, listed("pending"), 1)
+	require.Equal(t, pending, listed("pending")[0].(map[string]any)["id"])
+	require.Empty(t, listed("approved"))
 
 	for i := 0; i < 2; i++ {
 		den := b.mustBegin("denied", wire(k))
@@ -126,6 +137,7 @@ func TestScopes(t *testing.T) {
 	forbidden("POST", "/api/v1/effects/"+id+"/resolve", map[string]any{"outcome": "failed"}, "effects:resolve")
 	forbidden("GET", "/api/v1/approvals", nil, "approvals:write")
 	forbidden("POST", "/api/v1/approvals/apr_00000000000000000000000000/approve", nil, "approvals:write")
+	forbidden("POST", "/api/v1/approvals/apr_00000000000000000000000000/reject", map[string]any{"note": "no"}, "approvals:write")
 
 	r = b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+id+"/report", agent,
 		map[string]any{"lease_token": d["lease_token"], "outcome": "succeeded"})
