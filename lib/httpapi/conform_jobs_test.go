@@ -156,3 +156,32 @@ func TestConformanceReportAfterTheLapseEndedTheJob(t *testing.T) {
 	require.Equal(t, http.StatusConflict, late.Status, "%s", late.Body)
 	require.Equal(t, apierr.CodeInvalidState, late.ErrorCode())
 }
+
+// §3.1: only exact registered name@version jobs are claimed, and a lapsed
+// lease lets another worker with the same handler version reclaim the job,
+// never a worker of another version.
+func TestConformanceClaimsTakeOnlyTheExactRegisteredVersion(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t, "send_email@1", "send_email@2")
+	runID := e.run()
+	v1 := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "timeoutMs": 1000})
+	v2 := e.enqueue(runID, map[string]any{"name": "send_email", "version": "2", "timeoutMs": 1000})
+	e.enqueue(runID, map[string]any{"name": "send_sms", "version": "1"})
+
+	first := e.register("send_email@1")
+	claimed := e.claim(first, 10)
+	require.Len(t, claimed, 1)
+	require.Equal(t, v1["jobId"], claimed[0]["jobId"])
+	require.Equal(t, "1", claimed[0]["version"])
+
+	e.clock.Add(12 * time.Second) // v1's lease (1 s + 10 s grace) lapsed
+	other := e.register("send_email@2")
+	claimed = e.claim(other, 10)
+	require.Len(t, claimed, 1, "a worker of another version does not reclaim the lapsed v1 job")
+	require.Equal(t, v2["jobId"], claimed[0]["jobId"])
+	same := e.register("send_email@1")
+	claimed = e.claim(same, 10)
+	require.Len(t, claimed, 1)
+	require.Equal(t, v1["jobId"], claimed[0]["jobId"], "the same version reclaims it at once")
+	require.EqualValues(t, 2, claimed[0]["attempt"])
+}
