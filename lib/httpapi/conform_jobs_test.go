@@ -185,3 +185,47 @@ func TestConformanceClaimsTakeOnlyTheExactRegisteredVersion(t *testing.T) {
 	require.Equal(t, v1["jobId"], claimed[0]["jobId"], "the same version reclaims it at once")
 	require.EqualValues(t, 2, claimed[0]["attempt"])
 }
+
+// §3.2 / seed 000: a paused endpoint accepts new jobs but they are not
+// claimed, and no attempt is consumed, until it is resumed. §5: the
+// endpoint limits' bounds are inclusive (maxConcurrent 1–1000,
+// rateLimitPerMinute 1–100 000) and null clears them.
+func TestConformancePausedEndpointHoldsItsJobs(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	ep := e.endpoint("mailer")
+	id := ep["id"].(string)
+	policy := "/api/v1/endpoints/" + id + "/policy"
+	version := ep["version"]
+	for _, limits := range []map[string]any{
+		{"maxConcurrent": 1000, "rateLimitPerMinute": 100_000},
+		{"maxConcurrent": 1, "rateLimitPerMinute": 1},
+		{"maxConcurrent": nil, "rateLimitPerMinute": nil},
+	} {
+		body := map[string]any{"expectedVersion": version}
+		for k, v := range limits {
+			body[k] = v
+		}
+		got := e.Must(http.StatusOK, "PUT", policy, e.ws.Key, body).JSON()
+		for k, v := range limits {
+			require.EqualValues(t, v, got[k], k)
+		}
+		version = got["version"]
+	}
+
+	require.Equal(t, true, e.Must(http.StatusOK, "POST", "/api/v1/endpoints/"+id+"/pause", e.ws.Key, nil).JSON()["paused"])
+	runID := e.run()
+	st := e.enqueue(runID, map[string]any{"name": "send_email", "version": "1", "endpoint": "mailer"})
+	require.Equal(t, "QUEUED", st["status"], "a paused endpoint accepts new jobs")
+	w := e.register("send_email@1")
+	require.Empty(t, e.claim(w, 10), "but does not let them be claimed")
+	e.clock.Add(time.Hour)
+	require.Empty(t, e.claim(w, 10))
+	require.EqualValues(t, 0, durable(e.getRun(runID), 0)["attempt"], "holding consumes no attempt")
+
+	require.Equal(t, false, e.Must(http.StatusOK, "POST", "/api/v1/endpoints/"+id+"/resume", e.ws.Key, nil).JSON()["paused"])
+	claimed := e.claim(w, 10)
+	require.Len(t, claimed, 1)
+	require.Equal(t, st["jobId"], claimed[0]["jobId"])
+	require.EqualValues(t, 1, claimed[0]["attempt"])
+}
