@@ -229,3 +229,23 @@ func TestConformancePausedEndpointHoldsItsJobs(t *testing.T) {
 	require.Equal(t, st["jobId"], claimed[0]["jobId"])
 	require.EqualValues(t, 1, claimed[0]["attempt"])
 }
+
+// §5 rules: repeating a job report with the same token and outcome answers
+// 200 with the same object; another outcome on the reported attempt is
+// 409 invalid_state.
+func TestConformanceARepeatedJobReportAnswersTheSame(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	e.enqueue(e.run(), map[string]any{"name": "send_email", "version": "1"})
+	j := e.claim(e.register("send_email@1"), 1)[0]
+	failed := map[string]any{"status": "FAILED", "error": map[string]any{"message": "busy", "retryable": true}}
+	first := e.report(j, failed)
+	require.Equal(t, http.StatusOK, first.Status, "%s", first.Body)
+	require.Equal(t, "RETRY_SCHEDULED", first.JSON()["status"])
+	again := e.report(j, failed)
+	require.Equal(t, http.StatusOK, again.Status, "%s", again.Body)
+	require.Equal(t, first.JSON(), again.JSON())
+	other := e.report(j, map[string]any{"status": "SUCCEEDED", "output": map[string]any{}})
+	require.Equal(t, http.StatusConflict, other.Status, "%s", other.Body)
+	require.Equal(t, apierr.CodeInvalidState, other.ErrorCode())
+}
