@@ -249,3 +249,32 @@ func TestConformanceARepeatedJobReportAnswersTheSame(t *testing.T) {
 	require.Equal(t, http.StatusConflict, other.Status, "%s", other.Body)
 	require.Equal(t, apierr.CodeInvalidState, other.ErrorCode())
 }
+
+// §5: a retry is claimable at its dueAt, inline (no sweeper runs here);
+// seed 000: the due time is now + max(jittered policy delay, retryAfterMs).
+func TestConformanceARetryIsClaimableAtItsDueAt(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	runID := e.run()
+	e.enqueue(runID, map[string]any{"name": "send_email", "version": "1"})
+	w := e.register("send_email@1")
+	j := e.claim(w, 1)[0]
+	// STANDARD waits 30 s ± 20% first: the 60 s floor decides.
+	r := e.report(j, map[string]any{"status": "FAILED",
+		"error": map[string]any{"message": "busy", "retryable": true, "retryAfterMs": 60_000}})
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	due := e.clock.Now().Add(time.Minute).Format(time.RFC3339Nano)
+	require.Equal(t, "RETRY_SCHEDULED", r.JSON()["status"])
+	require.Equal(t, due, r.JSON()["nextDueAt"])
+	dj := durable(e.getRun(runID), 0)
+	require.Equal(t, "RETRY_SCHEDULED", dj["status"])
+	require.Equal(t, due, dj["dueAt"])
+
+	e.clock.Add(time.Minute - time.Millisecond)
+	require.Empty(t, e.claim(w, 1), "not before its dueAt")
+	e.clock.Add(time.Millisecond)
+	again := e.claim(w, 1)
+	require.Len(t, again, 1, "claimable at its dueAt")
+	require.Equal(t, j["jobId"], again[0]["jobId"])
+	require.EqualValues(t, 2, again[0]["attempt"])
+}
