@@ -406,6 +406,35 @@ FROM (VALUES ('waiting', 'QUEUED', 1, now() + interval '1 hour'),
 		"job_plain": "kept"}, got)
 }
 
+// 0065 erases the signing secrets, current and previous, of the webhooks
+// already deleted, keeps the live ones', and from then on refuses a live
+// webhook without a secret.
+func TestDeletedWebhooksLoseTheirSecretsOnUpgrade(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	target, conn := databaseAt(t, 64)
+	_, err := conn.Exec(ctx, `
+INSERT INTO workspaces (id, name) VALUES ('ws_1', 'w');
+INSERT INTO webhooks (id, workspace_id, url, events, secret, previous_secret, previous_secret_expires_at,
+    created_at, deleted_at)
+VALUES ('whk_live', 'ws_1', 'https://example.com/a', '{run.finished}', '\x01aa', '\x01bb', now() + interval '1 hour',
+        now(), NULL),
+       ('whk_gone', 'ws_1', 'https://example.com/b', '{run.finished}', '\x01cc', '\x01dd', now() + interval '1 hour',
+        now(), now()),
+       ('whk_gone_plain', 'ws_1', 'https://example.com/c', '{run.finished}', '\x01ee', NULL, NULL, now(), now());`)
+	require.NoError(t, err)
+
+	_, err = db.MigrateURL(ctx, target, migrations.FS)
+	require.NoError(t, err)
+	got := byID[string](t, conn, `SELECT id, coalesce(encode(secret, 'hex'), '-') || '/' ||
+		coalesce(encode(previous_secret, 'hex'), '-') || '/' || (previous_secret_expires_at IS NOT NULL)::text
+		FROM webhooks`)
+	require.Equal(t, map[string]string{"whk_live": "01aa/01bb/true", "whk_gone": "-/-/false",
+		"whk_gone_plain": "-/-/false"}, got)
+	_, err = conn.Exec(ctx, `UPDATE webhooks SET secret = NULL WHERE id = 'whk_live'`)
+	require.ErrorContains(t, err, "webhooks_live_secret")
+}
+
 func byID[T any](t *testing.T, conn *pgx.Conn, sql string) map[string]T {
 	t.Helper()
 	rows, err := conn.Query(context.Background(), sql)

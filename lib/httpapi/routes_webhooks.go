@@ -61,7 +61,8 @@ func (s *Server) webhookRoutes() []Route {
 		},
 		{
 			Method: "DELETE", Pattern: "/api/v1/webhooks/{id}", Name: "webhooks.delete", Tag: "webhooks", Scopes: scopes,
-			Summary:  "End a subscription; its pending deliveries are abandoned. Returns the subscription.",
+			Summary: "End a subscription; its pending deliveries are abandoned and its signing secrets erased. " +
+				"Returns the subscription as the delete left it (deleting it again answers it again).",
 			Response: webhooks.Webhook{}, Status: 200, Errors: []string{apierr.CodeNotFound},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
 				id, err := c.PathID("id", ids.Webhook)

@@ -174,6 +174,43 @@ func TestRotationReachesEveryColumnAndOldKeyCanGo(t *testing.T) {
 	// and sealed it again with the same.
 }
 
+// A deleted webhook's secrets are erased with it (migration 0065), so a
+// reseal has nothing of it to re-seal, and one sealed under a key gone
+// since no longer keeps a rotation incomplete: only the live webhook's
+// current and previous secrets are walked.
+func TestAResealPassesOverADeletedWebhook(t *testing.T) {
+	ctx := context.Background()
+	env := fresh(t)
+	ws := env.Signup()
+	pool := env.App.Pool
+	hooks := map[string]string{}
+	for _, name := range []string{"live", "deleted", "lost"} {
+		id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+			map[string]any{"url": "https://example.com/" + name, "events": []string{"run.finished"}}).JSON()["id"].(string)
+		env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+id+"/rotate-secret", ws.Key, nil)
+		hooks[name] = id
+	}
+	// Sealed under a key no instance has any more.
+	_, err := pool.Exec(ctx, `UPDATE webhooks SET secret = $2, previous_secret = $2 WHERE id = $1`, hooks["lost"],
+		sealer(t, key(5)).Seal([]byte("whsec_lost"), seal.AAD(hooks["lost"], "secret")))
+	require.NoError(t, err)
+	for _, name := range []string{"deleted", "lost"} {
+		env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+hooks[name], ws.Key, nil)
+	}
+
+	rotated := sealer(t, newKey, oldKey)
+	run, err := reseal.New(pool, rotated).Run(ctx)
+	require.NoError(t, err)
+	for _, column := range []string{"webhooks.secret", "webhooks.previous_secret"} {
+		c := byColumn(run)[column]
+		require.Equal(t, reseal.ColumnReport{Column: column, Resealed: 1, Current: 1}, c, "the live webhook's alone")
+	}
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM webhooks WHERE id = ANY ($1)
+		AND (secret IS NOT NULL OR previous_secret IS NOT NULL)`, []string{hooks["deleted"], hooks["lost"]}).Scan(&left))
+	require.Zero(t, left, "nothing re-sealed into a deleted webhook's row")
+}
+
 func TestUnknownKeysAndBusyRowsAreLeftAndReported(t *testing.T) {
 	ctx := context.Background()
 	env := fresh(t)

@@ -227,6 +227,10 @@ func TestWebhooksThroughTheSDK(t *testing.T) {
 	require.Equal(t, rotated.PreviousSecretExpiresAt, read.PreviousSecretExpiresAt)
 	gone, err := b.operator.DeleteWebhook(ctx, hook.ID)
 	require.NoError(t, err)
+	// Answered as the delete left it: its secrets erased, none signs.
+	require.NotNil(t, read.PreviousSecretExpiresAt)
+	require.Nil(t, gone.PreviousSecretExpiresAt)
+	read.PreviousSecretExpiresAt = nil
 	require.Equal(t, *read, *gone)
 	list, err = b.operator.ListWebhooks(ctx, ratchet.ListQuery{})
 	require.NoError(t, err)

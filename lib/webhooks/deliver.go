@@ -567,6 +567,16 @@ func (s *Service) claim(ctx context.Context, now time.Time, limit int, hooks []s
 // deliverOne sends one delivery and records the outcome. Only the status code
 // and a short fixed reason are stored, never the receiver's response body.
 func (s *Service) deliverOne(ctx context.Context, c claimed) error {
+	if len(c.secret) == 0 {
+		// Only a deleted webhook has no secret (sqlDelete erases it, a
+		// CHECK keeps a live one's), and a claim passes over deleted
+		// webhooks. Never sign with nothing: a NULL ciphertext opens to
+		// an empty secret, whose HMAC anyone can compute. The delivery
+		// ends as its webhook's delete ends the pending ones.
+		s.logger.Error("webhook has no signing secret (deleted); delivery not sent",
+			"webhook_id", c.webhookID, "delivery_id", c.id)
+		return s.abandon(ctx, c)
+	}
 	secret, err := s.sealer.Open(c.secret, seal.AAD(c.webhookID, "secret"))
 	if err != nil {
 		// Under one of this instance's keys (the claim passes over the
@@ -621,6 +631,18 @@ func (s *Service) deliverOne(ctx context.Context, c claimed) error {
 		return s.record(ctx, c, &code, "")
 	}
 	return s.record(ctx, c, &code, "non-2xx response")
+}
+
+// abandon ends a claimed delivery that must not be sent, as its webhook's
+// delete ends the pending ones (abandoned).
+func (s *Service) abandon(ctx context.Context, c claimed) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	if _, err := s.pool.Exec(ctx, `UPDATE webhook_deliveries SET state = 'failed', last_error = $2
+		WHERE id = $1 AND state = 'pending'`, c.id, abandoned); err != nil {
+		return fmt.Errorf("record delivery: %w", err)
+	}
+	return nil
 }
 
 func (s *Service) record(ctx context.Context, c claimed, code *int, failure string) error {

@@ -33,3 +33,11 @@ const SQLPurgeDelivered = sqlPurgeDelivered
 
 // SQLDeliveriesPage is Deliveries' statement, for a test of its plan.
 const SQLDeliveriesPage = sqlDeliveriesPage
+
+// DeliverSealed sends delivery id of webhook webhookID (workspace ws) to
+// url, its secret the sealed one given, as a claim hands a delivery over.
+func (s *Service) DeliverSealed(ctx context.Context, id, webhookID, ws, url string, sealed []byte) error {
+	return s.deliverOne(ctx, claimed{id: id, url: url, secret: sealed, webhookID: webhookID, attempts: 1,
+		eventID: "evt_sealed", eventType: "run.finished", eventData: []byte(`{}`), eventCreated: s.now(),
+		subjectID: "run_sealed", workspaceID: ws})
+}

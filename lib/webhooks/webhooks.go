@@ -48,7 +48,7 @@ type Webhook struct {
 	// effect's result_unreadable says of a result: no delivery of it is
 	// sent meanwhile (seal QA: only the sweeper's log said its deliveries
 	// were held, and its owner, who reads the subscription, could not tell).
-	SecretUnreadable bool `json:"secret_unreadable" jsonschema:"true when this server cannot decrypt the subscription's signing secret (sealed with an encryption key it is not configured with, or damaged so that it fails authentication): no delivery is signed with it meanwhile. Under a missing key its deliveries stay pending, their attempts untouched, until an instance that has the key sends them; a damaged secret cannot sign, so each attempt fails until the secret is rotated. false otherwise"`
+	SecretUnreadable bool `json:"secret_unreadable" jsonschema:"true when this server cannot decrypt the subscription's signing secret (sealed with an encryption key it is not configured with, or damaged so that it fails authentication): no delivery is signed with it meanwhile. Under a missing key its deliveries stay pending, their attempts untouched, until an instance that has the key sends them; a damaged secret cannot sign, so each attempt fails until the secret is rotated. false otherwise, and in a DELETE's answer: the delete erases the secret"`
 }
 
 // NewWebhook is a created subscription with its signing secret, shown once.
@@ -261,7 +261,9 @@ func readCols(now string) string { return webhookCols(now) + `, secret` }
 // sign (a secret is some 70 bytes, a workspace holds at most MaxWebhooks),
 // so that the flag covers a damaged secret as well as a missing key. A read
 // that finds such secrets logs one line naming the first, its key id and
-// how many (never a secret), as the effects' reads log their results.
+// how many (never a secret), as the effects' reads log their results. A
+// deleted subscription has no secret (NULL, sqlDelete), which opens to
+// nothing: false.
 func (s *Service) readRows(rows pgx.Rows) ([]Webhook, error) {
 	var (
 		unreadable int
@@ -331,6 +333,12 @@ func (s *Service) Get(ctx context.Context, workspaceID, id string) (Webhook, err
 // them pending for good, and a retried DELETE answered 404). A DELETE of a
 // subscription already deleted answers it again, as a key's does, so a
 // retry whose first answer was lost learns it landed (retry-safety QA).
+//
+// The delete erases the signing secrets (sqlDelete): nothing signs with
+// them again, so kept sealed they were only a liability. It answers the
+// subscription as the delete left it, without a secret (secret_unreadable
+// false, previous_secret_expires_at null), so that a retried DELETE
+// answers what the first one did.
 func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, error) {
 	var w Webhook
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
@@ -338,8 +346,13 @@ func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, 
 		// for a concurrent one reads the row as that one left it, and
 		// answers it (review: in one statement its snapshot still showed
 		// the row live, and it answered 404).
-		rows, err := tx.Query(ctx, `SELECT `+readCols("$3")+` FROM webhooks
-			WHERE id = $1 AND workspace_id = $2 FOR UPDATE`, id, workspaceID, s.now())
+		var found bool
+		err := tx.QueryRow(ctx, `SELECT true FROM webhooks WHERE id = $1 AND workspace_id = $2 FOR UPDATE`,
+			id, workspaceID).Scan(&found)
+		if err != nil {
+			return err // pgx.ErrNoRows: unknown
+		}
+		rows, err := tx.Query(ctx, sqlDelete, id, s.now())
 		if err != nil {
 			return fmt.Errorf("delete webhook: %w", err)
 		}
@@ -347,14 +360,7 @@ func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, 
 		if err != nil {
 			return err
 		}
-		if len(list) == 0 {
-			return pgx.ErrNoRows
-		}
 		w = list[0]
-		if _, err := tx.Exec(ctx, `UPDATE webhooks SET deleted_at = $2 WHERE id = $1 AND deleted_at IS NULL`,
-			id, s.now()); err != nil {
-			return fmt.Errorf("delete webhook: %w", err)
-		}
 		if _, err := tx.Exec(ctx, sqlEndPending, id, nil, abandoned); err != nil {
 			return fmt.Errorf("abandon deliveries: %w", err)
 		}
@@ -368,6 +374,18 @@ func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, 
 	}
 	return w, nil
 }
+
+// sqlDelete marks webhook $1 deleted at $2 (kept when it already was) and
+// erases its signing secrets, current and previous, in the same statement:
+// once deleted nothing signs with them (its pending deliveries end with the
+// delete, a claim passes over deleted webhooks), and a reader of the table
+// holding the sealing key could otherwise sign deliveries its receiver may
+// still accept (migration 0065). It answers the row as a read shows it.
+var sqlDelete = `
+UPDATE webhooks SET deleted_at = coalesce(deleted_at, $2::timestamptz),
+    secret = NULL, previous_secret = NULL, previous_secret_expires_at = NULL
+WHERE id = $1::text
+RETURNING ` + readCols("$2")
 
 // UpdateRequest is the body of PATCH /api/v1/webhooks/{id}: each field sent
 // changes the subscription, one left out keeps its value. At least one must
@@ -580,15 +598,25 @@ func (s *Service) RotateSecret(ctx context.Context, workspaceID, id string, req 
 // signing at or before now, so a rotated secret is not kept sealed in its
 // row until the next rotation. A rotation that lands meanwhile sets a
 // later expiry, and the update, rechecking the row at its newest version,
-// leaves it. It answers how many it cleared.
+// leaves it. It also erases, up to limit, the secrets of deleted
+// subscriptions that still hold them: a delete erases them itself
+// (sqlDelete), but one by an instance of the release before migration
+// 0065, still running during the deploy, did not (found through
+// webhooks_deleted_secret_idx, empty otherwise). It answers how many rows
+// it cleared.
 func (s *Service) ClearExpiredSecrets(ctx context.Context, now time.Time, limit int) (int, error) {
 	tag, err := s.pool.Exec(ctx, `
-		UPDATE webhooks SET previous_secret = NULL, previous_secret_expires_at = NULL
+		UPDATE webhooks SET secret = CASE WHEN deleted_at IS NULL THEN secret END,
+		    previous_secret = NULL, previous_secret_expires_at = NULL
 		WHERE id IN (
-		    SELECT id FROM webhooks
-		    WHERE previous_secret IS NOT NULL AND previous_secret_expires_at <= $1::timestamptz
-		    LIMIT $2::int
-		) AND previous_secret_expires_at <= $1::timestamptz`, now, limit)
+		    (SELECT id FROM webhooks
+		     WHERE previous_secret IS NOT NULL AND previous_secret_expires_at <= $1::timestamptz
+		     LIMIT $2::int)
+		    UNION ALL
+		    (SELECT id FROM webhooks
+		     WHERE deleted_at IS NOT NULL AND (secret IS NOT NULL OR previous_secret IS NOT NULL)
+		     LIMIT $2::int)
+		) AND (previous_secret_expires_at <= $1::timestamptz OR deleted_at IS NOT NULL)`, now, limit)
 	if err != nil {
 		return 0, fmt.Errorf("clear expired webhook secrets: %w", err)
 	}

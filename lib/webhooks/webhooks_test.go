@@ -854,6 +854,98 @@ func TestDeletedWebhookSendsNothingMore(t *testing.T) {
 	env.Must(http.StatusNotFound, "GET", "/api/v1/webhooks/"+id+"/deliveries", ws.Key, nil)
 }
 
+// A delete erases the subscription's signing secrets, current and
+// previous, in its own statement: nothing signs with them again, and kept
+// sealed they let a reader of the table holding the key forge deliveries
+// its receiver may still accept. The answer, and a retried DELETE's, show
+// it as the delete left it. A delivery of it found pending (as a fan-out of
+// the previous release could leave one) is never sent: the claim passes
+// over it, and a send handed a webhook without a secret signs nothing and
+// ends it as the delete would have.
+func TestADeleteErasesTheSigningSecrets(t *testing.T) {
+	var logs apitest.LockedBuffer
+	env, clk := start(t, true, apitest.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	ctx := context.Background()
+	pool := env.App.Pool
+	ws := env.Signup()
+	rcv := newReceiver(t, 500) // the first attempt fails: the delivery waits to be retried
+	id, _ := subscribe(t, env, ws.Key, rcv.URL)
+	rotated := env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+id+"/rotate-secret", ws.Key, nil).JSON()
+	require.NotNil(t, rotated["previous_secret_expires_at"], "the previous secret still signs")
+	record(t, env, ws.ID, events.RunFinished, clk.Now())
+	env.App.Sweeper.RunOnce(ctx)
+	require.Equal(t, 1, rcv.count())
+
+	first := env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil).JSON()
+	require.Nil(t, first["previous_secret_expires_at"], "no secret signs any more")
+	require.Equal(t, false, first["secret_unreadable"])
+	require.Equal(t, first, env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil).JSON(),
+		"a retried DELETE answers what the first did")
+	var secret, previous []byte
+	var expires *time.Time
+	var deleted bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT secret, previous_secret, previous_secret_expires_at,
+		deleted_at IS NOT NULL FROM webhooks WHERE id = $1`, id).Scan(&secret, &previous, &expires, &deleted))
+	require.True(t, deleted)
+	require.Nil(t, secret, "the current secret is erased")
+	require.Nil(t, previous, "the previous secret is erased")
+	require.Nil(t, expires)
+	// A live subscription must keep one (migration 0065's CHECK).
+	live, _ := subscribe(t, env, ws.Key, rcv.URL)
+	_, err := pool.Exec(ctx, `UPDATE webhooks SET secret = NULL WHERE id = $1`, live)
+	require.ErrorContains(t, err, "webhooks_live_secret")
+	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+live, ws.Key, nil)
+
+	var dlv string
+	require.NoError(t, pool.QueryRow(ctx, `UPDATE webhook_deliveries SET state = 'pending', last_error = NULL,
+		next_attempt_at = $2 WHERE webhook_id = $1 RETURNING id`, id, clk.Now()).Scan(&dlv))
+	clk.Add(time.Hour)
+	env.App.Sweeper.RunOnce(ctx)
+	require.Equal(t, 1, rcv.count(), "nothing is sent for a deleted webhook")
+	var attempts int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT attempts FROM webhook_deliveries WHERE id = $1`, dlv).Scan(&attempts))
+	require.Equal(t, 1, attempts, "not claimed")
+	require.NotContains(t, logs.String(), "webhook_id="+id, "not taken for a secret under a missing key")
+
+	// The passes never named it (not held, not sent); the send below does.
+	require.NoError(t, env.App.Server.Webhooks.DeliverSealed(ctx, dlv, id, ws.ID, rcv.URL, secret))
+	require.Equal(t, 1, rcv.count(), "never signed with an empty secret")
+	var state, lastError string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT state, last_error FROM webhook_deliveries WHERE id = $1`, dlv).
+		Scan(&state, &lastError))
+	require.Equal(t, []string{"failed", "webhook deleted"}, []string{state, lastError})
+	require.Contains(t, logs.String(), "webhook has no signing secret (deleted); delivery not sent\" webhook_id="+id)
+}
+
+// A subscription deleted by an instance of the release before migration
+// 0065 (still running during the deploy) keeps its secrets in its row: the
+// sweeper erases them (webhooks.expired_secrets), and leaves a live one's.
+func TestTheSweeperErasesTheSecretsADeleteLeft(t *testing.T) {
+	env, _ := start(t, false)
+	ctx := context.Background()
+	pool := env.App.Pool
+	ws := env.Signup()
+	gone, _ := subscribe(t, env, ws.Key, "https://example.com/gone")
+	kept, _ := subscribe(t, env, ws.Key, "https://example.com/kept")
+	for _, id := range []string{gone, kept} {
+		env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+id+"/rotate-secret", ws.Key, nil)
+	}
+	// The previous release's delete: deleted_at alone.
+	_, err := pool.Exec(ctx, `UPDATE webhooks SET deleted_at = now() WHERE id = $1`, gone)
+	require.NoError(t, err)
+	n, err := env.App.Server.Webhooks.ClearExpiredSecrets(ctx, time.Now(), 100)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	held := map[string][3]bool{}
+	for _, id := range []string{gone, kept} {
+		var h [3]bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT secret IS NOT NULL, previous_secret IS NOT NULL,
+			previous_secret_expires_at IS NOT NULL FROM webhooks WHERE id = $1`, id).Scan(&h[0], &h[1], &h[2]))
+		held[id] = h
+	}
+	require.Equal(t, map[string][3]bool{gone: {false, false, false}, kept: {true, true, true}}, held)
+}
+
 // A webhook gets the events that happened once it existed, not those of
 // just before its creation the sweeper had yet to fan out (QA: an event up
 // to a sweep interval older than the webhook reached it).
@@ -1837,6 +1929,7 @@ func TestASecretThatCannotBeOpenedReadsSecretUnreadable(t *testing.T) {
 	require.Equal(t, false, rotated["secret_unreadable"])
 	require.Equal(t, false, env.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+hooks["damaged"], ws.Key, nil).
 		JSON()["secret_unreadable"], "mended by the rotation")
+	// The delete erases the secret: its answer shows none to open.
 	deleted := env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+hooks["lost"], ws.Key, nil).JSON()
-	require.Equal(t, true, deleted["secret_unreadable"], "the subscription as it was")
+	require.Equal(t, false, deleted["secret_unreadable"], "the subscription as the delete left it")
 }
