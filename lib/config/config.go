@@ -83,7 +83,8 @@ type Config struct {
 	JobRetentionDays   int `envconfig:"JOB_RETENTION_DAYS" default:"90"`
 	EventRetentionDays int `envconfig:"EVENT_RETENTION_DAYS" default:"30"`
 	// WebhookAllowPrivateNetworks lets webhooks target loopback and private
-	// addresses (self-hosting, tests). Off, such deliveries are refused.
+	// addresses (self-hosting, tests), and take plain http URLs. Off, such
+	// deliveries are refused, and a create or PATCH of url must send https.
 	WebhookAllowPrivateNetworks bool `envconfig:"WEBHOOK_ALLOW_PRIVATE_NETWORKS" default:"false"`
 	// AutoMigrate applies pending migrations on start (local server: on).
 	AutoMigrate bool `envconfig:"AUTO_MIGRATE" default:"false"`

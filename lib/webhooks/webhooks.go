@@ -75,7 +75,7 @@ type Delivery struct {
 // validate's checks: events lists 1 to maxEventsListed names, repeats
 // included, each one of events.Types.
 type CreateRequest struct {
-	URL    string   `json:"url" openapi:"maxLength=2000" jsonschema:"the receiver: an absolute http or https URL without credentials or white space, naming a host and, if any, a port from 1 to 65535. Unless the server sets WEBHOOK_ALLOW_PRIVATE_NETWORKS=true its host must be a public address: an IP literal or localhost is checked here, a host name after its DNS resolution at each delivery"`
+	URL    string   `json:"url" openapi:"maxLength=2000" jsonschema:"the receiver: an absolute https URL without credentials or white space, naming a host and, if any, a port from 1 to 65535. Unless the server sets WEBHOOK_ALLOW_PRIVATE_NETWORKS=true its host must be a public address (an IP literal or localhost is checked here, a host name after its DNS resolution at each delivery) and its scheme https; with it, http is taken too. A subscription stored with an http url before this check keeps being delivered"`
 	Events []string `json:"events" openapi:"required,minItems=1,maxItems=50,itemEnum=effect.indeterminate|circuit.tripped|circuit.closed|approval.requested|approval.decided|reconciliation.due|run.finished|step.exhausted|step.replayed"`
 }
 
@@ -106,7 +106,8 @@ func New(pool *pgxpool.Pool, sealer *seal.Sealer, now func() time.Time, allowPri
 // validate checks the request. Unless allowPrivate, a receiver named by a
 // non-public address (an IP literal, or localhost) is refused here rather
 // than at every delivery; a host name is checked after its resolution, at
-// each delivery (newClient), since what it resolves to can change.
+// each delivery (newClient), since what it resolves to can change. Unless
+// allowPrivate, a receiver must take https too (checkURL).
 func (r *CreateRequest) validate(allowPrivate bool) error {
 	var pr apierr.Problems
 	checkURL(&pr, r.URL, allowPrivate)
@@ -141,6 +142,17 @@ func checkURL(pr *apierr.Problems, raw string, allowPrivate bool) {
 	case !allowPrivate && namesNonPublic(u.Hostname()):
 		pr.Add("url", "must name a public address (receivers on loopback or private networks need "+
 			"WEBHOOK_ALLOW_PRIVATE_NETWORKS=true)")
+	case !allowPrivate && u.Scheme != "https":
+		// A delivery carries its event's details and a signature: over
+		// plain http any network on the way reads them (and the
+		// receiver cannot tell it reached the right host), so a public
+		// receiver must take https, as Stripe requires of live
+		// endpoints. Where private receivers are allowed (self-hosting,
+		// tests) a loopback or in-network http receiver is normal, and
+		// a host name cannot be told private before it resolves: http
+		// is taken there. Only a create and a PATCH of url check it: a
+		// subscription stored with an http url is still delivered.
+		pr.Add("url", "must be an https URL (plain http receivers need WEBHOOK_ALLOW_PRIVATE_NETWORKS=true)")
 	}
 }
 
@@ -391,7 +403,7 @@ RETURNING ` + readCols("$2")
 // changes the subscription, one left out keeps its value. At least one must
 // be sent, none as null; url and events are checked as a create checks them.
 type UpdateRequest struct {
-	URL      jsonx.Optional[string]   `json:"url" openapi:"maxLength=2000,notNull" jsonschema:"the new receiver, checked as a create's url: the deliveries not yet sent (pending, or held while the subscription is disabled) go to it. A send already on its way when the change commits (at most 10s) may still reach the old one"`
+	URL      jsonx.Optional[string]   `json:"url" openapi:"maxLength=2000,notNull" jsonschema:"the new receiver, checked as a create's url (https unless the server sets WEBHOOK_ALLOW_PRIVATE_NETWORKS=true; a PATCH that leaves url out keeps an http one stored before): the deliveries not yet sent (pending, or held while the subscription is disabled) go to it. A send already on its way when the change commits (at most 10s) may still reach the old one"`
 	Events   jsonx.Optional[[]string] `json:"events" openapi:"notNull,minItems=1,maxItems=50,itemEnum=effect.indeterminate|circuit.tripped|circuit.closed|approval.requested|approval.decided|reconciliation.due|run.finished|step.exhausted|step.replayed" jsonschema:"the event types it subscribes to, in place of those it had: events fanned out from then on are matched against them, and its pending deliveries of a type no longer listed end failed (last_error event type unsubscribed)"`
 	Disabled jsonx.Optional[bool]     `json:"disabled" openapi:"notNull" jsonschema:"true disables the subscription: its pending deliveries are held (not sent, attempts untouched) and the events recorded while it is disabled are skipped, never sent to it. false enables it again: the held deliveries are sent, due at once if their time passed, and the events recorded from then on. Either one sent again changes nothing"`
 }

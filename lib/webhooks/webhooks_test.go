@@ -663,13 +663,71 @@ func TestNonPublicReceiversAreRefusedAtCreation(t *testing.T) {
 	require.NoError(t, env.App.Pool.QueryRow(context.Background(),
 		`SELECT count(*) FROM webhooks WHERE workspace_id = $1`, ws.ID).Scan(&n))
 	require.Zero(t, n)
-	for _, u := range []string{"https://hooks.example.com/ratchet", "http://8.8.8.8/hook", "https://bücher.example/hook"} {
+	for _, u := range []string{"https://hooks.example.com/ratchet", "https://8.8.8.8/hook", "https://bücher.example/hook"} {
 		env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
 			map[string]any{"url": u, "events": []string{events.CircuitTripped}})
 	}
 	lax, _ := start(t, true)
 	lax.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
 		map[string]any{"url": "http://127.0.0.1:8080/hook", "events": []string{events.CircuitTripped}})
+}
+
+// A delivery carries its event's details and a signature: over plain http
+// every network on the way reads them. Unless the server allows private
+// networks (self-hosting, tests: loopback http receivers), a create and a
+// PATCH of url refuse an http URL with the url validation 400, whatever
+// its host; a PATCH that leaves url out, and the deliveries, keep a
+// subscription stored with one (never dropping acknowledged configuration).
+func TestPlainHTTPReceiversNeedPrivateNetworksAllowed(t *testing.T) {
+	strict, _ := start(t, false)
+	lax, clk := start(t, true)
+	ctx := context.Background()
+	ws := strict.Signup()
+	for _, u := range []string{"http://hooks.example.com/ratchet", "http://8.8.8.8/hook", "HTTP://hooks.example.com/x",
+		"http://hooks.example.com:443/x"} {
+		r := strict.Do("POST", "/api/v1/webhooks", ws.Key, map[string]any{"url": u, "events": []string{events.RunFinished}})
+		require.Equal(t, http.StatusBadRequest, r.Status, "%s: %s", u, r.Body)
+		require.Equal(t, "invalid_request", r.ErrorCode(), u)
+		require.Contains(t, string(r.Body), `"field":"url","message":"must be an https URL (plain http receivers need `+
+			`WEBHOOK_ALLOW_PRIVATE_NETWORKS=true)"`, u)
+	}
+	var n int
+	require.NoError(t, strict.App.Pool.QueryRow(ctx, `SELECT count(*) FROM webhooks WHERE workspace_id = $1`,
+		ws.ID).Scan(&n))
+	require.Zero(t, n, "none created")
+	id, _ := subscribe(t, strict, ws.Key, "https://hooks.example.com/ratchet")
+	r := patch(strict, ws.Key, id, map[string]any{"url": "http://hooks.example.com/ratchet"})
+	require.Equal(t, http.StatusBadRequest, r.Status, "%s", r.Body)
+	require.Contains(t, string(r.Body), `"field":"url","message":"must be an https URL`)
+	require.Equal(t, "https://hooks.example.com/ratchet",
+		strict.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+id, ws.Key, nil).JSON()["url"], "unchanged")
+	strict.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil)
+
+	// Where private networks are allowed, http is taken, at a public
+	// host name as at a loopback one.
+	for _, u := range []string{"http://hooks.example.com/ratchet", "http://127.0.0.1:8080/hook"} {
+		id := lax.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+			map[string]any{"url": u, "events": []string{events.RunFinished}}).JSON()["id"].(string)
+		lax.Must(http.StatusOK, "PATCH", "/api/v1/webhooks/"+id, ws.Key, map[string]any{"url": u + "/2"})
+		lax.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil)
+	}
+
+	// A subscription stored with an http url (before the check, or by a
+	// server that allowed it) is kept by a PATCH of its other fields, on
+	// the strict server too, and still delivered (here by the lax server:
+	// the receiver is on loopback).
+	rcv := newReceiver(t)
+	stored, _ := subscribe(t, lax, ws.Key, rcv.URL)
+	require.True(t, strings.HasPrefix(rcv.URL, "http://"))
+	lax.Must(http.StatusOK, "PATCH", "/api/v1/webhooks/"+stored, ws.Key,
+		map[string]any{"events": []string{events.RunFinished, events.CircuitTripped}})
+	r = patch(strict, ws.Key, stored, map[string]any{"disabled": false})
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	require.Equal(t, rcv.URL, r.JSON()["url"], "kept")
+	record(t, lax, ws.ID, events.RunFinished, clk.Now())
+	lax.App.Sweeper.RunOnce(ctx)
+	require.Equal(t, 1, rcv.count(), "delivered over http")
+	lax.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+stored, ws.Key, nil)
 }
 
 func TestSignKnownVector(t *testing.T) {
