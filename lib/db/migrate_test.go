@@ -207,13 +207,26 @@ func databaseAt(t *testing.T, through int) (string, *pgx.Conn) {
 	return target, conn
 }
 
+// upgradedFrom is a database migrated through migration through, given the
+// rows seed inserts, then migrated to the latest: an upgrade's test reads
+// what the later migrations made of the rows.
+func upgradedFrom(t *testing.T, through int, seed string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	target, conn := databaseAt(t, through)
+	_, err := conn.Exec(ctx, seed)
+	require.NoError(t, err)
+	_, err = db.MigrateURL(ctx, target, migrations.FS)
+	require.NoError(t, err)
+	return conn
+}
+
 // 0019 fails the runs that already had an exhausted or cancelled step when
 // it is applied, as it fails runs from then on.
 func TestRunsWithAFailedStepFailOnUpgrade(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	target, conn := databaseAt(t, 18)
-	_, err := conn.Exec(ctx, `
+	conn := upgradedFrom(t, 18, `
 INSERT INTO workspaces (id, name) VALUES ('ws_1', 'w');
 INSERT INTO job_endpoints (id, workspace_id, name, preset, max_attempts, initial_delay_ms, multiplier, max_delay_ms,
     jitter_percent, default_timeout_ms, created_at, updated_at)
@@ -227,10 +240,6 @@ SELECT 'job_' || r || s, 'stp_' || r || s, 'ws_1', r, 'mail', '1', 'end_1', r ||
     1, 'STANDARD', 5, 30000, 2, 900000, 20, 30000, now(), now()
 FROM (VALUES ('run_failed', 'a', 'EXHAUSTED'), ('run_failed', 'b', 'QUEUED'), ('run_fine', 'a', 'SUCCEEDED'),
              ('run_fine', 'b', 'QUEUED')) v(r, s, st);`)
-	require.NoError(t, err)
-
-	_, err = db.MigrateURL(ctx, target, migrations.FS)
-	require.NoError(t, err)
 	status := map[string]string{}
 	rows, err := conn.Query(ctx, `SELECT id, status FROM job_runs`)
 	require.NoError(t, err)
@@ -250,17 +259,12 @@ FROM (VALUES ('run_failed', 'a', 'EXHAUSTED'), ('run_failed', 'b', 'QUEUED'), ('
 func TestShortRetentionBoundsSurgeHistoryOnUpgrade(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	target, conn := databaseAt(t, 34)
-	_, err := conn.Exec(ctx, `
+	conn := upgradedFrom(t, 34, `
 INSERT INTO workspaces (id, name) VALUES ('ws_1', 'w');
 `+policiesWithRetention(`('short', 2), ('short.new', 2), ('week', 8)`)+`;
 INSERT INTO gate_effect_types (workspace_id, effect_type, first_seen_at, baseline_for, baseline_median)
 SELECT 'ws_1', t, now() - make_interval(days => age), date_trunc('hour', now(), 'UTC'), 7
 FROM (VALUES ('short', 5), ('short.new', 1), ('week', 30), ('no.policy', 30)) v(t, age);`)
-	require.NoError(t, err)
-
-	_, err = db.MigrateURL(ctx, target, migrations.FS)
-	require.NoError(t, err)
 	type history struct {
 		bounded, cached bool
 	}
@@ -292,9 +296,7 @@ FROM (VALUES ('short', 5), ('short.new', 1), ('week', 30), ('no.policy', 30)) v(
 // for a group without steps); other groups get none.
 func TestCommittedGroupsGetTheirKeepUntilOnUpgrade(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	target, conn := databaseAt(t, 36)
-	_, err := conn.Exec(ctx, `
+	conn := upgradedFrom(t, 36, `
 INSERT INTO workspaces (id, name) VALUES ('ws_1', 'w');
 `+policiesWithRetention(`('charge', 3), ('refund', 200)`)+`;
 INSERT INTO effect_groups (id, workspace_id, name, state, created_by_key_id, created_at, updated_at, committed_at)
@@ -308,10 +310,6 @@ VALUES ('eff_1', 'ws_1', 'charge', 'k1', 'f', 'succeeded', 60, 'grp_short', 'key
        ('eff_2', 'ws_1', 'charge', 'k2', 'f', 'succeeded', 60, 'grp_mixed', 'key_1', '2026-01-01', '2026-01-01'),
        ('eff_3', 'ws_1', 'email', 'k3', 'f', 'succeeded', 60, 'grp_mixed', 'key_1', '2026-01-01', '2026-01-01'),
        ('eff_4', 'ws_1', 'charge', 'k4', 'f', 'succeeded', 60, 'grp_open', 'key_1', '2026-01-01', '2026-01-01');`)
-	require.NoError(t, err)
-
-	_, err = db.MigrateURL(ctx, target, migrations.FS)
-	require.NoError(t, err)
 	got := byID[*string](t, conn, `SELECT id, (keep_until::date - committed_at::date) || ' days' FROM effect_groups`)
 	days := func(s string) *string { return &s }
 	require.Equal(t, map[string]*string{"grp_short": days("3 days"), "grp_mixed": days("90 days"),
@@ -324,9 +322,7 @@ VALUES ('eff_1', 'ws_1', 'charge', 'k1', 'f', 'succeeded', 60, 'grp_short', 'key
 // index of groups kept now holds all three states.
 func TestEndedGroupsGetTheirKeepUntilOnUpgrade(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	target, conn := databaseAt(t, 37)
-	_, err := conn.Exec(ctx, `
+	conn := upgradedFrom(t, 37, `
 INSERT INTO workspaces (id, name) VALUES ('ws_1', 'w');
 `+policiesWithRetention(`('charge', 3), ('refund', 200)`)+`;
 INSERT INTO effect_groups (id, workspace_id, name, state, created_by_key_id, created_at, updated_at, committed_at,
@@ -347,10 +343,6 @@ VALUES ('eff_1', 'ws_1', 'charge', 'k1', 'f', 'succeeded', 60, 'grp_unwound', 'k
        ('eff_3', 'ws_1', 'charge', 'k3', 'f', 'succeeded', 60, 'grp_failed', 'key_1', '2026-01-01', '2026-01-01'),
        ('eff_4', 'ws_1', 'charge', 'k4', 'f', 'succeeded', 60, 'grp_unwinding', 'key_1', '2026-01-01', '2026-01-01'),
        ('eff_5', 'ws_1', 'charge', 'k5', 'f', 'succeeded', 60, 'grp_recommitted', 'key_1', '2026-01-01', '2026-01-01');`)
-	require.NoError(t, err)
-
-	_, err = db.MigrateURL(ctx, target, migrations.FS)
-	require.NoError(t, err)
 	got := byID[*string](t, conn, `SELECT id, keep_until::date::text FROM effect_groups`)
 	day := func(s string) *string { return &s }
 	require.Equal(t, map[string]*string{"grp_unwound": day("2026-07-24"), "grp_failed": day("2026-01-08"),
@@ -375,9 +367,7 @@ WHERE c.relname IN ('effect_groups_kept_idx', 'effects_ended_ungrouped_idx', 'ef
 // one keep their times.
 func TestWaitingReplaysAreDueAtTheirAttemptsLeaseOnUpgrade(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	target, conn := databaseAt(t, 60)
-	_, err := conn.Exec(ctx, `
+	conn := upgradedFrom(t, 60, `
 INSERT INTO workspaces (id, name) VALUES ('ws_1', 'w');
 INSERT INTO job_endpoints (id, workspace_id, name, preset, max_attempts, initial_delay_ms, multiplier, max_delay_ms,
     jitter_percent, default_timeout_ms, created_at, updated_at)
@@ -393,10 +383,6 @@ FROM (VALUES ('waiting', 'QUEUED', 1, now() + interval '1 hour'),
              ('lapsed', 'QUEUED', 1, now() - interval '1 minute'),
              ('cancelled', 'CANCELLED', 1, now() + interval '1 hour'),
              ('plain', 'QUEUED', NULL, now() + interval '1 hour')) v(k, st, held, lease);`)
-	require.NoError(t, err)
-
-	_, err = db.MigrateURL(ctx, target, migrations.FS)
-	require.NoError(t, err)
 	got := byID[string](t, conn, `SELECT id, CASE
 		WHEN ready_at IS NULL AND due_at IS NULL THEN 'none'
 		WHEN ready_at = lease_expires_at AND due_at = lease_expires_at THEN 'lease'
@@ -412,8 +398,7 @@ FROM (VALUES ('waiting', 'QUEUED', 1, now() + interval '1 hour'),
 func TestDeletedWebhooksLoseTheirSecretsOnUpgrade(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	target, conn := databaseAt(t, 64)
-	_, err := conn.Exec(ctx, `
+	conn := upgradedFrom(t, 64, `
 INSERT INTO workspaces (id, name) VALUES ('ws_1', 'w');
 INSERT INTO webhooks (id, workspace_id, url, events, secret, previous_secret, previous_secret_expires_at,
     created_at, deleted_at)
@@ -422,16 +407,12 @@ VALUES ('whk_live', 'ws_1', 'https://example.com/a', '{run.finished}', '\x01aa',
        ('whk_gone', 'ws_1', 'https://example.com/b', '{run.finished}', '\x01cc', '\x01dd', now() + interval '1 hour',
         now(), now()),
        ('whk_gone_plain', 'ws_1', 'https://example.com/c', '{run.finished}', '\x01ee', NULL, NULL, now(), now());`)
-	require.NoError(t, err)
-
-	_, err = db.MigrateURL(ctx, target, migrations.FS)
-	require.NoError(t, err)
 	got := byID[string](t, conn, `SELECT id, coalesce(encode(secret, 'hex'), '-') || '/' ||
 		coalesce(encode(previous_secret, 'hex'), '-') || '/' || (previous_secret_expires_at IS NOT NULL)::text
 		FROM webhooks`)
 	require.Equal(t, map[string]string{"whk_live": "01aa/01bb/true", "whk_gone": "-/-/false",
 		"whk_gone_plain": "-/-/false"}, got)
-	_, err = conn.Exec(ctx, `UPDATE webhooks SET secret = NULL WHERE id = 'whk_live'`)
+	_, err := conn.Exec(ctx, `UPDATE webhooks SET secret = NULL WHERE id = 'whk_live'`)
 	require.ErrorContains(t, err, "webhooks_live_secret")
 }
 
