@@ -75,7 +75,7 @@ type Delivery struct {
 // validate's checks: events lists 1 to maxEventsListed names, repeats
 // included, each one of events.Types.
 type CreateRequest struct {
-	URL    string   `json:"url" openapi:"maxLength=2000" jsonschema:"the receiver: an absolute https URL without credentials or white space, naming a host and, if any, a port from 1 to 65535. Unless the server sets WEBHOOK_ALLOW_PRIVATE_NETWORKS=true its host must be a public address (an IP literal or localhost is checked here, a host name after its DNS resolution at each delivery) and its scheme https; with it, http is taken too. A subscription stored with an http url before this check keeps being delivered"`
+	URL    string   `json:"url" openapi:"maxLength=2000" jsonschema:"the receiver: an absolute https URL (http too when the server sets WEBHOOK_ALLOW_PRIVATE_NETWORKS=true) without credentials or white space, naming a host and, if any, a port from 1 to 65535. Unless the server sets WEBHOOK_ALLOW_PRIVATE_NETWORKS=true its host must be a public address: an IP literal or localhost is checked here, a host name after its DNS resolution at each delivery. A subscription stored with an http url before https was required keeps being delivered"`
 	Events []string `json:"events" openapi:"required,minItems=1,maxItems=50,itemEnum=effect.indeterminate|circuit.tripped|circuit.closed|approval.requested|approval.decided|reconciliation.due|run.finished|step.exhausted|step.replayed"`
 }
 
