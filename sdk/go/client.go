@@ -185,14 +185,15 @@ func withRetryCutoff(ctx context.Context, cutoff <-chan struct{}) context.Contex
 	return context.WithValue(ctx, retryCutoffKey{}, cutoff)
 }
 
-type noRateLimitWaitKey struct{}
+type singleTryKey struct{}
 
-// withoutRateLimitWait returns ctx under which a call answered 429 returns
-// it at once instead of waiting out its Retry-After and asking again: for a
-// worker's heartbeat, which paces its own next try so that a long
-// Retry-After cannot let the lease lapse (see heartbeatWait).
-func withoutRateLimitWait(ctx context.Context) context.Context {
-	return context.WithValue(ctx, noRateLimitWaitKey{}, true)
+// singleTry returns ctx under which a call is sent once and its failure
+// returned at once, whatever Config.MaxRetries: for a worker's heartbeat,
+// which paces its own next try within the lease left (heartbeatWait), as
+// the Python and TypeScript workers' do (sdk QA: the client's 0.5-8 s
+// backoff and a 429's whole Retry-After were waited inside the call).
+func singleTry(ctx context.Context) context.Context {
+	return context.WithValue(ctx, singleTryKey{}, true)
 }
 
 // idempotency says whether a call may be repeated after an ambiguous
@@ -265,9 +266,7 @@ func (c *Client) doKeyed(ctx context.Context, method, path, key string, in, out 
 			polls++
 			attempt--
 			wait = max(wait, time.Second)
-		} else if !retry || attempt >= c.maxRetries || ctx.Err() != nil {
-			return err
-		} else if ctx.Value(noRateLimitWaitKey{}) != nil && rateLimited(err) {
+		} else if !retry || attempt >= c.maxRetries || ctx.Err() != nil || ctx.Value(singleTryKey{}) != nil {
 			return err
 		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
@@ -369,12 +368,6 @@ func (c *Client) retryDelay(err error, attempt int, safe idempotency) (time.Dura
 		return c.backoff(attempt), bool(safe)
 	}
 	return 0, false // the caller's context ended, or an error of ours
-}
-
-// rateLimited says whether err is a 429.
-func rateLimited(err error) bool {
-	var apiErr *Error
-	return errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusTooManyRequests
 }
 
 // backoff is capped exponential backoff with "equal jitter": half the step

@@ -1292,17 +1292,17 @@ func (w *Worker) report(j ClaimedJob, expires time.Time, r JobReport) {
 // (see leaseGone), or its end passed by this process's clock while
 // heartbeats failed, as the Python and TypeScript workers do (sdk QA: the
 // handler ran on past the lapse, while another worker could reclaim the
-// job). Each heartbeat, with its retries, ends by the lease's end (or a
-// second from now, so one is always tried): a backoff must not hold the
-// lapse unnoticed. A 429 is not waited out inside the call: the next
-// heartbeat comes after its Retry-After or a third of the lease left,
-// whichever is sooner (heartbeatWait). It returns when the lease, as last
-// extended, lapses by this process's clock (leaseEndFrom).
+// job). Each heartbeat is one try (singleTry), ending by the lease's end (or
+// a second from now, so one is always tried); a failed one is tried again by
+// this loop, paced by heartbeatWait as the Python and TypeScript workers
+// pace theirs. It returns when the lease, as last extended, lapses by this
+// process's clock (leaseEndFrom).
 func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.CancelCauseFunc) time.Time {
 	end := j.leaseEnd
 	var failed error // the last heartbeat's failure, nil after one that worked
+	failures := 0    // heartbeats failed in a row
 	for {
-		fire, stop := w.clock.Timer(heartbeatWait(w.heartbeatEvery(end, j), failed))
+		fire, stop := w.clock.Timer(heartbeatWait(w.heartbeatEvery(end, j), failed, failures))
 		select {
 		case <-ctx.Done():
 			stop()
@@ -1315,7 +1315,7 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 			w.opts.OnError(fmt.Errorf("ratchet: job %s attempt %d: no heartbeat extended its lease before it lapsed", j.JobID, j.Attempt))
 			return end
 		}
-		hctx, cancelBeat := context.WithDeadline(withoutRateLimitWait(ctx), later(end, sent.Add(minHeartbeat)))
+		hctx, cancelBeat := context.WithDeadline(singleTry(ctx), later(end, sent.Add(minHeartbeat)))
 		hb, err := w.c.HeartbeatJob(hctx, j.JobID, j.LeaseToken)
 		cancelBeat()
 		if ctx.Err() != nil {
@@ -1323,6 +1323,7 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 		}
 		failed = err
 		if err != nil {
+			failures++
 			if leaseGone(err) {
 				cancel(&jobLeaseLostError{code: ErrorCode(err)})
 				w.opts.OnError(fmt.Errorf("ratchet: job %s attempt %d no longer holds its lease: %w", j.JobID, j.Attempt, err))
@@ -1342,6 +1343,7 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 			cancel(ErrCancelRequested)
 			return end
 		}
+		failures = 0
 		end = leaseEndFrom(sent, j, hb.LeaseExpiresAt)
 	}
 }
@@ -1371,19 +1373,25 @@ func (w *Worker) heartbeatEvery(end time.Time, j ClaimedJob) time.Duration {
 	return min(max(left/3, minHeartbeat), maxHeartbeat)
 }
 
-// heartbeatWait is the wait before the next heartbeat: every (heartbeatEvery),
-// or after a heartbeat answered 429 the server's Retry-After (at least
-// minHeartbeat) when that is sooner, as in the Python and TypeScript
-// workers: the rate limit is honoured, but never past a third of the lease
-// left, so that it cannot let the lease lapse (sdk QA: Go waited out the
-// whole Retry-After, the others ignored it).
-func heartbeatWait(every time.Duration, failed error) time.Duration {
-	var apiErr *Error
-	if !errors.As(failed, &apiErr) || apiErr.StatusCode != http.StatusTooManyRequests {
+// heartbeatWait is the wait before the next heartbeat: every
+// (heartbeatEvery) after one that worked; after the nth failure in a row a
+// backoff from minHeartbeat, doubled n-1 times (1, 2, 4, 8 s...), and after
+// a 429 the server's Retry-After (at least minHeartbeat) instead; either
+// never past every, a third of the lease left, so that at least two more
+// tries fit before it lapses. The Python and TypeScript workers pace theirs
+// the same (sdk QA: Go retried inside its client, 0.5-8 s apart, and then
+// waited a third of the lease left; they waited a third of the lease left
+// at once; and Go waited out a 429's whole Retry-After).
+func heartbeatWait(every time.Duration, failed error, failures int) time.Duration {
+	if failed == nil {
 		return every
 	}
-	secs := min(max(apiErr.RetryAfterSeconds(), 0), int(maxHeartbeat/time.Second)) // no overflow
-	return min(every, max(time.Duration(secs)*time.Second, minHeartbeat))
+	var apiErr *Error
+	if errors.As(failed, &apiErr) && apiErr.StatusCode == http.StatusTooManyRequests {
+		secs := min(max(apiErr.RetryAfterSeconds(), 0), int(maxHeartbeat/time.Second)) // no overflow
+		return min(every, max(time.Duration(secs)*time.Second, minHeartbeat))
+	}
+	return min(every, minHeartbeat<<min(max(failures-1, 0), 6))
 }
 
 // leaseGone says whether a job heartbeat's refusal ends the attempt for

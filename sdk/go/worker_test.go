@@ -29,7 +29,7 @@ type fakeJobs struct {
 	registrations int
 	claimedJobs   int
 	cancel        map[string]bool
-	heartbeat     func(jobID string) (status int, code string) // optional failure
+	heartbeat     func(jobID string) (status int, code string) // optional failure (status -1: the connection drops)
 	heartbeatWait int                                          // the failure's detail.retry_after_seconds, when set
 	leaseFor      time.Duration
 	leaseMs       int64 // the claim's leaseMs (0: not said, as an older server)
@@ -134,7 +134,11 @@ func (f *fakeJobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		hb, wait := f.heartbeat, f.heartbeatWait
 		f.mu.Unlock()
 		if hb != nil {
-			if status, code := hb(id); status != 0 {
+			if status, code := hb(id); status < 0 { // the answer lost: the connection dropped
+				conn, _, _ := w.(http.Hijacker).Hijack()
+				conn.Close()
+				return
+			} else if status != 0 {
 				var detail map[string]any
 				if wait > 0 {
 					detail = map[string]any{"retry_after_seconds": wait}
@@ -2294,6 +2298,106 @@ func TestWorkerHeartbeatHonoursRetryAfterWithinTheLease(t *testing.T) {
 	want := []time.Duration{20 * time.Second, 5 * time.Second, 20 * time.Second, 20 * time.Second}
 	if len(waits) < len(want) || !slices.Equal(waits[:len(want)], want) {
 		t.Fatalf("heartbeat waits %v, want %v first", waits, want)
+	}
+}
+
+// A heartbeat that fails (a 5xx, a lost answer) is tried again after a
+// backoff from a second, doubled at each failure in a row (1, 2, 4 s), and
+// after one that worked at the usual third of the lease left, each try one
+// call, not the client's own retries: the Python and TypeScript workers pace
+// theirs alike (sdk QA: Go retried inside its client, 0.5-8 s apart, then
+// waited a third of the lease left, while they waited that at once).
+func TestWorkerHeartbeatBacksOffWithinTheLease(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.leaseMs = 70000 // with the 60 s timeout: a heartbeat every 20 s
+	id := f.add("long", "1", welcomeIn{}, 60000)
+	f.heartbeat = func(string) (int, string) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		switch f.heartbeats { // counting this one
+		case 1:
+			return http.StatusInternalServerError, CodeInternal
+		case 2:
+			return -1, ""
+		case 3:
+			return http.StatusServiceUnavailable, "service_unavailable"
+		case 5:
+			return http.StatusBadGateway, "bad_gateway"
+		}
+		return 0, ""
+	}
+	c, _ := testClient(t, f)
+	w := NewWorker(c)
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	var waits []time.Duration // the heartbeats' waits
+	w.clock = &fakeClock{now: start, end: start.Add(1000 * time.Hour), done: make(chan struct{}),
+		fires: func(d time.Duration) bool {
+			if d >= time.Hour { // the idle poll: never
+				return false
+			}
+			if d != claimCooldown {
+				mu.Lock()
+				waits = append(waits, d)
+				mu.Unlock()
+			}
+			return true
+		}}
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
+		Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+			for {
+				mu.Lock()
+				n := len(waits)
+				mu.Unlock()
+				if n >= 6 {
+					return welcomeOut{Sent: true}, nil
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}}))
+	must(t, w.Start(context.Background(), StartOptions{PollInterval: 2 * time.Hour, OnError: func(error) {}}))
+	f.waitReport(t, id)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	must(t, w.Stop(ctx))
+	mu.Lock()
+	defer mu.Unlock()
+	want := []time.Duration{20 * time.Second, time.Second, 2 * time.Second, 4 * time.Second, 20 * time.Second, time.Second}
+	if len(waits) < len(want) || !slices.Equal(waits[:len(want)], want) {
+		t.Fatalf("heartbeat waits %v, want %v first", waits, want)
+	}
+}
+
+// The backoff after failed heartbeats never waits past a third of the
+// lease left (every), so two more tries fit before it lapses; nor does a
+// 429's Retry-After.
+func TestHeartbeatWait(t *testing.T) {
+	t.Parallel()
+	down := &Error{StatusCode: http.StatusServiceUnavailable, Code: "service_unavailable"}
+	limited := &Error{StatusCode: http.StatusTooManyRequests, Code: CodeRateLimited,
+		Detail: map[string]any{"retry_after_seconds": 30}}
+	lost := &netError{err: io.ErrUnexpectedEOF}
+	cases := []struct {
+		every    time.Duration
+		failed   error
+		failures int
+		want     time.Duration
+	}{
+		{20 * time.Second, nil, 0, 20 * time.Second},
+		{20 * time.Second, down, 1, time.Second},
+		{20 * time.Second, lost, 2, 2 * time.Second},
+		{20 * time.Second, down, 4, 8 * time.Second},
+		{10 * time.Second, down, 5, 10 * time.Second}, // 16 s would outwait every
+		{3 * time.Second, down, 3, 3 * time.Second},   // 4 s would outwait a third of 9 s left
+		{time.Minute, down, 60, time.Minute},          // no overflow
+		{20 * time.Second, limited, 1, 20 * time.Second},
+		{time.Minute, limited, 1, 30 * time.Second},
+	}
+	for _, c := range cases {
+		if got := heartbeatWait(c.every, c.failed, c.failures); got != c.want {
+			t.Errorf("heartbeatWait(%v, %v, %d) = %v, want %v", c.every, c.failed, c.failures, got, c.want)
+		}
 	}
 }
 

@@ -1002,7 +1002,8 @@ class Worker:
         heartbeats fail)."""
         context = active.context
         failed: Optional[BaseException] = None  # the last heartbeat's failure
-        while not self._beat_pause(active, _beat_wait(_beat_every(active.lease_end, context), failed)):
+        failures = 0  # heartbeats failed in a row
+        while not self._beat_pause(active, _beat_wait(_beat_every(active.lease_end, context), failed, failures)):
             failed = None
             if time.monotonic() >= active.lease_end:
                 active.lost_code = ""
@@ -1028,11 +1029,13 @@ class Worker:
                     self._refuse(err)
                     return
                 self._notify(err)
-                failed = err
+                failed, failures = err, failures + 1
                 continue
             except ConnectionLost as err:
                 self._notify(err)
+                failed, failures = err, failures + 1
                 continue
+            failures = 0
             if beat.get("cancelRequested"):
                 # The lease is not extended for a cancelled job.
                 context._cancel("cancelled")
@@ -1308,15 +1311,19 @@ def _beat_every(lease_end: float, context: JobContext) -> float:
     return min(max(left / 3, _MIN_HEARTBEAT), _MAX_HEARTBEAT)
 
 
-def _beat_wait(every: float, failed: Optional[BaseException]) -> float:
+def _beat_wait(every: float, failed: Optional[BaseException], failures: int) -> float:
     """The wait before the next heartbeat (the Go SDK's heartbeatWait):
-    every (_beat_every), or after a heartbeat answered 429 the server's
-    Retry-After (at least _MIN_HEARTBEAT) when that is sooner: the rate
-    limit is honoured, but never past a third of the lease left, so that it
-    cannot let the lease lapse."""
-    if not isinstance(failed, RatchetError) or failed.status != 429:
+    every (_beat_every) after one that worked; after the nth failure in a
+    row a backoff from _MIN_HEARTBEAT, doubled n-1 times (1, 2, 4, 8 s...),
+    and after a 429 the server's Retry-After (at least _MIN_HEARTBEAT)
+    instead; either never past every, a third of the lease left, so that at
+    least two more tries fit before it lapses (sdk QA: this SDK waited a
+    third of the lease left at once, Go retried inside its client)."""
+    if failed is None:
         return every
-    return min(every, max(float(failed.retry_after_seconds), _MIN_HEARTBEAT))
+    if isinstance(failed, RatchetError) and failed.status == 429:
+        return min(every, max(float(failed.retry_after_seconds), _MIN_HEARTBEAT))
+    return min(every, _MIN_HEARTBEAT * 2 ** min(max(failures - 1, 0), 6))
 
 
 def _describe(value: Any) -> str:

@@ -19,7 +19,7 @@ import getratchet
 from getratchet import ConnectionLost, RatchetError, RetryableError, redact_message
 from getratchet import _http, _json
 from getratchet._http import Transport
-from getratchet.worker import _key_refused, _read_decision
+from getratchet.worker import _beat_wait, _key_refused, _read_decision
 
 # A worker started without on_error logs its default failure log to
 # "getratchet.worker", which with no handler anywhere went to stderr, into
@@ -1543,6 +1543,48 @@ class WorkerRulesTest(unittest.TestCase):
         wait_until(lambda: seen["beats"] >= 4)
         self.assertTrue(client.worker.stop(5))
         self.assertEqual([round(w) for w in waits[:4]], [20, 5, 20, 20])
+
+    def test_a_failed_heartbeat_backs_off_within_the_lease(self) -> None:
+        # As in Go and TypeScript: a heartbeat that failed (a 5xx, a lost
+        # answer) is tried again after a backoff from a second, doubled at
+        # each failure in a row (1, 2, 4 s), never past the third of the
+        # lease left, and after one that worked at that third again (sdk QA:
+        # this SDK waited the third at once, Go retried inside its client).
+        waits: List[float] = []
+        answers = {1: (500, error("internal_error"), {}), 2: (0, None, {}), 3: (503, error("service_unavailable"), {}),
+                   5: (502, error("bad_gateway"), {})}
+        ok = (200, {"leaseExpiresAt": "2030-01-01T00:00:00Z", "cancelRequested": False}, {})
+        # Answered by the waits so far, so that a lost answer's one repeat on
+        # a new connection (the transport's, within one try) is lost too.
+        respond, seen = self.one_job_beats(70_000, lambda n: answers.get(len(waits), ok))
+
+        def handler(input, context):
+            wait_until(lambda: len(waits) >= 6)
+            return {"ok": True}
+
+        real = getratchet.worker.Worker._beat_pause
+
+        def pause(worker, active, seconds):
+            waits.append(seconds)
+            return real(worker, active, 0.01)
+
+        patcher = mock.patch.object(getratchet.worker.Worker, "_beat_pause", autospec=True, side_effect=pause)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        client, _ = self.serve(respond, handler)
+        wait_until(lambda: seen["reports"])
+        self.assertTrue(client.worker.stop(5))
+        # A 60 s timeout and a 70 s lease: a heartbeat every 20 s.
+        self.assertEqual([round(w) for w in waits[:6]], [20, 1, 2, 4, 20, 1])
+
+    def test_the_heartbeat_backoff_never_waits_past_a_third_of_the_lease_left(self) -> None:
+        down = RatchetError(503, "service_unavailable", "down")
+        limited = RatchetError(429, "rate_limited", "slow down", {"retry_after_seconds": 30})
+        cases = [(20.0, None, 0, 20.0), (20.0, down, 1, 1.0), (20.0, ConnectionLost("lost"), 2, 2.0),
+                 (20.0, down, 4, 8.0), (10.0, down, 5, 10.0), (3.0, down, 3, 3.0), (60.0, down, 60, 60.0),
+                 (20.0, limited, 1, 20.0), (60.0, limited, 1, 30.0)]
+        for every, failed, failures, want in cases:
+            self.assertEqual(_beat_wait(every, failed, failures), want, (every, failed, failures))
 
     def test_a_stop_gives_cancelled_handlers_the_stop_grace_ten_seconds_by_default(self) -> None:
         # A handler told to stop at the deadline that returns 2 s later (a

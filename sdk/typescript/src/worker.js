@@ -867,9 +867,10 @@ export class Worker {
    * fail). Never delays the supervisor's own timing. */
   async #heartbeats(label, record, leaseMs, timeoutMs, done) {
     let failed = null; // the last heartbeat's failure
+    let failures = 0; // heartbeats failed in a row
     for (;;) {
       try {
-        await heartbeatTimes.pause(beatWait(beatEvery(record.leaseEnd, timeoutMs), failed), done);
+        await heartbeatTimes.pause(beatWait(beatEvery(record.leaseEnd, timeoutMs), failed, failures), done);
       } catch {
         return;
       }
@@ -883,6 +884,7 @@ export class Worker {
       try {
         const beat = await this.#transport.call('POST', `/jobs/${pathId(label.jobId)}/heartbeat`, { leaseToken: label.token },
           { safe: true, maxRetries: 0, timeoutMs: Math.min(this.#transport.timeoutMs, 10_000), signal: done });
+        failures = 0;
         if (beat?.cancelRequested) {
           record.cancel('cancelled'); // the lease is not extended for a cancelled job
           return;
@@ -904,6 +906,7 @@ export class Worker {
         }
         this.#notify(err);
         failed = err;
+        failures++;
       }
     }
   }
@@ -1083,13 +1086,18 @@ function beatEvery(leaseEnd, timeoutMs) {
 }
 
 /** The wait before the next heartbeat (the Go SDK's heartbeatWait): every
- * (beatEvery), or after a heartbeat answered 429 the server's Retry-After
- * (at least MIN_HEARTBEAT_MS) when that is sooner: the rate limit is
- * honoured, but never past a third of the lease left, so that it cannot let
- * the lease lapse. */
-function beatWait(every, failed) {
-  if (!(failed instanceof RatchetError) || failed.status !== 429) return every;
-  return Math.min(every, Math.max(failed.retryAfterSeconds * 1000, MIN_HEARTBEAT_MS));
+ * (beatEvery) after one that worked; after the nth failure in a row a
+ * backoff from MIN_HEARTBEAT_MS, doubled n-1 times (1, 2, 4, 8 s...), and
+ * after a 429 the server's Retry-After (at least MIN_HEARTBEAT_MS) instead;
+ * either never past every, a third of the lease left, so that at least two
+ * more tries fit before it lapses (sdk QA: this SDK waited a third of the
+ * lease left at once, Go retried inside its client). */
+export function beatWait(every, failed, failures) {
+  if (failed === null) return every;
+  if (failed instanceof RatchetError && failed.status === 429) {
+    return Math.min(every, Math.max(failed.retryAfterSeconds * 1000, MIN_HEARTBEAT_MS));
+  }
+  return Math.min(every, MIN_HEARTBEAT_MS * 2 ** Math.min(Math.max(failures - 1, 0), 6));
 }
 
 function errorName(error) {

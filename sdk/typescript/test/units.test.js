@@ -13,7 +13,7 @@ import { gateTimes } from '../src/client.js';
 import { failureLogTimes, summary } from '../src/failurelog.js';
 import { stringify, stringifyIteratively } from '../src/json.js';
 import { Transport } from '../src/transport.js';
-import { Reporter, Worker, heartbeatTimes, keyRefused, readDecision, reportTimes } from '../src/worker.js';
+import { Reporter, Worker, beatWait, heartbeatTimes, keyRefused, readDecision, reportTimes } from '../src/worker.js';
 import './quiet.js';
 
 /** Answers each request with the next [status, body, headers] of a script
@@ -964,6 +964,47 @@ test('a rate-limited heartbeat heeds Retry-After within the lease', async (t) =>
   });
   await until(() => seen.beats >= 4);
   assert.deepEqual(waits.slice(0, 4).map(Math.round), [20_000, 5_000, 20_000, 20_000]);
+});
+
+// As in Go and Python: a heartbeat that failed (a 5xx, a lost answer) is
+// tried again after a backoff from a second, doubled at each failure in a
+// row (1, 2, 4 s), never past the third of the lease left, and after one
+// that worked at that third again (sdk QA: this SDK waited the third at
+// once, Go retried inside its client).
+test('a failed heartbeat backs off within the lease', async (t) => {
+  const seen = { claims: 0, reports: 0 };
+  const waits = [];
+  const saved = heartbeatTimes.pause;
+  heartbeatTimes.pause = (ms, signal) => { waits.push(ms); return saved(10, signal); };
+  t.after(() => { heartbeatTimes.pause = saved; });
+  // Answered by the waits so far, so that a lost answer's repeat on a new
+  // connection, if the transport makes one within the try, is lost too.
+  const answers = { 1: [500, error('internal_error')], 2: [0, null], 3: [503, error('service_unavailable')], 5: [502, error('bad_gateway')] };
+  await serve(t, (method, path) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      seen.claims++;
+      // A 60 s timeout and a 70 s lease: a heartbeat every 20 s.
+      return [200, { jobs: seen.claims === 1 ? [{ ...job(1, 60_000), leaseMs: 70_000 }] : [] }];
+    }
+    if (path.endsWith('/heartbeat')) return answers[waits.length] ?? [200, { leaseExpiresAt: '2030-01-01T00:00:00Z', cancelRequested: false }];
+    seen.reports++;
+    return [200, { jobId: 'job_1', status: 'SUCCEEDED', attempt: 1 }];
+  }, async () => {
+    await until(() => waits.length >= 6);
+    return { ok: true };
+  });
+  await until(() => seen.reports > 0);
+  assert.deepEqual(waits.slice(0, 6).map(Math.round), [20_000, 1_000, 2_000, 4_000, 20_000, 1_000]);
+});
+
+test('the heartbeat backoff never waits past a third of the lease left', () => {
+  const down = new RatchetError(503, 'service_unavailable', 'down');
+  const limited = new RatchetError(429, 'rate_limited', 'slow down', { retry_after_seconds: 30 });
+  const cases = [[20_000, null, 0, 20_000], [20_000, down, 1, 1_000], [20_000, new ConnectionLostError('lost'), 2, 2_000],
+    [20_000, down, 4, 8_000], [10_000, down, 5, 10_000], [3_000, down, 3, 3_000], [60_000, down, 60, 60_000],
+    [20_000, limited, 1, 20_000], [60_000, limited, 1, 30_000]];
+  for (const [every, failed, failures, want] of cases) assert.equal(beatWait(every, failed, failures), want, `${every} ${failed} ${failures}`);
 });
 
 // A handler told to stop at the deadline that returns 2 s later (a call it
