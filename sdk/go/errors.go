@@ -276,3 +276,33 @@ type PanicError struct {
 
 // Error implements error.
 func (e *PanicError) Error() string { return fmt.Sprintf("ratchet: %s panicked: %v", e.Where, e.Value) }
+
+// ReportNotRecordedError is what a worker's OnError is told of a job's
+// report the server did not record: refused (a lease_lost, an
+// invalid_state, a 403...) or given up at Stop's deadline, its job then run
+// again once its lease lapses unless the refusal settled it; or of a
+// success whose output the server refused, reported as a non-retryable
+// failure instead. Read it with errors.As; Err is the call's error (an
+// *Error, so IsCode and ErrorCode read through the notice, or a network
+// failure). The Python SDK's ReportNotRecorded and the TypeScript SDK's
+// ReportNotRecordedError carry the same (what, job id, attempt, cause).
+type ReportNotRecordedError struct {
+	// What is "not_recorded", or "output_refused" when the server refused
+	// a success's output and a failure was reported in its place.
+	What    string
+	JobID   string // the job whose report it was
+	Attempt int    // the attempt it reported
+	Err     error  // the call's error
+}
+
+// Error implements error.
+func (e *ReportNotRecordedError) Error() string {
+	if e.What == "output_refused" {
+		return fmt.Sprintf("ratchet: job %s attempt %d: the server refused the output; reporting it failed: %v",
+			e.JobID, e.Attempt, e.Err)
+	}
+	return fmt.Sprintf("ratchet: report job %s attempt %d: %v", e.JobID, e.Attempt, e.Err)
+}
+
+// Unwrap returns the call's error.
+func (e *ReportNotRecordedError) Unwrap() error { return e.Err }

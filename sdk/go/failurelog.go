@@ -131,12 +131,12 @@ const noOnErrorHint = "set StartOptions.OnError to see it"
 // not be encoded) by its type alone, with a hint to set OnError. call says
 // err is a failed call to the server (the first two).
 func failureAttrs(err error) (attrs []any, call bool) {
-	var report *reportNotRecordedError
+	var report *ReportNotRecordedError
 	if errors.As(err, &report) {
 		// Not counted as a failed call: the server answered it (or Stop
 		// gave it up), and no recovery line is owed for it.
-		inner, _ := failureAttrs(report.err)
-		return append([]any{"report", report.what, "job_id", logToken(report.jobID), "attempt", report.attempt}, inner...), false
+		inner, _ := failureAttrs(report.Err)
+		return append([]any{"report", logToken(report.What), "job_id", logToken(report.JobID), "attempt", report.Attempt}, inner...), false
 	}
 	var apiErr *Error
 	if errors.As(err, &apiErr) {

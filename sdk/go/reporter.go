@@ -389,7 +389,7 @@ func (r *reporter) sendEach(batch []queuedReport) {
 func (r *reporter) single(ctx context.Context, q queuedReport, sent time.Time) error {
 	_, err := r.c.ReportJob(ctx, q.job.JobID, q.report)
 	if why, ok := unrecordableOutput(err); ok && q.report.Status == ReportSucceeded {
-		r.onErr(&reportNotRecordedError{what: "output_refused", jobID: q.job.JobID, attempt: q.job.Attempt, err: err})
+		r.onErr(&ReportNotRecordedError{What: "output_refused", JobID: q.job.JobID, Attempt: q.job.Attempt, Err: err})
 		q.report = JobReport{LeaseToken: q.report.LeaseToken, Status: ReportFailed,
 			Error: &JobError{Message: why, Retryable: false}}
 		_, err = r.c.ReportJob(ctx, q.job.JobID, q.report)
@@ -469,39 +469,13 @@ func (r *reporter) settle(q queuedReport, err error, sent time.Time) {
 	if !settledRefusal(err) {
 		r.lost.Add(1)
 	}
-	notice := &reportNotRecordedError{what: "not_recorded", jobID: q.job.JobID, attempt: q.job.Attempt, err: err}
+	notice := &ReportNotRecordedError{What: "not_recorded", JobID: q.job.JobID, Attempt: q.job.Attempt, Err: err}
 	if r.refused != nil && keyRefused(err) {
 		r.refused(notice, err)
 		return
 	}
 	r.onErr(notice)
 }
-
-// reportNotRecordedError is what OnError is told of a report the server did
-// not record ("not_recorded": its job runs again once its lease lapses,
-// unless the refusal settled it), or of a success whose output it refused
-// ("output_refused": a failure is reported instead). It wraps the call's
-// error, and the default failure log names it by what, the job and attempt
-// and that error's status, code and request id (or network kind), as the
-// Python and TypeScript workers' do theirs (sdk QA: three shapes).
-type reportNotRecordedError struct {
-	what    string
-	jobID   string
-	attempt int
-	err     error
-}
-
-// Error implements error.
-func (e *reportNotRecordedError) Error() string {
-	if e.what == "output_refused" {
-		return fmt.Sprintf("ratchet: job %s attempt %d: the server refused the output; reporting it failed: %v",
-			e.jobID, e.attempt, e.err)
-	}
-	return fmt.Sprintf("ratchet: report job %s attempt %d: %v", e.jobID, e.attempt, e.err)
-}
-
-// Unwrap returns the call's error.
-func (e *reportNotRecordedError) Unwrap() error { return e.err }
 
 // jobReportLanded says whether a report's refusal says an earlier send of
 // the same report was recorded: lease_lost naming, in detail.reportedOutcome,

@@ -78,8 +78,9 @@ type StartOptions struct {
 	// not leave 5 s of the Config.HTTPClient's Timeout for the answer.
 	WaitSeconds int
 	// OnError receives problems that stay in the process: failed
-	// registrations, claims, heartbeats and reports, handler and classifier
-	// panics, invalid classifier decisions. A registration or claim that
+	// registrations, claims and heartbeats, reports not recorded (a
+	// *ReportNotRecordedError, naming the job and attempt), handler and
+	// classifier panics, invalid classifier decisions. A registration or claim that
 	// fails for a reason that may pass (a network error, a 5xx, a 429, after
 	// Config.MaxRetries) is retried for as long as the worker runs: after the
 	// nth failure in a row the worker waits PollInterval doubled n-1 times,

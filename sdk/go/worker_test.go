@@ -817,6 +817,53 @@ func TestWorkerReportsAnOversizedOutputAsAFailure(t *testing.T) {
 	}
 }
 
+// OnError reads a report the server did not record with errors.As: the
+// job, the attempt, what became of it and the call's error, as the Python
+// and TypeScript workers' notices carry them (sdk QA: Go's type was
+// unexported, so only its text said which job).
+func TestOnErrorReadsAReportNotRecorded(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.refuse = map[string]string{}
+	f.reportError = func(body json.RawMessage) (int, string) {
+		if strings.Contains(string(body), `"SUCCEEDED"`) && strings.Contains(string(body), `"big"`) {
+			return 413, CodePayloadTooLarge
+		}
+		return 0, ""
+	}
+	refused := f.add("t", "1", welcomeIn{CustomerID: "refused"}, 30000)
+	big := f.add("t", "1", welcomeIn{CustomerID: "big"}, 30000)
+	f.refuse[refused] = CodeInvalidState
+	notices := make(chan *ReportNotRecordedError, 10)
+	startWorker(t, f, func(w *Worker) {
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
+			Handler: func(_ context.Context, in welcomeIn, _ JobContext) (welcomeOut, error) {
+				return welcomeOut{Sent: true, Key: in.CustomerID}, nil
+			}}))
+	}, StartOptions{OnError: func(err error) {
+		var notice *ReportNotRecordedError
+		if errors.As(err, &notice) {
+			notices <- notice
+		}
+	}})
+	got := map[string]*ReportNotRecordedError{}
+	for len(got) < 2 {
+		select {
+		case n := <-notices:
+			got[n.JobID] = n
+		case <-time.After(30 * time.Second):
+			t.Fatalf("OnError was told %v", got)
+		}
+	}
+	if n := got[refused]; n.What != "not_recorded" || n.Attempt != 1 || !IsCode(n, CodeInvalidState) ||
+		!IsCode(n.Err, CodeInvalidState) || !strings.Contains(n.Error(), refused) {
+		t.Fatalf("the refused report's notice %+v", n)
+	}
+	if n := got[big]; n.What != "output_refused" || n.Attempt != 1 || !IsCode(errors.Unwrap(n), CodePayloadTooLarge) {
+		t.Fatalf("the refused output's notice %+v", n)
+	}
+}
+
 // fakeClock fires every timer at once and advances time by its duration,
 // except timers whose duration fails fires (those never fire). After limit
 // it stops firing and closes done.
