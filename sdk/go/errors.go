@@ -306,3 +306,35 @@ func (e *ReportNotRecordedError) Error() string {
 
 // Unwrap returns the call's error.
 func (e *ReportNotRecordedError) Unwrap() error { return e.Err }
+
+// LeaseLostError is what a worker's OnError is told when a job's attempt
+// lost its lease while its handler ran, whose context then ends with
+// ErrLeaseLost: a heartbeat was refused for good (Err is the refusal: 409
+// lease_lost or invalid_state, 404, 403), or the lease passed its end by
+// the worker's clock while heartbeats failed (Err nil). The job runs again
+// once its lease lapses, unless the refusal says it ended. Read it with
+// errors.As; it matches ErrLeaseLost with errors.Is. The Python SDK's
+// LeaseLost and the TypeScript SDK's LeaseLostError carry the same (job id,
+// attempt, tool, cause).
+type LeaseLostError struct {
+	JobID   string  // the job whose lease was lost
+	Attempt int     // the attempt that lost it
+	Tool    ToolRef // the handler's name and version
+	Err     error   // the heartbeat's refusal; nil when the lease lapsed
+}
+
+// Error implements error.
+func (e *LeaseLostError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("ratchet: job %s attempt %d (%s@%s): no heartbeat extended its lease before it lapsed",
+			e.JobID, e.Attempt, e.Tool.Name, e.Tool.Version)
+	}
+	return fmt.Sprintf("ratchet: job %s attempt %d (%s@%s) no longer holds its lease: %v",
+		e.JobID, e.Attempt, e.Tool.Name, e.Tool.Version, e.Err)
+}
+
+// Unwrap returns the heartbeat's refusal (nil after a lapse).
+func (e *LeaseLostError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrLeaseLost) true.
+func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }

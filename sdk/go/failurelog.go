@@ -121,8 +121,10 @@ func (l *logLine) write() {
 const noOnErrorHint = "set StartOptions.OnError to see it"
 
 // failureAttrs describes err without its text: a report not recorded by
-// what became of it, its job id and attempt, then its error as below (no
-// failed call to the server: the recovery line counts none); an
+// what became of it, its job id and attempt, then its error as below, and a
+// lease lost by lease=lapsed or lost, its job id, attempt and tool
+// (name@version), then the heartbeat's refusal as below (neither a failed
+// call to the server: the recovery line counts none); an
 // API error by its status,
 // code and request id (never its message or detail) and the call it
 // answered; a network failure by its kind and the call it failed on
@@ -137,6 +139,18 @@ func failureAttrs(err error) (attrs []any, call bool) {
 		// gave it up), and no recovery line is owed for it.
 		inner, _ := failureAttrs(report.Err)
 		return append([]any{"report", logToken(report.What), "job_id", logToken(report.JobID), "attempt", report.Attempt}, inner...), false
+	}
+	var lost *LeaseLostError
+	if errors.As(err, &lost) {
+		// Not counted as a failed call either: the server answered the
+		// heartbeat that lost it, or failures counted already lapsed it.
+		what, inner := "lapsed", []any(nil)
+		if lost.Err != nil {
+			what = "lost"
+			inner, _ = failureAttrs(lost.Err)
+		}
+		return append([]any{"lease", what, "job_id", logToken(lost.JobID), "attempt", lost.Attempt,
+			"tool", logTokenOf(lost.Tool.Name+"@"+lost.Tool.Version, 200)}, inner...), false
 	}
 	var apiErr *Error
 	if errors.As(err, &apiErr) {
@@ -227,8 +241,11 @@ func errorType(err error) string {
 // logToken is s as a log value: an error code or request id, cut to 64
 // bytes and to printable ASCII, as a server (or a proxy posing as one) may
 // send anything there.
-func logToken(s string) string {
-	b := []byte(s[:min(len(s), 64)])
+func logToken(s string) string { return logTokenOf(s, 64) }
+
+// logTokenOf is s cut to most bytes and to printable ASCII.
+func logTokenOf(s string, most int) string {
+	b := []byte(s[:min(len(s), most)])
 	for i, c := range b {
 		if c <= ' ' || c > '~' {
 			b[i] = '?'

@@ -225,6 +225,51 @@ func TestWorkerWithoutOnErrorLogsAReportNotRecorded(t *testing.T) {
 	}
 }
 
+// A lease lost while the handler ran is logged by what became of it, its
+// job, attempt and tool, and the heartbeat's refusal (status, code, request
+// id and call, never its message), as the Python and TypeScript workers log
+// it (sdk QA: Go logged the lapse by its error type alone).
+func TestWorkerWithoutOnErrorLogsALostLease(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.leaseMs = 3000 // a heartbeat a second in
+	f.heartbeat = func(string) (int, string) { return http.StatusConflict, CodeLeaseLost }
+	id := f.add("t", "1", welcomeIn{CustomerID: secret}, 60000)
+	c, _ := testClient(t, f)
+	w, buf := loggingWorker(t, c, nil, func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+		<-ctx.Done()
+		return welcomeOut{}, ctx.Err()
+	})
+	must(t, w.Start(context.Background(), StartOptions{PollInterval: 20 * time.Millisecond}))
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(buf.String(), "lease=") && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	must(t, w.Stop(ctx))
+	lines := buf.lines()
+	want := `level=WARN msg="ratchet worker" lease=lost job_id=` + id + ` attempt=1 tool=t@1 error=api status=409 ` +
+		`code=lease_lost request_id=req_1 method=POST host=`
+	if len(lines) != 1 || !strings.Contains(lines[0], want) || !strings.HasSuffix(lines[0], " path=/api/v1/jobs/"+id+"/heartbeat") {
+		t.Fatalf("log:\n%s\nwant one line holding %s", buf, want)
+	}
+	if strings.Contains(buf.String(), secret) {
+		t.Fatalf("the log holds the job's input:\n%s", buf)
+	}
+}
+
+// A lease that lapsed while heartbeats failed is logged by its job, attempt
+// and tool (sdk QA: Go logged it as *errors.errorString).
+func TestFailureAttrsNameALapsedLease(t *testing.T) {
+	t.Parallel()
+	attrs, call := failureAttrs(&LeaseLostError{JobID: "job_1", Attempt: 2, Tool: ToolRef{Name: "send email", Version: "1"}})
+	want := []any{"lease", "lapsed", "job_id", "job_1", "attempt", 2, "tool", "send?email@1"}
+	if call || !equalAttrs(attrs, want) {
+		t.Fatalf("attrs %v, want %v", attrs, want)
+	}
+}
+
 // The refusal that stops the worker is logged at once, whatever the pacing
 // (here a second after the line of a failed claim): it says why the worker
 // claims no more.

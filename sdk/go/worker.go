@@ -78,9 +78,10 @@ type StartOptions struct {
 	// not leave 5 s of the Config.HTTPClient's Timeout for the answer.
 	WaitSeconds int
 	// OnError receives problems that stay in the process: failed
-	// registrations, claims and heartbeats, reports not recorded (a
-	// *ReportNotRecordedError, naming the job and attempt), handler and
-	// classifier panics, invalid classifier decisions. A registration or claim that
+	// registrations, claims and heartbeats, leases lost (a *LeaseLostError)
+	// and reports not recorded (a *ReportNotRecordedError), each naming the
+	// job and attempt, handler and classifier panics, invalid classifier
+	// decisions. A registration or claim that
 	// fails for a reason that may pass (a network error, a 5xx, a 429, after
 	// Config.MaxRetries) is retried for as long as the worker runs: after the
 	// nth failure in a row the worker waits PollInterval doubled n-1 times,
@@ -110,7 +111,8 @@ type StartOptions struct {
 	// to reach the server, one line "ratchet worker recovered" with the
 	// number of failed calls. A report not recorded is logged with
 	// report=not_recorded (or output_refused), its job_id and attempt, then
-	// its error as above; the refusal that stops the worker (see Worker.Done)
+	// its error as above; a lost lease with lease=lost (or lapsed), its
+	// job_id, attempt and tool (name@version), then the heartbeat's refusal; the refusal that stops the worker (see Worker.Done)
 	// at once as "ratchet worker refused", whatever the pacing; and
 	// whenever the worker stops (Stop, Start giving up, Start's context
 	// ending, a refusal), when problems were left out since the last line,
@@ -1313,7 +1315,7 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 		sent := time.Now()
 		if !sent.Before(end) {
 			cancel(&jobLeaseLostError{})
-			w.opts.OnError(fmt.Errorf("ratchet: job %s attempt %d: no heartbeat extended its lease before it lapsed", j.JobID, j.Attempt))
+			w.opts.OnError(&LeaseLostError{JobID: j.JobID, Attempt: j.Attempt, Tool: ToolRef{Name: j.Name, Version: j.Version}})
 			return end
 		}
 		hctx, cancelBeat := context.WithDeadline(singleTry(ctx), later(end, sent.Add(minHeartbeat)))
@@ -1327,7 +1329,7 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 			failures++
 			if leaseGone(err) {
 				cancel(&jobLeaseLostError{code: ErrorCode(err)})
-				w.opts.OnError(fmt.Errorf("ratchet: job %s attempt %d no longer holds its lease: %w", j.JobID, j.Attempt, err))
+				w.opts.OnError(&LeaseLostError{JobID: j.JobID, Attempt: j.Attempt, Tool: ToolRef{Name: j.Name, Version: j.Version}, Err: err})
 				return end
 			}
 			if keyRefused(err) {

@@ -570,7 +570,12 @@ func TestWorkerCancelsAHandlerWhoseLeaseLapsesWhileHeartbeatsFail(t *testing.T) 
 	if r := f.waitReport(t, id); r["status"] != "SUCCEEDED" {
 		t.Fatalf("report %v", r)
 	}
-	if !slices.ContainsFunc(sink.list(), func(err error) bool { return strings.Contains(err.Error(), "before it lapsed") }) {
+	// OnError reads the lapse with errors.As: the job, its attempt and tool.
+	if !slices.ContainsFunc(sink.list(), func(err error) bool {
+		var lost *LeaseLostError
+		return errors.As(err, &lost) && lost.JobID == id && lost.Attempt == 1 && lost.Tool == ToolRef{Name: "long", Version: "1"} &&
+			lost.Err == nil && errors.Is(err, ErrLeaseLost) && strings.Contains(err.Error(), "before it lapsed")
+	}) {
 		t.Fatalf("OnError %v", sink.list())
 	}
 }

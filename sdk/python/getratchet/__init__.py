@@ -9,7 +9,7 @@ webhook deliveries (verify_webhook).
 from ._http import VERSION as __version__
 from .client import AFTER_FAILED, AFTER_SUCCEEDED, EffectOutcome, Lease, Ratchet, blind_key, create_ratchet
 from .errors import (ApprovalRequired, ConnectionLost, EffectBlocked, EffectDenied, EffectInFlight,
-                     InvalidDecisionError, NoWebhookSecretError, NonRetryableError, NotPerformed,
+                     InvalidDecisionError, LeaseLost, NoWebhookSecretError, NonRetryableError, NotPerformed,
                      OutcomeNotReported, RatchetError, ReportNotRecorded, ResultNotStored, RetryableError,
                      WebhookSignatureError)
 from .redact import redact_message
@@ -18,7 +18,7 @@ from .worker import JobContext, Worker
 
 __all__ = [
     "__version__", "AFTER_FAILED", "AFTER_SUCCEEDED", "ApprovalRequired", "ConnectionLost", "EffectBlocked",
-    "EffectDenied", "EffectInFlight", "EffectOutcome", "InvalidDecisionError", "JobContext", "Lease",
+    "EffectDenied", "EffectInFlight", "EffectOutcome", "InvalidDecisionError", "JobContext", "Lease", "LeaseLost",
     "NoWebhookSecretError", "NonRetryableError", "NotPerformed", "OutcomeNotReported", "Ratchet", "RatchetError",
     "ReportNotRecorded", "ResultNotStored", "RetryableError", "WebhookSignatureError", "Worker", "blind_key",
     "create_ratchet", "redact_message", "verify_webhook",

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.parse
 from typing import Any, Callable, Optional, Tuple
 
-from .errors import ConnectionLost, RatchetError, ReportNotRecorded
+from .errors import ConnectionLost, LeaseLost, RatchetError, ReportNotRecorded
 
 try:
     import ssl
@@ -99,13 +99,21 @@ def summary(error: BaseException) -> Tuple[str, bool]:
     a body); anything else (a handler's or classifier's exception, an invalid
     decision, an output that is not JSON) by its class alone, with a hint. A
     report not recorded is named by what became of it, its job id and
-    attempt, then its cause as above (the Go SDK's shape), and is no failed
-    call to the server (the recovery line counts none)."""
+    attempt, then its cause as above (the Go SDK's shape), and a lost lease
+    by lease=lapsed or lost, its job id, attempt and tool (name@version),
+    then the heartbeat's refusal as above; neither is a failed call to the
+    server (the recovery line counts none)."""
     if isinstance(error, ReportNotRecorded) and error.job_id:
         # Not counted as a failed call to the server: it answered it (or the
         # stop gave it up), and no recovery line is owed for it.
         text = summary(error.__cause__)[0] if error.__cause__ is not None else f"error=ReportNotRecorded {_HINT}"
         return f"report={_token(error.what)} job_id={_token(error.job_id)} attempt={int(error.attempt)} {text}", False
+    if isinstance(error, LeaseLost) and error.job_id:
+        # Nor is a lost lease: the server answered the heartbeat that lost
+        # it, or the failures that let it lapse were counted already.
+        what, text = ("lost", " " + summary(error.__cause__)[0]) if error.__cause__ is not None else ("lapsed", "")
+        return (f"lease={what} job_id={_token(error.job_id)} attempt={int(error.attempt)} "
+                f"tool={_token(error.tool, 200)}{text}"), False
     if isinstance(error, RatchetError):
         text = f"error=api status={error.status}"
         if error.code:

@@ -200,6 +200,26 @@ class ReportNotRecorded(Exception):
         self.__cause__ = cause
 
 
+class LeaseLost(Exception):
+    """Passed to a worker's ``on_error`` when a job's attempt lost its lease
+    while its handler ran, which is then cancelled as "lease_lost": a
+    heartbeat was refused for good (``__cause__`` is the RatchetError: 409
+    lease_lost or invalid_state, 404, 403), or the lease passed its end by
+    this process's clock while heartbeats failed (``__cause__`` None). The
+    job runs again once its lease lapses, unless the refusal says it ended.
+    ``job_id``, ``attempt`` and ``tool`` ("name@version") name the attempt
+    (the Go SDK's LeaseLostError, the TypeScript SDK's LeaseLostError)."""
+
+    def __init__(self, *, job_id: str, attempt: int, tool: str, cause: Optional[BaseException] = None) -> None:
+        what = ("no longer holds its lease" if cause is not None
+                else "no heartbeat extended its lease before it lapsed")
+        super().__init__(f"ratchet: job {job_id} attempt {attempt} ({tool}): {what}")
+        self.job_id = job_id
+        self.attempt = attempt
+        self.tool = tool
+        self.__cause__ = cause
+
+
 def clamp_retry_after_ms(value: int) -> int:
     """A hint moved into the API's range: a shorter one waits 1 s, a longer
     one 24 h."""

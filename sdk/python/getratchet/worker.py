@@ -16,8 +16,8 @@ from ._aio import await_alone
 from ._failurelog import LOGGER, FailureLog
 from ._http import Abort, Transport, new_request_id, path_id
 from .errors import (FORBIDDEN, INVALID_REQUEST, INVALID_STATE, LEASE_EXPIRED, LEASE_LOST, MAX_RETRY_AFTER_MS,
-                     MIN_RETRY_AFTER_MS, NOT_FOUND, PAYLOAD_TOO_LARGE, ConnectionLost, InvalidDecisionError, NonRetryableError, RatchetError,
-                     ReportNotRecorded, RetryableError, clamp_retry_after_ms)
+                     MIN_RETRY_AFTER_MS, NOT_FOUND, PAYLOAD_TOO_LARGE, ConnectionLost, InvalidDecisionError, LeaseLost,
+                     NonRetryableError, RatchetError, ReportNotRecorded, RetryableError, clamp_retry_after_ms)
 from .redact import redact_message
 
 # Heartbeat pacing: a third of the lease left, within these bounds, so a
@@ -412,7 +412,7 @@ class Worker:
         function invocation); with wait_seconds (0-20) each claim long-polls
         on the server, and the idle wait is what is left of the interval.
         on_error(error) receives what the worker cannot hand to anyone else
-        (claims and heartbeats that failed, reports not recorded, classifier
+        (claims and heartbeats that failed, leases lost, reports not recorded, classifier
         failures), on a thread of the worker's own, in order. Without it the
         worker logs each to logging.getLogger("getratchet.worker") at
         WARNING as one line holding none of the error's text (an API error's
@@ -1009,6 +1009,8 @@ class Worker:
                 active.lost_code = ""
                 context._cancel("lease_lost")
                 active.wake.set()
+                self._notify(LeaseLost(job_id=context.job_id, attempt=context.attempt,
+                                       tool=f"{context.name}@{context.version}"))
                 return
             sent = time.monotonic()
             try:
@@ -1019,9 +1021,13 @@ class Worker:
                 if err.status in (403, 404, 409):
                     # The lease is lost (a newer claim) or the job ended:
                     # nothing this attempt does will count.
+                    if active.beats_done.is_set():
+                        return  # the handler is done: its report, answered on its own, settles it
                     active.lost_code = err.code
                     context._cancel("lease_lost")
                     active.wake.set()
+                    self._notify(LeaseLost(job_id=context.job_id, attempt=context.attempt,
+                                           tool=f"{context.name}@{context.version}", cause=err))
                     return
                 if _key_refused(err):
                     # The key was revoked: the worker stops, as after a

@@ -1122,6 +1122,45 @@ class DefaultFailureLogTest(unittest.TestCase):
             "WARNING:getratchet.worker:ratchet worker: report=not_recorded job_id=job_1 attempt=1 error=api status=409 "
             f"code=invalid_state request_id=req_1 method=POST host={host} path=/api/v1/jobs/job_1/report"])
 
+    def test_a_lost_lease_is_logged_by_its_job_and_tool(self) -> None:
+        # As in Go and TypeScript: a heartbeat refused for good is logged by
+        # what became of the lease, the job, attempt and tool, then the
+        # refusal (its text left out); it was not logged at all.
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                first = not any(s[1].endswith("/claim") for s in server.seen[:-1])
+                # A 3 s lease: a heartbeat a second in.
+                return 200, {"jobs": [dict(WorkerRulesTest.job(1, timeout_ms=60_000), leaseMs=3000)] if first else []}, {}
+            if path.endswith("/heartbeat"):
+                return 409, {"error": {"code": "lease_lost", "message": SECRET, "detail": {}}}, {"X-Request-Id": "req_1"}
+            return 200, {"jobId": "job_1", "status": body["status"], "attempt": 1}, {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+
+        def handler(input, context):
+            context.cancelled.wait(20)
+            return {"secret": SECRET}
+
+        client.register_tool("t", "1", handler)
+        with self.assertLogs("getratchet.worker", "WARNING") as logged:
+            client.worker.start(1, poll_interval=0.05, block=False)
+            self.addCleanup(client.worker.stop, 5)
+            wait_until(lambda: any(s[1].endswith("/report") for s in server.seen), timeout=15)
+            self.assertTrue(client.worker.stop(5))
+        host = server.url.split("//", 1)[1]
+        self.assertEqual(logged.output, [
+            "WARNING:getratchet.worker:ratchet worker: lease=lost job_id=job_1 attempt=1 tool=t@1 error=api status=409 "
+            f"code=lease_lost request_id=req_1 method=POST host={host} path=/api/v1/jobs/job_1/heartbeat"])
+
+    def test_a_lapsed_lease_is_logged_by_its_job_and_tool(self) -> None:
+        from getratchet._failurelog import summary
+        self.assertEqual(summary(getratchet.LeaseLost(job_id="job_1", attempt=2, tool="send email@1")),
+                         ("lease=lapsed job_id=job_1 attempt=2 tool=send?email@1", False))
+
     def test_the_refusal_that_stops_the_worker_is_logged_at_once(self) -> None:
         # A second after the line of a failed claim, within the minute: it
         # says why the worker claims no more, so it is not left out.
@@ -1511,6 +1550,31 @@ class WorkerRulesTest(unittest.TestCase):
             # A refusal ends the heartbeats at once; a failed one is tried
             # again until the lease's end (3 s: a beat a second or so).
             self.assertTrue(seen["beats"] == 1 if status != 502 else seen["beats"] >= 2, (code, seen["beats"]))
+
+    def test_on_error_is_told_a_lost_lease_by_its_job_attempt_and_tool(self) -> None:
+        # As in Go and TypeScript: the handler cancelled as lease_lost, on_error
+        # is told a LeaseLost naming the attempt, with the heartbeat's
+        # refusal as its cause, or none when the lease lapsed while
+        # heartbeats failed (it was told nothing of either).
+        for status, code in ((409, "lease_lost"), (502, "bad_gateway")):
+            respond, seen = self.one_job_beats(3000, lambda n, status=status, code=code: (status, error(code), {}))
+            server = FakeServer(respond)
+            self.addCleanup(server.close)
+            client = getratchet.Ratchet(server.url, "rk_test")
+            client.register_tool("t", "1", lambda input, context: context.cancelled.wait(20) and None)
+            told: List[BaseException] = []
+            client.worker.start(1, poll_interval=0.05, block=False, on_error=told.append)
+            self.addCleanup(client.worker.stop, 5)
+            wait_until(lambda: any(isinstance(e, getratchet.LeaseLost) for e in told), timeout=15)
+            self.assertTrue(client.worker.stop(5))
+            lost = [e for e in told if isinstance(e, getratchet.LeaseLost)]
+            self.assertEqual([(e.job_id, e.attempt, e.tool) for e in lost], [("job_1", 1, "t@1")], code)
+            if status == 409:
+                self.assertIsInstance(lost[0].__cause__, RatchetError)
+                self.assertEqual(lost[0].__cause__.code, "lease_lost")
+            else:
+                self.assertIsNone(lost[0].__cause__)
+                self.assertIn("before it lapsed", str(lost[0]))
 
     def test_a_rate_limited_heartbeat_heeds_retry_after_within_the_lease(self) -> None:
         # As in Go and TypeScript: a heartbeat answered 429 is tried again

@@ -169,6 +169,25 @@ export class ReportNotRecordedError extends Error {
   }
 }
 
+/** Given to a worker's onError when a job's attempt lost its lease while its
+ * handler ran, which is then aborted as 'lease_lost': a heartbeat was
+ * refused for good (cause is the RatchetError: 409 lease_lost or
+ * invalid_state, 404, 403), or the lease passed its end by this process's
+ * clock while heartbeats failed (no cause). The job runs again once its
+ * lease lapses, unless the refusal says it ended. */
+export class LeaseLostError extends Error {
+  /** jobId, attempt and tool ('name@version') name the attempt (the Go SDK's
+   * LeaseLostError, the Python SDK's LeaseLost). */
+  constructor({ jobId, attempt, tool, cause }) {
+    super(`ratchet: job ${jobId} attempt ${attempt} (${tool}): ${cause === undefined
+      ? 'no heartbeat extended its lease before it lapsed' : 'no longer holds its lease'}`, cause === undefined ? undefined : { cause });
+    this.name = 'LeaseLostError';
+    this.jobId = jobId;
+    this.attempt = attempt;
+    this.tool = tool;
+  }
+}
+
 // The effect gate's decisions other than execute and duplicate, thrown by
 // doEffect.
 

@@ -1,7 +1,7 @@
 // What a worker without onError does with its problems: one safe line each
 // to console.warn, paced (the Go SDK's failureLog).
 
-import { ConnectionLostError, RatchetError, ReportNotRecordedError } from './errors.js';
+import { ConnectionLostError, LeaseLostError, RatchetError, ReportNotRecordedError } from './errors.js';
 
 // everyMs is the least time between two failure lines: a server down for
 // hours costs a line a minute, not one a failed claim, heartbeat and report
@@ -93,13 +93,20 @@ export class FailureLog {
  * classifier's exception, an invalid decision, an output that is not JSON)
  * by its name alone, with a hint. A report not recorded is named by what
  * became of it, its job id and attempt, then its cause as above (the Go
- * SDK's shape), and is no failed call to the server (the recovery line
- * counts none).
+ * SDK's shape), and a lost lease by lease=lapsed or lost, its job id,
+ * attempt and tool (name@version), then the heartbeat's refusal as above;
+ * neither is a failed call to the server (the recovery line counts none).
  */
 export function summary(error) {
   if (error instanceof ReportNotRecordedError && error.jobId) {
     const [text] = error.cause !== undefined ? summary(error.cause) : [`error=ReportNotRecordedError ${HINT}`];
     return [`report=${token(error.what)} job_id=${token(error.jobId)} attempt=${Number(error.attempt)} ${text}`, false];
+  }
+  if (error instanceof LeaseLostError && error.jobId) {
+    // Nor is a lost lease: the server answered the heartbeat that lost it,
+    // or the failures that let it lapse were counted already.
+    const [what, text] = error.cause !== undefined ? ['lost', ` ${summary(error.cause)[0]}`] : ['lapsed', ''];
+    return [`lease=${what} job_id=${token(error.jobId)} attempt=${Number(error.attempt)} tool=${token(error.tool, 200)}${text}`, false];
   }
   const call = error !== null && typeof error === 'object' ? calls.get(error) : undefined;
   if (error instanceof RatchetError) {

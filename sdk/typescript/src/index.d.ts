@@ -276,7 +276,7 @@ export interface StartOptions {
   /** 0-20: each claim long-polls on the server. */
   waitSeconds?: number;
   /** Called in order with what the worker cannot hand to anyone else (failed
-   * registrations, claims and heartbeats, reports not recorded, classifier
+   * registrations, claims and heartbeats, leases lost, reports not recorded, classifier
    * failures); its errors may hold payload details. Without it, each problem
    * goes to console.warn as one line holding none of the error's text (a
    * RatchetError's status, code and request id; a lost connection's kind;
@@ -979,6 +979,19 @@ export declare class ReportNotRecordedError extends Error {
   /** 'not_recorded', or 'output_refused' when a failure was reported instead of an output the server refused. */
   what: 'not_recorded' | 'output_refused';
   /** The call's error (a RatchetError, a ConnectionLostError), when there is one. */
+  cause?: unknown;
+}
+/** Given to a worker's onError when a job's attempt lost its lease while its
+ * handler ran (aborted as 'lease_lost'): a heartbeat refused for good (cause
+ * is the RatchetError), or the lease passed its end while heartbeats failed
+ * (no cause). */
+export declare class LeaseLostError extends Error {
+  constructor(options: { jobId: string; attempt: number; tool: string; cause?: unknown });
+  jobId: string;
+  attempt: number;
+  /** The handler's 'name@version'. */
+  tool: string;
+  /** The heartbeat's refusal; undefined when the lease lapsed. */
   cause?: unknown;
 }
 export declare class EffectBlockedError extends Error {

@@ -7,7 +7,7 @@
 export { AFTER_FAILED, AFTER_SUCCEEDED, Ratchet, blindKey, createRatchet } from './client.js';
 export {
   ApprovalRequiredError, ConnectionLostError, EffectBlockedError, EffectDeniedError, EffectInFlightError,
-  InvalidDecisionError, MAX_RETRY_AFTER_MS, MIN_RETRY_AFTER_MS, NoWebhookSecretError, NonRetryableError, NotPerformedError,
+  InvalidDecisionError, LeaseLostError, MAX_RETRY_AFTER_MS, MIN_RETRY_AFTER_MS, NoWebhookSecretError, NonRetryableError, NotPerformedError,
   OutcomeNotReportedError, RatchetError,
   ReportNotRecordedError, ResultNotStoredError, RetryableError, WebhookSignatureError,
 } from './errors.js';

@@ -1,7 +1,7 @@
 // The worker runtime: claims jobs for registered tools and runs them.
 
 import {
-  ConnectionLostError, InvalidDecisionError, MAX_RETRY_AFTER_MS, MIN_RETRY_AFTER_MS, NonRetryableError, RatchetError,
+  ConnectionLostError, InvalidDecisionError, LeaseLostError, MAX_RETRY_AFTER_MS, MIN_RETRY_AFTER_MS, NonRetryableError, RatchetError,
   ReportNotRecordedError, RetryableError, clampRetryAfterMs,
 } from './errors.js';
 import { FailureLog } from './failurelog.js';
@@ -787,7 +787,7 @@ export class Worker {
         }
       });
     const beatsDone = new AbortController();
-    const beats = this.#heartbeats(label, record, leaseMs, timeoutMs, beatsDone.signal);
+    const beats = this.#heartbeats(label, tool.ref, record, leaseMs, timeoutMs, beatsDone.signal);
     try {
       let graceEnd = null;
       while (settled === null) {
@@ -865,7 +865,7 @@ export class Worker {
    * cancels the handler when the server asks or the lease is gone (a
    * refusal, or its end passing by this process's clock while heartbeats
    * fail). Never delays the supervisor's own timing. */
-  async #heartbeats(label, record, leaseMs, timeoutMs, done) {
+  async #heartbeats(label, ref, record, leaseMs, timeoutMs, done) {
     let failed = null; // the last heartbeat's failure
     let failures = 0; // heartbeats failed in a row
     for (;;) {
@@ -878,6 +878,7 @@ export class Worker {
       if (now() >= record.leaseEnd) {
         record.lostCode = '';
         record.cancel('lease_lost');
+        this.#notify(new LeaseLostError({ jobId: label.jobId, attempt: label.attempt, tool: ref }));
         return;
       }
       const beatSent = now();
@@ -896,6 +897,7 @@ export class Worker {
           // The lease is lost (a newer claim) or the job ended.
           record.lostCode = err.code;
           record.cancel('lease_lost');
+          this.#notify(new LeaseLostError({ jobId: label.jobId, attempt: label.attempt, tool: ref, cause: err }));
           return;
         }
         if (keyRefused(err)) {

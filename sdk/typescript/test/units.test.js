@@ -6,7 +6,7 @@ import { createServer } from 'node:http';
 import { createServer as createNetServer } from 'node:net';
 import { test } from 'node:test';
 import {
-  ConnectionLostError, EffectInFlightError, OutcomeNotReportedError, Ratchet, RatchetError, ResultNotStoredError, RetryableError, blindKey,
+  ConnectionLostError, EffectInFlightError, LeaseLostError, OutcomeNotReportedError, Ratchet, RatchetError, ResultNotStoredError, RetryableError, blindKey,
   redactMessage,
 } from '../src/index.js';
 import { gateTimes } from '../src/client.js';
@@ -751,6 +751,40 @@ test('without onError a report not recorded is logged in the Go SDK\'s shape', a
   assert.deepEqual(lines, [`ratchet worker: report=not_recorded job_id=job_1 attempt=1 error=api status=409 code=invalid_state request_id=req_1 method=POST host=${host} path=/api/v1/jobs/job_1/report`]);
 });
 
+// As in Go and Python: a heartbeat refused for good is logged by what became
+// of the lease, the job, attempt and tool, then the refusal (its text left
+// out); it was not logged at all.
+test('without onError a lost lease is logged by its job and tool', async (t) => {
+  let claimed = 0;
+  let reported = false;
+  const { worker, lines, server } = await loggingWorker(t, {
+    respond: (method, path) => {
+      if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+      // A 3 s lease: a heartbeat a second in.
+      if (path.endsWith('/claim')) return [200, { jobs: claimed++ === 0 ? [{ ...job(1, 60_000), leaseMs: 3000 }] : [] }];
+      if (path.endsWith('/heartbeat')) return [409, { error: { code: 'lease_lost', message: SECRET, detail: {} } }, { 'X-Request-Id': 'req_1' }];
+      reported = true;
+      return [200, { jobId: 'job_1', status: 'SUCCEEDED', attempt: 1 }];
+    },
+    handler: async (input, ctx) => {
+      await new Promise((r) => ctx.signal.addEventListener('abort', r, { once: true }));
+      return { secret: SECRET };
+    },
+  });
+  const started = worker.start({ pollIntervalMs: 1_000 });
+  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  await until(() => reported && lines.length > 0);
+  assert.equal(await worker.stop({ timeoutMs: 5000 }), true);
+  await started;
+  const host = new URL(server.url).host;
+  assert.deepEqual(lines, [`ratchet worker: lease=lost job_id=job_1 attempt=1 tool=t@1 error=api status=409 code=lease_lost request_id=req_1 method=POST host=${host} path=/api/v1/jobs/job_1/heartbeat`]);
+});
+
+test('a lapsed lease is logged by its job and tool', () => {
+  assert.deepEqual(summary(new LeaseLostError({ jobId: 'job_1', attempt: 2, tool: 'send email@1' })),
+    ['lease=lapsed job_id=job_1 attempt=2 tool=send?email@1', false]);
+});
+
 // A second after the line of a failed claim, within the minute: it says why
 // the worker claims no more, so it is not left out.
 test('without onError the refusal that stops the worker is logged at once', async (t) => {
@@ -932,6 +966,34 @@ test('a heartbeat refusal ends the attempt as in Go and Python', async (t) => {
     // A refusal ends the heartbeats at once; a failed one is tried again
     // until the lease's end (3 s: a beat a second or so).
     assert.ok(status === 502 ? seen.beats >= 2 : seen.beats === 1, `${code}: ${seen.beats} heartbeats`);
+  }
+});
+
+// As in Go and Python: the handler aborted as lease_lost, onError is told a
+// LeaseLostError naming the attempt, with the heartbeat's refusal as its
+// cause, or none when the lease lapsed while heartbeats failed (it was told
+// nothing of either).
+test('onError is told a lost lease by its job, attempt and tool', async (t) => {
+  for (const [status, code] of [[409, 'lease_lost'], [502, 'bad_gateway']]) {
+    let claims = 0;
+    const server = await fakeServer(t, (method, path, body) => {
+      if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+      if (path.endsWith('/claim')) return [200, { jobs: claims++ === 0 ? [{ ...job(1, 60_000), leaseMs: 3000 }] : [] }];
+      if (path.endsWith('/heartbeat')) return [status, error(code)];
+      return [200, { jobId: 'job_1', status: body.status, attempt: 1 }];
+    });
+    const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+    client.registerTool({ name: 't', version: '1', handler: (input, ctx) => new Promise((r) => ctx.signal.addEventListener('abort', () => r(null), { once: true })) });
+    const told = [];
+    const started = client.worker.start({ pollIntervalMs: 50, onError: (err) => told.push(err) });
+    t.after(async () => { await client.worker.stop({ timeoutMs: 5000 }); await started; });
+    await until(() => told.some((e) => e instanceof LeaseLostError), 15_000);
+    assert.equal(await client.worker.stop({ timeoutMs: 5000 }), true);
+    await started;
+    const lost = told.filter((e) => e instanceof LeaseLostError);
+    assert.deepEqual(lost.map((e) => [e.jobId, e.attempt, e.tool]), [['job_1', 1, 't@1']], code);
+    if (status === 409) assert.ok(lost[0].cause instanceof RatchetError && lost[0].cause.code === 'lease_lost');
+    else assert.ok(lost[0].cause === undefined && lost[0].message.includes('before it lapsed'));
   }
 });
 
