@@ -1576,6 +1576,49 @@ class WorkerRulesTest(unittest.TestCase):
                 self.assertIsNone(lost[0].__cause__)
                 self.assertIn("before it lapsed", str(lost[0]))
 
+    def test_a_heartbeat_refused_once_the_handler_is_done_tells_no_lost_lease(self) -> None:
+        # A heartbeat in flight when the handler returns, answered 409
+        # invalid_state once the report landed, lost nothing: the report
+        # settled the attempt, and on_error is told nothing of a lease.
+        reported = threading.Event()
+        seen = {"claims": 0, "beats": 0}
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                seen["claims"] += 1
+                return 200, {"jobs": [dict(self.job(1, timeout_ms=60_000), leaseMs=3000)]
+                             if seen["claims"] == 1 else []}, {}
+            if path.endswith("/heartbeat"):
+                seen["beats"] += 1
+                reported.wait(10)
+                return 409, error("invalid_state"), {}
+            reported.set()
+            return 200, {"jobId": "job_1", "status": body["status"], "attempt": 1}, {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.register_tool("t", "1", lambda input, context: wait_until(lambda: seen["beats"] >= 1) or {"ok": True})
+        beats_ended = threading.Event()
+        real = getratchet.worker.Worker._heartbeats
+
+        def heartbeats(worker, active):
+            real(worker, active)
+            beats_ended.set()
+
+        patcher = mock.patch.object(getratchet.worker.Worker, "_heartbeats", autospec=True, side_effect=heartbeats)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        told: List[BaseException] = []
+        client.worker.start(1, poll_interval=0.05, block=False, on_error=told.append)
+        self.addCleanup(client.worker.stop, 5)
+        self.assertTrue(beats_ended.wait(15))
+        self.assertTrue(reported.is_set())
+        self.assertTrue(client.worker.stop(5))  # on_error told what was queued
+        self.assertEqual([e for e in told if isinstance(e, getratchet.LeaseLost)], [])
+
     def test_a_rate_limited_heartbeat_heeds_retry_after_within_the_lease(self) -> None:
         # As in Go and TypeScript: a heartbeat answered 429 is tried again
         # after its Retry-After when that comes before the next heartbeat
