@@ -44,6 +44,14 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
+// await waits until the log holds s, for up to 10 s.
+func (l *lockedBuffer) await(s string) {
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(l.String(), s) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // loggingWorker is a worker of one tool over c whose default failure log
 // writes to the buffer it returns, its clock at start, its jitter drawn
 // whole.
@@ -205,10 +213,7 @@ func TestWorkerWithoutOnErrorLogsAReportNotRecorded(t *testing.T) {
 	c, _ := testClient(t, f)
 	w, buf := loggingWorker(t, c, nil, noWork)
 	must(t, w.Start(context.Background(), StartOptions{PollInterval: 20 * time.Millisecond}))
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(buf.String(), "report=") && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	buf.await("report=")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := w.Stop(ctx); !errors.Is(err, ErrReportsNotRecorded) {
@@ -241,10 +246,7 @@ func TestWorkerWithoutOnErrorLogsALostLease(t *testing.T) {
 		return welcomeOut{}, ctx.Err()
 	})
 	must(t, w.Start(context.Background(), StartOptions{PollInterval: 20 * time.Millisecond}))
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(buf.String(), "lease=") && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	buf.await("lease=")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	must(t, w.Stop(ctx))

@@ -2310,12 +2310,24 @@ func TestWorkerHeartbeatHonoursRetryAfterWithinTheLease(t *testing.T) {
 		}
 		return 0, ""
 	}
+	waits := heartbeatWaits(t, f, id, func(beats, _ int) bool { return beats >= 4 })
+	want := []time.Duration{20 * time.Second, 5 * time.Second, 20 * time.Second, 20 * time.Second}
+	if len(waits) < len(want) || !slices.Equal(waits[:len(want)], want) {
+		t.Fatalf("heartbeat waits %v, want %v first", waits, want)
+	}
+}
+
+// heartbeatWaits runs f's job id (long@1) on a worker whose clock fires each
+// wait at once, its handler returning once enough(heartbeats served, waits
+// so far) holds, and returns the heartbeats' waits.
+func heartbeatWaits(t *testing.T, f *fakeJobs, id string, enough func(beats, waits int) bool) []time.Duration {
+	t.Helper()
 	c, _ := testClient(t, f)
 	w := NewWorker(c)
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	var waits []time.Duration // the heartbeats' waits
-	clk := &fakeClock{now: start, end: start.Add(1000 * time.Hour), done: make(chan struct{}),
+	w.clock = &fakeClock{now: start, end: start.Add(1000 * time.Hour), done: make(chan struct{}),
 		fires: func(d time.Duration) bool {
 			if d >= time.Hour { // the idle poll: never
 				return false
@@ -2327,14 +2339,16 @@ func TestWorkerHeartbeatHonoursRetryAfterWithinTheLease(t *testing.T) {
 			}
 			return true
 		}}
-	w.clock = clk
 	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
 		Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
 			for {
 				f.mu.Lock()
-				n := f.heartbeats
+				beats := f.heartbeats
 				f.mu.Unlock()
-				if n >= 4 {
+				mu.Lock()
+				n := len(waits)
+				mu.Unlock()
+				if enough(beats, n) {
 					return welcomeOut{Sent: true}, nil
 				}
 				time.Sleep(time.Millisecond)
@@ -2347,10 +2361,7 @@ func TestWorkerHeartbeatHonoursRetryAfterWithinTheLease(t *testing.T) {
 	must(t, w.Stop(ctx))
 	mu.Lock()
 	defer mu.Unlock()
-	want := []time.Duration{20 * time.Second, 5 * time.Second, 20 * time.Second, 20 * time.Second}
-	if len(waits) < len(want) || !slices.Equal(waits[:len(want)], want) {
-		t.Fatalf("heartbeat waits %v, want %v first", waits, want)
-	}
+	return slices.Clone(waits)
 }
 
 // A heartbeat that fails (a 5xx, a lost answer) is tried again after a
@@ -2379,42 +2390,7 @@ func TestWorkerHeartbeatBacksOffWithinTheLease(t *testing.T) {
 		}
 		return 0, ""
 	}
-	c, _ := testClient(t, f)
-	w := NewWorker(c)
-	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	var mu sync.Mutex
-	var waits []time.Duration // the heartbeats' waits
-	w.clock = &fakeClock{now: start, end: start.Add(1000 * time.Hour), done: make(chan struct{}),
-		fires: func(d time.Duration) bool {
-			if d >= time.Hour { // the idle poll: never
-				return false
-			}
-			if d != claimCooldown {
-				mu.Lock()
-				waits = append(waits, d)
-				mu.Unlock()
-			}
-			return true
-		}}
-	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "long", Version: "1",
-		Handler: func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
-			for {
-				mu.Lock()
-				n := len(waits)
-				mu.Unlock()
-				if n >= 6 {
-					return welcomeOut{Sent: true}, nil
-				}
-				time.Sleep(time.Millisecond)
-			}
-		}}))
-	must(t, w.Start(context.Background(), StartOptions{PollInterval: 2 * time.Hour, OnError: func(error) {}}))
-	f.waitReport(t, id)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	must(t, w.Stop(ctx))
-	mu.Lock()
-	defer mu.Unlock()
+	waits := heartbeatWaits(t, f, id, func(_, waits int) bool { return waits >= 6 })
 	want := []time.Duration{20 * time.Second, time.Second, 2 * time.Second, 4 * time.Second, 20 * time.Second, time.Second}
 	if len(waits) < len(want) || !slices.Equal(waits[:len(want)], want) {
 		t.Fatalf("heartbeat waits %v, want %v first", waits, want)

@@ -1256,6 +1256,21 @@ class WorkerRulesTest(unittest.TestCase):
 
         return respond, seen
 
+    def beat_waits(self) -> List[float]:
+        """Has each heartbeat wait 10 ms instead of what it asks for, which
+        goes in the list returned."""
+        waits: List[float] = []
+        real = getratchet.worker.Worker._beat_pause
+
+        def pause(worker, active, seconds):
+            waits.append(seconds)
+            return real(worker, active, 0.01)
+
+        patcher = mock.patch.object(getratchet.worker.Worker, "_beat_pause", autospec=True, side_effect=pause)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        return waits
+
     def test_a_handler_that_ignores_its_timeout_keeps_its_slot(self) -> None:
         lock, state = threading.Lock(), {"running": 0, "most": 0, "claimed": 0}
 
@@ -1636,16 +1651,7 @@ class WorkerRulesTest(unittest.TestCase):
             wait_until(lambda: seen["beats"] >= 4)
             return {"ok": True}
 
-        waits: List[float] = []
-        real = getratchet.worker.Worker._beat_pause
-
-        def pause(worker, active, seconds):
-            waits.append(seconds)
-            return real(worker, active, 0.01)
-
-        patcher = mock.patch.object(getratchet.worker.Worker, "_beat_pause", autospec=True, side_effect=pause)
-        patcher.start()
-        self.addCleanup(patcher.stop)
+        waits = self.beat_waits()
         client, _ = self.serve(respond, handler)
         wait_until(lambda: seen["beats"] >= 4)
         self.assertTrue(client.worker.stop(5))
@@ -1657,7 +1663,7 @@ class WorkerRulesTest(unittest.TestCase):
         # each failure in a row (1, 2, 4 s), never past the third of the
         # lease left, and after one that worked at that third again (sdk QA:
         # this SDK waited the third at once, Go retried inside its client).
-        waits: List[float] = []
+        waits = self.beat_waits()
         answers = {1: (500, error("internal_error"), {}), 2: (0, None, {}), 3: (503, error("service_unavailable"), {}),
                    5: (502, error("bad_gateway"), {})}
         ok = (200, {"leaseExpiresAt": "2030-01-01T00:00:00Z", "cancelRequested": False}, {})
@@ -1669,15 +1675,6 @@ class WorkerRulesTest(unittest.TestCase):
             wait_until(lambda: len(waits) >= 6)
             return {"ok": True}
 
-        real = getratchet.worker.Worker._beat_pause
-
-        def pause(worker, active, seconds):
-            waits.append(seconds)
-            return real(worker, active, 0.01)
-
-        patcher = mock.patch.object(getratchet.worker.Worker, "_beat_pause", autospec=True, side_effect=pause)
-        patcher.start()
-        self.addCleanup(patcher.stop)
         client, _ = self.serve(respond, handler)
         wait_until(lambda: seen["reports"])
         self.assertTrue(client.worker.stop(5))
