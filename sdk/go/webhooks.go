@@ -45,21 +45,26 @@ type Webhook struct {
 // once: keep it where the receiver reads it (VerifyWebhook).
 type NewWebhook struct {
 	Webhook
-	Secret string `json:"secret"`
+	Secret string `json:"secret"` // the signing secret: shown only in this answer
 }
 
 // WebhookDelivery is the record of sending one event to one subscription.
 type WebhookDelivery struct {
-	ID             string     `json:"id"`
-	EventID        string     `json:"event_id"`
-	EventType      string     `json:"event_type"`
-	State          string     `json:"state"` // DeliveryPending, DeliveryDelivered or DeliveryFailed
-	Attempts       int        `json:"attempts"`
-	LastStatusCode *int       `json:"last_status_code"`
-	LastError      *string    `json:"last_error"`
-	NextAttemptAt  *time.Time `json:"next_attempt_at"`
-	CreatedAt      time.Time  `json:"created_at"`
-	DeliveredAt    *time.Time `json:"delivered_at"`
+	ID        string `json:"id"`
+	EventID   string `json:"event_id"`   // the WebhookEvent's ID
+	EventType string `json:"event_type"` // one of the Event* constants
+	State     string `json:"state"`      // DeliveryPending, DeliveryDelivered or DeliveryFailed
+	Attempts  int    `json:"attempts"`   // sends so far
+	// LastStatusCode is the receiver's status to the last send (nil when it
+	// got no answer, or before any send).
+	LastStatusCode *int `json:"last_status_code"`
+	// LastError says why the last send failed, in a fixed phrase ("non-2xx
+	// response", "connection refused", ...), never the receiver's answer;
+	// nil after a success or before any send.
+	LastError     *string    `json:"last_error"`
+	NextAttemptAt *time.Time `json:"next_attempt_at"` // when a pending delivery is sent next
+	CreatedAt     time.Time  `json:"created_at"`
+	DeliveredAt   *time.Time `json:"delivered_at"` // when the receiver answered 2xx
 }
 
 // CreateWebhook subscribes url to events (the Event* constants). Every
@@ -241,14 +246,16 @@ const DefaultWebhookTolerance = 5 * time.Minute
 
 // WebhookEvent is what a delivery carries: ids and states, never payloads.
 type WebhookEvent struct {
-	ID          string    `json:"id"` // the same in every attempt: deduplicate by it
-	Type        string    `json:"type"`
+	ID          string    `json:"id"`   // the same in every attempt: deduplicate by it
+	Type        string    `json:"type"` // one of the Event* constants
 	CreatedAt   time.Time `json:"created_at"`
 	WorkspaceID string    `json:"workspace_id"`
 	// SubjectID is what the event is about: an effect, run, step,
 	// approval, effect type or endpoint ("*" for the emergency stop).
-	SubjectID string          `json:"subject_id"`
-	Data      json.RawMessage `json:"data"`
+	SubjectID string `json:"subject_id"`
+	// Data is the event's own JSON object: ids and states (a run's status,
+	// say), never payloads.
+	Data json.RawMessage `json:"data"`
 }
 
 // ErrWebhookSignature is VerifyWebhook's answer to a delivery whose
