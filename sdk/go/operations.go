@@ -102,7 +102,7 @@ type Page[T any] struct {
 }
 
 // GatePage is Page on the effect gate's routes, whose fields are
-// snake_case: NextCursor is next_cursor there.
+// snake_case: NextCursor is next_cursor there, and nil on the last page.
 type GatePage[T any] struct {
 	Data       []T     `json:"data"`
 	NextCursor *string `json:"next_cursor"`

@@ -40,7 +40,7 @@ type EffectQuery struct {
 	Cursor     string // NextCursor of the previous page
 }
 
-// EffectPage is one page of effects, newest first. NextCursor is empty on
+// EffectPage is one page of effects, newest first. NextCursor is nil on
 // the last page.
 type EffectPage struct {
 	Data       []Effect `json:"data"`
