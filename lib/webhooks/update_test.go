@@ -113,6 +113,7 @@ func TestAnUpdateChangesWhatItNames(t *testing.T) {
 		"relative url":  {map[string]any{"url": "/hook"}, "url"},
 		"spaced url":    {map[string]any{"url": "https://example.com/x "}, "url"},
 		"port too high": {map[string]any{"url": "https://example.com:99999/x"}, "url"},
+		"empty port":    {map[string]any{"url": "https://example.com:/x"}, "url"},
 		"no events":     {map[string]any{"events": []string{}}, "events"},
 		"unknown event": {map[string]any{"events": []string{"effect.exploded"}}, "events.0"},
 		"not a bool":    {map[string]any{"disabled": "yes"}, "disabled"},

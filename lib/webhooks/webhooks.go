@@ -75,7 +75,7 @@ type Delivery struct {
 // validate's checks: events lists 1 to maxEventsListed names, repeats
 // included, each one of events.Types.
 type CreateRequest struct {
-	URL    string   `json:"url" openapi:"maxLength=2000" jsonschema:"the receiver: an absolute https URL (http too when the server sets WEBHOOK_ALLOW_PRIVATE_NETWORKS=true) without credentials or white space, naming a host and, if any, a port from 1 to 65535. Unless the server sets WEBHOOK_ALLOW_PRIVATE_NETWORKS=true its host must be a public address: an IP literal or localhost is checked here, a host name after its DNS resolution at each delivery. A subscription stored with an http url before https was required keeps being delivered"`
+	URL    string   `json:"url" openapi:"maxLength=2000" jsonschema:"the receiver: an absolute https URL (http too when the server sets WEBHOOK_ALLOW_PRIVATE_NETWORKS=true) without credentials or white space, naming a host and, if any, a port from 1 to 65535 (a colon with no port after it is refused). Unless the server sets WEBHOOK_ALLOW_PRIVATE_NETWORKS=true its host must be a public address: an IP literal or localhost is checked here, a host name after its DNS resolution at each delivery. A subscription stored with an http url before https was required keeps being delivered"`
 	Events []string `json:"events" openapi:"required,minItems=1,maxItems=50,itemEnum=effect.indeterminate|circuit.tripped|circuit.closed|approval.requested|approval.decided|reconciliation.due|run.finished|step.exhausted|step.replayed"`
 }
 
@@ -135,9 +135,9 @@ func checkURL(pr *apierr.Problems, raw string, allowPrivate bool) {
 		pr.Add("url", "must be an absolute http(s) URL without credentials")
 	case len(raw) > 2000:
 		pr.Add("url", "must be at most 2000 characters")
-	case !validPort(u.Port()):
+	case !validPort(u):
 		// url.Parse takes any digits (QA: :99999 was taken, and every
-		// delivery to it failed until its attempts ran out).
+		// delivery to it failed until its attempts ran out), and none.
 		pr.Add("url", "must name a port from 1 to 65535, or none")
 	case !allowPrivate && namesNonPublic(u.Hostname()):
 		pr.Add("url", "must name a public address (receivers on loopback or private networks need "+
@@ -193,10 +193,15 @@ const unsubscribed = "event type unsubscribed"
 // maxEventsListed bounds a subscription's events list, repeats included.
 const maxEventsListed = 50
 
-// validPort reports whether a URL's port is absent or 1-65535.
-func validPort(port string) bool {
+// validPort reports whether u names no port or one of 1-65535. A colon
+// with nothing after it ("http://127.0.0.1:/") names no port either, and
+// is refused as a bad one: url.Parse takes it and Port reads "", as for a
+// URL without a colon (webhooks QA: it was taken, "a port of 1–65535, if
+// any" said otherwise).
+func validPort(u *url.URL) bool {
+	port := u.Port()
 	if port == "" {
-		return true
+		return !strings.HasSuffix(u.Host, ":")
 	}
 	n, err := strconv.Atoi(port)
 	return err == nil && n >= 1 && n <= 65535

@@ -258,6 +258,10 @@ func TestCreateValidatesAndShowsSecretOnce(t *testing.T) {
 		// QA: any digits were a port, and every delivery failed.
 		"port too high": {"url": "https://example.com:99999/x", "events": []string{"run.finished"}},
 		"port zero":     {"url": "https://example.com:0/x", "events": []string{"run.finished"}},
+		// QA: a colon with no port after it was taken.
+		"empty port":     {"url": "http://127.0.0.1:/x", "events": []string{"run.finished"}},
+		"empty v6 port":  {"url": "http://[::1]:/x", "events": []string{"run.finished"}},
+		"empty, no path": {"url": "https://example.com:", "events": []string{"run.finished"}},
 		// QA: a port without a host was taken, and the client dials it
 		// on the server's own host (":8080" is this machine's port 8080).
 		"port, no host": {"url": "http://:8080/x", "events": []string{"run.finished"}},
@@ -277,6 +281,9 @@ func TestCreateValidatesAndShowsSecretOnce(t *testing.T) {
 		require.Less(t, len(r.Body), 4096, name)
 		if strings.Contains(name, "space") {
 			require.Contains(t, string(r.Body), `"field":"url","message":"must not contain white space`, name)
+		}
+		if strings.Contains(name, "port") && !strings.Contains(name, "host") {
+			require.Contains(t, string(r.Body), `"field":"url","message":"must name a port from 1 to 65535, or none"`, name)
 		}
 	}
 	ported := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
