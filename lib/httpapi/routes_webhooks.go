@@ -77,7 +77,8 @@ func (s *Server) webhookRoutes() []Route {
 			Summary: "Change a subscription without deleting it (its secret and deliveries are kept): any of url and " +
 				"events (checked as a create's) and disabled; at least one, none null; the others keep their value. " +
 				"A disabled subscription's pending deliveries are held, and the events recorded while it is disabled " +
-				"are skipped; enabled again, the held ones are sent. A new url applies to every delivery not yet sent, " +
+				"are skipped; enabled again, the held ones are sent (one held as long as the server keeps events ends failed, " +
+				"expired while disabled, and goes with its event). A new url applies to every delivery not yet sent, " +
 				"new events to the events fanned out from then on (pending deliveries of a type no longer listed end " +
 				"failed). A send already on its way (at most 10 s) may still reach the old url. Returns the subscription.",
 			Request: webhooks.UpdateRequest{}, Response: webhooks.Webhook{}, Status: 200,

@@ -182,8 +182,9 @@ const sqlPurgeDelivered = `
 
 // PurgeDelivered deletes up to limit outbox events recorded before cutoff,
 // with their deliveries, once they are dispatched and none of their
-// deliveries is still pending (retries end within about 15 hours, but a
-// disabled webhook's wait until it is enabled or deleted). A
+// deliveries is still pending (retries end within about 15 hours; a
+// disabled webhook's held ones end once they have waited as long,
+// ExpireHeld). A
 // delivery that a retry (Retry) made pending after this statement's
 // snapshot is kept, and its event with it: the delete of deliveries
 // rechecks each row it meets at its newest version, and the event goes
@@ -197,6 +198,62 @@ func (s *Service) PurgeDelivered(ctx context.Context, cutoff time.Time, limit in
 	tag, err := s.pool.Exec(ctx, sqlPurgeDelivered, cutoff, limit)
 	if err != nil {
 		return 0, fmt.Errorf("purge events: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// sqlExpireHeld ends up to $2 pending deliveries due before $1 (the
+// events' retention cut-off) whose webhook is disabled or deleted: failed,
+// with last_error expiredWhileDisabled, or abandoned for a deleted one.
+// Only a delivery that waits on its webhook is due that long: the claim
+// takes every other one within a pass of its due time and pushes it into
+// the future, so a delivery being sent is never among them. The rest that
+// are (those held for a signing secret this instance cannot open, sqlHeld)
+// are walked over, not ended. Through webhook_deliveries_due_idx, oldest
+// due first: the rows read are those due before the cut-off, not every
+// pending one (testpg.CheckBacklog). Each webhook is held FOR SHARE: an
+// enable (Update) committed after this statement's snapshot is seen when
+// its row is locked, and one still in progress, like a delete, holds the
+// row and its deliveries are left to a later pass (SKIP LOCKED, as for
+// the deliveries: it never waits, so it cannot deadlock with the locks a
+// delete, a retry or the purge take in id order). The rows it ends are
+// updated by id (= ANY(ARRAY(…)), as db.RoundRobin says): joined to the
+// batch, the planner hashed it and scanned the whole table.
+var sqlExpireHeld = `
+WITH held AS (
+    SELECT d.id, w.deleted_at IS NOT NULL AS deleted
+    FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id
+    WHERE d.state = 'pending' AND d.next_attempt_at < $1::timestamptz
+      AND (w.deleted_at IS NOT NULL OR w.disabled_at IS NOT NULL)
+    ORDER BY d.next_attempt_at
+    LIMIT $2::int
+    FOR UPDATE OF d SKIP LOCKED
+    FOR SHARE OF w SKIP LOCKED
+)
+UPDATE webhook_deliveries d SET state = 'failed',
+    last_error = CASE WHEN d.id = ANY(ARRAY(SELECT id FROM held WHERE deleted))
+        THEN '` + abandoned + `' ELSE '` + expiredWhileDisabled + `' END
+WHERE d.id = ANY(ARRAY(SELECT id FROM held))`
+
+// ExpireHeld ends, up to limit, the deliveries held longer than the
+// events' retention (due before cutoff, EVENT_RETENTION_DAYS ago; their
+// events are older still) while their webhook is disabled: they end failed
+// (expiredWhileDisabled), and PurgeDelivered, which keeps an event while a
+// delivery of it is pending, then takes them with their events. Held until
+// the webhook was enabled or deleted, they kept their events, payloads
+// included, past the retention the README states, for as long as it stayed
+// disabled (webhooks QA). Enabled later, the webhook is not sent them:
+// their events are past the retention; a retry makes one pending again,
+// due then (and held again while the webhook is disabled). It also ends
+// the pending deliveries of a deleted webhook, as its delete does
+// (abandoned): only an instance of an earlier release fanning out while
+// the delete commits leaves one, which was never sent and held its event
+// for good. It answers how many it ended. Run before PurgeDelivered, with
+// the same cut-off, by the events' retention task.
+func (s *Service) ExpireHeld(ctx context.Context, cutoff time.Time, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, sqlExpireHeld, cutoff, limit)
+	if err != nil {
+		return 0, fmt.Errorf("expire held deliveries: %w", err)
 	}
 	return int(tag.RowsAffected()), nil
 }

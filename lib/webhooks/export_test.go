@@ -31,6 +31,9 @@ const SQLRetryDeliveries = sqlRetryDeliveries
 // SQLPurgeDelivered is PurgeDelivered's statement, for a test of its plan.
 const SQLPurgeDelivered = sqlPurgeDelivered
 
+// SQLExpireHeld is ExpireHeld's statement, for a test of its plan.
+var SQLExpireHeld = sqlExpireHeld
+
 // SQLDeliveriesPage is Deliveries' statement, for a test of its plan.
 const SQLDeliveriesPage = sqlDeliveriesPage
 

@@ -40,7 +40,7 @@ type Webhook struct {
 	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
 	// Disabled says the subscription is disabled (Update): nothing is sent
 	// to it meanwhile. DisabledAt is since when; null while it is enabled.
-	Disabled   bool       `json:"disabled" jsonschema:"true while the subscription is disabled (PATCH with disabled: true): its pending deliveries are held, not sent and their attempts untouched, and the events recorded meanwhile are skipped, never sent to it; enabling it again sends the held ones and the events recorded from then on"`
+	Disabled   bool       `json:"disabled" jsonschema:"true while the subscription is disabled (PATCH with disabled: true): its pending deliveries are held, not sent and their attempts untouched, and the events recorded meanwhile are skipped, never sent to it; enabling it again sends the held ones and the events recorded from then on. A delivery held for as long as the server keeps events (EVENT_RETENTION_DAYS, counted from when it fell due) ends failed (last_error expired while disabled) and goes with its event, never sent"`
 	DisabledAt *time.Time `json:"disabled_at" jsonschema:"when the subscription was disabled; null while it is enabled"`
 	// SecretUnreadable says this instance cannot open the subscription's
 	// signing secret (sealed with a key missing from its
@@ -65,7 +65,7 @@ type Delivery struct {
 	State          string     `json:"state" openapi:"enum=pending|delivered|failed"`
 	Attempts       int        `json:"attempts"`
 	LastStatusCode *int       `json:"last_status_code"`
-	LastError      *string    `json:"last_error" jsonschema:"why the last attempt failed, in a fixed phrase (never the receiver's answer or the error's own words): non-2xx response (last_status_code says which); for a send that got no answer connection refused, connection closed without an answer, timed out: no connection within 5s, timed out: no answer within 10s, DNS lookup of the host failed, TLS: the receiver's certificate is not trusted for its host, TLS handshake failed, refused: not a public address (WEBHOOK_ALLOW_PRIVATE_NETWORKS) or request failed (anything else); invalid url when the stored url no longer makes a request; cannot open signing secret when the server could not decrypt the subscription's secret to sign with; webhook deleted when its subscription's delete ended it; event type unsubscribed when a PATCH took its event type out of the subscription's events; null after a success or before any attempt"`
+	LastError      *string    `json:"last_error" jsonschema:"why the last attempt failed, in a fixed phrase (never the receiver's answer or the error's own words): non-2xx response (last_status_code says which); for a send that got no answer connection refused, connection closed without an answer, timed out: no connection within 5s, timed out: no answer within 10s, DNS lookup of the host failed, TLS: the receiver's certificate is not trusted for its host, TLS handshake failed, refused: not a public address (WEBHOOK_ALLOW_PRIVATE_NETWORKS) or request failed (anything else); invalid url when the stored url no longer makes a request; cannot open signing secret when the server could not decrypt the subscription's secret to sign with; webhook deleted when its subscription's delete ended it; expired while disabled when it was held, its subscription disabled, for as long as the server keeps events (EVENT_RETENTION_DAYS, counted from when it fell due), after which the sweeper deletes it with its event; event type unsubscribed when a PATCH took its event type out of the subscription's events; null after a success or before any attempt"`
 	NextAttemptAt  *time.Time `json:"next_attempt_at"`
 	CreatedAt      time.Time  `json:"created_at"`
 	DeliveredAt    *time.Time `json:"delivered_at"`
@@ -185,6 +185,10 @@ func eventSet(evs []string) []string {
 
 // abandoned is the last_error of a delivery its webhook's delete ended.
 const abandoned = "webhook deleted"
+
+// expiredWhileDisabled is the last_error of a delivery held while its
+// webhook was disabled for longer than the events' retention (ExpireHeld).
+const expiredWhileDisabled = "expired while disabled"
 
 // unsubscribed is the last_error of a pending delivery an update ended by
 // taking its event type out of the subscription's events.
@@ -410,7 +414,7 @@ RETURNING ` + readCols("$2")
 type UpdateRequest struct {
 	URL      jsonx.Optional[string]   `json:"url" openapi:"maxLength=2000,notNull" jsonschema:"the new receiver, checked as a create's url (https unless the server sets WEBHOOK_ALLOW_PRIVATE_NETWORKS=true; a PATCH that leaves url out keeps an http one stored before): the deliveries not yet sent (pending, or held while the subscription is disabled) go to it. A send already on its way when the change commits (at most 10s) may still reach the old one"`
 	Events   jsonx.Optional[[]string] `json:"events" openapi:"notNull,minItems=1,maxItems=50,itemEnum=effect.indeterminate|circuit.tripped|circuit.closed|approval.requested|approval.decided|reconciliation.due|run.finished|step.exhausted|step.replayed" jsonschema:"the event types it subscribes to, in place of those it had: events fanned out from then on are matched against them, and its pending deliveries of a type no longer listed end failed (last_error event type unsubscribed)"`
-	Disabled jsonx.Optional[bool]     `json:"disabled" openapi:"notNull" jsonschema:"true disables the subscription: its pending deliveries are held (not sent, attempts untouched) and the events recorded while it is disabled are skipped, never sent to it. false enables it again: the held deliveries are sent, due at once if their time passed, and the events recorded from then on. Either one sent again changes nothing"`
+	Disabled jsonx.Optional[bool]     `json:"disabled" openapi:"notNull" jsonschema:"true disables the subscription: its pending deliveries are held (not sent, attempts untouched; one held for as long as the server keeps events, EVENT_RETENTION_DAYS from when it fell due, ends failed, expired while disabled, and goes with its event) and the events recorded while it is disabled are skipped, never sent to it. false enables it again: the held deliveries are sent, due at once if their time passed, and the events recorded from then on. Either one sent again changes nothing"`
 }
 
 // MinProperties is how many fields an update must send (the OpenAPI
