@@ -116,7 +116,9 @@ type WebhookUpdate struct {
 	// failed ("event type unsubscribed").
 	Events []string
 	// Disabled disables the subscription (true: its pending deliveries wait,
-	// the events recorded meanwhile are never sent to it) or enables it
+	// at most as long as the server keeps events, EVENT_RETENTION_DAYS, then
+	// end failed "expired while disabled"; the events recorded meanwhile are
+	// never sent to it) or enables it
 	// again (false: the waiting deliveries are sent, and the events recorded
 	// from then on); nil keeps it as it is.
 	Disabled *bool

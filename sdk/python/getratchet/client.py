@@ -866,8 +866,9 @@ class Ratchet:
         yet sent goes to it), ``events`` (in place of the current ones: the
         events fanned out from then on are matched against them, and pending
         deliveries of a type left out end failed) and ``disabled`` (True: it
-        is sent nothing, its pending deliveries wait and the events recorded
-        meanwhile are skipped; False: enabled again). None keeps a field; give
+        is sent nothing, its pending deliveries wait, at most as long as the
+        server keeps events, then end failed ``expired while disabled``, and
+        the events recorded meanwhile are skipped; False: enabled again). None keeps a field; give
         at least one. Answers the subscription as get_webhook reads it. The
         same update sent again changes nothing, so it is retried."""
         body: dict = {}

@@ -593,6 +593,7 @@ export interface Webhook {
   secret_unreadable: boolean;
   /**
    * True while it is disabled (updateWebhook): nothing is sent to it, its pending deliveries wait
+   * (at most as long as the server keeps events, then they end failed, `expired while disabled`)
    * and the events recorded meanwhile are skipped.
    */
   disabled: boolean;
