@@ -1,0 +1,144 @@
+package httpapi_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/httpapi"
+)
+
+// API.md §0: "Authorization: Bearer <key> on every route except POST
+// /api/v1/workspaces, GET /api/v1/health and the discovery documents", and
+// §4/§5: the cron sweep takes Bearer $CRON_SECRET, 401 without it. Over the
+// whole route table (TestConformanceRoutesExist checks only API.md's own
+// list), so a route added without a key check fails here.
+func TestConformanceOnlyThePublicRoutesTakeNoKey(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	public := map[string]bool{}
+	for _, r := range httpapi.Routes() {
+		path := pathFor(r.Pattern)
+		switch r.Auth {
+		case httpapi.AuthNone:
+			public[r.Method+" "+r.Pattern] = true
+			continue
+		case httpapi.AuthCron:
+			require.Equal(t, "/api/cron/sweep", r.Pattern)
+		}
+		for _, key := range []string{"", "wrong"} {
+			res := env.Do(r.Method, path, key, "{}")
+			require.Equal(t, http.StatusUnauthorized, res.Status, "%s %s with %q: %s", r.Method, path, key, res.Body)
+			require.Equal(t, apierr.CodeUnauthorized, res.ErrorCode(), "%s %s", r.Method, path)
+			require.NotEmpty(t, res.Header.Get("X-Request-Id"), "%s %s", r.Method, path)
+		}
+	}
+	require.Equal(t, map[string]bool{
+		"POST /api/v1/workspaces": true, "GET /api/v1/health": true, "GET /api/v1/openapi.json": true,
+		"GET /llms.txt": true, "GET /.well-known/ratchet.json": true,
+	}, public)
+}
+
+// API.md §0: effect-gate routes use snake_case, durable-job routes
+// camelCase, never mixed within a route. Checked on the field names of every
+// route's request body and success answers as the OpenAPI document states
+// them (apitest holds every answer of every test to that document). The
+// capability manifest is left out: it carries the MCP tool definitions,
+// whose field names (inputSchema, readOnlyHint...) the MCP specification
+// fixes.
+func TestConformanceEveryRouteKeepsItsSectionsFieldCasing(t *testing.T) {
+	t.Parallel()
+	camelTags := map[string]bool{"jobs": true, "workers": true, "endpoints": true, "contracts": true}
+	snakeTags := map[string]bool{"workspaces": true, "keys": true, "effects": true, "policies": true, "approvals": true,
+		"circuits": true, "groups": true, "reconcile": true, "webhooks": true}
+	doc := httpapi.OpenAPI()
+	raw, err := json.Marshal(doc)
+	require.NoError(t, err)
+	var d struct {
+		Paths map[string]map[string]struct {
+			Tags        []string `json:"tags"`
+			RequestBody struct {
+				Content map[string]struct {
+					Schema any `json:"schema"`
+				} `json:"content"`
+			} `json:"requestBody"`
+			Responses map[string]struct {
+				Content map[string]struct {
+					Schema any `json:"schema"`
+				} `json:"content"`
+			} `json:"responses"`
+		} `json:"paths"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &d))
+	checked := 0
+	for _, r := range httpapi.Routes() {
+		if r.Pattern == "/.well-known/ratchet.json" {
+			continue
+		}
+		op := d.Paths[r.Pattern][strings.ToLower(r.Method)]
+		var names []string
+		collect := func(s any) { names = append(names, propertyNames(s)...) }
+		collect(op.RequestBody.Content["application/json"].Schema)
+		for st, res := range op.Responses {
+			if strings.HasPrefix(st, "2") {
+				collect(res.Content["application/json"].Schema)
+			}
+		}
+		var snake, camel []string
+		for _, n := range names {
+			if strings.Contains(n, "_") {
+				snake = append(snake, n)
+			}
+			if strings.ToLower(n) != n {
+				camel = append(camel, n)
+			}
+		}
+		require.False(t, len(snake) > 0 && len(camel) > 0, "%s %s mixes %v and %v", r.Method, r.Pattern, snake, camel)
+		tag := r.Tag
+		if r.Pattern == "/api/v1/queue/health" {
+			tag = "jobs" // §4, over §3's queues
+		}
+		switch {
+		case camelTags[tag]:
+			require.Empty(t, snake, "%s %s is a durable-job route", r.Method, r.Pattern)
+		case snakeTags[tag]:
+			require.Empty(t, camel, "%s %s is an effect-gate route", r.Method, r.Pattern)
+		default:
+			continue
+		}
+		checked++
+	}
+	require.Greater(t, checked, 60)
+}
+
+// propertyNames lists every property name of a JSON schema, nested ones
+// included.
+func propertyNames(s any) []string {
+	m, ok := s.(map[string]any)
+	if !ok {
+		if l, ok := s.([]any); ok {
+			var out []string
+			for _, x := range l {
+				out = append(out, propertyNames(x)...)
+			}
+			return out
+		}
+		return nil
+	}
+	var out []string
+	if props, ok := m["properties"].(map[string]any); ok {
+		for name, sub := range props {
+			out = append(out, name)
+			out = append(out, propertyNames(sub)...)
+		}
+	}
+	for _, k := range []string{"items", "additionalProperties", "anyOf", "oneOf", "allOf"} {
+		out = append(out, propertyNames(m[k])...)
+	}
+	return out
+}
