@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -40,6 +41,13 @@ func TestLoadDefaults(t *testing.T) {
 	require.Equal(t, c.DatabaseURL, c.MigrationURL())
 	require.Equal(t, 90, c.JobRetentionDays)
 	require.Equal(t, 30, c.EventRetentionDays)
+	// API.md §5: open signup has no throttle unless SIGNUP_RATE_PER_HOUR is
+	// set; metering is off unless BILLING_MODE turns it on; the local server
+	// sweeps every 5 s; a job lease's grace is 10 000 ms.
+	require.Zero(t, c.SignupRatePerHour)
+	require.Equal(t, "off", c.BillingMode)
+	require.Equal(t, 5*time.Second, c.SweepInterval)
+	require.EqualValues(t, 10_000, c.JobLeaseGraceMs)
 }
 
 // A long-running server sizes its pool for concurrent requests unless
