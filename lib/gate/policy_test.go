@@ -1,6 +1,7 @@
 package gate_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync"
@@ -185,6 +186,34 @@ func TestPolicyValidation(t *testing.T) {
 	p := b.env.Must(http.StatusOK, "GET", "/api/v1/policies/sms.send", b.ws.Key, nil).JSON()
 	require.EqualValues(t, 1, p["version"])
 	require.EqualValues(t, 100, p["max_cost_micros"])
+}
+
+// API.md §2.3's bounds are inclusive: each end of every range is taken and
+// reads back as sent (TestPolicyValidation pins only the values just
+// outside them).
+func TestPolicyBoundsAreInclusive(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	eight := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+	limits := map[string]any{}
+	for _, d := range eight {
+		limits[d] = map[string]any{"daily_micros": nil, "daily_count": 1}
+	}
+	for _, c := range []struct {
+		field string
+		value any
+	}{
+		{"lease_seconds", 5}, {"lease_seconds", 3600}, {"max_attempts", 1}, {"max_attempts", 50},
+		{"surge_multiplier", 2}, {"surge_cooldown_seconds", 60}, {"surge_cooldown_seconds", 86400},
+		{"retention_days", 1}, {"retention_days", 400}, {"required_dimensions", eight}, {"dimension_limits", limits},
+	} {
+		p := b.putPolicy("bounds.x", map[string]any{c.field: c.value})
+		want, err := json.Marshal(c.value)
+		require.NoError(t, err)
+		got, err := json.Marshal(p[c.field])
+		require.NoError(t, err)
+		require.JSONEq(t, string(want), string(got), "%s %v", c.field, c.value)
+	}
 }
 
 func TestPolicyEnforcement(t *testing.T) {
