@@ -142,3 +142,29 @@ func propertyNames(s any) []string {
 	}
 	return out
 }
+
+// API.md §5 "Success statuses": creating routes answer 201, every action and
+// read 200, as the route table (and so the router and the OpenAPI
+// document) states them.
+func TestConformanceSuccessStatuses(t *testing.T) {
+	t.Parallel()
+	want := map[string]int{
+		"workspaces.create": 201, "keys.create": 201, "runs.create": 201, "runs.enqueue": 201, "groups.create": 201,
+		"endpoints.create": 201, "contracts.publish": 201, "webhooks.create": 201, "workers.register": 201,
+		"approvals.approve": 200, "approvals.reject": 200, "groups.commit": 200, "groups.unwind": 200,
+		"endpoints.pause": 200, "endpoints.resume": 200, "runs.finish": 200, "steps.cancel": 200, "steps.replay": 200,
+		"effects.report": 200, "jobs.report": 200, "effects.heartbeat": 200, "jobs.heartbeat": 200,
+		"effects.resolve": 200, "keys.revoke": 200,
+	}
+	for _, r := range httpapi.Routes() {
+		if st, ok := want[r.Name]; ok {
+			require.Equal(t, st, r.Status, r.Name)
+			delete(want, r.Name)
+			continue
+		}
+		if r.Method == "GET" && r.Raw == nil { // MCP's GET is its transport's 405
+			require.Equal(t, 200, r.Status, "a read: %s", r.Name)
+		}
+	}
+	require.Empty(t, want, "routes API.md §5 names")
+}
