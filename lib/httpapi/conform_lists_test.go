@@ -194,3 +194,54 @@ func TestConformanceListLimitDefaultsToFifty(t *testing.T) {
 		require.Nil(t, rest[member], path)
 	}
 }
+
+// API.md leaves a list's order to the project, to be documented in the
+// OpenAPI document (API.md, preamble): every list route's summary says its
+// order (keys, policies, circuits, webhooks and endpoints said nothing), and
+// those five keep it: keys, webhooks and endpoints oldest first, policies
+// and circuits by effect type.
+func TestConformanceListsStateAndKeepTheirOrder(t *testing.T) {
+	t.Parallel()
+	for _, r := range httpapi.Routes() {
+		if _, ok := listCursorMember[r.Pattern]; ok && r.Method == "GET" {
+			s := strings.ToLower(r.Summary)
+			require.True(t, strings.Contains(s, "newest first") || strings.Contains(s, "oldest first") ||
+				strings.Contains(s, " order") || strings.Contains(s, "by ascending"), "%s says no order: %s", r.Pattern, r.Summary)
+		}
+	}
+
+	e := newJobsEnv(t)
+	op := e.ws.Key
+	for _, name := range []string{"b", "a", "c"} {
+		e.clock.Add(time.Millisecond) // ids are time-ordered to the millisecond
+		e.Key(e.ws, map[string]any{"name": name, "preset": "AGENT"})
+		e.Must(http.StatusCreated, "POST", "/api/v1/webhooks", op,
+			map[string]any{"url": "https://example.com/" + name, "events": []string{"run.finished"}})
+		e.Must(http.StatusCreated, "POST", "/api/v1/endpoints", op, map[string]any{"name": "ep-" + name})
+		e.Must(http.StatusOK, "PUT", "/api/v1/policies/order."+name, op, map[string]any{"mode": "allow"})
+	}
+	field := func(path, f string) []string {
+		var out []string
+		for _, it := range e.Must(http.StatusOK, "GET", path+"?limit=200", op, nil).JSON()["data"].([]any) {
+			out = append(out, it.(map[string]any)[f].(string))
+		}
+		return out
+	}
+	for path, f := range map[string]string{"/api/v1/keys": "id", "/api/v1/webhooks": "id", "/api/v1/endpoints": "id",
+		"/api/v1/policies": "effect_type", "/api/v1/circuits": "effect_type"} {
+		got := field(path, f)
+		require.True(t, sort.StringsAreSorted(got), "%s by %s: %v", path, f, got)
+	}
+	names := func(path, f string) []string {
+		var out []string
+		for _, v := range field(path, f) {
+			if strings.HasSuffix(v, "a") || strings.HasSuffix(v, "b") || strings.HasSuffix(v, "c") {
+				out = append(out, v[len(v)-1:])
+			}
+		}
+		return out
+	}
+	require.Equal(t, []string{"b", "a", "c"}, names("/api/v1/endpoints", "name"), "oldest first")
+	require.Equal(t, []string{"b", "a", "c"}, names("/api/v1/webhooks", "url"), "oldest first")
+	require.Equal(t, []string{"a", "b", "c"}, names("/api/v1/policies", "effect_type"), "by effect type")
+}

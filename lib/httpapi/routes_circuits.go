@@ -22,7 +22,7 @@ func (s *Server) circuitRoutes() []Route {
 	return []Route{
 		{
 			Method: "GET", Pattern: "/api/v1/circuits", Name: "circuits.list", Tag: "circuits", AnyScopes: read,
-			Summary: "Read the circuit of every effect type seen or configured: state, who opened it, its action, " +
+			Summary: "Read the circuit of every effect type seen or configured, in effect type order: state, who opened it, its action, " +
 				"the volume of new keys in the trailing hour, the 7-day median hourly baseline and the threshold.",
 			Query: listParams, Response: Page[gate.Circuit]{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeForbidden},

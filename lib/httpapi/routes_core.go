@@ -56,7 +56,7 @@ func (s *Server) coreRoutes() []Route {
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/keys", Name: "keys.list", Tag: "keys", Scopes: []string{auth.ScopeKeysWrite},
-			Summary: "List the workspace's keys (never their secrets).", Query: listParams,
+			Summary: "List the workspace's keys oldest first (never their secrets).", Query: listParams,
 			Response: Page[auth.Key]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
 			Handle: s.listKeys,
 		},

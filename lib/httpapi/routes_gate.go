@@ -98,7 +98,7 @@ func (s *Server) gateRoutes() []Route {
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/policies", Name: "policies.list", Tag: "policies",
-			Scopes: []string{auth.ScopePoliciesRead}, Summary: "List the configured effect-type policies.",
+			Scopes: []string{auth.ScopePoliciesRead}, Summary: "List the configured effect-type policies in effect type order.",
 			Query: listParams, Response: Page[gate.Policy]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
 			Handle: s.listPolicies,
 		},

@@ -159,7 +159,7 @@ func (s *Server) jobsRoutes() []Route {
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/endpoints", Name: "endpoints.list", Tag: "endpoints", Scopes: runsRead,
-			Summary: "List endpoints (services) with their policies.", Query: listParams,
+			Summary: "List endpoints (services) with their policies, oldest first.", Query: listParams,
 			Response: CamelPage[jobs.Endpoint]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
 			Handle: s.listEndpoints,
 		},

@@ -30,7 +30,7 @@ func (s *Server) webhookRoutes() []Route {
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/webhooks", Name: "webhooks.list", Tag: "webhooks", Scopes: scopes,
-			Summary: "List webhook subscriptions (never their secrets; secret_unreadable: true marks one whose " +
+			Summary: "List webhook subscriptions oldest first (never their secrets; secret_unreadable: true marks one whose " +
 				"signing secret this server cannot decrypt, whose deliveries are not sent meanwhile).",
 			Query:    listParams,
 			Response: Page[webhooks.Webhook]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
