@@ -11,6 +11,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/httpapi"
+	"github.com/getratchet/ratchet/lib/ids"
 )
 
 // API.md §0: "Authorization: Bearer <key> on every route except POST
@@ -167,4 +168,60 @@ func TestConformanceSuccessStatuses(t *testing.T) {
 		}
 	}
 	require.Empty(t, want, "routes API.md §5 names")
+}
+
+// API.md §0: a request body larger than 1 MiB is 413 payload_too_large, on
+// every route that takes a body (those without one read it to refuse its
+// fields, MCP's endpoint included), for a key that may call the route; one
+// of exactly 1 MiB is read (and refused, if at all, for what it says).
+func TestConformanceEveryRouteRefusesABodyOverOneMiB(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	ws := env.Signup()
+	over := `{"name":"` + strings.Repeat("x", httpapi.MaxBodyBytes) + `"}`
+	exact := `{"name":"` + strings.Repeat("x", httpapi.MaxBodyBytes-len(`{"name":""}`)) + `"}`
+	require.Len(t, exact, httpapi.MaxBodyBytes)
+	checked := 0
+	for _, r := range httpapi.Routes() {
+		if r.Method == "GET" {
+			continue
+		}
+		key := ws.Key
+		switch r.Auth {
+		case httpapi.AuthNone:
+			key = ""
+		case httpapi.AuthCron:
+			key = "test-cron-secret"
+		}
+		path := wellFormedPath(r.Pattern)
+		res := env.Do(r.Method, path, key, over)
+		if r.Status == http.StatusMethodNotAllowed {
+			continue // MCP's GET and DELETE answer 405 whatever they carry
+		}
+		require.Equal(t, http.StatusRequestEntityTooLarge, res.Status, "%s %s: %.300s", r.Method, path, res.Body)
+		require.Equal(t, apierr.CodePayloadTooLarge, res.ErrorCode(), "%s %s", r.Method, path)
+		at := env.Do(r.Method, path, key, exact)
+		require.NotEqual(t, http.StatusRequestEntityTooLarge, at.Status, "%s %s: 1 MiB exactly is read", r.Method, path)
+		checked++
+	}
+	require.Greater(t, checked, 40)
+}
+
+// wellFormedPath fills a pattern's ids with well-formed ids of nothing of
+// their kind (so a route gets past its path to its body), and its names with
+// a valid one.
+func wellFormedPath(pattern string) string {
+	kinds := map[string]string{"effects": ids.Effect, "approvals": ids.Approval, "keys": ids.Key, "groups": ids.Group,
+		"webhooks": ids.Webhook, "runs": ids.Run, "steps": ids.Step, "workers": ids.Worker, "jobs": ids.Job,
+		"endpoints": ids.Endpoint}
+	parts := strings.Split(pattern, "/")
+	for i, p := range parts {
+		if strings.HasPrefix(p, "{") {
+			parts[i] = "a.b"
+			if kind, ok := kinds[parts[i-1]]; ok {
+				parts[i] = ids.New(kind)
+			}
+		}
+	}
+	return strings.Join(parts, "/")
 }
