@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -55,6 +56,11 @@ func loadChecker() (*openapiChecker, error) {
 		}
 		c := jsonschema.NewCompiler()
 		c.DefaultDraft(jsonschema.Draft2020)
+		// API.md §0: every timestamp is an RFC 3339 UTC string. The
+		// document marks each one date-time (its only format), and the
+		// check holds every answered one to that, in UTC.
+		c.RegisterFormat(&jsonschema.Format{Name: "date-time", Validate: utcTimestamp})
+		c.AssertFormat()
 		if err := c.AddResource(openapiURL, res); err != nil {
 			checkerErr = err
 			return
@@ -71,6 +77,23 @@ func loadChecker() (*openapiChecker, error) {
 		checker = &openapiChecker{mux: mux, compiler: c, doc: doc, schemas: map[string]*jsonschema.Schema{}}
 	})
 	return checker, checkerErr
+}
+
+// utcTimestamp accepts an RFC 3339 time in UTC ("Z"), what API.md §0 asks
+// of every timestamp; a value that is not a string is left to the schema's
+// type.
+func utcTimestamp(v any) error {
+	s, ok := v.(string)
+	if !ok {
+		return nil
+	}
+	if _, err := time.Parse(time.RFC3339Nano, s); err != nil {
+		return fmt.Errorf("%q is not an RFC 3339 time", s)
+	}
+	if !strings.HasSuffix(s, "Z") {
+		return fmt.Errorf("%q is not in UTC (Z)", s)
+	}
+	return nil
 }
 
 // pointerPart escapes a JSON pointer token (RFC 6901).

@@ -24,6 +24,16 @@ func TestOpenAPICheckFindsDisagreements(t *testing.T) {
 		"does not match the OpenAPI document")
 	require.Empty(t, c.check(get, http.StatusNotFound, jsonHeader,
 		[]byte(`{"error":{"code":"not_found","message":"No such effect in this workspace.","detail":{}}}`)))
+	// Every timestamp is RFC 3339 in UTC (API.md §0).
+	effect := func(at string) []byte {
+		return []byte(`{"id":"eff_01m8kjt9g002extbwvcndh4bkd","effect_type":"a.b","idempotency_key":"k","state":"leased",` +
+			`"attempt":0,"attempts":[],"result":null,"result_preview":null,"payload_preview":null,"cost_micros":null,` +
+			`"run_id":null,"group_id":null,"compensates_effect_id":null,"denial_code":null,"approval_id":null,` +
+			`"lease_expires_at":null,"created_at":"` + at + `","updated_at":"2026-11-29T12:00:00Z","result_unreadable":false}`)
+	}
+	require.Empty(t, c.check(get, http.StatusOK, jsonHeader, effect("2026-11-29T12:00:00.123456Z")))
+	require.Contains(t, c.check(get, http.StatusOK, jsonHeader, effect("2026-11-29T13:00:00+01:00")), "is not in UTC")
+	require.Contains(t, c.check(get, http.StatusOK, jsonHeader, effect("2026-11-29 12:00:00")), "is not an RFC 3339 time")
 	// Not a route: not checked here.
 	require.Empty(t, c.check(httptest.NewRequest("GET", "/api/v1/nowhere", nil), http.StatusNotFound, jsonHeader, []byte(`1`)))
 }
