@@ -201,6 +201,30 @@ func TestTheResultLimitIsOnTheValue(t *testing.T) {
 	require.Equal(t, "leased", b.get(str(d["effect_id"]))["state"])
 }
 
+// A resolve's result is held to a report's limit (API.md §2.2: over 256 KiB
+// is 413 payload_too_large): refused whole, the effect still indeterminate
+// and resolvable; at the limit it is recorded.
+func TestAResolvesResultIsHeldToTheResultLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	d := b.mustBegin("execute", email(key("resolve-large")))
+	id := str(d["effect_id"])
+	b.clock.Add(61 * time.Second)
+	resolve := func(text string) *apitest.Response {
+		return b.env.Do("POST", "/api/v1/effects/"+id+"/resolve", b.ws.Key,
+			map[string]any{"outcome": "succeeded", "result": map[string]any{"text": text}})
+	}
+	errCode(t, resolve(strings.Repeat("x", gate.MaxResultBytes)), http.StatusRequestEntityTooLarge, "payload_too_large")
+	e := b.get(id)
+	require.Equal(t, "indeterminate", e["state"])
+	require.Nil(t, e["attempts"].([]any)[0].(map[string]any)["resolved_at"])
+	fits := strings.Repeat("x", gate.MaxResultBytes-len(`{"text":""}`))
+	r := resolve(fits)
+	require.Equal(t, http.StatusOK, r.Status, "%.300s", r.Body)
+	require.Equal(t, "succeeded", r.JSON()["state"])
+	require.Equal(t, map[string]any{"text": fits}, b.mustBegin("duplicate", email(str(e["idempotency_key"])))["result"])
+}
+
 func TestReportRules(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
