@@ -65,6 +65,24 @@ func TestRetentionTasksFollowTheirSettings(t *testing.T) {
 	require.Len(t, none, len(all)-2)
 }
 
+// A sweeper pass (the cron route's, the local server's loop) covers what
+// API.md §4 says one does: lapsed leases of effects and jobs, dependencies,
+// run completion, breaker cooldowns, reconciliation reminders, webhook
+// deliveries and retention. (Due retries need no task: a job is claimable
+// at its dueAt, inline.)
+func TestASweepPassCoversWhatAPIMdLists(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { // the defaults (TestLoadDefaults)
+		c.JobRetentionDays, c.EventRetentionDays = 90, 30
+	}))
+	tasks := env.App.Sweeper.Tasks()
+	for _, name := range []string{"effects.lapsed_leases", "jobs.lapsed_leases", "jobs.dependencies",
+		"jobs.run_completion", "circuits.cooled_down", "reconciliation.due", "webhooks.dispatch", "webhooks.deliver",
+		"effects.retention", "jobs.retention", "events.retention"} {
+		require.Contains(t, tasks, name)
+	}
+}
+
 // The default clock reads UTC, as API.md answers every timestamp: what a
 // request stamps with it would otherwise carry the host's zone.
 func TestTheDefaultClockReadsUTC(t *testing.T) {
