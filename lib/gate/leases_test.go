@@ -284,6 +284,30 @@ func TestHeartbeatExtendsLease(t *testing.T) {
 	require.Equal(t, http.StatusOK, b.report(id, token, "succeeded", nil).Status)
 }
 
+// A heartbeat extends a lease by the length it was granted (API.md §2.2:
+// "Extend a live lease by its length from now"): a begin's shorter
+// lease_seconds holds on each heartbeat, and a policy changed since changes
+// neither a shortened lease nor a whole one.
+func TestAHeartbeatExtendsByTheLeasesOwnLength(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	heartbeat := func(d map[string]any) any {
+		t.Helper()
+		return b.env.Must(http.StatusOK, "POST", "/api/v1/effects/"+str(d["effect_id"])+"/heartbeat", b.ws.Key,
+			map[string]any{"lease_token": d["lease_token"]}).JSON()["lease_expires_at"]
+	}
+	short := email(key("short"))
+	short["lease_seconds"] = 10
+	s := b.mustBegin("execute", short)
+	whole := b.mustBegin("execute", email(key("whole"))) // the policy's 60
+	b.clock.Add(5 * time.Second)
+	require.Equal(t, b.clock.Now().Add(10*time.Second).Format(time.RFC3339), heartbeat(s))
+	b.putPolicy("email.send", map[string]any{"lease_seconds": 30})
+	b.clock.Add(5 * time.Second)
+	require.Equal(t, b.clock.Now().Add(10*time.Second).Format(time.RFC3339), heartbeat(s))
+	require.Equal(t, b.clock.Now().Add(60*time.Second).Format(time.RFC3339), heartbeat(whole))
+}
+
 func TestResolveOnlyFromIndeterminate(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
