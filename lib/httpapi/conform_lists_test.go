@@ -81,8 +81,15 @@ func TestConformanceEveryListRouteFollowsTheListConventions(t *testing.T) {
 		require.NoError(t, events.Record(context.Background(), e.App.Pool, events.Event{WorkspaceID: e.ws.ID,
 			Type: events.RunFinished, SubjectID: ids.New(ids.Run), Data: map[string]any{}, At: e.clock.Now()}))
 	}
-	_, err := e.App.Server.Webhooks.Dispatch(context.Background(), e.clock.Now())
-	require.NoError(t, err)
+	// Dispatch fans out every workspace's events a batch at a time, in
+	// turns: a few calls reach this one's whatever other tests left.
+	for range 20 {
+		_, err := e.App.Server.Webhooks.Dispatch(context.Background(), e.clock.Now())
+		require.NoError(t, err)
+		if len(e.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+hook+"/deliveries", op, nil).JSON()["data"].([]any)) == 2 {
+			break
+		}
+	}
 
 	// A step with two attempts and two replays; a second queue (version 2).
 	wid := e.register("send_email@1", "send_email@2")
