@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/ids"
@@ -134,7 +135,24 @@ func TestConformanceEveryListRouteFollowsTheListConventions(t *testing.T) {
 	sort.Strings(want)
 	require.Equal(t, want, lists, "every list route is classified by its section's cursor member")
 
+	doc := apitest.OpenAPIDoc(t)
 	for _, pattern := range lists {
+		// The document states the bounds and the default, and names the
+		// cursor as the route's own pages do.
+		params := map[string]map[string]any{}
+		for _, p := range apitest.At(doc, "paths", pattern, "get", "parameters").([]any) {
+			p := p.(map[string]any)
+			params[p["name"].(string)] = p
+		}
+		require.Equal(t, map[string]any{"type": "integer", "minimum": 1.0, "maximum": 200.0, "default": 50.0},
+			params["limit"]["schema"], pattern)
+		for _, p := range []string{"limit", "cursor"} {
+			require.Contains(t, params[p]["description"], listCursorMember[pattern], "%s %s", pattern, p)
+			require.NotContains(t, params[p]["description"],
+				map[string]string{"next_cursor": "nextCursor", "nextCursor": "next_cursor"}[listCursorMember[pattern]],
+				"%s %s", pattern, p)
+		}
+
 		path := pattern
 		if p, ok := paths[pattern]; ok {
 			path = p

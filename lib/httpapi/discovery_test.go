@@ -595,7 +595,7 @@ func TestOpenAPIStatesBoundsAndEnumerations(t *testing.T) {
 	require.Contains(t, prop("/api/v1/circuits/stop", "post", "action")["enum"], "deny")
 	for _, p := range doc["paths"].(map[string]any)["/api/v1/effects"].(map[string]any)["get"].(map[string]any)["parameters"].([]any) {
 		if p := p.(map[string]any); p["name"] == "limit" {
-			require.Equal(t, map[string]any{"type": "integer", "minimum": 1.0, "maximum": 200.0}, p["schema"])
+			require.Equal(t, map[string]any{"type": "integer", "minimum": 1.0, "maximum": 200.0, "default": 50.0}, p["schema"])
 		}
 	}
 	// An effect type in a path or a filter is held to begin's rule, and the

@@ -226,6 +226,9 @@ func operation(r Route) map[string]any {
 		if p.Max != nil {
 			schema["maximum"] = *p.Max
 		}
+		if p.Default != nil {
+			schema["default"] = *p.Default
+		}
 		if p.Enum != nil {
 			schema["enum"] = p.Enum
 		}

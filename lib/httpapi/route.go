@@ -32,6 +32,7 @@ type Param struct {
 	Description string
 	Type        string   // "string" or "integer"
 	Min, Max    *int     // an integer's bounds, when it has them
+	Default     *int     // an integer's value when it is not given, when it has one
 	Enum        []string // a string's values, when it takes only those
 	Pattern     string   // a string's pattern, when it has one
 	MaxLength   int      // a string's longest length, when it has one

@@ -32,7 +32,7 @@ func (s *Server) contractsRoutes() []Route {
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/tools/{name}/contracts", Name: "contracts.list", Tag: "contracts",
-			Scopes: read, Query: listParams,
+			Scopes: read, Query: camelListParams,
 			Summary:  "List the tool's contracts by ascending contractVersion (cursor: the last contractVersion).",
 			Response: CamelPage[jobs.Contract]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
 			Handle: s.listContracts,

@@ -112,11 +112,19 @@ func (s *Server) coreRoutes() []Route {
 	}
 }
 
-var listParams = []Param{
-	{Name: "limit", Type: "integer", Description: "1-200, default 50: a page holds at most limit items and at " +
-		"most about 4 MB of JSON, ending early (with its next cursor, and always with one item) before an item " +
-		"would pass that", Min: ptr(1), Max: ptr(200)},
-	{Name: "cursor", Type: "string", Description: "the previous page's next_cursor (nextCursor on durable-job routes)"},
+// listParams are a snake_case (effect gate) list's ?limit= and ?cursor=;
+// camelListParams a camelCase (durable-job) list's (API.md §0).
+var listParams, camelListParams = pageParams("next_cursor"), pageParams("nextCursor")
+
+// pageParams are a list's ?limit= and ?cursor=, the cursor being what the
+// page's cursorMember held.
+func pageParams(cursorMember string) []Param {
+	return []Param{
+		{Name: "limit", Type: "integer", Description: "1-200, default 50: a page holds at most limit items and at " +
+			"most about 4 MB of JSON, ending early (with its " + cursorMember + ", and always with one item) before an " +
+			"item would pass that", Min: ptr(1), Max: ptr(200), Default: ptr(50)},
+		{Name: "cursor", Type: "string", Description: "the previous page's " + cursorMember},
+	}
 }
 
 func (s *Server) health(ctx context.Context, _ *Call) (any, error) {

@@ -35,7 +35,7 @@ func (s *Server) jobsRoutes() []Route {
 				"(a FAILED run to inspect, say).",
 			Query: append([]Param{{Name: "status", Type: "string", Description: "RUNNING, SUCCEEDED or FAILED",
 				Enum: []string{jobs.RunRunning, jobs.RunSucceeded, jobs.RunFailed}}},
-				listParams...),
+				camelListParams...),
 			Response: CamelPage[jobs.RunSummary]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
 			Handle: s.listRuns,
 		},
@@ -44,7 +44,7 @@ func (s *Server) jobsRoutes() []Route {
 			Summary: "Page a run's steps in id order, each as GET /api/v1/steps/{id} reads it; ?status= one job " +
 				"status. For runs too large to read whole with GET /api/v1/runs/{id}.",
 			Query: append([]Param{{Name: "status", Type: "string", Description: "WAITING, QUEUED, RUNNING, " +
-				"RETRY_SCHEDULED, SUCCEEDED, EXHAUSTED, CANCELLED or SKIPPED", Enum: jobs.Statuses}}, listParams...),
+				"RETRY_SCHEDULED, SUCCEEDED, EXHAUSTED, CANCELLED or SKIPPED", Enum: jobs.Statuses}}, camelListParams...),
 			Response: CamelPage[jobs.Step]{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.listSteps,
 		},
@@ -83,7 +83,7 @@ func (s *Server) jobsRoutes() []Route {
 			Scopes: runsRead,
 			Summary: "Page every attempt of a step's durable job in attempt order (cursor: the last attempt's " +
 				"number), where a step's reads answer its last 50 (attemptsTruncated).",
-			Query: listParams, Response: CamelPage[jobs.Attempt]{}, Status: 200,
+			Query: camelListParams, Response: CamelPage[jobs.Attempt]{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.listStepAttempts,
 		},
 		{
@@ -91,7 +91,7 @@ func (s *Server) jobsRoutes() []Route {
 			Scopes: runsRead,
 			Summary: "Page every replay of a step's durable job oldest first (the replay audit), where a step's " +
 				"reads answer its last 50 (replaysTruncated).",
-			Query: listParams, Response: CamelPage[jobs.Replay]{}, Status: 200,
+			Query: camelListParams, Response: CamelPage[jobs.Replay]{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.listStepReplays,
 		},
 		{
@@ -159,7 +159,7 @@ func (s *Server) jobsRoutes() []Route {
 		},
 		{
 			Method: "GET", Pattern: "/api/v1/endpoints", Name: "endpoints.list", Tag: "endpoints", Scopes: runsRead,
-			Summary: "List endpoints (services) with their policies, oldest first.", Query: listParams,
+			Summary: "List endpoints (services) with their policies, oldest first.", Query: camelListParams,
 			Response: CamelPage[jobs.Endpoint]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
 			Handle: s.listEndpoints,
 		},
@@ -183,7 +183,7 @@ func (s *Server) jobsRoutes() []Route {
 				"closing its circuit or resuming it); ?outcome= SUCCEEDED or FAILED keeps only those.",
 			Query: append([]Param{{Name: "outcome", Type: "string", Description: "SUCCEEDED or FAILED",
 				Enum: []string{jobs.StatusSucceeded, jobs.OutcomeFailed}}},
-				listParams...),
+				camelListParams...),
 			Response: CamelPage[jobs.EndpointAttempt]{}, Status: 200,
 			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound}, Handle: s.listEndpointAttempts,
 		},
@@ -215,7 +215,7 @@ func (s *Server) jobsRoutes() []Route {
 			Method: "GET", Pattern: "/api/v1/queue/health", Name: "queue.health", Tag: "operations", Scopes: runsRead,
 			Summary: "Per exact name@version: queued count, oldest queued age, workers seen recently, and a plain " +
 				"message when no worker serves a queued version; paged in name@version order.",
-			Query:    listParams,
+			Query:    camelListParams,
 			Response: CamelPage[jobs.QueueHealth]{}, Status: 200, Errors: []string{apierr.CodeInvalidRequest},
 			Handle: s.queueHealth,
 		},
