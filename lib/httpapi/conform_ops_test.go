@@ -46,9 +46,9 @@ func TestConformanceOnlyThePublicRoutesTakeNoKey(t *testing.T) {
 }
 
 // API.md §0: effect-gate routes use snake_case, durable-job routes
-// camelCase, never mixed within a route. Checked on the field names of every
-// route's request body and success answers as the OpenAPI document states
-// them (apitest holds every answer of every test to that document). The
+// camelCase, never mixed within a route. Checked on the path and query
+// parameters and the field names of every route's request body and success
+// answers as the OpenAPI document states them (apitest holds every answer of every test to that document). The
 // capability manifest is left out: it carries the MCP tool definitions,
 // whose field names (inputSchema, readOnlyHint...) the MCP specification
 // fixes.
@@ -62,7 +62,11 @@ func TestConformanceEveryRouteKeepsItsSectionsFieldCasing(t *testing.T) {
 	require.NoError(t, err)
 	var d struct {
 		Paths map[string]map[string]struct {
-			Tags        []string `json:"tags"`
+			Tags       []string `json:"tags"`
+			Parameters []struct {
+				Name string `json:"name"`
+				In   string `json:"in"`
+			} `json:"parameters"`
 			RequestBody struct {
 				Content map[string]struct {
 					Schema any `json:"schema"`
@@ -85,6 +89,11 @@ func TestConformanceEveryRouteKeepsItsSectionsFieldCasing(t *testing.T) {
 		var names []string
 		collect := func(s any) { names = append(names, propertyNames(s)...) }
 		collect(op.RequestBody.Content["application/json"].Schema)
+		for _, p := range op.Parameters {
+			if p.In != "header" {
+				names = append(names, p.Name)
+			}
+		}
 		for st, res := range op.Responses {
 			if strings.HasPrefix(st, "2") {
 				collect(res.Content["application/json"].Schema)
