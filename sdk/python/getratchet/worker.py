@@ -1018,11 +1018,16 @@ class Worker:
                                             {"leaseToken": context._lease_token}, safe=True, max_retries=0,
                                             timeout=min(self._transport.timeout, 10.0))
             except RatchetError as err:
+                if active.beats_done.is_set() and not _key_refused(err):
+                    # The handler is done: its report, answered on its own,
+                    # settles the attempt, and neither a refusal nor a
+                    # failure of this heartbeat is told (the Go and
+                    # TypeScript workers end the heartbeat before
+                    # reporting; review: a 5xx was told to on_error).
+                    return
                 if err.status in (403, 404, 409):
                     # The lease is lost (a newer claim) or the job ended:
                     # nothing this attempt does will count.
-                    if active.beats_done.is_set():
-                        return  # the handler is done: its report, answered on its own, settles it
                     active.lost_code = err.code
                     context._cancel("lease_lost")
                     active.wake.set()
@@ -1038,6 +1043,8 @@ class Worker:
                 failed, failures = err, failures + 1
                 continue
             except ConnectionLost as err:
+                if active.beats_done.is_set():
+                    return  # the handler is done (above)
                 self._notify(err)
                 failed, failures = err, failures + 1
                 continue

@@ -1595,6 +1595,23 @@ class WorkerRulesTest(unittest.TestCase):
         # A heartbeat in flight when the handler returns, answered 409
         # invalid_state once the report landed, lost nothing: the report
         # settled the attempt, and on_error is told nothing of a lease.
+        told = self.heartbeat_answered_after_the_report(409, error("invalid_state"))
+        self.assertEqual([e for e in told if isinstance(e, getratchet.LeaseLost)], [])
+
+    def test_a_heartbeat_failed_once_the_handler_is_done_is_not_told(self) -> None:
+        # Nor is one that failed (a 5xx, a lost answer) told to on_error: the attempt is
+        # over, and the Go and TypeScript workers end the heartbeat before
+        # reporting, so they never see its answer (review: this worker told
+        # on_error, and its default log, of a heartbeat of a finished job).
+        told = self.heartbeat_answered_after_the_report(503, error("internal"))
+        self.assertEqual([e for e in told if isinstance(e, RatchetError)], [])
+        told = self.heartbeat_answered_after_the_report(0, None)  # no answer: a lost connection
+        self.assertEqual([e for e in told if isinstance(e, ConnectionLost)], [])
+
+    def heartbeat_answered_after_the_report(self, status: int, body: dict) -> List[BaseException]:
+        """Runs one job whose heartbeat is in flight when its handler
+        returns, held until the report lands and then answered status and
+        body; answers what on_error was told."""
         reported = threading.Event()
         seen = {"claims": 0, "beats": 0}
 
@@ -1608,7 +1625,7 @@ class WorkerRulesTest(unittest.TestCase):
             if path.endswith("/heartbeat"):
                 seen["beats"] += 1
                 reported.wait(10)
-                return 409, error("invalid_state"), {}
+                return status, body, {}
             reported.set()
             return 200, {"jobId": "job_1", "status": body["status"], "attempt": 1}, {}
 
@@ -1623,16 +1640,14 @@ class WorkerRulesTest(unittest.TestCase):
             real(worker, active)
             beats_ended.set()
 
-        patcher = mock.patch.object(getratchet.worker.Worker, "_heartbeats", autospec=True, side_effect=heartbeats)
-        patcher.start()
-        self.addCleanup(patcher.stop)
         told: List[BaseException] = []
-        client.worker.start(1, poll_interval=0.05, block=False, on_error=told.append)
-        self.addCleanup(client.worker.stop, 5)
-        self.assertTrue(beats_ended.wait(15))
-        self.assertTrue(reported.is_set())
-        self.assertTrue(client.worker.stop(5))  # on_error told what was queued
-        self.assertEqual([e for e in told if isinstance(e, getratchet.LeaseLost)], [])
+        with mock.patch.object(getratchet.worker.Worker, "_heartbeats", autospec=True, side_effect=heartbeats):
+            client.worker.start(1, poll_interval=0.05, block=False, on_error=told.append)
+            self.addCleanup(client.worker.stop, 5)
+            self.assertTrue(beats_ended.wait(15))
+            self.assertTrue(reported.is_set())
+            self.assertTrue(client.worker.stop(5))  # on_error told what was queued
+        return told
 
     def test_a_rate_limited_heartbeat_heeds_retry_after_within_the_lease(self) -> None:
         # As in Go and TypeScript: a heartbeat answered 429 is tried again
