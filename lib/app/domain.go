@@ -87,16 +87,19 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 	)
 	if days := deps.Config.EventRetentionDays; days > 0 {
 		// Deliveries held longer than the events are kept end first, so
-		// that the purge takes them with their events (ExpireHeld).
-		sweeper.Add(sweep.Task{Name: "events.retention", Drains: true, Run: func(ctx context.Context, now time.Time) (int, error) {
-			cutoff := now.AddDate(0, 0, -days)
-			ended, err := deps.Webhooks.ExpireHeld(ctx, cutoff, retentionPerPass)
-			if err != nil {
-				return ended, err
-			}
-			purged, err := deps.Webhooks.PurgeDelivered(ctx, cutoff, retentionPerPass)
-			return ended + purged, err
-		}})
+		// that the purge after it takes them with their events
+		// (ExpireHeld). Two tasks, not one: a pass runs every task
+		// whatever the one before it answered, so a failing expiry
+		// (a statement timeout over a large held backlog) never stops
+		// the purge of everything else (review).
+		sweeper.Add(
+			sweep.Task{Name: "webhooks.expire_held", Drains: true, Run: func(ctx context.Context, now time.Time) (int, error) {
+				return deps.Webhooks.ExpireHeld(ctx, now.AddDate(0, 0, -days), retentionPerPass)
+			}},
+			sweep.Task{Name: "events.retention", Drains: true, Run: func(ctx context.Context, now time.Time) (int, error) {
+				return deps.Webhooks.PurgeDelivered(ctx, now.AddDate(0, 0, -days), retentionPerPass)
+			}},
+		)
 	}
 	return nil
 }

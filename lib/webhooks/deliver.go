@@ -248,8 +248,9 @@ WHERE d.id = ANY(ARRAY(SELECT id FROM held))`
 // the pending deliveries of a deleted webhook, as its delete does
 // (abandoned): only an instance of an earlier release fanning out while
 // the delete commits leaves one, which was never sent and held its event
-// for good. It answers how many it ended. Run before PurgeDelivered, with
-// the same cut-off, by the events' retention task.
+// for good. It answers how many it ended. The sweeper's
+// webhooks.expire_held task runs it just before events.retention's
+// PurgeDelivered, with the same cut-off.
 func (s *Service) ExpireHeld(ctx context.Context, cutoff time.Time, limit int) (int, error) {
 	tag, err := s.pool.Exec(ctx, sqlExpireHeld, cutoff, limit)
 	if err != nil {
