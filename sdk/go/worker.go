@@ -1295,17 +1295,16 @@ func (w *Worker) report(j ClaimedJob, expires time.Time, r JobReport) {
 // (see leaseGone), or its end passed by this process's clock while
 // heartbeats failed, as the Python and TypeScript workers do (sdk QA: the
 // handler ran on past the lapse, while another worker could reclaim the
-// job). Each heartbeat is one try (singleTry), ending by the lease's end (or
-// a second from now, so one is always tried); a failed one is tried again by
-// this loop, paced by heartbeatWait as the Python and TypeScript workers
-// pace theirs. It returns when the lease, as last extended, lapses by this
-// process's clock (leaseEndFrom).
+// job). Each heartbeat is one try (singleTry), cut off by heartbeatCutoff;
+// a failed one is tried again by this loop, paced by heartbeatWait as the
+// Python and TypeScript workers pace theirs. It returns when the lease, as
+// last extended, lapses by this process's clock (leaseEndFrom).
 func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.CancelCauseFunc) time.Time {
 	end := j.leaseEnd
 	var failed error // the last heartbeat's failure, nil after one that worked
 	failures := 0    // heartbeats failed in a row
 	for {
-		fire, stop := w.clock.Timer(heartbeatWait(w.heartbeatEvery(end, j), failed, failures))
+		fire, stop := w.clock.Timer(heartbeatWait(w.heartbeatEvery(end, j), failed, failures, w.jitter))
 		select {
 		case <-ctx.Done():
 			stop()
@@ -1318,7 +1317,7 @@ func (w *Worker) heartbeat(ctx context.Context, j ClaimedJob, cancel context.Can
 			w.opts.OnError(&LeaseLostError{JobID: j.JobID, Attempt: j.Attempt, Tool: ToolRef{Name: j.Name, Version: j.Version}})
 			return end
 		}
-		hctx, cancelBeat := context.WithDeadline(singleTry(ctx), later(end, sent.Add(minHeartbeat)))
+		hctx, cancelBeat := context.WithTimeout(singleTry(ctx), heartbeatCutoff(end.Sub(sent)))
 		hb, err := w.c.HeartbeatJob(hctx, j.JobID, j.LeaseToken)
 		cancelBeat()
 		if ctx.Err() != nil {
@@ -1377,24 +1376,34 @@ func (w *Worker) heartbeatEvery(end time.Time, j ClaimedJob) time.Duration {
 }
 
 // heartbeatWait is the wait before the next heartbeat: every
-// (heartbeatEvery) after one that worked; after the nth failure in a row a
-// backoff from minHeartbeat, doubled n-1 times (1, 2, 4, 8 s...), and after
-// a 429 the server's Retry-After (at least minHeartbeat) instead; either
+// (heartbeatEvery) after one that worked; after the nth failure in a row
+// failureWait's backoff from minHeartbeat, as after failed claims: 1, 2, 4,
+// 8 s... (doubled n-1 times), half of it drawn by jitter, so that the
+// workers of a fleet do not all try again at the same marks after an
+// outage, and at least the server's Retry-After (a 429's, a 503's); either
 // never past every, a third of the lease left, so that at least two more
 // tries fit before it lapses. The Python and TypeScript workers pace theirs
 // the same (sdk QA: Go retried inside its client, 0.5-8 s apart, and then
 // waited a third of the lease left; they waited a third of the lease left
-// at once; and Go waited out a 429's whole Retry-After).
-func heartbeatWait(every time.Duration, failed error, failures int) time.Duration {
+// at once; Go waited out a 429's whole Retry-After; and the backoff had no
+// jitter).
+func heartbeatWait(every time.Duration, failed error, failures int, jitter func() float64) time.Duration {
 	if failed == nil {
 		return every
 	}
-	var apiErr *Error
-	if errors.As(failed, &apiErr) && apiErr.StatusCode == http.StatusTooManyRequests {
-		secs := min(max(apiErr.RetryAfterSeconds(), 0), int(maxHeartbeat/time.Second)) // no overflow
-		return min(every, max(time.Duration(secs)*time.Second, minHeartbeat))
-	}
-	return min(every, minHeartbeat<<min(max(failures-1, 0), 6))
+	return min(every, failureWait(minHeartbeat, failures, failed, jitter))
+}
+
+// heartbeatCutoff is how long one heartbeat may take when the lease has left
+// to run (by this process's clock): a third of it, at least minHeartbeat, so
+// that a hung call leaves two thirds of the lease for the paced tries after
+// it (heartbeatWait), and never hides the lapse; the HTTP client's Timeout
+// bounds it too. The Python and TypeScript workers cut theirs the same,
+// within their client's timeout (sdk QA: Go let one call run to the lease's
+// end, leaving no time to try again; they cut it at 10 s, past the end of a
+// short lease).
+func heartbeatCutoff(left time.Duration) time.Duration {
+	return max(left/3, minHeartbeat)
 }
 
 // leaseGone says whether a job heartbeat's refusal ends the attempt for

@@ -2318,12 +2318,14 @@ func TestWorkerHeartbeatHonoursRetryAfterWithinTheLease(t *testing.T) {
 }
 
 // heartbeatWaits runs f's job id (long@1) on a worker whose clock fires each
-// wait at once, its handler returning once enough(heartbeats served, waits
-// so far) holds, and returns the heartbeats' waits.
+// wait at once and whose jitter draws half, its handler returning once
+// enough(heartbeats served, waits so far) holds, and returns the heartbeats'
+// waits.
 func heartbeatWaits(t *testing.T, f *fakeJobs, id string, enough func(beats, waits int) bool) []time.Duration {
 	t.Helper()
 	c, _ := testClient(t, f)
 	w := NewWorker(c)
+	w.jitter = func() float64 { return 0.5 } // a backoff of d waits 3/4 d
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	var waits []time.Duration // the heartbeats' waits
@@ -2365,11 +2367,13 @@ func heartbeatWaits(t *testing.T, f *fakeJobs, id string, enough func(beats, wai
 }
 
 // A heartbeat that fails (a 5xx, a lost answer) is tried again after a
-// backoff from a second, doubled at each failure in a row (1, 2, 4 s), and
-// after one that worked at the usual third of the lease left, each try one
-// call, not the client's own retries: the Python and TypeScript workers pace
-// theirs alike (sdk QA: Go retried inside its client, 0.5-8 s apart, then
-// waited a third of the lease left, while they waited that at once).
+// backoff from a second, doubled at each failure in a row (1, 2, 4 s), half
+// of it drawn by the worker's jitter as after failed claims (here half of
+// that half: 0.75, 1.5, 3 s), and after one that worked at the usual third
+// of the lease left, each try one call, not the client's own retries: the
+// Python and TypeScript workers pace theirs alike (sdk QA: Go retried inside
+// its client, 0.5-8 s apart, then waited a third of the lease left, while
+// they waited that at once; every worker tried again at the same marks).
 func TestWorkerHeartbeatBacksOffWithinTheLease(t *testing.T) {
 	t.Parallel()
 	f := newFakeJobs()
@@ -2391,15 +2395,17 @@ func TestWorkerHeartbeatBacksOffWithinTheLease(t *testing.T) {
 		return 0, ""
 	}
 	waits := heartbeatWaits(t, f, id, func(_, waits int) bool { return waits >= 6 })
-	want := []time.Duration{20 * time.Second, time.Second, 2 * time.Second, 4 * time.Second, 20 * time.Second, time.Second}
+	want := []time.Duration{20 * time.Second, 750 * time.Millisecond, 1500 * time.Millisecond, 3 * time.Second, 20 * time.Second, 750 * time.Millisecond}
 	if len(waits) < len(want) || !slices.Equal(waits[:len(want)], want) {
 		t.Fatalf("heartbeat waits %v, want %v first", waits, want)
 	}
 }
 
-// The backoff after failed heartbeats never waits past a third of the
-// lease left (every), so two more tries fit before it lapses; nor does a
-// 429's Retry-After.
+// The backoff after failed heartbeats is drawn between half and all of 1,
+// 2, 4, 8 s... by the jitter, as failed claims' (sdk QA: every worker tried
+// again at the same marks after an outage), and never waits past a third
+// of the lease left (every), so two more tries fit before it lapses; nor
+// does a Retry-After, which it honours within that.
 func TestHeartbeatWait(t *testing.T) {
 	t.Parallel()
 	down := &Error{StatusCode: http.StatusServiceUnavailable, Code: "service_unavailable"}
@@ -2410,21 +2416,43 @@ func TestHeartbeatWait(t *testing.T) {
 		every    time.Duration
 		failed   error
 		failures int
+		drawn    float64
 		want     time.Duration
 	}{
-		{20 * time.Second, nil, 0, 20 * time.Second},
-		{20 * time.Second, down, 1, time.Second},
-		{20 * time.Second, lost, 2, 2 * time.Second},
-		{20 * time.Second, down, 4, 8 * time.Second},
-		{10 * time.Second, down, 5, 10 * time.Second}, // 16 s would outwait every
-		{3 * time.Second, down, 3, 3 * time.Second},   // 4 s would outwait a third of 9 s left
-		{time.Minute, down, 60, time.Minute},          // no overflow
-		{20 * time.Second, limited, 1, 20 * time.Second},
-		{time.Minute, limited, 1, 30 * time.Second},
+		{20 * time.Second, nil, 0, 0, 20 * time.Second},
+		{20 * time.Second, down, 1, 1, time.Second},
+		{20 * time.Second, down, 1, 0, 500 * time.Millisecond},
+		{20 * time.Second, lost, 2, 1, 2 * time.Second},
+		{20 * time.Second, lost, 2, 0.5, 1500 * time.Millisecond},
+		{20 * time.Second, down, 4, 0, 4 * time.Second},
+		{10 * time.Second, down, 5, 1, 10 * time.Second}, // 16 s would outwait every
+		{3 * time.Second, down, 3, 1, 3 * time.Second},   // 4 s would outwait a third of 9 s left
+		{time.Minute, down, 60, 1, time.Minute},          // no overflow
+		{20 * time.Second, limited, 1, 0, 20 * time.Second},
+		{time.Minute, limited, 1, 0, 30 * time.Second},
 	}
 	for _, c := range cases {
-		if got := heartbeatWait(c.every, c.failed, c.failures); got != c.want {
-			t.Errorf("heartbeatWait(%v, %v, %d) = %v, want %v", c.every, c.failed, c.failures, got, c.want)
+		if got := heartbeatWait(c.every, c.failed, c.failures, func() float64 { return c.drawn }); got != c.want {
+			t.Errorf("heartbeatWait(%v, %v, %d) drawing %v = %v, want %v", c.every, c.failed, c.failures, c.drawn, got, c.want)
+		}
+	}
+}
+
+// One heartbeat is cut off at a third of the lease left, at least a second:
+// a hung call leaves two thirds of the lease for the tries after it, as in
+// the Python and TypeScript workers (sdk QA: Go let it run to the lease's
+// end, they to 10 s, past the end of a short lease).
+func TestHeartbeatCutoff(t *testing.T) {
+	t.Parallel()
+	cases := map[time.Duration]time.Duration{
+		60 * time.Second:       20 * time.Second,
+		9 * time.Second:        3 * time.Second,
+		2 * time.Second:        time.Second,
+		100 * time.Millisecond: time.Second,
+	}
+	for left, want := range cases {
+		if got := heartbeatCutoff(left); got != want {
+			t.Errorf("heartbeatCutoff(%v) = %v, want %v", left, got, want)
 		}
 	}
 }

@@ -1016,7 +1016,7 @@ class Worker:
             try:
                 beat = self._transport.call("POST", "/jobs/" + path_id(context.job_id) + "/heartbeat",
                                             {"leaseToken": context._lease_token}, safe=True, max_retries=0,
-                                            timeout=min(self._transport.timeout, 10.0))
+                                            timeout=min(self._transport.timeout, _beat_cutoff(active.lease_end - sent)))
             except RatchetError as err:
                 if active.beats_done.is_set() and not _key_refused(err):
                     # The handler is done: its report, answered on its own,
@@ -1327,16 +1327,27 @@ def _beat_every(lease_end: float, context: JobContext) -> float:
 def _beat_wait(every: float, failed: Optional[BaseException], failures: int) -> float:
     """The wait before the next heartbeat (the Go SDK's heartbeatWait):
     every (_beat_every) after one that worked; after the nth failure in a
-    row a backoff from _MIN_HEARTBEAT, doubled n-1 times (1, 2, 4, 8 s...),
-    and after a 429 the server's Retry-After (at least _MIN_HEARTBEAT)
-    instead; either never past every, a third of the lease left, so that at
-    least two more tries fit before it lapses (sdk QA: this SDK waited a
-    third of the lease left at once, Go retried inside its client)."""
+    row _failure_wait's backoff from _MIN_HEARTBEAT, as after failed claims:
+    1, 2, 4, 8 s... (doubled n-1 times), half of it drawn at random, so that
+    the workers of a fleet do not all try again at the same marks after an
+    outage, and at least the server's Retry-After (a 429's, a 503's); either
+    never past every, a third of the lease left, so that at least two more
+    tries fit before it lapses (sdk QA: this SDK waited a third of the lease
+    left at once, Go retried inside its client; the backoff had no
+    jitter)."""
     if failed is None:
         return every
-    if isinstance(failed, RatchetError) and failed.status == 429:
-        return min(every, max(float(failed.retry_after_seconds), _MIN_HEARTBEAT))
-    return min(every, _MIN_HEARTBEAT * 2 ** min(max(failures - 1, 0), 6))
+    return min(every, _failure_wait(_MIN_HEARTBEAT, failures, failed))
+
+
+def _beat_cutoff(left: float) -> float:
+    """How long one heartbeat may take (the Go SDK's heartbeatCutoff), left
+    being the seconds the lease has to run by this process's clock: a third
+    of it, at least _MIN_HEARTBEAT, within the client's timeout, so that a
+    hung call leaves two thirds of the lease for the paced tries after it
+    and never hides the lapse (sdk QA: this SDK cut it at 10 s, past the end
+    of a short lease; Go let it run to the lease's end)."""
+    return max(left / 3, _MIN_HEARTBEAT)
 
 
 def _describe(value: Any) -> str:

@@ -19,7 +19,7 @@ import getratchet
 from getratchet import ConnectionLost, RatchetError, RetryableError, redact_message
 from getratchet import _http, _json
 from getratchet._http import Transport
-from getratchet.worker import _beat_wait, _key_refused, _read_decision
+from getratchet.worker import _beat_cutoff, _beat_wait, _key_refused, _read_decision
 
 # A worker started without on_error logs its default failure log to
 # "getratchet.worker", which with no handler anywhere went to stderr, into
@@ -1258,7 +1258,10 @@ class WorkerRulesTest(unittest.TestCase):
 
     def beat_waits(self) -> List[float]:
         """Has each heartbeat wait 10 ms instead of what it asks for, which
-        goes in the list returned."""
+        goes in the list returned, its backoff's jitter drawing half."""
+        drawn = mock.patch("getratchet.worker.random.random", return_value=0.5)
+        drawn.start()
+        self.addCleanup(drawn.stop)
         waits: List[float] = []
         real = getratchet.worker.Worker._beat_pause
 
@@ -1675,9 +1678,11 @@ class WorkerRulesTest(unittest.TestCase):
     def test_a_failed_heartbeat_backs_off_within_the_lease(self) -> None:
         # As in Go and TypeScript: a heartbeat that failed (a 5xx, a lost
         # answer) is tried again after a backoff from a second, doubled at
-        # each failure in a row (1, 2, 4 s), never past the third of the
-        # lease left, and after one that worked at that third again (sdk QA:
-        # this SDK waited the third at once, Go retried inside its client).
+        # each failure in a row (1, 2, 4 s), half of it drawn at random as
+        # after failed claims (here half of that half: 0.75, 1.5, 3 s), never
+        # past the third of the lease left, and after one that worked at that
+        # third again (sdk QA: this SDK waited the third at once, Go retried
+        # inside its client; every worker tried again at the same marks).
         waits = self.beat_waits()
         answers = {1: (500, error("internal_error"), {}), 2: (0, None, {}), 3: (503, error("service_unavailable"), {}),
                    5: (502, error("bad_gateway"), {})}
@@ -1694,16 +1699,29 @@ class WorkerRulesTest(unittest.TestCase):
         wait_until(lambda: seen["reports"])
         self.assertTrue(client.worker.stop(5))
         # A 60 s timeout and a 70 s lease: a heartbeat every 20 s.
-        self.assertEqual([round(w) for w in waits[:6]], [20, 1, 2, 4, 20, 1])
+        self.assertEqual([round(w * 4) / 4 for w in waits[:6]], [20, 0.75, 1.5, 3, 20, 0.75])
 
-    def test_the_heartbeat_backoff_never_waits_past_a_third_of_the_lease_left(self) -> None:
+    def test_the_heartbeat_backoff_is_jittered_and_never_waits_past_a_third_of_the_lease_left(self) -> None:
+        # As in Go and TypeScript: drawn between half and all of 1, 2, 4,
+        # 8 s... as failed claims' backoff (sdk QA: every worker tried again
+        # at the same marks after an outage), never past every, a third of
+        # the lease left, nor is a Retry-After, which is honoured within it.
         down = RatchetError(503, "service_unavailable", "down")
         limited = RatchetError(429, "rate_limited", "slow down", {"retry_after_seconds": 30})
-        cases = [(20.0, None, 0, 20.0), (20.0, down, 1, 1.0), (20.0, ConnectionLost("lost"), 2, 2.0),
-                 (20.0, down, 4, 8.0), (10.0, down, 5, 10.0), (3.0, down, 3, 3.0), (60.0, down, 60, 60.0),
-                 (20.0, limited, 1, 20.0), (60.0, limited, 1, 30.0)]
-        for every, failed, failures, want in cases:
-            self.assertEqual(_beat_wait(every, failed, failures), want, (every, failed, failures))
+        cases = [(20.0, None, 0, 0.0, 20.0), (20.0, down, 1, 1.0, 1.0), (20.0, down, 1, 0.0, 0.5),
+                 (20.0, ConnectionLost("lost"), 2, 1.0, 2.0), (20.0, ConnectionLost("lost"), 2, 0.5, 1.5),
+                 (20.0, down, 4, 0.0, 4.0), (10.0, down, 5, 1.0, 10.0), (3.0, down, 3, 1.0, 3.0),
+                 (60.0, down, 60, 1.0, 60.0), (20.0, limited, 1, 0.0, 20.0), (60.0, limited, 1, 0.0, 30.0)]
+        for every, failed, failures, drawn, want in cases:
+            with mock.patch("getratchet.worker.random.random", return_value=drawn):
+                self.assertEqual(_beat_wait(every, failed, failures), want, (every, failed, failures, drawn))
+
+    def test_one_heartbeat_is_cut_off_at_a_third_of_the_lease_left(self) -> None:
+        # As in Go and TypeScript: at least a second, so that a hung call
+        # leaves two thirds of the lease for the tries after it (sdk QA:
+        # this SDK cut it at 10 s, past the end of a short lease).
+        for left, want in [(60.0, 20.0), (9.0, 3.0), (2.0, 1.0), (0.1, 1.0)]:
+            self.assertEqual(_beat_cutoff(left), want, left)
 
     def test_a_stop_gives_cancelled_handlers_the_stop_grace_ten_seconds_by_default(self) -> None:
         # A handler told to stop at the deadline that returns 2 s later (a

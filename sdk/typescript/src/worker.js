@@ -884,7 +884,7 @@ export class Worker {
       const beatSent = now();
       try {
         const beat = await this.#transport.call('POST', `/jobs/${pathId(label.jobId)}/heartbeat`, { leaseToken: label.token },
-          { safe: true, maxRetries: 0, timeoutMs: Math.min(this.#transport.timeoutMs, 10_000), signal: done });
+          { safe: true, maxRetries: 0, timeoutMs: Math.min(this.#transport.timeoutMs, beatCutoff(record.leaseEnd - beatSent)), signal: done });
         failures = 0;
         if (beat?.cancelRequested) {
           record.cancel('cancelled'); // the lease is not extended for a cancelled job
@@ -1088,18 +1088,27 @@ function beatEvery(leaseEnd, timeoutMs) {
 }
 
 /** The wait before the next heartbeat (the Go SDK's heartbeatWait): every
- * (beatEvery) after one that worked; after the nth failure in a row a
- * backoff from MIN_HEARTBEAT_MS, doubled n-1 times (1, 2, 4, 8 s...), and
- * after a 429 the server's Retry-After (at least MIN_HEARTBEAT_MS) instead;
- * either never past every, a third of the lease left, so that at least two
- * more tries fit before it lapses (sdk QA: this SDK waited a third of the
- * lease left at once, Go retried inside its client). */
+ * (beatEvery) after one that worked; after the nth failure in a row
+ * failureWait's backoff from MIN_HEARTBEAT_MS, as after failed claims: 1, 2,
+ * 4, 8 s... (doubled n-1 times), half of it drawn at random, so that the
+ * workers of a fleet do not all try again at the same marks after an
+ * outage, and at least the server's Retry-After (a 429's, a 503's); either
+ * never past every, a third of the lease left, so that at least two more
+ * tries fit before it lapses (sdk QA: this SDK waited a third of the lease
+ * left at once, Go retried inside its client; the backoff had no jitter). */
 export function beatWait(every, failed, failures) {
   if (failed === null) return every;
-  if (failed instanceof RatchetError && failed.status === 429) {
-    return Math.min(every, Math.max(failed.retryAfterSeconds * 1000, MIN_HEARTBEAT_MS));
-  }
-  return Math.min(every, MIN_HEARTBEAT_MS * 2 ** Math.min(Math.max(failures - 1, 0), 6));
+  return Math.min(every, failureWait(MIN_HEARTBEAT_MS, failures, failed));
+}
+
+/** How long one heartbeat may take (the Go SDK's heartbeatCutoff), leftMs
+ * being what the lease has to run by this process's clock: a third of it,
+ * at least MIN_HEARTBEAT_MS, within the client's timeout, so that a hung
+ * call leaves two thirds of the lease for the paced tries after it and
+ * never hides the lapse (sdk QA: this SDK cut it at 10 s, past the end of a
+ * short lease; Go let it run to the lease's end). */
+export function beatCutoff(leftMs) {
+  return Math.max(leftMs / 3, MIN_HEARTBEAT_MS);
 }
 
 function errorName(error) {
