@@ -3,6 +3,7 @@ package ratchet
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
@@ -415,5 +416,59 @@ func TestWorkerWithoutOnErrorCountsWhatItLeftOutWhenItStopsOnItsOwn(t *testing.T
 				time.Sleep(10 * time.Millisecond)
 			}
 		})
+	}
+}
+
+// Without OnError, a worker that stops on its own (a refused claim) counts
+// the problems it left out once, after the reports of the handlers it
+// cancelled were sent, as the Python and TypeScript workers count them
+// (closing note 48: the count was written when the reports were queued, and
+// a report that failed after it got a second "ratchet worker stopped" line
+// at Stop). Here the cancelled handler panics and its report is refused:
+// both left out, within a minute of the refusal's line.
+func TestWorkerWithoutOnErrorCountsOnceWhenItStopsOnItsOwn(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.add("t", "1", welcomeIn{}, 60000)
+	f.claimError = func() (int, string, map[string]any) {
+		if f.claims == 0 {
+			return 0, "", nil // the first claim takes the job
+		}
+		return http.StatusForbidden, CodeForbidden, nil
+	}
+	var buf *lockedBuffer
+	f.reportError = func(json.RawMessage) (int, string) {
+		// The report is answered once the worker has counted what it left
+		// out, or 2 s on, whichever comes first: before the fix, the count
+		// came first and the report's refusal got a line of its own.
+		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) &&
+			!strings.Contains(buf.String(), "ratchet worker stopped"); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		return http.StatusBadRequest, CodeInvalidRequest
+	}
+	c, _ := testClient(t, f)
+	w, logged := loggingWorker(t, c, nil, func(ctx context.Context, _ welcomeIn, _ JobContext) (welcomeOut, error) {
+		<-ctx.Done()
+		panic("cancelled: " + secret)
+	})
+	buf = logged
+	must(t, w.Start(context.Background(), StartOptions{Concurrency: 2, PollInterval: time.Millisecond}))
+	select {
+	case <-w.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker went on claiming")
+	}
+	if err := w.Stop(context.Background()); !IsCode(err, CodeForbidden) {
+		t.Fatalf("Stop = %v, want the refusal", err)
+	}
+	var stopped []string
+	for _, line := range buf.lines() {
+		if strings.Contains(line, `msg="ratchet worker stopped"`) {
+			stopped = append(stopped, line)
+		}
+	}
+	if len(stopped) != 1 || !strings.HasSuffix(stopped[0], "more_since_last_line=2") {
+		t.Fatalf("log:\n%s\nwant one line counting the panic and the report refused", buf)
 	}
 }

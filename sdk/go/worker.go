@@ -723,29 +723,36 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 	defer close(w.loopDone)
 	defer w.askAgainWhileStopping(ctx, pollCtx, jobsCtx)
 	defer func() {
-		if ctx.Err() != nil {
-			// Ended by ctx: nobody may call Stop, so send the last
-			// reports once the cancelled handlers have returned, for at
-			// most the stop grace: a server that stays down must not keep
-			// this goroutine retrying for the life of the process. What is
-			// not sent by then goes to OnError. A Stop called by then
-			// (signal.NotifyContext for Start, then Stop with a shutdown
-			// deadline) decides instead: its deadline is the caller's.
-			go func() {
-				w.jobs.Wait()
+		ended := ctx.Err() != nil
+		if !ended && w.refusedErr() == nil {
+			return // Stop's, which sends the last reports and counts
+		}
+		// Ended by ctx, or stopped on its own (a refusal): nobody may call
+		// Stop, so send the last reports once the cancelled handlers have
+		// returned, then count the problems left out, once, after the
+		// reports that failed too, as the Python and TypeScript workers
+		// count (closing note 48: after a refusal the count came as soon
+		// as the reports were queued, and a report that failed after it
+		// got a second "ratchet worker stopped" line at Stop). A Stop
+		// called by then (signal.NotifyContext for Start, then Stop with a
+		// shutdown deadline) decides when they are given up: its deadline
+		// is the caller's. Without one, after ctx's end they are sent for
+		// at most the stop grace: a server that stays down must not keep
+		// this goroutine retrying for the life of the process. What is not
+		// sent by then goes to OnError.
+		go func() {
+			w.jobs.Wait()
+			if ended {
 				grace := time.AfterFunc(w.stopGraceOr(), func() {
 					if !closed(w.stopping) {
 						w.reporter.giveUp()
 					}
 				})
 				defer grace.Stop()
-				w.reporter.close(context.Background())
-				w.notices.stopped()
-			}()
-		} else if w.refusedErr() != nil {
-			// Stopped on its own: once every handler's report is queued.
-			go func() { w.jobs.Wait(); w.notices.stopped() }()
-		}
+			}
+			w.reporter.close(context.Background())
+			w.notices.stopped()
+		}()
 	}()
 	full := false            // the last claim filled every slot it asked for: work is waiting
 	lost := 0                // claims running whose answers were lost
