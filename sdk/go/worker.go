@@ -379,7 +379,8 @@ func (w *Worker) register(ctx context.Context, stopping chan struct{}, refs []To
 }
 
 // failureWait is how long the worker waits after the nth failure in a row
-// (from 1) of its registration or its claims, when the failure may pass:
+// (from 1) of its registration or its claims, when the failure may pass (and
+// of a job's heartbeats, from minHeartbeat: heartbeatWait):
 // pollInterval doubled n-1 times, at most maxFailureWait (or pollInterval
 // when that is longer), with equal jitter (half fixed, half drawn by
 // jitter), so that a fleet of workers neither hammers a server that is down

@@ -1268,8 +1268,8 @@ def _jittered(seconds: float) -> float:
 
 def _failure_wait(poll_interval: float, n: int, err: BaseException) -> float:
     """The wait after the nth failure in a row (from 1) of the worker's
-    registration or claims, when the failure may pass (the Go SDK's
-    failureWait): poll_interval doubled n-1 times, at most
+    registration or claims, when the failure may pass (and of a job's
+    heartbeats, from _MIN_HEARTBEAT: _beat_wait; the Go SDK's failureWait): poll_interval doubled n-1 times, at most
     _MAX_FAILURE_WAIT (or poll_interval when longer), half of it drawn at
     random so that a fleet of workers does not come back at once; and at
     least the server's Retry-After, within the same cap."""

@@ -76,8 +76,8 @@ function retryAfterMs(err, limitMs) {
 }
 
 /** The wait after the nth failure in a row (from 1) of the worker's
- * registration or claims, when the failure may pass (the Go SDK's
- * failureWait): pollIntervalMs doubled n-1 times, at most
+ * registration or claims, when the failure may pass (and of a job's
+ * heartbeats, from MIN_HEARTBEAT_MS: beatWait; the Go SDK's failureWait): pollIntervalMs doubled n-1 times, at most
  * MAX_FAILURE_WAIT_MS (or pollIntervalMs when longer), half of it drawn at
  * random so that a fleet of workers does not come back at once; and at
  * least the server's Retry-After, within the same cap. */
