@@ -1187,6 +1187,39 @@ class DefaultFailureLogTest(unittest.TestCase):
             "WARNING:getratchet.worker:ratchet worker refused: error=api status=401 code=unauthorized request_id=req_2 "
             f"method=POST host={host} path=/api/v1/workers/wkr_1/claim"])
 
+    def test_a_worker_that_stops_on_its_own_counts_once_after_its_reports(self) -> None:
+        # As in Go and TypeScript: the problems left out are counted once,
+        # after the reports of the handlers the refusal cancelled were
+        # answered, a report refused among them (closing note 48: Go counted
+        # once they were queued, and the report's refusal got a second line
+        # at the stop).
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                first = sum(1 for s in server.seen if s[1].endswith("/claim")) == 1
+                return (200, {"jobs": [WorkerRulesTest.job(1, timeout_ms=60_000)]}, {}) if first else \
+                    (403, error("forbidden"), {})
+            if path.endswith("/heartbeat"):
+                return 200, {"leaseExpiresAt": "2030-01-01T00:00:00Z", "cancelRequested": False}, {}
+            return 400, error("invalid_request"), {}
+
+        def handler(input, context):
+            context.cancelled.wait(10)
+            raise RuntimeError("cancelled")
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test", max_retries=0)
+        client.register_tool("t", "1", handler)
+        with self.assertLogs("getratchet.worker", "WARNING") as logged:
+            with self.assertRaises(RatchetError):
+                client.worker.start(2, poll_interval=0.01)
+            self.assertFalse(client.worker.stop(5))  # the report was not recorded
+        stopped = [line for line in logged.output if "ratchet worker stopped" in line]
+        self.assertEqual(stopped, ["WARNING:getratchet.worker:ratchet worker stopped: more_since_last_line=1"],
+                         logged.output)
+
     def test_on_error_replaces_the_log(self) -> None:
         client = getratchet.Ratchet(f"http://127.0.0.1:{refused_port()}", "rk_test", max_retries=0)
         client.register_tool("t", "1", lambda input, context: None)

@@ -804,6 +804,26 @@ test('without onError the refusal that stops the worker is logged at once', asyn
   ]);
 });
 
+// As in Go and Python: the problems left out are counted once, after the
+// reports of the handlers the refusal aborted were answered, a report
+// refused among them (closing note 48: Go counted once they were queued, and
+// the report's refusal got a second line at the stop).
+test('without onError a worker that stops on its own counts once after its reports', async (t) => {
+  let claims = 0;
+  const { worker, lines } = await loggingWorker(t, {
+    respond: (method, path) => {
+      if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+      if (path.endsWith('/claim')) return ++claims === 1 ? [200, { jobs: [job(1, 60_000)] }] : [403, error('forbidden')];
+      if (path.endsWith('/heartbeat')) return [200, { leaseExpiresAt: '2030-01-01T00:00:00Z', cancelRequested: false }];
+      return [400, error('invalid_request')];
+    },
+    handler: (input, ctx) => new Promise((resolve, reject) => ctx.signal.addEventListener('abort', () => reject(new Error('aborted')), { once: true })),
+  });
+  await assert.rejects(worker.start({ concurrency: 2, pollIntervalMs: 10 }), (err) => err instanceof RatchetError && err.status === 403);
+  assert.equal(await worker.stop({ timeoutMs: 1000 }), false); // the report was not recorded
+  assert.deepEqual(lines.filter((line) => line.includes('ratchet worker stopped')), ['ratchet worker stopped: more_since_last_line=1'], lines.join('\n'));
+});
+
 test('onError replaces the default failure log', async (t) => {
   const port = await refusedPort();
   const { worker, waits, lines } = await loggingWorker(t, { baseUrl: `http://127.0.0.1:${port}`, most: 70 });
