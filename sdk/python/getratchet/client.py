@@ -20,6 +20,7 @@ from ._aio import await_alone, is_async, loop_running
 from ._http import Transport, new_request_id, path_id
 from .errors import (INVALID_REQUEST, LEASE_LOST, PAYLOAD_TOO_LARGE, ApprovalRequired, ConnectionLost, EffectBlocked,
                      EffectDenied, EffectInFlight, NotPerformed, OutcomeNotReported, RatchetError, ResultNotStored)
+from .worker import JobContext, Worker
 
 AFTER_SUCCEEDED = "SUCCEEDED"
 AFTER_FAILED = "FAILED"
@@ -104,7 +105,7 @@ class Ratchet:
                                     user_agent=user_agent)
         self._lock = threading.Lock()
         self._run_id: Optional[str] = None
-        self._worker: Any = None
+        self._worker: Optional[Worker] = None
 
     def close(self) -> None:
         """Closes the connections this client keeps alive between calls
@@ -264,8 +265,8 @@ class Ratchet:
 
     # -- worker -------------------------------------------------------------
 
-    def register_tool(self, name: str, version: str, handler: Callable[[Any, Any], Any], *,
-                      classify_error: Optional[Callable[[BaseException, Any], Any]] = None) -> None:
+    def register_tool(self, name: str, version: str, handler: Callable[[Any, JobContext], Any], *,
+                      classify_error: Optional[Callable[[BaseException, JobContext], Any]] = None) -> None:
         """Registers the handler for the exact tool name@version (the WORKER
         key must list it). handler(input, context) returns the output (JSON
         values); raise RetryableError or NonRetryableError to decide the
@@ -276,11 +277,10 @@ class Ratchet:
         self.worker.add_tool(name, version, handler, classify_error)
 
     @property
-    def worker(self) -> Any:
+    def worker(self) -> Worker:
         """This client's worker runtime: start(), stop()."""
         with self._lock:
             if self._worker is None:
-                from .worker import Worker
                 self._worker = Worker(self._transport)
             return self._worker
 
@@ -593,7 +593,7 @@ class Ratchet:
         except (RatchetError, ConnectionLost) as err:
             # Raised all the same, with why its failure may not be
             # recorded (the lease then lapses: indeterminate).
-            not_performed.report_error = err  # type: ignore[attr-defined]
+            not_performed.report_error = err
 
     def _release_unrun(self, answer: dict, lease_end: float) -> None:
         """Reports failed a lease whose action was never called (its

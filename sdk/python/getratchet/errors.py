@@ -275,7 +275,10 @@ class NotPerformed(Exception):
     """Raise from a do_effect action when the action surely did not reach
     the outside world: the attempt is reported ``failed`` and a later caller
     may try again. Any other exception reports nothing, so the lease lapses
-    and the outcome is honestly indeterminate."""
+    and the outcome is honestly indeterminate. ``report_error`` is set when
+    reporting the failure failed too (the lease then lapses), else None."""
+
+    report_error: Optional[BaseException] = None
 
 
 class ResultNotStored(Exception):

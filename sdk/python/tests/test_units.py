@@ -9,6 +9,7 @@ import socket
 import sys
 import threading
 import time
+import typing
 import unittest
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -477,6 +478,34 @@ class BlindKeyTest(unittest.TestCase):
         # printf %s refund:order_551:full | openssl dgst -sha256 -hmac s3cret
         self.assertEqual(getratchet.blind_key("s3cret", "refund:order_551:full"),
                          "4b1cca52451781050091c5d62a2f211a")
+
+
+class TypingTest(unittest.TestCase):
+    """What a user's type checker (mypy, pyright) reads of the package."""
+
+    def test_the_package_ships_its_py_typed_marker(self) -> None:
+        # Without it an installed getratchet is skipped by mypy ("missing
+        # library stubs or py.typed marker"): none of its annotations checked.
+        package = os.path.dirname(getratchet.__file__)
+        self.assertTrue(os.path.isfile(os.path.join(package, "py.typed")))
+        with open(os.path.join(package, os.pardir, "pyproject.toml"), encoding="utf-8") as f:
+            pyproject = f.read()
+        # setuptools puts it in the wheel only when package-data names it.
+        self.assertIn('[tool.setuptools.package-data]\ngetratchet = ["py.typed"]', pyproject)
+
+    def test_the_worker_and_its_handlers_are_typed(self) -> None:
+        # worker was Any, so nothing a user called on it was checked.
+        self.assertIs(typing.get_type_hints(getratchet.Ratchet.worker.fget)["return"], getratchet.Worker)
+        hints = typing.get_type_hints(getratchet.Ratchet.register_tool)
+        self.assertEqual(hints["handler"], Callable[[typing.Any, getratchet.JobContext], typing.Any])
+        self.assertEqual(hints["classify_error"],
+                         typing.Optional[Callable[[BaseException, getratchet.JobContext], typing.Any]])
+
+    def test_not_performed_declares_report_error(self) -> None:
+        # It was set only when the report failed, undeclared: reading it
+        # otherwise raised AttributeError, and mypy refused it.
+        self.assertIsNone(getratchet.NotPerformed("rejected").report_error)
+        self.assertEqual(typing.get_type_hints(getratchet.NotPerformed)["report_error"], typing.Optional[BaseException])
 
 
 class IdleWorkerTest(unittest.TestCase):
