@@ -15,36 +15,36 @@ export type Json = null | boolean | number | string | Json[] | { [key: string]: 
 
 export interface RatchetOptions {
   /** https://getratchet.app when omitted. */
-  baseUrl?: string;
+  baseUrl?: string | undefined;
   /** Read from the environment or a secret store, never from source. */
   apiKey: string;
   /** Per request; 60 000 by default. */
-  timeoutMs?: number;
+  timeoutMs?: number | undefined;
   /** Repeats of a retryable failure; 3 by default. */
-  maxRetries?: number;
-  userAgent?: string;
+  maxRetries?: number | undefined;
+  userAgent?: string | undefined;
   /** Replaces the global fetch (proxies, tracing, tests). */
-  fetch?: typeof fetch;
+  fetch?: typeof fetch | undefined;
 }
 
 export interface RunOptions {
-  idempotencyKey?: string;
-  budgetMicros?: number;
+  idempotencyKey?: string | undefined;
+  budgetMicros?: number | undefined;
 }
 
 export interface EnqueueOptions {
   name: string;
   version: string;
-  endpoint?: string;
-  idempotencyKey?: string;
-  timeoutMs?: number;
-  maxAttempts?: number;
-  contractVersion?: number;
-  afterStepId?: string;
-  afterStatus?: 'SUCCEEDED' | 'FAILED';
-  delayMs?: number;
+  endpoint?: string | undefined;
+  idempotencyKey?: string | undefined;
+  timeoutMs?: number | undefined;
+  maxAttempts?: number | undefined;
+  contractVersion?: number | undefined;
+  afterStepId?: string | undefined;
+  afterStatus?: 'SUCCEEDED' | 'FAILED' | undefined;
+  delayMs?: number | undefined;
   /** Another run than the one startRun started. */
-  runId?: string;
+  runId?: string | undefined;
 }
 
 export interface EnqueueResult {
@@ -229,16 +229,16 @@ export interface ReplayResult {
 }
 
 export interface ReplayOptions {
-  reason?: string;
+  reason?: string | undefined;
   /** Additional executions allowed; 1 by default. */
-  maxAttempts?: number;
+  maxAttempts?: number | undefined;
   /** Must stay true: a replay may repeat a side effect. */
-  acknowledgeDuplicateRisk?: true;
-  targetContractVersion?: number;
-  expectedHandlerVersion?: string;
-  acknowledgeVersionChange?: boolean;
+  acknowledgeDuplicateRisk?: true | undefined;
+  targetContractVersion?: number | undefined;
+  expectedHandlerVersion?: string | undefined;
+  acknowledgeVersionChange?: boolean | undefined;
   /** The preview's attempt: refuses a replay of a step that ran since. */
-  expectedAttempt?: number;
+  expectedAttempt?: number | undefined;
 }
 
 export type CancelReason = 'timeout' | 'cancelled' | 'lease_lost' | 'stopping';
@@ -270,11 +270,11 @@ export interface Tool<In = any, Out = any> {
 }
 
 export interface StartOptions {
-  concurrency?: number;
+  concurrency?: number | undefined;
   /** The idle wait between claims; 30 000 by default. */
-  pollIntervalMs?: number;
+  pollIntervalMs?: number | undefined;
   /** 0-20: each claim long-polls on the server. */
-  waitSeconds?: number;
+  waitSeconds?: number | undefined;
   /** Called in order with what the worker cannot hand to anyone else (failed
    * registrations, claims and heartbeats, leases lost, reports not recorded, classifier
    * failures); its errors may hold payload details. Without it, each problem
@@ -286,13 +286,13 @@ export interface StartOptions {
    * "recovered after N failures" once a registration or claim succeeds, the
    * refusal that stops the worker at once ("ratchet worker refused: ..."),
    * and when it stops a last line counting those left out, if any. */
-  onError?: (error: unknown) => void | Promise<void>;
+  onError?: ((error: unknown) => void | Promise<void>) | undefined;
   /** Aborting it stops the worker as stop() does. */
-  signal?: AbortSignal;
+  signal?: AbortSignal | undefined;
   /** Once a stop's deadline passed, how long aborted handlers have to return
    * and be reported, and then how much longer the reports are sent;
    * 10 000 by default, as the Go and Python workers'. */
-  stopGraceMs?: number;
+  stopGraceMs?: number | undefined;
 }
 
 export declare class Worker {
@@ -312,25 +312,25 @@ export declare class Worker {
   /** Resolves to whether every claimed job ended with its outcome recorded
    * or settled elsewhere (a report refused lease_lost, say) and no handler
    * is still running; true before start(). */
-  stop(options?: { timeoutMs?: number }): Promise<boolean>;
+  stop(options?: { timeoutMs?: number | undefined }): Promise<boolean>;
 }
 
 export interface BeginRequest {
   effectType: string;
   idempotencyKey: string;
-  payload?: Json;
-  costMicros?: number;
-  dimensions?: Record<string, string>;
-  runId?: string;
-  groupId?: string;
-  compensation?: { effect_type: string; payload: Json };
-  compensatesEffectId?: string;
-  leaseSeconds?: number;
+  payload?: Json | undefined;
+  costMicros?: number | undefined;
+  dimensions?: Record<string, string> | undefined;
+  runId?: string | undefined;
+  groupId?: string | undefined;
+  compensation?: { effect_type: string; payload: Json } | undefined;
+  compensatesEffectId?: string | undefined;
+  leaseSeconds?: number | undefined;
   /** Made for each call. Pass your own only to span begins whose answer was
    * lost; never once an action may have run under its lease (a doEffect that
    * returned, a crashed process): while that lease is live its begin is
    * handed the same execute, and the action runs twice. */
-  requestId?: string;
+  requestId?: string | undefined;
 }
 
 /** The earlier attempt behind a blocked or probe decision. */
@@ -390,8 +390,8 @@ export interface Effect {
 export interface ResolveRequest {
   outcome: 'succeeded' | 'failed';
   /** What the vendor recorded: a later duplicate begin answers it. */
-  result?: Json;
-  note?: string;
+  result?: Json | undefined;
+  note?: string | undefined;
 }
 
 /** The gate's answer (snake_case, as on the wire). */
@@ -433,8 +433,8 @@ export interface EffectOutcome<T> {
 
 /** limit (1–200, default 50) and cursor (the previous page's next cursor). */
 export interface ListQuery {
-  limit?: number;
-  cursor?: string;
+  limit?: number | undefined;
+  cursor?: string | undefined;
 }
 
 /** A dimension's daily ceilings (snake_case, as on the wire). */
@@ -470,6 +470,16 @@ export interface EffectPolicy {
    * its reconcile_every_hours calendar restarts there. Read-only. */
   last_reconciled_at: string | null;
 }
+
+/** What updateEffectPolicy merges into a policy (the API's snake_case fields): a field left
+ * out is kept, null clears a nullable one (required_dimensions and dimension_limits included).
+ * effect_type, version, updated_at and last_reconciled_at are not fields of an update: the
+ * server refuses a body naming one. */
+export type EffectPolicyUpdate = Partial<Omit<EffectPolicy,
+  'effect_type' | 'version' | 'updated_at' | 'last_reconciled_at' | 'required_dimensions' | 'dimension_limits'>> & {
+  required_dimensions?: string[] | null | undefined;
+  dimension_limits?: Record<string, DimensionLimit> | null | undefined;
+};
 
 /** An approval (snake_case, as on the wire). */
 export interface Approval {
@@ -604,11 +614,11 @@ export interface Webhook {
 /** What updateWebhook changes: each field given; the others are kept. Give at least one. */
 export interface WebhookUpdate {
   /** The new receiver: every delivery not yet sent goes to it. */
-  url?: string;
+  url?: string | undefined;
   /** The event types subscribed to, in place of the current ones (pending deliveries of a type left out end failed). */
-  events?: WebhookEventType[];
+  events?: WebhookEventType[] | undefined;
   /** true disables it (sent nothing until enabled again), false enables it again. */
-  disabled?: boolean;
+  disabled?: boolean | undefined;
 }
 
 /** A webhook as created or rotated: its secret, shown once. */
@@ -650,13 +660,13 @@ export interface NewApiKey extends ApiKey {
 
 export interface KeySpec {
   name: string;
-  preset?: 'OPERATOR' | 'AGENT' | 'INGEST' | 'WORKER';
-  scopes?: string[];
-  tools?: string[] | null;
-  dailySpendCeilingMicros?: number;
-  rateLimitPerMinute?: number;
+  preset?: 'OPERATOR' | 'AGENT' | 'INGEST' | 'WORKER' | undefined;
+  scopes?: string[] | undefined;
+  tools?: string[] | null | undefined;
+  dailySpendCeilingMicros?: number | undefined;
+  rateLimitPerMinute?: number | undefined;
   /** Random when omitted; spans the call's retries. */
-  idempotencyKey?: string;
+  idempotencyKey?: string | undefined;
 }
 
 /** An endpoint's CUSTOM retry schedule. */
@@ -744,13 +754,13 @@ export interface Contract {
 export interface ContractSpec {
   handlerVersion: string;
   inputSchema: Json;
-  outputSchema?: Json;
-  timeoutMs?: number;
-  retryPreset?: 'STANDARD' | 'AGGRESSIVE' | 'RELAXED' | 'CUSTOM';
-  retryPolicy?: { maxAttempts: number; initialDelayMs: number; multiplier: number; maxDelayMs: number; jitterPercent: number };
-  status?: 'ACTIVE' | 'FORBIDDEN';
+  outputSchema?: Json | undefined;
+  timeoutMs?: number | undefined;
+  retryPreset?: 'STANDARD' | 'AGGRESSIVE' | 'RELAXED' | 'CUSTOM' | undefined;
+  retryPolicy?: { maxAttempts: number; initialDelayMs: number; multiplier: number; maxDelayMs: number; jitterPercent: number } | undefined;
+  status?: 'ACTIVE' | 'FORBIDDEN' | undefined;
   /** Random when omitted; spans the call's retries. */
-  idempotencyKey?: string;
+  idempotencyKey?: string | undefined;
 }
 
 /** testTool's answer: the synthetic one-attempt job. */
@@ -769,16 +779,16 @@ export interface ToolTest {
 export interface ReconcileRecord {
   idempotencyKey: string;
   status: 'succeeded' | 'refunded' | 'failed' | 'pending';
-  amountMicros?: number;
+  amountMicros?: number | undefined;
 }
 
 export interface ReconcileRequest {
   effectType: string;
   from: Date | string;
   to: Date | string;
-  records?: ReconcileRecord[];
+  records?: ReconcileRecord[] | undefined;
   /** Random when omitted; spans the call's retries. */
-  idempotencyKey?: string;
+  idempotencyKey?: string | undefined;
 }
 
 /** One key's comparison (snake_case, as on the wire). */
@@ -822,13 +832,13 @@ export declare class Ratchet {
   constructor(options: RatchetOptions);
   readonly runId: string | null;
   readonly worker: Worker;
-  request<T = any>(method: string, path: string, body?: unknown, options?: { safe?: boolean; idempotencyKey?: string }): Promise<T>;
+  request<T = any>(method: string, path: string, body?: unknown, options?: { safe?: boolean | undefined; idempotencyKey?: string | undefined }): Promise<T>;
   startRun(name: string, options?: RunOptions): Promise<Run>;
   enqueue(input: unknown, options: EnqueueOptions): Promise<EnqueueResult>;
   finishRun(runId?: string): Promise<Run>;
   getRun(runId?: string): Promise<Run>;
-  listRuns(query?: { status?: 'RUNNING' | 'SUCCEEDED' | 'FAILED'; limit?: number; cursor?: string }): Promise<Page<RunSummary>>;
-  listRunSteps(runId?: string, query?: { status?: JobStatus; limit?: number; cursor?: string }): Promise<Page<Step>>;
+  listRuns(query?: { status?: 'RUNNING' | 'SUCCEEDED' | 'FAILED' | undefined; limit?: number | undefined; cursor?: string | undefined }): Promise<Page<RunSummary>>;
+  listRunSteps(runId?: string, query?: { status?: JobStatus | undefined; limit?: number | undefined; cursor?: string | undefined }): Promise<Page<Step>>;
   getStep(stepId: string): Promise<Step>;
   listStepAttempts(stepId: string, query?: ListQuery): Promise<Page<JobAttempt>>;
   listStepReplays(stepId: string, query?: ListQuery): Promise<Page<JobReplay>>;
@@ -841,33 +851,33 @@ export declare class Ratchet {
   heartbeatEffect(effectId: string, leaseToken: string): Promise<{ effect_id: string; lease_expires_at: string }>;
   getEffect(effectId: string): Promise<Effect>;
   resolveEffect(effectId: string, request: ResolveRequest): Promise<Effect>;
-  listEffects(query?: { state?: EffectState; effectType?: string; limit?: number; cursor?: string }): Promise<GatePage<Effect>>;
+  listEffects(query?: { state?: EffectState | undefined; effectType?: string | undefined; limit?: number | undefined; cursor?: string | undefined }): Promise<GatePage<Effect>>;
   listEffectPolicies(query?: ListQuery): Promise<GatePage<EffectPolicy>>;
   getEffectPolicy(effectType: string): Promise<EffectPolicy>;
-  updateEffectPolicy(effectType: string, update: Partial<Omit<EffectPolicy, 'effect_type' | 'version' | 'updated_at'>>, options?: { expectedVersion?: number }): Promise<EffectPolicy>;
-  listApprovals(query?: ListQuery & { state?: Approval['state'] }): Promise<GatePage<Approval>>;
+  updateEffectPolicy(effectType: string, update: EffectPolicyUpdate, options?: { expectedVersion?: number | undefined }): Promise<EffectPolicy>;
+  listApprovals(query?: ListQuery & { state?: Approval['state'] | undefined }): Promise<GatePage<Approval>>;
   getApproval(approvalId: string): Promise<Approval>;
-  approve(approvalId: string, options?: { note?: string }): Promise<Approval>;
-  reject(approvalId: string, options?: { note?: string }): Promise<Approval>;
+  approve(approvalId: string, options?: { note?: string | undefined }): Promise<Approval>;
+  reject(approvalId: string, options?: { note?: string | undefined }): Promise<Approval>;
   listCircuits(query?: ListQuery): Promise<GatePage<Circuit>>;
-  openCircuit(effectType: string, options?: { action?: BreakerAction; reason?: string }): Promise<Circuit>;
+  openCircuit(effectType: string, options?: { action?: BreakerAction | undefined; reason?: string | undefined }): Promise<Circuit>;
   closeCircuit(effectType: string): Promise<Circuit>;
-  emergencyStop(options?: { action?: BreakerAction; reason?: string }): Promise<GatePage<Circuit>>;
+  emergencyStop(options?: { action?: BreakerAction | undefined; reason?: string | undefined }): Promise<GatePage<Circuit>>;
   getEmergencyStop(): Promise<EmergencyStop>;
   releaseEmergencyStop(): Promise<GatePage<Circuit>>;
-  createGroup(name: string, options?: { idempotencyKey?: string }): Promise<Group>;
+  createGroup(name: string, options?: { idempotencyKey?: string | undefined }): Promise<Group>;
   getGroup(groupId: string): Promise<Group>;
   listGroupSteps(groupId: string, query?: ListQuery): Promise<GatePage<GroupStep>>;
   commitGroup(groupId: string): Promise<GroupCommit>;
   unwindGroup(groupId: string): Promise<Unwind>;
-  createWebhook(url: string, events: WebhookEventType[], options?: { idempotencyKey?: string }): Promise<NewWebhook>;
+  createWebhook(url: string, events: WebhookEventType[], options?: { idempotencyKey?: string | undefined }): Promise<NewWebhook>;
   listWebhooks(query?: ListQuery): Promise<GatePage<Webhook>>;
   getWebhook(webhookId: string): Promise<Webhook>;
   updateWebhook(webhookId: string, update: WebhookUpdate): Promise<Webhook>;
   deleteWebhook(webhookId: string): Promise<Webhook>;
   listWebhookDeliveries(webhookId: string, query?: ListQuery): Promise<GatePage<WebhookDelivery>>;
-  retryWebhookDeliveries(webhookId: string, deliveryIds: string[], options?: { idempotencyKey?: string }): Promise<{ deliveries: WebhookDelivery[] }>;
-  rotateWebhookSecret(webhookId: string, options?: { previousExpiresInSeconds?: number; replacePrevious?: boolean; idempotencyKey?: string }): Promise<NewWebhook>;
+  retryWebhookDeliveries(webhookId: string, deliveryIds: string[], options?: { idempotencyKey?: string | undefined }): Promise<{ deliveries: WebhookDelivery[] }>;
+  rotateWebhookSecret(webhookId: string, options?: { previousExpiresInSeconds?: number | undefined; replacePrevious?: boolean | undefined; idempotencyKey?: string | undefined }): Promise<NewWebhook>;
   createKey(spec: KeySpec): Promise<NewApiKey>;
   listKeys(query?: ListQuery): Promise<GatePage<ApiKey>>;
   currentKey(): Promise<ApiKey>;
@@ -879,13 +889,13 @@ export declare class Ratchet {
   pauseEndpoint(endpointId: string): Promise<Endpoint>;
   resumeEndpoint(endpointId: string): Promise<Endpoint>;
   closeEndpointCircuit(endpointId: string): Promise<Endpoint>;
-  listEndpointAttempts(endpointId: string, query?: ListQuery & { outcome?: 'SUCCEEDED' | 'FAILED' }): Promise<Page<EndpointAttempt>>;
+  listEndpointAttempts(endpointId: string, query?: ListQuery & { outcome?: 'SUCCEEDED' | 'FAILED' | undefined }): Promise<Page<EndpointAttempt>>;
   publishContract(name: string, spec: ContractSpec): Promise<Contract>;
   listContracts(name: string, query?: ListQuery): Promise<Page<Contract>>;
-  testTool(name: string, version: string, input?: Json, options?: { idempotencyKey?: string }): Promise<ToolTest>;
+  testTool(name: string, version: string, input?: Json, options?: { idempotencyKey?: string | undefined }): Promise<ToolTest>;
   reconcile(request: ReconcileRequest): Promise<Reconciliation>;
   listQueueHealth(query?: ListQuery): Promise<Page<QueueHealth>>;
-  doEffect<T>(request: BeginRequest, action: (lease: Lease) => T | Promise<T>, options?: { inFlightTimeoutMs?: number; signal?: AbortSignal }): Promise<EffectOutcome<T>>;
+  doEffect<T>(request: BeginRequest, action: (lease: Lease) => T | Promise<T>, options?: { inFlightTimeoutMs?: number | undefined; signal?: AbortSignal | undefined }): Promise<EffectOutcome<T>>;
 }
 
 export declare function createRatchet(options: RatchetOptions): Ratchet;
@@ -907,9 +917,9 @@ export interface WebhookEvent {
 
 export interface VerifyWebhookOptions {
   /** How far the signed time may be from now; 300 by default (and when 0 or less). */
-  toleranceSeconds?: number;
+  toleranceSeconds?: number | undefined;
   /** The receiver's clock: a Date or milliseconds since 1970; Date.now() by default. */
-  now?: Date | number;
+  now?: Date | number | undefined;
 }
 
 /**

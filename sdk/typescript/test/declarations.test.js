@@ -44,3 +44,45 @@ for (const name of ['Ratchet', 'Worker']) {
     }
   });
 }
+
+// body is the text of the declared interface or class name, between its braces.
+function body(kind, name) {
+  const start = dts.indexOf(`export ${kind} ${name} `);
+  assert.notEqual(start, -1, `no ${kind} ${name} in the declarations`);
+  return dts.slice(dts.indexOf('{', start) + 1, dts.indexOf('\n}', start));
+}
+
+// The runtime reads an option given as undefined as one left out (its
+// destructuring defaults, defined(), query()), so under tsc's
+// exactOptionalPropertyTypes each optional option admits undefined: without
+// it `createRatchet({ baseUrl: process.env.RATCHET_BASE_URL, ... })`, the
+// README's first line, did not compile.
+test('every optional option admits undefined', () => {
+  const options = ['RatchetOptions', 'RunOptions', 'EnqueueOptions', 'ReplayOptions', 'StartOptions', 'BeginRequest',
+    'ResolveRequest', 'ListQuery', 'WebhookUpdate', 'KeySpec', 'ContractSpec', 'ReconcileRecord', 'ReconcileRequest',
+    'VerifyWebhookOptions'];
+  const fields = options.flatMap((name) => [...body('interface', name).matchAll(/^ {2}(\w+)\?: (.+);$/gm)]
+    .map((m) => [`${name}.${m[1]}`, m[2]]));
+  // The option objects the methods take inline: { name?: type; ... }.
+  for (const name of ['Ratchet', 'Worker']) {
+    for (const m of body('declare class', name).matchAll(/(?<=[{;] )(\w+)\?: ([^;{}()]+?)(?= ?[;}])/g)) {
+      fields.push([`${name} option ${m[1]}`, m[2]]);
+    }
+  }
+  assert.ok(fields.length > 80, `only ${fields.length} options found`);
+  for (const [field, type] of fields) assert.match(type, /\| undefined$/, `${field} does not admit undefined`);
+});
+
+test("updateEffectPolicy's update is what a PUT takes", () => {
+  const start = dts.indexOf('export type EffectPolicyUpdate ');
+  assert.notEqual(start, -1, 'no type EffectPolicyUpdate in the declarations');
+  const update = dts.slice(start, dts.indexOf('};', start));
+  // Read-only fields: the server refuses a body naming one.
+  for (const field of ['effect_type', 'version', 'updated_at', 'last_reconciled_at']) {
+    assert.ok(update.includes(`'${field}'`), `the update may name ${field}`);
+  }
+  // null clears these, as any nullable field.
+  assert.match(update, /required_dimensions\?: string\[\] \| null \| undefined;/);
+  assert.match(update, /dimension_limits\?: Record<string, DimensionLimit> \| null \| undefined;/);
+  assert.match(body('declare class', 'Ratchet'), /updateEffectPolicy\(effectType: string, update: EffectPolicyUpdate,/);
+});
