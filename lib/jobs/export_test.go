@@ -67,3 +67,6 @@ var (
 	SQLLapsedGatesFair = sqlLapsedGatesFair
 	SQLRequeueGates    = sqlRequeueGates
 )
+
+// SQLQueueHealth is GET /queue/health's statement, for a test of its plan.
+var SQLQueueHealth = sqlQueueHealth

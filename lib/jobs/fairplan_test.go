@@ -1,6 +1,7 @@
 package jobs_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -49,5 +50,58 @@ func TestTheSweepReadsABatchOfLapsedJobs(t *testing.T) {
 				Limits: []int{100, 500},
 			})
 		})
+	}
+}
+
+// GET /queue/health counts a workspace's queued jobs without sorting them
+// (scale QA: grouped by version alone, 500,000 queued were sorted on disk,
+// and each version's again for each list of endpoints) and reads none but
+// those queued after the cursor, however it is planned. work_mem at its
+// least, so that any sort of the queue would spill.
+func TestQueueHealthCountsTheQueueWithoutSortingIt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	tx := testpg.Scratch(ctx, t, b.env.App.Pool, "jobs")
+	// History of two workspaces, then queued jobs of ws_h0 over four
+	// versions and three endpoints each, then a few of ws_h1.
+	const history, queued = 60000, 8000
+	seed := `INSERT INTO jobs (id, step_id, workspace_id, run_id, name, version, endpoint_id, idempotency_key,
+			request_hash, status, attempt, policy_version, policy_preset, max_attempts, initial_delay_ms, multiplier,
+			max_delay_ms, jitter_percent, timeout_ms, ready_at, finished_at, created_at, updated_at)
+		SELECT 'job_' || g, 'stp_' || g, CASE WHEN g <= $1 THEN 'ws_h' || (g % 2) WHEN g <= $1 + $2 THEN 'ws_h0' ELSE 'ws_h1' END,
+			'run_' || g, 'tool' || (g % 4), '1', 'end_' || (g % 3), 'k' || g,
+			'\x00'::bytea, CASE WHEN g <= $1 THEN 'SUCCEEDED' ELSE 'QUEUED' END, 1, 1, 'default', 3, 1000, 2, 60000, 0,
+			60000, CASE WHEN g > $1 THEN now() - interval '1 hour' + g * interval '1 ms' END,
+			CASE WHEN g <= $1 THEN now() - interval '2 hours' END, now() - interval '2 hours', now() - interval '2 hours'
+		FROM generate_series(1, $1::int + $2::int + 1000) g`
+	if _, err := tx.Exec(ctx, seed, history, queued); err != nil {
+		t.Fatalf("seed: %v", err)
+	}
+	for _, s := range []string{`ANALYZE jobs`, `SELECT set_config('work_mem', '64kB', true)`} {
+		if _, err := tx.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	now := time.Now()
+	for _, c := range []struct {
+		after []any // the cursor's name and version
+		read  int   // the queued jobs after it
+	}{{[]any{nil, nil}, queued}, {[]any{"tool0", "1"}, queued * 3 / 4}} {
+		for _, mode := range testpg.PlanCacheModes {
+			args := append([]any{"ws_h0", now, now.Add(-2 * time.Minute)}, c.after...)
+			read, nodes, err := testpg.RowsRead(ctx, tx, mode, jobs.SQLQueueHealth,
+				append(args, 50, now.Truncate(time.Minute))...)
+			if err != nil {
+				t.Fatalf("%s: %v", mode, err)
+			}
+			if n := testpg.TempBlocks(nodes); n > 0 {
+				t.Errorf("after %v, %s: %d blocks of temporary files written for %d queued jobs", c.after, mode, n, queued)
+			}
+			if read["jobs"] > c.read {
+				t.Errorf("after %v, %s: %d rows of jobs read for the %d queued after the cursor", c.after, mode,
+					read["jobs"], c.read)
+			}
+		}
 	}
 }

@@ -943,21 +943,36 @@ WHERE e.id = j.endpoint_id AND $3::bool AND NOT j.held AND e.max_concurrent IS N
 // may have passed when it comes due (QA: a retry due tomorrow read as held
 // by this minute's limit). A pause or an open circuit holds every job,
 // due or not, until someone acts, so those are named for any.
+//
+// The jobs are counted by (name, version, endpoint), a group or few per
+// endpoint of each version, hashed in memory, and those groups by version
+// (e): grouped by version alone, every queued job was sorted by version
+// (on disk past work_mem) and each version's jobs again for each DISTINCT
+// list of endpoints (scale QA: 500,000 queued over four versions, 2.1 s
+// and 22 MB of temporary files; 0.6 s and none so). On the first page the
+// cursor is the empty string (no name or version is empty): its comparison
+// stays an index condition in a plan made for any cursor, not a filter.
 const sqlQueueHealth = `
 WITH q AS (
-    SELECT name, version, count(*)::bigint AS queued, count(*) FILTER (WHERE ready_at <= $2::timestamptz)::bigint AS due,
-           min(ready_at) FILTER (WHERE ready_at <= $2::timestamptz) AS oldest,
-           array_agg(DISTINCT endpoint_id) AS endpoint_ids,
-           array_agg(DISTINCT endpoint_id) FILTER (WHERE ready_at <= $2::timestamptz) AS due_endpoint_ids,
-           array_agg(DISTINCT endpoint_id) FILTER (WHERE status <> 'RUNNING' AND slot_attempt IS NULL
-                                                   AND ready_at <= $2::timestamptz) AS slot_endpoint_ids,
-           array_agg(DISTINCT endpoint_id) FILTER (WHERE status <> 'RUNNING' AND slot_attempt IS NOT NULL
-                                                   AND lease_expires_at > $2::timestamptz) AS held_endpoint_ids
-    FROM jobs
-    WHERE workspace_id = $1::text AND (status IN ('QUEUED', 'RETRY_SCHEDULED')
-                                       OR (status = 'RUNNING' AND ready_at <= $2::timestamptz
-                                           AND attempt < max_attempts))
-      AND ($4::text IS NULL OR (name, version) > ($4::text, $5::text))
+    SELECT name, version, sum(queued)::bigint AS queued, sum(due)::bigint AS due, min(oldest) AS oldest,
+           array_agg(endpoint_id) AS endpoint_ids,
+           array_agg(endpoint_id) FILTER (WHERE due > 0) AS due_endpoint_ids,
+           array_agg(endpoint_id) FILTER (WHERE needs_slot) AS slot_endpoint_ids,
+           array_agg(endpoint_id) FILTER (WHERE held) AS held_endpoint_ids
+    FROM (
+        SELECT name, version, endpoint_id, count(*) AS queued,
+               count(*) FILTER (WHERE ready_at <= $2::timestamptz) AS due,
+               min(ready_at) FILTER (WHERE ready_at <= $2::timestamptz) AS oldest,
+               bool_or(status <> 'RUNNING' AND slot_attempt IS NULL AND ready_at <= $2::timestamptz) AS needs_slot,
+               bool_or(status <> 'RUNNING' AND slot_attempt IS NOT NULL
+                       AND lease_expires_at > $2::timestamptz) AS held
+        FROM jobs
+        WHERE workspace_id = $1::text AND (status IN ('QUEUED', 'RETRY_SCHEDULED')
+                                           OR (status = 'RUNNING' AND ready_at <= $2::timestamptz
+                                               AND attempt < max_attempts))
+          AND (name, version) > (coalesce($4::text, ''), coalesce($5::text, ''))
+        GROUP BY name, version, endpoint_id
+    ) e
     GROUP BY name, version
     ORDER BY name, version LIMIT $6
 ), w AS (

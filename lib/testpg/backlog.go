@@ -46,7 +46,7 @@ func Scratch(ctx context.Context, t testing.TB, pool *pgxpool.Pool, tables ...st
 	return tx
 }
 
-// RowsRead runs sql with args in tx under EXPLAIN (ANALYZE) as the
+// RowsRead runs sql with args in tx under EXPLAIN (ANALYZE, BUFFERS) as the
 // pool runs it: prepared with the parameter types the server infers (as
 // pgx's exec and statement cache modes have it prepared), then executed
 // under plan cache mode mode (PlanCacheModes). What it changes is undone (a
@@ -94,6 +94,17 @@ func (n PlanNode) rowsRead() int {
 	return int(num("Actual Loops") * (num("Actual Rows") + num("Rows Removed by Filter") + num("Rows Removed by Index Recheck")))
 }
 
+// TempBlocks answers how many blocks of temporary files the plan nodes
+// (RowsRead's) wrote: a sort or a hash that did not fit in work_mem
+// spilled to disk. The first node's count is the statement's.
+func TempBlocks(nodes []PlanNode) int {
+	if len(nodes) == 0 {
+		return 0
+	}
+	n, _ := nodes[0].Fields["Temp Written Blocks"].(float64)
+	return int(n)
+}
+
 // scans describes the scans of relation in nodes, with the rows each read.
 func scans(nodes []PlanNode, relation string) []string {
 	var out []string
@@ -106,7 +117,7 @@ func scans(nodes []PlanNode, relation string) []string {
 }
 
 // explainExecute runs the prepared statement rows_read under EXPLAIN
-// (ANALYZE). The arguments are sent as literals (the simple protocol):
+// (ANALYZE, BUFFERS). The arguments are sent as literals (the simple protocol):
 // EXECUTE takes them as its parameters, of the types inferred.
 func explainExecute(ctx context.Context, tx pgx.Tx, args []any) ([]PlanNode, error) {
 	marks := make([]string, len(args))
@@ -116,7 +127,7 @@ func explainExecute(ctx context.Context, tx pgx.Tx, args []any) ([]PlanNode, err
 	var plans []struct {
 		Plan map[string]any `json:"Plan"`
 	}
-	q := `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE rows_read(` + strings.Join(marks, ", ") + `)`
+	q := `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE rows_read(` + strings.Join(marks, ", ") + `)`
 	if err := tx.QueryRow(ctx, q, append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...).Scan(&plans); err != nil {
 		return nil, fmt.Errorf("explain: %w", err)
 	}
