@@ -11,6 +11,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/ids"
 )
 
@@ -72,7 +73,8 @@ func (s *Service) ListApprovals(ctx context.Context, workspaceID, state, cursor 
 	if state != "" && state != ApprovalPending && state != ApprovalApproved && state != ApprovalRejected {
 		return nil, apierr.InvalidField("state", "must be pending, approved or rejected")
 	}
-	rows, err := s.pool.Query(ctx, sqlListApprovals, workspaceID, cursor, limit, state)
+	sql, args := db.NewestFirst(sqlListApprovals, "workspace_id", []any{workspaceID}, cursor, "state", state, limit)
+	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list approvals: %w", err)
 	}

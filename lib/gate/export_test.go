@@ -108,3 +108,7 @@ var (
 	SQLLapseDue     = sqlLapseDue
 	SQLUnwindingDue = sqlUnwindingDue
 )
+
+// SQLListApprovals is GET /approvals's statement before db.NewestFirst
+// pages it.
+const SQLListApprovals = sqlListApprovals

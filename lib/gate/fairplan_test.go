@@ -2,9 +2,11 @@ package gate_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/testpg"
 )
@@ -59,5 +61,28 @@ func TestTheSweepReadsABatchOfUnwindingGroups(t *testing.T) {
 		SQL:    gate.SQLUnwindingDue,
 		Args:   func(limit int) []any { return []any{time.Now(), limit} },
 		Limits: []int{100, 500},
+	})
+}
+
+// A page of a workspace's approvals, of any state or of a rare one, reads
+// that page, not another workspace's newer approvals nor its own of other
+// states, however it is planned (scale QA: without ?state= the primary
+// key was read backwards, 200,000 of another workspace's approvals for a
+// page; "$4 = ” OR state = $4" in a generic plan read every approval for
+// the few pending).
+func TestAPageOfApprovalsReadsThePage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	testpg.CheckPages(t, b.env.App.Pool, testpg.Pages{
+		Table: "approvals",
+		Seed: `INSERT INTO approvals (id, workspace_id, effect_id, effect_type, state, reason, created_at)
+			SELECT 'apr_' || lpad(g::text, 26, '0'), CASE WHEN g <= $1 THEN 'ws_h0' ELSE 'ws_h1' END, 'eff_' || g,
+				'email.send', CASE WHEN g <= 2000 AND g % 20 = 0 THEN 'pending' ELSE 'approved' END, 'policy', now()
+			FROM generate_series(1, $1::int * 3) g`,
+		Rare:   gate.ApprovalPending,
+		Cursor: "apr_" + strings.Repeat("0", 21) + "10000",
+		Page: func(cursor, state string, limit int) (string, []any) {
+			return db.NewestFirst(gate.SQLListApprovals, "workspace_id", []any{"ws_h0"}, cursor, "state", state, limit)
+		},
 	})
 }

@@ -950,10 +950,11 @@ WHERE ap.id = $1 AND (g.state IN ('unwound', 'unwind_failed')
 // $1 approval id, $2 workspace.
 const sqlGetApproval = `SELECT ` + approvalCols + ` FROM approvals WHERE id = $1 AND workspace_id = $2`
 
-// $1 workspace, $2 cursor, $3 limit, $4 state (” for any).
-const sqlListApprovals = `SELECT ` + approvalCols + ` FROM approvals
-WHERE workspace_id = $1 AND ($2::text = '' OR id < $2) AND ($4::text = '' OR state = $4)
-ORDER BY id DESC LIMIT $3`
+// sqlListApprovals is the statement db.NewestFirst pages a workspace's
+// approvals with ($1 the workspace; a state, as column state): one range
+// of approvals_list_idx with a state, of approvals_workspace_idx
+// (migration 0066) without.
+const sqlListApprovals = `SELECT ` + approvalCols + ` FROM approvals WHERE workspace_id = $1::text`
 
 // sqlLongestRetention is the longest retention_days (90 without a policy)
 // among the types of the effects of the group effect_groups.id names.

@@ -70,3 +70,6 @@ var (
 
 // SQLQueueHealth is GET /queue/health's statement, for a test of its plan.
 var SQLQueueHealth = sqlQueueHealth
+
+// SQLListRuns is GET /runs's statement before db.NewestFirst pages it.
+var SQLListRuns = sqlListRuns

@@ -469,7 +469,8 @@ func (s *Service) ListRuns(ctx context.Context, workspaceID, status, cursor stri
 	if _, err := s.exhaustLapsedIn(ctx, nil, &workspaceID, 1000); err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, sqlListRuns, workspaceID, cursor, status, limit)
+	sql, args := db.NewestFirst(sqlListRuns, "workspace_id", []any{workspaceID}, cursor, "status", status, limit)
+	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list runs: %w", err)
 	}

@@ -233,12 +233,11 @@ WHERE j.step_id = $1::text AND j.workspace_id = $2::text`
 const attemptColumns = `x.job_id, x.attempt, x.worker_id, x.outcome, x.warning, x.retryable, x.retry_after_ms,
 	x.started_at, x.lease_expires_at, x.reported_at, x.error_sealed`
 
-// sqlListRuns pages a workspace's runs newest first: $2 the previous page's
-// last id (” for the first page), $3 a status (” for any), $4 the limit
-// (job_runs_workspace_idx, or job_runs_workspace_status_idx with a status).
-var sqlListRuns = `SELECT ` + runColumns + ` FROM job_runs
-WHERE workspace_id = $1::text AND ($2::text = '' OR id < $2::text) AND ($3::text = '' OR status = $3::text)
-ORDER BY id DESC LIMIT $4::int`
+// sqlListRuns is the statement db.NewestFirst pages a workspace's runs
+// with ($1 the workspace; a status, as column status): one range of
+// job_runs_workspace_idx, or of job_runs_workspace_status_idx with a
+// status.
+var sqlListRuns = `SELECT ` + runColumns + ` FROM job_runs WHERE workspace_id = $1::text`
 
 // sqlRunStepsPage pages a run's steps in id order (jobs_run_idx): $2 the
 // previous page's last step id (” for the first), $3 a status (” for

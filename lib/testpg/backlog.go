@@ -195,3 +195,49 @@ func CheckBacklog(t *testing.T, pool *pgxpool.Pool, b Backlog) {
 		}
 	}
 }
+
+// Pages is a test that a list read newest first reads a page of one
+// workspace's rows, not the rows before it: CheckPages seeds Table with
+// Seed ($1 rows of workspace "ws_h0", a few of them, among the oldest, of
+// value Rare in the list's filter; then twice as many of "ws_h1", all
+// newer), ANALYZEs it, and runs each page Page answers (the statement and
+// its arguments for a cursor, "" for none, and a filter value, "" for
+// any), in both plan cache modes: the first page and one after Cursor, of
+// any value and of Rare.
+type Pages struct {
+	Table  string
+	Seed   string
+	Rare   string
+	Cursor string
+	Page   func(cursor, value string, limit int) (string, []any)
+}
+
+// CheckPages fails t unless each page read at most twice its rows of
+// p.Table (pageRows).
+func CheckPages(t *testing.T, pool *pgxpool.Pool, p Pages) {
+	t.Helper()
+	const pageRows = 50
+	ctx := context.Background()
+	tx := Scratch(ctx, t, pool, p.Table)
+	if _, err := tx.Exec(ctx, p.Seed, backlogRows); err != nil {
+		t.Fatalf("seed: %v", err)
+	}
+	if _, err := tx.Exec(ctx, `ANALYZE `+p.Table); err != nil {
+		t.Fatalf("analyze: %v", err)
+	}
+	for _, mode := range PlanCacheModes {
+		for _, cursor := range []string{"", p.Cursor} {
+			for _, value := range []string{"", p.Rare} {
+				sql, args := p.Page(cursor, value, pageRows)
+				read, nodes, err := RowsRead(ctx, tx, mode, sql, args...)
+				if err != nil {
+					t.Fatalf("%s, cursor %q, value %q: %v", mode, cursor, value, err)
+				}
+				if n := read[p.Table]; n > 2*pageRows {
+					t.Errorf("%s, cursor %q, value %q: %d rows of %s read for a page of %d: %v", mode, cursor, value,
+						n, p.Table, pageRows, scans(nodes, p.Table))
+				}
+			}
+		}
+	}
+}
