@@ -160,10 +160,10 @@ type ListFilter struct {
 // listEffectsQuery is the statement that reads a page of ListEffects at
 // now, and its arguments.
 func listEffectsQuery(workspaceID string, f ListFilter, now time.Time) (string, []any) {
-	args := []any{workspaceID, f.Cursor, f.Limit}
 	if f.State == "" && f.EffectType == "" {
-		return sqlListEffects, args
+		return db.NewestFirst(sqlListEffects, "workspace_id", []any{workspaceID}, f.Cursor, "", "", f.Limit)
 	}
+	args := []any{workspaceID, f.Cursor, f.Limit}
 	states := storedStates(f.State)
 	args = append(args, f.EffectType, f.State, now)
 	for _, st := range states {

@@ -86,3 +86,25 @@ func TestAPageOfApprovalsReadsThePage(t *testing.T) {
 		},
 	})
 }
+
+// A page of a workspace's effects, unfiltered, reads that page, not
+// another workspace's newer effects nor, after a cursor, its own before
+// it, however it is planned (scale QA: "$2 = ” OR id < $2" in a generic
+// plan read the workspace's effects from its newest down to the cursor,
+// 100,000 for a page 100,000 deep).
+func TestAPageOfEffectsReadsThePage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	testpg.CheckPages(t, b.env.App.Pool, testpg.Pages{
+		Table: "effects",
+		Seed: `INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state, lease_seconds,
+				created_by_key_id, created_at, updated_at)
+			SELECT 'eff_' || lpad(g::text, 26, '0'), CASE WHEN g <= $1 THEN 'ws_h0' ELSE 'ws_h1' END, 'email.send',
+				'k' || g, 'f', 'succeeded', 60, 'key_h', now(), now()
+			FROM generate_series(1, $1::int * 3) g`,
+		Cursor: "eff_" + strings.Repeat("0", 21) + "10000",
+		Page: func(cursor, _ string, limit int) (string, []any) {
+			return gate.ListEffectsSQL("ws_h0", cursor, limit, "", "", time.Now())
+		},
+	})
+}

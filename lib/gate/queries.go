@@ -408,13 +408,10 @@ FROM effects e WHERE e.id = $1 AND e.workspace_id = $2`
 var sqlLockEffect = `SELECT ` + effectCols("e", false) + ` FROM effects e
 WHERE e.id = $1 AND e.workspace_id = $2 FOR UPDATE`
 
-// sqlListEffects pages a workspace's effects newest first, unfiltered
-// (effects_list_idx). $1 workspace, $2 cursor (empty for the first page),
-// $3 limit.
+// sqlListEffects is the statement db.NewestFirst pages a workspace's
+// effects with, unfiltered ($1 the workspace; effects_list_idx).
 var sqlListEffects = `SELECT ` + effectCols("e", false) + `, ` + attemptsJSON + `
-FROM effects e
-WHERE e.workspace_id = $1 AND ($2::text = '' OR e.id < $2)
-ORDER BY e.id DESC LIMIT $3`
+FROM effects e WHERE e.workspace_id = $1::text`
 
 // listEffectsIn pages them filtered, by state and effect type ($4, empty
 // for any): the statement that reads n stored states ($7 to $6+n; the
