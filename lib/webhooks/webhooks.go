@@ -363,23 +363,20 @@ func (s *Service) Get(ctx context.Context, workspaceID, id string) (Webhook, err
 func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, error) {
 	var w Webhook
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
-		// Locked first, in a statement of its own: a DELETE that waited
-		// for a concurrent one reads the row as that one left it, and
-		// answers it (review: in one statement its snapshot still showed
-		// the row live, and it answered 404).
-		var found bool
-		err := tx.QueryRow(ctx, `SELECT true FROM webhooks WHERE id = $1 AND workspace_id = $2 FOR UPDATE`,
-			id, workspaceID).Scan(&found)
-		if err != nil {
-			return err // pgx.ErrNoRows: unknown
-		}
-		rows, err := tx.Query(ctx, sqlDelete, id, s.now())
+		// One statement locks, marks and answers the row. A DELETE that
+		// waits for a concurrent one re-reads the row as that one left it
+		// and still matches it (no deleted_at condition), so it answers it
+		// too (review: an update of live rows only answered 404 there).
+		rows, err := tx.Query(ctx, sqlDelete, id, s.now(), workspaceID)
 		if err != nil {
 			return fmt.Errorf("delete webhook: %w", err)
 		}
 		list, err := s.readRows(rows)
 		if err != nil {
 			return err
+		}
+		if len(list) == 0 {
+			return pgx.ErrNoRows // unknown, or another workspace's
 		}
 		w = list[0]
 		if _, err := tx.Exec(ctx, sqlEndPending, id, nil, abandoned); err != nil {
@@ -396,7 +393,8 @@ func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, 
 	return w, nil
 }
 
-// sqlDelete marks webhook $1 deleted at $2 (kept when it already was) and
+// sqlDelete marks webhook $1 of workspace $3 deleted at $2 (kept when it
+// already was, so a retried DELETE answers what the first did) and
 // erases its signing secrets, current and previous, in the same statement:
 // once deleted nothing signs with them (its pending deliveries end with the
 // delete, a claim passes over deleted webhooks), and a reader of the table
@@ -405,7 +403,7 @@ func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, 
 var sqlDelete = `
 UPDATE webhooks SET deleted_at = coalesce(deleted_at, $2::timestamptz),
     secret = NULL, previous_secret = NULL, previous_secret_expires_at = NULL
-WHERE id = $1::text
+WHERE id = $1::text AND workspace_id = $3::text
 RETURNING ` + readCols("$2")
 
 // UpdateRequest is the body of PATCH /api/v1/webhooks/{id}: each field sent

@@ -1176,7 +1176,7 @@ func TestADeleteAbandonsAFanOutStillInFlight(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var waiting bool
 		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%FROM webhooks%FOR UPDATE%')`).Scan(&waiting))
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%UPDATE webhooks SET deleted_at%')`).Scan(&waiting))
 		return waiting
 	}, 10*time.Second, 5*time.Millisecond, "the delete waits for the fan-out")
 	require.NoError(t, tx.Commit(ctx))
