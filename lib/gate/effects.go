@@ -163,13 +163,18 @@ func listEffectsQuery(workspaceID string, f ListFilter, now time.Time) (string, 
 	if f.State == "" && f.EffectType == "" {
 		return db.NewestFirst(sqlListEffects, "workspace_id", []any{workspaceID}, f.Cursor, "", "", f.Limit)
 	}
-	args := []any{workspaceID, f.Cursor, f.Limit}
 	states := storedStates(f.State)
-	args = append(args, f.EffectType, f.State, now)
+	args := []any{workspaceID, f.Limit, f.State, now}
 	for _, st := range states {
 		args = append(args, st)
 	}
-	return sqlListEffectsIn[len(states)], args
+	if f.Cursor != "" {
+		args = append(args, f.Cursor)
+	}
+	if f.EffectType != "" {
+		args = append(args, f.EffectType)
+	}
+	return sqlListEffectsIn[effectsInKey{len(states), f.EffectType != "", f.Cursor != ""}], args
 }
 
 // storedStates are the states stored of the effects that read as state

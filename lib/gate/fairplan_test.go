@@ -108,3 +108,39 @@ func TestAPageOfEffectsReadsThePage(t *testing.T) {
 		},
 	})
 }
+
+// A page of a workspace's effects of one state, or of one type, reads that
+// page, first or after a cursor, however it is planned (scale QA: "$2 = ”
+// OR id < $2" in a generic plan read the state's range from its newest
+// entry down to the cursor, 100,000 entries for a page 100,000 deep). The
+// rare value is every twentieth of the workspace's effects, so that a
+// page after the cursor has the value's newer entries to read past.
+func TestAFilteredPageOfEffectsReadsThePage(t *testing.T) {
+	t.Parallel()
+	seed := `INSERT INTO effects (id, workspace_id, effect_type, idempotency_key, fingerprint, state, lease_seconds,
+			created_by_key_id, created_at, updated_at)
+		SELECT 'eff_' || lpad(g::text, 26, '0'), CASE WHEN g <= $1 THEN 'ws_h0' ELSE 'ws_h1' END,
+			CASE WHEN g <= $1 AND g % 20 = 0 THEN 'sms.send' ELSE 'email.send' END, 'k' || g, 'f',
+			CASE WHEN g <= $1 AND g % 20 = 0 THEN 'failed' ELSE 'succeeded' END, 60, 'key_h', now(), now()
+		FROM generate_series(1, $1::int * 3) g`
+	cursor := "eff_" + strings.Repeat("0", 21) + "10000"
+	for _, filter := range []string{"state", "effect_type"} {
+		t.Run(filter, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			rare := gate.StateFailed
+			if filter == "effect_type" {
+				rare = "sms.send"
+			}
+			testpg.CheckPages(t, b.env.App.Pool, testpg.Pages{
+				Table: "effects", Seed: seed, Rare: rare, Cursor: cursor,
+				Page: func(cursor, value string, limit int) (string, []any) {
+					if filter == "state" {
+						return gate.ListEffectsSQL("ws_h0", cursor, limit, value, "", time.Now())
+					}
+					return gate.ListEffectsSQL("ws_h0", cursor, limit, "", value, time.Now())
+				},
+			})
+		})
+	}
+}

@@ -413,16 +413,17 @@ WHERE e.id = $1 AND e.workspace_id = $2 FOR UPDATE`
 var sqlListEffects = `SELECT ` + effectCols("e", false) + `, ` + attemptsJSON + `
 FROM effects e WHERE e.workspace_id = $1::text`
 
-// listEffectsIn pages them filtered, by state and effect type ($4, empty
-// for any): the statement that reads n stored states ($7 to $6+n; the
-// filter a page reads as state is $5, see storedStates). Each state's
-// newest $3 ids after the cursor come from one ordered range of an index,
-// effects_state_idx or with a type effects_type_state_idx (migration
-// 0057), read alone (index only), and the page is the newest of those,
-// read from the table. A lapsed lease is indeterminate here too: the
-// filter indeterminate reads the stored leased effects whose lease lapsed
-// by $6 (now), leased those whose lease is live (their branch reads the
-// table for the lease; leased effects are few).
+// listEffectsIn pages them filtered, by state, by effect type or both:
+// the statement that reads n stored states ($5 to $4+n; the filter a page
+// reads as state is $3, see storedStates), of one type when byType, after
+// a cursor when afterCursor (each the next parameter after the states, the
+// cursor first). Each state's newest $2 ids come from one ordered range of
+// an index, effects_state_idx or with a type effects_type_state_idx
+// (migration 0057), read alone (index only), and the page is the newest
+// of those, read from the table. A lapsed lease is indeterminate here
+// too: the filter indeterminate reads the stored leased effects whose
+// lease lapsed by $4 (now), leased those whose lease is live (their
+// branch reads the table for the lease; leased effects are few).
 //
 // As one condition over the states (indeterminate's two, every state for
 // a type alone), or with a type, the planner walked the workspace's
@@ -436,25 +437,68 @@ FROM effects e WHERE e.workspace_id = $1::text`
 // that walk whatever the planner expects of it (reading rows, it still
 // walked the table when it took the rows wanted to be many: a burst of
 // another type's effects since then made it read 8,000 buffers a page).
-func listEffectsIn(n int) string {
+//
+// The type and the cursor are conditions only of the statements that have
+// them: written as "$n = ” OR …" for any, a plan made for any value (a
+// prepared statement's generic plan) kept them as filters, so that a
+// branch read its state's whole range for a type and down from the
+// state's newest entry to the cursor for a page deep in it.
+func listEffectsIn(n int, byType, afterCursor bool) string {
+	cursor, effectType := 4+n+1, 4+n+1
+	if afterCursor {
+		effectType++
+	}
 	branches := make([]string, n)
 	for i := range branches {
+		state := `$` + strconv.Itoa(5+i) + `::text`
+		key, bound := []string{"e.workspace_id"}, []string{"$1::text"}
+		where := `e.workspace_id = $1::text`
+		if byType {
+			typ := `$` + strconv.Itoa(effectType) + `::text`
+			key, bound = append(key, "e.effect_type"), append(bound, typ)
+			where += ` AND e.effect_type = ` + typ
+		}
+		key, bound = append(key, "e.state"), append(bound, state)
+		where += ` AND e.state = ` + state
+		if afterCursor {
+			// The cursor bounds the index's whole key: "id < cursor" alone
+			// bounds the primary key as well, and a generic plan read that
+			// backwards, the workspace's effects of every state.
+			where += ` AND (` + strings.Join(key, ", ") + `, e.id) < (` + strings.Join(bound, ", ") + `, $` +
+				strconv.Itoa(cursor) + `::text)`
+		}
 		branches[i] = `(SELECT e.id FROM effects e
-    WHERE e.workspace_id = $1 AND e.state = $` + strconv.Itoa(7+i) + `::text AND ($2::text = '' OR e.id < $2)
-      AND ($4::text = '' OR e.effect_type = $4)
-      AND ($` + strconv.Itoa(7+i) + `::text <> 'leased' OR CASE $5::text WHEN 'indeterminate' THEN e.lease_expires_at <= $6
-                                    WHEN 'leased' THEN e.lease_expires_at > $6 ELSE true END)
-    ORDER BY e.id DESC LIMIT $3)`
+    WHERE ` + where + `
+      AND (` + state + ` <> 'leased' OR CASE $3::text WHEN 'indeterminate' THEN e.lease_expires_at <= $4
+                                    WHEN 'leased' THEN e.lease_expires_at > $4 ELSE true END)
+    ORDER BY ` + strings.Join(key[1:], " DESC, ") + ` DESC, e.id DESC LIMIT $2::int)`
 	}
 	return `SELECT ` + effectCols("e", false) + `, ` + attemptsJSON + `
-FROM (SELECT id FROM (` + strings.Join(branches, "\nUNION ALL ") + `) b ORDER BY id DESC LIMIT $3) page
+FROM (SELECT id FROM (` + strings.Join(branches, "\nUNION ALL ") + `) b ORDER BY id DESC LIMIT $2::int) page
 JOIN effects e ON e.id = page.id
 ORDER BY e.id DESC`
 }
 
-// sqlListEffectsIn holds listEffectsIn's statements by their number of
-// states: one (a state), two (indeterminate) and every state (a type).
-var sqlListEffectsIn = map[int]string{1: listEffectsIn(1), 2: listEffectsIn(2), len(States): listEffectsIn(len(States))}
+// effectsInKey names one of listEffectsIn's statements.
+type effectsInKey struct {
+	states              int
+	byType, afterCursor bool
+}
+
+// sqlListEffectsIn holds listEffectsIn's statements: of one state, two
+// (indeterminate) or every state (a type alone), each with and without a
+// type and a cursor.
+var sqlListEffectsIn = func() map[effectsInKey]string {
+	m := map[effectsInKey]string{}
+	for _, n := range []int{1, 2, len(States)} {
+		for _, byType := range []bool{false, true} {
+			for _, afterCursor := range []bool{false, true} {
+				m[effectsInKey{n, byType, afterCursor}] = listEffectsIn(n, byType, afterCursor)
+			}
+		}
+	}
+	return m
+}()
 
 // sqlTokenAttempt finds the attempt a lease token belongs to.
 // $1 effect id, $2 token hash.
