@@ -1,7 +1,9 @@
 // Type declarations of @getratchet/sdk (the implementation is plain
-// JavaScript, ES modules, no dependencies). fetch and AbortSignal are
-// Node's globals (Node 18+).
-/// <reference types="node" />
+// JavaScript, ES modules, no dependencies). They are self-contained: no
+// @types/node and no DOM lib needed. fetch and AbortSignal are the
+// program's own global types where it has them (lib "dom" or @types/node),
+// and otherwise the parts of them the SDK uses (FetchFunction,
+// AbortSignalLike).
 
 export declare const VERSION: string;
 export declare const AFTER_SUCCEEDED: 'SUCCEEDED';
@@ -9,6 +11,32 @@ export declare const AFTER_FAILED: 'FAILED';
 export declare const MIN_RETRY_AFTER_MS: 1000;
 export declare const MAX_RETRY_AFTER_MS: 86400000;
 export declare const MAX_ERROR_MESSAGE_BYTES: 500;
+
+/** What the SDK uses of an AbortSignal: a real one (AbortController's) is one. */
+export interface AbortSignalLike {
+  readonly aborted: boolean;
+  readonly reason: any;
+  addEventListener(type: 'abort', listener: () => void, options?: { once?: boolean }): void;
+  removeEventListener(type: 'abort', listener: () => void): void;
+}
+
+/** The global AbortSignal's type where the program declares one (lib "dom" or
+ * @types/node), else AbortSignalLike: a signal the SDK hands out can then be
+ * passed on to fetch and the like. */
+export type AbortSignal = typeof globalThis extends { AbortSignal: { prototype: infer S } } ? S : AbortSignalLike;
+
+/** What the SDK reads of a fetch answer. */
+export interface FetchResponseLike {
+  readonly ok: boolean;
+  readonly status: number;
+  readonly headers: { get(name: string): string | null };
+  text(): Promise<string>;
+}
+
+/** The global fetch's type where the program declares one (lib "dom" or
+ * @types/node), else the call the SDK makes of it. */
+export type FetchFunction = typeof globalThis extends { fetch: infer F } ? F
+  : (url: string, init: { method: string; headers: Record<string, string>; body: string | undefined; signal: AbortSignalLike }) => Promise<FetchResponseLike>;
 
 /** JSON values as the API takes and answers them. */
 export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
@@ -24,7 +52,7 @@ export interface RatchetOptions {
   maxRetries?: number | undefined;
   userAgent?: string | undefined;
   /** Replaces the global fetch (proxies, tracing, tests). */
-  fetch?: typeof fetch | undefined;
+  fetch?: FetchFunction | undefined;
 }
 
 export interface RunOptions {
@@ -437,11 +465,21 @@ export interface ListQuery {
   cursor?: string | undefined;
 }
 
-/** A dimension's daily ceilings (snake_case, as on the wire). */
+/** A dimension's daily ceilings (snake_case, as on the wire), as a policy
+ * answers them: both fields, null for no bound. */
 export interface DimensionLimit {
   daily_micros: number | null;
   daily_count: number | null;
 }
+
+/** A dimension's daily ceilings as updateEffectPolicy sends them, as the
+ * server takes them: either field may be left out or null (no bound), not
+ * both (400 validation_failed at dimension_limits.<name>: it would limit
+ * nothing); daily_micros 0 to 10^18, daily_count at least 1, no other field.
+ * A DimensionLimit read from a policy with either field set is one. */
+export type DimensionLimitUpdate =
+  | { daily_micros: number; daily_count?: number | null | undefined }
+  | { daily_micros?: number | null | undefined; daily_count: number };
 
 /** An effect type's policy (snake_case, as on the wire); version 0 and
  * updated_at null for a type still on the safe default. */
@@ -478,7 +516,7 @@ export interface EffectPolicy {
 export type EffectPolicyUpdate = Partial<Omit<EffectPolicy,
   'effect_type' | 'version' | 'updated_at' | 'last_reconciled_at' | 'required_dimensions' | 'dimension_limits'>> & {
   required_dimensions?: string[] | null | undefined;
-  dimension_limits?: Record<string, DimensionLimit> | null | undefined;
+  dimension_limits?: Record<string, DimensionLimitUpdate> | null | undefined;
 };
 
 /** An approval (snake_case, as on the wire). */

@@ -83,6 +83,33 @@ test("updateEffectPolicy's update is what a PUT takes", () => {
   }
   // null clears these, as any nullable field.
   assert.match(update, /required_dimensions\?: string\[\] \| null \| undefined;/);
-  assert.match(update, /dimension_limits\?: Record<string, DimensionLimit> \| null \| undefined;/);
+  // A limit sent may leave out (or null) either field, not both, as the
+  // server takes it (lib/gate decodeDimensionLimit): the update's own type,
+  // not the answer's DimensionLimit, whose two fields are always there.
+  assert.match(update, /dimension_limits\?: Record<string, DimensionLimitUpdate> \| null \| undefined;/);
   assert.match(body('declare class', 'Ratchet'), /updateEffectPolicy\(effectType: string, update: EffectPolicyUpdate,/);
+});
+
+test('a dimension limit sent needs one field, not both', () => {
+  const start = dts.indexOf('export type DimensionLimitUpdate =');
+  assert.notEqual(start, -1, 'no type DimensionLimitUpdate in the declarations');
+  const union = dts.slice(start, dts.indexOf(';\n', dts.indexOf('daily_count: number }', start)) + 1);
+  assert.equal(union.replace(/\s+/g, ' '), 'export type DimensionLimitUpdate = '
+    + '| { daily_micros: number; daily_count?: number | null | undefined } '
+    + '| { daily_micros?: number | null | undefined; daily_count: number };');
+});
+
+// The declarations compile without @types/node and without the DOM lib
+// (checked by hand with tsc --strict, with and without both): a
+// `/// <reference types="node" />` failed a program without @types/node
+// (TS2688), and `typeof fetch`, AbortSignal or Buffer are not names ES
+// declares. fetch and AbortSignal are the program's own where it declares
+// them, through typeof globalThis, else structural stand-ins.
+test('the declarations need no @types/node and no DOM lib', () => {
+  assert.doesNotMatch(dts, /\/\/\/ *<reference/);
+  assert.doesNotMatch(dts, /\bimport\(|^import |\bNodeJS\.|\bBuffer\b|\bReadableStream\b|\bHeaders\b|\bResponse\b|\bRequestInit\b/m);
+  assert.doesNotMatch(dts, /typeof fetch\b/);
+  assert.match(dts, /^export type AbortSignal = typeof globalThis extends \{ AbortSignal: \{ prototype: infer S \} \} \? S : AbortSignalLike;$/m);
+  assert.match(dts, /^export type FetchFunction = typeof globalThis extends \{ fetch: infer F \} \? F$/m);
+  assert.match(body('interface', 'RatchetOptions'), /^ {2}fetch\?: FetchFunction \| undefined;$/m);
 });
