@@ -18,6 +18,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from . import _json
 from ._aio import await_alone, is_async, loop_running
 from ._http import Transport, new_request_id, path_id
+from ._time import aware
 from .errors import (INVALID_REQUEST, LEASE_LOST, PAYLOAD_TOO_LARGE, ApprovalRequired, ConnectionLost, EffectBlocked,
                      EffectDenied, EffectInFlight, NotPerformed, OutcomeNotReported, RatchetError, ResultNotStored)
 from .worker import JobContext, Worker
@@ -1126,9 +1127,7 @@ def _rfc3339(value: Any, name: str) -> str:
     """A time as the API takes it: an aware datetime in RFC 3339, or a
     string as it is."""
     if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise ValueError(f"ratchet: {name} must be an aware datetime (a naive one has no zone)")
-        return value.isoformat()
+        return aware(value, name).isoformat()
     if isinstance(value, str):
         return value
     raise TypeError(f"ratchet: {name} must be a datetime or an RFC 3339 string, not {type(value).__name__}")

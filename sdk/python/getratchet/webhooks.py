@@ -9,9 +9,10 @@ import json
 import math
 import re
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Optional, Union
 
+from ._time import aware
 from .errors import NoWebhookSecretError, WebhookSignatureError
 
 # How far a delivery's signed time may be from the receiver's clock, in
@@ -44,9 +45,9 @@ def verify_webhook(secret: Optional[str], signature: Optional[str], body: Union[
     """Checks a delivery's ``Ratchet-Signature`` header (``signature``) over
     its raw ``body`` with the subscription's ``secret``, refuses a signed
     time more than ``tolerance`` seconds (5 minutes; the default too when 0
-    or less) from ``now`` (the clock when None; seconds since 1970 or a
-    datetime: a naive one is read as UTC, as ``datetime.utcnow()`` gives
-    it, never as the machine's local time), and returns the decoded event:
+    or less) from ``now`` (the clock when None; seconds since 1970 or an
+    aware datetime: a naive one, such as ``datetime.utcnow()``'s, raises
+    ValueError, as every datetime the SDK takes), and returns the decoded event:
     ``{"id", "type", "created_at", "workspace_id", "subject_id", "data"}``.
 
     ``body`` must be the bytes received, unmodified: a ``str`` is refused
@@ -74,12 +75,11 @@ def verify_webhook(secret: Optional[str], signature: Optional[str], body: Union[
     if now is None:
         now_s = time.time()
     elif isinstance(now, datetime):
-        # datetime.timestamp() reads a naive datetime as local time: off a
-        # UTC machine, datetime.utcnow() was hours off, and every delivery
-        # refused as signed hours ago or ahead.
-        if now.utcoffset() is None:
-            now = now.replace(tzinfo=timezone.utc)
-        now_s = now.timestamp()
+        # datetime.timestamp() reads a naive datetime as local time (off a
+        # UTC machine datetime.utcnow() was hours off, every delivery refused
+        # as signed hours ago or ahead), and reading it as UTC would guess
+        # wrong for datetime.now(): refused, as everywhere in the SDK.
+        now_s = aware(now, "verify_webhook's now").timestamp()
     elif isinstance(now, (int, float)) and not isinstance(now, bool) and math.isfinite(now):
         now_s = now
     else:

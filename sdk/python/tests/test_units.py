@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -11,7 +12,7 @@ import threading
 import time
 import typing
 import unittest
-from datetime import datetime
+from datetime import datetime, timedelta, timezone, tzinfo
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, List, Tuple
 from unittest import mock
@@ -2885,6 +2886,51 @@ class OperatorCallsTest(unittest.TestCase):
             {"preset": "CUSTOM", "maxConcurrent": None, "expectedVersion": 3}])
         with self.assertRaises(ValueError):
             client.reconcile("t", datetime(2026, 1, 1), "2026-01-02T00:00:00Z")
+
+
+class NaiveDatetimeTest(unittest.TestCase):
+    """One rule for every datetime the SDK takes: a naive one (no zone:
+    datetime.utcnow()'s, or datetime.now()'s local time) raises ValueError
+    naming the argument, and nothing is sent or checked. verify_webhook
+    read one as UTC while reconcile refused it."""
+
+    def test_a_naive_datetime_is_refused_wherever_one_is_taken(self) -> None:
+        server = FakeServer([(200, {}, {})] * 2)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test", max_retries=0)
+        self.addCleanup(client.close)
+        naive = datetime(2030, 1, 1)
+        secret, body = "whsec_x", b"{}"
+        header = "t=1893456000,v1=" + hmac.new(secret.encode(), b"1893456000." + body, "sha256").hexdigest()
+        calls = {
+            "from_": lambda when: client.reconcile("t", when, "2030-01-02T00:00:00Z"),
+            "to": lambda when: client.reconcile("t", "2029-12-31T00:00:00Z", when),
+            "verify_webhook's now": lambda when: getratchet.verify_webhook(secret, header, body, now=when),
+        }
+        for name, call in calls.items():
+            with self.assertRaises(ValueError, msg=name) as refused:
+                call(naive)
+            self.assertIn(f"ratchet: {name} must be an aware datetime: a naive one names no zone",
+                          str(refused.exception))
+            # A tzinfo whose utcoffset is None is naive too.
+            with self.assertRaises(ValueError, msg=name):
+                call(naive.replace(tzinfo=_NoOffset()))
+        self.assertEqual(server.seen, [], "nothing was sent")
+        # An aware one is the time it names, in any zone.
+        aware = naive.replace(tzinfo=timezone.utc)
+        self.assertEqual(getratchet.verify_webhook(secret, header, body, now=aware), {})
+        self.assertEqual(getratchet.verify_webhook(secret, header, body,
+                                                   now=aware.astimezone(timezone(timedelta(hours=9)))), {})
+        client.reconcile("t", aware, aware + timedelta(days=1))
+        self.assertEqual(server.seen[0][3]["from"], "2030-01-01T00:00:00+00:00")
+
+
+class _NoOffset(tzinfo):
+    def utcoffset(self, dt):
+        return None
+
+    def dst(self, dt):
+        return None
 
 
 def wait_until(probe, timeout: float = 10.0) -> None:

@@ -68,22 +68,25 @@ class VerifyWebhookTest(unittest.TestCase):
         self.assertEqual(verify_webhook(SECRET, sign(AT, BODY, SECRET).upper().replace("T=", "t=").replace("V1=", "v1="),
                                         BODY, now=AT)["id"], "evt_1", "hex in either case")
 
-    def test_a_naive_now_is_read_as_utc(self) -> None:
-        # As datetime.utcnow() gives it, on a machine whose clock is not
-        # UTC: it was read as local time, hours off, and refused.
+    def test_a_naive_now_is_refused(self) -> None:
+        # A naive datetime names no zone (datetime.utcnow()'s is UTC,
+        # datetime.now()'s local time): refused, as every datetime the SDK
+        # takes (reconcile's from_ and to), whatever the machine's zone.
         header = sign(AT, BODY, SECRET)
         naive = datetime.fromtimestamp(AT + 240, timezone.utc).replace(tzinfo=None)
         saved = os.environ.get("TZ")
         os.environ["TZ"] = "Asia/Tokyo"  # UTC+9, no daylight saving
         time.tzset()
         try:
-            self.assertEqual(verify_webhook(SECRET, header, BODY, now=naive)["id"], "evt_1")
+            with self.assertRaisesRegex(ValueError, "verify_webhook's now must be an aware datetime"):
+                verify_webhook(SECRET, header, BODY, now=naive)
             self.assertEqual(verify_webhook(SECRET, header, BODY,
                                             now=naive.replace(tzinfo=timezone.utc))["id"], "evt_1")
             tokyo = timezone(timedelta(hours=9))
             self.assertEqual(verify_webhook(SECRET, header, BODY, now=naive.replace(tzinfo=timezone.utc)
                                             .astimezone(tokyo))["id"], "evt_1", "an aware one is the time it names")
-            self.assertIn("ago", str(self.refused(SECRET, header, now=naive + timedelta(minutes=6))))
+            self.assertIn("ago", str(self.refused(SECRET, header,
+                                                  now=naive.replace(tzinfo=timezone.utc) + timedelta(minutes=6))))
         finally:
             if saved is None:
                 del os.environ["TZ"]
