@@ -36,7 +36,11 @@ type Policy struct {
 }
 
 // DimensionLimit bounds one dimension's value per UTC day: by the cost it
-// declares and by count (nil: no bound).
+// declares and by count (nil: no bound). A policy answers both fields. In
+// an update (PolicyUpdate{"dimension_limits": map[string]DimensionLimit{...}})
+// either may be nil, sent as null, as the server takes a field left out or
+// null; not both (400 validation_failed at dimension_limits.<name>: it would
+// limit nothing). DailyMicros is 0 to 10^18, DailyCount at least 1.
 type DimensionLimit struct {
 	DailyMicros *int64 `json:"daily_micros"`
 	DailyCount  *int64 `json:"daily_count"`

@@ -723,7 +723,9 @@ class Ratchet:
         otherwise RatchetError code version_conflict: read it again and
         decide again). Not repeated after a lost answer: the repeat of an
         update that was applied would meet the new version (read the policy
-        to see)."""
+        to see). A dimension limit (dimension_limits={"recipient":
+        {"daily_count": 3}}) may leave out (or set None) either of
+        daily_micros and daily_count, not both, as the server takes it."""
         body = _fields(update, fields)
         if expected_version is not None:
             body["expected_version"] = expected_version
