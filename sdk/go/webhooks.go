@@ -1,7 +1,6 @@
 package ratchet
 
 import (
-	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -282,8 +281,11 @@ const (
 // over its raw body with the subscription's secret, refuses a signed time
 // more than DefaultWebhookTolerance from now, and decodes the event. Read
 // body whole and unmodified before calling it (no re-encoding: the
-// signature is over the bytes sent). Errors match ErrWebhookSignature for a
-// delivery that is not Ratchet's:
+// signature is over the bytes sent). A verified body is read as the Python
+// and TypeScript SDKs read it, strictly (decodeWebhookEvent): anything but
+// one plain JSON object with the event's fields typed as they are is an
+// error that does not match ErrWebhookSignature. Errors match
+// ErrWebhookSignature for a delivery that is not Ratchet's:
 //
 //	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
 //	ev, err := ratchet.VerifyWebhook(secret, r.Header.Get(ratchet.WebhookSignatureHeader), body)
@@ -350,18 +352,10 @@ func VerifyWebhookAt(secret, signature string, body []byte, tolerance time.Durat
 	want := m.Sum(nil)
 	for _, mac := range signed {
 		if hmac.Equal(mac, want) {
-			// json.Unmarshal takes null into a struct without a word: a
-			// body of null read as an event with no id or type, which
-			// WebhookHandler passed on (the Python and TypeScript SDKs
-			// refuse it, as any body that is not an object; webhooks QA).
-			if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) == 0 || trimmed[0] != '{' {
-				return nil, errors.New("ratchet: decode webhook event: not a JSON object")
-			}
-			var ev WebhookEvent
-			if err := json.Unmarshal(body, &ev); err != nil {
-				return nil, fmt.Errorf("ratchet: decode webhook event: %w", err)
-			}
-			return &ev, nil
+			// Read as the Python and TypeScript SDKs read it
+			// (decodeWebhookEvent): json.Unmarshal took null as an event
+			// with no id, "ID" as id, and a name twice as its last.
+			return decodeWebhookEvent(body)
 		}
 	}
 	return nil, fmt.Errorf("%w: no v1 signature matches", ErrWebhookSignature)

@@ -26,6 +26,7 @@ type webhookVectors struct {
 	}
 	Verify []struct {
 		Name, Secret, Header, Body string
+		BodyBase64                 []byte `json:"body_base64"` // bytes that are not UTF-8, in place of Body
 		Now, Tolerance             float64
 		Outcome, Reason, ID        string
 	}
@@ -59,7 +60,11 @@ func TestVerifyWebhookSharedVectors(t *testing.T) {
 		whole, frac := math.Modf(v.Now)
 		now := time.Unix(int64(whole), int64(math.Round(frac*1e9)))
 		tolerance := time.Duration(v.Tolerance * float64(time.Second))
-		ev, err := VerifyWebhookAt(v.Secret, v.Header, []byte(v.Body), tolerance, now)
+		body := []byte(v.Body)
+		if v.BodyBase64 != nil {
+			body = v.BodyBase64
+		}
+		ev, err := VerifyWebhookAt(v.Secret, v.Header, body, tolerance, now)
 		var got string
 		switch {
 		case err == nil:

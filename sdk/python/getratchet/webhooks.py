@@ -59,7 +59,10 @@ def verify_webhook(secret: Optional[str], signature: Optional[str], body: Union[
     malformed, wrong or outside the tolerance (answer it 401), and
     NoWebhookSecretError when ``secret`` is empty or None (nothing is
     accepted with no key; a misconfiguration, not a forgery). A verified
-    body that is not a JSON object raises ValueError.
+    body that is not an event as the three SDKs read one, strictly (one
+    JSON object in UTF-8, no name twice, no number beyond float64, nesting
+    at most 64 levels, the event's fields typed: _decode_event), raises
+    ValueError.
     """
     if isinstance(body, str):
         raise TypeError("ratchet: verify_webhook takes the body as the bytes received, not str "
@@ -137,19 +140,122 @@ def _secret_bytes(secret: str) -> bytes:
         return secret.encode("utf-8", "surrogatepass")
 
 
+# The body of a delivery is read alike by the three SDKs (the shared vectors
+# in sdk/webhook_vectors.json hold them to it), and strictly: the server
+# sends an event as Go's encoding/json writes it, so anything odd is no event
+# of Ratchet's. A body is one JSON object in UTF-8 (no byte-order mark; JSON
+# whitespace around it), nesting at most _MAX_NESTING levels, with no name
+# twice in any object, no number beyond float64 and no lone UTF-16 surrogate
+# escape; id, type, workspace_id and subject_id are strings (or null),
+# created_at an RFC 3339 time (or null) as _RFC3339 reads it.
+
+# How deep arrays and objects nest in an event (the event object is the
+# first level): an event carries ids and states, and the json module
+# recurses once a level (RecursionError, not ValueError, past about 1 000).
+_MAX_NESTING = 64
+_STRING_FIELDS = ("id", "type", "workspace_id", "subject_id")
+# RFC 3339 as the server writes it: upper-case T and Z, at most nine
+# fraction digits (the fields' ranges are checked apart).
+_RFC3339 = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,9})?"
+                      r"(Z|[+-]([0-9]{2}):([0-9]{2}))")
+_FLOAT_MAX = float.fromhex("0x1.fffffffffffffp+1023")
+
+
 def _decode_event(body: bytes) -> dict:
-    """The event a verified body carries: a JSON object, read as the Go SDK
-    reads it (no NaN or Infinity, no byte-order mark; bytes that are not
-    UTF-8 read as U+FFFD)."""
-    def refuse(constant: str) -> Any:
-        raise ValueError(f"{constant} is not JSON")
+    """The event a verified body carries, read by the shared rules above."""
     try:
-        event = json.loads(body.decode("utf-8", "replace"), parse_constant=refuse)
-    except ValueError as error:  # JSONDecodeError included
+        event = _strict_loads(body)
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError included
         raise ValueError(f"ratchet: decode webhook event: {error}") from error
     if not isinstance(event, dict):
         raise ValueError(f"ratchet: decode webhook event: a JSON {type(event).__name__}, not an object")
+    for name in _STRING_FIELDS:
+        if event.get(name) is not None and not isinstance(event[name], str):
+            raise ValueError(f'ratchet: decode webhook event: "{name}" is not a string')
+    created = event.get("created_at")
+    if created is not None and not (isinstance(created, str) and _valid_time(created)):
+        raise ValueError('ratchet: decode webhook event: "created_at" is not an RFC 3339 time')
     return event
+
+
+def _strict_loads(body: bytes) -> Any:
+    text = body.decode("utf-8")  # strict: bytes that are not UTF-8 raise
+    _scan_text(text)
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+
+    def number(literal: str) -> Any:
+        # float() of an integer literal too long for float64 is inf, as
+        # of 1e400: both refused, as by the other SDKs.
+        if abs(float(literal)) > _FLOAT_MAX:
+            raise ValueError(f"the number {literal[:20]}… is beyond float64")
+        return float(literal) if any(c in literal for c in ".eE") else int(literal)
+
+    def members(pairs: list) -> dict:
+        out: dict = {}
+        for name, value in pairs:
+            if name in out:
+                raise ValueError(f"the name {json.dumps(name)} twice in one object")
+            out[name] = value
+        return out
+
+    return json.loads(text, parse_constant=refuse, parse_float=number, parse_int=number, object_pairs_hook=members)
+
+
+def _scan_text(text: str) -> None:
+    """Bounds the nesting, and refuses a \\u escape of a lone UTF-16
+    surrogate (no character: Go reads it as U+FFFD). Syntax is json's."""
+    depth, in_string, i, n = 0, False, 0, len(text)
+    while i < n:
+        c = text[i]
+        if in_string:
+            if c == '"':
+                in_string = False
+            elif c == "\\" and i + 1 < n:
+                i += 1
+                if text[i] == "u":
+                    unit = _hex4(text, i + 1)
+                    if unit is not None:
+                        i += 4
+                        if 0xD800 <= unit < 0xDC00:
+                            low = _hex4(text, i + 3) if text[i + 1:i + 3] == "\\u" else None
+                            if low is None or not 0xDC00 <= low < 0xE000:
+                                raise ValueError("a lone surrogate escape")
+                            i += 6
+                        elif 0xDC00 <= unit < 0xE000:
+                            raise ValueError("a lone surrogate escape")
+        elif c == '"':
+            in_string = True
+        elif c in "{[":
+            depth += 1
+            if depth > _MAX_NESTING:
+                raise ValueError(f"nests deeper than {_MAX_NESTING} levels")
+        elif c in "}]":
+            depth -= 1
+        i += 1
+
+
+def _hex4(text: str, i: int) -> Optional[int]:
+    digits = text[i:i + 4]
+    if len(digits) == 4 and all(c in "0123456789abcdefABCDEF" for c in digits):
+        return int(digits, 16)
+    return None
+
+
+def _valid_time(value: str) -> bool:
+    """Whether value is an RFC 3339 time as _RFC3339 says, its fields in
+    range and its date one of the calendar's."""
+    m = _RFC3339.fullmatch(value)
+    if m is None:
+        return False
+    year, month, day, hour, minute, second = (int(m.group(k)) for k in range(1, 7))
+    if not (1 <= month <= 12 and 1 <= day and hour <= 23 and minute <= 59 and second <= 59):
+        return False
+    if m.group(8) != "Z" and (int(m.group(9)) > 23 or int(m.group(10)) > 59):
+        return False
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    return day <= (31, 29 if leap else 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)[month - 1]
 
 
 def _round_seconds(seconds: float) -> int:

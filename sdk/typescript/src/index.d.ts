@@ -966,7 +966,9 @@ export interface VerifyWebhookOptions {
  * returns the decoded event. `body` is the bytes received, or as a string
  * the raw body text exactly as received (never JSON.stringify of a parsed
  * body). Throws WebhookSignatureError (forged, malformed, stale) or
- * NoWebhookSecretError (no secret: a misconfiguration).
+ * NoWebhookSecretError (no secret: a misconfiguration); a verified body that
+ * is not an event as the three SDKs read one, strictly (README), throws a
+ * plain Error.
  */
 export declare function verifyWebhook(
   secret: string | undefined | null,

@@ -41,7 +41,9 @@ const MALFORMED = 'malformed Ratchet-Signature';
  * malformed, wrong or outside the tolerance (answer it 401), and
  * NoWebhookSecretError when `secret` is empty or missing (nothing is
  * accepted with no key: a misconfiguration, not a forgery). A verified body
- * that is not a JSON object throws a plain Error.
+ * that is not an event as the three SDKs read one, strictly (one JSON object
+ * in UTF-8, no name twice, no number beyond float64, nesting at most 64
+ * levels, the event's fields typed: decodeEvent), throws a plain Error.
  */
 export function verifyWebhook(secret, signature, body, { toleranceSeconds = DEFAULT_TOLERANCE_SECONDS, now } = {}) {
   const bytes = bodyBytes(body);
@@ -118,19 +120,102 @@ function bodyBytes(body) {
     + `or the raw body text, not ${body === null ? 'null' : typeof body}`);
 }
 
-// The event a verified body carries: a JSON object, read as the Go SDK reads
-// it (no byte-order mark; bytes that are not UTF-8 read as U+FFFD).
+// The body of a delivery is read alike by the three SDKs (the shared vectors
+// in sdk/webhook_vectors.json hold them to it), and strictly: the server
+// sends an event as Go's encoding/json writes it, so anything odd is no event
+// of Ratchet's. A body is one JSON object in UTF-8 (no byte-order mark; JSON
+// whitespace around it), nesting at most MAX_NESTING levels, with no name
+// twice in any object, no number beyond float64 and no lone UTF-16 surrogate
+// escape; id, type, workspace_id and subject_id are strings (or null),
+// created_at an RFC 3339 time (or null) as RFC3339 reads it.
+
+// How deep arrays and objects nest in an event (the event object is the
+// first level): an event carries ids and states, and Python's json module
+// recurses once a level.
+const MAX_NESTING = 64;
+const STRING_FIELDS = ['id', 'type', 'workspace_id', 'subject_id'];
+// RFC 3339 as the server writes it: upper-case T and Z, at most nine
+// fraction digits (the fields' ranges are checked apart).
+const RFC3339 = /^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,9})?(Z|[+-]([0-9]{2}):([0-9]{2}))$/;
+const LONE_SURROGATE = /[\ud800-\udfff]/u; // with the u flag, a pair is one code point: only a lone one matches
+
+// The event a verified body carries, read by the shared rules above.
 function decodeEvent(bytes) {
   let event;
   try {
-    event = JSON.parse(new TextDecoder('utf-8', { ignoreBOM: true }).decode(bytes));
+    // fatal: bytes that are not UTF-8 throw; ignoreBOM: a byte-order mark
+    // is kept, and refused by JSON.parse.
+    const text = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true }).decode(bytes);
+    scanText(text);
+    event = JSON.parse(text, (name, value) => {
+      if (typeof value === 'number' && !Number.isFinite(value)) throw new Error('a number beyond float64');
+      if (LONE_SURROGATE.test(name) || (typeof value === 'string' && LONE_SURROGATE.test(value))) {
+        throw new Error('a lone surrogate escape');
+      }
+      return value;
+    });
   } catch (error) {
     throw new Error(`ratchet: decode webhook event: ${error.message}`, { cause: error });
   }
   if (event === null || typeof event !== 'object' || Array.isArray(event)) {
     throw new Error(`ratchet: decode webhook event: a JSON ${event === null ? 'null' : Array.isArray(event) ? 'array' : typeof event}, not an object`);
   }
+  for (const name of STRING_FIELDS) {
+    if (event[name] !== undefined && event[name] !== null && typeof event[name] !== 'string') {
+      throw new Error(`ratchet: decode webhook event: "${name}" is not a string`);
+    }
+  }
+  const created = event.created_at;
+  if (created !== undefined && created !== null && !(typeof created === 'string' && validTime(created))) {
+    throw new Error('ratchet: decode webhook event: "created_at" is not an RFC 3339 time');
+  }
   return event;
+}
+
+// Bounds the nesting and refuses a name twice in one object (JSON.parse keeps
+// the last), on text JSON.parse then reads: its syntax is JSON.parse's to
+// refuse. Each object's names are compared as decoded ("\u0069d" is "id").
+function scanText(text) {
+  const stack = []; // per open array or object: null, or the object's names and whether a name is next
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (c === '"') {
+      let end = i + 1;
+      while (end < text.length && text[end] !== '"') end += text[end] === '\\' ? 2 : 1;
+      const top = stack[stack.length - 1];
+      if (top && top.nameNext) {
+        let name;
+        try {
+          name = JSON.parse(text.slice(i, end + 1));
+        } catch {
+          return; // not JSON: JSON.parse says why
+        }
+        if (top.names.has(name)) throw new Error(`the name ${JSON.stringify(name)} twice in one object`);
+        top.names.add(name);
+        top.nameNext = false;
+      }
+      i = end;
+    } else if (c === '{' || c === '[') {
+      stack.push(c === '{' ? { names: new Set(), nameNext: true } : null);
+      if (stack.length > MAX_NESTING) throw new Error(`nests deeper than ${MAX_NESTING} levels`);
+    } else if (c === '}' || c === ']') {
+      stack.pop();
+    } else if (c === ',' && stack[stack.length - 1]) {
+      stack[stack.length - 1].nameNext = true;
+    }
+  }
+}
+
+// Whether value is an RFC 3339 time as RFC3339 says, its fields in range and
+// its date one of the calendar's.
+function validTime(value) {
+  const m = RFC3339.exec(value);
+  if (!m) return false;
+  const [year, month, day, hour, minute, second] = m.slice(1, 7).map(Number);
+  if (month < 1 || month > 12 || day < 1 || hour > 23 || minute > 59 || second > 59) return false;
+  if (m[8] !== 'Z' && (Number(m[9]) > 23 || Number(m[10]) > 59)) return false;
+  const leap = year % 4 === 0 && (year % 100 !== 0 || year % 400 === 0);
+  return day <= [31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31][month - 1];
 }
 
 // seconds to the nearest whole second, halves away from zero (Go's
