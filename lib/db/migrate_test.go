@@ -416,6 +416,28 @@ VALUES ('whk_live', 'ws_1', 'https://example.com/a', '{run.finished}', '\x01aa',
 	require.ErrorContains(t, err, "webhooks_live_secret")
 }
 
+// 0067 links an answer kept for an Idempotency-Key to the resource whose
+// secret it shows: the answers kept before it name none (a delete leaves
+// them their 24 hours), and keep their answer; the index that a delete's
+// erasure reads holds the linked answers that still show a secret only.
+func TestAnswersKeptBeforeTheUpgradeNameNoResource(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := upgradedFrom(t, 66, `
+INSERT INTO idempotent_requests (key_id, idempotency_key, request_hash, request_id, status, answer, created_at)
+VALUES ('key_1', 'create-1', '\x00', 'req_1', 201, '\x01aa', now());`)
+	var resource *string
+	var answer string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT resource_id, encode(answer, 'hex') FROM idempotent_requests`).
+		Scan(&resource, &answer))
+	require.Nil(t, resource)
+	require.Equal(t, "01aa", answer)
+	var def string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_get_indexdef('idempotent_requests_resource_idx'::regclass)`).
+		Scan(&def))
+	require.Contains(t, def, "(resource_id) WHERE ((resource_id IS NOT NULL) AND (answer IS NOT NULL))")
+}
+
 func byID[T any](t *testing.T, conn *pgx.Conn, sql string) map[string]T {
 	t.Helper()
 	rows, err := conn.Query(context.Background(), sql)

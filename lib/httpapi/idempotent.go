@@ -75,12 +75,15 @@ func (s *Server) runOnce(ctx context.Context, c *Call, values []string) (any, er
 		ID: c.RequestID,
 	})
 	var busy *idempotency.InFlightError
+	var erased *idempotency.ErasedError
 	switch {
 	case errors.Is(err, idempotency.ErrReused):
 		return nil, apierr.Conflict(apierr.CodeIdempotencyKeyReuse,
 			"This Idempotency-Key was sent with another request (route, path or body) in the last 24 hours.")
 	case errors.As(err, &busy):
 		return nil, retryRequest(busy.RetryAfter)
+	case errors.As(err, &erased):
+		return erasedAnswer(c, erased)
 	case lostDatabase(err):
 		// The route never ran (Begin gave up a claim that may have
 		// landed; one it could not give up holds the key until it
@@ -175,6 +178,9 @@ func (s *Server) actOnce(ctx context.Context, c *Call, claim *idempotency.Claim)
 	sctx, cancel := storeContext(ctx)
 	defer cancel()
 	stored := idempotency.Answer{Status: answer.status, Body: answer.body}
+	if h, ok := body.(secretHolder); ok {
+		stored.Resource = h.SecretOf()
+	}
 	if taken, err = claim.Record(sctx, rt, stored); err != nil || taken {
 		return encoded{}, taken, err
 	}
@@ -199,6 +205,29 @@ func (s *Server) actOnce(ctx context.Context, c *Call, claim *idempotency.Claim)
 	}
 	committed = true
 	return answer, false, nil
+}
+
+// secretHolder is an answer that shows the secret of the resource it
+// names (webhooks.NewWebhook: a new signing secret). Its kept answer is
+// linked to that resource, whose delete erases it (idempotency.EraseAnswers).
+type secretHolder interface{ SecretOf() string }
+
+// erasedAnswer is what a request sent again under its Idempotency-Key is
+// answered once the answer kept for it was erased with the resource whose
+// secret it showed (the resource was deleted since): 404 not_found, as
+// that resource now reads, marked as given again and naming the request
+// that acted, so that the client learns its first request did act. It
+// acts no more: the key stays used until its 24 hours end.
+func erasedAnswer(c *Call, erased *idempotency.ErasedError) (any, error) {
+	what := pathResource(c.Route.Pattern, "id")
+	e := apierr.New(http.StatusNotFound, apierr.CodeNotFound, "No such %s in this workspace: the %s this "+
+		"request acted on was deleted since, and the answer kept for its Idempotency-Key, which showed its secret, "+
+		"was erased with it.", what, what)
+	body, err := jsonx.Marshal(errorBody{Error: e.Wire()})
+	if err != nil {
+		return nil, err
+	}
+	return encoded{status: e.Status, body: body, original: erased.RequestID}, nil
 }
 
 // commitNotLanded is a request whose COMMIT went unanswered and was found

@@ -17,9 +17,11 @@ func (s *Server) webhookRoutes() []Route {
 			Method: "POST", Pattern: "/api/v1/webhooks", Name: "webhooks.create", Tag: "webhooks", Scopes: scopes,
 			Idempotent: true,
 			Summary: "Subscribe a URL to events; returns the signing secret once. Deliveries are signed " +
-				"Ratchet-Signature: t=<unix>,v1=<hex hmac-sha256(secret, \"<t>.<body>\")> and retried with backoff.",
+				"Ratchet-Signature: t=<unix>,v1=<hex hmac-sha256(secret, \"<t>.<body>\")> and retried with backoff. " +
+				"Sent again under its Idempotency-Key once the subscription was deleted: 404 not_found (" +
+				ReplayedHeader + ": true), the answer that showed the secret erased with it.",
 			Request: webhooks.CreateRequest{}, Response: webhooks.NewWebhook{}, Status: 201,
-			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeInvalidState},
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeInvalidState, apierr.CodeNotFound},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
 				var req webhooks.CreateRequest
 				if err := c.Decode(&req); err != nil {
@@ -61,7 +63,8 @@ func (s *Server) webhookRoutes() []Route {
 		},
 		{
 			Method: "DELETE", Pattern: "/api/v1/webhooks/{id}", Name: "webhooks.delete", Tag: "webhooks", Scopes: scopes,
-			Summary: "End a subscription; its pending deliveries are abandoned and its signing secrets erased. " +
+			Summary: "End a subscription; its pending deliveries are abandoned and its signing secrets erased, " +
+				"with the answers kept for its create's and rotations' Idempotency-Keys (sent again, they are 404). " +
 				"Returns the subscription as the delete left it (deleting it again answers it again).",
 			Response: webhooks.Webhook{}, Status: 200, Errors: []string{apierr.CodeNotFound},
 			Handle: func(ctx context.Context, c *Call) (any, error) {
@@ -91,7 +94,9 @@ func (s *Server) webhookRoutes() []Route {
 			Summary: "Give a subscription a new signing secret, shown once. Until the previous secret expires " +
 				"(previous_secret_expires_in_seconds, 0 to 604800, default 86400) deliveries carry a v1 signature " +
 				"for each: accept a delivery when any v1 verifies, and move the receiver to the new secret meanwhile. " +
-				"While an earlier rotation's previous secret still signs, 409 invalid_state unless replace_previous is true.",
+				"While an earlier rotation's previous secret still signs, 409 invalid_state unless replace_previous is true. " +
+				"Sent again under its Idempotency-Key once the subscription was deleted: 404 not_found (" +
+				ReplayedHeader + ": true), the answer that showed the secret erased with it.",
 			Request: webhooks.RotateRequest{}, Response: webhooks.NewWebhook{}, Status: 200,
 			Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidRequest, apierr.CodeInvalidState},
 			Handle: webhookAction(s, (*webhooks.Service).RotateSecret),

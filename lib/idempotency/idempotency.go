@@ -24,6 +24,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -114,6 +115,47 @@ type Answer struct {
 	Body   []byte
 	// RequestID is the request that acted (on an answer given again).
 	RequestID string
+	// Resource, when set (Record), is the id of the resource whose secret
+	// the answer shows (a new webhook's signing secret): deleting it erases
+	// the answer (EraseAnswers), which Begin then reports as an
+	// *ErasedError instead of giving it again.
+	Resource string
+}
+
+// ErrErased is an answer erased with the resource whose secret it showed
+// (EraseAnswers): the request is not acted on again, and its answer is
+// not given (*ErasedError names the request that acted).
+var ErrErased = errors.New("idempotency: answer erased with its resource")
+
+// ErasedError is ErrErased with the request that acted.
+type ErasedError struct {
+	RequestID string
+}
+
+func (e *ErasedError) Error() string { return ErrErased.Error() }
+
+// Is makes errors.Is(err, ErrErased) hold.
+func (e *ErasedError) Is(target error) bool { return target == ErrErased }
+
+// ErasedStatus is the status an erased answer keeps in its row: an
+// instance of the release before migration 0067, which reads no erasure,
+// gives it again with an empty body, a 404 rather than the success.
+const ErasedStatus = 404
+
+// EraseAnswers is a statement erasing the answers, among those linked to
+// a resource (Answer.Resource), that match where (a condition on
+// idempotent_requests' columns, resource_id: "resource_id = $1::text"):
+// their sealed answer goes, and the row stays until its 24 hours end, so
+// the same request is still not acted on again (Begin answers ErrErased)
+// and another one under its key is still ErrReused. Run it in the
+// transaction that deletes the resource, in a statement that starts once
+// the resource's row is locked, so that it reads the answers committed
+// until then: a request that recorded such an answer held that row (it
+// created the resource, or changed its secret under its lock) until it
+// committed with its answer.
+func EraseAnswers(where string) string {
+	return `UPDATE idempotent_requests SET answer = NULL, status = ` + strconv.Itoa(ErasedStatus) + `
+    WHERE resource_id IS NOT NULL AND answer IS NOT NULL AND (` + where + `)`
 }
 
 // Claim is a key held by the request acting under it.
@@ -125,7 +167,8 @@ type Claim struct {
 }
 
 // Begin claims req's key for it, or returns the answer stored for the same
-// request. It fails with ErrReused or an *InFlightError.
+// request. It fails with ErrReused, an *InFlightError, or an *ErasedError
+// for the same request whose answer was erased with its resource.
 func (s *Store) Begin(ctx context.Context, req Request) (*Claim, *Answer, error) {
 	hash := requestHash(req)
 	// The claim and the read are two statements: a key claimed by a
@@ -182,6 +225,9 @@ func (s *Store) Begin(ctx context.Context, req Request) (*Claim, *Answer, error)
 			return nil, nil, ErrReused
 		case status == nil:
 			return nil, nil, fmt.Errorf("idempotency: row of key without answer or claim")
+		case answer == nil:
+			// Erased with the resource whose secret it showed.
+			return nil, nil, &ErasedError{RequestID: requestID}
 		}
 		body, err := s.sealer.Open(answer, AnswerAAD(req.APIKeyID, req.Key))
 		if err != nil {
@@ -200,9 +246,15 @@ func (s *Store) Begin(ctx context.Context, req Request) (*Claim, *Answer, error)
 // gets the answer or acts on a clean slate. A claim taken over meanwhile (the
 // request outlived ClaimTTL, and another took the key) is left to its new
 // holder: taken reports it, and the caller must roll its work back.
+// a.Resource links the answer to the resource whose secret it shows, in the
+// same statement, so that the resource's delete erases it.
 func (c *Claim) Record(ctx context.Context, q db.Querier, a Answer) (taken bool, err error) {
 	sealed := c.s.sealer.Seal(a.Body, AnswerAAD(c.apiKey, c.key))
-	tag, err := q.Exec(ctx, sqlAnswer, c.apiKey, c.key, c.id, a.Status, sealed)
+	var resource *string
+	if a.Resource != "" {
+		resource = &a.Resource
+	}
+	tag, err := q.Exec(ctx, sqlAnswer, c.apiKey, c.key, c.id, a.Status, sealed, resource)
 	if err != nil {
 		return false, fmt.Errorf("idempotency: record answer: %w", err)
 	}
@@ -318,7 +370,7 @@ INSERT INTO idempotent_requests AS r (key_id, idempotency_key, request_hash, req
 VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (key_id, idempotency_key) DO UPDATE
 SET request_hash = excluded.request_hash, request_id = excluded.request_id, claimed_until = excluded.claimed_until,
-    status = NULL, answer = NULL, created_at = excluded.created_at
+    status = NULL, answer = NULL, resource_id = NULL, created_at = excluded.created_at
 WHERE r.created_at <= $7 OR (r.status IS NULL AND r.claimed_until <= $6)
 RETURNING true`
 
@@ -327,9 +379,10 @@ const sqlStored = `
 SELECT request_hash, request_id, claimed_until, status, answer FROM idempotent_requests
 WHERE key_id = $1 AND idempotency_key = $2 AND created_at > $3`
 
-// $1 API key, $2 key, $3 request id, $4 status, $5 sealed answer.
+// $1 API key, $2 key, $3 request id, $4 status, $5 sealed answer, $6 the
+// resource whose secret it shows (NULL: none).
 const sqlAnswer = `
-UPDATE idempotent_requests SET status = $4, answer = $5, claimed_until = NULL
+UPDATE idempotent_requests SET status = $4, answer = $5, claimed_until = NULL, resource_id = $6::text
 WHERE key_id = $1 AND idempotency_key = $2 AND request_id = $3 AND status IS NULL`
 
 // $1 API key, $2 key, $3 request id.

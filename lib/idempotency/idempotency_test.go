@@ -265,3 +265,59 @@ func TestPurgeDeletesDayOldAnswers(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n)
 }
+
+// An answer recorded with the resource whose secret it shows is erased by
+// EraseAnswers for that resource, in the deleting transaction: the same
+// request is then told ErrErased (naming the request that acted) rather
+// than given the secret or acted on again, another request under the key
+// is still refused, and the row keeps no sealed answer. An answer naming
+// another resource, or none, is kept.
+func TestAnAnswerIsErasedWithTheResourceItNames(t *testing.T) {
+	t.Parallel()
+	s, _, req := store(t, time.Now())
+	ctx := context.Background()
+	hook := ids.New(ids.Webhook)
+	linked := func(r idempotency.Request, resource, body string) {
+		taken, err := mustClaim(t, s, r).Record(ctx, s.pool, idempotency.Answer{Status: 201, Body: []byte(body),
+			Resource: resource})
+		require.NoError(t, err)
+		require.False(t, taken)
+	}
+	linked(req, hook, `{"id":"`+hook+`","secret":"whsec_1"}`)
+	other := req
+	other.Key, other.ID = "create-2", ids.New(ids.Request)
+	linked(other, ids.New(ids.Webhook), `{"secret":"whsec_2"}`)
+	plain := req
+	plain.Key, plain.ID = "create-3", ids.New(ids.Request)
+	record(t, s, mustClaim(t, s, plain), 201, `{"id":"key_1"}`)
+
+	tx, err := s.pool.Begin(ctx)
+	require.NoError(t, err)
+	tag, err := tx.Exec(ctx, idempotency.EraseAnswers("resource_id = $1::text"), hook)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+	require.NoError(t, tx.Commit(ctx))
+
+	_, _, err = s.Begin(ctx, retry(req))
+	var erased *idempotency.ErasedError
+	require.ErrorAs(t, err, &erased)
+	require.ErrorIs(t, err, idempotency.ErrErased)
+	require.Equal(t, req.ID, erased.RequestID)
+	reused := retry(req)
+	reused.Body = []byte(`{}`)
+	_, _, err = s.Begin(ctx, reused)
+	require.ErrorIs(t, err, idempotency.ErrReused, "the key stays used")
+
+	var status int
+	var answer []byte
+	require.NoError(t, s.pool.QueryRow(ctx, `SELECT status, answer FROM idempotent_requests
+		WHERE key_id = $1 AND idempotency_key = $2`, req.APIKeyID, req.Key).Scan(&status, &answer))
+	require.Equal(t, idempotency.ErasedStatus, status)
+	require.Nil(t, answer, "no sealed answer is left")
+
+	for _, r := range []idempotency.Request{other, plain} {
+		_, stored, err := s.Begin(ctx, retry(r))
+		require.NoError(t, err)
+		require.NotNil(t, stored, r.Key)
+	}
+}

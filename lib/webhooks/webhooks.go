@@ -22,6 +22,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/db"
 	"github.com/getratchet/ratchet/lib/events"
+	"github.com/getratchet/ratchet/lib/idempotency"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/redact"
@@ -56,6 +57,12 @@ type NewWebhook struct {
 	Webhook
 	Secret string `json:"secret"`
 }
+
+// SecretOf names the subscription whose secret w shows: the answer kept
+// for a create's or rotation's Idempotency-Key is linked to it
+// (idempotency.Answer's Resource), and its delete erases that answer
+// (sqlAbandon).
+func (w NewWebhook) SecretOf() string { return w.ID }
 
 // Delivery is one attempt record of sending one event to one subscription.
 type Delivery struct {
@@ -356,7 +363,9 @@ func (s *Service) Get(ctx context.Context, workspaceID, id string) (Webhook, err
 // retry whose first answer was lost learns it landed (retry-safety QA).
 //
 // The delete erases the signing secrets (sqlDelete): nothing signs with
-// them again, so kept sealed they were only a liability. It answers the
+// them again, so kept sealed they were only a liability. The answers kept
+// for its create's and rotations' Idempotency-Keys, which show a secret,
+// are erased with them (sqlAbandon): a replay answers 404. It answers the
 // subscription as the delete left it, without a secret (secret_unreadable
 // false, previous_secret_expires_at null), so that a retried DELETE
 // answers what the first one did.
@@ -379,7 +388,7 @@ func (s *Service) Delete(ctx context.Context, workspaceID, id string) (Webhook, 
 			return pgx.ErrNoRows // unknown, or another workspace's
 		}
 		w = list[0]
-		if _, err := tx.Exec(ctx, sqlEndPending, id, nil, abandoned); err != nil {
+		if _, err := tx.Exec(ctx, sqlAbandon, id, nil, abandoned); err != nil {
 			return fmt.Errorf("abandon deliveries: %w", err)
 		}
 		return nil
@@ -405,6 +414,23 @@ UPDATE webhooks SET deleted_at = coalesce(deleted_at, $2::timestamptz),
     secret = NULL, previous_secret = NULL, previous_secret_expires_at = NULL
 WHERE id = $1::text AND workspace_id = $3::text
 RETURNING ` + readCols("$2")
+
+// sqlAbandon is a delete's second statement: it ends webhook $1's pending
+// deliveries with last_error $3 ($2 NULL: sqlEndPending) and erases the
+// answers kept for the Idempotency-Keys of its create and rotations, which
+// show its secrets (migration 0067). It runs after sqlDelete, which locked the
+// webhook's row, so its snapshot holds every such answer: a rotation holds
+// the row from its update until it commits with its answer, and a delete
+// that waited for it reads that answer here (in sqlDelete's statement,
+// whose snapshot predates the wait, it would not); a rotation that comes
+// later finds the webhook deleted and records nothing. A create commits the
+// row and its answer together: a delete that finds the row finds the
+// answer. Only answers recorded with the webhook named are erased: those
+// an instance of the release before 0067 recorded go with their 24 hours.
+var sqlAbandon = `
+WITH erased AS (
+    ` + idempotency.EraseAnswers("resource_id = $1::text") + `
+)` + sqlEndPending
 
 // UpdateRequest is the body of PATCH /api/v1/webhooks/{id}: each field sent
 // changes the subscription, one left out keeps its value. At least one must
@@ -618,29 +644,46 @@ func (s *Service) RotateSecret(ctx context.Context, workspaceID, id string, req 
 // row until the next rotation. A rotation that lands meanwhile sets a
 // later expiry, and the update, rechecking the row at its newest version,
 // leaves it. It also erases, up to limit, the secrets of deleted
-// subscriptions that still hold them: a delete erases them itself
-// (sqlDelete), but one by an instance of the release before migration
-// 0065, still running during the deploy, did not (found through
-// webhooks_deleted_secret_idx, empty otherwise). It answers how many rows
-// it cleared.
+// subscriptions that still hold them, and up to limit answers kept for an
+// Idempotency-Key that show a deleted subscription's secret: a delete
+// erases both itself (sqlDelete, sqlAbandon), but one by an instance of
+// the release before migration 0065 (0067 for the answers), still running
+// during the deploy, did not (found through webhooks_deleted_secret_idx
+// and idempotent_requests_resource_idx, empty otherwise). It answers how
+// many rows it cleared, of both tables.
 func (s *Service) ClearExpiredSecrets(ctx context.Context, now time.Time, limit int) (int, error) {
-	tag, err := s.pool.Exec(ctx, `
-		UPDATE webhooks SET secret = CASE WHEN deleted_at IS NULL THEN secret END,
-		    previous_secret = NULL, previous_secret_expires_at = NULL
-		WHERE id IN (
-		    (SELECT id FROM webhooks
-		     WHERE previous_secret IS NOT NULL AND previous_secret_expires_at <= $1::timestamptz
-		     LIMIT $2::int)
-		    UNION ALL
-		    (SELECT id FROM webhooks
-		     WHERE deleted_at IS NOT NULL AND (secret IS NOT NULL OR previous_secret IS NOT NULL)
-		     LIMIT $2::int)
-		) AND (previous_secret_expires_at <= $1::timestamptz OR deleted_at IS NOT NULL)`, now, limit)
+	var n int
+	err := s.pool.QueryRow(ctx, sqlClearExpiredSecrets, now, limit).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("clear expired webhook secrets: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	return n, nil
 }
+
+// sqlClearExpiredSecrets is ClearExpiredSecrets' statement: $1 now, $2
+// the limit.
+var sqlClearExpiredSecrets = `
+WITH cleared AS (
+    UPDATE webhooks SET secret = CASE WHEN deleted_at IS NULL THEN secret END,
+        previous_secret = NULL, previous_secret_expires_at = NULL
+    WHERE id IN (
+        (SELECT id FROM webhooks
+         WHERE previous_secret IS NOT NULL AND previous_secret_expires_at <= $1::timestamptz
+         LIMIT $2::int)
+        UNION ALL
+        (SELECT id FROM webhooks
+         WHERE deleted_at IS NOT NULL AND (secret IS NOT NULL OR previous_secret IS NOT NULL)
+         LIMIT $2::int)
+    ) AND (previous_secret_expires_at <= $1::timestamptz OR deleted_at IS NOT NULL)
+    RETURNING 1
+), answers AS (
+    ` + idempotency.EraseAnswers(`(key_id, idempotency_key) IN (
+        SELECT r.key_id, r.idempotency_key FROM idempotent_requests r JOIN webhooks w ON w.id = r.resource_id
+        WHERE r.resource_id IS NOT NULL AND r.answer IS NOT NULL AND w.deleted_at IS NOT NULL
+        LIMIT $2::int)`) + `
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM cleared) + (SELECT count(*) FROM answers)`
 
 // deliveryCols are a delivery's columns (alias d) as the API shows it, in
 // Delivery's order: the next attempt's time only while it is pending.

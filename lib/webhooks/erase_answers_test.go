@@ -1,0 +1,246 @@
+package webhooks_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/events"
+	"github.com/getratchet/ratchet/lib/httpapi"
+	"github.com/getratchet/ratchet/lib/idempotency"
+)
+
+func underKey(k string) http.Header { return http.Header{idempotency.Header: {k}} }
+
+// keptSecrets are the webhook secrets the answers kept for the
+// Idempotency-Keys of the workspace's one API key (key, its secret) still
+// hold, read from the table and opened as a replay opens them.
+func keptSecrets(t *testing.T, env *apitest.Env, key string) []string {
+	t.Helper()
+	ctx := context.Background()
+	keys := env.Must(http.StatusOK, "GET", "/api/v1/keys", key, nil).JSON()["data"].([]any)
+	require.Len(t, keys, 1)
+	keyID := keys[0].(map[string]any)["id"].(string)
+	rows, err := env.App.Pool.Query(ctx, `SELECT idempotency_key, answer FROM idempotent_requests
+		WHERE key_id = $1 AND answer IS NOT NULL`, keyID)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var idemKey string
+		var sealed []byte
+		require.NoError(t, rows.Scan(&idemKey, &sealed))
+		body, err := env.App.Server.Sealer.Open(sealed, idempotency.AnswerAAD(keyID, idemKey))
+		require.NoError(t, err)
+		var answer struct {
+			Secret string `json:"secret"`
+		}
+		require.NoError(t, json.Unmarshal(body, &answer))
+		if answer.Secret != "" {
+			out = append(out, answer.Secret)
+		}
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// requireErased is a replay answered after the webhook's delete: 404
+// not_found, given again for the request that acted, without the secret.
+func requireErased(t *testing.T, r *apitest.Response, first *apitest.Response, secret string) {
+	t.Helper()
+	require.Equal(t, http.StatusNotFound, r.Status, "%s", r.Body)
+	require.Equal(t, "not_found", r.ErrorCode())
+	require.Equal(t, "true", r.Header.Get(httpapi.ReplayedHeader))
+	require.Equal(t, first.Header.Get("X-Request-Id"), r.Header.Get(httpapi.OriginalRequestHeader))
+	require.NotContains(t, string(r.Body), secret)
+	require.NotContains(t, string(r.Body), "whsec_")
+}
+
+// A delete erases the answers kept for its create's and rotation's
+// Idempotency-Keys, which showed its signing secrets, in its transaction:
+// a replay of either is 404 not_found (marked as given again), never the
+// secret and never a second webhook or rotation, the keys stay used for
+// other requests, and the table keeps no sealed copy of either secret.
+// Before, the answers kept the secrets for their 24 hours after the delete
+// and a replay showed them. Another webhook's answer is kept.
+func TestADeleteErasesTheAnswersThatShowedItsSecrets(t *testing.T) {
+	env, _ := start(t, false)
+	ctx := context.Background()
+	ws := env.Signup()
+	body := map[string]any{"url": "https://example.com/hook", "events": []string{events.RunFinished}}
+	created := env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("hook-create"), body)
+	require.Equal(t, http.StatusCreated, created.Status, "%s", created.Body)
+	id, secret := created.JSON()["id"].(string), created.JSON()["secret"].(string)
+	rotate := map[string]any{"previous_secret_expires_in_seconds": 0}
+	rotatePath := "/api/v1/webhooks/" + id + "/rotate-secret"
+	rotated := env.DoWith("POST", rotatePath, ws.Key, underKey("hook-rotate"), rotate)
+	require.Equal(t, http.StatusOK, rotated.Status, "%s", rotated.Body)
+	newSecret := rotated.JSON()["secret"].(string)
+	kept := env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("hook-kept"),
+		map[string]any{"url": "https://example.com/kept", "events": []string{events.RunFinished}})
+	require.Equal(t, http.StatusCreated, kept.Status)
+	keptSecret := kept.JSON()["secret"].(string)
+	require.ElementsMatch(t, []string{secret, newSecret, keptSecret}, keptSecrets(t, env, ws.Key))
+	again := env.DoWith("POST", rotatePath, ws.Key, underKey("hook-rotate"), rotate)
+	require.Equal(t, string(rotated.Body), string(again.Body), "given again while the webhook lives")
+
+	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil)
+
+	requireErased(t, env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("hook-create"), body), created, secret)
+	requireErased(t, env.DoWith("POST", rotatePath, ws.Key, underKey("hook-rotate"), rotate), rotated, newSecret)
+	require.Equal(t, []string{keptSecret}, keptSecrets(t, env, ws.Key), "no sealed copy of the deleted one's secrets")
+	for _, reqID := range []string{created.Header.Get("X-Request-Id"), rotated.Header.Get("X-Request-Id")} {
+		var status int
+		var answer []byte
+		require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT status, answer FROM idempotent_requests
+			WHERE request_id = $1`, reqID).Scan(&status, &answer))
+		require.Equal(t, http.StatusNotFound, status)
+		require.Nil(t, answer)
+	}
+
+	other := env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("hook-create"),
+		map[string]any{"url": "https://example.com/other", "events": []string{events.RunFinished}})
+	require.Equal(t, "idempotency_key_reuse", other.ErrorCode(), "the key stays used")
+	list := env.Must(http.StatusOK, "GET", "/api/v1/webhooks", ws.Key, nil).JSON()["data"].([]any)
+	require.Len(t, list, 1, "the replay created nothing")
+	replayKept := env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("hook-kept"),
+		map[string]any{"url": "https://example.com/kept", "events": []string{events.RunFinished}})
+	require.Equal(t, string(kept.Body), string(replayKept.Body), "another webhook's answer is kept")
+}
+
+// A rotation still in flight when the delete comes (its answer recorded,
+// its commit not yet sent) holds the webhook's row: the delete waits for
+// it, and erases the answer it committed. The delete's own statement reads
+// the table as it was before the wait, without that answer: the erasure is
+// its next statement. A trigger holds the rotation at its answer's record
+// (after its update of the webhook) on an advisory lock the test holds.
+func TestARotationInFlightAtADeleteHasItsAnswerErased(t *testing.T) {
+	env, _ := start(t, false)
+	ctx := context.Background()
+	pool := env.App.Pool
+	ws := env.Signup()
+	id, _ := subscribe(t, env, ws.Key, "https://example.com/hook")
+	const lock = 670067
+	_, err := pool.Exec(ctx, fmt.Sprintf(`CREATE FUNCTION test_hold_answer() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_advisory_xact_lock(%d); RETURN NEW; END $$;
+		CREATE TRIGGER test_hold_answer BEFORE UPDATE ON idempotent_requests FOR EACH ROW
+		WHEN (NEW.idempotency_key = 'held-rotate' AND OLD.status IS NULL AND NEW.status IS NOT NULL)
+		EXECUTE FUNCTION test_hold_answer();`, lock))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(ctx, `DROP TRIGGER IF EXISTS test_hold_answer ON idempotent_requests;
+			DROP FUNCTION IF EXISTS test_hold_answer();`)
+	})
+	holder, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lock)
+	require.NoError(t, err)
+
+	waiting := func(like string) func() bool {
+		return func() bool {
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1`, like).Scan(&n))
+			return n > 0
+		}
+	}
+	rotate := map[string]any{"previous_secret_expires_in_seconds": 0}
+	rotatePath := "/api/v1/webhooks/" + id + "/rotate-secret"
+	rotated := make(chan *apitest.Response, 1)
+	go func() { rotated <- env.DoWith("POST", rotatePath, ws.Key, underKey("held-rotate"), rotate) }()
+	require.Eventually(t, waiting("%UPDATE idempotent_requests SET status%"), 10*time.Second, 5*time.Millisecond,
+		"the rotation waits at its answer, the webhook's row held")
+	deleted := make(chan int, 1)
+	go func() { deleted <- env.Do("DELETE", "/api/v1/webhooks/"+id, ws.Key, nil).Status }()
+	require.Eventually(t, waiting("%UPDATE webhooks SET deleted_at%"), 10*time.Second, 5*time.Millisecond,
+		"the delete waits for the rotation")
+	require.NoError(t, holder.Commit(ctx))
+
+	first := <-rotated
+	require.Equal(t, http.StatusOK, first.Status, "%s", first.Body)
+	require.Equal(t, http.StatusOK, <-deleted)
+	requireErased(t, env.DoWith("POST", rotatePath, ws.Key, underKey("held-rotate"), rotate), first,
+		first.JSON()["secret"].(string))
+	require.Empty(t, keptSecrets(t, env, ws.Key))
+}
+
+// Replays of a create racing its webhook's delete each answer either the
+// create's answer, byte for byte, or 404 without the secret, never a torn
+// one; every replay sent once the delete has answered is the 404, and a
+// client that was told 404 is never shown the secret again.
+func TestReplaysRacingADeleteNeverShowTheSecretAfterIt(t *testing.T) {
+	env, _ := start(t, false)
+	ws := env.Signup()
+	body := map[string]any{"url": "https://example.com/hook", "events": []string{events.RunFinished}}
+	created := env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("raced"), body)
+	require.Equal(t, http.StatusCreated, created.Status, "%s", created.Body)
+	id, secret := created.JSON()["id"].(string), created.JSON()["secret"].(string)
+
+	var deleted atomic.Bool
+	var wg sync.WaitGroup
+	const clients, rounds = 4, 6
+	for range clients {
+		wg.Go(func() {
+			erased := false
+			for range rounds {
+				after := deleted.Load()
+				r := env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("raced"), body)
+				switch {
+				case r.Status == http.StatusCreated && !after && !erased:
+					require.Equal(t, string(created.Body), string(r.Body))
+				case r.Status == http.StatusNotFound:
+					requireErased(t, r, created, secret)
+					erased = true
+				default:
+					t.Errorf("replay answered %d (sent after the delete: %v, after a 404: %v): %s", r.Status, after,
+						erased, r.Body)
+					return
+				}
+			}
+		})
+	}
+	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil)
+	deleted.Store(true)
+	wg.Wait()
+	requireErased(t, env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("raced"), body), created, secret)
+	require.Empty(t, keptSecrets(t, env, ws.Key))
+}
+
+// A subscription deleted by an instance of the release before migration
+// 0067 (still running during the deploy) leaves the answers this release
+// linked to it: the sweeper (webhooks.expired_secrets) erases them with
+// its secrets, and leaves a live subscription's.
+func TestTheSweeperErasesTheAnswersADeleteLeft(t *testing.T) {
+	env, _ := start(t, false)
+	ctx := context.Background()
+	ws := env.Signup()
+	mk := func(k, url string) *apitest.Response {
+		r := env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey(k),
+			map[string]any{"url": url, "events": []string{events.RunFinished}})
+		require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+		return r
+	}
+	gone, live := mk("gone", "https://example.com/gone"), mk("live", "https://example.com/live")
+	// What earlier tests left for it (the pass reads every workspace).
+	_, err := env.App.Server.Webhooks.ClearExpiredSecrets(ctx, time.Now(), 1000)
+	require.NoError(t, err)
+	// The previous release's delete: deleted_at alone.
+	_, err = env.App.Pool.Exec(ctx, `UPDATE webhooks SET deleted_at = now() WHERE id = $1`, gone.JSON()["id"])
+	require.NoError(t, err)
+	n, err := env.App.Server.Webhooks.ClearExpiredSecrets(ctx, time.Now(), 100)
+	require.NoError(t, err)
+	require.Equal(t, 2, n, "its row's secret and its create's answer")
+	require.Equal(t, []string{live.JSON()["secret"].(string)}, keptSecrets(t, env, ws.Key))
+	requireErased(t, env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("gone"),
+		map[string]any{"url": "https://example.com/gone", "events": []string{events.RunFinished}}), gone,
+		gone.JSON()["secret"].(string))
+}
