@@ -81,6 +81,14 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 	sweeper.Add(
 		sweep.Task{Name: "webhooks.dispatch", Run: deps.Webhooks.Dispatch, Drains: true, Batch: deps.Webhooks.DispatchBatch},
 		sweep.Task{Name: "webhooks.deliver", Run: deps.Webhooks.Deliver, Detached: true, Needs: webhooks.RoundTime},
+		// The answers kept before migration 0067 are linked to the
+		// subscriptions whose secrets they show first, so that the task
+		// after it erases, in the same pass, those of deleted ones.
+		sweep.Task{Name: "idempotency.link_secrets", Drains: true,
+			Batch: func() int { return idempotentAnswersPerPass },
+			Run: func(ctx context.Context, _ time.Time) (int, error) {
+				return deps.Idempotency.LinkAnswers(ctx, idempotentAnswersPerPass, webhooks.SecretShownBy)
+			}},
 		sweep.Task{Name: "webhooks.expired_secrets", Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Webhooks.ClearExpiredSecrets(ctx, now, retentionPerPass)
 		}},

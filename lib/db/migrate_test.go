@@ -417,9 +417,10 @@ VALUES ('whk_live', 'ws_1', 'https://example.com/a', '{run.finished}', '\x01aa',
 }
 
 // 0067 links an answer kept for an Idempotency-Key to the resource whose
-// secret it shows: the answers kept before it name none (a delete leaves
-// them their 24 hours), and keep their answer; the index that a delete's
-// erasure reads holds the linked answers that still show a secret only.
+// secret it shows: the answers kept before it name none (NULL, for the
+// sweeper to link through idempotent_requests_unlinked_idx) and keep their
+// answer; the index that a delete's erasure reads holds the linked answers
+// that still show a secret only.
 func TestAnswersKeptBeforeTheUpgradeNameNoResource(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -432,10 +433,13 @@ VALUES ('key_1', 'create-1', '\x00', 'req_1', 201, '\x01aa', now());`)
 		Scan(&resource, &answer))
 	require.Nil(t, resource)
 	require.Equal(t, "01aa", answer)
-	var def string
-	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_get_indexdef('idempotent_requests_resource_idx'::regclass)`).
-		Scan(&def))
-	require.Contains(t, def, "(resource_id) WHERE ((resource_id IS NOT NULL) AND (answer IS NOT NULL))")
+	defs := byID[string](t, conn, `SELECT indexname, indexdef FROM pg_indexes
+		WHERE indexname IN ('idempotent_requests_resource_idx', 'idempotent_requests_unlinked_idx')`)
+	require.Len(t, defs, 2)
+	require.Contains(t, defs["idempotent_requests_resource_idx"],
+		"(resource_id) WHERE ((resource_id <> ''::text) AND (answer IS NOT NULL))")
+	require.Contains(t, defs["idempotent_requests_unlinked_idx"],
+		"(created_at) WHERE ((resource_id IS NULL) AND (answer IS NOT NULL))")
 }
 
 func byID[T any](t *testing.T, conn *pgx.Conn, sql string) map[string]T {

@@ -155,7 +155,7 @@ const ErasedStatus = 404
 // committed with its answer.
 func EraseAnswers(where string) string {
 	return `UPDATE idempotent_requests SET answer = NULL, status = ` + strconv.Itoa(ErasedStatus) + `
-    WHERE resource_id IS NOT NULL AND answer IS NOT NULL AND (` + where + `)`
+    WHERE resource_id <> '' AND answer IS NOT NULL AND (` + where + `)`
 }
 
 // Claim is a key held by the request acting under it.
@@ -247,14 +247,13 @@ func (s *Store) Begin(ctx context.Context, req Request) (*Claim, *Answer, error)
 // request outlived ClaimTTL, and another took the key) is left to its new
 // holder: taken reports it, and the caller must roll its work back.
 // a.Resource links the answer to the resource whose secret it shows, in the
-// same statement, so that the resource's delete erases it.
+// same statement, so that the resource's delete erases it; an answer that
+// shows none is recorded as such (an empty resource_id), so that LinkAnswers,
+// which reads the answers recorded before migration 0067 (NULL), passes
+// over it.
 func (c *Claim) Record(ctx context.Context, q db.Querier, a Answer) (taken bool, err error) {
 	sealed := c.s.sealer.Seal(a.Body, AnswerAAD(c.apiKey, c.key))
-	var resource *string
-	if a.Resource != "" {
-		resource = &a.Resource
-	}
-	tag, err := q.Exec(ctx, sqlAnswer, c.apiKey, c.key, c.id, a.Status, sealed, resource)
+	tag, err := q.Exec(ctx, sqlAnswer, c.apiKey, c.key, c.id, a.Status, sealed, a.Resource)
 	if err != nil {
 		return false, fmt.Errorf("idempotency: record answer: %w", err)
 	}
@@ -333,6 +332,52 @@ func (c *Claim) giveUp(ctx context.Context) error {
 	return nil
 }
 
+// LinkAnswers links up to limit answers recorded without a word of the
+// resource whose secret they show (by the release before migration 0067,
+// before the upgrade or during its deploy) as Record links them now: each
+// is opened, and secretOf names the resource whose secret its body shows
+// ("" when none). Its resource's delete then erases it; one whose resource
+// was deleted already is left to the caller's erasure of the answers of
+// deleted resources (lib/webhooks ClearExpiredSecrets, which the sweeper
+// runs after it). An answer that cannot be opened here (sealed under a key
+// this instance lacks) is left as it was, for an instance that has the key,
+// or for its 24 hours to end; so is one a re-seal or a new claim changed
+// meanwhile, for the next pass. It answers how many it linked or found
+// showing no secret.
+func (s *Store) LinkAnswers(ctx context.Context, limit int, secretOf func(body []byte) string) (int, error) {
+	rows, err := s.pool.Query(ctx, sqlUnlinked, limit)
+	if err != nil {
+		return 0, fmt.Errorf("idempotency: read unlinked answers: %w", err)
+	}
+	var apiKeys, keys, resources []string
+	var answers [][]byte
+	for rows.Next() {
+		var apiKey, key string
+		var answer []byte
+		if err := rows.Scan(&apiKey, &key, &answer); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("idempotency: read unlinked answers: %w", err)
+		}
+		body, err := s.sealer.Open(answer, AnswerAAD(apiKey, key))
+		if err != nil {
+			continue
+		}
+		apiKeys, keys, answers = append(apiKeys, apiKey), append(keys, key), append(answers, answer)
+		resources = append(resources, secretOf(body))
+	}
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("idempotency: read unlinked answers: %w", err)
+	}
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	tag, err := s.pool.Exec(ctx, sqlLink, apiKeys, keys, answers, resources)
+	if err != nil {
+		return 0, fmt.Errorf("idempotency: link answers: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
 // Purge deletes up to limit answers older than TTL before now.
 func (s *Store) Purge(ctx context.Context, now time.Time, limit int) (int, error) {
 	tag, err := s.pool.Exec(ctx, sqlPurge, now.Add(-TTL), limit)
@@ -380,7 +425,7 @@ SELECT request_hash, request_id, claimed_until, status, answer FROM idempotent_r
 WHERE key_id = $1 AND idempotency_key = $2 AND created_at > $3`
 
 // $1 API key, $2 key, $3 request id, $4 status, $5 sealed answer, $6 the
-// resource whose secret it shows (NULL: none).
+// resource whose secret it shows (empty: none).
 const sqlAnswer = `
 UPDATE idempotent_requests SET status = $4, answer = $5, claimed_until = NULL, resource_id = $6::text
 WHERE key_id = $1 AND idempotency_key = $2 AND request_id = $3 AND status IS NULL`
@@ -392,6 +437,22 @@ DELETE FROM idempotent_requests WHERE key_id = $1 AND idempotency_key = $2 AND r
 // $1 API key, $2 key, $3 request id.
 const sqlAnswered = `
 SELECT status IS NOT NULL FROM idempotent_requests WHERE key_id = $1 AND idempotency_key = $2 AND request_id = $3`
+
+// sqlUnlinked reads up to $1 answers recorded before migration 0067
+// (idempotent_requests_unlinked_idx), oldest first.
+const sqlUnlinked = `
+SELECT key_id, idempotency_key, answer FROM idempotent_requests
+WHERE resource_id IS NULL AND answer IS NOT NULL
+ORDER BY created_at LIMIT $1`
+
+// sqlLink links each answer ($1 API keys, $2 keys, $3 the sealed answers
+// read) to its resource ($4, empty for none), if the row still holds that
+// answer unlinked.
+const sqlLink = `
+UPDATE idempotent_requests r SET resource_id = u.resource
+FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[]) AS u(key_id, idempotency_key, answer, resource)
+WHERE r.key_id = u.key_id AND r.idempotency_key = u.idempotency_key AND r.answer = u.answer
+  AND r.resource_id IS NULL`
 
 // $1 oldest answer kept, $2 limit.
 const sqlPurge = `

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/idempotency"
 	"github.com/getratchet/ratchet/lib/ids"
+	"github.com/getratchet/ratchet/lib/testpg"
 )
 
 func TestMain(m *testing.M) { os.Exit(apitest.Main(m)) }
@@ -319,5 +321,75 @@ func TestAnAnswerIsErasedWithTheResourceItNames(t *testing.T) {
 		_, stored, err := s.Begin(ctx, retry(r))
 		require.NoError(t, err)
 		require.NotNil(t, stored, r.Key)
+	}
+}
+
+// The answers recorded before migration 0067 name no resource (NULL):
+// LinkAnswers opens each and links it to the resource whose secret its
+// body shows, or records that it shows none (empty), as Record does now; an
+// answer recorded since is never read again.
+func TestAnswersRecordedBeforeTheirLinkAreLinked(t *testing.T) {
+	t.Parallel()
+	s, _, req := store(t, time.Now())
+	ctx := context.Background()
+	hook := ids.New(ids.Webhook)
+	record(t, s, mustClaim(t, s, req), 201, `{"id":"`+hook+`","secret":"whsec_1"}`)
+	plain := req
+	plain.Key, plain.ID = "create-2", ids.New(ids.Request)
+	record(t, s, mustClaim(t, s, plain), 201, `{"id":"key_1"}`)
+	resources := func() map[string]*string {
+		rows, err := s.pool.Query(ctx, `SELECT idempotency_key, resource_id FROM idempotent_requests WHERE key_id = $1`,
+			req.APIKeyID)
+		require.NoError(t, err)
+		out := map[string]*string{}
+		for rows.Next() {
+			var key string
+			var resource *string
+			require.NoError(t, rows.Scan(&key, &resource))
+			out[key] = resource
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+	none := ""
+	require.Equal(t, map[string]*string{req.Key: &none, plain.Key: &none}, resources(), "recorded as showing none")
+
+	_, err := s.pool.Exec(ctx, `UPDATE idempotent_requests SET resource_id = NULL WHERE key_id = $1`, req.APIKeyID)
+	require.NoError(t, err) // as the release before 0067 recorded them
+	secretOf := func(body []byte) string {
+		if strings.Contains(string(body), `"secret"`) {
+			return hook
+		}
+		return ""
+	}
+	_, err = s.LinkAnswers(ctx, 1000, secretOf)
+	require.NoError(t, err)
+	require.Equal(t, map[string]*string{req.Key: &hook, plain.Key: &none}, resources())
+	_, stored, err := s.Begin(ctx, retry(req))
+	require.NoError(t, err)
+	require.Equal(t, `{"id":"`+hook+`","secret":"whsec_1"}`, string(stored.Body), "linked, not erased")
+}
+
+// LinkAnswers reads the answers kept before migration 0067 through
+// idempotent_requests_unlinked_idx: once they are linked, a pass reads
+// none of the day of answers recorded since (20,000 here), in both plan
+// cache modes.
+func TestLinkAnswersReadsTheUnlinkedOnly(t *testing.T) {
+	t.Parallel()
+	s, _, _ := store(t, time.Now())
+	ctx := context.Background()
+	tx := testpg.Scratch(ctx, t, s.pool, "idempotent_requests")
+	_, err := tx.Exec(ctx, `
+		INSERT INTO idempotent_requests (key_id, idempotency_key, request_hash, request_id, status, answer, created_at,
+		    resource_id)
+		SELECT 'key_plan', 'k' || g, '\x00', 'req_' || g, 201, '\x01aa', now() - g * interval '1 second',
+		       CASE WHEN g % 1000 = 0 THEN NULL ELSE '' END
+		FROM generate_series(1, 20000) g;
+		ANALYZE idempotent_requests;`)
+	require.NoError(t, err)
+	for _, mode := range testpg.PlanCacheModes {
+		read, _, err := testpg.RowsRead(ctx, tx, mode, idempotency.SQLUnlinked, 1000)
+		require.NoError(t, err, mode)
+		require.LessOrEqual(t, read["idempotent_requests"], 40, "%s: rows of idempotent_requests read", mode)
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"github.com/getratchet/ratchet/lib/events"
 	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/idempotency"
+	"github.com/getratchet/ratchet/lib/testpg"
+	"github.com/getratchet/ratchet/lib/webhooks"
 )
 
 func underKey(k string) http.Header { return http.Header{idempotency.Header: {k}} }
@@ -243,4 +245,74 @@ func TestTheSweeperErasesTheAnswersADeleteLeft(t *testing.T) {
 	requireErased(t, env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("gone"),
 		map[string]any{"url": "https://example.com/gone", "events": []string{events.RunFinished}}), gone,
 		gone.JSON()["secret"].(string))
+}
+
+// An answer kept before migration 0067 (or by an instance of the previous
+// release during its deploy) names no subscription, so a delete does not
+// find it: the sweeper links it (idempotency.link_secrets) and, in the same
+// pass, erases those of deleted subscriptions (webhooks.expired_secrets),
+// leaving a live one's linked for its delete.
+func TestTheSweeperErasesTheAnswersKeptBeforeTheUpgrade(t *testing.T) {
+	env, _ := start(t, false)
+	ctx := context.Background()
+	ws := env.Signup()
+	body := func(url string) map[string]any {
+		return map[string]any{"url": url, "events": []string{events.RunFinished}}
+	}
+	gone := env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("old-gone"), body("https://example.com/gone"))
+	require.Equal(t, http.StatusCreated, gone.Status, "%s", gone.Body)
+	live := env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("old-live"), body("https://example.com/live"))
+	require.Equal(t, http.StatusCreated, live.Status, "%s", live.Body)
+	for _, r := range []*apitest.Response{gone, live} { // as the release before 0067 recorded them
+		_, err := env.App.Pool.Exec(ctx, `UPDATE idempotent_requests SET resource_id = NULL WHERE request_id = $1`,
+			r.Header.Get("X-Request-Id"))
+		require.NoError(t, err)
+	}
+	goneID, liveID := gone.JSON()["id"].(string), live.JSON()["id"].(string)
+	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+goneID, ws.Key, nil)
+	again := env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("old-gone"), body("https://example.com/gone"))
+	require.Equal(t, string(gone.Body), string(again.Body), "not linked: the delete could not find it")
+
+	env.App.Sweeper.RunOnce(ctx)
+	requireErased(t, env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("old-gone"), body("https://example.com/gone")),
+		gone, gone.JSON()["secret"].(string))
+	require.Equal(t, []string{live.JSON()["secret"].(string)}, keptSecrets(t, env, ws.Key))
+	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+liveID, ws.Key, nil)
+	requireErased(t, env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("old-live"), body("https://example.com/live")),
+		live, live.JSON()["secret"].(string))
+	require.Empty(t, keptSecrets(t, env, ws.Key))
+}
+
+// A delete's erasure and the sweeper's read the answers linked to a
+// subscription through idempotent_requests_resource_idx, not the day of
+// answers every keyed create left (20,000 here, a few linked), in both
+// plan cache modes.
+func TestTheErasuresReadTheLinkedAnswersOnly(t *testing.T) {
+	env, _ := start(t, false)
+	ctx := context.Background()
+	tx := testpg.Scratch(ctx, t, env.App.Pool, "idempotent_requests", "webhooks")
+	_, err := tx.Exec(ctx, `
+		INSERT INTO idempotent_requests (key_id, idempotency_key, request_hash, request_id, status, answer, created_at,
+		    resource_id)
+		SELECT 'key_plan', 'k' || g, '\x00', 'req_' || g, 201, '\x01aa', now() - g * interval '1 second',
+		       CASE WHEN g % 1000 = 0 THEN 'whk_plan' || g ELSE '' END
+		FROM generate_series(1, 20000) g;
+		INSERT INTO webhooks (id, workspace_id, url, events, secret, created_at, deleted_at)
+		SELECT 'whk_plan' || g, 'ws_plan', 'https://example.com/' || g, '{run.finished}', NULL, now(), now()
+		FROM generate_series(1000, 20000, 1000) g;
+		ANALYZE idempotent_requests; ANALYZE webhooks;`)
+	require.NoError(t, err)
+	for _, mode := range testpg.PlanCacheModes {
+		for name, stmt := range map[string]struct {
+			sql  string
+			args []any
+		}{
+			"delete":  {webhooks.SQLAbandon, []any{"whk_plan1000", nil, "webhook deleted"}},
+			"sweeper": {webhooks.SQLClearExpiredSecrets, []any{time.Now(), 1000}},
+		} {
+			read, _, err := testpg.RowsRead(ctx, tx, mode, stmt.sql, stmt.args...)
+			require.NoError(t, err, "%s, %s", name, mode)
+			require.LessOrEqual(t, read["idempotent_requests"], 40, "%s, %s: rows of idempotent_requests read", name, mode)
+		}
+	}
 }

@@ -44,3 +44,10 @@ func (s *Service) DeliverSealed(ctx context.Context, id, webhookID, ws, url stri
 		eventID: "evt_sealed", eventType: "run.finished", eventData: []byte(`{}`), eventCreated: s.now(),
 		subjectID: "run_sealed", workspaceID: ws})
 }
+
+// SQLAbandon is the delete's second statement, for a test of its plan.
+var SQLAbandon = sqlAbandon
+
+// SQLClearExpiredSecrets is ClearExpiredSecrets' statement, for a test of
+// its plan.
+var SQLClearExpiredSecrets = sqlClearExpiredSecrets

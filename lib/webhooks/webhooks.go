@@ -5,6 +5,7 @@ package webhooks
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -63,6 +64,24 @@ type NewWebhook struct {
 // (idempotency.Answer's Resource), and its delete erases that answer
 // (sqlAbandon).
 func (w NewWebhook) SecretOf() string { return w.ID }
+
+// SecretShownBy is the subscription whose signing secret an answer kept
+// for an Idempotency-Key shows (body: a create's or rotation's NewWebhook),
+// "" when it shows none: the sweeper links the answers kept before
+// migration 0067 with it (idempotency.Store.LinkAnswers).
+func SecretShownBy(body []byte) string {
+	var w struct {
+		ID     string `json:"id"`
+		Secret string `json:"secret"`
+	}
+	if json.Unmarshal(body, &w) != nil || !ids.Valid(ids.Webhook, w.ID) || !strings.HasPrefix(w.Secret, secretPrefix) {
+		return ""
+	}
+	return w.ID
+}
+
+// secretPrefix begins every signing secret.
+const secretPrefix = "whsec_"
 
 // Delivery is one attempt record of sending one event to one subscription.
 type Delivery struct {
@@ -226,7 +245,7 @@ func (s *Service) Create(ctx context.Context, workspaceID string, req CreateRequ
 	evs := eventSet(req.Events)
 	now := s.now()
 	w := NewWebhook{Webhook: Webhook{ID: ids.NewAt(ids.Webhook, now), URL: req.URL, Events: evs, CreatedAt: now},
-		Secret: "whsec_" + ids.Random(32)}
+		Secret: secretPrefix + ids.Random(32)}
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
 		// Creates of one workspace take turns, so the count below sees
 		// every one committed before (a statement's snapshot predates a
@@ -611,7 +630,7 @@ func (s *Service) RotateSecret(ctx context.Context, workspaceID, id string, req 
 		t := now.Add(ttl)
 		expires = &t
 	}
-	out := NewWebhook{Secret: "whsec_" + ids.Random(32)}
+	out := NewWebhook{Secret: secretPrefix + ids.Random(32)}
 	var rotated bool
 	var signing *time.Time
 	err := db.Tx(ctx, s.pool, func(tx pgx.Tx) error {
@@ -679,7 +698,7 @@ WITH cleared AS (
 ), answers AS (
     ` + idempotency.EraseAnswers(`(key_id, idempotency_key) IN (
         SELECT r.key_id, r.idempotency_key FROM idempotent_requests r JOIN webhooks w ON w.id = r.resource_id
-        WHERE r.resource_id IS NOT NULL AND r.answer IS NOT NULL AND w.deleted_at IS NOT NULL
+        WHERE r.resource_id <> '' AND r.answer IS NOT NULL AND w.deleted_at IS NOT NULL
         LIMIT $2::int)`) + `
     RETURNING 1
 )
