@@ -77,7 +77,9 @@ func (c *Client) CreateWebhook(ctx context.Context, url string, events []string)
 // CreateWebhookWithKey is CreateWebhook under an Idempotency-Key of the
 // caller's (at most 255 characters): the same call with the same key within
 // a day answers the same subscription and secret, so a caller whose
-// retries ran out can still recover the secret, shown only here.
+// retries ran out can still recover the secret, shown only here. Once the
+// subscription is deleted the server erases that answer: the same call
+// then fails with CodeNotFound (and creates nothing).
 func (c *Client) CreateWebhookWithKey(ctx context.Context, url string, events []string, idempotencyKey string) (*NewWebhook, error) {
 	body := struct {
 		URL    string   `json:"url"`

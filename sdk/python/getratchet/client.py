@@ -846,7 +846,9 @@ class Ratchet:
         signing ``secret``, shown only here. One Idempotency-Key (yours, at
         most 255 characters, or a fresh one) spans the retries; the same
         call under the same key within a day answers the same subscription
-        and secret, so a caller whose retries ran out can still recover it."""
+        and secret, so a caller whose retries ran out can still recover it
+        (until the subscription is deleted: the server then erases that
+        answer, and the same call raises RatchetError not_found)."""
         return self._keyed("/webhooks", {"url": url, "events": list(events)}, idempotency_key)
 
     def list_webhooks(self, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
