@@ -187,32 +187,41 @@ func TestReplaysRacingADeleteNeverShowTheSecretAfterIt(t *testing.T) {
 	require.Equal(t, http.StatusCreated, created.Status, "%s", created.Body)
 	id, secret := created.JSON()["id"].(string), created.JSON()["secret"].(string)
 
+	type replay struct {
+		afterDelete bool // sent once the delete had answered
+		r           *apitest.Response
+	}
 	var deleted atomic.Bool
-	var wg sync.WaitGroup
 	const clients, rounds = 4, 6
-	for range clients {
+	replays := make([][]replay, clients)
+	var wg sync.WaitGroup
+	for i := range clients {
 		wg.Go(func() {
-			erased := false
 			for range rounds {
 				after := deleted.Load()
-				r := env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("raced"), body)
-				switch {
-				case r.Status == http.StatusCreated && !after && !erased:
-					require.Equal(t, string(created.Body), string(r.Body))
-				case r.Status == http.StatusNotFound:
-					requireErased(t, r, created, secret)
-					erased = true
-				default:
-					t.Errorf("replay answered %d (sent after the delete: %v, after a 404: %v): %s", r.Status, after,
-						erased, r.Body)
-					return
-				}
+				replays[i] = append(replays[i], replay{after,
+					env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("raced"), body)})
 			}
 		})
 	}
 	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil)
 	deleted.Store(true)
 	wg.Wait()
+	for _, client := range replays {
+		erased := false
+		for _, p := range client {
+			switch {
+			case p.r.Status == http.StatusCreated && !p.afterDelete && !erased:
+				require.Equal(t, string(created.Body), string(p.r.Body))
+			case p.r.Status == http.StatusNotFound:
+				requireErased(t, p.r, created, secret)
+				erased = true
+			default:
+				t.Fatalf("replay answered %d (sent after the delete: %v, after a 404: %v): %s", p.r.Status,
+					p.afterDelete, erased, p.r.Body)
+			}
+		}
+	}
 	requireErased(t, env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("raced"), body), created, secret)
 	require.Empty(t, keptSecrets(t, env, ws.Key))
 }
