@@ -43,10 +43,11 @@ type Clock struct {
 	anchor    atomic.Pointer[clockAnchor]
 	anchored  chan struct{} // closed by the first reading
 	anchorOne sync.Once
-	delegated sync.Map    // *pgx.Conn whose ping the reading replaces
-	reading   atomic.Bool // a reading not in place of a ping is under way
-	first     sync.Mutex  // one first reading at a time
-	failed    time.Time   // when the last first reading failed (under first)
+	delegated sync.Map                      // *pgx.Conn whose ping the reading replaces
+	reading   atomic.Bool                   // a reading not in place of a ping is under way
+	first     sync.Mutex                    // one first reading at a time
+	down      atomic.Pointer[failedReading] // the last first reading's failure
+	retry     time.Duration                 // how long it stands
 	timeout   time.Duration
 	reads     atomic.Int64 // readings taken (tests)
 }
@@ -73,7 +74,7 @@ func NewClock(wall func() time.Time) *Clock {
 	if wall == nil {
 		wall = time.Now
 	}
-	return &Clock{wall: wall, refresh: clockRefresh, timeout: 5 * time.Second, anchored: make(chan struct{})}
+	return &Clock{wall: wall, refresh: clockRefresh, retry: readingRetry, timeout: 5 * time.Second, anchored: make(chan struct{})}
 }
 
 // OpenWithClock is Open whose connections keep c read (see Clock).
@@ -118,6 +119,22 @@ func (c *Clock) hook(pc *pgxpool.Config) {
 		}
 		return nil
 	}
+	before := pc.BeforeConnect
+	pc.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
+		// The first reading's connect failed a moment ago: the database
+		// is not reached again so soon. The request that took the
+		// reading waited for the database once, not once for the
+		// reading and again for its statement (QA: at a cold start
+		// with the database away the first request failed after twice
+		// DB_CONNECT_TIMEOUT).
+		if f := c.failure(); f != nil {
+			return &unreachedError{err: f.err}
+		}
+		if before != nil {
+			return before(ctx, cc)
+		}
+		return nil
+	}
 	pc.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
 		if p.IdleDuration <= time.Second {
 			return false // pgxpool's own rule
@@ -148,7 +165,7 @@ func (c *Clock) hook(pc *pgxpool.Config) {
 // connection opened it opens one (which the instance's first statement
 // would have opened anyway) to read it; when the database cannot be reached
 // then, it answers the instance's own clock, and the statement the caller
-// is about to run fails the same way.
+// is about to run fails the same way, at once (see failure).
 func (c *Clock) Now() time.Time {
 	a := c.anchor.Load()
 	if a == nil {
@@ -191,7 +208,7 @@ func (c *Clock) firstReading() *clockAnchor {
 		return a
 	}
 	pool := c.pool.Load()
-	if pool == nil || (!c.failed.IsZero() && time.Since(c.failed) < time.Second) {
+	if pool == nil || c.failure() != nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
@@ -216,11 +233,49 @@ func (c *Clock) firstReading() *clockAnchor {
 		}
 	case err := <-acquired:
 		if err != nil && c.anchor.Load() == nil {
-			c.failed = time.Now()
+			c.down.Store(&failedReading{at: time.Now(), err: err})
 		}
 	}
 	return c.anchor.Load()
 }
+
+// failedReading is a first reading whose connection failed to open (or to
+// read), and when.
+type failedReading struct {
+	at  time.Time
+	err error
+}
+
+// readingRetry is how long a failed first reading answers for the
+// database: no first reading is tried again, and no connection opened,
+// until it passed.
+const readingRetry = time.Second
+
+// failure is the first reading's failure while it stands: no reading
+// since, and younger than c.retry.
+func (c *Clock) failure() *failedReading {
+	if c.anchor.Load() != nil {
+		return nil
+	}
+	if f := c.down.Load(); f != nil && time.Since(f.at) < c.retry {
+		return f
+	}
+	return nil
+}
+
+// unreachedError is a connection not opened because the first reading's
+// failed a moment ago (see failure). Nothing was sent: it is unavailable,
+// and unapplied, as that reading's failure is.
+type unreachedError struct{ err error }
+
+func (e *unreachedError) Error() string {
+	return "the database was not reached a moment ago: " + e.err.Error()
+}
+
+func (e *unreachedError) Unwrap() error { return e.err }
+
+// SafeToRetry says that nothing of the caller's was sent (pgconn.SafeToRetry).
+func (e *unreachedError) SafeToRetry() bool { return true }
 
 // openingKey marks the context of firstReading's acquire, which pgxpool
 // hands to the hooks of a connection it opens for it.

@@ -19,11 +19,13 @@ import (
 // the database (a slow connect); one it accepts while stall is set reaches
 // it, but the first statement sent on it is never forwarded (a pooler with
 // no server free, or a network path that died after the handshake): the
-// client waits for an answer that does not come.
+// client waits for an answer that does not come. One it accepts while
+// refuse is set it closes at once (a database that refuses connections).
 type slowProxy struct {
-	url   string
-	delay atomic.Int64 // nanoseconds
-	stall atomic.Bool
+	url    string
+	delay  atomic.Int64 // nanoseconds
+	stall  atomic.Bool
+	refuse atomic.Bool
 
 	ln    net.Listener
 	mu    sync.Mutex
@@ -57,6 +59,10 @@ func (p *slowProxy) serve(upstream string) {
 		c, err := p.ln.Accept()
 		if err != nil {
 			return
+		}
+		if p.refuse.Load() {
+			c.Close()
+			continue
 		}
 		delay, stall := time.Duration(p.delay.Load()), p.stall.Load()
 		go func() {

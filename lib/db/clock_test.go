@@ -16,6 +16,7 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/config"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/testpg"
 )
 
 func clockConfig(t *testing.T, conns int32) *config.Config {
@@ -155,6 +156,74 @@ func TestClockWithoutTheDatabaseAnswersTheInstances(t *testing.T) {
 	require.WithinDuration(t, wall(), c.Now(), time.Second)
 	require.Less(t, time.Since(start), 30*time.Second, "Now waited for DB_CONNECT_TIMEOUT")
 	require.EqualValues(t, 0, db.ClockReadings(c))
+}
+
+// At a cold start with the database unreachable, the request that took
+// the first reading waits for the database once: the statement it runs
+// next, and any the instance would open a connection for before the
+// reading is tried again, fail as the reading's connect did rather than
+// dial again (QA: the first request failed after twice DB_CONNECT_TIMEOUT,
+// the reading's connect and then its statement's). The server hangs up at
+// once, so nothing here waits; the test counts dials.
+func TestClockFailedFirstReadingAnswersForTheStatementsAfterIt(t *testing.T) {
+	t.Parallel()
+	down := testpg.StartHangUp(t)
+	cfg := clockConfig(t, 2)
+	cfg.DatabaseURL = down.URL
+	c := db.NewClock(nil)
+	db.SetClockRetry(c, time.Hour) // no second reading during the test
+	pool, err := db.OpenWithClock(context.Background(), cfg, c)
+	require.NoError(t, err)
+	defer pool.Close()
+
+	c.Now()
+	require.Equal(t, 1, down.Dials(), "the first reading dialled once")
+	require.EqualValues(t, 0, db.ClockReadings(c))
+	for range 2 {
+		_, err = pool.Exec(context.Background(), `SELECT 1`)
+		require.Error(t, err)
+		require.True(t, db.Unapplied(err), "nothing was sent: %v", err)
+		require.True(t, db.IsUnavailable(err), "%v", err)
+		c.Now() // not read again either
+	}
+	require.Equal(t, 1, down.Dials(), "a statement dialled again right after the reading's connect failed")
+}
+
+// The database reached again, the instance reaches it once the failed
+// first reading stops answering for it: a new first reading, and the
+// statement's connection, open.
+func TestClockFailedFirstReadingStandsForAMomentOnly(t *testing.T) {
+	t.Parallel()
+	p := startSlowProxy(t, apitest.DatabaseURL(t))
+	cfg := clockConfig(t, 2)
+	cfg.DatabaseURL = p.url
+	c := db.NewClock(func() time.Time { return time.Now().Add(time.Hour) })
+	db.SetClockRetry(c, 100*time.Millisecond)
+	pool, err := db.OpenWithClock(context.Background(), cfg, c)
+	require.NoError(t, err)
+	defer pool.Close()
+
+	p.refuse.Store(true)
+	c.Now()
+	require.EqualValues(t, 0, db.ClockReadings(c))
+	p.refuse.Store(false)
+	// Polled, never timed: a failure that stood for good fails at the
+	// hang guard.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		if _, err = pool.Exec(ctx, `SELECT 1`); err == nil {
+			break
+		}
+		require.True(t, db.IsUnavailable(err), "%v", err)
+		select {
+		case <-ctx.Done():
+			require.FailNow(t, "the instance never reached the database again", "%v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	require.EqualValues(t, 1, db.ClockReadings(c), "the connection that opened read the clock")
+	between(t, pool, c.Now)
 }
 
 // A reading that never gets its answer (the connection opened, then the

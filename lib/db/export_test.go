@@ -15,3 +15,7 @@ func SetClockRefresh(c *Clock, d time.Duration) { c.refresh = d }
 
 // HookClock adds c's hooks to pc, as OpenWithClock does.
 func HookClock(c *Clock, pc *pgxpool.Config) { c.hook(pc) }
+
+// SetClockRetry changes how long a failed first reading answers for c
+// before another is tried (set it before the pool opens).
+func SetClockRetry(c *Clock, d time.Duration) { c.retry = d }

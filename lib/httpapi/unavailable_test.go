@@ -47,6 +47,21 @@ func TestDatabaseUnreachableIs503FailFast(t *testing.T) {
 	require.Equal(t, "not_applied", k.JSON()["error"].(map[string]any)["detail"].(map[string]any)["outcome"])
 }
 
+// At a cold start with the database refusing connections, a request
+// reaches for it once: the clock's first reading fails to connect, and the
+// request's statement then fails as it did instead of dialling again (QA:
+// the first request failed after twice DB_CONNECT_TIMEOUT). The server
+// hangs up at once, so nothing waits; the test counts dials.
+func TestColdStartWithoutTheDatabaseDialsOncePerRequest(t *testing.T) {
+	t.Parallel()
+	down := testpg.StartHangUp(t)
+	env := apitest.Start(t, apitest.WithConfig(func(c *config.Config) { c.DatabaseURL = down.URL }))
+	r := env.Do("POST", "/api/v1/workspaces", "", map[string]any{"name": "a"})
+	require.Equal(t, http.StatusServiceUnavailable, r.Status, "%s", r.Body)
+	require.Equal(t, "not_applied", r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["outcome"])
+	require.Equal(t, 1, down.Dials(), "the request dialled for the clock, then again for its statement")
+}
+
 // cutEnv is a server whose database connections pass a proxy the test
 // cuts, and a transaction straight to the database that holds what the
 // request under test must wait for.
