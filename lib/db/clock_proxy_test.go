@@ -26,6 +26,7 @@ type slowProxy struct {
 	delay  atomic.Int64 // nanoseconds
 	stall  atomic.Bool
 	refuse atomic.Bool
+	dials  atomic.Int32 // connections accepted
 
 	ln    net.Listener
 	mu    sync.Mutex
@@ -60,6 +61,7 @@ func (p *slowProxy) serve(upstream string) {
 		if err != nil {
 			return
 		}
+		p.dials.Add(1)
 		if p.refuse.Load() {
 			c.Close()
 			continue

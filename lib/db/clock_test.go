@@ -2,7 +2,6 @@ package db_test
 
 import (
 	"context"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -136,25 +135,23 @@ func TestClockReadsAgainWhenDueInPlaceOfThePing(t *testing.T) {
 }
 
 // With the database unreachable before any connection opened, the clock
-// answers the instance's own at once: the caller's statement fails the
-// same way.
+// answers the instance's own as soon as the connect failed: the caller's
+// statement fails the same way. DB_CONNECT_TIMEOUT is an hour, so a Now
+// that waited for it rather than for the connect's failure hangs.
 func TestClockWithoutTheDatabaseAnswersTheInstances(t *testing.T) {
 	t.Parallel()
+	down := testpg.StartHangUp(t)
 	cfg := clockConfig(t, 2)
-	down, err := url.Parse(cfg.DatabaseURL)
-	require.NoError(t, err)
-	down.Host = "127.0.0.1:1" // nothing listens there
-	// A connect timeout far past the bound below: waiting for it would fail
-	// the test however slow the machine is, and answering at once passes it.
-	cfg.DatabaseURL, cfg.DBConnectTimeout = down.String(), time.Minute
+	cfg.DatabaseURL, cfg.DBConnectTimeout = down.URL, time.Hour
 	wall := func() time.Time { return time.Now().Add(time.Hour) }
 	c := db.NewClock(wall)
 	pool, err := db.OpenWithClock(context.Background(), cfg, c)
 	require.NoError(t, err)
 	defer pool.Close()
-	start := time.Now()
-	require.WithinDuration(t, wall(), c.Now(), time.Second)
-	require.Less(t, time.Since(start), 30*time.Second, "Now waited for DB_CONNECT_TIMEOUT")
+	var got time.Time
+	apitest.Returns(t, "Now waited for DB_CONNECT_TIMEOUT", func() { got = c.Now() })
+	require.WithinDuration(t, wall(), got, time.Minute, "the instance's clock (an hour ahead)")
+	require.Equal(t, 1, down.Dials(), "it tried the database")
 	require.EqualValues(t, 0, db.ClockReadings(c))
 }
 
@@ -243,20 +240,18 @@ func TestClockReadingThatHangsIsBounded(t *testing.T) {
 	defer pool.Close()
 
 	p.stall.Store(true)
-	// The caller's deadline is far past DB_CONNECT_TIMEOUT (1 s) and the
-	// bound between them, so an unbounded reading fails the test however
-	// slow the machine is.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	start := time.Now()
-	_, err = pool.Exec(ctx, `SELECT 1`)
+	// The caller gives no deadline: DB_CONNECT_TIMEOUT (1 s) is the only
+	// thing that can end the reading, so an unbounded one hangs.
+	apitest.Returns(t, "the reading was not bounded by DB_CONNECT_TIMEOUT", func() {
+		_, err = pool.Exec(context.Background(), `SELECT 1`)
+	})
 	require.Error(t, err)
-	require.Less(t, time.Since(start), 30*time.Second, "the reading waited past DB_CONNECT_TIMEOUT: %v", err)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "ended by DB_CONNECT_TIMEOUT")
 	require.True(t, db.Unapplied(err), "the statement was never sent: %v", err)
 	require.True(t, db.IsUnavailable(err), "%v", err)
 
 	p.stall.Store(false)
-	ctx, cancel = context.WithTimeout(context.Background(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	_, err = pool.Exec(ctx, `SELECT 1`)
 	require.NoError(t, err, "the pool's one connection is free again")
@@ -273,16 +268,22 @@ func TestClockFirstReadingWaitsForNoOnesTransaction(t *testing.T) {
 	p := startSlowProxy(t, apitest.DatabaseURL(t))
 	p.delay.Store(int64(400 * time.Millisecond)) // connecting takes a while
 	cfg := clockConfig(t, 1)
-	// Waiting for the held connection would last DB_CONNECT_TIMEOUT, far
-	// past the bound below, whatever the machine's speed.
-	cfg.DatabaseURL, cfg.DBConnectTimeout = p.url, time.Minute
+	// Waiting for the held connection would last DB_CONNECT_TIMEOUT (an
+	// hour): the transaction holds it until Now returned.
+	cfg.DatabaseURL, cfg.DBConnectTimeout = p.url, time.Hour
 	c := db.NewClock(func() time.Time { return time.Now().Add(time.Hour) })
 	pool, err := db.OpenWithClock(context.Background(), cfg, c)
 	require.NoError(t, err)
 	defer pool.Close()
+	direct, err := pgx.Connect(context.Background(), apitest.DatabaseURL(t))
+	require.NoError(t, err)
+	defer direct.Close(context.Background())
 
 	ctx := context.Background()
 	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	defer free() // before pool.Close, which waits for the transaction
 	go func() {
 		defer close(held)
 		tx, err := pool.Begin(ctx) // opens the one connection, holds it
@@ -292,13 +293,15 @@ func TestClockFirstReadingWaitsForNoOnesTransaction(t *testing.T) {
 		<-release
 		assert.NoError(t, tx.Rollback(ctx))
 	}()
-	time.Sleep(100 * time.Millisecond) // the connection is opening
-	start := time.Now()
-	got := c.Now()
-	took := time.Since(start)
-	close(release)
+	for p.dials.Load() == 0 { // the connection is opening (for 400 ms)
+		time.Sleep(5 * time.Millisecond)
+	}
+	var before, after, got time.Time
+	require.NoError(t, direct.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&before))
+	apitest.Returns(t, "Now waited for the held connection", func() { got = c.Now() })
+	free()
 	<-held
-	require.Less(t, took, 30*time.Second, "Now waited for the held connection")
-	// The test's database runs on this host: its clock is time.Now's.
-	require.WithinDuration(t, time.Now(), got, time.Second+took, "the database's time, not the instance's")
+	require.NoError(t, direct.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&after))
+	require.False(t, got.Before(before.Add(-100*time.Millisecond)) || got.After(after.Add(100*time.Millisecond)),
+		"the database's time, not the instance's (an hour ahead): %s not within [%s, %s]", got, before, after)
 }
