@@ -1,6 +1,8 @@
 package apitest
 
 import (
+	"fmt"
+	"os"
 	"testing"
 	"time"
 )
@@ -14,8 +16,8 @@ const HangGuard = time.Minute
 // hour, a handler blocked until the test releases it after f returned),
 // so f returns at once or not at all, and HangGuard only turns "not at
 // all" into a failure that says why rather than the test binary's
-// timeout. f runs on a goroutine of its own: it must not call t.FailNow
-// (require); return what it found and check it after.
+// timeout. f runs on a goroutine of its own: a require in it that fails
+// ends that goroutine, and Returns then ends the test.
 func Returns(t testing.TB, why string, f func()) {
 	t.Helper()
 	done := make(chan struct{})
@@ -25,7 +27,16 @@ func Returns(t testing.TB, why string, f func()) {
 	}()
 	select {
 	case <-done:
+		if t.Failed() {
+			t.FailNow()
+		}
 	case <-time.After(HangGuard):
-		t.Fatalf("did not return within the %s hang guard: %s", HangGuard, why)
+		// Said at once as well: the test's cleanup may then wait for
+		// the hung call (an httptest server does), until go test's
+		// -timeout ends the binary, and a failed test's log is only
+		// printed when it ends.
+		msg := fmt.Sprintf("did not return within the %s hang guard: %s", HangGuard, why)
+		fmt.Fprintf(os.Stderr, "--- %s: %s\n", t.Name(), msg)
+		t.Fatal(msg)
 	}
 }
