@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -175,6 +176,7 @@ func TestSettleFindsWhatBecameOfAnUnansweredCommit(t *testing.T) {
 		claim := mustClaim(t, s, req)
 		tx, err := s.pool.Begin(ctx)
 		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) }) // or a failure waits in pool.Close
 		taken, err := claim.Record(ctx, tx, idempotency.Answer{Status: 201, Body: []byte(`{"n":1}`)})
 		require.NoError(t, err)
 		require.False(t, taken)
@@ -187,11 +189,7 @@ func TestSettleFindsWhatBecameOfAnUnansweredCommit(t *testing.T) {
 			landed, err := claim.Settle(ctx)
 			done <- settled{landed, err}
 		}()
-		select {
-		case r := <-done:
-			t.Fatalf("settled %+v while the transaction was open", r)
-		case <-time.After(200 * time.Millisecond):
-		}
+		waitsFor(t, s.pool, tx, done)
 		if commit {
 			require.NoError(t, tx.Commit(ctx))
 		} else {
@@ -212,18 +210,41 @@ func TestSettleFindsWhatBecameOfAnUnansweredCommit(t *testing.T) {
 	claim := mustClaim(t, s, req)
 	tx, err := s.pool.Begin(ctx)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) }) // a Settle that hung waits no longer
 	_, err = claim.Record(ctx, tx, idempotency.Answer{Status: 201, Body: []byte(`{"n":1}`)})
 	require.NoError(t, err)
-	began := time.Now()
-	_, err = claim.Settle(ctx)
+	// The transaction ends only after Settle returned: a Settle that
+	// waited for the row rather than give up at SettleTimeout hangs.
+	apitest.Returns(t, "Settle waited for the row instead of giving up", func() { _, err = claim.Settle(ctx) })
 	require.Error(t, err, "the transaction never ended")
-	require.Less(t, time.Since(began), idempotency.SettleTimeout+15*time.Second, "Settle gives up rather than wait for the row")
+	require.ErrorIs(t, err, context.DeadlineExceeded, "gave up at SettleTimeout")
 	// Its give-up may still be waiting for the row (its cancel is sent
 	// apart): it frees nothing of a transaction that then commits.
 	require.NoError(t, tx.Commit(ctx))
 	_, stored, err := s.Begin(ctx, retry(req))
 	require.NoError(t, err)
 	require.Equal(t, []byte(`{"n":1}`), stored.Body)
+}
+
+// waitsFor waits until a statement waits for a lock tx holds, failing the
+// test if done (the waiting call's answer) is sent first: the call under
+// test is then known to wait for tx, with no time window guessed.
+func waitsFor[T any](t *testing.T, pool *pgxpool.Pool, tx pgx.Tx, done <-chan T) {
+	t.Helper()
+	pid := tx.Conn().PgConn().PID()
+	for {
+		var n int
+		require.NoError(t, pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))`, pid).Scan(&n))
+		if n > 0 {
+			return
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("answered %+v without waiting for the open transaction", r)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // mustClaim begins req and requires that it claims the key.
