@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/canonjson"
 	"github.com/getratchet/ratchet/lib/jobs"
 	"github.com/getratchet/ratchet/lib/seal"
@@ -489,8 +490,11 @@ func TestConcurrentRunReadsAtALapseAgree(t *testing.T) {
 }
 
 // A read does not wait for good behind a transaction that holds a lapsed
-// job and does not end (a report in progress, say): after lapseWait it
-// answers what it read, without an error. Not parallel: it holds a row lock.
+// job and does not end (a report in progress, say): it waits for the
+// holder, then after lapseWait answers what it read, without an error. The
+// holder ends only after the read answered, and the read's context has no
+// deadline: a wait without its bound hangs. Not parallel: it holds a row
+// lock.
 func TestAReadGivesUpWaitingForAHeldLapsedJob(t *testing.T) {
 	b := setup(t)
 	runID := b.run(t)
@@ -504,13 +508,26 @@ func TestAReadGivesUpWaitingForAHeldLapsedJob(t *testing.T) {
 	_, err = tx.Exec(ctx, `SELECT id FROM jobs WHERE step_id = $1 FOR UPDATE`, enq.StepID)
 	require.NoError(t, err)
 
-	readCtx, cancel := context.WithTimeout(ctx, 10*time.Second) // a wait without its bound fails here
-	defer cancel()
-	began := time.Now()
-	st, err := b.svc.GetStep(readCtx, b.ws, enq.StepID)
-	require.NoError(t, err)
-	require.Equal(t, "RUNNING", st.Status, "held elsewhere: answered as read")
-	require.GreaterOrEqual(t, time.Since(began), time.Second, "the read waited for the holder")
+	type read struct {
+		st  jobs.Step
+		err error
+	}
+	done := make(chan read, 1)
+	go func() {
+		st, err := b.svc.GetStep(context.Background(), b.ws, enq.StepID)
+		done <- read{st, err}
+	}()
+	holder := tx.Conn().PgConn().PID()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE $1::int = ANY (pg_blocking_pids(pid)) AND query LIKE '%FOR SHARE%')`, holder).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond, "the read never waited for the holder")
+	var r read
+	apitest.Returns(t, "the read waited for the holder without a bound", func() { r = <-done })
+	require.NoError(t, r.err)
+	require.Equal(t, "RUNNING", r.st.Status, "held elsewhere: answered as read")
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, "EXHAUSTED", b.step(t, enq.StepID).Status, "released: the next read ends it")
 }
