@@ -6,8 +6,10 @@ package sdktest
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -158,18 +160,42 @@ func (s *severable) RoundTrip(r *http.Request) (*http.Response, error) {
 	return s.next.RoundTrip(r)
 }
 
-// counting counts requests by path suffix.
+// counting counts claim requests.
 type counting struct {
 	mu     sync.Mutex
 	claims int
 	next   http.RoundTripper
+	read   chan struct{} // gets a value as the SDK closes a claim's answer
 }
 
 func (c *counting) RoundTrip(r *http.Request) (*http.Response, error) {
-	if len(r.URL.Path) > 6 && r.URL.Path[len(r.URL.Path)-6:] == "/claim" {
+	claim := strings.HasSuffix(r.URL.Path, "/claim")
+	if claim {
 		c.mu.Lock()
 		c.claims++
 		c.mu.Unlock()
 	}
-	return c.next.RoundTrip(r)
+	res, err := c.next.RoundTrip(r)
+	if claim && err == nil && c.read != nil {
+		res.Body = &closeSignal{ReadCloser: res.Body, read: c.read}
+	}
+	return res, err
+}
+
+// closeSignal sends on read when its body is first closed: the SDK has
+// read the answer and acts on it next.
+type closeSignal struct {
+	io.ReadCloser
+	once sync.Once
+	read chan struct{}
+}
+
+func (b *closeSignal) Close() error {
+	b.once.Do(func() {
+		select {
+		case b.read <- struct{}{}:
+		default:
+		}
+	})
+	return b.ReadCloser.Close()
 }
