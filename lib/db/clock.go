@@ -115,7 +115,7 @@ func (c *Clock) hook(pc *pgxpool.Config) {
 			defer c.reading.Store(false)
 		}
 		if err := c.read(ctx, conn); err != nil {
-			return &openReadingError{err: err}
+			return &openError{why: openReadingFailed, err: err}
 		}
 		return nil
 	}
@@ -128,7 +128,7 @@ func (c *Clock) hook(pc *pgxpool.Config) {
 		// with the database away the first request failed after twice
 		// DB_CONNECT_TIMEOUT).
 		if f := c.failure(); f != nil {
-			return &unreachedError{err: f.err}
+			return &openError{why: unreached, err: f.err}
 		}
 		if before != nil {
 			return before(ctx, cc)
@@ -263,20 +263,6 @@ func (c *Clock) failure() *failedReading {
 	return nil
 }
 
-// unreachedError is a connection not opened because the first reading's
-// failed a moment ago (see failure). Nothing was sent: it is unavailable,
-// and unapplied, as that reading's failure is.
-type unreachedError struct{ err error }
-
-func (e *unreachedError) Error() string {
-	return "the database was not reached a moment ago: " + e.err.Error()
-}
-
-func (e *unreachedError) Unwrap() error { return e.err }
-
-// SafeToRetry says that nothing of the caller's was sent (pgconn.SafeToRetry).
-func (e *unreachedError) SafeToRetry() bool { return true }
-
 // openingKey marks the context of firstReading's acquire, which pgxpool
 // hands to the hooks of a connection it opens for it.
 type openingKey struct{}
@@ -296,18 +282,27 @@ func (c *Clock) read(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// openReadingError is a reading that failed as its connection opened. The
-// caller's statement, which the connection was opened for, was never sent:
-// it is answered as one whose connect failed (Unapplied), not as one that
-// may have committed (clock QA: a reading that timed out read as "may have
-// been applied").
-type openReadingError struct{ err error }
-
-func (e *openReadingError) Error() string {
-	return "reading the database's clock on a new connection: " + e.err.Error()
+// openError is a connection that failed to open on the clock's account:
+// its reading failed as it opened, or it was not opened at all because the
+// first reading's connect failed a moment ago (see failure). The caller's
+// statement, which the connection was opened for, was never sent: it is
+// answered as one whose connect failed (Unapplied, and unavailable as the
+// failure it wraps is), not as one that may have committed (clock QA: a
+// reading that timed out read as "may have been applied").
+type openError struct {
+	why string
+	err error
 }
 
-func (e *openReadingError) Unwrap() error { return e.err }
+// openReadingFailed and unreached are openError's whys.
+const (
+	openReadingFailed = "reading the database's clock on a new connection"
+	unreached         = "the database was not reached a moment ago"
+)
+
+func (e *openError) Error() string { return e.why + ": " + e.err.Error() }
+
+func (e *openError) Unwrap() error { return e.err }
 
 // SafeToRetry says that nothing of the caller's was sent (pgconn.SafeToRetry).
-func (e *openReadingError) SafeToRetry() bool { return true }
+func (e *openError) SafeToRetry() bool { return true }
