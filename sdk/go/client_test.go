@@ -948,6 +948,79 @@ func TestReconcileRetriesUnderOneIdempotencyKey(t *testing.T) {
 	}
 }
 
+// Every create the server keys takes an Idempotency-Key of the caller's, as
+// the Python and TypeScript SDKs' do, sent on each of the call's attempts
+// and never in the body; an empty one is replaced by a fresh key (parity
+// QA: Reconcile, PublishContract, TestTool, RotateWebhookSecret and
+// RetryWebhookDeliveries took none, so a caller whose retries ran out
+// could not ask again for the first answer; CreateKeyWithKey with "" was
+// retried without any key, and could mint a second key).
+func TestKeyedCreatesTakeTheCallersIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	from := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	calls := map[string]func(c *Client, key string) error{
+		"POST /api/v1/reconcile": func(c *Client, key string) error {
+			_, err := c.Reconcile(context.Background(), ReconcileRequest{EffectType: "payment.charge", From: from,
+				To: from.Add(time.Hour), IdempotencyKey: key})
+			return err
+		},
+		"POST /api/v1/tools/t/contracts": func(c *Client, key string) error {
+			_, err := c.PublishContract(context.Background(), "t", ContractSpec{HandlerVersion: "1",
+				InputSchema: json.RawMessage(`{}`), IdempotencyKey: key})
+			return err
+		},
+		"POST /api/v1/tools/t/test": func(c *Client, key string) error {
+			_, err := c.TestToolWithKey(context.Background(), "t", "1", map[string]int{"a": 1}, key)
+			return err
+		},
+		"POST /api/v1/webhooks/whk_1/rotate-secret": func(c *Client, key string) error {
+			_, err := c.RotateWebhookSecret(context.Background(), "whk_1", RotateSecretOptions{IdempotencyKey: key})
+			return err
+		},
+		"POST /api/v1/webhooks/whk_1/deliveries/retry": func(c *Client, key string) error {
+			_, err := c.RetryWebhookDeliveriesWithKey(context.Background(), "whk_1", []string{"d1"}, key)
+			return err
+		},
+		"POST /api/v1/keys": func(c *Client, key string) error {
+			_, err := c.CreateKeyWithKey(context.Background(), KeySpec{Name: "k", Preset: "AGENT"}, key)
+			return err
+		},
+		"POST /api/v1/webhooks": func(c *Client, key string) error {
+			_, err := c.CreateWebhookWithKey(context.Background(), "https://x.test/h", []string{"run.finished"}, key)
+			return err
+		},
+	}
+	for route, call := range calls {
+		for _, given := range []string{"ops:" + route, ""} {
+			var mu sync.Mutex
+			var keys []string
+			c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				body, _ := io.ReadAll(r.Body)
+				mu.Lock()
+				defer mu.Unlock()
+				if got := r.Method + " " + r.URL.EscapedPath(); got != route {
+					t.Errorf("%s: called %s", route, got)
+				}
+				if bytes.Contains(bytes.ToLower(body), []byte("ops:")) || bytes.Contains(body, []byte("IdempotencyKey")) {
+					t.Errorf("%s: the key went in the body: %s", route, body)
+				}
+				keys = append(keys, r.Header.Get(IdempotencyKeyHeader))
+				if len(keys) == 1 {
+					apiError(w, 500, CodeInternal, nil)
+					return
+				}
+				writeJSON(w, 200, map[string]any{})
+			}))
+			if err := call(c, given); err != nil {
+				t.Fatalf("%s: %v", route, err)
+			}
+			if len(keys) != 2 || keys[0] != keys[1] || keys[0] == "" || (given != "" && keys[0] != given) {
+				t.Fatalf("%s given %q: keys %q", route, given, keys)
+			}
+		}
+	}
+}
+
 // Printing a Config or a *Client (a startup log of the settings, a debug
 // print) wrote the bearer secret: %+v showed every field.
 func TestPrintedConfigAndClientHideTheKey(t *testing.T) {

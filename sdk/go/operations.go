@@ -18,8 +18,14 @@ func call[T any](ctx context.Context, c *Client, method, path string, in any, sa
 }
 
 // callKeyed is call under an Idempotency-Key (Client.doKeyed), for the
-// creates the server keys.
+// creates the server keys: the caller's key, or a fresh one when it is
+// empty, so that the call's retries never go out without one (an empty key
+// given to CreateKeyWithKey was retried keyless, and could mint two keys;
+// the Python and TypeScript SDKs send a fresh key in its place).
 func callKeyed[T any](ctx context.Context, c *Client, method, path, key string, in any) (*T, error) {
+	if key == "" {
+		key = newRequestID()
+	}
 	var out T
 	if err := c.doKeyed(ctx, method, path, key, in, &out, idempotent); err != nil {
 		return nil, err
@@ -352,6 +358,11 @@ type ContractSpec struct {
 	RetryPreset    string // STANDARD, AGGRESSIVE, RELAXED or CUSTOM
 	RetryPolicy    *RetrySchedule
 	Status         string // ContractActive or ContractForbidden
+	// IdempotencyKey is the Idempotency-Key the publish is sent under (at
+	// most 255 characters): the same publish under the same key within a
+	// day answers the version the first published, so a caller whose
+	// retries ran out can learn it. Empty sends a fresh key of its own.
+	IdempotencyKey string
 }
 
 // contractBody is ContractSpec as the route takes it.
@@ -386,7 +397,7 @@ func (c *Client) PublishContract(ctx context.Context, name string, spec Contract
 		body.RetryPolicy = &customPolicy{MaxAttempts: p.MaxAttempts, InitialDelayMs: p.InitialDelayMs,
 			Multiplier: p.Multiplier, MaxDelayMs: p.MaxDelayMs, JitterPercent: p.JitterPercent}
 	}
-	return callKeyed[Contract](ctx, c, "POST", "/tools/"+pathID(name)+"/contracts", newRequestID(), body)
+	return callKeyed[Contract](ctx, c, "POST", "/tools/"+pathID(name)+"/contracts", spec.IdempotencyKey, body)
 }
 
 // ListContracts pages tool name's contracts by version.
@@ -413,9 +424,16 @@ type ToolTest struct {
 // enqueue: follow it with GetRun(RunID). Retried under one
 // Idempotency-Key, as PublishContract.
 func (c *Client) TestTool(ctx context.Context, name, version string, input any) (*ToolTest, error) {
+	return c.TestToolWithKey(ctx, name, version, input, "")
+}
+
+// TestToolWithKey is TestTool under an Idempotency-Key of the caller's (at
+// most 255 characters): the same test under the same key within a day
+// answers the job the first enqueued instead of enqueueing another.
+func (c *Client) TestToolWithKey(ctx context.Context, name, version string, input any, idempotencyKey string) (*ToolTest, error) {
 	body := struct {
 		Version string `json:"version"`
 		Input   any    `json:"input,omitempty"`
 	}{version, input}
-	return callKeyed[ToolTest](ctx, c, "POST", "/tools/"+pathID(name)+"/test", newRequestID(), body)
+	return callKeyed[ToolTest](ctx, c, "POST", "/tools/"+pathID(name)+"/test", idempotencyKey, body)
 }

@@ -33,6 +33,12 @@ type ReconcileRequest struct {
 	From       time.Time         `json:"from"`
 	To         time.Time         `json:"to"`
 	Records    []ReconcileRecord `json:"records"`
+	// IdempotencyKey is the Idempotency-Key the call is sent under (at most
+	// 255 characters; not part of the body): the same request under the
+	// same key within a day answers the first call's Reconciliation, so a
+	// caller whose retries ran out can still learn what it resolved. Empty
+	// sends a fresh key of its own.
+	IdempotencyKey string `json:"-"`
 }
 
 // ReconcileItem is one classified record or effect; fields that do not
@@ -81,12 +87,12 @@ type Reconciliation struct {
 // Reconcile compares the vendor's records with Ratchet's effects (POST
 // /api/v1/reconcile, scope reconcile:write), resolves the indeterminate
 // effects a record settles and restarts the type's reconcile_every_hours
-// calendar. It is sent under an Idempotency-Key of its own, so a retry
-// after a lost answer is answered the first call's Resolved (compared
-// again, the effects it resolved would read as Matched).
+// calendar. It is sent under an Idempotency-Key (req.IdempotencyKey, or one
+// of its own), so a retry after a lost answer is answered the first call's
+// Resolved (compared again, the effects it resolved would read as Matched).
 func (c *Client) Reconcile(ctx context.Context, req ReconcileRequest) (*Reconciliation, error) {
 	if req.Records == nil {
 		req.Records = []ReconcileRecord{} // the route requires the list, empty or not
 	}
-	return callKeyed[Reconciliation](ctx, c, "POST", "/reconcile", newRequestID(), req)
+	return callKeyed[Reconciliation](ctx, c, "POST", "/reconcile", req.IdempotencyKey, req)
 }

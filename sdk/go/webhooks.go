@@ -156,12 +156,21 @@ func (c *Client) ListWebhookDeliveries(ctx context.Context, webhookID string, q 
 // the call carries one Idempotency-Key, so a retry after a lost answer does
 // not send them a second time.
 func (c *Client) RetryWebhookDeliveries(ctx context.Context, webhookID string, deliveryIDs []string) ([]WebhookDelivery, error) {
+	return c.RetryWebhookDeliveriesWithKey(ctx, webhookID, deliveryIDs, "")
+}
+
+// RetryWebhookDeliveriesWithKey is RetryWebhookDeliveries under an
+// Idempotency-Key of the caller's (at most 255 characters): the same retry
+// under the same key within a day answers what the first did instead of
+// sending the deliveries again.
+func (c *Client) RetryWebhookDeliveriesWithKey(ctx context.Context, webhookID string, deliveryIDs []string,
+	idempotencyKey string) ([]WebhookDelivery, error) {
 	body := struct {
 		DeliveryIDs []string `json:"delivery_ids"`
 	}{deliveryIDs}
 	out, err := callKeyed[struct {
 		Deliveries []WebhookDelivery `json:"deliveries"`
-	}](ctx, c, "POST", "/webhooks/"+pathID(webhookID)+"/deliveries/retry", newRequestID(), body)
+	}](ctx, c, "POST", "/webhooks/"+pathID(webhookID)+"/deliveries/retry", idempotencyKey, body)
 	if err != nil {
 		return nil, err
 	}
@@ -187,6 +196,11 @@ type RotateSecretOptions struct {
 	// secret still signs (the server refuses otherwise, 409 invalid_state,
 	// as the receiver may still hold it): that secret stops at once.
 	ReplacePrevious bool
+	// IdempotencyKey is the Idempotency-Key the rotation is sent under (at
+	// most 255 characters): the same rotation under the same key within a
+	// day answers the secret the first made, so a caller whose retries ran
+	// out can still recover it. Empty sends a fresh key of its own.
+	IdempotencyKey string
 }
 
 // RotateWebhookSecret gives a subscription a new signing secret. Until the
@@ -207,7 +221,7 @@ func (c *Client) RotateWebhookSecret(ctx context.Context, webhookID string, opts
 		}
 		body.Seconds = &seconds
 	}
-	out, err := callKeyed[RotatedWebhook](ctx, c, "POST", "/webhooks/"+pathID(webhookID)+"/rotate-secret", newRequestID(), body)
+	out, err := callKeyed[RotatedWebhook](ctx, c, "POST", "/webhooks/"+pathID(webhookID)+"/rotate-secret", opts.IdempotencyKey, body)
 	if err != nil {
 		return nil, err
 	}

@@ -892,30 +892,33 @@ class Ratchet:
         return self._transport.call("GET", "/webhooks/" + path_id(webhook_id) + "/deliveries"
                                     + _query(limit=limit, cursor=cursor), safe=True)
 
-    def retry_webhook_deliveries(self, webhook_id: str, delivery_ids: List[str]) -> dict:
+    def retry_webhook_deliveries(self, webhook_id: str, delivery_ids: List[str], *,
+                                 idempotency_key: Optional[str] = None) -> dict:
         """Sends deliveries (1 to 100, by id) again once the receiver is
         mended: each that ended is pending again, due at once, under the
         same event id; one still pending keeps its schedule. Answers
-        {"deliveries": [...]} as they now are. One Idempotency-Key spans the
-        retries, so a lost answer does not send them twice."""
+        {"deliveries": [...]} as they now are. One Idempotency-Key
+        (idempotency_key, or a fresh one) spans the retries, so a lost answer
+        does not send them twice."""
         return self._keyed("/webhooks/" + path_id(webhook_id) + "/deliveries/retry",
-                           {"delivery_ids": list(delivery_ids)}, None)
+                           {"delivery_ids": list(delivery_ids)}, idempotency_key)
 
     def rotate_webhook_secret(self, webhook_id: str, *, previous_expires_in: Optional[float] = None,
-                              replace_previous: bool = False) -> dict:
+                              replace_previous: bool = False, idempotency_key: Optional[str] = None) -> dict:
         """Gives a subscription a new signing ``secret`` (shown once). Until
         the previous one expires deliveries are signed with both:
         previous_expires_in seconds (rounded up, up to a week; None: the
         server's day, 0: at once). replace_previous rotates even while an
         earlier rotation's previous secret still signs (otherwise 409
         invalid_state); that secret stops at once. Retried under one
-        Idempotency-Key, so a lost answer gets the secret the first made."""
+        Idempotency-Key (idempotency_key, or a fresh one), so a lost answer
+        gets the secret the first made."""
         body: dict = {}
         if previous_expires_in is not None:
             body["previous_secret_expires_in_seconds"] = max(math.ceil(previous_expires_in), 0)
         if replace_previous:
             body["replace_previous"] = True
-        return self._keyed("/webhooks/" + path_id(webhook_id) + "/rotate-secret", body, None)
+        return self._keyed("/webhooks/" + path_id(webhook_id) + "/rotate-secret", body, idempotency_key)
 
     # keys (keys:write)
 
@@ -1008,41 +1011,45 @@ class Ratchet:
     def publish_contract(self, name: str, *, handler_version: str, input_schema: Any,
                          output_schema: Any = None, timeout_ms: Optional[int] = None,
                          retry_preset: Optional[str] = None, retry_policy: Optional[dict] = None,
-                         status: Optional[str] = None) -> dict:
+                         status: Optional[str] = None, idempotency_key: Optional[str] = None) -> dict:
         """Publishes a new contract version of tool name: the handler
         version it binds, its input and output JSON Schemas (2020-12; no
         output_schema accepts any output), timeout, retry preset (STANDARD,
         AGGRESSIVE, RELAXED, or CUSTOM with retry_policy's maxAttempts,
         initialDelayMs, multiplier, maxDelayMs, jitterPercent) and status
         ("ACTIVE" or "FORBIDDEN"). Answers the contract with its
-        ``contractVersion``. Retried under one Idempotency-Key, so a repeat
-        after a lost answer gets the version the first published."""
+        ``contractVersion``. Retried under one Idempotency-Key
+        (idempotency_key, or a fresh one), so a repeat after a lost answer
+        gets the version the first published."""
         body: dict = {"handlerVersion": handler_version, "inputSchema": input_schema}
         if retry_policy is not None:
             retry_policy = {k: v for k, v in retry_policy.items() if k != "preset"}
         body.update(_fields(None, {"outputSchema": output_schema, "timeoutMs": timeout_ms,
                                    "retryPreset": retry_preset, "retryPolicy": retry_policy, "status": status},
                             drop_none=True))
-        return self._keyed("/tools/" + path_id(name) + "/contracts", body, None)
+        return self._keyed("/tools/" + path_id(name) + "/contracts", body, idempotency_key)
 
     def list_contracts(self, name: str, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
         """Pages tool name's contracts by version: {"data", "nextCursor"}."""
         return self._transport.call("GET", "/tools/" + path_id(name) + "/contracts"
                                     + _query(limit=limit, cursor=cursor), safe=True)
 
-    def test_tool(self, name: str, version: str, input: Any = None) -> dict:
+    def test_tool(self, name: str, version: str, input: Any = None, *,
+                  idempotency_key: Optional[str] = None) -> dict:
         """Enqueues a synthetic one-attempt job of name@version with input,
         checked against the version's contract as any enqueue, in a run of
         its own: follow it with get_run(answer["runId"]). Retried under one
-        Idempotency-Key, as publish_contract."""
+        Idempotency-Key (idempotency_key, or a fresh one), as
+        publish_contract."""
         body: dict = {"version": version}
         if input is not None:
             body["input"] = input
-        return self._keyed("/tools/" + path_id(name) + "/test", body, None)
+        return self._keyed("/tools/" + path_id(name) + "/test", body, idempotency_key)
 
     # reconciliation (reconcile:write) and the queue
 
-    def reconcile(self, effect_type: str, from_: Any, to: Any, records: Optional[List[dict]] = None) -> dict:
+    def reconcile(self, effect_type: str, from_: Any, to: Any, records: Optional[List[dict]] = None, *,
+                  idempotency_key: Optional[str] = None) -> dict:
         """Compares the vendor's records ({"idempotency_key", "status":
         "succeeded"|"refunded"|"failed"|"pending", "amount_micros"}, at most
         10 000; none is a valid answer) with the effects of effect_type
@@ -1052,11 +1059,13 @@ class Ratchet:
         type's reconcile_every_hours calendar. Answers the counts and lists
         (matched, missing_at_vendor, unknown_to_ratchet, amount_mismatch,
         resolved, status_mismatch, unsettled). Sent under an Idempotency-Key
-        of its own, so a retry after a lost answer is answered the first
-        call's ``resolved`` (compared again, they would read as matched)."""
+        (idempotency_key, or a fresh one), so a retry after a lost answer is
+        answered the first call's ``resolved`` (compared again, they would
+        read as matched); the same call under the same key within a day is
+        answered it too."""
         body = {"effect_type": effect_type, "from": _rfc3339(from_, "from_"), "to": _rfc3339(to, "to"),
                 "records": list(records or [])}
-        return self._keyed("/reconcile", body, None)
+        return self._keyed("/reconcile", body, idempotency_key)
 
     def list_queue_health(self, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
         """Pages the queued work of each exact name@version (queued, due,

@@ -2833,6 +2833,31 @@ class OperatorCallsTest(unittest.TestCase):
         self.assertEqual(server.seen[0][2]["Idempotency-Key"], "mint:k")
         self.assertEqual(server.seen[0][3], {"name": "k", "tools": None, "preset": "AGENT"})
 
+    def test_every_keyed_create_takes_the_callers_idempotency_key(self) -> None:
+        # Parity QA: reconcile, publish_contract, test_tool,
+        # rotate_webhook_secret and retry_webhook_deliveries took no key of
+        # the caller's, as TypeScript's do, so a caller whose retries ran out
+        # could not ask again for the first answer (the secret, what
+        # reconcile resolved).
+        calls = {
+            "POST /api/v1/reconcile": lambda c, k: c.reconcile("t", "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z",
+                                                               idempotency_key=k),
+            "POST /api/v1/tools/t/contracts": lambda c, k: c.publish_contract("t", handler_version="1",
+                                                                               input_schema={}, idempotency_key=k),
+            "POST /api/v1/tools/t/test": lambda c, k: c.test_tool("t", "1", {"x": 1}, idempotency_key=k),
+            "POST /api/v1/webhooks/wh_1/rotate-secret": lambda c, k: c.rotate_webhook_secret("wh_1",
+                                                                                             idempotency_key=k),
+            "POST /api/v1/webhooks/wh_1/deliveries/retry": lambda c, k: c.retry_webhook_deliveries(
+                "wh_1", ["d"], idempotency_key=k),
+        }
+        for route, call in calls.items():
+            client, server = self.client([(500, error("internal_error"), {}), (200, {"ok": True}, {})])
+            self.assertEqual(call(client, "ops:1"), {"ok": True}, route)
+            self.assertEqual([f"{m} {p}" for m, p, _, _ in server.seen], [route] * 2)
+            self.assertEqual([headers.get("Idempotency-Key") for _, _, headers, _ in server.seen], ["ops:1"] * 2,
+                             route)
+            self.assertNotIn("ops:1", json.dumps(server.seen[0][3]), route)
+
     def test_updates_and_an_unkeyed_group_are_not_repeated(self) -> None:
         for call in (lambda c: c.update_effect_policy("t", expected_version=0, mode="deny"),
                      lambda c: c.update_endpoint_policy("ep_1", 3, maxConcurrent=None),
