@@ -21,7 +21,7 @@ from ._http import Transport, new_request_id, path_id
 from ._time import aware
 from .errors import (INVALID_REQUEST, LEASE_LOST, PAYLOAD_TOO_LARGE, ApprovalRequired, ConnectionLost, EffectBlocked,
                      EffectDenied, EffectInFlight, NotPerformed, OutcomeNotReported, RatchetError, ResultNotStored)
-from .worker import JobContext, Worker
+from .worker import JobContext, Worker, _item_error
 
 AFTER_SUCCEEDED = "SUCCEEDED"
 AFTER_FAILED = "FAILED"
@@ -687,6 +687,82 @@ class Ratchet:
     #
     # Thin methods over the operator routes, as the Go SDK's (names and which
     # are repeated after a lost answer). Answers are the API's JSON as dicts;
+    # -- worker, low level (jobs:work) ------------------------------------
+    # The routes the worker runtime (``worker()``) calls, for a loop of your
+    # own, as the Go SDK's RegisterWorker, ClaimKeyed, HeartbeatJob,
+    # ReportJob and ReportJobs. Most code uses the worker.
+
+    def register_worker(self, tools: List[Any], *, idempotency_key: Optional[str] = None) -> str:
+        """Registers a worker for the exact tools it serves ((name, version)
+        pairs or {"name", "version"}; a WORKER key must list each
+        name@version) and returns its ``workerId``, bound to this key. One
+        Idempotency-Key (idempotency_key, or a fresh one) spans the retries,
+        so a repeat after a lost answer gets the first worker id."""
+        refs = []
+        for tool in tools:
+            name, version = (tool["name"], tool["version"]) if isinstance(tool, dict) else tool
+            refs.append({"name": name, "version": version})
+        answer = self._keyed("/workers/register", {"tools": refs}, idempotency_key)
+        return answer["workerId"]
+
+    def claim(self, worker_id: str, *, limit: int = 1, wait_seconds: int = 0,
+              claim_id: Optional[str] = None) -> list:
+        """Leases up to limit (1-100) due jobs for worker_id, waiting up to
+        wait_seconds (0-20) for one, and returns them (each with ``jobId``,
+        ``leaseToken``, ``leaseExpiresAt``, ``leaseMs``, ``attempt``,
+        ``maxAttempts``, ``idempotencyKey``, ``input``...). claim_id (1-64
+        characters of A-Z a-z 0-9 . _ : -; a fresh one when None) spans the
+        retries: a call whose answer may have been lost
+        (``may_have_applied``, ConnectionLost) can be made again with it, and
+        the server answers the jobs the first call leased, with the same
+        lease tokens, instead of leaving them leased to nobody. The call's
+        timeout is at least wait_seconds plus 10 s."""
+        body = {"limit": limit, "waitSeconds": wait_seconds, "claimId": claim_id or new_request_id()}
+        answer = self._transport.call("POST", "/workers/" + path_id(worker_id) + "/claim", body, safe=True,
+                                      timeout=max(self._transport.timeout, wait_seconds + 10.0))
+        return answer.get("jobs") or []
+
+    def heartbeat_job(self, job_id: str, lease_token: str) -> dict:
+        """Extends a job's lease by its length from now: {"leaseExpiresAt",
+        "cancelRequested"} (stop working on it when true). A superseded
+        token raises 409 lease_lost."""
+        return self._transport.call("POST", "/jobs/" + path_id(job_id) + "/heartbeat",
+                                    {"leaseToken": lease_token}, safe=True)
+
+    def report_job(self, job_id: str, lease_token: str, status: str, *, output: Any = None,
+                   error: Optional[dict] = None) -> dict:
+        """Records an attempt's outcome: status "SUCCEEDED" with its JSON
+        output, or "FAILED" with error {"message", "retryable",
+        "retryAfterMs"} (retryAfterMs 1000-86400000, only when retryable;
+        keep the message short and free of secrets). Answers {"jobId",
+        "status", "attempt", "nextDueAt"}. The same report with the same
+        token answers the same, so it is repeated after a lost answer."""
+        return self._transport.call("POST", "/jobs/" + path_id(job_id) + "/report",
+                                    _job_report(lease_token, status, output, error), safe=True)
+
+    def report_jobs(self, reports: List[dict]) -> List[dict]:
+        """Records several outcomes in one call (1-100, one commit): each
+        report {"job_id", "lease_token", "status", "output", "error"} as
+        report_job's, fenced by its own token. Answers one result per
+        report, in order: {"jobId", "status", "attempt", "nextDueAt",
+        "error"}, where ``error`` is None or the RatchetError the single
+        report would have raised (409 lease_lost...); one report's error
+        never affects the others. Repeated after a lost answer, as
+        report_job."""
+        body = {"reports": [{"jobId": r["job_id"], **_job_report(r["lease_token"], r["status"], r.get("output"),
+                                                                 r.get("error"))} for r in reports]}
+        answer = self._transport.call("POST", "/jobs/report", body, safe=True)
+        results = answer.get("results") if isinstance(answer, dict) else None
+        if not isinstance(results, list) or len(results) != len(reports):
+            raise ConnectionLost("ratchet: POST /jobs/report: unreadable answer")
+        out = []
+        for report, result in zip(reports, results):
+            if not isinstance(result, dict) or result.get("jobId") != report["job_id"]:
+                raise ConnectionLost("ratchet: POST /jobs/report: unreadable answer")
+            failure = result.get("error")
+            out.append({**result, "error": _item_error(failure) if isinstance(failure, dict) else None})
+        return out
+
     # list methods answer one page: {"data", "next_cursor"} on the gate's
     # routes, {"data", "nextCursor"} on the job routes; pass that cursor as
     # cursor for the next page. Creates the server keys (keys, webhooks,
@@ -1134,6 +1210,16 @@ def _fields(update: Optional[dict], fields: dict, *, drop_none: bool = False) ->
     body = dict(update or {})
     body.update(fields)
     return {k: v for k, v in body.items() if v is not None} if drop_none else body
+
+
+def _job_report(lease_token: str, status: str, output: Any, error: Optional[dict]) -> dict:
+    """A job report's body, leaving out what was not given."""
+    body: dict = {"leaseToken": lease_token, "status": status}
+    if output is not None:
+        body["output"] = output
+    if error is not None:
+        body["error"] = error
+    return body
 
 
 def _rfc3339(value: Any, name: str) -> str:

@@ -2858,6 +2858,58 @@ class OperatorCallsTest(unittest.TestCase):
                              route)
             self.assertNotIn("ops:1", json.dumps(server.seen[0][3]), route)
 
+    def test_low_level_worker_calls(self) -> None:
+        # Parity QA: the worker routes were the Go SDK's alone (RegisterWorker,
+        # ClaimKeyed, HeartbeatJob, ReportJob, ReportJobs); Python reached
+        # them only through its worker runtime.
+        client, server = self.client([(500, error("internal_error"), {}), (201, {"workerId": "wkr_1"}, {})])
+        self.assertEqual(client.register_worker([("send", "1"), {"name": "bill", "version": "2"}],
+                                                idempotency_key="boot:host1"), "wkr_1")
+        self.assertEqual([(m, p, h.get("Idempotency-Key"), b) for m, p, h, b in server.seen],
+                         [("POST", "/api/v1/workers/register", "boot:host1",
+                           {"tools": [{"name": "send", "version": "1"}, {"name": "bill", "version": "2"}]})] * 2)
+
+        job = {"jobId": "job_1", "leaseToken": "tok", "attempt": 1}
+        client, server = self.client([(500, error("internal_error"), {}), (200, {"jobs": [job]}, {})])
+        self.assertEqual(client.claim("wkr/1", limit=5, wait_seconds=2, claim_id="c1"), [job])
+        self.assertEqual([(p, b) for _, p, _, b in server.seen],
+                         [("/api/v1/workers/wkr%2F1/claim", {"limit": 5, "waitSeconds": 2, "claimId": "c1"})] * 2)
+        client, server = self.client([(500, error("internal_error"), {}), (200, {"jobs": []}, {})])
+        self.assertEqual(client.claim("wkr_1"), [])
+        ids = {b["claimId"] for _, _, _, b in server.seen}
+        self.assertEqual(len(ids), 1)
+        self.assertTrue(ids.pop())
+
+        client, server = self.client([(409, error("lease_lost"), {})])
+        with self.assertRaises(RatchetError) as caught:
+            client.heartbeat_job("job_1", "tok")
+        self.assertEqual(caught.exception.code, "lease_lost")
+        self.assertEqual(server.seen[0][1:4:2], ("/api/v1/jobs/job_1/heartbeat", {"leaseToken": "tok"}))
+
+        client, server = self.client([(500, error("internal_error"), {}), (200, {"jobId": "job_1"}, {})])
+        client.report_job("job_1", "tok", "FAILED", error={"message": "down", "retryable": True,
+                                                           "retryAfterMs": 5000})
+        self.assertEqual([(p, b) for _, p, _, b in server.seen],
+                         [("/api/v1/jobs/job_1/report", {"leaseToken": "tok", "status": "FAILED",
+                                                         "error": {"message": "down", "retryable": True,
+                                                                   "retryAfterMs": 5000}})] * 2)
+
+        results = {"results": [{"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1, "nextDueAt": None},
+                               {"jobId": "job_2", "error": {"code": "lease_lost", "message": "m",
+                                                            "detail": {"x": 1}}}]}
+        client, server = self.client([(200, results, {})])
+        got = client.report_jobs([{"job_id": "job_1", "lease_token": "t1", "status": "SUCCEEDED", "output": {"ok": 1}},
+                                  {"job_id": "job_2", "lease_token": "t2", "status": "SUCCEEDED"}])
+        self.assertEqual(server.seen[0][1:4:2], ("/api/v1/jobs/report", {"reports": [
+            {"jobId": "job_1", "leaseToken": "t1", "status": "SUCCEEDED", "output": {"ok": 1}},
+            {"jobId": "job_2", "leaseToken": "t2", "status": "SUCCEEDED"}]}))
+        self.assertEqual(got[0], {**results["results"][0], "error": None})
+        self.assertEqual((got[1]["error"].status, got[1]["error"].code, got[1]["error"].detail), (409, "lease_lost",
+                                                                                                 {"x": 1}))
+        client, server = self.client([(200, {"results": [{"jobId": "job_9"}]}, {})])
+        with self.assertRaises(getratchet.ConnectionLost):
+            client.report_jobs([{"job_id": "job_1", "lease_token": "t1", "status": "SUCCEEDED"}])
+
     def test_updates_and_an_unkeyed_group_are_not_repeated(self) -> None:
         for call in (lambda c: c.update_effect_policy("t", expected_version=0, mode="deny"),
                      lambda c: c.update_endpoint_policy("ep_1", 3, maxConcurrent=None),

@@ -7,7 +7,7 @@ import {
 } from './errors.js';
 import { stringify } from './json.js';
 import { Transport, newRequestId, pathId, sleep } from './transport.js';
-import { Worker, isGeneratorFunction } from './worker.js';
+import { Worker, isGeneratorFunction, itemError } from './worker.js';
 
 export const AFTER_SUCCEEDED = 'SUCCEEDED';
 export const AFTER_FAILED = 'FAILED';
@@ -527,6 +527,64 @@ export class Ratchet {
     return this.#get('/queue/health' + query({ limit, cursor }));
   }
 
+  // -- worker, low level (jobs:work) ---------------------------------------
+  // The routes the worker runtime (`worker`) calls, for a loop of your own,
+  // as the Go SDK's RegisterWorker, ClaimKeyed, HeartbeatJob, ReportJob and
+  // ReportJobs. Most code uses the worker.
+
+  /** Registers a worker for the exact tools it serves ({ name, version };
+   * a WORKER key must list each name@version) and resolves to its workerId,
+   * bound to this key. Sent under an Idempotency-Key (random unless given). */
+  async registerWorker(tools, { idempotencyKey } = {}) {
+    const body = { tools: tools.map(({ name, version }) => ({ name, version })) };
+    return (await this.#keyed('POST', '/workers/register', body, idempotencyKey)).workerId;
+  }
+
+  /** Leases up to limit (1-100) due jobs for workerId, waiting up to
+   * waitSeconds (0-20) for one. claimId (random unless given) spans the
+   * retries: a call whose answer may have been lost can be made again with
+   * it, and the server answers the jobs the first call leased, with the
+   * same lease tokens. The call's timeout is at least waitSeconds plus 10 s. */
+  async claim(workerId, { limit = 1, waitSeconds = 0, claimId } = {}) {
+    const body = { limit, waitSeconds, claimId: claimId ?? newRequestId() };
+    const answer = await this.#transport.call('POST', `/workers/${pathId(workerId)}/claim`, body, {
+      safe: true, timeoutMs: Math.max(this.#transport.timeoutMs, waitSeconds * 1000 + 10_000),
+    });
+    return answer?.jobs ?? [];
+  }
+
+  /** Extends a job's lease: { leaseExpiresAt, cancelRequested }. A
+   * superseded token rejects with 409 lease_lost. */
+  heartbeatJob(jobId, leaseToken) {
+    return this.#transport.call('POST', `/jobs/${pathId(jobId)}/heartbeat`, { leaseToken }, { safe: true });
+  }
+
+  /** Records an attempt's outcome: status 'SUCCEEDED' with its output, or
+   * 'FAILED' with error { message, retryable, retryAfterMs }. The same
+   * report with the same token answers the same, so it is repeated after a
+   * lost answer. */
+  reportJob(jobId, { leaseToken, status, output, error } = {}) {
+    return this.#transport.call('POST', `/jobs/${pathId(jobId)}/report`, jobReport(leaseToken, status, output, error), { safe: true });
+  }
+
+  /** Records several outcomes in one call (1-100, one commit), each
+   * { jobId, leaseToken, status, output, error } fenced by its own token.
+   * Resolves to one result per report, in order: { jobId, status, attempt,
+   * nextDueAt, error }, error null or the RatchetError the single report
+   * would have thrown. */
+  async reportJobs(reports) {
+    const body = { reports: reports.map(({ jobId, leaseToken, status, output, error }) => ({ jobId, ...jobReport(leaseToken, status, output, error) })) };
+    const answer = await this.#transport.call('POST', '/jobs/report', body, { safe: true });
+    const results = answer?.results;
+    if (!Array.isArray(results) || results.length !== reports.length) throw new ConnectionLostError('ratchet: POST /jobs/report: unreadable answer');
+    return results.map((result, i) => {
+      if (result === null || typeof result !== 'object' || result.jobId !== reports[i].jobId) {
+        throw new ConnectionLostError('ratchet: POST /jobs/report: unreadable answer');
+      }
+      return { ...result, error: result.error && typeof result.error === 'object' ? itemError(result.error) : null };
+    });
+  }
+
   #get(path) {
     return this.#transport.call('GET', path, undefined, { safe: true });
   }
@@ -824,4 +882,9 @@ function placeholderReason(recorded) {
   const keys = Object.keys(recorded);
   if (keys.length !== 2 || recorded.ratchet !== PLACEHOLDER_MARK || typeof recorded.reason !== 'string') return null;
   return recorded.reason;
+}
+
+/** A job report's body, leaving out what was not given. */
+function jobReport(leaseToken, status, output, error) {
+  return { leaseToken, status, ...defined({ output, error }) };
 }

@@ -866,6 +866,49 @@ export interface Reconciliation {
   unsettled: ReconcileItem[];
 }
 
+/** A job leased by claim (the worker runtime's own claims aside). */
+export interface ClaimedJob {
+  jobId: string;
+  stepId: string;
+  runId: string;
+  name: string;
+  version: string;
+  attempt: number;
+  maxAttempts: number;
+  /** Proves this claim in heartbeatJob and reportJob. */
+  leaseToken: string;
+  leaseExpiresAt: string;
+  /** The lease's length, which each heartbeat extends it by from then. */
+  leaseMs: number;
+  timeoutMs: number;
+  /** Stable across attempts: pass it to the destination. */
+  idempotencyKey: string;
+  input: Json;
+}
+
+/** An attempt's outcome for reportJob. */
+export interface JobReport {
+  leaseToken: string;
+  status: 'SUCCEEDED' | 'FAILED';
+  output?: Json | undefined;
+  /** retryAfterMs 1000-86400000, only with retryable. */
+  error?: { message: string; retryable: boolean; retryAfterMs?: number | undefined } | undefined;
+}
+
+export interface JobReportResult {
+  jobId: string;
+  status: JobStatus;
+  attempt: number;
+  /** When a scheduled retry is due. */
+  nextDueAt: string | null;
+}
+
+/** One report's answer in reportJobs: its result, or error, the RatchetError a single report would have thrown. */
+export interface BatchJobResult extends Partial<JobReportResult> {
+  jobId: string;
+  error: RatchetError | null;
+}
+
 export declare class Ratchet {
   constructor(options: RatchetOptions);
   readonly runId: string | null;
@@ -933,6 +976,11 @@ export declare class Ratchet {
   testTool(name: string, version: string, input?: Json, options?: { idempotencyKey?: string | undefined }): Promise<ToolTest>;
   reconcile(request: ReconcileRequest): Promise<Reconciliation>;
   listQueueHealth(query?: ListQuery): Promise<Page<QueueHealth>>;
+  registerWorker(tools: Array<{ name: string; version: string }>, options?: { idempotencyKey?: string | undefined }): Promise<string>;
+  claim(workerId: string, options?: { limit?: number | undefined; waitSeconds?: number | undefined; claimId?: string | undefined }): Promise<ClaimedJob[]>;
+  heartbeatJob(jobId: string, leaseToken: string): Promise<{ leaseExpiresAt: string; cancelRequested: boolean }>;
+  reportJob(jobId: string, report: JobReport): Promise<JobReportResult>;
+  reportJobs(reports: Array<JobReport & { jobId: string }>): Promise<BatchJobResult[]>;
   doEffect<T>(request: BeginRequest, action: (lease: Lease) => T | Promise<T>, options?: { inFlightTimeoutMs?: number | undefined; signal?: AbortSignal | undefined }): Promise<EffectOutcome<T>>;
 }
 

@@ -262,7 +262,7 @@ const ITEM_ERROR_STATUS = { not_found: 404, forbidden: 403, lease_lost: 409, lea
 
 /** A batch's refusal of one report, as the single report's refusal (the
  * status it would have answered: 409 lease_lost, 404 not_found...). */
-function itemError(envelope) {
+export function itemError(envelope) {
   const code = String(envelope.code ?? '');
   const detail = envelope.detail && typeof envelope.detail === 'object' ? { ...envelope.detail } : {};
   return new RatchetError(ITEM_ERROR_STATUS[code] ?? 400, code, String(envelope.message ?? ''), detail);

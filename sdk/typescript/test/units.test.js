@@ -2059,3 +2059,54 @@ test('an output the server refuses at body (nested deeper than it reads) fails i
   await until(() => reports.length === 2);
   assert.deepEqual(reports[1], { leaseToken: 'tok_1', status: 'FAILED', error: { message: 'handler output refused by the server at body', retryable: false } });
 });
+
+// Parity QA: the worker routes were the Go SDK's alone (RegisterWorker,
+// ClaimKeyed, HeartbeatJob, ReportJob, ReportJobs); TypeScript reached them
+// only through its worker runtime.
+test('low-level worker calls: register, claim, heartbeat and report, as Go\'s', async (t) => {
+  const failOnce = (answer) => {
+    let n = 0;
+    return () => (n++ === 0 ? [500, error('internal_error')] : answer);
+  };
+  const client = async (respond) => {
+    const server = await fakeServer(t, respond);
+    return { c: new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 5000 }), server };
+  };
+  let { c, server } = await client(failOnce([201, { workerId: 'wkr_1' }]));
+  assert.equal(await c.registerWorker([{ name: 'send', version: '1', extra: 1 }], { idempotencyKey: 'boot:host1' }), 'wkr_1');
+  assert.deepEqual(server.seen.map((s) => [s.method, s.path, s.headers['idempotency-key'], s.body]),
+    Array(2).fill(['POST', '/api/v1/workers/register', 'boot:host1', { tools: [{ name: 'send', version: '1' }] }]));
+
+  const job = { jobId: 'job_1', leaseToken: 'tok', attempt: 1 };
+  ({ c, server } = await client(failOnce([200, { jobs: [job] }])));
+  assert.deepEqual(await c.claim('wkr/1', { limit: 5, waitSeconds: 2, claimId: 'c1' }), [job]);
+  assert.deepEqual(server.seen.map((s) => [s.path, s.body]),
+    Array(2).fill(['/api/v1/workers/wkr%2F1/claim', { limit: 5, waitSeconds: 2, claimId: 'c1' }]));
+  ({ c, server } = await client(failOnce([200, { jobs: [] }])));
+  assert.deepEqual(await c.claim('wkr_1'), []);
+  const ids = new Set(server.seen.map((s) => s.body.claimId));
+  assert.equal(ids.size, 1, 'one claim id spans the retries');
+  assert.match([...ids][0], /^[0-9a-f]{32}$/);
+
+  ({ c, server } = await client(() => [409, error('lease_lost')]));
+  await assert.rejects(c.heartbeatJob('job_1', 'tok'), (err) => err instanceof RatchetError && err.code === 'lease_lost');
+  assert.deepEqual([server.seen[0].path, server.seen[0].body], ['/api/v1/jobs/job_1/heartbeat', { leaseToken: 'tok' }]);
+
+  ({ c, server } = await client(failOnce([200, { jobId: 'job_1', status: 'RETRY_SCHEDULED' }])));
+  await c.reportJob('job_1', { leaseToken: 'tok', status: 'FAILED', error: { message: 'down', retryable: true, retryAfterMs: 5000 } });
+  assert.deepEqual(server.seen.map((s) => [s.path, s.body]), Array(2).fill(['/api/v1/jobs/job_1/report',
+    { leaseToken: 'tok', status: 'FAILED', error: { message: 'down', retryable: true, retryAfterMs: 5000 } }]));
+
+  const results = [{ jobId: 'job_1', status: 'SUCCEEDED', attempt: 1, nextDueAt: null },
+    { jobId: 'job_2', error: { code: 'lease_lost', message: 'm', detail: { x: 1 } } }];
+  ({ c, server } = await client(() => [200, { results }]));
+  const got = await c.reportJobs([{ jobId: 'job_1', leaseToken: 't1', status: 'SUCCEEDED', output: { ok: 1 } },
+    { jobId: 'job_2', leaseToken: 't2', status: 'SUCCEEDED' }]);
+  assert.deepEqual(server.seen[0].body, { reports: [{ jobId: 'job_1', leaseToken: 't1', status: 'SUCCEEDED', output: { ok: 1 } },
+    { jobId: 'job_2', leaseToken: 't2', status: 'SUCCEEDED' }] });
+  assert.deepEqual(got[0], { ...results[0], error: null });
+  assert.ok(got[1].error instanceof RatchetError);
+  assert.deepEqual([got[1].error.status, got[1].error.code, got[1].error.detail], [409, 'lease_lost', { x: 1 }]);
+  ({ c, server } = await client(() => [200, { results: [{ jobId: 'job_9' }] }]));
+  await assert.rejects(c.reportJobs([{ jobId: 'job_1', leaseToken: 't1', status: 'SUCCEEDED' }]), ConnectionLostError);
+});
