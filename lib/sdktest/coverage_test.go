@@ -127,6 +127,10 @@ func TestGoSDKTypesCoverTheGatesAnswers(t *testing.T) {
 	pol, err := op.UpdateEffectPolicy(ctx, "cov.send", nil, ratchet.PolicyUpdate{"max_attempts": 3})
 	require.NoError(t, err)
 	rec.covers(t, "PUT", "/policies/cov.send", pol)
+	structuring, err := op.GetPolicyStructuring(ctx, "cov.send")
+	require.NoError(t, err)
+	rec.covers(t, "GET", "/policies/cov.send/structuring", structuring)
+	require.Len(t, structuring.Windows, 2)
 	circuit, err := op.OpenCircuit(ctx, "cov.send", ratchet.BreakerDeny, "test")
 	require.NoError(t, err)
 	rec.covers(t, "POST", "/circuits/cov.send/open", circuit)
@@ -142,12 +146,19 @@ func TestGoSDKTypesCoverTheGatesAnswers(t *testing.T) {
 
 	// Reconciliation: the vendor's record of the effect matches it.
 	from := time.Now().Add(-time.Hour)
-	recon, err := op.Reconcile(ctx, ratchet.ReconcileRequest{EffectType: "cov.send", From: from, To: time.Now().Add(time.Minute),
+	reconReq := ratchet.ReconcileRequest{EffectType: "cov.send", From: from, To: time.Now().Add(time.Minute),
 		Records: []ratchet.ReconcileRecord{{IdempotencyKey: "cov:1", Status: ratchet.VendorSucceeded, AmountMicros: ratchet.Micros(0)},
-			{IdempotencyKey: "cov:unknown", Status: ratchet.VendorSucceeded}}})
+			{IdempotencyKey: "cov:unknown", Status: ratchet.VendorSucceeded}},
+		IdempotencyKey: "cov:reconcile:1"}
+	recon, err := op.Reconcile(ctx, reconReq)
 	require.NoError(t, err)
 	rec.covers(t, "POST", "/reconcile", recon)
 	require.Equal(t, 1, recon.Counts.Matched)
+	// The same request under the caller's key is answered the first
+	// reconciliation, not compared again.
+	again, err := op.Reconcile(ctx, reconReq)
+	require.NoError(t, err)
+	require.True(t, again.ReconciledAt.Equal(recon.ReconciledAt), "a second reconciliation under the same key")
 	require.Equal(t, b.EffectID, *recon.Matched[0].EffectID)
 	require.Equal(t, 1, recon.Counts.UnknownToRatchet)
 	require.Equal(t, "cov:unknown", recon.UnknownToRatchet[0].IdempotencyKey)

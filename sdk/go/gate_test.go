@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"math"
 	"net/http"
 	"slices"
@@ -771,5 +772,35 @@ func TestDoEffectGivesUpABeginThatGrantedNothing(t *testing.T) {
 	}
 	if len(g.begins) != 12 {
 		t.Fatalf("%d begins, want 12", len(g.begins))
+	}
+}
+
+// GetPolicyStructuring reads GET /policies/{effect_type}/structuring, which no
+// SDK read (parity QA), into typed fields.
+func TestGetPolicyStructuring(t *testing.T) {
+	t.Parallel()
+	var path string
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		path = r.Method + " " + r.URL.EscapedPath()
+		_, _ = io.WriteString(w, `{"effect_type":"pay/ment","threshold_micros":1000000,"threshold_from":"max_cost_micros",`+
+			`"as_of":"2026-12-05T10:00:00Z","windows":[{"hours":24,"declared":10,"below_80_percent":5,`+
+			`"from_80_to_90_percent":1,"from_90_to_100_percent":4,"at_or_above":0,"share_just_below":0.4},`+
+			`{"hours":168,"declared":0,"below_80_percent":null,"from_80_to_90_percent":null,`+
+			`"from_90_to_100_percent":null,"at_or_above":null,"share_just_below":null}]}`)
+	}))
+	s, err := c.GetPolicyStructuring(context.Background(), "pay/ment")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if path != "GET /api/v1/policies/pay%2Fment/structuring" {
+		t.Fatalf("called %s", path)
+	}
+	w := s.Windows[0]
+	if s.EffectType != "pay/ment" || *s.ThresholdMicros != 1_000_000 || *s.ThresholdFrom != "max_cost_micros" ||
+		!s.AsOf.Equal(time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)) || len(s.Windows) != 2 ||
+		w.Hours != 24 || w.Declared != 10 || *w.Below80Percent != 5 || *w.From80To90Percent != 1 ||
+		*w.From90To100Percent != 4 || *w.AtOrAbove != 0 || *w.ShareJustBelow != 0.4 ||
+		s.Windows[1].Hours != 168 || s.Windows[1].ShareJustBelow != nil {
+		t.Fatalf("read %+v", s)
 	}
 }

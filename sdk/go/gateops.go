@@ -58,6 +58,43 @@ func (c *Client) GetEffectPolicy(ctx context.Context, effectType string) (*Polic
 	return call[Policy](ctx, c, "GET", "/policies/"+pathID(effectType), nil, idempotent)
 }
 
+// Structuring is how closely the costs declared for an effect type crowd
+// its watch line (GET /api/v1/policies/{effect_type}/structuring): a
+// measure, never enforced.
+type Structuring struct {
+	EffectType string `json:"effect_type"`
+	// ThresholdMicros is the line: structuring_threshold_micros, else
+	// max_cost_micros, else nil (then only declarations are counted).
+	ThresholdMicros *int64 `json:"threshold_micros"`
+	// ThresholdFrom names the policy field the line comes from, nil without one.
+	ThresholdFrom *string             `json:"threshold_from"`
+	AsOf          time.Time           `json:"as_of"`
+	Windows       []StructuringWindow `json:"windows"` // the last 24 hours, then 7 days
+}
+
+// StructuringWindow counts the begins that declared a cost in the Hours up
+// to AsOf by where the cost sat against the line (the bands nil without a
+// line).
+type StructuringWindow struct {
+	Hours              int    `json:"hours"`
+	Declared           int64  `json:"declared"`
+	Below80Percent     *int64 `json:"below_80_percent"`
+	From80To90Percent  *int64 `json:"from_80_to_90_percent"`
+	From90To100Percent *int64 `json:"from_90_to_100_percent"`
+	AtOrAbove          *int64 `json:"at_or_above"`
+	// ShareJustBelow is From90To100Percent / Declared: nil without a line
+	// or without declarations.
+	ShareJustBelow *float64 `json:"share_just_below"`
+}
+
+// GetPolicyStructuring reads how closely the costs declared for effectType
+// over the last 24 hours and 7 days crowd its watch line
+// (structuring_threshold_micros, else max_cost_micros): declarations by
+// band of the line and the share just below it (policies:read).
+func (c *Client) GetPolicyStructuring(ctx context.Context, effectType string) (*Structuring, error) {
+	return call[Structuring](ctx, c, "GET", "/policies/"+pathID(effectType)+"/structuring", nil, idempotent)
+}
+
 // UpdateEffectPolicy merges update (by the API's snake_case names: "mode",
 // "max_cost_micros", ...; nil clears a nullable field) into effectType's
 // policy and returns it (policies:write). With expectedVersion set it

@@ -789,6 +789,16 @@ class Ratchet:
         type was last reconciled, None before the first."""
         return self._transport.call("GET", "/policies/" + path_id(effect_type), safe=True)
 
+    def get_policy_structuring(self, effect_type: str) -> dict:
+        """How closely the costs declared for effect_type over the last 24
+        hours and 7 days crowd its watch line (structuring_threshold_micros,
+        else max_cost_micros): {"effect_type", "threshold_micros",
+        "threshold_from", "as_of", "windows": [{"hours", "declared",
+        "below_80_percent", "from_80_to_90_percent",
+        "from_90_to_100_percent", "at_or_above", "share_just_below"}]}. A
+        measure, never enforced."""
+        return self._transport.call("GET", "/policies/" + path_id(effect_type) + "/structuring", safe=True)
+
     def update_effect_policy(self, effect_type: str, update: Optional[dict] = None, *,
                              expected_version: Optional[int] = None, **fields: Any) -> dict:
         """Merges the fields of update and the keyword fields (the API's

@@ -2941,6 +2941,8 @@ class OperatorCallsTest(unittest.TestCase):
                 lambda c: c.list_group_steps("grp/1", limit=200, cursor="eff_1"),
             "GET /api/v1/steps/stp_1/attempts?cursor=50": lambda c: c.list_step_attempts("stp_1", cursor="50"),
             "GET /api/v1/steps/stp_1/replays?limit=5": lambda c: c.list_step_replays("stp_1", limit=5),
+            # The structuring read no SDK made (parity QA).
+            "GET /api/v1/policies/a%2Fb/structuring": lambda c: c.get_policy_structuring("a/b"),
         }
         for route, call in calls.items():
             client, server = self.client([(500, error("internal_error"), {}), (200, {"ok": True}, {})])

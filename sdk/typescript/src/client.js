@@ -263,6 +263,14 @@ export class Ratchet {
     return this.#get(`/policies/${pathId(effectType)}`);
   }
 
+  /** How closely the costs declared for an effect type over the last 24
+   * hours and 7 days crowd its watch line (structuring_threshold_micros,
+   * else max_cost_micros): declarations by band and the share just below
+   * it. A measure, never enforced. */
+  getPolicyStructuring(effectType) {
+    return this.#get(`/policies/${pathId(effectType)}/structuring`);
+  }
+
   /** Merges update (the API's snake_case fields: mode, max_cost_micros, …;
    * null clears a nullable one) into an effect type's policy (scope
    * policies:write). With expectedVersion it merges only while that is

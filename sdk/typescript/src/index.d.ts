@@ -483,6 +483,26 @@ export type DimensionLimitUpdate =
 
 /** An effect type's policy (snake_case, as on the wire); version 0 and
  * updated_at null for a type still on the safe default. */
+/** How closely an effect type's declared costs crowd its watch line (snake_case, as on the wire). */
+export interface Structuring {
+  effect_type: string;
+  /** structuring_threshold_micros, else max_cost_micros, else null (then only declarations are counted). */
+  threshold_micros: number | null;
+  threshold_from: 'structuring_threshold_micros' | 'max_cost_micros' | null;
+  as_of: string;
+  /** The last 24 hours, then 7 days. */
+  windows: Array<{
+    hours: number;
+    declared: number;
+    below_80_percent: number | null;
+    from_80_to_90_percent: number | null;
+    from_90_to_100_percent: number | null;
+    at_or_above: number | null;
+    /** from_90_to_100_percent / declared: null without a line or declarations. */
+    share_just_below: number | null;
+  }>;
+}
+
 export interface EffectPolicy {
   effect_type: string;
   version: number;
@@ -935,6 +955,7 @@ export declare class Ratchet {
   listEffects(query?: { state?: EffectState | undefined; effectType?: string | undefined; limit?: number | undefined; cursor?: string | undefined }): Promise<GatePage<Effect>>;
   listEffectPolicies(query?: ListQuery): Promise<GatePage<EffectPolicy>>;
   getEffectPolicy(effectType: string): Promise<EffectPolicy>;
+  getPolicyStructuring(effectType: string): Promise<Structuring>;
   updateEffectPolicy(effectType: string, update: EffectPolicyUpdate, options?: { expectedVersion?: number | undefined }): Promise<EffectPolicy>;
   listApprovals(query?: ListQuery & { state?: Approval['state'] | undefined }): Promise<GatePage<Approval>>;
   getApproval(approvalId: string): Promise<Approval>;

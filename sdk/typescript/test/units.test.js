@@ -1955,12 +1955,14 @@ test('operator calls escape their path segments and send list queries', async (t
   await c.listGroupSteps('grp/1', { limit: 200, cursor: 'eff_1' });
   await c.listStepAttempts('stp_1', { cursor: '50' });
   await c.listStepReplays('stp_1');
+  // The structuring read no SDK made (parity QA).
+  await c.getPolicyStructuring('a/b c');
   assert.deepEqual(server.seen.map((s) => `${s.method} ${s.path}`), [
     'GET /api/v1/policies/a%2Fb%20c', 'POST /api/v1/circuits/x%3Fy%23z/open',
     'GET /api/v1/tools/t%2F..%2Fkeys/contracts?limit=2&cursor=c+1', 'GET /api/v1/approvals?state=pending&limit=5',
     'GET /api/v1/endpoints/end_1/attempts?outcome=FAILED',
     'GET /api/v1/groups/grp%2F1/steps?limit=200&cursor=eff_1', 'GET /api/v1/steps/stp_1/attempts?cursor=50',
-    'GET /api/v1/steps/stp_1/replays',
+    'GET /api/v1/steps/stp_1/replays', 'GET /api/v1/policies/a%2Fb%20c/structuring',
   ]);
   assert.deepEqual(server.seen[1].body, { action: 'deny' });
 });
