@@ -226,6 +226,30 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any, safe 
 	return c.doKeyed(ctx, method, path, "", in, out, safe)
 }
 
+// RequestOptions shape Request.
+type RequestOptions struct {
+	// Safe lets the call be repeated after a lost answer or a 5xx: only
+	// for a call whose repeat changes nothing more (a read, a change keyed
+	// by the request itself).
+	Safe bool
+	// IdempotencyKey, when set, is sent as every attempt's Idempotency-Key:
+	// the routes marked so in the OpenAPI document keep their answer a day
+	// under it, so such a call is safe to repeat (set Safe too); other
+	// routes ignore the header.
+	IdempotencyKey string
+}
+
+// Request calls any route, its path written under /api/v1
+// ("/effects?state=indeterminate"; "/api/v1/effects" would be
+// /api/v1/api/v1/effects, 404 not_found), with the client's key, retries
+// and errors, as the Python and TypeScript SDKs' request: body (nil for
+// none) is sent as JSON and a 2xx answer decoded into out (nil discards
+// it). A failure is an *Error as any call's. The key must hold the route's
+// scope (/llms.txt lists each route's).
+func (c *Client) Request(ctx context.Context, method, path string, body, out any, opts RequestOptions) error {
+	return c.doKeyed(ctx, method, path, opts.IdempotencyKey, body, out, idempotency(opts.Safe))
+}
+
 // IdempotencyKeyHeader is the header under which the server keeps a
 // create's answer and gives it again to the same request (API routes marked
 // so in its OpenAPI document).

@@ -1116,3 +1116,41 @@ func TestCutListsAreSaidAndPagedWhole(t *testing.T) {
 		t.Fatalf("requests %q, want %q", seen, want)
 	}
 }
+
+// Request calls any route with the client's key, retries and errors, as the
+// Python and TypeScript SDKs' request (parity QA: Go had no such call, so a
+// route without a method of its own could not be reached through the SDK).
+func TestRequestCallsAnyRoute(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var seen []string
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		seen = append(seen, r.Method+" "+r.URL.RequestURI()+" "+r.Header.Get(IdempotencyKeyHeader)+" "+
+			r.Header.Get("Authorization")+" "+string(body))
+		n := len(seen)
+		mu.Unlock()
+		if n%2 == 1 {
+			apiError(w, 500, CodeInternal, nil)
+			return
+		}
+		writeJSON(w, 200, map[string]any{"ok": true})
+	}))
+	var out struct{ OK bool }
+	err := c.Request(context.Background(), "POST", "/things?x=1", map[string]int{"a": 1}, &out,
+		RequestOptions{Safe: true, IdempotencyKey: "k1"})
+	if err != nil || !out.OK {
+		t.Fatalf("err %v, out %+v", err, out)
+	}
+	want := `POST /api/v1/things?x=1 k1 Bearer test-key {"a":1}`
+	if len(seen) != 2 || seen[0] != want || seen[1] != want {
+		t.Fatalf("seen %q", seen)
+	}
+	// Not safe: a 500 is not repeated, and answers an *Error.
+	var apiErr *Error
+	if err := c.Request(context.Background(), "GET", "/other", nil, nil, RequestOptions{}); !errors.As(err, &apiErr) ||
+		apiErr.Code != CodeInternal || len(seen) != 3 || seen[2] != "GET /api/v1/other  Bearer test-key " {
+		t.Fatalf("err %v, seen %q", err, seen)
+	}
+}

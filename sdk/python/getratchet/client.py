@@ -123,12 +123,15 @@ class Ratchet:
     # -- escape hatch -------------------------------------------------------
 
     def request(self, method: str, path: str, body: Any = None, *, safe: bool = False,
-                idempotency_key: Optional[str] = None) -> Any:
+                idempotency_key: Optional[str] = None, timeout: Optional[float] = None) -> Any:
         """Calls any route (path under /api/v1, e.g. "/endpoints") and
         returns the decoded answer; failures raise RatchetError. safe=True
         lets the call be repeated after a lost answer: only for calls that
-        are idempotent."""
-        return self._transport.call(method, path, body, safe=safe, idempotency_key=idempotency_key)
+        are idempotent. timeout (seconds) bounds each attempt of this call
+        instead of the client's, as a Go caller's context bounds one call
+        (a long poll, a slow export)."""
+        return self._transport.call(method, path, body, safe=safe, idempotency_key=idempotency_key,
+                                    timeout=timeout)
 
     # -- producer -----------------------------------------------------------
 

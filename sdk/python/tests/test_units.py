@@ -2910,6 +2910,23 @@ class OperatorCallsTest(unittest.TestCase):
         with self.assertRaises(getratchet.ConnectionLost):
             client.report_jobs([{"job_id": "job_1", "lease_token": "t1", "status": "SUCCEEDED"}])
 
+    def test_request_takes_a_timeout_of_its_own(self) -> None:
+        # Parity QA: a Go caller bounds one call with its context; request()
+        # had only the client's timeout (60 s here).
+        release = threading.Event()
+
+        def respond(method, path, body):
+            release.wait(10)  # without the call's own timeout, it is answered
+            return 200, {"ok": True}, {}
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        self.addCleanup(release.set)  # before the server closes
+        client = getratchet.Ratchet(server.url, "rk_test", timeout=60, max_retries=0)
+        self.addCleanup(client.close)
+        with self.assertRaises(getratchet.ConnectionLost):
+            client.request("GET", "/queue/health", timeout=0.2)
+        self.assertEqual(server.seen[0][:2], ("GET", "/api/v1/queue/health"))
+
     def test_updates_and_an_unkeyed_group_are_not_repeated(self) -> None:
         for call in (lambda c: c.update_effect_policy("t", expected_version=0, mode="deny"),
                      lambda c: c.update_endpoint_policy("ep_1", 3, maxConcurrent=None),

@@ -66,9 +66,12 @@ export class Ratchet {
     this.#transport = new Transport({ baseUrl, apiKey, timeoutMs, maxRetries, userAgent, fetch });
   }
 
-  /** Calls any route (path under /api/v1); `safe: true` lets it be repeated after a lost answer. */
-  request(method, path, body, { safe = false, idempotencyKey } = {}) {
-    return this.#transport.call(method, path, body, { safe, idempotencyKey });
+  /** Calls any route (path under /api/v1); `safe: true` lets it be repeated
+   * after a lost answer. timeoutMs bounds each attempt of this call instead
+   * of the client's, and signal aborts it, as a Go caller's context bounds
+   * and cancels one call. */
+  request(method, path, body, { safe = false, idempotencyKey, timeoutMs, signal } = {}) {
+    return this.#transport.call(method, path, body, { safe, idempotencyKey, timeoutMs, signal });
   }
 
   // -- producer -------------------------------------------------------------

@@ -933,7 +933,7 @@ export declare class Ratchet {
   constructor(options: RatchetOptions);
   readonly runId: string | null;
   readonly worker: Worker;
-  request<T = any>(method: string, path: string, body?: unknown, options?: { safe?: boolean | undefined; idempotencyKey?: string | undefined }): Promise<T>;
+  request<T = any>(method: string, path: string, body?: unknown, options?: { safe?: boolean | undefined; idempotencyKey?: string | undefined; timeoutMs?: number | undefined; signal?: AbortSignal | undefined }): Promise<T>;
   startRun(name: string, options?: RunOptions): Promise<Run>;
   enqueue(input: unknown, options: EnqueueOptions): Promise<EnqueueResult>;
   finishRun(runId?: string): Promise<Run>;

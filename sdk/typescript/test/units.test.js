@@ -2112,3 +2112,19 @@ test('low-level worker calls: register, claim, heartbeat and report, as Go\'s', 
   ({ c, server } = await client(() => [200, { results: [{ jobId: 'job_9' }] }]));
   await assert.rejects(c.reportJobs([{ jobId: 'job_1', leaseToken: 't1', status: 'SUCCEEDED' }]), ConnectionLostError);
 });
+
+// Parity QA: a Go caller bounds and cancels one call with its context;
+// request() had only the client's timeout.
+test('request takes a timeout and a signal of its own', async (t) => {
+  let release;
+  const held = new Promise((r) => { release = r; });
+  t.after(() => release());
+  setTimeout(() => release(), 5000).unref(); // without the call's own bounds, it is answered
+  const server = await fakeServer(t, async () => { await held; return [200, { ok: true }]; });
+  const c = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 60_000, maxRetries: 0 });
+  await assert.rejects(c.request('GET', '/queue/health', undefined, { timeoutMs: 200 }), ConnectionLostError);
+  const aborter = new AbortController();
+  const call = c.request('GET', '/queue/health', undefined, { signal: aborter.signal });
+  aborter.abort(new Error('caller gave up'));
+  await assert.rejects(call, /caller gave up/);
+});
