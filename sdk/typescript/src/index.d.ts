@@ -886,23 +886,15 @@ export interface Reconciliation {
   unsettled: ReconcileItem[];
 }
 
-/** A job leased by claim (the worker runtime's own claims aside). */
-export interface ClaimedJob {
-  jobId: string;
-  stepId: string;
-  runId: string;
-  name: string;
-  version: string;
-  attempt: number;
-  maxAttempts: number;
+/** A job leased by claim (the worker runtime's own claims aside): what a
+ * handler's context says of it, and the lease. */
+export interface ClaimedJob extends Pick<JobContext, 'jobId' | 'stepId' | 'runId' | 'name' | 'version' | 'attempt'
+  | 'maxAttempts' | 'idempotencyKey' | 'timeoutMs'> {
   /** Proves this claim in heartbeatJob and reportJob. */
   leaseToken: string;
   leaseExpiresAt: string;
   /** The lease's length, which each heartbeat extends it by from then. */
   leaseMs: number;
-  timeoutMs: number;
-  /** Stable across attempts: pass it to the destination. */
-  idempotencyKey: string;
   input: Json;
 }
 
