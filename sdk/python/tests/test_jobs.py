@@ -74,6 +74,38 @@ class JobsTest(unittest.TestCase):
         self.assertEqual([s["id"] for s in steps["data"]], [step["stepId"]])
         self.assertIsNone(steps["nextCursor"])
 
+    def test_low_level_worker_calls_run_jobs_by_hand(self) -> None:
+        # register_worker, claim, heartbeat_job, report_job and report_jobs,
+        # as the Go SDK's RegisterWorker... (parity QA), against the server.
+        tool = unique("by_hand")
+        worker = self.worker(tool)
+        boot = unique("boot")
+        worker_id = worker.register_worker([(tool, "1")], idempotency_key=boot)
+        self.assertEqual(worker.register_worker([{"name": tool, "version": "1"}], idempotency_key=boot), worker_id)
+        run = self.producer.start_run("by hand")
+        steps = {self.producer.enqueue({"n": n}, name=tool, version="1")["stepId"] for n in (1, 2)}
+        jobs: list = []
+
+        def claimed():
+            jobs.extend(worker.claim(worker_id, limit=2, wait_seconds=1))
+            return len(jobs) == 2
+        wait_for("two claimed jobs", claimed)
+        self.assertEqual({j["stepId"] for j in jobs}, steps)
+        first, second = jobs
+        beat = worker.heartbeat_job(first["jobId"], first["leaseToken"])
+        self.assertFalse(beat["cancelRequested"])
+        self.assertTrue(beat["leaseExpiresAt"])
+        done = worker.report_job(first["jobId"], first["leaseToken"], "SUCCEEDED", output={"n": first["input"]["n"]})
+        self.assertEqual((done["jobId"], done["status"]), (first["jobId"], "SUCCEEDED"))
+        results = worker.report_jobs([
+            {"job_id": second["jobId"], "lease_token": second["leaseToken"], "status": "SUCCEEDED", "output": {}},
+            {"job_id": first["jobId"], "lease_token": second["leaseToken"], "status": "SUCCEEDED"}])
+        self.assertEqual((results[0]["status"], results[0]["error"]), ("SUCCEEDED", None))
+        self.assertIsInstance(results[1]["error"], getratchet.RatchetError)
+        self.assertEqual(results[1]["error"].status, 409)
+        self.producer.finish_run()
+        self.assertEqual(wait_run_ended(self.producer, run["id"])["status"], "SUCCEEDED")
+
     def test_generated_keys_deduplicate_the_same_operation(self) -> None:
         tool = unique("tool")
         run = self.producer.start_run("keys")

@@ -25,6 +25,41 @@ async function serveOne(t, { ws, producer }, prefix, handler, options = {}, clas
   return { step: await producer.enqueue({}, { name: tool, version: '1', ...options }), errors };
 }
 
+// registerWorker, claim, heartbeatJob, reportJob and reportJobs, as the Go
+// SDK's RegisterWorker... (parity QA), against the server.
+test('the low-level worker calls run jobs by hand', needsServer, async () => {
+  const { ws, producer } = await setup();
+  const tool = unique('by_hand');
+  const worker = await ws.client('WORKER', [`${tool}@1`]);
+  const boot = unique('boot');
+  const workerId = await worker.registerWorker([{ name: tool, version: '1' }], { idempotencyKey: boot });
+  assert.equal(await worker.registerWorker([{ name: tool, version: '1' }], { idempotencyKey: boot }), workerId);
+  const run = await producer.startRun('by hand');
+  const steps = new Set();
+  for (const n of [1, 2]) steps.add((await producer.enqueue({ n }, { name: tool, version: '1' })).stepId);
+  const jobs = [];
+  await waitFor('two claimed jobs', async () => {
+    jobs.push(...await worker.claim(workerId, { limit: 2, waitSeconds: 1 }));
+    return jobs.length === 2;
+  });
+  assert.deepEqual(new Set(jobs.map((j) => j.stepId)), steps);
+  const [first, second] = jobs;
+  const beat = await worker.heartbeatJob(first.jobId, first.leaseToken);
+  assert.equal(beat.cancelRequested, false);
+  assert.ok(beat.leaseExpiresAt);
+  const done = await worker.reportJob(first.jobId, { leaseToken: first.leaseToken, status: 'SUCCEEDED', output: { n: first.input.n } });
+  assert.deepEqual([done.jobId, done.status], [first.jobId, 'SUCCEEDED']);
+  const results = await worker.reportJobs([
+    { jobId: second.jobId, leaseToken: second.leaseToken, status: 'SUCCEEDED', output: {} },
+    { jobId: first.jobId, leaseToken: second.leaseToken, status: 'SUCCEEDED' },
+  ]);
+  assert.deepEqual([results[0].status, results[0].error], ['SUCCEEDED', null]);
+  assert.ok(results[1].error instanceof RatchetError);
+  assert.equal(results[1].error.status, 409);
+  await producer.finishRun();
+  assert.equal((await waitRunEnded(producer, run.id)).status, 'SUCCEEDED');
+});
+
 test('the seed\'s onboarding run succeeds and an enqueue is deduplicated', needsServer, async (t) => {
   const s = await setup();
   const tool = unique('send_welcome_email');
