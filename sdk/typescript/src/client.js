@@ -39,6 +39,13 @@ export function blindKey(secret, key) {
   return createHmac('sha256', secret).update(key).digest('hex').slice(0, 32);
 }
 
+/** A method's RequestOptions as the transport takes them: timeoutMs bounds
+ * the whole call (checked there, so a bad one rejects), signal aborts it. */
+function perCall(options) {
+  const { timeoutMs, signal } = options ?? {};
+  return { callTimeoutMs: timeoutMs, signal };
+}
+
 function defined(fields) {
   return Object.fromEntries(Object.entries(fields).filter(([, v]) => v !== undefined && v !== null));
 }
@@ -67,12 +74,22 @@ export class Ratchet {
   }
 
   /** Calls any route (path under /api/v1); `safe: true` lets it be repeated
-   * after a lost answer. timeoutMs bounds each attempt of this call instead
-   * of the client's, and signal aborts it, as a Go caller's context bounds
-   * and cancels one call. */
+   * after a lost answer. Its options are a RequestOptions too (timeoutMs,
+   * signal), as every method's last argument. */
   request(method, path, body, { safe = false, idempotencyKey, timeoutMs, signal } = {}) {
-    return this.#transport.call(method, path, body, { safe, idempotencyKey, timeoutMs, signal });
+    return this.#transport.call(method, path, body, { ...perCall({ timeoutMs, signal }), safe, idempotencyKey });
   }
+
+  // Every method below but doEffect (whose options hold a signal of its
+  // own) takes, after its own arguments, an optional RequestOptions
+  // { timeoutMs, signal }, as a Go method takes a context: timeoutMs bounds
+  // the whole call, its retries and the waits between them included, in
+  // place of the client's timeoutMs (cut mid-attempt, it rejects
+  // ConnectionLostError 'timed out'; a retry's wait that would end past it
+  // is not begun, the call rejecting with its last failure at once), and
+  // signal aborts it (it rejects with the signal's reason). A separate
+  // argument, never merged into a method's own options: enqueue's timeoutMs
+  // is the job's.
 
   // -- producer -------------------------------------------------------------
 
@@ -84,9 +101,9 @@ export class Ratchet {
   /** Starts a run and makes it this client's current run. With an
    * idempotencyKey the call is repeated after an ambiguous failure and
    * starting it again answers the same run; without one it is not. */
-  async startRun(name, { idempotencyKey, budgetMicros } = {}) {
+  async startRun(name, { idempotencyKey, budgetMicros } = {}, options) {
     const body = defined({ name, idempotencyKey, budgetMicros });
-    const run = await this.#transport.call('POST', '/runs', body, { safe: body.idempotencyKey !== undefined });
+    const run = await this.#transport.call('POST', '/runs', body, { ...perCall(options), safe: body.idempotencyKey !== undefined });
     this.#runId = run.id;
     return run;
   }
@@ -102,49 +119,49 @@ export class Ratchet {
    * name, version, contract version, endpoint, dependency and canonical
    * input, so an identical enqueue is deduplicated. */
   async enqueue(input, { name, version, endpoint, idempotencyKey, timeoutMs, maxAttempts, contractVersion, afterStepId,
-    afterStatus, delayMs, runId } = {}) {
+    afterStatus, delayMs, runId } = {}, options) {
     if (!name || !version) throw new TypeError('ratchet: enqueue needs a tool name and version');
     const body = { name, version, input, ...defined({ endpoint, idempotencyKey, timeoutMs, maxAttempts, contractVersion, afterStepId, afterStatus, delayMs }) };
-    return this.#transport.call('POST', `/runs/${this.#run(runId)}/steps`, body, { safe: true });
+    return this.#transport.call('POST', `/runs/${this.#run(runId)}/steps`, body, { ...perCall(options), safe: true });
   }
 
   /** Requests the run's completion. Enqueue every branch before this. */
-  async finishRun(runId) {
-    return this.#transport.call('POST', `/runs/${this.#run(runId)}/finish`, {}, { safe: true });
+  async finishRun(runId, options) {
+    return this.#transport.call('POST', `/runs/${this.#run(runId)}/finish`, {}, { ...perCall(options), safe: true });
   }
 
   /** Reads a run with its steps. */
-  async getRun(runId) {
-    return this.#transport.call('GET', `/runs/${this.#run(runId)}`, undefined, { safe: true });
+  async getRun(runId, options) {
+    return this.#transport.call('GET', `/runs/${this.#run(runId)}`, undefined, { ...perCall(options), safe: true });
   }
 
   /** Reads one step with its job's last 50 executions and last 50 replays
    * (durableJob.attemptsTruncated and replaysTruncated say earlier ones are
    * left out). */
-  getStep(stepId) {
-    return this.#transport.call('GET', `/steps/${pathId(stepId)}`, undefined, { safe: true });
+  getStep(stepId, options) {
+    return this.#transport.call('GET', `/steps/${pathId(stepId)}`, undefined, { ...perCall(options), safe: true });
   }
 
   /** Pages every execution of a step's job in attempt order, where a step
    * holds its last 50 (attemptsTruncated). Pass nextCursor as cursor. */
-  listStepAttempts(stepId, { limit, cursor } = {}) {
-    return this.#transport.call('GET', `/steps/${pathId(stepId)}/attempts` + query({ limit, cursor }), undefined, { safe: true });
+  listStepAttempts(stepId, { limit, cursor } = {}, options) {
+    return this.#transport.call('GET', `/steps/${pathId(stepId)}/attempts` + query({ limit, cursor }), undefined, { ...perCall(options), safe: true });
   }
 
   /** Pages every replay of a step's job oldest first, where a step holds
    * its last 50 (replaysTruncated). Pass nextCursor as cursor. */
-  listStepReplays(stepId, { limit, cursor } = {}) {
-    return this.#transport.call('GET', `/steps/${pathId(stepId)}/replays` + query({ limit, cursor }), undefined, { safe: true });
+  listStepReplays(stepId, { limit, cursor } = {}, options) {
+    return this.#transport.call('GET', `/steps/${pathId(stepId)}/replays` + query({ limit, cursor }), undefined, { ...perCall(options), safe: true });
   }
 
   /** Cancels a step's job; a running handler learns of it at its next heartbeat. */
-  cancelStep(stepId) {
-    return this.#transport.call('POST', `/steps/${pathId(stepId)}/cancel`, {}, { safe: true });
+  cancelStep(stepId, options) {
+    return this.#transport.call('POST', `/steps/${pathId(stepId)}/cancel`, {}, { ...perCall(options), safe: true });
   }
 
   /** Whether an exhausted or cancelled step may be replayed, and its upgrades. */
-  replayPreview(stepId) {
-    return this.#transport.call('GET', `/steps/${pathId(stepId)}/replay`, undefined, { safe: true });
+  replayPreview(stepId, options) {
+    return this.#transport.call('GET', `/steps/${pathId(stepId)}/replay`, undefined, { ...perCall(options), safe: true });
   }
 
   /** Queues an exhausted or cancelled step again (scope steps:replay). The
@@ -152,14 +169,14 @@ export class Ratchet {
    * recorded: confirm destination-side idempotency first. One
    * Idempotency-Key spans the call's retries. */
   async replay(stepId, { reason, maxAttempts = 1, acknowledgeDuplicateRisk = true, targetContractVersion, expectedHandlerVersion,
-    acknowledgeVersionChange = false, expectedAttempt } = {}) {
+    acknowledgeVersionChange = false, expectedAttempt } = {}, options) {
     if (acknowledgeDuplicateRisk !== true) throw new TypeError('ratchet: a replay must acknowledge the duplicate risk');
     const body = {
       acknowledgeDuplicateRisk: true, maxAttempts,
       ...defined({ reason, targetContractVersion, expectedHandlerVersion, expectedAttempt }),
       ...(acknowledgeVersionChange ? { acknowledgeVersionChange: true } : {}),
     };
-    return this.#transport.call('POST', `/steps/${pathId(stepId)}/replay`, body, { safe: true, idempotencyKey: newRequestId() });
+    return this.#transport.call('POST', `/steps/${pathId(stepId)}/replay`, body, { ...perCall(options), safe: true, idempotencyKey: newRequestId() });
   }
 
   // -- worker ---------------------------------------------------------------
@@ -181,21 +198,21 @@ export class Ratchet {
   /** Asks before acting (POST /effects/begin); a denial is answered, not
    * thrown (its `error` holds the code). A request_id (random when not
    * given) spans the call's retries. */
-  async begin(request) {
-    return (await this.#begin(request))[0];
+  async begin(request, options) {
+    return (await this.#begin(request, options))[0];
   }
 
   /** begin's answer and, for an execute, the lease's length in ms by the
    * server's clock (its expiry less the answer's Date, whole seconds). */
   async #begin({ effectType, idempotencyKey, payload = null, costMicros, dimensions, runId, groupId, compensation,
-    compensatesEffectId, leaseSeconds, requestId }) {
+    compensatesEffectId, leaseSeconds, requestId }, options) {
     const body = {
       effect_type: effectType, idempotency_key: idempotencyKey, payload, request_id: requestId ?? newRequestId(),
       ...defined({ cost_micros: costMicros, dimensions, run_id: runId, group_id: groupId, compensation,
         compensates_effect_id: compensatesEffectId, lease_seconds: leaseSeconds }),
     };
     try {
-      const [answer, date] = await this.#transport.call('POST', '/effects/begin', body, { safe: true, withDate: true });
+      const [answer, date] = await this.#transport.call('POST', '/effects/begin', body, { ...perCall(options), safe: true, withDate: true });
       return [answer, leaseLength(answer.lease_expires_at, date), ''];
     } catch (err) {
       // A denial is an answer; its X-Request-Id is the error's (its body has none).
@@ -206,46 +223,46 @@ export class Ratchet {
 
   /** Reports an execute's outcome: 'succeeded' with its result, or 'failed'
    * only when the action surely did not reach the outside world. */
-  reportEffect(effectId, leaseToken, outcome, result) {
-    return this.#transport.call('POST', `/effects/${pathId(effectId)}/report`, effectReport(leaseToken, outcome, result), { safe: true });
+  reportEffect(effectId, leaseToken, outcome, result, options) {
+    return this.#transport.call('POST', `/effects/${pathId(effectId)}/report`, effectReport(leaseToken, outcome, result), { ...perCall(options), safe: true });
   }
 
   /** Extends an execute's lease. */
-  heartbeatEffect(effectId, leaseToken) {
-    return this.#transport.call('POST', `/effects/${pathId(effectId)}/heartbeat`, { lease_token: leaseToken }, { safe: true });
+  heartbeatEffect(effectId, leaseToken, options) {
+    return this.#transport.call('POST', `/effects/${pathId(effectId)}/heartbeat`, { lease_token: leaseToken }, { ...perCall(options), safe: true });
   }
 
   /** Reads an effect with its attempts. */
-  getEffect(effectId) {
-    return this.#transport.call('GET', `/effects/${pathId(effectId)}`, undefined, { safe: true });
+  getEffect(effectId, options) {
+    return this.#transport.call('GET', `/effects/${pathId(effectId)}`, undefined, { ...perCall(options), safe: true });
   }
 
   /** Records what an operator found at the vendor for an indeterminate
    * effect (scope effects:resolve): 'succeeded' with the vendor's result,
    * which a duplicate begin then answers, or 'failed' (it did not happen).
    * Repeating the same resolve answers the effect, so it is retried. */
-  async resolveEffect(effectId, { outcome, result, note } = {}) {
+  async resolveEffect(effectId, { outcome, result, note } = {}, options) {
     if (outcome !== 'succeeded' && outcome !== 'failed') throw new TypeError("ratchet: resolveEffect needs outcome 'succeeded' or 'failed'");
-    return this.#transport.call('POST', `/effects/${pathId(effectId)}/resolve`, { outcome, ...defined({ result, note }) }, { safe: true });
+    return this.#transport.call('POST', `/effects/${pathId(effectId)}/resolve`, { outcome, ...defined({ result, note }) }, { ...perCall(options), safe: true });
   }
 
   /** Pages effects newest first (scope effects:read), results as redacted
    * previews: say, { state: 'indeterminate' } to verify at the vendor.
    * Pass the answer's next_cursor as cursor for the next page. */
-  listEffects({ state, effectType, limit, cursor } = {}) {
-    return this.#transport.call('GET', '/effects' + query({ state, effect_type: effectType, limit, cursor }), undefined, { safe: true });
+  listEffects({ state, effectType, limit, cursor } = {}, options) {
+    return this.#transport.call('GET', '/effects' + query({ state, effect_type: effectType, limit, cursor }), undefined, { ...perCall(options), safe: true });
   }
 
   /** Pages the workspace's runs newest first, without their steps (scope
    * runs:read); status RUNNING, SUCCEEDED or FAILED. Pass nextCursor as cursor. */
-  listRuns({ status, limit, cursor } = {}) {
-    return this.#transport.call('GET', '/runs' + query({ status, limit, cursor }), undefined, { safe: true });
+  listRuns({ status, limit, cursor } = {}, options) {
+    return this.#transport.call('GET', '/runs' + query({ status, limit, cursor }), undefined, { ...perCall(options), safe: true });
   }
 
   /** Pages a run's steps in id order, each as getStep reads it, for runs
    * larger than getRun's first steps (1000, or fewer where more would pass about 4 MB). Pass nextCursor as cursor. */
-  async listRunSteps(runId, { status, limit, cursor } = {}) {
-    return this.#transport.call('GET', `/runs/${this.#run(runId)}/steps` + query({ status, limit, cursor }), undefined, { safe: true });
+  async listRunSteps(runId, { status, limit, cursor } = {}, options) {
+    return this.#transport.call('GET', `/runs/${this.#run(runId)}/steps` + query({ status, limit, cursor }), undefined, { ...perCall(options), safe: true });
   }
 
   // -- operator calls -------------------------------------------------------
@@ -257,21 +274,21 @@ export class Ratchet {
   // repeated (its repeat would meet the version it made).
 
   /** Pages the effect types' policies (scope policies:read). Pass next_cursor as cursor. */
-  listEffectPolicies({ limit, cursor } = {}) {
-    return this.#get('/policies' + query({ limit, cursor }));
+  listEffectPolicies({ limit, cursor } = {}, options) {
+    return this.#get('/policies' + query({ limit, cursor }), options);
   }
 
   /** Reads an effect type's policy (the safe default, version 0, for a type never configured). */
-  getEffectPolicy(effectType) {
-    return this.#get(`/policies/${pathId(effectType)}`);
+  getEffectPolicy(effectType, options) {
+    return this.#get(`/policies/${pathId(effectType)}`, options);
   }
 
   /** How closely the costs declared for an effect type over the last 24
    * hours and 7 days crowd its watch line (structuring_threshold_micros,
    * else max_cost_micros): declarations by band and the share just below
    * it. A measure, never enforced. */
-  getPolicyStructuring(effectType) {
-    return this.#get(`/policies/${pathId(effectType)}/structuring`);
+  getPolicyStructuring(effectType, options) {
+    return this.#get(`/policies/${pathId(effectType)}/structuring`, options);
   }
 
   /** Merges update (the API's snake_case fields: mode, max_cost_micros, …;
@@ -280,62 +297,62 @@ export class Ratchet {
    * still the policy's version (0 for the safe default), otherwise 409
    * version_conflict. Not repeated after a lost answer: read the policy to
    * see whether it was applied. */
-  updateEffectPolicy(effectType, update = {}, { expectedVersion } = {}) {
+  updateEffectPolicy(effectType, update = {}, { expectedVersion } = {}, options) {
     const body = { ...update, ...defined({ expected_version: expectedVersion }) };
-    return this.#transport.call('PUT', `/policies/${pathId(effectType)}`, body, { safe: false });
+    return this.#transport.call('PUT', `/policies/${pathId(effectType)}`, body, { ...perCall(options), safe: false });
   }
 
   /** Pages approvals newest first; state 'pending', 'approved' or 'rejected'. */
-  listApprovals({ state, limit, cursor } = {}) {
-    return this.#get('/approvals' + query({ state, limit, cursor }));
+  listApprovals({ state, limit, cursor } = {}, options) {
+    return this.#get('/approvals' + query({ state, limit, cursor }), options);
   }
 
   /** Reads one approval. */
-  getApproval(approvalId) {
-    return this.#get(`/approvals/${pathId(approvalId)}`);
+  getApproval(approvalId, options) {
+    return this.#get(`/approvals/${pathId(approvalId)}`, options);
   }
 
   /** Approves a pending approval (scope approvals:write): the next begin of its key executes. */
-  approve(approvalId, { note } = {}) {
-    return this.#transport.call('POST', `/approvals/${pathId(approvalId)}/approve`, defined({ note }), { safe: true });
+  approve(approvalId, { note } = {}, options) {
+    return this.#transport.call('POST', `/approvals/${pathId(approvalId)}/approve`, defined({ note }), { ...perCall(options), safe: true });
   }
 
   /** Rejects a pending approval: the next begin of its key is denied approval_rejected. */
-  reject(approvalId, { note } = {}) {
-    return this.#transport.call('POST', `/approvals/${pathId(approvalId)}/reject`, defined({ note }), { safe: true });
+  reject(approvalId, { note } = {}, options) {
+    return this.#transport.call('POST', `/approvals/${pathId(approvalId)}/reject`, defined({ note }), { ...perCall(options), safe: true });
   }
 
   /** Pages the effect types' breakers (scope policies:read). */
-  listCircuits({ limit, cursor } = {}) {
-    return this.#get('/circuits' + query({ limit, cursor }));
+  listCircuits({ limit, cursor } = {}, options) {
+    return this.#get('/circuits' + query({ limit, cursor }), options);
   }
 
   /** Opens a manual breaker for an effect type (scope policies:write);
    * action 'monitor', 'require_approval' or 'deny'. */
-  openCircuit(effectType, { action, reason } = {}) {
-    return this.#transport.call('POST', `/circuits/${pathId(effectType)}/open`, defined({ action, reason }), { safe: true });
+  openCircuit(effectType, { action, reason } = {}, options) {
+    return this.#transport.call('POST', `/circuits/${pathId(effectType)}/open`, defined({ action, reason }), { ...perCall(options), safe: true });
   }
 
   /** Closes an effect type's breaker, granting a fresh allowance. */
-  closeCircuit(effectType) {
-    return this.#transport.call('POST', `/circuits/${pathId(effectType)}/close`, {}, { safe: true });
+  closeCircuit(effectType, options) {
+    return this.#transport.call('POST', `/circuits/${pathId(effectType)}/close`, {}, { ...perCall(options), safe: true });
   }
 
   /** Opens the emergency stop over every effect type (default action
    * 'require_approval'); it stays open until releaseEmergencyStop. Answers
    * the breakers it opened as a page. */
-  emergencyStop({ action, reason } = {}) {
-    return this.#transport.call('POST', '/circuits/stop', defined({ action, reason }), { safe: true });
+  emergencyStop({ action, reason } = {}, options) {
+    return this.#transport.call('POST', '/circuits/stop', defined({ action, reason }), { ...perCall(options), safe: true });
   }
 
   /** Reads the emergency stop's state. */
-  getEmergencyStop() {
-    return this.#get('/circuits/stop');
+  getEmergencyStop(options) {
+    return this.#get('/circuits/stop', options);
   }
 
   /** Lifts the emergency stop; answers the breakers it closed as a page. */
-  releaseEmergencyStop() {
-    return this.#transport.call('POST', '/circuits/release', {}, { safe: true });
+  releaseEmergencyStop(options) {
+    return this.#transport.call('POST', '/circuits/release', {}, { ...perCall(options), safe: true });
   }
 
   /** Opens a compensation group; begins with its id as groupId join it.
@@ -343,50 +360,50 @@ export class Ratchet {
    * call is repeated after an ambiguous failure and a repeat answers the
    * same group (deduplicated: true); without one it is not (a repeat would
    * open a second group). */
-  createGroup(name, { idempotencyKey } = {}) {
+  createGroup(name, { idempotencyKey } = {}, options) {
     const body = defined({ name, idempotency_key: idempotencyKey });
-    return this.#transport.call('POST', '/groups', body, { safe: body.idempotency_key !== undefined });
+    return this.#transport.call('POST', '/groups', body, { ...perCall(options), safe: body.idempotency_key !== undefined });
   }
 
   /** Reads a group with its steps: all of them, or the first that fit in
    * one answer (steps_truncated; listGroupSteps pages the rest). */
-  getGroup(groupId) {
-    return this.#get(`/groups/${pathId(groupId)}`);
+  getGroup(groupId, options) {
+    return this.#get(`/groups/${pathId(groupId)}`, options);
   }
 
   /** Pages every step of a group in effect id order, each as getGroup shows
    * it, where a group's read, commit and repeated keyed create hold the
    * first that fit in one answer (steps_truncated): pass the last one shown's
    * effect_id as cursor to read the rest, then next_cursor. */
-  listGroupSteps(groupId, { limit, cursor } = {}) {
-    return this.#get(`/groups/${pathId(groupId)}/steps` + query({ limit, cursor }));
+  listGroupSteps(groupId, { limit, cursor } = {}, options) {
+    return this.#get(`/groups/${pathId(groupId)}/steps` + query({ limit, cursor }), options);
   }
 
   /** Commits a group whose steps all succeeded (409 invalid_state otherwise). */
-  commitGroup(groupId) {
-    return this.#transport.call('POST', `/groups/${pathId(groupId)}/commit`, undefined, { safe: true });
+  commitGroup(groupId, options) {
+    return this.#transport.call('POST', `/groups/${pathId(groupId)}/commit`, undefined, { ...perCall(options), safe: true });
   }
 
   /** Starts unwinding a group: answers the compensation plan, newest success first. */
-  unwindGroup(groupId) {
-    return this.#transport.call('POST', `/groups/${pathId(groupId)}/unwind`, undefined, { safe: true });
+  unwindGroup(groupId, options) {
+    return this.#transport.call('POST', `/groups/${pathId(groupId)}/unwind`, undefined, { ...perCall(options), safe: true });
   }
 
   /** Registers a webhook (scope webhooks:write); the answer holds its
    * secret, shown once. Sent under an Idempotency-Key (random unless given)
    * that spans its retries, so a lost answer does not register it twice. */
-  createWebhook(url, events, { idempotencyKey } = {}) {
-    return this.#keyed('POST', '/webhooks', { url, events }, idempotencyKey);
+  createWebhook(url, events, { idempotencyKey } = {}, options) {
+    return this.#keyed('POST', '/webhooks', { url, events }, idempotencyKey, options);
   }
 
   /** Pages the workspace's webhooks (no secrets). */
-  listWebhooks({ limit, cursor } = {}) {
-    return this.#get('/webhooks' + query({ limit, cursor }));
+  listWebhooks({ limit, cursor } = {}, options) {
+    return this.#get('/webhooks' + query({ limit, cursor }), options);
   }
 
   /** Reads one webhook (no secret). */
-  getWebhook(webhookId) {
-    return this.#get(`/webhooks/${pathId(webhookId)}`);
+  getWebhook(webhookId, options) {
+    return this.#get(`/webhooks/${pathId(webhookId)}`, options);
   }
 
   /** Changes a webhook without deleting it, so it keeps its secret and
@@ -398,124 +415,124 @@ export class Ratchet {
    * enabled again). A field left out (or null) is kept; give at least one.
    * Answers it as getWebhook reads it. Repeated after a lost answer: the
    * same update again changes nothing. */
-  updateWebhook(webhookId, { url, events, disabled } = {}) {
-    return this.#transport.call('PATCH', `/webhooks/${pathId(webhookId)}`, defined({ url, events, disabled }), { safe: true });
+  updateWebhook(webhookId, { url, events, disabled } = {}, options) {
+    return this.#transport.call('PATCH', `/webhooks/${pathId(webhookId)}`, defined({ url, events, disabled }), { ...perCall(options), safe: true });
   }
 
   /** Deletes a webhook; answers it. */
-  deleteWebhook(webhookId) {
-    return this.#transport.call('DELETE', `/webhooks/${pathId(webhookId)}`, undefined, { safe: true });
+  deleteWebhook(webhookId, options) {
+    return this.#transport.call('DELETE', `/webhooks/${pathId(webhookId)}`, undefined, { ...perCall(options), safe: true });
   }
 
   /** Pages a webhook's deliveries newest first. */
-  listWebhookDeliveries(webhookId, { limit, cursor } = {}) {
-    return this.#get(`/webhooks/${pathId(webhookId)}/deliveries` + query({ limit, cursor }));
+  listWebhookDeliveries(webhookId, { limit, cursor } = {}, options) {
+    return this.#get(`/webhooks/${pathId(webhookId)}/deliveries` + query({ limit, cursor }), options);
   }
 
   /** Queues failed deliveries again, now: answers { deliveries }. */
-  retryWebhookDeliveries(webhookId, deliveryIds, { idempotencyKey } = {}) {
-    return this.#keyed('POST', `/webhooks/${pathId(webhookId)}/deliveries/retry`, { delivery_ids: deliveryIds }, idempotencyKey);
+  retryWebhookDeliveries(webhookId, deliveryIds, { idempotencyKey } = {}, options) {
+    return this.#keyed('POST', `/webhooks/${pathId(webhookId)}/deliveries/retry`, { delivery_ids: deliveryIds }, idempotencyKey, options);
   }
 
   /** Gives a webhook a new secret, shown once. The previous one keeps
    * verifying for previousExpiresInSeconds, rounded up to whole seconds as
    * the route takes them and as Python's does (the server's default when
    * omitted); replacePrevious drops an earlier previous secret. */
-  rotateWebhookSecret(webhookId, { previousExpiresInSeconds, replacePrevious, idempotencyKey } = {}) {
+  rotateWebhookSecret(webhookId, { previousExpiresInSeconds, replacePrevious, idempotencyKey } = {}, options) {
     const seconds = typeof previousExpiresInSeconds === 'number' ? Math.max(Math.ceil(previousExpiresInSeconds), 0) : previousExpiresInSeconds;
     const body = defined({ previous_secret_expires_in_seconds: seconds,
       replace_previous: replacePrevious ? true : undefined });
-    return this.#keyed('POST', `/webhooks/${pathId(webhookId)}/rotate-secret`, body, idempotencyKey);
+    return this.#keyed('POST', `/webhooks/${pathId(webhookId)}/rotate-secret`, body, idempotencyKey, options);
   }
 
   /** Mints an API key (scope keys:write): a preset ('OPERATOR', 'AGENT',
    * 'INGEST', 'WORKER') or scopes; a WORKER key's tools list the
    * name@version pairs it may serve. The answer holds the secret, shown
    * once. Sent under an Idempotency-Key (random unless given). */
-  createKey({ name, preset, scopes, tools, dailySpendCeilingMicros, rateLimitPerMinute, idempotencyKey } = {}) {
+  createKey({ name, preset, scopes, tools, dailySpendCeilingMicros, rateLimitPerMinute, idempotencyKey } = {}, options) {
     const body = { name, tools: tools ?? null, ...defined({ preset, scopes, daily_spend_ceiling_micros: dailySpendCeilingMicros,
       rate_limit_per_minute: rateLimitPerMinute }) };
-    return this.#keyed('POST', '/keys', body, idempotencyKey);
+    return this.#keyed('POST', '/keys', body, idempotencyKey, options);
   }
 
   /** Pages the workspace's keys (no secrets). */
-  listKeys({ limit, cursor } = {}) {
-    return this.#get('/keys' + query({ limit, cursor }));
+  listKeys({ limit, cursor } = {}, options) {
+    return this.#get('/keys' + query({ limit, cursor }), options);
   }
 
   /** Reads the calling key (any scope). */
-  currentKey() {
-    return this.#get('/keys/current');
+  currentKey(options) {
+    return this.#get('/keys/current', options);
   }
 
   /** Revokes a key for good; answers it with revoked_at. */
-  revokeKey(keyId) {
-    return this.#transport.call('DELETE', `/keys/${pathId(keyId)}`, undefined, { safe: true });
+  revokeKey(keyId, options) {
+    return this.#transport.call('DELETE', `/keys/${pathId(keyId)}`, undefined, { ...perCall(options), safe: true });
   }
 
   /** Pages the workspace's endpoints. Pass nextCursor as cursor. */
-  listEndpoints({ limit, cursor } = {}) {
-    return this.#get('/endpoints' + query({ limit, cursor }));
+  listEndpoints({ limit, cursor } = {}, options) {
+    return this.#get('/endpoints' + query({ limit, cursor }), options);
   }
 
   /** Creates an endpoint named name with a policy (the API's camelCase
    * fields: preset, maxAttempts, defaultTimeoutMs, …); creating one that
    * exists answers it. */
-  createEndpoint(name, policy = {}) {
-    return this.#transport.call('POST', '/endpoints', { ...policy, name }, { safe: true });
+  createEndpoint(name, policy = {}, options) {
+    return this.#transport.call('POST', '/endpoints', { ...policy, name }, { ...perCall(options), safe: true });
   }
 
   /** Reads an endpoint with its policy (GET /endpoints/{id}/policy). */
-  getEndpoint(endpointId) {
-    return this.#get(`/endpoints/${pathId(endpointId)}/policy`);
+  getEndpoint(endpointId, options) {
+    return this.#get(`/endpoints/${pathId(endpointId)}/policy`, options);
   }
 
   /** Merges update into the endpoint's policy while expectedVersion is
    * still its version (otherwise 409 version_conflict: read it again).
    * Jobs already enqueued keep their snapshot. Not repeated after a lost
    * answer: read the endpoint to see whether it was applied. */
-  async updateEndpointPolicy(endpointId, update = {}, { expectedVersion } = {}) {
+  async updateEndpointPolicy(endpointId, update = {}, { expectedVersion } = {}, options) {
     if (!Number.isInteger(expectedVersion)) throw new TypeError('ratchet: updateEndpointPolicy needs expectedVersion (getEndpoint reads it)');
-    return this.#transport.call('PUT', `/endpoints/${pathId(endpointId)}/policy`, { ...update, expectedVersion }, { safe: false });
+    return this.#transport.call('PUT', `/endpoints/${pathId(endpointId)}/policy`, { ...update, expectedVersion }, { ...perCall(options), safe: false });
   }
 
   /** Pauses an endpoint: its jobs are not claimed until resumeEndpoint. */
-  pauseEndpoint(endpointId) {
-    return this.#transport.call('POST', `/endpoints/${pathId(endpointId)}/pause`, {}, { safe: true });
+  pauseEndpoint(endpointId, options) {
+    return this.#transport.call('POST', `/endpoints/${pathId(endpointId)}/pause`, {}, { ...perCall(options), safe: true });
   }
 
   /** Resumes a paused endpoint. */
-  resumeEndpoint(endpointId) {
-    return this.#transport.call('POST', `/endpoints/${pathId(endpointId)}/resume`, {}, { safe: true });
+  resumeEndpoint(endpointId, options) {
+    return this.#transport.call('POST', `/endpoints/${pathId(endpointId)}/resume`, {}, { ...perCall(options), safe: true });
   }
 
   /** Closes an endpoint's circuit breaker. */
-  closeEndpointCircuit(endpointId) {
-    return this.#transport.call('POST', `/endpoints/${pathId(endpointId)}/circuit/close`, {}, { safe: true });
+  closeEndpointCircuit(endpointId, options) {
+    return this.#transport.call('POST', `/endpoints/${pathId(endpointId)}/circuit/close`, {}, { ...perCall(options), safe: true });
   }
 
   /** Pages an endpoint's job attempts newest first, optionally by outcome. */
-  listEndpointAttempts(endpointId, { outcome, limit, cursor } = {}) {
-    return this.#get(`/endpoints/${pathId(endpointId)}/attempts` + query({ outcome, limit, cursor }));
+  listEndpointAttempts(endpointId, { outcome, limit, cursor } = {}, options) {
+    return this.#get(`/endpoints/${pathId(endpointId)}/attempts` + query({ outcome, limit, cursor }), options);
   }
 
   /** Publishes a tool's next contract (scope contracts:write): the API's
    * camelCase fields (handlerVersion, inputSchema, outputSchema, timeoutMs,
    * retryPreset, retryPolicy, status). Sent under an Idempotency-Key
    * (random unless given), so a lost answer does not publish it twice. */
-  publishContract(name, { idempotencyKey, ...contract } = {}) {
-    return this.#keyed('POST', `/tools/${pathId(name)}/contracts`, contract, idempotencyKey);
+  publishContract(name, { idempotencyKey, ...contract } = {}, options) {
+    return this.#keyed('POST', `/tools/${pathId(name)}/contracts`, contract, idempotencyKey, options);
   }
 
   /** Pages a tool's contracts. */
-  listContracts(name, { limit, cursor } = {}) {
-    return this.#get(`/tools/${pathId(name)}/contracts` + query({ limit, cursor }));
+  listContracts(name, { limit, cursor } = {}, options) {
+    return this.#get(`/tools/${pathId(name)}/contracts` + query({ limit, cursor }), options);
   }
 
   /** Enqueues a synthetic one-attempt job of name@version with input.
    * Sent under an Idempotency-Key (random unless given). */
-  testTool(name, version, input, { idempotencyKey } = {}) {
-    return this.#keyed('POST', `/tools/${pathId(name)}/test`, { version, ...defined({ input }) }, idempotencyKey);
+  testTool(name, version, input, { idempotencyKey } = {}, options) {
+    return this.#keyed('POST', `/tools/${pathId(name)}/test`, { version, ...defined({ input }) }, idempotencyKey, options);
   }
 
   /** Compares the vendor's records of an effect type between from and to
@@ -523,19 +540,19 @@ export class Ratchet {
    * records are { idempotencyKey, status, amountMicros }. Sent under an
    * Idempotency-Key (random unless given), so a retry after a lost answer
    * learns what the first call resolved. */
-  async reconcile({ effectType, from, to, records = [], idempotencyKey } = {}) {
+  async reconcile({ effectType, from, to, records = [], idempotencyKey } = {}, options) {
     const body = {
       effect_type: effectType, from: timestamp(from), to: timestamp(to),
       records: records.map(({ idempotencyKey: key, status, amountMicros }) => ({ idempotency_key: key, status,
         ...defined({ amount_micros: amountMicros }) })),
     };
-    return this.#keyed('POST', '/reconcile', body, idempotencyKey);
+    return this.#keyed('POST', '/reconcile', body, idempotencyKey, options);
   }
 
   /** Pages the queues by name@version: queued and due counts, the oldest
    * queued age, workers seen, and why nothing claims them. */
-  listQueueHealth({ limit, cursor } = {}) {
-    return this.#get('/queue/health' + query({ limit, cursor }));
+  listQueueHealth({ limit, cursor } = {}, options) {
+    return this.#get('/queue/health' + query({ limit, cursor }), options);
   }
 
   // -- worker, low level (jobs:work) ---------------------------------------
@@ -546,36 +563,38 @@ export class Ratchet {
   /** Registers a worker for the exact tools it serves ({ name, version };
    * a WORKER key must list each name@version) and resolves to its workerId,
    * bound to this key. Sent under an Idempotency-Key (random unless given). */
-  async registerWorker(tools, { idempotencyKey } = {}) {
+  async registerWorker(tools, { idempotencyKey } = {}, options) {
     const body = { tools: tools.map(({ name, version }) => ({ name, version })) };
-    return (await this.#keyed('POST', '/workers/register', body, idempotencyKey)).workerId;
+    return (await this.#keyed('POST', '/workers/register', body, idempotencyKey, options)).workerId;
   }
 
   /** Leases up to limit (1-100) due jobs for workerId, waiting up to
    * waitSeconds (0-20) for one. claimId (random unless given) spans the
    * retries: a call whose answer may have been lost can be made again with
    * it, and the server answers the jobs the first call leased, with the
-   * same lease tokens. The call's timeout is at least waitSeconds plus 10 s. */
-  async claim(workerId, { limit = 1, waitSeconds = 0, claimId } = {}) {
+   * same lease tokens. The call's timeout is at least waitSeconds plus 10 s;
+   * a RequestOptions timeoutMs replaces it (one shorter than waitSeconds
+   * cuts the wait). */
+  async claim(workerId, { limit = 1, waitSeconds = 0, claimId } = {}, options) {
     const body = { limit, waitSeconds, claimId: claimId ?? newRequestId() };
     const answer = await this.#transport.call('POST', `/workers/${pathId(workerId)}/claim`, body, {
-      safe: true, timeoutMs: Math.max(this.#transport.timeoutMs, waitSeconds * 1000 + 10_000),
+      ...perCall(options), safe: true, timeoutMs: Math.max(this.#transport.timeoutMs, waitSeconds * 1000 + 10_000),
     });
     return answer?.jobs ?? [];
   }
 
   /** Extends a job's lease: { leaseExpiresAt, cancelRequested }. A
    * superseded token rejects with 409 lease_lost. */
-  heartbeatJob(jobId, leaseToken) {
-    return this.#transport.call('POST', `/jobs/${pathId(jobId)}/heartbeat`, { leaseToken }, { safe: true });
+  heartbeatJob(jobId, leaseToken, options) {
+    return this.#transport.call('POST', `/jobs/${pathId(jobId)}/heartbeat`, { leaseToken }, { ...perCall(options), safe: true });
   }
 
   /** Records an attempt's outcome: status 'SUCCEEDED' with its output, or
    * 'FAILED' with error { message, retryable, retryAfterMs }. The same
    * report with the same token answers the same, so it is repeated after a
    * lost answer. */
-  reportJob(jobId, { leaseToken, status, output, error } = {}) {
-    return this.#transport.call('POST', `/jobs/${pathId(jobId)}/report`, jobReport(leaseToken, status, output, error), { safe: true });
+  reportJob(jobId, { leaseToken, status, output, error } = {}, options) {
+    return this.#transport.call('POST', `/jobs/${pathId(jobId)}/report`, jobReport(leaseToken, status, output, error), { ...perCall(options), safe: true });
   }
 
   /** Records several outcomes in one call (1-100, one commit), each
@@ -583,9 +602,9 @@ export class Ratchet {
    * Resolves to one result per report, in order: { jobId, status, attempt,
    * nextDueAt, error }, error null or the RatchetError the single report
    * would have thrown. */
-  async reportJobs(reports) {
+  async reportJobs(reports, options) {
     const body = { reports: reports.map(({ jobId, leaseToken, status, output, error }) => ({ jobId, ...jobReport(leaseToken, status, output, error) })) };
-    const answer = await this.#transport.call('POST', '/jobs/report', body, { safe: true });
+    const answer = await this.#transport.call('POST', '/jobs/report', body, { ...perCall(options), safe: true });
     const results = answer?.results;
     if (!Array.isArray(results) || results.length !== reports.length) throw new ConnectionLostError('ratchet: POST /jobs/report: unreadable answer');
     return results.map((result, i) => {
@@ -596,12 +615,12 @@ export class Ratchet {
     });
   }
 
-  #get(path) {
-    return this.#transport.call('GET', path, undefined, { safe: true });
+  #get(path, options) {
+    return this.#transport.call('GET', path, undefined, { ...perCall(options), safe: true });
   }
 
-  #keyed(method, path, body, idempotencyKey) {
-    return this.#transport.call(method, path, body, { safe: true, idempotencyKey: idempotencyKey ?? newRequestId() });
+  #keyed(method, path, body, idempotencyKey, options) {
+    return this.#transport.call(method, path, body, { ...perCall(options), safe: true, idempotencyKey: idempotencyKey ?? newRequestId() });
   }
 
   /**

@@ -55,6 +55,19 @@ export interface RatchetOptions {
   fetch?: FetchFunction | undefined;
 }
 
+/** The last argument of every Ratchet method that calls the API (but
+ * doEffect, whose options hold a signal of its own), as a Go method's
+ * context: per call, never merged into a method's own options. */
+export interface RequestOptions {
+  /** Bounds the whole call, its retries and the waits between them
+   * included, in place of the client's timeoutMs: cut mid-attempt it
+   * rejects ConnectionLostError ('timed out'); a retry's wait that would
+   * end past it is not begun, the call rejecting with its last failure. */
+  timeoutMs?: number | undefined;
+  /** Aborts the call: it rejects with the signal's reason. */
+  signal?: AbortSignal | undefined;
+}
+
 export interface RunOptions {
   idempotencyKey?: string | undefined;
   budgetMicros?: number | undefined;
@@ -925,75 +938,75 @@ export declare class Ratchet {
   constructor(options: RatchetOptions);
   readonly runId: string | null;
   readonly worker: Worker;
-  request<T = any>(method: string, path: string, body?: unknown, options?: { safe?: boolean | undefined; idempotencyKey?: string | undefined; timeoutMs?: number | undefined; signal?: AbortSignal | undefined }): Promise<T>;
-  startRun(name: string, options?: RunOptions): Promise<Run>;
-  enqueue(input: unknown, options: EnqueueOptions): Promise<EnqueueResult>;
-  finishRun(runId?: string): Promise<Run>;
-  getRun(runId?: string): Promise<Run>;
-  listRuns(query?: { status?: 'RUNNING' | 'SUCCEEDED' | 'FAILED' | undefined; limit?: number | undefined; cursor?: string | undefined }): Promise<Page<RunSummary>>;
-  listRunSteps(runId?: string, query?: { status?: JobStatus | undefined; limit?: number | undefined; cursor?: string | undefined }): Promise<Page<Step>>;
-  getStep(stepId: string): Promise<Step>;
-  listStepAttempts(stepId: string, query?: ListQuery): Promise<Page<JobAttempt>>;
-  listStepReplays(stepId: string, query?: ListQuery): Promise<Page<JobReplay>>;
-  cancelStep(stepId: string): Promise<Step>;
-  replayPreview(stepId: string): Promise<ReplayPreview>;
-  replay(stepId: string, options?: ReplayOptions): Promise<ReplayResult>;
+  request<T = any>(method: string, path: string, body?: unknown, options?: RequestOptions & { safe?: boolean | undefined; idempotencyKey?: string | undefined }): Promise<T>;
+  startRun(name: string, options?: RunOptions, requestOptions?: RequestOptions): Promise<Run>;
+  enqueue(input: unknown, options: EnqueueOptions, requestOptions?: RequestOptions): Promise<EnqueueResult>;
+  finishRun(runId?: string, requestOptions?: RequestOptions): Promise<Run>;
+  getRun(runId?: string, requestOptions?: RequestOptions): Promise<Run>;
+  listRuns(query?: { status?: 'RUNNING' | 'SUCCEEDED' | 'FAILED' | undefined; limit?: number | undefined; cursor?: string | undefined }, requestOptions?: RequestOptions): Promise<Page<RunSummary>>;
+  listRunSteps(runId?: string, query?: { status?: JobStatus | undefined; limit?: number | undefined; cursor?: string | undefined }, requestOptions?: RequestOptions): Promise<Page<Step>>;
+  getStep(stepId: string, requestOptions?: RequestOptions): Promise<Step>;
+  listStepAttempts(stepId: string, query?: ListQuery, requestOptions?: RequestOptions): Promise<Page<JobAttempt>>;
+  listStepReplays(stepId: string, query?: ListQuery, requestOptions?: RequestOptions): Promise<Page<JobReplay>>;
+  cancelStep(stepId: string, requestOptions?: RequestOptions): Promise<Step>;
+  replayPreview(stepId: string, requestOptions?: RequestOptions): Promise<ReplayPreview>;
+  replay(stepId: string, options?: ReplayOptions, requestOptions?: RequestOptions): Promise<ReplayResult>;
   registerTool<In = any, Out = any>(tool: Tool<In, Out>): void;
-  begin(request: BeginRequest): Promise<BeginResponse>;
-  reportEffect(effectId: string, leaseToken: string, outcome: 'succeeded' | 'failed', result?: Json): Promise<Effect>;
-  heartbeatEffect(effectId: string, leaseToken: string): Promise<{ effect_id: string; lease_expires_at: string }>;
-  getEffect(effectId: string): Promise<Effect>;
-  resolveEffect(effectId: string, request: ResolveRequest): Promise<Effect>;
-  listEffects(query?: { state?: EffectState | undefined; effectType?: string | undefined; limit?: number | undefined; cursor?: string | undefined }): Promise<GatePage<Effect>>;
-  listEffectPolicies(query?: ListQuery): Promise<GatePage<EffectPolicy>>;
-  getEffectPolicy(effectType: string): Promise<EffectPolicy>;
-  getPolicyStructuring(effectType: string): Promise<Structuring>;
-  updateEffectPolicy(effectType: string, update: EffectPolicyUpdate, options?: { expectedVersion?: number | undefined }): Promise<EffectPolicy>;
-  listApprovals(query?: ListQuery & { state?: Approval['state'] | undefined }): Promise<GatePage<Approval>>;
-  getApproval(approvalId: string): Promise<Approval>;
-  approve(approvalId: string, options?: { note?: string | undefined }): Promise<Approval>;
-  reject(approvalId: string, options?: { note?: string | undefined }): Promise<Approval>;
-  listCircuits(query?: ListQuery): Promise<GatePage<Circuit>>;
-  openCircuit(effectType: string, options?: { action?: BreakerAction | undefined; reason?: string | undefined }): Promise<Circuit>;
-  closeCircuit(effectType: string): Promise<Circuit>;
-  emergencyStop(options?: { action?: BreakerAction | undefined; reason?: string | undefined }): Promise<GatePage<Circuit>>;
-  getEmergencyStop(): Promise<EmergencyStop>;
-  releaseEmergencyStop(): Promise<GatePage<Circuit>>;
-  createGroup(name: string, options?: { idempotencyKey?: string | undefined }): Promise<Group>;
-  getGroup(groupId: string): Promise<Group>;
-  listGroupSteps(groupId: string, query?: ListQuery): Promise<GatePage<GroupStep>>;
-  commitGroup(groupId: string): Promise<GroupCommit>;
-  unwindGroup(groupId: string): Promise<Unwind>;
-  createWebhook(url: string, events: WebhookEventType[], options?: { idempotencyKey?: string | undefined }): Promise<NewWebhook>;
-  listWebhooks(query?: ListQuery): Promise<GatePage<Webhook>>;
-  getWebhook(webhookId: string): Promise<Webhook>;
-  updateWebhook(webhookId: string, update: WebhookUpdate): Promise<Webhook>;
-  deleteWebhook(webhookId: string): Promise<Webhook>;
-  listWebhookDeliveries(webhookId: string, query?: ListQuery): Promise<GatePage<WebhookDelivery>>;
-  retryWebhookDeliveries(webhookId: string, deliveryIds: string[], options?: { idempotencyKey?: string | undefined }): Promise<{ deliveries: WebhookDelivery[] }>;
-  rotateWebhookSecret(webhookId: string, options?: { previousExpiresInSeconds?: number | undefined; replacePrevious?: boolean | undefined; idempotencyKey?: string | undefined }): Promise<NewWebhook>;
-  createKey(spec: KeySpec): Promise<NewApiKey>;
-  listKeys(query?: ListQuery): Promise<GatePage<ApiKey>>;
-  currentKey(): Promise<ApiKey>;
-  revokeKey(keyId: string): Promise<ApiKey>;
-  listEndpoints(query?: ListQuery): Promise<Page<Endpoint>>;
-  createEndpoint(name: string, policy?: EndpointPolicyUpdate): Promise<Endpoint>;
-  getEndpoint(endpointId: string): Promise<Endpoint>;
-  updateEndpointPolicy(endpointId: string, update: EndpointPolicyUpdate, options: { expectedVersion: number }): Promise<Endpoint>;
-  pauseEndpoint(endpointId: string): Promise<Endpoint>;
-  resumeEndpoint(endpointId: string): Promise<Endpoint>;
-  closeEndpointCircuit(endpointId: string): Promise<Endpoint>;
-  listEndpointAttempts(endpointId: string, query?: ListQuery & { outcome?: 'SUCCEEDED' | 'FAILED' | undefined }): Promise<Page<EndpointAttempt>>;
-  publishContract(name: string, spec: ContractSpec): Promise<Contract>;
-  listContracts(name: string, query?: ListQuery): Promise<Page<Contract>>;
-  testTool(name: string, version: string, input?: Json, options?: { idempotencyKey?: string | undefined }): Promise<ToolTest>;
-  reconcile(request: ReconcileRequest): Promise<Reconciliation>;
-  listQueueHealth(query?: ListQuery): Promise<Page<QueueHealth>>;
-  registerWorker(tools: Array<{ name: string; version: string }>, options?: { idempotencyKey?: string | undefined }): Promise<string>;
-  claim(workerId: string, options?: { limit?: number | undefined; waitSeconds?: number | undefined; claimId?: string | undefined }): Promise<ClaimedJob[]>;
-  heartbeatJob(jobId: string, leaseToken: string): Promise<{ leaseExpiresAt: string; cancelRequested: boolean }>;
-  reportJob(jobId: string, report: JobReport): Promise<JobReportResult>;
-  reportJobs(reports: Array<JobReport & { jobId: string }>): Promise<BatchJobResult[]>;
+  begin(request: BeginRequest, requestOptions?: RequestOptions): Promise<BeginResponse>;
+  reportEffect(effectId: string, leaseToken: string, outcome: 'succeeded' | 'failed', result?: Json, requestOptions?: RequestOptions): Promise<Effect>;
+  heartbeatEffect(effectId: string, leaseToken: string, requestOptions?: RequestOptions): Promise<{ effect_id: string; lease_expires_at: string }>;
+  getEffect(effectId: string, requestOptions?: RequestOptions): Promise<Effect>;
+  resolveEffect(effectId: string, request: ResolveRequest, requestOptions?: RequestOptions): Promise<Effect>;
+  listEffects(query?: { state?: EffectState | undefined; effectType?: string | undefined; limit?: number | undefined; cursor?: string | undefined }, requestOptions?: RequestOptions): Promise<GatePage<Effect>>;
+  listEffectPolicies(query?: ListQuery, requestOptions?: RequestOptions): Promise<GatePage<EffectPolicy>>;
+  getEffectPolicy(effectType: string, requestOptions?: RequestOptions): Promise<EffectPolicy>;
+  getPolicyStructuring(effectType: string, requestOptions?: RequestOptions): Promise<Structuring>;
+  updateEffectPolicy(effectType: string, update: EffectPolicyUpdate, options?: { expectedVersion?: number | undefined }, requestOptions?: RequestOptions): Promise<EffectPolicy>;
+  listApprovals(query?: ListQuery & { state?: Approval['state'] | undefined }, requestOptions?: RequestOptions): Promise<GatePage<Approval>>;
+  getApproval(approvalId: string, requestOptions?: RequestOptions): Promise<Approval>;
+  approve(approvalId: string, options?: { note?: string | undefined }, requestOptions?: RequestOptions): Promise<Approval>;
+  reject(approvalId: string, options?: { note?: string | undefined }, requestOptions?: RequestOptions): Promise<Approval>;
+  listCircuits(query?: ListQuery, requestOptions?: RequestOptions): Promise<GatePage<Circuit>>;
+  openCircuit(effectType: string, options?: { action?: BreakerAction | undefined; reason?: string | undefined }, requestOptions?: RequestOptions): Promise<Circuit>;
+  closeCircuit(effectType: string, requestOptions?: RequestOptions): Promise<Circuit>;
+  emergencyStop(options?: { action?: BreakerAction | undefined; reason?: string | undefined }, requestOptions?: RequestOptions): Promise<GatePage<Circuit>>;
+  getEmergencyStop(requestOptions?: RequestOptions): Promise<EmergencyStop>;
+  releaseEmergencyStop(requestOptions?: RequestOptions): Promise<GatePage<Circuit>>;
+  createGroup(name: string, options?: { idempotencyKey?: string | undefined }, requestOptions?: RequestOptions): Promise<Group>;
+  getGroup(groupId: string, requestOptions?: RequestOptions): Promise<Group>;
+  listGroupSteps(groupId: string, query?: ListQuery, requestOptions?: RequestOptions): Promise<GatePage<GroupStep>>;
+  commitGroup(groupId: string, requestOptions?: RequestOptions): Promise<GroupCommit>;
+  unwindGroup(groupId: string, requestOptions?: RequestOptions): Promise<Unwind>;
+  createWebhook(url: string, events: WebhookEventType[], options?: { idempotencyKey?: string | undefined }, requestOptions?: RequestOptions): Promise<NewWebhook>;
+  listWebhooks(query?: ListQuery, requestOptions?: RequestOptions): Promise<GatePage<Webhook>>;
+  getWebhook(webhookId: string, requestOptions?: RequestOptions): Promise<Webhook>;
+  updateWebhook(webhookId: string, update: WebhookUpdate, requestOptions?: RequestOptions): Promise<Webhook>;
+  deleteWebhook(webhookId: string, requestOptions?: RequestOptions): Promise<Webhook>;
+  listWebhookDeliveries(webhookId: string, query?: ListQuery, requestOptions?: RequestOptions): Promise<GatePage<WebhookDelivery>>;
+  retryWebhookDeliveries(webhookId: string, deliveryIds: string[], options?: { idempotencyKey?: string | undefined }, requestOptions?: RequestOptions): Promise<{ deliveries: WebhookDelivery[] }>;
+  rotateWebhookSecret(webhookId: string, options?: { previousExpiresInSeconds?: number | undefined; replacePrevious?: boolean | undefined; idempotencyKey?: string | undefined }, requestOptions?: RequestOptions): Promise<NewWebhook>;
+  createKey(spec: KeySpec, requestOptions?: RequestOptions): Promise<NewApiKey>;
+  listKeys(query?: ListQuery, requestOptions?: RequestOptions): Promise<GatePage<ApiKey>>;
+  currentKey(requestOptions?: RequestOptions): Promise<ApiKey>;
+  revokeKey(keyId: string, requestOptions?: RequestOptions): Promise<ApiKey>;
+  listEndpoints(query?: ListQuery, requestOptions?: RequestOptions): Promise<Page<Endpoint>>;
+  createEndpoint(name: string, policy?: EndpointPolicyUpdate, requestOptions?: RequestOptions): Promise<Endpoint>;
+  getEndpoint(endpointId: string, requestOptions?: RequestOptions): Promise<Endpoint>;
+  updateEndpointPolicy(endpointId: string, update: EndpointPolicyUpdate, options: { expectedVersion: number }, requestOptions?: RequestOptions): Promise<Endpoint>;
+  pauseEndpoint(endpointId: string, requestOptions?: RequestOptions): Promise<Endpoint>;
+  resumeEndpoint(endpointId: string, requestOptions?: RequestOptions): Promise<Endpoint>;
+  closeEndpointCircuit(endpointId: string, requestOptions?: RequestOptions): Promise<Endpoint>;
+  listEndpointAttempts(endpointId: string, query?: ListQuery & { outcome?: 'SUCCEEDED' | 'FAILED' | undefined }, requestOptions?: RequestOptions): Promise<Page<EndpointAttempt>>;
+  publishContract(name: string, spec: ContractSpec, requestOptions?: RequestOptions): Promise<Contract>;
+  listContracts(name: string, query?: ListQuery, requestOptions?: RequestOptions): Promise<Page<Contract>>;
+  testTool(name: string, version: string, input?: Json, options?: { idempotencyKey?: string | undefined }, requestOptions?: RequestOptions): Promise<ToolTest>;
+  reconcile(request: ReconcileRequest, requestOptions?: RequestOptions): Promise<Reconciliation>;
+  listQueueHealth(query?: ListQuery, requestOptions?: RequestOptions): Promise<Page<QueueHealth>>;
+  registerWorker(tools: Array<{ name: string; version: string }>, options?: { idempotencyKey?: string | undefined }, requestOptions?: RequestOptions): Promise<string>;
+  claim(workerId: string, options?: { limit?: number | undefined; waitSeconds?: number | undefined; claimId?: string | undefined }, requestOptions?: RequestOptions): Promise<ClaimedJob[]>;
+  heartbeatJob(jobId: string, leaseToken: string, requestOptions?: RequestOptions): Promise<{ leaseExpiresAt: string; cancelRequested: boolean }>;
+  reportJob(jobId: string, report: JobReport, requestOptions?: RequestOptions): Promise<JobReportResult>;
+  reportJobs(reports: Array<JobReport & { jobId: string }>, requestOptions?: RequestOptions): Promise<BatchJobResult[]>;
   doEffect<T>(request: BeginRequest, action: (lease: Lease) => T | Promise<T>, options?: { inFlightTimeoutMs?: number | undefined; signal?: AbortSignal | undefined }): Promise<EffectOutcome<T>>;
 }
 

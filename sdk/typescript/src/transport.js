@@ -89,19 +89,32 @@ export class Transport {
    * by the server's own clock. retryCutoff, once aborted, ends the waits
    * between attempts (a stopping worker's claim waiting out a 429): the call
    * then rejects with its last failure, or a ConnectionLostError when an
-   * attempt may have been applied.
+   * attempt may have been applied. callTimeoutMs (a caller's per-call
+   * timeoutMs) bounds the whole call, its retries and the waits between
+   * them included, as a Go context's deadline does, in place of the
+   * per-attempt timeoutMs: each attempt is given the time left (cut, it
+   * rejects ConnectionLostError 'timed out'), and a wait that would end
+   * past the bound is not begun: the call rejects with its last failure at
+   * once (marked unconfirmed when an attempt may have been applied).
    */
-  async call(method, path, body, { safe, idempotencyKey, timeoutMs, maxRetries, signal, retryCutoff, withDate = false } = {}) {
+  async call(method, path, body, { safe, idempotencyKey, timeoutMs, callTimeoutMs, maxRetries, signal, retryCutoff, withDate = false } = {}) {
     const data = body === undefined ? undefined : stringify(body);
     const retries = maxRetries ?? this.maxRetries;
+    if (callTimeoutMs !== undefined && !(Number.isFinite(callTimeoutMs) && callTimeoutMs > 0)) {
+      throw new TypeError('ratchet: timeoutMs must be a positive number of milliseconds');
+    }
+    const deadline = callTimeoutMs === undefined ? null : Date.now() + callTimeoutMs;
     let attempt = 0;
     let held = 0;
     let unsure = false; // an attempt may have been applied
     let failure;
     for (;;) {
       let wait;
+      let polled = false; // a wait for a held key, not a retry
       try {
-        const [answer, date] = await this.#once(method, path, data, idempotencyKey, timeoutMs ?? this.timeoutMs, signal);
+        // setTimeout fires at once past 2^31-1 ms: a longer bound waits that long.
+        const attemptMs = deadline === null ? timeoutMs ?? this.timeoutMs : Math.min(Math.max(deadline - Date.now(), 0), 2 ** 31 - 1);
+        const [answer, date] = await this.#once(method, path, data, idempotencyKey, attemptMs, signal);
         return withDate ? [answer, date] : answer;
       } catch (err) {
         failure = err;
@@ -112,13 +125,14 @@ export class Transport {
             // wait as asked, outside the retry bound (but not with retries
             // off, as the Go SDK's).
             held++;
-            await this.sleep(Math.max(err.retryAfterSeconds, 1) * 1000, signal);
-            continue;
+            polled = true;
+            wait = Math.max(err.retryAfterSeconds, 1) * 1000;
+          } else {
+            wait = this.retryDelay(err, attempt, safe);
+            // An earlier attempt may have acted: this answer only says why
+            // the retries stopped (Go's unconfirmed).
+            if (wait === null || attempt >= retries) throw unsure ? markUnconfirmed(err) : err;
           }
-          wait = this.retryDelay(err, attempt, safe);
-          // An earlier attempt may have acted: this answer only says why
-          // the retries stopped (Go's unconfirmed).
-          if (wait === null || attempt >= retries) throw unsure ? markUnconfirmed(err) : err;
         } else if (err instanceof ConnectionLostError) {
           unsure = true;
           if (!safe || attempt >= retries) throw err;
@@ -126,6 +140,15 @@ export class Transport {
         } else {
           throw err; // the caller's signal aborted, or an error of ours
         }
+      }
+      // Waiting would outlive the call's bound: its last failure now, as
+      // Go's (a serverless caller gets its time back instead of a sleep).
+      if (deadline !== null && Date.now() + wait >= deadline) {
+        throw unsure && failure instanceof RatchetError ? markUnconfirmed(failure) : failure;
+      }
+      if (polled) {
+        await this.sleep(wait, signal);
+        continue;
       }
       attempt++;
       if (!retryCutoff) {

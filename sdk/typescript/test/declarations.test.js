@@ -58,7 +58,7 @@ function body(kind, name) {
 // it `createRatchet({ baseUrl: process.env.RATCHET_BASE_URL, ... })`, the
 // README's first line, did not compile.
 test('every optional option admits undefined', () => {
-  const options = ['RatchetOptions', 'RunOptions', 'EnqueueOptions', 'ReplayOptions', 'StartOptions', 'BeginRequest',
+  const options = ['RatchetOptions', 'RequestOptions', 'RunOptions', 'EnqueueOptions', 'ReplayOptions', 'StartOptions', 'BeginRequest',
     'ResolveRequest', 'ListQuery', 'WebhookUpdate', 'KeySpec', 'ContractSpec', 'ReconcileRecord', 'ReconcileRequest',
     'VerifyWebhookOptions'];
   const fields = options.flatMap((name) => [...body('interface', name).matchAll(/^ {2}(\w+)\?: (.+);$/gm)]

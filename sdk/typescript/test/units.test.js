@@ -2128,3 +2128,138 @@ test('request takes a timeout and a signal of its own', async (t) => {
   aborter.abort(new Error('caller gave up'));
   await assert.rejects(call, /caller gave up/);
 });
+
+// Per-call request options: every method takes a trailing RequestOptions
+// { timeoutMs, signal }, as every Go method takes a context.
+const everyCall = {
+  startRun: (c, o) => c.startRun('r', {}, o),
+  enqueue: (c, o) => c.enqueue({}, { name: 'n', version: '1', runId: 'run_1' }, o),
+  finishRun: (c, o) => c.finishRun('run_1', o),
+  getRun: (c, o) => c.getRun('run_1', o),
+  listRuns: (c, o) => c.listRuns({}, o),
+  listRunSteps: (c, o) => c.listRunSteps('run_1', {}, o),
+  getStep: (c, o) => c.getStep('s', o),
+  listStepAttempts: (c, o) => c.listStepAttempts('s', {}, o),
+  listStepReplays: (c, o) => c.listStepReplays('s', {}, o),
+  cancelStep: (c, o) => c.cancelStep('s', o),
+  replayPreview: (c, o) => c.replayPreview('s', o),
+  replay: (c, o) => c.replay('s', {}, o),
+  begin: (c, o) => c.begin({ effectType: 't', idempotencyKey: 'k' }, o),
+  reportEffect: (c, o) => c.reportEffect('e', 'tok', 'succeeded', null, o),
+  heartbeatEffect: (c, o) => c.heartbeatEffect('e', 'tok', o),
+  getEffect: (c, o) => c.getEffect('e', o),
+  resolveEffect: (c, o) => c.resolveEffect('e', { outcome: 'failed' }, o),
+  listEffects: (c, o) => c.listEffects({}, o),
+  listEffectPolicies: (c, o) => c.listEffectPolicies({}, o),
+  getEffectPolicy: (c, o) => c.getEffectPolicy('t', o),
+  getPolicyStructuring: (c, o) => c.getPolicyStructuring('t', o),
+  updateEffectPolicy: (c, o) => c.updateEffectPolicy('t', {}, {}, o),
+  listApprovals: (c, o) => c.listApprovals({}, o),
+  getApproval: (c, o) => c.getApproval('a', o),
+  approve: (c, o) => c.approve('a', {}, o),
+  reject: (c, o) => c.reject('a', {}, o),
+  listCircuits: (c, o) => c.listCircuits({}, o),
+  openCircuit: (c, o) => c.openCircuit('t', {}, o),
+  closeCircuit: (c, o) => c.closeCircuit('t', o),
+  emergencyStop: (c, o) => c.emergencyStop({}, o),
+  getEmergencyStop: (c, o) => c.getEmergencyStop(o),
+  releaseEmergencyStop: (c, o) => c.releaseEmergencyStop(o),
+  createGroup: (c, o) => c.createGroup('g', {}, o),
+  getGroup: (c, o) => c.getGroup('g', o),
+  listGroupSteps: (c, o) => c.listGroupSteps('g', {}, o),
+  commitGroup: (c, o) => c.commitGroup('g', o),
+  unwindGroup: (c, o) => c.unwindGroup('g', o),
+  createWebhook: (c, o) => c.createWebhook('https://example.com/h', ['effect.succeeded'], {}, o),
+  listWebhooks: (c, o) => c.listWebhooks({}, o),
+  getWebhook: (c, o) => c.getWebhook('w', o),
+  updateWebhook: (c, o) => c.updateWebhook('w', { disabled: true }, o),
+  deleteWebhook: (c, o) => c.deleteWebhook('w', o),
+  listWebhookDeliveries: (c, o) => c.listWebhookDeliveries('w', {}, o),
+  retryWebhookDeliveries: (c, o) => c.retryWebhookDeliveries('w', ['d'], {}, o),
+  rotateWebhookSecret: (c, o) => c.rotateWebhookSecret('w', {}, o),
+  createKey: (c, o) => c.createKey({ name: 'k', preset: 'AGENT' }, o),
+  listKeys: (c, o) => c.listKeys({}, o),
+  currentKey: (c, o) => c.currentKey(o),
+  revokeKey: (c, o) => c.revokeKey('k', o),
+  listEndpoints: (c, o) => c.listEndpoints({}, o),
+  createEndpoint: (c, o) => c.createEndpoint('ep', {}, o),
+  getEndpoint: (c, o) => c.getEndpoint('ep', o),
+  updateEndpointPolicy: (c, o) => c.updateEndpointPolicy('ep', {}, { expectedVersion: 1 }, o),
+  pauseEndpoint: (c, o) => c.pauseEndpoint('ep', o),
+  resumeEndpoint: (c, o) => c.resumeEndpoint('ep', o),
+  closeEndpointCircuit: (c, o) => c.closeEndpointCircuit('ep', o),
+  listEndpointAttempts: (c, o) => c.listEndpointAttempts('ep', {}, o),
+  publishContract: (c, o) => c.publishContract('n', { handlerVersion: '1', inputSchema: {} }, o),
+  listContracts: (c, o) => c.listContracts('n', {}, o),
+  testTool: (c, o) => c.testTool('n', '1', {}, {}, o),
+  reconcile: (c, o) => c.reconcile({ effectType: 't', from: '2026-01-01T00:00:00Z', to: '2026-01-02T00:00:00Z' }, o),
+  listQueueHealth: (c, o) => c.listQueueHealth({}, o),
+  registerWorker: (c, o) => c.registerWorker([{ name: 'n', version: '1' }], {}, o),
+  claim: (c, o) => c.claim('wkr_1', {}, o),
+  heartbeatJob: (c, o) => c.heartbeatJob('j', 'tok', o),
+  reportJob: (c, o) => c.reportJob('j', { leaseToken: 'tok', status: 'SUCCEEDED' }, o),
+  reportJobs: (c, o) => c.reportJobs([{ jobId: 'j', leaseToken: 'tok', status: 'SUCCEEDED' }], o),
+};
+
+test('every method takes a signal: one already aborted ends the call before it is sent', async (t) => {
+  // Not request (its options take them), doEffect (its own options hold a
+  // signal), registerTool and the accessors (no call).
+  const calls = Object.getOwnPropertyNames(Ratchet.prototype)
+    .filter((n) => !['constructor', 'request', 'doEffect', 'registerTool', 'runId', 'worker'].includes(n));
+  assert.deepEqual(Object.keys(everyCall).sort(), calls.sort());
+  const server = await fakeServer(t, () => [200, {}]);
+  const c = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', maxRetries: 0 });
+  const reason = new Error('caller gave up');
+  for (const [name, call] of Object.entries(everyCall)) {
+    await assert.rejects(call(c, { signal: AbortSignal.abort(reason) }), (err) => err === reason, name);
+  }
+  assert.deepEqual(server.seen, []);
+});
+
+test("a method's timeoutMs ends a call its server never answers", async (t) => {
+  let release;
+  const held = new Promise((r) => { release = r; });
+  t.after(() => release());
+  setTimeout(() => release(), 10_000).unref(); // hang guard: answered then, the call would resolve
+  const server = await fakeServer(t, async () => { await held; return [200, { data: [], nextCursor: null }]; });
+  const c = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 60_000 });
+  // Only the call's own bound can end it: the client's is a minute, and the
+  // server answers nothing until the guard.
+  await assert.rejects(c.listRuns(undefined, { timeoutMs: 200 }), (err) => err instanceof ConnectionLostError && /timed out/.test(err.message));
+  await assert.rejects(c.getStep('s', { timeoutMs: 0 }), TypeError);
+});
+
+test("a method's signal aborted while its call is in flight rejects with its reason", async (t) => {
+  let release;
+  const held = new Promise((r) => { release = r; });
+  t.after(() => release());
+  setTimeout(() => release(), 10_000).unref(); // hang guard
+  const aborter = new AbortController();
+  const reason = new Error('caller gave up');
+  // Aborted once the server has the request: mid-call, by construction.
+  const server = await fakeServer(t, async () => { aborter.abort(reason); await held; return [200, {}]; });
+  const c = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 60_000 });
+  await assert.rejects(c.getEffect('e', { signal: aborter.signal }), (err) => err === reason);
+  assert.equal(server.seen.length, 1);
+});
+
+test("a method's timeoutMs bounds the whole call, its retries' waits included", async (t) => {
+  // A 503 asking for 5 s: each attempt is quick, so only a bound on the
+  // whole call stops the retry (per attempt, it waited 5 s and got the 200).
+  const server = await fakeServer(t, [[503, error('unavailable', { retry_after_seconds: 5 })], [200, { id: 'run_1' }]]);
+  const c = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 60_000 });
+  await assert.rejects(c.getRun('run_1', { timeoutMs: 1_000 }), (err) => err instanceof RatchetError && err.status === 503);
+  assert.equal(server.seen.length, 1);
+  // A retry begun within the bound is given only the time left: the second
+  // attempt hangs, and the call ends within the call's bound, not the
+  // client's minute.
+  let release;
+  const held = new Promise((r) => { release = r; });
+  t.after(() => release());
+  setTimeout(() => release(), 10_000).unref(); // hang guard
+  let n = 0;
+  const hangs = await fakeServer(t, async () => (++n === 1 ? [500, error('internal_error')] : (await held, [200, {}])));
+  const d = new Ratchet({ baseUrl: hangs.url, apiKey: 'rk_test', timeoutMs: 60_000 });
+  await assert.rejects(d.getStep('s', { timeoutMs: 2_000 }), (err) => err instanceof ConnectionLostError && /timed out/.test(err.message));
+  assert.equal(hangs.seen.length, 2);
+});
