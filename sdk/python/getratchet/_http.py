@@ -65,9 +65,15 @@ class Abort:
     stop's give-up time): fire() shuts the connection of each call in flight,
     whose blocked read then ends at once, and every call made after fails
     before it is sent. Python cannot interrupt a thread blocked in a read;
-    shutting its socket is the one way to end the read from another."""
+    shutting its socket is the one way to end the read from another. reason
+    is what a call it cut says ended it."""
 
-    def __init__(self) -> None:
+    def __init__(self, reason: str = "given up", *, cuts_answers: bool = False) -> None:
+        self.reason = reason
+        # Whether an answer read by a call it cut is thrown away: a call's
+        # bound (the answer came too late, or cut short by the shutdown);
+        # a worker's stop keeps the whole answer it may still read.
+        self.cuts_answers = cuts_answers
         self._lock = threading.Lock()
         self._fired = False
         self._event = threading.Event()
@@ -182,7 +188,7 @@ class Transport:
     def call(self, method: str, path: str, body: Any = None, *, safe: bool,
              idempotency_key: Optional[str] = None, timeout: Optional[float] = None,
              max_retries: Optional[int] = None, with_date: bool = False, abort: Optional[Abort] = None,
-             retry_cutoff: Optional[Abort] = None) -> Any:
+             retry_cutoff: Optional[Abort] = None, call_timeout: Optional[float] = None) -> Any:
         """Sends method path (under /api/v1) and returns the decoded answer.
 
         safe says whether the call may be repeated after an answer was lost
@@ -196,16 +202,58 @@ class Transport:
         when an attempt may have been applied, else with its last failure.
         retry_cutoff, once fired, ends the waits between attempts the same
         way but leaves an attempt in flight alone (a stopping worker's claim
-        waiting out a 429).
+        waiting out a 429). call_timeout (seconds, a caller's per-call
+        timeout) bounds the whole call, its retries and the waits between
+        them included, as a Go context's deadline does, in place of the
+        per-attempt timeout: each attempt is given the time left, and cut at
+        the bound (ConnectionLost "timeout"), and a wait that would end past
+        the bound is not begun: the call raises its last failure at once
+        (marked unconfirmed when an attempt may have been applied).
         """
+        if call_timeout is None:
+            return self._call(method, path, body, safe=safe, idempotency_key=idempotency_key, timeout=timeout,
+                              max_retries=max_retries, with_date=with_date, abort=abort, retry_cutoff=retry_cutoff)
+        if isinstance(call_timeout, bool) or not (isinstance(call_timeout, (int, float))
+                                                 and 0 < call_timeout < math.inf):
+            raise ValueError("ratchet: timeout must be a positive number of seconds")
+        deadline = time.monotonic() + call_timeout
+        if abort is not None:  # the worker's own cut-offs: the sockets' timeouts bound each attempt
+            return self._call(method, path, body, safe=safe, idempotency_key=idempotency_key, timeout=timeout,
+                              max_retries=max_retries, with_date=with_date, abort=abort, retry_cutoff=retry_cutoff,
+                              deadline=deadline)
+        # A socket's timeout bounds each read, not the answer: one trickled
+        # a byte at a time would outlast it. The bound shuts the socket of an
+        # attempt still in flight, as a worker's stop does.
+        cut = Abort("timeout", cuts_answers=True)
+        timer = threading.Timer(call_timeout, cut.fire)
+        timer.daemon = True
+        timer.start()
+        try:
+            return self._call(method, path, body, safe=safe, idempotency_key=idempotency_key, timeout=timeout,
+                              max_retries=max_retries, with_date=with_date, abort=cut, retry_cutoff=retry_cutoff,
+                              deadline=deadline, sleep_through=cut)
+        finally:
+            timer.cancel()
+
+    def _call(self, method: str, path: str, body: Any, *, safe: bool, idempotency_key: Optional[str],
+              timeout: Optional[float], max_retries: Optional[int], with_date: bool, abort: Optional[Abort],
+              retry_cutoff: Optional[Abort], deadline: Optional[float] = None,
+              sleep_through: Optional[Abort] = None) -> Any:
+        """call, within deadline (time.monotonic()) when given; waits
+        between attempts are plain sleeps when abort is sleep_through (the
+        bound's own cut, which never fires during a wait that ends before
+        it)."""
         data = None if body is None else _json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
         retries = self.max_retries if max_retries is None else max_retries
         attempt = 0
         held = 0
         unsure = False  # an attempt may have been applied
         while True:
+            # With a bound on the call, each attempt has the time left (a
+            # socket timeout of 0 would not block at all).
+            per_attempt = (timeout or self.timeout) if deadline is None else max(deadline - time.monotonic(), 0.001)
             try:
-                answer, date = self._once(method, path, data, idempotency_key, timeout or self.timeout, safe, abort)
+                answer, date = self._once(method, path, data, idempotency_key, per_attempt, safe, abort)
                 return (answer, date) if with_date else answer
             except RatchetError as err:
                 unsure = unsure or err.may_have_applied
@@ -214,7 +262,11 @@ class Transport:
                     # key: wait as asked, outside the retry bound (but not
                     # with retries off, as the Go SDK's).
                     held += 1
-                    self.sleep(max(err.retry_after_seconds, 1))
+                    wait = max(err.retry_after_seconds, 1)
+                    if deadline is not None and time.monotonic() + wait >= deadline:
+                        err._unconfirmed = err._unconfirmed or unsure
+                        raise
+                    self.sleep(wait)
                     continue
                 wait = self.retry_delay(err, attempt, safe)
                 if wait is None or attempt >= retries:
@@ -228,8 +280,14 @@ class Transport:
                 if not safe or attempt >= retries or (abort is not None and abort.fired):
                     raise
                 wait, failure = self.backoff(attempt), err
+            if deadline is not None and time.monotonic() + wait >= deadline:
+                # Waiting would outlive the call's bound: its last failure
+                # now, as Go's (a serverless caller gets its time back).
+                if isinstance(failure, RatchetError):
+                    failure._unconfirmed = failure._unconfirmed or unsure
+                raise failure
             attempt += 1
-            if abort is None and retry_cutoff is None:
+            if (abort is None or abort is sleep_through) and retry_cutoff is None:
                 self.sleep(wait)
             elif _wait_either(wait, abort, retry_cutoff):
                 # Cut while waiting (a claim's 429 at a stop): the caller
@@ -400,12 +458,18 @@ class Transport:
                 self._send(connection, method, path, data, headers, abort)
                 response = connection.getresponse()
             raw = response.read()
+            if abort is not None and abort.fired and abort.cuts_answers:
+                # Shut mid-answer: http.client reads the end of the socket
+                # as the end of the head or of a body without a length, so
+                # what it read may be a cut answer passed off as a whole one.
+                raise ConnectionAbortedError("cut")
         except (OSError, http.client.HTTPException) as failure:
             # Connection refused, reset, timed out, or an answer cut short;
             # the connection is in an unknown state and is not kept.
             connection.close()
             if abort is not None and abort.fired:
-                raise self._called(ConnectionLost(f"ratchet: {name}: given up"), method, path, "given up") from None
+                raise self._called(ConnectionLost(f"ratchet: {name}: {abort.reason}"), method, path,
+                                   abort.reason) from None
             raise self._called(ConnectionLost(f"ratchet: {name}: {_reason(failure)}"), method, path,
                                net_kind(failure)) from None
         finally:

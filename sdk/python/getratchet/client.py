@@ -98,6 +98,17 @@ class Ratchet:
     server's retry_after_seconds; start_run and create_group without an
     idempotency key, update_effect_policy and update_endpoint_policy are
     never repeated after an ambiguous failure.
+
+    Every method that calls the API (but do_effect and do_effect_async,
+    protocols whose bounds are in_flight_timeout and the report's own) takes
+    a keyword-only ``timeout`` (seconds), as a Go method takes a context: it
+    bounds the whole call, its retries and the waits between them included,
+    in place of the client's ``timeout``. An attempt it cuts raises
+    ConnectionLost; a retry's wait that would end past it is not begun, and
+    the call raises its last failure at once (a RatchetError whose
+    ``may_have_applied`` says whether an earlier attempt may have acted).
+    enqueue's and publish_contract's ``timeout_ms`` are the job's, not the
+    call's.
     """
 
     def __init__(self, base_url: Optional[str] = None, api_key: str = "", *, timeout: float = 60.0,
@@ -127,11 +138,10 @@ class Ratchet:
         """Calls any route (path under /api/v1, e.g. "/endpoints") and
         returns the decoded answer; failures raise RatchetError. safe=True
         lets the call be repeated after a lost answer: only for calls that
-        are idempotent. timeout (seconds) bounds each attempt of this call
-        instead of the client's, as a Go caller's context bounds one call
-        (a long poll, a slow export)."""
+        are idempotent. timeout (seconds) bounds the whole call, as every
+        method's does (see the class)."""
         return self._transport.call(method, path, body, safe=safe, idempotency_key=idempotency_key,
-                                    timeout=timeout)
+                                    call_timeout=timeout)
 
     # -- producer -----------------------------------------------------------
 
@@ -142,7 +152,7 @@ class Ratchet:
             return self._run_id
 
     def start_run(self, name: str, *, idempotency_key: Optional[str] = None,
-                  budget_micros: Optional[int] = None) -> dict:
+                  budget_micros: Optional[int] = None, timeout: Optional[float] = None) -> dict:
         """Starts a run (POST /runs) and makes it this client's current run.
 
         With idempotency_key (derived from the work, as a Temporal workflow
@@ -154,7 +164,7 @@ class Ratchet:
             body["idempotencyKey"] = idempotency_key
         if budget_micros is not None:
             body["budgetMicros"] = budget_micros
-        run = self._transport.call("POST", "/runs", body, safe=idempotency_key is not None)
+        run = self._transport.call("POST", "/runs", body, safe=idempotency_key is not None, call_timeout=timeout)
         with self._lock:
             self._run_id = run["id"]
         return run
@@ -169,7 +179,7 @@ class Ratchet:
                 idempotency_key: Optional[str] = None, timeout_ms: Optional[int] = None,
                 max_attempts: Optional[int] = None, contract_version: Optional[int] = None,
                 after_step_id: Optional[str] = None, after_status: Optional[str] = None,
-                delay_ms: Optional[int] = None, run_id: Optional[str] = None) -> dict:
+                delay_ms: Optional[int] = None, run_id: Optional[str] = None, timeout: Optional[float] = None) -> dict:
         """Adds a step to the run (POST /runs/{id}/steps): the exact handler
         name@version, its JSON input and options. Without idempotency_key
         the server derives one from the run, name, version, contract
@@ -184,68 +194,74 @@ class Ratchet:
                     "maxAttempts": max_attempts, "contractVersion": contract_version,
                     "afterStepId": after_step_id, "afterStatus": after_status, "delayMs": delay_ms}
         body.update({k: v for k, v in optional.items() if v is not None})
-        return self._transport.call("POST", "/runs/" + path_id(self._run(run_id)) + "/steps", body, safe=True)
+        return self._transport.call("POST", "/runs/" + path_id(self._run(run_id)) + "/steps", body, safe=True,
+                                    call_timeout=timeout)
 
-    def finish_run(self, run_id: Optional[str] = None) -> dict:
+    def finish_run(self, run_id: Optional[str] = None, *, timeout: Optional[float] = None) -> dict:
         """Requests the run's completion: it ends SUCCEEDED once every step
         ended well, FAILED when one is EXHAUSTED or CANCELLED. Enqueue every
         branch before this."""
-        return self._transport.call("POST", "/runs/" + path_id(self._run(run_id)) + "/finish", {}, safe=True)
+        return self._transport.call("POST", "/runs/" + path_id(self._run(run_id)) + "/finish", {}, safe=True,
+                                    call_timeout=timeout)
 
-    def get_run(self, run_id: Optional[str] = None) -> dict:
+    def get_run(self, run_id: Optional[str] = None, *, timeout: Optional[float] = None) -> dict:
         """Reads a run with its steps (each with ``durableJob``)."""
-        return self._transport.call("GET", "/runs/" + path_id(self._run(run_id)), safe=True)
+        return self._transport.call("GET", "/runs/" + path_id(self._run(run_id)), safe=True, call_timeout=timeout)
 
-    def get_step(self, step_id: str) -> dict:
+    def get_step(self, step_id: str, *, timeout: Optional[float] = None) -> dict:
         """Reads one step with its job's last 50 executions and last 50
         replays: ``durableJob.attemptsTruncated`` and ``replaysTruncated``
         say earlier ones are left out (list_step_attempts and
         list_step_replays page them all)."""
-        return self._transport.call("GET", "/steps/" + path_id(step_id), safe=True)
+        return self._transport.call("GET", "/steps/" + path_id(step_id), safe=True, call_timeout=timeout)
 
     def list_step_attempts(self, step_id: str, *, limit: Optional[int] = None,
-                           cursor: Optional[str] = None) -> dict:
+                           cursor: Optional[str] = None, timeout: Optional[float] = None) -> dict:
         """Pages every execution of a step's job in attempt order, where a
         step holds its last 50 (``attemptsTruncated``): {"data",
         "nextCursor"}. Pass nextCursor as cursor for the next page."""
         return self._transport.call("GET", "/steps/" + path_id(step_id) + "/attempts"
-                                    + _query(limit=limit, cursor=cursor), safe=True)
+                                    + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
 
     def list_step_replays(self, step_id: str, *, limit: Optional[int] = None,
-                          cursor: Optional[str] = None) -> dict:
+                          cursor: Optional[str] = None, timeout: Optional[float] = None) -> dict:
         """Pages every replay of a step's job oldest first, where a step
         holds its last 50 (``replaysTruncated``): {"data", "nextCursor"}."""
         return self._transport.call("GET", "/steps/" + path_id(step_id) + "/replays"
-                                    + _query(limit=limit, cursor=cursor), safe=True)
+                                    + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
 
     def list_runs(self, *, status: Optional[str] = None, limit: Optional[int] = None,
-                  cursor: Optional[str] = None) -> dict:
+                  cursor: Optional[str] = None, timeout: Optional[float] = None) -> dict:
         """Pages the workspace's runs newest first, without their steps
         (scope runs:read): {"data": [...], "nextCursor"}; status RUNNING,
         SUCCEEDED or FAILED. Pass nextCursor as cursor for the next page."""
-        return self._transport.call("GET", "/runs" + _query(status=status, limit=limit, cursor=cursor), safe=True)
+        return self._transport.call("GET", "/runs" + _query(status=status, limit=limit, cursor=cursor), safe=True,
+                                    call_timeout=timeout)
 
     def list_run_steps(self, run_id: Optional[str] = None, *, status: Optional[str] = None,
-                       limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+                       limit: Optional[int] = None, cursor: Optional[str] = None,
+                       timeout: Optional[float] = None) -> dict:
         """Pages a run's steps in id order, each as get_step reads it, for
         runs larger than get_run's first steps (1000, or fewer where more would pass about 4 MB): {"data", "nextCursor"}."""
         return self._transport.call("GET", "/runs/" + path_id(self._run(run_id)) + "/steps"
-                                    + _query(status=status, limit=limit, cursor=cursor), safe=True)
+                                    + _query(status=status, limit=limit, cursor=cursor), safe=True,
+                                    call_timeout=timeout)
 
-    def cancel_step(self, step_id: str) -> dict:
+    def cancel_step(self, step_id: str, *, timeout: Optional[float] = None) -> dict:
         """Cancels a step's job; a running handler learns of it at its next
         heartbeat. Cancelling again answers the same step."""
-        return self._transport.call("POST", "/steps/" + path_id(step_id) + "/cancel", {}, safe=True)
+        return self._transport.call("POST", "/steps/" + path_id(step_id) + "/cancel", {}, safe=True,
+                                    call_timeout=timeout)
 
-    def replay_preview(self, step_id: str) -> dict:
+    def replay_preview(self, step_id: str, *, timeout: Optional[float] = None) -> dict:
         """Whether an exhausted or cancelled step may be replayed, and the
         contract versions it could be upgraded to (``upgrades``)."""
-        return self._transport.call("GET", "/steps/" + path_id(step_id) + "/replay", safe=True)
+        return self._transport.call("GET", "/steps/" + path_id(step_id) + "/replay", safe=True, call_timeout=timeout)
 
     def replay(self, step_id: str, *, reason: Optional[str] = None, max_attempts: int = 1,
                acknowledge_duplicate_risk: bool = True, target_contract_version: Optional[int] = None,
                expected_handler_version: Optional[str] = None, acknowledge_version_change: bool = False,
-               expected_attempt: Optional[int] = None) -> dict:
+               expected_attempt: Optional[int] = None, timeout: Optional[float] = None) -> dict:
         """Queues an exhausted or cancelled step again (scope steps:replay).
 
         The previous worker may have completed a side effect whose result
@@ -265,7 +281,7 @@ class Ratchet:
         if acknowledge_version_change:
             body["acknowledgeVersionChange"] = True
         return self._transport.call("POST", "/steps/" + path_id(step_id) + "/replay", body, safe=True,
-                                    idempotency_key=new_request_id())
+                                    idempotency_key=new_request_id(), call_timeout=timeout)
 
     # -- worker -------------------------------------------------------------
 
@@ -294,7 +310,8 @@ class Ratchet:
               cost_micros: Optional[int] = None, dimensions: Optional[dict] = None,
               run_id: Optional[str] = None, group_id: Optional[str] = None,
               compensation: Optional[dict] = None, compensates_effect_id: Optional[str] = None,
-              lease_seconds: Optional[int] = None, request_id: Optional[str] = None) -> dict:
+              lease_seconds: Optional[int] = None, request_id: Optional[str] = None,
+              timeout: Optional[float] = None) -> dict:
         """Asks before acting (POST /effects/begin) and returns the answer:
         ``decision`` is execute, duplicate, in_flight, blocked,
         approval_required or denied (a denial is answered, not raised: its
@@ -305,7 +322,7 @@ class Ratchet:
         return self._begin(self._begin_body(
             effect_type, idempotency_key, payload, cost_micros=cost_micros, dimensions=dimensions, run_id=run_id,
             group_id=group_id, compensation=compensation, compensates_effect_id=compensates_effect_id,
-            lease_seconds=lease_seconds, request_id=request_id))[0]
+            lease_seconds=lease_seconds, request_id=request_id), timeout)[0]
 
     @staticmethod
     def _begin_body(effect_type: str, idempotency_key: str, payload: Any, *, request_id: Optional[str] = None,
@@ -319,36 +336,39 @@ class Ratchet:
         body.update({k: v for k, v in options.items() if v is not None})
         return body
 
-    def _begin(self, body: dict) -> Tuple[dict, float, str]:
+    def _begin(self, body: dict, timeout: Optional[float] = None) -> Tuple[dict, float, str]:
         """begin's answer; for an execute, the lease's length in seconds by
         the server's clock (its expiry less the answer's Date); for a
         denial, the answer's X-Request-Id (its body holds none)."""
         try:
-            answer, date = self._transport.call("POST", "/effects/begin", body, safe=True, with_date=True)
+            answer, date = self._transport.call("POST", "/effects/begin", body, safe=True, with_date=True,
+                                                call_timeout=timeout)
         except RatchetError as err:
             if err.status == 403 and isinstance(err.body, dict) and err.body.get("decision") == "denied":
                 return err.body, 0.0, err.request_id
             raise
         return answer, _lease_seconds(answer.get("lease_expires_at"), date), ""
 
-    def report_effect(self, effect_id: str, lease_token: str, outcome: str, result: Any = None) -> dict:
+    def report_effect(self, effect_id: str, lease_token: str, outcome: str, result: Any = None,
+                      *, timeout: Optional[float] = None) -> dict:
         """Reports an execute's outcome: "succeeded" with its result, or
         "failed" only when the action surely did not reach the outside
         world. Unsure? Report nothing: the lease lapses and the outcome is
         recorded honestly as indeterminate."""
         return self._transport.call("POST", "/effects/" + path_id(effect_id) + "/report",
-                                    _effect_report(lease_token, outcome, result), safe=True)
+                                    _effect_report(lease_token, outcome, result), safe=True, call_timeout=timeout)
 
-    def heartbeat_effect(self, effect_id: str, lease_token: str) -> dict:
+    def heartbeat_effect(self, effect_id: str, lease_token: str, *, timeout: Optional[float] = None) -> dict:
         """Extends an execute's lease: {"effect_id", "lease_expires_at"}."""
         return self._transport.call("POST", "/effects/" + path_id(effect_id) + "/heartbeat",
-                                    {"lease_token": lease_token}, safe=True)
+                                    {"lease_token": lease_token}, safe=True, call_timeout=timeout)
 
-    def get_effect(self, effect_id: str) -> dict:
+    def get_effect(self, effect_id: str, *, timeout: Optional[float] = None) -> dict:
         """Reads an effect with its attempts."""
-        return self._transport.call("GET", "/effects/" + path_id(effect_id), safe=True)
+        return self._transport.call("GET", "/effects/" + path_id(effect_id), safe=True, call_timeout=timeout)
 
-    def resolve_effect(self, effect_id: str, outcome: str, result: Any = None, *, note: Optional[str] = None) -> dict:
+    def resolve_effect(self, effect_id: str, outcome: str, result: Any = None, *, note: Optional[str] = None,
+                       timeout: Optional[float] = None) -> dict:
         """Records what an operator found at the vendor for an indeterminate
         effect (scope effects:resolve) and unblocks its key: "succeeded"
         with the vendor's result, which a duplicate begin then answers, or
@@ -361,15 +381,17 @@ class Ratchet:
             body["result"] = result
         if note is not None:
             body["note"] = note
-        return self._transport.call("POST", "/effects/" + path_id(effect_id) + "/resolve", body, safe=True)
+        return self._transport.call("POST", "/effects/" + path_id(effect_id) + "/resolve", body, safe=True,
+                                    call_timeout=timeout)
 
     def list_effects(self, *, state: Optional[str] = None, effect_type: Optional[str] = None,
-                     limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+                     limit: Optional[int] = None, cursor: Optional[str] = None,
+                     timeout: Optional[float] = None) -> dict:
         """Pages effects newest first (scope effects:read), results as
         redacted previews: {"data": [...], "next_cursor"}. state="indeterminate"
         lists those to verify at the vendor and resolve."""
         return self._transport.call("GET", "/effects" + _query(state=state, effect_type=effect_type, limit=limit,
-                                                               cursor=cursor), safe=True)
+                                                               cursor=cursor), safe=True, call_timeout=timeout)
 
     def do_effect(self, effect_type: str, idempotency_key: str, action: Callable[[Lease], Any],
                   payload: Any = None, *, in_flight_timeout: Optional[float] = None,
@@ -695,7 +717,8 @@ class Ratchet:
     # own, as the Go SDK's RegisterWorker, ClaimKeyed, HeartbeatJob,
     # ReportJob and ReportJobs. Most code uses the worker.
 
-    def register_worker(self, tools: List[Any], *, idempotency_key: Optional[str] = None) -> str:
+    def register_worker(self, tools: List[Any], *, idempotency_key: Optional[str] = None,
+                        timeout: Optional[float] = None) -> str:
         """Registers a worker for the exact tools it serves ((name, version)
         pairs or {"name", "version"}; a WORKER key must list each
         name@version) and returns its ``workerId``, bound to this key. One
@@ -705,11 +728,11 @@ class Ratchet:
         for tool in tools:
             name, version = (tool["name"], tool["version"]) if isinstance(tool, dict) else tool
             refs.append({"name": name, "version": version})
-        answer = self._keyed("/workers/register", {"tools": refs}, idempotency_key)
+        answer = self._keyed("/workers/register", {"tools": refs}, idempotency_key, timeout)
         return answer["workerId"]
 
     def claim(self, worker_id: str, *, limit: int = 1, wait_seconds: int = 0,
-              claim_id: Optional[str] = None) -> list:
+              claim_id: Optional[str] = None, timeout: Optional[float] = None) -> list:
         """Leases up to limit (1-100) due jobs for worker_id, waiting up to
         wait_seconds (0-20) for one, and returns them (each with ``jobId``,
         ``leaseToken``, ``leaseExpiresAt``, ``leaseMs``, ``attempt``,
@@ -719,21 +742,22 @@ class Ratchet:
         (``may_have_applied``, ConnectionLost) can be made again with it, and
         the server answers the jobs the first call leased, with the same
         lease tokens, instead of leaving them leased to nobody. The call's
-        timeout is at least wait_seconds plus 10 s."""
+        timeout is at least wait_seconds plus 10 s; a timeout= of yours
+        replaces it (one shorter than wait_seconds cuts the wait)."""
         body = {"limit": limit, "waitSeconds": wait_seconds, "claimId": claim_id or new_request_id()}
         answer = self._transport.call("POST", "/workers/" + path_id(worker_id) + "/claim", body, safe=True,
-                                      timeout=max(self._transport.timeout, wait_seconds + 10.0))
+                                      timeout=max(self._transport.timeout, wait_seconds + 10.0), call_timeout=timeout)
         return answer.get("jobs") or []
 
-    def heartbeat_job(self, job_id: str, lease_token: str) -> dict:
+    def heartbeat_job(self, job_id: str, lease_token: str, *, timeout: Optional[float] = None) -> dict:
         """Extends a job's lease by its length from now: {"leaseExpiresAt",
         "cancelRequested"} (stop working on it when true). A superseded
         token raises 409 lease_lost."""
         return self._transport.call("POST", "/jobs/" + path_id(job_id) + "/heartbeat",
-                                    {"leaseToken": lease_token}, safe=True)
+                                    {"leaseToken": lease_token}, safe=True, call_timeout=timeout)
 
     def report_job(self, job_id: str, lease_token: str, status: str, *, output: Any = None,
-                   error: Optional[dict] = None) -> dict:
+                   error: Optional[dict] = None, timeout: Optional[float] = None) -> dict:
         """Records an attempt's outcome: status "SUCCEEDED" with its JSON
         output, or "FAILED" with error {"message", "retryable",
         "retryAfterMs"} (retryAfterMs 1000-86400000, only when retryable;
@@ -741,9 +765,9 @@ class Ratchet:
         "status", "attempt", "nextDueAt"}. The same report with the same
         token answers the same, so it is repeated after a lost answer."""
         return self._transport.call("POST", "/jobs/" + path_id(job_id) + "/report",
-                                    _job_report(lease_token, status, output, error), safe=True)
+                                    _job_report(lease_token, status, output, error), safe=True, call_timeout=timeout)
 
-    def report_jobs(self, reports: List[dict]) -> List[dict]:
+    def report_jobs(self, reports: List[dict], *, timeout: Optional[float] = None) -> List[dict]:
         """Records several outcomes in one call (1-100, one commit): each
         report {"job_id", "lease_token", "status", "output", "error"} as
         report_job's, fenced by its own token. Answers one result per
@@ -754,7 +778,7 @@ class Ratchet:
         report_job."""
         body = {"reports": [{"jobId": r["job_id"], **_job_report(r["lease_token"], r["status"], r.get("output"),
                                                                  r.get("error"))} for r in reports]}
-        answer = self._transport.call("POST", "/jobs/report", body, safe=True)
+        answer = self._transport.call("POST", "/jobs/report", body, safe=True, call_timeout=timeout)
         results = answer.get("results") if isinstance(answer, dict) else None
         if not isinstance(results, list) or len(results) != len(reports):
             raise ConnectionLost("ratchet: POST /jobs/report: unreadable answer")
@@ -773,26 +797,28 @@ class Ratchet:
     # send one Idempotency-Key across their retries, so a retry after a lost
     # answer gets what the first attempt made instead of a second one.
 
-    def _keyed(self, path: str, body: Any, idempotency_key: Optional[str]) -> Any:
+    def _keyed(self, path: str, body: Any, idempotency_key: Optional[str], timeout: Optional[float] = None) -> Any:
         """POST path under an Idempotency-Key (the caller's or a fresh one)
-        that spans the call's retries."""
+        that spans the call's retries, within timeout when given."""
         return self._transport.call("POST", path, body, safe=True,
-                                    idempotency_key=idempotency_key or new_request_id())
+                                    idempotency_key=idempotency_key or new_request_id(), call_timeout=timeout)
 
     # policies (policies:read, policies:write)
 
-    def list_effect_policies(self, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+    def list_effect_policies(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
+                             timeout: Optional[float] = None) -> dict:
         """Pages the workspace's configured effect-type policies:
         {"data", "next_cursor"}."""
-        return self._transport.call("GET", "/policies" + _query(limit=limit, cursor=cursor), safe=True)
+        return self._transport.call("GET", "/policies" + _query(limit=limit, cursor=cursor), safe=True,
+                                    call_timeout=timeout)
 
-    def get_effect_policy(self, effect_type: str) -> dict:
+    def get_effect_policy(self, effect_type: str, *, timeout: Optional[float] = None) -> dict:
         """Reads effect_type's policy; an unconfigured type reads as the safe
         default, version 0. Its last_reconciled_at (read-only) is when the
         type was last reconciled, None before the first."""
-        return self._transport.call("GET", "/policies/" + path_id(effect_type), safe=True)
+        return self._transport.call("GET", "/policies/" + path_id(effect_type), safe=True, call_timeout=timeout)
 
-    def get_policy_structuring(self, effect_type: str) -> dict:
+    def get_policy_structuring(self, effect_type: str, *, timeout: Optional[float] = None) -> dict:
         """How closely the costs declared for effect_type over the last 24
         hours and 7 days crowd its watch line (structuring_threshold_micros,
         else max_cost_micros): {"effect_type", "threshold_micros",
@@ -800,10 +826,12 @@ class Ratchet:
         "below_80_percent", "from_80_to_90_percent",
         "from_90_to_100_percent", "at_or_above", "share_just_below"}]}. A
         measure, never enforced."""
-        return self._transport.call("GET", "/policies/" + path_id(effect_type) + "/structuring", safe=True)
+        return self._transport.call("GET", "/policies/" + path_id(effect_type) + "/structuring", safe=True,
+                                    call_timeout=timeout)
 
     def update_effect_policy(self, effect_type: str, update: Optional[dict] = None, *,
-                             expected_version: Optional[int] = None, **fields: Any) -> dict:
+                             expected_version: Optional[int] = None,
+                             timeout: Optional[float] = None, **fields: Any) -> dict:
         """Merges the fields of update and the keyword fields (the API's
         snake_case names: mode, max_cost_micros, ...; None clears a nullable
         one, fields left out keep their values) into effect_type's policy
@@ -818,74 +846,83 @@ class Ratchet:
         body = _fields(update, fields)
         if expected_version is not None:
             body["expected_version"] = expected_version
-        return self._transport.call("PUT", "/policies/" + path_id(effect_type), body, safe=False)
+        return self._transport.call("PUT", "/policies/" + path_id(effect_type), body, safe=False, call_timeout=timeout)
 
     # approvals (approvals:write)
 
     def list_approvals(self, *, state: Optional[str] = None, limit: Optional[int] = None,
-                       cursor: Optional[str] = None) -> dict:
+                       cursor: Optional[str] = None, timeout: Optional[float] = None) -> dict:
         """Pages the approvals newest first, state "pending", "approved" or
         "rejected" (None: every state): {"data", "next_cursor"}."""
-        return self._transport.call("GET", "/approvals" + _query(state=state, limit=limit, cursor=cursor), safe=True)
+        return self._transport.call("GET", "/approvals" + _query(state=state, limit=limit, cursor=cursor), safe=True,
+                                    call_timeout=timeout)
 
-    def get_approval(self, approval_id: str) -> dict:
+    def get_approval(self, approval_id: str, *, timeout: Optional[float] = None) -> dict:
         """Reads one approval (ApprovalRequired.approval_id names it)."""
-        return self._transport.call("GET", "/approvals/" + path_id(approval_id), safe=True)
+        return self._transport.call("GET", "/approvals/" + path_id(approval_id), safe=True, call_timeout=timeout)
 
-    def approve(self, approval_id: str, *, note: Optional[str] = None) -> dict:
+    def approve(self, approval_id: str, *, note: Optional[str] = None, timeout: Optional[float] = None) -> dict:
         """Approves a pending effect: the next begin of its key executes.
         Approving an approved one answers it unchanged, so it is retried;
         approving a rejected one is 409 invalid_state."""
         return self._transport.call("POST", "/approvals/" + path_id(approval_id) + "/approve",
-                                    _fields(None, {"note": note}, drop_none=True), safe=True)
+                                    _fields(None, {"note": note}, drop_none=True), safe=True, call_timeout=timeout)
 
-    def reject(self, approval_id: str, *, note: Optional[str] = None) -> dict:
+    def reject(self, approval_id: str, *, note: Optional[str] = None, timeout: Optional[float] = None) -> dict:
         """Rejects a pending effect: every begin of its key is denied
         approval_rejected, for good. Retried as approve."""
         return self._transport.call("POST", "/approvals/" + path_id(approval_id) + "/reject",
-                                    _fields(None, {"note": note}, drop_none=True), safe=True)
+                                    _fields(None, {"note": note}, drop_none=True), safe=True, call_timeout=timeout)
 
     # circuits and the emergency stop (policies:write; the reads take policies:read too)
 
-    def list_circuits(self, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+    def list_circuits(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
+                      timeout: Optional[float] = None) -> dict:
         """Pages the breaker of every effect type seen or configured:
         {"data", "next_cursor"}."""
-        return self._transport.call("GET", "/circuits" + _query(limit=limit, cursor=cursor), safe=True)
+        return self._transport.call("GET", "/circuits" + _query(limit=limit, cursor=cursor), safe=True,
+                                    call_timeout=timeout)
 
-    def open_circuit(self, effect_type: str, *, action: Optional[str] = None, reason: Optional[str] = None) -> dict:
+    def open_circuit(self, effect_type: str, *, action: Optional[str] = None, reason: Optional[str] = None,
+                     timeout: Optional[float] = None) -> dict:
         """Opens effect_type's breaker by hand: its begins meet action
         ("monitor", "require_approval" (the default) or "deny") until
         close_circuit. Opening again changes nothing more, so it is retried,
         as are the other breaker calls."""
         return self._transport.call("POST", "/circuits/" + path_id(effect_type) + "/open",
-                                    _fields(None, {"action": action, "reason": reason}, drop_none=True), safe=True)
+                                    _fields(None, {"action": action, "reason": reason}, drop_none=True), safe=True,
+                                    call_timeout=timeout)
 
-    def close_circuit(self, effect_type: str) -> dict:
+    def close_circuit(self, effect_type: str, *, timeout: Optional[float] = None) -> dict:
         """Closes effect_type's breaker, with a fresh surge allowance
         counted from now."""
-        return self._transport.call("POST", "/circuits/" + path_id(effect_type) + "/close", {}, safe=True)
+        return self._transport.call("POST", "/circuits/" + path_id(effect_type) + "/close", {}, safe=True,
+                                    call_timeout=timeout)
 
-    def emergency_stop(self, *, action: Optional[str] = None, reason: Optional[str] = None) -> dict:
+    def emergency_stop(self, *, action: Optional[str] = None, reason: Optional[str] = None,
+                       timeout: Optional[float] = None) -> dict:
         """Holds every effect type, those first seen while it is on
         included, with action ("require_approval" by default) until
         release_emergency_stop. Answers at most the first 200 circuits as
         {"data", "next_cursor"} without a cursor: list_circuits pages them."""
         return self._transport.call("POST", "/circuits/stop",
-                                    _fields(None, {"action": action, "reason": reason}, drop_none=True), safe=True)
+                                    _fields(None, {"action": action, "reason": reason}, drop_none=True), safe=True,
+                                    call_timeout=timeout)
 
-    def get_emergency_stop(self) -> dict:
+    def get_emergency_stop(self, *, timeout: Optional[float] = None) -> dict:
         """Whether the emergency stop is on: {"state": "open"|"closed",
         "action", "reason", "opened_at"}."""
-        return self._transport.call("GET", "/circuits/stop", safe=True)
+        return self._transport.call("GET", "/circuits/stop", safe=True, call_timeout=timeout)
 
-    def release_emergency_stop(self) -> dict:
+    def release_emergency_stop(self, *, timeout: Optional[float] = None) -> dict:
         """Lifts the emergency stop; breakers of single types stay as they
         are. Answers circuits as emergency_stop does."""
-        return self._transport.call("POST", "/circuits/release", {}, safe=True)
+        return self._transport.call("POST", "/circuits/release", {}, safe=True, call_timeout=timeout)
 
     # compensation groups
 
-    def create_group(self, name: str, *, idempotency_key: Optional[str] = None) -> dict:
+    def create_group(self, name: str, *, idempotency_key: Optional[str] = None,
+                     timeout: Optional[float] = None) -> dict:
         """Opens a group; begins with its id as group_id join it. With
         idempotency_key (derived from the work, "checkout:order_123") it is
         retried and a repeat answers the group the key opened
@@ -895,42 +932,43 @@ class Ratchet:
         body: dict = {"name": name}
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
-        return self._transport.call("POST", "/groups", body, safe=idempotency_key is not None)
+        return self._transport.call("POST", "/groups", body, safe=idempotency_key is not None, call_timeout=timeout)
 
-    def get_group(self, group_id: str) -> dict:
+    def get_group(self, group_id: str, *, timeout: Optional[float] = None) -> dict:
         """Reads a group with its steps: all of them, or the first that fit
         in one answer of about 4 MB (some 3 000 steps at worst), with
         ``steps_truncated`` true; list_group_steps pages the rest."""
-        return self._transport.call("GET", "/groups/" + path_id(group_id), safe=True)
+        return self._transport.call("GET", "/groups/" + path_id(group_id), safe=True, call_timeout=timeout)
 
     def list_group_steps(self, group_id: str, *, limit: Optional[int] = None,
-                         cursor: Optional[str] = None) -> dict:
+                         cursor: Optional[str] = None, timeout: Optional[float] = None) -> dict:
         """Pages every step of a group in effect id order, each as get_group
         shows it: {"data", "next_cursor"}. A group's read, commit and
         repeated keyed create hold the first steps that fit in one answer
         (``steps_truncated``): pass the last one's effect_id as cursor to
         read the rest, then next_cursor."""
         return self._transport.call("GET", "/groups/" + path_id(group_id) + "/steps"
-                                    + _query(limit=limit, cursor=cursor), safe=True)
+                                    + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
 
-    def commit_group(self, group_id: str) -> dict:
+    def commit_group(self, group_id: str, *, timeout: Optional[float] = None) -> dict:
         """Commits a group whose forward steps all succeeded (or answers the
         plan of those that have not); committing again answers it again.
         Its steps are cut to fit one answer as get_group's are
         (``steps_truncated``)."""
-        return self._transport.call("POST", "/groups/" + path_id(group_id) + "/commit", safe=True)
+        return self._transport.call("POST", "/groups/" + path_id(group_id) + "/commit", safe=True, call_timeout=timeout)
 
-    def unwind_group(self, group_id: str) -> dict:
+    def unwind_group(self, group_id: str, *, timeout: Optional[float] = None) -> dict:
         """Starts (or reads) a group's rollback: {"state", "plan",
         "plan_truncated", "unresolved", ...}, the plan in reverse order of
         success. Repeating it answers the plan as it stands; a plan cut to
         fit one answer (about 4 MB) says plan_truncated: perform its items,
         then unwind again for the rest."""
-        return self._transport.call("POST", "/groups/" + path_id(group_id) + "/unwind", safe=True)
+        return self._transport.call("POST", "/groups/" + path_id(group_id) + "/unwind", safe=True, call_timeout=timeout)
 
     # webhooks (webhooks:write)
 
-    def create_webhook(self, url: str, events: List[str], *, idempotency_key: Optional[str] = None) -> dict:
+    def create_webhook(self, url: str, events: List[str], *, idempotency_key: Optional[str] = None,
+                       timeout: Optional[float] = None) -> dict:
         """Subscribes url to events and answers the subscription with its
         signing ``secret``, shown only here. One Idempotency-Key (yours, at
         most 255 characters, or a fresh one) spans the retries; the same
@@ -938,23 +976,25 @@ class Ratchet:
         and secret, so a caller whose retries ran out can still recover it
         (until the subscription is deleted: the server then erases that
         answer, and the same call raises RatchetError not_found)."""
-        return self._keyed("/webhooks", {"url": url, "events": list(events)}, idempotency_key)
+        return self._keyed("/webhooks", {"url": url, "events": list(events)}, idempotency_key, timeout)
 
-    def list_webhooks(self, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+    def list_webhooks(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
+                      timeout: Optional[float] = None) -> dict:
         """Pages the subscriptions: {"data", "next_cursor"}."""
-        return self._transport.call("GET", "/webhooks" + _query(limit=limit, cursor=cursor), safe=True)
+        return self._transport.call("GET", "/webhooks" + _query(limit=limit, cursor=cursor), safe=True,
+                                    call_timeout=timeout)
 
-    def get_webhook(self, webhook_id: str) -> dict:
+    def get_webhook(self, webhook_id: str, *, timeout: Optional[float] = None) -> dict:
         """Reads one subscription (never its secret)."""
-        return self._transport.call("GET", "/webhooks/" + path_id(webhook_id), safe=True)
+        return self._transport.call("GET", "/webhooks/" + path_id(webhook_id), safe=True, call_timeout=timeout)
 
-    def delete_webhook(self, webhook_id: str) -> dict:
+    def delete_webhook(self, webhook_id: str, *, timeout: Optional[float] = None) -> dict:
         """Removes a subscription; its pending deliveries end failed.
         Deleting again answers it again, so it is retried."""
-        return self._transport.call("DELETE", "/webhooks/" + path_id(webhook_id), safe=True)
+        return self._transport.call("DELETE", "/webhooks/" + path_id(webhook_id), safe=True, call_timeout=timeout)
 
     def update_webhook(self, webhook_id: str, *, url: Optional[str] = None, events: Optional[List[str]] = None,
-                       disabled: Optional[bool] = None) -> dict:
+                       disabled: Optional[bool] = None, timeout: Optional[float] = None) -> dict:
         """Changes a subscription without deleting it, so it keeps its
         signing secret and its deliveries: any of ``url`` (every delivery not
         yet sent goes to it), ``events`` (in place of the current ones: the
@@ -972,17 +1012,17 @@ class Ratchet:
             body["events"] = list(events)
         if disabled is not None:
             body["disabled"] = disabled
-        return self._transport.call("PATCH", "/webhooks/" + path_id(webhook_id), body, safe=True)
+        return self._transport.call("PATCH", "/webhooks/" + path_id(webhook_id), body, safe=True, call_timeout=timeout)
 
     def list_webhook_deliveries(self, webhook_id: str, *, limit: Optional[int] = None,
-                                cursor: Optional[str] = None) -> dict:
+                                cursor: Optional[str] = None, timeout: Optional[float] = None) -> dict:
         """Pages a subscription's deliveries, each with its state, attempts
         and last status: {"data", "next_cursor"}."""
         return self._transport.call("GET", "/webhooks/" + path_id(webhook_id) + "/deliveries"
-                                    + _query(limit=limit, cursor=cursor), safe=True)
+                                    + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
 
     def retry_webhook_deliveries(self, webhook_id: str, delivery_ids: List[str], *,
-                                 idempotency_key: Optional[str] = None) -> dict:
+                                 idempotency_key: Optional[str] = None, timeout: Optional[float] = None) -> dict:
         """Sends deliveries (1 to 100, by id) again once the receiver is
         mended: each that ended is pending again, due at once, under the
         same event id; one still pending keeps its schedule. Answers
@@ -990,10 +1030,11 @@ class Ratchet:
         (idempotency_key, or a fresh one) spans the retries, so a lost answer
         does not send them twice."""
         return self._keyed("/webhooks/" + path_id(webhook_id) + "/deliveries/retry",
-                           {"delivery_ids": list(delivery_ids)}, idempotency_key)
+                           {"delivery_ids": list(delivery_ids)}, idempotency_key, timeout)
 
     def rotate_webhook_secret(self, webhook_id: str, *, previous_expires_in: Optional[float] = None,
-                              replace_previous: bool = False, idempotency_key: Optional[str] = None) -> dict:
+                              replace_previous: bool = False, idempotency_key: Optional[str] = None,
+                              timeout: Optional[float] = None) -> dict:
         """Gives a subscription a new signing ``secret`` (shown once). Until
         the previous one expires deliveries are signed with both:
         previous_expires_in seconds (rounded up, up to a week; None: the
@@ -1007,13 +1048,14 @@ class Ratchet:
             body["previous_secret_expires_in_seconds"] = max(math.ceil(previous_expires_in), 0)
         if replace_previous:
             body["replace_previous"] = True
-        return self._keyed("/webhooks/" + path_id(webhook_id) + "/rotate-secret", body, idempotency_key)
+        return self._keyed("/webhooks/" + path_id(webhook_id) + "/rotate-secret", body, idempotency_key, timeout)
 
     # keys (keys:write)
 
     def create_key(self, name: str, *, preset: Optional[str] = None, scopes: Optional[List[str]] = None,
                    tools: Optional[List[str]] = None, daily_spend_ceiling_micros: Optional[int] = None,
-                   rate_limit_per_minute: Optional[int] = None, idempotency_key: Optional[str] = None) -> dict:
+                   rate_limit_per_minute: Optional[int] = None, idempotency_key: Optional[str] = None,
+                   timeout: Optional[float] = None) -> dict:
         """Mints a key from a preset ("AGENT", "INGEST", "WORKER",
         "OPERATOR") or explicit scopes, never more than this client's key
         holds; tools bound a WORKER key to exact "name@version" pairs (None:
@@ -1025,42 +1067,49 @@ class Ratchet:
         body.update(_fields(None, {"preset": preset, "scopes": None if scopes is None else list(scopes),
                                    "daily_spend_ceiling_micros": daily_spend_ceiling_micros,
                                    "rate_limit_per_minute": rate_limit_per_minute}, drop_none=True))
-        return self._keyed("/keys", body, idempotency_key)
+        return self._keyed("/keys", body, idempotency_key, timeout)
 
-    def list_keys(self, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+    def list_keys(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
+                  timeout: Optional[float] = None) -> dict:
         """Pages the workspace's keys, never their secrets: {"data", "next_cursor"}."""
-        return self._transport.call("GET", "/keys" + _query(limit=limit, cursor=cursor), safe=True)
+        return self._transport.call("GET", "/keys" + _query(limit=limit, cursor=cursor), safe=True,
+                                    call_timeout=timeout)
 
-    def current_key(self) -> dict:
+    def current_key(self, *, timeout: Optional[float] = None) -> dict:
         """Reads this client's own key (any valid key may): its scopes,
         tools, spend ceiling and rate limit, never its secret."""
-        return self._transport.call("GET", "/keys/current", safe=True)
+        return self._transport.call("GET", "/keys/current", safe=True, call_timeout=timeout)
 
-    def revoke_key(self, key_id: str) -> dict:
+    def revoke_key(self, key_id: str, *, timeout: Optional[float] = None) -> dict:
         """Revokes a key for good and answers it; revoking again answers the
         same key, so it is retried. A client revoking its own key whose
         answer was lost is refused (401) when it asks again: read the key
         with another to confirm."""
-        return self._transport.call("DELETE", "/keys/" + path_id(key_id), safe=True)
+        return self._transport.call("DELETE", "/keys/" + path_id(key_id), safe=True, call_timeout=timeout)
 
     # endpoints (endpoints:write)
 
-    def list_endpoints(self, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+    def list_endpoints(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
+                       timeout: Optional[float] = None) -> dict:
         """Pages the endpoints with their policies: {"data", "nextCursor"}."""
-        return self._transport.call("GET", "/endpoints" + _query(limit=limit, cursor=cursor), safe=True)
+        return self._transport.call("GET", "/endpoints" + _query(limit=limit, cursor=cursor), safe=True,
+                                    call_timeout=timeout)
 
-    def create_endpoint(self, name: str, policy: Optional[dict] = None, **fields: Any) -> dict:
+    def create_endpoint(self, name: str, policy: Optional[dict] = None,
+                        *, timeout: Optional[float] = None, **fields: Any) -> dict:
         """Creates an endpoint ahead of its first job, with policy fields as
         update_endpoint_policy takes them (none: STANDARD). An existing name
         answers the endpoint unchanged, so it is retried."""
-        return self._transport.call("POST", "/endpoints", dict(_fields(policy, fields), name=name), safe=True)
+        return self._transport.call("POST", "/endpoints", dict(_fields(policy, fields), name=name), safe=True,
+                                    call_timeout=timeout)
 
-    def get_endpoint(self, endpoint_id: str) -> dict:
+    def get_endpoint(self, endpoint_id: str, *, timeout: Optional[float] = None) -> dict:
         """Reads an endpoint and its policy (GET /endpoints/{id}/policy)."""
-        return self._transport.call("GET", "/endpoints/" + path_id(endpoint_id) + "/policy", safe=True)
+        return self._transport.call("GET", "/endpoints/" + path_id(endpoint_id) + "/policy", safe=True,
+                                    call_timeout=timeout)
 
     def update_endpoint_policy(self, endpoint_id: str, expected_version: int, update: Optional[dict] = None,
-                               **fields: Any) -> dict:
+                               *, timeout: Optional[float] = None, **fields: Any) -> dict:
         """Merges the fields of update and the keyword fields (the API's
         camelCase names: preset, maxAttempts, initialDelayMs, multiplier,
         maxDelayMs, jitterPercent, defaultTimeoutMs, maxConcurrent,
@@ -1070,37 +1119,44 @@ class Ratchet:
         version_conflict). Jobs already enqueued keep their snapshot. Not
         repeated after a lost answer, as update_effect_policy."""
         body = dict(_fields(update, fields), expectedVersion=expected_version)
-        return self._transport.call("PUT", "/endpoints/" + path_id(endpoint_id) + "/policy", body, safe=False)
+        return self._transport.call("PUT", "/endpoints/" + path_id(endpoint_id) + "/policy", body, safe=False,
+                                    call_timeout=timeout)
 
-    def pause_endpoint(self, endpoint_id: str) -> dict:
+    def pause_endpoint(self, endpoint_id: str, *, timeout: Optional[float] = None) -> dict:
         """Pauses an endpoint: its jobs are accepted but not claimed,
         consuming no attempts, until resume_endpoint."""
-        return self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/pause", {}, safe=True)
+        return self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/pause", {}, safe=True,
+                                    call_timeout=timeout)
 
-    def resume_endpoint(self, endpoint_id: str) -> dict:
+    def resume_endpoint(self, endpoint_id: str, *, timeout: Optional[float] = None) -> dict:
         """Resumes a paused endpoint."""
-        return self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/resume", {}, safe=True)
+        return self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/resume", {}, safe=True,
+                                    call_timeout=timeout)
 
-    def close_endpoint_circuit(self, endpoint_id: str) -> dict:
+    def close_endpoint_circuit(self, endpoint_id: str, *, timeout: Optional[float] = None) -> dict:
         """Closes the endpoint's circuit breaker by hand (read its recent
         attempts first, list_endpoint_attempts); closing a closed one
         changes nothing."""
-        return self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/circuit/close", {}, safe=True)
+        return self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/circuit/close", {}, safe=True,
+                                    call_timeout=timeout)
 
     def list_endpoint_attempts(self, endpoint_id: str, *, outcome: Optional[str] = None,
-                               limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+                               limit: Optional[int] = None, cursor: Optional[str] = None,
+                               timeout: Optional[float] = None) -> dict:
         """Pages an endpoint's attempts newest first, each with its job and
         its worker's message; outcome "SUCCEEDED" or "FAILED" keeps only
         those: {"data", "nextCursor"}."""
         return self._transport.call("GET", "/endpoints/" + path_id(endpoint_id) + "/attempts"
-                                    + _query(outcome=outcome, limit=limit, cursor=cursor), safe=True)
+                                    + _query(outcome=outcome, limit=limit, cursor=cursor), safe=True,
+                                    call_timeout=timeout)
 
     # contracts and tool tests (contracts:write)
 
     def publish_contract(self, name: str, *, handler_version: str, input_schema: Any,
                          output_schema: Any = None, timeout_ms: Optional[int] = None,
                          retry_preset: Optional[str] = None, retry_policy: Optional[dict] = None,
-                         status: Optional[str] = None, idempotency_key: Optional[str] = None) -> dict:
+                         status: Optional[str] = None, idempotency_key: Optional[str] = None,
+                         timeout: Optional[float] = None) -> dict:
         """Publishes a new contract version of tool name: the handler
         version it binds, its input and output JSON Schemas (2020-12; no
         output_schema accepts any output), timeout, retry preset (STANDARD,
@@ -1116,15 +1172,16 @@ class Ratchet:
         body.update(_fields(None, {"outputSchema": output_schema, "timeoutMs": timeout_ms,
                                    "retryPreset": retry_preset, "retryPolicy": retry_policy, "status": status},
                             drop_none=True))
-        return self._keyed("/tools/" + path_id(name) + "/contracts", body, idempotency_key)
+        return self._keyed("/tools/" + path_id(name) + "/contracts", body, idempotency_key, timeout)
 
-    def list_contracts(self, name: str, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+    def list_contracts(self, name: str, *, limit: Optional[int] = None, cursor: Optional[str] = None,
+                       timeout: Optional[float] = None) -> dict:
         """Pages tool name's contracts by version: {"data", "nextCursor"}."""
         return self._transport.call("GET", "/tools/" + path_id(name) + "/contracts"
-                                    + _query(limit=limit, cursor=cursor), safe=True)
+                                    + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
 
     def test_tool(self, name: str, version: str, input: Any = None, *,
-                  idempotency_key: Optional[str] = None) -> dict:
+                  idempotency_key: Optional[str] = None, timeout: Optional[float] = None) -> dict:
         """Enqueues a synthetic one-attempt job of name@version with input,
         checked against the version's contract as any enqueue, in a run of
         its own: follow it with get_run(answer["runId"]). Retried under one
@@ -1133,12 +1190,12 @@ class Ratchet:
         body: dict = {"version": version}
         if input is not None:
             body["input"] = input
-        return self._keyed("/tools/" + path_id(name) + "/test", body, idempotency_key)
+        return self._keyed("/tools/" + path_id(name) + "/test", body, idempotency_key, timeout)
 
     # reconciliation (reconcile:write) and the queue
 
     def reconcile(self, effect_type: str, from_: Any, to: Any, records: Optional[List[dict]] = None, *,
-                  idempotency_key: Optional[str] = None) -> dict:
+                  idempotency_key: Optional[str] = None, timeout: Optional[float] = None) -> dict:
         """Compares the vendor's records ({"idempotency_key", "status":
         "succeeded"|"refunded"|"failed"|"pending", "amount_micros"}, at most
         10 000; none is a valid answer) with the effects of effect_type
@@ -1154,13 +1211,15 @@ class Ratchet:
         answered it too."""
         body = {"effect_type": effect_type, "from": _rfc3339(from_, "from_"), "to": _rfc3339(to, "to"),
                 "records": list(records or [])}
-        return self._keyed("/reconcile", body, idempotency_key)
+        return self._keyed("/reconcile", body, idempotency_key, timeout)
 
-    def list_queue_health(self, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> dict:
+    def list_queue_health(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
+                          timeout: Optional[float] = None) -> dict:
         """Pages the queued work of each exact name@version (queued, due,
         oldest age, workers seen, the endpoints holding it and a plain
         ``message`` when something does): {"data", "nextCursor"}."""
-        return self._transport.call("GET", "/queue/health" + _query(limit=limit, cursor=cursor), safe=True)
+        return self._transport.call("GET", "/queue/health" + _query(limit=limit, cursor=cursor), safe=True,
+                                    call_timeout=timeout)
 
 @dataclass(frozen=True)
 class _Held:

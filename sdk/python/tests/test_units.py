@@ -3039,3 +3039,191 @@ def wait_until(probe, timeout: float = 10.0) -> None:
 
 if __name__ == "__main__":
     unittest.main()
+
+
+# Every method that calls the API, with arguments it sends as they are:
+# each takes a keyword-only timeout, as every Go method takes a context.
+EVERY_CALL = {
+    "start_run": ("r",),
+    "enqueue": ({},),
+    "finish_run": ("run_1",),
+    "get_run": ("run_1",),
+    "list_runs": (),
+    "list_run_steps": ("run_1",),
+    "get_step": ("s",),
+    "list_step_attempts": ("s",),
+    "list_step_replays": ("s",),
+    "cancel_step": ("s",),
+    "replay_preview": ("s",),
+    "replay": ("s",),
+    "begin": ("t", "k"),
+    "report_effect": ("e", "tok", "succeeded"),
+    "heartbeat_effect": ("e", "tok"),
+    "get_effect": ("e",),
+    "resolve_effect": ("e", "failed"),
+    "list_effects": (),
+    "register_worker": ([("n", "1")],),
+    "claim": ("wkr_1",),
+    "heartbeat_job": ("j", "tok"),
+    "report_job": ("j", "tok", "SUCCEEDED"),
+    "report_jobs": ([{"job_id": "j", "lease_token": "tok", "status": "SUCCEEDED"}],),
+    "list_effect_policies": (),
+    "get_effect_policy": ("t",),
+    "get_policy_structuring": ("t",),
+    "update_effect_policy": ("t", {"mode": "deny"}),
+    "list_approvals": (),
+    "get_approval": ("a",),
+    "approve": ("a",),
+    "reject": ("a",),
+    "list_circuits": (),
+    "open_circuit": ("t",),
+    "close_circuit": ("t",),
+    "emergency_stop": (),
+    "get_emergency_stop": (),
+    "release_emergency_stop": (),
+    "create_group": ("g",),
+    "get_group": ("g",),
+    "list_group_steps": ("g",),
+    "commit_group": ("g",),
+    "unwind_group": ("g",),
+    "create_webhook": ("https://example.com/h", ["effect.succeeded"]),
+    "list_webhooks": (),
+    "get_webhook": ("w",),
+    "delete_webhook": ("w",),
+    "update_webhook": ("w",),
+    "list_webhook_deliveries": ("w",),
+    "retry_webhook_deliveries": ("w", ["d"]),
+    "rotate_webhook_secret": ("w",),
+    "create_key": ("k",),
+    "list_keys": (),
+    "current_key": (),
+    "revoke_key": ("k",),
+    "list_endpoints": (),
+    "create_endpoint": ("ep",),
+    "get_endpoint": ("ep",),
+    "update_endpoint_policy": ("ep", 1),
+    "pause_endpoint": ("ep",),
+    "resume_endpoint": ("ep",),
+    "close_endpoint_circuit": ("ep",),
+    "list_endpoint_attempts": ("ep",),
+    "publish_contract": ("n",),
+    "list_contracts": ("n",),
+    "test_tool": ("n", "1", {}),
+    "reconcile": ("t", "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"),
+    "list_queue_health": (),
+}
+# The keyword arguments of those that take some.
+CALL_KEYWORDS = {
+    "enqueue": {"name": "n", "version": "1", "run_id": "run_1"},
+    "update_webhook": {"disabled": True},
+    "create_key": {"preset": "AGENT"},
+    "update_endpoint_policy": {"maxConcurrent": 2},
+    "publish_contract": {"handler_version": "1", "input_schema": {}},
+}
+
+
+class CallTimeoutTest(unittest.TestCase):
+    """A per-call timeout on every method, bounding the whole call."""
+
+    def hanging(self):
+        """A server that answers nothing until the test ends (or a generous
+        hang guard passes): only a call's own timeout can end a call to it
+        (the client's is a minute)."""
+        release = threading.Event()
+
+        def respond(method, path, body):
+            release.wait(10)  # hang guard: answered then, the call would return
+            return 200, {}, {}
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        self.addCleanup(release.set)  # before the server closes
+        client = getratchet.Ratchet(server.url, "rk_test", timeout=60)
+        self.addCleanup(client.close)
+        return server, client
+
+    def test_every_method_takes_one(self) -> None:
+        calls = {name for name, member in vars(getratchet.Ratchet).items()
+                 if callable(member) and not name.startswith("_")}
+        # Not request (it takes one too, tested apart), do_effect and
+        # do_effect_async (protocols with bounds of their own),
+        # register_tool and close (no call).
+        self.assertEqual(set(EVERY_CALL), calls - {"request", "do_effect", "do_effect_async", "register_tool",
+                                                   "close"})
+        server, client = self.hanging()
+        for name, args in EVERY_CALL.items():
+            with self.subTest(name), self.assertRaises(ConnectionLost):
+                getattr(client, name)(*args, timeout=0.05, **CALL_KEYWORDS.get(name, {}))
+        self.assertEqual(len(server.seen), len(EVERY_CALL))
+
+    def test_a_bad_timeout_is_refused(self) -> None:
+        client = getratchet.Ratchet("http://127.0.0.1:9", "rk_test")
+        for bad in (0, -1, float("inf"), float("nan"), "1"):
+            with self.subTest(bad), self.assertRaises(ValueError):
+                client.get_step("s", timeout=bad)
+
+    def test_it_bounds_the_waits_between_retries(self) -> None:
+        # A 503 asking for 5 s: each attempt is quick, so only a bound on
+        # the whole call stops the retry (per attempt, it waited 5 s and got
+        # the 200).
+        server = FakeServer([(503, {"error": {"code": "unavailable", "message": "m",
+                                              "detail": {"retry_after_seconds": 5}}}, {}),
+                             (200, {"id": "run_1"}, {})])
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test", timeout=60)
+        self.addCleanup(client.close)
+        with self.assertRaises(RatchetError) as raised:
+            client.get_run("run_1", timeout=1)
+        self.assertEqual(raised.exception.status, 503)
+        self.assertEqual(len(server.seen), 1)
+
+    def test_a_retry_is_given_the_time_left(self) -> None:
+        # The first attempt fails at once, the retry hangs: the call ends by
+        # its own bound, not the client's minute.
+        release = threading.Event()
+        answers = [(500, {"error": {"code": "internal_error", "message": "m"}}, {})]
+
+        def respond(method, path, body):
+            if answers:
+                return answers.pop(0)
+            release.wait(10)  # hang guard
+            return 200, {}, {}
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        self.addCleanup(release.set)
+        client = getratchet.Ratchet(server.url, "rk_test", timeout=60)
+        self.addCleanup(client.close)
+        with self.assertRaises(ConnectionLost):
+            client.get_step("s", timeout=2)
+        self.assertEqual(len(server.seen), 2)
+
+    def test_it_bounds_an_answer_trickled_a_byte_at_a_time(self) -> None:
+        # Each read gets a byte well within any socket timeout, so only a
+        # bound on the whole attempt ends it; at the hang guard the answer
+        # completes, and the call would return.
+        listener = socket.create_server(("127.0.0.1", 0))
+        self.addCleanup(listener.close)
+        done = threading.Event()
+        self.addCleanup(done.set)
+
+        def trickle() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nX-Pad: ")
+                give_up = time.monotonic() + 10  # hang guard
+                while not done.wait(0.05) and time.monotonic() < give_up:
+                    try:
+                        conn.sendall(b"a")
+                    except OSError:
+                        return  # the client cut it
+                try:
+                    conn.sendall(b"\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+                except OSError:
+                    pass
+        threading.Thread(target=trickle, daemon=True).start()
+        client = getratchet.Ratchet("http://127.0.0.1:%d" % listener.getsockname()[1], "rk_test", timeout=60,
+                                    max_retries=0)
+        self.addCleanup(client.close)
+        with self.assertRaises(ConnectionLost) as raised:
+            client.get_step("s", timeout=0.5)
+        self.assertIn("timeout", str(raised.exception))
