@@ -113,3 +113,18 @@ test('the declarations need no @types/node and no DOM lib', () => {
   assert.match(dts, /^export type FetchFunction = typeof globalThis extends \{ fetch: infer F \} \? F$/m);
   assert.match(body('interface', 'RatchetOptions'), /^ {2}fetch\?: FetchFunction \| undefined;$/m);
 });
+
+// Every method that calls the API takes a RequestOptions last (README,
+// "Per-call timeout and cancellation"); request takes it in its options.
+test('every Ratchet method that calls the API is declared with a trailing RequestOptions', () => {
+  const methods = [...body('declare class', 'Ratchet').matchAll(/^ {2}(\w+)(?:<[^>]*>)?\((.*)\): [^;]+;$/gm)];
+  assert.ok(methods.length > 60, `only ${methods.length} methods found`);
+  for (const [, name, params] of methods) {
+    if (['registerTool', 'doEffect'].includes(name)) continue;
+    if (name === 'request') {
+      assert.match(params, /options\?: RequestOptions & \{/);
+      continue;
+    }
+    assert.match(params, /(?:^|, )requestOptions\?: RequestOptions$/, `${name} takes no trailing RequestOptions`);
+  }
+});
