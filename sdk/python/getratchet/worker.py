@@ -801,14 +801,23 @@ class Worker:
         if self._claim_id is None:
             self._claim_id, self._claim_limit = new_request_id(), limit
         body = {"limit": limit, "waitSeconds": wait_seconds, "claimId": self._claim_id}
+        path = "/workers/" + path_id(self.worker_id or "") + "/claim"
         try:
-            answer = self._transport.call("POST", "/workers/" + path_id(self.worker_id or "") + "/claim", body,
+            answer = self._transport.call("POST", path, body,
                                           safe=True, timeout=max(self._transport.timeout, wait_seconds + 10.0),
                                           abort=self._claim_abort, retry_cutoff=self._claim_waits_cut)
         except RatchetError as err:
             if not err.may_have_applied:
                 self._claim_id = None  # answered: nothing was leased under it
             raise
+        if not isinstance(answer, dict):
+            # A 2xx without the claim's object (a head the server's side cut
+            # after its status line reads as one with no body): its jobs, if
+            # it leased any, are asked again under its id, as a lost answer's
+            # (QA: None.get raised out of the loop, and the claim was
+            # forgotten).
+            raise self._transport._called(ConnectionLost(f"ratchet: POST {path}: unreadable answer"), "POST", path,
+                                          "unreadable answer")
         self._claim_id = None
         return answer.get("jobs") or []
 
