@@ -904,16 +904,7 @@ class OutageTest(unittest.TestCase):
 
     def test_a_stop_ends_starts_wait_for_the_server(self) -> None:
         client, server = self.client(lambda method, path, body: (502, error("bad_gateway"), {}))
-        raised, returned = [], threading.Event()
-
-        def run() -> None:
-            try:
-                client.worker.start(1, poll_interval=3600, on_error=lambda err: None)
-            except BaseException as err:  # noqa: BLE001 - the test reads it
-                raised.append(err)
-            returned.set()
-
-        threading.Thread(target=run, daemon=True).start()
+        raised, returned = start_blocking(client.worker)
         wait_until(lambda: server.seen or returned.is_set())
         self.assertFalse(returned.wait(0.3), raised)  # waiting for the server, not failed
         # The start waits an hour between tries (poll_interval): a stop that
@@ -2055,21 +2046,10 @@ class WorkerRulesTest(unittest.TestCase):
         url, calls, _ = self.cutting_server(b"HTTP/1.1 200 OK\r\n", cut=b"/register")
         client = getratchet.Ratchet(url, "rk_test")
         client.register_tool("t", "1", lambda input, context: None)
-        raised: List[BaseException] = []
-        ended = threading.Event()
-
-        def start() -> None:
-            try:
-                client.worker.start(1, poll_interval=3600, on_error=lambda err: None)
-            except BaseException as err:  # noqa: BLE001 - what the test looks at
-                raised.append(err)
-            finally:
-                ended.set()
-
-        threading.Thread(target=start, daemon=True).start()
+        raised, returned = start_blocking(client.worker)
         wait_until(lambda: calls)
         client.worker.stop(0.5)
-        self.assertTrue(ended.wait(10))
+        self.assertTrue(returned.wait(10))
         self.assertEqual(raised, [])
         self.assertIsNone(client.worker.worker_id)
 
@@ -3133,6 +3113,23 @@ class _NoOffset(tzinfo):
 
     def dst(self, dt):
         return None
+
+
+def start_blocking(worker) -> Tuple[List[BaseException], threading.Event]:
+    """Starts worker blocking (an hour's poll interval, failures dropped)
+    on a thread of its own; what start() raised, and set once it returned."""
+    raised: List[BaseException] = []
+    returned = threading.Event()
+
+    def run() -> None:
+        try:
+            worker.start(1, poll_interval=3600, on_error=lambda err: None)
+        except BaseException as err:  # noqa: BLE001 - the test reads it
+            raised.append(err)
+        returned.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return raised, returned
 
 
 def wait_until(probe, timeout: float = 10.0) -> None:
