@@ -493,13 +493,18 @@ class Transport:
         if not 200 <= response.status <= 299:
             raise self._called(_decode_error(response.status, response.headers, raw), method, path)
         date = _http_date(response.headers.get("Date"))
-        if not raw:
-            return None, date
         try:
-            return _json.loads(raw), date
+            answer = _json.loads(raw)
+            if not isinstance(answer, dict):
+                raise ValueError("not an object")
+            return answer, date
         except ValueError:
-            # A 2xx whose body cannot be read (cut short by a proxy): the
-            # call was applied, and its answer lost as by a dropped connection.
+            # A 2xx whose body is not the object every route answers (cut
+            # short by a proxy, or empty: a head cut after its status line
+            # reads as one without a body): the call was applied, and its
+            # answer lost as by a dropped connection (QA: claim and
+            # register_worker raised AttributeError/TypeError on None, and a
+            # worker's claim was forgotten instead of asked again).
             raise self._called(ConnectionLost(f"ratchet: {name}: unreadable answer"), method, path,
                                "unreadable answer") from None
 

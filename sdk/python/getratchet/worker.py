@@ -810,14 +810,6 @@ class Worker:
             if not err.may_have_applied:
                 self._claim_id = None  # answered: nothing was leased under it
             raise
-        if not isinstance(answer, dict):
-            # A 2xx without the claim's object (a head the server's side cut
-            # after its status line reads as one with no body): its jobs, if
-            # it leased any, are asked again under its id, as a lost answer's
-            # (QA: None.get raised out of the loop, and the claim was
-            # forgotten).
-            raise self._transport._called(ConnectionLost(f"ratchet: POST {path}: unreadable answer"), "POST", path,
-                                          "unreadable answer")
         self._claim_id = None
         return answer.get("jobs") or []
 

@@ -185,6 +185,26 @@ class TransportTest(unittest.TestCase):
         self.assertEqual(t.call("POST", "/runs", {}, safe=False), {"id": "r"})
         self.assertEqual(len(server.seen), 3)
 
+    def test_a_2xx_without_an_object_is_a_lost_answer(self) -> None:
+        # Every route answers an object: an empty 2xx (a head cut after its
+        # status line reads as one without a body) or another JSON value is
+        # an answer lost, the call maybe applied, not None handed on (QA:
+        # claim() raised AttributeError and register_worker() TypeError).
+        for answer in (None, b"[]", b"null", b"3"):
+            with self.subTest(answer=answer):
+                t, server, _ = self.transport([(201, answer, {})])
+                with self.assertRaises(ConnectionLost):  # the call may have been applied
+                    t.call("POST", "/runs", {}, safe=False)
+                self.assertEqual(len(server.seen), 1, "not repeated: it was not safe to")
+        server = FakeServer([(200, None, {})] * 4)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test", max_retries=0)
+        self.addCleanup(client.close)
+        with self.assertRaises(ConnectionLost):
+            client.claim("wrk_1")
+        with self.assertRaises(ConnectionLost):
+            client.register_worker([("t", "1")])
+
     def test_a_lost_answer_is_repeated_only_for_a_safe_call(self) -> None:
         t, server, _ = self.transport([(0, None, {}), (200, {"jobs": []}, {})])
         self.assertEqual(t.call("POST", "/workers/w/claim", {"limit": 1}, safe=True), {"jobs": []})
