@@ -372,11 +372,21 @@ func TestAnswersRecordedBeforeTheirLinkAreLinked(t *testing.T) {
 		require.NoError(t, rows.Err())
 		return out
 	}
+	sealedElsewhere := req
+	sealedElsewhere.Key, sealedElsewhere.ID = "create-3", ids.New(ids.Request)
+	record(t, s, mustClaim(t, s, sealedElsewhere), 201, `{"id":"`+hook+`","secret":"whsec_2"}`)
 	none := ""
-	require.Equal(t, map[string]*string{req.Key: &none, plain.Key: &none}, resources(), "recorded as showing none")
+	require.Equal(t, map[string]*string{req.Key: &none, plain.Key: &none, sealedElsewhere.Key: &none}, resources(),
+		"recorded as showing none")
 
 	_, err := s.pool.Exec(ctx, `UPDATE idempotent_requests SET resource_id = NULL WHERE key_id = $1`, req.APIKeyID)
 	require.NoError(t, err) // as the release before 0067 recorded them
+	// An answer this instance cannot open (sealed under a key it lacks) is
+	// left unlinked, for an instance that has the key, and the others are
+	// linked all the same.
+	_, err = s.pool.Exec(ctx, `UPDATE idempotent_requests SET answer = '\x00'::bytea
+		WHERE key_id = $1 AND idempotency_key = $2`, req.APIKeyID, sealedElsewhere.Key)
+	require.NoError(t, err)
 	secretOf := func(body []byte) string {
 		if strings.Contains(string(body), `"secret"`) {
 			return hook
@@ -385,7 +395,7 @@ func TestAnswersRecordedBeforeTheirLinkAreLinked(t *testing.T) {
 	}
 	_, err = s.LinkAnswers(ctx, 1000, secretOf)
 	require.NoError(t, err)
-	require.Equal(t, map[string]*string{req.Key: &hook, plain.Key: &none}, resources())
+	require.Equal(t, map[string]*string{req.Key: &hook, plain.Key: &none, sealedElsewhere.Key: nil}, resources())
 	_, stored, err := s.Begin(ctx, retry(req))
 	require.NoError(t, err)
 	require.Equal(t, `{"id":"`+hook+`","secret":"whsec_1"}`, string(stored.Body), "linked, not erased")
