@@ -176,6 +176,9 @@ type retryCutoffKey struct{}
 
 var errRetryCutoff = errors.New("ratchet: retry wait cut off")
 
+// errNotAnObject is a 2xx answer that is not a JSON object.
+var errNotAnObject = errors.New("not a JSON object")
+
 // withRetryCutoff returns ctx whose retry waits (a 429's Retry-After, a
 // backoff) end early once cutoff closes, while a request already sent runs
 // to its answer: a stopping worker does not wait out a rate limit to claim
@@ -466,7 +469,7 @@ func (c *Client) once(ctx context.Context, method, path, key string, body []byte
 		e.call = call
 		return e
 	}
-	if out == nil || len(bytes.TrimSpace(raw)) == 0 {
+	if out == nil {
 		return nil
 	}
 	// A repeat after an unreadable answer decodes into a clean value, not
@@ -474,7 +477,16 @@ func (c *Client) once(ctx context.Context, method, path, key string, body []byte
 	if v := reflect.ValueOf(out); v.Kind() == reflect.Pointer && !v.IsNil() {
 		v.Elem().SetZero()
 	}
-	err = json.Unmarshal(raw, out)
+	if body := bytes.TrimSpace(raw); len(body) == 0 || body[0] != '{' {
+		// Every route answers an object: an empty 2xx (a proxy's, or a
+		// head cut after its status line) or another JSON value is an
+		// answer lost, as the Python and TypeScript SDKs read it; it was
+		// decoded as the zero answer (a claim of no jobs, whose jobs were
+		// left leased to nobody).
+		err = errNotAnObject
+	} else {
+		err = json.Unmarshal(raw, out)
+	}
 	if deep, ok := out.(deepAnswer); ok && tooDeep(err) {
 		// A value the server took at its body's depth, carried deeper by
 		// the answer around it: read by its parts.

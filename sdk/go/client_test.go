@@ -923,6 +923,24 @@ func TestAnUnreadableAnswerIsAskedForAgainWhereSafe(t *testing.T) {
 	}
 }
 
+// A 2xx whose body is not a JSON object (empty: a proxy's, or a head cut
+// after its status line; or another JSON value) is an answer lost, as an
+// unreadable one: it was decoded as the zero answer, so a claim read as no
+// jobs, its jobs left leased to nobody.
+func TestA2xxWithoutAnObjectIsALostAnswer(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{"", " ", "null", "[]", `"x"`} {
+		run := &sequence{steps: []func(http.ResponseWriter, *http.Request){func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, body)
+		}}}
+		c, _ := testClient(t, run)
+		if _, err := c.StartRun(context.Background(), "x"); err == nil || !MayHaveApplied(err) || run.calls.Load() != 1 {
+			t.Fatalf("body %q: err %v (may have applied: %v), calls %d", body, err, MayHaveApplied(err), run.calls.Load())
+		}
+	}
+}
+
 // Reconcile sends one Idempotency-Key with every attempt, so a retry after
 // a lost answer is answered the first call's resolutions, not a second
 // comparison that reads them as matched.

@@ -253,12 +253,15 @@ export class Transport {
       }
       if (!response.ok) throw this.#called(decodeError(response, raw), method, path);
       const date = Date.parse(response.headers.get('date') ?? '');
-      if (!raw) return [null, date];
       try {
-        return [JSON.parse(raw), date];
+        const answer = JSON.parse(raw);
+        if (answer === null || typeof answer !== 'object' || Array.isArray(answer)) throw new TypeError('not an object');
+        return [answer, date];
       } catch {
-        // A 2xx whose body cannot be read (cut short by a proxy): the call
-        // was applied, and its answer lost as by a dropped connection.
+        // A 2xx whose body is not the object every route answers (cut
+        // short by a proxy, or empty, or another JSON value): the call was
+        // applied, and its answer lost as by a dropped connection (it was
+        // handed on as null, as the Python and Go SDKs read it now).
         throw this.#called(new ConnectionLostError(`ratchet: ${name}: unreadable answer`), method, path, 'unreadable answer');
       }
     } finally {

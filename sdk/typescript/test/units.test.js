@@ -90,6 +90,17 @@ test('a lost answer is repeated only for a safe call', async (t) => {
   assert.equal(unsafe.server.seen.length, 1);
 });
 
+test('a 2xx without an object is a lost answer', async (t) => {
+  // Every route answers an object: an empty 2xx (a head cut after its
+  // status line), or another JSON value, is an answer lost, the call maybe
+  // applied, not null handed on.
+  for (const body of [null, Buffer.from('null'), Buffer.from('[]'), Buffer.from('3')]) {
+    const { t: tr, server } = await transport(t, [[201, body]]);
+    await assert.rejects(tr.call('POST', '/runs', {}, { safe: false }), ConnectionLostError, String(body));
+    assert.equal(server.seen.length, 1, 'not repeated: it was not safe to');
+  }
+});
+
 test('retries are bounded', async (t) => {
   const { t: tr, server } = await transport(t, Array(5).fill([502, null]));
   await assert.rejects(tr.call('GET', '/runs/r', undefined, { safe: true }), (err) => err.status === 502 && err.code === '');
