@@ -1175,7 +1175,14 @@ test('a stop gives aborted handlers the stop grace, 10 s by default', async (t) 
 test('a report still unanswered when the stop gives reports up is cut, and counted lost', async (t) => {
   // QA: stop() waited for a report hanging on its connection, 60 s a try,
   // long past its deadline. The deliveries in flight are now aborted once
-  // the deadline and twice the grace have passed.
+  // the deadline and twice the grace have passed. The answer never comes
+  // and the delivery's timeout is an hour: only the cut lets stop() end.
+  const saved = { ...reportTimes };
+  Object.assign(reportTimes, { deliveryMs: 3_600_000 });
+  t.after(() => Object.assign(reportTimes, saved));
+  let answer;
+  const never = new Promise((r) => { answer = r; });
+  t.after(() => answer()); // before the server's close
   let claimed = false;
   const server = await fakeServer(t, async (method, path) => {
     if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
@@ -1184,29 +1191,32 @@ test('a report still unanswered when the stop gives reports up is cut, and count
       claimed = true;
       return [200, { jobs: first ? [job(1)] : [] }];
     }
-    await new Promise((r) => setTimeout(r, 20_000)); // never in time
+    await never;
     return [200, { jobId: 'job_1', status: 'SUCCEEDED', attempt: 1 }];
   });
-  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 3_600_000 });
   const errors = [];
   client.registerTool({ name: 't', version: '1', handler: () => ({ ok: true }) });
   const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, onError: (err) => errors.push(err), stopGraceMs: 150 });
   await until(() => server.seen.some((s) => s.path.endsWith('/report')));
-  const began = Date.now();
-  assert.equal(await client.worker.stop({ timeoutMs: 100 }), false, 'a report was not recorded');
+  assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 100 }), 'the report in flight was not cut'), false,
+    'a report was not recorded');
   await started;
-  const took = Date.now() - began;
-  assert.ok(took < 5_000, `stop took ${took} ms`);
   assert.ok(errors.some((e) => /job_1 attempt 1 was not recorded/.test(e.message)), errors.map(String).join());
 });
 
 test('reports queued behind one in flight are not sent after the stop gives reports up', async (t) => {
   // QA: the batch queued behind a hung delivery went out at the cut-off
   // (the abort listener was added to a signal already aborted) and hung for
-  // its whole delivery timeout: stop() overran by that much.
+  // its whole delivery timeout: stop() overran by that much. The answers
+  // never come and the delivery's timeout is an hour: only the cut, with
+  // nothing sent after it, lets stop() end.
   const saved = { ...reportTimes };
-  Object.assign(reportTimes, { deliveryMs: 5_000, inFlight: 1 }); // the others queue behind the first
+  Object.assign(reportTimes, { deliveryMs: 3_600_000, inFlight: 1 }); // the others queue behind the first
   t.after(() => Object.assign(reportTimes, saved));
+  let answer;
+  const never = new Promise((r) => { answer = r; });
+  t.after(() => answer()); // before the server's close
   let claimed = false;
   const reports = [];
   const server = await fakeServer(t, async (method, path, body) => {
@@ -1217,10 +1227,10 @@ test('reports queued behind one in flight are not sent after the stop gives repo
       return [200, { jobs: first ? [job(1), job(2), job(3)] : [] }];
     }
     reports.push(path);
-    await new Promise((r) => setTimeout(r, 20_000)); // never in time
+    await never;
     return [200, {}];
   });
-  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 3_600_000 });
   client.registerTool({ name: 't', version: '1', handler: async (input, ctx) => {
     if (ctx.jobId !== 'job_1') await new Promise((r) => setTimeout(r, 200)); // queued behind job_1's delivery
     return { ok: true };
@@ -1228,11 +1238,8 @@ test('reports queued behind one in flight are not sent after the stop gives repo
   const started = client.worker.start({ concurrency: 3, pollIntervalMs: 50, onError: () => {}, stopGraceMs: 150 });
   await until(() => reports.length >= 1);
   await new Promise((r) => setTimeout(r, 400)); // job_2 and job_3 have finished
-  const began = Date.now();
-  assert.equal(await client.worker.stop({ timeoutMs: 200 }), false);
+  assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 200 }), 'a report queued behind the cut one was sent'), false);
   await started;
-  const took = Date.now() - began;
-  assert.ok(took < 4_000, `stop took ${took} ms`);
   assert.equal(reports.length, 1, reports.join());
 });
 
