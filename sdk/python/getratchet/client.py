@@ -21,7 +21,7 @@ from ._http import Transport, new_request_id, path_id
 from ._time import aware
 from .errors import (INVALID_REQUEST, LEASE_LOST, PAYLOAD_TOO_LARGE, ApprovalRequired, ConnectionLost, EffectBlocked,
                      EffectDenied, EffectInFlight, NotPerformed, OutcomeNotReported, RatchetError, ResultNotStored)
-from .worker import JobContext, Worker, _item_error
+from .worker import JobContext, Worker, batch_results
 
 AFTER_SUCCEEDED = "SUCCEEDED"
 AFTER_FAILED = "FAILED"
@@ -779,15 +779,11 @@ class Ratchet:
         body = {"reports": [{"jobId": r["job_id"], **_job_report(r["lease_token"], r["status"], r.get("output"),
                                                                  r.get("error"))} for r in reports]}
         answer = self._transport.call("POST", "/jobs/report", body, safe=True, call_timeout=timeout)
-        results = answer.get("results") if isinstance(answer, dict) else None
-        if not isinstance(results, list) or len(results) != len(reports):
-            raise ConnectionLost("ratchet: POST /jobs/report: unreadable answer")
         out = []
-        for report, result in zip(reports, results):
-            if not isinstance(result, dict) or result.get("jobId") != report["job_id"]:
-                raise ConnectionLost("ratchet: POST /jobs/report: unreadable answer")
-            failure = result.get("error")
-            out.append({**result, "error": _item_error(failure) if isinstance(failure, dict) else None})
+        for result, error in batch_results(answer, [r["job_id"] for r in reports]):
+            if result is None:
+                raise error  # not the report's: the answer is unreadable
+            out.append({**result, "error": error})
         return out
 
     # list methods answer one page: {"data", "next_cursor"} on the gate's

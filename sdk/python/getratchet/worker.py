@@ -294,18 +294,36 @@ class _Reporter:
             raise
         if len(batch) == 1:
             return
-        results = answer.get("results") if isinstance(answer, dict) else None
-        if not isinstance(results, list) or len(results) != len(batch):
-            raise ConnectionLost("ratchet: POST /jobs/report: unreadable answer")
-        for report, result in zip(batch, results):
-            if not isinstance(result, dict) or result.get("jobId") != report.job_id:
-                report.error = ConnectionLost("ratchet: POST /jobs/report: unreadable answer")
-            elif isinstance(result.get("error"), dict):
-                report.error = _item_error(result["error"])
+        for report, (_, error) in zip(batch, batch_results(answer, [r.job_id for r in batch])):
+            if error is not None:
+                report.error = error
 
 
 def _report_path(job_id: str) -> str:
     return "/jobs/" + path_id(job_id) + "/report"
+
+
+def batch_results(answer: dict, job_ids: List[str]) -> List[Tuple[Optional[dict], Optional[Exception]]]:
+    """Each report's result in a batch report's answer (POST /jobs/report),
+    in the reports' order (job_ids), with its error: the refusal the single
+    report would have raised (_item_error), or ConnectionLost for a result
+    that is not the report's. An answer without one result per report
+    raises ConnectionLost. The worker's batches and Ratchet.report_jobs
+    read the answer alike."""
+    results = answer.get("results")
+    if not isinstance(results, list) or len(results) != len(job_ids):
+        raise ConnectionLost(_UNREADABLE_BATCH)
+    out: List[Tuple[Optional[dict], Optional[Exception]]] = []
+    for job_id, result in zip(job_ids, results):
+        if not isinstance(result, dict) or result.get("jobId") != job_id:
+            out.append((None, ConnectionLost(_UNREADABLE_BATCH)))
+            continue
+        failure = result.get("error")
+        out.append((result, _item_error(failure) if isinstance(failure, dict) else None))
+    return out
+
+
+_UNREADABLE_BATCH = "ratchet: POST /jobs/report: unreadable answer"
 
 
 def _item_error(envelope: dict) -> RatchetError:
