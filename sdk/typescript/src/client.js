@@ -7,7 +7,7 @@ import {
 } from './errors.js';
 import { stringify } from './json.js';
 import { Transport, newRequestId, pathId, sleep } from './transport.js';
-import { Worker, isGeneratorFunction, itemError } from './worker.js';
+import { Worker, batchResults, isGeneratorFunction } from './worker.js';
 
 export const AFTER_SUCCEEDED = 'SUCCEEDED';
 export const AFTER_FAILED = 'FAILED';
@@ -605,13 +605,9 @@ export class Ratchet {
   async reportJobs(reports, options) {
     const body = { reports: reports.map(({ jobId, leaseToken, status, output, error }) => ({ jobId, ...jobReport(leaseToken, status, output, error) })) };
     const answer = await this.#transport.call('POST', '/jobs/report', body, { ...perCall(options), safe: true });
-    const results = answer?.results;
-    if (!Array.isArray(results) || results.length !== reports.length) throw new ConnectionLostError('ratchet: POST /jobs/report: unreadable answer');
-    return results.map((result, i) => {
-      if (result === null || typeof result !== 'object' || result.jobId !== reports[i].jobId) {
-        throw new ConnectionLostError('ratchet: POST /jobs/report: unreadable answer');
-      }
-      return { ...result, error: result.error && typeof result.error === 'object' ? itemError(result.error) : null };
+    return batchResults(answer, reports.map((r) => r.jobId)).map(([result, error]) => {
+      if (!result) throw error; // not the report's: the answer is unreadable
+      return { ...result, error };
     });
   }
 

@@ -245,17 +245,29 @@ export class Reporter { // exported for the tests; not by the package
       throw err;
     }
     if (batch.length === 1) return;
-    const results = answer?.results;
-    if (!Array.isArray(results) || results.length !== batch.length) throw new ConnectionLostError('ratchet: POST /jobs/report: unreadable answer');
-    batch.forEach((report, i) => {
-      const result = results[i];
-      if (result === null || typeof result !== 'object' || result.jobId !== report.jobId) {
-        report.outcome.error = new ConnectionLostError('ratchet: POST /jobs/report: unreadable answer');
-      } else if (result.error && typeof result.error === 'object') {
-        report.outcome.error = itemError(result.error);
-      }
+    batchResults(answer, batch.map((r) => r.jobId)).forEach(([, error], i) => {
+      if (error) batch[i].outcome.error = error;
     });
   }
+}
+
+const UNREADABLE_BATCH = 'ratchet: POST /jobs/report: unreadable answer';
+
+/** Each report's result in a batch report's answer (POST /jobs/report), in
+ * the reports' order (jobIds), with its error: the refusal the single
+ * report would have thrown (itemError), or a ConnectionLostError for a
+ * result that is not the report's; [result, error]. An answer without one
+ * result per report throws ConnectionLostError. The worker's batches and
+ * Ratchet.reportJobs read the answer alike. */
+export function batchResults(answer, jobIds) {
+  const results = answer.results;
+  if (!Array.isArray(results) || results.length !== jobIds.length) throw new ConnectionLostError(UNREADABLE_BATCH);
+  return results.map((result, i) => {
+    if (result === null || typeof result !== 'object' || result.jobId !== jobIds[i]) {
+      return [null, new ConnectionLostError(UNREADABLE_BATCH)];
+    }
+    return [result, result.error && typeof result.error === 'object' ? itemError(result.error) : null];
+  });
 }
 
 const ITEM_ERROR_STATUS = { not_found: 404, forbidden: 403, lease_lost: 409, lease_expired: 409, invalid_state: 409 };
