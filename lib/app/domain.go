@@ -6,6 +6,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/httpapi"
+	"github.com/getratchet/ratchet/lib/idempotency"
 	"github.com/getratchet/ratchet/lib/jobs"
 	"github.com/getratchet/ratchet/lib/sweep"
 	"github.com/getratchet/ratchet/lib/webhooks"
@@ -87,7 +88,7 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 		sweep.Task{Name: "idempotency.link_secrets", Drains: true,
 			Batch: func() int { return idempotentAnswersPerPass },
 			Run: func(ctx context.Context, _ time.Time) (int, error) {
-				return deps.Idempotency.LinkAnswers(ctx, idempotentAnswersPerPass, webhooks.SecretShownBy)
+				return deps.Idempotency.LinkAnswers(ctx, idempotentAnswersPerPass, idempotency.SecretShownBy(webhooks.SecretKind))
 			}},
 		sweep.Task{Name: "webhooks.expired_secrets", Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Webhooks.ClearExpiredSecrets(ctx, now, retentionPerPass)

@@ -22,15 +22,18 @@ package idempotency
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/seal"
 )
 
@@ -116,9 +119,9 @@ type Answer struct {
 	// RequestID is the request that acted (on an answer given again).
 	RequestID string
 	// Resource, when set (Record), is the id of the resource whose secret
-	// the answer shows (a new webhook's signing secret): deleting it erases
-	// the answer (EraseAnswers), which Begin then reports as an
-	// *ErasedError instead of giving it again.
+	// the answer shows (a new key's secret, a webhook's signing secret):
+	// deleting (a key: revoking) it erases the answer (EraseAnswers), which
+	// Begin then reports as an *ErasedError instead of giving it again.
 	Resource string
 }
 
@@ -148,14 +151,60 @@ const ErasedStatus = 404
 // their sealed answer goes, and the row stays until its 24 hours end, so
 // the same request is still not acted on again (Begin answers ErrErased)
 // and another one under its key is still ErrReused. Run it in the
-// transaction that deletes the resource, in a statement that starts once
-// the resource's row is locked, so that it reads the answers committed
-// until then: a request that recorded such an answer held that row (it
+// transaction that deletes (a key: revokes) the resource, in a statement
+// that starts once the resource's row is locked, so that it reads the
+// answers committed until then: a request that recorded such an answer held that row (it
 // created the resource, or changed its secret under its lock) until it
 // committed with its answer.
 func EraseAnswers(where string) string {
 	return `UPDATE idempotent_requests SET answer = NULL, status = ` + strconv.Itoa(ErasedStatus) + `
     WHERE resource_id <> '' AND answer IS NOT NULL AND (` + where + `)`
+}
+
+// EraseGoneAnswers is a statement erasing up to limit (a SQL expression)
+// answers linked to a resource of table (by its id column) that is gone:
+// gone is a condition on its row, aliased x ("x.deleted_at IS NOT NULL").
+// A sweeper task runs it for the answers the resource's delete (revoke)
+// did not erase: those LinkAnswers linked after it, and those of a
+// resource an instance of a release that erased none deleted.
+// It reads idempotent_requests_resource_idx, the linked answers that
+// still show a secret, whole.
+func EraseGoneAnswers(table, gone, limit string) string {
+	return EraseAnswers(`(key_id, idempotency_key) IN (
+        SELECT r.key_id, r.idempotency_key FROM idempotent_requests r JOIN ` + table + ` x ON x.id = r.resource_id
+        WHERE r.resource_id <> '' AND r.answer IS NOT NULL AND ` + gone + `
+        LIMIT ` + limit + `)`)
+}
+
+// SecretKind is a kind of resource whose create (or rotation) answers its
+// secret beside its id, at the top level of its JSON: its ids' prefix
+// (lib/ids) and its secrets'. The prefixes of ids tell the kinds apart, so
+// an answer linked by its resource's id (Answer.Resource) names one
+// resource of one kind.
+type SecretKind struct {
+	IDPrefix     string
+	SecretPrefix string
+}
+
+// SecretShownBy is the resource, of one of kinds, whose secret an answer
+// body shows ("" when none): the sweeper links the answers that name
+// nothing (kept before migrations 0067 and 0068) with it (LinkAnswers).
+func SecretShownBy(kinds ...SecretKind) func(body []byte) string {
+	return func(body []byte) string {
+		var a struct {
+			ID     string `json:"id"`
+			Secret string `json:"secret"`
+		}
+		if json.Unmarshal(body, &a) != nil {
+			return ""
+		}
+		for _, k := range kinds {
+			if ids.Valid(k.IDPrefix, a.ID) && strings.HasPrefix(a.Secret, k.SecretPrefix) {
+				return a.ID
+			}
+		}
+		return ""
+	}
 }
 
 // Claim is a key held by the request acting under it.
@@ -334,11 +383,13 @@ func (c *Claim) giveUp(ctx context.Context) error {
 
 // LinkAnswers links up to limit answers recorded without a word of the
 // resource whose secret they show (by the release before migration 0067,
-// before the upgrade or during its deploy) as Record links them now: each
-// is opened, and secretOf names the resource whose secret its body shows
-// ("" when none). Its resource's delete then erases it; one whose resource
-// was deleted already is left to the caller's erasure of the answers of
-// deleted resources (lib/webhooks ClearExpiredSecrets, which the sweeper
+// before the upgrade or during its deploy; or, for a key's create, by the
+// release of 0067, which 0068 made name nothing) as Record links them now:
+// each is opened, and secretOf names the resource whose secret its body
+// shows ("" when none; SecretShownBy). Its resource's delete (a key's revoke)
+// then erases it; one whose resource was deleted already is left to the
+// erasure of the answers of gone resources (EraseGoneAnswers: lib/webhooks
+// ClearExpiredSecrets and lib/auth EraseRevokedAnswers, which the sweeper
 // runs after it). An answer that cannot be opened here (sealed under a key
 // this instance lacks) is left as it was, for an instance that has the key,
 // or for its 24 hours to end; so is one a re-seal or a new claim changed

@@ -424,3 +424,26 @@ func TestLinkAnswersReadsTheUnlinkedOnly(t *testing.T) {
 		require.LessOrEqual(t, read["idempotent_requests"], 40, "%s: rows of idempotent_requests read", mode)
 	}
 }
+
+// SecretShownBy names the resource whose secret an answer shows by its
+// id's prefix and its secret's together: a key's create and a webhook's are
+// each linked to their own, and an answer whose id and secret are of two
+// kinds (or that shows no secret, or is no object) to none, so that one
+// kind's id never names another's resource.
+func TestSecretShownByTellsTheKindsApart(t *testing.T) {
+	t.Parallel()
+	key, hook := ids.New(ids.Key), ids.New(ids.Webhook)
+	shownBy := idempotency.SecretShownBy(idempotency.SecretKind{IDPrefix: ids.Key, SecretPrefix: "rk_"},
+		idempotency.SecretKind{IDPrefix: ids.Webhook, SecretPrefix: "whsec_"})
+	for body, want := range map[string]string{
+		`{"id":"` + key + `","secret":"rk_1"}`:     key,
+		`{"id":"` + hook + `","secret":"whsec_1"}`: hook,
+		`{"id":"` + hook + `","secret":"rk_1"}`:    "",
+		`{"id":"` + key + `","secret":"whsec_1"}`:  "",
+		`{"id":"` + key + `"}`:                     "",
+		`{"id":"run_1","secret":"rk_1"}`:           "",
+		`[1]`:                                      "",
+	} {
+		require.Equal(t, want, shownBy([]byte(body)), "%s", body)
+	}
+}

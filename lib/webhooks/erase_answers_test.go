@@ -2,7 +2,6 @@ package webhooks_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync"
@@ -14,56 +13,17 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/events"
-	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/idempotency"
-	"github.com/getratchet/ratchet/lib/testpg"
 	"github.com/getratchet/ratchet/lib/webhooks"
 )
 
 func underKey(k string) http.Header { return http.Header{idempotency.Header: {k}} }
 
-// keptSecrets are the webhook secrets the answers kept for the
-// Idempotency-Keys of the workspace's one API key (key, its secret) still
-// hold, read from the table and opened as a replay opens them.
-func keptSecrets(t *testing.T, env *apitest.Env, key string) []string {
-	t.Helper()
-	ctx := context.Background()
-	keys := env.Must(http.StatusOK, "GET", "/api/v1/keys", key, nil).JSON()["data"].([]any)
-	require.Len(t, keys, 1)
-	keyID := keys[0].(map[string]any)["id"].(string)
-	rows, err := env.App.Pool.Query(ctx, `SELECT idempotency_key, answer FROM idempotent_requests
-		WHERE key_id = $1 AND answer IS NOT NULL`, keyID)
-	require.NoError(t, err)
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var idemKey string
-		var sealed []byte
-		require.NoError(t, rows.Scan(&idemKey, &sealed))
-		body, err := env.App.Server.Sealer.Open(sealed, idempotency.AnswerAAD(keyID, idemKey))
-		require.NoError(t, err)
-		var answer struct {
-			Secret string `json:"secret"`
-		}
-		require.NoError(t, json.Unmarshal(body, &answer))
-		if answer.Secret != "" {
-			out = append(out, answer.Secret)
-		}
-	}
-	require.NoError(t, rows.Err())
-	return out
-}
-
 // requireErased is a replay answered after the webhook's delete: 404
 // not_found, given again for the request that acted, without the secret.
-func requireErased(t *testing.T, r *apitest.Response, first *apitest.Response, secret string) {
+func requireErased(t *testing.T, env *apitest.Env, r *apitest.Response, first *apitest.Response, secret string) {
 	t.Helper()
-	require.Equal(t, http.StatusNotFound, r.Status, "%s", r.Body)
-	require.Equal(t, "not_found", r.ErrorCode())
-	require.Equal(t, "true", r.Header.Get(httpapi.ReplayedHeader))
-	require.Equal(t, first.Header.Get("X-Request-Id"), r.Header.Get(httpapi.OriginalRequestHeader))
-	require.NotContains(t, string(r.Body), secret)
-	require.NotContains(t, string(r.Body), "whsec_")
+	env.RequireErased(r, first, secret, "whsec_")
 }
 
 // A delete erases the answers kept for its create's and rotation's
@@ -90,15 +50,15 @@ func TestADeleteErasesTheAnswersThatShowedItsSecrets(t *testing.T) {
 		map[string]any{"url": "https://example.com/kept", "events": []string{events.RunFinished}})
 	require.Equal(t, http.StatusCreated, kept.Status)
 	keptSecret := kept.JSON()["secret"].(string)
-	require.ElementsMatch(t, []string{secret, newSecret, keptSecret}, keptSecrets(t, env, ws.Key))
+	require.ElementsMatch(t, []string{secret, newSecret, keptSecret}, env.KeptSecrets(ws.Key))
 	again := env.DoWith("POST", rotatePath, ws.Key, underKey("hook-rotate"), rotate)
 	require.Equal(t, string(rotated.Body), string(again.Body), "given again while the webhook lives")
 
 	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, ws.Key, nil)
 
-	requireErased(t, env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("hook-create"), body), created, secret)
-	requireErased(t, env.DoWith("POST", rotatePath, ws.Key, underKey("hook-rotate"), rotate), rotated, newSecret)
-	require.Equal(t, []string{keptSecret}, keptSecrets(t, env, ws.Key), "no sealed copy of the deleted one's secrets")
+	requireErased(t, env, env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("hook-create"), body), created, secret)
+	requireErased(t, env, env.DoWith("POST", rotatePath, ws.Key, underKey("hook-rotate"), rotate), rotated, newSecret)
+	require.Equal(t, []string{keptSecret}, env.KeptSecrets(ws.Key), "no sealed copy of the deleted one's secrets")
 	for _, reqID := range []string{created.Header.Get("X-Request-Id"), rotated.Header.Get("X-Request-Id")} {
 		var status int
 		var answer []byte
@@ -170,9 +130,9 @@ func TestARotationInFlightAtADeleteHasItsAnswerErased(t *testing.T) {
 	first := <-rotated
 	require.Equal(t, http.StatusOK, first.Status, "%s", first.Body)
 	require.Equal(t, http.StatusOK, <-deleted)
-	requireErased(t, env.DoWith("POST", rotatePath, ws.Key, underKey("held-rotate"), rotate), first,
+	requireErased(t, env, env.DoWith("POST", rotatePath, ws.Key, underKey("held-rotate"), rotate), first,
 		first.JSON()["secret"].(string))
-	require.Empty(t, keptSecrets(t, env, ws.Key))
+	require.Empty(t, env.KeptSecrets(ws.Key))
 }
 
 // Replays of a create racing its webhook's delete each answer either the
@@ -214,7 +174,7 @@ func TestReplaysRacingADeleteNeverShowTheSecretAfterIt(t *testing.T) {
 			case p.r.Status == http.StatusCreated && !p.afterDelete && !erased:
 				require.Equal(t, string(created.Body), string(p.r.Body))
 			case p.r.Status == http.StatusNotFound:
-				requireErased(t, p.r, created, secret)
+				requireErased(t, env, p.r, created, secret)
 				erased = true
 			default:
 				t.Fatalf("replay answered %d (sent after the delete: %v, after a 404: %v): %s", p.r.Status,
@@ -222,8 +182,8 @@ func TestReplaysRacingADeleteNeverShowTheSecretAfterIt(t *testing.T) {
 			}
 		}
 	}
-	requireErased(t, env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("raced"), body), created, secret)
-	require.Empty(t, keptSecrets(t, env, ws.Key))
+	requireErased(t, env, env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("raced"), body), created, secret)
+	require.Empty(t, env.KeptSecrets(ws.Key))
 }
 
 // A subscription deleted by an instance of the release before migration
@@ -250,8 +210,8 @@ func TestTheSweeperErasesTheAnswersADeleteLeft(t *testing.T) {
 	n, err := env.App.Server.Webhooks.ClearExpiredSecrets(ctx, time.Now(), 100)
 	require.NoError(t, err)
 	require.Equal(t, 2, n, "its row's secret and its create's answer")
-	require.Equal(t, []string{live.JSON()["secret"].(string)}, keptSecrets(t, env, ws.Key))
-	requireErased(t, env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("gone"),
+	require.Equal(t, []string{live.JSON()["secret"].(string)}, env.KeptSecrets(ws.Key))
+	requireErased(t, env, env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("gone"),
 		map[string]any{"url": "https://example.com/gone", "events": []string{events.RunFinished}}), gone,
 		gone.JSON()["secret"].(string))
 }
@@ -263,33 +223,14 @@ func TestTheSweeperErasesTheAnswersADeleteLeft(t *testing.T) {
 // leaving a live one's linked for its delete.
 func TestTheSweeperErasesTheAnswersKeptBeforeTheUpgrade(t *testing.T) {
 	env, _ := start(t, false)
-	ctx := context.Background()
-	ws := env.Signup()
-	body := func(url string) map[string]any {
-		return map[string]any{"url": url, "events": []string{events.RunFinished}}
-	}
-	gone := env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("old-gone"), body("https://example.com/gone"))
-	require.Equal(t, http.StatusCreated, gone.Status, "%s", gone.Body)
-	live := env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("old-live"), body("https://example.com/live"))
-	require.Equal(t, http.StatusCreated, live.Status, "%s", live.Body)
-	for _, r := range []*apitest.Response{gone, live} { // as the release before 0067 recorded them
-		_, err := env.App.Pool.Exec(ctx, `UPDATE idempotent_requests SET resource_id = NULL WHERE request_id = $1`,
-			r.Header.Get("X-Request-Id"))
-		require.NoError(t, err)
-	}
-	goneID, liveID := gone.JSON()["id"].(string), live.JSON()["id"].(string)
-	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+goneID, ws.Key, nil)
-	again := env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("old-gone"), body("https://example.com/gone"))
-	require.Equal(t, string(gone.Body), string(again.Body), "not linked: the delete could not find it")
-
-	env.App.Sweeper.RunOnce(ctx)
-	requireErased(t, env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("old-gone"), body("https://example.com/gone")),
-		gone, gone.JSON()["secret"].(string))
-	require.Equal(t, []string{live.JSON()["secret"].(string)}, keptSecrets(t, env, ws.Key))
-	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+liveID, ws.Key, nil)
-	requireErased(t, env.DoWith("POST", "/api/v1/webhooks", ws.Key, underKey("old-live"), body("https://example.com/live")),
-		live, live.JSON()["secret"].(string))
-	require.Empty(t, keptSecrets(t, env, ws.Key))
+	env.CheckAnswersKeptBeforeTheUpgrade(apitest.SecretCreates{
+		Create: func(key, idemKey, name string) *apitest.Response {
+			return env.DoWith("POST", "/api/v1/webhooks", key, underKey(idemKey),
+				map[string]any{"url": "https://example.com/" + name, "events": []string{events.RunFinished}})
+		},
+		End:          func(key, id string) { env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+id, key, nil) },
+		SecretPrefix: "whsec_",
+	})
 }
 
 // A delete's erasure and the sweeper's read the answers linked to a
@@ -298,30 +239,11 @@ func TestTheSweeperErasesTheAnswersKeptBeforeTheUpgrade(t *testing.T) {
 // plan cache modes.
 func TestTheErasuresReadTheLinkedAnswersOnly(t *testing.T) {
 	env, _ := start(t, false)
-	ctx := context.Background()
-	tx := testpg.Scratch(ctx, t, env.App.Pool, "idempotent_requests", "webhooks")
-	_, err := tx.Exec(ctx, `
-		INSERT INTO idempotent_requests (key_id, idempotency_key, request_hash, request_id, status, answer, created_at,
-		    resource_id)
-		SELECT 'key_plan', 'k' || g, '\x00', 'req_' || g, 201, '\x01aa', now() - g * interval '1 second',
-		       CASE WHEN g % 1000 = 0 THEN 'whk_plan' || g ELSE '' END
-		FROM generate_series(1, 20000) g;
+	env.CheckErasuresReadLinkedAnswers("webhooks", "whk", `
 		INSERT INTO webhooks (id, workspace_id, url, events, secret, created_at, deleted_at)
 		SELECT 'whk_plan' || g, 'ws_plan', 'https://example.com/' || g, '{run.finished}', NULL, now(), now()
-		FROM generate_series(1000, 20000, 1000) g;
-		ANALYZE idempotent_requests; ANALYZE webhooks;`)
-	require.NoError(t, err)
-	for _, mode := range testpg.PlanCacheModes {
-		for name, stmt := range map[string]struct {
-			sql  string
-			args []any
-		}{
-			"delete":  {webhooks.SQLAbandon, []any{"whk_plan1000", nil, "webhook deleted"}},
-			"sweeper": {webhooks.SQLClearExpiredSecrets, []any{time.Now(), 1000}},
-		} {
-			read, _, err := testpg.RowsRead(ctx, tx, mode, stmt.sql, stmt.args...)
-			require.NoError(t, err, "%s, %s", name, mode)
-			require.LessOrEqual(t, read["idempotent_requests"], 40, "%s, %s: rows of idempotent_requests read", name, mode)
-		}
-	}
+		FROM generate_series(1000, 20000, 1000) g`, map[string]apitest.Statement{
+		"delete":  {SQL: webhooks.SQLAbandon, Args: []any{"whk_plan1000", nil, "webhook deleted"}},
+		"sweeper": {SQL: webhooks.SQLClearExpiredSecrets, Args: []any{time.Now(), 1000}},
+	})
 }

@@ -5,7 +5,6 @@ package webhooks
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -65,20 +64,10 @@ type NewWebhook struct {
 // (sqlAbandon).
 func (w NewWebhook) SecretOf() string { return w.ID }
 
-// SecretShownBy is the subscription whose signing secret an answer kept
-// for an Idempotency-Key shows (body: a create's or rotation's NewWebhook),
-// "" when it shows none: the sweeper links the answers kept before
-// migration 0067 with it (idempotency.Store.LinkAnswers).
-func SecretShownBy(body []byte) string {
-	var w struct {
-		ID     string `json:"id"`
-		Secret string `json:"secret"`
-	}
-	if json.Unmarshal(body, &w) != nil || !ids.Valid(ids.Webhook, w.ID) || !strings.HasPrefix(w.Secret, secretPrefix) {
-		return ""
-	}
-	return w.ID
-}
+// SecretKind is a subscription's: the answers kept before migration 0067
+// that show its signing secret (a create's or rotation's NewWebhook) are
+// linked to it by the sweeper (idempotency.SecretShownBy).
+var SecretKind = idempotency.SecretKind{IDPrefix: ids.Webhook, SecretPrefix: secretPrefix}
 
 // secretPrefix begins every signing secret.
 const secretPrefix = "whsec_"
@@ -696,10 +685,7 @@ WITH cleared AS (
     ) AND (previous_secret_expires_at <= $1::timestamptz OR deleted_at IS NOT NULL)
     RETURNING 1
 ), answers AS (
-    ` + idempotency.EraseAnswers(`(key_id, idempotency_key) IN (
-        SELECT r.key_id, r.idempotency_key FROM idempotent_requests r JOIN webhooks w ON w.id = r.resource_id
-        WHERE r.resource_id <> '' AND r.answer IS NOT NULL AND w.deleted_at IS NOT NULL
-        LIMIT $2::int)`) + `
+    ` + idempotency.EraseGoneAnswers("webhooks", "x.deleted_at IS NOT NULL", "$2::int") + `
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM cleared) + (SELECT count(*) FROM answers)`
