@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/getratchet/ratchet/lib/auth"
 	"github.com/getratchet/ratchet/lib/gate"
 	"github.com/getratchet/ratchet/lib/httpapi"
 	"github.com/getratchet/ratchet/lib/idempotency"
@@ -32,6 +33,10 @@ const (
 	// times over.
 	rateCountersPerPass = 50_000
 )
+
+// secretShownBy names the resource whose secret an answer kept for an
+// Idempotency-Key shows: a key's create, a webhook's create or rotation.
+var secretShownBy = idempotency.SecretShownBy(auth.SecretKind, webhooks.SecretKind)
 
 // wireDomain builds the domain services into deps and registers their sweep
 // tasks. Each feature adds its own lines here.
@@ -83,15 +88,19 @@ func wireDomain(deps *httpapi.Deps, sweeper *sweep.Sweeper) error {
 		sweep.Task{Name: "webhooks.dispatch", Run: deps.Webhooks.Dispatch, Drains: true, Batch: deps.Webhooks.DispatchBatch},
 		sweep.Task{Name: "webhooks.deliver", Run: deps.Webhooks.Deliver, Detached: true, Needs: webhooks.RoundTime},
 		// The answers kept before migration 0067 are linked to the
-		// subscriptions whose secrets they show first, so that the task
-		// after it erases, in the same pass, those of deleted ones.
+		// subscriptions and keys whose secrets they show first, so that the
+		// tasks after it erase, in the same pass, those of deleted
+		// subscriptions and revoked keys.
 		sweep.Task{Name: "idempotency.link_secrets", Drains: true,
 			Batch: func() int { return idempotentAnswersPerPass },
 			Run: func(ctx context.Context, _ time.Time) (int, error) {
-				return deps.Idempotency.LinkAnswers(ctx, idempotentAnswersPerPass, idempotency.SecretShownBy(webhooks.SecretKind))
+				return deps.Idempotency.LinkAnswers(ctx, idempotentAnswersPerPass, secretShownBy)
 			}},
 		sweep.Task{Name: "webhooks.expired_secrets", Run: func(ctx context.Context, now time.Time) (int, error) {
 			return deps.Webhooks.ClearExpiredSecrets(ctx, now, retentionPerPass)
+		}},
+		sweep.Task{Name: "keys.revoked_secrets", Run: func(ctx context.Context, _ time.Time) (int, error) {
+			return deps.Auth.EraseRevokedAnswers(ctx, idempotentAnswersPerPass)
 		}},
 	)
 	if days := deps.Config.EventRetentionDays; days > 0 {

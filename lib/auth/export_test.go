@@ -2,3 +2,7 @@ package auth
 
 // SQLPruneCounters is PruneCounters' statement, for a test of its plan.
 const SQLPruneCounters = sqlPruneCounters
+
+// SQLRevoke and SQLEraseRevokedAnswers are RevokeKey's erasing statement
+// and EraseRevokedAnswers', for a test of their plans.
+var SQLRevoke, SQLEraseRevokedAnswers = sqlRevoke, sqlEraseRevokedAnswers

@@ -16,6 +16,7 @@ import (
 
 	"github.com/getratchet/ratchet/lib/apierr"
 	"github.com/getratchet/ratchet/lib/db"
+	"github.com/getratchet/ratchet/lib/idempotency"
 	"github.com/getratchet/ratchet/lib/ids"
 	"github.com/getratchet/ratchet/lib/jsonx"
 	"github.com/getratchet/ratchet/lib/keyedhash"
@@ -45,6 +46,17 @@ type NewKey struct {
 	Key
 	Secret string `json:"secret"`
 }
+
+// SecretOf names the key whose secret k shows: the answer kept for its
+// create's Idempotency-Key is linked to it (idempotency.Answer's
+// Resource), and its revoke erases that answer (RevokeKey).
+func (k NewKey) SecretOf() string { return k.ID }
+
+// SecretKind is a key's: the answers kept before migration 0068 that show
+// its secret (a create's NewKey), which name no key, are linked to it by
+// the sweeper (idempotency.SecretShownBy). A key's id prefix is not a
+// webhook's.
+var SecretKind = idempotency.SecretKind{IDPrefix: ids.Key, SecretPrefix: secretPrefix}
 
 // Service authenticates and manages keys.
 type Service struct {
@@ -619,8 +631,7 @@ func (s *Service) RevokeKey(ctx context.Context, p *Principal, keyID string) (Ke
 			return apierr.InvalidState("This is the workspace's last key with every scope, no tools list and no " +
 				"ceiling or rate limit; mint another such key before revoking it.")
 		}
-		k, err = scanKey(tx.QueryRow(ctx, `UPDATE api_keys SET revoked_at = coalesce(revoked_at, $2)
-			WHERE id = $1 RETURNING `+keyColumns, keyID, s.now()))
+		k, err = scanKey(tx.QueryRow(ctx, sqlRevoke, keyID, s.now()))
 		if err != nil {
 			return fmt.Errorf("revoke key: %w", err)
 		}
@@ -632,6 +643,40 @@ func (s *Service) RevokeKey(ctx context.Context, p *Principal, keyID string) (Ke
 	s.forget(keyID)
 	return k, nil
 }
+
+// sqlRevoke revokes key $1 at $2 (kept when it already was, so a revoke
+// sent again answers what the first did) and erases the answers kept for
+// its create's Idempotency-Key, which show its secret (linked to it by
+// Record; idempotency.EraseAnswers): sent again, that create is answered
+// 404 not_found. It runs after RevokeKey's first statement found and
+// locked the key's row, so its snapshot holds that answer: a create
+// commits its key and its answer together, and a revoke whose lock
+// statement began before that commit finds no key (404); were the erasure
+// a statement before the lock, it could miss an answer the lock then
+// found the key of.
+var sqlRevoke = `
+WITH erased AS (
+    ` + idempotency.EraseAnswers("resource_id = $1::text") + `
+)
+UPDATE api_keys SET revoked_at = coalesce(revoked_at, $2::timestamptz)
+WHERE id = $1::text RETURNING ` + keyColumns
+
+// EraseRevokedAnswers erases up to limit answers kept for an
+// Idempotency-Key that show a revoked key's secret: a revoke erases them
+// itself (sqlRevoke), but not those the sweeper linked after it (kept
+// before migration 0068: idempotency.Store.LinkAnswers, which runs first
+// in the same pass), nor those of a key an instance of the release before
+// 0068 revoked during the deploy. It answers how many it erased.
+func (s *Service) EraseRevokedAnswers(ctx context.Context, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, sqlEraseRevokedAnswers, limit)
+	if err != nil {
+		return 0, fmt.Errorf("erase the answers of revoked keys: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// sqlEraseRevokedAnswers is EraseRevokedAnswers' statement: $1 the limit.
+var sqlEraseRevokedAnswers = idempotency.EraseGoneAnswers("api_keys", "x.revoked_at IS NOT NULL", "$1::int")
 
 // Workspace is a tenant.
 type Workspace struct {

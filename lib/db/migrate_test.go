@@ -442,6 +442,31 @@ VALUES ('key_1', 'create-1', '\x00', 'req_1', 201, '\x01aa', now());`)
 		"(created_at) WHERE ((resource_id IS NULL) AND (answer IS NOT NULL))")
 }
 
+// 0068 makes the answers the release of 0067 recorded as showing no secret
+// (a key's create's among them, which shows the new key's) name nothing
+// again, as those kept before 0067, for the sweeper to open and link; an
+// answer linked to a resource, an erased one and a claim are left as they
+// were.
+func TestAnswersRecordedAsShowingNoSecretAreReadAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := upgradedFrom(t, 67, `
+INSERT INTO idempotent_requests (key_id, idempotency_key, request_hash, request_id, status, answer, created_at,
+    resource_id, claimed_until)
+VALUES ('key_1', 'key-create', '\x00', 'req_1', 201, '\x01aa', now(), '', NULL),
+       ('key_1', 'hook-create', '\x00', 'req_2', 201, '\x01bb', now(), 'whk_1', NULL),
+       ('key_1', 'hook-erased', '\x00', 'req_3', 404, NULL, now(), 'whk_2', NULL),
+       ('key_1', 'claimed', '\x00', 'req_4', NULL, NULL, now(), NULL, now());`)
+	resources := byID[*string](t, conn, `SELECT idempotency_key, resource_id FROM idempotent_requests`)
+	whk1, whk2 := "whk_1", "whk_2"
+	require.Equal(t, map[string]*string{"key-create": nil, "hook-create": &whk1, "hook-erased": &whk2, "claimed": nil},
+		resources)
+	var answer string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT encode(answer, 'hex') FROM idempotent_requests
+		WHERE idempotency_key = 'key-create'`).Scan(&answer))
+	require.Equal(t, "01aa", answer)
+}
+
 func byID[T any](t *testing.T, conn *pgx.Conn, sql string) map[string]T {
 	t.Helper()
 	rows, err := conn.Query(context.Background(), sql)

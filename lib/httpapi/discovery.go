@@ -181,9 +181,10 @@ detail.retry_after_seconds.
 A request's work and its answer commit together: one that failed (4xx, 500,
 503 with outcome not_applied) changed nothing and frees the key; one whose
 commit's outcome is unknown (503, outcome unknown) holds it 30 seconds, then a
-retry gets the answer if it committed and acts if it did not. A webhook's
-delete erases the answers that showed its secret (create, rotate-secret): sent
-again, such a request is 404 not_found (Idempotent-Replayed: true).
+retry gets the answer if it committed and acts if it did not. A key's revoke
+and a webhook's delete erase the answers that showed its secret (the key's
+create; the webhook's create, rotate-secret): sent again, such a request is
+404 not_found (Idempotent-Replayed: true).
 
 ## MCP
 

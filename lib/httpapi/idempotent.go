@@ -208,21 +208,26 @@ func (s *Server) actOnce(ctx context.Context, c *Call, claim *idempotency.Claim)
 }
 
 // secretHolder is an answer that shows the secret of the resource it
-// names (webhooks.NewWebhook: a new signing secret). Its kept answer is
-// linked to that resource, whose delete erases it (idempotency.EraseAnswers).
+// names (auth.NewKey: a new key's secret; webhooks.NewWebhook: a new
+// signing secret). Its kept answer is linked to that resource, whose
+// delete (a key's revoke) erases it (idempotency.EraseAnswers).
 type secretHolder interface{ SecretOf() string }
 
 // erasedAnswer is what a request sent again under its Idempotency-Key is
 // answered once the answer kept for it was erased with the resource whose
-// secret it showed (the resource was deleted since): 404 not_found, as
-// that resource now reads, marked as given again and naming the request
-// that acted, so that the client learns its first request did act. It
-// acts no more: the key stays used until its 24 hours end.
+// secret it showed (the resource was deleted, or the key revoked, since):
+// 404 not_found, as a deleted resource reads, marked as given again and
+// naming the request that acted, so that the client learns its first
+// request did act. It acts no more: the key stays used until its 24 hours
+// end.
 func erasedAnswer(c *Call, erased *idempotency.ErasedError) (any, error) {
-	what := pathResource(c.Route.Pattern, "id")
+	what, gone := pathResource(c.Route.Pattern, "id"), "deleted"
+	if what == "key" {
+		gone = "revoked" // a key is never deleted
+	}
 	e := apierr.New(http.StatusNotFound, apierr.CodeNotFound, "No such %s in this workspace: the %s this "+
-		"request acted on was deleted since, and the answer kept for its Idempotency-Key, which showed its secret, "+
-		"was erased with it.", what, what)
+		"request acted on was %s since, and the answer kept for its Idempotency-Key, which showed its secret, "+
+		"was erased with it.", what, what, gone)
 	body, err := jsonx.Marshal(errorBody{Error: e.Wire()})
 	if err != nil {
 		return nil, err

@@ -254,9 +254,9 @@ func operation(r Route) map[string]any {
 				"unanswered finds out whether it landed and answers so (its success, or a 503 not_applied that " +
 				"frees the key); one that cannot (a 503 with detail.outcome unknown) holds the key for 30 " +
 				"seconds, after which a retry gets the answer if the commit landed and acts if it did not. An answer " +
-				"that showed a webhook's signing secret (its create, a rotation) is erased when the webhook is " +
-				"deleted: the same request is then answered 404 not_found, with " + ReplayedHeader + ": true and " +
-				OriginalRequestHeader + ", and acts no more.",
+				"that showed a secret is erased when its key is revoked (a key's create) or its webhook deleted " +
+				"(a webhook's create, a rotation): the same request is then answered 404 not_found, with " +
+				ReplayedHeader + ": true and " + OriginalRequestHeader + ", and acts no more.",
 			"schema": map[string]any{"type": "string", "minLength": 1, "maxLength": idemkey.MaxRunes, "pattern": idemkey.Pattern}})
 	}
 	if params != nil {

@@ -49,9 +49,11 @@ func (s *Server) coreRoutes() []Route {
 		{
 			Method: "POST", Pattern: "/api/v1/keys", Name: "keys.create", Tag: "keys", Scopes: []string{auth.ScopeKeysWrite},
 			Idempotent: true,
-			Summary:    "Mint a key with scopes (or a preset) no wider than the caller's own; the secret is shown once.",
-			Request:    auth.CreateKeyRequest{}, Response: auth.NewKey{}, Status: 201,
-			Errors: []string{apierr.CodeInvalidRequest},
+			Summary: "Mint a key with scopes (or a preset) no wider than the caller's own; the secret is shown once. " +
+				"Sent again under its Idempotency-Key once the key was revoked: 404 not_found (" +
+				ReplayedHeader + ": true), the answer that showed the secret erased with it.",
+			Request: auth.CreateKeyRequest{}, Response: auth.NewKey{}, Status: 201,
+			Errors: []string{apierr.CodeInvalidRequest, apierr.CodeNotFound},
 			Handle: s.createKey,
 		},
 		{
@@ -72,7 +74,8 @@ func (s *Server) coreRoutes() []Route {
 		},
 		{
 			Method: "DELETE", Pattern: "/api/v1/keys/{id}", Name: "keys.revoke", Tag: "keys", Scopes: []string{auth.ScopeKeysWrite},
-			Summary: "Revoke a key for good; returns the revoked key. Every call that changes something honours it " +
+			Summary: "Revoke a key for good; returns the revoked key. The answer kept for its create's " +
+				"Idempotency-Key is erased with it (sent again, the create is 404). Every call that changes something honours it " +
 				"at once on every instance; reads, reports and heartbeats within KEY_CACHE_TTL. " +
 				"The workspace's last root key (every scope, no tools, no ceiling) cannot be revoked (409 invalid_state).",
 			Response: auth.Key{}, Status: 200, Errors: []string{apierr.CodeNotFound, apierr.CodeInvalidState},

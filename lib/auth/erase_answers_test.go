@@ -1,0 +1,204 @@
+package auth_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/auth"
+	"github.com/getratchet/ratchet/lib/idempotency"
+)
+
+func underKey(k string) http.Header { return http.Header{idempotency.Header: {k}} }
+
+// keySecretPrefix begins every key's secret.
+const keySecretPrefix = "rk_"
+
+// createUnder mints a key named name under the Idempotency-Key idemKey.
+func createUnder(t *testing.T, env *apitest.Env, key, idemKey, name string) *apitest.Response {
+	t.Helper()
+	r := env.DoWith("POST", "/api/v1/keys", key, underKey(idemKey), map[string]any{"name": name, "preset": "AGENT"})
+	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+	return r
+}
+
+// A revoke erases the answer kept for its key's create's Idempotency-Key,
+// which showed the key's secret, in its transaction: a replay of the
+// create is 404 not_found (marked as given again), never the secret and
+// never a second key, the Idempotency-Key stays used for other requests,
+// and the table keeps no sealed copy of the secret. Before, the answer
+// kept the revoked key's secret for its 24 hours and a replay showed it.
+// Another key's answer is kept.
+func TestARevokeErasesTheAnswerThatShowedItsSecret(t *testing.T) {
+	env := apitest.Start(t)
+	ctx := context.Background()
+	ws := env.Signup()
+	created := createUnder(t, env, ws.Key, "key-create", "revoked")
+	id, secret := created.JSON()["id"].(string), created.JSON()["secret"].(string)
+	kept := createUnder(t, env, ws.Key, "key-kept", "kept")
+	keptSecret := kept.JSON()["secret"].(string)
+	require.ElementsMatch(t, []string{secret, keptSecret}, env.KeptSecrets(ws.Key))
+	again := env.DoWith("POST", "/api/v1/keys", ws.Key, underKey("key-create"), map[string]any{"name": "revoked", "preset": "AGENT"})
+	require.Equal(t, string(created.Body), string(again.Body), "given again while the key lives")
+
+	env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+id, ws.Key, nil)
+
+	replay := env.DoWith("POST", "/api/v1/keys", ws.Key, underKey("key-create"), map[string]any{"name": "revoked", "preset": "AGENT"})
+	env.RequireErased(replay, created, secret, keySecretPrefix)
+	require.Contains(t, replay.JSON()["error"].(map[string]any)["message"], "revoked since")
+	require.Equal(t, []string{keptSecret}, env.KeptSecrets(ws.Key), "no sealed copy of the revoked key's secret")
+	var status int
+	var answer []byte
+	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT status, answer FROM idempotent_requests
+		WHERE request_id = $1`, created.Header.Get("X-Request-Id")).Scan(&status, &answer))
+	require.Equal(t, http.StatusNotFound, status)
+	require.Nil(t, answer)
+
+	other := env.DoWith("POST", "/api/v1/keys", ws.Key, underKey("key-create"), map[string]any{"name": "other", "preset": "AGENT"})
+	require.Equal(t, "idempotency_key_reuse", other.ErrorCode(), "the key stays used")
+	list := env.Must(http.StatusOK, "GET", "/api/v1/keys", ws.Key, nil).JSON()["data"].([]any)
+	require.Len(t, list, 3, "the replay minted nothing: the operator key and the two created")
+	replayKept := env.DoWith("POST", "/api/v1/keys", ws.Key, underKey("key-kept"), map[string]any{"name": "kept", "preset": "AGENT"})
+	require.Equal(t, string(kept.Body), string(replayKept.Body), "another key's answer is kept")
+}
+
+// A revoke racing the create of its key, the create held at the record of
+// its answer (after the key's insert, before its commit), the revoke held
+// before any statement of it that writes idempotent_requests until the
+// create has committed: whichever way it lands, no revoked key's secret is
+// left readable. The revoke either finds no key (404: its lock statement
+// began before the create committed), and the key lives with its answer,
+// or revokes it and erases that answer. A revoke that erased before it
+// locked the key's row would read the answers as they were before the
+// create committed, and then revoke the key it finds, its answer kept.
+func TestARevokeRacingItsKeysCreateLeavesNoSecretReadable(t *testing.T) {
+	env := apitest.Start(t)
+	ctx := context.Background()
+	pool := env.App.Pool
+	ws := env.Signup()
+	const createHeld, revokeHeld = 680068, 680069
+	// The held create names its backend after the key it inserts
+	// (application_name, which pg_stat_activity shows at once), so that
+	// the revoke can name the key before it is committed.
+	_, err := pool.Exec(ctx, fmt.Sprintf(`
+		CREATE FUNCTION test_name_held_key() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM set_config('application_name', NEW.id, true); RETURN NEW; END $$;
+		CREATE TRIGGER test_name_held_key AFTER INSERT ON api_keys FOR EACH ROW
+		WHEN (NEW.name = 'held') EXECUTE FUNCTION test_name_held_key();
+		CREATE FUNCTION test_hold_answer() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_advisory_xact_lock(%d); RETURN NEW; END $$;
+		CREATE TRIGGER test_hold_answer BEFORE UPDATE ON idempotent_requests FOR EACH ROW
+		WHEN (NEW.idempotency_key = 'held-create' AND OLD.status IS NULL AND NEW.status IS NOT NULL)
+		EXECUTE FUNCTION test_hold_answer();
+		CREATE FUNCTION test_hold_others() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		    IF current_setting('application_name') NOT LIKE 'key\_%%' THEN
+		        PERFORM pg_advisory_xact_lock_shared(%d);
+		    END IF;
+		    RETURN NULL;
+		END $$;
+		CREATE TRIGGER test_hold_others BEFORE UPDATE ON idempotent_requests FOR EACH STATEMENT
+		EXECUTE FUNCTION test_hold_others();`, createHeld, revokeHeld))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(ctx, `DROP TRIGGER IF EXISTS test_name_held_key ON api_keys;
+			DROP TRIGGER IF EXISTS test_hold_answer ON idempotent_requests;
+			DROP TRIGGER IF EXISTS test_hold_others ON idempotent_requests;
+			DROP FUNCTION IF EXISTS test_name_held_key(); DROP FUNCTION IF EXISTS test_hold_answer();
+			DROP FUNCTION IF EXISTS test_hold_others();`)
+	})
+	hold := func(lock int) pgx.Tx {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lock)
+		require.NoError(t, err)
+		return tx
+	}
+	// waiting counts the backends waiting on a lock, the held create's
+	// (named after its key) or the others'.
+	waiting := func(held bool) (n int, key string) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), coalesce(max(application_name), '')
+			FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'
+			  AND (application_name LIKE 'key\_%') = $1`, held).Scan(&n, &key))
+		return n, key
+	}
+
+	createHolder := hold(createHeld)
+	body := map[string]any{"name": "held", "preset": "AGENT"}
+	created := make(chan *apitest.Response, 1)
+	go func() { created <- env.DoWith("POST", "/api/v1/keys", ws.Key, underKey("held-create"), body) }()
+	var id string
+	require.Eventually(t, func() bool {
+		n, key := waiting(true)
+		id = key
+		return n == 1
+	}, 10*time.Second, 5*time.Millisecond, "the create waits at its answer, its key inserted")
+	revokeHolder := hold(revokeHeld)
+	revoked := make(chan *apitest.Response, 1)
+	go func() { revoked <- env.Do("DELETE", "/api/v1/keys/"+id, ws.Key, nil) }()
+	require.Eventually(t, func() bool {
+		n, _ := waiting(false)
+		return n > 0 || len(revoked) > 0
+	}, 10*time.Second, 5*time.Millisecond, "the revoke waits (for the creator's row, or before its erasure)")
+	require.NoError(t, createHolder.Commit(ctx))
+	first := <-created
+	require.Equal(t, http.StatusCreated, first.Status, "%s", first.Body)
+	require.Equal(t, id, first.JSON()["id"])
+	require.NoError(t, revokeHolder.Commit(ctx))
+	secret := first.JSON()["secret"].(string)
+	r := <-revoked
+	t.Logf("revoke answered %d", r.Status)
+	switch r.Status {
+	case http.StatusOK:
+	case http.StatusNotFound:
+		// It came before the key: the key lives, and so does its answer.
+		again := env.DoWith("POST", "/api/v1/keys", ws.Key, underKey("held-create"), body)
+		require.Equal(t, string(first.Body), string(again.Body), "the key lives")
+		require.Contains(t, env.KeptSecrets(ws.Key), secret)
+		env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+id, ws.Key, nil)
+	default:
+		t.Fatalf("the revoke answered %d: %s", r.Status, r.Body)
+	}
+	env.RequireErased(env.DoWith("POST", "/api/v1/keys", ws.Key, underKey("held-create"), body), first, secret,
+		keySecretPrefix)
+	require.NotContains(t, env.KeptSecrets(ws.Key), secret)
+}
+
+// An answer kept before migration 0068 (before 0067, or by the release of
+// 0067, which recorded it as showing no secret; or by an instance of the
+// previous release during the deploy) names no key, so a revoke does not
+// find it: the sweeper links it (idempotency.link_secrets, which knows a
+// key's create's answer from a webhook's) and, in the same pass, erases
+// those of revoked keys (keys.revoked_secrets), leaving a live key's
+// linked for its revoke.
+func TestTheSweeperErasesTheAnswersOfRevokedKeysKeptBeforeTheUpgrade(t *testing.T) {
+	env := apitest.Start(t)
+	env.CheckAnswersKeptBeforeTheUpgrade(apitest.SecretCreates{
+		Create: func(key, idemKey, name string) *apitest.Response {
+			return env.DoWith("POST", "/api/v1/keys", key, underKey(idemKey), map[string]any{"name": name, "preset": "AGENT"})
+		},
+		End:          func(key, id string) { env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+id, key, nil) },
+		SecretPrefix: keySecretPrefix,
+	})
+}
+
+// A revoke's erasure and the sweeper's read the answers linked to a key
+// through idempotent_requests_resource_idx, not the day of answers every
+// keyed create left (20,000 here, a few linked), in both plan cache modes.
+func TestTheKeysErasuresReadTheLinkedAnswersOnly(t *testing.T) {
+	env := apitest.Start(t)
+	env.CheckErasuresReadLinkedAnswers("api_keys", "key", `
+		INSERT INTO api_keys (id, workspace_id, name, secret_hash, scopes, created_at, revoked_at)
+		SELECT 'key_plan' || g, 'ws_plan', 'k', '\x00', '{effects:begin}', now(), now()
+		FROM generate_series(1000, 20000, 1000) g`, map[string]apitest.Statement{
+		"revoke":  {SQL: auth.SQLRevoke, Args: []any{"key_plan1000", time.Now()}},
+		"sweeper": {SQL: auth.SQLEraseRevokedAnswers, Args: []any{1000}},
+	})
+}

@@ -1,0 +1,17 @@
+-- The answer kept for a key's create under an Idempotency-Key shows the new
+-- key's secret, sealed, for 24 hours. Since this migration it is linked to
+-- the key (idempotent_requests.resource_id, as 0067 links a webhook's), and
+-- the key's revoke erases it in its transaction: a replay of the create is
+-- then 404 not_found, never the revoked key's secret.
+--
+-- The release of 0067 recorded it as showing no secret (resource_id ''),
+-- as it recorded every answer but a webhook's create's and rotation's, and
+-- the sweeper reads again only the answers that name nothing (NULL). Those
+-- it recorded so are made to name nothing again, as the answers kept before
+-- 0067 did: the sweeper (idempotency.link_secrets) opens each once, through
+-- idempotent_requests_unlinked_idx, links a key's create's to the key and
+-- the others again as showing none, and erases, in the same pass, those of
+-- keys revoked already (keys.revoked_secrets). The table holds a day of
+-- answers: this reads it once. An erased answer (answer NULL) and one
+-- linked to a resource are left as they are.
+UPDATE idempotent_requests SET resource_id = NULL WHERE resource_id = '' AND answer IS NOT NULL;
