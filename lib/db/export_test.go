@@ -9,10 +9,6 @@ import (
 // ClockReadings is how many times c read the database's clock.
 func ClockReadings(c *Clock) int64 { return c.reads.Load() }
 
-// SetClockRefresh changes how old c's reading may grow (set it before the
-// pool opens).
-func SetClockRefresh(c *Clock, d time.Duration) { c.refresh = d }
-
 // HookClock adds c's hooks to pc, as OpenWithClock does.
 func HookClock(c *Clock, pc *pgxpool.Config) { c.hook(pc) }
 
