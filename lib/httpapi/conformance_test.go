@@ -1017,20 +1017,99 @@ func TestConformanceNullableResponseArraysAreListed(t *testing.T) {
 		byDesign[loc] = "an approval's answers: null while pending and for a rejection"
 	}
 
+	found := map[string]bool{}
+	walkAnswerSchemas(t, func(where string, m map[string]any) {
+		if types, ok := m["type"].([]any); ok && slices.Contains(types, any("array")) && slices.Contains(types, any("null")) {
+			found[where] = true
+		}
+	})
+	requireOnlyListed(t, found, byDesign, "arrays the document says may be null: tag each field openapi:\"notNull\" "+
+		"if the server always writes it, else list it here with what its null means")
+}
+
+// TestConformanceOmittedResponseFieldsAreNeverNull: a field an answer leaves
+// out when it has no value (omitempty: not required) is never null when it
+// is there, so its schema allows no null, raw JSON (any value) aside
+// (TypeScript SDK QA: begin's lease_expires_at, a denial's probe,
+// prior_attempt and retry_after_seconds, a commit's deduplicated read "or
+// null", and a typed client declared them so or disagreed with the
+// document).
+func TestConformanceOmittedResponseFieldsAreNeverNull(t *testing.T) {
+	t.Parallel()
+	byDesign := map[string]string{
+		"components/Error .error.detail.closes_at": "circuit_open: null when the breaker closes only by hand",
+	}
+	for _, f := range []string{"", ".destructiveHint", ".openWorldHint"} {
+		byDesign["GET /.well-known/ratchet.json .mcp.tool_definitions[].annotations"+f] = "the MCP SDK's " +
+			"ToolAnnotations writes itself (MarshalJSON), which the document cannot read through"
+	}
+	found := map[string]bool{}
+	walkAnswerSchemas(t, func(where string, m map[string]any) {
+		required, _ := m["required"].([]any)
+		props, _ := m["properties"].(map[string]any)
+		for name, p := range props {
+			p, _ := p.(map[string]any)
+			types, _ := p["type"].([]any)
+			enum, _ := p["enum"].([]any)
+			if !slices.Contains(required, any(name)) && (slices.Contains(types, any("null")) || slices.Contains(enum, nil)) {
+				found[where+"."+name] = true
+			}
+		}
+	})
+	requireOnlyListed(t, found, byDesign, "fields left out when empty that the document says may be null")
+}
+
+// A job heartbeat answers its lease's new end (API.md §3.1: {
+// "leaseExpiresAt", "cancelRequested" }): every claim sets a job's lease and
+// nothing clears it, so it is never null, and the document says so
+// (TypeScript SDK QA: it read "string or null", where the SDKs declare a
+// time).
+func TestConformanceJobHeartbeatAnswersALeaseEnd(t *testing.T) {
+	t.Parallel()
+	var lease map[string]any
+	walkAnswerSchemas(t, func(where string, m map[string]any) {
+		if where == "POST /api/v1/jobs/{id}/heartbeat .leaseExpiresAt" {
+			lease = m
+		}
+	})
+	require.Equal(t, "string", lease["type"])
+	require.Equal(t, "date-time", lease["format"])
+}
+
+// requireOnlyListed requires found to hold the places byDesign lists, each
+// with its reason, and no other; msg says what an unlisted one is.
+func requireOnlyListed(t *testing.T, found map[string]bool, byDesign map[string]string, msg string) {
+	t.Helper()
+	var unlisted []string
+	for loc := range found {
+		if _, ok := byDesign[loc]; !ok {
+			unlisted = append(unlisted, loc)
+		}
+	}
+	sort.Strings(unlisted)
+	require.Empty(t, unlisted, msg)
+	for loc, why := range byDesign {
+		require.True(t, found[loc], "%s (%s) is listed as null by design, but the document no longer says so", loc, why)
+	}
+}
+
+// walkAnswerSchemas calls visit with every schema the document gives the
+// server's writing (each route's answers, success and error, and the
+// components: a webhook's body) and each schema within them, named by
+// where it is: "GET /api/v1/keys .data[].tools", "components/Error .error".
+func walkAnswerSchemas(t *testing.T, visit func(where string, s map[string]any)) {
+	t.Helper()
 	b, err := json.Marshal(httpapi.OpenAPI())
 	require.NoError(t, err)
 	var doc map[string]any
 	require.NoError(t, json.Unmarshal(b, &doc))
-	found := map[string]bool{}
 	var walk func(where string, s any)
 	walk = func(where string, s any) {
 		m, ok := s.(map[string]any)
 		if !ok {
 			return
 		}
-		if types, ok := m["type"].([]any); ok && slices.Contains(types, any("array")) && slices.Contains(types, any("null")) {
-			found[where] = true
-		}
+		visit(where, m)
 		props, _ := m["properties"].(map[string]any)
 		for name, p := range props {
 			walk(where+"."+name, p)
@@ -1059,18 +1138,6 @@ func TestConformanceNullableResponseArraysAreListed(t *testing.T) {
 	require.Greater(t, routes, 50)
 	for name, s := range doc["components"].(map[string]any)["schemas"].(map[string]any) {
 		walk("components/"+name+" ", s)
-	}
-	var unlisted []string
-	for loc := range found {
-		if _, ok := byDesign[loc]; !ok {
-			unlisted = append(unlisted, loc)
-		}
-	}
-	sort.Strings(unlisted)
-	require.Empty(t, unlisted, "arrays the document says may be null: tag each field openapi:\"notNull\" "+
-		"if the server always writes it, else list it here with what its null means")
-	for loc, why := range byDesign {
-		require.True(t, found[loc], "%s (%s) is listed as null by design, but the document no longer says so", loc, why)
 	}
 }
 

@@ -520,7 +520,11 @@ func relaxRequired(t reflect.Type, s *jsonschema.Schema) {
 // any_scopes, and an MCP tool's icons and their sizes, which no openapi tag
 // can reach, read "array or null"; a group's deduplicated and a batch
 // result's error read "or null"). A type that writes itself
-// (json.RawMessage, which may hold null) keeps null.
+// (json.RawMessage, which may hold null) keeps null, but a time, which is
+// always written as a string (TypeScript SDK QA: begin's lease_expires_at
+// read "or null"). The fields of an embedded struct are the object's own
+// (TypeScript SDK QA: a commit's deduplicated, a denial's probe read "or
+// null").
 func omittedNotNull(t reflect.Type, s *jsonschema.Schema) {
 	omittedNotNullIn(t, s, map[*jsonschema.Schema]bool{})
 }
@@ -540,6 +544,13 @@ func omittedNotNullIn(t reflect.Type, s *jsonschema.Schema, seen map[*jsonschema
 		return
 	}
 	seen[s] = true
+	omittedFieldsNotNull(t, s, seen)
+}
+
+// omittedFieldsNotNull is omittedNotNullIn for the fields of struct t,
+// whose schema is s: an embedded struct's fields are read into the same s,
+// which seen holds already.
+func omittedFieldsNotNull(t reflect.Type, s *jsonschema.Schema, seen map[*jsonschema.Schema]bool) {
 	marshaler := reflect.TypeFor[json.Marshaler]()
 	if t.Implements(marshaler) || reflect.PointerTo(t).Implements(marshaler) {
 		return // it writes its fields itself, omitempty or not
@@ -548,7 +559,13 @@ func omittedNotNullIn(t reflect.Type, s *jsonschema.Schema, seen map[*jsonschema
 		f := t.Field(i)
 		name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
 		if f.Anonymous && name == "" {
-			omittedNotNullIn(f.Type, s, seen) // its fields are this object's
+			et := f.Type
+			if et.Kind() == reflect.Pointer {
+				et = et.Elem()
+			}
+			if et.Kind() == reflect.Struct {
+				omittedFieldsNotNull(et, s, seen) // its fields are this object's
+			}
 			continue
 		}
 		if name == "" {
@@ -561,7 +578,8 @@ func omittedNotNullIn(t reflect.Type, s *jsonschema.Schema, seen map[*jsonschema
 		opt := strings.Split(opts, ",")
 		omitted := slices.Contains(opt, "omitempty") || slices.Contains(opt, "omitzero")
 		nilable := f.Type.Kind() == reflect.Slice || f.Type.Kind() == reflect.Map || f.Type.Kind() == reflect.Pointer
-		writesItself := f.Type.Implements(marshaler) || reflect.PointerTo(f.Type).Implements(marshaler)
+		writesItself := (f.Type.Implements(marshaler) || reflect.PointerTo(f.Type).Implements(marshaler)) &&
+			f.Type != reflect.TypeFor[*time.Time]()
 		if omitted && nilable && !writesItself {
 			c := *p // inference may share one schema between fields of a type
 			schematags.NotNull(&c)

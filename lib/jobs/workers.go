@@ -378,7 +378,7 @@ type HeartbeatRequest struct {
 
 // HeartbeatResult answers a heartbeat.
 type HeartbeatResult struct {
-	LeaseExpiresAt  *time.Time `json:"leaseExpiresAt"`
+	LeaseExpiresAt  *time.Time `json:"leaseExpiresAt" openapi:"notNull"` // set by every claim, never cleared: never null
 	CancelRequested bool       `json:"cancelRequested"`
 }
 
