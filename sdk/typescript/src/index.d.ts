@@ -448,7 +448,8 @@ export interface BeginResponse {
   result?: Json;
   retry_after_seconds?: number;
   approval_id?: string;
-  error?: { code: string; message: string; detail?: Record<string, unknown> };
+  /** A denial's error envelope (HTTP 403), beside the decision fields. */
+  error?: { code: string; message: string; detail: Record<string, unknown> };
 }
 
 export interface Lease {
@@ -494,8 +495,6 @@ export type DimensionLimitUpdate =
   | { daily_micros: number; daily_count?: number | null | undefined }
   | { daily_micros?: number | null | undefined; daily_count: number };
 
-/** An effect type's policy (snake_case, as on the wire); version 0 and
- * updated_at null for a type still on the safe default. */
 /** How closely an effect type's declared costs crowd its watch line (snake_case, as on the wire). */
 export interface Structuring {
   effect_type: string;
@@ -516,6 +515,8 @@ export interface Structuring {
   }>;
 }
 
+/** An effect type's policy (snake_case, as on the wire); version 0 and
+ * updated_at null for a type still on the safe default. */
 export interface EffectPolicy {
   effect_type: string;
   version: number;
@@ -928,9 +929,12 @@ export interface JobReportResult {
   nextDueAt: string | null;
 }
 
-/** One report's answer in reportJobs: its result, or error, the RatchetError a single report would have thrown. */
+/** One report's answer in reportJobs: its result, or error, the RatchetError a single report would have thrown
+ * (status and attempt are then left out). */
 export interface BatchJobResult extends Partial<JobReportResult> {
   jobId: string;
+  /** null too for a report refused. */
+  nextDueAt: string | null;
   error: RatchetError | null;
 }
 
@@ -1024,7 +1028,8 @@ export interface WebhookEvent {
   workspace_id: string;
   /** What the event is about: an effect, run, step, approval, effect type or endpoint ("*" for the emergency stop). */
   subject_id: string;
-  data: Json;
+  /** The event's details: ids, states, counts and times, by type; never payloads. */
+  data: { [key: string]: Json };
 }
 
 export interface VerifyWebhookOptions {
