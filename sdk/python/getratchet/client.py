@@ -13,7 +13,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple, cast
 
 from . import _json
 from ._aio import await_alone, is_async, loop_running
@@ -21,6 +21,13 @@ from ._http import Transport, new_request_id, path_id
 from ._time import aware
 from .errors import (INVALID_REQUEST, LEASE_LOST, PAYLOAD_TOO_LARGE, ApprovalRequired, ConnectionLost, EffectBlocked,
                      EffectDenied, EffectInFlight, NotPerformed, OutcomeNotReported, RatchetError, ResultNotStored)
+from .types import (ApiKey, ApiKeyPage, Approval, ApprovalPage, BatchJobResult, BeginResponse, Circuit, CircuitPage,
+                    ClaimedJob, Contract, ContractPage, Effect, EffectHeartbeat, EffectPage, EffectPolicy,
+                    EffectPolicyPage, EmergencyStop, Endpoint, EndpointAttemptPage, EndpointPage, EnqueueResult, Group,
+                    GroupCommit, GroupStepPage, JobAttemptPage, JobHeartbeat, JobReplayPage, JobReportResult, NewApiKey,
+                    NewWebhook, PriorAttempt, QueueHealthPage, Reconciliation, ReplayPreview, ReplayResult,
+                    RetriedDeliveries, Run, RunPage, Step, StepPage, Structuring, ToolTest, Unwind, Webhook,
+                    WebhookDeliveryPage, WebhookPage)
 from .worker import JobContext, Worker, batch_results
 
 AFTER_SUCCEEDED = "SUCCEEDED"
@@ -70,7 +77,7 @@ class Lease:
     effect_id: str
     attempt: int
     probe: bool
-    prior_attempt: Optional[dict]
+    prior_attempt: Optional[PriorAttempt]
     lease_expires_at: str
     lost: threading.Event
 
@@ -152,7 +159,7 @@ class Ratchet:
             return self._run_id
 
     def start_run(self, name: str, *, idempotency_key: Optional[str] = None,
-                  budget_micros: Optional[int] = None, timeout: Optional[float] = None) -> dict:
+                  budget_micros: Optional[int] = None, timeout: Optional[float] = None) -> Run:
         """Starts a run (POST /runs) and makes it this client's current run.
 
         With idempotency_key (derived from the work, as a Temporal workflow
@@ -179,7 +186,7 @@ class Ratchet:
                 idempotency_key: Optional[str] = None, timeout_ms: Optional[int] = None,
                 max_attempts: Optional[int] = None, contract_version: Optional[int] = None,
                 after_step_id: Optional[str] = None, after_status: Optional[str] = None,
-                delay_ms: Optional[int] = None, run_id: Optional[str] = None, timeout: Optional[float] = None) -> dict:
+                delay_ms: Optional[int] = None, run_id: Optional[str] = None, timeout: Optional[float] = None) -> EnqueueResult:
         """Adds a step to the run (POST /runs/{id}/steps): the exact handler
         name@version, its JSON input and options. Without idempotency_key
         the server derives one from the run, name, version, contract
@@ -197,18 +204,18 @@ class Ratchet:
         return self._transport.call("POST", "/runs/" + path_id(self._run(run_id)) + "/steps", body, safe=True,
                                     call_timeout=timeout)
 
-    def finish_run(self, run_id: Optional[str] = None, *, timeout: Optional[float] = None) -> dict:
+    def finish_run(self, run_id: Optional[str] = None, *, timeout: Optional[float] = None) -> Run:
         """Requests the run's completion: it ends SUCCEEDED once every step
         ended well, FAILED when one is EXHAUSTED or CANCELLED. Enqueue every
         branch before this."""
         return self._transport.call("POST", "/runs/" + path_id(self._run(run_id)) + "/finish", {}, safe=True,
                                     call_timeout=timeout)
 
-    def get_run(self, run_id: Optional[str] = None, *, timeout: Optional[float] = None) -> dict:
+    def get_run(self, run_id: Optional[str] = None, *, timeout: Optional[float] = None) -> Run:
         """Reads a run with its steps (each with ``durableJob``)."""
         return self._transport.call("GET", "/runs/" + path_id(self._run(run_id)), safe=True, call_timeout=timeout)
 
-    def get_step(self, step_id: str, *, timeout: Optional[float] = None) -> dict:
+    def get_step(self, step_id: str, *, timeout: Optional[float] = None) -> Step:
         """Reads one step with its job's last 50 executions and last 50
         replays: ``durableJob.attemptsTruncated`` and ``replaysTruncated``
         say earlier ones are left out (list_step_attempts and
@@ -216,7 +223,7 @@ class Ratchet:
         return self._transport.call("GET", "/steps/" + path_id(step_id), safe=True, call_timeout=timeout)
 
     def list_step_attempts(self, step_id: str, *, limit: Optional[int] = None,
-                           cursor: Optional[str] = None, timeout: Optional[float] = None) -> dict:
+                           cursor: Optional[str] = None, timeout: Optional[float] = None) -> JobAttemptPage:
         """Pages every execution of a step's job in attempt order, where a
         step holds its last 50 (``attemptsTruncated``): {"data",
         "nextCursor"}. Pass nextCursor as cursor for the next page."""
@@ -224,14 +231,14 @@ class Ratchet:
                                     + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
 
     def list_step_replays(self, step_id: str, *, limit: Optional[int] = None,
-                          cursor: Optional[str] = None, timeout: Optional[float] = None) -> dict:
+                          cursor: Optional[str] = None, timeout: Optional[float] = None) -> JobReplayPage:
         """Pages every replay of a step's job oldest first, where a step
         holds its last 50 (``replaysTruncated``): {"data", "nextCursor"}."""
         return self._transport.call("GET", "/steps/" + path_id(step_id) + "/replays"
                                     + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
 
     def list_runs(self, *, status: Optional[str] = None, limit: Optional[int] = None,
-                  cursor: Optional[str] = None, timeout: Optional[float] = None) -> dict:
+                  cursor: Optional[str] = None, timeout: Optional[float] = None) -> RunPage:
         """Pages the workspace's runs newest first, without their steps
         (scope runs:read): {"data": [...], "nextCursor"}; status RUNNING,
         SUCCEEDED or FAILED. Pass nextCursor as cursor for the next page."""
@@ -240,20 +247,20 @@ class Ratchet:
 
     def list_run_steps(self, run_id: Optional[str] = None, *, status: Optional[str] = None,
                        limit: Optional[int] = None, cursor: Optional[str] = None,
-                       timeout: Optional[float] = None) -> dict:
+                       timeout: Optional[float] = None) -> StepPage:
         """Pages a run's steps in id order, each as get_step reads it, for
         runs larger than get_run's first steps (1000, or fewer where more would pass about 4 MB): {"data", "nextCursor"}."""
         return self._transport.call("GET", "/runs/" + path_id(self._run(run_id)) + "/steps"
                                     + _query(status=status, limit=limit, cursor=cursor), safe=True,
                                     call_timeout=timeout)
 
-    def cancel_step(self, step_id: str, *, timeout: Optional[float] = None) -> dict:
+    def cancel_step(self, step_id: str, *, timeout: Optional[float] = None) -> Step:
         """Cancels a step's job; a running handler learns of it at its next
         heartbeat. Cancelling again answers the same step."""
         return self._transport.call("POST", "/steps/" + path_id(step_id) + "/cancel", {}, safe=True,
                                     call_timeout=timeout)
 
-    def replay_preview(self, step_id: str, *, timeout: Optional[float] = None) -> dict:
+    def replay_preview(self, step_id: str, *, timeout: Optional[float] = None) -> ReplayPreview:
         """Whether an exhausted or cancelled step may be replayed, and the
         contract versions it could be upgraded to (``upgrades``)."""
         return self._transport.call("GET", "/steps/" + path_id(step_id) + "/replay", safe=True, call_timeout=timeout)
@@ -261,7 +268,7 @@ class Ratchet:
     def replay(self, step_id: str, *, reason: Optional[str] = None, max_attempts: int = 1,
                acknowledge_duplicate_risk: bool = True, target_contract_version: Optional[int] = None,
                expected_handler_version: Optional[str] = None, acknowledge_version_change: bool = False,
-               expected_attempt: Optional[int] = None, timeout: Optional[float] = None) -> dict:
+               expected_attempt: Optional[int] = None, timeout: Optional[float] = None) -> ReplayResult:
         """Queues an exhausted or cancelled step again (scope steps:replay).
 
         The previous worker may have completed a side effect whose result
@@ -311,7 +318,7 @@ class Ratchet:
               run_id: Optional[str] = None, group_id: Optional[str] = None,
               compensation: Optional[dict] = None, compensates_effect_id: Optional[str] = None,
               lease_seconds: Optional[int] = None, request_id: Optional[str] = None,
-              timeout: Optional[float] = None) -> dict:
+              timeout: Optional[float] = None) -> BeginResponse:
         """Asks before acting (POST /effects/begin) and returns the answer:
         ``decision`` is execute, duplicate, in_flight, blocked,
         approval_required or denied (a denial is answered, not raised: its
@@ -319,10 +326,10 @@ class Ratchet:
         from time or randomness. A request_id (random when not given) spans
         the call's retries, so a begin whose answer was lost gets the same
         lease again instead of in_flight."""
-        return self._begin(self._begin_body(
+        return cast(BeginResponse, self._begin(self._begin_body(
             effect_type, idempotency_key, payload, cost_micros=cost_micros, dimensions=dimensions, run_id=run_id,
             group_id=group_id, compensation=compensation, compensates_effect_id=compensates_effect_id,
-            lease_seconds=lease_seconds, request_id=request_id), timeout)[0]
+            lease_seconds=lease_seconds, request_id=request_id), timeout)[0])
 
     @staticmethod
     def _begin_body(effect_type: str, idempotency_key: str, payload: Any, *, request_id: Optional[str] = None,
@@ -350,7 +357,7 @@ class Ratchet:
         return answer, _lease_seconds(answer.get("lease_expires_at"), date), ""
 
     def report_effect(self, effect_id: str, lease_token: str, outcome: str, result: Any = None,
-                      *, timeout: Optional[float] = None) -> dict:
+                      *, timeout: Optional[float] = None) -> Effect:
         """Reports an execute's outcome: "succeeded" with its result, or
         "failed" only when the action surely did not reach the outside
         world. Unsure? Report nothing: the lease lapses and the outcome is
@@ -358,17 +365,17 @@ class Ratchet:
         return self._transport.call("POST", "/effects/" + path_id(effect_id) + "/report",
                                     _effect_report(lease_token, outcome, result), safe=True, call_timeout=timeout)
 
-    def heartbeat_effect(self, effect_id: str, lease_token: str, *, timeout: Optional[float] = None) -> dict:
+    def heartbeat_effect(self, effect_id: str, lease_token: str, *, timeout: Optional[float] = None) -> EffectHeartbeat:
         """Extends an execute's lease: {"effect_id", "lease_expires_at"}."""
         return self._transport.call("POST", "/effects/" + path_id(effect_id) + "/heartbeat",
                                     {"lease_token": lease_token}, safe=True, call_timeout=timeout)
 
-    def get_effect(self, effect_id: str, *, timeout: Optional[float] = None) -> dict:
+    def get_effect(self, effect_id: str, *, timeout: Optional[float] = None) -> Effect:
         """Reads an effect with its attempts."""
         return self._transport.call("GET", "/effects/" + path_id(effect_id), safe=True, call_timeout=timeout)
 
     def resolve_effect(self, effect_id: str, outcome: str, result: Any = None, *, note: Optional[str] = None,
-                       timeout: Optional[float] = None) -> dict:
+                       timeout: Optional[float] = None) -> Effect:
         """Records what an operator found at the vendor for an indeterminate
         effect (scope effects:resolve) and unblocks its key: "succeeded"
         with the vendor's result, which a duplicate begin then answers, or
@@ -386,7 +393,7 @@ class Ratchet:
 
     def list_effects(self, *, state: Optional[str] = None, effect_type: Optional[str] = None,
                      limit: Optional[int] = None, cursor: Optional[str] = None,
-                     timeout: Optional[float] = None) -> dict:
+                     timeout: Optional[float] = None) -> EffectPage:
         """Pages effects newest first (scope effects:read), results as
         redacted previews: {"data": [...], "next_cursor"}. state="indeterminate"
         lists those to verify at the vendor and resolve."""
@@ -711,7 +718,9 @@ class Ratchet:
     # -- operator calls -----------------------------------------------------
     #
     # Thin methods over the operator routes, as the Go SDK's (names and which
-    # are repeated after a lost answer). Answers are the API's JSON as dicts;
+    # are repeated after a lost answer). Answers are the API's JSON as plain
+    # dicts, annotated with their TypedDicts (getratchet.types).
+    #
     # -- worker, low level (jobs:work) ------------------------------------
     # The routes the worker runtime (``worker()``) calls, for a loop of your
     # own, as the Go SDK's RegisterWorker, ClaimKeyed, HeartbeatJob,
@@ -732,7 +741,7 @@ class Ratchet:
         return answer["workerId"]
 
     def claim(self, worker_id: str, *, limit: int = 1, wait_seconds: int = 0,
-              claim_id: Optional[str] = None, timeout: Optional[float] = None) -> list:
+              claim_id: Optional[str] = None, timeout: Optional[float] = None) -> List[ClaimedJob]:
         """Leases up to limit (1-100) due jobs for worker_id, waiting up to
         wait_seconds (0-20) for one, and returns them (each with ``jobId``,
         ``leaseToken``, ``leaseExpiresAt``, ``leaseMs``, ``attempt``,
@@ -749,7 +758,7 @@ class Ratchet:
                                       timeout=max(self._transport.timeout, wait_seconds + 10.0), call_timeout=timeout)
         return answer.get("jobs") or []
 
-    def heartbeat_job(self, job_id: str, lease_token: str, *, timeout: Optional[float] = None) -> dict:
+    def heartbeat_job(self, job_id: str, lease_token: str, *, timeout: Optional[float] = None) -> JobHeartbeat:
         """Extends a job's lease by its length from now: {"leaseExpiresAt",
         "cancelRequested"} (stop working on it when true). A superseded
         token raises 409 lease_lost."""
@@ -757,7 +766,7 @@ class Ratchet:
                                     {"leaseToken": lease_token}, safe=True, call_timeout=timeout)
 
     def report_job(self, job_id: str, lease_token: str, status: str, *, output: Any = None,
-                   error: Optional[dict] = None, timeout: Optional[float] = None) -> dict:
+                   error: Optional[dict] = None, timeout: Optional[float] = None) -> JobReportResult:
         """Records an attempt's outcome: status "SUCCEEDED" with its JSON
         output, or "FAILED" with error {"message", "retryable",
         "retryAfterMs"} (retryAfterMs 1000-86400000, only when retryable;
@@ -767,7 +776,7 @@ class Ratchet:
         return self._transport.call("POST", "/jobs/" + path_id(job_id) + "/report",
                                     _job_report(lease_token, status, output, error), safe=True, call_timeout=timeout)
 
-    def report_jobs(self, reports: List[dict], *, timeout: Optional[float] = None) -> List[dict]:
+    def report_jobs(self, reports: List[dict], *, timeout: Optional[float] = None) -> List[BatchJobResult]:
         """Records several outcomes in one call (1-100, one commit): each
         report {"job_id", "lease_token", "status", "output", "error"} as
         report_job's, fenced by its own token. Answers one result per
@@ -779,11 +788,11 @@ class Ratchet:
         body = {"reports": [{"jobId": r["job_id"], **_job_report(r["lease_token"], r["status"], r.get("output"),
                                                                  r.get("error"))} for r in reports]}
         answer = self._transport.call("POST", "/jobs/report", body, safe=True, call_timeout=timeout)
-        out = []
+        out: List[BatchJobResult] = []
         for result, error in batch_results(answer, [r["job_id"] for r in reports]):
             if result is None:
                 raise error  # not the report's: the answer is unreadable
-            out.append({**result, "error": error})
+            out.append(cast(BatchJobResult, {**result, "error": error}))
         return out
 
     # list methods answer one page: {"data", "next_cursor"} on the gate's
@@ -802,19 +811,19 @@ class Ratchet:
     # policies (policies:read, policies:write)
 
     def list_effect_policies(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
-                             timeout: Optional[float] = None) -> dict:
+                             timeout: Optional[float] = None) -> EffectPolicyPage:
         """Pages the workspace's configured effect-type policies:
         {"data", "next_cursor"}."""
         return self._transport.call("GET", "/policies" + _query(limit=limit, cursor=cursor), safe=True,
                                     call_timeout=timeout)
 
-    def get_effect_policy(self, effect_type: str, *, timeout: Optional[float] = None) -> dict:
+    def get_effect_policy(self, effect_type: str, *, timeout: Optional[float] = None) -> EffectPolicy:
         """Reads effect_type's policy; an unconfigured type reads as the safe
         default, version 0. Its last_reconciled_at (read-only) is when the
         type was last reconciled, None before the first."""
         return self._transport.call("GET", "/policies/" + path_id(effect_type), safe=True, call_timeout=timeout)
 
-    def get_policy_structuring(self, effect_type: str, *, timeout: Optional[float] = None) -> dict:
+    def get_policy_structuring(self, effect_type: str, *, timeout: Optional[float] = None) -> Structuring:
         """How closely the costs declared for effect_type over the last 24
         hours and 7 days crowd its watch line (structuring_threshold_micros,
         else max_cost_micros): {"effect_type", "threshold_micros",
@@ -827,7 +836,7 @@ class Ratchet:
 
     def update_effect_policy(self, effect_type: str, update: Optional[dict] = None, *,
                              expected_version: Optional[int] = None,
-                             timeout: Optional[float] = None, **fields: Any) -> dict:
+                             timeout: Optional[float] = None, **fields: Any) -> EffectPolicy:
         """Merges the fields of update and the keyword fields (the API's
         snake_case names: mode, max_cost_micros, ...; None clears a nullable
         one, fields left out keep their values) into effect_type's policy
@@ -847,24 +856,24 @@ class Ratchet:
     # approvals (approvals:write)
 
     def list_approvals(self, *, state: Optional[str] = None, limit: Optional[int] = None,
-                       cursor: Optional[str] = None, timeout: Optional[float] = None) -> dict:
+                       cursor: Optional[str] = None, timeout: Optional[float] = None) -> ApprovalPage:
         """Pages the approvals newest first, state "pending", "approved" or
         "rejected" (None: every state): {"data", "next_cursor"}."""
         return self._transport.call("GET", "/approvals" + _query(state=state, limit=limit, cursor=cursor), safe=True,
                                     call_timeout=timeout)
 
-    def get_approval(self, approval_id: str, *, timeout: Optional[float] = None) -> dict:
+    def get_approval(self, approval_id: str, *, timeout: Optional[float] = None) -> Approval:
         """Reads one approval (ApprovalRequired.approval_id names it)."""
         return self._transport.call("GET", "/approvals/" + path_id(approval_id), safe=True, call_timeout=timeout)
 
-    def approve(self, approval_id: str, *, note: Optional[str] = None, timeout: Optional[float] = None) -> dict:
+    def approve(self, approval_id: str, *, note: Optional[str] = None, timeout: Optional[float] = None) -> Approval:
         """Approves a pending effect: the next begin of its key executes.
         Approving an approved one answers it unchanged, so it is retried;
         approving a rejected one is 409 invalid_state."""
         return self._transport.call("POST", "/approvals/" + path_id(approval_id) + "/approve",
                                     _fields(None, {"note": note}, drop_none=True), safe=True, call_timeout=timeout)
 
-    def reject(self, approval_id: str, *, note: Optional[str] = None, timeout: Optional[float] = None) -> dict:
+    def reject(self, approval_id: str, *, note: Optional[str] = None, timeout: Optional[float] = None) -> Approval:
         """Rejects a pending effect: every begin of its key is denied
         approval_rejected, for good. Retried as approve."""
         return self._transport.call("POST", "/approvals/" + path_id(approval_id) + "/reject",
@@ -873,14 +882,14 @@ class Ratchet:
     # circuits and the emergency stop (policies:write; the reads take policies:read too)
 
     def list_circuits(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
-                      timeout: Optional[float] = None) -> dict:
+                      timeout: Optional[float] = None) -> CircuitPage:
         """Pages the breaker of every effect type seen or configured:
         {"data", "next_cursor"}."""
         return self._transport.call("GET", "/circuits" + _query(limit=limit, cursor=cursor), safe=True,
                                     call_timeout=timeout)
 
     def open_circuit(self, effect_type: str, *, action: Optional[str] = None, reason: Optional[str] = None,
-                     timeout: Optional[float] = None) -> dict:
+                     timeout: Optional[float] = None) -> Circuit:
         """Opens effect_type's breaker by hand: its begins meet action
         ("monitor", "require_approval" (the default) or "deny") until
         close_circuit. Opening again changes nothing more, so it is retried,
@@ -889,14 +898,14 @@ class Ratchet:
                                     _fields(None, {"action": action, "reason": reason}, drop_none=True), safe=True,
                                     call_timeout=timeout)
 
-    def close_circuit(self, effect_type: str, *, timeout: Optional[float] = None) -> dict:
+    def close_circuit(self, effect_type: str, *, timeout: Optional[float] = None) -> Circuit:
         """Closes effect_type's breaker, with a fresh surge allowance
         counted from now."""
         return self._transport.call("POST", "/circuits/" + path_id(effect_type) + "/close", {}, safe=True,
                                     call_timeout=timeout)
 
     def emergency_stop(self, *, action: Optional[str] = None, reason: Optional[str] = None,
-                       timeout: Optional[float] = None) -> dict:
+                       timeout: Optional[float] = None) -> CircuitPage:
         """Holds every effect type, those first seen while it is on
         included, with action ("require_approval" by default) until
         release_emergency_stop. Answers at most the first 200 circuits as
@@ -905,12 +914,12 @@ class Ratchet:
                                     _fields(None, {"action": action, "reason": reason}, drop_none=True), safe=True,
                                     call_timeout=timeout)
 
-    def get_emergency_stop(self, *, timeout: Optional[float] = None) -> dict:
+    def get_emergency_stop(self, *, timeout: Optional[float] = None) -> EmergencyStop:
         """Whether the emergency stop is on: {"state": "open"|"closed",
         "action", "reason", "opened_at"}."""
         return self._transport.call("GET", "/circuits/stop", safe=True, call_timeout=timeout)
 
-    def release_emergency_stop(self, *, timeout: Optional[float] = None) -> dict:
+    def release_emergency_stop(self, *, timeout: Optional[float] = None) -> CircuitPage:
         """Lifts the emergency stop; breakers of single types stay as they
         are. Answers circuits as emergency_stop does."""
         return self._transport.call("POST", "/circuits/release", {}, safe=True, call_timeout=timeout)
@@ -918,7 +927,7 @@ class Ratchet:
     # compensation groups
 
     def create_group(self, name: str, *, idempotency_key: Optional[str] = None,
-                     timeout: Optional[float] = None) -> dict:
+                     timeout: Optional[float] = None) -> Group:
         """Opens a group; begins with its id as group_id join it. With
         idempotency_key (derived from the work, "checkout:order_123") it is
         retried and a repeat answers the group the key opened
@@ -930,14 +939,14 @@ class Ratchet:
             body["idempotency_key"] = idempotency_key
         return self._transport.call("POST", "/groups", body, safe=idempotency_key is not None, call_timeout=timeout)
 
-    def get_group(self, group_id: str, *, timeout: Optional[float] = None) -> dict:
+    def get_group(self, group_id: str, *, timeout: Optional[float] = None) -> Group:
         """Reads a group with its steps: all of them, or the first that fit
         in one answer of about 4 MB (some 3 000 steps at worst), with
         ``steps_truncated`` true; list_group_steps pages the rest."""
         return self._transport.call("GET", "/groups/" + path_id(group_id), safe=True, call_timeout=timeout)
 
     def list_group_steps(self, group_id: str, *, limit: Optional[int] = None,
-                         cursor: Optional[str] = None, timeout: Optional[float] = None) -> dict:
+                         cursor: Optional[str] = None, timeout: Optional[float] = None) -> GroupStepPage:
         """Pages every step of a group in effect id order, each as get_group
         shows it: {"data", "next_cursor"}. A group's read, commit and
         repeated keyed create hold the first steps that fit in one answer
@@ -946,14 +955,14 @@ class Ratchet:
         return self._transport.call("GET", "/groups/" + path_id(group_id) + "/steps"
                                     + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
 
-    def commit_group(self, group_id: str, *, timeout: Optional[float] = None) -> dict:
+    def commit_group(self, group_id: str, *, timeout: Optional[float] = None) -> GroupCommit:
         """Commits a group whose forward steps all succeeded (or answers the
         plan of those that have not); committing again answers it again.
         Its steps are cut to fit one answer as get_group's are
         (``steps_truncated``)."""
         return self._transport.call("POST", "/groups/" + path_id(group_id) + "/commit", safe=True, call_timeout=timeout)
 
-    def unwind_group(self, group_id: str, *, timeout: Optional[float] = None) -> dict:
+    def unwind_group(self, group_id: str, *, timeout: Optional[float] = None) -> Unwind:
         """Starts (or reads) a group's rollback: {"state", "plan",
         "plan_truncated", "unresolved", ...}, the plan in reverse order of
         success. Repeating it answers the plan as it stands; a plan cut to
@@ -964,7 +973,7 @@ class Ratchet:
     # webhooks (webhooks:write)
 
     def create_webhook(self, url: str, events: List[str], *, idempotency_key: Optional[str] = None,
-                       timeout: Optional[float] = None) -> dict:
+                       timeout: Optional[float] = None) -> NewWebhook:
         """Subscribes url to events and answers the subscription with its
         signing ``secret``, shown only here. One Idempotency-Key (yours, at
         most 255 characters, or a fresh one) spans the retries; the same
@@ -975,22 +984,22 @@ class Ratchet:
         return self._keyed("/webhooks", {"url": url, "events": list(events)}, idempotency_key, timeout)
 
     def list_webhooks(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
-                      timeout: Optional[float] = None) -> dict:
+                      timeout: Optional[float] = None) -> WebhookPage:
         """Pages the subscriptions: {"data", "next_cursor"}."""
         return self._transport.call("GET", "/webhooks" + _query(limit=limit, cursor=cursor), safe=True,
                                     call_timeout=timeout)
 
-    def get_webhook(self, webhook_id: str, *, timeout: Optional[float] = None) -> dict:
+    def get_webhook(self, webhook_id: str, *, timeout: Optional[float] = None) -> Webhook:
         """Reads one subscription (never its secret)."""
         return self._transport.call("GET", "/webhooks/" + path_id(webhook_id), safe=True, call_timeout=timeout)
 
-    def delete_webhook(self, webhook_id: str, *, timeout: Optional[float] = None) -> dict:
+    def delete_webhook(self, webhook_id: str, *, timeout: Optional[float] = None) -> Webhook:
         """Removes a subscription; its pending deliveries end failed.
         Deleting again answers it again, so it is retried."""
         return self._transport.call("DELETE", "/webhooks/" + path_id(webhook_id), safe=True, call_timeout=timeout)
 
     def update_webhook(self, webhook_id: str, *, url: Optional[str] = None, events: Optional[List[str]] = None,
-                       disabled: Optional[bool] = None, timeout: Optional[float] = None) -> dict:
+                       disabled: Optional[bool] = None, timeout: Optional[float] = None) -> Webhook:
         """Changes a subscription without deleting it, so it keeps its
         signing secret and its deliveries: any of ``url`` (every delivery not
         yet sent goes to it), ``events`` (in place of the current ones: the
@@ -1011,14 +1020,14 @@ class Ratchet:
         return self._transport.call("PATCH", "/webhooks/" + path_id(webhook_id), body, safe=True, call_timeout=timeout)
 
     def list_webhook_deliveries(self, webhook_id: str, *, limit: Optional[int] = None,
-                                cursor: Optional[str] = None, timeout: Optional[float] = None) -> dict:
+                                cursor: Optional[str] = None, timeout: Optional[float] = None) -> WebhookDeliveryPage:
         """Pages a subscription's deliveries, each with its state, attempts
         and last status: {"data", "next_cursor"}."""
         return self._transport.call("GET", "/webhooks/" + path_id(webhook_id) + "/deliveries"
                                     + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
 
     def retry_webhook_deliveries(self, webhook_id: str, delivery_ids: List[str], *,
-                                 idempotency_key: Optional[str] = None, timeout: Optional[float] = None) -> dict:
+                                 idempotency_key: Optional[str] = None, timeout: Optional[float] = None) -> RetriedDeliveries:
         """Sends deliveries (1 to 100, by id) again once the receiver is
         mended: each that ended is pending again, due at once, under the
         same event id; one still pending keeps its schedule. Answers
@@ -1030,7 +1039,7 @@ class Ratchet:
 
     def rotate_webhook_secret(self, webhook_id: str, *, previous_expires_in: Optional[float] = None,
                               replace_previous: bool = False, idempotency_key: Optional[str] = None,
-                              timeout: Optional[float] = None) -> dict:
+                              timeout: Optional[float] = None) -> NewWebhook:
         """Gives a subscription a new signing ``secret`` (shown once). Until
         the previous one expires deliveries are signed with both:
         previous_expires_in seconds (rounded up, up to a week; None: the
@@ -1051,7 +1060,7 @@ class Ratchet:
     def create_key(self, name: str, *, preset: Optional[str] = None, scopes: Optional[List[str]] = None,
                    tools: Optional[List[str]] = None, daily_spend_ceiling_micros: Optional[int] = None,
                    rate_limit_per_minute: Optional[int] = None, idempotency_key: Optional[str] = None,
-                   timeout: Optional[float] = None) -> dict:
+                   timeout: Optional[float] = None) -> NewApiKey:
         """Mints a key from a preset ("AGENT", "INGEST", "WORKER",
         "OPERATOR") or explicit scopes, never more than this client's key
         holds; tools bound a WORKER key to exact "name@version" pairs (None:
@@ -1066,17 +1075,17 @@ class Ratchet:
         return self._keyed("/keys", body, idempotency_key, timeout)
 
     def list_keys(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
-                  timeout: Optional[float] = None) -> dict:
+                  timeout: Optional[float] = None) -> ApiKeyPage:
         """Pages the workspace's keys, never their secrets: {"data", "next_cursor"}."""
         return self._transport.call("GET", "/keys" + _query(limit=limit, cursor=cursor), safe=True,
                                     call_timeout=timeout)
 
-    def current_key(self, *, timeout: Optional[float] = None) -> dict:
+    def current_key(self, *, timeout: Optional[float] = None) -> ApiKey:
         """Reads this client's own key (any valid key may): its scopes,
         tools, spend ceiling and rate limit, never its secret."""
         return self._transport.call("GET", "/keys/current", safe=True, call_timeout=timeout)
 
-    def revoke_key(self, key_id: str, *, timeout: Optional[float] = None) -> dict:
+    def revoke_key(self, key_id: str, *, timeout: Optional[float] = None) -> ApiKey:
         """Revokes a key for good and answers it; revoking again answers the
         same key, so it is retried. A client revoking its own key whose
         answer was lost is refused (401) when it asks again: read the key
@@ -1086,26 +1095,26 @@ class Ratchet:
     # endpoints (endpoints:write)
 
     def list_endpoints(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
-                       timeout: Optional[float] = None) -> dict:
+                       timeout: Optional[float] = None) -> EndpointPage:
         """Pages the endpoints with their policies: {"data", "nextCursor"}."""
         return self._transport.call("GET", "/endpoints" + _query(limit=limit, cursor=cursor), safe=True,
                                     call_timeout=timeout)
 
     def create_endpoint(self, name: str, policy: Optional[dict] = None,
-                        *, timeout: Optional[float] = None, **fields: Any) -> dict:
+                        *, timeout: Optional[float] = None, **fields: Any) -> Endpoint:
         """Creates an endpoint ahead of its first job, with policy fields as
         update_endpoint_policy takes them (none: STANDARD). An existing name
         answers the endpoint unchanged, so it is retried."""
         return self._transport.call("POST", "/endpoints", dict(_fields(policy, fields), name=name), safe=True,
                                     call_timeout=timeout)
 
-    def get_endpoint(self, endpoint_id: str, *, timeout: Optional[float] = None) -> dict:
+    def get_endpoint(self, endpoint_id: str, *, timeout: Optional[float] = None) -> Endpoint:
         """Reads an endpoint and its policy (GET /endpoints/{id}/policy)."""
         return self._transport.call("GET", "/endpoints/" + path_id(endpoint_id) + "/policy", safe=True,
                                     call_timeout=timeout)
 
     def update_endpoint_policy(self, endpoint_id: str, expected_version: int, update: Optional[dict] = None,
-                               *, timeout: Optional[float] = None, **fields: Any) -> dict:
+                               *, timeout: Optional[float] = None, **fields: Any) -> Endpoint:
         """Merges the fields of update and the keyword fields (the API's
         camelCase names: preset, maxAttempts, initialDelayMs, multiplier,
         maxDelayMs, jitterPercent, defaultTimeoutMs, maxConcurrent,
@@ -1118,18 +1127,18 @@ class Ratchet:
         return self._transport.call("PUT", "/endpoints/" + path_id(endpoint_id) + "/policy", body, safe=False,
                                     call_timeout=timeout)
 
-    def pause_endpoint(self, endpoint_id: str, *, timeout: Optional[float] = None) -> dict:
+    def pause_endpoint(self, endpoint_id: str, *, timeout: Optional[float] = None) -> Endpoint:
         """Pauses an endpoint: its jobs are accepted but not claimed,
         consuming no attempts, until resume_endpoint."""
         return self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/pause", {}, safe=True,
                                     call_timeout=timeout)
 
-    def resume_endpoint(self, endpoint_id: str, *, timeout: Optional[float] = None) -> dict:
+    def resume_endpoint(self, endpoint_id: str, *, timeout: Optional[float] = None) -> Endpoint:
         """Resumes a paused endpoint."""
         return self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/resume", {}, safe=True,
                                     call_timeout=timeout)
 
-    def close_endpoint_circuit(self, endpoint_id: str, *, timeout: Optional[float] = None) -> dict:
+    def close_endpoint_circuit(self, endpoint_id: str, *, timeout: Optional[float] = None) -> Endpoint:
         """Closes the endpoint's circuit breaker by hand (read its recent
         attempts first, list_endpoint_attempts); closing a closed one
         changes nothing."""
@@ -1138,7 +1147,7 @@ class Ratchet:
 
     def list_endpoint_attempts(self, endpoint_id: str, *, outcome: Optional[str] = None,
                                limit: Optional[int] = None, cursor: Optional[str] = None,
-                               timeout: Optional[float] = None) -> dict:
+                               timeout: Optional[float] = None) -> EndpointAttemptPage:
         """Pages an endpoint's attempts newest first, each with its job and
         its worker's message; outcome "SUCCEEDED" or "FAILED" keeps only
         those: {"data", "nextCursor"}."""
@@ -1152,7 +1161,7 @@ class Ratchet:
                          output_schema: Any = None, timeout_ms: Optional[int] = None,
                          retry_preset: Optional[str] = None, retry_policy: Optional[dict] = None,
                          status: Optional[str] = None, idempotency_key: Optional[str] = None,
-                         timeout: Optional[float] = None) -> dict:
+                         timeout: Optional[float] = None) -> Contract:
         """Publishes a new contract version of tool name: the handler
         version it binds, its input and output JSON Schemas (2020-12; no
         output_schema accepts any output), timeout, retry preset (STANDARD,
@@ -1171,13 +1180,13 @@ class Ratchet:
         return self._keyed("/tools/" + path_id(name) + "/contracts", body, idempotency_key, timeout)
 
     def list_contracts(self, name: str, *, limit: Optional[int] = None, cursor: Optional[str] = None,
-                       timeout: Optional[float] = None) -> dict:
+                       timeout: Optional[float] = None) -> ContractPage:
         """Pages tool name's contracts by version: {"data", "nextCursor"}."""
         return self._transport.call("GET", "/tools/" + path_id(name) + "/contracts"
                                     + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
 
     def test_tool(self, name: str, version: str, input: Any = None, *,
-                  idempotency_key: Optional[str] = None, timeout: Optional[float] = None) -> dict:
+                  idempotency_key: Optional[str] = None, timeout: Optional[float] = None) -> ToolTest:
         """Enqueues a synthetic one-attempt job of name@version with input,
         checked against the version's contract as any enqueue, in a run of
         its own: follow it with get_run(answer["runId"]). Retried under one
@@ -1191,7 +1200,7 @@ class Ratchet:
     # reconciliation (reconcile:write) and the queue
 
     def reconcile(self, effect_type: str, from_: Any, to: Any, records: Optional[List[dict]] = None, *,
-                  idempotency_key: Optional[str] = None, timeout: Optional[float] = None) -> dict:
+                  idempotency_key: Optional[str] = None, timeout: Optional[float] = None) -> Reconciliation:
         """Compares the vendor's records ({"idempotency_key", "status":
         "succeeded"|"refunded"|"failed"|"pending", "amount_micros"}, at most
         10 000; none is a valid answer) with the effects of effect_type
@@ -1210,7 +1219,7 @@ class Ratchet:
         return self._keyed("/reconcile", body, idempotency_key, timeout)
 
     def list_queue_health(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
-                          timeout: Optional[float] = None) -> dict:
+                          timeout: Optional[float] = None) -> QueueHealthPage:
         """Pages the queued work of each exact name@version (queued, due,
         oldest age, workers seen, the endpoints holding it and a plain
         ``message`` when something does): {"data", "nextCursor"}."""

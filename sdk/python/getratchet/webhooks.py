@@ -10,10 +10,11 @@ import math
 import re
 import time
 from datetime import datetime
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, cast
 
 from ._time import aware
 from .errors import NoWebhookSecretError, WebhookSignatureError
+from .types import WebhookEvent
 
 # How far a delivery's signed time may be from the receiver's clock, in
 # seconds: every attempt is signed as it is sent, so a delivery captured and
@@ -41,7 +42,7 @@ _MALFORMED = "malformed Ratchet-Signature"
 
 def verify_webhook(secret: Optional[str], signature: Optional[str], body: Union[bytes, bytearray, memoryview],
                    tolerance: float = DEFAULT_WEBHOOK_TOLERANCE,
-                   now: Union[None, float, datetime] = None) -> dict:
+                   now: Union[None, float, datetime] = None) -> WebhookEvent:
     """Checks a delivery's ``Ratchet-Signature`` header (``signature``) over
     its raw ``body`` with the subscription's ``secret``, refuses a signed
     time more than ``tolerance`` seconds (5 minutes; the default too when 0
@@ -127,7 +128,7 @@ def verify_webhook(secret: Optional[str], signature: Optional[str], body: Union[
     want = hmac.new(_secret_bytes(secret), ts.encode("ascii") + b"." + bytes(body), hashlib.sha256).digest()
     for mac in signed:
         if hmac.compare_digest(mac, want):
-            return _decode_event(bytes(body))
+            return cast(WebhookEvent, _decode_event(bytes(body)))
     raise WebhookSignatureError("no v1 signature matches")
 
 

@@ -544,6 +544,45 @@ class TypingTest(unittest.TestCase):
         self.assertIsNone(getratchet.NotPerformed("rejected").report_error)
         self.assertEqual(typing.get_type_hints(getratchet.NotPerformed)["report_error"], typing.Optional[BaseException])
 
+    def test_the_answer_types_are_exported(self) -> None:
+        # Every TypedDict of getratchet.types is listed in its __all__ and
+        # importable from the package, and its annotations resolve (a
+        # misspelled forward reference would fail a user's type checker).
+        from getratchet import types
+        declared = {name for name, value in vars(types).items() if not name.startswith("_")
+                    and isinstance(value, type) and issubclass(value, dict) and hasattr(value, "__required_keys__")}
+        self.assertEqual(sorted(declared), sorted(types.__all__))
+        for name in types.__all__:
+            self.assertIn(name, getratchet.__all__)
+            self.assertIs(getattr(getratchet, name), getattr(types, name))
+            typing.get_type_hints(getattr(types, name))
+
+    def test_each_answer_is_typed(self) -> None:
+        # Answers were `-> dict`: a user's type checker knew none of their
+        # fields. Each public method now names its answer's TypedDict
+        # (tests/test_types.py compares them with the server's schemas);
+        # only request, which calls any route, answers Any.
+        untyped = (dict, list, typing.Dict, typing.List, typing.List[dict], typing.Dict[str, typing.Any], typing.Any)
+        methods = {name: fn for name, fn in vars(getratchet.Ratchet).items()
+                   if callable(fn) and not name.startswith("_") and name != "request"}
+        self.assertGreater(len(methods), 60)
+        for name, fn in methods.items():
+            with self.subTest(method=name):
+                answer = typing.get_type_hints(fn).get("return", typing.Any)
+                self.assertNotIn(answer, untyped)
+        hints = {name: typing.get_type_hints(fn)["return"] for name, fn in methods.items()}
+        self.assertIs(hints["get_effect"], getratchet.Effect)
+        self.assertIs(hints["begin"], getratchet.BeginResponse)
+        self.assertIs(hints["list_runs"], getratchet.RunPage)
+        self.assertEqual(hints["claim"], List[getratchet.ClaimedJob])
+        self.assertEqual(hints["report_jobs"], List[getratchet.BatchJobResult])
+        self.assertIs(typing.get_type_hints(getratchet.verify_webhook)["return"], getratchet.WebhookEvent)
+        # Still plain dicts: a TypedDict is dict at run time.
+        self.assertIs(type(getratchet.Effect(id="eff_1")), dict)
+        # What do_effect's action is handed of the begin's answer too.
+        self.assertEqual(typing.get_type_hints(getratchet.Lease)["prior_attempt"],
+                         typing.Optional[getratchet.PriorAttempt])
+
 
 class IdleWorkerTest(unittest.TestCase):
     def idle(self) -> Tuple[getratchet.Ratchet, FakeServer]:

@@ -1,0 +1,763 @@
+"""The answers of the client's methods, as TypedDicts.
+
+Each answer is still the plain dict the API's JSON decodes to: these types
+only tell a type checker (mypy, pyright) and an editor its fields, as the
+TypeScript SDK's interfaces and the Go SDK's structs do. Field names are the
+server's own: snake_case on the effect gate's routes, camelCase on the job
+routes. A field typed Optional[...] may hold None (the server sends null); a
+field a class declares under ``total=False`` may be absent (a begin's
+lease_token is sent with an execute only). The served OpenAPI document
+(GET /api/v1/openapi.json) is what they mirror: the SDK's tests compare each
+with it, so a field the server adds or drops fails them.
+"""
+
+from typing import Any, Dict, List, Optional, TypedDict
+
+from .errors import RatchetError
+
+# -- shared --------------------------------------------------------------
+
+
+class ValidationProblem(TypedDict):
+    """One problem of a value refused as invalid: the field's dotted path
+    from the body's root, and why."""
+    field: str
+    message: str
+
+
+class ErrorBody(TypedDict):
+    """An error's envelope, {"code", "message", "detail"}: a denied begin's
+    ``error`` (its code the reason)."""
+    code: str
+    message: str
+    detail: Dict[str, Any]
+
+
+# -- the effect gate ------------------------------------------------------
+
+
+class PriorAttempt(TypedDict):
+    """The attempt whose outcome is unknown, which a probe must check first
+    (a blocked begin names it too)."""
+    attempt: int
+    started_at: Optional[str]
+    lease_expired_at: Optional[str]
+
+
+class _BeginFields(TypedDict):
+    decision: str
+    effect_id: str
+    state: str
+    attempt: int
+
+
+class BeginResponse(_BeginFields, total=False):
+    """begin's answer. ``decision``: execute (with lease_token,
+    lease_expires_at, probe and, for a probe, prior_attempt), duplicate
+    (with the recorded result), in_flight (with retry_after_seconds),
+    blocked (with prior_attempt), approval_required (with approval_id) or
+    denied (with error, whose code is the reason)."""
+    lease_token: str
+    lease_expires_at: Optional[str]
+    probe: bool
+    prior_attempt: PriorAttempt
+    result: Any
+    retry_after_seconds: int
+    approval_id: str
+    error: ErrorBody
+
+
+class EffectAttempt(TypedDict):
+    """One attempt at an effect: who began it, how it ended and, for one an
+    operator resolved, who and why."""
+    attempt: int
+    began_by_key_id: str
+    started_at: str
+    lease_expires_at: str
+    probe: bool
+    outcome: Optional[str]
+    reported_at: Optional[str]
+    reported_by_key_id: Optional[str]
+    resolved_at: Optional[str]
+    resolved_by_key_id: Optional[str]
+    resolve_note: Optional[str]
+
+
+class Effect(TypedDict):
+    """An effect with its attempts (get_effect, report_effect,
+    resolve_effect, list_effects' items). ``result`` is the recorded result
+    where the key may read it, ``result_preview`` and ``payload_preview``
+    redacted previews."""
+    id: str
+    effect_type: str
+    idempotency_key: str
+    state: str
+    attempt: int
+    attempts: List[EffectAttempt]
+    cost_micros: Optional[int]
+    run_id: Optional[str]
+    group_id: Optional[str]
+    compensates_effect_id: Optional[str]
+    approval_id: Optional[str]
+    denial_code: Optional[str]
+    lease_expires_at: Optional[str]
+    payload_preview: Any
+    result: Any
+    result_preview: Any
+    result_unreadable: bool
+    created_at: str
+    updated_at: str
+
+
+class EffectPage(TypedDict):
+    data: List[Effect]
+    next_cursor: Optional[str]
+
+
+class EffectHeartbeat(TypedDict):
+    """heartbeat_effect's answer: the lease's new end."""
+    effect_id: str
+    lease_expires_at: str
+
+
+class DimensionLimit(TypedDict):
+    """A policy's daily limit on one dimension's value (either may be None)."""
+    daily_micros: Optional[int]
+    daily_count: Optional[int]
+
+
+class EffectPolicy(TypedDict):
+    """An effect type's policy (an unconfigured type reads as the safe
+    default, version 0)."""
+    effect_type: str
+    mode: str
+    version: int
+    max_cost_micros: Optional[int]
+    approval_above_micros: Optional[int]
+    daily_budget_micros: Optional[int]
+    structuring_threshold_micros: Optional[int]
+    require_cost: bool
+    required_dimensions: List[str]
+    dimension_limits: Dict[str, DimensionLimit]
+    max_attempts: int
+    lease_seconds: int
+    on_indeterminate: str
+    reconcile_every_hours: Optional[int]
+    last_reconciled_at: Optional[str]
+    retention_days: int
+    surge_action: str
+    surge_cooldown_seconds: int
+    surge_multiplier: Optional[int]
+    surge_per_hour: Optional[int]
+    updated_at: Optional[str]
+
+
+class EffectPolicyPage(TypedDict):
+    data: List[EffectPolicy]
+    next_cursor: Optional[str]
+
+
+class StructuringWindow(TypedDict):
+    """The declared costs of one window, by how close they came to the
+    watch line (the counts None without a line)."""
+    hours: int
+    declared: int
+    below_80_percent: Optional[int]
+    from_80_to_90_percent: Optional[int]
+    from_90_to_100_percent: Optional[int]
+    at_or_above: Optional[int]
+    share_just_below: Optional[float]
+
+
+class Structuring(TypedDict):
+    """get_policy_structuring's answer: a measure, never enforced."""
+    effect_type: str
+    threshold_micros: Optional[int]
+    threshold_from: Optional[str]
+    as_of: str
+    windows: List[StructuringWindow]
+
+
+class Approval(TypedDict):
+    """An approval of one effect: pending, approved or rejected."""
+    id: str
+    effect_id: str
+    effect_type: str
+    state: str
+    reason: str
+    answers: Optional[List[str]]
+    note: Optional[str]
+    created_at: str
+    decided_at: Optional[str]
+
+
+class ApprovalPage(TypedDict):
+    data: List[Approval]
+    next_cursor: Optional[str]
+
+
+class Circuit(TypedDict):
+    """An effect type's breaker."""
+    effect_type: str
+    state: str
+    action: Optional[str]
+    reason: Optional[str]
+    opened_by: Optional[str]
+    opened_at: Optional[str]
+    closes_at: Optional[str]
+    threshold: Optional[int]
+    volume_last_hour: int
+    baseline_median_hourly: Optional[float]
+
+
+class CircuitPage(TypedDict):
+    data: List[Circuit]
+    next_cursor: Optional[str]
+
+
+class EmergencyStop(TypedDict):
+    """Whether the emergency stop is on ("open") or off ("closed")."""
+    state: str
+    action: Optional[str]
+    reason: Optional[str]
+    opened_at: Optional[str]
+
+
+class GroupStep(TypedDict):
+    """One effect of a compensation group."""
+    effect_id: str
+    effect_type: str
+    idempotency_key: str
+    state: str
+    has_compensation: bool
+    compensates_effect_id: Optional[str]
+
+
+class GroupStepPage(TypedDict):
+    data: List[GroupStep]
+    next_cursor: Optional[str]
+
+
+class _GroupFields(TypedDict):
+    id: str
+    name: str
+    state: str
+    idempotency_key: Optional[str]
+    steps: List[GroupStep]
+    steps_truncated: bool
+    created_at: str
+    updated_at: str
+    committed_at: Optional[str]
+    unwind_started_at: Optional[str]
+    finished_at: Optional[str]
+
+
+class Group(_GroupFields, total=False):
+    """A compensation group with its steps (``deduplicated``: only in
+    create_group's answer)."""
+    deduplicated: bool
+
+
+class Compensation(TypedDict):
+    """The effect that undoes a step: begin it to compensate."""
+    effect_type: str
+    payload: Any
+
+
+class PlanItem(TypedDict):
+    """One compensation of a rollback's plan, in reverse order of success."""
+    effect_id: str
+    compensates_effect_id: str
+    compensation: Compensation
+    suggested_idempotency_key: str
+    compensation_effect_id: Optional[str]
+    compensation_state: Optional[str]
+
+
+class _GroupCommitFields(_GroupFields):
+    group_id: str
+    plan: List[PlanItem]
+    unresolved: List[str]
+
+
+class GroupCommit(_GroupCommitFields, total=False):
+    """commit_group's answer: the group, with the plan and unresolved
+    effects an unwind names (both empty for a commit)."""
+    deduplicated: Optional[bool]
+
+
+class Unwind(TypedDict):
+    """unwind_group's answer: the rollback as it stands."""
+    group_id: str
+    state: str
+    plan: List[PlanItem]
+    plan_truncated: bool
+    reversed: List[str]
+    irreversible: List[str]
+    unresolved: List[str]
+
+
+# -- webhooks and keys ----------------------------------------------------
+
+
+class Webhook(TypedDict):
+    """A webhook subscription (never its secret)."""
+    id: str
+    url: str
+    events: List[str]
+    disabled: bool
+    disabled_at: Optional[str]
+    previous_secret_expires_at: Optional[str]
+    secret_unreadable: bool
+    created_at: str
+
+
+class NewWebhook(Webhook):
+    """A subscription with its signing secret, shown only in the answers of
+    create_webhook and rotate_webhook_secret."""
+    secret: str
+
+
+class WebhookPage(TypedDict):
+    data: List[Webhook]
+    next_cursor: Optional[str]
+
+
+class WebhookDelivery(TypedDict):
+    """One event's delivery to a subscription."""
+    id: str
+    event_id: str
+    event_type: str
+    state: str
+    attempts: int
+    last_status_code: Optional[int]
+    last_error: Optional[str]
+    next_attempt_at: Optional[str]
+    delivered_at: Optional[str]
+    created_at: str
+
+
+class WebhookDeliveryPage(TypedDict):
+    data: List[WebhookDelivery]
+    next_cursor: Optional[str]
+
+
+class RetriedDeliveries(TypedDict):
+    """retry_webhook_deliveries' answer: the deliveries as they now are."""
+    deliveries: List[WebhookDelivery]
+
+
+class WebhookEvent(TypedDict):
+    """A verified webhook delivery's event (verify_webhook); deduplicate by
+    ``id``."""
+    id: str
+    type: str
+    subject_id: str
+    workspace_id: str
+    created_at: str
+    data: Dict[str, Any]
+
+
+class ApiKey(TypedDict):
+    """An API key (never its secret)."""
+    id: str
+    name: str
+    scopes: List[str]
+    tools: Optional[List[str]]
+    daily_spend_ceiling_micros: Optional[int]
+    rate_limit_per_minute: Optional[int]
+    created_at: str
+    revoked_at: Optional[str]
+
+
+class NewApiKey(ApiKey):
+    """A key just minted, with its secret, shown only here."""
+    secret: str
+
+
+class ApiKeyPage(TypedDict):
+    data: List[ApiKey]
+    next_cursor: Optional[str]
+
+
+# -- durable jobs ---------------------------------------------------------
+
+
+class RetrySchedule(TypedDict):
+    """A retry schedule: an endpoint's or a contract's."""
+    preset: str
+    maxAttempts: int
+    initialDelayMs: int
+    multiplier: float
+    maxDelayMs: int
+    jitterPercent: float
+
+
+class RetryPolicySnapshot(RetrySchedule):
+    """The policy a job was enqueued with, its timeout included."""
+    timeoutMs: int
+
+
+class JobAttempt(TypedDict):
+    """One execution of a job."""
+    attempt: int
+    workerId: str
+    startedAt: str
+    leaseExpiresAt: str
+    reportedAt: Optional[str]
+    outcome: Optional[str]
+    retryable: Optional[bool]
+    retryAfterMs: Optional[int]
+    errorMessage: Optional[str]
+    errorMessageUnreadable: bool
+    warning: Optional[str]
+
+
+class JobAttemptPage(TypedDict):
+    data: List[JobAttempt]
+    nextCursor: Optional[str]
+
+
+class JobReplay(TypedDict):
+    """One replay of a job: who asked, why, and what it changed."""
+    id: str
+    keyId: str
+    reason: Optional[str]
+    priorStatus: str
+    priorAttempt: int
+    additionalAttempts: int
+    maxAttempts: int
+    oldHandlerVersion: str
+    newHandlerVersion: str
+    oldContractVersion: Optional[int]
+    newContractVersion: Optional[int]
+    createdAt: str
+
+
+class JobReplayPage(TypedDict):
+    data: List[JobReplay]
+    nextCursor: Optional[str]
+
+
+class DurableJob(TypedDict):
+    """A step's job: its status, lease, policy, last 50 executions and last
+    50 replays (``attemptsTruncated``, ``replaysTruncated``)."""
+    id: str
+    status: str
+    attempt: int
+    maxAttempts: int
+    dueAt: Optional[str]
+    leaseExpiresAt: Optional[str]
+    cancelRequested: bool
+    policy: RetryPolicySnapshot
+    policyVersion: int
+    attempts: List[JobAttempt]
+    attemptsTruncated: bool
+    replays: List[JobReplay]
+    replaysTruncated: bool
+
+
+class Step(TypedDict):
+    """A run's step with its job."""
+    id: str
+    runId: str
+    name: str
+    version: str
+    endpoint: str
+    status: str
+    idempotencyKey: str
+    contractVersion: Optional[int]
+    afterStepId: Optional[str]
+    afterStatus: Optional[str]
+    inputPreview: Any
+    outputPreview: Any
+    durableJob: DurableJob
+    createdAt: str
+    finishedAt: Optional[str]
+
+
+class StepPage(TypedDict):
+    data: List[Step]
+    nextCursor: Optional[str]
+
+
+class RunSummary(TypedDict):
+    """A run without its steps (list_runs' items)."""
+    id: str
+    name: str
+    status: str
+    idempotencyKey: Optional[str]
+    budgetMicros: Optional[int]
+    spentMicros: Optional[int]
+    completionRequested: bool
+    synthetic: bool
+    createdAt: str
+    finishedAt: Optional[str]
+
+
+class _RunFields(RunSummary):
+    steps: List[Step]
+    stepsTruncated: bool
+
+
+class Run(_RunFields, total=False):
+    """A run with its first steps (``stepsTruncated``: list_run_steps pages
+    them all); ``deduplicated`` only in start_run's answer."""
+    deduplicated: bool
+
+
+class RunPage(TypedDict):
+    data: List[RunSummary]
+    nextCursor: Optional[str]
+
+
+class EnqueueResult(TypedDict):
+    """enqueue's answer (``deduplicated``: an identical enqueue's step)."""
+    stepId: str
+    jobId: str
+    status: str
+    idempotencyKey: str
+    dueAt: Optional[str]
+    deduplicated: bool
+
+
+class ReplayUpgrade(TypedDict):
+    """A contract version a replay could upgrade a step to, and whether its
+    input still validates against it."""
+    contractVersion: int
+    handlerVersion: str
+    status: str
+    forbidden: bool
+    compatible: bool
+    validation: List[ValidationProblem]
+
+
+class ReplayPreview(TypedDict):
+    """replay_preview's answer."""
+    stepId: str
+    jobId: str
+    name: str
+    status: str
+    attempt: int
+    maxAttempts: int
+    handlerVersion: str
+    contractVersion: Optional[int]
+    eligible: bool
+    ineligibleReason: Optional[str]
+    endpointPaused: bool
+    inputUnreadable: bool
+    upgrades: List[ReplayUpgrade]
+
+
+class ReplayResult(TypedDict):
+    """replay's answer: the job queued again."""
+    stepId: str
+    jobId: str
+    status: str
+    attempt: int
+    maxAttempts: int
+    handlerVersion: str
+
+
+class EndpointCircuit(TypedDict):
+    """An endpoint's circuit breaker."""
+    state: str
+    consecutiveFailures: int
+    openedAt: Optional[str]
+    probeAt: Optional[str]
+
+
+class Endpoint(TypedDict):
+    """An endpoint and its policy (``retryPolicy`` None for a preset's)."""
+    id: str
+    name: str
+    version: int
+    policyPreset: str
+    retryPolicy: Optional[RetrySchedule]
+    maxAttempts: int
+    defaultTimeoutMs: int
+    maxConcurrent: Optional[int]
+    rateLimitPerMinute: Optional[int]
+    circuitFailureThreshold: Optional[int]
+    circuitCooldownMs: int
+    paused: bool
+    circuit: EndpointCircuit
+    createdAt: str
+    updatedAt: str
+
+
+class EndpointPage(TypedDict):
+    data: List[Endpoint]
+    nextCursor: Optional[str]
+
+
+class EndpointAttempt(JobAttempt):
+    """An endpoint's attempt, with its job."""
+    jobId: str
+    stepId: str
+    runId: str
+    name: str
+    version: str
+
+
+class EndpointAttemptPage(TypedDict):
+    data: List[EndpointAttempt]
+    nextCursor: Optional[str]
+
+
+class QueueHealth(TypedDict):
+    """The queued work of one exact name@version."""
+    name: str
+    version: str
+    queued: int
+    due: int
+    oldestQueuedAgeSeconds: int
+    workersSeen: int
+    pausedEndpoints: List[str]
+    openCircuitEndpoints: List[str]
+    atConcurrencyLimitEndpoints: List[str]
+    rateLimitedEndpoints: List[str]
+    message: Optional[str]
+
+
+class QueueHealthPage(TypedDict):
+    data: List[QueueHealth]
+    nextCursor: Optional[str]
+
+
+class Contract(TypedDict):
+    """One contract version of a tool."""
+    name: str
+    contractVersion: int
+    handlerVersion: str
+    inputSchema: Any
+    outputSchema: Any
+    timeoutMs: int
+    retryPreset: str
+    retryPolicy: Optional[RetrySchedule]
+    status: str
+    createdAt: str
+
+
+class ContractPage(TypedDict):
+    data: List[Contract]
+    nextCursor: Optional[str]
+
+
+class ToolTest(TypedDict):
+    """test_tool's answer: the synthetic job, in a run of its own."""
+    runId: str
+    stepId: str
+    jobId: str
+    name: str
+    version: str
+    contractVersion: Optional[int]
+    status: str
+    maxAttempts: int
+    dueAt: Optional[str]
+
+
+class _ReconcileItemFields(TypedDict):
+    idempotency_key: str
+    effect_id: Optional[str]
+    ratchet_state: Optional[str]
+    vendor_status: Optional[str]
+    ratchet_amount_micros: Optional[int]
+    vendor_amount_micros: Optional[int]
+
+
+class ReconcileItem(_ReconcileItemFields, total=False):
+    """One key compared (``outcome``: how a resolved one was resolved)."""
+    outcome: str
+
+
+class ReconcileCounts(TypedDict):
+    matched: int
+    missing_at_vendor: int
+    unknown_to_ratchet: int
+    amount_mismatch: int
+    status_mismatch: int
+    resolved: int
+    unsettled: int
+
+
+# Functional syntax: "from" is a Python keyword, which a class body cannot
+# declare.
+Reconciliation = TypedDict("Reconciliation", {
+    "effect_type": str,
+    "from": str,
+    "to": str,
+    "reconciled_at": str,
+    "counts": ReconcileCounts,
+    "matched": List[ReconcileItem],
+    "missing_at_vendor": List[ReconcileItem],
+    "unknown_to_ratchet": List[ReconcileItem],
+    "amount_mismatch": List[ReconcileItem],
+    "status_mismatch": List[ReconcileItem],
+    "resolved": List[ReconcileItem],
+    "unsettled": List[ReconcileItem],
+})
+Reconciliation.__doc__ = """reconcile's answer: the window compared, the counts and the lists."""
+
+
+# -- the worker's routes --------------------------------------------------
+
+
+class ClaimedJob(TypedDict):
+    """A job claim leased: work it under its lease token."""
+    jobId: str
+    stepId: str
+    runId: str
+    name: str
+    version: str
+    attempt: int
+    maxAttempts: int
+    idempotencyKey: str
+    input: Any
+    leaseToken: str
+    leaseExpiresAt: str
+    leaseMs: int
+    timeoutMs: int
+
+
+class JobHeartbeat(TypedDict):
+    """heartbeat_job's answer (stop working when cancelRequested)."""
+    leaseExpiresAt: Optional[str]
+    cancelRequested: bool
+
+
+class JobReportResult(TypedDict):
+    """report_job's answer."""
+    jobId: str
+    status: str
+    attempt: int
+    nextDueAt: Optional[str]
+
+
+class _BatchJobResultFields(TypedDict):
+    jobId: str
+    nextDueAt: Optional[str]
+    error: Optional[RatchetError]
+
+
+class BatchJobResult(_BatchJobResultFields, total=False):
+    """One report's result in report_jobs' answer: ``error`` is None, or the
+    RatchetError the single report would have raised (the SDK's, in place
+    of the server's envelope), and then status and attempt are absent."""
+    status: str
+    attempt: int
+
+
+__all__ = [
+    "ApiKey", "ApiKeyPage", "Approval", "ApprovalPage", "BatchJobResult", "BeginResponse", "Circuit",
+    "CircuitPage", "ClaimedJob", "Compensation", "Contract", "ContractPage", "DimensionLimit", "DurableJob",
+    "Effect", "EffectAttempt", "EffectHeartbeat", "EffectPage", "EffectPolicy", "EffectPolicyPage",
+    "EmergencyStop", "Endpoint", "EndpointAttempt", "EndpointAttemptPage", "EndpointCircuit", "EndpointPage",
+    "EnqueueResult", "ErrorBody", "Group", "GroupCommit", "GroupStep", "GroupStepPage", "JobAttempt",
+    "JobAttemptPage", "JobHeartbeat", "JobReplay", "JobReplayPage", "JobReportResult", "NewApiKey", "NewWebhook",
+    "PlanItem", "PriorAttempt", "QueueHealth", "QueueHealthPage", "ReconcileCounts", "ReconcileItem",
+    "Reconciliation", "ReplayPreview", "ReplayResult", "ReplayUpgrade", "RetriedDeliveries", "RetryPolicySnapshot",
+    "RetrySchedule", "Run", "RunPage", "RunSummary", "Step", "StepPage", "Structuring", "StructuringWindow",
+    "ToolTest", "Unwind", "ValidationProblem", "Webhook", "WebhookDelivery", "WebhookDeliveryPage",
+    "WebhookEvent", "WebhookPage",
+]
