@@ -1,9 +1,10 @@
 """The answers' TypedDicts (getratchet.types) against the server's own
 OpenAPI document, as served: each client method's return type has exactly
 the fields its route's response schema has (a field the server adds or
-drops, or one misspelled here, fails), the same ones always present, and a
-field is Optional exactly where the schema allows null. Nested TypedDicts
-are compared with the schemas of the fields holding them."""
+drops, or one misspelled here, fails), the same ones always present, each
+of the JSON type its schema names (str, int, float, bool, a list, an
+object), and Optional exactly where the schema allows null. Nested
+TypedDicts are compared with the schemas of the fields holding them."""
 
 import json
 import typing
@@ -85,6 +86,18 @@ def allows_null(s: Any) -> bool:
     return kinds == "null" or (isinstance(kinds, list) and "null" in kinds)
 
 
+def kind_matches(t: Any, s: Dict[str, Any]) -> bool:
+    """Whether a field's type (without Optional) is the JSON type its
+    schema names: str, int, float, bool, a list, a TypedDict or dict."""
+    kinds = s.get("type")
+    kinds = [k for k in (kinds if isinstance(kinds, list) else [kinds]) if k != "null"]
+    if len(kinds) != 1:
+        return True  # several types, or none named: nothing to compare
+    origin = typing.get_origin(t)
+    return {"string": t is str, "integer": t is int, "number": t is float, "boolean": t is bool,
+            "array": origin is list, "object": is_typeddict(t) or origin is dict}.get(kinds[0], True)
+
+
 def compare(annotation: Any, schema: Any, where: str, problems: List[str], seen: Dict[str, Any]) -> None:
     """Appends how annotation (a TypedDict, or a list or str-keyed dict of
     them, at any depth) differs from schema; records each TypedDict met."""
@@ -127,6 +140,8 @@ def compare(annotation: Any, schema: Any, where: str, problems: List[str], seen:
         if optional != allows_null(props[field]):
             problems.append(f"{name}.{field}: Optional is {optional} but the schema's null is "
                             f"{allows_null(props[field])}")
+        if not kind_matches(field_type, props[field]):
+            problems.append(f"{name}.{field}: typed {field_type} but the schema's type is {props[field].get('type')}")
         compare(field_type, props[field], f"{where}.{field}", problems, seen)
 
 
@@ -222,7 +237,7 @@ class TypesAgainstOpenAPITest(unittest.TestCase):
             a: int
 
         class Outer(TypedDict):
-            id: str
+            id: int
             note: str
             extra: int
             inner: Inner
@@ -237,7 +252,8 @@ class TypesAgainstOpenAPITest(unittest.TestCase):
         compare(Outer, schema, "x", problems, {})
         text = "\n".join(problems)
         for expected in ("x (Outer) lacks ['gone']", "server does not send: ['extra']", "declared required: ['note']",
-                         "x (Outer).note: Optional is False", "x.items[] (Inner) lacks ['b']"):
+                         "x (Outer).note: Optional is False", "x.items[] (Inner) lacks ['b']",
+                         "x (Outer).id: typed <class 'int'> but the schema's type is string"):
             self.assertIn(expected, text)
         problems = []
         compare(Inner, {"type": "object", "required": ["a"], "properties": {"a": {"type": "integer"}}}, "y",
