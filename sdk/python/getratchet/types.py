@@ -58,7 +58,7 @@ class BeginResponse(_BeginFields, total=False):
     blocked (with prior_attempt), approval_required (with approval_id) or
     denied (with error, whose code is the reason)."""
     lease_token: str
-    lease_expires_at: Optional[str]
+    lease_expires_at: str
     probe: bool
     prior_attempt: PriorAttempt
     result: Any
@@ -283,7 +283,7 @@ class _GroupCommitFields(_GroupFields):
 class GroupCommit(_GroupCommitFields, total=False):
     """commit_group's answer: the group, with the plan and unresolved
     effects an unwind names (both empty for a commit)."""
-    deduplicated: Optional[bool]
+    deduplicated: bool
 
 
 class Unwind(TypedDict):
@@ -722,7 +722,7 @@ class ClaimedJob(TypedDict):
 
 class JobHeartbeat(TypedDict):
     """heartbeat_job's answer (stop working when cancelRequested)."""
-    leaseExpiresAt: Optional[str]
+    leaseExpiresAt: str
     cancelRequested: bool
 
 
