@@ -160,12 +160,14 @@ func (c *Client) Begin(ctx context.Context, req BeginRequest) (*BeginResponse, e
 
 // EffectAttempt is one attempt in an effect's history.
 type EffectAttempt struct {
-	Attempt        int        `json:"attempt"`          // from 1
-	Outcome        *string    `json:"outcome"`          // succeeded, failed, indeterminate or null while leased
-	Probe          bool       `json:"probe"`            // granted to find out what an unknown attempt did
-	StartedAt      time.Time  `json:"started_at"`       // when execute was granted
-	LeaseExpiresAt *time.Time `json:"lease_expires_at"` // the lease's (last) expiry
-	ReportedAt     *time.Time `json:"reported_at"`      // when a report or resolve recorded it
+	Attempt   int       `json:"attempt"`    // from 1
+	Outcome   *string   `json:"outcome"`    // succeeded, failed, indeterminate or null while leased
+	Probe     bool      `json:"probe"`      // granted to find out what an unknown attempt did
+	StartedAt time.Time `json:"started_at"` // when execute was granted
+	// LeaseExpiresAt is the lease's (last) expiry, never nil (a pointer,
+	// kept so code that reads it compiles).
+	LeaseExpiresAt *time.Time `json:"lease_expires_at"`
+	ReportedAt     *time.Time `json:"reported_at"` // when a report or resolve recorded it
 	// The keys that began, reported and resolved it, when it was resolved,
 	// and the resolve's note ("reconciliation" or "probe" when those
 	// settled it).

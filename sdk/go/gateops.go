@@ -66,7 +66,8 @@ type Structuring struct {
 	// ThresholdMicros is the line: structuring_threshold_micros, else
 	// max_cost_micros, else nil (then only declarations are counted).
 	ThresholdMicros *int64 `json:"threshold_micros"`
-	// ThresholdFrom names the policy field the line comes from, nil without one.
+	// ThresholdFrom names the policy field the line comes from
+	// (structuring_threshold_micros or max_cost_micros), nil without one.
 	ThresholdFrom *string             `json:"threshold_from"`
 	AsOf          time.Time           `json:"as_of"`
 	Windows       []StructuringWindow `json:"windows"` // the last 24 hours, then 7 days

@@ -54,13 +54,13 @@ type Run struct {
 	// (GetRun); ListRunSteps pages all of them.
 	StepsTruncated bool `json:"stepsTruncated"`
 	// Deduplicated is set by StartRun: the key had started this run already.
-	Deduplicated bool `json:"deduplicated"`
+	Deduplicated bool `json:"deduplicated,omitempty"`
 }
 
 // Step is one step of a run. Its Status equals DurableJob.Status.
 type Step struct {
 	ID      string `json:"id"`
-	RunID   string `json:"runId,omitempty"`
+	RunID   string `json:"runId"`
 	Name    string `json:"name"`
 	Version string `json:"version"`
 	// Endpoint is the endpoint's name.
@@ -70,14 +70,14 @@ type Step struct {
 	// AfterStepID and AfterStatus are the step's dependency, if any.
 	AfterStepID     *string `json:"afterStepId"`
 	AfterStatus     *string `json:"afterStatus"`
-	ContractVersion *int    `json:"contractVersion,omitempty"`
-	// InputPreview and OutputPreview are redacted previews (shape only),
-	// when the server provides them.
-	InputPreview  json.RawMessage `json:"inputPreview,omitempty"`
-	OutputPreview json.RawMessage `json:"outputPreview,omitempty"`
-	CreatedAt     *time.Time      `json:"createdAt,omitempty"`
-	FinishedAt    *time.Time      `json:"finishedAt,omitempty"`
-	DurableJob    DurableJob      `json:"durableJob"`
+	ContractVersion *int    `json:"contractVersion"`
+	// InputPreview and OutputPreview are redacted previews (shape only).
+	InputPreview  json.RawMessage `json:"inputPreview"`
+	OutputPreview json.RawMessage `json:"outputPreview"`
+	// CreatedAt is never nil (a pointer, kept so code that reads it compiles).
+	CreatedAt  *time.Time `json:"createdAt"`
+	FinishedAt *time.Time `json:"finishedAt"`
+	DurableJob DurableJob `json:"durableJob"`
 }
 
 // DurableJob is the job behind a step.
@@ -89,8 +89,8 @@ type DurableJob struct {
 	MaxAttempts int `json:"maxAttempts"`
 	// DueAt is when the job may next be claimed (a scheduled retry included).
 	DueAt           *time.Time `json:"dueAt"`
-	LeaseExpiresAt  *time.Time `json:"leaseExpiresAt,omitempty"`
-	CancelRequested bool       `json:"cancelRequested,omitempty"`
+	LeaseExpiresAt  *time.Time `json:"leaseExpiresAt"`
+	CancelRequested bool       `json:"cancelRequested"`
 	// PolicyVersion is the version of the endpoint policy Policy was
 	// snapshotted from (0 when none was set).
 	PolicyVersion int64       `json:"policyVersion"`

@@ -97,7 +97,7 @@ type Group struct {
 	StepsTruncated bool `json:"steps_truncated"`
 	// Deduplicated is set by CreateGroupWithKey: the key had opened this
 	// group already.
-	Deduplicated bool `json:"deduplicated"`
+	Deduplicated bool `json:"deduplicated,omitempty"`
 }
 
 // PlanItem is one compensation to perform: begin Compensation's effect_type
@@ -116,9 +116,11 @@ type PlanItem struct {
 // effects whose outcome must be verified before the plan goes past them,
 // and the steps that cannot be or have been reversed.
 type Unwind struct {
-	GroupID string     `json:"group_id"`
-	State   string     `json:"state"`
-	Plan    []PlanItem `json:"plan"`
+	GroupID string `json:"group_id"`
+	// State is the group's: open, committed, unwinding, unwound or
+	// unwind_failed.
+	State string     `json:"state"`
+	Plan  []PlanItem `json:"plan"`
 	// PlanTruncated says Plan holds only its first items: the rest would
 	// take the answer past about 4 MB (a compensation's payload may be
 	// 1 MiB). Perform them, then call UnwindGroup again for the rest.
