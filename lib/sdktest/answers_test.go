@@ -1,17 +1,21 @@
 package sdktest
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io"
+	"net/http"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -837,6 +841,14 @@ func TestGoSDKAnswerComparisonCatchesDrift(t *testing.T) {
 		"driftInner.b (r): in the request schema, not in the SDK's type",
 	}, requestDrift(reflect.TypeFor[driftOuter](), schema, "r", map[string]string{"driftOuter.note": "why"}, used))
 	require.True(t, used["driftOuter.note"])
+
+	// A body as sent: a field the schema does not name, at any depth.
+	sent := map[string]bool{}
+	require.ElementsMatch(t, []string{"R x: sent, not in the request schema", "R items[].c: sent, not in the request schema"},
+		sentDrift("R", "", map[string]any{"id": "1", "x": 1, "items": []any{map[string]any{"a": 1, "c": 2}}}, schema, sent))
+	require.Equal(t, map[string]bool{"R id": true, "R items": true, "R items[].a": true}, sent)
+	require.ElementsMatch(t, []string{"id", "note", "gone", "inner", "inner.a", "items", "items[].a", "items[].b", "state"},
+		schemaFieldPaths("", schema))
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -845,5 +857,281 @@ func sortedKeys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	sort.Strings(out)
+	return out
+}
+
+// bodyRecorder answers every request {} and keeps what was sent: the
+// route's path and its JSON body.
+type bodyRecorder struct {
+	mu   sync.Mutex
+	sent []sentBody
+}
+
+type sentBody struct {
+	method, path string
+	body         any
+}
+
+func (r *bodyRecorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	var body any
+	if req.Body != nil {
+		b, err := io.ReadAll(req.Body)
+		if err != nil {
+			return nil, err
+		}
+		if len(b) > 0 {
+			if err := json.Unmarshal(b, &body); err != nil {
+				return nil, err
+			}
+		}
+	}
+	r.mu.Lock()
+	r.sent = append(r.sent, sentBody{req.Method, strings.TrimPrefix(req.URL.Path, "/api/v1"), body})
+	r.mu.Unlock()
+	return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"application/json"}},
+		Body: io.NopCloser(strings.NewReader("{}")), Request: req}, nil
+}
+
+// goRequestFieldsNotSent: request schema fields no Client method sends,
+// each with its reason ("route field", a nested one by its path).
+var goRequestFieldsNotSent = map[string]string{
+	"POST /tools/{name}/contracts retryPolicy.preset": "ContractSpec.RetryPreset is sent as retryPreset; a " +
+		"CUSTOM schedule's own preset could only repeat it (ContractSpec's doc says it is not sent)",
+}
+
+// goCallersFields: the routes whose body's fields are the caller's, a
+// PolicyUpdate map sent as it is (the SDK adds only the expected version):
+// the fields the caller does not set here are not reported unsent.
+var goCallersFields = map[string]string{
+	"PUT /policies/{effect_type}": "UpdateEffectPolicy's PolicyUpdate",
+	"POST /endpoints":             "CreateEndpoint's PolicyUpdate",
+	"PUT /endpoints/{id}/policy":  "UpdateEndpointPolicy's PolicyUpdate",
+}
+
+// What each Client method sends, every option set, names only fields its
+// route's request schema names (the SDK's unexported bodies included, which
+// TestGoSDKRequestTypesMatchTheOpenAPIDocument cannot reach), and every
+// field a route takes is sent by some method, or listed with a reason.
+func TestGoSDKRequestBodiesMatchTheOpenAPIDocument(t *testing.T) {
+	t.Parallel()
+	doc := openAPIDoc(t)
+	rec := &bodyRecorder{}
+	c, err := ratchet.NewClient(ratchet.Config{BaseURL: "http://ratchet.test", APIKey: "rk_test",
+		HTTPClient: &http.Client{Transport: rec}})
+	require.NoError(t, err)
+	ctx := context.Background()
+	version, attempt, seconds := int64(3), 2, 90*time.Second
+	url, disabled := "https://example.com/hook", true
+	effectPolicy, endpointPolicy := ratchet.PolicyUpdate{"max_attempts": 3}, ratchet.PolicyUpdate{"maxAttempts": 3}
+	report := ratchet.JobReport{LeaseToken: "lt", Status: ratchet.ReportFailed, Output: json.RawMessage(`{}`),
+		Error: &ratchet.JobError{Message: "m", Retryable: true, RetryAfterMs: ratchet.Micros(2000)}}
+	calls := []func() error{
+		func() error {
+			_, err := c.StartRun(ctx, "run", ratchet.WithIdempotencyKey("k"), ratchet.WithBudgetMicros(5))
+			return err
+		},
+		func() error {
+			_, err := c.Enqueue(ctx, "r", map[string]int{"a": 1}, ratchet.EnqueueOptions{Name: "n", Version: "1",
+				Endpoint: "e", IdempotencyKey: "k", Timeout: time.Second, MaxAttempts: 2, ContractVersion: 1,
+				AfterStepID: "s", AfterStatus: ratchet.AfterSucceeded, Delay: time.Second})
+			return err
+		},
+		func() error { _, err := c.FinishRun(ctx, "r"); return err },
+		func() error { _, err := c.CancelStep(ctx, "s"); return err },
+		func() error {
+			_, err := c.Replay(ctx, "s", ratchet.ReplayOptions{AcknowledgeDuplicateRisk: true, MaxAttempts: 1,
+				Reason: "r", TargetContractVersion: 2, ExpectedHandlerVersion: "1", AcknowledgeVersionChange: true,
+				ExpectedAttempt: &attempt})
+			return err
+		},
+		func() error {
+			_, err := c.Begin(ctx, ratchet.BeginRequest{EffectType: "e", IdempotencyKey: "k", Payload: 1,
+				CostMicros: ratchet.Micros(1), Dimensions: map[string]string{"d": "v"}, RunID: "r", GroupID: "g",
+				Compensation: &ratchet.Compensation{EffectType: "u", Payload: 1}, CompensatesEffectID: "x",
+				LeaseSeconds: 5, RequestID: "0123456789abcdef"})
+			return err
+		},
+		func() error { _, err := c.ReportEffect(ctx, "e", "lt", ratchet.OutcomeSucceeded, 1); return err },
+		func() error { _, err := c.HeartbeatEffect(ctx, "e", "lt"); return err },
+		func() error {
+			_, err := c.ResolveEffect(ctx, "e", ratchet.ResolveRequest{Outcome: ratchet.OutcomeSucceeded, Result: 1, Note: "n"})
+			return err
+		},
+		func() error { _, err := c.UpdateEffectPolicy(ctx, "e", &version, effectPolicy); return err },
+		func() error { _, err := c.Approve(ctx, "a", "n"); return err },
+		func() error { _, err := c.Reject(ctx, "a", "n"); return err },
+		func() error { _, err := c.OpenCircuit(ctx, "e", ratchet.BreakerDeny, "r"); return err },
+		func() error { _, err := c.CloseCircuit(ctx, "e"); return err },
+		func() error { _, err := c.EmergencyStop(ctx, ratchet.BreakerDeny, "r"); return err },
+		func() error { _, err := c.ReleaseEmergencyStop(ctx); return err },
+		func() error { _, err := c.CreateGroupWithKey(ctx, "g", "k"); return err },
+		func() error { _, err := c.CommitGroup(ctx, "g"); return err },
+		func() error { _, err := c.UnwindGroup(ctx, "g"); return err },
+		func() error {
+			_, err := c.CreateWebhookWithKey(ctx, url, []string{ratchet.EventRunFinished}, "k")
+			return err
+		},
+		func() error {
+			_, err := c.UpdateWebhook(ctx, "w", ratchet.WebhookUpdate{URL: &url, Events: []string{"x"}, Disabled: &disabled})
+			return err
+		},
+		func() error { _, err := c.DeleteWebhook(ctx, "w"); return err },
+		func() error { _, err := c.RetryWebhookDeliveriesWithKey(ctx, "w", []string{"d"}, "k"); return err },
+		func() error {
+			_, err := c.RotateWebhookSecret(ctx, "w", ratchet.RotateSecretOptions{PreviousExpiresIn: &seconds,
+				ReplacePrevious: true, IdempotencyKey: "k"})
+			return err
+		},
+		func() error {
+			_, err := c.CreateKeyWithKey(ctx, ratchet.KeySpec{Name: "n", Preset: "WORKER", Scopes: []string{"s"},
+				Tools: []string{"t@1"}, DailySpendCeilingMicros: ratchet.Micros(1), RateLimitPerMinute: &attempt}, "k")
+			return err
+		},
+		func() error { _, err := c.RevokeKey(ctx, "k"); return err },
+		func() error { _, err := c.CreateEndpoint(ctx, "e", endpointPolicy); return err },
+		func() error { _, err := c.UpdateEndpointPolicy(ctx, "e", 1, endpointPolicy); return err },
+		func() error { _, err := c.PauseEndpoint(ctx, "e"); return err },
+		func() error { _, err := c.ResumeEndpoint(ctx, "e"); return err },
+		func() error { _, err := c.CloseEndpointCircuit(ctx, "e"); return err },
+		func() error {
+			_, err := c.PublishContract(ctx, "t", ratchet.ContractSpec{HandlerVersion: "1",
+				InputSchema: json.RawMessage(`{}`), OutputSchema: json.RawMessage(`{}`), Timeout: time.Second,
+				RetryPreset: "CUSTOM", RetryPolicy: &ratchet.RetrySchedule{MaxAttempts: 2, InitialDelayMs: 1,
+					Multiplier: 2, MaxDelayMs: 2, JitterPercent: 1}, Status: ratchet.ContractActive, IdempotencyKey: "k"})
+			return err
+		},
+		func() error { _, err := c.TestToolWithKey(ctx, "t", "1", 1, "k"); return err },
+		func() error {
+			_, err := c.Reconcile(ctx, ratchet.ReconcileRequest{EffectType: "e", From: time.Now(), To: time.Now(),
+				Records: []ratchet.ReconcileRecord{{IdempotencyKey: "k", Status: ratchet.VendorSucceeded,
+					AmountMicros: ratchet.Micros(1)}}, IdempotencyKey: "k"})
+			return err
+		},
+		func() error {
+			_, err := c.RegisterWorker(ctx, []ratchet.ToolRef{{Name: "t", Version: "1"}})
+			return err
+		},
+		func() error { _, err := c.ClaimKeyed(ctx, "w", "c", 1, 1); return err },
+		func() error { _, err := c.HeartbeatJob(ctx, "j", "lt"); return err },
+		func() error { _, err := c.ReportJob(ctx, "j", report); return err },
+		func() error {
+			_, err := c.ReportJobs(ctx, []ratchet.BatchJobReport{{JobID: "j", JobReport: report}})
+			return err
+		},
+	}
+	for _, call := range calls {
+		// Only the request matters: an answer of {} may not satisfy the
+		// method (a batch report's results), and a call that sent nothing
+		// leaves its route uncalled, which is reported below.
+		_ = call()
+	}
+
+	var problems []string
+	sentNames := map[string]bool{} // "route field" at any depth
+	bodied := map[string]bool{}    // the routes called that take a body
+	for _, s := range rec.sent {
+		route := routeOf(t, doc, s.method, s.path)
+		schema := bodySchema(operation(t, doc, route)["requestBody"])
+		if schema == nil {
+			require.Nil(t, s.body, "%s takes no body", route)
+			continue
+		}
+		bodied[route] = true
+		problems = append(problems, sentDrift(route, "", s.body, schema, sentNames)...)
+	}
+	// Every field of each route's request schema was sent by some call.
+	for route := range bodied {
+		if _, ok := goCallersFields[route]; ok {
+			continue
+		}
+		schema := bodySchema(operation(t, doc, route)["requestBody"])
+		for _, field := range schemaFieldPaths("", schema) {
+			where := route + " " + field
+			if _, ok := goRequestFieldsNotSent[where]; !ok && !sentNames[where] {
+				problems = append(problems, where+": taken by the route, sent by no method")
+			}
+		}
+	}
+	for route, why := range goCallersFields {
+		require.True(t, bodied[route], "%s (%s) is listed, but no call sent it a body", route, why)
+	}
+	for where, why := range goRequestFieldsNotSent {
+		require.False(t, sentNames[where], "%s (%s) is listed as not sent, but is", where, why)
+	}
+	// Every method of goAnswerRoutes whose route takes a body was called.
+	for name, r := range goAnswerRoutes {
+		if bodySchema(operation(t, doc, r[0])["requestBody"]) != nil && !bodied[r[0]] {
+			problems = append(problems, "Client."+name+" ("+r[0]+"): takes a body, not called here")
+		}
+	}
+	sort.Strings(problems)
+	require.Empty(t, slices.Compact(problems), "what the Go SDK sends differs from the OpenAPI document")
+}
+
+// routeOf is the route ("POST /runs/{id}/steps") of method and path.
+func routeOf(t *testing.T, doc map[string]any, method, path string) string {
+	t.Helper()
+	got := strings.Split(path, "/")
+	for template, item := range doc["paths"].(map[string]any) {
+		want := strings.Split(strings.TrimPrefix(template, "/api/v1"), "/")
+		if len(want) != len(got) || item.(map[string]any)[strings.ToLower(method)] == nil {
+			continue
+		}
+		match := true
+		for i := range want {
+			if want[i] != got[i] && !strings.HasPrefix(want[i], "{") {
+				match = false
+				break
+			}
+		}
+		if match {
+			return method + " " + strings.TrimPrefix(template, "/api/v1")
+		}
+	}
+	t.Fatalf("no route for %s %s", method, path)
+	return ""
+}
+
+// sentDrift is each field of body (at path, within route's request)
+// schema s does not name; sent notes each field sent, by route and path.
+func sentDrift(route, path string, body any, s any, sent map[string]bool) []string {
+	m, _ := s.(map[string]any)
+	var problems []string
+	switch v := body.(type) {
+	case map[string]any:
+		props, _ := m["properties"].(map[string]any)
+		if props == nil {
+			return nil // a map (dimensions), or any JSON (a payload)
+		}
+		for k, x := range v {
+			p, ok := props[k]
+			if !ok {
+				problems = append(problems, fmt.Sprintf("%s %s%s: sent, not in the request schema", route, path, k))
+				continue
+			}
+			sent[route+" "+path+k] = true
+			problems = append(problems, sentDrift(route, path+k+".", x, p, sent)...)
+		}
+	case []any:
+		for _, x := range v {
+			problems = append(problems, sentDrift(route, strings.TrimSuffix(path, ".")+"[].", x, m["items"], sent)...)
+		}
+	}
+	return problems
+}
+
+// schemaFieldPaths is every property of request schema s, nested ones by
+// their path ("reports[].leaseToken").
+func schemaFieldPaths(path string, s any) []string {
+	m, _ := s.(map[string]any)
+	if items, ok := m["items"]; ok {
+		return schemaFieldPaths(strings.TrimSuffix(path, ".")+"[].", items)
+	}
+	var out []string
+	props, _ := m["properties"].(map[string]any)
+	for k, p := range props {
+		out = append(out, path+k)
+		out = append(out, schemaFieldPaths(path+k+".", p)...)
+	}
 	return out
 }
