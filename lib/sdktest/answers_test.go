@@ -8,6 +8,7 @@ import (
 	"go/parser"
 	"go/token"
 	"io"
+	"maps"
 	"net/http"
 	"path/filepath"
 	"reflect"
@@ -259,7 +260,7 @@ func openAPIDoc(t *testing.T) map[string]any {
 	return doc
 }
 
-// schemaAt is route's operation in doc ("POST /runs").
+// operation is route's operation in doc ("POST /runs").
 func operation(t *testing.T, doc map[string]any, route string) map[string]any {
 	t.Helper()
 	method, path, _ := strings.Cut(route, " ")
@@ -543,6 +544,7 @@ func (c *answerComparison) compareEnum(where string, f goField, enum []any) {
 		}
 		return
 	}
+	c.used[where+" enum"] = true
 	var declared []string
 	for name, v := range c.source.constants {
 		if strings.HasPrefix(name, e.prefix) && (!e.superset || slices.Contains(documented, v)) {
@@ -677,7 +679,7 @@ func TestGoSDKAnswerTypesMatchTheOpenAPIDocument(t *testing.T) {
 	}
 
 	c := newAnswerComparison(t, goDeliberate)
-	for _, name := range sortedKeys(goAnswerRoutes) {
+	for _, name := range slices.Sorted(maps.Keys(goAnswerRoutes)) {
 		route, field := goAnswerRoutes[name][0], goAnswerRoutes[name][1]
 		s := answerSchema(t, c.doc, route)
 		if name == "Begin" {
@@ -703,6 +705,9 @@ func TestGoSDKAnswerTypesMatchTheOpenAPIDocument(t *testing.T) {
 	require.Empty(t, c.problems, "the Go SDK's answer types differ from the OpenAPI document")
 	for where, why := range goDeliberate {
 		require.True(t, c.used[where], "%s (%s) is listed as deliberate but was not met", where, why)
+	}
+	for where, e := range goEnums {
+		require.True(t, c.used[where+" enum"], "%s (%s*) is listed in goEnums but has no enum", where, e.prefix)
 	}
 }
 
@@ -849,15 +854,6 @@ func TestGoSDKAnswerComparisonCatchesDrift(t *testing.T) {
 	require.Equal(t, map[string]bool{"R id": true, "R items": true, "R items[].a": true}, sent)
 	require.ElementsMatch(t, []string{"id", "note", "gone", "inner", "inner.a", "items", "items[].a", "items[].b", "state"},
 		schemaFieldPaths("", schema))
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // bodyRecorder answers every request {} and keeps what was sent: the
