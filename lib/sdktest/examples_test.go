@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -132,10 +131,13 @@ func TestGoExamples(t *testing.T) {
 // directory and returns it.
 func buildExamples(t *testing.T) string {
 	t.Helper()
+	// go test puts its own toolchain's bin first on the PATH.
+	gobin, err := exec.LookPath("go")
+	require.NoError(t, err, "the examples are built with the go command")
 	bin := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin+string(filepath.Separator), "./...")
+	cmd := exec.CommandContext(ctx, gobin, "build", "-o", bin+string(filepath.Separator), "./...")
 	cmd.Dir = examplesDir
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "building the examples:\n%s", out)
