@@ -119,7 +119,10 @@ func sendWelcomeEmail(ctx context.Context, in welcomeInput, job ratchet.JobConte
 }
 
 // providerStatus fakes the provider's answer; CUSTOMER_ID=fail-<status> in
-// the producer lets you try the error paths.
+// the producer lets you try the error paths. fail-400 exhausts the step at
+// once; fail-429 and fail-503 are retried under the endpoint's policy
+// (STANDARD: 5 attempts, 30 s, 1, 2 and 4 minutes apart), so their run ends
+// about 8 minutes later.
 func providerStatus(customerID string) int {
 	switch customerID {
 	case "fail-429":
