@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -171,22 +170,11 @@ func runExample(t *testing.T, bin, name string, env ...string) string {
 type running struct {
 	name string
 	cmd  *exec.Cmd
-	mu   sync.Mutex
-	out  bytes.Buffer // stdout and stderr
+	out  apitest.LockedBuffer // stdout and stderr
 	done chan error
 }
 
-func (r *running) Write(p []byte) (int, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.out.Write(p)
-}
-
-func (r *running) output() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.out.String()
-}
+func (r *running) output() string { return r.out.String() }
 
 // startExample starts the example, killed when the test ends if still
 // running.
@@ -194,7 +182,7 @@ func startExample(t *testing.T, bin, name string, env ...string) *running {
 	t.Helper()
 	r := &running{name: name, done: make(chan error, 1)}
 	r.cmd = exampleCmd(context.Background(), bin, name, env...)
-	r.cmd.Stdout, r.cmd.Stderr = r, r
+	r.cmd.Stdout, r.cmd.Stderr = &r.out, &r.out
 	require.NoError(t, r.cmd.Start())
 	go func() { r.done <- r.cmd.Wait() }()
 	t.Cleanup(func() {
