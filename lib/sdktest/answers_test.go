@@ -150,7 +150,8 @@ var goDeliberate = map[string]string{
 }
 
 // goEnum names the SDK's constants for a field the schema gives an enum:
-// those whose name begins with prefix, whose values are the enum's, or,
+// those whose name begins with prefix (and no longer prefix of goEnums:
+// ApprovalReason* are not Approval*), whose values are the enum's, or,
 // superset, among whose values are all the enum's.
 type goEnum struct {
 	prefix   string
@@ -158,8 +159,7 @@ type goEnum struct {
 }
 
 // goEnums: each answer field with an enum, by "Type.field", and its
-// constants. A field with an enum and no constants names every value in
-// its doc comment.
+// constants. Every field with an enum has constants.
 var goEnums = map[string]goEnum{
 	"BeginResponse.decision":      {prefix: "Decision"},
 	"BeginResponse.state":         {prefix: "Effect"},
@@ -178,6 +178,16 @@ var goEnums = map[string]goEnum{
 	"WebhookDelivery.event_type":  {prefix: "Event"},
 	"WebhookEvent.type":           {prefix: "Event"},
 	"WebhookDelivery.state":       {prefix: "Delivery"},
+	"Approval.reason":             {prefix: "ApprovalReason"},
+	"Circuit.state":               {prefix: "Circuit"},
+	"StopState.state":             {prefix: "Circuit"},
+	"Circuit.opened_by":           {prefix: "CircuitOpenedBy"},
+	"Group.state":                 {prefix: "Group"},
+	"GroupCommit.state":           {prefix: "Group"},
+	"Unwind.state":                {prefix: "Group"},
+	"Policy.mode":                 {prefix: "PolicyMode"},
+	"Policy.on_indeterminate":     {prefix: "OnIndeterminate"},
+	"Structuring.threshold_from":  {prefix: "ThresholdFrom"},
 }
 
 // goRequestRoutes: the SDK's exported request types (sent as they are, by
@@ -208,7 +218,6 @@ var (
 type goField struct {
 	name   string // its JSON name
 	goName string
-	owner  string // the struct declaring it (an embedded one's)
 	typ    reflect.Type
 	omit   bool // omitempty or omitzero
 }
@@ -244,7 +253,7 @@ func jsonFields(t reflect.Type) (fields []goField, skipped []string) {
 			name = f.Name
 		}
 		o := strings.Split(opts, ",")
-		fields = append(fields, goField{name: name, goName: f.Name, owner: t.Name(), typ: f.Type,
+		fields = append(fields, goField{name: name, goName: f.Name, typ: f.Type,
 			omit: slices.Contains(o, "omitempty") || slices.Contains(o, "omitzero")})
 	}
 	return fields, skipped
@@ -502,7 +511,7 @@ func (c *answerComparison) compareStruct(t reflect.Type, s map[string]any, at st
 			continue
 		}
 		if pm["enum"] != nil {
-			c.compareEnum(where, f, anySlice(pm["enum"]))
+			c.compareEnum(where, anySlice(pm["enum"]))
 		}
 		c.compare(f.typ, p, where)
 	}
@@ -519,9 +528,8 @@ func (c *answerComparison) compareStruct(t reflect.Type, s map[string]any, at st
 }
 
 // compareEnum compares a field's enum (null aside) with the values of the
-// SDK's constants for it (goEnums); a field the SDK names no constants for
-// must list every value in its doc comment (or its struct's).
-func (c *answerComparison) compareEnum(where string, f goField, enum []any) {
+// SDK's constants for it (goEnums): every field with an enum has them.
+func (c *answerComparison) compareEnum(where string, enum []any) {
 	var documented []string
 	for _, v := range enum {
 		if v != nil {
@@ -531,23 +539,13 @@ func (c *answerComparison) compareEnum(where string, f goField, enum []any) {
 	sort.Strings(documented)
 	e, ok := goEnums[where]
 	if !ok {
-		doc := c.source.comments[f.owner+"."+f.name] + " " + c.source.comments[f.owner]
-		var unnamed []string
-		for _, v := range documented {
-			if !strings.Contains(doc, v) {
-				unnamed = append(unnamed, v)
-			}
-		}
-		if len(unnamed) > 0 {
-			c.problem("%s: an enum with no constants of the SDK's (goEnums), and its doc comment does not name %v",
-				where, unnamed)
-		}
+		c.problem("%s: an enum %v with no constants of the SDK's (goEnums)", where, documented)
 		return
 	}
 	c.used[where+" enum"] = true
 	var declared []string
 	for name, v := range c.source.constants {
-		if strings.HasPrefix(name, e.prefix) && (!e.superset || slices.Contains(documented, v)) {
+		if constantPrefix(name) == e.prefix && (!e.superset || slices.Contains(documented, v)) {
 			declared = append(declared, v)
 		}
 	}
@@ -555,6 +553,19 @@ func (c *answerComparison) compareEnum(where string, f goField, enum []any) {
 	if !slices.Equal(declared, documented) {
 		c.problem("%s: the SDK's %s* constants are %v, the schema's enum is %v", where, e.prefix, declared, documented)
 	}
+}
+
+// constantPrefix is the longest prefix of goEnums that constant name
+// begins with ("ApprovalReason" for ApprovalReasonCircuitOpen, not
+// "Approval"), "" for none.
+func constantPrefix(name string) string {
+	longest := ""
+	for _, e := range goEnums {
+		if strings.HasPrefix(name, e.prefix) && len(e.prefix) > len(longest) {
+			longest = e.prefix
+		}
+	}
+	return longest
 }
 
 // excused is whether where is a deliberate difference, and notes it met.
@@ -572,18 +583,16 @@ func newAnswerComparison(t *testing.T, deliberate map[string]string) *answerComp
 }
 
 // sdkSource is what reflection cannot see of the Go SDK, read from its
-// source (sdk/go): it names an enum's values as untyped constants, and
-// documents the others in comments.
+// source (sdk/go): it names an enum's values as untyped constants.
 type sdkSource struct {
 	constants map[string]string // exported string constants: name → value
-	comments  map[string]string // doc and line comments: "Type" and "Type.jsonName" → text
 }
 
 func readSDKSource(t *testing.T) sdkSource {
 	t.Helper()
 	files, err := filepath.Glob("../../sdk/go/*.go")
 	require.NoError(t, err)
-	src := sdkSource{constants: map[string]string{}, comments: map[string]string{}}
+	src := sdkSource{constants: map[string]string{}}
 	for _, path := range files {
 		if strings.HasSuffix(path, "_test.go") {
 			continue
@@ -596,29 +605,15 @@ func readSDKSource(t *testing.T) sdkSource {
 				continue
 			}
 			for _, spec := range g.Specs {
-				switch spec := spec.(type) {
-				case *ast.ValueSpec:
-					for i, name := range spec.Names {
-						lit, ok := valueAt(spec.Values, i).(*ast.BasicLit)
-						if g.Tok == token.CONST && name.IsExported() && ok && lit.Kind == token.STRING {
-							src.constants[name.Name], err = strconv.Unquote(lit.Value)
-							require.NoError(t, err)
-						}
-					}
-				case *ast.TypeSpec:
-					st, ok := spec.Type.(*ast.StructType)
-					if !ok {
-						continue
-					}
-					src.comments[spec.Name.Name] = g.Doc.Text() + spec.Doc.Text()
-					for _, field := range st.Fields.List {
-						if field.Tag == nil {
-							continue
-						}
-						tag, err := strconv.Unquote(field.Tag.Value)
+				spec, ok := spec.(*ast.ValueSpec)
+				if !ok || g.Tok != token.CONST {
+					continue
+				}
+				for i, name := range spec.Names {
+					lit, ok := valueAt(spec.Values, i).(*ast.BasicLit)
+					if name.IsExported() && ok && lit.Kind == token.STRING {
+						src.constants[name.Name], err = strconv.Unquote(lit.Value)
 						require.NoError(t, err)
-						name, _, _ := strings.Cut(reflect.StructTag(tag).Get("json"), ",")
-						src.comments[spec.Name.Name+"."+name] = field.Doc.Text() + field.Comment.Text()
 					}
 				}
 			}
@@ -811,8 +806,8 @@ type driftOuter struct {
 // The comparisons report each kind of drift: a field missing, one the
 // server does not send, a pointer for a field always there, a value for
 // one that may be null, omitempty where the field is always there or none
-// where it may be absent, a JSON type of another kind, an enum value the
-// comment does not name, an SDK field of its own with no reason; a request
+// where it may be absent, a JSON type of another kind, an enum with no
+// constants, an SDK field of its own with no reason; a request
 // field the route does not take, and one it takes that is not sent.
 func TestGoSDKAnswerComparisonCatchesDrift(t *testing.T) {
 	t.Parallel()
@@ -824,7 +819,6 @@ func TestGoSDKAnswerComparisonCatchesDrift(t *testing.T) {
 			"properties": {"a": {"type": "integer"}, "b": {}}}},
 		"state": {"type": "string", "enum": ["the one", "the other", "a third"]}}}`), &schema))
 	c := newAnswerComparison(t, map[string]string{})
-	c.source.comments["driftOuter.state"] = "the one or the other" // as a comment in sdk/go would read
 	c.compare(reflect.TypeFor[driftOuter](), schema, "x")
 	require.ElementsMatch(t, []string{
 		"driftOuter.id: typed int, the schema says [string]",
@@ -834,7 +828,7 @@ func TestGoSDKAnswerComparisonCatchesDrift(t *testing.T) {
 		"driftOuter.inner (x): a pointer, the schema says always there and never null",
 		"driftOuter.items (x): omitempty, the schema requires it",
 		"driftInner.b (driftOuter.items[]): in the schema, not in the SDK's type",
-		"driftOuter.state: an enum with no constants of the SDK's (goEnums), and its doc comment does not name [a third]",
+		"driftOuter.state: an enum [a third the one the other] with no constants of the SDK's (goEnums)",
 		"driftOuter.Own (x): the SDK's own field (json:\"-\"), with no stated reason",
 		"driftOuter.gone (x): in the schema, not in the SDK's type",
 	}, c.problems)

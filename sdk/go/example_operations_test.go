@@ -51,7 +51,7 @@ func ExampleClient_UpdateEffectPolicy() {
 		log.Fatal(err)
 	}
 	_, err = client.UpdateEffectPolicy(ctx, "wire.send", &p.Version, ratchet.PolicyUpdate{
-		"mode":                "require_approval",
+		"mode":                ratchet.PolicyModeRequireApproval,
 		"daily_budget_micros": 50_000_000,
 	})
 	switch {

@@ -796,7 +796,7 @@ func TestGetPolicyStructuring(t *testing.T) {
 		t.Fatalf("called %s", path)
 	}
 	w := s.Windows[0]
-	if s.EffectType != "pay/ment" || *s.ThresholdMicros != 1_000_000 || *s.ThresholdFrom != "max_cost_micros" ||
+	if s.EffectType != "pay/ment" || *s.ThresholdMicros != 1_000_000 || *s.ThresholdFrom != ThresholdFromMaxCost ||
 		!s.AsOf.Equal(time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)) || len(s.Windows) != 2 ||
 		w.Hours != 24 || w.Declared != 10 || *w.Below80Percent != 5 || *w.From80To90Percent != 1 ||
 		*w.From90To100Percent != 4 || *w.AtOrAbove != 0 || *w.ShareJustBelow != 0.4 ||

@@ -10,8 +10,8 @@ import (
 type Policy struct {
 	EffectType      string `json:"effect_type"`
 	Version         int64  `json:"version"`
-	Mode            string `json:"mode"`             // allow, require_approval or deny
-	OnIndeterminate string `json:"on_indeterminate"` // block, retry or probe
+	Mode            string `json:"mode"`             // one of the PolicyMode* constants
+	OnIndeterminate string `json:"on_indeterminate"` // one of the OnIndeterminate* constants
 	LeaseSeconds    int    `json:"lease_seconds"`
 	MaxAttempts     int    `json:"max_attempts"`
 	// Money in micros of USD; nil for no limit.
@@ -52,6 +52,22 @@ func (c *Client) ListEffectPolicies(ctx context.Context, q ListQuery) (*GatePage
 	return call[GatePage[Policy]](ctx, c, "GET", withQuery("/policies", q.values()), nil, idempotent)
 }
 
+// Policy modes (Policy.Mode): what a begin of the type meets.
+const (
+	PolicyModeAllow           = "allow"
+	PolicyModeRequireApproval = "require_approval"
+	PolicyModeDeny            = "deny"
+)
+
+// What a begin meets whose key's last attempt's outcome is unknown
+// (Policy.OnIndeterminate): blocked until resolved, a new attempt, or a
+// probe to find out what the last one did.
+const (
+	OnIndeterminateBlock = "block"
+	OnIndeterminateRetry = "retry"
+	OnIndeterminateProbe = "probe"
+)
+
 // GetEffectPolicy reads effectType's policy, the safe default when it has
 // none.
 func (c *Client) GetEffectPolicy(ctx context.Context, effectType string) (*Policy, error) {
@@ -67,11 +83,18 @@ type Structuring struct {
 	// max_cost_micros, else nil (then only declarations are counted).
 	ThresholdMicros *int64 `json:"threshold_micros"`
 	// ThresholdFrom names the policy field the line comes from
-	// (structuring_threshold_micros or max_cost_micros), nil without one.
+	// (ThresholdFromStructuringThreshold or ThresholdFromMaxCost), nil
+	// without one.
 	ThresholdFrom *string             `json:"threshold_from"`
 	AsOf          time.Time           `json:"as_of"`
 	Windows       []StructuringWindow `json:"windows"` // the last 24 hours, then 7 days
 }
+
+// The policy fields a structuring line comes from (Structuring.ThresholdFrom).
+const (
+	ThresholdFromStructuringThreshold = "structuring_threshold_micros"
+	ThresholdFromMaxCost              = "max_cost_micros"
+)
 
 // StructuringWindow counts the begins that declared a cost in the Hours up
 // to AsOf by where the cost sat against the line (the bands nil without a
@@ -118,8 +141,8 @@ func (c *Client) UpdateEffectPolicy(ctx context.Context, effectType string, expe
 // begins of the type meet while it is.
 type Circuit struct {
 	EffectType           string     `json:"effect_type"`
-	State                string     `json:"state"`     // closed or open
-	OpenedBy             *string    `json:"opened_by"` // surge, manual or stop
+	State                string     `json:"state"`     // CircuitClosed or CircuitOpen
+	OpenedBy             *string    `json:"opened_by"` // one of the CircuitOpenedBy* constants
 	Action               *string    `json:"action"`    // monitor, require_approval or deny
 	Reason               *string    `json:"reason"`
 	VolumeLastHour       int64      `json:"volume_last_hour"`
@@ -128,6 +151,20 @@ type Circuit struct {
 	OpenedAt             *time.Time `json:"opened_at"`
 	ClosesAt             *time.Time `json:"closes_at"`
 }
+
+// Circuit states (Circuit.State), and the emergency stop's (StopState.State).
+const (
+	CircuitClosed = "closed"
+	CircuitOpen   = "open"
+)
+
+// What opened a circuit (Circuit.OpenedBy): a surge, an operator
+// (OpenCircuit) or the emergency stop.
+const (
+	CircuitOpenedBySurge  = "surge"
+	CircuitOpenedByManual = "manual"
+	CircuitOpenedByStop   = "stop"
+)
 
 // Breaker actions for OpenCircuit and EmergencyStop.
 const (
@@ -175,7 +212,7 @@ func (c *Client) EmergencyStop(ctx context.Context, action, reason string) (*Gat
 // State open with its action, reason and when it opened, or closed with
 // the rest nil.
 type StopState struct {
-	State    string     `json:"state"`  // closed or open
+	State    string     `json:"state"`  // CircuitClosed or CircuitOpen
 	Action   *string    `json:"action"` // monitor, require_approval or deny
 	Reason   *string    `json:"reason"`
 	OpenedAt *time.Time `json:"opened_at"`

@@ -257,6 +257,16 @@ const (
 	ApprovalRejected = "rejected"
 )
 
+// Why an effect was held for approval (Approval.Reason, and each of
+// Approval.Answers): its policy's mode, a cost at or above the policy's
+// approval_above_micros, or a breaker or the emergency stop holding its type
+// with BreakerRequireApproval.
+const (
+	ApprovalReasonPolicyRequiresApproval = "policy_requires_approval"
+	ApprovalReasonCostAtOrAboveThreshold = "cost_at_or_above_threshold"
+	ApprovalReasonCircuitOpen            = "circuit_open"
+)
+
 // Approval is an operator's decision on an effect the gate held
 // (ApprovalRequiredError.ApprovalID names it).
 type Approval struct {
@@ -264,8 +274,8 @@ type Approval struct {
 	EffectID   string `json:"effect_id"`
 	EffectType string `json:"effect_type"`
 	State      string `json:"state"` // ApprovalPending, ApprovalApproved or ApprovalRejected
-	// Reason is why the effect was held: policy_requires_approval,
-	// cost_at_or_above_threshold, circuit_open, ...
+	// Reason is why the effect was held: one of the ApprovalReason*
+	// constants.
 	Reason    string     `json:"reason"`
 	CreatedAt time.Time  `json:"created_at"`
 	DecidedAt *time.Time `json:"decided_at"`

@@ -75,12 +75,21 @@ type GroupStep struct {
 	CompensatesEffectID *string `json:"compensates_effect_id"`
 }
 
+// Group states (Group.State, Unwind.State).
+const (
+	GroupOpen         = "open"
+	GroupCommitted    = "committed"
+	GroupUnwinding    = "unwinding"
+	GroupUnwound      = "unwound"
+	GroupUnwindFailed = "unwind_failed"
+)
+
 // Group is a unit of work that can be rolled back: open, committed,
 // unwinding, unwound or unwind_failed.
 type Group struct {
 	ID              string     `json:"id"`
 	Name            string     `json:"name"`
-	State           string     `json:"state"`
+	State           string     `json:"state"` // one of the Group* state constants
 	CreatedAt       time.Time  `json:"created_at"`
 	UpdatedAt       time.Time  `json:"updated_at"` // its last change of state
 	CommittedAt     *time.Time `json:"committed_at"`
@@ -117,8 +126,7 @@ type PlanItem struct {
 // and the steps that cannot be or have been reversed.
 type Unwind struct {
 	GroupID string `json:"group_id"`
-	// State is the group's: open, committed, unwinding, unwound or
-	// unwind_failed.
+	// State is the group's: one of the Group* state constants.
 	State string     `json:"state"`
 	Plan  []PlanItem `json:"plan"`
 	// PlanTruncated says Plan holds only its first items: the rest would
