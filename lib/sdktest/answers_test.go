@@ -158,8 +158,9 @@ type goEnum struct {
 	superset bool
 }
 
-// goEnums: each answer field with an enum, by "Type.field", and its
-// constants. Every field with an enum has constants.
+// goEnums: each answer field with an enum, by "Type.field" ("Type.field[]"
+// for a list's items), and its constants. Every field with an enum has
+// constants.
 var goEnums = map[string]goEnum{
 	"BeginResponse.decision":      {prefix: "Decision"},
 	"BeginResponse.state":         {prefix: "Effect"},
@@ -188,6 +189,12 @@ var goEnums = map[string]goEnum{
 	"Policy.mode":                 {prefix: "PolicyMode"},
 	"Policy.on_indeterminate":     {prefix: "OnIndeterminate"},
 	"Structuring.threshold_from":  {prefix: "ThresholdFrom"},
+	"Approval.answers[]":          {prefix: "ApprovalReason"},
+	"Webhook.events[]":            {prefix: "Event"},
+	"APIKey.scopes[]":             {prefix: "Scope"},
+	"NewAPIKey.scopes[]":          {prefix: "Scope"},
+	"NewWebhook.events[]":         {prefix: "Event"},
+	"RotatedWebhook.events[]":     {prefix: "Event"},
 }
 
 // goRequestRoutes: the SDK's exported request types (sent as they are, by
@@ -512,6 +519,9 @@ func (c *answerComparison) compareStruct(t reflect.Type, s map[string]any, at st
 		}
 		if pm["enum"] != nil {
 			c.compareEnum(where, anySlice(pm["enum"]))
+		}
+		if items, _ := c.resolve(pm["items"]).(map[string]any); items["enum"] != nil {
+			c.compareEnum(where+"[]", anySlice(items["enum"])) // a list of enum values
 		}
 		c.compare(f.typ, p, where)
 	}

@@ -5,13 +5,34 @@ import (
 	"time"
 )
 
+// Scopes a key may hold (APIKey.Scopes, KeySpec.Scopes): a route needs one.
+const (
+	ScopeEffectsBegin   = "effects:begin"
+	ScopeEffectsReport  = "effects:report"
+	ScopeEffectsRead    = "effects:read"
+	ScopeEffectsResolve = "effects:resolve"
+	ScopePoliciesRead   = "policies:read"
+	ScopePoliciesWrite  = "policies:write"
+	ScopeApprovalsWrite = "approvals:write"
+	ScopeKeysWrite      = "keys:write"
+	ScopeRunsWrite      = "runs:write"
+	ScopeRunsRead       = "runs:read"
+	ScopeJobsWork       = "jobs:work"
+	ScopeStepsReplay    = "steps:replay"
+	ScopeEndpointsWrite = "endpoints:write"
+	ScopeContractsWrite = "contracts:write"
+	ScopeWebhooksWrite  = "webhooks:write"
+	ScopeReconcileWrite = "reconcile:write"
+	ScopeBillingWrite   = "billing:write"
+)
+
 // APIKey is a key of the workspace (scope keys:write to manage them). Its
 // secret is shown once, when it is created (NewAPIKey).
 type APIKey struct {
 	ID                      string     `json:"id"`
 	Name                    string     `json:"name"`
-	Scopes                  []string   `json:"scopes"`
-	Tools                   []string   `json:"tools"` // name@version pairs a worker key may serve; nil for any
+	Scopes                  []string   `json:"scopes"` // Scope* constants
+	Tools                   []string   `json:"tools"`  // name@version pairs a worker key may serve; nil for any
 	DailySpendCeilingMicros *int64     `json:"daily_spend_ceiling_micros"`
 	RateLimitPerMinute      *int       `json:"rate_limit_per_minute"`
 	CreatedAt               time.Time  `json:"created_at"`
