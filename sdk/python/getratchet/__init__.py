@@ -4,7 +4,9 @@ Produce durable jobs (start_run, enqueue, finish_run), work them
 (register_tool, worker.start), wrap an agent's side effects in the effect
 gate (do_effect, do_effect_async for asyncio code, blind_key), and verify
 webhook deliveries (verify_webhook). Answers are plain dicts typed by the
-TypedDicts of getratchet.types (Effect, Run, Step, ...), exported here too.
+TypedDicts of getratchet.types (Effect, Run, Step, ...), their enumerated
+fields by its Literal aliases (EffectState, GroupState, ...), exported here
+too.
 """
 
 from . import types
@@ -15,16 +17,19 @@ from .errors import (ApprovalRequired, ConnectionLost, EffectBlocked, EffectDeni
                      OutcomeNotReported, RatchetError, ReportNotRecorded, ResultNotStored, RetryableError,
                      WebhookSignatureError)
 from .redact import redact_message
-from .types import (ApiKey, ApiKeyPage, Approval, ApprovalPage, BatchJobResult, BeginResponse, Circuit, CircuitPage,
-                    ClaimedJob, Compensation, Contract, ContractPage, DimensionLimit, DurableJob, Effect, EffectAttempt,
-                    EffectHeartbeat, EffectPage, EffectPolicy, EffectPolicyPage, EmergencyStop, Endpoint, EndpointAttempt,
-                    EndpointAttemptPage, EndpointCircuit, EndpointPage, EnqueueResult, ErrorBody, Group, GroupCommit,
-                    GroupStep, GroupStepPage, JobAttempt, JobAttemptPage, JobHeartbeat, JobReplay, JobReplayPage,
-                    JobReportResult, NewApiKey, NewWebhook, PlanItem, PriorAttempt, QueueHealth, QueueHealthPage,
-                    ReconcileCounts, ReconcileItem, Reconciliation, ReplayPreview, ReplayResult, ReplayUpgrade,
-                    RetriedDeliveries, RetryPolicySnapshot, RetrySchedule, Run, RunPage, RunSummary, Step, StepPage,
-                    Structuring, StructuringWindow, ToolTest, Unwind, ValidationProblem, Webhook, WebhookDelivery,
-                    WebhookDeliveryPage, WebhookEvent, WebhookPage)
+from .types import (ApiKey, ApiKeyPage, Approval, ApprovalPage, ApprovalReason, ApprovalState, AttemptOutcome,
+                    BatchJobResult, BeginResponse, BreakerAction, Circuit, CircuitOpenedBy, CircuitPage, CircuitState,
+                    ClaimedJob, Compensation, Contract, ContractPage, Decision, DeliveryState, DenialCode,
+                    DimensionLimit, DurableJob, Effect, EffectAttempt, EffectHeartbeat, EffectPage, EffectPolicy,
+                    EffectPolicyPage, EffectState, EmergencyStop, Endpoint, EndpointAttempt, EndpointAttemptPage,
+                    EndpointCircuit, EndpointPage, EnqueueResult, ErrorBody, Group, GroupCommit, GroupState, GroupStep,
+                    GroupStepPage, JobAttempt, JobAttemptPage, JobHeartbeat, JobReplay, JobReplayPage, JobReportResult,
+                    NewApiKey, NewWebhook, OnIndeterminate, PlanItem, PolicyMode, PriorAttempt, QueueHealth,
+                    QueueHealthPage, ReconcileCounts, ReconcileItem, Reconciliation, ReplayPreview, ReplayResult,
+                    ReplayUpgrade, ReportOutcome, RetriedDeliveries, RetryPolicySnapshot, RetrySchedule, Run, RunPage,
+                    RunSummary, Scope, Step, StepPage, Structuring, StructuringWindow, ThresholdFrom, ToolTest, Unwind,
+                    ValidationProblem, VendorStatus, Webhook, WebhookDelivery, WebhookDeliveryPage, WebhookEvent,
+                    WebhookEventType, WebhookPage)
 from .webhooks import verify_webhook
 from .worker import JobContext, Worker
 
@@ -35,6 +40,6 @@ __all__ = [
     "ReportNotRecorded", "ResultNotStored", "RetryableError", "WebhookSignatureError", "Worker", "blind_key",
     "create_ratchet", "redact_message", "verify_webhook",
 ]
-# The answers' TypedDicts (getratchet.types), plain dicts at run time; in the
-# form type checkers read as re-exports.
+# The answers' TypedDicts and Literal aliases (getratchet.types), plain dicts
+# and strings at run time; in the form type checkers read as re-exports.
 __all__ += types.__all__

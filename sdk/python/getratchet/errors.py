@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional
+from typing import Any, List, Optional, TypedDict
 
 # The API's stable error codes (API.md, "Errors").
 INVALID_REQUEST = "invalid_request"
@@ -229,11 +229,21 @@ def clamp_retry_after_ms(value: int) -> int:
 # The effect gate's decisions other than execute and duplicate, raised by
 # Ratchet.do_effect.
 
+class PriorAttempt(TypedDict):
+    """The attempt whose outcome is unknown, which a probe must check first
+    (a blocked begin names it too). Declared here, where EffectBlocked
+    holds one, so that getratchet.types (which imports this module) can
+    export it without a circular import."""
+    attempt: int
+    started_at: Optional[str]
+    lease_expired_at: Optional[str]
+
+
 class EffectBlocked(Exception):
     """A prior attempt's outcome is unknown: verify at the vendor, then have
     an operator resolve the effect (POST /effects/{id}/resolve)."""
 
-    def __init__(self, effect_id: str, prior_attempt: Optional[dict]) -> None:
+    def __init__(self, effect_id: str, prior_attempt: Optional[PriorAttempt]) -> None:
         super().__init__(f"ratchet: effect {effect_id} is blocked: a prior attempt's outcome is unknown")
         self.effect_id = effect_id
         self.prior_attempt = prior_attempt

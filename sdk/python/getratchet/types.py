@@ -2,7 +2,9 @@
 
 Each answer is still the plain dict the API's JSON decodes to: these types
 only tell a type checker (mypy, pyright) and an editor its fields, as the
-TypeScript SDK's interfaces and the Go SDK's structs do. Field names are the
+TypeScript SDK's interfaces and the Go SDK's structs do. A field whose
+values the server enumerates is typed Literal[...] (its alias, such as
+EffectState or GroupState, named here for annotating one's own code). Field names are the
 server's own: snake_case on the effect gate's routes, camelCase on the job
 routes. A field typed Optional[...] may hold None (the server sends null); a
 field a class declares under ``total=False`` may be absent (a begin's
@@ -11,9 +13,57 @@ lease_token is sent with an execute only). The served OpenAPI document
 with it, so a field the server adds or drops fails them.
 """
 
-from typing import Any, Dict, List, Optional, TypedDict
+from typing import Any, Dict, List, Literal, Optional, TypedDict
 
-from .errors import RatchetError
+from .errors import PriorAttempt, RatchetError
+
+# -- the enumerated values ------------------------------------------------
+# Each is the enum of the served OpenAPI document (tests/test_types.py
+# compares them).
+
+Decision = Literal["execute", "duplicate", "in_flight", "blocked", "approval_required", "denied"]
+"""A begin's decision."""
+EffectState = Literal["leased", "succeeded", "failed", "indeterminate", "awaiting_approval", "denied"]
+"""An effect's state."""
+AttemptOutcome = Literal["succeeded", "failed", "indeterminate"]
+"""How an attempt at an effect ended (None while leased)."""
+ReportOutcome = Literal["succeeded", "failed"]
+"""The outcome an effect is reported or resolved with."""
+DenialCode = Literal["policy_denied", "budget_exceeded", "cost_ceiling_exceeded", "run_budget_exceeded",
+                     "key_budget_exceeded", "dimension_limit_exceeded", "max_attempts_exceeded", "approval_rejected",
+                     "circuit_open"]
+"""Why an effect was denied (its error's code)."""
+PolicyMode = Literal["allow", "require_approval", "deny"]
+"""What a policy does with a begin of its type."""
+OnIndeterminate = Literal["block", "retry", "probe"]
+"""What a begin meets whose key's last attempt's outcome is unknown."""
+BreakerAction = Literal["monitor", "require_approval", "deny"]
+"""What begins meet while a breaker or the emergency stop holds their type."""
+ThresholdFrom = Literal["structuring_threshold_micros", "max_cost_micros"]
+"""The policy field a structuring line comes from."""
+ApprovalState = Literal["pending", "approved", "rejected"]
+"""An approval's state."""
+ApprovalReason = Literal["policy_requires_approval", "cost_at_or_above_threshold", "circuit_open"]
+"""Why an effect was held for approval."""
+CircuitState = Literal["closed", "open"]
+"""A breaker's state, or the emergency stop's."""
+CircuitOpenedBy = Literal["surge", "manual", "stop"]
+"""What opened a breaker: a surge, an operator, or the emergency stop."""
+GroupState = Literal["open", "committed", "unwinding", "unwound", "unwind_failed"]
+"""A compensation group's state."""
+WebhookEventType = Literal["effect.indeterminate", "circuit.tripped", "circuit.closed", "approval.requested",
+                           "approval.decided", "reconciliation.due", "run.finished", "step.exhausted",
+                           "step.replayed"]
+"""A webhook event's type."""
+DeliveryState = Literal["pending", "delivered", "failed"]
+"""A webhook delivery's state."""
+Scope = Literal["effects:begin", "effects:report", "effects:read", "effects:resolve", "policies:read",
+                "policies:write", "approvals:write", "keys:write", "runs:write", "runs:read", "jobs:work",
+                "steps:replay", "endpoints:write", "contracts:write", "webhooks:write", "reconcile:write",
+                "billing:write"]
+"""A scope an API key holds."""
+VendorStatus = Literal["succeeded", "refunded", "failed", "pending"]
+"""A vendor record's status, as reconcile was given it."""
 
 # -- shared --------------------------------------------------------------
 
@@ -36,18 +86,10 @@ class ErrorBody(TypedDict):
 # -- the effect gate ------------------------------------------------------
 
 
-class PriorAttempt(TypedDict):
-    """The attempt whose outcome is unknown, which a probe must check first
-    (a blocked begin names it too)."""
-    attempt: int
-    started_at: Optional[str]
-    lease_expired_at: Optional[str]
-
-
 class _BeginFields(TypedDict):
-    decision: str
+    decision: Decision
     effect_id: str
-    state: str
+    state: EffectState
     attempt: int
 
 
@@ -75,7 +117,7 @@ class EffectAttempt(TypedDict):
     started_at: str
     lease_expires_at: str
     probe: bool
-    outcome: Optional[str]
+    outcome: Optional[AttemptOutcome]
     reported_at: Optional[str]
     reported_by_key_id: Optional[str]
     resolved_at: Optional[str]
@@ -91,7 +133,7 @@ class Effect(TypedDict):
     id: str
     effect_type: str
     idempotency_key: str
-    state: str
+    state: EffectState
     attempt: int
     attempts: List[EffectAttempt]
     cost_micros: Optional[int]
@@ -99,7 +141,7 @@ class Effect(TypedDict):
     group_id: Optional[str]
     compensates_effect_id: Optional[str]
     approval_id: Optional[str]
-    denial_code: Optional[str]
+    denial_code: Optional[DenialCode]
     lease_expires_at: Optional[str]
     payload_preview: Any
     result: Any
@@ -130,7 +172,7 @@ class EffectPolicy(TypedDict):
     """An effect type's policy (an unconfigured type reads as the safe
     default, version 0)."""
     effect_type: str
-    mode: str
+    mode: PolicyMode
     version: int
     max_cost_micros: Optional[int]
     approval_above_micros: Optional[int]
@@ -141,11 +183,11 @@ class EffectPolicy(TypedDict):
     dimension_limits: Dict[str, DimensionLimit]
     max_attempts: int
     lease_seconds: int
-    on_indeterminate: str
+    on_indeterminate: OnIndeterminate
     reconcile_every_hours: Optional[int]
     last_reconciled_at: Optional[str]
     retention_days: int
-    surge_action: str
+    surge_action: BreakerAction
     surge_cooldown_seconds: int
     surge_multiplier: Optional[int]
     surge_per_hour: Optional[int]
@@ -173,7 +215,7 @@ class Structuring(TypedDict):
     """get_policy_structuring's answer: a measure, never enforced."""
     effect_type: str
     threshold_micros: Optional[int]
-    threshold_from: Optional[str]
+    threshold_from: Optional[ThresholdFrom]
     as_of: str
     windows: List[StructuringWindow]
 
@@ -183,9 +225,9 @@ class Approval(TypedDict):
     id: str
     effect_id: str
     effect_type: str
-    state: str
-    reason: str
-    answers: Optional[List[str]]
+    state: ApprovalState
+    reason: ApprovalReason
+    answers: Optional[List[ApprovalReason]]
     note: Optional[str]
     created_at: str
     decided_at: Optional[str]
@@ -199,10 +241,10 @@ class ApprovalPage(TypedDict):
 class Circuit(TypedDict):
     """An effect type's breaker."""
     effect_type: str
-    state: str
-    action: Optional[str]
+    state: CircuitState
+    action: Optional[BreakerAction]
     reason: Optional[str]
-    opened_by: Optional[str]
+    opened_by: Optional[CircuitOpenedBy]
     opened_at: Optional[str]
     closes_at: Optional[str]
     threshold: Optional[int]
@@ -217,8 +259,8 @@ class CircuitPage(TypedDict):
 
 class EmergencyStop(TypedDict):
     """Whether the emergency stop is on ("open") or off ("closed")."""
-    state: str
-    action: Optional[str]
+    state: CircuitState
+    action: Optional[BreakerAction]
     reason: Optional[str]
     opened_at: Optional[str]
 
@@ -228,7 +270,7 @@ class GroupStep(TypedDict):
     effect_id: str
     effect_type: str
     idempotency_key: str
-    state: str
+    state: EffectState
     has_compensation: bool
     compensates_effect_id: Optional[str]
 
@@ -241,7 +283,7 @@ class GroupStepPage(TypedDict):
 class _GroupFields(TypedDict):
     id: str
     name: str
-    state: str
+    state: GroupState
     idempotency_key: Optional[str]
     steps: List[GroupStep]
     steps_truncated: bool
@@ -271,7 +313,7 @@ class PlanItem(TypedDict):
     compensation: Compensation
     suggested_idempotency_key: str
     compensation_effect_id: Optional[str]
-    compensation_state: Optional[str]
+    compensation_state: Optional[EffectState]
 
 
 class _GroupCommitFields(_GroupFields):
@@ -289,7 +331,7 @@ class GroupCommit(_GroupCommitFields, total=False):
 class Unwind(TypedDict):
     """unwind_group's answer: the rollback as it stands."""
     group_id: str
-    state: str
+    state: GroupState
     plan: List[PlanItem]
     plan_truncated: bool
     reversed: List[str]
@@ -304,7 +346,7 @@ class Webhook(TypedDict):
     """A webhook subscription (never its secret)."""
     id: str
     url: str
-    events: List[str]
+    events: List[WebhookEventType]
     disabled: bool
     disabled_at: Optional[str]
     previous_secret_expires_at: Optional[str]
@@ -327,8 +369,8 @@ class WebhookDelivery(TypedDict):
     """One event's delivery to a subscription."""
     id: str
     event_id: str
-    event_type: str
-    state: str
+    event_type: WebhookEventType
+    state: DeliveryState
     attempts: int
     last_status_code: Optional[int]
     last_error: Optional[str]
@@ -351,7 +393,7 @@ class WebhookEvent(TypedDict):
     """A verified webhook delivery's event (verify_webhook); deduplicate by
     ``id``."""
     id: str
-    type: str
+    type: WebhookEventType
     subject_id: str
     workspace_id: str
     created_at: str
@@ -362,7 +404,7 @@ class ApiKey(TypedDict):
     """An API key (never its secret)."""
     id: str
     name: str
-    scopes: List[str]
+    scopes: List[Scope]
     tools: Optional[List[str]]
     daily_spend_ceiling_micros: Optional[int]
     rate_limit_per_minute: Optional[int]
@@ -660,15 +702,15 @@ class ToolTest(TypedDict):
 class _ReconcileItemFields(TypedDict):
     idempotency_key: str
     effect_id: Optional[str]
-    ratchet_state: Optional[str]
-    vendor_status: Optional[str]
+    ratchet_state: Optional[EffectState]
+    vendor_status: Optional[VendorStatus]
     ratchet_amount_micros: Optional[int]
     vendor_amount_micros: Optional[int]
 
 
 class ReconcileItem(_ReconcileItemFields, total=False):
     """One key compared (``outcome``: how a resolved one was resolved)."""
-    outcome: str
+    outcome: ReportOutcome
 
 
 class ReconcileCounts(TypedDict):
@@ -749,6 +791,9 @@ class BatchJobResult(_BatchJobResultFields, total=False):
 
 
 __all__ = [
+    "ApprovalReason", "ApprovalState", "AttemptOutcome", "BreakerAction", "CircuitOpenedBy", "CircuitState",
+    "Decision", "DeliveryState", "DenialCode", "EffectState", "GroupState", "OnIndeterminate", "PolicyMode",
+    "ReportOutcome", "Scope", "ThresholdFrom", "VendorStatus", "WebhookEventType",
     "ApiKey", "ApiKeyPage", "Approval", "ApprovalPage", "BatchJobResult", "BeginResponse", "Circuit",
     "CircuitPage", "ClaimedJob", "Compensation", "Contract", "ContractPage", "DimensionLimit", "DurableJob",
     "Effect", "EffectAttempt", "EffectHeartbeat", "EffectPage", "EffectPolicy", "EffectPolicyPage",

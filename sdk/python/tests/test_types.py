@@ -3,7 +3,9 @@ OpenAPI document, as served: each client method's return type has exactly
 the fields its route's response schema has (a field the server adds or
 drops, or one misspelled here, fails), the same ones always present, each
 of the JSON type its schema names (str, int, float, bool, a list, an
-object), and Optional exactly where the schema allows null. Nested
+object), and Optional exactly where the schema allows null. A field (or a
+list's items) whose schema has an enum is typed Literal[...] with exactly
+its values, and a Literal only where the schema has an enum. Nested
 TypedDicts are compared with the schemas of the fields holding them."""
 
 import json
@@ -94,8 +96,29 @@ def kind_matches(t: Any, s: Dict[str, Any]) -> bool:
     if len(kinds) != 1:
         return True  # several types, or none named: nothing to compare
     origin = typing.get_origin(t)
+    if origin is typing.Literal:
+        return kinds[0] == "string" and all(isinstance(v, str) for v in typing.get_args(t))
     return {"string": t is str, "integer": t is int, "number": t is float, "boolean": t is bool,
             "array": origin is list, "object": is_typeddict(t) or origin is dict}.get(kinds[0], True)
+
+
+def enum_drift(t: Any, s: Any, where: str) -> List[str]:
+    """How a field's type (without Optional) differs from its schema's
+    enum: a Literal of exactly the enum's values (null aside) where the
+    schema has one, none where it has not; a list's items likewise."""
+    s = s if isinstance(s, dict) else {}
+    if typing.get_origin(t) is list:
+        return enum_drift(typing.get_args(t)[0], s.get("items", {}), where + "[]")
+    literal = typing.get_origin(t) is typing.Literal
+    if "enum" not in s:
+        return [f"{where}: typed {t}, the schema has no enum"] if literal else []
+    enum = sorted(v for v in s["enum"] if v is not None)
+    if not literal:
+        return [f"{where}: typed {t}, the schema's enum is {enum}: a Literal"]
+    declared = sorted(typing.get_args(t))
+    if declared != enum:
+        return [f"{where}: Literal{declared}, the schema's enum is {enum}"]
+    return []
 
 
 def compare(annotation: Any, schema: Any, where: str, problems: List[str], seen: Dict[str, Any]) -> None:
@@ -142,6 +165,7 @@ def compare(annotation: Any, schema: Any, where: str, problems: List[str], seen:
                             f"{allows_null(props[field])}")
         if not kind_matches(field_type, props[field]):
             problems.append(f"{name}.{field}: typed {field_type} but the schema's type is {props[field].get('type')}")
+        problems.extend(enum_drift(field_type, props[field], f"{name}.{field}"))
         compare(field_type, props[field], f"{where}.{field}", problems, seen)
 
 
@@ -203,8 +227,21 @@ def drift(doc: Dict[str, Any]) -> Tuple[List[str], Dict[str, Any]]:
     return problems, seen
 
 
+def literals() -> Dict[str, Any]:
+    """The module's Literal aliases (EffectState...), by name."""
+    return {name: getattr(types, name) for name in types.__all__
+            if typing.get_origin(getattr(types, name)) is typing.Literal}
+
+
 def typeddicts() -> Dict[str, Any]:
     return {name: getattr(types, name) for name in types.__all__ if is_typeddict(getattr(types, name))}
+
+
+def literal_args(t: Any) -> List[Any]:
+    """The Literals within a type (Optional[List[EffectState]]...)."""
+    if typing.get_origin(t) is typing.Literal:
+        return [t]
+    return [lit for a in typing.get_args(t) for lit in literal_args(a)]
 
 
 def answers_typeddict(annotation: Any) -> bool:
@@ -228,6 +265,10 @@ class TypesAgainstOpenAPITest(unittest.TestCase):
         answering = {name for name, fn in vars(getratchet.Ratchet).items() if callable(fn)
                      and not name.startswith("_") and answers_typeddict(typing.get_type_hints(fn).get("return"))}
         self.assertEqual(sorted(answering), sorted(METHODS))
+        # Every Literal alias of the module types some answer's field.
+        used = {repr(a) for t in seen.values() for h in typing.get_type_hints(t).values() for a in literal_args(h)}
+        unused = sorted(name for name, alias in literals().items() if repr(alias) not in used)
+        self.assertEqual(unused, [], "Literal aliases no answer field uses")
 
     def test_the_comparison_catches_drift(self) -> None:
         # A field missing, one the server does not send, one declared
@@ -242,19 +283,32 @@ class TypesAgainstOpenAPITest(unittest.TestCase):
             extra: int
             inner: Inner
             items: List[Inner]
+            state: str
+            mode: Optional[typing.Literal["on", "off"]]
+            tags: List[typing.Literal["a"]]
+            plain: typing.Literal["x"]
 
-        schema = {"type": "object", "required": ["id", "inner", "items"], "properties": {
+        enum = {"type": "string", "enum": ["on", "off", "auto"]}
+        schema = {"type": "object", "required": ["id", "inner", "items", "state", "mode", "tags", "plain"],
+                  "properties": {
             "id": {"type": "string"}, "note": {"type": ["null", "string"]}, "gone": {"type": "integer"},
             "inner": {"type": "object", "required": ["a"], "properties": {"a": {"type": "integer"}}},
             "items": {"type": "array", "items": {"type": "object", "required": ["a", "b"],
-                                                  "properties": {"a": {"type": "integer"}, "b": {}}}}}}
+                                                  "properties": {"a": {"type": "integer"}, "b": {}}}},
+            "state": enum, "mode": {"type": ["null", "string"], "enum": ["on", "off", "auto", None]},
+            "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b"]}}, "plain": {"type": "string"}}}
         problems: List[str] = []
         compare(Outer, schema, "x", problems, {})
         text = "\n".join(problems)
         for expected in ("x (Outer) lacks ['gone']", "server does not send: ['extra']", "declared required: ['note']",
                          "x (Outer).note: Optional is False", "x.items[] (Inner) lacks ['b']",
-                         "x (Outer).id: typed <class 'int'> but the schema's type is string"):
+                         "x (Outer).id: typed <class 'int'> but the schema's type is string",
+                         "x (Outer).state: typed <class 'str'>, the schema's enum is ['auto', 'off', 'on']: a Literal",
+                         "x (Outer).mode: Literal['off', 'on'], the schema's enum is ['auto', 'off', 'on']",
+                         "x (Outer).tags[]: Literal['a'], the schema's enum is ['a', 'b']",
+                         "x (Outer).plain: typed typing.Literal['x'], the schema has no enum"):
             self.assertIn(expected, text)
+        self.assertEqual(len(problems), 10, text)
         problems = []
         compare(Inner, {"type": "object", "required": ["a"], "properties": {"a": {"type": "integer"}}}, "y",
                 problems, {})

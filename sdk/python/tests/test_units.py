@@ -545,17 +545,30 @@ class TypingTest(unittest.TestCase):
         self.assertEqual(typing.get_type_hints(getratchet.NotPerformed)["report_error"], typing.Optional[BaseException])
 
     def test_the_answer_types_are_exported(self) -> None:
-        # Every TypedDict of getratchet.types is listed in its __all__ and
-        # importable from the package, and its annotations resolve (a
-        # misspelled forward reference would fail a user's type checker).
+        # Every TypedDict and Literal alias (EffectState...) of
+        # getratchet.types is listed in its __all__ and importable from the
+        # package, and a TypedDict's annotations resolve (a misspelled
+        # forward reference would fail a user's type checker).
         from getratchet import types
-        declared = {name for name, value in vars(types).items() if not name.startswith("_")
-                    and isinstance(value, type) and issubclass(value, dict) and hasattr(value, "__required_keys__")}
-        self.assertEqual(sorted(declared), sorted(types.__all__))
+        typeddicts = {name for name, value in vars(types).items() if not name.startswith("_")
+                      and isinstance(value, type) and issubclass(value, dict) and hasattr(value, "__required_keys__")}
+        literals = {name for name, value in vars(types).items() if not name.startswith("_")
+                    and typing.get_origin(value) is typing.Literal}
+        self.assertIn("EffectState", literals)
+        self.assertEqual(sorted(typeddicts | literals), sorted(types.__all__))
         for name in types.__all__:
             self.assertIn(name, getratchet.__all__)
             self.assertIs(getattr(getratchet, name), getattr(types, name))
-            typing.get_type_hints(getattr(types, name))
+            if name in typeddicts:
+                typing.get_type_hints(getattr(types, name))
+
+    def test_effect_blocked_types_its_prior_attempt(self) -> None:
+        # It was Optional[dict]: a type checker knew none of its fields.
+        # PriorAttempt is declared in getratchet.errors, so its hint
+        # resolves at run time too (no import cycle with getratchet.types).
+        self.assertEqual(typing.get_type_hints(getratchet.EffectBlocked.__init__)["prior_attempt"],
+                         typing.Optional[getratchet.PriorAttempt])
+        self.assertIs(getratchet.errors.PriorAttempt, getratchet.types.PriorAttempt)
 
     def test_each_answer_is_typed(self) -> None:
         # Answers were `-> dict`: a user's type checker knew none of their
