@@ -381,6 +381,10 @@ export interface PriorAttempt {
   lease_expired_at: string | null;
 }
 
+/** Why an effect was denied (its error's code). */
+export type DenialCode = 'policy_denied' | 'budget_exceeded' | 'cost_ceiling_exceeded' | 'run_budget_exceeded'
+  | 'key_budget_exceeded' | 'dimension_limit_exceeded' | 'max_attempts_exceeded' | 'approval_rejected' | 'circuit_open';
+
 export type EffectState = 'leased' | 'succeeded' | 'failed' | 'indeterminate' | 'awaiting_approval' | 'denied';
 
 /** One attempt in an effect's history (snake_case, as on the wire). */
@@ -420,7 +424,7 @@ export interface Effect {
   run_id: string | null;
   group_id: string | null;
   compensates_effect_id: string | null;
-  denial_code: string | null;
+  denial_code: DenialCode | null;
   approval_id: string | null;
   /** The live lease's expiry while leased. */
   lease_expires_at: string | null;
@@ -553,19 +557,24 @@ export type EffectPolicyUpdate = Partial<Omit<EffectPolicy,
   dimension_limits?: Record<string, DimensionLimitUpdate> | null | undefined;
 };
 
+/** Why an effect was held for approval: its policy's mode, a breaker or the
+ * emergency stop holding its type with require_approval, or a cost at or
+ * above approval_above_micros. */
+export type ApprovalReason = 'policy_requires_approval' | 'cost_at_or_above_threshold' | 'circuit_open';
+
 /** An approval (snake_case, as on the wire). */
 export interface Approval {
   id: string;
   effect_id: string;
   effect_type: string;
   state: 'pending' | 'approved' | 'rejected';
-  /** Why it was asked (policy_requires_approval, a surge, …). */
-  reason: string;
+  /** Why it was asked. */
+  reason: ApprovalReason;
   created_at: string;
   decided_at: string | null;
   note: string | null;
   /** The reasons the decision answered; null while pending. */
-  answers: string[] | null;
+  answers: ApprovalReason[] | null;
 }
 
 export type BreakerAction = 'monitor' | 'require_approval' | 'deny';
@@ -712,11 +721,16 @@ export interface WebhookDelivery {
   delivered_at: string | null;
 }
 
+/** A scope an API key holds. */
+export type Scope = 'effects:begin' | 'effects:report' | 'effects:read' | 'effects:resolve' | 'policies:read'
+  | 'policies:write' | 'approvals:write' | 'keys:write' | 'runs:write' | 'runs:read' | 'jobs:work' | 'steps:replay'
+  | 'endpoints:write' | 'contracts:write' | 'webhooks:write' | 'reconcile:write' | 'billing:write';
+
 /** An API key (no secret). */
 export interface ApiKey {
   id: string;
   name: string;
-  scopes: string[];
+  scopes: Scope[];
   /** The name@version pairs a worker key may serve; null for any. */
   tools: string[] | null;
   daily_spend_ceiling_micros: number | null;
@@ -848,9 +862,12 @@ export interface ToolTest {
   dueAt: string | null;
 }
 
+/** A vendor record's status. */
+export type VendorStatus = 'succeeded' | 'refunded' | 'failed' | 'pending';
+
 export interface ReconcileRecord {
   idempotencyKey: string;
-  status: 'succeeded' | 'refunded' | 'failed' | 'pending';
+  status: VendorStatus;
   amountMicros?: number | undefined;
 }
 
@@ -868,11 +885,11 @@ export interface ReconcileItem {
   idempotency_key: string;
   effect_id: string | null;
   ratchet_state: EffectState | null;
-  vendor_status: string | null;
+  vendor_status: VendorStatus | null;
   ratchet_amount_micros: number | null;
   vendor_amount_micros: number | null;
   /** What a resolved item was settled as. */
-  outcome?: string;
+  outcome?: 'succeeded' | 'failed';
 }
 
 export interface ReconcileCounts {
@@ -1023,7 +1040,7 @@ export declare function redactMessage(message: string): string;
 export interface WebhookEvent {
   /** The same in every attempt: deduplicate by it. */
   id: string;
-  type: string;
+  type: WebhookEventType;
   created_at: string;
   workspace_id: string;
   /** What the event is about: an effect, run, step, approval, effect type or endpoint ("*" for the emergency stop). */

@@ -5,7 +5,8 @@
 // `| null` (or Json, which holds null) exactly where the schema allows null,
 // and optional (`?`) exactly where the schema does not require it; lists,
 // maps and nested objects are compared the same way, and string literal
-// unions with the schema's enum. declarations.test.js holds the exported
+// unions with the schema's enum (a field, or a list's items, whose schema
+// has an enum is declared a union of its literals, not string). declarations.test.js holds the exported
 // names to the runtime; this holds the shapes to the server.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -271,6 +272,9 @@ function compare(type, s, at, problems, seen = new Set()) {
   const primitive = { string: ['string'], number: ['integer', 'number'], boolean: ['boolean'], true: ['boolean'] }[one];
   if (primitive) {
     if (!types.some((t) => primitive.includes(t))) problems.push(`${at}: declared ${one}, the schema says ${JSON.stringify(types)}`);
+    else if (one === 'string' && (s.enum || []).some((v) => v !== null)) {
+      problems.push(`${at}: declared string, the schema's enum is ${(s.enum).filter((v) => v !== null).sort().join('|')}: declare its literals`);
+    }
     return;
   }
   const list = one.match(/^(?:readonly )?(\w+)\[\]$/) || one.match(/^(?:Readonly)?Array<([\s\S]+)>$/);
@@ -413,6 +417,21 @@ test('a webhook delivery is the WebhookEvent the document states', needsServer, 
   const problems = [];
   compare('WebhookEvent', doc.components.schemas.WebhookEvent, 'verifyWebhook()', problems);
   assert.deepEqual(problems, []);
+});
+
+test('the comparison asks for the literals of an enum, and exactly them', () => {
+  const enumOf = { type: 'string', enum: ['on', 'off', null] };
+  const problems = [];
+  compare('string | null', enumOf, 'a', problems);
+  compare("'on' | null", enumOf, 'b', problems);
+  compare("'on' | 'off' | null", enumOf, 'c', problems);
+  compare('string[]', { type: 'array', items: { type: 'string', enum: ['x'] } }, 'd', problems);
+  compare('string', { type: 'string' }, 'e', problems);
+  assert.deepEqual(problems, [
+    "a: declared string, the schema's enum is off|on: declare its literals",
+    "b: declared on, the schema's enum is off|on",
+    "d[]: declared string, the schema's enum is x: declare its literals",
+  ]);
 });
 
 test('every deliberate difference names a declared field', () => {
