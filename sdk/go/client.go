@@ -474,7 +474,9 @@ func (c *Client) once(ctx context.Context, method, path, key string, body []byte
 	}
 	// A repeat after an unreadable answer decodes into a clean value, not
 	// over what the unreadable one half filled in.
-	if v := reflect.ValueOf(out); v.Kind() == reflect.Pointer && !v.IsNil() {
+	if ca, ok := out.(checkedAnswer); ok {
+		ca.reset()
+	} else if v := reflect.ValueOf(out); v.Kind() == reflect.Pointer && !v.IsNil() {
 		v.Elem().SetZero()
 	}
 	if body := bytes.TrimSpace(raw); len(body) == 0 || body[0] != '{' {
@@ -492,10 +494,16 @@ func (c *Client) once(ctx context.Context, method, path, key string, body []byte
 		// the answer around it: read by its parts.
 		err = deep.unmarshalDeep(raw)
 	}
+	if ca, ok := out.(checkedAnswer); ok && err == nil {
+		err = ca.checkAnswer()
+	}
 	if err != nil {
 		// The server acted and answered; only its answer is unreadable
 		// (cut short by a proxy, say).
 		return &unconfirmed{err: &unreadableAnswer{err: fmt.Errorf("ratchet: decode %s %s response: %w", method, path, err)}}
+	}
+	if ca, ok := out.(checkedAnswer); ok {
+		ca.setResponseHeader(res.Header)
 	}
 	if sd, ok := out.(serverDated); ok {
 		if d, err := http.ParseTime(res.Header.Get("Date")); err == nil {
@@ -503,6 +511,16 @@ func (c *Client) once(ctx context.Context, method, path, key string, body []byte
 		}
 	}
 	return nil
+}
+
+// checkedAnswer is a response read against the request it answers: reset
+// clears what an earlier attempt's answer filled in (keeping the request's
+// side), and an error from checkAnswer makes a decoded answer unreadable,
+// repeated as one (a batch report's results naming other jobs).
+type checkedAnswer interface {
+	reset()
+	checkAnswer() error
+	setResponseHeader(http.Header)
 }
 
 // serverDated is a response that keeps the server's Date header: the

@@ -762,6 +762,65 @@ func TestReportJobsKeepsErrorDetail(t *testing.T) {
 	}
 }
 
+// A refused report in a batch carries the batch response's request id, as
+// ReportJob's refusal carries its own response's (SDK QA: it had none).
+func TestReportJobsErrorsCarryTheBatchRequestID(t *testing.T) {
+	t.Parallel()
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Request-Id", "req_batch")
+		writeJSON(w, 200, map[string]any{"results": []any{
+			map[string]any{"jobId": "job_1", "error": map[string]any{"code": CodeLeaseLost, "message": "no"}},
+			map[string]any{"jobId": "job_2", "status": "SUCCEEDED", "attempt": 1},
+		}})
+	}))
+	res, err := c.ReportJobs(context.Background(), []BatchJobReport{
+		{JobID: "job_1", JobReport: JobReport{LeaseToken: "t1", Status: ReportSucceeded}},
+		{JobID: "job_2", JobReport: JobReport{LeaseToken: "t2", Status: ReportSucceeded}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := res[0].Err; e == nil || e.RequestID != "req_batch" || !strings.Contains(e.Error(), "(request req_batch)") {
+		t.Fatalf("batch error: %v", res[0].Err)
+	}
+	if res[1].Err != nil {
+		t.Fatalf("recorded report: %v", res[1].Err)
+	}
+}
+
+// A batch answer whose result in a slot names another job than the report
+// sent there cannot be matched to the reports, not even those whose slots
+// agree: it is an answer lost, and the batch, safe to repeat, is asked
+// again, as the Python and TypeScript SDKs do (SDK QA: Go failed the call
+// with an error no retry logic took for a lost answer).
+func TestReportJobsAsksAgainAfterAMismatchedAnswer(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		first, second := "job_1", "job_2"
+		if calls.Add(1) == 1 {
+			first, second = "job_2", "job_1"
+		}
+		writeJSON(w, 200, map[string]any{"results": []any{
+			map[string]any{"jobId": first, "status": "SUCCEEDED", "attempt": 1},
+			map[string]any{"jobId": second, "status": "SUCCEEDED", "attempt": 1},
+		}})
+	}))
+	res, err := c.ReportJobs(context.Background(), []BatchJobReport{
+		{JobID: "job_1", JobReport: JobReport{LeaseToken: "t1", Status: ReportSucceeded}},
+		{JobID: "job_2", JobReport: JobReport{LeaseToken: "t2", Status: ReportSucceeded}}})
+	if err != nil || calls.Load() != 2 || res[0].JobID != "job_1" || res[1].JobID != "job_2" {
+		t.Fatalf("results %+v, err %v after %d calls", res, err, calls.Load())
+	}
+	c.maxRetries = 0
+	calls.Store(0)
+	_, err = c.ReportJobs(context.Background(), []BatchJobReport{
+		{JobID: "job_1", JobReport: JobReport{LeaseToken: "t1", Status: ReportSucceeded}},
+		{JobID: "job_2", JobReport: JobReport{LeaseToken: "t2", Status: ReportSucceeded}}})
+	if _, retry := c.retryDelay(err, 0, idempotent); err == nil || !retry {
+		t.Fatalf("without retries: %v, taken for a lost answer: %v", err, retry)
+	}
+}
+
 // A 403's error names what the key lacks, as the server's detail does.
 func TestForbiddenErrorNamesWhatIsRequired(t *testing.T) {
 	t.Parallel()

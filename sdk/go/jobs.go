@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"time"
 )
 
@@ -185,7 +186,9 @@ type BatchJobReport struct {
 
 // BatchJobResult is one report's answer in a batch: the result a single
 // report would answer, or Err with the error it would answer (lease_lost,
-// invalid_state, not_found, forbidden; its detail included). One report's error never affects the others.
+// invalid_state, not_found, forbidden; its detail included, and its
+// RequestID the batch response's X-Request-Id, shared by every report of
+// the batch). One report's error never affects the others.
 type BatchJobResult struct {
 	JobReportResult
 	Err *Error
@@ -195,40 +198,66 @@ type BatchJobResult struct {
 // /api/v1/jobs/report, 1–100 reports, one commit on the server). Each report
 // is fenced by its own lease token exactly as ReportJob is, and answered in
 // its own slot, in request order. Like ReportJob it is retried after
-// ambiguous failures: a repeated batch answers the same results.
+// ambiguous failures: a repeated batch answers the same results. An answer
+// that does not hold one result per report, each naming the job of the
+// report sent in its slot, cannot be matched to the reports, not even those
+// whose slots agree: it is read as an answer lost (the outcome of every
+// report unknown) and the batch is asked again, as after a cut answer, as
+// the Python and TypeScript SDKs do.
 func (c *Client) ReportJobs(ctx context.Context, reports []BatchJobReport) ([]BatchJobResult, error) {
-	var out struct {
-		Results []struct {
-			JobID     string     `json:"jobId"`
-			Status    string     `json:"status"`
-			Attempt   int        `json:"attempt"`
-			NextDueAt *time.Time `json:"nextDueAt"`
-			Error     *struct {
-				Code    string         `json:"code"`
-				Message string         `json:"message"`
-				Detail  map[string]any `json:"detail"`
-			} `json:"error"`
-		} `json:"results"`
+	out := &batchAnswer{jobIDs: make([]string, len(reports))}
+	for i, r := range reports {
+		out.jobIDs[i] = r.JobID
 	}
-	if err := c.do(ctx, "POST", "/jobs/report", map[string]any{"reports": reports}, &out, idempotent); err != nil {
+	if err := c.do(ctx, "POST", "/jobs/report", map[string]any{"reports": reports}, out, idempotent); err != nil {
 		return nil, err
-	}
-	if len(out.Results) != len(reports) {
-		return nil, fmt.Errorf("ratchet: batch report answered %d results for %d reports", len(out.Results), len(reports))
 	}
 	res := make([]BatchJobResult, len(out.Results))
 	for i, r := range out.Results {
-		if r.JobID != reports[i].JobID {
-			return nil, fmt.Errorf("ratchet: batch report result %d is for job %s, not %s", i, r.JobID, reports[i].JobID)
-		}
 		res[i].JobReportResult = JobReportResult{JobID: r.JobID, Status: r.Status, Attempt: r.Attempt, NextDueAt: r.NextDueAt}
 		if r.Error != nil {
 			res[i].Err = &Error{StatusCode: batchErrorStatus(r.Error.Code), Code: r.Error.Code, Message: r.Error.Message,
-				Detail: r.Error.Detail}
+				Detail: r.Error.Detail, RequestID: out.requestID}
 		}
 	}
 	return res, nil
 }
+
+// batchAnswer is a batch report's answer, read against the reports it
+// answers (jobIDs, in request order): once decodes it, checks it and keeps
+// its X-Request-Id (checkedAnswer), so that an answer not matching the
+// reports is an unreadable answer, retried as one.
+type batchAnswer struct {
+	jobIDs    []string
+	requestID string
+	Results   []struct {
+		JobID     string     `json:"jobId"`
+		Status    string     `json:"status"`
+		Attempt   int        `json:"attempt"`
+		NextDueAt *time.Time `json:"nextDueAt"`
+		Error     *struct {
+			Code    string         `json:"code"`
+			Message string         `json:"message"`
+			Detail  map[string]any `json:"detail"`
+		} `json:"error"`
+	} `json:"results"`
+}
+
+func (a *batchAnswer) reset() { a.Results, a.requestID = nil, "" }
+
+func (a *batchAnswer) checkAnswer() error {
+	if len(a.Results) != len(a.jobIDs) {
+		return fmt.Errorf("%d results for %d reports", len(a.Results), len(a.jobIDs))
+	}
+	for i, r := range a.Results {
+		if r.JobID != a.jobIDs[i] {
+			return fmt.Errorf("result %d is for job %s, not %s", i, r.JobID, a.jobIDs[i])
+		}
+	}
+	return nil
+}
+
+func (a *batchAnswer) setResponseHeader(h http.Header) { a.requestID = h.Get("X-Request-Id") }
 
 // batchErrorStatus is the status a single report would have answered with
 // code, so errors from a batch read like those of ReportJob.

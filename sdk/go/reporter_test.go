@@ -570,3 +570,39 @@ func eventually(cond func() bool) bool {
 	}
 	return cond()
 }
+
+// A batch answer whose results do not name the reports' jobs in their slots
+// is a lost answer for the whole batch: the worker sends the batch again
+// (each report is safe to repeat) and counts none lost, rather than giving
+// up reports the server may well have recorded (SDK QA: every report of the
+// batch was counted lost and its job left to run again).
+func TestReporterRetriesABatchWhoseAnswerNamesOtherJobs(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	c, _ := testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Reports []struct {
+				JobID string `json:"jobId"`
+			} `json:"reports"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		results := []any{}
+		for _, rep := range body.Reports {
+			results = append(results, map[string]any{"jobId": rep.JobID, "status": "SUCCEEDED", "attempt": 1})
+		}
+		if calls.Add(1) == 1 && len(results) > 1 {
+			results[0], results[1] = results[1], results[0]
+		}
+		writeJSON(w, 200, map[string]any{"results": results})
+	}))
+	c.maxRetries = 0 // each delivery one request: the reporter's own retry is tested
+	sink := &errSink{}
+	r := newReporter(context.Background(), c, sink.add, time.Hour)
+	queueReports(r, 3, time.Now().Add(10*time.Minute))
+	if !r.close(context.Background()) {
+		t.Fatal("close gave up")
+	}
+	if n := r.lostReports(); n != 0 || len(sink.list()) != 0 || calls.Load() != 2 {
+		t.Fatalf("%d reports counted lost after %d deliveries; OnError %v", n, calls.Load(), sink.list())
+	}
+}
