@@ -189,7 +189,8 @@ class Transport:
     def call(self, method: str, path: str, body: Any = None, *, safe: bool,
              idempotency_key: Optional[str] = None, timeout: Optional[float] = None,
              max_retries: Optional[int] = None, with_date: bool = False, abort: Optional[Abort] = None,
-             retry_cutoff: Optional[Abort] = None, call_timeout: Optional[float] = None) -> Any:
+             retry_cutoff: Optional[Abort] = None, call_timeout: Optional[float] = None,
+             read: Optional[Callable[[dict, str], Any]] = None) -> Any:
         """Sends method path (under /api/v1) and returns the decoded answer.
 
         safe says whether the call may be repeated after an answer was lost
@@ -209,11 +210,16 @@ class Transport:
         per-attempt timeout: each attempt is given the time left, and cut at
         the bound (ConnectionLost "timeout"), and a wait that would end past
         the bound is not begun: the call raises its last failure at once
-        (marked unconfirmed when an attempt may have been applied).
+        (marked unconfirmed when an attempt may have been applied). read,
+        when given, reads a 2xx answer against the request (with the
+        response's X-Request-Id) and returns what call returns; its
+        ValueError makes the answer unreadable, a lost answer as one cut
+        short (a batch report's results naming other jobs).
         """
         if call_timeout is None:
             return self._call(method, path, body, safe=safe, idempotency_key=idempotency_key, timeout=timeout,
-                              max_retries=max_retries, with_date=with_date, abort=abort, retry_cutoff=retry_cutoff)
+                              max_retries=max_retries, with_date=with_date, abort=abort, retry_cutoff=retry_cutoff,
+                              read=read)
         if isinstance(call_timeout, bool) or not (isinstance(call_timeout, (int, float))
                                                  and 0 < call_timeout < math.inf):
             raise ValueError("ratchet: timeout must be a positive number of seconds")
@@ -221,7 +227,7 @@ class Transport:
         if abort is not None:  # the worker's own cut-offs: the sockets' timeouts bound each attempt
             return self._call(method, path, body, safe=safe, idempotency_key=idempotency_key, timeout=timeout,
                               max_retries=max_retries, with_date=with_date, abort=abort, retry_cutoff=retry_cutoff,
-                              deadline=deadline)
+                              deadline=deadline, read=read)
         # A socket's timeout bounds each read, not the answer: one trickled
         # a byte at a time would outlast it. The bound shuts the socket of an
         # attempt still in flight, as a worker's stop does.
@@ -232,14 +238,14 @@ class Transport:
         try:
             return self._call(method, path, body, safe=safe, idempotency_key=idempotency_key, timeout=timeout,
                               max_retries=max_retries, with_date=with_date, abort=cut, retry_cutoff=retry_cutoff,
-                              deadline=deadline, sleep_through=cut)
+                              deadline=deadline, sleep_through=cut, read=read)
         finally:
             timer.cancel()
 
     def _call(self, method: str, path: str, body: Any, *, safe: bool, idempotency_key: Optional[str],
               timeout: Optional[float], max_retries: Optional[int], with_date: bool, abort: Optional[Abort],
               retry_cutoff: Optional[Abort], deadline: Optional[float] = None,
-              sleep_through: Optional[Abort] = None) -> Any:
+              sleep_through: Optional[Abort] = None, read: Optional[Callable[[dict, str], Any]] = None) -> Any:
         """call, within deadline (time.monotonic()) when given; waits
         between attempts are plain sleeps when abort is sleep_through (the
         bound's own cut, which never fires during a wait that ends before
@@ -254,7 +260,7 @@ class Transport:
             # socket timeout of 0 would not block at all).
             per_attempt = (timeout or self.timeout) if deadline is None else max(deadline - time.monotonic(), 0.001)
             try:
-                answer, date = self._once(method, path, data, idempotency_key, per_attempt, safe, abort)
+                answer, date = self._once(method, path, data, idempotency_key, per_attempt, safe, abort, read)
                 return (answer, date) if with_date else answer
             except RatchetError as err:
                 unsure = unsure or err.may_have_applied
@@ -302,19 +308,20 @@ class Transport:
                    on_retry: Callable[[], None] = lambda: None,
                    stop_on: Callable[[RatchetError], bool] = lambda err: False,
                    timeout: Optional[float] = None, abort: Optional[Abort] = None,
-                   on_attempt: Callable[[], None] = lambda: None) -> Any:
+                   on_attempt: Callable[[], None] = lambda: None,
+                   read: Optional[Callable[[dict, str], Any]] = None) -> Any:
         """Sends a call that is safe to repeat (a report), repeating it
         through every failure worth repeating for as long as may_wait(wait)
         allows the next wait (seconds) and abort has not fired; on_attempt
         runs before each attempt is sent, on_retry before each wait. Raises the last failure: a refusal, one
         may_wait gave up on, the abort's ConnectionLost, or a failure worth
-        repeating that stop_on(failure) says to hand back."""
+        repeating that stop_on(failure) says to hand back. read as call's."""
         attempt = 0
         unsure = False  # an attempt may have been applied
         while True:
             on_attempt()
             try:
-                return self.call(method, path, body, safe=True, max_retries=0, timeout=timeout, abort=abort)
+                return self.call(method, path, body, safe=True, max_retries=0, timeout=timeout, abort=abort, read=read)
             except RatchetError as err:
                 unsure = unsure or err.may_have_applied
                 wait = self.retry_delay(err, attempt, True)
@@ -425,7 +432,8 @@ class Transport:
         connection.close()
 
     def _once(self, method: str, path: str, data: Optional[bytes], idempotency_key: Optional[str],
-              timeout: float, safe: bool, abort: Optional[Abort] = None) -> Any:
+              timeout: float, safe: bool, abort: Optional[Abort] = None,
+              read: Optional[Callable[[dict, str], Any]] = None) -> Any:
         headers = {"Authorization": "Bearer " + self._key, "Accept": "application/json",
                    "User-Agent": self.user_agent}
         if data is not None:
@@ -497,6 +505,8 @@ class Transport:
             answer = _json.loads(raw)
             if not isinstance(answer, dict):
                 raise ValueError("not an object")
+            if read is not None:
+                return read(answer, response.headers.get("X-Request-Id", "")), date
             return answer, date
         except ValueError:
             # A 2xx whose body is not the object every route answers (cut

@@ -782,18 +782,16 @@ class Ratchet:
         report_job's, fenced by its own token. Answers one result per
         report, in order: {"jobId", "status", "attempt", "nextDueAt",
         "error"}, where ``error`` is None or the RatchetError the single
-        report would have raised (409 lease_lost...); one report's error
-        never affects the others. Repeated after a lost answer, as
-        report_job."""
+        report would have raised (409 lease_lost...; its request_id the
+        batch response's); one report's error never affects the others.
+        Repeated after a lost answer, as report_job; an answer whose
+        results do not name the reports' jobs in their order is one."""
         body = {"reports": [{"jobId": r["job_id"], **_job_report(r["lease_token"], r["status"], r.get("output"),
                                                                  r.get("error"))} for r in reports]}
-        answer = self._transport.call("POST", "/jobs/report", body, safe=True, call_timeout=timeout)
-        out: List[BatchJobResult] = []
-        for result, error in batch_results(answer, [r["job_id"] for r in reports]):
-            if result is None:
-                raise error  # not the report's: the answer is unreadable
-            out.append(cast(BatchJobResult, {**result, "error": error}))
-        return out
+        job_ids = [r["job_id"] for r in reports]
+        answer = self._transport.call("POST", "/jobs/report", body, safe=True, call_timeout=timeout,
+                                      read=lambda answer, request_id: batch_results(answer, job_ids, request_id))
+        return [cast(BatchJobResult, {**result, "error": error}) for result, error in answer]
 
     # list methods answer one page: {"data", "next_cursor"} on the gate's
     # routes, {"data", "nextCursor"} on the job routes; pass that cursor as

@@ -282,10 +282,13 @@ class _Reporter:
             for r in batch:
                 r.on_attempt()
 
+        def read(answer: dict, request_id: str) -> Any:
+            return batch_results(answer, [r.job_id for r in batch], request_id) if len(batch) > 1 else answer
+
         try:
             answer = self._transport.call_until("POST", path, body, may_wait=may_wait, on_retry=on_retry,
                                                 stop_on=stop_on, timeout=min(self._transport.timeout, _REPORT_TIMEOUT),
-                                                abort=self._abort, on_attempt=on_attempt)
+                                                abort=self._abort, on_attempt=on_attempt, read=read)
         except RatchetError as err:
             if failed_500[0] >= 2 or (len(batch) > 1 and 400 <= err.status < 500 and err.status != 429):
                 for r in batch:
@@ -294,7 +297,7 @@ class _Reporter:
             raise
         if len(batch) == 1:
             return
-        for report, (_, error) in zip(batch, batch_results(answer, [r.job_id for r in batch])):
+        for report, (_, error) in zip(batch, answer):
             if error is not None:
                 report.error = error
 
@@ -303,36 +306,36 @@ def _report_path(job_id: str) -> str:
     return "/jobs/" + path_id(job_id) + "/report"
 
 
-def batch_results(answer: dict, job_ids: List[str]) -> List[Tuple[Optional[dict], Optional[Exception]]]:
+def batch_results(answer: dict, job_ids: List[str], request_id: str = "") -> List[Tuple[dict, Optional[RatchetError]]]:
     """Each report's result in a batch report's answer (POST /jobs/report),
-    in the reports' order (job_ids), with its error: the refusal the single
-    report would have raised (_item_error), or ConnectionLost for a result
-    that is not the report's. An answer without one result per report
-    raises ConnectionLost. The worker's batches and Ratchet.report_jobs
-    read the answer alike."""
+    in the reports' order (job_ids), with its error: None, or the refusal
+    the single report would have raised (_item_error), its request_id the
+    batch response's. An answer without one result per report, each naming
+    the job of the report sent in its slot, raises ValueError: it cannot be
+    matched to the reports, not even those whose slots agree, and is read
+    as an answer lost (Transport.call's read: ConnectionLost, repeated as
+    one), as the Go and TypeScript SDKs read it. The worker's batches and
+    Ratchet.report_jobs read the answer alike."""
     results = answer.get("results")
     if not isinstance(results, list) or len(results) != len(job_ids):
-        raise ConnectionLost(_UNREADABLE_BATCH)
-    out: List[Tuple[Optional[dict], Optional[Exception]]] = []
+        raise ValueError("not one result per report")
+    out: List[Tuple[dict, Optional[RatchetError]]] = []
     for job_id, result in zip(job_ids, results):
         if not isinstance(result, dict) or result.get("jobId") != job_id:
-            out.append((None, ConnectionLost(_UNREADABLE_BATCH)))
-            continue
+            raise ValueError("a result for another job")
         failure = result.get("error")
-        out.append((result, _item_error(failure) if isinstance(failure, dict) else None))
+        out.append((result, _item_error(failure, request_id) if isinstance(failure, dict) else None))
     return out
 
 
-_UNREADABLE_BATCH = "ratchet: POST /jobs/report: unreadable answer"
-
-
-def _item_error(envelope: dict) -> RatchetError:
+def _item_error(envelope: dict, request_id: str) -> RatchetError:
     """A batch's refusal of one report, as the single report's refusal
-    (the status it would have answered: 409 lease_lost, 404 not_found...)."""
+    (the status it would have answered: 409 lease_lost, 404 not_found...),
+    with the batch response's request_id."""
     code = str(envelope.get("code", ""))
     status = {NOT_FOUND: 404, FORBIDDEN: 403, LEASE_LOST: 409, LEASE_EXPIRED: 409, INVALID_STATE: 409}.get(code, 400)
     detail = envelope.get("detail") if isinstance(envelope.get("detail"), dict) else {}
-    return RatchetError(status, code, str(envelope.get("message", "")), dict(detail))
+    return RatchetError(status, code, str(envelope.get("message", "")), dict(detail), request_id=request_id)
 
 
 class Worker:

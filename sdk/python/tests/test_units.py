@@ -2578,6 +2578,26 @@ class BatchedReportsTest(unittest.TestCase):
         self.assertEqual(sorted(recorded), [f"job_{i}" for i in range(1, 5)])
         self.assertEqual((errors, clean), ([], True))
 
+    def test_a_batch_answer_naming_other_jobs_is_sent_again(self) -> None:
+        # Parity QA: a result naming another job than the report sent in
+        # its slot made that report given up (counted lost, its job left to
+        # run again) though the server may well have recorded it, and the
+        # others in the same answer were trusted. The whole answer is lost:
+        # the batch goes again, each report safe to repeat, and none is lost.
+        mismatched = {"left": 1}
+
+        def answer(job_id, report):
+            if job_id == "job_3" and mismatched["left"]:
+                mismatched["left"] -= 1
+                return 200, {"jobId": "job_4", "status": report["status"], "attempt": 1}, {}
+            return self.accept(job_id, report)
+
+        server, recorded, _, errors, clean = self.run_jobs(4, answer)
+        calls = [path for path, _ in self.report_calls(server)]
+        self.assertEqual(calls[1:], ["/api/v1/jobs/report"] * 2)
+        self.assertEqual(sorted(recorded), [f"job_{i}" for i in range(1, 5)])
+        self.assertEqual((errors, clean), ([], True))
+
 
 class GateLeaseTest(unittest.TestCase):
     @staticmethod
@@ -3094,9 +3114,10 @@ class OperatorCallsTest(unittest.TestCase):
         self.assertEqual(got[0], {**results["results"][0], "error": None})
         self.assertEqual((got[1]["error"].status, got[1]["error"].code, got[1]["error"].detail), (409, "lease_lost",
                                                                                                  {"x": 1}))
-        client, server = self.client([(200, {"results": [{"jobId": "job_9"}]}, {})])
+        client, server = self.client([(200, {"results": [{"jobId": "job_9"}]}, {})] * 2)
         with self.assertRaises(getratchet.ConnectionLost):
             client.report_jobs([{"job_id": "job_1", "lease_token": "t1", "status": "SUCCEEDED"}])
+        self.assertEqual(len(server.seen), 2)  # a lost answer: asked again
 
     def test_request_takes_a_timeout_of_its_own(self) -> None:
         # Parity QA: a Go caller bounds one call with its context; request()
@@ -3170,6 +3191,32 @@ class OperatorCallsTest(unittest.TestCase):
             {"preset": "CUSTOM", "maxConcurrent": None, "expectedVersion": 3}])
         with self.assertRaises(ValueError):
             client.reconcile("t", datetime(2026, 1, 1), "2026-01-02T00:00:00Z")
+
+    def test_a_batch_answer_naming_other_jobs_is_asked_again(self) -> None:
+        # Parity QA: Go failed report_jobs on a result in a slot naming
+        # another job; the worker gave up only that report. An answer that
+        # does not match the reports cannot be trusted for any of them: it
+        # is a lost answer, and the batch (safe to repeat) is asked again.
+        reports = [{"job_id": "job_1", "lease_token": "t1", "status": "SUCCEEDED"},
+                   {"job_id": "job_2", "lease_token": "t2", "status": "SUCCEEDED"}]
+        swapped = {"results": [{"jobId": "job_2", "status": "SUCCEEDED", "attempt": 1},
+                               {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}]}
+        right = {"results": swapped["results"][::-1]}
+        client, server = self.client([(200, swapped, {}), (200, right, {})])
+        self.assertEqual([r["jobId"] for r in client.report_jobs(reports)], ["job_1", "job_2"])
+        self.assertEqual(len(server.seen), 2)
+
+    def test_a_refusal_in_a_batch_carries_the_batch_request_id(self) -> None:
+        # Parity QA: a single report's refusal carried its X-Request-Id, the
+        # same refusal in a batch none.
+        results = {"results": [{"jobId": "job_1", "error": {"code": "lease_lost", "message": "m"}},
+                               {"jobId": "job_2", "status": "SUCCEEDED", "attempt": 1}]}
+        client, _ = self.client([(200, results, {"X-Request-Id": "req_batch"})])
+        got = client.report_jobs([{"job_id": "job_1", "lease_token": "t1", "status": "SUCCEEDED"},
+                                  {"job_id": "job_2", "lease_token": "t2", "status": "SUCCEEDED"}])
+        self.assertEqual(got[0]["error"].request_id, "req_batch")
+        self.assertIn("(request req_batch)", str(got[0]["error"]))
+        self.assertIsNone(got[1]["error"])
 
 
 class NaiveDatetimeTest(unittest.TestCase):
