@@ -601,14 +601,16 @@ export class Ratchet {
    * { jobId, leaseToken, status, output, error } fenced by its own token.
    * Resolves to one result per report, in order: { jobId, status, attempt,
    * nextDueAt, error }, error null or the RatchetError the single report
-   * would have thrown. */
+   * would have thrown (its requestId the batch response's). Repeated after
+   * a lost answer, as reportJob; an answer whose results do not name the
+   * reports' jobs in their order is one. */
   async reportJobs(reports, options) {
     const body = { reports: reports.map(({ jobId, leaseToken, status, output, error }) => ({ jobId, ...jobReport(leaseToken, status, output, error) })) };
-    const answer = await this.#transport.call('POST', '/jobs/report', body, { ...perCall(options), safe: true });
-    return batchResults(answer, reports.map((r) => r.jobId)).map(([result, error]) => {
-      if (!result) throw error; // not the report's: the answer is unreadable
-      return { ...result, error };
+    const jobIds = reports.map((r) => r.jobId);
+    const answer = await this.#transport.call('POST', '/jobs/report', body, {
+      ...perCall(options), safe: true, read: (answer, requestId) => batchResults(answer, jobIds, requestId),
     });
+    return answer.map(([result, error]) => ({ ...result, error }));
   }
 
   #get(path, options) {

@@ -947,7 +947,7 @@ export interface JobReportResult {
 }
 
 /** One report's answer in reportJobs: its result, or error, the RatchetError a single report would have thrown
- * (status and attempt are then left out). */
+ * (status and attempt are then left out; its requestId the batch response's). */
 export interface BatchJobResult extends Partial<JobReportResult> {
   jobId: string;
   /** null too for a report refused. */

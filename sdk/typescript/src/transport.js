@@ -95,9 +95,13 @@ export class Transport {
    * per-attempt timeoutMs: each attempt is given the time left (cut, it
    * rejects ConnectionLostError 'timed out'), and a wait that would end
    * past the bound is not begun: the call rejects with its last failure at
-   * once (marked unconfirmed when an attempt may have been applied).
+   * once (marked unconfirmed when an attempt may have been applied). read,
+   * when given, reads a 2xx answer against the request (with the response's
+   * X-Request-Id) and gives what the call resolves to; what it throws makes
+   * the answer unreadable, a lost answer as one cut short (a batch report's
+   * results naming other jobs).
    */
-  async call(method, path, body, { safe, idempotencyKey, timeoutMs, callTimeoutMs, maxRetries, signal, retryCutoff, withDate = false } = {}) {
+  async call(method, path, body, { safe, idempotencyKey, timeoutMs, callTimeoutMs, maxRetries, signal, retryCutoff, withDate = false, read } = {}) {
     const data = body === undefined ? undefined : stringify(body);
     const retries = maxRetries ?? this.maxRetries;
     if (callTimeoutMs !== undefined && !(Number.isFinite(callTimeoutMs) && callTimeoutMs > 0)) {
@@ -114,7 +118,7 @@ export class Transport {
       try {
         // setTimeout fires at once past 2^31-1 ms: a longer bound waits that long.
         const attemptMs = deadline === null ? timeoutMs ?? this.timeoutMs : Math.min(Math.max(deadline - Date.now(), 0), 2 ** 31 - 1);
-        const [answer, date] = await this.#once(method, path, data, idempotencyKey, attemptMs, signal);
+        const [answer, date] = await this.#once(method, path, data, idempotencyKey, attemptMs, signal, read);
         return withDate ? [answer, date] : answer;
       } catch (err) {
         failure = err;
@@ -179,15 +183,15 @@ export class Transport {
    * next wait; onAttempt runs before each attempt is sent, onRetry before
    * each wait. Rejects with the last
    * failure: a refusal, one mayWait gave up on, or a RatchetError worth
-   * repeating that stopOn(err) says to hand back.
+   * repeating that stopOn(err) says to hand back. read as call's.
    */
-  async callUntil(method, path, body, { mayWait, onRetry = () => {}, onAttempt = () => {}, stopOn = () => false, timeoutMs, signal }) {
+  async callUntil(method, path, body, { mayWait, onRetry = () => {}, onAttempt = () => {}, stopOn = () => false, timeoutMs, signal, read }) {
     let unsure = false; // an attempt may have been applied
     for (let attempt = 0; ; attempt++) {
       let wait;
       onAttempt();
       try {
-        return await this.call(method, path, body, { safe: true, maxRetries: 0, timeoutMs, signal });
+        return await this.call(method, path, body, { safe: true, maxRetries: 0, timeoutMs, signal, read });
       } catch (err) {
         if (err instanceof RatchetError) {
           unsure ||= err.mayHaveApplied;
@@ -226,7 +230,7 @@ export class Transport {
     return step / 2 + Math.random() * (step / 2);
   }
 
-  async #once(method, path, data, idempotencyKey, timeoutMs, signal) {
+  async #once(method, path, data, idempotencyKey, timeoutMs, signal, read) {
     const headers = { Authorization: 'Bearer ' + this.#key, Accept: 'application/json', 'User-Agent': this.userAgent };
     if (data !== undefined) headers['Content-Type'] = 'application/json';
     if (idempotencyKey) headers['Idempotency-Key'] = idempotencyKey;
@@ -256,7 +260,7 @@ export class Transport {
       try {
         const answer = JSON.parse(raw);
         if (answer === null || typeof answer !== 'object' || Array.isArray(answer)) throw new TypeError('not an object');
-        return [answer, date];
+        return [read ? read(answer, response.headers.get('x-request-id') ?? '') : answer, date];
       } catch {
         // A 2xx whose body is not the object every route answers (cut
         // short by a proxy, or empty, or another JSON value): the call was

@@ -235,6 +235,7 @@ export class Reporter { // exported for the tests; not by the package
           failed500 = err.status === 500 ? failed500 + 1 : 0;
           return failed500 >= 2;
         },
+        read: batch.length === 1 ? undefined : (answer, requestId) => batchResults(answer, batch.map((r) => r.jobId), requestId),
       });
     } catch (err) {
       if (err instanceof RatchetError
@@ -245,39 +246,41 @@ export class Reporter { // exported for the tests; not by the package
       throw err;
     }
     if (batch.length === 1) return;
-    batchResults(answer, batch.map((r) => r.jobId)).forEach(([, error], i) => {
+    answer.forEach(([, error], i) => {
       if (error) batch[i].outcome.error = error;
     });
   }
 }
 
-const UNREADABLE_BATCH = 'ratchet: POST /jobs/report: unreadable answer';
-
 /** Each report's result in a batch report's answer (POST /jobs/report), in
- * the reports' order (jobIds), with its error: the refusal the single
- * report would have thrown (itemError), or a ConnectionLostError for a
- * result that is not the report's; [result, error]. An answer without one
- * result per report throws ConnectionLostError. The worker's batches and
+ * the reports' order (jobIds), with its error: null, or the refusal the
+ * single report would have thrown (itemError), its requestId the batch
+ * response's; [result, error]. An answer without one result per report,
+ * each naming the job of the report sent in its slot, throws: it cannot be
+ * matched to the reports, not even those whose slots agree, and is read as
+ * an answer lost (Transport.call's read: ConnectionLostError, repeated as
+ * one), as the Go and Python SDKs read it. The worker's batches and
  * Ratchet.reportJobs read the answer alike. */
-export function batchResults(answer, jobIds) {
+export function batchResults(answer, jobIds, requestId = '') {
   const results = answer.results;
-  if (!Array.isArray(results) || results.length !== jobIds.length) throw new ConnectionLostError(UNREADABLE_BATCH);
+  if (!Array.isArray(results) || results.length !== jobIds.length) throw new TypeError('not one result per report');
   return results.map((result, i) => {
     if (result === null || typeof result !== 'object' || result.jobId !== jobIds[i]) {
-      return [null, new ConnectionLostError(UNREADABLE_BATCH)];
+      throw new TypeError('a result for another job');
     }
-    return [result, result.error && typeof result.error === 'object' ? itemError(result.error) : null];
+    return [result, result.error && typeof result.error === 'object' ? itemError(result.error, requestId) : null];
   });
 }
 
 const ITEM_ERROR_STATUS = { not_found: 404, forbidden: 403, lease_lost: 409, lease_expired: 409, invalid_state: 409 };
 
 /** A batch's refusal of one report, as the single report's refusal (the
- * status it would have answered: 409 lease_lost, 404 not_found...). */
-export function itemError(envelope) {
+ * status it would have answered: 409 lease_lost, 404 not_found...), with
+ * the batch response's requestId. */
+export function itemError(envelope, requestId = '') {
   const code = String(envelope.code ?? '');
   const detail = envelope.detail && typeof envelope.detail === 'object' ? { ...envelope.detail } : {};
-  return new RatchetError(ITEM_ERROR_STATUS[code] ?? 400, code, String(envelope.message ?? ''), detail);
+  return new RatchetError(ITEM_ERROR_STATUS[code] ?? 400, code, String(envelope.message ?? ''), detail, requestId);
 }
 
 /**

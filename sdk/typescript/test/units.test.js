@@ -1279,10 +1279,10 @@ test('a batch never names a job twice', async (t) => {
   const held = new Promise((r) => { release = r; });
   const transport = {
     timeoutMs: 60_000,
-    async callUntil(method, path, body) {
+    async callUntil(method, path, body, { read = (answer) => answer }) {
       sent.push(body.reports ? body.reports.map((r) => r.jobId) : [path.split('/')[2]]);
       if (sent.length === 1) await held; // the first report holds the line while the others queue
-      return body.reports ? { results: body.reports.map((r) => ({ jobId: r.jobId, status: 'SUCCEEDED', attempt: 1 })) } : {};
+      return read(body.reports ? { results: body.reports.map((r) => ({ jobId: r.jobId, status: 'SUCCEEDED', attempt: 1 })) } : {}, '');
     },
   };
   const reporter = new Reporter(transport);
@@ -1897,6 +1897,26 @@ test('a batch failing twice with a 500 is sent report by report', async (t) => {
   assert.deepEqual([errors, clean], [[], true]);
 });
 
+// Parity QA: a result naming another job than the report sent in its slot
+// made that report given up (counted lost, its job left to run again)
+// though the server may well have recorded it, and the others in the same
+// answer were trusted. The whole answer is lost: the batch goes again, each
+// report safe to repeat, and none is lost.
+test('a batch answer naming other jobs is sent again', async (t) => {
+  let mismatched = 1;
+  const { server, recorded, errors, clean } = await runJobs(t, 4, (jobId, report) => {
+    if (jobId === 'job_3' && mismatched > 0) {
+      mismatched--;
+      return [200, { jobId: 'job_4', status: report.status, attempt: 1 }];
+    }
+    return accept(jobId, report);
+  });
+  const calls = reportCalls(server).map(([path]) => path);
+  assert.deepEqual(calls.slice(1), ['/api/v1/jobs/report', '/api/v1/jobs/report']);
+  assert.deepEqual([...recorded.keys()].sort(), jobIds(1, 4));
+  assert.deepEqual([errors, clean], [[], true]);
+});
+
 test('operator calls: creating calls go under one Idempotency-Key, a policy update and a keyless group are not repeated', async (t) => {
   const failOnce = () => {
     let n = 0;
@@ -2145,8 +2165,37 @@ test('low-level worker calls: register, claim, heartbeat and report, as Go\'s', 
   assert.deepEqual(got[0], { ...results[0], error: null });
   assert.ok(got[1].error instanceof RatchetError);
   assert.deepEqual([got[1].error.status, got[1].error.code, got[1].error.detail], [409, 'lease_lost', { x: 1 }]);
-  ({ c, server } = await client(() => [200, { results: [{ jobId: 'job_9' }] }]));
+  // A lost answer (repeated; none here, to fail at once).
+  server = await fakeServer(t, () => [200, { results: [{ jobId: 'job_9' }] }]);
+  c = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 5000, maxRetries: 0 });
   await assert.rejects(c.reportJobs([{ jobId: 'job_1', leaseToken: 't1', status: 'SUCCEEDED' }]), ConnectionLostError);
+});
+
+// Parity QA: Go failed reportJobs on a result in a slot naming another job;
+// the worker gave up only that report. An answer that does not match the
+// reports cannot be trusted for any of them: it is a lost answer, and the
+// batch (safe to repeat) is asked again.
+test('a batch answer naming other jobs is asked again', async (t) => {
+  const results = [{ jobId: 'job_1', status: 'SUCCEEDED', attempt: 1 }, { jobId: 'job_2', status: 'SUCCEEDED', attempt: 1 }];
+  const answers = [[200, { results: [...results].reverse() }], [200, { results }]];
+  const server = await fakeServer(t, answers);
+  const c = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 5000, maxRetries: 1 });
+  const got = await c.reportJobs([{ jobId: 'job_1', leaseToken: 't1', status: 'SUCCEEDED' },
+    { jobId: 'job_2', leaseToken: 't2', status: 'SUCCEEDED' }]);
+  assert.deepEqual([got.map((r) => r.jobId), server.seen.length], [['job_1', 'job_2'], 2]);
+});
+
+// Parity QA: a single report's refusal carried its X-Request-Id, the same
+// refusal in a batch none.
+test('a refusal in a batch carries the batch request id', async (t) => {
+  const results = [{ jobId: 'job_1', error: { code: 'lease_lost', message: 'm' } }, { jobId: 'job_2', status: 'SUCCEEDED', attempt: 1 }];
+  const server = await fakeServer(t, [[200, { results }, { 'X-Request-Id': 'req_batch' }]]);
+  const c = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 5000, maxRetries: 0 });
+  const got = await c.reportJobs([{ jobId: 'job_1', leaseToken: 't1', status: 'SUCCEEDED' },
+    { jobId: 'job_2', leaseToken: 't2', status: 'SUCCEEDED' }]);
+  assert.equal(got[0].error.requestId, 'req_batch');
+  assert.match(got[0].error.message, /\(request req_batch\)/);
+  assert.equal(got[1].error, null);
 });
 
 // Parity QA: a Go caller bounds and cancels one call with its context;
