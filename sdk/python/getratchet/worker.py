@@ -283,12 +283,13 @@ class _Reporter:
                 r.on_attempt()
 
         def read(answer: dict, request_id: str) -> Any:
-            return batch_results(answer, [r.job_id for r in batch], request_id) if len(batch) > 1 else answer
+            return batch_results(answer, [r.job_id for r in batch], request_id)
 
         try:
             answer = self._transport.call_until("POST", path, body, may_wait=may_wait, on_retry=on_retry,
                                                 stop_on=stop_on, timeout=min(self._transport.timeout, _REPORT_TIMEOUT),
-                                                abort=self._abort, on_attempt=on_attempt, read=read)
+                                                abort=self._abort, on_attempt=on_attempt,
+                                                read=read if len(batch) > 1 else None)
         except RatchetError as err:
             if failed_500[0] >= 2 or (len(batch) > 1 and 400 <= err.status < 500 and err.status != 429):
                 for r in batch:
