@@ -565,6 +565,10 @@ func TestBatchReportAgainstTheServer(t *testing.T) {
 	require.Equal(t, ratchet.JobExhausted, res[2].Status)
 	again, err := wc.ReportJobs(ctx, reports)
 	require.NoError(t, err)
+	// A refusal names the batch's request, which is each call's own.
+	require.NotEmpty(t, res[1].Err.RequestID)
+	require.NotEqual(t, res[1].Err.RequestID, again[1].Err.RequestID)
+	again[1].Err.RequestID = res[1].Err.RequestID
 	require.Equal(t, res, again, "a repeated batch answers the same, so the SDK may retry it")
 	// The refused job is untouched: still RUNNING under its real lease.
 	byJob := map[string]string{}
