@@ -78,7 +78,11 @@ class Abort:
         self._lock = threading.Lock()
         self._fired = False
         self._event = threading.Event()
-        self._connections: set = set()
+        # Each call's connection and the socket it had when attached: once
+        # an answer says Connection: close, http.client drops connection.sock
+        # while the body is still read from that socket, which fire() must
+        # shut all the same.
+        self._connections: dict = {}
         self._linked: set = set()  # events set when it fires (_wait_either)
 
     @property
@@ -93,22 +97,22 @@ class Abort:
         with self._lock:
             self._fired = True
             self._event.set()
-            connections = list(self._connections)
+            socks = list(self._connections.values())
             for event in self._linked:
                 event.set()
-        for connection in connections:
-            _shut(connection)
+        for sock in socks:
+            _shut(sock)
 
     def _attach(self, connection: http.client.HTTPConnection) -> bool:
         with self._lock:
             if self._fired:
                 return False
-            self._connections.add(connection)
+            self._connections[connection] = connection.sock
             return True
 
     def _detach(self, connection: http.client.HTTPConnection) -> None:
         with self._lock:
-            self._connections.discard(connection)
+            self._connections.pop(connection, None)
 
     def _link(self, event: threading.Event) -> None:
         with self._lock:
@@ -135,8 +139,7 @@ def _wait_either(seconds: float, *aborts: Optional[Abort]) -> bool:
             abort._unlink(either)
 
 
-def _shut(connection: http.client.HTTPConnection) -> None:
-    sock = connection.sock
+def _shut(sock: Optional[socket.socket]) -> None:
     if sock is None:
         return
     try:

@@ -2081,23 +2081,29 @@ class WorkerRulesTest(unittest.TestCase):
                  "in a body without a length": b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"}
         for case, head in heads.items():
             with self.subTest(case):
-                url, claims, release = self.cutting_server(head)
+                url, claims, release, held_out = self.cutting_server(head)
                 errors: List[BaseException] = []
                 client = getratchet.Ratchet(url, "rk_test")
                 client.register_tool("t", "1", lambda input, context: None)
                 client.worker.start(1, poll_interval=3600, block=False, on_error=errors.append)
                 wait_until(lambda: claims)
                 self.assertFalse(client.worker.stop(0.5), "a claim that may have leased jobs was given up")
+                # The stop's deadline cut the claim: the server never let go
+                # of it (QA: a head saying Connection: close left the abort
+                # no socket to shut, and the stop waited for the server).
+                self.assertEqual(held_out, [], "the stop waited for the server to end the claim")
                 self.assertTrue(any("claim whose answer was lost" in str(e) for e in errors), errors)
                 release.set()
 
-    def cutting_server(self, head: bytes, cut: bytes = b"/claim") -> Tuple[str, list, threading.Event]:
+    def cutting_server(self, head: bytes, cut: bytes = b"/claim") -> Tuple[str, list, threading.Event, list]:
         """A server that registers the worker and answers each call to a
         path ending with cut (its claims) with head alone, then nothing
-        until released; its URL, the calls it cut and the release."""
+        until released; its URL, the calls it cut, the release and the calls
+        it ended itself, unreleased, once its hang guard (10 s) lapsed."""
         listener = socket.create_server(("127.0.0.1", 0))
         self.addCleanup(listener.close)
         claims: list = []
+        held_out: list = []
         release = threading.Event()
         self.addCleanup(release.set)
 
@@ -2119,7 +2125,8 @@ class WorkerRulesTest(unittest.TestCase):
                         continue
                     claims.append(line)
                     conn.sendall(head)
-                    release.wait(10)  # hang guard
+                    if not release.wait(10):  # hang guard
+                        held_out.append(line)  # before the connection closes
                     return
 
         def accept() -> None:
@@ -2131,13 +2138,13 @@ class WorkerRulesTest(unittest.TestCase):
                 threading.Thread(target=answer, args=(conn,), daemon=True).start()
 
         threading.Thread(target=accept, daemon=True).start()
-        return "http://127.0.0.1:%d" % listener.getsockname()[1], claims, release
+        return "http://127.0.0.1:%d" % listener.getsockname()[1], claims, release, held_out
 
     def test_a_registration_the_stop_cuts_short_ends_start_as_the_stop_does(self) -> None:
         # The same cut of a registration in flight at the stop's deadline
         # read as a 200 with no body: start() raised a TypeError
         # (None["workerId"]) instead of returning, having run nothing.
-        url, calls, _ = self.cutting_server(b"HTTP/1.1 200 OK\r\n", cut=b"/register")
+        url, calls, _, _ = self.cutting_server(b"HTTP/1.1 200 OK\r\n", cut=b"/register")
         client = getratchet.Ratchet(url, "rk_test")
         client.register_tool("t", "1", lambda input, context: None)
         raised, returned = start_blocking(client.worker)
