@@ -100,7 +100,9 @@ class FakeServer:
                     super().handle_error(request, client_address)
 
         self.server = Server(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # close() waits for serve_forever to see its shutdown, which it
+        # checks once per poll interval (0.5 s by default, a test's worth).
+        threading.Thread(target=self.server.serve_forever, args=(0.01,), daemon=True).start()
         self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
 
     def drop_connections(self) -> None:
@@ -1689,8 +1691,9 @@ class WorkerRulesTest(unittest.TestCase):
         # and its success reported.
         cases = [(409, "lease_lost", True), (409, "invalid_state", False), (404, "not_found", False),
                  (403, "forbidden", False), (502, "bad_gateway", True)]
+        self.beat_waits()  # heartbeats 10 ms apart: the lease (600 ms) passes its end in a fraction of a second
         for status, code, success_reported in cases:
-            respond, seen = self.one_job_beats(3000, lambda n, status=status, code=code: (status, error(code), {}))
+            respond, seen = self.one_job_beats(600, lambda n, status=status, code=code: (status, error(code), {}))
 
             reasons = []
 
@@ -1708,7 +1711,7 @@ class WorkerRulesTest(unittest.TestCase):
                 time.sleep(0.3)
             self.assertEqual([r["status"] for r in seen["reports"]], ["SUCCEEDED"] if success_reported else [], code)
             # A refusal ends the heartbeats at once; a failed one is tried
-            # again until the lease's end (3 s: a beat a second or so).
+            # again until the lease's end.
             self.assertTrue(seen["beats"] == 1 if status != 502 else seen["beats"] >= 2, (code, seen["beats"]))
 
     def test_on_error_is_told_a_lost_lease_by_its_job_attempt_and_tool(self) -> None:
@@ -1716,8 +1719,9 @@ class WorkerRulesTest(unittest.TestCase):
         # is told a LeaseLost naming the attempt, with the heartbeat's
         # refusal as its cause, or none when the lease lapsed while
         # heartbeats failed (it was told nothing of either).
+        self.beat_waits()  # heartbeats 10 ms apart: the lease (600 ms) lapses in a fraction of a second
         for status, code in ((409, "lease_lost"), (502, "bad_gateway")):
-            respond, seen = self.one_job_beats(3000, lambda n, status=status, code=code: (status, error(code), {}))
+            respond, seen = self.one_job_beats(600, lambda n, status=status, code=code: (status, error(code), {}))
             server = FakeServer(respond)
             self.addCleanup(server.close)
             client = getratchet.Ratchet(server.url, "rk_test")
