@@ -1418,6 +1418,15 @@ class WorkerRulesTest(unittest.TestCase):
         self.addCleanup(patcher.stop)
         return waits
 
+    def quick_backoff(self) -> None:
+        """Has the transport back off from 50 ms up to 200 ms (not 0.5 s up
+        to 8 s) between deliveries, for a test about what is repeated rather
+        than how long it waits."""
+        for name, value in (("BACKOFF_BASE", 0.05), ("BACKOFF_CAP", 0.2)):
+            patcher = mock.patch.object(_http, name, value)
+            patcher.start()
+            self.addCleanup(patcher.stop)
+
     def test_a_handler_that_ignores_its_timeout_keeps_its_slot(self) -> None:
         lock, state = threading.Lock(), {"running": 0, "most": 0, "claimed": 0}
 
@@ -1435,10 +1444,14 @@ class WorkerRulesTest(unittest.TestCase):
             with lock:
                 state["running"] += 1
                 state["most"] = max(state["most"], state["running"])
-            time.sleep(1.4)  # ignores context.cancelled, past the 1 s grace
+            time.sleep(0.4)  # ignores context.cancelled, past the grace (0.1 s here)
             with lock:
                 state["running"] -= 1
 
+        # The grace after a timeout, 1 s, shortened: what it is does not matter here.
+        grace = mock.patch.object(getratchet.worker, "_TIMEOUT_GRACE", 0.1)
+        grace.start()
+        self.addCleanup(grace.stop)
         client, server = self.serve(respond, stubborn)
         wait_until(lambda: state["claimed"] > 3)
         self.assertEqual(state["most"], 1)
@@ -1554,7 +1567,7 @@ class WorkerRulesTest(unittest.TestCase):
                 if path.endswith("/claim"):
                     order.append("claim")
                     first = order.count("claim") == 1
-                    return 200, {"jobs": [dict(self.job(1), leaseMs=1500), self.job(2)] if first else []}, {}
+                    return 200, {"jobs": [dict(self.job(1), leaseMs=500), self.job(2)] if first else []}, {}
                 if "job_1" in path or "job_1" in json.dumps(body):
                     order.append("job_1 failed")
                     return 500, error("internal_error"), {}
@@ -1567,12 +1580,14 @@ class WorkerRulesTest(unittest.TestCase):
             return {"ok": True}
 
         # The stop gives job_1's report up soon: twice the grace past its deadline.
-        self.serve(respond, handler, concurrency=2, stop_grace=0.25)
+        self.quick_backoff()
+        client, _ = self.serve(respond, handler, concurrency=2, stop_grace=0.25)
         wait_until(lambda: "recorded" in order and order.count("job_1 failed") >= 3, timeout=15)
-        time.sleep(2.0)  # job_1's lease has lapsed
+        time.sleep(0.7)  # job_1's lease (500 ms) has lapsed
         with lock:
             claims = order.count("claim")
         wait_until(lambda: order.count("claim") > claims + 2, timeout=5)
+        client.worker.stop(0)  # job_1's report is given up at once, not 5 s on
 
     def test_a_report_that_hangs_does_not_hold_the_others(self) -> None:
         # QA: one hung delivery held every other report of the worker for its
