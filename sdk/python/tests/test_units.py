@@ -1636,9 +1636,9 @@ class WorkerRulesTest(unittest.TestCase):
                     order.append("claim")
                     n = order.count("claim")
                     if n == 1:
-                        return 200, {"jobs": [dict(self.job(1), leaseMs=1500), self.job(2)]}, {}
+                        return 200, {"jobs": [dict(self.job(1), leaseMs=500), self.job(2)]}, {}
                     if "recorded job_2" in order and not started2.is_set() and "job_1 failed" in order:
-                        time.sleep(1.6)  # job_1's first lease has lapsed: attempt 2 is handed out
+                        time.sleep(0.6)  # job_1's first lease (500 ms) has lapsed: attempt 2 is handed out
                         return 200, {"jobs": [dict(self.job(1), attempt=2, leaseToken="tok_1b")]}, {}
                     return 200, {"jobs": []}, {}
                 text = path + json.dumps(body)
@@ -1658,9 +1658,10 @@ class WorkerRulesTest(unittest.TestCase):
                 time.sleep(0.3)  # reported after job_1's report began failing
             if context.attempt == 2:
                 started2.set()
-                time.sleep(1.5)
+                time.sleep(0.5)
             return {"ok": True}
 
+        self.quick_backoff()
         client, _ = self.serve(respond, handler, concurrency=2)
         self.assertTrue(started2.wait(15), order)
         client.worker.stop(10)
@@ -2013,6 +2014,7 @@ class WorkerRulesTest(unittest.TestCase):
             reported.set()
             return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}, {}
 
+        self.quick_backoff()  # 50 to 200 ms: still far from the poll interval
         server = FakeServer(respond)
         self.addCleanup(server.close)
         client = getratchet.Ratchet(server.url, "rk_test")
@@ -2038,6 +2040,7 @@ class WorkerRulesTest(unittest.TestCase):
             reported.set()
             return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}, {}
 
+        self.quick_backoff()
         server = FakeServer(respond)
         self.addCleanup(server.close)
         errors: List[BaseException] = []
@@ -2045,7 +2048,7 @@ class WorkerRulesTest(unittest.TestCase):
         client.register_tool("t", "1", lambda input, context: {"ok": True})
         client.worker.start(1, poll_interval=3600, block=False, on_error=errors.append)
         wait_until(lambda: len(ids) >= 4)  # the claim and its three retries, answers lost
-        time.sleep(0.1)  # the worker waits its backoff (at least 0.5 s) to ask again
+        time.sleep(0.1)  # the worker waits a backoff to ask again, or asks and waits again
         result: List[bool] = []
         stopper = threading.Thread(target=lambda: result.append(client.worker.stop(15)))
         stopper.start()
@@ -2985,6 +2988,10 @@ class GateLeaseTest(unittest.TestCase):
         # Pauses of 0.25, 0.5 and 1 s reach 1.75 s; the next (2 s) would
         # pass the 3.5 s timeout, so it is cut to end there and asks once
         # more, finding the holder's result. It used to give up at 1.75 s.
+        # All of it a tenth as long here: pauses from 25 ms, a 0.35 s timeout.
+        first = mock.patch.object(getratchet.client, "_FIRST_IN_FLIGHT_WAIT", 0.025)
+        first.start()
+        self.addCleanup(first.stop)
         begins = []
 
         def respond(method, path, body):
@@ -2999,7 +3006,7 @@ class GateLeaseTest(unittest.TestCase):
         self.addCleanup(server.close)
         client = getratchet.Ratchet(server.url, "rk_test")
         self.addCleanup(client.close)
-        out = client.do_effect("email.send", "k", lambda lease: self.fail("acted"), {}, in_flight_timeout=3.5)
+        out = client.do_effect("email.send", "k", lambda lease: self.fail("acted"), {}, in_flight_timeout=0.35)
         self.assertEqual((out.duplicate, out.result, len(begins)), (True, {"sent": True}, 5))
 
     def test_the_action_is_told_before_its_lease_lapses_when_a_heartbeat_hangs(self) -> None:
