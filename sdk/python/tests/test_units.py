@@ -1362,6 +1362,16 @@ class DefaultFailureLogTest(unittest.TestCase):
         self.assertEqual(summary(TypeError(SECRET)), ("error=TypeError (set on_error to see it)", False))
 
 
+def quick_backoff(test: unittest.TestCase) -> None:
+    """Has the transport back off from 50 ms up to 200 ms (not 0.5 s up to
+    8 s) between attempts until test ends, for a test about what is
+    repeated rather than how long it waits."""
+    for name, value in (("BACKOFF_BASE", 0.05), ("BACKOFF_CAP", 0.2)):
+        patcher = mock.patch.object(_http, name, value)
+        patcher.start()
+        test.addCleanup(patcher.stop)
+
+
 class WorkerRulesTest(unittest.TestCase):
     def serve(self, respond, handler, concurrency=1, poll_interval=0.05,
               stop_grace=1.0) -> Tuple[getratchet.Ratchet, FakeServer]:
@@ -1418,15 +1428,6 @@ class WorkerRulesTest(unittest.TestCase):
         patcher.start()
         self.addCleanup(patcher.stop)
         return waits
-
-    def quick_backoff(self) -> None:
-        """Has the transport back off from 50 ms up to 200 ms (not 0.5 s up
-        to 8 s) between deliveries, for a test about what is repeated rather
-        than how long it waits."""
-        for name, value in (("BACKOFF_BASE", 0.05), ("BACKOFF_CAP", 0.2)):
-            patcher = mock.patch.object(_http, name, value)
-            patcher.start()
-            self.addCleanup(patcher.stop)
 
     def test_a_handler_that_ignores_its_timeout_keeps_its_slot(self) -> None:
         lock, state = threading.Lock(), {"running": 0, "most": 0, "claimed": 0}
@@ -1581,7 +1582,7 @@ class WorkerRulesTest(unittest.TestCase):
             return {"ok": True}
 
         # The stop gives job_1's report up soon: twice the grace past its deadline.
-        self.quick_backoff()
+        quick_backoff(self)
         client, _ = self.serve(respond, handler, concurrency=2, stop_grace=0.25)
         wait_until(lambda: "recorded" in order and order.count("job_1 failed") >= 3, timeout=15)
         time.sleep(0.7)  # job_1's lease (500 ms) has lapsed
@@ -1662,7 +1663,7 @@ class WorkerRulesTest(unittest.TestCase):
                 time.sleep(0.5)
             return {"ok": True}
 
-        self.quick_backoff()
+        quick_backoff(self)
         client, _ = self.serve(respond, handler, concurrency=2)
         self.assertTrue(started2.wait(15), order)
         client.worker.stop(10)
@@ -2019,7 +2020,7 @@ class WorkerRulesTest(unittest.TestCase):
             reported.set()
             return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}, {}
 
-        self.quick_backoff()  # 50 to 200 ms: still far from the poll interval
+        quick_backoff(self)  # 50 to 200 ms: still far from the poll interval
         server = FakeServer(respond)
         self.addCleanup(server.close)
         client = getratchet.Ratchet(server.url, "rk_test")
@@ -2045,7 +2046,7 @@ class WorkerRulesTest(unittest.TestCase):
             reported.set()
             return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}, {}
 
-        self.quick_backoff()
+        quick_backoff(self)
         server = FakeServer(respond)
         self.addCleanup(server.close)
         errors: List[BaseException] = []
@@ -2580,7 +2581,9 @@ class BatchedReportsTest(unittest.TestCase):
                 return 503, error("database_unavailable"), {}
             return self.accept(job_id, report)
 
-        # Claims every half second: the batch fails for longer than that.
+        # Claims every half second: the batch fails for longer than that
+        # (three 200 ms answers and the backoffs between them).
+        quick_backoff(self)
         server, recorded, order, errors, clean = self.run_jobs(4, answer, poll_interval=0.5)
         batches = [i for i, (path, _) in enumerate(order) if path == "/api/v1/jobs/report"]
         self.assertEqual([order[i][1] for i in batches], [503, 503, 503, 200])
