@@ -1674,7 +1674,7 @@ class WorkerRulesTest(unittest.TestCase):
         # QA: a delivery waited the client's whole timeout (60 s) on a
         # connection that hung, every other report behind it. Each now waits
         # at most the report timeout (30 s; here half a second) and is repeated.
-        calls = {"n": 0}
+        calls, release = {"n": 0}, threading.Event()
 
         def respond(method, path, body):
             if path.endswith("/register"):
@@ -1685,11 +1685,12 @@ class WorkerRulesTest(unittest.TestCase):
                 return 200, {"jobs": [self.job(1)] if first else []}, {}
             calls["n"] += 1
             if calls["n"] == 1:
-                time.sleep(2.5)  # the first delivery's answer never comes in time
+                release.wait(10)  # the first delivery's answer never comes in time (until the test ends)
             return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}, {}
 
         server = FakeServer(respond)
         self.addCleanup(server.close)
+        self.addCleanup(release.set)  # first: the server closes once its hung answer ends
         patcher = mock.patch("getratchet.worker._REPORT_TIMEOUT", 0.5)
         patcher.start()
         self.addCleanup(patcher.stop)
@@ -1762,6 +1763,7 @@ class WorkerRulesTest(unittest.TestCase):
         # A heartbeat in flight when the handler returns, answered 409
         # invalid_state once the report landed, lost nothing: the report
         # settled the attempt, and on_error is told nothing of a lease.
+        self.beat_waits()  # the first heartbeat goes out at once, not a third of the lease on
         told = self.heartbeat_answered_after_the_report(409, error("invalid_state"))
         self.assertEqual([e for e in told if isinstance(e, getratchet.LeaseLost)], [])
 
@@ -1770,6 +1772,7 @@ class WorkerRulesTest(unittest.TestCase):
         # over, and the Go and TypeScript workers end the heartbeat before
         # reporting, so they never see its answer (review: this worker told
         # on_error, and its default log, of a heartbeat of a finished job).
+        self.beat_waits()  # the first heartbeat goes out at once, not a third of the lease on
         told = self.heartbeat_answered_after_the_report(503, error("internal"))
         self.assertEqual([e for e in told if isinstance(e, RatchetError)], [])
         told = self.heartbeat_answered_after_the_report(0, None)  # no answer: a lost connection
@@ -2239,16 +2242,20 @@ class WorkerRulesTest(unittest.TestCase):
             if path.endswith("/register"):
                 return 200, {"workerId": "wkr_1"}, {}
             ids.append(body["claimId"])
-            if len(ids) <= 4:
-                return 0, None, {}  # the call and its three retries lose their answers
+            if len(ids) <= 6:
+                # The call and its three retries (and the one repeat of its
+                # first, sent on a kept connection) lose their answers, and
+                # so does the next claim's first attempt.
+                return 0, None, {}
             return 200, {"jobs": []}, {}
 
+        quick_backoff(self)
         self.serve(respond, lambda input, context: None)
-        wait_until(lambda: len(ids) >= 6)
+        wait_until(lambda: len(ids) >= 8)
         # The next claim after the lost ones asks again under the same id;
         # an answered claim's successor gets a new one.
-        self.assertEqual(len(set(ids[:5])), 1)
-        self.assertNotEqual(ids[5], ids[4])
+        self.assertEqual(len(set(ids[:7])), 1, ids)
+        self.assertNotEqual(ids[7], ids[6])
 
     def test_an_unknown_worker_id_registers_again(self) -> None:
         claims = []
