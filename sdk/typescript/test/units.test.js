@@ -16,6 +16,22 @@ import { Transport } from '../src/transport.js';
 import { Reporter, Worker, beatCutoff, beatWait, heartbeatTimes, keyRefused, readDecision, reportTimes } from '../src/worker.js';
 import './quiet.js';
 
+// Each test's clean-ups, run last first whatever the Node version (Node 20
+// runs t.after's hooks in the order they were added): a worker stops, and a
+// hung answer is released, before the fake server it calls closes.
+const cleanups = new WeakMap();
+function after(t, fn) {
+  let stack = cleanups.get(t);
+  if (!stack) {
+    stack = [];
+    cleanups.set(t, stack);
+    t.after(async () => {
+      while (stack.length) await stack.pop()();
+    });
+  }
+  stack.push(fn);
+}
+
 /** Answers each request with the next [status, body, headers] of a script
  * (status 0 drops the connection), recording what it was sent; respond may
  * answer a promise. */
@@ -39,7 +55,7 @@ async function fakeServer(t, script) {
     });
   });
   await new Promise((r) => server.listen(0, '127.0.0.1', r));
-  t.after(() => new Promise((r) => { server.closeAllConnections(); server.close(r); }));
+  after(t, () => new Promise((r) => { server.closeAllConnections(); server.close(r); }));
   return { url: `http://127.0.0.1:${server.address().port}`, seen };
 }
 
@@ -248,7 +264,7 @@ async function serve(t, respond, handler, concurrency = 1, pollIntervalMs = 50, 
   const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
   client.registerTool({ name: 't', version: '1', handler });
   const started = client.worker.start({ concurrency, pollIntervalMs, stopGraceMs });
-  t.after(async () => { await client.worker.stop({ timeoutMs: 5000 }); await started; });
+  after(t, async () => { await client.worker.stop({ timeoutMs: 5000 }); await started; });
   return server;
 }
 
@@ -355,7 +371,7 @@ test('a claim refused 401 stops the worker', async (t) => {
   let outcome = null;
   const started = client.worker.start({ concurrency: 2, pollIntervalMs: 50, onError: (err) => { errors.push(err); } })
     .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
-  t.after(async () => { release(); await client.worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, async () => { release(); await client.worker.stop({ timeoutMs: 1000 }); await started; });
   await until(() => running && order.length >= 2);
   release();
   await until(() => outcome !== null);
@@ -401,7 +417,7 @@ test('a revoked key stops the worker whichever call meets it', async (t) => {
     let outcome = null;
     const started = client.worker.start({ concurrency: 2, pollIntervalMs: 50, onError: (err) => { errors.push(err); } })
       .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
-    t.after(async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
+    after(t, async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
     await until(() => outcome !== null, 20_000).catch(() => assert.fail(`the worker went on after a ${call} refused 401`));
     assert.ok(outcome instanceof RatchetError && outcome.status === 401, String(outcome));
     assert.deepEqual(reasons, ['stopping']);
@@ -427,7 +443,7 @@ async function stoppedOnItsOwn(t, server, onError) {
   let outcome = null;
   const started = client.worker.start({ concurrency: 1, pollIntervalMs: 10, onError })
     .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
-  t.after(async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
   await until(() => outcome !== null);
   return outcome;
 }
@@ -442,7 +458,7 @@ test('start rejects with a refusal once onError has been told it', async (t) => 
   client.registerTool({ name: 't', version: '1', handler: () => null });
   const errors = [];
   const slow = async (err) => { await new Promise((r) => setTimeout(r, 200)); errors.push(err); };
-  t.after(() => client.worker.stop({ timeoutMs: 1000 }));
+  after(t, () => client.worker.stop({ timeoutMs: 1000 }));
   await assert.rejects(client.worker.start({ concurrency: 1, pollIntervalMs: 10, onError: slow }), (err) => err.status === 401);
   assert.deepEqual(errors.map((e) => e.status), [401]);
 });
@@ -530,7 +546,7 @@ test('start waits out an outage under one key', async (t) => {
   });
   const errors = [];
   const started = worker.start({ concurrency: 1, pollIntervalMs: 2_000, onError: (err) => errors.push(err) });
-  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
   await until(() => worker.workerId !== null);
   assert.deepEqual(waits.slice(0, 3), [2_000, 4_000, 8_000]);
   const keys = server.seen.filter((s) => s.path.endsWith('/register')).map((s) => s.headers['idempotency-key']);
@@ -554,7 +570,7 @@ test('start waits out answers that are not Ratchet\'s', async (t) => {
   let outcome = null;
   const started = worker.start({ concurrency: 1, pollIntervalMs: 2_000, onError: (err) => errors.push(err) })
     .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
-  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
   await until(() => worker.workerId !== null || outcome !== null);
   assert.equal(worker.workerId, 'wkr_1', String(outcome));
   assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
@@ -595,7 +611,7 @@ test('claims that keep failing back off and heed Retry-After', async (t) => {
   });
   const errors = [];
   const started = worker.start({ concurrency: 1, pollIntervalMs: 1_000, onError: (err) => errors.push(err) });
-  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
   await until(() => waits.length >= 9);
   assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
   await started;
@@ -613,7 +629,7 @@ test('a lost claim is asked again no sooner than its Retry-After', async (t) => 
     return claims.length === 1 ? [500, error('internal_error')] : [429, error('rate_limited', { retry_after_seconds: 30 })];
   }, 1);
   const started = worker.start({ concurrency: 1, pollIntervalMs: 3_600_000, onError: () => {} });
-  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
   await until(() => claims.length >= 3);
   assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
   await started;
@@ -638,7 +654,7 @@ test('a claim or a registration refused 403 stops the worker', async (t) => {
     let outcome = null;
     const started = client.worker.start({ concurrency: 1, pollIntervalMs: 10, onError: (err) => errors.push(err) })
       .then(() => { outcome = 'resolved'; }, (err) => { outcome = err; });
-    t.after(async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
+    after(t, async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
     await until(() => outcome !== null).catch(() => assert.fail(`reregister ${reregister}: the worker went on claiming after a 403`));
     assert.ok(outcome instanceof RatchetError && outcome.status === 403, String(outcome));
     assert.equal(paths.filter((p) => p.endsWith('/claim')).length, 1);
@@ -669,7 +685,7 @@ async function loggingWorker(t, { baseUrl, respond, apiKey = 'rk_test', most = I
   const clock = { now: 0 };
   const saved = failureLogTimes.now;
   failureLogTimes.now = () => clock.now;
-  t.after(() => { failureLogTimes.now = saved; });
+  after(t, () => { failureLogTimes.now = saved; });
   const waits = [];
   const transport = new Transport({
     baseUrl: baseUrl ?? server.url, apiKey, maxRetries: 0,
@@ -694,7 +710,7 @@ test('without onError an unreachable server is logged safely, a line a minute', 
   const port = await refusedPort();
   const { worker, waits, lines } = await loggingWorker(t, { baseUrl: `http://127.0.0.1:${port}/prefix`, apiKey: 'rk_' + SECRET, most: 8 });
   const started = worker.start({ pollIntervalMs: 1_000 });
-  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
   await until(() => waits.length > 8);
   assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
   await started;
@@ -717,7 +733,7 @@ test('without onError an API error is logged without its text, and its recovery 
     },
   });
   const started = worker.start({ pollIntervalMs: 1_000 });
-  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
   await until(() => claims.length >= 20); // idle claims: no more lines
   assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
   await started;
@@ -746,7 +762,7 @@ test('without onError a classifier\'s exception is logged by its name alone', as
     classifyError: (err) => { throw new RangeError(err.message); },
   });
   const started = worker.start({ pollIntervalMs: 1_000 });
-  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
   await until(() => reported);
   assert.equal(await worker.stop({ timeoutMs: 5000 }), true);
   await started;
@@ -768,7 +784,7 @@ test('without onError a report not recorded is logged in the Go SDK\'s shape', a
     handler: () => ({ secret: SECRET }),
   });
   const started = worker.start({ pollIntervalMs: 1_000 });
-  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
   await until(() => reported && lines.length > 0);
   assert.equal(await worker.stop({ timeoutMs: 5000 }), false); // the report was lost
   await started;
@@ -797,7 +813,7 @@ test('without onError a lost lease is logged by its job and tool', async (t) => 
     },
   });
   const started = worker.start({ pollIntervalMs: 1_000 });
-  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
   await until(() => reported && lines.length > 0);
   assert.equal(await worker.stop({ timeoutMs: 5000 }), true);
   await started;
@@ -854,7 +870,7 @@ test('onError replaces the default failure log', async (t) => {
   const { worker, waits, lines } = await loggingWorker(t, { baseUrl: `http://127.0.0.1:${port}`, most: 70 });
   const errors = [];
   const started = worker.start({ pollIntervalMs: 1_000, onError: (err) => errors.push(err) });
-  t.after(async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, async () => { await worker.stop({ timeoutMs: 1000 }); await started; });
   await until(() => waits.length > 70);
   assert.equal(await worker.stop({ timeoutMs: 1000 }), true);
   await started;
@@ -1031,7 +1047,7 @@ test('onError is told a lost lease by its job, attempt and tool', async (t) => {
     client.registerTool({ name: 't', version: '1', handler: (input, ctx) => new Promise((r) => ctx.signal.addEventListener('abort', () => r(null), { once: true })) });
     const told = [];
     const started = client.worker.start({ pollIntervalMs: 50, onError: (err) => told.push(err) });
-    t.after(async () => { await client.worker.stop({ timeoutMs: 5000 }); await started; });
+    after(t, async () => { await client.worker.stop({ timeoutMs: 5000 }); await started; });
     await until(() => told.some((e) => e instanceof LeaseLostError), 15_000);
     assert.equal(await client.worker.stop({ timeoutMs: 5000 }), true);
     await started;
@@ -1051,7 +1067,7 @@ test('a rate-limited heartbeat heeds Retry-After within the lease', async (t) =>
   const waits = [];
   const saved = heartbeatTimes.pause;
   heartbeatTimes.pause = (ms, signal) => { waits.push(ms); return saved(10, signal); };
-  t.after(() => { heartbeatTimes.pause = saved; });
+  after(t, () => { heartbeatTimes.pause = saved; });
   await serve(t, (method, path) => {
     if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
     if (path.endsWith('/claim')) {
@@ -1086,7 +1102,7 @@ test('a failed heartbeat backs off within the lease', async (t) => {
   const waits = [];
   const saved = heartbeatTimes.pause;
   heartbeatTimes.pause = (ms, signal) => { waits.push(ms); return saved(10, signal); };
-  t.after(() => { heartbeatTimes.pause = saved; });
+  after(t, () => { heartbeatTimes.pause = saved; });
   // Answered by the waits so far, so that a lost answer's repeat on a new
   // connection, if the transport makes one within the try, is lost too.
   const answers = { 1: [500, error('internal_error')], 2: [0, null], 3: [503, error('service_unavailable')], 5: [502, error('bad_gateway')] };
@@ -1179,10 +1195,10 @@ test('a report still unanswered when the stop gives reports up is cut, and count
   // and the delivery's timeout is an hour: only the cut lets stop() end.
   const saved = { ...reportTimes };
   Object.assign(reportTimes, { deliveryMs: 3_600_000 });
-  t.after(() => Object.assign(reportTimes, saved));
+  after(t, () => Object.assign(reportTimes, saved));
   let answer;
   const never = new Promise((r) => { answer = r; });
-  t.after(() => answer()); // before the server's close
+  after(t, () => answer()); // before the server's close
   let claimed = false;
   const server = await fakeServer(t, async (method, path) => {
     if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
@@ -1213,10 +1229,10 @@ test('reports queued behind one in flight are not sent after the stop gives repo
   // nothing sent after it, lets stop() end.
   const saved = { ...reportTimes };
   Object.assign(reportTimes, { deliveryMs: 3_600_000, inFlight: 1 }); // the others queue behind the first
-  t.after(() => Object.assign(reportTimes, saved));
+  after(t, () => Object.assign(reportTimes, saved));
   let answer;
   const never = new Promise((r) => { answer = r; });
-  t.after(() => answer()); // before the server's close
+  after(t, () => answer()); // before the server's close
   let claimed = false;
   const reports = [];
   const server = await fakeServer(t, async (method, path, body) => {
@@ -1249,7 +1265,7 @@ test('a report that hangs does not hold the others', async (t) => {
   const order = [];
   let release;
   const hung = new Promise((r) => { release = r; });
-  t.after(() => release());
+  after(t, () => release());
   let claims = 0;
   await serve(t, async (method, path, body) => {
     if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
@@ -1299,7 +1315,7 @@ test('a report delivery that hangs is sent again', async (t) => {
   // most the report timeout (30 s; here half a second) and is repeated.
   const saved = reportTimes.deliveryMs;
   reportTimes.deliveryMs = 500;
-  t.after(() => { reportTimes.deliveryMs = saved; });
+  after(t, () => { reportTimes.deliveryMs = saved; });
   let reports = 0;
   let claimed = false;
   await serve(t, async (method, path) => {
@@ -1327,7 +1343,7 @@ test('stop resolves at its deadline though a cancelled handler never returns', a
   let reason;
   client.registerTool({ name: 't', version: '1', handler: (input, ctx) => { ctx.signal.addEventListener('abort', () => { reason ??= ctx.cancelReason; }); return new Promise(() => {}); } });
   const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50 });
-  t.after(() => client.worker.stop({ timeoutMs: 0 }));
+  after(t, () => client.worker.stop({ timeoutMs: 0 }));
   await until(() => reason === 'cancelled'); // the first heartbeat, a second in, before the 3 s timeout
   assert.equal(await client.worker.stop({ timeoutMs: 200 }), false);
   await started;
@@ -1371,7 +1387,7 @@ test('a lost claim is asked again after a backoff, not a poll interval', async (
   const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
   client.registerTool({ name: 't', version: '1', handler: () => ({ ok: true }) });
   const started = client.worker.start({ concurrency: 1, pollIntervalMs: 3_600_000, onError: () => {} });
-  t.after(async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
+  after(t, async () => { await client.worker.stop({ timeoutMs: 1000 }); await started; });
   await until(() => reported, 20_000);
   assert.equal(new Set(ids.slice(0, 5)).size, 1, ids.join());
 });
@@ -1431,7 +1447,7 @@ test('a stop ends a claim\'s rate-limit wait, and cuts a claim still unanswered 
   // timeout is an hour: only the cut at the deadline lets stop() end.
   let answer;
   const never = new Promise((r) => { answer = r; });
-  t.after(() => answer()); // before the server's close
+  after(t, () => answer()); // before the server's close
   const hung = await fakeServer(t, async (method, path) => {
     if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
     await never;
@@ -1486,7 +1502,7 @@ function leased(path) {
 async function doEffectGivingUpAfter(t, url, reportTimeoutMs) {
   const saved = gateTimes.reportTimeoutMs;
   gateTimes.reportTimeoutMs = reportTimeoutMs;
-  t.after(() => { gateTimes.reportTimeoutMs = saved; });
+  after(t, () => { gateTimes.reportTimeoutMs = saved; });
   const client = new Ratchet({ baseUrl: url, apiKey: 'rk_test' });
   let timer;
   const verdict = await Promise.race([
@@ -1502,7 +1518,7 @@ async function doEffectGivingUpAfter(t, url, reportTimeoutMs) {
 // OutcomeNotReportedError; it used to retry for ever.
 test('a report the server keeps failing is given up', async (t) => {
   let mended = false;
-  t.after(() => { mended = true; }); // lets a call that never gave up end
+  after(t, () => { mended = true; }); // lets a call that never gave up end
   const server = await fakeServer(t, (method, path) =>
     leased(path) ?? (mended ? [200, { id: 'eff_1', state: 'succeeded' }] : [503, error('database_unavailable')]));
   const verdict = await doEffectGivingUpAfter(t, server.url, 1_000);
@@ -1588,7 +1604,7 @@ test('a duplicate whose result only looks like the placeholder is a result', asy
 test('a report attempt that hangs is cut at the give-up time', async (t) => {
   let release;
   const hung = new Promise((r) => { release = r; });
-  t.after(() => release([200, { id: 'eff_1', state: 'succeeded' }]));
+  after(t, () => release([200, { id: 'eff_1', state: 'succeeded' }]));
   const server = await fakeServer(t, (method, path) => leased(path) ?? hung);
   const verdict = await doEffectGivingUpAfter(t, server.url, 1_000);
   assert.ok(verdict instanceof OutcomeNotReportedError, String(verdict));
@@ -1659,7 +1675,7 @@ test('in_flight asks again at its timeout', async (t) => {
 test('the action is told before its lease lapses when a heartbeat hangs', async (t) => {
   let release;
   const released = new Promise((r) => { release = r; });
-  t.after(() => release());
+  after(t, () => release());
   const server = await fakeServer(t, async (method, path) => {
     if (path.endsWith('/begin')) {
       return [200, { decision: 'execute', effect_id: 'eff_1', state: 'leased', attempt: 1, lease_token: 'tok',
@@ -1745,7 +1761,7 @@ test('an unknown worker id registers again', async (t) => {
 function oneInFlight(t) {
   const saved = reportTimes.inFlight;
   reportTimes.inFlight = 1;
-  t.after(() => { reportTimes.inFlight = saved; });
+  after(t, () => { reportTimes.inFlight = saved; });
 }
 
 async function runJobs(t, n, answerItem, { batchRoute = true, pollIntervalMs = 50 } = {}) {
@@ -2203,7 +2219,7 @@ test('a refusal in a batch carries the batch request id', async (t) => {
 test('request takes a timeout and a signal of its own', async (t) => {
   let release;
   const held = new Promise((r) => { release = r; });
-  t.after(() => release());
+  after(t, () => release());
   setTimeout(() => release(), 5000).unref(); // without the call's own bounds, it is answered
   const server = await fakeServer(t, async () => { await held; return [200, { ok: true }]; });
   const c = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 60_000, maxRetries: 0 });
@@ -2304,7 +2320,7 @@ test('every method takes a signal: one already aborted ends the call before it i
 test("a method's timeoutMs ends a call its server never answers", async (t) => {
   let release;
   const held = new Promise((r) => { release = r; });
-  t.after(() => release());
+  after(t, () => release());
   setTimeout(() => release(), 10_000).unref(); // hang guard: answered then, the call would resolve
   const server = await fakeServer(t, async () => { await held; return [200, { data: [], nextCursor: null }]; });
   const c = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 60_000 });
@@ -2317,7 +2333,7 @@ test("a method's timeoutMs ends a call its server never answers", async (t) => {
 test("a method's signal aborted while its call is in flight rejects with its reason", async (t) => {
   let release;
   const held = new Promise((r) => { release = r; });
-  t.after(() => release());
+  after(t, () => release());
   setTimeout(() => release(), 10_000).unref(); // hang guard
   const aborter = new AbortController();
   const reason = new Error('caller gave up');
@@ -2340,7 +2356,7 @@ test("a method's timeoutMs bounds the whole call, its retries' waits included", 
   // client's minute.
   let release;
   const held = new Promise((r) => { release = r; });
-  t.after(() => release());
+  after(t, () => release());
   setTimeout(() => release(), 10_000).unref(); // hang guard
   let n = 0;
   const hangs = await fakeServer(t, async () => (++n === 1 ? [500, error('internal_error')] : (await held, [200, {}])));
