@@ -13,8 +13,8 @@ export const AFTER_SUCCEEDED = 'SUCCEEDED';
 export const AFTER_FAILED = 'FAILED';
 
 // How often doEffect asks again while another caller holds the lease: from
-// the first wait, doubling to the last, never past retry_after_seconds.
-const FIRST_IN_FLIGHT_WAIT_MS = 250;
+// the first wait (gateTimes.firstInFlightWaitMs, 250 ms), doubling to the
+// last, never past retry_after_seconds.
 const MAX_IN_FLIGHT_WAIT_MS = 5_000;
 // The "ratchet" field of the result recorded in place of one the gate refused.
 const PLACEHOLDER_MARK = 'result_not_recorded';
@@ -26,7 +26,7 @@ const MAX_RESULT_BYTES = 1024 * 1024 - 1024;
 // waiters, for ever. Exported for the tests.
 // beginPatienceMs is how long doEffect asks again for a begin whose answers
 // were all lost, from its first failure (as Go's DoEffect).
-export const gateTimes = { reportTimeoutMs: 30_000, beginPatienceMs: 30_000 };
+export const gateTimes = { reportTimeoutMs: 30_000, beginPatienceMs: 30_000, firstInFlightWaitMs: 250 };
 
 /** Returns a Ratchet client: createRatchet({ baseUrl, apiKey }). */
 export function createRatchet(options) {
@@ -654,7 +654,7 @@ export class Ratchet {
     // answered again by the next, whichever retry asks.
     const req = { ...request, requestId: request.requestId ?? newRequestId() };
     const giveUp = inFlightTimeoutMs === undefined ? Infinity : Date.now() + inFlightTimeoutMs;
-    let wait = FIRST_IN_FLIGHT_WAIT_MS;
+    let wait = gateTimes.firstInFlightWaitMs;
     for (;;) {
       signal?.throwIfAborted();
       const sent = Date.now();

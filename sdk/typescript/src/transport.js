@@ -9,9 +9,10 @@ import { stringify } from './json.js';
 export const VERSION = '0.2.7';
 export const DEFAULT_BASE_URL = 'https://getratchet.app';
 
-// Capped exponential backoff with equal jitter, as the Go SDK's.
-const BACKOFF_BASE_MS = 500;
-const BACKOFF_CAP_MS = 8_000;
+// Capped exponential backoff with equal jitter, as the Go SDK's: from
+// baseMs, doubled, to capMs. An object so that tests can shorten them; not
+// exported by the package.
+export const backoffTimes = { baseMs: 500, capMs: 8_000 };
 // A 429's wait is cut to the rate windows' minute.
 const MAX_RATE_LIMIT_WAIT_S = 60;
 // How often a call sent under an Idempotency-Key waits while the server
@@ -219,14 +220,14 @@ export class Transport {
     if (err.status >= 500 && safe) {
       // A 503's Retry-After is heeded up to the backoff's cap, so a
       // heartbeat does not sleep its lease away.
-      return Math.max(this.backoff(attempt), Math.min(err.retryAfterSeconds * 1000, BACKOFF_CAP_MS));
+      return Math.max(this.backoff(attempt), Math.min(err.retryAfterSeconds * 1000, backoffTimes.capMs));
     }
     return null;
   }
 
   /** Capped exponential backoff (ms), half fixed and half random. */
   backoff(attempt) {
-    const step = Math.min(BACKOFF_BASE_MS * 2 ** Math.min(attempt, 10), BACKOFF_CAP_MS);
+    const step = Math.min(backoffTimes.baseMs * 2 ** Math.min(attempt, 10), backoffTimes.capMs);
     return step / 2 + Math.random() * (step / 2);
   }
 

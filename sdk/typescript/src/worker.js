@@ -20,8 +20,9 @@ export function isGeneratorFunction(fn) {
 const MIN_HEARTBEAT_MS = 1_000;
 const MAX_HEARTBEAT_MS = 60_000;
 // How long a handler whose timeout passed has to return before the worker
-// reports the timeout without it (the Go SDK's timeoutGrace).
-const TIMEOUT_GRACE_MS = 1_000;
+// reports the timeout without it (the Go SDK's timeoutGrace). An object so
+// that tests can shorten it, as reportTimes; not exported by the package.
+export const graceTimes = { timeoutMs: 1_000 };
 // start()'s default stopGraceMs (the Go SDK's DefaultStopGrace): once a
 // stop's deadline passed, how long aborted handlers have to return and be
 // reported, and then how much longer the reports are sent. It was 1 s here,
@@ -815,7 +816,7 @@ export class Worker {
         if (graceEnd !== null && t >= graceEnd) break;
         if (reason === null && t >= deadline) {
           record.cancel('timeout');
-          graceEnd = t + TIMEOUT_GRACE_MS;
+          graceEnd = t + graceTimes.timeoutMs;
         }
       }
     } finally {

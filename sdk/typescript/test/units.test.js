@@ -12,8 +12,8 @@ import {
 import { gateTimes } from '../src/client.js';
 import { failureLogTimes, summary } from '../src/failurelog.js';
 import { stringify, stringifyIteratively } from '../src/json.js';
-import { Transport } from '../src/transport.js';
-import { Reporter, Worker, beatCutoff, beatWait, heartbeatTimes, keyRefused, readDecision, reportTimes } from '../src/worker.js';
+import { Transport, backoffTimes } from '../src/transport.js';
+import { Reporter, Worker, beatCutoff, beatWait, graceTimes, heartbeatTimes, keyRefused, readDecision, reportTimes } from '../src/worker.js';
 import './quiet.js';
 
 // Each test's clean-ups, run last first whatever the Node version (Node 20
@@ -265,7 +265,24 @@ async function serve(t, respond, handler, concurrency = 1, pollIntervalMs = 50, 
   client.registerTool({ name: 't', version: '1', handler });
   const started = client.worker.start({ concurrency, pollIntervalMs, stopGraceMs });
   after(t, async () => { await client.worker.stop({ timeoutMs: 5000 }); await started; });
-  return server;
+  return Object.assign(server, { client });
+}
+
+// Has the transport back off from 50 ms up to 200 ms (not 0.5 s up to 8 s)
+// until t ends, for a test about what is repeated rather than how long it
+// waits.
+function quickBackoff(t) {
+  const saved = { ...backoffTimes };
+  Object.assign(backoffTimes, { baseMs: 50, capMs: 200 });
+  after(t, () => Object.assign(backoffTimes, saved));
+}
+
+// Has each heartbeat wait 10 ms instead of what it asks for until t ends,
+// for a test about what heartbeats are answered rather than their pace.
+function quickBeats(t) {
+  const saved = heartbeatTimes.pause;
+  heartbeatTimes.pause = (ms, signal) => saved(10, signal);
+  after(t, () => { heartbeatTimes.pause = saved; });
 }
 
 // hangGuard answers what promise settles to, or fails saying what did not
@@ -890,6 +907,10 @@ test('the failure summary holds no message, detail or query', () => {
 });
 
 test('a handler that ignores its timeout keeps its slot', async (t) => {
+  // The grace after a timeout, 1 s, shortened: what it is does not matter here.
+  const savedGrace = graceTimes.timeoutMs;
+  graceTimes.timeoutMs = 100;
+  after(t, () => { graceTimes.timeoutMs = savedGrace; });
   const state = { running: 0, most: 0, claimed: 0 };
   const server = await serve(t, (method, path) => {
     if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
@@ -901,7 +922,7 @@ test('a handler that ignores its timeout keeps its slot', async (t) => {
   }, async () => {
     state.running++;
     state.most = Math.max(state.most, state.running);
-    await new Promise((r) => setTimeout(r, 1400)); // ignores its signal, past the 1 s grace
+    await new Promise((r) => setTimeout(r, 400)); // ignores its signal, past the grace (100 ms here)
     state.running--;
   });
   await until(() => state.claimed > 3);
@@ -969,11 +990,12 @@ test('a report failing on its own holds no claim after its lease lapses', async 
   // answered): one bad output stalled the worker.
   const order = [];
   const claims = () => order.filter((o) => o === 'claim').length;
-  await serve(t, (method, path, body) => {
+  quickBackoff(t); // job_1's report is sent again 50 to 200 ms apart
+  const { client } = await serve(t, (method, path, body) => {
     if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
     if (path.endsWith('/claim')) {
       order.push('claim');
-      return [200, { jobs: claims() === 1 ? [{ ...job(1), leaseMs: 1500 }, job(2)] : [] }];
+      return [200, { jobs: claims() === 1 ? [{ ...job(1), leaseMs: 500 }, job(2)] : [] }];
     }
     if (path.includes('job_1') || JSON.stringify(body).includes('job_1')) {
       order.push('job_1 failed');
@@ -986,9 +1008,10 @@ test('a report failing on its own holds no claim after its lease lapses', async 
     return { ok: true };
   }, 2, 50, 150); // the stop gives job_1's report up soon: twice the grace past its deadline
   await until(() => order.includes('recorded') && order.filter((o) => o === 'job_1 failed').length >= 3, 15_000);
-  await new Promise((r) => setTimeout(r, 2000)); // job_1's lease has lapsed
+  await new Promise((r) => setTimeout(r, 700)); // job_1's lease (500 ms) has lapsed
   const before = claims();
   await until(() => claims() > before + 2, 5_000);
+  await client.worker.stop({ timeoutMs: 0 }); // job_1's report is given up at once, not 5 s on
 });
 
 // The rule the three workers share (READMEs): a heartbeat answered 409, 404
@@ -999,6 +1022,7 @@ test('a report failing on its own holds no claim after its lease lapses', async 
 test('a heartbeat refusal ends the attempt as in Go and Python', async (t) => {
   const cases = [[409, 'lease_lost', true], [409, 'invalid_state', false], [404, 'not_found', false],
     [403, 'forbidden', false], [502, 'bad_gateway', true]];
+  quickBeats(t); // heartbeats 10 ms apart: the lease (600 ms) passes its end in a fraction of a second
   for (const [status, code, successReported] of cases) {
     const seen = { claims: 0, reports: [], beats: 0 };
     const reasons = [];
@@ -1006,7 +1030,7 @@ test('a heartbeat refusal ends the attempt as in Go and Python', async (t) => {
       if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
       if (path.endsWith('/claim')) {
         seen.claims++;
-        return [200, { jobs: seen.claims === 1 ? [{ ...job(1, 60_000), leaseMs: 3000 }] : [] }];
+        return [200, { jobs: seen.claims === 1 ? [{ ...job(1, 60_000), leaseMs: 600 }] : [] }];
       }
       if (path.endsWith('/heartbeat')) {
         seen.beats++;
@@ -1025,7 +1049,7 @@ test('a heartbeat refusal ends the attempt as in Go and Python', async (t) => {
     else await new Promise((r) => setTimeout(r, 300));
     assert.deepEqual(seen.reports.map((r) => r.status), successReported ? ['SUCCEEDED'] : [], code);
     // A refusal ends the heartbeats at once; a failed one is tried again
-    // until the lease's end (3 s: a beat a second or so).
+    // until the lease's end.
     assert.ok(status === 502 ? seen.beats >= 2 : seen.beats === 1, `${code}: ${seen.beats} heartbeats`);
   }
 });
@@ -1035,11 +1059,12 @@ test('a heartbeat refusal ends the attempt as in Go and Python', async (t) => {
 // cause, or none when the lease lapsed while heartbeats failed (it was told
 // nothing of either).
 test('onError is told a lost lease by its job, attempt and tool', async (t) => {
+  quickBeats(t); // heartbeats 10 ms apart: the lease (600 ms) lapses in a fraction of a second
   for (const [status, code] of [[409, 'lease_lost'], [502, 'bad_gateway']]) {
     let claims = 0;
     const server = await fakeServer(t, (method, path, body) => {
       if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
-      if (path.endsWith('/claim')) return [200, { jobs: claims++ === 0 ? [{ ...job(1, 60_000), leaseMs: 3000 }] : [] }];
+      if (path.endsWith('/claim')) return [200, { jobs: claims++ === 0 ? [{ ...job(1, 60_000), leaseMs: 600 }] : [] }];
       if (path.endsWith('/heartbeat')) return [status, error(code)];
       return [200, { jobId: 'job_1', status: body.status, attempt: 1 }];
     });
@@ -1342,10 +1367,12 @@ test('stop resolves at its deadline though a cancelled handler never returns', a
   const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
   let reason;
   client.registerTool({ name: 't', version: '1', handler: (input, ctx) => { ctx.signal.addEventListener('abort', () => { reason ??= ctx.cancelReason; }); return new Promise(() => {}); } });
-  const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50 });
-  after(t, () => client.worker.stop({ timeoutMs: 0 }));
-  await until(() => reason === 'cancelled'); // the first heartbeat, a second in, before the 3 s timeout
-  assert.equal(await client.worker.stop({ timeoutMs: 200 }), false);
+  quickBeats(t);
+  // A grace of 100 ms, not 10 s: the stop resolves once it has passed.
+  const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, stopGraceMs: 100 });
+  after(t, () => hangGuard(client.worker.stop({ timeoutMs: 0 }), 'stop', 10_000));
+  await until(() => reason === 'cancelled'); // the first heartbeat, before the 3 s timeout
+  assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 200 }), 'stop', 10_000), false);
   await started;
 });
 
@@ -1663,8 +1690,14 @@ test('in_flight asks again at its timeout', async (t) => {
     return [200, { decision: 'duplicate', effect_id: 'eff_1', state: 'succeeded', attempt: 1, result: { sent: true } }];
   });
   const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+  // Pauses of 25, 50 and 100 ms reach 175 ms; the next (200 ms) would pass
+  // the 350 ms timeout, so it is cut to end there and asks once more (a
+  // tenth of the 250 ms first pause and a 3.5 s timeout).
+  const savedWait = gateTimes.firstInFlightWaitMs;
+  gateTimes.firstInFlightWaitMs = 25;
+  after(t, () => { gateTimes.firstInFlightWaitMs = savedWait; });
   const out = await client.doEffect({ effectType: 'email.send', idempotencyKey: 'k', payload: {} }, () => assert.fail('acted'),
-    { inFlightTimeoutMs: 3_500 });
+    { inFlightTimeoutMs: 350 });
   assert.deepEqual([out.duplicate, out.result, begins], [true, { sent: true }, 5]);
 });
 
