@@ -1383,6 +1383,7 @@ test('stop before start does nothing', async () => {
 });
 
 test('a claim whose answer was lost is asked again under its id', async (t) => {
+  quickBackoff(t);
   const ids = [];
   await serve(t, (method, path, body) => {
     if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
@@ -1399,6 +1400,7 @@ test('a claim whose answer was lost is asked again under its id', async (t) => {
 test('a lost claim is asked again after a backoff, not a poll interval', async (t) => {
   // Go SDK QA (the same here): a claim whose answer was lost was asked
   // again only a whole poll interval later, and its jobs' leases lapsed.
+  quickBackoff(t); // 50 to 200 ms: still far from the poll interval
   const ids = [];
   let reported = false;
   const server = await fakeServer(t, (method, path, body) => {
@@ -1422,6 +1424,7 @@ test('a lost claim is asked again after a backoff, not a poll interval', async (
 test('a stop asks again under a lost claim\'s id', async (t) => {
   // Go SDK QA (the same here): a stop while a claim whose answer was lost
   // waited to be asked again ended the asking; its jobs lapsed unseen.
+  quickBackoff(t);
   const ids = [];
   let answering = false;
   let reported = false;
@@ -1439,7 +1442,7 @@ test('a stop asks again under a lost claim\'s id', async (t) => {
   client.registerTool({ name: 't', version: '1', handler: () => ({ ok: true }) });
   const started = client.worker.start({ concurrency: 1, pollIntervalMs: 3_600_000, onError: (err) => errors.push(err) });
   await until(() => ids.length >= 4); // the claim and its three retries, answers lost
-  await new Promise((r) => setTimeout(r, 100)); // the worker waits its backoff (at least 0.5 s) to ask again
+  await new Promise((r) => setTimeout(r, 100)); // the worker waits a backoff to ask again, or asks and waits again
   const stopped = client.worker.stop({ timeoutMs: 15_000 });
   answering = true;
   assert.equal(await stopped, true, errors.map(String).join());
@@ -1903,6 +1906,9 @@ test('a refusal in a batch is that job\'s alone, as a single report\'s', async (
 });
 
 test('no claim while a batch is failing', async (t) => {
+  // The batch still fails for longer than the poll interval: three 200 ms
+  // answers and the backoffs between them.
+  quickBackoff(t);
   let outage = 3;
   const { recorded, order, errors, clean } = await runJobs(t, 4, async (jobId, report) => {
     if (jobId === 'job_2' && outage > 0) {
@@ -1967,6 +1973,7 @@ test('a batch answer naming other jobs is sent again', async (t) => {
 });
 
 test('operator calls: creating calls go under one Idempotency-Key, a policy update and a keyless group are not repeated', async (t) => {
+  quickBackoff(t);
   const failOnce = () => {
     let n = 0;
     return () => (n++ % 2 === 0 ? [500, error('internal_error')] : [200, { ok: true }]);
