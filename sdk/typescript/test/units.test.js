@@ -2402,6 +2402,6 @@ test("a method's timeoutMs bounds the whole call, its retries' waits included", 
   const hangs = await fakeServer(t, async () => (++n === 1 ? [500, error('internal_error')] : (await held, [200, {}])));
   const d = new Ratchet({ baseUrl: hangs.url, apiKey: 'rk_test', timeoutMs: 60_000 });
   quickBackoff(t); // the retry's wait, 25 to 50 ms, well inside the bound
-  await assert.rejects(d.getStep('s', { timeoutMs: 500 }), (err) => err instanceof ConnectionLostError && /timed out/.test(err.message));
+  await assert.rejects(d.getStep('s', { timeoutMs: 2_000 }), (err) => err instanceof ConnectionLostError && /timed out/.test(err.message));
   assert.equal(hangs.seen.length, 2);
 });
