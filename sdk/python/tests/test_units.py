@@ -1713,9 +1713,9 @@ class WorkerRulesTest(unittest.TestCase):
         # and its success reported.
         cases = [(409, "lease_lost", True), (409, "invalid_state", False), (404, "not_found", False),
                  (403, "forbidden", False), (502, "bad_gateway", True)]
-        self.beat_waits()  # heartbeats 10 ms apart: the lease (600 ms) passes its end in a fraction of a second
+        self.beat_waits()  # heartbeats 10 ms apart: the lease (1.5 s, room for a loaded machine) passes its end soon
         for status, code, success_reported in cases:
-            respond, seen = self.one_job_beats(600, lambda n, status=status, code=code: (status, error(code), {}))
+            respond, seen = self.one_job_beats(1500, lambda n, status=status, code=code: (status, error(code), {}))
 
             reasons = []
 
@@ -1741,9 +1741,9 @@ class WorkerRulesTest(unittest.TestCase):
         # is told a LeaseLost naming the attempt, with the heartbeat's
         # refusal as its cause, or none when the lease lapsed while
         # heartbeats failed (it was told nothing of either).
-        self.beat_waits()  # heartbeats 10 ms apart: the lease (600 ms) lapses in a fraction of a second
+        self.beat_waits()  # heartbeats 10 ms apart: the lease (1.5 s, room for a loaded machine) lapses soon
         for status, code in ((409, "lease_lost"), (502, "bad_gateway")):
-            respond, seen = self.one_job_beats(600, lambda n, status=status, code=code: (status, error(code), {}))
+            respond, seen = self.one_job_beats(1500, lambda n, status=status, code=code: (status, error(code), {}))
             server = FakeServer(respond)
             self.addCleanup(server.close)
             client = getratchet.Ratchet(server.url, "rk_test")

@@ -1022,7 +1022,7 @@ test('a report failing on its own holds no claim after its lease lapses', async 
 test('a heartbeat refusal ends the attempt as in Go and Python', async (t) => {
   const cases = [[409, 'lease_lost', true], [409, 'invalid_state', false], [404, 'not_found', false],
     [403, 'forbidden', false], [502, 'bad_gateway', true]];
-  quickBeats(t); // heartbeats 10 ms apart: the lease (600 ms) passes its end in a fraction of a second
+  quickBeats(t); // heartbeats 10 ms apart: the lease (1.5 s, room for a loaded machine) passes its end soon
   for (const [status, code, successReported] of cases) {
     const seen = { claims: 0, reports: [], beats: 0 };
     const reasons = [];
@@ -1030,7 +1030,7 @@ test('a heartbeat refusal ends the attempt as in Go and Python', async (t) => {
       if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
       if (path.endsWith('/claim')) {
         seen.claims++;
-        return [200, { jobs: seen.claims === 1 ? [{ ...job(1, 60_000), leaseMs: 600 }] : [] }];
+        return [200, { jobs: seen.claims === 1 ? [{ ...job(1, 60_000), leaseMs: 1500 }] : [] }];
       }
       if (path.endsWith('/heartbeat')) {
         seen.beats++;
@@ -1059,12 +1059,12 @@ test('a heartbeat refusal ends the attempt as in Go and Python', async (t) => {
 // cause, or none when the lease lapsed while heartbeats failed (it was told
 // nothing of either).
 test('onError is told a lost lease by its job, attempt and tool', async (t) => {
-  quickBeats(t); // heartbeats 10 ms apart: the lease (600 ms) lapses in a fraction of a second
+  quickBeats(t); // heartbeats 10 ms apart: the lease (1.5 s, room for a loaded machine) lapses soon
   for (const [status, code] of [[409, 'lease_lost'], [502, 'bad_gateway']]) {
     let claims = 0;
     const server = await fakeServer(t, (method, path, body) => {
       if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
-      if (path.endsWith('/claim')) return [200, { jobs: claims++ === 0 ? [{ ...job(1, 60_000), leaseMs: 600 }] : [] }];
+      if (path.endsWith('/claim')) return [200, { jobs: claims++ === 0 ? [{ ...job(1, 60_000), leaseMs: 1500 }] : [] }];
       if (path.endsWith('/heartbeat')) return [status, error(code)];
       return [200, { jobId: 'job_1', status: body.status, attempt: 1 }];
     });
