@@ -41,5 +41,23 @@ __all__ = [
     "create_ratchet", "redact_message", "verify_webhook",
 ]
 # The answers' TypedDicts and Literal aliases (getratchet.types), plain dicts
-# and strings at run time; in the form type checkers read as re-exports.
-__all__ += types.__all__
+# and strings at run time. Listed by name, as types.__all__ lists them:
+# mypy reads only a literal list as re-exports (not `+= types.__all__`), so
+# under --strict (no implicit re-export) `from getratchet import Effect`
+# failed.
+__all__ += [
+    "ApprovalReason", "ApprovalState", "AttemptOutcome", "BreakerAction", "CircuitOpenedBy", "CircuitState",
+    "Decision", "DeliveryState", "DenialCode", "EffectState", "GroupState", "OnIndeterminate", "PolicyMode",
+    "ReportOutcome", "Scope", "ThresholdFrom", "VendorStatus", "WebhookEventType",
+    "ApiKey", "ApiKeyPage", "Approval", "ApprovalPage", "BatchJobResult", "BeginResponse", "Circuit",
+    "CircuitPage", "ClaimedJob", "Compensation", "Contract", "ContractPage", "DimensionLimit", "DurableJob",
+    "Effect", "EffectAttempt", "EffectHeartbeat", "EffectPage", "EffectPolicy", "EffectPolicyPage",
+    "EmergencyStop", "Endpoint", "EndpointAttempt", "EndpointAttemptPage", "EndpointCircuit", "EndpointPage",
+    "EnqueueResult", "ErrorBody", "Group", "GroupCommit", "GroupStep", "GroupStepPage", "JobAttempt",
+    "JobAttemptPage", "JobHeartbeat", "JobReplay", "JobReplayPage", "JobReportResult", "NewApiKey", "NewWebhook",
+    "PlanItem", "PriorAttempt", "QueueHealth", "QueueHealthPage", "ReconcileCounts", "ReconcileItem",
+    "Reconciliation", "ReplayPreview", "ReplayResult", "ReplayUpgrade", "RetriedDeliveries", "RetryPolicySnapshot",
+    "RetrySchedule", "Run", "RunPage", "RunSummary", "Step", "StepPage", "Structuring", "StructuringWindow",
+    "ToolTest", "Unwind", "ValidationProblem", "Webhook", "WebhookDelivery", "WebhookDeliveryPage",
+    "WebhookEvent", "WebhookPage",
+]

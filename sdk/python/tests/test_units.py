@@ -568,6 +568,22 @@ class TypingTest(unittest.TestCase):
             if name in typeddicts:
                 typing.get_type_hints(getattr(types, name))
 
+    def test_the_answer_types_are_re_exported_by_name(self) -> None:
+        # mypy reads a package's __all__ only from literal lists: with
+        # `__all__ += types.__all__` a user's mypy --strict (no implicit
+        # re-export) refused `from getratchet import Effect`. The names are
+        # read here as mypy reads them, from the source.
+        import ast
+        from getratchet import types
+        with open(getratchet.__file__, encoding="utf-8") as source:
+            tree = ast.parse(source.read())
+        listed = set()
+        for node in tree.body:
+            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+            if isinstance(target, ast.Name) and target.id == "__all__" and isinstance(node.value, ast.List):
+                listed |= {item.value for item in node.value.elts if isinstance(item, ast.Constant)}
+        self.assertEqual(sorted(set(types.__all__) - listed), [])
+
     def test_effect_blocked_types_its_prior_attempt(self) -> None:
         # It was Optional[dict]: a type checker knew none of its fields.
         # PriorAttempt is declared in getratchet.errors, so its hint
