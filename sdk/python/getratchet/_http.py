@@ -14,8 +14,9 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from datetime import datetime
 from email.utils import parsedate_to_datetime
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type
 
 try:
     import ssl
@@ -44,7 +45,7 @@ MAX_IDLE_CONNECTIONS = 8
 
 # How a kept connection the server closed while it sat idle (its keep-alive
 # timeout) fails the next request before any answer comes back.
-_STALE: Tuple[type, ...] = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+_STALE: Tuple[Type[BaseException], ...] = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 if ssl is not None:
     _STALE += (ssl.SSLEOFError,)
 
@@ -82,8 +83,8 @@ class Abort:
         # an answer says Connection: close, http.client drops connection.sock
         # while the body is still read from that socket, which fire() must
         # shut all the same.
-        self._connections: dict = {}
-        self._linked: set = set()  # events set when it fires (_wait_either)
+        self._connections: Dict[http.client.HTTPConnection, Optional[socket.socket]] = {}
+        self._linked: Set[threading.Event] = set()  # events set when it fires (_wait_either)
 
     @property
     def fired(self) -> bool:
@@ -193,7 +194,7 @@ class Transport:
              idempotency_key: Optional[str] = None, timeout: Optional[float] = None,
              max_retries: Optional[int] = None, with_date: bool = False, abort: Optional[Abort] = None,
              retry_cutoff: Optional[Abort] = None, call_timeout: Optional[float] = None,
-             read: Optional[Callable[[dict, str], Any]] = None) -> Any:
+             read: Optional[Callable[[Dict[str, Any], str], Any]] = None) -> Any:
         """Sends method path (under /api/v1) and returns the decoded answer.
 
         safe says whether the call may be repeated after an answer was lost
@@ -248,7 +249,8 @@ class Transport:
     def _call(self, method: str, path: str, body: Any, *, safe: bool, idempotency_key: Optional[str],
               timeout: Optional[float], max_retries: Optional[int], with_date: bool, abort: Optional[Abort],
               retry_cutoff: Optional[Abort], deadline: Optional[float] = None,
-              sleep_through: Optional[Abort] = None, read: Optional[Callable[[dict, str], Any]] = None) -> Any:
+              sleep_through: Optional[Abort] = None,
+              read: Optional[Callable[[Dict[str, Any], str], Any]] = None) -> Any:
         """call, within deadline (time.monotonic()) when given; waits
         between attempts are plain sleeps when abort is sleep_through (the
         bound's own cut, which never fires during a wait that ends before
@@ -272,18 +274,19 @@ class Transport:
                     # key: wait as asked, outside the retry bound (but not
                     # with retries off, as the Go SDK's).
                     held += 1
-                    wait = max(err.retry_after_seconds, 1)
+                    wait: float = max(err.retry_after_seconds, 1)
                     if deadline is not None and time.monotonic() + wait >= deadline:
                         err._unconfirmed = err._unconfirmed or unsure
                         raise
                     self.sleep(wait)
                     continue
-                wait = self.retry_delay(err, attempt, safe)
-                if wait is None or attempt >= retries:
+                delay = self.retry_delay(err, attempt, safe)
+                if delay is None or attempt >= retries:
                     # An earlier attempt may have acted: this answer only
                     # says why the retries stopped (Go's unconfirmed).
                     err._unconfirmed = err._unconfirmed or unsure
                     raise
+                wait = delay
                 failure: Exception = err
             except ConnectionLost as err:
                 unsure = True
@@ -312,7 +315,7 @@ class Transport:
                    stop_on: Callable[[RatchetError], bool] = lambda err: False,
                    timeout: Optional[float] = None, abort: Optional[Abort] = None,
                    on_attempt: Callable[[], None] = lambda: None,
-                   read: Optional[Callable[[dict, str], Any]] = None) -> Any:
+                   read: Optional[Callable[[Dict[str, Any], str], Any]] = None) -> Any:
         """Sends a call that is safe to repeat (a report), repeating it
         through every failure worth repeating for as long as may_wait(wait)
         allows the next wait (seconds) and abort has not fired; on_attempt
@@ -359,7 +362,7 @@ class Transport:
 
     def backoff(self, attempt: int) -> float:
         """Capped exponential backoff, half fixed and half random."""
-        step = min(BACKOFF_BASE * (2 ** min(attempt, 10)), BACKOFF_CAP)
+        step = min(BACKOFF_BASE * (2.0 ** min(attempt, 10)), BACKOFF_CAP)
         with self._jitter_lock:
             return step / 2 + self._jitter.random() * step / 2
 
@@ -417,7 +420,7 @@ class Transport:
             return connection, True
 
     def _send(self, connection: http.client.HTTPConnection, method: str, path: str, data: Optional[bytes],
-              headers: dict, abort: Optional[Abort]) -> None:
+              headers: Dict[str, str], abort: Optional[Abort]) -> None:
         """Sends the request on connection, connected first when new so that
         an abort has a socket to shut (connections connect lazily)."""
         if abort is not None:
@@ -436,7 +439,7 @@ class Transport:
 
     def _once(self, method: str, path: str, data: Optional[bytes], idempotency_key: Optional[str],
               timeout: float, safe: bool, abort: Optional[Abort] = None,
-              read: Optional[Callable[[dict, str], Any]] = None) -> Any:
+              read: Optional[Callable[[Dict[str, Any], str], Any]] = None) -> Any:
         headers = {"Authorization": "Bearer " + self._key, "Accept": "application/json",
                    "User-Agent": self.user_agent}
         if data is not None:
@@ -545,7 +548,7 @@ def _proxy_for(base: urllib.parse.ParseResult) -> Optional[urllib.parse.SplitRes
     return proxy
 
 
-def _proxy_authorization(proxy: Optional[urllib.parse.SplitResult]) -> dict:
+def _proxy_authorization(proxy: Optional[urllib.parse.SplitResult]) -> Dict[str, str]:
     """The Proxy-Authorization header for a proxy URL with credentials."""
     if proxy is None or proxy.username is None:
         return {}
@@ -588,8 +591,8 @@ def _decode_error(status: int, headers: Any, raw: bytes) -> RatchetError:
         # it (an invented "http_502" read as an API code, differently in
         # each SDK).
         envelope = {"code": "", "message": _reason_phrase(status)}
-    detail = envelope.get("detail") if isinstance(envelope.get("detail"), dict) else {}
-    detail = dict(detail)
+    given = envelope.get("detail")
+    detail: Dict[str, Any] = dict(given) if isinstance(given, dict) else {}
     if status in (429, 503) and "retry_after_seconds" not in detail and headers:
         seconds = _retry_after_header(headers.get("Retry-After", ""), _http_date(headers.get("Date")))
         if seconds:
@@ -613,14 +616,14 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _http_date(value: Optional[str]) -> Any:
+def _http_date(value: Optional[str]) -> Optional[datetime]:
     try:
         return parsedate_to_datetime(value) if value else None
     except (TypeError, ValueError, IndexError):
         return None
 
 
-def _retry_after_header(value: str, date: Any = None) -> int:
+def _retry_after_header(value: str, date: Optional[datetime] = None) -> int:
     """A Retry-After header in whole seconds from now: delay-seconds, or an
     HTTP date measured against the server's own clock (the answer's Date,
     as the Go SDK measures it) when it sent one; 0 when absent, unreadable

@@ -18,10 +18,15 @@ limit) is touched.
 from __future__ import annotations
 
 import json
+import json.decoder
+import json.encoder
 import re
-from json.decoder import scanstring
-from json.encoder import encode_basestring_ascii
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+# The json module's own string reader and writer (the C ones where built):
+# typeshed leaves them out, so their types are stated here.
+scanstring: Callable[[str, int, bool], Tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+encode_basestring_ascii: Callable[[str], str] = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
 
 # json.scanner.NUMBER_RE with ASCII digits only, as the C scanner (the one
 # json.loads uses) reads them: Python's \d takes other scripts' digits too.
@@ -60,8 +65,8 @@ def _loads(data: Any) -> Any:
         raise TypeError(f"the JSON object must be str, bytes or bytearray, not {data.__class__.__name__}")
     elif data.startswith("\ufeff"):
         raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", data, 0)
-    value, end = _parse(data, _WHITESPACE.match(data, 0).end())
-    end = _WHITESPACE.match(data, end).end()
+    value, end = _parse(data, _skip(data, 0))
+    end = _skip(data, end)
     if end != len(data):
         raise json.JSONDecodeError("Extra data", data, end)
     return value
@@ -71,13 +76,12 @@ def _parse(s: str, idx: int) -> Tuple[Any, int]:
     """The value at s[idx] and where it ends, as the C scanner reads it;
     the arrays and objects being read are on stack, each with the key its
     next member goes under."""
-    ws = _WHITESPACE.match
-    stack: List[list] = []  # [container, key]
+    stack: List[List[Any]] = []  # [container, key]
     while True:
         # A value begins at idx.
         c = s[idx:idx + 1]
         if c == "{":
-            idx = ws(s, idx + 1).end()
+            idx = _skip(s, idx + 1)
             c = s[idx:idx + 1]
             if c == "}":
                 value: Any = {}
@@ -90,7 +94,7 @@ def _parse(s: str, idx: int) -> Tuple[Any, int]:
             else:
                 raise json.JSONDecodeError("Expecting property name enclosed in double quotes", s, idx)
         elif c == "[":
-            idx = ws(s, idx + 1).end()
+            idx = _skip(s, idx + 1)
             if s[idx:idx + 1] == "]":
                 value = []
                 idx += 1
@@ -130,10 +134,10 @@ def _parse(s: str, idx: int) -> Tuple[Any, int]:
                 container.append(value)
             else:
                 container[frame[1]] = value
-            idx = ws(s, idx).end()
+            idx = _skip(s, idx)
             c = s[idx:idx + 1]
             if c == ",":
-                idx = ws(s, idx + 1).end()
+                idx = _skip(s, idx + 1)
                 if frame[1] is not None:
                     if s[idx:idx + 1] != '"':
                         raise json.JSONDecodeError("Expecting property name enclosed in double quotes", s, idx)
@@ -147,12 +151,19 @@ def _parse(s: str, idx: int) -> Tuple[Any, int]:
             idx += 1
 
 
+def _skip(s: str, idx: int) -> int:
+    """Where the whitespace at s[idx] ends."""
+    m = _WHITESPACE.match(s, idx)
+    assert m is not None  # [ \t\n\r]* matches at any index, if only ""
+    return m.end()
+
+
 def _colon(s: str, idx: int) -> int:
     """Where the member's value begins, after the ':' following its key."""
-    idx = _WHITESPACE.match(s, idx).end()
+    idx = _skip(s, idx)
     if s[idx:idx + 1] != ":":
         raise json.JSONDecodeError("Expecting ':' delimiter", s, idx)
-    return _WHITESPACE.match(s, idx + 1).end()
+    return _skip(s, idx + 1)
 
 
 def _float(value: float, allow_nan: bool) -> str:
@@ -190,8 +201,8 @@ def _dumps(value: Any, item_separator: str, key_separator: str, allow_nan: bool)
     with the lists and objects being written on a stack of their
     iterators."""
     out: List[str] = []
-    markers: dict = {}  # ids of the containers being written: a cycle
-    stack: List[list] = []  # [iterator, is_object, marker, first]
+    markers: Dict[int, Any] = {}  # ids of the containers being written: a cycle
+    stack: List[List[Any]] = []  # [iterator, is_object, marker, first]
     while True:
         # Write value.
         if isinstance(value, str):
@@ -216,7 +227,7 @@ def _dumps(value: Any, item_separator: str, key_separator: str, allow_nan: bool)
                     raise ValueError("Circular reference detected")
                 markers[marker] = value
                 out.append("{" if is_object else "[")
-                stack.append([iter(value.items()) if is_object else iter(value), is_object, marker, True])
+                stack.append([iter(value.items()) if isinstance(value, dict) else iter(value), is_object, marker, True])
         else:
             raise TypeError(f"Object of type {value.__class__.__name__} is not JSON serializable")
         # The next value to write, closing the containers it ends.

@@ -13,7 +13,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, List, Optional, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 from . import _json
 from ._aio import await_alone, is_async, loop_running
@@ -29,6 +29,10 @@ from .types import (ApiKey, ApiKeyPage, Approval, ApprovalPage, BatchJobResult, 
                     RetriedDeliveries, Run, RunPage, Step, StepPage, Structuring, ToolTest, Unwind, Webhook,
                     WebhookDeliveryPage, WebhookPage)
 from .worker import JobContext, Worker, batch_results
+
+# The transport answers the JSON object a route returned, decoded but
+# untyped: the casts below name the shape API.md gives that route's answer
+# (types.py), which nothing checks at run time.
 
 AFTER_SUCCEEDED = "SUCCEEDED"
 AFTER_FAILED = "FAILED"
@@ -166,12 +170,13 @@ class Ratchet:
         id) the call is repeated after an ambiguous failure and starting it
         again answers the same run; without one it is not repeated, since a
         repeat would start a second run."""
-        body: dict = {"name": name}
+        body: Dict[str, Any] = {"name": name}
         if idempotency_key is not None:
             body["idempotencyKey"] = idempotency_key
         if budget_micros is not None:
             body["budgetMicros"] = budget_micros
-        run = self._transport.call("POST", "/runs", body, safe=idempotency_key is not None, call_timeout=timeout)
+        run = cast(Run, self._transport.call("POST", "/runs", body, safe=idempotency_key is not None,
+                                             call_timeout=timeout))
         with self._lock:
             self._run_id = run["id"]
         return run
@@ -196,74 +201,84 @@ class Ratchet:
         Enqueue is idempotent either way, so it is retried."""
         if not name or not version:
             raise ValueError("ratchet: enqueue needs a tool name and version")
-        body: dict = {"name": name, "version": version, "input": input}
+        body: Dict[str, Any] = {"name": name, "version": version, "input": input}
         optional = {"endpoint": endpoint, "idempotencyKey": idempotency_key, "timeoutMs": timeout_ms,
                     "maxAttempts": max_attempts, "contractVersion": contract_version,
                     "afterStepId": after_step_id, "afterStatus": after_status, "delayMs": delay_ms}
         body.update({k: v for k, v in optional.items() if v is not None})
-        return self._transport.call("POST", "/runs/" + path_id(self._run(run_id)) + "/steps", body, safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("POST", "/runs/" + path_id(self._run(run_id)) + "/steps", body, safe=True,
+                                      call_timeout=timeout)
+        return cast(EnqueueResult, answer)
 
     def finish_run(self, run_id: Optional[str] = None, *, timeout: Optional[float] = None) -> Run:
         """Requests the run's completion: it ends SUCCEEDED once every step
         ended well, FAILED when one is EXHAUSTED or CANCELLED. Enqueue every
         branch before this."""
-        return self._transport.call("POST", "/runs/" + path_id(self._run(run_id)) + "/finish", {}, safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("POST", "/runs/" + path_id(self._run(run_id)) + "/finish", {}, safe=True,
+                                      call_timeout=timeout)
+        return cast(Run, answer)
 
     def get_run(self, run_id: Optional[str] = None, *, timeout: Optional[float] = None) -> Run:
         """Reads a run with its steps (each with ``durableJob``)."""
-        return self._transport.call("GET", "/runs/" + path_id(self._run(run_id)), safe=True, call_timeout=timeout)
+        answer = self._transport.call("GET", "/runs/" + path_id(self._run(run_id)), safe=True, call_timeout=timeout)
+        return cast(Run, answer)
 
     def get_step(self, step_id: str, *, timeout: Optional[float] = None) -> Step:
         """Reads one step with its job's last 50 executions and last 50
         replays: ``durableJob.attemptsTruncated`` and ``replaysTruncated``
         say earlier ones are left out (list_step_attempts and
         list_step_replays page them all)."""
-        return self._transport.call("GET", "/steps/" + path_id(step_id), safe=True, call_timeout=timeout)
+        answer = self._transport.call("GET", "/steps/" + path_id(step_id), safe=True, call_timeout=timeout)
+        return cast(Step, answer)
 
     def list_step_attempts(self, step_id: str, *, limit: Optional[int] = None,
                            cursor: Optional[str] = None, timeout: Optional[float] = None) -> JobAttemptPage:
         """Pages every execution of a step's job in attempt order, where a
         step holds its last 50 (``attemptsTruncated``): {"data",
         "nextCursor"}. Pass nextCursor as cursor for the next page."""
-        return self._transport.call("GET", "/steps/" + path_id(step_id) + "/attempts"
-                                    + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
+        answer = self._transport.call("GET", "/steps/" + path_id(step_id) + "/attempts"
+                                      + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
+        return cast(JobAttemptPage, answer)
 
     def list_step_replays(self, step_id: str, *, limit: Optional[int] = None,
                           cursor: Optional[str] = None, timeout: Optional[float] = None) -> JobReplayPage:
         """Pages every replay of a step's job oldest first, where a step
         holds its last 50 (``replaysTruncated``): {"data", "nextCursor"}."""
-        return self._transport.call("GET", "/steps/" + path_id(step_id) + "/replays"
-                                    + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
+        answer = self._transport.call("GET", "/steps/" + path_id(step_id) + "/replays"
+                                      + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
+        return cast(JobReplayPage, answer)
 
     def list_runs(self, *, status: Optional[str] = None, limit: Optional[int] = None,
                   cursor: Optional[str] = None, timeout: Optional[float] = None) -> RunPage:
         """Pages the workspace's runs newest first, without their steps
         (scope runs:read): {"data": [...], "nextCursor"}; status RUNNING,
         SUCCEEDED or FAILED. Pass nextCursor as cursor for the next page."""
-        return self._transport.call("GET", "/runs" + _query(status=status, limit=limit, cursor=cursor), safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("GET", "/runs" + _query(status=status, limit=limit, cursor=cursor), safe=True,
+                                      call_timeout=timeout)
+        return cast(RunPage, answer)
 
     def list_run_steps(self, run_id: Optional[str] = None, *, status: Optional[str] = None,
                        limit: Optional[int] = None, cursor: Optional[str] = None,
                        timeout: Optional[float] = None) -> StepPage:
         """Pages a run's steps in id order, each as get_step reads it, for
         runs larger than get_run's first steps (1000, or fewer where more would pass about 4 MB): {"data", "nextCursor"}."""
-        return self._transport.call("GET", "/runs/" + path_id(self._run(run_id)) + "/steps"
-                                    + _query(status=status, limit=limit, cursor=cursor), safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("GET", "/runs/" + path_id(self._run(run_id)) + "/steps"
+                                      + _query(status=status, limit=limit, cursor=cursor), safe=True,
+                                      call_timeout=timeout)
+        return cast(StepPage, answer)
 
     def cancel_step(self, step_id: str, *, timeout: Optional[float] = None) -> Step:
         """Cancels a step's job; a running handler learns of it at its next
         heartbeat. Cancelling again answers the same step."""
-        return self._transport.call("POST", "/steps/" + path_id(step_id) + "/cancel", {}, safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("POST", "/steps/" + path_id(step_id) + "/cancel", {}, safe=True,
+                                      call_timeout=timeout)
+        return cast(Step, answer)
 
     def replay_preview(self, step_id: str, *, timeout: Optional[float] = None) -> ReplayPreview:
         """Whether an exhausted or cancelled step may be replayed, and the
         contract versions it could be upgraded to (``upgrades``)."""
-        return self._transport.call("GET", "/steps/" + path_id(step_id) + "/replay", safe=True, call_timeout=timeout)
+        answer = self._transport.call("GET", "/steps/" + path_id(step_id) + "/replay", safe=True, call_timeout=timeout)
+        return cast(ReplayPreview, answer)
 
     def replay(self, step_id: str, *, reason: Optional[str] = None, max_attempts: int = 1,
                acknowledge_duplicate_risk: bool = True, target_contract_version: Optional[int] = None,
@@ -281,14 +296,15 @@ class Ratchet:
         answer gets the first replay back instead of replaying twice."""
         if not acknowledge_duplicate_risk:
             raise ValueError("ratchet: a replay must acknowledge the duplicate risk")
-        body: dict = {"acknowledgeDuplicateRisk": True, "maxAttempts": max_attempts}
+        body: Dict[str, Any] = {"acknowledgeDuplicateRisk": True, "maxAttempts": max_attempts}
         optional = {"reason": reason, "targetContractVersion": target_contract_version,
                     "expectedHandlerVersion": expected_handler_version, "expectedAttempt": expected_attempt}
         body.update({k: v for k, v in optional.items() if v is not None})
         if acknowledge_version_change:
             body["acknowledgeVersionChange"] = True
-        return self._transport.call("POST", "/steps/" + path_id(step_id) + "/replay", body, safe=True,
-                                    idempotency_key=new_request_id(), call_timeout=timeout)
+        answer = self._transport.call("POST", "/steps/" + path_id(step_id) + "/replay", body, safe=True,
+                                      idempotency_key=new_request_id(), call_timeout=timeout)
+        return cast(ReplayResult, answer)
 
     # -- worker -------------------------------------------------------------
 
@@ -314,9 +330,9 @@ class Ratchet:
     # -- the effect gate ----------------------------------------------------
 
     def begin(self, effect_type: str, idempotency_key: str, payload: Any = None, *,
-              cost_micros: Optional[int] = None, dimensions: Optional[dict] = None,
+              cost_micros: Optional[int] = None, dimensions: Optional[Dict[str, Any]] = None,
               run_id: Optional[str] = None, group_id: Optional[str] = None,
-              compensation: Optional[dict] = None, compensates_effect_id: Optional[str] = None,
+              compensation: Optional[Dict[str, Any]] = None, compensates_effect_id: Optional[str] = None,
               lease_seconds: Optional[int] = None, request_id: Optional[str] = None,
               timeout: Optional[float] = None) -> BeginResponse:
         """Asks before acting (POST /effects/begin) and returns the answer:
@@ -333,17 +349,17 @@ class Ratchet:
 
     @staticmethod
     def _begin_body(effect_type: str, idempotency_key: str, payload: Any, *, request_id: Optional[str] = None,
-                    **options: Any) -> dict:
+                    **options: Any) -> Dict[str, Any]:
         unknown = set(options) - {"cost_micros", "dimensions", "run_id", "group_id", "compensation",
                                   "compensates_effect_id", "lease_seconds"}
         if unknown:
             raise TypeError(f"ratchet: unknown begin option(s): {', '.join(sorted(unknown))}")
-        body: dict = {"effect_type": effect_type, "idempotency_key": idempotency_key, "payload": payload,
+        body: Dict[str, Any] = {"effect_type": effect_type, "idempotency_key": idempotency_key, "payload": payload,
                       "request_id": request_id or new_request_id()}
         body.update({k: v for k, v in options.items() if v is not None})
         return body
 
-    def _begin(self, body: dict, timeout: Optional[float] = None) -> Tuple[dict, float, str]:
+    def _begin(self, body: Dict[str, Any], timeout: Optional[float] = None) -> Tuple[Dict[str, Any], float, str]:
         """begin's answer; for an execute, the lease's length in seconds by
         the server's clock (its expiry less the answer's Date); for a
         denial, the answer's X-Request-Id (its body holds none)."""
@@ -362,17 +378,20 @@ class Ratchet:
         "failed" only when the action surely did not reach the outside
         world. Unsure? Report nothing: the lease lapses and the outcome is
         recorded honestly as indeterminate."""
-        return self._transport.call("POST", "/effects/" + path_id(effect_id) + "/report",
-                                    _effect_report(lease_token, outcome, result), safe=True, call_timeout=timeout)
+        answer = self._transport.call("POST", "/effects/" + path_id(effect_id) + "/report",
+                                      _effect_report(lease_token, outcome, result), safe=True, call_timeout=timeout)
+        return cast(Effect, answer)
 
     def heartbeat_effect(self, effect_id: str, lease_token: str, *, timeout: Optional[float] = None) -> EffectHeartbeat:
         """Extends an execute's lease: {"effect_id", "lease_expires_at"}."""
-        return self._transport.call("POST", "/effects/" + path_id(effect_id) + "/heartbeat",
-                                    {"lease_token": lease_token}, safe=True, call_timeout=timeout)
+        answer = self._transport.call("POST", "/effects/" + path_id(effect_id) + "/heartbeat",
+                                      {"lease_token": lease_token}, safe=True, call_timeout=timeout)
+        return cast(EffectHeartbeat, answer)
 
     def get_effect(self, effect_id: str, *, timeout: Optional[float] = None) -> Effect:
         """Reads an effect with its attempts."""
-        return self._transport.call("GET", "/effects/" + path_id(effect_id), safe=True, call_timeout=timeout)
+        answer = self._transport.call("GET", "/effects/" + path_id(effect_id), safe=True, call_timeout=timeout)
+        return cast(Effect, answer)
 
     def resolve_effect(self, effect_id: str, outcome: str, result: Any = None, *, note: Optional[str] = None,
                        timeout: Optional[float] = None) -> Effect:
@@ -383,13 +402,14 @@ class Ratchet:
         effect, so it is retried."""
         if outcome not in ("succeeded", "failed"):
             raise ValueError("ratchet: resolve_effect needs outcome 'succeeded' or 'failed'")
-        body: dict = {"outcome": outcome}
+        body: Dict[str, Any] = {"outcome": outcome}
         if result is not None:
             body["result"] = result
         if note is not None:
             body["note"] = note
-        return self._transport.call("POST", "/effects/" + path_id(effect_id) + "/resolve", body, safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("POST", "/effects/" + path_id(effect_id) + "/resolve", body, safe=True,
+                                      call_timeout=timeout)
+        return cast(Effect, answer)
 
     def list_effects(self, *, state: Optional[str] = None, effect_type: Optional[str] = None,
                      limit: Optional[int] = None, cursor: Optional[str] = None,
@@ -397,8 +417,9 @@ class Ratchet:
         """Pages effects newest first (scope effects:read), results as
         redacted previews: {"data": [...], "next_cursor"}. state="indeterminate"
         lists those to verify at the vendor and resolve."""
-        return self._transport.call("GET", "/effects" + _query(state=state, effect_type=effect_type, limit=limit,
-                                                               cursor=cursor), safe=True, call_timeout=timeout)
+        answer = self._transport.call("GET", "/effects" + _query(state=state, effect_type=effect_type, limit=limit,
+                                                                 cursor=cursor), safe=True, call_timeout=timeout)
+        return cast(EffectPage, answer)
 
     def do_effect(self, effect_type: str, idempotency_key: str, action: Callable[[Lease], Any],
                   payload: Any = None, *, in_flight_timeout: Optional[float] = None,
@@ -503,7 +524,7 @@ class Ratchet:
                 held.stop.set()
 
     def _lease_or_answer(self, effect_type: str, idempotency_key: str, payload: Any,
-                         in_flight_timeout: Optional[float], begin_options: dict,
+                         in_flight_timeout: Optional[float], begin_options: Dict[str, Any],
                          handed: Optional["_Handover"] = None) -> Any:
         """Begins until the gate decides: (answer, lease_end) for an
         execute, an EffectOutcome for a duplicate; raises for the others.
@@ -558,7 +579,8 @@ class Ratchet:
                                                            error.get("detail") or {}, request_id, answer))
             raise RatchetError(200, "unknown_decision", f"unknown begin decision {decision!r}")
 
-    def _begin_answered(self, body: dict, handed: Optional["_Handover"] = None) -> Tuple[dict, float, str]:
+    def _begin_answered(self, body: Dict[str, Any],
+                        handed: Optional["_Handover"] = None) -> Tuple[Dict[str, Any], float, str]:
         """_begin, asked again under the same request_id past the
         transport's retries while every answer was lost (a network failure,
         a 5xx after which the server may have granted execute: a database
@@ -595,7 +617,7 @@ class Ratchet:
             elif handed.abandoned.wait(wait):
                 raise failure  # its task was cancelled: nobody waits for the answer
 
-    def _hold(self, answer: dict, lease_end: float) -> "_Held":
+    def _hold(self, answer: Dict[str, Any], lease_end: float) -> "_Held":
         """The execute's lease, heartbeated from now until its stop is set."""
         effect_id, token = answer["effect_id"], answer["lease_token"]
         lost = threading.Event()
@@ -628,7 +650,7 @@ class Ratchet:
             # recorded (the lease then lapses: indeterminate).
             not_performed.report_error = err
 
-    def _release_unrun(self, answer: dict, lease_end: float) -> None:
+    def _release_unrun(self, answer: Dict[str, Any], lease_end: float) -> None:
         """Reports failed a lease whose action was never called (its
         do_effect_async was cancelled as the lease came back)."""
         try:
@@ -661,7 +683,7 @@ class Ratchet:
             raise OutcomeNotReported(effect_id, result, err) from err
         raise ResultNotStored(effect_id, reason, result)
 
-    def _report_effect(self, effect_id: str, token: str, outcome: str, result: Any, state: dict) -> None:
+    def _report_effect(self, effect_id: str, token: str, outcome: str, result: Any, state: Dict[str, float]) -> None:
         """Reports, repeating through lost answers and server failures while
         the lease stands (the heartbeats keep it), for at most _REPORT_TIMEOUT."""
         give_up = time.monotonic() + _REPORT_TIMEOUT
@@ -680,7 +702,7 @@ class Ratchet:
                 return
             raise
 
-    def _heartbeat_effect(self, effect_id: str, token: str, state: dict,
+    def _heartbeat_effect(self, effect_id: str, token: str, state: Dict[str, float],
                           stop: threading.Event, lost: threading.Event) -> None:
         # Paced at a third of the lease left, within 1 s to 1 min; the
         # action is told the lease is lost on a refusal, or a second before
@@ -738,7 +760,7 @@ class Ratchet:
             name, version = (tool["name"], tool["version"]) if isinstance(tool, dict) else tool
             refs.append({"name": name, "version": version})
         answer = self._keyed("/workers/register", {"tools": refs}, idempotency_key, timeout)
-        return answer["workerId"]
+        return cast(str, answer["workerId"])  # API.md: the worker's id, a string
 
     def claim(self, worker_id: str, *, limit: int = 1, wait_seconds: int = 0,
               claim_id: Optional[str] = None, timeout: Optional[float] = None) -> List[ClaimedJob]:
@@ -762,21 +784,23 @@ class Ratchet:
         """Extends a job's lease by its length from now: {"leaseExpiresAt",
         "cancelRequested"} (stop working on it when true). A superseded
         token raises 409 lease_lost."""
-        return self._transport.call("POST", "/jobs/" + path_id(job_id) + "/heartbeat",
-                                    {"leaseToken": lease_token}, safe=True, call_timeout=timeout)
+        answer = self._transport.call("POST", "/jobs/" + path_id(job_id) + "/heartbeat",
+                                      {"leaseToken": lease_token}, safe=True, call_timeout=timeout)
+        return cast(JobHeartbeat, answer)
 
     def report_job(self, job_id: str, lease_token: str, status: str, *, output: Any = None,
-                   error: Optional[dict] = None, timeout: Optional[float] = None) -> JobReportResult:
+                   error: Optional[Dict[str, Any]] = None, timeout: Optional[float] = None) -> JobReportResult:
         """Records an attempt's outcome: status "SUCCEEDED" with its JSON
         output, or "FAILED" with error {"message", "retryable",
         "retryAfterMs"} (retryAfterMs 1000-86400000, only when retryable;
         keep the message short and free of secrets). Answers {"jobId",
         "status", "attempt", "nextDueAt"}. The same report with the same
         token answers the same, so it is repeated after a lost answer."""
-        return self._transport.call("POST", "/jobs/" + path_id(job_id) + "/report",
-                                    _job_report(lease_token, status, output, error), safe=True, call_timeout=timeout)
+        answer = self._transport.call("POST", "/jobs/" + path_id(job_id) + "/report",
+                                      _job_report(lease_token, status, output, error), safe=True, call_timeout=timeout)
+        return cast(JobReportResult, answer)
 
-    def report_jobs(self, reports: List[dict], *, timeout: Optional[float] = None) -> List[BatchJobResult]:
+    def report_jobs(self, reports: List[Dict[str, Any]], *, timeout: Optional[float] = None) -> List[BatchJobResult]:
         """Records several outcomes in one call (1-100, one commit): each
         report {"job_id", "lease_token", "status", "output", "error"} as
         report_job's, fenced by its own token. Answers one result per
@@ -812,14 +836,16 @@ class Ratchet:
                              timeout: Optional[float] = None) -> EffectPolicyPage:
         """Pages the workspace's configured effect-type policies:
         {"data", "next_cursor"}."""
-        return self._transport.call("GET", "/policies" + _query(limit=limit, cursor=cursor), safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("GET", "/policies" + _query(limit=limit, cursor=cursor), safe=True,
+                                      call_timeout=timeout)
+        return cast(EffectPolicyPage, answer)
 
     def get_effect_policy(self, effect_type: str, *, timeout: Optional[float] = None) -> EffectPolicy:
         """Reads effect_type's policy; an unconfigured type reads as the safe
         default, version 0. Its last_reconciled_at (read-only) is when the
         type was last reconciled, None before the first."""
-        return self._transport.call("GET", "/policies/" + path_id(effect_type), safe=True, call_timeout=timeout)
+        answer = self._transport.call("GET", "/policies/" + path_id(effect_type), safe=True, call_timeout=timeout)
+        return cast(EffectPolicy, answer)
 
     def get_policy_structuring(self, effect_type: str, *, timeout: Optional[float] = None) -> Structuring:
         """How closely the costs declared for effect_type over the last 24
@@ -829,10 +855,11 @@ class Ratchet:
         "below_80_percent", "from_80_to_90_percent",
         "from_90_to_100_percent", "at_or_above", "share_just_below"}]}. A
         measure, never enforced."""
-        return self._transport.call("GET", "/policies/" + path_id(effect_type) + "/structuring", safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("GET", "/policies/" + path_id(effect_type) + "/structuring", safe=True,
+                                      call_timeout=timeout)
+        return cast(Structuring, answer)
 
-    def update_effect_policy(self, effect_type: str, update: Optional[dict] = None, *,
+    def update_effect_policy(self, effect_type: str, update: Optional[Dict[str, Any]] = None, *,
                              expected_version: Optional[int] = None,
                              timeout: Optional[float] = None, **fields: Any) -> EffectPolicy:
         """Merges the fields of update and the keyword fields (the API's
@@ -849,7 +876,9 @@ class Ratchet:
         body = _fields(update, fields)
         if expected_version is not None:
             body["expected_version"] = expected_version
-        return self._transport.call("PUT", "/policies/" + path_id(effect_type), body, safe=False, call_timeout=timeout)
+        answer = self._transport.call("PUT", "/policies/" + path_id(effect_type), body, safe=False,
+                                      call_timeout=timeout)
+        return cast(EffectPolicy, answer)
 
     # approvals (approvals:write)
 
@@ -857,25 +886,29 @@ class Ratchet:
                        cursor: Optional[str] = None, timeout: Optional[float] = None) -> ApprovalPage:
         """Pages the approvals newest first, state "pending", "approved" or
         "rejected" (None: every state): {"data", "next_cursor"}."""
-        return self._transport.call("GET", "/approvals" + _query(state=state, limit=limit, cursor=cursor), safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("GET", "/approvals" + _query(state=state, limit=limit, cursor=cursor), safe=True,
+                                      call_timeout=timeout)
+        return cast(ApprovalPage, answer)
 
     def get_approval(self, approval_id: str, *, timeout: Optional[float] = None) -> Approval:
         """Reads one approval (ApprovalRequired.approval_id names it)."""
-        return self._transport.call("GET", "/approvals/" + path_id(approval_id), safe=True, call_timeout=timeout)
+        answer = self._transport.call("GET", "/approvals/" + path_id(approval_id), safe=True, call_timeout=timeout)
+        return cast(Approval, answer)
 
     def approve(self, approval_id: str, *, note: Optional[str] = None, timeout: Optional[float] = None) -> Approval:
         """Approves a pending effect: the next begin of its key executes.
         Approving an approved one answers it unchanged, so it is retried;
         approving a rejected one is 409 invalid_state."""
-        return self._transport.call("POST", "/approvals/" + path_id(approval_id) + "/approve",
-                                    _fields(None, {"note": note}, drop_none=True), safe=True, call_timeout=timeout)
+        answer = self._transport.call("POST", "/approvals/" + path_id(approval_id) + "/approve",
+                                      _fields(None, {"note": note}, drop_none=True), safe=True, call_timeout=timeout)
+        return cast(Approval, answer)
 
     def reject(self, approval_id: str, *, note: Optional[str] = None, timeout: Optional[float] = None) -> Approval:
         """Rejects a pending effect: every begin of its key is denied
         approval_rejected, for good. Retried as approve."""
-        return self._transport.call("POST", "/approvals/" + path_id(approval_id) + "/reject",
-                                    _fields(None, {"note": note}, drop_none=True), safe=True, call_timeout=timeout)
+        answer = self._transport.call("POST", "/approvals/" + path_id(approval_id) + "/reject",
+                                      _fields(None, {"note": note}, drop_none=True), safe=True, call_timeout=timeout)
+        return cast(Approval, answer)
 
     # circuits and the emergency stop (policies:write; the reads take policies:read too)
 
@@ -883,8 +916,9 @@ class Ratchet:
                       timeout: Optional[float] = None) -> CircuitPage:
         """Pages the breaker of every effect type seen or configured:
         {"data", "next_cursor"}."""
-        return self._transport.call("GET", "/circuits" + _query(limit=limit, cursor=cursor), safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("GET", "/circuits" + _query(limit=limit, cursor=cursor), safe=True,
+                                      call_timeout=timeout)
+        return cast(CircuitPage, answer)
 
     def open_circuit(self, effect_type: str, *, action: Optional[str] = None, reason: Optional[str] = None,
                      timeout: Optional[float] = None) -> Circuit:
@@ -892,15 +926,17 @@ class Ratchet:
         ("monitor", "require_approval" (the default) or "deny") until
         close_circuit. Opening again changes nothing more, so it is retried,
         as are the other breaker calls."""
-        return self._transport.call("POST", "/circuits/" + path_id(effect_type) + "/open",
-                                    _fields(None, {"action": action, "reason": reason}, drop_none=True), safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("POST", "/circuits/" + path_id(effect_type) + "/open",
+                                      _fields(None, {"action": action, "reason": reason}, drop_none=True), safe=True,
+                                      call_timeout=timeout)
+        return cast(Circuit, answer)
 
     def close_circuit(self, effect_type: str, *, timeout: Optional[float] = None) -> Circuit:
         """Closes effect_type's breaker, with a fresh surge allowance
         counted from now."""
-        return self._transport.call("POST", "/circuits/" + path_id(effect_type) + "/close", {}, safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("POST", "/circuits/" + path_id(effect_type) + "/close", {}, safe=True,
+                                      call_timeout=timeout)
+        return cast(Circuit, answer)
 
     def emergency_stop(self, *, action: Optional[str] = None, reason: Optional[str] = None,
                        timeout: Optional[float] = None) -> CircuitPage:
@@ -908,19 +944,22 @@ class Ratchet:
         included, with action ("require_approval" by default) until
         release_emergency_stop. Answers at most the first 200 circuits as
         {"data", "next_cursor"} without a cursor: list_circuits pages them."""
-        return self._transport.call("POST", "/circuits/stop",
-                                    _fields(None, {"action": action, "reason": reason}, drop_none=True), safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("POST", "/circuits/stop",
+                                      _fields(None, {"action": action, "reason": reason}, drop_none=True), safe=True,
+                                      call_timeout=timeout)
+        return cast(CircuitPage, answer)
 
     def get_emergency_stop(self, *, timeout: Optional[float] = None) -> EmergencyStop:
         """Whether the emergency stop is on: {"state": "open"|"closed",
         "action", "reason", "opened_at"}."""
-        return self._transport.call("GET", "/circuits/stop", safe=True, call_timeout=timeout)
+        answer = self._transport.call("GET", "/circuits/stop", safe=True, call_timeout=timeout)
+        return cast(EmergencyStop, answer)
 
     def release_emergency_stop(self, *, timeout: Optional[float] = None) -> CircuitPage:
         """Lifts the emergency stop; breakers of single types stay as they
         are. Answers circuits as emergency_stop does."""
-        return self._transport.call("POST", "/circuits/release", {}, safe=True, call_timeout=timeout)
+        answer = self._transport.call("POST", "/circuits/release", {}, safe=True, call_timeout=timeout)
+        return cast(CircuitPage, answer)
 
     # compensation groups
 
@@ -932,16 +971,18 @@ class Ratchet:
         (``deduplicated``; the same key with another name is 409
         idempotency_key_reuse); without one it is not repeated after an
         ambiguous failure, since a repeat would open a second group."""
-        body: dict = {"name": name}
+        body: Dict[str, Any] = {"name": name}
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
-        return self._transport.call("POST", "/groups", body, safe=idempotency_key is not None, call_timeout=timeout)
+        answer = self._transport.call("POST", "/groups", body, safe=idempotency_key is not None, call_timeout=timeout)
+        return cast(Group, answer)
 
     def get_group(self, group_id: str, *, timeout: Optional[float] = None) -> Group:
         """Reads a group with its steps: all of them, or the first that fit
         in one answer of about 4 MB (some 3 000 steps at worst), with
         ``steps_truncated`` true; list_group_steps pages the rest."""
-        return self._transport.call("GET", "/groups/" + path_id(group_id), safe=True, call_timeout=timeout)
+        answer = self._transport.call("GET", "/groups/" + path_id(group_id), safe=True, call_timeout=timeout)
+        return cast(Group, answer)
 
     def list_group_steps(self, group_id: str, *, limit: Optional[int] = None,
                          cursor: Optional[str] = None, timeout: Optional[float] = None) -> GroupStepPage:
@@ -950,15 +991,18 @@ class Ratchet:
         repeated keyed create hold the first steps that fit in one answer
         (``steps_truncated``): pass the last one's effect_id as cursor to
         read the rest, then next_cursor."""
-        return self._transport.call("GET", "/groups/" + path_id(group_id) + "/steps"
-                                    + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
+        answer = self._transport.call("GET", "/groups/" + path_id(group_id) + "/steps"
+                                      + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
+        return cast(GroupStepPage, answer)
 
     def commit_group(self, group_id: str, *, timeout: Optional[float] = None) -> GroupCommit:
         """Commits a group whose forward steps all succeeded (or answers the
         plan of those that have not); committing again answers it again.
         Its steps are cut to fit one answer as get_group's are
         (``steps_truncated``)."""
-        return self._transport.call("POST", "/groups/" + path_id(group_id) + "/commit", safe=True, call_timeout=timeout)
+        answer = self._transport.call("POST", "/groups/" + path_id(group_id) + "/commit", safe=True,
+                                      call_timeout=timeout)
+        return cast(GroupCommit, answer)
 
     def unwind_group(self, group_id: str, *, timeout: Optional[float] = None) -> Unwind:
         """Starts (or reads) a group's rollback: {"state", "plan",
@@ -966,7 +1010,9 @@ class Ratchet:
         success. Repeating it answers the plan as it stands; a plan cut to
         fit one answer (about 4 MB) says plan_truncated: perform its items,
         then unwind again for the rest."""
-        return self._transport.call("POST", "/groups/" + path_id(group_id) + "/unwind", safe=True, call_timeout=timeout)
+        answer = self._transport.call("POST", "/groups/" + path_id(group_id) + "/unwind", safe=True,
+                                      call_timeout=timeout)
+        return cast(Unwind, answer)
 
     # webhooks (webhooks:write)
 
@@ -979,22 +1025,26 @@ class Ratchet:
         and secret, so a caller whose retries ran out can still recover it
         (until the subscription is deleted: the server then erases that
         answer, and the same call raises RatchetError not_found)."""
-        return self._keyed("/webhooks", {"url": url, "events": list(events)}, idempotency_key, timeout)
+        answer = self._keyed("/webhooks", {"url": url, "events": list(events)}, idempotency_key, timeout)
+        return cast(NewWebhook, answer)
 
     def list_webhooks(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
                       timeout: Optional[float] = None) -> WebhookPage:
         """Pages the subscriptions: {"data", "next_cursor"}."""
-        return self._transport.call("GET", "/webhooks" + _query(limit=limit, cursor=cursor), safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("GET", "/webhooks" + _query(limit=limit, cursor=cursor), safe=True,
+                                      call_timeout=timeout)
+        return cast(WebhookPage, answer)
 
     def get_webhook(self, webhook_id: str, *, timeout: Optional[float] = None) -> Webhook:
         """Reads one subscription (never its secret)."""
-        return self._transport.call("GET", "/webhooks/" + path_id(webhook_id), safe=True, call_timeout=timeout)
+        answer = self._transport.call("GET", "/webhooks/" + path_id(webhook_id), safe=True, call_timeout=timeout)
+        return cast(Webhook, answer)
 
     def delete_webhook(self, webhook_id: str, *, timeout: Optional[float] = None) -> Webhook:
         """Removes a subscription; its pending deliveries end failed.
         Deleting again answers it again, so it is retried."""
-        return self._transport.call("DELETE", "/webhooks/" + path_id(webhook_id), safe=True, call_timeout=timeout)
+        answer = self._transport.call("DELETE", "/webhooks/" + path_id(webhook_id), safe=True, call_timeout=timeout)
+        return cast(Webhook, answer)
 
     def update_webhook(self, webhook_id: str, *, url: Optional[str] = None, events: Optional[List[str]] = None,
                        disabled: Optional[bool] = None, timeout: Optional[float] = None) -> Webhook:
@@ -1008,21 +1058,24 @@ class Ratchet:
         the events recorded meanwhile are skipped; False: enabled again). None keeps a field; give
         at least one. Answers the subscription as get_webhook reads it. The
         same update sent again changes nothing, so it is retried."""
-        body: dict = {}
+        body: Dict[str, Any] = {}
         if url is not None:
             body["url"] = url
         if events is not None:
             body["events"] = list(events)
         if disabled is not None:
             body["disabled"] = disabled
-        return self._transport.call("PATCH", "/webhooks/" + path_id(webhook_id), body, safe=True, call_timeout=timeout)
+        answer = self._transport.call("PATCH", "/webhooks/" + path_id(webhook_id), body, safe=True,
+                                      call_timeout=timeout)
+        return cast(Webhook, answer)
 
     def list_webhook_deliveries(self, webhook_id: str, *, limit: Optional[int] = None,
                                 cursor: Optional[str] = None, timeout: Optional[float] = None) -> WebhookDeliveryPage:
         """Pages a subscription's deliveries, each with its state, attempts
         and last status: {"data", "next_cursor"}."""
-        return self._transport.call("GET", "/webhooks/" + path_id(webhook_id) + "/deliveries"
-                                    + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
+        answer = self._transport.call("GET", "/webhooks/" + path_id(webhook_id) + "/deliveries"
+                                      + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
+        return cast(WebhookDeliveryPage, answer)
 
     def retry_webhook_deliveries(self, webhook_id: str, delivery_ids: List[str], *,
                                  idempotency_key: Optional[str] = None, timeout: Optional[float] = None) -> RetriedDeliveries:
@@ -1032,8 +1085,9 @@ class Ratchet:
         {"deliveries": [...]} as they now are. One Idempotency-Key
         (idempotency_key, or a fresh one) spans the retries, so a lost answer
         does not send them twice."""
-        return self._keyed("/webhooks/" + path_id(webhook_id) + "/deliveries/retry",
-                           {"delivery_ids": list(delivery_ids)}, idempotency_key, timeout)
+        answer = self._keyed("/webhooks/" + path_id(webhook_id) + "/deliveries/retry",
+                             {"delivery_ids": list(delivery_ids)}, idempotency_key, timeout)
+        return cast(RetriedDeliveries, answer)
 
     def rotate_webhook_secret(self, webhook_id: str, *, previous_expires_in: Optional[float] = None,
                               replace_previous: bool = False, idempotency_key: Optional[str] = None,
@@ -1046,12 +1100,13 @@ class Ratchet:
         invalid_state); that secret stops at once. Retried under one
         Idempotency-Key (idempotency_key, or a fresh one), so a lost answer
         gets the secret the first made."""
-        body: dict = {}
+        body: Dict[str, Any] = {}
         if previous_expires_in is not None:
             body["previous_secret_expires_in_seconds"] = max(math.ceil(previous_expires_in), 0)
         if replace_previous:
             body["replace_previous"] = True
-        return self._keyed("/webhooks/" + path_id(webhook_id) + "/rotate-secret", body, idempotency_key, timeout)
+        answer = self._keyed("/webhooks/" + path_id(webhook_id) + "/rotate-secret", body, idempotency_key, timeout)
+        return cast(NewWebhook, answer)
 
     # keys (keys:write)
 
@@ -1066,52 +1121,59 @@ class Ratchet:
         here. Retried under one Idempotency-Key (yours, or a fresh one), so
         a retry after a lost answer gets the key the first attempt minted
         instead of a second; the same key within a day answers it again."""
-        body: dict = {"name": name, "tools": None if tools is None else list(tools)}
+        body: Dict[str, Any] = {"name": name, "tools": None if tools is None else list(tools)}
         body.update(_fields(None, {"preset": preset, "scopes": None if scopes is None else list(scopes),
                                    "daily_spend_ceiling_micros": daily_spend_ceiling_micros,
                                    "rate_limit_per_minute": rate_limit_per_minute}, drop_none=True))
-        return self._keyed("/keys", body, idempotency_key, timeout)
+        answer = self._keyed("/keys", body, idempotency_key, timeout)
+        return cast(NewApiKey, answer)
 
     def list_keys(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
                   timeout: Optional[float] = None) -> ApiKeyPage:
         """Pages the workspace's keys, never their secrets: {"data", "next_cursor"}."""
-        return self._transport.call("GET", "/keys" + _query(limit=limit, cursor=cursor), safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("GET", "/keys" + _query(limit=limit, cursor=cursor), safe=True,
+                                      call_timeout=timeout)
+        return cast(ApiKeyPage, answer)
 
     def current_key(self, *, timeout: Optional[float] = None) -> ApiKey:
         """Reads this client's own key (any valid key may): its scopes,
         tools, spend ceiling and rate limit, never its secret."""
-        return self._transport.call("GET", "/keys/current", safe=True, call_timeout=timeout)
+        answer = self._transport.call("GET", "/keys/current", safe=True, call_timeout=timeout)
+        return cast(ApiKey, answer)
 
     def revoke_key(self, key_id: str, *, timeout: Optional[float] = None) -> ApiKey:
         """Revokes a key for good and answers it; revoking again answers the
         same key, so it is retried. A client revoking its own key whose
         answer was lost is refused (401) when it asks again: read the key
         with another to confirm."""
-        return self._transport.call("DELETE", "/keys/" + path_id(key_id), safe=True, call_timeout=timeout)
+        answer = self._transport.call("DELETE", "/keys/" + path_id(key_id), safe=True, call_timeout=timeout)
+        return cast(ApiKey, answer)
 
     # endpoints (endpoints:write)
 
     def list_endpoints(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
                        timeout: Optional[float] = None) -> EndpointPage:
         """Pages the endpoints with their policies: {"data", "nextCursor"}."""
-        return self._transport.call("GET", "/endpoints" + _query(limit=limit, cursor=cursor), safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("GET", "/endpoints" + _query(limit=limit, cursor=cursor), safe=True,
+                                      call_timeout=timeout)
+        return cast(EndpointPage, answer)
 
-    def create_endpoint(self, name: str, policy: Optional[dict] = None,
+    def create_endpoint(self, name: str, policy: Optional[Dict[str, Any]] = None,
                         *, timeout: Optional[float] = None, **fields: Any) -> Endpoint:
         """Creates an endpoint ahead of its first job, with policy fields as
         update_endpoint_policy takes them (none: STANDARD). An existing name
         answers the endpoint unchanged, so it is retried."""
-        return self._transport.call("POST", "/endpoints", dict(_fields(policy, fields), name=name), safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("POST", "/endpoints", dict(_fields(policy, fields), name=name), safe=True,
+                                      call_timeout=timeout)
+        return cast(Endpoint, answer)
 
     def get_endpoint(self, endpoint_id: str, *, timeout: Optional[float] = None) -> Endpoint:
         """Reads an endpoint and its policy (GET /endpoints/{id}/policy)."""
-        return self._transport.call("GET", "/endpoints/" + path_id(endpoint_id) + "/policy", safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("GET", "/endpoints/" + path_id(endpoint_id) + "/policy", safe=True,
+                                      call_timeout=timeout)
+        return cast(Endpoint, answer)
 
-    def update_endpoint_policy(self, endpoint_id: str, expected_version: int, update: Optional[dict] = None,
+    def update_endpoint_policy(self, endpoint_id: str, expected_version: int, update: Optional[Dict[str, Any]] = None,
                                *, timeout: Optional[float] = None, **fields: Any) -> Endpoint:
         """Merges the fields of update and the keyword fields (the API's
         camelCase names: preset, maxAttempts, initialDelayMs, multiplier,
@@ -1122,26 +1184,30 @@ class Ratchet:
         version_conflict). Jobs already enqueued keep their snapshot. Not
         repeated after a lost answer, as update_effect_policy."""
         body = dict(_fields(update, fields), expectedVersion=expected_version)
-        return self._transport.call("PUT", "/endpoints/" + path_id(endpoint_id) + "/policy", body, safe=False,
-                                    call_timeout=timeout)
+        answer = self._transport.call("PUT", "/endpoints/" + path_id(endpoint_id) + "/policy", body, safe=False,
+                                      call_timeout=timeout)
+        return cast(Endpoint, answer)
 
     def pause_endpoint(self, endpoint_id: str, *, timeout: Optional[float] = None) -> Endpoint:
         """Pauses an endpoint: its jobs are accepted but not claimed,
         consuming no attempts, until resume_endpoint."""
-        return self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/pause", {}, safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/pause", {}, safe=True,
+                                      call_timeout=timeout)
+        return cast(Endpoint, answer)
 
     def resume_endpoint(self, endpoint_id: str, *, timeout: Optional[float] = None) -> Endpoint:
         """Resumes a paused endpoint."""
-        return self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/resume", {}, safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/resume", {}, safe=True,
+                                      call_timeout=timeout)
+        return cast(Endpoint, answer)
 
     def close_endpoint_circuit(self, endpoint_id: str, *, timeout: Optional[float] = None) -> Endpoint:
         """Closes the endpoint's circuit breaker by hand (read its recent
         attempts first, list_endpoint_attempts); closing a closed one
         changes nothing."""
-        return self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/circuit/close", {}, safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("POST", "/endpoints/" + path_id(endpoint_id) + "/circuit/close", {}, safe=True,
+                                      call_timeout=timeout)
+        return cast(Endpoint, answer)
 
     def list_endpoint_attempts(self, endpoint_id: str, *, outcome: Optional[str] = None,
                                limit: Optional[int] = None, cursor: Optional[str] = None,
@@ -1149,15 +1215,16 @@ class Ratchet:
         """Pages an endpoint's attempts newest first, each with its job and
         its worker's message; outcome "SUCCEEDED" or "FAILED" keeps only
         those: {"data", "nextCursor"}."""
-        return self._transport.call("GET", "/endpoints/" + path_id(endpoint_id) + "/attempts"
-                                    + _query(outcome=outcome, limit=limit, cursor=cursor), safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("GET", "/endpoints/" + path_id(endpoint_id) + "/attempts"
+                                      + _query(outcome=outcome, limit=limit, cursor=cursor), safe=True,
+                                      call_timeout=timeout)
+        return cast(EndpointAttemptPage, answer)
 
     # contracts and tool tests (contracts:write)
 
     def publish_contract(self, name: str, *, handler_version: str, input_schema: Any,
                          output_schema: Any = None, timeout_ms: Optional[int] = None,
-                         retry_preset: Optional[str] = None, retry_policy: Optional[dict] = None,
+                         retry_preset: Optional[str] = None, retry_policy: Optional[Dict[str, Any]] = None,
                          status: Optional[str] = None, idempotency_key: Optional[str] = None,
                          timeout: Optional[float] = None) -> Contract:
         """Publishes a new contract version of tool name: the handler
@@ -1169,19 +1236,21 @@ class Ratchet:
         ``contractVersion``. Retried under one Idempotency-Key
         (idempotency_key, or a fresh one), so a repeat after a lost answer
         gets the version the first published."""
-        body: dict = {"handlerVersion": handler_version, "inputSchema": input_schema}
+        body: Dict[str, Any] = {"handlerVersion": handler_version, "inputSchema": input_schema}
         if retry_policy is not None:
             retry_policy = {k: v for k, v in retry_policy.items() if k != "preset"}
         body.update(_fields(None, {"outputSchema": output_schema, "timeoutMs": timeout_ms,
                                    "retryPreset": retry_preset, "retryPolicy": retry_policy, "status": status},
                             drop_none=True))
-        return self._keyed("/tools/" + path_id(name) + "/contracts", body, idempotency_key, timeout)
+        answer = self._keyed("/tools/" + path_id(name) + "/contracts", body, idempotency_key, timeout)
+        return cast(Contract, answer)
 
     def list_contracts(self, name: str, *, limit: Optional[int] = None, cursor: Optional[str] = None,
                        timeout: Optional[float] = None) -> ContractPage:
         """Pages tool name's contracts by version: {"data", "nextCursor"}."""
-        return self._transport.call("GET", "/tools/" + path_id(name) + "/contracts"
-                                    + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
+        answer = self._transport.call("GET", "/tools/" + path_id(name) + "/contracts"
+                                      + _query(limit=limit, cursor=cursor), safe=True, call_timeout=timeout)
+        return cast(ContractPage, answer)
 
     def test_tool(self, name: str, version: str, input: Any = None, *,
                   idempotency_key: Optional[str] = None, timeout: Optional[float] = None) -> ToolTest:
@@ -1190,14 +1259,15 @@ class Ratchet:
         its own: follow it with get_run(answer["runId"]). Retried under one
         Idempotency-Key (idempotency_key, or a fresh one), as
         publish_contract."""
-        body: dict = {"version": version}
+        body: Dict[str, Any] = {"version": version}
         if input is not None:
             body["input"] = input
-        return self._keyed("/tools/" + path_id(name) + "/test", body, idempotency_key, timeout)
+        answer = self._keyed("/tools/" + path_id(name) + "/test", body, idempotency_key, timeout)
+        return cast(ToolTest, answer)
 
     # reconciliation (reconcile:write) and the queue
 
-    def reconcile(self, effect_type: str, from_: Any, to: Any, records: Optional[List[dict]] = None, *,
+    def reconcile(self, effect_type: str, from_: Any, to: Any, records: Optional[List[Dict[str, Any]]] = None, *,
                   idempotency_key: Optional[str] = None, timeout: Optional[float] = None) -> Reconciliation:
         """Compares the vendor's records ({"idempotency_key", "status":
         "succeeded"|"refunded"|"failed"|"pending", "amount_micros"}, at most
@@ -1214,15 +1284,17 @@ class Ratchet:
         answered it too."""
         body = {"effect_type": effect_type, "from": _rfc3339(from_, "from_"), "to": _rfc3339(to, "to"),
                 "records": list(records or [])}
-        return self._keyed("/reconcile", body, idempotency_key, timeout)
+        answer = self._keyed("/reconcile", body, idempotency_key, timeout)
+        return cast(Reconciliation, answer)
 
     def list_queue_health(self, *, limit: Optional[int] = None, cursor: Optional[str] = None,
                           timeout: Optional[float] = None) -> QueueHealthPage:
         """Pages the queued work of each exact name@version (queued, due,
         oldest age, workers seen, the endpoints holding it and a plain
         ``message`` when something does): {"data", "nextCursor"}."""
-        return self._transport.call("GET", "/queue/health" + _query(limit=limit, cursor=cursor), safe=True,
-                                    call_timeout=timeout)
+        answer = self._transport.call("GET", "/queue/health" + _query(limit=limit, cursor=cursor), safe=True,
+                                      call_timeout=timeout)
+        return cast(QueueHealthPage, answer)
 
 @dataclass(frozen=True)
 class _Held:
@@ -1230,7 +1302,7 @@ class _Held:
     effect_id: str
     token: str
     lease: Lease
-    state: dict  # "end": the lease's end by this process's clock, as last extended
+    state: Dict[str, float]  # "end": the lease's end by this process's clock, as last extended
     stop: threading.Event
 
 
@@ -1241,9 +1313,9 @@ class _Handover:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.abandoned = threading.Event()
-        self._leased: Optional[Tuple[dict, float]] = None
+        self._leased: Optional[Tuple[Dict[str, Any], float]] = None
 
-    def give(self, leased: Tuple[dict, float]) -> bool:
+    def give(self, leased: Tuple[Dict[str, Any], float]) -> bool:
         """False when the task was cancelled: the lease is its giver's to release."""
         with self._lock:
             if self.abandoned.is_set():
@@ -1251,7 +1323,7 @@ class _Handover:
             self._leased = leased
             return True
 
-    def abandon(self) -> Optional[Tuple[dict, float]]:
+    def abandon(self) -> Optional[Tuple[Dict[str, Any], float]]:
         """Marks the task cancelled; answers a lease already given, which
         it never took, for release."""
         with self._lock:
@@ -1279,7 +1351,7 @@ def _query(**params: Any) -> str:
     return "?" + urllib.parse.urlencode(given) if given else ""
 
 
-def _fields(update: Optional[dict], fields: dict, *, drop_none: bool = False) -> dict:
+def _fields(update: Optional[Dict[str, Any]], fields: Dict[str, Any], *, drop_none: bool = False) -> Dict[str, Any]:
     """A request body: update's fields, then the keyword fields; with
     drop_none, those None are left out."""
     body = dict(update or {})
@@ -1287,9 +1359,9 @@ def _fields(update: Optional[dict], fields: dict, *, drop_none: bool = False) ->
     return {k: v for k, v in body.items() if v is not None} if drop_none else body
 
 
-def _job_report(lease_token: str, status: str, output: Any, error: Optional[dict]) -> dict:
+def _job_report(lease_token: str, status: str, output: Any, error: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """A job report's body, leaving out what was not given."""
-    body: dict = {"leaseToken": lease_token, "status": status}
+    body: Dict[str, Any] = {"leaseToken": lease_token, "status": status}
     if output is not None:
         body["output"] = output
     if error is not None:
@@ -1306,8 +1378,8 @@ def _rfc3339(value: Any, name: str) -> str:
         return value
     raise TypeError(f"ratchet: {name} must be a datetime or an RFC 3339 string, not {type(value).__name__}")
 
-def _effect_report(token: str, outcome: str, result: Any) -> dict:
-    body: dict = {"lease_token": token, "outcome": outcome}
+def _effect_report(token: str, outcome: str, result: Any) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"lease_token": token, "outcome": outcome}
     if result is not None:
         body["result"] = result
     return body

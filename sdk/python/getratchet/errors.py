@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional, TypedDict
+from typing import Any, Dict, List, Optional, TypedDict
 
 # The API's stable error codes (API.md, "Errors").
 INVALID_REQUEST = "invalid_request"
@@ -31,7 +31,16 @@ def _detail_strings(value: Any) -> List[str]:
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
-def _error_text(status: int, code: str, message: str, detail: dict, request_id: str) -> str:
+class ValidationProblem(TypedDict):
+    """One problem of a value refused as invalid: the field's dotted path
+    from the body's root, and why. Declared here, where
+    RatchetError.validation answers them, so that getratchet.types (which
+    imports this module) can export it without a circular import."""
+    field: str
+    message: str
+
+
+def _error_text(status: int, code: str, message: str, detail: Dict[str, Any], request_id: str) -> str:
     """The text of a RatchetError, as the Go SDK's: what a 403's key lacks
     (detail.any_of or detail.required) and the request id to quote."""
     # Empty parts are left out, as the Go SDK's text leaves them.
@@ -56,7 +65,7 @@ class RatchetError(Exception):
     """
 
     def __init__(self, status: int, code: str, message: str,
-                 detail: Optional[dict] = None, request_id: str = "",
+                 detail: Optional[Dict[str, Any]] = None, request_id: str = "",
                  body: Any = None) -> None:
         super().__init__(_error_text(status, code, message, detail or {}, request_id))
         self.status = status
@@ -79,13 +88,13 @@ class RatchetError(Exception):
         return 0
 
     @property
-    def required(self) -> list:
+    def required(self) -> List[str]:
         """detail.required of a 403 forbidden: the scopes (or
         ``tool:name@version``) the key lacks; [] otherwise."""
         return _detail_strings(self.detail.get("required"))
 
     @property
-    def any_of(self) -> list:
+    def any_of(self) -> List[str]:
         """detail.any_of of a 403 forbidden from a route that any one of
         several scopes opens (holding one is enough), as Go's AnyOf(); []
         otherwise."""
@@ -106,7 +115,7 @@ class RatchetError(Exception):
         return value if isinstance(value, str) and value else None
 
     @property
-    def validation(self) -> list:
+    def validation(self) -> List[ValidationProblem]:
         """The fields a 400 invalid_request refused: [{"field", "message"}]."""
         value = self.detail.get("validation")
         return value if isinstance(value, list) else []

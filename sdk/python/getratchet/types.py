@@ -15,7 +15,7 @@ with it, so a field the server adds or drops fails them.
 
 from typing import Any, Dict, List, Literal, Optional, TypedDict
 
-from .errors import PriorAttempt, RatchetError
+from .errors import PriorAttempt, RatchetError, ValidationProblem
 
 # -- the enumerated values ------------------------------------------------
 # Each is the enum of the served OpenAPI document (tests/test_types.py
@@ -66,13 +66,6 @@ VendorStatus = Literal["succeeded", "refunded", "failed", "pending"]
 """A vendor record's status, as reconcile was given it."""
 
 # -- shared --------------------------------------------------------------
-
-
-class ValidationProblem(TypedDict):
-    """One problem of a value refused as invalid: the field's dotted path
-    from the body's root, and why."""
-    field: str
-    message: str
 
 
 class ErrorBody(TypedDict):

@@ -10,7 +10,7 @@ import math
 import re
 import time
 from datetime import datetime
-from typing import Any, Optional, Union, cast
+from typing import Any, Dict, List, Optional, Tuple, Union, cast
 
 from ._time import aware
 from .errors import NoWebhookSecretError, WebhookSignatureError
@@ -98,7 +98,7 @@ def verify_webhook(secret: Optional[str], signature: Optional[str], body: Union[
     if len(signature) > _MAX_SIGNATURE_HEADER or len(signature.encode("utf-8", "surrogatepass")) > _MAX_SIGNATURE_HEADER:
         raise WebhookSignatureError(_MALFORMED)
     ts: str = ""
-    signed: list = []
+    signed: List[bytes] = []
     for part in signature.split(","):
         key, eq, value = part.strip(_SPACE).partition("=")
         if not eq:
@@ -162,7 +162,7 @@ _RFC3339 = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):(
 _FLOAT_MAX = float.fromhex("0x1.fffffffffffffp+1023")
 
 
-def _decode_event(body: bytes) -> dict:
+def _decode_event(body: bytes) -> Dict[str, Any]:
     """The event a verified body carries, read by the shared rules above."""
     try:
         event = _strict_loads(body)
@@ -193,8 +193,8 @@ def _strict_loads(body: bytes) -> Any:
             raise ValueError(f"the number {literal[:20]}… is beyond float64")
         return float(literal) if any(c in literal for c in ".eE") else int(literal)
 
-    def members(pairs: list) -> dict:
-        out: dict = {}
+    def members(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
         for name, value in pairs:
             if name in out:
                 raise ValueError(f"the name {json.dumps(name)} twice in one object")

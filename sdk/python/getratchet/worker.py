@@ -9,7 +9,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, cast
 
 from . import _json
 from ._aio import await_alone
@@ -147,7 +147,7 @@ class _Report:
     delivered (done) its refusal or failure (error), or that it is to be
     sent on its own (alone)."""
 
-    def __init__(self, job_id: str, body: dict, may_wait: Callable[[float], bool],
+    def __init__(self, job_id: str, body: Dict[str, Any], may_wait: Callable[[float], bool],
                  on_retry: Callable[[], None], on_attempt: Callable[[], None] = lambda: None) -> None:
         self.job_id = job_id
         self.body = body
@@ -199,7 +199,7 @@ class _Reporter:
         at once. For a stop past its deadline and twice its grace."""
         self._abort.fire()
 
-    def deliver(self, job_id: str, body: dict, *, may_wait: Callable[[float], bool],
+    def deliver(self, job_id: str, body: Dict[str, Any], *, may_wait: Callable[[float], bool],
                 on_retry: Callable[[], None], on_attempt: Callable[[], None] = lambda: None) -> None:
         """Delivers job_id's report and returns once recorded; raises what
         Transport.call_until raises for the single report: its refusal, or
@@ -282,7 +282,7 @@ class _Reporter:
             for r in batch:
                 r.on_attempt()
 
-        def read(answer: dict, request_id: str) -> Any:
+        def read(answer: Dict[str, Any], request_id: str) -> Any:
             return batch_results(answer, [r.job_id for r in batch], request_id)
 
         try:
@@ -307,7 +307,8 @@ def _report_path(job_id: str) -> str:
     return "/jobs/" + path_id(job_id) + "/report"
 
 
-def batch_results(answer: dict, job_ids: List[str], request_id: str = "") -> List[Tuple[dict, Optional[RatchetError]]]:
+def batch_results(answer: Dict[str, Any], job_ids: List[str],
+                  request_id: str = "") -> List[Tuple[Dict[str, Any], Optional[RatchetError]]]:
     """Each report's result in a batch report's answer (POST /jobs/report),
     in the reports' order (job_ids), with its error: None, or the refusal
     the single report would have raised (_item_error), its request_id the
@@ -320,7 +321,7 @@ def batch_results(answer: dict, job_ids: List[str], request_id: str = "") -> Lis
     results = answer.get("results")
     if not isinstance(results, list) or len(results) != len(job_ids):
         raise ValueError("not one result per report")
-    out: List[Tuple[dict, Optional[RatchetError]]] = []
+    out: List[Tuple[Dict[str, Any], Optional[RatchetError]]] = []
     for job_id, result in zip(job_ids, results):
         if not isinstance(result, dict) or result.get("jobId") != job_id:
             raise ValueError("a result for another job")
@@ -329,14 +330,15 @@ def batch_results(answer: dict, job_ids: List[str], request_id: str = "") -> Lis
     return out
 
 
-def _item_error(envelope: dict, request_id: str) -> RatchetError:
+def _item_error(envelope: Dict[str, Any], request_id: str) -> RatchetError:
     """A batch's refusal of one report, as the single report's refusal
     (the status it would have answered: 409 lease_lost, 404 not_found...),
     with the batch response's request_id."""
     code = str(envelope.get("code", ""))
     status = {NOT_FOUND: 404, FORBIDDEN: 403, LEASE_LOST: 409, LEASE_EXPIRED: 409, INVALID_STATE: 409}.get(code, 400)
-    detail = envelope.get("detail") if isinstance(envelope.get("detail"), dict) else {}
-    return RatchetError(status, code, str(envelope.get("message", "")), dict(detail), request_id=request_id)
+    given = envelope.get("detail")
+    detail: Dict[str, Any] = dict(given) if isinstance(given, dict) else {}
+    return RatchetError(status, code, str(envelope.get("message", "")), detail, request_id=request_id)
 
 
 class Worker:
@@ -585,15 +587,15 @@ class Worker:
 
     # -- polling ------------------------------------------------------------
 
-    def _register(self, tools: list, key: Optional[str] = None) -> str:
+    def _register(self, tools: List[Dict[str, str]], key: Optional[str] = None) -> str:
         # A stop ends a wait between attempts, and its deadline cuts one in
         # flight, as a claim's.
         answer = self._transport.call("POST", "/workers/register", {"tools": tools}, safe=True,
                                       idempotency_key=key or new_request_id(), abort=self._claim_abort,
                                       retry_cutoff=self._claim_waits_cut)
-        return answer["workerId"]
+        return cast(str, answer["workerId"])  # API.md: the worker's id, a string
 
-    def _register_until(self, tools: list, poll_interval: float) -> Optional[str]:
+    def _register_until(self, tools: List[Dict[str, str]], poll_interval: float) -> Optional[str]:
         """Registers for start(), under one Idempotency-Key (a repeat after
         a lost answer gets the worker id the first attempt registered),
         trying again after each failure that may pass, told to on_error,
@@ -620,7 +622,7 @@ class Worker:
                 if self._stopping.is_set():
                     return None
 
-    def _register_again(self, tools: list) -> Optional[BaseException]:
+    def _register_again(self, tools: List[Dict[str, str]]) -> Optional[BaseException]:
         """Registers under a new worker id, for a server that forgot the old
         one; answers the failure (the loop tells it: a refusal stops the
         worker, as at start(); after a failure that may pass, the next
@@ -690,7 +692,7 @@ class Worker:
         """Waits seconds, or until the worker stops."""
         self._stopping.wait(seconds)
 
-    def _loop(self, concurrency: int, poll_interval: float, wait_seconds: int, tools: list) -> None:
+    def _loop(self, concurrency: int, poll_interval: float, wait_seconds: int, tools: List[Dict[str, str]]) -> None:
         lost = 0  # claims running whose answers were lost
         failed = 0  # claims running that failed otherwise
         registered_again = False  # the last claim answered 404 and the worker registered again
@@ -816,7 +818,7 @@ class Worker:
         horizon = time.monotonic() + _REPORT_LEASE_MARGIN + wait_seconds
         return any(a.reporting and not a.own_failure and a.lease_end <= horizon for a in self._active.values())
 
-    def _claim(self, limit: int, wait_seconds: int) -> list:
+    def _claim(self, limit: int, wait_seconds: int) -> List[Dict[str, Any]]:
         # One claim id across the call's retries, and across claims until
         # one is answered: a claim whose answer was lost is answered again
         # with the jobs it leased, instead of leaving them to lapse.
@@ -835,7 +837,7 @@ class Worker:
         self._claim_id = None
         return answer.get("jobs") or []
 
-    def _dispatch(self, job: dict, sent: float) -> None:
+    def _dispatch(self, job: Dict[str, Any], sent: float) -> None:
         context = JobContext(job_id=job["jobId"], step_id=job.get("stepId", ""), run_id=job.get("runId", ""),
                              name=job.get("name", ""), version=job.get("version", ""),
                              attempt=int(job.get("attempt", 0)), idempotency_key=job.get("idempotencyKey", ""),
@@ -891,7 +893,7 @@ class Worker:
 
     # -- one job ------------------------------------------------------------
 
-    def _supervise(self, active: _Active, job: dict) -> None:
+    def _supervise(self, active: _Active, job: Dict[str, Any]) -> None:
         context = active.context
         slot_held = True
         try:
@@ -903,15 +905,16 @@ class Worker:
                     "message": "worker has no handler for this name@version", "retryable": True}})
                 return
             outcome: Dict[str, Any] = {}
+            handler, ref = tool.handler, tool.ref
 
             def run_handler() -> None:
                 try:
-                    output = tool.handler(job.get("input"), context)
+                    output = handler(job.get("input"), context)
                     if inspect.isawaitable(output):
                         # An async def handler, awaited on this thread's own
                         # loop (its coroutine was reported as an output that
                         # is not JSON, and the job exhausted unrun).
-                        output = await_alone(output, f"{tool.ref}'s handler")
+                        output = await_alone(output, f"{ref}'s handler")
                     outcome["output"] = output
                 except BaseException as failure:  # noqa: BLE001 - every failure is the job's outcome
                     outcome["error"] = failure
@@ -964,7 +967,7 @@ class Worker:
                 self._active.pop((context.job_id, context.attempt), None)
                 self._lock.notify_all()
 
-    def _report_outcome(self, tool: _Tool, active: _Active, outcome: dict) -> None:
+    def _report_outcome(self, tool: _Tool, active: _Active, outcome: Dict[str, Any]) -> None:
         context = active.context
         error = outcome.get("error")
         reason = outcome.get("reason")
@@ -989,7 +992,7 @@ class Worker:
             report["retryAfterMs"] = hint
         self._report(context, {"status": "FAILED", "error": report})
 
-    def _watch(self, active: _Active, outcome: dict) -> None:
+    def _watch(self, active: _Active, outcome: Dict[str, Any]) -> None:
         """Waits for the handler, cancelling it at its timeout; once it is
         cancelled for its timeout or the worker's stop, waits at most the
         grace. A server's cancellation or a lost lease (set by the
@@ -1147,7 +1150,7 @@ class Worker:
                                        cause=refusal))
         self._report(context, {"status": "FAILED", "error": {"message": why, "retryable": False}})
 
-    def _report(self, context: JobContext, body: dict, notify: bool = True) -> Optional[RatchetError]:
+    def _report(self, context: JobContext, body: Dict[str, Any], notify: bool = True) -> Optional[RatchetError]:
         """Sends a report, repeating it through lost answers and server
         failures until the server answers (once the worker is stopping, at
         most until its stop deadline and the grace), and counting it as
@@ -1424,7 +1427,9 @@ def _what_follows(error: BaseException) -> str:
     (Go's settledRefusal): only a refusal that does not settle the job
     leaves it to run again (QA: a lease_lost was told "its lease lapses and
     it runs again", though a newer attempt already held the job)."""
-    code = error.code if isinstance(error, RatchetError) else None
+    if not isinstance(error, RatchetError):
+        return "its lease lapses and it runs again"
+    code = error.code
     if code == LEASE_LOST:
         return "a newer attempt holds the job"
     if code == INVALID_STATE and error.detail.get("leaseLapsed") is True:
