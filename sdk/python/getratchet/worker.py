@@ -67,6 +67,11 @@ MAX_OUTPUT_BYTES = 1024 * 1024 - 1024
 # maxFailureWait): a worker never gives up on a server that is down or
 # shedding load, and finds it again within about this long once it is back.
 _MAX_FAILURE_WAIT = 60.0
+# How often the claim loop looks again while a slot is missing or a report
+# holds the claims. Each change it waits for (a slot freed, a report
+# recorded, given up or found failing on its own, the stop) wakes it at
+# once; this only bounds a change that could come unannounced.
+_CLAIM_CHECK = 1.0
 
 
 @dataclass
@@ -705,7 +710,7 @@ class Worker:
                     while ((self._running >= concurrency or self._reports_holding()
                             or self._report_lapsing(wait_seconds))
                            and not self._stopping.is_set()):
-                        self._lock.wait(1.0)
+                        self._lock.wait(_CLAIM_CHECK)
                     if self._stopping.is_set():
                         break
                     limit = min(concurrency - self._running, _MAX_CLAIM)
@@ -1180,13 +1185,18 @@ class Worker:
             # worker). When an outage ends, the first report recorded says
             # nothing of the others still waiting out their backoff (Go SDK
             # QA: taken as failing on their own, their jobs ran again).
+            # Found failing on its own, it no longer holds the claims: the
+            # claim loop is woken, not left to its next check (up to a
+            # second late).
             with self._lock:
                 since = self._failing.setdefault(key, time.monotonic())
-                if self._recorded_sent > since and state["sent"] > self._recorded_at:
+                if (key not in self._own_failures and self._recorded_sent > since
+                        and state["sent"] > self._recorded_at):
                     self._own_failures.add(key)
                     active = self._active.get((context.job_id, context.attempt))
                     if active is not None:
                         active.own_failure = True
+                    self._lock.notify_all()
 
         try:
             self._reporter.deliver(context.job_id, body, may_wait=may_wait, on_retry=on_retry, on_attempt=on_attempt)

@@ -1575,6 +1575,61 @@ class WorkerRulesTest(unittest.TestCase):
             self.assertIn("job_1 failed", order[:second_claim])
             self.assertIn("recorded", order[:second_claim], "claims resumed once another report was recorded")
 
+    def test_a_report_found_failing_on_its_own_wakes_the_claims(self) -> None:
+        # A report found failing on its own stopped holding the claims, but
+        # the claim loop saw it only at its next check (up to a second
+        # late). With that check an hour apart, the claim comes only if the
+        # change wakes it: job_1's deciding failure is answered once job_2's
+        # slot is freed, so nothing else wakes the loop after it.
+        patcher = mock.patch("getratchet.worker._CLAIM_CHECK", 3600.0)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        lock, order, worker = threading.Lock(), [], {}
+
+        def settled() -> bool:
+            w = worker["w"]
+            with w._lock:
+                return w._running == 1 and not any(k[0] == "job_2" for k in w._active)
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            with lock:
+                if path.endswith("/claim"):
+                    order.append("claim")
+                    return 200, {"jobs": [self.job(1), self.job(2)] if order.count("claim") == 1 else []}, {}
+                job_1 = "job_1" in path or "job_1" in json.dumps(body)
+                if not job_1:
+                    order.append("recorded")
+                    return 200, {"jobId": "job_2", "status": "SUCCEEDED", "attempt": 1}, {}
+                if order.count("claim") >= 2:
+                    order.append("job_1 recorded")
+                    return 200, {"jobId": "job_1", "status": "SUCCEEDED", "attempt": 1}, {}
+                deciding = "recorded" in order
+                order.append("job_1 failed")
+            if deciding:
+                wait_until(settled, timeout=10)
+            return 500, error("internal_error"), {}
+
+        def handler(input, context):
+            if context.job_id == "job_2":
+                time.sleep(0.3)  # reported after job_1's report began failing
+            return {"ok": True}
+
+        quick_backoff(self)
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        client.register_tool("t", "1", handler)
+        worker["w"] = client.worker
+        client.worker.start(2, poll_interval=0.05, block=False)
+        self.addCleanup(client.worker.stop, 5)
+        wait_until(lambda: order.count("claim") >= 2, timeout=10)
+        with lock:
+            second_claim = [i for i, o in enumerate(order) if o == "claim"][1]
+            self.assertIn("recorded", order[:second_claim])
+            self.assertIn("job_1 failed", order[:second_claim])
+
     def test_a_report_failing_on_its_own_holds_no_claim_after_its_lease_lapses(self) -> None:
         # A report the server keeps failing on while it records others held
         # the claims again once its lease lapsed (the lapsing check took it
