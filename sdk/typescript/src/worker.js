@@ -58,6 +58,12 @@ export const reportTimes = { deliveryMs: 30_000, inFlight: 3 };
 // How a heartbeat waits for the next (ms, or until signal aborts): a test
 // seam, as reportTimes; not exported by the package.
 export const heartbeatTimes = { pause: (ms, signal) => sleep(ms, signal) };
+// How often the claim loop looks again while a slot is missing or a report
+// holds the claims. Each change it waits for (a slot freed, a report
+// recorded, given up or found failing on its own, the stop) wakes it at
+// once; this only bounds a change that could come unannounced. A test
+// seam, as reportTimes; not exported by the package.
+export const claimTimes = { checkMs: 1_000 };
 
 /** Why a handler's signal was aborted: context.cancelReason. */
 export class CancelledError extends Error {
@@ -581,7 +587,7 @@ export class Worker {
         // the job it reports may lapse and come back to this very worker,
         // which would run it again.
         while ((this.#slots >= concurrency || this.#reportsHolding() || this.#reportLapsing(waitSeconds)) && !stopping.aborted) {
-          await nap(1_000, this.#changed.promise);
+          await nap(claimTimes.checkMs, this.#changed.promise);
         }
         if (stopping.aborted) break;
         const limit = Math.min(concurrency - this.#slots, MAX_CLAIM);
@@ -1024,12 +1030,15 @@ export class Worker {
         // lapsed: one bad output stalled the worker). When an outage ends,
         // the first report recorded says nothing of the others still
         // waiting out their backoff (Go SDK QA: taken as failing on their
-        // own, their jobs ran again).
+        // own, their jobs ran again). Found failing on its own, it no
+        // longer holds the claims: the claim loop is woken, not left to its
+        // next check (up to a second late).
         onRetry: () => {
           if (!this.#failing.has(failing)) this.#failing.set(failing, now());
-          else if (this.#recordedSent > this.#failing.get(failing) && sent > this.#recordedAt) {
+          else if (!this.#ownFailures.has(failing) && this.#recordedSent > this.#failing.get(failing) && sent > this.#recordedAt) {
             this.#ownFailures.add(failing);
             if (label.record) label.record.ownFailure = true; // no longer held by its lease's end (#reportLapsing)
+            this.#signal();
           }
         },
       });

@@ -13,7 +13,7 @@ import { gateTimes } from '../src/client.js';
 import { failureLogTimes, summary } from '../src/failurelog.js';
 import { stringify, stringifyIteratively } from '../src/json.js';
 import { Transport, backoffTimes } from '../src/transport.js';
-import { Reporter, Worker, beatCutoff, beatWait, graceTimes, heartbeatTimes, keyRefused, readDecision, reportTimes } from '../src/worker.js';
+import { Reporter, Worker, beatCutoff, beatWait, claimTimes, graceTimes, heartbeatTimes, keyRefused, readDecision, reportTimes } from '../src/worker.js';
 import './quiet.js';
 
 // Each test's clean-ups, run last first whatever the Node version (Node 20
@@ -960,7 +960,14 @@ test('a report failing on its own does not hold the claims', async (t) => {
   // QA: one report the server kept failing (a 500 for its output) held
   // every claim though the server recorded other reports: the worker
   // stalled. As in Go, once the server records another report after its
-  // failure began, it fails for a reason of its own.
+  // failure began, it fails for a reason of its own. That wakes the claim
+  // loop: it saw it only at its next check, up to a second late. With that
+  // check an hour apart, the claim comes only if the change wakes it (job_1's
+  // deciding delivery goes after a backoff, once job_2's report was recorded
+  // and its slot freed: nothing else wakes the loop after it).
+  const savedCheck = claimTimes.checkMs;
+  claimTimes.checkMs = 3_600_000;
+  after(t, () => { claimTimes.checkMs = savedCheck; });
   const order = [];
   const claims = () => order.filter((o) => o === 'claim').length;
   await serve(t, (method, path, body) => {
