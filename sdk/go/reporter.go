@@ -86,7 +86,7 @@ type reporter struct {
 	pmu     sync.Mutex
 	nextID  uint64
 	pending map[uint64]*pendingReport
-	settled chan struct{} // signalled (buffered, 1) whenever a report is settled
+	settled chan struct{} // signalled (buffered, 1) whenever a report is settled or found failing on its own
 	// recordedSent is the send time of the latest-sent delivery the server
 	// recorded a report of, and recordedAt when it did (under pmu): see
 	// markFailing.
@@ -459,10 +459,7 @@ func (r *reporter) settle(q queuedReport, err error, sent time.Time) {
 		r.recordedSent, r.recordedAt = sent, time.Now()
 	}
 	r.pmu.Unlock()
-	select {
-	case r.settled <- struct{}{}:
-	default:
-	}
+	r.signalSettled()
 	if err == nil {
 		return
 	}
@@ -513,10 +510,15 @@ func settledRefusal(err error) bool {
 // they were taken as failing on their own, the worker claimed at once, got
 // back the jobs whose outcomes it still held, their leases lapsed in the
 // outage, and ran them a second time).
+//
+// A report found failing on its own no longer holds the claims: settled is
+// signalled, as when a report settles, or the worker, waiting on it in
+// awaitReports, would claim nothing until another report settled (never,
+// with no other job running).
 func (r *reporter) markFailing(batch []queuedReport, sent time.Time) {
 	r.pmu.Lock()
-	defer r.pmu.Unlock()
 	now := time.Now()
+	released := false
 	for _, q := range batch {
 		p := r.pending[q.id]
 		if p == nil {
@@ -524,9 +526,22 @@ func (r *reporter) markFailing(batch []queuedReport, sent time.Time) {
 		}
 		if !p.failing {
 			p.failing, p.failingSince = true, now
-		} else if r.recordedSent.After(p.failingSince) && sent.After(r.recordedAt) {
-			p.ownFailure = true
+		} else if !p.ownFailure && r.recordedSent.After(p.failingSince) && sent.After(r.recordedAt) {
+			p.ownFailure, released = true, true
 		}
+	}
+	r.pmu.Unlock()
+	if released {
+		r.signalSettled()
+	}
+}
+
+// signalSettled tells a worker waiting in awaitReports that holding may
+// have changed (settled holds one signal: one waiting is enough).
+func (r *reporter) signalSettled() {
+	select {
+	case r.settled <- struct{}{}:
+	default:
 	}
 }
 

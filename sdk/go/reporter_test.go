@@ -344,6 +344,9 @@ func TestReporterHoldsAFailingReportUntilItIsRecorded(t *testing.T) {
 // each is recorded, or fails in a delivery sent after the server recorded
 // another (Go SDK QA: they were taken as failing on their own, the worker
 // claimed at once and ran again the jobs whose outcomes it still held).
+// Found failing on its own, a report says so on settled, as a report that
+// settles does: the worker waits on it in awaitReports, and claimed nothing
+// until another report settled (never, with no other job running).
 func TestReporterHoldsThroughTheEndOfAnOutage(t *testing.T) {
 	t.Parallel()
 	c, _ := testClient(t, newFakeJobs())
@@ -355,22 +358,37 @@ func TestReporterHoldsThroughTheEndOfAnOutage(t *testing.T) {
 	r.pending[a.id], r.pending[b.id] = &pendingReport{expires: far}, &pendingReport{expires: far}
 	r.pmu.Unlock()
 	tick := func() time.Time { time.Sleep(time.Millisecond); return time.Now() }
+	signalled := func() bool {
+		select {
+		case <-r.settled:
+			return true
+		default:
+			return false
+		}
+	}
 
 	r.markFailing([]queuedReport{a}, tick()) // the outage begins
 	r.markFailing([]queuedReport{b}, tick())
 	r.markFailing([]queuedReport{b}, tick()) // a retry in the outage
 	sentBeforeTheRecording := tick()
 	r.recorded(a, tick()) // the outage ends: a's retry is recorded
-	if !r.holding(tick()) {
-		t.Fatal("b, still waiting out its backoff, does not hold the claims")
+	if !r.holding(tick()) || !signalled() {
+		t.Fatal("b, still waiting out its backoff, does not hold the claims, or a's recording is not signalled")
 	}
 	r.markFailing([]queuedReport{b}, sentBeforeTheRecording) // sent before the server was back
-	if !r.holding(tick()) {
-		t.Fatal("a delivery sent before the recording says nothing of b")
+	if !r.holding(tick()) || signalled() {
+		t.Fatal("a delivery sent before the recording says something of b")
 	}
 	r.markFailing([]queuedReport{b}, tick()) // sent after it, and failed: b's own doing
 	if r.holding(tick()) {
 		t.Fatal("b, failing while the server records reports, still holds the claims")
+	}
+	if !signalled() {
+		t.Fatal("b found failing on its own is not signalled: the worker would go on waiting")
+	}
+	r.markFailing([]queuedReport{b}, tick()) // failing on its own already: nothing changed
+	if signalled() {
+		t.Fatal("b still failing on its own is signalled again")
 	}
 }
 

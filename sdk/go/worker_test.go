@@ -798,6 +798,62 @@ func TestWorkerReportOutlastsAnOutage(t *testing.T) {
 	}
 }
 
+// A report the server keeps failing while it records others does not hold
+// the claims: the worker claims again once it is found failing on its own
+// (the reporter's markFailing). Nothing woke the claim loop then: waiting
+// for a report to settle, it claimed nothing until another did (never,
+// with no other job running).
+func TestWorkerClaimsAgainOnceAReportFailsOnItsOwn(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	bad := f.add("t", "1", welcomeIn{}, 30000)
+	good := f.add("t", "1", welcomeIn{}, 30000)
+	var release atomic.Bool
+	f.reportError = func(body json.RawMessage) (int, string) {
+		if release.Load() || !strings.Contains(string(body), `"tok_`+bad+`"`) {
+			return 0, ""
+		}
+		time.Sleep(5 * time.Millisecond) // a slow answer: testClient's retries are not slept
+		return 500, CodeInternal
+	}
+	var worker *Worker
+	startWorker(t, f, func(w *Worker) {
+		worker = w
+		must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "t", Version: "1",
+			Handler: func(_ context.Context, _ welcomeIn, jc JobContext) (welcomeOut, error) {
+				// good is reported once bad's report, failing, holds the claims.
+				for deadline := time.Now().Add(10 * time.Second); jc.JobID == good && !worker.reporter.holding(time.Now()); {
+					if time.Now().After(deadline) {
+						return welcomeOut{}, errors.New("bad's report never held the claims")
+					}
+					time.Sleep(time.Millisecond)
+				}
+				return welcomeOut{Sent: true}, nil
+			}}))
+	}, StartOptions{Concurrency: 2})
+	if rep := f.waitReport(t, good); rep["status"] != "SUCCEEDED" {
+		t.Fatalf("report %v", rep)
+	}
+	f.mu.Lock()
+	before := f.claims
+	f.mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f.mu.Lock()
+		claims := f.claims
+		f.mu.Unlock()
+		if claims > before {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no claim once the failing report was found failing on its own")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	release.Store(true)
+	f.waitReport(t, bad)
+}
+
 // A success whose output the server refuses as too large is reported as a
 // non-retryable failure, so the job ends once instead of running again at
 // every lapse.
