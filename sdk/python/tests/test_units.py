@@ -1565,7 +1565,7 @@ class WorkerRulesTest(unittest.TestCase):
 
         def handler(input, context):
             if context.job_id == "job_2":
-                time.sleep(0.3)  # reported after job_1's report began failing
+                job_1_sent_again(order)  # reported after job_1's report began failing
             return {"ok": True}
 
         self.serve(respond, handler, concurrency=2)
@@ -1613,7 +1613,7 @@ class WorkerRulesTest(unittest.TestCase):
 
         def handler(input, context):
             if context.job_id == "job_2":
-                time.sleep(0.3)  # reported after job_1's report began failing
+                job_1_sent_again(order)  # reported after job_1's report began failing
             return {"ok": True}
 
         quick_backoff(self)
@@ -1652,7 +1652,7 @@ class WorkerRulesTest(unittest.TestCase):
 
         def handler(input, context):
             if context.job_id == "job_2":
-                time.sleep(0.3)  # reported after job_1's report began failing
+                job_1_sent_again(order)  # reported after job_1's report began failing
             return {"ok": True}
 
         # The stop gives job_1's report up soon: twice the grace past its deadline.
@@ -1689,7 +1689,7 @@ class WorkerRulesTest(unittest.TestCase):
 
         def handler(input, context):
             if context.job_id == "job_2":
-                time.sleep(0.3)  # finishes while job_1's delivery hangs
+                wait_until(lambda: "sent job_1" in order)  # finishes while job_1's delivery hangs
             return {"ok": True}
 
         self.serve(respond, handler, concurrency=2)
@@ -1731,7 +1731,7 @@ class WorkerRulesTest(unittest.TestCase):
 
         def handler(input, context):
             if context.job_id == "job_2":
-                time.sleep(0.3)  # reported after job_1's report began failing
+                job_1_sent_again(order)  # reported after job_1's report began failing
             if context.attempt == 2:
                 started2.set()
                 time.sleep(0.5)
@@ -3401,6 +3401,14 @@ def start_blocking(worker) -> Tuple[List[BaseException], threading.Event]:
 
     threading.Thread(target=run, daemon=True).start()
     return raised, returned
+
+
+def job_1_sent_again(order: List[str]) -> None:
+    """Waits until the server has failed job_1's report twice: the worker
+    sends it again only once it read the first failure, so its report has
+    begun failing as the worker sees it (a fixed sleep flipped the order on
+    a loaded machine)."""
+    wait_until(lambda: order.count("job_1 failed") >= 2, timeout=15)
 
 
 def wait_until(probe, timeout: float = 10.0) -> None:
