@@ -299,6 +299,14 @@ async function hangGuard(promise, what, ms = 60_000) {
   }
 }
 
+// Waits until the server has failed job_1's report twice: the worker sends
+// it again only once it read the first failure, so its report has begun
+// failing as the worker sees it (a fixed sleep flipped the order on a
+// loaded machine).
+function job1SentAgain(order) {
+  return until(() => order.filter((o) => o === 'job_1 failed').length >= 2, 15_000);
+}
+
 async function until(probe, ms = 10_000) {
   const deadline = Date.now() + ms;
   while (!probe()) {
@@ -983,7 +991,7 @@ test('a report failing on its own does not hold the claims', async (t) => {
     order.push('recorded');
     return [200, { jobId: 'job_x', status: 'SUCCEEDED', attempt: 1 }];
   }, async (input, ctx) => {
-    if (ctx.jobId === 'job_2') await new Promise((r) => setTimeout(r, 300)); // reported after job_1's report began failing
+    if (ctx.jobId === 'job_2') await job1SentAgain(order); // reported after job_1's report began failing
     return { ok: true };
   }, 2);
   await until(() => claims() >= 2 && order.filter((o) => o === 'recorded').length >= 2);
@@ -1011,7 +1019,7 @@ test('a report failing on its own holds no claim after its lease lapses', async 
     order.push('recorded');
     return [200, { jobId: 'job_2', status: 'SUCCEEDED', attempt: 1 }];
   }, async (input, ctx) => {
-    if (ctx.jobId === 'job_2') await new Promise((r) => setTimeout(r, 300)); // reported after job_1's report began failing
+    if (ctx.jobId === 'job_2') await job1SentAgain(order); // reported after job_1's report began failing
     return { ok: true };
   }, 2, 50, 150); // the stop gives job_1's report up soon: twice the grace past its deadline
   await until(() => order.includes('recorded') && order.filter((o) => o === 'job_1 failed').length >= 3, 15_000);
@@ -1309,7 +1317,7 @@ test('a report that hangs does not hold the others', async (t) => {
     order.push('recorded ' + jobId);
     return [200, { jobId, status: 'SUCCEEDED', attempt: 1 }];
   }, async (input, ctx) => {
-    if (ctx.jobId === 'job_2') await new Promise((r) => setTimeout(r, 300)); // finishes while job_1's delivery hangs
+    if (ctx.jobId === 'job_2') await until(() => order.includes('sent job_1')); // finishes while job_1's delivery hangs
     return { ok: true };
   }, 2);
   await until(() => order.includes('recorded job_2'), 5_000);
