@@ -1988,7 +1988,10 @@ class WorkerRulesTest(unittest.TestCase):
                 return 200, {"jobId": "job_1", "status": body["status"], "attempt": 1}, {}
             return respond
 
+        running = threading.Event()
+
         def handler(input, context):
+            running.set()
             context.cancelled.wait(30)
             time.sleep(0.4)
             return {"finished": context.cancel_reason}
@@ -1999,9 +2002,9 @@ class WorkerRulesTest(unittest.TestCase):
             self.addCleanup(server.close)
             client = getratchet.Ratchet(server.url, "rk_test")
             client.register_tool("t", "1", handler)
+            running.clear()
             client.worker.start(1, poll_interval=0.05, block=False, stop_grace=grace)
-            wait_until(lambda: "claimed" in reports, timeout=5)
-            time.sleep(0.2)  # the handler runs
+            self.assertTrue(running.wait(5))  # the handler runs
             self.assertEqual(client.worker.stop(0.1), recorded, grace)
             sent = [r for r in reports if isinstance(r, dict)]
             self.assertEqual(sent, [{"leaseToken": "tok_1", "status": "SUCCEEDED", "output": {"finished": "stopping"}}]

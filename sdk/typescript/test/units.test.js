@@ -1211,14 +1211,15 @@ test('a stop gives aborted handlers the stop grace, 10 s by default', async (t) 
       return [200, { jobId: 'job_1', status: body.status, attempt: 1 }];
     });
     const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test' });
+    let running = false;
     client.registerTool({ name: 't', version: '1', handler: async (input, ctx) => {
+      running = true;
       await new Promise((r) => ctx.signal.addEventListener('abort', r, { once: true }));
       await new Promise((r) => setTimeout(r, 2_000));
       return { finished: ctx.cancelReason };
     } });
     const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, ...(stopGraceMs === undefined ? {} : { stopGraceMs }) });
-    await until(() => claimed);
-    await new Promise((r) => setTimeout(r, 200)); // the handler runs
+    await until(() => running); // the handler runs
     assert.equal(await client.worker.stop({ timeoutMs: 100 }), recorded, String(stopGraceMs));
     await started;
     assert.deepEqual(reports, recorded ? [{ leaseToken: 'tok_1', status: 'SUCCEEDED', output: { finished: 'stopping' } }] : []);
