@@ -1288,13 +1288,16 @@ test('reports queued behind one in flight are not sent after the stop gives repo
     return [200, {}];
   });
   const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', timeoutMs: 3_600_000 });
+  let finished = 0;
   client.registerTool({ name: 't', version: '1', handler: async (input, ctx) => {
-    if (ctx.jobId !== 'job_1') await new Promise((r) => setTimeout(r, 200)); // queued behind job_1's delivery
+    if (ctx.jobId !== 'job_1') {
+      await until(() => reports.length >= 1); // queued behind job_1's delivery
+      finished++;
+    }
     return { ok: true };
   } });
   const started = client.worker.start({ concurrency: 3, pollIntervalMs: 50, onError: () => {}, stopGraceMs: 150 });
-  await until(() => reports.length >= 1);
-  await new Promise((r) => setTimeout(r, 400)); // job_2 and job_3 have finished
+  await until(() => finished === 2); // job_2 and job_3 have finished
   assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 200 }), 'a report queued behind the cut one was sent'), false);
   await started;
   assert.equal(reports.length, 1, reports.join());
