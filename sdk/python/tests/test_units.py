@@ -2537,6 +2537,11 @@ class BatchedReportsTest(unittest.TestCase):
         answered = set()  # jobs whose report met an answer other than a 5xx
         order: List[Tuple[str, int]] = []
 
+        def queued() -> int:
+            reporter = client.worker._reporter
+            with reporter._cond:
+                return len(reporter._queue)
+
         def respond(method, path, body):
             answer = answer_request(method, path, body)
             order.append((path, answer[0]))
@@ -2556,7 +2561,7 @@ class BatchedReportsTest(unittest.TestCase):
             if first:
                 first_report_seen.set()
                 others_done.wait(10)  # the others finish meanwhile
-                time.sleep(0.2)  # and their reports are queued
+                wait_until(lambda: queued() >= n - 1)  # and their reports are queued
             if path != "/api/v1/jobs/report":
                 job_id = path.split("/")[-2]
                 status, answer, headers = answer_item(job_id, body)
