@@ -1804,8 +1804,8 @@ test('an unknown worker id registers again', async (t) => {
   assert.deepEqual(claims.slice(0, 2), ['/api/v1/workers/wkr_1/claim', '/api/v1/workers/wkr_2/claim']);
 });
 
-/** Runs n jobs claimed at once (job_1 returns first, the others a moment
- * later, while its report is held up), then stops the worker once every
+/** Runs n jobs claimed at once (job_1 returns first, the others once its
+ * report reached the server, which holds it until theirs are queued), then stops the worker once every
  * job's report met an answer other than a 5xx. answerItem(jobId, report)
  * answers one report, single or batched (a batch fails whole, as the
  * server's transaction does, when one of its reports meets a 5xx). */
@@ -1821,6 +1821,13 @@ function oneInFlight(t) {
 
 async function runJobs(t, n, answerItem, { batchRoute = true, pollIntervalMs = 50 } = {}) {
   oneInFlight(t);
+  // job_1's report is the first the server sees, and it is held until the
+  // others' reports are queued behind it, whatever the machine's load (fixed
+  // 100 ms and 500 ms waits could flip that order).
+  let queued = 0; // reports handed to a reporter: deliver() queues each at once
+  const deliver = Reporter.prototype.deliver;
+  Reporter.prototype.deliver = function (...args) { queued++; return deliver.apply(this, args); };
+  after(t, () => { Reporter.prototype.deliver = deliver; });
   let claims = 0;
   let reports = 0;
   const recorded = new Map();
@@ -1832,7 +1839,7 @@ async function runJobs(t, n, answerItem, { batchRoute = true, pollIntervalMs = 5
       claims++;
       return [200, { jobs: claims === 1 ? Array.from({ length: n }, (_, i) => job(i + 1)) : [] }];
     }
-    if (++reports === 1) await new Promise((r) => setTimeout(r, 500)); // the others finish meanwhile
+    if (++reports === 1) await until(() => queued >= n); // the others finish and are queued meanwhile
     if (path !== '/api/v1/jobs/report') {
       const jobId = path.split('/').at(-2);
       const [status, answer, headers] = await answerItem(jobId, body);
@@ -1863,7 +1870,7 @@ async function runJobs(t, n, answerItem, { batchRoute = true, pollIntervalMs = 5
   client.registerTool({
     name: 't', version: '1',
     handler: async (input, ctx) => {
-      if (ctx.jobId !== 'job_1') await new Promise((r) => setTimeout(r, 100));
+      if (ctx.jobId !== 'job_1') await until(() => reports >= 1); // once job_1's report reached the server
       return { job: ctx.jobId };
     },
   });
