@@ -1582,7 +1582,13 @@ func TestStopKeepsItsDeadlineWhenNoReportIsTaken(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	close(release)
-	time.Sleep(50 * time.Millisecond) // the reports fill the queue
+	// Every handler returned and its report is queued, or waits for room
+	// in the full queue (a fixed 50 ms could end first on a loaded machine).
+	for queued := 0; queued < 700; time.Sleep(5 * time.Millisecond) {
+		w.reporter.pmu.Lock()
+		queued = len(w.reporter.pending)
+		w.reporter.pmu.Unlock()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	// The reports would be retried for their 10-minute leases: a Stop
