@@ -474,8 +474,9 @@ func (c *Client) once(ctx context.Context, method, path, key string, body []byte
 	}
 	// A repeat after an unreadable answer decodes into a clean value, not
 	// over what the unreadable one half filled in.
-	if ca, ok := out.(checkedAnswer); ok {
-		ca.reset()
+	checked, isChecked := out.(checkedAnswer)
+	if isChecked {
+		checked.reset()
 	} else if v := reflect.ValueOf(out); v.Kind() == reflect.Pointer && !v.IsNil() {
 		v.Elem().SetZero()
 	}
@@ -494,16 +495,13 @@ func (c *Client) once(ctx context.Context, method, path, key string, body []byte
 		// the answer around it: read by its parts.
 		err = deep.unmarshalDeep(raw)
 	}
-	if ca, ok := out.(checkedAnswer); ok && err == nil {
-		err = ca.checkAnswer()
+	if isChecked && err == nil {
+		err = checked.check(res.Header)
 	}
 	if err != nil {
 		// The server acted and answered; only its answer is unreadable
 		// (cut short by a proxy, say).
 		return &unconfirmed{err: &unreadableAnswer{err: fmt.Errorf("ratchet: decode %s %s response: %w", method, path, err)}}
-	}
-	if ca, ok := out.(checkedAnswer); ok {
-		ca.setResponseHeader(res.Header)
 	}
 	if sd, ok := out.(serverDated); ok {
 		if d, err := http.ParseTime(res.Header.Get("Date")); err == nil {
@@ -515,12 +513,12 @@ func (c *Client) once(ctx context.Context, method, path, key string, body []byte
 
 // checkedAnswer is a response read against the request it answers: reset
 // clears what an earlier attempt's answer filled in (keeping the request's
-// side), and an error from checkAnswer makes a decoded answer unreadable,
-// repeated as one (a batch report's results naming other jobs).
+// side), and check, given the response's header, keeps what it needs of it
+// or answers why the decoded answer is unreadable, repeated as one (a batch
+// report's results naming other jobs).
 type checkedAnswer interface {
 	reset()
-	checkAnswer() error
-	setResponseHeader(http.Header)
+	check(http.Header) error
 }
 
 // serverDated is a response that keeps the server's Date header: the

@@ -225,7 +225,7 @@ func (c *Client) ReportJobs(ctx context.Context, reports []BatchJobReport) ([]Ba
 
 // batchAnswer is a batch report's answer, read against the reports it
 // answers (jobIDs, in request order): once decodes it, checks it and keeps
-// its X-Request-Id (checkedAnswer), so that an answer not matching the
+// its X-Request-Id (checkedAnswer.check), so that an answer not matching the
 // reports is an unreadable answer, retried as one.
 type batchAnswer struct {
 	jobIDs    []string
@@ -245,7 +245,8 @@ type batchAnswer struct {
 
 func (a *batchAnswer) reset() { a.Results, a.requestID = nil, "" }
 
-func (a *batchAnswer) checkAnswer() error {
+func (a *batchAnswer) check(h http.Header) error {
+	a.requestID = h.Get("X-Request-Id")
 	if len(a.Results) != len(a.jobIDs) {
 		return fmt.Errorf("%d results for %d reports", len(a.Results), len(a.jobIDs))
 	}
@@ -256,8 +257,6 @@ func (a *batchAnswer) checkAnswer() error {
 	}
 	return nil
 }
-
-func (a *batchAnswer) setResponseHeader(h http.Header) { a.requestID = h.Get("X-Request-Id") }
 
 // batchErrorStatus is the status a single report would have answered with
 // code, so errors from a batch read like those of ReportJob.
