@@ -314,6 +314,10 @@ func TestEnqueueAfterAStepNotOfTheRunIsNotFound(t *testing.T) {
 	}
 	r := e.Do("POST", steps, e.ingest, map[string]any{"name": "a", "version": "1", "afterStepId": "stp_missing", "afterStatus": "DONE"})
 	require.Equal(t, []string{"afterStatus"}, validationFields(t, r), "a validation problem is answered first")
+	// An afterStatus outside its enum is a problem of its own, listed with
+	// the missing afterStepId it also calls for (QA: only the latter was).
+	r = e.Do("POST", steps, e.ingest, map[string]any{"name": "a", "version": "1", "afterStatus": "DONE"})
+	require.Equal(t, []string{"afterStatus", "afterStepId"}, validationFields(t, r))
 	run := e.Must(http.StatusOK, "GET", "/api/v1/runs/"+runID, e.ws.Key, nil).JSON()
 	require.Empty(t, run["steps"])
 

@@ -740,18 +740,19 @@ func (req EnqueueRequest) validate(runID string) (enqueueOp, error) {
 			op.delayMs = d
 		}
 	}
+	// afterStatus's own rule holds whether or not afterStepId came with it:
+	// each rule a body breaks is listed (QA: "DONE" without afterStepId was
+	// answered with the missing afterStepId alone).
+	if s := req.AfterStatus; s != nil && *s != StatusSucceeded && *s != "FAILED" {
+		p.Add("afterStatus", "must be SUCCEEDED or FAILED")
+	}
 	switch {
 	case req.AfterStepID == nil && req.AfterStatus != nil:
 		p.Add("afterStepId", "is required with afterStatus")
 	case req.AfterStepID != nil && req.AfterStatus == nil:
 		p.Add("afterStatus", "is required with afterStepId (SUCCEEDED or FAILED)")
-	case req.AfterStepID != nil:
-		if *req.AfterStepID == "" {
-			p.Add("afterStepId", "must be the id of a step of this run")
-		}
-		if *req.AfterStatus != StatusSucceeded && *req.AfterStatus != "FAILED" {
-			p.Add("afterStatus", "must be SUCCEEDED or FAILED")
-		}
+	case req.AfterStepID != nil && *req.AfterStepID == "":
+		p.Add("afterStepId", "must be the id of a step of this run")
 	}
 	if err := p.Err(); err != nil {
 		return op, err
