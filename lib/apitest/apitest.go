@@ -201,7 +201,8 @@ func (r *Response) ErrorCode() string {
 }
 
 // Do sends a request with an optional bearer key and JSON body (a string or
-// []byte is sent as is; anything else is marshalled).
+// []byte is sent as is with its Content-Length, an io.Reader as is without
+// one, chunked; anything else is marshalled).
 func (e *Env) Do(method, path, key string, body any) *Response {
 	e.T.Helper()
 	return e.DoWith(method, path, key, nil, body)
@@ -217,6 +218,8 @@ func (e *Env) DoWith(method, path, key string, header http.Header, body any) *Re
 		rdr = strings.NewReader(b)
 	case []byte:
 		rdr = bytes.NewReader(b)
+	case io.Reader:
+		rdr = io.MultiReader(b) // hides the length a *bytes.Reader would give away
 	default:
 		raw, err := json.Marshal(b)
 		require.NoError(e.T, err)
