@@ -1,0 +1,124 @@
+package gate_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+)
+
+// Heartbeats from an instance whose clock reads a microsecond before the
+// lease's end race heartbeats and reports of the same token from one whose
+// clock reads its end. Exactly one side wins, under the effect's row lock:
+// either a heartbeat extended the lease first (then the late side finds it
+// live, its reports record succeeded, and nothing reads indeterminate), or
+// the lapse was recorded first (then no heartbeat is answered 200, every
+// report is lease_expired, the lease keeps its end, and one
+// effect.indeterminate is recorded). A heartbeat answered 200 on an effect
+// whose lapse was recorded would tell its holder to go on acting on an
+// attempt everyone else reads as of unknown outcome.
+func TestHeartbeatsRacingTheLeasesEnd(t *testing.T) {
+	t.Parallel()
+	t0 := newClock().Now()
+	live, late := apitest.NewClock(t0), apitest.NewClock(t0)
+	envLive := apitest.Start(t, apitest.WithNow(live.Now))
+	envLate := apitest.Start(t, apitest.WithNow(late.Now))
+	ws := envLive.Signup()
+	const lease = 30 * time.Second
+	envLive.Must(http.StatusOK, "PUT", "/api/v1/policies/api.call", ws.Key,
+		map[string]any{"lease_seconds": int(lease.Seconds())})
+	won := map[string]int{}
+	for round := 0; round < 20; round++ {
+		// The sides take turns at outnumbering the other, so both win.
+		liveBeats, lateBeats, lateReports := 8, 2, 2
+		if round%2 == 1 {
+			liveBeats, lateBeats, lateReports = 1, 6, 3
+		}
+		begun := t0.Add(time.Duration(round) * time.Hour)
+		live.Set(begun)
+		d := envLive.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, charge(key("beat"), 0)).JSON()
+		require.Equal(t, "execute", d["decision"])
+		id, token := str(d["effect_id"]), d["lease_token"]
+		end := begun.Add(lease)
+		live.Set(end.Add(-time.Microsecond))
+		late.Set(end)
+
+		var (
+			wg     sync.WaitGroup
+			mu     sync.Mutex
+			start  = make(chan struct{})
+			codes  = map[string]int{}
+			extend []time.Time
+		)
+		call := func(side string, env *apitest.Env, verb string, body map[string]any) {
+			defer wg.Done()
+			<-start
+			status, out, err := post(env, "/api/v1/effects/"+id+"/"+verb, ws.Key, body)
+			mu.Lock()
+			defer mu.Unlock()
+			code := fmt.Sprint(status)
+			if err != nil {
+				code = err.Error()
+			} else if e, ok := out["error"].(map[string]any); ok {
+				code = str(e["code"])
+			} else if verb == "heartbeat" {
+				at, perr := time.Parse(time.RFC3339Nano, str(out["lease_expires_at"]))
+				require.NoError(t, perr)
+				extend = append(extend, at)
+			}
+			codes[side+" "+verb+" "+code]++
+		}
+		beat := map[string]any{"lease_token": token}
+		report := map[string]any{"lease_token": token, "outcome": "succeeded"}
+		for i := 0; i < liveBeats; i++ {
+			wg.Add(1)
+			go call("live", envLive, "heartbeat", beat)
+		}
+		for i := 0; i < lateBeats; i++ {
+			wg.Add(1)
+			go call("late", envLate, "heartbeat", beat)
+		}
+		for i := 0; i < lateReports; i++ {
+			wg.Add(1)
+			go call("late", envLate, "report", report)
+		}
+		close(start)
+		wg.Wait()
+
+		var (
+			state     string
+			storedEnd time.Time
+			events    int
+		)
+		require.NoError(t, envLive.App.Pool.QueryRow(context.Background(), `SELECT e.state, a.lease_expires_at,
+			(SELECT count(*) FROM events WHERE subject_id = e.id AND type = 'effect.indeterminate')
+			FROM effects e JOIN effect_attempts a ON a.effect_id = e.id AND a.attempt = e.attempt
+			WHERE e.id = $1`, id).Scan(&state, &storedEnd, &events))
+		won[state]++
+		switch state {
+		case "succeeded": // a live heartbeat extended the lease before any late call
+			require.Zero(t, events, "round %d: %v", round, codes)
+			require.Equal(t, lateReports, codes["late report 200"], "round %d: %v", round, codes)
+			require.Equal(t, lateBeats, codes["late heartbeat 200"]+codes["late heartbeat invalid_state"], "round %d: %v", round, codes)
+			require.Equal(t, liveBeats, codes["live heartbeat 200"]+codes["live heartbeat invalid_state"], "round %d: %v", round, codes)
+			require.Positive(t, codes["live heartbeat 200"], "round %d: %v", round, codes)
+			for _, at := range extend {
+				require.False(t, at.After(storedEnd), "round %d: an answered lease end the attempt does not hold", round)
+			}
+		case "indeterminate": // a late call recorded the lapse before any live heartbeat
+			require.Equal(t, 1, events, "round %d: %v", round, codes)
+			require.Equal(t, map[string]int{"live heartbeat lease_expired": liveBeats,
+				"late heartbeat lease_expired": lateBeats, "late report lease_expired": lateReports}, codes, "round %d", round)
+			require.True(t, storedEnd.Equal(end), "round %d: the lapsed lease kept its end, not %s", round, storedEnd)
+		default:
+			t.Fatalf("round %d: state %s: %v", round, state, codes)
+		}
+	}
+	t.Logf("winners over 20 rounds: %v", won)
+}
