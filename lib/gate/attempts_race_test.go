@@ -2,7 +2,9 @@ package gate_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -50,4 +52,83 @@ func TestConcurrentBeginsAfterLapsesNeverPassMaxAttempts(t *testing.T) {
 		(SELECT count(*) FROM effect_attempts WHERE effect_id = $1), attempt FROM effects WHERE id = $1`,
 		effectID).Scan(&attempts, &grants))
 	require.Equal(t, []int{maxAttempts, maxAttempts}, []int{attempts, grants})
+}
+
+// An operator's resolve of a blocked key racing many begins of it from two
+// instances: before the resolve commits every begin is blocked; after a
+// resolve to failed exactly one begin in all is granted the next attempt
+// (the others in_flight); after a resolve to succeeded none is, and the
+// begins answer duplicate. No begin acts on the key while its outcome is
+// unknown.
+func TestBeginsRacingAResolveOfABlockedKey(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	env1 := apitest.Start(t, apitest.WithNow(c.Now))
+	env2 := apitest.Start(t, apitest.WithNow(c.Now))
+	ws := env1.Signup()
+	env1.Must(http.StatusOK, "PUT", "/api/v1/policies/api.call", ws.Key,
+		map[string]any{"on_indeterminate": "block", "lease_seconds": 5})
+	const racers = 40
+	for round := 0; round < 8; round++ {
+		outcome := []string{"failed", "succeeded"}[round%2]
+		body := charge(key("blocked"), 0)
+		d := env1.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, body).JSON()
+		require.Equal(t, "execute", d["decision"])
+		id := str(d["effect_id"])
+		c.Add(6 * time.Second) // lapsed unreported: indeterminate, blocked
+
+		var (
+			wg        sync.WaitGroup
+			mu        sync.Mutex
+			start     = make(chan struct{})
+			decisions = map[string]int{}
+			resolve   int
+		)
+		for i := 0; i < racers; i++ {
+			env := []*apitest.Env{env1, env2}[i%2]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				status, out, err := post(env, "/api/v1/effects/begin", ws.Key, body)
+				mu.Lock()
+				defer mu.Unlock()
+				decisions[fmt.Sprintf("%d %v %v", status, out["decision"], err)]++
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			status, _, err := post(env2, "/api/v1/effects/"+id+"/resolve", ws.Key, map[string]any{"outcome": outcome})
+			mu.Lock()
+			defer mu.Unlock()
+			resolve = status
+			if err != nil {
+				decisions["resolve "+err.Error()]++
+			}
+		}()
+		close(start)
+		wg.Wait()
+		require.Equal(t, http.StatusOK, resolve, "round %d: %v", round, decisions)
+
+		after := env1.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, body).JSON()["decision"]
+		blocked := decisions["200 blocked <nil>"]
+		if outcome == "succeeded" {
+			require.Equal(t, racers, blocked+decisions["200 duplicate <nil>"], "round %d: %v", round, decisions)
+			require.Equal(t, "duplicate", after, "round %d", round)
+		} else {
+			executed := decisions["200 execute <nil>"]
+			require.LessOrEqual(t, executed, 1, "round %d: %v", round, decisions)
+			require.Equal(t, racers, blocked+executed+decisions["200 in_flight <nil>"], "round %d: %v", round, decisions)
+			require.Equal(t, map[int]string{0: "execute", 1: "in_flight"}[executed], after, "round %d: %v", round, decisions)
+		}
+		var attempts, unknown int
+		require.NoError(t, env1.App.Pool.QueryRow(context.Background(), `SELECT count(*),
+			count(*) FILTER (WHERE outcome = 'indeterminate') FROM effect_attempts WHERE effect_id = $1`, id).
+			Scan(&attempts, &unknown))
+		require.Equal(t, map[string]int{"failed": 2, "succeeded": 1}[outcome], attempts, "round %d", round)
+		require.Zero(t, unknown, "round %d: the resolve settled the unknown attempt", round)
+		t.Logf("round %d (%s): %v", round, outcome, decisions)
+	}
 }
