@@ -1,0 +1,210 @@
+package gate_test
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+)
+
+// ceilingRace is one ceiling hammered alone: racers begin distinct keys
+// of varied costs at once from two instances, each charged to one of the
+// ceiling's counters (a dimension's value, or the one counter).
+type ceilingRace struct {
+	code     string // the ceiling's refusal
+	capOf    int64  // each counter's cap (micros, or effects when count)
+	count    bool   // a daily_count: every grant counts 1
+	apiKey   string
+	bodyOf   func(i int, k string, cost int64) map[string]any
+	counters int // counters racer i is charged to: i % counters
+}
+
+// grantTry is one racer's begin and what it was answered.
+type grantTry struct {
+	counter        int
+	cost           int64
+	code, id, tokn string
+}
+
+// costOf spreads racers' costs over 1..50 micros.
+func costOf(i int) int64 { return int64(i*37%50 + 1) }
+
+// race begins n keys at once and answers each one's try.
+func (r ceilingRace) race(t *testing.T, n int, envs ...*apitest.Env) []grantTry {
+	t.Helper()
+	tries := make([]grantTry, n)
+	var (
+		wg    sync.WaitGroup
+		start = make(chan struct{})
+	)
+	for i := range tries {
+		env := envs[i%len(envs)]
+		tries[i] = grantTry{counter: i % r.counters, cost: costOf(i)}
+		body := r.bodyOf(i, key("ceiling"), tries[i].cost)
+		wg.Go(func() {
+			<-start
+			status, out, err := post(env, "/api/v1/effects/begin", r.apiKey, body)
+			switch {
+			case err != nil:
+				tries[i].code = err.Error()
+			case out["decision"] == "execute":
+				tries[i].code, tries[i].id, tries[i].tokn = "execute", str(out["effect_id"]), str(out["lease_token"])
+			default:
+				e, _ := out["error"].(map[string]any)
+				tries[i].code = fmt.Sprintf("%d:%v", status, e["code"])
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	return tries
+}
+
+// requireFits checks that each counter granted no more than its cap and
+// refused only what did not fit beside what it granted (nothing is given
+// back during the race, so a refusal means the cost did not fit then, nor
+// at the end).
+func (r ceilingRace) requireFits(t *testing.T, tries []grantTry) {
+	t.Helper()
+	granted := make([]int64, r.counters)
+	for _, g := range tries {
+		if g.code == "execute" {
+			granted[g.counter] += r.charge(g)
+		}
+	}
+	for c, sum := range granted {
+		require.LessOrEqual(t, sum, r.capOf, "counter %d overspent", c)
+	}
+	for _, g := range tries {
+		switch g.code {
+		case "execute":
+		case "403:" + r.code:
+			require.Greater(t, granted[g.counter]+r.charge(g), r.capOf,
+				"counter %d refused %d micros that fit beside its %d", g.counter, g.cost, granted[g.counter])
+		default:
+			t.Fatalf("unexpected answer %s", g.code)
+		}
+	}
+}
+
+func (r ceilingRace) charge(g grantTry) int64 {
+	if r.count {
+		return 1
+	}
+	return g.cost
+}
+
+// Each daily ceiling and a run's wallet, hammered alone by 120 begins of
+// varied costs from two instances, admits only what fits (API.md §2 and
+// README "Risk controls": "Under any concurrency a ceiling admits exactly
+// what fits"): no counter passes its cap, and no begin is refused while
+// its cost fit. Then the grants' failed reports race a second burst: each
+// failure gives back exactly its own charge, so the counters end equal to
+// what the attempts not known to have failed hold, and within the caps.
+func TestEachCeilingAloneAdmitsExactlyWhatFits(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	env1 := apitest.Start(t, apitest.WithNow(c.Now))
+	env2 := apitest.Start(t, apitest.WithNow(c.Now))
+	const racers, ceiling = 120, 700
+	ws := env1.Signup()
+	vendor := func(effectType string) func(i int, k string, cost int64) map[string]any {
+		return func(i int, k string, cost int64) map[string]any {
+			body := charge(k, cost)
+			body["effect_type"], body["dimensions"] = effectType, map[string]any{"vendor": []string{"acme", "globex"}[i%2]}
+			return body
+		}
+	}
+	typed := func(effectType string) func(i int, k string, cost int64) map[string]any {
+		return func(_ int, k string, cost int64) map[string]any {
+			body := charge(k, cost)
+			body["effect_type"] = effectType
+			return body
+		}
+	}
+	putPolicy := func(effectType string, policy map[string]any) {
+		env1.Must(http.StatusOK, "PUT", "/api/v1/policies/"+effectType, ws.Key, policy)
+	}
+	run := str(env1.Must(http.StatusCreated, "POST", "/api/v1/runs", ws.Key,
+		map[string]any{"name": "loop", "budgetMicros": ceiling}).JSON()["id"])
+
+	cases := map[string]func() ceilingRace{
+		"type daily budget": func() ceilingRace {
+			putPolicy("budget.call", map[string]any{"daily_budget_micros": ceiling})
+			return ceilingRace{code: "budget_exceeded", capOf: ceiling, apiKey: ws.Key, bodyOf: typed("budget.call"), counters: 1}
+		},
+		"key daily spend ceiling": func() ceilingRace {
+			agent := env1.Key(ws, map[string]any{"name": "capped", "preset": "AGENT", "daily_spend_ceiling_micros": ceiling})
+			return ceilingRace{code: "key_budget_exceeded", capOf: ceiling, apiKey: agent, bodyOf: typed("keyed.call"), counters: 1}
+		},
+		"dimension daily micros per value": func() ceilingRace {
+			putPolicy("dim.call", map[string]any{"dimension_limits": map[string]any{"vendor": map[string]any{"daily_micros": ceiling}}})
+			return ceilingRace{code: "dimension_limit_exceeded", capOf: ceiling, apiKey: ws.Key, bodyOf: vendor("dim.call"), counters: 2}
+		},
+		"dimension daily count per value": func() ceilingRace {
+			putPolicy("count.call", map[string]any{"dimension_limits": map[string]any{"vendor": map[string]any{"daily_count": 17}}})
+			return ceilingRace{code: "dimension_limit_exceeded", capOf: 17, count: true, apiKey: ws.Key, bodyOf: vendor("count.call"), counters: 2}
+		},
+		"run wallet": func() ceilingRace {
+			return ceilingRace{code: "run_budget_exceeded", capOf: ceiling, apiKey: ws.Key, counters: 1,
+				bodyOf: func(i int, k string, cost int64) map[string]any {
+					return inRun(run, typed("wallet.call")(i, k, cost))
+				}}
+		},
+	}
+	for name, setup := range cases {
+		t.Run(name, func(t *testing.T) {
+			r := setup()
+			first := r.race(t, racers, env1, env2)
+			r.requireFits(t, first)
+			refused := make([]int, r.counters)
+			for _, g := range first {
+				if g.code != "execute" {
+					refused[g.counter]++
+				}
+			}
+			for c, n := range refused {
+				require.Positive(t, n, "counter %d: the burst asked for more than fits", c)
+			}
+
+			// The first burst's grants reported failed while a second burst races them.
+			var wg sync.WaitGroup
+			for _, g := range first {
+				if g.code != "execute" {
+					continue
+				}
+				wg.Go(func() {
+					status, out, err := post([]*apitest.Env{env1, env2}[g.counter%2], "/api/v1/effects/"+g.id+"/report",
+						r.apiKey, map[string]any{"lease_token": g.tokn, "outcome": "failed"})
+					if err != nil || status != http.StatusOK {
+						t.Errorf("report: %d %v %v", status, out, err)
+					}
+				})
+			}
+			second := r.race(t, racers, env1, env2)
+			wg.Wait()
+			held := make([]int64, r.counters)
+			for _, g := range second {
+				require.Contains(t, []string{"execute", "403:" + r.code}, g.code)
+				if g.code == "execute" {
+					held[g.counter] += r.charge(g)
+				}
+			}
+			for c, sum := range held {
+				require.LessOrEqual(t, sum, r.capOf, "counter %d overspent once failures gave back", c)
+			}
+			requireCountersMatchAttempts(t, env1, ws.ID)
+		})
+	}
+	var spent int64
+	require.NoError(t, env1.App.Pool.QueryRow(t.Context(), `SELECT coalesce(sum(e.cost_micros), 0)::bigint
+		FROM effect_attempts a JOIN effects e ON e.id = a.effect_id
+		WHERE e.run_id = $1 AND a.outcome IS DISTINCT FROM 'failed'`, run).Scan(&spent))
+	require.LessOrEqual(t, spent, int64(ceiling))
+	runSpent := env1.Must(http.StatusOK, "GET", "/api/v1/runs/"+run, ws.Key, nil).JSON()["spentMicros"]
+	require.EqualValues(t, spent, runSpent, "the wallet counts what its attempts not known to have failed declared")
+}
