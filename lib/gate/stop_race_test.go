@@ -1,0 +1,122 @@
+package gate_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+)
+
+// Phases of the emergency stop as the operator sees them: a begin sent
+// in stopAnswered was sent after the stop's 200, in releaseAnswered after
+// the release's.
+const (
+	stopNotAnswered int32 = iota
+	stopAnswered
+	releaseSent
+	releaseAnswered
+)
+
+// The emergency stop (deny) racing a stream of begins of new keys from two
+// instances, over a known type, an unknown one and one under a surge
+// policy (whose new keys wait for the type's surge turn): every begin sent
+// after the stop answered and answered before the release was sent is
+// refused circuit_open, whatever its type or instance; every begin sent
+// after the release answered executes. A begin that overlaps the stop or
+// the release may go either way. The stop and its release are each
+// announced once.
+func TestBeginsBetweenTheStopAndItsReleaseAreRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	env2 := apitest.Start(t, apitest.WithNow(b.clock.Now))
+	b.putPolicy("sms.send", map[string]any{"surge_per_hour": 1_000_000, "surge_action": "deny"})
+	types := []string{"email.send", "sms.send", "fresh.call"}
+	const racers, perPhase = 40, 80
+
+	var (
+		phase    atomic.Int32
+		answered [releaseAnswered + 1]atomic.Int32 // by the phase each begin was sent in
+		mu       sync.Mutex
+		held     = map[string]int{} // sent after the stop answered, answered before the release was sent
+		lifted   = map[string]int{} // sent after the release answered
+		overlap  = map[string]int{} // the rest
+		wg       sync.WaitGroup
+		start    = make(chan struct{})
+		done     = make(chan struct{})
+	)
+	for i := 0; i < racers; i++ {
+		env := []*apitest.Env{b.env, env2}[i%2]
+		wg.Go(func() {
+			<-start
+			for n := 0; n < 200; n++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				body := email(key("stream"))
+				body["effect_type"] = types[(i+n)%len(types)]
+				sent := phase.Load()
+				status, out, err := post(env, "/api/v1/effects/begin", b.ws.Key, body)
+				answeredIn := phase.Load()
+				answer := fmt.Sprint(status, " ", out["decision"], " ", err)
+				if e, ok := out["error"].(map[string]any); ok {
+					answer = fmt.Sprint(status, " ", e["code"])
+				}
+				mu.Lock()
+				switch {
+				case sent == stopAnswered && answeredIn == stopAnswered:
+					held[answer]++
+				case sent == releaseAnswered:
+					lifted[answer]++
+				default:
+					overlap[answer]++
+				}
+				mu.Unlock()
+				answered[sent].Add(1)
+			}
+		})
+	}
+	// waitFor waits for n answers to begins sent in phase p, causally:
+	// the racers produce them; the bound only stops a broken run.
+	waitFor := func(p int32, n int32) {
+		require.Eventually(t, func() bool { return answered[p].Load() >= n }, 30*time.Second, time.Millisecond,
+			"answers of phase %d", p)
+	}
+	close(start)
+	waitFor(stopNotAnswered, perPhase)
+	status, out, err := post(b.env, "/api/v1/circuits/stop", b.ws.Key, map[string]any{"action": "deny", "reason": "drill"})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status, "%v", out)
+	phase.Store(stopAnswered)
+	waitFor(stopAnswered, perPhase)
+	phase.Store(releaseSent)
+	status, out, err = post(env2, "/api/v1/circuits/release", b.ws.Key, map[string]any{})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status, "%v", out)
+	phase.Store(releaseAnswered)
+	waitFor(releaseAnswered, perPhase)
+	close(done)
+	wg.Wait()
+	t.Logf("held %v, lifted %v, overlapping %v", held, lifted, overlap)
+
+	refused, executed := "403 circuit_open", "200 execute <nil>"
+	require.Len(t, held, 1, "every begin between the stop's answer and the release is refused: %v", held)
+	require.GreaterOrEqual(t, held[refused], perPhase)
+	require.Len(t, lifted, 1, "every begin after the release's answer executes: %v", lifted)
+	require.GreaterOrEqual(t, lifted[executed], perPhase)
+	require.Equal(t, map[string]int{refused: overlap[refused], executed: overlap[executed]}, overlap)
+
+	var tripped, closed int
+	require.NoError(t, b.env.App.Pool.QueryRow(context.Background(), `SELECT
+		count(*) FILTER (WHERE type = 'circuit.tripped'), count(*) FILTER (WHERE type = 'circuit.closed')
+		FROM events WHERE workspace_id = $1 AND subject_id = '*'`, b.ws.ID).Scan(&tripped, &closed))
+	require.Equal(t, []int{1, 1}, []int{tripped, closed})
+}
