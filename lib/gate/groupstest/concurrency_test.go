@@ -280,3 +280,61 @@ func TestGroupedRetryTakesItsRunWalletBeforeItsGroup(t *testing.T) {
 		require.True(t, shortened, "group %s dated by the lowered retention", g)
 	}
 }
+
+// A step has one compensating effect (effects_compensates_idx), however
+// many callers begin one at once: 40 begins compensating the same step,
+// most under keys of their own, a few under the plan's suggested key,
+// grant exactly one execute; the suggested key's other begins are told
+// in_flight when it won (invalid_state otherwise), every other key is
+// refused invalid_state naming the winner, and the refused keys keep no
+// effect.
+func TestConcurrentCompensationsOfOneStepUnderManyKeys(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	for round := 0; round < 4; round++ {
+		g := f.group()
+		step := f.done(g, true)
+		item := f.unwind(g)["plan"].([]any)[0].(map[string]any)
+		suggested := item["suggested_idempotency_key"].(string)
+		const n = 40
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = suggested
+			if i%8 != 0 {
+				keys[i] = "mine:" + ids.Random(8)
+			}
+		}
+		rs := hammer(n, func(i int) *apitest.Response {
+			return f.do("POST", "/api/v1/effects/begin", map[string]any{"effect_type": "payment.refund",
+				"payload": map[string]any{"refund_of": "charge"}, "cost_micros": 0,
+				"idempotency_key": keys[i], "compensates_effect_id": step})
+		})
+		var winner string
+		for _, r := range rs {
+			if r.Status == http.StatusOK && r.JSON()["decision"] == "execute" {
+				require.Empty(t, winner, "round %d: a second compensation executed", round)
+				winner = r.JSON()["effect_id"].(string)
+			}
+		}
+		require.NotEmpty(t, winner, "round %d: one compensation executes", round)
+		var winnerKey string
+		require.NoError(t, f.env.App.Pool.QueryRow(context.Background(),
+			`SELECT idempotency_key FROM effects WHERE id = $1`, winner).Scan(&winnerKey))
+		for i, r := range rs {
+			switch {
+			case r.Status == http.StatusOK && r.JSON()["effect_id"] == winner:
+				require.Contains(t, []any{"execute", "in_flight"}, r.JSON()["decision"], "round %d: %s", round, r.Body)
+				require.Equal(t, winnerKey, keys[i], "round %d: answered for another key's effect", round)
+			default:
+				errCode(t, r, http.StatusConflict, "invalid_state")
+				require.Equal(t, winner, r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["compensating_effect_id"],
+					"round %d", round)
+			}
+		}
+		var effects int
+		require.NoError(t, f.env.App.Pool.QueryRow(context.Background(), `SELECT count(*) FROM effects
+			WHERE workspace_id = $1 AND (compensates_effect_id = $2 OR idempotency_key = ANY($3))`,
+			f.ws.ID, step, keys).Scan(&effects))
+		require.Equal(t, 1, effects, "round %d: the refused keys keep nothing", round)
+	}
+}
