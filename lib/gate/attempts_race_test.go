@@ -16,17 +16,27 @@ import (
 // max_attempts counts every execute grant (API.md §2.1): a key whose
 // lease lapsed, or whose attempt was reported failed, begun by many callers
 // at once from two instances is granted exactly one new attempt each time,
-// and never more than max_attempts in all; every begin after that is
-// refused max_attempts_exceeded, however many race it.
+// and never more than max_attempts in all (a probe counts as one); every
+// begin after that is refused max_attempts_exceeded, however many race it.
 func TestConcurrentBeginsAfterLapsesNeverPassMaxAttempts(t *testing.T) {
-	t.Parallel()
+	for _, onIndeterminate := range []string{"retry", "probe"} {
+		t.Run(onIndeterminate, func(t *testing.T) {
+			t.Parallel()
+			beginsAfterLapses(t, onIndeterminate)
+		})
+	}
+}
+
+// beginsAfterLapses hammers one key whose lapses the policy answers with
+// onIndeterminate (retry, or probe: an execute with probe true).
+func beginsAfterLapses(t *testing.T, onIndeterminate string) {
 	c := newClock()
 	env1 := apitest.Start(t, apitest.WithNow(c.Now))
 	env2 := apitest.Start(t, apitest.WithNow(c.Now))
 	ws := env1.Signup()
 	const maxAttempts, racers = 3, 100
 	env1.Must(http.StatusOK, "PUT", "/api/v1/policies/api.call", ws.Key,
-		map[string]any{"on_indeterminate": "retry", "max_attempts": maxAttempts, "lease_seconds": 5})
+		map[string]any{"on_indeterminate": onIndeterminate, "max_attempts": maxAttempts, "lease_seconds": 5})
 	body := charge(key("attempts"), 0)
 	var effectID string
 	for round := 1; round <= maxAttempts+2; round++ {
@@ -37,6 +47,8 @@ func TestConcurrentBeginsAfterLapsesNeverPassMaxAttempts(t *testing.T) {
 		}
 		require.Equal(t, map[string]int{"execute": 1, "in_flight": racers - 1}, counts, "round %d", round)
 		require.EqualValues(t, round, execs[0]["attempt"], "round %d", round)
+		// Only the attempt after a lapse probes (a failure is known).
+		require.Equal(t, onIndeterminate == "probe" && round%2 == 1 && round > 1, execs[0]["probe"], "round %d", round)
 		effectID = str(execs[0]["effect_id"])
 		if round%2 == 1 {
 			// A known failure frees the key at once.

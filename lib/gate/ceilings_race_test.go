@@ -139,7 +139,11 @@ func TestEachCeilingAloneAdmitsExactlyWhatFits(t *testing.T) {
 		},
 		"key daily spend ceiling": func() ceilingRace {
 			agent := env1.Key(ws, map[string]any{"name": "capped", "preset": "AGENT", "daily_spend_ceiling_micros": ceiling})
-			return ceilingRace{code: "key_budget_exceeded", capOf: ceiling, apiKey: agent, bodyOf: typed("keyed.call"), counters: 1}
+			// The key's ceiling spans every type it begins.
+			return ceilingRace{code: "key_budget_exceeded", capOf: ceiling, apiKey: agent, counters: 1,
+				bodyOf: func(i int, k string, cost int64) map[string]any {
+					return typed([]string{"keyed.call", "keyed.other"}[i%2])(i, k, cost)
+				}}
 		},
 		"dimension daily micros per value": func() ceilingRace {
 			putPolicy("dim.call", map[string]any{"dimension_limits": map[string]any{"vendor": map[string]any{"daily_micros": ceiling}}})
