@@ -216,3 +216,54 @@ func TestEachCeilingAloneAdmitsExactlyWhatFits(t *testing.T) {
 	runSpent := env1.Must(http.StatusOK, "GET", "/api/v1/runs/"+run, ws.Key, nil).JSON()["spentMicros"]
 	require.EqualValues(t, spent, runSpent, "the wallet counts what its attempts not known to have failed declared")
 }
+
+// One key begun by many callers at once at a ceiling's edge is charged
+// once: with room for its cost exactly, one execute and the rest
+// in_flight, the counter at the cap; without room, every begin refused by
+// the ceiling, one stored denial and nothing charged. Then the key's
+// failure gives the room back, and the refused key begun again by many
+// fits once.
+func TestOneKeyAtTheCeilingIsChargedOnce(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	env1 := apitest.Start(t, apitest.WithNow(c.Now))
+	env2 := apitest.Start(t, apitest.WithNow(c.Now))
+	ws := env1.Signup()
+	env1.Must(http.StatusOK, "PUT", "/api/v1/policies/api.call", ws.Key, map[string]any{"daily_budget_micros": 100,
+		"dimension_limits": map[string]any{"vendor": map[string]any{"daily_count": 1}}})
+	body := func(k string) map[string]any {
+		b := charge(k, 100)
+		b["dimensions"] = map[string]any{"vendor": "acme"}
+		return b
+	}
+	const racers = 60
+	fits, refused := body(key("fits")), body(key("refused"))
+	counts, execs := raceBegins(t, racers, ws.Key, fits, env1, env2)
+	require.Equal(t, map[string]int{"execute": 1, "in_flight": racers - 1}, counts)
+	counts, _ = raceBegins(t, racers, ws.Key, refused, env1, env2)
+	require.Len(t, counts, 1, "%v", counts)
+	for code := range counts {
+		require.Contains(t, []string{"403:budget_exceeded", "403:dimension_limit_exceeded"}, code)
+	}
+	counters := spendCounters(t, env1, ws.ID)
+	require.Len(t, counters, 2)
+	for scope, got := range counters {
+		want := spendCounter{micros: 0, count: 1} // the vendor's count-only limit
+		if scope == "type:api.call" {
+			want.micros = 100
+		}
+		require.Equal(t, want, got, scope)
+	}
+
+	r := env2.Do("POST", "/api/v1/effects/"+str(execs[0]["effect_id"])+"/report", ws.Key,
+		map[string]any{"lease_token": execs[0]["lease_token"], "outcome": "failed"})
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+	counts, _ = raceBegins(t, racers, ws.Key, refused, env1, env2)
+	require.Equal(t, map[string]int{"execute": 1, "in_flight": racers - 1}, counts)
+	requireCountersMatchAttempts(t, env1, ws.ID)
+	var effects, attempts int
+	require.NoError(t, env1.App.Pool.QueryRow(t.Context(), `SELECT count(*),
+		(SELECT count(*) FROM effect_attempts WHERE workspace_id = $1) FROM effects WHERE workspace_id = $1`,
+		ws.ID).Scan(&effects, &attempts))
+	require.Equal(t, []int{2, 2}, []int{effects, attempts})
+}
