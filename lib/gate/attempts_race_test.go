@@ -30,10 +30,7 @@ func TestConcurrentBeginsAfterLapsesNeverPassMaxAttempts(t *testing.T) {
 // beginsAfterLapses hammers one key whose lapses the policy answers with
 // onIndeterminate (retry, or probe: an execute with probe true).
 func beginsAfterLapses(t *testing.T, onIndeterminate string) {
-	c := newClock()
-	env1 := apitest.Start(t, apitest.WithNow(c.Now))
-	env2 := apitest.Start(t, apitest.WithNow(c.Now))
-	ws := env1.Signup()
+	c, env1, env2, ws := twoInstances(t)
 	const maxAttempts, racers = 3, 100
 	env1.Must(http.StatusOK, "PUT", "/api/v1/policies/api.call", ws.Key,
 		map[string]any{"on_indeterminate": onIndeterminate, "max_attempts": maxAttempts, "lease_seconds": 5})
@@ -74,10 +71,7 @@ func beginsAfterLapses(t *testing.T, onIndeterminate string) {
 // unknown.
 func TestBeginsRacingAResolveOfABlockedKey(t *testing.T) {
 	t.Parallel()
-	c := newClock()
-	env1 := apitest.Start(t, apitest.WithNow(c.Now))
-	env2 := apitest.Start(t, apitest.WithNow(c.Now))
-	ws := env1.Signup()
+	c, env1, env2, ws := twoInstances(t)
 	env1.Must(http.StatusOK, "PUT", "/api/v1/policies/api.call", ws.Key,
 		map[string]any{"on_indeterminate": "block", "lease_seconds": 5})
 	const racers = 40

@@ -107,11 +107,8 @@ func (r ceilingRace) charge(g grantTry) int64 {
 // what the attempts not known to have failed hold, and within the caps.
 func TestEachCeilingAloneAdmitsExactlyWhatFits(t *testing.T) {
 	t.Parallel()
-	c := newClock()
-	env1 := apitest.Start(t, apitest.WithNow(c.Now))
-	env2 := apitest.Start(t, apitest.WithNow(c.Now))
+	_, env1, env2, ws := twoInstances(t)
 	const racers, ceiling = 80, 500
-	ws := env1.Signup()
 	vendor := func(effectType string) func(i int, k string, cost int64) map[string]any {
 		return func(i int, k string, cost int64) map[string]any {
 			body := charge(k, cost)
@@ -225,10 +222,7 @@ func TestEachCeilingAloneAdmitsExactlyWhatFits(t *testing.T) {
 // fits once.
 func TestOneKeyAtTheCeilingIsChargedOnce(t *testing.T) {
 	t.Parallel()
-	c := newClock()
-	env1 := apitest.Start(t, apitest.WithNow(c.Now))
-	env2 := apitest.Start(t, apitest.WithNow(c.Now))
-	ws := env1.Signup()
+	_, env1, env2, ws := twoInstances(t)
 	env1.Must(http.StatusOK, "PUT", "/api/v1/policies/api.call", ws.Key, map[string]any{"daily_budget_micros": 100,
 		"dimension_limits": map[string]any{"vendor": map[string]any{"daily_count": 1}}})
 	body := func(k string) map[string]any {

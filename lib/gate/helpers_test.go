@@ -32,6 +32,16 @@ type bundle struct {
 	clock *apitest.Clock
 }
 
+// twoInstances starts two service instances on one clock and signs up a
+// workspace: what a hammer spreads its racers over.
+func twoInstances(t *testing.T) (*apitest.Clock, *apitest.Env, *apitest.Env, apitest.Workspace) {
+	t.Helper()
+	c := newClock()
+	env1 := apitest.Start(t, apitest.WithNow(c.Now))
+	env2 := apitest.Start(t, apitest.WithNow(c.Now))
+	return c, env1, env2, env1.Signup()
+}
+
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	c := newClock()
