@@ -83,39 +83,7 @@ func TestBeginsRacingAResolveOfABlockedKey(t *testing.T) {
 		id := str(d["effect_id"])
 		c.Add(6 * time.Second) // lapsed unreported: indeterminate, blocked
 
-		var (
-			wg        sync.WaitGroup
-			mu        sync.Mutex
-			start     = make(chan struct{})
-			decisions = map[string]int{}
-			resolve   int
-		)
-		for i := 0; i < racers; i++ {
-			env := []*apitest.Env{env1, env2}[i%2]
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				status, out, err := post(env, "/api/v1/effects/begin", ws.Key, body)
-				mu.Lock()
-				defer mu.Unlock()
-				decisions[fmt.Sprintf("%d %v %v", status, out["decision"], err)]++
-			}()
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			status, _, err := post(env2, "/api/v1/effects/"+id+"/resolve", ws.Key, map[string]any{"outcome": outcome})
-			mu.Lock()
-			defer mu.Unlock()
-			resolve = status
-			if err != nil {
-				decisions["resolve "+err.Error()]++
-			}
-		}()
-		close(start)
-		wg.Wait()
+		decisions, resolve := resolveRacingBegins(t, racers, ws.Key, id, outcome, body, env1, env2)
 		require.Equal(t, http.StatusOK, resolve, "round %d: %v", round, decisions)
 
 		after := env1.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, body).JSON()["decision"]
@@ -137,4 +105,93 @@ func TestBeginsRacingAResolveOfABlockedKey(t *testing.T) {
 		require.Zero(t, unknown, "round %d: the resolve settled the unknown attempt", round)
 		t.Logf("round %d (%s): %v", round, outcome, decisions)
 	}
+}
+
+// resolveRacingBegins resolves effect id to outcome while racers begin
+// its key at once, over envs; it answers the begins' answers by status,
+// decision and error, and the resolve's status.
+func resolveRacingBegins(t *testing.T, racers int, apiKey, id, outcome string, body map[string]any,
+	envs ...*apitest.Env) (map[string]int, int) {
+	t.Helper()
+	var (
+		wg        sync.WaitGroup
+		mu        sync.Mutex
+		start     = make(chan struct{})
+		decisions = map[string]int{}
+		resolve   int
+	)
+	for i := 0; i < racers; i++ {
+		env := envs[i%len(envs)]
+		wg.Go(func() {
+			<-start
+			status, out, err := post(env, "/api/v1/effects/begin", apiKey, body)
+			mu.Lock()
+			defer mu.Unlock()
+			decisions[fmt.Sprintf("%d %v %v", status, out["decision"], err)]++
+		})
+	}
+	wg.Go(func() {
+		<-start
+		status, _, err := post(envs[len(envs)-1], "/api/v1/effects/"+id+"/resolve", apiKey, map[string]any{"outcome": outcome})
+		mu.Lock()
+		defer mu.Unlock()
+		resolve = status
+		if err != nil {
+			decisions["resolve "+err.Error()]++
+		}
+	})
+	close(start)
+	wg.Wait()
+	return decisions, resolve
+}
+
+// Under retry and probe an indeterminate key is begun again at once: an
+// operator's resolve racing many such begins from two instances either
+// lands first (to succeeded: every begin answers duplicate, none acts; to
+// failed: one begin is granted the next attempt) or finds the key leased
+// again by the one begin granted, and is refused invalid_state, the
+// unknown attempt left for that begin's holder (a probe) to settle. Never
+// both: a resolve to succeeded that lands never sits beside an execute,
+// and exactly one begin in all is granted the key's next attempt.
+func TestRetriesRacingAResolveOfTheirKey(t *testing.T) {
+	t.Parallel()
+	c, env1, env2, ws := twoInstances(t)
+	const racers = 40
+	landed := map[string]int{}
+	for round := 0; round < 12; round++ {
+		policy := []string{"retry", "probe"}[round%2]
+		outcome := []string{"succeeded", "succeeded", "failed", "failed"}[round%4]
+		env1.Must(http.StatusOK, "PUT", "/api/v1/policies/api.call", ws.Key,
+			map[string]any{"on_indeterminate": policy, "lease_seconds": 5})
+		body := charge(key("retried"), 0)
+		d := env1.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, body).JSON()
+		require.Equal(t, "execute", d["decision"])
+		id := str(d["effect_id"])
+		c.Add(6 * time.Second) // lapsed unreported: indeterminate
+
+		decisions, resolve := resolveRacingBegins(t, racers, ws.Key, id, outcome, body, env1, env2)
+		msg := fmt.Sprintf("round %d (%s, resolve %s %d): %v", round, policy, outcome, resolve, decisions)
+		executed := decisions["200 execute <nil>"]
+		var attempts, unknown int
+		require.NoError(t, env1.App.Pool.QueryRow(context.Background(), `SELECT count(*),
+			count(*) FILTER (WHERE outcome = 'indeterminate') FROM effect_attempts WHERE effect_id = $1`, id).
+			Scan(&attempts, &unknown))
+		switch {
+		case resolve == http.StatusOK && outcome == "succeeded":
+			require.Equal(t, map[string]int{"200 duplicate <nil>": racers}, decisions, msg)
+			require.Equal(t, []int{1, 0}, []int{attempts, unknown}, msg)
+		case resolve == http.StatusOK: // to failed: the key is free again
+			require.Equal(t, 1, executed, msg)
+			require.Equal(t, racers, executed+decisions["200 in_flight <nil>"], msg)
+			require.Equal(t, []int{2, 0}, []int{attempts, unknown}, msg)
+		case resolve == http.StatusConflict: // a begin leased the key first
+			require.Equal(t, 1, executed, msg)
+			require.Equal(t, racers, executed+decisions["200 in_flight <nil>"], msg)
+			require.Equal(t, []int{2, 1}, []int{attempts, unknown}, msg)
+		default:
+			t.Fatal(msg)
+		}
+		landed[fmt.Sprintf("%s resolve %d", outcome, resolve)]++
+	}
+	t.Logf("%v", landed)
 }
