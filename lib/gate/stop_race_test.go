@@ -120,3 +120,34 @@ func TestBeginsBetweenTheStopAndItsReleaseAreRefused(t *testing.T) {
 		FROM events WHERE workspace_id = $1 AND subject_id = '*'`, b.ws.ID).Scan(&tripped, &closed))
 	require.Equal(t, []int{1, 1}, []int{tripped, closed})
 }
+
+// A burst of new keys from two instances crossing surge_per_hour trips the
+// breaker once whatever its action: the keys before the trip execute, exactly
+// the threshold's worth, and the rest are held as the action says (one
+// pending approval each under require_approval, circuit_open under deny;
+// monitor holds nothing). One circuit.tripped is recorded, carrying the
+// count that tripped it.
+func TestASurgeBurstTripsOnceUnderEveryAction(t *testing.T) {
+	for _, action := range []string{"monitor", "require_approval", "deny"} {
+		t.Run(action, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			env2 := apitest.Start(t, apitest.WithNow(b.clock.Now))
+			const threshold, racers = 10, 60
+			b.putPolicy("sms.send", map[string]any{"surge_per_hour": threshold, "surge_action": action})
+			counts, _ := raceBodies(t, racers, b.ws.Key, func(int) map[string]any { return sms(key("burst")) }, b.env, env2)
+			held := map[string]string{"monitor": "execute", "require_approval": "approval_required",
+				"deny": "403:circuit_open"}[action]
+			want := map[string]int{"execute": threshold}
+			want[held] += racers - threshold
+			require.Equal(t, want, counts)
+			require.Equal(t, 1, b.events("circuit.tripped"))
+			require.EqualValues(t, threshold+1, b.lastEventData("circuit.tripped")["volume_last_hour"])
+			var pending int
+			require.NoError(t, b.env.App.Pool.QueryRow(context.Background(), `SELECT count(*) FROM approvals
+				WHERE workspace_id = $1 AND state = 'pending'`, b.ws.ID).Scan(&pending))
+			require.Equal(t, counts["approval_required"], pending, "one approval a held key")
+			require.Equal(t, pending, b.events("approval.requested"))
+		})
+	}
+}
