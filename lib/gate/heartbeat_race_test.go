@@ -122,3 +122,90 @@ func TestHeartbeatsRacingTheLeasesEnd(t *testing.T) {
 	}
 	t.Logf("winners over 20 rounds: %v", won)
 }
+
+// Under on_indeterminate retry, the holder's heartbeats a microsecond
+// before its lease's end race begins of the key from an instance whose
+// clock reads the end: either a heartbeat kept the lease (every begin
+// in_flight) or a begin took the key's next attempt (every later heartbeat
+// of the old token refused), never both, so at most one caller holds a
+// live lease for the key (API.md §2.1).
+func TestHeartbeatsRacingARetryOfTheKey(t *testing.T) {
+	t.Parallel()
+	t0 := newClock().Now()
+	live, late := apitest.NewClock(t0), apitest.NewClock(t0)
+	envLive := apitest.Start(t, apitest.WithNow(live.Now))
+	envLate := apitest.Start(t, apitest.WithNow(late.Now))
+	ws := envLive.Signup()
+	const lease = 30 * time.Second
+	envLive.Must(http.StatusOK, "PUT", "/api/v1/policies/api.call", ws.Key,
+		map[string]any{"lease_seconds": int(lease.Seconds()), "on_indeterminate": "retry", "max_attempts": 50})
+	won := map[string]int{}
+	for round := 0; round < 20; round++ {
+		beats, begins := 8, 2
+		if round%2 == 1 {
+			beats, begins = 1, 8
+		}
+		begun := t0.Add(time.Duration(round) * time.Hour)
+		live.Set(begun)
+		body := charge(key("held"), 0)
+		d := envLive.Must(http.StatusOK, "POST", "/api/v1/effects/begin", ws.Key, body).JSON()
+		require.Equal(t, "execute", d["decision"])
+		id := str(d["effect_id"])
+		live.Set(begun.Add(lease - time.Microsecond))
+		late.Set(begun.Add(lease))
+
+		var (
+			wg    sync.WaitGroup
+			mu    sync.Mutex
+			start = make(chan struct{})
+			codes = map[string]int{}
+		)
+		note := func(what string, status int, out map[string]any, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			switch e, _ := out["error"].(map[string]any); {
+			case err != nil:
+				codes[what+" "+err.Error()]++
+			case e != nil:
+				codes[what+" "+str(e["code"])]++
+			case what == "begin":
+				codes[what+" "+str(out["decision"])]++
+			default:
+				codes[fmt.Sprint(what, " ", status)]++
+			}
+		}
+		for i := 0; i < beats; i++ {
+			wg.Go(func() {
+				<-start
+				status, out, err := post(envLive, "/api/v1/effects/"+id+"/heartbeat", ws.Key,
+					map[string]any{"lease_token": d["lease_token"]})
+				note("heartbeat", status, out, err)
+			})
+		}
+		for i := 0; i < begins; i++ {
+			wg.Go(func() {
+				<-start
+				status, out, err := post(envLate, "/api/v1/effects/begin", ws.Key, body)
+				note("begin", status, out, err)
+			})
+		}
+		close(start)
+		wg.Wait()
+
+		var attempts int
+		require.NoError(t, envLive.App.Pool.QueryRow(context.Background(),
+			`SELECT attempt FROM effects WHERE id = $1`, id).Scan(&attempts))
+		if codes["begin execute"] == 0 { // a heartbeat kept the lease
+			require.Equal(t, map[string]int{"heartbeat 200": beats, "begin in_flight": begins}, codes, "round %d", round)
+			require.Equal(t, 1, attempts, "round %d", round)
+			won["heartbeat"]++
+			continue
+		}
+		require.Equal(t, 1, codes["begin execute"], "round %d: %v", round, codes)
+		require.Zero(t, codes["heartbeat 200"], "round %d: two holders: %v", round, codes)
+		require.Equal(t, begins, codes["begin execute"]+codes["begin in_flight"], "round %d: %v", round, codes)
+		require.Equal(t, 2, attempts, "round %d", round)
+		won["retry"]++
+	}
+	t.Logf("winners over 20 rounds: %v", won)
+}
