@@ -13,6 +13,26 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 )
 
+// lease is the api.call lease of the skewed instances' workspace.
+const lease = 30 * time.Second
+
+// skewedInstances starts two instances with clocks of their own, both at
+// t0 (today at noon), and signs up a workspace whose api.call policy has
+// the lease and the other fields of policy: a test sets one clock a
+// microsecond before a lease's end and the other at it.
+func skewedInstances(t *testing.T, policy map[string]any) (t0 time.Time, live, late *apitest.Clock,
+	envLive, envLate *apitest.Env, ws apitest.Workspace) {
+	t.Helper()
+	t0 = newClock().Now()
+	live, late = apitest.NewClock(t0), apitest.NewClock(t0)
+	envLive = apitest.Start(t, apitest.WithNow(live.Now))
+	envLate = apitest.Start(t, apitest.WithNow(late.Now))
+	ws = envLive.Signup()
+	policy["lease_seconds"] = int(lease.Seconds())
+	envLive.Must(http.StatusOK, "PUT", "/api/v1/policies/api.call", ws.Key, policy)
+	return t0, live, late, envLive, envLate, ws
+}
+
 // Heartbeats from an instance whose clock reads a microsecond before the
 // lease's end race heartbeats and reports of the same token from one whose
 // clock reads its end. Exactly one side wins, under the effect's row lock:
@@ -25,14 +45,7 @@ import (
 // attempt everyone else reads as of unknown outcome.
 func TestHeartbeatsRacingTheLeasesEnd(t *testing.T) {
 	t.Parallel()
-	t0 := newClock().Now()
-	live, late := apitest.NewClock(t0), apitest.NewClock(t0)
-	envLive := apitest.Start(t, apitest.WithNow(live.Now))
-	envLate := apitest.Start(t, apitest.WithNow(late.Now))
-	ws := envLive.Signup()
-	const lease = 30 * time.Second
-	envLive.Must(http.StatusOK, "PUT", "/api/v1/policies/api.call", ws.Key,
-		map[string]any{"lease_seconds": int(lease.Seconds())})
+	t0, live, late, envLive, envLate, ws := skewedInstances(t, map[string]any{})
 	won := map[string]int{}
 	for round := 0; round < 20; round++ {
 		// The sides take turns at outnumbering the other, so both win.
@@ -131,14 +144,8 @@ func TestHeartbeatsRacingTheLeasesEnd(t *testing.T) {
 // live lease for the key (API.md §2.1).
 func TestHeartbeatsRacingARetryOfTheKey(t *testing.T) {
 	t.Parallel()
-	t0 := newClock().Now()
-	live, late := apitest.NewClock(t0), apitest.NewClock(t0)
-	envLive := apitest.Start(t, apitest.WithNow(live.Now))
-	envLate := apitest.Start(t, apitest.WithNow(late.Now))
-	ws := envLive.Signup()
-	const lease = 30 * time.Second
-	envLive.Must(http.StatusOK, "PUT", "/api/v1/policies/api.call", ws.Key,
-		map[string]any{"lease_seconds": int(lease.Seconds()), "on_indeterminate": "retry", "max_attempts": 50})
+	t0, live, late, envLive, envLate, ws := skewedInstances(t,
+		map[string]any{"on_indeterminate": "retry", "max_attempts": 50})
 	won := map[string]int{}
 	for round := 0; round < 20; round++ {
 		beats, begins := 8, 2
