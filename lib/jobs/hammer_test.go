@@ -238,3 +238,222 @@ func TestConcurrentClaimsNeverLeaseADependentBeforeItsDependency(t *testing.T) {
 		require.Equal(t, 1, n, "job %s leased %d times", id, n)
 	}
 }
+
+// outcome reads a job's status and its attempts' outcomes, oldest first
+// ("" for an attempt with none yet).
+func (b *bundle) outcome(t *testing.T, jobID string) (string, []string) {
+	t.Helper()
+	var status string
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT status FROM jobs WHERE id = $1`, jobID).Scan(&status))
+	var outcomes []string
+	for _, x := range b.executions(t, jobID) {
+		o := ""
+		if x.Outcome != nil {
+			o = *x.Outcome
+		}
+		outcomes = append(outcomes, o)
+	}
+	return status, outcomes
+}
+
+// claimAll enqueues n jobs with the request's fields (distinct inputs) and
+// claims them all with one worker.
+func (b *bundle) claimAll(t *testing.T, n int, req jobs.EnqueueRequest) []jobs.ClaimedJob {
+	t.Helper()
+	runID := b.run(t)
+	for i := range n {
+		req.Input = json.RawMessage(fmt.Sprint(i))
+		b.enqueue(t, runID, req)
+	}
+	claimed := b.claim(t, b.register(t), n)
+	require.Len(t, claimed, n)
+	return claimed
+}
+
+// Two reports with one lease token and different outcomes, at the same
+// moment: one is recorded, and the other is 409 invalid_state (a different
+// outcome on a reported attempt), whichever commits first. The job and its
+// one attempt say the winner's outcome.
+func TestTwoReportsOfOneTokenWithOtherOutcomesRecordOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 40
+	claimed := b.claimAll(t, n, jobs.EnqueueRequest{})
+	succeeded := make([]error, n)
+	failed := make([]error, n)
+	hammer(2*n, func(i int) {
+		j := claimed[i/2]
+		if i%2 == 0 {
+			_, succeeded[i/2] = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+				Status: jobs.StatusSucceeded})
+			return
+		}
+		_, failed[i/2] = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+			Status: "FAILED", Error: &jobs.ReportError{Message: "no", Retryable: ptr(false)}})
+	})
+	for i, j := range claimed {
+		status, outcomes := b.outcome(t, j.JobID)
+		switch {
+		case succeeded[i] == nil && failed[i] != nil:
+			require.Equal(t, apierr.CodeInvalidState, code(t, failed[i]))
+			require.Equal(t, jobs.StatusSucceeded, status)
+			require.Equal(t, []string{"SUCCEEDED"}, outcomes)
+		case failed[i] == nil && succeeded[i] != nil:
+			require.Equal(t, apierr.CodeInvalidState, code(t, succeeded[i]))
+			require.Equal(t, jobs.StatusExhausted, status)
+			require.Equal(t, []string{"FAILED"}, outcomes)
+		default:
+			t.Fatalf("job %s: success answered %v, failure %v: want exactly one recorded", j.JobID, succeeded[i], failed[i])
+		}
+	}
+}
+
+// A report and a heartbeat with one token, at the same moment: the report
+// is always recorded; the heartbeat extends the lease (it came first) or
+// is 409 invalid_state (the attempt ended), and never takes the job back.
+func TestAReportRacingAHeartbeatOfItsToken(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.createEndpoint(t, "send_email", jobs.PolicyFields{MaxConcurrent: opt[int64](100)})
+	const n = 40
+	claimed := b.claimAll(t, n, jobs.EnqueueRequest{})
+	reports := make([]error, n)
+	beats := make([]error, n)
+	hammer(2*n, func(i int) {
+		j := claimed[i/2]
+		if i%2 == 0 {
+			_, reports[i/2] = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+				Status: jobs.StatusSucceeded})
+			return
+		}
+		_, beats[i/2] = b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+	})
+	for i, j := range claimed {
+		require.NoError(t, reports[i], j.JobID)
+		if beats[i] != nil {
+			require.Equal(t, apierr.CodeInvalidState, code(t, beats[i]), j.JobID)
+		}
+		status, outcomes := b.outcome(t, j.JobID)
+		require.Equal(t, jobs.StatusSucceeded, status)
+		require.Equal(t, []string{"SUCCEEDED"}, outcomes)
+	}
+	var running int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT running_count FROM job_endpoints
+		WHERE workspace_id = $1 AND name = 'send_email'`, b.ws).Scan(&running))
+	require.Zero(t, running, "every slot freed once")
+}
+
+// A report with a lapsed lease's token racing claims that reclaim the job:
+// either the report is recorded and no claim takes the job, or a claim
+// takes it (failing the lapsed attempt with the warning) and the report is
+// 409 lease_lost. Never both: one outcome per attempt.
+func TestAReportRacingTheReclaimOfItsLapsedLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n, claimers = 48, 4
+	claimed := b.claimAll(t, n, jobs.EnqueueRequest{TimeoutMs: ptr[int64](1_000), MaxAttempts: ptr[int64](3)})
+	b.clock.Add(time.Minute) // every lease lapsed
+	wids := make([]string, claimers)
+	for i := range wids {
+		wids[i] = b.register(t)
+	}
+	reports := make([]error, n)
+	var mu sync.Mutex
+	reclaimed := map[string]int{}
+	claimErrs := make([]error, claimers)
+	hammer(n+claimers, func(i int) {
+		if i >= n {
+			c, err := b.svc.Claim(ctx, b.worker, wids[i-n], jobs.ClaimRequest{Limit: ptr(n / claimers)})
+			claimErrs[i-n] = err
+			mu.Lock()
+			for _, j := range c.Jobs {
+				reclaimed[j.JobID]++
+			}
+			mu.Unlock()
+			return
+		}
+		j := claimed[i]
+		_, reports[i] = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+			Status: jobs.StatusSucceeded})
+	})
+	for _, err := range claimErrs {
+		require.NoError(t, err)
+	}
+	both := 0
+	for i, j := range claimed {
+		status, outcomes := b.outcome(t, j.JobID)
+		switch reclaimed[j.JobID] {
+		case 0:
+			require.NoError(t, reports[i], j.JobID)
+			require.Equal(t, jobs.StatusSucceeded, status)
+			require.Equal(t, []string{"SUCCEEDED"}, outcomes)
+		case 1:
+			both++
+			require.Error(t, reports[i], "job %s: its report was recorded and it was reclaimed", j.JobID)
+			require.Equal(t, apierr.CodeLeaseLost, code(t, reports[i]))
+			require.Equal(t, jobs.StatusRunning, status)
+			require.Equal(t, []string{"FAILED", ""}, outcomes)
+		default:
+			t.Fatalf("job %s reclaimed %d times", j.JobID, reclaimed[j.JobID])
+		}
+	}
+	t.Logf("%d of %d jobs reclaimed", both, n)
+}
+
+// A batch report and single reports of the same jobs, at the same moment:
+// with the same outcome both answer it; with different outcomes one is
+// recorded and the other refused invalid_state (in its slot, for the
+// batch). Each attempt has one outcome, the job's status that outcome's.
+func TestABatchReportRacingSingleReportsOfItsJobs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 40
+	claimed := b.claimAll(t, n, jobs.EnqueueRequest{})
+	var batch jobs.BatchReportRequest
+	for _, j := range claimed {
+		batch.Reports = append(batch.Reports, jobs.BatchReportItem{JobID: j.JobID, LeaseToken: j.LeaseToken,
+			Status: jobs.StatusSucceeded})
+	}
+	singles := make([]error, n)
+	var batchRes jobs.BatchReportResponse
+	var batchErr error
+	hammer(n+1, func(i int) {
+		if i == n {
+			batchRes, batchErr = b.svc.ReportBatch(ctx, b.worker, batch)
+			return
+		}
+		j := claimed[i]
+		req := jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: jobs.StatusSucceeded}
+		if i%2 == 1 { // the other outcome
+			req = jobs.ReportRequest{LeaseToken: j.LeaseToken, Status: "FAILED",
+				Error: &jobs.ReportError{Message: "no", Retryable: ptr(false)}}
+		}
+		_, singles[i] = b.svc.Report(ctx, b.worker, j.JobID, req)
+	})
+	require.NoError(t, batchErr)
+	require.Len(t, batchRes.Results, n)
+	for i, j := range claimed {
+		slot := batchRes.Results[i]
+		require.Equal(t, j.JobID, slot.JobID)
+		status, outcomes := b.outcome(t, j.JobID)
+		if i%2 == 0 {
+			require.NoError(t, singles[i], j.JobID)
+			require.Nil(t, slot.Error, j.JobID)
+			require.Equal(t, jobs.StatusSucceeded, slot.Status)
+			require.Equal(t, jobs.StatusSucceeded, status)
+			require.Equal(t, []string{"SUCCEEDED"}, outcomes)
+			continue
+		}
+		if slot.Error == nil {
+			require.Error(t, singles[i], "job %s: both outcomes accepted", j.JobID)
+			require.Equal(t, apierr.CodeInvalidState, code(t, singles[i]))
+			require.Equal(t, jobs.StatusSucceeded, status)
+			require.Equal(t, []string{"SUCCEEDED"}, outcomes)
+		} else {
+			require.NoError(t, singles[i], "job %s: both outcomes refused", j.JobID)
+			require.Equal(t, apierr.CodeInvalidState, slot.Error.Code)
+			require.Equal(t, jobs.StatusExhausted, status)
+			require.Equal(t, []string{"FAILED"}, outcomes)
+		}
+	}
+}
