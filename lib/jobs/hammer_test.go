@@ -457,3 +457,202 @@ func TestABatchReportRacingSingleReportsOfItsJobs(t *testing.T) {
 		}
 	}
 }
+
+// runningCount reads the running_count of the workspace's endpoint name.
+func (b *bundle) runningCount(t *testing.T, name string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT running_count FROM job_endpoints
+		WHERE workspace_id = $1 AND name = $2`, b.ws, name).Scan(&n))
+	return n
+}
+
+// A cancel racing the report of the running attempt: the report is always
+// recorded on the attempt; the cancel is answered (the job stays CANCELLED,
+// whatever the report said) or, when the report ended the job first, 409
+// invalid_state (the job SUCCEEDED). The slot the attempt held is freed
+// once either way.
+func TestACancelRacingTheReportOfItsRunningAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.createEndpoint(t, "send_email", jobs.PolicyFields{MaxConcurrent: opt[int64](100)})
+	const n = 40
+	claimed := b.claimAll(t, n, jobs.EnqueueRequest{})
+	stepOf := map[string]string{}
+	for _, j := range claimed {
+		stepOf[j.JobID] = j.StepID
+	}
+	reports := make([]jobs.ReportResult, n)
+	reportErrs := make([]error, n)
+	cancels := make([]error, n)
+	hammer(2*n, func(i int) {
+		j := claimed[i/2]
+		if i%2 == 0 {
+			reports[i/2], reportErrs[i/2] = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{
+				LeaseToken: j.LeaseToken, Status: jobs.StatusSucceeded})
+			return
+		}
+		_, cancels[i/2] = b.svc.CancelStep(ctx, b.ws, stepOf[j.JobID])
+	})
+	won := 0
+	for i, j := range claimed {
+		require.NoError(t, reportErrs[i], j.JobID)
+		status, outcomes := b.outcome(t, j.JobID)
+		require.Equal(t, []string{"SUCCEEDED"}, outcomes, j.JobID)
+		if cancels[i] == nil {
+			won++
+			require.Equal(t, jobs.StatusCancelled, status, "job %s: cancel answered, job not cancelled", j.JobID)
+			require.Equal(t, jobs.StatusCancelled, reports[i].Status, j.JobID)
+		} else {
+			require.Equal(t, apierr.CodeInvalidState, code(t, cancels[i]), j.JobID)
+			require.Equal(t, jobs.StatusSucceeded, status, j.JobID)
+			require.Equal(t, jobs.StatusSucceeded, reports[i].Status, j.JobID)
+		}
+	}
+	require.Zero(t, b.runningCount(t, "send_email"), "every slot freed once")
+	t.Logf("%d of %d cancels came first", won, n)
+}
+
+// Cancels racing claims of their queued jobs: every cancel is answered and
+// every job ends CANCELLED. A job a claim leased first has one attempt,
+// told to stop at its heartbeat, holding its slot until it reports; a job
+// cancelled first is never leased (no attempt).
+func TestCancelsRacingClaimsOfTheirJobs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.createEndpoint(t, "send_email", jobs.PolicyFields{MaxConcurrent: opt[int64](100)})
+	runID := b.run(t)
+	const n, claimers = 60, 4
+	var steps []jobs.EnqueueResult
+	for i := range n {
+		steps = append(steps, b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprint(i))}))
+	}
+	wids := make([]string, claimers)
+	for i := range wids {
+		wids[i] = b.register(t)
+	}
+	var mu sync.Mutex
+	leased := map[string]jobs.ClaimedJob{}
+	errs := make([]error, n+claimers)
+	hammer(n+claimers, func(i int) {
+		if i < n {
+			_, errs[i] = b.svc.CancelStep(ctx, b.ws, steps[i].StepID)
+			return
+		}
+		for {
+			c, err := b.svc.Claim(ctx, b.worker, wids[i-n], jobs.ClaimRequest{Limit: ptr(3)})
+			if err != nil || len(c.Jobs) == 0 {
+				errs[i] = err
+				return
+			}
+			mu.Lock()
+			for _, j := range c.Jobs {
+				_, dup := leased[j.JobID]
+				if dup {
+					t.Errorf("job %s leased twice", j.JobID)
+				}
+				leased[j.JobID] = j
+			}
+			mu.Unlock()
+		}
+	})
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	for _, e := range steps {
+		status, outcomes := b.outcome(t, e.JobID)
+		require.Equal(t, jobs.StatusCancelled, status, e.JobID)
+		j, ok := leased[e.JobID]
+		if !ok {
+			require.Empty(t, outcomes, "job %s has an attempt no claim answered", e.JobID)
+			continue
+		}
+		require.Equal(t, []string{""}, outcomes, e.JobID)
+		hb, err := b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+		require.NoError(t, err)
+		require.True(t, hb.CancelRequested, e.JobID)
+	}
+	require.Equal(t, len(leased), b.runningCount(t, "send_email"), "each leased, cancelled attempt holds its slot")
+	for _, j := range leased {
+		b.succeed(t, j)
+	}
+	require.Zero(t, b.runningCount(t, "send_email"))
+	t.Logf("%d of %d jobs leased before their cancel", len(leased), n)
+}
+
+// Claims racing over jobs whose leases keep lapsing (workers that vanish),
+// while late reports of the lapsed attempts fail some of them (retryable)
+// at the same moment: no job ever has more attempts than its maxAttempts,
+// each lapse counting as one, and no attempt number is used twice. Once
+// the clock passes the last leases, every job has used exactly its
+// maxAttempts and reads EXHAUSTED.
+func TestAttemptsNeverPassMaxAttemptsUnderClaimAndLapseChurn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.createEndpoint(t, "send_email", jobs.PolicyFields{Preset: opt("CUSTOM"), MaxAttempts: opt[int64](3),
+		InitialDelayMs: opt[int64](1000), Multiplier: opt[float64](1), MaxDelayMs: opt[int64](1000),
+		JitterPercent: opt[float64](0)})
+	runID := b.run(t)
+	const n, claimers = 30, 5
+	for i := range n {
+		b.enqueue(t, runID, jobs.EnqueueRequest{Input: json.RawMessage(fmt.Sprint(i)), TimeoutMs: ptr[int64](1_000)})
+	}
+	wids := make([]string, claimers)
+	for i := range wids {
+		wids[i] = b.register(t)
+	}
+	var lapsed []jobs.ClaimedJob // the previous round's leases, lapsed now
+	for round := range 8 {
+		var mu sync.Mutex
+		var leased []jobs.ClaimedJob
+		errs := make([]error, claimers)
+		hammer(claimers+len(lapsed), func(i int) {
+			if i >= claimers { // a late report: the worker came back with a failure
+				j := lapsed[i-claimers]
+				if j.Attempt%2 == 0 {
+					_, _ = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+						Status: "FAILED", Error: &jobs.ReportError{Message: "late"}})
+				}
+				return
+			}
+			for {
+				c, err := b.svc.Claim(ctx, b.worker, wids[i], jobs.ClaimRequest{Limit: ptr(4)})
+				if err != nil || len(c.Jobs) == 0 {
+					errs[i] = err
+					return
+				}
+				mu.Lock()
+				leased = append(leased, c.Jobs...)
+				mu.Unlock()
+			}
+		})
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+		for _, j := range leased {
+			require.LessOrEqual(t, j.Attempt, 3, "round %d: job %s claimed for attempt %d", round, j.JobID, j.Attempt)
+		}
+		lapsed = leased
+		b.clock.Add(15 * time.Second) // past every lease (1 s + 10 s grace) and retry delay
+	}
+	b.getRun(t, runID) // settles the lapsed last attempts
+	rows, err := b.env.App.Pool.Query(ctx, `SELECT j.id, j.status, j.attempt, count(x.*), count(DISTINCT x.attempt),
+		coalesce(max(x.attempt), 0) FROM jobs j LEFT JOIN job_executions x ON x.job_id = j.id
+		WHERE j.run_id = $1 GROUP BY j.id`, runID)
+	require.NoError(t, err)
+	defer rows.Close()
+	seen := 0
+	for rows.Next() {
+		var id, status string
+		var attempt, executions, distinct, maxAttempt int
+		require.NoError(t, rows.Scan(&id, &status, &attempt, &executions, &distinct, &maxAttempt))
+		seen++
+		require.Equal(t, jobs.StatusExhausted, status, id)
+		require.Equal(t, 3, attempt, id)
+		require.Equal(t, 3, executions, id)
+		require.Equal(t, 3, distinct, id)
+		require.Equal(t, 3, maxAttempt, id)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, n, seen)
+}
