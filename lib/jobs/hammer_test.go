@@ -656,3 +656,105 @@ func TestAttemptsNeverPassMaxAttemptsUnderClaimAndLapseChurn(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Equal(t, n, seen)
 }
+
+// Enqueues racing a finish, each sent twice (a producer's retry): only new
+// steps are refused after the finish. Of each pair either both are refused
+// 409 invalid_state, or one creates the step and the other answers it
+// deduplicated, never a refusal beside an accepted step. The run holds
+// exactly the accepted steps and, with any, waits for them.
+func TestEnqueuesAndTheirRetriesRacingAFinish(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.enqueue(t, b.run(t), jobs.EnqueueRequest{}) // the endpoint exists
+	for round := range 6 {
+		runID := b.run(t)
+		const pairs = 12
+		res := make([]jobs.EnqueueResult, 2*pairs)
+		errs := make([]error, 2*pairs)
+		var finishErr error
+		hammer(2*pairs+1, func(i int) {
+			if i == 2*pairs {
+				_, finishErr = b.svc.FinishRun(ctx, b.ws, runID)
+				return
+			}
+			res[i], errs[i] = b.svc.Enqueue(ctx, b.ws, runID, jobs.EnqueueRequest{Name: "send_email", Version: "1",
+				Input: json.RawMessage(fmt.Sprintf(`[%d,%d]`, round, i/2))})
+		})
+		require.NoError(t, finishErr)
+		accepted := map[string]bool{}
+		for p := range pairs {
+			a, c := 2*p, 2*p+1
+			if errs[a] != nil || errs[c] != nil {
+				require.Error(t, errs[a], "round %d pair %d: a refusal beside an accepted step", round, p)
+				require.Error(t, errs[c], "round %d pair %d: a refusal beside an accepted step", round, p)
+				require.Equal(t, apierr.CodeInvalidState, code(t, errs[a]))
+				require.Equal(t, apierr.CodeInvalidState, code(t, errs[c]))
+				continue
+			}
+			require.Equal(t, res[a].StepID, res[c].StepID)
+			require.NotEqual(t, res[a].Deduplicated, res[c].Deduplicated, "round %d pair %d: one creates, one deduplicates", round, p)
+			accepted[res[a].StepID] = true
+		}
+		run := b.getRun(t, runID)
+		require.Len(t, run.Steps, len(accepted))
+		for _, st := range run.Steps {
+			require.True(t, accepted[st.ID])
+		}
+		if len(accepted) > 0 {
+			require.Equal(t, "RUNNING", run.Status)
+		} else {
+			require.Equal(t, "SUCCEEDED", run.Status)
+		}
+	}
+}
+
+// A replay racing the late report of the attempt it replaces (a last
+// attempt whose lease lapsed, no read or sweep having ended it yet): the
+// report is recorded (the job SUCCEEDED) and the replay refused
+// invalid_state, or the replay ends the lapsed attempt (FAILED, with the
+// warning) and queues the job again, and the report is refused. Never both:
+// a replay of a job whose outcome was recorded would run it again, and a
+// success recorded on a job queued again would be run over.
+func TestAReplayRacingTheLateReportOfTheAttemptItReplaces(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 30
+	claimed := b.claimAll(t, n, jobs.EnqueueRequest{MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
+	b.clock.Add(time.Minute) // every last attempt's lease lapsed
+	reports := make([]error, n)
+	replays := make([]error, n)
+	hammer(2*n, func(i int) {
+		j := claimed[i/2]
+		if i%2 == 0 {
+			// A replay does more before it takes the job's row than a
+			// report: staggered, the reports let some replays in first.
+			time.Sleep(time.Duration(i/2%10) * time.Millisecond)
+			_, reports[i/2] = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+				Status: jobs.StatusSucceeded})
+			return
+		}
+		_, replays[i/2] = b.svc.Replay(ctx, b.worker, j.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+	})
+	replayed := 0
+	for i, j := range claimed {
+		status, outcomes := b.outcome(t, j.JobID)
+		if replays[i] == nil {
+			replayed++
+			require.Error(t, reports[i], "job %s: replayed and its report recorded", j.JobID)
+			// Refused as lapsed if it came between the replay's settling of
+			// the lapse and its queueing, else as superseded.
+			if code(t, reports[i]) != apierr.CodeLeaseLost {
+				require.Equal(t, apierr.CodeInvalidState, code(t, reports[i]))
+				require.Equal(t, true, reports[i].(*apierr.Error).Detail["leaseLapsed"])
+			}
+			require.Equal(t, jobs.StatusQueued, status, j.JobID)
+			require.Equal(t, []string{"FAILED"}, outcomes, j.JobID)
+			continue
+		}
+		require.Equal(t, apierr.CodeInvalidState, code(t, replays[i]), j.JobID)
+		require.NoError(t, reports[i], j.JobID)
+		require.Equal(t, jobs.StatusSucceeded, status, j.JobID)
+		require.Equal(t, []string{"SUCCEEDED"}, outcomes, j.JobID)
+	}
+	t.Logf("%d of %d replays came first", replayed, n)
+}
