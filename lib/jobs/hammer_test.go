@@ -758,3 +758,59 @@ func TestAReplayRacingTheLateReportOfTheAttemptItReplaces(t *testing.T) {
 	}
 	t.Logf("%d of %d replays came first", replayed, n)
 }
+
+// A heartbeat with a lapsed lease's token racing claims that would reclaim
+// the job: either the heartbeat renews the lease and no claim takes the
+// job, or a claim takes it and the heartbeat is 409 lease_lost. Never both:
+// two workers would run the job at once.
+func TestAHeartbeatRacingTheReclaimOfItsLapsedLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n, claimers = 48, 4
+	claimed := b.claimAll(t, n, jobs.EnqueueRequest{TimeoutMs: ptr[int64](1_000), MaxAttempts: ptr[int64](3)})
+	b.clock.Add(time.Minute) // every lease lapsed
+	wids := make([]string, claimers)
+	for i := range wids {
+		wids[i] = b.register(t)
+	}
+	beats := make([]error, n)
+	var mu sync.Mutex
+	reclaimed := map[string]int{}
+	claimErrs := make([]error, claimers)
+	hammer(n+claimers, func(i int) {
+		if i >= n {
+			c, err := b.svc.Claim(ctx, b.worker, wids[i-n], jobs.ClaimRequest{Limit: ptr(n / claimers)})
+			claimErrs[i-n] = err
+			mu.Lock()
+			for _, j := range c.Jobs {
+				reclaimed[j.JobID]++
+			}
+			mu.Unlock()
+			return
+		}
+		j := claimed[i]
+		_, beats[i] = b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+	})
+	for _, err := range claimErrs {
+		require.NoError(t, err)
+	}
+	renewed := 0
+	for i, j := range claimed {
+		_, outcomes := b.outcome(t, j.JobID)
+		switch reclaimed[j.JobID] {
+		case 0:
+			renewed++
+			require.NoError(t, beats[i], j.JobID)
+			require.Equal(t, []string{""}, outcomes, j.JobID)
+		case 1:
+			require.Error(t, beats[i], "job %s: its lease renewed and the job reclaimed", j.JobID)
+			require.Equal(t, apierr.CodeLeaseLost, code(t, beats[i]))
+			require.Equal(t, []string{"FAILED", ""}, outcomes, j.JobID)
+		default:
+			t.Fatalf("job %s reclaimed %d times", j.JobID, reclaimed[j.JobID])
+		}
+	}
+	t.Logf("%d of %d leases renewed first", renewed, n)
+	// The renewed leases hold: no claim takes those jobs now.
+	require.Empty(t, b.claim(t, wids[0], n))
+}
