@@ -814,3 +814,84 @@ func TestAHeartbeatRacingTheReclaimOfItsLapsedLease(t *testing.T) {
 	// The renewed leases hold: no claim takes those jobs now.
 	require.Empty(t, b.claim(t, wids[0], n))
 }
+
+// Over jobs the sweeper requeued (their leases lapsed long ago), a late
+// report, a heartbeat that would take the job back, and claims, all with
+// one start: a job a claim takes has its old token lease_lost for both
+// the report and the heartbeat; a job no claim takes has the report
+// recorded (SUCCEEDED, its one attempt's outcome), and its heartbeat took
+// it back first or is told the attempt ended (invalid_state). The slots
+// net out to the reclaimed jobs'. Not parallel: the sweep is global.
+func TestALateReportHeartbeatAndClaimsRacingOverRequeuedJobs(t *testing.T) {
+	b := setup(t)
+	b.limitedEndpoint(t, "mailer", 100)
+	const n, claimers = 30, 3
+	claimed := b.claimAll(t, n, jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000),
+		MaxAttempts: ptr[int64](3)})
+	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second)
+	b.sweep(t)
+	for _, j := range claimed {
+		status, _ := b.outcome(t, j.JobID)
+		require.Equal(t, jobs.StatusQueued, status, "requeued by the sweep")
+	}
+	require.Zero(t, b.runningCount(t, "mailer"))
+	wids := make([]string, claimers)
+	for i := range wids {
+		wids[i] = b.register(t)
+	}
+	reports := make([]error, n)
+	beats := make([]error, n)
+	var mu sync.Mutex
+	reclaimed := map[string]int{}
+	claimErrs := make([]error, claimers)
+	hammer(2*n+claimers, func(i int) {
+		switch {
+		case i >= 2*n:
+			for {
+				c, err := b.svc.Claim(ctx, b.worker, wids[i-2*n], jobs.ClaimRequest{Limit: ptr(3)})
+				if err != nil || len(c.Jobs) == 0 {
+					claimErrs[i-2*n] = err
+					return
+				}
+				mu.Lock()
+				for _, j := range c.Jobs {
+					reclaimed[j.JobID]++
+				}
+				mu.Unlock()
+			}
+		case i%2 == 0:
+			j := claimed[i/2]
+			_, reports[i/2] = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+				Status: jobs.StatusSucceeded})
+		default:
+			j := claimed[i/2]
+			_, beats[i/2] = b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+		}
+	})
+	for _, err := range claimErrs {
+		require.NoError(t, err)
+	}
+	for i, j := range claimed {
+		status, outcomes := b.outcome(t, j.JobID)
+		switch reclaimed[j.JobID] {
+		case 0:
+			require.NoError(t, reports[i], j.JobID)
+			if beats[i] != nil {
+				require.Equal(t, apierr.CodeInvalidState, code(t, beats[i]), j.JobID)
+			}
+			require.Equal(t, jobs.StatusSucceeded, status, j.JobID)
+			require.Equal(t, []string{"SUCCEEDED"}, outcomes, j.JobID)
+		case 1:
+			require.Error(t, reports[i], "job %s: reclaimed and its late report recorded", j.JobID)
+			require.Equal(t, apierr.CodeLeaseLost, code(t, reports[i]), j.JobID)
+			require.Error(t, beats[i], "job %s: reclaimed and taken back by its old token", j.JobID)
+			require.Equal(t, apierr.CodeLeaseLost, code(t, beats[i]), j.JobID)
+			require.Equal(t, jobs.StatusRunning, status, j.JobID)
+			require.Equal(t, []string{"FAILED", ""}, outcomes, j.JobID)
+		default:
+			t.Fatalf("job %s reclaimed %d times", j.JobID, reclaimed[j.JobID])
+		}
+	}
+	require.Equal(t, len(reclaimed), b.runningCount(t, "mailer"), "one slot per reclaimed job, none for the rest")
+	t.Logf("%d of %d jobs reclaimed", len(reclaimed), n)
+}

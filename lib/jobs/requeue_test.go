@@ -257,3 +257,40 @@ func TestConcurrentRevivesOfOneTokenBothSucceed(t *testing.T) {
 	require.NoError(t, e1)
 	require.NoError(t, e2)
 }
+
+// A heartbeat that finds its job requeued, and then waits to take it back
+// while the late report of its attempt commits, is told the attempt ended
+// (409 invalid_state), as a heartbeat after that report is: not lease_lost
+// saying the slot went to another job, which nothing took (hammer QA:
+// TestALateReportHeartbeatAndClaimsRacingOverRequeuedJobs). The report's
+// change to the job is made by hand, held open while the heartbeat waits
+// for the job's row. Not parallel: the sweep is global, and it watches
+// pg_stat_activity.
+func TestAHeartbeatTakingBackAJobReportedMeanwhileIsToldTheAttemptEnded(t *testing.T) {
+	b := setup(t)
+	b.limitedEndpoint(t, "mailer", 2)
+	st, stale := b.requeuedOn(t, b.run(t), "mailer", b.register(t))
+
+	tx, err := b.env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `UPDATE jobs SET status = 'SUCCEEDED', finished_at = now(), updated_at = now() WHERE id = $1`,
+		stale.JobID)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `UPDATE job_executions SET outcome = 'SUCCEEDED', warning = NULL, reported_at = now(),
+		ended_at = now(), result_status = 'SUCCEEDED' WHERE job_id = $1`, stale.JobID)
+	require.NoError(t, err)
+
+	beat := make(chan error, 1)
+	go func() {
+		_, err := b.svc.Heartbeat(ctx, b.worker, stale.JobID, jobs.HeartbeatRequest{LeaseToken: stale.LeaseToken})
+		beat <- err
+	}()
+	waitForLock(t, b.env.App.Pool, `%WITH j0 AS%`, "the heartbeat found the job requeued and waits to take it back")
+	require.NoError(t, tx.Commit(ctx))
+	err = <-beat
+	require.Equal(t, apierr.CodeInvalidState, code(t, err), "%v", err)
+	require.Equal(t, "This attempt already ended; the job is SUCCEEDED.", err.(*apierr.Error).Message)
+	require.Equal(t, "SUCCEEDED", b.step(t, st.StepID).Status)
+	require.Zero(t, b.runningCount(t, "mailer"))
+}

@@ -389,49 +389,98 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 	if req.LeaseToken == "" {
 		return HeartbeatResult{}, apierr.InvalidField("leaseToken", "is required")
 	}
-	out, err := s.extendLease(ctx, p, jobID, req.LeaseToken)
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return out, err
+	// A second pass only after a revive that took nothing back: the job
+	// was no longer requeued when the revive had its row (reported, claimed,
+	// or taken back by a retry of this heartbeat meanwhile), or its endpoint
+	// had no room. The state read again says which.
+	for pass := 0; ; pass++ {
+		out, err := s.extendLease(ctx, p, jobID, req.LeaseToken)
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return out, err
+		}
+		st, err := s.readLeaseState(ctx, p, jobID, req.LeaseToken)
+		if err != nil {
+			return HeartbeatResult{}, err
+		}
+		if !st.requeued {
+			return st.answer()
+		}
+		if pass > 0 {
+			// lease_lost all the same: the worker must stop, or the
+			// endpoint's limit is passed. Said plainly, since no attempt
+			// supersedes this one yet (QA: "another attempt holds the job"
+			// misled).
+			return HeartbeatResult{}, apierr.Conflict(apierr.CodeLeaseLost, "This lease lapsed and the job was "+
+				"queued again; its endpoint's concurrency slot went to another job, so stop. A report with this "+
+				"token is still recorded until the job is claimed again.")
+		}
+		out, err = s.revive(ctx, p, jobID, req.LeaseToken)
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return out, err
+		}
 	}
-	var status, name, version string
-	var current, requeued, replayedOpen, unreported, reported bool
-	err = s.pool.QueryRow(ctx, sqlLeaseState, jobID, p.WorkspaceID, req.LeaseToken).Scan(&status, &current,
-		&out.LeaseExpiresAt, &out.CancelRequested, &name, &version, &requeued, &replayedOpen, &unreported, &reported)
+}
+
+// leaseState is what a heartbeat that extended no lease reads of its job
+// and token (sqlLeaseState), to answer why.
+type leaseState struct {
+	status                                                string
+	current, requeued, replayedOpen, unreported, reported bool
+	leaseExpiresAt                                        *time.Time
+	cancelRequested                                       bool
+}
+
+// readLeaseState reads the job's lease state for token; not_found for a job
+// the workspace does not have, forbidden for one whose tool the key may
+// not work.
+func (s *Service) readLeaseState(ctx context.Context, p *auth.Principal, jobID, token string) (leaseState, error) {
+	var st leaseState
+	var name, version string
+	err := s.pool.QueryRow(ctx, sqlLeaseState, jobID, p.WorkspaceID, token).Scan(&st.status, &st.current,
+		&st.leaseExpiresAt, &st.cancelRequested, &name, &version, &st.requeued, &st.replayedOpen, &st.unreported,
+		&st.reported)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return out, apierr.NotFound("job")
+		return st, apierr.NotFound("job")
 	case err != nil:
-		return out, fmt.Errorf("heartbeat: %w", err)
+		return st, fmt.Errorf("heartbeat: %w", err)
 	case !p.MayWorkTool(name, version):
-		return HeartbeatResult{}, p.RequireTools([2]string{name, version})
-	case requeued:
-		return s.revive(ctx, p, jobID, req.LeaseToken)
-	case replayedOpen:
+		return st, p.RequireTools([2]string{name, version})
+	}
+	return st, nil
+}
+
+// answer answers a heartbeat whose token holds no running job and whose job
+// is not requeued under it.
+func (st leaseState) answer() (HeartbeatResult, error) {
+	out := HeartbeatResult{LeaseExpiresAt: st.leaseExpiresAt, CancelRequested: st.cancelRequested}
+	switch {
+	case st.replayedOpen:
 		// Its attempt was cancelled, then the job replayed: the worker
 		// should stop, and its report is still recorded (decideReport).
 		out.CancelRequested, out.LeaseExpiresAt = true, utc(out.LeaseExpiresAt)
 		return out, nil
-	case !current && reported:
+	case !st.current && st.reported:
 		// Replayed or requeued, then reported, and claimed by no one
 		// since: the token is not superseded, its attempt is over (QA:
 		// lease_lost said a later attempt held the job).
-		return out, apierr.InvalidState("This attempt already ended; the job is %s.", status)
-	case !current:
+		return out, apierr.InvalidState("This attempt already ended; the job is %s.", st.status)
+	case !st.current:
 		return out, errLeaseLost()
-	case status == StatusCancelled && unreported:
+	case st.status == StatusCancelled && st.unreported:
 		// The worker should stop (cancelRequested is true). Its lease is
 		// not extended: a worker heartbeating on after the cancel would
 		// otherwise hold its endpoint's slot for as long as it liked.
 		out.LeaseExpiresAt = utc(out.LeaseExpiresAt)
 		return out, nil
-	case status == StatusCancelled:
+	case st.status == StatusCancelled:
 		// QA: an attempt reported before the cancel got its lease back.
-		return out, apierr.InvalidState("This attempt already ended; the job is %s.", status)
-	case status == StatusRetryScheduled || status == StatusQueued:
+		return out, apierr.InvalidState("This attempt already ended; the job is %s.", st.status)
+	case st.status == StatusRetryScheduled || st.status == StatusQueued:
 		// QA: "the job already ended" read wrong of a job due again.
-		return out, apierr.InvalidState("This attempt already ended; the job is %s.", status)
+		return out, apierr.InvalidState("This attempt already ended; the job is %s.", st.status)
 	default:
-		return out, apierr.InvalidState("The job already ended (%s).", status)
+		return out, apierr.InvalidState("The job already ended (%s).", st.status)
 	}
 }
 
@@ -452,12 +501,10 @@ func (s *Service) extendLease(ctx context.Context, p *auth.Principal, jobID, tok
 	}
 }
 
-// revive answers a heartbeat on a job the sweeper requeued, with nothing
-// claimed since: the worker is still at work, so it gets the job back if
-// the endpoint has room (sqlReviveRequeued); otherwise the slot went to
-// another job and the worker should stop. When another heartbeat with this
-// token (a client's retry) took it back first, it is this token's again and
-// an ordinary heartbeat extends it.
+// revive gives a job the sweeper requeued, with nothing claimed since, back
+// to the worker whose heartbeat shows it still at work, if the endpoint has
+// room (sqlReviveRequeued); pgx.ErrNoRows when it took nothing back (no
+// room, or the job was no longer requeued once it had its row).
 func (s *Service) revive(ctx context.Context, p *auth.Principal, jobID, token string) (HeartbeatResult, error) {
 	var out HeartbeatResult
 	err := s.pool.QueryRow(ctx, sqlReviveRequeued, jobID, p.WorkspaceID, token, s.now(),
@@ -466,19 +513,11 @@ func (s *Service) revive(ctx context.Context, p *auth.Principal, jobID, token st
 	case err == nil:
 		out.LeaseExpiresAt = utc(out.LeaseExpiresAt)
 		return out, nil
-	case !errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(err, pgx.ErrNoRows):
+		return out, err
+	default:
 		return HeartbeatResult{}, fmt.Errorf("heartbeat: revive: %w", err)
 	}
-	out, err = s.extendLease(ctx, p, jobID, token)
-	if errors.Is(err, pgx.ErrNoRows) {
-		// lease_lost all the same: the worker must stop, or the endpoint's
-		// limit is passed. Said plainly, since no attempt supersedes this
-		// one yet (QA: "another attempt holds the job" misled).
-		return HeartbeatResult{}, apierr.Conflict(apierr.CodeLeaseLost, "This lease lapsed and the job was "+
-			"queued again; its endpoint's concurrency slot went to another job, so stop. A report with this "+
-			"token is still recorded until the job is claimed again.")
-	}
-	return out, err
 }
 
 func errLeaseLost() *apierr.Error {
