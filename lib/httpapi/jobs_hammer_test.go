@@ -3,7 +3,6 @@ package httpapi_test
 import (
 	"fmt"
 	"net/http"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -11,22 +10,16 @@ import (
 	"github.com/getratchet/ratchet/lib/apitest"
 )
 
-// startTogether runs f(0..n-1) in n goroutines released together by one
-// start gate, and waits for all of them.
-func startTogether(n int, f func(i int)) {
-	start := make(chan struct{})
-	var ready, done sync.WaitGroup
-	ready.Add(n)
-	for i := range n {
-		done.Go(func() {
-			ready.Done()
-			<-start
-			f(i)
-		})
-	}
-	ready.Wait()
-	close(start)
-	done.Wait()
+// batchReportAnswer is what POST /api/v1/jobs/report answers, as far as
+// the tests read it.
+type batchReportAnswer struct {
+	Results []struct {
+		JobID  string `json:"jobId"`
+		Status string `json:"status"`
+		Error  *struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	} `json:"results"`
 }
 
 // Enqueues racing under one idempotencyKey over HTTP: exactly one answers
@@ -49,7 +42,7 @@ func TestHTTPEnqueuesOfOneKeyRacing(t *testing.T) {
 			}
 		}
 		answers := make([]*apitest.Response, n)
-		startTogether(n, func(i int) {
+		apitest.StartTogether(n, func(i int) {
 			answers[i] = e.Do("POST", "/api/v1/runs/"+runID+"/steps", e.ingest, map[string]any{"name": "send_email",
 				"version": "1", "idempotencyKey": fmt.Sprint("k", round), "input": inputs[i]})
 		})
@@ -98,7 +91,7 @@ func TestHTTPBatchReportRacingSingleReports(t *testing.T) {
 	}
 	singles := make([]*apitest.Response, n)
 	var batch *apitest.Response
-	startTogether(n+1, func(i int) {
+	apitest.StartTogether(n+1, func(i int) {
 		if i == n {
 			batch = e.Do("POST", "/api/v1/jobs/report", e.worker, map[string]any{"reports": reports})
 			return
@@ -110,15 +103,7 @@ func TestHTTPBatchReportRacingSingleReports(t *testing.T) {
 		singles[i] = e.report(claimed[i], body)
 	})
 	require.Equal(t, http.StatusOK, batch.Status, "%s", batch.Body)
-	var out struct {
-		Results []struct {
-			JobID  string `json:"jobId"`
-			Status string `json:"status"`
-			Error  *struct {
-				Code string `json:"code"`
-			} `json:"error"`
-		} `json:"results"`
-	}
+	var out batchReportAnswer
 	batch.Decode(t, &out)
 	require.Len(t, out.Results, n)
 	want := map[string]string{} // job → the status its step must read

@@ -905,15 +905,7 @@ func TestBatchReport(t *testing.T) {
 		{"jobId": js[3]["jobId"], "leaseToken": js[3]["leaseToken"], "status": "FAILED", "error": map[string]any{"retryable": false}},
 	}}
 	r := e.Must(http.StatusOK, "POST", "/api/v1/jobs/report", e.worker, body)
-	var out struct {
-		Results []struct {
-			JobID  string `json:"jobId"`
-			Status string `json:"status"`
-			Error  *struct {
-				Code string `json:"code"`
-			} `json:"error"`
-		} `json:"results"`
-	}
+	var out batchReportAnswer
 	r.Decode(t, &out)
 	require.Len(t, out.Results, 4)
 	require.Equal(t, "SUCCEEDED", out.Results[0].Status)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/jobs"
 )
 
@@ -150,37 +151,45 @@ func TestConcurrentEnqueuesOfOneKeyMakeOneStep(t *testing.T) {
 
 // An enqueue racing a finish either gets its step in before the finish
 // decides (and the run waits for it) or is refused: a run never completes
-// with a step that has not ended, and no accepted step is lost.
+// with a step that has not ended, and no accepted step is lost. Each
+// enqueue is sent twice (a producer's retry), all with the finish at one
+// start: only new steps are refused after the finish, so of each pair both
+// are refused, or one creates the step and the other answers it
+// deduplicated, never a refusal beside an accepted step.
 func TestEnqueueRacingFinish(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.enqueue(t, b.run(t), jobs.EnqueueRequest{}) // the endpoint exists: enqueues are one call
 	for round := range 10 {
 		runID := b.run(t)
-		const n = 20
-		res := make([]jobs.EnqueueResult, n)
-		errs := make([]error, n)
+		const pairs = 10
+		res := make([]jobs.EnqueueResult, 2*pairs)
+		errs := make([]error, 2*pairs)
 		var finished jobs.Run
 		var finishErr error
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() {
-				res[i], errs[i] = b.svc.Enqueue(ctx, b.ws, runID, jobs.EnqueueRequest{Name: "send_email", Version: "1",
-					Input: json.RawMessage(fmt.Sprintf(`[%d,%d]`, round, i))})
-			})
-			if i == n/2 {
-				wg.Go(func() { finished, finishErr = b.svc.FinishRun(ctx, b.ws, runID) })
+		apitest.StartTogether(2*pairs+1, func(i int) {
+			if i == 2*pairs {
+				finished, finishErr = b.svc.FinishRun(ctx, b.ws, runID)
+				return
 			}
-		}
-		wg.Wait()
+			res[i], errs[i] = b.svc.Enqueue(ctx, b.ws, runID, jobs.EnqueueRequest{Name: "send_email", Version: "1",
+				Input: json.RawMessage(fmt.Sprintf(`[%d,%d]`, round, i/2))})
+		})
 		require.NoError(t, finishErr)
 		accepted := map[string]bool{}
-		for i := range n {
-			if errs[i] != nil {
-				require.Equal(t, apierr.CodeInvalidState, code(t, errs[i]))
+		for p := range pairs {
+			a, c := 2*p, 2*p+1
+			if errs[a] != nil || errs[c] != nil {
+				require.Error(t, errs[a], "round %d pair %d: a refusal beside an accepted step", round, p)
+				require.Error(t, errs[c], "round %d pair %d: a refusal beside an accepted step", round, p)
+				require.Equal(t, apierr.CodeInvalidState, code(t, errs[a]))
+				require.Equal(t, apierr.CodeInvalidState, code(t, errs[c]))
 				continue
 			}
-			accepted[res[i].StepID] = true
+			require.Equal(t, res[a].StepID, res[c].StepID)
+			require.NotEqual(t, res[a].Deduplicated, res[c].Deduplicated, "round %d pair %d: one creates, one deduplicates",
+				round, p)
+			accepted[res[a].StepID] = true
 		}
 		run := b.getRun(t, runID)
 		require.Len(t, run.Steps, len(accepted))

@@ -11,28 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apierr"
+	"github.com/getratchet/ratchet/lib/apitest"
 	"github.com/getratchet/ratchet/lib/jobs"
 )
-
-// hammer runs f(0..n-1) in n goroutines released together by one start
-// gate, and waits for all of them: every call is at its start line before
-// any begins, so the calls meet in the database rather than one after the
-// other as the goroutines happen to start.
-func hammer(n int, f func(i int)) {
-	start := make(chan struct{})
-	var ready, done sync.WaitGroup
-	ready.Add(n)
-	for i := range n {
-		done.Go(func() {
-			ready.Done()
-			<-start
-			f(i)
-		})
-	}
-	ready.Wait()
-	close(start)
-	done.Wait()
-}
 
 // Enqueues racing under one explicit key with different inputs: one
 // operation wins the key, every answer that succeeds names its one step
@@ -56,7 +37,7 @@ func TestConcurrentEnqueuesOfOneKeyWithOtherInputsOneWins(t *testing.T) {
 			}
 		}
 		key := fmt.Sprintf("hammer-%d", round)
-		hammer(n, func(i int) {
+		apitest.StartTogether(n, func(i int) {
 			res[i], errs[i] = b.svc.Enqueue(ctx, b.ws, runID, jobs.EnqueueRequest{Name: "send_email", Version: "1",
 				IdempotencyKey: ptr(key), Input: json.RawMessage(inputs[i])})
 		})
@@ -93,7 +74,7 @@ func (b *bundle) claimers(t *testing.T, n int, onClaim func(worker int, j jobs.C
 		wids[i] = b.register(t)
 	}
 	errs := make([]error, n)
-	hammer(n, func(i int) {
+	apitest.StartTogether(n, func(i int) {
 		limit := 1 + i%5
 		for {
 			c, err := b.svc.Claim(ctx, b.worker, wids[i], jobs.ClaimRequest{Limit: &limit})
@@ -165,7 +146,7 @@ func TestConcurrentClaimsOnAPausedEndpointLeaseNothing(t *testing.T) {
 		wids[i] = b.register(t)
 	}
 	errs := make([]error, len(wids)+1)
-	hammer(len(wids)+1, func(i int) {
+	apitest.StartTogether(len(wids)+1, func(i int) {
 		if i == len(wids) {
 			_, errs[i] = b.svc.SetPaused(ctx, b.ws, ep.ID, true)
 			paused.Store(true)
@@ -270,6 +251,29 @@ func (b *bundle) claimAll(t *testing.T, n int, req jobs.EnqueueRequest) []jobs.C
 	return claimed
 }
 
+// reportSucceeded reports job j succeeded with its lease token, for
+// racePairs (i is unused).
+func (b *bundle) reportSucceeded(_ int, j jobs.ClaimedJob) error {
+	_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+		Status: jobs.StatusSucceeded})
+	return err
+}
+
+// racePairs starts first(i, j) and second(i, j) for every claimed job j (its
+// index i) at one start, and answers their errors in the jobs' order.
+func racePairs(claimed []jobs.ClaimedJob, first, second func(i int, j jobs.ClaimedJob) error) ([]error, []error) {
+	a, b := make([]error, len(claimed)), make([]error, len(claimed))
+	apitest.StartTogether(2*len(claimed), func(k int) {
+		i := k / 2
+		if k%2 == 0 {
+			a[i] = first(i, claimed[i])
+		} else {
+			b[i] = second(i, claimed[i])
+		}
+	})
+	return a, b
+}
+
 // Two reports with one lease token and different outcomes, at the same
 // moment: one is recorded, and the other is 409 invalid_state (a different
 // outcome on a reported attempt), whichever commits first. The job and its
@@ -279,17 +283,10 @@ func TestTwoReportsOfOneTokenWithOtherOutcomesRecordOne(t *testing.T) {
 	b := setup(t)
 	const n = 40
 	claimed := b.claimAll(t, n, jobs.EnqueueRequest{})
-	succeeded := make([]error, n)
-	failed := make([]error, n)
-	hammer(2*n, func(i int) {
-		j := claimed[i/2]
-		if i%2 == 0 {
-			_, succeeded[i/2] = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
-				Status: jobs.StatusSucceeded})
-			return
-		}
-		_, failed[i/2] = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+	succeeded, failed := racePairs(claimed, b.reportSucceeded, func(_ int, j jobs.ClaimedJob) error {
+		_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
 			Status: "FAILED", Error: &jobs.ReportError{Message: "no", Retryable: ptr(false)}})
+		return err
 	})
 	for i, j := range claimed {
 		status, outcomes := b.outcome(t, j.JobID)
@@ -317,16 +314,9 @@ func TestAReportRacingAHeartbeatOfItsToken(t *testing.T) {
 	b.createEndpoint(t, "send_email", jobs.PolicyFields{MaxConcurrent: opt[int64](100)})
 	const n = 40
 	claimed := b.claimAll(t, n, jobs.EnqueueRequest{})
-	reports := make([]error, n)
-	beats := make([]error, n)
-	hammer(2*n, func(i int) {
-		j := claimed[i/2]
-		if i%2 == 0 {
-			_, reports[i/2] = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
-				Status: jobs.StatusSucceeded})
-			return
-		}
-		_, beats[i/2] = b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+	reports, beats := racePairs(claimed, b.reportSucceeded, func(_ int, j jobs.ClaimedJob) error {
+		_, err := b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+		return err
 	})
 	for i, j := range claimed {
 		require.NoError(t, reports[i], j.JobID)
@@ -341,63 +331,6 @@ func TestAReportRacingAHeartbeatOfItsToken(t *testing.T) {
 	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT running_count FROM job_endpoints
 		WHERE workspace_id = $1 AND name = 'send_email'`, b.ws).Scan(&running))
 	require.Zero(t, running, "every slot freed once")
-}
-
-// A report with a lapsed lease's token racing claims that reclaim the job:
-// either the report is recorded and no claim takes the job, or a claim
-// takes it (failing the lapsed attempt with the warning) and the report is
-// 409 lease_lost. Never both: one outcome per attempt.
-func TestAReportRacingTheReclaimOfItsLapsedLease(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	const n, claimers = 48, 4
-	claimed := b.claimAll(t, n, jobs.EnqueueRequest{TimeoutMs: ptr[int64](1_000), MaxAttempts: ptr[int64](3)})
-	b.clock.Add(time.Minute) // every lease lapsed
-	wids := make([]string, claimers)
-	for i := range wids {
-		wids[i] = b.register(t)
-	}
-	reports := make([]error, n)
-	var mu sync.Mutex
-	reclaimed := map[string]int{}
-	claimErrs := make([]error, claimers)
-	hammer(n+claimers, func(i int) {
-		if i >= n {
-			c, err := b.svc.Claim(ctx, b.worker, wids[i-n], jobs.ClaimRequest{Limit: ptr(n / claimers)})
-			claimErrs[i-n] = err
-			mu.Lock()
-			for _, j := range c.Jobs {
-				reclaimed[j.JobID]++
-			}
-			mu.Unlock()
-			return
-		}
-		j := claimed[i]
-		_, reports[i] = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
-			Status: jobs.StatusSucceeded})
-	})
-	for _, err := range claimErrs {
-		require.NoError(t, err)
-	}
-	both := 0
-	for i, j := range claimed {
-		status, outcomes := b.outcome(t, j.JobID)
-		switch reclaimed[j.JobID] {
-		case 0:
-			require.NoError(t, reports[i], j.JobID)
-			require.Equal(t, jobs.StatusSucceeded, status)
-			require.Equal(t, []string{"SUCCEEDED"}, outcomes)
-		case 1:
-			both++
-			require.Error(t, reports[i], "job %s: its report was recorded and it was reclaimed", j.JobID)
-			require.Equal(t, apierr.CodeLeaseLost, code(t, reports[i]))
-			require.Equal(t, jobs.StatusRunning, status)
-			require.Equal(t, []string{"FAILED", ""}, outcomes)
-		default:
-			t.Fatalf("job %s reclaimed %d times", j.JobID, reclaimed[j.JobID])
-		}
-	}
-	t.Logf("%d of %d jobs reclaimed", both, n)
 }
 
 // A batch report and single reports of the same jobs, at the same moment:
@@ -417,7 +350,7 @@ func TestABatchReportRacingSingleReportsOfItsJobs(t *testing.T) {
 	singles := make([]error, n)
 	var batchRes jobs.BatchReportResponse
 	var batchErr error
-	hammer(n+1, func(i int) {
+	apitest.StartTogether(n+1, func(i int) {
 		if i == n {
 			batchRes, batchErr = b.svc.ReportBatch(ctx, b.worker, batch)
 			return
@@ -478,21 +411,14 @@ func TestACancelRacingTheReportOfItsRunningAttempt(t *testing.T) {
 	b.createEndpoint(t, "send_email", jobs.PolicyFields{MaxConcurrent: opt[int64](100)})
 	const n = 40
 	claimed := b.claimAll(t, n, jobs.EnqueueRequest{})
-	stepOf := map[string]string{}
-	for _, j := range claimed {
-		stepOf[j.JobID] = j.StepID
-	}
 	reports := make([]jobs.ReportResult, n)
-	reportErrs := make([]error, n)
-	cancels := make([]error, n)
-	hammer(2*n, func(i int) {
-		j := claimed[i/2]
-		if i%2 == 0 {
-			reports[i/2], reportErrs[i/2] = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{
-				LeaseToken: j.LeaseToken, Status: jobs.StatusSucceeded})
-			return
-		}
-		_, cancels[i/2] = b.svc.CancelStep(ctx, b.ws, stepOf[j.JobID])
+	reportErrs, cancels := racePairs(claimed, func(i int, j jobs.ClaimedJob) (err error) {
+		reports[i], err = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+			Status: jobs.StatusSucceeded})
+		return err
+	}, func(_ int, j jobs.ClaimedJob) error {
+		_, err := b.svc.CancelStep(ctx, b.ws, j.StepID)
+		return err
 	})
 	won := 0
 	for i, j := range claimed {
@@ -534,7 +460,7 @@ func TestCancelsRacingClaimsOfTheirJobs(t *testing.T) {
 	var mu sync.Mutex
 	leased := map[string]jobs.ClaimedJob{}
 	errs := make([]error, n+claimers)
-	hammer(n+claimers, func(i int) {
+	apitest.StartTogether(n+claimers, func(i int) {
 		if i < n {
 			_, errs[i] = b.svc.CancelStep(ctx, b.ws, steps[i].StepID)
 			return
@@ -606,7 +532,7 @@ func TestAttemptsNeverPassMaxAttemptsUnderClaimAndLapseChurn(t *testing.T) {
 		var mu sync.Mutex
 		var leased []jobs.ClaimedJob
 		errs := make([]error, claimers)
-		hammer(claimers+len(lapsed), func(i int) {
+		apitest.StartTogether(claimers+len(lapsed), func(i int) {
 			if i >= claimers { // a late report: the worker came back with a failure
 				j := lapsed[i-claimers]
 				if j.Attempt%2 == 0 {
@@ -657,57 +583,6 @@ func TestAttemptsNeverPassMaxAttemptsUnderClaimAndLapseChurn(t *testing.T) {
 	require.Equal(t, n, seen)
 }
 
-// Enqueues racing a finish, each sent twice (a producer's retry): only new
-// steps are refused after the finish. Of each pair either both are refused
-// 409 invalid_state, or one creates the step and the other answers it
-// deduplicated, never a refusal beside an accepted step. The run holds
-// exactly the accepted steps and, with any, waits for them.
-func TestEnqueuesAndTheirRetriesRacingAFinish(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	b.enqueue(t, b.run(t), jobs.EnqueueRequest{}) // the endpoint exists
-	for round := range 6 {
-		runID := b.run(t)
-		const pairs = 12
-		res := make([]jobs.EnqueueResult, 2*pairs)
-		errs := make([]error, 2*pairs)
-		var finishErr error
-		hammer(2*pairs+1, func(i int) {
-			if i == 2*pairs {
-				_, finishErr = b.svc.FinishRun(ctx, b.ws, runID)
-				return
-			}
-			res[i], errs[i] = b.svc.Enqueue(ctx, b.ws, runID, jobs.EnqueueRequest{Name: "send_email", Version: "1",
-				Input: json.RawMessage(fmt.Sprintf(`[%d,%d]`, round, i/2))})
-		})
-		require.NoError(t, finishErr)
-		accepted := map[string]bool{}
-		for p := range pairs {
-			a, c := 2*p, 2*p+1
-			if errs[a] != nil || errs[c] != nil {
-				require.Error(t, errs[a], "round %d pair %d: a refusal beside an accepted step", round, p)
-				require.Error(t, errs[c], "round %d pair %d: a refusal beside an accepted step", round, p)
-				require.Equal(t, apierr.CodeInvalidState, code(t, errs[a]))
-				require.Equal(t, apierr.CodeInvalidState, code(t, errs[c]))
-				continue
-			}
-			require.Equal(t, res[a].StepID, res[c].StepID)
-			require.NotEqual(t, res[a].Deduplicated, res[c].Deduplicated, "round %d pair %d: one creates, one deduplicates", round, p)
-			accepted[res[a].StepID] = true
-		}
-		run := b.getRun(t, runID)
-		require.Len(t, run.Steps, len(accepted))
-		for _, st := range run.Steps {
-			require.True(t, accepted[st.ID])
-		}
-		if len(accepted) > 0 {
-			require.Equal(t, "RUNNING", run.Status)
-		} else {
-			require.Equal(t, "SUCCEEDED", run.Status)
-		}
-	}
-}
-
 // A replay racing the late report of the attempt it replaces (a last
 // attempt whose lease lapsed, no read or sweep having ended it yet): the
 // report is recorded (the job SUCCEEDED) and the replay refused
@@ -721,19 +596,16 @@ func TestAReplayRacingTheLateReportOfTheAttemptItReplaces(t *testing.T) {
 	const n = 30
 	claimed := b.claimAll(t, n, jobs.EnqueueRequest{MaxAttempts: ptr[int64](1), TimeoutMs: ptr[int64](1_000)})
 	b.clock.Add(time.Minute) // every last attempt's lease lapsed
-	reports := make([]error, n)
-	replays := make([]error, n)
-	hammer(2*n, func(i int) {
-		j := claimed[i/2]
-		if i%2 == 0 {
-			// A replay does more before it takes the job's row than a
-			// report: staggered, the reports let some replays in first.
-			time.Sleep(time.Duration(i/2%10) * time.Millisecond)
-			_, reports[i/2] = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
-				Status: jobs.StatusSucceeded})
-			return
-		}
-		_, replays[i/2] = b.svc.Replay(ctx, b.worker, j.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+	reports, replays := racePairs(claimed, func(i int, j jobs.ClaimedJob) error {
+		// A replay does more before it takes the job's row than a report:
+		// staggered, the reports let some replays in first.
+		time.Sleep(time.Duration(i%10) * time.Millisecond)
+		_, err := b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
+			Status: jobs.StatusSucceeded})
+		return err
+	}, func(_ int, j jobs.ClaimedJob) error {
+		_, err := b.svc.Replay(ctx, b.worker, j.StepID, jobs.ReplayRequest{AcknowledgeDuplicateRisk: ptr(true)})
+		return err
 	})
 	replayed := 0
 	for i, j := range claimed {
@@ -757,62 +629,6 @@ func TestAReplayRacingTheLateReportOfTheAttemptItReplaces(t *testing.T) {
 		require.Equal(t, []string{"SUCCEEDED"}, outcomes, j.JobID)
 	}
 	t.Logf("%d of %d replays came first", replayed, n)
-}
-
-// A heartbeat with a lapsed lease's token racing claims that would reclaim
-// the job: either the heartbeat renews the lease and no claim takes the
-// job, or a claim takes it and the heartbeat is 409 lease_lost. Never both:
-// two workers would run the job at once.
-func TestAHeartbeatRacingTheReclaimOfItsLapsedLease(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	const n, claimers = 48, 4
-	claimed := b.claimAll(t, n, jobs.EnqueueRequest{TimeoutMs: ptr[int64](1_000), MaxAttempts: ptr[int64](3)})
-	b.clock.Add(time.Minute) // every lease lapsed
-	wids := make([]string, claimers)
-	for i := range wids {
-		wids[i] = b.register(t)
-	}
-	beats := make([]error, n)
-	var mu sync.Mutex
-	reclaimed := map[string]int{}
-	claimErrs := make([]error, claimers)
-	hammer(n+claimers, func(i int) {
-		if i >= n {
-			c, err := b.svc.Claim(ctx, b.worker, wids[i-n], jobs.ClaimRequest{Limit: ptr(n / claimers)})
-			claimErrs[i-n] = err
-			mu.Lock()
-			for _, j := range c.Jobs {
-				reclaimed[j.JobID]++
-			}
-			mu.Unlock()
-			return
-		}
-		j := claimed[i]
-		_, beats[i] = b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
-	})
-	for _, err := range claimErrs {
-		require.NoError(t, err)
-	}
-	renewed := 0
-	for i, j := range claimed {
-		_, outcomes := b.outcome(t, j.JobID)
-		switch reclaimed[j.JobID] {
-		case 0:
-			renewed++
-			require.NoError(t, beats[i], j.JobID)
-			require.Equal(t, []string{""}, outcomes, j.JobID)
-		case 1:
-			require.Error(t, beats[i], "job %s: its lease renewed and the job reclaimed", j.JobID)
-			require.Equal(t, apierr.CodeLeaseLost, code(t, beats[i]))
-			require.Equal(t, []string{"FAILED", ""}, outcomes, j.JobID)
-		default:
-			t.Fatalf("job %s reclaimed %d times", j.JobID, reclaimed[j.JobID])
-		}
-	}
-	t.Logf("%d of %d leases renewed first", renewed, n)
-	// The renewed leases hold: no claim takes those jobs now.
-	require.Empty(t, b.claim(t, wids[0], n))
 }
 
 // Over jobs the sweeper requeued (their leases lapsed long ago), a late
@@ -844,7 +660,7 @@ func TestALateReportHeartbeatAndClaimsRacingOverRequeuedJobs(t *testing.T) {
 	var mu sync.Mutex
 	reclaimed := map[string]int{}
 	claimErrs := make([]error, claimers)
-	hammer(2*n+claimers, func(i int) {
+	apitest.StartTogether(2*n+claimers, func(i int) {
 		switch {
 		case i >= 2*n:
 			for {
@@ -894,4 +710,99 @@ func TestALateReportHeartbeatAndClaimsRacingOverRequeuedJobs(t *testing.T) {
 	}
 	require.Equal(t, len(reclaimed), b.runningCount(t, "mailer"), "one slot per reclaimed job, none for the rest")
 	t.Logf("%d of %d jobs reclaimed", len(reclaimed), n)
+}
+
+// raceReclaims claims n jobs of three attempts, lets every lease lapse, and
+// starts old(j) for each claimed job together with claimers that may
+// reclaim them. It answers the jobs, old's answers and how many times a
+// claim took each job.
+func (b *bundle) raceReclaims(t *testing.T, n, claimers int, old func(j jobs.ClaimedJob) error) (
+	[]jobs.ClaimedJob, []error, map[string]int) {
+	t.Helper()
+	claimed := b.claimAll(t, n, jobs.EnqueueRequest{TimeoutMs: ptr[int64](1_000), MaxAttempts: ptr[int64](3)})
+	b.clock.Add(time.Minute) // every lease lapsed
+	wids := make([]string, claimers)
+	for i := range wids {
+		wids[i] = b.register(t)
+	}
+	olds := make([]error, n)
+	var mu sync.Mutex
+	reclaimed := map[string]int{}
+	claimErrs := make([]error, claimers)
+	apitest.StartTogether(n+claimers, func(i int) {
+		if i < n {
+			olds[i] = old(claimed[i])
+			return
+		}
+		c, err := b.svc.Claim(ctx, b.worker, wids[i-n], jobs.ClaimRequest{Limit: ptr(n / claimers)})
+		claimErrs[i-n] = err
+		mu.Lock()
+		defer mu.Unlock()
+		for _, j := range c.Jobs {
+			reclaimed[j.JobID]++
+		}
+	})
+	for _, err := range claimErrs {
+		require.NoError(t, err)
+	}
+	return claimed, olds, reclaimed
+}
+
+// A report with a lapsed lease's token racing claims that reclaim the job:
+// either the report is recorded and no claim takes the job, or a claim
+// takes it (failing the lapsed attempt with the warning) and the report is
+// 409 lease_lost. Never both: one outcome per attempt.
+func TestAReportRacingTheReclaimOfItsLapsedLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	claimed, reports, reclaimed := b.raceReclaims(t, 48, 4, func(j jobs.ClaimedJob) error {
+		return b.reportSucceeded(0, j)
+	})
+	for i, j := range claimed {
+		status, outcomes := b.outcome(t, j.JobID)
+		switch reclaimed[j.JobID] {
+		case 0:
+			require.NoError(t, reports[i], j.JobID)
+			require.Equal(t, jobs.StatusSucceeded, status)
+			require.Equal(t, []string{"SUCCEEDED"}, outcomes)
+		case 1:
+			require.Error(t, reports[i], "job %s: its report was recorded and it was reclaimed", j.JobID)
+			require.Equal(t, apierr.CodeLeaseLost, code(t, reports[i]))
+			require.Equal(t, jobs.StatusRunning, status)
+			require.Equal(t, []string{"FAILED", ""}, outcomes)
+		default:
+			t.Fatalf("job %s reclaimed %d times", j.JobID, reclaimed[j.JobID])
+		}
+	}
+	t.Logf("%d of %d jobs reclaimed", len(reclaimed), len(claimed))
+}
+
+// A heartbeat with a lapsed lease's token racing claims that would reclaim
+// the job: either the heartbeat renews the lease and no claim takes the
+// job, or a claim takes it and the heartbeat is 409 lease_lost. Never both:
+// two workers would run the job at once.
+func TestAHeartbeatRacingTheReclaimOfItsLapsedLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	claimed, beats, reclaimed := b.raceReclaims(t, 48, 4, func(j jobs.ClaimedJob) error {
+		_, err := b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+		return err
+	})
+	for i, j := range claimed {
+		_, outcomes := b.outcome(t, j.JobID)
+		switch reclaimed[j.JobID] {
+		case 0:
+			require.NoError(t, beats[i], j.JobID)
+			require.Equal(t, []string{""}, outcomes, j.JobID)
+		case 1:
+			require.Error(t, beats[i], "job %s: its lease renewed and the job reclaimed", j.JobID)
+			require.Equal(t, apierr.CodeLeaseLost, code(t, beats[i]))
+			require.Equal(t, []string{"FAILED", ""}, outcomes, j.JobID)
+		default:
+			t.Fatalf("job %s reclaimed %d times", j.JobID, reclaimed[j.JobID])
+		}
+	}
+	t.Logf("%d of %d leases renewed first", len(claimed)-len(reclaimed), len(claimed))
+	// The renewed leases hold: no claim takes those jobs now.
+	require.Empty(t, b.claim(t, b.register(t), len(claimed)))
 }
