@@ -806,3 +806,56 @@ func TestAHeartbeatRacingTheReclaimOfItsLapsedLease(t *testing.T) {
 	// The renewed leases hold: no claim takes those jobs now.
 	require.Empty(t, b.claim(t, b.register(t), len(claimed)))
 }
+
+// Claims racing on an endpoint with maxConcurrent, while reports of the
+// jobs leased before free slots at the same moment: once the round's claims
+// are done (a last claim picks up slots freed after a claimer stopped) the
+// jobs leased and not reported exactly fill the limit, the endpoint's count
+// and its RUNNING jobs agreeing. Only the test reports, so a slot granted
+// twice at any moment would still be leased at the round's end.
+func TestConcurrentClaimsAndReportsNeverPassMaxConcurrent(t *testing.T) {
+	t.Parallel()
+	const limit, claimers = 5, 6
+	b := setup(t)
+	b.limitedEndpoint(t, "send_email", limit)
+	runID := b.run(t)
+	b.fill(t, runID, 200)
+	wids := make([]string, claimers)
+	for i := range wids {
+		wids[i] = b.register(t)
+	}
+	var open []jobs.ClaimedJob // leased, not reported
+	for round := range 6 {
+		var mu sync.Mutex
+		var leased []jobs.ClaimedJob
+		toReport := open[:len(open)/2+round%2] // some rounds free more slots than others
+		errs := make([]error, claimers+len(toReport))
+		apitest.StartTogether(claimers+len(toReport), func(i int) {
+			if i >= claimers {
+				errs[i] = b.reportSucceeded(0, toReport[i-claimers])
+				return
+			}
+			for {
+				c, err := b.svc.Claim(ctx, b.worker, wids[i], jobs.ClaimRequest{Limit: ptr(1 + i%3)})
+				if err != nil || len(c.Jobs) == 0 {
+					errs[i] = err
+					return
+				}
+				mu.Lock()
+				leased = append(leased, c.Jobs...)
+				mu.Unlock()
+			}
+		})
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+		leased = append(leased, b.claim(t, wids[0], limit)...)
+		open = append(open[len(toReport):], leased...)
+		require.Equal(t, limit, len(open), "round %d: the limit exactly filled", round)
+		require.Equal(t, limit, b.runningCount(t, "send_email"), "round %d", round)
+		var runningJobs int
+		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE run_id = $1 AND status = 'RUNNING'`,
+			runID).Scan(&runningJobs))
+		require.Equal(t, limit, runningJobs, "round %d", round)
+	}
+}
