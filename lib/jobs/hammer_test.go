@@ -499,6 +499,10 @@ func TestCancelsRacingClaimsOfTheirJobs(t *testing.T) {
 		require.True(t, hb.CancelRequested, e.JobID)
 	}
 	require.Equal(t, len(leased), b.runningCount(t, "send_email"), "each leased, cancelled attempt holds its slot")
+	var held int
+	require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE run_id = $1 AND slot_attempt IS NOT NULL`,
+		runID).Scan(&held))
+	require.Equal(t, len(leased), held, "the count is the held slots', which the sweeper frees at their leases' expiry")
 	for _, j := range leased {
 		b.succeed(t, j)
 	}
