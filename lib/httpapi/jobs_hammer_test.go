@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"fmt"
 	"net/http"
+	"reflect"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -67,6 +68,11 @@ func TestHTTPEnqueuesOfOneKeyRacing(t *testing.T) {
 			}
 		}
 		require.Equal(t, 1, created)
+		for i, r := range answers {
+			if reflect.DeepEqual(inputs[i], winner) {
+				require.NotEqual(t, http.StatusConflict, r.Status, "racer %d sent the winning operation", i)
+			}
+		}
 		require.Len(t, e.getRun(runID)["steps"], 1)
 	}
 }

@@ -58,6 +58,11 @@ func TestConcurrentEnqueuesOfOneKeyWithOtherInputsOneWins(t *testing.T) {
 			}
 		}
 		require.Equal(t, 1, created, "exactly one answer created the step")
+		for i := range n {
+			if inputs[i] == winner {
+				require.NoError(t, errs[i], "racer %d sent the winning operation", i)
+			}
+		}
 		var steps int
 		require.NoError(t, b.env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE run_id = $1`, runID).Scan(&steps))
 		require.Equal(t, 1, steps)
