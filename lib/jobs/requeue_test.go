@@ -294,3 +294,29 @@ func TestAHeartbeatTakingBackAJobReportedMeanwhileIsToldTheAttemptEnded(t *testi
 	require.Equal(t, "SUCCEEDED", b.step(t, st.StepID).Status)
 	require.Zero(t, b.runningCount(t, "mailer"))
 }
+
+// Cancelled after the sweeper requeued it, with no claim or replay since,
+// the job's stalled attempt is still its latest and unreported: its report
+// is recorded, and its heartbeat says stop (cancelRequested, the lease not
+// extended and no slot taken), as for any cancelled attempt not yet
+// reported. It answered lease_lost, "a later attempt does", which none did
+// (hammer QA).
+func TestACancelledRequeuedJobsHeartbeatSaysStop(t *testing.T) {
+	b := setup(t)
+	b.limitedEndpoint(t, "mailer", 2)
+	st, stale := b.requeuedOn(t, b.run(t), "mailer", b.register(t))
+	_, err := b.svc.CancelStep(ctx, b.ws, st.StepID)
+	require.NoError(t, err)
+
+	hb, err := b.svc.Heartbeat(ctx, b.worker, stale.JobID, jobs.HeartbeatRequest{LeaseToken: stale.LeaseToken})
+	require.NoError(t, err)
+	require.True(t, hb.CancelRequested)
+	require.Equal(t, stale.LeaseExpiresAt, *hb.LeaseExpiresAt, "the lapsed lease, not extended")
+	require.Zero(t, b.runningCount(t, "mailer"), "no slot taken back")
+	r, err := b.svc.Report(ctx, b.worker, stale.JobID, jobs.ReportRequest{LeaseToken: stale.LeaseToken, Status: "SUCCEEDED"})
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusCancelled, r.Status)
+	_, err = b.svc.Heartbeat(ctx, b.worker, stale.JobID, jobs.HeartbeatRequest{LeaseToken: stale.LeaseToken})
+	require.Equal(t, apierr.CodeInvalidState, code(t, err), "reported: the attempt ended")
+	require.Zero(t, b.runningCount(t, "mailer"))
+}

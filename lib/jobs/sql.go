@@ -686,6 +686,16 @@ func replayedOpen(token string) string {
 	return `(j.status IN ('QUEUED', 'CANCELLED') AND j.lease_token = '' AND ` + openAttempt("jobs_lease_token_matches(x.lease_token, "+token+")") + `)`
 }
 
+// cancelledRequeuedFor is true of a job (alias j) the sweeper requeued
+// under token and then cancelled, with nothing claiming or replaying it
+// since: CANCELLED with its token cleared (a replay empties it) and that
+// attempt, the job's latest, never reported. Its report is still recorded
+// (decideReport), and its worker is told to stop.
+func cancelledRequeuedFor(token string) string {
+	return `(j.status = 'CANCELLED' AND j.lease_token IS NULL AND ` +
+		currentAttempt("x.reported_at IS NULL AND jobs_lease_token_matches(x.lease_token, "+token+")") + `)`
+}
+
 // reportedLatest is true of a job (alias j) whose latest attempt holds
 // token and has reported: the attempt ended, and no claim has superseded
 // it since (a claim starts a new attempt).
@@ -697,7 +707,8 @@ func reportedLatest(token string) string {
 // never claimed has no token: no token is current. Then whether the job
 // was requeued under this token (requeuedFor): the heartbeat may take it
 // back (sqlReviveRequeued); whether a replay queued it again while this
-// token's attempt was open (replayedOpen); and whether the job's current
+// token's attempt was open (replayedOpen), or cancelled it after the
+// requeue (cancelledRequeuedFor); and whether the job's current
 // attempt is still unreported (a cancelled job's worker may be at work
 // still, its report recorded, even once its lease lapsed and the sweeper
 // failed it to free its slot); and whether this token's attempt is still
@@ -706,7 +717,8 @@ func reportedLatest(token string) string {
 var sqlLeaseState = `
 SELECT j.status, coalesce(jobs_lease_token_matches(j.lease_token, $3::text), false), j.lease_expires_at, j.cancel_requested, j.name, j.version,
        ` + requeuedFor("$3::text") + `, ` + replayedOpen("$3::text") + `,
-       ` + currentAttempt("x.reported_at IS NULL") + `, ` + reportedLatest("$3::text") + `
+       ` + currentAttempt("x.reported_at IS NULL") + `, ` + reportedLatest("$3::text") + `,
+       ` + cancelledRequeuedFor("$3::text") + `
 FROM jobs j WHERE j.id = $1::text AND j.workspace_id = $2::text`
 
 // sqlExecutionRetryable reads whether a reported failure was retryable (a

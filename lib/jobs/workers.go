@@ -426,6 +426,7 @@ func (s *Service) Heartbeat(ctx context.Context, p *auth.Principal, jobID string
 type leaseState struct {
 	status                                                string
 	current, requeued, replayedOpen, unreported, reported bool
+	cancelledRequeued                                     bool
 	leaseExpiresAt                                        *time.Time
 	cancelRequested                                       bool
 }
@@ -438,7 +439,7 @@ func (s *Service) readLeaseState(ctx context.Context, p *auth.Principal, jobID, 
 	var name, version string
 	err := s.pool.QueryRow(ctx, sqlLeaseState, jobID, p.WorkspaceID, token).Scan(&st.status, &st.current,
 		&st.leaseExpiresAt, &st.cancelRequested, &name, &version, &st.requeued, &st.replayedOpen, &st.unreported,
-		&st.reported)
+		&st.reported, &st.cancelledRequeued)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return st, apierr.NotFound("job")
@@ -458,6 +459,13 @@ func (st leaseState) answer() (HeartbeatResult, error) {
 	case st.replayedOpen:
 		// Its attempt was cancelled, then the job replayed: the worker
 		// should stop, and its report is still recorded (decideReport).
+		out.CancelRequested, out.LeaseExpiresAt = true, utc(out.LeaseExpiresAt)
+		return out, nil
+	case st.cancelledRequeued:
+		// Requeued, then cancelled: its worker may still be at work, and
+		// its report is still recorded, as for any cancelled attempt not
+		// yet reported; it should stop. Its lapsed lease is not extended,
+		// and it takes back no slot (the requeue freed it).
 		out.CancelRequested, out.LeaseExpiresAt = true, utc(out.LeaseExpiresAt)
 		return out, nil
 	case !st.current && st.reported:
