@@ -651,14 +651,7 @@ func TestALateReportHeartbeatAndClaimsRacingOverRequeuedJobs(t *testing.T) {
 	b := setup(t)
 	b.limitedEndpoint(t, "mailer", 100)
 	const n, claimers = 30, 3
-	claimed := b.claimAll(t, n, jobs.EnqueueRequest{Endpoint: ptr("mailer"), TimeoutMs: ptr[int64](1_000),
-		MaxAttempts: ptr[int64](3)})
-	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second)
-	b.sweep(t)
-	for _, j := range claimed {
-		status, _ := b.outcome(t, j.JobID)
-		require.Equal(t, jobs.StatusQueued, status, "requeued by the sweep")
-	}
+	claimed := b.requeued(t, n, "mailer")
 	require.Zero(t, b.runningCount(t, "mailer"))
 	wids := make([]string, claimers)
 	for i := range wids {
@@ -867,4 +860,66 @@ func TestConcurrentClaimsAndReportsNeverPassMaxConcurrent(t *testing.T) {
 			runID).Scan(&runningJobs))
 		require.Equal(t, limit, runningJobs, "round %d", round)
 	}
+}
+
+// requeued claims n jobs of three attempts on endpoint ep, lets their
+// leases lapse for good and sweeps: the sweeper requeues them all.
+func (b *bundle) requeued(t *testing.T, n int, ep string) []jobs.ClaimedJob {
+	t.Helper()
+	claimed := b.claimAll(t, n, jobs.EnqueueRequest{Endpoint: ptr(ep), TimeoutMs: ptr[int64](1_000),
+		MaxAttempts: ptr[int64](3)})
+	b.clock.Add(11*time.Second + jobs.RequeueLapsedAfter + time.Second)
+	b.sweep(t)
+	for _, j := range claimed {
+		status, _ := b.outcome(t, j.JobID)
+		require.Equal(t, jobs.StatusQueued, status, "requeued by the sweep")
+	}
+	return claimed
+}
+
+// Over jobs the sweeper requeued, a cancel and a heartbeat that would take
+// the job back, at one start: every cancel is answered and every job ends
+// CANCELLED; the heartbeat took the job back first (its attempt then
+// holds its slot, cancelled while running) or is told to stop. The slots
+// held are exactly the jobs taken back, and their reports free them.
+// Not parallel: the sweep is global.
+func TestCancelsRacingHeartbeatsOverRequeuedJobs(t *testing.T) {
+	b := setup(t)
+	b.limitedEndpoint(t, "mailer", 100)
+	claimed := b.requeued(t, 30, "mailer")
+	var mu sync.Mutex
+	beats := map[string]jobs.HeartbeatResult{}
+	cancels, beatErrs := racePairs(claimed, func(i int, j jobs.ClaimedJob) error {
+		// A heartbeat reads twice before it takes a job back, each read
+		// queued for one of the pool's few connections: staggered, the
+		// cancels let some heartbeats in first.
+		time.Sleep(time.Duration(i%6) * 30 * time.Millisecond)
+		_, err := b.svc.CancelStep(ctx, b.ws, j.StepID)
+		return err
+	}, func(_ int, j jobs.ClaimedJob) error {
+		hb, err := b.svc.Heartbeat(ctx, b.worker, j.JobID, jobs.HeartbeatRequest{LeaseToken: j.LeaseToken})
+		mu.Lock()
+		defer mu.Unlock()
+		beats[j.JobID] = hb
+		return err
+	})
+	revived := 0
+	for i, j := range claimed {
+		require.NoError(t, cancels[i], j.JobID)
+		require.NoError(t, beatErrs[i], j.JobID)
+		status, outcomes := b.outcome(t, j.JobID)
+		require.Equal(t, jobs.StatusCancelled, status, j.JobID)
+		if beats[j.JobID].CancelRequested {
+			require.Equal(t, []string{"FAILED"}, outcomes, "job %s: told to stop, not taken back", j.JobID)
+			continue
+		}
+		revived++
+		require.Equal(t, []string{""}, outcomes, "job %s: taken back, its attempt open again", j.JobID)
+	}
+	require.Equal(t, revived, b.runningCount(t, "mailer"), "a slot held by each attempt taken back, none by the others")
+	for _, j := range claimed {
+		require.NoError(t, b.reportSucceeded(0, j))
+	}
+	require.Zero(t, b.runningCount(t, "mailer"))
+	t.Logf("%d of %d jobs taken back before their cancel", revived, len(claimed))
 }
