@@ -69,6 +69,19 @@ func TestConcurrentEnqueuesOfOneKeyWithOtherInputsOneWins(t *testing.T) {
 	}
 }
 
+// claimUntilEmpty has worker wid claim, limit jobs at a time, until a
+// claim answers nothing, handing each claim's jobs to onJobs; an error ends
+// it.
+func (b *bundle) claimUntilEmpty(wid string, limit int, onJobs func([]jobs.ClaimedJob)) error {
+	for {
+		c, err := b.svc.Claim(ctx, b.worker, wid, jobs.ClaimRequest{Limit: &limit})
+		if err != nil || len(c.Jobs) == 0 {
+			return err
+		}
+		onJobs(c.Jobs)
+	}
+}
+
 // claimers runs n workers, each claiming (limit 1 to 5) until a claim
 // answers nothing; onClaim sees every job leased and its worker. Any claim
 // error fails the test.
@@ -80,20 +93,11 @@ func (b *bundle) claimers(t *testing.T, n int, onClaim func(worker int, j jobs.C
 	}
 	errs := make([]error, n)
 	apitest.StartTogether(n, func(i int) {
-		limit := 1 + i%5
-		for {
-			c, err := b.svc.Claim(ctx, b.worker, wids[i], jobs.ClaimRequest{Limit: &limit})
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			if len(c.Jobs) == 0 {
-				return
-			}
-			for _, j := range c.Jobs {
+		errs[i] = b.claimUntilEmpty(wids[i], 1+i%5, func(js []jobs.ClaimedJob) {
+			for _, j := range js {
 				onClaim(i, j)
 			}
-		}
+		})
 	})
 	for _, err := range errs {
 		require.NoError(t, err)
@@ -470,22 +474,16 @@ func TestCancelsRacingClaimsOfTheirJobs(t *testing.T) {
 			_, errs[i] = b.svc.CancelStep(ctx, b.ws, steps[i].StepID)
 			return
 		}
-		for {
-			c, err := b.svc.Claim(ctx, b.worker, wids[i-n], jobs.ClaimRequest{Limit: ptr(3)})
-			if err != nil || len(c.Jobs) == 0 {
-				errs[i] = err
-				return
-			}
+		errs[i] = b.claimUntilEmpty(wids[i-n], 3, func(js []jobs.ClaimedJob) {
 			mu.Lock()
-			for _, j := range c.Jobs {
-				_, dup := leased[j.JobID]
-				if dup {
+			defer mu.Unlock()
+			for _, j := range js {
+				if _, dup := leased[j.JobID]; dup {
 					t.Errorf("job %s leased twice", j.JobID)
 				}
 				leased[j.JobID] = j
 			}
-			mu.Unlock()
-		}
+		})
 	})
 	for _, err := range errs {
 		require.NoError(t, err)
@@ -550,16 +548,11 @@ func TestAttemptsNeverPassMaxAttemptsUnderClaimAndLapseChurn(t *testing.T) {
 				}
 				return
 			}
-			for {
-				c, err := b.svc.Claim(ctx, b.worker, wids[i], jobs.ClaimRequest{Limit: ptr(4)})
-				if err != nil || len(c.Jobs) == 0 {
-					errs[i] = err
-					return
-				}
+			errs[i] = b.claimUntilEmpty(wids[i], 4, func(js []jobs.ClaimedJob) {
 				mu.Lock()
-				leased = append(leased, c.Jobs...)
-				mu.Unlock()
-			}
+				defer mu.Unlock()
+				leased = append(leased, js...)
+			})
 		})
 		for _, err := range errs {
 			require.NoError(t, err)
@@ -665,18 +658,13 @@ func TestALateReportHeartbeatAndClaimsRacingOverRequeuedJobs(t *testing.T) {
 	apitest.StartTogether(2*n+claimers, func(i int) {
 		switch {
 		case i >= 2*n:
-			for {
-				c, err := b.svc.Claim(ctx, b.worker, wids[i-2*n], jobs.ClaimRequest{Limit: ptr(3)})
-				if err != nil || len(c.Jobs) == 0 {
-					claimErrs[i-2*n] = err
-					return
-				}
+			claimErrs[i-2*n] = b.claimUntilEmpty(wids[i-2*n], 3, func(js []jobs.ClaimedJob) {
 				mu.Lock()
-				for _, j := range c.Jobs {
+				defer mu.Unlock()
+				for _, j := range js {
 					reclaimed[j.JobID]++
 				}
-				mu.Unlock()
-			}
+			})
 		case i%2 == 0:
 			j := claimed[i/2]
 			_, reports[i/2] = b.svc.Report(ctx, b.worker, j.JobID, jobs.ReportRequest{LeaseToken: j.LeaseToken,
@@ -837,16 +825,11 @@ func TestConcurrentClaimsAndReportsNeverPassMaxConcurrent(t *testing.T) {
 				errs[i] = b.reportSucceeded(0, toReport[i-claimers])
 				return
 			}
-			for {
-				c, err := b.svc.Claim(ctx, b.worker, wids[i], jobs.ClaimRequest{Limit: ptr(1 + i%3)})
-				if err != nil || len(c.Jobs) == 0 {
-					errs[i] = err
-					return
-				}
+			errs[i] = b.claimUntilEmpty(wids[i], 1+i%3, func(js []jobs.ClaimedJob) {
 				mu.Lock()
-				leased = append(leased, c.Jobs...)
-				mu.Unlock()
-			}
+				defer mu.Unlock()
+				leased = append(leased, js...)
+			})
 		})
 		for _, err := range errs {
 			require.NoError(t, err)
