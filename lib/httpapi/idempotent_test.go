@@ -373,35 +373,7 @@ func TestIdempotentRoutesActInTheRequestTransaction(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnvWith(t, []apitest.Option{apitest.WithConfig(func(c *config.Config) { c.DBMaxConns = 1 })})
 	wid := e.register("send_email@1")
-	_, stepID := e.exhausted(wid, map[string]any{"n": 1}, 1)
-	hook := e.Must(http.StatusCreated, "POST", "/api/v1/webhooks", e.ws.Key, hookBody).JSON()["id"].(string)
-	ctx := context.Background()
-	require.NoError(t, events.Record(ctx, e.App.Pool, events.Event{WorkspaceID: e.ws.ID, Type: events.RunFinished,
-		SubjectID: ids.New(ids.Run), Data: map[string]any{}, At: e.clock.Now()}))
-	_, err := e.App.Server.Webhooks.Dispatch(ctx, e.clock.Now())
-	require.NoError(t, err)
-	var deliveries struct {
-		Data []struct{ ID string } `json:"data"`
-	}
-	e.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+hook+"/deliveries", e.ws.Key, nil).Decode(t, &deliveries)
-	require.NotEmpty(t, deliveries.Data)
-	calls := map[string]struct {
-		path, key string
-		body      any
-	}{
-		"keys.create":       {"/api/v1/keys", e.ws.Key, map[string]any{"name": "k", "preset": "AGENT"}},
-		"webhooks.create":   {"/api/v1/webhooks", e.ws.Key, hookBody},
-		"contracts.publish": {"/api/v1/tools/mail/contracts", e.ws.Key, map[string]any{"handlerVersion": "1", "inputSchema": map[string]any{}, "outputSchema": map[string]any{}}},
-		"tools.test":        {"/api/v1/tools/send_email/test", e.ws.Key, map[string]any{"version": "1", "input": map[string]any{}}},
-		"workers.register":  {"/api/v1/workers/register", e.worker, map[string]any{"tools": []any{map[string]any{"name": "send_email", "version": "1"}}}},
-		"steps.replay":      {"/api/v1/steps/" + stepID + "/replay", e.ws.Key, map[string]any{"acknowledgeDuplicateRisk": true}},
-		"webhooks.deliveries.retry": {"/api/v1/webhooks/" + hook + "/deliveries/retry", e.ws.Key,
-			map[string]any{"delivery_ids": []string{deliveries.Data[0].ID}}},
-		"webhooks.rotate_secret": {"/api/v1/webhooks/" + hook + "/rotate-secret", e.ws.Key, map[string]any{}},
-		"reconcile": {"/api/v1/reconcile", e.ws.Key, map[string]any{"effect_type": "payment.charge",
-			"from": e.clock.Now().Add(-time.Hour).Format(time.RFC3339), "to": e.clock.Now().Format(time.RFC3339),
-			"records": []any{map[string]any{"idempotency_key": "k", "status": "succeeded"}}}},
-	}
+	calls := idempotentCalls(e, wid)
 	var names []string
 	for _, r := range httpapi.Routes() {
 		if r.Idempotent {
@@ -492,4 +464,43 @@ func TestKeyedReplayOfALapsedStepTakesTheRunLocksInOrder(t *testing.T) {
 	r := <-replayed
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
 	require.Equal(t, "QUEUED", r.JSON()["status"])
+}
+
+// keyedCall is a request of a route that takes an Idempotency-Key.
+type keyedCall struct {
+	path, key string
+	body      any
+}
+
+// idempotentCalls is a request of each route that takes an Idempotency-Key,
+// by route name, each of which acts once sent (worker wid is registered
+// for send_email@1).
+func idempotentCalls(e *jobsEnv, wid string) map[string]keyedCall {
+	e.T.Helper()
+	_, stepID := e.exhausted(wid, map[string]any{"n": 1}, 1)
+	hook := e.Must(http.StatusCreated, "POST", "/api/v1/webhooks", e.ws.Key, hookBody).JSON()["id"].(string)
+	ctx := context.Background()
+	require.NoError(e.T, events.Record(ctx, e.App.Pool, events.Event{WorkspaceID: e.ws.ID, Type: events.RunFinished,
+		SubjectID: ids.New(ids.Run), Data: map[string]any{}, At: e.clock.Now()}))
+	_, err := e.App.Server.Webhooks.Dispatch(ctx, e.clock.Now())
+	require.NoError(e.T, err)
+	var deliveries struct {
+		Data []struct{ ID string } `json:"data"`
+	}
+	e.Must(http.StatusOK, "GET", "/api/v1/webhooks/"+hook+"/deliveries", e.ws.Key, nil).Decode(e.T, &deliveries)
+	require.NotEmpty(e.T, deliveries.Data)
+	return map[string]keyedCall{
+		"keys.create":       {"/api/v1/keys", e.ws.Key, map[string]any{"name": "k", "preset": "AGENT"}},
+		"webhooks.create":   {"/api/v1/webhooks", e.ws.Key, hookBody},
+		"contracts.publish": {"/api/v1/tools/mail/contracts", e.ws.Key, map[string]any{"handlerVersion": "1", "inputSchema": map[string]any{}, "outputSchema": map[string]any{}}},
+		"tools.test":        {"/api/v1/tools/send_email/test", e.ws.Key, map[string]any{"version": "1", "input": map[string]any{}}},
+		"workers.register":  {"/api/v1/workers/register", e.worker, map[string]any{"tools": []any{map[string]any{"name": "send_email", "version": "1"}}}},
+		"steps.replay":      {"/api/v1/steps/" + stepID + "/replay", e.ws.Key, map[string]any{"acknowledgeDuplicateRisk": true}},
+		"webhooks.deliveries.retry": {"/api/v1/webhooks/" + hook + "/deliveries/retry", e.ws.Key,
+			map[string]any{"delivery_ids": []string{deliveries.Data[0].ID}}},
+		"webhooks.rotate_secret": {"/api/v1/webhooks/" + hook + "/rotate-secret", e.ws.Key, map[string]any{}},
+		"reconcile": {"/api/v1/reconcile", e.ws.Key, map[string]any{"effect_type": "payment.charge",
+			"from": e.clock.Now().Add(-time.Hour).Format(time.RFC3339), "to": e.clock.Now().Format(time.RFC3339),
+			"records": []any{map[string]any{"idempotency_key": "k", "status": "succeeded"}}}},
+	}
 }
