@@ -1,0 +1,104 @@
+package httpapi_test
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
+)
+
+// keyCall is one request a hammered key sends, by racer and round.
+type keyCall struct {
+	method, path string
+	body         func(racer, round int) any
+}
+
+// revokedKeyCalls are calls that change something (or read the calling key
+// from the database) which README promises refuse a revoked key on every
+// instance once the revocation has committed, whatever the cache: begin and
+// enqueue check the key in their own statements, the others read it afresh.
+func revokedKeyCalls(runID string) []keyCall {
+	return []keyCall{
+		{"POST", "/api/v1/effects/begin", func(racer, round int) any {
+			return map[string]any{"effect_type": "email.send", "idempotency_key": fmt.Sprintf("r%d-%d", racer, round),
+				"payload": map[string]any{}}
+		}},
+		{"POST", "/api/v1/runs/" + runID + "/steps", func(racer, round int) any {
+			return map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"racer": racer, "round": round}}
+		}},
+		{"POST", "/api/v1/runs", func(int, int) any { return map[string]any{"name": "hammered"} }},
+		{"PUT", "/api/v1/policies/hammer.type", func(_, round int) any { return map[string]any{"max_attempts": 1 + round%9} }},
+		{"POST", "/api/v1/keys", func(int, int) any { return map[string]any{"name": "child", "preset": "AGENT"} }},
+		{"POST", "/api/v1/circuits/hammer.type/open", func(int, int) any { return map[string]any{"action": "deny"} }},
+		{"GET", "/api/v1/keys/current", func(int, int) any { return nil }},
+	}
+}
+
+// keyAnswer is one answer to a hammered key, and whether its request was
+// sent once the revocation had answered.
+type keyAnswer struct {
+	call         keyCall
+	afterRevoked bool
+	r            *apitest.Response
+}
+
+// Racers on two instances, each caching the key for an hour, send calls
+// that change something with one OPERATOR key while another instance
+// revokes it: none sent once the revoke has answered succeeds (each is
+// 401), on either instance, though the cache would still serve the key,
+// and before the revoke they acted.
+func TestARevokeRacingItsKeysCallsOnTwoInstances(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnvWith(t, []apitest.Option{apitest.WithConfig(func(c *config.Config) { c.KeyCacheTTL = time.Hour })})
+	other := apitest.Start(t, apitest.WithNow(e.clock.Now), apitest.WithConfig(func(c *config.Config) { c.KeyCacheTTL = time.Hour }))
+	instances := []*apitest.Env{e.Env, other}
+	created := e.Must(http.StatusCreated, "POST", "/api/v1/keys", e.ws.Key, map[string]any{"name": "hammered", "preset": "OPERATOR"}).JSON()
+	secret, id := created["secret"].(string), created["id"].(string)
+	calls := revokedKeyCalls(e.run())
+	const racers, roundsAfter = 8, 3
+	answers := make([][]keyAnswer, racers)
+	var revoked atomic.Bool
+	var warm sync.WaitGroup // each racer has had an answer on its instance
+	warm.Add(racers)
+	revoker := racers
+	apitest.StartTogether(racers+1, func(i int) {
+		if i == revoker {
+			warm.Wait()
+			e.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+id, e.ws.Key, nil)
+			revoked.Store(true)
+			return
+		}
+		env, after := instances[i%2], 0
+		for round := 0; after < roundsAfter; round++ {
+			call := calls[(i+round)%len(calls)]
+			sentAfter := revoked.Load()
+			r := env.Do(call.method, call.path, secret, call.body(i, round))
+			answers[i] = append(answers[i], keyAnswer{call, sentAfter, r})
+			if round == 0 {
+				warm.Done()
+			}
+			if sentAfter {
+				after++
+			}
+		}
+	})
+	acted := 0
+	for i, racer := range answers {
+		for _, a := range racer {
+			if a.afterRevoked {
+				require.Equal(t, http.StatusUnauthorized, a.r.Status, "racer %d: %s %s sent after the revoke: %s",
+					i, a.call.method, a.call.path, a.r.Body)
+			} else if a.r.Status < 300 {
+				acted++
+			}
+		}
+	}
+	require.NotZero(t, acted, "the key acted before its revoke")
+}
