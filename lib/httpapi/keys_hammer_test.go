@@ -102,3 +102,42 @@ func TestARevokeRacingItsKeysCallsOnTwoInstances(t *testing.T) {
 	}
 	require.NotZero(t, acted, "the key acted before its revoke")
 }
+
+// A burst of one rate-limited key's requests released together on two
+// instances admits exactly its rate_limit_per_minute in the window, first
+// while neither instance has the key cached (each request authenticates and
+// counts in one statement) and then while both have (the count alone); the
+// rest are 429 rate_limited with a retry_after_seconds.
+func TestARateLimitHoldsUnderABurstOnTwoInstances(t *testing.T) {
+	t.Parallel()
+	e := newJobsEnv(t)
+	other := apitest.Start(t, apitest.WithNow(e.clock.Now))
+	instances := []*apitest.Env{e.Env, other}
+	const limit, racers = 7, 30
+	for _, warm := range []bool{false, true} {
+		limited := e.Key(e.ws, map[string]any{"name": "limited", "preset": "OPERATOR", "rate_limit_per_minute": limit})
+		admitted := 0
+		if warm {
+			for _, env := range instances {
+				env.Must(http.StatusOK, "GET", "/api/v1/policies", limited, nil)
+				admitted++
+			}
+		}
+		answers := make([]*apitest.Response, racers)
+		apitest.StartTogether(racers, func(i int) {
+			answers[i] = instances[i%2].Do("GET", "/api/v1/policies", limited, nil)
+		})
+		for i, r := range answers {
+			switch r.Status {
+			case http.StatusOK:
+				admitted++
+			case http.StatusTooManyRequests:
+				require.Equal(t, "rate_limited", r.ErrorCode(), "racer %d", i)
+				require.Positive(t, r.JSON()["error"].(map[string]any)["detail"].(map[string]any)["retry_after_seconds"])
+			default:
+				t.Fatalf("racer %d answered %d: %s", i, r.Status, r.Body)
+			}
+		}
+		require.Equal(t, limit, admitted, "warm %v", warm)
+	}
+}
