@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -201,4 +203,65 @@ func TestTheKeysErasuresReadTheLinkedAnswersOnly(t *testing.T) {
 		"revoke":  {SQL: auth.SQLRevoke, Args: []any{"key_plan1000", time.Now()}},
 		"sweeper": {SQL: auth.SQLEraseRevokedAnswers, Args: []any{1000}},
 	})
+}
+
+// Replays of a key's create on two instances racing the key's revoke each
+// answer the create's answer byte for byte or 404 without the secret;
+// every replay sent once the revoke has answered is the 404, on either
+// instance, and a client told 404 is never shown the secret again.
+func TestReplaysRacingARevokeOnTwoInstancesNeverShowTheSecretAfterIt(t *testing.T) {
+	env := apitest.Start(t)
+	other := apitest.Start(t)
+	instances := []*apitest.Env{env, other}
+	ws := env.Signup()
+	body := map[string]any{"name": "raced", "preset": "AGENT"}
+	created := createUnder(t, env, ws.Key, "raced", "raced")
+	id, secret := created.JSON()["id"].(string), created.JSON()["secret"].(string)
+
+	type replay struct {
+		afterRevoke bool // sent once the revoke had answered
+		r           *apitest.Response
+	}
+	const clients, roundsAfter = 8, 3
+	replays := make([][]replay, clients)
+	var revoked atomic.Bool
+	var warm sync.WaitGroup // each client has replayed once
+	warm.Add(clients)
+	apitest.StartTogether(clients+1, func(i int) {
+		if i == clients {
+			warm.Wait()
+			env.Must(http.StatusOK, "DELETE", "/api/v1/keys/"+id, ws.Key, nil)
+			revoked.Store(true)
+			return
+		}
+		for round, after := 0, 0; after < roundsAfter; round++ {
+			sentAfter := revoked.Load()
+			replays[i] = append(replays[i], replay{sentAfter,
+				instances[i%2].DoWith("POST", "/api/v1/keys", ws.Key, underKey("raced"), body)})
+			if round == 0 {
+				warm.Done()
+			}
+			if sentAfter {
+				after++
+			}
+		}
+	})
+	for i, client := range replays {
+		erased := false
+		for _, p := range client {
+			switch {
+			case p.r.Status == http.StatusCreated && !p.afterRevoke && !erased:
+				require.Equal(t, string(created.Body), string(p.r.Body), "client %d", i)
+			case p.r.Status == http.StatusNotFound:
+				env.RequireErased(p.r, created, secret, keySecretPrefix)
+				erased = true
+			default:
+				t.Fatalf("client %d: replay answered %d (sent after the revoke: %v, after a 404: %v): %s", i,
+					p.r.Status, p.afterRevoke, erased, p.r.Body)
+			}
+		}
+	}
+	require.Len(t, env.Must(http.StatusOK, "GET", "/api/v1/keys", ws.Key, nil).JSON()["data"].([]any), 2,
+		"no replay minted a key")
+	require.NotContains(t, env.KeptSecrets(ws.Key), secret)
 }
