@@ -14,50 +14,60 @@ import (
 	"github.com/getratchet/ratchet/lib/config"
 )
 
-// keyCall is one request a hammered key sends, by racer and round.
+// keyCall is one request a hammered key sends, by racer and round;
+// cached, a read that another instance than the revoking one may still
+// answer from its cache for up to KEY_CACHE_TTL after the revocation.
 type keyCall struct {
 	method, path string
 	body         func(racer, round int) any
+	cached       bool
 }
 
 // revokedKeyCalls are calls that change something (or read the calling key
 // from the database) which README promises refuse a revoked key on every
-// instance once the revocation has committed, whatever the cache: begin and
-// enqueue check the key in their own statements, the others read it afresh.
+// instance once the revocation has committed, whatever the cache (begin and
+// enqueue check the key in their own statements, the others read it
+// afresh), and a read the revoking instance refuses at once.
 func revokedKeyCalls(runID string) []keyCall {
 	return []keyCall{
 		{"POST", "/api/v1/effects/begin", func(racer, round int) any {
 			return map[string]any{"effect_type": "email.send", "idempotency_key": fmt.Sprintf("r%d-%d", racer, round),
 				"payload": map[string]any{}}
-		}},
+		}, false},
 		{"POST", "/api/v1/runs/" + runID + "/steps", func(racer, round int) any {
 			return map[string]any{"name": "send_email", "version": "1", "input": map[string]any{"racer": racer, "round": round}}
-		}},
-		{"POST", "/api/v1/runs", func(int, int) any { return map[string]any{"name": "hammered"} }},
-		{"PUT", "/api/v1/policies/hammer.type", func(_, round int) any { return map[string]any{"max_attempts": 1 + round%9} }},
-		{"POST", "/api/v1/keys", func(int, int) any { return map[string]any{"name": "child", "preset": "AGENT"} }},
-		{"POST", "/api/v1/circuits/hammer.type/open", func(int, int) any { return map[string]any{"action": "deny"} }},
-		{"GET", "/api/v1/keys/current", func(int, int) any { return nil }},
+		}, false},
+		{"POST", "/api/v1/runs", func(int, int) any { return map[string]any{"name": "hammered"} }, false},
+		{"PUT", "/api/v1/policies/hammer.type", func(_, round int) any { return map[string]any{"max_attempts": 1 + round%9} }, false},
+		{"POST", "/api/v1/keys", func(int, int) any { return map[string]any{"name": "child", "preset": "AGENT"} }, false},
+		{"POST", "/api/v1/circuits/hammer.type/open", func(int, int) any { return map[string]any{"action": "deny"} }, false},
+		{"GET", "/api/v1/keys/current", func(int, int) any { return nil }, false},
+		{"GET", "/api/v1/policies", func(int, int) any { return nil }, true},
 	}
 }
 
-// keyAnswer is one answer to a hammered key, and whether its request was
-// sent once the revocation had answered.
+// keyAnswer is one answer to a hammered key, the instance that gave it
+// and whether its request was sent once the revocation had answered.
 type keyAnswer struct {
 	call         keyCall
+	instance     int
 	afterRevoked bool
 	r            *apitest.Response
 }
 
-// Racers on two instances, each caching the key for an hour, send calls
-// that change something with one OPERATOR key while another instance
-// revokes it: none sent once the revoke has answered succeeds (each is
-// 401), on either instance, though the cache would still serve the key,
-// and before the revoke they acted.
+// Racers on two instances, each caching the key for KEY_CACHE_TTL, send
+// calls that change something with one OPERATOR key while the first
+// instance revokes it: none sent once the revoke has answered succeeds
+// (each is 401), on either instance, though the cache would still serve
+// the key, and before the revoke they acted. A read the revoking instance
+// answers is 401 from then on too; the other may answer reads from its
+// cache, until KEY_CACHE_TTL after the revocation.
 func TestARevokeRacingItsKeysCallsOnTwoInstances(t *testing.T) {
 	t.Parallel()
-	e := newJobsEnvWith(t, []apitest.Option{apitest.WithConfig(func(c *config.Config) { c.KeyCacheTTL = time.Hour })})
-	other := apitest.Start(t, apitest.WithNow(e.clock.Now), apitest.WithConfig(func(c *config.Config) { c.KeyCacheTTL = time.Hour }))
+	const ttl = time.Minute
+	cacheFor := apitest.WithConfig(func(c *config.Config) { c.KeyCacheTTL = ttl })
+	e := newJobsEnvWith(t, []apitest.Option{cacheFor})
+	other := apitest.Start(t, apitest.WithNow(e.clock.Now), cacheFor)
 	instances := []*apitest.Env{e.Env, other}
 	created := e.Must(http.StatusCreated, "POST", "/api/v1/keys", e.ws.Key, map[string]any{"name": "hammered", "preset": "OPERATOR"}).JSON()
 	secret, id := created["secret"].(string), created["id"].(string)
@@ -80,7 +90,7 @@ func TestARevokeRacingItsKeysCallsOnTwoInstances(t *testing.T) {
 			call := calls[(i+round)%len(calls)]
 			sentAfter := revoked.Load()
 			r := env.Do(call.method, call.path, secret, call.body(i, round))
-			answers[i] = append(answers[i], keyAnswer{call, sentAfter, r})
+			answers[i] = append(answers[i], keyAnswer{call, i % 2, sentAfter, r})
 			if round == 0 {
 				warm.Done()
 			}
@@ -92,7 +102,7 @@ func TestARevokeRacingItsKeysCallsOnTwoInstances(t *testing.T) {
 	acted := 0
 	for i, racer := range answers {
 		for _, a := range racer {
-			if a.afterRevoked {
+			if a.afterRevoked && (!a.call.cached || a.instance == 0) {
 				require.Equal(t, http.StatusUnauthorized, a.r.Status, "racer %d: %s %s sent after the revoke: %s",
 					i, a.call.method, a.call.path, a.r.Body)
 			} else if a.r.Status < 300 {
@@ -101,6 +111,12 @@ func TestARevokeRacingItsKeysCallsOnTwoInstances(t *testing.T) {
 		}
 	}
 	require.NotZero(t, acted, "the key acted before its revoke")
+	require.Equal(t, http.StatusOK, other.Do("GET", "/api/v1/policies", secret, nil).Status,
+		"the other instance's cache still serves the key: the refusals above were the database's")
+	e.clock.Add(ttl + time.Second)
+	for _, env := range instances {
+		require.Equal(t, http.StatusUnauthorized, env.Do("GET", "/api/v1/policies", secret, nil).Status, "past KEY_CACHE_TTL")
+	}
 }
 
 // A burst of one rate-limited key's requests released together on two
