@@ -18,7 +18,7 @@ import (
 func TestPublicationsOfOneHandlerVersionRacingOnTwoInstances(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t)
-	instances := []*apitest.Env{e.Env, apitest.Start(t, apitest.WithNow(e.clock.Now))}
+	instances := e.twoInstances()
 	const racers = 12
 	answers := make([]*apitest.Response, racers)
 	apitest.StartTogether(racers, func(i int) {
@@ -52,7 +52,7 @@ func TestPublicationsOfOneHandlerVersionRacingOnTwoInstances(t *testing.T) {
 func TestUpgradeReplaysRacingEachOtherAndPublications(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t)
-	instances := []*apitest.Env{e.Env, apitest.Start(t, apitest.WithNow(e.clock.Now))}
+	instances := e.twoInstances()
 	wid := e.register("send_email@1")
 	_, stepID := e.exhausted(wid, map[string]any{"customerId": "cus_1"}, 1)
 	target := e.publish("send_email", contractBody("2", nil))["contractVersion"]

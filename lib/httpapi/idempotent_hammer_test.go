@@ -36,8 +36,8 @@ var keyedEffects = map[string]string{
 func TestIdempotencyKeysRacingOnTwoInstancesActOnce(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t)
-	other := apitest.Start(t, apitest.WithNow(e.clock.Now))
-	instances := []*apitest.Env{e.Env, other}
+	instances := e.twoInstances()
+	other := instances[1]
 	calls := idempotentCalls(e, e.register("send_email@1"))
 	for _, r := range httpapi.Routes() {
 		if r.Idempotent {

@@ -19,7 +19,7 @@ import (
 func TestWorkerRegistrationsOfOneKeyRacingOnTwoInstances(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t)
-	instances := []*apitest.Env{e.Env, apitest.Start(t, apitest.WithNow(e.clock.Now))}
+	instances := e.twoInstances()
 	e.enqueue(e.run(), map[string]any{"name": "send_email", "version": "1", "input": 1}) // queue health lists the version
 	const racers = 12
 	answers := make([]*apitest.Response, racers)
@@ -102,16 +102,5 @@ func TestSignupsRacingOnTwoInstances(t *testing.T) {
 	apitest.StartTogether(racers, func(i int) {
 		answers[i] = instances[i%2].Do("POST", "/api/v1/workspaces", "", map[string]any{"name": "limited"})
 	})
-	admitted := 0
-	for i, r := range answers {
-		switch r.Status {
-		case http.StatusCreated:
-			admitted++
-		case http.StatusTooManyRequests:
-			require.Equal(t, "rate_limited", r.ErrorCode(), "racer %d", i)
-		default:
-			t.Fatalf("racer %d answered %d: %s", i, r.Status, r.Body)
-		}
-	}
-	require.Equal(t, rate, admitted)
+	require.Equal(t, rate, countAdmitted(t, answers, http.StatusCreated))
 }

@@ -58,7 +58,7 @@ func requireReadsAs(t *testing.T, e *apitest.Env, key, path string, want *apites
 func TestPolicyPutsRacingWithAnExpectedVersionHaveOneWinnerEach(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t)
-	instances := []*apitest.Env{e.Env, apitest.Start(t, apitest.WithNow(e.clock.Now))}
+	instances := e.twoInstances()
 	ep := e.endpoint("hammered")
 	for name, race := range map[string]policyRace{
 		"effect type": {"/api/v1/policies/hammer.type", "expected_version", func(round, i int) map[string]any {
@@ -99,7 +99,7 @@ func TestPolicyPutsRacingWithAnExpectedVersionHaveOneWinnerEach(t *testing.T) {
 func TestPolicyPutsRacingWithoutAnExpectedVersionLandInTurn(t *testing.T) {
 	t.Parallel()
 	e := newJobsEnv(t)
-	instances := []*apitest.Env{e.Env, apitest.Start(t, apitest.WithNow(e.clock.Now))}
+	instances := e.twoInstances()
 	race := policyRace{path: "/api/v1/policies/hammer.type", body: func(round, i int) map[string]any {
 		return map[string]any{"max_attempts": 1 + (round*policyRacers+i)%50, "required_dimensions": []string{fmt.Sprint("d", round, "-", i)}}
 	}}
