@@ -386,27 +386,37 @@ WITH up AS (
         jsonb_build_object('effect_type', CASE WHEN $2::text <> '*' THEN $2::text END, 'opened_by', $3::text,
             'action', up.action, 'opened_at', up.opened_at, 'closes_at', NULL,
             'volume_last_hour', NULL, 'threshold', NULL), $6,
-        $3::text || ':' || extract(epoch FROM up.opened_at)::text || ':' || up.action
-            || CASE WHEN $8::text IS NULL THEN '' ELSE ':' || $7::text END
+        $3::text || ':' || extract(epoch FROM up.opened_at)::text || ':' || up.action || ':' || $7::text
     FROM up
     WHERE $8::text IS DISTINCT FROM $3::text OR $9::text IS DISTINCT FROM up.action
-    -- Two first openings racing insert the same row: the later one keeps
-    -- the earlier's opened_at, so its event's key is the same. A change was
-    -- read under the row's lock, so it is never a repeat: its key is its own.
+    -- Every event here is a transition of its own: opens and closes of a
+    -- breaker take its turn (sqlLockCircuitTurn) and read the change under
+    -- it, so none repeats another, and each has a key of its own. Keyed by
+    -- when the breaker opened alone, an opening whose clock read the
+    -- instant an earlier one of the breaker read (another instance's,
+    -- lagging by the time between them) took its key and was not
+    -- announced (concurrency QA).
     ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
 )
 SELECT count(*) FROM up`
 
-// closeSQL is closeCTEs answering how many breakers it closed.
+// closeSQL is closeCTEs answering how many breakers it closed, each
+// close's event keyed by when its breaker opened (closedKey).
 func closeSQL(cand, now, eventIDs string) string {
-	return closeCTEs(cand, now, eventIDs) + `SELECT count(*) FROM up`
+	return closeCTEs(cand, now, eventIDs, closedKey) + `SELECT count(*) FROM up`
 }
+
+// closedKey is the dedupe key of a circuit.closed event: when the breaker
+// it closed opened. gate_begin_in_turn holds it (lapsedCloseSQL).
+const closedKey = `'closed:' || extract(epoch FROM n.opened_at)::text`
 
 // closeCTEs close the open breakers of cand (workspace_id, effect_type),
 // measuring the next surge allowance from when each closed (its cooldown's
 // end if that came first), and record circuit.closed for each ($E is the
-// event id array parameter, $N now); up holds the rows closed.
-func closeCTEs(cand, now, eventIDs string) string {
+// event id array parameter, $N now, key the dedupe key, an expression
+// over n, the closed row, whose i is its event id's index); up holds the
+// rows closed.
+func closeCTEs(cand, now, eventIDs, key string) string {
 	return `
 WITH cand AS (` + cand + `), up AS (
     UPDATE gate_circuits c SET state = 'closed', updated_at = ` + now + `,
@@ -420,7 +430,7 @@ WITH cand AS (` + cand + `), up AS (
     SELECT (` + eventIDs + `::text[])[n.i], n.workspace_id, '` + events.CircuitClosed + `', n.effect_type,
         jsonb_build_object('effect_type', CASE WHEN n.effect_type <> '*' THEN n.effect_type END,
             'opened_by', n.opened_by, 'opened_at', n.opened_at, 'closed_at', n.allowance_from), ` + now + `,
-        'closed:' || extract(epoch FROM n.opened_at)::text
+        ` + key + `
     FROM n
     ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
 )
@@ -480,7 +490,11 @@ var (
 	sqlCloseLapsedCircuit = lapsedCloseSQL("$3::timestamptz", "$4")
 	// sqlCloseCircuit closes one breaker ('*' lifts the stop).
 	// $1 workspace, $2 type or '*', $3 now, $4 event ids.
-	sqlCloseCircuit = closeSQL(`SELECT $1::text AS workspace_id, $2::text AS effect_type`, "$3::timestamptz", "$4")
+	// Its event's key is its own (as an opening's is: sqlOpenCircuit), so
+	// that a close whose breaker opened at the instant an earlier one of it
+	// did (clocks that lag) is announced too.
+	sqlCloseCircuit = closeCTEs(`SELECT $1::text AS workspace_id, $2::text AS effect_type`, "$3::timestamptz", "$4",
+		closedKey+` || ':' || ($4::text[])[n.i]`) + `SELECT count(*) FROM up`
 	// sqlLockSurgeTurn takes a type's surge turn, as gate_begin_in_turn
 	// does (migration 0028). $1 workspace, $2 type.
 	sqlLockSurgeTurn = `SELECT pg_advisory_xact_lock(` + surgeTurn("$1::text", "$2::text") + `)`
@@ -491,7 +505,7 @@ var (
 	// snapshot predates it), else the row's. One statement: every other
 	// begin of the type waits for this turn, so each round trip in it is
 	// theirs too. $1 workspace, $2 type, $3 now, $4 event ids.
-	sqlCloseLapsedForArrival = closeCTEs(lapsedSQL("$3::timestamptz"), "$3::timestamptz", "$4") + `SELECT ` +
+	sqlCloseLapsedForArrival = closeCTEs(lapsedSQL("$3::timestamptz"), "$3::timestamptz", "$4", closedKey) + `SELECT ` +
 		afterAllowanceSQL("$3::timestamptz",
 			`coalesce((SELECT u.allowance_from + interval '1 microsecond' FROM up u), `+allowanceAfterSQL+`)`)
 	// sqlLockCircuitTurn takes a type's (or the stop's, '*') turn among an

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -119,5 +120,29 @@ func TestCircuitActionsRacingOnTwoInstancesRecordEachTransitionOnce(t *testing.T
 		}
 		requireOneEventPerTransition(t, e, ws.ID, "sms.send")
 		requireOneEventPerTransition(t, e, ws.ID, "*")
+	}
+}
+
+// Every opening and closing is announced, even one whose clock reads the
+// instant an earlier transition of the same breaker read, as another
+// instance's clock can when it lags by the time between them (here two
+// instances reading one frozen instant): two open-close cycles of a type's
+// breaker and of the stop are four events each. Before, the events were
+// keyed by when the breaker opened, so the second cycle's trip and close
+// took the first's keys and were dropped.
+func TestEachCircuitTransitionIsAnnouncedUnderOneClockReading(t *testing.T) {
+	t.Parallel()
+	instant := apitest.NewClock(time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC))
+	instances := []*apitest.Env{apitest.Start(t, apitest.WithNow(instant.Now)), apitest.Start(t, apitest.WithNow(instant.Now))}
+	ws := instances[0].Signup()
+	for _, env := range instances {
+		env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/open", ws.Key, map[string]any{"action": "deny"})
+		env.Must(http.StatusOK, "POST", "/api/v1/circuits/sms.send/close", ws.Key, nil)
+		env.Must(http.StatusOK, "POST", "/api/v1/circuits/stop", ws.Key, map[string]any{"action": "deny"})
+		env.Must(http.StatusOK, "POST", "/api/v1/circuits/release", ws.Key, nil)
+	}
+	for _, subject := range []string{"sms.send", "*"} {
+		require.Len(t, circuitEvents(t, instances[0], ws.ID, subject), 4, subject)
+		requireOneEventPerTransition(t, instances[0], ws.ID, subject)
 	}
 }
