@@ -249,8 +249,9 @@ func (w *Worker) ID() string {
 // worker's whole life: cancelling it stops claiming and cancels running
 // handlers at once (cause ErrWorkerStopped; their attempts are reported as
 // they returned, the context's error as a retryable failure, a result as a
-// success, for at most StopGrace once the handlers have returned unless Stop
-// is called by then, whose deadline decides instead; a report not sent goes
+// success, for at most StopGrace once the handlers have returned, or once
+// their StopGrace to return has passed, unless Stop is called by then, whose
+// deadline decides instead; a report not sent goes
 // to OnError and its job runs again once its lease lapses). For a graceful
 // shutdown call Stop instead.
 //
@@ -738,12 +739,15 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 		// called by then (signal.NotifyContext for Start, then Stop with a
 		// shutdown deadline) decides when they are given up: its deadline
 		// is the caller's. Without one, after ctx's end they are sent for
-		// at most the stop grace: a server that stays down must not keep
-		// this goroutine retrying for the life of the process. What is not
-		// sent by then goes to OnError.
+		// at most the stop grace once the handlers have returned (or their
+		// own grace to return has passed: awaitQueuedWithinGrace): a server
+		// that stays down must not keep this goroutine retrying for the
+		// life of the process. What is not sent by then goes to OnError.
 		go func() {
-			w.jobs.Wait()
+			queued := make(chan struct{}) // every dispatched job's report is queued
+			go func() { w.jobs.Wait(); close(queued) }()
 			if ended {
+				w.awaitQueuedWithinGrace(queued)
 				grace := time.AfterFunc(w.stopGraceOr(), func() {
 					if !closed(w.stopping) {
 						w.reporter.giveUp()
@@ -751,6 +755,7 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 				})
 				defer grace.Stop()
 			}
+			<-queued
 			w.reporter.close(context.Background())
 			w.notices.stopped()
 		}()
@@ -863,6 +868,23 @@ func (w *Worker) loop(ctx, pollCtx, jobsCtx context.Context) {
 		if !w.idle(ctx, waited) {
 			return
 		}
+	}
+}
+
+// awaitQueuedWithinGrace waits, once Start's context ended, until queued
+// closes (every cut-off handler returned and its report is queued) or the
+// stop grace the handlers had to return has passed, whichever comes first:
+// the reports' own grace starts then. Not later: a report waiting for room
+// in a full queue (reports the server keeps refusing) is queued only once
+// the reporter gives up, so a grace that began only once every report was
+// queued never began, and the reports were retried for the life of the
+// process.
+func (w *Worker) awaitQueuedWithinGrace(queued <-chan struct{}) {
+	handlersGrace := time.NewTimer(w.stopGraceOr())
+	defer handlersGrace.Stop()
+	select {
+	case <-queued:
+	case <-handlersGrace.C:
 	}
 }
 

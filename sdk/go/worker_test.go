@@ -1558,37 +1558,7 @@ func TestSchemaFailureReportsNoInputValue(t *testing.T) {
 // cancellation.
 func TestStopKeepsItsDeadlineWhenNoReportIsTaken(t *testing.T) {
 	t.Parallel()
-	f := newFakeJobs()
-	f.leaseFor = 10 * time.Minute // reports would be retried for that long
-	f.reportError = func(json.RawMessage) (int, string) { return 503, "database_unavailable" }
-	for i := range 700 {
-		f.add("quick", "1", welcomeIn{CustomerID: fmt.Sprint(i)}, 600_000)
-	}
-	c, _ := testClient(t, f)
-	w := NewWorker(c)
-	// The handlers return once all 700 are claimed: a worker whose reports
-	// fail claims no more, so they must not fail before.
-	release := make(chan struct{})
-	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "quick", Version: "1",
-		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) {
-			<-release
-			return welcomeOut{Sent: true}, nil
-		}}))
-	sink := &errSink{}
-	if err := w.Start(context.Background(), StartOptions{Concurrency: 700, OnError: sink.add, StopGrace: 200 * time.Millisecond}); err != nil {
-		t.Fatal(err)
-	}
-	for f.claimed() < 700 {
-		time.Sleep(5 * time.Millisecond)
-	}
-	close(release)
-	// Every handler returned and its report is queued, or waits for room
-	// in the full queue (a fixed 50 ms could end first on a loaded machine).
-	for queued := 0; queued < 700; time.Sleep(5 * time.Millisecond) {
-		w.reporter.pmu.Lock()
-		queued = len(w.reporter.pending)
-		w.reporter.pmu.Unlock()
-	}
+	w, _ := fullReportQueue(t, context.Background())
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	// The reports would be retried for their 10-minute leases: a Stop
@@ -1606,6 +1576,74 @@ func TestStopKeepsItsDeadlineWhenNoReportIsTaken(t *testing.T) {
 		!errors.Is(err, ErrReportsNotRecorded) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Stop: %v", err)
 	}
+}
+
+// A worker ended by Start's context while its report queue is full (the
+// server refusing reports as hundreds of handlers return) gives its last
+// reports up after the grace all the same: the reports waiting for room in
+// the queue go to OnError with the others, and the reporter ends (review:
+// the grace began only once every report was queued, which those waiting
+// for room never were until the reporter gave up, so with nobody calling
+// Stop the reports were retried for the life of the process).
+func TestWorkerStartContextCancelGivesUpAFullReportQueue(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	w, sink := fullReportQueue(t, ctx)
+	cancel()
+	select {
+	case <-w.reporter.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the last reports were still being retried 30 s after the grace")
+	}
+	if n := w.reporter.lostReports(); n != fullQueueJobs {
+		t.Fatalf("lost %d of %d reports; OnError got %d notices", n, fullQueueJobs, len(sink.delivered(w)))
+	}
+}
+
+// fullQueueJobs is how many jobs fullReportQueue runs: more reports than
+// the reporter holds (reportInFlight batches in flight, one gathering and
+// the queue behind it, reportBatchMax each), so that some wait for room.
+const fullQueueJobs = 700
+
+// fullReportQueue starts a worker under ctx (stop grace 200 ms) whose
+// fullQueueJobs handlers have all returned while the server refuses every
+// report with a 503: the reports fill the reporter's queue, and those that
+// find no room wait in enqueue. It returns once every report is queued or
+// waiting.
+func fullReportQueue(t *testing.T, ctx context.Context) (*Worker, *errSink) {
+	t.Helper()
+	f := newFakeJobs()
+	f.leaseFor = 10 * time.Minute // reports would be retried for that long
+	f.reportError = func(json.RawMessage) (int, string) { return 503, "database_unavailable" }
+	for i := range fullQueueJobs {
+		f.add("quick", "1", welcomeIn{CustomerID: fmt.Sprint(i)}, 600_000)
+	}
+	c, _ := testClient(t, f)
+	w := NewWorker(c)
+	// The handlers return once all are claimed: a worker whose reports
+	// fail claims no more, so they must not fail before.
+	release := make(chan struct{})
+	must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "quick", Version: "1",
+		Handler: func(context.Context, welcomeIn, JobContext) (welcomeOut, error) {
+			<-release
+			return welcomeOut{Sent: true}, nil
+		}}))
+	sink := &errSink{}
+	if err := w.Start(ctx, StartOptions{Concurrency: fullQueueJobs, OnError: sink.add, StopGrace: 200 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	for f.claimed() < fullQueueJobs {
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	// Every handler returned and its report is queued, or waits for room
+	// in the full queue (a fixed 50 ms could end first on a loaded machine).
+	for queued := 0; queued < fullQueueJobs; time.Sleep(5 * time.Millisecond) {
+		w.reporter.pmu.Lock()
+		queued = len(w.reporter.pending)
+		w.reporter.pmu.Unlock()
+	}
+	return w, sink
 }
 
 // hangingClient is a client of f whose requests to paths ending in suffix
