@@ -624,3 +624,118 @@ func TestReporterRetriesABatchWhoseAnswerNamesOtherJobs(t *testing.T) {
 		t.Fatalf("%d reports counted lost after %d deliveries; OnError %v", n, calls.Load(), sink.list())
 	}
 }
+
+// A report waiting for room in the full queue is given up when the reporter
+// gives up, whatever the batches ahead of it are doing: enqueue returns (a
+// handler, and so close and Stop, wait for it), and the report goes to
+// OnError as not recorded, is counted lost and holds the claims no more.
+// Here the test holds every batch slot, as sends that have not yet ended,
+// so that nothing but the give-up can release it.
+func TestReporterGivesUpAReportWaitingForRoom(t *testing.T) {
+	t.Parallel()
+	c, _ := testClient(t, newFakeJobs())
+	sink := &errSink{}
+	r := newReporter(context.Background(), c, sink.add, time.Hour)
+	for range reportInFlight {
+		r.slots <- struct{}{}
+	}
+	far := time.Now().Add(10 * time.Minute)
+	queueReports(r, 2*reportBatchMax, far) // a full batch waits for a slot, the rest fill the queue
+	if len(r.in) != cap(r.in) {
+		t.Fatalf("%d of %d queued behind the batch waiting for a slot", len(r.in), cap(r.in))
+	}
+	returned := make(chan struct{})
+	go func() {
+		defer close(returned)
+		r.enqueue(newQueuedReport(ClaimedJob{JobID: "job_waiting", Attempt: 1, LeaseToken: "tok_waiting"},
+			JobReport{Status: ReportSucceeded}, far))
+	}()
+	r.giveUp()
+	select {
+	case <-returned:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the report waiting for room was not given up")
+	}
+	var notice *ReportNotRecordedError
+	if errs := sink.list(); len(errs) != 1 || !errors.As(errs[0], &notice) || notice.JobID != "job_waiting" ||
+		!errors.Is(errs[0], context.Canceled) {
+		t.Fatalf("OnError %v", errs)
+	}
+	r.pmu.Lock()
+	pending := len(r.pending)
+	r.pmu.Unlock()
+	if r.lostReports() != 1 || pending != 2*reportBatchMax {
+		t.Fatalf("lost %d, %d pending", r.lostReports(), pending)
+	}
+	for range reportInFlight {
+		<-r.slots // the sends end: the rest are given up too
+	}
+	r.close(context.Background())
+	if r.lostReports() != 2*reportBatchMax+1 || r.holding(time.Now()) {
+		t.Fatalf("lost %d, holding %v", r.lostReports(), r.holding(time.Now()))
+	}
+}
+
+// close's deadline gives up every report still unsent, those queued and
+// those of handlers waiting for room in the full queue alike: close returns
+// false, not before the reporter has ended (its sends are over), the
+// handler waiting is released, and each report goes to OnError once as not
+// recorded and is counted lost, holding the claims no more.
+func TestReporterCloseGivesUpEveryReportUnsentAtItsDeadline(t *testing.T) {
+	t.Parallel()
+	f := newFakeJobs()
+	f.reportsDown()
+	c, _ := testClient(t, f)
+	c.sleep = sleepCtx // the deliveries back off as in production
+	sink := &errSink{}
+	r := newReporter(context.Background(), c, sink.add, time.Hour)
+	// Batches in flight, one waiting for a slot, the queue, and one more.
+	n := (reportInFlight+2)*reportBatchMax + 1
+	queued := make(chan []string, 1)
+	go func() { queued <- queueReports(r, n, time.Now().Add(10*time.Minute)) }()
+	if !eventually(func() bool { r.pmu.Lock(); defer r.pmu.Unlock(); return len(r.pending) == n }) {
+		t.Fatal("the reports were not queued")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	closed := make(chan bool, 1)
+	go func() { closed <- r.close(ctx) }()
+	select {
+	case sent := <-closed:
+		if sent {
+			t.Fatal("close says every report was sent")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("close outlived its deadline")
+	}
+	select {
+	case <-r.done:
+	default:
+		t.Fatal("close returned before the reporter ended")
+	}
+	var ids []string
+	select {
+	case ids = <-queued:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the report waiting for room was not given up")
+	}
+	named := map[string]int{}
+	for _, err := range sink.list() {
+		var notice *ReportNotRecordedError
+		if !errors.As(err, &notice) || notice.What != "not_recorded" {
+			t.Fatalf("OnError got %v", err)
+		}
+		named[notice.JobID]++
+	}
+	for _, id := range ids {
+		if named[id] != 1 {
+			t.Fatalf("%s given up %d times; %d jobs named", id, named[id], len(named))
+		}
+	}
+	r.pmu.Lock()
+	pending := len(r.pending)
+	r.pmu.Unlock()
+	if r.lostReports() != n || len(named) != n || pending != 0 || r.holding(time.Now()) {
+		t.Fatalf("lost %d of %d, %d named, %d pending", r.lostReports(), n, len(named), pending)
+	}
+}
