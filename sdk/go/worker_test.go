@@ -1649,7 +1649,7 @@ func fullReportQueue(t *testing.T, ctx context.Context) (*Worker, *errSink) {
 // hangingClient is a client of f whose requests to paths ending in suffix
 // signal arrived (once) and are held until the client gives up on them or
 // the test ends.
-func hangingClient(t *testing.T, f *fakeJobs, suffix string) (c *Client, arrived <-chan struct{}) {
+func hangingClient(t *testing.T, f http.Handler, suffix string) (c *Client, arrived <-chan struct{}) {
 	ch, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	c, _ = testClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
