@@ -571,7 +571,9 @@ func TestWorkerCancelsAHandlerWhoseLeaseLapsesWhileHeartbeatsFail(t *testing.T) 
 		t.Fatalf("report %v", r)
 	}
 	// OnError reads the lapse with errors.As: the job, its attempt and tool.
-	if !slices.ContainsFunc(sink.list(), func(err error) bool {
+	// The notice is queued before the report, and delivered on a goroutine
+	// of its own: delivered waits for it (list alone failed under load).
+	if !slices.ContainsFunc(sink.delivered(w), func(err error) bool {
 		var lost *LeaseLostError
 		return errors.As(err, &lost) && lost.JobID == id && lost.Attempt == 1 && lost.Tool == ToolRef{Name: "long", Version: "1"} &&
 			lost.Err == nil && errors.Is(err, ErrLeaseLost) && strings.Contains(err.Error(), "before it lapsed")
