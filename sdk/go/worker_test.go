@@ -1578,6 +1578,10 @@ func TestStopKeepsItsDeadlineWhenNoReportIsTaken(t *testing.T) {
 		!errors.Is(err, ErrReportsNotRecorded) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Stop: %v", err)
 	}
+	// Every report was given up, those that waited for room included.
+	if want := fmt.Sprintf("%d report(s) were not recorded", fullQueueJobs); !strings.Contains(err.Error(), want) {
+		t.Fatalf("Stop: %v; want %q", err, want)
+	}
 }
 
 // A worker ended by Start's context while its report queue is full (the
