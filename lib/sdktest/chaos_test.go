@@ -1,7 +1,6 @@
 package sdktest
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -84,27 +83,13 @@ var (
 )
 
 func (l *chaosLog) RoundTrip(r *http.Request) (*http.Response, error) {
-	var reqBody []byte
-	if r.Body != nil {
-		reqBody, _ = io.ReadAll(r.Body)
-		r.Body.Close()
-		r.Body = io.NopCloser(bytes.NewReader(reqBody))
-	}
-	res, err := l.next.RoundTrip(r)
-	if err != nil {
+	return apitest.Tee(l.next, r, func(r *http.Request, req []byte, res *http.Response, body []byte) {
+		l.note(r.URL.Path, req, res.StatusCode, body)
+	}, func(err error) {
 		l.mu.Lock()
 		l.failures["transport: "+err.Error()]++
 		l.mu.Unlock()
-		return res, err
-	}
-	raw, rerr := io.ReadAll(res.Body)
-	res.Body.Close()
-	res.Body = io.NopCloser(bytes.NewReader(raw))
-	if rerr != nil {
-		return res, nil
-	}
-	l.note(r.URL.Path, reqBody, res.StatusCode, raw)
-	return res, nil
+	})
 }
 
 func (l *chaosLog) note(path string, req []byte, status int, body []byte) {
@@ -162,25 +147,8 @@ func (l *chaosLog) note(path string, req []byte, status int, body []byte) {
 			}
 		}
 	case jobReportPath.MatchString(path):
-		var one struct {
-			JobID   string `json:"jobId"`
-			Attempt int    `json:"attempt"`
-			Results []struct {
-				JobID   string          `json:"jobId"`
-				Attempt int             `json:"attempt"`
-				Error   json.RawMessage `json:"error"`
-			} `json:"results"`
-		}
-		if json.Unmarshal(body, &one) != nil {
-			return
-		}
-		if one.JobID != "" {
-			l.jobReports[one.JobID] = append(l.jobReports[one.JobID], one.Attempt)
-		}
-		for _, r := range one.Results {
-			if len(r.Error) == 0 || string(r.Error) == "null" {
-				l.jobReports[r.JobID] = append(l.jobReports[r.JobID], r.Attempt)
-			}
+		for _, a := range apitest.AcknowledgedJobReports(body) {
+			l.jobReports[a.JobID] = append(l.jobReports[a.JobID], a.Attempt)
 		}
 	}
 }
