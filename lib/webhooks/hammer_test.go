@@ -1,0 +1,303 @@
+package webhooks_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
+	"github.com/getratchet/ratchet/lib/events"
+	"github.com/getratchet/ratchet/lib/sweep"
+	"github.com/getratchet/ratchet/lib/webhooks"
+)
+
+// Hammers of the sweeper's delivery invariants: several instances of the
+// server over the package database (as the local loop, the cron route and
+// the Lambda schedule may overlap), their passes released together
+// (apitest.StartTogether), against a receiver that counts each send by
+// webhook and event id. They sweep the package's shared outbox, so none is
+// parallel (see TestMain).
+
+// tally is a receiver that counts the sends it is given by webhook (the
+// path the webhook was subscribed with) and event id, answering each with
+// status(the request, event id, sends of it so far, this one included).
+// It also counts the sends of one event in flight at once, and the sends
+// that arrived once late() is true.
+type tally struct {
+	*httptest.Server
+	status func(req *http.Request, event string, n int) int
+	late   func() bool
+
+	mu          sync.Mutex
+	hits        map[string]map[string]int // path → event id → sends
+	lateHits    map[string]map[string]int // the same, arrived once late()
+	inFlight    map[string]int            // event id → sends in flight
+	overlapping []string                  // events sent again while a send of them was in flight
+	arrived     atomic.Int32
+}
+
+func newTally(t *testing.T, status func(req *http.Request, event string, n int) int) *tally {
+	r := &tally{status: status, late: func() bool { return false }, hits: map[string]map[string]int{},
+		lateHits: map[string]map[string]int{}, inFlight: map[string]int{}}
+	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		var ev struct{ ID string }
+		if err := json.Unmarshal(body, &ev); err != nil || ev.ID == "" || ev.ID != req.Header.Get("Ratchet-Event-Id") {
+			t.Errorf("a send with no event id: %q", body)
+		}
+		late := r.late()
+		r.mu.Lock()
+		n := r.count(r.hits, req.URL.Path, ev.ID)
+		if late {
+			r.count(r.lateHits, req.URL.Path, ev.ID)
+		}
+		if r.inFlight[ev.ID]++; r.inFlight[ev.ID] > 1 {
+			r.overlapping = append(r.overlapping, ev.ID)
+		}
+		r.mu.Unlock()
+		r.arrived.Add(1)
+		w.WriteHeader(r.status(req, ev.ID, n))
+		r.mu.Lock()
+		r.inFlight[ev.ID]--
+		r.mu.Unlock()
+	}))
+	t.Cleanup(r.Close)
+	return r
+}
+
+// count adds a send to m and answers the sends of path's event so far.
+func (r *tally) count(m map[string]map[string]int, path, event string) int {
+	if m[path] == nil {
+		m[path] = map[string]int{}
+	}
+	m[path][event]++
+	return m[path][event]
+}
+
+// sends answers the sends of each event to the webhook at path (of every
+// send, or of those that arrived once late() when late).
+func (r *tally) sends(path string, late bool) map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	from := r.hits
+	if late {
+		from = r.lateHits
+	}
+	out := map[string]int{}
+	for ev, n := range from[path] {
+		out[ev] = n
+	}
+	return out
+}
+
+// miscounted answers the events whose sends are not as want says (an event
+// left out of want is to be sent no time), as "event: got n, want m", the
+// first five of them and how many in all.
+func miscounted(want, got map[string]int) []string {
+	out := allMiscounted(want, got)
+	if len(out) > 5 {
+		out = append(out[:5], fmt.Sprintf("(%d events in all)", len(out)))
+	}
+	return out
+}
+
+func allMiscounted(want, got map[string]int) []string {
+	var out []string
+	for ev, n := range got {
+		if want[ev] != n {
+			out = append(out, fmt.Sprintf("%s: got %d, want %d", ev, n, want[ev]))
+		}
+	}
+	for ev, n := range want {
+		if _, ok := got[ev]; !ok && n != 0 {
+			out = append(out, fmt.Sprintf("%s: got 0, want %d", ev, n))
+		}
+	}
+	return out
+}
+
+// always answers status to every send.
+func always(status int) func(*http.Request, string, int) int {
+	return func(*http.Request, string, int) int { return status }
+}
+
+// instances answers env and n-1 more instances of the server over the
+// package database, on the same clock, as several sweepers would run.
+func instances(t *testing.T, env *apitest.Env, clk *apitest.Clock, n int) []*apitest.Env {
+	out := []*apitest.Env{env}
+	for len(out) < n {
+		out = append(out, apitest.Start(t, apitest.WithNow(clk.Now),
+			apitest.WithConfig(func(cfg *config.Config) { cfg.WebhookAllowPrivateNetworks = true })))
+	}
+	return out
+}
+
+// hammered signs up a workspace whose outbox, events and deliveries, is
+// deleted when the test ends: a hammer records thousands of events, which
+// the package's later tests would otherwise find in their retention's
+// batches before their own.
+func hammered(t *testing.T, env *apitest.Env) apitest.Workspace {
+	ws := env.Signup()
+	t.Cleanup(func() {
+		_, err := env.App.Pool.Exec(context.Background(), `DELETE FROM webhook_deliveries WHERE workspace_id = $1`, ws.ID)
+		require.NoError(t, err)
+		_, err = env.App.Pool.Exec(context.Background(), `DELETE FROM events WHERE workspace_id = $1`, ws.ID)
+		require.NoError(t, err)
+	})
+	return ws
+}
+
+// passesTogether runs n sweeper passes released together, taking turns
+// among the instances, and requires each to have failed no task.
+func passesTogether(t *testing.T, envs []*apitest.Env, n int) []sweep.Result {
+	t.Helper()
+	res := make([]sweep.Result, n)
+	apitest.StartTogether(n, func(i int) { res[i] = envs[i%len(envs)].App.Sweeper.RunOnce(context.Background()) })
+	for i, r := range res {
+		require.Empty(t, r.Errors, "pass %d", i)
+	}
+	return res
+}
+
+// deliveriesOf answers webhook id's deliveries by event id: state,
+// attempts and last_error ("" for none).
+func deliveriesOf(t *testing.T, env *apitest.Env, id string) map[string]deliveryRow {
+	t.Helper()
+	rows, err := env.App.Pool.Query(context.Background(), `SELECT event_id, state, attempts, coalesce(last_error, '')
+		FROM webhook_deliveries WHERE webhook_id = $1`, id)
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string]deliveryRow{}
+	for rows.Next() {
+		var ev string
+		var d deliveryRow
+		require.NoError(t, rows.Scan(&ev, &d.State, &d.Attempts, &d.LastError))
+		_, twice := out[ev]
+		require.False(t, twice, "event %s fanned out twice to %s", ev, id)
+		out[ev] = d
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+type deliveryRow struct {
+	State     string
+	Attempts  int
+	LastError string
+}
+
+// recordMany records n events of type typ in workspace ws, answering their
+// event ids.
+func recordMany(t *testing.T, env *apitest.Env, clk *apitest.Clock, ws, typ string, n int) []string {
+	t.Helper()
+	out := make([]string, n)
+	for i := range out {
+		out[i] = eventOf(t, env, record(t, env, ws, typ, clk.Now()))
+	}
+	return out
+}
+
+// Sweepers of three instances, six passes released together and six more,
+// fan each event out into exactly one delivery per matching live
+// subscription (none to one that does not subscribe to its type, none to
+// a deleted one, none to one disabled before it), and send each delivery
+// once, recording it once: delivered after one attempt.
+func TestSweepersRacingFanOutAndSendEachDeliveryOnce(t *testing.T) {
+	env, clk := start(t, true)
+	envs := instances(t, env, clk, 3)
+	ws := hammered(t, env)
+	rcv := newTally(t, always(http.StatusOK))
+	hook := func(path string, types ...string) string {
+		return env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+			map[string]any{"url": rcv.URL + path, "events": types}).JSON()["id"].(string)
+	}
+	a, b := hook("/a", events.RunFinished), hook("/b", events.RunFinished, events.StepExhausted)
+	c := hook("/c", events.StepExhausted)
+	deleted, disabled := hook("/deleted", events.RunFinished), hook("/disabled", events.RunFinished)
+	env.Must(http.StatusOK, "DELETE", "/api/v1/webhooks/"+deleted, ws.Key, nil)
+	env.Must(http.StatusOK, "PATCH", "/api/v1/webhooks/"+disabled, ws.Key, map[string]any{"disabled": true})
+	ctx := context.Background()
+	var before int // the outbox's events left to fan out by the tests before
+	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE dispatched_at IS NULL`).Scan(&before))
+	finished := recordMany(t, env, clk, ws.ID, events.RunFinished, 120)
+	exhausted := recordMany(t, env, clk, ws.ID, events.StepExhausted, 30)
+
+	dispatched := 0
+	for range 2 {
+		for _, r := range passesTogether(t, envs, 6) {
+			dispatched += r.Changed["webhooks.dispatch"]
+		}
+	}
+	require.Equal(t, before+len(finished)+len(exhausted), dispatched, "each event fanned out by one pass")
+	once := func(evs ...[]string) map[string]int {
+		out := map[string]int{}
+		for _, list := range evs {
+			for _, ev := range list {
+				out[ev] = 1
+			}
+		}
+		return out
+	}
+	for _, w := range []struct {
+		id, path string
+		want     map[string]int
+	}{{a, "/a", once(finished)}, {b, "/b", once(finished, exhausted)}, {c, "/c", once(exhausted)},
+		{deleted, "/deleted", map[string]int{}}, {disabled, "/disabled", map[string]int{}}} {
+		require.Empty(t, miscounted(w.want, rcv.sends(w.path, false)), "sends to %s", w.path)
+		got := deliveriesOf(t, env, w.id)
+		require.Len(t, got, len(w.want), "deliveries of %s", w.path)
+		for ev, d := range got {
+			require.Equal(t, deliveryRow{State: "delivered", Attempts: 1}, d, "%s's delivery of %s", w.path, ev)
+		}
+	}
+	require.Empty(t, rcv.overlapping)
+}
+
+// A failing receiver is sent each delivery exactly MaxAttempts times, by
+// three sweepers whose passes are released together each time its retry
+// falls due: no attempt is sent twice, none is lost, and the delivery ends
+// failed with MaxAttempts attempts, never more. Its retries are made due
+// by moving their time, not the clock, so that other tests' deliveries
+// left in the outbox do not fall due.
+func TestSweepersNeverSendMoreThanMaxAttempts(t *testing.T) {
+	env, clk := start(t, true)
+	envs := instances(t, env, clk, 3)
+	ws := hammered(t, env)
+	rcv := newTally(t, always(http.StatusServiceUnavailable))
+	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL + "/failing", "events": []string{events.RunFinished}}).JSON()["id"].(string)
+	evs := recordMany(t, env, clk, ws.ID, events.RunFinished, 50)
+	ctx := context.Background()
+	_, err := env.App.Server.Webhooks.Dispatch(ctx, clk.Now())
+	require.NoError(t, err)
+
+	for range webhooks.MaxAttempts + 2 {
+		errs := make([]error, 3)
+		apitest.StartTogether(3, func(i int) { _, errs[i] = envs[i].App.Server.Webhooks.Deliver(ctx, clk.Now()) })
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+		_, err := env.App.Pool.Exec(ctx, `UPDATE webhook_deliveries SET next_attempt_at = $2
+			WHERE webhook_id = $1 AND state = 'pending'`, id, clk.Now())
+		require.NoError(t, err)
+	}
+	want := map[string]int{}
+	for _, ev := range evs {
+		want[ev] = webhooks.MaxAttempts
+	}
+	require.Empty(t, miscounted(want, rcv.sends("/failing", false)))
+	for ev, d := range deliveriesOf(t, env, id) {
+		require.Equal(t, deliveryRow{State: "failed", Attempts: webhooks.MaxAttempts, LastError: "non-2xx response"}, d, ev)
+	}
+	require.Empty(t, rcv.overlapping)
+}
+
