@@ -301,3 +301,130 @@ func TestSweepersNeverSendMoreThanMaxAttempts(t *testing.T) {
 	require.Empty(t, rcv.overlapping)
 }
 
+// claimedNow answers which of webhook id's deliveries, by event id, have
+// been claimed (an attempt counted), once every claim holding one of them
+// has committed: read FOR UPDATE, in id order as the other lockers lock
+// them. Read after a change answered, it holds every delivery claimed
+// before the answer.
+func claimedNow(t *testing.T, env *apitest.Env, id string) map[string]bool {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := env.App.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	rows, err := tx.Query(ctx, `SELECT event_id, attempts > 0 FROM webhook_deliveries WHERE webhook_id = $1
+		ORDER BY id FOR UPDATE`, id)
+	require.NoError(t, err)
+	out := map[string]bool{}
+	for rows.Next() {
+		var ev string
+		var claimed bool
+		require.NoError(t, rows.Scan(&ev, &claimed))
+		out[ev] = claimed
+	}
+	require.NoError(t, rows.Err())
+	require.NoError(t, tx.Commit(ctx))
+	return out
+}
+
+// A DELETE, or a PATCH taking the event type out or disabling the
+// subscription, racing three sweepers' passes that send its deliveries
+// (it is sent once its receiver has been sent a few, or many): after its answer
+// nothing is sent but the deliveries claimed before it (at most once
+// each), which are recorded as their sends ended (delivered: the receiver
+// answers 200). Every delivery pending at the answer is never sent: it
+// ends failed (webhook deleted, event type unsubscribed) or, disabled,
+// stays pending, its attempts untouched, and is sent once when the
+// subscription is enabled again.
+func TestAChangeRacingPassesSendsNothingPendingOnceAnswered(t *testing.T) {
+	ended := map[string]deliveryRow{"delete": {State: "failed", LastError: "webhook deleted"},
+		"unsubscribe": {State: "failed", LastError: "event type unsubscribed"}, "disable": {State: "pending"}}
+	for _, run := range []struct {
+		change string
+		after  int32 // the change is sent once the receiver has had this many sends
+	}{{"delete", 15}, {"delete", 100}, {"unsubscribe", 15}, {"unsubscribe", 100}, {"disable", 15}, {"disable", 100}} {
+		change := run.change
+		t.Run(fmt.Sprintf("%s after %d sends", change, run.after), func(t *testing.T) {
+			env, clk := start(t, true)
+			envs := instances(t, env, clk, 3)
+			ws := hammered(t, env)
+			ctx := context.Background()
+			var answered atomic.Bool
+			var arrivals atomic.Int32
+			trigger := make(chan struct{})
+			rcv := newTally(t, func(*http.Request, string, int) int {
+				if arrivals.Add(1) == run.after {
+					close(trigger)
+				}
+				return http.StatusOK
+			})
+			rcv.late = answered.Load
+			id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key, map[string]any{"url": rcv.URL + "/" + change,
+				"events": []string{events.RunFinished, events.CircuitTripped}}).JSON()["id"].(string)
+			evs := recordMany(t, env, clk, ws.ID, events.RunFinished, 200)
+			_, err := env.App.Server.Webhooks.Dispatch(ctx, clk.Now())
+			require.NoError(t, err)
+
+			var claimed map[string]bool
+			errs := make([]error, 3)
+			apitest.StartTogether(4, func(i int) {
+				if i < 3 {
+					_, errs[i] = envs[i].App.Server.Webhooks.Deliver(ctx, clk.Now())
+					return
+				}
+				<-trigger
+				path := "/api/v1/webhooks/" + id
+				switch change {
+				case "delete":
+					env.Must(http.StatusOK, "DELETE", path, ws.Key, nil)
+				case "unsubscribe":
+					env.Must(http.StatusOK, "PATCH", path, ws.Key, map[string]any{"events": []string{events.CircuitTripped}})
+				case "disable":
+					env.Must(http.StatusOK, "PATCH", path, ws.Key, map[string]any{"disabled": true})
+				}
+				answered.Store(true)
+				claimed = claimedNow(t, env, id)
+			})
+			for _, err := range errs {
+				require.NoError(t, err)
+			}
+			_, err = env.App.Server.Webhooks.Deliver(ctx, clk.Now()) // a later pass sends none of them either
+			require.NoError(t, err)
+
+			sent := rcv.sends("/"+change, false)
+			for ev := range rcv.sends("/"+change, true) {
+				require.True(t, claimed[ev], "%s sent after the answer, not claimed before it", ev)
+			}
+			once := map[string]int{}
+			for ev := range sent {
+				once[ev] = 1
+			}
+			require.Empty(t, miscounted(once, sent), "sent at most once")
+			got := deliveriesOf(t, env, id)
+			require.Len(t, got, len(evs))
+			for _, ev := range evs {
+				want := ended[change]
+				if sent[ev] == 1 {
+					want = deliveryRow{State: "delivered", Attempts: 1}
+				}
+				require.Equal(t, want, got[ev], "delivery of %s", ev)
+			}
+			t.Logf("%d sent (%d after the answer), %d never", len(sent), len(rcv.sends("/"+change, true)), len(evs)-len(sent))
+			require.Empty(t, rcv.overlapping)
+			if change != "disable" {
+				return
+			}
+			env.Must(http.StatusOK, "PATCH", "/api/v1/webhooks/"+id, ws.Key, map[string]any{"disabled": false})
+			passesTogether(t, envs, 3)
+			all := map[string]int{}
+			for _, ev := range evs {
+				all[ev] = 1
+			}
+			require.Empty(t, miscounted(all, rcv.sends("/"+change, false)), "the held ones sent once enabled")
+			for ev, d := range deliveriesOf(t, env, id) {
+				require.Equal(t, deliveryRow{State: "delivered", Attempts: 1}, d, ev)
+			}
+		})
+	}
+}
+
