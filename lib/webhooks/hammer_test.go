@@ -428,3 +428,119 @@ func TestAChangeRacingPassesSendsNothingPendingOnceAnswered(t *testing.T) {
 	}
 }
 
+// broadcast wakes every waiter at each Ping.
+type broadcast struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func newBroadcast() *broadcast { return &broadcast{ch: make(chan struct{})} }
+
+// Next answers a channel closed at the next Ping.
+func (b *broadcast) Next() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.ch
+}
+
+func (b *broadcast) Ping() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	close(b.ch)
+	b.ch = make(chan struct{})
+}
+
+// Retries of every delivery racing three sweepers' passes that send them:
+// each delivery's last attempt (attempts at MaxAttempts-1 before) is sent
+// and refused, and a retry is answered while it is in flight (the receiver
+// holds it until one is). A retry never answers a delivery pending with no
+// attempt left: its last attempt in flight gets its attempts back, so that
+// attempt, refused, is not the end, and every delivery ends delivered. No
+// delivery is sent while a send of it is in flight (a retry keeps a
+// pending delivery's schedule, its claim's included), each retry answers
+// 200, and no delivery ever has more than MaxAttempts attempts.
+func TestRetriesRacingPassesKeepEachDeliveryGoing(t *testing.T) {
+	env, clk := start(t, true)
+	envs := instances(t, env, clk, 3)
+	ws := hammered(t, env)
+	ctx := context.Background()
+	retried := newBroadcast()
+	rcv := newTally(t, nil)
+	var lastAttempts atomic.Int32 // sent so far
+	rcv.status = func(req *http.Request, _ string, n int) int {
+		if n > 1 {
+			return http.StatusOK
+		}
+		lastAttempts.Add(1)
+		select { // the last attempt's send, held until a retry is answered
+		case <-retried.Next():
+		case <-req.Context().Done():
+		}
+		return http.StatusInternalServerError
+	}
+	id := env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key,
+		map[string]any{"url": rcv.URL + "/retried", "events": []string{events.RunFinished}}).JSON()["id"].(string)
+	evs := recordMany(t, env, clk, ws.ID, events.RunFinished, 40)
+	_, err := env.App.Server.Webhooks.Dispatch(ctx, clk.Now())
+	require.NoError(t, err)
+	_, err = env.App.Pool.Exec(ctx, `UPDATE webhook_deliveries SET attempts = $2 WHERE webhook_id = $1`, id,
+		webhooks.MaxAttempts-1)
+	require.NoError(t, err)
+	var dlvs []string
+	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT array_agg(id) FROM webhook_deliveries WHERE webhook_id = $1`,
+		id).Scan(&dlvs))
+
+	const passes, retriers = 3, 2
+	var passing atomic.Int32
+	passing.Store(passes)
+	errs := make([]error, passes)
+	var mu sync.Mutex
+	var noneLeft []string // deliveries a retry answered pending with no attempt left
+	apitest.StartTogether(passes+retriers, func(i int) {
+		if i < passes {
+			// Passes again until every last attempt went out (a claim
+			// passes over the rows a retry holds), while the retries go on.
+			defer passing.Add(-1)
+			for range 50 {
+				if _, errs[i] = envs[i].App.Server.Webhooks.Deliver(ctx, clk.Now()); errs[i] != nil ||
+					lastAttempts.Load() == int32(len(evs)) {
+					return
+				}
+			}
+			return
+		}
+		for n := 0; passing.Load() > 0 && n < 1000; n++ {
+			r := retry(envs[i%len(envs)], ws.Key, id, dlvs...)
+			var out webhooks.Retried
+			if r.Status != http.StatusOK || json.Unmarshal(r.Body, &out) != nil {
+				t.Errorf("retry: %d %s", r.Status, r.Body)
+				return
+			}
+			retried.Ping()
+			mu.Lock()
+			for _, d := range out.Deliveries {
+				if d.State == "pending" && d.Attempts >= webhooks.MaxAttempts {
+					noneLeft = append(noneLeft, d.ID)
+				}
+			}
+			mu.Unlock()
+		}
+	})
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	retried.Ping()
+	require.EqualValues(t, len(evs), lastAttempts.Load(), "every last attempt sent while retries raced it")
+	_, err = env.App.Server.Webhooks.Deliver(ctx, clk.Now()) // what the last retries made pending
+	require.NoError(t, err)
+
+	require.Empty(t, noneLeft, "answered pending with no attempt left")
+	require.Empty(t, rcv.overlapping, "sent while a send of it was in flight")
+	sent := rcv.sends("/retried", false)
+	for ev, d := range deliveriesOf(t, env, id) {
+		require.Equal(t, "delivered", d.State, "%s (sent %d times)", ev, sent[ev])
+		require.LessOrEqual(t, d.Attempts, webhooks.MaxAttempts, ev)
+		require.GreaterOrEqual(t, sent[ev], 2, "%s: its last attempt refused, then sent again", ev)
+	}
+	require.Len(t, sent, len(evs))
+}

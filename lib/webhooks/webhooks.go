@@ -717,26 +717,33 @@ const maxRetried = 100
 // should it fail, is not the last (review: the retry answered it pending,
 // and its failure then ended it failed, never sent again). The rows are
 // locked in id order first, as retention locks them (one order: no
-// deadlock). The webhook's row is held FOR SHARE, as a fan-out holds it: a
-// Delete waits for the retry and then abandons the deliveries it made
-// pending. It answers whether the webhook is live.
+// deadlock), and which to send again is decided by the rows as locked
+// (named's state and attempts), never by the statement's snapshot: a claim
+// committed while named waited for its lock counted the last attempt after
+// that snapshot, whose row (attempts one short) the update passed over,
+// and the retry answered the delivery pending with no attempt left, which
+// then ended failed (hammer: TestRetriesRacingPassesKeepEachDeliveryGoing).
+// A row the update takes is the one named locked (EvalPlanQual), so its
+// SET reads the same. The webhook's row is held FOR SHARE, as a fan-out
+// holds it: a Delete waits for the retry and then abandons the deliveries
+// it made pending. It answers whether the webhook is live.
 const sqlRetryDeliveries = `
 WITH hook AS (
     SELECT id FROM webhooks WHERE id = $1::text AND workspace_id = $2::text AND deleted_at IS NULL
     FOR SHARE
 ), named AS (
-    SELECT d.id FROM webhook_deliveries d JOIN hook ON d.webhook_id = hook.id
+    SELECT d.id, d.state, d.attempts FROM webhook_deliveries d JOIN hook ON d.webhook_id = hook.id
     WHERE d.id = ANY($3::text[])
     ORDER BY d.id
     FOR UPDATE OF d
 ), again AS (
     UPDATE webhook_deliveries d
     SET attempts = 0, state = 'pending',
-        next_attempt_at = CASE WHEN d.state = 'pending' THEN d.next_attempt_at ELSE $4::timestamptz END,
-        last_status_code = CASE WHEN d.state = 'pending' THEN d.last_status_code END,
-        last_error = CASE WHEN d.state = 'pending' THEN d.last_error END,
+        next_attempt_at = CASE WHEN named.state = 'pending' THEN d.next_attempt_at ELSE $4::timestamptz END,
+        last_status_code = CASE WHEN named.state = 'pending' THEN d.last_status_code END,
+        last_error = CASE WHEN named.state = 'pending' THEN d.last_error END,
         delivered_at = NULL
-    FROM named WHERE d.id = named.id AND (d.state <> 'pending' OR d.attempts >= $5::int)
+    FROM named WHERE d.id = named.id AND (named.state <> 'pending' OR named.attempts >= $5::int)
 )
 SELECT EXISTS (SELECT 1 FROM hook)`
 
