@@ -544,3 +544,46 @@ func TestRetriesRacingPassesKeepEachDeliveryGoing(t *testing.T) {
 	}
 	require.Len(t, sent, len(evs))
 }
+
+// A surge burst of new keys from two instances, racing the sweepers of
+// three, trips the breaker once: one circuit.tripped, fanned out into one
+// delivery per subscription to it, each sent once.
+func TestASurgeBurstSendsOneCircuitTrippedPerSubscription(t *testing.T) {
+	env, clk := start(t, true)
+	envs := instances(t, env, clk, 3)
+	ws := hammered(t, env)
+	rcv := newTally(t, always(http.StatusOK))
+	paths := []string{"/t1", "/t2", "/t3"}
+	hooks := make([]string, len(paths))
+	for i, path := range paths {
+		hooks[i] = env.Must(http.StatusCreated, "POST", "/api/v1/webhooks", ws.Key, map[string]any{"url": rcv.URL + path,
+			"events": []string{events.CircuitTripped}}).JSON()["id"].(string)
+	}
+	env.Must(http.StatusOK, "PUT", "/api/v1/policies/sms.send", ws.Key,
+		map[string]any{"surge_per_hour": 10, "surge_action": "deny"})
+
+	const begins, passes = 40, 4
+	statuses := make([]int, begins)
+	results := make([]sweep.Result, passes)
+	apitest.StartTogether(begins+passes, func(i int) {
+		if i >= begins {
+			results[i-begins] = envs[i%len(envs)].App.Sweeper.RunOnce(context.Background())
+			return
+		}
+		statuses[i] = envs[i%2].Do("POST", "/api/v1/effects/begin", ws.Key, map[string]any{"effect_type": "sms.send",
+			"idempotency_key": fmt.Sprintf("burst-%d", i), "payload": map[string]any{"n": i}}).Status
+	})
+	for i, r := range results {
+		require.Empty(t, r.Errors, "pass %d", i)
+	}
+	passesTogether(t, envs, 3) // the events recorded after the passes' fan-outs
+	var tripped []string
+	require.NoError(t, env.App.Pool.QueryRow(context.Background(), `SELECT coalesce(array_agg(id), '{}') FROM events
+		WHERE workspace_id = $1 AND type = $2`, ws.ID, events.CircuitTripped).Scan(&tripped))
+	require.Len(t, tripped, 1, "one trip (begins answered %v)", statuses)
+	for i, path := range paths {
+		require.Empty(t, miscounted(map[string]int{tripped[0]: 1}, rcv.sends(path, false)), "sends to %s", path)
+		require.Equal(t, map[string]deliveryRow{tripped[0]: {State: "delivered", Attempts: 1}},
+			deliveriesOf(t, env, hooks[i]))
+	}
+}
