@@ -125,6 +125,17 @@ func allMiscounted(want, got map[string]int) []string {
 	return out
 }
 
+// each wants every event of lists sent n times.
+func each(n int, lists ...[]string) map[string]int {
+	out := map[string]int{}
+	for _, list := range lists {
+		for _, ev := range list {
+			out[ev] = n
+		}
+	}
+	return out
+}
+
 // always answers status to every send.
 func always(status int) func(*http.Request, string, int) int {
 	return func(*http.Request, string, int) int { return status }
@@ -238,19 +249,10 @@ func TestSweepersRacingFanOutAndSendEachDeliveryOnce(t *testing.T) {
 		}
 	}
 	require.Equal(t, before+len(finished)+len(exhausted), dispatched, "each event fanned out by one pass")
-	once := func(evs ...[]string) map[string]int {
-		out := map[string]int{}
-		for _, list := range evs {
-			for _, ev := range list {
-				out[ev] = 1
-			}
-		}
-		return out
-	}
 	for _, w := range []struct {
 		id, path string
 		want     map[string]int
-	}{{a, "/a", once(finished)}, {b, "/b", once(finished, exhausted)}, {c, "/c", once(exhausted)},
+	}{{a, "/a", each(1, finished)}, {b, "/b", each(1, finished, exhausted)}, {c, "/c", each(1, exhausted)},
 		{deleted, "/deleted", map[string]int{}}, {disabled, "/disabled", map[string]int{}}} {
 		require.Empty(t, miscounted(w.want, rcv.sends(w.path, false)), "sends to %s", w.path)
 		got := deliveriesOf(t, env, w.id)
@@ -290,11 +292,7 @@ func TestSweepersNeverSendMoreThanMaxAttempts(t *testing.T) {
 			WHERE webhook_id = $1 AND state = 'pending'`, id, clk.Now())
 		require.NoError(t, err)
 	}
-	want := map[string]int{}
-	for _, ev := range evs {
-		want[ev] = webhooks.MaxAttempts
-	}
-	require.Empty(t, miscounted(want, rcv.sends("/failing", false)))
+	require.Empty(t, miscounted(each(webhooks.MaxAttempts, evs), rcv.sends("/failing", false)))
 	for ev, d := range deliveriesOf(t, env, id) {
 		require.Equal(t, deliveryRow{State: "failed", Attempts: webhooks.MaxAttempts, LastError: "non-2xx response"}, d, ev)
 	}
@@ -395,11 +393,9 @@ func TestAChangeRacingPassesSendsNothingPendingOnceAnswered(t *testing.T) {
 			for ev := range rcv.sends("/"+change, true) {
 				require.True(t, claimed[ev], "%s sent after the answer, not claimed before it", ev)
 			}
-			once := map[string]int{}
-			for ev := range sent {
-				once[ev] = 1
+			for ev, n := range sent {
+				require.Equal(t, 1, n, "%s sent more than once", ev)
 			}
-			require.Empty(t, miscounted(once, sent), "sent at most once")
 			got := deliveriesOf(t, env, id)
 			require.Len(t, got, len(evs))
 			for _, ev := range evs {
@@ -416,11 +412,7 @@ func TestAChangeRacingPassesSendsNothingPendingOnceAnswered(t *testing.T) {
 			}
 			env.Must(http.StatusOK, "PATCH", "/api/v1/webhooks/"+id, ws.Key, map[string]any{"disabled": false})
 			passesTogether(t, envs, 3)
-			all := map[string]int{}
-			for _, ev := range evs {
-				all[ev] = 1
-			}
-			require.Empty(t, miscounted(all, rcv.sends("/"+change, false)), "the held ones sent once enabled")
+			require.Empty(t, miscounted(each(1, evs), rcv.sends("/"+change, false)), "the held ones sent once enabled")
 			for ev, d := range deliveriesOf(t, env, id) {
 				require.Equal(t, deliveryRow{State: "delivered", Attempts: 1}, d, ev)
 			}
