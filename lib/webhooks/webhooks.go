@@ -657,8 +657,11 @@ func (s *Service) RotateSecret(ctx context.Context, workspaceID, id string, req 
 // erases both itself (sqlDelete, sqlAbandon), but one by an instance of
 // the release before migration 0065 (0067 for the answers), still running
 // during the deploy, did not (found through webhooks_deleted_secret_idx
-// and idempotent_requests_resource_idx, empty otherwise). It answers how
-// many rows it cleared, of both tables.
+// and idempotent_requests_resource_idx, empty otherwise). The update
+// rechecks, at the row's newest version, that it still holds a secret to
+// clear: a pass racing another (sweepers of two instances) that waited on
+// its row otherwise cleared it again and counted it twice (lib/app sweeper
+// hammer). It answers how many rows it cleared, of both tables.
 func (s *Service) ClearExpiredSecrets(ctx context.Context, now time.Time, limit int) (int, error) {
 	var n int
 	err := s.pool.QueryRow(ctx, sqlClearExpiredSecrets, now, limit).Scan(&n)
@@ -682,7 +685,8 @@ WITH cleared AS (
         (SELECT id FROM webhooks
          WHERE deleted_at IS NOT NULL AND (secret IS NOT NULL OR previous_secret IS NOT NULL)
          LIMIT $2::int)
-    ) AND (previous_secret_expires_at <= $1::timestamptz OR deleted_at IS NOT NULL)
+    ) AND (previous_secret_expires_at <= $1::timestamptz
+           OR deleted_at IS NOT NULL AND (secret IS NOT NULL OR previous_secret IS NOT NULL))
     RETURNING 1
 ), answers AS (
     ` + idempotency.EraseGoneAnswers("webhooks", "x.deleted_at IS NOT NULL", "$2::int") + `

@@ -1710,6 +1710,49 @@ func TestAClearRacingARotationKeepsItsPreviousSecret(t *testing.T) {
 	require.True(t, kept, "the rotation's previous secret was cleared")
 }
 
+// Two clears of a deleted subscription's secrets at once (sweepers of two
+// instances; a subscription an instance of the release before migration
+// 0065 deleted keeps them) clear it once: the second, waiting on the
+// first's row, finds nothing left to clear and counts nothing (the lib/app
+// sweeper hammer: each pass counted it, the cron route's changed said
+// twice what was cleared).
+func TestClearsRacingOverADeletedSubscriptionClearItOnce(t *testing.T) {
+	env, _ := start(t, false)
+	ctx := context.Background()
+	ws := env.Signup()
+	id, _ := subscribe(t, env, ws.Key, "https://example.com/hook")
+	pool := env.App.Pool
+	_, err := pool.Exec(ctx, `UPDATE webhooks SET deleted_at = now() WHERE id = $1`, id) // its secret kept
+	require.NoError(t, err)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below when the test passes
+	// The first clear, not yet committed.
+	var first int
+	require.NoError(t, tx.QueryRow(ctx, webhooks.SQLClearExpiredSecrets, time.Now(), 100).Scan(&first))
+	require.Positive(t, first)
+	var clearer int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&clearer))
+
+	cleared := make(chan int, 1)
+	go func() {
+		n, err := env.App.Server.Webhooks.ClearExpiredSecrets(ctx, time.Now(), 100)
+		assert.NoError(t, err)
+		cleared <- n
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		return pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))`,
+			clearer).Scan(&waiting) == nil && waiting
+	}, 10*time.Second, 5*time.Millisecond, "the second clear waits on the first's row")
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, 0, <-cleared, "cleared again")
+	var secret bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT secret IS NOT NULL FROM webhooks WHERE id = $1`, id).Scan(&secret))
+	require.False(t, secret)
+}
+
 // A previous secret that has stopped signing reads null at once, before
 // the sweeper clears it (review: its past time was shown).
 func TestAnExpiredPreviousSecretReadsNull(t *testing.T) {
