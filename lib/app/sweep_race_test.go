@@ -125,10 +125,45 @@ func (h *sweepHammer) sweepsEachRecordOnce(t *testing.T) {
 	}
 
 	h.clock.Add(31 * 24 * time.Hour) // past the events' retention and the answers' day
-	h.passes(t, "effects.retention", "reconciliation.due", "webhooks.expire_held", "idempotency.expired",
-		"events.retention")
+	h.leaveSecrets(t)
+	h.clock.Add(2 * time.Minute) // past the rotated secret's minute
+	sum := h.passes(t, "effects.retention", "reconciliation.due", "webhooks.expire_held", "idempotency.expired",
+		"events.retention", "keys.revoked_secrets", "webhooks.expired_secrets")
+	require.GreaterOrEqual(t, sum["keys.revoked_secrets"], 1)
+	require.GreaterOrEqual(t, sum["webhooks.expired_secrets"], 2*deletedHooks+1)
+	require.GreaterOrEqual(t, sum["idempotency.expired"], keptAnswers)
 	h.requireOnePerSubject(t, events.ReconciliationDue, 1)
 	require.NotContains(t, h.logs.String(), "level=ERROR")
+}
+
+// deletedHooks are the subscriptions leaveSecrets leaves deleted with
+// their secrets.
+const deletedHooks = 3
+
+// leaveSecrets leaves what the secret tasks erase: as an instance of the
+// release before migration 0068 (0065) leaves them during a deploy, a key
+// revoked whose create's answer still shows its secret, and deleted
+// subscriptions still holding theirs and their creates' answers; and a
+// rotated secret that stops signing in a minute.
+func (h *sweepHammer) leaveSecrets(t *testing.T) {
+	ctx := context.Background()
+	env := h.envs[0]
+	r := env.DoWith("POST", "/api/v1/keys", h.ws.Key, http.Header{idempotency.Header: {"key-revoked"}},
+		map[string]any{"name": "revoked", "preset": "AGENT"})
+	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+	_, err := env.App.Pool.Exec(ctx, `UPDATE api_keys SET revoked_at = $2 WHERE id = $1`, r.JSON()["id"], h.clock.Now())
+	require.NoError(t, err)
+	var gone []string
+	for i := range deletedHooks {
+		r := env.DoWith("POST", "/api/v1/webhooks", h.ws.Key, http.Header{idempotency.Header: {fmt.Sprint("gone-", i)}},
+			map[string]any{"url": "https://example.com/gone", "events": []string{events.RunFinished}})
+		require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+		gone = append(gone, r.JSON()["id"].(string))
+	}
+	_, err = env.App.Pool.Exec(ctx, `UPDATE webhooks SET deleted_at = $2 WHERE id = ANY($1)`, gone, h.clock.Now())
+	require.NoError(t, err)
+	env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+h.hooks[0]+"/rotate-secret", h.ws.Key,
+		map[string]any{"previous_secret_expires_in_seconds": 60})
 }
 
 // leaseJobs enqueues lapsedJobs jobs of one attempt each and leases them
@@ -175,13 +210,23 @@ var counted = map[string]string{
 	"webhooks.expire_held": `SELECT -count(*) FROM webhook_deliveries WHERE state = 'pending'`,
 	"idempotency.expired":  `SELECT -count(*) FROM idempotent_requests`,
 	"events.retention":     `SELECT -count(*) FROM events WHERE created_at < $1::timestamptz - interval '30 days'`,
+	// Answers showing a revoked key's secret.
+	"keys.revoked_secrets": `SELECT -count(*) FROM idempotent_requests r JOIN api_keys k ON k.id = r.resource_id
+		WHERE r.answer IS NOT NULL AND k.revoked_at IS NOT NULL`,
+	// Secrets that stopped signing, and deleted subscriptions' secrets and
+	// answers.
+	"webhooks.expired_secrets": `SELECT -(SELECT count(*) FROM webhooks
+		WHERE (deleted_at IS NOT NULL AND (secret IS NOT NULL OR previous_secret IS NOT NULL))
+		   OR (previous_secret IS NOT NULL AND previous_secret_expires_at <= $1::timestamptz))
+		- (SELECT count(*) FROM idempotent_requests r JOIN webhooks w ON w.id = r.resource_id
+		   WHERE r.answer IS NOT NULL AND w.deleted_at IS NOT NULL)`,
 }
 
 // passes runs eight passes released together, twice, alternating between
 // the instances, and requires the counts of each task named to add up to
 // what changed in the database (counted): a record handled twice would be
-// counted twice.
-func (h *sweepHammer) passes(t *testing.T, tasks ...string) {
+// counted twice. It answers the counts of every task.
+func (h *sweepHammer) passes(t *testing.T, tasks ...string) map[string]int {
 	t.Helper()
 	ctx := context.Background()
 	read := func() map[string]int {
@@ -211,6 +256,7 @@ func (h *sweepHammer) passes(t *testing.T, tasks ...string) {
 	for _, task := range tasks {
 		require.Equal(t, after[task]-before[task], sum[task], "%s: the passes' counts against what changed", task)
 	}
+	return sum
 }
 
 // together runs n passes released together, alternating between the
