@@ -79,6 +79,7 @@ const (
 	lapsedEffects = 100
 	lapsedJobs    = 20
 	keptAnswers   = 5
+	sendingHooks  = 2
 )
 
 func (h *sweepHammer) sweepsEachRecordOnce(t *testing.T) {
@@ -88,10 +89,17 @@ func (h *sweepHammer) sweepsEachRecordOnce(t *testing.T) {
 	}))
 	t.Cleanup(refusing.Close)
 	// Deliveries refused, then held by the subscription disabled: ended by
-	// webhooks.expire_held after the events' retention.
-	for i := range keptAnswers { // answers kept for Idempotency-Keys: idempotency.expired's
+	// webhooks.expire_held after the events' retention. The subscriptions
+	// past the first sendingHooks take a type no pass emits: they are here
+	// for their creates' answers, kept for Idempotency-Keys
+	// (idempotency.expired's).
+	for i := range keptAnswers {
+		types := events.Types
+		if i >= sendingHooks {
+			types = []string{events.ApprovalDecided}
+		}
 		r := env.DoWith("POST", "/api/v1/webhooks", h.ws.Key, http.Header{idempotency.Header: {fmt.Sprint("hook-", i)}},
-			map[string]any{"url": refusing.URL + fmt.Sprint("/", i), "events": events.Types})
+			map[string]any{"url": refusing.URL + fmt.Sprint("/", i), "events": types})
 		require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
 		h.hooks = append(h.hooks, r.JSON()["id"].(string))
 	}
@@ -118,7 +126,7 @@ func (h *sweepHammer) sweepsEachRecordOnce(t *testing.T) {
 	var made, sentOnce int // each event fanned out to each subscription, and sent (refused) once
 	require.NoError(t, env.App.Pool.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE attempts = 1)
 		FROM webhook_deliveries WHERE workspace_id = $1`, h.ws.ID).Scan(&made, &sentOnce))
-	want := len(h.hooks) * (lapsedEffects + lapsedJobs + 1)
+	want := sendingHooks * (lapsedEffects + lapsedJobs + 1)
 	require.Equal(t, []int{want, want}, []int{made, sentOnce}, "deliveries made, sent once")
 	for _, id := range h.hooks {
 		env.Must(http.StatusOK, "PATCH", "/api/v1/webhooks/"+id, h.ws.Key, map[string]any{"disabled": true})
@@ -128,7 +136,8 @@ func (h *sweepHammer) sweepsEachRecordOnce(t *testing.T) {
 	h.leaveSecrets(t)
 	h.clock.Add(2 * time.Minute) // past the rotated secret's minute
 	sum := h.passes(t, "effects.retention", "reconciliation.due", "webhooks.expire_held", "idempotency.expired",
-		"events.retention", "keys.revoked_secrets", "webhooks.expired_secrets")
+		"events.retention", "idempotency.link_secrets", "keys.revoked_secrets", "webhooks.expired_secrets")
+	require.GreaterOrEqual(t, sum["idempotency.link_secrets"], 1)
 	require.GreaterOrEqual(t, sum["keys.revoked_secrets"], 1)
 	require.GreaterOrEqual(t, sum["webhooks.expired_secrets"], 2*deletedHooks+1)
 	require.GreaterOrEqual(t, sum["idempotency.expired"], keptAnswers)
@@ -140,11 +149,11 @@ func (h *sweepHammer) sweepsEachRecordOnce(t *testing.T) {
 // their secrets.
 const deletedHooks = 3
 
-// leaveSecrets leaves what the secret tasks erase: as an instance of the
-// release before migration 0068 (0065) leaves them during a deploy, a key
-// revoked whose create's answer still shows its secret, and deleted
-// subscriptions still holding theirs and their creates' answers; and a
-// rotated secret that stops signing in a minute.
+// leaveSecrets leaves what the secret tasks link or erase: as an instance
+// of the release before migration 0068 (0065) leaves them during a deploy,
+// a key revoked whose create's answer still shows its secret, and deleted
+// subscriptions still holding theirs and their creates' answers; a rotated
+// secret that stops signing in a minute; and an answer that names nothing.
 func (h *sweepHammer) leaveSecrets(t *testing.T) {
 	ctx := context.Background()
 	env := h.envs[0]
@@ -164,6 +173,13 @@ func (h *sweepHammer) leaveSecrets(t *testing.T) {
 	require.NoError(t, err)
 	env.Must(http.StatusOK, "POST", "/api/v1/webhooks/"+h.hooks[0]+"/rotate-secret", h.ws.Key,
 		map[string]any{"previous_secret_expires_in_seconds": 60})
+	// An answer recorded before migration 0067, naming nothing.
+	r = env.DoWith("POST", "/api/v1/webhooks", h.ws.Key, http.Header{idempotency.Header: {"unlinked"}},
+		map[string]any{"url": "https://example.com/unlinked", "events": []string{events.RunFinished}})
+	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+	_, err = env.App.Pool.Exec(ctx, `UPDATE idempotent_requests SET resource_id = NULL WHERE resource_id = $1`,
+		r.JSON()["id"])
+	require.NoError(t, err)
 }
 
 // leaseJobs enqueues lapsedJobs jobs of one attempt each and leases them
@@ -210,6 +226,8 @@ var counted = map[string]string{
 	"webhooks.expire_held": `SELECT -count(*) FROM webhook_deliveries WHERE state = 'pending'`,
 	"idempotency.expired":  `SELECT -count(*) FROM idempotent_requests`,
 	"events.retention":     `SELECT -count(*) FROM events WHERE created_at < $1::timestamptz - interval '30 days'`,
+	// Answers naming nothing, linked.
+	"idempotency.link_secrets": `SELECT -count(*) FROM idempotent_requests WHERE resource_id IS NULL AND answer IS NOT NULL`,
 	// Answers showing a revoked key's secret.
 	"keys.revoked_secrets": `SELECT -count(*) FROM idempotent_requests r JOIN api_keys k ON k.id = r.resource_id
 		WHERE r.answer IS NOT NULL AND k.revoked_at IS NOT NULL`,
