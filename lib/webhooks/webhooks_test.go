@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -1688,9 +1689,22 @@ func TestAClearRacingARotationKeepsItsPreviousSecret(t *testing.T) {
 	_, err = tx.Exec(ctx, `UPDATE webhooks SET previous_secret = secret,
 		previous_secret_expires_at = now() + interval '1 day' WHERE id = $1`, id)
 	require.NoError(t, err)
-	var rotator int
-	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&rotator))
+	cleared := clearBlockedBy(t, env, tx)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, 0, <-cleared)
+	var kept bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT previous_secret IS NOT NULL AND previous_secret_expires_at IS NOT NULL
+		FROM webhooks WHERE id = $1`, id).Scan(&kept))
+	require.True(t, kept, "the rotation's previous secret was cleared")
+}
 
+// clearBlockedBy starts ClearExpiredSecrets and waits until it waits on a
+// row tx holds; the channel answers what it cleared once it ends.
+func clearBlockedBy(t *testing.T, env *apitest.Env, tx pgx.Tx) <-chan int {
+	t.Helper()
+	ctx := context.Background()
+	var holder int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holder))
 	cleared := make(chan int, 1)
 	go func() {
 		n, err := env.App.Server.Webhooks.ClearExpiredSecrets(ctx, time.Now(), 100)
@@ -1699,15 +1713,10 @@ func TestAClearRacingARotationKeepsItsPreviousSecret(t *testing.T) {
 	}()
 	require.Eventually(t, func() bool {
 		var waiting bool
-		return pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))`,
-			rotator).Scan(&waiting) == nil && waiting
-	}, 10*time.Second, 5*time.Millisecond, "the clear waits on the rotation's row")
-	require.NoError(t, tx.Commit(ctx))
-	require.Equal(t, 0, <-cleared)
-	var kept bool
-	require.NoError(t, pool.QueryRow(ctx, `SELECT previous_secret IS NOT NULL AND previous_secret_expires_at IS NOT NULL
-		FROM webhooks WHERE id = $1`, id).Scan(&kept))
-	require.True(t, kept, "the rotation's previous secret was cleared")
+		return env.App.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE $1 = ANY (pg_blocking_pids(pid)))`, holder).Scan(&waiting) == nil && waiting
+	}, 10*time.Second, 5*time.Millisecond, "the clear waits on the row the transaction holds")
+	return cleared
 }
 
 // Two clears of a deleted subscription's secrets at once (sweepers of two
@@ -1732,20 +1741,7 @@ func TestClearsRacingOverADeletedSubscriptionClearItOnce(t *testing.T) {
 	var first int
 	require.NoError(t, tx.QueryRow(ctx, webhooks.SQLClearExpiredSecrets, time.Now(), 100).Scan(&first))
 	require.Positive(t, first)
-	var clearer int
-	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&clearer))
-
-	cleared := make(chan int, 1)
-	go func() {
-		n, err := env.App.Server.Webhooks.ClearExpiredSecrets(ctx, time.Now(), 100)
-		assert.NoError(t, err)
-		cleared <- n
-	}()
-	require.Eventually(t, func() bool {
-		var waiting bool
-		return pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))`,
-			clearer).Scan(&waiting) == nil && waiting
-	}, 10*time.Second, 5*time.Millisecond, "the second clear waits on the first's row")
+	cleared := clearBlockedBy(t, env, tx)
 	require.NoError(t, tx.Commit(ctx))
 	require.Equal(t, 0, <-cleared, "cleared again")
 	var secret bool
