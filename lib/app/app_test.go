@@ -29,6 +29,8 @@ func TestDefaultStartsAgainAfterAFailedStart(t *testing.T) {
 	require.NoError(t, err)
 	down.Host = "127.0.0.1:1" // nothing listens there
 	t.Setenv("DATABASE_URL", down.String())
+	app.ForgetDefault()
+	t.Cleanup(app.ForgetDefault)
 
 	_, err = app.Default()
 	require.Error(t, err)
