@@ -38,6 +38,9 @@ _TIMEOUT_GRACE = 1.0
 # thread running on beside the attempt another worker began once the lease
 # lapsed (SDK consistency QA: Go's was 10 s).
 DEFAULT_STOP_GRACE = 10.0
+# The deadline of a stop that stop() did not ask for (a stop_event set, a
+# KeyboardInterrupt in a blocking start()): stop()'s default.
+_IMPLICIT_STOP_TIMEOUT = 30.0
 # How much longer than the give-up time stop() waits for the deliveries it
 # cut to end and on_error to be told.
 _ABORT_SLACK = 2.0
@@ -451,9 +454,11 @@ class Worker:
         one line when a registration or claim succeeds after a logged
         failure to reach the server. stop_event,
         when set, stops the worker as stop() does. With block=True (the
-        default) start returns once the worker has stopped and its running
-        jobs ended (a KeyboardInterrupt there asks for the stop, waits, and
-        is raised again); with block=False it returns at once. stop_grace
+        default) start returns once the worker has stopped, its running
+        jobs ended and on_error been told what the stop gave up (waited for
+        up to a second, as stop() waits; a KeyboardInterrupt there asks for
+        the stop, waits, and is raised again); with block=False it returns
+        at once. stop_grace
         (seconds, >= 0; 10 by default, as the Go and TypeScript workers')
         is how long, once a stop's deadline passed, cancelled handlers have
         to return and be reported, and then how much longer the reports are
@@ -523,14 +528,21 @@ class Worker:
         args = (concurrency, float(poll_interval), wait_seconds, tools)
         if block:
             self._loop_thread = threading.current_thread()
-            self._loop(*args)
+            try:
+                self._loop(*args)
+            finally:
+                # on_error (or the default log) is told what the stop gave
+                # up, for at most a second, before start() returns or raises,
+                # as stop() waits: a stop_event's or a KeyboardInterrupt's
+                # start() returned while the reports it lost were still being
+                # told, and a program that ended then never heard of them
+                # (review: start() raised while a slow on_error had yet to be
+                # told the refusal).
+                self._flush_errors()
             if self._refused is not None:
                 # A worker that stopped because its key was refused must
                 # not return as a clean stop would (QA: it polled on for
-                # ever, each claim refused 401). on_error is told it first,
-                # for at most a second, as stop() waits (review: start()
-                # raised while a slow on_error had yet to be told it).
-                self._flush_errors()
+                # ever, each claim refused 401).
                 raise self._refused
         else:
             self._loop_thread = threading.Thread(target=self._loop, args=args, name="ratchet-worker", daemon=True)
@@ -587,7 +599,7 @@ class Worker:
     def _watch_stop_event(self, stop_event: threading.Event, gave_up: threading.Event) -> None:
         while not self._done.is_set() and not gave_up.is_set():
             if stop_event.wait(0.5):
-                self._request_stop(30.0)
+                self._request_stop(_IMPLICIT_STOP_TIMEOUT)
                 return
 
     # -- polling ------------------------------------------------------------
@@ -762,7 +774,7 @@ class Worker:
                 self._pause(max(0.0, _jittered(poll_interval) - waited))
             self._ask_again_while_stopping()
         except BaseException:
-            self._request_stop(30.0)  # a KeyboardInterrupt: stop as stop() would, then raise it again
+            self._request_stop(_IMPLICIT_STOP_TIMEOUT)  # a KeyboardInterrupt: stop as stop() would, then raise it again
             raise
         finally:
             self._drain()

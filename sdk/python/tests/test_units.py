@@ -3394,6 +3394,166 @@ class _NoOffset(tzinfo):
         return None
 
 
+class FullReportQueueTest(unittest.TestCase):
+    """A worker stopped (stop(), its stop_event, a KeyboardInterrupt) while
+    the server refuses or holds every report and more reports wait in the
+    reporter's queue than its deliveries in flight hold (the Go SDK's defect:
+    a full queue's reports were retried for ever once Start's context ended)
+    gives every report up at the stop's deadline and twice its grace, each
+    told once naming its job and counted lost, leaves no thread running and
+    returns."""
+
+    JOBS = 8
+
+    def setUp(self) -> None:
+        # One delivery of at most two reports in flight: six of the eight
+        # wait in the queue, as reports beyond the API's 100 a batch and the
+        # three deliveries in flight would.
+        for name, value in (("_REPORTS_IN_FLIGHT", 1), ("_REPORT_BATCH_MAX", 2)):
+            patcher = mock.patch.object(getratchet.worker, name, value)
+            patcher.start()
+            self.addCleanup(patcher.stop)
+        quick_backoff(self)
+        self.release = threading.Event()  # ends the held reports' requests (the server's close waits for them)
+        self.errors: List[BaseException] = []
+        self.before = set(threading.enumerate())  # another test's threads are not this worker's
+
+    def serve(self, hold: bool) -> getratchet.Ratchet:
+        """A client whose worker's first claim leases JOBS jobs, against a
+        server that answers every report 503 (hold=False) or never (hold)."""
+        claims = {"n": 0}
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                claims["n"] += 1
+                jobs = [WorkerRulesTest.job(i) for i in range(1, self.JOBS + 1)] if claims["n"] == 1 else []
+                return 200, {"jobs": jobs}, {}
+            if hold:
+                self.release.wait(60)
+            return 503, error("unavailable"), {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        self.addCleanup(self.release.set)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        self.addCleanup(client.close)
+        client.register_tool("t", "1", lambda input, context: {"job": context.job_id})
+        return client
+
+    def queue_full(self, worker) -> None:
+        """Waits until every handler returned and the reports not in flight
+        wait in the reporter's queue (the queue is full of them)."""
+        def full() -> bool:
+            with worker._reporter._cond:
+                # The first report may have gone alone (the others not yet made).
+                return len(worker._reporter._queue) >= self.JOBS - 2 and worker._reporter._in_flight == 1
+        wait_until(full)
+
+    def assert_every_report_given_up_once(self, worker) -> None:
+        self.assertTrue(worker._done.is_set(), "the stop never ended")
+        lost = [e for e in self.errors if isinstance(e, getratchet.ReportNotRecorded)]
+        self.assertEqual(sorted(e.job_id for e in lost), sorted(f"job_{i}" for i in range(1, self.JOBS + 1)), lost)
+        for notice in lost:
+            self.assertIn(notice.job_id, str(notice))
+        self.assertEqual(worker._lost_reports, self.JOBS)
+        self.assertFalse(worker._active)
+        with worker._reporter._cond:
+            self.assertEqual((worker._reporter._queue, worker._reporter._in_flight), ([], 0))
+        self.assertFalse(worker._claim_cut is not None and worker._claim_cut.is_alive(), "the claim cut's timer runs on")
+        # The job, handler, heartbeat, on_error and stop_event threads end
+        # (those ending when stop() returned end a moment later).
+        def running() -> List[str]:
+            return [t.name for t in threading.enumerate() if t.name.startswith("ratchet-") and t not in self.before]
+        try:
+            wait_until(lambda: not running())
+        except AssertionError:
+            self.fail(f"still running: {running()}")
+
+    def test_a_stop_gives_up_a_full_queue_of_refused_reports(self) -> None:
+        client = self.serve(hold=False)
+        client.worker.start(self.JOBS, poll_interval=0.05, on_error=self.errors.append, block=False, stop_grace=0.1)
+        self.queue_full(client.worker)
+        self.assertFalse(client.worker.stop(0), "every report was lost")
+        self.assert_every_report_given_up_once(client.worker)
+
+    def test_a_stop_gives_up_a_full_queue_behind_a_delivery_that_hangs(self) -> None:
+        # The delivery in flight never ends on its own (its timeout is an
+        # hour): the give-up time cuts it, and the reports waiting behind it
+        # fail at once, each told.
+        patched = mock.patch.object(getratchet.worker, "_REPORT_TIMEOUT", 3600.0)
+        patched.start()
+        self.addCleanup(patched.stop)
+        client = self.serve(hold=True)
+        client.worker.start(self.JOBS, poll_interval=0.05, on_error=self.errors.append, block=False, stop_grace=0.1)
+        self.queue_full(client.worker)
+        self.assertFalse(client.worker.stop(0), "every report was lost")
+        self.assert_every_report_given_up_once(client.worker)
+
+    def start_blocking_until_full(self, client, stop_event=None) -> Tuple[List[BaseException], threading.Event]:
+        """Starts client's worker blocking on a thread of its own, with a
+        stop deadline of 0 for its stop_event and a KeyboardInterrupt
+        (stop()'s 30 s otherwise), and waits until its report queue is full."""
+        patched = mock.patch.object(getratchet.worker, "_IMPLICIT_STOP_TIMEOUT", 0.0)
+        patched.start()
+        self.addCleanup(patched.stop)
+        raised: List[BaseException] = []
+        returned = threading.Event()
+
+        def on_error(err: BaseException) -> None:
+            # A little slow, as a logger's I/O: start() returned while the
+            # last losses were still being told (a program ending then never
+            # heard of them), where it now waits as stop() does.
+            time.sleep(0.01)
+            self.errors.append(err)
+
+        def run() -> None:
+            try:
+                # A slot to spare: the loop waits on the failing reports
+                # (_reports_holding), not on a slot.
+                client.worker.start(self.JOBS + 1, poll_interval=0.05, on_error=on_error, stop_event=stop_event,
+                                    stop_grace=0.1)
+            except BaseException as err:  # noqa: BLE001 - the test reads it
+                raised.append(err)
+            returned.set()
+
+        threading.Thread(target=run, daemon=True).start()
+        wait_until(lambda: client.worker.worker_id is not None)
+        self.queue_full(client.worker)
+        return raised, returned
+
+    def test_a_stop_event_gives_up_a_full_queue_of_refused_reports(self) -> None:
+        client = self.serve(hold=False)
+        stop = threading.Event()
+        raised, returned = self.start_blocking_until_full(client, stop)
+        stop.set()
+        self.assertTrue(returned.wait(10), "start() never returned")
+        self.assertEqual(raised, [])
+        self.assert_every_report_given_up_once(client.worker)
+
+    def test_a_keyboard_interrupt_gives_up_a_full_queue_of_refused_reports(self) -> None:
+        client = self.serve(hold=False)
+        worker = client.worker
+        interrupt = threading.Event()
+        holding = worker._reports_holding
+
+        def interrupted() -> bool:
+            # Ctrl-C, as the thread running start() waits to claim while the
+            # reports fail.
+            if interrupt.is_set():
+                interrupt.clear()
+                raise KeyboardInterrupt
+            return holding()
+
+        worker._reports_holding = interrupted
+        raised, returned = self.start_blocking_until_full(client)
+        interrupt.set()
+        self.assertTrue(returned.wait(10), "start() never returned")
+        self.assertEqual([type(err) for err in raised], [KeyboardInterrupt])
+        self.assert_every_report_given_up_once(worker)
+
+
 def start_blocking(worker) -> Tuple[List[BaseException], threading.Event]:
     """Starts worker blocking (an hour's poll interval, failures dropped)
     on a thread of its own; what start() raised, and set once it returned."""
