@@ -342,7 +342,8 @@ export declare class Worker {
   workerId: string | null;
   /** Registers (waiting out an outage: failures that may pass go to onError
    * and are tried again with backoff, for as long as the worker runs), then
-   * resolves once the worker has stopped and its running jobs ended; rejects
+   * resolves once the worker has stopped, its running jobs ended and onError
+   * been told what the stop gave up (waited for up to 1 s, as stop() waits); rejects
    * with Ratchet's own refusal of a registration (a proxy's bare 400, 401
    * or 404, no error envelope, is waited out as a 5xx is), or with the RatchetError when it stopped
    * because the server refused it for good (a 401 to any call; a claim

@@ -23,6 +23,10 @@ const MAX_HEARTBEAT_MS = 60_000;
 // reports the timeout without it (the Go SDK's timeoutGrace). An object so
 // that tests can shorten it, as reportTimes; not exported by the package.
 export const graceTimes = { timeoutMs: 1_000 };
+// The deadline (ms) of a stop that stop() did not ask for (start's signal
+// aborted): stop()'s default. An object so that tests can shorten it, as
+// reportTimes; not exported by the package.
+export const stopTimes = { implicitTimeoutMs: 30_000 };
 // start()'s default stopGraceMs (the Go SDK's DefaultStopGrace): once a
 // stop's deadline passed, how long aborted handlers have to return and be
 // reported, and then how much longer the reports are sent. It was 1 s here,
@@ -362,8 +366,9 @@ export class Worker {
 
   /**
    * Registers the worker and polls for jobs until stop() or until `signal`
-   * aborts. Resolves once the worker has stopped and its running jobs
-   * ended; rejects when Ratchet refuses the registration (401, 403, 400
+   * aborts. Resolves once the worker has stopped, its running jobs
+   * ended and onError been told what the stop gave up (waited for up to a
+   * second, as stop() waits); rejects when Ratchet refuses the registration (401, 403, 400
    * in its error envelope: a proxy's bare 400, 401 or 404 is waited out as a
    * 5xx is), or,
    * once stopped, with the RatchetError of a claim refused 401 (the key was
@@ -402,7 +407,7 @@ export class Worker {
     const tools = [...this.#tools.values()].map(({ name, version }) => ({ name, version }));
     // A stop (or the signal) while the worker waits for the server to
     // register it ends the wait.
-    const onAbort = () => this.#requestStop(30_000);
+    const onAbort = () => this.#requestStop(stopTimes.implicitTimeoutMs);
     if (signal?.aborted) onAbort();
     else signal?.addEventListener('abort', onAbort, { once: true });
     let registered = false;
@@ -426,15 +431,16 @@ export class Worker {
       if (!registered) [this.#started, this.#done] = [false, null]; // start() may be called again
       throw err;
     }
+    // onError (or the default log) is told what the stop gave up, for at
+    // most a second, before start() settles, as stop() waits: start's
+    // signal resolved it while the reports it lost were still being told,
+    // and a program that ended then (process.exit()) never heard of them
+    // (review: start() rejected while a slow onError had yet to be told the
+    // refusal; Go's Stop and Python's start() wait alike).
+    await nap(1_000, this.#errors);
     // A worker that stopped because its key was refused must not resolve as
     // a clean stop would (QA: it polled on for ever, each claim refused 401).
-    // onError is told the refusal first, for at most a second, as stop()
-    // waits (review: start() rejected while a slow onError had yet to be
-    // told it; Go's Stop and Python's start() wait alike).
-    if (this.#refused) {
-      await nap(1_000, this.#errors);
-      throw this.#refused;
-    }
+    if (this.#refused) throw this.#refused;
   }
 
   /**

@@ -13,7 +13,7 @@ import { gateTimes } from '../src/client.js';
 import { failureLogTimes, summary } from '../src/failurelog.js';
 import { stringify, stringifyIteratively } from '../src/json.js';
 import { Transport, backoffTimes } from '../src/transport.js';
-import { Reporter, Worker, beatCutoff, beatWait, claimTimes, graceTimes, heartbeatTimes, keyRefused, readDecision, reportTimes } from '../src/worker.js';
+import { Reporter, Worker, beatCutoff, beatWait, claimTimes, graceTimes, heartbeatTimes, keyRefused, readDecision, reportTimes, stopTimes } from '../src/worker.js';
 import './quiet.js';
 
 // Each test's clean-ups, run last first whatever the Node version (Node 20
@@ -1301,6 +1301,95 @@ test('reports queued behind one in flight are not sent after the stop gives repo
   assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 200 }), 'a report queued behind the cut one was sent'), false);
   await started;
   assert.equal(reports.length, 1, reports.join());
+});
+
+// A worker stopped (stop(), or start's signal) while the server refuses
+// (or, hold, never answers) every report and more reports wait in the reporter's queue than its
+// deliveries in flight hold (the Go SDK's defect: a full queue's reports
+// were retried for ever once Start's context ended) gives every report up
+// at the stop's deadline and twice its grace, each told once naming its job,
+// sends nothing after, and resolves to false (reports lost).
+async function fullReportQueue(t, { signal, onError, hold = false }) {
+  const saved = { ...reportTimes };
+  // The others queue behind the first; held, its delivery's timeout is an
+  // hour: only the stop's cut ends it.
+  Object.assign(reportTimes, { inFlight: 1, ...(hold && { deliveryMs: 3_600_000 }) });
+  after(t, () => Object.assign(reportTimes, saved));
+  let answer;
+  const never = new Promise((r) => { answer = r; });
+  quickBackoff(t);
+  let queued = 0; // reports handed to the reporter: deliver() queues each at once
+  const deliver = Reporter.prototype.deliver;
+  Reporter.prototype.deliver = function (...args) { queued++; return deliver.apply(this, args); };
+  after(t, () => { Reporter.prototype.deliver = deliver; });
+  let claimed = false;
+  const reports = [];
+  const server = await fakeServer(t, async (method, path) => {
+    if (path.endsWith('/register')) return [200, { workerId: 'wkr_1' }];
+    if (path.endsWith('/claim')) {
+      const first = !claimed;
+      claimed = true;
+      return [200, { jobs: first ? jobIds(1, FULL_QUEUE_JOBS).map((_, i) => job(i + 1)) : [] }];
+    }
+    reports.push(path);
+    if (hold) await never;
+    return [503, error('unavailable')];
+  });
+  const client = new Ratchet({ baseUrl: server.url, apiKey: 'rk_test', ...(hold && { timeoutMs: 3_600_000 }) });
+  client.registerTool({ name: 't', version: '1', handler: () => ({ ok: true }) });
+  const started = client.worker.start({ concurrency: FULL_QUEUE_JOBS, pollIntervalMs: 50, onError, signal, stopGraceMs: 100 });
+  after(t, async () => { await client.worker.stop({ timeoutMs: 5000 }); await started.catch(() => {}); });
+  after(t, () => answer()); // first: a held report is answered before the worker's stop and the server's close
+  // Every report is queued and the one in flight has failed and is sent
+  // again (or hangs): the others wait behind it.
+  await until(() => queued === FULL_QUEUE_JOBS && reports.length >= (hold ? 1 : 2));
+  return { client, started, reports };
+}
+
+const FULL_QUEUE_JOBS = 8;
+
+function assertEveryReportGivenUpOnce(errors) {
+  const lost = errors.filter((e) => e.name === 'ReportNotRecordedError');
+  assert.deepEqual(lost.map((e) => e.jobId).sort(), jobIds(1, FULL_QUEUE_JOBS).sort(), errors.map(String).join());
+  for (const e of lost) assert.match(e.message, new RegExp(`job ${e.jobId} attempt 1 was not recorded`));
+}
+
+test('a stop gives up a full queue of refused reports, each told once', async (t) => {
+  const errors = [];
+  const { client, started, reports } = await fullReportQueue(t, { onError: (err) => { errors.push(err); } });
+  assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 0 }), 'the reports were never given up'), false, 'reports were lost');
+  await started;
+  assertEveryReportGivenUpOnce(errors);
+  const sent = reports.length;
+  await client.worker.stop({ timeoutMs: 0 }); // a second stop waits on nothing left running
+  assert.equal(reports.length, sent, 'a report was sent after stop resolved');
+});
+
+test('a stop gives up a full queue behind a delivery that hangs, each told once', async (t) => {
+  const errors = [];
+  const { client, started, reports } = await fullReportQueue(t, { hold: true, onError: (err) => { errors.push(err); } });
+  assert.equal(await hangGuard(client.worker.stop({ timeoutMs: 0 }), 'the delivery in flight was not cut'), false, 'reports were lost');
+  await started;
+  assertEveryReportGivenUpOnce(errors);
+  assert.equal(reports.length, 1, 'a report queued behind the cut one was sent');
+});
+
+test('start\'s signal gives up a full queue of refused reports, each told before start resolves', async (t) => {
+  const saved = { ...stopTimes };
+  Object.assign(stopTimes, { implicitTimeoutMs: 0 }); // the signal's stop deadline (stop()'s 30 s otherwise)
+  after(t, () => Object.assign(stopTimes, saved));
+  const errors = [];
+  const shutdown = new AbortController();
+  // onError a little slow, as a logger's I/O: start resolved while the last
+  // losses were still being told (a program ending then never heard of them).
+  const onError = async (err) => { await new Promise((r) => setTimeout(r, 10)); errors.push(err); };
+  const { client, started, reports } = await fullReportQueue(t, { signal: shutdown.signal, onError });
+  shutdown.abort();
+  await hangGuard(started, 'the reports were never given up');
+  assertEveryReportGivenUpOnce(errors);
+  const sent = reports.length;
+  assert.equal(await client.worker.stop({ timeoutMs: 0 }), false, 'reports were lost');
+  assert.equal(reports.length, sent, 'a report was sent after start resolved');
 });
 
 test('a report that hangs does not hold the others', async (t) => {
