@@ -1,0 +1,436 @@
+package sdktest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/apitest"
+	"github.com/getratchet/ratchet/lib/config"
+	ratchet "github.com/getratchet/ratchet/sdk/go"
+)
+
+// canary is the mark every user-controlled value of TestNothingUserControlledIsLogged
+// carries: no log line may hold it, whole or in part past it.
+const canary = "zqleak"
+
+// TestNothingUserControlledIsLogged runs a wide scenario (gate, approvals,
+// groups, reconcile, jobs, contracts, webhooks against a failing receiver,
+// refusals, a database error and a panic mid-request, the sweeper, and the
+// Go SDK worker's default failure log) at the most verbose log level, every
+// value the caller chooses marked with canary, and holds every captured line
+// to "never log payloads, inputs, outputs, keys or full error bodies": no
+// canary, no API key secret, no lease token (nor either half of one).
+// Not parallel: the SDK worker's default log is slog.Default, swapped here.
+func TestNothingUserControlledIsLogged(t *testing.T) {
+	var logs apitest.LockedBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	previous := slog.Default()
+	slog.SetDefault(logger)
+	t.Cleanup(func() { slog.SetDefault(previous) })
+
+	env := apitest.Start(t, apitest.WithLogger(logger),
+		apitest.WithConfig(func(c *config.Config) { c.WebhookAllowPrivateNetworks = true }))
+	s := &leakScenario{t: t, env: env}
+	s.run(logger)
+
+	out := logs.String()
+	require.NotEmpty(t, out, "the scenario logs something (else the test holds nothing)")
+	require.NotContains(t, strings.ToLower(out), canary)
+	for _, secret := range s.secrets {
+		require.NotContains(t, out, secret)
+		half := len(secret) / 2
+		require.NotContains(t, out, secret[:half], "the first half of a secret")
+		require.NotContains(t, out, secret[half:], "the second half of a secret")
+	}
+	// The lines that had a value at hand were written (else the test holds nothing).
+	require.Contains(t, out, `msg="ratchet worker" error=*ratchet.PanicError`, "the SDK worker's default log")
+	require.Contains(t, out, "SQLSTATE 57014", "the statement timeout")
+	require.Contains(t, out, "status=499", "the cancelled request")
+	require.Contains(t, out, "route=jobs.report status=409", "a request line")
+	t.Logf("%d log lines checked, %d secrets", strings.Count(out, "\n"), len(s.secrets))
+}
+
+// leakScenario drives TestNothingUserControlledIsLogged: c(label) is a
+// fresh canary value, and secrets gathers what the server mints (keys,
+// lease tokens, webhook secrets) that the log must not hold either.
+type leakScenario struct {
+	t       *testing.T
+	env     *apitest.Env
+	key     string // the workspace's operator key
+	gateKey string // an effect's idempotency key
+	n       int
+	secrets []string
+}
+
+func (s *leakScenario) c(label string) string {
+	s.n++
+	return fmt.Sprintf("%s_%s_%d", canary, label, s.n)
+}
+
+func (s *leakScenario) secret(v any) string {
+	str, _ := v.(string)
+	require.NotEmpty(s.t, str)
+	s.secrets = append(s.secrets, str)
+	return str
+}
+
+func (s *leakScenario) do(method, path, key string, body any, header ...string) map[string]any {
+	s.t.Helper()
+	h := http.Header{}
+	for i := 0; i+1 < len(header); i += 2 {
+		h.Set(header[i], header[i+1])
+	}
+	r := s.env.DoWith(method, path, key, h, body)
+	s.t.Logf("%s %s → %d %.300s", method, path, r.Status, r.Body)
+	return r.JSON()
+}
+
+func (s *leakScenario) run(logger *slog.Logger) {
+	s.workspaceAndKeys()
+	s.gate()
+	s.groupsAndReconcile()
+	s.jobs()
+	s.sdkWorker()
+	s.webhooks()
+	s.failingRequests(logger)
+	res := s.env.App.Sweeper.RunOnce(context.Background())
+	s.t.Logf("sweep: %+v", res)
+}
+
+func (s *leakScenario) workspaceAndKeys() {
+	ws := s.do("POST", "/api/v1/workspaces", "", map[string]any{"name": s.c("workspace")})
+	s.key = s.secret(ws["key"].(map[string]any)["secret"])
+	k := s.do("POST", "/api/v1/keys", s.key, map[string]any{"name": s.c("keyname"), "preset": "AGENT"},
+		"Idempotency-Key", s.c("idemheader"))
+	s.secret(k["secret"])
+	// A request with a key that does not exist, and one malformed.
+	s.do("GET", "/api/v1/effects", "rk_live_"+s.c("badkey"), nil)
+	s.do("GET", "/api/v1/effects", s.c("garbagekey"), nil)
+	// The same Idempotency-Key with another body: a conflict.
+	s.do("POST", "/api/v1/keys", s.key, map[string]any{"name": s.c("keyname2"), "preset": "AGENT"},
+		"Idempotency-Key", s.c("idemheader"))
+}
+
+func (s *leakScenario) gate() {
+	typ := "email.send"
+	s.do("PUT", "/api/v1/policies/"+typ, s.key, map[string]any{"mode": "allow", "on_indeterminate": "block",
+		"approval_above_micros": 1000, "required_dimensions": []string{"recipient"}})
+	begin := func(key string, cost int, payload map[string]any) map[string]any {
+		return s.do("POST", "/api/v1/effects/begin", s.key, map[string]any{"effect_type": typ,
+			"idempotency_key": key, "payload": payload, "cost_micros": cost,
+			"dimensions": map[string]any{"recipient": s.c("dimension")}})
+	}
+	// Execute, report a success with a result.
+	key := s.c("gatekey")
+	s.gateKey = key
+	b := begin(key, 10, map[string]any{"to": s.c("payload")})
+	id, _ := b["effect_id"].(string)
+	token := s.secret(b["lease_token"])
+	s.do("POST", "/api/v1/effects/"+id+"/heartbeat", s.key, map[string]any{"lease_token": token})
+	s.do("POST", "/api/v1/effects/"+id+"/report", s.key, map[string]any{"lease_token": token,
+		"outcome": "succeeded", "result": map[string]any{"message_id": s.c("result")}})
+	begin(key, 10, map[string]any{"to": s.c("payload-reuse")}) // idempotency_key_reuse
+	begin(key, 10, map[string]any{"to": s.c("payload")})       // duplicate
+	// A failed report with error text, then a report under a token not its own.
+	b = begin(s.c("gatekey-failed"), 10, map[string]any{"to": s.c("payload")})
+	id, _ = b["effect_id"].(string)
+	token = s.secret(b["lease_token"])
+	s.do("POST", "/api/v1/effects/"+id+"/report", s.key, map[string]any{"lease_token": s.c("wrongtoken"),
+		"outcome": "failed", "result": map[string]any{"error": s.c("reporterror")}})
+	s.do("POST", "/api/v1/effects/"+id+"/report", s.key, map[string]any{"lease_token": token,
+		"outcome": "failed", "result": map[string]any{"error": s.c("reporterror")}})
+	// An approval, approved with a note; another rejected with one.
+	for _, decide := range []string{"approve", "reject"} {
+		b = begin(s.c("gatekey-approval"), 5000, map[string]any{"to": s.c("payload")})
+		approval, _ := b["approval_id"].(string)
+		s.do("POST", "/api/v1/approvals/"+approval+"/"+decide, s.key, map[string]any{"note": s.c("approvalnote")})
+	}
+	// An indeterminate effect (a lease that lapsed), resolved with a note.
+	s.do("PUT", "/api/v1/policies/sms.send", s.key, map[string]any{"mode": "allow", "on_indeterminate": "block",
+		"lease_seconds": 5})
+	b = s.do("POST", "/api/v1/effects/begin", s.key, map[string]any{"effect_type": "sms.send",
+		"idempotency_key": s.c("gatekey-lapse"), "payload": map[string]any{"to": s.c("payload")}, "lease_seconds": 1})
+	id, _ = b["effect_id"].(string)
+	if tok, ok := b["lease_token"].(string); ok {
+		s.secret(tok)
+	}
+	s.waitEffectState(id, "indeterminate")
+	s.do("POST", "/api/v1/effects/"+id+"/resolve", s.key, map[string]any{"outcome": "succeeded",
+		"result": map[string]any{"found": s.c("resolveresult")}, "note": s.c("resolvenote")})
+	// Bad input that a refusal may quote: a key too long, an effect type, a payload that is not an object.
+	begin(strings.Repeat(s.c("longkey"), 40), 10, map[string]any{"to": s.c("payload")})
+	s.do("POST", "/api/v1/effects/begin", s.key, map[string]any{"effect_type": s.c("Bad Type!"),
+		"idempotency_key": s.c("gatekey"), "payload": s.c("payloadstring")})
+	s.do("POST", "/api/v1/effects/begin", s.key, `{"effect_type":"email.send","idempotency_key":"`+s.c("broken")+`",`)
+}
+
+func (s *leakScenario) waitEffectState(id, state string) {
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		e := s.do("GET", "/api/v1/effects/"+id, s.key, nil)
+		if e["state"] == state {
+			return
+		}
+		require.True(s.t, time.Now().Before(deadline), "effect %s never %s: %v", id, state, e)
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (s *leakScenario) groupsAndReconcile() {
+	g := s.do("POST", "/api/v1/groups", s.key, map[string]any{"name": s.c("groupname")})
+	gid, _ := g["id"].(string)
+	b := s.do("POST", "/api/v1/effects/begin", s.key, map[string]any{"effect_type": "charge.create",
+		"idempotency_key": s.c("groupkey"), "payload": map[string]any{"amount": s.c("payload")}, "group_id": gid,
+		"compensation": map[string]any{"effect_type": "charge.refund", "payload": map[string]any{"why": s.c("compensation")}}})
+	id, _ := b["effect_id"].(string)
+	if tok, ok := b["lease_token"].(string); ok {
+		s.do("POST", "/api/v1/effects/"+id+"/report", s.key, map[string]any{"lease_token": s.secret(tok),
+			"outcome": "succeeded", "result": map[string]any{"charge": s.c("result")}})
+	}
+	s.do("POST", "/api/v1/groups/"+gid+"/unwind", s.key, nil)
+	now := time.Now().UTC()
+	for _, status := range []string{"succeeded", s.c("reconcilestatus")} {
+		s.do("POST", "/api/v1/reconcile", s.key, map[string]any{"effect_type": "charge.create",
+			"from": now.Add(-time.Hour).Format(time.RFC3339), "to": now.Add(time.Hour).Format(time.RFC3339),
+			"records": []map[string]any{
+				{"idempotency_key": s.c("reconcilekey"), "status": "succeeded", "amount_micros": 5},
+				{"idempotency_key": s.c("groupkey"), "status": status, "amount_micros": 7},
+			}})
+	}
+	s.do("POST", "/api/v1/circuits/email.send/open", s.key, map[string]any{"action": "deny", "reason": s.c("circuitreason")})
+	s.do("POST", "/api/v1/circuits/email.send/close", s.key, nil)
+}
+
+func (s *leakScenario) jobs() {
+	tool := s.c("tool")
+	s.do("POST", "/api/v1/tools/"+tool+"/contracts", s.key, map[string]any{"handlerVersion": "1",
+		"inputSchema": map[string]any{"type": "object", "description": s.c("schema"),
+			"properties": map[string]any{"to": map[string]any{"type": "string", "pattern": "^" + canary + "_", "description": s.c("pattern")}}},
+		"outputSchema": map[string]any{"type": "object", "title": s.c("outschema")}, "status": "ACTIVE"})
+	run := s.do("POST", "/api/v1/runs", s.key, map[string]any{"name": s.c("runname")}, "Idempotency-Key", s.c("runheader"))
+	runID, _ := run["id"].(string)
+	enqueue := func(name string, input map[string]any, extra map[string]any) map[string]any {
+		body := map[string]any{"name": name, "version": "1", "input": input, "endpoint": s.c("endpoint"),
+			"idempotencyKey": s.c("jobkey"), "maxAttempts": 1}
+		for k, v := range extra {
+			body[k] = v
+		}
+		return s.do("POST", "/api/v1/runs/"+runID+"/steps", s.key, body)
+	}
+	ok := enqueue(tool, map[string]any{"to": s.c("input")}, map[string]any{"contractVersion": 1})
+	enqueue(tool, map[string]any{"to": "x" + s.c("input-refused")}, map[string]any{"contractVersion": 1}) // schema refusal
+	failing := enqueue(tool, map[string]any{"to": s.c("input")}, nil)
+	enqueue(s.c("Bad Tool Name!"), map[string]any{"to": s.c("input")}, nil)
+	s.do("POST", "/api/v1/tools/"+tool+"/test", s.key, map[string]any{"version": "1", "input": map[string]any{"to": s.c("testinput")}})
+
+	worker := s.secret(s.do("POST", "/api/v1/keys", s.key, map[string]any{"name": s.c("workerkey"), "preset": "WORKER",
+		"tools": []string{tool + "@1"}})["secret"])
+	reg := s.do("POST", "/api/v1/workers/register", worker, map[string]any{"tools": []map[string]any{{"name": tool, "version": "1"}}},
+		"Idempotency-Key", s.c("registerheader"))
+	wid, _ := reg["workerId"].(string)
+	claimed := map[string]string{} // step id → job id
+	tokens := map[string]string{}
+	for i := 0; i < 5 && len(claimed) < 3; i++ {
+		c := s.do("POST", "/api/v1/workers/"+wid+"/claim", worker, map[string]any{"limit": 10, "waitSeconds": 0})
+		jobs, _ := c["jobs"].([]any)
+		for _, j := range jobs {
+			job := j.(map[string]any)
+			step, _ := job["stepId"].(string)
+			claimed[step], _ = job["jobId"].(string)
+			tokens[step] = s.secret(job["leaseToken"])
+		}
+	}
+	report := func(step, status string, extra map[string]any) {
+		body := map[string]any{"leaseToken": tokens[step], "status": status}
+		for k, v := range extra {
+			body[k] = v
+		}
+		s.do("POST", "/api/v1/jobs/"+claimed[step]+"/heartbeat", worker, map[string]any{"leaseToken": tokens[step]})
+		s.do("POST", "/api/v1/jobs/"+claimed[step]+"/report", worker, body)
+	}
+	okStep, _ := ok["stepId"].(string)
+	failStep, _ := failing["stepId"].(string)
+	if _, found := claimed[okStep]; found {
+		report(okStep, "SUCCEEDED", map[string]any{"output": map[string]any{"sent": s.c("output")}})
+	}
+	if _, found := claimed[failStep]; found {
+		s.do("POST", "/api/v1/jobs/"+claimed[failStep]+"/report", worker, map[string]any{"leaseToken": s.c("staletoken"),
+			"status": "FAILED", "error": map[string]any{"message": s.c("failmessage")}})
+		report(failStep, "FAILED", map[string]any{"error": map[string]any{"message": s.c("failmessage"), "retryable": false}})
+	}
+	for step := range claimed {
+		if step != okStep && step != failStep {
+			report(step, "FAILED", map[string]any{"output": map[string]any{"x": s.c("badoutput")},
+				"error": map[string]any{"message": s.c("failmessage"), "retryAfterMs": 1}})
+		}
+	}
+	if failStep != "" {
+		s.do("POST", "/api/v1/steps/"+failStep+"/replay", s.key, map[string]any{"acknowledgeDuplicateRisk": true,
+			"maxAttempts": 1, "reason": s.c("replayreason")}, "Idempotency-Key", s.c("replayheader"))
+	}
+	s.do("POST", "/api/v1/runs/"+runID+"/finish", s.key, nil)
+}
+
+// sdkWorker runs the Go SDK's worker without OnError, so its default
+// failure log (slog.Default, captured) writes what goes wrong: a handler
+// that panics with a canary, one that fails with one.
+func (s *leakScenario) sdkWorker() {
+	ctx := context.Background()
+	tool := s.c("sdktool")
+	key := s.secret(s.do("POST", "/api/v1/keys", s.key, map[string]any{"name": "sdk", "preset": "WORKER",
+		"tools": []string{tool + "@1"}})["secret"])
+	client, err := ratchet.NewClient(ratchet.Config{BaseURL: s.env.Server.URL, APIKey: key, HTTPClient: s.env.Server.Client()})
+	require.NoError(s.t, err)
+	w := ratchet.NewWorker(client)
+	var calls atomic.Int32
+	handled := make(chan struct{}, 4)
+	require.NoError(s.t, ratchet.RegisterTool(w, ratchet.Tool[map[string]any, map[string]any]{Name: tool, Version: "1",
+		Handler: func(_ context.Context, in map[string]any, _ ratchet.JobContext) (map[string]any, error) {
+			defer func() { handled <- struct{}{} }()
+			if calls.Add(1) == 1 {
+				panic(fmt.Sprint(in["to"]))
+			}
+			return nil, errors.New(fmt.Sprint(in["to"]))
+		}}))
+	require.NoError(s.t, w.Start(ctx, ratchet.StartOptions{Concurrency: 2, PollInterval: 50 * time.Millisecond}))
+	run := s.do("POST", "/api/v1/runs", s.key, map[string]any{"name": s.c("sdkrun")})
+	runID, _ := run["id"].(string)
+	for i := 0; i < 2; i++ {
+		s.do("POST", "/api/v1/runs/"+runID+"/steps", s.key, map[string]any{"name": tool, "version": "1",
+			"input": map[string]any{"to": s.c("sdkinput")}, "maxAttempts": 1})
+	}
+	for i := 0; i < 2; i++ {
+		select {
+		case <-handled:
+		case <-time.After(20 * time.Second):
+			s.t.Fatal("the SDK worker never ran its jobs")
+		}
+	}
+	stop, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_ = w.Stop(stop)
+}
+
+// webhooks subscribes a receiver that answers 500 with a canary in its
+// body and headers, under a URL whose user info and query carry canaries,
+// and has the sweeper deliver to it.
+func (s *leakScenario) webhooks() {
+	var hits atomic.Int32
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		w.Header().Set("X-Leak", s.c("receiverheader"))
+		w.Header().Set("Location", "http://"+s.c("receiverlocation")+".example/")
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = w.Write([]byte(`{"error":"` + s.c("receiverbody") + `"}`))
+	}))
+	s.t.Cleanup(receiver.Close)
+	u, err := url.Parse(receiver.URL)
+	require.NoError(s.t, err)
+	u.User = url.UserPassword(s.c("webhookuser"), s.c("webhookpass"))
+	s.do("POST", "/api/v1/webhooks", s.key, map[string]any{"url": u.String(), "events": []string{"approval.requested"}})
+	u.User = nil
+	u.Path = "/" + s.c("webhookpath")
+	u.RawQuery = "token=" + s.c("webhookquery")
+	hook := s.do("POST", "/api/v1/webhooks", s.key, map[string]any{"url": u.String(), "events": []string{"approval.requested"}},
+		"Idempotency-Key", s.c("webhookheader"))
+	if sec, ok := hook["secret"].(string); ok {
+		s.secret(sec)
+	}
+	hookID, _ := hook["id"].(string)
+	s.do("POST", "/api/v1/webhooks", s.key, map[string]any{"url": "http://" + s.c("unresolvable") + ".invalid/?k=" + s.c("q"),
+		"events": []string{"approval.requested"}})
+	// An approval.requested event, then passes of the sweeper until the receiver was called.
+	s.do("POST", "/api/v1/effects/begin", s.key, map[string]any{"effect_type": "email.send",
+		"idempotency_key": s.c("gatekey-hook"), "payload": map[string]any{"to": s.c("payload")}, "cost_micros": 5000,
+		"dimensions": map[string]any{"recipient": s.c("dimension")}})
+	deadline := time.Now().Add(15 * time.Second)
+	for hits.Load() == 0 && time.Now().Before(deadline) {
+		s.env.App.Sweeper.RunOnce(context.Background())
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.NotZero(s.t, hits.Load(), "the receiver was called")
+	s.do("GET", "/api/v1/webhooks/"+hookID+"/deliveries", s.key, nil)
+	s.do("PATCH", "/api/v1/webhooks/"+hookID, s.key, map[string]any{"url": "ftp://" + s.c("badurl")})
+	if rot, ok := s.do("POST", "/api/v1/webhooks/"+hookID+"/rotate-secret", s.key, nil)["secret"].(string); ok {
+		s.secret(rot)
+	}
+}
+
+// failingRequests raises database errors mid-request: while the test holds
+// the effect rows of the workspace locked, a begin on an instance whose
+// statements time out fast fails with a statement timeout, and one on the
+// first instance is cancelled by its client while its statement waits.
+func (s *leakScenario) failingRequests(logger *slog.Logger) {
+	ctx := context.Background()
+	fast := apitest.Start(s.t, apitest.WithLogger(logger),
+		apitest.WithConfig(func(c *config.Config) { c.DBStatementTimeout = 300 * time.Millisecond }))
+	tx, err := s.env.App.Pool.Begin(ctx)
+	require.NoError(s.t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `LOCK TABLE effects IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(s.t, err)
+	body := map[string]any{"effect_type": "email.send", "idempotency_key": s.gateKey,
+		"payload": map[string]any{"to": s.c("payload")}, "cost_micros": 10,
+		"dimensions": map[string]any{"recipient": s.c("dimension")}}
+	r := fast.DoWith("POST", "/api/v1/effects/begin", s.key, http.Header{"Idempotency-Key": {s.c("timeoutheader")}}, body)
+	s.t.Logf("begin under a statement timeout → %d %s", r.Status, r.Body)
+
+	cctx, cancel := context.WithCancel(ctx)
+	raw, err := json.Marshal(body)
+	require.NoError(s.t, err)
+	req, err := http.NewRequestWithContext(cctx, "POST", s.env.Server.URL+"/api/v1/effects/begin", bytes.NewReader(raw))
+	require.NoError(s.t, err)
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	req.Header.Set("Content-Type", "application/json")
+	done := make(chan error, 1)
+	go func() {
+		res, err := s.env.Client.Do(req)
+		if err == nil {
+			res.Body.Close()
+		}
+		done <- err
+	}()
+	s.waitLockWaiter(ctx)
+	cancel()
+	<-done
+	s.waitNoLockWaiter(ctx)
+}
+
+// waitLockWaiter waits until a statement waits on a lock (the begin on the
+// rows the test holds).
+func (s *leakScenario) waitLockWaiter(ctx context.Context) {
+	s.pollWaiters(ctx, func(n int) bool { return n > 0 })
+}
+
+// waitNoLockWaiter waits until the cancelled statement is gone, so its
+// error is logged before the test reads the log.
+func (s *leakScenario) waitNoLockWaiter(ctx context.Context) {
+	s.pollWaiters(ctx, func(n int) bool { return n == 0 })
+}
+
+func (s *leakScenario) pollWaiters(ctx context.Context, done func(int) bool) {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var n int
+		require.NoError(s.t, s.env.App.Pool.QueryRow(ctx,
+			`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&n))
+		if done(n) {
+			return
+		}
+		require.True(s.t, time.Now().Before(deadline), "lock waiters: %d", n)
+		time.Sleep(20 * time.Millisecond)
+	}
+}
