@@ -141,6 +141,8 @@ class _Active:
         self.reporting = False  # the handler is done; lease_end no longer moves (under the worker's lock)
         self.own_failure = False  # its report fails on its own (under the worker's lock): see Worker._report
         self.straggler = False  # the supervisor went on without the handler (under the worker's lock)
+        self.given_up = False  # a second interrupt gave it up: the supervisor waits for nothing more
+        self.told = False  # its report's loss went to on_error (under the worker's lock)
 
     def stop(self) -> None:
         """The worker's stop deadline passed: cancel the handler, and have
@@ -148,6 +150,12 @@ class _Active:
         self.stop_requested = True
         self.context._cancel("stopping")
         self.wake.set()
+
+    def give_up(self) -> None:
+        """A second interrupt came during the stop: cancel the handler, and
+        have the supervisor wait for it no longer (Worker._abandon)."""
+        self.given_up = True
+        self.stop()
 
 
 class _Report:
@@ -410,6 +418,7 @@ class Worker:
         self._abandoned_claims = 0  # claims whose answers were lost and never asked again in time
         self._refused: Optional[RatchetError] = None  # the claim's 401 or 403 that stopped the worker
         self._registering: Optional[threading.Thread] = None  # the thread start() registers on, while it does
+        self._abandoned = False  # a second interrupt gave up the stop (_abandon); nothing more is told
 
     def add_tool(self, name: str, version: str, handler: Callable[[Any, JobContext], Any],
                  classify_error: Optional[Callable[[BaseException, JobContext], Any]] = None) -> None:
@@ -457,8 +466,14 @@ class Worker:
         default) start returns once the worker has stopped, its running
         jobs ended and on_error been told what the stop gave up (waited for
         up to a second, as stop() waits; a KeyboardInterrupt there asks for
-        the stop, waits, and is raised again); with block=False it returns
-        at once. stop_grace
+        the stop, waits, and is raised again; a second one while it waits,
+        or one after stop_event was set, stops the waiting, as a second
+        Ctrl-C quits a Celery or RQ worker: running handlers are cancelled
+        and left running unwaited, report deliveries cut, each job whose
+        report was not recorded told to on_error once as ReportNotRecorded
+        (its lease lapses and it runs again), nothing more told after, and
+        the KeyboardInterrupt raised again once on_error was told, waited
+        for up to a second); with block=False it returns at once. stop_grace
         (seconds, >= 0; 10 by default, as the Go and TypeScript workers')
         is how long, once a stop's deadline passed, cancelled handlers have
         to return and be reported, and then how much longer the reports are
@@ -577,7 +592,7 @@ class Worker:
         self._done.wait(timeout + 2 * self._stop_grace + _ABORT_SLACK)
         self._flush_errors()
         with self._lock:
-            return (self._done.is_set() and not self._active and self._lost_reports == 0
+            return (self._done.is_set() and not self._abandoned and not self._active and self._lost_reports == 0
                     and self._left_unreported == 0 and self._stragglers == 0 and self._abandoned_claims == 0)
 
     def _request_stop(self, timeout: float) -> None:
@@ -872,7 +887,27 @@ class Worker:
     def _drain(self) -> None:
         """Waits for running jobs until the stop deadline, then tells the
         rest to stop and waits for their supervisors (which report what
-        returned within the grace)."""
+        returned within the grace). A KeyboardInterrupt meanwhile (a second
+        Ctrl-C) gives up what is left at once (_abandon) and is raised
+        again; either way the worker ends done, its on_error thread told
+        the rest and its claim cut's timer cancelled (review: a second
+        Ctrl-C skipped all three, and they ran on until the deadline)."""
+        try:
+            self._wait_for_jobs()
+        except BaseException:
+            self._abandon()
+            raise
+        finally:
+            with self._lock:
+                if self._claim_cut is not None:
+                    self._claim_cut.cancel()  # nothing left to cut: its thread ends now, not at the deadline
+            self._done.set()
+            self._close_errors()
+            # A stopped worker makes no more calls: its kept connections go
+            # (the client's own calls open new ones as they need them).
+            self._transport.close_idle()
+
+    def _wait_for_jobs(self) -> None:
         with self._lock:
             while self._active and (self._stop_at is None or time.monotonic() < self._stop_at):
                 self._lock.wait(None if self._stop_at is None else max(0.0, self._stop_at - time.monotonic()))
@@ -894,14 +929,33 @@ class Worker:
                     self._reporter.abort()
                 finally:
                     self._lock.acquire()
+
+    def _abandon(self) -> None:
+        """Gives up, at once, what a stop still waited for: a second
+        interrupt means stop waiting, as a second Ctrl-C makes Celery's and
+        RQ's workers quit without waiting for their jobs. Running handlers
+        are cancelled ("stopping") and waited for no longer, report
+        deliveries are cut, and each job whose report was not recorded
+        (nor already told lost) is told to on_error once, as not recorded:
+        its lease lapses and another worker runs it again. Nothing the
+        worker's threads meet afterwards is told."""
         with self._lock:
-            if self._claim_cut is not None:
-                self._claim_cut.cancel()  # nothing left to cut: its thread ends now, not at the deadline
-        self._done.set()
-        self._close_errors()
-        # A stopped worker makes no more calls: its kept connections go
-        # (the client's own calls open new ones as they need them).
-        self._transport.close_idle()
+            if self._abandoned:
+                return
+            self._abandoned = True
+            now = time.monotonic()
+            if self._stop_at is None or self._stop_at > now:
+                self._stop_at = now
+            self._stopping.set()
+            for active in self._active.values():
+                active.give_up()
+                if not active.told:
+                    active.told = True
+                    self._tell(_given_up(active))
+            self._lock.notify_all()
+        self._claim_waits_cut.fire()
+        self._claim_abort.fire()
+        self._reporter.abort()
 
     def _release_slot(self) -> None:
         with self._lock:
@@ -1016,7 +1070,7 @@ class Worker:
         heartbeats) waits for the handler as before, until a stop."""
         context = active.context
         grace_end: Optional[float] = None
-        while not outcome.get("returned"):
+        while not outcome.get("returned") and not active.given_up:
             now = time.monotonic()
             if active.stop_requested and grace_end is None:
                 grace_end = now + self._stop_grace
@@ -1024,7 +1078,7 @@ class Worker:
                         context._deadline if not context.cancelled.is_set() else float("inf"))
             active.wake.wait(None if until == float("inf") else max(0.0, until - now))
             active.wake.clear()
-            if outcome.get("returned"):
+            if outcome.get("returned") or active.given_up:
                 return
             now = time.monotonic()
             if grace_end is not None and now >= grace_end:
@@ -1235,23 +1289,40 @@ class Worker:
                 self._lock.notify_all()
 
     def _lost(self, context: JobContext, error: BaseException) -> None:
-        if not _settled_refusal(error):
-            # A refusal that settles the job elsewhere (a newer attempt
-            # holds it, say) loses nothing stop() answers for, as Go's Stop.
-            with self._lock:
-                self._lost_reports += 1
         detail = error.code if isinstance(error, RatchetError) else type(error).__name__
         notice = ReportNotRecorded(f"ratchet: the report of job {context.job_id} attempt {context.attempt} "
                                    f"was not recorded ({detail}); {_what_follows(error)}",
                                    job_id=context.job_id, attempt=context.attempt, cause=error)
-        if _key_refused(error):
-            self._refuse(error, notice)  # the key was revoked: the worker stops, as after a claim's 401
-            return
-        self._notify(notice)
+        with self._lock:
+            if not _settled_refusal(error):
+                # A refusal that settles the job elsewhere (a newer attempt
+                # holds it, say) loses nothing stop() answers for, as Go's Stop.
+                self._lost_reports += 1
+            if self._abandoned:
+                return  # _abandon told it
+            # Told here, not by _abandon, and under the lock, so that it is
+            # told once and before the on_error thread's end is queued.
+            active = self._active.get((context.job_id, context.attempt))
+            if active is not None:
+                active.told = True
+            if not _key_refused(error):
+                self._tell(notice)
+                return
+        self._refuse(error, notice)  # the key was revoked: the worker stops, as after a claim's 401
 
     # -- errors -------------------------------------------------------------
 
     def _notify(self, error: BaseException) -> None:
+        with self._lock:
+            # Once a second interrupt gave the stop up, what the worker's
+            # threads still meet is not told: _abandon told each job left
+            # once, and the on_error thread is ending. Under the lock, so
+            # that nothing is queued after its end.
+            if not self._abandoned:
+                self._tell(error)
+
+    def _tell(self, error: BaseException) -> None:
+        """Queues error for on_error, or a line of the default failure log."""
         if self._on_error is not None:
             self._errors.put(error)
             return
@@ -1308,6 +1379,18 @@ class _LogLine:
     """A default failure log line waiting in the on_error queue, logged by
     its thread: a slow handler of the logging module holds up no work."""
     text: str
+
+
+def _given_up(active: _Active) -> ReportNotRecorded:
+    """What on_error is told of a job a second interrupt gave up (under the
+    worker's lock): its report not known to be recorded, or its handler not
+    yet returned."""
+    context = active.context
+    what = (f"the report of job {context.job_id} attempt {context.attempt} was not known to be recorded"
+            if active.reporting else
+            f"job {context.job_id} attempt {context.attempt} was left unreported, its handler still running")
+    return ReportNotRecorded(f"ratchet: {what} when the worker, interrupted again while it stopped, gave it up; "
+                             "the job runs again once its lease lapses", job_id=context.job_id, attempt=context.attempt)
 
 
 def _jittered(seconds: float) -> float:

@@ -8,6 +8,7 @@ import inspect
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -3552,6 +3553,101 @@ class FullReportQueueTest(unittest.TestCase):
         self.assertTrue(returned.wait(10), "start() never returned")
         self.assertEqual([type(err) for err in raised], [KeyboardInterrupt])
         self.assert_every_report_given_up_once(worker)
+
+    def interrupt_while_draining(self, worker, ready: Callable[[], None], **start) -> None:
+        """Runs worker.start(**start) on the main thread, sets its
+        stop_event (30 s for the jobs) once ready() returned, and then, once
+        start() drains, sends the process a real SIGINT: start() must raise
+        it again, the worker done."""
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            self.addCleanup(signal.signal, signal.SIGINT, signal.getsignal(signal.SIGINT))
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        stop = threading.Event()
+
+        def draining() -> bool:
+            frame = sys._current_frames().get(threading.main_thread().ident)
+            while frame is not None and frame.f_code.co_name != "_drain":
+                frame = frame.f_back
+            return frame is not None
+
+        def interrupt() -> None:
+            wait_until(lambda: worker.worker_id is not None)
+            ready()
+            stop.set()
+            wait_until(draining)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        with self.assertRaises(KeyboardInterrupt):
+            worker.start(on_error=self.errors.append, stop_event=stop, **start)
+
+    def assert_given_up_at_once(self, worker, job_ids: List[str]) -> None:
+        """The worker is done, its claim cut's timer cancelled, each job of
+        job_ids told once as not recorded, naming it, nothing else told, and
+        no thread of its own left running."""
+        self.assertTrue(worker._done.is_set(), "the worker never ended")
+        # Cancelled, the timer's thread ends a moment later.
+        try:
+            wait_until(lambda: worker._claim_cut is None or not worker._claim_cut.is_alive())
+        except AssertionError:
+            self.fail("the claim cut's timer runs on")
+        lost = [e for e in self.errors if isinstance(e, getratchet.ReportNotRecorded)]
+        self.assertEqual(sorted(e.job_id for e in lost), sorted(job_ids), self.errors)
+        for notice in lost:
+            self.assertIn(notice.job_id, str(notice))
+
+        def running() -> List[str]:
+            return [t.name for t in threading.enumerate()
+                    if t.name.startswith("ratchet-") and not t.name.startswith("ratchet-handler-")
+                    and t not in self.before]
+        try:
+            wait_until(lambda: not running())
+        except AssertionError:
+            self.fail(f"still running: {running()}")
+        self.assertEqual(len(self.errors), len(lost), "more was told after the jobs given up")
+        self.assertFalse(worker.stop(0), "a stop given up lost its jobs")
+
+    def test_a_second_interrupt_gives_up_the_reports_at_once(self) -> None:
+        # The interrupt comes while start() waits on the reports the server
+        # refuses (a minute's grace). Without the handling, the drain was
+        # skipped: the worker never done, its on_error thread and claim
+        # cut's timer alive until the deadline, the reports still retried.
+        client = self.serve(hold=False)
+        worker = client.worker
+        self.interrupt_while_draining(worker, lambda: self.queue_full(worker), concurrency=self.JOBS + 1,
+                                      poll_interval=0.05, stop_grace=60)
+        self.assert_given_up_at_once(worker, [f"job_{i}" for i in range(1, self.JOBS + 1)])
+
+    def test_a_second_interrupt_gives_up_a_running_handler_at_once(self) -> None:
+        # The handler ignores its cancellation: start() waited for it the
+        # stop's 30 s and a minute's grace; it is left running, unwaited.
+        release = threading.Event()
+        self.addCleanup(release.set)
+        running = threading.Event()
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                return 200, {"jobs": [] if running.is_set() else [WorkerRulesTest.job(1)]}, {}
+            return 200, {}, {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        self.addCleanup(client.close)
+
+        def handler(input, context):
+            running.set()
+            release.wait(60)
+
+        client.register_tool("t", "1", handler)
+        self.interrupt_while_draining(client.worker, lambda: wait_until(running.is_set), poll_interval=0.05,
+                                      stop_grace=60)
+        self.assert_given_up_at_once(client.worker, ["job_1"])
+        self.assertIn("handler still running", str(self.errors[0]))
+        self.assertFalse([p for m, p, h, b in server.seen if p.endswith("/complete") or "report" in p],
+                         "the job left running was reported")
 
 
 def start_blocking(worker) -> Tuple[List[BaseException], threading.Event]:
