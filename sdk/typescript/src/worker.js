@@ -327,6 +327,7 @@ export class Worker {
   #stopping = new AbortController();
   #claimCutoff = new AbortController(); // aborted at the stop's deadline
   #reportCutoff = new AbortController(); // aborted when reports are given up (the deadline and twice the stop grace)
+  #stopTimers = []; // the timers that abort those two: cleared once the worker is done
   #stopGraceMs = DEFAULT_STOP_GRACE_MS; // start()'s stopGraceMs
   #stopAt = null;
   #stopDeadlinePassed = false;
@@ -420,6 +421,11 @@ export class Worker {
         await this.#loop(concurrency, pollIntervalMs, waitSeconds, tools);
       } finally {
         signal?.removeEventListener('abort', onAbort);
+        // Done: nothing is left to cut, and the stop's timers go now rather
+        // than at the deadline and twice the grace (review: unref'd, they
+        // kept nothing alive, but a test runner's open-handle check
+        // flagged them).
+        for (const timer of this.#stopTimers) clearTimeout(timer);
         // Without onError, the default log counts the problems it left out
         // since its last line, if any.
         if (!this.#onError) this.#warn(this.#failureLog.stopped());
@@ -467,9 +473,12 @@ export class Worker {
   #requestStop(timeoutMs) {
     if (this.#stopAt === null) {
       this.#stopAt = now() + Math.max(0, timeoutMs);
-      setTimeout(() => this.#claimCutoff.abort(new Error('stopping')), Math.max(0, timeoutMs)).unref?.();
-      setTimeout(() => this.#reportCutoff.abort(new Error('ratchet: the worker stopped before the report was answered')),
-        Math.max(0, timeoutMs) + 2 * this.#stopGraceMs).unref?.();
+      this.#stopTimers = [
+        setTimeout(() => this.#claimCutoff.abort(new Error('stopping')), Math.max(0, timeoutMs)),
+        setTimeout(() => this.#reportCutoff.abort(new Error('ratchet: the worker stopped before the report was answered')),
+          Math.max(0, timeoutMs) + 2 * this.#stopGraceMs),
+      ];
+      for (const timer of this.#stopTimers) timer.unref?.();
     }
     this.#stopping.abort();
     this.#signal();

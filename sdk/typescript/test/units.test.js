@@ -254,6 +254,53 @@ test('an aborted signal ends start', async (t) => {
   await assert.rejects(client.worker.start(), /already started/);
 });
 
+// Records, until t ends, each timer set for one of delays (ms) and whether
+// it was cleared: the stop's timers are set and cleared through the globals.
+function watchTimers(t, delays) {
+  const timers = [];
+  const [set, clear] = [globalThis.setTimeout, globalThis.clearTimeout];
+  globalThis.setTimeout = (fn, ms, ...args) => {
+    const handle = set(fn, ms, ...args);
+    if (delays.includes(ms)) timers.push({ ms, handle, cleared: false });
+    return handle;
+  };
+  globalThis.clearTimeout = (handle) => {
+    for (const timer of timers) if (timer.handle === handle) timer.cleared = true;
+    return clear(handle);
+  };
+  after(t, () => { [globalThis.setTimeout, globalThis.clearTimeout] = [set, clear]; });
+  return timers;
+}
+
+// The stop's two timers (the claim cut at its deadline, the report cut at
+// the deadline and twice the grace), distinct delays that nothing else sets.
+const STOP_MS = 4_321;
+const STOP_GRACE_MS = 1_234;
+const STOP_TIMERS = [STOP_MS, STOP_MS + 2 * STOP_GRACE_MS];
+
+test('a stop leaves none of its timers armed once it resolves', async (t) => {
+  const { client } = await idle(t);
+  const timers = watchTimers(t, STOP_TIMERS);
+  const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, stopGraceMs: STOP_GRACE_MS });
+  assert.equal(await client.worker.stop({ timeoutMs: STOP_MS }), true);
+  await started;
+  assert.deepEqual(timers.map(({ ms, cleared }) => ({ ms, cleared })), STOP_TIMERS.map((ms) => ({ ms, cleared: true })));
+});
+
+test('a stop by start\'s signal leaves none of its timers armed once start resolves', async (t) => {
+  const { client } = await idle(t);
+  const saved = stopTimes.implicitTimeoutMs;
+  stopTimes.implicitTimeoutMs = STOP_MS;
+  after(t, () => { stopTimes.implicitTimeoutMs = saved; });
+  const timers = watchTimers(t, STOP_TIMERS);
+  const shutdown = new AbortController();
+  const started = client.worker.start({ concurrency: 1, pollIntervalMs: 50, stopGraceMs: STOP_GRACE_MS, signal: shutdown.signal });
+  await until(() => client.worker.workerId !== null);
+  shutdown.abort();
+  await started;
+  assert.deepEqual(timers.map(({ ms, cleared }) => ({ ms, cleared })), STOP_TIMERS.map((ms) => ({ ms, cleared: true })));
+});
+
 const job = (n, timeoutMs = 5000) => ({
   jobId: `job_${n}`, stepId: 's', runId: 'r', name: 't', version: '1', attempt: 1, leaseToken: `tok_${n}`,
   leaseMs: timeoutMs + 10_000, timeoutMs, idempotencyKey: 'k', input: {},
