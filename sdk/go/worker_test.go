@@ -2591,6 +2591,11 @@ func TestRevokedKeyStopsTheWorkerWhicheverCallMeetsIt(t *testing.T) {
 			}
 			f.add("long", "1", welcomeIn{}, 60000)
 			c, _ := testClient(t, f)
+			// Claims are counted as the worker sends them, not as the
+			// fake serves them: one the stop cut short may reach the fake
+			// after Done on a loaded machine (CI: "87, then 88").
+			sent := &claimsSent{next: c.hc.Transport}
+			c.hc = &http.Client{Transport: sent}
 			w := NewWorker(c)
 			causes := make(chan error, 1)
 			must(t, RegisterTool(w, Tool[welcomeIn, welcomeOut]{Name: "quick", Version: "1",
@@ -2617,19 +2622,15 @@ func TestRevokedKeyStopsTheWorkerWhicheverCallMeetsIt(t *testing.T) {
 			case <-time.After(20 * time.Second):
 				t.Fatal("the running handler was not cancelled")
 			}
-			f.mu.Lock()
-			claims := f.claims
-			f.mu.Unlock()
+			claims := sent.n.Load()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			err := w.Stop(ctx)
 			if !IsCode(err, CodeUnauthorized) || !strings.Contains(err.Error(), "the server refused its key") {
 				t.Fatalf("Stop = %v", err)
 			}
-			f.mu.Lock()
-			defer f.mu.Unlock()
-			if f.claims != claims {
-				t.Fatalf("claims went on after the stop: %d, then %d", claims, f.claims)
+			if now := sent.n.Load(); now != claims {
+				t.Fatalf("claims went on after the stop: %d, then %d", claims, now)
 			}
 			if errs := sink.delivered(w); len(errs) == 0 || !IsCode(errs[0], CodeUnauthorized) ||
 				!strings.Contains(errs[0].Error(), call) {
@@ -2637,6 +2638,19 @@ func TestRevokedKeyStopsTheWorkerWhicheverCallMeetsIt(t *testing.T) {
 			}
 		})
 	}
+}
+
+// claimsSent counts the claims a client sends, as it sends them.
+type claimsSent struct {
+	n    atomic.Int64
+	next http.RoundTripper
+}
+
+func (c *claimsSent) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.HasSuffix(r.URL.Path, "/claim") {
+		c.n.Add(1)
+	}
+	return c.next.RoundTrip(r)
 }
 
 // A claim refused for a reason no retry mends stops the worker with that
