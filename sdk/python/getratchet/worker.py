@@ -580,7 +580,12 @@ class Worker:
         the server to register it ends the wait (start() returns having run
         nothing). Called from the thread running start() (a signal
         handler) before it is done, it only asks for the stop, answers
-        False, and start() returns once done."""
+        False, and start() returns once done. A KeyboardInterrupt while
+        it waits gives up what is left at once, as a second one during a
+        blocking start()'s drain does (handlers cancelled and left
+        unwaited, report deliveries cut, each job whose report was not
+        recorded told to on_error once), and is raised again once the
+        worker is done and on_error told (waited for up to a second)."""
         with self._lock:
             if not self._started:
                 return True
@@ -589,7 +594,17 @@ class Worker:
             return False
         # The drain cuts the deliveries still in flight at the give-up
         # time; they end at once, and on_error is told before this returns.
-        self._done.wait(timeout + 2 * self._stop_grace + _ABORT_SLACK)
+        try:
+            self._done.wait(timeout + 2 * self._stop_grace + _ABORT_SLACK)
+        except KeyboardInterrupt:
+            # A Ctrl-C while stop() waits (start(block=False): the drain runs
+            # on the worker's thread) gives up what is left at once, as a
+            # second one during a blocking start()'s drain does (review: it
+            # raised out of stop() while the drain ran on to its deadline).
+            self._abandon()
+            self._done.wait(_ABORT_SLACK)
+            self._flush_errors()
+            raise
         self._flush_errors()
         with self._lock:
             return (self._done.is_set() and not self._abandoned and not self._active and self._lost_reports == 0

@@ -3649,6 +3649,56 @@ class FullReportQueueTest(unittest.TestCase):
         self.assertFalse([p for m, p, h, b in server.seen if p.endswith("/complete") or "report" in p],
                          "the job left running was reported")
 
+    def test_an_interrupt_while_stop_waits_gives_up_at_once(self) -> None:
+        # start(block=False) drains on the worker's own thread; the program's
+        # stop() waits for it, and a Ctrl-C then gives up the handler that
+        # ignores its cancellation. Without the handling, the
+        # KeyboardInterrupt left stop() at once and the drain ran on, the
+        # worker not done, for the stop's 30 s and a minute's grace.
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            self.addCleanup(signal.signal, signal.SIGINT, signal.getsignal(signal.SIGINT))
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        release = threading.Event()
+        self.addCleanup(release.set)
+        running = threading.Event()
+
+        def respond(method, path, body):
+            if path.endswith("/register"):
+                return 200, {"workerId": "wkr_1"}, {}
+            if path.endswith("/claim"):
+                return 200, {"jobs": [] if running.is_set() else [WorkerRulesTest.job(1)]}, {}
+            return 200, {}, {}
+
+        server = FakeServer(respond)
+        self.addCleanup(server.close)
+        client = getratchet.Ratchet(server.url, "rk_test")
+        self.addCleanup(client.close)
+
+        def handler(input, context):
+            running.set()
+            release.wait(60)
+
+        client.register_tool("t", "1", handler)
+        worker = client.worker
+        worker.start(on_error=self.errors.append, poll_interval=0.05, stop_grace=60, block=False)
+        wait_until(running.is_set)
+
+        def stopping() -> bool:
+            frame = sys._current_frames().get(threading.main_thread().ident)
+            while frame is not None and frame.f_code.co_name != "stop":
+                frame = frame.f_back
+            return frame is not None and worker._stopping.is_set()
+
+        def interrupt() -> None:
+            wait_until(stopping)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        with self.assertRaises(KeyboardInterrupt):
+            worker.stop(30)
+        self.assert_given_up_at_once(worker, ["job_1"])
+        self.assertIn("handler still running", str(self.errors[0]))
+
 
 def start_blocking(worker) -> Tuple[List[BaseException], threading.Event]:
     """Starts worker blocking (an hour's poll interval, failures dropped)
