@@ -222,7 +222,7 @@ func recordMany(t *testing.T, env *apitest.Env, clk *apitest.Clock, ws, typ stri
 	return out
 }
 
-// Sweepers of three instances, four passes released together and four more,
+// Sweepers of three instances, six passes released together and six more,
 // fan each event out into exactly one delivery per matching live
 // subscription (none to one that does not subscribe to its type, none to
 // a deleted one, none to one disabled before it), and send each delivery
@@ -244,12 +244,12 @@ func TestSweepersRacingFanOutAndSendEachDeliveryOnce(t *testing.T) {
 	ctx := context.Background()
 	var before int // the outbox's events left to fan out by the tests before
 	require.NoError(t, env.App.Pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE dispatched_at IS NULL`).Scan(&before))
-	finished := recordMany(t, env, clk, ws.ID, events.RunFinished, 80)
-	exhausted := recordMany(t, env, clk, ws.ID, events.StepExhausted, 20)
+	finished := recordMany(t, env, clk, ws.ID, events.RunFinished, 120)
+	exhausted := recordMany(t, env, clk, ws.ID, events.StepExhausted, 30)
 
 	dispatched := 0
 	for range 2 {
-		for _, r := range passesTogether(t, envs, 4) {
+		for _, r := range passesTogether(t, envs, 6) {
 			dispatched += r.Changed["webhooks.dispatch"]
 		}
 	}
