@@ -33,7 +33,7 @@ func (s *Service) AfterSlowGrant(ctx context.Context, id string, attempt int, se
 const surgeHistoryFrom = `(SELECT h.history_from FROM gate_effect_history h WHERE h.workspace_id = $1 AND h.effect_type = $2)`
 
 // FunctionFragments are the SQL fragments that migrations 0008, 0010, 0013,
-// 0020, 0026, 0028, 0035 and 0056 copied into the gate's functions and that Go statements still
+// 0020, 0026, 0028, 0035, 0056 and 0069 copied into the gate's functions and that Go statements still
 // splice, by the function that must contain each (see
 // TestGateFunctionsMatchFragments).
 var FunctionFragments = map[string][]string{

@@ -400,23 +400,32 @@ WITH up AS (
 )
 SELECT count(*) FROM up`
 
-// closeSQL is closeCTEs answering how many breakers it closed, each
-// close's event keyed by when its breaker opened (closedKey).
+// closeSQL is closeCTEs answering how many breakers it closed.
 func closeSQL(cand, now, eventIDs string) string {
-	return closeCTEs(cand, now, eventIDs, closedKey) + `SELECT count(*) FROM up`
+	return closeCTEs(cand, now, eventIDs) + `SELECT count(*) FROM up`
 }
-
-// closedKey is the dedupe key of a circuit.closed event: when the breaker
-// it closed opened. gate_begin_in_turn holds it (lapsedCloseSQL).
-const closedKey = `'closed:' || extract(epoch FROM n.opened_at)::text`
 
 // closeCTEs close the open breakers of cand (workspace_id, effect_type),
 // measuring the next surge allowance from when each closed (its cooldown's
-// end if that came first), and record circuit.closed for each ($E is the
-// event id array parameter, $N now, key the dedupe key, an expression
-// over n, the closed row, whose i is its event id's index); up holds the
-// rows closed.
-func closeCTEs(cand, now, eventIDs, key string) string {
+// end if that came first), and record circuit.closed for each (eventIDs is
+// the event id array parameter, now the clock reading); up holds the rows
+// closed.
+//
+// Each close's event has a key of its own: when its breaker opened, and
+// its event id. A close is a transition of the row (open to closed) made
+// under its lock: a racer closing the same breaker waits for the lock and
+// finds it closed (cand re-reads a locked row, and the update checks it is
+// still open), so it closes nothing and records nothing; no two events
+// here are one close. Keyed by when the breaker opened alone, a surge
+// breaker re-opened at the instant an earlier one of it opened took the
+// earlier close's key when it closed, and was not announced (concurrency
+// QA). Instances' clocks lag, and a trip's reading is moved only past the
+// start of the allowance it is counted in (afterAllowanceSQL), which a
+// policy's close read by a lagging clock puts before that instant, or not
+// at all by a begin that took no surge turn (it met no surge policy; a PUT
+// turning surge on landed before it evaluated). gate_begin_in_turn holds
+// this text (migration 0069).
+func closeCTEs(cand, now, eventIDs string) string {
 	return `
 WITH cand AS (` + cand + `), up AS (
     UPDATE gate_circuits c SET state = 'closed', updated_at = ` + now + `,
@@ -430,7 +439,7 @@ WITH cand AS (` + cand + `), up AS (
     SELECT (` + eventIDs + `::text[])[n.i], n.workspace_id, '` + events.CircuitClosed + `', n.effect_type,
         jsonb_build_object('effect_type', CASE WHEN n.effect_type <> '*' THEN n.effect_type END,
             'opened_by', n.opened_by, 'opened_at', n.opened_at, 'closed_at', n.allowance_from), ` + now + `,
-        ` + key + `
+        'closed:' || extract(epoch FROM n.opened_at)::text || ':' || (` + eventIDs + `::text[])[n.i]
     FROM n
     ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING
 )
@@ -441,7 +450,7 @@ WITH cand AS (` + cand + `), up AS (
 // cooldown ended by now: a breaker reads closed from then (gate_evaluate),
 // but only the sweeper recorded it closed, so a trip or an operator's open
 // before the sweeper's next pass reopened the row without a circuit.closed.
-// gate_begin_in_turn (migration 0028) holds this text with now = v_now.
+// gate_begin_in_turn (migration 0069) holds this text with now = v_now.
 func lapsedCloseSQL(now, eventIDs string) string {
 	return closeSQL(lapsedSQL(now), now, eventIDs)
 }
@@ -490,11 +499,7 @@ var (
 	sqlCloseLapsedCircuit = lapsedCloseSQL("$3::timestamptz", "$4")
 	// sqlCloseCircuit closes one breaker ('*' lifts the stop).
 	// $1 workspace, $2 type or '*', $3 now, $4 event ids.
-	// Its event's key is its own (as an opening's is: sqlOpenCircuit), so
-	// that a close whose breaker opened at the instant an earlier one of it
-	// did (clocks that lag) is announced too.
-	sqlCloseCircuit = closeCTEs(`SELECT $1::text AS workspace_id, $2::text AS effect_type`, "$3::timestamptz", "$4",
-		closedKey+` || ':' || ($4::text[])[n.i]`) + `SELECT count(*) FROM up`
+	sqlCloseCircuit = closeSQL(`SELECT $1::text AS workspace_id, $2::text AS effect_type`, "$3::timestamptz", "$4")
 	// sqlLockSurgeTurn takes a type's surge turn, as gate_begin_in_turn
 	// does (migration 0028). $1 workspace, $2 type.
 	sqlLockSurgeTurn = `SELECT pg_advisory_xact_lock(` + surgeTurn("$1::text", "$2::text") + `)`
@@ -505,7 +510,7 @@ var (
 	// snapshot predates it), else the row's. One statement: every other
 	// begin of the type waits for this turn, so each round trip in it is
 	// theirs too. $1 workspace, $2 type, $3 now, $4 event ids.
-	sqlCloseLapsedForArrival = closeCTEs(lapsedSQL("$3::timestamptz"), "$3::timestamptz", "$4", closedKey) + `SELECT ` +
+	sqlCloseLapsedForArrival = closeCTEs(lapsedSQL("$3::timestamptz"), "$3::timestamptz", "$4") + `SELECT ` +
 		afterAllowanceSQL("$3::timestamptz",
 			`coalesce((SELECT u.allowance_from + interval '1 microsecond' FROM up u), `+allowanceAfterSQL+`)`)
 	// sqlLockCircuitTurn takes a type's (or the stop's, '*') turn among an
@@ -592,9 +597,20 @@ var (
 // surgeTripSQL opens type typ's breaker for a surge that went over its
 // threshold, or raises the action of a weaker breaker the surge opened (a
 // breaker opened by hand is left as set), and records circuit.tripped with
-// the count that tripped it. gate_begin (migration 0020) holds this text
+// the count that tripped it. gate_begin (migration 0069) holds this text
 // for a new key, with its own names (FunctionFragments), indented as it is
 // there.
+//
+// Each trip's event has a key of its own: when the breaker opened, its
+// action, and its event id. A trip records an event only when its upsert
+// changed the row (opened it, or raised its action), under the row's
+// lock: a racer tripping the same surge waits for the lock and finds the
+// breaker open with the action it brings, or a stronger one (the update's
+// WHERE), so it changes nothing and records nothing; no two events here
+// are one trip. Keyed by when the breaker opened (and the action of a
+// raise), a breaker re-opened at the instant an earlier one of it opened
+// (as clocks that lag can: closeCTEs) took the earlier trip's key and was
+// not announced (concurrency QA).
 func surgeTripSQL(ws, typ, action, now, cooldown, volume, threshold, eventID string) string {
 	return `WITH trip AS (
                 INSERT INTO gate_circuits AS c (workspace_id, effect_type, state, opened_by, action, reason, opened_at,
@@ -619,8 +635,7 @@ func surgeTripSQL(ws, typ, action, now, cooldown, volume, threshold, eventID str
                 jsonb_build_object('effect_type', ` + typ + `::text, 'opened_by', 'surge', 'action', trip.action,
                     'volume_last_hour', ` + volume + `, 'threshold', ` + threshold + `, 'opened_at', trip.opened_at,
                     'closes_at', trip.closes_at), ` + now + `,
-                'surge:' || extract(epoch FROM trip.opened_at)::text
-                    || CASE WHEN trip.opened_at = ` + now + ` THEN '' ELSE ':' || trip.action END
+                'surge:' || extract(epoch FROM trip.opened_at)::text || ':' || trip.action || ':' || ` + eventID + `
             FROM trip
             ON CONFLICT (workspace_id, type, subject_id, dedupe_key) DO NOTHING`
 }
