@@ -140,13 +140,20 @@ func TestPanicIs500WithRequestIDOnly(t *testing.T) {
 	srv := httptest.NewServer(httpapi.NewWithExtraRoutes(d, []httpapi.Route{
 		{Method: "GET", Pattern: "/api/v1/test/panic", Name: "test.panic", Auth: httpapi.AuthNone, Status: 200,
 			Handle: func(context.Context, *httpapi.Call) (any, error) { panic("secret-payload-value") }},
+		{Method: "GET", Pattern: "/api/v1/test/panic-error", Name: "test.panic_error", Auth: httpapi.AuthNone, Status: 200,
+			Handle: func(context.Context, *httpapi.Call) (any, error) { panic(errors.New("secret-payload-value")) }},
+		{Method: "GET", Pattern: "/api/v1/test/panic-index", Name: "test.panic_index", Auth: httpapi.AuthNone, Status: 200,
+			Handle: func(_ context.Context, c *httpapi.Call) (any, error) {
+				var rows []int
+				return rows[len(c.RequestID)], nil
+			}},
 		{Method: "GET", Pattern: "/api/v1/test/fail", Name: "test.fail", Auth: httpapi.AuthNone, Status: 200,
 			Handle: func(context.Context, *httpapi.Call) (any, error) {
 				return nil, errors.New("pq: password=hunter2 relation does not exist")
 			}},
 	}))
 	defer srv.Close()
-	for _, path := range []string{"/api/v1/test/panic", "/api/v1/test/fail"} {
+	for _, path := range []string{"/api/v1/test/panic", "/api/v1/test/panic-error", "/api/v1/test/panic-index", "/api/v1/test/fail"} {
 		res, err := http.Get(srv.URL + path)
 		require.NoError(t, err)
 		body := readAll(t, res)
@@ -157,6 +164,10 @@ func TestPanicIs500WithRequestIDOnly(t *testing.T) {
 		require.Contains(t, body, res.Header.Get("X-Request-Id"))
 	}
 	require.Contains(t, logs.String(), `panic="a string, its value withheld from logs"`)
+	// An error's text may quote the request's data as a string's may; a
+	// runtime error's names indexes and types only, and is kept.
+	require.Contains(t, logs.String(), `panic="a *errors.errorString, its value withheld from logs"`)
+	require.Contains(t, logs.String(), `panic="runtime error: index out of range [30] with length 0"`)
 	require.Contains(t, logs.String(), "platform_test.go", "the stack")
 	require.NotContains(t, logs.String(), "secret-payload-value")
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"sort"
@@ -570,13 +571,14 @@ func (s *Server) fail(ctx context.Context, w http.ResponseWriter, reqID string, 
 	writeError(w, internalError(reqID))
 }
 
-// panicValue is how a recovered panic's value is logged: an error as
-// redact.ErrorText has it (the server's logger sees to it), a runtime error
-// so too (it names indexes and types, no data), anything else by its type
-// only: a panic's string or value may have been built from the request's
-// data, and the stack logged beside it says where it was raised.
+// panicValue is how a recovered panic's value is logged: a runtime error
+// as it is (it names indexes and types, no data), anything else by its
+// type only: a panic's string, value or error may have been built from the
+// request's data (QA: a panic with errors.New of a value the request held
+// logged the value; redact.ErrorText withholds only the parts it knows to
+// quote one), and the stack logged beside it says where it was raised.
 func panicValue(p any) any {
-	if err, ok := p.(error); ok {
+	if err, ok := p.(runtime.Error); ok {
 		return err
 	}
 	return fmt.Sprintf("a %T, its value withheld from logs", p)
