@@ -22,6 +22,10 @@ import (
 //     SQLSTATE and routine kept. (A constraint violation's message names
 //     the constraint only; the row or key values are in its Detail, which
 //     pgconn.PgError's Error never includes.)
+//   - an exception a PL/pgSQL RAISE raised (routine exec_stmt_raise, any
+//     SQLSTATE) has the message its function formatted, with whatever it
+//     was given (jobs_enqueue's `contract % of % not found` names a tool):
+//     withheld the same way.
 //   - pgx's "unable to encode …" quotes the Go value of the argument it
 //     could not send (%#v): withheld whole.
 //   - strconv's "parsing \"…\"" quotes its input: the input is withheld.
@@ -96,14 +100,22 @@ func walk(err error, visit func(error) bool) {
 	}
 }
 
+// raiseRoutine is the Routine of an error a PL/pgSQL RAISE raised,
+// whatever its SQLSTATE.
+const raiseRoutine = "exec_stmt_raise"
+
 // withheld answers the safe text of e when e's own text may quote a value.
 func withheld(e error) (string, bool) {
 	switch t := e.(type) {
 	case *pgconn.PgError:
-		if !strings.HasPrefix(t.Code, "22") {
+		what := "data exception"
+		switch {
+		case t.Routine == raiseRoutine:
+			what = "raised exception"
+		case !strings.HasPrefix(t.Code, "22"):
 			return "", false
 		}
-		s := t.Severity + ": data exception, its message withheld from logs (SQLSTATE " + t.Code
+		s := t.Severity + ": " + what + ", its message withheld from logs (SQLSTATE " + t.Code
 		if t.Routine != "" {
 			s += ", routine " + t.Routine
 		}

@@ -42,6 +42,20 @@ func TestErrorTextWithholdsADataExceptionsMessage(t *testing.T) {
 	require.Contains(t, got, "b")
 }
 
+// A PL/pgSQL RAISE's message is what its function formatted, with what it
+// was given (jobs_enqueue's names a tool): withheld whatever its SQLSTATE
+// (logleak QA: a trigger raising on an idempotency key logged the key).
+func TestErrorTextWithholdsARaisedExceptionsMessage(t *testing.T) {
+	t.Parallel()
+	for _, code := range []string{"P0001", "RTB01", "23514"} {
+		pe := &pgconn.PgError{Severity: "ERROR", Code: code, Routine: "exec_stmt_raise",
+			Message: "jobs_enqueue: contract 3 of " + marker + " not found"}
+		got := ErrorText(fmt.Errorf("enqueue: %w", pe))
+		require.Equal(t, "enqueue: ERROR: raised exception, its message withheld from logs (SQLSTATE "+code+
+			", routine exec_stmt_raise)", got)
+	}
+}
+
 // A constraint violation keeps its message: it names the constraint, and
 // the key or row its Detail quotes is not in Error().
 func TestErrorTextKeepsAConstraintViolation(t *testing.T) {

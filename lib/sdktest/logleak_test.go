@@ -51,7 +51,8 @@ func TestNothingUserControlledIsLogged(t *testing.T) {
 	// the SDK worker's default log, the statement timeout, the cancelled request, a request line.
 	apitest.RequireNoLeak(t, out, s.secrets, `msg="ratchet worker" error=*ratchet.PanicError`, "SQLSTATE 57014",
 		"status=499", "route=jobs.report status=409",
-		`msg=panic`, `panic="a string, its value withheld from logs"`, `panic="a *errors.errorString, its value withheld from logs"`)
+		`msg=panic`, `panic="a string, its value withheld from logs"`, `panic="a *errors.errorString, its value withheld from logs"`,
+		"route=effects.begin err=", "SQLSTATE 22P02", "SQLSTATE P0001", "SQLSTATE RTZ99")
 	t.Logf("%d log lines checked, %d secrets", strings.Count(out, "\n"), len(s.secrets))
 }
 
@@ -99,6 +100,7 @@ func (s *leakScenario) run(logger *slog.Logger) {
 	s.webhooks()
 	s.failingRequests(logger)
 	s.panics()
+	s.quotingErrors()
 	res := s.env.App.Sweeper.RunOnce(context.Background())
 	s.t.Logf("sweep: %+v", res)
 }
@@ -453,5 +455,70 @@ func (s *leakScenario) panics() {
 			require.Equal(s.t, http.StatusInternalServerError, rec.Code, "%s", rec.Body)
 			require.NotContains(s.t, rec.Body.String(), canary)
 		}
+	}
+}
+
+// refuseSQL has Postgres refuse a marked value with an error whose message
+// quotes it, raised within a route's (or a sweep task's) own statement: a
+// trigger this test puts on a table casts the value to an integer (a data
+// exception, 22P02 `invalid input syntax for type integer: "…"`), or
+// raises an exception naming it, as a migration's RAISE names what it was
+// given (jobs_enqueue's `contract % of % not found`, its tool's name),
+// under P0001 or a code of its own. Which one is in the value: castme,
+// raiseme or coded. TG_ARGV[0] is the column read; TG_ARGV[1], when set,
+// a webhook_id column whose webhook's URL is read instead.
+const refuseSQL = `
+CREATE OR REPLACE FUNCTION logleak_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    v text := to_jsonb(NEW) ->> TG_ARGV[0];
+BEGIN
+    IF TG_NARGS > 1 THEN
+        SELECT url INTO v FROM webhooks WHERE id = v;
+    END IF;
+    IF v LIKE '%castme%' THEN
+        PERFORM v::int;
+    ELSIF v LIKE '%raiseme%' THEN
+        RAISE EXCEPTION 'refused: %', v;
+    ELSIF v LIKE '%coded%' THEN
+        RAISE EXCEPTION 'refused: %', v USING ERRCODE = 'RTZ99';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER logleak_effects BEFORE INSERT ON effects FOR EACH ROW EXECUTE FUNCTION logleak_refuse('idempotency_key');
+CREATE TRIGGER logleak_groups BEFORE INSERT ON effect_groups FOR EACH ROW EXECUTE FUNCTION logleak_refuse('name');
+CREATE TRIGGER logleak_deliveries BEFORE UPDATE ON webhook_deliveries FOR EACH ROW
+    EXECUTE FUNCTION logleak_refuse('webhook_id', 'url');
+`
+
+const unrefuseSQL = `
+DROP TRIGGER IF EXISTS logleak_effects ON effects;
+DROP TRIGGER IF EXISTS logleak_groups ON effect_groups;
+DROP TRIGGER IF EXISTS logleak_deliveries ON webhook_deliveries;
+DROP FUNCTION IF EXISTS logleak_refuse();
+`
+
+// refuseMarked installs refuseSQL until the test ends.
+func refuseMarked(t *testing.T, env *apitest.Env) {
+	ctx := context.Background()
+	_, err := env.App.Pool.Exec(ctx, refuseSQL)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := env.App.Pool.Exec(ctx, unrefuseSQL)
+		require.NoError(t, err)
+	})
+}
+
+// quotingErrors has routes fail on errors that quote the request's values
+// (refuseSQL): a begin whose idempotency key Postgres cannot cast, and
+// groups whose names it raises on, one of them under an Idempotency-Key.
+func (s *leakScenario) quotingErrors() {
+	refuseMarked(s.t, s.env)
+	for _, how := range []string{"castme", "raiseme", "coded"} {
+		r := s.env.DoWith("POST", "/api/v1/effects/begin", s.key, nil, map[string]any{"effect_type": "push.send",
+			"idempotency_key": s.c(how), "payload": map[string]any{"to": s.c("payload")}})
+		require.Equal(s.t, http.StatusInternalServerError, r.Status, "%s", r.Body)
+		r = s.env.DoWith("POST", "/api/v1/groups", s.key, http.Header{"Idempotency-Key": {s.c("groupheader")}},
+			map[string]any{"name": s.c(how)})
+		require.Equal(s.t, http.StatusInternalServerError, r.Status, "%s", r.Body)
 	}
 }
