@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/getratchet/ratchet/lib/apitest"
@@ -52,7 +53,8 @@ func TestNothingUserControlledIsLogged(t *testing.T) {
 	apitest.RequireNoLeak(t, out, s.secrets, `msg="ratchet worker" error=*ratchet.PanicError`, "SQLSTATE 57014",
 		"status=499", "route=jobs.report status=409",
 		`msg=panic`, `panic="a string, its value withheld from logs"`, `panic="a *errors.errorString, its value withheld from logs"`,
-		"route=effects.begin err=", "SQLSTATE 22P02", "SQLSTATE P0001", "SQLSTATE RTZ99")
+		"route=effects.begin err=", "SQLSTATE 22P02", "SQLSTATE P0001", "SQLSTATE RTZ99",
+		"route=mcp.post status=200", "route=effects.report status=409")
 	t.Logf("%d log lines checked, %d secrets", strings.Count(out, "\n"), len(s.secrets))
 }
 
@@ -101,6 +103,7 @@ func (s *leakScenario) run(logger *slog.Logger) {
 	s.failingRequests(logger)
 	s.panics()
 	s.quotingErrors()
+	s.mcpTools()
 	res := s.env.App.Sweeper.RunOnce(context.Background())
 	s.t.Logf("sweep: %+v", res)
 }
@@ -520,5 +523,70 @@ func (s *leakScenario) quotingErrors() {
 		r = s.env.DoWith("POST", "/api/v1/groups", s.key, http.Header{"Idempotency-Key": {s.c("groupheader")}},
 			map[string]any{"name": s.c(how)})
 		require.Equal(s.t, http.StatusInternalServerError, r.Status, "%s", r.Body)
+	}
+}
+
+// bearer sends each request with key as its bearer token.
+type bearer struct{ key string }
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.key)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// mcpTools calls the MCP endpoint's tools with canaries in their arguments
+// and results: a begin, its report with a result, the effect read back
+// (its result in the tool's answer), a heartbeat and report under a token
+// not its own, a resolve and an approval decision of ids that do not
+// exist, with notes, filters and a policy's type the API refuses,
+// arguments the schema refuses, a tool that does not exist, and JSON-RPC
+// messages the transport refuses.
+func (s *leakScenario) mcpTools() {
+	ctx := context.Background()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: s.c("client"), Version: s.c("clientversion")}, nil).Connect(ctx,
+		&mcp.StreamableClientTransport{Endpoint: s.env.Server.URL + "/api/v1/mcp", HTTPClient: &http.Client{Transport: bearer{s.key}}}, nil)
+	require.NoError(s.t, err)
+	defer cs.Close()
+	call := func(tool string, args map[string]any) map[string]any {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
+		if err != nil {
+			s.t.Logf("%s → %v", tool, err)
+			return nil
+		}
+		out, _ := res.StructuredContent.(map[string]any)
+		s.t.Logf("%s → error %v %.300v", tool, res.IsError, out)
+		return out
+	}
+	b := call("ratchet_begin", map[string]any{"effect_type": "push.send", "idempotency_key": s.c("mcpkey"),
+		"payload": map[string]any{"to": s.c("mcppayload")}, "dimensions": map[string]any{"to": s.c("mcpdimension")}})
+	id, _ := b["effect_id"].(string)
+	token, _ := b["lease_token"].(string)
+	require.NotEmpty(s.t, token, "the MCP begin was granted a lease: %v", b)
+	s.secret(token)
+	call("ratchet_heartbeat", map[string]any{"effect_id": id, "lease_token": s.c("mcptoken")})
+	call("ratchet_report", map[string]any{"effect_id": id, "lease_token": s.c("mcptoken"), "outcome": "succeeded"})
+	call("ratchet_report", map[string]any{"effect_id": id, "lease_token": token, "outcome": "succeeded",
+		"result": map[string]any{"id": s.c("mcpresult")}})
+	got := call("ratchet_get_effect", map[string]any{"effect_id": id})
+	require.Contains(s.t, fmt.Sprint(got), canary, "the effect's result is in the tool's answer")
+	call("ratchet_get_effect", map[string]any{"effect_id": s.c("mcpeffect")})
+	call("ratchet_resolve", map[string]any{"effect_id": s.c("mcpeffect"), "outcome": "succeeded",
+		"result": map[string]any{"x": s.c("mcpresolve")}, "note": s.c("mcpnote")})
+	call("ratchet_decide_approval", map[string]any{"approval_id": s.c("mcpapproval"), "decision": "approve", "note": s.c("mcpnote")})
+	call("ratchet_decide_approval", map[string]any{"approval_id": s.c("mcpapproval"), "decision": s.c("mcpdecision")})
+	call("ratchet_list_effects", map[string]any{"effect_type": s.c("Bad Type!"), "cursor": s.c("mcpcursor")})
+	call("ratchet_list_approvals", map[string]any{"state": s.c("mcpstate")})
+	call("ratchet_get_policy", map[string]any{"effect_type": s.c("mcppolicy")})
+	call("ratchet_begin", map[string]any{"effect_type": "push.send", "idempotency_key": s.c("mcpkey"),
+		s.c("mcpfield"): s.c("mcpvalue"), "lease_seconds": s.c("mcpnumber")})
+	call(s.c("mcptool"), map[string]any{"x": s.c("mcparg")})
+	for _, body := range []string{`{"jsonrpc":"2.0","id":"` + s.c("mcpid") + `","method":"` + s.c("mcpmethod") + `"}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ratchet_begin","arguments":"` + s.c("mcpargs") + `"}}`,
+		`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"ratchet_begin","arguments":{"effect_type":"` +
+			s.c("mcpbroken") + `"`,
+		s.c("mcpgarbage")} {
+		r := s.env.DoWith("POST", "/api/v1/mcp", s.key, http.Header{"Accept": {"application/json, text/event-stream"}}, body)
+		s.t.Logf("mcp raw → %d %.300s", r.Status, r.Body)
 	}
 }
