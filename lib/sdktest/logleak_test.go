@@ -590,3 +590,117 @@ func (s *leakScenario) mcpTools() {
 		s.t.Logf("mcp raw → %d %.300s", r.Status, r.Body)
 	}
 }
+
+// TestTheSweeperLogsNothingUserControlled has the sweeper, at the most
+// verbose log level, work through marked state on a clock the test moves:
+// webhook deliveries to a receiver that fails with marks in its body and
+// headers, retried until they are given up; an effect's lease and a job's
+// that lapse (the effect indeterminate, its event delivered too), an
+// approval left pending, a run finished; a pass through the cron route;
+// and a delivery pass that fails on an error quoting a marked URL
+// (refuseSQL), which the sweeper logs. No line holds a mark.
+// Not parallel: refuseSQL's trigger is TestNothingUserControlledIsLogged's too.
+func TestTheSweeperLogsNothingUserControlled(t *testing.T) {
+	var logs apitest.LockedBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	clock := apitest.NewClock(time.Now())
+	var cronSecret string
+	env := apitest.Start(t, apitest.WithLogger(logger), apitest.WithNow(clock.Now),
+		apitest.WithConfig(func(c *config.Config) { c.WebhookAllowPrivateNetworks = true; cronSecret = c.CronSecret }))
+	s := &leakScenario{t: t, env: env}
+	s.workspaceAndKeys()
+
+	var hits atomic.Int32
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		w.Header().Set("X-Leak", s.c("receiverheader"))
+		w.Header().Set("Retry-After", s.c("retryafter"))
+		w.WriteHeader(http.StatusBadGateway)
+		_, _ = w.Write([]byte(`{"error":"` + s.c("receiverbody") + `"}`))
+	}))
+	t.Cleanup(receiver.Close)
+	hookURL := func(label string) string {
+		u, err := url.Parse(receiver.URL)
+		require.NoError(t, err)
+		u.Path, u.RawQuery = "/"+s.c(label), "token="+s.c("hookquery")
+		return u.String()
+	}
+	hook := s.do("POST", "/api/v1/webhooks", s.key, map[string]any{"url": hookURL("hookpath"),
+		"events": []string{"approval.requested", "effect.indeterminate", "run.finished", "step.exhausted"}})
+	hookID, _ := hook["id"].(string)
+	require.NotEmpty(t, hookID, "%v", hook)
+	if sec, ok := hook["secret"].(string); ok {
+		s.secret(sec)
+	}
+
+	// An approval left pending, an effect whose lease lapses, a job whose lease lapses.
+	s.do("PUT", "/api/v1/policies/wire.send", s.key, map[string]any{"mode": "allow", "on_indeterminate": "block",
+		"approval_above_micros": 1000})
+	s.do("POST", "/api/v1/effects/begin", s.key, map[string]any{"effect_type": "wire.send",
+		"idempotency_key": s.c("sweepapproval"), "payload": map[string]any{"to": s.c("payload")}, "cost_micros": 5000})
+	b := s.do("POST", "/api/v1/effects/begin", s.key, map[string]any{"effect_type": "wire.send",
+		"idempotency_key": s.c("sweeplapse"), "payload": map[string]any{"to": s.c("payload")}, "cost_micros": 5,
+		"dimensions": map[string]any{"to": s.c("dimension")}})
+	s.secret(b["lease_token"])
+	tool := s.c("sweeptool")
+	worker := s.secret(s.do("POST", "/api/v1/keys", s.key, map[string]any{"name": s.c("workerkey"), "preset": "WORKER",
+		"tools": []string{tool + "@1"}})["secret"])
+	run := s.do("POST", "/api/v1/runs", s.key, map[string]any{"name": s.c("sweeprun")})
+	runID, _ := run["id"].(string)
+	s.do("POST", "/api/v1/runs/"+runID+"/steps", s.key, map[string]any{"name": tool, "version": "1",
+		"input": map[string]any{"to": s.c("input")}, "maxAttempts": 1, "idempotencyKey": s.c("sweepjob")})
+	reg := s.do("POST", "/api/v1/workers/register", worker, map[string]any{"tools": []map[string]any{{"name": tool, "version": "1"}}})
+	wid, _ := reg["workerId"].(string)
+	c := s.do("POST", "/api/v1/workers/"+wid+"/claim", worker, map[string]any{"limit": 1, "waitSeconds": 0})
+	jobs, _ := c["jobs"].([]any)
+	require.Len(t, jobs, 1, "the job was claimed: %v", c)
+	s.secret(jobs[0].(map[string]any)["leaseToken"])
+	s.do("POST", "/api/v1/runs/"+runID+"/finish", s.key, nil)
+
+	// Passes of the sweeper, hours apart, until every delivery was given up.
+	deliveries := func() []any {
+		d := s.env.Do("GET", "/api/v1/webhooks/"+hookID+"/deliveries", s.key, nil).JSON()
+		list, _ := d["data"].([]any)
+		return list
+	}
+	for pass := 0; ; pass++ {
+		res := env.App.Sweeper.RunOnce(context.Background())
+		require.Empty(t, res.Errors, "pass %d", pass)
+		list := deliveries()
+		pending := 0
+		for _, d := range list {
+			if d.(map[string]any)["state"] == "pending" {
+				pending++
+			}
+		}
+		if len(list) >= 3 && pending == 0 {
+			t.Logf("pass %d: %d deliveries given up after %d calls", pass, len(list), hits.Load())
+			break
+		}
+		require.Less(t, pass, 40, "deliveries never given up: %v", list)
+		clock.Add(7 * time.Hour)
+	}
+	r := env.DoWith("GET", "/api/cron/sweep", cronSecret, nil, nil)
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
+
+	// Delivery passes that fail on an error quoting a marked URL, one way
+	// then the other; the URL is then made one refuseSQL lets by.
+	refuseMarked(t, env)
+	for _, how := range []string{"castme", "raiseme"} {
+		h := s.do("POST", "/api/v1/webhooks", s.key, map[string]any{"url": hookURL(how), "events": []string{"approval.requested"}})
+		s.do("POST", "/api/v1/effects/begin", s.key, map[string]any{"effect_type": "wire.send",
+			"idempotency_key": s.c("sweepapproval"), "payload": map[string]any{"to": s.c("payload")}, "cost_micros": 5000})
+		failed := false
+		for pass := 0; pass < 10 && !failed; pass++ {
+			clock.Add(time.Minute)
+			failed = env.App.Sweeper.RunOnce(context.Background()).Errors["webhooks.deliver"] != ""
+		}
+		require.True(t, failed, "the delivery task failed on the refused URL (%s)", how)
+		_, err := env.App.Pool.Exec(context.Background(), `UPDATE webhooks SET url = $2 WHERE id = $1`, h["id"], receiver.URL)
+		require.NoError(t, err)
+	}
+
+	apitest.RequireNoLeak(t, logs.String(), s.secrets, "route=cron.sweep status=200",
+		`msg="sweep task failed" task=webhooks.deliver err=`, "SQLSTATE 22P02", "SQLSTATE P0001")
+	t.Logf("%d log lines checked", strings.Count(logs.String(), "\n"))
+}
