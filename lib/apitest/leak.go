@@ -1,11 +1,14 @@
 package apitest
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/getratchet/ratchet/lib/db"
 )
 
 // Mark is what every user-controlled value of a log-leak test carries
@@ -40,4 +43,56 @@ func RequireNoLeak(t testing.TB, logs string, secrets []string, required ...stri
 	for _, line := range required {
 		require.Contains(t, logs, line, "a line the test needs was not logged")
 	}
+}
+
+// refuseSQL has Postgres refuse a marked value with an error whose message
+// quotes it, raised within a route's (or a sweep task's) own statement: a
+// trigger put on a table (RefuseMarked) casts the value to an integer (a
+// data exception, 22P02 `invalid input syntax for type integer: "…"`), or
+// raises an exception naming it, as a migration's RAISE names what it was
+// given (jobs_enqueue's `contract % of % not found`, its tool's name),
+// under P0001 or a code of its own. Which one is in the value: castme,
+// raiseme or coded. TG_ARGV[0] is the column read; TG_ARGV[1], when set,
+// a webhook_id column whose webhook's URL is read instead.
+const refuseSQL = `
+CREATE OR REPLACE FUNCTION logleak_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    v text := to_jsonb(NEW) ->> TG_ARGV[0];
+BEGIN
+    IF TG_NARGS > 1 THEN
+        SELECT url INTO v FROM webhooks WHERE id = v;
+    END IF;
+    IF v LIKE '%castme%' THEN
+        PERFORM v::int;
+    ELSIF v LIKE '%raiseme%' THEN
+        RAISE EXCEPTION 'refused: %', v;
+    ELSIF v LIKE '%coded%' THEN
+        RAISE EXCEPTION 'refused: %', v USING ERRCODE = 'RTZ99';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER logleak_effects BEFORE INSERT ON effects FOR EACH ROW EXECUTE FUNCTION logleak_refuse('idempotency_key');
+CREATE TRIGGER logleak_groups BEFORE INSERT ON effect_groups FOR EACH ROW EXECUTE FUNCTION logleak_refuse('name');
+CREATE TRIGGER logleak_deliveries BEFORE UPDATE ON webhook_deliveries FOR EACH ROW
+    EXECUTE FUNCTION logleak_refuse('webhook_id', 'url');
+`
+
+const unrefuseSQL = `
+DROP TRIGGER IF EXISTS logleak_effects ON effects;
+DROP TRIGGER IF EXISTS logleak_groups ON effect_groups;
+DROP TRIGGER IF EXISTS logleak_deliveries ON webhook_deliveries;
+DROP FUNCTION IF EXISTS logleak_refuse();
+`
+
+// RefuseMarked installs refuseSQL on the database q reaches until the test
+// ends. Only one test of a package may hold it at a time (not parallel).
+func RefuseMarked(t testing.TB, q db.Querier) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := q.Exec(ctx, refuseSQL)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := q.Exec(ctx, unrefuseSQL)
+		require.NoError(t, err)
+	})
 }

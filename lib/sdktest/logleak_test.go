@@ -461,61 +461,11 @@ func (s *leakScenario) panics() {
 	}
 }
 
-// refuseSQL has Postgres refuse a marked value with an error whose message
-// quotes it, raised within a route's (or a sweep task's) own statement: a
-// trigger this test puts on a table casts the value to an integer (a data
-// exception, 22P02 `invalid input syntax for type integer: "…"`), or
-// raises an exception naming it, as a migration's RAISE names what it was
-// given (jobs_enqueue's `contract % of % not found`, its tool's name),
-// under P0001 or a code of its own. Which one is in the value: castme,
-// raiseme or coded. TG_ARGV[0] is the column read; TG_ARGV[1], when set,
-// a webhook_id column whose webhook's URL is read instead.
-const refuseSQL = `
-CREATE OR REPLACE FUNCTION logleak_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    v text := to_jsonb(NEW) ->> TG_ARGV[0];
-BEGIN
-    IF TG_NARGS > 1 THEN
-        SELECT url INTO v FROM webhooks WHERE id = v;
-    END IF;
-    IF v LIKE '%castme%' THEN
-        PERFORM v::int;
-    ELSIF v LIKE '%raiseme%' THEN
-        RAISE EXCEPTION 'refused: %', v;
-    ELSIF v LIKE '%coded%' THEN
-        RAISE EXCEPTION 'refused: %', v USING ERRCODE = 'RTZ99';
-    END IF;
-    RETURN NEW;
-END $$;
-CREATE TRIGGER logleak_effects BEFORE INSERT ON effects FOR EACH ROW EXECUTE FUNCTION logleak_refuse('idempotency_key');
-CREATE TRIGGER logleak_groups BEFORE INSERT ON effect_groups FOR EACH ROW EXECUTE FUNCTION logleak_refuse('name');
-CREATE TRIGGER logleak_deliveries BEFORE UPDATE ON webhook_deliveries FOR EACH ROW
-    EXECUTE FUNCTION logleak_refuse('webhook_id', 'url');
-`
-
-const unrefuseSQL = `
-DROP TRIGGER IF EXISTS logleak_effects ON effects;
-DROP TRIGGER IF EXISTS logleak_groups ON effect_groups;
-DROP TRIGGER IF EXISTS logleak_deliveries ON webhook_deliveries;
-DROP FUNCTION IF EXISTS logleak_refuse();
-`
-
-// refuseMarked installs refuseSQL until the test ends.
-func refuseMarked(t *testing.T, env *apitest.Env) {
-	ctx := context.Background()
-	_, err := env.App.Pool.Exec(ctx, refuseSQL)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, err := env.App.Pool.Exec(ctx, unrefuseSQL)
-		require.NoError(t, err)
-	})
-}
-
 // quotingErrors has routes fail on errors that quote the request's values
-// (refuseSQL): a begin whose idempotency key Postgres cannot cast, and
+// (apitest.RefuseMarked): a begin whose idempotency key Postgres cannot cast, and
 // groups whose names it raises on, one of them under an Idempotency-Key.
 func (s *leakScenario) quotingErrors() {
-	refuseMarked(s.t, s.env)
+	apitest.RefuseMarked(s.t, s.env.App.Pool)
 	for _, how := range []string{"castme", "raiseme", "coded"} {
 		r := s.env.DoWith("POST", "/api/v1/effects/begin", s.key, nil, map[string]any{"effect_type": "push.send",
 			"idempotency_key": s.c(how), "payload": map[string]any{"to": s.c("payload")}})
@@ -598,8 +548,8 @@ func (s *leakScenario) mcpTools() {
 // that lapse (the effect indeterminate, its event delivered too), an
 // approval left pending, a run finished; a pass through the cron route;
 // and a delivery pass that fails on an error quoting a marked URL
-// (refuseSQL), which the sweeper logs. No line holds a mark.
-// Not parallel: refuseSQL's trigger is TestNothingUserControlledIsLogged's too.
+// (apitest.RefuseMarked), which the sweeper logs. No line holds a mark.
+// Not parallel: apitest.RefuseMarked's triggers are TestNothingUserControlledIsLogged's too.
 func TestTheSweeperLogsNothingUserControlled(t *testing.T) {
 	var logs apitest.LockedBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -684,8 +634,8 @@ func TestTheSweeperLogsNothingUserControlled(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
 
 	// Delivery passes that fail on an error quoting a marked URL, one way
-	// then the other; the URL is then made one refuseSQL lets by.
-	refuseMarked(t, env)
+	// then the other; the URL is then made one RefuseMarked lets by.
+	apitest.RefuseMarked(t, env.App.Pool)
 	for _, how := range []string{"castme", "raiseme"} {
 		h := s.do("POST", "/api/v1/webhooks", s.key, map[string]any{"url": hookURL(how), "events": []string{"approval.requested"}})
 		s.do("POST", "/api/v1/effects/begin", s.key, map[string]any{"effect_type": "wire.send",
