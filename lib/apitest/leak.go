@@ -45,6 +45,17 @@ func RequireNoLeak(t testing.TB, logs string, secrets []string, required ...stri
 	}
 }
 
+// PanickyBody is a request body whose Read panics with V: how a test makes
+// a route's handler panic mid-request, as a bug reading the request's data
+// would, with no hook in the product (the handler must be called in
+// process: a server reads a body off the wire).
+type PanickyBody struct{ V any }
+
+func (b PanickyBody) Read([]byte) (int, error) { panic(b.V) }
+
+// Close implements io.Closer.
+func (PanickyBody) Close() error { return nil }
+
 // refuseSQL has Postgres refuse a marked value with an error whose message
 // quotes it, raised within a route's (or a sweep task's) own statement: a
 // trigger put on a table (RefuseMarked) casts the value to an integer (a

@@ -433,14 +433,6 @@ func (s *leakScenario) pollWaiters(ctx context.Context, done func(int) bool) {
 	}
 }
 
-// panickyBody is a request body whose Read panics with v: how a route's
-// handler is made to panic mid-request, as a bug reading the request's
-// data would, with no hook in the product.
-type panickyBody struct{ v any }
-
-func (b panickyBody) Read([]byte) (int, error) { panic(b.v) }
-func (panickyBody) Close() error               { return nil }
-
 // panics makes routes panic while they read their body, with a string, an
 // error and a wrapped error each holding a canary, on a route taking an
 // Idempotency-Key and on one that does not: the recover hook logs the panic
@@ -449,7 +441,7 @@ func (s *leakScenario) panics() {
 	values := []any{s.c("panicstring"), errors.New(s.c("panicerror")), fmt.Errorf("decode: %w", errors.New(s.c("panicwrapped")))}
 	for _, v := range values {
 		for _, path := range []string{"/api/v1/effects/begin", "/api/v1/keys"} {
-			req := httptest.NewRequest("POST", path, panickyBody{v})
+			req := httptest.NewRequest("POST", path, apitest.PanickyBody{V: v})
 			req.Header.Set("Authorization", "Bearer "+s.key)
 			req.Header.Set("Content-Type", "application/json")
 			req.Header.Set("Idempotency-Key", s.c("panicheader"))
