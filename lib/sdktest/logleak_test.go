@@ -9,7 +9,11 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -645,4 +649,86 @@ func TestTheSweeperLogsNothingUserControlled(t *testing.T) {
 	apitest.RequireNoLeak(t, logs.String(), s.secrets, "route=cron.sweep status=200",
 		`msg="sweep task failed" task=webhooks.deliver err=`, "SQLSTATE 22P02", "SQLSTATE P0001")
 	t.Logf("%d log lines checked", strings.Count(logs.String(), "\n"))
+}
+
+// TestTheSDKWorkersLogNothingUserControlled runs the Python and TypeScript
+// SDKs' workers (testdata/leak_worker.*) with their default logs (Python's
+// logging at DEBUG, Node's console) against the service through a proxy
+// that refuses every report with a marked message and detail: three jobs
+// whose inputs carry marks fail a way each worker logs (a handler raising
+// with the mark, a classifier raising with it, an output that is not JSON
+// whose error names it, each report then refused), a worker whose marked
+// key is refused at its start, and one whose claims are refused with a
+// marked message. What each process prints holds no mark and no key.
+func TestTheSDKWorkersLogNothingUserControlled(t *testing.T) {
+	t.Parallel()
+	env := apitest.Start(t)
+	s := &leakScenario{t: t, env: env}
+	s.workspaceAndKeys()
+	var refused atomic.Int32
+	target, err := url.Parse(env.Server.URL)
+	require.NoError(t, err)
+	forward := httputil.NewSingleHostReverseProxy(target)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/api/v1/jobs/") && strings.HasSuffix(r.URL.Path, "/report") {
+			refused.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Request-Id", "req_01m9470000000000000000000")
+			w.WriteHeader(http.StatusConflict)
+			_, _ = fmt.Fprintf(w, `{"error":{"code":"lease_expired","message":"%s","detail":{"x":"%s"}}}`,
+				s.c("reportmessage"), s.c("reportdetail"))
+			return
+		}
+		forward.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	// The other proxy refuses every claim as a revoked key's.
+	revoking := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/claim") {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = fmt.Fprintf(w, `{"error":{"code":"unauthorized","message":"%s","detail":{}}}`, s.c("claimmessage"))
+			return
+		}
+		forward.ServeHTTP(w, r)
+	}))
+	t.Cleanup(revoking.Close)
+
+	run := func(t *testing.T, dir string, name string, args ...string) {
+		tool := "leak_tool"
+		key := s.secret(s.do("POST", "/api/v1/keys", s.key, map[string]any{"name": s.c("workerkey"), "preset": "WORKER",
+			"tools": []string{tool + "@1"}})["secret"])
+		r := s.do("POST", "/api/v1/runs", s.key, map[string]any{"name": s.c("sdkrun")})
+		runID, _ := r["id"].(string)
+		for _, kind := range []string{"raise", "classify", "output"} {
+			s.do("POST", "/api/v1/runs/"+runID+"/steps", s.key, map[string]any{"name": tool, "version": "1",
+				"input": map[string]any{"kind": kind, "to": s.c("input")}, "maxAttempts": 1})
+		}
+		before := refused.Load()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "LEAK_BASE_URL="+proxy.URL, "LEAK_KEY="+key, "LEAK_TOOL="+tool,
+			"LEAK_BAD_KEY=rk_live_"+s.c("badkey"), "LEAK_REVOKING_BASE_URL="+revoking.URL, "PYTHONPATH=.", "PYTHONDONTWRITEBYTECODE=1")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		t.Logf("%s printed:\n%s", name, out)
+		require.Contains(t, string(out), "handlers ran: 3")
+		require.Greater(t, refused.Load(), before, "reports were refused")
+		apitest.RequireNoLeak(t, string(out), append(s.secrets, key), "report=not_recorded", "code=lease_expired",
+			"refused: RatchetError", "ratchet worker refused: error=api status=401 code=unauthorized")
+	}
+	t.Run("python", func(t *testing.T) {
+		python := interpreter(t, "RATCHET_PYTHON", "python3", "Python 3.10 or newer (Debian: apt-get install python3)",
+			"-c", "import sys; print(sys.version_info >= (3, 10))")
+		script, err := filepath.Abs("testdata/leak_worker.py")
+		require.NoError(t, err)
+		run(t, pythonSDK, python, script)
+	})
+	t.Run("typescript", func(t *testing.T) {
+		node := interpreter(t, "RATCHET_NODE", "node", "Node.js 18 or newer (Debian: apt-get install nodejs)",
+			"-e", "console.log(String(Number(process.versions.node.split('.')[0]) >= 18).replace(/^./, c => c.toUpperCase()))")
+		run(t, ".", node, "testdata/leak_worker.mjs")
+	})
 }
